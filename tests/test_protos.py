@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ge_serve.protos import grpc_service_pb2, model_config_pb2
 from google.protobuf import descriptor_pb2, text_format
 from google.protobuf.message import Message
+
+from ge_serve.protos import grpc_service_pb2, model_config_pb2
 
 REPO = Path(__file__).resolve().parents[1]
 PROTOS = REPO / "protos"

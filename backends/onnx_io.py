@@ -1,0 +1,111 @@
+"""Reading an ONNX file's inputs and outputs, and filling a ModelConfig from them.
+
+Shared by every backend that consumes ONNX (onnxruntime on the host, GE on the NPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from ge_serve.protos import model_config_pb2
+
+_ONNX_TO_CONFIG: dict[int, int] = {
+    onnx.TensorProto.BOOL: model_config_pb2.TYPE_BOOL,
+    onnx.TensorProto.UINT8: model_config_pb2.TYPE_UINT8,
+    onnx.TensorProto.UINT16: model_config_pb2.TYPE_UINT16,
+    onnx.TensorProto.UINT32: model_config_pb2.TYPE_UINT32,
+    onnx.TensorProto.UINT64: model_config_pb2.TYPE_UINT64,
+    onnx.TensorProto.INT8: model_config_pb2.TYPE_INT8,
+    onnx.TensorProto.INT16: model_config_pb2.TYPE_INT16,
+    onnx.TensorProto.INT32: model_config_pb2.TYPE_INT32,
+    onnx.TensorProto.INT64: model_config_pb2.TYPE_INT64,
+    onnx.TensorProto.FLOAT16: model_config_pb2.TYPE_FP16,
+    onnx.TensorProto.FLOAT: model_config_pb2.TYPE_FP32,
+    onnx.TensorProto.DOUBLE: model_config_pb2.TYPE_FP64,
+    onnx.TensorProto.STRING: model_config_pb2.TYPE_STRING,
+    onnx.TensorProto.BFLOAT16: model_config_pb2.TYPE_BF16,
+}
+
+DEFAULT_MAX_BATCH_SIZE = 4
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    name: str
+    data_type: int  # model_config_pb2.DataType
+    dims: tuple[int, ...]  # -1 for symbolic or unknown dimensions
+
+
+def read_onnx_io(path: Path) -> tuple[list[TensorInfo], list[TensorInfo]]:
+    """Return the graph's real inputs (initializers excluded) and outputs."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # onnx raises several unrelated types for a bad file
+        raise ValueError(f"failed to parse ONNX file '{path}': {exc}") from exc
+    graph = model.graph
+    initializers = {init.name for init in graph.initializer}
+    inputs = [_info(vi) for vi in graph.input if vi.name not in initializers]
+    outputs = [_info(vi) for vi in graph.output]
+    return inputs, outputs
+
+
+def _info(value: onnx.ValueInfoProto) -> TensorInfo:
+    tensor_type = value.type.tensor_type
+    data_type = _ONNX_TO_CONFIG.get(tensor_type.elem_type)
+    if data_type is None:
+        raise ValueError(
+            f"tensor '{value.name}' has an ONNX element type ({tensor_type.elem_type}) "
+            "that ge-serve does not support"
+        )
+    dims = tuple(
+        d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else -1
+        for d in tensor_type.shape.dim
+    )
+    return TensorInfo(value.name, data_type, dims)
+
+
+def autocomplete_from_onnx(config: model_config_pb2.ModelConfig, path: Path) -> None:
+    """Fill inputs, outputs and max_batch_size from the ONNX file, keeping what is set.
+
+    Follows Triton's onnxruntime backend: when every input and output has a dynamic first
+    dimension and the config names no batch size, max_batch_size becomes 4 and that first
+    dimension is the batch dimension.
+    """
+    inputs, outputs = read_onnx_io(path)
+    everything = inputs + outputs
+    can_batch = bool(everything) and all(t.dims and t.dims[0] == -1 for t in everything)
+    if config.max_batch_size == 0 and can_batch and _config_dims_leave_batch(config, inputs):
+        config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
+    strip = 1 if config.max_batch_size > 0 else 0
+    _fill(config.input, inputs, strip)
+    _fill(config.output, outputs, strip)
+
+
+def _config_dims_leave_batch(
+    config: model_config_pb2.ModelConfig, inputs: list[TensorInfo]
+) -> bool:
+    """False when the user wrote full-rank dims (batch included), i.e. meant no batching."""
+    by_name = {t.name: t for t in inputs}
+    for cfg in config.input:
+        info = by_name.get(cfg.name)
+        if info is not None and len(cfg.dims) > 0 and len(cfg.dims) == len(info.dims):
+            return False
+    return True
+
+
+def _fill(configured: Any, found: list[TensorInfo], strip: int) -> None:
+    """`configured` is the repeated ModelInput or ModelOutput field."""
+    by_name = {c.name: c for c in configured}
+    for info in found:
+        entry = by_name.get(info.name)
+        if entry is None:
+            entry = configured.add()
+            entry.name = info.name
+        if entry.data_type == model_config_pb2.TYPE_INVALID:
+            entry.data_type = info.data_type  # type: ignore[assignment]
+        if len(entry.dims) == 0 and not entry.HasField("reshape"):
+            entry.dims.extend(info.dims[strip:])

@@ -1,0 +1,128 @@
+"""The host CPU backend: ONNX models through onnxruntime, one session per slot."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from ge_serve.protos import model_config_pb2
+
+from .base import Array, LoadedModel, ModelSpec, SlotInfo
+from .onnx_io import autocomplete_from_onnx
+
+
+def string_param(config: model_config_pb2.ModelConfig, key: str) -> str | None:
+    if key in config.parameters:
+        return str(config.parameters[key].string_value)
+    return None
+
+
+def instance_count(config: model_config_pb2.ModelConfig) -> int:
+    return sum(max(group.count, 1) for group in config.instance_group) or 1
+
+
+def session_options(intra_threads: int, config: model_config_pb2.ModelConfig) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Spinning intra-op threads burn the cores the event loop and other slots need.
+    spin = string_param(config, "allow_spinning") or "0"
+    options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    return options
+
+
+def default_intra_threads(config: model_config_pb2.ModelConfig, slots: int) -> int:
+    configured = string_param(config, "intra_op_thread_count")
+    if configured:
+        return max(int(configured), 1)
+    return max((os.cpu_count() or 1) // max(slots, 1), 1)
+
+
+class OrtSession:
+    """An onnxruntime session that speaks ge-serve's array conventions.
+
+    BYTES tensors arrive as object arrays of `bytes`; onnxruntime wants `str` for string
+    tensors, and gives `str` back.
+    """
+
+    def __init__(self, path: Path, options: ort.SessionOptions) -> None:
+        self.session = ort.InferenceSession(
+            str(path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        self.string_inputs = {
+            i.name for i in self.session.get_inputs() if i.type == "tensor(string)"
+        }
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
+        feed: dict[str, Any] = {}
+        for name, array in inputs.items():
+            if name in self.string_inputs and array.dtype == np.object_:
+                feed[name] = _to_str(array)
+            else:
+                feed[name] = array
+        results = self.session.run(self.output_names, feed)
+        out: dict[str, Array] = {}
+        for name, value in zip(self.output_names, results, strict=True):
+            array = np.asarray(value)
+            if array.dtype == np.object_ or array.dtype.kind == "U":
+                array = _to_bytes(array)
+            out[name] = array
+        return out
+
+
+def _to_str(array: Array) -> Array:
+    flat = [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in array.flat]
+    return np.array(flat, dtype=object).reshape(array.shape)
+
+
+def _to_bytes(array: Array) -> Array:
+    flat = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in array.flat]
+    result = np.empty(len(flat), dtype=object)
+    result[:] = flat
+    return result.reshape(array.shape)
+
+
+class OrtExecutor:
+    def __init__(self, slot: SlotInfo, session: OrtSession) -> None:
+        self.slot = slot
+        self._session: OrtSession | None = session
+
+    def execute(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
+        if self._session is None:
+            raise RuntimeError(f"executor {self.slot.name} is closed")
+        return self._session.run(inputs)
+
+    def close(self) -> None:
+        self._session = None
+
+
+class OnnxRuntimeBackend:
+    name = "onnxruntime"
+
+    def default_model_filename(self) -> str:
+        return "model.onnx"
+
+    def autocomplete(self, config: model_config_pb2.ModelConfig, model_path: Path) -> None:
+        autocomplete_from_onnx(config, model_path)
+
+    def load(self, spec: ModelSpec) -> LoadedModel:
+        if not spec.model_path.is_file():
+            raise FileNotFoundError(f"model file '{spec.model_path}' does not exist")
+        slots = instance_count(spec.config)
+        options = session_options(default_intra_threads(spec.config, slots), spec.config)
+        executors: list[OrtExecutor] = []
+        for index in range(slots):
+            slot = SlotInfo(
+                name=f"{spec.name}_{spec.version}_cpu_{index}", device="cpu", stream=index
+            )
+            executors.append(OrtExecutor(slot, OrtSession(spec.model_path, options)))
+        size = spec.model_path.stat().st_size * slots
+        return LoadedModel(executors=list(executors), memory_bytes=size)

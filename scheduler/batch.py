@@ -1,0 +1,62 @@
+"""Concatenate requests into one batch, pad it to a supported size, split the outputs.
+
+These functions run on a slot's thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from ge_serve.backends.base import Executor, pad_batch
+
+from .work import Array, WorkItem
+
+
+def gear_for(size: int, gears: Sequence[int]) -> int:
+    """The smallest supported batch size that holds `size` (the size itself if unrestricted)."""
+    for gear in gears:
+        if gear >= size:
+            return gear
+    return size
+
+
+def execute_batch(
+    executor: Executor, items: Sequence[WorkItem], gears: Sequence[int], batching: bool
+) -> list[dict[str, Array]]:
+    """Run `items` as one execution and return each item's own outputs, in order."""
+    start = time.monotonic_ns()
+    total = sum(item.batch_size for item in items)
+    if batching:
+        padded = gear_for(total, gears)
+        inputs: dict[str, Array] = {}
+        for name in items[0].inputs:
+            if len(items) == 1:
+                merged = items[0].inputs[name]
+            else:
+                merged = np.concatenate([item.inputs[name] for item in items], axis=0)
+            inputs[name] = pad_batch(merged, padded)
+    else:
+        inputs = items[0].inputs
+    ready = time.monotonic_ns()
+    outputs = executor.execute(inputs)
+    done = time.monotonic_ns()
+    results: list[dict[str, Array]] = []
+    if batching:
+        offset = 0
+        for item in items:
+            end = offset + item.batch_size
+            results.append({name: value[offset:end] for name, value in outputs.items()})
+            offset = end
+    else:
+        results.append(outputs)
+    finished = time.monotonic_ns()
+    for item in items:
+        timings = item.timings
+        timings.compute_input_ns = ready - start
+        timings.compute_infer_ns = done - ready
+        timings.compute_output_ns = finished - done
+        timings.batch_size = total
+    return results

@@ -1,0 +1,57 @@
+"""The default scheduler (no `dynamic_batching`): one request, one execution.
+
+Concurrency comes from the free slots; requests wait for a slot in arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+
+from ge_serve.server.errors import ErrorCode, ServerError
+
+from .batch import execute_batch
+from .dispatch import SlotPool
+from .work import Array, WorkItem
+
+
+class DirectScheduler:
+    def __init__(self, pool: SlotPool, gears: Sequence[int] = (), batching: bool = False) -> None:
+        self._pool = pool
+        self._gears = tuple(gears)
+        self._batching = batching
+        self._pending = 0
+        self._closing = False
+        self._drained = asyncio.Event()
+        self._drained.set()
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    async def submit(self, item: WorkItem) -> dict[str, Array]:
+        if self._closing:
+            raise ServerError(ErrorCode.UNAVAILABLE, "model is being unloaded")
+        self._pending += 1
+        self._drained.clear()
+        try:
+            item.enqueue_ns = item.enqueue_ns or time.monotonic_ns()
+            slot = await self._pool.acquire()
+            item.timings.queue_ns = time.monotonic_ns() - item.enqueue_ns
+            gears, batching = self._gears, self._batching
+            results = await self._pool.run_on_slot(
+                slot, lambda ex: execute_batch(ex, [item], gears, batching)
+            )
+            return results[0]
+        finally:
+            self._pending -= 1
+            if self._pending == 0:
+                self._drained.set()
+
+    async def close(self, drain_timeout_s: float) -> None:
+        self._closing = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
+        self._pool.close()

@@ -1,0 +1,141 @@
+"""Executor slots and dispatch: each slot owns one thread and one executor."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ge_serve.backends.base import Executor
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_Job = tuple[Callable[[Executor], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
+
+
+class ExecutorSlot:
+    """Runs jobs on its executor from one dedicated thread, one at a time.
+
+    Results return to the loop with `call_soon_threadsafe`, so the loop never blocks.
+    """
+
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+        self.name = executor.slot.name
+        self.device = executor.slot.device
+        self.busy = False
+        self.executions = 0
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name=f"slot-{self.name}", daemon=True)
+        self._thread.start()
+
+    def run(self, job: Callable[[Executor], T]) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._jobs.put((job, future, loop))
+        return future
+
+    def close(self) -> None:
+        """Stop the thread after the queued jobs, then close the executor on it."""
+        self._jobs.put(None)
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def _work(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                break
+            job, future, loop = item
+            try:
+                result = job(self.executor)
+            except BaseException as exc:  # every failure goes back to its caller
+                loop.call_soon_threadsafe(_set_exception, future, exc)
+            else:
+                loop.call_soon_threadsafe(_set_result, future, result)
+        try:
+            self.executor.close()
+        except Exception:
+            log.exception("closing executor %s failed", self.name)
+
+
+def _set_result(future: asyncio.Future[Any], result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+class SlotPool:
+    """Hands out idle slots, least-loaded device first; waiters are served in FIFO order."""
+
+    def __init__(self, slots: list[ExecutorSlot]) -> None:
+        self.slots = slots
+        self._waiters: collections.deque[asyncio.Future[ExecutorSlot]] = collections.deque()
+
+    @property
+    def idle_count(self) -> int:
+        return sum(not s.busy for s in self.slots)
+
+    def _pick(self) -> ExecutorSlot | None:
+        busy_by_device: dict[str, int] = {}
+        for slot in self.slots:
+            busy_by_device[slot.device] = busy_by_device.get(slot.device, 0) + int(slot.busy)
+        idle = [s for s in self.slots if not s.busy]
+        if not idle:
+            return None
+        return min(idle, key=lambda s: (busy_by_device[s.device], s.executions))
+
+    def try_acquire(self) -> ExecutorSlot | None:
+        slot = self._pick()
+        if slot is not None:
+            slot.busy = True
+        return slot
+
+    async def acquire(self) -> ExecutorSlot:
+        slot = self.try_acquire()
+        if slot is not None:
+            return slot
+        waiter: asyncio.Future[ExecutorSlot] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release(waiter.result(), executed=False)
+            raise
+
+    def release(self, slot: ExecutorSlot, executed: bool = True) -> None:
+        """Give a slot back; it goes straight to the oldest waiter, if any."""
+        if executed:
+            slot.executions += 1
+        slot.busy = False
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                chosen = self.try_acquire()
+                if chosen is None:
+                    self._waiters.appendleft(waiter)
+                    return
+                waiter.set_result(chosen)
+                return
+
+    async def run_on_slot(self, slot: ExecutorSlot, job: Callable[[Executor], T]) -> T:
+        """Run a job and release the slot when it really ends, even if the caller is cancelled."""
+        future = slot.run(job)
+        future.add_done_callback(lambda _: self.release(slot))
+        return await asyncio.shield(future)
+
+    def close(self) -> None:
+        for slot in self.slots:
+            slot.close()

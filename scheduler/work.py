@@ -1,0 +1,49 @@
+"""What the core hands to a scheduler: one request's tensors plus its scheduling facts."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy.typing as npt
+
+Array = npt.NDArray[Any]
+
+
+@dataclass(slots=True)
+class Timings:
+    """Nanosecond durations measured for one request, for statistics and metrics."""
+
+    queue_ns: int = 0
+    compute_input_ns: int = 0
+    compute_infer_ns: int = 0
+    compute_output_ns: int = 0
+    # Size of the batch this request ran in (after merging, before gear padding).
+    batch_size: int = 0
+
+
+@dataclass(slots=True)
+class WorkItem:
+    """One request inside the scheduler.
+
+    `inputs` carry the request's own batch dimension when the model batches
+    (`batch_size` >= 1); for a model without batching `batch_size` is 1 and the arrays
+    are passed as they are.
+    """
+
+    inputs: dict[str, Array]
+    batch_size: int
+    priority: int = 0
+    timeout_us: int = 0
+    enqueue_ns: int = 0
+    timings: Timings = field(default_factory=Timings)
+    # Set by the scheduler while the item is queued; cancelling it drops the item.
+    future: asyncio.Future[dict[str, Array]] | None = None
+
+    def shape_key(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """Items merge into one batch only when all non-batch dims and dtypes agree."""
+        return tuple(
+            (name, (hash(array.dtype.str), *array.shape[1:]))
+            for name, array in sorted(self.inputs.items())
+        )

@@ -1,0 +1,160 @@
+"""Command line: argv becomes frozen settings; `main` hands them to the composition root."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected <key>=<value>, got '{text}'")
+    key, value = text.split("=", 1)
+    return key.strip(), value.strip()
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    model_repositories: tuple[Path, ...]
+    http_address: str = "0.0.0.0"
+    http_port: int = 8000
+    grpc_address: str = "0.0.0.0"
+    grpc_port: int = 8001
+    metrics_address: str = "0.0.0.0"
+    metrics_port: int = 8002
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
+    model_control_mode: str = "none"
+    load_models: tuple[str, ...] = ()
+    repository_poll_secs: float = 15.0
+    strict_readiness: bool = True
+    exit_on_error: bool = True
+    exit_timeout_secs: float = 30.0
+    disable_auto_complete_config: bool = False
+    http_max_input_size: int = 64 * 1024 * 1024
+    allow_client_shm: bool = True
+    log_verbose: int = 0
+    log_info: bool = True
+    metrics_config: tuple[tuple[str, str], ...] = ()
+    backend_config: tuple[tuple[str, str], ...] = ()
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ge-serve",
+        description="Triton-compatible inference server for Ascend NPUs (CANN/GE), "
+        "with a simulated device and a host CPU backend.",
+    )
+    add = parser.add_argument
+    add(
+        "--model-repository",
+        "--model-repo",
+        "--model-store",
+        dest="model_repositories",
+        action="append",
+        type=Path,
+        required=True,
+        help="model repository folder (repeatable)",
+    )
+    add("--http-address", default="0.0.0.0")
+    add("--http-port", type=int, default=8000)
+    add("--grpc-address", default="0.0.0.0")
+    add("--grpc-port", type=int, default=8001)
+    add("--metrics-address", default=None, help="defaults to --http-address")
+    add("--metrics-port", type=int, default=8002)
+    add("--allow-http", type=_bool, default=True, metavar="BOOL")
+    add("--allow-grpc", type=_bool, default=True, metavar="BOOL")
+    add("--allow-metrics", type=_bool, default=True, metavar="BOOL")
+    add("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
+    add(
+        "--load-model",
+        action="append",
+        default=[],
+        help="model to load at startup in explicit mode (repeatable; '*' loads all)",
+    )
+    add("--repository-poll-secs", type=float, default=15.0)
+    add("--strict-readiness", type=_bool, default=True, metavar="BOOL")
+    add("--exit-on-error", type=_bool, default=True, metavar="BOOL")
+    add("--exit-timeout-secs", type=float, default=30.0)
+    add("--disable-auto-complete-config", action="store_true")
+    add(
+        "--strict-model-config",
+        type=_bool,
+        default=None,
+        metavar="BOOL",
+        help="deprecated Triton alias: true disables auto-complete",
+    )
+    add("--http-max-input-size", type=int, default=64 * 1024 * 1024)
+    add("--allow-client-shm", type=_bool, default=True, metavar="BOOL")
+    add("--log-verbose", type=int, default=0)
+    add("--log-info", type=_bool, default=True, metavar="BOOL")
+    add(
+        "--metrics-config",
+        action="append",
+        type=_key_value,
+        default=[],
+        metavar="KEY=VALUE",
+        help="e.g. summary_latencies=true",
+    )
+    add("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE")
+    return parser
+
+
+def parse_settings(argv: list[str]) -> Settings:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    autocomplete_off = args.disable_auto_complete_config or bool(args.strict_model_config)
+    backend_config = []
+    for item in args.backend_config:
+        backend, _, rest = item.partition(",")
+        key, value = _key_value(rest)
+        backend_config.append((f"{backend}.{key}", value))
+    return Settings(
+        model_repositories=tuple(args.model_repositories),
+        http_address=args.http_address,
+        http_port=args.http_port,
+        grpc_address=args.grpc_address,
+        grpc_port=args.grpc_port,
+        metrics_address=args.metrics_address or args.http_address,
+        metrics_port=args.metrics_port,
+        allow_http=args.allow_http,
+        allow_grpc=args.allow_grpc,
+        allow_metrics=args.allow_metrics,
+        model_control_mode=args.model_control_mode,
+        load_models=tuple(args.load_model),
+        repository_poll_secs=args.repository_poll_secs,
+        strict_readiness=args.strict_readiness,
+        exit_on_error=args.exit_on_error,
+        exit_timeout_secs=args.exit_timeout_secs,
+        disable_auto_complete_config=autocomplete_off,
+        http_max_input_size=args.http_max_input_size,
+        allow_client_shm=args.allow_client_shm,
+        log_verbose=args.log_verbose,
+        log_info=args.log_info,
+        metrics_config=tuple(args.metrics_config),
+        backend_config=tuple(backend_config),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = parse_settings(sys.argv[1:] if argv is None else argv)
+    from .app import run  # the composition root; imported late so --help stays fast
+
+    return run(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

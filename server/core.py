@@ -1,0 +1,221 @@
+"""The in-process API that every front end calls, and that users can call directly."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from ge_serve.protos import model_config_pb2
+from ge_serve.scheduler.work import WorkItem
+
+from .errors import ErrorCode, ServerError
+from .lifecycle import ModelLifecycle
+from .model import ModelVersion
+from .types import InferRequest, InferResponse
+from .validation import build_response, prepare
+
+SERVER_NAME = "triton"
+SERVER_VERSION = "2.51.0"
+
+
+class InferObserver(Protocol):
+    """Told about every finished request; statistics and metrics implement it."""
+
+    def request_done(
+        self,
+        model: ModelVersion,
+        item: WorkItem | None,
+        error: ServerError | None,
+        started_ns: int,
+        finished_ns: int,
+    ) -> None: ...
+
+
+@dataclass(slots=True)
+class ServerInfo:
+    name: str = SERVER_NAME
+    version: str = SERVER_VERSION
+    extensions: tuple[str, ...] = (
+        "classification",
+        "model_repository",
+        "model_configuration",
+        "binary_tensor_data",
+        "parameters",
+    )
+
+
+class InferenceServer:
+    """Health, metadata, config and inference over the model lifecycle.
+
+    Nothing here knows HTTP, gRPC or JSON; the front ends encode what comes back.
+    """
+
+    def __init__(
+        self,
+        lifecycle: ModelLifecycle,
+        info: ServerInfo | None = None,
+        strict_readiness: bool = True,
+    ) -> None:
+        self.lifecycle = lifecycle
+        self.info = info or ServerInfo()
+        self.strict_readiness = strict_readiness
+        self.observers: list[InferObserver] = []
+        self._live = True
+        self._accepting = True
+
+    # --- health and metadata -------------------------------------------------------------
+
+    def live(self) -> bool:
+        return self._live
+
+    def ready(self) -> bool:
+        if not (self._live and self._accepting):
+            return False
+        return self.lifecycle.all_ready() if self.strict_readiness else True
+
+    def stop_accepting(self) -> None:
+        self._accepting = False
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "name": self.info.name,
+            "version": self.info.version,
+            "extensions": list(self.info.extensions),
+        }
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return self.lifecycle.is_ready(name, version)
+
+    def model(self, name: str, version: str = "") -> ModelVersion:
+        return self.lifecycle.get(name, version)
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        model = self.lifecycle.get(name, version)
+        record = self.lifecycle.models[name]
+        versions = [str(v) for v in sorted(record.versions) if record.versions[v].model]
+        lead = [-1] if model.max_batch_size > 0 else []
+
+        def describe(specs: dict[str, Any]) -> list[dict[str, Any]]:
+            return [
+                {"name": s.name, "datatype": s.datatype.value, "shape": lead + list(s.dims)}
+                for s in specs.values()
+            ]
+
+        return {
+            "name": model.name,
+            "versions": versions,
+            "platform": _platform(model),
+            "inputs": describe(model.inputs),
+            "outputs": describe(model.outputs),
+        }
+
+    def model_config(self, name: str, version: str = "") -> model_config_pb2.ModelConfig:
+        return self.lifecycle.get(name, version).config
+
+    def model_config_json(self, name: str, version: str = "") -> dict[str, Any]:
+        """The config as Triton prints it: proto field names, every field, ints as numbers."""
+        return config_to_json(self.model_config(name, version))
+
+    # --- inference -----------------------------------------------------------------------
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        if not self._accepting:
+            raise ServerError(ErrorCode.UNAVAILABLE, "Server is shutting down")
+        started = time.monotonic_ns()
+        model = self.lifecycle.get(request.model_name, request.model_version)
+        item: WorkItem | None = None
+        try:
+            item = prepare(request, model)
+            item.enqueue_ns = started
+            outputs = await model.scheduler.submit(item)
+            response = build_response(request, model, outputs, item.batch_size)
+        except ServerError as exc:
+            self._notify(model, item, exc, started)
+            raise
+        except Exception as exc:
+            error = ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            self._notify(model, item, error, started)
+            raise error from exc
+        self._notify(model, item, None, started)
+        return response
+
+    async def stream_infer(
+        self, requests: AsyncIterator[InferRequest]
+    ) -> AsyncIterator[InferResponse | ServerError]:
+        """Sequential helper for in-process streaming; front ends run requests concurrently."""
+        async for request in requests:
+            try:
+                yield await self.infer(request)
+            except ServerError as exc:
+                yield exc
+
+    def _notify(
+        self, model: ModelVersion, item: WorkItem | None, error: ServerError | None, started: int
+    ) -> None:
+        if not self.observers:
+            return
+        finished = time.monotonic_ns()
+        for observer in self.observers:
+            observer.request_done(model, item, error, started, finished)
+
+    # --- repository ----------------------------------------------------------------------
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        return self.lifecycle.index(ready_only)
+
+
+def _platform(model: ModelVersion) -> str:
+    if model.config.platform:
+        return str(model.config.platform)
+    return {"onnxruntime": "onnxruntime_onnx", "ge": "npu_ge"}.get(model.backend, model.backend)
+
+
+def config_to_json(config: model_config_pb2.ModelConfig) -> dict[str, Any]:
+    data: dict[str, Any] = json_format.MessageToDict(
+        config,
+        preserving_proto_field_name=True,
+        including_default_value_fields=True,
+    )
+    _ints_as_numbers(config, data)
+    return data
+
+
+_INT64_TYPES = {
+    FieldDescriptor.TYPE_INT64,
+    FieldDescriptor.TYPE_UINT64,
+    FieldDescriptor.TYPE_SINT64,
+    FieldDescriptor.TYPE_FIXED64,
+    FieldDescriptor.TYPE_SFIXED64,
+}
+
+
+def _ints_as_numbers(message: Message, data: dict[str, Any]) -> None:
+    """json_format prints 64-bit integers as strings; Triton prints them as numbers."""
+    for field in message.DESCRIPTOR.fields:
+        if field.name not in data:
+            continue
+        value = getattr(message, field.name)
+        if field.type in _INT64_TYPES:
+            if field.label == FieldDescriptor.LABEL_REPEATED:
+                data[field.name] = [int(v) for v in value]
+            else:
+                data[field.name] = int(value)
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+            if field.message_type.GetOptions().map_entry:
+                value_field = field.message_type.fields_by_name["value"]
+                if value_field.type == FieldDescriptor.TYPE_MESSAGE:
+                    for key, sub in value.items():
+                        _ints_as_numbers(sub, data[field.name][str(key)])
+                elif value_field.type in _INT64_TYPES:
+                    data[field.name] = {k: int(v) for k, v in data[field.name].items()}
+            elif field.label == FieldDescriptor.LABEL_REPEATED:
+                for sub, sub_data in zip(value, data[field.name], strict=True):
+                    _ints_as_numbers(sub, sub_data)
+            else:
+                _ints_as_numbers(value, data[field.name])

@@ -1,0 +1,46 @@
+"""One error type for the whole core, with protocol-neutral codes.
+
+Each front end maps these codes to its own status codes in one place.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.Enum):
+    INVALID_ARG = "INVALID_ARG"
+    NOT_FOUND = "NOT_FOUND"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNSUPPORTED = "UNSUPPORTED"
+    INTERNAL = "INTERNAL"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    CANCELLED = "CANCELLED"
+
+
+class ServerError(Exception):
+    """An error a client should see, with a code and a message meant for people."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"ServerError({self.code.value}, {self.message!r})"
+
+
+def unknown_model(name: str) -> ServerError:
+    return ServerError(ErrorCode.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
+
+
+def unknown_version(name: str, version: str) -> ServerError:
+    return ServerError(
+        ErrorCode.NOT_FOUND,
+        f"Request for unknown model: '{name}' version {version} is not found",
+    )
+
+
+def model_not_ready(name: str, version: str = "") -> ServerError:
+    what = f"'{name}'" if not version else f"'{name}' version {version}"
+    return ServerError(ErrorCode.UNAVAILABLE, f"Request for unknown model: {what} is not ready")

@@ -1,0 +1,189 @@
+"""The HTTP front end: KServe v2 routes, each a thin adapter over `InferenceServer`.
+
+Routes are plain ASGI endpoints (no FastAPI dependency injection, no pydantic) because the
+infer path is hot; FastAPI is the container so extensions can add documented routes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from ge_serve.server.core import InferenceServer
+from ge_serve.server.errors import ErrorCode, ServerError
+
+from . import codec, compression
+from .errors import error_response, server_error_response
+
+log = logging.getLogger(__name__)
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+HEADER_LENGTH = "inference-header-content-length"
+
+
+@dataclass(frozen=True, slots=True)
+class HttpSettings:
+    max_input_size: int = 64 * 1024 * 1024
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(codec.encode_json(obj), status_code=status, media_type="application/json")
+
+
+def _guard(endpoint: Endpoint) -> Endpoint:
+    """Turn core errors into `{"error": ...}` bodies; never let one escape as a 500 page."""
+
+    async def guarded(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except ServerError as exc:
+            return server_error_response(exc)
+        except Exception as exc:
+            log.exception("unhandled error on %s", request.url.path)
+            return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+
+    return guarded
+
+
+class HttpFrontEnd:
+    def __init__(self, core: InferenceServer, settings: HttpSettings) -> None:
+        self.core = core
+        self.settings = settings
+        # Other front-end pieces (statistics, repository, logging...) add routes here.
+        self.extra_routes: list[Route] = []
+
+    def route(self, path: str, endpoint: Endpoint, methods: list[str]) -> Route:
+        return Route(path, _guard(endpoint), methods=methods)
+
+    def versioned(self, suffix: str, endpoint: Endpoint, methods: list[str]) -> list[Route]:
+        """A model route with and without `/versions/{version}`."""
+        return [
+            self.route("/v2/models/{model}" + suffix, endpoint, methods),
+            self.route("/v2/models/{model}/versions/{version}" + suffix, endpoint, methods),
+        ]
+
+    def routes(self) -> list[Route]:
+        return [
+            self.route("/v2/health/live", self.health_live, ["GET"]),
+            self.route("/v2/health/ready", self.health_ready, ["GET"]),
+            self.route("/v2", self.server_metadata, ["GET"]),
+            self.route("/v2/repository/index", self.repository_index, ["POST"]),
+            *self.extra_routes,
+            *self.versioned("/ready", self.model_ready, ["GET"]),
+            *self.versioned("/config", self.model_config, ["GET"]),
+            *self.versioned("/infer", self.infer, ["POST"]),
+            *self.versioned("", self.model_metadata, ["GET"]),
+        ]
+
+    def build(self) -> FastAPI:
+        app = FastAPI(
+            title="ge-serve",
+            docs_url=None,
+            redoc_url=None,
+            openapi_url=None,
+            routes=list[BaseRoute](self.routes()),
+        )
+
+        async def http_error(request: Request, exc: Exception) -> Response:
+            assert isinstance(exc, StarletteHTTPException)
+            if exc.status_code == 404:
+                message = f"Not Found: no route for {request.method} {request.url.path}"
+            elif exc.status_code == 405:
+                message = f"Method Not Allowed: {request.method} {request.url.path}"
+            else:
+                message = str(exc.detail)
+            return error_response(exc.status_code, message)
+
+        app.add_exception_handler(StarletteHTTPException, http_error)
+        return app
+
+    # --- handlers ------------------------------------------------------------------------
+
+    async def health_live(self, request: Request) -> Response:
+        return Response(status_code=200 if self.core.live() else 400)
+
+    async def health_ready(self, request: Request) -> Response:
+        return Response(status_code=200 if self.core.ready() else 400)
+
+    async def server_metadata(self, request: Request) -> Response:
+        return json_response(self.core.metadata())
+
+    async def model_metadata(self, request: Request) -> Response:
+        model, version = _model_path(request)
+        return json_response(self.core.model_metadata(model, version))
+
+    async def model_ready(self, request: Request) -> Response:
+        model, version = _model_path(request)
+        return Response(status_code=200 if self.core.model_ready(model, version) else 400)
+
+    async def model_config(self, request: Request) -> Response:
+        model, version = _model_path(request)
+        return json_response(self.core.model_config_json(model, version))
+
+    async def repository_index(self, request: Request) -> Response:
+        body = await self.read_body(request)
+        ready = False
+        if body.strip():
+            options = codec.decode_json_object(body, "repository index request")
+            flag = options.get("ready", False)
+            if not isinstance(flag, bool):
+                raise ServerError(ErrorCode.INVALID_ARG, "'ready' must be a boolean")
+            ready = flag
+        return json_response(self.core.repository_index(ready))
+
+    async def infer(self, request: Request) -> Response:
+        model, version = _model_path(request)
+        body = await self.read_body(request)
+        header_length = codec.parse_header_length(request.headers.get(HEADER_LENGTH))
+        infer_request = codec.decode_infer_request(model, version, body, header_length)
+        response = await self.core.infer(infer_request)
+        payload, json_length = codec.encode_infer_response(response, infer_request)
+        headers: dict[str, str] = {}
+        if json_length is not None:
+            headers["Inference-Header-Content-Length"] = str(json_length)
+            media_type = "application/octet-stream"
+        else:
+            media_type = "application/json"
+        encoding = compression.choose_encoding(request.headers.get("accept-encoding"))
+        if encoding is not None:
+            payload = compression.encode_content(payload, encoding)
+            headers["Content-Encoding"] = encoding
+        return Response(payload, media_type=media_type, headers=headers)
+
+    async def read_body(self, request: Request) -> bytes:
+        """The request body, size-capped before and after decompression."""
+        limit = self.settings.max_input_size
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise _too_large(int(declared), limit)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(size, limit)
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        return compression.decode_content(body, request.headers.get("content-encoding"), limit)
+
+
+def _too_large(size: int, limit: int) -> ServerError:
+    return ServerError(
+        ErrorCode.INVALID_ARG,
+        f"request body of {size} bytes or more exceeds the maximum input size of {limit} bytes "
+        "(--http-max-input-size)",
+    )
+
+
+def _model_path(request: Request) -> tuple[str, str]:
+    params = request.path_params
+    return str(params["model"]), str(params.get("version", ""))

@@ -1,0 +1,551 @@
+"""The HTTP wire codec: KServe v2 JSON plus Triton's binary tensor data extension.
+
+Pure functions between request/response bodies and the central types; no I/O. Binary input
+tensors are zero-copy, read-only `np.frombuffer` views into the request body, so they live
+as long as the body does.
+
+Binary data is little-endian; like numpy's native dtypes on every host we run on (x86-64 and
+aarch64), so fixed-size tensors travel as their raw memory.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from ..errors import ErrorCode, ServerError
+from ..types import (
+    DataType,
+    InferRequest,
+    InferResponse,
+    Parameters,
+    RequestedOutput,
+    Tensor,
+    lift_request_parameters,
+)
+
+INFERENCE_HEADER_CONTENT_LENGTH: Final = "Inference-Header-Content-Length"
+BINARY_DATA_SIZE: Final = "binary_data_size"
+BINARY_DATA: Final = "binary_data"
+BINARY_DATA_OUTPUT: Final = "binary_data_output"
+CLASSIFICATION: Final = "classification"
+# Marks the placeholder input of a raw-binary request; see decode_infer_request.
+RAW_BINARY: Final = "raw_binary"
+SHARED_MEMORY_REGION: Final = "shared_memory_region"
+
+_U32: Final = struct.Struct("<I")
+_U32_MAX: Final = 0xFFFFFFFF
+_PARAM_TYPES: Final = (bool, int, float, str)
+_INTEGER_TYPES: Final = frozenset(
+    {
+        DataType.UINT8,
+        DataType.UINT16,
+        DataType.UINT32,
+        DataType.UINT64,
+        DataType.INT8,
+        DataType.INT16,
+        DataType.INT32,
+        DataType.INT64,
+    }
+)
+# JSON numbers cannot carry these faithfully, so the protocol sends them only as binary.
+_BINARY_ONLY: Final = frozenset({DataType.FP16, DataType.BF16})
+_FP32_MAX: Final = float(np.finfo(np.float32).max)
+
+
+def _invalid(message: str) -> ServerError:
+    return ServerError(ErrorCode.INVALID_ARG, message)
+
+
+# --- JSON helpers ---------------------------------------------------------------------------
+
+
+def encode_json(obj: Any) -> bytes:
+    """Serialize `obj` with orjson; numpy arrays and scalars are accepted."""
+    return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def decode_json_object(body: bytes | memoryview, what: str) -> dict[str, Any]:
+    """Parse a JSON object; malformed JSON or a non-object is INVALID_ARG.
+
+    `what` names the document in messages: "failed to parse the <what> JSON buffer: ...".
+    """
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise _invalid(f"failed to parse the {what} JSON buffer: {e}") from None
+    if not isinstance(obj, dict):
+        raise _invalid(f"the {what} JSON must be an object, not {_json_kind(obj)}")
+    return obj
+
+
+def parse_header_length(value: str | None) -> int | None:
+    """Parse the `Inference-Header-Content-Length` header value (None when absent)."""
+    if value is None:
+        return None
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise _invalid(
+            f"invalid {INFERENCE_HEADER_CONTENT_LENGTH} header value '{value}'"
+        ) from None
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+# --- BYTES tensors --------------------------------------------------------------------------
+
+
+def serialize_bytes_tensor(arr: npt.NDArray[Any]) -> bytes:
+    """Row-major BYTES elements, each as a 4-byte little-endian length and then its bytes.
+
+    Elements may be `bytes`, `str` (sent as UTF-8) or anything else (sent as `str(x)`).
+    """
+    items = _bytes_elements(arr)
+    if not items:
+        return b""
+    if max(map(len, items)) > _U32_MAX:
+        raise ServerError(ErrorCode.INTERNAL, "a BYTES element is larger than 4 GiB")
+    parts: list[bytes] = [b""] * (2 * len(items))
+    parts[0::2] = [_U32.pack(len(item)) for item in items]
+    parts[1::2] = items
+    return b"".join(parts)
+
+
+def deserialize_bytes_tensor(
+    buf: bytes | memoryview, count: int | None, *, what: str = "BYTES tensor"
+) -> npt.NDArray[np.object_]:
+    """Parse length-prefixed BYTES elements into a 1-D object array of `bytes`.
+
+    With `count`, the buffer must hold exactly that many elements and nothing more. Errors
+    are INVALID_ARG, prefixed with `what` (e.g. "input 'x'").
+    """
+    view = memoryview(buf).cast("B")
+    size = len(view)
+    items: list[bytes] = []
+    offset = 0
+    while offset < size:
+        if count is not None and len(items) == count:
+            raise _invalid(
+                f"{what}: unexpected additional BYTES data, {size - offset} bytes after the "
+                f"expected {count} elements"
+            )
+        if offset + 4 > size:
+            raise _invalid(
+                f"{what}: BYTES element {len(items)} is truncated: its 4-byte length prefix "
+                f"has only {size - offset} bytes left"
+            )
+        (length,) = _U32.unpack_from(view, offset)
+        offset += 4
+        end = offset + length
+        if end > size:
+            raise _invalid(
+                f"{what}: BYTES element {len(items)} has length {length}, which overruns the "
+                f"buffer ({size - offset} bytes left)"
+            )
+        items.append(view[offset:end].tobytes())
+        offset = end
+    if count is not None and len(items) != count:
+        raise _invalid(f"{what}: expected {count} BYTES elements, got {len(items)}")
+    return _object_array(items)
+
+
+def _object_array(items: list[bytes]) -> npt.NDArray[np.object_]:
+    # Element-wise assignment keeps each `bytes` whole; np.array(items) could make 'S' arrays.
+    arr = np.empty(len(items), dtype=np.object_)
+    arr[:] = items
+    return arr
+
+
+def _bytes_elements(arr: npt.NDArray[Any]) -> list[bytes]:
+    values: list[Any] = np.asarray(arr).reshape(-1).tolist()
+    return [_as_bytes(value) for value in values]
+
+
+def _as_bytes(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    return str(value).encode("utf-8")
+
+
+# --- requests -------------------------------------------------------------------------------
+
+
+def decode_infer_request(
+    model_name: str, model_version: str, body: bytes, header_length: int | None
+) -> InferRequest:
+    """Build an InferRequest from an HTTP infer body.
+
+    `header_length` is the `Inference-Header-Content-Length` value, None when the header is
+    absent (then the whole body is JSON). Otherwise the first `header_length` bytes are the
+    JSON header and the rest is binary tensor data in input order, each input with a
+    `binary_data_size` parameter taking that many bytes.
+
+    Raw-binary request (`header_length == 0`): the whole body is the bare tensor of a
+    single-input model. The codec cannot know that input, so it returns a request with one
+    placeholder input: name "", datatype UINT8, shape `(len(body),)`, data a uint8 view of
+    the body, and parameters `{"raw_binary": True}`. The core resolves it against the model
+    config: it renames it to the model's single input and reinterprets the bytes as that
+    input's datatype, with batch 1.
+
+    Errors are ServerError INVALID_ARG (UNSUPPORTED for shared-memory inputs).
+    """
+    if header_length == 0:
+        return _raw_binary_request(model_name, model_version, body)
+    view = memoryview(body)
+    if header_length is None:
+        header, binary = view, view[len(view) :]
+    else:
+        if header_length < 0 or header_length > len(body):
+            raise _invalid(
+                f"invalid {INFERENCE_HEADER_CONTENT_LENGTH} {header_length}: the request body "
+                f"has {len(body)} bytes"
+            )
+        header, binary = view[:header_length], view[header_length:]
+    doc = decode_json_object(header, "request")
+
+    request_id = doc.get("id", "")
+    if not isinstance(request_id, str):
+        raise _invalid(f"the request 'id' must be a string, not {_json_kind(request_id)}")
+    request = InferRequest(
+        model_name=model_name,
+        model_version=model_version,
+        id=request_id,
+        inputs=_decode_inputs(doc, binary, header_length is not None, model_name),
+        outputs=_decode_outputs(doc.get("outputs")),
+        parameters=_parameters(doc.get("parameters"), "the request"),
+    )
+    lift_request_parameters(request)
+    return request
+
+
+def _raw_binary_request(model_name: str, model_version: str, body: bytes) -> InferRequest:
+    data = np.frombuffer(body, dtype=np.uint8)
+    placeholder = Tensor(
+        name="",
+        datatype=DataType.UINT8,
+        shape=(len(body),),
+        data=data,
+        parameters={RAW_BINARY: True},
+    )
+    return InferRequest(model_name=model_name, model_version=model_version, inputs=[placeholder])
+
+
+def _parameters(raw: Any, where: str) -> Parameters:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise _invalid(f"'parameters' of {where} must be a JSON object, not {_json_kind(raw)}")
+    for key, value in raw.items():
+        if not isinstance(value, _PARAM_TYPES):
+            raise _invalid(
+                f"parameter '{key}' of {where} must be a boolean, number or string, not "
+                f"{_json_kind(value)}"
+            )
+    # orjson built a fresh dict of exactly these value types.
+    return raw
+
+
+def _decode_inputs(
+    doc: dict[str, Any], binary: memoryview, has_binary: bool, model_name: str
+) -> list[Tensor]:
+    specs = doc.get("inputs")
+    if specs is None:
+        raise _invalid("the request JSON has no 'inputs'")
+    if not isinstance(specs, list):
+        raise _invalid(f"'inputs' must be an array, not {_json_kind(specs)}")
+    tensors: list[Tensor] = []
+    names: set[str] = set()
+    offset = 0
+    for index, spec in enumerate(specs):
+        tensor, offset = _decode_input(index, spec, binary, offset, has_binary)
+        if tensor.name in names:
+            raise _invalid(f"input '{tensor.name}' is given more than once")
+        names.add(tensor.name)
+        tensors.append(tensor)
+    if offset != len(binary):
+        raise _invalid(
+            f"unexpected additional input data for model '{model_name}': "
+            f"{len(binary) - offset} bytes follow the last binary input"
+        )
+    return tensors
+
+
+def _decode_input(
+    index: int, spec: Any, binary: memoryview, offset: int, has_binary: bool
+) -> tuple[Tensor, int]:
+    if not isinstance(spec, dict):
+        raise _invalid(f"input {index} must be a JSON object, not {_json_kind(spec)}")
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        raise _invalid(f"input {index} has no 'name'")
+    shape = _shape(spec.get("shape"), name)
+    datatype_name = spec.get("datatype")
+    if not isinstance(datatype_name, str):
+        raise _invalid(f"input '{name}' has no 'datatype'")
+    datatype = DataType.parse(datatype_name)
+    params = _parameters(spec.get("parameters"), f"input '{name}'")
+    size = params.pop(BINARY_DATA_SIZE, None)
+    has_data = "data" in spec
+
+    if size is not None:
+        if has_data:
+            raise _invalid(f"input '{name}' has both 'data' and a 'binary_data_size' parameter")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise _invalid(f"'binary_data_size' of input '{name}' must be a non-negative integer")
+        data = _binary_input(name, datatype, shape, binary, offset, size, has_binary)
+        offset += size
+    elif has_data:
+        data = _json_input(name, datatype, shape, spec["data"])
+    elif SHARED_MEMORY_REGION in params:
+        raise ServerError(
+            ErrorCode.UNSUPPORTED, f"input '{name}': shared-memory inputs are not supported"
+        )
+    else:
+        raise _invalid(f"input '{name}' has neither 'data' nor a 'binary_data_size' parameter")
+    return Tensor(name=name, datatype=datatype, shape=shape, data=data, parameters=params), offset
+
+
+def _shape(raw: Any, name: str) -> tuple[int, ...]:
+    if raw is None:
+        raise _invalid(f"input '{name}' has no 'shape'")
+    if not isinstance(raw, list) or not all(type(d) is int and d >= 0 for d in raw):
+        raise _invalid(f"'shape' of input '{name}' must be an array of non-negative integers")
+    return tuple(raw)
+
+
+def _binary_input(
+    name: str,
+    datatype: DataType,
+    shape: tuple[int, ...],
+    binary: memoryview,
+    offset: int,
+    size: int,
+    has_binary: bool,
+) -> npt.NDArray[Any]:
+    count = math.prod(shape)
+    if datatype is not DataType.BYTES and size != count * datatype.itemsize:
+        raise _invalid(
+            f"input '{name}' has binary_data_size {size}, but shape {list(shape)} of "
+            f"{datatype.value} needs {count * datatype.itemsize} bytes"
+        )
+    end = offset + size
+    if end > len(binary):
+        if not has_binary:
+            raise _invalid(
+                f"input '{name}' has binary_data_size {size}, but the request has no binary "
+                f"data (no {INFERENCE_HEADER_CONTENT_LENGTH} header)"
+            )
+        raise _invalid(
+            f"unexpected end of binary data for input '{name}': it needs {size} bytes, "
+            f"{len(binary) - offset} are left"
+        )
+    chunk = binary[offset:end]
+    if datatype is DataType.BYTES:
+        arr: npt.NDArray[Any] = deserialize_bytes_tensor(chunk, count, what=f"input '{name}'")
+    else:
+        arr = np.frombuffer(chunk, dtype=datatype.numpy)
+    return arr.reshape(shape)
+
+
+def _json_input(
+    name: str, datatype: DataType, shape: tuple[int, ...], data: Any
+) -> npt.NDArray[Any]:
+    if datatype in _BINARY_ONLY:
+        raise _invalid(
+            f"input '{name}': {datatype.value} data can only be sent as binary data "
+            f"(binary_data_size), not as JSON 'data'"
+        )
+    if not isinstance(data, list):
+        raise _invalid(f"'data' of input '{name}' must be an array, not {_json_kind(data)}")
+    flat = _flatten(data)
+    count = math.prod(shape)
+    if len(flat) != count:
+        raise _invalid(
+            f"input '{name}' has {len(flat)} elements in 'data', but shape {list(shape)} "
+            f"needs {count}"
+        )
+    return _json_to_numpy(name, datatype, flat).reshape(shape)
+
+
+def _flatten(data: list[Any]) -> list[Any]:
+    for item in data:
+        if type(item) is list:
+            break
+    else:
+        return data
+    out: list[Any] = []
+    _flatten_into(data, out)
+    return out
+
+
+def _flatten_into(data: list[Any], out: list[Any]) -> None:
+    for item in data:
+        if type(item) is list:
+            _flatten_into(item, out)
+        else:
+            out.append(item)
+
+
+def _json_to_numpy(name: str, datatype: DataType, flat: list[Any]) -> npt.NDArray[Any]:
+    kinds = set(map(type, flat))
+    if datatype is DataType.BOOL:
+        if not kinds <= {bool}:
+            raise _wrong_elements(name, datatype, "booleans")
+        return np.array(flat, dtype=np.bool_)
+    if datatype is DataType.BYTES:
+        if not kinds <= {str}:
+            raise _wrong_elements(name, datatype, "strings")
+        return _object_array([s.encode("utf-8") for s in flat])
+    if datatype in _INTEGER_TYPES:
+        if not kinds <= {int}:
+            raise _wrong_elements(name, datatype, "integers")
+        if flat:
+            info = np.iinfo(datatype.numpy)
+            low, high = min(flat), max(flat)
+            if low < info.min or high > info.max:
+                bad = low if low < info.min else high
+                raise _invalid(f"input '{name}': value {bad} is out of range for {datatype.value}")
+        return np.array(flat, dtype=datatype.numpy)
+    # FP32 and FP64; JSON integers are fine as floats.
+    if not kinds <= {int, float}:
+        raise _wrong_elements(name, datatype, "numbers")
+    arr = np.array(flat, dtype=np.float64)
+    if datatype is DataType.FP32:
+        if arr.size and float(np.abs(arr).max()) > _FP32_MAX:
+            raise _invalid(f"input '{name}': a value is out of range for FP32")
+        return arr.astype(np.float32)
+    return arr
+
+
+def _wrong_elements(name: str, datatype: DataType, expected: str) -> ServerError:
+    return _invalid(f"input '{name}': {datatype.value} 'data' elements must be {expected}")
+
+
+def _decode_outputs(specs: Any) -> list[RequestedOutput]:
+    if specs is None:
+        return []
+    if not isinstance(specs, list):
+        raise _invalid(f"'outputs' must be an array, not {_json_kind(specs)}")
+    outputs: list[RequestedOutput] = []
+    names: set[str] = set()
+    for index, spec in enumerate(specs):
+        if not isinstance(spec, dict):
+            raise _invalid(f"requested output {index} must be a JSON object")
+        name = spec.get("name")
+        if not isinstance(name, str) or not name:
+            raise _invalid(f"requested output {index} has no 'name'")
+        if name in names:
+            raise _invalid(f"output '{name}' is requested more than once")
+        names.add(name)
+        params = _parameters(spec.get("parameters"), f"output '{name}'")
+        classification = params.pop(CLASSIFICATION, 0)
+        if isinstance(classification, bool) or not isinstance(classification, int):
+            raise _invalid(f"'classification' of output '{name}' must be a non-negative integer")
+        if classification < 0:
+            raise _invalid(f"'classification' of output '{name}' must be a non-negative integer")
+        if not isinstance(params.get(BINARY_DATA, False), bool):
+            raise _invalid(f"'binary_data' of output '{name}' must be a boolean")
+        outputs.append(RequestedOutput(name, classification, params))
+    return outputs
+
+
+# --- responses ------------------------------------------------------------------------------
+
+
+def encode_infer_response(
+    response: InferResponse, request: InferRequest
+) -> tuple[bytes, int | None]:
+    """Encode a response as (body, JSON header length or None when the body is all JSON).
+
+    An output goes binary when its requested output says `binary_data: true`; one that was
+    not requested individually, or requested without `binary_data`, follows the request's
+    `binary_data_output` (default false). FP16 and BF16 outputs, and BYTES outputs that are
+    not valid UTF-8, are always sent binary, since JSON cannot carry them faithfully.
+    Binary outputs follow the JSON header in output order.
+    """
+    requested = {output.name: output for output in request.outputs}
+    default_binary = request.parameters.get(BINARY_DATA_OUTPUT) is True
+    entries: list[dict[str, Any]] = []
+    chunks: list[bytes | memoryview] = []
+    for tensor in response.outputs:
+        if tensor.data.size != math.prod(tensor.shape):
+            raise ServerError(
+                ErrorCode.INTERNAL,
+                f"output '{tensor.name}' has {tensor.data.size} elements, but its shape "
+                f"{list(tensor.shape)} needs {math.prod(tensor.shape)}",
+            )
+        entry: dict[str, Any] = {
+            "name": tensor.name,
+            "datatype": tensor.datatype.value,
+            "shape": tensor.shape,
+        }
+        wanted = requested.get(tensor.name)
+        binary = default_binary
+        if wanted is not None and BINARY_DATA in wanted.parameters:
+            binary = wanted.parameters[BINARY_DATA] is True
+        data = None if binary else _json_output_data(tensor)
+        if data is not None:
+            if tensor.parameters:
+                entry["parameters"] = tensor.parameters
+            entry["data"] = data
+        else:
+            chunk = _binary_output_data(tensor)
+            entry["parameters"] = {**tensor.parameters, BINARY_DATA_SIZE: len(chunk)}
+            chunks.append(chunk)
+        entries.append(entry)
+
+    header: dict[str, Any] = {}
+    if response.id:
+        header["id"] = response.id
+    header["model_name"] = response.model_name
+    header["model_version"] = response.model_version
+    if response.parameters:
+        header["parameters"] = response.parameters
+    header["outputs"] = entries
+    head = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not chunks:
+        return head, None
+    return b"".join([head, *chunks]), len(head)
+
+
+def _json_output_data(tensor: Tensor) -> Any:
+    """The flat, row-major JSON data of an output, or None when it must go binary."""
+    if tensor.datatype in _BINARY_ONLY:
+        return None
+    if tensor.datatype is DataType.BYTES:
+        try:
+            return [item.decode("utf-8") for item in _bytes_elements(tensor.data)]
+        except UnicodeDecodeError:
+            return None
+    # A 1-D C-contiguous native array, which orjson serializes directly.
+    return np.ascontiguousarray(tensor.data, dtype=tensor.datatype.numpy).reshape(-1)
+
+
+def _binary_output_data(tensor: Tensor) -> bytes | memoryview:
+    if tensor.datatype is DataType.BYTES:
+        return serialize_bytes_tensor(tensor.data)
+    arr = np.ascontiguousarray(tensor.data, dtype=tensor.datatype.numpy)
+    # A uint8 view, so len() is the byte count and join() copies the memory once.
+    return arr.reshape(-1).view(np.uint8).data

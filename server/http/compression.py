@@ -1,0 +1,145 @@
+"""HTTP body compression: request `Content-Encoding` and response `Accept-Encoding`.
+
+Pure functions over bytes. Decoding is streamed with a cap, so a small compressed body
+cannot expand into an unbounded one.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Final
+
+from ..errors import ErrorCode, ServerError
+
+GZIP: Final = "gzip"
+DEFLATE: Final = "deflate"
+IDENTITY: Final = "identity"
+
+_GZIP_WBITS: Final = 16 + zlib.MAX_WBITS
+_ZLIB_WBITS: Final = zlib.MAX_WBITS
+_RAW_DEFLATE_WBITS: Final = -zlib.MAX_WBITS
+# zlib's default: a fair trade of speed for size; tensor data rarely shrinks much more.
+_LEVEL: Final = 6
+
+
+def _invalid(message: str) -> ServerError:
+    return ServerError(ErrorCode.INVALID_ARG, message)
+
+
+def decode_content(body: bytes, content_encoding: str | None, max_size: int) -> bytes:
+    """Decode a request body by its `Content-Encoding`; the result never exceeds `max_size`.
+
+    gzip (also `x-gzip`) and deflate (zlib-wrapped, or raw deflate) are decoded; None, ""
+    and `identity` pass through. Anything else, corrupt data or a result over `max_size`
+    is INVALID_ARG.
+    """
+    encoding = (content_encoding or IDENTITY).strip().lower()
+    if encoding == IDENTITY:
+        if len(body) > max_size:
+            raise _too_large(max_size)
+        return body
+    if encoding in (GZIP, "x-gzip"):
+        return _inflate(body, _GZIP_WBITS, max_size)
+    if encoding == DEFLATE:
+        return _inflate(
+            body, _ZLIB_WBITS if _has_zlib_header(body) else _RAW_DEFLATE_WBITS, max_size
+        )
+    raise _invalid(f"unsupported Content-Encoding '{content_encoding}'")
+
+
+def _has_zlib_header(data: bytes) -> bool:
+    # RFC 1950: CM = 8 (deflate) in the low nibble of CMF, and CMF*256 + FLG divisible by 31.
+    return len(data) >= 2 and data[0] & 0x0F == 8 and ((data[0] << 8) | data[1]) % 31 == 0
+
+
+def _too_large(max_size: int) -> ServerError:
+    return _invalid(f"the decompressed request body exceeds the maximum of {max_size} bytes")
+
+
+def _inflate(data: bytes, wbits: int, max_size: int) -> bytes:
+    if not data:
+        return b""
+    out: list[bytes] = []
+    total = 0
+    pending = data
+    try:
+        while True:
+            stream = zlib.decompressobj(wbits)
+            while True:
+                # Ask for one byte past the cap, so reaching it proves the body too large.
+                chunk = stream.decompress(pending, max_size - total + 1)
+                total += len(chunk)
+                if total > max_size:
+                    raise _too_large(max_size)
+                out.append(chunk)
+                pending = stream.unconsumed_tail
+                if stream.eof or (not chunk and not pending):
+                    break
+            if not stream.eof:
+                raise _invalid("failed to decompress request body: truncated stream")
+            # gzip allows several members back to back; trailing zero padding is ignored.
+            pending = stream.unused_data
+            if wbits != _GZIP_WBITS or not pending.strip(b"\x00"):
+                break
+    except zlib.error as e:
+        raise _invalid(f"failed to decompress request body: {e}") from None
+    return b"".join(out)
+
+
+def choose_encoding(accept_encoding: str | None) -> str | None:
+    """Pick the response encoding from `Accept-Encoding`: "gzip", "deflate" or None.
+
+    Honours q-weights and `*`. The best of gzip and deflate wins (gzip on a tie) unless it
+    has q=0 or identity is listed with a strictly higher q; None means send the body as is.
+    """
+    if not accept_encoding:
+        return None
+    weights: dict[str, float] = {}
+    for item in accept_encoding.split(","):
+        token, _, params = item.partition(";")
+        coding = token.strip().lower()
+        if not coding:
+            continue
+        q = _q_value(params)
+        if q is None:
+            continue
+        if coding == "x-gzip":
+            coding = GZIP
+        weights[coding] = max(q, weights.get(coding, 0.0))
+    star = weights.get("*")
+    gzip_q = weights.get(GZIP, star or 0.0)
+    deflate_q = weights.get(DEFLATE, star or 0.0)
+    # identity is always acceptable (RFC 9110), but it only competes on weight when listed,
+    # itself or through `*`; plain `gzip;q=0.5` still asks for gzip.
+    identity_q = weights.get(IDENTITY, star or 0.0)
+    best, best_q = (GZIP, gzip_q) if gzip_q >= deflate_q else (DEFLATE, deflate_q)
+    if best_q > 0.0 and best_q >= identity_q:
+        return best
+    return None
+
+
+def _q_value(params: str) -> float | None:
+    """The q-weight in `;q=0.5`-style parameters: 1.0 when absent, None when malformed."""
+    for param in params.split(";"):
+        key, _, value = param.partition("=")
+        if key.strip().lower() == "q":
+            try:
+                q = float(value.strip())
+            except ValueError:
+                return None
+            return q if 0.0 <= q <= 1.0 else None
+    return 1.0
+
+
+def encode_content(body: bytes, encoding: str | None) -> bytes:
+    """Compress a response body for `encoding` ("gzip", "deflate", or None/"identity")."""
+    if encoding is None or encoding == IDENTITY:
+        return body
+    if encoding == GZIP:
+        # zlib's gzip wrapper writes mtime 0, so equal bodies compress to equal bytes.
+        compressor = zlib.compressobj(_LEVEL, zlib.DEFLATED, _GZIP_WBITS)
+        return compressor.compress(body) + compressor.flush()
+    if encoding == DEFLATE:
+        # HTTP "deflate" is the zlib format (RFC 9110), which is what clients decode.
+        return zlib.compress(body, _LEVEL)
+    raise ValueError(f"unknown content encoding {encoding!r}")

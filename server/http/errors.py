@@ -1,0 +1,28 @@
+"""The one place where core error codes become HTTP status codes."""
+
+from __future__ import annotations
+
+import orjson
+from starlette.responses import Response
+
+from ge_serve.server.errors import ErrorCode, ServerError
+
+STATUS = {
+    ErrorCode.INVALID_ARG: 400,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.UNSUPPORTED: 501,
+    ErrorCode.INTERNAL: 500,
+    ErrorCode.ALREADY_EXISTS: 409,
+    ErrorCode.CANCELLED: 400,
+}
+
+
+def error_response(status: int, message: str) -> Response:
+    return Response(
+        orjson.dumps({"error": message}), status_code=status, media_type="application/json"
+    )
+
+
+def server_error_response(exc: ServerError) -> Response:
+    return error_response(STATUS.get(exc.code, 400), exc.message)

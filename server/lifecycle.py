@@ -1,0 +1,327 @@
+"""Model lifecycle: states, loading off the loop, atomic swap, unload with drain."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ge_serve.backends.base import Backend, LoadedModel, ModelSpec
+from ge_serve.protos import model_config_pb2
+from ge_serve.scheduler.base import Scheduler
+
+from . import autocomplete
+from .errors import ErrorCode, ServerError, model_not_ready, unknown_model, unknown_version
+from .model import ModelVersion, tensor_specs
+from .repository import ModelRepository, ModelSource, read_config, read_labels, select_versions
+
+log = logging.getLogger(__name__)
+
+SchedulerFactory = Callable[[model_config_pb2.ModelConfig, LoadedModel], Scheduler]
+
+
+class ModelState(enum.Enum):
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    LOADING = "LOADING"
+    UNLOADING = "UNLOADING"
+
+
+@dataclass(slots=True)
+class VersionRecord:
+    version: int
+    state: ModelState
+    reason: str = ""
+    model: ModelVersion | None = None
+
+
+@dataclass(slots=True)
+class ModelRecord:
+    name: str
+    versions: dict[int, VersionRecord] = field(default_factory=dict)
+    # Set when the whole model failed before any version could be tried.
+    reason: str = ""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleSettings:
+    autocomplete: bool = True
+    default_backend: str = "onnxruntime"
+    unload_timeout_s: float = 30.0
+
+
+@dataclass(slots=True)
+class _Prepared:
+    """The blocking half of a load: a completed config and loaded executors."""
+
+    config: model_config_pb2.ModelConfig
+    backend: Backend
+    source: ModelSource
+    labels: dict[str, list[str]]
+    loaded: dict[int, LoadedModel]
+    failures: dict[int, str]
+    seconds: float
+
+
+class ModelLifecycle:
+    def __init__(
+        self,
+        repository: ModelRepository,
+        backends: dict[str, Backend],
+        scheduler_factory: SchedulerFactory,
+        settings: LifecycleSettings,
+    ) -> None:
+        self.repository = repository
+        self.backends = backends
+        self.scheduler_factory = scheduler_factory
+        self.settings = settings
+        self.models: dict[str, ModelRecord] = {}
+        # Observers called after each successful load: (model, load seconds).
+        self.on_loaded: list[Callable[[ModelVersion, float], None]] = []
+
+    # --- queries -------------------------------------------------------------------------
+
+    def get(self, name: str, version: str = "") -> ModelVersion:
+        """The model version a request goes to: the highest READY one when none is named."""
+        record = self.models.get(name)
+        if record is None:
+            raise unknown_model(name)
+        if version:
+            if not version.isdigit():
+                raise unknown_version(name, version)
+            entry = record.versions.get(int(version))
+            if entry is None:
+                raise unknown_version(name, version)
+            if entry.state is not ModelState.READY or entry.model is None:
+                raise model_not_ready(name, version)
+            return entry.model
+        ready = [v for v in record.versions.values() if v.state is ModelState.READY and v.model]
+        if not ready:
+            raise ServerError(
+                ErrorCode.UNAVAILABLE,
+                f"Request for unknown model: '{name}' has no available versions",
+            )
+        best = max(ready, key=lambda v: v.version).model
+        assert best is not None
+        return best
+
+    def is_ready(self, name: str, version: str = "") -> bool:
+        try:
+            self.get(name, version)
+        except ServerError:
+            return False
+        return True
+
+    def all_ready(self) -> bool:
+        return all(
+            any(v.state is ModelState.READY for v in record.versions.values())
+            for record in self.models.values()
+        )
+
+    def ready_models(self) -> list[ModelVersion]:
+        return [
+            v.model
+            for record in self.models.values()
+            for v in record.versions.values()
+            if v.state is ModelState.READY and v.model is not None
+        ]
+
+    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        rows: list[dict[str, str]] = []
+        names = set(self.models)
+        if not ready_only:
+            with contextlib.suppress(ServerError):
+                names |= set(self.repository.scan())
+        for name in sorted(names):
+            record = self.models.get(name)
+            if record is None or (not record.versions and not record.reason):
+                if not ready_only:
+                    rows.append({"name": name, "version": "", "state": "", "reason": ""})
+                continue
+            if not record.versions:
+                if not ready_only:
+                    rows.append(
+                        {
+                            "name": name,
+                            "version": "",
+                            "state": "UNAVAILABLE",
+                            "reason": record.reason,
+                        }
+                    )
+                continue
+            for version in sorted(record.versions):
+                entry = record.versions[version]
+                if ready_only and entry.state is not ModelState.READY:
+                    continue
+                rows.append(
+                    {
+                        "name": name,
+                        "version": str(version),
+                        "state": entry.state.value,
+                        "reason": entry.reason,
+                    }
+                )
+        return rows
+
+    # --- loading -------------------------------------------------------------------------
+
+    async def load(self, name: str, config_text: str | None = None) -> None:
+        """Load (or reload) a model; the old versions serve until the new ones are ready."""
+        record = self.models.setdefault(name, ModelRecord(name))
+        async with record.lock:
+            sources = self.repository.scan()
+            source = sources.get(name)
+            if source is None:
+                if not record.versions:
+                    self.models.pop(name, None)
+                raise ServerError(
+                    ErrorCode.INVALID_ARG,
+                    f"failed to load '{name}', failed to poll from model repository",
+                )
+            for entry in record.versions.values():
+                if entry.state is not ModelState.READY:
+                    entry.state = ModelState.LOADING
+            if not record.versions:
+                record.reason = ""
+            try:
+                prepared = await asyncio.to_thread(self._prepare, source, config_text)
+            except ServerError as exc:
+                self._fail(record, exc.message)
+                raise ServerError(exc.code, f"failed to load '{name}': {exc.message}") from None
+            except Exception as exc:
+                self._fail(record, str(exc))
+                raise ServerError(
+                    ErrorCode.INVALID_ARG, f"failed to load '{name}': {exc}"
+                ) from None
+            await self._install(record, prepared)
+            failed = {v: r for v, r in prepared.failures.items()}
+            if failed and not prepared.loaded:
+                reasons = "; ".join(f"version {v}: {r}" for v, r in sorted(failed.items()))
+                raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reasons}")
+
+    def _fail(self, record: ModelRecord, reason: str) -> None:
+        """A failed (re)load keeps READY versions serving and marks the rest unavailable."""
+        if not any(v.state is ModelState.READY for v in record.versions.values()):
+            record.reason = reason
+            for entry in record.versions.values():
+                entry.state = ModelState.UNAVAILABLE
+                entry.reason = reason
+        else:
+            for entry in record.versions.values():
+                if entry.state is ModelState.LOADING:
+                    entry.state = ModelState.UNAVAILABLE
+                    entry.reason = reason
+        log.error("failed to load '%s': %s", record.name, reason)
+
+    def _prepare(self, source: ModelSource, config_text: str | None) -> _Prepared:
+        """Blocking: read and complete the config, then load every version it names."""
+        started = time.monotonic()
+        config = read_config(source, config_text)
+        versions = select_versions(config, source.path)
+        backend = autocomplete.resolve_backend(config, self.backends, self.settings.default_backend)
+        newest = source.path / str(versions[-1])
+        path = autocomplete.model_file(config, backend, newest)
+        autocomplete.complete(config, backend, path, self.settings.autocomplete)
+        autocomplete.check(config)
+        labels = read_labels(config, source.path)
+        loaded: dict[int, LoadedModel] = {}
+        failures: dict[int, str] = {}
+        for version in versions:
+            version_dir = source.path / str(version)
+            spec = ModelSpec(
+                name=config.name,
+                version=version,
+                config=config,
+                model_dir=source.path,
+                model_path=autocomplete.model_file(config, backend, version_dir),
+            )
+            try:
+                loaded[version] = backend.load(spec)
+            except Exception as exc:
+                log.exception("loading '%s' version %d failed", config.name, version)
+                failures[version] = f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
+        return _Prepared(
+            config, backend, source, labels, loaded, failures, time.monotonic() - started
+        )
+
+    async def _install(self, record: ModelRecord, prepared: _Prepared) -> None:
+        """Swap the new versions in atomically (on the loop), then retire the old ones."""
+        config = prepared.config
+        new_versions: dict[int, VersionRecord] = {}
+        for version, loaded in prepared.loaded.items():
+            scheduler = self.scheduler_factory(config, loaded)
+            model = ModelVersion(
+                name=config.name,
+                version=version,
+                config=config,
+                backend=prepared.backend.name,
+                model_dir=prepared.source.path,
+                inputs=tensor_specs(list(config.input)),
+                outputs=tensor_specs(list(config.output)),
+                loaded=loaded,
+                scheduler=scheduler,
+                labels=prepared.labels,
+            )
+            new_versions[version] = VersionRecord(version, ModelState.READY, "", model)
+            for callback in self.on_loaded:
+                callback(model, prepared.seconds)
+        for version, reason in prepared.failures.items():
+            new_versions[version] = VersionRecord(version, ModelState.UNAVAILABLE, reason)
+        old = record.versions
+        if not prepared.loaded and any(v.state is ModelState.READY for v in old.values()):
+            # Nothing new could load: keep serving what we have.
+            for version, reason in prepared.failures.items():
+                if version not in old or old[version].state is not ModelState.READY:
+                    old[version] = VersionRecord(version, ModelState.UNAVAILABLE, reason)
+            return
+        record.versions = new_versions
+        record.reason = ""
+        retired = [v for v in old.values() if v.model is not None]
+        await self._retire(retired)
+
+    async def _retire(self, entries: list[VersionRecord]) -> None:
+        for entry in entries:
+            entry.state = ModelState.UNLOADING
+        await asyncio.gather(*(self._close(e) for e in entries))
+
+    async def _close(self, entry: VersionRecord) -> None:
+        model = entry.model
+        if model is None:
+            return
+        await model.scheduler.close(self.settings.unload_timeout_s)
+        entry.model = None
+        entry.state = ModelState.UNAVAILABLE
+        entry.reason = "unloaded"
+
+    async def unload(self, name: str) -> None:
+        record = self.models.get(name)
+        if record is None:
+            raise unknown_model(name)
+        async with record.lock:
+            live = [v for v in record.versions.values() if v.model is not None]
+            for entry in record.versions.values():
+                if entry.model is None:
+                    entry.state = ModelState.UNAVAILABLE
+                    entry.reason = "unloaded"
+            await self._retire(live)
+
+    async def load_many(self, names: list[str]) -> dict[str, str]:
+        """Load several models concurrently; returns {name: error} for those that failed."""
+        errors: dict[str, str] = {}
+
+        async def one(name: str) -> None:
+            try:
+                await self.load(name)
+            except ServerError as exc:
+                errors[name] = exc.message
+
+        await asyncio.gather(*(one(n) for n in names))
+        return errors
+
+    async def close(self) -> None:
+        await asyncio.gather(*(self.unload(name) for name in list(self.models)))

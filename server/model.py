@@ -1,0 +1,66 @@
+"""A loaded model version as the core sees it: config, tensor specs, scheduler, executors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ge_serve.backends.base import LoadedModel
+from ge_serve.protos import model_config_pb2
+from ge_serve.scheduler.base import Scheduler
+
+from .types import DataType
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One input or output as the client sees it (dims exclude the batch dim)."""
+
+    name: str
+    datatype: DataType
+    dims: tuple[int, ...]
+    # The shape the model itself uses, when the config has `reshape` (batch excluded).
+    model_dims: tuple[int, ...] | None = None
+    optional: bool = False
+    label_filename: str = ""
+
+
+@dataclass(slots=True)
+class ModelVersion:
+    name: str
+    version: int
+    config: model_config_pb2.ModelConfig
+    backend: str
+    model_dir: Path
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+    loaded: LoadedModel
+    scheduler: Scheduler
+    labels: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def max_batch_size(self) -> int:
+        return int(self.config.max_batch_size)
+
+    @property
+    def version_str(self) -> str:
+        return str(self.version)
+
+
+def tensor_specs(
+    entries: list[model_config_pb2.ModelInput] | list[model_config_pb2.ModelOutput],
+) -> dict[str, TensorSpec]:
+    specs: dict[str, TensorSpec] = {}
+    for entry in entries:
+        model_dims = tuple(entry.reshape.shape) if entry.HasField("reshape") else None
+        optional = bool(getattr(entry, "optional", False))
+        label = str(getattr(entry, "label_filename", ""))
+        specs[entry.name] = TensorSpec(
+            name=entry.name,
+            datatype=DataType.from_config(model_config_pb2.DataType.Name(entry.data_type)),
+            dims=tuple(entry.dims),
+            model_dims=model_dims,
+            optional=optional,
+            label_filename=label,
+        )
+    return specs

@@ -1,0 +1,140 @@
+"""The model repository on disk: Triton's layout, `config.pbtxt` and version policy."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from google.protobuf import text_format
+
+from ge_serve.protos import model_config_pb2
+
+from .errors import ErrorCode, ServerError
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILENAME = "config.pbtxt"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """A model folder found in one of the repositories."""
+
+    name: str
+    path: Path
+
+
+@dataclass(slots=True)
+class ModelFiles:
+    """What was read from a model folder: its config and the versions to serve."""
+
+    config: model_config_pb2.ModelConfig
+    versions: list[int]
+    labels: dict[str, list[str]] = field(default_factory=dict)
+
+
+class ModelRepository:
+    """One or more repository folders; a model name must be unique across them."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = paths
+
+    def scan(self) -> dict[str, ModelSource]:
+        found: dict[str, ModelSource] = {}
+        for root in self.paths:
+            if not root.is_dir():
+                raise ServerError(
+                    ErrorCode.INVALID_ARG, f"model repository path '{root}' is not a folder"
+                )
+            for entry in sorted(root.iterdir()):
+                if not entry.is_dir() or entry.name.startswith("."):
+                    continue
+                if entry.name in found:
+                    raise ServerError(
+                        ErrorCode.INVALID_ARG,
+                        f"model '{entry.name}' appears in more than one model repository: "
+                        f"'{found[entry.name].path.parent}' and '{root}'",
+                    )
+                found[entry.name] = ModelSource(entry.name, entry)
+        return found
+
+
+def read_config(
+    source: ModelSource, config_text: str | None = None
+) -> model_config_pb2.ModelConfig:
+    """Parse `config.pbtxt` (or an override text), or start empty when there is none.
+
+    A missing file is fine: auto-complete fills the config from the model file.
+    """
+    config = model_config_pb2.ModelConfig()
+    if config_text is None:
+        path = source.path / CONFIG_FILENAME
+        if path.is_file():
+            config_text = path.read_text(encoding="utf-8")
+    if config_text is not None:
+        try:
+            text_format.Parse(config_text, config)
+        except text_format.ParseError as exc:
+            raise ServerError(
+                ErrorCode.INVALID_ARG, f"failed to parse {CONFIG_FILENAME}: {exc}"
+            ) from None
+    if not config.name:
+        config.name = source.name
+    elif config.name != source.name:
+        raise ServerError(
+            ErrorCode.INVALID_ARG,
+            f"model name in {CONFIG_FILENAME} ('{config.name}') does not match "
+            f"the model folder name ('{source.name}')",
+        )
+    return config
+
+
+def available_versions(model_dir: Path) -> list[int]:
+    """Numbered version folders; names that are not numbers or start with '0' are skipped."""
+    versions = []
+    for entry in model_dir.iterdir():
+        name = entry.name
+        if entry.is_dir() and name.isdigit() and not name.startswith("0"):
+            versions.append(int(name))
+    return sorted(versions)
+
+
+def select_versions(config: model_config_pb2.ModelConfig, model_dir: Path) -> list[int]:
+    """Apply the version policy; the default is `latest { num_versions: 1 }`."""
+    present = available_versions(model_dir)
+    policy = config.version_policy
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "all":
+        chosen = present
+    elif choice == "specific":
+        wanted = sorted(set(policy.specific.versions))
+        missing = [v for v in wanted if v not in present]
+        if missing:
+            raise ServerError(
+                ErrorCode.INVALID_ARG,
+                f"version policy names version(s) {missing} that have no folder",
+            )
+        chosen = wanted
+    else:
+        count = policy.latest.num_versions if choice == "latest" else 1
+        chosen = present[-max(count, 1) :] if present else []
+    if not chosen:
+        raise ServerError(ErrorCode.INVALID_ARG, "no version folder to serve under the model")
+    return chosen
+
+
+def read_labels(config: model_config_pb2.ModelConfig, model_dir: Path) -> dict[str, list[str]]:
+    """Labels files named by outputs' `label_filename`, one label a line."""
+    labels: dict[str, list[str]] = {}
+    for output in config.output:
+        if output.label_filename:
+            path = model_dir / output.label_filename
+            if not path.is_file():
+                raise ServerError(
+                    ErrorCode.INVALID_ARG,
+                    f"labels file '{output.label_filename}' for output '{output.name}' "
+                    "does not exist",
+                )
+            labels[output.name] = path.read_text(encoding="utf-8").splitlines()
+    return labels

@@ -1,0 +1,174 @@
+"""Protocol-neutral request and response types over numpy.
+
+Front ends build these from their wire forms and encode them back; nothing below the front
+ends sees HTTP, gRPC or JSON.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import numpy.typing as npt
+
+from .errors import ErrorCode, ServerError
+
+ParamValue = bool | int | float | str
+Parameters = dict[str, ParamValue]
+
+
+class DataType(enum.Enum):
+    """Triton's tensor datatypes, by their wire names."""
+
+    BOOL = "BOOL"
+    UINT8 = "UINT8"
+    UINT16 = "UINT16"
+    UINT32 = "UINT32"
+    UINT64 = "UINT64"
+    INT8 = "INT8"
+    INT16 = "INT16"
+    INT32 = "INT32"
+    INT64 = "INT64"
+    FP16 = "FP16"
+    FP32 = "FP32"
+    FP64 = "FP64"
+    BYTES = "BYTES"
+    BF16 = "BF16"
+
+    @classmethod
+    def parse(cls, name: str) -> DataType:
+        try:
+            return cls(name)
+        except ValueError:
+            raise ServerError(ErrorCode.INVALID_ARG, f"invalid datatype '{name}'") from None
+
+    @classmethod
+    def from_config(cls, config_type: str) -> DataType:
+        """Map a ModelConfig `TYPE_*` name (e.g. TYPE_FP32, TYPE_STRING) to a DataType."""
+        name = config_type.removeprefix("TYPE_")
+        if name == "STRING":
+            return cls.BYTES
+        return cls.parse(name)
+
+    @property
+    def config_name(self) -> str:
+        return "TYPE_STRING" if self is DataType.BYTES else f"TYPE_{self.value}"
+
+    @property
+    def numpy(self) -> np.dtype[Any]:
+        return _NUMPY[self]
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element on the wire; 0 for BYTES, whose elements vary."""
+        return 0 if self is DataType.BYTES else _NUMPY[self].itemsize
+
+    @classmethod
+    def from_numpy(cls, dtype: np.dtype[Any]) -> DataType:
+        found = _FROM_NUMPY.get(dtype)
+        if found is None:
+            if dtype.kind in ("O", "S", "U"):
+                return cls.BYTES
+            raise ServerError(ErrorCode.INTERNAL, f"unsupported numpy dtype {dtype}")
+        return found
+
+
+_NUMPY: dict[DataType, np.dtype[Any]] = {
+    DataType.BOOL: np.dtype(np.bool_),
+    DataType.UINT8: np.dtype(np.uint8),
+    DataType.UINT16: np.dtype(np.uint16),
+    DataType.UINT32: np.dtype(np.uint32),
+    DataType.UINT64: np.dtype(np.uint64),
+    DataType.INT8: np.dtype(np.int8),
+    DataType.INT16: np.dtype(np.int16),
+    DataType.INT32: np.dtype(np.int32),
+    DataType.INT64: np.dtype(np.int64),
+    DataType.FP16: np.dtype(np.float16),
+    DataType.FP32: np.dtype(np.float32),
+    DataType.FP64: np.dtype(np.float64),
+    DataType.BYTES: np.dtype(np.object_),
+    DataType.BF16: np.dtype(ml_dtypes.bfloat16),
+}
+_FROM_NUMPY: dict[np.dtype[Any], DataType] = {
+    dt: name for name, dt in _NUMPY.items() if name is not DataType.BYTES
+}
+
+
+@dataclass(slots=True)
+class Tensor:
+    """A named tensor. BYTES data is an object array of `bytes`; BF16 uses ml_dtypes."""
+
+    name: str
+    datatype: DataType
+    shape: tuple[int, ...]
+    data: npt.NDArray[Any]
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    """An output the client asked for, with its per-output parameters.
+
+    `binary_data` is a wire hint the front end keeps; `classification` (top-k) is applied by
+    the core, so it is lifted out of the parameters here.
+    """
+
+    name: str
+    classification: int = 0
+    parameters: Parameters = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    model_name: str
+    model_version: str = ""
+    id: str = ""
+    inputs: list[Tensor] = field(default_factory=list)
+    # Empty means "every output of the model".
+    outputs: list[RequestedOutput] = field(default_factory=list)
+    parameters: Parameters = field(default_factory=dict)
+    # Lifted out of `parameters` at the edge; 0 means "the model's default".
+    priority: int = 0
+    timeout_us: int = 0
+
+
+@dataclass(slots=True)
+class InferResponse:
+    model_name: str
+    model_version: str
+    id: str = ""
+    outputs: list[Tensor] = field(default_factory=list)
+    parameters: Parameters = field(default_factory=dict)
+
+
+RESERVED_PARAMETER_PREFIX = "triton_"
+
+
+def lift_request_parameters(request: InferRequest) -> None:
+    """Move `priority` and `timeout` out of the parameters and refuse reserved keys.
+
+    Every front end calls this once, so the rules live in one place.
+    """
+    params = request.parameters
+    for key in params:
+        if key.startswith(RESERVED_PARAMETER_PREFIX):
+            raise ServerError(
+                ErrorCode.INVALID_ARG,
+                f"parameter keys starting with '{RESERVED_PARAMETER_PREFIX}' are reserved "
+                f"for Triton usage, and should not be specified: '{key}'",
+            )
+    if "priority" in params:
+        request.priority = _non_negative_int(params.pop("priority"), "priority")
+    if "timeout" in params:
+        request.timeout_us = _non_negative_int(params.pop("timeout"), "timeout")
+
+
+def _non_negative_int(value: ParamValue, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ServerError(
+            ErrorCode.INVALID_ARG, f"parameter '{key}' must be a non-negative integer"
+        )
+    return value

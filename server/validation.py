@@ -1,0 +1,232 @@
+"""Checking a request against its model's config, and shaping the response.
+
+Messages follow Triton's wording where clients are known to match on them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ge_serve.scheduler.work import Array, WorkItem
+
+from .errors import ErrorCode, ServerError
+from .model import ModelVersion, TensorSpec
+from .types import DataType, InferRequest, InferResponse, RequestedOutput, Tensor
+
+
+def _invalid(message: str) -> ServerError:
+    return ServerError(ErrorCode.INVALID_ARG, message)
+
+
+def _dims_str(dims: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
+    """Validate a request and turn it into the scheduler's work item."""
+    inputs = request.inputs
+    if len(inputs) == 1 and inputs[0].parameters.get("raw_binary"):
+        inputs = [_resolve_raw_binary(inputs[0], model)]
+    mbs = model.max_batch_size
+    arrays: dict[str, Array] = {}
+    batch_size = 0
+    for tensor in inputs:
+        spec = model.inputs.get(tensor.name)
+        if spec is None:
+            raise _invalid(f"unexpected inference input '{tensor.name}' for model '{model.name}'")
+        if tensor.name in arrays:
+            raise _invalid(f"input '{tensor.name}' was given more than once")
+        if tensor.datatype is not spec.datatype:
+            raise _invalid(
+                f"inference input '{tensor.name}' data-type is '{tensor.datatype.value}', "
+                f"but model '{model.name}' expects '{spec.datatype.value}'"
+            )
+        shape = tuple(tensor.shape)
+        if any(d < 0 for d in shape):
+            raise _invalid(f"input '{tensor.name}' has a negative dimension in its shape")
+        if mbs > 0:
+            if not shape:
+                raise _invalid(
+                    f"input '{tensor.name}' for model '{model.name}' has no batch dimension; "
+                    f"the model has max_batch_size {mbs}"
+                )
+            this_batch = shape[0]
+            if this_batch < 1 or this_batch > mbs:
+                raise _invalid(
+                    f"inference request batch-size must be <= {mbs} for '{model.name}'"
+                    if this_batch > mbs
+                    else f"inference request batch-size must be >= 1 for '{model.name}'"
+                )
+            if batch_size and this_batch != batch_size:
+                raise _invalid(
+                    f"input '{tensor.name}' batch size {this_batch} does not match the "
+                    f"other inputs' batch size {batch_size}"
+                )
+            batch_size = this_batch
+            item_dims = shape[1:]
+        else:
+            item_dims = shape
+        if not _dims_match(item_dims, spec.dims):
+            expected = ((-1,) if mbs > 0 else ()) + spec.dims
+            raise _invalid(
+                f"unexpected shape for input '{tensor.name}' for model '{model.name}'. "
+                f"Expected {_dims_str(expected)}, got {_dims_str(shape)}"
+            )
+        array = _as_array(tensor, spec, shape)
+        if spec.model_dims is not None:
+            lead = (shape[0],) if mbs > 0 else ()
+            try:
+                array = array.reshape(lead + spec.model_dims)
+            except ValueError:
+                raise _invalid(
+                    f"input '{tensor.name}' cannot be reshaped to {_dims_str(spec.model_dims)}"
+                ) from None
+        arrays[tensor.name] = array
+    missing = [
+        name for name, spec in model.inputs.items() if name not in arrays and not spec.optional
+    ]
+    if missing:
+        required = sum(not s.optional for s in model.inputs.values())
+        raise _invalid(
+            f"expected {required} inputs but got {len(arrays)} inputs for model "
+            f"'{model.name}'. Got input(s) {sorted(arrays)}, but missing required input(s) "
+            f"{missing}. Please provide all required input(s)."
+        )
+    for requested in request.outputs:
+        _check_output(requested, model)
+    return WorkItem(
+        inputs=arrays,
+        batch_size=batch_size if mbs > 0 else 1,
+        priority=request.priority,
+        timeout_us=request.timeout_us,
+    )
+
+
+def _dims_match(got: tuple[int, ...], want: tuple[int, ...]) -> bool:
+    if len(got) != len(want):
+        return False
+    return all(w == -1 or g == w for g, w in zip(got, want, strict=True))
+
+
+def _as_array(tensor: Tensor, spec: TensorSpec, shape: tuple[int, ...]) -> Array:
+    array = tensor.data
+    expected = spec.datatype.numpy
+    if array.dtype != expected:
+        if spec.datatype is DataType.BYTES and array.dtype.kind in ("S", "U"):
+            array = array.astype(object)
+        else:
+            raise _invalid(
+                f"input '{tensor.name}' holds {array.dtype} data, not {spec.datatype.value}"
+            )
+    if array.shape != shape:
+        if array.size != math.prod(shape):
+            raise _invalid(
+                f"input '{tensor.name}' has {array.size} elements but its shape "
+                f"{_dims_str(shape)} needs {math.prod(shape)}"
+            )
+        array = array.reshape(shape)
+    return array
+
+
+def _resolve_raw_binary(tensor: Tensor, model: ModelVersion) -> Tensor:
+    """A raw-binary body is the single input of a single-input model, as batch 1."""
+    if len(model.inputs) != 1:
+        raise _invalid(
+            f"raw binary request requires model '{model.name}' to have exactly one input, "
+            f"but it has {len(model.inputs)}"
+        )
+    spec = next(iter(model.inputs.values()))
+    raw: bytes = tensor.data.tobytes()
+    lead: tuple[int, ...] = (1,) if model.max_batch_size > 0 else ()
+    if spec.datatype is DataType.BYTES:
+        data = np.empty(1, dtype=object)
+        data[0] = raw
+        dims = tuple(1 if d == -1 else d for d in spec.dims)
+        if math.prod(dims) != 1:
+            raise _invalid(f"raw binary data for BYTES input '{spec.name}' must be one element")
+        return Tensor(spec.name, spec.datatype, lead + dims, data.reshape(lead + dims))
+    itemsize = spec.datatype.itemsize
+    if len(raw) % itemsize:
+        raise _invalid(
+            f"raw binary data of {len(raw)} bytes is not a whole number of "
+            f"{spec.datatype.value} elements for input '{spec.name}'"
+        )
+    count = len(raw) // itemsize
+    dims = spec.dims
+    unknown = [i for i, d in enumerate(dims) if d == -1]
+    known = math.prod(d for d in dims if d != -1)
+    if len(unknown) > 1 or (not unknown and known != count) or (unknown and count % known):
+        raise _invalid(
+            f"raw binary data of {count} elements does not fit input '{spec.name}' with "
+            f"dims {_dims_str(dims)}"
+        )
+    if unknown:
+        dims = tuple(count // known if d == -1 else d for d in dims)
+    array = np.frombuffer(tensor.data, dtype=spec.datatype.numpy).reshape(lead + dims)
+    return Tensor(spec.name, spec.datatype, lead + dims, array)
+
+
+def _check_output(requested: RequestedOutput, model: ModelVersion) -> None:
+    spec = model.outputs.get(requested.name)
+    if spec is None:
+        raise _invalid(f"unexpected inference output '{requested.name}' for model '{model.name}'")
+    if requested.classification < 0:
+        raise _invalid("classification count must be non-negative")
+    if requested.classification and spec.datatype is DataType.BYTES:
+        raise _invalid(f"classification is not supported for BYTES output '{spec.name}'")
+
+
+def build_response(
+    request: InferRequest, model: ModelVersion, outputs: dict[str, Array], batch_size: int
+) -> InferResponse:
+    """Select the requested outputs, restore their config shapes and apply classification."""
+    wanted = request.outputs or [RequestedOutput(name) for name in model.outputs]
+    result: list[Tensor] = []
+    for requested in wanted:
+        spec = model.outputs[requested.name]
+        array = outputs.get(requested.name)
+        if array is None:
+            raise ServerError(
+                ErrorCode.INTERNAL, f"model '{model.name}' did not produce output '{spec.name}'"
+            )
+        if spec.model_dims is not None:
+            lead = (batch_size,) if model.max_batch_size > 0 else ()
+            array = array.reshape(lead + tuple(d for d in spec.dims))
+        if requested.classification:
+            array = classify(array, requested.classification, model.labels.get(spec.name), model)
+            datatype = DataType.BYTES
+        else:
+            datatype = spec.datatype
+            if array.dtype != datatype.numpy and datatype is not DataType.BYTES:
+                array = array.astype(datatype.numpy)
+        result.append(
+            Tensor(requested.name, datatype, tuple(array.shape), array, dict(requested.parameters))
+        )
+    return InferResponse(
+        model_name=model.name, model_version=model.version_str, id=request.id, outputs=result
+    )
+
+
+def classify(array: Array, k: int, labels: list[str] | None, model: ModelVersion) -> Array:
+    """Top-k as BYTES "value:index[:label]", per batch item when the model batches."""
+    batched = model.max_batch_size > 0
+    rows = array.reshape(array.shape[0], -1) if batched else array.reshape(1, -1)
+    k = min(k, rows.shape[1])
+    out = np.empty((rows.shape[0], k), dtype=object)
+    for r, row in enumerate(rows):
+        order = np.argsort(-row.astype(np.float64), kind="stable")[:k]
+        for j, index in enumerate(order):
+            text = f"{_format_value(row[index])}:{int(index)}"
+            if labels is not None and index < len(labels):
+                text += f":{labels[index]}"
+            out[r, j] = text.encode("utf-8")
+    return out if batched else out.reshape(k)
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, np.integer | int):
+        return str(int(value))
+    return f"{float(value):f}"

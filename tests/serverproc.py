@@ -1,0 +1,141 @@
+"""Start the real `ge-serve` process on free loopback ports, and stop it by its PID."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_MODELS = REPO_ROOT / "examples" / "models"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen[bytes]
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    log_path: Path
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def http_url(self) -> str:
+        """host:port, as tritonclient wants it."""
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        """Signal our own process and wait; kill it if it does not exit in time."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        return int(self.process.returncode)
+
+
+def server_command(
+    repos: Sequence[Path], extra: Sequence[str], ports: tuple[int, int, int]
+) -> list[str]:
+    http_port, grpc_port, metrics_port = ports
+    cmd = [sys.executable, "-m", "ge_serve.server.cli"]
+    for repo in repos:
+        cmd += ["--model-repository", str(repo)]
+    cmd += [
+        "--http-address", "127.0.0.1", "--http-port", str(http_port),
+        "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
+        "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics_port),
+    ]  # fmt: skip
+    return cmd + list(extra)
+
+
+def start_server(
+    repos: Sequence[Path] = (EXAMPLE_MODELS,),
+    extra: Sequence[str] = (),
+    wait_ready: bool = True,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+) -> ServerProcess:
+    ports = (free_port(), free_port(), free_port())
+    log_dir = Path(tempfile.mkdtemp(prefix="ge-serve-log-"))
+    log_path = log_dir / "server.log"
+    cmd = server_command(repos, extra, ports)
+    full_env = dict(os.environ)
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    if env:
+        full_env.update(env)
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(
+            cmd, stdout=log_file, stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT
+        )
+    server = ServerProcess(process, *ports, log_path=log_path, args=cmd)
+    if wait_ready:
+        wait_for(server, "/v2/health/ready", timeout)
+    return server
+
+
+def wait_for(server: ServerProcess, path: str, timeout: float) -> None:
+    """Poll a real signal (an HTTP 200), never a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not server.alive():
+            raise RuntimeError(
+                f"ge-serve exited early ({server.process.returncode}):\n{server.log()}"
+            )
+        try:
+            if httpx.get(server.base_url + path, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    server.stop(signal.SIGKILL)
+    raise TimeoutError(f"ge-serve did not answer {path} in {timeout}s:\n{server.log()}")
+
+
+@contextmanager
+def running_server(
+    repos: Sequence[Path] = (EXAMPLE_MODELS,), extra: Sequence[str] = (), **kwargs: object
+) -> Iterator[ServerProcess]:
+    server = start_server(repos, extra, **kwargs)  # type: ignore[arg-type]
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(server.log_path.parent, ignore_errors=True)

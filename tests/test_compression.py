@@ -1,0 +1,184 @@
+"""HTTP body compression: Content-Encoding decoding with a cap, Accept-Encoding selection."""
+
+from __future__ import annotations
+
+import gzip
+import tracemalloc
+import zlib
+
+import numpy as np
+import pytest
+import tritonclient.http as triton_http
+
+from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.http.codec import encode_infer_response
+from ge_serve.server.http.compression import choose_encoding, decode_content, encode_content
+from ge_serve.server.types import DataType, InferRequest, InferResponse, Tensor
+
+BODY = b'{"inputs": []}' + bytes(range(256)) * 64
+MAX = 1 << 20
+
+
+def _raw_deflate(data: bytes) -> bytes:
+    compressor = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
+    return compressor.compress(data) + compressor.flush()
+
+
+def _invalid(body: bytes, encoding: str | None, max_size: int = MAX) -> str:
+    with pytest.raises(ServerError) as info:
+        decode_content(body, encoding, max_size)
+    assert info.value.code is ErrorCode.INVALID_ARG
+    return info.value.message
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_round_trip(encoding: str) -> None:
+    encoded = encode_content(BODY, encoding)
+    assert encoded != BODY and len(encoded) < len(BODY)
+    assert decode_content(encoded, encoding, MAX) == BODY
+
+
+@pytest.mark.parametrize(
+    ("encoded", "encoding"),
+    [
+        (gzip.compress(BODY), "gzip"),
+        (gzip.compress(BODY), "x-gzip"),
+        (gzip.compress(BODY), " GZip "),
+        (zlib.compress(BODY), "deflate"),
+        (_raw_deflate(BODY), "deflate"),
+        (gzip.compress(BODY[:100]) + gzip.compress(BODY[100:]), "gzip"),
+        (gzip.compress(BODY) + b"\0\0\0\0", "gzip"),
+        (BODY, None),
+        (BODY, ""),
+        (BODY, "identity"),
+    ],
+    ids=[
+        "gzip",
+        "x-gzip",
+        "case and spaces",
+        "zlib deflate",
+        "raw deflate",
+        "gzip members",
+        "gzip zero padding",
+        "none",
+        "empty",
+        "identity",
+    ],
+)
+def test_decode(encoded: bytes, encoding: str | None) -> None:
+    assert decode_content(encoded, encoding, MAX) == BODY
+
+
+def test_encode_is_standard_and_deterministic() -> None:
+    assert gzip.decompress(encode_content(BODY, "gzip")) == BODY
+    assert zlib.decompress(encode_content(BODY, "deflate")) == BODY
+    assert encode_content(BODY, "gzip") == encode_content(BODY, "gzip")
+    assert encode_content(BODY, None) is BODY
+    assert encode_content(BODY, "identity") is BODY
+    with pytest.raises(ValueError, match="br"):
+        encode_content(BODY, "br")
+
+
+def test_empty_compressed_body() -> None:
+    assert decode_content(b"", "gzip", MAX) == b""
+    assert decode_content(gzip.compress(b""), "gzip", MAX) == b""
+
+
+def test_unsupported_encoding() -> None:
+    assert _invalid(BODY, "br") == "unsupported Content-Encoding 'br'"
+
+
+@pytest.mark.parametrize(
+    ("encoded", "encoding", "message"),
+    [
+        (b"definitely not gzip", "gzip", "failed to decompress request body: "),
+        (zlib.compress(BODY), "gzip", "failed to decompress request body: "),
+        (b"\x78\x9c" + b"\xff" * 20, "deflate", "failed to decompress request body: "),
+        (gzip.compress(BODY)[:-20], "gzip", "failed to decompress request body: truncated"),
+        (zlib.compress(BODY)[:40], "deflate", "failed to decompress request body: truncated"),
+        (gzip.compress(BODY) + b"junk", "gzip", "failed to decompress request body: "),
+    ],
+    ids=[
+        "garbage",
+        "zlib as gzip",
+        "corrupt deflate",
+        "truncated gzip",
+        "truncated deflate",
+        "junk",
+    ],
+)
+def test_corrupt(encoded: bytes, encoding: str, message: str) -> None:
+    assert _invalid(encoded, encoding).startswith(message)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_decompression_bomb_is_capped(encoding: str) -> None:
+    bomb = encode_content(bytes(64 << 20), encoding)
+    assert len(bomb) < 128 << 10
+    tracemalloc.start()
+    try:
+        message = _invalid(bomb, encoding, max_size=MAX)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert f"exceeds the maximum of {MAX} bytes" in message
+    # Streamed: it stops near the cap instead of inflating all 64 MiB first.
+    assert peak < 8 * MAX
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", None])
+def test_cap_is_exact(encoding: str | None) -> None:
+    encoded = encode_content(BODY, encoding)
+    assert decode_content(encoded, encoding, len(BODY)) == BODY
+    assert "exceeds the maximum" in _invalid(encoded, encoding, max_size=len(BODY) - 1)
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, None),
+        ("", None),
+        ("gzip", "gzip"),
+        ("deflate", "deflate"),
+        ("GZIP", "gzip"),
+        ("x-gzip", "gzip"),
+        ("br", None),
+        ("identity", None),
+        ("deflate, gzip", "gzip"),
+        ("gzip, deflate", "gzip"),
+        ("gzip;q=0.5, deflate;q=0.9", "deflate"),
+        ("gzip;q=0.9, deflate;q=0.5", "gzip"),
+        ("gzip; q=0.5, deflate; q=0.5", "gzip"),
+        ("gzip;q=0", None),
+        ("gzip;q=0, deflate", "deflate"),
+        ("*", "gzip"),
+        ("*;q=0.3, deflate;q=0.5", "deflate"),
+        ("*;q=0.8, gzip;q=0", "deflate"),
+        ("*;q=0", None),
+        ("gzip;q=0.5, identity", None),
+        ("gzip;q=0.5, identity;q=0.5", "gzip"),
+        ("gzip;q=0.5, identity;q=0", "gzip"),
+        ("gzip;q=bogus, deflate;q=0.1", "deflate"),
+        ("gzip;q=2", None),
+        ("br;q=1.0, gzip;q=0.8, *;q=0.1", "gzip"),
+        (" , gzip ;q=1", "gzip"),
+    ],
+)
+def test_choose_encoding(header: str | None, expected: str | None) -> None:
+    assert choose_encoding(header) == expected
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_tritonclient_reads_compressed_responses(encoding: str) -> None:
+    arr = np.arange(12, dtype=np.float32).reshape(3, 4)
+    response = InferResponse(
+        "m", "1", outputs=[Tensor("y", DataType.FP32, (3, 4), arr)], id="compressed"
+    )
+    body, length = encode_infer_response(
+        response, InferRequest("m", parameters={"binary_data_output": True})
+    )
+    result = triton_http.InferResult.from_response_body(
+        encode_content(body, encoding), header_length=length, content_encoding=encoding
+    )
+    got = result.as_numpy("y")
+    assert got is not None and got.tobytes() == arr.tobytes()

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# mypy cannot follow setuptools' editable import hook, so check the link tree that
+# tools/pyroot.sh makes (ge_serve/server -> server, ...), which has the installed shape.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root="$(tools/pyroot.sh)"
+cd "$root" && exec python3 -m mypy --config-file ../pyproject.toml -p ge_serve "$@"
