@@ -24,6 +24,42 @@ def _key_value(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
+def _restriction(text: str) -> list[tuple[str, str, str]]:
+    """Triton's `<category>[,<category>...]:<header>=<value>`."""
+    categories, sep, rest = text.partition(":")
+    if not sep or "=" not in rest or not categories:
+        raise argparse.ArgumentTypeError(
+            f"expected <category>[,<category>]:<header>=<value>, got '{text}'"
+        )
+    header, value = rest.split("=", 1)
+    return [(c.strip(), header.strip().lower(), value.strip()) for c in categories.split(",")]
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
+
+
+def _size(text: str) -> int:
+    """A byte count with an optional unit: 1073741824, 512MiB, 16GiB, 2GB."""
+    stripped = text.strip().lower()
+    number = stripped.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = stripped[len(number) :]
+    if unit not in _UNITS or not number:
+        raise argparse.ArgumentTypeError(f"expected a size such as 16GiB, got '{text}'")
+    return int(float(number) * _UNITS[unit])
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     model_repositories: tuple[Path, ...]
@@ -49,6 +85,26 @@ class Settings:
     log_info: bool = True
     metrics_config: tuple[tuple[str, str], ...] = ()
     backend_config: tuple[tuple[str, str], ...] = ()
+    # gRPC front end
+    grpc_keepalive_time_ms: int = 7_200_000
+    grpc_keepalive_timeout_ms: int = 20_000
+    grpc_keepalive_permit_without_calls: bool = False
+    grpc_http2_max_pings_without_data: int = 2
+    grpc_http2_min_recv_ping_interval_without_data_ms: int = 300_000
+    # Restricted APIs: (category, header, value), Triton's <category>:<header>=<value>
+    http_restricted_api: tuple[tuple[str, str, str], ...] = ()
+    grpc_restricted_protocol: tuple[tuple[str, str, str], ...] = ()
+    # GE backend and its device
+    device: str = "auto"
+    sim_devices: int = 1
+    sim_device_memory: int = 16 * 1024**3
+    atc_cache_dir: str = ""
+    # Scheduler
+    adaptive_batching: bool = False
+    # Metrics
+    metrics_interval_ms: int = 2000
+    allow_cpu_metrics: bool = True
+    allow_gpu_metrics: bool = True
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -110,6 +166,62 @@ def build_parser() -> argparse.ArgumentParser:
         help="e.g. summary_latencies=true",
     )
     add("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE")
+    grpc = parser.add_argument_group("gRPC")
+    grpc.add_argument("--grpc-keepalive-time", type=int, default=7_200_000, metavar="MS")
+    grpc.add_argument("--grpc-keepalive-timeout", type=int, default=20_000, metavar="MS")
+    grpc.add_argument(
+        "--grpc-keepalive-permit-without-calls", type=_bool, default=False, metavar="BOOL"
+    )
+    grpc.add_argument("--grpc-http2-max-pings-without-data", type=int, default=2)
+    grpc.add_argument(
+        "--grpc-http2-min-recv-ping-interval-without-data",
+        type=int,
+        default=300_000,
+        metavar="MS",
+    )
+    restricted = parser.add_argument_group("restricted APIs")
+    restricted.add_argument(
+        "--http-restricted-api",
+        action="append",
+        type=_restriction,
+        default=[],
+        metavar="CATEGORY[,CATEGORY]:HEADER=VALUE",
+    )
+    restricted.add_argument(
+        "--grpc-restricted-protocol",
+        action="append",
+        type=_restriction,
+        default=[],
+        metavar="CATEGORY[,CATEGORY]:HEADER=VALUE",
+    )
+    device = parser.add_argument_group("device (GE backend)")
+    device.add_argument(
+        "--device",
+        choices=["auto", "npu", "sim"],
+        default="auto",
+        help="auto: real pyACL when `import acl` works and reports a device",
+    )
+    device.add_argument("--sim-devices", type=int, default=1, help="simulated NPU count")
+    device.add_argument(
+        "--sim-device-memory",
+        type=_size,
+        default=16 * 1024**3,
+        metavar="BYTES",
+        help="memory per simulated device, e.g. 16GiB",
+    )
+    device.add_argument("--atc-cache-dir", default="", help="where compiled OM files are kept")
+    sched = parser.add_argument_group("scheduler")
+    sched.add_argument(
+        "--adaptive-batching",
+        type=_bool,
+        default=False,
+        metavar="BOOL",
+        help="turn on the adaptive batch controller for every batching model",
+    )
+    metrics = parser.add_argument_group("metrics")
+    metrics.add_argument("--metrics-interval-ms", type=int, default=2000)
+    metrics.add_argument("--allow-cpu-metrics", type=_bool, default=True, metavar="BOOL")
+    metrics.add_argument("--allow-gpu-metrics", type=_bool, default=True, metavar="BOOL")
     return parser
 
 
@@ -146,6 +258,23 @@ def parse_settings(argv: list[str]) -> Settings:
         log_info=args.log_info,
         metrics_config=tuple(args.metrics_config),
         backend_config=tuple(backend_config),
+        grpc_keepalive_time_ms=args.grpc_keepalive_time,
+        grpc_keepalive_timeout_ms=args.grpc_keepalive_timeout,
+        grpc_keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
+        grpc_http2_max_pings_without_data=args.grpc_http2_max_pings_without_data,
+        grpc_http2_min_recv_ping_interval_without_data_ms=(
+            args.grpc_http2_min_recv_ping_interval_without_data
+        ),
+        http_restricted_api=tuple(r for group in args.http_restricted_api for r in group),
+        grpc_restricted_protocol=tuple(r for group in args.grpc_restricted_protocol for r in group),
+        device=args.device,
+        sim_devices=args.sim_devices,
+        sim_device_memory=args.sim_device_memory,
+        atc_cache_dir=args.atc_cache_dir,
+        adaptive_batching=args.adaptive_batching,
+        metrics_interval_ms=args.metrics_interval_ms,
+        allow_cpu_metrics=args.allow_cpu_metrics,
+        allow_gpu_metrics=args.allow_gpu_metrics,
     )
 
 

@@ -169,6 +169,27 @@ class InferenceServer:
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.lifecycle.index(ready_only)
 
+    async def load_model(
+        self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None
+    ) -> None:
+        """Load or reload a model, optionally with a JSON config and file overrides."""
+        raise ServerError(ErrorCode.UNSUPPORTED, "the model repository API is not available")
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        raise ServerError(ErrorCode.UNSUPPORTED, "the model repository API is not available")
+
+    # --- statistics and logging -----------------------------------------------------------
+
+    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """Triton's statistics extension: `{"model_stats": [...]}`, every field an integer."""
+        raise ServerError(ErrorCode.UNSUPPORTED, "the statistics extension is not available")
+
+    def log_settings(self) -> dict[str, Any]:
+        raise ServerError(ErrorCode.UNSUPPORTED, "the logging extension is not available")
+
+    def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
+        raise ServerError(ErrorCode.UNSUPPORTED, "the logging extension is not available")
+
 
 def _platform(model: ModelVersion) -> str:
     if model.config.platform:
