@@ -20,6 +20,14 @@ from ge_serve.protos import model_config_pb2
 Array = npt.NDArray[Any]
 
 
+class BackendError(RuntimeError):
+    """A model failed while executing one batch (a device or runtime error).
+
+    Only that batch's requests fail; the slot keeps serving. Metrics count these under
+    the BACKEND failure reason.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class SlotInfo:
     """Where one executor runs: a device and a stream on it ("cpu" devices have one)."""

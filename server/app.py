@@ -14,6 +14,8 @@ import uvicorn
 import uvloop
 
 from ge_serve.backends.base import Backend, LoadedModel
+from ge_serve.backends.ge.auto import DeviceUnavailable, select_runtime
+from ge_serve.backends.ge.backend import GeBackend, backend_config_for
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
@@ -53,7 +55,26 @@ def make_scheduler(config: model_config_pb2.ModelConfig, loaded: LoadedModel) ->
 
 
 def make_backends(settings: Settings) -> dict[str, Backend]:
-    return {"onnxruntime": OnnxRuntimeBackend()}
+    """The host CPU backend, and GE on the device runtime `--device` selects."""
+    choice = select_runtime(
+        settings.device,
+        sim_devices=settings.sim_devices,
+        sim_memory=settings.sim_device_memory,
+        atc_cache_dir=settings.atc_cache_dir,
+    )
+    log.info("GE backend: %s, chosen by %s", choice.runtime.describe(), choice.reason)
+    ge = GeBackend(choice.runtime, backend_config_for(settings.backend_config))
+    return {"onnxruntime": OnnxRuntimeBackend(), "ge": ge}
+
+
+def close_backends(backends: dict[str, Backend]) -> None:
+    for backend in backends.values():
+        close = getattr(backend, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:
+                log.exception("closing backend '%s' failed", backend.name)
 
 
 class ServerApp:
@@ -62,12 +83,14 @@ class ServerApp:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.repository = ModelRepository([Path(p) for p in settings.model_repositories])
+        self.backends = make_backends(settings)
         self.lifecycle = ModelLifecycle(
             self.repository,
-            make_backends(settings),
+            self.backends,
             make_scheduler,
             LifecycleSettings(
                 autocomplete=not settings.disable_auto_complete_config,
+                default_backend="ge" if "ge" in self.backends else "onnxruntime",
                 unload_timeout_s=settings.exit_timeout_secs,
             ),
         )
@@ -155,16 +178,22 @@ class ServerApp:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self.settings.exit_timeout_secs + 1)
         await self.lifecycle.close()
+        close_backends(self.backends)
 
 
 async def serve(settings: Settings) -> int:
-    app = ServerApp(settings)
+    try:
+        app = ServerApp(settings)
+    except DeviceUnavailable as exc:
+        log.error("%s", exc)
+        return 1
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, app.stopping.set)
     try:
         if not await app.start():
             await app.lifecycle.close()
+            close_backends(app.backends)
             return 1
         await app.stopping.wait()
         log.info(

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from ge_serve.backends.base import Backend
+from ge_serve.backends.onnx_io import read_onnx_io
 from ge_serve.protos import model_config_pb2
 
 from .errors import ErrorCode, ServerError
+
+log = logging.getLogger(__name__)
 
 # Names a config may use for a backend, mapped to the backend that serves them.
 BACKEND_ALIASES = {
@@ -19,12 +23,16 @@ BACKEND_ALIASES = {
 
 
 def resolve_backend(
-    config: model_config_pb2.ModelConfig, backends: dict[str, Backend], default: str
+    config: model_config_pb2.ModelConfig,
+    backends: dict[str, Backend],
+    default: str,
+    version_dir: Path | None = None,
 ) -> Backend:
     """Pick the backend: `backend`, then `platform`, then the default for ONNX files.
 
     A config that names no backend goes to the default, except KIND_CPU instance groups,
-    which mean the host CPU (onnxruntime) as they do in Triton.
+    which mean the host CPU (onnxruntime) as they do in Triton, and models with string
+    tensors, which an NPU cannot hold, so they stay on the host CPU too.
     """
     named = config.backend or config.platform
     if named:
@@ -39,10 +47,34 @@ def resolve_backend(
             g.kind == model_config_pb2.ModelInstanceGroup.KIND_CPU for g in config.instance_group
         )
         key = "onnxruntime" if only_cpu else default
+        if key != "onnxruntime" and _has_strings(config, version_dir):
+            log.info(
+                "model '%s' has string tensors, which an NPU cannot hold: serving it on the "
+                "host CPU (onnxruntime)",
+                config.name,
+            )
+            key = "onnxruntime"
     backend = backends.get(key)
     if backend is None:
         raise ServerError(ErrorCode.UNAVAILABLE, f"backend '{key}' is not available")
     return backend
+
+
+def _has_strings(config: model_config_pb2.ModelConfig, version_dir: Path | None) -> bool:
+    """Whether the config, or the ONNX file when the config lists no tensors, has strings."""
+    entries = list(config.input) + list(config.output)
+    if any(e.data_type == model_config_pb2.TYPE_STRING for e in entries):
+        return True
+    if (config.input and config.output) or version_dir is None:
+        return False
+    path = version_dir / (config.default_model_filename or "model.onnx")
+    if path.suffix.lower() != ".onnx" or not path.is_file():
+        return False
+    try:
+        inputs, outputs = read_onnx_io(path)
+    except ValueError:
+        return False  # the chosen backend reports the bad file
+    return any(t.data_type == model_config_pb2.TYPE_STRING for t in inputs + outputs)
 
 
 def model_file(config: model_config_pb2.ModelConfig, backend: Backend, version_dir: Path) -> Path:

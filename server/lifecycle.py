@@ -223,8 +223,10 @@ class ModelLifecycle:
         started = time.monotonic()
         config = read_config(source, config_text)
         versions = select_versions(config, source.path)
-        backend = autocomplete.resolve_backend(config, self.backends, self.settings.default_backend)
         newest = source.path / str(versions[-1])
+        backend = autocomplete.resolve_backend(
+            config, self.backends, self.settings.default_backend, newest
+        )
         path = autocomplete.model_file(config, backend, newest)
         autocomplete.complete(config, backend, path, self.settings.autocomplete)
         autocomplete.check(config)

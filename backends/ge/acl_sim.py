@@ -1,0 +1,537 @@
+"""A simulated Ascend NPU: the ACL shim without hardware.
+
+- N devices, each with a memory capacity; every allocation (I/O buffers, model weights)
+  counts against it and an allocation past it fails with an out-of-memory error.
+- Device memory is real host memory behind fake device addresses, so host-to-device and
+  device-to-host copies really move the bytes through the executor's pooled buffers.
+- A stream is a worker thread; `execute_async` queues the model run on it and
+  `synchronize_stream` waits for it, reporting a failed run like ACL does.
+- A loaded model is an onnxruntime session over the ONNX file, described the way `atc`
+  would describe the OM (dynamic batch gears included), and it refuses a batch that is not
+  one of its gears, as the NPU does.
+- Busy time per device is measured (any stream executing means the device is busy).
+
+Contexts are emulated too: device calls from a thread that has not bound the device fail.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import logging
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from ge_serve.backends.onnx_io import read_onnx_io
+
+from .acl import (
+    ACL_ERROR_INVALID_PARAM,
+    ACL_ERROR_RT_CONTEXT_NULL,
+    ACL_ERROR_RT_INTERNAL_ERROR,
+    DYNAMIC_BATCH_INPUT,
+    AclError,
+    AclModel,
+    Array,
+    BusyClock,
+    Dataset,
+    DeviceBuffer,
+    DeviceOutOfMemory,
+    DeviceStats,
+    ModelDesc,
+    ModelSource,
+    PreparedModel,
+    TensorDesc,
+    TensorPlan,
+)
+from .options import numpy_dtype
+
+log = logging.getLogger(__name__)
+
+# A hook the simulated stream calls just before it runs a model (device id, model id).
+ExecuteHook = Callable[[int, int], None]
+
+
+def _format_bytes(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024  # type: ignore[assignment]
+    return f"{count} B"
+
+
+@dataclass(slots=True)
+class _Allocation:
+    ptr: int
+    size: int
+    memory: Array
+    what: str
+
+
+class SimDevice:
+    """One simulated NPU: memory accounting and busy time."""
+
+    def __init__(self, device_id: int, capacity: int) -> None:
+        self.device_id = device_id
+        self.capacity = capacity
+        self.clock = BusyClock()
+        self._lock = threading.Lock()
+        self._allocations: dict[int, _Allocation] = {}
+        self._next = (device_id + 1) << 40
+        self.used = 0
+        self.peak = 0
+        self.bytes_h2d = 0
+        self.bytes_d2h = 0
+
+    def allocate(self, size: int, what: str, call: str) -> _Allocation:
+        if size <= 0:
+            raise AclError(call, ACL_ERROR_INVALID_PARAM, f"cannot allocate {size} bytes")
+        with self._lock:
+            if self.used + size > self.capacity:
+                raise DeviceOutOfMemory(
+                    call,
+                    f"simulated NPU {self.device_id} cannot fit {what} "
+                    f"({_format_bytes(size)}): {_format_bytes(self.used)} of "
+                    f"{_format_bytes(self.capacity)} already in use (--sim-device-memory)",
+                )
+            ptr = self._next
+            self._next += (size + 4095) // 4096 * 4096
+            self.used += size
+            self.peak = max(self.peak, self.used)
+        allocation = _Allocation(ptr, size, np.empty(size, dtype=np.uint8), what)
+        with self._lock:
+            self._allocations[ptr] = allocation
+        return allocation
+
+    def release(self, ptr: int, call: str) -> None:
+        with self._lock:
+            allocation = self._allocations.pop(ptr, None)
+            if allocation is None:
+                raise AclError(
+                    call,
+                    ACL_ERROR_INVALID_PARAM,
+                    f"{ptr:#x} is not an allocation on NPU {self.device_id}",
+                )
+            self.used -= allocation.size
+
+    def lookup(self, ptr: int, call: str) -> _Allocation:
+        allocation = self._allocations.get(ptr)
+        if allocation is None:
+            raise AclError(
+                call,
+                ACL_ERROR_INVALID_PARAM,
+                f"{ptr:#x} is not device memory on NPU {self.device_id}",
+            )
+        return allocation
+
+    def allocation_count(self) -> int:
+        with self._lock:
+            return len(self._allocations)
+
+
+class SimStream:
+    """A stream: one worker thread running queued work in order."""
+
+    def __init__(self, device: SimDevice, index: int) -> None:
+        self.device = device
+        self.index = index
+        self._worker = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"sim-npu{device.device_id}-stream{index}"
+        )
+        self._pending: list[concurrent.futures.Future[None]] = []
+
+    def submit(self, work: Callable[[], None]) -> None:
+        self._pending.append(self._worker.submit(work))
+
+    def synchronize(self) -> None:
+        pending, self._pending = self._pending, []
+        failure: BaseException | None = None
+        for future in pending:
+            error = future.exception()
+            if error is not None and failure is None:
+                failure = error
+        if failure is not None:
+            if isinstance(failure, AclError):
+                raise failure
+            raise AclError(
+                "aclrtSynchronizeStream (simulated)",
+                ACL_ERROR_RT_INTERNAL_ERROR,
+                f"model execution failed: {type(failure).__name__}: {failure}",
+            ) from failure
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True)
+
+
+@dataclass(slots=True)
+class _SimModel:
+    session: ort.InferenceSession
+    weights: _Allocation
+    batching: bool
+    busy: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(slots=True)
+class _SimDataset:
+    buffers: list[DeviceBuffer]
+    gear: int | None = None
+
+
+def planned_desc(source: ModelSource) -> ModelDesc:
+    """The description `atc` gives an OM compiled from `source`'s ONNX file.
+
+    Batching models with two or more gears get a -1 batch dimension and the extra
+    `ascend_mbatch_shape_data` input; a single gear compiles to a static batch.
+    """
+    found_inputs, found_outputs = read_onnx_io(source.path)
+    gears = source.gears
+    dynamic = source.batching and len(gears) > 1
+    lead: tuple[int, ...] = ()
+    rows = 1
+    if source.batching:
+        if not gears:
+            raise ValueError("a batching model needs at least one batch gear")
+        lead = (-1,) if dynamic else (gears[0],)
+        rows = gears[-1]
+
+    def describe(
+        index: int,
+        name: str,
+        found_type: int,
+        found_dims: tuple[int, ...],
+        plans: tuple[TensorPlan, ...],
+    ) -> TensorDesc:
+        plan = next((p for p in plans if p.name == name), None)
+        dims = plan.dims if plan is not None else found_dims[1 if source.batching else 0 :]
+        if any(d < 0 for d in dims):
+            raise ValueError(
+                f"tensor '{name}' has dims {list(dims)}; the GE backend compiles fixed shapes "
+                "apart from the batch dimension, so give its dims in config.pbtxt"
+            )
+        dtype = numpy_dtype(found_type)
+        size = math.prod(dims) * dtype.itemsize * rows
+        return TensorDesc(index, name, dtype, lead + dims, max(size, 1))
+
+    inputs = [
+        describe(i, t.name, t.data_type, t.dims, source.inputs) for i, t in enumerate(found_inputs)
+    ]
+    outputs = [
+        describe(i, t.name, t.data_type, t.dims, source.outputs)
+        for i, t in enumerate(found_outputs)
+    ]
+    dynamic_index = None
+    if dynamic:
+        dynamic_index = len(inputs)
+        inputs.append(TensorDesc(dynamic_index, DYNAMIC_BATCH_INPUT, np.dtype(np.int64), (1,), 8))
+    return ModelDesc(tuple(inputs), tuple(outputs), gears if dynamic else (), dynamic_index)
+
+
+class SimRuntime:
+    """The ACL shim on simulated NPUs."""
+
+    def __init__(
+        self,
+        devices: int = 1,
+        memory_per_device: int = 16 * 1024**3,
+        on_execute: ExecuteHook | None = None,
+    ) -> None:
+        if devices < 1:
+            raise ValueError("--sim-devices must be at least 1")
+        if memory_per_device < 1:
+            raise ValueError("--sim-device-memory must be positive")
+        self.devices = [SimDevice(i, memory_per_device) for i in range(devices)]
+        self.on_execute = on_execute
+        self._tls = threading.local()
+        self._lock = threading.Lock()
+        self._open: dict[int, int] = {}
+        self._models: dict[int, _SimModel] = {}
+        self._ids = itertools.count(1)
+        self._streams = itertools.count(0)
+
+    @property
+    def kind(self) -> str:
+        return "sim"
+
+    def describe(self) -> str:
+        memory = _format_bytes(self.devices[0].capacity)
+        return f"simulated NPU ({len(self.devices)} device(s), {memory} each, onnxruntime)"
+
+    def device_count(self) -> int:
+        return len(self.devices)
+
+    def soc_name(self) -> str:
+        return "SimulatedAscend"
+
+    # --- devices and contexts -----------------------------------------------------------
+
+    def _device(self, device_id: int, call: str) -> SimDevice:
+        if not 0 <= device_id < len(self.devices):
+            raise AclError(
+                call,
+                107001,
+                f"NPU {device_id} does not exist: the simulated device has "
+                f"{len(self.devices)} device(s), ids 0-{len(self.devices) - 1} (--sim-devices)",
+            )
+        return self.devices[device_id]
+
+    def _bound(self, device_id: int, call: str) -> SimDevice:
+        device = self._device(device_id, call)
+        if getattr(self._tls, "device", None) != device_id or device_id not in self._open:
+            raise AclError(
+                call,
+                ACL_ERROR_RT_CONTEXT_NULL,
+                f"no context of NPU {device_id} is current on this thread",
+            )
+        return device
+
+    def open_device(self, device_id: int) -> None:
+        self._device(device_id, "aclrtSetDevice (simulated)")
+        with self._lock:
+            self._open[device_id] = self._open.get(device_id, 0) + 1
+        self._tls.device = device_id
+
+    def close_device(self, device_id: int) -> None:
+        with self._lock:
+            refs = self._open.get(device_id, 0) - 1
+            if refs > 0:
+                self._open[device_id] = refs
+            else:
+                self._open.pop(device_id, None)
+
+    def bind_thread(self, device_id: int) -> None:
+        self._device(device_id, "aclrtSetContext (simulated)")
+        if device_id not in self._open:
+            raise AclError(
+                "aclrtSetContext (simulated)",
+                ACL_ERROR_RT_CONTEXT_NULL,
+                f"NPU {device_id} is not open",
+            )
+        self._tls.device = device_id
+
+    # --- streams ------------------------------------------------------------------------
+
+    def create_stream(self, device_id: int) -> Any:
+        device = self._bound(device_id, "aclrtCreateStream (simulated)")
+        return SimStream(device, next(self._streams))
+
+    def destroy_stream(self, device_id: int, stream: Any) -> None:
+        self._bound(device_id, "aclrtDestroyStream (simulated)")
+        stream.close()
+
+    def synchronize_stream(self, device_id: int, stream: Any) -> None:
+        self._bound(device_id, "aclrtSynchronizeStream (simulated)")
+        stream.synchronize()
+
+    # --- memory -------------------------------------------------------------------------
+
+    def malloc(self, device_id: int, size: int) -> DeviceBuffer:
+        call = "aclrtMalloc (simulated)"
+        device = self._bound(device_id, call)
+        allocation = device.allocate(size, "an I/O buffer", call)
+        return DeviceBuffer(device_id, allocation.ptr, size)
+
+    def free(self, buffer: DeviceBuffer) -> None:
+        call = "aclrtFree (simulated)"
+        self._bound(buffer.device_id, call).release(buffer.ptr, call)
+
+    def memcpy_h2d(self, dst: DeviceBuffer, src: Array) -> None:
+        call = "aclrtMemcpy host to device (simulated)"
+        device = self._bound(dst.device_id, call)
+        target = device.lookup(dst.ptr, call)
+        data = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
+        if data.size > min(dst.size, target.size):
+            raise AclError(
+                call,
+                ACL_ERROR_INVALID_PARAM,
+                f"{data.size} bytes do not fit a {dst.size}-byte buffer",
+            )
+        target.memory[: data.size] = data
+        device.bytes_h2d += data.size
+
+    def memcpy_d2h(self, dst: Array, src: DeviceBuffer) -> None:
+        call = "aclrtMemcpy device to host (simulated)"
+        device = self._bound(src.device_id, call)
+        source = device.lookup(src.ptr, call)
+        if dst.nbytes > source.size:
+            raise AclError(
+                call,
+                ACL_ERROR_INVALID_PARAM,
+                f"{dst.nbytes} bytes exceed a {source.size}-byte buffer",
+            )
+        dst.reshape(-1).view(np.uint8)[:] = source.memory[: dst.nbytes]
+        device.bytes_d2h += dst.nbytes
+
+    # --- models -------------------------------------------------------------------------
+
+    def prepare_model(self, source: ModelSource) -> PreparedModel:
+        suffix = source.path.suffix.lower()
+        if suffix == ".om":
+            raise ValueError(
+                f"'{source.path.name}' is an offline model (OM) that only an Ascend NPU can "
+                "run; the simulated device (--device sim) executes ONNX models. Serve the "
+                "ONNX source instead, or run on an NPU with --device npu"
+            )
+        if suffix == ".pb":
+            raise ValueError(
+                f"'{source.path.name}' is a TensorFlow model, which ge-serve compiles with "
+                "CANN's atc on an Ascend NPU; the simulated device (--device sim) executes "
+                "ONNX models only"
+            )
+        if not source.path.is_file():
+            raise FileNotFoundError(f"model file '{source.path}' does not exist")
+        desc = planned_desc(source)
+        return PreparedModel(source.path, source, "simulated (onnxruntime)", desc)
+
+    def load_model(self, device_id: int, prepared: PreparedModel) -> AclModel:
+        call = "aclmdlLoadFromFile (simulated)"
+        device = self._bound(device_id, call)
+        desc = prepared.desc or planned_desc(prepared.source)
+        size = prepared.path.stat().st_size
+        weights = device.allocate(size, f"model '{prepared.path.name}'", call)
+        try:
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = max(prepared.source.intra_threads, 1)
+            options.inter_op_num_threads = 1
+            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            session = ort.InferenceSession(
+                str(prepared.path), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        except Exception:
+            device.release(weights.ptr, call)
+            raise
+        model_id = next(self._ids)
+        self._models[model_id] = _SimModel(session, weights, prepared.source.batching)
+        return AclModel(model_id, device_id, desc, size, model_id)
+
+    def unload_model(self, model: AclModel) -> None:
+        call = "aclmdlUnload (simulated)"
+        device = self._bound(model.device_id, call)
+        loaded = self._models.pop(model.model_id, None)
+        if loaded is None:
+            raise AclError(call, ACL_ERROR_INVALID_PARAM, f"model {model.model_id} is not loaded")
+        device.release(loaded.weights.ptr, call)
+
+    def create_dataset(self, device_id: int, buffers: list[DeviceBuffer]) -> Dataset:
+        self._bound(device_id, "aclmdlCreateDataset (simulated)")
+        return Dataset(_SimDataset(list(buffers)), list(buffers))
+
+    def destroy_dataset(self, device_id: int, dataset: Dataset) -> None:
+        self._bound(device_id, "aclmdlDestroyDataset (simulated)")
+        dataset.buffers.clear()
+
+    def set_dynamic_batch(self, model: AclModel, inputs: Dataset, batch: int) -> None:
+        call = "aclmdlSetDynamicBatchSize (simulated)"
+        self._bound(model.device_id, call)
+        if batch not in model.desc.gears:
+            raise AclError(
+                call,
+                ACL_ERROR_INVALID_PARAM,
+                f"batch size {batch} is not one of the model's gears {list(model.desc.gears)}",
+            )
+        inputs.handle.gear = batch
+
+    def execute_async(
+        self, model: AclModel, inputs: Dataset, outputs: Dataset, stream: Any
+    ) -> None:
+        call = "aclmdlExecuteAsync (simulated)"
+        device = self._bound(model.device_id, call)
+        loaded = self._models.get(model.model_id)
+        if loaded is None:
+            raise AclError(call, ACL_ERROR_INVALID_PARAM, f"model {model.model_id} is not loaded")
+        if stream.device is not device:
+            raise AclError(call, ACL_ERROR_INVALID_PARAM, "the stream belongs to another NPU")
+        desc = model.desc
+        batch = self._batch_of(desc, inputs.handle, loaded.batching, call)
+        if len(inputs.handle.buffers) != len(desc.inputs) or len(outputs.handle.buffers) != len(
+            desc.outputs
+        ):
+            raise AclError(call, ACL_ERROR_INVALID_PARAM, "dataset sizes do not match the model")
+        if not loaded.busy.acquire(blocking=False):
+            raise AclError(
+                call,
+                ACL_ERROR_INVALID_PARAM,
+                f"model {model.model_id} is already executing; a loaded model runs on one "
+                "stream at a time",
+            )
+        in_buffers = list(inputs.handle.buffers)
+        out_buffers = list(outputs.handle.buffers)
+        hook = self.on_execute
+
+        def run() -> None:
+            device.clock.start()
+            try:
+                if hook is not None:
+                    hook(model.device_id, model.model_id)
+                feeds = {
+                    t.name: _view(device, in_buffers[t.index], t, batch) for t in desc.data_inputs()
+                }
+                names = [t.name for t in desc.outputs]
+                results = loaded.session.run(names, feeds)
+                for tensor, result in zip(desc.outputs, results, strict=True):
+                    target = _view(device, out_buffers[tensor.index], tensor, batch)
+                    array = np.asarray(result)
+                    if array.shape != target.shape:
+                        raise AclError(
+                            "aclmdlExecute (simulated)",
+                            ACL_ERROR_RT_INTERNAL_ERROR,
+                            f"output '{tensor.name}' has shape {list(array.shape)}, the model "
+                            f"declares {list(target.shape)}",
+                        )
+                    target[...] = array
+            finally:
+                device.clock.stop()
+                loaded.busy.release()
+
+        stream.submit(run)
+
+    @staticmethod
+    def _batch_of(desc: ModelDesc, state: _SimDataset, batching: bool, call: str) -> int:
+        if desc.gears:
+            if state.gear is None:
+                raise AclError(
+                    call,
+                    ACL_ERROR_INVALID_PARAM,
+                    "the model has batch gears and none was set (set_dynamic_batch_size)",
+                )
+            return state.gear
+        if batching and desc.inputs:
+            return desc.inputs[0].dims[0]
+        return 1
+
+    # --- observation --------------------------------------------------------------------
+
+    def device_stats(self, device_id: int) -> DeviceStats:
+        device = self._device(device_id, "device_stats")
+        return DeviceStats(
+            device_id=device_id,
+            memory_total=device.capacity,
+            memory_used=device.used,
+            busy_ns=device.clock.busy_ns(),
+            utilization=device.clock.utilization(),
+        )
+
+    def shutdown(self) -> None:
+        return None
+
+
+def _view(device: SimDevice, buffer: DeviceBuffer, tensor: TensorDesc, batch: int) -> Array:
+    """The tensor's bytes inside a device buffer, as an array of the tensor's shape."""
+    dims = tensor.dims
+    shape = (batch, *dims[1:]) if dims and dims[0] in (-1, batch) and batch else dims
+    count = math.prod(shape)
+    allocation = device.lookup(buffer.ptr, "aclmdlExecute (simulated)")
+    need = count * tensor.dtype.itemsize
+    if need > allocation.size:
+        raise AclError(
+            "aclmdlExecute (simulated)",
+            ACL_ERROR_INVALID_PARAM,
+            f"tensor '{tensor.name}' needs {need} bytes, its buffer holds {allocation.size}",
+        )
+    view: Array = allocation.memory[:need].view(tensor.dtype).reshape(shape)
+    return view

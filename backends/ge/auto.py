@@ -1,0 +1,77 @@
+"""Choosing the ACL shim implementation: `--device auto|npu|sim`.
+
+`auto` takes real pyACL when `import acl` works and it reports at least one device, and the
+simulated device otherwise; the choice and its reason are returned for the log.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from .acl import AclRuntime
+from .acl_real import AclReal
+from .acl_sim import SimRuntime
+from .compile import AtcCompiler
+
+
+class DeviceUnavailable(RuntimeError):
+    """`--device npu` was asked for and no NPU can be used."""
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeChoice:
+    runtime: AclRuntime
+    reason: str
+
+
+def _import_acl() -> ModuleType:
+    return importlib.import_module("acl")
+
+
+def select_runtime(
+    device: str,
+    sim_devices: int = 1,
+    sim_memory: int = 16 * 1024**3,
+    atc_cache_dir: str = "",
+    import_acl: Callable[[], ModuleType] = _import_acl,
+) -> RuntimeChoice:
+    if device == "sim":
+        return RuntimeChoice(SimRuntime(sim_devices, sim_memory), "--device sim")
+    if device not in ("auto", "npu"):
+        raise ValueError(f"--device must be auto, npu or sim, not '{device}'")
+    try:
+        acl = import_acl()
+    except ImportError as exc:
+        if device == "npu":
+            raise DeviceUnavailable(
+                f"--device npu: pyACL cannot be imported ({exc}); install CANN and source "
+                "/usr/local/Ascend/ascend-toolkit/set_env.sh, or use --device sim"
+            ) from None
+        return RuntimeChoice(
+            SimRuntime(sim_devices, sim_memory),
+            f"--device auto: pyACL is not available (import acl: {exc})",
+        )
+    compiler = AtcCompiler(Path(atc_cache_dir) if atc_cache_dir else None)
+    try:
+        real = AclReal(acl, compiler)
+        count = real.device_count()
+    except Exception as exc:
+        if device == "npu":
+            raise DeviceUnavailable(f"--device npu: pyACL failed to start: {exc}") from None
+        return RuntimeChoice(
+            SimRuntime(sim_devices, sim_memory),
+            f"--device auto: pyACL is installed but failed to start ({exc})",
+        )
+    if count < 1:
+        real.shutdown()
+        if device == "npu":
+            raise DeviceUnavailable("--device npu: pyACL reports no NPU device")
+        return RuntimeChoice(
+            SimRuntime(sim_devices, sim_memory),
+            "--device auto: pyACL is installed but reports no NPU device",
+        )
+    return RuntimeChoice(real, f"--device {device}: pyACL reports {count} NPU device(s)")

@@ -1,0 +1,192 @@
+"""The GE backend (`ge`, alias `npu_ge`): models on NPU streams through the ACL shim.
+
+A model version becomes one executor slot per (device, stream), each with its own copy of
+the model (see `options` for how a config decides the slots and gears). Loading is
+blocking and runs off the event loop; a model is returned, and so becomes READY, only
+after its `model_warmup` samples ran on every slot.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ge_serve.backends.base import Array, LoadedModel, ModelSpec, SlotInfo, pad_batch
+from ge_serve.backends.onnx_io import autocomplete_from_onnx
+from ge_serve.backends.warmup import warmup_samples
+from ge_serve.protos import model_config_pb2
+
+from .acl import AclRuntime, ModelSource
+from .executor import GeExecutor
+from .options import GePlan, intra_threads, make_plan, parameters
+
+log = logging.getLogger(__name__)
+
+NAME = "ge"
+
+
+def backend_config_for(entries: Mapping[str, str] | tuple[tuple[str, str], ...]) -> dict[str, str]:
+    """`--backend-config=ge,<k>=<v>` and `--backend-config=npu_ge,<k>=<v>` as {k: v}."""
+    pairs = entries.items() if isinstance(entries, Mapping) else entries
+    found: dict[str, str] = {}
+    for key, text in pairs:
+        for prefix in ("npu_ge.", "ge."):
+            if key.startswith(prefix):
+                found[key[len(prefix) :]] = text
+                break
+    return found
+
+
+class GeBackend:
+    name = NAME
+
+    def __init__(
+        self,
+        runtime: AclRuntime,
+        backend_config: Mapping[str, str] | None = None,
+        cores: int | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.backend_config = dict(backend_config or {})
+        self.cores = cores or os.cpu_count() or 1
+
+    def default_model_filename(self) -> str:
+        return "model.onnx"
+
+    def autocomplete(self, config: model_config_pb2.ModelConfig, model_path: Path) -> None:
+        # An OM or a TensorFlow graph cannot be read here; such configs list their tensors.
+        if model_path.suffix.lower() == ".onnx":
+            autocomplete_from_onnx(config, model_path)
+
+    def load(self, spec: ModelSpec) -> LoadedModel:
+        if not spec.model_path.is_file():
+            raise FileNotFoundError(f"model file '{spec.model_path}' does not exist")
+        config = spec.config
+        plan = make_plan(config, self.backend_config)
+        self._check_devices(plan)
+        params = parameters(config, self.backend_config)
+        source = ModelSource(
+            path=spec.model_path,
+            batching=plan.batching,
+            gears=plan.gears,
+            inputs=plan.inputs,
+            outputs=plan.outputs,
+            input_shape=plan.input_shape,
+            atc_options=plan.atc_options,
+            intra_threads=intra_threads(params, plan.slot_count, self.cores),
+        )
+        prepared = self.runtime.prepare_model(source)
+        if plan.unused_options:
+            log.info(
+                "model '%s': GE options without an atc flag are not applied to the OM: %s",
+                spec.name,
+                ", ".join(plan.unused_options),
+            )
+        executors: list[GeExecutor] = []
+        try:
+            for slot in _slots(spec, plan):
+                executors.append(
+                    GeExecutor.create(
+                        slot, self.runtime, prepared, plan.inputs, plan.outputs, plan.batching
+                    )
+                )
+            gears = executors[0].gears
+            self._warmup(spec, executors, gears)
+        except BaseException:
+            for executor in executors:
+                try:
+                    executor.close()
+                except Exception:
+                    log.exception("releasing slot %s failed", executor.slot.name)
+            raise
+        log.info(
+            "model '%s' version %d on %s: %d slot(s) on NPU %s, %s, %s",
+            spec.name,
+            spec.version,
+            self.runtime.kind,
+            len(executors),
+            ",".join(str(d) for d in plan.device_ids),
+            f"gears {list(gears)}" if gears else "no batch gears",
+            prepared.note,
+        )
+        slots = list(executors)
+        return LoadedModel(
+            executors=list(slots),
+            gears=gears if plan.batching else (),
+            memory_bytes=sum(e.memory_bytes for e in slots),
+            extra={
+                "runtime": self.runtime.kind,
+                "devices": plan.device_ids,
+                "pool_stats": lambda: [e.pool_stats() for e in slots],
+            },
+        )
+
+    def _check_devices(self, plan: GePlan) -> None:
+        count = self.runtime.device_count()
+        for device in plan.device_ids:
+            if device >= count:
+                hint = " (--sim-devices)" if self.runtime.kind == "sim" else ""
+                raise ValueError(
+                    f"NPU {device} is not available: the {self.runtime.kind} runtime has "
+                    f"{count} device(s), ids 0-{count - 1}{hint}"
+                )
+
+    def _warmup(self, spec: ModelSpec, executors: list[GeExecutor], gears: tuple[int, ...]) -> None:
+        samples = warmup_samples(spec.config, spec.model_dir)
+        for sample in samples:
+            inputs: dict[str, Array] = sample.inputs
+            if gears:
+                gear = next((g for g in gears if g >= sample.batch_size), None)
+                if gear is None:
+                    raise ValueError(
+                        f"warmup '{sample.name}': batch_size {sample.batch_size} exceeds the "
+                        f"largest gear {gears[-1]}"
+                    )
+                inputs = {name: pad_batch(array, gear) for name, array in inputs.items()}
+            for executor in executors:
+                for _ in range(sample.count):
+                    try:
+                        executor.execute(inputs)
+                    except Exception as exc:
+                        raise RuntimeError(
+                            f"warmup '{sample.name}' failed on {executor.slot.name}: {exc}"
+                        ) from exc
+        if samples:
+            log.info(
+                "model '%s' version %d: %d warmup sample(s) ran on %d slot(s)",
+                spec.name,
+                spec.version,
+                len(samples),
+                len(executors),
+            )
+
+    def close(self) -> None:
+        """Release the device runtime at server exit."""
+        self.runtime.shutdown()
+
+
+def _slots(spec: ModelSpec, plan: GePlan) -> list[SlotInfo]:
+    """Slots interleaved across devices: stream 0 of each device, then stream 1, ..."""
+    slots: list[SlotInfo] = []
+    most = max(streams for _, streams in plan.slots)
+    for stream in range(most):
+        for device, streams in plan.slots:
+            if stream < streams:
+                slots.append(
+                    SlotInfo(
+                        name=f"{spec.name}_{spec.version}_npu{device}_{stream}",
+                        device=f"npu{device}",
+                        device_id=device,
+                        stream=stream,
+                    )
+                )
+    return slots
+
+
+def loaded_pool_stats(loaded: LoadedModel) -> list[dict[str, Any]]:
+    """Per-slot I/O pool figures of a GE model (empty for other backends)."""
+    stats = loaded.extra.get("pool_stats")
+    return list(stats()) if callable(stats) else []

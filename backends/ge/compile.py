@@ -1,0 +1,155 @@
+"""ONNX and TensorFlow `.pb` to OM through CANN's `atc` tool, with an on-disk cache.
+
+On an NPU, a model is compiled once per (file content, options, SoC) and the OM is kept in
+the cache folder; a later load with the same key skips `atc` entirely.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+FRAMEWORKS = {".onnx": 5, ".pb": 3}
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "ge-serve" / "om"
+ATC_TIMEOUT_S = 3600.0
+
+Runner = Callable[[Sequence[str], float], "subprocess.CompletedProcess[str]"]
+
+
+class CompileError(RuntimeError):
+    """`atc` could not compile a model; the message carries the tail of its output."""
+
+
+@dataclass(frozen=True, slots=True)
+class AtcJob:
+    model: Path
+    soc_version: str
+    input_shape: str = ""
+    dynamic_batch_size: tuple[int, ...] = ()
+    # Further `atc` flags (without the leading dashes), in a stable order.
+    options: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def framework(self) -> int:
+        framework = FRAMEWORKS.get(self.model.suffix.lower())
+        if framework is None:
+            raise CompileError(
+                f"'{self.model.name}': atc compiles ONNX (.onnx) and TensorFlow (.pb) models, "
+                "not this kind of file"
+            )
+        return framework
+
+
+def _run(cmd: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class AtcCompiler:
+    """Runs `atc` (found on PATH) and keeps its OM files in `cache_dir`."""
+
+    def __init__(
+        self, cache_dir: Path | None = None, atc: str = "atc", runner: Runner = _run
+    ) -> None:
+        self.cache_dir = cache_dir or DEFAULT_CACHE_DIR
+        self.atc = atc
+        self._runner = runner
+        self._lock = threading.Lock()
+        self._key_locks: dict[str, threading.Lock] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def command(self, job: AtcJob, output_stem: Path) -> list[str]:
+        """The atc command line; atc writes `<output_stem>.om`."""
+        cmd = [
+            self.atc,
+            f"--model={job.model}",
+            f"--framework={job.framework}",
+            f"--output={output_stem}",
+            f"--soc_version={job.soc_version}",
+        ]
+        if job.input_shape:
+            cmd.append(f"--input_shape={job.input_shape}")
+        if job.dynamic_batch_size:
+            cmd.append("--dynamic_batch_size=" + ",".join(str(g) for g in job.dynamic_batch_size))
+        for flag, value in job.options:
+            cmd.append(f"--{flag}={value}")
+        if not any(flag == "log" for flag, _ in job.options):
+            cmd.append("--log=error")
+        return cmd
+
+    def cache_key(self, job: AtcJob) -> str:
+        described = {
+            "file": file_digest(job.model),
+            "framework": job.framework,
+            "soc_version": job.soc_version,
+            "input_shape": job.input_shape,
+            "dynamic_batch_size": list(job.dynamic_batch_size),
+            "options": [list(o) for o in job.options],
+        }
+        text = json.dumps(described, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def compile(self, job: AtcJob) -> tuple[Path, bool]:
+        """Return the OM for `job` and whether it came from the cache."""
+        if not job.model.is_file():
+            raise CompileError(f"model file '{job.model}' does not exist")
+        key = self.cache_key(job)
+        target = self.cache_dir / f"{job.model.stem}-{key}.om"
+        with self._lock:
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
+        with key_lock:
+            if target.is_file():
+                self.hits += 1
+                log.info("atc cache hit for '%s': %s", job.model, target)
+                return target, True
+            self.misses += 1
+            self._compile_into(job, target)
+            return target, False
+
+    def _compile_into(self, job: AtcJob, target: Path) -> None:
+        if os.sep not in self.atc and shutil.which(self.atc) is None:
+            raise CompileError(
+                f"the `{self.atc}` tool is not on PATH; it comes with the CANN toolkit "
+                "(source /usr/local/Ascend/ascend-toolkit/set_env.sh), or serve a prebuilt .om"
+            )
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="atc-", dir=self.cache_dir) as scratch:
+            stem = Path(scratch) / "model"
+            cmd = self.command(job, stem)
+            log.info("compiling '%s' with atc: %s", job.model, " ".join(cmd))
+            try:
+                done = self._runner(cmd, ATC_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise CompileError(
+                    f"atc did not finish compiling '{job.model}' in {ATC_TIMEOUT_S:.0f}s"
+                ) from None
+            except OSError as exc:
+                raise CompileError(f"could not run atc: {exc}") from None
+            produced = stem.with_suffix(".om")
+            if done.returncode != 0 or not produced.is_file():
+                output = (done.stdout or "") + (done.stderr or "")
+                tail = "\n".join(output.strip().splitlines()[-20:])
+                raise CompileError(
+                    f"atc failed to compile '{job.model}' (exit code {done.returncode}):\n{tail}"
+                )
+            os.replace(produced, target)
+        log.info("atc compiled '%s' into %s", job.model, target)

@@ -1,0 +1,318 @@
+"""One executor slot of the GE backend: a model copy bound to (device, stream).
+
+The slot owns its loaded model, its stream and its I/O pool: device buffers for every
+model input and output, and the input/output datasets over them, made once at load and
+reused by every execution. A dynamic-batch OM wants its buffers sized for its largest gear
+(pyACL reports input sizes at the largest gear), so one set of buffers serves every gear:
+an execution copies the batch in, sets the gear, runs, and copies the batch's rows out.
+Nothing is allocated on the device per request; only the host arrays handed back to the
+caller are new.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ge_serve.backends.base import Array, BackendError, SlotInfo
+
+from .acl import (
+    AclError,
+    AclModel,
+    AclRuntime,
+    Dataset,
+    DeviceBuffer,
+    PreparedModel,
+    TensorDesc,
+    TensorPlan,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PoolStats:
+    """What one slot's I/O pool holds and how it was used (for metrics)."""
+
+    slot: str
+    device_id: int
+    stream: int
+    # Device buffers in the pool and their total bytes.
+    buffers: int = 0
+    bytes: int = 0
+    # Device allocations this slot ever made for I/O (constant after load: no per-request
+    # allocation).
+    allocations: int = 0
+    # Executions served from the pool, in total and per gear.
+    executions: int = 0
+    by_gear: dict[int, int] = field(default_factory=dict)
+    bytes_in: int = 0
+    bytes_out: int = 0
+    failures: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "slot": self.slot,
+            "device_id": self.device_id,
+            "stream": self.stream,
+            "buffers": self.buffers,
+            "bytes": self.bytes,
+            "allocations": self.allocations,
+            "executions": self.executions,
+            "by_gear": dict(self.by_gear),
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "failures": self.failures,
+        }
+
+
+def _match(
+    plans: tuple[TensorPlan, ...], found: tuple[TensorDesc, ...], what: str
+) -> list[tuple[TensorPlan, TensorDesc]]:
+    """Pair the config's tensors with the model's, by name (by position if names differ)."""
+    by_name = {t.name: t for t in found}
+    if all(p.name in by_name for p in plans):
+        return [(p, by_name[p.name]) for p in plans]
+    if len(plans) == len(found):
+        log.warning(
+            "the compiled model's %s names %s differ from the config's %s; pairing by position",
+            what,
+            [t.name for t in found],
+            [p.name for p in plans],
+        )
+        return list(zip(plans, found, strict=True))
+    missing = [p.name for p in plans if p.name not in by_name]
+    raise ValueError(
+        f"config {what}s {missing} are not {what}s of the compiled model "
+        f"(it has {[t.name for t in found]})"
+    )
+
+
+class GeExecutor:
+    """Executes batches of one model copy on one (device, stream)."""
+
+    def __init__(
+        self,
+        slot: SlotInfo,
+        runtime: AclRuntime,
+        model: AclModel,
+        stream: Any,
+        inputs: tuple[TensorPlan, ...],
+        outputs: tuple[TensorPlan, ...],
+        batching: bool,
+    ) -> None:
+        self.slot = slot
+        self._runtime = runtime
+        self._model: AclModel | None = model
+        self._stream: Any = stream
+        self._device = model.device_id
+        # The device was opened for this slot (by `create`); closing the slot releases it.
+        self._device_open = True
+        self._batching = batching
+        desc = model.desc
+        self._inputs = _match(inputs, desc.data_inputs(), "input")
+        self._outputs = _match(outputs, desc.outputs, "output")
+        if desc.gears:
+            self.gears: tuple[int, ...] = desc.gears
+        elif batching:
+            lead = desc.data_inputs()[0].dims[0] if desc.data_inputs() else -1
+            if lead < 1:
+                raise ValueError(
+                    "the compiled model has neither batch gears nor a fixed batch dimension"
+                )
+            self.gears = (lead,)
+        else:
+            self.gears = ()
+        self.stats = PoolStats(slot.name, slot.device_id, slot.stream)
+        self._in_buffers: list[DeviceBuffer] = []
+        self._out_buffers: list[DeviceBuffer] = []
+        self._in_dataset: Dataset | None = None
+        self._out_dataset: Dataset | None = None
+
+    @classmethod
+    def create(
+        cls,
+        slot: SlotInfo,
+        runtime: AclRuntime,
+        prepared: PreparedModel,
+        inputs: tuple[TensorPlan, ...],
+        outputs: tuple[TensorPlan, ...],
+        batching: bool,
+    ) -> GeExecutor:
+        """Open the device, make a stream, load a copy of the model and build the pool."""
+        device = slot.device_id
+        runtime.open_device(device)
+        stream: Any = None
+        model: AclModel | None = None
+        executor: GeExecutor | None = None
+        try:
+            runtime.bind_thread(device)
+            stream = runtime.create_stream(device)
+            model = runtime.load_model(device, prepared)
+            executor = cls(slot, runtime, model, stream, inputs, outputs, batching)
+            executor._build_pool()
+            return executor
+        except BaseException:
+            if executor is not None:
+                _quietly(executor.close)
+            else:
+                _quietly(runtime.bind_thread, device)
+                if model is not None:
+                    _quietly(runtime.unload_model, model)
+                if stream is not None:
+                    _quietly(runtime.destroy_stream, device, stream)
+                _quietly(runtime.close_device, device)
+            raise
+
+    @property
+    def memory_bytes(self) -> int:
+        model = self._model.memory_bytes if self._model is not None else 0
+        return model + self.stats.bytes
+
+    def _build_pool(self) -> None:
+        runtime, device = self._runtime, self._device
+        assert self._model is not None
+        desc = self._model.desc
+        runtime.bind_thread(device)
+        for tensor in desc.inputs:
+            self._in_buffers.append(self._alloc(tensor.size))
+        for tensor in desc.outputs:
+            self._out_buffers.append(self._alloc(tensor.size))
+        self._in_dataset = runtime.create_dataset(device, self._in_buffers)
+        self._out_dataset = runtime.create_dataset(device, self._out_buffers)
+
+    def _alloc(self, size: int) -> DeviceBuffer:
+        buffer = self._runtime.malloc(self._device, max(size, 1))
+        self.stats.allocations += 1
+        self.stats.buffers += 1
+        self.stats.bytes += buffer.size
+        return buffer
+
+    # --- execution ----------------------------------------------------------------------
+
+    def _batch_of(self, inputs: Mapping[str, Array]) -> int:
+        if not self._batching:
+            return 1
+        sizes = {int(inputs[p.name].shape[0]) for p, _ in self._inputs if p.name in inputs}
+        if len(sizes) != 1:
+            raise BackendError(f"inputs disagree on the batch size: {sorted(sizes)}")
+        batch = sizes.pop()
+        if batch not in self.gears:
+            raise BackendError(
+                f"batch size {batch} is not a gear of this model (gears {list(self.gears)}); "
+                "batches must be padded to a gear"
+            )
+        return batch
+
+    def execute(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
+        if self._model is None or self._in_dataset is None or self._out_dataset is None:
+            raise BackendError(f"executor {self.slot.name} is closed")
+        try:
+            return self._execute(inputs, self._model, self._in_dataset, self._out_dataset)
+        except BackendError:
+            self.stats.failures += 1
+            raise
+        except (AclError, ValueError) as exc:
+            self.stats.failures += 1
+            raise BackendError(f"{self.slot.name}: {exc}") from exc
+
+    def _execute(
+        self, inputs: Mapping[str, Array], model: AclModel, in_ds: Dataset, out_ds: Dataset
+    ) -> dict[str, Array]:
+        runtime, device = self._runtime, self._device
+        runtime.bind_thread(device)
+        batch = self._batch_of(inputs)
+        moved_in = 0
+        for plan, tensor in self._inputs:
+            array = inputs.get(plan.name)
+            if array is None:
+                raise BackendError(f"input '{plan.name}' is missing")
+            expected = self._shape(tensor, batch)
+            if tuple(array.shape) != expected:
+                raise BackendError(
+                    f"input '{plan.name}' has shape {list(array.shape)}, the model takes "
+                    f"{list(expected)}"
+                )
+            data = np.ascontiguousarray(array, dtype=tensor.dtype)
+            runtime.memcpy_h2d(self._in_buffers[tensor.index], data)
+            moved_in += data.nbytes
+        if model.desc.gears:
+            runtime.set_dynamic_batch(model, in_ds, batch)
+        runtime.execute_async(model, in_ds, out_ds, self._stream)
+        runtime.synchronize_stream(device, self._stream)
+        results: dict[str, Array] = {}
+        moved_out = 0
+        for plan, tensor in self._outputs:
+            host = np.empty(self._shape(tensor, batch), dtype=tensor.dtype)
+            runtime.memcpy_d2h(host, self._out_buffers[tensor.index])
+            moved_out += host.nbytes
+            results[plan.name] = host if host.dtype == plan.dtype else host.astype(plan.dtype)
+        stats = self.stats
+        stats.executions += 1
+        stats.by_gear[batch] = stats.by_gear.get(batch, 0) + 1
+        stats.bytes_in += moved_in
+        stats.bytes_out += moved_out
+        return results
+
+    def _shape(self, tensor: TensorDesc, batch: int) -> tuple[int, ...]:
+        dims = tensor.dims
+        shape = (batch, *dims[1:]) if self._batching else dims
+        if any(d < 0 for d in shape):
+            raise BackendError(f"tensor '{tensor.name}' has a dynamic shape {list(dims)}")
+        if math.prod(shape) * tensor.dtype.itemsize > tensor.size:
+            raise BackendError(
+                f"tensor '{tensor.name}' of shape {list(shape)} exceeds its "
+                f"{tensor.size}-byte device buffer"
+            )
+        return tuple(shape)
+
+    def pool_stats(self) -> dict[str, Any]:
+        return self.stats.as_dict()
+
+    # --- teardown -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the pool, unload the model, destroy the stream; every step is attempted."""
+        runtime, device = self._runtime, self._device
+        errors: list[BaseException] = []
+
+        def attempt(call: Any, *args: Any) -> None:
+            try:
+                call(*args)
+            except Exception as exc:
+                errors.append(exc)
+
+        if not self._device_open:
+            return
+        attempt(runtime.bind_thread, device)
+        for dataset in (self._in_dataset, self._out_dataset):
+            if dataset is not None:
+                attempt(runtime.destroy_dataset, device, dataset)
+        self._in_dataset = self._out_dataset = None
+        for buffer in self._in_buffers + self._out_buffers:
+            attempt(runtime.free, buffer)
+        self._in_buffers, self._out_buffers = [], []
+        self.stats.buffers = 0
+        self.stats.bytes = 0
+        if self._model is not None:
+            attempt(runtime.unload_model, self._model)
+            self._model = None
+        if self._stream is not None:
+            attempt(runtime.destroy_stream, device, self._stream)
+            self._stream = None
+        self._device_open = False
+        attempt(runtime.close_device, device)
+        if errors:
+            raise BackendError(f"closing {self.slot.name}: {errors[0]}") from errors[0]
+
+
+def _quietly(call: Any, *args: Any) -> None:
+    try:
+        call(*args)
+    except Exception:
+        log.exception("cleanup call %s failed", getattr(call, "__name__", call))

@@ -1,0 +1,336 @@
+"""How a model config maps onto GE slots, gears and `atc` options.
+
+Follows CANN's npu_ge Triton backend so its configs load unchanged:
+- `parameters` `device_ids` ("4,5"), `device_exec_blocks` (streams per device),
+  `instance_exec_blocks` (streams per instance), `static_model` ("1");
+- any `ge.*`, `session.ge.*`, `graph.ge.*` (or `global.ge.*`) key, e.g.
+  `graph.ge.inputShape`, `graph.ge.dynamicDims` ("1;2;4;8") and `graph.ge.dynamicNodeType`;
+- the same keys from `--backend-config=npu_ge,<key>=<value>` (the model's own win).
+
+Slots: the devices are `device_ids`, else the `gpus` of the instance groups, else NPU 0.
+Each device gets `device_exec_blocks` streams when set, else the instance count
+(`count` of the groups that list it, or of every group that lists no gpus) times
+`instance_exec_blocks` (default 1). Each stream is one executor slot with its own copy of
+the model, as one loaded OM must not run on two streams at once.
+
+Gears: batching models always execute at a gear, as a compiled OM does: the gears are
+`dynamicDims` when given, the single batch `max_batch_size` for `static_model`, and
+otherwise 1, 2, 4, ... up to `max_batch_size`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ge_serve.protos import model_config_pb2
+
+from .acl import TensorPlan
+
+log = logging.getLogger(__name__)
+
+_CONFIG_DTYPES: dict[int, np.dtype[Any]] = {
+    model_config_pb2.TYPE_BOOL: np.dtype(np.bool_),
+    model_config_pb2.TYPE_UINT8: np.dtype(np.uint8),
+    model_config_pb2.TYPE_UINT16: np.dtype(np.uint16),
+    model_config_pb2.TYPE_UINT32: np.dtype(np.uint32),
+    model_config_pb2.TYPE_UINT64: np.dtype(np.uint64),
+    model_config_pb2.TYPE_INT8: np.dtype(np.int8),
+    model_config_pb2.TYPE_INT16: np.dtype(np.int16),
+    model_config_pb2.TYPE_INT32: np.dtype(np.int32),
+    model_config_pb2.TYPE_INT64: np.dtype(np.int64),
+    model_config_pb2.TYPE_FP16: np.dtype(np.float16),
+    model_config_pb2.TYPE_FP32: np.dtype(np.float32),
+    model_config_pb2.TYPE_FP64: np.dtype(np.float64),
+}
+
+# GE option (ge_api_types.h) -> the atc flag that sets the same thing when compiling an OM.
+ATC_FLAGS = {
+    "ge.exec.precision_mode": "precision_mode",
+    "ge.exec.precision_mode_v2": "precision_mode_v2",
+    "ge.exec.op_precision_mode": "op_precision_mode",
+    "ge.exec.modify_mixlist": "modify_mixlist",
+    "ge.opSelectImplmode": "op_select_implmode",
+    "ge.optypelistForImplmode": "optypelist_for_implmode",
+    "ge.outputDatatype": "output_type",
+    "ge.bufferOptimize": "buffer_optimize",
+    "ge.enableSmallChannel": "enable_small_channel",
+    "ge.enableCompressWeight": "enable_compress_weight",
+    "ge.compressWeightConf": "compress_weight_conf",
+    "ge.fusionSwitchFile": "fusion_switch_file",
+    "ge.INPUT_NODES_SET_FP16": "input_fp16_nodes",
+    "ge.insertOpFile": "insert_op_conf",
+    "ge.opDebugLevel": "op_debug_level",
+    "ge.autoTuneMode": "auto_tune_mode",
+    "ge.virtual_type": "virtual_type",
+    "ge.deterministic": "deterministic",
+    "ge.customizeDtypes": "customize_dtypes",
+}
+# Options ge-serve turns into atc's shape and gear flags itself.
+_SHAPE_OPTIONS = ("ge.inputShape", "ge.dynamicDims", "ge.dynamicNodeType")
+_SCOPES = ("graph.", "session.", "global.")
+
+
+def numpy_dtype(config_type: int) -> np.dtype[Any]:
+    """The numpy type of a config data type, for the types an NPU tensor can have."""
+    dtype = _CONFIG_DTYPES.get(config_type)
+    if dtype is None:
+        name = model_config_pb2.DataType.Name(config_type)  # type: ignore[arg-type]
+        if config_type == model_config_pb2.TYPE_STRING:
+            raise ValueError(
+                "string (BYTES) tensors cannot live on an NPU; serve this model with "
+                'backend: "onnxruntime"'
+            )
+        raise ValueError(f"data type {name} is not supported by the GE backend")
+    return dtype
+
+
+@dataclass(frozen=True, slots=True)
+class GePlan:
+    """Everything the GE backend decided about one model, from its config."""
+
+    # (device id, streams on it), in device order.
+    slots: tuple[tuple[int, int], ...]
+    batching: bool
+    gears: tuple[int, ...]
+    static_model: bool
+    inputs: tuple[TensorPlan, ...]
+    outputs: tuple[TensorPlan, ...]
+    input_shape: str
+    atc_options: tuple[tuple[str, str], ...]
+    # Every GE option given, keyed without its scope prefix (for the log).
+    ge_options: dict[str, str] = field(default_factory=dict)
+    # GE options that have no atc flag and so do not apply to an OM.
+    unused_options: tuple[str, ...] = ()
+
+    @property
+    def device_ids(self) -> tuple[int, ...]:
+        return tuple(device for device, _ in self.slots)
+
+    @property
+    def slot_count(self) -> int:
+        return sum(streams for _, streams in self.slots)
+
+
+def parameters(
+    config: model_config_pb2.ModelConfig, backend_config: Mapping[str, str]
+) -> dict[str, str]:
+    """The model's parameters over `--backend-config` (the model's own win)."""
+    merged = dict(backend_config)
+    for key, param in config.parameters.items():
+        merged[key] = str(param.string_value)
+    return merged
+
+
+def _int_param(params: Mapping[str, str], key: str) -> int | None:
+    text = params.get(key)
+    if text is None or text.strip() == "":
+        return None
+    try:
+        number = int(text.strip())
+    except ValueError:
+        raise ValueError(f"parameter {key} must be a whole number, got '{text}'") from None
+    if number < 1:
+        raise ValueError(f"parameter {key} must be at least 1, got {number}")
+    return number
+
+
+def _device_ids(params: Mapping[str, str]) -> tuple[int, ...] | None:
+    text = params.get("device_ids")
+    if text is None or not text.strip():
+        return None
+    ids: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit():
+            raise ValueError(
+                f'parameter device_ids must list NPU ids separated by commas (e.g. "4,5"), '
+                f"got '{text}'"
+            )
+        if int(part) not in ids:
+            ids.append(int(part))
+    if not ids:
+        raise ValueError(f"parameter device_ids names no NPU: '{text}'")
+    return tuple(ids)
+
+
+def _slots(
+    config: model_config_pb2.ModelConfig, params: Mapping[str, str]
+) -> tuple[tuple[int, int], ...]:
+    per_instance = _int_param(params, "instance_exec_blocks") or 1
+    per_device = _int_param(params, "device_exec_blocks")
+    named = _device_ids(params)
+    groups = list(config.instance_group)
+    if named is not None:
+        devices = named
+    else:
+        listed: list[int] = []
+        for group in groups:
+            for gpu in group.gpus:
+                if gpu < 0:
+                    raise ValueError(f"instance_group gpus must be NPU ids >= 0, got {gpu}")
+                if gpu not in listed:
+                    listed.append(int(gpu))
+        devices = tuple(listed) or (0,)
+    if per_device is not None:
+        return tuple((device, per_device) for device in devices)
+    counts = dict.fromkeys(devices, 0)
+    for group in groups or [model_config_pb2.ModelInstanceGroup(count=1)]:
+        count = max(group.count, 1)
+        targets = devices if named is not None or not group.gpus else tuple(group.gpus)
+        for device in targets:
+            counts[device] += count
+    return tuple((device, max(counts[device], 1) * per_instance) for device in devices)
+
+
+def ge_options(params: Mapping[str, str]) -> dict[str, str]:
+    """`ge.*` options from parameters, with any graph./session./global. scope removed."""
+    options: dict[str, str] = {}
+    for key, text in params.items():
+        bare = key
+        for scope in _SCOPES:
+            if bare.startswith(scope):
+                bare = bare[len(scope) :]
+                break
+        if bare.startswith("ge."):
+            options[bare] = text
+    return options
+
+
+def parse_gears(text: str) -> tuple[int, ...]:
+    """`dynamicDims` batch gears: "1;2;4;8" (commas between gears are accepted too)."""
+    separator = ";" if ";" in text else ","
+    gears: list[int] = []
+    for part in text.split(separator):
+        part = part.strip()
+        if not part:
+            continue
+        if "," in part:
+            raise ValueError(
+                f"graph.ge.dynamicDims '{text}' has several values per gear (ND dynamic dims); "
+                'ge-serve serves batch gears, one value per gear such as "1;2;4;8"'
+            )
+        if not part.isdigit() or int(part) < 1:
+            raise ValueError(
+                f"graph.ge.dynamicDims '{text}': '{part}' is not a batch size of 1 or more"
+            )
+        gears.append(int(part))
+    if not gears:
+        raise ValueError(f"graph.ge.dynamicDims '{text}' names no gear")
+    return tuple(sorted(set(gears)))
+
+
+def default_gears(max_batch_size: int) -> tuple[int, ...]:
+    gears = [1 << i for i in range(max_batch_size.bit_length()) if 1 << i < max_batch_size]
+    return (*gears, max_batch_size)
+
+
+def _tensors(entries: Any) -> tuple[TensorPlan, ...]:
+    plans = []
+    for entry in entries:
+        dims = tuple(entry.reshape.shape) if entry.HasField("reshape") else tuple(entry.dims)
+        try:
+            dtype = numpy_dtype(entry.data_type)
+        except ValueError as exc:
+            raise ValueError(f"tensor '{entry.name}': {exc}") from None
+        plans.append(TensorPlan(entry.name, dtype, tuple(int(d) for d in dims)))
+    return tuple(plans)
+
+
+def _input_shape(inputs: tuple[TensorPlan, ...], batching: bool, gears: tuple[int, ...]) -> str:
+    parts = []
+    for plan in inputs:
+        if any(d < 0 for d in plan.dims):
+            raise ValueError(
+                f"input '{plan.name}' has dims {list(plan.dims)}; the GE backend compiles fixed "
+                "shapes apart from the batch dimension: give fixed dims in config.pbtxt or "
+                "set graph.ge.inputShape"
+            )
+        lead = [] if not batching else [-1 if len(gears) > 1 else gears[0]]
+        dims = lead + list(plan.dims)
+        parts.append(f"{plan.name}:" + ",".join(str(d) for d in dims))
+    return ";".join(parts)
+
+
+def make_plan(
+    config: model_config_pb2.ModelConfig, backend_config: Mapping[str, str] | None = None
+) -> GePlan:
+    params = parameters(config, backend_config or {})
+    options = ge_options(params)
+    batching = config.max_batch_size > 0
+    static = params.get("static_model", "").strip() == "1"
+    dims_text = options.get("ge.dynamicDims", "").strip()
+    if not batching:
+        gears: tuple[int, ...] = ()
+        if dims_text:
+            log.warning(
+                "model '%s': graph.ge.dynamicDims is ignored because max_batch_size is 0",
+                config.name,
+            )
+    elif static:
+        gears = (int(config.max_batch_size),)
+    elif dims_text:
+        gears = parse_gears(dims_text)
+        if gears[-1] < config.max_batch_size:
+            log.warning(
+                "model '%s': the largest gear %d is below max_batch_size %d; larger batches "
+                "run as several executions",
+                config.name,
+                gears[-1],
+                config.max_batch_size,
+            )
+    else:
+        gears = default_gears(int(config.max_batch_size))
+    inputs = _tensors(config.input)
+    outputs = _tensors(config.output)
+    input_shape = options.get("ge.inputShape", "").strip() or _input_shape(inputs, batching, gears)
+    atc: list[tuple[str, str]] = []
+    unused: list[str] = []
+    for key in sorted(options):
+        if key in _SHAPE_OPTIONS:
+            continue
+        flag = ATC_FLAGS.get(key)
+        if flag is None:
+            unused.append(key)
+        else:
+            atc.append((flag, options[key]))
+    for key in sorted(params):
+        if key.startswith("atc."):
+            atc.append((key[len("atc.") :], params[key]))
+    for key in ("dump_graph", "dump_data", "profiling"):
+        if params.get(key, "").strip() not in ("", "0", "false"):
+            log.warning(
+                "model '%s': npu_ge parameter %s is accepted but has no effect in ge-serve",
+                config.name,
+                key,
+            )
+    return GePlan(
+        slots=_slots(config, params),
+        batching=batching,
+        gears=gears,
+        static_model=static,
+        inputs=inputs,
+        outputs=outputs,
+        input_shape=input_shape,
+        atc_options=tuple(atc),
+        ge_options=options,
+        unused_options=tuple(unused),
+    )
+
+
+def intra_threads(params: Mapping[str, str], streams: int, cores: int) -> int:
+    """onnxruntime threads per simulated stream: configured, or the cores shared out."""
+    configured = params.get("intra_op_thread_count", "").strip()
+    if configured:
+        if not configured.isdigit() or int(configured) < 1:
+            raise ValueError(
+                f"parameter intra_op_thread_count must be a whole number >= 1, got '{configured}'"
+            )
+        return int(configured)
+    return max(cores // max(streams, 1), 1)

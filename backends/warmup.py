@@ -1,0 +1,144 @@
+"""Triton's `model_warmup`: sample requests a backend runs before a model is READY.
+
+Each `ModelWarmup` names a batch size, a count, and per input its type, dims and data:
+`zero_data`, `random_data`, or `input_data_file` (raw bytes in the model's `warmup/` folder;
+BYTES as 4-byte little-endian lengths followed by the bytes, as Triton reads them).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ge_serve.protos import model_config_pb2
+
+from .base import Array
+
+WARMUP_FOLDER = "warmup"
+
+_DTYPES: dict[int, np.dtype[Any]] = {
+    model_config_pb2.TYPE_BOOL: np.dtype(np.bool_),
+    model_config_pb2.TYPE_UINT8: np.dtype(np.uint8),
+    model_config_pb2.TYPE_UINT16: np.dtype(np.uint16),
+    model_config_pb2.TYPE_UINT32: np.dtype(np.uint32),
+    model_config_pb2.TYPE_UINT64: np.dtype(np.uint64),
+    model_config_pb2.TYPE_INT8: np.dtype(np.int8),
+    model_config_pb2.TYPE_INT16: np.dtype(np.int16),
+    model_config_pb2.TYPE_INT32: np.dtype(np.int32),
+    model_config_pb2.TYPE_INT64: np.dtype(np.int64),
+    model_config_pb2.TYPE_FP16: np.dtype(np.float16),
+    model_config_pb2.TYPE_FP32: np.dtype(np.float32),
+    model_config_pb2.TYPE_FP64: np.dtype(np.float64),
+    model_config_pb2.TYPE_STRING: np.dtype(np.object_),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupSample:
+    name: str
+    # The sample's batch size (1 for a model that does not batch).
+    batch_size: int
+    count: int
+    inputs: dict[str, Array]
+
+
+def warmup_samples(config: model_config_pb2.ModelConfig, model_dir: Path) -> list[WarmupSample]:
+    """Build every warmup sample of a config, or raise ValueError saying what is wrong."""
+    samples = []
+    inputs_by_name = {entry.name: entry for entry in config.input}
+    batching = config.max_batch_size > 0
+    for index, warmup in enumerate(config.model_warmup):
+        label = warmup.name or f"#{index}"
+        batch = max(int(warmup.batch_size), 1) if batching else 1
+        if batching and batch > config.max_batch_size:
+            raise ValueError(
+                f"warmup '{label}': batch_size {batch} exceeds max_batch_size "
+                f"{config.max_batch_size}"
+            )
+        rng = np.random.default_rng(index)
+        arrays: dict[str, Array] = {}
+        for name, spec in warmup.inputs.items():
+            entry = inputs_by_name.get(name)
+            if entry is None:
+                raise ValueError(f"warmup '{label}' names input '{name}', which the model lacks")
+            dtype = _DTYPES.get(spec.data_type)
+            if dtype is None:
+                raise ValueError(f"warmup '{label}': input '{name}' has no usable data_type")
+            lead = (batch,) if batching else ()
+            shape = lead + tuple(int(d) for d in spec.dims)
+            if any(d < 0 for d in shape):
+                raise ValueError(f"warmup '{label}': input '{name}' dims must be fixed")
+            array = _data(label, name, spec, dtype, shape, rng, model_dir)
+            if entry.HasField("reshape"):
+                array = array.reshape(lead + tuple(entry.reshape.shape))
+            arrays[name] = array
+        missing = [
+            e.name
+            for e in config.input
+            if e.name not in arrays and not getattr(e, "optional", False)
+        ]
+        if missing:
+            raise ValueError(f"warmup '{label}' gives no data for input(s) {missing}")
+        samples.append(WarmupSample(label, batch, max(int(warmup.count), 1), arrays))
+    return samples
+
+
+def _data(
+    label: str,
+    name: str,
+    spec: model_config_pb2.ModelWarmup.Input,
+    dtype: np.dtype[Any],
+    shape: tuple[int, ...],
+    rng: np.random.Generator,
+    model_dir: Path,
+) -> Array:
+    choice = spec.WhichOneof("input_data_type")
+    count = int(np.prod(shape, dtype=np.int64))
+    if choice == "input_data_file":
+        path = model_dir / WARMUP_FOLDER / spec.input_data_file
+        if not path.is_file():
+            raise ValueError(f"warmup '{label}': input data file '{path}' does not exist")
+        raw = path.read_bytes()
+        if dtype == np.object_:
+            return _strings(label, name, raw, count).reshape(shape)
+        need = count * dtype.itemsize
+        if len(raw) < need:
+            raise ValueError(
+                f"warmup '{label}': '{path.name}' has {len(raw)} bytes, input '{name}' of shape "
+                f"{list(shape)} needs {need}"
+            )
+        return np.frombuffer(raw[:need], dtype=dtype).reshape(shape).copy()
+    if dtype == np.object_:
+        values = [
+            b"" if choice != "random_data" else str(int(v)).encode()
+            for v in rng.integers(0, 100, size=count)
+        ]
+        array = np.empty(count, dtype=object)
+        array[:] = values
+        return array.reshape(shape)
+    if choice == "random_data":
+        if dtype.kind == "f":
+            return rng.random(shape).astype(dtype)
+        if dtype.kind == "b":
+            return rng.integers(0, 2, size=shape).astype(dtype)
+        return rng.integers(0, 100, size=shape).astype(dtype)
+    return np.zeros(shape, dtype=dtype)
+
+
+def _strings(label: str, name: str, raw: bytes, count: int) -> Array:
+    values: list[bytes] = []
+    offset = 0
+    while len(values) < count:
+        if offset + 4 > len(raw):
+            raise ValueError(f"warmup '{label}': data file for '{name}' holds too few strings")
+        (length,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        values.append(raw[offset : offset + length])
+        offset += length
+    array = np.empty(count, dtype=object)
+    array[:] = values
+    return array
