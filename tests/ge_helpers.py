@@ -1,0 +1,107 @@
+"""Shared pieces of the GE backend tests: model folders, configs and specs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf import text_format
+from onnx import TensorProto, helper
+
+from ge_serve.backends.base import ModelSpec
+from ge_serve.protos import model_config_pb2
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO_ROOT / "examples" / "models"
+FAKE_ACL = Path(__file__).resolve().parent / "fake_acl"
+FAKE_ATC_BIN = FAKE_ACL / "bin"
+FAKE_ACL_SITE = FAKE_ACL / "site"
+
+SIMPLE_IO = """
+input [
+  { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
+  { name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
+  { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] }
+]
+"""
+
+
+def params(**values: str) -> str:
+    """A `parameters [...]` block; keys may contain dots, given as k__dot__ in kwargs."""
+    entries = []
+    for key, text in values.items():
+        real = key.replace("__dot__", ".")
+        entries.append(f'{{ key: "{real}" value: {{ string_value: "{text}" }} }}')
+    return "parameters [\n  " + ",\n  ".join(entries) + "\n]\n"
+
+
+def make_model(
+    repo: Path,
+    name: str,
+    config_body: str,
+    source: Path | None = None,
+    filename: str = "model.onnx",
+    onnx_model: onnx.ModelProto | None = None,
+) -> Path:
+    """Write `<repo>/<name>/config.pbtxt` and `1/<filename>` (copied or serialized)."""
+    folder = repo / name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "config.pbtxt").write_text(f'name: "{name}"\n{config_body}', encoding="utf-8")
+    target = folder / "1" / filename
+    if onnx_model is not None:
+        onnx.save(onnx_model, str(target))
+    elif source is not None:
+        shutil.copyfile(source, target)
+    return folder
+
+
+def spec_for(folder: Path, filename: str = "model.onnx") -> ModelSpec:
+    config = model_config_pb2.ModelConfig()
+    text_format.Parse((folder / "config.pbtxt").read_text(encoding="utf-8"), config)
+    return ModelSpec(
+        name=config.name,
+        version=1,
+        config=config,
+        model_dir=folder,
+        model_path=folder / "1" / filename,
+    )
+
+
+def simple_inputs(batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "INPUT0": rng.integers(-1000, 1000, size=(batch, 16), dtype=np.int32),
+        "INPUT1": rng.integers(-1000, 1000, size=(batch, 16), dtype=np.int32),
+    }
+
+
+def gather_model() -> onnx.ModelProto:
+    """out = GatherElements(data, index, axis=1): an out-of-range index fails at run time."""
+    data = helper.make_tensor_value_info("DATA", TensorProto.FLOAT, ["batch", 4])
+    index = helper.make_tensor_value_info("INDEX", TensorProto.INT64, ["batch", 1])
+    out = helper.make_tensor_value_info("OUT", TensorProto.FLOAT, ["batch", 1])
+    node = helper.make_node("GatherElements", ["DATA", "INDEX"], ["OUT"], axis=1)
+    graph = helper.make_graph([node], "gather", [data, index], [out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def weights_model(megabytes: int) -> onnx.ModelProto:
+    """y = x + w with a large constant w (an initializer of `megabytes` MiB)."""
+    count = megabytes * 1024 * 1024 // 4
+    weight = helper.make_tensor(
+        "W", TensorProto.FLOAT, [count], np.zeros(count, np.float32).tobytes(), raw=True
+    )
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", count])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", count])
+    node = helper.make_node("Add", ["X", "W"], ["Y"])
+    graph = helper.make_graph([node], "weights", [x], [y], initializer=[weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model

@@ -1,0 +1,157 @@
+"""How npu_ge configs map onto GE slots, gears and atc options (options.make_plan)."""
+
+from __future__ import annotations
+
+import pytest
+from ge_helpers import SIMPLE_IO, params
+from google.protobuf import text_format
+
+from ge_serve.backends.ge.backend import backend_config_for
+from ge_serve.backends.ge.options import default_gears, intra_threads, make_plan, parse_gears
+from ge_serve.protos import model_config_pb2
+
+
+def config(body: str, max_batch_size: int = 8) -> model_config_pb2.ModelConfig:
+    parsed = model_config_pb2.ModelConfig()
+    text_format.Parse(f'name: "m"\nmax_batch_size: {max_batch_size}\n{SIMPLE_IO}{body}', parsed)
+    return parsed
+
+
+def test_defaults_one_slot_on_npu0_with_power_of_two_gears() -> None:
+    plan = make_plan(config(""))
+    assert plan.slots == ((0, 1),)
+    assert plan.gears == (1, 2, 4, 8)
+    assert plan.input_shape == "INPUT0:-1,16;INPUT1:-1,16"
+    assert plan.atc_options == ()
+
+
+@pytest.mark.parametrize(
+    ("max_batch_size", "gears"),
+    [(1, (1,)), (2, (1, 2)), (6, (1, 2, 4, 6)), (8, (1, 2, 4, 8)), (12, (1, 2, 4, 8, 12))],
+)
+def test_default_gears(max_batch_size: int, gears: tuple[int, ...]) -> None:
+    assert default_gears(max_batch_size) == gears
+
+
+def test_device_ids_and_device_exec_blocks() -> None:
+    plan = make_plan(config(params(device_ids="4,5", device_exec_blocks="2")))
+    assert plan.slots == ((4, 2), (5, 2))
+    assert plan.slot_count == 4
+
+
+def test_instance_count_and_instance_exec_blocks_per_device() -> None:
+    body = "instance_group [ { count: 2 } ]\n" + params(device_ids="0,1", instance_exec_blocks="3")
+    assert make_plan(config(body)).slots == ((0, 6), (1, 6))
+
+
+def test_instance_group_gpus_are_npu_ids() -> None:
+    body = "instance_group [ { count: 2 kind: KIND_GPU gpus: [ 1, 3 ] }, { count: 1 gpus: [ 3 ] } ]"
+    assert make_plan(config(body)).slots == ((1, 2), (3, 3))
+
+
+def test_group_without_gpus_lands_on_every_listed_device() -> None:
+    body = "instance_group [ { count: 1 gpus: [ 2 ] }, { count: 1 } ]"
+    assert make_plan(config(body)).slots == ((2, 2),)
+
+
+def test_dynamic_dims_are_the_gears() -> None:
+    body = params(
+        graph__dot__ge__dot__dynamicDims="8;1;4;2", graph__dot__ge__dot__dynamicNodeType="1"
+    )
+    plan = make_plan(config(body))
+    assert plan.gears == (1, 2, 4, 8)
+    assert plan.unused_options == ()
+
+
+def test_input_shape_option_wins() -> None:
+    body = params(ge__dot__inputShape="INPUT0:-1,16;INPUT1:-1,16", ge__dot__dynamicDims="2;4")
+    plan = make_plan(config(body))
+    assert plan.input_shape == "INPUT0:-1,16;INPUT1:-1,16"
+    assert plan.gears == (2, 4)
+
+
+def test_static_model_is_one_batch() -> None:
+    plan = make_plan(config(params(static_model="1")))
+    assert plan.gears == (8,)
+    assert plan.static_model
+    assert plan.input_shape == "INPUT0:8,16;INPUT1:8,16"
+
+
+def test_no_batching_means_no_gears() -> None:
+    body = SIMPLE_IO.replace("dims: [ 16 ]", "dims: [ 1, 16 ]")
+    parsed = model_config_pb2.ModelConfig()
+    text_format.Parse(f'name: "m"\n{body}', parsed)
+    plan = make_plan(parsed)
+    assert plan.gears == ()
+    assert plan.input_shape == "INPUT0:1,16;INPUT1:1,16"
+
+
+def test_ge_options_map_to_atc_flags_and_the_rest_are_reported() -> None:
+    body = params(
+        ge__dot__exec__dot__precision_mode="force_fp16",
+        graph__dot__ge__dot__opSelectImplmode="high_performance",
+        ge__dot__aicoreNum="12|10",
+        atc__dot__input_format="NCHW",
+    )
+    plan = make_plan(config(body))
+    assert plan.atc_options == (
+        ("precision_mode", "force_fp16"),
+        ("op_select_implmode", "high_performance"),
+        ("input_format", "NCHW"),
+    )
+    assert plan.unused_options == ("ge.aicoreNum",)
+
+
+def test_backend_config_applies_and_the_model_wins() -> None:
+    given = backend_config_for(
+        (
+            ("npu_ge.ge.exec.precision_mode", "force_fp16"),
+            ("ge.device_exec_blocks", "3"),
+            ("onnxruntime.x", "y"),
+        )
+    )
+    assert given == {"ge.exec.precision_mode": "force_fp16", "device_exec_blocks": "3"}
+    plan = make_plan(config(params(device_exec_blocks="2")), given)
+    assert plan.slots == ((0, 2),)
+    assert plan.atc_options == (("precision_mode", "force_fp16"),)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (params(device_ids="a,b"), "device_ids must list NPU ids"),
+        (params(device_exec_blocks="0"), "device_exec_blocks must be at least 1"),
+        (params(instance_exec_blocks="two"), "instance_exec_blocks must be a whole number"),
+        (params(graph__dot__ge__dot__dynamicDims="1,224;2,224"), "several values per gear"),
+        (params(graph__dot__ge__dot__dynamicDims="0;2"), "is not a batch size"),
+    ],
+)
+def test_bad_parameters_are_clear_errors(body: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_plan(config(body))
+
+
+def test_string_tensors_are_refused() -> None:
+    body = SIMPLE_IO.replace("TYPE_INT32", "TYPE_STRING")
+    parsed = model_config_pb2.ModelConfig()
+    text_format.Parse(f'name: "m"\nmax_batch_size: 2\n{body}', parsed)
+    with pytest.raises(ValueError, match=r"string \(BYTES\) tensors cannot live on an NPU"):
+        make_plan(parsed)
+
+
+def test_dynamic_non_batch_dims_are_refused() -> None:
+    body = SIMPLE_IO.replace("dims: [ 16 ]", "dims: [ -1 ]")
+    parsed = model_config_pb2.ModelConfig()
+    text_format.Parse(f'name: "m"\nmax_batch_size: 2\n{body}', parsed)
+    with pytest.raises(ValueError, match="compiles fixed shapes apart from the batch"):
+        make_plan(parsed)
+
+
+def test_parse_gears_accepts_commas_too() -> None:
+    assert parse_gears("4,1,2") == (1, 2, 4)
+
+
+def test_intra_threads_share_the_cores() -> None:
+    assert intra_threads({}, streams=4, cores=16) == 4
+    assert intra_threads({}, streams=4, cores=2) == 1
+    assert intra_threads({"intra_op_thread_count": "3"}, streams=4, cores=2) == 3
