@@ -179,7 +179,7 @@ def run_perf_analyzer(
     model: str,
     url: str,
     protocol: str = "http",
-    concurrency: int = 1,
+    concurrency: int | None = 1,
     input_data: Path | str | None = None,
     extra_args: Sequence[str] = (),
     *,
