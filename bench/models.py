@@ -85,6 +85,7 @@ class RepoOptions:
     backend: str = "onnxruntime"
     params: Mapping[str, str] = field(default_factory=dict)
     extra: str = ""  # raw pbtxt appended at the end of config.pbtxt
+    model_filename: str = "model.onnx"  # file name in the version folder
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,6 +228,8 @@ def config_text(name: str, info: ModelInfo, options: RepoOptions) -> str:
     if options.backend:
         text += f'backend: "{options.backend}"\n'
     text += f"max_batch_size: {mbs}\n"
+    if options.model_filename != "model.onnx":
+        text += f"default_model_filename: {_quote(options.model_filename)}\n"
     text += _tensors("input", info.inputs) + _tensors("output", info.outputs)
     text += (
         f"instance_group [\n  {{\n    count: {options.instances}\n    kind: {options.kind}\n"
@@ -296,6 +299,7 @@ def make_repo(
     backend: str = "onnxruntime",
     params: Mapping[str, str] | None = None,
     extra: str = "",
+    model_filename: str = "model.onnx",
     options: RepoOptions | None = None,
 ) -> Path:
     """Write (or overwrite) one model into repository `path`: path/<name>/config.pbtxt and
@@ -314,13 +318,14 @@ def make_repo(
         backend=backend,
         params=dict(params or {}),
         extra=extra,
+        model_filename=model_filename,
     )
     info = ensure_model(model)
     model_name = name or model
     text = config_text(model_name, info, opts)
     validate_config(text)
     model_dir = path / model_name
-    _link_or_copy(info.onnx_path, model_dir / "1" / "model.onnx")
+    _link_or_copy(info.onnx_path, model_dir / "1" / opts.model_filename)
     (model_dir / "config.pbtxt").write_text(text)
     return path
 

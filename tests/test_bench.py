@@ -20,6 +20,7 @@ from ge_serve.protos import model_config_pb2
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
 import inputs
+import loadgen
 import models
 import perfa
 import raw_ort
@@ -195,3 +196,28 @@ def test_perf_analyzer_runs_against_the_server(server: ServerProcess, tmp_path: 
     assert float(row["p99_us"]) >= float(row["p50_us"]) > 0
     with pytest.raises(perfa.PerfAnalyzerError, match="unknown model"):
         perfa.run_perf_analyzer("no_such_model", server.http_url, "http", 1, perf_analyzer=pa)
+
+
+def test_loadgen_parses_classes() -> None:
+    cls = loadgen.parse_class("high:rate=20.5:priority=1:timeout_us=5000")
+    assert (cls.name, cls.rate, cls.priority, cls.timeout_us) == ("high", 20.5, 1, 5000)
+    with pytest.raises(ValueError, match="unknown load class key"):
+        loadgen.parse_class("low:speed=3")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+def test_loadgen_runs_two_classes(server: ServerProcess) -> None:
+    sample = loadgen.batched(inputs.make_sample(inputs.specs_from_config(SIMPLE)))
+    classes = [
+        loadgen.LoadClass("high", rate=20, priority=1),
+        loadgen.LoadClass("low", concurrency=2, priority=2),
+    ]
+    rows = loadgen.run_load(server.http_url, "http", "simple", sample, classes, 0.5, 0.2)
+    assert [r["class"] for r in rows] == ["high", "low"]
+    for row in rows:
+        assert row["errors"] == 0, row.get("first_error")
+        assert row["ok"] > 0 and row["p99_us"] >= row["p50_us"] > 0
+    bad = [loadgen.LoadClass("bad", concurrency=1)]
+    (row,) = loadgen.run_load(server.http_url, "http", "no_such_model", sample, bad, 0.2, 0.0)
+    assert row["ok"] == 0 and row["errors"] > 0 and "no_such_model" in row["first_error"]
