@@ -193,7 +193,7 @@ def run_perf_analyzer(
     on_unstable: str = "rerun",
     timeout_s: float | None = None,
     perf_analyzer: tuple[str, dict[str, str]] | None = None,
-) -> dict[str, float | str | bool]:
+) -> dict[str, Any]:
     """One perf_analyzer measurement (one concurrency, or one request rate when
     `request_rate` is set). Returns the parsed CSV row plus model/protocol/batch_size/stable/
     command keys.
@@ -239,7 +239,7 @@ def run_perf_analyzer(
         rows = parse_csv(csv_path.read_text())
     if not rows:
         raise PerfAnalyzerError(f"perf_analyzer wrote an empty CSV: {' '.join(cmd)}", output)
-    result: dict[str, float | str | bool] = {
+    result: dict[str, Any] = {
         "model": model,
         "protocol": protocol,
         "batch_size": batch_size,
@@ -258,7 +258,7 @@ def run_sweep(
     input_data: Path | str | None = None,
     extra_args: Sequence[str] = (),
     **kwargs: Any,
-) -> list[dict[str, float | str | bool]]:
+) -> list[dict[str, Any]]:
     """run_perf_analyzer at each concurrency (separate processes, so an unstable level is
     retried alone). kwargs are run_perf_analyzer's keyword options."""
     pa = find_perf_analyzer()

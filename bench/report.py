@@ -34,6 +34,7 @@ DEFAULT_COLUMNS = (
     "server_compute_infer_us",
     "ratio_raw",
     "stable",
+    "error",
 )
 HEADERS = {
     "throughput": "infer/s",

@@ -25,6 +25,7 @@ import models
 import perfa
 import raw_ort
 import report
+import sweep
 
 import server as bench_server
 
@@ -221,3 +222,19 @@ def test_loadgen_runs_two_classes(server: ServerProcess) -> None:
     bad = [loadgen.LoadClass("bad", concurrency=1)]
     (row,) = loadgen.run_load(server.http_url, "http", "no_such_model", sample, bad, 0.2, 0.0)
     assert row["ok"] == 0 and row["errors"] > 0 and "no_such_model" in row["first_error"]
+
+
+def test_sweep_parses_variants() -> None:
+    off = sweep.parse_variant(["off", "model=simple", "batching=off"])
+    assert off.model == "simple" and off.options.batching is None
+    assert "--disable-auto-complete-config" in off.flags
+    dyn = sweep.parse_variant(
+        ["dyn", "delay_us=2000", "preferred=8,16", "instances=2", "param.k=v", 'flags=--a "b c"']
+    )
+    assert dyn.options.batching is not None
+    assert dyn.options.batching.max_queue_delay_us == 2000
+    assert list(dyn.options.batching.preferred) == [8, 16]
+    assert dyn.options.instances == 2 and dyn.options.params == {"k": "v"}
+    assert list(dyn.flags) == ["--a", "b c"]
+    with pytest.raises(ValueError, match="unknown variant key"):
+        sweep.parse_variant(["x", "colour=red"])
