@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -26,7 +27,7 @@ from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
 
 from .cli import Settings
 from .core import InferenceServer
-from .errors import ServerError
+from .errors import ErrorCode, ServerError
 from .http.app import HttpFrontEnd, HttpSettings
 from .lifecycle import LifecycleSettings, ModelLifecycle
 from .repository import ModelRepository
@@ -130,8 +131,12 @@ class ServerApp:
             http="httptools",
             ws="none",
         )
+        # Bound here rather than by uvicorn, which calls sys.exit() from inside its task
+        # when the address is taken; this way the reason is one clear line.
+        sock = listen_socket(host, port, what)
+        port = int(sock.getsockname()[1])
         server = EmbeddedUvicorn(config)
-        task = asyncio.create_task(server.serve(), name=f"uvicorn-{what}")
+        task = asyncio.create_task(server.serve(sockets=[sock]), name=f"uvicorn-{what}")
         self._servers.append(server)
         self._tasks.append(task)
         while not server.started:
@@ -168,14 +173,35 @@ class ServerApp:
         await self.lifecycle.close()
 
 
+def listen_socket(host: str, port: int, what: str) -> socket.socket:
+    """A bound TCP socket for an endpoint, or a ServerError that says why not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ServerError(
+            ErrorCode.UNAVAILABLE,
+            f"cannot listen for {what} on {host}:{port}: {exc.strerror or exc}",
+        ) from None
+    return sock
+
+
 async def serve(settings: Settings) -> int:
     app = ServerApp(settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, app.stopping.set)
     try:
-        if not await app.start():
-            await app.lifecycle.close()
+        try:
+            started = await app.start()
+        except ServerError as exc:
+            log.error("%s", exc.message)
+            started = False
+        if not started:
+            await app.stop()
             return 1
         await app.stopping.wait()
         log.info(
