@@ -31,8 +31,9 @@ def resolve_backend(
     """Pick the backend: `backend`, then `platform`, then the default for ONNX files.
 
     A config that names no backend goes to the default, except KIND_CPU instance groups,
-    which mean the host CPU (onnxruntime) as they do in Triton, and models with string
-    tensors, which an NPU cannot hold, so they stay on the host CPU too.
+    which mean the host CPU (onnxruntime) as they do in Triton, and models an NPU cannot
+    run as compiled (string tensors, dims other than the batch that change at run time),
+    which stay on the host CPU too.
     """
     named = config.backend or config.platform
     if named:
@@ -47,11 +48,13 @@ def resolve_backend(
             g.kind == model_config_pb2.ModelInstanceGroup.KIND_CPU for g in config.instance_group
         )
         key = "onnxruntime" if only_cpu else default
-        if key != "onnxruntime" and _has_strings(config, version_dir):
+        reason = _host_only(config, version_dir) if key != "onnxruntime" else None
+        if reason:
             log.info(
-                "model '%s' has string tensors, which an NPU cannot hold: serving it on the "
-                "host CPU (onnxruntime)",
+                "model '%s' has %s, which an NPU model cannot have: serving it on the host "
+                'CPU (onnxruntime). Name backend "npu_ge" to run it through GE anyway.',
                 config.name,
+                reason,
             )
             key = "onnxruntime"
     backend = backends.get(key)
@@ -60,21 +63,37 @@ def resolve_backend(
     return backend
 
 
-def _has_strings(config: model_config_pb2.ModelConfig, version_dir: Path | None) -> bool:
-    """Whether the config, or the ONNX file when the config lists no tensors, has strings."""
-    entries = list(config.input) + list(config.output)
-    if any(e.data_type == model_config_pb2.TYPE_STRING for e in entries):
-        return True
-    if (config.input and config.output) or version_dir is None:
-        return False
-    path = version_dir / (config.default_model_filename or "model.onnx")
-    if path.suffix.lower() != ".onnx" or not path.is_file():
-        return False
-    try:
-        inputs, outputs = read_onnx_io(path)
-    except ValueError:
-        return False  # the chosen backend reports the bad file
-    return any(t.data_type == model_config_pb2.TYPE_STRING for t in inputs + outputs)
+def _host_only(config: model_config_pb2.ModelConfig, version_dir: Path | None) -> str | None:
+    """Why a model can only run on the host: string tensors, or dims that change at run
+    time other than the batch (an OM is compiled for fixed shapes). None when neither.
+
+    Uses the config's tensors, and the ONNX file for what the config leaves out.
+    """
+    batching = config.max_batch_size > 0
+    tensors: dict[str, tuple[int, tuple[int, ...]]] = {}
+    if not (config.input and config.output) and version_dir is not None:
+        path = version_dir / (config.default_model_filename or "model.onnx")
+        if path.suffix.lower() == ".onnx" and path.is_file():
+            try:
+                inputs, outputs = read_onnx_io(path)
+            except ValueError:
+                inputs, outputs = [], []  # the chosen backend reports the bad file
+            found = inputs + outputs
+            # Auto-complete batches when every tensor has a dynamic first dim.
+            dynamic_first = bool(found) and all(t.dims and t.dims[0] == -1 for t in found)
+            batching = batching or dynamic_first
+            for t in found:
+                tensors[t.name] = (t.data_type, t.dims[1:] if batching else t.dims)
+    for entry in list(config.input) + list(config.output):
+        dims = tuple(entry.reshape.shape) if entry.HasField("reshape") else tuple(entry.dims)
+        known_type, known_dims = tensors.get(entry.name, (model_config_pb2.TYPE_INVALID, ()))
+        tensors[entry.name] = (entry.data_type or known_type, dims or known_dims)
+    if any(t == model_config_pb2.TYPE_STRING for t, _ in tensors.values()):
+        return "string tensors"
+    dynamic = [f"'{name}' {list(dims)}" for name, (_, dims) in tensors.items() if -1 in dims]
+    if dynamic:
+        return "dims that change at run time (" + ", ".join(dynamic) + ")"
+    return None
 
 
 def model_file(config: model_config_pb2.ModelConfig, backend: Backend, version_dir: Path) -> Path:

@@ -337,7 +337,7 @@ def test_model_metadata(http: httpx.Client, path: str) -> None:
     assert response.json() == {
         "name": "simple",
         "versions": ["1"],
-        "platform": "onnxruntime_onnx",
+        "platform": "npu_ge",  # GE (the simulated NPU here) is the default for ONNX
         "inputs": [
             {"name": "INPUT0", "datatype": "INT32", "shape": [-1, 16]},
             {"name": "INPUT1", "datatype": "INT32", "shape": [-1, 16]},
@@ -372,8 +372,8 @@ def test_model_config(http: httpx.Client, suffix: str) -> None:
     assert config["input"][0]["data_type"] == "TYPE_FP32"
     assert config["output"][0]["label_filename"] == "labels.txt"
     assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 500
-    assert config["instance_group"][0]["kind"] == "KIND_CPU"
-    assert config["backend"] == "onnxruntime"
+    assert config["instance_group"][0]["kind"] == "KIND_GPU"  # GE slots: NPU devices
+    assert config["backend"] == "ge"
 
 
 def test_model_config_with_tritonclient(client: httpclient.InferenceServerClient) -> None:
