@@ -41,10 +41,7 @@ def execute_batch(
     else:
         inputs = items[0].inputs
     ready = time.monotonic_ns()
-    if batching and gears and total > gears[-1]:
-        outputs = _execute_in_gears(executor, inputs, total, gears)
-    else:
-        outputs = executor.execute(inputs)
+    outputs = executor.execute(inputs)
     done = time.monotonic_ns()
     results: list[dict[str, Array]] = []
     if batching:
@@ -63,20 +60,3 @@ def execute_batch(
         timings.compute_output_ns = finished - done
         timings.batch_size = total
     return results
-
-
-def _execute_in_gears(
-    executor: Executor, inputs: dict[str, Array], total: int, gears: Sequence[int]
-) -> dict[str, Array]:
-    """A batch above the largest gear runs as several executions, each padded to a gear."""
-    largest = gears[-1]
-    parts: list[dict[str, Array]] = []
-    for start in range(0, total, largest):
-        size = min(largest, total - start)
-        gear = gear_for(size, gears)
-        chunk = {
-            name: pad_batch(array[start : start + size], gear) for name, array in inputs.items()
-        }
-        result = executor.execute(chunk)
-        parts.append({name: value[:size] for name, value in result.items()})
-    return {name: np.concatenate([part[name] for part in parts], axis=0) for name in parts[0]}

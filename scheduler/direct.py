@@ -6,7 +6,6 @@ Concurrency comes from the free slots; requests wait for a slot in arrival order
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Sequence
 
@@ -52,6 +51,12 @@ class DirectScheduler:
 
     async def close(self, drain_timeout_s: float) -> None:
         self._closing = True
-        with contextlib.suppress(TimeoutError):
+        drained = True
+        try:
             await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
+        except TimeoutError:
+            drained = False
         self._pool.close()
+        if drained:
+            # Idle slots close their executors at once; a stuck one is not waited for.
+            await self._pool.wait_closed(max(drain_timeout_s, 1.0))

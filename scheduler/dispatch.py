@@ -139,3 +139,12 @@ class SlotPool:
     def close(self) -> None:
         for slot in self.slots:
             slot.close()
+
+    async def wait_closed(self, limit_s: float | None = None) -> None:
+        """Wait, off the loop, until every slot thread has closed its executor, so device
+        memory and models are really released when an unload returns."""
+        await asyncio.to_thread(self._join, limit_s)
+
+    def _join(self, timeout: float | None) -> None:
+        for slot in self.slots:
+            slot.join(timeout)

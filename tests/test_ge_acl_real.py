@@ -64,8 +64,10 @@ def finish(runtime: AclReal, fake: FakeAcl) -> None:
     assert fake.violations == []
 
 
-def simple_model(repo: Path, name: str = "simple", extra: str = "") -> Path:
-    body = "max_batch_size: 8\n" + SIMPLE_IO + extra
+def simple_model(
+    repo: Path, name: str = "simple", extra: str = "", max_batch_size: int = 8
+) -> Path:
+    body = f"max_batch_size: {max_batch_size}\n" + SIMPLE_IO + extra
     return make_model(repo, name, body, SIMPLE_ONNX)
 
 
@@ -114,7 +116,9 @@ def test_npu_ge_config_runs_on_every_slot_with_gears(
 def test_scheduler_pads_to_a_gear_and_trims(
     runtime: AclReal, fake: FakeAcl, tmp_path: Path
 ) -> None:
-    folder = simple_model(tmp_path, extra=params(graph__dot__ge__dot__dynamicDims="2;4"))
+    folder = simple_model(
+        tmp_path, extra=params(graph__dot__ge__dot__dynamicDims="2;4"), max_batch_size=4
+    )
     loaded = GeBackend(runtime).load(spec_for(folder))
     executor = loaded.executors[0]
     with pytest.raises(BackendError, match="batch size 3 is not a gear"):
@@ -123,12 +127,8 @@ def test_scheduler_pads_to_a_gear_and_trims(
     results = execute_batch(executor, items, loaded.gears, batching=True)
     for item, outputs in zip(items, results, strict=True):
         check_simple(outputs, item.inputs)
-    # 7 rows exceed the largest gear (4): they run as 4 + 3 (padded to 4).
-    big = WorkItem(simple_inputs(7, seed=3), 7)
-    (outputs,) = execute_batch(executor, [big], loaded.gears, batching=True)
-    check_simple(outputs, big.inputs)
     stats = executor.pool_stats()  # type: ignore[attr-defined]
-    assert stats["by_gear"] == {4: 3}
+    assert stats["by_gear"] == {4: 1}
     loaded.close()
     finish(runtime, fake)
 
@@ -165,6 +165,19 @@ def test_static_model_compiles_one_batch(
     finish(runtime, fake)
 
 
+def test_an_om_whose_gears_cannot_hold_max_batch_size_is_refused(
+    runtime: AclReal, fake: FakeAcl, tmp_path: Path
+) -> None:
+    built = fake_om.build(SIMPLE_ONNX, "Ascend310P3", "INPUT0:-1,16;INPUT1:-1,16", [1, 4], 5)
+    folder = simple_model(tmp_path, name="prebuilt", max_batch_size=8)
+    fake_om.write(built, folder / "1" / "model.om")
+    with pytest.raises(
+        ValueError, match="max_batch_size 8 exceeds the largest batch gear 4 of the compiled model"
+    ):
+        GeBackend(runtime).load(spec_for(folder, "model.om"))
+    finish(runtime, fake)
+
+
 def test_model_without_batching(runtime: AclReal, fake: FakeAcl, tmp_path: Path) -> None:
     body = SIMPLE_IO.replace("dims: [ 16 ]", "dims: [ 2, 16 ]")
     folder = make_model(tmp_path, "unbatched", "max_batch_size: 0\n" + body, SIMPLE_ONNX)
@@ -180,7 +193,7 @@ def test_prebuilt_om_loads_without_atc(
     runtime: AclReal, fake: FakeAcl, tmp_path: Path, atc_log: Path
 ) -> None:
     built = fake_om.build(SIMPLE_ONNX, "Ascend310P3", "INPUT0:-1,16;INPUT1:-1,16", [1, 4], 5)
-    folder = simple_model(tmp_path, name="prebuilt")
+    folder = simple_model(tmp_path, name="prebuilt", max_batch_size=4)
     fake_om.write(built, folder / "1" / "model.om")
     loaded = GeBackend(runtime).load(spec_for(folder, "model.om"))
     assert loaded.gears == (1, 4)  # the OM's own gear list

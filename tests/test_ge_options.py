@@ -64,10 +64,10 @@ def test_dynamic_dims_are_the_gears() -> None:
 
 
 def test_input_shape_option_wins() -> None:
-    body = params(ge__dot__inputShape="INPUT0:-1,16;INPUT1:-1,16", ge__dot__dynamicDims="2;4")
+    body = params(ge__dot__inputShape="INPUT0:-1,16;INPUT1:-1,16", ge__dot__dynamicDims="2;8")
     plan = make_plan(config(body))
     assert plan.input_shape == "INPUT0:-1,16;INPUT1:-1,16"
-    assert plan.gears == (2, 4)
+    assert plan.gears == (2, 8)
 
 
 def test_static_model_is_one_batch() -> None:
@@ -124,6 +124,10 @@ def test_backend_config_applies_and_the_model_wins() -> None:
         (params(instance_exec_blocks="two"), "instance_exec_blocks must be a whole number"),
         (params(graph__dot__ge__dot__dynamicDims="1,224;2,224"), "several values per gear"),
         (params(graph__dot__ge__dot__dynamicDims="0;2"), "is not a batch size"),
+        (
+            params(graph__dot__ge__dot__dynamicDims="1;2;4"),
+            "max_batch_size 8 exceeds the largest batch gear 4 of graph.ge.dynamicDims",
+        ),
     ],
 )
 def test_bad_parameters_are_clear_errors(body: str, message: str) -> None:

@@ -175,10 +175,10 @@ output [ { name: "probabilities" data_type: TYPE_FP32 dims: [ 10 ] } ]
 
 def test_a_non_gear_batch_is_refused_like_the_npu(tmp_path: Path) -> None:
     runtime = SimRuntime()
-    folder = simple_folder(tmp_path, params(graph__dot__ge__dot__dynamicDims="2;4"))
+    folder = simple_folder(tmp_path, params(graph__dot__ge__dot__dynamicDims="2;4;8"))
     loaded = GeBackend(runtime).load(spec_for(folder))
     executor = loaded.executors[0]
-    with pytest.raises(BackendError, match=r"batch size 3 is not a gear .*\[2, 4\]"):
+    with pytest.raises(BackendError, match=r"batch size 3 is not a gear .*\[2, 4, 8\]"):
         executor.execute(simple_inputs(3))
     model, dataset = executor._model, executor._in_dataset  # type: ignore[attr-defined]
     runtime.bind_thread(0)
@@ -307,3 +307,20 @@ def test_a_failing_warmup_fails_the_load(tmp_path: Path) -> None:
     loaded = GeBackend(runtime).load(spec_for(folder))
     assert loaded_pool_stats(loaded)[0]["executions"] == 1
     loaded.close()
+
+
+def test_closing_the_scheduler_gives_device_memory_back(tmp_path: Path) -> None:
+    runtime = SimRuntime(devices=2)
+    folder = simple_folder(tmp_path, params(device_ids="0,1", device_exec_blocks="2"))
+    loaded = GeBackend(runtime).load(spec_for(folder))
+    assert runtime.devices[0].used > 0 and runtime.devices[1].used > 0
+
+    async def scenario() -> None:
+        scheduler = scheduler_for(loaded)
+        await scheduler.submit(WorkItem(simple_inputs(2), 2))
+        await scheduler.close(5)
+
+    asyncio.run(scenario())
+    # Released by the time close() returns, not later on the slot threads.
+    assert [d.used for d in runtime.devices] == [0, 0]
+    assert [d.allocation_count() for d in runtime.devices] == [0, 0]

@@ -21,7 +21,7 @@ from ge_serve.protos import model_config_pb2
 
 from .acl import AclRuntime, ModelSource
 from .executor import GeExecutor
-from .options import GePlan, intra_threads, make_plan, parameters
+from .options import GePlan, check_gears, intra_threads, make_plan, parameters
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,8 @@ class GeBackend:
                     )
                 )
             gears = executors[0].gears
+            if plan.batching:
+                check_gears(gears, int(config.max_batch_size), "the compiled model")
             self._warmup(spec, executors, gears)
         except BaseException:
             for executor in executors:

@@ -226,6 +226,15 @@ def parse_gears(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(gears)))
 
 
+def check_gears(gears: tuple[int, ...], max_batch_size: int, source: str) -> None:
+    """A batch of max_batch_size must fit a gear: the scheduler pads up, never splits."""
+    if gears and gears[-1] < max_batch_size:
+        raise ValueError(
+            f"max_batch_size {max_batch_size} exceeds the largest batch gear {gears[-1]} of "
+            f"{source} ({';'.join(str(g) for g in gears)}): lower max_batch_size or add a gear"
+        )
+
+
 def default_gears(max_batch_size: int) -> tuple[int, ...]:
     gears = [1 << i for i in range(max_batch_size.bit_length()) if 1 << i < max_batch_size]
     return (*gears, max_batch_size)
@@ -277,14 +286,7 @@ def make_plan(
         gears = (int(config.max_batch_size),)
     elif dims_text:
         gears = parse_gears(dims_text)
-        if gears[-1] < config.max_batch_size:
-            log.warning(
-                "model '%s': the largest gear %d is below max_batch_size %d; larger batches "
-                "run as several executions",
-                config.name,
-                gears[-1],
-                config.max_batch_size,
-            )
+        check_gears(gears, int(config.max_batch_size), "graph.ge.dynamicDims")
     else:
         gears = default_gears(int(config.max_batch_size))
     inputs = _tensors(config.input)
