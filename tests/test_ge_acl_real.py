@@ -264,7 +264,12 @@ def test_gear_values_are_validated_by_pyacl(
 
 
 def test_device_stats_come_from_pyacl(runtime: AclReal, fake: FakeAcl, tmp_path: Path) -> None:
-    loaded = GeBackend(runtime).load(spec_for(simple_model(tmp_path)))
+    backend = GeBackend(runtime)
+    assert backend.device_metrics() == []  # no NPU in use yet
+    loaded = backend.load(spec_for(simple_model(tmp_path)))
+    (metrics,) = backend.device_metrics()
+    assert metrics.device == "npu0" and metrics.utilization == 0.0
+    assert metrics.memory_total_bytes == fake.memory and metrics.pool_bytes > 0
     inputs = simple_inputs(8)
     loaded.executors[0].execute(inputs)
     stats = runtime.device_stats(0)

@@ -324,3 +324,20 @@ def test_closing_the_scheduler_gives_device_memory_back(tmp_path: Path) -> None:
     # Released by the time close() returns, not later on the slot threads.
     assert [d.used for d in runtime.devices] == [0, 0]
     assert [d.allocation_count() for d in runtime.devices] == [0, 0]
+
+
+def test_device_metrics_for_the_metrics_endpoint(tmp_path: Path) -> None:
+    runtime = SimRuntime(devices=2, memory_per_device=1 << 30)
+    backend = GeBackend(runtime)
+    loaded = backend.load(spec_for(simple_folder(tmp_path, params(device_ids="1"))))
+    backend.device_metrics()  # starts the utilization window
+    loaded.executors[0].execute(simple_inputs(8))
+    idle, used = backend.device_metrics()
+    assert (idle.device, idle.memory_used_bytes, idle.pool_bytes) == ("sim0", 0, 0)
+    assert idle.memory_total_bytes == 1 << 30 and idle.utilization == 0.0
+    pool = loaded.executors[0].pool_stats()["bytes"]  # type: ignore[attr-defined]
+    assert used.device == "sim1" and used.pool_bytes == pool > 0
+    assert used.memory_used_bytes == runtime.devices[1].used > pool
+    assert 0.0 < used.utilization <= 1.0
+    loaded.close()
+    assert backend.device_metrics()[1].pool_bytes == 0

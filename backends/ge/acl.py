@@ -251,6 +251,10 @@ class AclRuntime(Protocol):
     ) -> None: ...
 
     # --- observation --------------------------------------------------------------------
+    def active_devices(self) -> list[int]:
+        """Devices worth reporting: every simulated one, or the NPUs in use."""
+        ...
+
     def device_stats(self, device_id: int) -> DeviceStats: ...
 
     def shutdown(self) -> None:

@@ -300,6 +300,10 @@ class AclReal:
 
     # --- observation --------------------------------------------------------------------
 
+    def active_devices(self) -> list[int]:
+        with self._lock:
+            return sorted(self._devices)
+
     def device_stats(self, device_id: int) -> DeviceStats:
         # Asked from any thread (metrics), so bind here rather than at the caller.
         self.bind_thread(device_id)

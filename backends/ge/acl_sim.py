@@ -506,6 +506,9 @@ class SimRuntime:
 
     # --- observation --------------------------------------------------------------------
 
+    def active_devices(self) -> list[int]:
+        return list(range(len(self.devices)))
+
     def device_stats(self, device_id: int) -> DeviceStats:
         device = self._device(device_id, "device_stats")
         return DeviceStats(

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +43,19 @@ def backend_config_for(entries: Mapping[str, str] | tuple[tuple[str, str], ...])
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class GeDeviceMetrics:
+    """One device's figures for the metrics endpoint."""
+
+    device: str
+    # Busy fraction 0.0-1.0 since the previous sample; negative when unknown.
+    utilization: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+    # Bytes held by the slots' I/O pools on the device (part of memory_used_bytes).
+    pool_bytes: int
+
+
 class GeBackend:
     name = NAME
 
@@ -52,6 +68,8 @@ class GeBackend:
         self.runtime = runtime
         self.backend_config = dict(backend_config or {})
         self.cores = cores or os.cpu_count() or 1
+        self._lock = threading.Lock()
+        self._executors: weakref.WeakSet[GeExecutor] = weakref.WeakSet()
 
     def default_model_filename(self) -> str:
         return "model.onnx"
@@ -115,6 +133,8 @@ class GeBackend:
             prepared.note,
         )
         slots = list(executors)
+        with self._lock:
+            self._executors.update(slots)
         return LoadedModel(
             executors=list(slots),
             gears=gears if plan.batching else (),
@@ -164,6 +184,28 @@ class GeBackend:
                 len(samples),
                 len(executors),
             )
+
+    def device_metrics(self) -> list[GeDeviceMetrics]:
+        """Per-device figures (metrics sampler thread): memory, busy share, I/O pool bytes."""
+        with self._lock:
+            executors = list(self._executors)
+        pools: dict[int, int] = {}
+        for executor in executors:
+            device = executor.slot.device_id
+            pools[device] = pools.get(device, 0) + executor.stats.bytes
+        found = []
+        for device in self.runtime.active_devices():
+            stats = self.runtime.device_stats(device)
+            found.append(
+                GeDeviceMetrics(
+                    device=f"{self.runtime.kind}{device}",
+                    utilization=stats.utilization / 100.0 if stats.utilization >= 0 else -1.0,
+                    memory_used_bytes=stats.memory_used,
+                    memory_total_bytes=stats.memory_total,
+                    pool_bytes=pools.get(device, 0),
+                )
+            )
+        return found
 
     def close(self) -> None:
         """Release the device runtime at server exit."""
