@@ -79,7 +79,7 @@ class AclReal:
         self._lock = threading.Lock()
         self._devices: dict[int, _Device] = {}
         self._tls = threading.local()
-        self._inflight: dict[int, int] = {}  # id(stream handle) -> executions not yet synced
+        self._inflight: dict[Any, int] = {}  # stream handle -> executions not yet synced
         ret = int(acl.init())
         if ret not in (0, ACL_ERROR_REPEAT_INITIALIZE):
             raise AclError("acl.init", ret)
@@ -154,7 +154,7 @@ class AclReal:
         try:
             check(self._acl.rt.synchronize_stream(stream), "acl.rt.synchronize_stream")
         finally:
-            pending = self._inflight.pop(id(stream), 0)
+            pending = self._inflight.pop(stream, 0)
             clock = self._device(device_id).clock
             for _ in range(pending):
                 clock.stop()
@@ -296,7 +296,7 @@ class AclReal:
             "acl.mdl.execute_async",
         )
         self._device(model.device_id).clock.start()
-        self._inflight[id(stream)] = self._inflight.get(id(stream), 0) + 1
+        self._inflight[stream] = self._inflight.get(stream, 0) + 1
 
     # --- observation --------------------------------------------------------------------
 
