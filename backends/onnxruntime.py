@@ -17,6 +17,7 @@ from ge_serve.protos import model_config_pb2
 
 from .base import Array, LoadedModel, ModelSpec, SlotInfo
 from .onnx_io import autocomplete_from_onnx
+from .warmup import run_warmup
 
 
 def string_param(config: model_config_pb2.ModelConfig, key: str) -> str | None:
@@ -163,5 +164,6 @@ class OnnxRuntimeBackend:
                 name=f"{spec.name}_{spec.version}_cpu_{index}", device="cpu", stream=index
             )
             executors.append(OrtExecutor(slot, OrtSession(spec.model_path, options)))
+        run_warmup(spec, executors)  # READY only after model_warmup ran on every slot
         size = spec.model_path.stat().st_size * slots
         return LoadedModel(executors=list(executors), memory_bytes=size)

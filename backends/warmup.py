@@ -7,7 +7,9 @@ BYTES as 4-byte little-endian lengths followed by the bytes, as Triton reads the
 
 from __future__ import annotations
 
+import logging
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,9 @@ import numpy as np
 
 from ge_serve.protos import model_config_pb2
 
-from .base import Array
+from .base import Array, Executor, ModelSpec, pad_batch
+
+log = logging.getLogger(__name__)
 
 WARMUP_FOLDER = "warmup"
 
@@ -142,3 +146,35 @@ def _strings(label: str, name: str, raw: bytes, count: int) -> Array:
     array = np.empty(count, dtype=object)
     array[:] = values
     return array
+
+
+def run_warmup(spec: ModelSpec, executors: Sequence[Executor], gears: Sequence[int] = ()) -> None:
+    """Run every warmup sample `count` times on every executor, padded to a gear when the
+    executors only take gears. Raises RuntimeError naming the sample and slot that failed."""
+    samples = warmup_samples(spec.config, spec.model_dir)
+    for sample in samples:
+        inputs = sample.inputs
+        if gears:
+            gear = next((g for g in gears if g >= sample.batch_size), None)
+            if gear is None:
+                raise ValueError(
+                    f"warmup '{sample.name}': batch_size {sample.batch_size} exceeds the "
+                    f"largest gear {gears[-1]}"
+                )
+            inputs = {name: pad_batch(array, gear) for name, array in inputs.items()}
+        for executor in executors:
+            for _ in range(sample.count):
+                try:
+                    executor.execute(inputs)
+                except Exception as exc:
+                    raise RuntimeError(
+                        f"warmup '{sample.name}' failed on {executor.slot.name}: {exc}"
+                    ) from exc
+    if samples:
+        log.info(
+            "model '%s' version %d: %d warmup sample(s) ran on %d slot(s)",
+            spec.name,
+            spec.version,
+            len(samples),
+            len(executors),
+        )

@@ -51,8 +51,8 @@ def resolve_backend(
         reason = _host_only(config, version_dir) if key != "onnxruntime" else None
         if reason:
             log.info(
-                "model '%s' has %s, which an NPU model cannot have: serving it on the host "
-                'CPU (onnxruntime). Name backend "npu_ge" to run it through GE anyway.',
+                "model '%s' has %s: serving it on the host CPU (onnxruntime). Name "
+                'backend "npu_ge" to run it through GE anyway.',
                 config.name,
                 reason,
             )
@@ -89,10 +89,16 @@ def _host_only(config: model_config_pb2.ModelConfig, version_dir: Path | None) -
         known_type, known_dims = tensors.get(entry.name, (model_config_pb2.TYPE_INVALID, ()))
         tensors[entry.name] = (entry.data_type or known_type, dims or known_dims)
     if any(t == model_config_pb2.TYPE_STRING for t, _ in tensors.values()):
-        return "string tensors"
+        return "string tensors, which an NPU cannot hold"
+    if any(t == model_config_pb2.TYPE_BF16 for t, _ in tensors.values()):
+        return "bfloat16 tensors, which ge-serve's GE path does not carry yet"
     dynamic = [f"'{name}' {list(dims)}" for name, (_, dims) in tensors.items() if -1 in dims]
     if dynamic:
-        return "dims that change at run time (" + ", ".join(dynamic) + ")"
+        return (
+            "dims other than the batch that change at run time ("
+            + ", ".join(dynamic)
+            + "), which an OM is not compiled for"
+        )
     return None
 
 

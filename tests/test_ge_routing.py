@@ -60,6 +60,10 @@ def test_string_tensors_stay_on_the_host(tmp_path: Path) -> None:
     assert resolve(tmp_path, identity_model(TensorProto.STRING, ("batch", 4))) == "onnxruntime"
 
 
+def test_bfloat16_tensors_stay_on_the_host(tmp_path: Path) -> None:
+    assert resolve(tmp_path, identity_model(TensorProto.BFLOAT16, ("batch", 4))) == "onnxruntime"
+
+
 def test_run_time_dims_stay_on_the_host(tmp_path: Path) -> None:
     assert resolve(tmp_path, slow_model()) == "onnxruntime"
     assert resolve(tmp_path, identity_model(TensorProto.FLOAT, ("batch", None))) == "onnxruntime"

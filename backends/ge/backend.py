@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ge_serve.backends.base import Array, LoadedModel, ModelSpec, SlotInfo, pad_batch
+from ge_serve.backends.base import LoadedModel, ModelSpec, SlotInfo
 from ge_serve.backends.onnx_io import autocomplete_from_onnx
-from ge_serve.backends.warmup import warmup_samples
+from ge_serve.backends.warmup import run_warmup
 from ge_serve.protos import model_config_pb2
 
 from .acl import AclRuntime, ModelSource
@@ -114,7 +114,7 @@ class GeBackend:
             gears = executors[0].gears
             if plan.batching:
                 check_gears(gears, int(config.max_batch_size), "the compiled model")
-            self._warmup(spec, executors, gears)
+            run_warmup(spec, executors, gears)
         except BaseException:
             for executor in executors:
                 try:
@@ -155,35 +155,6 @@ class GeBackend:
                     f"NPU {device} is not available: the {self.runtime.kind} runtime has "
                     f"{count} device(s), ids 0-{count - 1}{hint}"
                 )
-
-    def _warmup(self, spec: ModelSpec, executors: list[GeExecutor], gears: tuple[int, ...]) -> None:
-        samples = warmup_samples(spec.config, spec.model_dir)
-        for sample in samples:
-            inputs: dict[str, Array] = sample.inputs
-            if gears:
-                gear = next((g for g in gears if g >= sample.batch_size), None)
-                if gear is None:
-                    raise ValueError(
-                        f"warmup '{sample.name}': batch_size {sample.batch_size} exceeds the "
-                        f"largest gear {gears[-1]}"
-                    )
-                inputs = {name: pad_batch(array, gear) for name, array in inputs.items()}
-            for executor in executors:
-                for _ in range(sample.count):
-                    try:
-                        executor.execute(inputs)
-                    except Exception as exc:
-                        raise RuntimeError(
-                            f"warmup '{sample.name}' failed on {executor.slot.name}: {exc}"
-                        ) from exc
-        if samples:
-            log.info(
-                "model '%s' version %d: %d warmup sample(s) ran on %d slot(s)",
-                spec.name,
-                spec.version,
-                len(samples),
-                len(executors),
-            )
 
     def device_metrics(self) -> list[GeDeviceMetrics]:
         """Per-device figures (metrics sampler thread): memory, busy share, I/O pool bytes."""
