@@ -237,7 +237,8 @@ def leave_running_executions(code: int, grace_s: float = 2.0) -> None:
     busy = [t.name for t in others if t.is_alive()]
     if busy:
         log.warning(
-            "exiting while %d thread(s) still run past --exit-timeout-secs: %s",
+            "exiting without waiting for %d thread(s) still running (an execution past "
+            "--exit-timeout-secs?): %s",
             len(busy),
             ", ".join(busy),
         )

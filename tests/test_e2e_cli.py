@@ -257,7 +257,7 @@ def test_exit_timeout_bounds_the_wait(slow_repo: Path) -> None:
             second.settimeout(10)
             assert not second.recv(1 << 16).startswith(b"HTTP/1.1 200")
         assert rc == 0, proc.log()
-        assert "still run past --exit-timeout-secs" in proc.log()
+        assert "exiting without waiting for 1 thread(s) still running" in proc.log()
     finally:
         proc.stop(signal.SIGKILL)
         shutil.rmtree(proc.log_path.parent, ignore_errors=True)
