@@ -10,7 +10,7 @@ import contextlib
 import time
 from collections.abc import Sequence
 
-from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.errors import SchedulerClosed
 
 from .batch import execute_batch
 from .dispatch import SlotPool
@@ -33,7 +33,7 @@ class DirectScheduler:
 
     async def submit(self, item: WorkItem) -> dict[str, Array]:
         if self._closing:
-            raise ServerError(ErrorCode.UNAVAILABLE, "model is being unloaded")
+            raise SchedulerClosed()
         self._pending += 1
         self._drained.clear()
         try:
@@ -51,7 +51,13 @@ class DirectScheduler:
                 self._drained.set()
 
     async def close(self, drain_timeout_s: float) -> None:
+        """Refuse new work, drain within the timeout, then close and join every slot.
+
+        Requests still waiting for a slot after the timeout fail with UNAVAILABLE; the
+        ones already executing finish before their slot's thread closes its executor.
+        """
         self._closing = True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
-        self._pool.close()
+        self._pool.close(SchedulerClosed("model was unloaded before the request could run"))
+        await asyncio.to_thread(self._pool.join, drain_timeout_s)
