@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Sequence
 
@@ -15,6 +16,8 @@ from ge_serve.server.errors import SchedulerClosed
 from .batch import execute_batch
 from .dispatch import SlotPool
 from .work import Array, WorkItem
+
+log = logging.getLogger(__name__)
 
 
 class DirectScheduler:
@@ -61,3 +64,10 @@ class DirectScheduler:
             await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
         self._pool.close(SchedulerClosed("model was unloaded before the request could run"))
         await asyncio.to_thread(self._pool.join, drain_timeout_s)
+        if self._pool.threads_alive:
+            # A run cannot be aborted; its slot closes the executor as soon as it ends.
+            log.warning(
+                "%d executor slot(s) still running after the %.1fs drain timeout",
+                self._pool.threads_alive,
+                drain_timeout_s,
+            )

@@ -58,6 +58,8 @@ class ModelRecord:
     # The private `file:` override folder the current versions were loaded from; deleted
     # once they are retired.
     owned: Path | None = None
+    # False once unloaded on purpose: strict readiness then no longer waits for it.
+    wanted: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,9 +141,11 @@ class ModelLifecycle:
         return True
 
     def all_ready(self) -> bool:
+        """Every model meant to be loaded has a READY version (strict readiness)."""
         return all(
             any(v.state is ModelState.READY for v in record.versions.values())
             for record in self.models.values()
+            if record.wanted
         )
 
     def ready_models(self) -> list[ModelVersion]:
@@ -232,6 +236,7 @@ class ModelLifecycle:
 
     async def _load_locked(self, record: ModelRecord, override: LoadOverride) -> None:
         name = record.name
+        record.wanted = True
         if override.folder is not None:
             source: ModelSource | None = ModelSource(name, override.folder)
         else:
@@ -399,6 +404,7 @@ class ModelLifecycle:
                 if name in sources or forget:
                     return  # known but not loaded: nothing to unload
                 raise unknown_model(name)
+            record.wanted = False
             live = [v for v in record.versions.values() if v.model is not None]
             for entry in record.versions.values():
                 if entry.model is None:
