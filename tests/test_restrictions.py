@@ -5,13 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
+import grpc.aio
 import httpx
 import pytest
 import tritonclient.http as httpclient
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from serverproc import ServerProcess, running_server
 from swapmodels import write_addk
 from tritonclient.utils import InferenceServerException
 
+from ge_serve.server.grpc.restricted import RestrictedProtocolInterceptor
 from ge_serve.server.restrictions import (
     CATEGORIES,
     GRPC_HEADER_PREFIX,
@@ -152,3 +156,39 @@ def test_restriction_flags_are_validated(tmp_path: Path) -> None:
     ) as proc:
         assert proc.process.wait(60) == 2
         assert "unknown API category 'model-repo'" in proc.log()
+
+
+# --- the gRPC interceptor, on the standard health service --------------------------------
+
+
+@pytest.mark.timeout(60)
+async def test_grpc_interceptor_refuses_and_accepts() -> None:
+    interceptor = RestrictedProtocolInterceptor.from_rules((("health", "admin-key", "s3cret"),))
+    server = grpc.aio.server(interceptors=[interceptor])
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            request = health_pb2.HealthCheckRequest()
+            for metadata in (
+                (),
+                (("admin-key", "s3cret"),),
+                (("triton-grpc-protocol-admin-key", "no"),),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await stub.Check(request, metadata=metadata)
+                assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert caught.value.details() == (
+                    "This protocol is restricted, expecting header 'triton-grpc-protocol-admin-key'"
+                )
+            # A server-streaming method is refused the same way.
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                async for _ in stub.Watch(request):
+                    pass
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            ok = await stub.Check(request, metadata=(("triton-grpc-protocol-admin-key", "s3cret"),))
+            assert ok.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await server.stop(None)
