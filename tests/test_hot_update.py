@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import tritonclient.http as httpclient
-from loadgen import Outcome, Workers, addk_inputs, slow_inputs, wait_until
 from serverproc import running_server
+from swapload import Outcome, Workers, addk_inputs, slow_inputs, wait_until
 from swapmodels import (
     ADDK,
     SLOW,

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 import tritonclient.http as httpclient
-from loadgen import addk_inputs
 from serverproc import ServerProcess, running_server
+from swapload import addk_inputs
 from swapmodels import ADDK, add_const_model, write_addk
 from tritonclient.utils import InferenceServerException
 
