@@ -26,6 +26,7 @@ from ge_serve.scheduler.direct import DirectScheduler
 from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
 
 from .cli import Settings
+from .control import ControlMode, ControlSettings, ModelControl
 from .core import InferenceServer
 from .errors import ErrorCode, ServerError
 from .http.app import HttpFrontEnd, HttpSettings
@@ -76,29 +77,36 @@ class ServerApp:
                 unload_timeout_s=settings.exit_timeout_secs,
             ),
         )
-        self.core = InferenceServer(self.lifecycle, strict_readiness=settings.strict_readiness)
-        self.http = HttpFrontEnd(self.core, HttpSettings(settings.http_max_input_size))
+        self.control = ModelControl(
+            self.lifecycle,
+            self.repository,
+            ControlSettings(
+                ControlMode(settings.model_control_mode),
+                settings.load_models,
+                settings.repository_poll_secs,
+            ),
+        )
+        self.core = InferenceServer(
+            self.lifecycle, strict_readiness=settings.strict_readiness, control=self.control
+        )
+        self.http = HttpFrontEnd(
+            self.core,
+            HttpSettings(settings.http_max_input_size, settings.http_restricted_api),
+        )
         self._servers: list[EmbeddedUvicorn] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.stopping = asyncio.Event()
 
     def startup_models(self) -> list[str]:
-        mode = self.settings.model_control_mode
-        if mode == "explicit":
-            wanted = self.settings.load_models
-            if "*" in wanted:
-                return sorted(self.repository.scan())
-            return list(dict.fromkeys(wanted))
-        return sorted(self.repository.scan())
+        return self.control.startup_models()
 
     async def start(self) -> bool:
         """Load the startup models, then open the endpoints. False means: exit with error."""
         try:
-            names = self.startup_models()
+            errors = await self.control.start()
         except ServerError as exc:
             log.error("%s", exc.message)
             return False
-        errors = await self.lifecycle.load_many(names)
         self.log_model_table()
         if errors and self.settings.exit_on_error:
             for name, message in sorted(errors.items()):
@@ -170,6 +178,7 @@ class ServerApp:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self.settings.exit_timeout_secs + 1)
         self.core.stop_accepting()
+        await self.control.stop()
         await self.lifecycle.close()
 
 
