@@ -20,7 +20,7 @@ from starlette.routing import BaseRoute, Route
 from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ErrorCode, ServerError
 
-from . import codec, compression
+from . import codec, compression, monitoring
 from .errors import error_response, server_error_response
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,7 @@ class HttpFrontEnd:
             self.route("/v2/health/ready", self.health_ready, ["GET"]),
             self.route("/v2", self.server_metadata, ["GET"]),
             self.route("/v2/repository/index", self.repository_index, ["POST"]),
+            *monitoring.routes(self),
             *self.extra_routes,
             *self.versioned("/ready", self.model_ready, ["GET"]),
             *self.versioned("/config", self.model_config, ["GET"]),
