@@ -6,7 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import sys
+import threading
+import time
 from collections.abc import Generator
 from pathlib import Path
 
@@ -159,7 +163,9 @@ class ServerApp:
             lifespan="off",
             log_level="warning",
             access_log=False,
-            timeout_graceful_shutdown=int(self.settings.exit_timeout_secs),
+            # uvicorn types this as int, but waits with asyncio.wait_for: a float works and
+            # int() would turn --exit-timeout-secs 0.5 into "cancel at once".
+            timeout_graceful_shutdown=self.settings.exit_timeout_secs,  # type: ignore[arg-type]
             http="httptools",
             ws="none",
         )
@@ -187,12 +193,17 @@ class ServerApp:
         log.info("models:\n%s", "\n".join(lines))
 
     async def stop(self) -> None:
-        """Stop accepting, let in-flight requests finish within the exit timeout, close."""
-        self.core.stop_accepting()
+        """Stop accepting, let in-flight requests finish within the exit timeout, close.
+
+        The front ends close their listeners first and drain what they already received;
+        only then does the core refuse requests, so one whose body was still arriving at
+        the signal is served rather than refused.
+        """
         for server in self._servers:
             server.should_exit = True
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self.settings.exit_timeout_secs + 1)
+        self.core.stop_accepting()
         if self.metrics is not None and self.metrics.sampler is not None:
             await asyncio.to_thread(self.metrics.sampler.stop)
         await self.lifecycle.close()
@@ -222,4 +233,30 @@ async def serve(settings: Settings, log_control: LogControl | None = None) -> in
 
 def run(settings: Settings) -> int:
     log_control = configure_logging(settings)
-    return uvloop.run(serve(settings, log_control))
+    code = uvloop.run(serve(settings, log_control))
+    leave_running_executions(code)
+    return code
+
+
+def leave_running_executions(code: int, grace_s: float = 2.0) -> None:
+    """Exit at once when a model execution outlived --exit-timeout-secs.
+
+    A running onnxruntime or ACL call cannot be interrupted, and letting the interpreter
+    finalize under it aborts the process (SIGABRT from the runtime's destructors). Closed
+    executor threads that are idle end within the grace period; a busy one means exit now.
+    """
+    deadline = time.monotonic() + grace_s
+    others = [t for t in threading.enumerate() if t is not threading.current_thread()]
+    for thread in others:
+        thread.join(max(deadline - time.monotonic(), 0.0))
+    busy = [t.name for t in others if t.is_alive()]
+    if busy:
+        log.warning(
+            "exiting while %d thread(s) still run past --exit-timeout-secs: %s",
+            len(busy),
+            ", ".join(busy),
+        )
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

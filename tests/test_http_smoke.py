@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import tritonclient.http as httpclient
-
 from serverproc import ServerProcess
 
 
