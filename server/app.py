@@ -33,7 +33,7 @@ from .lifecycle import LifecycleSettings, ModelLifecycle
 from .logsettings import LogControl, LogSettings
 from .metrics import MetricsConfig, ServerMetrics
 from .repository import ModelRepository
-from .resources import DeviceStatsProvider, ResourceSampler
+from .resources import DeviceMetricsProvider, ResourceSampler
 
 log = logging.getLogger("ge_serve")
 
@@ -92,7 +92,7 @@ class ServerApp:
         """Metrics observe every request; without them the hot path pays nothing for them."""
         settings = self.settings
         providers = [
-            b for b in self.lifecycle.backends.values() if isinstance(b, DeviceStatsProvider)
+            b for b in self.lifecycle.backends.values() if isinstance(b, DeviceMetricsProvider)
         ]
         sampler = ResourceSampler(
             settings.metrics_interval_ms / 1000,

@@ -117,10 +117,10 @@ class QueueDepthProvider(Protocol):
         ...
 
 
-class ControllerState(Protocol):
+class BatchController(Protocol):
     @property
     def window_us(self) -> float:
-        """The batch window the adaptive controller uses now."""
+        """The batch window of the controller's latest decision."""
         ...
 
     @property
@@ -128,9 +128,10 @@ class ControllerState(Protocol):
 
 
 @runtime_checkable
-class ControllerProvider(Protocol):
-    def controller_snapshot(self) -> Mapping[int, ControllerState]:
-        """The adaptive controller's current choice per priority level (empty when off)."""
+class ControlledScheduler(Protocol):
+    @property
+    def controller(self) -> BatchController | None:
+        """The adaptive controller, or None when the model does not use one."""
         ...
 
 
@@ -377,12 +378,12 @@ class ServerMetrics:
         )
         window = _family(
             "ge_serve_batch_window_us",
-            "Batch window the adaptive controller chose, per priority level",
+            "Batch window of the adaptive controller's latest decision, in microseconds",
             "gauge",
         )
         target = _family(
             "ge_serve_target_batch_size",
-            "Target batch size the adaptive controller chose, per priority level",
+            "Target batch size of the adaptive controller's latest decision",
             "gauge",
         )
         for record in records:
@@ -392,11 +393,12 @@ class ServerMetrics:
                 if isinstance(scheduler, QueueDepthProvider):
                     for level, queued in sorted(scheduler.queue_depths().items()):
                         depth.add_sample(depth.name, {**labels, "priority": str(level)}, queued)
-                if isinstance(scheduler, ControllerProvider):
-                    for level, state in sorted(scheduler.controller_snapshot().items()):
-                        at = {**labels, "priority": str(level)}
-                        window.add_sample(window.name, at, float(state.window_us))
-                        target.add_sample(target.name, at, float(state.target_batch_size))
+                controller = (
+                    scheduler.controller if isinstance(scheduler, ControlledScheduler) else None
+                )
+                if controller is not None:
+                    window.add_sample(window.name, labels, float(controller.window_us))
+                    target.add_sample(target.name, labels, float(controller.target_batch_size))
             except Exception:
                 log.exception("reading scheduler metrics of '%s' failed", record.model.name)
         yield from (depth, window, target)
@@ -461,9 +463,9 @@ class ServerMetrics:
         ]
         for device in snapshot.devices:
             for family, attribute in families:
-                family.add_sample(
-                    family.name, {"device": device.device}, float(getattr(device, attribute))
-                )
+                value = float(getattr(device, attribute))
+                if value >= 0:  # a device may not know its utilization (reported as < 0)
+                    family.add_sample(family.name, {"device": device.device}, value)
         yield from (family for family, _ in families)
 
 

@@ -3,8 +3,9 @@
 Sampling runs on its own thread, so device queries (pyACL on real NPUs) never run on the
 event loop; a scrape only reads the latest snapshot.
 
-A backend exposes its devices by having a `device_stats()` method (`DeviceStatsProvider`);
-it needs to import nothing from here, since the protocols are structural.
+A backend exposes its devices by having a `device_metrics()` method
+(`DeviceMetricsProvider`); it needs to import nothing from here, since the protocols are
+structural.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import psutil
 log = logging.getLogger(__name__)
 
 
-class DeviceStats(Protocol):
+class DeviceMetrics(Protocol):
     """One device's figures; any object with these attributes will do."""
 
     @property
@@ -30,7 +31,7 @@ class DeviceStats(Protocol):
 
     @property
     def utilization(self) -> float:
-        """Busy fraction, 0.0 to 1.0, since the previous `device_stats()` call."""
+        """Busy fraction, 0.0 to 1.0, since the previous call; negative when unknown."""
         ...
 
     @property
@@ -46,8 +47,8 @@ class DeviceStats(Protocol):
 
 
 @runtime_checkable
-class DeviceStatsProvider(Protocol):
-    def device_stats(self) -> Sequence[DeviceStats]:
+class DeviceMetricsProvider(Protocol):
+    def device_metrics(self) -> Sequence[DeviceMetrics]:
         """Called from the sampler thread once per interval; must be thread-safe."""
         ...
 
@@ -76,7 +77,7 @@ class ResourceSampler:
         self,
         interval_s: float,
         cpu: bool = True,
-        providers: Sequence[DeviceStatsProvider] = (),
+        providers: Sequence[DeviceMetricsProvider] = (),
     ) -> None:
         self.interval_s = max(0.01, interval_s)
         self.cpu = cpu
@@ -118,7 +119,7 @@ class ResourceSampler:
         devices: list[DeviceSample] = []
         for index, provider in enumerate(self.providers):
             try:
-                for stats in provider.device_stats():
+                for stats in provider.device_metrics():
                     devices.append(
                         DeviceSample(
                             device=str(stats.device),

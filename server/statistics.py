@@ -29,6 +29,10 @@ def failure_reason(error: ServerError) -> FailureReason:
         return FailureReason.CANCELED
     if error.message.startswith(_REJECTED_MESSAGES):
         return FailureReason.REJECTED
+    if error.code is ErrorCode.INTERNAL:
+        # What the scheduler passes on from a failed execution; the core tags its own
+        # internal errors explicitly.
+        return FailureReason.BACKEND
     return FailureReason.OTHER
 
 

@@ -131,6 +131,11 @@ def test_failure_reasons() -> None:
     assert failure_reason(untagged) is FailureReason.REJECTED
     assert failure_reason(ServerError(ErrorCode.CANCELLED, "gone")) is FailureReason.CANCELED
     assert failure_reason(ServerError(ErrorCode.INVALID_ARG, "bad")) is FailureReason.OTHER
+    # The scheduler passes a failed execution on as an INTERNAL error.
+    passed_on = ServerError(ErrorCode.INTERNAL, "InvalidArgument: indices out of bounds")
+    assert failure_reason(passed_on) is FailureReason.BACKEND
+    core_bug = ServerError(ErrorCode.INTERNAL, "KeyError: 'x'", FailureReason.OTHER)
+    assert failure_reason(core_bug) is FailureReason.OTHER
     tagged = ServerError(ErrorCode.INTERNAL, "boom", FailureReason.BACKEND)
     assert failure_reason(tagged) is FailureReason.BACKEND
 
@@ -211,7 +216,7 @@ class RefusingScheduler:
 
 
 @dataclass(frozen=True)
-class Choice:
+class Controller:
     window_us: float
     target_batch_size: int
 
@@ -219,11 +224,10 @@ class Choice:
 class ObservableScheduler(DirectScheduler):
     """A scheduler that also exposes what the metrics read from schedulers."""
 
+    controller = Controller(250.0, 8)
+
     def queue_depths(self) -> Mapping[int, int]:
         return {1: 0, 2: 3}
-
-    def controller_snapshot(self) -> Mapping[int, Choice]:
-        return {1: Choice(250.0, 2), 2: Choice(2000.0, 8)}
 
 
 @contextlib.asynccontextmanager
@@ -319,8 +323,8 @@ async def test_scheduler_providers_are_read_at_scrape_time() -> None:
         assert exposition.value("ge_serve_queue_depth", **at, priority="1") == 0
         # Pending = queued, summed over the levels, when the scheduler says what is queued.
         assert exposition.value("nv_inference_pending_request_count", **at) == 3
-        assert exposition.value("ge_serve_batch_window_us", **at, priority="1") == 250
-        assert exposition.value("ge_serve_target_batch_size", **at, priority="2") == 8
+        assert exposition.value("ge_serve_batch_window_us", **at) == 250
+        assert exposition.value("ge_serve_target_batch_size", **at) == 8
 
 
 @dataclass(frozen=True)
@@ -336,16 +340,16 @@ class FakeDevices:
     def __init__(self) -> None:
         self.calls = 0
 
-    def device_stats(self) -> Sequence[SimDeviceStats]:
+    def device_metrics(self) -> Sequence[SimDeviceStats]:
         self.calls += 1
         return [
             SimDeviceStats("sim0", 0.25, 3 << 20, 16 << 30, 1 << 20),
-            SimDeviceStats("sim1", 0.0, 0, 16 << 30, 0),
+            SimDeviceStats("sim1", -1.0, 0, 16 << 30, 0),  # utilization unknown
         ]
 
 
 class BrokenDevices:
-    def device_stats(self) -> Sequence[SimDeviceStats]:
+    def device_metrics(self) -> Sequence[SimDeviceStats]:
         raise RuntimeError("driver went away")
 
 
@@ -363,6 +367,7 @@ async def test_device_metrics_from_providers() -> None:
         assert exposition.value("ge_serve_device_utilization", device="sim0") == 0.25
         assert exposition.value("ge_serve_device_memory_used_bytes", device="sim0") == 3 << 20
         assert exposition.value("ge_serve_device_memory_total_bytes", device="sim1") == 16 << 30
+        assert not exposition.find("ge_serve_device_utilization", device="sim1")
         assert exposition.value("ge_serve_device_pool_bytes", device="sim0") == 1 << 20
         assert not exposition.find("nv_cpu_utilization")  # cpu=False
 
