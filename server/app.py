@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -26,7 +27,7 @@ from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
 
 from .cli import Settings
 from .core import InferenceServer
-from .errors import ServerError
+from .errors import ErrorCode, ServerError
 from .http.app import HttpFrontEnd, HttpSettings
 from .http.monitoring import MetricsApp, metrics_endpoint
 from .lifecycle import LifecycleSettings, ModelLifecycle
@@ -144,14 +145,14 @@ class ServerApp:
                 self.http.build(), self.settings.http_address, self.settings.http_port, "HTTP"
             )
         if self.metrics is not None:
-            if self.metrics.sampler is not None:
-                self.metrics.sampler.start()
             await self._start_uvicorn(
                 MetricsApp(self.metrics.render),
                 self.settings.metrics_address,
                 self.settings.metrics_port,
                 "Metrics",
             )
+            if self.metrics.sampler is not None:
+                self.metrics.sampler.start()
         return True
 
     async def _start_uvicorn(self, app: object, host: str, port: int, what: str) -> None:
@@ -169,8 +170,12 @@ class ServerApp:
             http="httptools",
             ws="none",
         )
+        # Bound here rather than by uvicorn, which calls sys.exit() from inside its task
+        # when the address is taken; this way the reason is one clear line.
+        sock = listen_socket(host, port, what)
+        port = int(sock.getsockname()[1])
         server = EmbeddedUvicorn(config)
-        task = asyncio.create_task(server.serve(), name=f"uvicorn-{what}")
+        task = asyncio.create_task(server.serve(sockets=[sock]), name=f"uvicorn-{what}")
         self._servers.append(server)
         self._tasks.append(task)
         while not server.started:
@@ -209,14 +214,35 @@ class ServerApp:
         await self.lifecycle.close()
 
 
+def listen_socket(host: str, port: int, what: str) -> socket.socket:
+    """A bound TCP socket for an endpoint, or a ServerError that says why not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ServerError(
+            ErrorCode.UNAVAILABLE,
+            f"cannot listen for {what} on {host}:{port}: {exc.strerror or exc}",
+        ) from None
+    return sock
+
+
 async def serve(settings: Settings, log_control: LogControl | None = None) -> int:
     app = ServerApp(settings, log_control)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, app.stopping.set)
     try:
-        if not await app.start():
-            await app.lifecycle.close()
+        try:
+            started = await app.start()
+        except ServerError as exc:
+            log.error("%s", exc.message)
+            started = False
+        if not started:
+            await app.stop()
             return 1
         await app.stopping.wait()
         log.info(

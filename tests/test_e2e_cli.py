@@ -102,6 +102,21 @@ def test_a_model_in_two_repositories_fails_at_startup(tmp_path: Path) -> None:
     assert "'twin' appears in more than one model repository" in output
 
 
+def test_a_taken_port_fails_startup_with_a_clear_reason() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli(
+            "--model-repo", str(EXAMPLE_MODELS),
+            "--http-address", "127.0.0.1", "--http-port", str(port),
+        )  # fmt: skip
+    assert result.returncode == 1
+    output = result.stdout + result.stderr
+    assert f"cannot listen for HTTP on 127.0.0.1:{port}" in output
+    assert "Traceback" not in output
+
+
 def test_startup_log_shows_models_and_addresses(server: ServerProcess) -> None:
     log = server.log()
     assert "Model" in log and "| Version | Status" in log
