@@ -1,9 +1,9 @@
 """perf_analyzer against ge-serve prints its server-side breakdown, read from the statistics
 extension: queue, compute input, compute infer, compute output.
 
-perf_analyzer comes from the tritonclient 2.51.0 wheel (see shared/design/bench.md). The
-test finds it through $PERF_ANALYZER, then PATH, and is skipped, saying why, only when no
-runnable binary is found.
+perf_analyzer comes from the tritonclient 2.51.0 wheel, set up by
+bench/setup_perf_analyzer.sh. The test finds it there, or through $PERF_ANALYZER or PATH,
+and is skipped, saying why, only when no runnable binary is found.
 """
 
 from __future__ import annotations
@@ -12,12 +12,17 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
 import tritonclient.grpc as grpcclient
-from serverproc import ServerProcess
+from serverproc import REPO_ROOT, ServerProcess
+
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+
+import perfa
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -35,6 +40,12 @@ def _library_path() -> str:
 
 
 def find_perf_analyzer() -> tuple[str, dict[str, str]]:
+    """bench/setup_perf_analyzer.sh's cached setup first (never installing from a test),
+    then $PERF_ANALYZER, PATH and the Python scripts folder."""
+    try:
+        return perfa.find_perf_analyzer(install=False)
+    except perfa.PerfAnalyzerUnavailable as exc:
+        setup_said = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     candidates = [
         os.environ.get("PERF_ANALYZER", ""),
         shutil.which("perf_analyzer") or "",
@@ -53,8 +64,8 @@ def find_perf_analyzer() -> tuple[str, dict[str, str]]:
         reasons.append(f"{candidate}: {(probe.stderr or probe.stdout).strip()[:200]}")
     pytest.skip(
         "perf_analyzer cannot be set up: no runnable binary found via $PERF_ANALYZER, PATH "
-        "or the Python scripts folder (it ships in the tritonclient 2.51.0 wheel and needs "
-        "libb64.so.0d and libcudart.so.12; see shared/design/bench.md)"
+        "or the Python scripts folder, and bench/setup_perf_analyzer.sh has not set it up "
+        f"({setup_said}); run bench/setup_perf_analyzer.sh"
         + (f"; tried {reasons}" if reasons else "")
     )
 
