@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry
@@ -144,7 +144,7 @@ class ModelSeries:
 
     window: LatencyWindow | None
     latency: Buckets | None
-    batch: Buckets | None = field(default=None)
+    batch: Buckets | None
 
 
 class ServerMetrics:
