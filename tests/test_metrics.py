@@ -207,9 +207,13 @@ def test_cpu_metrics(traffic: ServerProcess) -> None:
     used = m.value("nv_cpu_memory_used_bytes")
     assert 0 < used < total
     assert 0.0 <= m.value("nv_cpu_utilization") <= 1.0
-    # No simulated device in this configuration: the families exist, with no samples.
+    # The default runtime here is one simulated NPU (no pyACL): it reports as sim0.
     for name in ("ge_serve_device_utilization", "ge_serve_device_memory_used_bytes"):
-        assert m.types[name] == "gauge" and not m.find(name)
+        assert m.types[name] == "gauge" and [labels for labels, _ in m.find(name)] == [
+            {"device": "sim0"}
+        ]
+    assert m.value("ge_serve_device_memory_total_bytes", device="sim0") == 16 * 1024**3
+    assert 0.0 <= m.value("ge_serve_device_utilization", device="sim0") <= 1.0
 
 
 def test_metrics_port_serves_only_metrics(traffic: ServerProcess) -> None:
