@@ -92,6 +92,31 @@ def test_examples_serve_through_ge_on_the_simulated_device(server: ServerProcess
     client.close()
 
 
+def test_examples_through_ge_over_grpc(server: ServerProcess) -> None:
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.is_server_live(client_timeout=3)
+    except InferenceServerException:
+        pytest.skip("this build has no gRPC front end yet (issue 3)")
+    images = np.random.default_rng(5).random((3, 3, 64, 64), dtype=np.float32)
+    request = grpcclient.InferInput("image", [3, 3, 64, 64], "FP32")
+    request.set_data_from_numpy(images)
+    got = client.infer("image_classifier", [request]).as_numpy("probabilities")
+    session = ort.InferenceSession(str(CLASSIFIER), providers=["CPUExecutionProvider"])
+    (expected,) = session.run(None, {"image": images})
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    a = np.arange(48, dtype=np.int32).reshape(3, 16)
+    inputs = [grpcclient.InferInput("INPUT0", [3, 16], "INT32"),
+              grpcclient.InferInput("INPUT1", [3, 16], "INT32")]  # fmt: skip
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(a)
+    result = client.infer("simple", inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - a)
+    client.close()
+
+
 # --- npu_ge configs on 2 simulated devices -----------------------------------------------
 
 NPU_GE_CLASSIFIER = """backend: "npu_ge"
