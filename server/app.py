@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import os
 import signal
 from collections.abc import Generator
 from pathlib import Path
@@ -17,8 +19,7 @@ from ge_serve.backends.base import Backend, LoadedModel
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
-from ge_serve.scheduler.direct import DirectScheduler
-from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
+from ge_serve.scheduler.factory import SchedulerOptions, build_scheduler, delay_count_from
 
 from .cli import Settings
 from .core import InferenceServer
@@ -47,9 +48,21 @@ def configure_logging(settings: Settings) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname).1s %(name)s] %(message)s")
 
 
-def make_scheduler(config: model_config_pb2.ModelConfig, loaded: LoadedModel) -> Scheduler:
-    pool = SlotPool([ExecutorSlot(executor) for executor in loaded.executors])
-    return DirectScheduler(pool, loaded.gears, batching=config.max_batch_size > 0)
+def make_scheduler(
+    config: model_config_pb2.ModelConfig,
+    loaded: LoadedModel,
+    options: SchedulerOptions | None = None,
+) -> Scheduler:
+    """dynamic_batching: the (adaptive) dynamic batcher; otherwise one request, one run."""
+    return build_scheduler(config, loaded, options or SchedulerOptions())
+
+
+def scheduler_options(settings: Settings) -> SchedulerOptions:
+    # The environment is read here, once, as the server starts (Triton's test hook).
+    return SchedulerOptions(
+        adaptive_batching=settings.adaptive_batching,
+        delay_count=delay_count_from(os.environ),
+    )
 
 
 def make_backends(settings: Settings) -> dict[str, Backend]:
@@ -65,7 +78,7 @@ class ServerApp:
         self.lifecycle = ModelLifecycle(
             self.repository,
             make_backends(settings),
-            make_scheduler,
+            functools.partial(make_scheduler, options=scheduler_options(settings)),
             LifecycleSettings(
                 autocomplete=not settings.disable_auto_complete_config,
                 unload_timeout_s=settings.exit_timeout_secs,
