@@ -61,10 +61,12 @@ AUTO_BUDGET_MAX_NS = 100_000_000
 @dataclass(frozen=True, slots=True)
 class Plan:
     """What the batcher should do now: send when `target` <= what is queued, or when
-    `deadline_ns` passes; otherwise wait for more requests."""
+    `deadline_ns` passes; otherwise wait for more requests. A batch never holds more than
+    `limit` samples."""
 
     target: int
     deadline_ns: int
+    limit: int
 
 
 class CostModel:
@@ -229,7 +231,7 @@ class AdaptiveController:
     def _choose(
         self, now_ns: int, n: int, oldest_ns: int, level: int, idle_slots: int, limit: int
     ) -> Plan:
-        send_now = Plan(target=min(n, limit), deadline_ns=now_ns)
+        send_now = Plan(target=min(n, limit), deadline_ns=now_ns, limit=limit)
         if n >= limit or not self.cost.known or idle_slots > 0:
             return send_now
         potential = int(self._peak) - self._in_system
@@ -259,7 +261,7 @@ class AdaptiveController:
         target = min(m for m, tp in throughput.items() if tp >= NEAR_BEST * best_tp)
         fill_ns = (target - n) / rate
         deadline = min(end_ns, now_ns + int(FILL_MARGIN * fill_ns) + FILL_SLACK_NS)
-        return Plan(target=target, deadline_ns=deadline)
+        return Plan(target=target, deadline_ns=deadline, limit=limit)
 
     # --- for metrics and statistics -------------------------------------------------------
 

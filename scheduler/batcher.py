@@ -232,8 +232,8 @@ class DynamicBatcher:
         if self.controller is not None:
             plan = self.controller.plan(now, total, oldest, chosen[0].level, self._pool.idle_count)
             if full or total >= plan.target or now >= plan.deadline_ns:
-                # The target is what to wait for, not a cap: all that is ready goes.
-                return chosen, None
+                # The target is what to wait for; the limit caps what goes.
+                return _fit(chosen, plan.limit), None
             return [], plan.deadline_ns
         window = self._max_delay_ns
         expired = window > 0 and now - oldest >= window
@@ -316,6 +316,16 @@ class DynamicBatcher:
     def _check_drained(self) -> None:
         if self._pending == 0 and not self._inflight:
             self._drained.set()
+
+
+def _fit(chosen: list[Entry], limit: int) -> list[Entry]:
+    """The leading requests that fit in `limit` samples (always at least one)."""
+    total = 0
+    for count, entry in enumerate(chosen):
+        total += entry.size
+        if total > limit:
+            return chosen[: max(count, 1)]
+    return chosen
 
 
 def _answer(entry: Entry) -> None:
