@@ -18,11 +18,14 @@ The model behind the answer:
   the time it is busy (exponentially decayed). It also caps what it waits for at the
   recent peak number of requests in the system minus those in it now: it never waits for
   more requests than there are clients to send them.
-* **A queueing-delay budget per priority level.** The window never runs past the oldest
-  request's enqueue time plus its level's budget (and `max_queue_delay_microseconds`, when
-  the config sets one). Higher priority gets a shorter budget. While a more urgent level
-  has recent traffic, batches of less urgent levels are capped at the largest size whose
-  execution fits that level's budget, so an urgent request never waits behind a long batch.
+* **A latency budget per priority level**: how long a request may spend in the server,
+  queueing plus its batch's execution. A batch waits only while its oldest request can
+  still wait for the target size and then execute within its level's budget (and never
+  past `max_queue_delay_microseconds`, when the config sets one). Higher priority gets a
+  shorter budget. While a more urgent level with a configured budget has recent traffic,
+  batches of less urgent levels are capped at the largest size whose execution, followed
+  by an urgent request's own, fits that budget: an urgent request never waits behind a
+  long batch.
 
 At low load this reduces to "send now" (no busy arrivals, no one else to wait for); at
 high load the slots stay busy, requests pile up while they run, and batches grow to the
@@ -52,10 +55,11 @@ NEAR_BEST = 0.97
 # The window allows this many times the expected time to fill, plus a little loop slack.
 FILL_MARGIN = 2.0
 FILL_SLACK_NS = 50_000
-# Budget derived from the unbatched execution time when none is configured.
+# With no budget configured: twice the unbatched execution time (room to wait about one
+# execution), within these bounds; before any execution is measured, the default.
 DEFAULT_BUDGET_NS = 1_000_000
 AUTO_BUDGET_MIN_NS = 200_000
-AUTO_BUDGET_MAX_NS = 100_000_000
+AUTO_BUDGET_MAX_NS = 200_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,13 +188,15 @@ class AdaptiveController:
         return self._busy_arrivals / self._busy_time_ns
 
     def budget_ns(self, level: int) -> int:
+        """The level's latency budget: its own, else the model's scaled by level (level 1
+        of L gets 1/L of it), else one derived from the unbatched execution time."""
         configured = self._adaptive.budgets_us.get(level)
         if configured:
             return configured * 1000
         base = self._adaptive.base_budget_us * 1000
         if not base:
             if self.cost.known:
-                base = int(self.cost.cost_ns(1))
+                base = int(2 * self.cost.cost_ns(1))
                 base = min(max(base, AUTO_BUDGET_MIN_NS), AUTO_BUDGET_MAX_NS)
             else:
                 base = DEFAULT_BUDGET_NS
@@ -199,19 +205,23 @@ class AdaptiveController:
             return max(base * level // count, 1)
         return base
 
+    def _budget_configured(self, level: int) -> bool:
+        return level in self._adaptive.budgets_us or self._adaptive.base_budget_us > 0
+
     def size_cap(self, level: int) -> int:
-        """The largest batch a `level` batch may form while a more urgent level is active:
-        one whose execution fits that level's budget, so its requests never wait long."""
+        """The largest batch a `level` batch may form while a more urgent level with a
+        configured budget is active: one whose execution, followed by an urgent request's
+        own, fits that budget."""
         cap = self._max_size
         if len(self._levels) < 2 or not self.cost.known:
             return cap
         for other in self._levels:
-            if level != 0 and other >= level:
+            if level == 0 or other >= level:
                 break
-            if self._level_arrivals.get(other, 0.0) < 0.5:
+            if self._level_arrivals.get(other, 0.0) < 0.5 or not self._budget_configured(other):
                 continue
-            budget = self.budget_ns(other)
-            while cap > 1 and self.cost.cost_ns(cap) > budget:
+            room = self.budget_ns(other) - self.cost.cost_ns(1)
+            while cap > 1 and self.cost.cost_ns(cap) > room:
                 cap -= 1
         return cap
 
@@ -238,11 +248,14 @@ class AdaptiveController:
         rate = self.busy_rate_per_ns()
         if potential <= 0 or rate <= 0.0:
             return send_now
-        budget = self.budget_ns(level)
-        if self._bound_ns:
-            budget = min(budget, self._bound_ns)
-        end_ns = oldest_ns + budget
-        remaining = end_ns - now_ns
+        end_ns = oldest_ns + self.budget_ns(level)
+        bound_ns = oldest_ns + self._bound_ns if self._bound_ns else end_ns
+
+        def start_by(size: int) -> int:
+            """When a batch of `size` must start for its oldest request to make the budget."""
+            return min(end_ns - int(self.cost.cost_ns(size)), bound_ns)
+
+        remaining = start_by(n + 1) - now_ns
         if remaining <= 0:
             return send_now
         reachable = min(limit, n + potential, n + int(remaining * rate))
@@ -253,14 +266,18 @@ class AdaptiveController:
         while n + step < reachable:
             candidates.add(n + step)
             step *= 2
-        throughput = {m: m / self.cost.cost_ns(m) for m in sorted(candidates)}
+        throughput = {
+            m: m / self.cost.cost_ns(m)
+            for m in sorted(candidates)
+            if now_ns + (m - n) / rate <= start_by(m)
+        }
         now_tp = n / self.cost.cost_ns(n)
-        best_tp = max(throughput.values())
+        best_tp = max(throughput.values(), default=0.0)
         if best_tp < MIN_GAIN * now_tp:
             return send_now
         target = min(m for m, tp in throughput.items() if tp >= NEAR_BEST * best_tp)
         fill_ns = (target - n) / rate
-        deadline = min(end_ns, now_ns + int(FILL_MARGIN * fill_ns) + FILL_SLACK_NS)
+        deadline = min(start_by(target), now_ns + int(FILL_MARGIN * fill_ns) + FILL_SLACK_NS)
         return Plan(target=target, deadline_ns=deadline, limit=limit)
 
     # --- for metrics and statistics -------------------------------------------------------
