@@ -103,6 +103,7 @@ class DynamicBatcher:
             self.controller.record_arrival(now, size, level)
         if self._former is None:
             self._former = loop.create_task(self._form_batches(), name="batcher")
+            self._former.add_done_callback(self._former_ended)
         self._wakeup()
         try:
             return await future
@@ -129,6 +130,19 @@ class DynamicBatcher:
         self._pool.close()
 
     # --- batch forming -------------------------------------------------------------------
+
+    def _former_ended(self, task: asyncio.Task[None]) -> None:
+        """The batch former only ends when cancelled at close. Should a bug end it, the
+        queued requests get an error instead of waiting forever, and the next request
+        starts a new former."""
+        if task.cancelled() or self._closing:
+            return
+        exc = task.exception()
+        log.error("the batcher of model '%s' stopped: %r", self._policy.model, exc)
+        self._former = None
+        error = ServerError(ErrorCode.INTERNAL, f"batcher failed: {exc!r}")
+        for entry in self._queue.drain():
+            self._finish(entry, error=error)
 
     def _wakeup(self) -> None:
         waiter = self._wake

@@ -384,3 +384,31 @@ async def test_a_model_without_batch_dimension_runs_each_request_alone() -> None
         fake.open()
         await asyncio.gather(blocker, *tasks)
         assert fake.batches == [[-1], [1], [2]]
+
+
+async def test_a_failing_batch_former_answers_its_queue_and_restarts() -> None:
+    from ge_serve.scheduler.adaptive import AdaptiveController, Plan
+    from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
+    from ge_serve.scheduler.policy import BatchPolicy
+
+    class Broken(AdaptiveController):
+        fail = True
+
+        def plan(self, now_ns: int, queued: int, oldest_ns: int, level: int, idle: int) -> Plan:
+            if Broken.fail:
+                Broken.fail = False
+                raise RuntimeError("controller bug")
+            return super().plan(now_ns, queued, oldest_ns, level, idle)
+
+    config = make_config(max_batch_size=8, parameters={"adaptive_batching": "true"})
+    policy = BatchPolicy.from_config(config)
+    fake = FakeExecutor("fake")
+    batcher = DynamicBatcher(SlotPool([ExecutorSlot(fake)]), policy, (), Broken(policy))
+    try:
+        with pytest.raises(ServerError, match="batcher failed") as info:
+            await batcher.submit(item(1))
+        assert info.value.code is ErrorCode.INTERNAL
+        result = await batcher.submit(item(2))
+        assert result["y"].tolist() == [[4.0] * 4]
+    finally:
+        await batcher.close(5.0)
