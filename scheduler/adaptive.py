@@ -7,7 +7,8 @@ batch get, and how long may it wait for that.
 The model behind the answer:
 
 * **Execution cost per batch size**, from measured executions: an EWMA per (padded) size,
-  and a least-squares line `cost(b) = a + b*k` through them for sizes not seen yet. A batch
+  and a least-squares line `cost(b) = a + b*k` through them, which smooths noise and covers
+  sizes not seen yet. A batch
   of `m` pays off over sending `n` now only when `m / cost(m)` beats `n / cost(n)` by a
   margin; on hardware where cost grows linearly with size, batching buys nothing and the
   controller never waits.
@@ -29,8 +30,10 @@ The model behind the answer:
 
 At low load this reduces to "send now" (no busy arrivals, no one else to wait for); at
 high load the slots stay busy, requests pile up while they run, and batches grow to the
-maximum on their own; in between, the controller waits only as long as arrivals are
-expected to fill a batch that is worth it.
+maximum on their own (or to the size with the best measured per-sample throughput, when
+bigger ones measurably lose; one batch in EXPLORE_EVERY keeps measuring them); in
+between, the controller waits only as long as arrivals are expected to fill a batch that is
+worth it.
 """
 
 from __future__ import annotations
@@ -55,6 +58,12 @@ NEAR_BEST = 0.97
 # The window allows this many times the expected time to fill, plus a little loop slack.
 FILL_MARGIN = 2.0
 FILL_SLACK_NS = 50_000
+# A size is trusted for the efficiency limit after this many executions.
+MIN_RUNS = 3
+# Larger batches are cut back to the most efficient size when they lose this much per sample.
+EFFICIENCY_LOSS = 0.95
+# One batch in this many ignores the efficiency limit, so that large sizes stay measured.
+EXPLORE_EVERY = 16
 # With no budget configured: twice the unbatched execution time (room to wait about one
 # execution), within these bounds; before any execution is measured, the default.
 DEFAULT_BUDGET_NS = 1_000_000
@@ -79,7 +88,9 @@ class CostModel:
     def __init__(self, gears: Sequence[int]) -> None:
         self._gears = tuple(gears)
         self._ewma: dict[int, float] = {}
+        self._runs: dict[int, int] = {}
         self._fit: tuple[float, float] | None = None
+        self.executions = 0
 
     @property
     def known(self) -> bool:
@@ -90,7 +101,23 @@ class CostModel:
         old = self._ewma.get(size)
         value = float(duration_ns) if old is None else old + COST_ALPHA * (duration_ns - old)
         self._ewma[size] = value
+        self._runs[size] = self._runs.get(size, 0) + 1
+        self.executions += 1
         self._fit = self._line()
+
+    def efficient_limit(self, max_size: int) -> int:
+        """The largest size worth running: past the size with the best measured per-sample
+        throughput, a size some measurement shows losing more than 5 % against it is not.
+        A line cannot say this (it makes bigger always better); on CPUs past the cache
+        sweet spot, bigger batches do get slower per sample."""
+        trusted = {s: s / ns for s, ns in self._ewma.items() if self._runs[s] >= MIN_RUNS}
+        if len(trusted) < 2:
+            return max_size
+        best = max(trusted.values())
+        good = max(s for s, tp in trusted.items() if tp >= EFFICIENCY_LOSS * best)
+        if not any(s > good for s in trusted):
+            return max_size
+        return min(max_size, good)
 
     def cost_ns(self, size: int) -> float:
         """Expected execution time of a batch of `size` (after padding to a gear)."""
@@ -143,6 +170,7 @@ class AdaptiveController:
         self._peak = 0.0
         self._level_arrivals = dict.fromkeys(self._levels, 0.0)
         self._target = 1
+        self._limit = self._max_size
         self._window_ns = 0
 
     # --- measurements --------------------------------------------------------------------
@@ -233,8 +261,11 @@ class AdaptiveController:
         """
         self._advance(now_ns)
         limit = min(self._max_size, self.size_cap(level))
+        if self.cost.executions % EXPLORE_EVERY != EXPLORE_EVERY - 1:
+            limit = min(limit, self.cost.efficient_limit(limit))
         plan = self._choose(now_ns, queued, oldest_ns, level, idle_slots, limit)
         self._target = plan.target
+        self._limit = plan.limit
         self._window_ns = max(plan.deadline_ns - oldest_ns, 0)
         return plan
 
@@ -295,6 +326,7 @@ class AdaptiveController:
         return {
             "window_us": round(self.window_us, 1),
             "target_batch_size": self._target,
+            "batch_limit": self._limit,
             "arrival_rate_per_s": round(self._arrivals * 1e9 / RATE_TAU_NS, 1),
             "busy_arrival_rate_per_s": round(self.busy_rate_per_ns() * 1e9, 1),
             "peak_in_system": round(self._peak, 1),

@@ -257,3 +257,32 @@ async def test_high_load_through_the_batcher_grows_batches_to_the_maximum() -> N
         assert snapshot["window_us"] <= 5000
     finally:
         await batcher.close(5.0)
+
+
+def test_batches_stop_at_the_most_efficient_size_when_bigger_ones_lose() -> None:
+    c = controller(max_batch_size=32)
+    for _ in range(3):
+        c.record_execution(8, 8 * MS)  # 1.0 sample/ms
+        c.record_execution(16, 14 * MS)  # 1.14 sample/ms: the best
+        c.record_execution(32, 40 * MS)  # 0.8 sample/ms: bigger, and worse
+    now = T0
+    plan = c.plan(now, 32, now, 0, 0)
+    assert plan.limit == 16
+    assert sends_now(plan, now)
+    assert c.snapshot()["batch_limit"] == 16
+    # Now and then a batch may be as large as the model allows, to keep measuring.
+    while c.cost.executions % 16 != 15:
+        c.record_execution(16, 14 * MS)
+    assert c.plan(now, 32, now, 0, 0).limit == 32
+
+
+def test_no_efficiency_limit_without_a_measured_loss() -> None:
+    c = controller(max_batch_size=32)
+    for _ in range(3):
+        c.record_execution(8, 8 * MS)
+        c.record_execution(16, 14 * MS)
+    assert c.plan(T0, 32, T0, 0, 0).limit == 32
+    once = controller(max_batch_size=32)
+    once.record_execution(16, 14 * MS)
+    once.record_execution(32, 40 * MS)  # one run each: not trusted yet
+    assert once.plan(T0, 32, T0, 0, 0).limit == 32
