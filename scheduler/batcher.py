@@ -19,16 +19,24 @@ import logging
 import time
 from collections.abc import Sequence
 
-from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.errors import (
+    ErrorCode,
+    FailureReason,
+    SchedulerClosed,
+    ServerError,
+    request_timeout,
+)
 
 from .adaptive import AdaptiveController
 from .batch import execute_batch
 from .dispatch import ExecutorSlot, SlotPool
 from .policy import BatchPolicy
-from .queue import Entry, EntryState, RequestQueue, timeout_expired
+from .queue import Entry, EntryState, RequestQueue
 from .work import Array, WorkItem
 
 log = logging.getLogger(__name__)
+
+_NEVER_RAN = "model was unloaded before the request could run"
 
 # How many requests of another shape the batch former looks past when it fills a batch.
 SCAN_LIMIT = 256
@@ -77,7 +85,7 @@ class DynamicBatcher:
 
     async def submit(self, item: WorkItem) -> dict[str, Array]:
         if self._closing:
-            raise ServerError(ErrorCode.UNAVAILABLE, "model is being unloaded")
+            raise SchedulerClosed()
         policy = self._policy
         size = item.batch_size if policy.batching else 1
         if size > policy.max_size:
@@ -116,7 +124,12 @@ class DynamicBatcher:
 
     async def close(self, drain_timeout_s: float) -> None:
         """Refuse new work, let queued and running work finish within the timeout, then
-        answer whatever is left with an error and free the slots."""
+        close and join every slot.
+
+        Requests still queued after the timeout never ran: they fail with SchedulerClosed,
+        which the core retries on the version that replaced this one. Batches already
+        executing finish before their slot's thread closes its executor.
+        """
         self._closing = True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
@@ -124,10 +137,18 @@ class DynamicBatcher:
             self._former.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._former
-        gone = ServerError(ErrorCode.UNAVAILABLE, "model was unloaded before the request ran")
         for entry in self._queue.drain():
-            self._finish(entry, error=gone)
-        self._pool.close()
+            self._finish(entry, error=SchedulerClosed(_NEVER_RAN))
+        self._pool.close(SchedulerClosed(_NEVER_RAN))
+        await asyncio.to_thread(self._pool.join, drain_timeout_s)
+        if self._pool.threads_alive:
+            # A run cannot be aborted; its slot closes the executor as soon as it ends.
+            log.warning(
+                "%d executor slot(s) of '%s' still running after the %.1fs drain timeout",
+                self._pool.threads_alive,
+                self._policy.model,
+                drain_timeout_s,
+            )
 
     # --- batch forming -------------------------------------------------------------------
 
@@ -281,7 +302,10 @@ class DynamicBatcher:
         self._pool.release(slot)
         if future.cancelled():
             for entry in batch:
-                self._finish(entry, error=ServerError(ErrorCode.INTERNAL, "execution cancelled"))
+                cancelled = ServerError(
+                    ErrorCode.INTERNAL, "execution cancelled", FailureReason.BACKEND
+                )
+                self._finish(entry, error=cancelled)
         elif (exc := future.exception()) is not None:
             log.error("batch of %d failed on %s: %s", len(batch), slot.name, exc)
             for entry in batch:
@@ -300,7 +324,7 @@ class DynamicBatcher:
     # --- answers -------------------------------------------------------------------------
 
     def _rejected(self, entry: Entry) -> None:
-        self._finish(entry, error=timeout_expired())
+        self._finish(entry, error=request_timeout())
         self._wakeup()
 
     def _finish(
@@ -359,7 +383,8 @@ def _resolve(waiter: asyncio.Future[None]) -> None:
 
 
 def _client_error(exc: BaseException) -> ServerError:
-    """A fresh error per request, so that no two requests share one traceback."""
+    """A fresh error per request (no two requests share one traceback), tagged as the
+    model's execution failing."""
     if isinstance(exc, ServerError):
-        return ServerError(exc.code, exc.message)
-    return ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+        return ServerError(exc.code, exc.message, exc.reason or FailureReason.BACKEND)
+    return ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", FailureReason.BACKEND)

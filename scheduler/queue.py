@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.errors import queue_full
 
 from .policy import BatchPolicy, QueuePolicy, TimeoutAction
 from .work import Array, WorkItem
@@ -61,14 +61,6 @@ class _Level:
         return len(self.live) + len(self.delayed)
 
 
-def exceeds_queue_size() -> ServerError:
-    return ServerError(ErrorCode.UNAVAILABLE, "Exceeds maximum queue size")
-
-
-def timeout_expired() -> ServerError:
-    return ServerError(ErrorCode.UNAVAILABLE, "Request timeout expired")
-
-
 class RequestQueue:
     """The queued requests of one model, highest priority (level 1) first.
 
@@ -97,7 +89,7 @@ class RequestQueue:
         level = self._levels[entry.level]
         policy = level.policy
         if policy.max_queue_size and len(level) >= policy.max_queue_size:
-            raise exceeds_queue_size()
+            raise queue_full()
         timeout_us = policy.timeout_us(entry.item.timeout_us)
         level.live.append(entry)
         self._count += 1

@@ -26,11 +26,16 @@ from ge_serve.scheduler.base import Scheduler
 from ge_serve.scheduler.factory import SchedulerOptions, build_scheduler, delay_count_from
 
 from .cli import Settings
+from .control import ControlMode, ControlSettings, ModelControl
 from .core import InferenceServer
 from .errors import ErrorCode, ServerError
 from .http.app import HttpFrontEnd, HttpSettings
+from .http.monitoring import MetricsApp, metrics_endpoint
 from .lifecycle import LifecycleSettings, ModelLifecycle
+from .logsettings import LogControl, LogSettings
+from .metrics import MetricsConfig, ServerMetrics
 from .repository import ModelRepository
+from .resources import DeviceMetricsProvider, ResourceSampler
 
 log = logging.getLogger("ge_serve")
 
@@ -43,13 +48,13 @@ class EmbeddedUvicorn(uvicorn.Server):
         yield
 
 
-def configure_logging(settings: Settings) -> None:
-    level = (
-        logging.DEBUG
-        if settings.log_verbose > 0
-        else (logging.INFO if settings.log_info else logging.WARNING)
+def configure_logging(settings: Settings) -> LogControl:
+    """Logging that the logging extension can change at run time."""
+    control = LogControl(
+        LogSettings(log_info=settings.log_info, log_verbose_level=settings.log_verbose)
     )
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname).1s %(name)s] %(message)s")
+    control.install()
+    return control
 
 
 def make_scheduler(
@@ -76,7 +81,7 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
 class ServerApp:
     """Everything one `ge-serve` process runs, wired together."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, log_control: LogControl | None = None) -> None:
         self.settings = settings
         self.repository = ModelRepository([Path(p) for p in settings.model_repositories])
         self.lifecycle = ModelLifecycle(
@@ -88,29 +93,63 @@ class ServerApp:
                 unload_timeout_s=settings.exit_timeout_secs,
             ),
         )
-        self.core = InferenceServer(self.lifecycle, strict_readiness=settings.strict_readiness)
-        self.http = HttpFrontEnd(self.core, HttpSettings(settings.http_max_input_size))
+        self.control = ModelControl(
+            self.lifecycle,
+            self.repository,
+            ControlSettings(
+                ControlMode(settings.model_control_mode),
+                settings.load_models,
+                settings.repository_poll_secs,
+            ),
+        )
+        self.core = InferenceServer(
+            self.lifecycle,
+            strict_readiness=settings.strict_readiness,
+            control=self.control,
+            log_control=log_control,
+        )
+        self.http = HttpFrontEnd(
+            self.core,
+            HttpSettings(settings.http_max_input_size, settings.http_restricted_api),
+        )
+        self.metrics = self._make_metrics() if settings.allow_metrics else None
         self._servers: list[EmbeddedUvicorn] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.stopping = asyncio.Event()
 
+    def _make_metrics(self) -> ServerMetrics:
+        """Metrics observe every request; without them the hot path pays nothing for them."""
+        settings = self.settings
+        providers = [
+            b for b in self.lifecycle.backends.values() if isinstance(b, DeviceMetricsProvider)
+        ]
+        sampler = ResourceSampler(
+            settings.metrics_interval_ms / 1000,
+            cpu=settings.allow_cpu_metrics,
+            providers=providers if settings.allow_gpu_metrics else [],
+        )
+        metrics = ServerMetrics(
+            self.core.stats,
+            MetricsConfig.parse(settings.metrics_config),
+            sampler,
+            devices=settings.allow_gpu_metrics,
+        )
+        self.core.observers.append(metrics)
+        self.http.extra_routes.append(
+            self.http.route("/metrics", metrics_endpoint(metrics.render), ["GET"])
+        )
+        return metrics
+
     def startup_models(self) -> list[str]:
-        mode = self.settings.model_control_mode
-        if mode == "explicit":
-            wanted = self.settings.load_models
-            if "*" in wanted:
-                return sorted(self.repository.scan())
-            return list(dict.fromkeys(wanted))
-        return sorted(self.repository.scan())
+        return self.control.startup_models()
 
     async def start(self) -> bool:
         """Load the startup models, then open the endpoints. False means: exit with error."""
         try:
-            names = self.startup_models()
+            errors = await self.control.start()
         except ServerError as exc:
             log.error("%s", exc.message)
             return False
-        errors = await self.lifecycle.load_many(names)
         self.log_model_table()
         if errors and self.settings.exit_on_error:
             for name, message in sorted(errors.items()):
@@ -126,6 +165,15 @@ class ServerApp:
             await self._start_uvicorn(
                 self.http.build(), self.settings.http_address, self.settings.http_port, "HTTP"
             )
+        if self.metrics is not None:
+            await self._start_uvicorn(
+                MetricsApp(self.metrics.render),
+                self.settings.metrics_address,
+                self.settings.metrics_port,
+                "Metrics",
+            )
+            if self.metrics.sampler is not None:
+                self.metrics.sampler.start()
         return True
 
     async def _start_uvicorn(self, app: object, host: str, port: int, what: str) -> None:
@@ -182,6 +230,9 @@ class ServerApp:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self.settings.exit_timeout_secs + 1)
         self.core.stop_accepting()
+        await self.control.stop()
+        if self.metrics is not None and self.metrics.sampler is not None:
+            await asyncio.to_thread(self.metrics.sampler.stop)
         await self.lifecycle.close()
 
 
@@ -201,8 +252,8 @@ def listen_socket(host: str, port: int, what: str) -> socket.socket:
     return sock
 
 
-async def serve(settings: Settings) -> int:
-    app = ServerApp(settings)
+async def serve(settings: Settings, log_control: LogControl | None = None) -> int:
+    app = ServerApp(settings, log_control)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, app.stopping.set)
@@ -229,8 +280,8 @@ async def serve(settings: Settings) -> int:
 
 
 def run(settings: Settings) -> int:
-    configure_logging(settings)
-    code = uvloop.run(serve(settings))
+    log_control = configure_logging(settings)
+    code = uvloop.run(serve(settings, log_control))
     leave_running_executions(code)
     return code
 

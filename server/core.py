@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -12,13 +13,19 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from ge_serve.protos import model_config_pb2
-from ge_serve.scheduler.work import WorkItem
+from ge_serve.scheduler.work import Array, WorkItem
 
-from .errors import ErrorCode, ServerError
+from .control import CONTROL_DISABLED, ModelControl
+from .errors import ErrorCode, FailureReason, SchedulerClosed, ServerError, request_cancelled
 from .lifecycle import ModelLifecycle
+from .logsettings import LogControl
 from .model import ModelVersion
+from .statistics import ModelStatistics
 from .types import InferRequest, InferResponse
 from .validation import build_response, prepare
+
+# How often a request refused by a retiring version is retried on its replacement.
+_SWAP_RETRIES = 3
 
 SERVER_NAME = "triton"
 SERVER_VERSION = "2.51.0"
@@ -44,9 +51,12 @@ class ServerInfo:
     extensions: tuple[str, ...] = (
         "classification",
         "model_repository",
+        "model_repository(unload_dependents)",
         "model_configuration",
         "binary_tensor_data",
         "parameters",
+        "statistics",
+        "logging",
     )
 
 
@@ -61,11 +71,16 @@ class InferenceServer:
         lifecycle: ModelLifecycle,
         info: ServerInfo | None = None,
         strict_readiness: bool = True,
+        control: ModelControl | None = None,
+        log_control: LogControl | None = None,
     ) -> None:
         self.lifecycle = lifecycle
+        self.control = control
         self.info = info or ServerInfo()
         self.strict_readiness = strict_readiness
-        self.observers: list[InferObserver] = []
+        self.stats = ModelStatistics(lifecycle)
+        self.log_control = log_control or LogControl()
+        self.observers: list[InferObserver] = [self.stats]
         self._live = True
         self._accepting = True
 
@@ -130,16 +145,33 @@ class InferenceServer:
         started = time.monotonic_ns()
         model = self.lifecycle.get(request.model_name, request.model_version)
         item: WorkItem | None = None
+        outputs: dict[str, Array] | None = None
         try:
-            item = prepare(request, model)
-            item.enqueue_ns = started
-            outputs = await model.scheduler.submit(item)
+            for _ in range(_SWAP_RETRIES):
+                if model.retiring:
+                    model = self._replacement(request, model)
+                item = prepare(request, model)
+                item.enqueue_ns = started
+                try:
+                    outputs = await model.scheduler.submit(item)
+                    break
+                except SchedulerClosed:
+                    # Refused before it ran: the version was swapped out under us.
+                    model = self._replacement(request, model)
+            else:
+                raise ServerError(ErrorCode.UNAVAILABLE, "model is being reloaded, retry")
             response = build_response(request, model, outputs, item.batch_size)
         except ServerError as exc:
             self._notify(model, item, exc, started)
             raise
+        except asyncio.CancelledError:
+            self._notify(model, item, request_cancelled(), started)
+            raise
         except Exception as exc:
-            error = ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            # Anything unexpected out of the scheduler is the model's execution failing.
+            during_execution = item is not None and outputs is None
+            reason = FailureReason.BACKEND if during_execution else FailureReason.OTHER
+            error = ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", reason)
             self._notify(model, item, error, started)
             raise error from exc
         self._notify(model, item, None, started)
@@ -154,6 +186,13 @@ class InferenceServer:
                 yield await self.infer(request)
             except ServerError as exc:
                 yield exc
+
+    def _replacement(self, request: InferRequest, old: ModelVersion) -> ModelVersion:
+        """The version that now serves this request after `old` was retired."""
+        model = self.lifecycle.get(request.model_name, request.model_version)
+        if model is old:
+            raise ServerError(ErrorCode.UNAVAILABLE, "model version is being unloaded")
+        return model
 
     def _notify(
         self, model: ModelVersion, item: WorkItem | None, error: ServerError | None, started: int
@@ -172,23 +211,34 @@ class InferenceServer:
     async def load_model(
         self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None
     ) -> None:
-        """Load or reload a model, optionally with a JSON config and file overrides."""
-        raise ServerError(ErrorCode.UNSUPPORTED, "the model repository API is not available")
+        """Load or reload a model, optionally with a JSON config and file overrides.
+
+        `files` maps `<version>/<file>` (the part after `file:`; a `file:` prefix is also
+        accepted) to the raw, already base64-decoded content.
+        """
+        if self.control is None:
+            raise ServerError(ErrorCode.UNAVAILABLE, CONTROL_DISABLED)
+        await self.control.load(name, config_json, files)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        raise ServerError(ErrorCode.UNSUPPORTED, "the model repository API is not available")
+        if self.control is None:
+            raise ServerError(ErrorCode.UNAVAILABLE, CONTROL_DISABLED)
+        await self.control.unload(name, unload_dependents)
 
     # --- statistics and logging -----------------------------------------------------------
 
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Triton's statistics extension: `{"model_stats": [...]}`, every field an integer."""
-        raise ServerError(ErrorCode.UNSUPPORTED, "the statistics extension is not available")
+        return self.stats.statistics(name, version)
 
     def log_settings(self) -> dict[str, Any]:
-        raise ServerError(ErrorCode.UNSUPPORTED, "the logging extension is not available")
+        """Triton's logging extension: log_file, log_info, log_warning, log_error,
+        log_verbose_level, log_format."""
+        return self.log_control.settings()
 
     def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
-        raise ServerError(ErrorCode.UNSUPPORTED, "the logging extension is not available")
+        """Apply the given settings (the rest stay) and return all of them."""
+        return self.log_control.update(changes)
 
 
 def _platform(model: ModelVersion) -> str:

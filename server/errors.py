@@ -18,13 +18,26 @@ class ErrorCode(enum.Enum):
     CANCELLED = "CANCELLED"
 
 
-class ServerError(Exception):
-    """An error a client should see, with a code and a message meant for people."""
+class FailureReason(enum.Enum):
+    """Why a request failed, as Triton's `nv_inference_request_failure{reason}` says it."""
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    REJECTED = "REJECTED"  # refused by the queue: full, or timed out before running
+    CANCELED = "CANCELED"
+    BACKEND = "BACKEND"  # the model's execution failed
+    OTHER = "OTHER"
+
+
+class ServerError(Exception):
+    """An error a client should see, with a code and a message meant for people.
+
+    `reason` tags a failed inference for statistics; left None, statistics classify it.
+    """
+
+    def __init__(self, code: ErrorCode, message: str, reason: FailureReason | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.reason = reason
 
     def __repr__(self) -> str:
         return f"ServerError({self.code.value}, {self.message!r})"
@@ -43,4 +56,36 @@ def unknown_version(name: str, version: str) -> ServerError:
 
 def model_not_ready(name: str, version: str = "") -> ServerError:
     what = f"'{name}'" if not version else f"'{name}' version {version}"
-    return ServerError(ErrorCode.UNAVAILABLE, f"Request for unknown model: {what} is not ready")
+    return ServerError(
+        ErrorCode.UNAVAILABLE, f"Request for unknown model: {what} is not at ready state"
+    )
+
+
+def no_available_versions(name: str) -> ServerError:
+    """Triton's answer for a model that is known but has nothing loaded (e.g. unloaded)."""
+    return ServerError(
+        ErrorCode.NOT_FOUND, f"Request for unknown model: '{name}' has no available versions"
+    )
+
+
+class SchedulerClosed(ServerError):
+    """A scheduler refused a request because its model version is being retired.
+
+    Raised only for requests that never started; the core retries them on the version
+    that replaced it, so a hot swap never fails a request.
+    """
+
+    def __init__(self, message: str = "model version is being unloaded") -> None:
+        super().__init__(ErrorCode.UNAVAILABLE, message)
+
+
+def queue_full() -> ServerError:
+    return ServerError(ErrorCode.UNAVAILABLE, "Exceeds maximum queue size", FailureReason.REJECTED)
+
+
+def request_timeout() -> ServerError:
+    return ServerError(ErrorCode.UNAVAILABLE, "Request timeout expired", FailureReason.REJECTED)
+
+
+def request_cancelled() -> ServerError:
+    return ServerError(ErrorCode.CANCELLED, "request cancelled", FailureReason.CANCELED)

@@ -146,6 +146,13 @@ def test_full_priority_queue_is_a_503_and_the_hook_makes_a_batch_of_exactly_n(
     assert sizes == [HOLD] * HOLD
     # The hook is one-shot: a lone request now runs alone.
     assert infer(server, "probe_queue", 5) == 1
+    # The statistics extension sees the same: one execution of 3, one of 1, one rejection.
+    stats = httpx.get(server.base_url + "/v2/models/probe_queue/stats", timeout=10).json()
+    model_stats = stats["model_stats"][0]
+    executions = {b["batch_size"]: b["compute_infer"]["count"] for b in model_stats["batch_stats"]}
+    assert executions == {1: 1, HOLD: 1}
+    assert model_stats["inference_stats"]["success"]["count"] == HOLD + 1
+    assert model_stats["inference_stats"]["fail"]["count"] == 1
 
 
 def test_request_timeout_parameter_rejects_a_queued_request(server: ServerProcess) -> None:
@@ -195,3 +202,9 @@ def test_adaptive_batching_flag_serves_correct_results_under_concurrency() -> No
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             for future in [pool.submit(one, v) for v in range(8)]:
                 future.result(timeout=60)
+        # The controller's choice and the queue depth reach the metrics endpoint.
+        text = httpx.get(proc.metrics_url, timeout=10).text
+        simple = [line for line in text.splitlines() if 'model="simple"' in line]
+        assert any(line.startswith("ge_serve_target_batch_size{") for line in simple), text
+        assert any(line.startswith("ge_serve_batch_window_us{") for line in simple), text
+        assert any(line.startswith("ge_serve_queue_depth{") for line in simple), text
