@@ -23,6 +23,7 @@ from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
 from .cli import Settings
 from .core import InferenceServer
 from .errors import ServerError
+from .grpc.server import GrpcFrontEnd, GrpcSettings
 from .http.app import HttpFrontEnd, HttpSettings
 from .lifecycle import LifecycleSettings, ModelLifecycle
 from .repository import ModelRepository
@@ -73,6 +74,7 @@ class ServerApp:
         )
         self.core = InferenceServer(self.lifecycle, strict_readiness=settings.strict_readiness)
         self.http = HttpFrontEnd(self.core, HttpSettings(settings.http_max_input_size))
+        self.grpc = GrpcFrontEnd(self.core, GrpcSettings.from_settings(settings))
         self._servers: list[EmbeddedUvicorn] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.stopping = asyncio.Event()
@@ -109,6 +111,13 @@ class ServerApp:
             await self._start_uvicorn(
                 self.http.build(), self.settings.http_address, self.settings.http_port, "HTTP"
             )
+        if self.settings.allow_grpc:
+            try:
+                await self.grpc.start()
+            except RuntimeError as exc:
+                log.error("%s", exc)
+                return False
+            log.info("Started GRPCInferenceService at %s", self.grpc.settings.target)
         return True
 
     async def _start_uvicorn(self, app: object, host: str, port: int, what: str) -> None:
@@ -152,8 +161,10 @@ class ServerApp:
         self.core.stop_accepting()
         for server in self._servers:
             server.should_exit = True
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=self.settings.exit_timeout_secs + 1)
+        grpc_stopped = asyncio.create_task(self.grpc.stop(self.settings.exit_timeout_secs))
+        await asyncio.wait(
+            [*self._tasks, grpc_stopped], timeout=self.settings.exit_timeout_secs + 1
+        )
         await self.lifecycle.close()
 
 
