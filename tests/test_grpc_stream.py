@@ -13,6 +13,7 @@ import grpc
 import grpc.aio
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from serverproc import EXAMPLE_MODELS
 
 from ge_serve.backends.base import LoadedModel
@@ -251,3 +252,18 @@ async def test_decoupled_responses_and_the_final_flag(empty_final: bool) -> None
             assert final.parameters["triton_final_response"].bool_param is True
         else:
             assert len(responses) == 3
+
+
+async def test_health_follows_core_readiness() -> None:
+    async with running(open_=True) as rig:
+        health = health_pb2_grpc.HealthStub(rig.channel)
+        request = health_pb2.HealthCheckRequest(service="inference.GRPCInferenceService")
+        answer = await health.Check(request, timeout=WAIT_S)
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        rig.core.stop_accepting()
+        answer = await health.Check(request, timeout=WAIT_S)
+        assert answer.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await rig.stub.ModelInfer(simple_request(1), timeout=WAIT_S)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "shutting down" in (info.value.details() or "")

@@ -44,26 +44,36 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     # --- health and metadata -------------------------------------------------------------
 
     @guard
-    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> Any:
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: Any
+    ) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self.core.live())
 
     @guard
-    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> Any:
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: Any
+    ) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self.core.ready())
 
     @guard
-    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> Any:
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: Any
+    ) -> pb.ModelReadyResponse:
         return pb.ModelReadyResponse(ready=self.core.model_ready(request.name, request.version))
 
     @guard
-    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> Any:
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: Any
+    ) -> pb.ServerMetadataResponse:
         meta = self.core.metadata()
         return pb.ServerMetadataResponse(
             name=meta["name"], version=meta["version"], extensions=meta["extensions"]
         )
 
     @guard
-    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> Any:
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: Any
+    ) -> pb.ModelMetadataResponse:
         meta = self.core.model_metadata(request.name, request.version)
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
@@ -75,13 +85,17 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
         )
 
     @guard
-    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> Any:
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: Any
+    ) -> pb.ModelConfigResponse:
         return pb.ModelConfigResponse(config=self.core.model_config(request.name, request.version))
 
     # --- inference -----------------------------------------------------------------------
 
     @guard
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> Any:
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: Any
+    ) -> pb.ModelInferResponse:
         decoded = codec.decode_infer_request(request)
         response = await self.core.infer(decoded.request)
         return codec.encode_infer_response(response)
@@ -100,7 +114,9 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     # --- statistics ----------------------------------------------------------------------
 
     @guard
-    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> Any:
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: Any
+    ) -> pb.ModelStatisticsResponse:
         stats = self.core.statistics(request.name, request.version)
         return json_format.ParseDict(
             stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True
@@ -109,7 +125,9 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     # --- repository ----------------------------------------------------------------------
 
     @guard
-    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> Any:
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: Any
+    ) -> pb.RepositoryIndexResponse:
         rows = self.core.repository_index(request.ready)
         index = pb.RepositoryIndexResponse.ModelIndex
         return pb.RepositoryIndexResponse(
@@ -127,7 +145,7 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     @guard
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: Any
-    ) -> Any:
+    ) -> pb.RepositoryModelLoadResponse:
         config, files = load_parameters(request.parameters)
         await self.core.load_model(request.model_name, config, files)
         return pb.RepositoryModelLoadResponse()
@@ -135,7 +153,7 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     @guard
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: Any
-    ) -> Any:
+    ) -> pb.RepositoryModelUnloadResponse:
         dependents = False
         for key, param in request.parameters.items():
             value = _repository_value(param, key)
@@ -154,47 +172,51 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     @guard
     async def SystemSharedMemoryStatus(
         self, request: pb.SystemSharedMemoryStatusRequest, context: Any
-    ) -> Any:
+    ) -> pb.SystemSharedMemoryStatusResponse:
         raise _unsupported(_NO_SYSTEM_SHM)
 
     @guard
     async def SystemSharedMemoryRegister(
         self, request: pb.SystemSharedMemoryRegisterRequest, context: Any
-    ) -> Any:
+    ) -> pb.SystemSharedMemoryRegisterResponse:
         raise _unsupported(_NO_SYSTEM_SHM)
 
     @guard
     async def SystemSharedMemoryUnregister(
         self, request: pb.SystemSharedMemoryUnregisterRequest, context: Any
-    ) -> Any:
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
         raise _unsupported(_NO_SYSTEM_SHM)
 
     @guard
     async def CudaSharedMemoryStatus(
         self, request: pb.CudaSharedMemoryStatusRequest, context: Any
-    ) -> Any:
+    ) -> pb.CudaSharedMemoryStatusResponse:
         raise _unsupported(_NO_CUDA_SHM)
 
     @guard
     async def CudaSharedMemoryRegister(
         self, request: pb.CudaSharedMemoryRegisterRequest, context: Any
-    ) -> Any:
+    ) -> pb.CudaSharedMemoryRegisterResponse:
         raise _unsupported(_NO_CUDA_SHM)
 
     @guard
     async def CudaSharedMemoryUnregister(
         self, request: pb.CudaSharedMemoryUnregisterRequest, context: Any
-    ) -> Any:
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
         raise _unsupported(_NO_CUDA_SHM)
 
     @guard
-    async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any) -> Any:
+    async def TraceSetting(
+        self, request: pb.TraceSettingRequest, context: Any
+    ) -> pb.TraceSettingResponse:
         raise _unsupported("the trace extension is not available on this server")
 
     # --- logging -------------------------------------------------------------------------
 
     @guard
-    async def LogSettings(self, request: pb.LogSettingsRequest, context: Any) -> Any:
+    async def LogSettings(
+        self, request: pb.LogSettingsRequest, context: Any
+    ) -> pb.LogSettingsResponse:
         if request.settings:
             changes = {key: _log_value(value, key) for key, value in request.settings.items()}
             current = self.core.update_log_settings(changes)
