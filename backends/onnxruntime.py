@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import onnxruntime as ort
+from onnx import TensorProto
 
 from ge_serve.protos import model_config_pb2
 
@@ -49,7 +52,8 @@ class OrtSession:
     """An onnxruntime session that speaks ge-serve's array conventions.
 
     BYTES tensors arrive as object arrays of `bytes`; onnxruntime wants `str` for string
-    tensors, and gives `str` back.
+    tensors, and gives `str` back. onnxruntime's numpy bridge knows no bfloat16, so models
+    with BF16 tensors run through OrtValues that carry the raw 16-bit words.
     """
 
     def __init__(self, path: Path, options: ort.SessionOptions) -> None:
@@ -60,6 +64,10 @@ class OrtSession:
             i.name for i in self.session.get_inputs() if i.type == "tensor(string)"
         }
         self.output_names = [o.name for o in self.session.get_outputs()]
+        self.bf16_inputs = {i.name for i in self.session.get_inputs() if i.type == _BF16}
+        self.uses_bf16 = bool(self.bf16_inputs) or any(
+            o.type == _BF16 for o in self.session.get_outputs()
+        )
 
     def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
         feed: dict[str, Any] = {}
@@ -68,14 +76,45 @@ class OrtSession:
                 feed[name] = _to_str(array)
             else:
                 feed[name] = array
+        if self.uses_bf16:
+            return self._run_bf16(feed)
         results = self.session.run(self.output_names, feed)
+        return {
+            name: _from_ort(np.asarray(value))
+            for name, value in zip(self.output_names, results, strict=True)
+        }
+
+    def _run_bf16(self, feed: dict[str, Any]) -> dict[str, Array]:
+        values: dict[str, ort.OrtValue] = {}
+        for name, array in feed.items():
+            if name in self.bf16_inputs:
+                # The OrtValue borrows this buffer; `feed` keeps it alive through the run.
+                words = np.ascontiguousarray(array).view(np.uint16)
+                feed[name] = words
+                values[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                    words, onnx_element_type=TensorProto.BFLOAT16
+                )
+            else:
+                values[name] = ort.OrtValue.ortvalue_from_numpy(array)
+        results = self.session.run_with_ort_values(self.output_names, values)
         out: dict[str, Array] = {}
         for name, value in zip(self.output_names, results, strict=True):
-            array = np.asarray(value)
-            if array.dtype == np.object_ or array.dtype.kind == "U":
-                array = _to_bytes(array)
-            out[name] = array
+            if value.data_type() == _BF16:
+                size = value.tensor_size_in_bytes()
+                raw = ctypes.string_at(value.data_ptr(), size) if size else b""
+                out[name] = np.frombuffer(raw, dtype=ml_dtypes.bfloat16).reshape(value.shape())
+            else:
+                out[name] = _from_ort(value.numpy())
         return out
+
+
+_BF16 = "tensor(bfloat16)"
+
+
+def _from_ort(array: Array) -> Array:
+    if array.dtype == np.object_ or array.dtype.kind == "U":
+        return _to_bytes(array)
+    return array
 
 
 def _to_str(array: Array) -> Array:

@@ -63,6 +63,19 @@ def complete(
             raise ServerError(ErrorCode.INVALID_ARG, str(exc)) from None
         if config.max_batch_size > 1 and config.WhichOneof("scheduling_choice") is None:
             config.dynamic_batching.SetInParent()
+    else:
+        missing = [
+            kind
+            for kind, entries in (("inputs", config.input), ("outputs", config.output))
+            if not entries
+        ]
+        if missing:
+            raise ServerError(
+                ErrorCode.INVALID_ARG,
+                f"model '{config.name}': the config lists no {' and no '.join(missing)}, and "
+                "auto-complete is disabled (--disable-auto-complete-config), so they are not "
+                "read from the model file",
+            )
     if not config.backend and not config.platform:
         config.backend = backend.name
     if not config.instance_group:

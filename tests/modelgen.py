@@ -1,0 +1,156 @@
+"""Small ONNX models and model-repository folders built at test time with onnx.helper."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
+from ge_serve.server.app import make_scheduler
+from ge_serve.server.lifecycle import LifecycleSettings, ModelLifecycle
+from ge_serve.server.repository import ModelRepository
+
+# Triton datatype name -> ONNX element type; every datatype ge-serve carries.
+ONNX_TYPES: dict[str, int] = {
+    "BOOL": TensorProto.BOOL,
+    "UINT8": TensorProto.UINT8,
+    "UINT16": TensorProto.UINT16,
+    "UINT32": TensorProto.UINT32,
+    "UINT64": TensorProto.UINT64,
+    "INT8": TensorProto.INT8,
+    "INT16": TensorProto.INT16,
+    "INT32": TensorProto.INT32,
+    "INT64": TensorProto.INT64,
+    "FP16": TensorProto.FLOAT16,
+    "FP32": TensorProto.FLOAT,
+    "FP64": TensorProto.DOUBLE,
+    "BYTES": TensorProto.STRING,
+    "BF16": TensorProto.BFLOAT16,
+}
+
+Dim = int | str | None
+
+
+def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def identity_model(
+    elem_type: int,
+    dims: Sequence[Dim] = ("batch", None),
+    input_name: str = "INPUT",
+    output_name: str = "OUTPUT",
+) -> onnx.ModelProto:
+    """OUTPUT = INPUT, for any element type; `None` or a string makes a dim dynamic."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", [input_name], [output_name])],
+        "identity",
+        [helper.make_tensor_value_info(input_name, elem_type, list(dims))],
+        [helper.make_tensor_value_info(output_name, elem_type, list(dims))],
+    )
+    return _model(graph)
+
+
+def add_sub_model(
+    dims: Sequence[Dim] = ("batch", 4), elem_type: int = TensorProto.FLOAT
+) -> onnx.ModelProto:
+    """Two inputs, two outputs: SUM = A + B, DIFF = A - B."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["A", "B"], ["SUM"]),
+            helper.make_node("Sub", ["A", "B"], ["DIFF"]),
+        ],
+        "add_sub",
+        [
+            helper.make_tensor_value_info("A", elem_type, list(dims)),
+            helper.make_tensor_value_info("B", elem_type, list(dims)),
+        ],
+        [
+            helper.make_tensor_value_info("SUM", elem_type, list(dims)),
+            helper.make_tensor_value_info("DIFF", elem_type, list(dims)),
+        ],
+    )
+    return _model(graph)
+
+
+def slow_model(width: int = 256) -> onnx.ModelProto:
+    """Y = tanh(X @ W) applied ITERS[0] times, so a request's cost is chosen by the client.
+
+    X is FP32 [rows, width]; ITERS is INT64 [1]. No batching (max_batch_size 0).
+    """
+    rng = np.random.default_rng(0)
+    weight = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("MatMul", ["y_in", "W"], ["xw"]),
+            helper.make_node("Tanh", ["xw"], ["y_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("y_in", TensorProto.FLOAT, None),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("y_out", TensorProto.FLOAT, None),
+        ],
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("Squeeze", ["ITERS"], ["trips"]),
+            helper.make_node("Loop", ["trips", "cond", "X"], ["Y"], body=body),
+        ],
+        "slow",
+        [
+            helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, width]),
+            helper.make_tensor_value_info("ITERS", TensorProto.INT64, [1]),
+        ],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, width])],
+        initializer=[
+            numpy_helper.from_array(weight, "W"),
+            numpy_helper.from_array(np.array(True), "cond"),
+        ],
+    )
+    return _model(graph)
+
+
+def write_model(
+    repo: Path,
+    name: str,
+    model: onnx.ModelProto | bytes | None,
+    config: str | None = None,
+    versions: Sequence[int | str] = (1,),
+    filename: str = "model.onnx",
+) -> Path:
+    """Write `<repo>/<name>/config.pbtxt` (when given) and the model file in each version."""
+    folder = repo / name
+    folder.mkdir(parents=True, exist_ok=True)
+    if config is not None:
+        (folder / "config.pbtxt").write_text(config, encoding="utf-8")
+    for version in versions:
+        version_dir = folder / str(version)
+        version_dir.mkdir(exist_ok=True)
+        if model is None:
+            continue
+        data = model if isinstance(model, bytes) else model.SerializeToString()
+        (version_dir / filename).write_bytes(data)
+    return folder
+
+
+def make_lifecycle(repo: Path, autocomplete: bool = True) -> ModelLifecycle:
+    """The lifecycle the server builds, over one repository, without a network."""
+    return ModelLifecycle(
+        ModelRepository([repo]),
+        {"onnxruntime": OnnxRuntimeBackend()},
+        make_scheduler,
+        LifecycleSettings(autocomplete=autocomplete, unload_timeout_s=5.0),
+    )

@@ -1,0 +1,233 @@
+"""Config auto-completion from ONNX files, as the lifecycle applies it while loading."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import onnx
+import pytest
+from modelgen import ONNX_TYPES, add_sub_model, identity_model, make_lifecycle, write_model
+from onnx import TensorProto, helper
+
+from ge_serve.protos import model_config_pb2 as mc
+from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.lifecycle import ModelLifecycle
+
+
+@pytest.fixture
+async def on(tmp_path: Path) -> AsyncIterator[ModelLifecycle]:
+    life = make_lifecycle(tmp_path, autocomplete=True)
+    try:
+        yield life
+    finally:
+        await life.close()
+
+
+@pytest.fixture
+async def off(tmp_path: Path) -> AsyncIterator[ModelLifecycle]:
+    life = make_lifecycle(tmp_path, autocomplete=False)
+    try:
+        yield life
+    finally:
+        await life.close()
+
+
+async def loaded_config(
+    life: ModelLifecycle, model: onnx.ModelProto, config: str | None = None, name: str = "m"
+) -> mc.ModelConfig:
+    repo = life.repository.paths[0]
+    write_model(repo, name, model, config)
+    await life.load(name)
+    return life.get(name).config
+
+
+def tensors(
+    entries: Sequence[mc.ModelInput] | Sequence[mc.ModelOutput],
+) -> list[tuple[str, str, list[int]]]:
+    return [(e.name, mc.DataType.Name(e.data_type), list(e.dims)) for e in entries]
+
+
+# --- tensors, dtypes and dims from the ONNX file ------------------------------------------------
+
+
+async def test_everything_from_the_file_with_dynamic_batch(on: ModelLifecycle) -> None:
+    config = await loaded_config(on, add_sub_model(("batch", 4)))
+    assert tensors(config.input) == [("A", "TYPE_FP32", [4]), ("B", "TYPE_FP32", [4])]
+    assert tensors(config.output) == [("SUM", "TYPE_FP32", [4]), ("DIFF", "TYPE_FP32", [4])]
+    assert config.max_batch_size == 4
+    assert config.HasField("dynamic_batching")
+    assert config.backend == "onnxruntime"
+    assert config.default_model_filename == "model.onnx"
+    assert len(config.instance_group) == 1
+    group = config.instance_group[0]
+    assert (group.count, group.kind) == (1, mc.ModelInstanceGroup.KIND_CPU)
+    assert group.name
+
+
+async def test_fixed_first_dim_means_no_batching(on: ModelLifecycle) -> None:
+    config = await loaded_config(on, add_sub_model((2, 4)))
+    assert config.max_batch_size == 0
+    assert tensors(config.input) == [("A", "TYPE_FP32", [2, 4]), ("B", "TYPE_FP32", [2, 4])]
+    assert not config.HasField("dynamic_batching")
+
+
+def _mixed_model() -> onnx.ModelProto:
+    """Input has a dynamic first dim, the output a fixed one: not batchable."""
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["X"], ["Y"], keepdims=0)],
+        "mixed",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+async def test_batching_needs_every_first_dim_dynamic(on: ModelLifecycle) -> None:
+    config = await loaded_config(
+        on, _mixed_model(), 'name: "m"\noutput [ { name: "Y" dims: [ 1 ] reshape: { shape: [] } } ]'
+    )
+    assert config.max_batch_size == 0
+    assert tensors(config.input) == [("X", "TYPE_FP32", [-1, 3])]
+
+
+async def test_inner_dynamic_dims_become_minus_one(on: ModelLifecycle) -> None:
+    config = await loaded_config(on, identity_model(TensorProto.INT64, ("batch", None, "seq", 7)))
+    assert config.max_batch_size == 4
+    assert tensors(config.input) == [("INPUT", "TYPE_INT64", [-1, -1, 7])]
+
+
+@pytest.mark.parametrize("datatype", sorted(ONNX_TYPES))
+async def test_every_datatype(on: ModelLifecycle, datatype: str) -> None:
+    config = await loaded_config(on, identity_model(ONNX_TYPES[datatype]))
+    expected = "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+    assert tensors(config.input) == [("INPUT", expected, [-1])]
+    assert tensors(config.output) == [("OUTPUT", expected, [-1])]
+
+
+# --- what the config already says is kept --------------------------------------------------------
+
+
+async def test_configured_max_batch_size_gets_dynamic_batching(on: ModelLifecycle) -> None:
+    config = await loaded_config(on, add_sub_model(), 'name: "m"\nmax_batch_size: 8\n')
+    assert config.max_batch_size == 8
+    assert config.HasField("dynamic_batching")
+
+
+async def test_max_batch_size_one_gets_no_dynamic_batching(on: ModelLifecycle) -> None:
+    config = await loaded_config(on, add_sub_model(), "max_batch_size: 1\n")
+    assert config.max_batch_size == 1
+    assert not config.HasField("dynamic_batching")
+
+
+async def test_configured_scheduler_is_kept(on: ModelLifecycle) -> None:
+    config = await loaded_config(
+        on,
+        add_sub_model(),
+        "max_batch_size: 2\ndynamic_batching { max_queue_delay_microseconds: 70 }",
+    )
+    assert config.dynamic_batching.max_queue_delay_microseconds == 70
+    config = await loaded_config(
+        on, add_sub_model(), "max_batch_size: 2\nsequence_batching {}", name="seq"
+    )
+    assert config.HasField("sequence_batching") and not config.HasField("dynamic_batching")
+
+
+async def test_partial_tensors_are_completed_not_overwritten(on: ModelLifecycle) -> None:
+    text = """
+        max_batch_size: 2
+        input [ { name: "B" dims: [ -1 ] } ]
+        output [ { name: "SUM" data_type: TYPE_FP32 } ]
+    """
+    config = await loaded_config(on, add_sub_model(), text)
+    assert tensors(config.input) == [("B", "TYPE_FP32", [-1]), ("A", "TYPE_FP32", [4])]
+    assert tensors(config.output) == [("SUM", "TYPE_FP32", [4]), ("DIFF", "TYPE_FP32", [4])]
+
+
+async def test_full_rank_dims_in_config_mean_no_batching(on: ModelLifecycle) -> None:
+    text = 'input [ { name: "A" dims: [ -1, 4 ] } ]'
+    config = await loaded_config(on, add_sub_model(), text)
+    assert config.max_batch_size == 0
+    assert tensors(config.input)[0] == ("A", "TYPE_FP32", [-1, 4])
+    assert tensors(config.output)[0] == ("SUM", "TYPE_FP32", [-1, 4])
+
+
+async def test_instance_groups_are_filled(on: ModelLifecycle) -> None:
+    text = "instance_group [ { kind: KIND_CPU }, { count: 2 kind: KIND_CPU } ]"
+    config = await loaded_config(on, add_sub_model(), text)
+    groups = [(g.name, g.count) for g in config.instance_group]
+    assert groups == [("m_0", 1), ("m_1", 2)]
+    assert len(on.get("m").loaded.executors) == 3
+
+
+async def test_missing_model_file_fails_clearly(on: ModelLifecycle) -> None:
+    write_model(on.repository.paths[0], "m", None)
+    with pytest.raises(ServerError) as info:
+        await on.load("m")
+    assert "failed to load 'm'" in info.value.message
+    assert "model.onnx' does not exist" in info.value.message
+
+
+async def test_unknown_backend_fails_clearly(on: ModelLifecycle) -> None:
+    with pytest.raises(ServerError) as info:
+        await loaded_config(on, add_sub_model(), 'backend: "tensorflow"')
+    assert info.value.code is ErrorCode.UNSUPPORTED
+    assert "backend 'tensorflow' is not supported" in info.value.message
+
+
+# --- --disable-auto-complete-config ------------------------------------------------------
+
+FULL = """
+max_batch_size: 2
+input [
+  { name: "A" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "B" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+
+
+async def test_disabled_leaves_the_config_tensors_alone(off: ModelLifecycle) -> None:
+    config = await loaded_config(off, add_sub_model(), FULL)
+    assert tensors(config.input) == [("A", "TYPE_FP32", [4]), ("B", "TYPE_FP32", [4])]
+    # DIFF is in the file but not in the config, and stays out.
+    assert tensors(config.output) == [("SUM", "TYPE_FP32", [4])]
+    assert not config.HasField("dynamic_batching")
+    assert config.max_batch_size == 2
+    # The defaults every config ends up with are still there.
+    assert config.instance_group[0].count == 1
+
+
+async def test_disabled_does_not_set_max_batch_size(off: ModelLifecycle) -> None:
+    config = await loaded_config(off, add_sub_model(), FULL.replace("max_batch_size: 2", ""))
+    assert config.max_batch_size == 0
+
+
+async def test_disabled_without_inputs_fails_with_a_reason(off: ModelLifecycle) -> None:
+    with pytest.raises(ServerError) as info:
+        await loaded_config(off, add_sub_model())
+    message = info.value.message
+    assert info.value.code is ErrorCode.INVALID_ARG
+    assert "failed to load 'm'" in message
+    assert "no inputs and no outputs" in message
+    assert "--disable-auto-complete-config" in message
+    rows = off.index()
+    assert rows[0]["state"] == "UNAVAILABLE" and "no inputs" in rows[0]["reason"]
+
+
+async def test_disabled_tensor_without_dims_fails(off: ModelLifecycle) -> None:
+    text = FULL.replace(
+        '{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] }', '{ name: "B" data_type: TYPE_FP32 }'
+    )
+    with pytest.raises(ServerError, match="tensor 'B' has no dims"):
+        await loaded_config(off, add_sub_model(), text)
+
+
+async def test_disabled_tensor_without_data_type_fails(off: ModelLifecycle) -> None:
+    text = FULL.replace(
+        '{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] }', '{ name: "B" dims: [ 4 ] }'
+    )
+    with pytest.raises(ServerError, match="tensor 'B' has no data_type"):
+        await loaded_config(off, add_sub_model(), text)

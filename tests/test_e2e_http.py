@@ -1,0 +1,416 @@
+"""The HTTP front end end to end: the real server on examples/models, driven by
+tritonclient.http (sync and aio) and raw httpx."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import numpy.typing as npt
+import orjson
+import pytest
+import tritonclient.http as httpclient
+import tritonclient.http.aio as aioclient
+from serverproc import EXAMPLE_MODELS, ServerProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+LABELS = (EXAMPLE_MODELS / "image_classifier" / "labels.txt").read_text().splitlines()
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
+    triton = httpclient.InferenceServerClient(server.http_url)
+    try:
+        yield triton
+    finally:
+        triton.close()
+
+
+@pytest.fixture
+def http(server: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.base_url, timeout=30.0) as session:
+        yield session
+
+
+def simple_inputs(
+    module: Any, a: npt.NDArray[np.int32], b: npt.NDArray[np.int32], binary: bool
+) -> list[Any]:
+    inputs = [
+        module.InferInput("INPUT0", list(a.shape), "INT32"),
+        module.InferInput("INPUT1", list(b.shape), "INT32"),
+    ]
+    inputs[0].set_data_from_numpy(a, binary_data=binary)
+    inputs[1].set_data_from_numpy(b, binary_data=binary)
+    return inputs
+
+
+def operands(batch: int, seed: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-(2**20), 2**20, size=(batch, 16), dtype=np.int32)
+    b = rng.integers(-(2**20), 2**20, size=(batch, 16), dtype=np.int32)
+    return a, b
+
+
+# --- simple, sync and aio, binary and JSON --------------------------------------------------------
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_simple_sync(client: httpclient.InferenceServerClient, binary: bool, batch: int) -> None:
+    a, b = operands(batch, batch)
+    outputs = [
+        httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary),
+        httpclient.InferRequestedOutput("OUTPUT1", binary_data=binary),
+    ]
+    result = client.infer(
+        "simple", simple_inputs(httpclient, a, b, binary), outputs=outputs, request_id="r1"
+    )
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    response = result.get_response()
+    assert response["id"] == "r1"
+    assert response["model_name"] == "simple" and response["model_version"] == "1"
+    for output in response["outputs"]:
+        assert ("binary_data_size" in output.get("parameters", {})) is binary
+        assert ("data" in output) is not binary
+
+
+def test_simple_sync_default_outputs(client: httpclient.InferenceServerClient) -> None:
+    a, b = operands(2, 7)
+    result = client.infer("simple", simple_inputs(httpclient, a, b, True))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def test_simple_sync_one_output_and_versioned(client: httpclient.InferenceServerClient) -> None:
+    a, b = operands(1, 3)
+    outputs = [httpclient.InferRequestedOutput("OUTPUT1")]
+    result = client.infer(
+        "simple", simple_inputs(httpclient, a, b, True), model_version="1", outputs=outputs
+    )
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    assert result.as_numpy("OUTPUT0") is None
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+async def test_simple_aio(server: ServerProcess, binary: bool) -> None:
+    async with aioclient.InferenceServerClient(server.http_url) as triton:
+        assert await triton.is_server_live()
+        assert await triton.is_server_ready()
+        assert await triton.is_model_ready("simple")
+        pairs = [operands(1 + i % 4, 100 + i) for i in range(6)]
+        outputs = [
+            aioclient.InferRequestedOutput("OUTPUT0", binary_data=binary),
+            aioclient.InferRequestedOutput("OUTPUT1", binary_data=binary),
+        ]
+        for (a, b), result in zip(
+            pairs,
+            [
+                await triton.infer(
+                    "simple", simple_inputs(aioclient, a, b, binary), outputs=outputs
+                )
+                for a, b in pairs
+            ],
+            strict=True,
+        ):
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+async def test_simple_aio_concurrent(server: ServerProcess) -> None:
+    async with aioclient.InferenceServerClient(server.http_url) as triton:
+        pairs = [operands(2, 200 + i) for i in range(12)]
+        results = await asyncio.gather(
+            *(triton.infer("simple", simple_inputs(aioclient, a, b, True)) for a, b in pairs)
+        )
+        for (a, b), result in zip(pairs, results, strict=True):
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+async def test_aio_metadata_and_config(server: ServerProcess) -> None:
+    async with aioclient.InferenceServerClient(server.http_url) as triton:
+        metadata = await triton.get_model_metadata("simple")
+        assert metadata["name"] == "simple"
+        config = await triton.get_model_config("simple")
+        assert config["max_batch_size"] == 8
+        server_metadata = await triton.get_server_metadata()
+        assert "binary_tensor_data" in server_metadata["extensions"]
+
+
+# --- simple_string (BYTES) ------------------------------------------------------------------------
+
+
+def string_operands(batch: int) -> tuple[npt.NDArray[np.object_], npt.NDArray[np.object_], Any]:
+    a = np.arange(batch * 16).reshape(batch, 16) - 7
+    b = np.full((batch, 16), 1000)
+    as_bytes = np.vectorize(lambda v: str(v).encode(), otypes=[object])
+    return as_bytes(a), as_bytes(b), (a, b)
+
+
+def to_ints(array: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
+    return np.vectorize(lambda v: int(v.decode() if isinstance(v, bytes) else v))(array)
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_simple_string_sync(client: httpclient.InferenceServerClient, binary: bool) -> None:
+    sa, sb, (a, b) = string_operands(2)
+    inputs = [
+        httpclient.InferInput("INPUT0", [2, 16], "BYTES"),
+        httpclient.InferInput("INPUT1", [2, 16], "BYTES"),
+    ]
+    inputs[0].set_data_from_numpy(sa, binary_data=binary)
+    inputs[1].set_data_from_numpy(sb, binary_data=binary)
+    outputs = [
+        httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary),
+        httpclient.InferRequestedOutput("OUTPUT1", binary_data=binary),
+    ]
+    result = client.infer("simple_string", inputs, outputs=outputs)
+    np.testing.assert_array_equal(to_ints(result.as_numpy("OUTPUT0")), a + b)
+    np.testing.assert_array_equal(to_ints(result.as_numpy("OUTPUT1")), a - b)
+
+
+async def test_simple_string_aio(server: ServerProcess) -> None:
+    sa, sb, (a, b) = string_operands(1)
+    inputs = [
+        aioclient.InferInput("INPUT0", [1, 16], "BYTES"),
+        aioclient.InferInput("INPUT1", [1, 16], "BYTES"),
+    ]
+    inputs[0].set_data_from_numpy(sa)
+    inputs[1].set_data_from_numpy(sb)
+    async with aioclient.InferenceServerClient(server.http_url) as triton:
+        result = await triton.infer("simple_string", inputs)
+    np.testing.assert_array_equal(to_ints(result.as_numpy("OUTPUT0")), a + b)
+    np.testing.assert_array_equal(to_ints(result.as_numpy("OUTPUT1")), a - b)
+
+
+def test_simple_string_raw_json(http: httpx.Client) -> None:
+    body = {
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "BYTES", "data": ["5"] * 16},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "BYTES", "data": [["3"] * 16]},
+        ]
+    }
+    response = http.post("/v2/models/simple_string/infer", json=body)
+    assert response.status_code == 200, response.text
+    outputs = {o["name"]: o for o in response.json()["outputs"]}
+    assert outputs["OUTPUT0"] == {
+        "name": "OUTPUT0", "datatype": "BYTES", "shape": [1, 16], "data": ["8"] * 16,
+    }  # fmt: skip
+    assert outputs["OUTPUT1"]["data"] == ["2"] * 16
+
+
+# --- image_classifier and classification --------------------------------------------------------
+
+
+def images(batch: int, seed: int = 0) -> npt.NDArray[np.float32]:
+    return np.random.default_rng(seed).random((batch, 3, 64, 64)).astype(np.float32)
+
+
+def probabilities(client: httpclient.InferenceServerClient, x: npt.NDArray[np.float32]) -> Any:
+    inputs = [httpclient.InferInput("image", list(x.shape), "FP32")]
+    inputs[0].set_data_from_numpy(x)
+    return client.infer("image_classifier", inputs).as_numpy("probabilities")
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_image_classifier_class_count(
+    client: httpclient.InferenceServerClient, binary: bool
+) -> None:
+    x = images(3)
+    full = probabilities(client, x)
+    assert full.shape == (3, 10)
+    np.testing.assert_allclose(full.sum(axis=1), 1.0, atol=1e-5)
+    inputs = [httpclient.InferInput("image", [3, 3, 64, 64], "FP32")]
+    inputs[0].set_data_from_numpy(x, binary_data=binary)
+    outputs = [httpclient.InferRequestedOutput("probabilities", binary_data=binary, class_count=3)]
+    top = client.infer("image_classifier", inputs, outputs=outputs).as_numpy("probabilities")
+    assert top.shape == (3, 3)
+    for row, probs in zip(top, full, strict=True):
+        entries = [(v.decode() if isinstance(v, bytes) else v).split(":") for v in row]
+        indices = [int(index) for _, index, _ in entries]
+        assert indices == list(np.argsort(-probs, kind="stable")[:3])
+        for score, index, label in entries:
+            assert label == LABELS[int(index)]
+            assert float(score) == pytest.approx(float(probs[int(index)]), abs=1e-6)
+
+
+def test_raw_binary_request(client: httpclient.InferenceServerClient, http: httpx.Client) -> None:
+    x = images(1, seed=5)
+    response = http.post(
+        "/v2/models/image_classifier/infer",
+        content=x.tobytes(),
+        headers={"Inference-Header-Content-Length": "0"},
+    )
+    assert response.status_code == 200, response.text
+    (output,) = response.json()["outputs"]
+    assert output["name"] == "probabilities" and output["shape"] == [1, 10]
+    np.testing.assert_allclose(output["data"], probabilities(client, x)[0], rtol=1e-6)
+
+
+# --- compression ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_tritonclient_compression(client: httpclient.InferenceServerClient, algorithm: str) -> None:
+    a, b = operands(4, 11)
+    result = client.infer(
+        "simple",
+        simple_inputs(httpclient, a, b, True),
+        request_compression_algorithm=algorithm,
+        response_compression_algorithm=algorithm,
+    )
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+SIMPLE_JSON = {
+    "inputs": [
+        {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},
+        {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+    ]
+}
+
+
+@pytest.mark.parametrize(
+    ("encoding", "compress", "decompress"),
+    [
+        ("gzip", gzip.compress, gzip.decompress),
+        ("deflate", zlib.compress, zlib.decompress),
+    ],
+)
+def test_raw_compression_both_ways(
+    server: ServerProcess, encoding: str, compress: Any, decompress: Any
+) -> None:
+    body = compress(orjson.dumps(SIMPLE_JSON))
+    headers = {"Content-Encoding": encoding, "Accept-Encoding": f"{encoding}, identity;q=0.5"}
+    # A bare socket-level client, so nothing decodes the response behind our back.
+    with httpx.Client(base_url=server.base_url, timeout=30.0) as session:
+        request = session.build_request(
+            "POST", "/v2/models/simple/infer", content=body, headers=headers
+        )
+        response = session.send(request, stream=True)
+        raw = b"".join(response.iter_raw())
+    assert response.status_code == 200
+    assert response.headers["content-encoding"] == encoding
+    outputs = orjson.loads(decompress(raw))["outputs"]
+    assert outputs[0]["data"] == list(range(1, 17))
+    assert outputs[1]["data"] == list(range(-1, 15))
+
+
+def test_no_compression_unless_asked(http: httpx.Client) -> None:
+    response = http.post(
+        "/v2/models/simple/infer", json=SIMPLE_JSON, headers={"Accept-Encoding": "identity"}
+    )
+    assert response.status_code == 200
+    assert "content-encoding" not in response.headers
+
+
+# --- health, metadata, config, routes -------------------------------------------------------------
+
+
+def test_health(http: httpx.Client, client: httpclient.InferenceServerClient) -> None:
+    assert http.get("/v2/health/live").status_code == 200
+    assert http.get("/v2/health/ready").status_code == 200
+    assert client.is_server_live() and client.is_server_ready()
+
+
+def test_server_metadata(client: httpclient.InferenceServerClient) -> None:
+    metadata = client.get_server_metadata()
+    assert metadata["name"] == "triton"
+    assert isinstance(metadata["version"], str) and metadata["version"]
+    extensions = metadata["extensions"]
+    for extension in ("classification", "binary_tensor_data", "model_configuration"):
+        assert extension in extensions
+
+
+@pytest.mark.parametrize("path", ["/v2/models/simple", "/v2/models/simple/versions/1"])
+def test_model_metadata(http: httpx.Client, path: str) -> None:
+    response = http.get(path)
+    assert response.status_code == 200
+    assert response.json() == {
+        "name": "simple",
+        "versions": ["1"],
+        "platform": "onnxruntime_onnx",
+        "inputs": [
+            {"name": "INPUT0", "datatype": "INT32", "shape": [-1, 16]},
+            {"name": "INPUT1", "datatype": "INT32", "shape": [-1, 16]},
+        ],
+        "outputs": [
+            {"name": "OUTPUT0", "datatype": "INT32", "shape": [-1, 16]},
+            {"name": "OUTPUT1", "datatype": "INT32", "shape": [-1, 16]},
+        ],
+    }
+
+
+def test_model_metadata_bytes(client: httpclient.InferenceServerClient) -> None:
+    metadata = client.get_model_metadata("simple_string")
+    assert [i["datatype"] for i in metadata["inputs"]] == ["BYTES", "BYTES"]
+
+
+@pytest.mark.parametrize("suffix", ["", "/versions/1"])
+def test_model_ready(http: httpx.Client, suffix: str) -> None:
+    assert http.get(f"/v2/models/simple{suffix}/ready").status_code == 200
+    assert http.get(f"/v2/models/nope{suffix}/ready").status_code == 400
+    assert http.get("/v2/models/simple/versions/9/ready").status_code == 400
+
+
+@pytest.mark.parametrize("suffix", ["", "/versions/1"])
+def test_model_config(http: httpx.Client, suffix: str) -> None:
+    response = http.get(f"/v2/models/image_classifier{suffix}/config")
+    assert response.status_code == 200
+    config = response.json()
+    assert config["name"] == "image_classifier"
+    assert config["max_batch_size"] == 8
+    assert config["input"][0]["dims"] == [3, 64, 64]
+    assert config["input"][0]["data_type"] == "TYPE_FP32"
+    assert config["output"][0]["label_filename"] == "labels.txt"
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 500
+    assert config["instance_group"][0]["kind"] == "KIND_CPU"
+    assert config["backend"] == "onnxruntime"
+
+
+def test_model_config_with_tritonclient(client: httpclient.InferenceServerClient) -> None:
+    config = client.get_model_config("simple")
+    assert config["name"] == "simple" and config["max_batch_size"] == 8
+    # Auto-complete added the dynamic batcher: max_batch_size > 1 and no scheduler configured.
+    assert "dynamic_batching" in config
+
+
+def test_repository_index(http: httpx.Client) -> None:
+    for body in (None, {"ready": True}, {"ready": False}):
+        response = http.post("/v2/repository/index", json=body)
+        assert response.status_code == 200
+        assert response.json() == [
+            {"name": name, "version": "1", "state": "READY", "reason": ""}
+            for name in ("image_classifier", "simple", "simple_string")
+        ]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        ("GET", "/v2/nothing/here", 404),
+        ("GET", "/v3/health/live", 404),
+        ("POST", "/v2/models/simple/versions/1/extra", 404),
+        ("GET", "/v2/models/simple/infer", 405),
+        ("POST", "/v2/health/live", 405),
+        ("DELETE", "/v2/models/simple", 405),
+        ("GET", "/v2/repository/index", 405),
+    ],
+)
+def test_unknown_route_and_wrong_method(
+    http: httpx.Client, method: str, path: str, status: int
+) -> None:
+    response = http.request(method, path)
+    assert response.status_code == status
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert path in error
+    assert ("Not Found" if status == 404 else "Method Not Allowed") in error
