@@ -267,3 +267,23 @@ async def test_health_follows_core_readiness() -> None:
             await rig.stub.ModelInfer(simple_request(1), timeout=WAIT_S)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "shutting down" in (info.value.details() or "")
+
+
+async def test_a_stream_reads_no_more_than_its_in_flight_limit() -> None:
+    async with running() as rig:
+        rig.front.servicer.max_in_flight = 4
+        call = rig.stub.ModelStreamInfer()
+        for i in range(10):
+            await call.write(simple_request(i))
+        await rig.gate.until(lambda: len(rig.gate.held) == 4)
+        # Give the reader every chance to take a fifth request: it must not.
+        await asyncio.sleep(0.3)
+        assert len(rig.gate.held) == 4
+        rig.gate.release(0)
+        await rig.gate.until(lambda: len(rig.gate.held) == 5)
+        rig.gate.open = True
+        for index in range(1, 5):
+            rig.gate.release(index)
+        await call.done_writing()
+        responses = await read_all(call)
+        assert [r.infer_response.id for r in responses] == [f"r{i}" for i in range(10)]

@@ -17,7 +17,7 @@ from ..errors import ErrorCode, ServerError
 from ..types import ParamValue
 from . import codec
 from .errors import guard
-from .stream import StreamSession
+from .stream import MAX_IN_FLIGHT, MAX_UNWRITTEN, StreamSession
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,9 @@ def _unsupported(message: str) -> ServerError:
 class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, core: InferenceServer) -> None:
         self.core = core
+        # Per-stream backpressure limits (see stream.py).
+        self.max_in_flight = MAX_IN_FLIGHT
+        self.max_unwritten = MAX_UNWRITTEN
         self._streams: set[StreamSession] = set()
 
     def stop_streams(self) -> None:
@@ -103,7 +106,9 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterable[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        session = StreamSession(self.core, request_iterator, context)
+        session = StreamSession(
+            self.core, request_iterator, context, self.max_in_flight, self.max_unwritten
+        )
         self._streams.add(session)
         try:
             async for response in session.run():

@@ -36,8 +36,11 @@ from .errors import abort, as_server_error
 log = logging.getLogger(__name__)
 
 GRPC_ERROR_HEADER: Final = "triton_grpc_error"
-# Requests one stream may have in flight before the reader stops reading (backpressure).
-MAX_IN_FLIGHT: Final = 4096
+# Backpressure: a stream reads no further request while this many are in flight, and its
+# request tasks wait while this many responses are queued but not yet written; so a client
+# that stops reading its responses is held back by gRPC flow control, not by our memory.
+MAX_IN_FLIGHT: Final = 1024
+MAX_UNWRITTEN: Final = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +69,7 @@ class StreamSession:
         requests: AsyncIterable[pb.ModelInferRequest],
         context: Any,
         max_in_flight: int = MAX_IN_FLIGHT,
+        max_unwritten: int = MAX_UNWRITTEN,
     ) -> None:
         self._core = core
         self._requests = requests
@@ -74,6 +78,7 @@ class StreamSession:
         self._out: asyncio.Queue[_Out] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(max_in_flight)
+        self._unwritten = asyncio.Semaphore(max_unwritten)
         self._reader: asyncio.Task[None] | None = None
         self._reading = True
         self._ended = False
@@ -93,6 +98,7 @@ class StreamSession:
                     await abort(self._context, item.error)
                 assert isinstance(item, pb.ModelStreamInferResponse)
                 yield item
+                self._unwritten.release()
         finally:
             await self._cancel_all()
 
@@ -169,7 +175,7 @@ class StreamSession:
             answer = await self._answer_once(message)
             if previous is not None:
                 await previous
-            self._out.put_nowait(answer)
+            await self._emit(answer)
         finally:
             if turn is not None and not turn.done():
                 turn.set_result(None)
@@ -187,11 +193,17 @@ class StreamSession:
             decoded = codec.decode_infer_request(message)
             async for response in self._core.infer_responses(decoded.request):
                 encoded = codec.encode_infer_response(response)
-                self._out.put_nowait(codec.stream_response(encoded, final=False))
+                await self._emit(codec.stream_response(encoded, final=False))
             if decoded.enable_empty_final_response:
-                self._out.put_nowait(codec.empty_final_response(message))
+                await self._emit(codec.empty_final_response(message))
         except Exception as exc:
-            self._out.put_nowait(self._error(message, exc))
+            await self._emit(self._error(message, exc))
+
+    async def _emit(self, item: _Out) -> None:
+        """Queue an item for the writer; a response waits while too many are unwritten."""
+        if not isinstance(item, _Close):
+            await self._unwritten.acquire()
+        self._out.put_nowait(item)
 
     def _error(self, message: pb.ModelInferRequest, exc: Exception) -> _Out:
         error = as_server_error(exc)
