@@ -81,13 +81,18 @@ class StreamSession:
         self._unwritten = asyncio.Semaphore(max_unwritten)
         self._reader: asyncio.Task[None] | None = None
         self._reading = True
+        self._stopped = False
         self._ended = False
         # The turn of the last non-decoupled request: done once its response is queued.
         self._last_turn: asyncio.Future[None] | None = None
 
     async def run(self) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """The responses to write, until the client is done and every request answered."""
-        self._reader = asyncio.create_task(self._read(), name="grpc-stream-reader")
+        if self._stopped:
+            self._reading = False
+            self._maybe_end()
+        else:
+            self._reader = asyncio.create_task(self._read(), name="grpc-stream-reader")
         try:
             while True:
                 item = await self._out.get()
@@ -104,6 +109,7 @@ class StreamSession:
 
     def stop_reading(self) -> None:
         """Read no more requests; the stream ends once those in flight are answered."""
+        self._stopped = True
         if self._reader is not None:
             self._reader.cancel()
 
