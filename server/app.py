@@ -6,7 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import socket
+import sys
+import threading
+import time
 from collections.abc import Generator
 from pathlib import Path
 
@@ -22,7 +27,7 @@ from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
 
 from .cli import Settings
 from .core import InferenceServer
-from .errors import ServerError
+from .errors import ErrorCode, ServerError
 from .grpc.server import GrpcFrontEnd, GrpcSettings
 from .http.app import HttpFrontEnd, HttpSettings
 from .lifecycle import LifecycleSettings, ModelLifecycle
@@ -107,17 +112,14 @@ class ServerApp:
                 ", ".join(sorted(errors)),
             )
             return False
+        # gRPC first: once HTTP answers /v2/health/ready, every endpoint is listening.
+        if self.settings.allow_grpc:
+            await self.grpc.start()
+            log.info("Started GRPCInferenceService at %s", self.grpc.settings.target)
         if self.settings.allow_http:
             await self._start_uvicorn(
                 self.http.build(), self.settings.http_address, self.settings.http_port, "HTTP"
             )
-        if self.settings.allow_grpc:
-            try:
-                await self.grpc.start()
-            except RuntimeError as exc:
-                log.error("%s", exc)
-                return False
-            log.info("Started GRPCInferenceService at %s", self.grpc.settings.target)
         return True
 
     async def _start_uvicorn(self, app: object, host: str, port: int, what: str) -> None:
@@ -129,12 +131,18 @@ class ServerApp:
             lifespan="off",
             log_level="warning",
             access_log=False,
-            timeout_graceful_shutdown=int(self.settings.exit_timeout_secs),
+            # uvicorn types this as int, but waits with asyncio.wait_for: a float works and
+            # int() would turn --exit-timeout-secs 0.5 into "cancel at once".
+            timeout_graceful_shutdown=self.settings.exit_timeout_secs,  # type: ignore[arg-type]
             http="httptools",
             ws="none",
         )
+        # Bound here rather than by uvicorn, which calls sys.exit() from inside its task
+        # when the address is taken; this way the reason is one clear line.
+        sock = listen_socket(host, port, what)
+        port = int(sock.getsockname()[1])
         server = EmbeddedUvicorn(config)
-        task = asyncio.create_task(server.serve(), name=f"uvicorn-{what}")
+        task = asyncio.create_task(server.serve(sockets=[sock]), name=f"uvicorn-{what}")
         self._servers.append(server)
         self._tasks.append(task)
         while not server.started:
@@ -157,15 +165,36 @@ class ServerApp:
         log.info("models:\n%s", "\n".join(lines))
 
     async def stop(self) -> None:
-        """Stop accepting, let in-flight requests finish within the exit timeout, close."""
-        self.core.stop_accepting()
+        """Stop accepting, let in-flight requests finish within the exit timeout, close.
+
+        The front ends close their listeners first and drain what they already received;
+        only then does the core refuse requests, so one whose body was still arriving at
+        the signal is served rather than refused.
+        """
         for server in self._servers:
             server.should_exit = True
         grpc_stopped = asyncio.create_task(self.grpc.stop(self.settings.exit_timeout_secs))
         await asyncio.wait(
             [*self._tasks, grpc_stopped], timeout=self.settings.exit_timeout_secs + 1
         )
+        self.core.stop_accepting()
         await self.lifecycle.close()
+
+
+def listen_socket(host: str, port: int, what: str) -> socket.socket:
+    """A bound TCP socket for an endpoint, or a ServerError that says why not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ServerError(
+            ErrorCode.UNAVAILABLE,
+            f"cannot listen for {what} on {host}:{port}: {exc.strerror or exc}",
+        ) from None
+    return sock
 
 
 async def serve(settings: Settings) -> int:
@@ -174,8 +203,13 @@ async def serve(settings: Settings) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, app.stopping.set)
     try:
-        if not await app.start():
-            await app.lifecycle.close()
+        try:
+            started = await app.start()
+        except ServerError as exc:
+            log.error("%s", exc.message)
+            started = False
+        if not started:
+            await app.stop()
             return 1
         await app.stopping.wait()
         log.info(
@@ -192,4 +226,30 @@ async def serve(settings: Settings) -> int:
 
 def run(settings: Settings) -> int:
     configure_logging(settings)
-    return uvloop.run(serve(settings))
+    code = uvloop.run(serve(settings))
+    leave_running_executions(code)
+    return code
+
+
+def leave_running_executions(code: int, grace_s: float = 2.0) -> None:
+    """Exit at once when a model execution outlived --exit-timeout-secs.
+
+    A running onnxruntime or ACL call cannot be interrupted, and letting the interpreter
+    finalize under it aborts the process (SIGABRT from the runtime's destructors). Closed
+    executor threads that are idle end within the grace period; a busy one means exit now.
+    """
+    deadline = time.monotonic() + grace_s
+    others = [t for t in threading.enumerate() if t is not threading.current_thread()]
+    for thread in others:
+        thread.join(max(deadline - time.monotonic(), 0.0))
+    busy = [t.name for t in others if t.is_alive()]
+    if busy:
+        log.warning(
+            "exiting while %d thread(s) still run past --exit-timeout-secs: %s",
+            len(busy),
+            ", ".join(busy),
+        )
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

@@ -4,6 +4,7 @@ while a client still holds a stream open."""
 from __future__ import annotations
 
 import queue
+import shutil
 import signal
 import socket
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from serverproc import running_server
+from serverproc import running_server, start_server
 
 from ge_serve.server.cli import parse_settings
 from ge_serve.server.grpc.server import GrpcSettings
@@ -56,11 +57,13 @@ def test_grpc_port_in_use_fails_startup() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with (
-            pytest.raises(RuntimeError, match=f"gRPC server could not bind 127.0.0.1:{port}"),
-            running_server(extra=["--grpc-port", str(port)]),
-        ):
-            pass
+        server = start_server(extra=["--grpc-port", str(port)], wait_ready=False)
+        try:
+            assert server.process.wait(timeout=60) == 1
+            assert f"cannot listen for gRPC on 127.0.0.1:{port}" in server.log()
+        finally:
+            server.stop()
+            shutil.rmtree(server.log_path.parent, ignore_errors=True)
 
 
 def test_keepalive_flags_become_server_options() -> None:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # mypy cannot follow setuptools' editable import hook, so check the link tree that
 # tools/pyroot.sh makes (ge_serve/server -> server, ...), which has the installed shape.
+# bench/ holds scripts (not a package): checked as files, with their sibling imports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$(tools/pyroot.sh)"
-cd "$root" && exec python3 -m mypy --config-file ../pyproject.toml -p ge_serve "$@"
+(cd "$root" && python3 -m mypy --config-file ../pyproject.toml -p ge_serve "$@")
+MYPYPATH="$root:$PWD/bench:$PWD/tests" python3 -m mypy --config-file pyproject.toml bench/*.py "$@"

@@ -19,6 +19,7 @@ from ge_serve.protos import grpc_service_pb2, grpc_service_pb2_grpc
 
 from ..cli import Settings
 from ..core import InferenceServer
+from ..errors import ErrorCode, ServerError
 from .servicer import GrpcServicer
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ class GrpcFrontEnd:
         self._health_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Bind and start serving; a port that cannot be bound raises RuntimeError."""
+        """Bind and start serving; an address that cannot be bound is a ServerError."""
         server = grpc.aio.server(options=self.settings.channel_options())
         add_inference = grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
         add_inference(self.servicer, server)  # type: ignore[no-untyped-call]
@@ -132,9 +133,9 @@ class GrpcFrontEnd:
         try:
             port = server.add_insecure_port(target)
         except RuntimeError as exc:
-            raise RuntimeError(f"gRPC server could not bind {target}: {exc}") from None
+            raise _cannot_listen(target, str(exc)) from None
         if not port:
-            raise RuntimeError(f"gRPC server could not bind {target}")
+            raise _cannot_listen(target, "the address could not be bound")
         await server.start()
         self._server = server
         self.port = int(port)
@@ -156,3 +157,7 @@ class GrpcFrontEnd:
         self.servicer.stop_streams()
         await self._server.stop(grace_s)
         self._server = None
+
+
+def _cannot_listen(target: str, why: str) -> ServerError:
+    return ServerError(ErrorCode.UNAVAILABLE, f"cannot listen for gRPC on {target}: {why}")

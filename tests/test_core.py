@@ -1,0 +1,117 @@
+"""The in-process API, `InferenceServer`, on the example models: no network at all."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+from serverproc import EXAMPLE_MODELS
+
+from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
+from ge_serve.server.app import make_scheduler
+from ge_serve.server.core import InferenceServer
+from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.lifecycle import LifecycleSettings, ModelLifecycle
+from ge_serve.server.repository import ModelRepository
+from ge_serve.server.types import DataType, InferRequest, RequestedOutput, Tensor
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[InferenceServer]:
+    lifecycle = ModelLifecycle(
+        ModelRepository([EXAMPLE_MODELS]),
+        {"onnxruntime": OnnxRuntimeBackend()},
+        make_scheduler,
+        LifecycleSettings(),
+    )
+    assert await lifecycle.load_many(["simple", "simple_string", "image_classifier"]) == {}
+    try:
+        yield InferenceServer(lifecycle)
+    finally:
+        await lifecycle.close()
+
+
+def simple_request(batch: int = 1) -> InferRequest:
+    a = np.arange(16 * batch, dtype=np.int32).reshape(batch, 16)
+    b = np.full((batch, 16), 3, dtype=np.int32)
+    return InferRequest(
+        "simple",
+        inputs=[
+            Tensor("INPUT0", DataType.INT32, a.shape, a),
+            Tensor("INPUT1", DataType.INT32, b.shape, b),
+        ],
+    )
+
+
+async def test_infer(server: InferenceServer) -> None:
+    request = simple_request(2)
+    request.id = "in-process"
+    response = await server.infer(request)
+    assert (response.model_name, response.model_version, response.id) == (
+        "simple", "1", "in-process",
+    )  # fmt: skip
+    outputs = {t.name: t for t in response.outputs}
+    a = request.inputs[0].data
+    np.testing.assert_array_equal(outputs["OUTPUT0"].data, a + 3)
+    np.testing.assert_array_equal(outputs["OUTPUT1"].data, a - 3)
+    assert outputs["OUTPUT0"].shape == (2, 16)
+    assert outputs["OUTPUT0"].datatype is DataType.INT32
+
+
+async def test_infer_bytes_and_classification(server: InferenceServer) -> None:
+    strings = np.array([[str(i).encode() for i in range(16)]], dtype=object)
+    request = InferRequest(
+        "simple_string",
+        inputs=[
+            Tensor("INPUT0", DataType.BYTES, (1, 16), strings),
+            Tensor("INPUT1", DataType.BYTES, (1, 16), strings),
+        ],
+        outputs=[RequestedOutput("OUTPUT0")],
+    )
+    (out,) = (await server.infer(request)).outputs
+    assert out.data.tolist() == [[str(2 * i).encode() for i in range(16)]]
+
+    image = np.zeros((1, 3, 64, 64), np.float32)
+    request = InferRequest(
+        "image_classifier",
+        inputs=[Tensor("image", DataType.FP32, image.shape, image)],
+        outputs=[RequestedOutput("probabilities", classification=2)],
+    )
+    (top,) = (await server.infer(request)).outputs
+    assert top.datatype is DataType.BYTES and top.shape == (1, 2)
+    labels = (EXAMPLE_MODELS / "image_classifier" / "labels.txt").read_text().splitlines()
+    for entry in top.data[0]:
+        _, index, label = entry.decode().split(":")
+        assert labels[int(index)] == label
+
+
+async def test_health_and_metadata(server: InferenceServer) -> None:
+    assert server.live() and server.ready()
+    assert server.model_ready("simple") and server.model_ready("simple", "1")
+    assert not server.model_ready("simple", "2") and not server.model_ready("nope")
+    metadata = server.metadata()
+    assert metadata["name"] == "triton" and "binary_tensor_data" in metadata["extensions"]
+    model = server.model_metadata("simple_string")
+    assert model["platform"] == "onnxruntime_onnx"
+    assert model["inputs"][0] == {"name": "INPUT0", "datatype": "BYTES", "shape": [-1, 16]}
+    config = server.model_config_json("image_classifier")
+    assert config["output"][0]["label_filename"] == "labels.txt"
+
+
+async def test_errors(server: InferenceServer) -> None:
+    with pytest.raises(ServerError) as info:
+        await server.infer(InferRequest("nope"))
+    assert info.value.code is ErrorCode.NOT_FOUND
+    assert info.value.message == "Request for unknown model: 'nope' is not found"
+    with pytest.raises(ServerError) as info:
+        await server.infer(simple_request(9))
+    assert info.value.code is ErrorCode.INVALID_ARG
+
+
+async def test_stop_accepting(server: InferenceServer) -> None:
+    server.stop_accepting()
+    assert server.live() and not server.ready()
+    with pytest.raises(ServerError) as info:
+        await server.infer(simple_request())
+    assert info.value.code is ErrorCode.UNAVAILABLE
