@@ -66,7 +66,7 @@ def test_grpc_port_in_use_fails_startup() -> None:
             shutil.rmtree(server.log_path.parent, ignore_errors=True)
 
 
-def test_keepalive_flags_become_server_options() -> None:
+def test_grpc_flags_become_server_settings() -> None:
     settings = parse_settings(
         [
             "--model-repository", "/nonexistent",
@@ -77,10 +77,15 @@ def test_keepalive_flags_become_server_options() -> None:
             "--grpc-keepalive-permit-without-calls", "true",
             "--grpc-http2-max-pings-without-data", "0",
             "--grpc-http2-min-recv-ping-interval-without-data", "5000",
+            "--grpc-restricted-protocol", "model-repository,statistics:Admin-Key=s3cret",
         ]
     )  # fmt: skip
     grpc_settings = GrpcSettings.from_settings(settings)
     assert grpc_settings.target == "[::1]:9001"
+    assert grpc_settings.restricted == (
+        ("model-repository", "admin-key", "s3cret"),
+        ("statistics", "admin-key", "s3cret"),
+    )
     options = dict(grpc_settings.channel_options())
     assert options["grpc.keepalive_time_ms"] == 10000
     assert options["grpc.keepalive_timeout_ms"] == 5000

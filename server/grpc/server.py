@@ -20,6 +20,7 @@ from ge_serve.protos import grpc_service_pb2, grpc_service_pb2_grpc
 from ..cli import Settings
 from ..core import InferenceServer
 from ..errors import ErrorCode, ServerError
+from .restrict import RestrictedProtocols, method_rules
 from .servicer import GrpcServicer
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,8 @@ class GrpcSettings:
     keepalive_permit_without_calls: bool = False
     http2_max_pings_without_data: int = 2
     http2_min_recv_ping_interval_without_data_ms: int = 300_000
+    # --grpc-restricted-protocol: (category, header, value)
+    restricted: tuple[tuple[str, str, str], ...] = ()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GrpcSettings:
@@ -55,6 +58,7 @@ class GrpcSettings:
             http2_min_recv_ping_interval_without_data_ms=(
                 settings.grpc_http2_min_recv_ping_interval_without_data_ms
             ),
+            restricted=settings.grpc_restricted_protocol,
         )
 
     @property
@@ -122,7 +126,9 @@ class GrpcFrontEnd:
 
     async def start(self) -> None:
         """Bind and start serving; an address that cannot be bound is a ServerError."""
-        server = grpc.aio.server(options=self.settings.channel_options())
+        rules = method_rules(self.settings.restricted)
+        interceptors = [RestrictedProtocols(rules)] if rules else []
+        server = grpc.aio.server(interceptors=interceptors, options=self.settings.channel_options())
         add_inference = grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
         add_inference(self.servicer, server)  # type: ignore[no-untyped-call]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
