@@ -162,6 +162,77 @@ class OnnxRuntimeBackend:
             slot = SlotInfo(
                 name=f"{spec.name}_{spec.version}_cpu_{index}", device="cpu", stream=index
             )
-            executors.append(OrtExecutor(slot, OrtSession(spec.model_path, options)))
+            session = OrtSession(spec.model_path, options)
+            if index == 0:
+                check_config(spec.config, session.session)
+            executors.append(OrtExecutor(slot, session))
         size = spec.model_path.stat().st_size * slots
         return LoadedModel(executors=list(executors), memory_bytes=size)
+
+
+_ORT_TYPES: dict[str, int] = {
+    "tensor(bool)": model_config_pb2.TYPE_BOOL,
+    "tensor(uint8)": model_config_pb2.TYPE_UINT8,
+    "tensor(uint16)": model_config_pb2.TYPE_UINT16,
+    "tensor(uint32)": model_config_pb2.TYPE_UINT32,
+    "tensor(uint64)": model_config_pb2.TYPE_UINT64,
+    "tensor(int8)": model_config_pb2.TYPE_INT8,
+    "tensor(int16)": model_config_pb2.TYPE_INT16,
+    "tensor(int32)": model_config_pb2.TYPE_INT32,
+    "tensor(int64)": model_config_pb2.TYPE_INT64,
+    "tensor(float16)": model_config_pb2.TYPE_FP16,
+    "tensor(float)": model_config_pb2.TYPE_FP32,
+    "tensor(double)": model_config_pb2.TYPE_FP64,
+    "tensor(string)": model_config_pb2.TYPE_STRING,
+    "tensor(bfloat16)": model_config_pb2.TYPE_BF16,
+}
+
+
+def check_config(config: model_config_pb2.ModelConfig, session: ort.InferenceSession) -> None:
+    """Refuse a config that does not fit the model at load time, not at the first request.
+
+    Names and datatypes must match; so must the rank and the fixed dims, where the model
+    declares a shape (onnxruntime reports an unknown rank as [], which is not checked).
+    """
+    lead = [-1] if config.max_batch_size > 0 else []
+    model_inputs = session.get_inputs()
+    sides = (
+        ("input", config.input, model_inputs),
+        ("output", config.output, session.get_outputs()),
+    )
+    for kind, entries, nodes in sides:
+        by_name = {node.name: node for node in nodes}
+        for entry in entries:
+            node = by_name.get(entry.name)
+            if node is None:
+                raise ValueError(
+                    f"configured {kind} '{entry.name}' is not a model {kind}; the model's "
+                    f"{kind}s are {sorted(by_name)}"
+                )
+            expected = _ORT_TYPES.get(node.type)
+            if expected is not None and entry.data_type != expected:
+                raise ValueError(
+                    f"{kind} '{entry.name}' is "
+                    f"{model_config_pb2.DataType.Name(entry.data_type)} in the config, but "
+                    f"{model_config_pb2.DataType.Name(expected)} in the model"  # type: ignore[arg-type]
+                )
+            dims = list(entry.reshape.shape) if entry.HasField("reshape") else list(entry.dims)
+            configured = lead + dims
+            shape = list(node.shape or [])
+            if not shape:
+                continue
+            fixed_mismatch = any(
+                isinstance(m, int) and m > 0 and c != -1 and c != m
+                for c, m in zip(configured, shape, strict=False)
+            )
+            if len(shape) != len(configured) or fixed_mismatch:
+                shown = [m if isinstance(m, int) and m > 0 else -1 for m in shape]
+                raise ValueError(
+                    f"{kind} '{entry.name}' has shape {shown} in the model, but the config "
+                    f"gives {configured} (max_batch_size {config.max_batch_size}"
+                    f"{', with the batch dim first' if lead else ''})"
+                )
+    configured_inputs = {entry.name for entry in config.input}
+    missing = [node.name for node in model_inputs if node.name not in configured_inputs]
+    if missing:
+        raise ValueError(f"the model's input(s) {missing} are missing from the config")

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Sequence
 
-from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.errors import SchedulerClosed
 
 from .batch import execute_batch
 from .dispatch import SlotPool
 from .work import Array, WorkItem
+
+log = logging.getLogger(__name__)
 
 
 class DirectScheduler:
@@ -33,7 +36,7 @@ class DirectScheduler:
 
     async def submit(self, item: WorkItem) -> dict[str, Array]:
         if self._closing:
-            raise ServerError(ErrorCode.UNAVAILABLE, "model is being unloaded")
+            raise SchedulerClosed()
         self._pending += 1
         self._drained.clear()
         try:
@@ -51,7 +54,20 @@ class DirectScheduler:
                 self._drained.set()
 
     async def close(self, drain_timeout_s: float) -> None:
+        """Refuse new work, drain within the timeout, then close and join every slot.
+
+        Requests still waiting for a slot after the timeout fail with UNAVAILABLE; the
+        ones already executing finish before their slot's thread closes its executor.
+        """
         self._closing = True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
-        self._pool.close()
+        self._pool.close(SchedulerClosed("model was unloaded before the request could run"))
+        await asyncio.to_thread(self._pool.join, drain_timeout_s)
+        if self._pool.threads_alive:
+            # A run cannot be aborted; its slot closes the executor as soon as it ends.
+            log.warning(
+                "%d executor slot(s) still running after the %.1fs drain timeout",
+                self._pool.threads_alive,
+                drain_timeout_s,
+            )

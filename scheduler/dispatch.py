@@ -48,6 +48,10 @@ class ExecutorSlot:
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def _work(self) -> None:
         while True:
             item = self._jobs.get()
@@ -82,6 +86,7 @@ class SlotPool:
     def __init__(self, slots: list[ExecutorSlot]) -> None:
         self.slots = slots
         self._waiters: collections.deque[asyncio.Future[ExecutorSlot]] = collections.deque()
+        self._closed: BaseException | None = None
 
     @property
     def idle_count(self) -> int:
@@ -103,6 +108,8 @@ class SlotPool:
         return slot
 
     async def acquire(self) -> ExecutorSlot:
+        if self._closed is not None:
+            raise self._closed
         slot = self.try_acquire()
         if slot is not None:
             return slot
@@ -120,6 +127,8 @@ class SlotPool:
         if executed:
             slot.executions += 1
         slot.busy = False
+        if self._closed is not None:
+            return
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
@@ -136,6 +145,21 @@ class SlotPool:
         future.add_done_callback(lambda _: self.release(slot))
         return await asyncio.shield(future)
 
-    def close(self) -> None:
+    def close(self, reason: BaseException | None = None) -> None:
+        """Close every slot after its queued jobs; waiters for a slot get `reason`."""
+        self._closed = reason or RuntimeError("the executor slots are closed")
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(self._closed)
         for slot in self.slots:
             slot.close()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Blocking: wait for every slot thread to close its executor and exit."""
+        for slot in self.slots:
+            slot.join(timeout)
+
+    @property
+    def threads_alive(self) -> int:
+        return sum(slot.alive for slot in self.slots)

@@ -26,6 +26,7 @@ from ge_serve.scheduler.direct import DirectScheduler
 from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
 
 from .cli import Settings
+from .control import ControlMode, ControlSettings, ModelControl
 from .core import InferenceServer
 from .errors import ErrorCode, ServerError
 from .grpc.server import GrpcFrontEnd, GrpcSettings
@@ -77,30 +78,37 @@ class ServerApp:
                 unload_timeout_s=settings.exit_timeout_secs,
             ),
         )
-        self.core = InferenceServer(self.lifecycle, strict_readiness=settings.strict_readiness)
-        self.http = HttpFrontEnd(self.core, HttpSettings(settings.http_max_input_size))
+        self.control = ModelControl(
+            self.lifecycle,
+            self.repository,
+            ControlSettings(
+                ControlMode(settings.model_control_mode),
+                settings.load_models,
+                settings.repository_poll_secs,
+            ),
+        )
+        self.core = InferenceServer(
+            self.lifecycle, strict_readiness=settings.strict_readiness, control=self.control
+        )
+        self.http = HttpFrontEnd(
+            self.core,
+            HttpSettings(settings.http_max_input_size, settings.http_restricted_api),
+        )
         self.grpc = GrpcFrontEnd(self.core, GrpcSettings.from_settings(settings))
         self._servers: list[EmbeddedUvicorn] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.stopping = asyncio.Event()
 
     def startup_models(self) -> list[str]:
-        mode = self.settings.model_control_mode
-        if mode == "explicit":
-            wanted = self.settings.load_models
-            if "*" in wanted:
-                return sorted(self.repository.scan())
-            return list(dict.fromkeys(wanted))
-        return sorted(self.repository.scan())
+        return self.control.startup_models()
 
     async def start(self) -> bool:
         """Load the startup models, then open the endpoints. False means: exit with error."""
         try:
-            names = self.startup_models()
+            errors = await self.control.start()
         except ServerError as exc:
             log.error("%s", exc.message)
             return False
-        errors = await self.lifecycle.load_many(names)
         self.log_model_table()
         if errors and self.settings.exit_on_error:
             for name, message in sorted(errors.items()):
@@ -178,6 +186,7 @@ class ServerApp:
             [*self._tasks, grpc_stopped], timeout=self.settings.exit_timeout_secs + 1
         )
         self.core.stop_accepting()
+        await self.control.stop()
         await self.lifecycle.close()
 
 
@@ -245,7 +254,8 @@ def leave_running_executions(code: int, grace_s: float = 2.0) -> None:
     busy = [t.name for t in others if t.is_alive()]
     if busy:
         log.warning(
-            "exiting while %d thread(s) still run past --exit-timeout-secs: %s",
+            "exiting without waiting for %d thread(s) still running (an execution past "
+            "--exit-timeout-secs?): %s",
             len(busy),
             ", ".join(busy),
         )

@@ -7,6 +7,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .restrictions import CATEGORIES as RESTRICTED_API_CATEGORIES
+
 
 def _bool(text: str) -> bool:
     lowered = text.strip().lower()
@@ -32,7 +34,28 @@ def _restriction(text: str) -> list[tuple[str, str, str]]:
             f"expected <category>[,<category>]:<header>=<value>, got '{text}'"
         )
     header, value = rest.split("=", 1)
-    return [(c.strip(), header.strip().lower(), value.strip()) for c in categories.split(",")]
+    rules = [(c.strip(), header.strip().lower(), value.strip()) for c in categories.split(",")]
+    for category, _, _ in rules:
+        if category not in RESTRICTED_API_CATEGORIES:
+            raise argparse.ArgumentTypeError(
+                f"unknown API category '{category}' in '{text}'; expected one of: "
+                + ", ".join(RESTRICTED_API_CATEGORIES)
+            )
+    if not header.strip():
+        raise argparse.ArgumentTypeError(f"no header name in '{text}'")
+    return rules
+
+
+def _one_rule_per_category(
+    parser: argparse.ArgumentParser, flag: str, groups: list[list[tuple[str, str, str]]]
+) -> tuple[tuple[str, str, str], ...]:
+    rules = tuple(rule for group in groups for rule in group)
+    seen: set[str] = set()
+    for category, _, _ in rules:
+        if category in seen:
+            parser.error(f"{flag}: API category '{category}' appears in more than one rule")
+        seen.add(category)
+    return rules
 
 
 _UNITS = {
@@ -265,8 +288,12 @@ def parse_settings(argv: list[str]) -> Settings:
         grpc_http2_min_recv_ping_interval_without_data_ms=(
             args.grpc_http2_min_recv_ping_interval_without_data
         ),
-        http_restricted_api=tuple(r for group in args.http_restricted_api for r in group),
-        grpc_restricted_protocol=tuple(r for group in args.grpc_restricted_protocol for r in group),
+        http_restricted_api=_one_rule_per_category(
+            parser, "--http-restricted-api", args.http_restricted_api
+        ),
+        grpc_restricted_protocol=_one_rule_per_category(
+            parser, "--grpc-restricted-protocol", args.grpc_restricted_protocol
+        ),
         device=args.device,
         sim_devices=args.sim_devices,
         sim_device_memory=args.sim_device_memory,

@@ -14,11 +14,15 @@ from google.protobuf.message import Message
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.work import WorkItem
 
-from .errors import ErrorCode, ServerError
+from .control import CONTROL_DISABLED, ModelControl
+from .errors import ErrorCode, SchedulerClosed, ServerError
 from .lifecycle import ModelLifecycle
 from .model import ModelVersion
 from .types import InferRequest, InferResponse
 from .validation import build_response, prepare
+
+# How often a request refused by a retiring version is retried on its replacement.
+_SWAP_RETRIES = 3
 
 SERVER_NAME = "triton"
 SERVER_VERSION = "2.51.0"
@@ -44,6 +48,7 @@ class ServerInfo:
     extensions: tuple[str, ...] = (
         "classification",
         "model_repository",
+        "model_repository(unload_dependents)",
         "model_configuration",
         "binary_tensor_data",
         "parameters",
@@ -61,8 +66,10 @@ class InferenceServer:
         lifecycle: ModelLifecycle,
         info: ServerInfo | None = None,
         strict_readiness: bool = True,
+        control: ModelControl | None = None,
     ) -> None:
         self.lifecycle = lifecycle
+        self.control = control
         self.info = info or ServerInfo()
         self.strict_readiness = strict_readiness
         self.observers: list[InferObserver] = []
@@ -131,9 +138,19 @@ class InferenceServer:
         model = self.lifecycle.get(request.model_name, request.model_version)
         item: WorkItem | None = None
         try:
-            item = prepare(request, model)
-            item.enqueue_ns = started
-            outputs = await model.scheduler.submit(item)
+            for _ in range(_SWAP_RETRIES):
+                if model.retiring:
+                    model = self._replacement(request, model)
+                item = prepare(request, model)
+                item.enqueue_ns = started
+                try:
+                    outputs = await model.scheduler.submit(item)
+                    break
+                except SchedulerClosed:
+                    # Refused before it ran: the version was swapped out under us.
+                    model = self._replacement(request, model)
+            else:
+                raise ServerError(ErrorCode.UNAVAILABLE, "model is being reloaded, retry")
             response = build_response(request, model, outputs, item.batch_size)
         except ServerError as exc:
             self._notify(model, item, exc, started)
@@ -173,6 +190,13 @@ class InferenceServer:
             except ServerError as exc:
                 yield exc
 
+    def _replacement(self, request: InferRequest, old: ModelVersion) -> ModelVersion:
+        """The version that now serves this request after `old` was retired."""
+        model = self.lifecycle.get(request.model_name, request.model_version)
+        if model is old:
+            raise ServerError(ErrorCode.UNAVAILABLE, "model version is being unloaded")
+        return model
+
     def _notify(
         self, model: ModelVersion, item: WorkItem | None, error: ServerError | None, started: int
     ) -> None:
@@ -190,11 +214,19 @@ class InferenceServer:
     async def load_model(
         self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None
     ) -> None:
-        """Load or reload a model, optionally with a JSON config and file overrides."""
-        raise ServerError(ErrorCode.UNSUPPORTED, "the model repository API is not available")
+        """Load or reload a model, optionally with a JSON config and file overrides.
+
+        `files` maps `<version>/<file>` (the part after `file:`; a `file:` prefix is also
+        accepted) to the raw, already base64-decoded content.
+        """
+        if self.control is None:
+            raise ServerError(ErrorCode.UNAVAILABLE, CONTROL_DISABLED)
+        await self.control.load(name, config_json, files)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        raise ServerError(ErrorCode.UNSUPPORTED, "the model repository API is not available")
+        if self.control is None:
+            raise ServerError(ErrorCode.UNAVAILABLE, CONTROL_DISABLED)
+        await self.control.unload(name, unload_dependents)
 
     # --- statistics and logging -----------------------------------------------------------
 

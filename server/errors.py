@@ -43,4 +43,24 @@ def unknown_version(name: str, version: str) -> ServerError:
 
 def model_not_ready(name: str, version: str = "") -> ServerError:
     what = f"'{name}'" if not version else f"'{name}' version {version}"
-    return ServerError(ErrorCode.UNAVAILABLE, f"Request for unknown model: {what} is not ready")
+    return ServerError(
+        ErrorCode.UNAVAILABLE, f"Request for unknown model: {what} is not at ready state"
+    )
+
+
+def no_available_versions(name: str) -> ServerError:
+    """Triton's answer for a model that is known but has nothing loaded (e.g. unloaded)."""
+    return ServerError(
+        ErrorCode.NOT_FOUND, f"Request for unknown model: '{name}' has no available versions"
+    )
+
+
+class SchedulerClosed(ServerError):
+    """A scheduler refused a request because its model version is being retired.
+
+    Raised only for requests that never started; the core retries them on the version
+    that replaced it, so a hot swap never fails a request.
+    """
+
+    def __init__(self, message: str = "model version is being unloaded") -> None:
+        super().__init__(ErrorCode.UNAVAILABLE, message)

@@ -6,16 +6,25 @@ import asyncio
 import contextlib
 import enum
 import logging
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ge_serve.backends.base import Backend, LoadedModel, ModelSpec
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
 
 from . import autocomplete
-from .errors import ErrorCode, ServerError, model_not_ready, unknown_model, unknown_version
+from .errors import (
+    ErrorCode,
+    ServerError,
+    model_not_ready,
+    no_available_versions,
+    unknown_model,
+    unknown_version,
+)
 from .model import ModelVersion, tensor_specs
 from .repository import ModelRepository, ModelSource, read_config, read_labels, select_versions
 
@@ -46,6 +55,21 @@ class ModelRecord:
     # Set when the whole model failed before any version could be tried.
     reason: str = ""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The private `file:` override folder the current versions were loaded from; deleted
+    # once they are retired.
+    owned: Path | None = None
+    # False once unloaded on purpose: strict readiness then no longer waits for it.
+    wanted: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOverride:
+    """What a load API call replaces: the config, and/or the whole model folder."""
+
+    config: model_config_pb2.ModelConfig | None = None
+    # A private folder named after the model, holding the `file:` overrides. The model
+    # loads from it instead of the repository; the lifecycle owns and deletes it.
+    folder: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +107,8 @@ class ModelLifecycle:
         self.models: dict[str, ModelRecord] = {}
         # Observers called after each successful load: (model, load seconds).
         self.on_loaded: list[Callable[[ModelVersion, float], None]] = []
+        # Observers called once a version is retired and its executors are closed.
+        self.on_retired: list[Callable[[ModelVersion], None]] = []
 
     # --- queries -------------------------------------------------------------------------
 
@@ -102,10 +128,7 @@ class ModelLifecycle:
             return entry.model
         ready = [v for v in record.versions.values() if v.state is ModelState.READY and v.model]
         if not ready:
-            raise ServerError(
-                ErrorCode.UNAVAILABLE,
-                f"Request for unknown model: '{name}' has no available versions",
-            )
+            raise no_available_versions(name)
         best = max(ready, key=lambda v: v.version).model
         assert best is not None
         return best
@@ -118,9 +141,11 @@ class ModelLifecycle:
         return True
 
     def all_ready(self) -> bool:
+        """Every model meant to be loaded has a READY version (strict readiness)."""
         return all(
             any(v.state is ModelState.READY for v in record.versions.values())
             for record in self.models.values()
+            if record.wanted
         )
 
     def ready_models(self) -> list[ModelVersion]:
@@ -170,39 +195,79 @@ class ModelLifecycle:
 
     # --- loading -------------------------------------------------------------------------
 
-    async def load(self, name: str, config_text: str | None = None) -> None:
+    @contextlib.asynccontextmanager
+    async def _locked(self, name: str, create: bool = True) -> AsyncIterator[ModelRecord | None]:
+        """Hold the model's lock; loads and unloads of one model run one at a time.
+
+        A record can be dropped while someone waits on its lock, so re-check after
+        acquiring and retry on the record that is current then.
+        """
+        while True:
+            record = self.models.get(name)
+            if record is None:
+                if not create:
+                    yield None
+                    return
+                record = self.models.setdefault(name, ModelRecord(name))
+            await record.lock.acquire()
+            if self.models.get(name) is record:
+                break
+            record.lock.release()
+        try:
+            yield record
+        finally:
+            record.lock.release()
+
+    def _drop_if_empty(self, record: ModelRecord) -> None:
+        if not record.versions and not record.reason and self.models.get(record.name) is record:
+            del self.models[record.name]
+
+    async def load(self, name: str, override: LoadOverride | None = None) -> None:
         """Load (or reload) a model; the old versions serve until the new ones are ready."""
-        record = self.models.setdefault(name, ModelRecord(name))
-        async with record.lock:
-            sources = self.repository.scan()
-            source = sources.get(name)
-            if source is None:
-                if not record.versions:
-                    self.models.pop(name, None)
-                raise ServerError(
-                    ErrorCode.INVALID_ARG,
-                    f"failed to load '{name}', failed to poll from model repository",
-                )
-            for entry in record.versions.values():
-                if entry.state is not ModelState.READY:
-                    entry.state = ModelState.LOADING
-            if not record.versions:
-                record.reason = ""
+        override = override or LoadOverride()
+        async with self._locked(name) as record:
+            assert record is not None
             try:
-                prepared = await asyncio.to_thread(self._prepare, source, config_text)
-            except ServerError as exc:
-                self._fail(record, exc.message)
-                raise ServerError(exc.code, f"failed to load '{name}': {exc.message}") from None
-            except Exception as exc:
-                self._fail(record, str(exc))
-                raise ServerError(
-                    ErrorCode.INVALID_ARG, f"failed to load '{name}': {exc}"
-                ) from None
-            await self._install(record, prepared)
-            failed = {v: r for v, r in prepared.failures.items()}
-            if failed and not prepared.loaded:
-                reasons = "; ".join(f"version {v}: {r}" for v, r in sorted(failed.items()))
-                raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reasons}")
+                await self._load_locked(record, override)
+            finally:
+                # An override folder that did not become the record's own is not needed.
+                if override.folder is not None and record.owned != override.folder:
+                    await _remove_folder(override.folder)
+
+    async def _load_locked(self, record: ModelRecord, override: LoadOverride) -> None:
+        name = record.name
+        record.wanted = True
+        if override.folder is not None:
+            source: ModelSource | None = ModelSource(name, override.folder)
+        else:
+            sources = await asyncio.to_thread(self.repository.scan)
+            source = sources.get(name)
+        if source is None:
+            self._drop_if_empty(record)
+            raise ServerError(
+                ErrorCode.INVALID_ARG,
+                f"failed to load '{name}', failed to poll from model repository",
+            )
+        for entry in record.versions.values():
+            if entry.state is not ModelState.READY:
+                entry.state = ModelState.LOADING
+        if not record.versions:
+            record.reason = ""
+        try:
+            prepared = await asyncio.to_thread(self._prepare, source, override.config)
+        except ServerError as exc:
+            self._fail(record, exc.message)
+            raise ServerError(exc.code, f"failed to load '{name}': {exc.message}") from None
+        except Exception as exc:
+            self._fail(record, str(exc))
+            raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {exc}") from None
+        await self._install(record, prepared, override.folder)
+        failed = dict(prepared.failures)
+        if failed and not prepared.loaded:
+            reasons = "; ".join(f"version {v}: {r}" for v, r in sorted(failed.items()))
+            if any(v.state is ModelState.READY for v in record.versions.values()):
+                self._note_failed_reload(record, reasons)
+            raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reasons}")
 
     def _fail(self, record: ModelRecord, reason: str) -> None:
         """A failed (re)load keeps READY versions serving and marks the rest unavailable."""
@@ -216,12 +281,22 @@ class ModelLifecycle:
                 if entry.state is ModelState.LOADING:
                     entry.state = ModelState.UNAVAILABLE
                     entry.reason = reason
+            self._note_failed_reload(record, reason)
         log.error("failed to load '%s': %s", record.name, reason)
 
-    def _prepare(self, source: ModelSource, config_text: str | None) -> _Prepared:
+    @staticmethod
+    def _note_failed_reload(record: ModelRecord, reason: str) -> None:
+        """The index shows why a reload failed on the versions that keep serving."""
+        for entry in record.versions.values():
+            if entry.state is ModelState.READY:
+                entry.reason = f"reload failed, this version keeps serving: {reason}"
+
+    def _prepare(
+        self, source: ModelSource, override: model_config_pb2.ModelConfig | None
+    ) -> _Prepared:
         """Blocking: read and complete the config, then load every version it names."""
         started = time.monotonic()
-        config = read_config(source, config_text)
+        config = read_config(source, override=override)
         versions = select_versions(config, source.path)
         backend = autocomplete.resolve_backend(config, self.backends, self.settings.default_backend)
         newest = source.path / str(versions[-1])
@@ -249,8 +324,14 @@ class ModelLifecycle:
             config, backend, source, labels, loaded, failures, time.monotonic() - started
         )
 
-    async def _install(self, record: ModelRecord, prepared: _Prepared) -> None:
-        """Swap the new versions in atomically (on the loop), then retire the old ones."""
+    async def _install(
+        self, record: ModelRecord, prepared: _Prepared, folder: Path | None = None
+    ) -> None:
+        """Swap the new versions in atomically (on the loop), then retire the old ones.
+
+        Nothing awaits between building the new table and assigning it, so a request sees
+        either the old versions or the new ones, never a mix or a gap.
+        """
         config = prepared.config
         new_versions: dict[int, VersionRecord] = {}
         for version, loaded in prepared.loaded.items():
@@ -268,8 +349,6 @@ class ModelLifecycle:
                 labels=prepared.labels,
             )
             new_versions[version] = VersionRecord(version, ModelState.READY, "", model)
-            for callback in self.on_loaded:
-                callback(model, prepared.seconds)
         for version, reason in prepared.failures.items():
             new_versions[version] = VersionRecord(version, ModelState.UNAVAILABLE, reason)
         old = record.versions
@@ -281,34 +360,62 @@ class ModelLifecycle:
             return
         record.versions = new_versions
         record.reason = ""
+        old_folder, record.owned = record.owned, (folder if prepared.loaded else None)
+        for entry in new_versions.values():
+            if entry.model is not None:
+                for callback in self.on_loaded:
+                    callback(entry.model, prepared.seconds)
         retired = [v for v in old.values() if v.model is not None]
         await self._retire(retired)
+        if old_folder is not None and old_folder != record.owned:
+            await _remove_folder(old_folder)
 
     async def _retire(self, entries: list[VersionRecord]) -> None:
         for entry in entries:
             entry.state = ModelState.UNLOADING
+            if entry.model is not None:
+                entry.model.retiring = True
         await asyncio.gather(*(self._close(e) for e in entries))
 
     async def _close(self, entry: VersionRecord) -> None:
         model = entry.model
         if model is None:
             return
-        await model.scheduler.close(self.settings.unload_timeout_s)
+        try:
+            await model.scheduler.close(self.settings.unload_timeout_s)
+        except Exception:
+            log.exception("closing '%s' version %d failed", model.name, model.version)
         entry.model = None
         entry.state = ModelState.UNAVAILABLE
         entry.reason = "unloaded"
+        log.info("successfully unloaded '%s' version %d", model.name, model.version)
+        for callback in self.on_retired:
+            callback(model)
 
-    async def unload(self, name: str) -> None:
-        record = self.models.get(name)
-        if record is None:
-            raise unknown_model(name)
-        async with record.lock:
+    async def unload(self, name: str, forget: bool = False) -> None:
+        """Stop serving a model: new requests are refused at once, in-flight ones drain
+        (bounded by the unload timeout), then every executor is closed.
+
+        `forget` also drops the model from the index (its folder left the repository).
+        """
+        async with self._locked(name, create=False) as record:
+            if record is None:
+                sources = await asyncio.to_thread(self.repository.scan)
+                if name in sources or forget:
+                    return  # known but not loaded: nothing to unload
+                raise unknown_model(name)
+            record.wanted = False
             live = [v for v in record.versions.values() if v.model is not None]
             for entry in record.versions.values():
                 if entry.model is None:
                     entry.state = ModelState.UNAVAILABLE
                     entry.reason = "unloaded"
             await self._retire(live)
+            folder, record.owned = record.owned, None
+            if folder is not None:
+                await _remove_folder(folder)
+            if forget and self.models.get(name) is record:
+                del self.models[name]
 
     async def load_many(self, names: list[str]) -> dict[str, str]:
         """Load several models concurrently; returns {name: error} for those that failed."""
@@ -325,3 +432,7 @@ class ModelLifecycle:
 
     async def close(self) -> None:
         await asyncio.gather(*(self.unload(name) for name in list(self.models)))
+
+
+async def _remove_folder(folder: Path) -> None:
+    await asyncio.to_thread(shutil.rmtree, folder, True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,18 +63,24 @@ class ModelRepository:
 
 
 def read_config(
-    source: ModelSource, config_text: str | None = None
+    source: ModelSource,
+    config_text: str | None = None,
+    override: model_config_pb2.ModelConfig | None = None,
 ) -> model_config_pb2.ModelConfig:
-    """Parse `config.pbtxt` (or an override text), or start empty when there is none.
+    """Parse `config.pbtxt` (or an override text or message), or start empty when there is
+    none.
 
-    A missing file is fine: auto-complete fills the config from the model file.
+    A missing file is fine: auto-complete fills the config from the model file. An
+    override replaces `config.pbtxt` entirely, as the load API's `config` does in Triton.
     """
     config = model_config_pb2.ModelConfig()
-    if config_text is None:
+    if override is not None:
+        config.CopyFrom(override)
+    elif config_text is None:
         path = source.path / CONFIG_FILENAME
         if path.is_file():
             config_text = path.read_text(encoding="utf-8")
-    if config_text is not None:
+    if override is None and config_text is not None:
         try:
             text_format.Parse(config_text, config)
         except text_format.ParseError as exc:
@@ -138,3 +146,93 @@ def read_labels(config: model_config_pb2.ModelConfig, model_dir: Path) -> dict[s
                 )
             labels[output.name] = path.read_text(encoding="utf-8").splitlines()
     return labels
+
+
+# Top-level files up to this size are hashed, not just stat'ed, so an edit that keeps the
+# size within one timestamp tick (coarse-mtime file systems) is still seen.
+_HASH_LIMIT = 1024 * 1024
+
+
+def fingerprint(model_dir: Path) -> str:
+    """A digest of everything in a model folder that a reload would read.
+
+    Every file's relative path, size and mtime, recursively, plus the content of small
+    top-level files (`config.pbtxt`, labels, `configs/`). Blocking: run it off the loop.
+    """
+    digest = hashlib.sha256()
+    for root, dirs, files in os.walk(model_dir):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        rel_root = os.path.relpath(root, model_dir)
+        digest.update(f"D {rel_root}\n".encode())
+        for name in sorted(files):
+            if name.startswith("."):
+                continue
+            path = os.path.join(root, name)
+            try:
+                info = os.stat(path)
+            except FileNotFoundError:
+                continue
+            digest.update(f"F {rel_root}/{name} {info.st_size} {info.st_mtime_ns}\n".encode())
+            if rel_root == "." and info.st_size <= _HASH_LIMIT:
+                try:
+                    with open(path, "rb") as handle:
+                        digest.update(hashlib.sha256(handle.read()).digest())
+                except OSError:
+                    continue
+    return digest.hexdigest()
+
+
+def check_model_name(name: str) -> None:
+    """A model name must be usable as one folder name: no separators, no '..'."""
+    if not name or name in (".", "..") or any(c in name for c in "/\\\x00"):
+        raise ServerError(ErrorCode.INVALID_ARG, f"invalid model name '{name}'")
+
+
+def override_target(root: Path, relative: str) -> Path:
+    """Where a `file:<relative>` override goes under `root`, refusing any escape.
+
+    Only plain relative paths of non-empty components are accepted: no absolute paths,
+    no '.', '..' or empty components, no backslashes or NUL bytes.
+    """
+    parts = relative.split("/")
+    bad = (
+        not relative
+        or relative.startswith("/")
+        or any(c in relative for c in "\\\x00")
+        or any(part in ("", ".", "..") for part in parts)
+    )
+    if bad:
+        raise ServerError(
+            ErrorCode.INVALID_ARG,
+            f"file override 'file:{relative}' must be a relative path inside the model "
+            "folder (absolute paths, '..', '.', empty components and backslashes are "
+            "not allowed)",
+        )
+    return root.joinpath(*parts)
+
+
+def write_overrides(root: Path, files: dict[str, bytes]) -> None:
+    """Write override files under `root` (a fresh private folder), never outside it.
+
+    Every name is checked before anything is written. Files are created with O_EXCL and
+    O_NOFOLLOW, so a name can never be redirected through a symbolic link.
+    """
+    targets = {relative: override_target(root, relative) for relative in files}
+    real_root = os.path.realpath(root)
+    for relative, target in sorted(targets.items()):
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            real_parent = os.path.realpath(target.parent)
+            if real_parent != real_root and not real_parent.startswith(real_root + os.sep):
+                raise ServerError(
+                    ErrorCode.INVALID_ARG, f"file override 'file:{relative}' escapes the folder"
+                )
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            fd = os.open(target, flags, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(files[relative])
+        except OSError as exc:
+            raise ServerError(
+                ErrorCode.INVALID_ARG,
+                f"file override 'file:{relative}' could not be written: {exc.strerror}",
+            ) from None

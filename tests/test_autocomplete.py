@@ -200,9 +200,11 @@ async def test_disabled_leaves_the_config_tensors_alone(off: ModelLifecycle) -> 
     assert config.instance_group[0].count == 1
 
 
-async def test_disabled_does_not_set_max_batch_size(off: ModelLifecycle) -> None:
-    config = await loaded_config(off, add_sub_model(), FULL.replace("max_batch_size: 2", ""))
+async def test_disabled_full_rank_config_loads_without_batching(off: ModelLifecycle) -> None:
+    text = FULL.replace("max_batch_size: 2", "").replace("dims: [ 4 ]", "dims: [ -1, 4 ]")
+    config = await loaded_config(off, add_sub_model(), text)
     assert config.max_batch_size == 0
+    assert tensors(config.input)[0] == ("A", "TYPE_FP32", [-1, 4])
 
 
 async def test_disabled_without_inputs_fails_with_a_reason(off: ModelLifecycle) -> None:
@@ -231,3 +233,32 @@ async def test_disabled_tensor_without_data_type_fails(off: ModelLifecycle) -> N
     )
     with pytest.raises(ServerError, match="tensor 'B' has no data_type"):
         await loaded_config(off, add_sub_model(), text)
+
+
+# --- a config that does not fit the model fails at load, not at the first request -----------
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (("A\" data_type: TYPE_FP32", "A\" data_type: TYPE_INT32"),
+         "input 'A' is TYPE_INT32 in the config, but TYPE_FP32 in the model"),
+        (('name: "SUM"', 'name: "TOTAL"'),
+         "configured output 'TOTAL' is not a model output; the model's outputs are"),
+        (('"A" data_type: TYPE_FP32 dims: [ 4 ]', '"A" data_type: TYPE_FP32 dims: [ 5 ]'),
+         "input 'A' has shape [-1, 4] in the model, but the config gives [-1, 5]"),
+        (("max_batch_size: 2", "max_batch_size: 0"),
+         "input 'A' has shape [-1, 4] in the model, but the config gives [4]"),
+        (('{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] }', ""),
+         "the model's input(s) ['B'] are missing from the config"),
+    ],
+)  # fmt: skip
+async def test_config_must_fit_the_model(
+    off: ModelLifecycle, change: tuple[str, str], reason: str
+) -> None:
+    text = FULL.replace(*change).replace("},\n  \n]", "}\n]")
+    assert text != FULL
+    with pytest.raises(ServerError) as info:
+        await loaded_config(off, add_sub_model(), text)
+    assert reason in info.value.message
+    assert "failed to load 'm'" in info.value.message

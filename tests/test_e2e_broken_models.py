@@ -91,8 +91,11 @@ def test_broken_models_are_not_ready_and_refuse_requests(tolerant: ServerProcess
     for name in BROKEN:
         assert httpx.get(f"{base}/v2/models/{name}/ready").status_code == 400
         response = httpx.post(f"{base}/v2/models/{name}/infer", json={"inputs": []})
-        assert response.status_code == 503, response.text
-        assert f"'{name}'" in response.json()["error"]
+        # Triton's ModelLifeCycle::GetModel: no READY version is NOT_FOUND.
+        assert response.status_code == 404, response.text
+        assert response.json()["error"] == (
+            f"Request for unknown model: '{name}' has no available versions"
+        )
 
 
 def test_not_strict_readiness_is_ready(broken_repo: Path) -> None:

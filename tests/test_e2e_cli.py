@@ -76,9 +76,8 @@ def test_model_repo_alias_and_repeated_repositories(tmp_path: Path) -> None:
     extra = ["--model-repo", str(EXAMPLE_MODELS), "--model-repo", str(second)]
     with running_server(repos=[], extra=extra) as proc:
         index = httpx.post(proc.base_url + "/v2/repository/index").json()
-        assert [row["name"] for row in index] == [
-            "addsub", "image_classifier", "simple", "simple_string",
-        ]  # fmt: skip
+        examples = sorted(p.name for p in EXAMPLE_MODELS.iterdir() if p.is_dir())
+        assert [row["name"] for row in index] == sorted(["addsub", *examples])
         assert all(row["state"] == "READY" for row in index)
         body = {
             "inputs": [
@@ -235,9 +234,12 @@ def test_signal_finishes_in_flight_requests_and_exits_0(slow_repo: Path, sig: in
         shutil.rmtree(proc.log_path.parent, ignore_errors=True)
 
 
-def test_exit_timeout_bounds_the_wait(slow_repo: Path) -> None:
+def test_exit_timeout_bounds_the_wait(tmp_path: Path) -> None:
     """A request longer than --exit-timeout-secs does not hold the process: it exits 0."""
-    proc = start_server([slow_repo], ["--exit-timeout-secs", "0.5"])
+    # Two instances, so the short request never waits behind the endless one.
+    config = "instance_group [ { count: 2 kind: KIND_CPU } ]"
+    write_model(tmp_path / "repo", "slow", slow_model(), config)
+    proc = start_server([tmp_path / "repo"], ["--exit-timeout-secs", "0.5"])
     try:
         short, _ = slow_request(4000, seed=0)
         # Long enough to outlast the exit timeout by far (minutes).
@@ -248,8 +250,8 @@ def test_exit_timeout_bounds_the_wait(slow_repo: Path) -> None:
         ):
             first.sendall(short)
             second.sendall(endless)
-            # The short one runs first on the one instance; once it has answered, the
-            # endless one holds the instance.
+            # Once the short one has answered, the server has long read the endless one,
+            # which holds the other instance.
             read_response(first)
             proc.process.send_signal(signal.SIGTERM)
             rc = proc.process.wait(60)
@@ -257,7 +259,8 @@ def test_exit_timeout_bounds_the_wait(slow_repo: Path) -> None:
             second.settimeout(10)
             assert not second.recv(1 << 16).startswith(b"HTTP/1.1 200")
         assert rc == 0, proc.log()
-        assert "still run past --exit-timeout-secs" in proc.log()
+        assert "exiting without waiting for" in proc.log()
+        assert "slot-slow_1_cpu_" in proc.log()
     finally:
         proc.stop(signal.SIGKILL)
         shutil.rmtree(proc.log_path.parent, ignore_errors=True)

@@ -389,7 +389,7 @@ def test_repository_index(http: httpx.Client) -> None:
         assert response.status_code == 200
         assert response.json() == [
             {"name": name, "version": "1", "state": "READY", "reason": ""}
-            for name in ("image_classifier", "simple", "simple_string")
+            for name in sorted(p.name for p in EXAMPLE_MODELS.iterdir() if p.is_dir())
         ]
 
 

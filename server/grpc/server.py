@@ -20,7 +20,7 @@ from ge_serve.protos import grpc_service_pb2, grpc_service_pb2_grpc
 from ..cli import Settings
 from ..core import InferenceServer
 from ..errors import ErrorCode, ServerError
-from .restrict import RestrictedProtocols, method_rules
+from .restricted import RestrictedProtocolInterceptor
 from .servicer import GrpcServicer
 
 log = logging.getLogger(__name__)
@@ -126,8 +126,9 @@ class GrpcFrontEnd:
 
     async def start(self) -> None:
         """Bind and start serving; an address that cannot be bound is a ServerError."""
-        rules = method_rules(self.settings.restricted)
-        interceptors = [RestrictedProtocols(rules)] if rules else []
+        restricted = self.settings.restricted
+        # Only when a group is restricted: an interceptor costs every call.
+        interceptors = [RestrictedProtocolInterceptor.from_rules(restricted)] if restricted else []
         server = grpc.aio.server(interceptors=interceptors, options=self.settings.channel_options())
         add_inference = grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
         add_inference(self.servicer, server)  # type: ignore[no-untyped-call]

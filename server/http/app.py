@@ -19,9 +19,11 @@ from starlette.routing import BaseRoute, Route
 
 from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.restrictions import RestrictedApis
 
-from . import codec, compression
+from . import codec, compression, repository
 from .errors import error_response, server_error_response
+from .restricted import RestrictedApiMiddleware
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,8 @@ HEADER_LENGTH = "inference-header-content-length"
 @dataclass(frozen=True, slots=True)
 class HttpSettings:
     max_input_size: int = 64 * 1024 * 1024
+    # --http-restricted-api rules: (category, header, value)
+    restricted_api: tuple[tuple[str, str, str], ...] = ()
 
 
 def json_response(obj: Any, status: int = 200) -> Response:
@@ -58,6 +62,7 @@ class HttpFrontEnd:
     def __init__(self, core: InferenceServer, settings: HttpSettings) -> None:
         self.core = core
         self.settings = settings
+        self.restrictions = RestrictedApis(settings.restricted_api)
         # Other front-end pieces (statistics, repository, logging...) add routes here.
         self.extra_routes: list[Route] = []
 
@@ -77,6 +82,8 @@ class HttpFrontEnd:
             self.route("/v2/health/ready", self.health_ready, ["GET"]),
             self.route("/v2", self.server_metadata, ["GET"]),
             self.route("/v2/repository/index", self.repository_index, ["POST"]),
+            self.route("/v2/repository/models/{model}/load", self.repository_load, ["POST"]),
+            self.route("/v2/repository/models/{model}/unload", self.repository_unload, ["POST"]),
             *self.extra_routes,
             *self.versioned("/ready", self.model_ready, ["GET"]),
             *self.versioned("/config", self.model_config, ["GET"]),
@@ -104,6 +111,8 @@ class HttpFrontEnd:
             return error_response(exc.status_code, message)
 
         app.add_exception_handler(StarletteHTTPException, http_error)
+        if self.restrictions:
+            app.add_middleware(RestrictedApiMiddleware, restrictions=self.restrictions)
         return app
 
     # --- handlers ------------------------------------------------------------------------
@@ -139,6 +148,18 @@ class HttpFrontEnd:
                 raise ServerError(ErrorCode.INVALID_ARG, "'ready' must be a boolean")
             ready = flag
         return json_response(self.core.repository_index(ready))
+
+    async def repository_load(self, request: Request) -> Response:
+        load = repository.decode_load(await self.read_body(request))
+        await self.core.load_model(
+            str(request.path_params["model"]), load.config, load.files or None
+        )
+        return Response(status_code=200)
+
+    async def repository_unload(self, request: Request) -> Response:
+        unload_dependents = repository.decode_unload(await self.read_body(request))
+        await self.core.unload_model(str(request.path_params["model"]), unload_dependents)
+        return Response(status_code=200)
 
     async def infer(self, request: Request) -> Response:
         model, version = _model_path(request)

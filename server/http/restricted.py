@@ -1,0 +1,31 @@
+"""Pure ASGI middleware that refuses restricted HTTP APIs without their header."""
+
+from __future__ import annotations
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ge_serve.server.restrictions import RestrictedApis, http_category, http_refusal_message
+
+from .errors import error_response
+
+
+class RestrictedApiMiddleware:
+    """403 `{"error": "This API is restricted, expecting header '<h>'"}`, as Triton.
+
+    Installed only when some category is restricted, so unrestricted servers pay nothing.
+    """
+
+    def __init__(self, app: ASGIApp, restrictions: RestrictedApis) -> None:
+        self.app = app
+        self.restrictions = restrictions
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            category = http_category(scope["path"])
+            header = self.restrictions.refusal(category, Headers(scope=scope))
+            if header is not None:
+                response = error_response(403, http_refusal_message(header))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

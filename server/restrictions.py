@@ -1,0 +1,152 @@
+"""Restricted APIs, as Triton's `--http-restricted-api` / `--grpc-restricted-protocol`.
+
+Each rule `<category>[,<category>...]:<header>=<value>` puts API categories behind a
+header that must carry an exact value. Nothing here knows HTTP or gRPC beyond the category
+of each route or method and the two refusal messages; each front end calls `refusal()`
+once per request.
+
+Triton's facts (docs/customization_guide/inference_protocols.md, src/http_server.cc,
+src/grpc/grpc_handler.h):
+- HTTP checks the header `<header>` and answers 403 with
+  `{"error": "This API is restricted, expecting header '<header>'"}`.
+- gRPC checks the metadata key `triton-grpc-protocol-<header>` and answers UNAVAILABLE
+  with "This protocol is restricted, expecting header 'triton-grpc-protocol-<header>'".
+- A category may appear in one rule only.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+CATEGORIES = (
+    "health",
+    "metadata",
+    "inference",
+    "shared-memory",
+    "model-config",
+    "model-repository",
+    "statistics",
+    "trace",
+    "logging",
+)
+
+GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
+
+# gRPC method (the last part of `/inference.GRPCInferenceService/<Method>`) -> category.
+GRPC_METHOD_CATEGORY = {
+    "ServerLive": "health",
+    "ServerReady": "health",
+    "ModelReady": "health",
+    "ServerMetadata": "metadata",
+    "ModelMetadata": "metadata",
+    "ModelInfer": "inference",
+    "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config",
+    "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository",
+    "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryStatus": "shared-memory",
+    "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory",
+    "CudaSharedMemoryStatus": "shared-memory",
+    "CudaSharedMemoryRegister": "shared-memory",
+    "CudaSharedMemoryUnregister": "shared-memory",
+    "TraceSetting": "trace",
+    "LogSettings": "logging",
+    # grpc.health.v1.Health is part of `health` in Triton.
+    "Check": "health",
+    "Watch": "health",
+}
+
+_MODEL = r"/v2/models/[^/]+(?:/versions/[^/]+)?"
+# HTTP (method, path) patterns -> category, first match wins. Unknown paths have none.
+_HTTP_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), category)
+    for pattern, category in (
+        (r"/v2/health/(?:live|ready)", "health"),
+        (r"/v2/models/stats", "statistics"),
+        (_MODEL + r"/ready", "health"),
+        (_MODEL + r"/(?:infer|generate|generate_stream)", "inference"),
+        (_MODEL + r"/config", "model-config"),
+        (_MODEL + r"/stats", "statistics"),
+        (_MODEL + r"/trace/setting", "trace"),
+        (r"/v2/trace/setting", "trace"),
+        (r"/v2/logging", "logging"),
+        (r"/v2/repository/.*", "model-repository"),
+        (r"/v2/(?:system|cuda)sharedmemory(?:/.*)?", "shared-memory"),
+        (r"/v2", "metadata"),
+        (_MODEL, "metadata"),
+    )
+)
+
+
+def http_category(path: str) -> str | None:
+    """The restricted-API category of an HTTP path, or None when it has none."""
+    path = path.rstrip("/") or "/"
+    for pattern, category in _HTTP_RULES:
+        if pattern.fullmatch(path):
+            return category
+    return None
+
+
+def grpc_category(method: str) -> str | None:
+    """The category of a gRPC method, from its full name or its bare name."""
+    return GRPC_METHOD_CATEGORY.get(method.rsplit("/", 1)[-1])
+
+
+@dataclass(frozen=True, slots=True)
+class Restriction:
+    header: str
+    value: str
+
+
+class RestrictedApis:
+    """Which categories need which header; `header_prefix` is "" for HTTP and
+    `GRPC_HEADER_PREFIX` for gRPC."""
+
+    def __init__(self, rules: Iterable[tuple[str, str, str]], header_prefix: str = "") -> None:
+        self.rules: dict[str, Restriction] = {}
+        for category, header, value in rules:
+            if category not in CATEGORIES:
+                raise ValueError(
+                    f"unknown restricted API category '{category}'; "
+                    f"expected one of: {', '.join(CATEGORIES)}"
+                )
+            if category in self.rules:
+                raise ValueError(
+                    f"restricted API category '{category}' is named in more than one rule"
+                )
+            if not header:
+                raise ValueError(f"restricted API category '{category}' names no header")
+            self.rules[category] = Restriction((header_prefix + header).lower(), value)
+
+    def __bool__(self) -> bool:
+        return bool(self.rules)
+
+    def refusal(self, category: str | None, headers: Mapping[str, str]) -> str | None:
+        """None when the call may proceed; else the header it lacks.
+
+        `headers` must be keyed by lower-case names (starlette's Headers and gRPC
+        metadata both are).
+        """
+        if category is None:
+            return None
+        rule = self.rules.get(category)
+        if rule is None:
+            return None
+        given = headers.get(rule.header)
+        if given is not None and hmac.compare_digest(given.encode(), rule.value.encode()):
+            return None
+        return rule.header
+
+
+def http_refusal_message(header: str) -> str:
+    return f"This API is restricted, expecting header '{header}'"
+
+
+def grpc_refusal_message(header: str) -> str:
+    return f"This protocol is restricted, expecting header '{header}'"

@@ -1,0 +1,75 @@
+"""argv to frozen settings, and settings to the parts the composition root builds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ge_serve.server.app import ServerApp
+from ge_serve.server.cli import parse_settings
+
+
+def test_defaults_are_tritons() -> None:
+    settings = parse_settings(["--model-repository", "/models"])
+    assert settings.model_repositories == (Path("/models"),)
+    assert (settings.http_port, settings.grpc_port, settings.metrics_port) == (8000, 8001, 8002)
+    assert settings.exit_on_error and settings.strict_readiness
+    assert settings.exit_timeout_secs == 30.0
+    assert settings.http_max_input_size == 64 * 1024 * 1024
+    assert not settings.disable_auto_complete_config
+    assert settings.model_control_mode == "none"
+
+
+def test_model_repo_alias_and_repeats() -> None:
+    settings = parse_settings(
+        ["--model-repo", "a", "--model-repository", "b", "--model-store", "c"]
+    )
+    assert settings.model_repositories == (Path("a"), Path("b"), Path("c"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--exit-on-error=false"], False),
+        (["--exit-on-error", "0"], False),
+        (["--exit-on-error=true"], True),
+        (["--exit-on-error", "yes"], True),
+    ],
+)
+def test_boolean_flags(argv: list[str], expected: bool) -> None:
+    assert parse_settings(["--model-repo", "m", *argv]).exit_on_error is expected
+
+
+def test_bad_boolean_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_settings(["--model-repo", "m", "--exit-on-error=maybe"])
+    assert info.value.code == 2
+    assert "expected true or false, got 'maybe'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv", [["--disable-auto-complete-config"], ["--strict-model-config=true"]]
+)
+def test_auto_complete_off_reaches_the_lifecycle(argv: list[str]) -> None:
+    settings = parse_settings(["--model-repo", "m", *argv])
+    assert settings.disable_auto_complete_config
+    app = ServerApp(settings)
+    assert app.lifecycle.settings.autocomplete is False
+
+
+def test_settings_reach_the_parts(tmp_path: Path) -> None:
+    settings = parse_settings(
+        [
+            "--model-repo", str(tmp_path),
+            "--http-max-input-size", "1234",
+            "--exit-timeout-secs", "2.5",
+            "--strict-readiness=false",
+        ]
+    )  # fmt: skip
+    app = ServerApp(settings)
+    assert app.http.settings.max_input_size == 1234
+    assert app.lifecycle.settings.autocomplete is True
+    assert app.lifecycle.settings.unload_timeout_s == 2.5
+    assert app.core.strict_readiness is False
+    assert app.repository.paths == [tmp_path]
