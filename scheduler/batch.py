@@ -59,4 +59,5 @@ def execute_batch(
         timings.compute_infer_ns = done - ready
         timings.compute_output_ns = finished - done
         timings.batch_size = total
+    items[0].timings.first_in_batch = True
     return results

@@ -21,6 +21,9 @@ class Timings:
     compute_output_ns: int = 0
     # Size of the batch this request ran in (after merging, before gear padding).
     batch_size: int = 0
+    # True on exactly one request of each execution, so that observers, which see requests
+    # one at a time, count each execution (and its batch statistics) once.
+    first_in_batch: bool = False
 
 
 @dataclass(slots=True)

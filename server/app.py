@@ -31,8 +31,12 @@ from .core import InferenceServer
 from .errors import ErrorCode, ServerError
 from .grpc.server import GrpcFrontEnd, GrpcSettings
 from .http.app import HttpFrontEnd, HttpSettings
+from .http.monitoring import MetricsApp, metrics_endpoint
 from .lifecycle import LifecycleSettings, ModelLifecycle
+from .logsettings import LogControl, LogSettings
+from .metrics import MetricsConfig, ServerMetrics
 from .repository import ModelRepository
+from .resources import DeviceMetricsProvider, ResourceSampler
 
 log = logging.getLogger("ge_serve")
 
@@ -45,13 +49,13 @@ class EmbeddedUvicorn(uvicorn.Server):
         yield
 
 
-def configure_logging(settings: Settings) -> None:
-    level = (
-        logging.DEBUG
-        if settings.log_verbose > 0
-        else (logging.INFO if settings.log_info else logging.WARNING)
+def configure_logging(settings: Settings) -> LogControl:
+    """Logging that the logging extension can change at run time."""
+    control = LogControl(
+        LogSettings(log_info=settings.log_info, log_verbose_level=settings.log_verbose)
     )
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname).1s %(name)s] %(message)s")
+    control.install()
+    return control
 
 
 def make_scheduler(config: model_config_pb2.ModelConfig, loaded: LoadedModel) -> Scheduler:
@@ -66,7 +70,7 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
 class ServerApp:
     """Everything one `ge-serve` process runs, wired together."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, log_control: LogControl | None = None) -> None:
         self.settings = settings
         self.repository = ModelRepository([Path(p) for p in settings.model_repositories])
         self.lifecycle = ModelLifecycle(
@@ -88,16 +92,43 @@ class ServerApp:
             ),
         )
         self.core = InferenceServer(
-            self.lifecycle, strict_readiness=settings.strict_readiness, control=self.control
+            self.lifecycle,
+            strict_readiness=settings.strict_readiness,
+            control=self.control,
+            log_control=log_control,
         )
         self.http = HttpFrontEnd(
             self.core,
             HttpSettings(settings.http_max_input_size, settings.http_restricted_api),
         )
         self.grpc = GrpcFrontEnd(self.core, GrpcSettings.from_settings(settings))
+        self.metrics = self._make_metrics() if settings.allow_metrics else None
         self._servers: list[EmbeddedUvicorn] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.stopping = asyncio.Event()
+
+    def _make_metrics(self) -> ServerMetrics:
+        """Metrics observe every request; without them the hot path pays nothing for them."""
+        settings = self.settings
+        providers = [
+            b for b in self.lifecycle.backends.values() if isinstance(b, DeviceMetricsProvider)
+        ]
+        sampler = ResourceSampler(
+            settings.metrics_interval_ms / 1000,
+            cpu=settings.allow_cpu_metrics,
+            providers=providers if settings.allow_gpu_metrics else [],
+        )
+        metrics = ServerMetrics(
+            self.core.stats,
+            MetricsConfig.parse(settings.metrics_config),
+            sampler,
+            devices=settings.allow_gpu_metrics,
+        )
+        self.core.observers.append(metrics)
+        self.http.extra_routes.append(
+            self.http.route("/metrics", metrics_endpoint(metrics.render), ["GET"])
+        )
+        return metrics
 
     def startup_models(self) -> list[str]:
         return self.control.startup_models()
@@ -128,6 +159,15 @@ class ServerApp:
             await self._start_uvicorn(
                 self.http.build(), self.settings.http_address, self.settings.http_port, "HTTP"
             )
+        if self.metrics is not None:
+            await self._start_uvicorn(
+                MetricsApp(self.metrics.render),
+                self.settings.metrics_address,
+                self.settings.metrics_port,
+                "Metrics",
+            )
+            if self.metrics.sampler is not None:
+                self.metrics.sampler.start()
         return True
 
     async def _start_uvicorn(self, app: object, host: str, port: int, what: str) -> None:
@@ -187,6 +227,8 @@ class ServerApp:
         )
         self.core.stop_accepting()
         await self.control.stop()
+        if self.metrics is not None and self.metrics.sampler is not None:
+            await asyncio.to_thread(self.metrics.sampler.stop)
         await self.lifecycle.close()
 
 
@@ -206,8 +248,8 @@ def listen_socket(host: str, port: int, what: str) -> socket.socket:
     return sock
 
 
-async def serve(settings: Settings) -> int:
-    app = ServerApp(settings)
+async def serve(settings: Settings, log_control: LogControl | None = None) -> int:
+    app = ServerApp(settings, log_control)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, app.stopping.set)
@@ -234,8 +276,8 @@ async def serve(settings: Settings) -> int:
 
 
 def run(settings: Settings) -> int:
-    configure_logging(settings)
-    code = uvloop.run(serve(settings))
+    log_control = configure_logging(settings)
+    code = uvloop.run(serve(settings, log_control))
     leave_running_executions(code)
     return code
 

@@ -251,6 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_settings(argv: list[str]) -> Settings:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .metrics import MetricsConfig  # checked here so a bad key is a usage error
+
+    try:
+        MetricsConfig.parse(args.metrics_config)
+    except ValueError as exc:
+        parser.error(str(exc))
     autocomplete_off = args.disable_auto_complete_config or bool(args.strict_model_config)
     backend_config = []
     for item in args.backend_config:

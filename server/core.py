@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -12,12 +13,14 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from ge_serve.protos import model_config_pb2
-from ge_serve.scheduler.work import WorkItem
+from ge_serve.scheduler.work import Array, WorkItem
 
 from .control import CONTROL_DISABLED, ModelControl
-from .errors import ErrorCode, SchedulerClosed, ServerError
+from .errors import ErrorCode, FailureReason, SchedulerClosed, ServerError, request_cancelled
 from .lifecycle import ModelLifecycle
+from .logsettings import LogControl
 from .model import ModelVersion
+from .statistics import ModelStatistics
 from .types import InferRequest, InferResponse
 from .validation import build_response, prepare
 
@@ -52,6 +55,8 @@ class ServerInfo:
         "model_configuration",
         "binary_tensor_data",
         "parameters",
+        "statistics",
+        "logging",
     )
 
 
@@ -67,12 +72,15 @@ class InferenceServer:
         info: ServerInfo | None = None,
         strict_readiness: bool = True,
         control: ModelControl | None = None,
+        log_control: LogControl | None = None,
     ) -> None:
         self.lifecycle = lifecycle
         self.control = control
         self.info = info or ServerInfo()
         self.strict_readiness = strict_readiness
-        self.observers: list[InferObserver] = []
+        self.stats = ModelStatistics(lifecycle)
+        self.log_control = log_control or LogControl()
+        self.observers: list[InferObserver] = [self.stats]
         self._live = True
         self._accepting = True
 
@@ -137,6 +145,7 @@ class InferenceServer:
         started = time.monotonic_ns()
         model = self.lifecycle.get(request.model_name, request.model_version)
         item: WorkItem | None = None
+        outputs: dict[str, Array] | None = None
         try:
             for _ in range(_SWAP_RETRIES):
                 if model.retiring:
@@ -155,8 +164,14 @@ class InferenceServer:
         except ServerError as exc:
             self._notify(model, item, exc, started)
             raise
+        except asyncio.CancelledError:
+            self._notify(model, item, request_cancelled(), started)
+            raise
         except Exception as exc:
-            error = ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            # Anything unexpected out of the scheduler is the model's execution failing.
+            during_execution = item is not None and outputs is None
+            reason = FailureReason.BACKEND if during_execution else FailureReason.OTHER
+            error = ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", reason)
             self._notify(model, item, error, started)
             raise error from exc
         self._notify(model, item, None, started)
@@ -232,13 +247,16 @@ class InferenceServer:
 
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Triton's statistics extension: `{"model_stats": [...]}`, every field an integer."""
-        raise ServerError(ErrorCode.UNSUPPORTED, "the statistics extension is not available")
+        return self.stats.statistics(name, version)
 
     def log_settings(self) -> dict[str, Any]:
-        raise ServerError(ErrorCode.UNSUPPORTED, "the logging extension is not available")
+        """Triton's logging extension: log_file, log_info, log_warning, log_error,
+        log_verbose_level, log_format."""
+        return self.log_control.settings()
 
     def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
-        raise ServerError(ErrorCode.UNSUPPORTED, "the logging extension is not available")
+        """Apply the given settings (the rest stay) and return all of them."""
+        return self.log_control.update(changes)
 
 
 def _platform(model: ModelVersion) -> str:

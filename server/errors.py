@@ -18,13 +18,26 @@ class ErrorCode(enum.Enum):
     CANCELLED = "CANCELLED"
 
 
-class ServerError(Exception):
-    """An error a client should see, with a code and a message meant for people."""
+class FailureReason(enum.Enum):
+    """Why a request failed, as Triton's `nv_inference_request_failure{reason}` says it."""
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    REJECTED = "REJECTED"  # refused by the queue: full, or timed out before running
+    CANCELED = "CANCELED"
+    BACKEND = "BACKEND"  # the model's execution failed
+    OTHER = "OTHER"
+
+
+class ServerError(Exception):
+    """An error a client should see, with a code and a message meant for people.
+
+    `reason` tags a failed inference for statistics; left None, statistics classify it.
+    """
+
+    def __init__(self, code: ErrorCode, message: str, reason: FailureReason | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.reason = reason
 
     def __repr__(self) -> str:
         return f"ServerError({self.code.value}, {self.message!r})"
@@ -64,3 +77,15 @@ class SchedulerClosed(ServerError):
 
     def __init__(self, message: str = "model version is being unloaded") -> None:
         super().__init__(ErrorCode.UNAVAILABLE, message)
+
+
+def queue_full() -> ServerError:
+    return ServerError(ErrorCode.UNAVAILABLE, "Exceeds maximum queue size", FailureReason.REJECTED)
+
+
+def request_timeout() -> ServerError:
+    return ServerError(ErrorCode.UNAVAILABLE, "Request timeout expired", FailureReason.REJECTED)
+
+
+def request_cancelled() -> ServerError:
+    return ServerError(ErrorCode.CANCELLED, "request cancelled", FailureReason.CANCELED)

@@ -1,0 +1,95 @@
+"""HTTP routes for the statistics and logging extensions, and the /metrics endpoints.
+
+The metrics port serves `MetricsApp`, a bare ASGI app: Prometheus scrapes it and nothing
+else, so it needs no framework.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from . import codec
+from .errors import error_response
+
+if TYPE_CHECKING:
+    from .app import HttpFrontEnd
+
+log = logging.getLogger(__name__)
+
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+def routes(front: HttpFrontEnd) -> list[Route]:
+    """Statistics and logging; `/v2/models/stats` must come before `/v2/models/{model}`."""
+    core = front.core
+
+    def json(obj: Any) -> Response:
+        return Response(codec.encode_json(obj), media_type="application/json")
+
+    async def statistics(request: Request) -> Response:
+        params = request.path_params
+        return json(core.statistics(str(params.get("model", "")), str(params.get("version", ""))))
+
+    async def logging_settings(request: Request) -> Response:
+        if request.method == "GET":
+            return json(core.log_settings())
+        body = await front.read_body(request)
+        changes = codec.decode_json_object(body, "log settings request")
+        return json(core.update_log_settings(changes))
+
+    return [
+        front.route("/v2/models/stats", statistics, ["GET"]),
+        *front.versioned("/stats", statistics, ["GET"]),
+        front.route("/v2/logging", logging_settings, ["GET", "POST"]),
+    ]
+
+
+def metrics_endpoint(render: Callable[[], bytes]) -> Callable[[Request], Awaitable[Response]]:
+    """/metrics on the HTTP port."""
+
+    async def metrics(request: Request) -> Response:
+        return Response(render(), media_type=METRICS_CONTENT_TYPE)
+
+    return metrics
+
+
+class MetricsApp:
+    """The metrics port: `GET /metrics`, and JSON errors for anything else."""
+
+    def __init__(self, render: Callable[[], bytes]) -> None:
+        self._render = render
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        method = scope["method"]
+        if scope["path"] != "/metrics":
+            response = error_response(404, f"Not Found: no route for {method} {scope['path']}")
+        elif method not in ("GET", "HEAD"):
+            response = error_response(405, f"Method Not Allowed: {method} {scope['path']}")
+            response.headers["allow"] = "GET, HEAD"
+        else:
+            try:
+                body = self._render()
+            except Exception as exc:
+                log.exception("rendering metrics failed")
+                response = error_response(500, f"rendering metrics failed: {exc}")
+                await response(scope, receive, send)
+                return
+            response = Response(
+                b"" if method == "HEAD" else body,
+                media_type=METRICS_CONTENT_TYPE,
+                headers={"content-length": str(len(body))},
+            )
+        await response(scope, receive, send)

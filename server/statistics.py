@@ -1,0 +1,194 @@
+"""Triton's statistics extension: cumulative per-model-version counts and durations.
+
+Always on: perf_analyzer reads these for its server-side breakdown. Everything here runs on
+the event loop (requests finish there), so plain integers need no locks. The metrics
+endpoint reads the same records, so statistics and metrics can never disagree.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ge_serve.scheduler.work import Timings, WorkItem
+
+from .errors import ErrorCode, FailureReason, ServerError, unknown_model
+from .lifecycle import ModelLifecycle
+from .model import ModelVersion
+
+# Triton's own wording for these two; a scheduler that builds the error itself may not tag it.
+_REJECTED_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired")
+
+
+def failure_reason(error: ServerError) -> FailureReason:
+    if error.reason is not None:
+        return error.reason
+    if error.code is ErrorCode.CANCELLED:
+        return FailureReason.CANCELED
+    if error.message.startswith(_REJECTED_MESSAGES):
+        return FailureReason.REJECTED
+    if error.code is ErrorCode.INTERNAL:
+        # What the scheduler passes on from a failed execution; the core tags its own
+        # internal errors explicitly.
+        return FailureReason.BACKEND
+    return FailureReason.OTHER
+
+
+@dataclass(slots=True)
+class BatchStats:
+    """Executions of one batch size and their cumulative compute durations."""
+
+    count: int = 0
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+
+
+@dataclass(slots=True)
+class ModelStats:
+    """Everything counted for one loaded model version since it loaded."""
+
+    model: ModelVersion
+    load_seconds: float = 0.0
+    success_count: int = 0
+    success_ns: int = 0
+    fail_count: int = 0
+    fail_ns: int = 0
+    # Summed over successful requests; each request of a batch counts the batch's time.
+    queue_ns: int = 0
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+    failures: dict[FailureReason, int] = field(
+        default_factory=lambda: dict.fromkeys(FailureReason, 0)
+    )
+    batches: dict[int, BatchStats] = field(default_factory=dict)
+
+    def add_execution(self, timings: Timings) -> None:
+        self.execution_count += 1
+        self.last_inference_ms = time.time_ns() // 1_000_000
+        batch = self.batches.get(timings.batch_size)
+        if batch is None:
+            batch = self.batches[timings.batch_size] = BatchStats()
+        batch.count += 1
+        batch.input_ns += timings.compute_input_ns
+        batch.infer_ns += timings.compute_infer_ns
+        batch.output_ns += timings.compute_output_ns
+
+    def to_json(self) -> dict[str, Any]:
+        """One `ModelStatistics` in Triton's JSON shape (grpc_service.proto field names)."""
+        successes = self.success_count
+        return {
+            "name": self.model.name,
+            "version": self.model.version_str,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": _duration(successes, self.success_ns),
+                "fail": _duration(self.fail_count, self.fail_ns),
+                "queue": _duration(successes, self.queue_ns),
+                "compute_input": _duration(successes, self.input_ns),
+                "compute_infer": _duration(successes, self.infer_ns),
+                "compute_output": _duration(successes, self.output_ns),
+                "cache_hit": _duration(0, 0),
+                "cache_miss": _duration(0, 0),
+            },
+            "response_stats": {},
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": _duration(batch.count, batch.input_ns),
+                    "compute_infer": _duration(batch.count, batch.infer_ns),
+                    "compute_output": _duration(batch.count, batch.output_ns),
+                }
+                for size, batch in sorted(self.batches.items())
+            ],
+            "memory_usage": [],
+        }
+
+
+def _duration(count: int, ns: int) -> dict[str, int]:
+    return {"count": count, "ns": ns}
+
+
+class ModelStatistics:
+    """The statistics of every loaded model version; an `InferObserver` of the core."""
+
+    def __init__(self, lifecycle: ModelLifecycle) -> None:
+        self._lifecycle = lifecycle
+        # Keyed by id(): ModelVersion is unhashable. The record holds the model, so an id
+        # cannot be reused while its record exists.
+        self._records: dict[int, ModelStats] = {}
+        # Told about each new record (metrics attach their own per-model recorders).
+        self.on_record_added: list[Callable[[ModelStats], None]] = []
+        lifecycle.on_loaded.append(self.model_loaded)
+
+    def model_loaded(self, model: ModelVersion, seconds: float) -> None:
+        record = ModelStats(model, load_seconds=seconds)
+        self._records[id(model)] = record
+        for callback in self.on_record_added:
+            callback(record)
+
+    def request_done(
+        self,
+        model: ModelVersion,
+        item: WorkItem | None,
+        error: ServerError | None,
+        started_ns: int,
+        finished_ns: int,
+    ) -> None:
+        stats = self._records.get(id(model))
+        if stats is None:
+            return
+        if item is not None:
+            timings = item.timings
+            if timings.first_in_batch:
+                stats.add_execution(timings)
+            if error is None:
+                stats.success_count += 1
+                stats.success_ns += finished_ns - started_ns
+                stats.inference_count += item.batch_size
+                stats.queue_ns += timings.queue_ns
+                stats.input_ns += timings.compute_input_ns
+                stats.infer_ns += timings.compute_infer_ns
+                stats.output_ns += timings.compute_output_ns
+                return
+        stats.fail_count += 1
+        stats.fail_ns += finished_ns - started_ns
+        reason = failure_reason(error) if error is not None else FailureReason.OTHER
+        stats.failures[reason] += 1
+
+    def records(self) -> list[ModelStats]:
+        """The records of the versions that serve now, by name then version.
+
+        Records of versions that no longer serve are dropped here, as Triton drops an
+        unloaded model's statistics.
+        """
+        live = {id(model): model for model in self._lifecycle.ready_models()}
+        for key in [key for key in self._records if key not in live]:
+            del self._records[key]
+        found = [self._records[key] for key in live if key in self._records]
+        return sorted(found, key=lambda r: (r.model.name, r.model.version))
+
+    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """`{"model_stats": [...]}`: every model, one model's ready versions, or one version."""
+        records = self.records()
+        if name:
+            if name not in self._lifecycle.models:
+                raise unknown_model(name)
+            if version:
+                wanted = id(self._lifecycle.get(name, version))
+                records = [r for r in records if id(r.model) == wanted]
+            else:
+                records = [r for r in records if r.model.name == name]
+                if not records:
+                    self._lifecycle.get(name)  # raises the reason no version serves
+        elif version:
+            raise ServerError(ErrorCode.INVALID_ARG, "a model version needs a model name")
+        return {"model_stats": [record.to_json() for record in records]}
