@@ -412,3 +412,45 @@ def test_reflection_lists_the_service(channel: grpc.Channel) -> None:
     service = next(s for s in found.service if s.name == "GRPCInferenceService")
     methods = {m.name for m in service.method}
     assert {"ModelInfer", "ModelStreamInfer", "ModelConfig", "ServerLive"} <= methods
+
+
+# --- statistics and logging through the core --------------------------------------------------
+
+
+def test_statistics_over_grpc(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        before = client.get_inference_statistics("simple").model_stats[0]
+        a = np.ones((2, 16), dtype=np.int32)
+        client.infer("simple", simple_inputs(a, a))
+        (stats,) = client.get_inference_statistics("simple", "1").model_stats
+        assert (stats.name, stats.version) == ("simple", "1")
+        assert stats.inference_count == before.inference_count + 2
+        assert stats.execution_count == before.execution_count + 1
+        assert stats.inference_stats.success.count == before.inference_stats.success.count + 1
+        assert stats.inference_stats.compute_infer.ns > before.inference_stats.compute_infer.ns
+        everything = client.get_inference_statistics()
+        assert {s.name for s in everything.model_stats} >= {"simple", "simple_string"}
+        with pytest.raises(InferenceServerException) as info:
+            client.get_inference_statistics("no_such_model")
+        assert info.value.status() == "StatusCode.NOT_FOUND"
+    finally:
+        client.close()
+
+
+def test_log_settings_over_grpc(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    level = client.get_log_settings(as_json=True)["settings"]["log_verbose_level"]
+    try:
+        updated = client.update_log_settings({"log_verbose_level": 3}, as_json=True)
+        assert updated["settings"]["log_verbose_level"] == {"uint32_param": 3}
+        assert "bool_param" in updated["settings"]["log_info"]
+        assert client.get_log_settings(as_json=True)["settings"]["log_verbose_level"] == {
+            "uint32_param": 3
+        }
+        with pytest.raises(InferenceServerException) as info:
+            client.update_log_settings({"log_format": "fancy"})
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    finally:
+        client.update_log_settings({"log_verbose_level": level.get("uint32_param", 0)})
+        client.close()
