@@ -45,6 +45,8 @@ COLUMNS = (
     "throughput",
     "p50_us",
     "p99_us",
+    "server_queue_us",
+    "server_compute_infer_us",
     "ratio_raw",
     "ratio_raw_b1",
     "ratio_http",
