@@ -29,6 +29,7 @@ from .cli import Settings
 from .control import ControlMode, ControlSettings, ModelControl
 from .core import InferenceServer
 from .errors import ErrorCode, ServerError
+from .grpc.server import GrpcFrontEnd, GrpcSettings
 from .http.app import HttpFrontEnd, HttpSettings
 from .http.monitoring import MetricsApp, metrics_endpoint
 from .lifecycle import LifecycleSettings, ModelLifecycle
@@ -112,6 +113,7 @@ class ServerApp:
             self.core,
             HttpSettings(settings.http_max_input_size, settings.http_restricted_api),
         )
+        self.grpc = GrpcFrontEnd(self.core, GrpcSettings.from_settings(settings))
         self.metrics = self._make_metrics() if settings.allow_metrics else None
         self._servers: list[EmbeddedUvicorn] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -161,6 +163,10 @@ class ServerApp:
                 ", ".join(sorted(errors)),
             )
             return False
+        # gRPC first: once HTTP answers /v2/health/ready, every endpoint is listening.
+        if self.settings.allow_grpc:
+            await self.grpc.start()
+            log.info("Started GRPCInferenceService at %s", self.grpc.settings.target)
         if self.settings.allow_http:
             await self._start_uvicorn(
                 self.http.build(), self.settings.http_address, self.settings.http_port, "HTTP"
@@ -227,8 +233,10 @@ class ServerApp:
         """
         for server in self._servers:
             server.should_exit = True
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=self.settings.exit_timeout_secs + 1)
+        grpc_stopped = asyncio.create_task(self.grpc.stop(self.settings.exit_timeout_secs))
+        await asyncio.wait(
+            [*self._tasks, grpc_stopped], timeout=self.settings.exit_timeout_secs + 1
+        )
         self.core.stop_accepting()
         await self.control.stop()
         if self.metrics is not None and self.metrics.sampler is not None:
