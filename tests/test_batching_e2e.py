@@ -1,4 +1,5 @@
-"""Priorities, queue policies and the delay hook end to end: the real server and tritonclient.
+"""Priorities, queue policies and the delay hook end to end: the real server and tritonclient
+over HTTP and gRPC.
 
 The probe model answers each request with the size of the batch it ran in, so batching is
 observable from the client. TRITONSERVER_DELAY_SCHEDULER=3 holds every batcher until three
@@ -15,6 +16,7 @@ import httpx
 import numpy as np
 import onnx
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from onnx import TensorProto, helper
 from serverproc import ServerProcess, running_server
@@ -23,6 +25,10 @@ from tritonclient.utils import InferenceServerException
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 HOLD = 3
+
+PROTOCOLS = ("http", "grpc")
+# What a full queue and an expired timeout look like to each client.
+UNAVAILABLE = {"http": "503", "grpc": "StatusCode.UNAVAILABLE"}
 
 PROBE_DYNAMIC_BATCHING = {
     "probe_queue": """
@@ -94,10 +100,12 @@ dynamic_batching {{{dynamic_batching}}}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("batching-repo")
-    for name, dynamic_batching in PROBE_DYNAMIC_BATCHING.items():
-        (repo / name / "1").mkdir(parents=True)
-        probe_onnx(repo / name / "1" / "model.onnx")
-        (repo / name / "config.pbtxt").write_text(probe_config(name, dynamic_batching))
+    for base, dynamic_batching in PROBE_DYNAMIC_BATCHING.items():
+        # The delay hook fires once per model: each protocol gets its own copy.
+        for name in [base] if base == "bad_policy" else [f"{base}_{p}" for p in PROTOCOLS]:
+            (repo / name / "1").mkdir(parents=True)
+            probe_onnx(repo / name / "1" / "model.onnx")
+            (repo / name / "config.pbtxt").write_text(probe_config(name, dynamic_batching))
     with running_server(
         [repo],
         ["--exit-on-error=false", "--strict-readiness=false"],
@@ -107,28 +115,45 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 def infer(
-    server: ServerProcess, model: str, value: float, priority: int = 0, timeout: int | None = None
+    server: ServerProcess,
+    protocol: str,
+    model: str,
+    value: float,
+    priority: int = 0,
+    timeout: int | None = None,
 ) -> float:
     """One request on its own client (so that several can run from threads); returns the
     batch size the request ran in."""
-    client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
-    try:
-        data = np.full((1, 4), value, dtype=np.float32)
-        tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
-        tensor.set_data_from_numpy(data)
-        result = client.infer(model, [tensor], priority=priority, timeout=timeout)
-        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
-        return float(result.as_numpy("BATCH")[0, 0])
-    finally:
-        client.close()
+    module = httpclient if protocol == "http" else grpcclient
+    data = np.full((1, 4), value, dtype=np.float32)
+    tensor = module.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(data)
+    if protocol == "http":
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+        try:
+            result = client.infer(model, [tensor], priority=priority, timeout=timeout)
+        finally:
+            client.close()
+    else:
+        channel = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            result = channel.infer(
+                model, [tensor], priority=priority, timeout=timeout, client_timeout=60
+            )
+        finally:
+            channel.close()
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
+    return float(result.as_numpy("BATCH")[0, 0])
 
 
-def test_full_priority_queue_is_a_503_and_the_hook_makes_a_batch_of_exactly_n(
-    server: ServerProcess,
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_full_priority_queue_is_unavailable_and_the_hook_makes_a_batch_of_exactly_n(
+    server: ServerProcess, protocol: str
 ) -> None:
+    model = f"probe_queue_{protocol}"
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         # Level 1 holds one request; of two, exactly one is refused at once.
-        urgent = [pool.submit(infer, server, "probe_queue", v, priority=1) for v in (1, 2)]
+        urgent = [pool.submit(infer, server, protocol, model, v, priority=1) for v in (1, 2)]
         done, _ = concurrent.futures.wait(
             urgent, timeout=60, return_when=concurrent.futures.FIRST_COMPLETED
         )
@@ -136,18 +161,18 @@ def test_full_priority_queue_is_a_503_and_the_hook_makes_a_batch_of_exactly_n(
         refused = done.pop()
         error = refused.exception()
         assert isinstance(error, InferenceServerException)
-        assert error.status() == "503"
+        assert error.status() == UNAVAILABLE[protocol]
         assert error.message() == "Exceeds maximum queue size"
         held = next(f for f in urgent if f is not refused)
         assert not held.done()
         # Two more at the default level make three queued: the batcher lets go, once.
-        relaxed = [pool.submit(infer, server, "probe_queue", v) for v in (3, 4)]
+        relaxed = [pool.submit(infer, server, protocol, model, v) for v in (3, 4)]
         sizes = [f.result(timeout=60) for f in (held, *relaxed)]
     assert sizes == [HOLD] * HOLD
     # The hook is one-shot: a lone request now runs alone.
-    assert infer(server, "probe_queue", 5) == 1
+    assert infer(server, protocol, model, 5) == 1
     # The statistics extension sees the same: one execution of 3, one of 1, one rejection.
-    stats = httpx.get(server.base_url + "/v2/models/probe_queue/stats", timeout=10).json()
+    stats = httpx.get(server.base_url + f"/v2/models/{model}/stats", timeout=10).json()
     model_stats = stats["model_stats"][0]
     executions = {b["batch_size"]: b["compute_infer"]["count"] for b in model_stats["batch_stats"]}
     assert executions == {1: 1, HOLD: 1}
@@ -155,15 +180,19 @@ def test_full_priority_queue_is_a_503_and_the_hook_makes_a_batch_of_exactly_n(
     assert model_stats["inference_stats"]["fail"]["count"] == 1
 
 
-def test_request_timeout_parameter_rejects_a_queued_request(server: ServerProcess) -> None:
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_request_timeout_parameter_rejects_a_queued_request(
+    server: ServerProcess, protocol: str
+) -> None:
+    model = f"probe_timeout_{protocol}"
     # The batcher is still held (nothing queued yet), so this request waits, and its own
     # 1 ms timeout, allowed by the level's policy, expires.
     with pytest.raises(InferenceServerException) as info:
-        infer(server, "probe_timeout", 1, priority=1, timeout=1000)
-    assert info.value.status() == "503"
+        infer(server, protocol, model, 1, priority=1, timeout=1000)
+    assert info.value.status() == UNAVAILABLE[protocol]
     assert info.value.message() == "Request timeout expired"
     with concurrent.futures.ThreadPoolExecutor(HOLD) as pool:
-        futures = [pool.submit(infer, server, "probe_timeout", v, priority=1) for v in range(3)]
+        futures = [pool.submit(infer, server, protocol, model, v, priority=1) for v in range(3)]
         assert [f.result(timeout=60) for f in futures] == [HOLD] * HOLD
 
 
@@ -173,7 +202,8 @@ def test_a_bad_queue_policy_fails_only_its_own_load(server: ServerProcess) -> No
     assert bad["state"] == "UNAVAILABLE"
     assert "default priority level must be in range [1, 2] for bad_policy" in bad["reason"]
     assert "failed to load 'bad_policy'" in server.log()
-    assert httpx.get(server.base_url + "/v2/models/probe_queue/ready").status_code == 200
+    ready = httpx.get(server.base_url + "/v2/models/probe_queue_http/ready", timeout=10)
+    assert ready.status_code == 200
     assert server.alive()
 
 
