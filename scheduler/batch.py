@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ge_serve.backends.base import Executor, pad_batch
+from ge_serve.backends.base import Executor
 
 from .work import Array, WorkItem
 
@@ -23,23 +23,36 @@ def gear_for(size: int, gears: Sequence[int]) -> int:
     return size
 
 
+def merge_inputs(items: Sequence[WorkItem], total: int, padded: int) -> dict[str, Array]:
+    """One array per input holding every item's rows, then padding rows up to `padded`.
+
+    Each input is copied once, straight into its final buffer; a lone item that needs no
+    padding is passed through without a copy.
+    """
+    merged: dict[str, Array] = {}
+    for name, first in items[0].inputs.items():
+        if len(items) == 1 and padded == first.shape[0]:
+            merged[name] = first
+            continue
+        out = np.empty((padded, *first.shape[1:]), dtype=first.dtype)
+        if len(items) == 1:
+            out[:total] = first
+        else:
+            np.concatenate([item.inputs[name] for item in items], axis=0, out=out[:total])
+        if padded > total:
+            # Repeat the last row: valid data, so padding can never trip the model.
+            out[total:] = out[total - 1]
+        merged[name] = out
+    return merged
+
+
 def execute_batch(
     executor: Executor, items: Sequence[WorkItem], gears: Sequence[int], batching: bool
 ) -> list[dict[str, Array]]:
     """Run `items` as one execution and return each item's own outputs, in order."""
     start = time.monotonic_ns()
     total = sum(item.batch_size for item in items)
-    if batching:
-        padded = gear_for(total, gears)
-        inputs: dict[str, Array] = {}
-        for name in items[0].inputs:
-            if len(items) == 1:
-                merged = items[0].inputs[name]
-            else:
-                merged = np.concatenate([item.inputs[name] for item in items], axis=0)
-            inputs[name] = pad_batch(merged, padded)
-    else:
-        inputs = items[0].inputs
+    inputs = merge_inputs(items, total, gear_for(total, gears)) if batching else items[0].inputs
     ready = time.monotonic_ns()
     outputs = executor.execute(inputs)
     done = time.monotonic_ns()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -24,13 +25,13 @@ from ge_serve.backends.ge.backend import GeBackend, backend_config_for
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
-from ge_serve.scheduler.direct import DirectScheduler
-from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
+from ge_serve.scheduler.factory import SchedulerOptions, build_scheduler, delay_count_from
 
 from .cli import Settings
 from .control import ControlMode, ControlSettings, ModelControl
 from .core import InferenceServer
 from .errors import ErrorCode, ServerError
+from .grpc.server import GrpcFrontEnd, GrpcSettings
 from .http.app import HttpFrontEnd, HttpSettings
 from .http.monitoring import MetricsApp, metrics_endpoint
 from .lifecycle import LifecycleSettings, ModelLifecycle
@@ -59,9 +60,21 @@ def configure_logging(settings: Settings) -> LogControl:
     return control
 
 
-def make_scheduler(config: model_config_pb2.ModelConfig, loaded: LoadedModel) -> Scheduler:
-    pool = SlotPool([ExecutorSlot(executor) for executor in loaded.executors])
-    return DirectScheduler(pool, loaded.gears, batching=config.max_batch_size > 0)
+def make_scheduler(
+    config: model_config_pb2.ModelConfig,
+    loaded: LoadedModel,
+    options: SchedulerOptions | None = None,
+) -> Scheduler:
+    """dynamic_batching: the (adaptive) dynamic batcher; otherwise one request, one run."""
+    return build_scheduler(config, loaded, options or SchedulerOptions())
+
+
+def scheduler_options(settings: Settings) -> SchedulerOptions:
+    # The environment is read here, once, as the server starts (Triton's test hook).
+    return SchedulerOptions(
+        adaptive_batching=settings.adaptive_batching,
+        delay_count=delay_count_from(os.environ),
+    )
 
 
 def make_backends(settings: Settings) -> dict[str, Backend]:
@@ -97,7 +110,7 @@ class ServerApp:
         self.lifecycle = ModelLifecycle(
             self.repository,
             self.backends,
-            make_scheduler,
+            functools.partial(make_scheduler, options=scheduler_options(settings)),
             LifecycleSettings(
                 autocomplete=not settings.disable_auto_complete_config,
                 default_backend="ge" if "ge" in self.backends else "onnxruntime",
@@ -123,6 +136,7 @@ class ServerApp:
             self.core,
             HttpSettings(settings.http_max_input_size, settings.http_restricted_api),
         )
+        self.grpc = GrpcFrontEnd(self.core, GrpcSettings.from_settings(settings))
         self.metrics = self._make_metrics() if settings.allow_metrics else None
         self._servers: list[EmbeddedUvicorn] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -172,6 +186,10 @@ class ServerApp:
                 ", ".join(sorted(errors)),
             )
             return False
+        # gRPC first: once HTTP answers /v2/health/ready, every endpoint is listening.
+        if self.settings.allow_grpc:
+            await self.grpc.start()
+            log.info("Started GRPCInferenceService at %s", self.grpc.settings.target)
         if self.settings.allow_http:
             await self._start_uvicorn(
                 self.http.build(), self.settings.http_address, self.settings.http_port, "HTTP"
@@ -238,8 +256,10 @@ class ServerApp:
         """
         for server in self._servers:
             server.should_exit = True
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=self.settings.exit_timeout_secs + 1)
+        grpc_stopped = asyncio.create_task(self.grpc.stop(self.settings.exit_timeout_secs))
+        await asyncio.wait(
+            [*self._tasks, grpc_stopped], timeout=self.settings.exit_timeout_secs + 1
+        )
         self.core.stop_accepting()
         await self.control.stop()
         if self.metrics is not None and self.metrics.sampler is not None:

@@ -177,6 +177,24 @@ class InferenceServer:
         self._notify(model, item, None, started)
         return response
 
+    def is_decoupled(self, name: str, version: str = "") -> bool:
+        """Whether the model may answer a request with zero or several responses (Triton's
+        `model_transaction_policy { decoupled: true }`)."""
+        model = self.lifecycle.get(name, version)
+        return bool(model.config.model_transaction_policy.decoupled)
+
+    async def infer_responses(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """Every response one request produces, each as soon as it is produced.
+
+        The seam for decoupled models. A model that is not decoupled yields exactly one
+        response. A decoupled backend may yield zero or more, and the iterator ending is
+        Triton's COMPLETE_FINAL flag sent on its own; a streaming front end marks each
+        response `triton_final_response: false` and, when the client asked for it, sends an
+        empty final response when the iterator ends. Every backend today answers a request
+        once, so this yields `infer()`'s response.
+        """
+        yield await self.infer(request)
+
     async def stream_infer(
         self, requests: AsyncIterator[InferRequest]
     ) -> AsyncIterator[InferResponse | ServerError]:

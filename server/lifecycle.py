@@ -261,7 +261,11 @@ class ModelLifecycle:
         except Exception as exc:
             self._fail(record, str(exc))
             raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {exc}") from None
-        await self._install(record, prepared, override.folder)
+        try:
+            await self._install(record, prepared, override.folder)
+        except ServerError as exc:
+            self._fail(record, exc.message)
+            raise ServerError(exc.code, f"failed to load '{name}': {exc.message}") from None
         failed = dict(prepared.failures)
         if failed and not prepared.loaded:
             reasons = "; ".join(f"version {v}: {r}" for v, r in sorted(failed.items()))
@@ -335,9 +339,10 @@ class ModelLifecycle:
         either the old versions or the new ones, never a mix or a gap.
         """
         config = prepared.config
+        schedulers = await self._schedulers(config, prepared.loaded)
         new_versions: dict[int, VersionRecord] = {}
         for version, loaded in prepared.loaded.items():
-            scheduler = self.scheduler_factory(config, loaded)
+            scheduler = schedulers[version]
             model = ModelVersion(
                 name=config.name,
                 version=version,
@@ -371,6 +376,25 @@ class ModelLifecycle:
         await self._retire(retired)
         if old_folder is not None and old_folder != record.owned:
             await _remove_folder(old_folder)
+
+    async def _schedulers(
+        self, config: model_config_pb2.ModelConfig, loaded: dict[int, LoadedModel]
+    ) -> dict[int, Scheduler]:
+        """One scheduler per loaded version. A policy the factory refuses (ServerError) or
+        a factory failure frees everything loaded, and fails the load with the reason."""
+        built: dict[int, Scheduler] = {}
+        try:
+            for version, model in loaded.items():
+                built[version] = self.scheduler_factory(config, model)
+        except Exception as exc:
+            for scheduler in built.values():
+                await scheduler.close(0)
+            rest = [model for version, model in loaded.items() if version not in built]
+            await asyncio.gather(*(asyncio.to_thread(model.close) for model in rest))
+            if isinstance(exc, ServerError):
+                raise
+            raise ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}") from exc
+        return built
 
     async def _retire(self, entries: list[VersionRecord]) -> None:
         for entry in entries:

@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from modelgen import ONNX_TYPES, identity_model, write_model
 from serverproc import ServerProcess, running_server
@@ -118,3 +119,25 @@ def test_variable_dims_and_batch(client: httpclient.InferenceServerClient) -> No
         inputs[0].set_data_from_numpy(data)
         result = client.infer(model_name("INT32"), inputs)
         np.testing.assert_array_equal(result.as_numpy("OUTPUT").reshape(shape), data)
+
+
+@pytest.mark.parametrize("datatype", sorted(SAMPLES))
+def test_identity_grpc(dtype_server: ServerProcess, datatype: str) -> None:
+    """The same tensors over gRPC (raw_input_contents / raw_output_contents)."""
+    data = SAMPLES[datatype]
+    triton = grpcclient.InferenceServerClient(dtype_server.grpc_url)
+    try:
+        inputs = [grpcclient.InferInput("INPUT", list(data.shape), datatype)]
+        inputs[0].set_data_from_numpy(data)
+        result = triton.infer(model_name(datatype), inputs)
+    finally:
+        triton.close()
+    (output,) = result.get_response().outputs
+    assert (output.datatype, list(output.shape)) == (datatype, [1, 3])
+    got = result.as_numpy("OUTPUT")
+    if datatype == "BYTES":
+        assert got.tolist() == data.tolist()
+    else:
+        np.testing.assert_array_equal(got, data)
+        if datatype != "BF16":
+            assert got.dtype == data.dtype

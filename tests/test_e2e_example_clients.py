@@ -49,3 +49,9 @@ def test_curl_script(server: ServerProcess) -> None:
     assert '"name":"simple","versions":["1"]' in out
     assert '"data":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]' in out
     assert '"data":[-1,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14]' in out
+
+
+def test_grpc_client_script(server: ServerProcess) -> None:
+    result = run([sys.executable, str(CLIENTS / "simple_grpc.py"), "--url", server.grpc_url])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PASS: simple_grpc" in result.stdout

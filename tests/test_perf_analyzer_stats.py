@@ -120,8 +120,10 @@ def test_perf_analyzer_server_side_breakdown(server: ServerProcess, protocol: st
     successes = re.search(r"Successful request count: (\d+)", section)
     assert inferences and executions and successes, output
     assert int(inferences.group(1)) > 0
-    # simple has no dynamic batching: one execution per batch-1 request.
-    assert int(inferences.group(1)) == int(executions.group(1)) == int(successes.group(1))
+    # simple gets dynamic batching from auto-complete (max_batch_size 8, as in Triton), so
+    # concurrent batch-1 requests may share an execution.
+    assert int(inferences.group(1)) == int(successes.group(1))
+    assert 0 < int(executions.group(1)) <= int(inferences.group(1))
     breakdown = re.search(
         r"Avg request latency: \d+ usec \(overhead \d+ usec \+ queue \d+ usec \+ "
         r"compute input \d+ usec \+ compute infer \d+ usec \+ compute output \d+ usec\)",

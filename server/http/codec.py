@@ -11,7 +11,6 @@ aarch64), so fixed-size tensors travel as their raw memory.
 from __future__ import annotations
 
 import math
-import struct
 from typing import Any, Final
 
 import numpy as np
@@ -28,6 +27,9 @@ from ..types import (
     Tensor,
     lift_request_parameters,
 )
+from ..wire import RAW_ONLY, bytes_elements, object_array, tensor_to_raw
+from ..wire import deserialize_bytes_tensor as deserialize_bytes_tensor
+from ..wire import serialize_bytes_tensor as serialize_bytes_tensor
 
 INFERENCE_HEADER_CONTENT_LENGTH: Final = "Inference-Header-Content-Length"
 BINARY_DATA_SIZE: Final = "binary_data_size"
@@ -38,8 +40,6 @@ CLASSIFICATION: Final = "classification"
 RAW_BINARY: Final = "raw_binary"
 SHARED_MEMORY_REGION: Final = "shared_memory_region"
 
-_U32: Final = struct.Struct("<I")
-_U32_MAX: Final = 0xFFFFFFFF
 _PARAM_TYPES: Final = (bool, int, float, str)
 _INTEGER_TYPES: Final = frozenset(
     {
@@ -53,8 +53,6 @@ _INTEGER_TYPES: Final = frozenset(
         DataType.INT64,
     }
 )
-# JSON numbers cannot carry these faithfully, so the protocol sends them only as binary.
-_BINARY_ONLY: Final = frozenset({DataType.FP16, DataType.BF16})
 _FP32_MAX: Final = float(np.finfo(np.float32).max)
 
 
@@ -108,85 +106,6 @@ def _json_kind(value: Any) -> str:
     if isinstance(value, list):
         return "an array"
     return "an object"
-
-
-# --- BYTES tensors --------------------------------------------------------------------------
-
-
-def serialize_bytes_tensor(arr: npt.NDArray[Any]) -> bytes:
-    """Row-major BYTES elements, each as a 4-byte little-endian length and then its bytes.
-
-    Elements may be `bytes`, `str` (sent as UTF-8) or anything else (sent as `str(x)`).
-    """
-    items = _bytes_elements(arr)
-    if not items:
-        return b""
-    if max(map(len, items)) > _U32_MAX:
-        raise ServerError(ErrorCode.INTERNAL, "a BYTES element is larger than 4 GiB")
-    parts: list[bytes] = [b""] * (2 * len(items))
-    parts[0::2] = [_U32.pack(len(item)) for item in items]
-    parts[1::2] = items
-    return b"".join(parts)
-
-
-def deserialize_bytes_tensor(
-    buf: bytes | memoryview, count: int | None, *, what: str = "BYTES tensor"
-) -> npt.NDArray[np.object_]:
-    """Parse length-prefixed BYTES elements into a 1-D object array of `bytes`.
-
-    With `count`, the buffer must hold exactly that many elements and nothing more. Errors
-    are INVALID_ARG, prefixed with `what` (e.g. "input 'x'").
-    """
-    view = memoryview(buf).cast("B")
-    size = len(view)
-    items: list[bytes] = []
-    offset = 0
-    while offset < size:
-        if count is not None and len(items) == count:
-            raise _invalid(
-                f"{what}: unexpected additional BYTES data, {size - offset} bytes after the "
-                f"expected {count} elements"
-            )
-        if offset + 4 > size:
-            raise _invalid(
-                f"{what}: BYTES element {len(items)} is truncated: its 4-byte length prefix "
-                f"has only {size - offset} bytes left"
-            )
-        (length,) = _U32.unpack_from(view, offset)
-        offset += 4
-        end = offset + length
-        if end > size:
-            raise _invalid(
-                f"{what}: BYTES element {len(items)} has length {length}, which overruns the "
-                f"buffer ({size - offset} bytes left)"
-            )
-        items.append(view[offset:end].tobytes())
-        offset = end
-    if count is not None and len(items) != count:
-        raise _invalid(f"{what}: expected {count} BYTES elements, got {len(items)}")
-    return _object_array(items)
-
-
-def _object_array(items: list[bytes]) -> npt.NDArray[np.object_]:
-    # Element-wise assignment keeps each `bytes` whole; np.array(items) could make 'S' arrays.
-    arr = np.empty(len(items), dtype=np.object_)
-    arr[:] = items
-    return arr
-
-
-def _bytes_elements(arr: npt.NDArray[Any]) -> list[bytes]:
-    values: list[Any] = np.asarray(arr).reshape(-1).tolist()
-    return [_as_bytes(value) for value in values]
-
-
-def _as_bytes(value: Any) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, bytearray | memoryview):
-        return bytes(value)
-    return str(value).encode("utf-8")
 
 
 # --- requests -------------------------------------------------------------------------------
@@ -372,7 +291,7 @@ def _binary_input(
 def _json_input(
     name: str, datatype: DataType, shape: tuple[int, ...], data: Any
 ) -> npt.NDArray[Any]:
-    if datatype in _BINARY_ONLY:
+    if datatype in RAW_ONLY:
         raise _invalid(
             f"input '{name}': {datatype.value} data can only be sent as binary data "
             f"(binary_data_size), not as JSON 'data'"
@@ -417,7 +336,7 @@ def _json_to_numpy(name: str, datatype: DataType, flat: list[Any]) -> npt.NDArra
     if datatype is DataType.BYTES:
         if not kinds <= {str}:
             raise _wrong_elements(name, datatype, "strings")
-        return _object_array([s.encode("utf-8") for s in flat])
+        return object_array([s.encode("utf-8") for s in flat])
     if datatype in _INTEGER_TYPES:
         if not kinds <= {int}:
             raise _wrong_elements(name, datatype, "integers")
@@ -511,7 +430,7 @@ def encode_infer_response(
                 entry["parameters"] = tensor.parameters
             entry["data"] = data
         else:
-            chunk = _binary_output_data(tensor)
+            chunk = tensor_to_raw(tensor)
             entry["parameters"] = {**tensor.parameters, BINARY_DATA_SIZE: len(chunk)}
             chunks.append(chunk)
         entries.append(entry)
@@ -532,20 +451,12 @@ def encode_infer_response(
 
 def _json_output_data(tensor: Tensor) -> Any:
     """The flat, row-major JSON data of an output, or None when it must go binary."""
-    if tensor.datatype in _BINARY_ONLY:
+    if tensor.datatype in RAW_ONLY:
         return None
     if tensor.datatype is DataType.BYTES:
         try:
-            return [item.decode("utf-8") for item in _bytes_elements(tensor.data)]
+            return [item.decode("utf-8") for item in bytes_elements(tensor.data)]
         except UnicodeDecodeError:
             return None
     # A 1-D C-contiguous native array, which orjson serializes directly.
     return np.ascontiguousarray(tensor.data, dtype=tensor.datatype.numpy).reshape(-1)
-
-
-def _binary_output_data(tensor: Tensor) -> bytes | memoryview:
-    if tensor.datatype is DataType.BYTES:
-        return serialize_bytes_tensor(tensor.data)
-    arr = np.ascontiguousarray(tensor.data, dtype=tensor.datatype.numpy)
-    # A uint8 view, so len() is the byte count and join() copies the memory once.
-    return arr.reshape(-1).view(np.uint8).data

@@ -1,0 +1,335 @@
+"""The adaptive batch controller: picks each batch's window and target size from measurements.
+
+It runs on the event loop and is told about every arrival, departure and execution. When a
+slot is idle and a batch is forming, `plan()` answers two questions: how large should this
+batch get, and how long may it wait for that.
+
+The model behind the answer:
+
+* **Execution cost per batch size**, from measured executions: an EWMA per (padded) size,
+  and a least-squares line `cost(b) = a + b*k` through them, which smooths noise and covers
+  sizes not seen yet. A batch
+  of `m` pays off over sending `n` now only when `m / cost(m)` beats `n / cost(n)` by a
+  margin; on hardware where cost grows linearly with size, batching buys nothing and the
+  controller never waits.
+* **Arrivals that waiting can catch.** The rate that matters is the rate at which requests
+  arrive *while others are in the system*, not the overall rate: with one closed-loop
+  client, the next request never arrives while the current one waits, however high the
+  overall rate is. So the controller counts only arrivals that find the system busy, over
+  the time it is busy (exponentially decayed). It also caps what it waits for at the
+  recent peak number of requests in the system minus those in it now: it never waits for
+  more requests than there are clients to send them.
+* **A latency budget per priority level**: how long a request may spend in the server,
+  queueing plus its batch's execution. A batch waits only while its oldest request can
+  still wait for the target size and then execute within its level's budget (and never
+  past `max_queue_delay_microseconds`, when the config sets one). Higher priority gets a
+  shorter budget. While a more urgent level with a configured budget has recent traffic,
+  batches of less urgent levels are capped at the largest size whose execution, followed
+  by an urgent request's own, fits that budget: an urgent request never waits behind a
+  long batch.
+
+At low load this reduces to "send now" (no busy arrivals, no one else to wait for); at
+high load the slots stay busy, requests pile up while they run, and batches grow to the
+maximum on their own (or to the size with the best measured per-sample throughput, when
+bigger ones measurably lose; one batch in EXPLORE_EVERY keeps measuring them); in
+between, the controller waits only as long as arrivals are expected to fill a batch that is
+worth it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .batch import gear_for
+from .policy import BatchPolicy
+
+# Time constant of the rate and peak estimators.
+RATE_TAU_NS = 500_000_000
+PEAK_TAU_NS = 1_000_000_000
+# Weight of a new execution in its size's cost EWMA.
+COST_ALPHA = 0.2
+# Waiting must buy at least this much per-sample throughput.
+MIN_GAIN = 1.05
+# Among sizes worth waiting for, take the smallest within this fraction of the best.
+NEAR_BEST = 0.97
+# The window allows this many times the expected time to fill, plus a little loop slack.
+FILL_MARGIN = 2.0
+FILL_SLACK_NS = 50_000
+# A size is trusted for the efficiency limit after this many executions.
+MIN_RUNS = 3
+# Larger batches are cut back to the most efficient size when they lose this much per sample.
+EFFICIENCY_LOSS = 0.95
+# One batch in this many ignores the efficiency limit, so that large sizes stay measured.
+EXPLORE_EVERY = 16
+# With no budget configured: twice the unbatched execution time (room to wait about one
+# execution), within these bounds; before any execution is measured, the default.
+DEFAULT_BUDGET_NS = 1_000_000
+AUTO_BUDGET_MIN_NS = 200_000
+AUTO_BUDGET_MAX_NS = 200_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What the batcher should do now: send when `target` <= what is queued, or when
+    `deadline_ns` passes; otherwise wait for more requests. A batch never holds more than
+    `limit` samples."""
+
+    target: int
+    deadline_ns: int
+    limit: int
+
+
+class CostModel:
+    """Execution time per batch size: measured EWMAs and a line through them."""
+
+    def __init__(self, gears: Sequence[int]) -> None:
+        self._gears = tuple(gears)
+        self._ewma: dict[int, float] = {}
+        self._runs: dict[int, int] = {}
+        self._fit: tuple[float, float] | None = None
+        self.executions = 0
+
+    @property
+    def known(self) -> bool:
+        return bool(self._ewma)
+
+    def record(self, size: int, duration_ns: int) -> None:
+        size = gear_for(size, self._gears)
+        old = self._ewma.get(size)
+        value = float(duration_ns) if old is None else old + COST_ALPHA * (duration_ns - old)
+        self._ewma[size] = value
+        self._runs[size] = self._runs.get(size, 0) + 1
+        self.executions += 1
+        self._fit = self._line()
+
+    def efficient_limit(self, max_size: int) -> int:
+        """The largest size worth running: past the size with the best measured per-sample
+        throughput, a size some measurement shows losing more than 5 % against it is not.
+        A line cannot say this (it makes bigger always better); on CPUs past the cache
+        sweet spot, bigger batches do get slower per sample."""
+        trusted = {s: s / ns for s, ns in self._ewma.items() if self._runs[s] >= MIN_RUNS}
+        if len(trusted) < 2:
+            return max_size
+        best = max(trusted.values())
+        good = max(s for s, tp in trusted.items() if tp >= EFFICIENCY_LOSS * best)
+        if not any(s > good for s in trusted):
+            return max_size
+        return min(max_size, good)
+
+    def cost_ns(self, size: int) -> float:
+        """Expected execution time of a batch of `size` (after padding to a gear)."""
+        size = gear_for(size, self._gears)
+        if self._fit is not None:
+            intercept, slope = self._fit
+            return max(intercept + slope * size, 1.0)
+        measured = self._ewma.get(size)
+        if measured is not None:
+            return measured
+        if not self._ewma:
+            return 1.0
+        # One size seen: assume half of its cost is fixed, until a second size says more.
+        seen, cost = next(iter(self._ewma.items()))
+        return cost * (0.5 + 0.5 * size / seen)
+
+    def table_us(self) -> dict[int, float]:
+        return {size: round(ns / 1000, 1) for size, ns in sorted(self._ewma.items())}
+
+    def _line(self) -> tuple[float, float] | None:
+        if len(self._ewma) < 2:
+            return None
+        xs = list(self._ewma)
+        ys = [self._ewma[x] for x in xs]
+        mean_x = sum(xs) / len(xs)
+        mean_y = sum(ys) / len(ys)
+        var = sum((x - mean_x) ** 2 for x in xs)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
+        slope = max(slope, 0.0)
+        intercept = max(mean_y - slope * mean_x, 0.0)
+        return intercept, slope
+
+
+class AdaptiveController:
+    """Chooses batch windows and target sizes for one model's batcher. Loop-only."""
+
+    def __init__(self, policy: BatchPolicy, gears: Sequence[int] = ()) -> None:
+        assert policy.adaptive is not None
+        self._policy = policy
+        self._adaptive = policy.adaptive
+        self._max_size = policy.max_size
+        self._bound_ns = policy.max_queue_delay_us * 1000
+        self._levels = sorted(policy.levels)
+        self.cost = CostModel(gears)
+        self._last_ns = 0
+        self._in_system = 0
+        self._busy_arrivals = 0.0
+        self._busy_time_ns = 0.0
+        self._arrivals = 0.0
+        self._peak = 0.0
+        self._level_arrivals = dict.fromkeys(self._levels, 0.0)
+        self._target = 1
+        self._limit = self._max_size
+        self._window_ns = 0
+
+    # --- measurements --------------------------------------------------------------------
+
+    def record_arrival(self, now_ns: int, size: int, level: int) -> None:
+        self._advance(now_ns)
+        if self._in_system > 0:
+            self._busy_arrivals += size
+        self._arrivals += size
+        self._level_arrivals[level] = self._level_arrivals.get(level, 0.0) + size
+        self._in_system += size
+        self._peak = max(self._peak, float(self._in_system))
+
+    def record_departure(self, now_ns: int, size: int) -> None:
+        self._advance(now_ns)
+        self._in_system = max(self._in_system - size, 0)
+
+    def record_execution(self, size: int, duration_ns: int) -> None:
+        self.cost.record(size, duration_ns)
+
+    def _advance(self, now_ns: int) -> None:
+        if self._last_ns == 0:
+            self._last_ns = now_ns
+            return
+        dt = now_ns - self._last_ns
+        if dt <= 0:
+            return
+        decay = math.exp(-dt / RATE_TAU_NS)
+        self._busy_arrivals *= decay
+        self._busy_time_ns = self._busy_time_ns * decay + (dt if self._in_system > 0 else 0)
+        self._arrivals *= decay
+        for level in self._level_arrivals:
+            self._level_arrivals[level] *= decay
+        self._peak = max(self._peak * math.exp(-dt / PEAK_TAU_NS), float(self._in_system))
+        self._last_ns = now_ns
+
+    # --- estimates -----------------------------------------------------------------------
+
+    def busy_rate_per_ns(self) -> float:
+        """Arrivals per ns while the system holds other requests."""
+        if self._busy_time_ns <= 0:
+            return 0.0
+        return self._busy_arrivals / self._busy_time_ns
+
+    def budget_ns(self, level: int) -> int:
+        """The level's latency budget: its own, else the model's scaled by level (level 1
+        of L gets 1/L of it), else one derived from the unbatched execution time."""
+        configured = self._adaptive.budgets_us.get(level)
+        if configured:
+            return configured * 1000
+        base = self._adaptive.base_budget_us * 1000
+        if not base:
+            if self.cost.known:
+                base = int(2 * self.cost.cost_ns(1))
+                base = min(max(base, AUTO_BUDGET_MIN_NS), AUTO_BUDGET_MAX_NS)
+            else:
+                base = DEFAULT_BUDGET_NS
+        count = self._policy.priority_levels
+        if count > 1 and level >= 1:
+            return max(base * level // count, 1)
+        return base
+
+    def _budget_configured(self, level: int) -> bool:
+        return level in self._adaptive.budgets_us or self._adaptive.base_budget_us > 0
+
+    def size_cap(self, level: int) -> int:
+        """The largest batch a `level` batch may form while a more urgent level with a
+        configured budget is active: one whose execution, followed by an urgent request's
+        own, fits that budget."""
+        cap = self._max_size
+        if len(self._levels) < 2 or not self.cost.known:
+            return cap
+        for other in self._levels:
+            if level == 0 or other >= level:
+                break
+            if self._level_arrivals.get(other, 0.0) < 0.5 or not self._budget_configured(other):
+                continue
+            room = self.budget_ns(other) - self.cost.cost_ns(1)
+            while cap > 1 and self.cost.cost_ns(cap) > room:
+                cap -= 1
+        return cap
+
+    # --- the decision --------------------------------------------------------------------
+
+    def plan(self, now_ns: int, queued: int, oldest_ns: int, level: int, idle_slots: int) -> Plan:
+        """Plan the batch forming on an idle slot: `queued` samples are ready (the oldest
+        enqueued at `oldest_ns`, the most urgent at `level`); `idle_slots` other slots idle.
+        """
+        self._advance(now_ns)
+        limit = min(self._max_size, self.size_cap(level))
+        if self.cost.executions % EXPLORE_EVERY != EXPLORE_EVERY - 1:
+            limit = min(limit, self.cost.efficient_limit(limit))
+        plan = self._choose(now_ns, queued, oldest_ns, level, idle_slots, limit)
+        self._target = plan.target
+        self._limit = plan.limit
+        self._window_ns = max(plan.deadline_ns - oldest_ns, 0)
+        return plan
+
+    def _choose(
+        self, now_ns: int, n: int, oldest_ns: int, level: int, idle_slots: int, limit: int
+    ) -> Plan:
+        send_now = Plan(target=min(n, limit), deadline_ns=now_ns, limit=limit)
+        if n >= limit or not self.cost.known or idle_slots > 0:
+            return send_now
+        potential = int(self._peak) - self._in_system
+        rate = self.busy_rate_per_ns()
+        if potential <= 0 or rate <= 0.0:
+            return send_now
+        end_ns = oldest_ns + self.budget_ns(level)
+        bound_ns = oldest_ns + self._bound_ns if self._bound_ns else end_ns
+
+        def start_by(size: int) -> int:
+            """When a batch of `size` must start for its oldest request to make the budget."""
+            return min(end_ns - int(self.cost.cost_ns(size)), bound_ns)
+
+        remaining = start_by(n + 1) - now_ns
+        if remaining <= 0:
+            return send_now
+        reachable = min(limit, n + potential, n + int(remaining * rate))
+        if reachable <= n:
+            return send_now
+        candidates = {reachable}
+        step = 1
+        while n + step < reachable:
+            candidates.add(n + step)
+            step *= 2
+        throughput = {
+            m: m / self.cost.cost_ns(m)
+            for m in sorted(candidates)
+            if now_ns + (m - n) / rate <= start_by(m)
+        }
+        now_tp = n / self.cost.cost_ns(n)
+        best_tp = max(throughput.values(), default=0.0)
+        if best_tp < MIN_GAIN * now_tp:
+            return send_now
+        target = min(m for m, tp in throughput.items() if tp >= NEAR_BEST * best_tp)
+        fill_ns = (target - n) / rate
+        deadline = min(start_by(target), now_ns + int(FILL_MARGIN * fill_ns) + FILL_SLACK_NS)
+        return Plan(target=target, deadline_ns=deadline, limit=limit)
+
+    # --- for metrics and statistics -------------------------------------------------------
+
+    @property
+    def window_us(self) -> float:
+        """The window of the latest decision (from the batch's oldest request)."""
+        return self._window_ns / 1000
+
+    @property
+    def target_batch_size(self) -> int:
+        return self._target
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "window_us": round(self.window_us, 1),
+            "target_batch_size": self._target,
+            "batch_limit": self._limit,
+            "arrival_rate_per_s": round(self._arrivals * 1e9 / RATE_TAU_NS, 1),
+            "busy_arrival_rate_per_s": round(self.busy_rate_per_ns() * 1e9, 1),
+            "peak_in_system": round(self._peak, 1),
+            "budgets_us": {level: self.budget_ns(level) // 1000 for level in self._levels},
+            "cost_us": self.cost.table_us(),
+        }

@@ -1,0 +1,390 @@
+"""The dynamic batcher: priority queues in, batches out to idle executor slots.
+
+`submit()` queues synchronously (no await before the request is in the queue) and wakes
+the batch-forming task. That task waits for a first request, then for an idle slot, and
+only then forms the batch: requests keep piling up while every slot is busy, so batches
+grow with load on their own. With a slot in hand it applies Triton's rules (a preferred
+size or the maximum goes at once; otherwise the batch waits until its oldest request is
+`max_queue_delay_microseconds` old), or asks the adaptive controller for a target size and
+a window. The batch runs on the slot's thread; the results come back to the loop through
+the slot future's callback, and the slot goes straight back to the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+
+from ge_serve.server.errors import (
+    ErrorCode,
+    FailureReason,
+    SchedulerClosed,
+    ServerError,
+    request_timeout,
+)
+
+from .adaptive import AdaptiveController
+from .batch import execute_batch
+from .dispatch import ExecutorSlot, SlotPool
+from .policy import BatchPolicy
+from .queue import Entry, EntryState, RequestQueue
+from .work import Array, WorkItem
+
+log = logging.getLogger(__name__)
+
+_NEVER_RAN = "model was unloaded before the request could run"
+
+# How many requests of another shape the batch former looks past when it fills a batch.
+SCAN_LIMIT = 256
+
+
+class DynamicBatcher:
+    def __init__(
+        self,
+        pool: SlotPool,
+        policy: BatchPolicy,
+        gears: Sequence[int] = (),
+        controller: AdaptiveController | None = None,
+        delay_count: int = 0,
+    ) -> None:
+        """`delay_count` (TRITONSERVER_DELAY_SCHEDULER) holds batching until that many
+        requests are queued, once, so that tests can observe exact batches."""
+        self._pool = pool
+        self._policy = policy
+        self._gears = tuple(gears)
+        self.controller = controller
+        self._hold = max(delay_count, 0)
+        self._queue = RequestQueue(policy, self._rejected)
+        self._order: collections.deque[Entry] | None = (
+            collections.deque() if policy.preserve_ordering else None
+        )
+        self._pending = 0
+        self._inflight: set[asyncio.Future[list[dict[str, Array]]]] = set()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._closing = False
+        self._former: asyncio.Task[None] | None = None
+        self._wake: asyncio.Future[None] | None = None
+        self._max_delay_ns = policy.max_queue_delay_us * 1000
+        self._preferred = frozenset(policy.preferred_sizes)
+        self._max_preferred = max(policy.preferred_sizes, default=policy.max_size)
+
+    # --- public --------------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def queue_depths(self) -> dict[int, int]:
+        """Queued (not yet executing) requests per priority level."""
+        return self._queue.depths()
+
+    async def submit(self, item: WorkItem) -> dict[str, Array]:
+        if self._closing:
+            raise SchedulerClosed()
+        policy = self._policy
+        size = item.batch_size if policy.batching else 1
+        if size > policy.max_size:
+            raise ServerError(
+                ErrorCode.INVALID_ARG,
+                f"inference request batch-size {size} exceeds the largest batch size "
+                f"{policy.max_size} that model '{policy.model}' can execute",
+            )
+        loop = asyncio.get_running_loop()
+        now = time.monotonic_ns()
+        item.enqueue_ns = item.enqueue_ns or now
+        future: asyncio.Future[dict[str, Array]] = loop.create_future()
+        item.future = future
+        level = policy.level_for(item.priority)
+        key = item.shape_key() if policy.batching else None
+        entry = Entry(item, future, level, now, size, key)
+        self._queue.put(entry)  # raises "Exceeds maximum queue size"
+        self._pending += 1
+        self._drained.clear()
+        if self._order is not None:
+            self._order.append(entry)
+        if self.controller is not None:
+            self.controller.record_arrival(now, size, level)
+        if self._former is None:
+            self._former = loop.create_task(self._form_batches(), name="batcher")
+            self._former.add_done_callback(self._former_ended)
+        self._wakeup()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # The caller went away: a queued request leaves now; a running one finishes
+            # on its slot and its result is dropped.
+            if self._queue.remove(entry):
+                self._finish(entry)
+            raise
+
+    async def close(self, drain_timeout_s: float) -> None:
+        """Refuse new work, let queued and running work finish within the timeout, then
+        close and join every slot.
+
+        Requests still queued after the timeout never ran: they fail with SchedulerClosed,
+        which the core retries on the version that replaced this one. Batches already
+        executing finish before their slot's thread closes its executor.
+        """
+        self._closing = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
+        if self._former is not None:
+            self._former.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._former
+        for entry in self._queue.drain():
+            self._finish(entry, error=SchedulerClosed(_NEVER_RAN))
+        self._pool.close(SchedulerClosed(_NEVER_RAN))
+        await asyncio.to_thread(self._pool.join, drain_timeout_s)
+        if self._pool.threads_alive:
+            # A run cannot be aborted; its slot closes the executor as soon as it ends.
+            log.warning(
+                "%d executor slot(s) of '%s' still running after the %.1fs drain timeout",
+                self._pool.threads_alive,
+                self._policy.model,
+                drain_timeout_s,
+            )
+
+    # --- batch forming -------------------------------------------------------------------
+
+    def _former_ended(self, task: asyncio.Task[None]) -> None:
+        """The batch former only ends when cancelled at close. Should a bug end it, the
+        queued requests get an error instead of waiting forever, and the next request
+        starts a new former."""
+        if task.cancelled() or self._closing:
+            return
+        exc = task.exception()
+        log.error("the batcher of model '%s' stopped: %r", self._policy.model, exc)
+        self._former = None
+        error = ServerError(ErrorCode.INTERNAL, f"batcher failed: {exc!r}")
+        for entry in self._queue.drain():
+            self._finish(entry, error=error)
+
+    def _wakeup(self) -> None:
+        waiter = self._wake
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _sleep(self, until_ns: int | None) -> None:
+        """Wait for a new request (or any other wake-up), or until `until_ns`."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._wake = waiter
+        timer = None
+        if until_ns is not None:
+            delay_s = max(until_ns - time.monotonic_ns(), 0) / 1e9
+            timer = loop.call_later(delay_s, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            self._wake = None
+            if timer is not None:
+                timer.cancel()
+
+    async def _form_batches(self) -> None:
+        while True:
+            if not self._queue:
+                await self._sleep(None)
+                continue
+            if self._hold:
+                if len(self._queue) < self._hold:
+                    await self._sleep(None)
+                    continue
+                self._hold = 0
+            slot = await self._pool.acquire()
+            try:
+                batch = await self._collect()
+            except BaseException:
+                self._pool.release(slot, executed=False)
+                raise
+            if batch:
+                self._launch(slot, batch)
+            else:
+                self._pool.release(slot, executed=False)
+
+    async def _collect(self) -> list[Entry]:
+        """With a slot in hand: wait until a batch should go, then take it off the queue."""
+        while self._queue:
+            batch, wake_ns = self._plan(time.monotonic_ns())
+            if batch:
+                for entry in batch:
+                    self._queue.remove(entry)
+                return batch
+            await self._sleep(wake_ns)
+        return []
+
+    def _plan(self, now: int) -> tuple[list[Entry], int | None]:
+        """The batch to send now, or nothing and when to look again.
+
+        The batch follows the queue's order (priority, then arrival), starting from its
+        first request and taking only requests of the same shape, up to the largest size
+        the model can run.
+        """
+        policy = self._policy
+        max_size = policy.max_size
+        chosen: list[Entry] = []
+        cancelled: list[Entry] = []
+        total = 0
+        best = 0  # how many of `chosen` make the best preferred size
+        full = False
+        skipped = 0
+        key: object = None
+        target = self._max_preferred
+        for entry in self._queue:
+            if entry.cancelled:
+                cancelled.append(entry)
+                continue
+            if not chosen:
+                key = entry.key
+            elif entry.key != key:
+                skipped += 1
+                if skipped > SCAN_LIMIT:
+                    break
+                continue
+            if total + entry.size > max_size:
+                full = True
+                break
+            if chosen and best == 0 and total + entry.size > target and self._preferred:
+                best = len(chosen)
+            chosen.append(entry)
+            total += entry.size
+            if total in self._preferred:
+                best = len(chosen)
+            if total >= max_size:
+                full = True
+                break
+        for entry in cancelled:
+            if self._queue.remove(entry):
+                self._finish(entry)
+        if not chosen:
+            return [], None
+        oldest = min(entry.enqueue_ns for entry in chosen)
+        if self.controller is not None:
+            plan = self.controller.plan(now, total, oldest, chosen[0].level, self._pool.idle_count)
+            if full or total >= plan.target or now >= plan.deadline_ns:
+                # The target is what to wait for; the limit caps what goes.
+                return _fit(chosen, plan.limit), None
+            return [], plan.deadline_ns
+        window = self._max_delay_ns
+        expired = window > 0 and now - oldest >= window
+        if best and not expired:
+            return chosen[:best], None
+        if full or total >= target or window == 0 or expired:
+            return chosen, None
+        return [], oldest + window
+
+    # --- execution -----------------------------------------------------------------------
+
+    def _launch(self, slot: ExecutorSlot, batch: list[Entry]) -> None:
+        now = time.monotonic_ns()
+        items = []
+        for entry in batch:
+            entry.state = EntryState.RUNNING
+            entry.item.timings.queue_ns = now - entry.item.enqueue_ns
+            items.append(entry.item)
+        gears, batching = self._gears, self._policy.batching
+        future = slot.run(lambda executor: execute_batch(executor, items, gears, batching))
+        self._inflight.add(future)
+        future.add_done_callback(lambda done: self._batch_done(slot, batch, done))
+
+    def _batch_done(
+        self,
+        slot: ExecutorSlot,
+        batch: list[Entry],
+        future: asyncio.Future[list[dict[str, Array]]],
+    ) -> None:
+        self._inflight.discard(future)
+        self._pool.release(slot)
+        if future.cancelled():
+            for entry in batch:
+                cancelled = ServerError(
+                    ErrorCode.INTERNAL, "execution cancelled", FailureReason.BACKEND
+                )
+                self._finish(entry, error=cancelled)
+        elif (exc := future.exception()) is not None:
+            log.error("batch of %d failed on %s: %s", len(batch), slot.name, exc)
+            for entry in batch:
+                self._finish(entry, error=_client_error(exc))
+        else:
+            for entry, result in zip(batch, future.result(), strict=True):
+                self._finish(entry, result=result)
+            if self.controller is not None:
+                timings = batch[0].item.timings
+                self.controller.record_execution(
+                    timings.batch_size,
+                    timings.compute_input_ns + timings.compute_infer_ns + timings.compute_output_ns,
+                )
+        self._check_drained()
+
+    # --- answers -------------------------------------------------------------------------
+
+    def _rejected(self, entry: Entry) -> None:
+        self._finish(entry, error=request_timeout())
+        self._wakeup()
+
+    def _finish(
+        self,
+        entry: Entry,
+        result: dict[str, Array] | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        """Record an outcome; answer it now, or in arrival order under preserve_ordering."""
+        if entry.state is EntryState.DONE:
+            return
+        entry.state = EntryState.DONE
+        entry.result = result
+        entry.error = error
+        self._pending -= 1
+        if self.controller is not None:
+            self.controller.record_departure(time.monotonic_ns(), entry.size)
+        order = self._order
+        if order is None or result is None:
+            # Errors are answered at once, as Triton does for rejected requests.
+            _answer(entry)
+        if order is not None:
+            while order and order[0].state is EntryState.DONE:
+                _answer(order.popleft())
+        self._check_drained()
+
+    def _check_drained(self) -> None:
+        if self._pending == 0 and not self._inflight:
+            self._drained.set()
+
+
+def _fit(chosen: list[Entry], limit: int) -> list[Entry]:
+    """The leading requests that fit in `limit` samples (always at least one)."""
+    total = 0
+    for count, entry in enumerate(chosen):
+        total += entry.size
+        if total > limit:
+            return chosen[: max(count, 1)]
+    return chosen
+
+
+def _answer(entry: Entry) -> None:
+    future = entry.future
+    if future.done():
+        return
+    if entry.error is not None:
+        future.set_exception(entry.error)
+    elif entry.result is not None:
+        future.set_result(entry.result)
+    entry.result = None
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _client_error(exc: BaseException) -> ServerError:
+    """A fresh error per request (no two requests share one traceback), tagged as the
+    model's execution failing."""
+    if isinstance(exc, ServerError):
+        return ServerError(exc.code, exc.message, exc.reason or FailureReason.BACKEND)
+    return ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", FailureReason.BACKEND)

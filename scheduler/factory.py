@@ -1,0 +1,75 @@
+"""Builds each loaded model version's scheduler from its config.
+
+No `dynamic_batching`: one request, one execution (DirectScheduler). Otherwise the dynamic
+batcher, with the adaptive controller when the model or the server opts in.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ge_serve.backends.base import LoadedModel
+from ge_serve.protos import model_config_pb2
+
+from .adaptive import AdaptiveController
+from .base import Scheduler
+from .batcher import DynamicBatcher
+from .direct import DirectScheduler
+from .dispatch import ExecutorSlot, SlotPool
+from .policy import BatchPolicy
+
+log = logging.getLogger(__name__)
+
+DELAY_SCHEDULER_ENV = "TRITONSERVER_DELAY_SCHEDULER"
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOptions:
+    """Server-wide scheduler settings, fixed when the server starts."""
+
+    # --adaptive-batching: the controller for every model with dynamic_batching, unless
+    # the model says `adaptive_batching: "false"`.
+    adaptive_batching: bool = False
+    # TRITONSERVER_DELAY_SCHEDULER: hold each batcher until this many requests are queued.
+    delay_count: int = 0
+
+
+def delay_count_from(environ: Mapping[str, str]) -> int:
+    """Read TRITONSERVER_DELAY_SCHEDULER the way Triton does (atoi: junk reads as 0)."""
+    text = environ.get(DELAY_SCHEDULER_ENV, "").strip()
+    digits = ""
+    for char in text:
+        if not char.isdigit():
+            break
+        digits += char
+    return int(digits) if digits else 0
+
+
+def build_scheduler(
+    config: model_config_pb2.ModelConfig, loaded: LoadedModel, options: SchedulerOptions
+) -> Scheduler:
+    """Raises ServerError(INVALID_ARG) for a policy that cannot work, before any slot
+    thread starts, so the load fails cleanly."""
+    if not config.HasField("dynamic_batching"):
+        pool = SlotPool([ExecutorSlot(executor) for executor in loaded.executors])
+        return DirectScheduler(pool, loaded.gears, batching=config.max_batch_size > 0)
+    policy = BatchPolicy.from_config(config, loaded.gears, options.adaptive_batching)
+    controller = AdaptiveController(policy, loaded.gears) if policy.adaptive else None
+    if controller is not None:
+        log.info(
+            "model '%s': adaptive batching, batches up to %d, budgets %s",
+            config.name,
+            policy.max_size,
+            dict(policy.adaptive.budgets_us) if policy.adaptive else {},
+        )
+    if options.delay_count:
+        log.info(
+            "model '%s': batcher held until %d requests are queued (%s)",
+            config.name,
+            options.delay_count,
+            DELAY_SCHEDULER_ENV,
+        )
+    pool = SlotPool([ExecutorSlot(executor) for executor in loaded.executors])
+    return DynamicBatcher(pool, policy, loaded.gears, controller, options.delay_count)

@@ -1,0 +1,158 @@
+"""Per-priority-level request queues with deadlines on `time.monotonic_ns()`.
+
+Each level keeps its live requests in arrival order, plus, for the DELAY timeout action, the
+requests whose timeout expired: they stay queued but go behind the level's live ones, as in
+Triton. Every deadline has its own loop timer, so a timeout fires on time even while the
+batcher sits idle waiting for a slot or for more requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ge_serve.server.errors import queue_full
+
+from .policy import BatchPolicy, QueuePolicy, TimeoutAction
+from .work import Array, WorkItem
+
+
+class EntryState(enum.Enum):
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    DONE = "DONE"
+
+
+@dataclass(eq=False, slots=True)
+class Entry:
+    """One request while the scheduler holds it. Compared by identity."""
+
+    item: WorkItem
+    future: asyncio.Future[dict[str, Array]]
+    level: int
+    enqueue_ns: int
+    size: int
+    key: Any
+    deadline_ns: int = 0
+    delayed: bool = False
+    state: EntryState = EntryState.QUEUED
+    timer: asyncio.TimerHandle | None = None
+    # Held here until released, when responses must leave in arrival order.
+    result: dict[str, Array] | None = None
+    error: BaseException | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self.future.cancelled()
+
+
+@dataclass(slots=True)
+class _Level:
+    policy: QueuePolicy
+    live: collections.deque[Entry] = field(default_factory=collections.deque)
+    delayed: collections.deque[Entry] = field(default_factory=collections.deque)
+
+    def __len__(self) -> int:
+        return len(self.live) + len(self.delayed)
+
+
+class RequestQueue:
+    """The queued requests of one model, highest priority (level 1) first.
+
+    `on_rejected` is called on the loop for a request whose timeout expired under REJECT,
+    after it has left the queue; the owner answers it.
+    """
+
+    def __init__(self, policy: BatchPolicy, on_rejected: Callable[[Entry], None]) -> None:
+        self._levels = {level: _Level(p) for level, p in sorted(policy.levels.items())}
+        self._order = list(self._levels.values())
+        self._on_rejected = on_rejected
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+    def depths(self) -> dict[int, int]:
+        """Queued requests per priority level (level 0 when the model has no levels)."""
+        return {level: len(q) for level, q in self._levels.items()}
+
+    def put(self, entry: Entry) -> None:
+        """Queue a request, or raise "Exceeds maximum queue size" when its level is full."""
+        level = self._levels[entry.level]
+        policy = level.policy
+        if policy.max_queue_size and len(level) >= policy.max_queue_size:
+            raise queue_full()
+        timeout_us = policy.timeout_us(entry.item.timeout_us)
+        level.live.append(entry)
+        self._count += 1
+        if timeout_us:
+            entry.deadline_ns = entry.enqueue_ns + timeout_us * 1000
+            self._arm(entry)
+
+    def __iter__(self) -> Iterator[Entry]:
+        """Every queued request in the order batches take them."""
+        for level in self._order:
+            yield from level.live
+            yield from level.delayed
+
+    def first(self) -> Entry | None:
+        for level in self._order:
+            if level.live:
+                return level.live[0]
+            if level.delayed:
+                return level.delayed[0]
+        return None
+
+    def remove(self, entry: Entry) -> bool:
+        """Take one request out (cancelled, or going into a batch); False if not queued."""
+        if entry.state is not EntryState.QUEUED:
+            return False
+        level = self._levels[entry.level]
+        lane = level.delayed if entry.delayed else level.live
+        if lane and lane[0] is entry:
+            lane.popleft()
+        else:
+            lane.remove(entry)
+        self._count -= 1
+        if entry.timer is not None:
+            entry.timer.cancel()
+            entry.timer = None
+        return True
+
+    def drain(self) -> list[Entry]:
+        """Remove and return everything queued (at close)."""
+        entries = list(self)
+        for entry in entries:
+            self.remove(entry)
+        return entries
+
+    # --- deadlines -----------------------------------------------------------------------
+
+    def _arm(self, entry: Entry) -> None:
+        delay_s = max(entry.deadline_ns - time.monotonic_ns(), 0) / 1e9
+        entry.timer = asyncio.get_running_loop().call_later(delay_s, self._expire, entry)
+
+    def _expire(self, entry: Entry) -> None:
+        entry.timer = None
+        if entry.state is not EntryState.QUEUED or entry.delayed:
+            return
+        if time.monotonic_ns() <= entry.deadline_ns:
+            # Loop timers can fire a little early (uvloop rounds to milliseconds).
+            self._arm(entry)
+            return
+        level = self._levels[entry.level]
+        if level.policy.timeout_action is TimeoutAction.DELAY:
+            level.live.remove(entry)
+            entry.delayed = True
+            level.delayed.append(entry)
+            return
+        self.remove(entry)
+        self._on_rejected(entry)

@@ -1,0 +1,297 @@
+"""The gRPC wire codec: ModelInferRequest / ModelInferResponse to and from the core's types.
+
+Pure functions; no I/O. Tensors in `raw_input_contents` become zero-copy, read-only
+`np.frombuffer` views into the message's bytes. Typed `contents` are accepted for every
+datatype that has a contents field (FP16 and BF16 travel only as raw bytes). Responses
+always use `raw_output_contents`, which is what tritonclient reads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from ge_serve.protos import grpc_service_pb2 as pb
+
+from ..errors import ErrorCode, ServerError
+from ..types import (
+    DataType,
+    InferRequest,
+    InferResponse,
+    Parameters,
+    ParamValue,
+    RequestedOutput,
+    Tensor,
+    lift_request_parameters,
+)
+from ..wire import RAW_ONLY, object_array, raw_to_array, tensor_to_raw
+
+CLASSIFICATION: Final = "classification"
+SHARED_MEMORY_REGION: Final = "shared_memory_region"
+# Stream-only request parameter (tritonclient's `enable_empty_final_response=True`).
+ENABLE_EMPTY_FINAL_RESPONSE: Final = "triton_enable_empty_final_response"
+# Response parameter on every streamed response: true on the last one for its request.
+FINAL_RESPONSE: Final = "triton_final_response"
+
+_INT64_MAX: Final = 2**63 - 1
+
+# The typed-contents field each datatype travels in.
+_CONTENTS_FIELD: Final = {
+    DataType.BOOL: "bool_contents",
+    DataType.UINT8: "uint_contents",
+    DataType.UINT16: "uint_contents",
+    DataType.UINT32: "uint_contents",
+    DataType.UINT64: "uint64_contents",
+    DataType.INT8: "int_contents",
+    DataType.INT16: "int_contents",
+    DataType.INT32: "int_contents",
+    DataType.INT64: "int64_contents",
+    DataType.FP32: "fp32_contents",
+    DataType.FP64: "fp64_contents",
+    DataType.BYTES: "bytes_contents",
+}
+# The numpy type of each contents field, before narrowing to the tensor's datatype.
+_FIELD_DTYPE: Final = {
+    "bool_contents": np.dtype(np.bool_),
+    "int_contents": np.dtype(np.int32),
+    "int64_contents": np.dtype(np.int64),
+    "uint_contents": np.dtype(np.uint32),
+    "uint64_contents": np.dtype(np.uint64),
+    "fp32_contents": np.dtype(np.float32),
+    "fp64_contents": np.dtype(np.float64),
+}
+_NARROWED: Final = frozenset({DataType.UINT8, DataType.UINT16, DataType.INT8, DataType.INT16})
+
+
+def _invalid(message: str) -> ServerError:
+    return ServerError(ErrorCode.INVALID_ARG, message)
+
+
+@dataclass(slots=True)
+class DecodedRequest:
+    """A core request plus what only the gRPC front end acts on."""
+
+    request: InferRequest
+    # The client asked for an empty response carrying `triton_final_response: true` when a
+    # decoupled model finishes a request without a final response of its own.
+    enable_empty_final_response: bool = False
+
+
+# --- parameters -----------------------------------------------------------------------------
+
+
+def parameter_value(param: pb.InferParameter, key: str, where: str) -> ParamValue:
+    choice = param.WhichOneof("parameter_choice")
+    if choice is None:
+        raise _invalid(f"parameter '{key}' of {where} has no value")
+    value: ParamValue = getattr(param, choice)
+    return value
+
+
+def decode_parameters(params: Any, where: str) -> Parameters:
+    """A `map<string, InferParameter>` as plain Python values."""
+    return {key: parameter_value(param, key, where) for key, param in params.items()}
+
+
+def encode_parameters(values: Parameters, target: Any) -> None:
+    """Fill a `map<string, InferParameter>` from plain Python values."""
+    for key, value in values.items():
+        param = target[key]
+        if isinstance(value, bool):
+            param.bool_param = value
+        elif isinstance(value, int):
+            if value > _INT64_MAX:
+                param.uint64_param = value
+            else:
+                param.int64_param = value
+        elif isinstance(value, float):
+            param.double_param = value
+        else:
+            param.string_param = str(value)
+
+
+# --- requests -------------------------------------------------------------------------------
+
+
+def decode_infer_request(message: pb.ModelInferRequest) -> DecodedRequest:
+    """Build a core InferRequest from a ModelInferRequest.
+
+    Inputs come either all from `raw_input_contents` (one buffer per input, in input order)
+    or each from its typed `contents`; mixing the two is an error. Errors are ServerError
+    INVALID_ARG (UNSUPPORTED for shared-memory inputs).
+    """
+    model = message.model_name
+    parameters = decode_parameters(message.parameters, "the request")
+    empty_final = parameters.pop(ENABLE_EMPTY_FINAL_RESPONSE, False)
+    if not isinstance(empty_final, bool):
+        raise _invalid(f"parameter '{ENABLE_EMPTY_FINAL_RESPONSE}' must be a boolean")
+    request = InferRequest(
+        model_name=model,
+        model_version=message.model_version,
+        id=message.id,
+        inputs=_decode_inputs(message),
+        outputs=_decode_outputs(message),
+        parameters=parameters,
+    )
+    lift_request_parameters(request)
+    return DecodedRequest(request, empty_final)
+
+
+def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
+    model = message.model_name
+    raw = message.raw_input_contents
+    specs = message.inputs
+    if raw and len(raw) != len(specs):
+        raise _invalid(
+            f"expected {len(specs)} raw input contents (one per input) for model '{model}', "
+            f"got {len(raw)}"
+        )
+    tensors: list[Tensor] = []
+    names: set[str] = set()
+    for index, spec in enumerate(specs):
+        name = spec.name
+        if not name:
+            raise _invalid(f"input {index} of model '{model}' has no name")
+        if name in names:
+            raise _invalid(f"input '{name}' is given more than once")
+        names.add(name)
+        datatype = DataType.parse(spec.datatype)
+        shape = tuple(spec.shape)
+        if any(d < 0 for d in shape):
+            raise _invalid(f"'shape' of input '{name}' must hold non-negative integers")
+        params = decode_parameters(spec.parameters, f"input '{name}'")
+        if SHARED_MEMORY_REGION in params:
+            raise ServerError(
+                ErrorCode.UNSUPPORTED, f"input '{name}': shared-memory inputs are not supported"
+            )
+        has_contents = spec.HasField("contents")
+        if raw:
+            if has_contents:
+                raise _invalid(
+                    f"contents field must not be specified when using raw_input_contents for "
+                    f"input '{name}' of model '{model}'"
+                )
+            data = raw_to_array(datatype, shape, raw[index], what=f"input '{name}'")
+        elif has_contents:
+            data = _typed_contents(name, datatype, shape, spec.contents)
+        elif math.prod(shape) == 0:
+            data = np.empty(shape, dtype=datatype.numpy)
+        else:
+            raise _invalid(
+                f"input '{name}' of model '{model}' has no data: neither raw_input_contents "
+                f"nor contents is set"
+            )
+        tensors.append(Tensor(name, datatype, shape, data, params))
+    return tensors
+
+
+def _typed_contents(
+    name: str, datatype: DataType, shape: tuple[int, ...], contents: pb.InferTensorContents
+) -> npt.NDArray[Any]:
+    if datatype in RAW_ONLY:
+        raise _invalid(
+            f"input '{name}': {datatype.value} data can only be sent in raw_input_contents, "
+            f"not in typed contents"
+        )
+    field = _CONTENTS_FIELD[datatype]
+    for other, _ in contents.ListFields():
+        if other.name != field:
+            raise _invalid(
+                f"input '{name}': {datatype.value} data must be in contents.{field}, "
+                f"not contents.{other.name}"
+            )
+    values = getattr(contents, field)
+    count = math.prod(shape)
+    if len(values) != count:
+        raise _invalid(
+            f"input '{name}' has {len(values)} elements in contents.{field}, but shape "
+            f"{list(shape)} needs {count}"
+        )
+    if datatype is DataType.BYTES:
+        return object_array(list(values)).reshape(shape)
+    wide = np.fromiter(values, dtype=_FIELD_DTYPE[field], count=count)
+    if datatype in _NARROWED and count:
+        info = np.iinfo(datatype.numpy)
+        low, high = int(wide.min()), int(wide.max())
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise _invalid(f"input '{name}': value {bad} is out of range for {datatype.value}")
+    return wide.astype(datatype.numpy, copy=False).reshape(shape)
+
+
+def _decode_outputs(message: pb.ModelInferRequest) -> list[RequestedOutput]:
+    outputs: list[RequestedOutput] = []
+    names: set[str] = set()
+    for index, spec in enumerate(message.outputs):
+        name = spec.name
+        if not name:
+            raise _invalid(f"requested output {index} has no name")
+        if name in names:
+            raise _invalid(f"output '{name}' is requested more than once")
+        names.add(name)
+        params = decode_parameters(spec.parameters, f"output '{name}'")
+        classification = params.pop(CLASSIFICATION, 0)
+        if isinstance(classification, bool) or not isinstance(classification, int):
+            raise _invalid(f"'classification' of output '{name}' must be a non-negative integer")
+        if classification < 0:
+            raise _invalid(f"'classification' of output '{name}' must be a non-negative integer")
+        if SHARED_MEMORY_REGION in params:
+            raise ServerError(
+                ErrorCode.UNSUPPORTED, f"output '{name}': shared-memory outputs are not supported"
+            )
+        outputs.append(RequestedOutput(name, classification, params))
+    return outputs
+
+
+# --- responses ------------------------------------------------------------------------------
+
+
+def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
+    """A ModelInferResponse with every output's data in `raw_output_contents`."""
+    message = pb.ModelInferResponse(
+        model_name=response.model_name, model_version=response.model_version, id=response.id
+    )
+    if response.parameters:
+        encode_parameters(response.parameters, message.parameters)
+    outputs = message.outputs
+    raw = message.raw_output_contents
+    for tensor in response.outputs:
+        if tensor.data.size != math.prod(tensor.shape):
+            raise ServerError(
+                ErrorCode.INTERNAL,
+                f"output '{tensor.name}' has {tensor.data.size} elements, but its shape "
+                f"{list(tensor.shape)} needs {math.prod(tensor.shape)}",
+            )
+        entry = outputs.add(name=tensor.name, datatype=tensor.datatype.value, shape=tensor.shape)
+        if tensor.parameters:
+            encode_parameters(tensor.parameters, entry.parameters)
+        raw.append(bytes(tensor_to_raw(tensor)))
+    return message
+
+
+def stream_response(
+    response: pb.ModelInferResponse, final: bool | None
+) -> pb.ModelStreamInferResponse:
+    """Wrap a response for ModelStreamInfer; `final` sets `triton_final_response` (None: no)."""
+    if final is not None:
+        response.parameters[FINAL_RESPONSE].bool_param = final
+    return pb.ModelStreamInferResponse(infer_response=response)
+
+
+def empty_final_response(message: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+    """The empty response that only says "this request is done"."""
+    response = pb.ModelInferResponse(
+        model_name=message.model_name, model_version=message.model_version, id=message.id
+    )
+    return stream_response(response, final=True)
+
+
+def stream_error(message: pb.ModelInferRequest, error: ServerError) -> pb.ModelStreamInferResponse:
+    """An in-stream error: `error_message`, with the request's id so the client can match it."""
+    return pb.ModelStreamInferResponse(
+        error_message=error.message, infer_response=pb.ModelInferResponse(id=message.id)
+    )

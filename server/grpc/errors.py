@@ -1,0 +1,68 @@
+"""The one place where core error codes become gRPC status codes."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+import grpc.aio
+
+from ge_serve.server.errors import ErrorCode, ServerError
+
+log = logging.getLogger(__name__)
+
+STATUS: dict[ErrorCode, grpc.StatusCode] = {
+    ErrorCode.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+    ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
+}
+
+
+def status_of(exc: ServerError) -> grpc.StatusCode:
+    return STATUS.get(exc.code, grpc.StatusCode.INVALID_ARGUMENT)
+
+
+def as_server_error(exc: BaseException) -> ServerError:
+    """A core error as it is; anything else is an INTERNAL error that names its type."""
+    if isinstance(exc, ServerError):
+        return exc
+    return ServerError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+
+async def abort(context: Any, exc: ServerError) -> NoReturn:
+    """End the RPC with the status for `exc`; `context.abort` raises, so this never returns."""
+    await context.abort(status_of(exc), exc.message)
+    raise AssertionError("grpc context.abort returned")  # pragma: no cover
+
+
+S = TypeVar("S")
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+Handler = Callable[[S, Req, Any], Awaitable[Resp]]
+
+
+def guard(handler: Handler[S, Req, Resp]) -> Handler[S, Req, Resp]:
+    """Wrap a unary handler: a ServerError ends the RPC with its mapped status and message;
+    an unexpected exception is logged and ends it INTERNAL, never as an opaque UNKNOWN."""
+
+    @functools.wraps(handler)
+    async def guarded(self: S, request: Req, context: Any) -> Resp:
+        try:
+            return await handler(self, request, context)
+        except ServerError as exc:
+            await abort(context, exc)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            log.exception("unhandled error in %s", handler.__name__)
+            await abort(context, as_server_error(exc))
+
+    return guarded

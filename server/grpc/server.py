@@ -1,0 +1,170 @@
+"""The grpc.aio server: the inference service, standard health checking and reflection, on
+the event loop the HTTP server shares."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Final
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health as grpc_health
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from ge_serve.protos import grpc_service_pb2, grpc_service_pb2_grpc
+
+from ..cli import Settings
+from ..core import InferenceServer
+from ..errors import ErrorCode, ServerError
+from .restricted import RestrictedProtocolInterceptor
+from .servicer import GrpcServicer
+
+log = logging.getLogger(__name__)
+
+INFERENCE_SERVICE: Final = grpc_service_pb2.DESCRIPTOR.services_by_name[
+    "GRPCInferenceService"
+].full_name
+# Triton's limit: a message may be as large as a signed 32-bit length allows.
+MAX_MESSAGE_BYTES: Final = 2**31 - 1
+# How often Health.Watch subscribers learn about readiness changes.
+HEALTH_REFRESH_S: Final = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcSettings:
+    address: str = "0.0.0.0"
+    port: int = 8001
+    keepalive_time_ms: int = 7_200_000
+    keepalive_timeout_ms: int = 20_000
+    keepalive_permit_without_calls: bool = False
+    http2_max_pings_without_data: int = 2
+    http2_min_recv_ping_interval_without_data_ms: int = 300_000
+    # --grpc-restricted-protocol: (category, header, value)
+    restricted: tuple[tuple[str, str, str], ...] = ()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> GrpcSettings:
+        return cls(
+            address=settings.grpc_address,
+            port=settings.grpc_port,
+            keepalive_time_ms=settings.grpc_keepalive_time_ms,
+            keepalive_timeout_ms=settings.grpc_keepalive_timeout_ms,
+            keepalive_permit_without_calls=settings.grpc_keepalive_permit_without_calls,
+            http2_max_pings_without_data=settings.grpc_http2_max_pings_without_data,
+            http2_min_recv_ping_interval_without_data_ms=(
+                settings.grpc_http2_min_recv_ping_interval_without_data_ms
+            ),
+            restricted=settings.grpc_restricted_protocol,
+        )
+
+    @property
+    def target(self) -> str:
+        host = self.address
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"{host}:{self.port}"
+
+    def channel_options(self) -> list[tuple[str, int]]:
+        return [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.keepalive_time_ms", self.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", self.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", int(self.keepalive_permit_without_calls)),
+            ("grpc.http2.max_pings_without_data", self.http2_max_pings_without_data),
+            (
+                "grpc.http2.min_recv_ping_interval_without_data_ms",
+                self.http2_min_recv_ping_interval_without_data_ms,
+            ),
+            # A port already in use must fail the bind, not be silently shared.
+            ("grpc.so_reuseport", 0),
+        ]
+
+
+class CoreHealth(grpc_health.aio.HealthServicer):  # type: ignore[misc]
+    """grpc.health.v1.Health: SERVING exactly when the core is ready.
+
+    Answers for the whole server ("") and for inference.GRPCInferenceService.
+    """
+
+    SERVICES: Final = ("", INFERENCE_SERVICE)
+
+    def __init__(self, core: InferenceServer) -> None:
+        super().__init__()
+        self._core = core
+
+    async def Check(self, request: health_pb2.HealthCheckRequest, context: Any) -> Any:
+        await self.refresh()
+        return await super().Check(request, context)
+
+    async def refresh(self) -> None:
+        serving = health_pb2.HealthCheckResponse.SERVING
+        status = serving if self._core.ready() else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in self.SERVICES:
+            await self.set(service, status)
+
+    async def follow(self, interval_s: float) -> None:
+        """Keep the status current for Watch subscribers."""
+        while True:
+            await self.refresh()
+            await asyncio.sleep(interval_s)
+
+
+class GrpcFrontEnd:
+    def __init__(self, core: InferenceServer, settings: GrpcSettings) -> None:
+        self.core = core
+        self.settings = settings
+        self.servicer = GrpcServicer(core)
+        self.health = CoreHealth(core)
+        self.port = 0
+        self._server: Any = None
+        self._health_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Bind and start serving; an address that cannot be bound is a ServerError."""
+        restricted = self.settings.restricted
+        # Only when a group is restricted: an interceptor costs every call.
+        interceptors = [RestrictedProtocolInterceptor.from_rules(restricted)] if restricted else []
+        server = grpc.aio.server(interceptors=interceptors, options=self.settings.channel_options())
+        add_inference = grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
+        add_inference(self.servicer, server)  # type: ignore[no-untyped-call]
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (INFERENCE_SERVICE, grpc_health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        target = self.settings.target
+        try:
+            port = server.add_insecure_port(target)
+        except RuntimeError as exc:
+            raise _cannot_listen(target, str(exc)) from None
+        if not port:
+            raise _cannot_listen(target, "the address could not be bound")
+        await server.start()
+        self._server = server
+        self.port = int(port)
+        await self.health.refresh()
+        self._health_task = asyncio.create_task(
+            self.health.follow(HEALTH_REFRESH_S), name="grpc-health"
+        )
+
+    async def stop(self, grace_s: float) -> None:
+        """Refuse new RPCs, end open streams once their requests are answered, and give
+        in-flight RPCs up to `grace_s` before they are cancelled."""
+        if self._server is None:
+            return
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+        await self.health.enter_graceful_shutdown()
+        self.servicer.stop_streams()
+        await self._server.stop(grace_s)
+        self._server = None
+
+
+def _cannot_listen(target: str, why: str) -> ServerError:
+    return ServerError(ErrorCode.UNAVAILABLE, f"cannot listen for gRPC on {target}: {why}")

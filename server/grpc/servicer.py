@@ -1,0 +1,302 @@
+"""The gRPC front end: every RPC of inference.GRPCInferenceService, each a thin adapter over
+`InferenceServer`, mirroring the HTTP routes in server/http/app.py."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any
+
+from google.protobuf import json_format
+
+from ge_serve.protos import grpc_service_pb2 as pb
+from ge_serve.protos import grpc_service_pb2_grpc as pb_grpc
+
+from ..core import InferenceServer
+from ..errors import ErrorCode, ServerError
+from ..types import ParamValue
+from . import codec
+from .errors import guard
+from .stream import MAX_IN_FLIGHT, MAX_UNWRITTEN, StreamSession
+
+log = logging.getLogger(__name__)
+
+# RepositoryModelLoad parameters: a JSON config, and files as "file:<version>/<name>".
+LOAD_CONFIG = "config"
+LOAD_FILE_PREFIX = "file:"
+UNLOAD_DEPENDENTS = "unload_dependents"
+
+
+def _unsupported(message: str) -> ServerError:
+    return ServerError(ErrorCode.UNSUPPORTED, message)
+
+
+class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, core: InferenceServer) -> None:
+        self.core = core
+        # Per-stream backpressure limits (see stream.py).
+        self.max_in_flight = MAX_IN_FLIGHT
+        self.max_unwritten = MAX_UNWRITTEN
+        self._streams: set[StreamSession] = set()
+
+    def stop_streams(self) -> None:
+        """Open streams read no more requests; each ends once its requests are answered."""
+        for session in list(self._streams):
+            session.stop_reading()
+
+    # --- health and metadata -------------------------------------------------------------
+
+    @guard
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: Any
+    ) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.core.live())
+
+    @guard
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: Any
+    ) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.core.ready())
+
+    @guard
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: Any
+    ) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self.core.model_ready(request.name, request.version))
+
+    @guard
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: Any
+    ) -> pb.ServerMetadataResponse:
+        meta = self.core.metadata()
+        return pb.ServerMetadataResponse(
+            name=meta["name"], version=meta["version"], extensions=meta["extensions"]
+        )
+
+    @guard
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: Any
+    ) -> pb.ModelMetadataResponse:
+        meta = self.core.model_metadata(request.name, request.version)
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=meta["name"],
+            versions=meta["versions"],
+            platform=meta["platform"],
+            inputs=[tensor(**t) for t in meta["inputs"]],
+            outputs=[tensor(**t) for t in meta["outputs"]],
+        )
+
+    @guard
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: Any
+    ) -> pb.ModelConfigResponse:
+        return pb.ModelConfigResponse(config=self.core.model_config(request.name, request.version))
+
+    # --- inference -----------------------------------------------------------------------
+
+    @guard
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: Any
+    ) -> pb.ModelInferResponse:
+        decoded = codec.decode_infer_request(request)
+        response = await self.core.infer(decoded.request)
+        return codec.encode_infer_response(response)
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterable[pb.ModelInferRequest], context: Any
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        session = StreamSession(
+            self.core, request_iterator, context, self.max_in_flight, self.max_unwritten
+        )
+        self._streams.add(session)
+        try:
+            async for response in session.run():
+                yield response
+        finally:
+            self._streams.discard(session)
+
+    # --- statistics ----------------------------------------------------------------------
+
+    @guard
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: Any
+    ) -> pb.ModelStatisticsResponse:
+        stats = self.core.statistics(request.name, request.version)
+        return json_format.ParseDict(
+            stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True
+        )
+
+    # --- repository ----------------------------------------------------------------------
+
+    @guard
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: Any
+    ) -> pb.RepositoryIndexResponse:
+        rows = self.core.repository_index(request.ready)
+        index = pb.RepositoryIndexResponse.ModelIndex
+        return pb.RepositoryIndexResponse(
+            models=[
+                index(
+                    name=row["name"],
+                    version=row.get("version", ""),
+                    state=row.get("state", ""),
+                    reason=row.get("reason", ""),
+                )
+                for row in rows
+            ]
+        )
+
+    @guard
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        config, files = load_parameters(request.parameters)
+        await self.core.load_model(request.model_name, config, files)
+        return pb.RepositoryModelLoadResponse()
+
+    @guard
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        dependents = False
+        for key, param in request.parameters.items():
+            value = _repository_value(param, key)
+            if key != UNLOAD_DEPENDENTS:
+                raise ServerError(ErrorCode.INVALID_ARG, f"unexpected unload parameter '{key}'")
+            if not isinstance(value, bool):
+                raise ServerError(
+                    ErrorCode.INVALID_ARG, f"unload parameter '{key}' must be a bool_param"
+                )
+            dependents = value
+        await self.core.unload_model(request.model_name, dependents)
+        return pb.RepositoryModelUnloadResponse()
+
+    # --- shared memory and tracing (not offered) -----------------------------------------
+
+    @guard
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: Any
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        raise _unsupported(_NO_SYSTEM_SHM)
+
+    @guard
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        raise _unsupported(_NO_SYSTEM_SHM)
+
+    @guard
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        raise _unsupported(_NO_SYSTEM_SHM)
+
+    @guard
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: Any
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        raise _unsupported(_NO_CUDA_SHM)
+
+    @guard
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: Any
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        raise _unsupported(_NO_CUDA_SHM)
+
+    @guard
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        raise _unsupported(_NO_CUDA_SHM)
+
+    @guard
+    async def TraceSetting(
+        self, request: pb.TraceSettingRequest, context: Any
+    ) -> pb.TraceSettingResponse:
+        raise _unsupported("the trace extension is not available on this server")
+
+    # --- logging -------------------------------------------------------------------------
+
+    @guard
+    async def LogSettings(
+        self, request: pb.LogSettingsRequest, context: Any
+    ) -> pb.LogSettingsResponse:
+        if request.settings:
+            changes = {key: _log_value(value, key) for key, value in request.settings.items()}
+            current = self.core.update_log_settings(changes)
+        else:
+            current = self.core.log_settings()
+        response = pb.LogSettingsResponse()
+        for key, value in current.items():
+            _set_log_value(response.settings[key], key, value)
+        return response
+
+
+_NO_SYSTEM_SHM = (
+    "the system shared-memory extension is not available on this server; send tensors in "
+    "the request (raw_input_contents)"
+)
+_NO_CUDA_SHM = "CUDA shared memory is not available on this server (it has no CUDA devices)"
+
+
+def load_parameters(params: Any) -> tuple[str | None, dict[str, bytes] | None]:
+    """RepositoryModelLoad parameters as `core.load_model` arguments.
+
+    `config` (string_param) is the model config as JSON; each `file:<version>/<name>`
+    (bytes_param) is a file of the model's version folders, as raw bytes.
+    """
+    config: str | None = None
+    files: dict[str, bytes] = {}
+    for key, param in params.items():
+        value = _repository_value(param, key)
+        if key == LOAD_CONFIG:
+            if not isinstance(value, str):
+                raise ServerError(
+                    ErrorCode.INVALID_ARG, "load parameter 'config' must be a string_param (JSON)"
+                )
+            config = value
+        elif key.startswith(LOAD_FILE_PREFIX):
+            if not isinstance(value, bytes):
+                raise ServerError(
+                    ErrorCode.INVALID_ARG, f"load parameter '{key}' must be a bytes_param"
+                )
+            path = key[len(LOAD_FILE_PREFIX) :]
+            if not path:
+                raise ServerError(ErrorCode.INVALID_ARG, f"load parameter '{key}' has no path")
+            files[path] = value
+        else:
+            raise ServerError(
+                ErrorCode.INVALID_ARG,
+                f"unexpected load parameter '{key}': expected 'config' or 'file:<path>'",
+            )
+    return config, files or None
+
+
+def _repository_value(param: pb.ModelRepositoryParameter, key: str) -> ParamValue | bytes:
+    choice = param.WhichOneof("parameter_choice")
+    if choice is None:
+        raise ServerError(ErrorCode.INVALID_ARG, f"parameter '{key}' has no value")
+    value: ParamValue | bytes = getattr(param, choice)
+    return value
+
+
+def _log_value(setting: pb.LogSettingsRequest.SettingValue, key: str) -> ParamValue:
+    choice = setting.WhichOneof("parameter_choice")
+    if choice is None:
+        raise ServerError(ErrorCode.INVALID_ARG, f"log setting '{key}' has no value")
+    value: ParamValue = getattr(setting, choice)
+    return value
+
+
+def _set_log_value(target: pb.LogSettingsResponse.SettingValue, key: str, value: Any) -> None:
+    if isinstance(value, bool):
+        target.bool_param = value
+    elif isinstance(value, int) and value >= 0:
+        target.uint32_param = value
+    elif isinstance(value, str):
+        target.string_param = value
+    else:
+        raise ServerError(
+            ErrorCode.INTERNAL, f"log setting '{key}' has a value of type {type(value).__name__}"
+        )

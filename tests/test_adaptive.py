@@ -1,0 +1,288 @@
+"""The adaptive controller: its decisions on synthetic measurements, then through submit()."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fake_executor import FakeExecutor, item, make_batcher, make_config
+
+from ge_serve.scheduler.adaptive import AdaptiveController, Plan
+from ge_serve.scheduler.policy import BatchPolicy
+
+MS = 1_000_000
+T0 = 10_000 * MS
+
+
+def controller(
+    max_batch_size: int = 8,
+    delay_us: int = 0,
+    levels: int = 0,
+    default_level: int = 0,
+    gears: tuple[int, ...] = (),
+    **params: str,
+) -> AdaptiveController:
+    parameters = {"adaptive_batching": "true"}
+    parameters.update({k.replace("__", "."): v for k, v in params.items()})
+    config = make_config(
+        max_batch_size=max_batch_size,
+        delay_us=delay_us,
+        priority_levels=levels,
+        default_level=default_level,
+        parameters=parameters,
+    )
+    return AdaptiveController(BatchPolicy.from_config(config, gears), gears)
+
+
+def sublinear(c: AdaptiveController) -> None:
+    """1 ms fixed cost plus 0.1 ms per sample: batching pays."""
+    for size in (1, 2, 4, 8):
+        c.record_execution(size, MS + size * MS // 10)
+
+
+def linear(c: AdaptiveController) -> None:
+    """Cost proportional to size: batching buys nothing."""
+    for size in (1, 2, 4, 8):
+        c.record_execution(size, size * MS)
+
+
+def busy_burst(c: AdaptiveController, clients: int, gap_ns: int, level: int = 0) -> int:
+    """`clients` requests arrive `gap_ns` apart while the system is busy, then all but one
+    leave: the state right after a batch completes under closed-loop load."""
+    now = T0
+    for _ in range(clients):
+        c.record_arrival(now, 1, level)
+        now += gap_ns
+    for _ in range(clients - 1):
+        c.record_departure(now, 1)
+    return now
+
+
+def sequential(c: AdaptiveController, requests: int) -> int:
+    """One client: each request arrives after the previous one has left."""
+    now = T0
+    for _ in range(requests):
+        c.record_arrival(now, 1, 0)
+        now += MS
+        c.record_departure(now, 1)
+        now += MS // 10
+    c.record_arrival(now, 1, 0)
+    return now
+
+
+def sends_now(plan: Plan, now: int) -> bool:
+    return plan.deadline_ns <= now
+
+
+def test_without_measurements_it_sends_at_once() -> None:
+    c = controller()
+    assert sends_now(c.plan(T0, 1, T0, 0, 0), T0)
+
+
+def test_a_lone_client_is_never_kept_waiting() -> None:
+    c = controller(adaptive_latency_budget_us="1000000")
+    sublinear(c)
+    now = sequential(c, 20)
+    assert c.busy_rate_per_ns() == 0.0
+    assert sends_now(c.plan(now, 1, now, 0, 0), now)
+
+
+def test_busy_arrivals_and_cheap_batches_make_it_wait_within_the_budget() -> None:
+    c = controller(adaptive_latency_budget_us="5000")
+    sublinear(c)
+    now = busy_burst(c, clients=16, gap_ns=50_000)
+    plan = c.plan(now, 1, now, 0, 0)
+    assert plan.target == 8
+    # It waits, but starts in time for the batch to finish within the budget.
+    assert now < plan.deadline_ns <= now + 5 * MS - c.cost.cost_ns(8)
+    snapshot = c.snapshot()
+    assert snapshot["target_batch_size"] == 8
+    assert 0 < snapshot["window_us"] <= 5000
+    assert snapshot["busy_arrival_rate_per_s"] > 0
+
+
+def test_no_wait_when_the_budget_has_no_room_for_it() -> None:
+    c = controller(adaptive_latency_budget_us="1150")
+    sublinear(c)  # cost(1) = 1.1 ms, cost(2) = 1.2 ms: a batch of 2 cannot make 1.15 ms
+    now = busy_burst(c, clients=16, gap_ns=50_000)
+    assert sends_now(c.plan(now, 1, now, 0, 0), now)
+
+
+def test_the_window_stays_inside_max_queue_delay() -> None:
+    c = controller(delay_us=100, adaptive_latency_budget_us="5000")
+    sublinear(c)
+    now = busy_burst(c, clients=16, gap_ns=50_000)
+    oldest = now - 20_000
+    plan = c.plan(now, 1, oldest, 0, 0)
+    assert plan.deadline_ns <= oldest + 100_000
+    assert 1 <= plan.target <= 8
+
+
+def test_the_target_stays_inside_the_largest_gear() -> None:
+    c = controller(max_batch_size=32, gears=(1, 2, 4), adaptive_latency_budget_us="5000")
+    sublinear(c)
+    now = busy_burst(c, clients=32, gap_ns=10_000)
+    plan = c.plan(now, 1, now, 0, 0)
+    assert 1 < plan.target <= 4
+    assert plan.limit == 4
+
+
+def test_linear_cost_is_not_worth_waiting_for() -> None:
+    c = controller(adaptive_latency_budget_us="5000")
+    linear(c)
+    now = busy_burst(c, clients=16, gap_ns=50_000)
+    assert sends_now(c.plan(now, 1, now, 0, 0), now)
+
+
+def test_it_never_waits_for_more_clients_than_it_has_seen() -> None:
+    c = controller(adaptive_latency_budget_us="5000")
+    sublinear(c)
+    now = busy_burst(c, clients=3, gap_ns=50_000)
+    plan = c.plan(now, 1, now, 0, 0)
+    assert plan.target <= 3
+    # With the whole peak already queued there is no one left to wait for.
+    c.record_arrival(now, 1, 0)
+    c.record_arrival(now, 1, 0)
+    assert sends_now(c.plan(now, 3, now, 0, 0), now)
+
+
+def test_another_idle_slot_means_send_now() -> None:
+    c = controller(adaptive_latency_budget_us="5000")
+    sublinear(c)
+    now = busy_burst(c, clients=16, gap_ns=50_000)
+    assert sends_now(c.plan(now, 1, now, 0, idle_slots=1), now)
+
+
+def test_a_full_queue_goes_at_once() -> None:
+    c = controller(adaptive_latency_budget_us="5000")
+    sublinear(c)
+    now = busy_burst(c, clients=16, gap_ns=50_000)
+    plan = c.plan(now, 8, now, 0, 0)
+    assert sends_now(plan, now)
+    assert plan.target == 8
+
+
+def test_higher_priority_gets_the_shorter_window() -> None:
+    c = controller(levels=2, default_level=2, adaptive_latency_budget_us="10000")
+    sublinear(c)
+    assert c.budget_ns(1) == 5 * MS
+    assert c.budget_ns(2) == 10 * MS
+    now = busy_burst(c, clients=16, gap_ns=MS)
+    urgent = c.plan(now, 1, now, 1, 0)
+    relaxed = c.plan(now, 1, now, 2, 0)
+    assert now < urgent.deadline_ns <= now + c.budget_ns(1) - c.cost.cost_ns(urgent.target)
+    assert urgent.deadline_ns < relaxed.deadline_ns
+    assert relaxed.deadline_ns <= now + c.budget_ns(2) - c.cost.cost_ns(relaxed.target)
+    assert urgent.target < relaxed.target
+
+
+def test_explicit_level_budgets_win() -> None:
+    c = controller(
+        levels=2,
+        default_level=2,
+        adaptive_latency_budget_us="2000",
+        adaptive_latency_budget_us__2="300",
+    )
+    assert c.budget_ns(2) == 300_000
+    assert c.budget_ns(1) == 1 * MS
+    assert c.snapshot()["budgets_us"] == {1: 1000, 2: 300}
+
+
+def test_urgent_traffic_caps_the_batches_of_lower_levels() -> None:
+    c = controller(
+        levels=2,
+        default_level=2,
+        adaptive_latency_budget_us="5000",
+        adaptive_latency_budget_us__1="2500",
+    )
+    sublinear(c)
+    now = busy_burst(c, clients=16, gap_ns=50_000, level=2)
+    assert c.plan(now, 8, now, 2, 0).limit == 8
+    c.record_arrival(now, 1, 1)  # the urgent level is active now
+    plan = c.plan(now, 8, now, 2, 0)
+    # cost(4) = 1.4 ms, then an urgent request's own 1.1 ms: 2.5 ms. cost(5) is too much.
+    assert plan.limit == 4
+    assert plan.target <= 4
+    # The urgent level's own batches are not capped.
+    assert c.plan(now, 8, now, 1, 0).limit == 8
+
+
+def test_derived_budgets_never_cap() -> None:
+    c = controller(levels=2, default_level=2)
+    sublinear(c)
+    now = busy_burst(c, clients=16, gap_ns=50_000, level=2)
+    c.record_arrival(now, 1, 1)
+    assert c.plan(now, 8, now, 2, 0).limit == 8
+
+
+async def test_low_load_through_the_batcher_never_waits() -> None:
+    # A one-minute budget: any wait for a request that will not come would time out.
+    config = make_config(
+        max_batch_size=8,
+        parameters={"adaptive_batching": "true", "adaptive_latency_budget_us": "60000000"},
+    )
+    fake = FakeExecutor("fake")
+    batcher = make_batcher(config, [fake])
+    try:
+        for value in range(6):
+            result = await asyncio.wait_for(batcher.submit(item(value)), 10)
+            assert result["n"].tolist() == [[1]]
+        assert fake.sizes == [1] * 6
+    finally:
+        await batcher.close(5.0)
+
+
+@pytest.mark.timeout(60)
+async def test_high_load_through_the_batcher_grows_batches_to_the_maximum() -> None:
+    config = make_config(
+        max_batch_size=8,
+        parameters={"adaptive_batching": "true", "adaptive_latency_budget_us": "5000"},
+    )
+    # A fixed 2 ms per execution, whatever the size: batching pays.
+    fake = FakeExecutor("fake", cost_s=0.002)
+    batcher = make_batcher(config, [fake])
+
+    async def client(index: int) -> None:
+        for round_ in range(6):
+            await batcher.submit(item(index * 100 + round_))
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(client(i) for i in range(16))), 40)
+        assert sum(fake.sizes) == 96
+        assert max(fake.sizes) == 8
+        assert len(fake.sizes) <= 96 // 4
+        assert batcher.controller is not None
+        snapshot = batcher.controller.snapshot()
+        assert 1 <= snapshot["target_batch_size"] <= 8
+        assert snapshot["window_us"] <= 5000
+    finally:
+        await batcher.close(5.0)
+
+
+def test_batches_stop_at_the_most_efficient_size_when_bigger_ones_lose() -> None:
+    c = controller(max_batch_size=32)
+    for _ in range(3):
+        c.record_execution(8, 8 * MS)  # 1.0 sample/ms
+        c.record_execution(16, 14 * MS)  # 1.14 sample/ms: the best
+        c.record_execution(32, 40 * MS)  # 0.8 sample/ms: bigger, and worse
+    now = T0
+    plan = c.plan(now, 32, now, 0, 0)
+    assert plan.limit == 16
+    assert sends_now(plan, now)
+    assert c.snapshot()["batch_limit"] == 16
+    # Now and then a batch may be as large as the model allows, to keep measuring.
+    while c.cost.executions % 16 != 15:
+        c.record_execution(16, 14 * MS)
+    assert c.plan(now, 32, now, 0, 0).limit == 32
+
+
+def test_no_efficiency_limit_without_a_measured_loss() -> None:
+    c = controller(max_batch_size=32)
+    for _ in range(3):
+        c.record_execution(8, 8 * MS)
+        c.record_execution(16, 14 * MS)
+    assert c.plan(T0, 32, T0, 0, 0).limit == 32
+    once = controller(max_batch_size=32)
+    once.record_execution(16, 14 * MS)
+    once.record_execution(32, 40 * MS)  # one run each: not trusted yet
+    assert once.plan(T0, 32, T0, 0, 0).limit == 32

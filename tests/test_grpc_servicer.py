@@ -1,0 +1,195 @@
+"""The servicer's conversions for the RPCs whose core side other work fills in (statistics,
+repository load/unload, logging), driven directly with a recording core."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+
+from ge_serve.protos import grpc_service_pb2 as pb
+from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.grpc.servicer import GrpcServicer
+
+
+class Aborted(Exception):
+    def __init__(self, code: Any, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class Context:
+    async def abort(self, code: Any, details: str) -> None:
+        raise Aborted(code, details)
+
+
+STATS = {
+    "model_stats": [
+        {
+            "name": "simple",
+            "version": "1",
+            "last_inference": 1700000000123,
+            "inference_count": 12,
+            "execution_count": 5,
+            "inference_stats": {
+                "success": {"count": 12, "ns": 9000},
+                "fail": {"count": 1, "ns": 50},
+                "queue": {"count": 12, "ns": 700},
+                "compute_input": {"count": 5, "ns": 100},
+                "compute_infer": {"count": 5, "ns": 6000},
+                "compute_output": {"count": 5, "ns": 200},
+                "cache_hit": {"count": 0, "ns": 0},
+                "cache_miss": {"count": 0, "ns": 0},
+            },
+            "batch_stats": [
+                {
+                    "batch_size": 4,
+                    "compute_input": {"count": 3, "ns": 60},
+                    "compute_infer": {"count": 3, "ns": 4000},
+                    "compute_output": {"count": 3, "ns": 90},
+                }
+            ],
+            "memory_usage": [{"type": "CPU", "id": 0, "byte_size": 4096}],
+        }
+    ]
+}
+
+
+class RecordingCore:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.log = {"log_info": True, "log_verbose_level": 0, "log_format": "default"}
+
+    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        self.calls.append(("statistics", (name, version)))
+        return STATS
+
+    async def load_model(
+        self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None
+    ) -> None:
+        self.calls.append(("load", (name, config_json, files)))
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        self.calls.append(("unload", (name, unload_dependents)))
+
+    def log_settings(self) -> dict[str, Any]:
+        return dict(self.log)
+
+    def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(("update_log", (changes,)))
+        self.log.update(changes)
+        return dict(self.log)
+
+
+@pytest.fixture
+def core() -> RecordingCore:
+    return RecordingCore()
+
+
+@pytest.fixture
+def servicer(core: RecordingCore) -> GrpcServicer:
+    return GrpcServicer(core)  # type: ignore[arg-type]
+
+
+async def test_statistics(servicer: GrpcServicer, core: RecordingCore) -> None:
+    response = await servicer.ModelStatistics(
+        pb.ModelStatisticsRequest(name="simple", version="1"), Context()
+    )
+    assert core.calls == [("statistics", ("simple", "1"))]
+    (stats,) = response.model_stats
+    assert (stats.name, stats.version, stats.inference_count) == ("simple", "1", 12)
+    assert stats.last_inference == 1700000000123
+    assert stats.inference_stats.compute_infer.ns == 6000
+    assert stats.inference_stats.fail.count == 1
+    assert stats.batch_stats[0].batch_size == 4
+    assert stats.batch_stats[0].compute_infer.count == 3
+    assert stats.memory_usage[0].byte_size == 4096
+
+
+async def test_load_with_config_and_files(servicer: GrpcServicer, core: RecordingCore) -> None:
+    request = pb.RepositoryModelLoadRequest(model_name="m")
+    request.parameters["config"].string_param = '{"max_batch_size": 2}'
+    request.parameters["file:1/model.onnx"].bytes_param = b"\x08\x01"
+    await servicer.RepositoryModelLoad(request, Context())
+    assert core.calls == [("load", ("m", '{"max_batch_size": 2}', {"1/model.onnx": b"\x08\x01"}))]
+
+
+async def test_load_without_parameters(servicer: GrpcServicer, core: RecordingCore) -> None:
+    await servicer.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="m"), Context())
+    assert core.calls == [("load", ("m", None, None))]
+
+
+@pytest.mark.parametrize(
+    ("key", "field", "value", "text"),
+    [
+        ("config", "bytes_param", b"{}", "must be a string_param"),
+        ("file:1/model.onnx", "string_param", "abc", "must be a bytes_param"),
+        ("file:", "bytes_param", b"x", "has no path"),
+        ("colour", "string_param", "red", "unexpected load parameter 'colour'"),
+    ],
+)
+async def test_load_parameter_errors(
+    servicer: GrpcServicer, core: RecordingCore, key: str, field: str, value: Any, text: str
+) -> None:
+    request = pb.RepositoryModelLoadRequest(model_name="m")
+    setattr(request.parameters[key], field, value)
+    with pytest.raises(Aborted) as info:
+        await servicer.RepositoryModelLoad(request, Context())
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert text in info.value.details
+    assert core.calls == []
+
+
+async def test_unload(servicer: GrpcServicer, core: RecordingCore) -> None:
+    request = pb.RepositoryModelUnloadRequest(model_name="m")
+    await servicer.RepositoryModelUnload(request, Context())
+    request.parameters["unload_dependents"].bool_param = True
+    await servicer.RepositoryModelUnload(request, Context())
+    assert core.calls == [("unload", ("m", False)), ("unload", ("m", True))]
+
+
+async def test_log_settings(servicer: GrpcServicer, core: RecordingCore) -> None:
+    current = await servicer.LogSettings(pb.LogSettingsRequest(), Context())
+    assert current.settings["log_info"].bool_param is True
+    assert current.settings["log_format"].string_param == "default"
+    request = pb.LogSettingsRequest()
+    request.settings["log_verbose_level"].uint32_param = 2
+    updated = await servicer.LogSettings(request, Context())
+    assert core.calls == [("update_log", ({"log_verbose_level": 2},))]
+    assert updated.settings["log_verbose_level"].uint32_param == 2
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [
+        (ErrorCode.INVALID_ARG, grpc.StatusCode.INVALID_ARGUMENT),
+        (ErrorCode.NOT_FOUND, grpc.StatusCode.NOT_FOUND),
+        (ErrorCode.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE),
+        (ErrorCode.UNSUPPORTED, grpc.StatusCode.UNIMPLEMENTED),
+        (ErrorCode.INTERNAL, grpc.StatusCode.INTERNAL),
+        (ErrorCode.ALREADY_EXISTS, grpc.StatusCode.ALREADY_EXISTS),
+    ],
+)
+async def test_core_errors_map_to_status(
+    servicer: GrpcServicer, core: RecordingCore, code: ErrorCode, status: Any
+) -> None:
+    def failing(name: str = "", version: str = "") -> dict[str, Any]:
+        raise ServerError(code, "the reason")
+
+    core.statistics = failing  # type: ignore[method-assign]
+    with pytest.raises(Aborted) as info:
+        await servicer.ModelStatistics(pb.ModelStatisticsRequest(), Context())
+    assert (info.value.code, info.value.details) == (status, "the reason")
+
+
+async def test_unexpected_errors_are_internal(servicer: GrpcServicer, core: RecordingCore) -> None:
+    def broken(name: str = "", version: str = "") -> dict[str, Any]:
+        raise KeyError("boom")
+
+    core.statistics = broken  # type: ignore[method-assign]
+    with pytest.raises(Aborted) as info:
+        await servicer.ModelStatistics(pb.ModelStatisticsRequest(), Context())
+    assert info.value.code == grpc.StatusCode.INTERNAL
+    assert "KeyError" in info.value.details
