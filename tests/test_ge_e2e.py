@@ -256,19 +256,24 @@ output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1048576 ] } ]
         assert "chosen by --device sim" in proc.log()
 
 
-def test_device_npu_without_pyacl_exits_with_a_clear_error(tmp_path: Path) -> None:
-    cmd = server_command([EXAMPLES], ["--device", "npu"], (0, 0, 0))
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--device", "npu"], "--device npu: pyACL cannot be imported (No module named 'acl')"),
+        (["--sim-devices", "0"], "--sim-devices must be at least 1, not 0"),
+    ],
+)
+def test_an_impossible_device_exits_with_a_clear_error(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    cmd = server_command([EXAMPLES], flags, (0, 0, 0))
     done = subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=tmp_path,
+        cmd, capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    )  # fmt: skip
     assert done.returncode == 1
-    assert "--device npu: pyACL cannot be imported (No module named 'acl')" in done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 # --- the real ACL shim under the server, on the fake pyACL and fake atc ------------------

@@ -185,3 +185,27 @@ def test_slot_pool_groups_ge_slots_by_device(tmp_path: Path) -> None:
     pool.close()
     for slot in slots:
         slot.join(10)
+
+
+def test_auto_when_pyacl_cannot_count_devices_finalizes_it() -> None:
+    fake = FakeAcl(devices=1)
+    fake.fail_next("acl.rt.get_device_count", 507899)
+    choice = select_runtime("auto", import_acl=lambda: build_module(fake))
+    assert isinstance(choice.runtime, SimRuntime)
+    assert "acl.rt.get_device_count failed with ACL error 507899" in choice.reason
+    assert fake.finalized
+
+
+@pytest.mark.parametrize(
+    ("device", "devices", "memory", "message"),
+    [
+        ("gpu", 1, 1, "--device must be auto, npu or sim, not 'gpu'"),
+        ("sim", 0, 1, "--sim-devices must be at least 1, not 0"),
+        ("auto", 1, 0, "--sim-device-memory must be positive, not 0"),
+    ],
+)
+def test_impossible_runtimes_are_refused(
+    device: str, devices: int, memory: int, message: str
+) -> None:
+    with pytest.raises(DeviceUnavailable, match=message):
+        select_runtime(device, devices, memory, import_acl=no_acl)

@@ -6,6 +6,7 @@ simulated device otherwise; the choice and its reason are returned for the log.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,8 @@ from .compile import AtcCompiler
 
 
 class DeviceUnavailable(RuntimeError):
-    """`--device npu` was asked for and no NPU can be used."""
+    """The device runtime asked for cannot start (no usable NPU for `--device npu`, or
+    simulated devices that cannot exist)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,10 +41,14 @@ def select_runtime(
     atc_cache_dir: str = "",
     import_acl: Callable[[], ModuleType] = _import_acl,
 ) -> RuntimeChoice:
+    if device not in ("auto", "npu", "sim"):
+        raise DeviceUnavailable(f"--device must be auto, npu or sim, not '{device}'")
+    if sim_devices < 1:
+        raise DeviceUnavailable(f"--sim-devices must be at least 1, not {sim_devices}")
+    if sim_memory < 1:
+        raise DeviceUnavailable(f"--sim-device-memory must be positive, not {sim_memory}")
     if device == "sim":
         return RuntimeChoice(SimRuntime(sim_devices, sim_memory), "--device sim")
-    if device not in ("auto", "npu"):
-        raise ValueError(f"--device must be auto, npu or sim, not '{device}'")
     try:
         acl = import_acl()
     except ImportError as exc:
@@ -56,10 +62,14 @@ def select_runtime(
             f"--device auto: pyACL is not available (import acl: {exc})",
         )
     compiler = AtcCompiler(Path(atc_cache_dir) if atc_cache_dir else None)
+    real: AclReal | None = None
     try:
         real = AclReal(acl, compiler)
         count = real.device_count()
     except Exception as exc:
+        if real is not None:
+            with contextlib.suppress(Exception):
+                real.shutdown()
         if device == "npu":
             raise DeviceUnavailable(f"--device npu: pyACL failed to start: {exc}") from None
         return RuntimeChoice(
