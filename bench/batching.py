@@ -8,7 +8,8 @@ run (high priority at a low rate while low priority saturates) reporting each le
     python3 bench/batching.py --out /tmp/b --quick --models simple     # a smoke run
 
 Writes OUT.json / OUT.md / OUT.png (the sweep, via sweep.py and report.py) and
-OUT_mixed.json, and appends the mixed-priority table to OUT.md.
+OUT_mixed.json / OUT_mixed.md, and appends the mixed-priority table to OUT.md. With
+--skip-sweep only the OUT_mixed.* files are written.
 
 Variants per model (the `config` column):
 * `off`: no dynamic_batching (and auto-complete off, so none is added): one request, one run.
@@ -207,9 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         save_rows(mixed, args.out.with_name(args.out.name + "_mixed.json"))
         table = markdown_table(mixed, MIXED_COLUMNS)
         print(table)
-        lines.append("\n## Mixed priority\n\n" + table + "\n")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".md").write_text("\n".join(lines))
+        section = "\n## Mixed priority\n\n" + table + "\n"
+        args.out.with_name(args.out.name + "_mixed.md").write_text(section)
+        lines.append(section)
+    if not args.skip_sweep:
+        # Only a run with the sweep rewrites OUT.md: --skip-sweep leaves its figures alone.
+        args.out.with_suffix(".md").write_text("\n".join(lines))
     print(f"wrote {args.out}.* in {time.monotonic() - started:.0f}s", file=sys.stderr)
     return 0
 

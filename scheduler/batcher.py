@@ -265,7 +265,9 @@ class DynamicBatcher:
             return [], None
         oldest = min(entry.enqueue_ns for entry in chosen)
         if self.controller is not None:
-            plan = self.controller.plan(now, total, oldest, chosen[0].level, self._pool.idle_count)
+            level = chosen[0].level
+            head = sum(entry.size for entry in chosen if entry.level == level)
+            plan = self.controller.plan(now, total, oldest, level, self._pool.idle_count, head)
             if full or total >= plan.target or now >= plan.deadline_ns:
                 # The target is what to wait for; the limit caps what goes.
                 return _fit(chosen, plan.limit), None

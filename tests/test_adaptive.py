@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from fake_executor import FakeExecutor, item, make_batcher, make_config
+from fake_executor import FakeExecutor, item, make_batcher, make_config, queued
 
 from ge_serve.scheduler.adaptive import AdaptiveController, Plan
 from ge_serve.scheduler.policy import BatchPolicy
@@ -188,23 +188,76 @@ def test_explicit_level_budgets_win() -> None:
     assert c.snapshot()["budgets_us"] == {1: 1000, 2: 300}
 
 
-def test_urgent_traffic_caps_the_batches_of_lower_levels() -> None:
+def urgent_controller() -> AdaptiveController:
+    """Two levels; level 1 promised 3.2 ms, so the caps plan with 2.56 ms."""
     c = controller(
+        max_batch_size=8,
         levels=2,
         default_level=2,
         adaptive_latency_budget_us="5000",
-        adaptive_latency_budget_us__1="2500",
+        adaptive_latency_budget_us__1="3200",
     )
     sublinear(c)
+    return c
+
+
+def test_a_configured_urgent_budget_caps_lower_levels_from_the_first_request() -> None:
+    c = urgent_controller()
+    # Only low-priority traffic so far: the urgent level counts as just seen.
     now = busy_burst(c, clients=16, gap_ns=50_000, level=2)
-    assert c.plan(now, 8, now, 2, 0).limit == 8
-    c.record_arrival(now, 1, 1)  # the urgent level is active now
     plan = c.plan(now, 8, now, 2, 0)
     # cost(4) = 1.4 ms, then an urgent request's own 1.1 ms: 2.5 ms. cost(5) is too much.
     assert plan.limit == 4
     assert plan.target <= 4
-    # The urgent level's own batches are not capped.
+    # The urgent level's own batches are not capped by it.
     assert c.plan(now, 8, now, 1, 0).limit == 8
+
+
+def test_the_cap_lapses_when_the_urgent_level_goes_quiet_and_returns_with_it() -> None:
+    c = urgent_controller()
+    now = busy_burst(c, clients=16, gap_ns=50_000, level=2)
+    c.record_arrival(now, 1, 1)
+    c.record_departure(now + MS, 1)
+    # Urgent requests a second apart: silence of a few seconds is not "gone".
+    later = now + 5_000 * MS
+    assert c.plan(later, 8, later, 2, 0).limit == 4
+    quiet = now + 11_000 * MS  # past the 10 s horizon
+    assert c.plan(quiet, 8, quiet, 2, 0).limit == 8
+    c.record_arrival(quiet, 1, 1)
+    assert c.plan(quiet, 8, quiet, 2, 0).limit == 4
+
+
+def test_sparse_urgent_traffic_stretches_the_horizon() -> None:
+    c = urgent_controller()
+    now = T0
+    for _ in range(4):
+        c.record_arrival(now, 1, 1)
+        c.record_departure(now + MS, 1)
+        now += 30_000 * MS  # one urgent request every 30 s
+    # 60 s of silence is two mean gaps: the urgent level is still around.
+    assert c.plan(now + 30_000 * MS, 8, now + 30_000 * MS, 2, 0).limit == 4
+    gone = now + 200_000 * MS
+    assert c.plan(gone, 8, gone, 2, 0).limit == 8
+
+
+def test_an_urgent_head_takes_less_urgent_requests_only_within_its_budget() -> None:
+    c = urgent_controller()
+    now = busy_burst(c, clients=16, gap_ns=50_000, level=2)
+    # One urgent request, 1 ms old, at the head of 8 queued: 1.56 ms of its 2.56 left.
+    plan = c.plan(now, 8, now - MS, 1, 0, head_samples=1)
+    assert plan.limit == 5  # cost(5) = 1.5 ms
+    # Later, nothing fits any more: it goes alone.
+    late = c.plan(now, 8, now - 2 * MS, 1, 0, head_samples=1)
+    assert late.limit == 1
+    assert sends_now(late, now)
+    # Requests of its own level always go together.
+    assert c.plan(now, 8, now - 2 * MS, 1, 0, head_samples=6).limit == 6
+
+
+def test_without_measurements_the_cap_is_one() -> None:
+    c = controller(levels=2, default_level=2, adaptive_latency_budget_us__1="3200")
+    assert c.plan(T0, 8, T0, 2, 0).limit == 1
+    assert c.plan(T0, 8, T0, 1, 0).limit == 8
 
 
 def test_derived_budgets_never_cap() -> None:
@@ -286,3 +339,34 @@ def test_no_efficiency_limit_without_a_measured_loss() -> None:
     once.record_execution(16, 14 * MS)
     once.record_execution(32, 40 * MS)  # one run each: not trusted yet
     assert once.plan(T0, 32, T0, 0, 0).limit == 32
+
+
+async def test_an_urgent_request_neither_waits_behind_nor_rides_in_a_long_batch() -> None:
+    """Through submit(): low-priority requests pile up behind a running one, then an
+    urgent one arrives. Every size but 1 costs more than the urgent budget allows, so the
+    urgent request goes next and alone, and the low ones one at a time."""
+    config = make_config(
+        max_batch_size=8,
+        priority_levels=2,
+        default_level=2,
+        parameters={"adaptive_batching": "true", "adaptive_latency_budget_us.1": "2000000"},
+    )
+    fake = FakeExecutor("fake", blocked=True)
+    batcher = make_batcher(config, [fake])
+    assert batcher.controller is not None
+    for size in (1, 2, 4, 8):
+        batcher.controller.record_execution(size, size * 1000 * MS)  # 1 s per sample
+    try:
+        blocker = asyncio.create_task(batcher.submit(item(-1, priority=2)))
+        assert await fake.started() == 1
+        low = [asyncio.create_task(batcher.submit(item(v, priority=2))) for v in range(1, 8)]
+        await queued(batcher, 7)
+        urgent = asyncio.create_task(batcher.submit(item(100, priority=1)))
+        await queued(batcher, 8)
+        fake.open()
+        await asyncio.wait_for(asyncio.gather(blocker, urgent, *low), 20)
+        assert fake.batches[:2] == [[-1], [100]]
+        assert fake.sizes == [1] * 9
+    finally:
+        fake.open()
+        await batcher.close(5.0)
