@@ -394,11 +394,19 @@ async def test_a_failing_batch_former_answers_its_queue_and_restarts() -> None:
     class Broken(AdaptiveController):
         fail = True
 
-        def plan(self, now_ns: int, queued: int, oldest_ns: int, level: int, idle: int) -> Plan:
+        def plan(
+            self,
+            now_ns: int,
+            queued: int,
+            oldest_ns: int,
+            level: int,
+            idle: int,
+            head_samples: int | None = None,
+        ) -> Plan:
             if Broken.fail:
                 Broken.fail = False
                 raise RuntimeError("controller bug")
-            return super().plan(now_ns, queued, oldest_ns, level, idle)
+            return super().plan(now_ns, queued, oldest_ns, level, idle, head_samples)
 
     config = make_config(max_batch_size=8, parameters={"adaptive_batching": "true"})
     policy = BatchPolicy.from_config(config)
