@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 from ge_serve.protos import model_config_pb2
@@ -28,6 +29,24 @@ _ONNX_TO_CONFIG: dict[int, int] = {
     onnx.TensorProto.DOUBLE: model_config_pb2.TYPE_FP64,
     onnx.TensorProto.STRING: model_config_pb2.TYPE_STRING,
     onnx.TensorProto.BFLOAT16: model_config_pb2.TYPE_BF16,
+}
+
+# Config data types to numpy, for the host and the NPU alike. STRING is an object array of
+# bytes; BF16 is left out (numpy has no bfloat16 without ml_dtypes, and NPUs take it raw).
+CONFIG_NUMPY: dict[int, np.dtype[Any]] = {
+    model_config_pb2.TYPE_BOOL: np.dtype(np.bool_),
+    model_config_pb2.TYPE_UINT8: np.dtype(np.uint8),
+    model_config_pb2.TYPE_UINT16: np.dtype(np.uint16),
+    model_config_pb2.TYPE_UINT32: np.dtype(np.uint32),
+    model_config_pb2.TYPE_UINT64: np.dtype(np.uint64),
+    model_config_pb2.TYPE_INT8: np.dtype(np.int8),
+    model_config_pb2.TYPE_INT16: np.dtype(np.int16),
+    model_config_pb2.TYPE_INT32: np.dtype(np.int32),
+    model_config_pb2.TYPE_INT64: np.dtype(np.int64),
+    model_config_pb2.TYPE_FP16: np.dtype(np.float16),
+    model_config_pb2.TYPE_FP32: np.dtype(np.float32),
+    model_config_pb2.TYPE_FP64: np.dtype(np.float64),
+    model_config_pb2.TYPE_STRING: np.dtype(np.object_),
 }
 
 DEFAULT_MAX_BATCH_SIZE = 4

@@ -19,26 +19,11 @@ import numpy as np
 from ge_serve.protos import model_config_pb2
 
 from .base import Array, Executor, ModelSpec, pad_batch
+from .onnx_io import CONFIG_NUMPY
 
 log = logging.getLogger(__name__)
 
 WARMUP_FOLDER = "warmup"
-
-_DTYPES: dict[int, np.dtype[Any]] = {
-    model_config_pb2.TYPE_BOOL: np.dtype(np.bool_),
-    model_config_pb2.TYPE_UINT8: np.dtype(np.uint8),
-    model_config_pb2.TYPE_UINT16: np.dtype(np.uint16),
-    model_config_pb2.TYPE_UINT32: np.dtype(np.uint32),
-    model_config_pb2.TYPE_UINT64: np.dtype(np.uint64),
-    model_config_pb2.TYPE_INT8: np.dtype(np.int8),
-    model_config_pb2.TYPE_INT16: np.dtype(np.int16),
-    model_config_pb2.TYPE_INT32: np.dtype(np.int32),
-    model_config_pb2.TYPE_INT64: np.dtype(np.int64),
-    model_config_pb2.TYPE_FP16: np.dtype(np.float16),
-    model_config_pb2.TYPE_FP32: np.dtype(np.float32),
-    model_config_pb2.TYPE_FP64: np.dtype(np.float64),
-    model_config_pb2.TYPE_STRING: np.dtype(np.object_),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +54,7 @@ def warmup_samples(config: model_config_pb2.ModelConfig, model_dir: Path) -> lis
             entry = inputs_by_name.get(name)
             if entry is None:
                 raise ValueError(f"warmup '{label}' names input '{name}', which the model lacks")
-            dtype = _DTYPES.get(spec.data_type)
+            dtype = CONFIG_NUMPY.get(spec.data_type)
             if dtype is None:
                 raise ValueError(f"warmup '{label}': input '{name}' has no usable data_type")
             lead = (batch,) if batching else ()

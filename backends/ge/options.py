@@ -29,24 +29,10 @@ import numpy as np
 
 from ge_serve.protos import model_config_pb2
 
+from ..onnx_io import CONFIG_NUMPY
 from .acl import TensorPlan
 
 log = logging.getLogger(__name__)
-
-_CONFIG_DTYPES: dict[int, np.dtype[Any]] = {
-    model_config_pb2.TYPE_BOOL: np.dtype(np.bool_),
-    model_config_pb2.TYPE_UINT8: np.dtype(np.uint8),
-    model_config_pb2.TYPE_UINT16: np.dtype(np.uint16),
-    model_config_pb2.TYPE_UINT32: np.dtype(np.uint32),
-    model_config_pb2.TYPE_UINT64: np.dtype(np.uint64),
-    model_config_pb2.TYPE_INT8: np.dtype(np.int8),
-    model_config_pb2.TYPE_INT16: np.dtype(np.int16),
-    model_config_pb2.TYPE_INT32: np.dtype(np.int32),
-    model_config_pb2.TYPE_INT64: np.dtype(np.int64),
-    model_config_pb2.TYPE_FP16: np.dtype(np.float16),
-    model_config_pb2.TYPE_FP32: np.dtype(np.float32),
-    model_config_pb2.TYPE_FP64: np.dtype(np.float64),
-}
 
 # GE option (ge_api_types.h) -> the atc flag that sets the same thing when compiling an OM.
 ATC_FLAGS = {
@@ -77,8 +63,8 @@ _SCOPES = ("graph.", "session.", "global.")
 
 def numpy_dtype(config_type: int) -> np.dtype[Any]:
     """The numpy type of a config data type, for the types an NPU tensor can have."""
-    dtype = _CONFIG_DTYPES.get(config_type)
-    if dtype is None:
+    dtype = CONFIG_NUMPY.get(config_type)
+    if dtype is None or config_type == model_config_pb2.TYPE_STRING:
         name = model_config_pb2.DataType.Name(config_type)  # type: ignore[arg-type]
         if config_type == model_config_pb2.TYPE_STRING:
             raise ValueError(
