@@ -1,7 +1,8 @@
 """Cheap per-request recorders for latency quantiles and histograms.
 
 prometheus_client's Summary has no quantiles, so `LatencyWindow` keeps the recent requests
-in a bounded sliding time window and computes quantiles only when scraped. Both recorders
+in a bounded sliding time window (preallocated int64 blocks) and computes quantiles only
+when scraped. Both recorders
 are fed and read on the event loop, so they take no locks.
 """
 
@@ -12,14 +13,24 @@ import random
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 
 class _Slot:
-    __slots__ = ("epoch", "rows", "seen")
+    """One time slot of the window: a preallocated block of int64 rows.
+
+    Rows are written into the block in place, so observing allocates nothing that lives
+    on: keeping every request's row as a Python tuple made the garbage collector's full
+    collections walk tens of thousands of survivors, which cost more than the rows.
+    """
+
+    __slots__ = ("epoch", "filled", "rows", "seen")
 
     def __init__(self, epoch: int) -> None:
         self.epoch = epoch
-        self.rows: list[tuple[int, ...]] = []
+        # Allocated on the first row, whose width sets the columns.
+        self.rows: npt.NDArray[np.int64] | None = None
+        self.filled = 0
         self.seen = 0
 
 
@@ -48,24 +59,34 @@ class LatencyWindow:
             slot = self._ring[epoch % len(self._ring)]
             if slot.epoch != epoch:
                 slot.epoch = epoch
-                slot.rows = []
+                slot.filled = 0
                 slot.seen = 0
             self._current = slot
         slot.seen += 1
-        if len(slot.rows) < self._capacity:
-            slot.rows.append(row)
+        rows = slot.rows
+        if rows is None or rows.shape[1] != len(row):
+            rows = slot.rows = np.zeros((self._capacity, len(row)), dtype=np.int64)
+            slot.filled = 0
+        if slot.filled < self._capacity:
+            rows[slot.filled] = row
+            slot.filled += 1
         else:
             index = int(self._random() * slot.seen)
             if index < self._capacity:
-                slot.rows[index] = row
+                rows[index] = row
 
     def quantiles(self, qs: Sequence[float], now_ns: int) -> list[list[float]] | None:
         """quantiles[i][column] over the window, or None when it holds no requests."""
         oldest = now_ns // self._slot_ns - len(self._ring) + 1
-        rows = [row for slot in self._ring if slot.epoch >= oldest for row in slot.rows]
-        if not rows:
+        blocks = [
+            s.rows[: s.filled]
+            for s in self._ring
+            if s.epoch >= oldest and s.filled and s.rows is not None
+        ]
+        if not blocks:
             return None
-        values = np.quantile(np.asarray(rows, dtype=np.float64), list(qs), axis=0)
+        rows = np.concatenate(blocks).astype(np.float64)
+        values = np.quantile(rows, list(qs), axis=0)
         result: list[list[float]] = values.tolist()
         return result
 
