@@ -55,6 +55,7 @@ class ServerInfo:
         "model_configuration",
         "binary_tensor_data",
         "parameters",
+        "schedule_policy",
         "statistics",
         "logging",
     )

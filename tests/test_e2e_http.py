@@ -326,8 +326,20 @@ def test_server_metadata(client: httpclient.InferenceServerClient) -> None:
     assert metadata["name"] == "triton"
     assert isinstance(metadata["version"], str) and metadata["version"]
     extensions = metadata["extensions"]
-    for extension in ("classification", "binary_tensor_data", "model_configuration"):
+    for extension in (
+        "classification",
+        "binary_tensor_data",
+        "model_configuration",
+        "model_repository",
+        "schedule_policy",
+        "statistics",
+        "logging",
+        "parameters",
+    ):
         assert extension in extensions
+    # Only what is implemented is claimed.
+    for missing in ("system_shared_memory", "cuda_shared_memory", "trace", "sequence"):
+        assert missing not in extensions
 
 
 @pytest.mark.parametrize("path", ["/v2/models/simple", "/v2/models/simple/versions/1"])
