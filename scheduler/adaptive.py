@@ -53,8 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .batch import gear_for
 from .policy import BatchPolicy
@@ -62,6 +61,9 @@ from .policy import BatchPolicy
 # Time constant of the rate and peak estimators.
 RATE_TAU_NS = 500_000_000
 PEAK_TAU_NS = 1_000_000_000
+# The estimators decay in steps of at least this long (not on every event, which costs the
+# loop time per request); the error is at most DECAY_STEP_NS / RATE_TAU_NS (0.2 %).
+DECAY_STEP_NS = 1_000_000
 # Weight of a new execution in its size's cost EWMA.
 COST_ALPHA = 0.2
 # Waiting must buy at least this much per-sample throughput.
@@ -93,11 +95,10 @@ URGENT_GAPS = 4.0
 GAP_ALPHA = 0.2
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
+class Plan(NamedTuple):
     """What the batcher should do now: send when `target` <= what is queued, or when
     `deadline_ns` passes; otherwise wait for more requests. A batch never holds more than
-    `limit` samples."""
+    `limit` samples. (A tuple: one is made per batch, and tuples are cheap to make.)"""
 
     target: int
     deadline_ns: int
@@ -112,6 +113,8 @@ class CostModel:
         self._ewma: dict[int, float] = {}
         self._runs: dict[int, int] = {}
         self._fit: tuple[float, float] | None = None
+        # efficient_limit's answer (None: no limit), recomputed per execution, not per plan.
+        self._good: int | None = None
         self.executions = 0
 
     @property
@@ -126,20 +129,25 @@ class CostModel:
         self._runs[size] = self._runs.get(size, 0) + 1
         self.executions += 1
         self._fit = self._line()
+        self._good = self._efficient_size()
 
     def efficient_limit(self, max_size: int) -> int:
         """The largest size worth running: past the size with the best measured per-sample
         throughput, a size some measurement shows losing more than 5 % against it is not.
         A line cannot say this (it makes bigger always better); on CPUs past the cache
         sweet spot, bigger batches do get slower per sample."""
+        good = self._good
+        return max_size if good is None else min(max_size, good)
+
+    def _efficient_size(self) -> int | None:
         trusted = {s: s / ns for s, ns in self._ewma.items() if self._runs[s] >= MIN_RUNS}
         if len(trusted) < 2:
-            return max_size
+            return None
         best = max(trusted.values())
         good = max(s for s, tp in trusted.items() if tp >= EFFICIENCY_LOSS * best)
         if not any(s > good for s in trusted):
-            return max_size
-        return min(max_size, good)
+            return None
+        return good
 
     def cost_ns(self, size: int) -> float:
         """Expected execution time of a batch of `size` (after padding to a gear)."""
@@ -185,6 +193,7 @@ class AdaptiveController:
         self._levels = sorted(policy.levels)
         self.cost = CostModel(gears)
         self._last_ns = 0
+        self._decayed_ns = 0
         self._in_system = 0
         self._busy_arrivals = 0.0
         self._busy_time_ns = 0.0
@@ -193,6 +202,8 @@ class AdaptiveController:
         self._start_ns = 0
         self._seen_ns: dict[int, int] = {}
         self._gap_ns: dict[int, float] = {}
+        # Only levels with a configured budget need their sightings (urgent_active).
+        self._watched = frozenset(lv for lv in self._levels if self._budget_configured(lv))
         self._target = 1
         self._limit = self._max_size
         self._window_ns = 0
@@ -204,6 +215,13 @@ class AdaptiveController:
         if self._in_system > 0:
             self._busy_arrivals += size
         self._arrivals += size
+        if level in self._watched:
+            self._seen(now_ns, level)
+        self._in_system += size
+        if self._in_system > self._peak:
+            self._peak = float(self._in_system)
+
+    def _seen(self, now_ns: int, level: int) -> None:
         last = self._seen_ns.get(level)
         if last is not None and now_ns > last:
             gap = self._gap_ns.get(level)
@@ -211,10 +229,9 @@ class AdaptiveController:
                 now_ns - last if gap is None else gap + GAP_ALPHA * (now_ns - last - gap)
             )
         self._seen_ns[level] = now_ns
-        self._in_system += size
-        self._peak = max(self._peak, float(self._in_system))
 
     def record_departure(self, now_ns: int, size: int) -> None:
+        """`size` samples left (a whole batch may leave in one call)."""
         self._advance(now_ns)
         self._in_system = max(self._in_system - size, 0)
 
@@ -222,18 +239,25 @@ class AdaptiveController:
         self.cost.record(size, duration_ns)
 
     def _advance(self, now_ns: int) -> None:
-        if self._last_ns == 0:
-            self._last_ns = self._start_ns = now_ns
+        last = self._last_ns
+        if last == 0:
+            self._last_ns = self._decayed_ns = self._start_ns = now_ns
             return
-        dt = now_ns - self._last_ns
+        dt = now_ns - last
         if dt <= 0:
             return
-        decay = math.exp(-dt / RATE_TAU_NS)
-        self._busy_arrivals *= decay
-        self._busy_time_ns = self._busy_time_ns * decay + (dt if self._in_system > 0 else 0)
-        self._arrivals *= decay
-        self._peak = max(self._peak * math.exp(-dt / PEAK_TAU_NS), float(self._in_system))
         self._last_ns = now_ns
+        if self._in_system > 0:
+            self._busy_time_ns += dt
+        elapsed = now_ns - self._decayed_ns
+        if elapsed >= DECAY_STEP_NS:
+            self._decayed_ns = now_ns
+            decay = math.exp(-elapsed / RATE_TAU_NS)
+            self._busy_arrivals *= decay
+            self._busy_time_ns *= decay
+            self._arrivals *= decay
+            peak = self._peak * math.exp(-elapsed / PEAK_TAU_NS)
+            self._peak = max(peak, float(self._in_system))
 
     # --- estimates -----------------------------------------------------------------------
 
@@ -329,13 +353,11 @@ class AdaptiveController:
         """
         self._advance(now_ns)
         head = queued if head_samples is None else head_samples
-        limit = min(
-            self._max_size,
-            self.size_cap(level, now_ns),
-            self.head_cap(level, now_ns, oldest_ns, head),
-        )
+        limit = self.size_cap(level, now_ns)
+        if level in self._watched:
+            limit = min(limit, self.head_cap(level, now_ns, oldest_ns, head))
         if self.cost.executions % EXPLORE_EVERY != EXPLORE_EVERY - 1:
-            limit = min(limit, self.cost.efficient_limit(limit))
+            limit = self.cost.efficient_limit(limit)
         plan = self._choose(now_ns, queued, oldest_ns, level, idle_slots, limit)
         self._target = plan.target
         self._limit = plan.limit

@@ -235,12 +235,16 @@ class DynamicBatcher:
         skipped = 0
         key: object = None
         target = self._max_preferred
+        oldest = now
+        level = 0
+        head = 0  # samples of the head's own level
         for entry in self._queue:
             if entry.cancelled:
                 cancelled.append(entry)
                 continue
             if not chosen:
                 key = entry.key
+                level = entry.level
             elif entry.key != key:
                 skipped += 1
                 if skipped > SCAN_LIMIT:
@@ -253,6 +257,10 @@ class DynamicBatcher:
                 best = len(chosen)
             chosen.append(entry)
             total += entry.size
+            if entry.enqueue_ns < oldest:
+                oldest = entry.enqueue_ns
+            if entry.level == level:
+                head += entry.size
             if total in self._preferred:
                 best = len(chosen)
             if total >= max_size:
@@ -263,10 +271,7 @@ class DynamicBatcher:
                 self._finish(entry)
         if not chosen:
             return [], None
-        oldest = min(entry.enqueue_ns for entry in chosen)
         if self.controller is not None:
-            level = chosen[0].level
-            head = sum(entry.size for entry in chosen if entry.level == level)
             plan = self.controller.plan(now, total, oldest, level, self._pool.idle_count, head)
             if full or total >= plan.target or now >= plan.deadline_ns:
                 # The target is what to wait for; the limit caps what goes.
@@ -313,11 +318,19 @@ class DynamicBatcher:
             for entry in batch:
                 self._finish(entry, error=_client_error(exc))
         else:
+            controller = self.controller
+            if controller is not None:
+                # The whole batch leaves at once: one departure, not one per request.
+                leaving = 0
+                for entry in batch:
+                    if entry.state is not EntryState.DONE:
+                        leaving += entry.size
+                controller.record_departure(time.monotonic_ns(), leaving)
             for entry, result in zip(batch, future.result(), strict=True):
-                self._finish(entry, result=result)
-            if self.controller is not None:
+                self._finish(entry, result=result, departed=True)
+            if controller is not None:
                 timings = batch[0].item.timings
-                self.controller.record_execution(
+                controller.record_execution(
                     timings.batch_size,
                     timings.compute_input_ns + timings.compute_infer_ns + timings.compute_output_ns,
                 )
@@ -334,15 +347,17 @@ class DynamicBatcher:
         entry: Entry,
         result: dict[str, Array] | None = None,
         error: BaseException | None = None,
+        departed: bool = False,
     ) -> None:
-        """Record an outcome; answer it now, or in arrival order under preserve_ordering."""
+        """Record an outcome; answer it now, or in arrival order under preserve_ordering.
+        `departed`: the controller has already been told that the request left."""
         if entry.state is EntryState.DONE:
             return
         entry.state = EntryState.DONE
         entry.result = result
         entry.error = error
         self._pending -= 1
-        if self.controller is not None:
+        if self.controller is not None and not departed:
             self.controller.record_departure(time.monotonic_ns(), entry.size)
         order = self._order
         if order is None or result is None:
