@@ -75,6 +75,9 @@ FILL_MARGIN = 2.0
 FILL_SLACK_NS = 50_000
 # A size is trusted for the efficiency limit after this many executions.
 MIN_RUNS = 3
+# The line and the efficiency limit are refitted when a size is first seen or first
+# trusted, and otherwise once per this many executions (the EWMAs move slowly).
+REFIT_EVERY = 8
 # Larger batches are cut back to the most efficient size when they lose this much per sample.
 EFFICIENCY_LOSS = 0.95
 # One batch in this many ignores the efficiency limit, so that large sizes stay measured.
@@ -126,10 +129,12 @@ class CostModel:
         old = self._ewma.get(size)
         value = float(duration_ns) if old is None else old + COST_ALPHA * (duration_ns - old)
         self._ewma[size] = value
-        self._runs[size] = self._runs.get(size, 0) + 1
+        runs = self._runs.get(size, 0) + 1
+        self._runs[size] = runs
         self.executions += 1
-        self._fit = self._line()
-        self._good = self._efficient_size()
+        if old is None or runs == MIN_RUNS or self.executions % REFIT_EVERY == 0:
+            self._fit = self._line()
+            self._good = self._efficient_size()
 
     def efficient_limit(self, max_size: int) -> int:
         """The largest size worth running: past the size with the best measured per-sample
