@@ -118,6 +118,9 @@ class CostModel:
         self._fit: tuple[float, float] | None = None
         # efficient_limit's answer (None: no limit), recomputed per execution, not per plan.
         self._good: int | None = None
+        # cost_ns answers until the model changes; `version` counts the changes.
+        self._costs: dict[int, float] = {}
+        self.version = 0
         self.executions = 0
 
     @property
@@ -135,6 +138,13 @@ class CostModel:
         if old is None or runs == MIN_RUNS or self.executions % REFIT_EVERY == 0:
             self._fit = self._line()
             self._good = self._efficient_size()
+            self._changed()
+        elif self._fit is None:
+            self._changed()  # cost_ns reads the EWMAs themselves until there is a line
+
+    def _changed(self) -> None:
+        self._costs.clear()
+        self.version += 1
 
     def efficient_limit(self, max_size: int) -> int:
         """The largest size worth running: past the size with the best measured per-sample
@@ -156,6 +166,12 @@ class CostModel:
 
     def cost_ns(self, size: int) -> float:
         """Expected execution time of a batch of `size` (after padding to a gear)."""
+        cost = self._costs.get(size)
+        if cost is None:
+            cost = self._costs[size] = self._estimate_ns(size)
+        return cost
+
+    def _estimate_ns(self, size: int) -> float:
         size = gear_for(size, self._gears)
         if self._fit is not None:
             intercept, slope = self._fit
@@ -212,6 +228,8 @@ class AdaptiveController:
         self._target = 1
         self._limit = self._max_size
         self._window_ns = 0
+        self._budgets: dict[int, float] = {}
+        self._budgets_version = -1
 
     # --- measurements --------------------------------------------------------------------
 
@@ -295,7 +313,17 @@ class AdaptiveController:
 
     def _planning_budget_ns(self, level: int) -> float:
         """What the controller plans with: a configured budget less the headroom left for
-        the time outside the batcher; a derived one whole."""
+        the time outside the batcher; a derived one whole. Cached until the costs change
+        (a derived budget follows the unbatched cost)."""
+        if self._budgets_version != self.cost.version:
+            self._budgets.clear()
+            self._budgets_version = self.cost.version
+        budget = self._budgets.get(level)
+        if budget is None:
+            budget = self._budgets[level] = self._compute_planning_budget_ns(level)
+        return budget
+
+    def _compute_planning_budget_ns(self, level: int) -> float:
         budget = self.budget_ns(level)
         return budget * BUDGET_HEADROOM if self._budget_configured(level) else float(budget)
 
@@ -372,43 +400,45 @@ class AdaptiveController:
     def _choose(
         self, now_ns: int, n: int, oldest_ns: int, level: int, idle_slots: int, limit: int
     ) -> Plan:
-        send_now = Plan(target=min(n, limit), deadline_ns=now_ns, limit=limit)
         if n >= limit or not self.cost.known or idle_slots > 0:
-            return send_now
+            return Plan(min(n, limit), now_ns, limit)  # send now
         potential = int(self._peak) - self._in_system
         rate = self.busy_rate_per_ns()
         if potential <= 0 or rate <= 0.0:
-            return send_now
+            return Plan(min(n, limit), now_ns, limit)  # send now
+        cost_ns = self.cost.cost_ns
         end_ns = oldest_ns + int(self._planning_budget_ns(level))
         bound_ns = oldest_ns + self._bound_ns if self._bound_ns else end_ns
-
-        def start_by(size: int) -> int:
-            """When a batch of `size` must start for its oldest request to make the budget."""
-            return min(end_ns - int(self.cost.cost_ns(size)), bound_ns)
-
-        remaining = start_by(n + 1) - now_ns
+        # start_by(m): when a batch of m must start for its oldest request to make the
+        # budget, min(end_ns - cost(m), bound_ns).
+        remaining = min(end_ns - int(cost_ns(n + 1)), bound_ns) - now_ns
         if remaining <= 0:
-            return send_now
+            return Plan(min(n, limit), now_ns, limit)  # send now
         reachable = min(limit, n + potential, n + int(remaining * rate))
         if reachable <= n:
-            return send_now
-        candidates = {reachable}
+            return Plan(min(n, limit), now_ns, limit)  # send now
+        # Candidates n+1, n+2, n+4, ... below `reachable`, and `reachable`, ascending;
+        # those that can fill in time, with their per-sample throughput.
+        feasible: list[tuple[int, float, int]] = []
+        best_tp = 0.0
         step = 1
-        while n + step < reachable:
-            candidates.add(n + step)
+        while True:
+            m = n + step if n + step < reachable else reachable
+            cost = cost_ns(m)
+            start_by = min(end_ns - int(cost), bound_ns)
+            if now_ns + (m - n) / rate <= start_by:
+                tp = m / cost
+                feasible.append((m, tp, start_by))
+                best_tp = max(best_tp, tp)
+            if m == reachable:
+                break
             step *= 2
-        throughput = {
-            m: m / self.cost.cost_ns(m)
-            for m in sorted(candidates)
-            if now_ns + (m - n) / rate <= start_by(m)
-        }
-        now_tp = n / self.cost.cost_ns(n)
-        best_tp = max(throughput.values(), default=0.0)
-        if best_tp < MIN_GAIN * now_tp:
-            return send_now
-        target = min(m for m, tp in throughput.items() if tp >= NEAR_BEST * best_tp)
+        if best_tp < MIN_GAIN * (n / cost_ns(n)):
+            return Plan(min(n, limit), now_ns, limit)  # send now
+        # The smallest candidate near the best (one exists: best_tp > 0 here).
+        target, _, start_by = next(c for c in feasible if c[1] >= NEAR_BEST * best_tp)
         fill_ns = (target - n) / rate
-        deadline = min(start_by(target), now_ns + int(FILL_MARGIN * fill_ns) + FILL_SLACK_NS)
+        deadline = min(start_by, now_ns + int(FILL_MARGIN * fill_ns) + FILL_SLACK_NS)
         return Plan(target=target, deadline_ns=deadline, limit=limit)
 
     # --- for metrics and statistics -------------------------------------------------------
