@@ -7,7 +7,7 @@ dedicated thread, the slot's, and never from two threads at once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -91,6 +91,14 @@ class Backend(Protocol):
     def load(self, spec: ModelSpec) -> LoadedModel:
         """Load a model version. Blocking; the caller runs it off the event loop."""
         ...
+
+
+def gear_for(size: int, gears: Sequence[int]) -> int:
+    """The smallest supported batch size that holds `size` (the size itself if unrestricted)."""
+    for gear in gears:
+        if gear >= size:
+            return gear
+    return size
 
 
 def pad_batch(array: Array, size: int) -> Array:

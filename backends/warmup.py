@@ -18,7 +18,7 @@ import numpy as np
 
 from ge_serve.protos import model_config_pb2
 
-from .base import Array, Executor, ModelSpec, pad_batch
+from .base import Array, Executor, ModelSpec, gear_for, pad_batch
 from .onnx_io import CONFIG_NUMPY
 
 log = logging.getLogger(__name__)
@@ -140,12 +140,9 @@ def run_warmup(spec: ModelSpec, executors: Sequence[Executor], gears: Sequence[i
     for sample in samples:
         inputs = sample.inputs
         if gears:
-            gear = next((g for g in gears if g >= sample.batch_size), None)
-            if gear is None:
-                raise ValueError(
-                    f"warmup '{sample.name}': batch_size {sample.batch_size} exceeds the "
-                    f"largest gear {gears[-1]}"
-                )
+            # Samples never exceed max_batch_size, which the largest gear holds (checked
+            # at load), so a gear always fits.
+            gear = gear_for(sample.batch_size, gears)
             inputs = {name: pad_batch(array, gear) for name, array in inputs.items()}
         for executor in executors:
             for _ in range(sample.count):

@@ -55,7 +55,8 @@ import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from .batch import gear_for
+from ge_serve.backends.base import gear_for
+
 from .policy import BatchPolicy
 
 # Time constant of the rate and peak estimators.
@@ -325,12 +326,12 @@ class AdaptiveController:
 
     def _compute_planning_budget_ns(self, level: int) -> float:
         budget = self.budget_ns(level)
-        return budget * BUDGET_HEADROOM if self._budget_configured(level) else float(budget)
+        return budget * BUDGET_HEADROOM if level in self._watched else float(budget)
 
     def urgent_active(self, level: int, now_ns: int) -> bool:
         """Whether `level` has a configured budget and has been seen recently (counting
         the controller's first request as a sighting of every level)."""
-        if not self._budget_configured(level):
+        if level not in self._watched:
             return False
         seen = self._seen_ns.get(level, self._start_ns)
         horizon = max(URGENT_HORIZON_NS, URGENT_GAPS * self._gap_ns.get(level, 0.0))
@@ -364,7 +365,7 @@ class AdaptiveController:
         """The largest batch one headed by a `level` request may form: less urgent requests
         ride along only while the batch's execution fits the head's remaining budget; the
         `head_samples` of the head's own level always may go together."""
-        if not self._budget_configured(level) or not self.cost.known:
+        if level not in self._watched or not self.cost.known:
             return self._max_size
         room = self._planning_budget_ns(level) - (now_ns - oldest_ns)
         return max(self._largest_fitting(room, self._max_size), min(head_samples, self._max_size))

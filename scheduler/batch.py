@@ -10,17 +10,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ge_serve.backends.base import Executor
+from ge_serve.backends.base import Executor, gear_for
 
 from .work import Array, WorkItem
-
-
-def gear_for(size: int, gears: Sequence[int]) -> int:
-    """The smallest supported batch size that holds `size` (the size itself if unrestricted)."""
-    for gear in gears:
-        if gear >= size:
-            return gear
-    return size
 
 
 def merge_inputs(items: Sequence[WorkItem], total: int, padded: int) -> dict[str, Array]:

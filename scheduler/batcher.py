@@ -98,7 +98,6 @@ class DynamicBatcher:
         now = time.monotonic_ns()
         item.enqueue_ns = item.enqueue_ns or now
         future: asyncio.Future[dict[str, Array]] = loop.create_future()
-        item.future = future
         level = policy.level_for(item.priority)
         key = item.shape_key() if policy.batching else None
         entry = Entry(item, future, level, now, size, key)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,8 +40,6 @@ class WorkItem:
     timeout_us: int = 0
     enqueue_ns: int = 0
     timings: Timings = field(default_factory=Timings)
-    # Set by the scheduler while the item is queued; cancelling it drops the item.
-    future: asyncio.Future[dict[str, Array]] | None = None
 
     def shape_key(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
         """Items merge into one batch only when all non-batch dims and dtypes agree."""
