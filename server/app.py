@@ -165,9 +165,6 @@ class ServerApp:
         )
         return metrics
 
-    def startup_models(self) -> list[str]:
-        return self.control.startup_models()
-
     async def start(self) -> bool:
         """Load the startup models, then open the endpoints. False means: exit with error."""
         try:

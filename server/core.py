@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -196,16 +197,6 @@ class InferenceServer:
         """
         yield await self.infer(request)
 
-    async def stream_infer(
-        self, requests: AsyncIterator[InferRequest]
-    ) -> AsyncIterator[InferResponse | ServerError]:
-        """Sequential helper for in-process streaming; front ends run requests concurrently."""
-        async for request in requests:
-            try:
-                yield await self.infer(request)
-            except ServerError as exc:
-                yield exc
-
     def _replacement(self, request: InferRequest, old: ModelVersion) -> ModelVersion:
         """The version that now serves this request after `old` was retired."""
         model = self.lifecycle.get(request.model_name, request.model_version)
@@ -216,16 +207,19 @@ class InferenceServer:
     def _notify(
         self, model: ModelVersion, item: WorkItem | None, error: ServerError | None, started: int
     ) -> None:
-        if not self.observers:
-            return
         finished = time.monotonic_ns()
         for observer in self.observers:
             observer.request_done(model, item, error, started, finished)
 
     # --- repository ----------------------------------------------------------------------
 
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        return self.lifecycle.index(ready_only)
+    async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """The repository index; the folder scan runs off the event loop."""
+        scanned: list[str] = []
+        if not ready_only:
+            with contextlib.suppress(ServerError):
+                scanned = list(await asyncio.to_thread(self.lifecycle.repository.scan))
+        return self.lifecycle.index(ready_only, scanned)
 
     async def load_model(
         self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None

@@ -8,7 +8,7 @@ import enum
 import logging
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -156,12 +156,18 @@ class ModelLifecycle:
             if v.state is ModelState.READY and v.model is not None
         ]
 
-    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+    def index(
+        self, ready_only: bool = False, scanned: Iterable[str] | None = None
+    ) -> list[dict[str, str]]:
+        """Every model loaded or in the repository; `scanned` is a repository scan the
+        caller already made (off the event loop), else the scan happens here."""
         rows: list[dict[str, str]] = []
         names = set(self.models)
         if not ready_only:
-            with contextlib.suppress(ServerError):
-                names |= set(self.repository.scan())
+            if scanned is None:
+                with contextlib.suppress(ServerError):
+                    scanned = self.repository.scan()
+            names |= set(scanned or ())
         for name in sorted(names):
             record = self.models.get(name)
             if record is None or (not record.versions and not record.reason):

@@ -30,7 +30,6 @@ from .statistics import ModelStatistics, ModelStats
 
 log = logging.getLogger(__name__)
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 # Request duration buckets, µs: 100 µs to 10 s.
 LATENCY_BUCKETS_US = (

@@ -293,7 +293,7 @@ async def test_poll_picks_up_added_changed_and_removed_models(
         write_atomic(folder / "config.pbtxt", 'name: "wrong_name"')
         await control.poll_once()
         assert await infer_value(core) == ("4", 4.0)
-        (row,) = [r for r in core.repository_index() if r["name"] == ADDK]
+        (row,) = [r for r in await core.repository_index() if r["name"] == ADDK]
         assert row["state"] == "READY" and "does not match" in row["reason"]
 
         # Added and removed models.
@@ -302,7 +302,7 @@ async def test_poll_picks_up_added_changed_and_removed_models(
         assert lifecycle.is_ready("second")
         shutil.rmtree(tmp_path / "second")
         await control.poll_once()
-        assert "second" not in {r["name"] for r in core.repository_index()}
+        assert "second" not in {r["name"] for r in await core.repository_index()}
         assert slot_threads("second") == []
 
         # The API is refused in poll mode, with Triton's message.

@@ -17,7 +17,6 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-import tritonclient.grpc as grpcclient
 from serverproc import REPO_ROOT, ServerProcess
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
@@ -70,22 +69,9 @@ def find_perf_analyzer() -> tuple[str, dict[str, str]]:
     )
 
 
-def _grpc_available(server: ServerProcess) -> bool:
-    try:
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        try:
-            return bool(client.is_server_live(client_timeout=2))
-        finally:
-            client.close()
-    except Exception:
-        return False
-
-
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_perf_analyzer_server_side_breakdown(server: ServerProcess, protocol: str) -> None:
     binary, env = find_perf_analyzer()
-    if protocol == "grpc" and not _grpc_available(server):
-        pytest.skip("the gRPC front end is not available in this build")
     url = server.http_url if protocol == "http" else server.grpc_url
     result = subprocess.run(
         [

@@ -39,8 +39,11 @@ class RestrictedProtocolInterceptor(grpc.aio.ServerInterceptor):  # type: ignore
         handler = await continuation(details)
         if handler is None:
             return None
+        category = grpc_category(details.method)
+        if category not in self.restrictions.rules:
+            return handler
         metadata = {key: value for key, value in details.invocation_metadata or ()}
-        header = self.restrictions.refusal(grpc_category(details.method), metadata)
+        header = self.restrictions.refusal(category, metadata)
         if header is None:
             return handler
         return _refusing(handler, grpc_refusal_message(header))

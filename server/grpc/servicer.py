@@ -133,7 +133,7 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: Any
     ) -> pb.RepositoryIndexResponse:
-        rows = self.core.repository_index(request.ready)
+        rows = await self.core.repository_index(request.ready)
         index = pb.RepositoryIndexResponse.ModelIndex
         return pb.RepositoryIndexResponse(
             models=[
