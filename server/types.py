@@ -166,6 +166,24 @@ def lift_request_parameters(request: InferRequest) -> None:
         request.timeout_us = _non_negative_int(params.pop("timeout"), "timeout")
 
 
+def requested_output(name: str, params: Parameters) -> RequestedOutput:
+    """A requested output with its `classification` count lifted out of `params`.
+
+    Both front ends call this, so the rule and its message live in one place.
+    """
+    classification = params.pop("classification", 0)
+    if (
+        isinstance(classification, bool)
+        or not isinstance(classification, int)
+        or classification < 0
+    ):
+        raise ServerError(
+            ErrorCode.INVALID_ARG,
+            f"'classification' of output '{name}' must be a non-negative integer",
+        )
+    return RequestedOutput(name, classification, params)
+
+
 def _non_negative_int(value: ParamValue, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ServerError(

@@ -27,10 +27,10 @@ from ..types import (
     RequestedOutput,
     Tensor,
     lift_request_parameters,
+    requested_output,
 )
 from ..wire import RAW_ONLY, object_array, raw_to_array, tensor_to_raw
 
-CLASSIFICATION: Final = "classification"
 SHARED_MEMORY_REGION: Final = "shared_memory_region"
 # Stream-only request parameter (tritonclient's `enable_empty_final_response=True`).
 ENABLE_EMPTY_FINAL_RESPONSE: Final = "triton_enable_empty_final_response"
@@ -234,16 +234,12 @@ def _decode_outputs(message: pb.ModelInferRequest) -> list[RequestedOutput]:
             raise _invalid(f"output '{name}' is requested more than once")
         names.add(name)
         params = decode_parameters(spec.parameters, f"output '{name}'")
-        classification = params.pop(CLASSIFICATION, 0)
-        if isinstance(classification, bool) or not isinstance(classification, int):
-            raise _invalid(f"'classification' of output '{name}' must be a non-negative integer")
-        if classification < 0:
-            raise _invalid(f"'classification' of output '{name}' must be a non-negative integer")
+        output = requested_output(name, params)
         if SHARED_MEMORY_REGION in params:
             raise ServerError(
                 ErrorCode.UNSUPPORTED, f"output '{name}': shared-memory outputs are not supported"
             )
-        outputs.append(RequestedOutput(name, classification, params))
+        outputs.append(output)
     return outputs
 
 

@@ -26,6 +26,7 @@ from ..types import (
     RequestedOutput,
     Tensor,
     lift_request_parameters,
+    requested_output,
 )
 from ..wire import RAW_ONLY, bytes_elements, object_array, tensor_to_raw
 from ..wire import deserialize_bytes_tensor as deserialize_bytes_tensor
@@ -35,7 +36,6 @@ INFERENCE_HEADER_CONTENT_LENGTH: Final = "Inference-Header-Content-Length"
 BINARY_DATA_SIZE: Final = "binary_data_size"
 BINARY_DATA: Final = "binary_data"
 BINARY_DATA_OUTPUT: Final = "binary_data_output"
-CLASSIFICATION: Final = "classification"
 # Marks the placeholder input of a raw-binary request; see decode_infer_request.
 RAW_BINARY: Final = "raw_binary"
 SHARED_MEMORY_REGION: Final = "shared_memory_region"
@@ -379,14 +379,10 @@ def _decode_outputs(specs: Any) -> list[RequestedOutput]:
             raise _invalid(f"output '{name}' is requested more than once")
         names.add(name)
         params = _parameters(spec.get("parameters"), f"output '{name}'")
-        classification = params.pop(CLASSIFICATION, 0)
-        if isinstance(classification, bool) or not isinstance(classification, int):
-            raise _invalid(f"'classification' of output '{name}' must be a non-negative integer")
-        if classification < 0:
-            raise _invalid(f"'classification' of output '{name}' must be a non-negative integer")
+        output = requested_output(name, params)
         if not isinstance(params.get(BINARY_DATA, False), bool):
             raise _invalid(f"'binary_data' of output '{name}' must be a boolean")
-        outputs.append(RequestedOutput(name, classification, params))
+        outputs.append(output)
     return outputs
 
 
@@ -443,7 +439,7 @@ def encode_infer_response(
     if response.parameters:
         header["parameters"] = response.parameters
     header["outputs"] = entries
-    head = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
+    head = encode_json(header)
     if not chunks:
         return head, None
     return b"".join([head, *chunks]), len(head)
