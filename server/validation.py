@@ -194,7 +194,7 @@ def build_response(
             )
         if spec.model_dims is not None:
             lead = (batch_size,) if model.max_batch_size > 0 else ()
-            array = array.reshape(lead + tuple(d for d in spec.dims))
+            array = array.reshape(lead + spec.dims)
         if requested.classification:
             array = classify(array, requested.classification, model.labels.get(spec.name), model)
             datatype = DataType.BYTES

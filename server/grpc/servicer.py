@@ -12,23 +12,40 @@ from google.protobuf import json_format
 from ge_serve.protos import grpc_service_pb2 as pb
 from ge_serve.protos import grpc_service_pb2_grpc as pb_grpc
 
+from ..control import FILE_PREFIX
 from ..core import InferenceServer
 from ..errors import ErrorCode, ServerError
 from ..types import ParamValue
 from . import codec
-from .errors import guard
+from .errors import Handler, guard
 from .stream import MAX_IN_FLIGHT, MAX_UNWRITTEN, StreamSession
 
 log = logging.getLogger(__name__)
 
 # RepositoryModelLoad parameters: a JSON config, and files as "file:<version>/<name>".
 LOAD_CONFIG = "config"
-LOAD_FILE_PREFIX = "file:"
 UNLOAD_DEPENDENTS = "unload_dependents"
 
 
 def _unsupported(message: str) -> ServerError:
     return ServerError(ErrorCode.UNSUPPORTED, message)
+
+
+_NO_SYSTEM_SHM = (
+    "the system shared-memory extension is not available on this server; send tensors in "
+    "the request (raw_input_contents)"
+)
+_NO_CUDA_SHM = "CUDA shared memory is not available on this server (it has no CUDA devices)"
+
+
+def _not_offered(message: str) -> Handler[Any, Any, Any]:
+    """An RPC of an extension this server does not offer: UNIMPLEMENTED with `message`."""
+
+    @guard
+    async def handler(self: Any, request: Any, context: Any) -> Any:
+        raise _unsupported(message)
+
+    return handler
 
 
 class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -174,47 +191,13 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # --- shared memory and tracing (not offered) -----------------------------------------
 
-    @guard
-    async def SystemSharedMemoryStatus(
-        self, request: pb.SystemSharedMemoryStatusRequest, context: Any
-    ) -> pb.SystemSharedMemoryStatusResponse:
-        raise _unsupported(_NO_SYSTEM_SHM)
-
-    @guard
-    async def SystemSharedMemoryRegister(
-        self, request: pb.SystemSharedMemoryRegisterRequest, context: Any
-    ) -> pb.SystemSharedMemoryRegisterResponse:
-        raise _unsupported(_NO_SYSTEM_SHM)
-
-    @guard
-    async def SystemSharedMemoryUnregister(
-        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Any
-    ) -> pb.SystemSharedMemoryUnregisterResponse:
-        raise _unsupported(_NO_SYSTEM_SHM)
-
-    @guard
-    async def CudaSharedMemoryStatus(
-        self, request: pb.CudaSharedMemoryStatusRequest, context: Any
-    ) -> pb.CudaSharedMemoryStatusResponse:
-        raise _unsupported(_NO_CUDA_SHM)
-
-    @guard
-    async def CudaSharedMemoryRegister(
-        self, request: pb.CudaSharedMemoryRegisterRequest, context: Any
-    ) -> pb.CudaSharedMemoryRegisterResponse:
-        raise _unsupported(_NO_CUDA_SHM)
-
-    @guard
-    async def CudaSharedMemoryUnregister(
-        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Any
-    ) -> pb.CudaSharedMemoryUnregisterResponse:
-        raise _unsupported(_NO_CUDA_SHM)
-
-    @guard
-    async def TraceSetting(
-        self, request: pb.TraceSettingRequest, context: Any
-    ) -> pb.TraceSettingResponse:
-        raise _unsupported("the trace extension is not available on this server")
+    SystemSharedMemoryStatus = _not_offered(_NO_SYSTEM_SHM)
+    SystemSharedMemoryRegister = _not_offered(_NO_SYSTEM_SHM)
+    SystemSharedMemoryUnregister = _not_offered(_NO_SYSTEM_SHM)
+    CudaSharedMemoryStatus = _not_offered(_NO_CUDA_SHM)
+    CudaSharedMemoryRegister = _not_offered(_NO_CUDA_SHM)
+    CudaSharedMemoryUnregister = _not_offered(_NO_CUDA_SHM)
+    TraceSetting = _not_offered("the trace extension is not available on this server")
 
     # --- logging -------------------------------------------------------------------------
 
@@ -233,13 +216,6 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
 
-_NO_SYSTEM_SHM = (
-    "the system shared-memory extension is not available on this server; send tensors in "
-    "the request (raw_input_contents)"
-)
-_NO_CUDA_SHM = "CUDA shared memory is not available on this server (it has no CUDA devices)"
-
-
 def load_parameters(params: Any) -> tuple[str | None, dict[str, bytes] | None]:
     """RepositoryModelLoad parameters as `core.load_model` arguments.
 
@@ -256,12 +232,12 @@ def load_parameters(params: Any) -> tuple[str | None, dict[str, bytes] | None]:
                     ErrorCode.INVALID_ARG, "load parameter 'config' must be a string_param (JSON)"
                 )
             config = value
-        elif key.startswith(LOAD_FILE_PREFIX):
+        elif key.startswith(FILE_PREFIX):
             if not isinstance(value, bytes):
                 raise ServerError(
                     ErrorCode.INVALID_ARG, f"load parameter '{key}' must be a bytes_param"
                 )
-            path = key[len(LOAD_FILE_PREFIX) :]
+            path = key[len(FILE_PREFIX) :]
             if not path:
                 raise ServerError(ErrorCode.INVALID_ARG, f"load parameter '{key}' has no path")
             files[path] = value

@@ -7,11 +7,10 @@ import binascii
 from dataclasses import dataclass, field
 from typing import Any
 
+from ge_serve.server.control import FILE_PREFIX
 from ge_serve.server.errors import ErrorCode, ServerError
 
 from . import codec
-
-FILE_PREFIX = "file:"
 
 
 @dataclass(slots=True)
