@@ -138,16 +138,9 @@ class DynamicBatcher:
                 await self._former
         for entry in self._queue.drain():
             self._finish(entry, error=SchedulerClosed(_NEVER_RAN))
-        self._pool.close(SchedulerClosed(_NEVER_RAN))
-        await asyncio.to_thread(self._pool.join, drain_timeout_s)
-        if self._pool.threads_alive:
-            # A run cannot be aborted; its slot closes the executor as soon as it ends.
-            log.warning(
-                "%d executor slot(s) of '%s' still running after the %.1fs drain timeout",
-                self._pool.threads_alive,
-                self._policy.model,
-                drain_timeout_s,
-            )
+        await self._pool.shutdown(
+            SchedulerClosed(_NEVER_RAN), drain_timeout_s, f"'{self._policy.model}'"
+        )
 
     # --- batch forming -------------------------------------------------------------------
 

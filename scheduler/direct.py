@@ -62,12 +62,8 @@ class DirectScheduler:
         self._closing = True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
-        self._pool.close(SchedulerClosed("model was unloaded before the request could run"))
-        await asyncio.to_thread(self._pool.join, drain_timeout_s)
-        if self._pool.threads_alive:
-            # A run cannot be aborted; its slot closes the executor as soon as it ends.
-            log.warning(
-                "%d executor slot(s) still running after the %.1fs drain timeout",
-                self._pool.threads_alive,
-                drain_timeout_s,
-            )
+        await self._pool.shutdown(
+            SchedulerClosed("model was unloaded before the request could run"),
+            drain_timeout_s,
+            "a model",
+        )

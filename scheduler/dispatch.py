@@ -155,6 +155,20 @@ class SlotPool:
         for slot in self.slots:
             slot.close()
 
+    async def shutdown(self, reason: BaseException, timeout_s: float, what: str) -> None:
+        """Close every slot (waiters get `reason`), then wait off the loop for the slot
+        threads to close their executors; log the ones a long run keeps alive."""
+        self.close(reason)
+        await asyncio.to_thread(self.join, timeout_s)
+        if self.threads_alive:
+            # A run cannot be aborted; its slot closes the executor as soon as it ends.
+            log.warning(
+                "%d executor slot(s) of %s still running after the %.1fs drain timeout",
+                self.threads_alive,
+                what,
+                timeout_s,
+            )
+
     def join(self, timeout: float | None = None) -> None:
         """Blocking: wait for every slot thread to close its executor and exit."""
         for slot in self.slots:
