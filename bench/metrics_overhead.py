@@ -5,7 +5,13 @@ histograms on) and one with `--allow-metrics=false`. perf_analyzer measures them
 alternating short rounds (ABBA order, so drift on a shared machine falls on both), and
 the result is the ratio of the medians, from one run.
 
-    PYTHONPATH=$(tools/pyroot.sh) python3 bench/metrics_overhead.py          # 8 rounds of 3 s
+The rounds are split over `--sessions` pairs of servers, started in alternating order:
+on this 2-core machine the server started first measured ~2 % faster than its twin
+whatever its flags, an artefact that a single pair would book against one configuration.
+`--control` adds an A/A check: two identical metrics-on servers measured the same way,
+whose ratio shows the noise floor of the method in the same run.
+
+    PYTHONPATH=$(tools/pyroot.sh) python3 bench/metrics_overhead.py          # 2 x 6 rounds of 3 s
     PYTHONPATH=$(tools/pyroot.sh) python3 bench/metrics_overhead.py --quick  # smoke run
 
 perf_analyzer comes from bench/setup_perf_analyzer.sh (or $PERF_ANALYZER / PATH); where it
@@ -26,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -38,6 +45,9 @@ from server import serve
 ROOT = Path(__file__).resolve().parent.parent
 SIMPLE_REPO = ROOT / "examples" / "models"
 CONFIGS = {"metrics on": (), "metrics off": ("--allow-metrics=false",)}
+SUCCESS_RE = re.compile(r'nv_inference_request_success\{model="simple"[^}]*\} (\S+)')
+# The A/A control: the same flags twice.
+CONTROL = {"metrics on (A)": (), "metrics on (B)": ()}
 FLAGS = ("--model-control-mode", "explicit", "--load-model", "simple")
 
 
@@ -103,9 +113,48 @@ async def python_round(url: str, concurrency: int, seconds: float) -> float:
         await client.close()
 
 
+def compare(
+    configs: Mapping[str, Sequence[str]],
+    sessions: int,
+    rounds: int,
+    measure: Callable[[str], float],
+) -> tuple[dict[str, list[float]], str]:
+    """Throughput per configuration over `sessions` x `rounds` ABBA rounds; each session
+    starts a fresh pair of servers, the first session in `configs` order, the next in
+    reverse. Also returns the first configuration's success count from its last scrape."""
+    results: dict[str, list[float]] = {name: [] for name in configs}
+    counted = "?"
+    names = list(configs)
+    for session in range(sessions):
+        order = names if session % 2 == 0 else names[::-1]
+        with contextlib.ExitStack() as stack:
+            servers = {
+                name: stack.enter_context(serve(SIMPLE_REPO, (*FLAGS, *configs[name])))
+                for name in order
+            }
+            for index in range(rounds):
+                for name in order if index % 2 == 0 else order[::-1]:  # ABBA
+                    value = measure(servers[name].http_url)
+                    results[name].append(value)
+                    print(
+                        f"session {session + 1}/{sessions} round {index + 1}/{rounds}  "
+                        f"{name:<16} {value:10.1f} infer/s"
+                    )
+            first = servers[names[0]]
+            with contextlib.suppress(httpx.HTTPError):
+                text = httpx.get(first.metrics_url, timeout=10).text
+                found = SUCCESS_RE.search(text)
+                counted = found.group(1) if found else "?"
+    return results, counted
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=8, help="rounds per configuration")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per session")
+    parser.add_argument(
+        "--sessions", type=int, default=2, help="server pairs, started in alternating order"
+    )
+    parser.add_argument("--control", action="store_true", help="also run the A/A control")
     parser.add_argument("--seconds", type=float, default=3.0, help="measurement per round")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="2 rounds of 1 s: a smoke run")
@@ -113,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     if args.quick:
-        args.rounds, args.seconds = 2, 1.0
+        args.sessions, args.rounds, args.seconds = 2, 2, 1.0
 
     tool = locate_perf_analyzer() if args.load == "perf_analyzer" else None
     if args.load == "perf_analyzer" and tool is None:
@@ -126,49 +175,50 @@ def main(argv: list[str] | None = None) -> int:
     load = "perf_analyzer" if tool else "python (tritonclient.http.aio)"
     work = Path(tempfile.mkdtemp(prefix="metrics-overhead-"))
     data = input_json_for(SIMPLE_REPO / "simple", work / "simple.json")
-    results: dict[str, list[float]] = {name: [] for name in CONFIGS}
-    counted = ""
-    with contextlib.ExitStack() as stack:
-        servers = {
-            name: stack.enter_context(serve(SIMPLE_REPO, (*FLAGS, *flags)))
-            for name, flags in CONFIGS.items()
-        }
-        names = list(CONFIGS)
-        for index in range(args.rounds):
-            for name in names if index % 2 == 0 else names[::-1]:  # ABBA
-                url = servers[name].http_url
-                if tool is not None:
-                    value = perf_analyzer_round(tool, url, data, args.concurrency, args.seconds)
-                else:
-                    value = asyncio.run(python_round(url, args.concurrency, args.seconds))
-                results[name].append(value)
-                print(f"round {index + 1}/{args.rounds}  {name:<12} {value:10.1f} infer/s")
-        text = httpx.get(servers["metrics on"].metrics_url, timeout=10).text
-        found = re.search(r'nv_inference_request_success\{model="simple"[^}]*\} (\S+)', text)
-        counted = found.group(1) if found else "?"
-    shutil.rmtree(work, ignore_errors=True)
+
+    def measure(url: str) -> float:
+        if tool is not None:
+            return perf_analyzer_round(tool, url, data, args.concurrency, args.seconds)
+        return asyncio.run(python_round(url, args.concurrency, args.seconds))
+
+    try:
+        results, counted = compare(CONFIGS, args.sessions, args.rounds, measure)
+        control = compare(CONTROL, args.sessions, args.rounds, measure)[0] if args.control else {}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
     on = statistics.median(results["metrics on"])
     off = statistics.median(results["metrics off"])
     print(f"\nload generator: {load}; simple over HTTP at concurrency {args.concurrency}")
-    print(f"{args.rounds} rounds x {args.seconds:g} s per configuration, alternating (ABBA)\n")
+    print(
+        f"{args.sessions} sessions x {args.rounds} rounds x {args.seconds:g} s per configuration, "
+        "alternating (ABBA), server start order swapped per session\n"
+    )
     print("| configuration | median infer/s | min | max |\n|---|---|---|---|")
-    for name, values in results.items():
+    for name, values in {**results, **control}.items():
         print(
             f"| {name} | {statistics.median(values):.1f} | {min(values):.1f} | {max(values):.1f} |"
         )
     print(
         f"\nratio on/off: {on / off:.3f} (throughput lost to metrics: {(1 - on / off) * 100:.1f}%)"
     )
+    control_ratio = None
+    if control:
+        a, b = (statistics.median(v) for v in control.values())
+        control_ratio = a / b
+        print(f"A/A control ratio (identical servers): {control_ratio:.3f}")
     print(f"the metrics-on server counted {counted} successful requests")
     if args.json:
         summary = {
             "load": load,
             "concurrency": args.concurrency,
+            "sessions": args.sessions,
             "rounds": args.rounds,
             "seconds": args.seconds,
             "infer_per_s": results,
             "ratio_on_off": on / off,
+            "control_infer_per_s": control,
+            "control_ratio": control_ratio,
         }
         args.json.write_text(json.dumps(summary, indent=2))
     return 0
