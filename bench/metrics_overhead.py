@@ -5,9 +5,8 @@ histograms on) and one with `--allow-metrics=false`. perf_analyzer measures them
 alternating short rounds (ABBA order, so drift on a shared machine falls on both), and
 the result is the ratio of the medians, from one run.
 
-The rounds are split over `--sessions` pairs of servers, started in alternating order:
-on this 2-core machine the server started first measured ~2 % faster than its twin
-whatever its flags, an artefact that a single pair would book against one configuration.
+The rounds are split over `--sessions` pairs of servers, started in alternating order
+(bench/abba.py says why).
 `--control` adds an A/A check: two identical metrics-on servers measured the same way,
 whose ratio shows the noise floor of the method in the same run.
 
@@ -32,23 +31,27 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
 import numpy as np
+from abba import ServerSpec, compare
 from inputs import input_json_for
 from perfa import PerfAnalyzerUnavailable, find_perf_analyzer, run_perf_analyzer
 
-from server import serve
+from server import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 SIMPLE_REPO = ROOT / "examples" / "models"
-CONFIGS = {"metrics on": (), "metrics off": ("--allow-metrics=false",)}
+FLAGS = ("--model-control-mode", "explicit", "--load-model", "simple")
+CONFIGS = {
+    "metrics on": ServerSpec(SIMPLE_REPO, FLAGS),
+    "metrics off": ServerSpec(SIMPLE_REPO, (*FLAGS, "--allow-metrics=false")),
+}
 SUCCESS_RE = re.compile(r'nv_inference_request_success\{model="simple"[^}]*\} (\S+)')
 # The A/A control: the same flags twice.
-CONTROL = {"metrics on (A)": (), "metrics on (B)": ()}
-FLAGS = ("--model-control-mode", "explicit", "--load-model", "simple")
+CONTROL = {"metrics on (A)": CONFIGS["metrics on"], "metrics on (B)": CONFIGS["metrics on"]}
 
 
 def locate_perf_analyzer() -> tuple[str, dict[str, str]] | None:
@@ -113,41 +116,6 @@ async def python_round(url: str, concurrency: int, seconds: float) -> float:
         await client.close()
 
 
-def compare(
-    configs: Mapping[str, Sequence[str]],
-    sessions: int,
-    rounds: int,
-    measure: Callable[[str], float],
-) -> tuple[dict[str, list[float]], str]:
-    """Throughput per configuration over `sessions` x `rounds` ABBA rounds; each session
-    starts a fresh pair of servers, the first session in `configs` order, the next in
-    reverse. Also returns the first configuration's success count from its last scrape."""
-    results: dict[str, list[float]] = {name: [] for name in configs}
-    counted = "?"
-    names = list(configs)
-    for session in range(sessions):
-        order = names if session % 2 == 0 else names[::-1]
-        with contextlib.ExitStack() as stack:
-            servers = {
-                name: stack.enter_context(serve(SIMPLE_REPO, (*FLAGS, *configs[name])))
-                for name in order
-            }
-            for index in range(rounds):
-                for name in order if index % 2 == 0 else order[::-1]:  # ABBA
-                    value = measure(servers[name].http_url)
-                    results[name].append(value)
-                    print(
-                        f"session {session + 1}/{sessions} round {index + 1}/{rounds}  "
-                        f"{name:<16} {value:10.1f} infer/s"
-                    )
-            first = servers[names[0]]
-            with contextlib.suppress(httpx.HTTPError):
-                text = httpx.get(first.metrics_url, timeout=10).text
-                found = SUCCESS_RE.search(text)
-                counted = found.group(1) if found else "?"
-    return results, counted
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=6, help="rounds per session")
@@ -176,16 +144,29 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="metrics-overhead-"))
     data = input_json_for(SIMPLE_REPO / "simple", work / "simple.json")
 
-    def measure(url: str) -> float:
+    def measure(name: str, server: ServerProcess) -> dict[str, float]:
+        url = server.http_url
         if tool is not None:
-            return perf_analyzer_round(tool, url, data, args.concurrency, args.seconds)
-        return asyncio.run(python_round(url, args.concurrency, args.seconds))
+            value = perf_analyzer_round(tool, url, data, args.concurrency, args.seconds)
+        else:
+            value = asyncio.run(python_round(url, args.concurrency, args.seconds))
+        return {"infer/s": value}
+
+    counted = ["?"]
+
+    def count_successes(servers: Mapping[str, ServerProcess]) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            text = httpx.get(servers["metrics on"].metrics_url, timeout=10).text
+            found = SUCCESS_RE.search(text)
+            counted[0] = found.group(1) if found else "?"
 
     try:
-        results, counted = compare(CONFIGS, args.sessions, args.rounds, measure)
-        control = compare(CONTROL, args.sessions, args.rounds, measure)[0] if args.control else {}
+        rows = compare(CONFIGS, args.sessions, args.rounds, measure, count_successes)
+        control_rows = compare(CONTROL, args.sessions, args.rounds, measure) if args.control else {}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    results = {name: [row["infer/s"] for row in found] for name, found in rows.items()}
+    control = {name: [row["infer/s"] for row in found] for name, found in control_rows.items()}
 
     on = statistics.median(results["metrics on"])
     off = statistics.median(results["metrics off"])
@@ -207,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         a, b = (statistics.median(v) for v in control.values())
         control_ratio = a / b
         print(f"A/A control ratio (identical servers): {control_ratio:.3f}")
-    print(f"the metrics-on server counted {counted} successful requests")
+    print(f"the metrics-on server counted {counted[0]} successful requests (last session)")
     if args.json:
         summary = {
             "load": load,

@@ -1,0 +1,202 @@
+"""Adaptive batching head to head with the static settings (issue 5's acceptance figures).
+
+For each model (`simple`, the ResNet-18-sized CNN) the configurations of bench/batching.py
+(`off`, `static0`, `static`, `adaptive`) run side by side, one server each, and are measured
+in rotating order over several rounds (bench/abba.py), so that one noisy moment cannot
+decide a comparison that single sweep rows are too noisy to settle:
+
+* throughput at concurrency 32 (`static0`, `static`, `adaptive`): adaptive ÷ the best static
+  median, and each ÷ raw onnxruntime's best from the same run;
+* p50 at concurrency 1 (`off`, `adaptive`): adaptive ÷ unbatched.
+
+    export PYTHONPATH=$(tools/pyroot.sh)
+    python3 bench/adaptive_vs_static.py --out bench/results/adaptive_vs_static
+    python3 bench/adaptive_vs_static.py --out /tmp/a --quick --models simple   # smoke
+
+`--shared-memory` makes perf_analyzer pass the tensors through system shared memory.
+Writes OUT.json and OUT.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from abba import Row, ServerSpec, compare, median
+from batching import SHORT, variants
+from inputs import input_json_for
+from models import CACHE, ensure_model, make_repo
+from perfa import PerfAnalyzerError, find_perf_analyzer, run_perf_analyzer
+from raw_ort import DEFAULT_BATCH_SIZES, measure_raw
+from report import markdown_table, save_rows
+
+from server import ServerProcess, grpc_ready
+
+THROUGHPUT_AT = 32
+LATENCY_AT = 1
+THROUGHPUT_CONFIGS = ("static0", "static", "adaptive")
+LATENCY_CONFIGS = ("off", "adaptive")
+
+
+def run_model(
+    model: str,
+    protocols: Sequence[str],
+    sessions: int,
+    rounds: int,
+    interval_ms: int,
+    raw_seconds: float,
+    shared_memory: bool,
+) -> list[dict[str, Any]]:
+    short = SHORT.get(model, model)
+    chosen = {
+        v.name.removesuffix(f"-{short}"): v
+        for v in variants(model)
+        if v.name.removesuffix(f"-{short}") in {*THROUGHPUT_CONFIGS, *LATENCY_CONFIGS}
+    }
+    specs: dict[str, ServerSpec] = {}
+    data = CACHE / "inputs" / f"{model}.json"
+    for name, variant in chosen.items():
+        repo = make_repo(CACHE / "repos" / f"h2h_{variant.name}", model, options=variant.options)
+        input_json_for(repo / model, data)
+        specs[name] = ServerSpec(repo, variant.flags)
+    tool = find_perf_analyzer()
+    max_batch = ensure_model(model).default_max_batch_size
+    sizes = tuple(b for b in DEFAULT_BATCH_SIZES if b <= max_batch)
+    raw_before = measure_raw(ensure_model(model).onnx_path, sizes, raw_seconds)
+
+    def measure(name: str, server: ServerProcess) -> Row:
+        row: Row = {}
+        for protocol in protocols:
+            if protocol == "grpc" and not grpc_ready(server, 3.0):
+                continue
+            url = server.grpc_url if protocol == "grpc" else server.http_url
+            points = []
+            if name in THROUGHPUT_CONFIGS:
+                points.append(THROUGHPUT_AT)
+            if name in LATENCY_CONFIGS:
+                points.append(LATENCY_AT)
+            for concurrency in points:
+                try:
+                    found = run_perf_analyzer(
+                        model, url, protocol, concurrency, data,
+                        measurement_interval_ms=interval_ms, max_trials=3,
+                        stability_percentage=100, perf_analyzer=tool,
+                        extra_args=["--shared-memory=system"] if shared_memory else (),
+                    )  # fmt: skip
+                except PerfAnalyzerError as exc:
+                    print(f"[{name}] {protocol} c={concurrency}: {exc}", file=sys.stderr)
+                    continue
+                row[f"{protocol} c{concurrency} infer/s"] = float(found["throughput"])
+                row[f"{protocol} c{concurrency} p50"] = float(found["p50_us"])
+        return row
+
+    results = compare(
+        specs, sessions, rounds, measure, log=lambda line: print(line, file=sys.stderr)
+    )
+    raw_after = measure_raw(ensure_model(model).onnx_path, sizes, raw_seconds)
+    raw = (raw_before["best"]["samples_per_s"] + raw_after["best"]["samples_per_s"]) / 2
+    rows: list[dict[str, Any]] = []
+    for protocol in protocols:
+        throughput = {
+            name: _median(results, name, f"{protocol} c{THROUGHPUT_AT} infer/s")
+            for name in THROUGHPUT_CONFIGS
+        }
+        best_static = max(
+            (v for k, v in throughput.items() if k != "adaptive" and v is not None), default=None
+        )
+        p50_key = f"{protocol} c{LATENCY_AT} p50"
+        latency = {name: _median(results, name, p50_key) for name in LATENCY_CONFIGS}
+        for name in chosen:
+            samples = [r[f"{protocol} c{THROUGHPUT_AT} infer/s"] for r in results[name]
+                       if f"{protocol} c{THROUGHPUT_AT} infer/s" in r]  # fmt: skip
+            tp = throughput.get(name)
+            p50, unbatched = latency.get(name), latency.get("off")
+            row: dict[str, Any] = {
+                "model": model,
+                "protocol": protocol + (" +shm" if shared_memory else ""),
+                "config": name,
+                "c32 infer/s": tp,
+                "c32 min": min(samples) if samples else None,
+                "c32 max": max(samples) if samples else None,
+                "÷ raw ORT": tp / raw if tp else None,
+                "÷ best static": tp / best_static if tp and best_static else None,
+                "c1 p50 µs": p50,
+                "c1 p50 ÷ off": p50 / unbatched if p50 and unbatched else None,
+                "rounds": len(samples) or len(results[name]),
+            }
+            rows.append(row)
+    for row in rows:
+        row["raw best"] = raw
+        row["raw batch"] = raw_before["best"]["batch_size"]
+        row["raw drift"] = raw_after["best"]["samples_per_s"] / raw_before["best"]["samples_per_s"]
+    return rows
+
+
+def _median(results: dict[str, list[Row]], name: str, key: str) -> float | None:
+    if name not in results or not any(key in r for r in results[name]):
+        return None
+    return median(results, name, key)
+
+
+COLUMNS = (
+    "model",
+    "protocol",
+    "config",
+    "c32 infer/s",
+    "c32 min",
+    "c32 max",
+    "÷ raw ORT",
+    "÷ best static",
+    "c1 p50 µs",
+    "c1 p50 ÷ off",
+    "rounds",
+    "raw best",
+    "raw drift",
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="path prefix for the results")
+    parser.add_argument("--models", nargs="+", default=["simple", "resnet18_like"])
+    parser.add_argument("--protocol", nargs="+", default=["http", "grpc"])
+    parser.add_argument("--sessions", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per session")
+    parser.add_argument("--interval-ms", type=int, default=3000)
+    parser.add_argument("--shared-memory", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="tiny windows: smoke only")
+    args = parser.parse_args(argv)
+    raw_seconds = 2.0
+    if args.quick:
+        args.sessions, args.rounds, args.interval_ms, raw_seconds = 1, 1, 500, 0.3
+    started = time.monotonic()
+    rows: list[dict[str, Any]] = []
+    for model in args.models:
+        rows += run_model(
+            model,
+            args.protocol,
+            args.sessions,
+            args.rounds,
+            args.interval_ms,
+            raw_seconds,
+            args.shared_memory,
+        )
+    save_rows(rows, args.out.with_suffix(".json"))
+    table = markdown_table(rows, COLUMNS)
+    command = " ".join(["python3 bench/adaptive_vs_static.py", *(argv or sys.argv[1:])])
+    note = (
+        f"\n`{command}`: {args.sessions} sessions x {args.rounds} rounds per configuration "
+        "in rotating order; medians, with the range of the c=32 rounds.\n"
+    )
+    args.out.with_suffix(".md").write_text(table + note)
+    print(table)
+    print(f"wrote {args.out}.* in {time.monotonic() - started:.0f}s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
