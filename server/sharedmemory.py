@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import mmap
 import os
@@ -47,6 +48,8 @@ import numpy.typing as npt
 from .errors import ErrorCode, ServerError
 from .types import DataType, Parameters, RequestedOutput, SharedMemoryRef
 from .wire import raw_to_array
+
+log = logging.getLogger(__name__)
 
 SHM_ROOT: Final = Path("/dev/shm")
 
@@ -257,6 +260,13 @@ class SharedMemoryManager:
             mapping.close()
             raise
         self._regions[name] = _Region(RegionStatus(name, key, offset, byte_size), mapping, start)
+        log.debug(
+            "registered system shared memory region '%s': key '%s', offset %d, %d bytes",
+            name,
+            key,
+            offset,
+            byte_size,
+        )
 
     def _check_new(self, name: str) -> None:
         if name in self._regions:
@@ -280,12 +290,12 @@ class SharedMemoryManager:
         not an error (Triton's behaviour: the end state is what was asked for)."""
         if name:
             region = self._regions.pop(name, None)
-            if region is not None:
-                region.release()
-            return
-        regions, self._regions = self._regions, {}
+            regions = {name: region} if region is not None else {}
+        else:
+            regions, self._regions = self._regions, {}
         for region in regions.values():
             region.release()
+            log.debug("unregistered system shared memory region '%s'", region.status.name)
 
     def close(self) -> None:
         """Server shutdown: release every region."""
