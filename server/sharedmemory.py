@@ -160,6 +160,16 @@ class _Region:
         mapping = self._mapping
         if mapping is None:  # pragma: no cover - released regions are out of the table
             raise unknown_region(self.status.name)
+        # The client owns the object and may shrink it; touching mapped pages past its end
+        # raises SIGBUS, which would kill the server. The size is checked on every use (one
+        # fstat); a shrink racing with a running request is not caught (nor by Triton).
+        needed = self.status.offset + offset + byte_size
+        size = mapping.size()
+        if size < needed:
+            raise _invalid(
+                f"shared memory region '{self.status.name}' is no longer valid: its object "
+                f"'{self.status.key}' shrank to {size} bytes (the region needs {needed})"
+            )
         start = self._start + offset
         return memoryview(mapping)[start : start + byte_size]
 

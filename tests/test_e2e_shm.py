@@ -8,6 +8,7 @@ Every region a test creates is destroyed (and unregistered) when the test ends, 
 from __future__ import annotations
 
 import concurrent.futures
+import queue
 import shutil
 import sys
 import time
@@ -152,6 +153,33 @@ def test_mixed_request_keeps_body_tensors_in_place(client: Triton, regions: Regi
     )  # fmt: skip
     np.testing.assert_array_equal(shm.get_contents_as_numpy(handle_out, np.int32, [1, 16]), A + B)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
+
+
+def test_grpc_stream_with_shared_memory(server: ServerProcess) -> None:
+    triton = Triton.connect("grpc", server)
+    made = Regions(triton)
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    try:
+        region_in, handle_in = made.create("in", 2 * VECTOR)
+        region_out, handle_out = made.create("out", VECTOR)
+        shm.set_shared_memory_region(handle_in, [A, B])
+        triton.client.start_stream(callback=lambda result, error: results.put((result, error)))
+        triton.client.async_stream_infer(
+            "simple",
+            [shm_input(triton, "INPUT0", region_in, VECTOR),
+             shm_input(triton, "INPUT1", region_in, VECTOR, offset=VECTOR)],
+            outputs=[shm_output(triton, "OUTPUT0", region_out, VECTOR),
+                     triton.module.InferRequestedOutput("OUTPUT1")],
+        )  # fmt: skip
+        result, error = results.get(timeout=60)
+        assert error is None, error
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
+        out = shm.get_contents_as_numpy(handle_out, np.int32, [1, 16])
+        np.testing.assert_array_equal(out, A + B)
+    finally:
+        triton.client.stop_stream()
+        made.close()
+        triton.close()
 
 
 def test_bytes_tensors_in_shared_memory(client: Triton, regions: Regions) -> None:

@@ -223,3 +223,18 @@ def test_cuda_shared_memory_is_empty(root: Path) -> None:
     gpu = error(lambda: manager.cuda_register("c"))
     assert gpu.message == "failed to register CUDA shared memory region: 'c', GPUs not supported"
     manager.close()
+
+
+def test_an_object_shrunk_after_registration_is_refused_not_a_crash(root: Path) -> None:
+    """Reading mapped pages past a truncated object's end is SIGBUS; check the size first."""
+    key = make_object(root, "obj", bytes(3 * PAGE))
+    manager = SharedMemoryManager(root=root)
+    register(manager, "r", key, PAGE, 2 * PAGE)
+    assert manager.window(SharedMemoryRef("r", 16, PAGE)).nbytes == 16
+    os.truncate(root / "obj", PAGE + 8)
+    refused = error(lambda: manager.window(SharedMemoryRef("r", 16, PAGE)))
+    assert refused.code is ErrorCode.INVALID_ARG
+    assert "shrank to" in refused.message
+    # What is still inside the object can still be used.
+    assert bytes(manager.window(SharedMemoryRef("r", 8))) == bytes(8)
+    manager.close()
