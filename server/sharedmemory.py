@@ -362,7 +362,11 @@ class SharedMemoryManager:
         tensor: str,
         model: str,
     ) -> npt.NDArray[Any]:
-        """A read-only, zero-copy view of an input tensor (BYTES are parsed into objects)."""
+        """A read-only, zero-copy view of an input tensor (BYTES are parsed into objects).
+
+        The region is checked first, then the size against the shape, in Triton's order.
+        """
+        view = self.window(ref).toreadonly()
         if datatype is not DataType.BYTES:
             expected = math.prod(shape) * datatype.itemsize
             if ref.byte_size != expected:
@@ -370,7 +374,6 @@ class SharedMemoryManager:
                     f"input byte size mismatch for input '{tensor}' for model '{model}'. "
                     f"Expected {expected}, got {ref.byte_size}"
                 )
-        view = self.window(ref).toreadonly()
         return raw_to_array(datatype, shape, view, what=f"input '{tensor}'")
 
     @staticmethod
