@@ -6,6 +6,10 @@ its CSV into a dict.
                             input_data=Path("simple.json"))
     row["throughput"], row["p50_us"], row["p99_us"], row["server_queue_us"]
 
+shared_memory="system" makes perf_analyzer pass every input and output through system shared
+memory (Triton's extension) instead of the socket; the server must allow it
+(--allow-client-shm, on by default).
+
 Latencies are microseconds, throughput is infer/s. Server-side columns (queue, compute
 input/infer/output) are present only when the server has the `statistics` extension.
 
@@ -52,6 +56,9 @@ CSV_KEYS: dict[str, str] = {
 }
 
 UNSTABLE_MARK = "Failed to obtain stable measurement"
+
+# perf_analyzer's --shared-memory kinds that ge-serve serves (it has no CUDA devices).
+SHARED_MEMORY_KINDS = ("none", "system")
 
 
 class PerfAnalyzerUnavailable(RuntimeError):
@@ -161,9 +168,15 @@ def build_command(
     shapes: Mapping[str, Sequence[int]] | None = None,
     use_async: bool = False,
     verbose_csv: bool = True,
+    shared_memory: str = "none",
+    output_shared_memory_size: int | None = None,
 ) -> list[str]:
     if protocol not in ("http", "grpc"):
         raise ValueError(f"protocol must be 'http' or 'grpc', not {protocol!r}")
+    if shared_memory not in SHARED_MEMORY_KINDS:
+        raise ValueError(
+            f"shared_memory must be one of {SHARED_MEMORY_KINDS}, not {shared_memory!r}"
+        )
     cmd = [
         binary, "-m", model, "-u", url, "-i", protocol, "-b", str(batch_size),
         "--measurement-interval", str(measurement_interval_ms),
@@ -187,6 +200,11 @@ def build_command(
         cmd += ["--input-data", data]
     for name, shape in (shapes or {}).items():
         cmd += ["--shape", f"{name}:{','.join(str(d) for d in shape)}"]
+    if shared_memory != "none":
+        cmd += ["--shared-memory", shared_memory]
+        # Only needed for outputs whose size the metadata cannot tell (BYTES, -1 dims).
+        if output_shared_memory_size is not None:
+            cmd += ["--output-shared-memory-size", str(output_shared_memory_size)]
     return cmd + list(extra_args)
 
 
@@ -205,6 +223,8 @@ def run_perf_analyzer(
     request_rate: float | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
     use_async: bool = False,
+    shared_memory: str = "none",
+    output_shared_memory_size: int | None = None,
     on_unstable: str = "rerun",
     timeout_s: float | None = None,
     perf_analyzer: tuple[str, dict[str, str]] | None = None,
@@ -231,6 +251,7 @@ def run_perf_analyzer(
                 batch_size=batch_size, request_rate=request_rate, shapes=shapes,
                 measurement_interval_ms=measurement_interval_ms, max_trials=trials,
                 stability_percentage=stability, use_async=use_async,
+                shared_memory=shared_memory, output_shared_memory_size=output_shared_memory_size,
             )  # fmt: skip
             try:
                 proc = subprocess.run(
@@ -259,6 +280,7 @@ def run_perf_analyzer(
         "protocol": protocol,
         "batch_size": batch_size,
         "stable": stable,
+        "shared_memory": shared_memory,
     }
     result.update(rows[-1])
     result["command"] = " ".join(cmd)
@@ -303,6 +325,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-trials", type=int, default=6)
     parser.add_argument("--stability", type=float, default=20)
     parser.add_argument("-b", "--batch-size", type=int, default=1)
+    parser.add_argument(
+        "--shared-memory",
+        default="none",
+        choices=SHARED_MEMORY_KINDS,
+        help="tensors through system shared memory instead of the socket",
+    )
+    parser.add_argument("--output-shared-memory-size", type=int, help="bytes per output")
     parser.add_argument("extra", nargs="*", help="after --: passed to perf_analyzer")
     args = parser.parse_args(argv)
     try:
@@ -310,6 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.model, args.url, args.protocol, args.concurrency, args.input_data, args.extra,
             measurement_interval_ms=args.interval, max_trials=args.max_trials,
             stability_percentage=args.stability, batch_size=args.batch_size,
+            shared_memory=args.shared_memory,
+            output_shared_memory_size=args.output_shared_memory_size,
         )  # fmt: skip
     except PerfAnalyzerUnavailable as exc:
         print(f"perf_analyzer unavailable: {exc}")

@@ -19,7 +19,8 @@ CLI:
       --variant dyn model=resnet18_like delay_us=2000 preferred=8,16,32 \\
       --variant adaptive model=resnet18_like batching=on flags="--adaptive-batching true"
   variant keys: model, batching (on|off), delay_us, preferred, instances, max_batch_size,
-  kind, backend, param.KEY=VALUE, flags="...", extra="raw pbtxt"
+  kind, backend, param.KEY=VALUE, flags="...", extra="raw pbtxt",
+  shm=system (perf_analyzer sends tensors through system shared memory)
   --quick uses tiny windows (smoke only, figures not quotable).
 """
 
@@ -36,7 +37,12 @@ from typing import Any
 
 from inputs import input_json_for
 from models import CACHE, Batching, RepoOptions, ensure_model, make_repo
-from perfa import PerfAnalyzerError, find_perf_analyzer, run_perf_analyzer
+from perfa import (
+    SHARED_MEMORY_KINDS,
+    PerfAnalyzerError,
+    find_perf_analyzer,
+    run_perf_analyzer,
+)
 from raw_ort import DEFAULT_BATCH_SIZES, measure_raw
 from report import add_ratio, markdown_table, plot, save_rows
 
@@ -53,6 +59,8 @@ class Variant:
     model: str = "resnet18_like"
     options: RepoOptions = field(default_factory=RepoOptions)
     flags: Sequence[str] = ()
+    # perf_analyzer's --shared-memory: "system" takes the tensor transport off the socket.
+    shared_memory: str = "none"
 
 
 @dataclass
@@ -113,13 +121,14 @@ def sweep(
                         "config": variant.name,
                         "protocol": protocol,
                         "concurrency": concurrency,
+                        "shared_memory": variant.shared_memory,
                     }
                     try:
                         row = run_perf_analyzer(
                             variant.model, urls[protocol], protocol, concurrency, data,
                             measurement_interval_ms=win.interval_ms, max_trials=win.max_trials,
                             stability_percentage=win.stability, use_async=use_async,
-                            perf_analyzer=pa,
+                            shared_memory=variant.shared_memory, perf_analyzer=pa,
                         )  # fmt: skip
                     except PerfAnalyzerError as exc:
                         print(
@@ -196,6 +205,10 @@ def parse_variant(words: Sequence[str]) -> Variant:
             params[key.removeprefix("param.")] = value
         elif key == "flags":
             flags += shlex.split(value)
+        elif key == "shm":
+            if value not in SHARED_MEMORY_KINDS:
+                raise ValueError(f"shm must be one of {SHARED_MEMORY_KINDS}, not {value!r}")
+            variant.shared_memory = value
         else:
             raise ValueError(f"unknown variant key {key!r} in {' '.join(words)}")
     opts.params = params

@@ -39,6 +39,7 @@ from .logsettings import LogControl, LogSettings
 from .metrics import MetricsConfig, ServerMetrics
 from .repository import ModelRepository
 from .resources import DeviceMetricsProvider, ResourceSampler
+from .sharedmemory import SharedMemoryManager
 
 log = logging.getLogger("ge_serve")
 
@@ -131,6 +132,7 @@ class ServerApp:
             strict_readiness=settings.strict_readiness,
             control=self.control,
             log_control=log_control,
+            shared_memory=SharedMemoryManager(enabled=settings.allow_client_shm),
         )
         self.http = HttpFrontEnd(
             self.core,
@@ -265,6 +267,7 @@ class ServerApp:
         if self.metrics is not None and self.metrics.sampler is not None:
             await asyncio.to_thread(self.metrics.sampler.stop)
         await self.lifecycle.close()
+        self.core.shared_memory.close()
         close_backends(self.backends)
 
 

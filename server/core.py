@@ -21,9 +21,11 @@ from .errors import ErrorCode, FailureReason, SchedulerClosed, ServerError, requ
 from .lifecycle import ModelLifecycle
 from .logsettings import LogControl
 from .model import ModelVersion
+from .sharedmemory import SharedMemoryManager
 from .statistics import ModelStatistics
-from .types import InferRequest, InferResponse
+from .types import InferRequest, InferResponse, SharedMemoryRef
 from .validation import build_response, prepare
+from .wire import tensor_to_raw
 
 # How often a request refused by a retiring version is retried on its replacement.
 _SWAP_RETRIES = 3
@@ -59,6 +61,7 @@ class ServerInfo:
         "schedule_policy",
         "statistics",
         "logging",
+        "system_shared_memory",
     )
 
 
@@ -75,8 +78,12 @@ class InferenceServer:
         strict_readiness: bool = True,
         control: ModelControl | None = None,
         log_control: LogControl | None = None,
+        shared_memory: SharedMemoryManager | None = None,
     ) -> None:
         self.lifecycle = lifecycle
+        # Client-registered shared-memory regions; both front ends answer the extension's
+        # calls from it, and infer() maps the tensors that live there.
+        self.shared_memory = shared_memory or SharedMemoryManager()
         self.control = control
         self.info = info or ServerInfo()
         self.strict_readiness = strict_readiness
@@ -100,11 +107,10 @@ class InferenceServer:
         self._accepting = False
 
     def metadata(self) -> dict[str, Any]:
-        return {
-            "name": self.info.name,
-            "version": self.info.version,
-            "extensions": list(self.info.extensions),
-        }
+        extensions = list(self.info.extensions)
+        if not self.shared_memory.enabled:
+            extensions = [e for e in extensions if e != "system_shared_memory"]
+        return {"name": self.info.name, "version": self.info.version, "extensions": extensions}
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.lifecycle.is_ready(name, version)
@@ -146,6 +152,9 @@ class InferenceServer:
             raise ServerError(ErrorCode.UNAVAILABLE, "Server is shutting down")
         started = time.monotonic_ns()
         model = self.lifecycle.get(request.model_name, request.model_version)
+        # Like Triton's front ends, shared-memory references are resolved before the
+        # request is counted; the views keep their regions mapped until the request ends.
+        shm_outputs = self._map_shared_memory(request)
         item: WorkItem | None = None
         outputs: dict[str, Array] | None = None
         try:
@@ -163,6 +172,8 @@ class InferenceServer:
             else:
                 raise ServerError(ErrorCode.UNAVAILABLE, "model is being reloaded, retry")
             response = build_response(request, model, outputs, item.batch_size)
+            if shm_outputs:
+                self._write_shared_memory(response, shm_outputs)
         except ServerError as exc:
             self._notify(model, item, exc, started)
             raise
@@ -196,6 +207,30 @@ class InferenceServer:
         once, so this yields `infer()`'s response.
         """
         yield await self.infer(request)
+
+    def _map_shared_memory(
+        self, request: InferRequest
+    ) -> dict[str, tuple[SharedMemoryRef, memoryview]]:
+        """Give inputs that live in shared memory their zero-copy views, and return where
+        each shared-memory output goes."""
+        shm = self.shared_memory
+        for tensor in request.inputs:
+            if tensor.shm is not None:
+                tensor.data = shm.input_array(
+                    tensor.shm, tensor.datatype, tensor.shape, tensor.name, request.model_name
+                )
+        return {o.name: (o.shm, shm.window(o.shm)) for o in request.outputs if o.shm is not None}
+
+    @staticmethod
+    def _write_shared_memory(
+        response: InferResponse, targets: dict[str, tuple[SharedMemoryRef, memoryview]]
+    ) -> None:
+        for tensor in response.outputs:
+            target = targets.get(tensor.name)
+            if target is not None:
+                ref, window = target
+                SharedMemoryManager.write_output(window, tensor_to_raw(tensor), tensor.name)
+                tensor.shm = ref
 
     def _replacement(self, request: InferRequest, old: ModelVersion) -> ModelVersion:
         """The version that now serves this request after `old` was retired."""

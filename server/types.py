@@ -97,15 +97,31 @@ _FROM_NUMPY: dict[np.dtype[Any], DataType] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class SharedMemoryRef:
+    """Where a tensor lives in a registered shared-memory region (Triton's
+    `shared_memory_region`, `shared_memory_offset` and `shared_memory_byte_size`)."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+
 @dataclass(slots=True)
 class Tensor:
-    """A named tensor. BYTES data is an object array of `bytes`; BF16 uses ml_dtypes."""
+    """A named tensor. BYTES data is an object array of `bytes`; BF16 uses ml_dtypes.
+
+    `shm` set on a request input means its data is still in shared memory: the core
+    replaces `data` (empty until then) with a read-only view of the region. Set on a
+    response output, it means the core wrote the output there, so the wire carries no data.
+    """
 
     name: str
     datatype: DataType
     shape: tuple[int, ...]
     data: npt.NDArray[Any]
     parameters: Parameters = field(default_factory=dict)
+    shm: SharedMemoryRef | None = None
 
 
 @dataclass(slots=True)
@@ -119,6 +135,8 @@ class RequestedOutput:
     name: str
     classification: int = 0
     parameters: Parameters = field(default_factory=dict)
+    # The region the core writes this output into instead of returning it on the wire.
+    shm: SharedMemoryRef | None = None
 
 
 @dataclass(slots=True)

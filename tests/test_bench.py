@@ -238,3 +238,30 @@ def test_sweep_parses_variants() -> None:
     assert list(dyn.flags) == ["--a", "b c"]
     with pytest.raises(ValueError, match="unknown variant key"):
         sweep.parse_variant(["x", "colour=red"])
+
+
+def test_shared_memory_option_reaches_perf_analyzer(tmp_path: Path) -> None:
+    def command(**options: object) -> list[str]:
+        return perfa.build_command(
+            "pa",
+            "simple",
+            "h:1",
+            "grpc",
+            4,
+            tmp_path / "o.csv",
+            **options,  # type: ignore[arg-type]
+        )
+
+    assert "--shared-memory" not in command()
+    system = command(shared_memory="system")
+    assert system[system.index("--shared-memory") + 1] == "system"
+    assert "--output-shared-memory-size" not in system
+    sized = command(shared_memory="system", output_shared_memory_size=4096)
+    assert sized[sized.index("--output-shared-memory-size") + 1] == "4096"
+    with pytest.raises(ValueError, match="shared_memory"):
+        command(shared_memory="cuda")
+    variant = sweep.parse_variant(["shm", "model=simple", "shm=system"])
+    assert variant.shared_memory == "system"
+    assert sweep.parse_variant(["plain", "model=simple"]).shared_memory == "none"
+    with pytest.raises(ValueError, match="shm must be one of"):
+        sweep.parse_variant(["x", "shm=cuda"])

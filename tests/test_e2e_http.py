@@ -335,10 +335,11 @@ def test_server_metadata(client: httpclient.InferenceServerClient) -> None:
         "statistics",
         "logging",
         "parameters",
+        "system_shared_memory",
     ):
         assert extension in extensions
     # Only what is implemented is claimed.
-    for missing in ("system_shared_memory", "cuda_shared_memory", "trace", "sequence"):
+    for missing in ("cuda_shared_memory", "trace", "sequence"):
         assert missing not in extensions
 
 

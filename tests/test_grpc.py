@@ -165,10 +165,6 @@ async def test_tritonclient_aio_infer_and_stream(server: ServerProcess) -> None:
 def test_tritonclient_unimplemented_extensions(server: ServerProcess) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     with pytest.raises(InferenceServerException) as info:
-        client.get_system_shared_memory_status()
-    assert info.value.status() == "StatusCode.UNIMPLEMENTED"
-    assert "shared-memory extension is not available" in info.value.message()
-    with pytest.raises(InferenceServerException) as info:
         client.get_trace_settings()
     assert info.value.status() == "StatusCode.UNIMPLEMENTED"
     assert "trace extension is not available" in info.value.message()

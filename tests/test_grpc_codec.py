@@ -16,7 +16,7 @@ from tritonclient.grpc._utils import _get_inference_request
 from ge_serve.protos import grpc_service_pb2 as pb
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.grpc import codec
-from ge_serve.server.types import DataType, InferResponse, Tensor
+from ge_serve.server.types import DataType, InferResponse, SharedMemoryRef, Tensor
 
 SAMPLES: dict[DataType, npt.NDArray[Any]] = {
     DataType.BOOL: np.array([[True, False, True], [False, False, True]]),
@@ -220,12 +220,69 @@ def test_raw_contents_errors() -> None:
     expect_invalid(negative, "non-negative")
 
 
-def test_shared_memory_input_is_unsupported() -> None:
-    message = tritonclient_request({"x": SAMPLES[DataType.INT32]})
-    message.inputs[0].parameters["shared_memory_region"].string_param = "r"
-    with pytest.raises(ServerError) as info:
-        codec.decode_infer_request(message)
-    assert info.value.code is ErrorCode.UNSUPPORTED
+def shm_request() -> pb.ModelInferRequest:
+    """tritonclient's request with input `a` in shared memory, `b` raw, output `y` in shm."""
+    a = triton_grpc.InferInput("a", [2], "INT32")
+    a.set_shared_memory("in", 8, offset=4)
+    b = triton_grpc.InferInput("b", [2], "INT32")
+    b.set_data_from_numpy(np.array([5, 6], dtype=np.int32))
+    y = triton_grpc.InferRequestedOutput("y")
+    y.set_shared_memory("out", 8)
+    return ours(_get_inference_request("m", [a, b], outputs=[y], model_version="",
+                request_id="", sequence_id=0, sequence_start=False, sequence_end=False,
+                priority=0, timeout=None, parameters=None))  # fmt: skip
+
+
+def test_shared_memory_references_and_raw_contents_counted_as_triton_does() -> None:
+    message = shm_request()
+    # Only the input not in shared memory has raw contents.
+    assert len(message.raw_input_contents) == 1
+    request = codec.decode_infer_request(message).request
+    a, b = request.inputs
+    assert a.shm == SharedMemoryRef("in", 8, 4) and a.parameters == {}
+    assert b.shm is None and b.data.tolist() == [5, 6]
+    assert request.outputs[0].shm == SharedMemoryRef("out", 8)
+    assert request.outputs[0].parameters == {}
+
+
+def test_shared_memory_input_errors() -> None:
+    message = shm_request()
+    message.raw_input_contents.append(b"\0" * 8)
+    expect_invalid(message, "expected 1 raw input contents (one per input not in shared memory)")
+
+    message = shm_request()
+    message.inputs[0].contents.int_contents.extend([1, 2])
+    expect_invalid(message, "unexpected 'content' provided when using shared memory")
+
+    message = shm_request()
+    del message.inputs[0].parameters["shared_memory_byte_size"]
+    expect_invalid(message, "'shared_memory_byte_size' must be specified along with")
+
+    message = shm_request()
+    message.inputs[0].parameters["shared_memory_region"].int64_param = 3
+    expect_invalid(message, "invalid value type for 'shared_memory_region'")
+
+    message = shm_request()
+    message.outputs[0].parameters["classification"].int64_param = 2
+    expect_invalid(message, "Output can't set both 'shared_memory_region' and 'classification'")
+
+
+def test_shared_memory_output_keeps_its_place_in_raw_output_contents() -> None:
+    data = np.arange(3, dtype=np.int32)
+    response = InferResponse(
+        model_name="m",
+        model_version="1",
+        outputs=[
+            Tensor("y", DataType.INT32, (3,), data, shm=SharedMemoryRef("out", 12)),
+            Tensor("z", DataType.INT32, (3,), data),
+        ],
+    )
+    message = codec.encode_infer_response(response)
+    assert list(message.raw_output_contents) == [b"", data.tobytes()]
+    assert [o.name for o in message.outputs] == ["y", "z"]
+    assert list(message.outputs[0].shape) == [3]
+    # tritonclient reads the other output correctly past the empty entry.
+    np.testing.assert_array_equal(InferResult(message).as_numpy("z"), data)
 
 
 # --- responses ------------------------------------------------------------------------------

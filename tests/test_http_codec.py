@@ -28,6 +28,7 @@ from ge_serve.server.types import (
     InferRequest,
     InferResponse,
     RequestedOutput,
+    SharedMemoryRef,
     Tensor,
 )
 
@@ -540,11 +541,82 @@ def test_request_errors(body: bytes, header_length: int | None, message: str) ->
     assert message in error.message
 
 
-def test_shared_memory_input_is_unsupported() -> None:
-    spec = _fp32(parameters={"shared_memory_region": "r", "shared_memory_byte_size": 8})
+def test_shared_memory_tensors_decode_to_references() -> None:
+    """tritonclient's set_shared_memory() on an input and an output: no data in the body,
+    the reference on the tensor, and nothing of it left in the parameters."""
+    tensor = triton_http.InferInput("x", [2], "FP32")
+    tensor.set_shared_memory("in", 8, offset=16)
+    wanted = triton_http.InferRequestedOutput("y")
+    wanted.set_shared_memory("out", 32)
+    body = orjson.dumps({"inputs": [tensor._get_tensor()], "outputs": [wanted._get_tensor()]})
+    request = decode_infer_request("m", "", body, None)
+    (decoded,) = request.inputs
+    assert decoded.shm == SharedMemoryRef("in", 8, 16)
+    assert decoded.data.size == 0 and decoded.parameters == {}
+    (output,) = request.outputs
+    assert output.shm == SharedMemoryRef("out", 32, 0)
+    assert "shared_memory_region" not in output.parameters
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"data": [1.0, 2.0]}, "But set 'data' 'shared_memory_region'"),
+        ({"parameters": {"binary_data_size": 8}}, "But set 'binary_data_size' 'shared_memory"),
+        ({"parameters": {}}, "'shared_memory_byte_size' must be specified along with"),
+        ({"parameters": {"shared_memory_byte_size": -1}}, "non-negative integer"),
+        ({"parameters": {"shared_memory_byte_size": 8, "shared_memory_offset": "0"}}, "offset"),
+    ],
+)
+def test_shared_memory_input_errors(extra: dict[str, Any], message: str) -> None:
+    spec = _fp32(**extra)
+    params = spec.setdefault("parameters", {})
+    params.setdefault("shared_memory_region", "r")
+    if "shared_memory_byte_size" not in params and "binary_data_size" in params:
+        params["shared_memory_byte_size"] = 8
+    if "data" in spec:
+        params["shared_memory_byte_size"] = 8
     error = error_of(lambda: decode_infer_request("m", "", _one(spec), None))
-    assert error.code is ErrorCode.UNSUPPORTED
-    assert "shared-memory" in error.message
+    assert error.code is ErrorCode.INVALID_ARG
+    assert message in error.message, error.message
+
+
+def test_shared_memory_parameters_need_a_region() -> None:
+    spec = _fp32(data=[1.0, 2.0], parameters={"shared_memory_byte_size": 8})
+    error = error_of(lambda: decode_infer_request("m", "", _one(spec), None))
+    assert "'shared_memory_byte_size' can not be specified without" in error.message
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"binary_data": True}, "Output can't set both 'shared_memory_region' and 'binary_data'"),
+        ({"classification": 2}, "Output can't set both 'shared_memory_region' and 'class"),
+    ],
+)
+def test_shared_memory_output_conflicts(params: dict[str, Any], message: str) -> None:
+    output = {
+        "name": "y",
+        "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 8, **params},
+    }
+    body = _one(_fp32(data=[1.0, 2.0]), outputs=[output])
+    error = error_of(lambda: decode_infer_request("m", "", body, None))
+    assert error.code is ErrorCode.INVALID_ARG
+    assert message in error.message
+
+
+def test_shared_memory_output_is_described_without_data() -> None:
+    data = np.arange(4, dtype=np.float32)
+    shm_tensor = tensor_of("y", DataType.FP32, data)
+    shm_tensor.shm = SharedMemoryRef("out", 16)
+    body, length = encode_infer_response(
+        response_of(shm_tensor, tensor_of("z", DataType.FP32, data)),
+        InferRequest("m", parameters={"binary_data_output": True}),
+    )
+    header, binary = split_response(body, length)
+    assert header["outputs"][0] == {"name": "y", "datatype": "FP32", "shape": [4]}
+    assert header["outputs"][1]["parameters"] == {"binary_data_size": 16}
+    assert binary == data.tobytes()
 
 
 # --- response encoding ----------------------------------------------------------------------

@@ -18,6 +18,7 @@ import numpy.typing as npt
 from ge_serve.protos import grpc_service_pb2 as pb
 
 from ..errors import ErrorCode, ServerError
+from ..sharedmemory import IN_SHARED_MEMORY, SHARED_MEMORY_REGION, lift_output_ref, parse_ref
 from ..types import (
     DataType,
     InferRequest,
@@ -31,7 +32,6 @@ from ..types import (
 )
 from ..wire import RAW_ONLY, object_array, raw_to_array, tensor_to_raw
 
-SHARED_MEMORY_REGION: Final = "shared_memory_region"
 # Stream-only request parameter (tritonclient's `enable_empty_final_response=True`).
 ENABLE_EMPTY_FINAL_RESPONSE: Final = "triton_enable_empty_final_response"
 # Response parameter on every streamed response: true on the last one for its request.
@@ -120,9 +120,10 @@ def encode_parameters(values: Parameters, target: Any) -> None:
 def decode_infer_request(message: pb.ModelInferRequest) -> DecodedRequest:
     """Build a core InferRequest from a ModelInferRequest.
 
-    Inputs come either all from `raw_input_contents` (one buffer per input, in input order)
-    or each from its typed `contents`; mixing the two is an error. Errors are ServerError
-    INVALID_ARG (UNSUPPORTED for shared-memory inputs).
+    Inputs come from shared memory (`shared_memory_region` parameters; the core maps them),
+    or the others either all from `raw_input_contents` (one buffer per input not in shared
+    memory, in input order, as Triton counts them) or each from its typed `contents`;
+    mixing the two is an error. Errors are ServerError INVALID_ARG.
     """
     model = message.model_name
     parameters = decode_parameters(message.parameters, "the request")
@@ -145,13 +146,16 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
     model = message.model_name
     raw = message.raw_input_contents
     specs = message.inputs
-    if raw and len(raw) != len(specs):
+    in_shm = sum(SHARED_MEMORY_REGION in spec.parameters for spec in specs)
+    if raw and len(raw) != len(specs) - in_shm:
+        which = "one per input not in shared memory" if in_shm else "one per input"
         raise _invalid(
-            f"expected {len(specs)} raw input contents (one per input) for model '{model}', "
-            f"got {len(raw)}"
+            f"expected {len(specs) - in_shm} raw input contents ({which}) for model "
+            f"'{model}', got {len(raw)}"
         )
     tensors: list[Tensor] = []
     names: set[str] = set()
+    raw_index = 0
     for index, spec in enumerate(specs):
         name = spec.name
         if not name:
@@ -164,18 +168,23 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
         if any(d < 0 for d in shape):
             raise _invalid(f"'shape' of input '{name}' must hold non-negative integers")
         params = decode_parameters(spec.parameters, f"input '{name}'")
-        if SHARED_MEMORY_REGION in params:
-            raise ServerError(
-                ErrorCode.UNSUPPORTED, f"input '{name}': shared-memory inputs are not supported"
-            )
+        shm = parse_ref(params, name)
         has_contents = spec.HasField("contents")
-        if raw:
+        if shm is not None:
+            if has_contents:
+                raise _invalid(
+                    f"unexpected 'content' provided when using shared memory for input tensor "
+                    f"'{name}' for model '{model}'"
+                )
+            data = IN_SHARED_MEMORY
+        elif raw:
             if has_contents:
                 raise _invalid(
                     f"contents field must not be specified when using raw_input_contents for "
                     f"input '{name}' of model '{model}'"
                 )
-            data = raw_to_array(datatype, shape, raw[index], what=f"input '{name}'")
+            data = raw_to_array(datatype, shape, raw[raw_index], what=f"input '{name}'")
+            raw_index += 1
         elif has_contents:
             data = _typed_contents(name, datatype, shape, spec.contents)
         elif math.prod(shape) == 0:
@@ -185,7 +194,7 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
                 f"input '{name}' of model '{model}' has no data: neither raw_input_contents "
                 f"nor contents is set"
             )
-        tensors.append(Tensor(name, datatype, shape, data, params))
+        tensors.append(Tensor(name, datatype, shape, data, params, shm))
     return tensors
 
 
@@ -235,10 +244,7 @@ def _decode_outputs(message: pb.ModelInferRequest) -> list[RequestedOutput]:
         names.add(name)
         params = decode_parameters(spec.parameters, f"output '{name}'")
         output = requested_output(name, params)
-        if SHARED_MEMORY_REGION in params:
-            raise ServerError(
-                ErrorCode.UNSUPPORTED, f"output '{name}': shared-memory outputs are not supported"
-            )
+        lift_output_ref(output)
         outputs.append(output)
     return outputs
 
@@ -247,7 +253,11 @@ def _decode_outputs(message: pb.ModelInferRequest) -> list[RequestedOutput]:
 
 
 def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
-    """A ModelInferResponse with every output's data in `raw_output_contents`."""
+    """A ModelInferResponse with every output's data in `raw_output_contents`.
+
+    An output the core wrote to shared memory keeps its place with an empty entry, as
+    Triton sends it, so tritonclient's index into `raw_output_contents` stays right.
+    """
     message = pb.ModelInferResponse(
         model_name=response.model_name, model_version=response.model_version, id=response.id
     )
@@ -263,6 +273,9 @@ def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
                 f"{list(tensor.shape)} needs {math.prod(tensor.shape)}",
             )
         entry = outputs.add(name=tensor.name, datatype=tensor.datatype.value, shape=tensor.shape)
+        if tensor.shm is not None:
+            raw.append(b"")
+            continue
         if tensor.parameters:
             encode_parameters(tensor.parameters, entry.parameters)
         raw.append(bytes(tensor_to_raw(tensor)))

@@ -31,13 +31,6 @@ def _unsupported(message: str) -> ServerError:
     return ServerError(ErrorCode.UNSUPPORTED, message)
 
 
-_NO_SYSTEM_SHM = (
-    "the system shared-memory extension is not available on this server; send tensors in "
-    "the request (raw_input_contents)"
-)
-_NO_CUDA_SHM = "CUDA shared memory is not available on this server (it has no CUDA devices)"
-
-
 def _not_offered(message: str) -> Handler[Any, Any, Any]:
     """An RPC of an extension this server does not offer: UNIMPLEMENTED with `message`."""
 
@@ -189,14 +182,64 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
         await self.core.unload_model(request.model_name, dependents)
         return pb.RepositoryModelUnloadResponse()
 
-    # --- shared memory and tracing (not offered) -----------------------------------------
+    # --- shared memory -------------------------------------------------------------------
 
-    SystemSharedMemoryStatus = _not_offered(_NO_SYSTEM_SHM)
-    SystemSharedMemoryRegister = _not_offered(_NO_SYSTEM_SHM)
-    SystemSharedMemoryUnregister = _not_offered(_NO_SYSTEM_SHM)
-    CudaSharedMemoryStatus = _not_offered(_NO_CUDA_SHM)
-    CudaSharedMemoryRegister = _not_offered(_NO_CUDA_SHM)
-    CudaSharedMemoryUnregister = _not_offered(_NO_CUDA_SHM)
+    @guard
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: Any
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self.core.shared_memory.status(request.name):
+            response.regions[region.name].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=region.name,
+                    key=region.key,
+                    offset=region.offset,
+                    byte_size=region.byte_size,
+                )
+            )
+        return response
+
+    @guard
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        await self.core.shared_memory.register(
+            request.name, request.key, request.offset, request.byte_size
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @guard
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.core.shared_memory.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @guard
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: Any
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        # No CUDA region can be registered: this lists nothing, or names what is missing.
+        self.core.shared_memory.cuda_status(request.name)
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @guard
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: Any
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        self.core.shared_memory.cuda_register(request.name)
+        return pb.CudaSharedMemoryRegisterResponse()  # pragma: no cover - always raises
+
+    @guard
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        self.core.shared_memory.cuda_unregister(request.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # --- tracing (not offered) -----------------------------------------------------------
+
     TraceSetting = _not_offered("the trace extension is not available on this server")
 
     # --- logging -------------------------------------------------------------------------

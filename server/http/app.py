@@ -22,7 +22,7 @@ from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.restrictions import RestrictedApis
 
-from . import codec, compression, monitoring, repository
+from . import codec, compression, monitoring, repository, sharedmemory
 from .errors import error_response, server_error_response
 from .restricted import RestrictedApiMiddleware
 
@@ -94,6 +94,7 @@ class HttpFrontEnd:
             self.route("/v2/repository/models/{model}/load", self.repository_load, ["POST"]),
             self.route("/v2/repository/models/{model}/unload", self.repository_unload, ["POST"]),
             *monitoring.routes(self),
+            *sharedmemory.routes(self),
             *self.extra_routes,
             *self.versioned("/ready", self.model_ready, ["GET"]),
             *self.versioned("/config", self.model_config, ["GET"]),

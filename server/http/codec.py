@@ -18,6 +18,7 @@ import numpy.typing as npt
 import orjson
 
 from ..errors import ErrorCode, ServerError
+from ..sharedmemory import IN_SHARED_MEMORY, SHARED_MEMORY_REGION, lift_output_ref, parse_ref
 from ..types import (
     DataType,
     InferRequest,
@@ -38,7 +39,6 @@ BINARY_DATA: Final = "binary_data"
 BINARY_DATA_OUTPUT: Final = "binary_data_output"
 # Marks the placeholder input of a raw-binary request; see decode_infer_request.
 RAW_BINARY: Final = "raw_binary"
-SHARED_MEMORY_REGION: Final = "shared_memory_region"
 
 _PARAM_TYPES: Final = (bool, int, float, str)
 _INTEGER_TYPES: Final = frozenset(
@@ -128,7 +128,10 @@ def decode_infer_request(
     config: it renames it to the model's single input and reinterprets the bytes as that
     input's datatype, with batch 1.
 
-    Errors are ServerError INVALID_ARG (UNSUPPORTED for shared-memory inputs).
+    An input with `shared_memory_region` parameters has no data here: its tensor carries
+    the reference (`Tensor.shm`) and the core maps it.
+
+    Errors are ServerError INVALID_ARG.
     """
     if header_length == 0:
         return _raw_binary_request(model_name, model_version, body)
@@ -225,10 +228,22 @@ def _decode_input(
         raise _invalid(f"input '{name}' has no 'datatype'")
     datatype = DataType.parse(datatype_name)
     params = _parameters(spec.get("parameters"), f"input '{name}'")
+    in_shm = SHARED_MEMORY_REGION in params
+    shm = parse_ref(params, name)
     size = params.pop(BINARY_DATA_SIZE, None)
     has_data = "data" in spec
 
-    if size is not None:
+    if in_shm:
+        if has_data or size is not None:
+            given = [("'data'", has_data), ("'binary_data_size'", size is not None)]
+            raise _invalid(
+                "Input must set only one of the following fields: 'data', 'binary_data_size' "
+                "in 'parameters', 'shared_memory_region' in 'parameters'. But set "
+                + " ".join(field for field, present in given if present)
+                + f" '{SHARED_MEMORY_REGION}' (input '{name}')"
+            )
+        data = IN_SHARED_MEMORY
+    elif size is not None:
         if has_data:
             raise _invalid(f"input '{name}' has both 'data' and a 'binary_data_size' parameter")
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
@@ -237,13 +252,11 @@ def _decode_input(
         offset += size
     elif has_data:
         data = _json_input(name, datatype, shape, spec["data"])
-    elif SHARED_MEMORY_REGION in params:
-        raise ServerError(
-            ErrorCode.UNSUPPORTED, f"input '{name}': shared-memory inputs are not supported"
-        )
     else:
         raise _invalid(f"input '{name}' has neither 'data' nor a 'binary_data_size' parameter")
-    return Tensor(name=name, datatype=datatype, shape=shape, data=data, parameters=params), offset
+    tensor = Tensor(name=name, datatype=datatype, shape=shape, data=data, parameters=params)
+    tensor.shm = shm
+    return tensor, offset
 
 
 def _shape(raw: Any, name: str) -> tuple[int, ...]:
@@ -382,6 +395,9 @@ def _decode_outputs(specs: Any) -> list[RequestedOutput]:
         output = requested_output(name, params)
         if not isinstance(params.get(BINARY_DATA, False), bool):
             raise _invalid(f"'binary_data' of output '{name}' must be a boolean")
+        lift_output_ref(output)
+        if output.shm is not None and params.get(BINARY_DATA) is True:
+            raise _invalid("Output can't set both 'shared_memory_region' and 'binary_data'")
         outputs.append(output)
     return outputs
 
@@ -398,7 +414,8 @@ def encode_infer_response(
     not requested individually, or requested without `binary_data`, follows the request's
     `binary_data_output` (default false). FP16 and BF16 outputs, and BYTES outputs that are
     not valid UTF-8, are always sent binary, since JSON cannot carry them faithfully.
-    Binary outputs follow the JSON header in output order.
+    Binary outputs follow the JSON header in output order. An output the core wrote to
+    shared memory is described (name, datatype, shape) with no data, as Triton does.
     """
     requested = {output.name: output for output in request.outputs}
     default_binary = request.parameters.get(BINARY_DATA_OUTPUT) is True
@@ -416,6 +433,9 @@ def encode_infer_response(
             "datatype": tensor.datatype.value,
             "shape": tensor.shape,
         }
+        if tensor.shm is not None:
+            entries.append(entry)
+            continue
         wanted = requested.get(tensor.name)
         binary = default_binary
         if wanted is not None and BINARY_DATA in wanted.parameters:

@@ -13,7 +13,8 @@ STATUS = {
     ErrorCode.UNAVAILABLE: 503,
     ErrorCode.UNSUPPORTED: 501,
     ErrorCode.INTERNAL: 500,
-    ErrorCode.ALREADY_EXISTS: 409,
+    # Triton answers 400 for every kind that has no HTTP status of its own.
+    ErrorCode.ALREADY_EXISTS: 400,
     ErrorCode.CANCELLED: 400,
 }
 

@@ -1,0 +1,240 @@
+"""SharedMemoryManager on its own: registration checks, views, and the lifetime rules
+(unregister while a view is held, no descriptor left behind). Regions are plain files in a
+temporary folder standing in for /dev/shm, which is what /dev/shm is (tmpfs)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import mmap
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.sharedmemory import RegionStatus, SharedMemoryManager, object_path
+from ge_serve.server.types import DataType, SharedMemoryRef
+
+PAGE = mmap.ALLOCATIONGRANULARITY
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+
+
+def make_object(root: Path, name: str, data: bytes) -> str:
+    (root / name).write_bytes(data)
+    return "/" + name
+
+
+def register(manager: SharedMemoryManager, name: str, key: str, offset: int, size: int) -> None:
+    asyncio.run(manager.register(name, key, offset, size))
+
+
+def error(call: object) -> ServerError:
+    assert callable(call)
+    with pytest.raises(ServerError) as info:
+        call()
+    return info.value
+
+
+def test_register_status_unregister(root: Path) -> None:
+    manager = SharedMemoryManager(root=root)
+    key = make_object(root, "obj", bytes(256))
+    register(manager, "a", key, 0, 128)
+    register(manager, "b", key, 128, 128)
+    assert manager.status() == [RegionStatus("a", key, 0, 128), RegionStatus("b", key, 128, 128)]
+    assert manager.status("b") == [RegionStatus("b", key, 128, 128)]
+    manager.unregister("a")
+    assert [r.name for r in manager.status()] == ["b"]
+    manager.unregister("never-registered")  # not an error, as in Triton
+    manager.unregister()
+    assert manager.status() == []
+    missing = error(lambda: manager.status("a"))
+    assert missing.code is ErrorCode.NOT_FOUND
+    assert missing.message == "Unable to find system shared memory region: 'a'"
+
+
+def test_views_read_inputs_and_write_outputs_at_unaligned_offsets(root: Path) -> None:
+    values = np.arange(16, dtype=np.float32)
+    offset = PAGE + 12  # not page-aligned: the mapping starts at the page below
+    blob = bytearray(PAGE * 3)
+    blob[offset + 8 : offset + 8 + 64] = values.tobytes()
+    key = make_object(root, "obj", bytes(blob))
+    manager = SharedMemoryManager(root=root)
+    register(manager, "r", key, offset, 128)
+
+    array = manager.input_array(SharedMemoryRef("r", 64, 8), DataType.FP32, (4, 4), "x", "m")
+    np.testing.assert_array_equal(array, values.reshape(4, 4))
+    assert not array.flags.writeable
+    with pytest.raises(ValueError):
+        array[0, 0] = 1
+
+    window = manager.window(SharedMemoryRef("r", 32, 96))
+    SharedMemoryManager.write_output(window, np.full(8, 7, dtype=np.int32).tobytes(), "y")
+    del array, window
+    manager.close()
+    written = (root / "obj").read_bytes()[offset + 96 : offset + 128]
+    assert np.frombuffer(written, dtype=np.int32).tolist() == [7] * 8
+
+
+def test_bytes_inputs_parse_from_the_region(root: Path) -> None:
+    wire = b"".join(len(s).to_bytes(4, "little") + s for s in (b"ab", b"", b"xyz"))
+    key = make_object(root, "obj", wire + bytes(10))
+    manager = SharedMemoryManager(root=root)
+    register(manager, "r", key, 0, len(wire) + 10)
+    array = manager.input_array(SharedMemoryRef("r", len(wire)), DataType.BYTES, (3,), "s", "m")
+    assert array.tolist() == [b"ab", b"", b"xyz"]
+    bad = error(
+        lambda: manager.input_array(SharedMemoryRef("r", len(wire)), DataType.BYTES, (2,), "s", "m")
+    )
+    assert "unexpected additional BYTES data" in bad.message
+    manager.close()
+
+
+def test_request_errors_use_tritons_words(root: Path) -> None:
+    key = make_object(root, "obj", bytes(64))
+    manager = SharedMemoryManager(root=root)
+    register(manager, "r", key, 0, 64)
+    unknown = error(lambda: manager.window(SharedMemoryRef("nope", 4)))
+    assert unknown.code is ErrorCode.NOT_FOUND
+    assert unknown.message == "Unable to find shared memory region: 'nope'"
+    past = error(lambda: manager.window(SharedMemoryRef("r", 4, 64)))
+    assert past.message == "Invalid offset for shared memory region: 'r'"
+    over = error(lambda: manager.window(SharedMemoryRef("r", 8, 60)))
+    assert over.message.startswith("Invalid offset + byte size for shared memory region: 'r'")
+    mismatch = error(
+        lambda: manager.input_array(SharedMemoryRef("r", 32), DataType.INT32, (1, 16), "IN", "m")
+    )
+    assert mismatch.code is ErrorCode.INVALID_ARG
+    assert mismatch.message == (
+        "input byte size mismatch for input 'IN' for model 'm'. Expected 64, got 32"
+    )
+    window = manager.window(SharedMemoryRef("r", 8))
+    small = error(lambda: SharedMemoryManager.write_output(window, b"1" * 9, "o"))
+    assert small.message == (
+        "shared memory size specified with the request for output 'o' (8 bytes) should be at "
+        "least 9 bytes to hold the results"
+    )
+    manager.close()  # with a view still held: released when the view goes
+
+
+def test_registration_errors(root: Path) -> None:
+    manager = SharedMemoryManager(root=root)
+    key = make_object(root, "obj", bytes(64))
+    register(manager, "r", key, 0, 64)
+    cases = {
+        "duplicate": (lambda: register(manager, "r", key, 0, 8), ErrorCode.ALREADY_EXISTS,
+                      "shared memory region 'r' already in manager"),
+        "past the end": (lambda: register(manager, "s", key, 32, 64), ErrorCode.INVALID_ARG,
+                         "failed to register shared memory region 's': invalid args"),
+        "missing key": (lambda: register(manager, "s", "/no-such-object", 0, 8),
+                        ErrorCode.INVALID_ARG, "Unable to open shared memory region: "
+                        "'/no-such-object'"),
+        "empty size": (lambda: register(manager, "s", key, 0, 0), ErrorCode.INVALID_ARG,
+                       "byte_size must be > 0"),
+        "no name": (lambda: register(manager, "", key, 0, 8), ErrorCode.INVALID_ARG,
+                    "'region name' is necessary"),
+    }  # fmt: skip
+    for what, (call, code, text) in cases.items():
+        got = error(call)
+        assert got.code is code, what
+        assert text in got.message, (what, got.message)
+    assert [r.name for r in manager.status()] == ["r"]
+    manager.close()
+
+
+@pytest.mark.parametrize("key", ["/../etc/passwd", "a/b", "/", "", "..", "/x\0y"])
+def test_keys_cannot_leave_the_shared_memory_folder(root: Path, key: str) -> None:
+    with pytest.raises(ServerError) as info:
+        object_path(root, key)
+    assert "invalid shared memory key" in info.value.message
+
+
+def test_links_and_folders_are_refused(
+    root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    outside = tmp_path_factory.mktemp("outside") / "secret"
+    outside.write_bytes(bytes(64))
+    (root / "link").symlink_to(outside)
+    (root / "folder").mkdir()
+    manager = SharedMemoryManager(root=root)
+    assert "Unable to open" in error(lambda: register(manager, "l", "/link", 0, 8)).message
+    assert "Unable to open" in error(lambda: register(manager, "f", "/folder", 0, 8)).message
+    assert manager.status() == []
+
+
+def test_unregister_while_a_view_is_held_keeps_the_view_valid(root: Path) -> None:
+    values = np.arange(8, dtype=np.int64)
+    key = make_object(root, "obj", values.tobytes())
+    manager = SharedMemoryManager(root=root)
+    baseline = open_fds()
+    register(manager, "r", key, 0, 64)
+    assert open_fds() == baseline + 1  # the mapping's own descriptor, nothing more
+    held = manager.input_array(SharedMemoryRef("r", 64), DataType.INT64, (8,), "x", "m")
+    manager.unregister("r")  # must not raise although a view exists
+    assert manager.status() == []
+    assert error(lambda: manager.window(SharedMemoryRef("r", 8))).code is ErrorCode.NOT_FOUND
+    np.testing.assert_array_equal(held, values)  # still mapped, still right
+    assert open_fds() == baseline + 1
+    del held
+    gc.collect()
+    assert open_fds() == baseline  # the last view let the mapping and its descriptor go
+
+
+def test_close_releases_every_descriptor(root: Path) -> None:
+    manager = SharedMemoryManager(root=root)
+    baseline = open_fds()
+    for i in range(5):
+        register(manager, f"r{i}", make_object(root, f"o{i}", bytes(PAGE)), 0, PAGE)
+    assert open_fds() == baseline + 5
+    manager.close()
+    assert open_fds() == baseline
+
+
+def test_a_disabled_manager_refuses_registration_and_use(root: Path) -> None:
+    manager = SharedMemoryManager(enabled=False, root=root)
+    key = make_object(root, "obj", bytes(64))
+    refused = error(lambda: register(manager, "r", key, 0, 8))
+    assert refused.code is ErrorCode.UNSUPPORTED
+    assert "--allow-client-shm=false" in refused.message
+    assert error(lambda: manager.window(SharedMemoryRef("r", 8))).code is ErrorCode.UNSUPPORTED
+    assert manager.status() == []
+    manager.unregister()
+
+
+def test_cuda_shared_memory_is_empty(root: Path) -> None:
+    manager = SharedMemoryManager(root=root)
+    register(manager, "sys", make_object(root, "obj", bytes(8)), 0, 8)
+    assert manager.cuda_status() == []
+    manager.cuda_unregister()
+    manager.cuda_unregister("sys")  # another kind's region: nothing to do, as in Triton
+    assert [r.name for r in manager.status()] == ["sys"]
+    assert "registered as system shared memory" in error(lambda: manager.cuda_status("sys")).message
+    assert error(lambda: manager.cuda_status("x")).code is ErrorCode.NOT_FOUND
+    gpu = error(lambda: manager.cuda_register("c"))
+    assert gpu.message == "failed to register CUDA shared memory region: 'c', GPUs not supported"
+    manager.close()
+
+
+def test_an_object_shrunk_after_registration_is_refused_not_a_crash(root: Path) -> None:
+    """Reading mapped pages past a truncated object's end is SIGBUS; check the size first."""
+    key = make_object(root, "obj", bytes(3 * PAGE))
+    manager = SharedMemoryManager(root=root)
+    register(manager, "r", key, PAGE, 2 * PAGE)
+    assert manager.window(SharedMemoryRef("r", 16, PAGE)).nbytes == 16
+    os.truncate(root / "obj", PAGE + 8)
+    refused = error(lambda: manager.window(SharedMemoryRef("r", 16, PAGE)))
+    assert refused.code is ErrorCode.INVALID_ARG
+    assert "shrank to" in refused.message
+    # What is still inside the object can still be used.
+    assert bytes(manager.window(SharedMemoryRef("r", 8))) == bytes(8)
+    manager.close()
