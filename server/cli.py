@@ -124,6 +124,7 @@ class Settings:
     atc_cache_dir: str = ""
     # Scheduler
     adaptive_batching: bool = False
+    gil_switch_interval_us: int = 1000
     # Metrics
     metrics_interval_ms: int = 2000
     allow_cpu_metrics: bool = True
@@ -241,6 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BOOL",
         help="turn on the adaptive batch controller for every batching model",
     )
+    sched.add_argument(
+        "--gil-switch-interval-us",
+        type=int,
+        default=1000,
+        metavar="US",
+        help="how long the event loop may hold the GIL while an executor thread waits for "
+        "it (Python's default is 5000); 0 leaves Python's setting",
+    )
     metrics = parser.add_argument_group("metrics")
     metrics.add_argument("--metrics-interval-ms", type=int, default=2000)
     metrics.add_argument("--allow-cpu-metrics", type=_bool, default=True, metavar="BOOL")
@@ -257,6 +266,8 @@ def parse_settings(argv: list[str]) -> Settings:
         MetricsConfig.parse(args.metrics_config)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.gil_switch_interval_us < 0:
+        parser.error("--gil-switch-interval-us must be >= 0")
     autocomplete_off = args.disable_auto_complete_config or bool(args.strict_model_config)
     backend_config = []
     for item in args.backend_config:
@@ -305,6 +316,7 @@ def parse_settings(argv: list[str]) -> Settings:
         sim_device_memory=args.sim_device_memory,
         atc_cache_dir=args.atc_cache_dir,
         adaptive_batching=args.adaptive_batching,
+        gil_switch_interval_us=args.gil_switch_interval_us,
         metrics_interval_ms=args.metrics_interval_ms,
         allow_cpu_metrics=args.allow_cpu_metrics,
         allow_gpu_metrics=args.allow_gpu_metrics,

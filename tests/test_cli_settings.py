@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ge_serve.server.app import ServerApp
+from ge_serve.server.app import ServerApp, configure_gil
 from ge_serve.server.cli import parse_settings
 
 
@@ -73,3 +75,34 @@ def test_settings_reach_the_parts(tmp_path: Path) -> None:
     assert app.lifecycle.settings.unload_timeout_s == 2.5
     assert app.core.strict_readiness is False
     assert app.repository.paths == [tmp_path]
+
+
+@pytest.fixture
+def restore_switch_interval() -> Iterator[None]:
+    before = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(before)
+
+
+@pytest.mark.usefixtures("restore_switch_interval")
+@pytest.mark.parametrize(
+    ("argv", "expected_s"), [([], 0.001), (["--gil-switch-interval-us", "250"], 0.00025)]
+)
+def test_gil_switch_interval_is_applied(argv: list[str], expected_s: float) -> None:
+    sys.setswitchinterval(0.005)
+    configure_gil(parse_settings(["--model-repo", "m", *argv]))
+    assert sys.getswitchinterval() == pytest.approx(expected_s)
+
+
+@pytest.mark.usefixtures("restore_switch_interval")
+def test_gil_switch_interval_zero_leaves_pythons_setting() -> None:
+    sys.setswitchinterval(0.005)
+    configure_gil(parse_settings(["--model-repo", "m", "--gil-switch-interval-us", "0"]))
+    assert sys.getswitchinterval() == pytest.approx(0.005)
+
+
+def test_negative_gil_switch_interval_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_settings(["--model-repo", "m", "--gil-switch-interval-us", "-1"])
+    assert info.value.code == 2
+    assert "--gil-switch-interval-us must be >= 0" in capsys.readouterr().err
