@@ -21,8 +21,18 @@ from ge_serve.server.types import DataType, SharedMemoryRef
 PAGE = mmap.ALLOCATIONGRANULARITY
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def open_fds(root: Path) -> int:
+    """Descriptors of this process open on files under `root` (other tests' descriptors,
+    which a garbage collection may close at any time, do not count)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the listing's own descriptor, already closed
+            continue
+        if target.startswith(f"{root}/"):
+            count += 1
+    return count
 
 
 @pytest.fixture
@@ -176,28 +186,30 @@ def test_unregister_while_a_view_is_held_keeps_the_view_valid(root: Path) -> Non
     values = np.arange(8, dtype=np.int64)
     key = make_object(root, "obj", values.tobytes())
     manager = SharedMemoryManager(root=root)
-    baseline = open_fds()
+    baseline = open_fds(root)
+    assert baseline == 0
     register(manager, "r", key, 0, 64)
-    assert open_fds() == baseline + 1  # the mapping's own descriptor, nothing more
+    assert open_fds(root) == baseline + 1  # the mapping's own descriptor, nothing more
     held = manager.input_array(SharedMemoryRef("r", 64), DataType.INT64, (8,), "x", "m")
     manager.unregister("r")  # must not raise although a view exists
     assert manager.status() == []
     assert error(lambda: manager.window(SharedMemoryRef("r", 8))).code is ErrorCode.NOT_FOUND
     np.testing.assert_array_equal(held, values)  # still mapped, still right
-    assert open_fds() == baseline + 1
+    assert open_fds(root) == baseline + 1
     del held
     gc.collect()
-    assert open_fds() == baseline  # the last view let the mapping and its descriptor go
+    assert open_fds(root) == baseline  # the last view let the mapping and its descriptor go
 
 
 def test_close_releases_every_descriptor(root: Path) -> None:
     manager = SharedMemoryManager(root=root)
-    baseline = open_fds()
+    baseline = open_fds(root)
+    assert baseline == 0
     for i in range(5):
         register(manager, f"r{i}", make_object(root, f"o{i}", bytes(PAGE)), 0, PAGE)
-    assert open_fds() == baseline + 5
+    assert open_fds(root) == baseline + 5
     manager.close()
-    assert open_fds() == baseline
+    assert open_fds(root) == baseline
 
 
 def test_a_disabled_manager_refuses_registration_and_use(root: Path) -> None:
