@@ -157,6 +157,12 @@ class FakeAcl:
             )
         return context, self.contexts[context]
 
+    def _enter_in_context(self, call: str) -> tuple[int, int] | int:
+        """`_enter`, then the thread's current (context, device): an error code if either
+        fails, as pyACL checks both before doing anything."""
+        code = self._enter(call)
+        return code if code else self._context(call)
+
     def _new_id(self) -> int:
         return next(self._ids)
 
@@ -317,10 +323,7 @@ class FakeAcl:
         return (context, SUCCESS) if context else (0, RT_CONTEXT_NULL)
 
     def rt_create_stream(self) -> tuple[int, int]:
-        code = self._enter("acl.rt.create_stream")
-        if code:
-            return 0, code
-        current = self._context("acl.rt.create_stream")
+        current = self._enter_in_context("acl.rt.create_stream")
         if isinstance(current, int):
             return 0, current
         context, device = current
@@ -329,10 +332,7 @@ class FakeAcl:
         return stream, SUCCESS
 
     def rt_destroy_stream(self, stream: int) -> int:
-        code = self._enter("acl.rt.destroy_stream")
-        if code:
-            return code
-        current = self._context("acl.rt.destroy_stream")
+        current = self._enter_in_context("acl.rt.destroy_stream")
         if isinstance(current, int):
             return current
         entry = self.streams.get(stream)
@@ -367,10 +367,7 @@ class FakeAcl:
         return SUCCESS
 
     def rt_malloc(self, size: int, policy: int) -> tuple[int, int]:
-        code = self._enter("acl.rt.malloc")
-        if code:
-            return 0, code
-        current = self._context("acl.rt.malloc")
+        current = self._enter_in_context("acl.rt.malloc")
         if isinstance(current, int):
             return 0, current
         if size <= 0 or policy not in (0, 1, 2):
@@ -385,10 +382,7 @@ class FakeAcl:
         return ptr, SUCCESS
 
     def rt_free(self, ptr: int) -> int:
-        code = self._enter("acl.rt.free")
-        if code:
-            return code
-        current = self._context("acl.rt.free")
+        current = self._enter_in_context("acl.rt.free")
         if isinstance(current, int):
             return current
         alloc = self.allocs.get(ptr)
@@ -404,10 +398,7 @@ class FakeAcl:
         return SUCCESS
 
     def rt_memcpy(self, dst: int, dest_max: int, src: int, count: int, kind: int) -> int:
-        code = self._enter("acl.rt.memcpy")
-        if code:
-            return code
-        current = self._context("acl.rt.memcpy")
+        current = self._enter_in_context("acl.rt.memcpy")
         if isinstance(current, int):
             return current
         if kind == 1:  # host to device
@@ -435,10 +426,7 @@ class FakeAcl:
         return SUCCESS
 
     def rt_get_mem_info(self, attr: int) -> tuple[int, int, int]:
-        code = self._enter("acl.rt.get_mem_info")
-        if code:
-            return 0, 0, code
-        current = self._context("acl.rt.get_mem_info")
+        current = self._enter_in_context("acl.rt.get_mem_info")
         if isinstance(current, int):
             return 0, 0, current
         used = sum(a.size for a in self.allocs.values() if a.device == current[1])
@@ -459,10 +447,7 @@ class FakeAcl:
     # --- acl.mdl: models ----------------------------------------------------------------
 
     def mdl_load_from_file(self, model_path: str) -> tuple[int, int]:
-        code = self._enter("acl.mdl.load_from_file")
-        if code:
-            return 0, code
-        current = self._context("acl.mdl.load_from_file")
+        current = self._enter_in_context("acl.mdl.load_from_file")
         if isinstance(current, int):
             return 0, current
         try:
@@ -500,10 +485,7 @@ class FakeAcl:
         return model_id, SUCCESS
 
     def mdl_unload(self, model_id: int) -> int:
-        code = self._enter("acl.mdl.unload")
-        if code:
-            return code
-        current = self._context("acl.mdl.unload")
+        current = self._enter_in_context("acl.mdl.unload")
         if isinstance(current, int):
             return current
         model = self.models.get(model_id)
@@ -658,10 +640,7 @@ class FakeAcl:
         self, model_id: int, dataset: int, index: int, batch_size: int
     ) -> int:
         call = "acl.mdl.set_dynamic_batch_size"
-        code = self._enter(call)
-        if code:
-            return code
-        current = self._context(call)
+        current = self._enter_in_context(call)
         if isinstance(current, int):
             return current
         model = self.models.get(model_id)
@@ -687,10 +666,7 @@ class FakeAcl:
 
     def mdl_execute_async(self, model_id: int, input: int, output: int, stream: int) -> int:
         call = "acl.mdl.execute_async"
-        code = self._enter(call)
-        if code:
-            return code
-        current = self._context(call)
+        current = self._enter_in_context(call)
         if isinstance(current, int):
             return current
         model = self.models.get(model_id)
