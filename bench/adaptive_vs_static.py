@@ -87,7 +87,7 @@ def run_model(
                         model, url, protocol, concurrency, data,
                         measurement_interval_ms=window, max_trials=3,
                         stability_percentage=100, perf_analyzer=tool,
-                        extra_args=["--shared-memory=system"] if shared_memory else (),
+                        shared_memory="system" if shared_memory else "none",
                     )  # fmt: skip
                 except PerfAnalyzerError as exc:
                     print(f"[{name}] {protocol} c={concurrency}: {exc}", file=sys.stderr)

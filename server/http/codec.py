@@ -29,7 +29,7 @@ from ..types import (
     lift_request_parameters,
     requested_output,
 )
-from ..wire import RAW_ONLY, bytes_elements, object_array, tensor_to_raw
+from ..wire import RAW_ONLY, bytes_elements, object_array, raw_to_array, tensor_to_raw
 from ..wire import deserialize_bytes_tensor as deserialize_bytes_tensor
 from ..wire import serialize_bytes_tensor as serialize_bytes_tensor
 
@@ -293,12 +293,7 @@ def _binary_input(
             f"unexpected end of binary data for input '{name}': it needs {size} bytes, "
             f"{len(binary) - offset} are left"
         )
-    chunk = binary[offset:end]
-    if datatype is DataType.BYTES:
-        arr: npt.NDArray[Any] = deserialize_bytes_tensor(chunk, count, what=f"input '{name}'")
-    else:
-        arr = np.frombuffer(chunk, dtype=datatype.numpy)
-    return arr.reshape(shape)
+    return raw_to_array(datatype, shape, binary[offset:end], what=f"input '{name}'")
 
 
 def _json_input(
