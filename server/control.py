@@ -216,7 +216,8 @@ def parse_config_json(name: str, text: str) -> model_config_pb2.ModelConfig:
     config = model_config_pb2.ModelConfig()
     try:
         json_format.Parse(text, config)
-    except (ValueError, json_format.ParseError) as exc:
+    except (ValueError, TypeError, json_format.ParseError) as exc:
+        # TypeError: valid JSON that is no object at all (`null`, `3`).
         raise ServerError(
             ErrorCode.INVALID_ARG,
             f"failed to load '{name}': the 'config' parameter is not a valid JSON "

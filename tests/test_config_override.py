@@ -1,0 +1,23 @@
+"""The load API's `config` parameter: a JSON ModelConfig, or a clear INVALID_ARG."""
+
+from __future__ import annotations
+
+import pytest
+
+from ge_serve.server.control import parse_config_json
+from ge_serve.server.errors import ErrorCode, ServerError
+
+
+def test_a_json_model_config_parses() -> None:
+    config = parse_config_json("m", '{"name": "m", "max_batch_size": 4}')
+    assert (config.name, config.max_batch_size) == ("m", 4)
+
+
+@pytest.mark.parametrize("text", ["{bad", '{"max_batch_size": "many"}', "null", "3", "[1]"])
+def test_anything_else_is_invalid_arg(text: str) -> None:
+    with pytest.raises(ServerError) as info:
+        parse_config_json("m", text)
+    assert info.value.code is ErrorCode.INVALID_ARG
+    assert "failed to load 'm': the 'config' parameter is not a valid JSON ModelConfig" in (
+        info.value.message
+    )
