@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .restrictions import CATEGORIES as RESTRICTED_API_CATEGORIES
+from .restrictions import RestrictedApis
 
 
 def _bool(text: str) -> bool:
@@ -34,27 +34,18 @@ def _restriction(text: str) -> list[tuple[str, str, str]]:
             f"expected <category>[,<category>]:<header>=<value>, got '{text}'"
         )
     header, value = rest.split("=", 1)
-    rules = [(c.strip(), header.strip().lower(), value.strip()) for c in categories.split(",")]
-    for category, _, _ in rules:
-        if category not in RESTRICTED_API_CATEGORIES:
-            raise argparse.ArgumentTypeError(
-                f"unknown API category '{category}' in '{text}'; expected one of: "
-                + ", ".join(RESTRICTED_API_CATEGORIES)
-            )
-    if not header.strip():
-        raise argparse.ArgumentTypeError(f"no header name in '{text}'")
-    return rules
+    return [(c.strip(), header.strip().lower(), value.strip()) for c in categories.split(",")]
 
 
-def _one_rule_per_category(
+def _restriction_rules(
     parser: argparse.ArgumentParser, flag: str, groups: list[list[tuple[str, str, str]]]
 ) -> tuple[tuple[str, str, str], ...]:
+    """Every rule of a repeated flag, checked by the class that will enforce them."""
     rules = tuple(rule for group in groups for rule in group)
-    seen: set[str] = set()
-    for category, _, _ in rules:
-        if category in seen:
-            parser.error(f"{flag}: API category '{category}' appears in more than one rule")
-        seen.add(category)
+    try:
+        RestrictedApis(rules)
+    except ValueError as exc:
+        parser.error(f"{flag}: {exc}")
     return rules
 
 
@@ -305,10 +296,10 @@ def parse_settings(argv: list[str]) -> Settings:
         grpc_http2_min_recv_ping_interval_without_data_ms=(
             args.grpc_http2_min_recv_ping_interval_without_data
         ),
-        http_restricted_api=_one_rule_per_category(
+        http_restricted_api=_restriction_rules(
             parser, "--http-restricted-api", args.http_restricted_api
         ),
-        grpc_restricted_protocol=_one_rule_per_category(
+        grpc_restricted_protocol=_restriction_rules(
             parser, "--grpc-restricted-protocol", args.grpc_restricted_protocol
         ),
         device=args.device,

@@ -113,8 +113,7 @@ class RestrictedApis:
         for category, header, value in rules:
             if category not in CATEGORIES:
                 raise ValueError(
-                    f"unknown restricted API category '{category}'; "
-                    f"expected one of: {', '.join(CATEGORIES)}"
+                    f"unknown API category '{category}'; expected one of: {', '.join(CATEGORIES)}"
                 )
             if category in self.rules:
                 raise ValueError(
