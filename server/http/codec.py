@@ -228,12 +228,11 @@ def _decode_input(
         raise _invalid(f"input '{name}' has no 'datatype'")
     datatype = DataType.parse(datatype_name)
     params = _parameters(spec.get("parameters"), f"input '{name}'")
-    in_shm = SHARED_MEMORY_REGION in params
     shm = parse_ref(params, name)
     size = params.pop(BINARY_DATA_SIZE, None)
     has_data = "data" in spec
 
-    if in_shm:
+    if shm is not None:
         if has_data or size is not None:
             given = [("'data'", has_data), ("'binary_data_size'", size is not None)]
             raise _invalid(
