@@ -1,10 +1,14 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
+from modelgen import make_lifecycle
 from protocols import PROTOCOLS, Triton
 from serverproc import ServerProcess, running_server
+
+from ge_serve.server.lifecycle import ModelLifecycle
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +27,13 @@ def client(request: pytest.FixtureRequest, server: ServerProcess) -> Iterator[Tr
         yield triton
     finally:
         triton.close()
+
+
+@pytest.fixture
+async def lifecycle(tmp_path: Path) -> AsyncIterator[ModelLifecycle]:
+    """A lifecycle over an empty repository folder (tests write models into it)."""
+    life = make_lifecycle(tmp_path)
+    try:
+        yield life
+    finally:
+        await life.close()

@@ -12,7 +12,6 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -57,15 +56,6 @@ def addk_request(version: str = "") -> InferRequest:
 async def infer_value(core: InferenceServer, version: str = "") -> tuple[str, float]:
     response = await core.infer(addk_request(version))
     return response.model_version, float(response.outputs[0].data[0, 0])
-
-
-@pytest.fixture
-async def lifecycle(tmp_path: Path) -> AsyncIterator[ModelLifecycle]:
-    life = make_lifecycle(tmp_path)
-    try:
-        yield life
-    finally:
-        await life.close()
 
 
 def make_control(life: ModelLifecycle, mode: ControlMode) -> ModelControl:

@@ -3,13 +3,12 @@ and loading through the lifecycle (in process, no network)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from google.protobuf import text_format
-from modelgen import add_sub_model, identity_model, make_lifecycle, write_model
+from modelgen import add_sub_model, identity_model, write_model
 from onnx import TensorProto
 
 from ge_serve.protos import model_config_pb2
@@ -159,15 +158,6 @@ def test_missing_labels_file_fails(tmp_path: Path) -> None:
 
 
 # --- loading through the lifecycle -----------------------------------------------------------
-
-
-@pytest.fixture
-async def lifecycle(tmp_path: Path) -> AsyncIterator[ModelLifecycle]:
-    life = make_lifecycle(tmp_path)
-    try:
-        yield life
-    finally:
-        await life.close()
 
 
 async def test_default_model_filename(tmp_path: Path, lifecycle: ModelLifecycle) -> None:
