@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import tritonclient.grpc as triton_grpc
+from samples import SAMPLES
 from tritonclient.grpc._infer_result import InferResult
 from tritonclient.grpc._utils import _get_inference_request
 
@@ -17,23 +18,6 @@ from ge_serve.protos import grpc_service_pb2 as pb
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.grpc import codec
 from ge_serve.server.types import DataType, InferResponse, SharedMemoryRef, Tensor
-
-SAMPLES: dict[DataType, npt.NDArray[Any]] = {
-    DataType.BOOL: np.array([[True, False, True], [False, False, True]]),
-    DataType.UINT8: np.array([[0, 1, 255], [7, 8, 9]], dtype=np.uint8),
-    DataType.UINT16: np.array([[0, 1, 65535], [7, 8, 9]], dtype=np.uint16),
-    DataType.UINT32: np.array([[0, 1, 2**32 - 1], [7, 8, 9]], dtype=np.uint32),
-    DataType.UINT64: np.array([[0, 1, 2**64 - 1], [7, 8, 9]], dtype=np.uint64),
-    DataType.INT8: np.array([[-128, 0, 127], [7, 8, 9]], dtype=np.int8),
-    DataType.INT16: np.array([[-32768, 0, 32767], [7, 8, 9]], dtype=np.int16),
-    DataType.INT32: np.array([[-(2**31), 0, 2**31 - 1], [7, 8, 9]], dtype=np.int32),
-    DataType.INT64: np.array([[-(2**63), 0, 2**63 - 1], [7, 8, 9]], dtype=np.int64),
-    DataType.FP16: np.array([[0.5, -1.25, 65504], [7, 8, 9]], dtype=np.float16),
-    DataType.FP32: np.array([[0.5, -1.25, 3.4e38], [7, 8, 9]], dtype=np.float32),
-    DataType.FP64: np.array([[0.5, -1.25, 1e300], [7, 8, 9]], dtype=np.float64),
-    DataType.BF16: np.array([[0.5, -1.25, 3.0], [7, 8, 9]], dtype=ml_dtypes.bfloat16),
-    DataType.BYTES: np.array([[b"a", b"", b"\x00\xff"], [b"xyz", b"7", b"q" * 300]], dtype=object),
-}
 
 
 def ours(message: Any) -> pb.ModelInferRequest:
