@@ -136,6 +136,12 @@ def running_server(
     server = start_server(repos, extra, **kwargs)  # type: ignore[arg-type]
     try:
         yield server
+    except BaseException:
+        # pytest shows captured output with the failure: the server's side of the story.
+        state = "running" if server.alive() else f"exited with {server.process.returncode}"
+        print(f"ge-serve (pid {server.process.pid}) was {state}; the end of its log:")
+        print(server.log()[-6000:])
+        raise
     finally:
         server.stop()
         shutil.rmtree(server.log_path.parent, ignore_errors=True)
