@@ -19,6 +19,16 @@ The model behind the answer:
   the time it is busy (exponentially decayed). It also caps what it waits for at the
   recent peak number of requests in the system minus those in it now: it never waits for
   more requests than there are clients to send them.
+* **Clients that come back.** Under closed-loop load (each client sends its next request
+  when the last one is answered) arrivals are not spread over time: a batch of k leaving
+  means about k requests within one client turnaround, which an averaged rate cannot see.
+  The controller also treats the clients it has seen and that are not in the system now
+  (the peak minus those in it) as each coming back after the mean time clients spend
+  outside (Little's law on the outside: the time-integral of "outside" over the arrivals
+  that came back from it),
+  spread evenly over twice that mean. The faster of the two estimates says how long a
+  batch takes to fill. With phantom clients (the peak remembers more than there are) the
+  mean time outside grows with them, and the estimate falls back to about the plain rate.
 * **A latency budget per priority level**: how long a request may spend in the server,
   queueing plus its batch's execution. A batch waits only while its oldest request can
   still wait for the target size and then execute within its level's budget (and never
@@ -33,6 +43,15 @@ The model behind the answer:
   together: splitting them would only make the last of them later). Both plan with
   BUDGET_HEADROOM of the budget, leaving the rest for what happens outside the batcher
   (transport, decoding, the event loop), since clients measure the whole.
+* **A derived budget yields to throughput when the server is saturated.** Once the oldest
+  request is already past its level's derived budget, batch formation is pure throughput:
+  under a closed loop, latency is the clients over throughput. A batch may then still wait
+  for returning clients, for at most the budget from when its slot went idle, and only when
+  the wait plus the bigger batch's execution costs less per sample than sending what is
+  queued now (by MIN_GAIN). This ends the stable but lopsided splits of a saturated single
+  slot (1 then 31, 3 then 29 on a CNN at 32 clients) where the small batch runs at a third
+  worse per sample and the slot never idles long enough for anything else to happen.
+  A configured budget is a promise and is never stretched this way.
   The cap on less urgent levels holds from the controller's first request on (as if the
   urgent level had just been seen), and for as long as the urgent level has been seen
   within URGENT_HORIZON_NS, or within URGENT_GAPS of its own mean gap between requests when
@@ -61,7 +80,9 @@ from .policy import BatchPolicy
 
 # Time constant of the rate and peak estimators.
 RATE_TAU_NS = 500_000_000
-PEAK_TAU_NS = 1_000_000_000
+# The peak must outlive one batch cycle at full load (a 32-batch of a CNN on 2 cores runs
+# ~0.4 s with every client inside): a 1 s decay forgot a third of the clients per cycle.
+PEAK_TAU_NS = 5_000_000_000
 # The estimators decay in steps of at least this long (not on every event, which costs the
 # loop time per request); the error is at most DECAY_STEP_NS / RATE_TAU_NS (0.2 %).
 DECAY_STEP_NS = 1_000_000
@@ -220,6 +241,8 @@ class AdaptiveController:
         self._busy_arrivals = 0.0
         self._busy_time_ns = 0.0
         self._arrivals = 0.0
+        self._outside_ns = 0.0
+        self._returns = 0.0
         self._peak = 0.0
         self._start_ns = 0
         self._seen_ns: dict[int, int] = {}
@@ -243,7 +266,9 @@ class AdaptiveController:
             self._seen(now_ns, level)
         self._in_system += size
         if self._in_system > self._peak:
-            self._peak = float(self._in_system)
+            self._peak = float(self._in_system)  # a client not seen before
+        else:
+            self._returns += size  # one of the clients the peak counts, back from outside
 
     def _seen(self, now_ns: int, level: int) -> None:
         last = self._seen_ns.get(level)
@@ -273,6 +298,9 @@ class AdaptiveController:
         self._last_ns = now_ns
         if self._in_system > 0:
             self._busy_time_ns += dt
+        outside = self._peak - self._in_system
+        if outside > 0:
+            self._outside_ns += outside * dt
         elapsed = now_ns - self._decayed_ns
         if elapsed >= DECAY_STEP_NS:
             self._decayed_ns = now_ns
@@ -280,6 +308,8 @@ class AdaptiveController:
             self._busy_arrivals *= decay
             self._busy_time_ns *= decay
             self._arrivals *= decay
+            self._outside_ns *= decay
+            self._returns *= decay
             peak = self._peak * math.exp(-elapsed / PEAK_TAU_NS)
             self._peak = max(peak, float(self._in_system))
 
@@ -290,6 +320,24 @@ class AdaptiveController:
         if self._busy_time_ns <= 0:
             return 0.0
         return self._busy_arrivals / self._busy_time_ns
+
+    def time_outside_ns(self) -> float:
+        """The mean time a client spends outside the system between two requests (its
+        turnaround: transport, the client's own work): the time-integral of the clients
+        outside over the arrivals that came back from outside (arrivals that raise the
+        peak are clients not seen before). Infinite before any came back."""
+        if self._returns <= 0:
+            return math.inf
+        return self._outside_ns / self._returns
+
+    def _fill_ns(self, more: int, potential: int, rate: float) -> float:
+        """Expected time until `more` requests arrive, with `potential` clients outside:
+        the faster of the busy-arrival rate and the clients' return (evenly spread over
+        twice their mean time outside)."""
+        by_rate = more / rate if rate > 0.0 else math.inf
+        if more > potential:
+            return by_rate
+        return min(by_rate, 2.0 * self.time_outside_ns() * more / potential)
 
     def budget_ns(self, level: int) -> int:
         """The level's latency budget: its own, else the model's scaled by level (level 1
@@ -380,10 +428,12 @@ class AdaptiveController:
         level: int,
         idle_slots: int,
         head_samples: int | None = None,
+        idle_since_ns: int | None = None,
     ) -> Plan:
         """Plan the batch forming on an idle slot: `queued` samples are ready (the oldest
         enqueued at `oldest_ns`, the most urgent at `level`, `head_samples` of them at that
-        level: all when None); `idle_slots` other slots idle.
+        level: all when None); `idle_slots` other slots idle; the slot has been idle since
+        `idle_since_ns` (now when None).
         """
         self._advance(now_ns)
         head = queued if head_samples is None else head_samples
@@ -392,53 +442,71 @@ class AdaptiveController:
             limit = min(limit, self.head_cap(level, now_ns, oldest_ns, head))
         if self.cost.executions % EXPLORE_EVERY != EXPLORE_EVERY - 1:
             limit = self.cost.efficient_limit(limit)
-        plan = self._choose(now_ns, queued, oldest_ns, level, idle_slots, limit)
+        since = now_ns if idle_since_ns is None else idle_since_ns
+        plan = self._choose(now_ns, queued, oldest_ns, level, idle_slots, limit, since)
         self._target = plan.target
         self._limit = plan.limit
         self._window_ns = max(plan.deadline_ns - oldest_ns, 0)
         return plan
 
     def _choose(
-        self, now_ns: int, n: int, oldest_ns: int, level: int, idle_slots: int, limit: int
+        self,
+        now_ns: int,
+        n: int,
+        oldest_ns: int,
+        level: int,
+        idle_slots: int,
+        limit: int,
+        idle_since_ns: int,
     ) -> Plan:
+        now = Plan(min(n, limit), now_ns, limit)  # send now
         if n >= limit or not self.cost.known or idle_slots > 0:
-            return Plan(min(n, limit), now_ns, limit)  # send now
+            return now
         potential = int(self._peak) - self._in_system
+        if potential <= 0:
+            return now
         rate = self.busy_rate_per_ns()
-        if potential <= 0 or rate <= 0.0:
-            return Plan(min(n, limit), now_ns, limit)  # send now
         cost_ns = self.cost.cost_ns
-        end_ns = oldest_ns + int(self._planning_budget_ns(level))
+        budget = self._planning_budget_ns(level)
+        end_ns = oldest_ns + int(budget)
         bound_ns = oldest_ns + self._bound_ns if self._bound_ns else end_ns
-        # start_by(m): when a batch of m must start for its oldest request to make the
-        # budget, min(end_ns - cost(m), bound_ns).
-        remaining = min(end_ns - int(cost_ns(n + 1)), bound_ns) - now_ns
-        if remaining <= 0:
-            return Plan(min(n, limit), now_ns, limit)  # send now
-        reachable = min(limit, n + potential, n + int(remaining * rate))
-        if reachable <= n:
-            return Plan(min(n, limit), now_ns, limit)  # send now
-        # Candidates n+1, n+2, n+4, ... below `reachable`, and `reachable`, ascending;
-        # those that can fill in time, with their per-sample throughput.
-        feasible: list[tuple[int, float, int]] = []
-        best_tp = 0.0
+        # A derived budget lets a late batch wait for throughput (see the module's text),
+        # for at most the budget from when the slot went idle.
+        late_by = -1
+        if level not in self._watched:
+            late_by = idle_since_ns + int(budget)
+            if self._bound_ns:
+                late_by = min(late_by, bound_ns)
+        sent_cost = cost_ns(n)
+        reachable = min(limit, n + potential)
+        # Candidates n+1, n+2, n+4, ... below `reachable`, and `reachable`, ascending.
+        # Timely ones fill in time for the budget (per-sample throughput, when they must
+        # start); late ones only under a derived budget, their wait counted in.
+        timely: list[tuple[int, float, int]] = []
+        late: list[tuple[int, float]] = []
         step = 1
         while True:
             m = n + step if n + step < reachable else reachable
             cost = cost_ns(m)
+            fill = self._fill_ns(m - n, potential, rate)
             start_by = min(end_ns - int(cost), bound_ns)
-            if now_ns + (m - n) / rate <= start_by:
-                tp = m / cost
-                feasible.append((m, tp, start_by))
-                best_tp = max(best_tp, tp)
+            if now_ns + fill <= start_by:
+                timely.append((m, m / cost, start_by))
+            elif now_ns + fill <= late_by and m * sent_cost > MIN_GAIN * n * (fill + cost):
+                late.append((m, m / (fill + cost)))
             if m == reachable:
                 break
             step *= 2
-        if best_tp < MIN_GAIN * (n / cost_ns(n)):
-            return Plan(min(n, limit), now_ns, limit)  # send now
-        # The smallest candidate near the best (one exists: best_tp > 0 here).
-        target, _, start_by = next(c for c in feasible if c[1] >= NEAR_BEST * best_tp)
-        fill_ns = (target - n) / rate
+        best_tp = max((tp for _, tp, _ in timely), default=0.0)
+        if best_tp >= MIN_GAIN * (n / sent_cost):
+            # The smallest candidate near the best: the shortest wait that is worth it.
+            target, _, start_by = next(c for c in timely if c[1] >= NEAR_BEST * best_tp)
+        elif late:
+            # Saturated: latency follows throughput, so the best one.
+            target, start_by = max(late, key=lambda c: c[1])[0], late_by
+        else:
+            return now
+        fill_ns = self._fill_ns(target - n, potential, rate)
         deadline = min(start_by, now_ns + int(FILL_MARGIN * fill_ns) + FILL_SLACK_NS)
         return Plan(target=target, deadline_ns=deadline, limit=limit)
 
@@ -461,6 +529,7 @@ class AdaptiveController:
             "arrival_rate_per_s": round(self._arrivals * 1e9 / RATE_TAU_NS, 1),
             "busy_arrival_rate_per_s": round(self.busy_rate_per_ns() * 1e9, 1),
             "peak_in_system": round(self._peak, 1),
+            "time_outside_us": round(min(self.time_outside_ns(), 1e15) / 1000, 1),
             "budgets_us": {level: self.budget_ns(level) // 1000 for level in self._levels},
             "cost_us": self.cost.table_us(),
         }

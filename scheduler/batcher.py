@@ -201,8 +201,9 @@ class DynamicBatcher:
 
     async def _collect(self) -> list[Entry]:
         """With a slot in hand: wait until a batch should go, then take it off the queue."""
+        idle_since = time.monotonic_ns()
         while self._queue:
-            batch, wake_ns = self._plan(time.monotonic_ns())
+            batch, wake_ns = self._plan(time.monotonic_ns(), idle_since)
             if batch:
                 for entry in batch:
                     self._queue.remove(entry)
@@ -210,8 +211,9 @@ class DynamicBatcher:
             await self._sleep(wake_ns)
         return []
 
-    def _plan(self, now: int) -> tuple[list[Entry], int | None]:
-        """The batch to send now, or nothing and when to look again.
+    def _plan(self, now: int, idle_since: int) -> tuple[list[Entry], int | None]:
+        """The batch to send now, or nothing and when to look again (`idle_since`: when
+        the slot in hand was taken).
 
         The batch follows the queue's order (priority, then arrival), starting from its
         first request and taking only requests of the same shape, up to the largest size
@@ -264,7 +266,9 @@ class DynamicBatcher:
         if not chosen:
             return [], None
         if self.controller is not None:
-            plan = self.controller.plan(now, total, oldest, level, self._pool.idle_count, head)
+            plan = self.controller.plan(
+                now, total, oldest, level, self._pool.idle_count, head, idle_since
+            )
             if full or total >= plan.target or now >= plan.deadline_ns:
                 # The target is what to wait for; the limit caps what goes.
                 return _fit(chosen, plan.limit), None

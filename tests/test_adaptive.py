@@ -268,6 +268,84 @@ def test_derived_budgets_never_cap() -> None:
     assert c.plan(now, 8, now, 2, 0).limit == 8
 
 
+def cnn_like(c: AdaptiveController) -> None:
+    """A CNN on CPU: 1.5 ms fixed plus 11.5 ms per sample (batch 1 13 ms, 32 369.5 ms)."""
+    for size in (1, 8, 16, 32):
+        c.record_execution(size, int(1.5 * MS + size * 11.5 * MS))
+
+
+def saturated(c: AdaptiveController, clients: int, cycles: int, spread_ns: int) -> int:
+    """Closed loop on one slot: every cycle a batch of all `clients` runs 370 ms and
+    leaves at once, and the clients come back evenly within `spread_ns`. Returns the time
+    of the last departure, with every client back."""
+    now = T0
+    for _ in range(clients):
+        c.record_arrival(now, 1, 0)  # first sightings: not returns
+    for _ in range(cycles):
+        now += 370 * MS
+        c.record_departure(now, clients)
+        for index in range(clients):
+            c.record_arrival(now + spread_ns * (index + 1) // clients, 1, 0)
+    return now
+
+
+def late_split(c: AdaptiveController) -> tuple[int, int]:
+    """Saturated with 32 clients, then 31 leave and one old request is left queued (what
+    alternating batches of 1 and 31 look like): (now, the queued request's arrival)."""
+    now = saturated(c, clients=32, cycles=10, spread_ns=4 * MS)
+    now += 370 * MS
+    c.record_departure(now, 31)
+    return now, now - 360 * MS
+
+
+def test_a_saturated_slot_waits_for_returning_clients_instead_of_sending_one() -> None:
+    c = controller(max_batch_size=32)
+    cnn_like(c)
+    now, oldest = late_split(c)
+    # The clients spend ~2 ms outside: 31 of them are back within ~4 ms.
+    assert 1.5 * MS < c.time_outside_ns() < 2.5 * MS
+    plan = c.plan(now, 1, oldest, 0, 0, idle_since_ns=now)
+    assert plan.target == 32
+    # It waits, though the queued request is long past the derived budget (2 x 13 ms)...
+    budget = c.budget_ns(0)
+    assert now - oldest > budget
+    assert now < plan.deadline_ns <= now + budget
+    # ...but for at most that budget from when the slot went idle, however often it asks.
+    later = now + budget // 2
+    again = c.plan(later, 1, oldest, 0, 0, idle_since_ns=now)
+    assert again.deadline_ns <= now + budget
+    assert sends_now(c.plan(now + budget, 1, oldest, 0, 0, idle_since_ns=now), now + budget)
+
+
+def test_clients_slow_to_return_are_not_waited_for() -> None:
+    c = controller(max_batch_size=32)
+    cnn_like(c)
+    now = saturated(c, clients=32, cycles=10, spread_ns=200 * MS)  # ~100 ms outside
+    now += 370 * MS
+    c.record_departure(now, 31)
+    # Waiting ~200 ms for them costs more than a batch of one loses.
+    assert sends_now(c.plan(now, 1, now - 360 * MS, 0, 0, idle_since_ns=now), now)
+
+
+def test_a_configured_budget_is_never_stretched_for_throughput() -> None:
+    c = controller(max_batch_size=32, adaptive_latency_budget_us="26000")
+    cnn_like(c)
+    now, oldest = late_split(c)
+    assert sends_now(c.plan(now, 1, oldest, 0, 0, idle_since_ns=now), now)
+
+
+def test_new_clients_are_not_taken_for_returning_ones() -> None:
+    # Sixteen clients seen for the first time: nothing has come back yet, so there is no
+    # turnaround to wait for, only the busy arrival rate.
+    c = controller(max_batch_size=32)
+    cnn_like(c)
+    now = busy_burst(c, clients=16, gap_ns=50 * MS)
+    assert c.time_outside_ns() == float("inf")
+    assert c.snapshot()["time_outside_us"] > 1e9
+    # One arrival per 50 ms is no reason for a late request to wait.
+    assert sends_now(c.plan(now, 1, now - 360 * MS, 0, 0, idle_since_ns=now), now)
+
+
 async def test_low_load_through_the_batcher_never_waits() -> None:
     # A one-minute budget: any wait for a request that will not come would time out.
     config = make_config(

@@ -402,11 +402,12 @@ async def test_a_failing_batch_former_answers_its_queue_and_restarts() -> None:
             level: int,
             idle: int,
             head_samples: int | None = None,
+            idle_since_ns: int | None = None,
         ) -> Plan:
             if Broken.fail:
                 Broken.fail = False
                 raise RuntimeError("controller bug")
-            return super().plan(now_ns, queued, oldest_ns, level, idle, head_samples)
+            return super().plan(now_ns, queued, oldest_ns, level, idle, head_samples, idle_since_ns)
 
     config = make_config(max_batch_size=8, parameters={"adaptive_batching": "true"})
     policy = BatchPolicy.from_config(config)
