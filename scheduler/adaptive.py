@@ -47,10 +47,12 @@ The model behind the answer:
   request is already past its level's derived budget, batch formation is pure throughput:
   under a closed loop, latency is the clients over throughput. A batch may then still wait
   for returning clients, for at most the budget from when its slot went idle, and only when
-  the wait plus the bigger batch's execution costs less per sample than sending what is
-  queued now (by MIN_GAIN). This ends the stable but lopsided splits of a saturated single
-  slot (1 then 31, 3 then 29 on a CNN at 32 clients) where the small batch runs at a third
-  worse per sample and the slot never idles long enough for anything else to happen.
+  that serves the queued and the returning clients sooner (by LATE_GAIN) than sending what
+  is queued now and the returning ones as a second batch: waiting costs the wait, sending
+  now costs a second batch's fixed part. This ends the stable splits a saturated single
+  slot settles into (1 then 31, 15 then 17 on a CNN at 32 clients), which pay every batch's
+  fixed cost twice per round of clients, run the small batch slower per sample, and
+  answer one half while the other computes.
   A configured budget is a promise and is never stretched this way.
   The cap on less urgent levels holds from the controller's first request on (as if the
   urgent level had just been seen), and for as long as the urgent level has been seen
@@ -80,9 +82,11 @@ from .policy import BatchPolicy
 
 # Time constant of the rate and peak estimators.
 RATE_TAU_NS = 500_000_000
-# The peak must outlive one batch cycle at full load (a 32-batch of a CNN on 2 cores runs
-# ~0.4 s with every client inside): a 1 s decay forgot a third of the clients per cycle.
-PEAK_TAU_NS = 5_000_000_000
+# The peak (how many clients there are) decays by this factor per departure, not per unit
+# of time: it must outlive a long batch with every client inside (a 32-batch of a CNN on
+# 2 cores runs ~0.4 s; a 1 s time constant forgot a third of the clients per cycle), and
+# must forget clients that are gone within a few requests (from 32 to 1 in ~15).
+PEAK_DECAY = 0.8
 # The estimators decay in steps of at least this long (not on every event, which costs the
 # loop time per request); the error is at most DECAY_STEP_NS / RATE_TAU_NS (0.2 %).
 DECAY_STEP_NS = 1_000_000
@@ -90,6 +94,8 @@ DECAY_STEP_NS = 1_000_000
 COST_ALPHA = 0.2
 # Waiting must buy at least this much per-sample throughput.
 MIN_GAIN = 1.05
+# A saturated slot waits for returning clients when that serves them all this much sooner.
+LATE_GAIN = 1.01
 # Among sizes worth waiting for, take the smallest within this fraction of the best.
 NEAR_BEST = 0.97
 # The window allows this many times the expected time to fill, plus a little loop slack.
@@ -280,8 +286,9 @@ class AdaptiveController:
         self._seen_ns[level] = now_ns
 
     def record_departure(self, now_ns: int, size: int) -> None:
-        """`size` samples left (a whole batch may leave in one call)."""
+        """`size` samples left (a whole batch leaves in one call)."""
         self._advance(now_ns)
+        self._peak = max(self._peak * PEAK_DECAY, float(self._in_system))
         self._in_system = max(self._in_system - size, 0)
 
     def record_execution(self, size: int, duration_ns: int) -> None:
@@ -310,8 +317,6 @@ class AdaptiveController:
             self._arrivals *= decay
             self._outside_ns *= decay
             self._returns *= decay
-            peak = self._peak * math.exp(-elapsed / PEAK_TAU_NS)
-            self._peak = max(peak, float(self._in_system))
 
     # --- estimates -----------------------------------------------------------------------
 
@@ -477,11 +482,18 @@ class AdaptiveController:
             late_by = idle_since_ns + int(budget)
             if self._bound_ns:
                 late_by = min(late_by, bound_ns)
-        sent_cost = cost_ns(n)
         reachable = min(limit, n + potential)
+        # Saturated, the slot serves the n queued and the `potential` coming back either
+        # way: sending now pays for a second batch (and for any wait for them beyond the
+        # first one's execution); waiting for m pays the wait, and a second batch only for
+        # whoever is left.
+        everyone = n + potential
+        sent_cost = cost_ns(n)
+        all_back = self._fill_ns(potential, potential, rate)
+        send_first_ns = max(sent_cost, all_back) + cost_ns(min(potential, limit))
         # Candidates n+1, n+2, n+4, ... below `reachable`, and `reachable`, ascending.
         # Timely ones fill in time for the budget (per-sample throughput, when they must
-        # start); late ones only under a derived budget, their wait counted in.
+        # start); late ones only under a derived budget (time to serve everyone).
         timely: list[tuple[int, float, int]] = []
         late: list[tuple[int, float]] = []
         step = 1
@@ -492,8 +504,13 @@ class AdaptiveController:
             start_by = min(end_ns - int(cost), bound_ns)
             if now_ns + fill <= start_by:
                 timely.append((m, m / cost, start_by))
-            elif now_ns + fill <= late_by and m * sent_cost > MIN_GAIN * n * (fill + cost):
-                late.append((m, m / (fill + cost)))
+            elif now_ns + fill <= late_by:
+                rest = min(everyone - m, limit)
+                total = fill + cost
+                if rest > 0:
+                    total = max(total, all_back) + cost_ns(rest)
+                if total * LATE_GAIN < send_first_ns:
+                    late.append((m, total))
             if m == reachable:
                 break
             step *= 2
@@ -502,8 +519,8 @@ class AdaptiveController:
             # The smallest candidate near the best: the shortest wait that is worth it.
             target, _, start_by = next(c for c in timely if c[1] >= NEAR_BEST * best_tp)
         elif late:
-            # Saturated: latency follows throughput, so the best one.
-            target, start_by = max(late, key=lambda c: c[1])[0], late_by
+            # Saturated: latency follows throughput, so the quickest way to serve everyone.
+            target, start_by = min(late, key=lambda c: c[1])[0], late_by
         else:
             return now
         fill_ns = self._fill_ns(target - n, potential, rate)

@@ -101,17 +101,22 @@ class DynamicBatcher:
         level = policy.level_for(item.priority)
         key = item.shape_key() if policy.batching else None
         entry = Entry(item, future, level, now, size, key)
-        self._queue.put(entry)  # raises "Exceeds maximum queue size"
+        slot, recorded = self._slot_for_lone(entry)
+        if slot is None:
+            self._queue.put(entry)  # raises "Exceeds maximum queue size"
         self._pending += 1
         self._drained.clear()
         if self._order is not None:
             self._order.append(entry)
-        if self.controller is not None:
-            self.controller.record_arrival(now, size, level)
-        if self._former is None:
-            self._former = loop.create_task(self._form_batches(), name="batcher")
-            self._former.add_done_callback(self._former_ended)
-        self._wakeup()
+        if slot is not None:
+            self._launch(slot, [entry])
+        else:
+            if self.controller is not None and not recorded:
+                self.controller.record_arrival(now, size, level)
+            if self._former is None:
+                self._former = loop.create_task(self._form_batches(), name="batcher")
+                self._former.add_done_callback(self._former_ended)
+            self._wakeup()
         try:
             return await future
         except asyncio.CancelledError:
@@ -143,6 +148,33 @@ class DynamicBatcher:
         )
 
     # --- batch forming -------------------------------------------------------------------
+
+    def _slot_for_lone(self, entry: Entry) -> tuple[ExecutorSlot | None, bool]:
+        """Adaptive mode: a request that finds nothing queued and a slot idle, and that the
+        controller would send alone at once, takes that slot now: the batch former would
+        decide the same one loop turn later (at one client: ~10 % of `simple`'s latency).
+        Static batching keeps the former's turn, in which requests submitted together
+        batch together. Also says whether the arrival was recorded: the controller plans
+        with it, so it is recorded here whenever a slot was taken. (With nothing queued,
+        the queue has room for this request.)"""
+        controller = self.controller
+        if controller is None or self._queue or self._hold:
+            return None, False
+        slot = self._pool.try_acquire()
+        if slot is None:
+            return None, False
+        now, size, level = entry.enqueue_ns, entry.size, entry.level
+        controller.record_arrival(now, size, level)
+        try:
+            plan = controller.plan(now, size, now, level, self._pool.idle_count, size, now)
+        except Exception:
+            # The former asks again, and answers its queue should the controller fail.
+            self._pool.release(slot, executed=False)
+            return None, True
+        if size >= plan.target or now >= plan.deadline_ns:
+            return slot, True
+        self._pool.release(slot, executed=False)
+        return None, True
 
     def _former_ended(self, task: asyncio.Task[None]) -> None:
         """The batch former only ends when cancelled at close. Should a bug end it, the

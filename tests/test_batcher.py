@@ -392,7 +392,7 @@ async def test_a_failing_batch_former_answers_its_queue_and_restarts() -> None:
     from ge_serve.scheduler.policy import BatchPolicy
 
     class Broken(AdaptiveController):
-        fail = True
+        fail = False
 
         def plan(
             self,
@@ -411,13 +411,21 @@ async def test_a_failing_batch_former_answers_its_queue_and_restarts() -> None:
 
     config = make_config(max_batch_size=8, parameters={"adaptive_batching": "true"})
     policy = BatchPolicy.from_config(config)
-    fake = FakeExecutor("fake")
+    fake = FakeExecutor("fake", blocked=True)
     batcher = DynamicBatcher(SlotPool([ExecutorSlot(fake)]), policy, (), Broken(policy))
     try:
+        # A lone request takes the idle slot in submit(); the next one queues for the former.
+        running = asyncio.ensure_future(batcher.submit(item(1)))
+        assert await fake.started() == 1
+        Broken.fail = True
+        failing = asyncio.ensure_future(batcher.submit(item(2)))
+        await queued(batcher, 1)
+        fake.open()  # the slot frees, the former plans, the controller fails
+        assert (await running)["y"].tolist() == [[2.0] * 4]
         with pytest.raises(ServerError, match="batcher failed") as info:
-            await batcher.submit(item(1))
+            await failing
         assert info.value.code is ErrorCode.INTERNAL
-        result = await batcher.submit(item(2))
-        assert result["y"].tolist() == [[4.0] * 4]
+        result = await batcher.submit(item(3))
+        assert result["y"].tolist() == [[6.0] * 4]
     finally:
         await batcher.close(5.0)
