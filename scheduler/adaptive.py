@@ -425,6 +425,17 @@ class AdaptiveController:
 
     # --- the decision --------------------------------------------------------------------
 
+    def sends_alone(self, size: int, idle_slots: int) -> bool:
+        """For a request that found nothing queued and a slot idle: whether plan() would
+        send it at once for want of anything to wait for (nothing measured yet, another
+        slot idle, or no other client to come), answered without planning. Records the
+        decision for metrics as plan() does."""
+        if self.cost.known and idle_slots <= 0 and int(self._peak) > self._in_system:
+            return False
+        self._target = size
+        self._window_ns = 0
+        return True
+
     def plan(
         self,
         now_ns: int,

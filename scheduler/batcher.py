@@ -99,10 +99,11 @@ class DynamicBatcher:
         item.enqueue_ns = item.enqueue_ns or now
         future: asyncio.Future[dict[str, Array]] = loop.create_future()
         level = policy.level_for(item.priority)
-        key = item.shape_key() if policy.batching else None
-        entry = Entry(item, future, level, now, size, key)
+        entry = Entry(item, future, level, now, size, None)
         slot, recorded = self._slot_for_lone(entry)
         if slot is None:
+            if policy.batching:
+                entry.key = item.shape_key()  # only queued requests are compared
             self._queue.put(entry)  # raises "Exceeds maximum queue size"
         self._pending += 1
         self._drained.clear()
@@ -165,8 +166,11 @@ class DynamicBatcher:
             return None, False
         now, size, level = entry.enqueue_ns, entry.size, entry.level
         controller.record_arrival(now, size, level)
+        idle = self._pool.idle_count
+        if controller.sends_alone(size, idle):
+            return slot, True
         try:
-            plan = controller.plan(now, size, now, level, self._pool.idle_count, size, now)
+            plan = controller.plan(now, size, now, level, idle, size, now)
         except Exception:
             # The former asks again, and answers its queue should the controller fail.
             self._pool.release(slot, executed=False)

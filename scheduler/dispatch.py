@@ -93,6 +93,9 @@ class SlotPool:
         return sum(not s.busy for s in self.slots)
 
     def _pick(self) -> ExecutorSlot | None:
+        if len(self.slots) == 1:
+            only = self.slots[0]
+            return None if only.busy else only
         busy_by_device: dict[str, int] = {}
         for slot in self.slots:
             busy_by_device[slot.device] = busy_by_device.get(slot.device, 0) + int(slot.busy)
