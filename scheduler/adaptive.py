@@ -23,12 +23,12 @@ The model behind the answer:
   when the last one is answered) arrivals are not spread over time: a batch of k leaving
   means about k requests within one client turnaround, which an averaged rate cannot see.
   The controller also treats the clients it has seen and that are not in the system now
-  (the peak minus those in it) as each coming back after the mean time clients spend
-  outside (Little's law on the outside: the time-integral of "outside" over the arrivals
-  that came back from it),
-  spread evenly over twice that mean. The faster of the two estimates says how long a
+  (the peak minus those in it) as coming back spread evenly over twice the mean time
+  clients spend outside (Little's law on the outside: the time-integral of "outside" over
+  the arrivals that came back from it). The faster of the two estimates says how long a
   batch takes to fill. With phantom clients (the peak remembers more than there are) the
-  mean time outside grows with them, and the estimate falls back to about the plain rate.
+  mean time outside grows with them, and the estimate falls back to about the plain rate;
+  the peak itself forgets a fifth per batch that leaves.
 * **A latency budget per priority level**: how long a request may spend in the server,
   queueing plus its batch's execution. A batch waits only while its oldest request can
   still wait for the target size and then execute within its level's budget (and never
@@ -80,7 +80,7 @@ from ge_serve.backends.base import gear_for
 
 from .policy import BatchPolicy
 
-# Time constant of the rate and peak estimators.
+# Time constant of the rate estimators.
 RATE_TAU_NS = 500_000_000
 # The peak (how many clients there are) decays by this factor per departure, not per unit
 # of time: it must outlive a long batch with every client inside (a 32-batch of a CNN on

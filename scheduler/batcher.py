@@ -153,7 +153,7 @@ class DynamicBatcher:
     def _slot_for_lone(self, entry: Entry) -> tuple[ExecutorSlot | None, bool]:
         """Adaptive mode: a request that finds nothing queued and a slot idle, and that the
         controller would send alone at once, takes that slot now: the batch former would
-        decide the same one loop turn later (at one client: ~10 % of `simple`'s latency).
+        decide the same a loop turn later, after planning it in full.
         Static batching keeps the former's turn, in which requests submitted together
         batch together. Also says whether the arrival was recorded: the controller plans
         with it, so it is recorded here whenever a slot was taken. (With nothing queued,
