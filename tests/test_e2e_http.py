@@ -412,6 +412,10 @@ def test_repository_index(http: httpx.Client) -> None:
         ("GET", "/v2/nothing/here", 404),
         ("GET", "/v3/health/live", 404),
         ("POST", "/v2/models/simple/versions/1/extra", 404),
+        # Near misses of the infer shortcut's pattern fall through to the route table.
+        ("POST", "/v2/models/simple/infer/extra", 404),
+        ("POST", "/v2/models/simple/versions/1/2/infer", 404),
+        ("POST", "/v2/models//infer", 404),
         ("GET", "/v2/models/simple/infer", 405),
         ("POST", "/v2/health/live", 405),
         ("DELETE", "/v2/models/simple", 405),
