@@ -330,6 +330,26 @@ def test_clients_slow_to_return_are_not_waited_for() -> None:
     assert plan.deadline_ns <= now + c.budget_ns(0)
 
 
+def test_clients_that_left_are_forgotten_within_a_few_requests() -> None:
+    c = controller(max_batch_size=32)
+    cnn_like(c)
+    now = saturated(c, clients=32, cycles=10, spread_ns=4 * MS)
+    now += 370 * MS
+    c.record_departure(now, 32)
+    # Load drops to one client: each request arrives after the previous one left, 14 ms
+    # apart (a second of time-based decay would still remember most of the 32).
+    for _ in range(20):
+        now += MS
+        c.record_arrival(now, 1, 0)
+        now += 13 * MS
+        c.record_departure(now, 1)
+    now += MS
+    c.record_arrival(now, 1, 0)
+    assert c.snapshot()["peak_in_system"] < 2
+    assert c.sends_alone(1, 0)
+    assert sends_now(c.plan(now, 1, now, 0, 0, idle_since_ns=now), now)
+
+
 def test_a_configured_budget_is_never_stretched_for_throughput() -> None:
     c = controller(max_batch_size=32, adaptive_latency_budget_us="26000")
     cnn_like(c)
