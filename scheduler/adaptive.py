@@ -430,11 +430,15 @@ class AdaptiveController:
         send it at once for want of anything to wait for (nothing measured yet, another
         slot idle, or no other client to come), answered without planning. Records the
         decision for metrics as plan() does."""
-        if self.cost.known and idle_slots <= 0 and int(self._peak) > self._in_system:
+        if not self._nothing_to_wait_for(idle_slots):
             return False
         self._target = size
         self._window_ns = 0
         return True
+
+    def _nothing_to_wait_for(self, idle_slots: int) -> bool:
+        """No costs measured yet, another slot idle, or no client outside to come back."""
+        return not self.cost.known or idle_slots > 0 or int(self._peak) <= self._in_system
 
     def plan(
         self,
@@ -475,12 +479,10 @@ class AdaptiveController:
         limit: int,
         idle_since_ns: int,
     ) -> Plan:
-        now = Plan(min(n, limit), now_ns, limit)  # send now
-        if n >= limit or not self.cost.known or idle_slots > 0:
-            return now
+        send_now = Plan(min(n, limit), now_ns, limit)
+        if n >= limit or self._nothing_to_wait_for(idle_slots):
+            return send_now
         potential = int(self._peak) - self._in_system
-        if potential <= 0:
-            return now
         rate = self.busy_rate_per_ns()
         cost_ns = self.cost.cost_ns
         budget = self._planning_budget_ns(level)
@@ -533,7 +535,7 @@ class AdaptiveController:
             # Saturated: latency follows throughput, so the quickest way to serve everyone.
             target, start_by = min(late, key=lambda c: c[1])[0], late_by
         else:
-            return now
+            return send_now
         fill_ns = self._fill_ns(target - n, potential, rate)
         deadline = min(start_by, now_ns + int(FILL_MARGIN * fill_ns) + FILL_SLACK_NS)
         return Plan(target=target, deadline_ns=deadline, limit=limit)

@@ -100,11 +100,7 @@ class DynamicBatcher:
         future: asyncio.Future[dict[str, Array]] = loop.create_future()
         level = policy.level_for(item.priority)
         entry = Entry(item, future, level, now, size, None)
-        slot, recorded = self._slot_for_lone(entry)
-        if slot is None:
-            if policy.batching:
-                entry.key = item.shape_key()  # only queued requests are compared
-            self._queue.put(entry)  # raises "Exceeds maximum queue size"
+        slot = self._admit(entry)  # raises "Exceeds maximum queue size"
         self._pending += 1
         self._drained.clear()
         if self._order is not None:
@@ -112,8 +108,6 @@ class DynamicBatcher:
         if slot is not None:
             self._launch(slot, [entry])
         else:
-            if self.controller is not None and not recorded:
-                self.controller.record_arrival(now, size, level)
             if self._former is None:
                 self._former = loop.create_task(self._form_batches(), name="batcher")
                 self._former.add_done_callback(self._former_ended)
@@ -150,35 +144,44 @@ class DynamicBatcher:
 
     # --- batch forming -------------------------------------------------------------------
 
-    def _slot_for_lone(self, entry: Entry) -> tuple[ExecutorSlot | None, bool]:
-        """Adaptive mode: a request that finds nothing queued and a slot idle, and that the
-        controller would send alone at once, takes that slot now: the batch former would
-        decide the same a loop turn later, after planning it in full.
-        Static batching keeps the former's turn, in which requests submitted together
-        batch together. Also says whether the arrival was recorded: the controller plans
-        with it, so it is recorded here whenever a slot was taken. (With nothing queued,
-        the queue has room for this request.)"""
+    def _admit(self, entry: Entry) -> ExecutorSlot | None:
+        """Queue a new request and tell the controller it arrived; or, in adaptive mode,
+        hand back an idle slot for it to run on alone at once.
+
+        A request that finds nothing queued and a slot idle, and that the controller would
+        send alone at once, takes that slot now: the batch former would decide the same a
+        loop turn later, after planning it in full. Static batching keeps the former's
+        turn, in which requests submitted together batch together."""
         controller = self.controller
-        if controller is None or self._queue or self._hold:
-            return None, False
-        slot = self._pool.try_acquire()
-        if slot is None:
-            return None, False
+        slot = None
+        if controller is not None and not self._queue and not self._hold:
+            slot = self._pool.try_acquire()
+        if controller is None or slot is None:
+            self._enqueue(entry)
+            if controller is not None:
+                controller.record_arrival(entry.enqueue_ns, entry.size, entry.level)
+            return None
+        # The controller plans with this arrival. Nothing is queued, so the queue has room
+        # for it should it have to wait after all.
         now, size, level = entry.enqueue_ns, entry.size, entry.level
         controller.record_arrival(now, size, level)
         idle = self._pool.idle_count
         if controller.sends_alone(size, idle):
-            return slot, True
+            return slot
         try:
             plan = controller.plan(now, size, now, level, idle, size, now)
         except Exception:
-            # The former asks again, and answers its queue should the controller fail.
-            self._pool.release(slot, executed=False)
-            return None, True
-        if size >= plan.target or now >= plan.deadline_ns:
-            return slot, True
+            plan = None  # the former asks again, and answers its queue if it fails
+        if plan is not None and (size >= plan.target or now >= plan.deadline_ns):
+            return slot
         self._pool.release(slot, executed=False)
-        return None, True
+        self._enqueue(entry)
+        return None
+
+    def _enqueue(self, entry: Entry) -> None:
+        if self._policy.batching:
+            entry.key = entry.item.shape_key()  # only queued requests are compared
+        self._queue.put(entry)  # raises "Exceeds maximum queue size"
 
     def _former_ended(self, task: asyncio.Task[None]) -> None:
         """The batch former only ends when cancelled at close. Should a bug end it, the
