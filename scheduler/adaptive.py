@@ -6,9 +6,10 @@ batch get, and how long may it wait for that.
 
 The model behind the answer:
 
-* **Execution cost per batch size**, from measured executions: an EWMA per (padded) size,
-  and a least-squares line `cost(b) = a + b*k` through them, which smooths noise and covers
-  sizes not seen yet. A batch
+* **Execution cost per batch size**, from measured executions: an EWMA per (padded) size
+  (a size's first execution is a warm-up, replaced by its second), and a least-squares
+  line `cost(b) = a + b*k` through them (through the sizes run more than once, when two
+  have), which smooths noise and covers sizes not seen yet. A batch
   of `m` pays off over sending `n` now only when `m / cost(m)` beats `n / cost(n)` by a
   margin; on hardware where cost grows linearly with size, batching buys nothing and the
   controller never waits.
@@ -53,6 +54,12 @@ The model behind the answer:
   slot settles into (1 then 31, 15 then 17 on a CNN at 32 clients), which pay every batch's
   fixed cost twice per round of clients, run the small batch slower per sample, and
   answer one half while the other computes.
+  That comparison counts a small batch sent now as hidden in the wait for the returning
+  clients. On a device that shares the host's cores (onnxruntime, the simulated NPU) it is
+  not: the small batch runs slower and the answers go out slower (1 then 31 on the CNN ran
+  81-82 infer/s, batches of 32 ran 83.5-84.4). So a late batch also waits, within the same
+  bound, when what is queued would run far less efficiently per sample (by MIN_GAIN) than
+  a batch the returning clients fill in time: for the smallest one near the best.
   A configured budget is a promise and is never stretched this way.
   The cap on less urgent levels holds from the controller's first request on (as if the
   urgent level had just been seen), and for as long as the urgent level has been seen
@@ -158,12 +165,17 @@ class CostModel:
     def record(self, size: int, duration_ns: int) -> None:
         size = gear_for(size, self._gears)
         old = self._ewma.get(size)
-        value = float(duration_ns) if old is None else old + COST_ALPHA * (duration_ns - old)
-        self._ewma[size] = value
         runs = self._runs.get(size, 0) + 1
+        if old is None or runs == 2:
+            # A size's first execution is a warm-up (the backend plans the new shape, the
+            # merge buffer's pages fault in): its second replaces it.
+            value = float(duration_ns)
+        else:
+            value = old + COST_ALPHA * (duration_ns - old)
+        self._ewma[size] = value
         self._runs[size] = runs
         self.executions += 1
-        if old is None or runs == MIN_RUNS or self.executions % REFIT_EVERY == 0:
+        if old is None or runs in (2, MIN_RUNS) or self.executions % REFIT_EVERY == 0:
             self._fit = self._line()
             self._good = self._efficient_size()
             self._changed()
@@ -217,9 +229,14 @@ class CostModel:
         return {size: round(ns / 1000, 1) for size, ns in sorted(self._ewma.items())}
 
     def _line(self) -> tuple[float, float] | None:
-        if len(self._ewma) < 2:
+        """Least squares through the sizes' EWMAs; through only the sizes run more than
+        once, when there are two: a size run once holds a warm-up, which on a CNN on CPU
+        ran 10-25 % slow and, at the largest size, tilted the whole line."""
+        xs = [size for size, runs in self._runs.items() if runs > 1]
+        if len(xs) < 2:
+            xs = list(self._ewma)
+        if len(xs) < 2:
             return None
-        xs = list(self._ewma)
         ys = [self._ewma[x] for x in xs]
         mean_x = sum(xs) / len(xs)
         mean_y = sum(ys) / len(ys)
@@ -506,9 +523,10 @@ class AdaptiveController:
         send_first_ns = max(sent_cost, all_back) + cost_ns(min(potential, limit))
         # Candidates n+1, n+2, n+4, ... below `reachable`, and `reachable`, ascending.
         # Timely ones fill in time for the budget (per-sample throughput, when they must
-        # start); late ones only under a derived budget (time to serve everyone).
+        # start); late ones only under a derived budget (per-sample throughput, time to
+        # serve everyone).
         timely: list[tuple[int, float, int]] = []
-        late: list[tuple[int, float]] = []
+        late: list[tuple[int, float, float]] = []
         step = 1
         while True:
             m = n + step if n + step < reachable else reachable
@@ -522,18 +540,28 @@ class AdaptiveController:
                 total = fill + cost
                 if rest > 0:
                     total = max(total, all_back) + cost_ns(rest)
-                if total * LATE_GAIN < send_first_ns:
-                    late.append((m, total))
+                late.append((m, m / cost, total))
             if m == reachable:
                 break
             step *= 2
+        own_tp = n / sent_cost
         best_tp = max((tp for _, tp, _ in timely), default=0.0)
-        if best_tp >= MIN_GAIN * (n / sent_cost):
+        if best_tp >= MIN_GAIN * own_tp:
             # The smallest candidate near the best: the shortest wait that is worth it.
             target, _, start_by = next(c for c in timely if c[1] >= NEAR_BEST * best_tp)
         elif late:
-            # Saturated: latency follows throughput, so the quickest way to serve everyone.
-            target, start_by = min(late, key=lambda c: c[1])[0], late_by
+            # Saturated: latency follows throughput. The quickest way to serve everyone;
+            # else, when what is queued would run a batch much less efficient than one
+            # the returning clients fill in time, the smallest batch near the best.
+            quickest, _, total = min(late, key=lambda c: c[2])
+            best_tp = max(best_tp, max(tp for _, tp, _ in late))
+            if total * LATE_GAIN < send_first_ns:
+                target = quickest
+            elif best_tp >= MIN_GAIN * own_tp:
+                target = next(m for m, tp, _ in (*timely, *late) if tp >= NEAR_BEST * best_tp)
+            else:
+                return send_now
+            start_by = late_by
         else:
             return send_now
         fill_ns = self._fill_ns(target - n, potential, rate)
