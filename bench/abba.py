@@ -49,11 +49,23 @@ def compare(
     measure: Callable[[str, ServerProcess], Row],
     after_session: Callable[[Mapping[str, ServerProcess]], None] | None = None,
     log: Callable[[str], None] = print,
+    alone: bool = False,
 ) -> dict[str, list[Row]]:
     """Rows measured per configuration, `sessions` x `rounds` of them. `after_session` sees
-    the running servers before each session's servers stop."""
+    the running servers before each session's servers stop. `alone`: each measurement
+    gets a fresh server and no other is up (for figures against raw onnxruntime, which
+    runs alone too); the order still rotates."""
     results: dict[str, list[Row]] = {name: [] for name in configs}
     names = list(configs)
+    if alone:
+        for index in range(sessions * rounds):
+            for name in rotation(names, index):
+                with serve(configs[name].repos, list(configs[name].flags)) as server:
+                    row = measure(name, server)
+                results[name].append(row)
+                brief = ", ".join(f"{k} {_short(v)}" for k, v in row.items())
+                log(f"round {index + 1}/{sessions * rounds} {name} (alone): {brief}")
+        return results
     for session in range(sessions):
         start_order = rotation(names, session)
         with contextlib.ExitStack() as stack:

@@ -51,6 +51,7 @@ def run_model(
     latency_interval_ms: int,
     raw_seconds: float,
     shared_memory: bool,
+    alone: bool = False,
 ) -> list[dict[str, Any]]:
     short = SHORT.get(model, model)
     chosen = {
@@ -71,17 +72,19 @@ def run_model(
 
     def measure(name: str, server: ServerProcess) -> Row:
         row: Row = {}
-        for protocol in protocols:
-            if protocol == "grpc" and not grpc_ready(server, 3.0):
-                continue
-            url = server.grpc_url if protocol == "grpc" else server.http_url
-            points = []
-            if name in THROUGHPUT_CONFIGS:
-                points.append(THROUGHPUT_AT)
-            if name in LATENCY_CONFIGS:
-                points.append(LATENCY_AT)
-            for concurrency in points:
-                window = interval_ms if concurrency == THROUGHPUT_AT else latency_interval_ms
+        protocols_up = [p for p in protocols if p != "grpc" or grpc_ready(server, 3.0)]
+        # Concurrency 1 first, over both protocols, on every server: only the batching
+        # configurations run at 32, so this way every c=1 figure comes from a server with
+        # the same history (none).
+        points = []
+        if name in LATENCY_CONFIGS:
+            points.append(LATENCY_AT)
+        if name in THROUGHPUT_CONFIGS:
+            points.append(THROUGHPUT_AT)
+        for concurrency in points:
+            window = interval_ms if concurrency == THROUGHPUT_AT else latency_interval_ms
+            for protocol in protocols_up:
+                url = server.grpc_url if protocol == "grpc" else server.http_url
                 try:
                     found = run_perf_analyzer(
                         model, url, protocol, concurrency, data,
@@ -97,8 +100,9 @@ def run_model(
         return row
 
     results = compare(
-        specs, sessions, rounds, measure, log=lambda line: print(line, file=sys.stderr)
-    )
+        specs, sessions, rounds, measure, log=lambda line: print(line, file=sys.stderr),
+        alone=alone,
+    )  # fmt: skip
     raw_after = measure_raw(ensure_model(model).onnx_path, sizes, raw_seconds)
     raw = (raw_before["best"]["samples_per_s"] + raw_after["best"]["samples_per_s"]) / 2
     rows: list[dict[str, Any]] = []
@@ -177,6 +181,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--latency-interval-ms", type=int, default=3000, help="window at c=1")
     parser.add_argument("--shared-memory", action="store_true")
+    parser.add_argument(
+        "--alone",
+        action="store_true",
+        help="one server up at a time, fresh for each measurement (as raw onnxruntime runs "
+        "alone); by default every configuration's server is up side by side",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny windows: smoke only")
     args = parser.parse_args(argv)
     raw_seconds = 2.0
@@ -195,13 +205,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.latency_interval_ms,
             raw_seconds,
             args.shared_memory,
+            args.alone,
         )
     save_rows(rows, args.out.with_suffix(".json"))
     table = markdown_table(rows, COLUMNS)
     command = " ".join(["python3 bench/adaptive_vs_static.py", *(argv or sys.argv[1:])])
     note = (
         f"\n`{command}`: {args.sessions} sessions x {args.rounds} rounds per configuration "
-        "in rotating order; medians, with the range of the c=32 rounds.\n"
+        "in rotating order"
+        + (", each on a fresh server alone" if args.alone else ", servers side by side")
+        + "; medians, with the range of the c=32 rounds.\n"
     )
     args.out.with_suffix(".md").write_text(table + note)
     print(table)
