@@ -289,10 +289,11 @@ def saturated(c: AdaptiveController, clients: int, cycles: int, spread_ns: int) 
     return now
 
 
-def late_split(c: AdaptiveController) -> tuple[int, int]:
-    """Saturated with 32 clients, then 31 leave and one old request is left queued (what
-    alternating batches of 1 and 31 look like): (now, the queued request's arrival)."""
-    now = saturated(c, clients=32, cycles=10, spread_ns=4 * MS)
+def late_split(c: AdaptiveController, spread_ns: int = 4 * MS) -> tuple[int, int]:
+    """Saturated with 32 clients coming back within `spread_ns`, then 31 leave and one old
+    request is left queued (what alternating batches of 1 and 31 look like): (now, the
+    queued request's arrival)."""
+    now = saturated(c, clients=32, cycles=10, spread_ns=spread_ns)
     now += 370 * MS
     c.record_departure(now, 31)
     return now, now - 360 * MS
@@ -335,10 +336,7 @@ def test_a_saturated_slot_does_not_send_a_batch_far_less_efficient_than_one_comi
     # clients makes a batch within NEAR_BEST of the best per-sample cost.
     c = controller(max_batch_size=32)
     cpu_shared(c)
-    now = saturated(c, clients=32, cycles=10, spread_ns=14 * MS)
-    now += 370 * MS
-    c.record_departure(now, 31)
-    oldest = now - 360 * MS
+    now, oldest = late_split(c, spread_ns=14 * MS)
     plan = c.plan(now, 1, oldest, 0, 0, idle_since_ns=now)
     assert 1 < plan.target < 32
     per_sample = c.cost.cost_ns(plan.target) / plan.target
@@ -366,12 +364,10 @@ def test_a_size_run_once_does_not_tilt_the_cost_line() -> None:
 def test_clients_slow_to_return_are_not_waited_for() -> None:
     c = controller(max_batch_size=32)
     cnn_like(c)
-    now = saturated(c, clients=32, cycles=10, spread_ns=200 * MS)  # ~100 ms outside
-    now += 370 * MS
-    c.record_departure(now, 31)
+    now, oldest = late_split(c, spread_ns=200 * MS)  # ~100 ms outside
     # Waiting ~200 ms for all of them costs more than a second batch: at most a short wait
     # for the first few, within the derived budget.
-    plan = c.plan(now, 1, now - 360 * MS, 0, 0, idle_since_ns=now)
+    plan = c.plan(now, 1, oldest, 0, 0, idle_since_ns=now)
     assert plan.target < 32
     assert plan.deadline_ns <= now + c.budget_ns(0)
 
