@@ -54,7 +54,7 @@ def compare(
     """Rows measured per configuration, `sessions` x `rounds` of them. `after_session` sees
     the running servers before each session's servers stop. `alone`: each measurement
     gets a fresh server and no other is up (for figures against raw onnxruntime, which
-    runs alone too); the order still rotates."""
+    runs alone too); the order still rotates, and `after_session` sees each server alone."""
     results: dict[str, list[Row]] = {name: [] for name in configs}
     names = list(configs)
     if alone:
@@ -62,9 +62,10 @@ def compare(
             for name in rotation(names, index):
                 with serve(configs[name].repos, list(configs[name].flags)) as server:
                     row = measure(name, server)
+                    if after_session is not None:
+                        after_session({name: server})
                 results[name].append(row)
-                brief = ", ".join(f"{k} {_short(v)}" for k, v in row.items())
-                log(f"round {index + 1}/{sessions * rounds} {name} (alone): {brief}")
+                log(f"round {index + 1}/{sessions * rounds} {name} (alone): {_brief(row)}")
         return results
     for session in range(sessions):
         start_order = rotation(names, session)
@@ -77,9 +78,8 @@ def compare(
                 for name in rotation(names, session + index):
                     row = measure(name, servers[name])
                     results[name].append(row)
-                    brief = ", ".join(f"{k} {_short(v)}" for k, v in row.items())
                     where = f"session {session + 1}/{sessions} round {index + 1}/{rounds}"
-                    log(f"{where} {name}: {brief}")
+                    log(f"{where} {name}: {_brief(row)}")
             if after_session is not None:
                 after_session(servers)
     return results
@@ -87,6 +87,10 @@ def compare(
 
 def median(results: Mapping[str, Sequence[Row]], name: str, key: str) -> float:
     return statistics.median(float(row[key]) for row in results[name] if key in row)
+
+
+def _brief(row: Row) -> str:
+    return ", ".join(f"{k} {_short(v)}" for k, v in row.items())
 
 
 def _short(value: Any) -> str:

@@ -142,6 +142,10 @@ class Plan(NamedTuple):
     deadline_ns: int
     limit: int
 
+    def due(self, queued: int, now_ns: int) -> bool:
+        """Whether `queued` samples go now: the target is reached or the deadline passed."""
+        return queued >= self.target or now_ns >= self.deadline_ns
+
 
 class CostModel:
     """Execution time per batch size: measured EWMAs and a line through them."""
@@ -164,18 +168,18 @@ class CostModel:
 
     def record(self, size: int, duration_ns: int) -> None:
         size = gear_for(size, self._gears)
-        old = self._ewma.get(size)
         runs = self._runs.get(size, 0) + 1
-        if old is None or runs == 2:
+        if runs <= 2:
             # A size's first execution is a warm-up (the backend plans the new shape, the
             # merge buffer's pages fault in): its second replaces it.
             value = float(duration_ns)
         else:
+            old = self._ewma[size]
             value = old + COST_ALPHA * (duration_ns - old)
         self._ewma[size] = value
         self._runs[size] = runs
         self.executions += 1
-        if old is None or runs in (2, MIN_RUNS) or self.executions % REFIT_EVERY == 0:
+        if runs in (1, 2, MIN_RUNS) or self.executions % REFIT_EVERY == 0:
             self._fit = self._line()
             self._good = self._efficient_size()
             self._changed()

@@ -172,7 +172,7 @@ class DynamicBatcher:
             plan = controller.plan(now, size, now, level, idle, size, now)
         except Exception:
             plan = None  # the former asks again, and answers its queue if it fails
-        if plan is not None and (size >= plan.target or now >= plan.deadline_ns):
+        if plan is not None and plan.due(size, now):
             return slot
         self._pool.release(slot, executed=False)
         self._enqueue(entry)
@@ -308,7 +308,7 @@ class DynamicBatcher:
             plan = self.controller.plan(
                 now, total, oldest, level, self._pool.idle_count, head, idle_since
             )
-            if full or total >= plan.target or now >= plan.deadline_ns:
+            if full or plan.due(total, now):
                 # The target is what to wait for; the limit caps what goes.
                 return _fit(chosen, plan.limit), None
             return [], plan.deadline_ns
