@@ -7,7 +7,8 @@ batch get, and how long may it wait for that.
 The model behind the answer:
 
 * **Execution cost per batch size**, from measured executions: an EWMA per (padded) size
-  (a size's first execution is a warm-up, replaced by its second), and a least-squares
+  (a size's first execution is a warm-up, replaced by its second; a stall counts as at
+  most STALL_CAP times the estimate), and a least-squares
   line `cost(b) = a + b*k` through them (through the sizes run more than once, when two
   have), which smooths noise and covers sizes not seen yet. A batch
   of `m` pays off over sending `n` now only when `m / cost(m)` beats `n / cost(n)` by a
@@ -99,6 +100,8 @@ PEAK_DECAY = 0.8
 DECAY_STEP_NS = 1_000_000
 # Weight of a new execution in its size's cost EWMA.
 COST_ALPHA = 0.2
+# An execution counts as at most this many times its size's estimate (see CostModel.record).
+STALL_CAP = 2.0
 # Waiting must buy at least this much per-sample throughput.
 MIN_GAIN = 1.05
 # A saturated slot waits for returning clients when that serves them all this much sooner.
@@ -169,13 +172,23 @@ class CostModel:
     def record(self, size: int, duration_ns: int) -> None:
         size = gear_for(size, self._gears)
         runs = self._runs.get(size, 0) + 1
-        if runs <= 2:
-            # A size's first execution is a warm-up (the backend plans the new shape, the
-            # merge buffer's pages fault in): its second replaces it.
+        if runs == 1:
             value = float(duration_ns)
+        elif runs == 2:
+            # A size's first execution is a warm-up (the backend plans the new shape, the
+            # merge buffer's pages fault in): its second replaces it, unless the second
+            # stalled (see below) and ran even longer.
+            value = min(self._ewma[size], float(duration_ns))
         else:
+            # A measured execution includes the slot thread's wait for the GIL, and the
+            # time the OS took its core away: on a busy host, now and then, many times the
+            # real cost (a batch of 8 of `simple` measured 0.1 ms, with stalls of 0.4-1.4
+            # ms). Such a stall counts as STALL_CAP times the estimate: two in a row moved
+            # a plain EWMA so far that batches of 8 looked worse per sample than batches
+            # of 1, and the efficiency limit cut batches to 1. A real rise in cost is
+            # still followed, by up to COST_ALPHA * (STALL_CAP - 1) per execution.
             old = self._ewma[size]
-            value = old + COST_ALPHA * (duration_ns - old)
+            value = old + COST_ALPHA * (min(duration_ns, STALL_CAP * old) - old)
         self._ewma[size] = value
         self._runs[size] = runs
         self.executions += 1

@@ -494,6 +494,27 @@ def test_batches_stop_at_the_most_efficient_size_when_bigger_ones_lose() -> None
     assert c.plan(now, 32, now, 0, 0).limit == 32
 
 
+def test_stalled_executions_do_not_cut_batches_to_one() -> None:
+    # `simple` on a busy 2-core host: single requests measured 50 us when load was light;
+    # batches of 8 run 100 us, but some executions include a long wait for the GIL or
+    # the CPU. Batches of 8 stay far more efficient per sample, and must not be cut.
+    c = controller(max_batch_size=8)
+    for _ in range(20):
+        c.record_execution(1, 50_000)
+    for _ in range(5):
+        c.record_execution(8, 100_000)
+    for us in (1400, 940, 100, 400, 100, 1400, 100, 940):
+        c.record_execution(8, us * 1000)
+    assert c.cost.efficient_limit(8) == 8
+    now = T0
+    plan = c.plan(now, 8, now, 0, 0)
+    assert plan.limit == 8 and plan.target == 8
+    # A real rise in cost is still followed.
+    for _ in range(30):
+        c.record_execution(8, 1_000_000)
+    assert c.cost.table_us()[8] > 900
+
+
 def test_no_efficiency_limit_without_a_measured_loss() -> None:
     c = controller(max_batch_size=32)
     for _ in range(3):
