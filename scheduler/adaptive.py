@@ -95,9 +95,11 @@ RATE_TAU_NS = 500_000_000
 # 2 cores runs ~0.4 s; a 1 s time constant forgot a third of the clients per cycle), and
 # must forget clients that are gone within a few requests (from 32 to 1 in ~15).
 PEAK_DECAY = 0.8
-# The estimators decay in steps of at least this long (not on every event, which costs the
-# loop time per request); the error is at most DECAY_STEP_NS / RATE_TAU_NS (0.2 %).
-DECAY_STEP_NS = 1_000_000
+# The estimators decay in steps of at least this long, not on every event: a step closes
+# the time integrals and takes an exp, which at one client (a request every ~0.4 ms on
+# `simple` over HTTP) cost a few microseconds per request with the caches cold. The error
+# is at most DECAY_STEP_NS / RATE_TAU_NS (2 %), far below the estimates' own noise.
+DECAY_STEP_NS = 10_000_000
 # Weight of a new execution in its size's cost EWMA.
 COST_ALPHA = 0.2
 # An execution counts as at most this many times its size's estimate (see CostModel.record).
@@ -153,6 +155,13 @@ class Plan(NamedTuple):
 class CostModel:
     """Execution time per batch size: measured EWMAs and a line through them."""
 
+    # Slots: the controller runs a few times per request, mostly with the caches cold
+    # (between two requests the transport and the model run); an instance without a
+    # __dict__ touches less memory per attribute.
+    __slots__ = (
+        "_costs", "_ewma", "_fit", "_gears", "_good", "_runs", "executions", "known", "version",
+    )  # fmt: skip
+
     def __init__(self, gears: Sequence[int]) -> None:
         self._gears = tuple(gears)
         self._ewma: dict[int, float] = {}
@@ -164,10 +173,8 @@ class CostModel:
         self._costs: dict[int, float] = {}
         self.version = 0
         self.executions = 0
-
-    @property
-    def known(self) -> bool:
-        return bool(self._ewma)
+        # Whether any execution has been measured.
+        self.known = False
 
     def record(self, size: int, duration_ns: int) -> None:
         size = gear_for(size, self._gears)
@@ -192,6 +199,7 @@ class CostModel:
         self._ewma[size] = value
         self._runs[size] = runs
         self.executions += 1
+        self.known = True
         if runs in (1, 2, MIN_RUNS) or self.executions % REFIT_EVERY == 0:
             self._fit = self._line()
             self._good = self._efficient_size()
@@ -267,6 +275,14 @@ class CostModel:
 class AdaptiveController:
     """Chooses batch windows and target sizes for one model's batcher. Loop-only."""
 
+    __slots__ = (  # see CostModel
+        "_adaptive", "_arrivals", "_bound_ns", "_budgets", "_budgets_version",
+        "_busy_arrivals", "_busy_ns", "_busy_since_ns", "_decayed_ns", "_gap_ns",
+        "_in_system", "_last_ns", "_levels", "_limit", "_max_size", "_occupancy",
+        "_outside_ns", "_peak", "_peak_area", "_peak_ns", "_policy", "_returns",
+        "_seen_ns", "_start_ns", "_target", "_watched", "_window_ns", "cost",
+    )  # fmt: skip
+
     def __init__(self, policy: BatchPolicy, gears: Sequence[int] = ()) -> None:
         assert policy.adaptive is not None
         self._policy = policy
@@ -275,16 +291,26 @@ class AdaptiveController:
         self._bound_ns = policy.max_queue_delay_us * 1000
         self._levels = sorted(policy.levels)
         self.cost = CostModel(gears)
+        # The estimators, decayed in steps (see _decay). Each arrival and departure only
+        # adds to sums; the time integrals are closed at plan time (see _integrals):
+        #   in the system:  ∫ in_system dt = _occupancy + in_system * now
+        #   the peak:       ∫ peak dt      = _peak_area + peak * (now - _peak_ns)
+        #   busy:           ∫ [in_system > 0] dt = _busy_ns + (now - _busy_since_ns if busy)
+        # and the time clients spend outside is the peak's integral less the system's.
         self._last_ns = 0
         self._decayed_ns = 0
+        self._start_ns = 0
         self._in_system = 0
         self._busy_arrivals = 0.0
-        self._busy_time_ns = 0.0
         self._arrivals = 0.0
-        self._outside_ns = 0.0
         self._returns = 0.0
         self._peak = 0.0
-        self._start_ns = 0
+        self._occupancy = 0
+        self._peak_area = 0.0
+        self._peak_ns = 0
+        self._busy_ns = 0.0
+        self._busy_since_ns = 0
+        self._outside_ns = 0.0  # decayed, up to _decayed_ns
         self._seen_ns: dict[int, int] = {}
         self._gap_ns: dict[int, float] = {}
         # Only levels with a configured budget need their sightings (urgent_active).
@@ -298,17 +324,28 @@ class AdaptiveController:
     # --- measurements --------------------------------------------------------------------
 
     def record_arrival(self, now_ns: int, size: int, level: int) -> None:
-        self._advance(now_ns)
-        if self._in_system > 0:
+        # Per request: keep it to additions (the integrals are closed at plan time).
+        if now_ns - self._decayed_ns >= DECAY_STEP_NS:
+            self._decay(now_ns)
+        if now_ns > self._last_ns:
+            self._last_ns = now_ns
+        else:
+            now_ns = self._last_ns
+        held = self._in_system
+        if held:
             self._busy_arrivals += size
+        else:
+            self._busy_since_ns = now_ns
         self._arrivals += size
-        if level in self._watched:
-            self._seen(now_ns, level)
-        self._in_system += size
-        if self._in_system > self._peak:
-            self._peak = float(self._in_system)  # a client not seen before
+        self._occupancy -= size * now_ns
+        held += size
+        self._in_system = held
+        if held > self._peak:
+            self._set_peak(now_ns, float(held))  # a client not seen before
         else:
             self._returns += size  # one of the clients the peak counts, back from outside
+        if level in self._watched:
+            self._seen(now_ns, level)
 
     def _seen(self, now_ns: int, level: int) -> None:
         last = self._seen_ns.get(level)
@@ -321,62 +358,89 @@ class AdaptiveController:
 
     def record_departure(self, now_ns: int, size: int) -> None:
         """`size` samples left (a whole batch leaves in one call)."""
-        self._advance(now_ns)
-        self._peak = max(self._peak * PEAK_DECAY, float(self._in_system))
-        self._in_system = max(self._in_system - size, 0)
+        if now_ns - self._decayed_ns >= DECAY_STEP_NS:
+            self._decay(now_ns)
+        if now_ns > self._last_ns:
+            self._last_ns = now_ns
+        else:
+            now_ns = self._last_ns
+        held = self._in_system
+        self._set_peak(now_ns, max(self._peak * PEAK_DECAY, float(held)))
+        size = min(size, held)
+        self._occupancy += size * now_ns
+        held -= size
+        self._in_system = held
+        if not held and size:
+            self._busy_ns += now_ns - self._busy_since_ns
 
     def record_execution(self, size: int, duration_ns: int) -> None:
         self.cost.record(size, duration_ns)
 
-    def _advance(self, now_ns: int) -> None:
-        last = self._last_ns
-        if last == 0:
-            self._last_ns = self._decayed_ns = self._start_ns = now_ns
+    def _set_peak(self, now_ns: int, peak: float) -> None:
+        self._peak_area += self._peak * (now_ns - self._peak_ns)
+        self._peak_ns = now_ns
+        self._peak = peak
+
+    def _integrals(self, now_ns: int) -> tuple[float, float]:
+        """(time busy, client-time outside) up to `now_ns`, decayed."""
+        busy = self._busy_ns
+        if self._in_system:
+            busy += now_ns - self._busy_since_ns
+        peak_area = self._peak_area + self._peak * (now_ns - self._peak_ns)
+        occupancy = self._occupancy + self._in_system * now_ns
+        return busy, self._outside_ns + max(peak_area - occupancy, 0.0)
+
+    def _decay(self, now_ns: int) -> None:
+        """Close the integrals at `now_ns` and decay every estimator by the time since the
+        last step (steps are at least DECAY_STEP_NS apart, so that not every event pays
+        for an exp; the error is at most DECAY_STEP_NS / RATE_TAU_NS, 0.2 %)."""
+        if self._decayed_ns == 0:
+            self._decayed_ns = self._start_ns = self._last_ns = now_ns
+            self._peak_ns = self._busy_since_ns = now_ns
             return
-        dt = now_ns - last
-        if dt <= 0:
-            return
-        self._last_ns = now_ns
-        if self._in_system > 0:
-            self._busy_time_ns += dt
-        outside = self._peak - self._in_system
-        if outside > 0:
-            self._outside_ns += outside * dt
-        elapsed = now_ns - self._decayed_ns
-        if elapsed >= DECAY_STEP_NS:
-            self._decayed_ns = now_ns
-            decay = math.exp(-elapsed / RATE_TAU_NS)
-            self._busy_arrivals *= decay
-            self._busy_time_ns *= decay
-            self._arrivals *= decay
-            self._outside_ns *= decay
-            self._returns *= decay
+        now_ns = max(now_ns, self._last_ns)
+        busy, outside = self._integrals(now_ns)
+        decay = math.exp(-(now_ns - self._decayed_ns) / RATE_TAU_NS)
+        self._decayed_ns = self._last_ns = now_ns
+        self._busy_ns = busy * decay
+        self._busy_since_ns = now_ns
+        self._outside_ns = outside * decay
+        self._peak_area = 0.0
+        self._peak_ns = now_ns
+        self._occupancy = -self._in_system * now_ns
+        self._busy_arrivals *= decay
+        self._arrivals *= decay
+        self._returns *= decay
 
     # --- estimates -----------------------------------------------------------------------
 
     def busy_rate_per_ns(self) -> float:
-        """Arrivals per ns while the system holds other requests."""
-        if self._busy_time_ns <= 0:
+        """Arrivals per ns while the system holds other requests (up to the latest event)."""
+        busy, _ = self._integrals(self._last_ns)
+        if busy <= 0:
             return 0.0
-        return self._busy_arrivals / self._busy_time_ns
+        return self._busy_arrivals / busy
 
     def time_outside_ns(self) -> float:
         """The mean time a client spends outside the system between two requests (its
         turnaround: transport, the client's own work): the time-integral of the clients
-        outside over the arrivals that came back from outside (arrivals that raise the
-        peak are clients not seen before). Infinite before any came back."""
+        outside (the peak less those in the system) over the arrivals that came back from
+        outside (arrivals that raise the peak are clients not seen before). Infinite
+        before any came back."""
         if self._returns <= 0:
             return math.inf
-        return self._outside_ns / self._returns
+        _, outside = self._integrals(self._last_ns)
+        return outside / self._returns
 
-    def _fill_ns(self, more: int, potential: int, rate: float) -> float:
-        """Expected time until `more` requests arrive, with `potential` clients outside:
-        the faster of the busy-arrival rate and the clients' return (evenly spread over
-        twice their mean time outside)."""
+    @staticmethod
+    def _fill_ns(more: int, potential: int, rate: float, outside_ns: float) -> float:
+        """Expected time until `more` requests arrive, with `potential` clients outside
+        for `outside_ns` on average: the faster of the busy-arrival rate and the clients'
+        return (evenly spread over twice their mean time outside)."""
         by_rate = more / rate if rate > 0.0 else math.inf
         if more > potential:
             return by_rate
-        return min(by_rate, 2.0 * self.time_outside_ns() * more / potential)
+        return min(by_rate, 2.0 * outside_ns * more / potential)
 
     def budget_ns(self, level: int) -> int:
         """The level's latency budget: its own, else the model's scaled by level (level 1
@@ -489,7 +553,10 @@ class AdaptiveController:
         level: all when None); `idle_slots` other slots idle; the slot has been idle since
         `idle_since_ns` (now when None).
         """
-        self._advance(now_ns)
+        if now_ns - self._decayed_ns >= DECAY_STEP_NS:
+            self._decay(now_ns)
+        elif now_ns > self._last_ns:
+            self._last_ns = now_ns
         head = queued if head_samples is None else head_samples
         limit = self.size_cap(level, now_ns)
         if level in self._watched:
@@ -518,6 +585,7 @@ class AdaptiveController:
             return send_now
         potential = int(self._peak) - self._in_system
         rate = self.busy_rate_per_ns()
+        outside = self.time_outside_ns()
         cost_ns = self.cost.cost_ns
         budget = self._planning_budget_ns(level)
         end_ns = oldest_ns + int(budget)
@@ -536,7 +604,7 @@ class AdaptiveController:
         # whoever is left.
         everyone = n + potential
         sent_cost = cost_ns(n)
-        all_back = self._fill_ns(potential, potential, rate)
+        all_back = self._fill_ns(potential, potential, rate, outside)
         send_first_ns = max(sent_cost, all_back) + cost_ns(min(potential, limit))
         # Candidates n+1, n+2, n+4, ... below `reachable`, and `reachable`, ascending.
         # Timely ones fill in time for the budget (per-sample throughput, when they must
@@ -548,7 +616,7 @@ class AdaptiveController:
         while True:
             m = n + step if n + step < reachable else reachable
             cost = cost_ns(m)
-            fill = self._fill_ns(m - n, potential, rate)
+            fill = self._fill_ns(m - n, potential, rate, outside)
             start_by = min(end_ns - int(cost), bound_ns)
             if now_ns + fill <= start_by:
                 timely.append((m, m / cost, start_by))
@@ -581,7 +649,7 @@ class AdaptiveController:
             start_by = late_by
         else:
             return send_now
-        fill_ns = self._fill_ns(target - n, potential, rate)
+        fill_ns = self._fill_ns(target - n, potential, rate, outside)
         deadline = min(start_by, now_ns + int(FILL_MARGIN * fill_ns) + FILL_SLACK_NS)
         return Plan(target=target, deadline_ns=deadline, limit=limit)
 

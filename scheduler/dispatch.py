@@ -85,12 +85,10 @@ class SlotPool:
 
     def __init__(self, slots: list[ExecutorSlot]) -> None:
         self.slots = slots
+        # How many slots are idle, kept up to date by try_acquire and release.
+        self.idle_count = sum(not slot.busy for slot in slots)
         self._waiters: collections.deque[asyncio.Future[ExecutorSlot]] = collections.deque()
         self._closed: BaseException | None = None
-
-    @property
-    def idle_count(self) -> int:
-        return sum(not s.busy for s in self.slots)
 
     def _pick(self) -> ExecutorSlot | None:
         if len(self.slots) == 1:
@@ -108,6 +106,7 @@ class SlotPool:
         slot = self._pick()
         if slot is not None:
             slot.busy = True
+            self.idle_count -= 1
         return slot
 
     async def acquire(self) -> ExecutorSlot:
@@ -129,7 +128,9 @@ class SlotPool:
         """Give a slot back; it goes straight to the oldest waiter, if any."""
         if executed:
             slot.executions += 1
-        slot.busy = False
+        if slot.busy:
+            slot.busy = False
+            self.idle_count += 1
         if self._closed is not None:
             return
         while self._waiters:
