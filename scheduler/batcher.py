@@ -311,6 +311,8 @@ class DynamicBatcher:
         if not chosen:
             return [], None
         if self.controller is not None:
+            if full and self.controller.sends_full():
+                return chosen, None  # saturated: no plan to make, nothing to cap
             if self._unrecorded:
                 self._record()
             plan = self.controller.plan(

@@ -515,6 +515,28 @@ def test_stalled_executions_do_not_cut_batches_to_one() -> None:
     assert c.cost.table_us()[8] > 900
 
 
+def test_a_full_batch_skips_planning_only_when_nothing_could_cap_it() -> None:
+    now = T0
+    free = controller(max_batch_size=8)
+    sublinear(free)
+    assert free.sends_full()
+    assert free.plan(now, 8, now, 0, 0).limit == 8  # what plan() would have said
+    # A measured efficiency limit: plan() cuts the batch, so it must be asked.
+    capped = controller(max_batch_size=32)
+    for _ in range(3):
+        capped.record_execution(8, 8 * MS)
+        capped.record_execution(16, 14 * MS)
+        capped.record_execution(32, 40 * MS)
+    assert not capped.sends_full()
+    assert capped.plan(now, 32, now, 0, 0).limit == 16
+    # A configured budget on an urgent level caps the others' batches.
+    urgent = controller(levels=2, default_level=2, adaptive_latency_budget_us__1="2000")
+    for size in (1, 2, 4, 8):
+        urgent.record_execution(size, MS * size)
+    assert not urgent.sends_full()
+    assert urgent.plan(now, 8, now, 2, 0).limit < 8
+
+
 def test_no_efficiency_limit_without_a_measured_loss() -> None:
     c = controller(max_batch_size=32)
     for _ in range(3):
