@@ -327,12 +327,7 @@ class AdaptiveController:
 
     def record_arrival(self, now_ns: int, size: int, level: int) -> None:
         # Per request: keep it to additions (the integrals are closed at plan time).
-        if now_ns - self._decayed_ns >= DECAY_STEP_NS:
-            self._decay(now_ns)
-        if now_ns > self._last_ns:
-            self._last_ns = now_ns
-        else:
-            now_ns = self._last_ns
+        now_ns = self._tick(now_ns)
         held = self._in_system
         if held:
             self._busy_arrivals += size
@@ -360,12 +355,7 @@ class AdaptiveController:
 
     def record_departure(self, now_ns: int, size: int) -> None:
         """`size` samples left (a whole batch leaves in one call)."""
-        if now_ns - self._decayed_ns >= DECAY_STEP_NS:
-            self._decay(now_ns)
-        if now_ns > self._last_ns:
-            self._last_ns = now_ns
-        else:
-            now_ns = self._last_ns
+        now_ns = self._tick(now_ns)
         held = self._in_system
         self._set_peak(now_ns, max(self._peak * PEAK_DECAY, float(held)))
         size = min(size, held)
@@ -377,6 +367,16 @@ class AdaptiveController:
 
     def record_execution(self, size: int, duration_ns: int) -> None:
         self.cost.record(size, duration_ns)
+
+    def _tick(self, now_ns: int) -> int:
+        """Decay the estimators when a step is due, and return the time to account an
+        event at: `now_ns`, or the latest event's time should `now_ns` be earlier."""
+        if now_ns - self._decayed_ns >= DECAY_STEP_NS:
+            self._decay(now_ns)
+        if now_ns > self._last_ns:
+            self._last_ns = now_ns
+            return now_ns
+        return self._last_ns
 
     def _set_peak(self, now_ns: int, peak: float) -> None:
         self._peak_area += self._peak * (now_ns - self._peak_ns)
@@ -568,10 +568,7 @@ class AdaptiveController:
         level: all when None); `idle_slots` other slots idle; the slot has been idle since
         `idle_since_ns` (now when None).
         """
-        if now_ns - self._decayed_ns >= DECAY_STEP_NS:
-            self._decay(now_ns)
-        elif now_ns > self._last_ns:
-            self._last_ns = now_ns
+        self._tick(now_ns)
         head = queued if head_samples is None else head_samples
         limit = self.size_cap(level, now_ns)
         if level in self._watched:
