@@ -395,7 +395,7 @@ class AdaptiveController:
     def _decay(self, now_ns: int) -> None:
         """Close the integrals at `now_ns` and decay every estimator by the time since the
         last step (steps are at least DECAY_STEP_NS apart, so that not every event pays
-        for an exp; the error is at most DECAY_STEP_NS / RATE_TAU_NS, 0.2 %)."""
+        for an exp; the error is at most DECAY_STEP_NS / RATE_TAU_NS, 2 %)."""
         if self._decayed_ns == 0:
             self._decayed_ns = self._start_ns = self._last_ns = now_ns
             self._peak_ns = self._busy_since_ns = now_ns
