@@ -428,6 +428,25 @@ async def test_low_load_through_the_batcher_never_waits() -> None:
         await batcher.close(5.0)
 
 
+async def test_the_controller_hears_of_a_departure_before_the_next_arrival() -> None:
+    # The batcher tells the controller of a finished batch after answering it. A client
+    # that sends again at once, in the turn its answer resumes it in, must still be seen
+    # arriving after its last request left: one client, never two in the system.
+    config = make_config(max_batch_size=8, parameters={"adaptive_batching": "true"})
+    fake = FakeExecutor("fake")
+    batcher = make_batcher(config, [fake])
+    try:
+        for value in range(30):
+            await batcher.submit(item(value))  # not wait_for: no extra turn in between
+        assert batcher.controller is not None
+        snapshot = batcher.controller.snapshot()
+        assert snapshot["peak_in_system"] <= 1
+        assert snapshot["busy_arrival_rate_per_s"] == 0
+        assert fake.sizes == [1] * 30
+    finally:
+        await batcher.close(5.0)
+
+
 async def test_a_lone_request_starts_in_the_loop_turn_it_arrives_in() -> None:
     config = make_config(max_batch_size=8, parameters={"adaptive_batching": "true"})
     fake = FakeExecutor("fake", blocked=True)
