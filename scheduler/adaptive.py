@@ -418,10 +418,7 @@ class AdaptiveController:
 
     def busy_rate_per_ns(self) -> float:
         """Arrivals per ns while the system holds other requests (up to the latest event)."""
-        busy, _ = self._integrals(self._last_ns)
-        if busy <= 0:
-            return 0.0
-        return self._busy_arrivals / busy
+        return self._estimates()[0]
 
     def time_outside_ns(self) -> float:
         """The mean time a client spends outside the system between two requests (its
@@ -429,10 +426,14 @@ class AdaptiveController:
         outside (the peak less those in the system) over the arrivals that came back from
         outside (arrivals that raise the peak are clients not seen before). Infinite
         before any came back."""
-        if self._returns <= 0:
-            return math.inf
-        _, outside = self._integrals(self._last_ns)
-        return outside / self._returns
+        return self._estimates()[1]
+
+    def _estimates(self) -> tuple[float, float]:
+        """(busy_rate_per_ns, time_outside_ns), from one closing of the integrals."""
+        busy, outside = self._integrals(self._last_ns)
+        rate = self._busy_arrivals / busy if busy > 0 else 0.0
+        turnaround = outside / self._returns if self._returns > 0 else math.inf
+        return rate, turnaround
 
     @staticmethod
     def _fill_ns(more: int, potential: int, rate: float, outside_ns: float) -> float:
@@ -596,8 +597,7 @@ class AdaptiveController:
         if n >= limit or self._nothing_to_wait_for(idle_slots):
             return send_now
         potential = int(self._peak) - self._in_system
-        rate = self.busy_rate_per_ns()
-        outside = self.time_outside_ns()
+        rate, outside = self._estimates()
         cost_ns = self.cost.cost_ns
         budget = self._planning_budget_ns(level)
         end_ns = oldest_ns + int(budget)
