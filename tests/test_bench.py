@@ -19,6 +19,8 @@ from ge_serve.protos import model_config_pb2
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
+import abba
+import adaptive_vs_static
 import inputs
 import loadgen
 import models
@@ -265,3 +267,30 @@ def test_shared_memory_option_reaches_perf_analyzer(tmp_path: Path) -> None:
     assert sweep.parse_variant(["plain", "model=simple"]).shared_memory == "none"
     with pytest.raises(ValueError, match="shm must be one of"):
         sweep.parse_variant(["x", "shm=cuda"])
+
+
+def test_raw_figures_take_the_best_median_not_the_best_round() -> None:
+    rounds = [
+        {"raw b8": 80.0, "raw b16": 95.0},  # one lucky round at 16
+        {"raw b8": 90.0, "raw b16": 84.0},
+        {"raw b8": 89.0, "raw b16": 85.0},
+    ]
+    assert adaptive_vs_static.raw_figures(rounds) == (8, 89.0, 80.0, 90.0)
+
+
+def test_serverless_measurements_take_a_turn_in_every_round() -> None:
+    calls: list[str] = []
+
+    def measure_raw() -> dict[str, float]:
+        calls.append("raw")
+        return {"raw b1": float(len(calls))}
+
+    def no_server(name: str, server: object) -> dict[str, float]:
+        raise AssertionError("no server configuration was given")
+
+    found = abba.compare({}, 2, 3, no_server, log=lambda line: None, alone=True,
+                    serverless={"raw": measure_raw})  # fmt: skip
+    assert [row["raw b1"] for row in found["raw"]] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    side_by_side = abba.compare({}, 2, 3, no_server, log=lambda line: None,
+                           serverless={"raw": measure_raw})  # fmt: skip
+    assert len(side_by_side["raw"]) == 2  # once per session, before its servers start
