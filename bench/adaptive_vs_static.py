@@ -28,6 +28,7 @@ Writes OUT.json and OUT.md.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -159,10 +160,13 @@ def raw_figures(rounds: Sequence[Row]) -> tuple[int, float, float, float]:
     """(batch size, median samples/s, min, max) of raw onnxruntime at the batch size whose
     median over the rounds is highest. The median per size, not each round's best: the
     best of six noisy sizes would be biased upwards."""
-    sizes = {key for row in rounds for key in row}
-    medians = {key: median({RAW: rounds}, RAW, key) for key in sizes}
+    by_size: dict[str, list[float]] = {}
+    for row in rounds:
+        for key, value in row.items():
+            by_size.setdefault(key, []).append(float(value))
+    medians = {key: statistics.median(values) for key, values in by_size.items()}
     key = max(medians, key=lambda k: medians[k])
-    values = [float(row[key]) for row in rounds if key in row]
+    values = by_size[key]
     return int(key.removeprefix("raw b")), medians[key], min(values), max(values)
 
 
