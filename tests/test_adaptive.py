@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 from fake_executor import FakeExecutor, item, make_batcher, make_config, queued
 
-from ge_serve.scheduler.adaptive import NEAR_BEST, AdaptiveController, Plan
+from ge_serve.scheduler.adaptive import (
+    DECAY_STEP_NS,
+    NEAR_BEST,
+    AdaptiveController,
+    Arrival,
+    Departure,
+    Plan,
+)
+from ge_serve.scheduler.batcher import LOG_LIMIT
 from ge_serve.scheduler.policy import BatchPolicy
 
 MS = 1_000_000
@@ -411,6 +420,46 @@ def test_new_clients_are_not_taken_for_returning_ones() -> None:
     assert sends_now(c.plan(now, 1, now - 360 * MS, 0, 0, idle_since_ns=now), now)
 
 
+def state(c: AdaptiveController) -> dict[str, object]:
+    """Every field of the controller and its cost model."""
+    fields: dict[str, object] = {name: getattr(c, name) for name in type(c).__slots__}
+    fields.update({f"cost.{name}": getattr(c.cost, name) for name in type(c.cost).__slots__})
+    del fields["cost"]
+    return fields
+
+
+def test_a_replayed_log_leaves_the_state_that_calls_one_by_one_leave() -> None:
+    # The batcher logs arrivals and replays them in bulk; the replay must compute exactly
+    # what record_arrival/record_departure/record_execution compute, float for float.
+    # Two levels, one with a configured budget (its sightings are tracked); time runs
+    # forward with gaps below and beyond a decay step, and now and then backwards.
+    rng = random.Random(5)
+    kwargs = {"levels": 2, "default_level": 2, "adaptive_latency_budget_us__1": "4000"}
+    replayed, called = controller(**kwargs), controller(**kwargs)
+    now, held = T0, 0
+    events: list[Arrival | Departure] = []
+    for _ in range(3000):
+        now += rng.choice((0, 1_000, 50_000, 400_000, DECAY_STEP_NS + 7, -3_000))
+        if held and rng.random() < 0.3:
+            leaving = rng.randint(1, held)
+            held -= leaving
+            event: Arrival | Departure = (now, leaving, rng.randint(1, 8), rng.randint(1, 9) * MS)
+            called.record_departure(now, leaving)
+            called.record_execution(event[2], event[3])
+        else:
+            event = (now, rng.randint(1, 3), rng.choice((1, 2, 2)))
+            held += event[1]
+            called.record_arrival(*event)
+        events.append(event)
+        if rng.random() < 0.1:
+            replayed.record(events)
+            events.clear()
+    replayed.record(events)
+    assert state(replayed) == state(called)
+    assert replayed.snapshot() == called.snapshot()
+    assert held > 0 and replayed.snapshot()["peak_in_system"] > 1
+
+
 async def test_low_load_through_the_batcher_never_waits() -> None:
     # A one-minute budget: any wait for a request that will not come would time out.
     config = make_config(
@@ -443,6 +492,24 @@ async def test_the_controller_hears_of_a_departure_before_the_next_arrival() -> 
         assert snapshot["peak_in_system"] <= 1
         assert snapshot["busy_arrival_rate_per_s"] == 0
         assert fake.sizes == [1] * 30
+    finally:
+        await batcher.close(5.0)
+
+
+async def test_the_controller_hears_of_arrivals_while_no_batch_finishes() -> None:
+    # Arrivals are logged and replayed in bulk. With the only slot stuck on a batch, no
+    # batch finishes and no plan is made: the log must still reach the controller.
+    config = make_config(max_batch_size=8, parameters={"adaptive_batching": "true"})
+    fake = FakeExecutor("fake", blocked=True)
+    batcher = make_batcher(config, [fake])
+    count = 3 * LOG_LIMIT
+    try:
+        waiting = [asyncio.ensure_future(batcher.submit(item(v))) for v in range(count)]
+        await queued(batcher, count - 1)
+        assert batcher.controller is not None
+        assert batcher.controller.snapshot()["peak_in_system"] >= count - LOG_LIMIT
+        fake.open()
+        await asyncio.wait_for(asyncio.gather(*waiting), 10)
     finally:
         await batcher.close(5.0)
 
