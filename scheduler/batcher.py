@@ -351,25 +351,23 @@ class DynamicBatcher:
             entry.item.timings.queue_ns = now - entry.item.enqueue_ns
             items.append(entry.item)
         gears, batching = self._gears, self._batching
-        future = slot.run(lambda executor: execute_batch(executor, items, gears, batching))
         self._running += 1
-        future.add_done_callback(lambda done: self._batch_done(slot, batch, done))
+        slot.run_then(
+            lambda executor: execute_batch(executor, items, gears, batching),
+            lambda results, exc: self._batch_done(slot, batch, results, exc),
+        )
 
     def _batch_done(
         self,
         slot: ExecutorSlot,
         batch: list[Entry],
-        future: asyncio.Future[list[dict[str, Array]]],
+        results: list[dict[str, Array]] | None,
+        exc: BaseException | None,
     ) -> None:
         self._running -= 1
         self._pool.release(slot)
-        if future.cancelled():
-            for entry in batch:
-                cancelled = ServerError(
-                    ErrorCode.INTERNAL, "execution cancelled", FailureReason.BACKEND
-                )
-                self._finish(entry, error=cancelled)
-        elif (exc := future.exception()) is not None:
+        if exc is not None or results is None:
+            exc = exc or RuntimeError("the batch returned no results")
             log.error("batch of %d failed on %s: %s", len(batch), slot.name, exc)
             for entry in batch:
                 self._finish(entry, error=_client_error(exc))
@@ -393,12 +391,12 @@ class DynamicBatcher:
                         + timings.compute_output_ns,
                     )
                 )
-            for entry, result in zip(batch, future.result(), strict=True):
+            for entry, result in zip(batch, results, strict=True):
                 self._finish(entry, result=result, departed=True)
             if len(self._events) >= LOG_LIMIT and not self._replay_queued:
                 # Behind the answers: their callers resume first.
                 self._replay_queued = True
-                future.get_loop().call_soon(self._record)
+                asyncio.get_running_loop().call_soon(self._record)
         self._check_drained()
 
     # --- answers -------------------------------------------------------------------------

@@ -16,7 +16,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_Job = tuple[Callable[[Executor], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
+# What a slot reports a job's end to, on the loop: (result, None) or (None, the exception).
+Report = Callable[[Any, BaseException | None], None]
+_Job = tuple[Callable[[Executor], Any], Report, asyncio.AbstractEventLoop]
 
 
 class ExecutorSlot:
@@ -35,11 +37,12 @@ class ExecutorSlot:
         self._thread = threading.Thread(target=self._work, name=f"slot-{self.name}", daemon=True)
         self._thread.start()
 
-    def run(self, job: Callable[[Executor], T]) -> asyncio.Future[T]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._jobs.put((job, future, loop))
-        return future
+    def run_then(self, job: Callable[[Executor], T], report: Report) -> None:
+        """Run a job; `report(result, None)`, or `report(None, exc)` should it raise, is
+        called on the loop when it ends, in the turn the result arrives in: no future in
+        between whose callbacks take another turn (with a future and asyncio.shield, a
+        result took three turns to reach the request's task, now two)."""
+        self._jobs.put((job, report, asyncio.get_running_loop()))
 
     def close(self) -> None:
         """Stop the thread after the queued jobs, then close the executor on it."""
@@ -57,27 +60,26 @@ class ExecutorSlot:
             item = self._jobs.get()
             if item is None:
                 break
-            job, future, loop = item
+            job, report, loop = item
             try:
                 result = job(self.executor)
             except BaseException as exc:  # every failure goes back to its caller
-                loop.call_soon_threadsafe(_set_exception, future, exc)
+                loop.call_soon_threadsafe(report, None, exc)
             else:
-                loop.call_soon_threadsafe(_set_result, future, result)
+                loop.call_soon_threadsafe(report, result, None)
         try:
             self.executor.close()
         except Exception:
             log.exception("closing executor %s failed", self.name)
 
 
-def _set_result(future: asyncio.Future[Any], result: Any) -> None:
-    if not future.done():
-        future.set_result(result)
-
-
-def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
-    if not future.done():
+def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is not None:
         future.set_exception(exc)
+    else:
+        future.set_result(result)
 
 
 class SlotPool:
@@ -145,9 +147,14 @@ class SlotPool:
 
     async def run_on_slot(self, slot: ExecutorSlot, job: Callable[[Executor], T]) -> T:
         """Run a job and release the slot when it really ends, even if the caller is cancelled."""
-        future = slot.run(job)
-        future.add_done_callback(lambda _: self.release(slot))
-        return await asyncio.shield(future)
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+
+        def report(result: Any, exc: BaseException | None) -> None:
+            self.release(slot)
+            _settle(future, result, exc)
+
+        slot.run_then(job, report)
+        return await future
 
     def close(self, reason: BaseException | None = None) -> None:
         """Close every slot after its queued jobs; waiters for a slot get `reason`."""

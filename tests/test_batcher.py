@@ -12,6 +12,8 @@ from fake_executor import FakeExecutor, item, make_batcher, make_config, queued,
 
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.batcher import DynamicBatcher
+from ge_serve.scheduler.direct import DirectScheduler
+from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
 from ge_serve.server.errors import ErrorCode, ServerError
 
 pytestmark = pytest.mark.timeout(30)
@@ -388,7 +390,6 @@ async def test_a_model_without_batch_dimension_runs_each_request_alone() -> None
 
 async def test_a_failing_batch_former_answers_its_queue_and_restarts() -> None:
     from ge_serve.scheduler.adaptive import AdaptiveController, Plan
-    from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
     from ge_serve.scheduler.policy import BatchPolicy
 
     class Broken(AdaptiveController):
@@ -429,3 +430,29 @@ async def test_a_failing_batch_former_answers_its_queue_and_restarts() -> None:
         assert result["y"].tolist() == [[6.0] * 4]
     finally:
         await batcher.close(5.0)
+
+
+async def test_the_default_scheduler_holds_a_slot_until_its_execution_really_ends() -> None:
+    # Without dynamic batching one request is one execution. A caller that goes away
+    # mid-execution gets its answer dropped, but the slot stays busy until the execution
+    # ends: the next request must not run on the same executor meanwhile.
+    fake = FakeExecutor("fake", blocked=True)
+    pool = SlotPool([ExecutorSlot(fake)])
+    scheduler = DirectScheduler(pool, batching=True)
+    try:
+        gone = asyncio.ensure_future(scheduler.submit(item(1)))
+        assert await fake.started() == 1
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert pool.idle_count == 0
+        nxt = asyncio.ensure_future(scheduler.submit(item(2, rows=2)))
+        await asyncio.sleep(0)
+        assert not nxt.done() and fake.batches == [[1]]
+        fake.open()
+        result = await asyncio.wait_for(nxt, 10)
+        assert result["y"].tolist() == [[4.0] * 4] * 2
+        assert fake.batches == [[1], [2, 2]]
+        assert pool.idle_count == 1
+    finally:
+        await scheduler.close(5.0)
