@@ -434,8 +434,8 @@ async def test_a_failing_batch_former_answers_its_queue_and_restarts() -> None:
 
 async def test_the_default_scheduler_holds_a_slot_until_its_execution_really_ends() -> None:
     # Without dynamic batching one request is one execution. A caller that goes away
-    # mid-execution gets its answer dropped, but the slot stays busy until the execution
-    # ends: the next request must not run on the same executor meanwhile.
+    # mid-execution gets its answer dropped, but the slot counts as busy until the
+    # execution ends: the next request waits for it, and only then runs.
     fake = FakeExecutor("fake", blocked=True)
     pool = SlotPool([ExecutorSlot(fake)])
     scheduler = DirectScheduler(pool, batching=True)
