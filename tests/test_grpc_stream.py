@@ -218,17 +218,25 @@ async def test_stop_streams_ends_an_open_stream_after_its_requests() -> None:
 
 async def test_triton_grpc_error_closes_the_stream_and_cancels_the_rest() -> None:
     async with running() as rig:
-        call = rig.stub.ModelStreamInfer(metadata=(("triton_grpc_error", "true"),))
-        await call.write(simple_request(0, model="no_such_model"))
-        try:
-            for i in range(1, 4):
-                await call.write(simple_request(i))
-        except grpc.aio.AioRpcError:
-            pass  # the server may already have closed the stream
-        with pytest.raises(grpc.aio.AioRpcError):
-            await read_all(call)
-        assert await call.code() == grpc.StatusCode.NOT_FOUND
-        assert "no_such_model" in await call.details()
+        # Through the sync client: when one of its writes lands after the server ended the
+        # stream, grpc.aio's client reports "INTERNAL: Internal error from Core" in place
+        # of the server's status (grpc/grpc#36066; 1 run in 8 of this test here).
+        requests = [simple_request(0, model="no_such_model")]
+        requests += [simple_request(i) for i in range(1, 4)]
+
+        def stream() -> Any:
+            with grpc.insecure_channel(f"127.0.0.1:{rig.front.port}") as channel:
+                stub = pb_grpc.GRPCInferenceServiceStub(channel)
+                responses = stub.ModelStreamInfer(
+                    iter(requests), metadata=(("triton_grpc_error", "true"),)
+                )
+                with pytest.raises(grpc.RpcError) as caught:
+                    list(responses)
+                return caught.value
+
+        error = await asyncio.to_thread(stream)
+        assert error.code() == grpc.StatusCode.NOT_FOUND
+        assert "no_such_model" in error.details()
         # Whatever reached the scheduler was cancelled there, and nothing ran.
         await rig.gate.until(lambda: rig.gate.cancelled == len(rig.gate.held))
 
