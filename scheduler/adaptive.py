@@ -6,7 +6,10 @@ batch get, and how long may it wait for that.
 
 The model behind the answer:
 
-* **Execution cost per batch size**, from measured executions: an EWMA per (padded) size
+* **Execution cost per batch size**, from measured executions, each priced by its slot
+  time (from the hand-over to the slot until the results are back on the loop: on a busy
+  host the slot thread's wake-up costs more than a small model's compute, and only fewer
+  batches save it): an EWMA per (padded) size
   (a size's first execution is a warm-up, replaced by its second; a stall counts as at
   most STALL_CAP times the estimate), and a least-squares
   line `cost(b) = a + b*k` through them (through the sizes run more than once, when two
@@ -123,8 +126,13 @@ REFIT_EVERY = 32
 EFFICIENCY_LOSS = 0.95
 # One batch in this many ignores the efficiency limit, so that large sizes stay measured.
 EXPLORE_EVERY = 16
-# With no budget configured: twice the unbatched execution time (room to wait about one
-# execution), within these bounds; before any execution is measured, the default.
+# With no budget configured: this many unbatched executions (slot times), within the
+# bounds below; before any execution is measured, the default. Room to wait about three
+# executions: on `simple` over gRPC at 32 clients (a slot time of ~1.1 ms, ~2000 requests/s
+# reaching the batcher), filling a batch of 8 takes ~3.5 ms; a budget of two executions
+# let batches fill to ~4 (0.78x a static 3 ms window), four fills them to 7-7.5 (1.03x),
+# and at 8 clients ran 1.29x (HTTP) / 1.09x (gRPC) the throughput of two at a lower p50.
+DERIVED_BUDGET_EXECUTIONS = 4
 DEFAULT_BUDGET_NS = 1_000_000
 AUTO_BUDGET_MIN_NS = 200_000
 AUTO_BUDGET_MAX_NS = 200_000_000
@@ -196,13 +204,13 @@ class CostModel:
             # stalled (see below) and ran even longer.
             value = min(self._ewma[size], float(duration_ns))
         else:
-            # A measured execution includes the slot thread's wait for the GIL, and the
-            # time the OS took its core away: on a busy host, now and then, many times the
-            # real cost (a batch of 8 of `simple` measured 0.1 ms, with stalls of 0.4-1.4
-            # ms). Such a stall counts as STALL_CAP times the estimate: two in a row moved
-            # a plain EWMA so far that batches of 8 looked worse per sample than batches
-            # of 1, and the efficiency limit cut batches to 1. A real rise in cost is
-            # still followed, by up to COST_ALPHA * (STALL_CAP - 1) per execution.
+            # A measured slot time includes the slot thread's waits for a core and for the
+            # GIL: on a busy host, now and then, many times the usual (a batch of 8 of
+            # `simple` computed in 0.1 ms, with stalls of 0.4-1.4 ms). Such a stall counts
+            # as STALL_CAP times the estimate: two in a row moved a plain EWMA so far that
+            # batches of 8 looked worse per sample than batches of 1, and the efficiency
+            # limit cut batches to 1. A real rise in cost is still followed, by up to
+            # COST_ALPHA * (STALL_CAP - 1) per execution.
             old = self._ewma[size]
             value = old + COST_ALPHA * (min(duration_ns, STALL_CAP * old) - old)
         self._ewma[size] = value
@@ -535,7 +543,7 @@ class AdaptiveController:
         base = self._adaptive.base_budget_us * 1000
         if not base:
             if self.cost.known:
-                base = int(2 * self.cost.cost_ns(1))
+                base = int(DERIVED_BUDGET_EXECUTIONS * self.cost.cost_ns(1))
                 base = min(max(base, AUTO_BUDGET_MIN_NS), AUTO_BUDGET_MAX_NS)
             else:
                 base = DEFAULT_BUDGET_NS

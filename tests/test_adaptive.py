@@ -316,7 +316,7 @@ def test_a_saturated_slot_waits_for_returning_clients_instead_of_sending_one() -
     assert 1.5 * MS < c.time_outside_ns() < 2.5 * MS
     plan = c.plan(now, 1, oldest, 0, 0, idle_since_ns=now)
     assert plan.target == 32
-    # It waits, though the queued request is long past the derived budget (2 x 13 ms)...
+    # It waits, though the queued request is long past the derived budget (4 x 23.4 ms)...
     budget = c.budget_ns(0)
     assert now - oldest > budget
     assert now < plan.deadline_ns <= now + budget
@@ -413,10 +413,11 @@ def test_new_clients_are_not_taken_for_returning_ones() -> None:
     # turnaround to wait for, only the busy arrival rate.
     c = controller(max_batch_size=32)
     cnn_like(c)
-    now = busy_burst(c, clients=16, gap_ns=50 * MS)
+    now = busy_burst(c, clients=16, gap_ns=100 * MS)
     assert c.time_outside_ns() == float("inf")
     assert c.snapshot()["time_outside_us"] > 1e9
-    # One arrival per 50 ms is no reason for a late request to wait.
+    # One arrival per 100 ms, more than the derived budget (4 x 23.4 ms), is no reason
+    # for a late request to wait.
     assert sends_now(c.plan(now, 1, now - 360 * MS, 0, 0, idle_since_ns=now), now)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
@@ -456,3 +457,28 @@ async def test_the_default_scheduler_holds_a_slot_until_its_execution_really_end
         assert pool.idle_count == 1
     finally:
         await scheduler.close(5.0)
+
+
+async def test_the_controller_prices_a_batch_by_its_slot_time_not_its_compute() -> None:
+    # The execution computes in microseconds, but the loop is busy for 50 ms meanwhile,
+    # so its results come back and free the slot only then: the slot could not be used
+    # for all of that, and the controller prices the batch by it (and derives its budget
+    # from it: four unbatched executions).
+    config = make_config(max_batch_size=8, parameters={"adaptive_batching": "true"})
+    async with running(config) as (batcher, (fake,)):
+        fake.open()
+        request = item(1)
+        first = asyncio.ensure_future(batcher.submit(request))
+        await asyncio.sleep(0)  # submit() hands the request to the idle slot
+        # The loop is busy elsewhere while the execution runs and ends.
+        time.sleep(0.05)  # noqa: ASYNC251 - holding the loop is the point
+        assert await fake.started() == 1
+        await first
+        timings = request.timings
+        compute = timings.compute_input_ns + timings.compute_infer_ns + timings.compute_output_ns
+        assert compute < 25_000_000
+        await batcher.submit(item(2))  # the controller hears of the first departure
+        controller = batcher.controller
+        assert controller is not None
+        assert controller.snapshot()["cost_us"][1] >= 50_000
+        assert controller.budget_ns(0) >= 4 * 50_000_000
