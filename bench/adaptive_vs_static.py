@@ -1,11 +1,12 @@
 """Adaptive batching head to head with the static settings (issue 5's acceptance figures).
 
 For each model (`simple`, the ResNet-18-sized CNN) the configurations of bench/batching.py
-(`off`, `static0`, `static`, `adaptive`) run side by side, one server each, and are measured
-in rotating order over several rounds (bench/abba.py), so that one noisy moment cannot
-decide a comparison that single sweep rows are too noisy to settle:
+(`off`, `static0`, `static`, `static3ms` on `simple`, `adaptive`) run side by side, one
+server each, and are measured in rotating order over several rounds (bench/abba.py), so
+that one noisy moment cannot decide a comparison that single sweep rows are too noisy to
+settle:
 
-* throughput at concurrency 32 (`static0`, `static`, `adaptive`): adaptive ÷ the best static
+* throughput at concurrency 32 (the static settings and `adaptive`): adaptive ÷ the best static
   median, and each ÷ raw onnxruntime's best from the same run;
 * p50 at concurrency 1 (`off`, `adaptive`): adaptive ÷ unbatched.
 
@@ -47,7 +48,7 @@ from server import ServerProcess, grpc_ready
 
 THROUGHPUT_AT = 32
 LATENCY_AT = 1
-THROUGHPUT_CONFIGS = ("static0", "static", "adaptive")
+THROUGHPUT_CONFIGS = ("static0", "static", "static3ms", "adaptive")
 LATENCY_CONFIGS = ("off", "adaptive")
 RAW = "raw"  # raw onnxruntime, measured in the rotation with no server up
 
@@ -123,6 +124,7 @@ def run_model(
         throughput = {
             name: _median(results, name, f"{protocol} c{THROUGHPUT_AT} infer/s")
             for name in THROUGHPUT_CONFIGS
+            if name in chosen
         }
         best_static = max(
             (v for k, v in throughput.items() if k != "adaptive" and v is not None), default=None
