@@ -289,6 +289,45 @@ class CostModel:
         return intercept, slope
 
 
+class Presence:
+    """The samples in the system and their decayed peak (how many clients there are),
+    kept float for float as the controller's replay keeps them (`_in_system`, `_peak`),
+    but updated by the batcher as each arrival and departure happens, and whether any
+    execution has been measured.
+
+    With it the batcher answers "is there anything to wait for?" for a request that finds
+    nothing queued and a slot idle without replaying the controller's log first: at one
+    client, replaying every request's departure and arrival before it could start cost
+    the loop ~13 us per request (timed in-process, caches cold), on a path of ~390 us
+    (`simple` over HTTP). The log is replayed later, behind the answers."""
+
+    __slots__ = ("held", "measured", "peak")
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.peak = 0.0
+        self.measured = False
+
+    def arrive(self, size: int) -> None:
+        held = self.held + size
+        self.held = held
+        if held > self.peak:
+            self.peak = float(held)
+
+    def leave(self, size: int, measured: bool) -> None:
+        """`size` samples left; `measured`: their execution is logged for the cost model."""
+        held = self.held
+        self.peak = max(self.peak * PEAK_DECAY, float(held))
+        self.held = held - min(size, held)
+        if measured:
+            self.measured = True
+
+    def nothing_to_wait_for(self, idle_slots: int) -> bool:
+        """The controller's answer: no costs measured yet, another slot idle, or no
+        client outside to come back (see AdaptiveController._nothing_to_wait_for)."""
+        return not self.measured or idle_slots > 0 or int(self.peak) <= self.held
+
+
 class AdaptiveController:
     """Chooses batch windows and target sizes for one model's batcher. Loop-only."""
 
@@ -615,16 +654,12 @@ class AdaptiveController:
 
     # --- the decision --------------------------------------------------------------------
 
-    def sends_alone(self, size: int, idle_slots: int) -> bool:
-        """For a request that found nothing queued and a slot idle: whether plan() would
-        send it at once for want of anything to wait for (nothing measured yet, another
-        slot idle, or no other client to come), answered without planning. Records the
-        decision for metrics as plan() does."""
-        if not self._nothing_to_wait_for(idle_slots):
-            return False
+    def sent_alone(self, size: int) -> None:
+        """A request that found nothing queued and a slot idle went at once, for want of
+        anything to wait for (the batcher asked its Presence): what plan() would have
+        decided. Records the decision for metrics as plan() does."""
         self._target = size
         self._window_ns = 0
-        return True
 
     def sends_full(self) -> bool:
         """For a full batch (as many samples of one shape queued as a batch holds): whether
@@ -640,7 +675,8 @@ class AdaptiveController:
         return True
 
     def _nothing_to_wait_for(self, idle_slots: int) -> bool:
-        """No costs measured yet, another slot idle, or no client outside to come back."""
+        """No costs measured yet, another slot idle, or no client outside to come back.
+        Presence.nothing_to_wait_for answers the same from the batcher's side."""
         return not self.cost.known or idle_slots > 0 or int(self._peak) <= self._in_system
 
     def plan(

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from ge_serve.server.errors import (
     ErrorCode,
@@ -27,7 +28,7 @@ from ge_serve.server.errors import (
     request_timeout,
 )
 
-from .adaptive import AdaptiveController, Arrival, Departure
+from .adaptive import AdaptiveController, Arrival, Departure, Presence
 from .batch import execute_batch
 from .dispatch import ExecutorSlot, SlotPool
 from .policy import BatchPolicy
@@ -76,6 +77,9 @@ class DynamicBatcher:
         self._events: list[Arrival | Departure] = []
         self._log = self._events.append
         self._replay_queued = False
+        # Who is in the system, up to date with the log (the controller is only up to
+        # date with what it replayed): decides a lone request without a replay.
+        self._presence = Presence()
         # Set once closing, when nothing is queued or running (close() waits for it).
         self._drained = asyncio.Event()
         self._closing = False
@@ -95,6 +99,15 @@ class DynamicBatcher:
     def queue_depths(self) -> dict[int, int]:
         """Queued (not yet executing) requests per priority level."""
         return self._queue.depths()
+
+    def adaptive_snapshot(self) -> dict[str, Any] | None:
+        """The adaptive controller's estimates and latest decision (see
+        AdaptiveController.snapshot), up to date with every logged event; None when the
+        model does not batch adaptively."""
+        if self.controller is None:
+            return None
+        self._record()
+        return self.controller.snapshot()
 
     async def submit(self, item: WorkItem) -> dict[str, Array]:
         if self._closing:
@@ -172,19 +185,22 @@ class DynamicBatcher:
         if controller is None or slot is None:
             self._enqueue(entry)
             if controller is not None:
+                self._presence.arrive(entry.size)
                 self._log((entry.enqueue_ns, entry.size, entry.level))
                 if len(self._events) >= LOG_LIMIT:
                     self._record()
             return None
-        # The controller plans with this arrival. Nothing is queued, so the queue has room
-        # for it should it have to wait after all.
+        # Nothing is queued, so the queue has room for it should it have to wait after all.
         now, size, level = entry.enqueue_ns, entry.size, entry.level
-        if self._events:
-            self._record()
-        controller.record_arrival(now, size, level)
+        self._presence.arrive(size)
+        self._log((now, size, level))
         idle = self._pool.idle_count
-        if controller.sends_alone(size, idle):
+        if self._presence.nothing_to_wait_for(idle):
+            # Sent alone whatever the controller's estimates say: they can wait for the
+            # next replay, behind this request.
+            controller.sent_alone(size)
             return slot
+        self._record()  # the controller plans with this arrival
         try:
             plan = controller.plan(now, size, now, level, idle, size, now)
         except Exception:
@@ -393,6 +409,7 @@ class DynamicBatcher:
                 done_ns = time.monotonic_ns()
                 size = batch[0].item.timings.batch_size
                 self._log((done_ns, leaving, size, done_ns - launched_ns))
+                self._presence.leave(leaving, True)
             for entry, result in zip(batch, results, strict=True):
                 self._finish(entry, result=result, departed=True)
             if len(self._events) >= LOG_LIMIT and not self._replay_queued:
@@ -426,6 +443,7 @@ class DynamicBatcher:
             if self._events:
                 self._record()
             self.controller.record_departure(time.monotonic_ns(), entry.size)
+            self._presence.leave(entry.size, False)
         order = self._order
         if order is None or result is None:
             # Errors are answered at once, as Triton does for rejected requests.

@@ -15,6 +15,7 @@ from ge_serve.scheduler.adaptive import (
     Arrival,
     Departure,
     Plan,
+    Presence,
 )
 from ge_serve.scheduler.batcher import LOG_LIMIT
 from ge_serve.scheduler.policy import BatchPolicy
@@ -397,7 +398,6 @@ def test_clients_that_left_are_forgotten_within_a_few_requests() -> None:
     now += MS
     c.record_arrival(now, 1, 0)
     assert c.snapshot()["peak_in_system"] < 2
-    assert c.sends_alone(1, 0)
     assert sends_now(c.plan(now, 1, now, 0, 0, idle_since_ns=now), now)
 
 
@@ -434,11 +434,15 @@ def test_a_replayed_log_leaves_the_state_that_calls_one_by_one_leave() -> None:
     # what record_arrival/record_departure/record_execution compute, float for float.
     # Two levels, one with a configured budget (its sightings are tracked); time runs
     # forward with gaps below and beyond a decay step, and now and then backwards.
+    # The batcher's Presence, told of each event as it happens, keeps the same count and
+    # peak, and so gives the controller's answer to "anything to wait for?" at any time.
     rng = random.Random(5)
     kwargs = {"levels": 2, "default_level": 2, "adaptive_latency_budget_us__1": "4000"}
     replayed, called = controller(**kwargs), controller(**kwargs)
+    presence = Presence()
     now, held = T0, 0
     events: list[Arrival | Departure] = []
+    answers: set[bool] = set()
     for _ in range(3000):
         now += rng.choice((0, 1_000, 50_000, 400_000, DECAY_STEP_NS + 7, -3_000))
         if held and rng.random() < 0.3:
@@ -447,15 +451,23 @@ def test_a_replayed_log_leaves_the_state_that_calls_one_by_one_leave() -> None:
             event: Arrival | Departure = (now, leaving, rng.randint(1, 8), rng.randint(1, 9) * MS)
             called.record_departure(now, leaving)
             called.record_execution(event[2], event[3])
+            presence.leave(leaving, True)
         else:
             event = (now, rng.randint(1, 3), rng.choice((1, 2, 2)))
             held += event[1]
             called.record_arrival(*event)
+            presence.arrive(event[1])
         events.append(event)
+        assert (presence.held, presence.peak) == (called._in_system, called._peak)
+        for idle in (0, 1):
+            answer = presence.nothing_to_wait_for(idle)
+            assert answer == called._nothing_to_wait_for(idle)
+            answers.add(answer)
         if rng.random() < 0.1:
             replayed.record(events)
             events.clear()
     replayed.record(events)
+    assert answers == {True, False}
     assert state(replayed) == state(called)
     assert replayed.snapshot() == called.snapshot()
     assert held > 0 and replayed.snapshot()["peak_in_system"] > 1
@@ -489,7 +501,7 @@ async def test_the_controller_hears_of_a_departure_before_the_next_arrival() -> 
         for value in range(30):
             await batcher.submit(item(value))  # not wait_for: no extra turn in between
         assert batcher.controller is not None
-        snapshot = batcher.controller.snapshot()
+        snapshot = batcher.adaptive_snapshot()
         assert snapshot["peak_in_system"] <= 1
         assert snapshot["busy_arrival_rate_per_s"] == 0
         assert fake.sizes == [1] * 30
@@ -508,7 +520,7 @@ async def test_the_controller_hears_of_arrivals_while_no_batch_finishes() -> Non
         waiting = [asyncio.ensure_future(batcher.submit(item(v))) for v in range(count)]
         await queued(batcher, count - 1)
         assert batcher.controller is not None
-        assert batcher.controller.snapshot()["peak_in_system"] >= count - LOG_LIMIT
+        assert batcher.adaptive_snapshot()["peak_in_system"] >= count - LOG_LIMIT
         fake.open()
         await asyncio.wait_for(asyncio.gather(*waiting), 10)
     finally:
@@ -557,7 +569,7 @@ async def test_high_load_through_the_batcher_grows_batches_to_the_maximum() -> N
         assert max(fake.sizes) == 8
         assert len(fake.sizes) <= 96 // 4
         assert batcher.controller is not None
-        snapshot = batcher.controller.snapshot()
+        snapshot = batcher.adaptive_snapshot()
         assert 1 <= snapshot["target_batch_size"] <= 8
         assert snapshot["window_us"] <= 5000
     finally:
@@ -664,4 +676,40 @@ async def test_an_urgent_request_neither_waits_behind_nor_rides_in_a_long_batch(
         assert fake.sizes == [1] * 9
     finally:
         fake.open()
+        await batcher.close(5.0)
+
+
+async def test_the_batchers_presence_follows_every_arrival_and_departure() -> None:
+    # The batcher decides lone requests from its Presence, told of each arrival and
+    # departure as it happens, while the controller hears of them when the log is
+    # replayed. After any traffic (a request cancelled in the queue, batches, lone
+    # requests), the two must agree once the log is replayed.
+    config = make_config(max_batch_size=4, parameters={"adaptive_batching": "true"})
+    fake = FakeExecutor("fake", blocked=True, cost_s=0.001)
+    batcher = make_batcher(config, [fake])
+
+    async def client(index: int) -> None:
+        for round_ in range(10):
+            await batcher.submit(item(index * 100 + round_))
+
+    try:
+        running = asyncio.ensure_future(batcher.submit(item(1)))
+        assert await fake.started() == 1
+        doomed = asyncio.ensure_future(batcher.submit(item(2)))
+        await queued(batcher, 1)
+        doomed.cancel()
+        await queued(batcher, 0)
+        assert batcher.pending == 1
+        fake.open()
+        await asyncio.wait_for(running, 10)
+        await asyncio.wait_for(asyncio.gather(*(client(i) for i in range(6))), 20)
+        for value in range(3):
+            await batcher.submit(item(value))  # lone requests, one client
+        assert batcher.adaptive_snapshot() is not None  # replays the log
+        controller, presence = batcher.controller, batcher._presence
+        assert controller is not None
+        assert (presence.held, presence.peak) == (controller._in_system, controller._peak)
+        assert presence.measured and controller.cost.known
+        assert presence.held == 0 and max(fake.sizes) > 1
+    finally:
         await batcher.close(5.0)
