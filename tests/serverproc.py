@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -21,10 +22,17 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_MODELS = REPO_ROOT / "examples" / "models"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def free_ports(count: int) -> tuple[int, ...]:
+    """`count` distinct free loopback ports. The sockets are held until all are bound:
+    closed one by one, the kernel may hand the same port out twice (a CI run once gave a
+    server the same gRPC and metrics port)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return tuple(ports)
 
 
 @dataclass
@@ -93,7 +101,8 @@ def start_server(
     timeout: float = 60.0,
     env: dict[str, str] | None = None,
 ) -> ServerProcess:
-    ports = (free_port(), free_port(), free_port())
+    http, grpc, metrics = free_ports(3)
+    ports = (http, grpc, metrics)
     log_dir = Path(tempfile.mkdtemp(prefix="ge-serve-log-"))
     log_path = log_dir / "server.log"
     cmd = server_command(repos, extra, ports)
