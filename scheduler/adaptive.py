@@ -130,8 +130,9 @@ EXPLORE_EVERY = 16
 # bounds below; before any execution is measured, the default. Room to wait about three
 # executions: on `simple` over gRPC at 32 clients (a slot time of ~1.1 ms, ~2000 requests/s
 # reaching the batcher), filling a batch of 8 takes ~3.5 ms; a budget of two executions
-# let batches fill to ~4 (0.78x a static 3 ms window), four fills them to 7-7.5 (1.03x),
-# and at 8 clients ran 1.29x (HTTP) / 1.09x (gRPC) the throughput of two at a lower p50.
+# let batches fill to ~4 (0.78x a static 3 ms window), four fills them to 7-7.5 (1.03x);
+# at 8 clients, slot times and four ran 1.28x (HTTP) / 1.16x (gRPC) the throughput of
+# compute times and two, at a lower p50.
 DERIVED_BUDGET_EXECUTIONS = 4
 DEFAULT_BUDGET_NS = 1_000_000
 AUTO_BUDGET_MIN_NS = 200_000
