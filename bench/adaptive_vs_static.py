@@ -10,10 +10,18 @@ settle:
   median, and each ÷ raw onnxruntime's best from the same run;
 * p50 at concurrency 1 (`off`, `adaptive`): adaptive ÷ unbatched.
 
-Raw onnxruntime takes its turn in the same rotation, with no server up (bench/raw_ort.py,
-every batch size up to the model's maximum); its figure is the median at the batch size
-with the best median. Measured once before and once after a run instead, it drifted by up
-to 4 % between the two on this machine, as much as the margin being measured.
+c=1 and c=32 run on separate servers (`adaptive` has one of each), so that every server
+measured at 32 has the same history. When one server measured both, adaptive carried its
+c=1 history into c=32 and the static settings did not: in an A/B over HTTP that history
+alone cost ~1-2 % at c=32.
+
+Raw onnxruntime (bench/raw_ort.py, every batch size up to the model's maximum) runs right
+before and right after each throughput measurement, with that server up and idle. Each
+measurement's ratio is its throughput ÷ the mean of the two raw figures around it, at the
+batch size whose median over the whole run is highest; the table gives the median ratio
+and the lowest. Here the machine's speed drifts by 10-20 % over tens of seconds (raw
+ResNet at batch 16, one call after another for a minute: 38-50 samples/s), so raw figures
+taken minutes away from a measurement measured the drift as much as the server.
 
     export PYTHONPATH=$(tools/pyroot.sh)
     python3 bench/adaptive_vs_static.py --out bench/results/adaptive_vs_static
@@ -32,7 +40,7 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +58,7 @@ THROUGHPUT_AT = 32
 LATENCY_AT = 1
 THROUGHPUT_CONFIGS = ("static0", "static", "static3ms", "adaptive")
 LATENCY_CONFIGS = ("off", "adaptive")
-RAW = "raw"  # raw onnxruntime, measured in the rotation with no server up
+LATENCY = " c1"  # suffix of the servers that measure c=1 only
 
 
 def run_model(
@@ -75,65 +83,77 @@ def run_model(
     for name, variant in chosen.items():
         repo = make_repo(CACHE / "repos" / f"h2h_{variant.name}", model, options=variant.options)
         input_json_for(repo / model, data)
-        specs[name] = ServerSpec(repo, variant.flags)
+        # c=1 and c=32 on servers of their own, so that no server measured at 32 has
+        # served c=1 first and every figure comes from a server with the same history.
+        if name in THROUGHPUT_CONFIGS:
+            specs[name] = ServerSpec(repo, variant.flags)
+        if name in LATENCY_CONFIGS:
+            specs[name + LATENCY] = ServerSpec(repo, variant.flags)
     tool = find_perf_analyzer()
     max_batch = ensure_model(model).default_max_batch_size
     sizes = tuple(b for b in DEFAULT_BATCH_SIZES if b <= max_batch)
     onnx_path = ensure_model(model).onnx_path
 
-    def measure_raw_now() -> Row:
-        found = measure_raw(onnx_path, sizes, raw_seconds)
-        return {f"raw b{row['batch_size']}": float(row["samples_per_s"]) for row in found["rows"]}
+    def measure_raw_now() -> dict[int, float]:
+        found = measure_raw(onnx_path, sizes, raw_seconds, warmup_calls=1)
+        return {int(row["batch_size"]): float(row["samples_per_s"]) for row in found["rows"]}
 
     def measure(name: str, server: ServerProcess) -> Row:
         row: Row = {}
         protocols_up = [p for p in protocols if p != "grpc" or grpc_ready(server, 3.0)]
-        # Concurrency 1 first, over both protocols, on every server: only the batching
-        # configurations run at 32, so this way every c=1 figure comes from a server with
-        # the same history (none).
-        points = []
-        if name in LATENCY_CONFIGS:
-            points.append(LATENCY_AT)
-        if name in THROUGHPUT_CONFIGS:
-            points.append(THROUGHPUT_AT)
-        for concurrency in points:
-            window = interval_ms if concurrency == THROUGHPUT_AT else latency_interval_ms
-            for protocol in protocols_up:
-                url = server.grpc_url if protocol == "grpc" else server.http_url
-                try:
-                    found = run_perf_analyzer(
-                        model, url, protocol, concurrency, data,
-                        measurement_interval_ms=window, max_trials=3,
-                        stability_percentage=100, perf_analyzer=tool,
-                        shared_memory="system" if shared_memory else "none",
-                    )  # fmt: skip
-                except PerfAnalyzerError as exc:
-                    print(f"[{name}] {protocol} c={concurrency}: {exc}", file=sys.stderr)
-                    continue
-                row[f"{protocol} c{concurrency} infer/s"] = float(found["throughput"])
-                row[f"{protocol} c{concurrency} p50"] = float(found["p50_us"])
+        latency = name.endswith(LATENCY)
+        concurrency = LATENCY_AT if latency else THROUGHPUT_AT
+        window = latency_interval_ms if latency else interval_ms
+        for protocol in protocols_up:
+            if not latency:
+                # Raw onnxruntime right before and after every throughput measurement
+                # (the server up and idle): the machine's speed drifts by 10-20 % over
+                # tens of seconds here, so a ratio to raw figures taken minutes away
+                # measures the drift as much as the server.
+                row.setdefault(f"{protocol} raw before", measure_raw_now())
+            url = server.grpc_url if protocol == "grpc" else server.http_url
+            try:
+                found = run_perf_analyzer(
+                    model, url, protocol, concurrency, data,
+                    measurement_interval_ms=window, max_trials=3,
+                    stability_percentage=100, perf_analyzer=tool,
+                    shared_memory="system" if shared_memory else "none",
+                )  # fmt: skip
+            except PerfAnalyzerError as exc:
+                print(f"[{name}] {protocol} c={concurrency}: {exc}", file=sys.stderr)
+                continue
+            row[f"{protocol} c{concurrency} infer/s"] = float(found["throughput"])
+            row[f"{protocol} c{concurrency} p50"] = float(found["p50_us"])
+            if not latency:
+                row[f"{protocol} raw after"] = measure_raw_now()
+                following = protocols_up.index(protocol) + 1
+                if following < len(protocols_up):  # the next protocol's "before"
+                    row[f"{protocols_up[following]} raw before"] = row[f"{protocol} raw after"]
         return row
 
     results = compare(
         specs, sessions, rounds, measure, log=lambda line: print(line, file=sys.stderr),
-        alone=alone, serverless={RAW: measure_raw_now},
+        alone=alone,
     )  # fmt: skip
-    raw_batch, raw, raw_low, raw_high = raw_figures(results[RAW])
+    raw_batch, raw, raw_low, raw_high = raw_figures(
+        [r[k] for name in THROUGHPUT_CONFIGS if name in results
+         for r in results[name] for k in r if " raw " in k]
+    )  # fmt: skip
     rows: list[dict[str, Any]] = []
     for protocol in protocols:
+        key = f"{protocol} c{THROUGHPUT_AT} infer/s"
         throughput = {
-            name: _median(results, name, f"{protocol} c{THROUGHPUT_AT} infer/s")
-            for name in THROUGHPUT_CONFIGS
-            if name in chosen
+            name: _median(results, name, key) for name in THROUGHPUT_CONFIGS if name in chosen
         }
         best_static = max(
             (v for k, v in throughput.items() if k != "adaptive" and v is not None), default=None
         )
         p50_key = f"{protocol} c{LATENCY_AT} p50"
-        latency = {name: _median(results, name, p50_key) for name in LATENCY_CONFIGS}
+        latency = {name: _median(results, name + LATENCY, p50_key) for name in LATENCY_CONFIGS}
         for name in chosen:
-            samples = [r[f"{protocol} c{THROUGHPUT_AT} infer/s"] for r in results[name]
-                       if f"{protocol} c{THROUGHPUT_AT} infer/s" in r]  # fmt: skip
+            measured = [r for r in results.get(name, []) if key in r]
+            samples = [r[key] for r in measured]
+            ratios = [bracketed_ratio(r, protocol, key, raw_batch) for r in measured]
             tp = throughput.get(name)
             p50, unbatched = latency.get(name), latency.get("off")
             row: dict[str, Any] = {
@@ -143,11 +163,12 @@ def run_model(
                 "c32 infer/s": tp,
                 "c32 min": min(samples) if samples else None,
                 "c32 max": max(samples) if samples else None,
-                "÷ raw ORT": tp / raw if tp else None,
+                "÷ raw ORT": statistics.median(ratios) if ratios else None,
+                "÷ raw min": min(ratios) if ratios else None,
                 "÷ best static": tp / best_static if tp and best_static else None,
                 "c1 p50 µs": p50,
                 "c1 p50 ÷ off": p50 / unbatched if p50 and unbatched else None,
-                "rounds": len(samples) or len(results[name]),
+                "rounds": len(samples) or len(results.get(name + LATENCY, [])),
             }
             rows.append(row)
     for row in rows:
@@ -158,18 +179,25 @@ def run_model(
     return rows
 
 
-def raw_figures(rounds: Sequence[Row]) -> tuple[int, float, float, float]:
+def bracketed_ratio(row: Row, protocol: str, key: str, batch: int) -> float:
+    """A throughput measurement ÷ raw onnxruntime at `batch`, the mean of the raw figures
+    taken right before and right after it."""
+    around = (row[f"{protocol} raw before"][batch] + row[f"{protocol} raw after"][batch]) / 2
+    return float(row[key]) / around
+
+
+def raw_figures(measurements: Sequence[Mapping[int, float]]) -> tuple[int, float, float, float]:
     """(batch size, median samples/s, min, max) of raw onnxruntime at the batch size whose
-    median over the rounds is highest. The median per size, not each round's best: the
-    best of six noisy sizes would be biased upwards."""
-    by_size: dict[str, list[float]] = {}
-    for row in rounds:
-        for key, value in row.items():
-            by_size.setdefault(key, []).append(float(value))
-    medians = {key: statistics.median(values) for key, values in by_size.items()}
-    key = max(medians, key=lambda k: medians[k])
-    values = by_size[key]
-    return int(key.removeprefix("raw b")), medians[key], min(values), max(values)
+    median over all measurements is highest. The median per size, not each measurement's
+    best: the best of six noisy sizes would be biased upwards."""
+    by_size: dict[int, list[float]] = {}
+    for found in measurements:
+        for size, value in found.items():
+            by_size.setdefault(size, []).append(float(value))
+    medians = {size: statistics.median(values) for size, values in by_size.items()}
+    size = max(medians, key=lambda k: medians[k])
+    values = by_size[size]
+    return size, medians[size], min(values), max(values)
 
 
 def _median(results: dict[str, list[Row]], name: str, key: str) -> float | None:
@@ -186,6 +214,7 @@ COLUMNS = (
     "c32 min",
     "c32 max",
     "÷ raw ORT",
+    "÷ raw min",
     "÷ best static",
     "c1 p50 µs",
     "c1 p50 ÷ off",
@@ -219,9 +248,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="one server up at a time, fresh for each measurement (as raw onnxruntime runs "
         "alone); by default every configuration's server is up side by side",
     )
+    parser.add_argument(
+        "--raw-seconds", type=float, default=1.5, help="raw onnxruntime, per batch size"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny windows: smoke only")
     args = parser.parse_args(argv)
-    raw_seconds = 2.0
+    raw_seconds = args.raw_seconds
     if args.quick:
         args.sessions, args.rounds, raw_seconds = 1, 1, 0.3
         args.interval_ms = args.latency_interval_ms = 500
