@@ -31,12 +31,13 @@ taken minutes away from a measurement measured the drift as much as the server.
 `--alone` starts a fresh server for each measurement with no other up, as raw onnxruntime
 runs alone: with the four CNN servers up side by side, every configuration measured ~3 %
 lower on this 2-core machine (0.92x raw against 0.95-0.96x alone, in runs an hour apart).
-Writes OUT.json and OUT.md.
+Writes OUT.json, OUT.md and OUT_rounds.json (every measurement, per server, in order).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -71,7 +72,10 @@ def run_model(
     raw_seconds: float,
     shared_memory: bool,
     alone: bool = False,
+    rounds_out: dict[str, list[Row]] | None = None,
 ) -> list[dict[str, Any]]:
+    """The table's rows for `model`; with `rounds_out`, also every measurement as taken,
+    per server (for paired comparisons within a round)."""
     short = SHORT.get(model, model)
     chosen = {
         v.name.removesuffix(f"-{short}"): v
@@ -135,6 +139,8 @@ def run_model(
         specs, sessions, rounds, measure, log=lambda line: print(line, file=sys.stderr),
         alone=alone,
     )  # fmt: skip
+    if rounds_out is not None:
+        rounds_out.update({f"{model} {name}": found for name, found in results.items()})
     raw_batch, raw, raw_low, raw_high = raw_figures(
         [r[k] for name in THROUGHPUT_CONFIGS if name in results
          for r in results[name] for k in r if " raw " in k]
@@ -259,6 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.interval_ms = args.latency_interval_ms = 500
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
+    measured: dict[str, list[Row]] = {}
     for model in args.models:
         rows += run_model(
             model,
@@ -270,8 +277,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raw_seconds,
             args.shared_memory,
             args.alone,
+            measured,
         )
     save_rows(rows, args.out.with_suffix(".json"))
+    # Every measurement in the order taken, raw figures keyed by batch size.
+    rounds_path = args.out.with_name(args.out.name + "_rounds.json")
+    rounds_path.write_text(json.dumps(measured, indent=1, default=str) + "\n")
     table = markdown_table(rows, COLUMNS)
     command = " ".join(["python3 bench/adaptive_vs_static.py", *(argv or sys.argv[1:])])
     note = (
