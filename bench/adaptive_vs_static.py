@@ -188,8 +188,9 @@ def run_model(
 def bracketed_ratio(row: Row, protocol: str, key: str, batch: int) -> float:
     """A throughput measurement ÷ raw onnxruntime at `batch`, the mean of the raw figures
     taken right before and right after it."""
-    around = (row[f"{protocol} raw before"][batch] + row[f"{protocol} raw after"][batch]) / 2
-    return float(row[key]) / around
+    before = float(row[f"{protocol} raw before"][batch])
+    after = float(row[f"{protocol} raw after"][batch])
+    return float(row[key]) / ((before + after) / 2)
 
 
 def raw_figures(measurements: Sequence[Mapping[int, float]]) -> tuple[int, float, float, float]:

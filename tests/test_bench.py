@@ -270,12 +270,23 @@ def test_shared_memory_option_reaches_perf_analyzer(tmp_path: Path) -> None:
 
 
 def test_raw_figures_take_the_best_median_not_the_best_round() -> None:
-    rounds = [
-        {"raw b8": 80.0, "raw b16": 95.0},  # one lucky round at 16
-        {"raw b8": 90.0, "raw b16": 84.0},
-        {"raw b8": 89.0, "raw b16": 85.0},
+    measurements = [
+        {8: 80.0, 16: 95.0},  # one lucky measurement at 16
+        {8: 90.0, 16: 84.0},
+        {8: 89.0, 16: 85.0},
     ]
-    assert adaptive_vs_static.raw_figures(rounds) == (8, 89.0, 80.0, 90.0)
+    assert adaptive_vs_static.raw_figures(measurements) == (8, 89.0, 80.0, 90.0)
+
+
+def test_a_throughput_measurement_is_divided_by_the_raw_figures_around_it() -> None:
+    row = {
+        "grpc raw before": {8: 40.0, 16: 44.0},
+        "grpc c32 infer/s": 42.0,
+        "grpc raw after": {8: 36.0, 16: 40.0},  # the machine slowed during the measurement
+    }
+    # At the run's best size (16), to the mean of 44 and 40: not to the figure before
+    # (42/44), the one after (42/40), or those at size 8 (42/38).
+    assert adaptive_vs_static.bracketed_ratio(row, "grpc", "grpc c32 infer/s", 16) == 1.0
 
 
 def test_serverless_measurements_take_a_turn_in_every_round() -> None:
