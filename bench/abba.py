@@ -52,29 +52,16 @@ def compare(
     after_session: Callable[[Mapping[str, ServerProcess]], None] | None = None,
     log: Callable[[str], None] = print,
     alone: bool = False,
-    serverless: Mapping[str, Callable[[], Row]] | None = None,
 ) -> dict[str, list[Row]]:
     """Rows measured per configuration, `sessions` x `rounds` of them. `after_session` sees
     the running servers before each session's servers stop. `alone`: each measurement
     gets a fresh server and no other is up (for figures against raw onnxruntime, which
-    runs alone too); the order still rotates, and `after_session` sees each server alone.
-
-    `serverless`: measurements that need no server (raw onnxruntime), taken in the same
-    rotation while no server is up, so that the machine's drift over a run falls on them
-    as on the servers. With `alone` they take a turn in every round; side by side, once
-    before each session's servers start."""
-    extra = dict(serverless or {})
-    results: dict[str, list[Row]] = {name: [] for name in [*configs, *extra]}
+    runs alone too); the order still rotates, and `after_session` sees each server alone."""
+    results: dict[str, list[Row]] = {name: [] for name in configs}
     names = list(configs)
     if alone:
         for index in range(sessions * rounds):
-            for name in rotation([*names, *extra], index):
-                if name in extra:
-                    results[name].append(extra[name]())
-                    log(
-                        f"round {index + 1}/{sessions * rounds} {name}: {_brief(results[name][-1])}"
-                    )
-                    continue
+            for name in rotation(names, index):
                 with serve(configs[name].repos, list(configs[name].flags)) as server:
                     row = measure(name, server)
                     if after_session is not None:
@@ -83,9 +70,6 @@ def compare(
                 log(f"round {index + 1}/{sessions * rounds} {name} (alone): {_brief(row)}")
         return results
     for session in range(sessions):
-        for name in rotation(list(extra), session):
-            results[name].append(extra[name]())
-            log(f"session {session + 1}/{sessions} {name}: {_brief(results[name][-1])}")
         start_order = rotation(names, session)
         with contextlib.ExitStack() as stack:
             servers = {

@@ -289,19 +289,9 @@ def test_a_throughput_measurement_is_divided_by_the_raw_figures_around_it() -> N
     assert adaptive_vs_static.bracketed_ratio(row, "grpc", "grpc c32 infer/s", 16) == 1.0
 
 
-def test_serverless_measurements_take_a_turn_in_every_round() -> None:
-    calls: list[str] = []
-
-    def measure_raw() -> dict[str, float]:
-        calls.append("raw")
-        return {"raw b1": float(len(calls))}
-
-    def no_server(name: str, server: object) -> dict[str, float]:
-        raise AssertionError("no server configuration was given")
-
-    found = abba.compare({}, 2, 3, no_server, log=lambda line: None, alone=True,
-                    serverless={"raw": measure_raw})  # fmt: skip
-    assert [row["raw b1"] for row in found["raw"]] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
-    side_by_side = abba.compare({}, 2, 3, no_server, log=lambda line: None,
-                           serverless={"raw": measure_raw})  # fmt: skip
-    assert len(side_by_side["raw"]) == 2  # once per session, before its servers start
+def test_the_rotation_is_abba_for_two_and_rotates_for_more() -> None:
+    orders = ["".join(abba.rotation(["a", "b"], index)) for index in range(4)]
+    assert orders == ["ab", "ba", "ba", "ab"]
+    three = [abba.rotation(["a", "b", "c"], index) for index in range(6)]
+    assert [order[0] for order in three[:3]] == ["a", "b", "c"]  # each goes first once
+    assert three[3:] == [order[::-1] for order in three[:3]]  # then the same, reversed
