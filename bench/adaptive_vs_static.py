@@ -141,10 +141,19 @@ def run_model(
     )  # fmt: skip
     if rounds_out is not None:
         rounds_out.update({f"{model} {name}": found for name, found in results.items()})
-    raw_batch, raw, raw_low, raw_high = raw_figures(
-        [r[k] for name in THROUGHPUT_CONFIGS if name in results
-         for r in results[name] for k in r if " raw " in k]
-    )  # fmt: skip
+    return summarize(model, results, protocols, shared_memory)
+
+
+def summarize(
+    model: str, results: Mapping[str, Sequence[Row]], protocols: Sequence[str], shared_memory: bool
+) -> list[dict[str, Any]]:
+    """The table's rows from every measurement of one model, per server name."""
+    # One protocol's "raw after" is the next one's "raw before": count each measurement
+    # once (by content, so that rounds read back from OUT_rounds.json count alike).
+    brackets = {tuple(sorted(r[k].items())): r[k] for name in THROUGHPUT_CONFIGS
+                if name in results for r in results[name] for k in r if " raw " in k}  # fmt: skip
+    raw_batch, raw, raw_low, raw_high = raw_figures(list(brackets.values()))
+    chosen = [n for n in ("off", *THROUGHPUT_CONFIGS) if n in results or n + LATENCY in results]
     rows: list[dict[str, Any]] = []
     for protocol in protocols:
         key = f"{protocol} c{THROUGHPUT_AT} infer/s"
@@ -207,7 +216,7 @@ def raw_figures(measurements: Sequence[Mapping[int, float]]) -> tuple[int, float
     return size, medians[size], min(values), max(values)
 
 
-def _median(results: dict[str, list[Row]], name: str, key: str) -> float | None:
+def _median(results: Mapping[str, Sequence[Row]], name: str, key: str) -> float | None:
     if name not in results or not any(key in r for r in results[name]):
         return None
     return median(results, name, key)
@@ -259,7 +268,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--raw-seconds", type=float, default=1.5, help="raw onnxruntime, per batch size"
     )
     parser.add_argument("--quick", action="store_true", help="tiny windows: smoke only")
+    parser.add_argument(
+        "--from-rounds",
+        type=Path,
+        help="measure nothing: summarise an earlier run's OUT_rounds.json again into OUT.*",
+    )
     args = parser.parse_args(argv)
+    command = " ".join(["python3 bench/adaptive_vs_static.py", *(argv or sys.argv[1:])])
+    if args.from_rounds is not None:
+        summary = resummarize(json.loads(args.from_rounds.read_text()), args.protocol,
+                              args.shared_memory)  # fmt: skip
+        source = f"the rounds of {args.from_rounds}, summarised"
+        write_table(summary, args.out, f"`{command}`: {source}.")
+        return 0
     raw_seconds = args.raw_seconds
     if args.quick:
         args.sessions, args.rounds, raw_seconds = 1, 1, 0.3
@@ -280,22 +301,44 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.alone,
             measured,
         )
-    save_rows(rows, args.out.with_suffix(".json"))
     # Every measurement in the order taken, raw figures keyed by batch size.
     rounds_path = args.out.with_name(args.out.name + "_rounds.json")
     rounds_path.write_text(json.dumps(measured, indent=1, default=str) + "\n")
-    table = markdown_table(rows, COLUMNS)
-    command = " ".join(["python3 bench/adaptive_vs_static.py", *(argv or sys.argv[1:])])
     note = (
-        f"\n`{command}`: {args.sessions} sessions x {args.rounds} rounds per configuration "
+        f"`{command}`: {args.sessions} sessions x {args.rounds} rounds per configuration "
         "in rotating order"
         + (", each on a fresh server alone" if args.alone else ", servers side by side")
-        + "; medians, with the range of the c=32 rounds.\n"
+        + "; medians, with the range of the c=32 rounds."
     )
-    args.out.with_suffix(".md").write_text(table + note)
-    print(table)
+    write_table(rows, args.out, note)
     print(f"wrote {args.out}.* in {time.monotonic() - started:.0f}s", file=sys.stderr)
     return 0
+
+
+def resummarize(
+    saved: Mapping[str, list[Row]], protocols: Sequence[str], shared_memory: bool
+) -> list[dict[str, Any]]:
+    """The table's rows from OUT_rounds.json's content ({"MODEL SERVER": [measurement]}),
+    with the raw figures' batch sizes back to ints."""
+    by_model: dict[str, dict[str, list[Row]]] = {}
+    for label, found in saved.items():
+        model, name = label.split(" ", 1)
+        by_model.setdefault(model, {})[name] = [
+            {k: {int(b): float(x) for b, x in v.items()} if isinstance(v, dict) else v
+             for k, v in row.items()}
+            for row in found
+        ]  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    for model, results in by_model.items():
+        rows += summarize(model, results, protocols, shared_memory)
+    return rows
+
+
+def write_table(rows: list[dict[str, Any]], out: Path, note: str) -> None:
+    save_rows(rows, out.with_suffix(".json"))
+    table = markdown_table(rows, COLUMNS)
+    out.with_suffix(".md").write_text(f"{table}\n{note}\n")
+    print(table)
 
 
 if __name__ == "__main__":

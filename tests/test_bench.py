@@ -295,3 +295,26 @@ def test_the_rotation_is_abba_for_two_and_rotates_for_more() -> None:
     three = [abba.rotation(["a", "b", "c"], index) for index in range(6)]
     assert [order[0] for order in three[:3]] == ["a", "b", "c"]  # each goes first once
     assert three[3:] == [order[::-1] for order in three[:3]]  # then the same, reversed
+
+
+def test_the_summary_counts_a_raw_measurement_shared_by_two_protocols_once() -> None:
+    def server(before: float, between: float, after: float, http: float) -> list[dict]:
+        # As measure() takes them: HTTP's "raw after" is gRPC's "raw before".
+        return [{
+            "http raw before": {"8": before}, "http c32 infer/s": http,
+            "http raw after": {"8": between}, "grpc raw before": {"8": between},
+            "grpc c32 infer/s": 1.0, "grpc raw after": {"8": after},
+        }]  # fmt: skip
+
+    saved = {  # as OUT_rounds.json holds them: batch sizes as strings
+        "m static0": server(10.0, 80.0, 20.0, http=45.0),
+        "m adaptive": server(30.0, 90.0, 40.0, http=60.0),
+        "m off c1": [{"http c1 p50": 400.0}],
+        "m adaptive c1": [{"http c1 p50": 404.0}],
+    }
+    rows = {r["config"]: r for r in adaptive_vs_static.resummarize(saved, ["http"], False)}
+    # Raw at b8: 10, 20, 30, 40, 80, 90 (80 and 90 once each): median 35, not 60.
+    assert rows["adaptive"]["raw best"] == 35.0
+    assert rows["adaptive"]["÷ raw ORT"] == 1.0  # 60 ÷ the mean of 30 and 90
+    assert rows["adaptive"]["÷ best static"] == 60.0 / 45.0
+    assert rows["adaptive"]["c1 p50 ÷ off"] == 404.0 / 400.0
