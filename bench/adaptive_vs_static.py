@@ -303,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     # Every measurement in the order taken, raw figures keyed by batch size.
     rounds_path = args.out.with_name(args.out.name + "_rounds.json")
-    rounds_path.write_text(json.dumps(measured, indent=1, default=str) + "\n")
+    rounds_path.write_text(json.dumps(measured, indent=1) + "\n")
     note = (
         f"`{command}`: {args.sessions} sessions x {args.rounds} rounds per configuration "
         "in rotating order"
