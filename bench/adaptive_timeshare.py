@@ -1,0 +1,259 @@
+"""Adaptive batching against the static settings and raw onnxruntime, time-shared (issue 5).
+
+The same comparison as bench/adaptive_vs_static.py, measured with bench/timeshare.py: per
+model and protocol, every contender is up at once and they take turns in short slices,
+frozen in between, so that all of them sample this machine's 2x speed swings alike:
+
+* concurrency 32, one server each: the static settings of bench/batching.py (`static0`,
+  `static`, `static3ms` on `simple`) and `adaptive`;
+* concurrency 1, one server each: `off` (unbatched) and `adaptive`;
+* raw onnxruntime at every batch size up to the model's maximum (bench/raw_worker.py).
+
+Reported per contender: infer/s over the time it ran; ÷ raw onnxruntime's best size in the
+same run; and against adaptive: at c=32 adaptive's throughput ÷ this setting's, at c=1
+adaptive's mean latency ÷ unbatched (at one client, mean latency = 1 ÷ throughput). Each
+ratio comes with a 90 % bootstrap interval over cycles. perf_analyzer drives the load but
+never reports (it is killed after the run): counts come from the server's statistics.
+p50s are not measured here; bench/adaptive_vs_static.py measures them.
+
+    export PYTHONPATH=$(tools/pyroot.sh)
+    python3 bench/adaptive_timeshare.py --out bench/results/adaptive_timeshare_simple \\
+        --models simple --raw-sizes 8
+    python3 bench/adaptive_timeshare.py --out bench/results/adaptive_timeshare_cnn \\
+        --models resnet18_like --shared-memory --concurrency 32 --raw-sizes 4 8 16 32
+    python3 bench/adaptive_timeshare.py --out /tmp/t --models simple --cycles 3   # smoke
+
+At most ~7 contenders at the default 0.6 s slices (none may stay frozen 4 s: see
+bench/timeshare.py); `--concurrency 32` or `--concurrency 1` and `--raw-sizes` choose.
+
+Writes OUT.json, OUT.md and OUT_slices.json (every slice; `--from-slices` summarises one
+again). Ctrl-C or SIGTERM stop the run and every process it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any, NamedTuple
+
+from batching import SHORT, variants
+from inputs import input_json_for
+from models import CACHE, ensure_model, make_repo
+from perfa import find_perf_analyzer
+from raw_ort import DEFAULT_BATCH_SIZES
+from report import markdown_table, save_rows
+from timeshare import (
+    RawLoad,
+    ServerLoad,
+    Slice,
+    rate,
+    ratio_interval,
+    slice_work,
+    slices_from_json,
+    slices_to_json,
+    take_turns,
+    warm,
+)
+
+from server import grpc_ready, serve
+
+THROUGHPUT_AT = 32
+LATENCY_AT = 1
+THROUGHPUT_CONFIGS = ("static0", "static", "static3ms", "adaptive")
+LATENCY_CONFIGS = ("off", "adaptive")
+RAW = "raw b"  # prefix of the raw contenders' names, then the batch size
+
+
+def contender_names(model: str, concurrencies: Sequence[int]) -> list[tuple[str, str, int]]:
+    """(contender name, batching variant, concurrency) for `model`'s servers."""
+    short = SHORT.get(model, model)
+    known = {v.name.removesuffix(f"-{short}") for v in variants(model)}
+    groups = {THROUGHPUT_AT: THROUGHPUT_CONFIGS, LATENCY_AT: LATENCY_CONFIGS}
+    found = []
+    for clients in concurrencies:
+        found += [(f"{c} c{clients}", c, clients) for c in groups[clients] if c in known]
+    return found
+
+
+class Measured(NamedTuple):
+    slices: dict[str, list[Slice]]
+    mean_batch: dict[str, float | None]
+
+
+def run(
+    model: str,
+    protocol: str,
+    cycles: int,
+    slice_s: float,
+    warmup_s: float,
+    shared_memory: bool,
+    concurrencies: Sequence[int],
+    raw_sizes: Sequence[int],
+) -> Measured:
+    """Every contender's slices for one model and protocol, and each server's mean batch."""
+    short = SHORT.get(model, model)
+    by_variant = {v.name.removesuffix(f"-{short}"): v for v in variants(model)}
+    data = CACHE / "inputs" / f"{model}.json"
+    tool = find_perf_analyzer()
+    onnx_path = ensure_model(model).onnx_path
+
+    def log(line: str) -> None:
+        print(f"[{model} {protocol}] {line}", file=sys.stderr, flush=True)
+
+    with contextlib.ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="timeshare-")))
+        loads: list[ServerLoad] = []
+        raws: list[RawLoad] = []
+        for name, config, concurrency in contender_names(model, concurrencies):
+            variant = by_variant[config]
+            repo = make_repo(CACHE / "repos" / f"h2h_{variant.name}", model,
+                             options=variant.options)  # fmt: skip
+            input_json_for(repo / model, data)
+            server = stack.enter_context(serve(repo, list(variant.flags)))
+            if protocol == "grpc" and not grpc_ready(server, 10.0):
+                raise RuntimeError(f"{name}: gRPC did not come up")
+            load = stack.enter_context(
+                ServerLoad(name, server, model, protocol, concurrency, data, tool, workdir,
+                           shared_memory="system" if shared_memory else "none")
+            )  # fmt: skip
+            warm(load, warmup_s)
+            load.restart_batches()
+            loads.append(load)
+            log(f"{name} up")
+        for size in raw_sizes:
+            raw = stack.enter_context(RawLoad(f"{RAW}{size}", onnx_path, size, workdir))
+            warm(raw, warmup_s)
+            raws.append(raw)
+        contenders: list[ServerLoad | RawLoad] = [*loads, *raws]
+        log(f"{len(contenders)} contenders, {cycles} cycles of {slice_s} s slices")
+        slices = take_turns(contenders, cycles, slice_s, log=log)
+        for contender in contenders:
+            contender.check()  # a load that died mid-run would read as slow
+        return Measured(slices, {load.name: load.mean_batch() for load in loads})
+
+
+def _interval(low_high: tuple[float, float]) -> str:
+    return f"{low_high[0]:.3f}-{low_high[1]:.3f}"
+
+
+def summarize(
+    model: str,
+    protocol: str,
+    slices: Mapping[str, Sequence[Slice]],
+    mean_batch: Mapping[str, float | None] | None = None,
+) -> list[dict[str, Any]]:
+    """The table's rows for one model and protocol."""
+    work = {name: slice_work(found) for name, found in slices.items()}
+    rates = {name: rate(w) for name, w in work.items()}
+    raws = {name: r for name, r in rates.items() if name.startswith(RAW)}
+    raw_best = max(raws, key=lambda n: raws[n]) if raws else None
+    adaptive = {c: f"adaptive c{c}" for c in (THROUGHPUT_AT, LATENCY_AT)}
+    rows: list[dict[str, Any]] = []
+    for name, value in rates.items():
+        row: dict[str, Any] = {"model": model, "protocol": protocol, "contender": name,
+                               "infer/s": value, "slices": len(work[name])}  # fmt: skip
+        if raw_best is not None and not name.startswith(RAW):
+            row["÷ raw best"] = value / raws[raw_best]
+            row["÷ raw 90%"] = _interval(ratio_interval(work[name], work[raw_best]))
+        clients = None if name.startswith(RAW) else int(name.rsplit(" c", 1)[1])
+        versus = adaptive.get(clients) if clients is not None else None
+        if versus in work and versus != name:
+            if clients == THROUGHPUT_AT:
+                row["adaptive ÷ it"] = rates[versus] / value  # throughput
+                row["adaptive 90%"] = _interval(ratio_interval(work[versus], work[name]))
+            else:
+                row["adaptive ÷ it"] = value / rates[versus]  # mean latency = 1 / throughput
+                row["adaptive 90%"] = _interval(ratio_interval(work[name], work[versus]))
+        row["mean batch"] = (mean_batch or {}).get(name)
+        row["raw best"] = raw_best
+        rows.append(row)
+    return rows
+
+
+COLUMNS = ("model", "protocol", "contender", "infer/s", "÷ raw best", "÷ raw 90%",
+           "adaptive ÷ it", "adaptive 90%", "mean batch", "slices", "raw best")  # fmt: skip
+
+
+def write_table(rows: list[dict[str, Any]], out: Path, note: str) -> None:
+    save_rows(rows, out.with_suffix(".json"))
+    table = markdown_table(rows, COLUMNS)
+    out.with_suffix(".md").write_text(f"{table}\n{note}\n")
+    print(table)
+
+
+NOTE = (
+    "Time-shared (bench/timeshare.py): all contenders up, one running at a time in slices, "
+    "rotating. `adaptive ÷ it`: at c=32 adaptive's throughput ÷ this setting's (≥ 1: "
+    "adaptive as fast or faster); at c=1 adaptive's mean latency ÷ unbatched (≤ 1: as fast "
+    "or faster). Intervals: 90 % bootstrap over cycles."
+)
+
+
+def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # unwinds the `with` blocks: every process we started ends
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="path prefix for the results")
+    parser.add_argument("--models", nargs="+", default=["simple", "resnet18_like"])
+    parser.add_argument("--protocol", nargs="+", default=["http", "grpc"])
+    parser.add_argument("--cycles", type=int, default=150)
+    parser.add_argument(
+        "--slice-s", type=float, default=0.6, help="(contenders - 1) x slice must stay under 4 s"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", choices=(THROUGHPUT_AT, LATENCY_AT),
+        default=[THROUGHPUT_AT, LATENCY_AT], help="which servers: the c=32 ones, the c=1 ones",
+    )  # fmt: skip
+    parser.add_argument("--warmup-s", type=float, default=3.0, help="each contender, alone")
+    parser.add_argument("--shared-memory", action="store_true")
+    parser.add_argument(
+        "--raw-sizes", type=int, nargs="*", help="default: every size up to the model's maximum"
+    )
+    parser.add_argument("--from-slices", type=Path, help="measure nothing: summarise again")
+    args = parser.parse_args(argv)
+    command = " ".join(["python3 bench/adaptive_timeshare.py", *(argv or sys.argv[1:])])
+    if args.from_slices is not None:
+        saved = json.loads(args.from_slices.read_text())
+        again: list[dict[str, Any]] = []
+        for label, found in saved.items():
+            model, protocol = label.split(" ", 1)
+            again += summarize(model, protocol, slices_from_json(found["slices"]),
+                               found["mean batch"])  # fmt: skip
+        write_table(again, args.out, f"`{command}`: {args.from_slices}, summarised. {NOTE}")
+        return 0
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    started = time.monotonic()
+    measured: dict[str, dict[str, Any]] = {}
+    rows: list[dict[str, Any]] = []
+    slices_path = args.out.with_name(args.out.name + "_slices.json")
+    for model in args.models:
+        max_batch = ensure_model(model).default_max_batch_size
+        sizes = [b for b in DEFAULT_BATCH_SIZES if b <= max_batch]
+        if args.raw_sizes is not None:  # `--raw-sizes` alone: none
+            sizes = args.raw_sizes
+        for protocol in args.protocol:
+            label = protocol + (" +shm" if args.shared_memory else "")
+            found = run(model, protocol, args.cycles, args.slice_s, args.warmup_s,
+                        args.shared_memory, args.concurrency, sizes)  # fmt: skip
+            measured[f"{model} {label}"] = {
+                "slices": slices_to_json(found.slices), "mean batch": found.mean_batch
+            }  # fmt: skip
+            slices_path.write_text(json.dumps(measured) + "\n")  # kept as each run ends
+            rows += summarize(model, label, found.slices, found.mean_batch)
+    note = f"`{command}`, {time.monotonic() - started:.0f} s. {NOTE}"
+    write_table(rows, args.out, note)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,165 @@
+"""bench/timeshare.py: contenders take turns, frozen in between, and their work is counted
+over the time they ran; and bench/adaptive_timeshare.py's summary of it."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from serverproc import REPO_ROOT, ServerProcess
+
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+
+import adaptive_timeshare
+import inputs
+import models
+import perfa
+import timeshare
+from timeshare import Slice
+
+SIMPLE = REPO_ROOT / "examples" / "models" / "simple"
+
+
+class FakeContender:
+    """Does `speed` work per tick of a fake clock while resumed, and checks that nobody
+    else is running when it is resumed."""
+
+    def __init__(self, name: str, speed: float, running: list[str], clock: list[float]) -> None:
+        self.name, self.speed = name, speed
+        self.running, self.clock = running, clock
+        self.done = 0.0
+
+    def count(self) -> float:
+        assert self.running == [self.name], "counted while not the only one running"
+        return self.done
+
+    def resume(self) -> None:
+        assert not self.running, f"{self.name} resumed while {self.running} ran"
+        self.running.append(self.name)
+
+    def pause(self) -> None:
+        self.running.remove(self.name)
+
+
+def test_contenders_take_turns_alone_in_rotating_order() -> None:
+    running: list[str] = []
+    now = [0.0]
+    fakes = [FakeContender(n, s, running, now) for n, s in (("a", 10.0), ("b", 30.0))]
+    order: list[str] = []
+
+    def sleep(seconds: float) -> None:
+        order.append(running[0])
+        for fake in fakes:
+            if fake.name in running:
+                fake.done += fake.speed * seconds
+        now[0] += seconds
+
+    slices = timeshare.take_turns(fakes, cycles=4, slice_s=0.5, clock=lambda: now[0], sleep=sleep)
+    assert order == ["a", "b", "b", "a", "b", "a", "a", "b"]  # abba.rotation: ab ba ba ab
+    assert not running  # all paused on return
+    assert [len(s) for s in slices.values()] == [4, 4]
+    work = {name: timeshare.slice_work(found) for name, found in slices.items()}
+    assert timeshare.rate(work["a"]) == pytest.approx(10.0)
+    assert timeshare.rate(work["b"]) == pytest.approx(30.0)
+
+
+def test_no_contender_stays_frozen_past_the_keep_alive_limit() -> None:
+    # Seven contenders at 0.6 s: each frozen 3.6 s. At 0.7 s, 4.2 s: refused before any runs.
+    running: list[str] = []
+    fakes = [FakeContender(str(i), 1.0, running, [0.0]) for i in range(7)]
+    with pytest.raises(ValueError, match=r"frozen 4\.2 s"):
+        timeshare.take_turns(fakes, cycles=1, slice_s=0.7, sleep=lambda s: None)
+    assert not running
+    found = timeshare.take_turns(fakes, cycles=1, slice_s=0.6, sleep=lambda s: None)
+    assert len(found) == 7
+
+
+def test_work_between_a_read_and_the_pause_counts_in_its_slice() -> None:
+    # Read at 100 and 110; 4 more done before the pause, which the next slice's first
+    # read (114) sees; the last slice ends at its own final read.
+    slices = [Slice(0.0, 1.0, 100.0, 110.0), Slice(5.0, 6.0, 114.0, 120.0)]
+    assert timeshare.slice_work(slices) == [(14.0, 1.0), (6.0, 1.0)]
+    assert timeshare.rate(timeshare.slice_work(slices)) == 10.0
+
+
+def test_the_interval_pairs_slices_of_a_cycle() -> None:
+    # Both contenders see the machine's speed (1x or 2x) alike within a cycle: the ratio is
+    # 1.5 in every cycle, so resampling cycles cannot move it however the speed swings.
+    speed = [1.0, 2.0, 2.0, 1.0, 2.0, 1.0, 1.0, 1.0]
+    a = [(15.0 * s, 1.0) for s in speed]
+    b = [(10.0 * s, 1.0) for s in speed]
+    low, high = timeshare.ratio_interval(a, b)
+    assert low == pytest.approx(1.5) and high == pytest.approx(1.5)
+    # Noise within cycles widens it around the point estimate.
+    noisy = [(w * (1.2 if i % 2 else 0.8), t) for i, (w, t) in enumerate(a)]
+    low, high = timeshare.ratio_interval(noisy, b)
+    point = timeshare.rate(noisy) / timeshare.rate(b)
+    assert low < point < high
+
+
+def test_the_summary_compares_adaptive_by_throughput_at_32_and_latency_at_1() -> None:
+    def steady(rate: float, cycles: int = 5) -> list[Slice]:
+        return [Slice(2.0 * i, 2.0 * i + 1.0, rate * i, rate * (i + 1)) for i in range(cycles)]
+
+    slices = {
+        "static0 c32": steady(100.0),
+        "adaptive c32": steady(110.0),
+        "off c1": steady(50.0),
+        "adaptive c1": steady(40.0),  # slower at one client: higher mean latency
+        "raw b4": steady(120.0),
+        "raw b8": steady(200.0),
+    }
+    rows = {r["contender"]: r for r in adaptive_timeshare.summarize("m", "http", slices)}
+    assert rows["adaptive c32"]["raw best"] == "raw b8"
+    assert rows["static0 c32"]["÷ raw best"] == pytest.approx(0.5)
+    assert rows["static0 c32"]["adaptive ÷ it"] == pytest.approx(1.1)  # throughput
+    assert rows["off c1"]["adaptive ÷ it"] == pytest.approx(50.0 / 40.0)  # mean latency
+    assert "adaptive ÷ it" not in rows["adaptive c32"]
+    assert "÷ raw best" not in rows["raw b4"]
+
+
+def test_a_paused_raw_worker_does_no_work(tmp_path: Path) -> None:
+    onnx = models.ensure_model("simple").onnx_path
+    with timeshare.RawLoad("raw b8", onnx, 8, tmp_path) as raw:
+        timeshare.warm(raw, 0.2)  # paused on return
+        raw.resume()
+        start = raw.count()
+        time.sleep(0.3)
+        ran = raw.count() - start
+        raw.pause()
+        time.sleep(0.3)
+        raw.resume()
+        frozen = raw.count() - start - ran
+        raw.pause()
+        raw.check()
+    assert ran > 0
+    assert frozen < ran / 4  # only the instants around the pause and the resume
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_a_paused_server_and_its_load_do_no_work(server: ServerProcess, tmp_path: Path) -> None:
+    try:
+        pa = perfa.find_perf_analyzer(install=False)
+    except perfa.PerfAnalyzerUnavailable as exc:
+        pytest.skip(f"perf_analyzer not set up (bench/setup_perf_analyzer.sh): {exc}")
+    data = inputs.input_json_for(SIMPLE, tmp_path / "simple.json")
+    with timeshare.ServerLoad("s", server, "simple", "http", 2, data, pa, tmp_path) as load:
+        timeshare.warm(load, 1.0)
+        load.resume()
+        start = load.count()
+        time.sleep(0.5)
+        ran = load.count() - start
+        load.pause()
+        time.sleep(0.5)
+        load.resume()
+        frozen = load.count() - start - ran
+        load.pause()
+        load.check()
+        batch = load.mean_batch()
+    assert server.alive()
+    assert batch is not None and batch >= 1.0
+    assert ran > 0
+    assert frozen < ran / 4
