@@ -18,13 +18,17 @@ p50s are not measured here; bench/adaptive_vs_static.py measures them.
 
     export PYTHONPATH=$(tools/pyroot.sh)
     python3 bench/adaptive_timeshare.py --out bench/results/adaptive_timeshare_simple \\
-        --models simple --raw-sizes 8
+        --models simple
     python3 bench/adaptive_timeshare.py --out bench/results/adaptive_timeshare_cnn \\
-        --models resnet18_like --shared-memory --concurrency 32 --raw-sizes 4 8 16 32
+        --models resnet18_like --shared-memory
+    python3 bench/adaptive_timeshare.py --out bench/results/adaptive_timeshare_c1 \\
+        --models simple resnet18_like --concurrency 1 --raw-sizes --cycles 100 --slice-s 1
     python3 bench/adaptive_timeshare.py --out /tmp/t --models simple --cycles 3   # smoke
 
-At most ~7 contenders at the default 0.6 s slices (none may stay frozen 4 s: see
-bench/timeshare.py); `--concurrency 32` or `--concurrency 1` and `--raw-sizes` choose.
+At most 5 contenders at the default 0.6 s slices (none may stay frozen 5 s: see
+bench/timeshare.py), hence the c=32 and c=1 servers in separate runs, and raw onnxruntime
+at 8 and 16 only by default: at 1-32 its medians here were within 2 % of each other from 4
+up (40.2, 40.7, 40.2, 39.9 samples/s at 4, 8, 16, 32), 1 and 2 lower.
 
 Writes OUT.json, OUT.md and OUT_slices.json (every slice; `--from-slices` summarises one
 again). Ctrl-C or SIGTERM stop the run and every process it started.
@@ -48,7 +52,6 @@ from batching import SHORT, variants
 from inputs import input_json_for
 from models import CACHE, ensure_model, make_repo
 from perfa import find_perf_analyzer
-from raw_ort import DEFAULT_BATCH_SIZES
 from report import markdown_table, save_rows
 from timeshare import (
     RawLoad,
@@ -70,6 +73,7 @@ LATENCY_AT = 1
 THROUGHPUT_CONFIGS = ("static0", "static", "static3ms", "adaptive")
 LATENCY_CONFIGS = ("off", "adaptive")
 RAW = "raw b"  # prefix of the raw contenders' names, then the batch size
+RAW_SIZES = (8, 16)
 
 
 def contender_names(model: str, concurrencies: Sequence[int]) -> list[tuple[str, str, int]]:
@@ -86,6 +90,7 @@ def contender_names(model: str, concurrencies: Sequence[int]) -> list[tuple[str,
 class Measured(NamedTuple):
     slices: dict[str, list[Slice]]
     mean_batch: dict[str, float | None]
+    threads_lost: dict[str, int]  # perf_analyzer's load threads that died during the run
 
 
 def run(
@@ -110,8 +115,9 @@ def run(
 
     with contextlib.ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="timeshare-")))
-        loads: list[ServerLoad] = []
-        raws: list[RawLoad] = []
+        # Servers first (idle), then raw workers (each paused once it counts), then the
+        # loads, which start frozen: nothing waits frozen while another starts.
+        servers = []
         for name, config, concurrency in contender_names(model, concurrencies):
             variant = by_variant[config]
             repo = make_repo(CACHE / "repos" / f"h2h_{variant.name}", model,
@@ -120,24 +126,34 @@ def run(
             server = stack.enter_context(serve(repo, list(variant.flags)))
             if protocol == "grpc" and not grpc_ready(server, 10.0):
                 raise RuntimeError(f"{name}: gRPC did not come up")
-            load = stack.enter_context(
-                ServerLoad(name, server, model, protocol, concurrency, data, tool, workdir,
-                           shared_memory="system" if shared_memory else "none")
-            )  # fmt: skip
-            warm(load, warmup_s)
-            load.restart_batches()
-            loads.append(load)
-            log(f"{name} up")
+            servers.append((name, server, concurrency))
+        raws: list[RawLoad] = []
         for size in raw_sizes:
             raw = stack.enter_context(RawLoad(f"{RAW}{size}", onnx_path, size, workdir))
-            warm(raw, warmup_s)
+            warm(raw, 0.5)
             raws.append(raw)
+        loads = [
+            stack.enter_context(
+                ServerLoad(name, server, model, protocol, concurrency, data, tool, workdir,
+                           shared_memory="system" if shared_memory else "none")
+            )
+            for name, server, concurrency in servers
+        ]  # fmt: skip
         contenders: list[ServerLoad | RawLoad] = [*loads, *raws]
-        log(f"{len(contenders)} contenders, {cycles} cycles of {slice_s} s slices")
+        warmup = max(1, round(warmup_s / slice_s))
+        log(f"{len(contenders)} contenders: {warmup} cycles of warm-up, then {cycles} cycles "
+            f"of {slice_s} s slices")  # fmt: skip
+        take_turns(contenders, warmup, slice_s)
+        for load in loads:
+            load.mark_threads()
+            load.restart_batches()
         slices = take_turns(contenders, cycles, slice_s, log=log)
         for contender in contenders:
-            contender.check()  # a load that died mid-run would read as slow
-        return Measured(slices, {load.name: load.mean_batch() for load in loads})
+            contender.check()  # a load that died would read as slow
+        lost = {load.name: load.threads_lost() for load in loads}
+        if any(lost.values()):
+            log(f"perf_analyzer threads lost (the load ran on at a lower concurrency): {lost}")
+        return Measured(slices, {load.name: load.mean_batch() for load in loads}, lost)
 
 
 def _interval(low_high: tuple[float, float]) -> str:
@@ -149,6 +165,7 @@ def summarize(
     protocol: str,
     slices: Mapping[str, Sequence[Slice]],
     mean_batch: Mapping[str, float | None] | None = None,
+    threads_lost: Mapping[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """The table's rows for one model and protocol."""
     work = {name: slice_work(found) for name, found in slices.items()}
@@ -173,13 +190,15 @@ def summarize(
                 row["adaptive ÷ it"] = value / rates[versus]  # mean latency = 1 / throughput
                 row["adaptive 90%"] = _interval(ratio_interval(work[name], work[versus]))
         row["mean batch"] = (mean_batch or {}).get(name)
+        row["threads lost"] = (threads_lost or {}).get(name)
         row["raw best"] = raw_best
         rows.append(row)
     return rows
 
 
 COLUMNS = ("model", "protocol", "contender", "infer/s", "÷ raw best", "÷ raw 90%",
-           "adaptive ÷ it", "adaptive 90%", "mean batch", "slices", "raw best")  # fmt: skip
+           "adaptive ÷ it", "adaptive 90%", "mean batch", "threads lost", "slices",
+           "raw best")  # fmt: skip
 
 
 def write_table(rows: list[dict[str, Any]], out: Path, note: str) -> None:
@@ -191,7 +210,7 @@ def write_table(rows: list[dict[str, Any]], out: Path, note: str) -> None:
 
 NOTE = (
     "Time-shared (bench/timeshare.py): all contenders up, one running at a time in slices, "
-    "rotating. `adaptive ÷ it`: at c=32 adaptive's throughput ÷ this setting's (≥ 1: "
+    "in random order. `adaptive ÷ it`: at c=32 adaptive's throughput ÷ this setting's (≥ 1: "
     "adaptive as fast or faster); at c=1 adaptive's mean latency ÷ unbatched (≤ 1: as fast "
     "or faster). Intervals: 90 % bootstrap over cycles."
 )
@@ -212,12 +231,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--concurrency", type=int, nargs="+", choices=(THROUGHPUT_AT, LATENCY_AT),
-        default=[THROUGHPUT_AT, LATENCY_AT], help="which servers: the c=32 ones, the c=1 ones",
+        default=[THROUGHPUT_AT], help="which servers: the c=32 ones, the c=1 ones",
     )  # fmt: skip
-    parser.add_argument("--warmup-s", type=float, default=3.0, help="each contender, alone")
+    parser.add_argument(
+        "--warmup-s", type=float, default=6.0, help="per contender: turns taken, not counted"
+    )
     parser.add_argument("--shared-memory", action="store_true")
     parser.add_argument(
-        "--raw-sizes", type=int, nargs="*", help="default: every size up to the model's maximum"
+        "--raw-sizes", type=int, nargs="*", help="default: 8 and 16, up to the model's maximum"
     )
     parser.add_argument("--from-slices", type=Path, help="measure nothing: summarise again")
     args = parser.parse_args(argv)
@@ -228,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for label, found in saved.items():
             model, protocol = label.split(" ", 1)
             again += summarize(model, protocol, slices_from_json(found["slices"]),
-                               found["mean batch"])  # fmt: skip
+                               found["mean batch"], found["threads lost"])  # fmt: skip
         write_table(again, args.out, f"`{command}`: {args.from_slices}, summarised. {NOTE}")
         return 0
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
@@ -238,18 +259,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     slices_path = args.out.with_name(args.out.name + "_slices.json")
     for model in args.models:
         max_batch = ensure_model(model).default_max_batch_size
-        sizes = [b for b in DEFAULT_BATCH_SIZES if b <= max_batch]
+        sizes = [b for b in RAW_SIZES if b <= max_batch]
         if args.raw_sizes is not None:  # `--raw-sizes` alone: none
             sizes = args.raw_sizes
         for protocol in args.protocol:
             label = protocol + (" +shm" if args.shared_memory else "")
             found = run(model, protocol, args.cycles, args.slice_s, args.warmup_s,
                         args.shared_memory, args.concurrency, sizes)  # fmt: skip
-            measured[f"{model} {label}"] = {
-                "slices": slices_to_json(found.slices), "mean batch": found.mean_batch
-            }  # fmt: skip
+            measured[f"{model} {label}"] = {"slices": slices_to_json(found.slices),
+                                            "mean batch": found.mean_batch,
+                                            "threads lost": found.threads_lost}  # fmt: skip
             slices_path.write_text(json.dumps(measured) + "\n")  # kept as each run ends
-            rows += summarize(model, label, found.slices, found.mean_batch)
+            rows += summarize(model, label, found.slices, found.mean_batch, found.threads_lost)
     note = f"`{command}`, {time.monotonic() - started:.0f} s. {NOTE}"
     write_table(rows, args.out, note)
     return 0

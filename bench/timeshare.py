@@ -7,7 +7,7 @@ then compare the phases they fell in as much as themselves; 36 s windows in rota
 still gave single rounds of 0.79-1.38 for identical settings.
 
 Here every contender is up at once but only one runs: the others are frozen (SIGSTOP).
-Each cycle every contender runs one slice (~1 s), in rotating order (abba.rotation), so
+Each cycle every contender runs one slice (0.6-1 s), in an order drawn at random, so
 each samples the machine's phases alike and the comparison shares them. A contender is a
 load and a counter of work done:
 
@@ -21,13 +21,17 @@ between a read and the pause (a request in flight, half a batch) is counted at i
 read, and the sum over slices telescopes to the work done in the time it ran.
 
 Freezing both ends of a connection costs little: `static` against `static0` (the same
-batches), and adaptive against `static0`, came out within 0.5 % over 60 cycles. Two limits:
+batches), and adaptive against `static0`, came out within 0.5 % over 60 cycles. Limits:
 
-* No contender may stay frozen 5 s or more (`max_frozen_s`, (contenders - 1) x slice):
+* No contender may stay frozen 5 s or more (`max_frozen_s`; first in one cycle and last
+  in the next, up to 2 x (contenders - 1) x slice):
   uvicorn closes a keep-alive connection idle for 5 s, and on resuming it can close one
   whose next request is already waiting; perf_analyzer's worker thread for that connection
-  then exits without a word. Frozen for 6 s, a c=1 perf_analyzer stopped within 4 turns;
-  for 3 s, it ran 40 turns.
+  then exits without a word (a failed request ends a sync worker). Frozen 6 s at a time, a
+  c=1 perf_analyzer stopped within 4 turns; with uvicorn's timeout raised to 600 s it ran
+  25 such turns, and frozen 3-4.4 s, 25-40 turns.
+  Runs of 7 contenders at 0.6 s slices (frozen up to 7.2 s) lost both c=1 workers and
+  one of a c=32 perf_analyzer's 32; `ServerLoad.threads_lost()` reports any such loss.
 * The adaptive controller sees a pause inside an execution as a long execution (its cost
   model counts at most twice its estimate) and a pause between requests as a lull (its
   rates forget within ~0.5 s). With executions far shorter than a slice that is one
@@ -60,7 +64,6 @@ from types import TracebackType
 from typing import Any, NamedTuple, Protocol, Self
 
 import numpy as np
-from abba import rotation
 from perfa import build_command
 from raw_worker import COUNTER_BYTES, COUNTER_FORMAT
 
@@ -68,7 +71,7 @@ from server import ServerProcess
 
 HERE = Path(__file__).resolve().parent
 # The longest a contender may stay frozen: under uvicorn's 5 s keep-alive timeout.
-MAX_FROZEN_S = 4.0
+MAX_FROZEN_S = 4.9
 
 
 class Slice(NamedTuple):
@@ -97,22 +100,26 @@ def take_turns(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     max_frozen_s: float = MAX_FROZEN_S,
+    seed: int = 0,
 ) -> dict[str, list[Slice]]:
     """Run `cycles` cycles; in each, every contender (all paused on entry, paused again on
-    return) runs one slice of `slice_s`, in rotating order."""
+    return) runs one slice of `slice_s`, in an order drawn at random (seeded) each cycle:
+    so every contender follows each of the others, and waits as long, equally often. (A
+    fixed rotation gives each contender its own neighbours and gaps.)"""
     slices: dict[str, list[Slice]] = {c.name: [] for c in contenders}
     if len(slices) != len(contenders):
         raise ValueError("contender names must be unique")
-    frozen = (len(contenders) - 1) * slice_s
+    # The first of one cycle can be the last of the next: it waits for everyone twice.
+    frozen = 2 * (len(contenders) - 1) * slice_s
     if frozen > max_frozen_s:
         raise ValueError(
             f"{len(contenders)} contenders with {slice_s} s slices stay frozen {frozen:.1f} s,"
             f" over {max_frozen_s} s (see timeshare.py): use shorter slices or fewer contenders"
         )
-    by_name = {c.name: c for c in contenders}
+    orders = np.random.default_rng(seed)
     for cycle in range(cycles):
-        for name in rotation(list(by_name), cycle):
-            contender = by_name[name]
+        for index in orders.permutation(len(contenders)):
+            contender = contenders[int(index)]
             contender.resume()
             resumed = clock()
             try:
@@ -199,7 +206,9 @@ class _Frozen(ABC):
 
 class ServerLoad(_Frozen):
     """A perf_analyzer at `concurrency` against one running server (which this contender
-    owns for the run: it freezes the server too). Starts running; `warm` it, then pause."""
+    owns for the run: it freezes the server too). Starts frozen, perf_analyzer not yet
+    connected: its startup happens in its first turns, so that no contender waits frozen
+    while the others start (see MAX_FROZEN_S)."""
 
     def __init__(
         self,
@@ -230,8 +239,10 @@ class ServerLoad(_Frozen):
         with self._log_path.open("w") as log:
             self._load = subprocess.Popen(command, env=env, cwd=workdir, stdout=log, stderr=log)
         self._pids = [self._load.pid, server.process.pid]
+        self.pause()
         self._since: tuple[int, int] | None = None
         self._last: tuple[int, int] | None = None
+        self._threads: int | None = None
 
     def count(self) -> float:
         """Samples the model has inferred (all versions), from the statistics extension."""
@@ -270,6 +281,20 @@ class ServerLoad(_Frozen):
                     raise
         raise AssertionError("unreachable")
 
+    def threads(self) -> int:
+        """perf_analyzer's thread count (Linux): one per concurrent request, and the main one."""
+        status = Path(f"/proc/{self._load.pid}/status").read_text()
+        return int(status.split("Threads:", 1)[1].split()[0])
+
+    def mark_threads(self) -> None:
+        """Remember the thread count now (after warm-up), for `threads_lost`."""
+        self._threads = self.threads()
+
+    def threads_lost(self) -> int:
+        """perf_analyzer's threads gone since `mark_threads`. A worker whose request failed
+        exits alone, silently, and the load runs on at a lower concurrency."""
+        return 0 if self._threads is None else max(0, self._threads - self.threads())
+
     def check(self) -> None:
         """Raise if perf_analyzer has exited (it only ends by being killed)."""
         if self._load.poll() is not None:
@@ -289,7 +314,8 @@ class ServerLoad(_Frozen):
 
 
 class RawLoad(_Frozen):
-    """Raw onnxruntime at `batch`, back to back, in bench/raw_worker.py. Starts running."""
+    """Raw onnxruntime at `batch`, back to back, in bench/raw_worker.py. Starts running
+    (loading its model); `warm` pauses it once it counts."""
 
     def __init__(self, name: str, model: Path, batch: int, workdir: Path) -> None:
         self.name = name
@@ -327,7 +353,7 @@ class RawLoad(_Frozen):
 
 
 def warm(contender: Contender, seconds: float) -> None:
-    """Let one contender run alone (its startup, its first executions), then pause it."""
+    """Let one contender run alone for `seconds` once it counts, then pause it."""
     contender.resume()
     try:
         contender.count()
