@@ -19,11 +19,14 @@ p50s are not measured here; bench/adaptive_vs_static.py measures them.
     export PYTHONPATH=$(tools/pyroot.sh)
     python3 bench/adaptive_timeshare.py --out bench/results/adaptive_timeshare_simple \\
         --models simple
-    python3 bench/adaptive_timeshare.py --out bench/results/adaptive_timeshare_cnn \\
-        --models resnet18_like --shared-memory
     python3 bench/adaptive_timeshare.py --out bench/results/adaptive_timeshare_c1 \\
         --models simple resnet18_like --concurrency 1 --raw-sizes --cycles 100 --slice-s 1
     python3 bench/adaptive_timeshare.py --out /tmp/t --models simple --cycles 3   # smoke
+
+Not for adaptive on the CNN at c=32: its executions (~0.7 s) outlast a slice, so nearly
+every one is frozen part-way, and the controller, which prices each by its slot time, cut
+its batches to a mean of 2.9 against ~30 in steady runs
+(bench/results/adaptive_timeshare_cnn_http.md). There, use bench/adaptive_vs_static.py.
 
 At most 5 contenders at the default 0.6 s slices (none may stay frozen 5 s: see
 bench/timeshare.py), hence the c=32 and c=1 servers in separate runs, and raw onnxruntime

@@ -37,7 +37,7 @@ from ge_serve.scheduler.work import WorkItem
 
 Array = npt.NDArray[Any]
 
-CONFIGS = ("off", "static0", "static", "adaptive")
+CONFIGS = ("off", "static0", "static", "static3ms", "adaptive")
 
 
 class EchoExecutor:
@@ -73,6 +73,9 @@ def config_for(name: str) -> model_config_pb2.ModelConfig:
     if name == "static":
         dyn.max_queue_delay_microseconds = 100
         dyn.preferred_batch_size.extend([4, 8])
+    if name == "static3ms":
+        dyn.max_queue_delay_microseconds = 3000
+        dyn.preferred_batch_size.append(8)
     if name == "adaptive":
         config.parameters["adaptive_batching"].string_value = "true"
     return config
