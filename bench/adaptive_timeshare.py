@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--protocol", nargs="+", default=["http", "grpc"])
     parser.add_argument("--cycles", type=int, default=150)
     parser.add_argument(
-        "--slice-s", type=float, default=0.6, help="(contenders - 1) x slice must stay under 4 s"
+        "--slice-s", type=float, default=0.6, help="2 x (contenders - 1) x slice: under 4.9 s"
     )
     parser.add_argument(
         "--concurrency", type=int, nargs="+", choices=(THROUGHPUT_AT, LATENCY_AT),

@@ -130,19 +130,26 @@ def test_the_summary_compares_adaptive_by_throughput_at_32_and_latency_at_1() ->
     assert "÷ raw best" not in rows["raw b4"]
 
 
+def _run_then_freeze(contender: timeshare.Contender, seconds: float) -> tuple[float, float]:
+    """(work done running `seconds`, work done in the next `seconds` frozen), paused on
+    entry and on return."""
+    contender.resume()
+    start = contender.count()
+    time.sleep(seconds)
+    ran = contender.count() - start
+    contender.pause()
+    time.sleep(seconds)
+    contender.resume()
+    frozen = contender.count() - start - ran
+    contender.pause()
+    return ran, frozen
+
+
 def test_a_paused_raw_worker_does_no_work(tmp_path: Path) -> None:
     onnx = models.ensure_model("simple").onnx_path
     with timeshare.RawLoad("raw b8", onnx, 8, tmp_path) as raw:
         timeshare.warm(raw, 0.2)  # paused on return
-        raw.resume()
-        start = raw.count()
-        time.sleep(0.3)
-        ran = raw.count() - start
-        raw.pause()
-        time.sleep(0.3)
-        raw.resume()
-        frozen = raw.count() - start - ran
-        raw.pause()
+        ran, frozen = _run_then_freeze(raw, 0.3)
         raw.check()
     assert ran > 0
     assert frozen < ran / 4  # only the instants around the pause and the resume
@@ -159,15 +166,7 @@ def test_a_paused_server_and_its_load_do_no_work(server: ServerProcess, tmp_path
     with timeshare.ServerLoad("s", server, "simple", "http", 2, data, pa, tmp_path) as load:
         timeshare.warm(load, 1.0)
         load.mark_threads()
-        load.resume()
-        start = load.count()
-        time.sleep(0.5)
-        ran = load.count() - start
-        load.pause()
-        time.sleep(0.5)
-        load.resume()
-        frozen = load.count() - start - ran
-        load.pause()
+        ran, frozen = _run_then_freeze(load, 0.5)
         load.check()
         batch = load.mean_batch()
         assert load.threads_lost() == 0
