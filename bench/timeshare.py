@@ -20,8 +20,10 @@ each resume and right before each pause. Nothing moves while it is frozen, so wh
 between a read and the pause (a request in flight, half a batch) is counted at its next
 read, and the sum over slices telescopes to the work done in the time it ran.
 
-Freezing both ends of a connection costs little: `static` against `static0` (the same
-batches), and adaptive against `static0`, came out within 0.5 % over 60 cycles. Limits:
+What it cannot remove is the difference between two servers: on `simple` over HTTP, where
+every static setting runs the same batches of 8, they came out up to ~4 % apart in 150
+cycles, and which one led changed between runs. Compare against that spread (an A/A pair
+of identical servers in the same run shows it), not against zero. Limits:
 
 * No contender may stay frozen 5 s or more (`max_frozen_s`; first in one cycle and last
   in the next, up to 2 x (contenders - 1) x slice):
