@@ -79,14 +79,21 @@ RAW = "raw b"  # prefix of the raw contenders' names, then the batch size
 RAW_SIZES = (8, 16)
 
 
-def contender_names(model: str, concurrencies: Sequence[int]) -> list[tuple[str, str, int]]:
-    """(contender name, batching variant, concurrency) for `model`'s servers."""
+def contender_names(
+    model: str, concurrencies: Sequence[int], twins: Sequence[str] = ()
+) -> list[tuple[str, str, int]]:
+    """(contender name, batching variant, concurrency) for `model`'s servers. Each of
+    `twins` gets a second, identical server (named with a prime, "static0' c32"): the pair
+    shows how far apart two servers of the same setting measure (an A/A control)."""
     short = SHORT.get(model, model)
     known = {v.name.removesuffix(f"-{short}") for v in variants(model)}
     groups = {THROUGHPUT_AT: THROUGHPUT_CONFIGS, LATENCY_AT: LATENCY_CONFIGS}
     found = []
     for clients in concurrencies:
-        found += [(f"{c} c{clients}", c, clients) for c in groups[clients] if c in known]
+        for config in (c for c in groups[clients] if c in known):
+            found.append((f"{config} c{clients}", config, clients))
+            if config in twins:
+                found.append((f"{config}' c{clients}", config, clients))
     return found
 
 
@@ -105,6 +112,7 @@ def run(
     shared_memory: bool,
     concurrencies: Sequence[int],
     raw_sizes: Sequence[int],
+    twins: Sequence[str] = (),
 ) -> Measured:
     """Every contender's slices for one model and protocol, and each server's mean batch."""
     short = SHORT.get(model, model)
@@ -121,7 +129,7 @@ def run(
         # Servers first (idle), then raw workers (each paused once it counts), then the
         # loads, which start frozen: nothing waits frozen while another starts.
         servers = []
-        for name, config, concurrency in contender_names(model, concurrencies):
+        for name, config, concurrency in contender_names(model, concurrencies, twins):
             variant = by_variant[config]
             repo = make_repo(CACHE / "repos" / f"h2h_{variant.name}", model,
                              options=variant.options)  # fmt: skip
@@ -243,6 +251,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--raw-sizes", type=int, nargs="*", help="default: 8 and 16, up to the model's maximum"
     )
+    parser.add_argument(
+        "--twin", nargs="*", default=[], metavar="CONFIG",
+        help="a second, identical server for each (an A/A control), e.g. --twin static0",
+    )  # fmt: skip
     parser.add_argument("--from-slices", type=Path, help="measure nothing: summarise again")
     args = parser.parse_args(argv)
     command = " ".join(["python3 bench/adaptive_timeshare.py", *(argv or sys.argv[1:])])
@@ -268,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for protocol in args.protocol:
             label = protocol + (" +shm" if args.shared_memory else "")
             found = run(model, protocol, args.cycles, args.slice_s, args.warmup_s,
-                        args.shared_memory, args.concurrency, sizes)  # fmt: skip
+                        args.shared_memory, args.concurrency, sizes, args.twin)  # fmt: skip
             measured[f"{model} {label}"] = {"slices": slices_to_json(found.slices),
                                             "mean batch": found.mean_batch,
                                             "threads lost": found.threads_lost}  # fmt: skip

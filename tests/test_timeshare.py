@@ -145,6 +145,16 @@ def _run_then_freeze(contender: timeshare.Contender, seconds: float) -> tuple[fl
     return ran, frozen
 
 
+def test_a_twin_is_a_second_server_of_the_same_setting() -> None:
+    names = adaptive_timeshare.contender_names("simple", [32], twins=["static0"])
+    assert names[:2] == [("static0 c32", "static0", 32), ("static0' c32", "static0", 32)]
+    assert [n for n, _, _ in names].count("adaptive c32") == 1
+    slices = {"static0' c32": [Slice(0.0, 1.0, 0.0, 90.0)],
+              "adaptive c32": [Slice(2.0, 3.0, 0.0, 99.0)]}  # fmt: skip
+    rows = {r["contender"]: r for r in adaptive_timeshare.summarize("m", "http", slices)}
+    assert rows["static0' c32"]["adaptive ÷ it"] == pytest.approx(1.1)
+
+
 def test_a_paused_raw_worker_does_no_work(tmp_path: Path) -> None:
     onnx = models.ensure_model("simple").onnx_path
     with timeshare.RawLoad("raw b8", onnx, 8, tmp_path) as raw:
