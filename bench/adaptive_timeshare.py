@@ -55,7 +55,7 @@ from batching import SHORT, variants
 from inputs import input_json_for
 from models import CACHE, ensure_model, make_repo
 from perfa import find_perf_analyzer
-from report import markdown_table, save_rows
+from report import write_table
 from timeshare import (
     RawLoad,
     ServerLoad,
@@ -212,13 +212,6 @@ COLUMNS = ("model", "protocol", "contender", "infer/s", "÷ raw best", "÷ raw 9
            "raw best")  # fmt: skip
 
 
-def write_table(rows: list[dict[str, Any]], out: Path, note: str) -> None:
-    save_rows(rows, out.with_suffix(".json"))
-    table = markdown_table(rows, COLUMNS)
-    out.with_suffix(".md").write_text(f"{table}\n{note}\n")
-    print(table)
-
-
 NOTE = (
     "Time-shared (bench/timeshare.py): all contenders up, one running at a time in slices, "
     "in random order. `adaptive ÷ it`: at c=32 adaptive's throughput ÷ this setting's (≥ 1: "
@@ -265,7 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             model, protocol = label.split(" ", 1)
             again += summarize(model, protocol, slices_from_json(found["slices"]),
                                found["mean batch"], found["threads lost"])  # fmt: skip
-        write_table(again, args.out, f"`{command}`: {args.from_slices}, summarised. {NOTE}")
+        note = f"`{command}`: {args.from_slices}, summarised. {NOTE}"
+        write_table(again, args.out, COLUMNS, note)
         return 0
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     started = time.monotonic()
@@ -287,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             slices_path.write_text(json.dumps(measured) + "\n")  # kept as each run ends
             rows += summarize(model, label, found.slices, found.mean_batch, found.threads_lost)
     note = f"`{command}`, {time.monotonic() - started:.0f} s. {NOTE}"
-    write_table(rows, args.out, note)
+    write_table(rows, args.out, COLUMNS, note)
     return 0
 
 

@@ -51,7 +51,7 @@ from inputs import input_json_for
 from models import CACHE, ensure_model, make_repo
 from perfa import PerfAnalyzerError, find_perf_analyzer, run_perf_analyzer
 from raw_ort import DEFAULT_BATCH_SIZES, measure_raw
-from report import markdown_table, save_rows
+from report import write_table
 
 from server import ServerProcess, grpc_ready
 
@@ -279,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = resummarize(json.loads(args.from_rounds.read_text()), args.protocol,
                               args.shared_memory)  # fmt: skip
         source = f"the rounds of {args.from_rounds}, summarised"
-        write_table(summary, args.out, f"`{command}`: {source}.")
+        write_table(summary, args.out, COLUMNS, f"`{command}`: {source}.")
         return 0
     raw_seconds = args.raw_seconds
     if args.quick:
@@ -310,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + (", each on a fresh server alone" if args.alone else ", servers side by side")
         + "; medians, with the range of the c=32 rounds."
     )
-    write_table(rows, args.out, note)
+    write_table(rows, args.out, COLUMNS, note)
     print(f"wrote {args.out}.* in {time.monotonic() - started:.0f}s", file=sys.stderr)
     return 0
 
@@ -332,13 +332,6 @@ def resummarize(
     for model, results in by_model.items():
         rows += summarize(model, results, protocols, shared_memory)
     return rows
-
-
-def write_table(rows: list[dict[str, Any]], out: Path, note: str) -> None:
-    save_rows(rows, out.with_suffix(".json"))
-    table = markdown_table(rows, COLUMNS)
-    out.with_suffix(".md").write_text(f"{table}\n{note}\n")
-    print(table)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,14 @@ def save_rows(rows: Sequence[Row], path: Path) -> Path:
     return path
 
 
+def write_table(rows: Sequence[Row], out: Path, columns: Sequence[str], note: str) -> None:
+    """OUT.json (the rows) and OUT.md (their table, then `note`); prints the table."""
+    save_rows(rows, out.with_suffix(".json"))
+    table = markdown_table(rows, columns)
+    out.with_suffix(".md").write_text(f"{table}\n{note}\n")
+    print(table)
+
+
 def load_rows(path: Path) -> list[dict[str, Any]]:
     data = json.loads(path.read_text())
     if isinstance(data, dict):
