@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnxruntime as ort
@@ -78,7 +78,37 @@ def _resolve(model: Path) -> tuple[Path, Path | None]:
     return model, None
 
 
-def _batched_feed(
+class RawSessions(NamedTuple):
+    onnx_path: Path
+    intra_op_threads: int
+    sessions: list[ort.InferenceSession]  # one per slot
+
+
+def open_sessions(
+    model: Path, slots: int | None = None, config_path: Path | None = None
+) -> RawSessions:
+    """One session per slot, with the settings ge-serve's onnxruntime backend gives its
+    slots. `model`: an .onnx file or a model folder (then its config.pbtxt supplies the
+    thread parameters and instance count); `slots` overrides the instance count."""
+    onnx_path, found_config = _resolve(model)
+    config = load_config(config_path or found_config, slots or 1)
+    if slots is not None:
+        del config.instance_group[:]
+        group = config.instance_group.add()
+        group.count = slots
+    n_slots = sum(max(g.count, 1) for g in config.instance_group) or 1
+    intra = default_intra_threads(config, n_slots)
+    options = session_options(intra, config)
+    sessions = [
+        ort.InferenceSession(
+            str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        for _ in range(n_slots)
+    ]
+    return RawSessions(onnx_path, intra, sessions)
+
+
+def batched_feed(
     session: ort.InferenceSession, batch: int, seed: int
 ) -> tuple[dict[str, Any], bool]:
     """One fixed valid batch for every input, and whether the model has a batch dim."""
@@ -135,24 +165,11 @@ def measure_raw(
     parameters and instance count). `slots` overrides the instance count.
     Returns {"model", "slots", "intra_op_threads", "rows": [...], "best": row}; each row has
     batch_size, calls, samples_per_s, calls_per_s, mean_ms, p50_ms, p99_ms."""
-    onnx_path, found_config = _resolve(model)
-    config = load_config(config_path or found_config, slots or 1)
-    if slots is not None:
-        del config.instance_group[:]
-        group = config.instance_group.add()
-        group.count = slots
-    n_slots = sum(max(g.count, 1) for g in config.instance_group) or 1
-    intra = default_intra_threads(config, n_slots)
-    options = session_options(intra, config)
-    sessions = [
-        ort.InferenceSession(
-            str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"]
-        )
-        for _ in range(n_slots)
-    ]
+    onnx_path, intra, sessions = open_sessions(model, slots, config_path)
+    n_slots = len(sessions)
     rows: list[dict[str, Any]] = []
     for batch in batch_sizes:
-        feed, batched = _batched_feed(sessions[0], batch, seed)
+        feed, batched = batched_feed(sessions[0], batch, seed)
         if not batched and batch != batch_sizes[0]:
             break  # no batch dimension: one size is all there is
         for session in sessions:

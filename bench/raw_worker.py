@@ -1,8 +1,8 @@
 """Raw onnxruntime at one batch size, calling back to back until killed, for bench/timeshare.py.
 
 After every call it writes the samples done so far (a float64) to COUNTER, which the driver
-maps and reads without stopping it. The session gets exactly raw_ort.py's settings (those of
-ge-serve's onnxruntime backend for one slot, or the model folder's config.pbtxt).
+maps and reads without stopping it. The session is raw_ort.open_sessions' for one slot: the
+settings ge-serve's onnxruntime backend gives a slot.
 
     python3 bench/raw_worker.py MODEL.onnx|MODEL_DIR BATCH COUNTER
 """
@@ -15,10 +15,7 @@ import struct
 from collections.abc import Sequence
 from pathlib import Path
 
-import onnxruntime as ort
-from raw_ort import _batched_feed, _resolve, load_config
-
-from ge_serve.backends.onnxruntime import default_intra_threads, session_options
+from raw_ort import batched_feed, open_sessions
 
 COUNTER_FORMAT = "d"
 COUNTER_BYTES = struct.calcsize(COUNTER_FORMAT)
@@ -30,13 +27,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("batch", type=int)
     parser.add_argument("counter", type=Path)
     args = parser.parse_args(argv)
-    onnx_path, config_path = _resolve(args.model)
-    config = load_config(config_path, 1)
-    options = session_options(default_intra_threads(config, 1), config)
-    session = ort.InferenceSession(
-        str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"]
-    )
-    feed, batched = _batched_feed(session, args.batch, seed=0)
+    session = open_sessions(args.model, slots=1).sessions[0]
+    feed, batched = batched_feed(session, args.batch, seed=0)
     samples = args.batch if batched else 1
     session.run(None, feed)  # warm-up, before the counter exists
     # Written whole and then renamed, so that the driver never maps a short file.
