@@ -178,11 +178,10 @@ def test_make_repo_variant_serves(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(120)
-def test_perf_analyzer_runs_against_the_server(server: ServerProcess, tmp_path: Path) -> None:
-    try:
-        pa = perfa.find_perf_analyzer(install=False)
-    except perfa.PerfAnalyzerUnavailable as exc:
-        pytest.skip(f"perf_analyzer not set up (bench/setup_perf_analyzer.sh): {exc}")
+def test_perf_analyzer_runs_against_the_server(
+    server: ServerProcess, tmp_path: Path, perf_analyzer: tuple[str, dict[str, str]]
+) -> None:
+    pa = perf_analyzer
     data = inputs.input_json_for(SIMPLE, tmp_path / "simple.json")
     row = perfa.run_perf_analyzer(
         "simple",

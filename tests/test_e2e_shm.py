@@ -471,11 +471,8 @@ def test_client_shm_can_be_disabled() -> None:
 
 
 @pytest.mark.timeout(240)
-def test_perf_analyzer_with_system_shared_memory() -> None:
-    try:
-        pa = perfa.find_perf_analyzer(install=False)
-    except perfa.PerfAnalyzerUnavailable as exc:
-        pytest.skip(f"perf_analyzer not set up (bench/setup_perf_analyzer.sh): {exc}")
+def test_perf_analyzer_with_system_shared_memory(perf_analyzer: tuple[str, dict[str, str]]) -> None:
+    pa = perf_analyzer
     with running_server(extra=["--log-verbose", "1"]) as proc:
         for protocol, url in (("http", proc.http_url), ("grpc", proc.grpc_url)):
             row = perfa.run_perf_analyzer(

@@ -16,7 +16,6 @@ sys.path.insert(0, str(REPO_ROOT / "bench"))
 import adaptive_timeshare
 import inputs
 import models
-import perfa
 import timeshare
 from timeshare import Slice
 
@@ -167,11 +166,10 @@ def test_a_paused_raw_worker_does_no_work(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(120)
-def test_a_paused_server_and_its_load_do_no_work(server: ServerProcess, tmp_path: Path) -> None:
-    try:
-        pa = perfa.find_perf_analyzer(install=False)
-    except perfa.PerfAnalyzerUnavailable as exc:
-        pytest.skip(f"perf_analyzer not set up (bench/setup_perf_analyzer.sh): {exc}")
+def test_a_paused_server_and_its_load_do_no_work(
+    server: ServerProcess, tmp_path: Path, perf_analyzer: tuple[str, dict[str, str]]
+) -> None:
+    pa = perf_analyzer
     data = inputs.input_json_for(SIMPLE, tmp_path / "simple.json")
     with timeshare.ServerLoad("s", server, "simple", "http", 2, data, pa, tmp_path) as load:
         timeshare.warm(load, 1.0)
