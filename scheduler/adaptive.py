@@ -149,10 +149,13 @@ GAP_ALPHA = 0.2
 
 
 # What the batcher logs for the controller, to be replayed in order by `record()`: an
-# arrival (when, samples, priority level), or a batch leaving (when, samples leaving, batch
-# size, execution ns).
+# arrival (when, samples, priority level), a batch leaving (when, samples leaving, batch
+# size, execution ns), or the execution of a request that ran alone and unseen (batch
+# size, execution ns; see DynamicBatcher._run_alone).
 Arrival = tuple[int, int, int]
 Departure = tuple[int, int, int, int]
+Execution = tuple[int, int]
+Event = Arrival | Departure | Execution
 
 
 class Plan(NamedTuple):
@@ -380,7 +383,7 @@ class AdaptiveController:
 
     # --- measurements --------------------------------------------------------------------
 
-    def record(self, events: Sequence[Arrival | Departure]) -> None:
+    def record(self, events: Sequence[Event]) -> None:
         """Replay logged arrivals and departures, in the order they happened.
 
         The batcher logs each request's arrival as a tuple and replays the log here every
@@ -393,12 +396,16 @@ class AdaptiveController:
             if len(event) == 3:
                 index = self._arrivals(events, index)
                 continue
+            if len(event) == 2:
+                self.cost.record(*event)
+                index += 1
+                continue
             now_ns, leaving, size, duration_ns = event
             self.record_departure(now_ns, leaving)
             self.cost.record(size, duration_ns)
             index += 1
 
-    def _arrivals(self, events: Sequence[Arrival | Departure], start: int) -> int:
+    def _arrivals(self, events: Sequence[Event], start: int) -> int:
         """record_arrival for each arrival in the run from `start`, with the state it
         updates held in locals; returns where the run ends. Exactly record_arrival's
         arithmetic, in the same order (a test compares the two bit for bit)."""

@@ -8,6 +8,10 @@ size or the maximum goes at once; otherwise the batch waits until its oldest req
 `max_queue_delay_microseconds` old), or asks the adaptive controller for a target size and
 a window. The batch runs on the slot's thread; the results come back to the loop through
 the slot's report callback, and the slot goes straight back to the pool.
+
+In adaptive mode a request that finds the system empty, a slot idle and nothing worth
+waiting for skips all of that and runs on the slot at once, as the default scheduler would
+run it (`_run_alone`): at low load that is every request.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from ge_serve.server.errors import (
     request_timeout,
 )
 
-from .adaptive import AdaptiveController, Arrival, Departure, Presence
+from .adaptive import AdaptiveController, Event, Presence
 from .batch import execute_batch
 from .dispatch import ExecutorSlot, SlotPool
 from .policy import BatchPolicy
@@ -44,6 +48,9 @@ SCAN_LIMIT = 256
 # The controller's event log is replayed at the latest when it holds this many events
 # (see DynamicBatcher._events).
 LOG_LIMIT = 64
+# Of the requests that ran alone and unseen, the controller's cost model is told of the
+# execution of one in this many (see DynamicBatcher._alone_done).
+ALONE_COST_EVERY = 8
 
 
 class DynamicBatcher:
@@ -74,12 +81,16 @@ class DynamicBatcher:
         # full without asking it, and the log is replayed every few batches. Timed in the
         # server on `simple` (batches of 8): a call per arrival and a replay per batch
         # cost ~16 us per batch, caches cold; a replay every ~7 batches, ~8 us per batch.
-        self._events: list[Arrival | Departure] = []
+        self._events: list[Event] = []
         self._log = self._events.append
         self._replay_queued = False
         # Who is in the system, up to date with the log (the controller is only up to
         # date with what it replayed): decides a lone request without a replay.
         self._presence = Presence()
+        # The request running alone in an otherwise empty system, if any (see _run_alone),
+        # and how many have run alone unseen.
+        self._alone: _Alone | None = None
+        self._alone_unseen = 0
         # Set once closing, when nothing is queued or running (close() waits for it).
         self._drained = asyncio.Event()
         self._closing = False
@@ -124,6 +135,21 @@ class DynamicBatcher:
         now = time.monotonic_ns()
         item.enqueue_ns = item.enqueue_ns or now
         future: asyncio.Future[dict[str, Array]] = loop.create_future()
+        controller = self.controller
+        if (
+            controller is not None
+            and self._alone is None
+            and not self._presence.held
+            and self._pool.idle_count
+            and not self._queue
+            and not self._hold
+        ):
+            slot = self._pool.try_acquire()
+            if slot is not None and self._presence.nothing_to_wait_for(self._pool.idle_count):
+                controller.sent_alone(size)
+                return await self._run_alone(slot, item, future, now, size)
+            if slot is not None:
+                self._pool.release(slot, executed=False)
         level = policy.level_for(item.priority)
         entry = Entry(item, future, level, now, size, None)
         slot = self._admit(entry)  # raises "Exceeds maximum queue size"
@@ -179,6 +205,8 @@ class DynamicBatcher:
         loop turn later, after planning it in full. Static batching keeps the former's
         turn, in which requests submitted together batch together."""
         controller = self.controller
+        if self._alone is not None and not self._alone.logged:
+            self._log_alone(self._alone)  # it is no longer alone
         slot = None
         if controller is not None and self._pool.idle_count and not self._queue and not self._hold:
             slot = self._pool.try_acquire()
@@ -210,6 +238,86 @@ class DynamicBatcher:
         self._pool.release(slot, executed=False)
         self._enqueue(entry)
         return None
+
+    async def _run_alone(
+        self,
+        slot: ExecutorSlot,
+        item: WorkItem,
+        future: asyncio.Future[dict[str, Array]],
+        now: int,
+        size: int,
+    ) -> dict[str, Array]:
+        """Run a request that found the system empty, a slot idle and nothing worth
+        waiting for (adaptive mode), on that slot at once, without queueing it.
+
+        At low load this is every request, so it is the unbatched path and must cost what
+        the default scheduler costs: no queue entry, and the controller is not told of it,
+        only of its execution's cost. A request that arrives while it runs makes it part
+        of the load the controller sees: its arrival is logged then (_log_alone), its
+        departure as any other. With nothing else in the system, nothing can be answered
+        out of order."""
+        alone = _Alone(now, size, item.priority)
+        self._alone = alone
+        self._pending += 1
+        self._running += 1
+        item.timings.queue_ns = now - item.enqueue_ns
+        gears, batching = self._gears, self._batching
+        slot.run_then(
+            lambda executor: execute_batch(executor, [item], gears, batching),
+            lambda results, exc: self._alone_done(slot, alone, future, results, exc),
+        )
+        return await future
+
+    def _log_alone(self, alone: _Alone) -> None:
+        """Log the arrival of the request running alone, now that another arrives."""
+        alone.logged = True
+        self._presence.arrive(alone.size)
+        self._log((alone.arrive_ns, alone.size, self._policy.level_for(alone.priority)))
+
+    def _alone_done(
+        self,
+        slot: ExecutorSlot,
+        alone: _Alone,
+        future: asyncio.Future[dict[str, Array]],
+        results: list[dict[str, Array]] | None,
+        exc: BaseException | None,
+    ) -> None:
+        self._running -= 1
+        self._pending -= 1
+        self._alone = None
+        self._pool.release(slot)
+        done_ns = time.monotonic_ns()
+        if exc is not None or results is None:
+            exc = exc or RuntimeError("the batch returned no results")
+            log.error("batch of %d failed on %s: %s", alone.size, slot.name, exc)
+            controller = self.controller
+            if alone.logged and controller is not None:
+                self._record()
+                controller.record_departure(done_ns, alone.size)
+                self._presence.leave(alone.size, False)
+            if not future.done():
+                future.set_exception(_client_error(exc))
+        else:
+            # Priced by slot time, as in _batch_done.
+            duration = done_ns - alone.arrive_ns
+            if alone.logged:
+                self._log((done_ns, alone.size, alone.size, duration))
+                self._presence.leave(alone.size, True)
+            else:
+                # At low load this is every request. Replaying each one's cost cost the
+                # loop ~4 us per request (in process, `simple`-shaped, one client); one
+                # in ALONE_COST_EVERY, the first of them included, keeps the estimate
+                # of a lone execution current (the EWMA then follows ~40 requests).
+                if self._alone_unseen % ALONE_COST_EVERY == 0:
+                    self._log((alone.size, duration))
+                    self._presence.measured = True
+                self._alone_unseen += 1
+            if not future.done():
+                future.set_result(results[0])
+            if len(self._events) >= LOG_LIMIT and not self._replay_queued:
+                self._replay_queued = True
+                asyncio.get_running_loop().call_soon(self._record)
+        self._check_drained()
 
     def _enqueue(self, entry: Entry) -> None:
         if self._batching:
@@ -464,6 +572,19 @@ class DynamicBatcher:
     def _check_drained(self) -> None:
         if self._closing and self._pending == 0 and not self._running:
             self._drained.set()
+
+
+class _Alone:
+    """A request running alone: when it arrived, its samples and priority, and whether
+    its arrival has been logged for the controller."""
+
+    __slots__ = ("arrive_ns", "logged", "priority", "size")
+
+    def __init__(self, arrive_ns: int, size: int, priority: int) -> None:
+        self.arrive_ns = arrive_ns
+        self.size = size
+        self.priority = priority
+        self.logged = False
 
 
 def _fit(chosen: list[Entry], limit: int) -> list[Entry]:

@@ -19,6 +19,7 @@ from ge_serve.scheduler.adaptive import (
 )
 from ge_serve.scheduler.batcher import LOG_LIMIT
 from ge_serve.scheduler.policy import BatchPolicy
+from ge_serve.server.errors import ErrorCode, ServerError
 
 MS = 1_000_000
 T0 = 10_000 * MS
@@ -523,6 +524,73 @@ async def test_the_controller_hears_of_arrivals_while_no_batch_finishes() -> Non
         assert batcher.adaptive_snapshot()["peak_in_system"] >= count - LOG_LIMIT
         fake.open()
         await asyncio.wait_for(asyncio.gather(*waiting), 10)
+    finally:
+        await batcher.close(5.0)
+
+
+async def test_a_request_running_alone_joins_the_load_once_another_arrives() -> None:
+    # A request that finds the system empty runs alone, unseen by the controller; one
+    # that arrives while it runs must find it counted: two clients, not one.
+    config = make_config(max_batch_size=8, parameters={"adaptive_batching": "true"})
+    fake = FakeExecutor("fake", blocked=True)
+    batcher = make_batcher(config, [fake])
+    try:
+        first = asyncio.ensure_future(batcher.submit(item(1)))
+        assert await fake.started() == 1
+        second = asyncio.ensure_future(batcher.submit(item(2)))
+        await queued(batcher, 1)
+        assert batcher.adaptive_snapshot()["peak_in_system"] == 2
+        fake.open()
+        results = await asyncio.wait_for(asyncio.gather(first, second), 10)
+        assert [r["y"].tolist() for r in results] == [[[2.0] * 4], [[4.0] * 4]]
+        batcher.adaptive_snapshot()
+        controller, presence = batcher.controller, batcher._presence
+        assert controller is not None
+        assert presence.held == controller._in_system == 0
+        assert presence.peak == controller._peak
+    finally:
+        await batcher.close(5.0)
+
+
+async def test_requests_alone_tell_the_cost_model_of_one_execution_in_eight() -> None:
+    config = make_config(max_batch_size=8, parameters={"adaptive_batching": "true"})
+    fake = FakeExecutor("fake")
+    batcher = make_batcher(config, [fake])
+    try:
+        for value in range(17):
+            result = await batcher.submit(item(value))
+            assert result["y"].tolist() == [[2.0 * value] * 4]
+        assert fake.sizes == [1] * 17
+        snapshot = batcher.adaptive_snapshot()
+        assert batcher.controller is not None
+        assert batcher.controller.cost.executions == 3  # the 1st, 9th and 17th
+        assert list(snapshot["cost_us"]) == [1]
+    finally:
+        await batcher.close(5.0)
+
+
+async def test_a_request_alone_that_fails_gets_the_error_and_the_slot_comes_back() -> None:
+    class FailingOnce(FakeExecutor):
+        failed = False
+
+        def execute(self, inputs):  # type: ignore[no-untyped-def]
+            result = super().execute(inputs)
+            if not self.failed:
+                self.failed = True
+                raise ValueError("boom")
+            return result
+
+    config = make_config(max_batch_size=8, parameters={"adaptive_batching": "true"})
+    failing = FailingOnce("failing")
+    batcher = make_batcher(config, [failing])
+    try:
+        with pytest.raises(ServerError) as info:
+            await asyncio.wait_for(batcher.submit(item(1)), 10)
+        assert info.value.code is ErrorCode.INTERNAL
+        assert info.value.message == "ValueError: boom"
+        result = await asyncio.wait_for(batcher.submit(item(3)), 10)
+        assert result["y"].tolist() == [[6.0] * 4]
+        assert batcher.pending == 0
     finally:
         await batcher.close(5.0)
 
