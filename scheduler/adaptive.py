@@ -682,6 +682,15 @@ class AdaptiveController:
         self._window_ns = 0
         return True
 
+    def plan_holds(self, level: int) -> bool:
+        """Whether a plan for a batch headed by a `level` request stays the plan while
+        more requests arrive, until its target is queued or its deadline passes: unless
+        the level has a configured budget, whose cap on the batch shrinks as the head
+        waits. Re-planning on every arrival cost the loop more than the batching saved:
+        on `simple` over gRPC at 32 clients, ~5 plans and replays per batch of 8, ~280 us
+        of loop CPU per batch (timed in the server)."""
+        return level not in self._watched
+
     def _nothing_to_wait_for(self, idle_slots: int) -> bool:
         """No costs measured yet, another slot idle, or no client outside to come back.
         Presence.nothing_to_wait_for answers the same from the batcher's side."""

@@ -32,7 +32,7 @@ from ge_serve.server.errors import (
     request_timeout,
 )
 
-from .adaptive import AdaptiveController, Event, Presence
+from .adaptive import AdaptiveController, Event, Plan, Presence
 from .batch import execute_batch
 from .dispatch import ExecutorSlot, SlotPool
 from .policy import BatchPolicy
@@ -91,6 +91,9 @@ class DynamicBatcher:
         # and how many have run alone unseen.
         self._alone: _Alone | None = None
         self._alone_unseen = 0
+        # The plan for the batch forming on the slot in hand, with the request heading it,
+        # while the controller's plans for that head hold (AdaptiveController.plan_holds).
+        self._held: tuple[Entry, Plan] | None = None
         # Set once closing, when nothing is queued or running (close() waits for it).
         self._drained = asyncio.Event()
         self._closing = False
@@ -382,13 +385,29 @@ class DynamicBatcher:
     async def _collect(self) -> list[Entry]:
         """With a slot in hand: wait until a batch should go, then take it off the queue."""
         idle_since = time.monotonic_ns()
-        while self._queue:
-            batch, wake_ns = self._plan(time.monotonic_ns(), idle_since)
+        self._held = None
+        queue = self._queue
+        while queue:
+            now = time.monotonic_ns()
+            held = self._held
+            if (
+                held is not None
+                and now < held[1].deadline_ns
+                and queue.samples < held[1].target
+                and queue.first() is held[0]
+            ):
+                # Still short of the held plan's target, with the same head: what
+                # _plan would answer, without going through the queue.
+                await self._sleep(held[1].deadline_ns)
+                continue
+            batch, wake_ns = self._plan(now, idle_since)
             if batch:
+                self._held = None
                 for entry in batch:
-                    self._queue.remove(entry)
+                    queue.remove(entry)
                 return batch
             await self._sleep(wake_ns)
+        self._held = None
         return []
 
     def _plan(self, now: int, idle_since: int) -> tuple[list[Entry], int | None]:
@@ -445,14 +464,27 @@ class DynamicBatcher:
                 self._finish(entry)
         if not chosen:
             return [], None
-        if self.controller is not None:
-            if full and self.controller.sends_full():
+        controller = self.controller
+        if controller is not None:
+            if full and controller.sends_full():
                 return chosen, None  # saturated: no plan to make, nothing to cap
+            held = self._held
+            if (
+                held is not None
+                and held[0] is chosen[0]
+                and not full
+                and not held[1].due(total, now)
+            ):
+                return [], held[1].deadline_ns
+            # A new head, or the held plan's target reached or its deadline passed: plan
+            # again (on reaching its target, with more queued than planned, the controller
+            # may find a larger batch worth the rest of the wait).
             if self._events:
                 self._record()
-            plan = self.controller.plan(
+            plan = controller.plan(
                 now, total, oldest, level, self._pool.idle_count, head, idle_since
             )
+            self._held = (chosen[0], plan) if controller.plan_holds(level) else None
             if full or plan.due(total, now):
                 # The target is what to wait for; the limit caps what goes.
                 return _fit(chosen, plan.limit), None

@@ -73,6 +73,8 @@ class RequestQueue:
         self._order = list(self._levels.values())
         self._on_rejected = on_rejected
         self._count = 0
+        # Samples queued (requests carry their own batch dim), all levels and shapes.
+        self.samples = 0
 
     def __len__(self) -> int:
         return self._count
@@ -93,6 +95,7 @@ class RequestQueue:
         timeout_us = policy.timeout_us(entry.item.timeout_us)
         level.live.append(entry)
         self._count += 1
+        self.samples += entry.size
         if timeout_us:
             entry.deadline_ns = entry.enqueue_ns + timeout_us * 1000
             self._arm(entry)
@@ -122,6 +125,7 @@ class RequestQueue:
         else:
             lane.remove(entry)
         self._count -= 1
+        self.samples -= entry.size
         if entry.timer is not None:
             entry.timer.cancel()
             entry.timer = None

@@ -17,7 +17,8 @@ from ge_serve.scheduler.adaptive import (
     Plan,
     Presence,
 )
-from ge_serve.scheduler.batcher import LOG_LIMIT
+from ge_serve.scheduler.batcher import LOG_LIMIT, DynamicBatcher
+from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
 from ge_serve.scheduler.policy import BatchPolicy
 from ge_serve.server.errors import ErrorCode, ServerError
 
@@ -779,5 +780,76 @@ async def test_the_batchers_presence_follows_every_arrival_and_departure() -> No
         assert (presence.held, presence.peak) == (controller._in_system, controller._peak)
         assert presence.measured and controller.cost.known
         assert presence.held == 0 and max(fake.sizes) > 1
+    finally:
+        await batcher.close(5.0)
+
+
+class ScriptedPlans(AdaptiveController):
+    """Answers every plan() with a wait for `target` samples, for 10 s, and notes what
+    each call was asked: (samples queued, the head's level)."""
+
+    def __init__(self, policy: BatchPolicy, target: int) -> None:
+        super().__init__(policy)
+        self.target = target
+        self.asked: list[tuple[int, int]] = []
+
+    def plan(self, now_ns, queued, oldest_ns, level, idle_slots, head=None, since=None):  # type: ignore[no-untyped-def,override]
+        self.asked.append((queued, level))
+        return Plan(target=self.target, deadline_ns=now_ns + 10_000 * MS, limit=8)
+
+
+def scripted_batcher(
+    fake: FakeExecutor, target: int, levels: int = 0
+) -> tuple[DynamicBatcher, ScriptedPlans]:
+    config = make_config(
+        max_batch_size=8,
+        priority_levels=levels,
+        default_level=levels,
+        parameters={"adaptive_batching": "true"},
+    )
+    policy = BatchPolicy.from_config(config)
+    plans = ScriptedPlans(policy, target)
+    batcher = DynamicBatcher(SlotPool([ExecutorSlot(fake)]), policy, (), plans)
+    # Costs measured and eight clients seen: a lone request has others to wait for.
+    batcher._presence.measured = True
+    batcher._presence.peak = 8.0
+    return batcher, plans
+
+
+async def test_a_plan_holds_until_its_target_is_queued_not_replanned_per_arrival() -> None:
+    fake = FakeExecutor("fake")
+    batcher, plans = scripted_batcher(fake, target=4)
+    try:
+        tasks = []
+        for value in range(4):
+            tasks.append(asyncio.ensure_future(batcher.submit(item(value))))
+            if value < 3:
+                await queued(batcher, value + 1)
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert fake.sizes == [4]
+        # The first arrival, the batch former taking it up, and the target reached:
+        # not the second and third arrivals.
+        assert [queued for queued, _ in plans.asked] == [1, 1, 4]
+    finally:
+        await batcher.close(5.0)
+
+
+async def test_a_held_plan_gives_way_to_a_more_urgent_head() -> None:
+    fake = FakeExecutor("fake")
+    batcher, plans = scripted_batcher(fake, target=8, levels=2)
+    try:
+        low = [asyncio.ensure_future(batcher.submit(item(v, priority=2))) for v in range(2)]
+        await queued(batcher, 2)
+        for _ in range(100):  # until the batch former holds its plan for them
+            if len(plans.asked) == 2:
+                break
+            await asyncio.sleep(0)
+        assert plans.asked == [(1, 2), (2, 2)]
+        plans.target = 1  # the urgent request's plan sends it at once
+        urgent = asyncio.ensure_future(batcher.submit(item(100, priority=1)))
+        assert await asyncio.wait_for(urgent, 10) is not None
+        assert plans.asked[-1] == (3, 1)
+        assert fake.batches[0] == [100, 0, 1]
+        await asyncio.wait_for(asyncio.gather(*low), 10)
     finally:
         await batcher.close(5.0)
