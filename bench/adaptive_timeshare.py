@@ -28,10 +28,12 @@ every one is frozen part-way, and the controller, which prices each by its slot 
 its batches to a mean of 2.9 against ~30 in steady runs
 (bench/results/adaptive_timeshare_cnn_http.md). There, use bench/adaptive_vs_static.py.
 
-At most 5 contenders at the default 0.6 s slices (none may stay frozen 5 s: see
+At most 5 contenders at the default 0.6 s slices (none may stay frozen 5 s over HTTP: see
 bench/timeshare.py), hence the c=32 and c=1 servers in separate runs, and raw onnxruntime
 at 8 and 16 only by default: at 1-32 its medians here were within 2 % of each other from 4
-up (40.2, 40.7, 40.2, 39.9 samples/s at 4, 8, 16, 32), 1 and 2 lower.
+up (40.2, 40.7, 40.2, 39.9 samples/s at 4, 8, 16, 32), 1 and 2 lower. gRPC connections
+survived 12 s freezes, so with `--protocol grpc` alone `--max-frozen-s` may raise the
+limit, for slices long enough to hold several CNN batches.
 
 Writes OUT.json, OUT.md and OUT_slices.json (every slice; `--from-slices` summarises one
 again). Ctrl-C or SIGTERM stop the run and every process it started.
@@ -57,6 +59,7 @@ from models import CACHE, ensure_model, make_repo
 from perfa import find_perf_analyzer
 from report import write_table
 from timeshare import (
+    MAX_FROZEN_S,
     RawLoad,
     ServerLoad,
     Slice,
@@ -113,6 +116,7 @@ def run(
     concurrencies: Sequence[int],
     raw_sizes: Sequence[int],
     twins: Sequence[str] = (),
+    max_frozen_s: float = MAX_FROZEN_S,
 ) -> Measured:
     """Every contender's slices for one model and protocol, and each server's mean batch."""
     short = SHORT.get(model, model)
@@ -154,11 +158,11 @@ def run(
         warmup = max(1, round(warmup_s / slice_s))
         log(f"{len(contenders)} contenders: {warmup} cycles of warm-up, then {cycles} cycles "
             f"of {slice_s} s slices")  # fmt: skip
-        take_turns(contenders, warmup, slice_s)
+        take_turns(contenders, warmup, slice_s, max_frozen_s=max_frozen_s)
         for load in loads:
             load.mark_threads()
             load.restart_batches()
-        slices = take_turns(contenders, cycles, slice_s, log=log)
+        slices = take_turns(contenders, cycles, slice_s, log=log, max_frozen_s=max_frozen_s)
         for contender in contenders:
             contender.check()  # a load that died would read as slow
         lost = {load.name: load.threads_lost() for load in loads}
@@ -248,8 +252,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--twin", nargs="*", default=[], metavar="CONFIG",
         help="a second, identical server for each (an A/A control), e.g. --twin static0",
     )  # fmt: skip
+    parser.add_argument(
+        "--max-frozen-s", type=float, default=MAX_FROZEN_S,
+        help="gRPC only: longer freezes, for longer slices (HTTP's keep-alive closes at 5 s)",
+    )  # fmt: skip
     parser.add_argument("--from-slices", type=Path, help="measure nothing: summarise again")
     args = parser.parse_args(argv)
+    if args.max_frozen_s > MAX_FROZEN_S and "http" in args.protocol:
+        parser.error(f"--max-frozen-s over {MAX_FROZEN_S} needs --protocol grpc (see timeshare.py)")
     command = " ".join(["python3 bench/adaptive_timeshare.py", *(argv or sys.argv[1:])])
     if args.from_slices is not None:
         saved = json.loads(args.from_slices.read_text())
@@ -274,7 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for protocol in args.protocol:
             label = protocol + (" +shm" if args.shared_memory else "")
             found = run(model, protocol, args.cycles, args.slice_s, args.warmup_s,
-                        args.shared_memory, args.concurrency, sizes, args.twin)  # fmt: skip
+                        args.shared_memory, args.concurrency, sizes, args.twin,
+                        args.max_frozen_s)  # fmt: skip
             measured[f"{model} {label}"] = {"slices": slices_to_json(found.slices),
                                             "mean batch": found.mean_batch,
                                             "threads lost": found.threads_lost}  # fmt: skip

@@ -85,6 +85,14 @@ def test_no_contender_stays_frozen_past_the_keep_alive_limit() -> None:
     assert max(waits) == pytest.approx(8 * 0.6)  # seen in 50 cycles of random orders
 
 
+def test_longer_freezes_are_refused_over_http(capsys: pytest.CaptureFixture[str]) -> None:
+    # gRPC connections survive a 12 s freeze; uvicorn's keep-alive does not (see timeshare).
+    with pytest.raises(SystemExit) as info:
+        adaptive_timeshare.main(["--out", "/nonexistent/x", "--max-frozen-s", "20"])
+    assert info.value.code == 2
+    assert "needs --protocol grpc" in capsys.readouterr().err
+
+
 def test_work_between_a_read_and_the_pause_counts_in_its_slice() -> None:
     # Read at 100 and 110; 4 more done before the pause, which the next slice's first
     # read (114) sees; the last slice ends at its own final read.
