@@ -20,13 +20,16 @@ p50s are not measured here; bench/adaptive_vs_static.py measures them.
     python3 bench/adaptive_timeshare.py --out bench/results/adaptive_timeshare_simple \\
         --models simple
     python3 bench/adaptive_timeshare.py --out bench/results/adaptive_timeshare_c1 \\
-        --models simple resnet18_like --concurrency 1 --raw-sizes --cycles 100 --slice-s 1
+        --models simple --concurrency 1 --raw-sizes --cycles 100 --slice-s 1
+    python3 bench/adaptive_timeshare.py --out bench/results/adaptive_timeshare_cnn_grpc \\
+        --models resnet18_like --protocol grpc --slice-s 3 --cycles 40 --max-frozen-s 25 \\
+        --warmup-s 12
     python3 bench/adaptive_timeshare.py --out /tmp/t --models simple --cycles 3   # smoke
 
-Not for adaptive on the CNN at c=32: its executions (~0.7 s) outlast a slice, so nearly
-every one is frozen part-way, and the controller, which prices each by its slot time, cut
-its batches to a mean of 2.9 against ~30 in steady runs
-(bench/results/adaptive_timeshare_cnn_http.md). There, use bench/adaptive_vs_static.py.
+The CNN at c=32 needs slices of a few batches, hence gRPC and `--max-frozen-s`: its
+executions (~0.7 s) outlast a 0.6 s slice, so nearly every one is frozen part-way, and the
+controller, which prices each by its slot time, cut its batches to a mean of 2.9 against
+~30 in steady runs (bench/results/adaptive_timeshare_cnn_http.md).
 
 At most 5 contenders at the default 0.6 s slices (none may stay frozen 5 s over HTTP: see
 bench/timeshare.py), hence the c=32 and c=1 servers in separate runs, and raw onnxruntime
@@ -83,14 +86,21 @@ RAW_SIZES = (8, 16)
 
 
 def contender_names(
-    model: str, concurrencies: Sequence[int], twins: Sequence[str] = ()
+    model: str,
+    concurrencies: Sequence[int],
+    twins: Sequence[str] = (),
+    configs: Sequence[str] | None = None,
 ) -> list[tuple[str, str, int]]:
     """(contender name, batching variant, concurrency) for `model`'s servers. Each of
     `twins` gets a second, identical server (named with a prime, "static0' c32"): the pair
-    shows how far apart two servers of the same setting measure (an A/A control)."""
+    shows how far apart two servers of the same setting measure (an A/A control).
+    `configs` replaces the c=32 servers' settings (any of bench/batching.py's variants)."""
     short = SHORT.get(model, model)
     known = {v.name.removesuffix(f"-{short}") for v in variants(model)}
-    groups = {THROUGHPUT_AT: THROUGHPUT_CONFIGS, LATENCY_AT: LATENCY_CONFIGS}
+    unknown = set(configs or ()) - known
+    if unknown:
+        raise ValueError(f"{model} has no variant {sorted(unknown)}; it has {sorted(known)}")
+    groups = {THROUGHPUT_AT: configs or THROUGHPUT_CONFIGS, LATENCY_AT: LATENCY_CONFIGS}
     found = []
     for clients in concurrencies:
         for config in (c for c in groups[clients] if c in known):
@@ -117,6 +127,7 @@ def run(
     raw_sizes: Sequence[int],
     twins: Sequence[str] = (),
     max_frozen_s: float = MAX_FROZEN_S,
+    configs: Sequence[str] | None = None,
 ) -> Measured:
     """Every contender's slices for one model and protocol, and each server's mean batch."""
     short = SHORT.get(model, model)
@@ -133,7 +144,7 @@ def run(
         # Servers first (idle), then raw workers (each paused once it counts), then the
         # loads, which start frozen: nothing waits frozen while another starts.
         servers = []
-        for name, config, concurrency in contender_names(model, concurrencies, twins):
+        for name, config, concurrency in contender_names(model, concurrencies, twins, configs):
             variant = by_variant[config]
             repo = make_repo(CACHE / "repos" / f"h2h_{variant.name}", model,
                              options=variant.options)  # fmt: skip
@@ -253,6 +264,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a second, identical server for each (an A/A control), e.g. --twin static0",
     )  # fmt: skip
     parser.add_argument(
+        "--configs", nargs="+", metavar="CONFIG",
+        help="the c=32 servers' settings instead of the default ones, e.g. static0 adaptive2",
+    )  # fmt: skip
+    parser.add_argument(
         "--max-frozen-s", type=float, default=MAX_FROZEN_S,
         help="gRPC only: longer freezes, for longer slices (HTTP's keep-alive closes at 5 s)",
     )  # fmt: skip
@@ -285,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             label = protocol + (" +shm" if args.shared_memory else "")
             found = run(model, protocol, args.cycles, args.slice_s, args.warmup_s,
                         args.shared_memory, args.concurrency, sizes, args.twin,
-                        args.max_frozen_s)  # fmt: skip
+                        args.max_frozen_s, args.configs)  # fmt: skip
             measured[f"{model} {label}"] = {"slices": slices_to_json(found.slices),
                                             "mean batch": found.mean_batch,
                                             "threads lost": found.threads_lost}  # fmt: skip

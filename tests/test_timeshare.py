@@ -162,6 +162,14 @@ def test_a_twin_is_a_second_server_of_the_same_setting() -> None:
     assert rows["static0' c32"]["adaptive ÷ it"] == pytest.approx(1.1)
 
 
+def test_configs_choose_the_c32_servers_among_the_variants() -> None:
+    names = adaptive_timeshare.contender_names("resnet18_like", [32, 1], configs=["adaptive2"])
+    assert names == [("adaptive2 c32", "adaptive2", 32), ("off c1", "off", 1),
+                     ("adaptive c1", "adaptive", 1)]  # fmt: skip
+    with pytest.raises(ValueError, match="no variant"):
+        adaptive_timeshare.contender_names("simple", [32], configs=["adaptive2"])
+
+
 def test_a_paused_raw_worker_does_no_work(tmp_path: Path) -> None:
     onnx = models.ensure_model("simple").onnx_path
     with timeshare.RawLoad("raw b8", onnx, 8, tmp_path) as raw:
