@@ -128,6 +128,7 @@ def run(
     twins: Sequence[str] = (),
     max_frozen_s: float = MAX_FROZEN_S,
     configs: Sequence[str] | None = None,
+    raw_slots: Sequence[int] = (1,),
 ) -> Measured:
     """Every contender's slices for one model and protocol, and each server's mean batch."""
     short = SHORT.get(model, model)
@@ -155,9 +156,11 @@ def run(
             servers.append((name, server, concurrency))
         raws: list[RawLoad] = []
         for size in raw_sizes:
-            raw = stack.enter_context(RawLoad(f"{RAW}{size}", onnx_path, size, workdir))
-            warm(raw, 0.5)
-            raws.append(raw)
+            for slots in raw_slots:
+                name = f"{RAW}{size}" + (f" x{slots}" if slots > 1 else "")
+                raw = stack.enter_context(RawLoad(name, onnx_path, size, workdir, slots))
+                warm(raw, 0.5)
+                raws.append(raw)
         loads = [
             stack.enter_context(
                 ServerLoad(name, server, model, protocol, concurrency, data, tool, workdir,
@@ -264,6 +267,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a second, identical server for each (an A/A control), e.g. --twin static0",
     )  # fmt: skip
     parser.add_argument(
+        "--raw-slots", type=int, nargs="+", default=[1], metavar="N",
+        help="raw onnxruntime as N sessions in parallel, the threads split as for N slots",
+    )  # fmt: skip
+    parser.add_argument(
         "--configs", nargs="+", metavar="CONFIG",
         help="the c=32 servers' settings instead of the default ones, e.g. static0 adaptive2",
     )  # fmt: skip
@@ -300,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             label = protocol + (" +shm" if args.shared_memory else "")
             found = run(model, protocol, args.cycles, args.slice_s, args.warmup_s,
                         args.shared_memory, args.concurrency, sizes, args.twin,
-                        args.max_frozen_s, args.configs)  # fmt: skip
+                        args.max_frozen_s, args.configs, args.raw_slots)  # fmt: skip
             measured[f"{model} {label}"] = {"slices": slices_to_json(found.slices),
                                             "mean batch": found.mean_batch,
                                             "threads lost": found.threads_lost}  # fmt: skip

@@ -319,13 +319,12 @@ class RawLoad(_Frozen):
     """Raw onnxruntime at `batch`, back to back, in bench/raw_worker.py. Starts running
     (loading its model); `warm` pauses it once it counts."""
 
-    def __init__(self, name: str, model: Path, batch: int, workdir: Path) -> None:
+    def __init__(self, name: str, model: Path, batch: int, workdir: Path, slots: int = 1) -> None:
         self.name = name
         safe = "".join(ch if ch.isalnum() else "_" for ch in name)
         self._path = workdir / f"{safe}.counter"
-        self._worker = subprocess.Popen(
-            [sys.executable, str(HERE / "raw_worker.py"), str(model), str(batch), str(self._path)]
-        )
+        worker = [sys.executable, str(HERE / "raw_worker.py"), str(model), str(batch)]
+        self._worker = subprocess.Popen([*worker, str(self._path), "--slots", str(slots)])
         self._pids = [self._worker.pid]
         self._counter: mmap.mmap | None = None
 

@@ -170,9 +170,11 @@ def test_configs_choose_the_c32_servers_among_the_variants() -> None:
         adaptive_timeshare.contender_names("simple", [32], configs=["adaptive2"])
 
 
-def test_a_paused_raw_worker_does_no_work(tmp_path: Path) -> None:
+@pytest.mark.parametrize("slots", [1, 2])
+def test_a_paused_raw_worker_does_no_work(tmp_path: Path, slots: int) -> None:
+    # With two slots, two sessions count into one counter, and both stop when paused.
     onnx = models.ensure_model("simple").onnx_path
-    with timeshare.RawLoad("raw b8", onnx, 8, tmp_path) as raw:
+    with timeshare.RawLoad("raw b8", onnx, 8, tmp_path, slots) as raw:
         timeshare.warm(raw, 0.2)  # paused on return
         ran, frozen = _run_then_freeze(raw, 0.3)
         raw.check()
