@@ -326,10 +326,11 @@ class Presence:
         if measured:
             self.measured = True
 
-    def nothing_to_wait_for(self, idle_slots: int) -> bool:
+    def nothing_to_wait_for(self, idle_slots: int, arriving: int = 0) -> bool:
         """The controller's answer: no costs measured yet, another slot idle, or no
-        client outside to come back (see AdaptiveController._nothing_to_wait_for)."""
-        return not self.measured or idle_slots > 0 or int(self.peak) <= self.held
+        client outside to come back (see AdaptiveController._nothing_to_wait_for); with
+        `arriving` samples counted in the system as well (a request not yet counted)."""
+        return not self.measured or idle_slots > 0 or int(self.peak) <= self.held + arriving
 
 
 class AdaptiveController:

@@ -148,7 +148,8 @@ class DynamicBatcher:
             and not self._hold
         ):
             slot = self._pool.try_acquire()
-            if slot is not None and self._presence.nothing_to_wait_for(self._pool.idle_count):
+            idle = self._pool.idle_count
+            if slot is not None and self._presence.nothing_to_wait_for(idle, arriving=size):
                 controller.sent_alone(size)
                 return await self._run_alone(slot, item, future, now, size)
             if slot is not None:

@@ -570,6 +570,26 @@ async def test_requests_alone_tell_the_cost_model_of_one_execution_in_eight() ->
         await batcher.close(5.0)
 
 
+async def test_requests_run_alone_again_once_a_burst_has_passed() -> None:
+    # A burst raises the peak (how many clients there are); it decays as batches leave,
+    # to the one client left, and that client's requests run alone again.
+    config = make_config(max_batch_size=8, parameters={"adaptive_batching": "true"})
+    fake = FakeExecutor("fake", blocked=True)
+    batcher = make_batcher(config, [fake])
+    try:
+        burst = [asyncio.ensure_future(batcher.submit(item(v))) for v in range(4)]
+        await queued(batcher, 3)
+        fake.open()
+        await asyncio.wait_for(asyncio.gather(*burst), 10)
+        before = batcher._alone_unseen
+        for value in range(20):
+            await asyncio.wait_for(batcher.submit(item(value)), 10)
+        assert batcher.adaptive_snapshot()["peak_in_system"] < 2
+        assert batcher._alone_unseen - before >= 10
+    finally:
+        await batcher.close(5.0)
+
+
 async def test_a_request_alone_that_fails_gets_the_error_and_the_slot_comes_back() -> None:
     class FailingOnce(FakeExecutor):
         failed = False
