@@ -529,12 +529,17 @@ async def test_the_controller_hears_of_arrivals_while_no_batch_finishes() -> Non
         await batcher.close(5.0)
 
 
+def adaptive_batcher(blocked: bool = False) -> tuple[DynamicBatcher, FakeExecutor]:
+    """An adaptive batcher (max batch 8) on one fake slot."""
+    config = make_config(max_batch_size=8, parameters={"adaptive_batching": "true"})
+    fake = FakeExecutor("fake", blocked=blocked)
+    return make_batcher(config, [fake]), fake
+
+
 async def test_a_request_running_alone_joins_the_load_once_another_arrives() -> None:
     # A request that finds the system empty runs alone, unseen by the controller; one
     # that arrives while it runs must find it counted: two clients, not one.
-    config = make_config(max_batch_size=8, parameters={"adaptive_batching": "true"})
-    fake = FakeExecutor("fake", blocked=True)
-    batcher = make_batcher(config, [fake])
+    batcher, fake = adaptive_batcher(blocked=True)
     try:
         first = asyncio.ensure_future(batcher.submit(item(1)))
         assert await fake.started() == 1
@@ -554,9 +559,7 @@ async def test_a_request_running_alone_joins_the_load_once_another_arrives() -> 
 
 
 async def test_requests_alone_tell_the_cost_model_of_one_execution_in_eight() -> None:
-    config = make_config(max_batch_size=8, parameters={"adaptive_batching": "true"})
-    fake = FakeExecutor("fake")
-    batcher = make_batcher(config, [fake])
+    batcher, fake = adaptive_batcher()
     try:
         for value in range(17):
             result = await batcher.submit(item(value))
@@ -573,9 +576,7 @@ async def test_requests_alone_tell_the_cost_model_of_one_execution_in_eight() ->
 async def test_requests_run_alone_again_once_a_burst_has_passed() -> None:
     # A burst raises the peak (how many clients there are); it decays as batches leave,
     # to the one client left, and that client's requests run alone again.
-    config = make_config(max_batch_size=8, parameters={"adaptive_batching": "true"})
-    fake = FakeExecutor("fake", blocked=True)
-    batcher = make_batcher(config, [fake])
+    batcher, fake = adaptive_batcher(blocked=True)
     try:
         burst = [asyncio.ensure_future(batcher.submit(item(v))) for v in range(4)]
         await queued(batcher, 3)
