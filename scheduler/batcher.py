@@ -147,13 +147,14 @@ class DynamicBatcher:
             and not self._queue
             and not self._hold
         ):
-            slot = self._pool.try_acquire()
-            idle = self._pool.idle_count
-            if slot is not None and self._presence.nothing_to_wait_for(idle, arriving=size):
-                controller.sent_alone(size)
-                return await self._run_alone(slot, item, future, now, size)
-            if slot is not None:
-                self._pool.release(slot, executed=False)
+            # Asked as it will be once this request holds a slot: one fewer idle.
+            idle_after = self._pool.idle_count - 1
+            if self._presence.nothing_to_wait_for(idle_after, arriving=size):
+                slot = self._pool.try_acquire()
+                if slot is not None:
+                    controller.sent_alone(size)
+                    self._run_alone(slot, item, future, now, size)
+                    return await future
         level = policy.level_for(item.priority)
         entry = Entry(item, future, level, now, size, None)
         slot = self._admit(entry)  # raises "Exceeds maximum queue size"
@@ -243,15 +244,15 @@ class DynamicBatcher:
         self._enqueue(entry)
         return None
 
-    async def _run_alone(
+    def _run_alone(
         self,
         slot: ExecutorSlot,
         item: WorkItem,
         future: asyncio.Future[dict[str, Array]],
         now: int,
         size: int,
-    ) -> dict[str, Array]:
-        """Run a request that found the system empty, a slot idle and nothing worth
+    ) -> None:
+        """Start a request that found the system empty, a slot idle and nothing worth
         waiting for (adaptive mode), on that slot at once, without queueing it.
 
         At low load this is every request, so it is the unbatched path and must cost what
@@ -270,7 +271,6 @@ class DynamicBatcher:
             lambda executor: execute_batch(executor, [item], gears, batching),
             lambda results, exc: self._alone_done(slot, alone, future, results, exc),
         )
-        return await future
 
     def _log_alone(self, alone: _Alone) -> None:
         """Log the arrival of the request running alone, now that another arrives."""
@@ -294,11 +294,8 @@ class DynamicBatcher:
         if exc is not None or results is None:
             exc = exc or RuntimeError("the batch returned no results")
             log.error("batch of %d failed on %s: %s", alone.size, slot.name, exc)
-            controller = self.controller
-            if alone.logged and controller is not None:
-                self._record()
-                controller.record_departure(done_ns, alone.size)
-                self._presence.leave(alone.size, False)
+            if alone.logged:
+                self._depart_unlogged(alone.size)
             if not future.done():
                 future.set_exception(_client_error(exc))
         else:
@@ -318,9 +315,7 @@ class DynamicBatcher:
                 self._alone_unseen += 1
             if not future.done():
                 future.set_result(results[0])
-            if len(self._events) >= LOG_LIMIT and not self._replay_queued:
-                self._replay_queued = True
-                asyncio.get_running_loop().call_soon(self._record)
+            self._replay_if_full()
         self._check_drained()
 
     def _enqueue(self, entry: Entry) -> None:
@@ -553,10 +548,7 @@ class DynamicBatcher:
                 self._presence.leave(leaving, True)
             for entry, result in zip(batch, results, strict=True):
                 self._finish(entry, result=result, departed=True)
-            if len(self._events) >= LOG_LIMIT and not self._replay_queued:
-                # Behind the answers: their callers resume first.
-                self._replay_queued = True
-                asyncio.get_running_loop().call_soon(self._record)
+            self._replay_if_full()
         self._check_drained()
 
     # --- answers -------------------------------------------------------------------------
@@ -581,10 +573,7 @@ class DynamicBatcher:
         entry.error = error
         self._pending -= 1
         if self.controller is not None and not departed:
-            if self._events:
-                self._record()
-            self.controller.record_departure(time.monotonic_ns(), entry.size)
-            self._presence.leave(entry.size, False)
+            self._depart_unlogged(entry.size)
         order = self._order
         if order is None or result is None:
             # Errors are answered at once, as Triton does for rejected requests.
@@ -593,6 +582,24 @@ class DynamicBatcher:
             while order and order[0].state is EntryState.DONE:
                 _answer(order.popleft())
         self._check_drained()
+
+    def _depart_unlogged(self, size: int) -> None:
+        """`size` samples left without a logged execution (an error, a cancellation, a
+        timeout): tell the controller now, after what the log holds."""
+        controller = self.controller
+        if controller is None:
+            return
+        if self._events:
+            self._record()
+        controller.record_departure(time.monotonic_ns(), size)
+        self._presence.leave(size, False)
+
+    def _replay_if_full(self) -> None:
+        """Once the log holds LOG_LIMIT events, replay it in a later turn: behind the
+        answers just given, whose callers resume first."""
+        if len(self._events) >= LOG_LIMIT and not self._replay_queued:
+            self._replay_queued = True
+            asyncio.get_running_loop().call_soon(self._record)
 
     def _record(self) -> None:
         """Replay the logged arrivals and departures to the controller, in order."""
