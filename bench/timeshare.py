@@ -161,15 +161,31 @@ def ratio_interval(
     draws: int = 2000,
     coverage: float = 0.9,
     seed: int = 0,
+    block: int | None = None,
 ) -> tuple[float, float]:
-    """A bootstrap interval of rate(numerator) ÷ rate(denominator): whole cycles resampled
-    with replacement, the two contenders' slices of a cycle kept together."""
+    """A bootstrap interval of rate(numerator) ÷ rate(denominator): cycles resampled with
+    replacement, the two contenders' slices of a cycle kept together, in runs of `block`
+    consecutive cycles (a circular moving-block bootstrap; by default cycles ** (1/3),
+    rounded, 3 for 40 cycles).
+
+    Why runs: neighbouring cycles are not independent. What a slice leaves unfinished (a
+    batch in flight at the pause) is counted in its contender's next slice, so one slice
+    reads high where the one before read low, and the ratios of neighbouring cycles are
+    anti-correlated (lag-1 autocorrelation -0.14 to -0.36 on the CNN at 32 clients, where
+    a 3 s slice holds a few batches). Resampled one by one, cycles break that pairing up
+    and the interval comes out wider than the run's real spread; within a run of cycles
+    the errors cancel, as they do in the point estimate."""
     cycles = min(len(numerator), len(denominator))
     if cycles == 0:
         raise ValueError("no slices")
+    if block is None:
+        block = max(1, round(cycles ** (1 / 3)))
+    block = min(max(block, 1), cycles)
     a = np.asarray(numerator[:cycles], dtype=float)
     b = np.asarray(denominator[:cycles], dtype=float)
-    picks = np.random.default_rng(seed).integers(0, cycles, size=(draws, cycles))
+    runs = -(-cycles // block)
+    starts = np.random.default_rng(seed).integers(0, cycles, size=(draws, runs, 1))
+    picks = ((starts + np.arange(block)) % cycles).reshape(draws, runs * block)[:, :cycles]
     ratios = (a[picks, 0].sum(1) / a[picks, 1].sum(1)) / (b[picks, 0].sum(1) / b[picks, 1].sum(1))
     tail = (1 - coverage) / 2 * 100
     low, high = np.percentile(ratios, [tail, 100 - tail])

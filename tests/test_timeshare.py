@@ -116,6 +116,20 @@ def test_the_interval_pairs_slices_of_a_cycle() -> None:
     assert low < point < high
 
 
+def test_the_interval_keeps_a_slice_and_the_next_together() -> None:
+    # Both run at 100/s throughout, but each of `a`'s slices leaves 30 of its work to its
+    # next one (a batch in flight at the pause): 130, 70, 130, 70, ... The run's ratio is
+    # 1; resampled one cycle at a time the interval spreads around it, in runs of two
+    # cycles the shifted work stays with the slice it was shifted to.
+    a = [(130.0 if i % 2 else 70.0, 1.0) for i in range(40)]
+    b = [(100.0, 1.0)] * 40
+    assert timeshare.rate(a) / timeshare.rate(b) == pytest.approx(1.0)
+    single = timeshare.ratio_interval(a, b, block=1)
+    assert single[0] < 0.95 and single[1] > 1.05
+    low, high = timeshare.ratio_interval(a, b, block=2)
+    assert low == pytest.approx(1.0) and high == pytest.approx(1.0)
+
+
 def test_the_summary_compares_adaptive_by_throughput_at_32_and_latency_at_1() -> None:
     def steady(rate: float, cycles: int = 5) -> list[Slice]:
         return [Slice(2.0 * i, 2.0 * i + 1.0, rate * i, rate * (i + 1)) for i in range(cycles)]
