@@ -56,7 +56,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
 
-from batching import SHORT, variants
+from batching import SHORT, TWO_SLOTS, variants
 from inputs import input_json_for
 from models import CACHE, ensure_model, make_repo
 from perfa import find_perf_analyzer
@@ -185,6 +185,15 @@ def run(
         return Measured(slices, {load.name: load.mean_batch() for load in loads}, lost)
 
 
+def adaptive_for(contender: str) -> str:
+    """The adaptive server a server contender is compared with: the one at the same
+    concurrency with as many slots ("static0x2 c32" -> "adaptivex2 c32"; a twin, with a
+    prime, as its original)."""
+    config, clients = contender.rsplit(" c", 1)
+    slots = TWO_SLOTS if config.rstrip("'").endswith(TWO_SLOTS) else ""
+    return f"adaptive{slots} c{clients}"
+
+
 def _interval(low_high: tuple[float, float]) -> str:
     return f"{low_high[0]:.3f}-{low_high[1]:.3f}"
 
@@ -201,7 +210,6 @@ def summarize(
     rates = {name: rate(w) for name, w in work.items()}
     raws = {name: r for name, r in rates.items() if name.startswith(RAW)}
     raw_best = max(raws, key=lambda n: raws[n]) if raws else None
-    adaptive = {c: f"adaptive c{c}" for c in (THROUGHPUT_AT, LATENCY_AT)}
     rows: list[dict[str, Any]] = []
     for name, value in rates.items():
         row: dict[str, Any] = {"model": model, "protocol": protocol, "contender": name,
@@ -209,9 +217,9 @@ def summarize(
         if raw_best is not None and not name.startswith(RAW):
             row["÷ raw best"] = value / raws[raw_best]
             row["÷ raw 90%"] = _interval(ratio_interval(work[name], work[raw_best]))
-        clients = None if name.startswith(RAW) else int(name.rsplit(" c", 1)[1])
-        versus = adaptive.get(clients) if clients is not None else None
+        versus = None if name.startswith(RAW) else adaptive_for(name)
         if versus in work and versus != name:
+            clients = int(name.rsplit(" c", 1)[1])
             if clients == THROUGHPUT_AT:
                 row["adaptive ÷ it"] = rates[versus] / value  # throughput
                 row["adaptive 90%"] = _interval(ratio_interval(work[versus], work[name]))
@@ -234,7 +242,8 @@ NOTE = (
     "Time-shared (bench/timeshare.py): all contenders up, one running at a time in slices, "
     "in random order. `adaptive ÷ it`: at c=32 adaptive's throughput ÷ this setting's (≥ 1: "
     "adaptive as fast or faster); at c=1 adaptive's mean latency ÷ unbatched (≤ 1: as fast "
-    "or faster). Intervals: 90 % bootstrap over cycles."
+    "or faster). Intervals: 90 % bootstrap over runs of consecutive cycles "
+    "(timeshare.ratio_interval)."
 )
 
 
@@ -272,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--configs", nargs="+", metavar="CONFIG",
-        help="the c=32 servers' settings instead of the default ones, e.g. static0 adaptive2",
+        help="the c=32 servers' settings instead of the default ones, e.g. static0x2 adaptivex2",
     )  # fmt: skip
     parser.add_argument(
         "--max-frozen-s", type=float, default=MAX_FROZEN_S,

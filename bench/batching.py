@@ -21,8 +21,10 @@ Variants per model (the `config` column):
   1.2-1.4x `static0`'s throughput; over HTTP batches are 8 either way. At one client it
   waits the whole window every time: a setting for throughput only.
 * `adaptive`: `dynamic_batching {}` plus `adaptive_batching: "true"`, budget derived.
-* `adaptive2` (CNN only): the same with two slots, the cores split between them
-  (intra-op threads = cores // 2), so one slot computes while the other is being filled.
+* `static0x2`, `staticx2`, `adaptivex2` (CNN only): `static0`, `static` and `adaptive` with
+  two slots, the cores split between them (intra-op threads = cores // 2), so one slot
+  computes while the other is being filled. (Result files before these names call
+  `adaptivex2` `adaptive2`.)
 
 Mixed-priority run (CNN by default): two priority levels; the high level sends an open-loop
 `--high-rate` (default 5 % of what the low class alone gets through, measured first), the
@@ -69,6 +71,8 @@ STATIC = {
 # than its compute (see the variant list above).
 LONG_WINDOW = {"simple": Batching(max_queue_delay_us=3000, preferred=[8])}
 ADAPTIVE = {"adaptive_batching": "true"}
+# The suffix of a setting with two slots ("adaptivex2": adaptive on two slots).
+TWO_SLOTS = "x2"
 
 
 def variants(model: str) -> list[Variant]:
@@ -95,8 +99,11 @@ def variants(model: str) -> list[Variant]:
         long = RepoOptions(max_batch_size=mbs, batching=LONG_WINDOW[model])
         found.insert(3, Variant(f"static3ms-{short}", model, long))
     if model == "resnet18_like":
-        two = RepoOptions(max_batch_size=mbs, batching=Batching(), params=ADAPTIVE, instances=2)
-        found.append(Variant(f"adaptive2-{short}", model, two))
+        tuned = STATIC[model]
+        for name, batching, params in (("static0", Batching(), {}), ("static", tuned, {}),
+                                       ("adaptive", Batching(), ADAPTIVE)):  # fmt: skip
+            two = RepoOptions(max_batch_size=mbs, batching=batching, params=params, instances=2)
+            found.append(Variant(f"{name}{TWO_SLOTS}-{short}", model, two))
     return found
 
 

@@ -177,11 +177,22 @@ def test_a_twin_is_a_second_server_of_the_same_setting() -> None:
 
 
 def test_configs_choose_the_c32_servers_among_the_variants() -> None:
-    names = adaptive_timeshare.contender_names("resnet18_like", [32, 1], configs=["adaptive2"])
-    assert names == [("adaptive2 c32", "adaptive2", 32), ("off c1", "off", 1),
+    names = adaptive_timeshare.contender_names("resnet18_like", [32, 1], configs=["adaptivex2"])
+    assert names == [("adaptivex2 c32", "adaptivex2", 32), ("off c1", "off", 1),
                      ("adaptive c1", "adaptive", 1)]  # fmt: skip
     with pytest.raises(ValueError, match="no variant"):
-        adaptive_timeshare.contender_names("simple", [32], configs=["adaptive2"])
+        adaptive_timeshare.contender_names("simple", [32], configs=["adaptivex2"])
+
+
+def test_two_slot_settings_are_compared_with_adaptive_on_two_slots() -> None:
+    slices = {"static0 c32": [Slice(0.0, 1.0, 0.0, 100.0)],
+              "static0x2 c32": [Slice(1.0, 2.0, 0.0, 80.0)],
+              "adaptive c32": [Slice(2.0, 3.0, 0.0, 90.0)],
+              "adaptivex2 c32": [Slice(3.0, 4.0, 0.0, 120.0)]}  # fmt: skip
+    rows = {r["contender"]: r for r in adaptive_timeshare.summarize("m", "grpc", slices)}
+    assert rows["static0 c32"]["adaptive ÷ it"] == pytest.approx(0.9)
+    assert rows["static0x2 c32"]["adaptive ÷ it"] == pytest.approx(1.5)
+    assert "adaptive ÷ it" not in rows["adaptivex2 c32"]
 
 
 @pytest.mark.parametrize("slots", [1, 2])
