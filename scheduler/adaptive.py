@@ -9,11 +9,11 @@ The model behind the answer:
 * **Execution cost per batch size**, from measured executions, each priced by its slot
   time (from the hand-over to the slot until the results are back on the loop: on a busy
   host the slot thread's wake-up costs more than a small model's compute, and only fewer
-  batches save it): an EWMA per (padded) size
-  (a size's first execution is a warm-up, replaced by its second; a stall counts as at
-  most STALL_CAP times the estimate), and a least-squares
-  line `cost(b) = a + b*k` through them (through the sizes run more than once, when two
-  have), which smooths noise and covers sizes not seen yet. A batch
+  batches save it): an EWMA per (padded) size (a size's first execution is a warm-up,
+  replaced by its second; a stall, over STALL_CAP times the estimate, is left out unless
+  STALL_RUN come in a row), and a least-squares line `cost(b) = a + b*k` through them
+  (through the sizes run more than once, when two have), which smooths noise and covers
+  sizes not seen yet. A batch
   of `m` pays off over sending `n` now only when `m / cost(m)` beats `n / cost(n)` by a
   margin; on hardware where cost grows linearly with size, batching buys nothing and the
   controller never waits.
@@ -105,8 +105,11 @@ PEAK_DECAY = 0.8
 DECAY_STEP_NS = 10_000_000
 # Weight of a new execution in its size's cost EWMA.
 COST_ALPHA = 0.2
-# An execution counts as at most this many times its size's estimate (see CostModel.record).
+# An execution over this many times its size's estimate is a stall, left out of the
+# estimate unless it is the STALL_RUN-th such in a row; then it counts as this many times
+# the estimate (see CostModel.record).
 STALL_CAP = 2.0
+STALL_RUN = 3
 # Waiting must buy at least this much per-sample throughput.
 MIN_GAIN = 1.05
 # A saturated slot waits for returning clients when that serves them all this much sooner.
@@ -179,13 +182,16 @@ class CostModel:
     # (between two requests the transport and the model run); an instance without a
     # __dict__ touches less memory per attribute.
     __slots__ = (
-        "_costs", "_ewma", "_fit", "_gears", "_good", "_runs", "executions", "known", "version",
+        "_costs", "_ewma", "_fit", "_gears", "_good", "_runs", "_stalls", "executions", "known",
+        "version",
     )  # fmt: skip
 
     def __init__(self, gears: Sequence[int]) -> None:
         self._gears = tuple(gears)
         self._ewma: dict[int, float] = {}
         self._runs: dict[int, int] = {}
+        # Executions in a row over STALL_CAP times their size's estimate, per size.
+        self._stalls: dict[int, int] = {}
         self._fit: tuple[float, float] | None = None
         # efficient_limit's answer (None: no limit), recomputed per execution, not per plan.
         self._good: int | None = None
@@ -210,13 +216,30 @@ class CostModel:
         else:
             # A measured slot time includes the slot thread's waits for a core and for the
             # GIL: on a busy host, now and then, many times the usual (a batch of 8 of
-            # `simple` computed in 0.1 ms, with stalls of 0.4-1.4 ms). Such a stall counts
-            # as STALL_CAP times the estimate: two in a row moved a plain EWMA so far that
-            # batches of 8 looked worse per sample than batches of 1, and the efficiency
-            # limit cut batches to 1. A real rise in cost is still followed, by up to
-            # COST_ALPHA * (STALL_CAP - 1) per execution.
+            # `simple` computed in 0.1 ms, with stalls of 0.4-1.4 ms). Counted, two in a
+            # row moved a plain EWMA so far that batches of 8 looked worse per sample than
+            # batches of 1, and the efficiency limit cut batches to 1. Counted even at
+            # STALL_CAP times the estimate, stalls still tilt the sizes: a pause hits an
+            # execution about in proportion to its length, so long batches take more of
+            # them, and each then adds a whole estimate. The CNN on two slots at 32
+            # clients, time-shared (bench/timeshare.py freezes it inside about one batch
+            # in eight), ran adaptive's batches at a mean of 1.8 and 5.4 in two runs, and
+            # 11.3 once stalls were left out. So an execution over STALL_CAP times its
+            # estimate is a stall and is left out, unless the STALL_RUN - 1 before it (of
+            # its size) were too: a real rise in cost lasts, and is followed from then on
+            # by up to COST_ALPHA * (STALL_CAP - 1) per execution.
             old = self._ewma[size]
-            value = old + COST_ALPHA * (min(duration_ns, STALL_CAP * old) - old)
+            if duration_ns > STALL_CAP * old:
+                stalls = self._stalls.get(size, 0) + 1
+                self._stalls[size] = stalls
+                if stalls < STALL_RUN:
+                    self._runs[size] = runs
+                    self.executions += 1
+                    return
+                duration_ns = int(STALL_CAP * old)
+            elif size in self._stalls:
+                del self._stalls[size]
+            value = old + COST_ALPHA * (duration_ns - old)
         self._ewma[size] = value
         self._runs[size] = runs
         self.executions += 1

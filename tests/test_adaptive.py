@@ -9,6 +9,7 @@ import pytest
 from fake_executor import FakeExecutor, item, make_batcher, make_config, queued
 
 from ge_serve.scheduler.adaptive import (
+    COST_ALPHA,
     DECAY_STEP_NS,
     NEAR_BEST,
     AdaptiveController,
@@ -686,6 +687,26 @@ def test_stalled_executions_do_not_cut_batches_to_one() -> None:
     for _ in range(30):
         c.record_execution(8, 1_000_000)
     assert c.cost.table_us()[8] > 900
+
+
+def test_a_pause_inside_a_long_batch_does_not_make_big_batches_look_worse() -> None:
+    # A CNN on one core: 5 ms fixed, 50 ms per sample, so batches of 16 beat batches of 1
+    # per sample (16 / 805 ms against 1 / 55 ms). A pause (the host's, or a benchmark's
+    # freeze) lands inside a long batch far more often than inside a short one; one that
+    # hits a batch of 16 says nothing of its cost, and batches must not be cut to 1.
+    c = controller(max_batch_size=32)
+    for _ in range(5):
+        c.record_execution(1, 55 * MS)
+        c.record_execution(16, 805 * MS)
+    c.record_execution(16, 10_000 * MS)  # frozen 9 s part-way
+    assert c.cost.table_us()[16] == pytest.approx(805_000)
+    assert c.cost.efficient_limit(32) == 32
+    assert c.plan(T0, 32, T0, 0, 0).limit == 32
+    # Two stalls in a row are still stalls; a third says the cost has changed.
+    c.record_execution(16, 2000 * MS)
+    assert c.cost.table_us()[16] == pytest.approx(805_000)
+    c.record_execution(16, 2000 * MS)
+    assert c.cost.table_us()[16] == pytest.approx(805_000 * (1 + COST_ALPHA))
 
 
 def test_a_full_batch_skips_planning_only_when_nothing_could_cap_it() -> None:
