@@ -228,18 +228,14 @@ class CostModel:
             # estimate is a stall and is left out, unless the STALL_RUN - 1 before it (of
             # its size) were too: a real rise in cost lasts, and is followed from then on
             # by up to COST_ALPHA * (STALL_CAP - 1) per execution.
-            old = self._ewma[size]
-            if duration_ns > STALL_CAP * old:
-                stalls = self._stalls.get(size, 0) + 1
-                self._stalls[size] = stalls
-                if stalls < STALL_RUN:
-                    self._runs[size] = runs
-                    self.executions += 1
-                    return
-                duration_ns = int(STALL_CAP * old)
-            elif size in self._stalls:
-                del self._stalls[size]
-            value = old + COST_ALPHA * (duration_ns - old)
+            old = value = self._ewma[size]
+            if duration_ns <= STALL_CAP * old:
+                self._stalls.pop(size, None)
+                value = old + COST_ALPHA * (duration_ns - old)
+            else:
+                stalls = self._stalls[size] = self._stalls.get(size, 0) + 1
+                if stalls >= STALL_RUN:
+                    value = old + COST_ALPHA * (STALL_CAP - 1) * old
         self._ewma[size] = value
         self._runs[size] = runs
         self.executions += 1
