@@ -44,9 +44,12 @@ _NO_TELEMETRY: dict[str, Any] = (
 
 @dataclass(frozen=True, slots=True)
 class HttpSettings:
-    max_input_size: int = 64 * 1024 * 1024
+    """What the HTTP front end needs; the composition root derives it from `Settings`,
+    which holds the defaults."""
+
+    max_input_size: int
     # --http-restricted-api rules: (category, header, value)
-    restricted_api: tuple[tuple[str, str, str], ...] = ()
+    restricted_api: tuple[tuple[str, str, str], ...]
 
 
 class InferShortcut:
