@@ -11,14 +11,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ge_serve.protos import model_config_pb2
-from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.boolean import parse_bool
+from ge_serve.server.errors import invalid_arg
 
 # Model `parameters` keys that opt a model in to the adaptive controller.
 ADAPTIVE_KEY = "adaptive_batching"
 BUDGET_KEY = "adaptive_latency_budget_us"
-
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
 
 
 class TimeoutAction(enum.Enum):
@@ -117,9 +115,9 @@ class BatchPolicy:
         preferred: list[int] = []
         for size in dyn.preferred_batch_size:
             if size <= 0:
-                raise _invalid(f"dynamic batching preferred size must be positive for {name}")
+                raise invalid_arg(f"dynamic batching preferred size must be positive for {name}")
             if size > mbs:
-                raise _invalid(
+                raise invalid_arg(
                     f"dynamic batching preferred size must be <= max batch size for {name}"
                 )
             preferred.append(int(size))
@@ -132,12 +130,12 @@ class BatchPolicy:
         else:
             default_level = int(dyn.default_priority_level)
             if default_level == 0 or default_level > levels_count:
-                raise _invalid(
+                raise invalid_arg(
                     f"default priority level must be in range [1, {levels_count}] for {name}"
                 )
             for level in dyn.priority_queue_policy:
                 if level == 0 or level > levels_count:
-                    raise _invalid(
+                    raise invalid_arg(
                         "priority queue policy must have priority level in range "
                         f"[1, {levels_count}] for {name}"
                     )
@@ -151,13 +149,13 @@ class BatchPolicy:
             }
         if dyn.preserve_ordering:
             if levels_count > 1:
-                raise _invalid(
+                raise invalid_arg(
                     "Only one priority level is allowed when 'preserve_ordering' is true "
                     f"for {name}"
                 )
             for policy in levels.values():
                 if policy.default_timeout_us and policy.timeout_action is TimeoutAction.DELAY:
-                    raise _invalid(
+                    raise invalid_arg(
                         "Queue policy can not have DELAY as timeout action when "
                         f"'preserve_ordering' is true for {name}"
                     )
@@ -182,16 +180,13 @@ def _adaptive(
     name = config.name
     enabled = server_default
     if ADAPTIVE_KEY in params:
-        value = params[ADAPTIVE_KEY].strip().lower()
-        if value in _TRUE:
-            enabled = True
-        elif value in _FALSE:
-            enabled = False
-        else:
-            raise _invalid(
+        try:
+            enabled = parse_bool(params[ADAPTIVE_KEY])
+        except ValueError:
+            raise invalid_arg(
                 f"parameter '{ADAPTIVE_KEY}' of model '{name}' must be true or false, "
                 f"got '{params[ADAPTIVE_KEY]}'"
-            )
+            ) from None
     budgets: dict[int, int] = {}
     base = 0
     for key, value in params.items():
@@ -201,7 +196,7 @@ def _adaptive(
             suffix = key[len(BUDGET_KEY) + 1 :]
             level = int(suffix) if suffix.isdigit() else -1
             if levels_count == 0 or not 1 <= level <= levels_count:
-                raise _invalid(
+                raise invalid_arg(
                     f"parameter '{key}' of model '{name}' names priority level '{suffix}', "
                     f"but the model's levels are [1, {levels_count}]"
                     if levels_count
@@ -217,12 +212,8 @@ def _adaptive(
 def _positive_int(key: str, value: str, model: str) -> int:
     text = value.strip()
     if not text.isdigit() or int(text) <= 0:
-        raise _invalid(
+        raise invalid_arg(
             f"parameter '{key}' of model '{model}' must be a positive integer "
             f"(microseconds), got '{value}'"
         )
     return int(text)
-
-
-def _invalid(message: str) -> ServerError:
-    return ServerError(ErrorCode.INVALID_ARG, message)

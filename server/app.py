@@ -27,7 +27,6 @@ from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
 from ge_serve.scheduler.factory import SchedulerOptions, build_scheduler, delay_count_from
 
-from .cli import Settings
 from .control import ControlMode, ControlSettings, ModelControl
 from .core import InferenceServer
 from .errors import ErrorCode, ServerError
@@ -36,9 +35,11 @@ from .http.app import HttpFrontEnd, HttpSettings
 from .http.monitoring import MetricsApp, metrics_endpoint
 from .lifecycle import LifecycleSettings, ModelLifecycle
 from .logsettings import LogControl, LogSettings
-from .metrics import MetricsConfig, ServerMetrics
+from .metrics import ServerMetrics
+from .metricsconfig import MetricsConfig
 from .repository import ModelRepository
 from .resources import DeviceMetricsProvider, ResourceSampler
+from .settings import Settings
 from .sharedmemory import SharedMemoryManager
 
 log = logging.getLogger("ge_serve")
@@ -91,6 +92,28 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
     return {"onnxruntime": OnnxRuntimeBackend(), "ge": ge}
 
 
+def http_settings(settings: Settings) -> HttpSettings:
+    return HttpSettings(
+        max_input_size=settings.http_max_input_size,
+        restricted_api=settings.http_restricted_api,
+    )
+
+
+def grpc_settings(settings: Settings) -> GrpcSettings:
+    return GrpcSettings(
+        address=settings.grpc_address,
+        port=settings.grpc_port,
+        keepalive_time_ms=settings.grpc_keepalive_time_ms,
+        keepalive_timeout_ms=settings.grpc_keepalive_timeout_ms,
+        keepalive_permit_without_calls=settings.grpc_keepalive_permit_without_calls,
+        http2_max_pings_without_data=settings.grpc_http2_max_pings_without_data,
+        http2_min_recv_ping_interval_without_data_ms=(
+            settings.grpc_http2_min_recv_ping_interval_without_data_ms
+        ),
+        restricted=settings.grpc_restricted_protocol,
+    )
+
+
 def close_backends(backends: dict[str, Backend]) -> None:
     for backend in backends.values():
         close = getattr(backend, "close", None)
@@ -134,11 +157,8 @@ class ServerApp:
             log_control=log_control,
             shared_memory=SharedMemoryManager(enabled=settings.allow_client_shm),
         )
-        self.http = HttpFrontEnd(
-            self.core,
-            HttpSettings(settings.http_max_input_size, settings.http_restricted_api),
-        )
-        self.grpc = GrpcFrontEnd(self.core, GrpcSettings.from_settings(settings))
+        self.http = HttpFrontEnd(self.core, http_settings(settings))
+        self.grpc = GrpcFrontEnd(self.core, grpc_settings(settings))
         self.metrics = self._make_metrics() if settings.allow_metrics else None
         self._servers: list[EmbeddedUvicorn] = []
         self._tasks: list[asyncio.Task[None]] = []

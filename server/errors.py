@@ -43,6 +43,11 @@ class ServerError(Exception):
         return f"ServerError({self.code.value}, {self.message!r})"
 
 
+def invalid_arg(message: str) -> ServerError:
+    """The client sent something the server cannot accept: HTTP 400, gRPC INVALID_ARGUMENT."""
+    return ServerError(ErrorCode.INVALID_ARG, message)
+
+
 def unknown_model(name: str) -> ServerError:
     return ServerError(ErrorCode.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
 

@@ -23,6 +23,7 @@ from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from ge_serve.scheduler.work import WorkItem
 
 from .errors import FailureReason, ServerError
+from .metricsconfig import MetricsConfig
 from .model import ModelVersion
 from .quantiles import Buckets, LatencyWindow
 from .resources import ResourceSampler
@@ -30,7 +31,6 @@ from .statistics import ModelStatistics, ModelStats
 
 log = logging.getLogger(__name__)
 
-DEFAULT_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 # Request duration buckets, µs: 100 µs to 10 s.
 LATENCY_BUCKETS_US = (
     100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000,
@@ -38,72 +38,6 @@ LATENCY_BUCKETS_US = (
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _LATENCIES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
-
-
-def _flag(key: str, value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("true", "1", "yes", "on"):
-        return True
-    if lowered in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(f"--metrics-config {key}: expected true or false, got '{value}'")
-
-
-@dataclass(frozen=True, slots=True)
-class MetricsConfig:
-    """`--metrics-config key=value` settings (Triton's keys, plus our histograms)."""
-
-    counter_latencies: bool = True
-    # Off by default in Triton; on here, because users asked for p50/p95/p99.
-    summary_latencies: bool = True
-    summary_quantiles: tuple[float, ...] = DEFAULT_QUANTILES
-    summary_max_age_s: float = 60.0
-    histogram_latencies: bool = True
-
-    @classmethod
-    def parse(cls, pairs: Iterable[tuple[str, str]]) -> MetricsConfig:
-        values: dict[str, object] = {}
-        for key, value in pairs:
-            if key in ("counter_latencies", "summary_latencies", "histogram_latencies"):
-                values[key] = _flag(key, value)
-            elif key == "summary_quantiles":
-                values[key] = _quantiles(value)
-            elif key == "summary_max_age_secs":
-                try:
-                    age = float(value)
-                except ValueError:
-                    age = -1.0
-                if not age > 0:
-                    raise ValueError(
-                        f"--metrics-config summary_max_age_secs: expected seconds > 0, "
-                        f"got '{value}'"
-                    )
-                values["summary_max_age_s"] = age
-            else:
-                raise ValueError(
-                    f"--metrics-config: unknown key '{key}' (known: counter_latencies, "
-                    "summary_latencies, summary_quantiles, summary_max_age_secs, "
-                    "histogram_latencies)"
-                )
-        return cls(**values)  # type: ignore[arg-type]
-
-
-def _quantiles(text: str) -> tuple[float, ...]:
-    """Triton's `<quantile>:<error>,...`; the error part is accepted and unused."""
-    found: list[float] = []
-    for part in text.split(","):
-        head = part.split(":", 1)[0].strip()
-        try:
-            q = float(head)
-        except ValueError:
-            q = -1.0
-        if not 0.0 <= q <= 1.0:
-            raise ValueError(
-                f"--metrics-config summary_quantiles: expected <quantile>:<error>,... with "
-                f"quantiles in [0, 1], got '{text}'"
-            )
-        found.append(q)
-    return tuple(sorted(set(found)))
 
 
 # --- what schedulers may expose (structural: the scheduler imports nothing from here) ----

@@ -45,7 +45,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from .errors import ErrorCode, ServerError
+from .errors import ErrorCode, ServerError, invalid_arg
 from .types import DataType, Parameters, RequestedOutput, SharedMemoryRef
 from .wire import raw_to_array
 
@@ -64,10 +64,6 @@ IN_SHARED_MEMORY.flags.writeable = False
 DISABLED: Final = (
     "client shared memory is disabled on this server (started with --allow-client-shm=false)"
 )
-
-
-def _invalid(message: str) -> ServerError:
-    return ServerError(ErrorCode.INVALID_ARG, message)
 
 
 def unknown_region(name: str) -> ServerError:
@@ -89,18 +85,18 @@ def parse_ref(params: Parameters, tensor: str) -> SharedMemoryRef | None:
     if region is None:
         for key, value in ((SHARED_MEMORY_OFFSET, offset), (SHARED_MEMORY_BYTE_SIZE, byte_size)):
             if value is not None:
-                raise _invalid(
+                raise invalid_arg(
                     f"'{key}' can not be specified without '{SHARED_MEMORY_REGION}' parameter "
                     f"for tensor '{tensor}'"
                 )
         return None
     if not isinstance(region, str):
-        raise _invalid(
+        raise invalid_arg(
             f"invalid value type for '{SHARED_MEMORY_REGION}' parameter for tensor '{tensor}', "
             "expected a string"
         )
     if byte_size is None:
-        raise _invalid(
+        raise invalid_arg(
             f"'{SHARED_MEMORY_BYTE_SIZE}' must be specified along with "
             f"'{SHARED_MEMORY_REGION}' parameter for tensor '{tensor}'"
         )
@@ -118,13 +114,13 @@ def lift_output_ref(output: RequestedOutput) -> None:
     if ref is None:
         return
     if output.classification:
-        raise _invalid("Output can't set both 'shared_memory_region' and 'classification'")
+        raise invalid_arg("Output can't set both 'shared_memory_region' and 'classification'")
     output.shm = ref
 
 
 def _count(value: Any, key: str, tensor: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _invalid(
+        raise invalid_arg(
             f"invalid value for '{key}' parameter for tensor '{tensor}': expected a "
             f"non-negative integer, got {value!r}"
         )
@@ -166,7 +162,7 @@ class _Region:
         needed = self.status.offset + offset + byte_size
         size = mapping.size()
         if size < needed:
-            raise _invalid(
+            raise invalid_arg(
                 f"shared memory region '{self.status.name}' is no longer valid: its object "
                 f"'{self.status.key}' shrank to {size} bytes (the region needs {needed})"
             )
@@ -185,7 +181,7 @@ def object_path(root: Path, key: str) -> Path:
     """The file of a POSIX shared-memory key: one name directly under `root`."""
     name = key[1:] if key.startswith("/") else key
     if not name or "/" in name or name in (".", "..") or "\0" in name:
-        raise _invalid(
+        raise invalid_arg(
             f"invalid shared memory key '{key}': expected a POSIX shared memory name "
             "('/name', one path component under /dev/shm)"
         )
@@ -201,15 +197,15 @@ def _map(root: Path, name: str, key: str, offset: int, byte_size: int) -> tuple[
         # FIFO planted there must not hang the open.
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise _invalid(
+        raise invalid_arg(
             f"Unable to open shared memory region: '{key}' ({exc.strerror or exc})"
         ) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise _invalid(f"{failed}: '{key}' is not a shared memory object")
+            raise invalid_arg(f"{failed}: '{key}' is not a shared memory object")
         if offset + byte_size > info.st_size:
-            raise _invalid(
+            raise invalid_arg(
                 f"{failed}: invalid args (offset {offset} + byte_size {byte_size} is past the "
                 f"end of '{key}', which has {info.st_size} bytes)"
             )
@@ -223,7 +219,7 @@ def _map(root: Path, name: str, key: str, offset: int, byte_size: int) -> tuple[
                 offset=base,
             )
         except OSError as exc:
-            raise _invalid(f"{failed}: cannot map '{key}': {exc.strerror or exc}") from None
+            raise invalid_arg(f"{failed}: cannot map '{key}': {exc.strerror or exc}") from None
     finally:
         os.close(fd)
     return mapping, offset - base
@@ -250,14 +246,14 @@ class SharedMemoryManager:
     async def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self._check_enabled()
         if not name:
-            raise _invalid("'region name' is necessary to register system shared memory region")
+            raise invalid_arg("'region name' is necessary to register system shared memory region")
         if offset < 0 or byte_size < 0:
-            raise _invalid(
+            raise invalid_arg(
                 f"failed to register shared memory region '{name}': offset and byte_size "
                 "must be non-negative"
             )
         if byte_size == 0:
-            raise _invalid(
+            raise invalid_arg(
                 f"failed to register shared memory region '{name}': byte_size must be > 0"
             )
         self._check_new(name)
@@ -327,7 +323,7 @@ class SharedMemoryManager:
         raise ServerError(ErrorCode.NOT_FOUND, message)
 
     def cuda_register(self, name: str) -> None:
-        raise _invalid(
+        raise invalid_arg(
             f"failed to register CUDA shared memory region: '{name}', GPUs not supported"
         )
 
@@ -346,9 +342,9 @@ class SharedMemoryManager:
             raise unknown_region(ref.region)
         size = region.status.byte_size
         if ref.offset >= size:
-            raise _invalid(f"Invalid offset for shared memory region: '{ref.region}'")
+            raise invalid_arg(f"Invalid offset for shared memory region: '{ref.region}'")
         if ref.offset + ref.byte_size > size:
-            raise _invalid(
+            raise invalid_arg(
                 f"Invalid offset + byte size for shared memory region: '{ref.region}' "
                 f"(offset {ref.offset} + byte size {ref.byte_size} > region size {size})"
             )
@@ -370,7 +366,7 @@ class SharedMemoryManager:
         if datatype is not DataType.BYTES:
             expected = math.prod(shape) * datatype.itemsize
             if ref.byte_size != expected:
-                raise _invalid(
+                raise invalid_arg(
                     f"input byte size mismatch for input '{tensor}' for model '{model}'. "
                     f"Expected {expected}, got {ref.byte_size}"
                 )
@@ -381,7 +377,7 @@ class SharedMemoryManager:
         """Copy an output's wire bytes into its region; a region too small is INVALID_ARG."""
         size = memoryview(raw).nbytes
         if size > target.nbytes:
-            raise _invalid(
+            raise invalid_arg(
                 f"shared memory size specified with the request for output '{tensor}' "
                 f"({target.nbytes} bytes) should be at least {size} bytes to hold the results"
             )

@@ -12,13 +12,9 @@ import numpy as np
 
 from ge_serve.scheduler.work import Array, WorkItem
 
-from .errors import ErrorCode, ServerError
+from .errors import ErrorCode, ServerError, invalid_arg
 from .model import ModelVersion, TensorSpec
 from .types import DataType, InferRequest, InferResponse, RequestedOutput, Tensor
-
-
-def _invalid(message: str) -> ServerError:
-    return ServerError(ErrorCode.INVALID_ARG, message)
 
 
 def _dims_str(dims: tuple[int, ...]) -> str:
@@ -36,32 +32,34 @@ def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
     for tensor in inputs:
         spec = model.inputs.get(tensor.name)
         if spec is None:
-            raise _invalid(f"unexpected inference input '{tensor.name}' for model '{model.name}'")
+            raise invalid_arg(
+                f"unexpected inference input '{tensor.name}' for model '{model.name}'"
+            )
         if tensor.name in arrays:
-            raise _invalid(f"input '{tensor.name}' was given more than once")
+            raise invalid_arg(f"input '{tensor.name}' was given more than once")
         if tensor.datatype is not spec.datatype:
-            raise _invalid(
+            raise invalid_arg(
                 f"inference input '{tensor.name}' data-type is '{tensor.datatype.value}', "
                 f"but model '{model.name}' expects '{spec.datatype.value}'"
             )
         shape = tuple(tensor.shape)
         if any(d < 0 for d in shape):
-            raise _invalid(f"input '{tensor.name}' has a negative dimension in its shape")
+            raise invalid_arg(f"input '{tensor.name}' has a negative dimension in its shape")
         if mbs > 0:
             if not shape:
-                raise _invalid(
+                raise invalid_arg(
                     f"input '{tensor.name}' for model '{model.name}' has no batch dimension; "
                     f"the model has max_batch_size {mbs}"
                 )
             this_batch = shape[0]
             if this_batch < 1 or this_batch > mbs:
-                raise _invalid(
+                raise invalid_arg(
                     f"inference request batch-size must be <= {mbs} for '{model.name}'"
                     if this_batch > mbs
                     else f"inference request batch-size must be >= 1 for '{model.name}'"
                 )
             if batch_size and this_batch != batch_size:
-                raise _invalid(
+                raise invalid_arg(
                     f"input '{tensor.name}' batch size {this_batch} does not match the "
                     f"other inputs' batch size {batch_size}"
                 )
@@ -71,7 +69,7 @@ def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
             item_dims = shape
         if not _dims_match(item_dims, spec.dims):
             expected = ((-1,) if mbs > 0 else ()) + spec.dims
-            raise _invalid(
+            raise invalid_arg(
                 f"unexpected shape for input '{tensor.name}' for model '{model.name}'. "
                 f"Expected {_dims_str(expected)}, got {_dims_str(shape)}"
             )
@@ -81,7 +79,7 @@ def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
             try:
                 array = array.reshape(lead + spec.model_dims)
             except ValueError:
-                raise _invalid(
+                raise invalid_arg(
                     f"input '{tensor.name}' cannot be reshaped to {_dims_str(spec.model_dims)}"
                 ) from None
         arrays[tensor.name] = array
@@ -90,7 +88,7 @@ def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
     ]
     if missing:
         required = sum(not s.optional for s in model.inputs.values())
-        raise _invalid(
+        raise invalid_arg(
             f"expected {required} inputs but got {len(arrays)} inputs for model "
             f"'{model.name}'. Got input(s) {sorted(arrays)}, but missing required input(s) "
             f"{missing}. Please provide all required input(s)."
@@ -118,12 +116,12 @@ def _as_array(tensor: Tensor, spec: TensorSpec, shape: tuple[int, ...]) -> Array
         if spec.datatype is DataType.BYTES and array.dtype.kind in ("S", "U"):
             array = array.astype(object)
         else:
-            raise _invalid(
+            raise invalid_arg(
                 f"input '{tensor.name}' holds {array.dtype} data, not {spec.datatype.value}"
             )
     if array.shape != shape:
         if array.size != math.prod(shape):
-            raise _invalid(
+            raise invalid_arg(
                 f"input '{tensor.name}' has {array.size} elements but its shape "
                 f"{_dims_str(shape)} needs {math.prod(shape)}"
             )
@@ -134,7 +132,7 @@ def _as_array(tensor: Tensor, spec: TensorSpec, shape: tuple[int, ...]) -> Array
 def _resolve_raw_binary(tensor: Tensor, model: ModelVersion) -> Tensor:
     """A raw-binary body is the single input of a single-input model, as batch 1."""
     if len(model.inputs) != 1:
-        raise _invalid(
+        raise invalid_arg(
             f"raw binary request requires model '{model.name}' to have exactly one input, "
             f"but it has {len(model.inputs)}"
         )
@@ -146,11 +144,11 @@ def _resolve_raw_binary(tensor: Tensor, model: ModelVersion) -> Tensor:
         data[0] = raw
         dims = tuple(1 if d == -1 else d for d in spec.dims)
         if math.prod(dims) != 1:
-            raise _invalid(f"raw binary data for BYTES input '{spec.name}' must be one element")
+            raise invalid_arg(f"raw binary data for BYTES input '{spec.name}' must be one element")
         return Tensor(spec.name, spec.datatype, lead + dims, data.reshape(lead + dims))
     itemsize = spec.datatype.itemsize
     if len(raw) % itemsize:
-        raise _invalid(
+        raise invalid_arg(
             f"raw binary data of {len(raw)} bytes is not a whole number of "
             f"{spec.datatype.value} elements for input '{spec.name}'"
         )
@@ -159,7 +157,7 @@ def _resolve_raw_binary(tensor: Tensor, model: ModelVersion) -> Tensor:
     unknown = [i for i, d in enumerate(dims) if d == -1]
     known = math.prod(d for d in dims if d != -1)
     if len(unknown) > 1 or (not unknown and known != count) or (unknown and count % known):
-        raise _invalid(
+        raise invalid_arg(
             f"raw binary data of {count} elements does not fit input '{spec.name}' with "
             f"dims {_dims_str(dims)}"
         )
@@ -172,11 +170,13 @@ def _resolve_raw_binary(tensor: Tensor, model: ModelVersion) -> Tensor:
 def _check_output(requested: RequestedOutput, model: ModelVersion) -> None:
     spec = model.outputs.get(requested.name)
     if spec is None:
-        raise _invalid(f"unexpected inference output '{requested.name}' for model '{model.name}'")
+        raise invalid_arg(
+            f"unexpected inference output '{requested.name}' for model '{model.name}'"
+        )
     if requested.classification < 0:
-        raise _invalid("classification count must be non-negative")
+        raise invalid_arg("classification count must be non-negative")
     if requested.classification and spec.datatype is DataType.BYTES:
-        raise _invalid(f"classification is not supported for BYTES output '{spec.name}'")
+        raise invalid_arg(f"classification is not supported for BYTES output '{spec.name}'")
 
 
 def build_response(

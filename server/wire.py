@@ -16,7 +16,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from .errors import ErrorCode, ServerError
+from .errors import ErrorCode, ServerError, invalid_arg
 from .types import DataType, Tensor
 
 _U32: Final = struct.Struct("<I")
@@ -25,10 +25,6 @@ _U32_MAX: Final = 0xFFFFFFFF
 # Text formats (JSON numbers, gRPC typed contents) cannot carry these faithfully, so the
 # protocol sends them only as raw bytes.
 RAW_ONLY: Final = frozenset({DataType.FP16, DataType.BF16})
-
-
-def _invalid(message: str) -> ServerError:
-    return ServerError(ErrorCode.INVALID_ARG, message)
 
 
 # --- BYTES tensors --------------------------------------------------------------------------
@@ -64,12 +60,12 @@ def deserialize_bytes_tensor(
     offset = 0
     while offset < size:
         if count is not None and len(items) == count:
-            raise _invalid(
+            raise invalid_arg(
                 f"{what}: unexpected additional BYTES data, {size - offset} bytes after the "
                 f"expected {count} elements"
             )
         if offset + 4 > size:
-            raise _invalid(
+            raise invalid_arg(
                 f"{what}: BYTES element {len(items)} is truncated: its 4-byte length prefix "
                 f"has only {size - offset} bytes left"
             )
@@ -77,14 +73,14 @@ def deserialize_bytes_tensor(
         offset += 4
         end = offset + length
         if end > size:
-            raise _invalid(
+            raise invalid_arg(
                 f"{what}: BYTES element {len(items)} has length {length}, which overruns the "
                 f"buffer ({size - offset} bytes left)"
             )
         items.append(view[offset:end].tobytes())
         offset = end
     if count is not None and len(items) != count:
-        raise _invalid(f"{what}: expected {count} BYTES elements, got {len(items)}")
+        raise invalid_arg(f"{what}: expected {count} BYTES elements, got {len(items)}")
     return object_array(items)
 
 
@@ -128,7 +124,7 @@ def raw_to_array(
     expected = count * datatype.itemsize
     size = memoryview(buf).nbytes
     if size != expected:
-        raise _invalid(
+        raise invalid_arg(
             f"{what}: got {size} bytes of raw data, but shape {list(shape)} of "
             f"{datatype.value} needs {expected} bytes"
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from ge_serve.server.app import ServerApp, configure_gil
-from ge_serve.server.cli import parse_settings
+from ge_serve.server.cli import build_parser, parse_settings
+from ge_serve.server.settings import Settings, flag_of
 
 
 def test_defaults_are_tritons() -> None:
@@ -21,6 +23,41 @@ def test_defaults_are_tritons() -> None:
     assert settings.http_max_input_size == 64 * 1024 * 1024
     assert not settings.disable_auto_complete_config
     assert settings.model_control_mode == "none"
+
+
+def test_the_flags_defaults_are_the_settings_defaults() -> None:
+    """One place for defaults: a bare command line gives exactly the dataclass's values."""
+    assert parse_settings(["--model-repo", "m"]) == Settings(model_repositories=(Path("m"),))
+
+
+def test_every_setting_is_a_flag() -> None:
+    options = {name for action in build_parser()._actions for name in action.option_strings}
+    for setting in dataclasses.fields(Settings):
+        assert set(flag_of(setting).names) <= options, setting.name
+
+
+def test_metrics_address_defaults_to_the_http_address() -> None:
+    settings = parse_settings(["--model-repo", "m", "--http-address", "127.0.0.2"])
+    assert settings.metrics_address == "127.0.0.2"
+    settings = parse_settings(
+        ["--model-repo", "m", "--http-address", "127.0.0.2", "--metrics-address", "127.0.0.3"]
+    )
+    assert settings.metrics_address == "127.0.0.3"
+
+
+def test_backend_config_becomes_backend_dot_key() -> None:
+    settings = parse_settings(
+        ["--model-repo", "m", "--backend-config", "ge,a=1", "--backend-config", "onnxruntime,b = 2"]
+    )
+    assert settings.backend_config == (("ge.a", "1"), ("onnxruntime.b", "2"))
+
+
+def test_bad_backend_config_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_settings(["--model-repo", "m", "--backend-config", "ge,novalue"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --backend-config: expected <key>=<value>, got 'novalue'" in err
 
 
 def test_model_repo_alias_and_repeats() -> None:

@@ -14,8 +14,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from serverproc import running_server, start_server
 
+from ge_serve.server.app import grpc_settings
 from ge_serve.server.cli import parse_settings
-from ge_serve.server.grpc.server import GrpcSettings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -80,13 +80,13 @@ def test_grpc_flags_become_server_settings() -> None:
             "--grpc-restricted-protocol", "model-repository,statistics:Admin-Key=s3cret",
         ]
     )  # fmt: skip
-    grpc_settings = GrpcSettings.from_settings(settings)
-    assert grpc_settings.target == "[::1]:9001"
-    assert grpc_settings.restricted == (
+    for_grpc = grpc_settings(settings)
+    assert for_grpc.target == "[::1]:9001"
+    assert for_grpc.restricted == (
         ("model-repository", "admin-key", "s3cret"),
         ("statistics", "admin-key", "s3cret"),
     )
-    options = dict(grpc_settings.channel_options())
+    options = dict(for_grpc.channel_options())
     assert options["grpc.keepalive_time_ms"] == 10000
     assert options["grpc.keepalive_timeout_ms"] == 5000
     assert options["grpc.keepalive_permit_without_calls"] == 1

@@ -23,11 +23,12 @@ from ge_serve.protos import grpc_service_pb2_grpc as pb_grpc
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
 from ge_serve.scheduler.work import Array, WorkItem
-from ge_serve.server.app import make_scheduler
+from ge_serve.server.app import grpc_settings, make_scheduler
 from ge_serve.server.core import InferenceServer
-from ge_serve.server.grpc.server import GrpcFrontEnd, GrpcSettings
+from ge_serve.server.grpc.server import GrpcFrontEnd
 from ge_serve.server.lifecycle import LifecycleSettings, ModelLifecycle
 from ge_serve.server.repository import ModelRepository
+from ge_serve.server.settings import Settings
 from ge_serve.server.types import InferRequest, InferResponse
 
 pytestmark = pytest.mark.timeout(60)
@@ -127,7 +128,13 @@ async def running(
     )
     assert not await lifecycle.load_many(["simple"])
     core = core_type(lifecycle)
-    front = GrpcFrontEnd(core, GrpcSettings(address="127.0.0.1", port=0, restricted=restricted))
+    settings = Settings(
+        model_repositories=(EXAMPLE_MODELS,),
+        grpc_address="127.0.0.1",
+        grpc_port=0,
+        grpc_restricted_protocol=restricted,
+    )
+    front = GrpcFrontEnd(core, grpc_settings(settings))
     await front.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{front.port}")
     try:

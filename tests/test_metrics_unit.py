@@ -28,7 +28,8 @@ from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ErrorCode, FailureReason, ServerError, queue_full
 from ge_serve.server.lifecycle import LifecycleSettings, ModelLifecycle, SchedulerFactory
 from ge_serve.server.logsettings import LogControl
-from ge_serve.server.metrics import MetricsConfig, ServerMetrics, render_text
+from ge_serve.server.metrics import ServerMetrics, render_text
+from ge_serve.server.metricsconfig import MetricsConfig
 from ge_serve.server.quantiles import Buckets, LatencyWindow
 from ge_serve.server.repository import ModelRepository
 from ge_serve.server.resources import ResourceSampler

@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from ge_serve.protos import grpc_service_pb2 as pb
 
-from ..errors import ErrorCode, ServerError
+from ..errors import ErrorCode, ServerError, invalid_arg
 from ..sharedmemory import IN_SHARED_MEMORY, SHARED_MEMORY_REGION, lift_output_ref, parse_ref
 from ..types import (
     DataType,
@@ -67,10 +67,6 @@ _FIELD_DTYPE: Final = {
 _NARROWED: Final = frozenset({DataType.UINT8, DataType.UINT16, DataType.INT8, DataType.INT16})
 
 
-def _invalid(message: str) -> ServerError:
-    return ServerError(ErrorCode.INVALID_ARG, message)
-
-
 @dataclass(slots=True)
 class DecodedRequest:
     """A core request plus what only the gRPC front end acts on."""
@@ -87,7 +83,7 @@ class DecodedRequest:
 def parameter_value(param: pb.InferParameter, key: str, where: str) -> ParamValue:
     choice = param.WhichOneof("parameter_choice")
     if choice is None:
-        raise _invalid(f"parameter '{key}' of {where} has no value")
+        raise invalid_arg(f"parameter '{key}' of {where} has no value")
     value: ParamValue = getattr(param, choice)
     return value
 
@@ -129,7 +125,7 @@ def decode_infer_request(message: pb.ModelInferRequest) -> DecodedRequest:
     parameters = decode_parameters(message.parameters, "the request")
     empty_final = parameters.pop(ENABLE_EMPTY_FINAL_RESPONSE, False)
     if not isinstance(empty_final, bool):
-        raise _invalid(f"parameter '{ENABLE_EMPTY_FINAL_RESPONSE}' must be a boolean")
+        raise invalid_arg(f"parameter '{ENABLE_EMPTY_FINAL_RESPONSE}' must be a boolean")
     request = InferRequest(
         model_name=model,
         model_version=message.model_version,
@@ -149,7 +145,7 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
     in_shm = sum(SHARED_MEMORY_REGION in spec.parameters for spec in specs)
     if raw and len(raw) != len(specs) - in_shm:
         which = "one per input not in shared memory" if in_shm else "one per input"
-        raise _invalid(
+        raise invalid_arg(
             f"expected {len(specs) - in_shm} raw input contents ({which}) for model "
             f"'{model}', got {len(raw)}"
         )
@@ -159,27 +155,27 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
     for index, spec in enumerate(specs):
         name = spec.name
         if not name:
-            raise _invalid(f"input {index} of model '{model}' has no name")
+            raise invalid_arg(f"input {index} of model '{model}' has no name")
         if name in names:
-            raise _invalid(f"input '{name}' is given more than once")
+            raise invalid_arg(f"input '{name}' is given more than once")
         names.add(name)
         datatype = DataType.parse(spec.datatype)
         shape = tuple(spec.shape)
         if any(d < 0 for d in shape):
-            raise _invalid(f"'shape' of input '{name}' must hold non-negative integers")
+            raise invalid_arg(f"'shape' of input '{name}' must hold non-negative integers")
         params = decode_parameters(spec.parameters, f"input '{name}'")
         shm = parse_ref(params, name)
         has_contents = spec.HasField("contents")
         if shm is not None:
             if has_contents:
-                raise _invalid(
+                raise invalid_arg(
                     f"unexpected 'content' provided when using shared memory for input tensor "
                     f"'{name}' for model '{model}'"
                 )
             data = IN_SHARED_MEMORY
         elif raw:
             if has_contents:
-                raise _invalid(
+                raise invalid_arg(
                     f"contents field must not be specified when using raw_input_contents for "
                     f"input '{name}' of model '{model}'"
                 )
@@ -190,7 +186,7 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
         elif math.prod(shape) == 0:
             data = np.empty(shape, dtype=datatype.numpy)
         else:
-            raise _invalid(
+            raise invalid_arg(
                 f"input '{name}' of model '{model}' has no data: neither raw_input_contents "
                 f"nor contents is set"
             )
@@ -202,21 +198,21 @@ def _typed_contents(
     name: str, datatype: DataType, shape: tuple[int, ...], contents: pb.InferTensorContents
 ) -> npt.NDArray[Any]:
     if datatype in RAW_ONLY:
-        raise _invalid(
+        raise invalid_arg(
             f"input '{name}': {datatype.value} data can only be sent in raw_input_contents, "
             f"not in typed contents"
         )
     field = _CONTENTS_FIELD[datatype]
     for other, _ in contents.ListFields():
         if other.name != field:
-            raise _invalid(
+            raise invalid_arg(
                 f"input '{name}': {datatype.value} data must be in contents.{field}, "
                 f"not contents.{other.name}"
             )
     values = getattr(contents, field)
     count = math.prod(shape)
     if len(values) != count:
-        raise _invalid(
+        raise invalid_arg(
             f"input '{name}' has {len(values)} elements in contents.{field}, but shape "
             f"{list(shape)} needs {count}"
         )
@@ -228,7 +224,7 @@ def _typed_contents(
         low, high = int(wide.min()), int(wide.max())
         if low < info.min or high > info.max:
             bad = low if low < info.min else high
-            raise _invalid(f"input '{name}': value {bad} is out of range for {datatype.value}")
+            raise invalid_arg(f"input '{name}': value {bad} is out of range for {datatype.value}")
     return wide.astype(datatype.numpy, copy=False).reshape(shape)
 
 
@@ -238,9 +234,9 @@ def _decode_outputs(message: pb.ModelInferRequest) -> list[RequestedOutput]:
     for index, spec in enumerate(message.outputs):
         name = spec.name
         if not name:
-            raise _invalid(f"requested output {index} has no name")
+            raise invalid_arg(f"requested output {index} has no name")
         if name in names:
-            raise _invalid(f"output '{name}' is requested more than once")
+            raise invalid_arg(f"output '{name}' is requested more than once")
         names.add(name)
         params = decode_parameters(spec.parameters, f"output '{name}'")
         output = requested_output(name, params)

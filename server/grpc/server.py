@@ -17,7 +17,6 @@ from grpc_reflection.v1alpha import reflection
 
 from ge_serve.protos import grpc_service_pb2, grpc_service_pb2_grpc
 
-from ..cli import Settings
 from ..core import InferenceServer
 from ..errors import ErrorCode, ServerError
 from .restricted import RestrictedProtocolInterceptor
@@ -36,30 +35,18 @@ HEALTH_REFRESH_S: Final = 1.0
 
 @dataclass(frozen=True, slots=True)
 class GrpcSettings:
-    address: str = "0.0.0.0"
-    port: int = 8001
-    keepalive_time_ms: int = 7_200_000
-    keepalive_timeout_ms: int = 20_000
-    keepalive_permit_without_calls: bool = False
-    http2_max_pings_without_data: int = 2
-    http2_min_recv_ping_interval_without_data_ms: int = 300_000
-    # --grpc-restricted-protocol: (category, header, value)
-    restricted: tuple[tuple[str, str, str], ...] = ()
+    """What the gRPC front end needs; the composition root derives it from `Settings`,
+    which holds the defaults."""
 
-    @classmethod
-    def from_settings(cls, settings: Settings) -> GrpcSettings:
-        return cls(
-            address=settings.grpc_address,
-            port=settings.grpc_port,
-            keepalive_time_ms=settings.grpc_keepalive_time_ms,
-            keepalive_timeout_ms=settings.grpc_keepalive_timeout_ms,
-            keepalive_permit_without_calls=settings.grpc_keepalive_permit_without_calls,
-            http2_max_pings_without_data=settings.grpc_http2_max_pings_without_data,
-            http2_min_recv_ping_interval_without_data_ms=(
-                settings.grpc_http2_min_recv_ping_interval_without_data_ms
-            ),
-            restricted=settings.grpc_restricted_protocol,
-        )
+    address: str
+    port: int
+    keepalive_time_ms: int
+    keepalive_timeout_ms: int
+    keepalive_permit_without_calls: bool
+    http2_max_pings_without_data: int
+    http2_min_recv_ping_interval_without_data_ms: int
+    # --grpc-restricted-protocol: (category, header, value)
+    restricted: tuple[tuple[str, str, str], ...]
 
     @property
     def target(self) -> str:

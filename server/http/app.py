@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,11 +24,11 @@ from ge_serve.server.restrictions import RestrictedApis
 
 from . import codec, compression, monitoring, repository, sharedmemory
 from .errors import error_response, server_error_response
+from .responses import json_response
 from .restricted import RestrictedApiMiddleware
+from .routing import Endpoint
 
 log = logging.getLogger(__name__)
-
-Endpoint = Callable[[Request], Awaitable[Response]]
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -44,9 +43,12 @@ _NO_TELEMETRY: dict[str, Any] = (
 
 @dataclass(frozen=True, slots=True)
 class HttpSettings:
-    max_input_size: int = 64 * 1024 * 1024
+    """What the HTTP front end needs; the composition root derives it from `Settings`,
+    which holds the defaults."""
+
+    max_input_size: int
     # --http-restricted-api rules: (category, header, value)
-    restricted_api: tuple[tuple[str, str, str], ...] = ()
+    restricted_api: tuple[tuple[str, str, str], ...]
 
 
 class InferShortcut:
@@ -76,10 +78,6 @@ class InferShortcut:
                     await response(scope, receive, send)
                     return
         await self.app(scope, receive, send)
-
-
-def json_response(obj: Any, status: int = 200) -> Response:
-    return Response(codec.encode_json(obj), status_code=status, media_type="application/json")
 
 
 def _guard(endpoint: Endpoint) -> Endpoint:

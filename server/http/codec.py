@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from ..errors import ErrorCode, ServerError
+from ..errors import ErrorCode, ServerError, invalid_arg
 from ..sharedmemory import IN_SHARED_MEMORY, SHARED_MEMORY_REGION, lift_output_ref, parse_ref
 from ..types import (
     DataType,
@@ -56,10 +56,6 @@ _INTEGER_TYPES: Final = frozenset(
 _FP32_MAX: Final = float(np.finfo(np.float32).max)
 
 
-def _invalid(message: str) -> ServerError:
-    return ServerError(ErrorCode.INVALID_ARG, message)
-
-
 # --- JSON helpers ---------------------------------------------------------------------------
 
 
@@ -76,9 +72,9 @@ def decode_json_object(body: bytes | memoryview, what: str) -> dict[str, Any]:
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError as e:
-        raise _invalid(f"failed to parse the {what} JSON buffer: {e}") from None
+        raise invalid_arg(f"failed to parse the {what} JSON buffer: {e}") from None
     if not isinstance(obj, dict):
-        raise _invalid(f"the {what} JSON must be an object, not {_json_kind(obj)}")
+        raise invalid_arg(f"the {what} JSON must be an object, not {_json_kind(obj)}")
     return obj
 
 
@@ -89,7 +85,7 @@ def parse_header_length(value: str | None) -> int | None:
     try:
         return int(value.strip())
     except ValueError:
-        raise _invalid(
+        raise invalid_arg(
             f"invalid {INFERENCE_HEADER_CONTENT_LENGTH} header value '{value}'"
         ) from None
 
@@ -140,7 +136,7 @@ def decode_infer_request(
         header, binary = view, view[len(view) :]
     else:
         if header_length < 0 or header_length > len(body):
-            raise _invalid(
+            raise invalid_arg(
                 f"invalid {INFERENCE_HEADER_CONTENT_LENGTH} {header_length}: the request body "
                 f"has {len(body)} bytes"
             )
@@ -149,7 +145,7 @@ def decode_infer_request(
 
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
-        raise _invalid(f"the request 'id' must be a string, not {_json_kind(request_id)}")
+        raise invalid_arg(f"the request 'id' must be a string, not {_json_kind(request_id)}")
     request = InferRequest(
         model_name=model_name,
         model_version=model_version,
@@ -178,10 +174,10 @@ def _parameters(raw: Any, where: str) -> Parameters:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise _invalid(f"'parameters' of {where} must be a JSON object, not {_json_kind(raw)}")
+        raise invalid_arg(f"'parameters' of {where} must be a JSON object, not {_json_kind(raw)}")
     for key, value in raw.items():
         if not isinstance(value, _PARAM_TYPES):
-            raise _invalid(
+            raise invalid_arg(
                 f"parameter '{key}' of {where} must be a boolean, number or string, not "
                 f"{_json_kind(value)}"
             )
@@ -194,20 +190,20 @@ def _decode_inputs(
 ) -> list[Tensor]:
     specs = doc.get("inputs")
     if specs is None:
-        raise _invalid("the request JSON has no 'inputs'")
+        raise invalid_arg("the request JSON has no 'inputs'")
     if not isinstance(specs, list):
-        raise _invalid(f"'inputs' must be an array, not {_json_kind(specs)}")
+        raise invalid_arg(f"'inputs' must be an array, not {_json_kind(specs)}")
     tensors: list[Tensor] = []
     names: set[str] = set()
     offset = 0
     for index, spec in enumerate(specs):
         tensor, offset = _decode_input(index, spec, binary, offset, has_binary)
         if tensor.name in names:
-            raise _invalid(f"input '{tensor.name}' is given more than once")
+            raise invalid_arg(f"input '{tensor.name}' is given more than once")
         names.add(tensor.name)
         tensors.append(tensor)
     if offset != len(binary):
-        raise _invalid(
+        raise invalid_arg(
             f"unexpected additional input data for model '{model_name}': "
             f"{len(binary) - offset} bytes follow the last binary input"
         )
@@ -218,14 +214,14 @@ def _decode_input(
     index: int, spec: Any, binary: memoryview, offset: int, has_binary: bool
 ) -> tuple[Tensor, int]:
     if not isinstance(spec, dict):
-        raise _invalid(f"input {index} must be a JSON object, not {_json_kind(spec)}")
+        raise invalid_arg(f"input {index} must be a JSON object, not {_json_kind(spec)}")
     name = spec.get("name")
     if not isinstance(name, str) or not name:
-        raise _invalid(f"input {index} has no 'name'")
+        raise invalid_arg(f"input {index} has no 'name'")
     shape = _shape(spec.get("shape"), name)
     datatype_name = spec.get("datatype")
     if not isinstance(datatype_name, str):
-        raise _invalid(f"input '{name}' has no 'datatype'")
+        raise invalid_arg(f"input '{name}' has no 'datatype'")
     datatype = DataType.parse(datatype_name)
     params = _parameters(spec.get("parameters"), f"input '{name}'")
     shm = parse_ref(params, name)
@@ -235,7 +231,7 @@ def _decode_input(
     if shm is not None:
         if has_data or size is not None:
             given = [("'data'", has_data), ("'binary_data_size'", size is not None)]
-            raise _invalid(
+            raise invalid_arg(
                 "Input must set only one of the following fields: 'data', 'binary_data_size' "
                 "in 'parameters', 'shared_memory_region' in 'parameters'. But set "
                 + " ".join(field for field, present in given if present)
@@ -244,15 +240,17 @@ def _decode_input(
         data = IN_SHARED_MEMORY
     elif size is not None:
         if has_data:
-            raise _invalid(f"input '{name}' has both 'data' and a 'binary_data_size' parameter")
+            raise invalid_arg(f"input '{name}' has both 'data' and a 'binary_data_size' parameter")
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise _invalid(f"'binary_data_size' of input '{name}' must be a non-negative integer")
+            raise invalid_arg(
+                f"'binary_data_size' of input '{name}' must be a non-negative integer"
+            )
         data = _binary_input(name, datatype, shape, binary, offset, size, has_binary)
         offset += size
     elif has_data:
         data = _json_input(name, datatype, shape, spec["data"])
     else:
-        raise _invalid(f"input '{name}' has neither 'data' nor a 'binary_data_size' parameter")
+        raise invalid_arg(f"input '{name}' has neither 'data' nor a 'binary_data_size' parameter")
     tensor = Tensor(name=name, datatype=datatype, shape=shape, data=data, parameters=params)
     tensor.shm = shm
     return tensor, offset
@@ -260,9 +258,9 @@ def _decode_input(
 
 def _shape(raw: Any, name: str) -> tuple[int, ...]:
     if raw is None:
-        raise _invalid(f"input '{name}' has no 'shape'")
+        raise invalid_arg(f"input '{name}' has no 'shape'")
     if not isinstance(raw, list) or not all(type(d) is int and d >= 0 for d in raw):
-        raise _invalid(f"'shape' of input '{name}' must be an array of non-negative integers")
+        raise invalid_arg(f"'shape' of input '{name}' must be an array of non-negative integers")
     return tuple(raw)
 
 
@@ -277,18 +275,18 @@ def _binary_input(
 ) -> npt.NDArray[Any]:
     count = math.prod(shape)
     if datatype is not DataType.BYTES and size != count * datatype.itemsize:
-        raise _invalid(
+        raise invalid_arg(
             f"input '{name}' has binary_data_size {size}, but shape {list(shape)} of "
             f"{datatype.value} needs {count * datatype.itemsize} bytes"
         )
     end = offset + size
     if end > len(binary):
         if not has_binary:
-            raise _invalid(
+            raise invalid_arg(
                 f"input '{name}' has binary_data_size {size}, but the request has no binary "
                 f"data (no {INFERENCE_HEADER_CONTENT_LENGTH} header)"
             )
-        raise _invalid(
+        raise invalid_arg(
             f"unexpected end of binary data for input '{name}': it needs {size} bytes, "
             f"{len(binary) - offset} are left"
         )
@@ -299,16 +297,16 @@ def _json_input(
     name: str, datatype: DataType, shape: tuple[int, ...], data: Any
 ) -> npt.NDArray[Any]:
     if datatype in RAW_ONLY:
-        raise _invalid(
+        raise invalid_arg(
             f"input '{name}': {datatype.value} data can only be sent as binary data "
             f"(binary_data_size), not as JSON 'data'"
         )
     if not isinstance(data, list):
-        raise _invalid(f"'data' of input '{name}' must be an array, not {_json_kind(data)}")
+        raise invalid_arg(f"'data' of input '{name}' must be an array, not {_json_kind(data)}")
     flat = _flatten(data)
     count = math.prod(shape)
     if len(flat) != count:
-        raise _invalid(
+        raise invalid_arg(
             f"input '{name}' has {len(flat)} elements in 'data', but shape {list(shape)} "
             f"needs {count}"
         )
@@ -352,7 +350,9 @@ def _json_to_numpy(name: str, datatype: DataType, flat: list[Any]) -> npt.NDArra
             low, high = min(flat), max(flat)
             if low < info.min or high > info.max:
                 bad = low if low < info.min else high
-                raise _invalid(f"input '{name}': value {bad} is out of range for {datatype.value}")
+                raise invalid_arg(
+                    f"input '{name}': value {bad} is out of range for {datatype.value}"
+                )
         return np.array(flat, dtype=datatype.numpy)
     # FP32 and FP64; JSON integers are fine as floats.
     if not kinds <= {int, float}:
@@ -360,38 +360,38 @@ def _json_to_numpy(name: str, datatype: DataType, flat: list[Any]) -> npt.NDArra
     arr = np.array(flat, dtype=np.float64)
     if datatype is DataType.FP32:
         if arr.size and float(np.abs(arr).max()) > _FP32_MAX:
-            raise _invalid(f"input '{name}': a value is out of range for FP32")
+            raise invalid_arg(f"input '{name}': a value is out of range for FP32")
         return arr.astype(np.float32)
     return arr
 
 
 def _wrong_elements(name: str, datatype: DataType, expected: str) -> ServerError:
-    return _invalid(f"input '{name}': {datatype.value} 'data' elements must be {expected}")
+    return invalid_arg(f"input '{name}': {datatype.value} 'data' elements must be {expected}")
 
 
 def _decode_outputs(specs: Any) -> list[RequestedOutput]:
     if specs is None:
         return []
     if not isinstance(specs, list):
-        raise _invalid(f"'outputs' must be an array, not {_json_kind(specs)}")
+        raise invalid_arg(f"'outputs' must be an array, not {_json_kind(specs)}")
     outputs: list[RequestedOutput] = []
     names: set[str] = set()
     for index, spec in enumerate(specs):
         if not isinstance(spec, dict):
-            raise _invalid(f"requested output {index} must be a JSON object")
+            raise invalid_arg(f"requested output {index} must be a JSON object")
         name = spec.get("name")
         if not isinstance(name, str) or not name:
-            raise _invalid(f"requested output {index} has no 'name'")
+            raise invalid_arg(f"requested output {index} has no 'name'")
         if name in names:
-            raise _invalid(f"output '{name}' is requested more than once")
+            raise invalid_arg(f"output '{name}' is requested more than once")
         names.add(name)
         params = _parameters(spec.get("parameters"), f"output '{name}'")
         output = requested_output(name, params)
         if not isinstance(params.get(BINARY_DATA, False), bool):
-            raise _invalid(f"'binary_data' of output '{name}' must be a boolean")
+            raise invalid_arg(f"'binary_data' of output '{name}' must be a boolean")
         lift_output_ref(output)
         if output.shm is not None and params.get(BINARY_DATA) is True:
-            raise _invalid("Output can't set both 'shared_memory_region' and 'binary_data'")
+            raise invalid_arg("Output can't set both 'shared_memory_region' and 'binary_data'")
         outputs.append(output)
     return outputs
 

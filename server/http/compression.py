@@ -9,7 +9,7 @@ from __future__ import annotations
 import zlib
 from typing import Final
 
-from ..errors import ErrorCode, ServerError
+from ..errors import ServerError, invalid_arg
 
 GZIP: Final = "gzip"
 DEFLATE: Final = "deflate"
@@ -20,10 +20,6 @@ _ZLIB_WBITS: Final = zlib.MAX_WBITS
 _RAW_DEFLATE_WBITS: Final = -zlib.MAX_WBITS
 # zlib's default: a fair trade of speed for size; tensor data rarely shrinks much more.
 _LEVEL: Final = 6
-
-
-def _invalid(message: str) -> ServerError:
-    return ServerError(ErrorCode.INVALID_ARG, message)
 
 
 def decode_content(body: bytes, content_encoding: str | None, max_size: int) -> bytes:
@@ -44,7 +40,7 @@ def decode_content(body: bytes, content_encoding: str | None, max_size: int) -> 
         return _inflate(
             body, _ZLIB_WBITS if _has_zlib_header(body) else _RAW_DEFLATE_WBITS, max_size
         )
-    raise _invalid(f"unsupported Content-Encoding '{content_encoding}'")
+    raise invalid_arg(f"unsupported Content-Encoding '{content_encoding}'")
 
 
 def _has_zlib_header(data: bytes) -> bool:
@@ -53,7 +49,7 @@ def _has_zlib_header(data: bytes) -> bool:
 
 
 def _too_large(max_size: int) -> ServerError:
-    return _invalid(f"the decompressed request body exceeds the maximum of {max_size} bytes")
+    return invalid_arg(f"the decompressed request body exceeds the maximum of {max_size} bytes")
 
 
 def _inflate(data: bytes, wbits: int, max_size: int) -> bytes:
@@ -76,13 +72,13 @@ def _inflate(data: bytes, wbits: int, max_size: int) -> bytes:
                 if stream.eof or (not chunk and not pending):
                     break
             if not stream.eof:
-                raise _invalid("failed to decompress request body: truncated stream")
+                raise invalid_arg("failed to decompress request body: truncated stream")
             # gzip allows several members back to back; trailing zero padding is ignored.
             pending = stream.unused_data
             if wbits != _GZIP_WBITS or not pending.strip(b"\x00"):
                 break
     except zlib.error as e:
-        raise _invalid(f"failed to decompress request body: {e}") from None
+        raise invalid_arg(f"failed to decompress request body: {e}") from None
     return b"".join(out)
 
 

@@ -7,46 +7,39 @@ else, so it needs no framework.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from . import codec
 from .errors import error_response
-
-if TYPE_CHECKING:
-    from .app import HttpFrontEnd
+from .responses import json_response
+from .routing import Endpoint, RouteHost
 
 log = logging.getLogger(__name__)
 
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
-
-def routes(front: HttpFrontEnd) -> list[Route]:
+def routes(front: RouteHost) -> list[Route]:
     """Statistics and logging; `/v2/models/stats` must come before `/v2/models/{model}`."""
     core = front.core
 
-    def json(obj: Any) -> Response:
-        return Response(codec.encode_json(obj), media_type="application/json")
-
     async def statistics(request: Request) -> Response:
         params = request.path_params
-        return json(core.statistics(str(params.get("model", "")), str(params.get("version", ""))))
+        return json_response(
+            core.statistics(str(params.get("model", "")), str(params.get("version", "")))
+        )
 
     async def logging_settings(request: Request) -> Response:
         if request.method == "GET":
-            return json(core.log_settings())
+            return json_response(core.log_settings())
         body = await front.read_body(request)
         changes = codec.decode_json_object(body, "log settings request")
-        return json(core.update_log_settings(changes))
+        return json_response(core.update_log_settings(changes))
 
     return [
         front.route("/v2/models/stats", statistics, ["GET"]),
@@ -55,7 +48,7 @@ def routes(front: HttpFrontEnd) -> list[Route]:
     ]
 
 
-def metrics_endpoint(render: Callable[[], bytes]) -> Callable[[Request], Awaitable[Response]]:
+def metrics_endpoint(render: Callable[[], bytes]) -> Endpoint:
     """/metrics on the HTTP port."""
 
     async def metrics(request: Request) -> Response:

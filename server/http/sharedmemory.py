@@ -12,7 +12,7 @@ status lists nothing and unregister has nothing to do, so clients that clean up 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -22,17 +22,12 @@ from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.sharedmemory import RegionStatus
 
 from . import codec
-
-if TYPE_CHECKING:
-    from .app import HttpFrontEnd
+from .responses import json_response
+from .routing import RouteHost
 
 SYSTEM = "/v2/systemsharedmemory"
 CUDA = "/v2/cudasharedmemory"
 REGION = "/region/{region}"
-
-
-def _json(obj: Any) -> Response:
-    return Response(codec.encode_json(obj), media_type="application/json")
 
 
 def _region(request: Request) -> str:
@@ -72,11 +67,11 @@ def _count(value: Any, field: str) -> int:
     return value
 
 
-def routes(front: HttpFrontEnd) -> list[Route]:
+def routes(front: RouteHost) -> list[Route]:
     shm = front.core.shared_memory
 
     async def system_status(request: Request) -> Response:
-        return _json(_status_json(shm.status(_region(request))))
+        return json_response(_status_json(shm.status(_region(request))))
 
     async def system_register(request: Request) -> Response:
         key, offset, byte_size = decode_register(await front.read_body(request))
@@ -88,7 +83,7 @@ def routes(front: HttpFrontEnd) -> list[Route]:
         return Response(status_code=200)
 
     async def cuda_status(request: Request) -> Response:
-        return _json(_status_json(shm.cuda_status(_region(request))))
+        return json_response(_status_json(shm.cuda_status(_region(request))))
 
     async def cuda_register(request: Request) -> Response:
         shm.cuda_register(_region(request))

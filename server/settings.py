@@ -1,0 +1,295 @@
+"""The server's settings, each defined once: its name, type, default, flag and help.
+
+`Settings` is the frozen value the composition root (server/app.py) builds every part
+from. The command line (server/cli.py) is generated from its fields, so a setting that is
+added here is a flag at once, with this default and this help, and nothing else repeats it.
+
+A field is the flag `--<field-name>` (underscores as dashes), parsed by its default's type
+(a bool as true/false, shown as BOOL). `field(metadata=flag(...))` says what differs: other
+names, a help line, a repeatable flag, a parse or check function, the --help section.
+Parse and check functions raise ValueError with a message for people; the command line
+turns it into a usage error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from .boolean import parse_bool
+from .metricsconfig import MetricsConfig
+from .restrictions import RestrictedApis
+
+FLAG: Final = "flag"
+
+# --help sections, in the order they are shown.
+GRPC: Final = "gRPC"
+RESTRICTED: Final = "restricted APIs"
+DEVICE: Final = "device (GE backend)"
+SCHEDULER: Final = "scheduler"
+METRICS: Final = "metrics"
+
+Rule = tuple[str, str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """How one setting is written on the command line."""
+
+    # The first is the one messages name; empty: `--<field-name>`.
+    names: tuple[str, ...] = ()
+    help: str | None = None
+    metavar: str | None = None
+    choices: tuple[str, ...] = ()
+    # text -> value; None: the default's type (bool: parse_bool), or the text itself.
+    parse: Callable[[str], Any] | None = None
+    # Given any number of times; the setting is the tuple of the parsed values.
+    repeat: bool = False
+    required: bool = False
+    # Present or absent, taking no value.
+    switch: bool = False
+    # A deprecated BOOL spelling of a switch: true turns the switch on.
+    true_alias: tuple[str, str] | None = None  # (name, help)
+    # Left out (or empty): the value of this other, earlier setting.
+    fallback: str | None = None
+    # (flag name, value) -> the setting's value, once the whole command line is parsed.
+    check: Callable[[str, Any], Any] | None = None
+    group: str | None = None
+
+
+def flag(*names: str, **options: Any) -> Mapping[str, Flag]:
+    """Field metadata: `field(default=..., metadata=flag("--name", help=...))`."""
+    return {FLAG: Flag(names=names, **options)}
+
+
+def flag_of(setting: dataclasses.Field[Any]) -> Flag:
+    """A field's flag, with the implied name, parse function and metavar filled in."""
+    spec: Flag = setting.metadata.get(FLAG, Flag())
+    names = spec.names or ("--" + setting.name.replace("_", "-"),)
+    parse, metavar = spec.parse, spec.metavar
+    default = setting.default
+    if parse is None and not spec.switch and not spec.repeat:
+        if isinstance(default, bool):
+            parse, metavar = parse_bool, metavar or "BOOL"
+        elif isinstance(default, int | float):
+            parse = type(default)
+    return dataclasses.replace(spec, names=names, parse=parse, metavar=metavar)
+
+
+def key_value(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise ValueError(f"expected <key>=<value>, got '{text}'")
+    key, value = text.split("=", 1)
+    return key.strip(), value.strip()
+
+
+def backend_setting(text: str) -> tuple[str, str]:
+    """`<backend>,<key>=<value>` as (`<backend>.<key>`, value)."""
+    backend, _, rest = text.partition(",")
+    key, value = key_value(rest)
+    return f"{backend}.{key}", value
+
+
+def restriction(text: str) -> list[Rule]:
+    """Triton's `<category>[,<category>...]:<header>=<value>`."""
+    categories, sep, rest = text.partition(":")
+    if not sep or "=" not in rest or not categories:
+        raise ValueError(f"expected <category>[,<category>]:<header>=<value>, got '{text}'")
+    header, value = rest.split("=", 1)
+    return [(c.strip(), header.strip().lower(), value.strip()) for c in categories.split(",")]
+
+
+def restriction_rules(name: str, groups: tuple[list[Rule], ...]) -> tuple[Rule, ...]:
+    """Every rule of a repeated flag, checked by the class that will enforce them."""
+    rules = tuple(rule for group in groups for rule in group)
+    try:
+        RestrictedApis(rules)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    return rules
+
+
+def metrics_config(name: str, pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    MetricsConfig.parse(pairs)  # a bad key is a usage error, not a failed start
+    return pairs
+
+
+def non_negative(name: str, value: int) -> int:
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0")
+    return value
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
+
+
+def size(text: str) -> int:
+    """A byte count with an optional unit: 1073741824, 512MiB, 16GiB, 2GB."""
+    stripped = text.strip().lower()
+    number = stripped.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = stripped[len(number) :]
+    if unit not in _UNITS or not number:
+        raise ValueError(f"expected a size such as 16GiB, got '{text}'")
+    return int(float(number) * _UNITS[unit])
+
+
+_RESTRICTION = "CATEGORY[,CATEGORY]:HEADER=VALUE"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    model_repositories: tuple[Path, ...] = field(
+        metadata=flag(
+            "--model-repository",
+            "--model-repo",
+            "--model-store",
+            parse=Path,
+            repeat=True,
+            required=True,
+            help="model repository folder (repeatable)",
+        )
+    )
+    http_address: str = "0.0.0.0"
+    http_port: int = 8000
+    grpc_address: str = "0.0.0.0"
+    grpc_port: int = 8001
+    metrics_address: str = field(
+        default="0.0.0.0", metadata=flag(fallback="http_address", help="defaults to --http-address")
+    )
+    metrics_port: int = 8002
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
+    model_control_mode: str = field(
+        default="none", metadata=flag(choices=("none", "poll", "explicit"))
+    )
+    load_models: tuple[str, ...] = field(
+        default=(),
+        metadata=flag(
+            "--load-model",
+            repeat=True,
+            metavar="LOAD_MODEL",
+            help="model to load at startup in explicit mode (repeatable; '*' loads all)",
+        ),
+    )
+    repository_poll_secs: float = 15.0
+    strict_readiness: bool = True
+    exit_on_error: bool = True
+    exit_timeout_secs: float = 30.0
+    disable_auto_complete_config: bool = field(
+        default=False,
+        metadata=flag(
+            switch=True,
+            true_alias=(
+                "--strict-model-config",
+                "deprecated Triton alias: true disables auto-complete",
+            ),
+        ),
+    )
+    http_max_input_size: int = 64 * 1024 * 1024
+    allow_client_shm: bool = True
+    log_verbose: int = 0
+    log_info: bool = True
+    metrics_config: tuple[tuple[str, str], ...] = field(
+        default=(),
+        metadata=flag(
+            repeat=True,
+            parse=key_value,
+            check=metrics_config,
+            metavar="KEY=VALUE",
+            help="e.g. summary_latencies=true",
+        ),
+    )
+    # ("<backend>.<key>", value)
+    backend_config: tuple[tuple[str, str], ...] = field(
+        default=(), metadata=flag(repeat=True, parse=backend_setting, metavar="BACKEND,KEY=VALUE")
+    )
+    grpc_keepalive_time_ms: int = field(
+        default=7_200_000, metadata=flag("--grpc-keepalive-time", metavar="MS", group=GRPC)
+    )
+    grpc_keepalive_timeout_ms: int = field(
+        default=20_000, metadata=flag("--grpc-keepalive-timeout", metavar="MS", group=GRPC)
+    )
+    grpc_keepalive_permit_without_calls: bool = field(default=False, metadata=flag(group=GRPC))
+    grpc_http2_max_pings_without_data: int = field(default=2, metadata=flag(group=GRPC))
+    grpc_http2_min_recv_ping_interval_without_data_ms: int = field(
+        default=300_000,
+        metadata=flag("--grpc-http2-min-recv-ping-interval-without-data", metavar="MS", group=GRPC),
+    )
+    # Restricted APIs: (category, header, value), Triton's <category>:<header>=<value>
+    http_restricted_api: tuple[Rule, ...] = field(
+        default=(),
+        metadata=flag(
+            repeat=True,
+            parse=restriction,
+            check=restriction_rules,
+            metavar=_RESTRICTION,
+            group=RESTRICTED,
+        ),
+    )
+    grpc_restricted_protocol: tuple[Rule, ...] = field(
+        default=(),
+        metadata=flag(
+            repeat=True,
+            parse=restriction,
+            check=restriction_rules,
+            metavar=_RESTRICTION,
+            group=RESTRICTED,
+        ),
+    )
+    device: str = field(
+        default="auto",
+        metadata=flag(
+            choices=("auto", "npu", "sim"),
+            help="auto: real pyACL when `import acl` works and reports a device",
+            group=DEVICE,
+        ),
+    )
+    sim_devices: int = field(default=1, metadata=flag(help="simulated NPU count", group=DEVICE))
+    sim_device_memory: int = field(
+        default=16 * 1024**3,
+        metadata=flag(
+            parse=size,
+            metavar="BYTES",
+            help="memory per simulated device, e.g. 16GiB",
+            group=DEVICE,
+        ),
+    )
+    atc_cache_dir: str = field(
+        default="", metadata=flag(help="where compiled OM files are kept", group=DEVICE)
+    )
+    adaptive_batching: bool = field(
+        default=False,
+        metadata=flag(
+            help="turn on the adaptive batch controller for every batching model",
+            group=SCHEDULER,
+        ),
+    )
+    gil_switch_interval_us: int = field(
+        default=1000,
+        metadata=flag(
+            metavar="US",
+            check=non_negative,
+            help="how long the event loop may hold the GIL while an executor thread waits "
+            "for it (Python's default is 5000); 0 leaves Python's setting",
+            group=SCHEDULER,
+        ),
+    )
+    metrics_interval_ms: int = field(default=2000, metadata=flag(group=METRICS))
+    allow_cpu_metrics: bool = field(default=True, metadata=flag(group=METRICS))
+    allow_gpu_metrics: bool = field(default=True, metadata=flag(group=METRICS))
