@@ -43,6 +43,7 @@ request failed, an invalid one got a server error, a reload failed or RSS grew m
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
 import contextlib
 import dataclasses
@@ -491,13 +492,16 @@ class Tally:
     valid_failed: int = 0
     failed_during_reload: int = 0
     invalid: Counter[str] = field(default_factory=Counter)  # EXPECTED / SERVER_ERROR / ...
-    latencies_s: list[float] = field(default_factory=list)
+    # Each valid request that succeeded: when it finished (s into the run) and its latency.
+    finished_s: array.array[float] = field(default_factory=lambda: array.array("d"))
+    latencies_s: array.array[float] = field(default_factory=lambda: array.array("d"))
     failures: list[str] = field(default_factory=list)
     # case -> answer ("400", "INVALID_ARGUMENT", "transport: ReadError") -> count
     cases: dict[str, Counter[str]] = field(default_factory=dict)
 
-    def ok(self, latency_s: float) -> None:
+    def ok(self, at_s: float, latency_s: float) -> None:
         self.valid_ok += 1
+        self.finished_s.append(at_s)
         self.latencies_s.append(latency_s)
 
     def failed(self, at_s: float, why: str, during_reload: bool) -> None:
@@ -513,9 +517,42 @@ class Tally:
 
 
 def percentile_ms(latencies_s: Sequence[float], q: float) -> float | None:
-    if not latencies_s:
+    if not len(latencies_s):
         return None
     return float(np.percentile(np.asarray(latencies_s), q)) * 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The valid requests that finished in [start_s, start_s + width)."""
+
+    start_s: float
+    ok: int
+    p99_ms: float | None
+    max_ms: float | None
+
+
+def timeline(
+    finished_s: Sequence[float], latencies_s: Sequence[float], width_s: float
+) -> list[Window]:
+    """Latency per window of the run, to tell a stall (a reload's?) from a slow run."""
+    if not len(finished_s):
+        return []
+    at = np.asarray(finished_s)
+    latencies = np.asarray(latencies_s)
+    index = np.floor(at / width_s).astype(np.int64)
+    windows = []
+    for i in range(int(index.max()) + 1):
+        chosen = latencies[index == i]
+        windows.append(
+            Window(
+                start_s=i * width_s,
+                ok=len(chosen),
+                p99_ms=percentile_ms(chosen.tolist(), 99),
+                max_ms=percentile_ms(chosen.tolist(), 100),
+            )
+        )
+    return windows
 
 
 @dataclass(frozen=True, slots=True)
@@ -532,9 +569,10 @@ class ProtocolSummary:
     invalid_unexpected: int
     failures: list[str]
     cases: dict[str, dict[str, int]]
+    timeline: list[Window] = field(default_factory=list)
 
     @classmethod
-    def of(cls, protocol: str, tally: Tally) -> ProtocolSummary:
+    def of(cls, protocol: str, tally: Tally, window_s: float = 5.0) -> ProtocolSummary:
         return cls(
             protocol=protocol,
             valid_ok=tally.valid_ok,
@@ -548,7 +586,12 @@ class ProtocolSummary:
             invalid_unexpected=tally.invalid[UNEXPECTED],
             failures=list(tally.failures),
             cases={case: dict(sorted(c.items())) for case, c in sorted(tally.cases.items())},
+            timeline=timeline(tally.finished_s, tally.latencies_s, window_s),
         )
+
+    def worst_window(self) -> Window | None:
+        timed = [w for w in self.timeline if w.p99_ms is not None]
+        return max(timed, key=lambda w: w.p99_ms or 0.0, default=None)
 
     @property
     def sent(self) -> int:
@@ -593,6 +636,8 @@ class ReloadSummary:
     failed: int
     max_s: float | None
     failures: list[str]
+    # (s into the run, how long it took) of each reload that succeeded
+    times: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -609,6 +654,9 @@ class SoakReport:
     server_tracebacks: int = 0
     # Old versions of simple retired before shutdown (the server log): reloads were real.
     retired_versions: int = 0
+    # CPU seconds used during the run, to see how much of the machine the load took.
+    client_cpu_s: float | None = None
+    server_cpu_s: float | None = None
 
     @property
     def requests_per_s(self) -> float:
@@ -642,6 +690,10 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def _mib(value: int | None) -> str:
     return "-" if value is None else f"{value / 2**20:.1f}"
 
@@ -661,6 +713,13 @@ def markdown(report: SoakReport, problems: Sequence[str] = ()) -> str:
     rss = report.rss
     growth = "-" if rss.growth_pct is None else f"{rss.growth_pct:+.2f} %"
     reload_max = "-" if report.reloads.max_s is None else f"{report.reloads.max_s:.2f} s"
+    worst = []
+    for p in report.protocols:
+        w = p.worst_window()
+        if w is not None:
+            worst.append(f"{p.protocol} {_ms(w.p99_ms)} ms at t={w.start_s:.0f} s")
+    width = next((p.timeline[1].start_s for p in report.protocols if len(p.timeline) > 1), None)
+    width_text = "" if width is None else f"{width:g} s "
     lines = [
         f"Soak: {report.duration_s:.0f} s, {report.http_clients} HTTP + {report.grpc_clients} "
         f"gRPC clients, {100 * report.invalid_fraction:g} % invalid, "
@@ -676,6 +735,9 @@ def markdown(report: SoakReport, problems: Sequence[str] = ()) -> str:
         f"| RSS start / end / peak (MiB) | {_mib(rss.start_bytes)} / {_mib(rss.end_bytes)} "
         f"/ {_mib(rss.peak_bytes)} ({rss.samples} samples) |",
         f"| RSS growth | {growth} |",
+        f"| worst {width_text}window p99 | {', '.join(worst) or '-'} |",
+        f"| CPU s, load generator / server | {_secs(report.client_cpu_s)} "
+        f"/ {_secs(report.server_cpu_s)} |",
         f"| failed valid during a reload | "
         f"{sum(p.failed_during_reload for p in report.protocols)} |",
         f"| server exit code / tracebacks in its log | {report.server_exit_code} "
@@ -841,7 +903,7 @@ class Run:
     grpc: Tally = field(default_factory=Tally)
     reloading: bool = False
     reloads_started: int = 0
-    reload_times_s: list[float] = field(default_factory=list)
+    reload_times_s: list[tuple[float, float]] = field(default_factory=list)
     reload_failures: list[str] = field(default_factory=list)
     rss: list[tuple[float, int]] = field(default_factory=list)
 
@@ -904,7 +966,7 @@ async def http_client(run: Run, index: int, base_url: str, cases: dict[str, Http
                 except httpx.HTTPError as exc:
                     problem = f"transport: {type(exc).__name__}: {exc}"
                 if problem is None:
-                    tally.ok(time.monotonic() - began)
+                    tally.ok(run.now(), time.monotonic() - began)
                 else:
                     kind = "binary" if binary else "json"
                     tally.failed(run.now(), f"{kind}: {problem}", run.overlapped(mark))
@@ -941,7 +1003,7 @@ async def grpc_client(run: Run, index: int, target: str, cases: dict[str, GrpcCa
                 except grpc.aio.AioRpcError as exc:
                     problem = f"{exc.code().name}: {exc.details()}"
                 if problem is None:
-                    tally.ok(time.monotonic() - began)
+                    tally.ok(run.now(), time.monotonic() - began)
                 else:
                     kind = "typed" if typed else "raw"
                     tally.failed(run.now(), f"{kind}: {problem}", run.overlapped(mark))
@@ -977,7 +1039,7 @@ async def reloader(run: Run, base_url: str) -> None:
             finally:
                 run.reloading = False
             if problem is None:
-                run.reload_times_s.append(time.monotonic() - began)
+                run.reload_times_s.append((at, time.monotonic() - began))
             else:
                 run.reload_failures.append(f"t={at:.1f}s: {problem}")
 
@@ -998,6 +1060,9 @@ async def run_soak(server: Server, plan: Plan) -> SoakReport:
     """Drive the load for `plan.duration_s` against a ready server and summarise it."""
     http_cases = http_invalid_cases()
     grpc_cases = grpc_invalid_cases()
+    server_process = psutil.Process(server.process.pid)
+    server_cpu = server_process.cpu_times()
+    client_cpu = time.process_time()
     started = time.monotonic()
     run = Run(plan, started, started + plan.duration_s)
     async with asyncio.TaskGroup() as tasks:
@@ -1007,21 +1072,31 @@ async def run_soak(server: Server, plan: Plan) -> SoakReport:
             tasks.create_task(http_client(run, i, server.base_url, http_cases))
         for i in range(plan.grpc_clients):
             tasks.create_task(grpc_client(run, i, server.grpc_target, grpc_cases))
+    client_cpu = time.process_time() - client_cpu
+    server_now = server_process.cpu_times()
+    server_cpu_s = server_now.user + server_now.system - server_cpu.user - server_cpu.system
     warmup, window = rss_windows(plan.duration_s, plan.rss_every_s)
+    width = max(1.0, round(plan.duration_s / 60.0))
     return SoakReport(
         duration_s=run.now(),
         http_clients=plan.http_clients,
         grpc_clients=plan.grpc_clients,
         invalid_fraction=plan.invalid_fraction,
         reload_every_s=plan.reload_every_s,
-        protocols=[ProtocolSummary.of("http", run.http), ProtocolSummary.of("grpc", run.grpc)],
+        protocols=[
+            ProtocolSummary.of("http", run.http, width),
+            ProtocolSummary.of("grpc", run.grpc, width),
+        ],
         reloads=ReloadSummary(
             done=len(run.reload_times_s),
             failed=len(run.reload_failures),
-            max_s=max(run.reload_times_s, default=None),
+            max_s=max((d for _, d in run.reload_times_s), default=None),
             failures=run.reload_failures[:MAX_FAILURE_SAMPLES],
+            times=run.reload_times_s,
         ),
         rss=summarise_rss(run.rss, warmup, window),
+        client_cpu_s=client_cpu,
+        server_cpu_s=server_cpu_s,
     )
 
 

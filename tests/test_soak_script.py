@@ -183,7 +183,7 @@ def test_outcomes_of_invalid_requests() -> None:
 def test_tally_percentiles_and_failure_samples() -> None:
     tally = soak.Tally()
     for ms in range(1, 101):
-        tally.ok(ms / 1000.0)
+        tally.ok(ms / 10.0, ms / 1000.0)
     for i in range(soak.MAX_FAILURE_SAMPLES + 5):
         tally.failed(float(i), "boom", during_reload=i % 2 == 0)
     tally.answered("bad_json", "400", soak.EXPECTED)
@@ -201,7 +201,21 @@ def test_tally_percentiles_and_failure_samples() -> None:
     assert summary.invalid_unexpected == 1
     assert summary.cases["bad_json"] == {"400": 1, "500": 1}
     assert summary.sent == 128
+    # Latency grows with time here, so the last 5 s window (t=10 s, 100 ms) is the worst.
+    assert [w.ok for w in summary.timeline] == [49, 50, 1]
+    worst = summary.worst_window()
+    assert worst is not None and worst.start_s == 10.0 and worst.max_ms == pytest.approx(100.0)
     assert soak.ProtocolSummary.of("grpc", soak.Tally()).p99_ms is None
+
+
+def test_timeline_windows_latency_by_finish_time() -> None:
+    finished = [0.5, 1.5, 1.6, 4.2]
+    latencies = [0.010, 0.020, 0.900, 0.030]
+    windows = soak.timeline(finished, latencies, 2.0)
+    assert [(w.start_s, w.ok) for w in windows] == [(0.0, 3), (2.0, 0), (4.0, 1)]
+    assert windows[0].max_ms == pytest.approx(900.0)
+    assert windows[1].p99_ms is None
+    assert soak.timeline([], [], 2.0) == []
 
 
 def test_rss_windows_follow_the_run_length() -> None:
@@ -227,9 +241,9 @@ def test_rss_growth_compares_window_medians() -> None:
 
 def _report(**changes: Any) -> Any:
     http, grpc = soak.Tally(), soak.Tally()
-    http.ok(0.002)
+    http.ok(1.0, 0.002)
     http.answered("bad_json", "400", soak.EXPECTED)
-    grpc.ok(0.002)
+    grpc.ok(1.0, 0.002)
     grpc.answered("wrong_dtype", "INVALID_ARGUMENT", soak.EXPECTED)
     fields: dict[str, Any] = {
         "duration_s": 10.0,
@@ -257,6 +271,7 @@ def test_verdict_and_markdown_of_a_clean_run() -> None:
     assert "| http | 1 | 0 | 2.0 | 2.0 | 2.0 | 1 | 0 | 0 |" in text
     assert "| RSS growth | +2.00 % |" in text
     assert "| verdict | PASS |" in text
+    assert "| worst window p99 | http 2.0 ms at t=0 s, grpc 2.0 ms at t=0 s |" in text
     assert "invalid case" not in text  # every invalid answer was an expected one
     assert report.to_json()["requests_per_s"] == pytest.approx(0.4)
 
