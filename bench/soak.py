@@ -12,8 +12,11 @@ keep serving. It stops the server by its PID at the end.
 What runs (one asyncio loop, so the load generator costs little on a small machine):
 
 - HTTP clients (httpx, one keep-alive connection each) and gRPC clients (grpc.aio, one
-  channel each). Each sends one request, waits a random think time (uniform in
-  [0, 2 * --think-ms]) and sends the next.
+  channel and connection each: a local subchannel pool, since grpc otherwise shares one
+  connection among a process's channels to a target). Each sends one request, waits a
+  random think time (uniform in [0, 2 * --think-ms]) and sends the next. The HTTP clients
+  share one TLS context, unused on plain HTTP but costly to build: building one for each
+  client held the loop for seconds on a busy machine.
 - Most requests are valid infers (`simple`: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 -
   INPUT1, int32 [batch, 16]; a few on `simple_string`, the same sums as decimal strings), in
   JSON and binary over HTTP and raw and typed contents over gRPC. Every answer is checked
@@ -54,6 +57,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -495,14 +499,16 @@ class Tally:
     # Each valid request that succeeded: when it finished (s into the run) and its latency.
     finished_s: array.array[float] = field(default_factory=lambda: array.array("d"))
     latencies_s: array.array[float] = field(default_factory=lambda: array.array("d"))
+    clients: array.array[int] = field(default_factory=lambda: array.array("i"))
     failures: list[str] = field(default_factory=list)
     # case -> answer ("400", "INVALID_ARGUMENT", "transport: ReadError") -> count
     cases: dict[str, Counter[str]] = field(default_factory=dict)
 
-    def ok(self, at_s: float, latency_s: float) -> None:
+    def ok(self, at_s: float, latency_s: float, client: int = 0) -> None:
         self.valid_ok += 1
         self.finished_s.append(at_s)
         self.latencies_s.append(latency_s)
+        self.clients.append(client)
 
     def failed(self, at_s: float, why: str, during_reload: bool) -> None:
         self.valid_failed += 1
@@ -522,6 +528,13 @@ def percentile_ms(latencies_s: Sequence[float], q: float) -> float | None:
     return float(np.percentile(np.asarray(latencies_s), q)) * 1000.0
 
 
+def longest_silence(finished_s: Sequence[float]) -> float | None:
+    if not len(finished_s):
+        return None
+    times = np.sort(np.concatenate([[0.0], np.asarray(finished_s)]))
+    return float(np.diff(times).max())
+
+
 @dataclass(frozen=True, slots=True)
 class Window:
     """The valid requests that finished in [start_s, start_s + width)."""
@@ -530,26 +543,34 @@ class Window:
     ok: int
     p99_ms: float | None
     max_ms: float | None
+    # How many clients got an answer: none in a window means every client was stuck at once.
+    clients: int = 0
 
 
 def timeline(
-    finished_s: Sequence[float], latencies_s: Sequence[float], width_s: float
+    finished_s: Sequence[float],
+    latencies_s: Sequence[float],
+    width_s: float,
+    clients: Sequence[int] | None = None,
 ) -> list[Window]:
     """Latency per window of the run, to tell a stall (a reload's?) from a slow run."""
     if not len(finished_s):
         return []
     at = np.asarray(finished_s)
     latencies = np.asarray(latencies_s)
+    who = np.asarray(clients if clients is not None else np.zeros(len(at), np.int32))
     index = np.floor(at / width_s).astype(np.int64)
     windows = []
     for i in range(int(index.max()) + 1):
-        chosen = latencies[index == i]
+        mask = index == i
+        chosen = latencies[mask].tolist()
         windows.append(
             Window(
                 start_s=i * width_s,
                 ok=len(chosen),
-                p99_ms=percentile_ms(chosen.tolist(), 99),
-                max_ms=percentile_ms(chosen.tolist(), 100),
+                p99_ms=percentile_ms(chosen, 99),
+                max_ms=percentile_ms(chosen, 100),
+                clients=len(np.unique(who[mask])),
             )
         )
     return windows
@@ -570,6 +591,8 @@ class ProtocolSummary:
     failures: list[str]
     cases: dict[str, dict[str, int]]
     timeline: list[Window] = field(default_factory=list)
+    # The longest time from the run's start or one valid answer to the next.
+    longest_silence_s: float | None = None
 
     @classmethod
     def of(cls, protocol: str, tally: Tally, window_s: float = 5.0) -> ProtocolSummary:
@@ -586,7 +609,8 @@ class ProtocolSummary:
             invalid_unexpected=tally.invalid[UNEXPECTED],
             failures=list(tally.failures),
             cases={case: dict(sorted(c.items())) for case, c in sorted(tally.cases.items())},
-            timeline=timeline(tally.finished_s, tally.latencies_s, window_s),
+            timeline=timeline(tally.finished_s, tally.latencies_s, window_s, tally.clients),
+            longest_silence_s=longest_silence(tally.finished_s),
         )
 
     def worst_window(self) -> Window | None:
@@ -720,6 +744,7 @@ def markdown(report: SoakReport, problems: Sequence[str] = ()) -> str:
             worst.append(f"{p.protocol} {_ms(w.p99_ms)} ms at t={w.start_s:.0f} s")
     width = next((p.timeline[1].start_s for p in report.protocols if len(p.timeline) > 1), None)
     width_text = "" if width is None else f"{width:g} s "
+    silences = ", ".join(f"{p.protocol} {_secs(p.longest_silence_s)} s" for p in report.protocols)
     lines = [
         f"Soak: {report.duration_s:.0f} s, {report.http_clients} HTTP + {report.grpc_clients} "
         f"gRPC clients, {100 * report.invalid_fraction:g} % invalid, "
@@ -736,6 +761,7 @@ def markdown(report: SoakReport, problems: Sequence[str] = ()) -> str:
         f"/ {_mib(rss.peak_bytes)} ({rss.samples} samples) |",
         f"| RSS growth | {growth} |",
         f"| worst {width_text}window p99 | {', '.join(worst) or '-'} |",
+        f"| longest time without a valid answer | {silences} |",
         f"| CPU s, load generator / server | {_secs(report.client_cpu_s)} "
         f"/ {_secs(report.server_cpu_s)} |",
         f"| failed valid during a reload | "
@@ -883,7 +909,7 @@ class Plan:
     duration_s: float
     http_clients: int = 32
     grpc_clients: int = 32
-    think_s: float = 0.025
+    think_s: float = 0.1
     invalid_fraction: float = 0.1
     string_fraction: float = 0.1  # of valid requests, on simple_string
     reload_every_s: float = 30.0
@@ -929,13 +955,15 @@ async def _think(run: Run, rng: np.random.Generator) -> None:
     await asyncio.sleep(float(rng.uniform(0.0, 2.0 * run.plan.think_s)))
 
 
-async def http_client(run: Run, index: int, base_url: str, cases: dict[str, HttpCall]) -> None:
+async def http_client(
+    run: Run, index: int, base_url: str, cases: dict[str, HttpCall], tls: ssl.SSLContext
+) -> None:
     rng = np.random.default_rng([run.plan.seed, 1, index])
     names = sorted(cases)
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     tally = run.http
     async with httpx.AsyncClient(
-        base_url=base_url, timeout=run.plan.request_timeout_s, limits=limits
+        base_url=base_url, timeout=run.plan.request_timeout_s, limits=limits, verify=tls
     ) as http:
         while not run.over():
             if rng.random() < run.plan.invalid_fraction:
@@ -966,7 +994,7 @@ async def http_client(run: Run, index: int, base_url: str, cases: dict[str, Http
                 except httpx.HTTPError as exc:
                     problem = f"transport: {type(exc).__name__}: {exc}"
                 if problem is None:
-                    tally.ok(run.now(), time.monotonic() - began)
+                    tally.ok(run.now(), time.monotonic() - began, index)
                 else:
                     kind = "binary" if binary else "json"
                     tally.failed(run.now(), f"{kind}: {problem}", run.overlapped(mark))
@@ -978,7 +1006,8 @@ async def grpc_client(run: Run, index: int, target: str, cases: dict[str, GrpcCa
     names = sorted(cases)
     tally = run.grpc
     timeout = run.plan.request_timeout_s
-    async with grpc.aio.insecure_channel(target) as channel:
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    async with grpc.aio.insecure_channel(target, options=options) as channel:
         stub = _stub(channel)
         while not run.over():
             if rng.random() < run.plan.invalid_fraction:
@@ -1003,7 +1032,7 @@ async def grpc_client(run: Run, index: int, target: str, cases: dict[str, GrpcCa
                 except grpc.aio.AioRpcError as exc:
                     problem = f"{exc.code().name}: {exc.details()}"
                 if problem is None:
-                    tally.ok(run.now(), time.monotonic() - began)
+                    tally.ok(run.now(), time.monotonic() - began, index)
                 else:
                     kind = "typed" if typed else "raw"
                     tally.failed(run.now(), f"{kind}: {problem}", run.overlapped(mark))
@@ -1065,11 +1094,12 @@ async def run_soak(server: Server, plan: Plan) -> SoakReport:
     client_cpu = time.process_time()
     started = time.monotonic()
     run = Run(plan, started, started + plan.duration_s)
+    tls = ssl.create_default_context()
     async with asyncio.TaskGroup() as tasks:
         tasks.create_task(rss_sampler(run, server.process.pid))
         tasks.create_task(reloader(run, server.base_url))
         for i in range(plan.http_clients):
-            tasks.create_task(http_client(run, i, server.base_url, http_cases))
+            tasks.create_task(http_client(run, i, server.base_url, http_cases, tls))
         for i in range(plan.grpc_clients):
             tasks.create_task(grpc_client(run, i, server.grpc_target, grpc_cases))
     client_cpu = time.process_time() - client_cpu
@@ -1112,7 +1142,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--minutes", type=float, default=10.0, help="how long the load runs (default 10)")
     add("--http-clients", type=int, default=32)
     add("--grpc-clients", type=int, default=32)
-    add("--think-ms", type=float, default=25.0, help="mean pause between a client's requests")
+    add("--think-ms", type=float, default=100.0, help="mean pause between a client's requests")
     add("--invalid-fraction", type=float, default=0.1)
     add(
         "--reload-every",

@@ -216,6 +216,9 @@ def test_timeline_windows_latency_by_finish_time() -> None:
     assert windows[0].max_ms == pytest.approx(900.0)
     assert windows[1].p99_ms is None
     assert soak.timeline([], [], 2.0) == []
+    assert [w.clients for w in soak.timeline(finished, latencies, 2.0, [3, 3, 4, 3])] == [2, 0, 1]
+    assert soak.longest_silence(finished) == pytest.approx(2.6)
+    assert soak.longest_silence([]) is None
 
 
 def test_rss_windows_follow_the_run_length() -> None:
@@ -272,6 +275,7 @@ def test_verdict_and_markdown_of_a_clean_run() -> None:
     assert "| RSS growth | +2.00 % |" in text
     assert "| verdict | PASS |" in text
     assert "| worst window p99 | http 2.0 ms at t=0 s, grpc 2.0 ms at t=0 s |" in text
+    assert "| longest time without a valid answer | http 1.0 s, grpc 1.0 s |" in text
     assert "invalid case" not in text  # every invalid answer was an expected one
     assert report.to_json()["requests_per_s"] == pytest.approx(0.4)
 
