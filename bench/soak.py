@@ -15,8 +15,8 @@ What runs (one asyncio loop, so the load generator costs little on a small machi
   channel and connection each: a local subchannel pool, since grpc otherwise shares one
   connection among a process's channels to a target). Each sends one request, waits a
   random think time (uniform in [0, 2 * --think-ms]) and sends the next. The HTTP clients
-  share one TLS context, unused on plain HTTP but costly to build: building one for each
-  client held the loop for seconds on a busy machine.
+  share one TLS context: unused on plain HTTP, but building one per client (loading the CA
+  bundle) is slow enough to hold the loop up while the clients start.
 - Most requests are valid infers (`simple`: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 -
   INPUT1, int32 [batch, 16]; a few on `simple_string`, the same sums as decimal strings), in
   JSON and binary over HTTP and raw and typed contents over gRPC. Every answer is checked
@@ -38,9 +38,15 @@ What runs (one asyncio loop, so the load generator costs little on a small machi
   The medians keep one sample taken during a reload or a GC pause from deciding the verdict.
 
 Latencies are measured in the client process around each valid request, so on a loaded
-machine they include the load generator's own queueing. The exit status is 1 when a valid
-request failed, an invalid one got a server error, a reload failed or RSS grew more than
-`--max-rss-growth` per cent; else 0.
+machine they include the load generator's own queueing. Besides p50 / p99 / max, the report
+has the worst window's p99 and the longest time without any valid answer per protocol (the
+JSON has every window, with how many clients got an answer in it, and each reload's time):
+a stall that holds every client at once stands out there from a machine that is merely
+slow. It also gives the CPU seconds the load generator and the server used.
+
+The exit status is 1 when a valid request failed, an invalid one got a server error, a
+reload failed or RSS grew more than `--max-rss-growth` per cent; 2 when the server did not
+start; else 0.
 """
 
 from __future__ import annotations
