@@ -20,6 +20,7 @@ from ge_serve.protos import model_config_pb2
 
 from .base import Array, Executor, ModelSpec, gear_for, pad_batch
 from .onnx_io import CONFIG_NUMPY
+from .paths import resolve_inside
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +36,24 @@ class WarmupSample:
     inputs: dict[str, Array]
 
 
+def data_file(model_dir: Path, label: str, name: str, filename: str) -> Path:
+    """Where an `input_data_file` is (under `warmup/`); OutsideFolder (a ValueError) when
+    it leaves the model folder."""
+    what = f"input_data_file {filename!r} of warmup {label!r} input {name!r}"
+    return resolve_inside(model_dir, filename, what, under=WARMUP_FOLDER)
+
+
+def warmup_label(warmup: model_config_pb2.ModelWarmup, index: int) -> str:
+    return warmup.name or f"#{index}"
+
+
 def warmup_samples(config: model_config_pb2.ModelConfig, model_dir: Path) -> list[WarmupSample]:
     """Build every warmup sample of a config, or raise ValueError saying what is wrong."""
     samples = []
     inputs_by_name = {entry.name: entry for entry in config.input}
     batching = config.max_batch_size > 0
     for index, warmup in enumerate(config.model_warmup):
-        label = warmup.name or f"#{index}"
+        label = warmup_label(warmup, index)
         batch = max(int(warmup.batch_size), 1) if batching else 1
         if batching and batch > config.max_batch_size:
             raise ValueError(
@@ -88,7 +100,7 @@ def _data(
     choice = spec.WhichOneof("input_data_type")
     count = int(np.prod(shape, dtype=np.int64))
     if choice == "input_data_file":
-        path = model_dir / WARMUP_FOLDER / spec.input_data_file
+        path = data_file(model_dir, label, name, spec.input_data_file)
         if not path.is_file():
             raise ValueError(f"warmup '{label}': input data file '{path}' does not exist")
         raw = path.read_bytes()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ge_serve.backends.base import Backend
 from ge_serve.backends.onnx_io import read_onnx_io
+from ge_serve.backends.paths import OutsideFolder, resolve_inside
 from ge_serve.protos import model_config_pb2
 
 from .errors import ErrorCode, ServerError
@@ -72,7 +73,7 @@ def _host_only(config: model_config_pb2.ModelConfig, version_dir: Path | None) -
     batching = config.max_batch_size > 0
     tensors: dict[str, tuple[int, tuple[int, ...]]] = {}
     if not (config.input and config.output) and version_dir is not None:
-        path = version_dir / (config.default_model_filename or "model.onnx")
+        path = _resolved(version_dir, config.default_model_filename or "model.onnx")
         if path.suffix.lower() == ".onnx" and path.is_file():
             try:
                 inputs, outputs = read_onnx_io(path)
@@ -102,8 +103,24 @@ def _host_only(config: model_config_pb2.ModelConfig, version_dir: Path | None) -
     return None
 
 
+def resolve_model_file(model_dir: Path, version: str, filename: str) -> Path:
+    """Where a version's model file is (`default_model_filename`, or the backend's default,
+    such as a Python backend's `model.py`); OutsideFolder when it leaves the model folder."""
+    return resolve_inside(
+        model_dir, filename, f"default_model_filename {filename!r}", under=version
+    )
+
+
 def model_file(config: model_config_pb2.ModelConfig, backend: Backend, version_dir: Path) -> Path:
-    return version_dir / (config.default_model_filename or backend.default_model_filename())
+    """The model file a backend opens, in `version_dir` (`<model folder>/<version>`)."""
+    return _resolved(version_dir, config.default_model_filename or backend.default_model_filename())
+
+
+def _resolved(version_dir: Path, filename: str) -> Path:
+    try:
+        return resolve_model_file(version_dir.parent, version_dir.name, filename)
+    except OutsideFolder as exc:
+        raise ServerError(ErrorCode.INVALID_ARG, str(exc)) from None
 
 
 def complete(
@@ -150,7 +167,8 @@ def complete(
         if group.count < 1:
             group.count = 1
     if not config.default_model_filename:
-        config.default_model_filename = model_path.name
+        # The name, not the resolved path's: a link in the version folder keeps its name.
+        config.default_model_filename = backend.default_model_filename()
 
 
 def check(config: model_config_pb2.ModelConfig) -> None:

@@ -17,6 +17,7 @@ from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
 
 from . import autocomplete
+from .config_paths import check_config_paths
 from .errors import (
     ErrorCode,
     ServerError,
@@ -308,6 +309,8 @@ class ModelLifecycle:
         started = time.monotonic()
         config = read_config(source, override=override)
         versions = select_versions(config, source.path)
+        # Before anything the config names is read: autocomplete, labels, backend, warmup.
+        check_config_paths(config, source.path, versions)
         newest = source.path / str(versions[-1])
         backend = autocomplete.resolve_backend(
             config, self.backends, self.settings.default_backend, newest

@@ -5,11 +5,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from google.protobuf import text_format
 
+from ge_serve.backends.paths import OutsideFolder, resolve_inside
 from ge_serve.protos import model_config_pb2
 
 from .errors import ErrorCode, ServerError
@@ -77,7 +80,10 @@ def read_config(
     if override is not None:
         config.CopyFrom(override)
     elif config_text is None:
-        path = source.path / CONFIG_FILENAME
+        try:
+            path = resolve_inside(source.path, CONFIG_FILENAME, CONFIG_FILENAME)
+        except OutsideFolder as exc:
+            raise ServerError(ErrorCode.INVALID_ARG, str(exc)) from None
         if path.is_file():
             config_text = path.read_text(encoding="utf-8")
     if override is None and config_text is not None:
@@ -99,11 +105,20 @@ def read_config(
 
 
 def available_versions(model_dir: Path) -> list[int]:
-    """Numbered version folders; names that are not numbers or start with '0' are skipped."""
+    """Numbered version folders; names that are not numbers or start with '0' are skipped,
+    and so are links that lead out of the model folder (where they point is not looked at).
+    """
     versions = []
     for entry in model_dir.iterdir():
         name = entry.name
-        if entry.is_dir() and name.isdigit() and not name.startswith("0"):
+        if not name.isdigit() or name.startswith("0"):
+            continue
+        try:
+            path = resolve_inside(model_dir, name, f"version folder '{name}'", kind="folder")
+        except OutsideFolder as exc:
+            log.warning("model folder '%s': %s; it is not served", model_dir, exc)
+            continue
+        if path.is_dir():
             versions.append(int(name))
     return sorted(versions)
 
@@ -132,12 +147,21 @@ def select_versions(config: model_config_pb2.ModelConfig, model_dir: Path) -> li
     return chosen
 
 
+def label_file(model_dir: Path, output: model_config_pb2.ModelOutput) -> Path:
+    """Where an output's `label_filename` is; OutsideFolder when it leaves the folder."""
+    name = output.label_filename
+    return resolve_inside(model_dir, name, f"label_filename {name!r} of output {output.name!r}")
+
+
 def read_labels(config: model_config_pb2.ModelConfig, model_dir: Path) -> dict[str, list[str]]:
     """Labels files named by outputs' `label_filename`, one label a line."""
     labels: dict[str, list[str]] = {}
     for output in config.output:
         if output.label_filename:
-            path = model_dir / output.label_filename
+            try:
+                path = label_file(model_dir, output)
+            except OutsideFolder as exc:
+                raise ServerError(ErrorCode.INVALID_ARG, str(exc)) from None
             if not path.is_file():
                 raise ServerError(
                     ErrorCode.INVALID_ARG,
@@ -157,29 +181,48 @@ def fingerprint(model_dir: Path) -> str:
     """A digest of everything in a model folder that a reload would read.
 
     Every file's relative path, size and mtime, recursively, plus the content of small
-    top-level files (`config.pbtxt`, labels, `configs/`). Blocking: run it off the loop.
+    top-level files (`config.pbtxt`, labels, `configs/`). Symbolic links count by their
+    target text and are never followed, so nothing outside the folder is looked at (a
+    load refuses links that lead out). Blocking: run it off the loop.
     """
     digest = hashlib.sha256()
-    for root, dirs, files in os.walk(model_dir):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        rel_root = os.path.relpath(root, model_dir)
-        digest.update(f"D {rel_root}\n".encode())
-        for name in sorted(files):
-            if name.startswith("."):
-                continue
-            path = os.path.join(root, name)
+    _digest_folder(digest.update, str(model_dir), ".")
+    return digest.hexdigest()
+
+
+def _digest_folder(update: Callable[[bytes], None], folder: str, rel_root: str) -> None:
+    update(f"D {rel_root}\n".encode())
+    try:
+        with os.scandir(folder) as scan:
+            entries = sorted((e for e in scan if not e.name.startswith(".")), key=lambda e: e.name)
+    except OSError:
+        return
+    subfolders = []
+    for entry in entries:
+        rel = f"{rel_root}/{entry.name}"
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISLNK(info.st_mode):
             try:
-                info = os.stat(path)
-            except FileNotFoundError:
-                continue
-            digest.update(f"F {rel_root}/{name} {info.st_size} {info.st_mtime_ns}\n".encode())
+                target = os.readlink(entry.path)
+            except OSError:
+                target = ""
+            update(f"L {rel} {target}\n".encode())
+        elif stat.S_ISDIR(info.st_mode):
+            subfolders.append(entry)
+        else:
+            update(f"F {rel} {info.st_size} {info.st_mtime_ns}\n".encode())
             if rel_root == "." and info.st_size <= _HASH_LIMIT:
                 try:
-                    with open(path, "rb") as handle:
-                        digest.update(hashlib.sha256(handle.read()).digest())
+                    fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
+                    with os.fdopen(fd, "rb") as handle:
+                        update(hashlib.sha256(handle.read()).digest())
                 except OSError:
                     continue
-    return digest.hexdigest()
+    for entry in subfolders:
+        _digest_folder(update, entry.path, f"{rel_root}/{entry.name}")
 
 
 def check_model_name(name: str) -> None:

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 from ge_helpers import SIMPLE_IO, params
 from google.protobuf import text_format
 
 from ge_serve.backends.ge.backend import backend_config_for
-from ge_serve.backends.ge.options import default_gears, intra_threads, make_plan, parse_gears
+from ge_serve.backends.ge.options import (
+    default_gears,
+    file_parameters,
+    intra_threads,
+    make_plan,
+    parse_gears,
+)
+from ge_serve.backends.paths import OutsideFolder
 from ge_serve.protos import model_config_pb2
 
 
@@ -159,3 +169,48 @@ def test_intra_threads_share_the_cores() -> None:
     assert intra_threads({}, streams=4, cores=16) == 4
     assert intra_threads({}, streams=4, cores=2) == 1
     assert intra_threads({"intra_op_thread_count": "3"}, streams=4, cores=2) == 3
+
+
+def test_the_models_file_options_reach_atc_resolved_inside_its_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    (folder / "aipp").mkdir(parents=True)
+    (folder / "aipp" / "real.cfg").write_text("aipp_op {}\n")
+    os.symlink("real.cfg", folder / "aipp" / "insert.cfg")
+    body = params(
+        graph__dot__ge__dot__fusionSwitchFile="fusion.cfg",
+        atc__dot__insert_op_conf="aipp/insert.cfg",
+    )
+    # --backend-config is the operator's: its paths pass through as given.
+    operator = {"ge.compressWeightConf": "/opt/ge/compress.cfg"}
+    plan = make_plan(config(body), operator, model_dir=folder)
+    assert dict(plan.atc_options) == {
+        "compress_weight_conf": "/opt/ge/compress.cfg",
+        "fusion_switch_file": str(folder.resolve() / "fusion.cfg"),
+        "insert_op_conf": str(folder.resolve() / "aipp" / "real.cfg"),
+    }
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        params(ge__dot__fusionSwitchFile="/etc/passwd"),
+        params(session__dot__ge__dot__exec__dot__modify_mixlist="../other/ops.json"),
+        params(atc__dot__customize_dtypes="/etc/passwd"),
+        # atc takes '-' for '_' and leading dashes; the spelling does not get past the check.
+        params(**{"atc__dot__--fusion-switch-file": "/etc/passwd"}),
+    ],
+)
+def test_a_models_file_option_outside_its_folder_is_refused(tmp_path: Path, body: str) -> None:
+    with pytest.raises(OutsideFolder, match="must name a file inside the model folder"):
+        make_plan(config(body), model_dir=tmp_path)
+
+
+def test_atc_flag_names_cannot_smuggle_or_replace_what_ge_serve_sets() -> None:
+    with pytest.raises(ValueError, match="is not an atc flag name"):
+        make_plan(config(params(atc__dot__insert_op_conf__eq__x="y").replace("__eq__", "=")))
+    for flag in ("output", "model", "mode", "framework"):
+        with pytest.raises(ValueError, match=f"ge-serve sets atc's --{flag} itself"):
+            make_plan(config(params(**{f"atc__dot__{flag}": "x"})))
+    assert file_parameters({"atc.--insert-op-conf": "a", "atc.log": "error"}) == [
+        ("atc.--insert-op-conf", "a")
+    ]

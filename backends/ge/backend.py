@@ -83,7 +83,7 @@ class GeBackend:
         if not spec.model_path.is_file():
             raise FileNotFoundError(f"model file '{spec.model_path}' does not exist")
         config = spec.config
-        plan = make_plan(config, self.backend_config)
+        plan = make_plan(config, self.backend_config, spec.model_dir)
         self._check_devices(plan)
         params = parameters(config, self.backend_config)
         source = ModelSource(

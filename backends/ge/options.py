@@ -7,6 +7,11 @@ Follows CANN's npu_ge Triton backend so its configs load unchanged:
   `graph.ge.inputShape`, `graph.ge.dynamicDims` ("1;2;4;8") and `graph.ge.dynamicNodeType`;
 - the same keys from `--backend-config=npu_ge,<key>=<value>` (the model's own win).
 
+Options that name a file (`FILE_OPTIONS`, `ATC_FILE_FLAGS`, e.g. `ge.fusionSwitchFile`)
+are resolved inside the model folder when they come from the model's own parameters, and
+atc gets the resolved path; a value that leaves the folder fails the load. Values from
+`--backend-config` are the operator's and pass through as given.
+
 Slots: the devices are `device_ids`, else the `gpus` of the instance groups, else NPU 0.
 Each device gets `device_exec_blocks` streams when set, else the instance count
 (`count` of the groups that list it, or of every group that lists no gpus) times
@@ -21,8 +26,10 @@ otherwise 1, 2, 4, ... up to `max_batch_size`.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +37,7 @@ import numpy as np
 from ge_serve.protos import model_config_pb2
 
 from ..onnx_io import CONFIG_NUMPY
+from ..paths import resolve_inside
 from .acl import TensorPlan
 
 log = logging.getLogger(__name__)
@@ -56,6 +64,56 @@ ATC_FLAGS = {
     "ge.deterministic": "deterministic",
     "ge.customizeDtypes": "customize_dtypes",
 }
+# GE options (ge_api_types.h, unscoped) whose value is a file or folder path.
+FILE_OPTIONS = frozenset(
+    {
+        "ge.exec.op_precision_mode",
+        "ge.exec.modify_mixlist",
+        "ge.exec.opDebugConfig",
+        "ge.exec.dumpPath",
+        "ge.compressWeightConf",
+        "ge.fusionSwitchFile",
+        "ge.insertOpFile",
+        "ge.customizeDtypes",
+        "ge.keepDtype",
+        "ge.debugDir",
+        "ge.tuningPath",
+        "ge.op_compiler_cache_dir",
+        "ge.op_bank_path",
+        "ge.mdl_bank_path",
+        "ge.graphParallelOptionPath",
+    }
+)
+# atc flags (CANN's atc reference) whose value is a file or folder path.
+ATC_FILE_FLAGS = frozenset(
+    {
+        "model",
+        "weight",
+        "om",
+        "output",
+        "json",
+        "singleop",
+        "check_report",
+        "insert_op_conf",
+        "op_name_map",
+        "fusion_switch_file",
+        "compress_weight_conf",
+        "keep_dtype",
+        "customize_dtypes",
+        "op_precision_mode",
+        "modify_mixlist",
+        "op_debug_config",
+        "op_bank_path",
+        "mdl_bank_path",
+        "debug_dir",
+        "op_compiler_cache_dir",
+        "cluster_config",
+        "graph_parallel_option_path",
+    }
+)
+# atc flags that ge-serve sets itself (what to compile, into which file, in which mode).
+_OWN_ATC_FLAGS = frozenset({"model", "framework", "output", "mode"})
+_ATC_FLAG_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 # Options ge-serve turns into atc's shape and gear flags itself.
 _SHAPE_OPTIONS = ("ge.inputShape", "ge.dynamicDims", "ge.dynamicNodeType")
 _SCOPES = ("graph.", "session.", "global.")
@@ -175,18 +233,53 @@ def _slots(
     return tuple((device, max(counts[device], 1) * per_instance) for device in devices)
 
 
+def _unscoped(key: str) -> str:
+    for scope in _SCOPES:
+        if key.startswith(scope):
+            return key[len(scope) :]
+    return key
+
+
 def ge_options(params: Mapping[str, str]) -> dict[str, str]:
     """`ge.*` options from parameters, with any graph./session./global. scope removed."""
     options: dict[str, str] = {}
     for key, text in params.items():
-        bare = key
-        for scope in _SCOPES:
-            if bare.startswith(scope):
-                bare = bare[len(scope) :]
-                break
+        bare = _unscoped(key)
         if bare.startswith("ge."):
             options[bare] = text
     return options
+
+
+def atc_flag(key: str) -> str:
+    """The atc flag an `atc.<flag>` parameter sets, spelled as atc documents it (atc also
+    takes leading dashes and '-' for '_'). A name that is no flag, such as one holding '=',
+    which would smuggle a second flag into the argument, is a ValueError."""
+    name = key[len("atc.") :]
+    flag = name.lstrip("-").replace("-", "_")
+    if not _ATC_FLAG_NAME.fullmatch(flag):
+        raise ValueError(f"parameter {key}: {name!r} is not an atc flag name")
+    return flag
+
+
+def file_parameters(params: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(key, value) of the parameters whose value names a file or folder: GE options in
+    FILE_OPTIONS (any scope) and `atc.<flag>` for flags in ATC_FILE_FLAGS. Empty values
+    name nothing and are left out."""
+    found: list[tuple[str, str]] = []
+    for key, text in params.items():
+        if not text:
+            continue
+        if key.startswith("atc."):
+            if atc_flag(key) in ATC_FILE_FLAGS:
+                found.append((key, text))
+        elif _unscoped(key) in FILE_OPTIONS:
+            found.append((key, text))
+    return found
+
+
+def parameter_path(model_dir: Path, key: str, value: str) -> Path:
+    """A file parameter's path inside the model folder; OutsideFolder when it leaves it."""
+    return resolve_inside(model_dir, value, f"parameter {key} {value!r}")
 
 
 def parse_gears(text: str) -> tuple[int, ...]:
@@ -254,9 +347,20 @@ def _input_shape(inputs: tuple[TensorPlan, ...], batching: bool, gears: tuple[in
 
 
 def make_plan(
-    config: model_config_pb2.ModelConfig, backend_config: Mapping[str, str] | None = None
+    config: model_config_pb2.ModelConfig,
+    backend_config: Mapping[str, str] | None = None,
+    model_dir: Path | None = None,
 ) -> GePlan:
-    params = parameters(config, backend_config or {})
+    """The plan for a config. With `model_dir`, the model's own file parameters become
+    their resolved paths inside it (OutsideFolder, a ValueError, when one leaves it)."""
+    own = parameters(config, {})
+    for key in own:
+        if key.startswith("atc.") and atc_flag(key) in _OWN_ATC_FLAGS:
+            raise ValueError(f"parameter {key}: ge-serve sets atc's --{atc_flag(key)} itself")
+    if model_dir is not None:
+        for key, text in file_parameters(own):
+            own[key] = str(parameter_path(model_dir, key, text))
+    params = {**(backend_config or {}), **own}
     options = ge_options(params)
     batching = config.max_batch_size > 0
     static = params.get("static_model", "").strip() == "1"
@@ -290,7 +394,7 @@ def make_plan(
             atc.append((flag, options[key]))
     for key in sorted(params):
         if key.startswith("atc."):
-            atc.append((key[len("atc.") :], params[key]))
+            atc.append((atc_flag(key), params[key]))
     for key in ("dump_graph", "dump_data", "profiling"):
         if params.get(key, "").strip() not in ("", "0", "false"):
             log.warning(
