@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 from google.protobuf import text_format
-from onnx import TensorProto, helper
 
 from ge_serve.backends.base import ModelSpec
 from ge_serve.protos import model_config_pb2
@@ -78,30 +77,3 @@ def simple_inputs(batch: int, seed: int = 0) -> dict[str, np.ndarray]:
         "INPUT0": rng.integers(-1000, 1000, size=(batch, 16), dtype=np.int32),
         "INPUT1": rng.integers(-1000, 1000, size=(batch, 16), dtype=np.int32),
     }
-
-
-def gather_model() -> onnx.ModelProto:
-    """out = GatherElements(data, index, axis=1): an out-of-range index fails at run time."""
-    data = helper.make_tensor_value_info("DATA", TensorProto.FLOAT, ["batch", 4])
-    index = helper.make_tensor_value_info("INDEX", TensorProto.INT64, ["batch", 1])
-    out = helper.make_tensor_value_info("OUT", TensorProto.FLOAT, ["batch", 1])
-    node = helper.make_node("GatherElements", ["DATA", "INDEX"], ["OUT"], axis=1)
-    graph = helper.make_graph([node], "gather", [data, index], [out])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
-
-
-def weights_model(megabytes: int) -> onnx.ModelProto:
-    """y = x + w with a large constant w (an initializer of `megabytes` MiB)."""
-    count = megabytes * 1024 * 1024 // 4
-    weight = helper.make_tensor(
-        "W", TensorProto.FLOAT, [count], np.zeros(count, np.float32).tobytes(), raw=True
-    )
-    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", count])
-    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", count])
-    node = helper.make_node("Add", ["X", "W"], ["Y"])
-    graph = helper.make_graph([node], "weights", [x], [y], initializer=[weight])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model

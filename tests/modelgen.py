@@ -35,10 +35,11 @@ ONNX_TYPES: dict[str, int] = {
 Dim = int | str | None
 
 
-def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+def _model(graph: onnx.GraphProto, opset: int = 17, check: bool = True) -> onnx.ModelProto:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
-    onnx.checker.check_model(model)
+    if check:
+        onnx.checker.check_model(model)
     return model
 
 
@@ -119,6 +120,101 @@ def slow_model(width: int = 256) -> onnx.ModelProto:
             numpy_helper.from_array(weight, "W"),
             numpy_helper.from_array(np.array(True), "cond"),
         ],
+    )
+    return _model(graph)
+
+
+def gather_model() -> onnx.ModelProto:
+    """OUT = GatherElements(DATA, INDEX, axis=1): an out-of-range index fails at run time."""
+    graph = helper.make_graph(
+        [helper.make_node("GatherElements", ["DATA", "INDEX"], ["OUT"], axis=1)],
+        "gather",
+        [
+            helper.make_tensor_value_info("DATA", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("INDEX", TensorProto.INT64, ["batch", 1]),
+        ],
+        [helper.make_tensor_value_info("OUT", TensorProto.FLOAT, ["batch", 1])],
+    )
+    return _model(graph, check=False)
+
+
+def lookup_model() -> onnx.ModelProto:
+    """VALUE = TABLE[INDEX]; onnxruntime fails at run time for an index outside 0..3."""
+    table = numpy_helper.from_array(np.array([1.5, 2.5, 3.5, 4.5], dtype=np.float32), "TABLE")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["TABLE", "INDEX"], ["VALUE"], axis=0)],
+        "gather",
+        [helper.make_tensor_value_info("INDEX", TensorProto.INT64, ["batch", 1])],
+        [helper.make_tensor_value_info("VALUE", TensorProto.FLOAT, ["batch", 1])],
+        [table],
+    )
+    return _model(graph, opset=13, check=False)
+
+
+def weights_model(megabytes: int) -> onnx.ModelProto:
+    """Y = X + W with a large constant W (an initializer of `megabytes` MiB)."""
+    count = megabytes * 1024 * 1024 // 4
+    weight = helper.make_tensor(
+        "W", TensorProto.FLOAT, [count], np.zeros(count, np.float32).tobytes(), raw=True
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["X", "W"], ["Y"])],
+        "weights",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", count])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", count])],
+        initializer=[weight],
+    )
+    return _model(graph, check=False)
+
+
+def add_const_model(constant: float, width: int = 4) -> onnx.ModelProto:
+    """OUTPUT0 = INPUT0 + constant, FP32 [batch, width]."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["INPUT0", "K"], ["OUTPUT0"])],
+        "add_const",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", width])],
+        initializer=[numpy_helper.from_array(np.full([width], constant, np.float32), "K")],
+    )
+    return _model(graph)
+
+
+def mixed_batch_model() -> onnx.ModelProto:
+    """X has a dynamic first dim, Y a fixed one: not batchable."""
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["X"], ["Y"], keepdims=0)],
+        "mixed",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [])],
+    )
+    return _model(graph, check=False)
+
+
+def batch_probe_model() -> onnx.ModelProto:
+    """OUTPUT0 = INPUT0 (FP32 [N, 4]); BATCH = the executed batch size, on every row."""
+    nodes = [
+        helper.make_node("Slice", ["INPUT0", "zero", "one", "one"], ["first"]),
+        helper.make_node("Mul", ["first", "f0"], ["zeros"]),
+        helper.make_node("Add", ["zeros", "f1"], ["ones"]),
+        helper.make_node("ReduceSum", ["ones", "zero"], ["count"], keepdims=1),
+        helper.make_node("Mul", ["ones", "count"], ["BATCH"]),
+        helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"]),
+    ]
+    inits = [
+        helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
+        helper.make_tensor("one", TensorProto.INT64, [1], [1]),
+        helper.make_tensor("f0", TensorProto.FLOAT, [], [0.0]),
+        helper.make_tensor("f1", TensorProto.FLOAT, [], [1.0]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "probe",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["N", 4])],
+        [
+            helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["N", 4]),
+            helper.make_tensor_value_info("BATCH", TensorProto.FLOAT, ["N", 1]),
+        ],
+        inits,
     )
     return _model(graph)
 

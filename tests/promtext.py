@@ -1,14 +1,11 @@
-"""A small reader for the Prometheus text format, for tests that check exact values."""
+"""Scrape and look up Prometheus samples, for tests that check exact values."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import httpx
-
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+from prometheus_client.parser import text_string_to_metric_families
 
 
 @dataclass
@@ -36,19 +33,24 @@ class Exposition:
 
 
 def parse(text: str) -> Exposition:
+    """Parse with prometheus-client's own text-format parser, which raises on malformed
+    exposition, so every scrape also checks that the server's text is valid.
+
+    The parser reports counter samples as `<name>_total` whether or not the wire had the
+    suffix; Triton's counters (`nv_inference_count`) have none, and dashboards query the
+    names as exposed, so samples and families keep the names the wire used."""
+    lines = text.splitlines()
+    exposed = {line.split("{", 1)[0].split(" ", 1)[0] for line in lines if line[:1] != "#"}
+    typed = {line.split()[2] for line in lines if line.startswith("# TYPE ")}
     out = Exposition()
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        if line.startswith("#"):
-            parts = line.split()
-            if len(parts) >= 4 and parts[1] == "TYPE":
-                out.types[parts[2]] = parts[3]
-            continue
-        match = _SAMPLE.match(line)
-        assert match, f"not a sample line: {line!r}"
-        name, labels, value = match.groups()
-        out.samples.append((name, dict(_LABEL.findall(labels or "")), float(value)))
+    for family in text_string_to_metric_families(text):
+        family_name = family.name if family.name in typed else family.name + "_total"
+        out.types[family_name] = family.type
+        for sample in family.samples:
+            name = sample.name
+            if name not in exposed and name.removesuffix("_total") in exposed:
+                name = name.removesuffix("_total")
+            out.samples.append((name, dict(sample.labels), float(sample.value)))
     return out
 
 

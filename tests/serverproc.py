@@ -10,13 +10,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from polling import poll
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_MODELS = REPO_ROOT / "examples" / "models"
@@ -122,20 +122,24 @@ def start_server(
 
 def wait_for(server: ServerProcess, path: str, timeout: float) -> None:
     """Poll a real signal (an HTTP 200), never a fixed sleep."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def answered() -> bool:
         if not server.alive():
             raise RuntimeError(
                 f"ge-serve exited early ({server.process.returncode}):\n{server.log()}"
             )
         try:
-            if httpx.get(server.base_url + path, timeout=1.0).status_code == 200:
-                return
+            return httpx.get(server.base_url + path, timeout=1.0).status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    server.stop(signal.SIGKILL)
-    raise TimeoutError(f"ge-serve did not answer {path} in {timeout}s:\n{server.log()}")
+            return False
+
+    try:
+        poll(answered, timeout, path, interval=0.05)
+    except TimeoutError:
+        server.stop(signal.SIGKILL)
+        raise TimeoutError(
+            f"ge-serve did not answer {path} in {timeout}s:\n{server.log()}"
+        ) from None
 
 
 @contextmanager

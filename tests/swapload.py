@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import tritonclient.http as httpclient
+from polling import poll
 from swapmodels import WIDTH
 from tritonclient.utils import InferenceServerException
 
@@ -91,7 +92,7 @@ class Workers:
         return sum(len(r) for r in self.outcomes)
 
     def wait_for_total(self, target: int, timeout: float = 120.0) -> None:
-        wait_until(lambda: self.total() >= target, timeout, f"{target} requests")
+        poll(lambda: self.total() >= target, timeout, f"{target} requests")
 
     def stop(self) -> list[Outcome]:
         self._stop.set()
@@ -99,12 +100,3 @@ class Workers:
             thread.join(180)
         assert not any(t.is_alive() for t in self._threads), "a load thread did not stop"
         return [o for results in self.outcomes for o in results]
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll a real signal until it holds; a bound, never an assertion on time."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gave up waiting for {what} after {timeout}s")
-        time.sleep(0.02)

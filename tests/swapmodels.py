@@ -11,28 +11,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-import onnx
-from modelgen import slow_model
-from onnx import TensorProto, helper, numpy_helper
+from modelgen import add_const_model, slow_model
 
 ADDK = "addk"
 WIDTH = 4
-
-
-def add_const_model(constant: float) -> onnx.ModelProto:
-    """OUTPUT0 = INPUT0 + constant, FP32 [batch, 4]."""
-    graph = helper.make_graph(
-        [helper.make_node("Add", ["INPUT0", "K"], ["OUTPUT0"])],
-        "add_const",
-        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", WIDTH])],
-        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", WIDTH])],
-        initializer=[numpy_helper.from_array(np.full([WIDTH], constant, np.float32), "K")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
 
 
 def addk_config(policy: str = "", name: str = ADDK, label_file: str = "") -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -18,7 +17,7 @@ import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from onnx import TensorProto, helper
+from modelgen import batch_probe_model
 from serverproc import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
@@ -51,38 +50,6 @@ PROBE_DYNAMIC_BATCHING = {
 }
 
 
-def probe_onnx(path: Path) -> None:
-    """OUTPUT0 = INPUT0; BATCH = the executed batch size, on every row."""
-    nodes = [
-        helper.make_node("Slice", ["INPUT0", "zero", "one", "one"], ["first"]),
-        helper.make_node("Mul", ["first", "f0"], ["zeros"]),
-        helper.make_node("Add", ["zeros", "f1"], ["ones"]),
-        helper.make_node("ReduceSum", ["ones", "zero"], ["count"], keepdims=1),
-        helper.make_node("Mul", ["ones", "count"], ["BATCH"]),
-        helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"]),
-    ]
-    inits = [
-        helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
-        helper.make_tensor("one", TensorProto.INT64, [1], [1]),
-        helper.make_tensor("f0", TensorProto.FLOAT, [], [0.0]),
-        helper.make_tensor("f1", TensorProto.FLOAT, [], [1.0]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "probe",
-        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["N", 4])],
-        [
-            helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["N", 4]),
-            helper.make_tensor_value_info("BATCH", TensorProto.FLOAT, ["N", 1]),
-        ],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-
-
 def probe_config(name: str, dynamic_batching: str) -> str:
     return f"""name: "{name}"
 backend: "onnxruntime"
@@ -104,7 +71,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         # The delay hook fires once per model: each protocol gets its own copy.
         for name in [base] if base == "bad_policy" else [f"{base}_{p}" for p in PROTOCOLS]:
             (repo / name / "1").mkdir(parents=True)
-            probe_onnx(repo / name / "1" / "model.onnx")
+            onnx.save(batch_probe_model(), str(repo / name / "1" / "model.onnx"))
             (repo / name / "config.pbtxt").write_text(probe_config(name, dynamic_batching))
     with running_server(
         [repo],

@@ -26,11 +26,10 @@ from ge_helpers import (
     FAKE_ACL_SITE,
     FAKE_ATC_BIN,
     SIMPLE_IO,
-    gather_model,
     make_model,
     params,
-    weights_model,
 )
+from modelgen import gather_model, weights_model
 from serverproc import ServerProcess, running_server, server_command
 from tritonclient.utils import InferenceServerException
 

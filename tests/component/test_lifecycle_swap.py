@@ -16,11 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from modelgen import make_lifecycle
+from modelgen import add_const_model, make_lifecycle
 from swapmodels import (
     ADDK,
     SLOW,
-    add_const_model,
     addk_config,
     write_addk,
     write_addk_version,

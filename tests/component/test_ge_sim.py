@@ -17,13 +17,12 @@ import pytest
 from ge_helpers import (
     EXAMPLES,
     SIMPLE_IO,
-    gather_model,
     make_model,
     params,
     simple_inputs,
     spec_for,
-    weights_model,
 )
+from modelgen import gather_model, weights_model
 
 from ge_serve.backends.base import BackendError, LoadedModel
 from ge_serve.backends.ge.acl import AclError, DeviceOutOfMemory

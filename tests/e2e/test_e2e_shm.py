@@ -11,7 +11,6 @@ import concurrent.futures
 import queue
 import shutil
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,12 +22,13 @@ import numpy.typing as npt
 import pytest
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
+from polling import poll
 from promtext import scrape
 from protocols import PROTOCOLS, Triton, as_ints, decimal_strings
 from serverproc import EXAMPLE_MODELS, ServerProcess, running_server
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import perfa
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -385,13 +385,11 @@ def held_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
 
 
 def wait_pending(server: ServerProcess, model: str, count: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def pending() -> bool:
         found = scrape(server.metrics_url).find("nv_inference_pending_request_count", model=model)
-        if found and found[0][1] == count:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{model} never had {count} pending request(s)")
+        return bool(found) and found[0][1] == count
+
+    poll(pending, timeout, f"{model} to have {count} pending request(s)")
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import tritonclient.http as httpclient
+from polling import poll
 from serverproc import running_server
-from swapload import Outcome, Workers, addk_inputs, slow_inputs, wait_until
+from swapload import Outcome, Workers, addk_inputs, slow_inputs
 from swapmodels import (
     ADDK,
     SLOW,
@@ -109,7 +110,7 @@ def test_poll_mode_config_edits_under_load_fail_nothing(tmp_path: Path) -> None:
             for version in (2, 3, 1, 3):
                 edits.append(time.monotonic())
                 write_atomic(folder / "config.pbtxt", addk_config(policy(version)))
-                wait_until(
+                poll(
                     lambda v=version: served(admin)[0] == str(v),  # type: ignore[misc]
                     120,
                     f"the poll to switch to version {version}",
@@ -118,7 +119,7 @@ def test_poll_mode_config_edits_under_load_fail_nothing(tmp_path: Path) -> None:
                 workers.wait_for_total(workers.total() + PER_SWAP)
             # A broken edit: the poll's reload fails, version 3 keeps serving.
             write_atomic(folder / "config.pbtxt", "max_batch_size: nonsense")
-            wait_until(
+            poll(
                 lambda: any("reload failed" in r["reason"] for r in admin_index(server.http_url)),
                 120,
                 "the failed reload to show in the index",
@@ -150,12 +151,12 @@ def test_poll_mode_adds_and_removes_models(tmp_path: Path) -> None:
         client = httpclient.InferenceServerClient(server.http_url)
         try:
             write_addk(tmp_path, [1, 2], name="later")
-            wait_until(lambda: client.is_model_ready("later"), 120, "'later' to load")
+            poll(lambda: client.is_model_ready("later"), 120, "'later' to load")
             assert client.get_model_metadata("later")["versions"] == ["2"]
             for child in sorted((tmp_path / "later").rglob("*"), reverse=True):
                 child.rmdir() if child.is_dir() else child.unlink()
             (tmp_path / "later").rmdir()
-            wait_until(
+            poll(
                 lambda: "later" not in {r["name"] for r in client.get_model_repository_index()},
                 120,
                 "'later' to be unloaded",
@@ -180,13 +181,11 @@ def test_unload_under_load_completes_in_flight_requests(tmp_path: Path) -> None:
         workers = Workers(server.http_url, SLOW, slow_inputs(5000), "Y", stop_on_error=True)
         workers.start()
         try:
-            wait_until(lambda: all(len(r) >= 2 for r in workers.outcomes), 120, "warm-up")
+            poll(lambda: all(len(r) >= 2 for r in workers.outcomes), 120, "warm-up")
             started = time.monotonic()
             admin.unload_model(SLOW)
             unloaded = time.monotonic()
-            wait_until(
-                lambda: all(r and r[-1].error for r in workers.outcomes), 120, "every client"
-            )
+            poll(lambda: all(r and r[-1].error for r in workers.outcomes), 120, "every client")
         finally:
             outcomes = workers.stop()
         # Requests in flight when the unload began completed successfully...

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from polling import poll
 from prometheus_client import CollectorRegistry, Counter
 from promtext import parse
 from serverproc import EXAMPLE_MODELS
@@ -361,7 +362,7 @@ async def test_device_metrics_from_providers() -> None:
     async with serving(refusing, sampler) as (_, metrics):
         sampler.start()
         try:
-            await asyncio.to_thread(_wait_until, lambda: devices.calls >= 2)
+            await asyncio.to_thread(poll, lambda: devices.calls >= 2, 10, "two device samples")
         finally:
             await asyncio.to_thread(sampler.stop)
         exposition = parse(metrics.render().decode())
@@ -371,12 +372,3 @@ async def test_device_metrics_from_providers() -> None:
         assert not exposition.find("ge_serve_device_utilization", device="sim1")
         assert exposition.value("ge_serve_device_pool_bytes", device="sim0") == 1 << 20
         assert not exposition.find("nv_cpu_utilization")  # cpu=False
-
-
-def _wait_until(condition: Any, timeout: float = 10.0) -> None:
-    done = threading.Event()
-    for _ in range(int(timeout / 0.01)):
-        if condition():
-            return
-        done.wait(0.01)
-    raise TimeoutError("condition not met")

@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 MODELS = EXAMPLES / "models"
 MODEL_NAMES = ("simple", "simple_string", "image_classifier")

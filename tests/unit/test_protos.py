@@ -22,7 +22,7 @@ from google.protobuf.message import Message
 
 from ge_serve.protos import grpc_service_pb2, model_config_pb2
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PROTOS = REPO / "protos"
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"server": "ge_serve.server", "scheduler": "ge_serve.scheduler",
             "backends": "ge_serve.backends", "protos": "ge_serve.protos"}  # fmt: skip
 FRONT_ENDS = ("ge_serve.server.http", "ge_serve.server.grpc")

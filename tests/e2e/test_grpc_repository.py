@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from modelgen import add_const_model
 from serverproc import ServerProcess, running_server
-from swapmodels import ADDK, WIDTH, add_const_model, write_addk
+from swapmodels import ADDK, WIDTH, write_addk
 from tritonclient.utils import InferenceServerException
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]

@@ -7,8 +7,15 @@ from pathlib import Path
 
 import onnx
 import pytest
-from modelgen import ONNX_TYPES, add_sub_model, identity_model, make_lifecycle, write_model
-from onnx import TensorProto, helper
+from modelgen import (
+    ONNX_TYPES,
+    add_sub_model,
+    identity_model,
+    make_lifecycle,
+    mixed_batch_model,
+    write_model,
+)
+from onnx import TensorProto
 
 from ge_serve.protos import model_config_pb2 as mc
 from ge_serve.server.errors import ErrorCode, ServerError
@@ -72,22 +79,11 @@ async def test_fixed_first_dim_means_no_batching(on: ModelLifecycle) -> None:
     assert not config.HasField("dynamic_batching")
 
 
-def _mixed_model() -> onnx.ModelProto:
-    """Input has a dynamic first dim, the output a fixed one: not batchable."""
-    graph = helper.make_graph(
-        [helper.make_node("ReduceSum", ["X"], ["Y"], keepdims=0)],
-        "mixed",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 3])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
-
-
 async def test_batching_needs_every_first_dim_dynamic(on: ModelLifecycle) -> None:
     config = await loaded_config(
-        on, _mixed_model(), 'name: "m"\noutput [ { name: "Y" dims: [ 1 ] reshape: { shape: [] } } ]'
+        on,
+        mixed_batch_model(),
+        'name: "m"\noutput [ { name: "Y" dims: [ 1 ] reshape: { shape: [] } } ]',
     )
     assert config.max_batch_size == 0
     assert tensors(config.input) == [("X", "TYPE_FP32", [-1, 3])]

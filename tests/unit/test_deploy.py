@@ -12,7 +12,7 @@ import yaml
 
 from ge_serve.server.cli import parse_settings
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 
 def _documents(path: Path) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ execution fails for an index out of range:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -25,14 +26,15 @@ import numpy as np
 import onnx
 import pytest
 import tritonclient.http as httpclient
-from onnx import TensorProto, helper, numpy_helper
+from modelgen import lookup_model
+from polling import poll
 from promtext import Exposition, scrape
 from serverproc import EXAMPLE_MODELS, ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "ge-serve.json"
 REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 QUANTILES = ("0.5", "0.9", "0.95", "0.99", "0.999")
@@ -47,28 +49,13 @@ output [ { name: "VALUE" data_type: TYPE_FP32 dims: [ 1 ] } ]
 """
 
 
-def _gather_model() -> onnx.ModelProto:
-    """VALUE = TABLE[INDEX]; onnxruntime fails at run time for an index outside 0..3."""
-    table = numpy_helper.from_array(np.array([1.5, 2.5, 3.5, 4.5], dtype=np.float32), "TABLE")
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["TABLE", "INDEX"], ["VALUE"], axis=0)],
-        "gather",
-        [helper.make_tensor_value_info("INDEX", TensorProto.INT64, ["batch", 1])],
-        [helper.make_tensor_value_info("VALUE", TensorProto.FLOAT, ["batch", 1])],
-        [table],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
-
-
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("repo")
     shutil.copytree(EXAMPLE_MODELS / "simple", root / "simple")
     (root / "gather" / "1").mkdir(parents=True)
     (root / "gather" / "config.pbtxt").write_text(GATHER_CONFIG)
-    onnx.save(_gather_model(), str(root / "gather" / "1" / "model.onnx"))
+    onnx.save(lookup_model(), str(root / "gather" / "1" / "model.onnx"))
     return root
 
 
@@ -124,12 +111,14 @@ def traffic(repo: Path) -> Iterator[ServerProcess]:
 
 def _wait_for_sample(url: str, name: str, timeout: float = 20.0) -> Exposition:
     """The resource sampler fills its first snapshot right after start; poll for it."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def sampled() -> Exposition | None:
         exposition = scrape(url)
-        if exposition.find(name) or time.monotonic() > deadline:
-            return exposition
-        time.sleep(0.05)
+        return exposition if exposition.find(name) else None
+
+    with contextlib.suppress(TimeoutError):
+        return poll(sampled, timeout, name)
+    return scrape(url)
 
 
 # --- Triton's metrics -------------------------------------------------------------------

@@ -9,8 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -20,6 +18,7 @@ import onnxruntime as ort
 import orjson
 import pytest
 from modelgen import add_sub_model, slow_model, write_model
+from polling import poll
 from serverproc import EXAMPLE_MODELS, REPO_ROOT, ServerProcess, running_server, start_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -216,7 +215,11 @@ def test_signal_finishes_in_flight_requests_and_exits_0(slow_repo: Path, sig: in
 
         proc.process.send_signal(sig)
         # A real signal that the server stopped accepting: new connections are refused.
-        poll(lambda: refuses_connections(proc.http_port) or not proc.alive())
+        poll(
+            lambda: refuses_connections(proc.http_port) or not proc.alive(),
+            30,
+            "the HTTP port to close",
+        )
         for i, sock in enumerate(sockets):
             if i not in done:
                 done[i] = read_response(sock)[1]
@@ -270,10 +273,3 @@ def first_answered(sockets: list[socket.socket]) -> socket.socket:
     ready, _, _ = select.select(sockets, [], [], 120)
     assert ready, "no response within 120 s"
     return ready[0]
-
-
-def poll(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)

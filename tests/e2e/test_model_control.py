@@ -9,9 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 import tritonclient.http as httpclient
+from modelgen import add_const_model
 from serverproc import ServerProcess, running_server
 from swapload import addk_inputs
-from swapmodels import ADDK, add_const_model, write_addk
+from swapmodels import ADDK, write_addk
 from tritonclient.utils import InferenceServerException
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
