@@ -10,7 +10,7 @@ import enum
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, SupportsIndex
 
 import ml_dtypes
 import numpy as np
@@ -106,7 +106,7 @@ MAX_DIMS: Final = 32
 MAX_ELEMENTS: Final = (2**63 - 1) // 8
 
 
-def check_shape(shape: Sequence[int], name: str) -> int:
+def check_shape(shape: Sequence[SupportsIndex], name: str) -> int:
     """The element count of an input's shape; a shape no tensor can have is INVALID_ARG.
 
     The bound is on the product of the non-zero dimensions, so a zero cannot hide absurd
@@ -151,7 +151,7 @@ def _not_integers(name: str) -> ServerError:
     return ServerError(ErrorCode.INVALID_ARG, f"the shape of input '{name}' must hold integers")
 
 
-def _shape_str(shape: Sequence[int]) -> str:
+def _shape_str(shape: Sequence[SupportsIndex]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
