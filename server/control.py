@@ -218,12 +218,19 @@ def parse_config_json(name: str, text: str) -> model_config_pb2.ModelConfig:
         json_format.Parse(text, config)
     except (ValueError, TypeError, json_format.ParseError) as exc:
         # TypeError: valid JSON that is no object at all (`null`, `3`).
-        raise ServerError(
-            ErrorCode.INVALID_ARG,
-            f"failed to load '{name}': the 'config' parameter is not a valid JSON "
-            f"ModelConfig: {exc}",
-        ) from None
+        raise _bad_config(name, str(exc)) from None
+    except RecursionError:
+        # json.loads recurses once per nested array or object and stops cleanly at the
+        # interpreter's recursion limit; json_format stops nested messages at 100 levels.
+        raise _bad_config(name, "JSON nesting depth exceeds maximum allowed limit") from None
     return config
+
+
+def _bad_config(name: str, why: str) -> ServerError:
+    return ServerError(
+        ErrorCode.INVALID_ARG,
+        f"failed to load '{name}': the 'config' parameter is not a valid JSON ModelConfig: {why}",
+    )
 
 
 def _strip_prefix(key: str) -> str:

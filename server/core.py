@@ -23,7 +23,7 @@ from .logsettings import LogControl
 from .model import ModelVersion
 from .sharedmemory import SharedMemoryManager
 from .statistics import ModelStatistics
-from .types import InferRequest, InferResponse, SharedMemoryRef
+from .types import InferRequest, InferResponse, SharedMemoryRef, check_shape
 from .validation import build_response, prepare
 from .wire import tensor_to_raw
 
@@ -150,6 +150,10 @@ class InferenceServer:
     async def infer(self, request: InferRequest) -> InferResponse:
         if not self._accepting:
             raise ServerError(ErrorCode.UNAVAILABLE, "Server is shutting down")
+        # The front ends check shapes as they decode; this is for in-process callers,
+        # before any shape reaches numpy (shared memory views are shaped below).
+        for tensor in request.inputs:
+            check_shape(tensor.shape, tensor.name)
         started = time.monotonic_ns()
         model = self.lifecycle.get(request.model_name, request.model_version)
         # Like Triton's front ends, shared-memory references are resolved before the

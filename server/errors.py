@@ -5,7 +5,12 @@ Each front end maps these codes to its own status codes in one place.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import logging
+from types import TracebackType
+
+log = logging.getLogger(__name__)
 
 
 class ErrorCode(enum.Enum):
@@ -46,6 +51,47 @@ class ServerError(Exception):
 def invalid_arg(message: str) -> ServerError:
     """The client sent something the server cannot accept: HTTP 400, gRPC INVALID_ARGUMENT."""
     return ServerError(ErrorCode.INVALID_ARG, message)
+
+
+# How much of an unexpected exception's text a client is shown.
+_DETAIL_CHARS = 200
+
+
+def decoding(part: str) -> contextlib.AbstractContextManager[None]:
+    """Guard the decoding of one part of a request: `with decoding("inference request"):`.
+
+    A ServerError passes as it is. Any other exception is a gap in a decoder that the
+    client's bytes found, so it is the request's failure, not the server's: it becomes
+    INVALID_ARG naming `part`, and is logged here, once, with its traceback (a front
+    end's own guard logs only what is not a ServerError).
+    """
+    return _Decoding(part)
+
+
+class _Decoding:
+    __slots__ = ("part",)
+
+    def __init__(self, part: str) -> None:
+        self.part = part
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None or isinstance(exc, ServerError) or not isinstance(exc, Exception):
+            return
+        log.error("unexpected error while decoding the %s", self.part, exc_info=exc)
+        detail = str(exc)
+        if len(detail) > _DETAIL_CHARS:
+            detail = detail[:_DETAIL_CHARS] + "..."
+        raise invalid_arg(
+            f"failed to decode the {self.part}: {type(exc).__name__}: {detail}",
+        ) from exc
 
 
 def unknown_model(name: str) -> ServerError:

@@ -27,7 +27,14 @@ from .errors import (
     unknown_version,
 )
 from .model import ModelVersion, tensor_specs
-from .repository import ModelRepository, ModelSource, read_config, read_labels, select_versions
+from .repository import (
+    ModelRepository,
+    ModelSource,
+    parse_version,
+    read_config,
+    read_labels,
+    select_versions,
+)
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +126,8 @@ class ModelLifecycle:
         if record is None:
             raise unknown_model(name)
         if version:
-            if not version.isdigit():
-                raise unknown_version(name, version)
-            entry = record.versions.get(int(version))
+            number = parse_version(version)
+            entry = None if number is None else record.versions.get(number)
             if entry is None:
                 raise unknown_version(name, version)
             if entry.state is not ModelState.READY or entry.model is None:

@@ -104,6 +104,23 @@ def read_config(
     return config
 
 
+# Versions are int64 in Triton's protocol and config.
+_MAX_VERSION = 2**63 - 1
+
+
+def parse_version(text: str) -> int | None:
+    """The version a string names, or None when it names none.
+
+    Only ASCII digits name a version. str.isdigit() also takes superscript two, which
+    int() refuses, and the Arabic-Indic digit one, which int() reads as 1. A number past
+    int64 names no version either (and int() refuses strings of over 4300 digits).
+    """
+    if not text or len(text) > 19 or not (text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value <= _MAX_VERSION else None
+
+
 def available_versions(model_dir: Path) -> list[int]:
     """Numbered version folders; names that are not numbers or start with '0' are skipped,
     and so are links that lead out of the model folder (where they point is not looked at).
@@ -111,7 +128,8 @@ def available_versions(model_dir: Path) -> list[int]:
     versions = []
     for entry in model_dir.iterdir():
         name = entry.name
-        if not name.isdigit() or name.startswith("0"):
+        version = parse_version(name)
+        if version is None or name.startswith("0"):
             continue
         try:
             path = resolve_inside(model_dir, name, f"version folder '{name}'", kind="folder")
@@ -119,7 +137,7 @@ def available_versions(model_dir: Path) -> list[int]:
             log.warning("model folder '%s': %s; it is not served", model_dir, exc)
             continue
         if path.is_dir():
-            versions.append(int(name))
+            versions.append(version)
     return sorted(versions)
 
 

@@ -7,8 +7,10 @@ ends sees HTTP, gRPC or JSON.
 from __future__ import annotations
 
 import enum
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, SupportsIndex
 
 import ml_dtypes
 import numpy as np
@@ -95,6 +97,62 @@ _NUMPY: dict[DataType, np.dtype[Any]] = {
 _FROM_NUMPY: dict[np.dtype[Any], DataType] = {
     dt: name for name, dt in _NUMPY.items() if name is not DataType.BYTES
 }
+
+
+# numpy < 2 builds arrays of at most 32 dimensions (numpy 2: 64), so no tensor has more.
+MAX_DIMS: Final = 32
+# The most elements a tensor of any datatype can hold: at 8 bytes an element (INT64, FP64,
+# and the object slot of a BYTES element) its byte size must still fit an int64.
+MAX_ELEMENTS: Final = (2**63 - 1) // 8
+
+
+def check_shape(shape: Sequence[SupportsIndex], name: str) -> int:
+    """The element count of an input's shape; a shape no tensor can have is INVALID_ARG.
+
+    The bound is on the product of the non-zero dimensions, so a zero cannot hide absurd
+    others: `[0, 2**62]` holds no elements, yet numpy cannot build it for most datatypes,
+    and no client means it. (Triton multiplies as it goes, so a leading zero hides the
+    rest from its overflow check.)
+    """
+    if len(shape) > MAX_DIMS:
+        raise ServerError(
+            ErrorCode.INVALID_ARG,
+            f"invalid shape for input '{name}': {len(shape)} dimensions, more than the "
+            f"maximum of {MAX_DIMS}",
+        )
+    nominal = 1
+    has_zero = False
+    for dim in shape:
+        if isinstance(dim, bool):
+            raise _not_integers(name)
+        try:
+            value = operator.index(dim)
+        except TypeError:
+            raise _not_integers(name) from None
+        if value < 0:
+            raise ServerError(
+                ErrorCode.INVALID_ARG, f"input '{name}' has a negative dimension in its shape"
+            )
+        if value == 0:
+            has_zero = True
+        else:
+            nominal *= value
+    if nominal > MAX_ELEMENTS:
+        raise ServerError(
+            ErrorCode.INVALID_ARG,
+            f"invalid shape for input '{name}': shape {_shape_str(shape)} causes total element "
+            f"count to exceed maximum size of {MAX_ELEMENTS}"
+            + (" (zero dimensions are not counted)" if has_zero else ""),
+        )
+    return 0 if has_zero else nominal
+
+
+def _not_integers(name: str) -> ServerError:
+    return ServerError(ErrorCode.INVALID_ARG, f"the shape of input '{name}' must hold integers")
+
+
+def _shape_str(shape: Sequence[SupportsIndex]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
 
 
 @dataclass(frozen=True, slots=True)

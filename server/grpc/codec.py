@@ -27,6 +27,7 @@ from ..types import (
     ParamValue,
     RequestedOutput,
     Tensor,
+    check_shape,
     lift_request_parameters,
     requested_output,
 )
@@ -163,6 +164,7 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
         shape = tuple(spec.shape)
         if any(d < 0 for d in shape):
             raise invalid_arg(f"'shape' of input '{name}' must hold non-negative integers")
+        check_shape(shape, name)
         params = decode_parameters(spec.parameters, f"input '{name}'")
         shm = parse_ref(params, name)
         has_contents = spec.HasField("contents")

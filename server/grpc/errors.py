@@ -49,13 +49,34 @@ Resp = TypeVar("Resp")
 Handler = Callable[[S, Req, Any], Awaitable[Resp]]
 
 
+class Undecodable:
+    """Stands for a request message whose bytes protobuf could not parse.
+
+    The service's deserializers return it instead of raising, since grpc would end the
+    call UNKNOWN; the handler's guard (or the stream) answers it INVALID_ARGUMENT.
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, message: str, detail: str) -> None:
+        self.error = ServerError(
+            ErrorCode.INVALID_ARG, f"failed to decode the {message} message: {detail}"
+        )
+
+
 def guard(handler: Handler[S, Req, Resp]) -> Handler[S, Req, Resp]:
     """Wrap a unary handler: a ServerError ends the RPC with its mapped status and message;
-    an unexpected exception is logged and ends it INTERNAL, never as an opaque UNKNOWN."""
+    an unexpected exception is logged and ends it INTERNAL, never as an opaque UNKNOWN.
+
+    Handlers decode request parts under `decoding(...)`, so an unexpected exception there
+    is already the client's INVALID_ARGUMENT when it gets here.
+    """
 
     @functools.wraps(handler)
     async def guarded(self: S, request: Req, context: Any) -> Resp:
         try:
+            if isinstance(request, Undecodable):
+                raise request.error
             return await handler(self, request, context)
         except ServerError as exc:
             await abort(context, exc)

@@ -15,12 +15,12 @@ from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from ge_serve.protos import grpc_service_pb2, grpc_service_pb2_grpc
+from ge_serve.protos import grpc_service_pb2
 
 from ..core import InferenceServer
 from ..errors import ErrorCode, ServerError
 from .restricted import RestrictedProtocolInterceptor
-from .servicer import GrpcServicer
+from .servicer import GrpcServicer, service_handler
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +117,7 @@ class GrpcFrontEnd:
         # Only when a group is restricted: an interceptor costs every call.
         interceptors = [RestrictedProtocolInterceptor.from_rules(restricted)] if restricted else []
         server = grpc.aio.server(interceptors=interceptors, options=self.settings.channel_options())
-        add_inference = grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
-        add_inference(self.servicer, server)  # type: ignore[no-untyped-call]
+        server.add_generic_rpc_handlers((service_handler(self.servicer),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (INFERENCE_SERVICE, grpc_health.SERVICE_NAME, reflection.SERVICE_NAME), server

@@ -4,20 +4,22 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any
 
-from google.protobuf import json_format
+import grpc
+from google.protobuf import json_format, message_factory
+from google.protobuf.message import Message
 
 from ge_serve.protos import grpc_service_pb2 as pb
 from ge_serve.protos import grpc_service_pb2_grpc as pb_grpc
 
 from ..control import FILE_PREFIX
 from ..core import InferenceServer
-from ..errors import ErrorCode, ServerError
+from ..errors import ErrorCode, ServerError, decoding
 from ..types import ParamValue
 from . import codec
-from .errors import Handler, guard
+from .errors import Handler, Undecodable, guard
 from .stream import MAX_IN_FLIGHT, MAX_UNWRITTEN, StreamSession
 
 log = logging.getLogger(__name__)
@@ -109,7 +111,8 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: Any
     ) -> pb.ModelInferResponse:
-        decoded = codec.decode_infer_request(request)
+        with decoding("inference request"):
+            decoded = codec.decode_infer_request(request)
         response = await self.core.infer(decoded.request)
         return codec.encode_infer_response(response)
 
@@ -161,7 +164,8 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: Any
     ) -> pb.RepositoryModelLoadResponse:
-        config, files = load_parameters(request.parameters)
+        with decoding("load request parameters"):
+            config, files = load_parameters(request.parameters)
         await self.core.load_model(request.model_name, config, files)
         return pb.RepositoryModelLoadResponse()
 
@@ -169,16 +173,8 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
-        dependents = False
-        for key, param in request.parameters.items():
-            value = _repository_value(param, key)
-            if key != UNLOAD_DEPENDENTS:
-                raise ServerError(ErrorCode.INVALID_ARG, f"unexpected unload parameter '{key}'")
-            if not isinstance(value, bool):
-                raise ServerError(
-                    ErrorCode.INVALID_ARG, f"unload parameter '{key}' must be a bool_param"
-                )
-            dependents = value
+        with decoding("unload request parameters"):
+            dependents = unload_parameters(request.parameters)
         await self.core.unload_model(request.model_name, dependents)
         return pb.RepositoryModelUnloadResponse()
 
@@ -249,7 +245,8 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.LogSettingsRequest, context: Any
     ) -> pb.LogSettingsResponse:
         if request.settings:
-            changes = {key: _log_value(value, key) for key, value in request.settings.items()}
+            with decoding("log settings request"):
+                changes = {key: _log_value(value, key) for key, value in request.settings.items()}
             current = self.core.update_log_settings(changes)
         else:
             current = self.core.log_settings()
@@ -292,6 +289,21 @@ def load_parameters(params: Any) -> tuple[str | None, dict[str, bytes] | None]:
     return config, files or None
 
 
+def unload_parameters(params: Any) -> bool:
+    """RepositoryModelUnload parameters: `unload_dependents` (bool_param) or nothing."""
+    dependents = False
+    for key, param in params.items():
+        value = _repository_value(param, key)
+        if key != UNLOAD_DEPENDENTS:
+            raise ServerError(ErrorCode.INVALID_ARG, f"unexpected unload parameter '{key}'")
+        if not isinstance(value, bool):
+            raise ServerError(
+                ErrorCode.INVALID_ARG, f"unload parameter '{key}' must be a bool_param"
+            )
+        dependents = value
+    return dependents
+
+
 def _repository_value(param: pb.ModelRepositoryParameter, key: str) -> ParamValue | bytes:
     choice = param.WhichOneof("parameter_choice")
     if choice is None:
@@ -319,3 +331,42 @@ def _set_log_value(target: pb.LogSettingsResponse.SettingValue, key: str, value:
         raise ServerError(
             ErrorCode.INTERNAL, f"log setting '{key}' has a value of type {type(value).__name__}"
         )
+
+
+# grpc's method handler factory for each (request streaming, response streaming).
+_HANDLER_KINDS: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def service_handler(servicer: GrpcServicer) -> grpc.GenericRpcHandler:
+    """The inference service's RPCs, as the generated `add_..._to_server` registers them,
+    except that a request message protobuf cannot parse reaches its handler as
+    `Undecodable` (answered INVALID_ARGUMENT): grpc itself would end the call UNKNOWN."""
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in service.methods:
+        request_type = message_factory.GetMessageClass(method.input_type)
+        response_type = message_factory.GetMessageClass(method.output_type)
+        make = _HANDLER_KINDS[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = make(
+            getattr(servicer, method.name),
+            request_deserializer=_lenient_parser(request_type),
+            response_serializer=response_type.SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+
+
+def _lenient_parser(message_type: type[Message]) -> Callable[[bytes], Message | Undecodable]:
+    name = message_type.DESCRIPTOR.name
+
+    def parse(data: bytes) -> Message | Undecodable:
+        try:
+            return message_type.FromString(data)
+        except Exception as exc:
+            return Undecodable(name, str(exc) or type(exc).__name__)
+
+    return parse

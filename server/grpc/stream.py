@@ -29,9 +29,9 @@ from typing import Any, Final
 from ge_serve.protos import grpc_service_pb2 as pb
 
 from ..core import InferenceServer
-from ..errors import ServerError
+from ..errors import ServerError, decoding
 from . import codec
-from .errors import abort, as_server_error
+from .errors import Undecodable, abort, as_server_error
 
 log = logging.getLogger(__name__)
 
@@ -135,15 +135,19 @@ class StreamSession:
             self._reading = False
             self._maybe_end()
 
-    def _start(self, message: pb.ModelInferRequest) -> None:
-        decoupled = self._is_decoupled(message)
+    def _start(self, message: pb.ModelInferRequest | Undecodable) -> None:
+        failure: ServerError | None = None
+        if isinstance(message, Undecodable):
+            # Answered in its turn like any request, with no id to give back.
+            failure, message = message.error, pb.ModelInferRequest()
+        decoupled = failure is None and self._is_decoupled(message)
         previous: asyncio.Future[None] | None = None
         turn: asyncio.Future[None] | None = None
         if not decoupled:
             previous = self._last_turn
             turn = asyncio.get_running_loop().create_future()
             self._last_turn = turn
-        task = asyncio.create_task(self._serve(message, decoupled, previous, turn))
+        task = asyncio.create_task(self._serve(message, decoupled, previous, turn, failure))
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
 
@@ -173,12 +177,16 @@ class StreamSession:
         decoupled: bool,
         previous: asyncio.Future[None] | None,
         turn: asyncio.Future[None] | None,
+        failure: ServerError | None = None,
     ) -> None:
         try:
             if decoupled:
                 await self._serve_decoupled(message)
                 return
-            answer = await self._answer_once(message)
+            if failure is not None:
+                answer = self._error(message, failure)
+            else:
+                answer = await self._answer_once(message)
             if previous is not None:
                 await previous
             await self._emit(answer)
@@ -188,7 +196,8 @@ class StreamSession:
 
     async def _answer_once(self, message: pb.ModelInferRequest) -> _Out:
         try:
-            decoded = codec.decode_infer_request(message)
+            with decoding("inference request"):
+                decoded = codec.decode_infer_request(message)
             response = await self._core.infer(decoded.request)
             return codec.stream_response(codec.encode_infer_response(response), final=True)
         except Exception as exc:
@@ -196,7 +205,8 @@ class StreamSession:
 
     async def _serve_decoupled(self, message: pb.ModelInferRequest) -> None:
         try:
-            decoded = codec.decode_infer_request(message)
+            with decoding("inference request"):
+                decoded = codec.decode_infer_request(message)
             async for response in self._core.infer_responses(decoded.request):
                 encoded = codec.encode_infer_response(response)
                 await self._emit(codec.stream_response(encoded, final=False))

@@ -19,7 +19,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ge_serve.server.core import InferenceServer
-from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.errors import ErrorCode, ServerError, decoding
 from ge_serve.server.restrictions import RestrictedApis
 
 from . import codec, compression, monitoring, repository, sharedmemory
@@ -81,7 +81,12 @@ class InferShortcut:
 
 
 def _guard(endpoint: Endpoint) -> Endpoint:
-    """Turn core errors into `{"error": ...}` bodies; never let one escape as a 500 page."""
+    """Turn core errors into `{"error": ...}` bodies; never let one escape as a 500 page.
+
+    Handlers decode request parts under `decoding(...)`, so what goes wrong there is the
+    client's 400; an unexpected exception that reaches this guard is a server fault after
+    decoding: a 500, logged once with its traceback.
+    """
 
     async def guarded(request: Request) -> Response:
         try:
@@ -191,30 +196,36 @@ class HttpFrontEnd:
         body = await self.read_body(request)
         ready = False
         if body.strip():
-            options = codec.decode_json_object(body, "repository index request")
-            flag = options.get("ready", False)
+            with decoding("repository index request"):
+                options = codec.decode_json_object(body, "repository index request")
+                flag = options.get("ready", False)
             if not isinstance(flag, bool):
                 raise ServerError(ErrorCode.INVALID_ARG, "'ready' must be a boolean")
             ready = flag
         return json_response(await self.core.repository_index(ready))
 
     async def repository_load(self, request: Request) -> Response:
-        load = repository.decode_load(await self.read_body(request))
+        body = await self.read_body(request)
+        with decoding("load request"):
+            load = repository.decode_load(body)
         await self.core.load_model(
             str(request.path_params["model"]), load.config, load.files or None
         )
         return Response(status_code=200)
 
     async def repository_unload(self, request: Request) -> Response:
-        unload_dependents = repository.decode_unload(await self.read_body(request))
+        body = await self.read_body(request)
+        with decoding("unload request"):
+            unload_dependents = repository.decode_unload(body)
         await self.core.unload_model(str(request.path_params["model"]), unload_dependents)
         return Response(status_code=200)
 
     async def infer(self, request: Request) -> Response:
         model, version = _model_path(request)
         body = await self.read_body(request)
-        header_length = codec.parse_header_length(request.headers.get(HEADER_LENGTH))
-        infer_request = codec.decode_infer_request(model, version, body, header_length)
+        with decoding("inference request"):
+            header_length = codec.parse_header_length(request.headers.get(HEADER_LENGTH))
+            infer_request = codec.decode_infer_request(model, version, body, header_length)
         response = await self.core.infer(infer_request)
         payload, json_length = codec.encode_infer_response(response, infer_request)
         headers: dict[str, str] = {}

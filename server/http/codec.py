@@ -26,6 +26,7 @@ from ..types import (
     Parameters,
     RequestedOutput,
     Tensor,
+    check_shape,
     lift_request_parameters,
     requested_output,
 )
@@ -54,6 +55,8 @@ _INTEGER_TYPES: Final = frozenset(
     }
 )
 _FP32_MAX: Final = float(np.finfo(np.float32).max)
+# Nested `data` arrays, counting 'data' itself; Triton's HTTP_MAX_JSON_NESTING_DEPTH.
+MAX_JSON_DEPTH: Final = 100
 
 
 # --- JSON helpers ---------------------------------------------------------------------------
@@ -261,7 +264,9 @@ def _shape(raw: Any, name: str) -> tuple[int, ...]:
         raise invalid_arg(f"input '{name}' has no 'shape'")
     if not isinstance(raw, list) or not all(type(d) is int and d >= 0 for d in raw):
         raise invalid_arg(f"'shape' of input '{name}' must be an array of non-negative integers")
-    return tuple(raw)
+    shape = tuple(raw)
+    check_shape(shape, name)
+    return shape
 
 
 def _binary_input(
@@ -303,7 +308,7 @@ def _json_input(
         )
     if not isinstance(data, list):
         raise invalid_arg(f"'data' of input '{name}' must be an array, not {_json_kind(data)}")
-    flat = _flatten(data)
+    flat = _flatten(data, name)
     count = math.prod(shape)
     if len(flat) != count:
         raise invalid_arg(
@@ -313,23 +318,30 @@ def _json_input(
     return _json_to_numpy(name, datatype, flat).reshape(shape)
 
 
-def _flatten(data: list[Any]) -> list[Any]:
+def _flatten(data: list[Any], name: str) -> list[Any]:
+    """Row-major elements of nested `data` arrays, without recursion (the nesting is the
+    client's to choose), refusing more than MAX_JSON_DEPTH levels as Triton does."""
     for item in data:
         if type(item) is list:
             break
     else:
         return data
     out: list[Any] = []
-    _flatten_into(data, out)
-    return out
-
-
-def _flatten_into(data: list[Any], out: list[Any]) -> None:
-    for item in data:
-        if type(item) is list:
-            _flatten_into(item, out)
-        else:
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if type(item) is list:
+                if len(stack) == MAX_JSON_DEPTH:
+                    raise invalid_arg(
+                        f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_DEPTH}) "
+                        f"in 'data' of input '{name}'"
+                    )
+                stack.append(iter(item))
+                break
             out.append(item)
+        else:
+            stack.pop()
+    return out
 
 
 def _json_to_numpy(name: str, datatype: DataType, flat: list[Any]) -> npt.NDArray[Any]:

@@ -14,6 +14,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from ge_serve.server.errors import decoding
+
 from . import codec
 from .errors import error_response
 from .responses import json_response
@@ -38,7 +40,8 @@ def routes(front: RouteHost) -> list[Route]:
         if request.method == "GET":
             return json_response(core.log_settings())
         body = await front.read_body(request)
-        changes = codec.decode_json_object(body, "log settings request")
+        with decoding("log settings request"):
+            changes = codec.decode_json_object(body, "log settings request")
         return json_response(core.update_log_settings(changes))
 
     return [

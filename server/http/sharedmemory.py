@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.errors import ErrorCode, ServerError, decoding
 from ge_serve.server.sharedmemory import RegionStatus
 
 from . import codec
@@ -74,7 +74,9 @@ def routes(front: RouteHost) -> list[Route]:
         return json_response(_status_json(shm.status(_region(request))))
 
     async def system_register(request: Request) -> Response:
-        key, offset, byte_size = decode_register(await front.read_body(request))
+        body = await front.read_body(request)
+        with decoding("shared memory register request"):
+            key, offset, byte_size = decode_register(body)
         await shm.register(_region(request), key, offset, byte_size)
         return Response(status_code=200)
 
