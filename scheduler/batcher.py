@@ -32,7 +32,8 @@ from ge_serve.server.errors import (
     request_timeout,
 )
 
-from .adaptive import AdaptiveController, Event, Plan, Presence
+from .adaptive import AdaptiveController, Plan
+from .arrivals import Event, Presence
 from .batch import execute_batch
 from .dispatch import ExecutorSlot, SlotPool
 from .policy import BatchPolicy
