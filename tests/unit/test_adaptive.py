@@ -10,9 +10,10 @@ from fake_executor import FakeExecutor, item, make_batcher, make_config, queued
 
 from ge_serve.scheduler.adaptive import NEAR_BEST, AdaptiveController, Plan
 from ge_serve.scheduler.arrivals import DECAY_STEP_NS, Arrival, Departure, Presence
-from ge_serve.scheduler.batcher import LOG_LIMIT, DynamicBatcher
+from ge_serve.scheduler.batcher import DynamicBatcher
 from ge_serve.scheduler.costmodel import COST_ALPHA
 from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
+from ge_serve.scheduler.eventlog import LOG_LIMIT
 from ge_serve.scheduler.policy import BatchPolicy
 from ge_serve.server.errors import ErrorCode, ServerError
 
@@ -564,11 +565,11 @@ async def test_requests_run_alone_again_once_a_burst_has_passed() -> None:
         await queued(batcher, 3)
         fake.open()
         await asyncio.wait_for(asyncio.gather(*burst), 10)
-        before = batcher._alone_unseen
+        before = batcher._events.unseen
         for value in range(20):
             await batcher.submit(item(value))  # not wait_for: no extra turn in between
         assert batcher.adaptive_snapshot()["peak_in_system"] < 2
-        assert batcher._alone_unseen - before >= 10
+        assert batcher._events.unseen - before >= 10
     finally:
         await batcher.close(5.0)
 
