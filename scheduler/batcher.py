@@ -1,17 +1,15 @@
 """The dynamic batcher: priority queues in, batches out to idle executor slots.
 
 `submit()` queues synchronously (no await before the request is in the queue) and wakes
-the batch-forming task. That task waits for a first request, then for an idle slot, and
-only then forms the batch: requests keep piling up while every slot is busy, so batches
-grow with load on their own. With a slot in hand it applies Triton's rules (a preferred
-size or the maximum goes at once; otherwise the batch waits until its oldest request is
-`max_queue_delay_microseconds` old), or asks the adaptive controller for a target size and
-a window. The batch runs on the slot's thread; the results come back to the loop through
-the slot's report callback, and the slot goes straight back to the pool.
+the batch former (former.py), the task that waits for an idle slot and decides when a
+batch goes and what it holds. The batch runs on the slot's thread; the results come back
+to the loop through the slot's report callback, the slot goes straight back to the pool,
+and the batcher answers each request, in arrival order under `preserve_ordering`.
 
-In adaptive mode a request that finds the system empty, a slot idle and nothing worth
-waiting for skips all of that and runs on the slot at once, as the default scheduler would
-run it (`_run_alone`): at low load that is every request.
+In adaptive mode the batcher keeps the controller's event log (eventlog.py), and a
+request that finds the system empty, a slot idle and nothing worth waiting for skips all
+of that and runs on the slot at once, as the default scheduler would run it
+(`_run_alone`): at low load that is every request.
 """
 
 from __future__ import annotations
@@ -32,9 +30,11 @@ from ge_serve.server.errors import (
     request_timeout,
 )
 
-from .adaptive import AdaptiveController, Event, Plan, Presence
+from .adaptive import AdaptiveController
 from .batch import execute_batch
 from .dispatch import ExecutorSlot, SlotPool
+from .eventlog import EventLog
+from .former import BatchFormer
 from .policy import BatchPolicy
 from .queue import Entry, EntryState, RequestQueue
 from .work import Array, WorkItem
@@ -42,15 +42,6 @@ from .work import Array, WorkItem
 log = logging.getLogger(__name__)
 
 _NEVER_RAN = "model was unloaded before the request could run"
-
-# How many requests of another shape the batch former looks past when it fills a batch.
-SCAN_LIMIT = 256
-# The controller's event log is replayed at the latest when it holds this many events
-# (see DynamicBatcher._events).
-LOG_LIMIT = 64
-# Of the requests that ran alone and unseen, the controller's cost model is told of the
-# execution of one in this many (see DynamicBatcher._alone_done).
-ALONE_COST_EVERY = 8
 
 
 class DynamicBatcher:
@@ -68,41 +59,26 @@ class DynamicBatcher:
         self._policy = policy
         self._gears = tuple(gears)
         self.controller = controller
-        self._hold = max(delay_count, 0)
         self._queue = RequestQueue(policy, self._rejected)
         self._order: collections.deque[Entry] | None = (
             collections.deque() if policy.preserve_ordering else None
         )
         self._pending = 0
         self._running = 0  # batches executing
-        # Arrivals and departures the controller has not been told of yet, in the order
-        # they happened (see AdaptiveController.record): replayed before it is asked
-        # anything, and otherwise once LOG_LIMIT are pending. Saturated, batches go out
-        # full without asking it, and the log is replayed every few batches. Timed in the
-        # server on `simple` (batches of 8): a call per arrival and a replay per batch
-        # cost ~16 us per batch, caches cold; a replay every ~7 batches, ~8 us per batch.
-        self._events: list[Event] = []
-        self._log = self._events.append
-        self._replay_queued = False
-        # Who is in the system, up to date with the log (the controller is only up to
-        # date with what it replayed): decides a lone request without a replay.
-        self._presence = Presence()
-        # The request running alone in an otherwise empty system, if any (see _run_alone),
-        # and how many have run alone unseen.
+        # What the controller has not been told of yet, and who is in the system; its
+        # Presence is also read here, on submit's hot path, to decide a lone request.
+        self._events = EventLog(controller)
+        self._presence = self._events.presence
+        # The request running alone in an otherwise empty system, if any (see _run_alone).
         self._alone: _Alone | None = None
-        self._alone_unseen = 0
-        # The plan for the batch forming on the slot in hand, with the request heading it,
-        # while the controller's plans for that head hold (AdaptiveController.plan_holds).
-        self._held: tuple[Entry, Plan] | None = None
         # Set once closing, when nothing is queued or running (close() waits for it).
         self._drained = asyncio.Event()
         self._closing = False
-        self._former: asyncio.Task[None] | None = None
-        self._wake: asyncio.Future[None] | None = None
+        self._former = BatchFormer(
+            self._queue, pool, policy, controller, self._events, self._launch, self._finish,
+            lambda: self._closing, delay_count,
+        )  # fmt: skip
         self._batching = policy.batching
-        self._max_delay_ns = policy.max_queue_delay_us * 1000
-        self._preferred = frozenset(policy.preferred_sizes)
-        self._max_preferred = max(policy.preferred_sizes, default=policy.max_size)
 
     # --- public --------------------------------------------------------------------------
 
@@ -120,7 +96,7 @@ class DynamicBatcher:
         model does not batch adaptively."""
         if self.controller is None:
             return None
-        self._record()
+        self._events.replay()
         return self.controller.snapshot()
 
     async def submit(self, item: WorkItem) -> dict[str, Array]:
@@ -145,7 +121,7 @@ class DynamicBatcher:
             and not self._presence.held
             and self._pool.idle_count
             and not self._queue
-            and not self._hold
+            and not self._former.hold
         ):
             # Asked as it will be once this request holds a slot: one fewer idle.
             idle_after = self._pool.idle_count - 1
@@ -164,10 +140,7 @@ class DynamicBatcher:
         if slot is not None:
             self._launch(slot, [entry])
         else:
-            if self._former is None:
-                self._former = loop.create_task(self._form_batches(), name="batcher")
-                self._former.add_done_callback(self._former_ended)
-            self._wakeup()
+            self._former.queued()
         try:
             return await future
         except asyncio.CancelledError:
@@ -189,17 +162,14 @@ class DynamicBatcher:
         self._check_drained()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
-        if self._former is not None:
-            self._former.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._former
+        await self._former.stop()
         for entry in self._queue.drain():
             self._finish(entry, error=SchedulerClosed(_NEVER_RAN))
         await self._pool.shutdown(
             SchedulerClosed(_NEVER_RAN), drain_timeout_s, f"'{self._policy.model}'"
         )
 
-    # --- batch forming -------------------------------------------------------------------
+    # --- admission -----------------------------------------------------------------------
 
     def _admit(self, entry: Entry) -> ExecutorSlot | None:
         """Queue a new request and log its arrival for the controller; or, in adaptive
@@ -213,27 +183,29 @@ class DynamicBatcher:
         if self._alone is not None and not self._alone.logged:
             self._log_alone(self._alone)  # it is no longer alone
         slot = None
-        if controller is not None and self._pool.idle_count and not self._queue and not self._hold:
+        if (
+            controller is not None
+            and self._pool.idle_count
+            and not self._queue
+            and not self._former.hold
+        ):
             slot = self._pool.try_acquire()
         if controller is None or slot is None:
             self._enqueue(entry)
             if controller is not None:
-                self._presence.arrive(entry.size)
-                self._log((entry.enqueue_ns, entry.size, entry.level))
-                if len(self._events) >= LOG_LIMIT:
-                    self._record()
+                self._events.arrive(entry.enqueue_ns, entry.size, entry.level)
+                self._events.replay_when_full()
             return None
         # Nothing is queued, so the queue has room for it should it have to wait after all.
         now, size, level = entry.enqueue_ns, entry.size, entry.level
-        self._presence.arrive(size)
-        self._log((now, size, level))
+        self._events.arrive(now, size, level)
         idle = self._pool.idle_count
         if self._presence.nothing_to_wait_for(idle):
             # Sent alone whatever the controller's estimates say: they can wait for the
             # next replay, behind this request.
             controller.sent_alone(size)
             return slot
-        self._record()  # the controller plans with this arrival
+        self._events.replay()  # the controller plans with this arrival
         try:
             plan = controller.plan(now, size, now, level, idle, size, now)
         except Exception:
@@ -275,8 +247,7 @@ class DynamicBatcher:
     def _log_alone(self, alone: _Alone) -> None:
         """Log the arrival of the request running alone, now that another arrives."""
         alone.logged = True
-        self._presence.arrive(alone.size)
-        self._log((alone.arrive_ns, alone.size, self._policy.level_for(alone.priority)))
+        self._events.arrive(alone.arrive_ns, alone.size, self._policy.level_for(alone.priority))
 
     def _alone_done(
         self,
@@ -295,203 +266,25 @@ class DynamicBatcher:
             exc = exc or RuntimeError("the batch returned no results")
             log.error("batch of %d failed on %s: %s", alone.size, slot.name, exc)
             if alone.logged:
-                self._depart_unlogged(alone.size)
+                self._events.left_unlogged(alone.size)
             if not future.done():
                 future.set_exception(_client_error(exc))
         else:
             # Priced by slot time, as in _batch_done.
             duration = done_ns - alone.arrive_ns
             if alone.logged:
-                self._log((done_ns, alone.size, alone.size, duration))
-                self._presence.leave(alone.size, True)
+                self._events.batch_left(done_ns, alone.size, alone.size, duration)
             else:
-                # At low load this is every request. Replaying each one's cost cost the
-                # loop ~4 us per request (in process, `simple`-shaped, one client); one
-                # in ALONE_COST_EVERY, the first of them included, keeps the estimate
-                # of a lone execution current (the EWMA then follows ~40 requests).
-                if self._alone_unseen % ALONE_COST_EVERY == 0:
-                    self._log((alone.size, duration))
-                    self._presence.measured = True
-                self._alone_unseen += 1
+                self._events.ran_unseen(alone.size, duration)
             if not future.done():
                 future.set_result(results[0])
-            self._replay_if_full()
+            self._events.replay_soon()
         self._check_drained()
 
     def _enqueue(self, entry: Entry) -> None:
         if self._batching:
             entry.key = entry.item.shape_key()  # only queued requests are compared
         self._queue.put(entry)  # raises "Exceeds maximum queue size"
-
-    def _former_ended(self, task: asyncio.Task[None]) -> None:
-        """The batch former only ends when cancelled at close. Should a bug end it, the
-        queued requests get an error instead of waiting forever, and the next request
-        starts a new former."""
-        if task.cancelled() or self._closing:
-            return
-        exc = task.exception()
-        log.error("the batcher of model '%s' stopped: %r", self._policy.model, exc)
-        self._former = None
-        error = ServerError(ErrorCode.INTERNAL, f"batcher failed: {exc!r}")
-        for entry in self._queue.drain():
-            self._finish(entry, error=error)
-
-    def _wakeup(self) -> None:
-        waiter = self._wake
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def _sleep(self, until_ns: int | None) -> None:
-        """Wait for a new request (or any other wake-up), or until `until_ns`."""
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        self._wake = waiter
-        timer = None
-        if until_ns is not None:
-            delay_s = max(until_ns - time.monotonic_ns(), 0) / 1e9
-            timer = loop.call_later(delay_s, _resolve, waiter)
-        try:
-            await waiter
-        finally:
-            self._wake = None
-            if timer is not None:
-                timer.cancel()
-
-    async def _form_batches(self) -> None:
-        while True:
-            if not self._queue:
-                await self._sleep(None)
-                continue
-            if self._hold:
-                if len(self._queue) < self._hold:
-                    await self._sleep(None)
-                    continue
-                self._hold = 0
-            slot = await self._pool.acquire()
-            try:
-                batch = await self._collect()
-            except BaseException:
-                self._pool.release(slot, executed=False)
-                raise
-            if batch:
-                self._launch(slot, batch)
-            else:
-                self._pool.release(slot, executed=False)
-
-    async def _collect(self) -> list[Entry]:
-        """With a slot in hand: wait until a batch should go, then take it off the queue."""
-        idle_since = time.monotonic_ns()
-        self._held = None
-        queue = self._queue
-        while queue:
-            now = time.monotonic_ns()
-            held = self._held
-            if (
-                held is not None
-                and now < held[1].deadline_ns
-                and queue.samples < held[1].target
-                and queue.first() is held[0]
-            ):
-                # Still short of the held plan's target, with the same head: what
-                # _plan would answer, without going through the queue.
-                await self._sleep(held[1].deadline_ns)
-                continue
-            batch, wake_ns = self._plan(now, idle_since)
-            if batch:
-                self._held = None
-                for entry in batch:
-                    queue.remove(entry)
-                return batch
-            await self._sleep(wake_ns)
-        self._held = None
-        return []
-
-    def _plan(self, now: int, idle_since: int) -> tuple[list[Entry], int | None]:
-        """The batch to send now, or nothing and when to look again (`idle_since`: when
-        the slot in hand was taken).
-
-        The batch follows the queue's order (priority, then arrival), starting from its
-        first request and taking only requests of the same shape, up to the largest size
-        the model can run.
-        """
-        policy = self._policy
-        max_size = policy.max_size
-        chosen: list[Entry] = []
-        cancelled: list[Entry] = []
-        total = 0
-        best = 0  # how many of `chosen` make the best preferred size
-        full = False
-        skipped = 0
-        key: object = None
-        target = self._max_preferred
-        oldest = now
-        level = 0
-        head = 0  # samples of the head's own level
-        for entry in self._queue:
-            if entry.cancelled:
-                cancelled.append(entry)
-                continue
-            if not chosen:
-                key = entry.key
-                level = entry.level
-            elif entry.key != key:
-                skipped += 1
-                if skipped > SCAN_LIMIT:
-                    break
-                continue
-            if total + entry.size > max_size:
-                full = True
-                break
-            if chosen and best == 0 and total + entry.size > target and self._preferred:
-                best = len(chosen)
-            chosen.append(entry)
-            total += entry.size
-            if entry.enqueue_ns < oldest:
-                oldest = entry.enqueue_ns
-            if entry.level == level:
-                head += entry.size
-            if total in self._preferred:
-                best = len(chosen)
-            if total >= max_size:
-                full = True
-                break
-        for entry in cancelled:
-            if self._queue.remove(entry):
-                self._finish(entry)
-        if not chosen:
-            return [], None
-        controller = self.controller
-        if controller is not None:
-            if full and controller.sends_full():
-                return chosen, None  # saturated: no plan to make, nothing to cap
-            held = self._held
-            if (
-                held is not None
-                and held[0] is chosen[0]
-                and not full
-                and not held[1].due(total, now)
-            ):
-                return [], held[1].deadline_ns
-            # A new head, or the held plan's target reached or its deadline passed: plan
-            # again (on reaching its target, with more queued than planned, the controller
-            # may find a larger batch worth the rest of the wait).
-            if self._events:
-                self._record()
-            plan = controller.plan(
-                now, total, oldest, level, self._pool.idle_count, head, idle_since
-            )
-            self._held = (chosen[0], plan) if controller.plan_holds(level) else None
-            if full or plan.due(total, now):
-                # The target is what to wait for; the limit caps what goes.
-                return _fit(chosen, plan.limit), None
-            return [], plan.deadline_ns
-        window = self._max_delay_ns
-        expired = window > 0 and now - oldest >= window
-        if best and not expired:
-            return chosen[:best], None
-        if full or total >= target or window == 0 or expired:
-            return chosen, None
-        return [], oldest + window
 
     # --- execution -----------------------------------------------------------------------
 
@@ -533,29 +326,25 @@ class DynamicBatcher:
                 # The batch is priced by its slot time, from the hand-over to the slot
                 # until the results are back here and the slot is free again: what the
                 # slot could not be used for. Its compute time alone leaves out the slot
-                # thread's wake-up and the way back, which on a busy host cost far more
-                # than a small model's compute (on `simple` over gRPC at 32 clients, 2
-                # cores shared with perf_analyzer: ~0.6 ms for the thread to start the
-                # job, ~0.1 ms to run it, ~0.07 ms back), and which only fewer, fuller
-                # batches save.
+                # thread's wake-up and the way back, which on a busy host cost more than
+                # a small model's compute, and which only fewer, fuller batches save.
                 leaving = 0
                 for entry in batch:
                     if entry.state is not EntryState.DONE:
                         leaving += entry.size
                 done_ns = time.monotonic_ns()
                 size = batch[0].item.timings.batch_size
-                self._log((done_ns, leaving, size, done_ns - launched_ns))
-                self._presence.leave(leaving, True)
+                self._events.batch_left(done_ns, leaving, size, done_ns - launched_ns)
             for entry, result in zip(batch, results, strict=True):
                 self._finish(entry, result=result, departed=True)
-            self._replay_if_full()
+            self._events.replay_soon()
         self._check_drained()
 
     # --- answers -------------------------------------------------------------------------
 
     def _rejected(self, entry: Entry) -> None:
         self._finish(entry, error=request_timeout())
-        self._wakeup()
+        self._former.wake()
 
     def _finish(
         self,
@@ -573,7 +362,7 @@ class DynamicBatcher:
         entry.error = error
         self._pending -= 1
         if self.controller is not None and not departed:
-            self._depart_unlogged(entry.size)
+            self._events.left_unlogged(entry.size)
         order = self._order
         if order is None or result is None:
             # Errors are answered at once, as Triton does for rejected requests.
@@ -582,32 +371,6 @@ class DynamicBatcher:
             while order and order[0].state is EntryState.DONE:
                 _answer(order.popleft())
         self._check_drained()
-
-    def _depart_unlogged(self, size: int) -> None:
-        """`size` samples left without a logged execution (an error, a cancellation, a
-        timeout): tell the controller now, after what the log holds."""
-        controller = self.controller
-        if controller is None:
-            return
-        if self._events:
-            self._record()
-        controller.record_departure(time.monotonic_ns(), size)
-        self._presence.leave(size, False)
-
-    def _replay_if_full(self) -> None:
-        """Once the log holds LOG_LIMIT events, replay it in a later turn: behind the
-        answers just given, whose callers resume first."""
-        if len(self._events) >= LOG_LIMIT and not self._replay_queued:
-            self._replay_queued = True
-            asyncio.get_running_loop().call_soon(self._record)
-
-    def _record(self) -> None:
-        """Replay the logged arrivals and departures to the controller, in order."""
-        self._replay_queued = False
-        events = self._events
-        if events and self.controller is not None:
-            self.controller.record(events)
-        events.clear()
 
     def _check_drained(self) -> None:
         if self._closing and self._pending == 0 and not self._running:
@@ -627,16 +390,6 @@ class _Alone:
         self.logged = False
 
 
-def _fit(chosen: list[Entry], limit: int) -> list[Entry]:
-    """The leading requests that fit in `limit` samples (always at least one)."""
-    total = 0
-    for count, entry in enumerate(chosen):
-        total += entry.size
-        if total > limit:
-            return chosen[: max(count, 1)]
-    return chosen
-
-
 def _answer(entry: Entry) -> None:
     future = entry.future
     if future.done():
@@ -646,11 +399,6 @@ def _answer(entry: Entry) -> None:
     elif entry.result is not None:
         future.set_result(entry.result)
     entry.result = None
-
-
-def _resolve(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 def _client_error(exc: BaseException) -> ServerError:

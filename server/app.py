@@ -351,9 +351,10 @@ def configure_gil(settings: Settings) -> None:
 
     An executor slot's thread needs the GIL for a moment before and after each run
     (merging the batch, entering and leaving the runtime). With Python's 5 ms default, an
-    event loop busy answering the previous batch made it wait up to that long each time:
-    on the CNN at concurrency 32 the slot sat idle ~2.9 ms between executions at 5 ms and
-    ~1.3 ms at 0.5 ms. Shorter intervals cost a loop-bound tiny model a little, hence 1 ms.
+    event loop busy answering the previous batch makes it wait up to that long each time,
+    and the slot sits idle between executions; a shorter interval cuts that idle time, but
+    costs a loop-bound tiny model a little, hence 1 ms (bench/RESULTS.md, "Other
+    measurements behind a default").
     """
     if settings.gil_switch_interval_us > 0:
         sys.setswitchinterval(settings.gil_switch_interval_us / 1e6)

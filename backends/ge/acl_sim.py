@@ -1,7 +1,8 @@
 """A simulated Ascend NPU: the ACL shim without hardware.
 
 - N devices, each with a memory capacity; every allocation (I/O buffers, model weights)
-  counts against it and an allocation past it fails with an out-of-memory error.
+  counts against it and an allocation past it fails with an out-of-memory error
+  (sim_device.py holds the devices and streams).
 - Device memory is real host memory behind fake device addresses, so host-to-device and
   device-to-host copies really move the bytes through the executor's pooled buffers.
 - A stream is a worker thread; `execute_async` queues the model run on it and
@@ -16,7 +17,6 @@ Contexts are emulated too: device calls from a thread that has not bound the dev
 
 from __future__ import annotations
 
-import concurrent.futures
 import itertools
 import logging
 import math
@@ -38,10 +38,8 @@ from .acl import (
     AclError,
     AclModel,
     Array,
-    BusyClock,
     Dataset,
     DeviceBuffer,
-    DeviceOutOfMemory,
     DeviceStats,
     ModelDesc,
     ModelSource,
@@ -50,6 +48,7 @@ from .acl import (
     TensorPlan,
 )
 from .options import numpy_dtype
+from .sim_device import Allocation, SimDevice, SimStream, format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -57,121 +56,10 @@ log = logging.getLogger(__name__)
 ExecuteHook = Callable[[int, int], None]
 
 
-def _format_bytes(count: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024  # type: ignore[assignment]
-    return f"{count} B"
-
-
-@dataclass(slots=True)
-class _Allocation:
-    ptr: int
-    size: int
-    memory: Array
-    what: str
-
-
-class SimDevice:
-    """One simulated NPU: memory accounting and busy time."""
-
-    def __init__(self, device_id: int, capacity: int) -> None:
-        self.device_id = device_id
-        self.capacity = capacity
-        self.clock = BusyClock()
-        self._lock = threading.Lock()
-        self._allocations: dict[int, _Allocation] = {}
-        self._next = (device_id + 1) << 40
-        self.used = 0
-        self.peak = 0
-        self.bytes_h2d = 0
-        self.bytes_d2h = 0
-
-    def allocate(self, size: int, what: str, call: str) -> _Allocation:
-        if size <= 0:
-            raise AclError(call, ACL_ERROR_INVALID_PARAM, f"cannot allocate {size} bytes")
-        with self._lock:
-            if self.used + size > self.capacity:
-                raise DeviceOutOfMemory(
-                    call,
-                    f"simulated NPU {self.device_id} cannot fit {what} "
-                    f"({_format_bytes(size)}): {_format_bytes(self.used)} of "
-                    f"{_format_bytes(self.capacity)} already in use (--sim-device-memory)",
-                )
-            ptr = self._next
-            self._next += (size + 4095) // 4096 * 4096
-            self.used += size
-            self.peak = max(self.peak, self.used)
-        allocation = _Allocation(ptr, size, np.empty(size, dtype=np.uint8), what)
-        with self._lock:
-            self._allocations[ptr] = allocation
-        return allocation
-
-    def release(self, ptr: int, call: str) -> None:
-        with self._lock:
-            allocation = self._allocations.pop(ptr, None)
-            if allocation is None:
-                raise AclError(
-                    call,
-                    ACL_ERROR_INVALID_PARAM,
-                    f"{ptr:#x} is not an allocation on NPU {self.device_id}",
-                )
-            self.used -= allocation.size
-
-    def lookup(self, ptr: int, call: str) -> _Allocation:
-        allocation = self._allocations.get(ptr)
-        if allocation is None:
-            raise AclError(
-                call,
-                ACL_ERROR_INVALID_PARAM,
-                f"{ptr:#x} is not device memory on NPU {self.device_id}",
-            )
-        return allocation
-
-    def allocation_count(self) -> int:
-        with self._lock:
-            return len(self._allocations)
-
-
-class SimStream:
-    """A stream: one worker thread running queued work in order."""
-
-    def __init__(self, device: SimDevice, index: int) -> None:
-        self.device = device
-        self.index = index
-        self._worker = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=f"sim-npu{device.device_id}-stream{index}"
-        )
-        self._pending: list[concurrent.futures.Future[None]] = []
-
-    def submit(self, work: Callable[[], None]) -> None:
-        self._pending.append(self._worker.submit(work))
-
-    def synchronize(self) -> None:
-        pending, self._pending = self._pending, []
-        failure: BaseException | None = None
-        for future in pending:
-            error = future.exception()
-            if error is not None and failure is None:
-                failure = error
-        if failure is not None:
-            if isinstance(failure, AclError):
-                raise failure
-            raise AclError(
-                "aclrtSynchronizeStream (simulated)",
-                ACL_ERROR_RT_INTERNAL_ERROR,
-                f"model execution failed: {type(failure).__name__}: {failure}",
-            ) from failure
-
-    def close(self) -> None:
-        self._worker.shutdown(wait=True)
-
-
 @dataclass(slots=True)
 class _SimModel:
     session: ort.InferenceSession
-    weights: _Allocation
+    weights: Allocation
     batching: bool
     busy: threading.Lock = field(default_factory=threading.Lock)
 
@@ -258,7 +146,7 @@ class SimRuntime:
         return "sim"
 
     def describe(self) -> str:
-        memory = _format_bytes(self.devices[0].capacity)
+        memory = format_bytes(self.devices[0].capacity)
         return f"simulated NPU ({len(self.devices)} device(s), {memory} each, onnxruntime)"
 
     def device_count(self) -> int:

@@ -27,9 +27,10 @@ from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
 from ge_serve.scheduler.work import Array, WorkItem
 from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ErrorCode, FailureReason, ServerError, queue_full
+from ge_serve.server.exposition import render_text
 from ge_serve.server.lifecycle import LifecycleSettings, ModelLifecycle, SchedulerFactory
 from ge_serve.server.logsettings import LogControl
-from ge_serve.server.metrics import ServerMetrics, render_text
+from ge_serve.server.metrics import ServerMetrics
 from ge_serve.server.metricsconfig import MetricsConfig
 from ge_serve.server.quantiles import Buckets, LatencyWindow
 from ge_serve.server.repository import ModelRepository

@@ -8,18 +8,12 @@ import random
 import pytest
 from fake_executor import FakeExecutor, item, make_batcher, make_config, queued
 
-from ge_serve.scheduler.adaptive import (
-    COST_ALPHA,
-    DECAY_STEP_NS,
-    NEAR_BEST,
-    AdaptiveController,
-    Arrival,
-    Departure,
-    Plan,
-    Presence,
-)
-from ge_serve.scheduler.batcher import LOG_LIMIT, DynamicBatcher
+from ge_serve.scheduler.adaptive import NEAR_BEST, AdaptiveController, Plan
+from ge_serve.scheduler.arrivals import DECAY_STEP_NS, Arrival, Departure, Presence
+from ge_serve.scheduler.batcher import DynamicBatcher
+from ge_serve.scheduler.costmodel import COST_ALPHA
 from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
+from ge_serve.scheduler.eventlog import LOG_LIMIT
 from ge_serve.scheduler.policy import BatchPolicy
 from ge_serve.server.errors import ErrorCode, ServerError
 
@@ -95,7 +89,7 @@ def test_a_lone_client_is_never_kept_waiting() -> None:
     c = controller(adaptive_latency_budget_us="1000000")
     sublinear(c)
     now = sequential(c, 20)
-    assert c.busy_rate_per_ns() == 0.0
+    assert c.arrivals.busy_rate_per_ns() == 0.0
     assert sends_now(c.plan(now, 1, now, 0, 0), now)
 
 
@@ -317,7 +311,7 @@ def test_a_saturated_slot_waits_for_returning_clients_instead_of_sending_one() -
     cnn_like(c)
     now, oldest = late_split(c)
     # The clients spend ~2 ms outside: 31 of them are back within ~4 ms.
-    assert 1.5 * MS < c.time_outside_ns() < 2.5 * MS
+    assert 1.5 * MS < c.arrivals.time_outside_ns() < 2.5 * MS
     plan = c.plan(now, 1, oldest, 0, 0, idle_since_ns=now)
     assert plan.target == 32
     # It waits, though the queued request is long past the derived budget (4 x 23.4 ms)...
@@ -417,7 +411,7 @@ def test_new_clients_are_not_taken_for_returning_ones() -> None:
     c = controller(max_batch_size=32)
     cnn_like(c)
     now = busy_burst(c, clients=16, gap_ns=100 * MS)
-    assert c.time_outside_ns() == float("inf")
+    assert c.arrivals.time_outside_ns() == float("inf")
     assert c.snapshot()["time_outside_us"] > 1e9
     # One arrival per 100 ms, more than the derived budget (4 x 23.4 ms), is no reason
     # for a late request to wait.
@@ -425,10 +419,14 @@ def test_new_clients_are_not_taken_for_returning_ones() -> None:
 
 
 def state(c: AdaptiveController) -> dict[str, object]:
-    """Every field of the controller and its cost model."""
-    fields: dict[str, object] = {name: getattr(c, name) for name in type(c).__slots__}
-    fields.update({f"cost.{name}": getattr(c.cost, name) for name in type(c.cost).__slots__})
-    del fields["cost"]
+    """Every field of the controller and of the parts it owns (each part once)."""
+    parts = {"cost": c.cost, "arrivals": c.arrivals, "budgets": c.budgets}
+    fields: dict[str, object] = {}
+    for prefix, obj in {"": c, **parts}.items():
+        for name in type(obj).__slots__:
+            value = getattr(obj, name)
+            if not any(value is part for part in parts.values()):
+                fields[f"{prefix}.{name}"] = value
     return fields
 
 
@@ -461,7 +459,7 @@ def test_a_replayed_log_leaves_the_state_that_calls_one_by_one_leave() -> None:
             called.record_arrival(*event)
             presence.arrive(event[1])
         events.append(event)
-        assert (presence.held, presence.peak) == (called._in_system, called._peak)
+        assert (presence.held, presence.peak) == (called.arrivals.in_system, called.arrivals.peak)
         for idle in (0, 1):
             answer = presence.nothing_to_wait_for(idle)
             assert answer == called._nothing_to_wait_for(idle)
@@ -534,8 +532,8 @@ async def test_a_request_running_alone_joins_the_load_once_another_arrives() -> 
         batcher.adaptive_snapshot()
         controller, presence = batcher.controller, batcher._presence
         assert controller is not None
-        assert presence.held == controller._in_system == 0
-        assert presence.peak == controller._peak
+        assert presence.held == controller.arrivals.in_system == 0
+        assert presence.peak == controller.arrivals.peak
     finally:
         await batcher.close(5.0)
 
@@ -567,11 +565,11 @@ async def test_requests_run_alone_again_once_a_burst_has_passed() -> None:
         await queued(batcher, 3)
         fake.open()
         await asyncio.wait_for(asyncio.gather(*burst), 10)
-        before = batcher._alone_unseen
+        before = batcher._events.unseen
         for value in range(20):
             await batcher.submit(item(value))  # not wait_for: no extra turn in between
         assert batcher.adaptive_snapshot()["peak_in_system"] < 2
-        assert batcher._alone_unseen - before >= 10
+        assert batcher._events.unseen - before >= 10
     finally:
         await batcher.close(5.0)
 
@@ -803,7 +801,10 @@ async def test_the_batchers_presence_follows_every_arrival_and_departure() -> No
         assert batcher.adaptive_snapshot() is not None  # replays the log
         controller, presence = batcher.controller, batcher._presence
         assert controller is not None
-        assert (presence.held, presence.peak) == (controller._in_system, controller._peak)
+        assert (presence.held, presence.peak) == (
+            controller.arrivals.in_system,
+            controller.arrivals.peak,
+        )
         assert presence.measured and controller.cost.known
         assert presence.held == 0 and max(fake.sizes) > 1
     finally:

@@ -1,6 +1,7 @@
 """The dependency direction, checked on the source with ast: front ends -> core -> scheduler
 -> backends. Nothing below the front ends knows them, only the composition root
 (server/app.py) wires them in, and no two modules import each other, however indirectly.
+No module is so long that it holds more than one concern.
 
 Every import counts: module level, inside functions and under `if TYPE_CHECKING:`, since
 each one is a dependency a reader has to follow (and a circle hidden in a function is still
@@ -234,3 +235,14 @@ def test_nothing_but_the_cli_imports_the_cli(path: Path) -> None:
     module = module_name(path)
     bad = sorted(m for m in imported_modules(path) if within(m, ("ge_serve.server.cli",)))
     assert module == "ge_serve.server.cli" or not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+# Past this, a module holds more than one concern: split it (docs/architecture.md lists
+# what each module holds).
+MAX_LINES = 500
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_is_a_god_file(path: Path) -> None:
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines (at most {MAX_LINES})"

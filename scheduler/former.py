@@ -1,0 +1,279 @@
+"""The batch former: the task that turns a model's queue into batches on idle slots.
+
+It waits for a first request, then for an idle slot, and only then forms the batch:
+requests keep piling up while every slot is busy, so batches grow with load on their own.
+With a slot in hand it applies Triton's rules (a preferred size or the maximum goes at
+once; otherwise the batch waits until its oldest request is `max_queue_delay_microseconds`
+old), or asks the adaptive controller for a target size and a window, and keeps that plan
+while it holds (AdaptiveController.plan_holds). The batch follows the queue's order
+(priority, then arrival) and takes only requests of the head's shape.
+
+The DynamicBatcher owns the former; it hands each batch back through `launch`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from ge_serve.server.errors import ErrorCode, ServerError
+
+from .adaptive import AdaptiveController, Plan
+from .dispatch import ExecutorSlot, SlotPool
+from .eventlog import EventLog
+from .policy import BatchPolicy
+from .queue import Entry, RequestQueue
+
+log = logging.getLogger(__name__)
+
+# How many requests of another shape the batch former looks past when it fills a batch.
+SCAN_LIMIT = 256
+
+
+class Finish(Protocol):
+    """How the former answers a request it drops: a cancelled one, or all on a failure."""
+
+    def __call__(self, entry: Entry, *, error: BaseException | None = ...) -> None: ...
+
+
+class BatchFormer:
+    """Forms one model's batches from `queue` onto `pool`'s slots, and hands each to
+    `launch` with its slot. `delay_count` (TRITONSERVER_DELAY_SCHEDULER) holds batching
+    until that many requests are queued, once, so that tests can observe exact batches.
+    `closing` says whether the batcher is closing (a former ending then is no failure)."""
+
+    def __init__(
+        self,
+        queue: RequestQueue,
+        pool: SlotPool,
+        policy: BatchPolicy,
+        controller: AdaptiveController | None,
+        events: EventLog,
+        launch: Callable[[ExecutorSlot, list[Entry]], None],
+        finish: Finish,
+        closing: Callable[[], bool],
+        delay_count: int = 0,
+    ) -> None:
+        self._queue = queue
+        self._pool = pool
+        self._policy = policy
+        self.controller = controller
+        self._events = events
+        self._launch = launch
+        self._finish = finish
+        self._closing = closing
+        # Requests to wait for before the first batch (delay_count); 0 once reached.
+        self.hold = max(delay_count, 0)
+        # The plan for the batch forming on the slot in hand, with the request heading it,
+        # while the controller's plans for that head hold (AdaptiveController.plan_holds).
+        self._held: tuple[Entry, Plan] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Future[None] | None = None
+        self._max_delay_ns = policy.max_queue_delay_us * 1000
+        self._preferred = frozenset(policy.preferred_sizes)
+        self._max_preferred = max(policy.preferred_sizes, default=policy.max_size)
+
+    def queued(self) -> None:
+        """A request was queued: start the former if it is not running, and wake it."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._form_batches(), name="batcher"
+            )
+            self._task.add_done_callback(self._ended)
+        self.wake()
+
+    async def stop(self) -> None:
+        """Cancel the former and wait for it to end."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """The batch former only ends when cancelled at close. Should a bug end it, the
+        queued requests get an error instead of waiting forever, and the next request
+        starts a new former."""
+        if task.cancelled() or self._closing():
+            return
+        exc = task.exception()
+        log.error("the batcher of model '%s' stopped: %r", self._policy.model, exc)
+        self._task = None
+        error = ServerError(ErrorCode.INTERNAL, f"batcher failed: {exc!r}")
+        for entry in self._queue.drain():
+            self._finish(entry, error=error)
+
+    def wake(self) -> None:
+        """Make the former look at the queue again (it changed)."""
+        waiter = self._wake
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _sleep(self, until_ns: int | None) -> None:
+        """Wait for a new request (or any other wake-up), or until `until_ns`."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._wake = waiter
+        timer = None
+        if until_ns is not None:
+            delay_s = max(until_ns - time.monotonic_ns(), 0) / 1e9
+            timer = loop.call_later(delay_s, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            self._wake = None
+            if timer is not None:
+                timer.cancel()
+
+    async def _form_batches(self) -> None:
+        while True:
+            if not self._queue:
+                await self._sleep(None)
+                continue
+            if self.hold:
+                if len(self._queue) < self.hold:
+                    await self._sleep(None)
+                    continue
+                self.hold = 0
+            slot = await self._pool.acquire()
+            try:
+                batch = await self._collect()
+            except BaseException:
+                self._pool.release(slot, executed=False)
+                raise
+            if batch:
+                self._launch(slot, batch)
+            else:
+                self._pool.release(slot, executed=False)
+
+    async def _collect(self) -> list[Entry]:
+        """With a slot in hand: wait until a batch should go, then take it off the queue."""
+        idle_since = time.monotonic_ns()
+        self._held = None
+        queue = self._queue
+        while queue:
+            now = time.monotonic_ns()
+            held = self._held
+            if (
+                held is not None
+                and now < held[1].deadline_ns
+                and queue.samples < held[1].target
+                and queue.first() is held[0]
+            ):
+                # Still short of the held plan's target, with the same head: what
+                # _plan would answer, without going through the queue.
+                await self._sleep(held[1].deadline_ns)
+                continue
+            batch, wake_ns = self._plan(now, idle_since)
+            if batch:
+                self._held = None
+                for entry in batch:
+                    queue.remove(entry)
+                return batch
+            await self._sleep(wake_ns)
+        self._held = None
+        return []
+
+    def _plan(self, now: int, idle_since: int) -> tuple[list[Entry], int | None]:
+        """The batch to send now, or nothing and when to look again (`idle_since`: when
+        the slot in hand was taken).
+
+        The batch follows the queue's order (priority, then arrival), starting from its
+        first request and taking only requests of the same shape, up to the largest size
+        the model can run.
+        """
+        policy = self._policy
+        max_size = policy.max_size
+        chosen: list[Entry] = []
+        cancelled: list[Entry] = []
+        total = 0
+        best = 0  # how many of `chosen` make the best preferred size
+        full = False
+        skipped = 0
+        key: object = None
+        target = self._max_preferred
+        oldest = now
+        level = 0
+        head = 0  # samples of the head's own level
+        for entry in self._queue:
+            if entry.cancelled:
+                cancelled.append(entry)
+                continue
+            if not chosen:
+                key = entry.key
+                level = entry.level
+            elif entry.key != key:
+                skipped += 1
+                if skipped > SCAN_LIMIT:
+                    break
+                continue
+            if total + entry.size > max_size:
+                full = True
+                break
+            if chosen and best == 0 and total + entry.size > target and self._preferred:
+                best = len(chosen)
+            chosen.append(entry)
+            total += entry.size
+            if entry.enqueue_ns < oldest:
+                oldest = entry.enqueue_ns
+            if entry.level == level:
+                head += entry.size
+            if total in self._preferred:
+                best = len(chosen)
+            if total >= max_size:
+                full = True
+                break
+        for entry in cancelled:
+            if self._queue.remove(entry):
+                self._finish(entry)
+        if not chosen:
+            return [], None
+        controller = self.controller
+        if controller is not None:
+            if full and controller.sends_full():
+                return chosen, None  # saturated: no plan to make, nothing to cap
+            held = self._held
+            if (
+                held is not None
+                and held[0] is chosen[0]
+                and not full
+                and not held[1].due(total, now)
+            ):
+                return [], held[1].deadline_ns
+            # A new head, or the held plan's target reached or its deadline passed: plan
+            # again (on reaching its target, with more queued than planned, the controller
+            # may find a larger batch worth the rest of the wait).
+            self._events.catch_up()
+            plan = controller.plan(
+                now, total, oldest, level, self._pool.idle_count, head, idle_since
+            )
+            self._held = (chosen[0], plan) if controller.plan_holds(level) else None
+            if full or plan.due(total, now):
+                # The target is what to wait for; the limit caps what goes.
+                return _fit(chosen, plan.limit), None
+            return [], plan.deadline_ns
+        window = self._max_delay_ns
+        expired = window > 0 and now - oldest >= window
+        if best and not expired:
+            return chosen[:best], None
+        if full or total >= target or window == 0 or expired:
+            return chosen, None
+        return [], oldest + window
+
+
+def _fit(chosen: list[Entry], limit: int) -> list[Entry]:
+    """The leading requests that fit in `limit` samples (always at least one)."""
+    total = 0
+    for count, entry in enumerate(chosen):
+        total += entry.size
+        if total > limit:
+            return chosen[: max(count, 1)]
+    return chosen
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
