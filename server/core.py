@@ -9,10 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from google.protobuf import json_format
-from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
-
+from ge_serve.backends.config_json import config_to_json
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.work import Array, WorkItem
 
@@ -21,6 +18,13 @@ from .errors import ErrorCode, FailureReason, SchedulerClosed, ServerError, requ
 from .lifecycle import ModelLifecycle
 from .logsettings import LogControl
 from .model import ModelVersion
+from .requests import (
+    ResponseQueue,
+    decoupled_unsupported,
+    model_error,
+    request_context,
+    response_of,
+)
 from .sharedmemory import SharedMemoryManager
 from .statistics import ModelStatistics
 from .types import InferRequest, InferResponse, SharedMemoryRef, check_shape
@@ -147,7 +151,9 @@ class InferenceServer:
 
     # --- inference -----------------------------------------------------------------------
 
-    async def infer(self, request: InferRequest) -> InferResponse:
+    async def infer(self, request: InferRequest, endpoint: str = "infer") -> InferResponse:
+        """One request, one response. `endpoint` names the caller in the error a
+        decoupled model answers with (Triton's "HTTP end point", "ModelInfer RPC")."""
         if not self._accepting:
             raise ServerError(ErrorCode.UNAVAILABLE, "Server is shutting down")
         # The front ends check shapes as they decode; this is for in-process callers,
@@ -156,6 +162,8 @@ class InferenceServer:
             check_shape(tensor.shape, tensor.name)
         started = time.monotonic_ns()
         model = self.lifecycle.get(request.model_name, request.model_version)
+        if model.decoupled:
+            raise decoupled_unsupported(endpoint)
         # Like Triton's front ends, shared-memory references are resolved before the
         # request is counted; the views keep their regions mapped until the request ends.
         shm_outputs = self._map_shared_memory(request)
@@ -167,6 +175,8 @@ class InferenceServer:
                     model = self._replacement(request, model)
                 item = prepare(request, model)
                 item.enqueue_ns = started
+                if model.loaded.per_request:
+                    item.context = request_context(request)
                 try:
                     outputs = await model.scheduler.submit(item)
                     break
@@ -175,13 +185,20 @@ class InferenceServer:
                     model = self._replacement(request, model)
             else:
                 raise ServerError(ErrorCode.UNAVAILABLE, "model is being reloaded, retry")
-            response = build_response(request, model, outputs, item.batch_size)
+            if item.context is not None:
+                if item.context.error is not None:
+                    raise model_error(item.context.error)
+                response = response_of(request, model, outputs, item.batch_size)
+            else:
+                response = build_response(request, model, outputs, item.batch_size)
             if shm_outputs:
                 self._write_shared_memory(response, shm_outputs)
         except ServerError as exc:
             self._notify(model, item, exc, started)
             raise
         except asyncio.CancelledError:
+            if item is not None and item.context is not None:
+                item.context.cancelled = True
             self._notify(model, item, request_cancelled(), started)
             raise
         except Exception as exc:
@@ -207,10 +224,62 @@ class InferenceServer:
         response. A decoupled backend may yield zero or more, and the iterator ending is
         Triton's COMPLETE_FINAL flag sent on its own; a streaming front end marks each
         response `triton_final_response: false` and, when the client asked for it, sends an
-        empty final response when the iterator ends. Every backend today answers a request
-        once, so this yields `infer()`'s response.
+        empty final response when the iterator ends. Every backend but a request-level one
+        (Python) answers a request once, so this yields `infer()`'s response.
         """
-        yield await self.infer(request)
+        model = self.lifecycle.get(request.model_name, request.model_version)
+        if not model.decoupled:
+            yield await self.infer(request)
+            return
+        async for response in self._infer_decoupled(request, model):
+            yield response
+
+    async def _infer_decoupled(
+        self, request: InferRequest, model: ModelVersion
+    ) -> AsyncIterator[InferResponse]:
+        """A decoupled model's responses: the request runs through the scheduler like any
+        other (its execution may end long before its responses do), and each response
+        the backend sends comes out as it arrives, until the final flag."""
+        if not self._accepting:
+            raise ServerError(ErrorCode.UNAVAILABLE, "Server is shutting down")
+        for tensor in request.inputs:
+            check_shape(tensor.shape, tensor.name)
+        if any(o.shm is not None for o in request.outputs):
+            raise ServerError(
+                ErrorCode.UNSUPPORTED,
+                "shared-memory outputs are not supported for decoupled models",
+            )
+        started = time.monotonic_ns()
+        self._map_shared_memory(request)
+        sink = ResponseQueue(asyncio.get_running_loop())
+        item: WorkItem | None = None
+        submitted: asyncio.Task[dict[str, Array]] | None = None
+        try:
+            item = prepare(request, model)
+            item.enqueue_ns = started
+            item.context = request_context(request, sink)
+            submitted = asyncio.ensure_future(model.scheduler.submit(item))
+            submitted.add_done_callback(lambda task: _submit_ended(task, sink))
+            while True:
+                outputs, error, final = await sink.get()
+                if error is not None:
+                    raise error
+                if outputs is not None:
+                    yield response_of(request, model, outputs, item.batch_size)
+                if final:
+                    break
+        except ServerError as exc:
+            self._notify(model, item, exc, started)
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            # The client went away: a model that asks is_cancelled() learns it.
+            if item is not None and item.context is not None:
+                item.context.cancelled = True
+            if submitted is not None and not submitted.done():
+                submitted.cancel()
+            self._notify(model, item, request_cancelled(), started)
+            raise
+        self._notify(model, item, None, started)
 
     def _map_shared_memory(
         self, request: InferRequest
@@ -293,52 +362,21 @@ class InferenceServer:
         return self.log_control.update(changes)
 
 
+def _submit_ended(task: asyncio.Task[dict[str, Array]], sink: ResponseQueue) -> None:
+    """A decoupled request's execution ended: only a failure says anything (its
+    responses, and the final flag, come through the sink)."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is None:
+        return
+    if isinstance(exc, ServerError):
+        sink.fail(exc)
+    else:
+        sink.fail(ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
+
+
 def _platform(model: ModelVersion) -> str:
     if model.config.platform:
         return str(model.config.platform)
     return {"onnxruntime": "onnxruntime_onnx", "ge": "npu_ge"}.get(model.backend, model.backend)
-
-
-def config_to_json(config: model_config_pb2.ModelConfig) -> dict[str, Any]:
-    data: dict[str, Any] = json_format.MessageToDict(
-        config,
-        preserving_proto_field_name=True,
-        including_default_value_fields=True,
-    )
-    _ints_as_numbers(config, data)
-    return data
-
-
-_INT64_TYPES = {
-    FieldDescriptor.TYPE_INT64,
-    FieldDescriptor.TYPE_UINT64,
-    FieldDescriptor.TYPE_SINT64,
-    FieldDescriptor.TYPE_FIXED64,
-    FieldDescriptor.TYPE_SFIXED64,
-}
-
-
-def _ints_as_numbers(message: Message, data: dict[str, Any]) -> None:
-    """json_format prints 64-bit integers as strings; Triton prints them as numbers."""
-    for field in message.DESCRIPTOR.fields:
-        if field.name not in data:
-            continue
-        value = getattr(message, field.name)
-        if field.type in _INT64_TYPES:
-            if field.label == FieldDescriptor.LABEL_REPEATED:
-                data[field.name] = [int(v) for v in value]
-            else:
-                data[field.name] = int(value)
-        elif field.type == FieldDescriptor.TYPE_MESSAGE:
-            if field.message_type.GetOptions().map_entry:
-                value_field = field.message_type.fields_by_name["value"]
-                if value_field.type == FieldDescriptor.TYPE_MESSAGE:
-                    for key, sub in value.items():
-                        _ints_as_numbers(sub, data[field.name][str(key)])
-                elif value_field.type in _INT64_TYPES:
-                    data[field.name] = {k: int(v) for k, v in data[field.name].items()}
-            elif field.label == FieldDescriptor.LABEL_REPEATED:
-                for sub, sub_data in zip(value, data[field.name], strict=True):
-                    _ints_as_numbers(sub, sub_data)
-            else:
-                _ints_as_numbers(value, data[field.name])

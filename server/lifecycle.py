@@ -26,6 +26,7 @@ from .errors import (
     unknown_model,
     unknown_version,
 )
+from .health import VersionHealth
 from .model import ModelVersion, tensor_specs
 from .repository import (
     ModelRepository,
@@ -98,6 +99,7 @@ class _Prepared:
     loaded: dict[int, LoadedModel]
     failures: dict[int, str]
     seconds: float
+    health: dict[int, VersionHealth] = field(default_factory=dict)
 
 
 class ModelLifecycle:
@@ -267,7 +269,8 @@ class ModelLifecycle:
         if not record.versions:
             record.reason = ""
         try:
-            prepared = await asyncio.to_thread(self._prepare, source, override.config)
+            loop = asyncio.get_running_loop()
+            prepared = await asyncio.to_thread(self._prepare, source, override.config, loop)
         except ServerError as exc:
             self._fail(record, exc.message)
             raise ServerError(exc.code, f"failed to load '{name}': {exc.message}") from None
@@ -309,7 +312,10 @@ class ModelLifecycle:
                 entry.reason = f"reload failed, this version keeps serving: {reason}"
 
     def _prepare(
-        self, source: ModelSource, override: model_config_pb2.ModelConfig | None
+        self,
+        source: ModelSource,
+        override: model_config_pb2.ModelConfig | None,
+        loop: asyncio.AbstractEventLoop,
     ) -> _Prepared:
         """Blocking: read and complete the config, then load every version it names."""
         started = time.monotonic()
@@ -327,14 +333,17 @@ class ModelLifecycle:
         labels = read_labels(config, source.path)
         loaded: dict[int, LoadedModel] = {}
         failures: dict[int, str] = {}
+        health: dict[int, VersionHealth] = {}
         for version in versions:
             version_dir = source.path / str(version)
+            health[version] = VersionHealth(loop, ModelState.READY, ModelState.UNAVAILABLE)
             spec = ModelSpec(
                 name=config.name,
                 version=version,
                 config=config,
                 model_dir=source.path,
                 model_path=autocomplete.model_file(config, backend, version_dir),
+                events=health[version],
             )
             try:
                 loaded[version] = backend.load(spec)
@@ -342,7 +351,7 @@ class ModelLifecycle:
                 log.exception("loading '%s' version %d failed", config.name, version)
                 failures[version] = f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
         return _Prepared(
-            config, backend, source, labels, loaded, failures, time.monotonic() - started
+            config, backend, source, labels, loaded, failures, time.monotonic() - started, health
         )
 
     async def _install(
@@ -371,6 +380,8 @@ class ModelLifecycle:
                 labels=prepared.labels,
             )
             new_versions[version] = VersionRecord(version, ModelState.READY, "", model)
+            if version in prepared.health:
+                prepared.health[version].bind(new_versions[version])
         for version, reason in prepared.failures.items():
             new_versions[version] = VersionRecord(version, ModelState.UNAVAILABLE, reason)
         old = record.versions
