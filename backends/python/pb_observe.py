@@ -25,9 +25,7 @@ class Logger:
 
     @staticmethod
     def log(message: str, level: int = INFO) -> None:
-        caller = inspect.stack(context=0)[2] if level >= 0 else None
-        where = f"{os.path.basename(caller.filename)}:{caller.lineno}" if caller else ""
-        current().send(("log", int(level), str(message), where))
+        current().send(("log", int(level), str(message), _caller()))
 
     @staticmethod
     def log_info(message: str) -> None:
@@ -44,6 +42,16 @@ class Logger:
     @staticmethod
     def log_verbose(message: str) -> None:
         Logger.log(message, Logger.VERBOSE)
+
+
+def _caller() -> str:
+    """`file:line` of the model code that logged (the first frame outside this module)."""
+    frame = inspect.currentframe()
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 class MetricFamily:

@@ -44,13 +44,19 @@ from .shm import Arena, PeerSegments
 from .tensors import read_tensor
 
 _TRACE_FRAMES = 10
+# Our own frames (this stub calling the model) are not the model's story.
+_OWN_FOLDER = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def describe(exc: BaseException) -> str:
     """An exception as Triton shows a model's: its type and message, then where it was
     raised, innermost frame first."""
     lines = [f"{type(exc).__name__}: {exc}", "", "At:"]
-    frames = traceback.extract_tb(exc.__traceback__)
+    frames = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if not frame.filename.startswith(_OWN_FOLDER)
+    ]
     for frame in reversed(frames[-_TRACE_FRAMES:]):
         lines.append(f"  {frame.filename}({frame.lineno}): {frame.name}")
     return "\n".join(lines) + "\n"

@@ -198,11 +198,15 @@ class WorkerProcess:
     # --- ending ----------------------------------------------------------------------------
 
     def stop(self, timeout: float) -> None:
-        """Close the socket (the worker exits when it sees that), wait, kill if need be."""
+        """Close the socket (the worker exits when it sees that), wait, kill if need be;
+        returns once the worker's end has been handled (its host told)."""
         channel = self._channel
         if channel is not None:
             channel.close()
         self.wait(timeout)
+        reader = self._reader
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(timeout)
 
     def kill(self) -> None:
         if self._process is not None and self._process.poll() is None:
