@@ -137,6 +137,11 @@ class ModelLifecycle:
             return entry.model
         ready = [v for v in record.versions.values() if v.state is ModelState.READY and v.model]
         if not ready:
+            # Loaded, but down on its own for now (a Python model's worker restarting).
+            down = [v for v in record.versions.values() if v.model and v.reason]
+            if down and all(v.state is ModelState.UNAVAILABLE for v in down):
+                reason = max(down, key=lambda v: v.version).reason
+                raise ServerError(ErrorCode.UNAVAILABLE, f"model '{name}' is unavailable: {reason}")
             raise no_available_versions(name)
         best = max(ready, key=lambda v: v.version).model
         assert best is not None

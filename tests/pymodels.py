@@ -121,8 +121,10 @@ class TritonPythonModel:
         return responses
 """
 
-# Sleeps IN seconds, then answers with its process id.
+# Sleeps IN seconds, then answers with its process id. A request parameter "started"
+# names a file it creates as it starts, so a test knows it is executing.
 SLEEPER = """
+import json
 import os
 import time
 
@@ -134,6 +136,9 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
+            started = json.loads(request.parameters()).get("started")
+            if started:
+                open(started, "w").close()
             time.sleep(float(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0]))
             pid = pb_utils.Tensor("PID", np.array([os.getpid()], np.int64))
             responses.append(pb_utils.InferenceResponse([pid]))
