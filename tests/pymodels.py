@@ -145,6 +145,27 @@ class TritonPythonModel:
         return responses
 """
 
+# Never returns from execute (for IN 1): a model that hangs. A "started" parameter names
+# a file it creates first.
+HANGER = """
+import json
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        started = json.loads(requests[0].parameters()).get("started")
+        if started:
+            open(started, "w").close()
+        value = int(pb_utils.get_input_tensor_by_name(requests[0], "IN").as_numpy()[0])
+        while value == 1:
+            time.sleep(0.01)
+        out = pb_utils.get_input_tensor_by_name(requests[0], "IN").as_numpy()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)])]
+"""
+
 # Decoupled: for each element of IN a response (OUT = that element, IDX = its index),
 # DELAY[i] ms apart, from a thread of its own; execute returns after WAIT ms.
 REPEAT = """
@@ -429,6 +450,8 @@ MODELS: dict[str, tuple[str, str]] = {
         """,
     ),
     "failing": (FAILING, _INT_IN_OUT),
+    "hanger": (HANGER, _INT_IN_OUT),
+    "broken_import": ("import no_such_module_anywhere\n", _INT_IN_OUT),
     "sleeper": (
         SLEEPER,
         """

@@ -164,15 +164,15 @@ class Stub:
         runtime.instance_name = payload["instance_name"]
         runtime.decoupled = self.decoupled = bool(payload["decoupled"])
         model_path = Path(payload["model_path"])
-        self.model = model_class(load_module(model_path), model_path)()
-        initialize = getattr(self.model, "initialize", None)
-        if initialize is not None:
-            try:
+        try:
+            self.model = model_class(load_module(model_path), model_path)()
+            initialize = getattr(self.model, "initialize", None)
+            if initialize is not None:
                 result = initialize(dict(payload["args"]))
                 if inspect.isawaitable(result):
                     self._run(result)
-            except BaseException as exc:
-                raise _Failed(f"Failed to initialize Python stub: {describe(exc)}") from exc
+        except BaseException as exc:
+            raise _Failed(f"Failed to initialize Python stub: {describe(exc)}") from exc
 
     def _autocomplete(self, model_path: Path, config_json: str) -> str:
         cls = model_class(load_module(model_path), model_path)

@@ -17,6 +17,7 @@ import numpy as np
 import psutil
 import pymodels
 import pytest
+from polling import poll
 
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.backends.python.backend import PythonBackend
@@ -41,7 +42,11 @@ class Served:
 
 
 async def serve(
-    repo: Path, names: list[str], delay_count: int = 0, errors: dict[str, str] | None = None
+    repo: Path,
+    names: list[str],
+    delay_count: int = 0,
+    errors: dict[str, str] | None = None,
+    unload_timeout_s: float = 10.0,
 ) -> Served:
     """The models loaded (each must load, unless `errors` is given: it gets the reasons)."""
     python = PythonBackend()
@@ -49,7 +54,7 @@ async def serve(
         ModelRepository([repo]),
         {"onnxruntime": OnnxRuntimeBackend(), "python": python},
         functools.partial(make_scheduler, options=SchedulerOptions(delay_count=delay_count)),
-        LifecycleSettings(unload_timeout_s=10.0),
+        LifecycleSettings(unload_timeout_s=unload_timeout_s),
     )
     lifecycle.on_retired.append(lambda model: python.retire(model.loaded))
     core = InferenceServer(lifecycle)
@@ -250,6 +255,36 @@ def _running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+async def test_a_hung_model_holds_only_its_own_requests(tmp_path: Path) -> None:
+    pymodels.write(tmp_path, "hanger", "add_sub")
+    found = await serve(tmp_path, ["hanger", "add_sub"], unload_timeout_s=0.5)
+    try:
+        pid = workers_of(found, "hanger")[0]
+        started = tmp_path / "started"
+        hang = request("hanger", IN=np.array([1], np.int32))
+        hang.parameters = {"started": str(started)}
+        stuck = asyncio.ensure_future(found.core.infer(hang))
+        await asyncio.to_thread(poll, started.exists, 10, "the model to start executing")
+        assert not stuck.done()
+        # Everything else goes on.
+        await found.core.infer(request("add_sub", **add_sub_inputs()))
+        # Unloading ends the worker its execute holds, and the request learns why.
+        await found.lifecycle.unload("hanger")
+        with pytest.raises(ServerError, match="was killed by SIGKILL"):
+            await asyncio.wait_for(stuck, 10)
+        assert not _running(pid)
+    finally:
+        await found.lifecycle.close()
+        found.python.close()
+
+
+async def test_a_model_that_cannot_import_is_refused_with_the_reason(tmp_path: Path) -> None:
+    pymodels.write(tmp_path, "broken_import")
+    reason = await load_error(tmp_path, "broken_import")
+    assert "Failed to initialize Python stub: ModuleNotFoundError: No module named" in reason
+    assert "no_such_module_anywhere" in reason and "model.py(1)" in reason
 
 
 # --- decoupled --------------------------------------------------------------------------------
