@@ -265,7 +265,9 @@ class InferenceServer:
                 if error is not None:
                     raise error
                 if outputs is not None:
-                    yield response_of(request, model, outputs, item.batch_size)
+                    response = response_of(request, model, outputs, item.batch_size)
+                    response.final = final
+                    yield response
                 if final:
                     break
         except ServerError as exc:

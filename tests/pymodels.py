@@ -239,6 +239,21 @@ class TritonPythonModel:
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
+# Decoupled, one response that carries the final flag itself.
+ONCE = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            given = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            response = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", given * 2)])
+            sender = request.get_response_sender()
+            sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
 # BLS: passes INPUT0/INPUT1 to the model MODEL_NAME names and answers with its outputs.
 BLS = """
 import triton_python_backend_utils as pb_utils
@@ -474,6 +489,7 @@ MODELS: dict[str, tuple[str, str]] = {
         ]
         """,
     ),
+    "once": (ONCE, "model_transaction_policy { decoupled: true }\n" + _INT_IN_OUT),
     "square": (SQUARE, "model_transaction_policy { decoupled: true }\n" + _INT_IN_OUT),
     "bls": (
         BLS,

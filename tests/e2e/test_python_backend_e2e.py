@@ -27,7 +27,10 @@ from tritonclient.utils import InferenceServerException
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
-MODELS = ("add_sub", "failing", "sleeper", "repeat", "square", "bls", "bls_decoupled", "metrics")
+MODELS = (
+    "add_sub", "failing", "sleeper", "repeat", "square", "once", "bls", "bls_decoupled",
+    "metrics",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +97,8 @@ def stream(server: ServerProcess, sends: list[dict[str, Any]], expected: int) ->
         for send in sends:
             client.async_stream_infer(**send)
         found = [answers.get(timeout=20) for _ in range(expected)]
-        client.stop_stream()
+        client.stop_stream()  # returns once the stream has ended: every response is in
+    assert answers.empty(), f"more than {expected} responses: {answers.get()}"
     for item in found:
         if isinstance(item, InferenceServerException):
             raise item
@@ -145,6 +149,17 @@ def test_square_answers_each_request_as_often_as_it_says(python_server: ServerPr
     for result in found:
         by_id.setdefault(result.get_response().id, []).extend(result.as_numpy("OUT").tolist())
     assert by_id == {"0": [4] * 4, "1": [2] * 2, "3": [1]}
+
+
+@pytest.mark.parametrize("empty_final", [False, True])
+def test_a_response_sent_with_the_final_flag_is_the_final_one(
+    python_server: ServerProcess, empty_final: bool
+) -> None:
+    send = {"model_name": "once", "inputs": grpc_inputs(IN=np.array([21], np.int32))}
+    send["enable_empty_final_response"] = empty_final
+    (found,) = stream(python_server, [send], 1)
+    assert found.as_numpy("OUT").tolist() == [42]
+    assert found.get_response().parameters["triton_final_response"].bool_param is True
 
 
 def test_one_response_endpoints_refuse_a_decoupled_model(python_server: ServerProcess) -> None:
