@@ -254,6 +254,31 @@ class TritonPythonModel:
         return None
 """
 
+# Default mode, but answering through the response sender (execute returns None), from
+# a thread that may outlive execute; a second response is refused.
+SENDER = """
+import threading
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self.answer, args=(request,)).start()
+        return None
+
+    def answer(self, request):
+        given = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+        sender = request.get_response_sender()
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", given + 1)]))
+        try:
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", given)]))
+        except pb_utils.TritonModelException as exc:
+            pb_utils.Logger.log_info("refused: " + str(exc))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
 # BLS: passes INPUT0/INPUT1 to the model MODEL_NAME names and answers with its outputs.
 BLS = """
 import triton_python_backend_utils as pb_utils
@@ -489,6 +514,7 @@ MODELS: dict[str, tuple[str, str]] = {
         ]
         """,
     ),
+    "sender": (SENDER, _INT_IN_OUT),
     "once": (ONCE, "model_transaction_policy { decoupled: true }\n" + _INT_IN_OUT),
     "square": (SQUARE, "model_transaction_policy { decoupled: true }\n" + _INT_IN_OUT),
     "bls": (

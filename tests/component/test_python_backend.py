@@ -287,6 +287,21 @@ async def test_a_model_that_cannot_import_is_refused_with_the_reason(tmp_path: P
     assert "no_such_module_anywhere" in reason and "model.py(1)" in reason
 
 
+async def test_a_default_mode_model_may_answer_through_its_response_sender(
+    served: Open, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="ge_serve.backends.python.model")
+    found = await served("sender")
+    responses = await asyncio.gather(
+        *(found.core.infer(request("sender", IN=np.array([v], np.int32))) for v in (1, 5))
+    )
+    assert [outputs(r)["OUT"].tolist() for r in responses] == [[2], [6]]
+    assert any(
+        "Non-decoupled model cannot send more than one response" in r.getMessage()
+        for r in caplog.records
+    )
+
+
 # --- decoupled --------------------------------------------------------------------------------
 
 
