@@ -43,6 +43,7 @@ _NUMBER_OF = {name: number for number, name in _TYPE_NUMBERS.items()}
 TRITON_STRING_TO_NUMPY: dict[str, Any] = {
     f"TYPE_{'STRING' if name == 'BYTES' else name}": NUMPY_OF[name].type
     for name in _TYPE_NUMBERS.values()
+    if name in NUMPY_OF
 }
 
 
@@ -54,7 +55,7 @@ def triton_string_to_numpy(triton_type_string: str) -> Any:
 def triton_to_numpy_type(data_type: int) -> Any:
     """The numpy type of a ModelConfig DataType number (TYPE_FP32 is 11); None if none."""
     name = _TYPE_NUMBERS.get(int(data_type))
-    return None if name is None else NUMPY_OF[name].type
+    return None if name is None or name not in NUMPY_OF else NUMPY_OF[name].type
 
 
 def numpy_to_triton_type(data_type: Any) -> int | None:

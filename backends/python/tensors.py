@@ -15,11 +15,19 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
 from .shm import EMPTY, Arena, PeerSegments, Region
+
+_BF16: np.dtype[Any] | None
+try:  # a model's execution environment may bring a numpy that ml_dtypes was not built for
+    import ml_dtypes
+
+    _BF16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - then BF16 tensors are not available
+    _BF16 = None
+
 
 Array = npt.NDArray[Any]
 # (name, Triton datatype, shape, region)
@@ -39,8 +47,9 @@ NUMPY_OF: dict[str, np.dtype[Any]] = {
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
     "BYTES": np.dtype(np.object_),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
 }
+if _BF16 is not None:
+    NUMPY_OF["BF16"] = _BF16
 _TRITON_OF: dict[np.dtype[Any], str] = {
     dtype: name for name, dtype in NUMPY_OF.items() if name != "BYTES"
 }
