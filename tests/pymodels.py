@@ -279,6 +279,29 @@ class TritonPythonModel:
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
+# Asks the server which models are ready, and tries to load one (OUT: ready add_sub,
+# ready no_such_model, the load refused).
+READY_PROBE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        try:
+            pb_utils.load_model(model_name="no_such_model")
+            refused = False
+        except pb_utils.TritonModelException:
+            refused = True
+        found = [
+            pb_utils.is_model_ready(model_name="add_sub"),
+            pb_utils.is_model_ready("no_such_model", "1"),
+            refused,
+        ]
+        out = pb_utils.Tensor("OUT", np.array(found, np.int32))
+        return [pb_utils.InferenceResponse([out]) for _ in requests]
+"""
+
 # BLS: passes INPUT0/INPUT1 to the model MODEL_NAME names and answers with its outputs.
 BLS = """
 import triton_python_backend_utils as pb_utils
@@ -515,6 +538,13 @@ MODELS: dict[str, tuple[str, str]] = {
         """,
     ),
     "sender": (SENDER, _INT_IN_OUT),
+    "ready_probe": (
+        READY_PROBE,
+        """
+        input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 3 ] } ]
+        """,
+    ),
     "once": (ONCE, "model_transaction_policy { decoupled: true }\n" + _INT_IN_OUT),
     "square": (SQUARE, "model_transaction_policy { decoupled: true }\n" + _INT_IN_OUT),
     "bls": (

@@ -357,6 +357,13 @@ async def test_bls_calls_go_through_the_core(served: Open) -> None:
     assert found.core.statistics("add_sub_copy")["model_stats"][0]["inference_count"] == 1
 
 
+async def test_a_model_asks_the_server_which_models_are_ready(served: Open) -> None:
+    found = await served("ready_probe", "add_sub")
+    got = outputs(await found.core.infer(request("ready_probe", IN=np.array([0], np.int32))))
+    # add_sub is ready, no_such_model is not; loading needs the model control API.
+    assert got["OUT"].tolist() == [1, 0, 1]
+
+
 async def test_bls_on_a_decoupled_model_iterates_its_responses(served: Open) -> None:
     found = await served("bls_decoupled", "bls_decoupled_async", "square")
     for value in (4, 2, 0, 1):
