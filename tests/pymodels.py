@@ -302,6 +302,23 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([out]) for _ in requests]
 """
 
+# OUT is IN, whatever its size; TEXT is IN's BYTES twin (each element as text).
+ECHO = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            given = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            text = np.array([str(v).encode() for v in given[:1000]], dtype=object)
+            outputs = [pb_utils.Tensor("OUT", given.copy()), pb_utils.Tensor("TEXT", text)]
+            responses.append(pb_utils.InferenceResponse(outputs))
+        return responses
+"""
+
 # BLS: passes INPUT0/INPUT1 to the model MODEL_NAME names and answers with its outputs.
 BLS = """
 import triton_python_backend_utils as pb_utils
@@ -534,6 +551,16 @@ MODELS: dict[str, tuple[str, str]] = {
         output [
           { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },
           { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] }
+        ]
+        """,
+    ),
+    "echo": (
+        ECHO,
+        """
+        input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        output [
+          { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] },
+          { name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] }
         ]
         """,
     ),

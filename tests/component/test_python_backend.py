@@ -194,6 +194,15 @@ async def test_dynamic_batching_hands_execute_each_request(served: Open) -> None
     assert stats["inference_count"] == 4 and stats["execution_count"] == 1
 
 
+async def test_tensors_larger_than_a_segment_cross_both_ways(served: Open) -> None:
+    found = await served("echo")
+    for size in (5, 6_000_000, 3, 6_000_000):  # 24 MB: past the first 16 MiB segment
+        given = np.arange(size, dtype=np.float32)
+        got = outputs(await found.core.infer(request("echo", IN=given)))
+        np.testing.assert_array_equal(got["OUT"], given)
+        assert got["TEXT"][:3].tolist() == [b"0.0", b"1.0", b"2.0"]
+
+
 async def test_a_model_error_fails_only_its_request(served: Open) -> None:
     found = await served("failing")
 
