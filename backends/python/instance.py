@@ -239,10 +239,11 @@ class PythonInstance:
             context.error = error
 
     def _died(self, reason: str) -> ModelError:
+        then = "it was being unloaded" if self._closing.is_set() else "it is being restarted"
         return ModelError(
             "UNAVAILABLE",
             f"model instance '{self.spec.instance_name}' of '{self.spec.model_name}' failed: "
-            f"{reason}; it is being restarted",
+            f"{reason}; {then}",
         )
 
     # --- the worker's own messages (its reader thread) -----------------------------------
