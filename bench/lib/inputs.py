@@ -9,13 +9,10 @@ its directory of raw files.
     arrays = make_sample(specs, seed=0)
     write_json(arrays, Path("bench/.cache/inputs/simple.json"))       # --input-data FILE
     write_directory(arrays, Path("bench/.cache/inputs/simple_dir"))  # --input-data DIR
-
-CLI: python3 bench/inputs.py MODEL_DIR_OR_CONFIG OUT.json [--seed N] [--int-high N]
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 from collections.abc import Mapping, Sequence
@@ -171,19 +168,3 @@ def input_json_for(
     """One call: config.pbtxt (or model folder) -> perf_analyzer JSON at `out`."""
     specs = specs_from_config(config)
     return write_json(make_sample(specs, seed, int_high, variable_dim), out)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("config", type=Path, help="model folder or config.pbtxt")
-    parser.add_argument("out", type=Path, help="JSON file to write")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--int-high", type=int, default=16)
-    parser.add_argument("--variable-dim", type=int, default=8)
-    args = parser.parse_args(argv)
-    print(input_json_for(args.config, args.out, args.seed, args.int_high, args.variable_dim))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -7,24 +7,18 @@ exactly as the tests do: `python -m ge_serve.server.cli` with the caller's PYTHO
         srv.http_url, srv.grpc_url     # "127.0.0.1:PORT", as perf_analyzer's -u wants
         srv.metrics_url, srv.process.pid
         grpc_ready(srv)                # False when the branch has no gRPC front end yet
-
-Run as a script it serves until Ctrl-C: python3 bench/server.py REPO [-- FLAGS]
 """
 
 from __future__ import annotations
 
-import argparse
 import shutil
-import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parent
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 # tests/ is not a package: put it on the path to share its launcher, as pytest does.
 if str(REPO_ROOT / "tests") not in sys.path:
     sys.path.append(str(REPO_ROOT / "tests"))
@@ -76,22 +70,3 @@ def grpc_ready(server: ServerProcess, timeout: float = 5.0) -> bool:
             time.sleep(0.1)
     finally:
         client.close()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="serve a repository on free ports")
-    parser.add_argument("repo", type=Path, nargs="+")
-    parser.add_argument("flags", nargs="*", help="after --: ge-serve flags")
-    args = parser.parse_args(argv)
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with serve(args.repo, args.flags) as srv:
-        print(f"http {srv.http_url}  grpc {srv.grpc_url}  metrics {srv.metrics_url}", flush=True)
-        while not stop.wait(0.5) and srv.alive():
-            pass
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

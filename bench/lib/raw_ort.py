@@ -9,15 +9,10 @@ once in threads, as the server's slots do, and samples/s is their sum.
     result = measure_raw(Path("bench/.cache/models/onnx/resnet18_like.onnx"))
     result["best"]["samples_per_s"], result["best"]["batch_size"]
     for row in result["rows"]: row["batch_size"], row["samples_per_s"], row["p50_ms"]
-
-CLI: python3 bench/raw_ort.py MODEL.onnx|MODEL_DIR [--batch-sizes 1 2 4 8 16 32]
-     [--seconds 2] [--slots 1] [--config config.pbtxt] [--json]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import threading
 import time
 from collections.abc import Sequence
@@ -26,8 +21,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import onnxruntime as ort
-from inputs import InputSpec, make_array
 
+from bench.lib.inputs import InputSpec, make_array
 from ge_serve.backends.onnxruntime import default_intra_threads, session_options
 from ge_serve.protos import model_config_pb2
 
@@ -212,34 +207,3 @@ def measure_raw(
         "rows": rows,
         "best": best,
     }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="raw onnxruntime samples/s by batch size")
-    parser.add_argument("model", type=Path, help="model.onnx or a model folder")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(DEFAULT_BATCH_SIZES))
-    parser.add_argument("--seconds", type=float, default=2.0, help="per batch size")
-    parser.add_argument("--slots", type=int, help="sessions in parallel (default: config's)")
-    parser.add_argument("--config", type=Path, help="config.pbtxt for thread parameters")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    result = measure_raw(args.model, args.batch_sizes, args.seconds, args.slots, args.config)
-    if args.json:
-        print(json.dumps(result, indent=1))
-        return 0
-    print(
-        f"{result['model']}: slots={result['slots']} intra_op_threads={result['intra_op_threads']}"
-    )
-    print(f"{'batch':>5} {'samples/s':>10} {'calls':>6} {'p50 ms':>8} {'p99 ms':>8}")
-    for r in result["rows"]:
-        print(
-            f"{r['batch_size']:>5} {r['samples_per_s']:>10.1f} {r['calls']:>6} "
-            f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f}"
-        )
-    best = result["best"]
-    print(f"best: batch {best['batch_size']}, {best['samples_per_s']:.1f} samples/s")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

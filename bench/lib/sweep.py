@@ -1,7 +1,11 @@
-"""One benchmark run: for each model variant (a repo config plus server flags), start the
+"""One perf_analyzer sweep: for each variant (a repo config plus server flags), start the
 server, run perf_analyzer over each protocol and concurrency, and put raw onnxruntime's best
-from the same run next to every row (measured before and after the server runs, to show
+from the same run next to every row (measured before and after the servers run, to show
 drift). Writes rows JSON, a markdown table and a PNG.
+
+This is the latency profile (p50, p99 and throughput against concurrency): variants run one
+after another, so their throughputs compare the machine's phases as much as the variants.
+Compare configurations with the time-shared runner (timeshare.run_contenders) instead.
 
     variants = [
         Variant("off", "resnet18_like", RepoOptions(max_batch_size=32),
@@ -11,56 +15,35 @@ drift). Writes rows JSON, a markdown table and a PNG.
         Variant("2slots", "resnet18_like", RepoOptions(instances=2)),
     ]
     rows = sweep(variants, protocols=("http", "grpc"), concurrencies=(1, 8, 32),
-                 out=Path("bench/results/batching"))
+                 out=Path("bench/results/latency"))
 
-CLI:
-  python3 bench/sweep.py --out bench/results/x --protocol http grpc --concurrency 1 8 32 \\
-      --variant off model=resnet18_like batching=off \\
-      --variant dyn model=resnet18_like delay_us=2000 preferred=8,16,32 \\
-      --variant adaptive model=resnet18_like batching=on flags="--adaptive-batching true"
-  variant keys: model, batching (on|off), delay_us, preferred, instances, max_batch_size,
-  kind, backend, param.KEY=VALUE, flags="...", extra="raw pbtxt",
+`parse_variant` reads a variant from words (the latency suite's `--variant`):
+  name key=value ...; keys: model, batching (on|off), delay_us, preferred, instances,
+  max_batch_size, kind, backend, param.KEY=VALUE, flags="...", extra="raw pbtxt",
   shm=system (perf_analyzer sends tensors through system shared memory)
-  --quick uses tiny windows (smoke only, figures not quotable).
 """
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inputs import input_json_for
-from models import CACHE, Batching, RepoOptions, ensure_model, make_repo
-from perfa import (
+from bench.lib.inputs import input_json_for
+from bench.lib.models import CACHE, Batching, ensure_model, make_repo
+from bench.lib.perfa import (
     SHARED_MEMORY_KINDS,
     PerfAnalyzerError,
     find_perf_analyzer,
     run_perf_analyzer,
 )
-from raw_ort import DEFAULT_BATCH_SIZES, measure_raw
-from report import add_ratio, markdown_table, plot, save_rows
-
-from server import grpc_ready, serve
-
-
-@dataclass
-class Variant:
-    """One server configuration: the model, its repo options, and extra ge-serve flags.
-    batching=None (no dynamic_batching) needs --disable-auto-complete-config to stay off,
-    which the CLI adds for batching=off."""
-
-    name: str
-    model: str = "resnet18_like"
-    options: RepoOptions = field(default_factory=RepoOptions)
-    flags: Sequence[str] = ()
-    # perf_analyzer's --shared-memory: "system" takes the tensor transport off the socket.
-    shared_memory: str = "none"
+from bench.lib.raw_ort import DEFAULT_BATCH_SIZES, measure_raw
+from bench.lib.report import add_ratio, markdown_table, plot, save_rows
+from bench.lib.server import grpc_ready, serve
+from bench.lib.variants import Variant
 
 
 @dataclass
@@ -83,11 +66,12 @@ def sweep(
     windows: Windows | None = None,
     raw_seconds: float = 2.0,
     use_async: bool = False,
+    note: str = "",
 ) -> list[dict[str, Any]]:
     """Run every variant x protocol x concurrency; returns rows with model, config,
     protocol, concurrency, throughput, p50_us..p99_us, stable, raw_best, ratio_raw, command.
     A protocol whose port does not answer is skipped with a message; a perf_analyzer failure
-    becomes a row with `error`."""
+    becomes a row with `error`. `note` ends OUT.md (e.g. the command)."""
     win = windows or Windows()
     pa = find_perf_analyzer()
     rows: list[dict[str, Any]] = []
@@ -169,6 +153,8 @@ def sweep(
                 f"{b['samples_per_s']:.1f} samples/s before, batch {a['batch_size']} "
                 f"{a['samples_per_s']:.1f} after\n"
             )
+        if note:
+            lines.append(f"\n{note}\n")
         out.with_suffix(".md").write_text("".join(lines))
         ok = [r for r in rows if "throughput" in r]
         if ok:
@@ -218,34 +204,3 @@ def parse_variant(words: Sequence[str]) -> Variant:
         flags.append("--disable-auto-complete-config")
     variant.flags = flags
     return variant
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="benchmark sweep over variants")
-    parser.add_argument("--variant", nargs="+", action="append", required=True)
-    parser.add_argument("--protocol", nargs="+", default=["http"], choices=["http", "grpc"])
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--out", type=Path, required=True, help="path prefix for .json/.md/.png")
-    parser.add_argument("--interval", type=int, default=3000)
-    parser.add_argument("--max-trials", type=int, default=6)
-    parser.add_argument("--stability", type=float, default=20.0)
-    parser.add_argument("--raw-seconds", type=float, default=2.0)
-    parser.add_argument("--async", dest="use_async", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="tiny windows: smoke only")
-    args = parser.parse_args(argv)
-    windows = Windows(args.interval, args.max_trials, args.stability)
-    raw_seconds = args.raw_seconds
-    if args.quick:
-        windows, raw_seconds = Windows(500, 3, 50.0), 0.3
-    variants = [parse_variant(v) for v in args.variant]
-    started = time.monotonic()
-    rows = sweep(
-        variants, args.protocol, args.concurrency, args.out, windows, raw_seconds, args.use_async
-    )
-    print(markdown_table(rows))
-    print(f"wrote {args.out}.json/.md/.png in {time.monotonic() - started:.0f}s")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

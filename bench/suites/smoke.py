@@ -2,7 +2,7 @@
 perf_analyzer on `simple` over HTTP and gRPC at concurrency 1 with tiny windows, run raw
 onnxruntime on the same model, and print one table with the ratio.
 
-    export PYTHONPATH=$(tools/pyroot.sh); python3 bench/smoke.py [--png OUT.png] [--json OUT]
+    python -m bench run smoke [--png OUT.png] [--json OUT]
 
 Exit status: 0 when every part that could run ran (perf_analyzer missing or a branch without
 gRPC is reported as SKIPPED), 1 when perf_analyzer failed against the server.
@@ -18,28 +18,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from inputs import input_json_for
-from perfa import (
+from bench.lib.inputs import input_json_for
+from bench.lib.models import CACHE, EXAMPLES
+from bench.lib.perfa import (
     PerfAnalyzerError,
     PerfAnalyzerUnavailable,
     find_perf_analyzer,
     run_perf_analyzer,
 )
-from raw_ort import measure_raw
-from report import add_ratio, markdown_table, plot, save_rows
+from bench.lib.raw_ort import measure_raw
+from bench.lib.report import add_ratio, markdown_table, plot, save_rows
+from bench.lib.server import grpc_ready, serve
 
-from server import grpc_ready, serve
-
-HERE = Path(__file__).resolve().parent
-EXAMPLES = HERE.parent / "examples" / "models"
-CACHE = HERE / ".cache"
-
+PROG = "python -m bench run smoke"
 # Tiny windows: 500 ms, at most 4 trials, 50 % stability.
 TINY_INTERVAL_MS, TINY_TRIALS, TINY_STABILITY = 500, 4, 50.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--png", type=Path, help="also write a plot")
     parser.add_argument("--json", type=Path, help="also write the rows")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1])
@@ -93,7 +90,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"FAILED perf_analyzer {failure}", file=sys.stderr)
     print(f"smoke took {time.monotonic() - started:.1f}s")
     return 1 if failures else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

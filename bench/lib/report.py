@@ -1,5 +1,7 @@
 """Render benchmark rows (a list of dicts, e.g. from perfa.run_perf_analyzer) as a markdown
-table and a PNG: throughput against concurrency, and latency against throughput.
+table and a PNG: throughput against concurrency and latency against throughput (`plot`),
+ratios with their intervals (`plot_intervals`, for time-shared results), or bars per row
+(`plot_bars`).
 
     rows = [{"model": "simple", "protocol": "http", "config": "dyn", "concurrency": 8,
              "throughput": 2300.0, "p50_us": 3400, "p99_us": 9000}, ...]
@@ -8,13 +10,11 @@ table and a PNG: throughput against concurrency, and latency against throughput.
     plot(rows, Path("bench/results/simple.png"), series=("model", "protocol", "config"))
     save_rows(rows, Path("bench/results/raw/run.json"))
 
-CLI: python3 bench/report.py ROWS.json [--md OUT.md] [--png OUT.png] [--series model protocol]
 Needs matplotlib for the PNG only (`pip install .[bench]`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -182,25 +182,97 @@ def plot(
     return path
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="rows JSON -> markdown table and PNG")
-    parser.add_argument("rows", type=Path, help="JSON list of row objects")
-    parser.add_argument("--md", type=Path)
-    parser.add_argument("--png", type=Path)
-    parser.add_argument("--series", nargs="+", default=["model", "protocol", "config"])
-    parser.add_argument("--columns", nargs="+")
-    parser.add_argument("--title", default="")
-    args = parser.parse_args(argv)
-    rows = load_rows(args.rows)
-    table = markdown_table(rows, args.columns)
-    print(table)
-    if args.md:
-        args.md.parent.mkdir(parents=True, exist_ok=True)
-        args.md.write_text(table)
-    if args.png:
-        print(plot(rows, args.png, args.series, title=args.title))
-    return 0
+def parse_interval(text: Any) -> tuple[float, float] | None:
+    """(low, high) from an interval cell ("0.947-0.974"), None when there is none."""
+    if not isinstance(text, str) or "-" not in text:
+        return None
+    low, _, high = text.partition("-")
+    try:
+        return float(low), float(high)
+    except ValueError:
+        return None
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_intervals(
+    rows: Sequence[Row],
+    path: Path,
+    label: str,
+    panels: Sequence[tuple[str, str, str]],
+    title: str = "",
+) -> Path:
+    """One panel per (value key, interval key, axis title): each row holding the value as a
+    point labelled by `row[label]`, its interval as an error bar, and a line at 1. A panel
+    no row has a value for is left out."""
+    panels = [p for p in panels if any(isinstance(r.get(p[0]), int | float) for r in rows)]
+    if not panels:
+        raise ValueError("no row has a value to plot")
+    plt = _pyplot()
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(6 * len(panels), 0.45 * len(rows) + 1.6), squeeze=False
+    )
+    for ax, (value_key, interval_key, axis_title) in zip(axes[0], panels, strict=True):
+        shown = [r for r in rows if isinstance(r.get(value_key), int | float)]
+        for index, row in enumerate(shown):
+            value = float(row[value_key])
+            found = parse_interval(row.get(interval_key))
+            low, high = found if found else (value, value)
+            # The cells are rounded to 3 decimals: a value may lie just outside its text.
+            spread = [[max(0.0, value - low)], [max(0.0, high - value)]]
+            ax.errorbar([value], [index], xerr=spread, fmt="o", color="C0", capsize=3)
+        ax.set_yticks(range(len(shown)), [str(r[label]) for r in shown], fontsize=8)
+        ax.axvline(1.0, color="grey", linestyle=":", linewidth=1)
+        ax.invert_yaxis()
+        ax.set_xlabel(axis_title)
+        ax.grid(True, axis="x", alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_bars(
+    rows: Sequence[Row],
+    path: Path,
+    label: str,
+    values: Sequence[str],
+    scale: float = 1.0,
+    unit: str = "",
+    title: str = "",
+) -> Path:
+    """Horizontal bars, one group per row (labelled by `row[label]`), one bar per key of
+    `values` (times `scale`)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) * max(1, len(values)) / 2 + 1.6))
+    height = 0.8 / max(1, len(values))
+    for series, key in enumerate(values):
+        positions = [i + series * height for i in range(len(rows))]
+        widths = [float(r.get(key) or 0.0) * scale for r in rows]
+        ax.barh(positions, widths, height=height, label=key.removesuffix("_us"))
+    ax.set_yticks(
+        [i + height * (len(values) - 1) / 2 for i in range(len(rows))],
+        [str(r[label]) for r in rows],
+        fontsize=8,
+    )
+    ax.invert_yaxis()
+    ax.set_xlabel(unit)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,11 +1,12 @@
-"""Raw onnxruntime at one batch size, calling back to back until killed, for bench/timeshare.py.
+"""Raw onnxruntime at one batch size, calling back to back until killed, for the time-shared
+runner (timeshare.RawLoad starts it as a subprocess).
 
 After every call it writes the samples done so far (a float64) to COUNTER, which the driver
 maps and reads without stopping it. The sessions are raw_ort.open_sessions' for `--slots`
 slots (default 1): the settings ge-serve's onnxruntime backend gives that many slots (with
 two, one intra-op thread each), each session called back to back from its own thread.
 
-    python3 bench/raw_worker.py MODEL.onnx|MODEL_DIR BATCH COUNTER [--slots N]
+    python3 -m bench.lib.raw_worker MODEL.onnx|MODEL_DIR BATCH COUNTER [--slots N]
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import onnxruntime as ort
-from raw_ort import batched_feed, open_sessions
+
+from bench.lib.raw_ort import batched_feed, open_sessions
 
 COUNTER_FORMAT = "d"
 COUNTER_BYTES = struct.calcsize(COUNTER_FORMAT)

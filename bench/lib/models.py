@@ -13,15 +13,10 @@ Repositories:
                      batching=Batching(max_queue_delay_us=500, preferred=[8, 16]),
                      instances=2, max_batch_size=32)
     # -> repo/resnet18_like/{config.pbtxt, 1/model.onnx}; serve with --model-repository repo
-
-CLI: python3 bench/models.py [--repo DIR] [--model resnet18_like simple] [--batching]
-     [--delay-us N] [--preferred 8 16] [--instances N] [--max-batch-size N]
-     [--backend onnxruntime] [--param KEY=VALUE ...]
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -34,9 +29,9 @@ import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parent
-CACHE = HERE / ".cache"
+BENCH = Path(__file__).resolve().parent.parent
+REPO_ROOT = BENCH.parent
+CACHE = BENCH / ".cache"
 MODEL_CACHE = CACHE / "models"
 ONNX_CACHE = MODEL_CACHE / "onnx"
 EXAMPLES = REPO_ROOT / "examples" / "models"
@@ -328,35 +323,3 @@ def make_repo(
     _link_or_copy(info.onnx_path, model_dir / "1" / opts.model_filename)
     (model_dir / "config.pbtxt").write_text(text)
     return path
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="build bench models and a repository")
-    parser.add_argument("--repo", type=Path, default=MODEL_CACHE / "default")
-    parser.add_argument("--model", nargs="+", default=list(MODELS), choices=MODELS)
-    parser.add_argument("--batching", action="store_true", help="write dynamic_batching")
-    parser.add_argument("--delay-us", type=int, default=0)
-    parser.add_argument("--preferred", type=int, nargs="*", default=[])
-    parser.add_argument("--instances", type=int, default=1)
-    parser.add_argument("--kind", default="KIND_CPU")
-    parser.add_argument("--max-batch-size", type=int)
-    parser.add_argument("--backend", default="onnxruntime")
-    parser.add_argument("--param", action="append", default=[], help="KEY=VALUE")
-    parser.add_argument("--rebuild", action="store_true", help="regenerate the ONNX files")
-    args = parser.parse_args(argv)
-    params = dict(p.split("=", 1) for p in args.param)
-    batching = Batching(args.delay_us, args.preferred) if args.batching else None
-    for model in args.model:
-        info = ensure_model(model, rebuild=args.rebuild)
-        make_repo(
-            args.repo, model, max_batch_size=args.max_batch_size, batching=batching,
-            instances=args.instances, kind=args.kind, backend=args.backend, params=params,
-        )  # fmt: skip
-        size = info.onnx_path.stat().st_size
-        params_n = parameter_count(onnx.load(str(info.onnx_path), load_external_data=False))
-        print(f"{model}: {args.repo / model} ({params_n / 1e6:.2f}M params, {size / 1e6:.1f} MB)")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

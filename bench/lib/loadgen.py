@@ -1,6 +1,6 @@
 """A small asyncio load generator for what perf_analyzer cannot do: several request classes
 at once, each with its own Triton `priority` and `timeout`, closed-loop (concurrency) or
-open-loop (a fixed request rate). For plain throughput/latency sweeps use perfa.py (C++,
+open-loop (a fixed request rate). For plain throughput/latency sweeps use perfa (C++,
 lighter on the shared cores); use this for mixed-priority runs.
 
     high = LoadClass("high", rate=20, priority=1)          # 20 req/s, open loop
@@ -11,24 +11,19 @@ lighter on the shared cores); use this for mixed-priority runs.
 
 `sample` maps input names to arrays WITH the batch dimension (e.g. inputs.make_sample(...)
 with a leading axis added: `batched(sample)`). Latency is measured around each call, in µs.
-
-CLI: python3 bench/loadgen.py URL MODEL --protocol grpc --class high:rate=20:priority=1
-     --class low:concurrency=32:priority=2 --duration 10 [--config MODEL_DIR]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from inputs import Array, make_sample, specs_from_config
+
+from bench.lib.inputs import Array
 
 DATATYPES: dict[str, str] = {
     "bool": "BOOL",
@@ -231,28 +226,3 @@ def parse_class(text: str) -> LoadClass:
         else:
             raise ValueError(f"unknown load class key {key!r} in {text!r}")
     return cls
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="mixed-priority load generator")
-    parser.add_argument("url", help="host:port")
-    parser.add_argument("model")
-    parser.add_argument("--protocol", default="grpc", choices=["http", "grpc"])
-    parser.add_argument("--class", dest="classes", action="append", required=True)
-    parser.add_argument("--duration", type=float, default=10.0)
-    parser.add_argument("--warmup", type=float, default=1.0)
-    parser.add_argument("--config", type=Path, help="model folder or config.pbtxt for inputs")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    config = args.config or Path(__file__).resolve().parent.parent / "examples/models/simple"
-    sample = batched(make_sample(specs_from_config(config), seed=args.seed))
-    classes = [parse_class(c) for c in args.classes]
-    rows = run_load(
-        args.url, args.protocol, args.model, sample, classes, args.duration, args.warmup
-    )
-    print(json.dumps(rows, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

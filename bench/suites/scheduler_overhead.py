@@ -4,12 +4,14 @@ Closed-loop clients call `submit()` on a scheduler whose executor echoes its inp
 (a `simple`-shaped model: INT32 [-1,16], max batch 8), so nearly all the time is spent on
 the event loop: scheduling, futures, and the client tasks themselves. Reported per
 configuration: requests/s, the event loop thread's CPU time per request (thread_time,
-which leaves out the slot thread), and the mean batch size. The configurations alternate in
-rounds (ABAB...), so drift on a shared machine falls on all of them, and each figure is the
-median of its rounds. `--profile` runs the first configuration once under cProfile instead.
+which leaves out the slot thread), and the mean batch size. The figure to compare is the
+CPU time, which the machine's speed swings move far less than throughput; the
+configurations still alternate in rounds (ABAB...) and each figure is the median of its
+rounds. One process, no servers: the time-shared runner does not apply. `--profile` runs
+the first configuration once under cProfile instead.
 
-    PYTHONPATH=$(tools/pyroot.sh) python3 bench/sched_overhead.py                 # 5 rounds x 1 s
-    PYTHONPATH=$(tools/pyroot.sh) python3 bench/sched_overhead.py --rounds 1 --seconds 0.2
+    python -m bench run scheduler-overhead --json bench/results/scheduler_overhead.json
+    python -m bench run scheduler-overhead --rounds 1 --seconds 0.2             # smoke
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ge_serve.scheduler.work import WorkItem
 
 Array = npt.NDArray[Any]
 
+PROG = "python -m bench run scheduler-overhead"
 CONFIGS = ("off", "static0", "static", "static3ms", "adaptive")
 
 
@@ -64,7 +67,7 @@ class _Loaded:
 
 
 def config_for(name: str) -> model_config_pb2.ModelConfig:
-    """bench/batching.py's variants of `simple`."""
+    """The batching settings of `simple` (bench/lib/variants.py), as configs."""
     config = model_config_pb2.ModelConfig(name="simple", max_batch_size=8)
     if name == "off":
         return config
@@ -143,7 +146,7 @@ async def measure(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 32])
     parser.add_argument("--rounds", type=int, default=5)
@@ -169,7 +172,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,5 +1,5 @@
-"""Run perf_analyzer (from tritonclient 2.51.0's wheel, see setup_perf_analyzer.sh) and parse
-its CSV into a dict.
+"""Run perf_analyzer (from tritonclient 2.51.0's wheel, see bench/setup_perf_analyzer.sh) and
+parse its CSV into a dict.
 
     path, env = find_perf_analyzer()            # raises PerfAnalyzerUnavailable
     row = run_perf_analyzer("simple", "127.0.0.1:8000", "http", concurrency=8,
@@ -12,15 +12,11 @@ memory (Triton's extension) instead of the socket; the server must allow it
 
 Latencies are microseconds, throughput is infer/s. Server-side columns (queue, compute
 input/infer/output) are present only when the server has the `statistics` extension.
-
-CLI: python3 bench/perfa.py MODEL URL [--protocol grpc] [-c 1 8 32] [--input-data F] [-- ARGS]
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
-import json
 import os
 import subprocess
 import tempfile
@@ -28,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-SETUP_SCRIPT = HERE / "setup_perf_analyzer.sh"
+BENCH = Path(__file__).resolve().parent.parent
+SETUP_SCRIPT = BENCH / "setup_perf_analyzer.sh"
 
 # perf_analyzer CSV header -> our key. Verbose CSV (with server statistics) has the
 # Server* columns; without statistics it has "request/response" and "response wait".
@@ -101,11 +97,10 @@ def find_perf_analyzer(install: bool = True) -> tuple[str, dict[str, str]]:
 
 # perf_analyzer copies each request's input into a fresh heap buffer, and glibc hands the
 # freed memory straight back to the kernel (heap trim), so with large tensors every request
-# faults in and zeroes new pages: with the CNN's 600 KB inputs at concurrency 32 that was
-# 76 % of perf_analyzer's CPU (`perf record`: clear_page_erms under memmove), 15.5 % of a
-# core taken from the server on a 2-core machine. Keeping freed memory mapped cuts it to
-# ~6 %. Only the load generator's allocator changes; the server is untouched, and every
-# configuration in a comparison runs with the same setting.
+# faults in and zeroes new pages: most of perf_analyzer's CPU with the CNN's inputs, taken
+# from the server on a machine with few cores (bench/RESULTS.md, "Method"). Keeping freed
+# memory mapped avoids it. Only the load generator's allocator changes; the server is
+# untouched, and every configuration in a comparison runs with the same setting.
 LOADGEN_MALLOC = (
     "glibc.malloc.trim_threshold=268435456"
     ":glibc.malloc.mmap_threshold=33554432"
@@ -312,42 +307,3 @@ def run_sweep(
         )
         for c in concurrencies
     ]
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="perf_analyzer -> JSON rows")
-    parser.add_argument("model")
-    parser.add_argument("url", help="host:port")
-    parser.add_argument("--protocol", default="http", choices=["http", "grpc"])
-    parser.add_argument("-c", "--concurrency", type=int, nargs="+", default=[1])
-    parser.add_argument("--input-data")
-    parser.add_argument("--interval", type=int, default=3000, help="ms per window")
-    parser.add_argument("--max-trials", type=int, default=6)
-    parser.add_argument("--stability", type=float, default=20)
-    parser.add_argument("-b", "--batch-size", type=int, default=1)
-    parser.add_argument(
-        "--shared-memory",
-        default="none",
-        choices=SHARED_MEMORY_KINDS,
-        help="tensors through system shared memory instead of the socket",
-    )
-    parser.add_argument("--output-shared-memory-size", type=int, help="bytes per output")
-    parser.add_argument("extra", nargs="*", help="after --: passed to perf_analyzer")
-    args = parser.parse_args(argv)
-    try:
-        rows = run_sweep(
-            args.model, args.url, args.protocol, args.concurrency, args.input_data, args.extra,
-            measurement_interval_ms=args.interval, max_trials=args.max_trials,
-            stability_percentage=args.stability, batch_size=args.batch_size,
-            shared_memory=args.shared_memory,
-            output_shared_memory_size=args.output_shared_memory_size,
-        )  # fmt: skip
-    except PerfAnalyzerUnavailable as exc:
-        print(f"perf_analyzer unavailable: {exc}")
-        return 2
-    print(json.dumps(rows, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
