@@ -313,6 +313,21 @@ def test_python_m_bench_runs_from_the_repository_root() -> None:
     assert "--from-slices" in proc.stdout
 
 
+RESULTS = REPO_ROOT / "bench" / "results"
+
+
+def test_results_md_lists_exactly_the_stored_results() -> None:
+    # A stored result is listed as `bench/results/NAME` (commands and git paths aside).
+    text = (REPO_ROOT / "bench" / "RESULTS.md").read_text()
+    listed = set(re.findall(r"`bench/results/([\w.-]+)`", text))
+    stored = {p.name for p in RESULTS.iterdir() if p.is_file()}
+    assert listed - stored == set(), "RESULTS.md lists results that are not stored"
+    assert stored - listed == set(), "stored results that RESULTS.md does not list"
+    for name in stored:  # each with the command that writes it
+        prefix = re.sub(r"(_slices|_raw)?\.(md|json|png)$", "", name)
+        assert re.search(rf"--out bench/results/{re.escape(prefix)}\s", text), name
+
+
 def test_no_bench_docstring_names_an_issue() -> None:
     found = [
         f"{path.relative_to(REPO_ROOT)}: {match.group(0)}"
