@@ -313,3 +313,23 @@ def test_metrics_on_is_compared_with_off_and_the_control_with_its_twin() -> None
     assert "ratio" not in rows[metrics.OFF]
     names = [c.name for c in metrics.contenders(16, control=False, data=Path("d.json"))]
     assert names == [metrics.ON, metrics.OFF]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_a_short_run_takes_turns_with_a_server_and_raw_onnxruntime(
+    tmp_path: Path, perf_analyzer: tuple[str, dict[str, str]]
+) -> None:
+    # The whole runner, briefly: a server of its own with its perf_analyzer, and a raw
+    # worker, each counted over the slices it ran; every process ends with the run.
+    data = inputs.input_json_for(SIMPLE, tmp_path / "simple.json")
+    flags = ("--model-control-mode", "explicit", "--load-model", "simple")
+    server = timeshare.ServerContender("s", SIMPLE.parent, flags, "simple", "http", 2, data)
+    raw = timeshare.RawContender("raw b8", models.ensure_model("simple").onnx_path, 8)
+    found = timeshare.run_contenders([server], [raw], cycles=3, slice_s=0.3, warmup_s=0.6)
+    assert [len(found.slices[n]) for n in ("s", "raw b8")] == [3, 3]
+    assert found.threads_lost == {"s": 0}
+    rows = {r["contender"]: r for r in timeshare.versus_rows([found], lambda n: None, "x")}
+    assert rows["s"]["infer/s"] > 0 and rows["raw b8"]["infer/s"] > 0
+    assert rows["s"]["raw best"] == "raw b8"
+    assert (found.mean_batch["s"] or 0) >= 1.0
