@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from serverproc import REPO_ROOT, ServerProcess
 
-from bench.lib import inputs, models, timeshare
+from bench.lib import inputs, models, timeshare, timeshare_summary
 from bench.lib.timeshare import Slice
 from bench.suites import batching
 
@@ -329,7 +329,7 @@ def test_a_short_run_takes_turns_with_a_server_and_raw_onnxruntime(
     found = timeshare.run_contenders([server], [raw], cycles=3, slice_s=0.3, warmup_s=0.6)
     assert [len(found.slices[n]) for n in ("s", "raw b8")] == [3, 3]
     assert found.threads_lost == {"s": 0}
-    rows = {r["contender"]: r for r in timeshare.versus_rows([found], lambda n: None, "x")}
+    rows = {r["contender"]: r for r in timeshare_summary.versus_rows([found], lambda n: None, "x")}
     assert rows["s"]["infer/s"] > 0 and rows["raw b8"]["infer/s"] > 0
     assert rows["s"]["raw best"] == "raw b8"
     assert (found.mean_batch["s"] or 0) >= 1.0

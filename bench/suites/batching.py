@@ -60,15 +60,14 @@ from bench.lib.report import plot_intervals, write_table
 from bench.lib.timeshare import (
     MAX_FROZEN_S,
     Measured,
-    Pooled,
     RawContender,
     ServerContender,
     Slice,
     load_runs,
     run_contenders,
     save_runs,
-    stop_on_sigterm,
 )
+from bench.lib.timeshare_summary import Pooled, stop_on_sigterm
 from bench.lib.variants import TWO_SLOTS, batching_variants, setting
 
 PROG = "python -m bench run batching"

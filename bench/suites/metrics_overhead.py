@@ -29,13 +29,11 @@ from bench.lib.timeshare import (
     MAX_FROZEN_S,
     Measured,
     ServerContender,
-    add_arguments,
     load_runs,
     run_contenders,
     save_runs,
-    stop_on_sigterm,
-    versus_rows,
 )
+from bench.lib.timeshare_summary import add_arguments, stop_on_sigterm, versus_rows
 
 PROG = "python -m bench run metrics-overhead"
 MODEL = "simple"

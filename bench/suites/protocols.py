@@ -34,16 +34,11 @@ from bench.lib.timeshare import (
     Measured,
     RawContender,
     ServerContender,
-    add_arguments,
-    interval_text,
     load_runs,
-    pooled_ratio_interval,
     run_contenders,
     save_runs,
-    slice_work,
-    stop_on_sigterm,
-    versus_rows,
 )
+from bench.lib.timeshare_summary import Pooled, add_arguments, stop_on_sigterm, versus_rows
 
 PROG = "python -m bench run protocols"
 MODEL = "simple"
@@ -80,16 +75,14 @@ def http_for(contender: str) -> str:
 def summarize(label: str, runs: Sequence[Measured]) -> list[dict[str, Any]]:
     """The rows of one concurrency's run (or several, pooled)."""
     rows = versus_rows(runs, http_for, "÷ http", raw_prefix=RAW)
+    pooled = Pooled(runs)
     raw_b1 = f"{RAW}1"
-    work = [{n: slice_work(s) for n, s in run.slices.items()} for run in runs]
-    rates = {r["contender"]: float(r["infer/s"]) for r in rows}
     for row in rows:
         name = row["contender"]
         row["concurrency"] = label
-        if raw_b1 in rates and not name.startswith(RAW):
-            row["÷ raw b1"] = rates[name] / rates[raw_b1]
-            pairs = [(w[name], w[raw_b1]) for w in work if name in w and raw_b1 in w]
-            row["÷ raw b1 90%"] = interval_text(pooled_ratio_interval(pairs))
+        if raw_b1 in pooled.rates and not name.startswith(RAW):
+            row["÷ raw b1"] = pooled.rates[name] / pooled.rates[raw_b1]
+            row["÷ raw b1 90%"] = pooled.interval(name, raw_b1)
     return rows
 
 

@@ -33,13 +33,11 @@ from bench.lib.timeshare import (
     Measured,
     RawContender,
     ServerContender,
-    add_arguments,
     load_runs,
     run_contenders,
     save_runs,
-    stop_on_sigterm,
-    versus_rows,
 )
+from bench.lib.timeshare_summary import add_arguments, stop_on_sigterm, versus_rows
 from bench.lib.variants import Variant
 
 PROG = "python -m bench run slots"
