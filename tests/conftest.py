@@ -1,13 +1,12 @@
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from modelgen import make_lifecycle
 from protocols import PROTOCOLS, Triton
-from serverproc import REPO_ROOT, ServerProcess, running_server
+from serverproc import ServerProcess, running_server
 
 from ge_serve.server.lifecycle import ModelLifecycle
 
@@ -23,10 +22,7 @@ def server() -> Iterator[ServerProcess]:
 def perf_analyzer() -> tuple[str, dict[str, str]]:
     """perf_analyzer (binary, environment) as bench/setup_perf_analyzer.sh set it up; a test
     never installs it, and one that takes this fixture skips, saying why, where it is not."""
-    bench = str(REPO_ROOT / "bench")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    import perfa
+    from bench.lib import perfa
 
     try:
         return perfa.find_perf_analyzer(install=False)
