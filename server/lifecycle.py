@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import shutil
 import time
@@ -27,6 +26,7 @@ from .errors import (
     unknown_version,
 )
 from .model import ModelVersion, tensor_specs
+from .records import ModelState
 from .repository import (
     ModelRepository,
     ModelSource,
@@ -39,13 +39,6 @@ from .repository import (
 log = logging.getLogger(__name__)
 
 SchedulerFactory = Callable[[model_config_pb2.ModelConfig, LoadedModel], Scheduler]
-
-
-class ModelState(enum.Enum):
-    READY = "READY"
-    UNAVAILABLE = "UNAVAILABLE"
-    LOADING = "LOADING"
-    UNLOADING = "UNLOADING"
 
 
 @dataclass(slots=True)
