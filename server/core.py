@@ -20,7 +20,8 @@ from .control import CONTROL_DISABLED, ModelControl
 from .errors import ErrorCode, FailureReason, SchedulerClosed, ServerError, request_cancelled
 from .lifecycle import ModelLifecycle
 from .logsettings import LogControl
-from .model import ModelVersion
+from .model import ModelVersion, TensorSpec
+from .records import ModelMetadata, ServerMetadata, TensorMetadata
 from .sharedmemory import SharedMemoryManager
 from .statistics import ModelStatistics
 from .types import InferRequest, InferResponse, SharedMemoryRef, check_shape
@@ -106,11 +107,11 @@ class InferenceServer:
     def stop_accepting(self) -> None:
         self._accepting = False
 
-    def metadata(self) -> dict[str, Any]:
-        extensions = list(self.info.extensions)
+    def metadata(self) -> ServerMetadata:
+        extensions = self.info.extensions
         if not self.shared_memory.enabled:
-            extensions = [e for e in extensions if e != "system_shared_memory"]
-        return {"name": self.info.name, "version": self.info.version, "extensions": extensions}
+            extensions = tuple(e for e in extensions if e != "system_shared_memory")
+        return ServerMetadata(self.info.name, self.info.version, extensions)
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.lifecycle.is_ready(name, version)
@@ -118,25 +119,22 @@ class InferenceServer:
     def model(self, name: str, version: str = "") -> ModelVersion:
         return self.lifecycle.get(name, version)
 
-    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         model = self.lifecycle.get(name, version)
         record = self.lifecycle.models[name]
-        versions = [str(v) for v in sorted(record.versions) if record.versions[v].model]
-        lead = [-1] if model.max_batch_size > 0 else []
+        versions = tuple(v for v in sorted(record.versions) if record.versions[v].model)
+        lead = (-1,) if model.max_batch_size > 0 else ()
 
-        def describe(specs: dict[str, Any]) -> list[dict[str, Any]]:
-            return [
-                {"name": s.name, "datatype": s.datatype.value, "shape": lead + list(s.dims)}
-                for s in specs.values()
-            ]
+        def describe(specs: dict[str, TensorSpec]) -> tuple[TensorMetadata, ...]:
+            return tuple(TensorMetadata(s.name, s.datatype, lead + s.dims) for s in specs.values())
 
-        return {
-            "name": model.name,
-            "versions": versions,
-            "platform": _platform(model),
-            "inputs": describe(model.inputs),
-            "outputs": describe(model.outputs),
-        }
+        return ModelMetadata(
+            name=model.name,
+            versions=versions,
+            platform=_platform(model),
+            inputs=describe(model.inputs),
+            outputs=describe(model.outputs),
+        )
 
     def model_config(self, name: str, version: str = "") -> model_config_pb2.ModelConfig:
         return self.lifecycle.get(name, version).config

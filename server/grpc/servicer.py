@@ -18,7 +18,7 @@ from ..control import FILE_PREFIX
 from ..core import InferenceServer
 from ..errors import ErrorCode, ServerError, decoding
 from ..types import ParamValue
-from . import codec
+from . import codec, encode
 from .errors import Handler, Undecodable, guard
 from .stream import MAX_IN_FLIGHT, MAX_UNWRITTEN, StreamSession
 
@@ -80,24 +80,13 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: Any
     ) -> pb.ServerMetadataResponse:
-        meta = self.core.metadata()
-        return pb.ServerMetadataResponse(
-            name=meta["name"], version=meta["version"], extensions=meta["extensions"]
-        )
+        return encode.server_metadata(self.core.metadata())
 
     @guard
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: Any
     ) -> pb.ModelMetadataResponse:
-        meta = self.core.model_metadata(request.name, request.version)
-        tensor = pb.ModelMetadataResponse.TensorMetadata
-        return pb.ModelMetadataResponse(
-            name=meta["name"],
-            versions=meta["versions"],
-            platform=meta["platform"],
-            inputs=[tensor(**t) for t in meta["inputs"]],
-            outputs=[tensor(**t) for t in meta["outputs"]],
-        )
+        return encode.model_metadata(self.core.model_metadata(request.name, request.version))
 
     @guard
     async def ModelConfig(

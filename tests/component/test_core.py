@@ -13,6 +13,7 @@ from ge_serve.server.app import make_scheduler
 from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.lifecycle import LifecycleSettings, ModelLifecycle
+from ge_serve.server.records import TensorMetadata
 from ge_serve.server.repository import ModelRepository
 from ge_serve.server.types import DataType, InferRequest, RequestedOutput, Tensor
 
@@ -91,10 +92,14 @@ async def test_health_and_metadata(server: InferenceServer) -> None:
     assert server.model_ready("simple") and server.model_ready("simple", "1")
     assert not server.model_ready("simple", "2") and not server.model_ready("nope")
     metadata = server.metadata()
-    assert metadata["name"] == "triton" and "binary_tensor_data" in metadata["extensions"]
+    assert metadata.name == "triton" and "binary_tensor_data" in metadata.extensions
     model = server.model_metadata("simple_string")
-    assert model["platform"] == "onnxruntime_onnx"
-    assert model["inputs"][0] == {"name": "INPUT0", "datatype": "BYTES", "shape": [-1, 16]}
+    assert (model.name, model.versions, model.platform) == (
+        "simple_string",
+        (1,),
+        "onnxruntime_onnx",
+    )
+    assert model.inputs[0] == TensorMetadata("INPUT0", DataType.BYTES, (-1, 16))
     config = server.model_config_json("image_classifier")
     assert config["output"][0]["label_filename"] == "labels.txt"
 
