@@ -21,9 +21,9 @@ from .errors import ErrorCode, FailureReason, SchedulerClosed, ServerError, requ
 from .lifecycle import ModelLifecycle
 from .logsettings import LogControl
 from .model import ModelVersion, TensorSpec
-from .records import ModelMetadata, ServerMetadata, TensorMetadata
+from .records import ModelMetadata, ModelStatistics, ServerMetadata, TensorMetadata
 from .sharedmemory import SharedMemoryManager
-from .statistics import ModelStatistics
+from .statistics import StatisticsCollector
 from .types import InferRequest, InferResponse, SharedMemoryRef, check_shape
 from .validation import build_response, prepare
 from .wire import tensor_to_raw
@@ -88,7 +88,7 @@ class InferenceServer:
         self.control = control
         self.info = info or ServerInfo()
         self.strict_readiness = strict_readiness
-        self.stats = ModelStatistics(lifecycle)
+        self.stats = StatisticsCollector(lifecycle)
         self.log_control = log_control or LogControl()
         self.observers: list[InferObserver] = [self.stats]
         self._live = True
@@ -277,8 +277,9 @@ class InferenceServer:
 
     # --- statistics and logging -----------------------------------------------------------
 
-    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        """Triton's statistics extension: `{"model_stats": [...]}`, every field an integer."""
+    def statistics(self, name: str = "", version: str = "") -> tuple[ModelStatistics, ...]:
+        """Triton's statistics extension: every model's, one model's or one version's,
+        by name then version."""
         return self.stats.statistics(name, version)
 
     def log_settings(self) -> dict[str, Any]:

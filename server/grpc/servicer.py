@@ -8,7 +8,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from google.protobuf import json_format, message_factory
+from google.protobuf import message_factory
 from google.protobuf.message import Message
 
 from ge_serve.protos import grpc_service_pb2 as pb
@@ -124,10 +124,7 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStatistics(
         self, request: pb.ModelStatisticsRequest, context: Any
     ) -> pb.ModelStatisticsResponse:
-        stats = self.core.statistics(request.name, request.version)
-        return json_format.ParseDict(
-            stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True
-        )
+        return encode.statistics(self.core.statistics(request.name, request.version))
 
     # --- repository ----------------------------------------------------------------------
 
