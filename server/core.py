@@ -21,7 +21,7 @@ from .errors import ErrorCode, FailureReason, SchedulerClosed, ServerError, requ
 from .lifecycle import ModelLifecycle
 from .logsettings import LogControl
 from .model import ModelVersion, TensorSpec
-from .records import ModelMetadata, ModelStatistics, ServerMetadata, TensorMetadata
+from .records import ModelMetadata, ModelStatistics, RepositoryEntry, ServerMetadata, TensorMetadata
 from .sharedmemory import SharedMemoryManager
 from .statistics import StatisticsCollector
 from .types import InferRequest, InferResponse, SharedMemoryRef, check_shape
@@ -250,7 +250,7 @@ class InferenceServer:
 
     # --- repository ----------------------------------------------------------------------
 
-    async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+    async def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]:
         """The repository index; the folder scan runs off the event loop."""
         scanned: list[str] = []
         if not ready_only:

@@ -132,19 +132,7 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: Any
     ) -> pb.RepositoryIndexResponse:
-        rows = await self.core.repository_index(request.ready)
-        index = pb.RepositoryIndexResponse.ModelIndex
-        return pb.RepositoryIndexResponse(
-            models=[
-                index(
-                    name=row["name"],
-                    version=row.get("version", ""),
-                    state=row.get("state", ""),
-                    reason=row.get("reason", ""),
-                )
-                for row in rows
-            ]
-        )
+        return encode.repository_index(await self.core.repository_index(request.ready))
 
     @guard
     async def RepositoryModelLoad(

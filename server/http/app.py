@@ -202,7 +202,7 @@ class HttpFrontEnd:
             if not isinstance(flag, bool):
                 raise ServerError(ErrorCode.INVALID_ARG, "'ready' must be a boolean")
             ready = flag
-        return json_response(await self.core.repository_index(ready))
+        return json_response(encode.repository_index(await self.core.repository_index(ready)))
 
     async def repository_load(self, request: Request) -> Response:
         body = await self.read_body(request)

@@ -13,7 +13,12 @@ from ge_serve.server.app import make_scheduler
 from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.lifecycle import LifecycleSettings, ModelLifecycle
-from ge_serve.server.records import TensorMetadata
+from ge_serve.server.records import (
+    ModelState,
+    RepositoryEntry,
+    StatisticDuration,
+    TensorMetadata,
+)
 from ge_serve.server.repository import ModelRepository
 from ge_serve.server.types import DataType, InferRequest, RequestedOutput, Tensor
 
@@ -26,9 +31,12 @@ async def server() -> AsyncIterator[InferenceServer]:
         make_scheduler,
         LifecycleSettings(),
     )
+    # Built first, as the composition root does: statistics count the versions loaded
+    # after the server exists.
+    server = InferenceServer(lifecycle)
     assert await lifecycle.load_many(["simple", "simple_string", "image_classifier"]) == {}
     try:
-        yield InferenceServer(lifecycle)
+        yield server
     finally:
         await lifecycle.close()
 
@@ -102,6 +110,23 @@ async def test_health_and_metadata(server: InferenceServer) -> None:
     assert model.inputs[0] == TensorMetadata("INPUT0", DataType.BYTES, (-1, 16))
     config = server.model_config_json("image_classifier")
     assert config["output"][0]["label_filename"] == "labels.txt"
+
+
+async def test_statistics_and_repository_index(server: InferenceServer) -> None:
+    await server.infer(simple_request(2))
+    (stats,) = server.statistics("simple", "1")
+    assert (stats.name, stats.version, stats.inference_count, stats.execution_count) == (
+        "simple", 1, 2, 1,
+    )  # fmt: skip
+    success = stats.inference_stats.success
+    assert success.count == 1 and success.ns > 0
+    assert stats.inference_stats.fail == StatisticDuration(0, 0)
+    assert [(b.batch_size, b.compute_infer.count) for b in stats.batch_stats] == [(2, 1)]
+    assert [s.name for s in server.statistics()] == ["image_classifier", "simple", "simple_string"]
+    names = ["image_classifier", "simple", "simple_string"]
+    expected = [RepositoryEntry(name, 1, ModelState.READY) for name in names]
+    assert await server.repository_index() == expected
+    assert await server.repository_index(ready_only=True) == expected
 
 
 async def test_errors(server: InferenceServer) -> None:
