@@ -9,10 +9,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from google.protobuf import json_format
-from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
-
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.work import Array, WorkItem
 
@@ -137,11 +133,8 @@ class InferenceServer:
         )
 
     def model_config(self, name: str, version: str = "") -> model_config_pb2.ModelConfig:
+        """The config as loaded (auto-completed); each front end prints it its own way."""
         return self.lifecycle.get(name, version).config
-
-    def model_config_json(self, name: str, version: str = "") -> dict[str, Any]:
-        """The config as Triton prints it: proto field names, every field, ints as numbers."""
-        return config_to_json(self.model_config(name, version))
 
     # --- inference -----------------------------------------------------------------------
 
@@ -296,48 +289,3 @@ def _platform(model: ModelVersion) -> str:
     if model.config.platform:
         return str(model.config.platform)
     return {"onnxruntime": "onnxruntime_onnx", "ge": "npu_ge"}.get(model.backend, model.backend)
-
-
-def config_to_json(config: model_config_pb2.ModelConfig) -> dict[str, Any]:
-    data: dict[str, Any] = json_format.MessageToDict(
-        config,
-        preserving_proto_field_name=True,
-        including_default_value_fields=True,
-    )
-    _ints_as_numbers(config, data)
-    return data
-
-
-_INT64_TYPES = {
-    FieldDescriptor.TYPE_INT64,
-    FieldDescriptor.TYPE_UINT64,
-    FieldDescriptor.TYPE_SINT64,
-    FieldDescriptor.TYPE_FIXED64,
-    FieldDescriptor.TYPE_SFIXED64,
-}
-
-
-def _ints_as_numbers(message: Message, data: dict[str, Any]) -> None:
-    """json_format prints 64-bit integers as strings; Triton prints them as numbers."""
-    for field in message.DESCRIPTOR.fields:
-        if field.name not in data:
-            continue
-        value = getattr(message, field.name)
-        if field.type in _INT64_TYPES:
-            if field.label == FieldDescriptor.LABEL_REPEATED:
-                data[field.name] = [int(v) for v in value]
-            else:
-                data[field.name] = int(value)
-        elif field.type == FieldDescriptor.TYPE_MESSAGE:
-            if field.message_type.GetOptions().map_entry:
-                value_field = field.message_type.fields_by_name["value"]
-                if value_field.type == FieldDescriptor.TYPE_MESSAGE:
-                    for key, sub in value.items():
-                        _ints_as_numbers(sub, data[field.name][str(key)])
-                elif value_field.type in _INT64_TYPES:
-                    data[field.name] = {k: int(v) for k, v in data[field.name].items()}
-            elif field.label == FieldDescriptor.LABEL_REPEATED:
-                for sub, sub_data in zip(value, data[field.name], strict=True):
-                    _ints_as_numbers(sub, sub_data)
-            else:
-                _ints_as_numbers(value, data[field.name])

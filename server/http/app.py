@@ -190,7 +190,7 @@ class HttpFrontEnd:
 
     async def model_config(self, request: Request) -> Response:
         model, version = _model_path(request)
-        return json_response(self.core.model_config_json(model, version))
+        return json_response(encode.config_to_json(self.core.model_config(model, version)))
 
     async def repository_index(self, request: Request) -> Response:
         body = await self.read_body(request)

@@ -108,8 +108,8 @@ async def test_health_and_metadata(server: InferenceServer) -> None:
         "onnxruntime_onnx",
     )
     assert model.inputs[0] == TensorMetadata("INPUT0", DataType.BYTES, (-1, 16))
-    config = server.model_config_json("image_classifier")
-    assert config["output"][0]["label_filename"] == "labels.txt"
+    config = server.model_config("image_classifier")
+    assert config.output[0].label_filename == "labels.txt"
 
 
 async def test_statistics_and_repository_index(server: InferenceServer) -> None:
