@@ -37,6 +37,7 @@ from .lifecycle import LifecycleSettings, ModelLifecycle
 from .logsettings import LogControl, LogSettings
 from .metrics import ServerMetrics
 from .metricsconfig import MetricsConfig
+from .records import ModelState
 from .repository import ModelRepository
 from .resources import DeviceMetricsProvider, ResourceSampler
 from .settings import Settings
@@ -259,14 +260,15 @@ class ServerApp:
 
     def log_model_table(self) -> None:
         rows = self.lifecycle.index()
-        width = max([len(r["name"]) for r in rows] + [5])
+        width = max([len(r.name) for r in rows] + [5])
         lines = [f"{'Model':<{width}} | Version | Status"]
         lines.append("-" * (width + 1) + "+---------+" + "-" * 30)
         for row in rows:
-            status = row["state"] or "UNAVAILABLE"
-            if row["reason"] and row["state"] != "READY":
-                status += f": {row['reason']}"
-            lines.append(f"{row['name']:<{width}} | {row['version']:<7} | {status}")
+            status = row.state.value if row.state is not None else "UNAVAILABLE"
+            if row.reason and row.state is not ModelState.READY:
+                status += f": {row.reason}"
+            version = "" if row.version is None else str(row.version)
+            lines.append(f"{row.name:<{width}} | {version:<7} | {status}")
         log.info("models:\n%s", "\n".join(lines))
 
     async def stop(self) -> None:

@@ -9,10 +9,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from google.protobuf import json_format
-from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
-
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.work import Array, WorkItem
 
@@ -20,9 +16,10 @@ from .control import CONTROL_DISABLED, ModelControl
 from .errors import ErrorCode, FailureReason, SchedulerClosed, ServerError, request_cancelled
 from .lifecycle import ModelLifecycle
 from .logsettings import LogControl
-from .model import ModelVersion
+from .model import ModelVersion, TensorSpec
+from .records import ModelMetadata, ModelStatistics, RepositoryEntry, ServerMetadata, TensorMetadata
 from .sharedmemory import SharedMemoryManager
-from .statistics import ModelStatistics
+from .statistics import StatisticsCollector
 from .types import InferRequest, InferResponse, SharedMemoryRef, check_shape
 from .validation import build_response, prepare
 from .wire import tensor_to_raw
@@ -87,7 +84,7 @@ class InferenceServer:
         self.control = control
         self.info = info or ServerInfo()
         self.strict_readiness = strict_readiness
-        self.stats = ModelStatistics(lifecycle)
+        self.stats = StatisticsCollector(lifecycle)
         self.log_control = log_control or LogControl()
         self.observers: list[InferObserver] = [self.stats]
         self._live = True
@@ -106,11 +103,11 @@ class InferenceServer:
     def stop_accepting(self) -> None:
         self._accepting = False
 
-    def metadata(self) -> dict[str, Any]:
-        extensions = list(self.info.extensions)
+    def metadata(self) -> ServerMetadata:
+        extensions = self.info.extensions
         if not self.shared_memory.enabled:
-            extensions = [e for e in extensions if e != "system_shared_memory"]
-        return {"name": self.info.name, "version": self.info.version, "extensions": extensions}
+            extensions = tuple(e for e in extensions if e != "system_shared_memory")
+        return ServerMetadata(self.info.name, self.info.version, extensions)
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.lifecycle.is_ready(name, version)
@@ -118,32 +115,26 @@ class InferenceServer:
     def model(self, name: str, version: str = "") -> ModelVersion:
         return self.lifecycle.get(name, version)
 
-    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         model = self.lifecycle.get(name, version)
         record = self.lifecycle.models[name]
-        versions = [str(v) for v in sorted(record.versions) if record.versions[v].model]
-        lead = [-1] if model.max_batch_size > 0 else []
+        versions = tuple(v for v in sorted(record.versions) if record.versions[v].model)
+        lead = (-1,) if model.max_batch_size > 0 else ()
 
-        def describe(specs: dict[str, Any]) -> list[dict[str, Any]]:
-            return [
-                {"name": s.name, "datatype": s.datatype.value, "shape": lead + list(s.dims)}
-                for s in specs.values()
-            ]
+        def describe(specs: dict[str, TensorSpec]) -> tuple[TensorMetadata, ...]:
+            return tuple(TensorMetadata(s.name, s.datatype, lead + s.dims) for s in specs.values())
 
-        return {
-            "name": model.name,
-            "versions": versions,
-            "platform": _platform(model),
-            "inputs": describe(model.inputs),
-            "outputs": describe(model.outputs),
-        }
+        return ModelMetadata(
+            name=model.name,
+            versions=versions,
+            platform=_platform(model),
+            inputs=describe(model.inputs),
+            outputs=describe(model.outputs),
+        )
 
     def model_config(self, name: str, version: str = "") -> model_config_pb2.ModelConfig:
+        """The config as loaded (auto-completed); each front end prints it its own way."""
         return self.lifecycle.get(name, version).config
-
-    def model_config_json(self, name: str, version: str = "") -> dict[str, Any]:
-        """The config as Triton prints it: proto field names, every field, ints as numbers."""
-        return config_to_json(self.model_config(name, version))
 
     # --- inference -----------------------------------------------------------------------
 
@@ -252,7 +243,7 @@ class InferenceServer:
 
     # --- repository ----------------------------------------------------------------------
 
-    async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+    async def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]:
         """The repository index; the folder scan runs off the event loop."""
         scanned: list[str] = []
         if not ready_only:
@@ -279,8 +270,9 @@ class InferenceServer:
 
     # --- statistics and logging -----------------------------------------------------------
 
-    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        """Triton's statistics extension: `{"model_stats": [...]}`, every field an integer."""
+    def statistics(self, name: str = "", version: str = "") -> tuple[ModelStatistics, ...]:
+        """Triton's statistics extension: every model's, one model's or one version's,
+        by name then version."""
         return self.stats.statistics(name, version)
 
     def log_settings(self) -> dict[str, Any]:
@@ -297,48 +289,3 @@ def _platform(model: ModelVersion) -> str:
     if model.config.platform:
         return str(model.config.platform)
     return {"onnxruntime": "onnxruntime_onnx", "ge": "npu_ge"}.get(model.backend, model.backend)
-
-
-def config_to_json(config: model_config_pb2.ModelConfig) -> dict[str, Any]:
-    data: dict[str, Any] = json_format.MessageToDict(
-        config,
-        preserving_proto_field_name=True,
-        including_default_value_fields=True,
-    )
-    _ints_as_numbers(config, data)
-    return data
-
-
-_INT64_TYPES = {
-    FieldDescriptor.TYPE_INT64,
-    FieldDescriptor.TYPE_UINT64,
-    FieldDescriptor.TYPE_SINT64,
-    FieldDescriptor.TYPE_FIXED64,
-    FieldDescriptor.TYPE_SFIXED64,
-}
-
-
-def _ints_as_numbers(message: Message, data: dict[str, Any]) -> None:
-    """json_format prints 64-bit integers as strings; Triton prints them as numbers."""
-    for field in message.DESCRIPTOR.fields:
-        if field.name not in data:
-            continue
-        value = getattr(message, field.name)
-        if field.type in _INT64_TYPES:
-            if field.label == FieldDescriptor.LABEL_REPEATED:
-                data[field.name] = [int(v) for v in value]
-            else:
-                data[field.name] = int(value)
-        elif field.type == FieldDescriptor.TYPE_MESSAGE:
-            if field.message_type.GetOptions().map_entry:
-                value_field = field.message_type.fields_by_name["value"]
-                if value_field.type == FieldDescriptor.TYPE_MESSAGE:
-                    for key, sub in value.items():
-                        _ints_as_numbers(sub, data[field.name][str(key)])
-                elif value_field.type in _INT64_TYPES:
-                    data[field.name] = {k: int(v) for k, v in data[field.name].items()}
-            elif field.label == FieldDescriptor.LABEL_REPEATED:
-                for sub, sub_data in zip(value, data[field.name], strict=True):
-                    _ints_as_numbers(sub, sub_data)
-            else:
-                _ints_as_numbers(value, data[field.name])

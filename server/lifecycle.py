@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import shutil
 import time
@@ -27,6 +26,7 @@ from .errors import (
     unknown_version,
 )
 from .model import ModelVersion, tensor_specs
+from .records import ModelState, RepositoryEntry
 from .repository import (
     ModelRepository,
     ModelSource,
@@ -39,13 +39,6 @@ from .repository import (
 log = logging.getLogger(__name__)
 
 SchedulerFactory = Callable[[model_config_pb2.ModelConfig, LoadedModel], Scheduler]
-
-
-class ModelState(enum.Enum):
-    READY = "READY"
-    UNAVAILABLE = "UNAVAILABLE"
-    LOADING = "LOADING"
-    UNLOADING = "UNLOADING"
 
 
 @dataclass(slots=True)
@@ -165,10 +158,10 @@ class ModelLifecycle:
 
     def index(
         self, ready_only: bool = False, scanned: Iterable[str] | None = None
-    ) -> list[dict[str, str]]:
+    ) -> list[RepositoryEntry]:
         """Every model loaded or in the repository; `scanned` is a repository scan the
         caller already made (off the event loop), else the scan happens here."""
-        rows: list[dict[str, str]] = []
+        rows: list[RepositoryEntry] = []
         names = set(self.models)
         if not ready_only:
             if scanned is None:
@@ -179,31 +172,17 @@ class ModelLifecycle:
             record = self.models.get(name)
             if record is None or (not record.versions and not record.reason):
                 if not ready_only:
-                    rows.append({"name": name, "version": "", "state": "", "reason": ""})
+                    rows.append(RepositoryEntry(name))
                 continue
             if not record.versions:
                 if not ready_only:
-                    rows.append(
-                        {
-                            "name": name,
-                            "version": "",
-                            "state": "UNAVAILABLE",
-                            "reason": record.reason,
-                        }
-                    )
+                    rows.append(RepositoryEntry(name, None, ModelState.UNAVAILABLE, record.reason))
                 continue
             for version in sorted(record.versions):
                 entry = record.versions[version]
                 if ready_only and entry.state is not ModelState.READY:
                     continue
-                rows.append(
-                    {
-                        "name": name,
-                        "version": str(version),
-                        "state": entry.state.value,
-                        "reason": entry.reason,
-                    }
-                )
+                rows.append(RepositoryEntry(name, version, entry.state, entry.reason))
         return rows
 
     # --- loading -------------------------------------------------------------------------

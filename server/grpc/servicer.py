@@ -8,7 +8,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from google.protobuf import json_format, message_factory
+from google.protobuf import message_factory
 from google.protobuf.message import Message
 
 from ge_serve.protos import grpc_service_pb2 as pb
@@ -18,7 +18,7 @@ from ..control import FILE_PREFIX
 from ..core import InferenceServer
 from ..errors import ErrorCode, ServerError, decoding
 from ..types import ParamValue
-from . import codec
+from . import codec, encode
 from .errors import Handler, Undecodable, guard
 from .stream import MAX_IN_FLIGHT, MAX_UNWRITTEN, StreamSession
 
@@ -80,24 +80,13 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: Any
     ) -> pb.ServerMetadataResponse:
-        meta = self.core.metadata()
-        return pb.ServerMetadataResponse(
-            name=meta["name"], version=meta["version"], extensions=meta["extensions"]
-        )
+        return encode.server_metadata(self.core.metadata())
 
     @guard
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: Any
     ) -> pb.ModelMetadataResponse:
-        meta = self.core.model_metadata(request.name, request.version)
-        tensor = pb.ModelMetadataResponse.TensorMetadata
-        return pb.ModelMetadataResponse(
-            name=meta["name"],
-            versions=meta["versions"],
-            platform=meta["platform"],
-            inputs=[tensor(**t) for t in meta["inputs"]],
-            outputs=[tensor(**t) for t in meta["outputs"]],
-        )
+        return encode.model_metadata(self.core.model_metadata(request.name, request.version))
 
     @guard
     async def ModelConfig(
@@ -135,10 +124,7 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStatistics(
         self, request: pb.ModelStatisticsRequest, context: Any
     ) -> pb.ModelStatisticsResponse:
-        stats = self.core.statistics(request.name, request.version)
-        return json_format.ParseDict(
-            stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True
-        )
+        return encode.statistics(self.core.statistics(request.name, request.version))
 
     # --- repository ----------------------------------------------------------------------
 
@@ -146,19 +132,7 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: Any
     ) -> pb.RepositoryIndexResponse:
-        rows = await self.core.repository_index(request.ready)
-        index = pb.RepositoryIndexResponse.ModelIndex
-        return pb.RepositoryIndexResponse(
-            models=[
-                index(
-                    name=row["name"],
-                    version=row.get("version", ""),
-                    state=row.get("state", ""),
-                    reason=row.get("reason", ""),
-                )
-                for row in rows
-            ]
-        )
+        return encode.repository_index(await self.core.repository_index(request.ready))
 
     @guard
     async def RepositoryModelLoad(

@@ -22,7 +22,7 @@ from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ErrorCode, ServerError, decoding
 from ge_serve.server.restrictions import RestrictedApis
 
-from . import codec, compression, monitoring, repository, sharedmemory
+from . import codec, compression, encode, monitoring, repository, sharedmemory
 from .errors import error_response, server_error_response
 from .responses import json_response
 from .restricted import RestrictedApiMiddleware
@@ -178,11 +178,11 @@ class HttpFrontEnd:
         return Response(status_code=200 if self.core.ready() else 400)
 
     async def server_metadata(self, request: Request) -> Response:
-        return json_response(self.core.metadata())
+        return json_response(encode.server_metadata(self.core.metadata()))
 
     async def model_metadata(self, request: Request) -> Response:
         model, version = _model_path(request)
-        return json_response(self.core.model_metadata(model, version))
+        return json_response(encode.model_metadata(self.core.model_metadata(model, version)))
 
     async def model_ready(self, request: Request) -> Response:
         model, version = _model_path(request)
@@ -190,7 +190,7 @@ class HttpFrontEnd:
 
     async def model_config(self, request: Request) -> Response:
         model, version = _model_path(request)
-        return json_response(self.core.model_config_json(model, version))
+        return json_response(encode.config_to_json(self.core.model_config(model, version)))
 
     async def repository_index(self, request: Request) -> Response:
         body = await self.read_body(request)
@@ -202,7 +202,7 @@ class HttpFrontEnd:
             if not isinstance(flag, bool):
                 raise ServerError(ErrorCode.INVALID_ARG, "'ready' must be a boolean")
             ready = flag
-        return json_response(await self.core.repository_index(ready))
+        return json_response(encode.repository_index(await self.core.repository_index(ready)))
 
     async def repository_load(self, request: Request) -> Response:
         body = await self.read_body(request)

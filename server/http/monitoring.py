@@ -16,7 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from ge_serve.server.errors import decoding
 
-from . import codec
+from . import codec, encode
 from .errors import error_response
 from .responses import json_response
 from .routing import Endpoint, RouteHost
@@ -32,9 +32,8 @@ def routes(front: RouteHost) -> list[Route]:
 
     async def statistics(request: Request) -> Response:
         params = request.path_params
-        return json_response(
-            core.statistics(str(params.get("model", "")), str(params.get("version", "")))
-        )
+        stats = core.statistics(str(params.get("model", "")), str(params.get("version", "")))
+        return json_response(encode.statistics(stats))
 
     async def logging_settings(request: Request) -> Response:
         if request.method == "GET":
