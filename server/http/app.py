@@ -19,10 +19,12 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ge_serve.server.core import InferenceServer
+from ge_serve.server.drain import DrainGate
 from ge_serve.server.errors import ErrorCode, ServerError, decoding
 from ge_serve.server.restrictions import RestrictedApis
 
 from . import codec, compression, encode, monitoring, repository, sharedmemory
+from .drain import RefuseWhileDraining
 from .errors import error_response, server_error_response
 from .responses import json_response
 from .restricted import RestrictedApiMiddleware
@@ -109,6 +111,8 @@ class HttpFrontEnd:
         self.extra_routes: list[Route] = []
         # Also served by InferShortcut, in front of the route table.
         self.infer_routes = self.versioned("/infer", self.infer, ["POST"])
+        # Closed when the server stops: requests are then refused (see server/drain.py).
+        self.gate = DrainGate()
 
     def route(self, path: str, endpoint: Endpoint, methods: list[str]) -> Route:
         return Route(path, _guard(endpoint), methods=methods)
@@ -138,11 +142,12 @@ class HttpFrontEnd:
         ]
 
     def build(self) -> ASGIApp:
-        """The HTTP application: FastAPI, with the shortcut for inference in front."""
-        app = self.build_fastapi()
-        if self.restrictions:
-            return app
-        return InferShortcut(app, self.infer_routes)
+        """The HTTP application: FastAPI, with the shortcut for inference in front, behind
+        the refusal of requests while the server stops."""
+        app: ASGIApp = self.build_fastapi()
+        if not self.restrictions:
+            app = InferShortcut(app, self.infer_routes)
+        return RefuseWhileDraining(app, self.gate)
 
     def build_fastapi(self) -> FastAPI:
         app = FastAPI(
