@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -71,6 +72,25 @@ class LoadOverride:
     # A private folder named after the model, holding the `file:` overrides. The model
     # loads from it instead of the repository; the lifecycle owns and deletes it.
     folder: Path | None = None
+
+
+class OverrideFolderText:
+    """Rewrites a load failure's text so that it does not show the private folder that
+    holds the `file:` overrides (a path under the server's temp folder, and deleted by
+    the time anyone reads it): a file in it reads as the `file:` name the client gave,
+    the folder itself as "the 'file:' overrides"."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self._roots: list[str] = []
+        if folder is not None:
+            # Longest first, so that a resolved form that extends the other wins.
+            forms = {str(folder), str(folder.resolve())}
+            self._roots = sorted(forms, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for root in self._roots:
+            text = text.replace(root + os.sep, "file:").replace(root, "the 'file:' overrides")
+        return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,19 +265,24 @@ class ModelLifecycle:
                 entry.state = ModelState.LOADING
         if not record.versions:
             record.reason = ""
+        hide = OverrideFolderText(override.folder)
         try:
             prepared = await asyncio.to_thread(self._prepare, source, override.config)
         except ServerError as exc:
-            self._fail(record, exc.message)
-            raise ServerError(exc.code, f"failed to load '{name}': {exc.message}") from None
+            reason = hide(exc.message)
+            self._fail(record, reason)
+            raise ServerError(exc.code, f"failed to load '{name}': {reason}") from None
         except Exception as exc:
-            self._fail(record, str(exc))
-            raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {exc}") from None
+            reason = hide(str(exc))
+            self._fail(record, reason)
+            raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reason}") from None
+        prepared.failures = {v: hide(reason) for v, reason in prepared.failures.items()}
         try:
             await self._install(record, prepared, override.folder)
         except ServerError as exc:
-            self._fail(record, exc.message)
-            raise ServerError(exc.code, f"failed to load '{name}': {exc.message}") from None
+            reason = hide(exc.message)
+            self._fail(record, reason)
+            raise ServerError(exc.code, f"failed to load '{name}': {reason}") from None
         failed = dict(prepared.failures)
         if failed and not prepared.loaded:
             reasons = "; ".join(f"version {v}: {r}" for v, r in sorted(failed.items()))
