@@ -18,7 +18,8 @@ Then the front end lingers, still refusing, until no request has been refused fo
 `QUIET_S`: a client that was between two requests when its last answer came has sent the
 next one, been told, and gone elsewhere by then. Only then are the connections closed. The
 linger is bounded by `LINGER_MAX_S` and by the exit timeout, so that a client that retries
-at once without end cannot hold the process.
+without end cannot hold the process; such a client may still meet grpc core's CANCELLED
+when the connections finally close.
 
 An open gate costs an admitted call one flag test and a counter on each side; the future
 that a drain waits on exists only while it waits.

@@ -176,6 +176,9 @@ class GrpcFrontEnd:
                 grace_s,
             )
         server, self._server = self._server, None
+        # grpc core ends a call that no handler has picked up by then CANCELLED, not
+        # UNAVAILABLE (grpc/grpc#41785); the drain and linger above leave it none but
+        # those of clients that kept retrying through the linger.
         await server.stop(max(deadline - time.monotonic(), 0.0))
         # The calls' ended contexts and aborts form reference cycles with the server; once
         # they are collected grpc releases its poller thread, rather than at exit.
