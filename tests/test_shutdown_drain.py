@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +23,7 @@ import onnxruntime as ort
 import orjson
 import pytest
 import tritonclient.grpc as grpcclient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from modelgen import slow_model, write_model
 from promtext import parse
 from serverproc import ServerProcess, running_server, start_server
@@ -31,8 +33,10 @@ from tritonclient.utils import InferenceServerException
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 ROWS, WIDTH = 16, 256
-# With one instance the requests run one after another, each for a fraction of a second.
-ITERATIONS = 8000
+# One instance runs the requests one after another. The first holds it for seconds, so
+# that the others are all queued behind it before the signal; they take a fraction of one.
+BLOCKER_ITERATIONS = 30_000
+ITERATIONS = 2000
 UNARY, STREAMED = 3, 2
 # What the server log must not show after a clean stop.
 UNCLEAN = ("Traceback", "exiting without waiting", "_poll_wrapper", "grpc-aio-poller")
@@ -53,13 +57,13 @@ def slow_server(tmp_path: Path) -> Iterator[ServerProcess]:
 X = np.random.default_rng(0).standard_normal((ROWS, WIDTH)).astype(np.float32)
 
 
-def slow_inputs() -> list[grpcclient.InferInput]:
+def slow_inputs(iterations: int = ITERATIONS) -> list[grpcclient.InferInput]:
     inputs = [
         grpcclient.InferInput("X", [ROWS, WIDTH], "FP32"),
         grpcclient.InferInput("ITERS", [1], "INT64"),
     ]
     inputs[0].set_data_from_numpy(X)
-    inputs[1].set_data_from_numpy(np.array([ITERATIONS], np.int64))
+    inputs[1].set_data_from_numpy(np.array([iterations], np.int64))
     return inputs
 
 
@@ -100,17 +104,20 @@ def test_sigterm_answers_calls_in_flight_and_refuses_new_ones_unavailable(
     over_http: queue.Queue[httpx.Response] = queue.Queue()
 
     def call(index: int) -> None:
+        iterations = BLOCKER_ITERATIONS if index == 0 else ITERATIONS
         try:
-            answer = client.infer("slow", slow_inputs(), client_timeout=60).as_numpy("Y")
-            unary.put((index, answer))
+            result = client.infer("slow", slow_inputs(iterations), client_timeout=60)
+            unary.put((index, result.as_numpy("Y")))
         except Exception as exc:
             unary.put((index, exc))
 
+    threads = [threading.Thread(target=call, args=(index,)) for index in range(UNARY)]
+    threads[0].start()
+    wait_until(lambda: pending(proc) == 1, 30, "the first request running")
     streamed: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client.start_stream(callback=lambda result, error: streamed.put((result, error)))
     for index in range(STREAMED):
         client.async_stream_infer("slow", slow_inputs(), request_id=f"streamed-{index}")
-    threads = [threading.Thread(target=call, args=(index,)) for index in range(UNARY)]
     threads.append(
         threading.Thread(
             target=lambda: over_http.put(
@@ -118,7 +125,7 @@ def test_sigterm_answers_calls_in_flight_and_refuses_new_ones_unavailable(
             )
         )
     )
-    for thread in threads:
+    for thread in threads[1:]:
         thread.start()
     # Every request has reached the model's queue (or runs) before the signal.
     wait_until(lambda: pending(proc) == UNARY + STREAMED + 1, 30, "every request queued")
@@ -127,6 +134,17 @@ def test_sigterm_answers_calls_in_flight_and_refuses_new_ones_unavailable(
     assert kept.get("/v2/health/ready").status_code == 200
 
     proc.process.send_signal(signal.SIGTERM)
+    # Health turns NOT_SERVING once the server has begun to refuse new work.
+    with grpc.insecure_channel(proc.grpc_url) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        wait_until(
+            lambda: (
+                health.Check(health_pb2.HealthCheckRequest(), timeout=10).status
+                == health_pb2.HealthCheckResponse.NOT_SERVING
+            ),
+            30,
+            "health NOT_SERVING",
+        )
     late = grpcclient.InferenceServerClient(proc.grpc_url)
     refusals = []
     try:
@@ -165,6 +183,8 @@ def test_sigterm_answers_calls_in_flight_and_refuses_new_ones_unavailable(
     y = expected()
     for index in range(UNARY):
         assert not isinstance(answers[index], Exception), answers[index]
+    assert answers[0].shape == (ROWS, WIDTH) and np.isfinite(answers[0]).all()
+    for index in range(1, UNARY):
         np.testing.assert_allclose(answers[index], y, rtol=1e-4, atol=1e-5)
     ids = []
     for result, error in stream_results:

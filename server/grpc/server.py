@@ -160,12 +160,12 @@ class GrpcFrontEnd:
         if self._server is None:
             return
         deadline = time.monotonic() + grace_s
+        self.servicer.drain()
         if self._health_task is not None:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
         await self.health.enter_graceful_shutdown()
-        self.servicer.drain()
         gate = self.servicer.gate
         if await gate.wait_idle(deadline - time.monotonic()):
             await gate.linger(deadline - time.monotonic())
