@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import shutil
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -31,6 +30,7 @@ from .records import ModelState, RepositoryEntry
 from .repository import (
     ModelRepository,
     ModelSource,
+    OverrideFolderText,
     parse_version,
     read_config,
     read_labels,
@@ -72,25 +72,6 @@ class LoadOverride:
     # A private folder named after the model, holding the `file:` overrides. The model
     # loads from it instead of the repository; the lifecycle owns and deletes it.
     folder: Path | None = None
-
-
-class OverrideFolderText:
-    """Rewrites a load failure's text so that it does not show the private folder that
-    holds the `file:` overrides (a path under the server's temp folder, and deleted by
-    the time anyone reads it): a file in it reads as the `file:` name the client gave,
-    the folder itself as "the 'file:' overrides"."""
-
-    def __init__(self, folder: Path | None) -> None:
-        self._roots: list[str] = []
-        if folder is not None:
-            # Longest first, so that a resolved form that extends the other wins.
-            forms = {str(folder), str(folder.resolve())}
-            self._roots = sorted(forms, key=len, reverse=True)
-
-    def __call__(self, text: str) -> str:
-        for root in self._roots:
-            text = text.replace(root + os.sep, "file:").replace(root, "the 'file:' overrides")
-        return text
 
 
 @dataclass(frozen=True, slots=True)
