@@ -25,9 +25,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from modelgen import slow_model, write_model
-from promtext import parse
+from polling import poll
+from promtext import scrape
 from serverproc import ServerProcess, running_server, start_server
-from swapload import wait_until
 from tritonclient.utils import InferenceServerException
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
@@ -76,8 +76,7 @@ def expected() -> npt.NDArray[np.float32]:
 
 
 def pending(proc: ServerProcess) -> float:
-    text = httpx.get(proc.metrics_url, timeout=5).text
-    found = parse(text).find("nv_inference_pending_request_count", model="slow")
+    found = scrape(proc.metrics_url).find("nv_inference_pending_request_count", model="slow")
     return found[0][1] if found else 0.0
 
 
@@ -113,7 +112,7 @@ def test_sigterm_answers_calls_in_flight_and_refuses_new_ones_unavailable(
 
     threads = [threading.Thread(target=call, args=(index,)) for index in range(UNARY)]
     threads[0].start()
-    wait_until(lambda: pending(proc) == 1, 30, "the first request running")
+    poll(lambda: pending(proc) == 1, 30, "the first request running")
     streamed: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client.start_stream(callback=lambda result, error: streamed.put((result, error)))
     for index in range(STREAMED):
@@ -128,7 +127,7 @@ def test_sigterm_answers_calls_in_flight_and_refuses_new_ones_unavailable(
     for thread in threads[1:]:
         thread.start()
     # Every request has reached the model's queue (or runs) before the signal.
-    wait_until(lambda: pending(proc) == UNARY + STREAMED + 1, 30, "every request queued")
+    poll(lambda: pending(proc) == UNARY + STREAMED + 1, 30, "every request queued")
     # A keep-alive connection, open at the signal.
     kept = httpx.Client(base_url=proc.base_url, timeout=30)
     assert kept.get("/v2/health/ready").status_code == 200
@@ -137,7 +136,7 @@ def test_sigterm_answers_calls_in_flight_and_refuses_new_ones_unavailable(
     # Health turns NOT_SERVING once the server has begun to refuse new work.
     with grpc.insecure_channel(proc.grpc_url) as channel:
         health = health_pb2_grpc.HealthStub(channel)
-        wait_until(
+        poll(
             lambda: (
                 health.Check(health_pb2.HealthCheckRequest(), timeout=10).status
                 == health_pb2.HealthCheckResponse.NOT_SERVING
@@ -273,7 +272,7 @@ def test_a_client_that_goes_away_mid_body_is_one_log_line(limited: ServerProcess
     with socket.create_connection(("127.0.0.1", limited.http_port), timeout=30) as sock:
         sock.sendall(head + b"[" + b"0," * 50_000)
     marker = "the client went away after"
-    wait_until(lambda: marker in limited.log(), 30, "the log line")
+    poll(lambda: marker in limited.log(), 30, "the log line")
     assert httpx.get(limited.base_url + "/v2/health/ready").status_code == 200
     log = limited.log()
     lines = [line for line in log.splitlines() if marker in line]
