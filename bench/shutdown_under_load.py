@@ -1,7 +1,8 @@
 """SIGTERM under load: a stopping ge-serve answers every request it took in, and refuses the
 rest in a way a client can retry.
 
-    export PYTHONPATH=$(tools/pyroot.sh); python3 bench/shutdown_under_load.py [--json OUT]
+    export PYTHONPATH=$(tools/pyroot.sh)
+    python -m bench run shutdown [--json OUT]      # or: python3 bench/shutdown_under_load.py
 
 Starts ge-serve (`python -m ge_serve.server.cli --model-repository examples/models`) on free
 loopback ports. 4 HTTP clients (httpx) and 4 gRPC clients (tritonclient.grpc, sync) call
@@ -53,6 +54,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 ROOT = Path(__file__).resolve().parent.parent
+PROG = "python -m bench run shutdown"
 OUTCOMES = ("completed", "refused", "cancelled", "disconnected", "other")
 # Log lines that mean the exit was not clean.
 BAD_LOG_MARKS = ("Traceback", "exiting without waiting", "_poll_wrapper", "grpc-aio-poller")
@@ -300,7 +302,7 @@ def clean(result: dict[str, Any]) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-repository", type=Path, default=ROOT / "examples" / "models")
     parser.add_argument("--http-clients", type=int, default=4)
     parser.add_argument("--grpc-clients", type=int, default=4)
