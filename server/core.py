@@ -13,7 +13,14 @@ from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.work import Array, WorkItem
 
 from .control import CONTROL_DISABLED, ModelControl
-from .errors import ErrorCode, FailureReason, SchedulerClosed, ServerError, request_cancelled
+from .errors import (
+    ErrorCode,
+    FailureReason,
+    SchedulerClosed,
+    ServerError,
+    request_cancelled,
+    shutting_down,
+)
 from .lifecycle import ModelLifecycle
 from .logsettings import LogControl
 from .model import ModelVersion, TensorSpec
@@ -88,6 +95,7 @@ class InferenceServer:
         self.log_control = log_control or LogControl()
         self.observers: list[InferObserver] = [self.stats]
         self._live = True
+        self._draining = False
         self._accepting = True
 
     # --- health and metadata -------------------------------------------------------------
@@ -96,9 +104,14 @@ class InferenceServer:
         return self._live
 
     def ready(self) -> bool:
-        if not (self._live and self._accepting):
+        if not self._live or self._draining or not self._accepting:
             return False
         return self.lifecycle.all_ready() if self.strict_readiness else True
+
+    def begin_draining(self) -> None:
+        """Report not ready from now on, so that balancers send new work elsewhere, while
+        the requests the front ends have taken in are still served."""
+        self._draining = True
 
     def stop_accepting(self) -> None:
         self._accepting = False
@@ -140,7 +153,7 @@ class InferenceServer:
 
     async def infer(self, request: InferRequest) -> InferResponse:
         if not self._accepting:
-            raise ServerError(ErrorCode.UNAVAILABLE, "Server is shutting down")
+            raise shutting_down()
         # The front ends check shapes as they decode; this is for in-process callers,
         # before any shape reaches numpy (shared memory views are shaped below).
         for tensor in request.inputs:

@@ -30,6 +30,7 @@ from .records import ModelState, RepositoryEntry
 from .repository import (
     ModelRepository,
     ModelSource,
+    OverrideFolderText,
     parse_version,
     read_config,
     read_labels,
@@ -245,19 +246,24 @@ class ModelLifecycle:
                 entry.state = ModelState.LOADING
         if not record.versions:
             record.reason = ""
+        hide = OverrideFolderText(override.folder)
         try:
             prepared = await asyncio.to_thread(self._prepare, source, override.config)
         except ServerError as exc:
-            self._fail(record, exc.message)
-            raise ServerError(exc.code, f"failed to load '{name}': {exc.message}") from None
+            reason = hide(exc.message)
+            self._fail(record, reason)
+            raise ServerError(exc.code, f"failed to load '{name}': {reason}") from None
         except Exception as exc:
-            self._fail(record, str(exc))
-            raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {exc}") from None
+            reason = hide(str(exc))
+            self._fail(record, reason)
+            raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reason}") from None
+        prepared.failures = {v: hide(reason) for v, reason in prepared.failures.items()}
         try:
             await self._install(record, prepared, override.folder)
         except ServerError as exc:
-            self._fail(record, exc.message)
-            raise ServerError(exc.code, f"failed to load '{name}': {exc.message}") from None
+            reason = hide(exc.message)
+            self._fail(record, reason)
+            raise ServerError(exc.code, f"failed to load '{name}': {reason}") from None
         failed = dict(prepared.failures)
         if failed and not prepared.loaded:
             reasons = "; ".join(f"version {v}: {r}" for v, r in sorted(failed.items()))

@@ -13,17 +13,19 @@ from typing import Any
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ge_serve.server.core import InferenceServer
+from ge_serve.server.drain import DrainGate
 from ge_serve.server.errors import ErrorCode, ServerError, decoding
 from ge_serve.server.restrictions import RestrictedApis
 
 from . import codec, compression, encode, monitoring, repository, sharedmemory
-from .errors import error_response, server_error_response
+from .drain import DISCARD_MAX_BYTES, RefuseWhileDraining, discard_body, expects_continue
+from .errors import ClosingError, error_response, server_error_response
 from .responses import json_response
 from .restricted import RestrictedApiMiddleware
 from .routing import Endpoint
@@ -109,6 +111,8 @@ class HttpFrontEnd:
         self.extra_routes: list[Route] = []
         # Also served by InferShortcut, in front of the route table.
         self.infer_routes = self.versioned("/infer", self.infer, ["POST"])
+        # Closed when the server stops: requests are then refused (see server/drain.py).
+        self.gate = DrainGate()
 
     def route(self, path: str, endpoint: Endpoint, methods: list[str]) -> Route:
         return Route(path, _guard(endpoint), methods=methods)
@@ -138,11 +142,12 @@ class HttpFrontEnd:
         ]
 
     def build(self) -> ASGIApp:
-        """The HTTP application: FastAPI, with the shortcut for inference in front."""
-        app = self.build_fastapi()
-        if self.restrictions:
-            return app
-        return InferShortcut(app, self.infer_routes)
+        """The HTTP application: FastAPI, with the shortcut for inference in front, behind
+        the refusal of requests while the server stops."""
+        app: ASGIApp = self.build_fastapi()
+        if not self.restrictions:
+            app = InferShortcut(app, self.infer_routes)
+        return RefuseWhileDraining(app, self.gate)
 
     def build_fastapi(self) -> FastAPI:
         app = FastAPI(
@@ -241,24 +246,60 @@ class HttpFrontEnd:
         return Response(payload, media_type=media_type, headers=headers)
 
     async def read_body(self, request: Request) -> bytes:
-        """The request body, size-capped before and after decompression."""
+        """The request body, size-capped before and after decompression.
+
+        A body over the limit is read to its end and dropped (within bounds, see drain.py)
+        before the 400, which then closes the connection, so that a client that writes
+        the whole body before it reads gets the answer rather than a reset. A client that
+        goes away mid-body is one line in the log.
+        """
         limit = self.settings.max_input_size
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise _too_large(int(declared), limit)
-        chunks: list[bytes] = []
+        declared = _declared_length(request)
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(size, limit)
-            chunks.append(chunk)
+        try:
+            if declared is not None and declared > limit:
+                await self._drop_body(request, declared)
+                raise _too_large(declared, limit)
+            chunks: list[bytes] = []
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    await self._drop_body(request, None if declared is None else declared - size)
+                    raise _too_large(size, limit)
+                chunks.append(chunk)
+        except ClientDisconnect:
+            log.info(
+                "%s %s: the client went away after %d of %s body bytes",
+                request.method,
+                request.url.path,
+                size,
+                "?" if declared is None else declared,
+            )
+            raise ServerError(
+                ErrorCode.CANCELLED, "the client went away before the request body ended"
+            ) from None
         body = b"".join(chunks)
         return compression.decode_content(body, request.headers.get("content-encoding"), limit)
 
+    @staticmethod
+    async def _drop_body(request: Request, remaining: int | None) -> None:
+        """Read what is left of an oversized body and drop it, unless it is more than the
+        bound (the connection then closes with it unread) or the client waits for
+        `100 Continue` and so sends none."""
+        if expects_continue(request.scope):
+            return
+        if remaining is not None and remaining > DISCARD_MAX_BYTES:
+            return
+        await discard_body(request.receive)
+
+
+def _declared_length(request: Request) -> int | None:
+    declared = request.headers.get("content-length")
+    return int(declared) if declared is not None and declared.isdigit() else None
+
 
 def _too_large(size: int, limit: int) -> ServerError:
-    return ServerError(
+    return ClosingError(
         ErrorCode.INVALID_ARG,
         f"request body of {size} bytes or more exceeds the maximum input size of {limit} bytes "
         "(--http-max-input-size)",
