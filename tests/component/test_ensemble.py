@@ -1,0 +1,485 @@
+"""Ensembles in process: through the control, the lifecycle and the core, with small ONNX
+step models (tests/ensemblerepo.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from ensemblerepo import (
+    ensemble_config,
+    step,
+    tensor,
+    write_add_sub,
+    write_addk,
+    write_ensemble,
+    write_pipelines,
+)
+from modelgen import add_const_model, lookup_model, make_lifecycle, write_model
+
+from ge_serve.scheduler.base import Scheduler
+from ge_serve.scheduler.work import Array, WorkItem
+from ge_serve.server.control import ControlMode, ControlSettings, ModelControl
+from ge_serve.server.core import InferenceServer
+from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.types import DataType, InferRequest, Tensor
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+async def core(tmp_path: Path) -> AsyncIterator[InferenceServer]:
+    """A core in explicit mode over an empty repository (tests write models into it)."""
+    life = make_lifecycle(tmp_path)
+    control = ModelControl(life, life.repository, ControlSettings(ControlMode.EXPLICIT))
+    try:
+        yield InferenceServer(life, control=control)
+    finally:
+        await life.close()
+
+
+def request(model: str, data: Array, name: str = "IN") -> InferRequest:
+    datatype = DataType.from_numpy(data.dtype)
+    return InferRequest(model_name=model, inputs=[Tensor(name, datatype, data.shape, data)])
+
+
+async def outputs(core: InferenceServer, model: str, data: Array) -> dict[str, Array]:
+    response = await core.infer(request(model, data))
+    return {t.name: t.data for t in response.outputs}
+
+
+def ones(batch: int = 1) -> Array:
+    return np.ones((batch, 4), np.float32)
+
+
+def row(core: InferenceServer, name: str) -> dict[str, str]:
+    (found,) = [r for r in core.lifecycle.index() if r["name"] == name]
+    return found
+
+
+def stats(core: InferenceServer, name: str) -> dict[str, Any]:
+    (found,) = core.statistics(name)["model_stats"]
+    return found
+
+
+# --- running -------------------------------------------------------------------------------
+
+
+async def test_a_chain_runs_its_steps_in_order_and_counts_each_model(
+    tmp_path: Path, core: InferenceServer
+) -> None:
+    write_pipelines(tmp_path)
+    await core.load_model("chain")
+    # Loading the ensemble loaded what it is built on, as Triton's explicit mode does.
+    assert all(core.model_ready(n) for n in ("chain", "add1", "add10"))
+    assert not core.model_ready("add_sub")
+    got = await outputs(core, "chain", np.arange(8, dtype=np.float32).reshape(2, 4))
+    np.testing.assert_array_equal(got["OUT"], np.arange(8).reshape(2, 4) + 11)
+
+    chain, add1, add10 = (stats(core, n) for n in ("chain", "add1", "add10"))
+    for model in (chain, add1, add10):
+        assert (model["inference_count"], model["execution_count"]) == (2, 1)
+        assert model["inference_stats"]["success"]["count"] == 1
+    # The ensemble's compute time is its steps' together, as Triton reports it.
+    for kind in ("compute_input", "compute_infer", "compute_output"):
+        steps = add1["inference_stats"][kind]["ns"] + add10["inference_stats"][kind]["ns"]
+        assert chain["inference_stats"][kind]["ns"] == steps
+    assert chain["batch_stats"][0]["batch_size"] == 2
+    metadata = core.model_metadata("chain")
+    assert metadata["platform"] == "ensemble"
+    assert [i["shape"] for i in metadata["inputs"]] == [[-1, 4]]
+    assert not core.model_config("chain").instance_group
+
+
+class Rendezvous:
+    """Lets submits through only once `count` of them are waiting at the same time: steps
+    run one after another never all get there."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.arrived = 0
+        self.all_in = asyncio.Event()
+
+
+class Gated:
+    """A step model's scheduler that first waits at a rendezvous."""
+
+    def __init__(self, inner: Scheduler, meeting: Rendezvous) -> None:
+        self.inner = inner
+        self.meeting = meeting
+
+    @property
+    def pending(self) -> int:
+        return self.inner.pending
+
+    async def submit(self, item: WorkItem) -> dict[str, Array]:
+        self.meeting.arrived += 1
+        if self.meeting.arrived == self.meeting.count:
+            self.meeting.all_in.set()
+        await asyncio.wait_for(self.meeting.all_in.wait(), 10)
+        return await self.inner.submit(item)
+
+    async def close(self, drain_timeout_s: float) -> None:
+        await self.inner.close(drain_timeout_s)
+
+
+async def test_independent_steps_of_a_diamond_run_at_once(
+    tmp_path: Path, core: InferenceServer
+) -> None:
+    write_pipelines(tmp_path)
+    await core.load_model("diamond")
+    meeting = Rendezvous(2)
+    for name in ("add1", "add10"):
+        model = core.model(name)
+        model.scheduler = Gated(model.scheduler, meeting)
+    got = await outputs(core, "diamond", np.full((1, 4), 3, np.float32))
+    np.testing.assert_array_equal(got["SUM"], np.full((1, 4), 2 * 3 + 11))
+    np.testing.assert_array_equal(got["DIFF"], np.full((1, 4), -9))
+    assert meeting.arrived == 2
+
+
+async def test_steps_of_concurrent_ensemble_requests_batch_together(
+    tmp_path: Path, core: InferenceServer
+) -> None:
+    batching = (
+        "dynamic_batching { preferred_batch_size: [4] max_queue_delay_microseconds: 30000000 }"
+    )
+    write_pipelines(tmp_path, add1_extra=batching)
+    await core.load_model("chain")
+    results = await asyncio.gather(
+        *(outputs(core, "chain", np.full((1, 4), i, np.float32)) for i in range(4))
+    )
+    for i, got in enumerate(results):
+        np.testing.assert_array_equal(got["OUT"], np.full((1, 4), i + 11))
+    add1, add10, chain = (stats(core, n) for n in ("add1", "add10", "chain"))
+    # The four requests' first steps ran as one batch of 4 in the batching model.
+    assert (add1["inference_count"], add1["execution_count"]) == (4, 1)
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in add1["batch_stats"]] == [(4, 1)]
+    assert add10["inference_count"] == 4
+    assert (chain["inference_count"], chain["execution_count"]) == (4, 4)
+
+
+async def test_a_failing_step_fails_the_ensemble_with_its_error(
+    tmp_path: Path, core: InferenceServer
+) -> None:
+    config = (
+        'name: "lookup"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
+        f"input [{tensor('INDEX', 'TYPE_INT64', [1])}]\n"
+        f"output [{tensor('VALUE', 'TYPE_FP32', [1])}]\n"
+    )
+    write_model(tmp_path, "lookup", lookup_model(), config)
+    steps = [step("lookup", {"INDEX": "IN"}, {"VALUE": "OUT"})]
+    pipe = ensemble_config(
+        "pipe", steps, (tensor("IN", "TYPE_INT64", [1]),), (tensor("OUT", "TYPE_FP32", [1]),)
+    )
+    write_ensemble(tmp_path, "pipe", pipe)
+    await core.load_model("pipe")
+    good = await outputs(core, "pipe", np.array([[2]], np.int64))
+    np.testing.assert_array_equal(good["OUT"], [[3.5]])
+    with pytest.raises(ServerError) as caught:
+        await core.infer(request("pipe", np.array([[7]], np.int64)))
+    assert caught.value.code is ErrorCode.INTERNAL
+    assert caught.value.message.startswith("in ensemble 'pipe', ")
+    assert "indices" in caught.value.message  # onnxruntime's own reason
+    for name in ("pipe", "lookup"):
+        assert stats(core, name)["inference_stats"]["fail"]["count"] == 1
+        assert stats(core, name)["inference_stats"]["success"]["count"] == 1
+
+
+async def test_a_bad_request_is_refused_against_the_ensembles_own_inputs(
+    tmp_path: Path, core: InferenceServer
+) -> None:
+    write_pipelines(tmp_path)
+    await core.load_model("chain")
+    with pytest.raises(ServerError) as caught:
+        await core.infer(request("chain", ones(), name="INPUT0"))
+    assert caught.value.message == "unexpected inference input 'INPUT0' for model 'chain'"
+    assert stats(core, "add1")["inference_stats"]["fail"]["count"] == 0
+
+
+# --- load-time validation: one case per kind ----------------------------------------------
+
+ADD1_IN = step("add1", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"})
+# Each case: the ensemble `pipe`'s steps (and config arguments), and Triton's reason.
+INVALID: dict[str, tuple[dict[str, Any], str]] = {
+    "unknown model": (
+        {"steps": [step("nope", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"})]},
+        "ensemble pipe contains models that are not available or ambiguous: nope",
+    ),
+    "unknown step input": (
+        {"steps": [step("add1", {"WRONG": "IN"}, {"OUTPUT0": "OUT"})]},
+        "in ensemble pipe, ensemble tensor IN is mapping to non-existing input WRONG in model add1",
+    ),
+    "unknown step output": (
+        {"steps": [step("add1", {"INPUT0": "IN"}, {"WRONG": "OUT"})]},
+        "in ensemble pipe, ensemble tensor OUT is mapped from non-existing output WRONG in "
+        "model add1",
+    ),
+    "step input not fed": (
+        {"steps": [step("add_sub", {"A": "IN"}, {"SUM": "OUT"})]},
+        "in ensemble pipe, input B in model add_sub is not mapped to any ensemble tensors",
+    ),
+    "cycle": (
+        {
+            "steps": [
+                step("add_sub", {"A": "IN", "B": "back"}, {"SUM": "x"}),
+                step("add1", {"INPUT0": "x"}, {"OUTPUT0": "back"}),
+                step("add10", {"INPUT0": "x"}, {"OUTPUT0": "OUT"}),
+            ]
+        },
+        "circular dependency in ensemble 'pipe': step 0 (model 'add_sub') -> "
+        "step 1 (model 'add1') -> step 0 (model 'add_sub')",
+    ),
+    "cycle between ensembles": (
+        {"steps": [step("pipe2", {"IN": "IN"}, {"OUT": "OUT"})]},
+        "circular dependency between ensembles: pipe -> pipe2 -> pipe",
+    ),
+    "type mismatch": (
+        {"steps": [ADD1_IN], "inputs": [tensor("IN", "TYPE_INT32")]},
+        "in ensemble pipe, ensemble tensor IN: inconsistent data type: TYPE_INT32 is "
+        "inferred from model pipe while TYPE_FP32 is inferred from model add1",
+    ),
+    "shape mismatch": (
+        {
+            "steps": [
+                step("add1", {"INPUT0": "IN"}, {"OUTPUT0": "mid"}),
+                step("wide", {"INPUT0": "mid"}, {"OUTPUT0": "OUT"}),
+            ],
+            "outputs": [tensor("OUT", dims=[8])],
+        },
+        "in ensemble pipe, ensemble tensor mid: inconsistent shape: [-1,4] is inferred from "
+        "model add1 while [-1,8] is inferred from model wide",
+    ),
+    "batch size too large": (
+        {"steps": [ADD1_IN], "max_batch_size": 16},
+        "ensemble pipe allows maximum batch size 16, but it contains model add1 which only "
+        "allows maximum batch size to be 8",
+    ),
+    "output never written": (
+        {
+            "steps": [
+                step("add1", {"INPUT0": "IN"}, {"OUTPUT0": "a"}),
+                step("add_sub", {"A": "a", "B": "ghost"}, {"SUM": "OUT"}),
+            ]
+        },
+        "output 'OUT' for ensemble 'pipe' is not written: at least one of its depending "
+        "tensors, 'ghost', is not connected",
+    ),
+    "output not produced at all": (
+        {"steps": [ADD1_IN], "outputs": [tensor("OUT"), tensor("OTHER")]},
+        "ensemble output 'OTHER' for ensemble pipe' is not used",
+    ),
+    "tensor written twice": (
+        {"steps": [ADD1_IN, step("add10", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"})]},
+        "ensemble tensor 'OUT' can appear in an output map only once for ensemble 'pipe' step 1",
+    ),
+    "tensor never read": (
+        {"steps": [ADD1_IN, step("add10", {"INPUT0": "IN"}, {"OUTPUT0": "spare"})]},
+        "ensemble tensor 'spare' is unused in ensemble 'pipe'",
+    ),
+    "input never read": (
+        {"steps": [ADD1_IN], "inputs": [tensor("IN"), tensor("UNUSED")]},
+        "ensemble input 'UNUSED' for ensemble pipe' is not used",
+    ),
+    "version not loaded": (
+        {"steps": [step("add1", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"}, version=7)]},
+        "ensemble 'pipe' depends on 'add1' whose required version 7 is not loaded.",
+    ),
+    "decoupled step": (
+        {"steps": [step("stream", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"})]},
+        "in ensemble pipe, model stream is decoupled (model_transaction_policy { decoupled: "
+        "true }); ensemble steps must answer each request once",
+    ),
+    "instance group": (
+        {"steps": [ADD1_IN], "extra": "instance_group [{ count: 1 kind: KIND_CPU }]"},
+        "instance group should not be specified for ensemble 'pipe'",
+    ),
+    "no steps": (
+        {"steps": []},
+        "must specify 'step' for ensemble 'pipe'",
+    ),
+}
+
+
+def write_step_models(repo: Path) -> None:
+    write_addk(repo, "add1", 1.0)
+    write_addk(repo, "add10", 10.0)
+    write_add_sub(repo)
+    config = (
+        'name: "wide"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
+        f"input [{tensor('INPUT0', dims=[8])}]\noutput [{tensor('OUTPUT0', dims=[8])}]\n"
+    )
+    write_model(repo, "wide", add_const_model(1.0, 8), config)
+    write_addk(repo, "stream", 1.0, "model_transaction_policy { decoupled: true }")
+    back = [step("pipe", {"IN": "IN"}, {"OUT": "OUT"})]
+    write_ensemble(repo, "pipe2", ensemble_config("pipe2", back))
+
+
+@pytest.mark.parametrize("kind", list(INVALID))
+async def test_an_invalid_ensemble_fails_its_load_and_says_why(
+    kind: str, tmp_path: Path, core: InferenceServer
+) -> None:
+    arguments, reason = INVALID[kind]
+    write_step_models(tmp_path)
+    write_ensemble(tmp_path, "pipe", ensemble_config("pipe", **arguments))
+    with pytest.raises(ServerError) as caught:
+        await core.load_model("pipe")
+    assert caught.value.code is ErrorCode.INVALID_ARG
+    assert caught.value.message == f"failed to load 'pipe': {reason}"
+    state = row(core, "pipe")
+    assert (state["state"], state["reason"]) == ("UNAVAILABLE", reason)
+    assert not core.ready()
+
+
+async def test_a_step_model_that_fails_to_load_leaves_the_ensemble_unavailable(
+    tmp_path: Path, core: InferenceServer
+) -> None:
+    write_pipelines(tmp_path)
+    (tmp_path / "add10" / "1" / "model.onnx").write_bytes(b"not a model")
+    with pytest.raises(ServerError) as caught:
+        await core.load_model("chain")
+    prefix = (
+        "ensemble 'chain' depends on 'add10' which has no loaded version. Model 'add10' "
+        "loading failed with error: "
+    )
+    assert caught.value.message.startswith(f"failed to load 'chain': {prefix}")
+    assert row(core, "chain")["reason"].startswith(prefix)
+    assert row(core, "add10")["state"] == "UNAVAILABLE"
+    assert core.model_ready("add1")
+
+
+# --- ensembles and the models they are built on --------------------------------------------
+
+
+async def test_an_ensemble_missing_a_model_serves_once_the_model_loads(
+    tmp_path: Path, core: InferenceServer
+) -> None:
+    write_pipelines(tmp_path)
+    folder = tmp_path / "add10"
+    folder.rename(tmp_path.parent / f"{tmp_path.name}-add10")
+    reason = "ensemble chain contains models that are not available or ambiguous: add10"
+    with pytest.raises(ServerError, match="not available or ambiguous: add10"):
+        await core.load_model("chain")
+    assert (row(core, "chain")["state"], row(core, "chain")["reason"]) == ("UNAVAILABLE", reason)
+    assert not core.model_ready("add1")  # nothing was loaded for a load that cannot work
+    with pytest.raises(ServerError) as caught:
+        await core.infer(request("chain", ones()))
+    assert caught.value.code is ErrorCode.NOT_FOUND
+
+    (tmp_path.parent / f"{tmp_path.name}-add10").rename(folder)
+    await core.load_model("add10")
+    assert core.model_ready("chain") and core.model_ready("add1")
+    assert row(core, "chain")["reason"] == ""
+    np.testing.assert_array_equal((await outputs(core, "chain", ones()))["OUT"], ones() + 11)
+    assert core.ready()
+
+
+async def test_unloading_a_model_takes_its_ensembles_down_until_it_is_back(
+    tmp_path: Path, core: InferenceServer
+) -> None:
+    write_pipelines(tmp_path)
+    await core.load_model("chain")
+    await core.load_model("diamond")
+    await core.unload_model("add10")
+    for name in ("chain", "diamond"):
+        state = row(core, name)
+        assert state["state"] == "UNAVAILABLE"
+        assert (
+            state["reason"] == f"ensemble '{name}' depends on 'add10' which has no loaded version."
+        )
+    with pytest.raises(ServerError) as caught:
+        await core.infer(request("chain", ones()))
+    assert caught.value.message == "Request for unknown model: 'chain' has no available versions"
+    # Down because of an unload on purpose: strict readiness does not wait for them.
+    assert core.ready() and core.model_ready("add1") and core.model_ready("add_sub")
+
+    await core.load_model("add10")
+    assert core.model_ready("chain") and core.model_ready("diamond")
+    np.testing.assert_array_equal((await outputs(core, "chain", ones()))["OUT"], ones() + 11)
+
+
+async def test_unload_dependents_unloads_what_was_loaded_along_with_an_ensemble(
+    tmp_path: Path, core: InferenceServer
+) -> None:
+    write_pipelines(tmp_path)
+    await core.load_model("add1")  # loaded on its own
+    await core.load_model("chain")  # brings add10 along
+    await core.load_model("diamond")  # brings add_sub along, shares add1 and add10
+
+    await core.unload_model("chain", unload_dependents=True)
+    # add10 still serves diamond, add1 was loaded on its own.
+    assert [core.model_ready(n) for n in ("chain", "add1", "add10")] == [False, True, True]
+    await core.unload_model("diamond")
+    assert core.model_ready("add10") and core.model_ready("add_sub")  # without the flag
+
+    await core.load_model("diamond")
+    await core.unload_model("diamond", unload_dependents=True)
+    ready = {n: core.model_ready(n) for n in ("add1", "add10", "add_sub", "diamond")}
+    assert ready == {"add1": True, "add10": False, "add_sub": False, "diamond": False}
+    assert row(core, "diamond")["reason"] == "unloaded"
+    # Unloaded on purpose, an ensemble does not come back when its models load again.
+    await core.load_model("add10")
+    assert not core.model_ready("diamond") and not core.model_ready("chain")
+
+
+async def test_a_reloaded_step_model_reloads_its_ensembles(
+    tmp_path: Path, core: InferenceServer
+) -> None:
+    write_pipelines(tmp_path)
+    await core.load_model("chain")
+    old = core.model("chain")
+    await outputs(core, "chain", ones())
+    version = tmp_path / "add10" / "2"
+    version.mkdir()
+    (version / "model.onnx").write_bytes(add_const_model(20.0).SerializeToString())
+    await core.load_model("add10")
+    assert core.model("chain") is not old and old.retiring
+    np.testing.assert_array_equal((await outputs(core, "chain", ones()))["OUT"], ones() + 21)
+    # The ensemble's statistics start again with its new version, as after any reload.
+    assert stats(core, "chain")["inference_count"] == 1
+
+    # A step model that no longer fits takes the ensemble down rather than let it run
+    # steps it was not checked against.
+    config = (tmp_path / "add10" / "config.pbtxt").read_text()
+    (tmp_path / "add10" / "config.pbtxt").write_text(
+        config.replace("max_batch_size: 8", "max_batch_size: 4")
+    )
+    await core.load_model("add10")
+    state = row(core, "chain")
+    assert state["state"] == "UNAVAILABLE"
+    assert state["reason"] == (
+        "failed to load 'chain': ensemble chain allows maximum batch size 8, but it contains "
+        "model add10 which only allows maximum batch size to be 4"
+    )
+
+
+async def test_startup_loads_models_before_the_ensembles_built_on_them(tmp_path: Path) -> None:
+    write_pipelines(tmp_path)
+    nested = [
+        step("chain", {"IN": "IN"}, {"OUT": "mid"}),
+        step("add1", {"INPUT0": "mid"}, {"OUTPUT0": "OUT"}),
+    ]
+    write_ensemble(tmp_path, "outer", ensemble_config("outer", nested))
+    life = make_lifecycle(tmp_path)
+    control = ModelControl(life, life.repository, ControlSettings(ControlMode.NONE))
+    loads: list[str] = []
+    life.on_loaded.append(lambda model, seconds: loads.append(model.name))
+    core = InferenceServer(life, control=control)
+    try:
+        assert await control.start() == {}
+        # Every model loaded once, each ensemble after the models it is built on.
+        assert sorted(loads) == ["add1", "add10", "add_sub", "chain", "diamond", "outer"]
+        assert loads.index("chain") < loads.index("outer")
+        assert max(loads.index(n) for n in ("add1", "add10", "add_sub")) < min(
+            loads.index(n) for n in ("chain", "diamond")
+        )
+        assert core.ready()
+        np.testing.assert_array_equal((await outputs(core, "outer", ones()))["OUT"], ones() + 12)
+        assert stats(core, "chain")["inference_count"] == 1  # a nested ensemble counts too
+    finally:
+        await control.stop()
+        await life.close()
