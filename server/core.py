@@ -160,13 +160,16 @@ class InferenceServer:
         # before any shape reaches numpy (shared memory views are shaped below).
         for tensor in request.inputs:
             check_shape(tensor.shape, tensor.name)
-        response, _ = await self._infer(request)
+        started = time.monotonic_ns()
+        model = self.lifecycle.get(request.model_name, request.model_version)
+        response, _ = await self._infer(request, model, started)
         return response
 
     async def infer_step(self, call: StepCall) -> tuple[dict[str, Array], Timings]:
         """One step of an ensemble request, as a request to the step's model: its scheduler
         (so steps batch), its statistics and metrics. The arrays pass as they are; a step
         in flight finishes even once the server stops accepting new requests."""
+        started = time.monotonic_ns()
         model = self.lifecycle.get(call.model_name, call.model_version)
         inputs = []
         for name, array in call.inputs.items():
@@ -180,12 +183,12 @@ class InferenceServer:
             priority=call.priority,
             timeout_us=call.timeout_us,
         )
-        response, item = await self._infer(request)
+        response, item = await self._infer(request, model, started)
         return {tensor.name: tensor.data for tensor in response.outputs}, item.timings
 
-    async def _infer(self, request: InferRequest) -> tuple[InferResponse, WorkItem]:
-        started = time.monotonic_ns()
-        model = self.lifecycle.get(request.model_name, request.model_version)
+    async def _infer(
+        self, request: InferRequest, model: ModelVersion, started: int
+    ) -> tuple[InferResponse, WorkItem]:
         # Like Triton's front ends, shared-memory references are resolved before the
         # request is counted; the views keep their regions mapped until the request ends.
         shm_outputs = self._map_shared_memory(request)
