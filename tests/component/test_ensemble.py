@@ -483,3 +483,29 @@ async def test_startup_loads_models_before_the_ensembles_built_on_them(tmp_path:
     finally:
         await control.stop()
         await life.close()
+
+
+async def test_in_poll_mode_ensembles_follow_their_models(tmp_path: Path) -> None:
+    write_pipelines(tmp_path)
+    life = make_lifecycle(tmp_path)
+    # Polled by hand below; the poller's own interval never comes round.
+    control = ModelControl(life, life.repository, ControlSettings(ControlMode.POLL, (), 3600.0))
+    core = InferenceServer(life, control=control)
+    try:
+        assert await control.start() == {}
+        version = tmp_path / "add10" / "2"
+        version.mkdir()
+        (version / "model.onnx").write_bytes(add_const_model(20.0).SerializeToString())
+        await control.poll_once()
+        np.testing.assert_array_equal((await outputs(core, "chain", ones()))["OUT"], ones() + 21)
+
+        (tmp_path / "add10").rename(tmp_path.parent / f"{tmp_path.name}-gone")
+        await control.poll_once()
+        for name in ("chain", "diamond"):
+            assert row(core, name)["reason"] == (
+                f"ensemble '{name}' depends on 'add10' which has no loaded version."
+            )
+        assert core.ready()
+    finally:
+        await control.stop()
+        await life.close()
