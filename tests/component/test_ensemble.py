@@ -26,6 +26,7 @@ from ge_serve.scheduler.work import Array, WorkItem
 from ge_serve.server.control import ControlMode, ControlSettings, ModelControl
 from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.records import ModelState, ModelStatistics, RepositoryEntry
 from ge_serve.server.types import DataType, InferRequest, Tensor
 
 pytestmark = pytest.mark.timeout(120)
@@ -56,13 +57,13 @@ def ones(batch: int = 1) -> Array:
     return np.ones((batch, 4), np.float32)
 
 
-def row(core: InferenceServer, name: str) -> dict[str, str]:
-    (found,) = [r for r in core.lifecycle.index() if r["name"] == name]
+def row(core: InferenceServer, name: str) -> RepositoryEntry:
+    (found,) = [r for r in core.lifecycle.index() if r.name == name]
     return found
 
 
-def stats(core: InferenceServer, name: str) -> dict[str, Any]:
-    (found,) = core.statistics(name)["model_stats"]
+def stats(core: InferenceServer, name: str) -> ModelStatistics:
+    (found,) = core.statistics(name)
     return found
 
 
@@ -82,16 +83,16 @@ async def test_a_chain_runs_its_steps_in_order_and_counts_each_model(
 
     chain, add1, add10 = (stats(core, n) for n in ("chain", "add1", "add10"))
     for model in (chain, add1, add10):
-        assert (model["inference_count"], model["execution_count"]) == (2, 1)
-        assert model["inference_stats"]["success"]["count"] == 1
+        assert (model.inference_count, model.execution_count) == (2, 1)
+        assert model.inference_stats.success.count == 1
     # The ensemble's compute time is its steps' together, as Triton reports it.
     for kind in ("compute_input", "compute_infer", "compute_output"):
-        steps = add1["inference_stats"][kind]["ns"] + add10["inference_stats"][kind]["ns"]
-        assert chain["inference_stats"][kind]["ns"] == steps
-    assert chain["batch_stats"][0]["batch_size"] == 2
+        steps = sum(getattr(m.inference_stats, kind).ns for m in (add1, add10))
+        assert getattr(chain.inference_stats, kind).ns == steps
+    assert [b.batch_size for b in chain.batch_stats] == [2]
     metadata = core.model_metadata("chain")
-    assert metadata["platform"] == "ensemble"
-    assert [i["shape"] for i in metadata["inputs"]] == [[-1, 4]]
+    assert metadata.platform == "ensemble"
+    assert [i.shape for i in metadata.inputs] == [(-1, 4)]
     assert not core.model_config("chain").instance_group
 
 
@@ -157,10 +158,10 @@ async def test_steps_of_concurrent_ensemble_requests_batch_together(
         np.testing.assert_array_equal(got["OUT"], np.full((1, 4), i + 11))
     add1, add10, chain = (stats(core, n) for n in ("add1", "add10", "chain"))
     # The four requests' first steps ran as one batch of 4 in the batching model.
-    assert (add1["inference_count"], add1["execution_count"]) == (4, 1)
-    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in add1["batch_stats"]] == [(4, 1)]
-    assert add10["inference_count"] == 4
-    assert (chain["inference_count"], chain["execution_count"]) == (4, 4)
+    assert (add1.inference_count, add1.execution_count) == (4, 1)
+    assert [(b.batch_size, b.compute_infer.count) for b in add1.batch_stats] == [(4, 1)]
+    assert add10.inference_count == 4
+    assert (chain.inference_count, chain.execution_count) == (4, 4)
 
 
 async def test_a_failing_step_fails_the_ensemble_with_its_error(
@@ -186,8 +187,8 @@ async def test_a_failing_step_fails_the_ensemble_with_its_error(
     assert caught.value.message.startswith("in ensemble 'pipe', ")
     assert "indices" in caught.value.message  # onnxruntime's own reason
     for name in ("pipe", "lookup"):
-        assert stats(core, name)["inference_stats"]["fail"]["count"] == 1
-        assert stats(core, name)["inference_stats"]["success"]["count"] == 1
+        assert stats(core, name).inference_stats.fail.count == 1
+        assert stats(core, name).inference_stats.success.count == 1
 
 
 async def test_a_bad_request_is_refused_against_the_ensembles_own_inputs(
@@ -198,7 +199,7 @@ async def test_a_bad_request_is_refused_against_the_ensembles_own_inputs(
     with pytest.raises(ServerError) as caught:
         await core.infer(request("chain", ones(), name="INPUT0"))
     assert caught.value.message == "unexpected inference input 'INPUT0' for model 'chain'"
-    assert stats(core, "add1")["inference_stats"]["fail"]["count"] == 0
+    assert stats(core, "add1").inference_stats.fail.count == 0
 
 
 # --- load-time validation: one case per kind ----------------------------------------------
@@ -331,7 +332,7 @@ async def test_an_invalid_ensemble_fails_its_load_and_says_why(
     assert caught.value.code is ErrorCode.INVALID_ARG
     assert caught.value.message == f"failed to load 'pipe': {reason}"
     state = row(core, "pipe")
-    assert (state["state"], state["reason"]) == ("UNAVAILABLE", reason)
+    assert (state.state, state.reason) == (ModelState.UNAVAILABLE, reason)
     assert not core.ready()
 
 
@@ -347,8 +348,8 @@ async def test_a_step_model_that_fails_to_load_leaves_the_ensemble_unavailable(
         "loading failed with error: "
     )
     assert caught.value.message.startswith(f"failed to load 'chain': {prefix}")
-    assert row(core, "chain")["reason"].startswith(prefix)
-    assert row(core, "add10")["state"] == "UNAVAILABLE"
+    assert row(core, "chain").reason.startswith(prefix)
+    assert row(core, "add10").state is ModelState.UNAVAILABLE
     assert core.model_ready("add1")
 
 
@@ -364,7 +365,7 @@ async def test_an_ensemble_missing_a_model_serves_once_the_model_loads(
     reason = "ensemble chain contains models that are not available or ambiguous: add10"
     with pytest.raises(ServerError, match="not available or ambiguous: add10"):
         await core.load_model("chain")
-    assert (row(core, "chain")["state"], row(core, "chain")["reason"]) == ("UNAVAILABLE", reason)
+    assert (row(core, "chain").state, row(core, "chain").reason) == (ModelState.UNAVAILABLE, reason)
     assert not core.model_ready("add1")  # nothing was loaded for a load that cannot work
     with pytest.raises(ServerError) as caught:
         await core.infer(request("chain", ones()))
@@ -373,7 +374,7 @@ async def test_an_ensemble_missing_a_model_serves_once_the_model_loads(
     (tmp_path.parent / f"{tmp_path.name}-add10").rename(folder)
     await core.load_model("add10")
     assert core.model_ready("chain") and core.model_ready("add1")
-    assert row(core, "chain")["reason"] == ""
+    assert row(core, "chain").reason == ""
     np.testing.assert_array_equal((await outputs(core, "chain", ones()))["OUT"], ones() + 11)
     assert core.ready()
 
@@ -387,10 +388,8 @@ async def test_unloading_a_model_takes_its_ensembles_down_until_it_is_back(
     await core.unload_model("add10")
     for name in ("chain", "diamond"):
         state = row(core, name)
-        assert state["state"] == "UNAVAILABLE"
-        assert (
-            state["reason"] == f"ensemble '{name}' depends on 'add10' which has no loaded version."
-        )
+        assert state.state is ModelState.UNAVAILABLE
+        assert state.reason == f"ensemble '{name}' depends on 'add10' which has no loaded version."
     with pytest.raises(ServerError) as caught:
         await core.infer(request("chain", ones()))
     assert caught.value.message == "Request for unknown model: 'chain' has no available versions"
@@ -420,7 +419,7 @@ async def test_unload_dependents_unloads_what_was_loaded_along_with_an_ensemble(
     await core.unload_model("diamond", unload_dependents=True)
     ready = {n: core.model_ready(n) for n in ("add1", "add10", "add_sub", "diamond")}
     assert ready == {"add1": True, "add10": False, "add_sub": False, "diamond": False}
-    assert row(core, "diamond")["reason"] == "unloaded"
+    assert row(core, "diamond").reason == "unloaded"
     # Unloaded on purpose, an ensemble does not come back when its models load again.
     await core.load_model("add10")
     assert not core.model_ready("diamond") and not core.model_ready("chain")
@@ -440,7 +439,7 @@ async def test_a_reloaded_step_model_reloads_its_ensembles(
     assert core.model("chain") is not old and old.retiring
     np.testing.assert_array_equal((await outputs(core, "chain", ones()))["OUT"], ones() + 21)
     # The ensemble's statistics start again with its new version, as after any reload.
-    assert stats(core, "chain")["inference_count"] == 1
+    assert stats(core, "chain").inference_count == 1
 
     # A step model that no longer fits takes the ensemble down rather than let it run
     # steps it was not checked against.
@@ -450,8 +449,8 @@ async def test_a_reloaded_step_model_reloads_its_ensembles(
     )
     await core.load_model("add10")
     state = row(core, "chain")
-    assert state["state"] == "UNAVAILABLE"
-    assert state["reason"] == (
+    assert state.state is ModelState.UNAVAILABLE
+    assert state.reason == (
         "failed to load 'chain': ensemble chain allows maximum batch size 8, but it contains "
         "model add10 which only allows maximum batch size to be 4"
     )
@@ -479,7 +478,7 @@ async def test_startup_loads_models_before_the_ensembles_built_on_them(tmp_path:
         )
         assert core.ready()
         np.testing.assert_array_equal((await outputs(core, "outer", ones()))["OUT"], ones() + 12)
-        assert stats(core, "chain")["inference_count"] == 1  # a nested ensemble counts too
+        assert stats(core, "chain").inference_count == 1  # a nested ensemble counts too
     finally:
         await control.stop()
         await life.close()
@@ -502,7 +501,7 @@ async def test_in_poll_mode_ensembles_follow_their_models(tmp_path: Path) -> Non
         (tmp_path / "add10").rename(tmp_path.parent / f"{tmp_path.name}-gone")
         await control.poll_once()
         for name in ("chain", "diamond"):
-            assert row(core, name)["reason"] == (
+            assert row(core, name).reason == (
                 f"ensemble '{name}' depends on 'add10' which has no loaded version."
             )
         assert core.ready()
