@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ge_serve.protos import model_config_pb2
-from ge_serve.scheduler.work import Array, WorkItem
+from ge_serve.scheduler.ensemble import StepCall
+from ge_serve.scheduler.work import Array, Timings, WorkItem
 
 from .control import CONTROL_DISABLED, ModelControl
 from .errors import (
@@ -27,7 +28,7 @@ from .model import ModelVersion, TensorSpec
 from .records import ModelMetadata, ModelStatistics, RepositoryEntry, ServerMetadata, TensorMetadata
 from .sharedmemory import SharedMemoryManager
 from .statistics import StatisticsCollector
-from .types import InferRequest, InferResponse, SharedMemoryRef, check_shape
+from .types import DataType, InferRequest, InferResponse, SharedMemoryRef, Tensor, check_shape
 from .validation import build_response, prepare
 from .wire import tensor_to_raw
 
@@ -94,6 +95,7 @@ class InferenceServer:
         self.stats = StatisticsCollector(lifecycle)
         self.log_control = log_control or LogControl()
         self.observers: list[InferObserver] = [self.stats]
+        lifecycle.step_runner = self.infer_step
         self._live = True
         self._draining = False
         self._accepting = True
@@ -160,6 +162,33 @@ class InferenceServer:
             check_shape(tensor.shape, tensor.name)
         started = time.monotonic_ns()
         model = self.lifecycle.get(request.model_name, request.model_version)
+        response, _ = await self._infer(request, model, started)
+        return response
+
+    async def infer_step(self, call: StepCall) -> tuple[dict[str, Array], Timings]:
+        """One step of an ensemble request, as a request to the step's model: its scheduler
+        (so steps batch), its statistics and metrics. The arrays pass as they are; a step
+        in flight finishes even once the server stops accepting new requests."""
+        started = time.monotonic_ns()
+        model = self.lifecycle.get(call.model_name, call.model_version)
+        inputs = []
+        for name, array in call.inputs.items():
+            spec = model.inputs.get(name)
+            datatype = spec.datatype if spec is not None else DataType.from_numpy(array.dtype)
+            inputs.append(Tensor(name, datatype, tuple(array.shape), array))
+        request = InferRequest(
+            model_name=call.model_name,
+            model_version=call.model_version,
+            inputs=inputs,
+            priority=call.priority,
+            timeout_us=call.timeout_us,
+        )
+        response, item = await self._infer(request, model, started)
+        return {tensor.name: tensor.data for tensor in response.outputs}, item.timings
+
+    async def _infer(
+        self, request: InferRequest, model: ModelVersion, started: int
+    ) -> tuple[InferResponse, WorkItem]:
         # Like Triton's front ends, shared-memory references are resolved before the
         # request is counted; the views keep their regions mapped until the request ends.
         shm_outputs = self._map_shared_memory(request)
@@ -196,7 +225,8 @@ class InferenceServer:
             self._notify(model, item, error, started)
             raise error from exc
         self._notify(model, item, None, started)
-        return response
+        assert item is not None
+        return response, item
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         """Whether the model may answer a request with zero or several responses (Triton's

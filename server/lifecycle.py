@@ -14,8 +14,10 @@ from pathlib import Path
 from ge_serve.backends.base import Backend, LoadedModel, ModelSpec
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
+from ge_serve.scheduler.ensemble import EnsembleScheduler, StepCall, StepRunner
+from ge_serve.scheduler.work import Array, Timings
 
-from . import autocomplete
+from . import autocomplete, ensemble_config
 from .config_paths import check_config_paths
 from .errors import (
     ErrorCode,
@@ -111,6 +113,8 @@ class ModelLifecycle:
         self.on_loaded: list[Callable[[ModelVersion, float], None]] = []
         # Observers called once a version is retired and its executors are closed.
         self.on_retired: list[Callable[[ModelVersion], None]] = []
+        # How ensemble steps reach their models; the core serving this lifecycle sets it.
+        self.step_runner: StepRunner | None = None
 
     # --- queries -------------------------------------------------------------------------
 
@@ -302,6 +306,13 @@ class ModelLifecycle:
         versions = select_versions(config, source.path)
         # Before anything the config names is read: autocomplete, labels, backend, warmup.
         check_config_paths(config, source.path, versions)
+        if ensemble_config.is_ensemble(config):
+            ensemble_config.check_ensemble(config)
+            backend: Backend = ensemble_config.ENSEMBLE_BACKEND
+            labels = read_labels(config, source.path)
+            empty = {version: LoadedModel(executors=[]) for version in versions}
+            seconds = time.monotonic() - started
+            return _Prepared(config, backend, source, labels, empty, {}, seconds)
         newest = source.path / str(versions[-1])
         backend = autocomplete.resolve_backend(
             config, self.backends, self.settings.default_backend, newest
@@ -384,8 +395,13 @@ class ModelLifecycle:
         a factory failure frees everything loaded, and fails the load with the reason."""
         built: dict[int, Scheduler] = {}
         try:
+            factory = self.scheduler_factory
+            if ensemble_config.is_ensemble(config):
+                lookup = ensemble_config.step_lookup(config.name, self.get, self.models)
+                plan = ensemble_config.build_plan(config, lookup)
+                factory = lambda c, m: EnsembleScheduler(plan, self._run_step)  # noqa: E731
             for version, model in loaded.items():
-                built[version] = self.scheduler_factory(config, model)
+                built[version] = factory(config, model)
         except Exception as exc:
             for scheduler in built.values():
                 await scheduler.close(0)
@@ -395,6 +411,20 @@ class ModelLifecycle:
                 raise
             raise ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}") from exc
         return built
+
+    async def _run_step(self, call: StepCall) -> tuple[dict[str, Array], Timings]:
+        if self.step_runner is None:
+            raise ServerError(ErrorCode.UNAVAILABLE, "ensembles need an inference server")
+        return await self.step_runner(call)
+
+    async def refuse(self, name: str, reason: str) -> None:
+        """Fail a load before it starts, for a reason found outside the model's own folder
+        (an ensemble's dependencies): the index shows it, as for any failed load."""
+        async with self._locked(name) as record:
+            assert record is not None
+            record.wanted = True
+            self._fail(record, reason)
+        raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reason}")
 
     async def _retire(self, entries: list[VersionRecord]) -> None:
         for entry in entries:
@@ -418,11 +448,12 @@ class ModelLifecycle:
         for callback in self.on_retired:
             callback(model)
 
-    async def unload(self, name: str, forget: bool = False) -> None:
+    async def unload(self, name: str, forget: bool = False, reason: str = "unloaded") -> None:
         """Stop serving a model: new requests are refused at once, in-flight ones drain
         (bounded by the unload timeout), then every executor is closed.
 
-        `forget` also drops the model from the index (its folder left the repository).
+        `forget` also drops the model from the index (its folder left the repository);
+        `reason` is what the index says of its versions afterwards.
         """
         async with self._locked(name, create=False) as record:
             if record is None:
@@ -437,6 +468,8 @@ class ModelLifecycle:
                     entry.state = ModelState.UNAVAILABLE
                     entry.reason = "unloaded"
             await self._retire(live)
+            for entry in record.versions.values():
+                entry.reason = reason
             folder, record.owned = record.owned, None
             if folder is not None:
                 await _remove_folder(folder)

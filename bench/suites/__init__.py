@@ -62,6 +62,11 @@ SUITES: tuple[Suite, ...] = (
         "bench.shutdown_under_load",
         "stopping the server under load (bench/shutdown_under_load.py)",
     ),
+    Suite(
+        "ensemble-overhead",
+        "bench.ensemble_overhead",
+        "server time per ensemble step against one model (bench/ensemble_overhead.py)",
+    ),
 )
 
 
