@@ -73,7 +73,11 @@ json_values = st.recursive(
     max_leaves=16,
 )
 dims = st.lists(st.integers(0, 6), max_size=4)
-shapes = dims | st.lists(st.integers(-3, 4096), max_size=3) | json_values
+# Anything but a list of integers, which come from the two strategies before it.
+not_a_shape = scalars | st.lists(scalars, min_size=1, max_size=3).filter(
+    lambda items: any(type(item) is not int for item in items)
+)
+shapes = dims | st.lists(st.integers(-3, 4096), max_size=3) | not_a_shape
 PARAMETER_KEYS = [
     "binary_data_size",
     "binary_data",
