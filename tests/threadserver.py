@@ -68,7 +68,9 @@ def serving(build: AppFactory, timeout: float = 30.0) -> Iterator[str]:
         yield url[0]
     finally:
         if stop:
-            stop[0]()
+            # The loop is gone already when the app failed to start.
+            with contextlib.suppress(RuntimeError):
+                stop[0]()
         thread.join(timeout)
         assert not thread.is_alive(), "the threaded server did not stop"
         if failure:
