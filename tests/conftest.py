@@ -1,14 +1,27 @@
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from modelgen import make_lifecycle
 from protocols import PROTOCOLS, Triton
 from serverproc import ServerProcess, running_server
 
 from ge_serve.server.lifecycle import ModelLifecycle
+
+# Property and fuzz tests: "ci" (the default) keeps the whole set well under a minute on two
+# cores; "fuzz" searches longer, for a local run: HYPOTHESIS_PROFILE=fuzz (or pytest's
+# --hypothesis-profile=fuzz). The deadline is loose on purpose: it catches an input that
+# makes a decoder crawl, not a busy machine. No example database is written in CI.
+settings.register_profile(
+    "ci", max_examples=40, deadline=timedelta(seconds=2), database=None, print_blob=True
+)
+settings.register_profile("fuzz", max_examples=3000, deadline=timedelta(seconds=2))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")

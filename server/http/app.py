@@ -1,11 +1,16 @@
 """The HTTP front end: KServe v2 routes, each a thin adapter over `InferenceServer`.
 
-Routes are plain ASGI endpoints (no FastAPI dependency injection, no pydantic) because the
-infer path is hot; FastAPI is the container so extensions can add documented routes.
+Routes are plain starlette routes, without FastAPI's dependency injection, because the
+infer path is hot; FastAPI is the container, so extensions can add documented routes, and
+it serves the OpenAPI document (openapi.py). The control-plane endpoints still read their
+bodies themselves (size cap, decompression), then check the JSON with the pydantic model
+the document describes it with (bodies.py); a failed check is a 400 `{"error": ...}` in
+the wording clients know, not FastAPI's 422.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from dataclasses import dataclass
@@ -23,9 +28,17 @@ from ge_serve.server.drain import DrainGate
 from ge_serve.server.errors import ErrorCode, ServerError, decoding
 from ge_serve.server.restrictions import RestrictedApis
 
-from . import codec, compression, encode, monitoring, repository, sharedmemory
+from . import codec, compression, encode, monitoring, openapi, sharedmemory
+from .bodies import (
+    InferRequestBody,
+    RepositoryIndexRequest,
+    RepositoryLoadRequest,
+    RepositoryUnloadRequest,
+    decode_body,
+)
 from .drain import DISCARD_MAX_BYTES, RefuseWhileDraining, discard_body, expects_continue
 from .errors import ClosingError, error_response, server_error_response
+from .openapi import ApiRoute, Body
 from .responses import json_response
 from .restricted import RestrictedApiMiddleware
 from .routing import Endpoint
@@ -33,6 +46,28 @@ from .routing import Endpoint
 log = logging.getLogger(__name__)
 
 HEADER_LENGTH = "inference-header-content-length"
+
+# The binary tensor data extension: the body is the JSON header, then the tensors' bytes.
+_INFER_BODY = Body(
+    InferRequestBody,
+    other_content={"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    headers=(
+        {
+            "name": "Inference-Header-Content-Length",
+            "in": "header",
+            "required": False,
+            "description": "The length of the JSON header; 0: the body is the raw tensor of "
+            "a single-input model.",
+            "schema": {"type": "integer", "minimum": 0},
+        },
+        {
+            "name": "Content-Encoding",
+            "in": "header",
+            "required": False,
+            "schema": {"type": "string", "enum": ["identity", "gzip", "deflate"]},
+        },
+    ),
+)
 
 # FastAPI >= 0.165 wraps every request in OpenTelemetry checks that read the environment
 # per request (about 1% of the infer path on `simple`); ge-serve exports its own metrics.
@@ -90,6 +125,7 @@ def _guard(endpoint: Endpoint) -> Endpoint:
     decoding: a 500, logged once with its traceback.
     """
 
+    @functools.wraps(endpoint)
     async def guarded(request: Request) -> Response:
         try:
             return await endpoint(request)
@@ -110,18 +146,23 @@ class HttpFrontEnd:
         # Other front-end pieces (statistics, repository, logging...) add routes here.
         self.extra_routes: list[Route] = []
         # Also served by InferShortcut, in front of the route table.
-        self.infer_routes = self.versioned("/infer", self.infer, ["POST"])
+        self.infer_routes = self.versioned("/infer", self.infer, ["POST"], _INFER_BODY)
         # Closed when the server stops: requests are then refused (see server/drain.py).
         self.gate = DrainGate()
 
-    def route(self, path: str, endpoint: Endpoint, methods: list[str]) -> Route:
-        return Route(path, _guard(endpoint), methods=methods)
+    def route(
+        self, path: str, endpoint: Endpoint, methods: list[str], body: Body | None = None
+    ) -> Route:
+        """A guarded route; `body` describes its POST body in the OpenAPI document."""
+        return ApiRoute(path, _guard(endpoint), methods=methods, body=body)
 
-    def versioned(self, suffix: str, endpoint: Endpoint, methods: list[str]) -> list[Route]:
+    def versioned(
+        self, suffix: str, endpoint: Endpoint, methods: list[str], body: Body | None = None
+    ) -> list[Route]:
         """A model route with and without `/versions/{version}`."""
         return [
-            self.route("/v2/models/{model}" + suffix, endpoint, methods),
-            self.route("/v2/models/{model}/versions/{version}" + suffix, endpoint, methods),
+            self.route("/v2/models/{model}" + suffix, endpoint, methods, body),
+            self.route("/v2/models/{model}/versions/{version}" + suffix, endpoint, methods, body),
         ]
 
     def routes(self) -> list[Route]:
@@ -129,9 +170,24 @@ class HttpFrontEnd:
             self.route("/v2/health/live", self.health_live, ["GET"]),
             self.route("/v2/health/ready", self.health_ready, ["GET"]),
             self.route("/v2", self.server_metadata, ["GET"]),
-            self.route("/v2/repository/index", self.repository_index, ["POST"]),
-            self.route("/v2/repository/models/{model}/load", self.repository_load, ["POST"]),
-            self.route("/v2/repository/models/{model}/unload", self.repository_unload, ["POST"]),
+            self.route(
+                "/v2/repository/index",
+                self.repository_index,
+                ["POST"],
+                Body(RepositoryIndexRequest, required=False),
+            ),
+            self.route(
+                "/v2/repository/models/{model}/load",
+                self.repository_load,
+                ["POST"],
+                Body(RepositoryLoadRequest, required=False),
+            ),
+            self.route(
+                "/v2/repository/models/{model}/unload",
+                self.repository_unload,
+                ["POST"],
+                Body(RepositoryUnloadRequest, required=False),
+            ),
             *monitoring.routes(self),
             *sharedmemory.routes(self),
             *self.extra_routes,
@@ -154,10 +210,12 @@ class HttpFrontEnd:
             title="ge-serve",
             docs_url=None,
             redoc_url=None,
-            openapi_url=None,
+            openapi_url=openapi.PATH,
             routes=list[BaseRoute](self.routes()),
             **_NO_TELEMETRY,
         )
+        # Built once, here: FastAPI serves the cached document.
+        openapi.extend(app.openapi(), app.routes)
 
         async def http_error(request: Request, exc: Exception) -> Response:
             assert isinstance(exc, StarletteHTTPException)
@@ -199,30 +257,30 @@ class HttpFrontEnd:
 
     async def repository_index(self, request: Request) -> Response:
         body = await self.read_body(request)
-        ready = False
-        if body.strip():
-            with decoding("repository index request"):
-                options = codec.decode_json_object(body, "repository index request")
-                flag = options.get("ready", False)
-            if not isinstance(flag, bool):
-                raise ServerError(ErrorCode.INVALID_ARG, "'ready' must be a boolean")
-            ready = flag
-        return json_response(encode.repository_index(await self.core.repository_index(ready)))
+        with decoding("repository index request"):
+            index = decode_body(
+                RepositoryIndexRequest, body, "repository index request", optional=True
+            )
+        return json_response(encode.repository_index(await self.core.repository_index(index.ready)))
 
     async def repository_load(self, request: Request) -> Response:
         body = await self.read_body(request)
         with decoding("load request"):
-            load = repository.decode_load(body)
+            load = decode_body(RepositoryLoadRequest, body, "load request", optional=True)
         await self.core.load_model(
-            str(request.path_params["model"]), load.config, load.files or None
+            str(request.path_params["model"]),
+            load.parameters.config_json,
+            load.parameters.files or None,
         )
         return Response(status_code=200)
 
     async def repository_unload(self, request: Request) -> Response:
         body = await self.read_body(request)
         with decoding("unload request"):
-            unload_dependents = repository.decode_unload(body)
-        await self.core.unload_model(str(request.path_params["model"]), unload_dependents)
+            unload = decode_body(RepositoryUnloadRequest, body, "unload request", optional=True)
+        await self.core.unload_model(
+            str(request.path_params["model"]), unload.parameters.unload_dependents
+        )
         return Response(status_code=200)
 
     async def infer(self, request: Request) -> Response:
