@@ -25,20 +25,18 @@ server/drain.py), and a call it sends as the gRPC connections finally close can 
 CANCELLED: grpc core ends so a call that no handler has picked up yet.
 Exit status 0 when nothing was cancelled, disconnected or other and the server exited 0.
 Bounded: the server is killed if it has not exited `--exit-timeout-secs` + 15 s after the
-signal. Imports nothing from its bench/ siblings.
+signal. Imports nothing from its bench/ siblings; the server starts through the tests'
+launcher (tests/serverproc.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
+import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -54,6 +52,13 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 ROOT = Path(__file__).resolve().parent.parent
+# The server starts as the tests start it (tests/serverproc.py); tests/ is not a package,
+# so it goes on the path, as pytest puts it there.
+if str(ROOT / "tests") not in sys.path:
+    sys.path.append(str(ROOT / "tests"))
+
+from serverproc import start_server, wait_for  # noqa: E402
+
 PROG = "python -m bench run shutdown"
 OUTCOMES = ("completed", "refused", "cancelled", "disconnected", "other")
 # Log lines that mean the exit was not clean.
@@ -80,16 +85,6 @@ class Run:
     signalled: threading.Event = field(default_factory=threading.Event)
     exited: threading.Event = field(default_factory=threading.Event)
     signal_at: float = 0.0
-
-
-def free_ports(count: int) -> list[int]:
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind(("127.0.0.1", 0))
-            ports.append(int(sock.getsockname()[1]))
-        return ports
 
 
 def sample(seed: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
@@ -179,70 +174,44 @@ def loop(
             run.exited.wait(args.backoff_s)
 
 
-def wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"ge-serve exited during startup ({process.returncode})")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + "/v2/health/ready", timeout=1.0).status_code == 200:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"ge-serve was not ready within {timeout_s} s")
-
-
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    http_port, grpc_port, metrics_port = free_ports(3)
-    command = [
-        sys.executable, "-m", "ge_serve.server.cli",
-        "--model-repository", str(args.model_repository),
-        "--http-address", "127.0.0.1", "--http-port", str(http_port),
-        "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
-        "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics_port),
-        "--exit-timeout-secs", str(args.exit_timeout_secs),
-    ]  # fmt: skip
-    http_url = f"http://127.0.0.1:{http_port}"
-    grpc_url = f"127.0.0.1:{grpc_port}"
     run = Run()
     tallies = [Tally("http") for _ in range(args.http_clients)]
     tallies += [Tally("grpc") for _ in range(args.grpc_clients)]
-    with tempfile.TemporaryDirectory(prefix="ge-serve-shutdown-") as folder:
-        log_path = Path(folder) / "server.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        with open(log_path, "wb") as log_file:
-            process = subprocess.Popen(
-                command, stdout=log_file, stderr=subprocess.STDOUT, cwd=ROOT, env=env
+    flags = ["--exit-timeout-secs", str(args.exit_timeout_secs)]
+    server = start_server([args.model_repository], flags, wait_ready=False)
+    process = server.process
+    try:
+        wait_for(server, "/v2/health/ready", 60.0)
+        threads = []
+        for i, tally in enumerate(tallies):
+            target = http_client if tally.protocol == "http" else grpc_client
+            url = server.base_url if tally.protocol == "http" else server.grpc_url
+            threads.append(
+                threading.Thread(target=target, args=(url, i, run, args, tally), daemon=True)
             )
+        for thread in threads:
+            thread.start()
+        time.sleep(args.load_s)
+        run.signal_at = time.monotonic()
+        run.signalled.set()
+        process.send_signal(signal.SIGTERM)
         try:
-            wait_ready(http_url, process, 60.0)
-            threads = []
-            for i, tally in enumerate(tallies):
-                target = http_client if tally.protocol == "http" else grpc_client
-                url = http_url if tally.protocol == "http" else grpc_url
-                threads.append(
-                    threading.Thread(target=target, args=(url, i, run, args, tally), daemon=True)
-                )
-            for thread in threads:
-                thread.start()
-            time.sleep(args.load_s)
-            run.signal_at = time.monotonic()
-            run.signalled.set()
-            process.send_signal(signal.SIGTERM)
-            try:
-                code = process.wait(args.exit_timeout_secs + 15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
-                code = None
-            exit_s = time.monotonic() - run.signal_at
-            run.exited.set()
-            for thread in threads:
-                thread.join(args.exit_timeout_secs + 15)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait(10)
-        log = log_path.read_text(errors="replace")
+            code = process.wait(args.exit_timeout_secs + 15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+            code = None
+        exit_s = time.monotonic() - run.signal_at
+        run.exited.set()
+        for thread in threads:
+            thread.join(args.exit_timeout_secs + 15)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        log = server.log()
+        shutil.rmtree(server.log_path.parent, ignore_errors=True)
     rows = []
     for protocol in ("http", "grpc"):
         mine = [t for t in tallies if t.protocol == protocol]
@@ -267,7 +236,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             line for line in log.splitlines() if any(m in line for m in BAD_LOG_MARKS)
         ],
         "log_tail": log.splitlines()[-8:],
-        "command": command,
+        "command": server.args,
         "settings": {
             "load_s": args.load_s,
             "exit_timeout_secs": args.exit_timeout_secs,

@@ -20,12 +20,12 @@ only where steps can overlap.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from ge_serve.server.errors import ErrorCode, SchedulerClosed, ServerError
+from ge_serve.server.errors import ErrorCode, ServerError
 
+from .inflight import InFlight
 from .work import Array, Timings, WorkItem
 
 
@@ -84,26 +84,15 @@ class EnsembleScheduler:
     def __init__(self, plan: EnsemblePlan, runner: StepRunner) -> None:
         self.plan = plan
         self._runner = runner
-        self._pending = 0
-        self._closing = False
-        self._drained = asyncio.Event()
-        self._drained.set()
+        self._in_flight = InFlight()
 
     @property
     def pending(self) -> int:
-        return self._pending
+        return self._in_flight.pending
 
     async def submit(self, item: WorkItem) -> dict[str, Array]:
-        if self._closing:
-            raise SchedulerClosed()
-        self._pending += 1
-        self._drained.clear()
-        try:
+        with self._in_flight.request():
             outputs = await self._run(item)
-        finally:
-            self._pending -= 1
-            if self._pending == 0:
-                self._drained.set()
         # One ensemble request is one execution of the ensemble, as Triton counts it; its
         # compute times are the sums of its steps' (added as each step finished).
         item.timings.batch_size = item.batch_size
@@ -185,6 +174,4 @@ class EnsembleScheduler:
     async def close(self, drain_timeout_s: float) -> None:
         """Refuse new requests and let those in flight finish within the timeout. There is
         nothing to free: the steps' models are loaded and unloaded on their own."""
-        self._closing = True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
+        await self._in_flight.close(drain_timeout_s)

@@ -121,6 +121,23 @@ def _series(rows: Sequence[Row], keys: Sequence[str]) -> dict[str, list[Row]]:
     return groups
 
 
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot(
     rows: Sequence[Row],
     path: Path,
@@ -133,12 +150,9 @@ def plot(
 ) -> Path:
     """Two panels: `y` against `x` per series; and each latency (ms) against `y`.
     `reference`: {label: value} drawn as horizontal lines on the first panel (e.g. raw ORT)."""
-    import matplotlib
     import matplotlib.ticker
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     styles = {"p50_us": "-", "p99_us": "--", "p90_us": ":", "p95_us": "-."}
     for index, (label, group) in enumerate(_series(rows, series).items()):
@@ -175,11 +189,7 @@ def plot(
     ax2.legend(fontsize=7)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def parse_interval(text: Any) -> tuple[float, float] | None:
@@ -191,15 +201,6 @@ def parse_interval(text: Any) -> tuple[float, float] | None:
         return float(low), float(high)
     except ValueError:
         return None
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def plot_intervals(
@@ -235,11 +236,7 @@ def plot_intervals(
         ax.grid(True, axis="x", alpha=0.3)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_bars(
@@ -271,8 +268,4 @@ def plot_bars(
     ax.legend(fontsize=8)
     if title:
         ax.set_title(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)

@@ -46,8 +46,6 @@ files). Ctrl-C or SIGTERM stop the run and every process it started.
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -56,16 +54,22 @@ from typing import Any
 
 from bench.lib.inputs import input_json_for
 from bench.lib.models import CACHE, ensure_model, make_repo
-from bench.lib.report import plot_intervals, write_table
 from bench.lib.timeshare import (
     MAX_FROZEN_S,
     Measured,
-    RawContender,
     ServerContender,
     Slice,
     load_runs,
     run_contenders,
     save_runs,
+)
+from bench.lib.timeshare_suite import (
+    ResultsLayout,
+    command_line,
+    log_for,
+    raw_contenders,
+    slices_path,
+    suite_parser,
 )
 from bench.lib.timeshare_summary import Pooled, stop_on_sigterm
 from bench.lib.variants import TWO_SLOTS, batching_variants, setting
@@ -128,15 +132,8 @@ def run(
         servers.append(ServerContender(name, repo, variant.flags, model, protocol, concurrency,
                                        data, variant.shared_memory))  # fmt: skip
     onnx_path = ensure_model(model).onnx_path
-    raws = [
-        RawContender(f"{RAW}{size}" + (f" x{slots}" if slots > 1 else ""), onnx_path, size, slots)
-        for size in raw_sizes
-        for slots in raw_slots
-    ]
-
-    def log(line: str) -> None:
-        print(f"[{model} {protocol}] {line}", file=sys.stderr, flush=True)
-
+    raws = raw_contenders(RAW, onnx_path, raw_sizes, raw_slots)
+    log = log_for(f"{model} {protocol}")
     return run_contenders(servers, raws, cycles, slice_s, warmup_s, max_frozen_s, log)
 
 
@@ -209,21 +206,16 @@ NOTE = (
 )
 
 
-def write_results(rows: Sequence[dict[str, Any]], out: Path, note: str) -> None:
-    """OUT.json, OUT.md and OUT.png (each ratio with its interval)."""
-    write_table(rows, out, COLUMNS, note)
-    labelled = [{**r, "label": f"{r['protocol']} {r['contender']}"} for r in rows]
-    if any("÷ raw best" in r or "adaptive ÷ it" in r for r in rows):
-        plot_intervals(
-            labelled,
-            out.with_suffix(".png"),
-            "label",
-            [
-                ("÷ raw best", "÷ raw 90%", "÷ raw onnxruntime's best"),
-                ("adaptive ÷ it", "adaptive 90%", "adaptive ÷ this setting"),
-            ],
-            title=f"{rows[0]['model']}: time-shared, 90 % intervals",
-        )
+LAYOUT = ResultsLayout(
+    COLUMNS,
+    [
+        ("÷ raw best", "÷ raw 90%", "÷ raw onnxruntime's best"),
+        ("adaptive ÷ it", "adaptive 90%", "adaptive ÷ this setting"),
+    ],
+    plot_if=("÷ raw best", "adaptive ÷ it"),
+    title=lambda rows: f"{rows[0]['model']}: time-shared, 90 % intervals",
+    label=lambda row: f"{row['protocol']} {row['contender']}",
+)
 
 
 def resummarize(
@@ -239,8 +231,7 @@ def resummarize(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="path prefix for the results")
+    parser = suite_parser(PROG, __doc__)
     parser.add_argument("--models", nargs="+", default=["simple", "resnet18_like"])
     parser.add_argument("--protocol", nargs="+", default=["http", "grpc"])
     parser.add_argument("--cycles", type=int, default=150)
@@ -281,20 +272,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.max_frozen_s > MAX_FROZEN_S and "http" in args.protocol:
         parser.error(f"--max-frozen-s over {MAX_FROZEN_S} needs --protocol grpc (see timeshare)")
-    command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
+    command = command_line(PROG, argv)
     if args.from_slices is not None:
         again = resummarize(args.from_slices, args.models, args.protocol)
         if not again:
             parser.error("no saved run matches --models and --protocol")
         sources = ", ".join(str(p) for p in args.from_slices)
         pooled = " (runs of one label pooled)" if len(args.from_slices) > 1 else ""
-        write_results(again, args.out, f"`{command}`: {sources}, summarised{pooled}. {NOTE}")
+        LAYOUT.write(again, args.out, f"`{command}`: {sources}, summarised{pooled}. {NOTE}")
         return 0
     stop_on_sigterm()
     started = time.monotonic()
     measured: dict[str, Measured] = {}
     rows: list[dict[str, Any]] = []
-    slices_path = args.out.with_name(args.out.name + "_slices.json")
     for model in args.models:
         max_batch = ensure_model(model).default_max_batch_size
         sizes = [b for b in RAW_SIZES if b <= max_batch]
@@ -306,8 +296,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         args.shared_memory, args.concurrency, sizes, args.twin,
                         args.max_frozen_s, args.configs, args.raw_slots)  # fmt: skip
             measured[f"{model} {label}"] = found
-            save_runs(measured, slices_path)  # kept as each run ends
+            save_runs(measured, slices_path(args.out))  # kept as each run ends
             rows += summarize(model, label, found.slices, found.mean_batch, found.threads_lost)
     note = f"`{command}`, {time.monotonic() - started:.0f} s. {NOTE}"
-    write_results(rows, args.out, note)
+    LAYOUT.write(rows, args.out, note)
     return 0

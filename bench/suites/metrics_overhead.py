@@ -15,25 +15,15 @@ Writes OUT.json, OUT.md, OUT.png and OUT_slices.json (`--from-slices` summarises
 
 from __future__ import annotations
 
-import argparse
-import sys
-import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.lib.inputs import input_json_for
 from bench.lib.models import CACHE, EXAMPLES
-from bench.lib.report import plot_intervals, write_table
-from bench.lib.timeshare import (
-    MAX_FROZEN_S,
-    Measured,
-    ServerContender,
-    load_runs,
-    run_contenders,
-    save_runs,
-)
-from bench.lib.timeshare_summary import add_arguments, stop_on_sigterm, versus_rows
+from bench.lib.timeshare import Measured, ServerContender
+from bench.lib.timeshare_suite import Group, ResultsLayout, command_line, run_suite, suite_parser
+from bench.lib.timeshare_summary import add_arguments, versus_rows
 
 PROG = "python -m bench run metrics-overhead"
 MODEL = "simple"
@@ -75,44 +65,26 @@ NOTE = (
 )
 
 
-def write_results(rows: Sequence[dict[str, Any]], out: Path, note: str) -> None:
-    write_table(rows, out, COLUMNS, note)
-    labelled = [{**r, "label": f"{r['contender']} ÷ {r['versus']}"} for r in rows if "ratio" in r]
-    if labelled:
-        plot_intervals(
-            labelled,
-            out.with_suffix(".png"),
-            "label",
-            [("ratio", "ratio 90%", "throughput ratio")],
-            title=f"metrics overhead: {rows[0]['load']}, time-shared, 90 % intervals",
-        )
+LAYOUT = ResultsLayout(
+    COLUMNS,
+    [("ratio", "ratio 90%", "throughput ratio")],
+    plot_if=("ratio",),
+    title=lambda rows: f"metrics overhead: {rows[0]['load']}, time-shared, 90 % intervals",
+    label=lambda row: f"{row['contender']} ÷ {row['versus']}",
+    only_plotted=True,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="path prefix for the results")
+    parser = suite_parser(PROG, __doc__)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--control", action="store_true", help="add the A/A control")
     add_arguments(parser, cycles=150, slice_s=0.6, warmup_s=6.0)
     args = parser.parse_args(argv)
-    command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
-    if args.from_slices is not None:
-        rows = [r for label, runs in load_runs(args.from_slices).items()
-                for r in summarize(label, runs)]  # fmt: skip
-        write_results(rows, args.out, f"`{command}`: summarised again. {NOTE}")
-        return 0
-    stop_on_sigterm()
-    started = time.monotonic()
-    data = input_json_for(EXAMPLES / MODEL, CACHE / "inputs" / f"{MODEL}.json")
-    label = f"{MODEL} http c{args.concurrency}"
 
-    def log(line: str) -> None:
-        print(f"[{label}] {line}", file=sys.stderr, flush=True)
+    def groups() -> Iterator[Group]:
+        data = input_json_for(EXAMPLES / MODEL, CACHE / "inputs" / f"{MODEL}.json")
+        label = f"{MODEL} http c{args.concurrency}"
+        yield label, contenders(args.concurrency, args.control, data), []
 
-    servers = contenders(args.concurrency, args.control, data)
-    found = run_contenders(servers, [], args.cycles, args.slice_s, args.warmup_s,
-                           MAX_FROZEN_S, log)  # fmt: skip
-    save_runs({label: found}, args.out.with_name(args.out.name + "_slices.json"))
-    rows = summarize(label, [found])
-    write_results(rows, args.out, f"`{command}`, {time.monotonic() - started:.0f} s. {NOTE}")
-    return 0
+    return run_suite(args, command_line(PROG, argv), groups, summarize, LAYOUT.write, NOTE)

@@ -19,26 +19,22 @@ Writes OUT.json, OUT.md, OUT.png and OUT_slices.json (`--from-slices` summarises
 
 from __future__ import annotations
 
-import argparse
-import sys
-import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.lib.inputs import input_json_for
 from bench.lib.models import CACHE, EXAMPLES, ensure_model
-from bench.lib.report import plot_intervals, write_table
-from bench.lib.timeshare import (
-    MAX_FROZEN_S,
-    Measured,
-    RawContender,
-    ServerContender,
-    load_runs,
-    run_contenders,
-    save_runs,
+from bench.lib.timeshare import Measured, RawContender, ServerContender
+from bench.lib.timeshare_suite import (
+    Group,
+    ResultsLayout,
+    command_line,
+    raw_contenders,
+    run_suite,
+    suite_parser,
 )
-from bench.lib.timeshare_summary import Pooled, add_arguments, stop_on_sigterm, versus_rows
+from bench.lib.timeshare_summary import Pooled, add_arguments, versus_rows
 
 PROG = "python -m bench run protocols"
 MODEL = "simple"
@@ -64,7 +60,7 @@ def contenders(
         if name in protocols
     ]  # fmt: skip
     onnx = ensure_model(MODEL).onnx_path
-    return servers, [RawContender(f"{RAW}{size}", onnx, size) for size in raw_sizes]
+    return servers, raw_contenders(RAW, onnx, raw_sizes)
 
 
 def http_for(contender: str) -> str:
@@ -96,24 +92,19 @@ NOTE = (
 )
 
 
-def write_results(rows: Sequence[dict[str, Any]], out: Path, note: str) -> None:
-    write_table(rows, out, COLUMNS, note)
-    if any("÷ http" in r for r in rows):
-        plot_intervals(
-            rows,
-            out.with_suffix(".png"),
-            "contender",
-            [
-                ("÷ http", "÷ http 90%", "÷ HTTP at the same concurrency"),
-                ("÷ raw b1", "÷ raw b1 90%", "÷ raw onnxruntime at batch 1"),
-            ],
-            title=f"{MODEL}: protocols, time-shared, 90 % intervals",
-        )
+LAYOUT = ResultsLayout(
+    COLUMNS,
+    [
+        ("÷ http", "÷ http 90%", "÷ HTTP at the same concurrency"),
+        ("÷ raw b1", "÷ raw b1 90%", "÷ raw onnxruntime at batch 1"),
+    ],
+    plot_if=("÷ http",),
+    title=lambda rows: f"{MODEL}: protocols, time-shared, 90 % intervals",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="path prefix for the results")
+    parser = suite_parser(PROG, __doc__)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument(
         "--protocols", nargs="+", default=[p[0] for p in PROTOCOLS],
@@ -122,28 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--raw-sizes", type=int, nargs="*", default=list(RAW_SIZES))
     add_arguments(parser, cycles=150, slice_s=0.6, warmup_s=6.0)
     args = parser.parse_args(argv)
-    command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
-    if args.from_slices is not None:
-        rows = [r for label, runs in load_runs(args.from_slices).items()
-                for r in summarize(label, runs)]  # fmt: skip
-        write_results(rows, args.out, f"`{command}`: summarised again. {NOTE}")
-        return 0
-    stop_on_sigterm()
-    started = time.monotonic()
-    data = input_json_for(EXAMPLES / MODEL, CACHE / "inputs" / f"{MODEL}.json")
-    measured: dict[str, Measured] = {}
-    rows = []
-    for concurrency in args.concurrency:
-        servers, raws = contenders(concurrency, args.protocols, data, args.raw_sizes)
-        label = f"c{concurrency}"
 
-        def log(line: str, label: str = label) -> None:
-            print(f"[{label}] {line}", file=sys.stderr, flush=True)
+    def groups() -> Iterator[Group]:
+        data = input_json_for(EXAMPLES / MODEL, CACHE / "inputs" / f"{MODEL}.json")
+        for concurrency in args.concurrency:
+            servers, raws = contenders(concurrency, args.protocols, data, args.raw_sizes)
+            yield f"c{concurrency}", servers, raws
 
-        found = run_contenders(servers, raws, args.cycles, args.slice_s, args.warmup_s,
-                               MAX_FROZEN_S, log)  # fmt: skip
-        measured[label] = found
-        save_runs(measured, args.out.with_name(args.out.name + "_slices.json"))
-        rows += summarize(label, [found])
-    write_results(rows, args.out, f"`{command}`, {time.monotonic() - started:.0f} s. {NOTE}")
-    return 0
+    return run_suite(args, command_line(PROG, argv), groups, summarize, LAYOUT.write, NOTE)

@@ -18,26 +18,21 @@ Writes OUT.json, OUT.md, OUT.png and OUT_slices.json (`--from-slices` summarises
 
 from __future__ import annotations
 
-import argparse
-import sys
-import time
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from bench.lib.inputs import input_json_for
 from bench.lib.models import CACHE, MODELS, RepoOptions, ensure_model, make_repo
-from bench.lib.report import plot_intervals, write_table
-from bench.lib.timeshare import (
-    MAX_FROZEN_S,
-    Measured,
-    RawContender,
-    ServerContender,
-    load_runs,
-    run_contenders,
-    save_runs,
+from bench.lib.timeshare import Measured, RawContender, ServerContender
+from bench.lib.timeshare_suite import (
+    Group,
+    ResultsLayout,
+    command_line,
+    raw_contenders,
+    run_suite,
+    suite_parser,
 )
-from bench.lib.timeshare_summary import add_arguments, stop_on_sigterm, versus_rows
+from bench.lib.timeshare_summary import add_arguments, versus_rows
 from bench.lib.variants import Variant
 
 PROG = "python -m bench run slots"
@@ -79,12 +74,7 @@ def contenders(
         servers.append(ServerContender(slot_name(count, concurrency), repo, variant.flags,
                                        model, "http", concurrency, data))  # fmt: skip
     onnx = ensure_model(model).onnx_path
-    raws = [
-        RawContender(f"{RAW}{size}" + (f" x{n}" if n > 1 else ""), onnx, size, n)
-        for size in raw_sizes
-        for n in raw_slots
-    ]
-    return servers, raws
+    return servers, raw_contenders(RAW, onnx, raw_sizes, raw_slots)
 
 
 def one_slot_for(contender: str) -> str:
@@ -108,53 +98,31 @@ NOTE = (
 )
 
 
-def write_results(rows: Sequence[dict[str, Any]], out: Path, note: str) -> None:
-    write_table(rows, out, COLUMNS, note)
-    labelled = [{**r, "label": f"{r['model']} {r['contender']}"} for r in rows]
-    if any("÷ raw best" in r for r in rows):
-        plot_intervals(
-            labelled,
-            out.with_suffix(".png"),
-            "label",
-            [
-                ("÷ 1 slot", "÷ 1 slot 90%", "2 slots ÷ 1 slot"),
-                ("÷ raw best", "÷ raw 90%", "÷ raw onnxruntime's best"),
-            ],
-            title="GE slots on the simulated NPU, time-shared, 90 % intervals",
-        )
+LAYOUT = ResultsLayout(
+    COLUMNS,
+    [
+        ("÷ 1 slot", "÷ 1 slot 90%", "2 slots ÷ 1 slot"),
+        ("÷ raw best", "÷ raw 90%", "÷ raw onnxruntime's best"),
+    ],
+    plot_if=("÷ raw best",),
+    title=lambda rows: "GE slots on the simulated NPU, time-shared, 90 % intervals",
+    label=lambda row: f"{row['model']} {row['contender']}",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="path prefix for the results")
+    parser = suite_parser(PROG, __doc__)
     parser.add_argument("--models", nargs="+", default=["simple", "resnet18_like"], choices=MODELS)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--raw-sizes", type=int, nargs="*", default=[1])
     parser.add_argument("--raw-slots", type=int, nargs="+", default=[1, 2], metavar="N")
     add_arguments(parser, cycles=100, slice_s=0.6, warmup_s=6.0)
     args = parser.parse_args(argv)
-    command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
-    if args.from_slices is not None:
-        rows = [r for label, runs in load_runs(args.from_slices).items()
-                for r in summarize(label, runs)]  # fmt: skip
-        write_results(rows, args.out, f"`{command}`: summarised again. {NOTE}")
-        return 0
-    stop_on_sigterm()
-    started = time.monotonic()
-    measured: dict[str, Measured] = {}
-    rows = []
-    for model in args.models:
-        for concurrency in args.concurrency:
-            servers, raws = contenders(model, concurrency, args.raw_sizes, args.raw_slots)
-            label = f"{model} c{concurrency}"
 
-            def log(line: str, label: str = label) -> None:
-                print(f"[{label}] {line}", file=sys.stderr, flush=True)
+    def groups() -> Iterator[Group]:
+        for model in args.models:
+            for concurrency in args.concurrency:
+                servers, raws = contenders(model, concurrency, args.raw_sizes, args.raw_slots)
+                yield f"{model} c{concurrency}", servers, raws
 
-            found = run_contenders(servers, raws, args.cycles, args.slice_s, args.warmup_s,
-                                   MAX_FROZEN_S, log)  # fmt: skip
-            measured[label] = found
-            save_runs(measured, args.out.with_name(args.out.name + "_slices.json"))
-            rows += summarize(label, [found])
-    write_results(rows, args.out, f"`{command}`, {time.monotonic() - started:.0f} s. {NOTE}")
-    return 0
+    return run_suite(args, command_line(PROG, argv), groups, summarize, LAYOUT.write, NOTE)
