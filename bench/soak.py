@@ -59,13 +59,9 @@ import dataclasses
 import gzip
 import json
 import math
-import os
 import shutil
-import signal
-import socket
 import ssl
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -86,6 +82,13 @@ from ge_serve.protos import grpc_service_pb2 as pb
 from ge_serve.protos import grpc_service_pb2_grpc as pb_grpc
 
 REPO_ROOT: Final = Path(__file__).resolve().parent.parent
+# The server starts as the tests start it (tests/serverproc.py); tests/ is not a package,
+# so it goes on the path, as pytest puts it there.
+if str(REPO_ROOT / "tests") not in sys.path:
+    sys.path.append(str(REPO_ROOT / "tests"))
+
+from serverproc import ServerProcess, start_server  # noqa: E402
+
 EXAMPLE_MODELS: Final = REPO_ROOT / "examples" / "models"
 MODELS: Final = ("simple", "simple_string")
 # Small enough that an oversized body costs little to send; far above any valid request.
@@ -802,17 +805,6 @@ def _outcome_of(protocol: str, answer: str) -> str:
 # --- the server -----------------------------------------------------------------------------
 
 
-def free_ports(count: int) -> tuple[int, ...]:
-    """Distinct free loopback ports; all held until all are bound, so none repeats."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind(("127.0.0.1", 0))
-            ports.append(int(sock.getsockname()[1]))
-        return tuple(ports)
-
-
 def make_repository(source: Path, target: Path) -> Path:
     target.mkdir(parents=True)
     for name in MODELS:
@@ -820,61 +812,23 @@ def make_repository(source: Path, target: Path) -> Path:
     return target
 
 
-@dataclass
-class Server:
-    process: subprocess.Popen[bytes]
-    http_port: int
-    grpc_port: int
-    log_path: Path
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
-
-    @property
-    def grpc_target(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        """SIGTERM our own process, SIGKILL it if it has not exited in time."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        return int(self.process.returncode)
-
-
-def start_server(repo: Path, log_path: Path, extra: Sequence[str] = ()) -> Server:
-    http_port, grpc_port, metrics_port = free_ports(3)
-    command = [
-        sys.executable, "-m", "ge_serve.server.cli",
-        "--model-repository", str(repo),
-        "--http-address", "127.0.0.1", "--http-port", str(http_port),
-        "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
-        "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics_port),
+def start_soak_server(repo: Path, extra: Sequence[str] = ()) -> ServerProcess:
+    """ge-serve on `repo` in explicit mode with every model loaded, not waited for."""
+    flags = [
         "--model-control-mode", "explicit", "--load-model", "*",
         "--http-max-input-size", str(HTTP_MAX_INPUT),
         *extra,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env)
-    return Server(process, http_port, grpc_port, log_path)
+    return start_server([repo], flags, wait_ready=False)
 
 
-async def wait_ready(server: Server, timeout_s: float) -> None:
+async def wait_ready(server: ServerProcess, timeout_s: float) -> None:
     """Poll HTTP ready and gRPC ServerReady (real signals), or raise with the server's log."""
     deadline = time.monotonic() + timeout_s
     http_ok = grpc_ok = False
     async with (
         httpx.AsyncClient(base_url=server.base_url, timeout=1.0) as http,
-        grpc.aio.insecure_channel(server.grpc_target) as channel,
+        grpc.aio.insecure_channel(server.grpc_url) as channel,
     ):
         stub = _stub(channel)
         while time.monotonic() < deadline:
@@ -1091,7 +1045,7 @@ async def rss_sampler(run: Run, pid: int) -> None:
         run.rss.append((run.now(), rss_of(pid)))
 
 
-async def run_soak(server: Server, plan: Plan) -> SoakReport:
+async def run_soak(server: ServerProcess, plan: Plan) -> SoakReport:
     """Drive the load for `plan.duration_s` against a ready server and summarise it."""
     http_cases = http_invalid_cases()
     grpc_cases = grpc_invalid_cases()
@@ -1107,7 +1061,7 @@ async def run_soak(server: Server, plan: Plan) -> SoakReport:
         for i in range(plan.http_clients):
             tasks.create_task(http_client(run, i, server.base_url, http_cases, tls))
         for i in range(plan.grpc_clients):
-            tasks.create_task(grpc_client(run, i, server.grpc_target, grpc_cases))
+            tasks.create_task(grpc_client(run, i, server.grpc_url, grpc_cases))
     client_cpu = time.process_time() - client_cpu
     server_now = server_process.cpu_times()
     server_cpu_s = server_now.user + server_now.system - server_cpu.user - server_cpu.system
@@ -1199,13 +1153,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     plan = plan_from(args)
 
-    async def soak(server: Server) -> SoakReport:
+    async def soak(server: ServerProcess) -> SoakReport:
         await wait_ready(server, 120.0)
         return await run_soak(server, plan)
 
     with tempfile.TemporaryDirectory(prefix="ge-serve-soak-") as tmp:
         repo = make_repository(args.models, Path(tmp) / "models")
-        server = start_server(repo, Path(tmp) / "server.log", args.server_arg)
+        server = start_soak_server(repo, args.server_arg)
         try:
             report = asyncio.run(soak(server))
         except (RuntimeError, TimeoutError) as exc:
@@ -1214,6 +1168,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             code = server.stop()
             log = server.log()
+            shutil.rmtree(server.log_path.parent, ignore_errors=True)
             if args.log is not None:
                 args.log.parent.mkdir(parents=True, exist_ok=True)
                 args.log.write_text(log)

@@ -5,8 +5,6 @@ Concurrency comes from the free slots; requests wait for a slot in arrival order
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -15,6 +13,7 @@ from ge_serve.server.errors import SchedulerClosed
 
 from .batch import execute_batch
 from .dispatch import SlotPool
+from .inflight import InFlight
 from .work import Array, WorkItem
 
 log = logging.getLogger(__name__)
@@ -25,21 +24,14 @@ class DirectScheduler:
         self._pool = pool
         self._gears = tuple(gears)
         self._batching = batching
-        self._pending = 0
-        self._closing = False
-        self._drained = asyncio.Event()
-        self._drained.set()
+        self._in_flight = InFlight()
 
     @property
     def pending(self) -> int:
-        return self._pending
+        return self._in_flight.pending
 
     async def submit(self, item: WorkItem) -> dict[str, Array]:
-        if self._closing:
-            raise SchedulerClosed()
-        self._pending += 1
-        self._drained.clear()
-        try:
+        with self._in_flight.request():
             item.enqueue_ns = item.enqueue_ns or time.monotonic_ns()
             slot = await self._pool.acquire()
             item.timings.queue_ns = time.monotonic_ns() - item.enqueue_ns
@@ -48,10 +40,6 @@ class DirectScheduler:
                 slot, lambda ex: execute_batch(ex, [item], gears, batching)
             )
             return results[0]
-        finally:
-            self._pending -= 1
-            if self._pending == 0:
-                self._drained.set()
 
     async def close(self, drain_timeout_s: float) -> None:
         """Refuse new work, drain within the timeout, then close and join every slot.
@@ -59,9 +47,7 @@ class DirectScheduler:
         Requests still waiting for a slot after the timeout fail with UNAVAILABLE; the
         ones already executing finish before their slot's thread closes its executor.
         """
-        self._closing = True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
+        await self._in_flight.close(drain_timeout_s)
         await self._pool.shutdown(
             SchedulerClosed("model was unloaded before the request could run"),
             drain_timeout_s,

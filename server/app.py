@@ -31,6 +31,7 @@ from ge_serve.scheduler.factory import SchedulerOptions, build_scheduler, delay_
 from .bls import CoreBridge
 from .control import ControlMode, ControlSettings, ModelControl
 from .core import InferenceServer
+from .drain import DrainGate
 from .errors import ErrorCode, ServerError
 from .grpc.server import GrpcFrontEnd, GrpcSettings
 from .http.app import HttpFrontEnd, HttpSettings
@@ -39,6 +40,7 @@ from .lifecycle import LifecycleSettings, ModelLifecycle
 from .logsettings import LogControl, LogSettings
 from .metrics import ServerMetrics
 from .metricsconfig import MetricsConfig
+from .records import ModelState
 from .repository import ModelRepository
 from .resources import DeviceMetricsProvider, ResourceSampler
 from .settings import Settings
@@ -48,11 +50,42 @@ log = logging.getLogger("ge_serve")
 
 
 class EmbeddedUvicorn(uvicorn.Server):
-    """A uvicorn server that leaves signal handling to us, so several servers share a loop."""
+    """A uvicorn server that leaves signal handling to us, so several servers share a loop.
+
+    Given a gate, it stops the way server/drain.py describes: it closes its listener, then
+    lingers while the front end refuses requests on the connections already open, and only
+    then closes those, all within the deadline `stop()` sets.
+    """
+
+    def __init__(self, config: uvicorn.Config, gate: DrainGate | None = None) -> None:
+        super().__init__(config)
+        self.gate = gate
+        self.deadline: float | None = None
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+    def stop(self, deadline: float) -> None:
+        """Begin a graceful stop, to be over by `deadline` (time.monotonic())."""
+        self.deadline = deadline
+        if self.gate is not None:
+            self.gate.close()
+        self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.deadline is not None:
+            if self.gate is not None:
+                for server in self.servers:
+                    server.close()
+                for sock in sockets or []:
+                    sock.close()
+                await self.gate.linger(self.deadline - time.monotonic())
+            # Read here by uvicorn, as it waits for the requests in flight (a float works,
+            # see _start_uvicorn).
+            left = max(self.deadline - time.monotonic(), 0.0)
+            self.config.timeout_graceful_shutdown = left  # type: ignore[assignment]
+        await super().shutdown(sockets)
 
 
 def configure_logging(settings: Settings) -> LogControl:
@@ -227,7 +260,11 @@ class ServerApp:
             log.info("Started GRPCInferenceService at %s", self.grpc.settings.target)
         if self.settings.allow_http:
             await self._start_uvicorn(
-                self.http.build(), self.settings.http_address, self.settings.http_port, "HTTP"
+                self.http.build(),
+                self.settings.http_address,
+                self.settings.http_port,
+                "HTTP",
+                self.http.gate,
             )
         if self.metrics is not None:
             await self._start_uvicorn(
@@ -240,7 +277,9 @@ class ServerApp:
                 self.metrics.sampler.start()
         return True
 
-    async def _start_uvicorn(self, app: object, host: str, port: int, what: str) -> None:
+    async def _start_uvicorn(
+        self, app: object, host: str, port: int, what: str, gate: DrainGate | None = None
+    ) -> None:
         config = uvicorn.Config(
             app,  # type: ignore[arg-type]
             host=host,
@@ -262,7 +301,7 @@ class ServerApp:
         # when the address is taken; this way the reason is one clear line.
         sock = listen_socket(host, port, what)
         port = int(sock.getsockname()[1])
-        server = EmbeddedUvicorn(config)
+        server = EmbeddedUvicorn(config, gate)
         task = asyncio.create_task(server.serve(sockets=[sock]), name=f"uvicorn-{what}")
         self._servers.append(server)
         self._tasks.append(task)
@@ -275,29 +314,40 @@ class ServerApp:
 
     def log_model_table(self) -> None:
         rows = self.lifecycle.index()
-        width = max([len(r["name"]) for r in rows] + [5])
+        width = max([len(r.name) for r in rows] + [5])
         lines = [f"{'Model':<{width}} | Version | Status"]
         lines.append("-" * (width + 1) + "+---------+" + "-" * 30)
         for row in rows:
-            status = row["state"] or "UNAVAILABLE"
-            if row["reason"] and row["state"] != "READY":
-                status += f": {row['reason']}"
-            lines.append(f"{row['name']:<{width}} | {row['version']:<7} | {status}")
+            status = row.state.value if row.state is not None else "UNAVAILABLE"
+            if row.reason and row.state is not ModelState.READY:
+                status += f": {row.reason}"
+            version = "" if row.version is None else str(row.version)
+            lines.append(f"{row.name:<{width}} | {version:<7} | {status}")
         log.info("models:\n%s", "\n".join(lines))
 
     async def stop(self) -> None:
         """Stop accepting, let in-flight requests finish within the exit timeout, close.
 
-        The front ends close their listeners first and drain what they already received;
-        only then does the core refuse requests, so one whose body was still arriving at
-        the signal is served rather than refused.
+        Readiness turns false at once. Both front ends drain at the same time, within the
+        same exit timeout (see server/drain.py): HTTP closes its listener, answers 503 on
+        the connections already open and finishes the requests it has read; gRPC keeps
+        its listener open, refuses new work UNAVAILABLE and finishes the calls it has
+        admitted. Only then does the core refuse requests, so one whose body was still
+        arriving at the signal is served rather than refused.
         """
+        timeout = self.settings.exit_timeout_secs
+        self.core.begin_draining()
+        deadline = time.monotonic() + timeout
         for server in self._servers:
-            server.should_exit = True
-        grpc_stopped = asyncio.create_task(self.grpc.stop(self.settings.exit_timeout_secs))
-        await asyncio.wait(
-            [*self._tasks, grpc_stopped], timeout=self.settings.exit_timeout_secs + 1
-        )
+            server.stop(deadline)
+        grpc_stopped = asyncio.create_task(self.grpc.stop(timeout), name="grpc-stop")
+        await asyncio.wait([*self._tasks, grpc_stopped], timeout=timeout + 1)
+        # The gRPC stop ends on its own once the timeout has passed (it cancels what is
+        # left); it must end before the loop closes, or grpc's poller thread outlives it.
+        try:
+            await grpc_stopped
+        except Exception:
+            log.exception("stopping the gRPC server failed")
         self.core.stop_accepting()
         await self.control.stop()
         if self.metrics is not None and self.metrics.sampler is not None:
@@ -376,6 +426,15 @@ def configure_gil(settings: Settings) -> None:
         sys.setswitchinterval(settings.gil_switch_interval_us / 1e6)
 
 
+def is_grpc_poller(thread: threading.Thread) -> bool:
+    """grpc.aio's completion-queue poller: a daemon thread that waits in grpc core and ends
+    when grpc shuts down at exit. It runs no model, so exit neither waits for it nor names
+    it. (grpcio names it after its target, newer releases "grpc-aio-poller".)"""
+    return thread.daemon and (
+        thread.name == "grpc-aio-poller" or thread.name.endswith("(_poll_wrapper)")
+    )
+
+
 def leave_running_executions(code: int, grace_s: float = 2.0) -> None:
     """Exit at once when a model execution outlived --exit-timeout-secs.
 
@@ -384,7 +443,11 @@ def leave_running_executions(code: int, grace_s: float = 2.0) -> None:
     executor threads that are idle end within the grace period; a busy one means exit now.
     """
     deadline = time.monotonic() + grace_s
-    others = [t for t in threading.enumerate() if t is not threading.current_thread()]
+    others = [
+        t
+        for t in threading.enumerate()
+        if t is not threading.current_thread() and not is_grpc_poller(t)
+    ]
     for thread in others:
         thread.join(max(deadline - time.monotonic(), 0.0))
     busy = [t.name for t in others if t.is_alive()]

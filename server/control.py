@@ -22,6 +22,7 @@ from google.protobuf import json_format
 
 from ge_serve.protos import model_config_pb2
 
+from .ensembles import EnsembleLoader
 from .errors import ErrorCode, ServerError
 from .lifecycle import LoadOverride, ModelLifecycle
 from .repository import (
@@ -62,6 +63,8 @@ class ModelControl:
         self.lifecycle = lifecycle
         self.repository = repository
         self.settings = settings
+        # Loads and unloads go through it, so ensembles and their models stay in step.
+        self.ensembles = EnsembleLoader(lifecycle)
         self._fingerprints: dict[str, str] = {}
         self._poller: asyncio.Task[None] | None = None
         # Loads and unloads run as tasks the caller awaits through a shield, so a client
@@ -97,7 +100,7 @@ class ModelControl:
             # Taken before loading, so an edit made while loading is seen by the next poll.
             self._fingerprints = await asyncio.to_thread(self._scan_fingerprints)
         names = self.startup_models()
-        errors = await self.lifecycle.load_many(names)
+        errors = await self.ensembles.load_many(names)
         if self.settings.mode is ControlMode.POLL:
             self._poller = asyncio.create_task(self._poll_forever(), name="repository-poll")
         return errors
@@ -139,13 +142,15 @@ class ModelControl:
             except ServerError as exc:
                 raise ServerError(exc.code, f"failed to load '{name}': {exc.message}") from None
         override = LoadOverride(config=config, folder=folder)
-        await self._run(self.lifecycle.load(name, override))
+        await self._run(self.ensembles.load(name, override))
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
-        """Unload `name`. There are no ensembles, so `unload_dependents` changes nothing."""
+        """Unload `name`, taking down the ensembles built on it; `unload_dependents` also
+        unloads the models loaded along with it (an ensemble's composing models) that
+        nothing else uses."""
         self._require_api()
         check_model_name(name)
-        await self._run(self.lifecycle.unload(name))
+        await self._run(self.ensembles.unload(name, dependents=unload_dependents))
 
     def _require_api(self) -> None:
         if not self.api_enabled:
@@ -194,19 +199,24 @@ class ModelControl:
         log.info(
             "model repository changed: added %s, changed %s, removed %s", added, changed, removed
         )
-        jobs: list[Awaitable[None]] = [self._poll_load(n) for n in added + changed]
+        jobs: list[Awaitable[None]] = [self._poll_load(added + changed)]
         jobs += [self._poll_unload(n) for n in removed]
         await asyncio.gather(*jobs)
 
-    async def _poll_load(self, name: str) -> None:
-        try:
-            await self._run(self.lifecycle.load(name))
-        except ServerError as exc:
-            log.error("%s", exc.message)
+    async def _poll_load(self, names: list[str]) -> None:
+        errors: dict[str, str] = {}
+
+        async def load() -> None:
+            errors.update(await self.ensembles.load_many(names))
+
+        if names:
+            await self._run(load())
+        for message in errors.values():
+            log.error("%s", message)
 
     async def _poll_unload(self, name: str) -> None:
         try:
-            await self._run(self.lifecycle.unload(name, forget=True))
+            await self._run(self.ensembles.unload(name, forget=True))
         except ServerError as exc:
             log.error("unloading '%s' failed: %s", name, exc.message)
 

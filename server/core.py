@@ -9,15 +9,23 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ge_serve.backends.config_json import config_to_json
 from ge_serve.protos import model_config_pb2
-from ge_serve.scheduler.work import Array, WorkItem
+from ge_serve.scheduler.ensemble import StepCall
+from ge_serve.scheduler.work import Array, Timings, WorkItem
 
 from .control import CONTROL_DISABLED, ModelControl
-from .errors import ErrorCode, FailureReason, SchedulerClosed, ServerError, request_cancelled
+from .errors import (
+    ErrorCode,
+    FailureReason,
+    SchedulerClosed,
+    ServerError,
+    request_cancelled,
+    shutting_down,
+)
 from .lifecycle import ModelLifecycle
 from .logsettings import LogControl
-from .model import ModelVersion
+from .model import ModelVersion, TensorSpec
+from .records import ModelMetadata, ModelStatistics, RepositoryEntry, ServerMetadata, TensorMetadata
 from .requests import (
     ResponseQueue,
     decoupled_unsupported,
@@ -26,8 +34,8 @@ from .requests import (
     response_of,
 )
 from .sharedmemory import SharedMemoryManager
-from .statistics import ModelStatistics
-from .types import InferRequest, InferResponse, SharedMemoryRef, check_shape
+from .statistics import StatisticsCollector
+from .types import DataType, InferRequest, InferResponse, SharedMemoryRef, Tensor, check_shape
 from .validation import build_response, prepare
 from .wire import tensor_to_raw
 
@@ -91,10 +99,12 @@ class InferenceServer:
         self.control = control
         self.info = info or ServerInfo()
         self.strict_readiness = strict_readiness
-        self.stats = ModelStatistics(lifecycle)
+        self.stats = StatisticsCollector(lifecycle)
         self.log_control = log_control or LogControl()
         self.observers: list[InferObserver] = [self.stats]
+        lifecycle.step_runner = self.infer_step
         self._live = True
+        self._draining = False
         self._accepting = True
 
     # --- health and metadata -------------------------------------------------------------
@@ -103,18 +113,23 @@ class InferenceServer:
         return self._live
 
     def ready(self) -> bool:
-        if not (self._live and self._accepting):
+        if not self._live or self._draining or not self._accepting:
             return False
         return self.lifecycle.all_ready() if self.strict_readiness else True
+
+    def begin_draining(self) -> None:
+        """Report not ready from now on, so that balancers send new work elsewhere, while
+        the requests the front ends have taken in are still served."""
+        self._draining = True
 
     def stop_accepting(self) -> None:
         self._accepting = False
 
-    def metadata(self) -> dict[str, Any]:
-        extensions = list(self.info.extensions)
+    def metadata(self) -> ServerMetadata:
+        extensions = self.info.extensions
         if not self.shared_memory.enabled:
-            extensions = [e for e in extensions if e != "system_shared_memory"]
-        return {"name": self.info.name, "version": self.info.version, "extensions": extensions}
+            extensions = tuple(e for e in extensions if e != "system_shared_memory")
+        return ServerMetadata(self.info.name, self.info.version, extensions)
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.lifecycle.is_ready(name, version)
@@ -122,32 +137,26 @@ class InferenceServer:
     def model(self, name: str, version: str = "") -> ModelVersion:
         return self.lifecycle.get(name, version)
 
-    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         model = self.lifecycle.get(name, version)
         record = self.lifecycle.models[name]
-        versions = [str(v) for v in sorted(record.versions) if record.versions[v].model]
-        lead = [-1] if model.max_batch_size > 0 else []
+        versions = tuple(v for v in sorted(record.versions) if record.versions[v].model)
+        lead = (-1,) if model.max_batch_size > 0 else ()
 
-        def describe(specs: dict[str, Any]) -> list[dict[str, Any]]:
-            return [
-                {"name": s.name, "datatype": s.datatype.value, "shape": lead + list(s.dims)}
-                for s in specs.values()
-            ]
+        def describe(specs: dict[str, TensorSpec]) -> tuple[TensorMetadata, ...]:
+            return tuple(TensorMetadata(s.name, s.datatype, lead + s.dims) for s in specs.values())
 
-        return {
-            "name": model.name,
-            "versions": versions,
-            "platform": _platform(model),
-            "inputs": describe(model.inputs),
-            "outputs": describe(model.outputs),
-        }
+        return ModelMetadata(
+            name=model.name,
+            versions=versions,
+            platform=_platform(model),
+            inputs=describe(model.inputs),
+            outputs=describe(model.outputs),
+        )
 
     def model_config(self, name: str, version: str = "") -> model_config_pb2.ModelConfig:
+        """The config as loaded (auto-completed); each front end prints it its own way."""
         return self.lifecycle.get(name, version).config
-
-    def model_config_json(self, name: str, version: str = "") -> dict[str, Any]:
-        """The config as Triton prints it: proto field names, every field, ints as numbers."""
-        return config_to_json(self.model_config(name, version))
 
     # --- inference -----------------------------------------------------------------------
 
@@ -155,7 +164,7 @@ class InferenceServer:
         """One request, one response. `endpoint` names the caller in the error a
         decoupled model answers with (Triton's "HTTP end point", "ModelInfer RPC")."""
         if not self._accepting:
-            raise ServerError(ErrorCode.UNAVAILABLE, "Server is shutting down")
+            raise shutting_down()
         # The front ends check shapes as they decode; this is for in-process callers,
         # before any shape reaches numpy (shared memory views are shaped below).
         for tensor in request.inputs:
@@ -164,6 +173,35 @@ class InferenceServer:
         model = self.lifecycle.get(request.model_name, request.model_version)
         if model.decoupled:
             raise decoupled_unsupported(endpoint)
+        response, _ = await self._infer(request, model, started)
+        return response
+
+    async def infer_step(self, call: StepCall) -> tuple[dict[str, Array], Timings]:
+        """One step of an ensemble request, as a request to the step's model: its scheduler
+        (so steps batch), its statistics and metrics. The arrays pass as they are; a step
+        in flight finishes even once the server stops accepting new requests."""
+        started = time.monotonic_ns()
+        model = self.lifecycle.get(call.model_name, call.model_version)
+        if model.decoupled:
+            raise decoupled_unsupported("An ensemble step")
+        inputs = []
+        for name, array in call.inputs.items():
+            spec = model.inputs.get(name)
+            datatype = spec.datatype if spec is not None else DataType.from_numpy(array.dtype)
+            inputs.append(Tensor(name, datatype, tuple(array.shape), array))
+        request = InferRequest(
+            model_name=call.model_name,
+            model_version=call.model_version,
+            inputs=inputs,
+            priority=call.priority,
+            timeout_us=call.timeout_us,
+        )
+        response, item = await self._infer(request, model, started)
+        return {tensor.name: tensor.data for tensor in response.outputs}, item.timings
+
+    async def _infer(
+        self, request: InferRequest, model: ModelVersion, started: int
+    ) -> tuple[InferResponse, WorkItem]:
         # Like Triton's front ends, shared-memory references are resolved before the
         # request is counted; the views keep their regions mapped until the request ends.
         shm_outputs = self._map_shared_memory(request)
@@ -209,7 +247,8 @@ class InferenceServer:
             self._notify(model, item, error, started)
             raise error from exc
         self._notify(model, item, None, started)
-        return response
+        assert item is not None
+        return response, item
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         """Whether the model may answer a request with zero or several responses (Triton's
@@ -241,7 +280,7 @@ class InferenceServer:
         other (its execution may end long before its responses do), and each response
         the backend sends comes out as it arrives, until the final flag."""
         if not self._accepting:
-            raise ServerError(ErrorCode.UNAVAILABLE, "Server is shutting down")
+            raise shutting_down()
         for tensor in request.inputs:
             check_shape(tensor.shape, tensor.name)
         if any(o.shm is not None for o in request.outputs):
@@ -323,7 +362,7 @@ class InferenceServer:
 
     # --- repository ----------------------------------------------------------------------
 
-    async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+    async def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]:
         """The repository index; the folder scan runs off the event loop."""
         scanned: list[str] = []
         if not ready_only:
@@ -350,8 +389,9 @@ class InferenceServer:
 
     # --- statistics and logging -----------------------------------------------------------
 
-    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        """Triton's statistics extension: `{"model_stats": [...]}`, every field an integer."""
+    def statistics(self, name: str = "", version: str = "") -> tuple[ModelStatistics, ...]:
+        """Triton's statistics extension: every model's, one model's or one version's,
+        by name then version."""
         return self.stats.statistics(name, version)
 
     def log_settings(self) -> dict[str, Any]:

@@ -130,6 +130,11 @@ class SchedulerClosed(ServerError):
         super().__init__(ErrorCode.UNAVAILABLE, message)
 
 
+def shutting_down() -> ServerError:
+    """A request that arrived after the server began to stop: retry it on another server."""
+    return ServerError(ErrorCode.UNAVAILABLE, "Server is shutting down")
+
+
 def queue_full() -> ServerError:
     return ServerError(ErrorCode.UNAVAILABLE, "Exceeds maximum queue size", FailureReason.REJECTED)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import shutil
 import time
@@ -15,22 +14,19 @@ from pathlib import Path
 from ge_serve.backends.base import Backend, LoadedModel, ModelSpec
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
+from ge_serve.scheduler.ensemble import EnsembleScheduler, StepCall, StepRunner
+from ge_serve.scheduler.work import Array, Timings
 
-from . import autocomplete
+from . import autocomplete, ensemble_config
 from .config_paths import check_config_paths
-from .errors import (
-    ErrorCode,
-    ServerError,
-    model_not_ready,
-    no_available_versions,
-    unknown_model,
-    unknown_version,
-)
-from .health import VersionHealth
+from .errors import ErrorCode, ServerError, model_not_ready, unknown_model, unknown_version
+from .health import VersionHealth, not_ready
 from .model import ModelVersion, tensor_specs
+from .records import ModelState, RepositoryEntry
 from .repository import (
     ModelRepository,
     ModelSource,
+    OverrideFolderText,
     parse_version,
     read_config,
     read_labels,
@@ -40,13 +36,6 @@ from .repository import (
 log = logging.getLogger(__name__)
 
 SchedulerFactory = Callable[[model_config_pb2.ModelConfig, LoadedModel], Scheduler]
-
-
-class ModelState(enum.Enum):
-    READY = "READY"
-    UNAVAILABLE = "UNAVAILABLE"
-    LOADING = "LOADING"
-    UNLOADING = "UNLOADING"
 
 
 @dataclass(slots=True)
@@ -119,6 +108,8 @@ class ModelLifecycle:
         self.on_loaded: list[Callable[[ModelVersion, float], None]] = []
         # Observers called once a version is retired and its executors are closed.
         self.on_retired: list[Callable[[ModelVersion], None]] = []
+        # How ensemble steps reach their models; the core serving this lifecycle sets it.
+        self.step_runner: StepRunner | None = None
 
     # --- queries -------------------------------------------------------------------------
 
@@ -137,12 +128,7 @@ class ModelLifecycle:
             return entry.model
         ready = [v for v in record.versions.values() if v.state is ModelState.READY and v.model]
         if not ready:
-            # Loaded, but down on its own for now (a Python model's worker restarting).
-            down = [v for v in record.versions.values() if v.model and v.reason]
-            if down and all(v.state is ModelState.UNAVAILABLE for v in down):
-                reason = max(down, key=lambda v: v.version).reason
-                raise ServerError(ErrorCode.UNAVAILABLE, f"model '{name}' is unavailable: {reason}")
-            raise no_available_versions(name)
+            raise not_ready(name, record.versions.values())
         best = max(ready, key=lambda v: v.version).model
         assert best is not None
         return best
@@ -172,10 +158,10 @@ class ModelLifecycle:
 
     def index(
         self, ready_only: bool = False, scanned: Iterable[str] | None = None
-    ) -> list[dict[str, str]]:
+    ) -> list[RepositoryEntry]:
         """Every model loaded or in the repository; `scanned` is a repository scan the
         caller already made (off the event loop), else the scan happens here."""
-        rows: list[dict[str, str]] = []
+        rows: list[RepositoryEntry] = []
         names = set(self.models)
         if not ready_only:
             if scanned is None:
@@ -186,31 +172,17 @@ class ModelLifecycle:
             record = self.models.get(name)
             if record is None or (not record.versions and not record.reason):
                 if not ready_only:
-                    rows.append({"name": name, "version": "", "state": "", "reason": ""})
+                    rows.append(RepositoryEntry(name))
                 continue
             if not record.versions:
                 if not ready_only:
-                    rows.append(
-                        {
-                            "name": name,
-                            "version": "",
-                            "state": "UNAVAILABLE",
-                            "reason": record.reason,
-                        }
-                    )
+                    rows.append(RepositoryEntry(name, None, ModelState.UNAVAILABLE, record.reason))
                 continue
             for version in sorted(record.versions):
                 entry = record.versions[version]
                 if ready_only and entry.state is not ModelState.READY:
                     continue
-                rows.append(
-                    {
-                        "name": name,
-                        "version": str(version),
-                        "state": entry.state.value,
-                        "reason": entry.reason,
-                    }
-                )
+                rows.append(RepositoryEntry(name, version, entry.state, entry.reason))
         return rows
 
     # --- loading -------------------------------------------------------------------------
@@ -273,20 +245,24 @@ class ModelLifecycle:
                 entry.state = ModelState.LOADING
         if not record.versions:
             record.reason = ""
+        hide = OverrideFolderText(override.folder)
         try:
-            loop = asyncio.get_running_loop()
-            prepared = await asyncio.to_thread(self._prepare, source, override.config, loop)
+            prepared = await asyncio.to_thread(self._prepare, source, override.config)
         except ServerError as exc:
-            self._fail(record, exc.message)
-            raise ServerError(exc.code, f"failed to load '{name}': {exc.message}") from None
+            reason = hide(exc.message)
+            self._fail(record, reason)
+            raise ServerError(exc.code, f"failed to load '{name}': {reason}") from None
         except Exception as exc:
-            self._fail(record, str(exc))
-            raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {exc}") from None
+            reason = hide(str(exc))
+            self._fail(record, reason)
+            raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reason}") from None
+        prepared.failures = {v: hide(reason) for v, reason in prepared.failures.items()}
         try:
             await self._install(record, prepared, override.folder)
         except ServerError as exc:
-            self._fail(record, exc.message)
-            raise ServerError(exc.code, f"failed to load '{name}': {exc.message}") from None
+            reason = hide(exc.message)
+            self._fail(record, reason)
+            raise ServerError(exc.code, f"failed to load '{name}': {reason}") from None
         failed = dict(prepared.failures)
         if failed and not prepared.loaded:
             reasons = "; ".join(f"version {v}: {r}" for v, r in sorted(failed.items()))
@@ -317,10 +293,7 @@ class ModelLifecycle:
                 entry.reason = f"reload failed, this version keeps serving: {reason}"
 
     def _prepare(
-        self,
-        source: ModelSource,
-        override: model_config_pb2.ModelConfig | None,
-        loop: asyncio.AbstractEventLoop,
+        self, source: ModelSource, override: model_config_pb2.ModelConfig | None
     ) -> _Prepared:
         """Blocking: read and complete the config, then load every version it names."""
         started = time.monotonic()
@@ -328,6 +301,13 @@ class ModelLifecycle:
         versions = select_versions(config, source.path)
         # Before anything the config names is read: autocomplete, labels, backend, warmup.
         check_config_paths(config, source.path, versions)
+        if ensemble_config.is_ensemble(config):
+            ensemble_config.check_ensemble(config)
+            backend: Backend = ensemble_config.ENSEMBLE_BACKEND
+            labels = read_labels(config, source.path)
+            empty = {version: LoadedModel(executors=[]) for version in versions}
+            seconds = time.monotonic() - started
+            return _Prepared(config, backend, source, labels, empty, {}, seconds)
         newest = source.path / str(versions[-1])
         backend = autocomplete.resolve_backend(
             config, self.backends, self.settings.default_backend, newest
@@ -341,14 +321,13 @@ class ModelLifecycle:
         health: dict[int, VersionHealth] = {}
         for version in versions:
             version_dir = source.path / str(version)
-            health[version] = VersionHealth(loop, ModelState.READY, ModelState.UNAVAILABLE)
             spec = ModelSpec(
                 name=config.name,
                 version=version,
                 config=config,
                 model_dir=source.path,
                 model_path=autocomplete.model_file(config, backend, version_dir),
-                events=health[version],
+                events=health.setdefault(version, VersionHealth()),
             )
             try:
                 loaded[version] = backend.load(spec)
@@ -385,7 +364,7 @@ class ModelLifecycle:
                 labels=prepared.labels,
             )
             new_versions[version] = VersionRecord(version, ModelState.READY, "", model)
-            if version in prepared.health:
+            if version in prepared.health:  # an ensemble has no backend to report
                 prepared.health[version].bind(new_versions[version])
         for version, reason in prepared.failures.items():
             new_versions[version] = VersionRecord(version, ModelState.UNAVAILABLE, reason)
@@ -415,8 +394,13 @@ class ModelLifecycle:
         a factory failure frees everything loaded, and fails the load with the reason."""
         built: dict[int, Scheduler] = {}
         try:
+            factory = self.scheduler_factory
+            if ensemble_config.is_ensemble(config):
+                lookup = ensemble_config.step_lookup(config.name, self.get, self.models)
+                plan = ensemble_config.build_plan(config, lookup)
+                factory = lambda c, m: EnsembleScheduler(plan, self._run_step)  # noqa: E731
             for version, model in loaded.items():
-                built[version] = self.scheduler_factory(config, model)
+                built[version] = factory(config, model)
         except Exception as exc:
             for scheduler in built.values():
                 await scheduler.close(0)
@@ -426,6 +410,20 @@ class ModelLifecycle:
                 raise
             raise ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}") from exc
         return built
+
+    async def _run_step(self, call: StepCall) -> tuple[dict[str, Array], Timings]:
+        if self.step_runner is None:
+            raise ServerError(ErrorCode.UNAVAILABLE, "ensembles need an inference server")
+        return await self.step_runner(call)
+
+    async def refuse(self, name: str, reason: str) -> None:
+        """Fail a load before it starts, for a reason found outside the model's own folder
+        (an ensemble's dependencies): the index shows it, as for any failed load."""
+        async with self._locked(name) as record:
+            assert record is not None
+            record.wanted = True
+            self._fail(record, reason)
+        raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reason}")
 
     async def _retire(self, entries: list[VersionRecord]) -> None:
         for entry in entries:
@@ -449,11 +447,12 @@ class ModelLifecycle:
         for callback in self.on_retired:
             callback(model)
 
-    async def unload(self, name: str, forget: bool = False) -> None:
+    async def unload(self, name: str, forget: bool = False, reason: str = "unloaded") -> None:
         """Stop serving a model: new requests are refused at once, in-flight ones drain
         (bounded by the unload timeout), then every executor is closed.
 
-        `forget` also drops the model from the index (its folder left the repository).
+        `forget` also drops the model from the index (its folder left the repository);
+        `reason` is what the index says of its versions afterwards.
         """
         async with self._locked(name, create=False) as record:
             if record is None:
@@ -468,6 +467,8 @@ class ModelLifecycle:
                     entry.state = ModelState.UNAVAILABLE
                     entry.reason = "unloaded"
             await self._retire(live)
+            for entry in record.versions.values():
+                entry.reason = reason
             folder, record.owned = record.owned, None
             if folder is not None:
                 await _remove_folder(folder)

@@ -9,25 +9,49 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
 
+from pydantic import ConfigDict, Field, WrapValidator
+
+from .documents import Document, validate, worded
 from .errors import ErrorCode, ServerError
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("default", "ISO8601")
+LogFormat = Literal["default", "ISO8601"]
+FORMATS: tuple[str, ...] = get_args(LogFormat)
 _LINE = "%(asctime)s %(levelname).1s %(name)s] %(message)s"
+# The gRPC extension reports the level as a uint32.
+_MAX_VERBOSE_LEVEL = 2**32 - 1
 
 
-@dataclass(frozen=True, slots=True)
-class LogSettings:
+def _expect_boolean(key: str) -> WrapValidator:
+    return worded(f"expect boolean for '{key}' setting")
+
+
+def _bad_format(value: Any) -> str:
+    return f"invalid 'log_format' setting '{value}': expected one of " + ", ".join(
+        f"'{f}'" for f in FORMATS
+    )
+
+
+class LogSettings(Document):
+    """Triton's log settings. An update names the settings it changes; the others keep
+    their values. (Also the schema of the `/v2/logging` body in the OpenAPI document.)"""
+
+    model_config = ConfigDict(extra="forbid")
+    unknown_field = "unknown log setting '{field}': expected one of {fields}"
+
     log_file: str = ""
-    log_info: bool = True
-    log_warning: bool = True
-    log_error: bool = True
-    log_verbose_level: int = 0
-    log_format: str = "default"
+    log_info: Annotated[bool, _expect_boolean("log_info")] = True
+    log_warning: Annotated[bool, _expect_boolean("log_warning")] = True
+    log_error: Annotated[bool, _expect_boolean("log_error")] = True
+    log_verbose_level: Annotated[
+        int,
+        Field(ge=0, le=_MAX_VERBOSE_LEVEL),
+        worded("expect unsigned integer for 'log_verbose_level' setting"),
+    ] = 0
+    log_format: Annotated[LogFormat, worded(_bad_format)] = "default"
 
 
 class _SettingsFilter(logging.Filter):
@@ -66,16 +90,19 @@ class LogControl:
         self._apply()
 
     def settings(self) -> dict[str, Any]:
-        return asdict(self.current)
+        return self.current.model_dump()
 
     def update(self, changes: dict[str, Any]) -> dict[str, Any]:
-        """Validate every change first, so a bad request changes nothing."""
-        values: dict[str, Any] = {}
-        for key, value in changes.items():
-            values[key] = _check(key, value, self.current)
-        self.current = replace(self.current, **values)
+        """Check every change first, so a bad request changes nothing."""
+        if "log_file" in changes and changes["log_file"] != self.current.log_file:
+            raise ServerError(
+                ErrorCode.INVALID_ARG,
+                "log file location can not be updated through network protocol: "
+                "updating log file was deprecated and no longer supported",
+            )
+        self.current = validate(LogSettings, {**self.settings(), **changes}, "log settings")
         self._apply()
-        log.info("log settings changed: %s", values)
+        log.info("log settings changed: %s", changes)
         log.debug("log settings now: %s", self.settings())
         return self.settings()
 
@@ -91,37 +118,3 @@ class LogControl:
         # being built when nothing verbose is wanted.
         verbose = self.current.log_verbose_level > 0
         logging.getLogger().setLevel(logging.DEBUG if verbose else logging.INFO)
-
-
-def _check(key: str, value: Any, current: LogSettings) -> Any:
-    if key == "log_file":
-        if value != current.log_file:
-            raise ServerError(
-                ErrorCode.INVALID_ARG,
-                "log file location can not be updated through network protocol: "
-                "updating log file was deprecated and no longer supported",
-            )
-        return value
-    if key in ("log_info", "log_warning", "log_error"):
-        if not isinstance(value, bool):
-            raise ServerError(ErrorCode.INVALID_ARG, f"expect boolean for '{key}' setting")
-        return value
-    if key == "log_verbose_level":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ServerError(
-                ErrorCode.INVALID_ARG, "expect unsigned integer for 'log_verbose_level' setting"
-            )
-        return value
-    if key == "log_format":
-        if value not in FORMATS:
-            raise ServerError(
-                ErrorCode.INVALID_ARG,
-                f"invalid 'log_format' setting '{value}': expected one of "
-                + ", ".join(f"'{f}'" for f in FORMATS),
-            )
-        return value
-    raise ServerError(
-        ErrorCode.INVALID_ARG,
-        f"unknown log setting '{key}': expected one of "
-        + ", ".join(f"'{name}'" for name in LogSettings.__dataclass_fields__),
-    )

@@ -38,7 +38,7 @@ from .scrape import (
     summary_families,
     triton_families,
 )
-from .statistics import ModelStatistics, ModelStats
+from .statistics import ModelStats, StatisticsCollector
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class ServerMetrics:
 
     def __init__(
         self,
-        stats: ModelStatistics,
+        stats: StatisticsCollector,
         config: MetricsConfig | None = None,
         sampler: ResourceSampler | None = None,
         devices: bool = True,

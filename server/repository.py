@@ -297,3 +297,22 @@ def write_overrides(root: Path, files: dict[str, bytes]) -> None:
                 ErrorCode.INVALID_ARG,
                 f"file override 'file:{relative}' could not be written: {exc.strerror}",
             ) from None
+
+
+class OverrideFolderText:
+    """Rewrites a load failure's text so that it does not show the private folder that
+    holds the `file:` overrides (a path under the server's temp folder, and deleted by
+    the time anyone reads it): a file in it reads as the `file:` name the client gave,
+    the folder itself as "the 'file:' overrides"."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self._roots: list[str] = []
+        if folder is not None:
+            # Longest first, so that a resolved form that extends the other wins.
+            forms = {str(folder), str(folder.resolve())}
+            self._roots = sorted(forms, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for root in self._roots:
+            text = text.replace(root + os.sep, "file:").replace(root, "the 'file:' overrides")
+        return text

@@ -148,7 +148,15 @@ def size(text: str) -> int:
     return int(float(number) * _UNITS[unit])
 
 
-_RESTRICTION = "CATEGORY[,CATEGORY]:HEADER=VALUE"
+def _restriction_flag() -> Mapping[str, Flag]:
+    """The flag of each front end's restricted APIs: repeated <category>:<header>=<value>."""
+    return flag(
+        repeat=True,
+        parse=restriction,
+        check=restriction_rules,
+        metavar="CATEGORY[,CATEGORY]:HEADER=VALUE",
+        group=RESTRICTED,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,23 +242,11 @@ class Settings:
     # Restricted APIs: (category, header, value), Triton's <category>:<header>=<value>
     http_restricted_api: tuple[Rule, ...] = field(
         default=(),
-        metadata=flag(
-            repeat=True,
-            parse=restriction,
-            check=restriction_rules,
-            metavar=_RESTRICTION,
-            group=RESTRICTED,
-        ),
+        metadata=_restriction_flag(),
     )
     grpc_restricted_protocol: tuple[Rule, ...] = field(
         default=(),
-        metadata=flag(
-            repeat=True,
-            parse=restriction,
-            check=restriction_rules,
-            metavar=_RESTRICTION,
-            group=RESTRICTED,
-        ),
+        metadata=_restriction_flag(),
     )
     device: str = field(
         default="auto",

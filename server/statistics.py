@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from ge_serve.scheduler.work import Timings, WorkItem
 
 from .errors import ErrorCode, FailureReason, ServerError, unknown_model
 from .lifecycle import ModelLifecycle
 from .model import ModelVersion
+from .records import BatchStatistics, InferStatistics, ModelStatistics, StatisticDuration
 
 # Triton's own wording for these two; a scheduler that builds the error itself may not tag it.
 _REJECTED_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired")
@@ -80,44 +80,36 @@ class ModelStats:
         batch.infer_ns += timings.compute_infer_ns
         batch.output_ns += timings.compute_output_ns
 
-    def to_json(self) -> dict[str, Any]:
-        """One `ModelStatistics` in Triton's JSON shape (grpc_service.proto field names)."""
+    def snapshot(self) -> ModelStatistics:
+        """The counts so far, as the statistics extension reports them."""
         successes = self.success_count
-        return {
-            "name": self.model.name,
-            "version": self.model.version_str,
-            "last_inference": self.last_inference_ms,
-            "inference_count": self.inference_count,
-            "execution_count": self.execution_count,
-            "inference_stats": {
-                "success": _duration(successes, self.success_ns),
-                "fail": _duration(self.fail_count, self.fail_ns),
-                "queue": _duration(successes, self.queue_ns),
-                "compute_input": _duration(successes, self.input_ns),
-                "compute_infer": _duration(successes, self.infer_ns),
-                "compute_output": _duration(successes, self.output_ns),
-                "cache_hit": _duration(0, 0),
-                "cache_miss": _duration(0, 0),
-            },
-            "response_stats": {},
-            "batch_stats": [
-                {
-                    "batch_size": size,
-                    "compute_input": _duration(batch.count, batch.input_ns),
-                    "compute_infer": _duration(batch.count, batch.infer_ns),
-                    "compute_output": _duration(batch.count, batch.output_ns),
-                }
+        return ModelStatistics(
+            name=self.model.name,
+            version=self.model.version,
+            last_inference=self.last_inference_ms,
+            inference_count=self.inference_count,
+            execution_count=self.execution_count,
+            inference_stats=InferStatistics(
+                success=StatisticDuration(successes, self.success_ns),
+                fail=StatisticDuration(self.fail_count, self.fail_ns),
+                queue=StatisticDuration(successes, self.queue_ns),
+                compute_input=StatisticDuration(successes, self.input_ns),
+                compute_infer=StatisticDuration(successes, self.infer_ns),
+                compute_output=StatisticDuration(successes, self.output_ns),
+            ),
+            batch_stats=tuple(
+                BatchStatistics(
+                    batch_size=size,
+                    compute_input=StatisticDuration(batch.count, batch.input_ns),
+                    compute_infer=StatisticDuration(batch.count, batch.infer_ns),
+                    compute_output=StatisticDuration(batch.count, batch.output_ns),
+                )
                 for size, batch in sorted(self.batches.items())
-            ],
-            "memory_usage": [],
-        }
+            ),
+        )
 
 
-def _duration(count: int, ns: int) -> dict[str, int]:
-    return {"count": count, "ns": ns}
-
-
-class ModelStatistics:
+class StatisticsCollector:
     """The statistics of every loaded model version; an `InferObserver` of the core."""
 
     def __init__(self, lifecycle: ModelLifecycle) -> None:
@@ -176,8 +168,8 @@ class ModelStatistics:
         found = [self._records[key] for key in live if key in self._records]
         return sorted(found, key=lambda r: (r.model.name, r.model.version))
 
-    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        """`{"model_stats": [...]}`: every model, one model's ready versions, or one version."""
+    def statistics(self, name: str = "", version: str = "") -> tuple[ModelStatistics, ...]:
+        """Every model's, one model's ready versions', or one version's statistics."""
         records = self.records()
         if name:
             if name not in self._lifecycle.models:
@@ -191,4 +183,4 @@ class ModelStatistics:
                     self._lifecycle.get(name)  # raises the reason no version serves
         elif version:
             raise ServerError(ErrorCode.INVALID_ARG, "a model version needs a model name")
-        return {"model_stats": [record.to_json() for record in records]}
+        return tuple(record.snapshot() for record in records)

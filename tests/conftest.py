@@ -1,15 +1,27 @@
 from __future__ import annotations
 
-import sys
+import os
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from modelgen import make_lifecycle
 from protocols import PROTOCOLS, Triton
-from serverproc import REPO_ROOT, ServerProcess, running_server
+from serverproc import ServerProcess, running_server
 
 from ge_serve.server.lifecycle import ModelLifecycle
+
+# Property and fuzz tests: "ci" (the default) keeps the whole set well under a minute on two
+# cores; "fuzz" searches longer, for a local run: HYPOTHESIS_PROFILE=fuzz (or pytest's
+# --hypothesis-profile=fuzz). The deadline is loose on purpose: it catches an input that
+# makes a decoder crawl, not a busy machine. No example database is written in CI.
+settings.register_profile(
+    "ci", max_examples=40, deadline=timedelta(seconds=2), database=None, print_blob=True
+)
+settings.register_profile("fuzz", max_examples=3000, deadline=timedelta(seconds=2))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")
@@ -23,10 +35,7 @@ def server() -> Iterator[ServerProcess]:
 def perf_analyzer() -> tuple[str, dict[str, str]]:
     """perf_analyzer (binary, environment) as bench/setup_perf_analyzer.sh set it up; a test
     never installs it, and one that takes this fixture skips, saying why, where it is not."""
-    bench = str(REPO_ROOT / "bench")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    import perfa
+    from bench.lib import perfa
 
     try:
         return perfa.find_perf_analyzer(install=False)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # mypy cannot follow setuptools' editable import hook, so check the link tree that
 # tools/pyroot.sh makes (ge_serve/server -> server, ...), which has the installed shape.
-# bench/ holds scripts (not a package): checked as files, with their sibling imports.
+# bench/ is a package (bench.lib, bench.suites) run from the repository root; its
+# server launcher shares tests/serverproc.py, hence tests/ on the path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$(tools/pyroot.sh)"
 (cd "$root" && python3 -m mypy --config-file ../pyproject.toml -p ge_serve "$@")
-MYPYPATH="$root:$PWD/bench:$PWD/tests" python3 -m mypy --config-file pyproject.toml bench/*.py "$@"
+MYPYPATH="$root:$PWD/tests" python3 -m mypy --config-file pyproject.toml -p bench "$@"

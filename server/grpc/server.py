@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -110,6 +112,7 @@ class GrpcFrontEnd:
         self.port = 0
         self._server: Any = None
         self._health_task: asyncio.Task[None] | None = None
+        self._stopping: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Bind and start serving; an address that cannot be bound is a ServerError."""
@@ -138,18 +141,49 @@ class GrpcFrontEnd:
         )
 
     async def stop(self, grace_s: float) -> None:
-        """Refuse new RPCs, end open streams once their requests are answered, and give
-        in-flight RPCs up to `grace_s` before they are cancelled."""
+        """Drain, then stop, all within `grace_s` (see `_stop`); a second call waits for the
+        stop already under way."""
+        if self._stopping is None:
+            self._stopping = asyncio.create_task(self._stop(grace_s), name="grpc-stop")
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self, grace_s: float) -> None:
+        """Drain, then stop, all within `grace_s`.
+
+        Health turns NOT_SERVING and the RPCs that start work are refused UNAVAILABLE while
+        the listener stays open; open streams read no more requests. Once every admitted
+        call has ended and refusals have gone quiet (or `grace_s` has passed) the grpc
+        server stops, cancelling what is left. Stopping it earlier would have grpc core
+        drop calls that had arrived but were not yet handled, which their clients see as
+        CANCELLED (see server/drain.py).
+        """
         if self._server is None:
             return
+        deadline = time.monotonic() + grace_s
+        self.servicer.drain()
         if self._health_task is not None:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
         await self.health.enter_graceful_shutdown()
-        self.servicer.stop_streams()
-        await self._server.stop(grace_s)
-        self._server = None
+        gate = self.servicer.gate
+        if await gate.wait_idle(deadline - time.monotonic()):
+            await gate.linger(deadline - time.monotonic())
+        else:
+            log.warning(
+                "%d gRPC call(s) still running after the %ss exit timeout are cancelled",
+                gate.active,
+                grace_s,
+            )
+        server, self._server = self._server, None
+        # grpc core ends a call that no handler has picked up by then CANCELLED, not
+        # UNAVAILABLE (grpc/grpc#41785); the drain and linger above leave it none but
+        # those of clients that kept retrying through the linger.
+        await server.stop(max(deadline - time.monotonic(), 0.0))
+        # The calls' ended contexts and aborts form reference cycles with the server; once
+        # they are collected grpc releases its poller thread, rather than at exit.
+        del server
+        gc.collect()
 
 
 def _cannot_listen(target: str, why: str) -> ServerError:

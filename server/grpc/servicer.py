@@ -1,14 +1,20 @@
 """The gRPC front end: every RPC of inference.GRPCInferenceService, each a thin adapter over
-`InferenceServer`, mirroring the HTTP routes in server/http/app.py."""
+`InferenceServer`, mirroring the HTTP routes in server/http/app.py.
+
+The RPCs that start work (inference, streams, model loads and unloads) pass the servicer's
+`DrainGate` (see server/drain.py): once the server stops they are refused UNAVAILABLE, and
+those running are counted until they end. Health, metadata and statistics keep answering.
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
-from google.protobuf import json_format, message_factory
+from google.protobuf import message_factory
 from google.protobuf.message import Message
 
 from ge_serve.protos import grpc_service_pb2 as pb
@@ -16,10 +22,11 @@ from ge_serve.protos import grpc_service_pb2_grpc as pb_grpc
 
 from ..control import FILE_PREFIX
 from ..core import InferenceServer
+from ..drain import DrainGate
 from ..errors import ErrorCode, ServerError, decoding
 from ..types import ParamValue
-from . import codec
-from .errors import Handler, Undecodable, guard
+from . import codec, encode
+from .errors import Handler, Undecodable, abort, guard
 from .stream import MAX_IN_FLIGHT, MAX_UNWRITTEN, StreamSession
 
 log = logging.getLogger(__name__)
@@ -43,6 +50,25 @@ def _not_offered(message: str) -> Handler[Any, Any, Any]:
     return handler
 
 
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+
+def admitted(handler: Handler[GrpcServicer, Req, Resp]) -> Handler[GrpcServicer, Req, Resp]:
+    """A guarded unary handler that passes the gate: refused while the server stops, and
+    counted while it runs."""
+
+    @functools.wraps(handler)
+    async def counted(self: GrpcServicer, request: Req, context: Any) -> Resp:
+        self.gate.enter()
+        try:
+            return await handler(self, request, context)
+        finally:
+            self.gate.leave()
+
+    return guard(counted)
+
+
 class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, core: InferenceServer) -> None:
         self.core = core
@@ -50,6 +76,13 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
         self.max_in_flight = MAX_IN_FLIGHT
         self.max_unwritten = MAX_UNWRITTEN
         self._streams: set[StreamSession] = set()
+        self.gate = DrainGate()
+
+    def drain(self) -> None:
+        """Refuse new work from now on, and end open streams once their requests are
+        answered; `gate.wait_idle()` tells when everything admitted has ended."""
+        self.gate.close()
+        self.stop_streams()
 
     def stop_streams(self) -> None:
         """Open streams read no more requests; each ends once its requests are answered."""
@@ -68,7 +101,7 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerReady(
         self, request: pb.ServerReadyRequest, context: Any
     ) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.core.ready())
+        return pb.ServerReadyResponse(ready=self.core.ready() and self.gate.is_open)
 
     @guard
     async def ModelReady(
@@ -80,24 +113,13 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: Any
     ) -> pb.ServerMetadataResponse:
-        meta = self.core.metadata()
-        return pb.ServerMetadataResponse(
-            name=meta["name"], version=meta["version"], extensions=meta["extensions"]
-        )
+        return encode.server_metadata(self.core.metadata())
 
     @guard
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: Any
     ) -> pb.ModelMetadataResponse:
-        meta = self.core.model_metadata(request.name, request.version)
-        tensor = pb.ModelMetadataResponse.TensorMetadata
-        return pb.ModelMetadataResponse(
-            name=meta["name"],
-            versions=meta["versions"],
-            platform=meta["platform"],
-            inputs=[tensor(**t) for t in meta["inputs"]],
-            outputs=[tensor(**t) for t in meta["outputs"]],
-        )
+        return encode.model_metadata(self.core.model_metadata(request.name, request.version))
 
     @guard
     async def ModelConfig(
@@ -107,7 +129,7 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # --- inference -----------------------------------------------------------------------
 
-    @guard
+    @admitted
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: Any
     ) -> pb.ModelInferResponse:
@@ -119,6 +141,11 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterable[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        try:
+            self.gate.enter()
+        except ServerError as exc:
+            await abort(context, exc)
+        # Registered before the first await, so a drain that starts later reaches it.
         session = StreamSession(
             self.core, request_iterator, context, self.max_in_flight, self.max_unwritten
         )
@@ -128,6 +155,7 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
                 yield response
         finally:
             self._streams.discard(session)
+            self.gate.leave()
 
     # --- statistics ----------------------------------------------------------------------
 
@@ -135,10 +163,7 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStatistics(
         self, request: pb.ModelStatisticsRequest, context: Any
     ) -> pb.ModelStatisticsResponse:
-        stats = self.core.statistics(request.name, request.version)
-        return json_format.ParseDict(
-            stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True
-        )
+        return encode.statistics(self.core.statistics(request.name, request.version))
 
     # --- repository ----------------------------------------------------------------------
 
@@ -146,21 +171,9 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: Any
     ) -> pb.RepositoryIndexResponse:
-        rows = await self.core.repository_index(request.ready)
-        index = pb.RepositoryIndexResponse.ModelIndex
-        return pb.RepositoryIndexResponse(
-            models=[
-                index(
-                    name=row["name"],
-                    version=row.get("version", ""),
-                    state=row.get("state", ""),
-                    reason=row.get("reason", ""),
-                )
-                for row in rows
-            ]
-        )
+        return encode.repository_index(await self.core.repository_index(request.ready))
 
-    @guard
+    @admitted
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: Any
     ) -> pb.RepositoryModelLoadResponse:
@@ -169,7 +182,7 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
         await self.core.load_model(request.model_name, config, files)
         return pb.RepositoryModelLoadResponse()
 
-    @guard
+    @admitted
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: Any
     ) -> pb.RepositoryModelUnloadResponse:

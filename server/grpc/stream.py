@@ -17,6 +17,10 @@ Like Triton:
   ends the stream with its gRPC status.
 - When the stream ends early (the client cancels it or goes away, or an error closes it),
   the tasks still in flight are cancelled, which drops their queued requests.
+- When the server stops (`stop_reading()`), the stream reads no further request, answers
+  those it has read, and then ends UNAVAILABLE ("Server is shutting down"): any request the
+  client wrote after that point was never read, and the status says so, where OK would
+  claim every request was answered.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any, Final
 from ge_serve.protos import grpc_service_pb2 as pb
 
 from ..core import InferenceServer
-from ..errors import ServerError, decoding
+from ..errors import ServerError, decoding, shutting_down
 from . import codec
 from .errors import Undecodable, abort, as_server_error
 
@@ -83,6 +87,8 @@ class StreamSession:
         self._reader: asyncio.Task[None] | None = None
         self._reading = True
         self._stopped = False
+        # Reading was cut short by stop_reading() before the client finished writing.
+        self._cut = False
         self._ended = False
         # The turn of the last non-decoupled request: done once its response is queued.
         self._last_turn: asyncio.Future[None] | None = None
@@ -91,6 +97,7 @@ class StreamSession:
         """The responses to write, until the client is done and every request answered."""
         if self._stopped:
             self._reading = False
+            self._cut = True
             self._maybe_end()
         else:
             self._reader = asyncio.create_task(self._read(), name="grpc-stream-reader")
@@ -98,6 +105,8 @@ class StreamSession:
             while True:
                 item = await self._out.get()
                 if item is _END:
+                    if self._cut:
+                        await abort(self._context, shutting_down())
                     return
                 if isinstance(item, _Close):
                     await self._cancel_all()
@@ -128,7 +137,8 @@ class StreamSession:
                     return
                 self._start(message)
         except asyncio.CancelledError:
-            pass  # stop_reading(), or the whole stream is going away
+            # stop_reading(), or the whole stream is going away
+            self._cut = self._stopped
         except Exception as exc:
             log.warning("ModelStreamInfer: reading the request stream failed: %s", exc)
             self._out.put_nowait(_Close(as_server_error(exc)))

@@ -1,11 +1,16 @@
 """The HTTP front end: KServe v2 routes, each a thin adapter over `InferenceServer`.
 
-Routes are plain ASGI endpoints (no FastAPI dependency injection, no pydantic) because the
-infer path is hot; FastAPI is the container so extensions can add documented routes.
+Routes are plain starlette routes, without FastAPI's dependency injection, because the
+infer path is hot; FastAPI is the container, so extensions can add documented routes, and
+it serves the OpenAPI document (openapi.py). The control-plane endpoints still read their
+bodies themselves (size cap, decompression), then check the JSON with the pydantic model
+the document describes it with (bodies.py); a failed check is a 400 `{"error": ...}` in
+the wording clients know, not FastAPI's 422.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from dataclasses import dataclass
@@ -13,17 +18,27 @@ from typing import Any
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ge_serve.server.core import InferenceServer
+from ge_serve.server.drain import DrainGate
 from ge_serve.server.errors import ErrorCode, ServerError, decoding
 from ge_serve.server.restrictions import RestrictedApis
 
-from . import codec, compression, monitoring, repository, sharedmemory
-from .errors import error_response, server_error_response
+from . import codec, compression, encode, monitoring, openapi, sharedmemory
+from .bodies import (
+    InferRequestBody,
+    RepositoryIndexRequest,
+    RepositoryLoadRequest,
+    RepositoryUnloadRequest,
+    decode_body,
+)
+from .drain import DISCARD_MAX_BYTES, RefuseWhileDraining, discard_body, expects_continue
+from .errors import ClosingError, error_response, server_error_response
+from .openapi import ApiRoute, Body
 from .responses import json_response
 from .restricted import RestrictedApiMiddleware
 from .routing import Endpoint
@@ -31,6 +46,28 @@ from .routing import Endpoint
 log = logging.getLogger(__name__)
 
 HEADER_LENGTH = "inference-header-content-length"
+
+# The binary tensor data extension: the body is the JSON header, then the tensors' bytes.
+_INFER_BODY = Body(
+    InferRequestBody,
+    other_content={"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    headers=(
+        {
+            "name": "Inference-Header-Content-Length",
+            "in": "header",
+            "required": False,
+            "description": "The length of the JSON header; 0: the body is the raw tensor of "
+            "a single-input model.",
+            "schema": {"type": "integer", "minimum": 0},
+        },
+        {
+            "name": "Content-Encoding",
+            "in": "header",
+            "required": False,
+            "schema": {"type": "string", "enum": ["identity", "gzip", "deflate"]},
+        },
+    ),
+)
 
 # FastAPI >= 0.165 wraps every request in OpenTelemetry checks that read the environment
 # per request (about 1% of the infer path on `simple`); ge-serve exports its own metrics.
@@ -88,6 +125,7 @@ def _guard(endpoint: Endpoint) -> Endpoint:
     decoding: a 500, logged once with its traceback.
     """
 
+    @functools.wraps(endpoint)
     async def guarded(request: Request) -> Response:
         try:
             return await endpoint(request)
@@ -108,16 +146,23 @@ class HttpFrontEnd:
         # Other front-end pieces (statistics, repository, logging...) add routes here.
         self.extra_routes: list[Route] = []
         # Also served by InferShortcut, in front of the route table.
-        self.infer_routes = self.versioned("/infer", self.infer, ["POST"])
+        self.infer_routes = self.versioned("/infer", self.infer, ["POST"], _INFER_BODY)
+        # Closed when the server stops: requests are then refused (see server/drain.py).
+        self.gate = DrainGate()
 
-    def route(self, path: str, endpoint: Endpoint, methods: list[str]) -> Route:
-        return Route(path, _guard(endpoint), methods=methods)
+    def route(
+        self, path: str, endpoint: Endpoint, methods: list[str], body: Body | None = None
+    ) -> Route:
+        """A guarded route; `body` describes its POST body in the OpenAPI document."""
+        return ApiRoute(path, _guard(endpoint), methods=methods, body=body)
 
-    def versioned(self, suffix: str, endpoint: Endpoint, methods: list[str]) -> list[Route]:
+    def versioned(
+        self, suffix: str, endpoint: Endpoint, methods: list[str], body: Body | None = None
+    ) -> list[Route]:
         """A model route with and without `/versions/{version}`."""
         return [
-            self.route("/v2/models/{model}" + suffix, endpoint, methods),
-            self.route("/v2/models/{model}/versions/{version}" + suffix, endpoint, methods),
+            self.route("/v2/models/{model}" + suffix, endpoint, methods, body),
+            self.route("/v2/models/{model}/versions/{version}" + suffix, endpoint, methods, body),
         ]
 
     def routes(self) -> list[Route]:
@@ -125,9 +170,24 @@ class HttpFrontEnd:
             self.route("/v2/health/live", self.health_live, ["GET"]),
             self.route("/v2/health/ready", self.health_ready, ["GET"]),
             self.route("/v2", self.server_metadata, ["GET"]),
-            self.route("/v2/repository/index", self.repository_index, ["POST"]),
-            self.route("/v2/repository/models/{model}/load", self.repository_load, ["POST"]),
-            self.route("/v2/repository/models/{model}/unload", self.repository_unload, ["POST"]),
+            self.route(
+                "/v2/repository/index",
+                self.repository_index,
+                ["POST"],
+                Body(RepositoryIndexRequest, required=False),
+            ),
+            self.route(
+                "/v2/repository/models/{model}/load",
+                self.repository_load,
+                ["POST"],
+                Body(RepositoryLoadRequest, required=False),
+            ),
+            self.route(
+                "/v2/repository/models/{model}/unload",
+                self.repository_unload,
+                ["POST"],
+                Body(RepositoryUnloadRequest, required=False),
+            ),
             *monitoring.routes(self),
             *sharedmemory.routes(self),
             *self.extra_routes,
@@ -138,21 +198,24 @@ class HttpFrontEnd:
         ]
 
     def build(self) -> ASGIApp:
-        """The HTTP application: FastAPI, with the shortcut for inference in front."""
-        app = self.build_fastapi()
-        if self.restrictions:
-            return app
-        return InferShortcut(app, self.infer_routes)
+        """The HTTP application: FastAPI, with the shortcut for inference in front, behind
+        the refusal of requests while the server stops."""
+        app: ASGIApp = self.build_fastapi()
+        if not self.restrictions:
+            app = InferShortcut(app, self.infer_routes)
+        return RefuseWhileDraining(app, self.gate)
 
     def build_fastapi(self) -> FastAPI:
         app = FastAPI(
             title="ge-serve",
             docs_url=None,
             redoc_url=None,
-            openapi_url=None,
+            openapi_url=openapi.PATH,
             routes=list[BaseRoute](self.routes()),
             **_NO_TELEMETRY,
         )
+        # Built once, here: FastAPI serves the cached document.
+        openapi.extend(app.openapi(), app.routes)
 
         async def http_error(request: Request, exc: Exception) -> Response:
             assert isinstance(exc, StarletteHTTPException)
@@ -178,11 +241,11 @@ class HttpFrontEnd:
         return Response(status_code=200 if self.core.ready() else 400)
 
     async def server_metadata(self, request: Request) -> Response:
-        return json_response(self.core.metadata())
+        return json_response(encode.server_metadata(self.core.metadata()))
 
     async def model_metadata(self, request: Request) -> Response:
         model, version = _model_path(request)
-        return json_response(self.core.model_metadata(model, version))
+        return json_response(encode.model_metadata(self.core.model_metadata(model, version)))
 
     async def model_ready(self, request: Request) -> Response:
         model, version = _model_path(request)
@@ -190,34 +253,34 @@ class HttpFrontEnd:
 
     async def model_config(self, request: Request) -> Response:
         model, version = _model_path(request)
-        return json_response(self.core.model_config_json(model, version))
+        return json_response(encode.config_to_json(self.core.model_config(model, version)))
 
     async def repository_index(self, request: Request) -> Response:
         body = await self.read_body(request)
-        ready = False
-        if body.strip():
-            with decoding("repository index request"):
-                options = codec.decode_json_object(body, "repository index request")
-                flag = options.get("ready", False)
-            if not isinstance(flag, bool):
-                raise ServerError(ErrorCode.INVALID_ARG, "'ready' must be a boolean")
-            ready = flag
-        return json_response(await self.core.repository_index(ready))
+        with decoding("repository index request"):
+            index = decode_body(
+                RepositoryIndexRequest, body, "repository index request", optional=True
+            )
+        return json_response(encode.repository_index(await self.core.repository_index(index.ready)))
 
     async def repository_load(self, request: Request) -> Response:
         body = await self.read_body(request)
         with decoding("load request"):
-            load = repository.decode_load(body)
+            load = decode_body(RepositoryLoadRequest, body, "load request", optional=True)
         await self.core.load_model(
-            str(request.path_params["model"]), load.config, load.files or None
+            str(request.path_params["model"]),
+            load.parameters.config_json,
+            load.parameters.files or None,
         )
         return Response(status_code=200)
 
     async def repository_unload(self, request: Request) -> Response:
         body = await self.read_body(request)
         with decoding("unload request"):
-            unload_dependents = repository.decode_unload(body)
-        await self.core.unload_model(str(request.path_params["model"]), unload_dependents)
+            unload = decode_body(RepositoryUnloadRequest, body, "unload request", optional=True)
+        await self.core.unload_model(
+            str(request.path_params["model"]), unload.parameters.unload_dependents
+        )
         return Response(status_code=200)
 
     async def infer(self, request: Request) -> Response:
@@ -241,24 +304,60 @@ class HttpFrontEnd:
         return Response(payload, media_type=media_type, headers=headers)
 
     async def read_body(self, request: Request) -> bytes:
-        """The request body, size-capped before and after decompression."""
+        """The request body, size-capped before and after decompression.
+
+        A body over the limit is read to its end and dropped (within bounds, see drain.py)
+        before the 400, which then closes the connection, so that a client that writes
+        the whole body before it reads gets the answer rather than a reset. A client that
+        goes away mid-body is one line in the log.
+        """
         limit = self.settings.max_input_size
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise _too_large(int(declared), limit)
-        chunks: list[bytes] = []
+        declared = _declared_length(request)
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(size, limit)
-            chunks.append(chunk)
+        try:
+            if declared is not None and declared > limit:
+                await self._drop_body(request, declared)
+                raise _too_large(declared, limit)
+            chunks: list[bytes] = []
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    await self._drop_body(request, None if declared is None else declared - size)
+                    raise _too_large(size, limit)
+                chunks.append(chunk)
+        except ClientDisconnect:
+            log.info(
+                "%s %s: the client went away after %d of %s body bytes",
+                request.method,
+                request.url.path,
+                size,
+                "?" if declared is None else declared,
+            )
+            raise ServerError(
+                ErrorCode.CANCELLED, "the client went away before the request body ended"
+            ) from None
         body = b"".join(chunks)
         return compression.decode_content(body, request.headers.get("content-encoding"), limit)
 
+    @staticmethod
+    async def _drop_body(request: Request, remaining: int | None) -> None:
+        """Read what is left of an oversized body and drop it, unless it is more than the
+        bound (the connection then closes with it unread) or the client waits for
+        `100 Continue` and so sends none."""
+        if expects_continue(request.scope):
+            return
+        if remaining is not None and remaining > DISCARD_MAX_BYTES:
+            return
+        await discard_body(request.receive)
+
+
+def _declared_length(request: Request) -> int | None:
+    declared = request.headers.get("content-length")
+    return int(declared) if declared is not None and declared.isdigit() else None
+
 
 def _too_large(size: int, limit: int) -> ServerError:
-    return ServerError(
+    return ClosingError(
         ErrorCode.INVALID_ARG,
         f"request body of {size} bytes or more exceeds the maximum input size of {limit} bytes "
         "(--http-max-input-size)",

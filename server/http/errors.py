@@ -19,6 +19,11 @@ STATUS = {
 }
 
 
+class ClosingError(ServerError):
+    """An error whose answer also ends the connection (`Connection: close`): the request
+    was not read to its end, so the connection cannot carry another one."""
+
+
 def error_response(status: int, message: str) -> Response:
     return Response(
         orjson.dumps({"error": message}), status_code=status, media_type="application/json"
@@ -26,4 +31,7 @@ def error_response(status: int, message: str) -> Response:
 
 
 def server_error_response(exc: ServerError) -> Response:
-    return error_response(STATUS.get(exc.code, 400), exc.message)
+    response = error_response(STATUS.get(exc.code, 400), exc.message)
+    if isinstance(exc, ClosingError):
+        response.headers["connection"] = "close"
+    return response

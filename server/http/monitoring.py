@@ -15,9 +15,11 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from ge_serve.server.errors import decoding
+from ge_serve.server.logsettings import LogSettings
 
-from . import codec
+from . import codec, encode
 from .errors import error_response
+from .openapi import Body
 from .responses import json_response
 from .routing import Endpoint, RouteHost
 
@@ -32,9 +34,8 @@ def routes(front: RouteHost) -> list[Route]:
 
     async def statistics(request: Request) -> Response:
         params = request.path_params
-        return json_response(
-            core.statistics(str(params.get("model", "")), str(params.get("version", "")))
-        )
+        stats = core.statistics(str(params.get("model", "")), str(params.get("version", "")))
+        return json_response(encode.statistics(stats))
 
     async def logging_settings(request: Request) -> Response:
         if request.method == "GET":
@@ -47,7 +48,7 @@ def routes(front: RouteHost) -> list[Route]:
     return [
         front.route("/v2/models/stats", statistics, ["GET"]),
         *front.versioned("/stats", statistics, ["GET"]),
-        front.route("/v2/logging", logging_settings, ["GET", "POST"]),
+        front.route("/v2/logging", logging_settings, ["GET", "POST"], Body(LogSettings)),
     ]
 
 

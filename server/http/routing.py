@@ -16,17 +16,24 @@ from starlette.routing import Route
 
 from ge_serve.server.core import InferenceServer
 
+from .openapi import Body
+
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 class RouteHost(Protocol):
     core: InferenceServer
 
-    def route(self, path: str, endpoint: Endpoint, methods: list[str]) -> Route:
-        """A route whose errors become `{"error": ...}` bodies."""
+    def route(
+        self, path: str, endpoint: Endpoint, methods: list[str], body: Body | None = None
+    ) -> Route:
+        """A route whose errors become `{"error": ...}` bodies; `body` describes its POST
+        body in the OpenAPI document."""
         ...
 
-    def versioned(self, suffix: str, endpoint: Endpoint, methods: list[str]) -> list[Route]:
+    def versioned(
+        self, suffix: str, endpoint: Endpoint, methods: list[str], body: Body | None = None
+    ) -> list[Route]:
         """A model route with and without `/versions/{version}`."""
         ...
 

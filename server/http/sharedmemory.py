@@ -18,10 +18,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ge_serve.server.errors import ErrorCode, ServerError, decoding
+from ge_serve.server.errors import decoding
 from ge_serve.server.sharedmemory import RegionStatus
 
-from . import codec
+from .bodies import SystemSharedMemoryRegisterRequest, decode_body
+from .openapi import Body
 from .responses import json_response
 from .routing import RouteHost
 
@@ -41,32 +42,6 @@ def _status_json(regions: list[RegionStatus]) -> list[dict[str, Any]]:
     ]
 
 
-def decode_register(body: bytes) -> tuple[str, int, int]:
-    """(key, offset, byte_size) of a register request body; `offset` defaults to 0."""
-    doc = codec.decode_json_object(body, "shared memory register request")
-    if "key" not in doc:
-        raise ServerError(
-            ErrorCode.INVALID_ARG, "Shared memory register request has no 'key' field"
-        )
-    if "byte_size" not in doc:
-        raise ServerError(
-            ErrorCode.INVALID_ARG, "Shared memory register request has no 'byte_size' field"
-        )
-    key = doc["key"]
-    if not isinstance(key, str):
-        raise ServerError(ErrorCode.INVALID_ARG, "'key' of the register request must be a string")
-    return key, _count(doc.get("offset", 0), "offset"), _count(doc["byte_size"], "byte_size")
-
-
-def _count(value: Any, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ServerError(
-            ErrorCode.INVALID_ARG,
-            f"'{field}' of the register request must be a non-negative integer",
-        )
-    return value
-
-
 def routes(front: RouteHost) -> list[Route]:
     shm = front.core.shared_memory
 
@@ -76,8 +51,10 @@ def routes(front: RouteHost) -> list[Route]:
     async def system_register(request: Request) -> Response:
         body = await front.read_body(request)
         with decoding("shared memory register request"):
-            key, offset, byte_size = decode_register(body)
-        await shm.register(_region(request), key, offset, byte_size)
+            doc = decode_body(
+                SystemSharedMemoryRegisterRequest, body, "shared memory register request"
+            )
+        await shm.register(_region(request), doc.key, doc.offset, doc.byte_size)
         return Response(status_code=200)
 
     async def system_unregister(request: Request) -> Response:
@@ -96,14 +73,15 @@ def routes(front: RouteHost) -> list[Route]:
         return Response(status_code=200)
 
     table: list[Route] = []
-    for base, status, register, unregister in (
-        (SYSTEM, system_status, system_register, system_unregister),
-        (CUDA, cuda_status, cuda_register, cuda_unregister),
+    register_body = Body(SystemSharedMemoryRegisterRequest)
+    for base, status, register, unregister, body in (
+        (SYSTEM, system_status, system_register, system_unregister, register_body),
+        (CUDA, cuda_status, cuda_register, cuda_unregister, None),
     ):
         table += [
             front.route(base + "/status", status, ["GET"]),
             front.route(base + REGION + "/status", status, ["GET"]),
-            front.route(base + REGION + "/register", register, ["POST"]),
+            front.route(base + REGION + "/register", register, ["POST"], body),
             front.route(base + "/unregister", unregister, ["POST"]),
             front.route(base + REGION + "/unregister", unregister, ["POST"]),
         ]

@@ -20,6 +20,7 @@ from onnx import TensorProto
 from ge_serve.protos import model_config_pb2 as mc
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.lifecycle import ModelLifecycle
+from ge_serve.server.records import ModelState
 
 
 @pytest.fixture
@@ -212,7 +213,7 @@ async def test_disabled_without_inputs_fails_with_a_reason(off: ModelLifecycle) 
     assert "no inputs and no outputs" in message
     assert "--disable-auto-complete-config" in message
     rows = off.index()
-    assert rows[0]["state"] == "UNAVAILABLE" and "no inputs" in rows[0]["reason"]
+    assert rows[0].state is ModelState.UNAVAILABLE and "no inputs" in rows[0].reason
 
 
 async def test_disabled_tensor_without_dims_fails(off: ModelLifecycle) -> None:

@@ -33,6 +33,7 @@ from ge_serve.protos import model_config_pb2
 from ge_serve.server.autocomplete import resolve_backend, resolve_model_file
 from ge_serve.server.control import parse_config_json
 from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.http import encode
 from ge_serve.server.lifecycle import LoadOverride, ModelLifecycle
 from ge_serve.server.repository import fingerprint, write_overrides
 
@@ -215,7 +216,8 @@ async def test_a_path_field_that_leads_out_fails_the_load(
     # Whether the file outside exists changes nothing in what the client sees.
     watch.secret.unlink()
     assert await failed_load(lifecycle, "m") == message
-    assert_kept_secret(watch, message, caplog.text, json.dumps(lifecycle.index()))
+    index = json.dumps(encode.repository_index(lifecycle.index()))
+    assert_kept_secret(watch, message, caplog.text, index)
 
 
 async def test_the_backends_default_model_file_may_not_link_out(

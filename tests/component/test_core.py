@@ -13,6 +13,12 @@ from ge_serve.server.app import make_scheduler
 from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.lifecycle import LifecycleSettings, ModelLifecycle
+from ge_serve.server.records import (
+    ModelState,
+    RepositoryEntry,
+    StatisticDuration,
+    TensorMetadata,
+)
 from ge_serve.server.repository import ModelRepository
 from ge_serve.server.types import DataType, InferRequest, RequestedOutput, Tensor
 
@@ -25,9 +31,12 @@ async def server() -> AsyncIterator[InferenceServer]:
         make_scheduler,
         LifecycleSettings(),
     )
+    # Built first, as the composition root does: statistics count the versions loaded
+    # after the server exists.
+    server = InferenceServer(lifecycle)
     assert await lifecycle.load_many(["simple", "simple_string", "image_classifier"]) == {}
     try:
-        yield InferenceServer(lifecycle)
+        yield server
     finally:
         await lifecycle.close()
 
@@ -91,12 +100,33 @@ async def test_health_and_metadata(server: InferenceServer) -> None:
     assert server.model_ready("simple") and server.model_ready("simple", "1")
     assert not server.model_ready("simple", "2") and not server.model_ready("nope")
     metadata = server.metadata()
-    assert metadata["name"] == "triton" and "binary_tensor_data" in metadata["extensions"]
+    assert metadata.name == "triton" and "binary_tensor_data" in metadata.extensions
     model = server.model_metadata("simple_string")
-    assert model["platform"] == "onnxruntime_onnx"
-    assert model["inputs"][0] == {"name": "INPUT0", "datatype": "BYTES", "shape": [-1, 16]}
-    config = server.model_config_json("image_classifier")
-    assert config["output"][0]["label_filename"] == "labels.txt"
+    assert (model.name, model.versions, model.platform) == (
+        "simple_string",
+        (1,),
+        "onnxruntime_onnx",
+    )
+    assert model.inputs[0] == TensorMetadata("INPUT0", DataType.BYTES, (-1, 16))
+    config = server.model_config("image_classifier")
+    assert config.output[0].label_filename == "labels.txt"
+
+
+async def test_statistics_and_repository_index(server: InferenceServer) -> None:
+    await server.infer(simple_request(2))
+    (stats,) = server.statistics("simple", "1")
+    assert (stats.name, stats.version, stats.inference_count, stats.execution_count) == (
+        "simple", 1, 2, 1,
+    )  # fmt: skip
+    success = stats.inference_stats.success
+    assert success.count == 1 and success.ns > 0
+    assert stats.inference_stats.fail == StatisticDuration(0, 0)
+    assert [(b.batch_size, b.compute_infer.count) for b in stats.batch_stats] == [(2, 1)]
+    assert [s.name for s in server.statistics()] == ["image_classifier", "simple", "simple_string"]
+    names = ["image_classifier", "simple", "simple_string"]
+    expected = [RepositoryEntry(name, 1, ModelState.READY) for name in names]
+    assert await server.repository_index() == expected
+    assert await server.repository_index(ready_only=True) == expected
 
 
 async def test_errors(server: InferenceServer) -> None:

@@ -11,6 +11,13 @@ import pytest
 from ge_serve.protos import grpc_service_pb2 as pb
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.grpc.servicer import GrpcServicer
+from ge_serve.server.records import (
+    BatchStatistics,
+    InferStatistics,
+    MemoryUsage,
+    ModelStatistics,
+    StatisticDuration,
+)
 
 
 class Aborted(Exception):
@@ -25,36 +32,29 @@ class Context:
         raise Aborted(code, details)
 
 
-STATS = {
-    "model_stats": [
-        {
-            "name": "simple",
-            "version": "1",
-            "last_inference": 1700000000123,
-            "inference_count": 12,
-            "execution_count": 5,
-            "inference_stats": {
-                "success": {"count": 12, "ns": 9000},
-                "fail": {"count": 1, "ns": 50},
-                "queue": {"count": 12, "ns": 700},
-                "compute_input": {"count": 5, "ns": 100},
-                "compute_infer": {"count": 5, "ns": 6000},
-                "compute_output": {"count": 5, "ns": 200},
-                "cache_hit": {"count": 0, "ns": 0},
-                "cache_miss": {"count": 0, "ns": 0},
-            },
-            "batch_stats": [
-                {
-                    "batch_size": 4,
-                    "compute_input": {"count": 3, "ns": 60},
-                    "compute_infer": {"count": 3, "ns": 4000},
-                    "compute_output": {"count": 3, "ns": 90},
-                }
-            ],
-            "memory_usage": [{"type": "CPU", "id": 0, "byte_size": 4096}],
-        }
-    ]
-}
+def _took(count: int, ns: int) -> StatisticDuration:
+    return StatisticDuration(count, ns)
+
+
+STATS = (
+    ModelStatistics(
+        name="simple",
+        version=1,
+        last_inference=1700000000123,
+        inference_count=12,
+        execution_count=5,
+        inference_stats=InferStatistics(
+            success=_took(12, 9000),
+            fail=_took(1, 50),
+            queue=_took(12, 700),
+            compute_input=_took(5, 100),
+            compute_infer=_took(5, 6000),
+            compute_output=_took(5, 200),
+        ),
+        batch_stats=(BatchStatistics(4, _took(3, 60), _took(3, 4000), _took(3, 90)),),
+        memory_usage=(MemoryUsage("CPU", 0, 4096),),
+    ),
+)
 
 
 class RecordingCore:
@@ -62,7 +62,7 @@ class RecordingCore:
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.log = {"log_info": True, "log_verbose_level": 0, "log_format": "default"}
 
-    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+    def statistics(self, name: str = "", version: str = "") -> tuple[ModelStatistics, ...]:
         self.calls.append(("statistics", (name, version)))
         return STATS
 

@@ -217,10 +217,13 @@ async def test_stop_streams_ends_an_open_stream_after_its_requests() -> None:
         rig.front.servicer.stop_streams()
         for index in range(3):
             rig.gate.release(index)
-        # The client never says it is done writing; the server still ends the stream, OK.
-        responses = await read_all(call)
+        # The client never says it is done writing; the server answers what it read, then
+        # ends the stream UNAVAILABLE: whatever the client wrote later was never read.
+        responses = [await asyncio.wait_for(call.read(), WAIT_S) for _ in range(3)]
         assert [r.infer_response.id for r in responses] == ["r0", "r1", "r2"]
-        assert await call.code() == grpc.StatusCode.OK
+        assert all(not r.error_message for r in responses)
+        assert await call.code() == grpc.StatusCode.UNAVAILABLE
+        assert await call.details() == "Server is shutting down"
 
 
 async def test_triton_grpc_error_closes_the_stream_and_cancels_the_rest() -> None:
@@ -340,3 +343,42 @@ async def test_restricted_protocols_need_their_header() -> None:
         # Groups not named stay open.
         metadata = await rig.stub.ServerMetadata(pb.ServerMetadataRequest(), timeout=WAIT_S)
         assert metadata.name == "triton"
+
+
+async def test_stop_finishes_admitted_calls_and_refuses_new_ones_unavailable() -> None:
+    async with running() as rig:
+        unary = asyncio.ensure_future(rig.stub.ModelInfer(simple_request(1), timeout=WAIT_S))
+        stream = rig.stub.ModelStreamInfer()
+        await stream.write(simple_request(2))
+        await rig.gate.until(lambda: len(rig.gate.held) == 2)
+
+        stopping = asyncio.create_task(rig.front.stop(WAIT_S))
+        for _ in range(int(WAIT_S / 0.01)):
+            if not rig.front.servicer.gate.is_open:
+                break
+            await asyncio.sleep(0.01)
+        # The listener is still open: new work is answered, UNAVAILABLE, not cancelled.
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await rig.stub.ModelInfer(simple_request(3), timeout=WAIT_S)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert refused.value.details() == "Server is shutting down"
+        late = rig.stub.ModelStreamInfer()
+        with pytest.raises(grpc.aio.AioRpcError) as refused_stream:
+            await asyncio.wait_for(late.read(), WAIT_S)
+        assert refused_stream.value.code() == grpc.StatusCode.UNAVAILABLE
+        health = health_pb2_grpc.HealthStub(rig.channel)
+        answer = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=WAIT_S)
+        assert answer.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        ready = await rig.stub.ServerReady(pb.ServerReadyRequest(), timeout=WAIT_S)
+        assert ready.ready is False
+        assert not stopping.done()
+
+        # What was admitted before the stop is answered in full.
+        rig.gate.release(0)
+        rig.gate.release(1)
+        np.testing.assert_array_equal(output0(await unary), 2)
+        answered = await asyncio.wait_for(stream.read(), WAIT_S)
+        assert answered.infer_response.id == "r2" and not answered.error_message
+        assert await stream.code() == grpc.StatusCode.UNAVAILABLE
+        await asyncio.wait_for(stopping, WAIT_S)
+        assert rig.gate.cancelled == 0

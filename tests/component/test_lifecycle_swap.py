@@ -32,8 +32,9 @@ from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.server.control import ControlMode, ControlSettings, ModelControl
 from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ErrorCode, ServerError
-from ge_serve.server.lifecycle import ModelLifecycle, ModelState
+from ge_serve.server.lifecycle import ModelLifecycle
 from ge_serve.server.model import ModelVersion
+from ge_serve.server.records import ModelState, RepositoryEntry
 from ge_serve.server.types import DataType, InferRequest, Tensor
 
 pytestmark = pytest.mark.timeout(120)
@@ -81,7 +82,7 @@ async def test_reload_swaps_and_releases_the_old_version(
     assert slot_threads(f"{ADDK}_1") == []
     with pytest.raises(RuntimeError, match="is closed"):
         old.loaded.executors[0].execute({"INPUT0": np.zeros((1, 4), np.float32)})
-    assert [r["version"] for r in lifecycle.index() if r["name"] == ADDK] == ["2"]
+    assert [r.version for r in lifecycle.index() if r.name == ADDK] == [2]
 
 
 async def test_unload_frees_everything_and_later_requests_get_a_clean_error(
@@ -101,8 +102,8 @@ async def test_unload_frees_everything_and_later_requests_get_a_clean_error(
         await core.infer(addk_request())
     assert caught.value.code is ErrorCode.NOT_FOUND
     assert caught.value.message == "Request for unknown model: 'addk' has no available versions"
-    rows = [r for r in lifecycle.index() if r["name"] == ADDK]
-    assert {(r["state"], r["reason"]) for r in rows} == {("UNAVAILABLE", "unloaded")}
+    rows = [r for r in lifecycle.index() if r.name == ADDK]
+    assert {(r.state, r.reason) for r in rows} == {(ModelState.UNAVAILABLE, "unloaded")}
     # A model unloaded on purpose does not hold strict readiness back.
     assert lifecycle.all_ready()
 
@@ -117,9 +118,9 @@ async def test_a_failed_reload_keeps_the_old_version_and_says_why(
     with pytest.raises(ServerError, match="failed to load 'addk'"):
         await lifecycle.load(ADDK)
     assert await infer_value(core) == ("1", 1.0)
-    (row,) = [r for r in lifecycle.index() if r["name"] == ADDK]
-    assert row["state"] == "READY"
-    assert "reload failed" in row["reason"] and "failed to parse config.pbtxt" in row["reason"]
+    (row,) = [r for r in lifecycle.index() if r.name == ADDK]
+    assert row.state is ModelState.READY
+    assert "reload failed" in row.reason and "failed to parse config.pbtxt" in row.reason
 
     # A broken model file for a new version: same story.
     write_atomic(folder / "config.pbtxt", addk_config())
@@ -134,8 +135,8 @@ async def test_a_failed_reload_keeps_the_old_version_and_says_why(
     write_addk_version(folder, 2)
     await lifecycle.load(ADDK)
     assert await infer_value(core) == ("2", 2.0)
-    (row,) = [r for r in lifecycle.index() if r["name"] == ADDK]
-    assert row == {"name": ADDK, "version": "2", "state": "READY", "reason": ""}
+    (row,) = [r for r in lifecycle.index() if r.name == ADDK]
+    assert row == RepositoryEntry(ADDK, 2, ModelState.READY, "")
 
 
 class RecordingBackend(OnnxRuntimeBackend):
@@ -282,8 +283,8 @@ async def test_poll_picks_up_added_changed_and_removed_models(
         write_atomic(folder / "config.pbtxt", 'name: "wrong_name"')
         await control.poll_once()
         assert await infer_value(core) == ("4", 4.0)
-        (row,) = [r for r in await core.repository_index() if r["name"] == ADDK]
-        assert row["state"] == "READY" and "does not match" in row["reason"]
+        (row,) = [r for r in await core.repository_index() if r.name == ADDK]
+        assert row.state is ModelState.READY and "does not match" in row.reason
 
         # Added and removed models.
         write_addk(tmp_path, [1], name="second")
@@ -291,7 +292,7 @@ async def test_poll_picks_up_added_changed_and_removed_models(
         assert lifecycle.is_ready("second")
         shutil.rmtree(tmp_path / "second")
         await control.poll_once()
-        assert "second" not in {r["name"] for r in await core.repository_index()}
+        assert "second" not in {r.name for r in await core.repository_index()}
         assert slot_threads("second") == []
 
         # The API is refused in poll mode, with Triton's message.
@@ -353,4 +354,4 @@ async def test_file_overrides_load_from_a_private_folder_that_is_removed(
     await core.unload_model(ADDK)
     assert list(private.iterdir()) == []
     assert await asyncio.to_thread(lambda: list(tmp_path.glob("**/evil.onnx"))) == []
-    assert lifecycle.index()[0]["state"] == ModelState.UNAVAILABLE.value
+    assert lifecycle.index()[0].state is ModelState.UNAVAILABLE

@@ -10,7 +10,6 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pytest
@@ -33,6 +32,7 @@ from ge_serve.server.logsettings import LogControl
 from ge_serve.server.metrics import ServerMetrics
 from ge_serve.server.metricsconfig import MetricsConfig
 from ge_serve.server.quantiles import Buckets, LatencyWindow
+from ge_serve.server.records import ModelStatistics
 from ge_serve.server.repository import ModelRepository
 from ge_serve.server.resources import ResourceSampler
 from ge_serve.server.statistics import failure_reason
@@ -265,9 +265,9 @@ def _request() -> InferRequest:
     )
 
 
-def _stats(core: InferenceServer) -> dict[str, Any]:
-    result: dict[str, Any] = core.statistics("simple")["model_stats"][0]
-    return result
+def _stats(core: InferenceServer) -> ModelStatistics:
+    (stats,) = core.statistics("simple")
+    return stats
 
 
 async def test_cancelled_request_counts_as_canceled() -> None:
@@ -286,8 +286,8 @@ async def test_cancelled_request_counts_as_canceled() -> None:
         gates[0].release.set()
         await core.infer(_request())
         stats = _stats(core)
-        assert stats["inference_stats"]["fail"]["count"] == 1
-        assert stats["inference_stats"]["success"]["count"] == 1
+        assert stats.inference_stats.fail.count == 1
+        assert stats.inference_stats.success.count == 1
         exposition = parse(metrics.render().decode())
         at = {"model": "simple", "version": "1"}
         assert exposition.value("nv_inference_request_failure", **at, reason="CANCELED") == 1
@@ -308,7 +308,7 @@ async def test_refused_request_counts_as_rejected(error: ServerError) -> None:
         at = {"model": "simple", "version": "1"}
         assert exposition.value("nv_inference_request_failure", **at, reason="REJECTED") == 1
         assert exposition.value("nv_inference_request_failure", **at, reason="OTHER") == 0
-        assert _stats(core)["execution_count"] == 0
+        assert _stats(core).execution_count == 0
 
 
 # --- providers: scheduler queues and controller, devices -------------------------------------

@@ -19,6 +19,7 @@ import pymodels
 import pytest
 from polling import poll
 
+from ge_serve.backends.config_json import config_to_json
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.backends.python.backend import PythonBackend
 from ge_serve.backends.python.instance import PythonInstance
@@ -28,6 +29,7 @@ from ge_serve.server.bls import CoreBridge
 from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.lifecycle import LifecycleSettings, ModelLifecycle
+from ge_serve.server.records import ModelState, RepositoryEntry
 from ge_serve.server.repository import ModelRepository
 from ge_serve.server.types import DataType, InferRequest, InferResponse, RequestedOutput, Tensor
 
@@ -129,12 +131,12 @@ def workers_of(served: Served, model: str) -> list[int]:
 
 
 async def wait_state(
-    lifecycle: ModelLifecycle, model: str, state: str, within_s: float
-) -> dict[str, str]:
+    lifecycle: ModelLifecycle, model: str, state: ModelState, within_s: float
+) -> RepositoryEntry:
     deadline = asyncio.get_running_loop().time() + within_s
     while True:
-        rows = [r for r in lifecycle.index() if r["name"] == model]
-        if rows and rows[0]["state"] == state:
+        rows = [r for r in lifecycle.index() if r.name == model]
+        if rows and rows[0].state is state:
             return rows[0]
         if asyncio.get_running_loop().time() > deadline:
             raise TimeoutError(f"{model} never became {state}: {rows}")
@@ -190,8 +192,8 @@ async def test_dynamic_batching_hands_execute_each_request(served: Open) -> None
         np.testing.assert_array_equal(got["REQUESTS"], np.full((rows, 1), 3, np.int32))
         np.testing.assert_allclose(got["OUTPUT0"], inputs["INPUT0"] + 0.5)
         assert got["OUTPUT0"].shape == (rows, 4)
-    stats = found.core.statistics("add_sub_batch")["model_stats"][0]
-    assert stats["inference_count"] == 4 and stats["execution_count"] == 1
+    stats = found.core.statistics("add_sub_batch")[0]
+    assert stats.inference_count == 4 and stats.execution_count == 1
 
 
 async def test_tensors_larger_than_a_segment_cross_both_ways(served: Open) -> None:
@@ -224,8 +226,8 @@ async def test_a_model_error_fails_only_its_request(served: Open) -> None:
     with pytest.raises(ServerError, match="do not match the number of InferenceRequest"):
         await send(4)
     np.testing.assert_array_equal(outputs(await send(5))["OUT"], [5])
-    stats = found.core.statistics("failing")["model_stats"][0]["inference_stats"]
-    assert stats["success"]["count"] == 1 and stats["fail"]["count"] == 3
+    stats = found.core.statistics("failing")[0].inference_stats
+    assert stats.success.count == 1 and stats.fail.count == 3
 
 
 async def test_a_worker_that_dies_fails_its_request_and_comes_back(served: Open) -> None:
@@ -236,12 +238,12 @@ async def test_a_worker_that_dies_fails_its_request_and_comes_back(served: Open)
     assert raised.value.code is ErrorCode.UNAVAILABLE
     assert "model instance 'failing_0' of 'failing' failed" in raised.value.message
     assert "exited with code 7" in raised.value.message
-    row = next(r for r in found.lifecycle.index() if r["name"] == "failing")
-    if row["state"] == "UNAVAILABLE":  # it may already be back on a fast machine
-        assert "is restarting" in row["reason"] and "exited with code 7" in row["reason"]
+    row = next(r for r in found.lifecycle.index() if r.name == "failing")
+    if row.state is ModelState.UNAVAILABLE:  # it may already be back on a fast machine
+        assert "is restarting" in row.reason and "exited with code 7" in row.reason
     # The other model never noticed.
     await found.core.infer(request("add_sub", **add_sub_inputs()))
-    await wait_state(found.lifecycle, "failing", "READY", 30)
+    await wait_state(found.lifecycle, "failing", ModelState.READY, 30)
     response = await found.core.infer(request("failing", IN=np.array([5], np.int32)))
     np.testing.assert_array_equal(outputs(response)["OUT"], [5])
     assert workers_of(found, "failing") != before
@@ -352,8 +354,7 @@ async def test_bls_calls_go_through_the_core(served: Open) -> None:
     np.testing.assert_allclose(got["OUTPUT0"], inputs["INPUT0"] + 0.5)
     np.testing.assert_allclose(got["OUTPUT1"], inputs["INPUT0"] - 0.5)
     # The BLS call is a request of add_sub's like any other.
-    stats = found.core.statistics("add_sub")["model_stats"][0]
-    assert stats["inference_count"] == 1
+    assert found.core.statistics("add_sub")[0].inference_count == 1
     with pytest.raises(ServerError) as raised:
         missing = np.array([b"no_such_model"], dtype=object)
         await found.core.infer(request("bls", MODEL_NAME=missing, **inputs))
@@ -363,7 +364,7 @@ async def test_bls_calls_go_through_the_core(served: Open) -> None:
     got = outputs(await found.core.infer(request("bls_async", **inputs)))
     np.testing.assert_allclose(got["OUTPUT0"], inputs["INPUT0"] + 0.5)
     np.testing.assert_allclose(got["OUTPUT1"], inputs["INPUT0"] - 0.5)
-    assert found.core.statistics("add_sub_copy")["model_stats"][0]["inference_count"] == 1
+    assert found.core.statistics("add_sub_copy")[0].inference_count == 1
 
 
 async def test_a_model_asks_the_server_which_models_are_ready(served: Open) -> None:
@@ -419,7 +420,7 @@ async def test_auto_complete_config_completes_a_model_with_no_config(tmp_path: P
     )
     found = await serve(tmp_path, ["auto_batch", "auto_decoupled"])
     try:
-        config = found.core.model_config_json("auto_batch")
+        config = config_to_json(found.core.model_config("auto_batch"))
         assert config["backend"] == "python" and config["max_batch_size"] == 4
         assert [(i["name"], i["data_type"], i["dims"]) for i in config["input"]] == [
             ("INPUT0", "TYPE_FP32", [4]),

@@ -14,7 +14,8 @@ from onnx import TensorProto
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.work import WorkItem
 from ge_serve.server.errors import ErrorCode, ServerError
-from ge_serve.server.lifecycle import ModelLifecycle, ModelState
+from ge_serve.server.lifecycle import ModelLifecycle
+from ge_serve.server.records import ModelState, RepositoryEntry
 from ge_serve.server.repository import (
     ModelRepository,
     ModelSource,
@@ -185,10 +186,9 @@ async def test_versions_load_and_the_highest_serves(
     await lifecycle.load("m")
     assert lifecycle.get("m").version == 2
     assert lifecycle.get("m", "1").version == 1
-    rows = lifecycle.index()
-    assert [(r["name"], r["version"], r["state"]) for r in rows] == [
-        ("m", "1", "READY"),
-        ("m", "2", "READY"),
+    assert lifecycle.index() == [
+        RepositoryEntry("m", 1, ModelState.READY),
+        RepositoryEntry("m", 2, ModelState.READY),
     ]
     with pytest.raises(ServerError) as info:
         lifecycle.get("m", "7")
@@ -232,8 +232,8 @@ async def test_a_broken_model_is_unavailable_with_its_reason(
     errors = await lifecycle.load_many(["garbage", "good"])
     assert list(errors) == ["garbage"]
     assert "failed to load 'garbage'" in errors["garbage"]
-    rows = {r["name"]: r for r in lifecycle.index()}
-    assert rows["garbage"]["state"] == ModelState.UNAVAILABLE.value
-    assert "failed to parse ONNX file" in rows["garbage"]["reason"]
-    assert rows["good"]["state"] == "READY"
+    rows = {r.name: r for r in lifecycle.index()}
+    assert (rows["garbage"].version, rows["garbage"].state) == (None, ModelState.UNAVAILABLE)
+    assert "failed to parse ONNX file" in rows["garbage"].reason
+    assert rows["good"] == RepositoryEntry("good", 1, ModelState.READY)
     assert lifecycle.is_ready("good") and not lifecycle.is_ready("garbage")

@@ -10,10 +10,8 @@ from __future__ import annotations
 import concurrent.futures
 import queue
 import shutil
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,8 +26,7 @@ from protocols import PROTOCOLS, Triton, as_ints, decimal_strings
 from serverproc import EXAMPLE_MODELS, ServerProcess, running_server
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import perfa
+from bench.lib import perfa
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

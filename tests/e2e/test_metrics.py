@@ -310,7 +310,8 @@ def test_statistics_routes(traffic: ServerProcess) -> None:
 
 
 def test_statistics_convert_to_grpc_message(traffic: ServerProcess) -> None:
-    """The gRPC front end turns the same dict into ModelStatisticsResponse with ParseDict."""
+    """The HTTP document uses grpc_service.proto's field names: it parses, unknown fields
+    refused, as the ModelStatisticsResponse the gRPC front end sends."""
     from google.protobuf import json_format
 
     from ge_serve.protos import grpc_service_pb2

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from modelgen import add_const_model
 from serverproc import ServerProcess, running_server
@@ -163,6 +164,34 @@ def test_file_overrides_load_only_the_given_files_and_cannot_escape(
             assert list(private.glob("ge-serve-*")) == []
         finally:
             client.close()
+
+
+def test_a_failed_file_override_load_does_not_show_the_server_temp_folder(
+    repo: Path, tmp_path: Path
+) -> None:
+    private = tmp_path / "server-tmp"
+    private.mkdir()
+    extra = ["--model-control-mode=explicit"]
+    with running_server([repo], extra, env={"TMPDIR": str(private)}) as server:
+        http = httpclient.InferenceServerClient(server.http_url)
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            cases = {
+                "file:1/model.onnx": "failed to parse ONNX file 'file:1/model.onnx'",
+                "file:1/other.onnx": "model file 'file:1/model.onnx' does not exist",
+            }
+            for name, says in cases.items():
+                for client in (http, grpc):
+                    with pytest.raises(InferenceServerException) as caught:
+                        client.load_model(ADDK, config=json.dumps(CONFIG), files={name: b"junk"})
+                    message = str(caught.value.message())
+                    assert says in message, message
+                    assert str(private) not in message and "ge-serve-" not in message
+            for row in http.get_model_repository_index():
+                assert str(private) not in row.get("reason", ""), row
+        finally:
+            http.close()
+            grpc.close()
 
 
 def test_malformed_load_and_unload_bodies_are_clear_errors(repo: Path) -> None:

@@ -12,16 +12,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
-from serverproc import REPO_ROOT, ServerProcess
+from serverproc import ServerProcess
 
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-
-import perfa
+from bench.lib import perfa
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -15,21 +17,9 @@ import tritonclient.http as httpclient
 from google.protobuf import text_format
 from serverproc import REPO_ROOT, ServerProcess
 
+from bench.lib import inputs, loadgen, models, perfa, raw_ort, report, sweep
+from bench.lib import server as bench_server
 from ge_serve.protos import model_config_pb2
-
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-
-import abba
-import adaptive_vs_static
-import inputs
-import loadgen
-import models
-import perfa
-import raw_ort
-import report
-import sweep
-
-import server as bench_server
 
 SIMPLE = REPO_ROOT / "examples" / "models" / "simple"
 
@@ -268,52 +258,80 @@ def test_shared_memory_option_reaches_perf_analyzer(tmp_path: Path) -> None:
         sweep.parse_variant(["x", "shm=cuda"])
 
 
-def test_raw_figures_take_the_best_median_not_the_best_round() -> None:
-    measurements = [
-        {8: 80.0, 16: 95.0},  # one lucky measurement at 16
-        {8: 90.0, 16: 84.0},
-        {8: 89.0, 16: 85.0},
+# --- the bench package: one entry point, its suites, its results ------------------------------
+
+
+def test_bench_list_names_every_suite(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.__main__ import main
+    from bench.suites import SUITES
+
+    assert main(["list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == [s.name for s in SUITES]
+    for name in ("protocols", "batching", "slots", "metrics-overhead", "scheduler-overhead",
+                 "soak", "shutdown"):  # fmt: skip
+        assert name in listed
+
+
+def _own_suites() -> list[str]:
+    from bench.suites import SUITES
+
+    return [s.name for s in SUITES if s.module.startswith("bench.suites.")]
+
+
+@pytest.mark.parametrize("name", _own_suites())
+def test_every_suite_answers_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.__main__ import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["run", name, "--help"])
+    assert info.value.code == 0
+    assert f"python -m bench run {name}" in capsys.readouterr().out
+
+
+def test_a_suite_whose_module_is_absent_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.suites import SUITES, Suite, SuiteMissing, entry, find
+
+    assert find("soak").module == "bench.soak"
+    assert find("shutdown").module == "bench.shutdown_under_load"
+    with pytest.raises(SuiteMissing, match=r"bench/no_such_suite\.py is not in this checkout"):
+        entry(Suite("gone", "bench.no_such_suite", ""))
+    with pytest.raises(KeyError, match="no suite 'nope'"):
+        find("nope")
+    assert len({s.name for s in SUITES}) == len(SUITES)
+
+
+def test_python_m_bench_runs_from_the_repository_root() -> None:
+    import subprocess
+
+    env = dict(os.environ)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "run", "batching", "--help"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "--from-slices" in proc.stdout
+
+
+RESULTS = REPO_ROOT / "bench" / "results"
+
+
+def test_results_md_lists_exactly_the_stored_results() -> None:
+    # A stored result is listed as `bench/results/NAME` (commands and git paths aside).
+    text = (REPO_ROOT / "bench" / "RESULTS.md").read_text()
+    listed = set(re.findall(r"`bench/results/([\w.-]+)`", text))
+    stored = {p.name for p in RESULTS.iterdir() if p.is_file()}
+    assert listed - stored == set(), "RESULTS.md lists results that are not stored"
+    assert stored - listed == set(), "stored results that RESULTS.md does not list"
+    for name in stored:  # each with the command that writes it
+        prefix = re.sub(r"(_slices|_raw)?\.(md|json|png)$", "", name)
+        assert re.search(rf"--out bench/results/{re.escape(prefix)}\s", text), name
+
+
+def test_no_bench_docstring_names_an_issue() -> None:
+    found = [
+        f"{path.relative_to(REPO_ROOT)}: {match.group(0)}"
+        for path in (REPO_ROOT / "bench").rglob("*.py")
+        for match in re.finditer(r"(?i)\bissues? \d+|#\d{1,4}\b", path.read_text())
     ]
-    assert adaptive_vs_static.raw_figures(measurements) == (8, 89.0, 80.0, 90.0)
-
-
-def test_a_throughput_measurement_is_divided_by_the_raw_figures_around_it() -> None:
-    row = {
-        "grpc raw before": {8: 40.0, 16: 44.0},
-        "grpc c32 infer/s": 42.0,
-        "grpc raw after": {8: 36.0, 16: 40.0},  # the machine slowed during the measurement
-    }
-    # At the run's best size (16), to the mean of 44 and 40: not to the figure before
-    # (42/44), the one after (42/40), or those at size 8 (42/38).
-    assert adaptive_vs_static.bracketed_ratio(row, "grpc", "grpc c32 infer/s", 16) == 1.0
-
-
-def test_the_rotation_is_abba_for_two_and_rotates_for_more() -> None:
-    orders = ["".join(abba.rotation(["a", "b"], index)) for index in range(4)]
-    assert orders == ["ab", "ba", "ba", "ab"]
-    three = [abba.rotation(["a", "b", "c"], index) for index in range(6)]
-    assert [order[0] for order in three[:3]] == ["a", "b", "c"]  # each goes first once
-    assert three[3:] == [order[::-1] for order in three[:3]]  # then the same, reversed
-
-
-def test_the_summary_counts_a_raw_measurement_shared_by_two_protocols_once() -> None:
-    def server(before: float, between: float, after: float, http: float) -> list[dict]:
-        # As measure() takes them: HTTP's "raw after" is gRPC's "raw before".
-        return [{
-            "http raw before": {"8": before}, "http c32 infer/s": http,
-            "http raw after": {"8": between}, "grpc raw before": {"8": between},
-            "grpc c32 infer/s": 1.0, "grpc raw after": {"8": after},
-        }]  # fmt: skip
-
-    saved = {  # as OUT_rounds.json holds them: batch sizes as strings
-        "m static0": server(10.0, 80.0, 20.0, http=45.0),
-        "m adaptive": server(30.0, 90.0, 40.0, http=60.0),
-        "m off c1": [{"http c1 p50": 400.0}],
-        "m adaptive c1": [{"http c1 p50": 404.0}],
-    }
-    rows = {r["config"]: r for r in adaptive_vs_static.resummarize(saved, ["http"], False)}
-    # Raw at b8: 10, 20, 30, 40, 80, 90 (80 and 90 once each): median 35, not 60.
-    assert rows["adaptive"]["raw best"] == 35.0
-    assert rows["adaptive"]["÷ raw ORT"] == 1.0  # 60 ÷ the mean of 30 and 90
-    assert rows["adaptive"]["÷ best static"] == 60.0 / 45.0
-    assert rows["adaptive"]["c1 p50 ÷ off"] == 404.0 / 400.0
+    assert found == []

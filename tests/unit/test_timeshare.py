@@ -1,23 +1,18 @@
-"""bench/timeshare.py: contenders take turns, frozen in between, and their work is counted
-over the time they ran; and bench/adaptive_timeshare.py's summary of it."""
+"""bench/lib/timeshare.py: contenders take turns, frozen in between, and their work is
+counted over the time they ran; and the time-shared suites' summaries of it."""
 
 from __future__ import annotations
 
 import itertools
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from serverproc import REPO_ROOT, ServerProcess
 
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-
-import adaptive_timeshare
-import inputs
-import models
-import timeshare
-from timeshare import Slice
+from bench.lib import inputs, models, timeshare, timeshare_summary
+from bench.lib.timeshare import Slice
+from bench.suites import batching
 
 SIMPLE = REPO_ROOT / "examples" / "models" / "simple"
 
@@ -88,7 +83,7 @@ def test_no_contender_stays_frozen_past_the_keep_alive_limit() -> None:
 def test_longer_freezes_are_refused_over_http(capsys: pytest.CaptureFixture[str]) -> None:
     # gRPC connections survive a 12 s freeze; uvicorn's keep-alive does not (see timeshare).
     with pytest.raises(SystemExit) as info:
-        adaptive_timeshare.main(["--out", "/nonexistent/x", "--max-frozen-s", "20"])
+        batching.main(["--out", "/nonexistent/x", "--max-frozen-s", "20"])
     assert info.value.code == 2
     assert "needs --protocol grpc" in capsys.readouterr().err
 
@@ -142,7 +137,7 @@ def test_the_summary_compares_adaptive_by_throughput_at_32_and_latency_at_1() ->
         "raw b4": steady(120.0),
         "raw b8": steady(200.0),
     }
-    rows = {r["contender"]: r for r in adaptive_timeshare.summarize("m", "http", slices)}
+    rows = {r["contender"]: r for r in batching.summarize("m", "http", slices)}
     assert rows["adaptive c32"]["raw best"] == "raw b8"
     assert rows["static0 c32"]["÷ raw best"] == pytest.approx(0.5)
     assert rows["static0 c32"]["adaptive ÷ it"] == pytest.approx(1.1)  # throughput
@@ -167,21 +162,21 @@ def _run_then_freeze(contender: timeshare.Contender, seconds: float) -> tuple[fl
 
 
 def test_a_twin_is_a_second_server_of_the_same_setting() -> None:
-    names = adaptive_timeshare.contender_names("simple", [32], twins=["static0"])
+    names = batching.contender_names("simple", [32], twins=["static0"])
     assert names[:2] == [("static0 c32", "static0", 32), ("static0' c32", "static0", 32)]
     assert [n for n, _, _ in names].count("adaptive c32") == 1
     slices = {"static0' c32": [Slice(0.0, 1.0, 0.0, 90.0)],
               "adaptive c32": [Slice(2.0, 3.0, 0.0, 99.0)]}  # fmt: skip
-    rows = {r["contender"]: r for r in adaptive_timeshare.summarize("m", "http", slices)}
+    rows = {r["contender"]: r for r in batching.summarize("m", "http", slices)}
     assert rows["static0' c32"]["adaptive ÷ it"] == pytest.approx(1.1)
 
 
 def test_configs_choose_the_c32_servers_among_the_variants() -> None:
-    names = adaptive_timeshare.contender_names("resnet18_like", [32, 1], configs=["adaptivex2"])
+    names = batching.contender_names("resnet18_like", [32, 1], configs=["adaptivex2"])
     assert names == [("adaptivex2 c32", "adaptivex2", 32), ("off c1", "off", 1),
                      ("adaptive c1", "adaptive", 1)]  # fmt: skip
     with pytest.raises(ValueError, match="no variant"):
-        adaptive_timeshare.contender_names("simple", [32], configs=["adaptivex2"])
+        batching.contender_names("simple", [32], configs=["adaptivex2"])
 
 
 def test_two_slot_settings_are_compared_with_adaptive_on_two_slots() -> None:
@@ -189,7 +184,7 @@ def test_two_slot_settings_are_compared_with_adaptive_on_two_slots() -> None:
               "static0x2 c32": [Slice(1.0, 2.0, 0.0, 80.0)],
               "adaptive c32": [Slice(2.0, 3.0, 0.0, 90.0)],
               "adaptivex2 c32": [Slice(3.0, 4.0, 0.0, 120.0)]}  # fmt: skip
-    rows = {r["contender"]: r for r in adaptive_timeshare.summarize("m", "grpc", slices)}
+    rows = {r["contender"]: r for r in batching.summarize("m", "grpc", slices)}
     assert rows["static0 c32"]["adaptive ÷ it"] == pytest.approx(0.9)
     assert rows["static0x2 c32"]["adaptive ÷ it"] == pytest.approx(1.5)
     assert "adaptive ÷ it" not in rows["adaptivex2 c32"]
@@ -225,3 +220,116 @@ def test_a_paused_server_and_its_load_do_no_work(
     assert batch is not None and batch >= 1.0
     assert ran > 0
     assert frozen < ran / 4
+
+
+def _steady(rate: float, cycles: int = 5, start: float = 0.0) -> list[Slice]:
+    return [
+        Slice(start + 2.0 * i, start + 2.0 * i + 1.0, rate * i, rate * (i + 1))
+        for i in range(cycles)
+    ]
+
+
+def test_the_pooled_interval_of_one_run_is_the_runs_interval() -> None:
+    a = [(100.0 + (7 * i) % 13, 1.0) for i in range(40)]
+    b = [(90.0 + (5 * i) % 11, 1.0) for i in range(40)]
+    assert timeshare.pooled_ratio_interval([(a, b)]) == timeshare.ratio_interval(a, b)
+    # Two runs of it pool to the same ratio, with no wider an interval.
+    low, high = timeshare.pooled_ratio_interval([(a, b), (a, b)])
+    single = timeshare.ratio_interval(a, b)
+    assert low <= timeshare.rate(a) / timeshare.rate(b) <= high
+    assert high - low <= single[1] - single[0] + 1e-9
+
+
+def test_runs_of_one_label_in_several_files_are_pooled(tmp_path: Path) -> None:
+    first = timeshare.Measured(
+        {"static0 c32": _steady(100.0), "adaptive c32": _steady(110.0)},
+        {"static0 c32": 8.0, "adaptive c32": 7.0},
+        {"static0 c32": 0, "adaptive c32": 0},
+    )
+    second = timeshare.Measured(
+        {"static0 c32": _steady(100.0), "adaptive c32": _steady(90.0)},
+        {"static0 c32": 8.0, "adaptive c32": 5.0},
+        {"static0 c32": 1, "adaptive c32": 0},
+    )
+    timeshare.save_runs({"m grpc": first}, tmp_path / "one_slices.json")
+    timeshare.save_runs({"m grpc": second}, tmp_path / "two_slices.json")
+    runs = timeshare.load_runs([tmp_path / "one_slices.json", tmp_path / "two_slices.json"])
+    assert list(runs) == ["m grpc"] and len(runs["m grpc"]) == 2
+    rows = {r["contender"]: r for r in batching.summarize_runs("m", "grpc", runs["m grpc"])}
+    # Pooled: (110 + 90) per second over as many seconds as static0's 100 + 100.
+    assert rows["static0 c32"]["adaptive ÷ it"] == pytest.approx(1.0)
+    assert rows["static0 c32"]["slices"] == 10
+    assert rows["adaptive c32"]["mean batch"] == "7.00 / 5.00"
+    assert rows["static0 c32"]["threads lost"] == 1
+
+
+def test_protocols_are_compared_with_http_at_the_same_concurrency() -> None:
+    from bench.suites import protocols
+
+    run = timeshare.Measured(
+        {"http c16": _steady(100.0), "grpc c16": _steady(70.0),
+         "grpc-stream c16": _steady(95.0), "raw b1": _steady(1000.0),
+         "raw b8": _steady(4000.0)},
+        {}, {},
+    )  # fmt: skip
+    rows = {r["contender"]: r for r in protocols.summarize("c16", [run])}
+    assert rows["grpc c16"]["÷ http"] == pytest.approx(0.7)
+    assert rows["grpc-stream c16"]["÷ raw b1"] == pytest.approx(0.095)
+    assert rows["http c16"]["÷ raw best"] == pytest.approx(0.025)  # best: batch 8
+    assert "÷ http" not in rows["http c16"] and "÷ http" not in rows["raw b1"]
+    assert protocols.http_for("grpc-stream c1") == "http c1"
+
+
+def test_two_slots_are_compared_with_one_at_the_same_concurrency() -> None:
+    from bench.suites import slots
+
+    run = timeshare.Measured(
+        {"1 slot c4": _steady(60.0), "2 slots c4": _steady(70.0), "raw b1": _steady(80.0),
+         "raw b1 x2": _steady(85.0)},
+        {}, {},
+    )  # fmt: skip
+    rows = {r["contender"]: r for r in slots.summarize("resnet18_like c4", [run])}
+    assert rows["2 slots c4"]["÷ 1 slot"] == pytest.approx(70.0 / 60.0)
+    assert rows["2 slots c4"]["raw best"] == "raw b1 x2"
+    assert rows["1 slot c4"]["model"] == "resnet18_like"
+    assert "÷ 1 slot" not in rows["1 slot c4"]
+    assert [c.name for c in slots.contenders("simple", 2, [1], [1, 2])[1]] == [
+        "raw b1",
+        "raw b1 x2",
+    ]
+
+
+def test_metrics_on_is_compared_with_off_and_the_control_with_its_twin() -> None:
+    from bench.suites import metrics_overhead as metrics
+
+    run = timeshare.Measured(
+        {metrics.ON: _steady(95.0), metrics.OFF: _steady(100.0), metrics.TWIN: _steady(96.0)},
+        {}, {},
+    )  # fmt: skip
+    rows = {r["contender"]: r for r in metrics.summarize("simple http c16", [run])}
+    assert rows[metrics.ON]["ratio"] == pytest.approx(0.95)
+    assert rows[metrics.TWIN]["versus"] == metrics.ON
+    assert rows[metrics.TWIN]["ratio"] == pytest.approx(96.0 / 95.0)
+    assert "ratio" not in rows[metrics.OFF]
+    names = [c.name for c in metrics.contenders(16, control=False, data=Path("d.json"))]
+    assert names == [metrics.ON, metrics.OFF]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_a_short_run_takes_turns_with_a_server_and_raw_onnxruntime(
+    tmp_path: Path, perf_analyzer: tuple[str, dict[str, str]]
+) -> None:
+    # The whole runner, briefly: a server of its own with its perf_analyzer, and a raw
+    # worker, each counted over the slices it ran; every process ends with the run.
+    data = inputs.input_json_for(SIMPLE, tmp_path / "simple.json")
+    flags = ("--model-control-mode", "explicit", "--load-model", "simple")
+    server = timeshare.ServerContender("s", SIMPLE.parent, flags, "simple", "http", 2, data)
+    raw = timeshare.RawContender("raw b8", models.ensure_model("simple").onnx_path, 8)
+    found = timeshare.run_contenders([server], [raw], cycles=3, slice_s=0.3, warmup_s=0.6)
+    assert [len(found.slices[n]) for n in ("s", "raw b8")] == [3, 3]
+    assert found.threads_lost == {"s": 0}
+    rows = {r["contender"]: r for r in timeshare_summary.versus_rows([found], lambda n: None, "x")}
+    assert rows["s"]["infer/s"] > 0 and rows["raw b8"]["infer/s"] > 0
+    assert rows["s"]["raw best"] == "raw b8"
+    assert (found.mean_batch["s"] or 0) >= 1.0

@@ -1,0 +1,177 @@
+"""The ensemble scheduler: a DAG of steps over other models, with no executor slots of its own.
+
+A request's tensors start as the ensemble's inputs. Each step is submitted as soon as every
+tensor it reads exists, so steps that do not depend on each other run at once; its outputs
+join the request's tensors under their ensemble names and may make other steps ready. The
+tensors are the arrays themselves: a step's outputs are handed to the next step as they
+came back, never copied here.
+
+A step does not run its model itself. It goes through a `StepRunner`, which the server
+injects: the runner enters the step's model exactly as a client request would (that
+model's own scheduler, so dynamic batching merges steps of concurrent ensemble requests,
+and that model's statistics). The scheduler therefore knows nothing of the lifecycle or the
+core, and the model a step names is looked up for every request, so a composing model that
+is reloaded is picked up by the next request without touching the ensemble.
+
+A linear chain (one step ready, none running) awaits each step directly; tasks are made
+only where steps can overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from ge_serve.server.errors import ErrorCode, ServerError
+
+from .inflight import InFlight
+from .work import Array, Timings, WorkItem
+
+
+@dataclass(frozen=True, slots=True)
+class EnsembleStep:
+    model_name: str
+    # "" means the latest READY version, looked up per request (Triton's -1).
+    model_version: str
+    # (the step model's input, the ensemble tensor it reads), in config order.
+    inputs: tuple[tuple[str, str], ...]
+    # (the step model's output, the ensemble tensor it writes).
+    outputs: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EnsemblePlan:
+    """A validated ensemble: its steps and the tensors it answers with."""
+
+    name: str
+    steps: tuple[EnsembleStep, ...]
+    outputs: tuple[str, ...]
+    # Derived: for each step, how many of the tensors it reads are written by steps (the
+    # ensemble's own inputs are there from the start), and which steps read each tensor.
+    needs: tuple[int, ...] = field(init=False)
+    readers: dict[str, tuple[int, ...]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        written = {tensor for step in self.steps for _, tensor in step.outputs}
+        needs = []
+        readers: dict[str, list[int]] = {}
+        for index, step in enumerate(self.steps):
+            read = {tensor for _, tensor in step.inputs}
+            needs.append(len(read & written))
+            for tensor in read:
+                readers.setdefault(tensor, []).append(index)
+        object.__setattr__(self, "needs", tuple(needs))
+        object.__setattr__(self, "readers", {t: tuple(s) for t, s in readers.items()})
+
+
+@dataclass(slots=True)
+class StepCall:
+    """One step of one ensemble request, as the runner receives it."""
+
+    model_name: str
+    model_version: str
+    inputs: dict[str, Array]
+    priority: int = 0
+    timeout_us: int = 0
+
+
+# Runs a step through its model; returns the model's outputs and that request's timings.
+StepRunner = Callable[[StepCall], Awaitable[tuple[dict[str, Array], Timings]]]
+
+
+class EnsembleScheduler:
+    def __init__(self, plan: EnsemblePlan, runner: StepRunner) -> None:
+        self.plan = plan
+        self._runner = runner
+        self._in_flight = InFlight()
+
+    @property
+    def pending(self) -> int:
+        return self._in_flight.pending
+
+    async def submit(self, item: WorkItem) -> dict[str, Array]:
+        with self._in_flight.request():
+            outputs = await self._run(item)
+        # One ensemble request is one execution of the ensemble, as Triton counts it; its
+        # compute times are the sums of its steps' (added as each step finished).
+        item.timings.batch_size = item.batch_size
+        item.timings.first_in_batch = True
+        return outputs
+
+    async def _run(self, item: WorkItem) -> dict[str, Array]:
+        plan = self.plan
+        tensors: dict[str, Array] = dict(item.inputs)
+        waiting = list(plan.needs)
+        ready = [index for index, count in enumerate(waiting) if count == 0]
+        running: dict[asyncio.Task[dict[str, Array]], int] = {}
+        try:
+            while ready or running:
+                if len(ready) == 1 and not running:
+                    index = ready.pop()
+                    produced = await self._step(index, tensors, item)
+                    ready.extend(self._written(index, produced, tensors, waiting))
+                    continue
+                for index in ready:
+                    task = asyncio.ensure_future(self._step(index, tensors, item))
+                    running[task] = index
+                ready.clear()
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    index = running.pop(task)
+                    ready.extend(self._written(index, task.result(), tensors, waiting))
+        finally:
+            # A failed step (or a cancelled request) stops the steps still running.
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+        missing = [name for name in plan.outputs if name not in tensors]
+        if missing:
+            raise ServerError(
+                ErrorCode.INTERNAL,
+                f"in ensemble '{plan.name}', unexpected deadlock, at least one output is not "
+                f"set while no more ensemble steps can be made: {missing}",
+            )
+        return {name: tensors[name] for name in plan.outputs}
+
+    async def _step(
+        self, index: int, tensors: dict[str, Array], item: WorkItem
+    ) -> dict[str, Array]:
+        step = self.plan.steps[index]
+        inputs = {name: tensors[tensor] for name, tensor in step.inputs if tensor in tensors}
+        call = StepCall(step.model_name, step.model_version, inputs, item.priority, item.timeout_us)
+        try:
+            outputs, timings = await self._runner(call)
+        except ServerError as exc:
+            # Triton's form: the step's own error, with the ensemble named in front.
+            raise ServerError(
+                exc.code, f"in ensemble '{self.plan.name}', {exc.message}", exc.reason
+            ) from None
+        total = item.timings
+        total.compute_input_ns += timings.compute_input_ns
+        total.compute_infer_ns += timings.compute_infer_ns
+        total.compute_output_ns += timings.compute_output_ns
+        return {tensor: outputs[name] for name, tensor in step.outputs if name in outputs}
+
+    def _written(
+        self,
+        index: int,
+        produced: dict[str, Array],
+        tensors: dict[str, Array],
+        waiting: list[int],
+    ) -> list[int]:
+        """Record a finished step's tensors; return the steps that became ready."""
+        tensors.update(produced)
+        ready = []
+        for tensor in produced:
+            for reader in self.plan.readers.get(tensor, ()):
+                waiting[reader] -= 1
+                if waiting[reader] == 0:
+                    ready.append(reader)
+        return ready
+
+    async def close(self, drain_timeout_s: float) -> None:
+        """Refuse new requests and let those in flight finish within the timeout. There is
+        nothing to free: the steps' models are loaded and unloaded on their own."""
+        await self._in_flight.close(drain_timeout_s)

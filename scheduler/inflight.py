@@ -1,0 +1,44 @@
+"""The requests a scheduler has accepted and not yet answered, and the gate that closes it.
+
+The direct and the ensemble scheduler hold no queue of their own: a request is in flight
+from `submit` until it returns. `InFlight` counts those, refuses new ones once the
+scheduler closes (SchedulerClosed, UNAVAILABLE to the client), and lets `close` wait for
+the ones in flight within the drain timeout. The dynamic batcher keeps its own count, as
+its batches outlive the calls that queued them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+from ge_serve.server.errors import SchedulerClosed
+
+
+class InFlight:
+    def __init__(self) -> None:
+        self.pending = 0
+        self.closing = False
+        self._drained = asyncio.Event()
+        self._drained.set()
+
+    @contextlib.contextmanager
+    def request(self) -> Iterator[None]:
+        """One request, from its admission to its answer; refused once closing."""
+        if self.closing:
+            raise SchedulerClosed()
+        self.pending += 1
+        self._drained.clear()
+        try:
+            yield
+        finally:
+            self.pending -= 1
+            if self.pending == 0:
+                self._drained.set()
+
+    async def close(self, drain_timeout_s: float) -> None:
+        """Refuse new requests; wait until those in flight are answered, or the timeout."""
+        self.closing = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._drained.wait(), drain_timeout_s)

@@ -1,0 +1,181 @@
+"""The JSON request bodies of the HTTP control plane, as pydantic models.
+
+Each endpoint reads its body with `decode_body` (after the front end's size cap and
+decompression), and the OpenAPI document describes the body with the same model, so the
+two cannot disagree. The messages are the ones clients have matched on since these bodies
+were checked by hand.
+
+`InferRequestBody` is different: the infer path is decoded by the hand-written codec
+(`codec.decode_infer_request`) for speed, and the model only describes that JSON for the
+OpenAPI document.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Annotated, Any, Self, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, WrapValidator, model_validator
+from pydantic.config import JsonDict
+
+from ge_serve.server.control import FILE_PREFIX
+from ge_serve.server.documents import Document, reject, validate, worded
+from ge_serve.server.types import DataType
+
+from . import codec
+
+D = TypeVar("D", bound=Document)
+
+
+def decode_body(model: type[D], body: bytes, what: str, *, optional: bool = False) -> D:
+    """Parse and check a JSON body; with `optional`, an empty body is the model's defaults.
+
+    Malformed JSON reads "failed to parse the <what> JSON buffer: ...".
+    """
+    if optional and not body.strip():
+        return validate(model, {}, what)
+    return validate(model, codec.decode_json_object(body, what), what)
+
+
+def _no_default(schema: JsonDict) -> None:
+    """For a field whose absence means something else than any value it could have."""
+    schema.pop("default", None)
+
+
+# --- model repository -----------------------------------------------------------------------
+
+
+class RepositoryIndexRequest(Document):
+    ready: Annotated[bool, worded("'ready' must be a boolean")] = Field(
+        False, description="List only the models that are ready."
+    )
+
+
+class LoadParameters(Document):
+    """`config` and `file:<version>/<name>` entries; other parameters are ignored."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "patternProperties": {
+                "^file:": {
+                    "type": "string",
+                    "contentEncoding": "base64",
+                    "description": "A file of the model, `file:<version>/<name>`, in base64. "
+                    "Needs `config`.",
+                }
+            }
+        },
+    )
+
+    config: Annotated[
+        str,
+        worded("load parameter 'config' must be a JSON string"),
+        Field(
+            description="The model configuration as JSON text, replacing the repository's.",
+            json_schema_extra=_no_default,
+        ),
+    ] = ""
+    _files: dict[str, bytes] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _decode_files(self) -> Self:
+        for key, value in (self.model_extra or {}).items():
+            if not key.startswith(FILE_PREFIX):
+                continue
+            if not isinstance(value, str):
+                raise reject(f"load parameter '{key}' must be a base64 string")
+            try:
+                content = base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise reject(f"load parameter '{key}' is not valid base64") from None
+            self._files[key[len(FILE_PREFIX) :]] = content
+        return self
+
+    @property
+    def config_json(self) -> str | None:
+        """The config text, None when the request gives none."""
+        return self.config if "config" in self.model_fields_set else None
+
+    @property
+    def files(self) -> dict[str, bytes]:
+        """`<version>/<name>` -> decoded content."""
+        return self._files
+
+
+class RepositoryLoadRequest(Document):
+    parameters: Annotated[
+        LoadParameters, worded("'parameters' of the load request must be an object")
+    ] = Field(default_factory=lambda: LoadParameters())
+
+
+class UnloadParameters(Document):
+    unload_dependents: Annotated[
+        bool, worded("unload parameter 'unload_dependents' must be a boolean")
+    ] = False
+
+
+class RepositoryUnloadRequest(Document):
+    parameters: Annotated[
+        UnloadParameters, worded("'parameters' of the unload request must be an object")
+    ] = Field(default_factory=UnloadParameters)
+
+
+# --- shared memory --------------------------------------------------------------------------
+
+
+def _count(field: str) -> WrapValidator:
+    return worded(f"'{field}' of the register request must be a non-negative integer")
+
+
+class SystemSharedMemoryRegisterRequest(Document):
+    missing_field = "Shared memory register request has no '{field}' field"
+
+    key: Annotated[str, worded("'key' of the register request must be a string")] = Field(
+        description="The POSIX shared memory name, '/name'."
+    )
+    offset: Annotated[int, Field(ge=0), _count("offset")] = 0
+    byte_size: Annotated[int, Field(ge=0), _count("byte_size")]
+
+
+# --- inference: described here, decoded by the codec -----------------------------------------
+
+Parameter = bool | int | float | str
+
+
+class InferInputTensor(BaseModel):
+    name: str
+    shape: list[Annotated[int, Field(ge=0)]]
+    datatype: DataType
+    parameters: dict[str, Parameter] | None = Field(
+        None,
+        description="`binary_data_size` (its data follows the JSON header), or "
+        "`shared_memory_region`, `shared_memory_offset` and `shared_memory_byte_size`.",
+    )
+    data: list[Any] | None = Field(
+        None, description="The elements, row-major, flat or nested by the shape."
+    )
+
+
+class InferRequestedOutput(BaseModel):
+    name: str
+    parameters: dict[str, Parameter] | None = Field(
+        None, description="`binary_data`, `classification`, or shared-memory parameters."
+    )
+
+
+class InferRequestBody(BaseModel):
+    """A KServe v2 inference request. With the binary tensor data extension, this JSON is
+    the first `Inference-Header-Content-Length` bytes of the body."""
+
+    id: str | None = None
+    parameters: dict[str, Parameter] | None = None
+    inputs: list[InferInputTensor]
+    outputs: list[InferRequestedOutput] | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error: `{"error": "<message>"}`."""
+
+    error: str

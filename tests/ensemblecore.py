@@ -1,0 +1,51 @@
+"""An in-process core for ensemble tests, and how those tests read what it reports."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+from modelgen import make_lifecycle
+
+from ge_serve.scheduler.work import Array
+from ge_serve.server.control import ControlMode, ControlSettings, ModelControl
+from ge_serve.server.core import InferenceServer
+from ge_serve.server.records import ModelStatistics, RepositoryEntry
+from ge_serve.server.types import DataType, InferRequest, Tensor
+
+
+@contextlib.asynccontextmanager
+async def explicit_core(repo: Path) -> AsyncIterator[InferenceServer]:
+    """A core in explicit mode over `repo` (tests write models into it), closed after."""
+    life = make_lifecycle(repo)
+    control = ModelControl(life, life.repository, ControlSettings(ControlMode.EXPLICIT))
+    try:
+        yield InferenceServer(life, control=control)
+    finally:
+        await life.close()
+
+
+def request(model: str, data: Array, name: str = "IN") -> InferRequest:
+    datatype = DataType.from_numpy(data.dtype)
+    return InferRequest(model_name=model, inputs=[Tensor(name, datatype, data.shape, data)])
+
+
+async def outputs(core: InferenceServer, model: str, data: Array) -> dict[str, Array]:
+    response = await core.infer(request(model, data))
+    return {t.name: t.data for t in response.outputs}
+
+
+def ones(batch: int = 1) -> Array:
+    return np.ones((batch, 4), np.float32)
+
+
+def row(core: InferenceServer, name: str) -> RepositoryEntry:
+    (found,) = [r for r in core.lifecycle.index() if r.name == name]
+    return found
+
+
+def stats(core: InferenceServer, name: str) -> ModelStatistics:
+    (found,) = core.statistics(name)
+    return found
