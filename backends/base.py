@@ -38,6 +38,16 @@ class SlotInfo:
     stream: int = 0
 
 
+class ModelEvents(Protocol):
+    """Where a backend reports that a loaded model version stopped or resumed serving on
+    its own (a worker process died and is being restarted). Thread-safe: a backend calls
+    it from any thread."""
+
+    def unavailable(self, reason: str) -> None: ...
+
+    def available(self) -> None: ...
+
+
 @dataclass(slots=True)
 class ModelSpec:
     """Everything a backend needs to load one version of a model."""
@@ -48,6 +58,58 @@ class ModelSpec:
     model_dir: Path
     # The model file (or folder) inside the version folder; may not exist for some backends.
     model_path: Path
+    # Health reports for this version, for backends whose executors can fail and recover.
+    events: ModelEvents | None = None
+
+
+ParamValue = bool | int | float | str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelError:
+    """A request's failure as a model reports it: a Triton error code name (INTERNAL,
+    INVALID_ARG, NOT_FOUND, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED, UNKNOWN)
+    and a message for the client."""
+
+    code: str
+    message: str
+
+
+class ResponseSink(Protocol):
+    """Where a decoupled model's responses for one request go, each as it is produced.
+    Thread-safe; `final` is Triton's COMPLETE_FINAL flag, after which nothing is sent."""
+
+    def send(
+        self, outputs: dict[str, Array] | None, error: ModelError | None, final: bool
+    ) -> None: ...
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """What a request-level backend sees of one request beyond its tensors.
+
+    The core fills it in; the backend reads it and sets `error` when the model answered
+    this request with an error (the rest of its batch may well have succeeded).
+    """
+
+    id: str = ""
+    parameters: Mapping[str, ParamValue] = field(default_factory=dict)
+    # The outputs the client asked for; empty means every output.
+    requested_outputs: tuple[str, ...] = ()
+    # Set (from the loop) once the client has gone away.
+    cancelled: bool = False
+    # A decoupled model's responses go here instead of the execution's result.
+    responses: ResponseSink | None = None
+    error: ModelError | None = None
+
+
+@dataclass(slots=True)
+class ModelRequest:
+    """One client request as a request-level executor receives it: its own tensors (with
+    their own batch dimension when the model batches) and its context."""
+
+    inputs: Mapping[str, Array]
+    context: RequestContext
 
 
 class Executor(Protocol):
@@ -62,6 +124,18 @@ class Executor(Protocol):
         ...
 
 
+class RequestExecutor(Executor, Protocol):
+    """An executor that takes a batch as its requests, one by one, not as merged tensors
+    (Triton's backend API: a Python model's `execute(requests)`). `execute` stays for
+    warmup samples, each run as one request."""
+
+    def execute_requests(self, requests: Sequence[ModelRequest]) -> list[dict[str, Array]]:
+        """Run the requests as one execution; returns each request's outputs, in order (an
+        empty dict for a request whose context got an error or whose responses went to
+        its sink). Called from the slot thread."""
+        ...
+
+
 @dataclass(slots=True)
 class LoadedModel:
     """A loaded model version: one executor per slot, plus what the scheduler must honour."""
@@ -73,6 +147,8 @@ class LoadedModel:
     # Device bytes held by this model (for statistics and metrics).
     memory_bytes: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    # The executors are RequestExecutors: the core gives each request its context.
+    per_request: bool = False
 
     def close(self) -> None:
         for executor in self.executors:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ge_serve.backends.base import Executor, gear_for
+from ge_serve.backends.base import Executor, ModelRequest, RequestContext, gear_for
 
 from .work import Array, WorkItem
 
@@ -41,14 +41,28 @@ def merge_inputs(items: Sequence[WorkItem], total: int, padded: int) -> dict[str
 def execute_batch(
     executor: Executor, items: Sequence[WorkItem], gears: Sequence[int], batching: bool
 ) -> list[dict[str, Array]]:
-    """Run `items` as one execution and return each item's own outputs, in order."""
+    """Run `items` as one execution and return each item's own outputs, in order.
+
+    An executor that takes requests (a RequestExecutor, such as a Python model's) gets
+    each item as its own request, in order, with nothing merged or padded.
+    """
     start = time.monotonic_ns()
     total = sum(item.batch_size for item in items)
+    by_request = getattr(executor, "execute_requests", None)
+    if by_request is not None:
+        requests = [ModelRequest(i.inputs, i.context or RequestContext()) for i in items]
+        ready = time.monotonic_ns()
+        results: list[dict[str, Array]] = by_request(requests)
+        done = time.monotonic_ns()
+        if len(results) != len(items):
+            raise RuntimeError(f"the executor answered {len(results)} of {len(items)} requests")
+        _record(items, start, ready, done, time.monotonic_ns(), total)
+        return results
     inputs = merge_inputs(items, total, gear_for(total, gears)) if batching else items[0].inputs
     ready = time.monotonic_ns()
     outputs = executor.execute(inputs)
     done = time.monotonic_ns()
-    results: list[dict[str, Array]] = []
+    results = []
     if batching:
         offset = 0
         for item in items:
@@ -57,7 +71,13 @@ def execute_batch(
             offset = end
     else:
         results.append(outputs)
-    finished = time.monotonic_ns()
+    _record(items, start, ready, done, time.monotonic_ns(), total)
+    return results
+
+
+def _record(
+    items: Sequence[WorkItem], start: int, ready: int, done: int, finished: int, total: int
+) -> None:
     for item in items:
         timings = item.timings
         timings.compute_input_ns = ready - start
@@ -65,4 +85,3 @@ def execute_batch(
         timings.compute_output_ns = finished - done
         timings.batch_size = total
     items[0].timings.first_in_batch = True
-    return results

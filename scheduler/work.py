@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy.typing as npt
 
+from ge_serve.backends.base import RequestContext
+
 Array = npt.NDArray[Any]
 
 
@@ -40,6 +42,8 @@ class WorkItem:
     timeout_us: int = 0
     enqueue_ns: int = 0
     timings: Timings = field(default_factory=Timings)
+    # Set for models whose executors take requests one by one (LoadedModel.per_request).
+    context: RequestContext | None = None
 
     def shape_key(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
         """Items merge into one batch only when all non-batch dims and dtypes agree."""

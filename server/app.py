@@ -23,10 +23,12 @@ from ge_serve.backends.base import Backend, LoadedModel
 from ge_serve.backends.ge.auto import DeviceUnavailable, select_runtime
 from ge_serve.backends.ge.backend import GeBackend, backend_config_for
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
+from ge_serve.backends.python.backend import PythonBackend
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
 from ge_serve.scheduler.factory import SchedulerOptions, build_scheduler, delay_count_from
 
+from .bls import CoreBridge
 from .control import ControlMode, ControlSettings, ModelControl
 from .core import InferenceServer
 from .drain import DrainGate
@@ -113,7 +115,8 @@ def scheduler_options(settings: Settings) -> SchedulerOptions:
 
 
 def make_backends(settings: Settings) -> dict[str, Backend]:
-    """The host CPU backend, and GE on the device runtime `--device` selects."""
+    """The host CPU backend, GE on the device runtime `--device` selects, and Python
+    models (one worker process per instance)."""
     choice = select_runtime(
         settings.device,
         sim_devices=settings.sim_devices,
@@ -122,7 +125,7 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
     )
     log.info("GE backend: %s, chosen by %s", choice.runtime.describe(), choice.reason)
     ge = GeBackend(choice.runtime, backend_config_for(settings.backend_config))
-    return {"onnxruntime": OnnxRuntimeBackend(), "ge": ge}
+    return {"onnxruntime": OnnxRuntimeBackend(), "ge": ge, "python": PythonBackend()}
 
 
 def http_settings(settings: Settings) -> HttpSettings:
@@ -190,6 +193,14 @@ class ServerApp:
             log_control=log_control,
             shared_memory=SharedMemoryManager(enabled=settings.allow_client_shm),
         )
+        python = self.backends.get("python")
+        self.python = python if isinstance(python, PythonBackend) else None
+        if self.python is not None:
+            # A version whose execute never returned still has its worker: end it.
+            backend = self.python
+            self.lifecycle.on_retired.append(
+                lambda model: backend.retire(model.loaded) if model.backend == "python" else None
+            )
         self.http = HttpFrontEnd(self.core, http_settings(settings))
         self.grpc = GrpcFrontEnd(self.core, grpc_settings(settings))
         self.metrics = self._make_metrics() if settings.allow_metrics else None
@@ -215,6 +226,8 @@ class ServerApp:
             devices=settings.allow_gpu_metrics,
         )
         self.core.observers.append(metrics)
+        if self.python is not None:
+            metrics.registry.register(self.python)  # the Python models' custom metrics
         self.http.extra_routes.append(
             self.http.route("/metrics", metrics_endpoint(metrics.render), ["GET"])
         )
@@ -222,6 +235,9 @@ class ServerApp:
 
     async def start(self) -> bool:
         """Load the startup models, then open the endpoints. False means: exit with error."""
+        if self.python is not None:
+            # Python models' BLS calls enter the core on this loop.
+            self.python.attach_core(CoreBridge(self.core, asyncio.get_running_loop()))
         try:
             errors = await self.control.start()
         except ServerError as exc:

@@ -20,7 +20,10 @@ BACKEND_ALIASES = {
     "onnxruntime_onnx": "onnxruntime",
     "ge": "ge",
     "npu_ge": "ge",
+    "python": "python",
 }
+# Backends whose instances run on the host CPU unless the config says otherwise.
+HOST_BACKENDS = ("onnxruntime", "python")
 
 
 def resolve_backend(
@@ -29,7 +32,8 @@ def resolve_backend(
     default: str,
     version_dir: Path | None = None,
 ) -> Backend:
-    """Pick the backend: `backend`, then `platform`, then the default for ONNX files.
+    """Pick the backend: `backend`, then `platform`, then Python for a version folder that
+    holds a `model.py` (and no ONNX model), then the default for ONNX files.
 
     A config that names no backend goes to the default, except KIND_CPU instance groups,
     which mean the host CPU (onnxruntime) as they do in Triton, and models an NPU cannot
@@ -44,6 +48,8 @@ def resolve_backend(
                 ErrorCode.UNSUPPORTED,
                 f"backend '{named}' is not supported; available: {sorted(BACKEND_ALIASES)}",
             )
+    elif _python_model(config, version_dir):
+        key = "python"
     else:
         only_cpu = bool(config.instance_group) and all(
             g.kind == model_config_pb2.ModelInstanceGroup.KIND_CPU for g in config.instance_group
@@ -62,6 +68,17 @@ def resolve_backend(
     if backend is None:
         raise ServerError(ErrorCode.UNAVAILABLE, f"backend '{key}' is not available")
     return backend
+
+
+def _python_model(config: model_config_pb2.ModelConfig, version_dir: Path | None) -> bool:
+    """A Triton Python model with no config naming its backend (Triton infers it too)."""
+    if version_dir is None:
+        return False
+    filename = config.default_model_filename
+    if filename:
+        return filename.endswith(".py") and _resolved(version_dir, filename).is_file()
+    onnx = _resolved(version_dir, "model.onnx")
+    return not onnx.exists() and _resolved(version_dir, "model.py").is_file()
 
 
 def _host_only(config: model_config_pb2.ModelConfig, version_dir: Path | None) -> str | None:
@@ -158,7 +175,7 @@ def complete(
         group.count = 1
         group.kind = (
             model_config_pb2.ModelInstanceGroup.KIND_CPU
-            if backend.name == "onnxruntime"
+            if backend.name in HOST_BACKENDS
             else model_config_pb2.ModelInstanceGroup.KIND_GPU
         )
     for index, group in enumerate(config.instance_group):

@@ -26,6 +26,13 @@ from .lifecycle import ModelLifecycle
 from .logsettings import LogControl
 from .model import ModelVersion, TensorSpec
 from .records import ModelMetadata, ModelStatistics, RepositoryEntry, ServerMetadata, TensorMetadata
+from .requests import (
+    ResponseQueue,
+    decoupled_unsupported,
+    model_error,
+    request_context,
+    response_of,
+)
 from .sharedmemory import SharedMemoryManager
 from .statistics import StatisticsCollector
 from .types import DataType, InferRequest, InferResponse, SharedMemoryRef, Tensor, check_shape
@@ -153,7 +160,9 @@ class InferenceServer:
 
     # --- inference -----------------------------------------------------------------------
 
-    async def infer(self, request: InferRequest) -> InferResponse:
+    async def infer(self, request: InferRequest, endpoint: str = "infer") -> InferResponse:
+        """One request, one response. `endpoint` names the caller in the error a
+        decoupled model answers with (Triton's "HTTP end point", "ModelInfer RPC")."""
         if not self._accepting:
             raise shutting_down()
         # The front ends check shapes as they decode; this is for in-process callers,
@@ -162,6 +171,8 @@ class InferenceServer:
             check_shape(tensor.shape, tensor.name)
         started = time.monotonic_ns()
         model = self.lifecycle.get(request.model_name, request.model_version)
+        if model.decoupled:
+            raise decoupled_unsupported(endpoint)
         response, _ = await self._infer(request, model, started)
         return response
 
@@ -171,6 +182,8 @@ class InferenceServer:
         in flight finishes even once the server stops accepting new requests."""
         started = time.monotonic_ns()
         model = self.lifecycle.get(call.model_name, call.model_version)
+        if model.decoupled:
+            raise decoupled_unsupported("An ensemble step")
         inputs = []
         for name, array in call.inputs.items():
             spec = model.inputs.get(name)
@@ -200,6 +213,8 @@ class InferenceServer:
                     model = self._replacement(request, model)
                 item = prepare(request, model)
                 item.enqueue_ns = started
+                if model.loaded.per_request:
+                    item.context = request_context(request)
                 try:
                     outputs = await model.scheduler.submit(item)
                     break
@@ -208,13 +223,20 @@ class InferenceServer:
                     model = self._replacement(request, model)
             else:
                 raise ServerError(ErrorCode.UNAVAILABLE, "model is being reloaded, retry")
-            response = build_response(request, model, outputs, item.batch_size)
+            if item.context is not None:
+                if item.context.error is not None:
+                    raise model_error(item.context.error)
+                response = response_of(request, model, outputs, item.batch_size)
+            else:
+                response = build_response(request, model, outputs, item.batch_size)
             if shm_outputs:
                 self._write_shared_memory(response, shm_outputs)
         except ServerError as exc:
             self._notify(model, item, exc, started)
             raise
         except asyncio.CancelledError:
+            if item is not None and item.context is not None:
+                item.context.cancelled = True
             self._notify(model, item, request_cancelled(), started)
             raise
         except Exception as exc:
@@ -241,10 +263,64 @@ class InferenceServer:
         response. A decoupled backend may yield zero or more, and the iterator ending is
         Triton's COMPLETE_FINAL flag sent on its own; a streaming front end marks each
         response `triton_final_response: false` and, when the client asked for it, sends an
-        empty final response when the iterator ends. Every backend today answers a request
-        once, so this yields `infer()`'s response.
+        empty final response when the iterator ends. Every backend but a request-level one
+        (Python) answers a request once, so this yields `infer()`'s response.
         """
-        yield await self.infer(request)
+        model = self.lifecycle.get(request.model_name, request.model_version)
+        if not model.decoupled:
+            yield await self.infer(request)
+            return
+        async for response in self._infer_decoupled(request, model):
+            yield response
+
+    async def _infer_decoupled(
+        self, request: InferRequest, model: ModelVersion
+    ) -> AsyncIterator[InferResponse]:
+        """A decoupled model's responses: the request runs through the scheduler like any
+        other (its execution may end long before its responses do), and each response
+        the backend sends comes out as it arrives, until the final flag."""
+        if not self._accepting:
+            raise shutting_down()
+        for tensor in request.inputs:
+            check_shape(tensor.shape, tensor.name)
+        if any(o.shm is not None for o in request.outputs):
+            raise ServerError(
+                ErrorCode.UNSUPPORTED,
+                "shared-memory outputs are not supported for decoupled models",
+            )
+        started = time.monotonic_ns()
+        self._map_shared_memory(request)
+        sink = ResponseQueue(asyncio.get_running_loop())
+        item: WorkItem | None = None
+        submitted: asyncio.Task[dict[str, Array]] | None = None
+        try:
+            item = prepare(request, model)
+            item.enqueue_ns = started
+            item.context = request_context(request, sink)
+            submitted = asyncio.ensure_future(model.scheduler.submit(item))
+            submitted.add_done_callback(lambda task: _submit_ended(task, sink))
+            while True:
+                outputs, error, final = await sink.get()
+                if error is not None:
+                    raise error
+                if outputs is not None:
+                    response = response_of(request, model, outputs, item.batch_size)
+                    response.final = final
+                    yield response
+                if final:
+                    break
+        except ServerError as exc:
+            self._notify(model, item, exc, started)
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            # The client went away: a model that asks is_cancelled() learns it.
+            if item is not None and item.context is not None:
+                item.context.cancelled = True
+            if submitted is not None and not submitted.done():
+                submitted.cancel()
+            self._notify(model, item, request_cancelled(), started)
+            raise
+        self._notify(model, item, None, started)
 
     def _map_shared_memory(
         self, request: InferRequest
@@ -326,6 +402,20 @@ class InferenceServer:
     def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Apply the given settings (the rest stay) and return all of them."""
         return self.log_control.update(changes)
+
+
+def _submit_ended(task: asyncio.Task[dict[str, Array]], sink: ResponseQueue) -> None:
+    """A decoupled request's execution ended: only a failure says anything (its
+    responses, and the final flag, come through the sink)."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is None:
+        return
+    if isinstance(exc, ServerError):
+        sink.fail(exc)
+    else:
+        sink.fail(ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
 
 
 def _platform(model: ModelVersion) -> str:

@@ -19,14 +19,8 @@ from ge_serve.scheduler.work import Array, Timings
 
 from . import autocomplete, ensemble_config
 from .config_paths import check_config_paths
-from .errors import (
-    ErrorCode,
-    ServerError,
-    model_not_ready,
-    no_available_versions,
-    unknown_model,
-    unknown_version,
-)
+from .errors import ErrorCode, ServerError, model_not_ready, unknown_model, unknown_version
+from .health import VersionHealth, not_ready
 from .model import ModelVersion, tensor_specs
 from .records import ModelState, RepositoryEntry
 from .repository import (
@@ -94,6 +88,7 @@ class _Prepared:
     loaded: dict[int, LoadedModel]
     failures: dict[int, str]
     seconds: float
+    health: dict[int, VersionHealth] = field(default_factory=dict)
 
 
 class ModelLifecycle:
@@ -133,7 +128,7 @@ class ModelLifecycle:
             return entry.model
         ready = [v for v in record.versions.values() if v.state is ModelState.READY and v.model]
         if not ready:
-            raise no_available_versions(name)
+            raise not_ready(name, record.versions.values())
         best = max(ready, key=lambda v: v.version).model
         assert best is not None
         return best
@@ -323,6 +318,7 @@ class ModelLifecycle:
         labels = read_labels(config, source.path)
         loaded: dict[int, LoadedModel] = {}
         failures: dict[int, str] = {}
+        health: dict[int, VersionHealth] = {}
         for version in versions:
             version_dir = source.path / str(version)
             spec = ModelSpec(
@@ -331,6 +327,7 @@ class ModelLifecycle:
                 config=config,
                 model_dir=source.path,
                 model_path=autocomplete.model_file(config, backend, version_dir),
+                events=health.setdefault(version, VersionHealth()),
             )
             try:
                 loaded[version] = backend.load(spec)
@@ -338,7 +335,7 @@ class ModelLifecycle:
                 log.exception("loading '%s' version %d failed", config.name, version)
                 failures[version] = f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
         return _Prepared(
-            config, backend, source, labels, loaded, failures, time.monotonic() - started
+            config, backend, source, labels, loaded, failures, time.monotonic() - started, health
         )
 
     async def _install(
@@ -367,6 +364,8 @@ class ModelLifecycle:
                 labels=prepared.labels,
             )
             new_versions[version] = VersionRecord(version, ModelState.READY, "", model)
+            if version in prepared.health:  # an ensemble has no backend to report
+                prepared.health[version].bind(new_versions[version])
         for version, reason in prepared.failures.items():
             new_versions[version] = VersionRecord(version, ModelState.UNAVAILABLE, reason)
         old = record.versions

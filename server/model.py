@@ -49,6 +49,12 @@ class ModelVersion:
     def version_str(self) -> str:
         return str(self.version)
 
+    @property
+    def decoupled(self) -> bool:
+        """Triton's `model_transaction_policy { decoupled: true }`: any number of
+        responses per request, through streaming only."""
+        return bool(self.config.model_transaction_policy.decoupled)
+
 
 def tensor_specs(
     entries: list[model_config_pb2.ModelInput] | list[model_config_pb2.ModelOutput],

@@ -218,6 +218,9 @@ class InferResponse:
     id: str = ""
     outputs: list[Tensor] = field(default_factory=list)
     parameters: Parameters = field(default_factory=dict)
+    # A decoupled model's last response for its request (the COMPLETE_FINAL flag came
+    # with it); a stream marks it `triton_final_response: true`.
+    final: bool = False
 
 
 RESERVED_PARAMETER_PREFIX = "triton_"

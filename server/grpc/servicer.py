@@ -135,7 +135,7 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelInferResponse:
         with decoding("inference request"):
             decoded = codec.decode_infer_request(request)
-        response = await self.core.infer(decoded.request)
+        response = await self.core.infer(decoded.request, "ModelInfer RPC")
         return codec.encode_infer_response(response)
 
     async def ModelStreamInfer(

@@ -9,8 +9,9 @@ Like Triton:
   waits for its predecessor's turn before it puts its response), while the requests run
   concurrently. Responses of a decoupled model are written as they are produced.
 - Every streamed response carries `triton_final_response`: true on the last response of its
-  request. A decoupled request that ends without a response of its own gets an empty final
-  response only when the client sent `triton_enable_empty_final_response: true`.
+  request (for a decoupled model, the one its COMPLETE_FINAL flag came with). A decoupled
+  request that ends with the flag on its own gets an empty final response only when the
+  client sent `triton_enable_empty_final_response: true`.
 - An error is an in-stream `error_message` (with the request's `id`) and the stream stays
   open, unless the client sent the `triton_grpc_error: true` header: then the first error
   ends the stream with its gRPC status.
@@ -217,10 +218,12 @@ class StreamSession:
         try:
             with decoding("inference request"):
                 decoded = codec.decode_infer_request(message)
+            ended = False
             async for response in self._core.infer_responses(decoded.request):
                 encoded = codec.encode_infer_response(response)
-                await self._emit(codec.stream_response(encoded, final=False))
-            if decoded.enable_empty_final_response:
+                ended = response.final
+                await self._emit(codec.stream_response(encoded, final=ended))
+            if decoded.enable_empty_final_response and not ended:
                 await self._emit(codec.empty_final_response(message))
         except Exception as exc:
             await self._emit(self._error(message, exc))

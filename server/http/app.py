@@ -289,7 +289,7 @@ class HttpFrontEnd:
         with decoding("inference request"):
             header_length = codec.parse_header_length(request.headers.get(HEADER_LENGTH))
             infer_request = codec.decode_infer_request(model, version, body, header_length)
-        response = await self.core.infer(infer_request)
+        response = await self.core.infer(infer_request, "HTTP end point")
         payload, json_length = codec.encode_infer_response(response, infer_request)
         headers: dict[str, str] = {}
         if json_length is not None:

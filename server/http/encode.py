@@ -11,11 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from google.protobuf import json_format
-from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
-
-from ge_serve.protos import model_config_pb2
+# The config as Triton prints it (proto field names, every field, ints as numbers): one
+# function for every reader, since a Python model gets the same JSON in `initialize`.
+from ge_serve.backends.config_json import config_to_json as config_to_json
 from ge_serve.server.records import (
     BatchStatistics,
     InferStatistics,
@@ -115,52 +113,3 @@ def repository_index(entries: Iterable[RepositoryEntry]) -> list[dict[str, str]]
         }
         for entry in entries
     ]
-
-
-# --- model config -----------------------------------------------------------------------
-
-
-def config_to_json(config: model_config_pb2.ModelConfig) -> dict[str, Any]:
-    """The config as Triton prints it: proto field names, every field, ints as numbers."""
-    data: dict[str, Any] = json_format.MessageToDict(
-        config,
-        preserving_proto_field_name=True,
-        including_default_value_fields=True,
-    )
-    _ints_as_numbers(config, data)
-    return data
-
-
-_INT64_TYPES = {
-    FieldDescriptor.TYPE_INT64,
-    FieldDescriptor.TYPE_UINT64,
-    FieldDescriptor.TYPE_SINT64,
-    FieldDescriptor.TYPE_FIXED64,
-    FieldDescriptor.TYPE_SFIXED64,
-}
-
-
-def _ints_as_numbers(message: Message, data: dict[str, Any]) -> None:
-    """json_format prints 64-bit integers as strings; Triton prints them as numbers."""
-    for field in message.DESCRIPTOR.fields:
-        if field.name not in data:
-            continue
-        value = getattr(message, field.name)
-        if field.type in _INT64_TYPES:
-            if field.label == FieldDescriptor.LABEL_REPEATED:
-                data[field.name] = [int(v) for v in value]
-            else:
-                data[field.name] = int(value)
-        elif field.type == FieldDescriptor.TYPE_MESSAGE:
-            if field.message_type.GetOptions().map_entry:
-                value_field = field.message_type.fields_by_name["value"]
-                if value_field.type == FieldDescriptor.TYPE_MESSAGE:
-                    for key, sub in value.items():
-                        _ints_as_numbers(sub, data[field.name][str(key)])
-                elif value_field.type in _INT64_TYPES:
-                    data[field.name] = {k: int(v) for k, v in data[field.name].items()}
-            elif field.label == FieldDescriptor.LABEL_REPEATED:
-                for sub, sub_data in zip(value, data[field.name], strict=True):
-                    _ints_as_numbers(sub, sub_data)
-            else:
-                _ints_as_numbers(value, data[field.name])

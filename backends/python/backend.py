@@ -1,0 +1,223 @@
+"""`PythonBackend`: loads a Triton Python model as one worker process per instance.
+
+A version loads once every instance's worker has run the model's `initialize` (they
+start side by side) and the `model_warmup` samples ran; the loaded model's executors
+take requests one by one (`per_request`), so `execute` gets one InferenceRequest per
+client request of the batch the scheduler formed.
+
+The model's static `auto_complete_config`, where it has one, runs in a short-lived
+worker of its own before the load, as Triton runs it in an interpreter that then goes.
+BLS and model-control calls reach the core through the `CoreCalls` the composition root
+attaches (`attach_core`) before models load.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+
+from google.protobuf import json_format
+from prometheus_client.metrics_core import Metric
+
+from ge_serve.backends.base import LoadedModel, ModelSpec, SlotInfo
+from ge_serve.backends.config_json import config_to_json
+from ge_serve.backends.warmup import run_warmup
+from ge_serve.protos import model_config_pb2
+
+from .calls import CoreCalls
+from .channel import Message
+from .env import ExecutionEnvs
+from .hosting import ModelHealth, Shared
+from .instance import InstanceSpec, PythonInstance
+from .metrics import CustomMetrics
+from .worker import Launch, WorkerProcess
+
+log = logging.getLogger(__name__)
+
+NAME = "python"
+_KINDS = {
+    model_config_pb2.ModelInstanceGroup.KIND_GPU: "GPU",
+    model_config_pb2.ModelInstanceGroup.KIND_MODEL: "MODEL",
+}
+_AUTOCOMPLETE_TIMEOUT_S = 120.0
+
+
+class PythonBackend:
+    name = NAME
+
+    def __init__(self, core: CoreCalls | None = None) -> None:
+        self._core = core
+        self.metrics = CustomMetrics()
+        self._envs = ExecutionEnvs()
+        self._lock = threading.Lock()
+        self._instances: weakref.WeakSet[PythonInstance] = weakref.WeakSet()
+
+    def attach_core(self, core: CoreCalls) -> None:
+        """Where BLS calls go (the server's core); set before models load."""
+        self._core = core
+
+    def default_model_filename(self) -> str:
+        return "model.py"
+
+    def autocomplete(self, config: model_config_pb2.ModelConfig, model_path: Path) -> None:
+        if not model_path.is_file():
+            raise ValueError(f"model file '{model_path}' does not exist")
+        # Without the name in its source the model has no auto_complete_config, and a
+        # worker would start only to find none.
+        if "auto_complete_config" not in model_path.read_text(encoding="utf-8", errors="replace"):
+            return
+        launch = self._envs.launch(config, _model_dir(config, model_path))
+        worker = WorkerProcess(f"{config.name}-autocomplete", launch, _NoHost())
+        try:
+            worker.start()
+            text = worker.call(
+                "autocomplete",
+                str(model_path),
+                json.dumps(config_to_json(config)),
+                timeout=_AUTOCOMPLETE_TIMEOUT_S,
+            )
+        except (RuntimeError, TimeoutError) as exc:
+            raise ValueError(
+                f"auto_complete_config of model '{config.name}' failed: {exc}"
+            ) from None
+        finally:
+            worker.stop(5)
+        completed = model_config_pb2.ModelConfig()
+        try:
+            json_format.ParseDict(json.loads(text), completed)
+        except (json_format.ParseError, ValueError) as exc:
+            raise ValueError(
+                f"auto_complete_config of model '{config.name}' returned a config that is "
+                f"not valid: {exc}"
+            ) from None
+        config.CopyFrom(completed)
+
+    def load(self, spec: ModelSpec) -> LoadedModel:
+        if not spec.model_path.is_file():
+            raise FileNotFoundError(f"model file '{spec.model_path}' does not exist")
+        config = spec.config
+        launch = self._envs.launch(config, spec.model_dir)
+        shared = Shared(self.metrics, lambda: self._core, ModelHealth(spec.events))
+        config_json = json.dumps(config_to_json(config))
+        instances = [
+            PythonInstance(slot, self._instance_spec(spec, slot, kind, launch, config_json), shared)
+            for slot, kind in _slots(spec)
+        ]
+        try:
+            _start_all(instances)
+            run_warmup(spec, instances)
+        except BaseException:
+            for instance in instances:
+                instance.kill()
+                instance.close()
+            raise
+        with self._lock:
+            self._instances.update(instances)
+        log.info(
+            "model '%s' version %d: %d Python instance(s)%s",
+            spec.name,
+            spec.version,
+            len(instances),
+            ", decoupled" if config.model_transaction_policy.decoupled else "",
+        )
+        return LoadedModel(executors=list(instances), per_request=True)
+
+    def _instance_spec(
+        self, spec: ModelSpec, slot: SlotInfo, kind: str, launch: Launch, config_json: str
+    ) -> InstanceSpec:
+        config = spec.config
+        return InstanceSpec(
+            model_name=spec.name,
+            version=spec.version,
+            instance_name=slot.name,
+            kind=kind,
+            device_id=slot.device_id,
+            model_path=spec.model_path,
+            model_dir=spec.model_dir,
+            config_json=config_json,
+            decoupled=bool(config.model_transaction_policy.decoupled),
+            output_names=tuple(o.name for o in config.output),
+            launch=launch,
+        )
+
+    def retire(self, loaded: LoadedModel) -> None:
+        """A version was unloaded: end any worker an endless execute still holds."""
+        for executor in loaded.executors:
+            if isinstance(executor, PythonInstance):
+                worker = executor.worker
+                if worker is not None and worker.alive:
+                    executor.kill()
+
+    def collect(self) -> Iterator[Metric]:
+        """The models' custom metrics (a prometheus_client collector)."""
+        return self.metrics.collect()
+
+    def close(self) -> None:
+        """At server exit: no worker outlives the server."""
+        with self._lock:
+            instances = list(self._instances)
+        for instance in instances:
+            instance.kill()
+        self._envs.close()
+
+
+def _model_dir(config: model_config_pb2.ModelConfig, model_path: Path) -> Path:
+    """The model folder, from the model file: `<model>/<version>/<default_model_filename>`."""
+    depth = len(Path(config.default_model_filename or "model.py").parts)
+    return model_path.parents[depth]
+
+
+def _slots(spec: ModelSpec) -> list[tuple[SlotInfo, str]]:
+    """One slot per instance, named as Triton names instances: `<group name>_<index>`."""
+    found = []
+    for group_index, group in enumerate(spec.config.instance_group):
+        group_name = group.name or f"{spec.name}_{group_index}"
+        kind = _KINDS.get(group.kind, "CPU")
+        devices = list(group.gpus) if kind == "GPU" and group.gpus else [0]
+        index = 0
+        for device in devices:
+            for _ in range(max(group.count, 1)):
+                slot = SlotInfo(
+                    name=f"{group_name}_{index}",
+                    device="cpu" if kind != "GPU" else f"gpu{device}",
+                    device_id=device,
+                    stream=index,
+                )
+                found.append((slot, kind))
+                index += 1
+    if not found:
+        found.append((SlotInfo(name=f"{spec.name}_0", device="cpu"), "CPU"))
+    return found
+
+
+def _start_all(instances: list[PythonInstance]) -> None:
+    """Start every instance side by side; the first failure is the load's."""
+    errors: list[BaseException] = []
+
+    def start(instance: PythonInstance) -> None:
+        try:
+            instance.start()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(i,), daemon=True) for i in instances]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+class _NoHost:
+    """A worker that only completes a config asks nothing of the server."""
+
+    def on_message(self, worker: WorkerProcess, message: Message) -> None:
+        return None
+
+    def on_exit(self, worker: WorkerProcess, reason: str) -> None:
+        return None

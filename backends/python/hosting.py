@@ -1,0 +1,221 @@
+"""What a model instance's worker asks of the server on its own, and how it is answered.
+
+Called on the worker's reader thread, so nothing here may wait long: a BLS call is
+handed to the core (which answers on its event loop, the answer then goes out on the
+worker's writer thread), model-control calls run on a thread of their own, the rest are
+answered at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ge_serve.backends.base import ModelError, ModelEvents, RequestContext
+
+from .calls import CoreCall, CoreCalls, CoreResponse
+from .channel import Message
+from .metrics import CustomMetrics
+from .worker import WorkerDied, WorkerProcess
+
+log = logging.getLogger("ge_serve.backends.python.model")
+
+_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+
+
+class ModelHealth:
+    """A model version's instances, down or up; the version is unavailable while any
+    instance is down, with that instance's reason."""
+
+    def __init__(self, events: ModelEvents | None) -> None:
+        self._events = events
+        self._lock = threading.Lock()
+        self._down: dict[str, str] = {}
+
+    def report(self, instance: str, reason: str | None) -> None:
+        with self._lock:
+            if reason is None:
+                self._down.pop(instance, None)
+            else:
+                self._down[instance] = reason
+            first = next(iter(self._down.values()), None)
+        if self._events is None:
+            return
+        if first is None:
+            self._events.available()
+        else:
+            self._events.unavailable(first)
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """What the instances of all Python models share: the custom metrics, the core (once
+    the server has handed it over), and their own model version's health."""
+
+    metrics: CustomMetrics
+    core: Callable[[], CoreCalls | None]
+    health: ModelHealth
+
+
+class Instance(Protocol):
+    """The model instance a worker serves (instance.PythonInstance)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def context_of(self, key: int) -> RequestContext | None: ...
+
+    def responded(self, worker: WorkerProcess, message: Message) -> None: ...
+
+    def worker_ended(self, worker: WorkerProcess, reason: str) -> None: ...
+
+
+class Hosting:
+    """The WorkerHost of one instance."""
+
+    def __init__(self, instance: Instance, shared: Shared) -> None:
+        self._instance = instance
+        self._shared = shared
+        self._lock = threading.Lock()
+        # Each worker's BLS calls in flight: what cancels each.
+        self._calls: dict[tuple[int, int], Callable[[], None] | None] = {}
+
+    def on_message(self, worker: WorkerProcess, message: Message) -> None:
+        kind = message[0]
+        if kind == "respond":
+            self._instance.responded(worker, message)
+        elif kind == "bls":
+            self._bls(worker, message[1], message[2], bool(message[3]))
+        elif kind == "bls_cancel":
+            with self._lock:
+                cancel = self._calls.get((id(worker), message[1]))
+            if cancel is not None:
+                cancel()
+        elif kind == "call":
+            self._call(worker, message[1], message[2], tuple(message[3]))
+        elif kind == "metric_update":
+            self._shared.metrics.update(message[1], message[2], message[3])
+        elif kind == "metric_delete":
+            self._shared.metrics.delete(worker, message[1])
+        elif kind == "log":
+            _kind, level, text, where = message
+            level = _LEVELS.get(level, logging.INFO)
+            log.log(level, "%s (%s): %s", self._instance.name, where, text)
+
+    def on_exit(self, worker: WorkerProcess, reason: str) -> None:
+        with self._lock:
+            mine = [key for key in self._calls if key[0] == id(worker)]
+            cancels = [self._calls.pop(key) for key in mine]
+        for cancel in cancels:
+            if cancel is not None:
+                cancel()
+        self._shared.metrics.release(worker)
+        self._instance.worker_ended(worker, reason)
+
+    # --- BLS -------------------------------------------------------------------------------
+
+    def _bls(self, worker: WorkerProcess, number: int, call: Any, decoupled: bool) -> None:
+        model, version, request_id, descs, requested, parameters, timeout = call
+        inputs = worker.read_tensors(descs)
+        worker.release([], urgent=True)
+        core = self._shared.core()
+        if core is None:
+            error = CoreResponse(
+                error=ModelError("UNAVAILABLE", "BLS calls are not available here")
+            )
+            worker.post(lambda: self._answer(worker, number, error, True))
+            return
+        request = CoreCall(
+            model_name=str(model),
+            model_version=str(version),
+            request_id=str(request_id),
+            inputs=[(d[0], d[1], inputs[d[0]]) for d in descs],
+            requested_outputs=[str(n) for n in requested],
+            parameters=json.loads(parameters) if parameters else {},
+            timeout_us=int(timeout),
+            decoupled=decoupled,
+        )
+        key = (id(worker), number)
+        with self._lock:
+            self._calls[key] = None
+
+        def reply(response: CoreResponse | None, final: bool) -> None:
+            if final:
+                with self._lock:
+                    self._calls.pop(key, None)
+            worker.post(lambda: self._answer(worker, number, response, final))
+
+        cancel = core.infer(request, reply)
+        with self._lock:
+            if key in self._calls:
+                self._calls[key] = cancel
+
+    def _answer(
+        self, worker: WorkerProcess, number: int, response: CoreResponse | None, final: bool
+    ) -> None:
+        """Writer thread: the response's tensors into shared memory, then the message."""
+        encoded = None
+        if response is not None:
+            error = (
+                None if response.error is None else (response.error.code, response.error.message)
+            )
+            descs = [] if error else worker.write_tensors(response.outputs)
+            encoded = (descs, error, json.dumps(response.parameters))
+        worker.send(("bls_response", number, encoded, final))
+
+    # --- calls that want an answer ---------------------------------------------------------
+
+    def _call(self, worker: WorkerProcess, number: int, name: str, args: tuple[Any, ...]) -> None:
+        metrics = self._shared.metrics
+        try:
+            if name == "is_cancelled":
+                context = self._instance.context_of(int(args[0]))
+                value: Any = True if context is None else context.cancelled
+            elif name == "metric_family":
+                value = metrics.family(worker, str(args[0]), str(args[1]), int(args[2]))
+            elif name == "metric":
+                pairs = [(str(k), str(v)) for k, v in args[1]]
+                value = metrics.metric(worker, int(args[0]), pairs, [float(b) for b in args[2]])
+            elif name == "metric_value":
+                value = metrics.value(int(args[0]))
+            elif name in ("model_ready", "load_model", "unload_model"):
+                threading.Thread(
+                    target=self._control, args=(worker, number, name, args), daemon=True
+                ).start()
+                return
+            else:
+                raise ValueError(f"unknown call '{name}'")
+        except (ValueError, TypeError, IndexError) as exc:
+            _reply(worker, number, "error", str(exc))
+            return
+        _reply(worker, number, "ok", value)
+
+    def _control(
+        self, worker: WorkerProcess, number: int, name: str, args: tuple[Any, ...]
+    ) -> None:
+        core = self._shared.core()
+        try:
+            if core is None:
+                raise ValueError("the model control API is not available here")
+            if name == "model_ready":
+                value: Any = core.model_ready(str(args[0]), str(args[1]))
+            elif name == "load_model":
+                core.load_model(str(args[0]), str(args[1]), dict(args[2]))
+                value = None
+            else:
+                core.unload_model(str(args[0]), bool(args[1]))
+                value = None
+        except ValueError as exc:
+            _reply(worker, number, "error", str(exc))
+            return
+        _reply(worker, number, "ok", value)
+
+
+def _reply(worker: WorkerProcess, number: int, status: str, value: Any) -> None:
+    with contextlib.suppress(WorkerDied):
+        worker.send(("reply", number, status, value))

@@ -1,0 +1,388 @@
+"""One instance of a Python model: its executor slot, and the worker process behind it.
+
+`PythonInstance` is a RequestExecutor: the scheduler hands it a batch as its requests,
+it writes their inputs into the worker's view of shared memory, asks the worker to
+execute them, and gives each request its outputs or its error. A decoupled model's
+responses go to each request's sink as they arrive, long after execute may have
+returned; its input memory is kept until the request's final response.
+
+When the worker dies (a crash, a kill), its requests fail with the reason, the model is
+reported unavailable, and a new worker is started and initialized in the background;
+the model is available again once it is up. What the worker itself starts (BLS calls,
+metrics, log lines, `is_cancelled`) is answered in `hosting`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ge_serve.backends.base import (
+    Array,
+    ModelError,
+    ModelRequest,
+    RequestContext,
+    SlotInfo,
+)
+
+from .channel import Message
+from .hosting import Hosting, Shared
+from .shm import Region
+from .worker import Launch, WorkerDied, WorkerProcess
+
+log = logging.getLogger(__name__)
+
+# How long a restart waits after a failed attempt, doubling up to the most.
+_RETRY_FIRST_S = 0.5
+_RETRY_MOST_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSpec:
+    """One model instance, as Triton describes it to `initialize`."""
+
+    model_name: str
+    version: int
+    instance_name: str
+    kind: str  # CPU, GPU or MODEL
+    device_id: int
+    model_path: Path
+    model_dir: Path
+    config_json: str
+    decoupled: bool
+    output_names: tuple[str, ...]
+    launch: Launch
+    finalize_timeout_s: float = 30.0
+
+    def init_payload(self) -> dict[str, Any]:
+        return {
+            "model_name": self.model_name,
+            "instance_name": self.instance_name,
+            "decoupled": self.decoupled,
+            "model_path": str(self.model_path),
+            "args": {
+                "model_config": self.config_json,
+                "model_instance_kind": self.kind,
+                "model_instance_name": self.instance_name,
+                "model_instance_device_id": str(self.device_id),
+                "model_repository": str(self.model_dir),
+                "model_version": str(self.version),
+                "model_name": self.model_name,
+            },
+        }
+
+
+@dataclass(slots=True)
+class Pending:
+    """A request handed to a worker and not yet finished."""
+
+    key: int
+    context: RequestContext
+    regions: list[Region]
+    worker: WorkerProcess
+    done: threading.Event = field(default_factory=threading.Event)
+    # A default-mode model answering through its response sender.
+    response: Any = None
+    error: ModelError | None = None
+
+
+class PythonInstance:
+    def __init__(self, slot: SlotInfo, spec: InstanceSpec, shared: Shared) -> None:
+        self.slot = slot
+        self.spec = spec
+        self._shared = shared
+        self._lock = threading.Lock()
+        self._worker: WorkerProcess | None = None
+        self.pending: dict[int, Pending] = {}
+        self._keys = itertools.count(1)
+        self._closing = threading.Event()
+        self._restarter: threading.Thread | None = None
+        self._down: str | None = None
+        self._hosting = Hosting(self, shared)
+
+    # --- starting ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the worker and run the model's initialize (blocking); raises RuntimeError
+        saying why the instance cannot serve."""
+        self._worker = self._spawn()
+
+    def _spawn(self) -> WorkerProcess:
+        worker = WorkerProcess(self.spec.instance_name, self.spec.launch, self._hosting)
+        worker.start()
+        try:
+            worker.call("init", self.spec.init_payload())
+        except BaseException as exc:
+            worker.kill()
+            worker.wait(5)
+            if isinstance(exc, WorkerDied):
+                raise RuntimeError(
+                    f"model instance '{self.spec.instance_name}': {exc} while it initialized"
+                ) from None
+            raise
+        log.info(
+            "model '%s' instance %s: worker process %d ready",
+            self.spec.model_name,
+            self.spec.instance_name,
+            worker.pid,
+        )
+        return worker
+
+    @property
+    def name(self) -> str:
+        return self.spec.instance_name
+
+    @property
+    def worker(self) -> WorkerProcess | None:
+        return self._worker
+
+    def context_of(self, key: int) -> RequestContext | None:
+        """The context of a request still in the worker's hands (any thread)."""
+        with self._lock:
+            pending = self.pending.get(key)
+        return None if pending is None else pending.context
+
+    # --- executing ---------------------------------------------------------------------------
+
+    def execute(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
+        """One request (a warmup sample)."""
+        context = RequestContext(responses=_Discard() if self.spec.decoupled else None)
+        outputs = self.execute_requests([ModelRequest(inputs, context)])[0]
+        if context.error is not None:
+            raise RuntimeError(context.error.message)
+        return outputs
+
+    def execute_requests(self, requests: Sequence[ModelRequest]) -> list[dict[str, Array]]:
+        worker = self._worker
+        empty: list[dict[str, Array]] = [{} for _ in requests]
+        if worker is None or not worker.alive:
+            reason = self._down or "the model instance is not running"
+            for request in requests:
+                self._fail(request.context, ModelError("UNAVAILABLE", reason))
+            return empty
+        pendings: list[Pending] = []
+        try:
+            batch = [self._hand_over(worker, request, pendings) for request in requests]
+            answer = worker.call("execute", batch)
+        except WorkerDied as exc:
+            for pending in pendings:
+                self._finish(pending, self._died(str(exc)))
+            for request in requests[len(pendings) :]:
+                self._fail(request.context, self._died(str(exc)))
+            return empty
+        except RuntimeError as exc:  # execute raised: every request of the batch fails
+            for pending in pendings:
+                self._finish(pending, ModelError("INTERNAL", str(exc)))
+            return empty
+        if self.spec.decoupled:
+            return empty  # the responses come through each request's sink
+        if answer[0] == "responses":
+            results = []
+            for pending, encoded in zip(pendings, answer[1], strict=True):
+                results.append(self._outputs(worker, pending, encoded))
+                self._finish(pending, None)
+            return results
+        # A default-mode model that answered through its response sender: wait for each
+        # request's final response (or the worker's end).
+        results = []
+        for pending in pendings:
+            pending.done.wait()
+            if pending.error is None and pending.response is None:
+                pending.error = ModelError(
+                    "INTERNAL",
+                    "the model's execute returned None, and sent no response for the request",
+                )
+            result = {} if pending.error else self._outputs(worker, pending, pending.response)
+            self._finish(pending, pending.error)
+            results.append(result)
+        return results
+
+    def _hand_over(
+        self, worker: WorkerProcess, request: ModelRequest, pendings: list[Pending]
+    ) -> tuple[Any, ...]:
+        context = request.context
+        descs = worker.write_tensors(list(request.inputs.items()))
+        pending = Pending(next(self._keys), context, [d[3] for d in descs], worker)
+        with self._lock:
+            self.pending[pending.key] = pending
+        pendings.append(pending)
+        requested = list(context.requested_outputs) or list(self.spec.output_names)
+        return (pending.key, context.id, descs, requested, json.dumps(dict(context.parameters)))
+
+    def _outputs(self, worker: WorkerProcess, pending: Pending, encoded: Any) -> dict[str, Array]:
+        descs, error, _parameters = encoded
+        if error is not None:
+            pending.context.error = ModelError(error[0], error[1])
+            return {}
+        return worker.read_tensors(descs)
+
+    def _finish(self, pending: Pending, error: ModelError | None) -> None:
+        """The request is answered: its inputs' memory is free again."""
+        with self._lock:
+            self.pending.pop(pending.key, None)
+        if error is not None:
+            self._fail(pending.context, error)
+        for region in pending.regions:
+            pending.worker.arena.free(region)
+        pending.regions = []
+
+    def _fail(self, context: RequestContext, error: ModelError) -> None:
+        if context.responses is not None:
+            context.responses.send(None, error, True)
+        else:
+            context.error = error
+
+    def _died(self, reason: str) -> ModelError:
+        then = "it was being unloaded" if self._closing.is_set() else "it is being restarted"
+        return ModelError(
+            "UNAVAILABLE",
+            f"model instance '{self.spec.instance_name}' of '{self.spec.model_name}' failed: "
+            f"{reason}; {then}",
+        )
+
+    # --- the worker's own messages (its reader thread) -----------------------------------
+
+    def responded(self, worker: WorkerProcess, message: Message) -> None:
+        _kind, key, encoded, final = message
+        with self._lock:
+            pending = self.pending.get(key)
+            if pending is not None and final and self.spec.decoupled:
+                del self.pending[key]
+        if pending is None or pending.worker is not worker:
+            if encoded is not None:
+                worker.release([d[3] for d in encoded[0]], urgent=True)
+            return
+        if not self.spec.decoupled:
+            if encoded is not None and pending.response is None:
+                pending.response = encoded
+            elif encoded is not None:
+                worker.release([d[3] for d in encoded[0]], urgent=True)
+            if final:
+                pending.done.set()
+            return
+        outputs = None
+        error = None
+        if encoded is not None:
+            descs, failed, _parameters = encoded
+            if failed is not None:
+                error = ModelError(failed[0], failed[1])
+            else:
+                outputs = worker.read_tensors(descs)
+                worker.release([], urgent=True)
+        sink = pending.context.responses
+        if sink is not None:
+            sink.send(outputs, error, final)
+        if final:
+            for region in pending.regions:
+                worker.arena.free(region)
+            pending.regions = []
+
+    def worker_ended(self, worker: WorkerProcess, reason: str) -> None:
+        with self._lock:
+            lost = [p for p in self.pending.values() if p.worker is worker]
+            for pending in lost:
+                del self.pending[pending.key]
+            in_service = worker is self._worker
+        error = self._died(reason)
+        for pending in lost:
+            if pending.context.responses is not None:
+                pending.context.responses.send(None, error, True)
+            else:
+                pending.error = error
+                pending.done.set()
+        if not in_service or self._closing.is_set():
+            return
+        log.error(
+            "model '%s' instance %s: %s; restarting it",
+            self.spec.model_name,
+            self.spec.instance_name,
+            reason,
+        )
+        self._set_down(f"model instance '{self.spec.instance_name}' is restarting: {reason}")
+        restarter = threading.Thread(
+            target=self._restart, args=(reason,), name=f"pb-restart-{self.slot.name}", daemon=True
+        )
+        self._restarter = restarter
+        restarter.start()
+
+    # --- restarting and closing ----------------------------------------------------------
+
+    def _set_down(self, reason: str | None) -> None:
+        self._down = reason
+        self._shared.health.report(self.spec.instance_name, reason)
+
+    def _restart(self, reason: str) -> None:
+        delay = _RETRY_FIRST_S
+        while not self._closing.is_set():
+            try:
+                worker = self._spawn()
+            except Exception as exc:
+                self._set_down(
+                    f"model instance '{self.spec.instance_name}' is restarting: {reason}; the "
+                    f"last attempt failed: {exc}"
+                )
+                if self._closing.wait(delay):
+                    return
+                delay = min(delay * 2, _RETRY_MOST_S)
+                continue
+            with self._lock:
+                if self._closing.is_set():
+                    worker.stop(5)
+                    return
+                # One that died already is not taken; one that dies from here on finds
+                # itself in service, and its end starts the next restart.
+                started = worker.exited is None
+                if started:
+                    self._worker = worker
+            if not started:
+                continue
+            self._set_down(None)
+            log.info(
+                "model '%s' instance %s is serving again",
+                self.spec.model_name,
+                self.spec.instance_name,
+            )
+            return
+
+    def kill(self) -> None:
+        """Stop at once, whatever the worker is doing (an execute that never returns)."""
+        self._closing.set()
+        worker = self._worker
+        if worker is not None:
+            worker.kill()
+
+    def close(self) -> None:
+        """Run the model's finalize and end the worker (the slot thread, at unload)."""
+        self._closing.set()
+        restarter = self._restarter
+        if restarter is not None:
+            restarter.join(10)
+        worker = self._worker
+        if worker is None:
+            return
+        if worker.alive:
+            try:
+                worker.call("finalize", timeout=self.spec.finalize_timeout_s)
+            except (WorkerDied, TimeoutError):
+                pass
+            except RuntimeError as exc:
+                log.error(
+                    "model '%s' instance %s: finalize failed: %s",
+                    self.spec.model_name,
+                    self.spec.instance_name,
+                    exc,
+                )
+        worker.stop(5)
+
+
+class _Discard:
+    """Where a decoupled model's warmup responses go."""
+
+    def send(self, outputs: dict[str, Array] | None, error: ModelError | None, final: bool) -> None:
+        return None

@@ -1,0 +1,318 @@
+"""`triton_python_backend_utils` (3/5): requests, responses, the response sender, BLS.
+
+One `InferenceRequest` class serves both ways, as in Triton: `execute` receives them, and
+a model builds one to call another model (BLS) with `exec()` / `async_exec()`. A BLS
+call goes to the server, which runs it through the called model's scheduler exactly as it
+runs a client's request; its answer comes back as an `InferenceResponse` whose error, if
+any, says why it failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+from typing import Any
+
+from .pb_tensor import Tensor
+from .pb_types import (
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+    TritonError,
+    TritonModelException,
+    code_name,
+    code_of,
+)
+from .runtime import Decoded, EncodedResponse, Runtime, current
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes | bytearray) else str(value)
+
+
+def _parameters(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        value = json.loads(value) if value else {}
+    if not isinstance(value, dict):
+        raise TritonModelException("parameters must be a dict (or its JSON text)")
+    for key, item in value.items():
+        if not isinstance(key, str) or not isinstance(item, bool | int | float | str):
+            raise TritonModelException(
+                f"parameter {key!r}: keys must be str and values bool, int or str"
+            )
+    return dict(value)
+
+
+class InferenceResponse:
+    def __init__(
+        self,
+        output_tensors: list[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: Any = None,
+    ) -> None:
+        outputs = list(output_tensors or [])
+        for tensor in outputs:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(
+                    f"output_tensors must hold pb_utils.Tensor objects, not {type(tensor).__name__}"
+                )
+        if error is not None and not isinstance(error, TritonError):
+            error = TritonError(str(error))
+        self._outputs = outputs
+        self._error = error
+        self._parameters = _parameters(parameters)
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
+
+    def encode(self, runtime: Runtime) -> EncodedResponse:
+        error = None
+        if self._error is not None:
+            error = (code_name(self._error.code()), self._error.message())
+            return ([], error, json.dumps(self._parameters))
+        tensors = [(t.name(), t.as_numpy()) for t in self._outputs]
+        return (runtime.encode_tensors(tensors), error, json.dumps(self._parameters))
+
+
+def response_from(value: Any) -> InferenceResponse:
+    """What the server answered to a BLS call, as the model sees it."""
+    if isinstance(value, Decoded):
+        error = (
+            None if value.error is None else TritonError(value.error[1], code_of(value.error[0]))
+        )
+        tensors = [Tensor(name, value.outputs[name]) for name in value.order]
+        return InferenceResponse(tensors, error, value.parameters or None)
+    if isinstance(value, tuple) and value and value[0] == "error":
+        return InferenceResponse(error=TritonError(str(value[1])))
+    return InferenceResponse()
+
+
+class InferenceResponseSender:
+    """Sends a request's responses as they are ready (decoupled models, or a default-mode
+    model that answers through it: then exactly one response)."""
+
+    def __init__(self, runtime: Runtime, key: int, decoupled: bool) -> None:
+        self._runtime = runtime
+        self._key = key
+        self._decoupled = decoupled
+        self._lock = threading.Lock()
+        self._sent = 0
+        self.closed = False
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        with self._lock:
+            if self.closed:
+                raise TritonModelException(
+                    "Unable to send response. Response sender has been closed."
+                )
+            if response is None and not final:
+                raise TritonModelException(
+                    "Inference Response object must be provided when the response flags is "
+                    "set to zero."
+                )
+            if response is not None and not isinstance(response, InferenceResponse):
+                raise TritonModelException("send() takes a pb_utils.InferenceResponse")
+            if response is not None and not self._decoupled and self._sent:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than one "
+                    "response."
+                )
+            encoded = None if response is None else response.encode(self._runtime)
+            self._runtime.send(("respond", self._key, encoded, final))
+            self._sent += response is not None
+            if final:
+                self.closed = True
+
+    def is_cancelled(self) -> bool:
+        return bool(self._runtime.request("is_cancelled", self._key))
+
+
+class ResponseIterator:
+    """A decoupled BLS call's responses, each as the called model sends it; the last is
+    empty when the model ended with a flag-only final response."""
+
+    def __init__(self, runtime: Runtime, number: int, answers: queue.SimpleQueue[Any]) -> None:
+        self._runtime = runtime
+        self._number = number
+        self._answers = answers
+        self._done = False
+        self.started = False
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._done:
+            raise StopIteration
+        value, final = self._answers.get()
+        if final:
+            self._done = True
+        return response_from(value)
+
+    def cancel(self) -> None:
+        if not self._done:
+            self._runtime.send(("bls_cancel", self._number))
+
+
+class InferenceRequest:
+    def __init__(
+        self,
+        model_name: str | bytes = "",
+        inputs: list[Tensor] | None = None,
+        requested_output_names: list[str] | None = None,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        preferred_memory: Any = None,
+        trace: Any = None,
+        parameters: Any = None,
+    ) -> None:
+        self._model_name = _text(model_name)
+        self._inputs = list(inputs or [])
+        for tensor in self._inputs:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException("inputs must hold pb_utils.Tensor objects")
+        self._requested = [_text(n) for n in (requested_output_names or [])]
+        self._id = _text(request_id)
+        self._correlation_id = correlation_id
+        self._model_version = int(model_version)
+        self._flags = int(flags)
+        self._timeout = int(timeout)
+        self._parameters = _parameters(parameters)
+        # Set for a request the server handed to execute().
+        self._key: int | None = None
+        self._sender: InferenceResponseSender | None = None
+
+    @classmethod
+    def received(
+        cls,
+        key: int,
+        runtime: Runtime,
+        inputs: list[Tensor],
+        request_id: str,
+        requested: list[str],
+        parameters: str,
+        decoupled: bool,
+    ) -> InferenceRequest:
+        request = cls(runtime.model_name, inputs, requested, request_id, parameters=parameters)
+        request._key = key
+        request._sender = InferenceResponseSender(runtime, key, decoupled)
+        return request
+
+    # --- what execute() reads --------------------------------------------------------------
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
+
+    def requested_output_names(self) -> list[str]:
+        return list(self._requested)
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException("only a request given to execute() has a response sender")
+        return self._sender
+
+    @property
+    def sender(self) -> InferenceResponseSender | None:
+        return self._sender
+
+    def is_cancelled(self) -> bool:
+        if self._key is None:
+            return False
+        return bool(current().request("is_cancelled", self._key))
+
+    def set_release_flags(self, flags: int) -> None:
+        raise TritonModelException(
+            "request rescheduling needs sequence_batching with iterative_sequence, which "
+            "ge-serve does not support"
+        )
+
+    # --- BLS -----------------------------------------------------------------------------
+
+    def _message(self, runtime: Runtime, number: int, decoupled: bool) -> tuple[Any, ...]:
+        if not self._model_name:
+            raise TritonModelException("a BLS request needs a model_name")
+        tensors = [(t.name(), t.as_numpy()) for t in self._inputs]
+        version = "" if self._model_version < 0 else str(self._model_version)
+        call = (
+            self._model_name,
+            version,
+            self._id,
+            runtime.encode_tensors(tensors),
+            self._requested,
+            json.dumps(self._parameters),
+            self._timeout,
+        )
+        return ("bls", number, call, decoupled)
+
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run the request on its model and wait: the response, or with `decoupled` an
+        iterator of the responses."""
+        runtime = current()
+        number, waiter = runtime.open_call()
+        runtime.send(self._message(runtime, number, decoupled))
+        if decoupled:
+            return ResponseIterator(runtime, number, waiter.answers)
+        value, _final = waiter.answers.get()
+        return response_from(value)
+
+    def async_exec(self, decoupled: bool = False) -> asyncio.Future[Any]:
+        """Like exec(), awaitable; call it from a running event loop (async execute)."""
+        runtime = current()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        iterators: list[ResponseIterator] = []
+
+        def settle(value: Any) -> None:
+            if not future.done():
+                future.set_result(value)
+
+        def on_answer(value: Any, final: bool) -> None:
+            # A decoupled call is awaited until its first answer; the iterator then
+            # blocks for each further one, as Triton's does.
+            if decoupled:
+                first = answers.empty() and not iterators[0].started
+                answers.put((value, final))
+                if first:
+                    iterators[0].started = True
+                    loop.call_soon_threadsafe(settle, iterators[0])
+            else:
+                loop.call_soon_threadsafe(settle, response_from(value))
+
+        number = runtime.open_async_call(on_answer)
+        iterators.append(ResponseIterator(runtime, number, answers))
+        runtime.send(self._message(runtime, number, decoupled))
+        return future

@@ -1,0 +1,283 @@
+"""Python-backend models in a real ge-serve, through tritonclient, as python_backend's
+example clients use them: add_sub, decoupled repeat and square over gRPC streaming, BLS,
+custom metrics on /metrics, and what a user sees when a model fails or its worker is
+killed."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import psutil
+import pymodels
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from polling import poll
+from protocols import PROTOCOLS, Triton
+from serverproc import ServerProcess, running_server
+from tritonclient.utils import InferenceServerException
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+MODELS = (
+    "add_sub", "failing", "sleeper", "repeat", "square", "once", "bls", "bls_decoupled",
+    "metrics",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def python_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = pymodels.write(tmp_path_factory.mktemp("python-models"), *MODELS)
+    with running_server([repo]) as proc:
+        yield proc
+
+
+@pytest.fixture(params=PROTOCOLS)
+def triton(request: pytest.FixtureRequest, python_server: ServerProcess) -> Iterator[Triton]:
+    client = Triton.connect(request.param, python_server)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def add_sub_tensors() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "INPUT0": rng.random(4, dtype=np.float32),
+        "INPUT1": rng.random(4, dtype=np.float32),
+    }
+
+
+def check_add_sub(result: Any, tensors: dict[str, np.ndarray]) -> None:
+    a, b = tensors["INPUT0"], tensors["INPUT1"]
+    np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + b, rtol=1e-6)
+    np.testing.assert_allclose(result.as_numpy("OUTPUT1"), a - b, rtol=1e-6)
+
+
+def test_add_sub_answers_on_both_protocols(triton: Triton) -> None:
+    tensors = add_sub_tensors()
+    result = triton.infer("add_sub", tensors, ["OUTPUT0", "OUTPUT1"], request_id="1")
+    check_add_sub(result, tensors)
+    config = triton.client.get_model_config("add_sub")
+    backend = config["backend"] if isinstance(config, dict) else config.config.backend
+    assert backend == "python"
+
+
+def test_a_model_error_fails_only_its_request(triton: Triton) -> None:
+    with pytest.raises(InferenceServerException) as raised:
+        triton.infer("failing", {"IN": np.array([1], np.int32)})
+    assert "Failed to process the request(s) for model instance 'failing_0', message: " in (
+        raised.value.message()
+    )
+    assert "TritonModelException: the model refused this batch" in raised.value.message()
+    with pytest.raises(InferenceServerException) as raised:
+        triton.infer("failing", {"IN": np.array([2], np.int32)})
+    triton.expect_error(raised.value, "NOT_FOUND", "no such thing")
+    result = triton.infer("failing", {"IN": np.array([5], np.int32)})
+    assert result.as_numpy("OUT").tolist() == [5]
+
+
+# --- decoupled --------------------------------------------------------------------------------
+
+
+def stream(server: ServerProcess, sends: list[dict[str, Any]], expected: int) -> list[Any]:
+    """Send the requests on one ModelStreamInfer stream; `expected` results come back."""
+    answers: queue.Queue[Any] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put(error or result))
+        for send in sends:
+            client.async_stream_infer(**send)
+        found = [answers.get(timeout=20) for _ in range(expected)]
+        client.stop_stream()  # returns once the stream has ended: every response is in
+    assert answers.empty(), f"more than {expected} responses: {answers.get()}"
+    for item in found:
+        if isinstance(item, InferenceServerException):
+            raise item
+    return found
+
+
+def grpc_inputs(**arrays: np.ndarray) -> list[grpcclient.InferInput]:
+    built = []
+    for name, array in arrays.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), _dtype(array))
+        tensor.set_data_from_numpy(array)
+        built.append(tensor)
+    return built
+
+
+def _dtype(array: np.ndarray) -> str:
+    return {np.int32: "INT32", np.uint32: "UINT32"}[array.dtype.type]
+
+
+def test_repeat_streams_a_response_per_element(python_server: ServerProcess) -> None:
+    inputs = grpc_inputs(
+        IN=np.array([4, 2, 0, 1], np.int32),
+        DELAY=np.array([1, 2, 3, 4], np.uint32),
+        WAIT=np.array([5], np.uint32),
+    )
+    outputs = [grpcclient.InferRequestedOutput("OUT"), grpcclient.InferRequestedOutput("IDX")]
+    send = {"model_name": "repeat", "inputs": inputs, "outputs": outputs, "request_id": "0"}
+    send["enable_empty_final_response"] = True
+    found = stream(python_server, [send], 5)
+    values = [r.as_numpy("OUT").tolist() for r in found[:4]]
+    assert values == [[4], [2], [0], [1]]
+    assert [r.as_numpy("IDX").tolist() for r in found[:4]] == [[0], [1], [2], [3]]
+    finals = [r.get_response().parameters["triton_final_response"].bool_param for r in found]
+    assert finals == [False, False, False, False, True]
+    assert all(r.get_response().id == "0" for r in found)
+    assert not found[4].get_response().outputs  # the flag-only final response, empty
+
+
+def test_square_answers_each_request_as_often_as_it_says(python_server: ServerProcess) -> None:
+    values = [4, 2, 0, 1]
+    sends = [
+        {"model_name": "square", "inputs": grpc_inputs(IN=np.array([v], np.int32)),
+         "request_id": str(i)}
+        for i, v in enumerate(values)
+    ]  # fmt: skip
+    found = stream(python_server, sends, sum(values))
+    by_id: dict[str, list[int]] = {}
+    for result in found:
+        by_id.setdefault(result.get_response().id, []).extend(result.as_numpy("OUT").tolist())
+    assert by_id == {"0": [4] * 4, "1": [2] * 2, "3": [1]}
+
+
+@pytest.mark.parametrize("empty_final", [False, True])
+def test_a_response_sent_with_the_final_flag_is_the_final_one(
+    python_server: ServerProcess, empty_final: bool
+) -> None:
+    send = {"model_name": "once", "inputs": grpc_inputs(IN=np.array([21], np.int32))}
+    send["enable_empty_final_response"] = empty_final
+    (found,) = stream(python_server, [send], 1)
+    assert found.as_numpy("OUT").tolist() == [42]
+    assert found.get_response().parameters["triton_final_response"].bool_param is True
+
+
+def test_one_response_endpoints_refuse_a_decoupled_model(python_server: ServerProcess) -> None:
+    with httpclient.InferenceServerClient(python_server.http_url) as client:
+        tensor = httpclient.InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([1], np.int32))
+        with pytest.raises(InferenceServerException) as raised:
+            client.infer("square", [tensor])
+    assert raised.value.status() == "501"
+    assert raised.value.message() == (
+        "HTTP end point doesn't support models with decoupled transaction policy"
+    )
+    with (
+        grpcclient.InferenceServerClient(python_server.grpc_url) as client,
+        pytest.raises(InferenceServerException) as raised,
+    ):
+        client.infer("square", grpc_inputs(IN=np.array([1], np.int32)))
+    assert raised.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert "ModelInfer RPC doesn't support models with decoupled transaction policy" in (
+        raised.value.message()
+    )
+
+
+# --- BLS and custom metrics ---------------------------------------------------------------
+
+
+def test_bls_calls_other_models(python_server: ServerProcess) -> None:
+    tensors = add_sub_tensors()
+    with httpclient.InferenceServerClient(python_server.http_url) as client:
+        before = client.get_inference_statistics("add_sub")["model_stats"][0]
+        inputs = Triton("http", httpclient, httpclient, "", client).inputs(
+            {**tensors, "MODEL_NAME": np.array([b"add_sub"], dtype=object)}
+        )
+        check_add_sub(client.infer("bls", inputs), tensors)
+        after = client.get_inference_statistics("add_sub")["model_stats"][0]
+        assert after["inference_count"] == before["inference_count"] + 1
+        inputs[-1].set_data_from_numpy(np.array([b"undefined_model"], dtype=object))
+        with pytest.raises(InferenceServerException, match="undefined_model"):
+            client.infer("bls", inputs)
+        for value in (4, 2, 0, 1):
+            tensor = httpclient.InferInput("IN", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([value], np.int32))
+            result = client.infer("bls_decoupled", [tensor])
+            assert result.as_numpy("SUM").tolist() == [value * value]
+
+
+def test_custom_metrics_show_on_the_metrics_endpoint(python_server: ServerProcess) -> None:
+    tensors = add_sub_tensors()
+    with httpclient.InferenceServerClient(python_server.http_url) as client:
+        inputs = Triton("http", httpclient, httpclient, "", client).inputs(tensors)
+        for _ in range(2):
+            client.infer("metrics", inputs)
+    text = httpx.get(python_server.metrics_url, timeout=10).text
+    assert "# HELP pbtest_requests_total_count Requests this model answered" in text
+    assert "# TYPE pbtest_requests_total_count counter" in text
+    assert 'pbtest_requests_total_count{model="metrics",version="1"} ' in text
+    assert "# TYPE pbtest_sum histogram" in text
+    assert 'pbtest_sum_bucket{model="metrics",version="1",le="+Inf"}' in text
+    # Triton's own families are still there.
+    assert 'nv_inference_request_success{model="metrics",version="1"}' in text
+
+
+# --- a worker killed -------------------------------------------------------------------------
+
+
+def index_row(server: ServerProcess, model: str) -> dict[str, str]:
+    rows = httpx.post(server.base_url + "/v2/repository/index", timeout=10).json()
+    return next(row for row in rows if row["name"] == model)
+
+
+def sleep_for(client: httpclient.InferenceServerClient, seconds: float, **kwargs: Any) -> Any:
+    tensor = httpclient.InferInput("IN", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([seconds], np.float32))
+    return client.infer("sleeper", [tensor], **kwargs)
+
+
+def test_a_killed_worker_fails_its_requests_and_comes_back(
+    python_server: ServerProcess, tmp_path: Path
+) -> None:
+    with httpclient.InferenceServerClient(python_server.http_url, network_timeout=30) as client:
+        pid = int(sleep_for(client, 0).as_numpy("PID")[0])
+        assert psutil.Process(pid).ppid() == python_server.process.pid
+        outcome: queue.Queue[Any] = queue.Queue()
+        started = tmp_path / "started"
+
+        def in_flight() -> None:
+            # A client of its own: tritonclient.http's gevent client stays on its thread.
+            url = python_server.http_url
+            with httpclient.InferenceServerClient(url, network_timeout=30) as own:
+                try:
+                    outcome.put(sleep_for(own, 20, parameters={"started": str(started)}))
+                except InferenceServerException as exc:
+                    outcome.put(exc)
+
+        threading.Thread(target=in_flight, daemon=True).start()
+        poll(started.exists, 10, "the worker to start executing the long request")
+        os.kill(pid, signal.SIGKILL)
+        error = outcome.get(timeout=20)
+        assert isinstance(error, InferenceServerException)
+        assert error.status() == "503"
+        assert "model instance 'sleeper_0' of 'sleeper' failed" in error.message()
+        assert f"the worker process (pid {pid}) was killed by SIGKILL" in error.message()
+        # A new worker takes a Python start-up at least: the model shows why it is down.
+        row = index_row(python_server, "sleeper")
+        assert row["state"] == "UNAVAILABLE", row
+        assert row["reason"] == (
+            f"model instance 'sleeper_0' is restarting: the worker process (pid {pid}) was "
+            "killed by SIGKILL"
+        )
+        with pytest.raises(InferenceServerException) as refused:
+            sleep_for(client, 0)
+        assert refused.value.status() == "503"
+        assert refused.value.message() == f"model 'sleeper' is unavailable: {row['reason']}"
+        # The other models keep serving meanwhile.
+        tensors = add_sub_tensors()
+        other = Triton("http", httpclient, httpclient, "", client)
+        check_add_sub(other.infer("add_sub", tensors), tensors)
+        poll(lambda: index_row(python_server, "sleeper")["state"] == "READY", 30, "READY")
+        again = int(sleep_for(client, 0).as_numpy("PID")[0])
+        assert again != pid
+        assert index_row(python_server, "sleeper")["reason"] == ""

@@ -1,0 +1,129 @@
+"""The Python backend's transport: shared-memory arenas, control frames, tensors."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ge_serve.backends.python.channel import Channel, ChannelClosed
+from ge_serve.backends.python.shm import ALIGN, EMPTY, Arena, PeerSegments
+from ge_serve.backends.python.tensors import (
+    deserialize_bytes,
+    read_tensor,
+    serialize_bytes,
+    write_tensor,
+)
+
+
+def _pair() -> tuple[Arena, PeerSegments]:
+    """An arena and the peer view of it, as two processes would have them."""
+    peers = PeerSegments()
+
+    def announce(seg: int, fd: int, size: int) -> None:
+        peers.add(seg, os.dup(fd), size)
+
+    return Arena(announce, "test", segment_bytes=1 << 16), peers
+
+
+def test_regions_are_aligned_reused_and_merged_after_free() -> None:
+    arena, _ = _pair()
+    a = arena.alloc(10)
+    b = arena.alloc(100)
+    c = arena.alloc(1)
+    assert a[1] == 0 and b[1] == ALIGN and c[1] == 3 * ALIGN
+    arena.free(b)
+    assert arena.alloc(64)[1] == ALIGN  # the hole is reused, first fit
+    arena.free(a)
+    arena.free(c)
+    arena.free((0, ALIGN, 64))
+    # Everything merged back: one block at the start holds a large region again.
+    assert arena.alloc(60_000) == (0, 0, 60_000)
+    assert arena.alloc(0) == EMPTY
+
+
+def test_an_arena_grows_by_segments_the_peer_maps() -> None:
+    arena, peers = _pair()
+    first = arena.alloc(60_000)
+    second = arena.alloc(200_000)  # larger than a segment: a segment of its own
+    assert first[0] == 0 and second[0] == 1 and arena.segment_count == 2
+    arena.buffer(1)[0:3] = b"abc"
+    assert bytes(peers.view((1, 0, 3))) == b"abc"
+    with pytest.raises(ValueError, match="not mapped"):
+        peers.view((7, 0, 1))
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.arange(6, dtype=np.int64)[::2],  # not contiguous
+        np.array([[True, False]]),
+        np.array([1.5, -2], dtype=ml_dtypes.bfloat16),
+        np.zeros((0, 4), dtype=np.int32),
+    ],
+)
+def test_fixed_size_tensors_round_trip_as_views(array: np.ndarray) -> None:
+    arena, peers = _pair()
+    desc = write_tensor(arena, "X", array)
+    view = read_tensor(peers, desc, copy=False)
+    np.testing.assert_array_equal(view, array)
+    assert view.dtype == array.dtype and view.shape == array.shape
+    if array.size:
+        # Zero-copy: what the owner writes next is what the view shows.
+        seg, offset, _ = desc[3]
+        arena.buffer(seg)[offset] ^= 0xFF
+        assert not np.array_equal(view, array) or array.dtype == np.bool_
+
+
+def test_bytes_tensors_use_tritons_serialized_form() -> None:
+    values = np.array([b"ab", "\u00e9", b""], dtype=object).reshape(3, 1)
+    raw = serialize_bytes(values.flat)
+    assert raw == b"\x02\x00\x00\x00ab\x02\x00\x00\x00\xc3\xa9\x00\x00\x00\x00"
+    assert list(deserialize_bytes(raw)) == [b"ab", "\u00e9".encode(), b""]
+    with pytest.raises(ValueError, match="ends inside"):
+        deserialize_bytes(raw[:-3] + b"\x05\x00")
+    arena, peers = _pair()
+    back = read_tensor(peers, write_tensor(arena, "S", values), copy=False)
+    assert back.shape == (3, 1) and back[1, 0] == "\u00e9".encode()
+
+
+def test_frames_pass_messages_and_file_descriptors() -> None:
+    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    a, b = Channel(left), Channel(right)
+    try:
+        r, w = os.pipe()
+        a.send(("segment", 0, 10), ("x", [1, 2], {"k": b"v"}), fds=[r])
+        messages = b.receive()
+        while len(messages) < 2:
+            messages += b.receive()
+        assert messages == [("segment", 0, 10), ("x", [1, 2], {"k": b"v"})]
+        fd = b.take_fd()
+        os.write(w, b"hi")
+        assert os.read(fd, 2) == b"hi"
+        big = ("blob", b"z" * 300_000)
+        sender = threading.Thread(target=a.send, args=(big,))
+        sender.start()
+        assert b.receive() == [big]
+        sender.join()
+    finally:
+        a.close()
+        with pytest.raises(ChannelClosed):
+            b.receive()
+        b.close()
+
+
+def test_a_frame_that_names_a_class_is_refused() -> None:
+    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    b = Channel(right)
+    payload = pickle.dumps(("x", threading.Lock))
+    left.sendall(len(payload).to_bytes(4, "little") + payload)
+    with pytest.raises(ChannelClosed, match="may not name"):
+        b.receive()
+    left.close()
+    b.close()
