@@ -639,6 +639,8 @@ class RssSummary:
     peak_bytes: int | None
     growth_pct: float | None
     samples: int
+    # (s into the run, bytes) about every 10 s, to tell warm-up from a steady leak.
+    series: list[tuple[float, int]] = field(default_factory=list)
 
 
 def rss_windows(duration_s: float, rss_every_s: float) -> tuple[float, float]:
@@ -660,7 +662,11 @@ def summarise_rss(
     end = int(np.median([rss for t, rss in after if t >= last_t - window_s]))
     peak = max(rss for _, rss in after)
     growth = 100.0 * (end - start) / start if start > 0 else None
-    return RssSummary(start, end, peak, growth, len(samples))
+    series: list[tuple[float, int]] = []
+    for t, rss in samples:
+        if not series or t >= series[-1][0] + 10.0:
+            series.append((round(t, 1), rss))
+    return RssSummary(start, end, peak, growth, len(samples), series)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ from .http.app import HttpFrontEnd, HttpSettings
 from .http.monitoring import MetricsApp, metrics_endpoint
 from .lifecycle import LifecycleSettings, ModelLifecycle
 from .logsettings import LogControl, LogSettings
+from .malloc import limit_malloc_arenas
 from .metrics import ServerMetrics
 from .metricsconfig import MetricsConfig
 from .records import ModelState
@@ -407,6 +408,7 @@ async def serve(settings: Settings, log_control: LogControl | None = None) -> in
 def run(settings: Settings) -> int:
     log_control = configure_logging(settings)
     configure_gil(settings)
+    limit_malloc_arenas(settings.malloc_arena_max)
     code = uvloop.run(serve(settings, log_control))
     leave_running_executions(code)
     return code

@@ -286,6 +286,16 @@ class Settings:
             group=SCHEDULER,
         ),
     )
+    malloc_arena_max: int = field(
+        default=2,
+        metadata=flag(
+            metavar="N",
+            check=non_negative,
+            help="how many malloc arenas glibc may keep; more let a long-running server's "
+            "memory creep up by fragments (MALLOC_ARENA_MAX wins); 0 leaves glibc's default",
+            group=SCHEDULER,
+        ),
+    )
     metrics_interval_ms: int = field(default=2000, metadata=flag(group=METRICS))
     allow_cpu_metrics: bool = field(default=True, metadata=flag(group=METRICS))
     allow_gpu_metrics: bool = field(default=True, metadata=flag(group=METRICS))
