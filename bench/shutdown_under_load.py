@@ -280,9 +280,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--on-refused", choices=["stop", "retry"], default="stop")
     parser.add_argument("--backoff-s", type=float, default=0.1)
     parser.add_argument("--json", type=Path, help="also write the result here")
+    parser.add_argument(
+        "--out", type=Path, metavar="PREFIX", help="write PREFIX.md and PREFIX.json"
+    )
     args = parser.parse_args(argv)
     result = measure(args)
     print(table(result))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_name(args.out.name + ".md").write_text(table(result) + "\n")
+        args.json = args.json or args.out.with_name(args.out.name + ".json")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -1126,6 +1126,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--json", type=Path, default=None, metavar="OUT", help="write the report as JSON")
     add("--md", type=Path, default=None, metavar="OUT", help="write the report as markdown")
     add("--log", type=Path, default=None, metavar="OUT", help="keep the server log here")
+    add(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="PREFIX",
+        help="write PREFIX.md and PREFIX.json, as the other suites do",
+    )
     return parser
 
 
@@ -1186,6 +1193,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     problems = verdict(report, args.max_rss_growth)
     text = markdown(report, problems)
+    if args.out is not None:
+        args.json = args.json or args.out.with_name(args.out.name + ".json")
+        args.md = args.md or args.out.with_name(args.out.name + ".md")
     print(text, end="")
     if args.json is not None:
         document = {**report.to_json(), "problems": problems, "passed": not problems}
