@@ -136,6 +136,22 @@ class RequestExecutor(Executor, Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class ShapeBucket:
+    """One shape combination a model's executors accept, when non-batch dims vary and the
+    executor only runs listed shapes (GE ND gears, dynamic image sizes) or the config
+    lists buckets to pad to.
+
+    `shapes` maps each varying input to its full executed shape, batch dim first when
+    the model batches. A -1 dim accepts any size (not padded): the batch dim of a
+    configured bucket, say. The scheduler pads each request (and a batch) up to the
+    smallest bucket that holds it and trims the outputs back; executors are only ever
+    handed shapes that match a bucket.
+    """
+
+    shapes: Mapping[str, tuple[int, ...]]
+
+
 @dataclass(slots=True)
 class LoadedModel:
     """A loaded model version: one executor per slot, plus what the scheduler must honour."""
@@ -144,6 +160,9 @@ class LoadedModel:
     # Batch sizes the executors accept (e.g. OM dynamic-batch gears), ascending. Empty means
     # any size from 1 to max_batch_size.
     gears: tuple[int, ...] = ()
+    # Non-batch shape gears the executors accept, smallest first (see ShapeBucket). Empty
+    # means any shape the config allows.
+    shape_buckets: tuple[ShapeBucket, ...] = ()
     # Device bytes held by this model (for statistics and metrics).
     memory_bytes: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
