@@ -21,7 +21,9 @@ is downloaded. Four models are written:
 * `minilm` (ensemble): TEXT BYTES [1] -> EMBEDDING FP32 [384], the three above in turn.
 
 Every model has `max_batch_size: 8` and, unless `--no-batching`, `dynamic_batching {}`,
-so requests are batched at every step of the pipeline.
+so requests are batched at every step of the pipeline. Without it, serve the repository with
+`--disable-auto-complete-config`: like Triton, the server's auto-complete otherwise adds
+`dynamic_batching {}` to a model with max_batch_size > 1 that names no scheduler.
 
 Usage::
 
@@ -411,7 +413,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, required=True, help="model repository to write")
     parser.add_argument(
-        "--no-batching", action="store_true", help="leave dynamic_batching out of every model"
+        "--no-batching",
+        action="store_true",
+        help="no dynamic_batching in any model (serve with --disable-auto-complete-config)",
     )
     args = parser.parse_args(argv)
     try:
