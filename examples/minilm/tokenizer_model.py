@@ -25,7 +25,8 @@ OUTPUTS = ("input_ids", "attention_mask", "token_type_ids")
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
-        (self.length,) = pb_utils.get_output_config_by_name(config, "input_ids")["dims"]
+        (length,) = pb_utils.get_output_config_by_name(config, "input_ids")["dims"]
+        self.length = int(length)  # a string where the JSON keeps int64s as strings
         self.tokenizer = Tokenizer.from_file(str(Path(__file__).with_name("tokenizer.json")))
         self.tokenizer.enable_truncation(max_length=self.length)
         pad_id = self.tokenizer.token_to_id("[PAD]")
