@@ -56,6 +56,11 @@ SUITES: tuple[Suite, ...] = (
         "bench.suites.smoke",
         "under a minute: proves server, perf_analyzer and raw onnxruntime work together",
     ),
+    Suite(
+        "embeddings",
+        "bench.suites.embeddings",
+        "the minilm pipeline: sentences/s at c=1 and 16, batching on and off, time-shared",
+    ),
     Suite("soak", "bench.soak", "a long run under steady load (bench/soak.py)"),
     Suite(
         "shutdown",
