@@ -49,7 +49,7 @@ CLS_SHAPE = (48, 192)
 REC_HEIGHT = 48
 # Widths a text line is padded to before recognition. PP-OCRv4's recogniser was trained at
 # 320; wider lines keep their aspect ratio up to the last bucket and are squeezed past it.
-REC_BUCKETS = (320, 480, 640, 960, 1280, 1920, 2560)
+REC_BUCKETS = (320, 480, 640, 800, 960, 1280, 1600, 1920, 2560)
 MAX_PIXELS = 40_000_000
 
 
