@@ -12,8 +12,10 @@ The repository (default: ``examples/ocr/models``, git-ignored) holds:
   FP32 [-1]. Its pre- and post-processing is ``model/ocr_steps.py`` beside this script;
   the character dictionary comes out of the recogniser's metadata into ``ppocr_keys.txt``.
 
-The three ONNX models run on the onnxruntime backend: their height and width are
-dynamic, and the GE backend takes fixed shapes only for now. Their tensors are renamed
+The ONNX models run on the onnxruntime backend: the detector's height and width and the
+recogniser's width are dynamic, and the GE backend takes fixed shapes only for now. The
+classifier's input is fixed (48 x 192), so ``--cls-backend npu_ge`` puts it on the GE
+backend (an NPU, or the simulated one) already. Their tensors are renamed
 (``maps``, ``probs``) and nothing else in them changes. The files are found through the
 wheel's installed-file list (importlib.metadata), without importing rapidocr, whose own
 pipeline this example does not use. Nothing is downloaded.
@@ -21,6 +23,7 @@ pipeline this example does not use. Nothing is downloaded.
 Usage::
 
     python3 examples/ocr/build.py [--out DIR] [--no-batching] [--instances N] [--no-cls]
+                                  [--cls-backend onnxruntime|npu_ge]
 """
 
 from __future__ import annotations
@@ -101,6 +104,9 @@ class Options:
     instances: int = 2  # `ocr` worker processes: requests in flight through the pipeline
     use_cls: bool = True
     delay_us: int = 2000
+    # The classifier's input is 48 x 192 whatever the image, so it can run on the GE
+    # backend (the NPU, or the simulated one) already; the other two need its dynamic dims.
+    cls_backend: str = "onnxruntime"
 
 
 def _batching(options: Options) -> str:
@@ -109,15 +115,20 @@ def _batching(options: Options) -> str:
     return f"dynamic_batching {{ max_queue_delay_microseconds: {options.delay_us} }}\n"
 
 
-def onnx_config(name: str, max_batch: int, x_dims: str, out: str, options: Options) -> str:
+def onnx_config(
+    name: str, max_batch: int, x_dims: str, out: str, options: Options, backend: str
+) -> str:
     out_name, out_dims = out.split(":")
+    # KIND_CPU would keep a model on the host whatever its backend says.
+    group = "instance_group [ { kind: KIND_CPU count: 1 } ]\n" if backend == "onnxruntime" else ""
     return (
         f'name: "{name}"\n'
-        'backend: "onnxruntime"\n'
+        f'backend: "{backend}"\n'
         f"max_batch_size: {max_batch}\n"
         f'input [ {{ name: "x" data_type: TYPE_FP32 dims: [ {x_dims} ] }} ]\n'
         f'output [ {{ name: "{out_name}" data_type: TYPE_FP32 dims: [ {out_dims} ] }} ]\n'
-        "instance_group [ { kind: KIND_CPU count: 1 } ]\n" + _batching(options)
+        + group
+        + _batching(options)
     )
 
 
@@ -162,11 +173,16 @@ def build(out: Path, options: Options = Options()) -> list[Path]:
     cls = renamed(onnx.load(str(sources["cls"])), "probs")
     rec = renamed(onnx.load(str(sources["rec"])), "probs")
     keys = dictionary(rec)
+    ort = "onnxruntime"
+    rec_out = f"probs:-1, {REC_CLASSES}"
     models = {
-        "ocr_det": (onnx_config("ocr_det", 4, "3, -1, -1", "maps:1, -1, -1", options), det),
-        "ocr_cls": (onnx_config("ocr_cls", 32, "3, 48, 192", "probs:2", options), cls),
+        "ocr_det": (onnx_config("ocr_det", 4, "3, -1, -1", "maps:1, -1, -1", options, ort), det),
+        "ocr_cls": (
+            onnx_config("ocr_cls", 32, "3, 48, 192", "probs:2", options, options.cls_backend),
+            cls,
+        ),
         "ocr_rec": (
-            onnx_config("ocr_rec", MAX_REC_BATCH, "3, 48, -1", f"probs:-1, {REC_CLASSES}", options),
+            onnx_config("ocr_rec", MAX_REC_BATCH, "3, 48, -1", rec_out, options, ort),
             rec,
         ),
     }
@@ -190,9 +206,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--instances", type=int, default=2, help="`ocr` instances (default: 2)")
     parser.add_argument("--no-cls", action="store_true", help="skip the direction classifier")
+    parser.add_argument(
+        "--cls-backend",
+        choices=("onnxruntime", "npu_ge"),
+        default="onnxruntime",
+        help="the classifier's backend (fixed shapes: npu_ge runs it on the NPU or its simulation)",
+    )
     args = parser.parse_args(argv)
     options = Options(
-        batching=not args.no_batching, instances=args.instances, use_cls=not args.no_cls
+        batching=not args.no_batching,
+        instances=args.instances,
+        use_cls=not args.no_cls,
+        cls_backend=args.cls_backend,
     )
     try:
         written = build(args.out, options)

@@ -171,3 +171,12 @@ def test_build_writes_the_repository_from_the_wheel(built: Path) -> None:
         assert [i.name for i in model.graph.input] == ["x"]
         assert [o.name for o in model.graph.output] == [output]
         assert f'name: "{output}"' in config
+
+
+def test_the_classifier_can_be_put_on_the_ge_backend() -> None:
+    build = ocrrepo.build_script()
+    options = build.Options(cls_backend="npu_ge")
+    config = build.onnx_config("ocr_cls", 32, "3, 48, 192", "probs:2", options, "npu_ge")
+    assert 'backend: "npu_ge"' in config and "dims: [ 3, 48, 192 ]" in config
+    assert "KIND_CPU" not in config  # which would keep it on the host
+    assert "dynamic_batching" in config
