@@ -68,6 +68,11 @@ SUITES: tuple[Suite, ...] = (
         "stopping the server under load (bench/shutdown_under_load.py)",
     ),
     Suite(
+        "ocr",
+        "bench.suites.ocr",
+        "OCR images/s (examples/ocr) at concurrency 1 and 16, batching on and off",
+    ),
+    Suite(
         "ensemble-overhead",
         "bench.ensemble_overhead",
         "server time per ensemble step against one model (bench/ensemble_overhead.py)",
