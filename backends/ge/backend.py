@@ -25,6 +25,7 @@ from ge_serve.protos import model_config_pb2
 from .acl import AclRuntime, ModelSource
 from .executor import GeExecutor
 from .options import GePlan, check_gears, intra_threads, make_plan, parameters
+from .shapes import range_output_max
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,8 @@ class GeBackend:
             input_shape=plan.input_shape,
             atc_options=plan.atc_options,
             intra_threads=intra_threads(params, plan.slot_count, self.cores),
+            shapes=plan.shapes,
+            output_max=range_output_max(spec.model_path, plan.shapes),
         )
         prepared = self.runtime.prepare_model(source)
         if plan.unused_options:
@@ -112,7 +115,8 @@ class GeBackend:
                     )
                 )
             gears = executors[0].gears
-            if plan.batching:
+            buckets = executors[0].shape_buckets
+            if plan.batching and gears:
                 check_gears(gears, int(config.max_batch_size), "the compiled model")
             run_warmup(spec, executors, gears)
         except BaseException:
@@ -129,7 +133,7 @@ class GeBackend:
             self.runtime.kind,
             len(executors),
             ",".join(str(d) for d in plan.device_ids),
-            f"gears {list(gears)}" if gears else "no batch gears",
+            _shapes_note(executors[0], gears),
             prepared.note,
         )
         slots = list(executors)
@@ -138,6 +142,7 @@ class GeBackend:
         return LoadedModel(
             executors=list(slots),
             gears=gears if plan.batching else (),
+            shape_buckets=buckets,
             memory_bytes=sum(e.memory_bytes for e in slots),
             extra={
                 "runtime": self.runtime.kind,
@@ -181,6 +186,13 @@ class GeBackend:
     def close(self) -> None:
         """Release the device runtime at server exit."""
         self.runtime.shutdown()
+
+
+def _shapes_note(executor: GeExecutor, gears: tuple[int, ...]) -> str:
+    kind = executor.shape_kind
+    if kind:
+        return f"{kind} shapes ({executor.describe_shapes()})"
+    return f"gears {list(gears)}" if gears else "no batch gears"
 
 
 def _slots(spec: ModelSpec, plan: GePlan) -> list[SlotInfo]:
