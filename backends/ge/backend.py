@@ -55,6 +55,8 @@ class GeDeviceMetrics:
     memory_total_bytes: int
     # Bytes held by the slots' I/O pools on the device (part of memory_used_bytes).
     pool_bytes: int
+    # The cost model's profile when execution time is modelled (--sim-cost), else "".
+    simulated_timing: str = ""
 
 
 class GeBackend:
@@ -134,7 +136,7 @@ class GeBackend:
             len(executors),
             ",".join(str(d) for d in plan.device_ids),
             _shapes_note(executors[0], gears),
-            prepared.note,
+            prepared.note if self._timing() == "measured" else f"{prepared.note}, {self._timing()}",
         )
         slots = list(executors)
         with self._lock:
@@ -146,10 +148,15 @@ class GeBackend:
             memory_bytes=sum(e.memory_bytes for e in slots),
             extra={
                 "runtime": self.runtime.kind,
+                "timing": self._timing(),
                 "devices": plan.device_ids,
                 "pool_stats": lambda: [e.pool_stats() for e in slots],
             },
         )
+
+    def _timing(self) -> str:
+        cost = getattr(self.runtime, "cost", None)
+        return str(cost.describe()) if cost is not None else "measured"
 
     def _check_devices(self, plan: GePlan) -> None:
         count = self.runtime.device_count()
@@ -169,6 +176,8 @@ class GeBackend:
         for executor in executors:
             device = executor.slot.device_id
             pools[device] = pools.get(device, 0) + executor.stats.bytes
+        cost = getattr(self.runtime, "cost", None)
+        profile = str(cost.name) if cost is not None else ""
         found = []
         for device in self.runtime.active_devices():
             stats = self.runtime.device_stats(device)
@@ -179,6 +188,7 @@ class GeBackend:
                     memory_used_bytes=stats.memory_used,
                     memory_total_bytes=stats.memory_total,
                     pool_bytes=pools.get(device, 0),
+                    simulated_timing=profile,
                 )
             )
         return found

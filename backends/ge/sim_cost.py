@@ -21,9 +21,12 @@ Triton backend tuning guide publishes for ResNet-50 (docs/npu.md has the arithme
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,3 +126,11 @@ class DeviceTimeline:
         else:
             with self._lock:
                 self.overruns += 1
+                first = self.overruns == 1
+            if first:
+                log.warning(
+                    "simulated NPU: onnxruntime took %.1f ms longer than the modelled time "
+                    "(--sim-cost); such executions end when onnxruntime does, so the "
+                    "simulated timing is a lower bound (a cheaper stand-in model avoids it)",
+                    -left / 1e6,
+                )
