@@ -49,7 +49,7 @@ def open_device() -> Iterator[tuple[Any, FakeAcl]]:
     acl = build_module(fake)
     assert acl.init() == 0
     assert acl.rt.set_device(0) == 0
-    context, ret = acl.rt.create_context(0)
+    _context, ret = acl.rt.create_context(0)
     assert ret == 0
     yield acl, fake
     fake.violations.clear()
