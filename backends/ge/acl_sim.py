@@ -34,7 +34,6 @@ import onnxruntime as ort
 from .acl import (
     ACL_ERROR_INVALID_PARAM,
     ACL_ERROR_RT_CONTEXT_NULL,
-    ACL_ERROR_RT_INTERNAL_ERROR,
     AclError,
     AclModel,
     Array,
@@ -48,7 +47,7 @@ from .acl import (
 )
 from .shapes import DIMS, HW, RANGE, describe_gears, format_range, gear_values, in_range
 from .sim_cost import DeviceTimeline, SimCost
-from .sim_desc import planned_desc, query_size
+from .sim_desc import check_declared, planned_desc, query_size, row_share
 from .sim_device import Allocation, SimDevice, SimStream, format_bytes
 
 log = logging.getLogger(__name__)
@@ -384,11 +383,12 @@ class SimRuntime:
         hook = self.on_execute
         cost, timeline = self.cost, self.timelines[model.device_id]
         rows = in_shapes[0][0] if loaded.batching and in_shapes and in_shapes[0] else 1
+        rows_equiv = rows * row_share(desc, in_shapes, loaded.batching)
 
         def run() -> None:
             device.clock.start()
             try:
-                end = timeline.reserve(cost.duration_ns(rows)) if cost is not None else 0
+                end = timeline.reserve(cost.duration_ns(rows_equiv)) if cost is not None else 0
                 if hook is not None:
                     hook(model.device_id, model.model_id)
                 feeds = {
@@ -400,7 +400,7 @@ class SimRuntime:
                 produced = []
                 for tensor, result in zip(desc.outputs, results, strict=True):
                     array = np.asarray(result)
-                    _check_declared(tensor, array.shape)
+                    check_declared(tensor, array.shape)
                     target = _view(device, out_buffers[tensor.index], tensor, array.shape)
                     target[...] = array
                     produced.append(tuple(int(d) for d in array.shape))
@@ -464,17 +464,6 @@ class SimRuntime:
 
     def shutdown(self) -> None:
         return None
-
-
-def _check_declared(tensor: TensorDesc, shape: tuple[int, ...]) -> None:
-    """An output must have the shape the model declares, -1 dims aside."""
-    dims = tensor.dims
-    if len(dims) != len(shape) or any(d >= 0 and d != g for d, g in zip(dims, shape, strict=True)):
-        raise AclError(
-            "aclmdlExecute (simulated)",
-            ACL_ERROR_RT_INTERNAL_ERROR,
-            f"output '{tensor.name}' has shape {list(shape)}, the model declares {list(dims)}",
-        )
 
 
 def _view(

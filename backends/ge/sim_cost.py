@@ -6,7 +6,9 @@ curve. With it, one execution takes
 
     launch_us + per_sample_us * rows
 
-where `rows` is the executed batch (the gear, padding included). onnxruntime still
+where `rows` is the executed batch (the gear, padding included), counted for a model whose
+other dims vary in proportion to a row's elements against its largest gear or range
+maximum (a sequence of 16 costs a quarter of one of 64). onnxruntime still
 computes every result; the stream then holds the execution until its modelled end, and
 each device runs one execution at a time on its own timeline, as an NPU's AI cores do,
 so slots on one device overlap copies and queueing but not compute. Only the timing is
@@ -35,8 +37,8 @@ class SimCost:
     launch_us: float
     per_sample_us: float
 
-    def duration_ns(self, rows: int) -> int:
-        return int((self.launch_us + self.per_sample_us * max(rows, 1)) * 1000)
+    def duration_ns(self, rows: float) -> int:
+        return int((self.launch_us + self.per_sample_us * max(rows, 0.0)) * 1000)
 
     def describe(self) -> str:
         return (

@@ -26,7 +26,15 @@ import onnx
 
 from ge_serve.backends.onnx_io import read_onnx_io
 
-from .acl import DYNAMIC_BATCH_INPUT, ModelDesc, ModelSource, TensorDesc, TensorPlan
+from .acl import (
+    ACL_ERROR_RT_INTERNAL_ERROR,
+    DYNAMIC_BATCH_INPUT,
+    AclError,
+    ModelDesc,
+    ModelSource,
+    TensorDesc,
+    TensorPlan,
+)
 from .options import numpy_dtype
 from .shapes import RANGE, Shape, infer_output_shapes, max_shape
 
@@ -204,3 +212,27 @@ def _tensor_bytes(tensor: onnx.TensorProto) -> int:
         return len(tensor.raw_data)
     count = math.prod(tensor.dims) if tensor.dims else 1
     return count * _ONNX_ITEMSIZE.get(int(tensor.data_type), 4)
+
+
+def row_share(desc: ModelDesc, shapes: list[tuple[int, ...]], batching: bool) -> float:
+    """A row's elements over a row's at the model's largest shape: the cost model prices
+    smaller gears and shapes in proportion."""
+    skip = 1 if batching else 0
+    largest = [list(g) for g in desc.shape_gears] or [
+        [tuple(hi for _, hi in r) for r in desc.ranges]
+    ]
+    if not desc.shape_kind or not largest[0]:
+        return 1.0
+    most = max(sum(math.prod(s[skip:]) for s in gear) for gear in largest)
+    return sum(math.prod(s[skip:]) for s in shapes) / most if most else 1.0
+
+
+def check_declared(tensor: TensorDesc, shape: tuple[int, ...]) -> None:
+    """An output must have the shape the model declares, -1 dims aside."""
+    dims = tensor.dims
+    if len(dims) != len(shape) or any(d >= 0 and d != g for d, g in zip(dims, shape, strict=True)):
+        raise AclError(
+            "aclmdlExecute (simulated)",
+            ACL_ERROR_RT_INTERNAL_ERROR,
+            f"output '{tensor.name}' has shape {list(shape)}, the model declares {list(dims)}",
+        )
