@@ -20,7 +20,9 @@ the model, as one loaded OM must not run on two streams at once.
 
 Gears: batching models always execute at a gear, as a compiled OM does: the gears are
 `dynamicDims` when given, the single batch `max_batch_size` for `static_model`, and
-otherwise 1, 2, 4, ... up to `max_batch_size`.
+otherwise 1, 2, 4, ... up to `max_batch_size`. Dims other than the batch that vary
+(ND gears, image-size gears, shape ranges) are planned by `shapes.plan_shapes`; their
+batch gears are the batch dims of the shape gears.
 """
 
 from __future__ import annotations
