@@ -32,6 +32,11 @@ SUITES: tuple[Suite, ...] = (
         "GE executor slots on the simulated NPU: 2 slots against 1, time-shared",
     ),
     Suite(
+        "npu-sim",
+        "bench.suites.npu_sim",
+        "batching on the simulated NPU with the calibrated --sim-cost (simulated timing)",
+    ),
+    Suite(
         "metrics-overhead",
         "bench.suites.metrics_overhead",
         "what metrics cost: metrics on against --allow-metrics=false, time-shared",
