@@ -56,6 +56,11 @@ SUITES: tuple[Suite, ...] = (
         "bench.suites.smoke",
         "under a minute: proves server, perf_analyzer and raw onnxruntime work together",
     ),
+    Suite(
+        "python-backend",
+        "bench.suites.python_backend",
+        "Python-backend add_sub against the same ONNX computation, c=1 and 16, time-shared",
+    ),
     Suite("soak", "bench.soak", "a long run under steady load (bench/soak.py)"),
     Suite(
         "shutdown",
