@@ -57,6 +57,11 @@ SUITES: tuple[Suite, ...] = (
         "under a minute: proves server, perf_analyzer and raw onnxruntime work together",
     ),
     Suite(
+        "embeddings",
+        "bench.suites.embeddings",
+        "the minilm pipeline: sentences/s at c=1 and 16, batching on and off, time-shared",
+    ),
+    Suite(
         "python-backend",
         "bench.suites.python_backend",
         "Python-backend add_sub against the same ONNX computation, c=1 and 16, time-shared",
@@ -66,6 +71,11 @@ SUITES: tuple[Suite, ...] = (
         "shutdown",
         "bench.shutdown_under_load",
         "stopping the server under load (bench/shutdown_under_load.py)",
+    ),
+    Suite(
+        "ocr",
+        "bench.suites.ocr",
+        "OCR images/s (examples/ocr) at concurrency 1 and 16, batching on and off",
     ),
     Suite(
         "ensemble-overhead",
