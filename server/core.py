@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -259,7 +259,7 @@ class InferenceServer:
         model = self.lifecycle.get(name, version)
         return bool(model.config.model_transaction_policy.decoupled)
 
-    async def infer_responses(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+    async def infer_responses(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
         """Every response one request produces, each as soon as it is produced.
 
         The seam for decoupled models. A model that is not decoupled yields exactly one

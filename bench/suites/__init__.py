@@ -66,6 +66,11 @@ SUITES: tuple[Suite, ...] = (
         "bench.suites.embeddings",
         "the minilm pipeline: sentences/s at c=1 and 16, batching on and off, time-shared",
     ),
+    Suite(
+        "python-backend",
+        "bench.suites.python_backend",
+        "Python-backend add_sub against the same ONNX computation, c=1 and 16, time-shared",
+    ),
     Suite("soak", "bench.soak", "a long run under steady load (bench/soak.py)"),
     Suite(
         "shutdown",
