@@ -12,8 +12,9 @@ What each protocol leans on (haproxy.cfg says more):
   retry policy for UNAVAILABLE, since no HTTP balancer can retry on a gRPC status. One
   extra gRPC client without that policy measures what the balancer alone achieves.
 
-The figures (requests, failures, throughput with two replicas and with one) are printed;
-`pytest -s` shows them.
+The figures (requests, failures, throughput with two replicas, with one, and with two again
+after the restart) are printed; `pytest -s` shows them. On a machine with few cores the
+client, the balancer and both replicas share them, so two replicas need not be faster.
 """
 
 from __future__ import annotations
@@ -293,8 +294,10 @@ def test_sigterm_and_restart_of_a_replica_loses_no_request() -> None:
             )
             lb.wait_state("r1", "UP")
             back_s = time.monotonic() - restarted_at
-            # Long enough after its return for the restarted replica to take its share.
-            time.sleep(1.5)
+            # Two replicas again, the restarted one taking its share.
+            again_start = time.monotonic()
+            time.sleep(WINDOW_S)
+            again_end = time.monotonic()
             load.stop()
 
             served_after_restart = _successes(first)
@@ -314,12 +317,17 @@ def test_sigterm_and_restart_of_a_replica_loses_no_request() -> None:
         "grpc_without_client_retry_failed": len(load.grpc_plain.failures),
         "drain_s": round(drained_s, 2),
         "restart_to_up_s": round(back_s, 2),
+        # Other work on the machine moves throughput more than a replica does on few cores.
+        "cpus": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
     }
     for name, tally in (("http", load.http), ("grpc", load.grpc)):
         two = tally.between(two_start, two_end) / (two_end - two_start)
         one = tally.between(one_start, one_end) / (one_end - one_start)
+        again = tally.between(again_start, again_end) / (again_end - again_start)
         figures[f"{name}_rps_2_replicas"] = round(two, 1)
         figures[f"{name}_rps_1_replica"] = round(one, 1)
+        figures[f"{name}_rps_2_replicas_after_restart"] = round(again, 1)
     print("failover figures:", json.dumps(figures, indent=1))
     print("gRPC failures without a client retry policy:", load.grpc_plain.failures[:5])
 
