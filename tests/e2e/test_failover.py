@@ -52,7 +52,10 @@ HAPROXY = shutil.which("haproxy") or next(
 )
 
 # The standard gRPC retry policy a client sets for a replica that is stopping: UNAVAILABLE
-# means the call was refused before it ran, so sending it again is safe.
+# means the call was refused before it ran, so sending it again is safe. gRPC caps attempts
+# at 5 and waits a random time up to each backoff, so the backoffs must add up to more than
+# the moment a stopping replica refuses calls before the balancer takes it out (its
+# linger, at most a second): otherwise a call can spend every attempt on that replica.
 RETRY_SERVICE_CONFIG = json.dumps(
     {
         "methodConfig": [
@@ -60,9 +63,9 @@ RETRY_SERVICE_CONFIG = json.dumps(
                 "name": [{"service": "inference.GRPCInferenceService"}],
                 "retryPolicy": {
                     "maxAttempts": 5,
-                    "initialBackoff": "0.05s",
-                    "maxBackoff": "0.5s",
-                    "backoffMultiplier": 2,
+                    "initialBackoff": "0.2s",
+                    "maxBackoff": "2s",
+                    "backoffMultiplier": 3,
                     "retryableStatusCodes": ["UNAVAILABLE"],
                 },
             }
