@@ -100,6 +100,12 @@ def guard(handler: Handler[S, Req, Resp]) -> Handler[S, Req, Resp | None]:
             log.exception("unhandled error in %s", handler.__name__)
             error = as_server_error(exc)
         # Outside the except blocks, so the exception and its frames are released now.
+        if error.code is ErrorCode.UNAVAILABLE:
+            # UNAVAILABLE says "send it again" (stopping, queue full): it must end the call
+            # with trailers only, as abort does, or grpc counts the call as answered and a
+            # client's retry policy never retries it. set_code + return sends headers
+            # first. These refusals are the rare ones; abort's garbage is the price.
+            await abort(context, error)
         fail(context, error)
         return None
 
