@@ -6,10 +6,15 @@ batch goes and what it holds. The batch runs on the slot's thread; the results c
 to the loop through the slot's report callback, the slot goes straight back to the pool,
 and the batcher answers each request, in arrival order under `preserve_ordering`.
 
-In adaptive mode the batcher keeps the controller's event log (eventlog.py), and a
-request that finds the system empty, a slot idle and nothing worth waiting for skips all
-of that and runs on the slot at once, as the default scheduler would run it
-(`_run_alone`): at low load that is every request.
+The batcher owns the mechanism only. When a batch goes, and how large it is, is its
+decider's to say (decision.py): Triton's rules, or the adaptive controller. The batcher
+tells the decider of every arrival, every batch that leaves and every request dropped
+unanswered, as typed events.
+
+One fast path: a request that finds nothing queued and a slot idle is decided at once, as
+a batch of one, when the decider allows it (the adaptive one does); if it goes, it takes
+the slot in the turn it arrived in, with no turn of the batch former in between. At low
+load that is every request.
 """
 
 from __future__ import annotations
@@ -30,10 +35,10 @@ from ge_serve.server.errors import (
     request_timeout,
 )
 
-from .adaptive import AdaptiveController
+from .adaptive import AdaptiveController, AdaptiveDecider
 from .batch import execute_batch
+from .decision import Arrived, BatchView, Decider, Dropped, Left, Take, TritonRules
 from .dispatch import ExecutorSlot, SlotPool
-from .eventlog import EventLog
 from .former import BatchFormer
 from .policy import BatchPolicy
 from .queue import Entry, EntryState, RequestQueue
@@ -65,17 +70,13 @@ class DynamicBatcher:
         )
         self._pending = 0
         self._running = 0  # batches executing
-        # What the controller has not been told of yet, and who is in the system; its
-        # Presence is also read here, on submit's hot path, to decide a lone request.
-        self._events = EventLog(controller)
-        self._presence = self._events.presence
-        # The request running alone in an otherwise empty system, if any (see _run_alone).
-        self._alone: _Alone | None = None
+        self._adaptive = AdaptiveDecider(controller) if controller is not None else None
+        self._decider: Decider = self._adaptive or TritonRules(policy)
         # Set once closing, when nothing is queued or running (close() waits for it).
         self._drained = asyncio.Event()
         self._closing = False
         self._former = BatchFormer(
-            self._queue, pool, policy, controller, self._events, self._launch, self._finish,
+            self._queue, pool, policy, self._decider, self._launch, self._finish,
             lambda: self._closing, delay_count,
         )  # fmt: skip
         self._batching = policy.batching
@@ -94,10 +95,10 @@ class DynamicBatcher:
         """The adaptive controller's estimates and latest decision (see
         AdaptiveController.snapshot), up to date with every logged event; None when the
         model does not batch adaptively."""
-        if self.controller is None:
+        if self._adaptive is None:
             return None
-        self._events.replay()
-        return self.controller.snapshot()
+        self._adaptive.catch_up()
+        return self._adaptive.controller.snapshot()
 
     async def submit(self, item: WorkItem) -> dict[str, Array]:
         if self._closing:
@@ -114,23 +115,6 @@ class DynamicBatcher:
         now = time.monotonic_ns()
         item.enqueue_ns = item.enqueue_ns or now
         future: asyncio.Future[dict[str, Array]] = loop.create_future()
-        controller = self.controller
-        if (
-            controller is not None
-            and self._alone is None
-            and not self._presence.held
-            and self._pool.idle_count
-            and not self._queue
-            and not self._former.hold
-        ):
-            # Asked as it will be once this request holds a slot: one fewer idle.
-            idle_after = self._pool.idle_count - 1
-            if self._presence.nothing_to_wait_for(idle_after, arriving=size):
-                slot = self._pool.try_acquire()
-                if slot is not None:
-                    controller.sent_alone(size)
-                    self._run_alone(slot, item, future, now, size)
-                    return await future
         level = policy.level_for(item.priority)
         entry = Entry(item, future, level, now, size, None)
         slot = self._admit(entry)  # raises "Exceeds maximum queue size"
@@ -172,114 +156,35 @@ class DynamicBatcher:
     # --- admission -----------------------------------------------------------------------
 
     def _admit(self, entry: Entry) -> ExecutorSlot | None:
-        """Queue a new request and log its arrival for the controller; or, in adaptive
-        mode, hand back an idle slot for it to run on alone at once.
-
-        A request that finds nothing queued and a slot idle, and that the controller would
-        send alone at once, takes that slot now: the batch former would decide the same a
-        loop turn later, after planning it in full. Static batching keeps the former's
-        turn, in which requests submitted together batch together."""
-        controller = self.controller
-        if self._alone is not None and not self._alone.logged:
-            self._log_alone(self._alone)  # it is no longer alone
+        """Queue a new request, or hand back the idle slot it runs on at once: the fast
+        path, when nothing is queued, a slot is idle and the decider sends the request
+        alone (it is told of the arrival first, and asked as the batch former would ask
+        a turn later)."""
+        decider = self._decider
+        pool = self._pool
         slot = None
-        if (
-            controller is not None
-            and self._pool.idle_count
-            and not self._queue
-            and not self._former.hold
-        ):
-            slot = self._pool.try_acquire()
-        if controller is None or slot is None:
-            self._enqueue(entry)
-            if controller is not None:
-                self._events.arrive(entry.enqueue_ns, entry.size, entry.level)
-                self._events.replay_when_full()
-            return None
-        # Nothing is queued, so the queue has room for it should it have to wait after all.
+        if decider.immediate and pool.idle_count and not self._queue and not self._former.hold:
+            slot = pool.try_acquire()
         now, size, level = entry.enqueue_ns, entry.size, entry.level
-        self._events.arrive(now, size, level)
-        idle = self._pool.idle_count
-        if self._presence.nothing_to_wait_for(idle):
-            # Sent alone whatever the controller's estimates say: they can wait for the
-            # next replay, behind this request.
-            controller.sent_alone(size)
-            return slot
-        self._events.replay()  # the controller plans with this arrival
+        if slot is None:
+            self._enqueue(entry)  # raises "Exceeds maximum queue size"
+            decider.observe(Arrived(now, size, level))
+            return None
+        decider.observe(Arrived(now, size, level))
+        view = BatchView(
+            (size,), now, level, size, pool.idle_count, now, size >= self._policy.max_size,
+            None, entry.bucket,
+        )  # fmt: skip
         try:
-            plan = controller.plan(now, size, now, level, idle, size, now)
+            answer = decider.decide(view, now)
         except Exception:
-            plan = None  # the former asks again, and answers its queue if it fails
-        if plan is not None and plan.due(size, now):
+            answer = None  # the former asks again, and answers its queue if it fails
+        if type(answer) is Take:
             return slot
-        self._pool.release(slot, executed=False)
+        pool.release(slot, executed=False)
+        # Nothing is queued, so the queue has room for it.
         self._enqueue(entry)
         return None
-
-    def _run_alone(
-        self,
-        slot: ExecutorSlot,
-        item: WorkItem,
-        future: asyncio.Future[dict[str, Array]],
-        now: int,
-        size: int,
-    ) -> None:
-        """Start a request that found the system empty, a slot idle and nothing worth
-        waiting for (adaptive mode), on that slot at once, without queueing it.
-
-        At low load this is every request, so it is the unbatched path and must cost what
-        the default scheduler costs: no queue entry, and the controller is not told of it,
-        only of its execution's cost. A request that arrives while it runs makes it part
-        of the load the controller sees: its arrival is logged then (_log_alone), its
-        departure as any other. With nothing else in the system, nothing can be answered
-        out of order."""
-        alone = _Alone(now, size, item.priority)
-        self._alone = alone
-        self._pending += 1
-        self._running += 1
-        item.timings.queue_ns = now - item.enqueue_ns
-        gears, batching = self._gears, self._batching
-        slot.run_then(
-            lambda executor: execute_batch(executor, [item], gears, batching),
-            lambda results, exc: self._alone_done(slot, alone, future, results, exc),
-        )
-
-    def _log_alone(self, alone: _Alone) -> None:
-        """Log the arrival of the request running alone, now that another arrives."""
-        alone.logged = True
-        self._events.arrive(alone.arrive_ns, alone.size, self._policy.level_for(alone.priority))
-
-    def _alone_done(
-        self,
-        slot: ExecutorSlot,
-        alone: _Alone,
-        future: asyncio.Future[dict[str, Array]],
-        results: list[dict[str, Array]] | None,
-        exc: BaseException | None,
-    ) -> None:
-        self._running -= 1
-        self._pending -= 1
-        self._alone = None
-        self._pool.release(slot)
-        done_ns = time.monotonic_ns()
-        if exc is not None or results is None:
-            exc = exc or RuntimeError("the batch returned no results")
-            log.error("batch of %d failed on %s: %s", alone.size, slot.name, exc)
-            if alone.logged:
-                self._events.left_unlogged(alone.size)
-            if not future.done():
-                future.set_exception(_client_error(exc))
-        else:
-            # Priced by slot time, as in _batch_done.
-            duration = done_ns - alone.arrive_ns
-            if alone.logged:
-                self._events.batch_left(done_ns, alone.size, alone.size, duration)
-            else:
-                self._events.ran_unseen(alone.size, duration)
-            if not future.done():
-                future.set_result(results[0])
-            self._events.replay_soon()
-        self._check_drained()
 
     def _enqueue(self, entry: Entry) -> None:
         if self._batching:
@@ -319,8 +224,7 @@ class DynamicBatcher:
             for entry in batch:
                 self._finish(entry, error=_client_error(exc))
         else:
-            controller = self.controller
-            if controller is not None:
+            if self._adaptive is not None:
                 # The whole batch leaves at once: one departure, not one per request,
                 # logged like the arrivals; an arrival logged after it is replayed after it.
                 # The batch is priced by its slot time, from the hand-over to the slot
@@ -334,10 +238,11 @@ class DynamicBatcher:
                         leaving += entry.size
                 done_ns = time.monotonic_ns()
                 size = batch[0].item.timings.batch_size
-                self._events.batch_left(done_ns, leaving, size, done_ns - launched_ns)
+                self._decider.observe(
+                    Left(done_ns, leaving, size, done_ns - launched_ns, batch[0].bucket)
+                )
             for entry, result in zip(batch, results, strict=True):
                 self._finish(entry, result=result, departed=True)
-            self._events.replay_soon()
         self._check_drained()
 
     # --- answers -------------------------------------------------------------------------
@@ -361,8 +266,8 @@ class DynamicBatcher:
         entry.result = result
         entry.error = error
         self._pending -= 1
-        if self.controller is not None and not departed:
-            self._events.left_unlogged(entry.size)
+        if self._adaptive is not None and not departed:
+            self._decider.observe(Dropped(time.monotonic_ns(), entry.size))
         order = self._order
         if order is None or result is None:
             # Errors are answered at once, as Triton does for rejected requests.
@@ -375,19 +280,6 @@ class DynamicBatcher:
     def _check_drained(self) -> None:
         if self._closing and self._pending == 0 and not self._running:
             self._drained.set()
-
-
-class _Alone:
-    """A request running alone: when it arrived, its samples and priority, and whether
-    its arrival has been logged for the controller."""
-
-    __slots__ = ("arrive_ns", "logged", "priority", "size")
-
-    def __init__(self, arrive_ns: int, size: int, priority: int) -> None:
-        self.arrive_ns = arrive_ns
-        self.size = size
-        self.priority = priority
-        self.logged = False
 
 
 def _answer(entry: Entry) -> None:
