@@ -12,6 +12,7 @@ import numpy as np
 
 from ge_serve.backends.base import Executor, ModelRequest, RequestContext, gear_for
 
+from .buckets import Bucketing
 from .work import Array, WorkItem
 
 
@@ -39,26 +40,48 @@ def merge_inputs(items: Sequence[WorkItem], total: int, padded: int) -> dict[str
 
 
 def execute_batch(
-    executor: Executor, items: Sequence[WorkItem], gears: Sequence[int], batching: bool
+    executor: Executor,
+    items: Sequence[WorkItem],
+    gears: Sequence[int],
+    batching: bool,
+    buckets: Bucketing | None = None,
+    bucket: int = 0,
 ) -> list[dict[str, Array]]:
     """Run `items` as one execution and return each item's own outputs, in order.
 
-    An executor that takes requests (a RequestExecutor, such as a Python model's) gets
-    each item as its own request, in order, with nothing merged or padded.
+    With `buckets`, the items (all of shape bucket `bucket`) are padded into it and each
+    item's outputs trimmed back. An executor that takes requests (a RequestExecutor, such
+    as a Python model's) gets each item as its own request, in order, with nothing merged
+    (and each padded into the bucket, if any).
     """
     start = time.monotonic_ns()
     total = sum(item.batch_size for item in items)
     by_request = getattr(executor, "execute_requests", None)
     if by_request is not None:
-        requests = [ModelRequest(i.inputs, i.context or RequestContext()) for i in items]
+        requests = [
+            ModelRequest(
+                i.inputs
+                if buckets is None
+                else buckets.merge([i], bucket, i.batch_size, i.batch_size),
+                i.context or RequestContext(),
+            )
+            for i in items
+        ]
         ready = time.monotonic_ns()
         results: list[dict[str, Array]] = by_request(requests)
         done = time.monotonic_ns()
         if len(results) != len(items):
             raise RuntimeError(f"the executor answered {len(results)} of {len(items)} requests")
+        if buckets is not None:
+            results = [buckets.trim(i, bucket, r) for i, r in zip(items, results, strict=True)]
         _record(items, start, ready, done, time.monotonic_ns(), total)
         return results
-    inputs = merge_inputs(items, total, gear_for(total, gears)) if batching else items[0].inputs
+    if buckets is not None:
+        inputs = buckets.merge(items, bucket, total, gear_for(total, gears))
+    elif batching:
+        inputs = merge_inputs(items, total, gear_for(total, gears))
+    else:
+        inputs = items[0].inputs
     ready = time.monotonic_ns()
     outputs = executor.execute(inputs)
     done = time.monotonic_ns()
@@ -71,6 +94,8 @@ def execute_batch(
             offset = end
     else:
         results.append(outputs)
+    if buckets is not None:
+        results = [buckets.trim(i, bucket, r) for i, r in zip(items, results, strict=True)]
     _record(items, start, ready, done, time.monotonic_ns(), total)
     return results
 

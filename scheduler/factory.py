@@ -16,6 +16,7 @@ from ge_serve.protos import model_config_pb2
 from .adaptive import AdaptiveController
 from .base import Scheduler
 from .batcher import DynamicBatcher
+from .buckets import bucketing_for
 from .direct import DirectScheduler
 from .dispatch import ExecutorSlot, SlotPool
 from .policy import BatchPolicy
@@ -52,9 +53,12 @@ def build_scheduler(
 ) -> Scheduler:
     """Raises ServerError(INVALID_ARG) for a policy that cannot work, before any slot
     thread starts, so the load fails cleanly."""
+    buckets = bucketing_for(config, loaded.shape_buckets)
+    if buckets is not None:
+        log.info("model '%s': shape buckets %s", config.name, buckets.describe())
     if not config.HasField("dynamic_batching"):
         pool = SlotPool([ExecutorSlot(executor) for executor in loaded.executors])
-        return DirectScheduler(pool, loaded.gears, batching=config.max_batch_size > 0)
+        return DirectScheduler(pool, loaded.gears, config.max_batch_size > 0, buckets)
     policy = BatchPolicy.from_config(config, loaded.gears, options.adaptive_batching)
     controller = AdaptiveController(policy, loaded.gears) if policy.adaptive else None
     if controller is not None:
@@ -72,4 +76,4 @@ def build_scheduler(
             DELAY_SCHEDULER_ENV,
         )
     pool = SlotPool([ExecutorSlot(executor) for executor in loaded.executors])
-    return DynamicBatcher(pool, policy, loaded.gears, controller, options.delay_count)
+    return DynamicBatcher(pool, policy, loaded.gears, controller, options.delay_count, buckets)
