@@ -17,6 +17,7 @@ from ge_serve.protos import model_config_pb2
 
 from .base import Array, LoadedModel, ModelSpec, SlotInfo
 from .onnx_io import autocomplete_from_onnx
+from .scheduled_io import fed_inputs
 from .warmup import run_warmup
 
 
@@ -234,7 +235,7 @@ def check_config(config: model_config_pb2.ModelConfig, session: ort.InferenceSes
                     f"gives {configured} (max_batch_size {config.max_batch_size}"
                     f"{', with the batch dim first' if lead else ''})"
                 )
-    configured_inputs = {entry.name for entry in config.input}
+    configured_inputs = {entry.name for entry in config.input} | fed_inputs(config)
     missing = [node.name for node in model_inputs if node.name not in configured_inputs]
     if missing:
         raise ValueError(f"the model's input(s) {missing} are missing from the config")

@@ -235,7 +235,7 @@ class DynamicBatcher:
             exc = exc or RuntimeError("the batch returned no results")
             log.error("batch of %d failed on %s: %s", len(batch), slot.name, exc)
             for entry in batch:
-                self._finish(entry, error=_client_error(exc))
+                self._finish(entry, error=client_error(exc))
         else:
             if self._adaptive is not None:
                 # The whole batch leaves at once: one departure, not one per request,
@@ -306,7 +306,7 @@ def _answer(entry: Entry) -> None:
     entry.result = None
 
 
-def _client_error(exc: BaseException) -> ServerError:
+def client_error(exc: BaseException) -> ServerError:
     """A fresh error per request (no two requests share one traceback), tagged as the
     model's execution failing."""
     if isinstance(exc, ServerError):

@@ -1,7 +1,9 @@
 """Builds each loaded model version's scheduler from its config.
 
-No `dynamic_batching`: one request, one execution (DirectScheduler). Otherwise the dynamic
-batcher, with the adaptive controller when the model or the server opts in.
+`sequence_batching`: the sequence batcher (SequenceBatcher). No `dynamic_batching`: one
+request, one execution (DirectScheduler). Otherwise the dynamic batcher, with the
+adaptive controller when the model or the server opts in. A scheduling block that cannot
+be honoured fails the load with its reason.
 """
 
 from __future__ import annotations
@@ -12,14 +14,18 @@ from dataclasses import dataclass
 
 from ge_serve.backends.base import LoadedModel
 from ge_serve.protos import model_config_pb2
+from ge_serve.server.errors import invalid_arg
 
 from .adaptive import AdaptiveController
 from .base import Scheduler
 from .batcher import DynamicBatcher
+from .buckets import KEYS as BUCKET_KEYS
 from .buckets import bucketing_for
 from .direct import DirectScheduler
 from .dispatch import ExecutorSlot, SlotPool
 from .policy import BatchPolicy
+from .sequence import SequenceBatcher
+from .sequence_config import SequencePolicy
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +59,8 @@ def build_scheduler(
 ) -> Scheduler:
     """Raises ServerError(INVALID_ARG) for a policy that cannot work, before any slot
     thread starts, so the load fails cleanly."""
+    if config.HasField("sequence_batching"):
+        return _sequence_batcher(config, loaded)
     buckets = bucketing_for(config, loaded.shape_buckets)
     if buckets is not None:
         log.info("model '%s': shape buckets %s", config.name, buckets.describe())
@@ -77,3 +85,20 @@ def build_scheduler(
         )
     pool = SlotPool([ExecutorSlot(executor) for executor in loaded.executors])
     return DynamicBatcher(pool, policy, loaded.gears, controller, options.delay_count, buckets)
+
+
+def _sequence_batcher(config: model_config_pb2.ModelConfig, loaded: LoadedModel) -> Scheduler:
+    policy = SequencePolicy.from_config(config)
+    if loaded.shape_buckets or any(key in config.parameters for key in BUCKET_KEYS):
+        raise invalid_arg(
+            f"model '{config.name}': shape buckets cannot be combined with sequence batching"
+        )
+    log.info(
+        "model '%s': sequence batching (%s), %d slots per instance, idle after %d us",
+        config.name,
+        policy.strategy.value,
+        policy.slots_per_instance,
+        policy.idle_us,
+    )
+    pool = SlotPool([ExecutorSlot(executor) for executor in loaded.executors])
+    return SequenceBatcher(pool, policy, loaded.gears)
