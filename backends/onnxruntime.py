@@ -203,6 +203,8 @@ def check_config(config: model_config_pb2.ModelConfig, session: ort.InferenceSes
         ("input", config.input, model_inputs),
         ("output", config.output, session.get_outputs()),
     )
+    flat = {entry.name for entry in config.input if entry.allow_ragged_batch}
+    flat.update(name for output in config.batch_output for name in output.target_name)
     for kind, entries, nodes in sides:
         by_name = {node.name: node for node in nodes}
         for entry in entries:
@@ -221,6 +223,8 @@ def check_config(config: model_config_pb2.ModelConfig, session: ort.InferenceSes
                 )
             dims = list(entry.reshape.shape) if entry.HasField("reshape") else list(entry.dims)
             configured = lead + dims
+            if entry.name in flat:
+                continue  # batched as one flat tensor: any rank goes (scheduler/ragged.py)
             shape = list(node.shape or [])
             if not shape:
                 continue

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
 from ge_serve.backends.base import Executor, ModelRequest, RequestContext, gear_for
 
-from .buckets import Bucketing
 from .work import Array, WorkItem
 
 
@@ -39,20 +39,38 @@ def merge_inputs(items: Sequence[WorkItem], total: int, padded: int) -> dict[str
     return merged
 
 
+class Shaper(Protocol):
+    """How a model's requests go into one batch and come back out, when not by plain
+    concatenation along the batch dim: shape buckets (buckets.py), ragged batching
+    (ragged.py). `bucket` is the batch's bucket (0: none)."""
+
+    def assign(self, item: WorkItem) -> int: ...
+
+    def key(self, item: WorkItem, bucket: int) -> tuple[object, ...]: ...
+
+    def merge(
+        self, items: Sequence[WorkItem], bucket: int, total: int, padded: int
+    ) -> dict[str, Array]: ...
+
+    def split(
+        self, items: Sequence[WorkItem], bucket: int, outputs: dict[str, Array]
+    ) -> list[dict[str, Array]]: ...
+
+
 def execute_batch(
     executor: Executor,
     items: Sequence[WorkItem],
     gears: Sequence[int],
     batching: bool,
-    buckets: Bucketing | None = None,
+    shaper: Shaper | None = None,
     bucket: int = 0,
 ) -> list[dict[str, Array]]:
     """Run `items` as one execution and return each item's own outputs, in order.
 
-    With `buckets`, the items (all of shape bucket `bucket`) are padded into it and each
-    item's outputs trimmed back. An executor that takes requests (a RequestExecutor, such
-    as a Python model's) gets each item as its own request, in order, with nothing merged
-    (and each padded into the bucket, if any).
+    With a `shaper`, it merges the items and splits the outputs. An executor that takes
+    requests (a RequestExecutor, such as a Python model's) gets each item as its own
+    request, in order, with nothing merged (each still shaped on its own, if a shaper
+    says so).
     """
     start = time.monotonic_ns()
     total = sum(item.batch_size for item in items)
@@ -61,8 +79,8 @@ def execute_batch(
         requests = [
             ModelRequest(
                 i.inputs
-                if buckets is None
-                else buckets.merge([i], bucket, i.batch_size, i.batch_size),
+                if shaper is None
+                else shaper.merge([i], bucket, i.batch_size, i.batch_size),
                 i.context or RequestContext(),
             )
             for i in items
@@ -72,12 +90,15 @@ def execute_batch(
         done = time.monotonic_ns()
         if len(results) != len(items):
             raise RuntimeError(f"the executor answered {len(results)} of {len(items)} requests")
-        if buckets is not None:
-            results = [buckets.trim(i, bucket, r) for i, r in zip(items, results, strict=True)]
+        if shaper is not None:
+            results = [
+                shaper.split([i], bucket, r)[0] if r else r
+                for i, r in zip(items, results, strict=True)
+            ]
         _record(items, start, ready, done, time.monotonic_ns(), total)
         return results
-    if buckets is not None:
-        inputs = buckets.merge(items, bucket, total, gear_for(total, gears))
+    if shaper is not None:
+        inputs = shaper.merge(items, bucket, total, gear_for(total, gears))
     elif batching:
         inputs = merge_inputs(items, total, gear_for(total, gears))
     else:
@@ -85,17 +106,17 @@ def execute_batch(
     ready = time.monotonic_ns()
     outputs = executor.execute(inputs)
     done = time.monotonic_ns()
-    results = []
-    if batching:
+    if shaper is not None:
+        results = shaper.split(items, bucket, outputs)
+    elif batching:
+        results = []
         offset = 0
         for item in items:
             end = offset + item.batch_size
             results.append({name: value[offset:end] for name, value in outputs.items()})
             offset = end
     else:
-        results.append(outputs)
-    if buckets is not None:
-        results = [buckets.trim(i, bucket, r) for i, r in zip(items, results, strict=True)]
+        results = [outputs]
     _record(items, start, ready, done, time.monotonic_ns(), total)
     return results
 

@@ -36,8 +36,7 @@ from ge_serve.server.errors import (
 )
 
 from .adaptive import AdaptiveController, AdaptiveDecider
-from .batch import execute_batch
-from .buckets import Bucketing
+from .batch import Shaper, execute_batch
 from .decision import Arrived, BatchView, Decider, Dropped, Left, Take, TritonRules
 from .dispatch import ExecutorSlot, SlotPool
 from .former import BatchFormer
@@ -58,13 +57,14 @@ class DynamicBatcher:
         gears: Sequence[int] = (),
         controller: AdaptiveController | None = None,
         delay_count: int = 0,
-        buckets: Bucketing | None = None,
+        shaper: Shaper | None = None,
     ) -> None:
         """`delay_count` (TRITONSERVER_DELAY_SCHEDULER) holds batching until that many
         requests are queued, once, so that tests can observe exact batches. With
-        `buckets`, requests are padded into shape buckets and batch within one."""
+        `shaper`, requests are shaped into batches its way: padded into shape buckets
+        (buckets.py) or batched ragged (ragged.py)."""
         self._pool = pool
-        self._buckets = buckets
+        self._shaper = shaper
         self._policy = policy
         self._gears = tuple(gears)
         self.controller = controller
@@ -121,8 +121,8 @@ class DynamicBatcher:
         future: asyncio.Future[dict[str, Array]] = loop.create_future()
         level = policy.level_for(item.priority)
         entry = Entry(item, future, level, now, size, None)
-        if self._buckets is not None:
-            entry.bucket = self._buckets.assign(item)  # raises: it fits no bucket
+        if self._shaper is not None:
+            entry.bucket = self._shaper.assign(item)  # raises: it fits no bucket
         slot = self._admit(entry)  # raises "Exceeds maximum queue size"
         self._pending += 1
         if self._order is not None:
@@ -193,8 +193,8 @@ class DynamicBatcher:
         return None
 
     def _enqueue(self, entry: Entry) -> None:
-        if self._buckets is not None:
-            entry.key = self._buckets.key(entry.item, entry.bucket)
+        if self._shaper is not None:
+            entry.key = self._shaper.key(entry.item, entry.bucket)
         elif self._batching:
             entry.key = entry.item.shape_key()  # only queued requests are compared
         self._queue.put(entry)  # raises "Exceeds maximum queue size"
@@ -208,15 +208,15 @@ class DynamicBatcher:
             entry.state = EntryState.RUNNING
             entry.item.timings.queue_ns = now - entry.item.enqueue_ns
             items.append(entry.item)
-        gears, batching, buckets, bucket = (
+        gears, batching, shaper, bucket = (
             self._gears,
             self._batching,
-            self._buckets,
+            self._shaper,
             batch[0].bucket,
         )
         self._running += 1
         slot.run_then(
-            lambda executor: execute_batch(executor, items, gears, batching, buckets, bucket),
+            lambda executor: execute_batch(executor, items, gears, batching, shaper, bucket),
             lambda results, exc: self._batch_done(slot, batch, results, exc, now),
         )
 

@@ -145,6 +145,21 @@ class Bucketing:
         out[tuple(map(slice, array.shape))] = array
         return out
 
+    def split(
+        self, items: Sequence[WorkItem], bucket: int, outputs: dict[str, Array]
+    ) -> list[dict[str, Array]]:
+        """Each item's own outputs: its rows (when batching), trimmed back."""
+        if not self.batching:
+            return [self.trim(items[0], bucket, outputs)]
+        results = []
+        offset = 0
+        for item in items:
+            end = offset + item.batch_size
+            rows = {name: value[offset:end] for name, value in outputs.items()}
+            results.append(self.trim(item, bucket, rows))
+            offset = end
+        return results
+
     def trim(self, item: WorkItem, bucket: int, outputs: dict[str, Array]) -> dict[str, Array]:
         """The request's own outputs: each trimmed dim that has the bucket's padded size
         is cut back to the request's size."""

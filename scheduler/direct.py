@@ -1,7 +1,7 @@
 """The default scheduler (no `dynamic_batching`): one request, one execution.
 
 Concurrency comes from the free slots; requests wait for a slot in arrival order. With
-shape buckets, each request is padded into its bucket and its outputs trimmed back.
+shape buckets or batch inputs, each request is shaped as its batch of one (batch.Shaper).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from collections.abc import Sequence
 
 from ge_serve.server.errors import SchedulerClosed
 
-from .batch import execute_batch
-from .buckets import Bucketing
+from .batch import Shaper, execute_batch
 from .dispatch import SlotPool
 from .inflight import InFlight
 from .work import Array, WorkItem
@@ -27,10 +26,10 @@ class DirectScheduler:
         pool: SlotPool,
         gears: Sequence[int] = (),
         batching: bool = False,
-        buckets: Bucketing | None = None,
+        shaper: Shaper | None = None,
     ) -> None:
         self._pool = pool
-        self._buckets = buckets
+        self._shaper = shaper
         self._gears = tuple(gears)
         self._batching = batching
         self._in_flight = InFlight()
@@ -40,15 +39,15 @@ class DirectScheduler:
         return self._in_flight.pending
 
     async def submit(self, item: WorkItem) -> dict[str, Array]:
-        buckets = self._buckets
-        bucket = buckets.assign(item) if buckets is not None else 0  # raises: fits none
+        shaper = self._shaper
+        bucket = shaper.assign(item) if shaper is not None else 0  # raises: fits none
         with self._in_flight.request():
             item.enqueue_ns = item.enqueue_ns or time.monotonic_ns()
             slot = await self._pool.acquire()
             item.timings.queue_ns = time.monotonic_ns() - item.enqueue_ns
             gears, batching = self._gears, self._batching
             results = await self._pool.run_on_slot(
-                slot, lambda ex: execute_batch(ex, [item], gears, batching, buckets, bucket)
+                slot, lambda ex: execute_batch(ex, [item], gears, batching, shaper, bucket)
             )
             return results[0]
 
