@@ -347,6 +347,18 @@ def test_sequence_parameters_are_read_with_their_types() -> None:
             "shape buckets cannot be combined with sequence batching",
         ),
         (
+            lambda c: c.sequence_batching.oldest.__setattr__("preserve_ordering", True),
+            "'oldest.preserve_ordering' is not supported",
+        ),
+        (
+            lambda c: c.model_transaction_policy.__setattr__("decoupled", True),
+            "implicit state needs the model's one response per request",
+        ),
+        (
+            lambda c: c.input.add(name="START", data_type=model_config_pb2.TYPE_INT32, dims=[1]),
+            "control input 'START' is also a request input",
+        ),
+        (
             lambda c: c.sequence_batching.state[0].initial_state.add(
                 data_type=model_config_pb2.TYPE_INT32, dims=[1], name="i", data_file="f"
             ),
