@@ -56,6 +56,11 @@ SUITES: tuple[Suite, ...] = (
         "bench.suites.smoke",
         "under a minute: proves server, perf_analyzer and raw onnxruntime work together",
     ),
+    Suite(
+        "buckets",
+        "bench.suites.buckets",
+        "shape-bucketed against exact-shape batching, BERT-sized, mixed lengths, sim NPU",
+    ),
     Suite("soak", "bench.soak", "a long run under steady load (bench/soak.py)"),
     Suite(
         "shutdown",
