@@ -18,7 +18,7 @@ sizes), whose executors accept only those shapes; or, failing those, the model's
 - `bucket_pad_values`: `input:value` pairs (default 0 for every input);
 - `bucket_trim_outputs`: `output:dim=input:dim` pairs: that output dim is trimmed back
   to the request's size of that input dim, when it has the bucket's padded size. Without
-  it, an output dim is trimmed by the first padded input padded in the same dim.
+  it, each variable (-1) output dim is trimmed by the first input padded in that dim.
 
 Everything here is pure: the scheduler assigns buckets on the loop (`assign`), and the
 slot thread pads (`merge`) and trims (`trim`).
@@ -220,7 +220,7 @@ def bucketing_for(
                 f"(set '{INPUTS_KEY}' and '{SIZES_KEY}')"
             )
         return None
-    outputs = {tensor.name: len(tensor.dims) for tensor in config.output}
+    outputs = {tensor.name: tuple(int(d) for d in tensor.dims) for tensor in config.output}
     return Bucketing(
         model=name,
         shapes=tuple(shapes),
@@ -319,12 +319,12 @@ def _trims(
     text: str | None,
     shapes: Sequence[Mapping[str, tuple[int, ...]]],
     inputs: Mapping[str, tuple[int, ...]],
-    outputs: Mapping[str, int],
+    outputs: Mapping[str, tuple[int, ...]],
     batching: bool,
 ) -> tuple[Trim, ...]:
     lead = 1 if batching else 0
     if text is None:
-        # Default: an output dim is trimmed by the first padded input padded in that dim.
+        # Default: a variable output dim is trimmed by the first input padded in that dim.
         padded: dict[int, str] = {}
         for shape in shapes:
             for tensor, dims in shape.items():
@@ -333,9 +333,9 @@ def _trims(
                         padded.setdefault(dim, tensor)
         return tuple(
             (output, dim + lead, padded[dim], dim + lead)
-            for output, rank in outputs.items()
-            for dim in range(rank)
-            if dim in padded
+            for output, dims in outputs.items()
+            for dim, size in enumerate(dims)
+            if dim in padded and size == -1
         )
     trims: list[Trim] = []
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -355,7 +355,7 @@ def _trims(
         trims.append(
             (
                 output,
-                _dim(name, TRIM_KEY, output, out_dim, outputs[output]) + lead,
+                _dim(name, TRIM_KEY, output, out_dim, len(outputs[output])) + lead,
                 source,
                 _dim(name, TRIM_KEY, source, in_dim, len(inputs[source])) + lead,
             )

@@ -31,6 +31,7 @@ class Recording(FakeExecutor):
         self.inputs.append({k: np.array(v) for k, v in inputs.items()})
         result = super().execute(inputs)
         result["mask_sum"] = inputs["mask"].sum(axis=1, keepdims=True)
+        result["fixed"] = np.zeros((inputs["x"].shape[0], 4), dtype=np.float32)
         return result
 
 
@@ -40,6 +41,7 @@ def bucket_config(**params: str) -> model_config_pb2.ModelConfig:
         config.input.add(name=name, data_type=dtype, dims=[-1])
     config.output.add(name="y", data_type=model_config_pb2.TYPE_FP32, dims=[-1])
     config.output.add(name="mask_sum", data_type=model_config_pb2.TYPE_INT64, dims=[1])
+    config.output.add(name="fixed", data_type=model_config_pb2.TYPE_FP32, dims=[4])
     return config
 
 
@@ -87,6 +89,8 @@ async def test_lengths_of_one_bucket_batch_together_padded_and_trimmed_back() ->
             assert result["y"].shape == (1, length)  # trimmed back to its own length
             assert result["y"].tolist() == [[2.0 * (value + 1)] * length]
             assert result["mask_sum"].tolist() == [[length]]
+            # A fixed output dim is never trimmed, even where it equals the bucket's size.
+            assert result["fixed"].shape == (1, 4)
     finally:
         fake.open()
         await batcher.close(5.0)
