@@ -6,7 +6,8 @@ it (correlation.py). A sequence is bound to one sequence slot of one model insta
 instance, in arrival order, one at a time. An instance has `max_batch_size` slots under
 the `direct` strategy (the slot is the sequence's row in every batch) and
 `max_candidate_sequences` under `oldest`. When every slot is taken, a new sequence
-waits in the backlog, with all the requests it receives meanwhile, until a slot frees.
+waits in the backlog, with all the requests it receives meanwhile, until a slot frees;
+a request timeout refuses the whole backlogged sequence once it expires, as in Triton.
 
 Whenever an instance is idle and one of its sequences has a request queued, a batch
 forms: under `direct`, one request per ready slot at the slot's row, the rows between
@@ -36,15 +37,16 @@ from typing import Any
 
 import numpy as np
 
-from ge_serve.server.errors import SchedulerClosed, invalid_arg
+from ge_serve.server.errors import ErrorCode, SchedulerClosed, ServerError, invalid_arg
 
 from .batch import execute_batch
 from .batcher import client_error
 from .correlation import CorrelationId, SequenceFlags
 from .decision import BatchView, Take, TritonRules
-from .dispatch import ExecutorSlot, SlotPool
+from .dispatch import SlotPool
 from .policy import BatchPolicy
 from .sequence_config import SequencePolicy, Strategy, control_values
+from .sequence_slots import ActiveSequence, Instance, Request, Slot
 from .work import Array, Timings, WorkItem
 
 log = logging.getLogger(__name__)
@@ -52,65 +54,15 @@ log = logging.getLogger(__name__)
 _NEVER_RAN = "model was unloaded before the request could run"
 
 
-class _Request:
-    __slots__ = ("flags", "future", "item", "sequence")
-
-    def __init__(
-        self,
-        item: WorkItem,
-        flags: SequenceFlags,
-        future: asyncio.Future[dict[str, Array]],
-        sequence: _Sequence,
-    ) -> None:
-        self.item = item
-        self.flags = flags
-        self.future = future
-        self.sequence = sequence
-
-
-class _Sequence:
-    __slots__ = ("id", "last_ns", "queue", "running", "slot", "state")
-
-    def __init__(self, correlation_id: CorrelationId, now_ns: int) -> None:
-        self.id = correlation_id
-        self.slot: _Slot | None = None  # None while in the backlog
-        self.queue: collections.deque[_Request] = collections.deque()
-        self.state: dict[str, Array] | None = None
-        self.last_ns = now_ns
-        self.running = False
-
-
-class _Slot:
-    __slots__ = ("instance", "position", "sequence")
-
-    def __init__(self, instance: _Instance, position: int) -> None:
-        self.instance = instance
-        self.position = position
-        self.sequence: _Sequence | None = None
-
-
-class _Instance:
-    __slots__ = ("busy", "executor", "slots", "timer")
-
-    def __init__(self, executor: ExecutorSlot, slots: int) -> None:
-        self.executor = executor
-        self.slots = [_Slot(self, position) for position in range(slots)]
-        self.busy = False
-        self.timer: asyncio.TimerHandle | None = None
-
-    def bound(self) -> int:
-        return sum(slot.sequence is not None for slot in self.slots)
-
-
 class SequenceBatcher:
     def __init__(self, pool: SlotPool, policy: SequencePolicy, gears: Sequence[int] = ()) -> None:
         self._pool = pool
         self._policy = policy
         self._gears = tuple(gears)
-        self._instances = [_Instance(s, policy.slots_per_instance) for s in pool.slots]
+        self._instances = [Instance(s, policy.slots_per_instance) for s in pool.slots]
         # Sequences whose requests are still expected, by ID (bound or in the backlog).
-        self._sequences: dict[CorrelationId, _Sequence] = {}
-        self._backlog: collections.deque[_Sequence] = collections.deque()
+        self._sequences: dict[CorrelationId, ActiveSequence] = {}
+        self._backlog: collections.deque[ActiveSequence] = collections.deque()
         self._rules = TritonRules(
             BatchPolicy(
                 model=policy.model,
@@ -158,7 +110,7 @@ class SequenceBatcher:
                 self._policy.model,
             )
         future: asyncio.Future[dict[str, Array]] = asyncio.get_running_loop().create_future()
-        request = _Request(item, flags, future, sequence)
+        request = Request(item, flags, future, sequence)
         sequence.queue.append(request)
         sequence.last_ns = now
         if flags.end:
@@ -168,6 +120,8 @@ class SequenceBatcher:
         self._queued += 1
         if sequence.slot is not None:
             self._kick(sequence.slot.instance)
+        elif item.timeout_us:
+            self._arm_expiry(sequence, now + item.timeout_us * 1000)
         self._arm_reaper()
         try:
             return await future
@@ -202,14 +156,14 @@ class SequenceBatcher:
             )
         return flags
 
-    def _start(self, correlation_id: CorrelationId, now_ns: int) -> _Sequence:
+    def _start(self, correlation_id: CorrelationId, now_ns: int) -> ActiveSequence:
         """A new sequence: bound to a free slot (least-loaded instance, lowest row), or
         into the backlog."""
-        sequence = _Sequence(correlation_id, now_ns)
+        sequence = ActiveSequence(correlation_id, now_ns)
         self._sequences[correlation_id] = sequence
         free = [
             slot
-            for instance in sorted(self._instances, key=_Instance.bound)
+            for instance in sorted(self._instances, key=Instance.bound)
             for slot in instance.slots
             if slot.sequence is None
         ]
@@ -219,11 +173,44 @@ class SequenceBatcher:
             self._backlog.append(sequence)
         return sequence
 
-    def _bind(self, slot: _Slot, sequence: _Sequence) -> None:
+    def _bind(self, slot: Slot, sequence: ActiveSequence) -> None:
         slot.sequence = sequence
         sequence.slot = slot
+        if sequence.expiry is not None:
+            sequence.expiry.cancel()
+            sequence.expiry = None
 
-    def _release(self, slot: _Slot) -> None:
+    def _arm_expiry(self, sequence: ActiveSequence, deadline_ns: int) -> None:
+        """A backlogged sequence times out with its earliest request timeout, as in
+        Triton: all its requests are then refused."""
+        if sequence.expiry_ns and sequence.expiry_ns <= deadline_ns:
+            return
+        sequence.expiry_ns = deadline_ns
+        if sequence.expiry is not None:
+            sequence.expiry.cancel()
+        delay_s = max(deadline_ns - time.monotonic_ns(), 0) / 1e9
+        loop = asyncio.get_running_loop()
+        sequence.expiry = loop.call_later(delay_s, self._expire, sequence)
+
+    def _expire(self, sequence: ActiveSequence) -> None:
+        sequence.expiry = None
+        if sequence.slot is not None or sequence not in self._backlog:
+            return
+        self._backlog.remove(sequence)
+        if self._sequences.get(sequence.id) is sequence:
+            del self._sequences[sequence.id]
+        error = ServerError(
+            ErrorCode.UNAVAILABLE, "timeout of the corresponding sequence has been expired"
+        )
+        while sequence.queue:
+            request = sequence.queue.popleft()
+            self._queued -= 1
+            self._pending -= 1
+            if not request.future.done():
+                request.future.set_exception(error)
+        self._check_drained()
+
+    def _release(self, slot: Slot) -> None:
         """Free a slot; the oldest sequence in the backlog takes it."""
         sequence = slot.sequence
         if sequence is not None:
@@ -238,7 +225,7 @@ class SequenceBatcher:
 
     # --- batches -------------------------------------------------------------------------
 
-    def _kick(self, instance: _Instance) -> None:
+    def _kick(self, instance: Instance) -> None:
         """If the instance is idle, form its next batch now, or arm a timer for when."""
         if instance.busy:
             return
@@ -258,7 +245,7 @@ class SequenceBatcher:
         ready = [slot for slot in ready if self._key(_head(slot)) == key]
         policy = self._policy
         wake_ns: int | None = None
-        rows: list[_Slot | None]
+        rows: list[Slot | None]
         if policy.strategy is Strategy.DIRECT:
             delay_ns = policy.max_queue_delay_us * 1000
             started = _head(oldest).item.enqueue_ns
@@ -288,14 +275,14 @@ class SequenceBatcher:
             return
         self._launch(instance, rows, now)
 
-    def _key(self, request: _Request) -> object:
+    def _key(self, request: Request) -> object:
         sequence_state = self._state_for(request)
         return (
             request.item.shape_key(),
             tuple((name, a.shape, a.dtype.str) for name, a in sequence_state.items()),
         )
 
-    def _state_for(self, request: _Request) -> dict[str, Array]:
+    def _state_for(self, request: Request) -> dict[str, Array]:
         """The implicit state a request runs with: its sequence's, or on START (or
         before the sequence has one) the initial state."""
         state = request.sequence.state
@@ -303,11 +290,11 @@ class SequenceBatcher:
             return {s.input_name: s.initial for s in self._policy.states}
         return state
 
-    def _launch(self, instance: _Instance, rows: list[_Slot | None], now: int) -> None:
+    def _launch(self, instance: Instance, rows: list[Slot | None], now: int) -> None:
         policy = self._policy
         lead = policy.batching
         template: WorkItem | None = None
-        batch: list[tuple[_Sequence | None, _Request | None, WorkItem]] = []
+        batch: list[tuple[ActiveSequence | None, Request | None, WorkItem]] = []
         for slot in rows:
             if slot is None or slot.sequence is None:
                 batch.append((None, None, WorkItem({}, 1)))
@@ -357,8 +344,8 @@ class SequenceBatcher:
 
     def _done(
         self,
-        instance: _Instance,
-        batch: list[tuple[_Sequence | None, _Request | None, WorkItem]],
+        instance: Instance,
+        batch: list[tuple[ActiveSequence | None, Request | None, WorkItem]],
         results: list[dict[str, Array]] | None,
         exc: BaseException | None,
     ) -> None:
@@ -456,6 +443,6 @@ class SequenceBatcher:
             self._drained.set()
 
 
-def _head(slot: _Slot) -> _Request:
+def _head(slot: Slot) -> Request:
     assert slot.sequence is not None
     return slot.sequence.queue[0]

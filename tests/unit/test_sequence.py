@@ -202,6 +202,27 @@ async def test_a_full_instance_puts_new_sequences_in_the_backlog_until_a_slot_fr
     assert [batch["CORRID"] for batch in model.batches] == [[7], [7], [8], [8]]
 
 
+async def test_a_backlogged_sequence_times_out_with_its_requests_timeout() -> None:
+    model = Accumulator(blocked=True)
+    b = batcher(config(mbs=1), model)
+    try:
+        running = send(b, req(1, 7, start=True))
+        assert await model.started() == 1
+        late = req(5, 8, start=True)
+        late.timeout_us = 20_000
+        waiting = send(b, late)
+        with pytest.raises(ServerError) as info:
+            await asyncio.wait_for(waiting, 10)
+        assert info.value.code is ErrorCode.UNAVAILABLE
+        assert info.value.message == "timeout of the corresponding sequence has been expired"
+        model.open()
+        assert await value(running) == 1
+        assert len(model.batches) == 1  # sequence 8 never ran
+    finally:
+        model.open()
+        await b.close(5.0)
+
+
 async def test_an_idle_sequence_loses_its_slot_and_must_start_again() -> None:
     model = Accumulator()
     b = batcher(config(mbs=1, idle_us=50_000), model)
