@@ -33,7 +33,7 @@ from .arrivals import ArrivalModel
 from .budgets import Budgets, budgeted_levels
 from .choice import Estimates, Plan, choose
 from .costmodel import CostModel
-from .decision import Answer, Arrived, BatchView, Event, Left, Take, WaitUntil
+from .decision import Answer, Arrived, BatchView, Event, Left, Ran, Take, WaitUntil
 from .policy import BatchPolicy
 
 # One batch in this many ignores the efficiency limit, so that large sizes stay measured.
@@ -42,8 +42,16 @@ EXPLORE_EVERY = 16
 # (behind the answers just given): saturated, batches go out full without asking the
 # controller, and a replay every few batches costs the loop less than a call per event.
 LOG_LIMIT = 64
+# Of the requests that ran alone and unseen (`Ran`), the cost model learns the execution
+# of one in this many, the first included: at low load that is every request, and
+# learning each one's cost would be a sizeable share of the loop's work per request; the
+# EWMA of a lone execution then follows a few dozen requests.
+ALONE_COST_EVERY = 8
 
-__all__ = ["EXPLORE_EVERY", "LOG_LIMIT", "AdaptiveController", "AdaptiveDecider", "Plan"]
+__all__ = [
+    "ALONE_COST_EVERY", "EXPLORE_EVERY", "LOG_LIMIT", "AdaptiveController", "AdaptiveDecider",
+    "Plan",
+]  # fmt: skip
 
 
 class AdaptiveController:
@@ -83,6 +91,9 @@ class AdaptiveController:
                 now_ns, leaving, size, duration_ns, bucket = event  # type: ignore[misc]
                 arrivals.record_departure(now_ns, leaving)
                 self.cost_for(bucket).record(size, duration_ns)
+            elif kind is Ran:
+                size, duration_ns, bucket = event  # type: ignore[misc]
+                self.cost_for(bucket).record(size, duration_ns)
             else:
                 arrivals.record_departure(*event)  # type: ignore[arg-type]
 
@@ -120,6 +131,20 @@ class AdaptiveController:
         if self._watched or limit < self._max_size:
             return False
         self._target = self._limit = self._max_size
+        self._window_ns = 0
+        return True
+
+    def sends_alone(self, queued: int, idle_slots: int, bucket: int = 0, arriving: int = 0) -> bool:
+        """For a request that found nothing queued and a slot idle: whether there is
+        nothing to wait for (no costs measured yet, another slot idle, or no client
+        outside to come back), so that plan() would send it at once; `arriving` samples
+        not yet recorded count as in the server. Answered without planning: at low load
+        this is every request. Records the decision for metrics as plan() does."""
+        arrivals = self.arrivals
+        outside = int(arrivals.peak) - arrivals.in_system - arriving
+        if self.cost_for(bucket).known and not idle_slots and outside > 0:
+            return False
+        self._target = queued
         self._window_ns = 0
         return True
 
@@ -226,16 +251,23 @@ class AdaptiveDecider:
     budget): an arrival then changes nothing, and the controller is not asked again."""
 
     immediate = True
-    __slots__ = ("_events", "_held", "_replay_queued", "controller")
+    __slots__ = ("_events", "_held", "_replay_queued", "controller", "unseen")
 
     def __init__(self, controller: AdaptiveController) -> None:
         self.controller = controller
+        # How many requests have run alone and unseen (Ran events).
+        self.unseen = 0
         self._events: list[Event] = []
         self._replay_queued = False
         # The plan held for the batch headed by a request (that request, the plan).
         self._held: tuple[object, Plan] | None = None
 
     def observe(self, event: Event) -> None:
+        if type(event) is Ran:
+            unseen = self.unseen
+            self.unseen = unseen + 1
+            if unseen % ALONE_COST_EVERY:
+                return
         events = self._events
         events.append(event)
         if len(events) >= LOG_LIMIT and not self._replay_queued:
@@ -256,8 +288,15 @@ class AdaptiveDecider:
         full = view.full
         if full and controller.sends_full(view.bucket):
             return Take(total)  # saturated: no plan to make, nothing to cap
-        held = self._held
         head = view.head
+        if head is None:
+            # A request that found nothing queued and a slot idle, asked at once.
+            self.catch_up()
+            if controller.sends_alone(total, view.idle_slots, view.bucket, view.unseen):
+                return Take(total)
+            if view.unseen:
+                return WaitUntil(now_ns)  # not alone: tell me of it, then ask again
+        held = self._held
         if held is not None and head is not None and held[0] is head:
             plan = held[1]
             if not full and not plan.due(total, now_ns):

@@ -13,8 +13,11 @@ unanswered, as typed events.
 
 One fast path: a request that finds nothing queued and a slot idle is decided at once, as
 a batch of one, when the decider allows it (the adaptive one does); if it goes, it takes
-the slot in the turn it arrived in, with no turn of the batch former in between. At low
-load that is every request.
+the slot in the turn it arrived in, with no turn of the batch former in between. A request
+that finds the server empty is asked about before the decider hears of its arrival, and
+if it goes alone it runs as the default scheduler would run it (`_run_alone`): no queue
+entry, and the decider learns only of its execution (`Ran`), unless another request
+arrives while it runs. At low load that is every request.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from ge_serve.server.errors import (
 
 from .adaptive import AdaptiveController, AdaptiveDecider
 from .batch import Shaper, execute_batch
-from .decision import Arrived, BatchView, Decider, Dropped, Left, Take, TritonRules
+from .decision import Arrived, BatchView, Decider, Dropped, Left, Ran, Take, TritonRules
 from .dispatch import ExecutorSlot, SlotPool
 from .former import BatchFormer
 from .policy import BatchPolicy
@@ -75,6 +78,8 @@ class DynamicBatcher:
         self._pending = 0
         self._running = 0  # batches executing
         self._adaptive = AdaptiveDecider(controller) if controller is not None else None
+        # The request running alone in an otherwise empty server, if any (_run_alone).
+        self._alone: _Alone | None = None
         self._decider: Decider = self._adaptive or TritonRules(policy)
         # Set once closing, when nothing is queued or running (close() waits for it).
         self._drained = asyncio.Event()
@@ -120,9 +125,26 @@ class DynamicBatcher:
         item.enqueue_ns = item.enqueue_ns or now
         future: asyncio.Future[dict[str, Array]] = loop.create_future()
         level = policy.level_for(item.priority)
-        entry = Entry(item, future, level, now, size, None)
-        if self._shaper is not None:
-            entry.bucket = self._shaper.assign(item)  # raises: it fits no bucket
+        bucket = self._shaper.assign(item) if self._shaper is not None else 0  # raises
+        pool = self._pool
+        if (
+            self._adaptive is not None
+            and self._alone is None
+            and not self._pending
+            and pool.idle_count
+            and not self._former.hold
+        ):
+            # Asked as it will be once this request holds a slot: one fewer idle.
+            view = BatchView(
+                (size,), now, level, size, pool.idle_count - 1, now, size >= policy.max_size,
+                None, bucket, size,
+            )  # fmt: skip
+            if type(self._decider.decide(view, now)) is Take:
+                slot = pool.try_acquire()
+                if slot is not None:
+                    self._run_alone(slot, item, future, now, size, level, bucket)
+                    return await future
+        entry = Entry(item, future, level, now, size, None, bucket=bucket)
         slot = self._admit(entry)  # raises "Exceeds maximum queue size"
         self._pending += 1
         if self._order is not None:
@@ -168,6 +190,8 @@ class DynamicBatcher:
         a turn later)."""
         decider = self._decider
         pool = self._pool
+        if self._alone is not None and not self._alone.logged:
+            self._log_alone(self._alone)  # it is no longer alone
         slot = None
         if decider.immediate and pool.idle_count and not self._queue and not self._former.hold:
             slot = pool.try_acquire()
@@ -191,6 +215,71 @@ class DynamicBatcher:
         # Nothing is queued, so the queue has room for it.
         self._enqueue(entry)
         return None
+
+    def _run_alone(
+        self,
+        slot: ExecutorSlot,
+        item: WorkItem,
+        future: asyncio.Future[dict[str, Array]],
+        now: int,
+        size: int,
+        level: int,
+        bucket: int,
+    ) -> None:
+        """Start a request that found the server empty, a slot idle and nothing worth
+        waiting for, on that slot at once, without queueing it.
+
+        At low load this is every request, so it is the unbatched path and must cost what
+        the default scheduler costs: no queue entry, and the decider is told only of its
+        execution. A request that arrives while it runs makes it part of the load: its
+        arrival is reported then (_log_alone), its departure as any other's. With nothing
+        else in the server, nothing can be answered out of order."""
+        alone = _Alone(now, size, level, bucket)
+        self._alone = alone
+        self._pending += 1
+        self._running += 1
+        item.timings.queue_ns = now - item.enqueue_ns
+        gears, batching, shaper = self._gears, self._batching, self._shaper
+        slot.run_then(
+            lambda executor: execute_batch(executor, [item], gears, batching, shaper, bucket),
+            lambda results, exc: self._alone_done(slot, alone, future, results, exc),
+        )
+
+    def _log_alone(self, alone: _Alone) -> None:
+        """Report the arrival of the request running alone, now that another arrives."""
+        alone.logged = True
+        self._decider.observe(Arrived(alone.arrive_ns, alone.size, alone.level))
+
+    def _alone_done(
+        self,
+        slot: ExecutorSlot,
+        alone: _Alone,
+        future: asyncio.Future[dict[str, Array]],
+        results: list[dict[str, Array]] | None,
+        exc: BaseException | None,
+    ) -> None:
+        self._running -= 1
+        self._pending -= 1
+        self._alone = None
+        self._pool.release(slot)
+        done_ns = time.monotonic_ns()
+        if exc is not None or results is None:
+            exc = exc or RuntimeError("the batch returned no results")
+            log.error("batch of %d failed on %s: %s", alone.size, slot.name, exc)
+            if alone.logged:
+                self._decider.observe(Dropped(done_ns, alone.size))
+            if not future.done():
+                future.set_exception(client_error(exc))
+        else:
+            # Priced by slot time, as in _batch_done.
+            duration = done_ns - alone.arrive_ns
+            if alone.logged:
+                self._decider.observe(Left(done_ns, alone.size, alone.size, duration, alone.bucket))
+            else:
+                self._decider.observe(Ran(alone.size, duration, alone.bucket))
+            if not future.done():
+                future.set_result(results[0])
+        self._check_drained()
 
     def _enqueue(self, entry: Entry) -> None:
         if self._shaper is not None:
@@ -293,6 +382,20 @@ class DynamicBatcher:
     def _check_drained(self) -> None:
         if self._closing and self._pending == 0 and not self._running:
             self._drained.set()
+
+
+class _Alone:
+    """A request running alone: when it arrived, its samples, level and bucket, and
+    whether its arrival has been reported to the decider."""
+
+    __slots__ = ("arrive_ns", "bucket", "level", "logged", "size")
+
+    def __init__(self, arrive_ns: int, size: int, level: int, bucket: int) -> None:
+        self.arrive_ns = arrive_ns
+        self.size = size
+        self.level = level
+        self.bucket = bucket
+        self.logged = False
 
 
 def _answer(entry: Entry) -> None:

@@ -15,10 +15,12 @@ preferred sizes and the maximum go at once, anything else once its oldest reques
 controller, which learns from the events. Both are pure enough to be unit-tested
 without an event loop: a view in, an answer out.
 
-The batcher's single fast path ("nothing queued and a slot idle: run now") asks the same
-`decide()` about the arriving request alone, when the decider allows it (`immediate`):
-the adaptive controller answers at once; Triton's rules keep the former's loop turn, in
-which requests submitted together batch together.
+The batcher's fast path ("nothing in the server and a slot idle: run now") asks the same
+`decide()` about the arriving request alone, when the decider allows it (`immediate`),
+before telling it of the arrival: a request that runs alone in an empty server is
+reported only by its execution (`Ran`), unless another arrives while it runs. The
+adaptive controller answers such a question from its estimates alone; Triton's rules
+keep the former's loop turn, in which requests submitted together batch together.
 """
 
 from __future__ import annotations
@@ -56,7 +58,17 @@ class Dropped(NamedTuple):
     size: int
 
 
-Event = Arrived | Left | Dropped
+class Ran(NamedTuple):
+    """A request ran alone for `duration_ns` (`size` samples, bucket `bucket`), its
+    arrival never observed: it found the server empty and left before anything else
+    arrived (the batcher's fast path)."""
+
+    size: int
+    duration_ns: int
+    bucket: int = 0
+
+
+Event = Arrived | Left | Dropped | Ran
 
 
 class BatchView(NamedTuple):
@@ -64,7 +76,10 @@ class BatchView(NamedTuple):
 
     `totals` holds the running sample count after each of those requests (so
     `totals[-1]` is what would go); `full` says the next request of that shape would not
-    fit, or the maximum is reached. `head` identifies the request heading the batch."""
+    fit, or the maximum is reached. `head` identifies the request heading the batch
+    (None: a request that found nothing queued, asked about at once). `unseen`: samples
+    in the view whose arrival the decider has not been told of (the fast path asks
+    before it tells)."""
 
     totals: Sequence[int]
     oldest_ns: int
@@ -75,6 +90,7 @@ class BatchView(NamedTuple):
     full: bool
     head: object = None
     bucket: int = 0
+    unseen: int = 0
 
     @property
     def queued(self) -> int:
