@@ -219,6 +219,7 @@ class SequenceBatcher:
         while self._backlog:
             waiting = self._backlog.popleft()
             if waiting.queue or self._sequences.get(waiting.id) is waiting:
+                waiting.last_ns = time.monotonic_ns()  # its idle time starts with its slot
                 self._bind(slot, waiting)
                 self._kick(slot.instance)
                 return
@@ -356,6 +357,7 @@ class SequenceBatcher:
         if exc is not None or results is None:
             exc = exc or RuntimeError("the batch returned no results")
             log.error("sequence batch failed on %s: %s", instance.executor.name, exc)
+        ended: list[Slot] = []
         for index, (sequence, request, _row) in enumerate(batch):
             if sequence is None or request is None:
                 continue
@@ -380,30 +382,37 @@ class SequenceBatcher:
                 if not request.future.done():
                     request.future.set_result(outputs)
             if request.flags.end and sequence.slot is not None:
-                self._release(sequence.slot)
+                ended.append(sequence.slot)
+        # Freed only now, so that a backlogged sequence taking a slot sees this batch's
+        # sequences as ready again.
+        for slot in ended:
+            self._release(slot)
         self._kick(instance)
         self._check_drained()
 
     # --- idle sequences ------------------------------------------------------------------
 
-    def _arm_reaper(self) -> None:
+    def _arm_reaper(self, delay_ns: int | None = None) -> None:
         if self._reaper is None:
-            delay_s = self._policy.idle_us / 1e6
+            delay_s = (self._policy.idle_us * 1000 if delay_ns is None else delay_ns) / 1e9
             self._reaper = asyncio.get_running_loop().call_later(delay_s, self._reap)
 
     def _reap(self) -> None:
-        """Free the slots of sequences idle for max_sequence_idle_microseconds."""
+        """Free the slots of sequences idle for max_sequence_idle_microseconds; look
+        again when the next one would be."""
         self._reaper = None
         now = time.monotonic_ns()
         idle_ns = self._policy.idle_us * 1000
-        waiting = False
+        next_ns: int | None = None
         for instance in self._instances:
             for slot in instance.slots:
                 sequence = slot.sequence
                 if sequence is None:
                     continue
-                if sequence.queue or sequence.running or now - sequence.last_ns < idle_ns:
-                    waiting = True
+                due_ns = sequence.last_ns + idle_ns
+                if sequence.queue or sequence.running or now < due_ns:
+                    due_ns = max(due_ns, now + 1_000_000)
+                    next_ns = due_ns if next_ns is None else min(next_ns, due_ns)
                     continue
                 log.info(
                     "sequence %s of model '%s' idle: its slot is freed",
@@ -413,8 +422,11 @@ class SequenceBatcher:
                 if self._sequences.get(sequence.id) is sequence:
                     del self._sequences[sequence.id]
                 self._release(slot)
-                waiting = waiting or slot.sequence is not None
-        if waiting or self._backlog:
+                if slot.sequence is not None:  # a backlogged sequence took it
+                    next_ns = now if next_ns is None else next_ns
+        if next_ns is not None:
+            self._arm_reaper(max(next_ns - now, 0) or idle_ns)
+        elif self._backlog:
             self._arm_reaper()
 
     # --- closing -------------------------------------------------------------------------
@@ -436,6 +448,9 @@ class SequenceBatcher:
         for instance in self._instances:
             if instance.timer is not None:
                 instance.timer.cancel()
+        for sequence in self._backlog:
+            if sequence.expiry is not None:
+                sequence.expiry.cancel()
         await self._pool.shutdown(error, drain_timeout_s, f"'{self._policy.model}'")
 
     def _check_drained(self) -> None:
