@@ -72,7 +72,9 @@ def fill_ns(more: int, potential: int, rate: float, outside_ns: float) -> float:
 def choose(now_ns: int, n: int, oldest_ns: int, limit: int, est: Estimates) -> Plan:
     """Plan the batch of `n` queued samples (the oldest enqueued at `oldest_ns`), never
     more than `limit`: the smallest larger batch near the best per-sample throughput
-    that fills in time, or, saturated, the quickest way to serve everyone; else now."""
+    that fills in time, or, saturated, the quickest way to serve everyone; else now.
+    The caller asks only when there is something to wait for: `n < limit` and
+    `est.potential > 0`."""
     send_now = Plan(min(n, limit), now_ns, limit)
     potential, rate, outside, cost_ns = est.potential, est.rate, est.outside_ns, est.cost_ns
     end_ns = oldest_ns + int(est.budget_ns)
