@@ -764,6 +764,44 @@ async def test_an_urgent_request_neither_waits_behind_nor_rides_in_a_long_batch(
         await batcher.close(5.0)
 
 
+async def test_after_any_traffic_the_controller_counts_an_empty_server_as_empty() -> None:
+    # A request cancelled in the queue, batches, lone requests: every arrival the
+    # controller hears of is matched by a departure, and a lone client's requests then
+    # run alone again, each on the slot in the turn it arrives in.
+    config = make_config(max_batch_size=4, parameters={"adaptive_batching": "true"})
+    fake = FakeExecutor("fake", blocked=True, cost_s=0.001)
+    batcher = make_batcher(config, [fake])
+
+    async def client(index: int) -> None:
+        for round_ in range(10):
+            await batcher.submit(item(index * 100 + round_))
+
+    try:
+        running = asyncio.ensure_future(batcher.submit(item(1)))
+        assert await fake.started() == 1
+        doomed = asyncio.ensure_future(batcher.submit(item(2)))
+        await queued(batcher, 1)
+        doomed.cancel()
+        await queued(batcher, 0)
+        assert batcher.pending == 1
+        fake.open()
+        await asyncio.wait_for(running, 10)
+        await asyncio.wait_for(asyncio.gather(*(client(i) for i in range(6))), 20)
+        assert batcher.adaptive_snapshot() is not None  # replays the log
+        controller = batcher.controller
+        assert controller is not None
+        assert controller.arrivals.in_system == 0 and max(fake.sizes) > 1
+        alone = 0
+        for value in range(20):
+            request = asyncio.ensure_future(batcher.submit(item(value)))
+            await asyncio.sleep(0)
+            alone += sum(batcher.queue_depths().values()) == 0
+            await request
+        assert alone >= 10
+    finally:
+        await batcher.close(5.0)
+
+
 class ScriptedPlans(AdaptiveController):
     """Answers every plan() with a wait for `target` samples, for 10 s, and notes what
     each call was asked: (samples queued, the head's level)."""
