@@ -139,7 +139,11 @@ class DynamicBatcher:
                 (size,), now, level, size, pool.idle_count - 1, now, size >= policy.max_size,
                 None, bucket, size,
             )  # fmt: skip
-            if type(self._decider.decide(view, now)) is Take:
+            try:
+                alone = type(self._decider.decide(view, now)) is Take
+            except Exception:
+                alone = False  # it queues; the former asks again, and answers if it fails
+            if alone:
                 slot = pool.try_acquire()
                 if slot is not None:
                     self._run_alone(slot, item, future, now, size, level, bucket)
