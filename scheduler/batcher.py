@@ -87,7 +87,7 @@ class DynamicBatcher:
         self._closing = False
         self._former = BatchFormer(
             self._queue, pool, policy, self._decider, self._launch, self._finish,
-            lambda: self._closing, delay_count,
+            lambda: self._closing, delay_count, shaper.max_batch if shaper is not None else None,
         )  # fmt: skip
         self._batching = policy.batching
 

@@ -26,12 +26,13 @@ slot thread pads (`merge`) and trims (`trim`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ge_serve.backends.base import ShapeBucket
+from ge_serve.backends.base import ShapeBucket, gear_for
 from ge_serve.protos import model_config_pb2
 from ge_serve.server.errors import invalid_arg
 
@@ -59,6 +60,14 @@ class Bucketing:
     batching: bool
     pad_values: Mapping[str, float] = field(default_factory=dict)
     trims: tuple[Trim, ...] = ()
+    # Per bucket, the batch sizes the executors run it at (backend gears that fix the
+    # batch dim, as ND gears do); empty: the model's batch gears, whatever the bucket.
+    batch_gears: tuple[tuple[int, ...], ...] = ()
+
+    def max_batch(self, bucket: int) -> int:
+        """The largest batch bucket `bucket` runs at; 0 when only the model limits it."""
+        gears = self.batch_gears[bucket - 1] if self.batch_gears else ()
+        return max(gears, default=0)
 
     def describe(self) -> str:
         """The buckets as a person reads them: `input_ids[16], attention_mask[16]; ...`."""
@@ -72,6 +81,9 @@ class Bucketing:
         naming the buckets, when none does."""
         lead = 1 if self.batching else 0
         for index, shape in enumerate(self.shapes):
+            largest = self.max_batch(index + 1)
+            if largest and item.batch_size > largest:
+                continue
             if all(
                 _holds(dims, item.inputs[name].shape[lead:])
                 for name, dims in shape.items()
@@ -118,6 +130,8 @@ class Bucketing:
         rows (a copy of the last row) up to `padded`; without batching, the one item
         padded into the bucket."""
         merged: dict[str, Array] = {}
+        if self.batching and self.max_batch(bucket):
+            padded = gear_for(total, self.batch_gears[bucket - 1])
         for name, first in items[0].inputs.items():
             dims = self.padded_dims(items[0], bucket, name)
             if not self.batching:
@@ -204,15 +218,26 @@ def bucketing_for(
                 f"model '{name}' has shape buckets from its backend (its gears); "
                 f"'{INPUTS_KEY}' and '{SIZES_KEY}' cannot be set as well"
             )
-        shapes = []
+        # One bucket per combination of non-batch dims, smallest first, with the batch
+        # sizes its gears fix (none when a gear leaves the batch dim free, -1).
+        by_dims: dict[tuple[tuple[str, tuple[int, ...]], ...], set[int]] = {}
         for bucket in shape_buckets:
-            shape = {
-                key: tuple(dims[1:] if batching else dims) for key, dims in bucket.shapes.items()
-            }
-            if shape not in shapes:
-                shapes.append(shape)
+            key = tuple(
+                (name, tuple(dims[1:] if batching else dims))
+                for name, dims in sorted(bucket.shapes.items())
+            )
+            batches = by_dims.setdefault(key, set())
+            if batching:
+                batches.update(dims[0] for dims in bucket.shapes.values())
+        ordered = sorted(by_dims, key=lambda k: (sum(math.prod(d) for _, d in k), k))
+        shapes = [dict(key) for key in ordered]
+        batch_gears = tuple(
+            () if not by_dims[key] or min(by_dims[key]) < 1 else tuple(sorted(by_dims[key]))
+            for key in ordered
+        )
     elif INPUTS_KEY in params or SIZES_KEY in params:
         shapes = _configured(name, params, inputs)
+        batch_gears = ()
     else:
         if PAD_KEY in params or TRIM_KEY in params:
             raise invalid_arg(
@@ -227,6 +252,7 @@ def bucketing_for(
         batching=batching,
         pad_values=_pad_values(name, params.get(PAD_KEY, ""), inputs),
         trims=_trims(name, params.get(TRIM_KEY), shapes, inputs, outputs, batching),
+        batch_gears=batch_gears,
     )
 
 

@@ -55,10 +55,13 @@ class BatchFormer:
         finish: Finish,
         closing: Callable[[], bool],
         delay_count: int = 0,
+        max_batch: Callable[[int], int] | None = None,
     ) -> None:
         self._queue = queue
         self._pool = pool
         self._policy = policy
+        # The largest batch of a shape bucket, when its gears fix it (0: no such limit).
+        self._max_batch = max_batch
         self._decider = decider
         self._launch = launch
         self._finish = finish
@@ -196,6 +199,8 @@ class BatchFormer:
             if not chosen:
                 key = entry.key
                 level = entry.level
+                if self._max_batch is not None:
+                    max_size = min(max_size, self._max_batch(entry.bucket) or max_size)
             elif entry.key != key:
                 skipped += 1
                 if skipped > SCAN_LIMIT:

@@ -64,6 +64,9 @@ class RaggedBatching:
     def assign(self, item: WorkItem) -> int:
         return 0
 
+    def max_batch(self, bucket: int) -> int:
+        return 0
+
     def key(self, item: WorkItem, bucket: int) -> tuple[object, ...]:
         """Requests batch when every input that is not ragged agrees in shape and dtype."""
         return tuple(

@@ -179,3 +179,28 @@ def test_configured_sizes_and_backend_gears_together_are_refused() -> None:
         build_scheduler(
             bucket_config(**NLP), LoadedModel(executors=[], shape_buckets=gears), SchedulerOptions()
         )
+
+
+async def test_nd_gears_that_fix_the_batch_cap_and_pad_each_bucket_to_its_own() -> None:
+    # GE ND gears "1,128;4,128;8,64": length 128 runs at batch 1 or 4, length 64 at 8.
+    fake = Recording()
+    gears = tuple(
+        ShapeBucket({"x": (b, n), "mask": (b, n)}) for b, n in ((1, 128), (4, 128), (8, 64))
+    )
+    batcher = batcher_for(bucket_config(), fake, shape_buckets=gears)
+    try:
+        blocker = asyncio.ensure_future(batcher.submit(seq(0, 128)))
+        assert await fake.started() == 1
+        long = [asyncio.ensure_future(batcher.submit(seq(1, 100))) for _ in range(5)]
+        short = [asyncio.ensure_future(batcher.submit(seq(2, 50))) for _ in range(3)]
+        await queued(batcher, 8)
+        fake.open()
+        results = await asyncio.wait_for(asyncio.gather(*long, *short), 10)
+        await blocker
+    finally:
+        fake.open()
+        await batcher.close(5.0)
+    # Never more than a bucket's largest batch; padded to one of its own batch sizes; the
+    # 50-token requests in the 64 bucket, though its gears list it after 128's first.
+    assert fake.shapes == [(1, 128), (4, 128), (1, 128), (8, 64)]
+    assert [r["y"].shape for r in results] == [(1, 100)] * 5 + [(1, 50)] * 3
