@@ -17,10 +17,10 @@ its own length.
 - bucketed: requests are padded up to the buckets (scheduler/buckets.py) and batch across
   lengths (on GE, the model is compiled for the bucket lengths only).
 
-On GE the shapes must be ND gears (`graph.ge.dynamicDims` with several values per gear),
-which the GE backend reports as the scheduler's shape buckets. `--backend onnxruntime`
-runs the same comparison on the host CPU with configured `bucket_sizes`, to check the
-suite where the GE backend does not compile ND gears.
+On GE the shapes are ND gears (`graph.ge.inputShape` with -1 dims, `graph.ge.dynamicDims`
+with one value per -1 dim in each gear), which the GE backend reports as the scheduler's
+shape buckets. `--backend onnxruntime` runs the same comparison on the host CPU with
+configured `bucket_sizes` instead.
 
 Each round runs both, in alternating order, for `--duration` seconds after `--warmup`.
 Reported per variant: infer/s (all lengths), p50 and p99 per length, pooled over rounds;
