@@ -14,6 +14,8 @@ import onnx
 
 from ge_serve.protos import model_config_pb2
 
+from .scheduled_io import fed_inputs, kept_outputs
+
 _ONNX_TO_CONFIG: dict[int, int] = {
     onnx.TensorProto.BOOL: model_config_pb2.TYPE_BOOL,
     onnx.TensorProto.UINT8: model_config_pb2.TYPE_UINT8,
@@ -100,8 +102,10 @@ def autocomplete_from_onnx(config: model_config_pb2.ModelConfig, path: Path) -> 
     if config.max_batch_size == 0 and can_batch and _config_dims_leave_batch(config, inputs):
         config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
     strip = 1 if config.max_batch_size > 0 else 0
-    _fill(config.input, inputs, strip)
-    _fill(config.output, outputs, strip)
+    # What the scheduler feeds or keeps is not the client's to send or see.
+    fed, kept = fed_inputs(config), kept_outputs(config)
+    _fill(config.input, [t for t in inputs if t.name not in fed], strip)
+    _fill(config.output, [t for t in outputs if t.name not in kept], strip)
 
 
 def _config_dims_leave_batch(

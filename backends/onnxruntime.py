@@ -17,6 +17,7 @@ from ge_serve.protos import model_config_pb2
 
 from .base import Array, LoadedModel, ModelSpec, SlotInfo
 from .onnx_io import autocomplete_from_onnx
+from .scheduled_io import fed_inputs
 from .warmup import run_warmup
 
 
@@ -202,6 +203,8 @@ def check_config(config: model_config_pb2.ModelConfig, session: ort.InferenceSes
         ("input", config.input, model_inputs),
         ("output", config.output, session.get_outputs()),
     )
+    flat = {entry.name for entry in config.input if entry.allow_ragged_batch}
+    flat.update(name for output in config.batch_output for name in output.target_name)
     for kind, entries, nodes in sides:
         by_name = {node.name: node for node in nodes}
         for entry in entries:
@@ -220,6 +223,8 @@ def check_config(config: model_config_pb2.ModelConfig, session: ort.InferenceSes
                 )
             dims = list(entry.reshape.shape) if entry.HasField("reshape") else list(entry.dims)
             configured = lead + dims
+            if entry.name in flat:
+                continue  # batched as one flat tensor: any rank goes (scheduler/ragged.py)
             shape = list(node.shape or [])
             if not shape:
                 continue
@@ -234,7 +239,7 @@ def check_config(config: model_config_pb2.ModelConfig, session: ort.InferenceSes
                     f"gives {configured} (max_batch_size {config.max_batch_size}"
                     f"{', with the batch dim first' if lead else ''})"
                 )
-    configured_inputs = {entry.name for entry in config.input}
+    configured_inputs = {entry.name for entry in config.input} | fed_inputs(config)
     missing = [node.name for node in model_inputs if node.name not in configured_inputs]
     if missing:
         raise ValueError(f"the model's input(s) {missing} are missing from the config")

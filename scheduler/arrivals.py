@@ -8,9 +8,8 @@ within one client turnaround, which an averaged rate cannot see: the clients see
 in the system now (the decayed peak in the system less those in it) come back spread over
 twice their mean time outside (Little's law on the outside). The faster of the two counts.
 
-`ArrivalModel` is the controller's copy, fed by the replay of the batcher's event log.
-`Presence` is the batcher's own count of who is in the system, kept as events happen, so
-that a lone request is decided without replaying the log first.
+`ArrivalModel` learns from the events the batcher reports (replayed in order by the
+controller); it is the only count of who is in the system.
 
 See docs/adaptive-batching.md for the design as a whole.
 """
@@ -18,7 +17,6 @@ See docs/adaptive-batching.md for the design as a whole.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 # Time constant of the rate estimators.
 RATE_TAU_NS = 500_000_000
@@ -36,57 +34,6 @@ PEAK_DECAY = 0.8
 DECAY_STEP_NS = 10_000_000
 # Weight of a new gap in a level's mean gap between requests.
 GAP_ALPHA = 0.2
-
-
-# What the batcher logs for the controller, replayed in order by AdaptiveController.record: an
-# arrival (when, samples, priority level), a batch leaving (when, samples leaving, batch
-# size, execution ns), or the execution of a request that ran alone and unseen (batch
-# size, execution ns; see DynamicBatcher._run_alone).
-Arrival = tuple[int, int, int]
-Departure = tuple[int, int, int, int]
-Execution = tuple[int, int]
-Event = Arrival | Departure | Execution
-
-
-class Presence:
-    """The samples in the system and their decayed peak (how many clients there are),
-    kept float for float as the controller's replay keeps them (ArrivalModel's `in_system`
-    and `peak`),
-    but updated by the batcher as each arrival and departure happens, and whether any
-    execution has been measured.
-
-    With it the batcher answers "is there anything to wait for?" for a request that finds
-    nothing queued and a slot idle without replaying the controller's log first: at one
-    client that is every request, and replaying each one's departure and arrival before
-    it could start, with the caches cold, was a measurable share of its whole path. The
-    log is replayed later, behind the answers."""
-
-    __slots__ = ("held", "measured", "peak")
-
-    def __init__(self) -> None:
-        self.held = 0
-        self.peak = 0.0
-        self.measured = False
-
-    def arrive(self, size: int) -> None:
-        held = self.held + size
-        self.held = held
-        if held > self.peak:
-            self.peak = float(held)
-
-    def leave(self, size: int, measured: bool) -> None:
-        """`size` samples left; `measured`: their execution is logged for the cost model."""
-        held = self.held
-        self.peak = max(self.peak * PEAK_DECAY, float(held))
-        self.held = held - min(size, held)
-        if measured:
-            self.measured = True
-
-    def nothing_to_wait_for(self, idle_slots: int, arriving: int = 0) -> bool:
-        """The controller's answer: no costs measured yet, another slot idle, or no
-        client outside to come back (see AdaptiveController._nothing_to_wait_for); with
-        `arriving` samples counted in the system as well (a request not yet counted)."""
-        return not self.measured or idle_slots > 0 or int(self.peak) <= self.held + arriving
 
 
 class ArrivalModel:
@@ -126,62 +73,6 @@ class ArrivalModel:
         self._gap_ns: dict[int, float] = {}
         # Only levels with a configured budget need their sightings (Budgets.urgent_active).
         self.watched = watched
-
-    def replay(self, events: Sequence[Event], start: int) -> int:
-        """record_arrival for each arrival in the run from `start`, with the state it
-        updates held in locals; returns where the run ends. Exactly record_arrival's
-        arithmetic, in the same order (a test compares the two bit for bit)."""
-        watched = self.watched
-        step_at = self._decayed_ns + DECAY_STEP_NS
-        last = self._last_ns
-        held = self.in_system
-        busy, idle, returns = self._busy_arrivals, self._idle_arrivals, self._returns
-        occupancy = self._occupancy
-        peak, peak_area, peak_ns = self.peak, self._peak_area, self._peak_ns
-        index, count = start, len(events)
-        while index < count:
-            event = events[index]
-            if len(event) != 3:
-                break
-            now_ns, size, level = event
-            if now_ns >= step_at:
-                # A decay step is due (or this is the first event): the plain call.
-                self._last_ns, self.in_system, self._occupancy = last, held, occupancy
-                self._busy_arrivals, self._idle_arrivals, self._returns = busy, idle, returns
-                self.peak, self._peak_area, self._peak_ns = peak, peak_area, peak_ns
-                self.record_arrival(now_ns, size, level)
-                step_at = self._decayed_ns + DECAY_STEP_NS
-                last = self._last_ns
-                held = self.in_system
-                busy, idle, returns = self._busy_arrivals, self._idle_arrivals, self._returns
-                occupancy = self._occupancy
-                peak, peak_area, peak_ns = self.peak, self._peak_area, self._peak_ns
-                index += 1
-                continue
-            if now_ns > last:
-                last = now_ns
-            else:
-                now_ns = last
-            if held:
-                busy += size
-            else:
-                idle += size
-                self._busy_since_ns = now_ns
-            occupancy -= size * now_ns
-            held += size
-            if held > peak:
-                peak_area += peak * (now_ns - peak_ns)
-                peak_ns = now_ns
-                peak = float(held)
-            else:
-                returns += size
-            if level in watched:
-                self._seen(now_ns, level)
-            index += 1
-        self._last_ns, self.in_system, self._occupancy = last, held, occupancy
-        self._busy_arrivals, self._idle_arrivals, self._returns = busy, idle, returns
-        self.peak, self._peak_area, self._peak_ns = peak, peak_area, peak_ns
-        return index
 
     def record_arrival(self, now_ns: int, size: int, level: int) -> None:
         # Per request: keep it to additions (the integrals are closed at plan time).
@@ -302,13 +193,3 @@ class ArrivalModel:
     def mean_gap_ns(self, level: int) -> float:
         """A `watched` level's mean gap between requests (0 before it has one)."""
         return self._gap_ns.get(level, 0.0)
-
-
-def fill_ns(more: int, potential: int, rate: float, outside_ns: float) -> float:
-    """Expected time until `more` requests arrive, with `potential` clients outside for
-    `outside_ns` on average: the faster of the busy-arrival rate and the clients' return
-    (evenly spread over twice their mean time outside)."""
-    by_rate = more / rate if rate > 0.0 else math.inf
-    if more > potential:
-        return by_rate
-    return min(by_rate, 2.0 * outside_ns * more / potential)

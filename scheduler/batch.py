@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -38,39 +39,86 @@ def merge_inputs(items: Sequence[WorkItem], total: int, padded: int) -> dict[str
     return merged
 
 
+class Shaper(Protocol):
+    """How a model's requests go into one batch and come back out, when not by plain
+    concatenation along the batch dim: shape buckets (buckets.py), ragged batching
+    (ragged.py). `bucket` is the batch's bucket (0: none)."""
+
+    def assign(self, item: WorkItem) -> int: ...
+
+    def max_batch(self, bucket: int) -> int: ...
+
+    def key(self, item: WorkItem, bucket: int) -> tuple[object, ...]: ...
+
+    def merge(
+        self, items: Sequence[WorkItem], bucket: int, total: int, padded: int
+    ) -> dict[str, Array]: ...
+
+    def split(
+        self, items: Sequence[WorkItem], bucket: int, outputs: dict[str, Array]
+    ) -> list[dict[str, Array]]: ...
+
+
 def execute_batch(
-    executor: Executor, items: Sequence[WorkItem], gears: Sequence[int], batching: bool
+    executor: Executor,
+    items: Sequence[WorkItem],
+    gears: Sequence[int],
+    batching: bool,
+    shaper: Shaper | None = None,
+    bucket: int = 0,
 ) -> list[dict[str, Array]]:
     """Run `items` as one execution and return each item's own outputs, in order.
 
-    An executor that takes requests (a RequestExecutor, such as a Python model's) gets
-    each item as its own request, in order, with nothing merged or padded.
+    With a `shaper`, it merges the items and splits the outputs. An executor that takes
+    requests (a RequestExecutor, such as a Python model's) gets each item as its own
+    request, in order, with nothing merged (each still shaped on its own, if a shaper
+    says so).
     """
     start = time.monotonic_ns()
     total = sum(item.batch_size for item in items)
     by_request = getattr(executor, "execute_requests", None)
     if by_request is not None:
-        requests = [ModelRequest(i.inputs, i.context or RequestContext()) for i in items]
+        requests = [
+            ModelRequest(
+                i.inputs
+                if shaper is None
+                else shaper.merge([i], bucket, i.batch_size, i.batch_size),
+                i.context or RequestContext(),
+            )
+            for i in items
+        ]
         ready = time.monotonic_ns()
         results: list[dict[str, Array]] = by_request(requests)
         done = time.monotonic_ns()
         if len(results) != len(items):
             raise RuntimeError(f"the executor answered {len(results)} of {len(items)} requests")
+        if shaper is not None:
+            results = [
+                shaper.split([i], bucket, r)[0] if r else r
+                for i, r in zip(items, results, strict=True)
+            ]
         _record(items, start, ready, done, time.monotonic_ns(), total)
         return results
-    inputs = merge_inputs(items, total, gear_for(total, gears)) if batching else items[0].inputs
+    if shaper is not None:
+        inputs = shaper.merge(items, bucket, total, gear_for(total, gears))
+    elif batching:
+        inputs = merge_inputs(items, total, gear_for(total, gears))
+    else:
+        inputs = items[0].inputs
     ready = time.monotonic_ns()
     outputs = executor.execute(inputs)
     done = time.monotonic_ns()
-    results = []
-    if batching:
+    if shaper is not None:
+        results = shaper.split(items, bucket, outputs)
+    elif batching:
+        results = []
         offset = 0
         for item in items:
             end = offset + item.batch_size
             results.append({name: value[offset:end] for name, value in outputs.items()})
             offset = end
     else:
-        results.append(outputs)
+        results = [outputs]
     _record(items, start, ready, done, time.monotonic_ns(), total)
     return results
 

@@ -6,10 +6,18 @@ batch goes and what it holds. The batch runs on the slot's thread; the results c
 to the loop through the slot's report callback, the slot goes straight back to the pool,
 and the batcher answers each request, in arrival order under `preserve_ordering`.
 
-In adaptive mode the batcher keeps the controller's event log (eventlog.py), and a
-request that finds the system empty, a slot idle and nothing worth waiting for skips all
-of that and runs on the slot at once, as the default scheduler would run it
-(`_run_alone`): at low load that is every request.
+The batcher owns the mechanism only. When a batch goes, and how large it is, is its
+decider's to say (decision.py): Triton's rules, or the adaptive controller. The batcher
+tells the decider of every arrival, every batch that leaves and every request dropped
+unanswered, as typed events.
+
+One fast path: a request that finds nothing queued and a slot idle is decided at once, as
+a batch of one, when the decider allows it (the adaptive one does); if it goes, it takes
+the slot in the turn it arrived in, with no turn of the batch former in between. A request
+that finds the server empty is asked about before the decider hears of its arrival, and
+if it goes alone it runs as the default scheduler would run it (`_run_alone`): no queue
+entry, and the decider learns only of its execution (`Ran`), unless another request
+arrives while it runs. At low load that is every request.
 """
 
 from __future__ import annotations
@@ -31,10 +39,10 @@ from ge_serve.server.errors import (
     request_timeout,
 )
 
-from .adaptive import AdaptiveController
-from .batch import execute_batch
+from .adaptive import AdaptiveController, AdaptiveDecider
+from .batch import Shaper, execute_batch
+from .decision import Arrived, BatchView, Decider, Dropped, Left, Ran, Take, TritonRules
 from .dispatch import ExecutorSlot, SlotPool
-from .eventlog import EventLog
 from .former import BatchFormer
 from .policy import BatchPolicy
 from .queue import Entry, EntryState, RequestQueue
@@ -53,10 +61,14 @@ class DynamicBatcher:
         gears: Sequence[int] = (),
         controller: AdaptiveController | None = None,
         delay_count: int = 0,
+        shaper: Shaper | None = None,
     ) -> None:
         """`delay_count` (TRITONSERVER_DELAY_SCHEDULER) holds batching until that many
-        requests are queued, once, so that tests can observe exact batches."""
+        requests are queued, once, so that tests can observe exact batches. With
+        `shaper`, requests are shaped into batches its way: padded into shape buckets
+        (buckets.py) or batched ragged (ragged.py)."""
         self._pool = pool
+        self._shaper = shaper
         self._policy = policy
         self._gears = tuple(gears)
         self.controller = controller
@@ -66,18 +78,16 @@ class DynamicBatcher:
         )
         self._pending = 0
         self._running = 0  # batches executing
-        # What the controller has not been told of yet, and who is in the system; its
-        # Presence is also read here, on submit's hot path, to decide a lone request.
-        self._events = EventLog(controller)
-        self._presence = self._events.presence
-        # The request running alone in an otherwise empty system, if any (see _run_alone).
+        self._adaptive = AdaptiveDecider(controller) if controller is not None else None
+        # The request running alone in an otherwise empty server, if any (_run_alone).
         self._alone: _Alone | None = None
+        self._decider: Decider = self._adaptive or TritonRules(policy)
         # Set once closing, when nothing is queued or running (close() waits for it).
         self._drained = asyncio.Event()
         self._closing = False
         self._former = BatchFormer(
-            self._queue, pool, policy, controller, self._events, self._launch, self._finish,
-            lambda: self._closing, delay_count,
+            self._queue, pool, policy, self._decider, self._launch, self._finish,
+            lambda: self._closing, delay_count, shaper.max_batch if shaper is not None else None,
         )  # fmt: skip
         self._batching = policy.batching
 
@@ -95,10 +105,10 @@ class DynamicBatcher:
         """The adaptive controller's estimates and latest decision (see
         AdaptiveController.snapshot), up to date with every logged event; None when the
         model does not batch adaptively."""
-        if self.controller is None:
+        if self._adaptive is None:
             return None
-        self._events.replay()
-        return self.controller.snapshot()
+        self._adaptive.catch_up()
+        return self._adaptive.controller.snapshot()
 
     async def submit(self, item: WorkItem) -> dict[str, Array]:
         if self._closing:
@@ -115,25 +125,31 @@ class DynamicBatcher:
         now = time.monotonic_ns()
         item.enqueue_ns = item.enqueue_ns or now
         future: asyncio.Future[dict[str, Array]] = loop.create_future()
-        controller = self.controller
+        level = policy.level_for(item.priority)
+        bucket = self._shaper.assign(item) if self._shaper is not None else 0  # raises
+        pool = self._pool
         if (
-            controller is not None
+            self._adaptive is not None
             and self._alone is None
-            and not self._presence.held
-            and self._pool.idle_count
-            and not self._queue
+            and not self._pending
+            and pool.idle_count
             and not self._former.hold
         ):
             # Asked as it will be once this request holds a slot: one fewer idle.
-            idle_after = self._pool.idle_count - 1
-            if self._presence.nothing_to_wait_for(idle_after, arriving=size):
-                slot = self._pool.try_acquire()
+            view = BatchView(
+                (size,), now, level, size, pool.idle_count - 1, now, size >= policy.max_size,
+                None, bucket, size,
+            )  # fmt: skip
+            try:
+                alone = type(self._decider.decide(view, now)) is Take
+            except Exception:
+                alone = False  # it queues; the former asks again, and answers if it fails
+            if alone:
+                slot = pool.try_acquire()
                 if slot is not None:
-                    controller.sent_alone(size)
-                    self._run_alone(slot, item, future, now, size)
+                    self._run_alone(slot, item, future, now, size, level, bucket)
                     return await future
-        level = policy.level_for(item.priority)
-        entry = Entry(item, future, level, now, size, None)
+        entry = Entry(item, future, level, now, size, None, bucket=bucket)
         slot = self._admit(entry)  # raises "Exceeds maximum queue size"
         self._pending += 1
         if self._order is not None:
@@ -173,47 +189,35 @@ class DynamicBatcher:
     # --- admission -----------------------------------------------------------------------
 
     def _admit(self, entry: Entry) -> ExecutorSlot | None:
-        """Queue a new request and log its arrival for the controller; or, in adaptive
-        mode, hand back an idle slot for it to run on alone at once.
-
-        A request that finds nothing queued and a slot idle, and that the controller would
-        send alone at once, takes that slot now: the batch former would decide the same a
-        loop turn later, after planning it in full. Static batching keeps the former's
-        turn, in which requests submitted together batch together."""
-        controller = self.controller
+        """Queue a new request, or hand back the idle slot it runs on at once: the fast
+        path, when nothing is queued, a slot is idle and the decider sends the request
+        alone (it is told of the arrival first, and asked as the batch former would ask
+        a turn later)."""
+        decider = self._decider
+        pool = self._pool
         if self._alone is not None and not self._alone.logged:
             self._log_alone(self._alone)  # it is no longer alone
         slot = None
-        if (
-            controller is not None
-            and self._pool.idle_count
-            and not self._queue
-            and not self._former.hold
-        ):
-            slot = self._pool.try_acquire()
-        if controller is None or slot is None:
-            self._enqueue(entry)
-            if controller is not None:
-                self._events.arrive(entry.enqueue_ns, entry.size, entry.level)
-                self._events.replay_when_full()
-            return None
-        # Nothing is queued, so the queue has room for it should it have to wait after all.
+        if decider.immediate and pool.idle_count and not self._queue and not self._former.hold:
+            slot = pool.try_acquire()
         now, size, level = entry.enqueue_ns, entry.size, entry.level
-        self._events.arrive(now, size, level)
-        idle = self._pool.idle_count
-        if self._presence.nothing_to_wait_for(idle):
-            # Sent alone whatever the controller's estimates say: they can wait for the
-            # next replay, behind this request.
-            controller.sent_alone(size)
-            return slot
-        self._events.replay()  # the controller plans with this arrival
+        if slot is None:
+            self._enqueue(entry)  # raises "Exceeds maximum queue size"
+            decider.observe(Arrived(now, size, level))
+            return None
+        decider.observe(Arrived(now, size, level))
+        view = BatchView(
+            (size,), now, level, size, pool.idle_count, now, size >= self._policy.max_size,
+            None, entry.bucket,
+        )  # fmt: skip
         try:
-            plan = controller.plan(now, size, now, level, idle, size, now)
+            answer = decider.decide(view, now)
         except Exception:
-            plan = None  # the former asks again, and answers its queue if it fails
-        if plan is not None and plan.due(size, now):
+            answer = None  # the former asks again, and answers its queue if it fails
+        if type(answer) is Take:
             return slot
-        self._pool.release(slot, executed=False)
+        pool.release(slot, executed=False)
+        # Nothing is queued, so the queue has room for it.
         self._enqueue(entry)
         return None
 
@@ -224,31 +228,32 @@ class DynamicBatcher:
         future: asyncio.Future[dict[str, Array]],
         now: int,
         size: int,
+        level: int,
+        bucket: int,
     ) -> None:
-        """Start a request that found the system empty, a slot idle and nothing worth
-        waiting for (adaptive mode), on that slot at once, without queueing it.
+        """Start a request that found the server empty, a slot idle and nothing worth
+        waiting for, on that slot at once, without queueing it.
 
         At low load this is every request, so it is the unbatched path and must cost what
-        the default scheduler costs: no queue entry, and the controller is not told of it,
-        only of its execution's cost. A request that arrives while it runs makes it part
-        of the load the controller sees: its arrival is logged then (_log_alone), its
-        departure as any other. With nothing else in the system, nothing can be answered
-        out of order."""
-        alone = _Alone(now, size, item.priority)
+        the default scheduler costs: no queue entry, and the decider is told only of its
+        execution. A request that arrives while it runs makes it part of the load: its
+        arrival is reported then (_log_alone), its departure as any other's. With nothing
+        else in the server, nothing can be answered out of order."""
+        alone = _Alone(now, size, level, bucket)
         self._alone = alone
         self._pending += 1
         self._running += 1
         item.timings.queue_ns = now - item.enqueue_ns
-        gears, batching = self._gears, self._batching
+        gears, batching, shaper = self._gears, self._batching, self._shaper
         slot.run_then(
-            lambda executor: execute_batch(executor, [item], gears, batching),
+            lambda executor: execute_batch(executor, [item], gears, batching, shaper, bucket),
             lambda results, exc: self._alone_done(slot, alone, future, results, exc),
         )
 
     def _log_alone(self, alone: _Alone) -> None:
-        """Log the arrival of the request running alone, now that another arrives."""
+        """Report the arrival of the request running alone, now that another arrives."""
         alone.logged = True
-        self._events.arrive(alone.arrive_ns, alone.size, self._policy.level_for(alone.priority))
+        self._decider.observe(Arrived(alone.arrive_ns, alone.size, alone.level))
 
     def _alone_done(
         self,
@@ -267,23 +272,24 @@ class DynamicBatcher:
             exc = exc or RuntimeError("the batch returned no results")
             log.error("batch of %d failed on %s: %s", alone.size, slot.name, exc)
             if alone.logged:
-                self._events.left_unlogged(alone.size)
+                self._decider.observe(Dropped(done_ns, alone.size))
             if not future.done():
-                future.set_exception(_client_error(exc))
+                future.set_exception(client_error(exc))
         else:
             # Priced by slot time, as in _batch_done.
             duration = done_ns - alone.arrive_ns
             if alone.logged:
-                self._events.batch_left(done_ns, alone.size, alone.size, duration)
+                self._decider.observe(Left(done_ns, alone.size, alone.size, duration, alone.bucket))
             else:
-                self._events.ran_unseen(alone.size, duration)
+                self._decider.observe(Ran(alone.size, duration, alone.bucket))
             if not future.done():
                 future.set_result(results[0])
-            self._events.replay_soon()
         self._check_drained()
 
     def _enqueue(self, entry: Entry) -> None:
-        if self._batching:
+        if self._shaper is not None:
+            entry.key = self._shaper.key(entry.item, entry.bucket)
+        elif self._batching:
             entry.key = entry.item.shape_key()  # only queued requests are compared
         self._queue.put(entry)  # raises "Exceeds maximum queue size"
 
@@ -296,10 +302,15 @@ class DynamicBatcher:
             entry.state = EntryState.RUNNING
             entry.item.timings.queue_ns = now - entry.item.enqueue_ns
             items.append(entry.item)
-        gears, batching = self._gears, self._batching
+        gears, batching, shaper, bucket = (
+            self._gears,
+            self._batching,
+            self._shaper,
+            batch[0].bucket,
+        )
         self._running += 1
         slot.run_then(
-            lambda executor: execute_batch(executor, items, gears, batching),
+            lambda executor: execute_batch(executor, items, gears, batching, shaper, bucket),
             lambda results, exc: self._batch_done(slot, batch, results, exc, now),
         )
 
@@ -318,10 +329,9 @@ class DynamicBatcher:
             exc = exc or RuntimeError("the batch returned no results")
             log.error("batch of %d failed on %s: %s", len(batch), slot.name, exc)
             for entry in batch:
-                self._finish(entry, error=_client_error(exc))
+                self._finish(entry, error=client_error(exc))
         else:
-            controller = self.controller
-            if controller is not None:
+            if self._adaptive is not None:
                 # The whole batch leaves at once: one departure, not one per request,
                 # logged like the arrivals; an arrival logged after it is replayed after it.
                 # The batch is priced by its slot time, from the hand-over to the slot
@@ -335,10 +345,11 @@ class DynamicBatcher:
                         leaving += entry.size
                 done_ns = time.monotonic_ns()
                 size = batch[0].item.timings.batch_size
-                self._events.batch_left(done_ns, leaving, size, done_ns - launched_ns)
+                self._decider.observe(
+                    Left(done_ns, leaving, size, done_ns - launched_ns, batch[0].bucket)
+                )
             for entry, result in zip(batch, results, strict=True):
                 self._finish(entry, result=result, departed=True)
-            self._events.replay_soon()
         self._check_drained()
 
     # --- answers -------------------------------------------------------------------------
@@ -362,8 +373,8 @@ class DynamicBatcher:
         entry.result = result
         entry.error = error
         self._pending -= 1
-        if self.controller is not None and not departed:
-            self._events.left_unlogged(entry.size)
+        if self._adaptive is not None and not departed:
+            self._decider.observe(Dropped(time.monotonic_ns(), entry.size))
         order = self._order
         if order is None or result is None:
             # Errors are answered at once, as Triton does for rejected requests.
@@ -379,15 +390,16 @@ class DynamicBatcher:
 
 
 class _Alone:
-    """A request running alone: when it arrived, its samples and priority, and whether
-    its arrival has been logged for the controller."""
+    """A request running alone: when it arrived, its samples, level and bucket, and
+    whether its arrival has been reported to the decider."""
 
-    __slots__ = ("arrive_ns", "logged", "priority", "size")
+    __slots__ = ("arrive_ns", "bucket", "level", "logged", "size")
 
-    def __init__(self, arrive_ns: int, size: int, priority: int) -> None:
+    def __init__(self, arrive_ns: int, size: int, level: int, bucket: int) -> None:
         self.arrive_ns = arrive_ns
         self.size = size
-        self.priority = priority
+        self.level = level
+        self.bucket = bucket
         self.logged = False
 
 
@@ -402,7 +414,7 @@ def _answer(entry: Entry) -> None:
     entry.result = None
 
 
-def _client_error(exc: BaseException) -> ServerError:
+def client_error(exc: BaseException) -> ServerError:
     """A fresh error per request (no two requests share one traceback), tagged as the
     model's execution failing."""
     if isinstance(exc, ServerError):

@@ -71,6 +71,12 @@ class Budgets:
         self._budgets: dict[int, float] = {}
         self._budgets_version = -1
 
+    def use(self, cost: CostModel) -> None:
+        """Price batches with `cost` from now on: the cost model of the bucket planned."""
+        if cost is not self._cost:
+            self._cost = cost
+            self._budgets_version = -1
+
     def budget_ns(self, level: int) -> int:
         """The level's latency budget: its own, else the model's scaled by level (level 1
         of L gets 1/L of it), else one derived from the unbatched execution time."""

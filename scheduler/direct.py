@@ -1,6 +1,7 @@
 """The default scheduler (no `dynamic_batching`): one request, one execution.
 
-Concurrency comes from the free slots; requests wait for a slot in arrival order.
+Concurrency comes from the free slots; requests wait for a slot in arrival order. With
+shape buckets or batch inputs, each request is shaped as its batch of one (batch.Shaper).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 
 from ge_serve.server.errors import SchedulerClosed
 
-from .batch import execute_batch
+from .batch import Shaper, execute_batch
 from .dispatch import SlotPool
 from .inflight import InFlight
 from .work import Array, WorkItem
@@ -20,8 +21,15 @@ log = logging.getLogger(__name__)
 
 
 class DirectScheduler:
-    def __init__(self, pool: SlotPool, gears: Sequence[int] = (), batching: bool = False) -> None:
+    def __init__(
+        self,
+        pool: SlotPool,
+        gears: Sequence[int] = (),
+        batching: bool = False,
+        shaper: Shaper | None = None,
+    ) -> None:
         self._pool = pool
+        self._shaper = shaper
         self._gears = tuple(gears)
         self._batching = batching
         self._in_flight = InFlight()
@@ -31,13 +39,15 @@ class DirectScheduler:
         return self._in_flight.pending
 
     async def submit(self, item: WorkItem) -> dict[str, Array]:
+        shaper = self._shaper
+        bucket = shaper.assign(item) if shaper is not None else 0  # raises: fits none
         with self._in_flight.request():
             item.enqueue_ns = item.enqueue_ns or time.monotonic_ns()
             slot = await self._pool.acquire()
             item.timings.queue_ns = time.monotonic_ns() - item.enqueue_ns
             gears, batching = self._gears, self._batching
             results = await self._pool.run_on_slot(
-                slot, lambda ex: execute_batch(ex, [item], gears, batching)
+                slot, lambda ex: execute_batch(ex, [item], gears, batching, shaper, bucket)
             )
             return results[0]
 

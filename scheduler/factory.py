@@ -1,7 +1,9 @@
 """Builds each loaded model version's scheduler from its config.
 
-No `dynamic_batching`: one request, one execution (DirectScheduler). Otherwise the dynamic
-batcher, with the adaptive controller when the model or the server opts in.
+`sequence_batching`: the sequence batcher (SequenceBatcher). No `dynamic_batching`: one
+request, one execution (DirectScheduler). Otherwise the dynamic batcher, with the
+adaptive controller when the model or the server opts in. A scheduling block that cannot
+be honoured fails the load with its reason.
 """
 
 from __future__ import annotations
@@ -12,13 +14,20 @@ from dataclasses import dataclass
 
 from ge_serve.backends.base import LoadedModel
 from ge_serve.protos import model_config_pb2
+from ge_serve.server.errors import invalid_arg
 
 from .adaptive import AdaptiveController
 from .base import Scheduler
+from .batch import Shaper
 from .batcher import DynamicBatcher
+from .buckets import KEYS as BUCKET_KEYS
+from .buckets import bucketing_for
 from .direct import DirectScheduler
 from .dispatch import ExecutorSlot, SlotPool
 from .policy import BatchPolicy
+from .ragged import ragged_for
+from .sequence import SequenceBatcher
+from .sequence_config import SequencePolicy
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +61,32 @@ def build_scheduler(
 ) -> Scheduler:
     """Raises ServerError(INVALID_ARG) for a policy that cannot work, before any slot
     thread starts, so the load fails cleanly."""
+    if config.HasField("sequence_batching"):
+        return _sequence_batcher(config, loaded)
+    buckets = bucketing_for(config, loaded.shape_buckets)
+    ragged = ragged_for(config)
+    shaper: Shaper | None = buckets or ragged
+    if buckets is not None:
+        log.info("model '%s': shape buckets %s", config.name, buckets.describe())
+        if ragged is not None:
+            raise invalid_arg(
+                f"model '{config.name}': shape buckets cannot be combined with ragged "
+                "batching (allow_ragged_batch, batch_input, batch_output)"
+            )
+    if ragged is not None:
+        if loaded.gears:
+            raise invalid_arg(
+                f"model '{config.name}': ragged batching cannot pad to the executor's batch "
+                f"gears {list(loaded.gears)}"
+            )
+        if loaded.per_request and (ragged.batch_inputs or ragged.batch_outputs):
+            raise invalid_arg(
+                f"model '{config.name}': batch_input and batch_output need a backend that "
+                "takes merged batches; this model's backend takes requests one by one"
+            )
     if not config.HasField("dynamic_batching"):
         pool = SlotPool([ExecutorSlot(executor) for executor in loaded.executors])
-        return DirectScheduler(pool, loaded.gears, batching=config.max_batch_size > 0)
+        return DirectScheduler(pool, loaded.gears, config.max_batch_size > 0, shaper)
     policy = BatchPolicy.from_config(config, loaded.gears, options.adaptive_batching)
     controller = AdaptiveController(policy, loaded.gears) if policy.adaptive else None
     if controller is not None:
@@ -72,4 +104,26 @@ def build_scheduler(
             DELAY_SCHEDULER_ENV,
         )
     pool = SlotPool([ExecutorSlot(executor) for executor in loaded.executors])
-    return DynamicBatcher(pool, policy, loaded.gears, controller, options.delay_count)
+    return DynamicBatcher(pool, policy, loaded.gears, controller, options.delay_count, shaper)
+
+
+def _sequence_batcher(config: model_config_pb2.ModelConfig, loaded: LoadedModel) -> Scheduler:
+    policy = SequencePolicy.from_config(config)
+    if loaded.shape_buckets or any(key in config.parameters for key in BUCKET_KEYS):
+        raise invalid_arg(
+            f"model '{config.name}': shape buckets cannot be combined with sequence batching"
+        )
+    if ragged_for(config) is not None:
+        raise invalid_arg(
+            f"model '{config.name}': ragged batching (allow_ragged_batch, batch_input, "
+            "batch_output) cannot be combined with sequence batching"
+        )
+    log.info(
+        "model '%s': sequence batching (%s), %d slots per instance, idle after %d us",
+        config.name,
+        policy.strategy.value,
+        policy.slots_per_instance,
+        policy.idle_us,
+    )
+    pool = SlotPool([ExecutorSlot(executor) for executor in loaded.executors])
+    return SequenceBatcher(pool, policy, loaded.gears)

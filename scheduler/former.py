@@ -2,11 +2,11 @@
 
 It waits for a first request, then for an idle slot, and only then forms the batch:
 requests keep piling up while every slot is busy, so batches grow with load on their own.
-With a slot in hand it applies Triton's rules (a preferred size or the maximum goes at
-once; otherwise the batch waits until its oldest request is `max_queue_delay_microseconds`
-old), or asks the adaptive controller for a target size and a window, and keeps that plan
-while it holds (AdaptiveController.plan_holds). The batch follows the queue's order
-(priority, then arrival) and takes only requests of the head's shape.
+With a slot in hand it describes the batch that could go now (a `BatchView`: the queue's
+leading requests of the head's shape, in the queue's order of priority, then arrival)
+and asks the decider (decision.py) whether it goes. A `WaitUntil` with a target holds
+until that many samples are queued behind the same head or its deadline passes; the
+former then sleeps without asking again.
 
 The DynamicBatcher owns the former; it hands each batch back through `launch`.
 """
@@ -22,9 +22,8 @@ from typing import Protocol
 
 from ge_serve.server.errors import ErrorCode, ServerError
 
-from .adaptive import AdaptiveController, Plan
+from .decision import BatchView, Decider, Take, WaitUntil
 from .dispatch import ExecutorSlot, SlotPool
-from .eventlog import EventLog
 from .policy import BatchPolicy
 from .queue import Entry, RequestQueue
 
@@ -51,31 +50,28 @@ class BatchFormer:
         queue: RequestQueue,
         pool: SlotPool,
         policy: BatchPolicy,
-        controller: AdaptiveController | None,
-        events: EventLog,
+        decider: Decider,
         launch: Callable[[ExecutorSlot, list[Entry]], None],
         finish: Finish,
         closing: Callable[[], bool],
         delay_count: int = 0,
+        max_batch: Callable[[int], int] | None = None,
     ) -> None:
         self._queue = queue
         self._pool = pool
         self._policy = policy
-        self.controller = controller
-        self._events = events
+        # The largest batch of a shape bucket, when its gears fix it (0: no such limit).
+        self._max_batch = max_batch
+        self._decider = decider
         self._launch = launch
         self._finish = finish
         self._closing = closing
         # Requests to wait for before the first batch (delay_count); 0 once reached.
         self.hold = max(delay_count, 0)
-        # The plan for the batch forming on the slot in hand, with the request heading it,
-        # while the controller's plans for that head hold (AdaptiveController.plan_holds).
-        self._held: tuple[Entry, Plan] | None = None
+        # The held answer for the batch forming on the slot in hand, with its head.
+        self._held: tuple[Entry, WaitUntil] | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Future[None] | None = None
-        self._max_delay_ns = policy.max_queue_delay_us * 1000
-        self._preferred = frozenset(policy.preferred_sizes)
-        self._max_preferred = max(policy.preferred_sizes, default=policy.max_size)
 
     def queued(self) -> None:
         """A request was queued: start the former if it is not running, and wake it."""
@@ -163,11 +159,11 @@ class BatchFormer:
                 and queue.samples < held[1].target
                 and queue.first() is held[0]
             ):
-                # Still short of the held plan's target, with the same head: what
-                # _plan would answer, without going through the queue.
+                # Still short of the held target, with the same head: what the decider
+                # would answer, without going through the queue.
                 await self._sleep(held[1].deadline_ns)
                 continue
-            batch, wake_ns = self._plan(now, idle_since)
+            batch, wake_ns = self._decide(now, idle_since)
             if batch:
                 self._held = None
                 for entry in batch:
@@ -177,24 +173,22 @@ class BatchFormer:
         self._held = None
         return []
 
-    def _plan(self, now: int, idle_since: int) -> tuple[list[Entry], int | None]:
+    def _decide(self, now: int, idle_since: int) -> tuple[list[Entry], int | None]:
         """The batch to send now, or nothing and when to look again (`idle_since`: when
         the slot in hand was taken).
 
-        The batch follows the queue's order (priority, then arrival), starting from its
-        first request and taking only requests of the same shape, up to the largest size
-        the model can run.
+        The candidates follow the queue's order (priority, then arrival), starting from
+        its first request and taking only requests of the same shape, up to the largest
+        size the model can run.
         """
-        policy = self._policy
-        max_size = policy.max_size
+        max_size = self._policy.max_size
         chosen: list[Entry] = []
+        totals: list[int] = []
         cancelled: list[Entry] = []
         total = 0
-        best = 0  # how many of `chosen` make the best preferred size
         full = False
         skipped = 0
         key: object = None
-        target = self._max_preferred
         oldest = now
         level = 0
         head = 0  # samples of the head's own level
@@ -205,6 +199,8 @@ class BatchFormer:
             if not chosen:
                 key = entry.key
                 level = entry.level
+                if self._max_batch is not None:
+                    max_size = min(max_size, self._max_batch(entry.bucket) or max_size)
             elif entry.key != key:
                 skipped += 1
                 if skipped > SCAN_LIMIT:
@@ -213,16 +209,13 @@ class BatchFormer:
             if total + entry.size > max_size:
                 full = True
                 break
-            if chosen and best == 0 and total + entry.size > target and self._preferred:
-                best = len(chosen)
             chosen.append(entry)
             total += entry.size
+            totals.append(total)
             if entry.enqueue_ns < oldest:
                 oldest = entry.enqueue_ns
             if entry.level == level:
                 head += entry.size
-            if total in self._preferred:
-                best = len(chosen)
             if total >= max_size:
                 full = True
                 break
@@ -231,37 +224,16 @@ class BatchFormer:
                 self._finish(entry)
         if not chosen:
             return [], None
-        controller = self.controller
-        if controller is not None:
-            if full and controller.sends_full():
-                return chosen, None  # saturated: no plan to make, nothing to cap
-            held = self._held
-            if (
-                held is not None
-                and held[0] is chosen[0]
-                and not full
-                and not held[1].due(total, now)
-            ):
-                return [], held[1].deadline_ns
-            # A new head, or the held plan's target reached or its deadline passed: plan
-            # again (on reaching its target, with more queued than planned, the controller
-            # may find a larger batch worth the rest of the wait).
-            self._events.catch_up()
-            plan = controller.plan(
-                now, total, oldest, level, self._pool.idle_count, head, idle_since
-            )
-            self._held = (chosen[0], plan) if controller.plan_holds(level) else None
-            if full or plan.due(total, now):
-                # The target is what to wait for; the limit caps what goes.
-                return _fit(chosen, plan.limit), None
-            return [], plan.deadline_ns
-        window = self._max_delay_ns
-        expired = window > 0 and now - oldest >= window
-        if best and not expired:
-            return chosen[:best], None
-        if full or total >= target or window == 0 or expired:
-            return chosen, None
-        return [], oldest + window
+        view = BatchView(
+            totals, oldest, level, head, self._pool.idle_count, idle_since, full,
+            chosen[0], chosen[0].bucket,
+        )  # fmt: skip
+        answer = self._decider.decide(view, now)
+        if type(answer) is Take:
+            return _fit(chosen, answer.samples), None
+        assert isinstance(answer, WaitUntil)
+        self._held = (chosen[0], answer) if answer.target else None
+        return [], answer.deadline_ns
 
 
 def _fit(chosen: list[Entry], limit: int) -> list[Entry]:

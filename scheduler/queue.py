@@ -39,6 +39,8 @@ class Entry:
     size: int
     key: Any
     deadline_ns: int = 0
+    # The shape bucket the request is padded to (0 for a model without buckets).
+    bucket: int = 0
     delayed: bool = False
     state: EntryState = EntryState.QUEUED
     timer: asyncio.TimerHandle | None = None

@@ -9,6 +9,8 @@ import numpy.typing as npt
 
 from ge_serve.backends.base import RequestContext
 
+from .correlation import SequenceFlags
+
 Array = npt.NDArray[Any]
 
 
@@ -44,6 +46,8 @@ class WorkItem:
     timings: Timings = field(default_factory=Timings)
     # Set for models whose executors take requests one by one (LoadedModel.per_request).
     context: RequestContext | None = None
+    # The request's correlation ID and START / END flags, when it names a sequence.
+    sequence: SequenceFlags | None = None
 
     def shape_key(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
         """Items merge into one batch only when all non-batch dims and dtypes agree."""

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ge_serve.scheduler.correlation import sequence_flags
 from ge_serve.scheduler.work import Array, WorkItem
 
 from .errors import ErrorCode, ServerError, invalid_arg
@@ -95,11 +96,23 @@ def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
         )
     for requested in request.outputs:
         _check_output(requested, model)
+    sequence = sequence_flags(request.parameters)
+    if (
+        sequence is not None
+        and (sequence.in_sequence or sequence.start or sequence.end)
+        and not model.config.HasField("sequence_batching")
+    ):
+        raise invalid_arg(
+            f"inference request to model '{model.name}' names sequence "
+            f"{sequence.id_text()}, but the model has no sequence_batching; send it without "
+            "'sequence_id', 'sequence_start' and 'sequence_end'"
+        )
     return WorkItem(
         inputs=arrays,
         batch_size=batch_size if mbs > 0 else 1,
         priority=request.priority,
         timeout_us=request.timeout_us,
+        sequence=sequence,
     )
 
 

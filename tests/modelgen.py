@@ -59,6 +59,41 @@ def identity_model(
     return _model(graph)
 
 
+def simple_sequence_model() -> onnx.ModelProto:
+    """Triton's docs example `simple_sequence` (docs/examples/model_repository): INT32
+    INPUT, START and READY, each [N, 1]; OUTPUT = READY * (INPUT + START)."""
+    nodes = [
+        helper.make_node("Add", ["INPUT", "START"], ["sum"]),
+        helper.make_node("Mul", ["READY", "sum"], ["OUTPUT"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "simple_sequence",
+        [
+            helper.make_tensor_value_info(n, TensorProto.INT32, ["N", 1])
+            for n in ("INPUT", "START", "READY")
+        ],
+        [helper.make_tensor_value_info("OUTPUT", TensorProto.INT32, ["N", 1])],
+    )
+    return _model(graph)
+
+
+SIMPLE_SEQUENCE_CONFIG = """
+name: "simple_sequence"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+sequence_batching {
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] }
+  ]
+}
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU } ]
+"""
+
+
 def add_sub_model(
     dims: Sequence[Dim] = ("batch", 4), elem_type: int = TensorProto.FLOAT
 ) -> onnx.ModelProto:

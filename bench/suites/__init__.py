@@ -62,6 +62,11 @@ SUITES: tuple[Suite, ...] = (
         "under a minute: proves server, perf_analyzer and raw onnxruntime work together",
     ),
     Suite(
+        "buckets",
+        "bench.suites.buckets",
+        "shape-bucketed against exact-shape batching, BERT-sized, mixed lengths, sim NPU",
+    ),
+    Suite(
         "embeddings",
         "bench.suites.embeddings",
         "the minilm pipeline: sentences/s at c=1 and 16, batching on and off, time-shared",

@@ -64,6 +64,8 @@ class _Loaded:
     def __init__(self) -> None:
         self.executors = [EchoExecutor()]
         self.gears: tuple[int, ...] = ()
+        self.shape_buckets: tuple[object, ...] = ()
+        self.per_request = False
 
 
 def config_for(name: str) -> model_config_pb2.ModelConfig:

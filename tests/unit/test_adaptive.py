@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import pytest
 from fake_executor import FakeExecutor, item, make_batcher, make_config, queued
 
-from ge_serve.scheduler.adaptive import NEAR_BEST, AdaptiveController, Plan
-from ge_serve.scheduler.arrivals import DECAY_STEP_NS, Arrival, Departure, Presence
+from ge_serve.scheduler.adaptive import LOG_LIMIT, AdaptiveController
+from ge_serve.scheduler.arrivals import DECAY_STEP_NS
 from ge_serve.scheduler.batcher import DynamicBatcher
+from ge_serve.scheduler.choice import NEAR_BEST, Plan
 from ge_serve.scheduler.costmodel import COST_ALPHA
+from ge_serve.scheduler.decision import Arrived, Dropped, Event, Left
 from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
-from ge_serve.scheduler.eventlog import LOG_LIMIT
 from ge_serve.scheduler.policy import BatchPolicy
 from ge_serve.server.errors import ErrorCode, ServerError
 
@@ -418,58 +420,45 @@ def test_new_clients_are_not_taken_for_returning_ones() -> None:
     assert sends_now(c.plan(now, 1, now - 360 * MS, 0, 0, idle_since_ns=now), now)
 
 
-def state(c: AdaptiveController) -> dict[str, object]:
-    """Every field of the controller and of the parts it owns (each part once)."""
-    parts = {"cost": c.cost, "arrivals": c.arrivals, "budgets": c.budgets}
-    fields: dict[str, object] = {}
-    for prefix, obj in {"": c, **parts}.items():
-        for name in type(obj).__slots__:
-            value = getattr(obj, name)
-            if not any(value is part for part in parts.values()):
-                fields[f"{prefix}.{name}"] = value
-    return fields
-
-
-def test_a_replayed_log_leaves_the_state_that_calls_one_by_one_leave() -> None:
-    # The batcher logs arrivals and replays them in bulk; the replay must compute exactly
-    # what record_arrival/record_departure/record_execution compute, float for float.
+def test_a_replayed_log_decides_as_events_told_one_by_one() -> None:
+    # The batcher's decider logs events and replays them in bulk; what the controller
+    # then decides must be what it decides when told of each event as it happens.
     # Two levels, one with a configured budget (its sightings are tracked); time runs
     # forward with gaps below and beyond a decay step, and now and then backwards.
-    # The batcher's Presence, told of each event as it happens, keeps the same count and
-    # peak, and so gives the controller's answer to "anything to wait for?" at any time.
     rng = random.Random(5)
     kwargs = {"levels": 2, "default_level": 2, "adaptive_latency_budget_us__1": "4000"}
     replayed, called = controller(**kwargs), controller(**kwargs)
-    presence = Presence()
     now, held = T0, 0
-    events: list[Arrival | Departure] = []
-    answers: set[bool] = set()
+    events: list[Event] = []
+    plans: set[bool] = set()
     for _ in range(3000):
         now += rng.choice((0, 1_000, 50_000, 400_000, DECAY_STEP_NS + 7, -3_000))
+        event: Event
         if held and rng.random() < 0.3:
             leaving = rng.randint(1, held)
             held -= leaving
-            event: Arrival | Departure = (now, leaving, rng.randint(1, 8), rng.randint(1, 9) * MS)
+            event = Left(now, leaving, rng.randint(1, 8), rng.randint(1, 9) * MS)
             called.record_departure(now, leaving)
-            called.record_execution(event[2], event[3])
-            presence.leave(leaving, True)
+            called.record_execution(event.size, event.duration_ns)
+        elif held and rng.random() < 0.05:
+            held -= 1
+            event = Dropped(now, 1)
+            called.record_departure(now, 1)
         else:
-            event = (now, rng.randint(1, 3), rng.choice((1, 2, 2)))
-            held += event[1]
+            event = Arrived(now, rng.randint(1, 3), rng.choice((1, 2, 2)))
+            held += event.size
             called.record_arrival(*event)
-            presence.arrive(event[1])
         events.append(event)
-        assert (presence.held, presence.peak) == (called.arrivals.in_system, called.arrivals.peak)
-        for idle in (0, 1):
-            answer = presence.nothing_to_wait_for(idle)
-            assert answer == called._nothing_to_wait_for(idle)
-            answers.add(answer)
         if rng.random() < 0.1:
             replayed.record(events)
             events.clear()
+            for level in (1, 2):
+                asked = (now, 2, now - 100_000, level, 0, 1, now)
+                plan = replayed.plan(*asked)
+                assert plan == called.plan(*asked)
+                plans.add(sends_now(plan, now))
     replayed.record(events)
-    assert answers == {True, False}
-    assert state(replayed) == state(called)
+    assert plans == {True, False}
     assert replayed.snapshot() == called.snapshot()
     assert held > 0 and replayed.snapshot()["peak_in_system"] > 1
 
@@ -530,10 +519,9 @@ async def test_a_request_running_alone_joins_the_load_once_another_arrives() -> 
         results = await asyncio.wait_for(asyncio.gather(first, second), 10)
         assert [r["y"].tolist() for r in results] == [[[2.0] * 4], [[4.0] * 4]]
         batcher.adaptive_snapshot()
-        controller, presence = batcher.controller, batcher._presence
+        controller = batcher.controller
         assert controller is not None
-        assert presence.held == controller.arrivals.in_system == 0
-        assert presence.peak == controller.arrivals.peak
+        assert controller.arrivals.in_system == 0
     finally:
         await batcher.close(5.0)
 
@@ -565,11 +553,15 @@ async def test_requests_run_alone_again_once_a_burst_has_passed() -> None:
         await queued(batcher, 3)
         fake.open()
         await asyncio.wait_for(asyncio.gather(*burst), 10)
-        before = batcher._events.unseen
+        alone = 0
         for value in range(20):
-            await batcher.submit(item(value))  # not wait_for: no extra turn in between
+            request = asyncio.ensure_future(batcher.submit(item(value)))
+            await asyncio.sleep(0)  # one turn: submit() has run up to its answer
+            # Already on the slot, never queued: it runs alone at once.
+            alone += sum(batcher.queue_depths().values()) == 0
+            await request  # not wait_for: no extra turn in between
         assert batcher.adaptive_snapshot()["peak_in_system"] < 2
-        assert batcher._events.unseen - before >= 10
+        assert alone >= 10
     finally:
         await batcher.close(5.0)
 
@@ -772,11 +764,10 @@ async def test_an_urgent_request_neither_waits_behind_nor_rides_in_a_long_batch(
         await batcher.close(5.0)
 
 
-async def test_the_batchers_presence_follows_every_arrival_and_departure() -> None:
-    # The batcher decides lone requests from its Presence, told of each arrival and
-    # departure as it happens, while the controller hears of them when the log is
-    # replayed. After any traffic (a request cancelled in the queue, batches, lone
-    # requests), the two must agree once the log is replayed.
+async def test_after_any_traffic_the_controller_counts_an_empty_server_as_empty() -> None:
+    # A request cancelled in the queue, batches, lone requests: every arrival the
+    # controller hears of is matched by a departure, and a lone client's requests then
+    # run alone again, each on the slot in the turn it arrives in.
     config = make_config(max_batch_size=4, parameters={"adaptive_batching": "true"})
     fake = FakeExecutor("fake", blocked=True, cost_s=0.001)
     batcher = make_batcher(config, [fake])
@@ -796,17 +787,17 @@ async def test_the_batchers_presence_follows_every_arrival_and_departure() -> No
         fake.open()
         await asyncio.wait_for(running, 10)
         await asyncio.wait_for(asyncio.gather(*(client(i) for i in range(6))), 20)
-        for value in range(3):
-            await batcher.submit(item(value))  # lone requests, one client
         assert batcher.adaptive_snapshot() is not None  # replays the log
-        controller, presence = batcher.controller, batcher._presence
+        controller = batcher.controller
         assert controller is not None
-        assert (presence.held, presence.peak) == (
-            controller.arrivals.in_system,
-            controller.arrivals.peak,
-        )
-        assert presence.measured and controller.cost.known
-        assert presence.held == 0 and max(fake.sizes) > 1
+        assert controller.arrivals.in_system == 0 and max(fake.sizes) > 1
+        alone = 0
+        for value in range(20):
+            request = asyncio.ensure_future(batcher.submit(item(value)))
+            await asyncio.sleep(0)
+            alone += sum(batcher.queue_depths().values()) == 0
+            await request
+        assert alone >= 10
     finally:
         await batcher.close(5.0)
 
@@ -836,11 +827,13 @@ def scripted_batcher(
     )
     policy = BatchPolicy.from_config(config)
     plans = ScriptedPlans(policy, target)
-    batcher = DynamicBatcher(SlotPool([ExecutorSlot(fake)]), policy, (), plans)
     # Costs measured and eight clients seen: a lone request has others to wait for.
-    batcher._presence.measured = True
-    batcher._presence.peak = 8.0
-    return batcher, plans
+    now = time.monotonic_ns()
+    plans.record_execution(1, MS)
+    for _ in range(8):
+        plans.record_arrival(now, 1, 0)
+    plans.record_departure(now, 8)
+    return DynamicBatcher(SlotPool([ExecutorSlot(fake)]), policy, (), plans), plans
 
 
 async def test_a_plan_holds_until_its_target_is_queued_not_replanned_per_arrival() -> None:

@@ -1,0 +1,68 @@
+"""The sequence batcher's bookkeeping: requests, sequences, sequence slots, instances.
+
+A sequence is bound to one slot of one instance (an executor slot) while it runs, or
+waits in the backlog; its requests queue on it in arrival order. sequence.py holds the
+rules that move them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+from .correlation import CorrelationId, SequenceFlags
+from .dispatch import ExecutorSlot
+from .work import Array, WorkItem
+
+
+class Request:
+    __slots__ = ("flags", "future", "item", "sequence")
+
+    def __init__(
+        self,
+        item: WorkItem,
+        flags: SequenceFlags,
+        future: asyncio.Future[dict[str, Array]],
+        sequence: ActiveSequence,
+    ) -> None:
+        self.item = item
+        self.flags = flags
+        self.future = future
+        self.sequence = sequence
+
+
+class ActiveSequence:
+    __slots__ = ("expiry", "expiry_ns", "id", "last_ns", "queue", "running", "slot", "state")
+
+    def __init__(self, correlation_id: CorrelationId, now_ns: int) -> None:
+        self.id = correlation_id
+        # While in the backlog: when its earliest request timeout expires, and its timer.
+        self.expiry_ns = 0
+        self.expiry: asyncio.TimerHandle | None = None
+        self.slot: Slot | None = None  # None while in the backlog
+        self.queue: collections.deque[Request] = collections.deque()
+        self.state: dict[str, Array] | None = None
+        self.last_ns = now_ns
+        self.running = False
+
+
+class Slot:
+    __slots__ = ("instance", "position", "sequence")
+
+    def __init__(self, instance: Instance, position: int) -> None:
+        self.instance = instance
+        self.position = position
+        self.sequence: ActiveSequence | None = None
+
+
+class Instance:
+    __slots__ = ("busy", "executor", "slots", "timer")
+
+    def __init__(self, executor: ExecutorSlot, slots: int) -> None:
+        self.executor = executor
+        self.slots = [Slot(self, position) for position in range(slots)]
+        self.busy = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def bound(self) -> int:
+        return sum(slot.sequence is not None for slot in self.slots)

@@ -1,0 +1,72 @@
+"""The decision behind the batcher, without a loop: Triton's rules and the pure choose()."""
+
+from __future__ import annotations
+
+from fake_executor import make_config
+
+from ge_serve.scheduler.choice import Estimates, Plan, choose
+from ge_serve.scheduler.decision import BatchView, Take, TritonRules, WaitUntil, preferred_prefix
+from ge_serve.scheduler.policy import BatchPolicy
+
+MS = 1_000_000
+NOW = 1_000 * MS
+
+
+def view(*sizes: int, oldest_ns: int = NOW, full: bool = False) -> BatchView:
+    totals, total = [], 0
+    for size in sizes:
+        total += size
+        totals.append(total)
+    return BatchView(totals, oldest_ns, 0, total, 0, NOW, full)
+
+
+def rules(**kwargs: object) -> TritonRules:
+    return TritonRules(BatchPolicy.from_config(make_config(**kwargs)))  # type: ignore[arg-type]
+
+
+def test_without_a_window_whatever_is_queued_goes() -> None:
+    assert rules().decide(view(1, 1, 1), NOW) == Take(3)
+
+
+def test_a_preferred_size_goes_at_once_and_the_rest_waits_for_the_window() -> None:
+    r = rules(preferred=[2, 4], delay_us=1000)
+    assert r.decide(view(1, 1, 1), NOW) == Take(2)  # 2 is preferred; 3 is not
+    assert r.decide(view(1), NOW) == WaitUntil(NOW + 1000 * 1000)
+    assert r.decide(view(1), NOW + MS) == Take(1)  # the window passed
+    # Past the largest preferred size without reaching one: what fits before it.
+    assert r.decide(view(3, 3), NOW) == Take(3)
+
+
+def test_the_maximum_goes_at_once_whatever_the_window() -> None:
+    r = rules(max_batch_size=4, delay_us=60_000_000)
+    assert r.decide(view(2, 2, full=True), NOW) == Take(4)
+
+
+def test_preferred_prefix_picks_the_largest_preferred_total() -> None:
+    assert preferred_prefix([1, 2, 3, 4, 5], frozenset({2, 4}), 4) == 4
+    assert preferred_prefix([3, 6], frozenset({4}), 4) == 3
+    assert preferred_prefix([5], frozenset({4}), 4) == 0
+    assert preferred_prefix([1, 2], frozenset(), 8) == 0
+
+
+def estimates(potential: int, rate_per_ms: float, cost: float = 0.1) -> Estimates:
+    """1 ms fixed cost plus `cost` ms per sample; a 5 ms budget."""
+    return Estimates(
+        potential=potential,
+        rate=rate_per_ms / MS,
+        outside_ns=float("inf"),
+        budget_ns=5 * MS,
+        bound_ns=0,
+        late_by_ns=-1,
+        cost_ns=lambda m: MS + m * cost * MS,
+    )
+
+
+def test_choose_waits_only_for_a_batch_that_fills_in_time_and_pays() -> None:
+    plan = choose(NOW, 1, NOW, 8, estimates(potential=16, rate_per_ms=20))
+    assert plan.target > 1 and NOW < plan.deadline_ns <= NOW + 5 * MS
+    # Arrivals too slow to fill anything within the budget: send now.
+    assert choose(NOW, 1, NOW, 8, estimates(potential=16, rate_per_ms=0.01)) == Plan(1, NOW, 8)
+    # Linear cost: batching buys nothing.
+    linear = estimates(potential=16, rate_per_ms=20)._replace(cost_ns=lambda m: m * MS)
+    assert choose(NOW, 1, NOW, 8, linear).deadline_ns == NOW
