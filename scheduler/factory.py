@@ -19,6 +19,7 @@ from .batcher import DynamicBatcher
 from .direct import DirectScheduler
 from .dispatch import ExecutorSlot, SlotPool
 from .policy import BatchPolicy
+from .ratelimit import RateLimiter, needs_of
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,18 @@ class SchedulerOptions:
     adaptive_batching: bool = False
     # TRITONSERVER_DELAY_SCHEDULER: hold each batcher until this many requests are queued.
     delay_count: int = 0
+    # --rate-limit execution_count: the server's one limiter; None: off.
+    rate_limiter: RateLimiter | None = None
+
+
+def slot_pool(
+    config: model_config_pb2.ModelConfig, loaded: LoadedModel, options: SchedulerOptions
+) -> SlotPool:
+    slots = [ExecutorSlot(executor) for executor in loaded.executors]
+    if options.rate_limiter is None:
+        return SlotPool(slots)
+    needs = needs_of(config, [executor.slot.device_id for executor in loaded.executors])
+    return SlotPool(slots, options.rate_limiter, needs)
 
 
 def delay_count_from(environ: Mapping[str, str]) -> int:
@@ -53,7 +66,7 @@ def build_scheduler(
     """Raises ServerError(INVALID_ARG) for a policy that cannot work, before any slot
     thread starts, so the load fails cleanly."""
     if not config.HasField("dynamic_batching"):
-        pool = SlotPool([ExecutorSlot(executor) for executor in loaded.executors])
+        pool = slot_pool(config, loaded, options)
         return DirectScheduler(pool, loaded.gears, batching=config.max_batch_size > 0)
     policy = BatchPolicy.from_config(config, loaded.gears, options.adaptive_batching)
     controller = AdaptiveController(policy, loaded.gears) if policy.adaptive else None
@@ -71,5 +84,5 @@ def build_scheduler(
             options.delay_count,
             DELAY_SCHEDULER_ENV,
         )
-    pool = SlotPool([ExecutorSlot(executor) for executor in loaded.executors])
+    pool = slot_pool(config, loaded, options)
     return DynamicBatcher(pool, policy, loaded.gears, controller, options.delay_count)
