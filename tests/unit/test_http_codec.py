@@ -239,7 +239,8 @@ def test_raw_binary_request() -> None:
     assert tensor.shape == (16,)
     assert tensor.parameters == {"raw_binary": True}
     assert tensor.data.dtype == np.uint8 and tensor.data.tobytes() == body
-    assert request.outputs == [] and request.parameters == {}
+    # Triton answers a raw-binary request with binary outputs.
+    assert request.outputs == [] and request.parameters == {"binary_data_output": True}
 
 
 def test_request_fields() -> None:
@@ -293,13 +294,24 @@ ERROR_CASES: list[tuple[str, bytes, int | None, str]] = [
         len(_HEAD),
         "unexpected additional input data for model 'm'",
     ),
-    ("bytes missing", _HEAD + b"\0" * 7, len(_HEAD), "unexpected end of binary data for input 'x'"),
-    ("binary without header length", _HEAD, None, "the request has no binary data"),
+    (
+        "bytes missing",
+        _HEAD + b"\0" * 7,
+        len(_HEAD),
+        "unexpected size for input 'x', expecting 1 additional bytes for model 'm'",
+    ),
+    (
+        "binary without header length",
+        _HEAD,
+        None,
+        "must specify valid 'Infer-Header-Content-Length' in request header and "
+        "'binary_data_size' when passing inputs in binary data format",
+    ),
     (
         "binary size vs shape",
         orjson.dumps({"inputs": [_fp32(parameters=_bin(4))]}) + b"\0" * 4,
         len(orjson.dumps({"inputs": [_fp32(parameters=_bin(4))]})),
-        "input 'x' has binary_data_size 4, but shape [2] of FP32 needs 8 bytes",
+        "input byte size mismatch for input 'x' for model 'm'. Expected 8, got 4",
     ),
     ("malformed JSON", b'{"inputs": [', None, "failed to parse the request JSON buffer: "),
     ("empty body", b"", None, "failed to parse the request JSON buffer: "),
@@ -355,21 +367,26 @@ ERROR_CASES: list[tuple[str, bytes, int | None, str]] = [
         "element count",
         _one(_fp32(data=[1, 2, 3])),
         None,
-        "input 'x' has 3 elements in 'data', but shape [2] needs 2",
+        "Unable to parse 'data': Shape does not match true shape of 'data' field",
     ),
-    ("nested count", _one(_fp32(data=[[1], [2, 3]])), None, "input 'x' has 3 elements"),
+    (
+        "nested count",
+        _one(_fp32(data=[[1], [2, 3]])),
+        None,
+        "Unable to parse 'data': Shape does not match true shape of 'data' field",
+    ),
     ("data not a list", _one(_fp32(data=1.0)), None, "'data' of input 'x' must be an array"),
     (
         "FP16 as JSON",
         _one(_fp32(datatype="FP16", data=[1, 2])),
         None,
-        "FP16 data can only be sent as binary",
+        "receiving FP16 data via JSON is not supported",
     ),
     (
         "BF16 as JSON",
         _one(_fp32(datatype="BF16", data=[1, 2])),
         None,
-        "BF16 data can only be sent as binary",
+        "receiving BF16 data via JSON is not supported",
     ),
     ("string in FP32", _one(_fp32(data=[1, "2"])), None, "FP32 'data' elements must be numbers"),
     ("bool in FP32", _one(_fp32(data=[1, True])), None, "FP32 'data' elements must be numbers"),
@@ -421,25 +438,26 @@ ERROR_CASES: list[tuple[str, bytes, int | None, str]] = [
         "BYTES truncated prefix",
         _one(_fp32(datatype="BYTES", parameters=_bin(7))) + b"\x01\0\0\0a\0\0",
         len(_one(_fp32(datatype="BYTES", parameters=_bin(7)))),
-        "input 'x': BYTES element 1 is truncated",
+        "incomplete string length indicator for inference input 'x' for model 'm', expecting 4 "
+        "bytes but only 2 bytes available",
     ),
     (
         "BYTES too few elements",
         _one(_fp32(datatype="BYTES", parameters=_bin(5))) + b"\x01\0\0\0a",
         len(_one(_fp32(datatype="BYTES", parameters=_bin(5)))),
-        "input 'x': expected 2 BYTES elements, got 1",
+        "expected 2 string elements for inference input 'x' for model 'm', got 1",
     ),
     (
         "BYTES too many elements",
         _one(_fp32(datatype="BYTES", parameters=_bin(12))) + b"\0\0\0\0" * 3,
         len(_one(_fp32(datatype="BYTES", parameters=_bin(12)))),
-        "input 'x': unexpected additional BYTES data",
+        "unexpected number of string elements 3 for inference input 'x' for model 'm', expecting 2",
     ),
     (
         "duplicate input",
         orjson.dumps({"inputs": [_fp32(data=[1, 2])] * 2}),
         None,
-        "input 'x' is given more than once",
+        "[request id: <id_unknown>] input 'x' already exists in request",
     ),
     ("id not a string", _one(_fp32(data=[1, 2]), id=5), None, "the request 'id' must be a string"),
     (
@@ -489,7 +507,7 @@ ERROR_CASES: list[tuple[str, bytes, int | None, str]] = [
         "duplicate output",
         _one(_fp32(data=[1, 2]), outputs=[{"name": "y"}] * 2),
         None,
-        "output 'y' is requested more than once",
+        "[request id: <id_unknown>] output 'y' already exists in request",
     ),
     (
         "negative classification",
