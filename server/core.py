@@ -226,7 +226,8 @@ class InferenceServer:
             if item.context is not None:
                 if item.context.error is not None:
                     raise model_error(item.context.error)
-                response = response_of(request, model, outputs, item.batch_size)
+                parameters = item.context.response_parameters
+                response = response_of(request, model, outputs, item.batch_size, parameters)
             else:
                 response = build_response(request, model, outputs, item.batch_size)
             if shm_outputs:
@@ -300,11 +301,11 @@ class InferenceServer:
             submitted = asyncio.ensure_future(model.scheduler.submit(item))
             submitted.add_done_callback(lambda task: _submit_ended(task, sink))
             while True:
-                outputs, error, final = await sink.get()
+                outputs, error, final, parameters = await sink.get()
                 if error is not None:
                     raise error
                 if outputs is not None:
-                    response = response_of(request, model, outputs, item.batch_size)
+                    response = response_of(request, model, outputs, item.batch_size, parameters)
                     response.final = final
                     yield response
                 if final:

@@ -204,6 +204,9 @@ class InferRequest:
     # Lifted out of `parameters` at the edge; 0 means "the model's default".
     priority: int = 0
     timeout_us: int = 0
+    # How the front end that decoded the request should encode its response (HTTP's
+    # `binary_data_output`); never seen by the model.
+    wire: Parameters = field(default_factory=dict)
 
 
 @dataclass(slots=True)

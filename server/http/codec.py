@@ -158,6 +158,8 @@ def decode_infer_request(
         outputs=_decode_outputs(doc.get("outputs"), request_id),
         parameters=_parameters(doc.get("parameters"), "the request"),
     )
+    if BINARY_DATA_OUTPUT in request.parameters:
+        request.wire[BINARY_DATA_OUTPUT] = request.parameters.pop(BINARY_DATA_OUTPUT)
     lift_request_parameters(request)
     return request
 
@@ -176,7 +178,7 @@ def _raw_binary_request(model_name: str, model_version: str, body: bytes) -> Inf
         model_name=model_name,
         model_version=model_version,
         inputs=[placeholder],
-        parameters={BINARY_DATA_OUTPUT: True},
+        wire={BINARY_DATA_OUTPUT: True},
     )
 
 
@@ -433,7 +435,7 @@ def encode_infer_response(
     shared memory is described (name, datatype, shape) with no data, as Triton does.
     """
     requested = {output.name: output for output in request.outputs}
-    default_binary = request.parameters.get(BINARY_DATA_OUTPUT) is True
+    default_binary = request.wire.get(BINARY_DATA_OUTPUT) is True
     entries: list[dict[str, Any]] = []
     chunks: list[bytes | memoryview] = []
     for tensor in response.outputs:

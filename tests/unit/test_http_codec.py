@@ -240,7 +240,8 @@ def test_raw_binary_request() -> None:
     assert tensor.parameters == {"raw_binary": True}
     assert tensor.data.dtype == np.uint8 and tensor.data.tobytes() == body
     # Triton answers a raw-binary request with binary outputs.
-    assert request.outputs == [] and request.parameters == {"binary_data_output": True}
+    assert request.outputs == [] and request.parameters == {}
+    assert request.wire == {"binary_data_output": True}
 
 
 def test_request_fields() -> None:
@@ -611,7 +612,7 @@ def test_shared_memory_output_is_described_without_data() -> None:
     shm_tensor.shm = SharedMemoryRef("out", 16)
     body, length = encode_infer_response(
         response_of(shm_tensor, tensor_of("z", DataType.FP32, data)),
-        InferRequest("m", parameters={"binary_data_output": True}),
+        InferRequest("m", wire={"binary_data_output": True}),
     )
     header, binary = split_response(body, length)
     assert header["outputs"][0] == {"name": "y", "datatype": "FP32", "shape": [4]}
@@ -648,7 +649,7 @@ def test_json_output_round_trip(datatype: DataType) -> None:
 @pytest.mark.parametrize("datatype", list(DataType), ids=lambda d: d.value)
 def test_binary_output_round_trip(datatype: DataType) -> None:
     arr = sample(datatype)
-    request = InferRequest("m", parameters={"binary_data_output": True})
+    request = InferRequest("m", wire={"binary_data_output": True})
     body, length = encode_infer_response(response_of(tensor_of("y", datatype, arr)), request)
     assert length is not None
     doc, rest = split_response(body, length)
@@ -775,7 +776,7 @@ def _binary_names(request: InferRequest, names: tuple[str, ...] = ("a", "b")) ->
 def test_binary_output_selection(
     outputs: list[RequestedOutput], parameters: dict[str, Any], binary: list[str]
 ) -> None:
-    assert _binary_names(InferRequest("m", outputs=outputs, parameters=parameters)) == binary
+    assert _binary_names(InferRequest("m", outputs=outputs, wire=parameters)) == binary
 
 
 @pytest.mark.parametrize("datatype", [DataType.FP16, DataType.BF16], ids=lambda d: d.value)
@@ -801,7 +802,7 @@ def test_non_utf8_bytes_output_goes_binary() -> None:
 def test_output_data_is_converted_to_its_datatype_and_row_major() -> None:
     # Fortran-ordered float64 data labelled FP32: sent as C-order float32.
     arr = np.asfortranarray(np.arange(6, dtype=np.float64).reshape(2, 3))
-    request = InferRequest("m", parameters={"binary_data_output": True})
+    request = InferRequest("m", wire={"binary_data_output": True})
     body, length = encode_infer_response(response_of(tensor_of("y", DataType.FP32, arr)), request)
     _, rest = split_response(body, length)
     assert rest == np.arange(6, dtype=np.float32).tobytes()
@@ -926,7 +927,7 @@ def test_tritonclient_parses_responses(binary: bool) -> None:
         id="rid",
         outputs=[tensor_of(dt.value.lower(), dt, arr) for dt, arr in arrays.items()],
     )
-    request = InferRequest("m", parameters={"binary_data_output": binary})
+    request = InferRequest("m", wire={"binary_data_output": binary})
     body, length = encode_infer_response(response, request)
     result = triton_http.InferResult.from_response_body(
         body, verbose=False, header_length=length, content_encoding=None
