@@ -45,6 +45,7 @@ from .parts import (
     configure_logging,
     grpc_settings,
     http_settings,
+    response_cache,
     scheduler_options,
     warn_about_flags,
 )
@@ -166,6 +167,7 @@ class ServerApp:
             control=self.control,
             log_control=log_control,
             shared_memory=SharedMemoryManager(enabled=settings.allow_client_shm),
+            cache=response_cache(settings),
         )
         python = self.backends.get("python")
         self.python = python if isinstance(python, PythonBackend) else None

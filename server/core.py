@@ -33,6 +33,7 @@ from .requests import (
     request_context,
     response_of,
 )
+from .responsecache import Lookup, ResponseCache, enabled_for
 from .sharedmemory import SharedMemoryManager
 from .statistics import StatisticsCollector
 from .types import DataType, InferRequest, InferResponse, SharedMemoryRef, Tensor, check_shape
@@ -91,8 +92,11 @@ class InferenceServer:
         control: ModelControl | None = None,
         log_control: LogControl | None = None,
         shared_memory: SharedMemoryManager | None = None,
+        cache: ResponseCache | None = None,
     ) -> None:
         self.lifecycle = lifecycle
+        # --cache-config: the response cache of the models that enable it.
+        self.cache = cache
         # Client-registered shared-memory regions; both front ends answer the extension's
         # calls from it, and infer() maps the tensors that live there.
         self.shared_memory = shared_memory or SharedMemoryManager()
@@ -207,6 +211,7 @@ class InferenceServer:
         shm_outputs = self._map_shared_memory(request)
         item: WorkItem | None = None
         outputs: dict[str, Array] | None = None
+        cached: Lookup | None = None
         try:
             for _ in range(_SWAP_RETRIES):
                 if model.retiring:
@@ -215,6 +220,12 @@ class InferenceServer:
                 item.enqueue_ns = started
                 if model.loaded.per_request:
                     item.context = request_context(request)
+                cached = self._cache_lookup(model, item, bool(shm_outputs))
+                if cached is not None and cached.found is not None:
+                    outputs = cached.found.outputs
+                    if item.context is not None:
+                        item.context.response_parameters = cached.found.parameters
+                    break
                 try:
                     outputs = await model.scheduler.submit(item)
                     break
@@ -230,6 +241,12 @@ class InferenceServer:
                 response = response_of(request, model, outputs, item.batch_size, parameters)
             else:
                 response = build_response(request, model, outputs, item.batch_size)
+            if cached is not None and cached.found is None and self.cache is not None:
+                context = item.context
+                kept = self.cache.insert(
+                    cached, outputs, context.response_parameters if context else {}
+                )
+                self.stats.cache_miss(model, kept)
             if shm_outputs:
                 self._write_shared_memory(response, shm_outputs)
         except ServerError as exc:
@@ -247,9 +264,19 @@ class InferenceServer:
             error = ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", reason)
             self._notify(model, item, error, started)
             raise error from exc
-        self._notify(model, item, None, started)
+        hit = cached.lookup_ns if cached is not None and cached.found is not None else None
+        self._notify(model, item, None, started, hit)
         assert item is not None
         return response, item
+
+    def _cache_lookup(
+        self, model: ModelVersion, item: WorkItem, shm_outputs: bool
+    ) -> Lookup | None:
+        """The response cache's answer for a request of a model that enables it; None when
+        the request bypasses the cache (no cache, outputs into shared memory)."""
+        if self.cache is None or shm_outputs or not enabled_for(model):
+            return None
+        return self.cache.lookup(model, item.inputs)
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         """Whether the model may answer a request with zero or several responses (Triton's
@@ -355,11 +382,21 @@ class InferenceServer:
         return model
 
     def _notify(
-        self, model: ModelVersion, item: WorkItem | None, error: ServerError | None, started: int
+        self,
+        model: ModelVersion,
+        item: WorkItem | None,
+        error: ServerError | None,
+        started: int,
+        cache_hit_ns: int | None = None,
     ) -> None:
+        """Every observer learns how the request ended; one answered from the response
+        cache is counted by statistics as a hit, not as an inference."""
         finished = time.monotonic_ns()
         for observer in self.observers:
-            observer.request_done(model, item, error, started, finished)
+            if cache_hit_ns is not None and observer is self.stats:
+                self.stats.cache_hit(model, cache_hit_ns, started, finished)
+            else:
+                observer.request_done(model, item, error, started, finished)
 
     # --- repository ----------------------------------------------------------------------
 

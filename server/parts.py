@@ -18,6 +18,7 @@ from .errors import ErrorCode, ServerError
 from .grpc.server import GrpcSettings, GrpcTls
 from .http.app import HttpSettings
 from .logsettings import LogControl, LogSettings
+from .responsecache import ResponseCache
 from .settings import Settings
 
 log = logging.getLogger("ge_serve")
@@ -123,3 +124,12 @@ def grpc_tls(settings: Settings) -> GrpcTls | None:
         else None,
         mutual=mutual,
     )
+
+
+def response_cache(settings: Settings) -> ResponseCache | None:
+    """--cache-config local,size=BYTES: the cache the models with response_cache use."""
+    size = settings.cache_size()
+    if size is None:
+        return None
+    log.info("response cache: local, %d bytes", size)
+    return ResponseCache(size)
