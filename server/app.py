@@ -47,6 +47,7 @@ from .parts import (
     http_settings,
     response_cache,
     scheduler_options,
+    trace_control,
     warn_about_flags,
 )
 from .records import ModelState
@@ -168,6 +169,7 @@ class ServerApp:
             log_control=log_control,
             shared_memory=SharedMemoryManager(enabled=settings.allow_client_shm),
             cache=response_cache(settings),
+            tracing=trace_control(settings),
         )
         python = self.backends.get("python")
         self.python = python if isinstance(python, PythonBackend) else None
@@ -329,6 +331,7 @@ class ServerApp:
         if self.metrics is not None and self.metrics.sampler is not None:
             await asyncio.to_thread(self.metrics.sampler.stop)
         await self.lifecycle.close()
+        self.core.tracing.close()
         self.core.shared_memory.close()
         close_backends(self.backends)
 

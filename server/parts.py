@@ -18,8 +18,10 @@ from .errors import ErrorCode, ServerError
 from .grpc.server import GrpcSettings, GrpcTls
 from .http.app import HttpSettings
 from .logsettings import LogControl, LogSettings
+from .otel import make_sink
 from .responsecache import ResponseCache
 from .settings import Settings
+from .tracing import TraceControl
 
 log = logging.getLogger("ge_serve")
 
@@ -133,3 +135,10 @@ def response_cache(settings: Settings) -> ResponseCache | None:
         return None
     log.info("response cache: local, %d bytes", size)
     return ResponseCache(size)
+
+
+def trace_control(settings: Settings) -> TraceControl:
+    """--trace-config: the startup trace settings and where finished traces go."""
+    control = TraceControl(settings.trace())
+    control.sink = make_sink(control)
+    return control

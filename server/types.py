@@ -207,6 +207,8 @@ class InferRequest:
     # How the front end that decoded the request should encode its response (HTTP's
     # `binary_data_output`); never seen by the model.
     wire: Parameters = field(default_factory=dict)
+    # The client's W3C trace context, read only while tracing is on.
+    traceparent: str = ""
 
 
 @dataclass(slots=True)

@@ -40,16 +40,6 @@ def _unsupported(message: str) -> ServerError:
     return ServerError(ErrorCode.UNSUPPORTED, message)
 
 
-def _not_offered(message: str) -> Handler[Any, Any, Any]:
-    """An RPC of an extension this server does not offer: UNIMPLEMENTED with `message`."""
-
-    @guard
-    async def handler(self: Any, request: Any, context: Any) -> Any:
-        raise _unsupported(message)
-
-    return handler
-
-
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
@@ -135,6 +125,8 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelInferResponse:
         with decoding("inference request"):
             decoded = codec.decode_infer_request(request)
+        if self.core.tracing.active:
+            decoded.request.traceparent = _metadata(context, "traceparent")
         response = await self.core.infer(decoded.request, "ModelInfer RPC")
         return codec.encode_infer_response(response)
 
@@ -247,9 +239,21 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
         self.core.shared_memory.cuda_unregister(request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
-    # --- tracing (not offered) -----------------------------------------------------------
+    # --- tracing -------------------------------------------------------------------------
 
-    TraceSetting = _not_offered("the trace extension is not available on this server")
+    @guard
+    async def TraceSetting(
+        self, request: pb.TraceSettingRequest, context: Any
+    ) -> pb.TraceSettingResponse:
+        if request.settings:
+            changes = {key: (list(value.value) or None) for key, value in request.settings.items()}
+            current = self.core.update_trace_settings(request.model_name, changes)
+        else:
+            current = self.core.trace_settings(request.model_name)
+        response = pb.TraceSettingResponse()
+        for key, value in current.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
 
     # --- logging -------------------------------------------------------------------------
 
@@ -267,6 +271,13 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
         for key, value in current.items():
             _set_log_value(response.settings[key], key, value)
         return response
+
+
+def _metadata(context: Any, key: str) -> str:
+    for name, value in context.invocation_metadata() or ():
+        if name == key:
+            return str(value)
+    return ""
 
 
 def load_parameters(params: Any) -> tuple[str | None, dict[str, bytes] | None]:

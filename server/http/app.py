@@ -29,7 +29,7 @@ from ge_serve.server.drain import DrainGate
 from ge_serve.server.errors import ErrorCode, ServerError, decoding
 from ge_serve.server.restrictions import RestrictedApis
 
-from . import codec, compression, encode, monitoring, openapi, sharedmemory
+from . import codec, compression, encode, monitoring, openapi, sharedmemory, trace
 from .bodies import (
     InferRequestBody,
     RepositoryIndexRequest,
@@ -193,6 +193,7 @@ class HttpFrontEnd:
             ),
             *monitoring.routes(self),
             *sharedmemory.routes(self),
+            *trace.routes(self),
             *self.extra_routes,
             *self.versioned("/ready", self.model_ready, ["GET"]),
             *self.versioned("/config", self.model_config, ["GET"]),
@@ -293,6 +294,8 @@ class HttpFrontEnd:
         body = await self.read_body(request, raw=header_length == 0)
         with decoding("inference request"):
             infer_request = codec.decode_infer_request(model, version, body, header_length)
+        if self.core.tracing.active:
+            infer_request.traceparent = request.headers.get("traceparent", "")
         response = await self.core.infer(infer_request, "HTTP end point")
         payload, json_length = codec.encode_infer_response(response, infer_request)
         headers: dict[str, str] = {}

@@ -339,10 +339,11 @@ def test_server_metadata(client: httpclient.InferenceServerClient) -> None:
         "logging",
         "parameters",
         "system_shared_memory",
+        "trace",
     ):
         assert extension in extensions
     # Only what is implemented is claimed.
-    for missing in ("cuda_shared_memory", "trace", "sequence"):
+    for missing in ("cuda_shared_memory", "sequence"):
         assert missing not in extensions
 
 

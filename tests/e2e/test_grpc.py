@@ -162,12 +162,10 @@ async def test_tritonclient_aio_infer_and_stream(server: ServerProcess) -> None:
         await client.close()
 
 
-def test_tritonclient_unimplemented_extensions(server: ServerProcess) -> None:
+def test_tritonclient_trace_settings(server: ServerProcess) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    with pytest.raises(InferenceServerException) as info:
-        client.get_trace_settings()
-    assert info.value.status() == "StatusCode.UNIMPLEMENTED"
-    assert "trace extension is not available" in info.value.message()
+    settings = client.get_trace_settings(as_json=True)["settings"]
+    assert settings["trace_level"]["value"] == ["OFF"]
     assert client.is_server_live()
     client.close()
 
