@@ -28,6 +28,12 @@ class BackendError(RuntimeError):
     """
 
 
+class ShapeRejected(BackendError):
+    """The batch's shapes are not ones the model can execute (no gear matches, or a dim is
+    outside the model's shape range): the request's fault, not the device's, so it is
+    answered as invalid input. The message names what the model accepts."""
+
+
 @dataclass(frozen=True, slots=True)
 class SlotInfo:
     """Where one executor runs: a device and a stream on it ("cpu" devices have one)."""

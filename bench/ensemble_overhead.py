@@ -16,11 +16,18 @@ the server's own statistics before and after, so the figures are server time:
 - client latency per request for both, and its difference: what a second model costs a
   client end to end when it is chained inside the server rather than called again.
 
-Figures are medians over rounds. Run it from the repository root:
+Figures are medians over rounds, and the ratios (ensemble ÷ one model, server and client)
+come from the same run. Both models are measured on one server, in alternating windows,
+not time-shared by freezing (bench/lib/timeshare.py): a server frozen with a request in
+flight counts the frozen time in that request's server time, which at concurrency 1 is
+most of a slice's. Run it from the repository root:
 
     export PYTHONPATH=$(tools/pyroot.sh)
     python -m bench run ensemble-overhead      # ~15 s (or: python3 bench/ensemble_overhead.py)
-    python -m bench run ensemble-overhead --rounds 6 --seconds 3 --protocol http --json OUT.json
+    python -m bench run ensemble-overhead --rounds 20 --out bench/results/ensemble_overhead
+
+`--out PREFIX` writes PREFIX.md (the report and the command) and PREFIX.json, as the other
+suites do; `--json OUT.json` writes the JSON alone.
 
 The server starts on free loopback ports (tests/serverproc.py, the tests' launcher) over a
 repository written to a temporary folder (tests/ensemblerepo.py's models); it imports
@@ -156,6 +163,8 @@ def summarise(protocol: str, rows: dict[str, list[dict[str, float]]]) -> dict[st
         "ensemble_overhead_us_per_step": (ensemble - steps) / STEPS,
         "client_us_added_by_second_step": median("pipe", "client_us")
         - median("ident", "client_us"),
+        "ensemble_over_single_server": ensemble / median("ident", "server_us"),
+        "ensemble_over_single_client": median("pipe", "client_us") / median("ident", "client_us"),
         "limit_us_per_step": LIMIT_US,
         "within_limit": ensemble / STEPS < LIMIT_US,
         "windows": rows,
@@ -175,6 +184,8 @@ def report(result: dict[str, Any]) -> str:
         f"  client latency, one model:         {result['single_client_us']:8.1f}",
         f"  client latency, ensemble:          {result['ensemble_client_us']:8.1f}",
         f"    added by the second step:        {result['client_us_added_by_second_step']:8.1f}",
+        f"  ensemble ÷ one model, server:      {result['ensemble_over_single_server']:8.2f}",
+        f"  ensemble ÷ one model, client:      {result['ensemble_over_single_client']:8.2f}",
     ]
     return "\n".join(lines)
 
@@ -186,9 +197,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=1.5, help="per window")
     parser.add_argument("--warmup", type=int, default=200, help="requests to each model")
     parser.add_argument("--json", type=Path, help="also write the result here")
+    parser.add_argument(
+        "--out", type=Path, metavar="PREFIX", help="write PREFIX.md and PREFIX.json"
+    )
     args = parser.parse_args(argv)
+    started = time.monotonic()
     result = measure(args.protocol, args.rounds, args.seconds, args.warmup)
-    print(report(result))
+    text = report(result)
+    print(text)
+    if args.out is not None:
+        args.json = args.json or args.out.with_name(args.out.name + ".json")
+        command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_name(args.out.name + ".md").write_text(
+            f"```\n{text}\n```\n\n`{command}`, {time.monotonic() - started:.0f} s.\n"
+        )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")

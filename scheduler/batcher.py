@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ge_serve.backends.base import ShapeRejected
 from ge_serve.server.errors import (
     ErrorCode,
     FailureReason,
@@ -406,4 +407,6 @@ def _client_error(exc: BaseException) -> ServerError:
     model's execution failing."""
     if isinstance(exc, ServerError):
         return ServerError(exc.code, exc.message, exc.reason or FailureReason.BACKEND)
+    if isinstance(exc, ShapeRejected):  # shapes the model cannot run: the input's fault
+        return ServerError(ErrorCode.INVALID_ARG, str(exc), FailureReason.OTHER)
     return ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", FailureReason.BACKEND)

@@ -22,6 +22,7 @@ import uvloop
 from ge_serve.backends.base import Backend, LoadedModel
 from ge_serve.backends.ge.auto import DeviceUnavailable, select_runtime
 from ge_serve.backends.ge.backend import GeBackend, backend_config_for
+from ge_serve.backends.ge.sim_cost import parse_sim_cost
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.backends.python.backend import PythonBackend
 from ge_serve.protos import model_config_pb2
@@ -115,6 +116,7 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
         sim_devices=settings.sim_devices,
         sim_memory=settings.sim_device_memory,
         atc_cache_dir=settings.atc_cache_dir,
+        sim_cost=parse_sim_cost(settings.sim_cost),
     )
     log.info("GE backend: %s, chosen by %s", choice.runtime.describe(), choice.reason)
     ge = GeBackend(choice.runtime, backend_config_for(settings.backend_config))

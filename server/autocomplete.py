@@ -111,13 +111,23 @@ def _host_only(config: model_config_pb2.ModelConfig, version_dir: Path | None) -
     if any(t == model_config_pb2.TYPE_BF16 for t, _ in tensors.values()):
         return "bfloat16 tensors, which ge-serve's GE path does not carry yet"
     dynamic = [f"'{name}' {list(dims)}" for name, (_, dims) in tensors.items() if -1 in dims]
-    if dynamic:
+    if dynamic and not _ge_shapes_given(config):
         return (
             "dims other than the batch that change at run time ("
             + ", ".join(dynamic)
             + "), which an OM is not compiled for"
         )
     return None
+
+
+# Parameters that compile varying dims into an OM (ND gears, image-size gears, ranges).
+_GE_SHAPE_KEYS = ("ge.inputShape", "ge.dynamicDims", "ge.dynamicImageSize")
+_ATC_SHAPE_KEYS = ("atc.input_shape", "atc.dynamic_dims", "atc.dynamic_image_size")
+
+
+def _ge_shapes_given(config: model_config_pb2.ModelConfig) -> bool:
+    """The config tells GE how its varying dims compile, so an NPU can run it."""
+    return any(key.endswith(_GE_SHAPE_KEYS) or key in _ATC_SHAPE_KEYS for key in config.parameters)
 
 
 def resolve_model_file(model_dir: Path, version: str, filename: str) -> Path:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ge_serve.backends.base import ShapeRejected
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.ensemble import StepCall
 from ge_serve.scheduler.work import Array, Timings, WorkItem
@@ -277,6 +278,8 @@ class InferenceServer:
             during_execution = item is not None and outputs is None
             reason = FailureReason.BACKEND if during_execution else FailureReason.OTHER
             error = ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", reason)
+            if isinstance(exc, ShapeRejected):  # shapes the model cannot run: the input's fault
+                error = ServerError(ErrorCode.INVALID_ARG, str(exc), FailureReason.OTHER)
             self._notify(model, item, error, started, trace=trace)
             raise error from exc
         hit = cached.lookup_ns if cached is not None and cached.found is not None else None
@@ -299,7 +302,7 @@ class InferenceServer:
         model = self.lifecycle.get(name, version)
         return bool(model.config.model_transaction_policy.decoupled)
 
-    async def infer_responses(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+    async def infer_responses(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
         """Every response one request produces, each as soon as it is produced.
 
         The seam for decoupled models. A model that is not decoupled yields exactly one

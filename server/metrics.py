@@ -62,6 +62,7 @@ class ServerMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         stats.on_record_added.append(self._model_added)
+        stats.on_record_removed.append(self._model_removed)
 
     # --- hot path (on the loop) ----------------------------------------------------------
 
@@ -73,6 +74,9 @@ class ServerMetrics:
             latency = Buckets([b * 1000 for b in LATENCY_BUCKETS_US])  # observed in ns
             batch = Buckets(BATCH_BUCKETS)
         self._series[id(record.model)] = ModelSeries(window, latency, batch)
+
+    def _model_removed(self, record: ModelStats) -> None:
+        self._series.pop(id(record.model), None)
 
     def request_done(
         self,

@@ -60,6 +60,8 @@ class DeviceSample:
     memory_used_bytes: int
     memory_total_bytes: int
     pool_bytes: int
+    # The cost model's profile when the device's execution time is modelled, else "".
+    simulated_timing: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +129,7 @@ class ResourceSampler:
                             memory_used_bytes=int(stats.memory_used_bytes),
                             memory_total_bytes=int(stats.memory_total_bytes),
                             pool_bytes=int(stats.pool_bytes),
+                            simulated_timing=str(getattr(stats, "simulated_timing", "")),
                         )
                     )
                 self._failing.discard(index)

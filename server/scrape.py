@@ -345,12 +345,23 @@ def resource_families(sampler: ResourceSampler | None, devices: bool) -> Iterato
             "pool_bytes",
         ),
     ]
+    simulated = _family(
+        "ge_serve_device_simulated_timing",
+        "1 where the device's execution time is modelled (--sim-cost), by profile: its "
+        "busy time and the execution durations are simulated, its results are real",
+        "gauge",
+    )
     for device in snapshot.devices:
         for family, attribute in families:
             value = float(getattr(device, attribute))
             if value >= 0:  # a device may not know its utilization (reported as < 0)
                 family.add_sample(family.name, {"device": device.device}, value)
+        if device.simulated_timing:
+            labels = {"device": device.device, "profile": device.simulated_timing}
+            simulated.add_sample(simulated.name, labels, 1.0)
     yield from (family for family, _ in families)
+    if simulated.samples:
+        yield simulated
 
 
 def _family(name: str, doc: str, kind: str) -> Metric:

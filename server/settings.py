@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from ge_serve.backends.ge.sim_cost import parse_sim_cost
 from ge_serve.scheduler.ratelimit import resource_limit
 
 from .boolean import parse_bool
@@ -155,6 +156,12 @@ def restriction_rules(name: str, groups: tuple[list[Rule], ...]) -> tuple[Rule, 
 def metrics_config(name: str, pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
     MetricsConfig.parse(pairs)  # a bad key is a usage error, not a failed start
     return pairs
+
+
+def _sim_cost(name: str, value: str) -> str:
+    """--sim-cost must name a profile or give both figures (parsed again where used)."""
+    parse_sim_cost(value)
+    return value
 
 
 def non_negative(name: str, value: int) -> int:
@@ -350,6 +357,18 @@ class Settings:
     )
     atc_cache_dir: str = field(
         default="", metadata=flag(help="where compiled OM files are kept", group=DEVICE)
+    )
+    sim_cost: str = field(
+        default="",
+        metadata=flag(
+            metavar="PROFILE|launch_us=US,per_sample_us=US",
+            check=_sim_cost,
+            help="model the simulated NPU's execution time as launch + per-sample x batch "
+            "(results still come from onnxruntime; metrics and logs say the timing is "
+            "simulated): a profile (npu_ge_resnet50, or default) or the two figures; "
+            "off by default",
+            group=DEVICE,
+        ),
     )
     adaptive_batching: bool = field(
         default=False,

@@ -128,13 +128,28 @@ class StatisticsCollector:
         self._records: dict[int, ModelStats] = {}
         # Told about each new record (metrics attach their own per-model recorders).
         self.on_record_added: list[Callable[[ModelStats], None]] = []
+        # Told when a record is dropped, so per-record state elsewhere goes with it.
+        self.on_record_removed: list[Callable[[ModelStats], None]] = []
         lifecycle.on_loaded.append(self.model_loaded)
+        lifecycle.on_retired.append(self.model_retired)
 
     def model_loaded(self, model: ModelVersion, seconds: float) -> None:
         record = ModelStats(model, load_seconds=seconds)
         self._records[id(model)] = record
         for callback in self.on_record_added:
             callback(record)
+
+    def model_retired(self, model: ModelVersion) -> None:
+        """Drop a version's record once it has stopped serving. The record holds the
+        version, and with it the scheduler and the executors: kept, every reload would
+        leave the replaced version in memory."""
+        self._drop(id(model))
+
+    def _drop(self, key: int) -> None:
+        record = self._records.pop(key, None)
+        if record is not None:
+            for callback in self.on_record_removed:
+                callback(record)
 
     def request_done(
         self,
@@ -191,7 +206,7 @@ class StatisticsCollector:
         """
         live = {id(model): model for model in self._lifecycle.ready_models()}
         for key in [key for key in self._records if key not in live]:
-            del self._records[key]
+            self._drop(key)
         found = [self._records[key] for key in live if key in self._records]
         return sorted(found, key=lambda r: (r.model.name, r.model.version))
 

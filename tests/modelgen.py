@@ -219,6 +219,88 @@ def batch_probe_model() -> onnx.ModelProto:
     return _model(graph)
 
 
+def encoder_model(vocab: int = 64, hidden: int = 16) -> onnx.ModelProto:
+    """A MiniLM-shaped stand-in: INPUT_IDS and ATTENTION_MASK INT64 [batch, seq] ->
+    LAST_HIDDEN FP32 [batch, seq, hidden] (embedding lookup, masked) and EMBEDDING FP32
+    [batch, hidden] (masked mean over seq), with the encoder's dynamic dims."""
+    rng = np.random.default_rng(1)
+    table = rng.standard_normal((vocab, hidden)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["TABLE", "INPUT_IDS"], ["emb"]),
+            helper.make_node("Cast", ["ATTENTION_MASK"], ["maskf"], to=TensorProto.FLOAT),
+            helper.make_node("Unsqueeze", ["maskf", "axis2"], ["mask3"]),
+            helper.make_node("Mul", ["emb", "mask3"], ["LAST_HIDDEN"]),
+            helper.make_node("ReduceSum", ["LAST_HIDDEN", "axis1"], ["total"], keepdims=0),
+            helper.make_node("ReduceSum", ["mask3", "axis1"], ["count"], keepdims=0),
+            helper.make_node("Max", ["count", "one"], ["safe"]),
+            helper.make_node("Div", ["total", "safe"], ["EMBEDDING"]),
+        ],
+        "encoder",
+        [
+            helper.make_tensor_value_info("INPUT_IDS", TensorProto.INT64, ["batch", "seq"]),
+            helper.make_tensor_value_info("ATTENTION_MASK", TensorProto.INT64, ["batch", "seq"]),
+        ],
+        [
+            helper.make_tensor_value_info(
+                "LAST_HIDDEN", TensorProto.FLOAT, ["batch", "seq", hidden]
+            ),
+            helper.make_tensor_value_info("EMBEDDING", TensorProto.FLOAT, ["batch", hidden]),
+        ],
+        [
+            numpy_helper.from_array(table, "TABLE"),
+            numpy_helper.from_array(np.array([2], dtype=np.int64), "axis2"),
+            numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1"),
+            numpy_helper.from_array(np.array(1.0, dtype=np.float32), "one"),
+        ],
+    )
+    return _model(graph)
+
+
+def ocr_rec_model(classes: int = 12) -> onnx.ModelProto:
+    """An OCR-recognition stand-in: X FP32 [batch, 3, 32, width] -> PROBS FP32
+    [batch, width / 4, classes] (a 32x4 stride-4 conv, one column per 4 pixels, softmax)."""
+    rng = np.random.default_rng(2)
+    conv = (rng.standard_normal((8, 3, 32, 4)) / 20).astype(np.float32)
+    head = rng.standard_normal((8, classes)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["X", "W"], ["c"], strides=[32, 4]),
+            helper.make_node("Squeeze", ["c", "axis2"], ["s"]),
+            helper.make_node("Transpose", ["s"], ["t"], perm=[0, 2, 1]),
+            helper.make_node("MatMul", ["t", "HEAD"], ["logits"]),
+            helper.make_node("Softmax", ["logits"], ["PROBS"], axis=-1),
+        ],
+        "ocr_rec",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 3, 32, "width"])],
+        [helper.make_tensor_value_info("PROBS", TensorProto.FLOAT, ["batch", "steps", classes])],
+        [
+            numpy_helper.from_array(conv, "W"),
+            numpy_helper.from_array(head, "HEAD"),
+            numpy_helper.from_array(np.array([2], dtype=np.int64), "axis2"),
+        ],
+    )
+    return _model(graph)
+
+
+def ocr_det_model() -> onnx.ModelProto:
+    """An OCR-detection stand-in: X FP32 [batch, 3, height, width] -> MAP FP32
+    [batch, 1, height, width] (a 3x3 conv and a sigmoid: a text-probability map)."""
+    rng = np.random.default_rng(3)
+    conv = (rng.standard_normal((1, 3, 3, 3)) / 5).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["X", "W"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Sigmoid", ["c"], ["MAP"]),
+        ],
+        "ocr_det",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 3, "h", "w"])],
+        [helper.make_tensor_value_info("MAP", TensorProto.FLOAT, ["batch", 1, "h", "w"])],
+        [numpy_helper.from_array(conv, "W")],
+    )
+    return _model(graph)
+
+
 def write_model(
     repo: Path,
     name: str,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import httpx
@@ -59,3 +60,24 @@ def scrape(url: str) -> Exposition:
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
     return parse(response.text)
+
+
+# --- names a PromQL expression reads (dashboards, adapter rules, scaler queries) ---------
+
+_PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool"}
+_PROMQL_WORDS |= {"and", "or", "unless", "offset"}
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """The metric names an expression reads: not functions, keywords, labels or strings."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # string literals
+    text = re.sub(r"\{[^}]*\}", "", text)  # label matchers
+    text = re.sub(r"\[[^\]]*\]", "", text)  # range selectors
+    text = re.sub(r"\b(?:by|without|on|ignoring)\s*\([^)]*\)", "", text)  # grouping labels
+    names: set[str] = set()
+    for match in re.finditer(r"[a-zA-Z_:][a-zA-Z0-9_:]*", text):
+        rest = text[match.end() :].lstrip()
+        if rest.startswith("(") or match.group() in _PROMQL_WORDS:
+            continue  # a function or a keyword
+        names.add(match.group())
+    return names

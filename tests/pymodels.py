@@ -500,6 +500,54 @@ class TritonPythonModel:
 """
 
 
+# Decoupled, as the mock LLM of Triton's generate-endpoint tests: TEXT = PROMPT, sent
+# REPETITION times (a request parameter, default 1), DELAY seconds apart, then the final
+# flag, or with FAIL_LAST an error response in its place; with STREAM false, one
+# response that carries the final flag. It stops early once the client has gone away,
+# and says so in the log. With GATE, a path, it sends response i > 0 only once the file
+# GATE + str(i) exists: a client that creates it after the event before has shown that
+# the event reached it while the model was still running.
+LLM = """
+import json
+import os
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            params = json.loads(request.parameters())
+            prompt = pb_utils.get_input_tensor_by_name(request, "PROMPT").as_numpy()
+            stream = pb_utils.get_input_tensor_by_name(request, "STREAM").as_numpy()
+            sender = request.get_response_sender()
+            response = pb_utils.InferenceResponse([pb_utils.Tensor("TEXT", prompt)])
+            if not stream.flatten()[0]:
+                sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
+            for index in range(params.get("REPETITION", 1)):
+                if "DELAY" in params:
+                    time.sleep(params["DELAY"])
+                if index and "GATE" in params:
+                    deadline = time.monotonic() + 20
+                    while not os.path.exists(params["GATE"] + str(index)):
+                        if time.monotonic() > deadline:
+                            raise pb_utils.TritonModelException("the gate stayed closed")
+                        time.sleep(0.01)
+                if sender.is_cancelled():
+                    pb_utils.Logger.log_info("llm: the request was cancelled")
+                    break
+                sender.send(response)
+            last = None
+            if params.get("FAIL_LAST", False):
+                last = pb_utils.InferenceResponse(error=pb_utils.TritonError("An Error Occurred"))
+            sender.send(last, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
 def _config(name: str, body: str, extra: str = "") -> str:
     return f'name: "{name}"\nbackend: "python"\n{textwrap.dedent(body)}\n{extra}\n'
 
@@ -611,6 +659,18 @@ MODELS: dict[str, tuple[str, str]] = {
         """
         input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
         output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        """,
+    ),
+    "llm": (
+        LLM,
+        """
+        model_transaction_policy { decoupled: true }
+        input [
+          { name: "PROMPT" data_type: TYPE_STRING dims: [ 1, 1 ] },
+          { name: "STREAM" data_type: TYPE_BOOL dims: [ 1, 1 ] },
+          { name: "input_ids" data_type: TYPE_INT32 dims: [ 1, -1 ] optional: true }
+        ]
+        output [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1, -1 ] } ]
         """,
     ),
     "metrics": (

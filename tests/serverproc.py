@@ -100,8 +100,11 @@ def start_server(
     wait_ready: bool = True,
     timeout: float = 60.0,
     env: dict[str, str] | None = None,
+    ports: tuple[int, int, int] | None = None,
 ) -> ServerProcess:
-    http, grpc, metrics = free_ports(3)
+    """`ports` (HTTP, gRPC, metrics) for a server that must come back where it was, e.g.
+    behind a load balancer; free ones otherwise."""
+    http, grpc, metrics = ports if ports is not None else free_ports(3)
     ports = (http, grpc, metrics)
     log_dir = Path(tempfile.mkdtemp(prefix="ge-serve-log-"))
     log_path = log_dir / "server.log"

@@ -105,8 +105,15 @@ class ModelDesc:
     outputs: tuple[TensorDesc, ...]
     # Dynamic-batch gears, ascending; empty for a static model.
     gears: tuple[int, ...] = ()
-    # Index of the `ascend_mbatch_shape_data` input in `inputs`, for a dynamic-batch model.
+    # Index of the `ascend_mbatch_shape_data` input in `inputs`: it selects the gear of a
+    # dynamic-batch, ND-gear or image-size model.
     dynamic_index: int | None = None
+    # How non-batch dims vary (shapes.DIMS, shapes.HW, shapes.RANGE), "" when they do not.
+    shape_kind: str = ""
+    # ND or image-size gears: each gear's full shape of every data input, in input order.
+    shape_gears: tuple[tuple[tuple[int, ...], ...], ...] = ()
+    # Shape ranges: (low, high) per dim of every data input, in input order.
+    ranges: tuple[tuple[tuple[int, int], ...], ...] = ()
 
     def data_inputs(self) -> tuple[TensorDesc, ...]:
         return tuple(t for t in self.inputs if t.index != self.dynamic_index)
@@ -137,6 +144,16 @@ class ModelSource:
     atc_options: tuple[tuple[str, str], ...] = ()
     # onnxruntime intra-op threads per stream (simulated device only).
     intra_threads: int = 1
+    # How non-batch dims vary (shapes.ShapePlan); None: only the batch dim may.
+    shapes: Any = None
+    # Shape ranges: each output's shape at the ranges' maxima, to size its device buffer
+    # (a range OM reports no output size).
+    output_max: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    @property
+    def shapes_vary(self) -> bool:
+        """Dims other than the batch vary (ND gears, image-size gears or ranges)."""
+        return self.shapes is not None and self.shapes.kind not in ("static", "batch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +193,8 @@ class Dataset:
 
     handle: Any
     buffers: list[Any] = field(default_factory=list)
+    # Tensor descriptions set on it for the current execution (shape-range models).
+    tensor_descs: list[Any] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +264,25 @@ class AclRuntime(Protocol):
     def destroy_dataset(self, device_id: int, dataset: Dataset) -> None: ...
 
     def set_dynamic_batch(self, model: AclModel, inputs: Dataset, batch: int) -> None: ...
+
+    def set_dynamic_dims(self, model: AclModel, inputs: Dataset, dims: tuple[int, ...]) -> None:
+        """Select an ND gear: every data input's full dims, in input order, in a row."""
+        ...
+
+    def set_dynamic_hw(self, model: AclModel, inputs: Dataset, height: int, width: int) -> None:
+        """Select an image-size gear."""
+        ...
+
+    def set_input_shapes(
+        self, model: AclModel, inputs: Dataset, shapes: list[tuple[int, ...]]
+    ) -> None:
+        """Describe this execution's data input shapes (shape-range models)."""
+        ...
+
+    def output_shapes(self, model: AclModel, outputs: Dataset) -> list[tuple[int, ...]]:
+        """The shape of every output of the execution just synchronized (gear or range
+        models, whose output shapes follow the input shapes)."""
+        ...
 
     def execute_async(
         self, model: AclModel, inputs: Dataset, outputs: Dataset, stream: Any

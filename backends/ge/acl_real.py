@@ -23,6 +23,7 @@ from .acl import (
     ACL_DTYPES,
     ACL_ERROR_REPEAT_INITIALIZE,
     DYNAMIC_BATCH_INPUT,
+    NUMPY_TO_ACL,
     AclError,
     AclModel,
     Array,
@@ -35,7 +36,9 @@ from .acl import (
     PreparedModel,
     TensorDesc,
 )
+from .acl_real_shapes import read_shapes
 from .compile import AtcCompiler, AtcJob
+from .shapes import RANGE
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +48,7 @@ ACL_MEMCPY_DEVICE_TO_HOST = 2
 ACL_DDR_MEM = 0
 ACL_HBM_MEM = 1
 ACL_ERROR_REPEAT_FINALIZE = 100037
+ACL_FORMAT_ND = 2
 
 
 def check(ret: Any, call: str) -> None:
@@ -193,7 +197,7 @@ class AclReal:
         suffix = source.path.suffix.lower()
         if suffix == ".om":
             return PreparedModel(source.path, source, "prebuilt OM")
-        dynamic = source.gears if len(source.gears) > 1 else ()
+        dynamic = source.gears if len(source.gears) > 1 and not source.shapes_vary else ()
         job = AtcJob(
             model=source.path,
             soc_version=self.soc_name(),
@@ -206,6 +210,7 @@ class AclReal:
 
     def load_model(self, device_id: int, prepared: PreparedModel) -> AclModel:
         acl = self._acl
+        size = self._query_size(prepared.path)
         model_id = value(acl.mdl.load_from_file(str(prepared.path)), "acl.mdl.load_from_file")
         desc = acl.mdl.create_desc()
         try:
@@ -218,8 +223,20 @@ class AclReal:
                 acl.mdl.destroy_desc(desc)
             acl.mdl.unload(model_id)
             raise
-        size = Path(prepared.path).stat().st_size
         return AclModel(int(model_id), device_id, model_desc, size, desc)
+
+    def _query_size(self, path: Path) -> int:
+        """The device bytes loading the OM takes: its work space plus its weights."""
+        work, weight, ret = self._acl.mdl.query_size(str(path))
+        if int(ret) != 0:
+            log.warning(
+                "acl.mdl.query_size('%s') failed with ACL error %s; counting the OM file's "
+                "size as its device memory",
+                path,
+                ret,
+            )
+            return Path(path).stat().st_size
+        return int(work) + int(weight)
 
     def _read_desc(self, desc: Any) -> ModelDesc:
         acl = self._acl
@@ -241,14 +258,23 @@ class AclReal:
         count = int(batch.get("batchCount", 0))
         gears = tuple(sorted(int(g) for g in list(batch.get("batch", []))[:count]))
         dynamic_index = None
-        if gears:
+        shaped = read_shapes(acl, desc, inputs, DYNAMIC_BATCH_INPUT, bool(gears))
+        if gears or shaped.kind not in ("", RANGE):
             dynamic_index = int(
                 value(
                     acl.mdl.get_input_index_by_name(desc, DYNAMIC_BATCH_INPUT),
                     "acl.mdl.get_input_index_by_name",
                 )
             )
-        return ModelDesc(tuple(inputs), tuple(outputs), gears, dynamic_index)
+        return ModelDesc(
+            tuple(inputs),
+            tuple(outputs),
+            gears,
+            dynamic_index,
+            shape_kind=shaped.kind,
+            shape_gears=shaped.gears(inputs, dynamic_index),
+            ranges=shaped.ranges,
+        )
 
     def unload_model(self, model: AclModel) -> None:
         check(self._acl.mdl.unload(model.model_id), "acl.mdl.unload")
@@ -278,6 +304,8 @@ class AclReal:
             check(self._acl.destroy_data_buffer(data), "acl.destroy_data_buffer")
         dataset.buffers.clear()
         check(self._acl.mdl.destroy_dataset(dataset.handle), "acl.mdl.destroy_dataset")
+        # The dataset held pointers to these; they go once it is gone.
+        self._drop_tensor_descs(dataset.tensor_descs)
 
     def set_dynamic_batch(self, model: AclModel, inputs: Dataset, batch: int) -> None:
         index = model.desc.dynamic_index
@@ -287,6 +315,73 @@ class AclReal:
             self._acl.mdl.set_dynamic_batch_size(model.model_id, inputs.handle, index, batch),
             "acl.mdl.set_dynamic_batch_size",
         )
+
+    def set_dynamic_dims(self, model: AclModel, inputs: Dataset, dims: tuple[int, ...]) -> None:
+        index = model.desc.dynamic_index
+        if index is None:
+            raise AclError("acl.mdl.set_input_dynamic_dims", -1, "the model has no ND gears")
+        io_dims = {"name": "", "dimCount": len(dims), "dims": [int(d) for d in dims]}
+        check(
+            self._acl.mdl.set_input_dynamic_dims(model.model_id, inputs.handle, index, io_dims),
+            "acl.mdl.set_input_dynamic_dims",
+        )
+
+    def set_dynamic_hw(self, model: AclModel, inputs: Dataset, height: int, width: int) -> None:
+        index = model.desc.dynamic_index
+        if index is None:
+            raise AclError("acl.mdl.set_dynamic_hw_size", -1, "the model has no image-size gears")
+        check(
+            self._acl.mdl.set_dynamic_hw_size(
+                model.model_id, inputs.handle, index, int(height), int(width)
+            ),
+            "acl.mdl.set_dynamic_hw_size",
+        )
+
+    def set_input_shapes(
+        self, model: AclModel, inputs: Dataset, shapes: list[tuple[int, ...]]
+    ) -> None:
+        acl = self._acl
+        # The dataset keeps pointers to its tensor descs: the old ones go only once
+        # every input points at a new one.
+        old, inputs.tensor_descs = inputs.tensor_descs, []
+        for tensor, shape in zip(model.desc.data_inputs(), shapes, strict=True):
+            code = NUMPY_TO_ACL.get(tensor.dtype)
+            if code is None:
+                raise AclError("acl.create_tensor_desc", -1, f"no aclDataType for {tensor.dtype}")
+            handle = acl.create_tensor_desc(code, [int(d) for d in shape], ACL_FORMAT_ND)
+            if not handle:
+                raise AclError("acl.create_tensor_desc", -1, "returned a null description")
+            inputs.tensor_descs.append(handle)
+            _, ret = acl.mdl.set_dataset_tensor_desc(inputs.handle, handle, tensor.index)
+            check(ret, "acl.mdl.set_dataset_tensor_desc")
+        self._drop_tensor_descs(old)
+
+    def _drop_tensor_descs(self, handles: list[Any]) -> None:
+        for handle in handles:
+            check(self._acl.destroy_tensor_desc(handle), "acl.destroy_tensor_desc")
+        handles.clear()
+
+    def output_shapes(self, model: AclModel, outputs: Dataset) -> list[tuple[int, ...]]:
+        acl = self._acl
+        shapes: list[tuple[int, ...]] = []
+        for tensor in model.desc.outputs:
+            if model.desc.shape_kind == RANGE:
+                handle = acl.mdl.get_dataset_tensor_desc(outputs.handle, tensor.index)
+                if not handle:
+                    raise AclError("acl.mdl.get_dataset_tensor_desc", -1, "returned no description")
+                count = int(acl.get_tensor_desc_num_dims(handle))
+                dims = [
+                    int(value(acl.get_tensor_desc_dim_v2(handle, i), "acl.get_tensor_desc_dim_v2"))
+                    for i in range(count)
+                ]
+            else:
+                found = value(
+                    acl.mdl.get_cur_output_dims(model.handle, tensor.index),
+                    "acl.mdl.get_cur_output_dims",
+                )
+                dims = [int(d) for d in list(found["dims"])[: int(found["dimCount"])]]
+            shapes.append(tuple(dims))
+        return shapes
 
     def execute_async(
         self, model: AclModel, inputs: Dataset, outputs: Dataset, stream: Any

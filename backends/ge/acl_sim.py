@@ -8,9 +8,12 @@
 - A stream is a worker thread; `execute_async` queues the model run on it and
   `synchronize_stream` waits for it, reporting a failed run like ACL does.
 - A loaded model is an onnxruntime session over the ONNX file, described the way `atc`
-  would describe the OM (dynamic batch gears included), and it refuses a batch that is not
-  one of its gears, as the NPU does.
+  would describe the OM (sim_desc.py: batch gears, ND and image-size gears, shape ranges),
+  and it refuses what the NPU refuses: a batch or shape that is not one of its gears, a
+  shape outside its ranges, an execution whose gear or shapes were not set first.
 - Busy time per device is measured (any stream executing means the device is busy).
+- With a cost model (`--sim-cost`, sim_cost.py) the stream holds each execution for its
+  modelled time; results still come from onnxruntime.
 
 Contexts are emulated too: device calls from a thread that has not bound the device fail.
 """
@@ -28,13 +31,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from ge_serve.backends.onnx_io import read_onnx_io
-
 from .acl import (
     ACL_ERROR_INVALID_PARAM,
     ACL_ERROR_RT_CONTEXT_NULL,
-    ACL_ERROR_RT_INTERNAL_ERROR,
-    DYNAMIC_BATCH_INPUT,
     AclError,
     AclModel,
     Array,
@@ -45,9 +44,10 @@ from .acl import (
     ModelSource,
     PreparedModel,
     TensorDesc,
-    TensorPlan,
 )
-from .options import numpy_dtype
+from .shapes import DIMS, HW, RANGE, describe_gears, format_range, gear_values, in_range
+from .sim_cost import DeviceTimeline, SimCost
+from .sim_desc import check_declared, planned_desc, query_size, row_share
 from .sim_device import Allocation, SimDevice, SimStream, format_bytes
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ ExecuteHook = Callable[[int, int], None]
 @dataclass(slots=True)
 class _SimModel:
     session: ort.InferenceSession
-    weights: Allocation
+    memory: list[Allocation]
     batching: bool
     busy: threading.Lock = field(default_factory=threading.Lock)
 
@@ -67,56 +67,10 @@ class _SimModel:
 @dataclass(slots=True)
 class _SimDataset:
     buffers: list[DeviceBuffer]
+    # The batch gear, or the index of the ND / image-size gear, set before execution.
     gear: int | None = None
-
-
-def planned_desc(source: ModelSource) -> ModelDesc:
-    """The description `atc` gives an OM compiled from `source`'s ONNX file.
-
-    Batching models with two or more gears get a -1 batch dimension and the extra
-    `ascend_mbatch_shape_data` input; a single gear compiles to a static batch.
-    """
-    found_inputs, found_outputs = read_onnx_io(source.path)
-    gears = source.gears
-    dynamic = source.batching and len(gears) > 1
-    lead: tuple[int, ...] = ()
-    rows = 1
-    if source.batching:
-        if not gears:
-            raise ValueError("a batching model needs at least one batch gear")
-        lead = (-1,) if dynamic else (gears[0],)
-        rows = gears[-1]
-
-    def describe(
-        index: int,
-        name: str,
-        found_type: int,
-        found_dims: tuple[int, ...],
-        plans: tuple[TensorPlan, ...],
-    ) -> TensorDesc:
-        plan = next((p for p in plans if p.name == name), None)
-        dims = plan.dims if plan is not None else found_dims[1 if source.batching else 0 :]
-        if any(d < 0 for d in dims):
-            raise ValueError(
-                f"tensor '{name}' has dims {list(dims)}; the GE backend compiles fixed shapes "
-                "apart from the batch dimension, so give its dims in config.pbtxt"
-            )
-        dtype = numpy_dtype(found_type)
-        size = math.prod(dims) * dtype.itemsize * rows
-        return TensorDesc(index, name, dtype, lead + dims, max(size, 1))
-
-    inputs = [
-        describe(i, t.name, t.data_type, t.dims, source.inputs) for i, t in enumerate(found_inputs)
-    ]
-    outputs = [
-        describe(i, t.name, t.data_type, t.dims, source.outputs)
-        for i, t in enumerate(found_outputs)
-    ]
-    dynamic_index = None
-    if dynamic:
-        dynamic_index = len(inputs)
-        inputs.append(TensorDesc(dynamic_index, DYNAMIC_BATCH_INPUT, np.dtype(np.int64), (1,), 8))
-    return ModelDesc(tuple(inputs), tuple(outputs), gears if dynamic else (), dynamic_index)
+    # Data input shapes (set by tensor descs), or the output shapes of the last execution.
+    shapes: list[tuple[int, ...]] | None = None
 
 
 class SimRuntime:
@@ -127,6 +81,7 @@ class SimRuntime:
         devices: int = 1,
         memory_per_device: int = 16 * 1024**3,
         on_execute: ExecuteHook | None = None,
+        cost: SimCost | None = None,
     ) -> None:
         if devices < 1:
             raise ValueError("--sim-devices must be at least 1")
@@ -134,6 +89,8 @@ class SimRuntime:
             raise ValueError("--sim-device-memory must be positive")
         self.devices = [SimDevice(i, memory_per_device) for i in range(devices)]
         self.on_execute = on_execute
+        self.cost = cost
+        self.timelines = [DeviceTimeline() for _ in range(devices)]
         self._tls = threading.local()
         self._lock = threading.Lock()
         self._open: dict[int, int] = {}
@@ -147,7 +104,10 @@ class SimRuntime:
 
     def describe(self) -> str:
         memory = format_bytes(self.devices[0].capacity)
-        return f"simulated NPU ({len(self.devices)} device(s), {memory} each, onnxruntime)"
+        timing = self.cost.describe() if self.cost else "onnxruntime's own timing"
+        return (
+            f"simulated NPU ({len(self.devices)} device(s), {memory} each, onnxruntime, {timing})"
+        )
 
     def device_count(self) -> int:
         return len(self.devices)
@@ -279,9 +239,12 @@ class SimRuntime:
         call = "aclmdlLoadFromFile (simulated)"
         device = self._bound(device_id, call)
         desc = prepared.desc or planned_desc(prepared.source)
-        size = prepared.path.stat().st_size
-        weights = device.allocate(size, f"model '{prepared.path.name}'", call)
+        work, weight = query_size(prepared.path, desc)
+        what = f"model '{prepared.path.name}'"
+        memory = [device.allocate(weight, f"the weights of {what}", call)]
         try:
+            if work:
+                memory.append(device.allocate(work, f"the work space of {what}", call))
             options = ort.SessionOptions()
             options.intra_op_num_threads = max(prepared.source.intra_threads, 1)
             options.inter_op_num_threads = 1
@@ -291,11 +254,12 @@ class SimRuntime:
                 str(prepared.path), sess_options=options, providers=["CPUExecutionProvider"]
             )
         except Exception:
-            device.release(weights.ptr, call)
+            for allocation in memory:
+                device.release(allocation.ptr, call)
             raise
         model_id = next(self._ids)
-        self._models[model_id] = _SimModel(session, weights, prepared.source.batching)
-        return AclModel(model_id, device_id, desc, size, model_id)
+        self._models[model_id] = _SimModel(session, memory, prepared.source.batching)
+        return AclModel(model_id, device_id, desc, work + weight, model_id)
 
     def unload_model(self, model: AclModel) -> None:
         call = "aclmdlUnload (simulated)"
@@ -303,7 +267,8 @@ class SimRuntime:
         loaded = self._models.pop(model.model_id, None)
         if loaded is None:
             raise AclError(call, ACL_ERROR_INVALID_PARAM, f"model {model.model_id} is not loaded")
-        device.release(loaded.weights.ptr, call)
+        for allocation in loaded.memory:
+            device.release(allocation.ptr, call)
 
     def create_dataset(self, device_id: int, buffers: list[DeviceBuffer]) -> Dataset:
         self._bound(device_id, "aclmdlCreateDataset (simulated)")
@@ -324,6 +289,70 @@ class SimRuntime:
             )
         inputs.handle.gear = batch
 
+    def set_dynamic_dims(self, model: AclModel, inputs: Dataset, dims: tuple[int, ...]) -> None:
+        call = "aclmdlSetInputDynamicDims (simulated)"
+        self._bound(model.device_id, call)
+        desc = model.desc
+        if desc.shape_kind != DIMS:
+            raise AclError(call, ACL_ERROR_INVALID_PARAM, "the model has no ND gears")
+        for index in range(len(desc.shape_gears)):
+            if gear_values(desc, index) == tuple(dims):
+                inputs.handle.gear = index
+                return
+        raise AclError(
+            call,
+            ACL_ERROR_INVALID_PARAM,
+            f"dims {list(dims)} are not one of the model's gears: {describe_gears(desc)}",
+        )
+
+    def set_dynamic_hw(self, model: AclModel, inputs: Dataset, height: int, width: int) -> None:
+        call = "aclmdlSetDynamicHWSize (simulated)"
+        self._bound(model.device_id, call)
+        desc = model.desc
+        if desc.shape_kind != HW:
+            raise AclError(call, ACL_ERROR_INVALID_PARAM, "the model has no image-size gears")
+        for index in range(len(desc.shape_gears)):
+            if gear_values(desc, index) == (height, width):
+                inputs.handle.gear = index
+                return
+        raise AclError(
+            call,
+            ACL_ERROR_INVALID_PARAM,
+            f"image size {height}x{width} is not one of the model's gears: {describe_gears(desc)}",
+        )
+
+    def set_input_shapes(
+        self, model: AclModel, inputs: Dataset, shapes: list[tuple[int, ...]]
+    ) -> None:
+        call = "aclmdlSetDatasetTensorDesc (simulated)"
+        self._bound(model.device_id, call)
+        desc = model.desc
+        if desc.shape_kind != RANGE:
+            raise AclError(call, ACL_ERROR_INVALID_PARAM, "the model has no shape ranges")
+        data = desc.data_inputs()
+        if len(shapes) != len(data):
+            raise AclError(call, ACL_ERROR_INVALID_PARAM, f"{len(data)} input shapes are needed")
+        for tensor, shape, ranges in zip(data, shapes, desc.ranges, strict=True):
+            if not in_range(tuple(shape), ranges):
+                raise AclError(
+                    call,
+                    ACL_ERROR_INVALID_PARAM,
+                    f"input '{tensor.name}' shape {list(shape)} is outside the model's range "
+                    f"{format_range(ranges)}",
+                )
+        inputs.handle.shapes = [tuple(s) for s in shapes]
+
+    def output_shapes(self, model: AclModel, outputs: Dataset) -> list[tuple[int, ...]]:
+        self._bound(model.device_id, "aclmdlGetDatasetTensorDesc (simulated)")
+        shapes = outputs.handle.shapes
+        if shapes is None:
+            raise AclError(
+                "aclmdlGetDatasetTensorDesc (simulated)",
+                ACL_ERROR_INVALID_PARAM,
+                "no execution has produced outputs on this dataset",
+            )
+        return list(shapes)
+
     def execute_async(
         self, model: AclModel, inputs: Dataset, outputs: Dataset, stream: Any
     ) -> None:
@@ -335,7 +364,7 @@ class SimRuntime:
         if stream.device is not device:
             raise AclError(call, ACL_ERROR_INVALID_PARAM, "the stream belongs to another NPU")
         desc = model.desc
-        batch = self._batch_of(desc, inputs.handle, loaded.batching, call)
+        in_shapes = self._input_shapes(desc, inputs.handle, loaded.batching, call)
         if len(inputs.handle.buffers) != len(desc.inputs) or len(outputs.handle.buffers) != len(
             desc.outputs
         ):
@@ -349,29 +378,35 @@ class SimRuntime:
             )
         in_buffers = list(inputs.handle.buffers)
         out_buffers = list(outputs.handle.buffers)
+        out_state: _SimDataset = outputs.handle
+        out_state.shapes = None
         hook = self.on_execute
+        cost, timeline = self.cost, self.timelines[model.device_id]
+        rows = in_shapes[0][0] if loaded.batching and in_shapes and in_shapes[0] else 1
+        rows_equiv = rows * row_share(desc, in_shapes, loaded.batching)
 
         def run() -> None:
             device.clock.start()
             try:
+                end = timeline.reserve(cost.duration_ns(rows_equiv)) if cost is not None else 0
                 if hook is not None:
                     hook(model.device_id, model.model_id)
                 feeds = {
-                    t.name: _view(device, in_buffers[t.index], t, batch) for t in desc.data_inputs()
+                    t.name: _view(device, in_buffers[t.index], t, shape)
+                    for t, shape in zip(desc.data_inputs(), in_shapes, strict=True)
                 }
                 names = [t.name for t in desc.outputs]
                 results = loaded.session.run(names, feeds)
+                produced = []
                 for tensor, result in zip(desc.outputs, results, strict=True):
-                    target = _view(device, out_buffers[tensor.index], tensor, batch)
                     array = np.asarray(result)
-                    if array.shape != target.shape:
-                        raise AclError(
-                            "aclmdlExecute (simulated)",
-                            ACL_ERROR_RT_INTERNAL_ERROR,
-                            f"output '{tensor.name}' has shape {list(array.shape)}, the model "
-                            f"declares {list(target.shape)}",
-                        )
+                    check_declared(tensor, array.shape)
+                    target = _view(device, out_buffers[tensor.index], tensor, array.shape)
                     target[...] = array
+                    produced.append(tuple(int(d) for d in array.shape))
+                out_state.shapes = produced
+                if cost is not None:
+                    timeline.hold_until(end)
             finally:
                 device.clock.stop()
                 loaded.busy.release()
@@ -379,7 +414,29 @@ class SimRuntime:
         stream.submit(run)
 
     @staticmethod
-    def _batch_of(desc: ModelDesc, state: _SimDataset, batching: bool, call: str) -> int:
+    def _input_shapes(
+        desc: ModelDesc, state: _SimDataset, batching: bool, call: str
+    ) -> list[tuple[int, ...]]:
+        """Every data input's shape for this execution, from what was set on the dataset."""
+        data = desc.data_inputs()
+        if desc.shape_kind in (DIMS, HW):
+            if state.gear is None:
+                raise AclError(
+                    call,
+                    ACL_ERROR_INVALID_PARAM,
+                    "the model has shape gears and none was set (set_input_dynamic_dims / "
+                    "set_dynamic_hw_size)",
+                )
+            return list(desc.shape_gears[state.gear])
+        if desc.shape_kind == RANGE:
+            if state.shapes is None:
+                raise AclError(
+                    call,
+                    ACL_ERROR_INVALID_PARAM,
+                    "the model has shape ranges and no input tensor descs were set "
+                    "(set_dataset_tensor_desc)",
+                )
+            return list(state.shapes)
         if desc.gears:
             if state.gear is None:
                 raise AclError(
@@ -387,10 +444,8 @@ class SimRuntime:
                     ACL_ERROR_INVALID_PARAM,
                     "the model has batch gears and none was set (set_dynamic_batch_size)",
                 )
-            return state.gear
-        if batching and desc.inputs:
-            return desc.inputs[0].dims[0]
-        return 1
+            return [(state.gear, *t.dims[1:]) for t in data]
+        return [tuple(t.dims) for t in data]
 
     # --- observation --------------------------------------------------------------------
 
@@ -411,10 +466,10 @@ class SimRuntime:
         return None
 
 
-def _view(device: SimDevice, buffer: DeviceBuffer, tensor: TensorDesc, batch: int) -> Array:
-    """The tensor's bytes inside a device buffer, as an array of the tensor's shape."""
-    dims = tensor.dims
-    shape = (batch, *dims[1:]) if dims and dims[0] in (-1, batch) and batch else dims
+def _view(
+    device: SimDevice, buffer: DeviceBuffer, tensor: TensorDesc, shape: tuple[int, ...]
+) -> Array:
+    """`shape` of the tensor's type over the start of a device buffer."""
     count = math.prod(shape)
     allocation = device.lookup(buffer.ptr, "aclmdlExecute (simulated)")
     need = count * tensor.dtype.itemsize

@@ -17,6 +17,7 @@ from .acl import AclRuntime
 from .acl_real import AclReal
 from .acl_sim import SimRuntime
 from .compile import AtcCompiler
+from .sim_cost import SimCost
 
 
 class DeviceUnavailable(RuntimeError):
@@ -40,7 +41,14 @@ def select_runtime(
     sim_memory: int = 16 * 1024**3,
     atc_cache_dir: str = "",
     import_acl: Callable[[], ModuleType] = _import_acl,
+    sim_cost: SimCost | None = None,
 ) -> RuntimeChoice:
+    """The runtime for `device`; `sim_cost` models the simulated NPU's timing (a real NPU
+    ignores it, and says so in the reason)."""
+
+    def sim() -> SimRuntime:
+        return SimRuntime(sim_devices, sim_memory, cost=sim_cost)
+
     if device not in ("auto", "npu", "sim"):
         raise DeviceUnavailable(f"--device must be auto, npu or sim, not '{device}'")
     if sim_devices < 1:
@@ -48,7 +56,7 @@ def select_runtime(
     if sim_memory < 1:
         raise DeviceUnavailable(f"--sim-device-memory must be positive, not {sim_memory}")
     if device == "sim":
-        return RuntimeChoice(SimRuntime(sim_devices, sim_memory), "--device sim")
+        return RuntimeChoice(sim(), "--device sim")
     try:
         acl = import_acl()
     except ImportError as exc:
@@ -58,7 +66,7 @@ def select_runtime(
                 "/usr/local/Ascend/ascend-toolkit/set_env.sh, or use --device sim"
             ) from None
         return RuntimeChoice(
-            SimRuntime(sim_devices, sim_memory),
+            sim(),
             f"--device auto: pyACL is not available (import acl: {exc})",
         )
     compiler = AtcCompiler(Path(atc_cache_dir) if atc_cache_dir else None)
@@ -73,7 +81,7 @@ def select_runtime(
         if device == "npu":
             raise DeviceUnavailable(f"--device npu: pyACL failed to start: {exc}") from None
         return RuntimeChoice(
-            SimRuntime(sim_devices, sim_memory),
+            sim(),
             f"--device auto: pyACL is installed but failed to start ({exc})",
         )
     if count < 1:
@@ -81,7 +89,10 @@ def select_runtime(
         if device == "npu":
             raise DeviceUnavailable("--device npu: pyACL reports no NPU device")
         return RuntimeChoice(
-            SimRuntime(sim_devices, sim_memory),
+            sim(),
             "--device auto: pyACL is installed but reports no NPU device",
         )
-    return RuntimeChoice(real, f"--device {device}: pyACL reports {count} NPU device(s)")
+    reason = f"--device {device}: pyACL reports {count} NPU device(s)"
+    if sim_cost is not None:
+        reason += " (--sim-cost applies to the simulated NPU only and is ignored)"
+    return RuntimeChoice(real, reason)

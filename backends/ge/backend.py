@@ -25,6 +25,7 @@ from ge_serve.protos import model_config_pb2
 from .acl import AclRuntime, ModelSource
 from .executor import GeExecutor
 from .options import GePlan, check_gears, intra_threads, make_plan, parameters
+from .shapes import range_output_max
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class GeDeviceMetrics:
     memory_total_bytes: int
     # Bytes held by the slots' I/O pools on the device (part of memory_used_bytes).
     pool_bytes: int
+    # The cost model's profile when execution time is modelled (--sim-cost), else "".
+    simulated_timing: str = ""
 
 
 class GeBackend:
@@ -95,6 +98,8 @@ class GeBackend:
             input_shape=plan.input_shape,
             atc_options=plan.atc_options,
             intra_threads=intra_threads(params, plan.slot_count, self.cores),
+            shapes=plan.shapes,
+            output_max=range_output_max(spec.model_path, plan.shapes),
         )
         prepared = self.runtime.prepare_model(source)
         if plan.unused_options:
@@ -112,7 +117,8 @@ class GeBackend:
                     )
                 )
             gears = executors[0].gears
-            if plan.batching:
+            buckets = executors[0].shape_buckets
+            if plan.batching and gears:
                 check_gears(gears, int(config.max_batch_size), "the compiled model")
             run_warmup(spec, executors, gears)
         except BaseException:
@@ -129,8 +135,8 @@ class GeBackend:
             self.runtime.kind,
             len(executors),
             ",".join(str(d) for d in plan.device_ids),
-            f"gears {list(gears)}" if gears else "no batch gears",
-            prepared.note,
+            _shapes_note(executors[0], gears),
+            prepared.note if self._timing() == "measured" else f"{prepared.note}, {self._timing()}",
         )
         slots = list(executors)
         with self._lock:
@@ -138,13 +144,19 @@ class GeBackend:
         return LoadedModel(
             executors=list(slots),
             gears=gears if plan.batching else (),
+            shape_buckets=buckets,
             memory_bytes=sum(e.memory_bytes for e in slots),
             extra={
                 "runtime": self.runtime.kind,
+                "timing": self._timing(),
                 "devices": plan.device_ids,
                 "pool_stats": lambda: [e.pool_stats() for e in slots],
             },
         )
+
+    def _timing(self) -> str:
+        cost = getattr(self.runtime, "cost", None)
+        return str(cost.describe()) if cost is not None else "measured"
 
     def _check_devices(self, plan: GePlan) -> None:
         count = self.runtime.device_count()
@@ -164,6 +176,8 @@ class GeBackend:
         for executor in executors:
             device = executor.slot.device_id
             pools[device] = pools.get(device, 0) + executor.stats.bytes
+        cost = getattr(self.runtime, "cost", None)
+        profile = str(cost.name) if cost is not None else ""
         found = []
         for device in self.runtime.active_devices():
             stats = self.runtime.device_stats(device)
@@ -174,6 +188,7 @@ class GeBackend:
                     memory_used_bytes=stats.memory_used,
                     memory_total_bytes=stats.memory_total,
                     pool_bytes=pools.get(device, 0),
+                    simulated_timing=profile,
                 )
             )
         return found
@@ -181,6 +196,13 @@ class GeBackend:
     def close(self) -> None:
         """Release the device runtime at server exit."""
         self.runtime.shutdown()
+
+
+def _shapes_note(executor: GeExecutor, gears: tuple[int, ...]) -> str:
+    kind = executor.shape_kind
+    if kind:
+        return f"{kind} shapes ({executor.describe_shapes()})"
+    return f"gears {list(gears)}" if gears else "no batch gears"
 
 
 def _slots(spec: ModelSpec, plan: GePlan) -> list[SlotInfo]:

@@ -7,6 +7,13 @@ reused by every execution. A dynamic-batch OM wants its buffers sized for its la
 an execution copies the batch in, sets the gear, runs, and copies the batch's rows out.
 Nothing is allocated on the device per request; only the host arrays handed back to the
 caller are new.
+
+Models whose other dims vary (shapes.py) execute only what the OM was compiled for: the
+exact shapes of an ND or image-size gear, selected before each run, or shapes inside the
+ranges of a shape-range OM, described before each run with tensor descs; anything else is
+refused (`ShapeRejected`, answered as invalid input) with what the model accepts. Their
+buffers are sized for the largest gear, or each range's maximum, and their output shapes
+are read back from the device after each run.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ge_serve.backends.base import Array, BackendError, SlotInfo
+from ge_serve.backends.base import Array, BackendError, ShapeBucket, ShapeRejected, SlotInfo
 
 from .acl import (
     AclError,
@@ -30,6 +37,17 @@ from .acl import (
     PreparedModel,
     TensorDesc,
     TensorPlan,
+)
+from .shapes import (
+    DIMS,
+    HW,
+    RANGE,
+    describe_gears,
+    format_range,
+    gear_index,
+    gear_values,
+    in_range,
+    max_shape,
 )
 
 log = logging.getLogger(__name__)
@@ -50,7 +68,8 @@ class PoolStats:
     allocations: int = 0
     # Executions served from the pool, in total and per gear.
     executions: int = 0
-    by_gear: dict[int, int] = field(default_factory=dict)
+    # Per batch gear, or per shape ("1x128") for models whose other dims vary.
+    by_gear: dict[int | str, int] = field(default_factory=dict)
     bytes_in: int = 0
     bytes_out: int = 0
     failures: int = 0
@@ -105,6 +124,7 @@ class GeExecutor:
         inputs: tuple[TensorPlan, ...],
         outputs: tuple[TensorPlan, ...],
         batching: bool,
+        output_max: tuple[tuple[str, tuple[int, ...]], ...] = (),
     ) -> None:
         self.slot = slot
         self._runtime = runtime
@@ -117,8 +137,15 @@ class GeExecutor:
         desc = model.desc
         self._inputs = _match(inputs, desc.data_inputs(), "input")
         self._outputs = _match(outputs, desc.outputs, "output")
-        if desc.gears:
-            self.gears: tuple[int, ...] = desc.gears
+        self._output_max = dict(output_max)
+        self._kind = desc.shape_kind
+        if desc.shape_gears:
+            leads = {g[0][0] for g in desc.shape_gears if g and g[0]}
+            self.gears: tuple[int, ...] = tuple(sorted(leads)) if batching else ()
+        elif desc.shape_kind == RANGE:
+            self.gears = ()
+        elif desc.gears:
+            self.gears = desc.gears
         elif batching:
             lead = desc.data_inputs()[0].dims[0] if desc.data_inputs() else -1
             if lead < 1:
@@ -154,7 +181,9 @@ class GeExecutor:
             runtime.bind_thread(device)
             stream = runtime.create_stream(device)
             model = runtime.load_model(device, prepared)
-            executor = cls(slot, runtime, model, stream, inputs, outputs, batching)
+            executor = cls(
+                slot, runtime, model, stream, inputs, outputs, batching, prepared.source.output_max
+            )
             executor._build_pool()
             return executor
         except BaseException:
@@ -170,6 +199,34 @@ class GeExecutor:
             raise
 
     @property
+    def shape_kind(self) -> str:
+        return self._kind
+
+    def describe_shapes(self) -> str:
+        assert self._model is not None
+        desc = self._model.desc
+        if self._kind == RANGE:
+            names = [t.name for t in desc.data_inputs()]
+            return ", ".join(
+                f"{n} {format_range(r)}" for n, r in zip(names, desc.ranges, strict=True)
+            )
+        return describe_gears(desc)
+
+    @property
+    def shape_buckets(self) -> tuple[ShapeBucket, ...]:
+        """The gears as the scheduler pads to them: the varying inputs' full shapes."""
+        assert self._model is not None
+        desc = self._model.desc
+        data = desc.data_inputs()
+        varying = [i for i, t in enumerate(data) if any(d < 0 for d in t.dims)]
+        buckets = [
+            ShapeBucket({data[i].name: gear[i] for i in varying}) for gear in desc.shape_gears
+        ]
+        return tuple(
+            sorted(buckets, key=lambda b: (sum(math.prod(s) for s in b.shapes.values()), str(b)))
+        )
+
+    @property
     def memory_bytes(self) -> int:
         model = self._model.memory_bytes if self._model is not None else 0
         return model + self.stats.bytes
@@ -180,11 +237,29 @@ class GeExecutor:
         desc = self._model.desc
         runtime.bind_thread(device)
         for tensor in desc.inputs:
-            self._in_buffers.append(self._alloc(tensor.size))
+            self._in_buffers.append(self._alloc(self._capacity(tensor, "input")))
         for tensor in desc.outputs:
-            self._out_buffers.append(self._alloc(tensor.size))
+            self._out_buffers.append(self._alloc(self._capacity(tensor, "output")))
         self._in_dataset = runtime.create_dataset(device, self._in_buffers)
         self._out_dataset = runtime.create_dataset(device, self._out_buffers)
+
+    def _capacity(self, tensor: TensorDesc, what: str) -> int:
+        """A tensor's buffer bytes: as the model reports them (at its largest gear), or, for
+        a shape-range model, which reports 0, at the ranges' maximum."""
+        if tensor.size > 0 or self._kind != RANGE:
+            return tensor.size
+        assert self._model is not None
+        desc = self._model.desc
+        if what == "input":
+            ranges = desc.ranges[[t.index for t in desc.data_inputs()].index(tensor.index)]
+            return math.prod(max_shape(ranges)) * tensor.dtype.itemsize
+        shape = self._output_max.get(tensor.name)
+        if shape is None:
+            raise ValueError(
+                f"output '{tensor.name}' of the shape-range model has no known maximum size "
+                "to size its device buffer for; give it fixed dims in config.pbtxt"
+            )
+        return math.prod(shape) * tensor.dtype.itemsize
 
     def _alloc(self, size: int) -> DeviceBuffer:
         buffer = self._runtime.malloc(self._device, max(size, 1))
@@ -213,7 +288,13 @@ class GeExecutor:
         if self._model is None or self._in_dataset is None or self._out_dataset is None:
             raise BackendError(f"executor {self.slot.name} is closed")
         try:
+            if self._kind:
+                return self._execute_shaped(
+                    inputs, self._model, self._in_dataset, self._out_dataset
+                )
             return self._execute(inputs, self._model, self._in_dataset, self._out_dataset)
+        except ShapeRejected:
+            raise
         except BackendError:
             self.stats.failures += 1
             raise
@@ -255,6 +336,75 @@ class GeExecutor:
         stats = self.stats
         stats.executions += 1
         stats.by_gear[batch] = stats.by_gear.get(batch, 0) + 1
+        stats.bytes_in += moved_in
+        stats.bytes_out += moved_out
+        return results
+
+    def _execute_shaped(
+        self, inputs: Mapping[str, Array], model: AclModel, in_ds: Dataset, out_ds: Dataset
+    ) -> dict[str, Array]:
+        """One execution of an ND-gear, image-size or shape-range model."""
+        runtime, device, desc = self._runtime, self._device, model.desc
+        runtime.bind_thread(device)
+        ordered = sorted(self._inputs, key=lambda pair: pair[1].index)
+        arrays = []
+        for plan, _ in ordered:
+            array = inputs.get(plan.name)
+            if array is None:
+                raise BackendError(f"input '{plan.name}' is missing")
+            arrays.append(array)
+        shapes = [tuple(int(d) for d in a.shape) for a in arrays]
+        index = -1
+        if self._kind == RANGE:
+            for (plan, _), shape, ranges in zip(ordered, shapes, desc.ranges, strict=True):
+                if not in_range(shape, ranges):
+                    raise ShapeRejected(
+                        f"input '{plan.name}' has shape {list(shape)}, outside the model's "
+                        f"shape range {format_range(ranges)}"
+                    )
+        else:
+            found = gear_index(desc, shapes)
+            if found is None:
+                got = ", ".join(
+                    f"{p.name} {list(s)}" for (p, _), s in zip(ordered, shapes, strict=True)
+                )
+                raise ShapeRejected(
+                    f"input shapes {got} are not a gear of this model; its gears are: "
+                    f"{describe_gears(desc)}"
+                )
+            index = found
+        moved_in = 0
+        for (_, tensor), array in zip(ordered, arrays, strict=True):
+            data = np.ascontiguousarray(array, dtype=tensor.dtype)
+            runtime.memcpy_h2d(self._in_buffers[tensor.index], data)
+            moved_in += data.nbytes
+        if self._kind == RANGE:
+            runtime.set_input_shapes(model, in_ds, shapes)
+        elif self._kind == DIMS:
+            runtime.set_dynamic_dims(model, in_ds, gear_values(desc, index))
+        elif self._kind == HW:
+            height, width = gear_values(desc, index)
+            runtime.set_dynamic_hw(model, in_ds, height, width)
+        runtime.execute_async(model, in_ds, out_ds, self._stream)
+        runtime.synchronize_stream(device, self._stream)
+        produced = runtime.output_shapes(model, out_ds)
+        results: dict[str, Array] = {}
+        moved_out = 0
+        for plan, tensor in self._outputs:
+            shape = tuple(produced[tensor.index])
+            host = np.empty(shape, dtype=tensor.dtype)
+            if host.nbytes > self._out_buffers[tensor.index].size:
+                raise BackendError(
+                    f"output '{tensor.name}' of shape {list(shape)} exceeds its "
+                    f"{self._out_buffers[tensor.index].size}-byte device buffer"
+                )
+            runtime.memcpy_d2h(host, self._out_buffers[tensor.index])
+            moved_out += host.nbytes
+            results[plan.name] = host if host.dtype == plan.dtype else host.astype(plan.dtype)
+        stats = self.stats
+        stats.executions += 1
+        key = "x".join(str(d) for d in shapes[0]) if shapes else "-"
+        stats.by_gear[key] = stats.by_gear.get(key, 0) + 1
         stats.bytes_in += moved_in
         stats.bytes_out += moved_out
         return results

@@ -20,7 +20,9 @@ the model, as one loaded OM must not run on two streams at once.
 
 Gears: batching models always execute at a gear, as a compiled OM does: the gears are
 `dynamicDims` when given, the single batch `max_batch_size` for `static_model`, and
-otherwise 1, 2, 4, ... up to `max_batch_size`.
+otherwise 1, 2, 4, ... up to `max_batch_size`. Dims other than the batch that vary
+(ND gears, image-size gears, shape ranges) are planned by `shapes.plan_shapes`; their
+batch gears are the batch dims of the shape gears.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from ge_serve.protos import model_config_pb2
 from ..onnx_io import CONFIG_NUMPY
 from ..paths import resolve_inside
 from .acl import TensorPlan
+from .shapes import BATCH, RANGE, STATIC, ShapePlan, plan_shapes
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +118,13 @@ ATC_FILE_FLAGS = frozenset(
 _OWN_ATC_FLAGS = frozenset({"model", "framework", "output", "mode"})
 _ATC_FLAG_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 # Options ge-serve turns into atc's shape and gear flags itself.
-_SHAPE_OPTIONS = ("ge.inputShape", "ge.dynamicDims", "ge.dynamicNodeType")
+_SHAPE_OPTIONS = ("ge.inputShape", "ge.dynamicDims", "ge.dynamicNodeType", "ge.dynamicImageSize")
+# atc flags given as `atc.<flag>` that say the same as a shape option (the option wins).
+_SHAPE_FLAGS = {
+    "input_shape": "ge.inputShape",
+    "dynamic_dims": "ge.dynamicDims",
+    "dynamic_image_size": "ge.dynamicImageSize",
+}
 _SCOPES = ("graph.", "session.", "global.")
 
 
@@ -146,6 +155,8 @@ class GePlan:
     outputs: tuple[TensorPlan, ...]
     input_shape: str
     atc_options: tuple[tuple[str, str], ...]
+    # How dims other than the batch vary (ND gears, image-size gears, ranges).
+    shapes: ShapePlan = field(default_factory=lambda: ShapePlan(STATIC))
     # Every GE option given, keyed without its scope prefix (for the log).
     ge_options: dict[str, str] = field(default_factory=dict)
     # GE options that have no atc flag and so do not apply to an OM.
@@ -362,11 +373,31 @@ def make_plan(
             own[key] = str(parameter_path(model_dir, key, text))
     params = {**(backend_config or {}), **own}
     options = ge_options(params)
+    for key in [k for k in params if k.startswith("atc.")]:
+        option = _SHAPE_FLAGS.get(atc_flag(key))
+        if option is not None:
+            options.setdefault(option, params.pop(key))
     batching = config.max_batch_size > 0
     static = params.get("static_model", "").strip() == "1"
     dims_text = options.get("ge.dynamicDims", "").strip()
-    if not batching:
+    inputs = _tensors(config.input)
+    outputs = _tensors(config.output)
+    shapes = plan_shapes(options, inputs, batching, int(config.max_batch_size))
+    if shapes.kind not in (BATCH, STATIC):
+        dims_text = ""
+    if shapes.kind == RANGE:
         gears: tuple[int, ...] = ()
+        high = shapes.inputs[0].ranges[0][1] if batching else 0
+        if batching and high < config.max_batch_size:
+            raise ValueError(
+                f"max_batch_size {config.max_batch_size} exceeds the batch range of "
+                f"graph.ge.inputShape '{shapes.input_shape}' (at most {high})"
+            )
+    elif shapes.gears:
+        gears = tuple(sorted({g[0][0] for g in shapes.gears})) if batching else ()
+        check_gears(gears, int(config.max_batch_size), "the shape gears")
+    elif not batching:
+        gears = ()
         if dims_text:
             log.warning(
                 "model '%s': graph.ge.dynamicDims is ignored because max_batch_size is 0",
@@ -379,10 +410,13 @@ def make_plan(
         check_gears(gears, int(config.max_batch_size), "graph.ge.dynamicDims")
     else:
         gears = default_gears(int(config.max_batch_size))
-    inputs = _tensors(config.input)
-    outputs = _tensors(config.output)
-    input_shape = options.get("ge.inputShape", "").strip() or _input_shape(inputs, batching, gears)
-    atc: list[tuple[str, str]] = []
+    if shapes.kind in (BATCH, STATIC):
+        input_shape = options.get("ge.inputShape", "").strip() or _input_shape(
+            inputs, batching, gears
+        )
+    else:
+        input_shape = shapes.input_shape
+    atc: list[tuple[str, str]] = list(shapes.atc_flags)
     unused: list[str] = []
     for key in sorted(options):
         if key in _SHAPE_OPTIONS:
@@ -411,6 +445,7 @@ def make_plan(
         outputs=outputs,
         input_shape=input_shape,
         atc_options=tuple(atc),
+        shapes=shapes,
         ge_options=options,
         unused_options=tuple(unused),
     )

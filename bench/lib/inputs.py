@@ -131,7 +131,7 @@ def make_sample(
 def _json_entry(array: Array, b64_threshold: int) -> dict[str, object]:
     shape = [int(d) for d in array.shape]
     if array.dtype == np.object_:
-        return {"content": [bytes(v).decode() for v in array.flat], "shape": shape}
+        return {"content": [bytes(v).decode() for v in array.ravel().tolist()], "shape": shape}
     if array.size >= b64_threshold:
         raw = np.ascontiguousarray(array).tobytes()
         return {"b64": base64.b64encode(raw).decode("ascii"), "shape": shape}
@@ -156,7 +156,7 @@ def write_directory(arrays: Mapping[str, Array], path: Path) -> Path:
     for name, array in arrays.items():
         target = path / name
         if array.dtype == np.object_:
-            target.write_bytes(b"\n".join(bytes(v) for v in array.flat))
+            target.write_bytes(b"\n".join(bytes(v) for v in array.ravel().tolist()))
         else:
             target.write_bytes(np.ascontiguousarray(array).tobytes())
     return path

@@ -104,9 +104,11 @@ def open_sessions(
 
 
 def batched_feed(
-    session: ort.InferenceSession, batch: int, seed: int
+    session: ort.InferenceSession, batch: int, seed: int, int_high: int = 16
 ) -> tuple[dict[str, Any], bool]:
-    """One fixed valid batch for every input, and whether the model has a batch dim."""
+    """One fixed valid batch for every input, and whether the model has a batch dim.
+    Integers are drawn from [0, int_high): valid indices for every table at least that long
+    (2 for a BERT's token type ids)."""
     rng = np.random.default_rng(seed)
     feed: dict[str, Any] = {}
     batched = True
@@ -116,7 +118,7 @@ def batched_feed(
         batched = batched and first_dynamic
         rest = tuple(d if isinstance(d, int) else 8 for d in dims[1:])
         spec = InputSpec(item.name, ORT_TYPES[item.type], rest)
-        sample = make_array(spec, rng)
+        sample = make_array(spec, rng, int_high=int_high)
         if sample.dtype == np.object_:
             sample = np.vectorize(lambda v: bytes(v).decode())(sample).astype(object)
         lead = batch if first_dynamic else (dims[0] if dims else None)

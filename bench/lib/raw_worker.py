@@ -32,9 +32,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("batch", type=int)
     parser.add_argument("counter", type=Path)
     parser.add_argument("--slots", type=int, default=1)
+    parser.add_argument("--int-high", type=int, default=16, help="integer inputs in [0, N)")
     args = parser.parse_args(argv)
     sessions = open_sessions(args.model, slots=args.slots).sessions
-    feed, batched = batched_feed(sessions[0], args.batch, seed=0)
+    feed, batched = batched_feed(sessions[0], args.batch, seed=0, int_high=args.int_high)
     samples = args.batch if batched else 1
     for session in sessions:
         session.run(None, feed)  # warm-up, before the counter exists

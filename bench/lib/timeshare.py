@@ -362,7 +362,9 @@ class RawLoad(_Frozen):
     """Raw onnxruntime at `batch`, back to back, in bench/lib/raw_worker.py. Starts running
     (loading its model); `warm` pauses it once it counts."""
 
-    def __init__(self, name: str, model: Path, batch: int, workdir: Path, slots: int = 1) -> None:
+    def __init__(
+        self, name: str, model: Path, batch: int, workdir: Path, slots: int = 1, int_high: int = 16
+    ) -> None:
         self.name = name
         safe = "".join(ch if ch.isalnum() else "_" for ch in name)
         self._path = workdir / f"{safe}.counter"
@@ -372,7 +374,8 @@ class RawLoad(_Frozen):
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
         )
-        self._worker = subprocess.Popen([*worker, str(self._path), "--slots", str(slots)], env=env)
+        options = ["--slots", str(slots), "--int-high", str(int_high)]
+        self._worker = subprocess.Popen([*worker, str(self._path), *options], env=env)
         self._pids = [self._worker.pid]
         self._counter: mmap.mmap | None = None
 
@@ -439,12 +442,14 @@ class ServerContender:
 
 @dataclass(frozen=True)
 class RawContender:
-    """A raw onnxruntime contender: `model` at `batch`, as `slots` sessions in parallel."""
+    """A raw onnxruntime contender: `model` at `batch`, as `slots` sessions in parallel,
+    integer inputs drawn from [0, int_high)."""
 
     name: str
     model: Path
     batch: int
     slots: int = 1
+    int_high: int = 16
 
 
 class Measured(NamedTuple):
@@ -480,9 +485,8 @@ def run_contenders(
             running.append((spec, server))
         raw_loads: list[RawLoad] = []
         for raw_spec in raws:
-            raw = stack.enter_context(
-                RawLoad(raw_spec.name, raw_spec.model, raw_spec.batch, workdir, raw_spec.slots)
-            )
+            spec_args = (raw_spec.model, raw_spec.batch, workdir, raw_spec.slots)
+            raw = stack.enter_context(RawLoad(raw_spec.name, *spec_args, raw_spec.int_high))
             warm(raw, 0.5)
             raw_loads.append(raw)
         loads = [

@@ -32,6 +32,11 @@ SUITES: tuple[Suite, ...] = (
         "GE executor slots on the simulated NPU: 2 slots against 1, time-shared",
     ),
     Suite(
+        "npu-sim",
+        "bench.suites.npu_sim",
+        "batching on the simulated NPU with the calibrated --sim-cost (simulated timing)",
+    ),
+    Suite(
         "metrics-overhead",
         "bench.suites.metrics_overhead",
         "what metrics cost: metrics on against --allow-metrics=false, time-shared",
@@ -56,11 +61,26 @@ SUITES: tuple[Suite, ...] = (
         "bench.suites.smoke",
         "under a minute: proves server, perf_analyzer and raw onnxruntime work together",
     ),
+    Suite(
+        "embeddings",
+        "bench.suites.embeddings",
+        "the minilm pipeline: sentences/s at c=1 and 16, batching on and off, time-shared",
+    ),
+    Suite(
+        "python-backend",
+        "bench.suites.python_backend",
+        "Python-backend add_sub against the same ONNX computation, c=1 and 16, time-shared",
+    ),
     Suite("soak", "bench.soak", "a long run under steady load (bench/soak.py)"),
     Suite(
         "shutdown",
         "bench.shutdown_under_load",
         "stopping the server under load (bench/shutdown_under_load.py)",
+    ),
+    Suite(
+        "ocr",
+        "bench.suites.ocr",
+        "OCR images/s (examples/ocr) at concurrency 1 and 16, batching on and off",
     ),
     Suite(
         "ensemble-overhead",

@@ -36,6 +36,18 @@ def as_server_error(exc: BaseException) -> ServerError:
     return ServerError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
 
+def fail(context: Any, exc: ServerError) -> None:
+    """Set the RPC's final status to the one for `exc`; the handler then returns nothing.
+
+    Unary handlers end this way rather than with `context.abort`: abort raises, and every
+    aborted call left an exception, its traceback and the call's context in a reference
+    cycle with grpc's call state, so the server's memory grew with each refused request
+    until a full collection. grpc discards the returned message of a non-OK status.
+    """
+    context.set_code(status_of(exc))
+    context.set_details(exc.message)
+
+
 async def abort(context: Any, exc: ServerError) -> NoReturn:
     """End the RPC with the status for `exc`; `context.abort` raises, so this never returns."""
     await context.abort(status_of(exc), exc.message)
@@ -64,26 +76,37 @@ class Undecodable:
         )
 
 
-def guard(handler: Handler[S, Req, Resp]) -> Handler[S, Req, Resp]:
-    """Wrap a unary handler: a ServerError ends the RPC with its mapped status and message;
-    an unexpected exception is logged and ends it INTERNAL, never as an opaque UNKNOWN.
+def guard(handler: Handler[S, Req, Resp]) -> Handler[S, Req, Resp | None]:
+    """Wrap a unary handler: a ServerError ends the RPC with its mapped status and message
+    (see `fail`); an unexpected exception is logged and ends it INTERNAL, never as an
+    opaque UNKNOWN.
 
     Handlers decode request parts under `decoding(...)`, so an unexpected exception there
     is already the client's INVALID_ARGUMENT when it gets here.
     """
 
     @functools.wraps(handler)
-    async def guarded(self: S, request: Req, context: Any) -> Resp:
+    async def guarded(self: S, request: Req, context: Any) -> Resp | None:
+        if isinstance(request, Undecodable):
+            fail(context, request.error)
+            return None
         try:
-            if isinstance(request, Undecodable):
-                raise request.error
             return await handler(self, request, context)
         except ServerError as exc:
-            await abort(context, exc)
+            error = exc
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
             log.exception("unhandled error in %s", handler.__name__)
-            await abort(context, as_server_error(exc))
+            error = as_server_error(exc)
+        # Outside the except blocks, so the exception and its frames are released now.
+        if error.code is ErrorCode.UNAVAILABLE:
+            # UNAVAILABLE says "send it again" (stopping, queue full): it must end the call
+            # with trailers only, as abort does, or grpc counts the call as answered and a
+            # client's retry policy never retries it. set_code + return sends headers
+            # first. These refusals are the rare ones; abort's garbage is the price.
+            await abort(context, error)
+        fail(context, error)
+        return None
 
     return guarded

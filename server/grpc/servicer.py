@@ -44,7 +44,9 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
 
-def admitted(handler: Handler[GrpcServicer, Req, Resp]) -> Handler[GrpcServicer, Req, Resp]:
+def admitted(
+    handler: Handler[GrpcServicer, Req, Resp],
+) -> Handler[GrpcServicer, Req, Resp | None]:
     """A guarded unary handler that passes the gate: refused while the server stops, and
     counted while it runs."""
 

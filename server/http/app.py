@@ -29,7 +29,7 @@ from ge_serve.server.drain import DrainGate
 from ge_serve.server.errors import ErrorCode, ServerError, decoding
 from ge_serve.server.restrictions import RestrictedApis
 
-from . import codec, compression, encode, monitoring, openapi, sharedmemory, trace
+from . import codec, compression, encode, generate, monitoring, openapi, sharedmemory, trace
 from .bodies import (
     InferRequestBody,
     RepositoryIndexRequest,
@@ -198,6 +198,7 @@ class HttpFrontEnd:
             *self.versioned("/ready", self.model_ready, ["GET"]),
             *self.versioned("/config", self.model_config, ["GET"]),
             *self.infer_routes,
+            *generate.routes(self, self.settings.max_input_size),
             *self.versioned("", self.model_metadata, ["GET"]),
         ]
 

@@ -201,3 +201,24 @@ class ErrorBody(BaseModel):
     """Every error: `{"error": "<message>"}`."""
 
     error: str
+
+
+# --- the generate extension: described here, decoded by generate_codec.py --------------------
+
+
+class GenerateRequestBody(BaseModel):
+    """A generate request: one flat object. Each key that names a model input is that
+    input (a scalar or a 1-D array, shaped by the model's dims, of its datatype); any other
+    key is a request parameter. An empty body is an empty object."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={"examples": [{"text_input": "hello", "parameters": {"stream": False}}]},
+    )
+
+    id: str | None = Field(None, description="The request id, echoed in every response.")
+    parameters: dict[str, Any] | None = Field(
+        None,
+        description="More keys, mapped as the top-level ones are: inputs by name, the rest "
+        "parameters (a boolean, number or string).",
+    )

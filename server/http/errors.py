@@ -30,8 +30,12 @@ def error_response(status: int, message: str) -> Response:
     )
 
 
+def http_status(exc: ServerError) -> int:
+    return STATUS.get(exc.code, 400)
+
+
 def server_error_response(exc: ServerError) -> Response:
-    response = error_response(STATUS.get(exc.code, 400), exc.message)
+    response = error_response(http_status(exc), exc.message)
     if isinstance(exc, ClosingError):
         response.headers["connection"] = "close"
     return response

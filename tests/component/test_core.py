@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -13,6 +15,7 @@ from ge_serve.server.app import make_scheduler
 from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.lifecycle import LifecycleSettings, ModelLifecycle
+from ge_serve.server.metrics import ServerMetrics
 from ge_serve.server.records import (
     ModelState,
     RepositoryEntry,
@@ -145,3 +148,31 @@ async def test_stop_accepting(server: InferenceServer) -> None:
     with pytest.raises(ServerError) as info:
         await server.infer(simple_request())
     assert info.value.code is ErrorCode.UNAVAILABLE
+
+
+class Marker:
+    pass
+
+
+async def test_a_reloaded_version_is_freed(server: InferenceServer) -> None:
+    """Nothing that serves keeps a replaced version: not the statistics, not the metrics.
+    Each reload would otherwise leave the old scheduler and executors in memory."""
+    metrics = ServerMetrics(server.stats, devices=False)
+    server.observers.append(metrics)
+    lifecycle = server.lifecycle
+    old = lifecycle.get("simple", "")
+    # ModelVersion takes no weak reference; something its loaded model holds does.
+    marker = Marker()
+    old.loaded.extra["marker"] = marker
+    freed = weakref.ref(marker)
+    del marker
+    await server.infer(simple_request())
+    await lifecycle.load("simple")
+    assert lifecycle.get("simple", "") is not old, "the load did not reload"
+    del old
+    await server.infer(simple_request())
+    gc.collect()
+    assert freed() is None, "the replaced version is still held"
+    # The new version is counted from zero, as Triton counts a reloaded model.
+    (stats,) = server.statistics("simple")
+    assert stats.inference_count == 1

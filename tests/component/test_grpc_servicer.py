@@ -3,6 +3,7 @@ repository load/unload, logging), driven directly with a recording core."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 import grpc
@@ -28,8 +29,30 @@ class Aborted(Exception):
 
 
 class Context:
+    def __init__(self) -> None:
+        self.code: Any = None
+        self.details = ""
+
+    def set_code(self, code: Any) -> None:
+        self.code = code
+
+    def set_details(self, details: str) -> None:
+        self.details = details
+
     async def abort(self, code: Any, details: str) -> None:
         raise Aborted(code, details)
+
+
+async def refused(call: Awaitable[object], context: Context) -> Aborted:
+    """The status a unary RPC ended with: a handler that fails sets the code and details
+    and returns no message (grpc sends only the status)."""
+    try:
+        response = await call
+    except Aborted as exc:
+        return exc
+    assert response is None, "a refused call returned a message"
+    assert context.code is not None, "the call was not refused"
+    return Aborted(context.code, context.details)
 
 
 def _took(count: int, ns: int) -> StatisticDuration:
@@ -135,10 +158,10 @@ async def test_load_parameter_errors(
 ) -> None:
     request = pb.RepositoryModelLoadRequest(model_name="m")
     setattr(request.parameters[key], field, value)
-    with pytest.raises(Aborted) as info:
-        await servicer.RepositoryModelLoad(request, Context())
-    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
-    assert text in info.value.details
+    context = Context()
+    info = await refused(servicer.RepositoryModelLoad(request, context), context)
+    assert info.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert text in info.details
     assert core.calls == []
 
 
@@ -179,9 +202,9 @@ async def test_core_errors_map_to_status(
         raise ServerError(code, "the reason")
 
     core.statistics = failing  # type: ignore[method-assign]
-    with pytest.raises(Aborted) as info:
-        await servicer.ModelStatistics(pb.ModelStatisticsRequest(), Context())
-    assert (info.value.code, info.value.details) == (status, "the reason")
+    context = Context()
+    info = await refused(servicer.ModelStatistics(pb.ModelStatisticsRequest(), context), context)
+    assert (info.code, info.details) == (status, "the reason")
 
 
 async def test_unexpected_errors_are_internal(servicer: GrpcServicer, core: RecordingCore) -> None:
@@ -189,7 +212,7 @@ async def test_unexpected_errors_are_internal(servicer: GrpcServicer, core: Reco
         raise KeyError("boom")
 
     core.statistics = broken  # type: ignore[method-assign]
-    with pytest.raises(Aborted) as info:
-        await servicer.ModelStatistics(pb.ModelStatisticsRequest(), Context())
-    assert info.value.code == grpc.StatusCode.INTERNAL
-    assert "KeyError" in info.value.details
+    context = Context()
+    info = await refused(servicer.ModelStatistics(pb.ModelStatisticsRequest(), context), context)
+    assert info.code == grpc.StatusCode.INTERNAL
+    assert "KeyError" in info.details

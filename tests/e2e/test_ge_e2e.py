@@ -237,7 +237,7 @@ output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1048576 ] } ]
         reasons = {row["name"]: row for row in index}
         assert reasons["heavy"]["state"] == "UNAVAILABLE"
         assert (
-            "out of memory: simulated NPU 0 cannot fit model 'model.onnx' (4.0 MiB)"
+            "out of memory: simulated NPU 0 cannot fit the weights of model 'model.onnx' (4.0 MiB)"
             in reasons["heavy"]["reason"]
         )
         assert "--sim-device-memory" in reasons["heavy"]["reason"]

@@ -28,7 +28,7 @@ import pytest
 import tritonclient.http as httpclient
 from modelgen import lookup_model
 from polling import poll
-from promtext import Exposition, scrape
+from promtext import Exposition, promql_metric_names, scrape
 from serverproc import EXAMPLE_MODELS, ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
@@ -409,23 +409,6 @@ def test_bad_metrics_config_is_a_usage_error(repo: Path) -> None:
 
 
 # --- the Grafana dashboard queries only names the server exports ---------------------------
-
-_PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool"}
-_PROMQL_WORDS |= {"and", "or", "unless", "offset"}
-
-
-def promql_metric_names(expr: str) -> set[str]:
-    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # string literals
-    text = re.sub(r"\{[^}]*\}", "", text)  # label matchers
-    text = re.sub(r"\[[^\]]*\]", "", text)  # range selectors
-    text = re.sub(r"\b(?:by|without|on|ignoring)\s*\([^)]*\)", "", text)  # grouping labels
-    names: set[str] = set()
-    for match in re.finditer(r"[a-zA-Z_:][a-zA-Z0-9_:]*", text):
-        rest = text[match.end() :].lstrip()
-        if rest.startswith("(") or match.group() in _PROMQL_WORDS:
-            continue  # a function or a keyword
-        names.add(match.group())
-    return names
 
 
 def test_promql_name_extraction() -> None:

@@ -32,6 +32,7 @@ import numpy as np
 import onnxruntime as ort
 
 from . import om as om_format
+from .dynamic import DynamicShapes
 
 SUCCESS = 0
 INVALID_PARAM = 100000
@@ -81,7 +82,13 @@ class _Stream:
 @dataclass
 class _Dataset:
     buffers: list[int] = field(default_factory=list)
+    # The batch gear, or the index of the ND / image-size gear set on it.
     gear: int | None = None
+    # input index -> tensor desc set on it (shape-range models)
+    tensor_descs: dict[int, int] = field(default_factory=dict)
+    # Output shapes of the last execution, and the descs describing them.
+    out_shapes: list[list[int]] | None = None
+    out_descs: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -101,9 +108,12 @@ class _Model:
     gears: list[int]
     dynamic_index: int | None
     running_on: int | None = None
+    # The OM's shape mode (dynamic.py): {"mode": "dims"|"hw"|"range", ...}; {} otherwise.
+    shape: dict[str, Any] = field(default_factory=dict)
+    last_outputs: list[list[int]] | None = None
 
 
-class FakeAcl:
+class FakeAcl(DynamicShapes):
     def __init__(
         self, devices: int = 1, soc: str = "Ascend310P3", memory: int = 8 * 1024**3
     ) -> None:
@@ -126,6 +136,7 @@ class FakeAcl:
         self.data_buffers: dict[int, tuple[int, int]] = {}
         self.datasets: dict[int, _Dataset] = {}
         self.descs: dict[int, int | None] = {}
+        self.tensor_descs: dict[int, tuple[int, list[int], int]] = {}
         self.models: dict[int, _Model] = {}
         self.executions = 0
 
@@ -176,6 +187,10 @@ class FakeAcl:
             found.append(f"dataset {handle:#x} not destroyed")
         for handle in self.descs:
             found.append(f"model description {handle:#x} not destroyed")
+        owned = {h for entry in self.datasets.values() for h in entry.out_descs}
+        for handle in self.tensor_descs:
+            if handle not in owned:
+                found.append(f"tensor description {handle:#x} not destroyed")
         for model_id in self.models:
             found.append(f"model {model_id} not unloaded")
         for stream in self.streams:
@@ -480,8 +495,18 @@ class FakeAcl:
         session = ort.InferenceSession(
             base64.b64decode(data["onnx_b64"]), providers=["CPUExecutionProvider"]
         )
+        shape: dict[str, Any] = dict(data.get("shape") or {})
+        if shape:
+            sized = om_format.shaped_tensors(data, session)
+            inputs = [_Tensor(t["name"], t["dtype"], t["dims"], t["size"]) for t in sized[0]]
+            outputs = [_Tensor(t["name"], t["dtype"], t["dims"], t["size"]) for t in sized[1]]
+            if shape["mode"] in ("dims", "hw"):
+                dynamic_index = len(inputs)
+                inputs.append(_Tensor(DYNAMIC_INPUT, 9, [1], 8))
         model_id = next(self._model_ids)
-        self.models[model_id] = _Model(current[1], session, inputs, outputs, gears, dynamic_index)
+        self.models[model_id] = _Model(
+            current[1], session, inputs, outputs, gears, dynamic_index, shape=shape
+        )
         return model_id, SUCCESS
 
     def mdl_unload(self, model_id: int) -> int:
@@ -612,8 +637,11 @@ class FakeAcl:
         code = self._enter("acl.mdl.destroy_dataset")
         if code:
             return code
-        if self.datasets.pop(dataset, None) is None:
+        entry = self.datasets.pop(dataset, None)
+        if entry is None:
             return self._violate(INVALID_PARAM, "acl.mdl.destroy_dataset of an unknown dataset")
+        for handle in entry.out_descs:
+            self.tensor_descs.pop(handle, None)
         return SUCCESS
 
     def mdl_add_dataset_buffer(self, dataset: int, data_buffer: int) -> tuple[int, int]:
@@ -693,6 +721,12 @@ class FakeAcl:
             return self._violate(
                 INVALID_PARAM, f"{call}: dataset buffer counts do not match the model"
             )
+        shapes: list[list[int]] | None = None
+        if model.shape:
+            found = self.shaped_inputs(model, inputs, call)
+            if isinstance(found, int):
+                return found
+            shapes = found
         if model.gears:
             if inputs.gear is None:
                 return self._violate(INVALID_PARAM, f"{call}: no gear set on a dynamic-batch model")
@@ -700,10 +734,13 @@ class FakeAcl:
         else:
             batch = 1
         feeds: dict[str, Any] = {}
+        data_index = 0
         for index, tensor in enumerate(model.inputs):
             if index == model.dynamic_index:
                 continue
-            array = self._read(inputs.buffers[index], tensor, batch, call)
+            dims = shapes[data_index] if shapes is not None else None
+            data_index += 1
+            array = self._read(inputs.buffers[index], tensor, batch, call, dims)
             if array is None:
                 return INVALID_PARAM
             feeds[tensor.name] = array
@@ -720,14 +757,18 @@ class FakeAcl:
                 return self._violate(INVALID_PARAM, f"{call}: output buffer {index} too small")
             ctypes.memmove(ptr, data.ctypes.data, data.nbytes)
             entry.pending_ptrs.add(ptr)
+        if model.shape:
+            self.record_outputs(model, outputs, [list(np.shape(r)) for r in results])
         model.running_on = stream
         entry.inflight.append(model_id)
         self.executions += 1
         return SUCCESS
 
-    def _read(self, data_buffer: int, tensor: _Tensor, batch: int, call: str) -> Any:
+    def _read(
+        self, data_buffer: int, tensor: _Tensor, batch: int, call: str, shape: Any = None
+    ) -> Any:
         ptr, size = self.data_buffers[data_buffer]
-        dims = [batch if d < 0 else d for d in tensor.dims]
+        dims = list(shape) if shape is not None else [batch if d < 0 else d for d in tensor.dims]
         dtype = np.dtype(ACL_DTYPES[tensor.dtype])
         need = int(np.prod(dims)) * dtype.itemsize
         if need > size:
@@ -762,6 +803,10 @@ def install(fake: FakeAcl, module: ModuleType) -> None:
         "destroy_data_buffer",
         "get_data_buffer_addr",
         "get_data_buffer_size_v2",
+        "create_tensor_desc",
+        "destroy_tensor_desc",
+        "get_tensor_desc_num_dims",
+        "get_tensor_desc_dim_v2",
     ):
         setattr(module, name, getattr(fake, name))
     module.fake = fake  # type: ignore[attr-defined]

@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""Write the `ocr` model repository from the PP-OCRv4 models of the installed
+`rapidocr-onnxruntime` wheel (``pip install -e '.[examples]'``).
+
+The repository (default: ``examples/ocr/models``, git-ignored) holds:
+
+* ``ocr_det``: DBNet text detection, FP32 ``x`` [3, -1, -1] -> ``maps`` [1, -1, -1];
+* ``ocr_cls``: text direction (0 or 180 degrees), ``x`` [3, 48, 192] -> ``probs`` [2];
+* ``ocr_rec``: CRNN/SVTR recognition, ``x`` [3, 48, -1] -> ``probs`` [-1, 6625] (CTC);
+* ``ocr``: the Python model that takes image bytes (BYTES ``image`` [1]) and calls the
+  three through BLS, giving ``boxes`` FP32 [-1, 4, 2], ``text`` BYTES [-1] and ``scores``
+  FP32 [-1]. Its pre- and post-processing is ``model/ocr_steps.py`` beside this script;
+  the character dictionary comes out of the recogniser's metadata into ``ppocr_keys.txt``.
+
+The ONNX models run on the onnxruntime backend: the detector's height and width and the
+recogniser's width are dynamic, and the GE backend takes fixed shapes only for now. The
+classifier's input is fixed (48 x 192), so ``--cls-backend npu_ge`` puts it on the GE
+backend (an NPU, or the simulated one) already. Their tensors are renamed
+(``maps``, ``probs``) and nothing else in them changes. The files are found through the
+wheel's installed-file list (importlib.metadata), without importing rapidocr, whose own
+pipeline this example does not use. Nothing is downloaded.
+
+Usage::
+
+    python3 examples/ocr/build.py [--out DIR] [--no-batching] [--instances N] [--no-cls]
+                                  [--cls-backend onnxruntime|npu_ge]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "models"
+MODEL_CODE = HERE / "model"
+DISTRIBUTION = "rapidocr-onnxruntime"
+WHEEL_FILES = {
+    "det": "ch_PP-OCRv4_det_infer.onnx",
+    "cls": "ch_ppocr_mobile_v2.0_cls_infer.onnx",
+    "rec": "ch_PP-OCRv4_rec_infer.onnx",
+}
+REC_CLASSES = 6625  # the blank, 6623 dictionary characters and the space
+MAX_REC_BATCH = 16
+
+
+class WheelMissing(RuntimeError):
+    """The rapidocr-onnxruntime wheel, or one of its model files, is not installed."""
+
+
+def wheel_models() -> dict[str, Path]:
+    """The PP-OCR ONNX files of the installed wheel, by role (det, cls, rec)."""
+    try:
+        dist = importlib.metadata.distribution(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        raise WheelMissing(
+            f"{DISTRIBUTION} is not installed: pip install -e '.[examples]'"
+        ) from None
+    by_name = {Path(str(f)).name: Path(str(dist.locate_file(f))) for f in dist.files or ()}
+    found = {}
+    for role, name in WHEEL_FILES.items():
+        path = by_name.get(name)
+        if path is None or not path.is_file():
+            raise WheelMissing(f"{DISTRIBUTION} {dist.version} has no {name}")
+        found[role] = path
+    return found
+
+
+def renamed(model: onnx.ModelProto, output: str) -> onnx.ModelProto:
+    """The model with its one input called `x` and its one output `output`."""
+    graph = model.graph
+    names = {graph.input[0].name: "x", graph.output[0].name: output}
+    for node in graph.node:
+        node.input[:] = [names.get(n, n) for n in node.input]
+        node.output[:] = [names.get(n, n) for n in node.output]
+    graph.input[0].name = "x"
+    graph.output[0].name = output
+    return model
+
+
+def dictionary(rec: onnx.ModelProto) -> str:
+    """The recogniser's character list, kept in its `character` metadata."""
+    meta = {p.key: p.value for p in rec.metadata_props}
+    if "character" not in meta:
+        raise WheelMissing("the recognition model carries no `character` metadata")
+    text = meta["character"]
+    if len(text.splitlines()) + 2 != REC_CLASSES:
+        raise WheelMissing(
+            f"the dictionary has {len(text.splitlines())} characters; "
+            f"the recogniser has {REC_CLASSES} classes"
+        )
+    return text if text.endswith("\n") else text + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    batching: bool = True
+    instances: int = 2  # `ocr` worker processes: requests in flight through the pipeline
+    use_cls: bool = True
+    delay_us: int = 2000
+    # The classifier's input is 48 x 192 whatever the image, so it can run on the GE
+    # backend (the NPU, or the simulated one) already; the other two need its dynamic dims.
+    cls_backend: str = "onnxruntime"
+
+
+def _batching(options: Options) -> str:
+    if not options.batching:
+        return ""
+    return f"dynamic_batching {{ max_queue_delay_microseconds: {options.delay_us} }}\n"
+
+
+def onnx_config(
+    name: str, max_batch: int, x_dims: str, out: str, options: Options, backend: str
+) -> str:
+    out_name, out_dims = out.split(":")
+    # KIND_CPU would keep a model on the host whatever its backend says.
+    group = "instance_group [ { kind: KIND_CPU count: 1 } ]\n" if backend == "onnxruntime" else ""
+    return (
+        f'name: "{name}"\n'
+        f'backend: "{backend}"\n'
+        f"max_batch_size: {max_batch}\n"
+        f'input [ {{ name: "x" data_type: TYPE_FP32 dims: [ {x_dims} ] }} ]\n'
+        f'output [ {{ name: "{out_name}" data_type: TYPE_FP32 dims: [ {out_dims} ] }} ]\n'
+        + group
+        + _batching(options)
+    )
+
+
+def ocr_config(options: Options) -> str:
+    use_cls = "true" if options.use_cls else "false"
+    return f"""\
+name: "ocr"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "image" data_type: TYPE_STRING dims: [ 1 ] }} ]
+output [
+  {{ name: "boxes" data_type: TYPE_FP32 dims: [ -1, 4, 2 ] }},
+  {{ name: "text" data_type: TYPE_STRING dims: [ -1 ] }},
+  {{ name: "scores" data_type: TYPE_FP32 dims: [ -1 ] }}
+]
+instance_group [ {{ kind: KIND_CPU count: {options.instances} }} ]
+parameters [
+  {{ key: "det_model" value: {{ string_value: "ocr_det" }} }},
+  {{ key: "cls_model" value: {{ string_value: "ocr_cls" }} }},
+  {{ key: "rec_model" value: {{ string_value: "ocr_rec" }} }},
+  {{ key: "use_cls" value: {{ string_value: "{use_cls}" }} }},
+  {{ key: "max_rec_batch" value: {{ string_value: "{MAX_REC_BATCH}" }} }}
+]
+"""
+
+
+def _write(out: Path, name: str, config: str, files: dict[str, bytes]) -> list[Path]:
+    version = out / name / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    written = [out / name / "config.pbtxt"]
+    written[0].write_text(config, encoding="utf-8")
+    for filename, data in files.items():
+        (version / filename).write_bytes(data)
+        written.append(version / filename)
+    return written
+
+
+def build(out: Path, options: Options = Options()) -> list[Path]:
+    """Write the repository under `out`; return the files written."""
+    sources = wheel_models()
+    det = renamed(onnx.load(str(sources["det"])), "maps")
+    cls = renamed(onnx.load(str(sources["cls"])), "probs")
+    rec = renamed(onnx.load(str(sources["rec"])), "probs")
+    keys = dictionary(rec)
+    ort = "onnxruntime"
+    rec_out = f"probs:-1, {REC_CLASSES}"
+    models = {
+        "ocr_det": (onnx_config("ocr_det", 4, "3, -1, -1", "maps:1, -1, -1", options, ort), det),
+        "ocr_cls": (
+            onnx_config("ocr_cls", 32, "3, 48, 192", "probs:2", options, options.cls_backend),
+            cls,
+        ),
+        "ocr_rec": (
+            onnx_config("ocr_rec", MAX_REC_BATCH, "3, 48, -1", rec_out, options, ort),
+            rec,
+        ),
+    }
+    written: list[Path] = []
+    for name, (config, model) in models.items():
+        written += _write(out, name, config, {"model.onnx": model.SerializeToString()})
+    code = {p.name: p.read_bytes() for p in sorted(MODEL_CODE.glob("*.py"))}
+    code["ppocr_keys.txt"] = keys.encode("utf-8")
+    stale = out / "ocr" / "1"
+    if stale.is_dir():
+        shutil.rmtree(stale)  # no model code left over from an older build
+    written += _write(out, "ocr", ocr_config(options), code)
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"(default: {DEFAULT_OUT})")
+    parser.add_argument(
+        "--no-batching", action="store_true", help="no dynamic_batching on the ONNX models"
+    )
+    parser.add_argument("--instances", type=int, default=2, help="`ocr` instances (default: 2)")
+    parser.add_argument("--no-cls", action="store_true", help="skip the direction classifier")
+    parser.add_argument(
+        "--cls-backend",
+        choices=("onnxruntime", "npu_ge"),
+        default="onnxruntime",
+        help="the classifier's backend (fixed shapes: npu_ge runs it on the NPU or its simulation)",
+    )
+    args = parser.parse_args(argv)
+    options = Options(
+        batching=not args.no_batching,
+        instances=args.instances,
+        use_cls=not args.no_cls,
+        cls_backend=args.cls_backend,
+    )
+    try:
+        written = build(args.out, options)
+    except WheelMissing as exc:
+        parser.exit(1, f"build.py: {exc}\n")
+    for path in written:
+        print(f"{path} ({path.stat().st_size} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

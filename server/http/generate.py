@@ -1,0 +1,136 @@
+"""Triton's generate extension: `POST /v2/models/{m}[/versions/{v}]/generate` and
+`/generate_stream`, for any model, decoupled or not.
+
+Both endpoints take the same flat JSON object and answer with the same flat JSON objects
+(generate_codec.py maps them). The request runs through `InferenceServer.infer_responses`,
+the path gRPC's ModelStreamInfer takes, so a decoupled model's responses come out as the
+model sends them, and statistics, cancellation and the model's own scheduler are those of
+every other request.
+
+- `/generate` answers with exactly one JSON object. Like Triton, it serves a decoupled
+  model too, as long as the model sends exactly one response; zero or several are
+  refused with Triton's message (Triton sends it with the 200 of a reply it has already
+  started; here the answer waits for the outcome, so the status says it: 400, and a
+  second response ends the request at once rather than after the model is done).
+- `/generate_stream` answers with Server-Sent Events (`text/event-stream`), one `data:`
+  event per response; a model that is not decoupled gives one. The status is decided by
+  the first outcome: a request that fails before it runs (unknown model, a bad or missing
+  input) is an `application/json` error with its status, as on every endpoint; a model
+  whose first answer is an error gives that status with the error as the one event. Once
+  the stream has begun, its status is 200, and an error is an event of its own,
+  `data: {"error": "..."}`, after which the stream ends. A client that goes away cancels
+  the request (a model that asks `is_cancelled()` learns it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from ..errors import ErrorCode, FailureReason, ServerError, decoding
+from ..types import InferRequest, InferResponse
+from .bodies import GenerateRequestBody
+from .errors import http_status
+from .generate_codec import (
+    EXACTLY_ONE,
+    SSE_CONTENT_TYPE,
+    decode_generate_request,
+    encode_generate_response,
+    error_json,
+    sse_event,
+)
+from .openapi import Body
+from .routing import RouteHost
+
+log = logging.getLogger(__name__)
+
+_BODY = Body(GenerateRequestBody, required=False)
+
+
+def routes(front: RouteHost, max_input_size: int) -> list[Route]:
+    """The generate routes; `max_input_size` bounds the tensors a request expands to."""
+    core = front.core
+
+    async def decode(request: Request) -> InferRequest:
+        params = request.path_params
+        model, version = str(params["model"]), str(params.get("version", ""))
+        body = await front.read_body(request)
+        inputs = core.model_metadata(model, version).inputs
+        with decoding("generate request"):
+            return decode_generate_request(model, version, body, inputs, max_input_size)
+
+    async def generate(request: Request) -> Response:
+        infer_request = await decode(request)
+        found: InferResponse | None = None
+        async with contextlib.aclosing(core.infer_responses(infer_request)) as responses:
+            async for response in responses:
+                if found is not None:
+                    raise ServerError(ErrorCode.INVALID_ARG, EXACTLY_ONE)
+                found = response
+        if found is None:
+            raise ServerError(ErrorCode.INVALID_ARG, EXACTLY_ONE)
+        return Response(encode_generate_response(found), media_type="application/json")
+
+    async def generate_stream(request: Request) -> Response:
+        infer_request = await decode(request)
+        responses = core.infer_responses(infer_request)
+        status, first = 200, b""
+        try:
+            response = await anext(responses)
+        except StopAsyncIteration:
+            pass
+        except ServerError as exc:
+            if exc.reason is not FailureReason.BACKEND:
+                raise
+            # The model's own answer was the error: Triton streams it, with its status.
+            status, first = http_status(exc), _error_event(exc)
+        except BaseException:
+            await responses.aclose()
+            raise
+        else:
+            try:
+                first = sse_event(encode_generate_response(response))
+            except ServerError as exc:
+                status, first = http_status(exc), _error_event(exc)
+        return StreamingResponse(
+            _events(first, responses), status_code=status, media_type=SSE_CONTENT_TYPE
+        )
+
+    return [
+        *front.versioned("/generate", generate, ["POST"], _BODY),
+        *front.versioned("/generate_stream", generate_stream, ["POST"], _BODY),
+    ]
+
+
+async def _events(first: bytes, rest: AsyncGenerator[InferResponse, None]) -> AsyncIterator[bytes]:
+    """The stream's events after its status is sent: the first, then one per response,
+    until the model's final flag or an error. Closing this (the client went away)
+    closes `rest`, which cancels the request."""
+    async with contextlib.aclosing(rest):
+        if first:
+            yield first
+        try:
+            async for response in rest:
+                yield _event(response)
+        except ServerError as exc:
+            yield _error_event(exc)
+        except Exception as exc:
+            log.exception("generate_stream: the request failed")
+            yield sse_event(error_json(f"internal error: {type(exc).__name__}: {exc}"))
+
+
+def _event(response: InferResponse) -> bytes:
+    """A response's event; one that JSON cannot carry is an error event in its place."""
+    try:
+        return sse_event(encode_generate_response(response))
+    except ServerError as exc:
+        return _error_event(exc)
+
+
+def _error_event(exc: ServerError) -> bytes:
+    return sse_event(error_json(exc.message))

@@ -1,0 +1,155 @@
+"""Models whose other dims vary, on the GE backend: ND gears, image-size gears and shape
+ranges, on the simulated NPU and on the real shim against the strict fake pyACL (whose
+teardown check fails a test that broke a rule or leaked anything)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from dynamic_models import DET_SIZES, ENCODER_GEARS, det_folder, encoder_folder, rec_folder
+from fake_acl import FakeAcl, build_module
+from ge_helpers import FAKE_ATC_BIN, spec_for
+
+from ge_serve.backends.base import LoadedModel, ShapeBucket, ShapeRejected
+from ge_serve.backends.ge.acl import AclRuntime
+from ge_serve.backends.ge.acl_real import AclReal
+from ge_serve.backends.ge.acl_sim import SimRuntime
+from ge_serve.backends.ge.backend import GeBackend
+from ge_serve.backends.ge.compile import AtcCompiler
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(params=["sim", "fake-acl"])
+def runtime(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[AclRuntime]:
+    if request.param == "sim":
+        yield SimRuntime()
+        return
+    monkeypatch.setenv("PATH", f"{FAKE_ATC_BIN}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_ACL_SOC", "Ascend310P3")
+    fake = FakeAcl(soc="Ascend310P3")
+    real = AclReal(build_module(fake), AtcCompiler(tmp_path / "om"))
+    yield real
+    real.shutdown()
+    assert fake.leaks() == []
+    assert fake.violations == []
+
+
+def reference(folder: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = ort.InferenceSession(str(folder / "1" / "model.onnx"))
+    return [np.asarray(r) for r in session.run(None, feeds)]
+
+
+def load(runtime: AclRuntime, folder: Path) -> LoadedModel:
+    return GeBackend(runtime, cores=1).load(spec_for(folder))
+
+
+def encoder_feeds(batch: int, seq: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(batch * 100 + seq)
+    ids = rng.integers(0, 64, size=(batch, seq), dtype=np.int64)
+    mask = np.ones((batch, seq), dtype=np.int64)
+    mask[:, seq // 2 :] = rng.integers(0, 2, size=(batch, seq - seq // 2))
+    return {"INPUT_IDS": ids, "ATTENTION_MASK": mask}
+
+
+def test_nd_gears_serve_every_gear_and_become_the_shape_buckets(
+    runtime: AclRuntime, tmp_path: Path
+) -> None:
+    folder = encoder_folder(tmp_path)
+    loaded = load(runtime, folder)
+    try:
+        assert loaded.gears == (1, 4, 8)
+        assert loaded.shape_buckets == tuple(
+            ShapeBucket({"INPUT_IDS": g, "ATTENTION_MASK": g}) for g in ENCODER_GEARS
+        )
+        executor = loaded.executors[0]
+        for batch, seq in ENCODER_GEARS:
+            feeds = encoder_feeds(batch, seq)
+            got = executor.execute(feeds)
+            hidden, embedding = reference(folder, feeds)
+            np.testing.assert_allclose(got["LAST_HIDDEN"], hidden, rtol=1e-6)
+            np.testing.assert_allclose(got["EMBEDDING"], embedding, rtol=1e-6)
+    finally:
+        loaded.close()
+
+
+def test_a_shape_that_is_no_nd_gear_is_refused_naming_the_gears(
+    runtime: AclRuntime, tmp_path: Path
+) -> None:
+    loaded = load(runtime, encoder_folder(tmp_path))
+    try:
+        with pytest.raises(ShapeRejected, match=r"not a gear.*INPUT_IDS \[4, 16\]"):
+            loaded.executors[0].execute(encoder_feeds(4, 8))
+        # The slot keeps serving after the refusal.
+        assert loaded.executors[0].execute(encoder_feeds(8, 8))["EMBEDDING"].shape == (8, 16)
+    finally:
+        loaded.close()
+
+
+def test_image_size_gears_serve_each_size(runtime: AclRuntime, tmp_path: Path) -> None:
+    folder = det_folder(tmp_path)
+    loaded = load(runtime, folder)
+    try:
+        assert loaded.gears == (1,)
+        assert [b.shapes["X"] for b in loaded.shape_buckets] == [(1, 3, h, w) for h, w in DET_SIZES]
+        for height, width in DET_SIZES:
+            image = np.random.default_rng(height).random((1, 3, height, width), np.float32)
+            got = loaded.executors[0].execute({"X": image})["MAP"]
+            np.testing.assert_allclose(got, reference(folder, {"X": image})[0], rtol=1e-5)
+        with pytest.raises(ShapeRejected, match=r"X \[1, 3, 64, 64\]; X \[1, 3, 96, 128\]"):
+            loaded.executors[0].execute({"X": np.zeros((1, 3, 64, 96), np.float32)})
+    finally:
+        loaded.close()
+
+
+def test_shape_ranges_take_any_shape_inside_and_refuse_outside(
+    runtime: AclRuntime, tmp_path: Path
+) -> None:
+    folder = rec_folder(tmp_path)
+    loaded = load(runtime, folder)
+    try:
+        assert loaded.gears == () and loaded.shape_buckets == ()
+        executor = loaded.executors[0]
+        for batch, width in ((1, 32), (3, 100), (4, 320), (2, 57)):
+            image = np.random.default_rng(width).random((batch, 3, 32, width), np.float32)
+            got = executor.execute({"X": image})["PROBS"]
+            assert got.shape == (batch, (width - 4) // 4 + 1, 12)
+            np.testing.assert_allclose(got, reference(folder, {"X": image})[0], rtol=1e-5)
+        for bad in ((1, 3, 32, 321), (5, 3, 32, 64), (1, 3, 31, 64)):
+            with pytest.raises(ShapeRejected, match=r"outside the model's shape range \[1~4, 3"):
+                executor.execute({"X": np.zeros(bad, np.float32)})
+        # One set of buffers, sized for the range's maximum, serves every shape.
+        stats = executor.pool_stats()  # type: ignore[attr-defined]
+        assert stats["allocations"] == 2
+        assert stats["bytes"] == 4 * 3 * 32 * 320 * 4 + 4 * 80 * 12 * 4
+    finally:
+        loaded.close()
+
+
+def test_memory_counts_weights_and_work_and_the_io_buffers(
+    runtime: AclRuntime, tmp_path: Path
+) -> None:
+    loaded = load(runtime, rec_folder(tmp_path))
+    try:
+        stats = loaded.executors[0].pool_stats()  # type: ignore[attr-defined]
+        weights = 8 * 3 * 32 * 4 * 4 + 8 * 12 * 4
+        # Above the buffers and the weights: the model's work space counts too.
+        assert loaded.memory_bytes > stats["bytes"] + weights
+    finally:
+        loaded.close()
+
+
+def test_an_unbounded_range_is_refused_at_load(runtime: AclRuntime, tmp_path: Path) -> None:
+    extra = 'parameters [ { key: "graph.ge.inputShape" value: { string_value: "X:1~4,3,32,-1" } } ]'
+    folder = rec_folder(tmp_path, extra="")
+    config = (folder / "config.pbtxt").read_text()
+    (folder / "config.pbtxt").write_text(config.split("parameters")[0] + extra)
+    with pytest.raises(ValueError, match="has no upper bound"):
+        load(runtime, folder)
