@@ -27,7 +27,7 @@ from ..errors import ErrorCode, ServerError, decoding
 from ..types import ParamValue
 from . import codec, encode
 from .errors import Handler, Undecodable, abort, guard
-from .stream import MAX_IN_FLIGHT, MAX_UNWRITTEN, StreamSession
+from .stream import MAX_IN_FLIGHT, MAX_UNWRITTEN, StreamSession, metadata_value
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
         with decoding("inference request"):
             decoded = codec.decode_infer_request(request)
         if self.core.tracing.active:
-            decoded.request.traceparent = _metadata(context, "traceparent")
+            decoded.request.traceparent = metadata_value(context, "traceparent")
         response = await self.core.infer(decoded.request, "ModelInfer RPC")
         return codec.encode_infer_response(response)
 
@@ -273,13 +273,6 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
         for key, value in current.items():
             _set_log_value(response.settings[key], key, value)
         return response
-
-
-def _metadata(context: Any, key: str) -> str:
-    for name, value in context.invocation_metadata() or ():
-        if name == key:
-            return str(value)
-    return ""
 
 
 def load_parameters(params: Any) -> tuple[str | None, dict[str, bytes] | None]:

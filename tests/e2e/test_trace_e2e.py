@@ -202,6 +202,19 @@ def test_opentelemetry_spans_reach_an_otlp_receiver(repo: Path) -> None:
             grpc_trace = "0af7651916cd43dd8448eb211c80319c"
             metadata = {"traceparent": f"00-{grpc_trace}-b7ad6b7169203331-01"}
             grpc.infer("add1", chain_input_named(grpcclient), headers=metadata)
+            stream_trace = "5b8efff798038103d269b633813fc60c"
+            answers: list[Any] = []
+            done = threading.Event()
+
+            def collect(result: Any, error: Any) -> None:
+                answers.append((result, error))
+                done.set()
+
+            stream_headers = {"traceparent": f"00-{stream_trace}-eee19b7ec3c1b174-01"}
+            grpc.start_stream(callback=collect, headers=stream_headers)
+            grpc.async_stream_infer("add1", chain_input_named(grpcclient))
+            assert done.wait(30) and answers[0][1] is None
+            grpc.stop_stream()
             grpc.close()
             client.close()
 
@@ -214,7 +227,7 @@ def test_opentelemetry_spans_reach_an_otlp_receiver(repo: Path) -> None:
                             found += scope.get("spans", [])
                 return found
 
-            poll(lambda: len(spans()) >= 6, 30, "OTLP export")
+            poll(lambda: len(spans()) >= 9, 30, "OTLP export")
         export = Receiver.exports[0]
         assert export["path"] == "/v1/traces"
         assert export["type"].startswith("application/json")
@@ -222,7 +235,7 @@ def test_opentelemetry_spans_reach_an_otlp_receiver(repo: Path) -> None:
         by_trace: dict[str, list[dict[str, Any]]] = {}
         for span in found:
             by_trace.setdefault(span["traceId"].lower(), []).append(span)
-        assert set(by_trace) == {trace_id, grpc_trace}, "untraced request left out"
+        assert set(by_trace) == {trace_id, grpc_trace, stream_trace}, "untraced one left out"
         http_spans = {s["name"]: s for s in by_trace[trace_id]}
         assert set(http_spans) == {"InferRequest", "add1", "compute"}
         assert http_spans["InferRequest"]["parentSpanId"].lower() == parent_span
