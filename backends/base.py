@@ -86,8 +86,14 @@ class ResponseSink(Protocol):
     Thread-safe; `final` is Triton's COMPLETE_FINAL flag, after which nothing is sent."""
 
     def send(
-        self, outputs: dict[str, Array] | None, error: ModelError | None, final: bool
-    ) -> None: ...
+        self,
+        outputs: dict[str, Array] | None,
+        error: ModelError | None,
+        final: bool,
+        parameters: Mapping[str, ParamValue] | None = None,
+    ) -> None:
+        """`parameters`: the response's own (Triton's response parameters)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -107,6 +113,8 @@ class RequestContext:
     # A decoupled model's responses go here instead of the execution's result.
     responses: ResponseSink | None = None
     error: ModelError | None = None
+    # The parameters the model gave its response (parameters extension).
+    response_parameters: Mapping[str, ParamValue] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -53,9 +53,15 @@ def default_intra_threads(config: model_config_pb2.ModelConfig, slots: int) -> i
 class OrtSession:
     """An onnxruntime session that speaks ge-serve's array conventions.
 
-    BYTES tensors arrive as object arrays of `bytes`; onnxruntime wants `str` for string
-    tensors, and gives `str` back. onnxruntime's numpy bridge knows no bfloat16, so models
-    with BF16 tensors run through OrtValues that carry the raw 16-bit words.
+    BYTES tensors arrive as object arrays of `bytes`; onnxruntime's Python API takes and
+    gives `str` for string tensors (it stores them as UTF-8, and would turn a `bytes`
+    object into its repr). So each execution picks one reading of its string inputs, and
+    reads its string outputs back the same way (`StringCodec`): UTF-8 when every element
+    is UTF-8, so text reaches string ops (LabelEncoder keys, StringNormalizer) byte for
+    byte; otherwise latin-1, which maps each byte to one character and back, so arbitrary
+    bytes survive (a pass-through model returns them unchanged; a text op sees their
+    latin-1 reading). onnxruntime's numpy bridge knows no bfloat16, so models with BF16
+    tensors run through OrtValues that carry the raw 16-bit words.
     """
 
     def __init__(self, path: Path, options: ort.SessionOptions) -> None:
@@ -72,21 +78,20 @@ class OrtSession:
         )
 
     def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
-        feed: dict[str, Any] = {}
-        for name, array in inputs.items():
-            if name in self.string_inputs and array.dtype == np.object_:
-                feed[name] = _to_str(array)
-            else:
-                feed[name] = array
+        feed: dict[str, Any] = dict(inputs)
+        strings = [n for n in self.string_inputs if n in feed and feed[n].dtype == np.object_]
+        codec = StringCodec.for_inputs([feed[name] for name in strings])
+        for name in strings:
+            feed[name] = codec.to_str(feed[name])
         if self.uses_bf16:
-            return self._run_bf16(feed)
+            return self._run_bf16(feed, codec)
         results = self.session.run(self.output_names, feed)
         return {
-            name: _from_ort(np.asarray(value))
+            name: codec.from_ort(np.asarray(value))
             for name, value in zip(self.output_names, results, strict=True)
         }
 
-    def _run_bf16(self, feed: dict[str, Any]) -> dict[str, Array]:
+    def _run_bf16(self, feed: dict[str, Any], codec: StringCodec) -> dict[str, Array]:
         values: dict[str, ort.OrtValue] = {}
         for name, array in feed.items():
             if name in self.bf16_inputs:
@@ -106,29 +111,56 @@ class OrtSession:
                 raw = ctypes.string_at(value.data_ptr(), size) if size else b""
                 out[name] = np.frombuffer(raw, dtype=ml_dtypes.bfloat16).reshape(value.shape())
             else:
-                out[name] = _from_ort(value.numpy())
+                out[name] = codec.from_ort(value.numpy())
         return out
 
 
 _BF16 = "tensor(bfloat16)"
 
 
-def _from_ort(array: Array) -> Array:
-    if array.dtype == np.object_ or array.dtype.kind == "U":
-        return _to_bytes(array)
-    return array
+class StringCodec:
+    """How one execution's string tensors cross onnxruntime's `str` API (see OrtSession)."""
+
+    __slots__ = ("encoding",)
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+
+    @classmethod
+    def for_inputs(cls, arrays: list[Array]) -> StringCodec:
+        for array in arrays:
+            for value in array.flat:
+                if isinstance(value, bytes):
+                    try:
+                        value.decode("utf-8")
+                    except UnicodeDecodeError:
+                        return LATIN_1
+        return UTF_8
+
+    def to_str(self, array: Array) -> Array:
+        flat = [v.decode(self.encoding) if isinstance(v, bytes) else str(v) for v in array.flat]
+        result = np.empty(len(flat), dtype=object)
+        result[:] = flat
+        return result.reshape(array.shape)
+
+    def from_ort(self, array: Array) -> Array:
+        if array.dtype != np.object_ and array.dtype.kind != "U":
+            return array
+        flat = [self._encode(v) if isinstance(v, str) else bytes(v) for v in array.flat]
+        result = np.empty(len(flat), dtype=object)
+        result[:] = flat
+        return result.reshape(array.shape)
+
+    def _encode(self, text: str) -> bytes:
+        try:
+            return text.encode(self.encoding)
+        except UnicodeEncodeError:
+            # A character the model made up itself, past latin-1: it can only be UTF-8.
+            return text.encode("utf-8")
 
 
-def _to_str(array: Array) -> Array:
-    flat = [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in array.flat]
-    return np.array(flat, dtype=object).reshape(array.shape)
-
-
-def _to_bytes(array: Array) -> Array:
-    flat = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in array.flat]
-    result = np.empty(len(flat), dtype=object)
-    result[:] = flat
-    return result.reshape(array.shape)
+UTF_8 = StringCodec("utf-8")
+LATIN_1 = StringCodec("latin-1")
 
 
 class OrtExecutor:

@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 
 from ge_serve.backends.base import Executor
 
+from .ratelimit import RateLimiter, SlotNeeds
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -85,14 +87,28 @@ def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None)
 class SlotPool:
     """Hands out idle slots, least-loaded device first; waiters are served in FIFO order."""
 
-    def __init__(self, slots: list[ExecutorSlot]) -> None:
+    def __init__(
+        self,
+        slots: list[ExecutorSlot],
+        limiter: RateLimiter | None = None,
+        needs: list[SlotNeeds | None] | None = None,
+    ) -> None:
         self.slots = slots
+        # --rate-limit: a slot runs only while the resources it needs are free.
+        self._limiter = limiter
+        self._needs = {id(s): n for s, n in zip(slots, needs or [], strict=False)}
+        self._priority = min((n.priority for n in self._needs.values() if n), default=1)
+        for slot_needs in self._needs.values():
+            if limiter is not None and slot_needs is not None:
+                limiter.register(slot_needs)
         # How many slots are idle, kept up to date by try_acquire and release.
         self.idle_count = sum(not slot.busy for slot in slots)
         self._waiters: collections.deque[asyncio.Future[ExecutorSlot]] = collections.deque()
         self._closed: BaseException | None = None
 
     def _pick(self) -> ExecutorSlot | None:
+        if self._limiter is not None:
+            return self._pick_limited(self._limiter)
         if len(self.slots) == 1:
             only = self.slots[0]
             return None if only.busy else only
@@ -104,11 +120,20 @@ class SlotPool:
             return None
         return min(idle, key=lambda s: (busy_by_device[s.device], s.executions))
 
+    def _pick_limited(self, limiter: RateLimiter) -> ExecutorSlot | None:
+        idle = [s for s in self.slots if not s.busy]
+        allowed = [s for s in idle if limiter.allows(self._needs.get(id(s)))]
+        if idle and not allowed:
+            limiter.wait(self, self._priority)
+        return min(allowed, key=lambda s: s.executions, default=None)
+
     def try_acquire(self) -> ExecutorSlot | None:
         slot = self._pick()
         if slot is not None:
             slot.busy = True
             self.idle_count -= 1
+            if self._limiter is not None:
+                self._limiter.take(self._needs.get(id(slot)))
         return slot
 
     async def acquire(self) -> ExecutorSlot:
@@ -133,6 +158,12 @@ class SlotPool:
         if slot.busy:
             slot.busy = False
             self.idle_count += 1
+            if self._limiter is not None:
+                self._limiter.give(self._needs.get(id(slot)))
+        self.serve_waiters()
+
+    def serve_waiters(self) -> None:
+        """The oldest waiter gets an idle slot, if one may run."""
         if self._closed is not None:
             return
         while self._waiters:

@@ -26,6 +26,7 @@ from .direct import DirectScheduler
 from .dispatch import ExecutorSlot, SlotPool
 from .policy import BatchPolicy
 from .ragged import ragged_for
+from .ratelimit import RateLimiter, needs_of
 from .sequence import SequenceBatcher
 from .sequence_config import SequencePolicy
 
@@ -43,6 +44,18 @@ class SchedulerOptions:
     adaptive_batching: bool = False
     # TRITONSERVER_DELAY_SCHEDULER: hold each batcher until this many requests are queued.
     delay_count: int = 0
+    # --rate-limit execution_count: the server's one limiter; None: off.
+    rate_limiter: RateLimiter | None = None
+
+
+def slot_pool(
+    config: model_config_pb2.ModelConfig, loaded: LoadedModel, options: SchedulerOptions
+) -> SlotPool:
+    slots = [ExecutorSlot(executor) for executor in loaded.executors]
+    if options.rate_limiter is None:
+        return SlotPool(slots)
+    needs = needs_of(config, [executor.slot.device_id for executor in loaded.executors])
+    return SlotPool(slots, options.rate_limiter, needs)
 
 
 def delay_count_from(environ: Mapping[str, str]) -> int:
@@ -62,7 +75,7 @@ def build_scheduler(
     """Raises ServerError(INVALID_ARG) for a policy that cannot work, before any slot
     thread starts, so the load fails cleanly."""
     if config.HasField("sequence_batching"):
-        return _sequence_batcher(config, loaded)
+        return _sequence_batcher(config, loaded, options)
     buckets = bucketing_for(config, loaded.shape_buckets)
     ragged = ragged_for(config)
     shaper: Shaper | None = buckets or ragged
@@ -85,7 +98,7 @@ def build_scheduler(
                 "takes merged batches; this model's backend takes requests one by one"
             )
     if not config.HasField("dynamic_batching"):
-        pool = SlotPool([ExecutorSlot(executor) for executor in loaded.executors])
+        pool = slot_pool(config, loaded, options)
         return DirectScheduler(pool, loaded.gears, config.max_batch_size > 0, shaper)
     policy = BatchPolicy.from_config(config, loaded.gears, options.adaptive_batching)
     controller = AdaptiveController(policy, loaded.gears) if policy.adaptive else None
@@ -103,11 +116,13 @@ def build_scheduler(
             options.delay_count,
             DELAY_SCHEDULER_ENV,
         )
-    pool = SlotPool([ExecutorSlot(executor) for executor in loaded.executors])
+    pool = slot_pool(config, loaded, options)
     return DynamicBatcher(pool, policy, loaded.gears, controller, options.delay_count, shaper)
 
 
-def _sequence_batcher(config: model_config_pb2.ModelConfig, loaded: LoadedModel) -> Scheduler:
+def _sequence_batcher(
+    config: model_config_pb2.ModelConfig, loaded: LoadedModel, options: SchedulerOptions
+) -> Scheduler:
     policy = SequencePolicy.from_config(config)
     if loaded.shape_buckets or any(key in config.parameters for key in BUCKET_KEYS):
         raise invalid_arg(
@@ -125,5 +140,5 @@ def _sequence_batcher(config: model_config_pb2.ModelConfig, loaded: LoadedModel)
         policy.slots_per_instance,
         policy.idle_us,
     )
-    pool = SlotPool([ExecutorSlot(executor) for executor in loaded.executors])
+    pool = slot_pool(config, loaded, options)
     return SequenceBatcher(pool, policy, loaded.gears)

@@ -27,21 +27,30 @@ from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.backends.python.backend import PythonBackend
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
-from ge_serve.scheduler.factory import SchedulerOptions, build_scheduler, delay_count_from
+from ge_serve.scheduler.factory import SchedulerOptions, build_scheduler
 
 from .bls import CoreBridge
 from .control import ControlMode, ControlSettings, ModelControl
-from .core import InferenceServer
+from .core import InferenceServer, ServerInfo
 from .drain import DrainGate
 from .errors import ErrorCode, ServerError
-from .grpc.server import GrpcFrontEnd, GrpcSettings
-from .http.app import HttpFrontEnd, HttpSettings
+from .grpc.server import GrpcFrontEnd
+from .http.app import HttpFrontEnd
 from .http.monitoring import MetricsApp, metrics_endpoint
 from .lifecycle import LifecycleSettings, ModelLifecycle
-from .logsettings import LogControl, LogSettings
+from .logsettings import LogControl
 from .malloc import limit_malloc_arenas
 from .metrics import ServerMetrics
 from .metricsconfig import MetricsConfig
+from .parts import (
+    configure_logging,
+    grpc_settings,
+    http_settings,
+    response_cache,
+    scheduler_options,
+    trace_control,
+    warn_about_flags,
+)
 from .records import ModelState
 from .repository import ModelRepository
 from .resources import DeviceMetricsProvider, ResourceSampler
@@ -90,15 +99,6 @@ class EmbeddedUvicorn(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def configure_logging(settings: Settings) -> LogControl:
-    """Logging that the logging extension can change at run time."""
-    control = LogControl(
-        LogSettings(log_info=settings.log_info, log_verbose_level=settings.log_verbose)
-    )
-    control.install()
-    return control
-
-
 def make_scheduler(
     config: model_config_pb2.ModelConfig,
     loaded: LoadedModel,
@@ -106,14 +106,6 @@ def make_scheduler(
 ) -> Scheduler:
     """dynamic_batching: the (adaptive) dynamic batcher; otherwise one request, one run."""
     return build_scheduler(config, loaded, options or SchedulerOptions())
-
-
-def scheduler_options(settings: Settings) -> SchedulerOptions:
-    # The environment is read here, once, as the server starts (Triton's test hook).
-    return SchedulerOptions(
-        adaptive_batching=settings.adaptive_batching,
-        delay_count=delay_count_from(os.environ),
-    )
 
 
 def make_backends(settings: Settings) -> dict[str, Backend]:
@@ -131,28 +123,6 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
     return {"onnxruntime": OnnxRuntimeBackend(), "ge": ge, "python": PythonBackend()}
 
 
-def http_settings(settings: Settings) -> HttpSettings:
-    return HttpSettings(
-        max_input_size=settings.http_max_input_size,
-        restricted_api=settings.http_restricted_api,
-    )
-
-
-def grpc_settings(settings: Settings) -> GrpcSettings:
-    return GrpcSettings(
-        address=settings.grpc_address,
-        port=settings.grpc_port,
-        keepalive_time_ms=settings.grpc_keepalive_time_ms,
-        keepalive_timeout_ms=settings.grpc_keepalive_timeout_ms,
-        keepalive_permit_without_calls=settings.grpc_keepalive_permit_without_calls,
-        http2_max_pings_without_data=settings.grpc_http2_max_pings_without_data,
-        http2_min_recv_ping_interval_without_data_ms=(
-            settings.grpc_http2_min_recv_ping_interval_without_data_ms
-        ),
-        restricted=settings.grpc_restricted_protocol,
-    )
-
-
 def close_backends(backends: dict[str, Backend]) -> None:
     for backend in backends.values():
         close = getattr(backend, "close", None)
@@ -168,7 +138,9 @@ class ServerApp:
 
     def __init__(self, settings: Settings, log_control: LogControl | None = None) -> None:
         self.settings = settings
-        self.repository = ModelRepository([Path(p) for p in settings.model_repositories])
+        self.repository = ModelRepository(
+            [Path(p) for p in settings.model_repositories], settings.model_config_name
+        )
         self.backends = make_backends(settings)
         self.lifecycle = ModelLifecycle(
             self.repository,
@@ -178,6 +150,8 @@ class ServerApp:
                 autocomplete=not settings.disable_auto_complete_config,
                 default_backend="ge" if "ge" in self.backends else "onnxruntime",
                 unload_timeout_s=settings.exit_timeout_secs,
+                load_threads=settings.model_load_thread_count,
+                load_retries=settings.model_load_retry_count,
             ),
         )
         self.control = ModelControl(
@@ -191,10 +165,13 @@ class ServerApp:
         )
         self.core = InferenceServer(
             self.lifecycle,
+            info=ServerInfo(name=settings.id),
             strict_readiness=settings.strict_readiness,
             control=self.control,
             log_control=log_control,
             shared_memory=SharedMemoryManager(enabled=settings.allow_client_shm),
+            cache=response_cache(settings),
+            tracing=trace_control(settings),
         )
         python = self.backends.get("python")
         self.python = python if isinstance(python, PythonBackend) else None
@@ -302,7 +279,7 @@ class ServerApp:
         )
         # Bound here rather than by uvicorn, which calls sys.exit() from inside its task
         # when the address is taken; this way the reason is one clear line.
-        sock = listen_socket(host, port, what)
+        sock = listen_socket(host, port, what, self.settings.reuse_http_port and what == "HTTP")
         port = int(sock.getsockname()[1])
         server = EmbeddedUvicorn(config, gate)
         task = asyncio.create_task(server.serve(sockets=[sock]), name=f"uvicorn-{what}")
@@ -356,16 +333,21 @@ class ServerApp:
         if self.metrics is not None and self.metrics.sampler is not None:
             await asyncio.to_thread(self.metrics.sampler.stop)
         await self.lifecycle.close()
+        self.core.tracing.close()
         self.core.shared_memory.close()
         close_backends(self.backends)
 
 
-def listen_socket(host: str, port: int, what: str) -> socket.socket:
-    """A bound TCP socket for an endpoint, or a ServerError that says why not."""
+def listen_socket(host: str, port: int, what: str, reuse_port: bool = False) -> socket.socket:
+    """A bound TCP socket for an endpoint, or a ServerError that says why not.
+
+    `reuse_port` (--reuse-http-port): other servers that set it may share the port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
@@ -409,6 +391,7 @@ async def serve(settings: Settings, log_control: LogControl | None = None) -> in
 
 def run(settings: Settings) -> int:
     log_control = configure_logging(settings)
+    warn_about_flags(settings)
     configure_gil(settings)
     limit_malloc_arenas(settings.malloc_arena_max)
     code = uvloop.run(serve(settings, log_control))

@@ -37,7 +37,28 @@ def _alias_dest(setting: str) -> str:
     return f"{setting}:alias"
 
 
+class _RecordFlag(argparse.Action):
+    """Appends (the flag as written, its value): one setting for many flags."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        getattr(namespace, self.dest).append((option_string or "", str(values)))
+
+
 def _arguments(setting: dataclasses.Field[Any], spec: Flag) -> dict[str, Any]:
+    if spec.record_flag:
+        return {
+            "dest": setting.name,
+            "action": _RecordFlag,
+            "default": [],
+            "metavar": spec.metavar,
+            "help": spec.help,
+        }
     if spec.switch:
         return {"dest": setting.name, "action": "store_true", "help": spec.help}
     options: dict[str, Any] = {"dest": setting.name, "help": spec.help}
@@ -104,7 +125,13 @@ def parse_settings(argv: list[str]) -> Settings:
             except ValueError as exc:
                 parser.error(str(exc))
         values[setting.name] = value
-    return Settings(**values)
+    settings = Settings(**values)
+    try:  # settings read together: a contradiction is a usage error too
+        settings.cache_size()
+        settings.trace()
+    except ValueError as exc:
+        parser.error(str(exc))
+    return settings
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,8 +34,10 @@ from .requests import (
     request_context,
     response_of,
 )
+from .responsecache import Lookup, ResponseCache, enabled_for
 from .sharedmemory import SharedMemoryManager
 from .statistics import StatisticsCollector
+from .tracing import Trace, TraceControl, current_trace, submit_traced
 from .types import DataType, InferRequest, InferResponse, SharedMemoryRef, Tensor, check_shape
 from .validation import build_response, prepare
 from .wire import tensor_to_raw
@@ -75,6 +77,7 @@ class ServerInfo:
         "statistics",
         "logging",
         "system_shared_memory",
+        "trace",
     )
 
 
@@ -92,8 +95,14 @@ class InferenceServer:
         control: ModelControl | None = None,
         log_control: LogControl | None = None,
         shared_memory: SharedMemoryManager | None = None,
+        cache: ResponseCache | None = None,
+        tracing: TraceControl | None = None,
     ) -> None:
         self.lifecycle = lifecycle
+        # --cache-config: the response cache of the models that enable it.
+        self.cache = cache
+        # The trace extension; inactive (one attribute read a request) unless enabled.
+        self.tracing = tracing or TraceControl()
         # Client-registered shared-memory regions; both front ends answer the extension's
         # calls from it, and infer() maps the tensors that live there.
         self.shared_memory = shared_memory or SharedMemoryManager()
@@ -174,7 +183,12 @@ class InferenceServer:
         model = self.lifecycle.get(request.model_name, request.model_version)
         if model.decoupled:
             raise decoupled_unsupported(endpoint)
-        response, _ = await self._infer(request, model, started)
+        trace = None
+        if self.tracing.active:
+            trace = self.tracing.begin(
+                model.name, model.version, request.id, request.traceparent, started
+            )
+        response, _ = await self._infer(request, model, started, trace)
         return response
 
     async def infer_step(self, call: StepCall) -> tuple[dict[str, Array], Timings]:
@@ -197,17 +211,20 @@ class InferenceServer:
             priority=call.priority,
             timeout_us=call.timeout_us,
         )
-        response, item = await self._infer(request, model, started)
+        parent = current_trace() if self.tracing.active else None
+        trace = self.tracing.child(parent, model.name, model.version, "") if parent else None
+        response, item = await self._infer(request, model, started, trace)
         return {tensor.name: tensor.data for tensor in response.outputs}, item.timings
 
     async def _infer(
-        self, request: InferRequest, model: ModelVersion, started: int
+        self, request: InferRequest, model: ModelVersion, started: int, trace: Trace | None
     ) -> tuple[InferResponse, WorkItem]:
         # Like Triton's front ends, shared-memory references are resolved before the
         # request is counted; the views keep their regions mapped until the request ends.
         shm_outputs = self._map_shared_memory(request)
         item: WorkItem | None = None
         outputs: dict[str, Array] | None = None
+        cached: Lookup | None = None
         try:
             for _ in range(_SWAP_RETRIES):
                 if model.retiring:
@@ -216,8 +233,17 @@ class InferenceServer:
                 item.enqueue_ns = started
                 if model.loaded.per_request:
                     item.context = request_context(request)
+                cached = self._cache_lookup(model, item, bool(shm_outputs))
+                if cached is not None and cached.found is not None:
+                    outputs = cached.found.outputs
+                    if item.context is not None:
+                        item.context.response_parameters = cached.found.parameters
+                    break
                 try:
-                    outputs = await model.scheduler.submit(item)
+                    if trace is None:
+                        outputs = await model.scheduler.submit(item)
+                    else:
+                        outputs = await submit_traced(model.scheduler, item, trace)
                     break
                 except SchedulerClosed:
                     # Refused before it ran: the version was swapped out under us.
@@ -227,18 +253,25 @@ class InferenceServer:
             if item.context is not None:
                 if item.context.error is not None:
                     raise model_error(item.context.error)
-                response = response_of(request, model, outputs, item.batch_size)
+                parameters = item.context.response_parameters
+                response = response_of(request, model, outputs, item.batch_size, parameters)
             else:
                 response = build_response(request, model, outputs, item.batch_size)
+            if cached is not None and cached.found is None and self.cache is not None:
+                context = item.context
+                kept = self.cache.insert(
+                    cached, outputs, context.response_parameters if context else {}
+                )
+                self.stats.cache_miss(model, kept)
             if shm_outputs:
                 self._write_shared_memory(response, shm_outputs)
         except ServerError as exc:
-            self._notify(model, item, exc, started)
+            self._notify(model, item, exc, started, trace=trace)
             raise
         except asyncio.CancelledError:
             if item is not None and item.context is not None:
                 item.context.cancelled = True
-            self._notify(model, item, request_cancelled(), started)
+            self._notify(model, item, request_cancelled(), started, trace=trace)
             raise
         except Exception as exc:
             # Anything unexpected out of the scheduler is the model's execution failing.
@@ -247,11 +280,21 @@ class InferenceServer:
             error = ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", reason)
             if isinstance(exc, ShapeRejected):  # shapes the model cannot run: the input's fault
                 error = ServerError(ErrorCode.INVALID_ARG, str(exc), FailureReason.OTHER)
-            self._notify(model, item, error, started)
+            self._notify(model, item, error, started, trace=trace)
             raise error from exc
-        self._notify(model, item, None, started)
+        hit = cached.lookup_ns if cached is not None and cached.found is not None else None
+        self._notify(model, item, None, started, hit, trace)
         assert item is not None
         return response, item
+
+    def _cache_lookup(
+        self, model: ModelVersion, item: WorkItem, shm_outputs: bool
+    ) -> Lookup | None:
+        """The response cache's answer for a request of a model that enables it; None when
+        the request bypasses the cache (no cache, outputs into shared memory)."""
+        if self.cache is None or shm_outputs or not enabled_for(model):
+            return None
+        return self.cache.lookup(model, item.inputs)
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         """Whether the model may answer a request with zero or several responses (Triton's
@@ -303,11 +346,11 @@ class InferenceServer:
             submitted = asyncio.ensure_future(model.scheduler.submit(item))
             submitted.add_done_callback(lambda task: _submit_ended(task, sink))
             while True:
-                outputs, error, final = await sink.get()
+                outputs, error, final, parameters = await sink.get()
                 if error is not None:
                     raise error
                 if outputs is not None:
-                    response = response_of(request, model, outputs, item.batch_size)
+                    response = response_of(request, model, outputs, item.batch_size, parameters)
                     response.final = final
                     yield response
                 if final:
@@ -357,11 +400,24 @@ class InferenceServer:
         return model
 
     def _notify(
-        self, model: ModelVersion, item: WorkItem | None, error: ServerError | None, started: int
+        self,
+        model: ModelVersion,
+        item: WorkItem | None,
+        error: ServerError | None,
+        started: int,
+        cache_hit_ns: int | None = None,
+        trace: Trace | None = None,
     ) -> None:
+        """Every observer learns how the request ended; one answered from the response
+        cache is counted by statistics as a hit, not as an inference. A trace ends here."""
         finished = time.monotonic_ns()
+        if trace is not None:
+            trace.end(finished)
         for observer in self.observers:
-            observer.request_done(model, item, error, started, finished)
+            if cache_hit_ns is not None and observer is self.stats:
+                self.stats.cache_hit(model, cache_hit_ns, started, finished)
+            else:
+                observer.request_done(model, item, error, started, finished)
 
     # --- repository ----------------------------------------------------------------------
 
@@ -396,6 +452,21 @@ class InferenceServer:
         """Triton's statistics extension: every model's, one model's or one version's,
         by name then version."""
         return self.stats.statistics(name, version)
+
+    def trace_settings(self, model: str = "") -> dict[str, str | list[str]]:
+        """Triton's trace extension: the global settings, or one model's."""
+        self._trace_model(model)
+        return self.tracing.settings(model)
+
+    def update_trace_settings(
+        self, model: str, changes: dict[str, list[str] | None]
+    ) -> dict[str, str | list[str]]:
+        self._trace_model(model)
+        return self.tracing.update(model, changes)
+
+    def _trace_model(self, model: str) -> None:
+        if model and not self.lifecycle.is_ready(model):
+            raise ServerError(ErrorCode.INVALID_ARG, f"Request for unknown model : {model}")
 
     def log_settings(self) -> dict[str, Any]:
         """Triton's logging extension: log_file, log_info, log_warning, log_error,

@@ -21,6 +21,7 @@ from . import autocomplete, ensemble_config
 from .config_paths import check_config_paths
 from .errors import ErrorCode, ServerError, model_not_ready, unknown_model, unknown_version
 from .health import VersionHealth, not_ready
+from .loadpool import LoadPool
 from .model import ModelVersion, tensor_specs
 from .records import ModelState, RepositoryEntry
 from .repository import (
@@ -75,6 +76,8 @@ class LifecycleSettings:
     autocomplete: bool = True
     default_backend: str = "onnxruntime"
     unload_timeout_s: float = 30.0
+    load_threads: int = 4
+    load_retries: int = 0
 
 
 @dataclass(slots=True)
@@ -90,6 +93,9 @@ class _Prepared:
     seconds: float
     health: dict[int, VersionHealth] = field(default_factory=dict)
 
+    def failed(self) -> bool:
+        return not self.loaded  # every version failed: a retry may fare better
+
 
 class ModelLifecycle:
     def __init__(
@@ -103,6 +109,7 @@ class ModelLifecycle:
         self.backends = backends
         self.scheduler_factory = scheduler_factory
         self.settings = settings
+        self._loads = LoadPool(settings.load_threads, settings.load_retries)
         self.models: dict[str, ModelRecord] = {}
         # Observers called after each successful load: (model, load seconds).
         self.on_loaded: list[Callable[[ModelVersion, float], None]] = []
@@ -189,11 +196,8 @@ class ModelLifecycle:
 
     @contextlib.asynccontextmanager
     async def _locked(self, name: str, create: bool = True) -> AsyncIterator[ModelRecord | None]:
-        """Hold the model's lock; loads and unloads of one model run one at a time.
-
-        A record can be dropped while someone waits on its lock, so re-check after
-        acquiring and retry on the record that is current then.
-        """
+        """Hold the model's lock (one load or unload at a time); a record dropped while
+        someone waits on its lock is re-checked, and the current one taken."""
         while True:
             record = self.models.get(name)
             if record is None:
@@ -247,7 +251,9 @@ class ModelLifecycle:
             record.reason = ""
         hide = OverrideFolderText(override.folder)
         try:
-            prepared = await asyncio.to_thread(self._prepare, source, override.config)
+            prepared = await self._loads.run(
+                self._prepare, source, override.config, failed=_Prepared.failed
+            )
         except ServerError as exc:
             reason = hide(exc.message)
             self._fail(record, reason)
@@ -287,7 +293,6 @@ class ModelLifecycle:
 
     @staticmethod
     def _note_failed_reload(record: ModelRecord, reason: str) -> None:
-        """The index shows why a reload failed on the versions that keep serving."""
         for entry in record.versions.values():
             if entry.state is ModelState.READY:
                 entry.reason = f"reload failed, this version keeps serving: {reason}"
@@ -390,8 +395,7 @@ class ModelLifecycle:
     async def _schedulers(
         self, config: model_config_pb2.ModelConfig, loaded: dict[int, LoadedModel]
     ) -> dict[int, Scheduler]:
-        """One scheduler per loaded version. A policy the factory refuses (ServerError) or
-        a factory failure frees everything loaded, and fails the load with the reason."""
+        """One scheduler per loaded version; a factory failure frees all, failing the load."""
         built: dict[int, Scheduler] = {}
         try:
             factory = self.scheduler_factory

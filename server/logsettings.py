@@ -79,8 +79,13 @@ class LogControl:
         self._handler: logging.Handler | None = None
 
     def install(self, stream: Any = None) -> None:
-        """Log to `stream` (stderr) through one handler that follows these settings."""
-        handler = logging.StreamHandler(stream or sys.stderr)
+        """Log to `stream` (stderr), or append to `log_file` when one is set, through one
+        handler that follows these settings."""
+        handler: logging.Handler
+        if stream is None and self.current.log_file:
+            handler = logging.FileHandler(self.current.log_file, encoding="utf-8")
+        else:
+            handler = logging.StreamHandler(stream or sys.stderr)
         handler.addFilter(_SettingsFilter(self))
         root = logging.getLogger()
         if self._handler is not None:

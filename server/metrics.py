@@ -32,6 +32,7 @@ from .scrape import (
     BATCH_BUCKETS,
     LATENCY_BUCKETS_US,
     ModelSeries,
+    cache_families,
     histogram_families,
     resource_families,
     scheduler_families,
@@ -127,6 +128,7 @@ class ServerMetrics:
             del self._series[key]
         config = self.config
         yield from triton_families(records, config.counter_latencies)
+        yield from cache_families(records)
         if config.summary_latencies:
             yield from summary_families(records, self._series, config.summary_quantiles)
         if config.histogram_latencies:

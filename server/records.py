@@ -80,7 +80,7 @@ class InferStatistics:
     compute_input: StatisticDuration
     compute_infer: StatisticDuration
     compute_output: StatisticDuration
-    # There is no response cache, so neither ever happens.
+    # Response cache hits (lookup time) and misses (lookup and insert time).
     cache_hit: StatisticDuration = _NEVER
     cache_miss: StatisticDuration = _NEVER
 

@@ -28,6 +28,8 @@ class ModelSource:
 
     name: str
     path: Path
+    # --model-config-name: read configs/<config_name>.pbtxt where the model has it.
+    config_name: str = ""
 
 
 @dataclass(slots=True)
@@ -42,8 +44,9 @@ class ModelFiles:
 class ModelRepository:
     """One or more repository folders; a model name must be unique across them."""
 
-    def __init__(self, paths: list[Path]) -> None:
+    def __init__(self, paths: list[Path], config_name: str = "") -> None:
         self.paths = paths
+        self.config_name = config_name
 
     def scan(self) -> dict[str, ModelSource]:
         found: dict[str, ModelSource] = {}
@@ -61,7 +64,7 @@ class ModelRepository:
                         f"model '{entry.name}' appears in more than one model repository: "
                         f"'{found[entry.name].path.parent}' and '{root}'",
                     )
-                found[entry.name] = ModelSource(entry.name, entry)
+                found[entry.name] = ModelSource(entry.name, entry, self.config_name)
         return found
 
 
@@ -81,7 +84,7 @@ def read_config(
         config.CopyFrom(override)
     elif config_text is None:
         try:
-            path = resolve_inside(source.path, CONFIG_FILENAME, CONFIG_FILENAME)
+            path = config_path(source)
         except OutsideFolder as exc:
             raise ServerError(ErrorCode.INVALID_ARG, str(exc)) from None
         if path.is_file():
@@ -102,6 +105,17 @@ def read_config(
             f"the model folder name ('{source.name}')",
         )
     return config
+
+
+def config_path(source: ModelSource) -> Path:
+    """`configs/<--model-config-name>.pbtxt` when the model has one, as in Triton, else
+    `config.pbtxt`; OutsideFolder for either that leads out of the model folder."""
+    if source.config_name:
+        custom = f"configs/{source.config_name}.pbtxt"
+        path = resolve_inside(source.path, custom, custom)
+        if path.is_file():
+            return path
+    return resolve_inside(source.path, CONFIG_FILENAME, CONFIG_FILENAME)
 
 
 # Versions are int64 in Triton's protocol and config.

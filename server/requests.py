@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+from collections.abc import Mapping
 
-from ge_serve.backends.base import Array, ModelError, RequestContext
+from ge_serve.backends.base import Array, ModelError, ParamValue, RequestContext
 
 from .errors import ErrorCode, FailureReason, ServerError
 from .model import ModelVersion
@@ -47,17 +48,25 @@ def decoupled_unsupported(endpoint: str) -> ServerError:
 
 
 def response_of(
-    request: InferRequest, model: ModelVersion, outputs: dict[str, Array], batch_size: int
+    request: InferRequest,
+    model: ModelVersion,
+    outputs: dict[str, Array],
+    batch_size: int,
+    parameters: Mapping[str, ParamValue] | None = None,
 ) -> InferResponse:
     """A response with the outputs the model produced: the requested ones, or, when none
-    were named, every output of the config it gave (a Python model may leave some out)."""
+    were named, every output of the config it gave (a Python model may leave some out),
+    and the parameters the model gave it."""
     if not request.outputs:
         present = [RequestedOutput(name) for name in model.outputs if name in outputs]
         request = dataclasses.replace(request, outputs=present)
-    return build_response(request, model, outputs, batch_size)
+    response = build_response(request, model, outputs, batch_size)
+    if parameters:
+        response.parameters = dict(parameters)
+    return response
 
 
-_Item = tuple[dict[str, Array] | None, ServerError | None, bool]
+_Item = tuple[dict[str, Array] | None, ServerError | None, bool, Mapping[str, ParamValue]]
 
 
 class ResponseQueue:
@@ -69,14 +78,21 @@ class ResponseQueue:
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._closed = False
 
-    def send(self, outputs: dict[str, Array] | None, error: ModelError | None, final: bool) -> None:
+    def send(
+        self,
+        outputs: dict[str, Array] | None,
+        error: ModelError | None,
+        final: bool,
+        parameters: Mapping[str, ParamValue] | None = None,
+    ) -> None:
         failure = None if error is None else model_error(error)
+        item = (outputs, failure, final, parameters or {})
         with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone
-            self._loop.call_soon_threadsafe(self._put, (outputs, failure, final))
+            self._loop.call_soon_threadsafe(self._put, item)
 
     def fail(self, error: ServerError) -> None:
         """On the loop: the request failed before the backend could answer it."""
-        self._put((None, error, True))
+        self._put((None, error, True, {}))
 
     def _put(self, item: _Item) -> None:
         if self._closed:

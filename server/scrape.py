@@ -161,6 +161,34 @@ def triton_families(records: list[ModelStats], counter_latencies: bool) -> Itera
     yield from (pending, load, memory)
 
 
+def cache_families(records: list[ModelStats]) -> Iterator[Metric]:
+    """Triton's per-model response cache counters, for the models that enable the cache."""
+    names = (
+        ("nv_cache_num_hits_per_model", "Number of cache hits per model"),
+        ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds"),
+        ("nv_cache_num_misses_per_model", "Number of cache misses per model"),
+        (
+            "nv_cache_miss_duration_per_model",
+            "Total cache miss (insert+lookup) duration per model, in microseconds",
+        ),
+    )
+    cached = [r for r in records if r.model.config.response_cache.enable]
+    if not cached:
+        return
+    families = [_family(name, text, "counter") for name, text in names]
+    for record in cached:
+        labels = _labels(record)
+        values = (
+            record.cache_hit_count,
+            record.cache_hit_ns / 1e3,
+            record.cache_miss_count,
+            record.cache_miss_ns / 1e3,
+        )
+        for family, value in zip(families, values, strict=True):
+            family.add_sample(family.name, labels, value)
+    yield from families
+
+
 def summary_families(
     records: list[ModelStats], recorded: Mapping[int, ModelSeries], quantiles: Sequence[float]
 ) -> Iterator[Metric]:

@@ -20,10 +20,15 @@ from pathlib import Path
 from typing import Any, Final
 
 from ge_serve.backends.ge.sim_cost import parse_sim_cost
+from ge_serve.scheduler.ratelimit import resource_limit
 
 from .boolean import parse_bool
+from .cacheconfig import cache_setting, cache_size
+from .logsettings import FORMATS
 from .metricsconfig import MetricsConfig
 from .restrictions import RestrictedApis
+from .traceconfig import TraceSettings, check_level, trace_setting, trace_settings
+from .tritonflags import INAPPLICABLE
 
 FLAG: Final = "flag"
 
@@ -33,6 +38,12 @@ RESTRICTED: Final = "restricted APIs"
 DEVICE: Final = "device (GE backend)"
 SCHEDULER: Final = "scheduler"
 METRICS: Final = "metrics"
+LOGGING: Final = "logging"
+MODELS: Final = "model loading"
+CACHE: Final = "response cache"
+TRACING: Final = "tracing"
+RATE_LIMIT: Final = "rate limiter"
+INAPPLICABLE_GROUP: Final = "accepted for Triton compatibility, with no effect"
 
 Rule = tuple[str, str, str]
 
@@ -53,6 +64,8 @@ class Flag:
     required: bool = False
     # Present or absent, taking no value.
     switch: bool = False
+    # Repeated, each as (the flag's name as given, its value).
+    record_flag: bool = False
     # A deprecated BOOL spelling of a switch: true turns the switch on.
     true_alias: tuple[str, str] | None = None  # (name, help)
     # Left out (or empty): the value of this other, earlier setting.
@@ -89,10 +102,36 @@ def key_value(text: str) -> tuple[str, str]:
 
 
 def backend_setting(text: str) -> tuple[str, str]:
-    """`<backend>,<key>=<value>` as (`<backend>.<key>`, value)."""
-    backend, _, rest = text.partition(",")
+    """`<backend>,<key>=<value>` as (`<backend>.<key>`, value); Triton's backend-agnostic
+    `<key>=<value>` (e.g. `default-max-batch-size=8`) as (`<key>`, value)."""
+    backend, comma, rest = text.partition(",")
+    if not comma or "=" in backend:
+        return key_value(text)
     key, value = key_value(rest)
     return f"{backend}.{key}", value
+
+
+def verbose_level(text: str) -> int:
+    """Triton's --log-verbose: a level, or true (1) / false (0)."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return int(lowered == "true")
+    try:
+        return int(lowered)
+    except ValueError:
+        raise ValueError(f"expected a verbose level or true/false, got '{text}'") from None
+
+
+def whole_ms(text: str) -> int:
+    """Milliseconds, where Triton also takes a fraction (--metrics-interval-ms 500.0)."""
+    try:
+        return int(float(text))
+    except ValueError:
+        raise ValueError(f"expected milliseconds, got '{text}'") from None
+
+
+def trace_levels(name: str, values: tuple[str, ...]) -> tuple[str, ...]:
+    return check_level(values)
 
 
 def restriction(text: str) -> list[Rule]:
@@ -219,8 +258,32 @@ class Settings:
     )
     http_max_input_size: int = 64 * 1024 * 1024
     allow_client_shm: bool = True
-    log_verbose: int = 0
-    log_info: bool = True
+    log_verbose: int = field(
+        default=0, metadata=flag(parse=verbose_level, metavar="LEVEL", group=LOGGING)
+    )
+    log_info: bool = field(default=True, metadata=flag(group=LOGGING))
+    log_warning: bool = field(default=True, metadata=flag(group=LOGGING))
+    log_error: bool = field(default=True, metadata=flag(group=LOGGING))
+    log_format: str = field(default="default", metadata=flag(choices=FORMATS, group=LOGGING))
+    log_file: str = field(
+        default="", metadata=flag(help="append the log to this file, not stderr", group=LOGGING)
+    )
+    id: str = field(default="triton", metadata=flag(help="the server's name in its metadata"))
+    model_load_thread_count: int = field(
+        default=4, metadata=flag(help="models loaded at the same time", group=MODELS)
+    )
+    model_load_retry_count: int = field(
+        default=0, metadata=flag(check=non_negative, help="retries of a failed load", group=MODELS)
+    )
+    model_config_name: str = field(
+        default="",
+        metadata=flag(
+            help="read configs/<NAME>.pbtxt where a model has one, else config.pbtxt",
+            group=MODELS,
+        ),
+    )
+    reuse_http_port: bool = False
+    reuse_grpc_port: bool = field(default=False, metadata=flag(group=GRPC))
     metrics_config: tuple[tuple[str, str], ...] = field(
         default=(),
         metadata=flag(
@@ -235,6 +298,16 @@ class Settings:
     backend_config: tuple[tuple[str, str], ...] = field(
         default=(), metadata=flag(repeat=True, parse=backend_setting, metavar="BACKEND,KEY=VALUE")
     )
+    grpc_use_ssl: bool = field(default=False, metadata=flag(group=GRPC))
+    grpc_use_ssl_mutual: bool = field(
+        default=False, metadata=flag(help="TLS that also requires client certificates", group=GRPC)
+    )
+    grpc_server_cert: str = field(default="", metadata=flag(metavar="PEM", group=GRPC))
+    grpc_server_key: str = field(default="", metadata=flag(metavar="PEM", group=GRPC))
+    grpc_root_cert: str = field(default="", metadata=flag(metavar="PEM", group=GRPC))
+    grpc_infer_response_compression_level: str = field(
+        default="none", metadata=flag(choices=("none", "low", "medium", "high"), group=GRPC)
+    )
     grpc_keepalive_time_ms: int = field(
         default=7_200_000, metadata=flag("--grpc-keepalive-time", metavar="MS", group=GRPC)
     )
@@ -246,6 +319,14 @@ class Settings:
     grpc_http2_min_recv_ping_interval_without_data_ms: int = field(
         default=300_000,
         metadata=flag("--grpc-http2-min-recv-ping-interval-without-data", metavar="MS", group=GRPC),
+    )
+    grpc_http2_max_ping_strikes: int = field(default=2, metadata=flag(group=GRPC))
+    # 0: no limit (Triton: undefined).
+    grpc_max_connection_age_ms: int = field(
+        default=0, metadata=flag("--grpc-max-connection-age", metavar="MS", group=GRPC)
+    )
+    grpc_max_connection_age_grace_ms: int = field(
+        default=0, metadata=flag("--grpc-max-connection-age-grace", metavar="MS", group=GRPC)
     )
     # Restricted APIs: (category, header, value), Triton's <category>:<header>=<value>
     http_restricted_api: tuple[Rule, ...] = field(
@@ -316,6 +397,69 @@ class Settings:
             group=SCHEDULER,
         ),
     )
-    metrics_interval_ms: int = field(default=2000, metadata=flag(group=METRICS))
+    metrics_interval_ms: int = field(
+        default=2000, metadata=flag(parse=whole_ms, metavar="MS", group=METRICS)
+    )
     allow_cpu_metrics: bool = field(default=True, metadata=flag(group=METRICS))
     allow_gpu_metrics: bool = field(default=True, metadata=flag(group=METRICS))
+    # (cache, setting, value), e.g. ("local", "size", "1048576")
+    cache_config: tuple[tuple[str, str, str], ...] = field(
+        default=(),
+        metadata=flag(repeat=True, parse=cache_setting, metavar="CACHE,SETTING=VALUE", group=CACHE),
+    )
+    response_cache_byte_size: int = field(
+        default=0, metadata=flag(help="deprecated: --cache-config local,size=BYTES", group=CACHE)
+    )
+    # (mode or "", setting, value)
+    trace_config: tuple[tuple[str, str, str], ...] = field(
+        default=(),
+        metadata=flag(
+            repeat=True, parse=trace_setting, metavar="[MODE,]SETTING=VALUE", group=TRACING
+        ),
+    )
+    trace_file: str = field(default="", metadata=flag(help="deprecated", group=TRACING))
+    trace_level: tuple[str, ...] = field(
+        default=(), metadata=flag(repeat=True, check=trace_levels, group=TRACING)
+    )
+    # None: not given (--trace-config or the default decides).
+    trace_rate: int | None = field(default=None, metadata=flag(parse=int, group=TRACING))
+    trace_count: int | None = field(default=None, metadata=flag(parse=int, group=TRACING))
+    trace_log_frequency: int | None = field(default=None, metadata=flag(parse=int, group=TRACING))
+    rate_limit: str = field(
+        default="off", metadata=flag(choices=("off", "execution_count"), group=RATE_LIMIT)
+    )
+    # (resource, count, device or -1 for every device)
+    rate_limit_resource: tuple[tuple[str, int, int], ...] = field(
+        default=(),
+        metadata=flag(
+            repeat=True, parse=resource_limit, metavar="NAME:COUNT[:DEVICE]", group=RATE_LIMIT
+        ),
+    )
+    # (flag, value) of each tritonserver flag that does nothing here (tritonflags.py).
+    inapplicable: tuple[tuple[str, str], ...] = field(
+        default=(),
+        metadata=flag(
+            *(entry.flag for entry in INAPPLICABLE),
+            repeat=True,
+            record_flag=True,
+            metavar="VALUE",
+            help="tritonserver flags accepted with a warning; they do nothing here",
+            group=INAPPLICABLE_GROUP,
+        ),
+    )
+
+    def cache_size(self) -> int | None:
+        """The response cache's byte budget; None: no cache. ValueError for flags that
+        contradict each other."""
+        return cache_size(self.cache_config, self.response_cache_byte_size)
+
+    def trace(self) -> TraceSettings:
+        """The startup trace settings, deprecated flags and --trace-config together."""
+        return trace_settings(
+            self.trace_config,
+            self.trace_file,
+            self.trace_level,
+            self.trace_rate,
+            self.trace_count,
+            self.trace_log_frequency,
+        )

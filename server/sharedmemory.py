@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import mmap
 import os
 import stat
@@ -45,7 +44,9 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from . import messages
 from .errors import ErrorCode, ServerError, invalid_arg
+from .messages import InputRef
 from .types import DataType, Parameters, RequestedOutput, SharedMemoryRef
 from .wire import raw_to_array
 
@@ -66,8 +67,7 @@ DISABLED: Final = (
 )
 
 
-def unknown_region(name: str) -> ServerError:
-    return ServerError(ErrorCode.NOT_FOUND, f"Unable to find shared memory region: '{name}'")
+unknown_region = messages.shm_not_found
 
 
 # --- per-tensor parameters ------------------------------------------------------------------
@@ -177,38 +177,32 @@ class _Region:
                 mapping.close()
 
 
-def object_path(root: Path, key: str) -> Path:
+def object_path(root: Path, key: str, region: str = "") -> Path:
     """The file of a POSIX shared-memory key: one name directly under `root`."""
     name = key[1:] if key.startswith("/") else key
     if not name or "/" in name or name in (".", "..") or "\0" in name:
-        raise invalid_arg(
-            f"invalid shared memory key '{key}': expected a POSIX shared memory name "
-            "('/name', one path component under /dev/shm)"
-        )
+        # A POSIX shared memory name is one path component under /dev/shm.
+        raise messages.shm_invalid_key(region, key)
     return root / name
 
 
 def _map(root: Path, name: str, key: str, offset: int, byte_size: int) -> tuple[mmap.mmap, int]:
     """Open, check and map a region; blocking, so it runs on a worker thread."""
-    path = object_path(root, key)
+    path = object_path(root, key, name)
     failed = f"failed to register shared memory region '{name}'"
     try:
         # O_NOFOLLOW: a link in /dev/shm must not lead the server elsewhere; O_NONBLOCK: a
         # FIFO planted there must not hang the open.
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise invalid_arg(
-            f"Unable to open shared memory region: '{key}' ({exc.strerror or exc})"
-        ) from None
+        log.info("cannot open shared memory object '%s': %s", key, exc.strerror or exc)
+        raise messages.shm_cannot_open(key) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise invalid_arg(f"{failed}: '{key}' is not a shared memory object")
         if offset + byte_size > info.st_size:
-            raise invalid_arg(
-                f"{failed}: invalid args (offset {offset} + byte_size {byte_size} is past the "
-                f"end of '{key}', which has {info.st_size} bytes)"
-            )
+            raise messages.shm_invalid_args(name)
         base = offset - offset % mmap.ALLOCATIONGRANULARITY
         try:
             mapping = mmap.mmap(
@@ -257,7 +251,7 @@ class SharedMemoryManager:
                 f"failed to register shared memory region '{name}': byte_size must be > 0"
             )
         self._check_new(name)
-        object_path(self.root, key)  # a bad key fails before the thread hop
+        object_path(self.root, key, name)  # a bad key fails before the thread hop
         mapping, start = await asyncio.to_thread(_map, self.root, name, key, offset, byte_size)
         try:
             # Another register of the same name may have finished while we mapped.
@@ -276,9 +270,7 @@ class SharedMemoryManager:
 
     def _check_new(self, name: str) -> None:
         if name in self._regions:
-            raise ServerError(
-                ErrorCode.ALREADY_EXISTS, f"shared memory region '{name}' already in manager"
-            )
+            raise messages.shm_already_registered(name)
 
     def status(self, name: str = "") -> list[RegionStatus]:
         """Every region, or the named one (NOT_FOUND when it is not registered)."""
@@ -342,12 +334,9 @@ class SharedMemoryManager:
             raise unknown_region(ref.region)
         size = region.status.byte_size
         if ref.offset >= size:
-            raise invalid_arg(f"Invalid offset for shared memory region: '{ref.region}'")
+            raise messages.shm_invalid_offset(ref.region)
         if ref.offset + ref.byte_size > size:
-            raise invalid_arg(
-                f"Invalid offset + byte size for shared memory region: '{ref.region}' "
-                f"(offset {ref.offset} + byte size {ref.byte_size} > region size {size})"
-            )
+            raise messages.shm_invalid_range(ref.region)
         return region.window(ref.offset, ref.byte_size)
 
     def input_array(
@@ -357,20 +346,14 @@ class SharedMemoryManager:
         shape: tuple[int, ...],
         tensor: str,
         model: str,
+        request_id: str = "",
     ) -> npt.NDArray[Any]:
         """A read-only, zero-copy view of an input tensor (BYTES are parsed into objects).
 
         The region is checked first, then the size against the shape, in Triton's order.
         """
         view = self.window(ref).toreadonly()
-        if datatype is not DataType.BYTES:
-            expected = math.prod(shape) * datatype.itemsize
-            if ref.byte_size != expected:
-                raise invalid_arg(
-                    f"input byte size mismatch for input '{tensor}' for model '{model}'. "
-                    f"Expected {expected}, got {ref.byte_size}"
-                )
-        return raw_to_array(datatype, shape, view, what=f"input '{tensor}'")
+        return raw_to_array(datatype, shape, view, InputRef(tensor, model, request_id))
 
     @staticmethod
     def write_output(target: memoryview, raw: bytes | memoryview, tensor: str) -> None:

@@ -64,6 +64,11 @@ class ModelStats:
     inference_count: int = 0
     execution_count: int = 0
     last_inference_ms: int = 0
+    # Response cache: hits (lookup time) and misses (lookup and insert time).
+    cache_hit_count: int = 0
+    cache_hit_ns: int = 0
+    cache_miss_count: int = 0
+    cache_miss_ns: int = 0
     failures: dict[FailureReason, int] = field(
         default_factory=lambda: dict.fromkeys(FailureReason, 0)
     )
@@ -83,6 +88,8 @@ class ModelStats:
     def snapshot(self) -> ModelStatistics:
         """The counts so far, as the statistics extension reports them."""
         successes = self.success_count
+        # Requests answered from the cache were neither queued nor computed.
+        executed = successes - self.cache_hit_count
         return ModelStatistics(
             name=self.model.name,
             version=self.model.version,
@@ -92,10 +99,12 @@ class ModelStats:
             inference_stats=InferStatistics(
                 success=StatisticDuration(successes, self.success_ns),
                 fail=StatisticDuration(self.fail_count, self.fail_ns),
-                queue=StatisticDuration(successes, self.queue_ns),
-                compute_input=StatisticDuration(successes, self.input_ns),
-                compute_infer=StatisticDuration(successes, self.infer_ns),
-                compute_output=StatisticDuration(successes, self.output_ns),
+                queue=StatisticDuration(executed, self.queue_ns),
+                compute_input=StatisticDuration(executed, self.input_ns),
+                compute_infer=StatisticDuration(executed, self.infer_ns),
+                compute_output=StatisticDuration(executed, self.output_ns),
+                cache_hit=StatisticDuration(self.cache_hit_count, self.cache_hit_ns),
+                cache_miss=StatisticDuration(self.cache_miss_count, self.cache_miss_ns),
             ),
             batch_stats=tuple(
                 BatchStatistics(
@@ -170,6 +179,24 @@ class StatisticsCollector:
         stats.fail_ns += finished_ns - started_ns
         reason = failure_reason(error) if error is not None else FailureReason.OTHER
         stats.failures[reason] += 1
+
+    def cache_hit(
+        self, model: ModelVersion, lookup_ns: int, started_ns: int, finished_ns: int
+    ) -> None:
+        """A request answered from the response cache: a success, but no inference."""
+        stats = self._records.get(id(model))
+        if stats is not None:
+            stats.success_count += 1
+            stats.success_ns += finished_ns - started_ns
+            stats.cache_hit_count += 1
+            stats.cache_hit_ns += lookup_ns
+            stats.last_inference_ms = time.time_ns() // 1_000_000
+
+    def cache_miss(self, model: ModelVersion, ns: int) -> None:
+        stats = self._records.get(id(model))
+        if stats is not None:
+            stats.cache_miss_count += 1
+            stats.cache_miss_ns += ns
 
     def records(self) -> list[ModelStats]:
         """The records of the versions that serve now, by name then version.

@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
+from . import messages
 from .errors import ErrorCode, ServerError
 
 ParamValue = bool | int | float | str
@@ -138,21 +139,15 @@ def check_shape(shape: Sequence[SupportsIndex], name: str) -> int:
         else:
             nominal *= value
     if nominal > MAX_ELEMENTS:
-        raise ServerError(
-            ErrorCode.INVALID_ARG,
-            f"invalid shape for input '{name}': shape {_shape_str(shape)} causes total element "
-            f"count to exceed maximum size of {MAX_ELEMENTS}"
-            + (" (zero dimensions are not counted)" if has_zero else ""),
-        )
+        shown = [operator.index(d) for d in shape]
+        if nominal > messages.INT64_MAX:
+            raise messages.element_count_overflow(name, shown)
+        raise messages.element_count_overflow(name, shown, MAX_ELEMENTS)
     return 0 if has_zero else nominal
 
 
 def _not_integers(name: str) -> ServerError:
     return ServerError(ErrorCode.INVALID_ARG, f"the shape of input '{name}' must hold integers")
-
-
-def _shape_str(shape: Sequence[SupportsIndex]) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +204,11 @@ class InferRequest:
     # Lifted out of `parameters` at the edge; 0 means "the model's default".
     priority: int = 0
     timeout_us: int = 0
+    # How the front end that decoded the request should encode its response (HTTP's
+    # `binary_data_output`); never seen by the model.
+    wire: Parameters = field(default_factory=dict)
+    # The client's W3C trace context, read only while tracing is on.
+    traceparent: str = ""
 
 
 @dataclass(slots=True)

@@ -13,7 +13,9 @@ import numpy as np
 from ge_serve.scheduler.correlation import sequence_flags
 from ge_serve.scheduler.work import Array, WorkItem
 
+from . import messages
 from .errors import ErrorCode, ServerError, invalid_arg
+from .messages import InputRef, request_tag
 from .model import ModelVersion, TensorSpec
 from .types import DataType, InferRequest, InferResponse, RequestedOutput, Tensor
 
@@ -25,8 +27,9 @@ def _dims_str(dims: tuple[int, ...]) -> str:
 def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
     """Validate a request and turn it into the scheduler's work item."""
     inputs = request.inputs
+    tag = request_tag(request.id)
     if len(inputs) == 1 and inputs[0].parameters.get("raw_binary"):
-        inputs = [_resolve_raw_binary(inputs[0], model)]
+        inputs = [_resolve_raw_binary(inputs[0], model, request.id)]
     mbs = model.max_batch_size
     arrays: dict[str, Array] = {}
     batch_size = 0
@@ -34,13 +37,13 @@ def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
         spec = model.inputs.get(tensor.name)
         if spec is None:
             raise invalid_arg(
-                f"unexpected inference input '{tensor.name}' for model '{model.name}'"
+                f"{tag}unexpected inference input '{tensor.name}' for model '{model.name}'"
             )
         if tensor.name in arrays:
-            raise invalid_arg(f"input '{tensor.name}' was given more than once")
+            raise messages.duplicate_input(request.id, tensor.name)
         if tensor.datatype is not spec.datatype:
             raise invalid_arg(
-                f"inference input '{tensor.name}' data-type is '{tensor.datatype.value}', "
+                f"{tag}inference input '{tensor.name}' data-type is '{tensor.datatype.value}', "
                 f"but model '{model.name}' expects '{spec.datatype.value}'"
             )
         shape = tuple(tensor.shape)
@@ -49,32 +52,29 @@ def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
         if mbs > 0:
             if not shape:
                 raise invalid_arg(
-                    f"input '{tensor.name}' for model '{model.name}' has no batch dimension; "
-                    f"the model has max_batch_size {mbs}"
+                    f"{tag}input '{tensor.name}' has no shape but model requires batch "
+                    f"dimension for '{model.name}'"
                 )
             this_batch = shape[0]
             if this_batch < 1 or this_batch > mbs:
                 raise invalid_arg(
-                    f"inference request batch-size must be <= {mbs} for '{model.name}'"
+                    f"{tag}inference request batch-size must be <= {mbs} for '{model.name}'"
                     if this_batch > mbs
-                    else f"inference request batch-size must be >= 1 for '{model.name}'"
+                    else f"{tag}inference request batch-size must be >= 1 for '{model.name}'"
                 )
             if batch_size and this_batch != batch_size:
                 raise invalid_arg(
-                    f"input '{tensor.name}' batch size {this_batch} does not match the "
-                    f"other inputs' batch size {batch_size}"
+                    f"{tag}input '{tensor.name}' batch size does not match other inputs for "
+                    f"'{model.name}'"
                 )
             batch_size = this_batch
             item_dims = shape[1:]
         else:
             item_dims = shape
         if not _dims_match(item_dims, spec.dims):
-            expected = ((-1,) if mbs > 0 else ()) + spec.dims
-            raise invalid_arg(
-                f"unexpected shape for input '{tensor.name}' for model '{model.name}'. "
-                f"Expected {_dims_str(expected)}, got {_dims_str(shape)}"
-            )
-        array = _as_array(tensor, spec, shape)
+            ref = InputRef(tensor.name, model.name, request.id)
+            raise messages.unexpected_shape(ref, spec.dims, shape, mbs > 0)
+        array = _as_array(tensor, spec, shape, InputRef(tensor.name, model.name, request.id))
         if spec.model_dims is not None:
             lead = (shape[0],) if mbs > 0 else ()
             try:
@@ -89,13 +89,19 @@ def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
     ]
     if missing:
         required = sum(not s.optional for s in model.inputs.values())
+        given, wanted = _names(sorted(arrays)), _names(missing)
+        count = (
+            f"expected {required} inputs"
+            if required == len(model.inputs)
+            else f"expected number of inputs between {required} and {len(model.inputs)}"
+        )
         raise invalid_arg(
-            f"expected {required} inputs but got {len(arrays)} inputs for model "
-            f"'{model.name}'. Got input(s) {sorted(arrays)}, but missing required input(s) "
-            f"{missing}. Please provide all required input(s)."
+            f"{tag}{count} but got {len(arrays)} inputs for model '{model.name}'. Got input(s) "
+            f"{given}, but missing required input(s) {wanted}. Please provide all required "
+            "input(s)."
         )
     for requested in request.outputs:
-        _check_output(requested, model)
+        _check_output(requested, model, tag)
     sequence = sequence_flags(request.parameters)
     if (
         sequence is not None
@@ -116,13 +122,18 @@ def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
     )
 
 
+def _names(names: list[str]) -> str:
+    """Triton's list of names: ['a','b']."""
+    return "[" + ",".join(f"'{name}'" for name in names) + "]"
+
+
 def _dims_match(got: tuple[int, ...], want: tuple[int, ...]) -> bool:
     if len(got) != len(want):
         return False
     return all(w == -1 or g == w for g, w in zip(got, want, strict=True))
 
 
-def _as_array(tensor: Tensor, spec: TensorSpec, shape: tuple[int, ...]) -> Array:
+def _as_array(tensor: Tensor, spec: TensorSpec, shape: tuple[int, ...], ref: InputRef) -> Array:
     array = tensor.data
     expected = spec.datatype.numpy
     if array.dtype != expected:
@@ -134,57 +145,49 @@ def _as_array(tensor: Tensor, spec: TensorSpec, shape: tuple[int, ...]) -> Array
             )
     if array.shape != shape:
         if array.size != math.prod(shape):
-            raise invalid_arg(
-                f"input '{tensor.name}' has {array.size} elements but its shape "
-                f"{_dims_str(shape)} needs {math.prod(shape)}"
-            )
+            if spec.datatype is DataType.BYTES:
+                raise messages.too_few_strings(ref, math.prod(shape), array.size)
+            itemsize = spec.datatype.itemsize
+            raise messages.input_byte_size(ref, math.prod(shape) * itemsize, array.nbytes)
         array = array.reshape(shape)
     return array
 
 
-def _resolve_raw_binary(tensor: Tensor, model: ModelVersion) -> Tensor:
-    """A raw-binary body is the single input of a single-input model, as batch 1."""
+def _resolve_raw_binary(tensor: Tensor, model: ModelVersion, request_id: str) -> Tensor:
+    """A raw-binary body is the single input of a single-input model, as batch 1; its
+    shape is deduced from the config's dims as Triton's core does."""
     if len(model.inputs) != 1:
-        raise invalid_arg(
-            f"raw binary request requires model '{model.name}' to have exactly one input, "
-            f"but it has {len(model.inputs)}"
-        )
+        raise messages.raw_input_count(request_id, 1, len(model.inputs), model.name)
     spec = next(iter(model.inputs.values()))
     raw: bytes = tensor.data.tobytes()
     lead: tuple[int, ...] = (1,) if model.max_batch_size > 0 else ()
+    unknown = [i for i, d in enumerate(spec.dims) if d == -1]
+    if len(unknown) > 1:
+        raise messages.raw_shape_not_deducible(request_id, spec.name)
     if spec.datatype is DataType.BYTES:
+        if unknown or math.prod(spec.dims) != 1:
+            raise messages.raw_bytes_shape(request_id, spec.name)
         data = np.empty(1, dtype=object)
         data[0] = raw
-        dims = tuple(1 if d == -1 else d for d in spec.dims)
-        if math.prod(dims) != 1:
-            raise invalid_arg(f"raw binary data for BYTES input '{spec.name}' must be one element")
-        return Tensor(spec.name, spec.datatype, lead + dims, data.reshape(lead + dims))
-    itemsize = spec.datatype.itemsize
-    if len(raw) % itemsize:
-        raise invalid_arg(
-            f"raw binary data of {len(raw)} bytes is not a whole number of "
-            f"{spec.datatype.value} elements for input '{spec.name}'"
-        )
-    count = len(raw) // itemsize
+        return Tensor(spec.name, spec.datatype, lead + spec.dims, data.reshape(lead + spec.dims))
+    known = math.prod(d for d in spec.dims if d != -1)
     dims = spec.dims
-    unknown = [i for i, d in enumerate(dims) if d == -1]
-    known = math.prod(d for d in dims if d != -1)
-    if len(unknown) > 1 or (not unknown and known != count) or (unknown and count % known):
-        raise invalid_arg(
-            f"raw binary data of {count} elements does not fit input '{spec.name}' with "
-            f"dims {_dims_str(dims)}"
-        )
     if unknown:
-        dims = tuple(count // known if d == -1 else d for d in dims)
+        # Triton divides down; a remainder is then the byte-size mismatch below.
+        dims = tuple(len(raw) // known // spec.datatype.itemsize if d == -1 else d for d in dims)
+    ref = InputRef(spec.name, model.name, request_id)
+    expected = math.prod(lead + dims) * spec.datatype.itemsize
+    if expected != len(raw):
+        raise messages.input_byte_size(ref, expected, len(raw))
     array = np.frombuffer(tensor.data, dtype=spec.datatype.numpy).reshape(lead + dims)
     return Tensor(spec.name, spec.datatype, lead + dims, array)
 
 
-def _check_output(requested: RequestedOutput, model: ModelVersion) -> None:
+def _check_output(requested: RequestedOutput, model: ModelVersion, tag: str) -> None:
     spec = model.outputs.get(requested.name)
     if spec is None:
         raise invalid_arg(
-            f"unexpected inference output '{requested.name}' for model '{model.name}'"
+            f"{tag}unexpected inference output '{requested.name}' for model '{model.name}'"
         )
     if requested.classification < 0:
         raise invalid_arg("classification count must be non-negative")

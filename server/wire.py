@@ -16,7 +16,9 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from . import messages
 from .errors import ErrorCode, ServerError, invalid_arg
+from .messages import InputRef
 from .types import DataType, Tensor
 
 _U32: Final = struct.Struct("<I")
@@ -47,12 +49,17 @@ def serialize_bytes_tensor(arr: npt.NDArray[Any]) -> bytes:
 
 
 def deserialize_bytes_tensor(
-    buf: bytes | memoryview, count: int | None, *, what: str = "BYTES tensor"
+    buf: bytes | memoryview,
+    count: int | None,
+    *,
+    what: str = "BYTES tensor",
+    ref: InputRef | None = None,
 ) -> npt.NDArray[np.object_]:
     """Parse length-prefixed BYTES elements into a 1-D object array of `bytes`.
 
     With `count`, the buffer must hold exactly that many elements and nothing more. Errors
-    are INVALID_ARG, prefixed with `what` (e.g. "input 'x'").
+    are INVALID_ARG: for a request's input (`ref`) in Triton's words, otherwise prefixed
+    with `what`.
     """
     view = memoryview(buf).cast("B")
     size = len(view)
@@ -60,11 +67,15 @@ def deserialize_bytes_tensor(
     offset = 0
     while offset < size:
         if count is not None and len(items) == count:
+            if ref is not None:
+                raise messages.too_many_strings(ref, count + 1, count)
             raise invalid_arg(
                 f"{what}: unexpected additional BYTES data, {size - offset} bytes after the "
                 f"expected {count} elements"
             )
         if offset + 4 > size:
+            if ref is not None:
+                raise messages.incomplete_string_length(ref, size - offset)
             raise invalid_arg(
                 f"{what}: BYTES element {len(items)} is truncated: its 4-byte length prefix "
                 f"has only {size - offset} bytes left"
@@ -73,13 +84,16 @@ def deserialize_bytes_tensor(
         offset += 4
         end = offset + length
         if end > size:
+            where = f"input '{ref.name}'" if ref is not None else what
             raise invalid_arg(
-                f"{what}: BYTES element {len(items)} has length {length}, which overruns the "
-                f"buffer ({size - offset} bytes left)"
+                f"{ref.tag if ref else ''}{where}: BYTES element {len(items)} has length "
+                f"{length}, which overruns the buffer ({size - offset} bytes left)"
             )
         items.append(view[offset:end].tobytes())
         offset = end
     if count is not None and len(items) != count:
+        if ref is not None:
+            raise messages.too_few_strings(ref, count, len(items))
         raise invalid_arg(f"{what}: expected {count} BYTES elements, got {len(items)}")
     return object_array(items)
 
@@ -111,23 +125,19 @@ def _as_bytes(value: Any) -> bytes:
 
 
 def raw_to_array(
-    datatype: DataType, shape: tuple[int, ...], buf: bytes | memoryview, *, what: str
+    datatype: DataType, shape: tuple[int, ...], buf: bytes | memoryview, ref: InputRef
 ) -> npt.NDArray[Any]:
-    """A tensor from its raw wire bytes, shaped; fixed-size types are a zero-copy view.
-
-    The byte count must match the shape exactly (for BYTES: exactly prod(shape) elements).
-    Errors are INVALID_ARG, prefixed with `what` (e.g. "input 'x'").
+    """A request input from its raw wire bytes, shaped; fixed-size types are a zero-copy
+    view. The byte count must match the shape exactly (for BYTES: exactly prod(shape)
+    elements); errors are INVALID_ARG in Triton's words.
     """
     count = math.prod(shape)
     if datatype is DataType.BYTES:
-        return deserialize_bytes_tensor(buf, count, what=what).reshape(shape)
+        return deserialize_bytes_tensor(buf, count, ref=ref).reshape(shape)
     expected = count * datatype.itemsize
     size = memoryview(buf).nbytes
     if size != expected:
-        raise invalid_arg(
-            f"{what}: got {size} bytes of raw data, but shape {list(shape)} of "
-            f"{datatype.value} needs {expected} bytes"
-        )
+        raise messages.input_byte_size(ref, expected, size)
     return np.frombuffer(buf, dtype=datatype.numpy).reshape(shape)
 
 

@@ -216,10 +216,11 @@ class PythonInstance:
         return (pending.key, context.id, descs, requested, json.dumps(dict(context.parameters)))
 
     def _outputs(self, worker: WorkerProcess, pending: Pending, encoded: Any) -> dict[str, Array]:
-        descs, error, _parameters = encoded
+        descs, error, parameters = encoded
         if error is not None:
             pending.context.error = ModelError(error[0], error[1])
             return {}
+        pending.context.response_parameters = _response_parameters(parameters)
         return worker.read_tensors(descs)
 
     def _finish(self, pending: Pending, error: ModelError | None) -> None:
@@ -268,16 +269,18 @@ class PythonInstance:
             return
         outputs = None
         error = None
+        parameters: dict[str, Any] = {}
         if encoded is not None:
-            descs, failed, _parameters = encoded
+            descs, failed, text = encoded
             if failed is not None:
                 error = ModelError(failed[0], failed[1])
             else:
                 outputs = worker.read_tensors(descs)
+                parameters = _response_parameters(text)
                 worker.release([], urgent=True)
         sink = pending.context.responses
         if sink is not None:
-            sink.send(outputs, error, final)
+            sink.send(outputs, error, final, parameters)
         if final:
             for region in pending.regions:
                 worker.arena.free(region)
@@ -384,5 +387,19 @@ class PythonInstance:
 class _Discard:
     """Where a decoupled model's warmup responses go."""
 
-    def send(self, outputs: dict[str, Array] | None, error: ModelError | None, final: bool) -> None:
+    def send(
+        self,
+        outputs: dict[str, Array] | None,
+        error: ModelError | None,
+        final: bool,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> None:
         return None
+
+
+def _response_parameters(text: Any) -> dict[str, Any]:
+    """A response's parameters, as the worker sent them (JSON text; checked there)."""
+    if not text:
+        return {}
+    value = json.loads(text)
+    return value if isinstance(value, dict) else {}

@@ -17,7 +17,9 @@ import numpy.typing as npt
 
 from ge_serve.protos import grpc_service_pb2 as pb
 
+from .. import messages
 from ..errors import ErrorCode, ServerError, invalid_arg
+from ..messages import InputRef
 from ..sharedmemory import IN_SHARED_MEMORY, SHARED_MEMORY_REGION, lift_output_ref, parse_ref
 from ..types import (
     DataType,
@@ -144,12 +146,8 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
     raw = message.raw_input_contents
     specs = message.inputs
     in_shm = sum(SHARED_MEMORY_REGION in spec.parameters for spec in specs)
-    if raw and len(raw) != len(specs) - in_shm:
-        which = "one per input not in shared memory" if in_shm else "one per input"
-        raise invalid_arg(
-            f"expected {len(specs) - in_shm} raw input contents ({which}) for model "
-            f"'{model}', got {len(raw)}"
-        )
+    if raw and len(raw) > len(specs) - in_shm:
+        raise messages.additional_input_data(model)
     tensors: list[Tensor] = []
     names: set[str] = set()
     raw_index = 0
@@ -158,7 +156,7 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
         if not name:
             raise invalid_arg(f"input {index} of model '{model}' has no name")
         if name in names:
-            raise invalid_arg(f"input '{name}' is given more than once")
+            raise messages.duplicate_input(message.id, name)
         names.add(name)
         datatype = DataType.parse(spec.datatype)
         shape = tuple(spec.shape)
@@ -168,37 +166,30 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
         params = decode_parameters(spec.parameters, f"input '{name}'")
         shm = parse_ref(params, name)
         has_contents = spec.HasField("contents")
+        ref = InputRef(name, model, message.id)
         if shm is not None:
             if has_contents:
-                raise invalid_arg(
-                    f"unexpected 'content' provided when using shared memory for input tensor "
-                    f"'{name}' for model '{model}'"
-                )
+                raise messages.contents_with_shm(name, model)
             data = IN_SHARED_MEMORY
-        elif raw:
-            if has_contents:
-                raise invalid_arg(
-                    f"contents field must not be specified when using raw_input_contents for "
-                    f"input '{name}' of model '{model}'"
-                )
-            data = raw_to_array(datatype, shape, raw[raw_index], what=f"input '{name}'")
+        elif has_contents and raw:
+            raise messages.contents_with_raw(name, model)
+        elif raw_index < len(raw):
+            data = raw_to_array(datatype, shape, raw[raw_index], ref)
             raw_index += 1
         elif has_contents:
-            data = _typed_contents(name, datatype, shape, spec.contents)
+            data = _typed_contents(ref, datatype, shape, spec.contents)
         elif math.prod(shape) == 0:
             data = np.empty(shape, dtype=datatype.numpy)
         else:
-            raise invalid_arg(
-                f"input '{name}' of model '{model}' has no data: neither raw_input_contents "
-                f"nor contents is set"
-            )
+            raise messages.no_input_data(name, model)
         tensors.append(Tensor(name, datatype, shape, data, params, shm))
     return tensors
 
 
 def _typed_contents(
-    name: str, datatype: DataType, shape: tuple[int, ...], contents: pb.InferTensorContents
+    ref: InputRef, datatype: DataType, shape: tuple[int, ...], contents: pb.InferTensorContents
 ) -> npt.NDArray[Any]:
+    name = ref.name
     if datatype in RAW_ONLY:
         raise invalid_arg(
             f"input '{name}': {datatype.value} data can only be sent in raw_input_contents, "
@@ -214,10 +205,12 @@ def _typed_contents(
     values = getattr(contents, field)
     count = math.prod(shape)
     if len(values) != count:
-        raise invalid_arg(
-            f"input '{name}' has {len(values)} elements in contents.{field}, but shape "
-            f"{list(shape)} needs {count}"
-        )
+        if datatype is DataType.BYTES:
+            if len(values) > count:
+                raise messages.too_many_strings(ref, count + 1, count)
+            raise messages.too_few_strings(ref, count, len(values))
+        itemsize = datatype.itemsize
+        raise messages.input_byte_size(ref, count * itemsize, len(values) * itemsize)
     if datatype is DataType.BYTES:
         return object_array(list(values)).reshape(shape)
     wide = np.fromiter(values, dtype=_FIELD_DTYPE[field], count=count)
@@ -238,7 +231,7 @@ def _decode_outputs(message: pb.ModelInferRequest) -> list[RequestedOutput]:
         if not name:
             raise invalid_arg(f"requested output {index} has no name")
         if name in names:
-            raise invalid_arg(f"output '{name}' is requested more than once")
+            raise messages.duplicate_output(message.id, name)
         names.add(name)
         params = decode_parameters(spec.parameters, f"output '{name}'")
         output = requested_output(name, params)

@@ -35,6 +35,26 @@ MAX_MESSAGE_BYTES: Final = 2**31 - 1
 HEALTH_REFRESH_S: Final = 1.0
 
 
+# --grpc-infer-response-compression-level, as grpc core's compression levels.
+COMPRESSION_LEVELS: Final = {"none": 0, "low": 1, "medium": 2, "high": 3}
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcTls:
+    """--grpc-use-ssl: the server's PEM certificate and key; with `mutual`, clients must
+    present a certificate that `root` signed."""
+
+    cert: bytes
+    key: bytes
+    root: bytes | None = None
+    mutual: bool = False
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials(
+            [(self.key, self.cert)], root_certificates=self.root, require_client_auth=self.mutual
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class GrpcSettings:
     """What the gRPC front end needs; the composition root derives it from `Settings`,
@@ -49,6 +69,13 @@ class GrpcSettings:
     http2_min_recv_ping_interval_without_data_ms: int
     # --grpc-restricted-protocol: (category, header, value)
     restricted: tuple[tuple[str, str, str], ...]
+    reuse_port: bool = False
+    http2_max_ping_strikes: int = 2
+    # 0: no limit.
+    max_connection_age_ms: int = 0
+    max_connection_age_grace_ms: int = 0
+    compression_level: str = "none"
+    tls: GrpcTls | None = None
 
     @property
     def target(self) -> str:
@@ -58,7 +85,7 @@ class GrpcSettings:
         return f"{host}:{self.port}"
 
     def channel_options(self) -> list[tuple[str, int]]:
-        return [
+        options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.keepalive_time_ms", self.keepalive_time_ms),
@@ -69,9 +96,19 @@ class GrpcSettings:
                 "grpc.http2.min_recv_ping_interval_without_data_ms",
                 self.http2_min_recv_ping_interval_without_data_ms,
             ),
-            # A port already in use must fail the bind, not be silently shared.
-            ("grpc.so_reuseport", 0),
+            ("grpc.http2.max_ping_strikes", self.http2_max_ping_strikes),
+            # A port already in use must fail the bind, unless sharing it was asked for.
+            ("grpc.so_reuseport", int(self.reuse_port)),
         ]
+        if self.max_connection_age_ms:
+            options.append(("grpc.max_connection_age_ms", self.max_connection_age_ms))
+        if self.max_connection_age_grace_ms:
+            options.append(("grpc.max_connection_age_grace_ms", self.max_connection_age_grace_ms))
+        level = COMPRESSION_LEVELS[self.compression_level]
+        if level:
+            # Responses are compressed at this level with an algorithm the client accepts.
+            options.append(("grpc.default_compression_level", level))
+        return options
 
 
 class CoreHealth(grpc_health.aio.HealthServicer):  # type: ignore[misc]
@@ -126,8 +163,12 @@ class GrpcFrontEnd:
             (INFERENCE_SERVICE, grpc_health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         target = self.settings.target
+        tls = self.settings.tls
         try:
-            port = server.add_insecure_port(target)
+            if tls is not None:
+                port = server.add_secure_port(target, tls.credentials())
+            else:
+                port = server.add_insecure_port(target)
         except RuntimeError as exc:
             raise _cannot_listen(target, str(exc)) from None
         if not port:

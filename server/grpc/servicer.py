@@ -27,7 +27,7 @@ from ..errors import ErrorCode, ServerError, decoding
 from ..types import ParamValue
 from . import codec, encode
 from .errors import Handler, Undecodable, abort, guard
-from .stream import MAX_IN_FLIGHT, MAX_UNWRITTEN, StreamSession
+from .stream import MAX_IN_FLIGHT, MAX_UNWRITTEN, StreamSession, metadata_value
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +38,6 @@ UNLOAD_DEPENDENTS = "unload_dependents"
 
 def _unsupported(message: str) -> ServerError:
     return ServerError(ErrorCode.UNSUPPORTED, message)
-
-
-def _not_offered(message: str) -> Handler[Any, Any, Any]:
-    """An RPC of an extension this server does not offer: UNIMPLEMENTED with `message`."""
-
-    @guard
-    async def handler(self: Any, request: Any, context: Any) -> Any:
-        raise _unsupported(message)
-
-    return handler
 
 
 Req = TypeVar("Req")
@@ -137,6 +127,8 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelInferResponse:
         with decoding("inference request"):
             decoded = codec.decode_infer_request(request)
+        if self.core.tracing.active:
+            decoded.request.traceparent = metadata_value(context, "traceparent")
         response = await self.core.infer(decoded.request, "ModelInfer RPC")
         return codec.encode_infer_response(response)
 
@@ -249,9 +241,21 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
         self.core.shared_memory.cuda_unregister(request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
-    # --- tracing (not offered) -----------------------------------------------------------
+    # --- tracing -------------------------------------------------------------------------
 
-    TraceSetting = _not_offered("the trace extension is not available on this server")
+    @guard
+    async def TraceSetting(
+        self, request: pb.TraceSettingRequest, context: Any
+    ) -> pb.TraceSettingResponse:
+        if request.settings:
+            changes = {key: (list(value.value) or None) for key, value in request.settings.items()}
+            current = self.core.update_trace_settings(request.model_name, changes)
+        else:
+            current = self.core.trace_settings(request.model_name)
+        response = pb.TraceSettingResponse()
+        for key, value in current.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
 
     # --- logging -------------------------------------------------------------------------
 

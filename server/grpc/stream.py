@@ -59,6 +59,14 @@ _END: Final = object()
 _Out = pb.ModelStreamInferResponse | _Close | object
 
 
+def metadata_value(context: Any, key: str) -> str:
+    """A call's metadata entry (the client's `traceparent`, say), "" when absent."""
+    for name, value in context.invocation_metadata() or ():
+        if name == key:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return ""
+
+
 def wants_grpc_errors(context: Any) -> bool:
     for key, value in context.invocation_metadata() or ():
         if key.lower() == GRPC_ERROR_HEADER:
@@ -209,6 +217,8 @@ class StreamSession:
         try:
             with decoding("inference request"):
                 decoded = codec.decode_infer_request(message)
+            if self._core.tracing.active:
+                decoded.request.traceparent = metadata_value(self._context, "traceparent")
             response = await self._core.infer(decoded.request)
             return codec.stream_response(codec.encode_infer_response(response), final=True)
         except Exception as exc:

@@ -23,12 +23,13 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ge_serve.server import messages
 from ge_serve.server.core import InferenceServer
 from ge_serve.server.drain import DrainGate
 from ge_serve.server.errors import ErrorCode, ServerError, decoding
 from ge_serve.server.restrictions import RestrictedApis
 
-from . import codec, compression, encode, generate, monitoring, openapi, sharedmemory
+from . import codec, compression, encode, generate, monitoring, openapi, sharedmemory, trace
 from .bodies import (
     InferRequestBody,
     RepositoryIndexRequest,
@@ -86,6 +87,8 @@ class HttpSettings:
     max_input_size: int
     # --http-restricted-api rules: (category, header, value)
     restricted_api: tuple[tuple[str, str, str], ...]
+    # Non-empty chunks a request body may arrive in (Triton's limit).
+    max_chunks: int = messages.MAX_CHUNKS
 
 
 class InferShortcut:
@@ -190,6 +193,7 @@ class HttpFrontEnd:
             ),
             *monitoring.routes(self),
             *sharedmemory.routes(self),
+            *trace.routes(self),
             *self.extra_routes,
             *self.versioned("/ready", self.model_ready, ["GET"]),
             *self.versioned("/config", self.model_config, ["GET"]),
@@ -286,10 +290,13 @@ class HttpFrontEnd:
 
     async def infer(self, request: Request) -> Response:
         model, version = _model_path(request)
-        body = await self.read_body(request)
         with decoding("inference request"):
             header_length = codec.parse_header_length(request.headers.get(HEADER_LENGTH))
+        body = await self.read_body(request, raw=header_length == 0)
+        with decoding("inference request"):
             infer_request = codec.decode_infer_request(model, version, body, header_length)
+        if self.core.tracing.active:
+            infer_request.traceparent = request.headers.get("traceparent", "")
         response = await self.core.infer(infer_request, "HTTP end point")
         payload, json_length = codec.encode_infer_response(response, infer_request)
         headers: dict[str, str] = {}
@@ -304,8 +311,10 @@ class HttpFrontEnd:
             headers["Content-Encoding"] = encoding
         return Response(payload, media_type=media_type, headers=headers)
 
-    async def read_body(self, request: Request) -> bytes:
-        """The request body, size-capped before and after decompression.
+    async def read_body(self, request: Request, raw: bool = False) -> bytes:
+        """The request body, size-capped before and after decompression (`raw`: a
+        raw-binary infer body, which Triton words differently), and to Triton's count of
+        non-empty chunks when it comes chunked.
 
         A body over the limit is read to its end and dropped (within bounds, see drain.py)
         before the 400, which then closes the connection, so that a client that writes
@@ -318,14 +327,21 @@ class HttpFrontEnd:
         try:
             if declared is not None and declared > limit:
                 await self._drop_body(request, declared)
-                raise _too_large(declared, limit)
+                raise _too_large(declared, limit, raw)
             chunks: list[bytes] = []
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
                     await self._drop_body(request, None if declared is None else declared - size)
-                    raise _too_large(size, limit)
-                chunks.append(chunk)
+                    raise _too_large(size, limit, raw)
+                if chunk:
+                    chunks.append(chunk)
+                    if len(chunks) > self.settings.max_chunks:
+                        await self._drop_body(request, None)
+                        raise ClosingError(
+                            ErrorCode.INVALID_ARG,
+                            messages.too_many_chunks(self.settings.max_chunks),
+                        )
         except ClientDisconnect:
             log.info(
                 "%s %s: the client went away after %d of %s body bytes",
@@ -357,12 +373,14 @@ def _declared_length(request: Request) -> int | None:
     return int(declared) if declared is not None and declared.isdigit() else None
 
 
-def _too_large(size: int, limit: int) -> ServerError:
-    return ClosingError(
-        ErrorCode.INVALID_ARG,
-        f"request body of {size} bytes or more exceeds the maximum input size of {limit} bytes "
-        "(--http-max-input-size)",
-    )
+def _too_large(size: int, limit: int, raw: bool) -> ServerError:
+    """Triton's words for a body past --http-max-input-size (a body still arriving is
+    counted up to the first byte past the limit)."""
+    if raw:
+        message = messages.raw_input_too_large(size, limit).message
+    else:
+        message = messages.request_json_size(size, limit)
+    return ClosingError(ErrorCode.INVALID_ARG, message)
 
 
 def _model_path(request: Request) -> tuple[str, str]:

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Self, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, WrapValidator, model_validator
 from pydantic.config import JsonDict
 
+from ge_serve.server import messages
 from ge_serve.server.control import FILE_PREFIX
 from ge_serve.server.documents import Document, reject, validate, worded
 from ge_serve.server.types import DataType
@@ -26,6 +27,8 @@ from ge_serve.server.types import DataType
 from . import codec
 
 D = TypeVar("D", bound=Document)
+# The longest base64 text a `file:` load parameter may have (Triton's INT_MAX).
+FILE_TEXT_LIMIT = messages.INT_MAX
 
 
 def decode_body(model: type[D], body: bytes, what: str, *, optional: bool = False) -> D:
@@ -35,7 +38,24 @@ def decode_body(model: type[D], body: bytes, what: str, *, optional: bool = Fals
     """
     if optional and not body.strip():
         return validate(model, {}, what)
-    return validate(model, codec.decode_json_object(body, what), what)
+    document = codec.decode_json_object(body, what)
+    if _depth_exceeds(document, messages.MAX_JSON_DEPTH):
+        raise messages.json_document_too_deep(what)
+    return validate(model, document, what)
+
+
+def _depth_exceeds(document: Any, limit: int) -> bool:
+    """Whether objects and arrays nest deeper than `limit`, without recursion."""
+    pending = [(document, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if depth > limit:
+            return True
+        if isinstance(value, dict):
+            pending.extend((v, depth + 1) for v in value.values() if isinstance(v, dict | list))
+        elif isinstance(value, list):
+            pending.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
+    return False
 
 
 def _no_default(schema: JsonDict) -> None:
@@ -86,6 +106,8 @@ class LoadParameters(Document):
                 continue
             if not isinstance(value, str):
                 raise reject(f"load parameter '{key}' must be a base64 string")
+            if len(value) > FILE_TEXT_LIMIT:
+                raise reject(messages.file_too_large(key).message)
             try:
                 content = base64.b64decode(value, validate=True)
             except (binascii.Error, ValueError):

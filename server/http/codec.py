@@ -17,7 +17,10 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from .. import messages
 from ..errors import ErrorCode, ServerError, invalid_arg
+from ..messages import MAX_JSON_DEPTH as MAX_JSON_DEPTH
+from ..messages import InputRef
 from ..sharedmemory import IN_SHARED_MEMORY, SHARED_MEMORY_REGION, lift_output_ref, parse_ref
 from ..types import (
     DataType,
@@ -55,8 +58,6 @@ _INTEGER_TYPES: Final = frozenset(
     }
 )
 _FP32_MAX: Final = float(np.finfo(np.float32).max)
-# Nested `data` arrays, counting 'data' itself; Triton's HTTP_MAX_JSON_NESTING_DEPTH.
-MAX_JSON_DEPTH: Final = 100
 
 
 # --- JSON helpers ---------------------------------------------------------------------------
@@ -153,10 +154,12 @@ def decode_infer_request(
         model_name=model_name,
         model_version=model_version,
         id=request_id,
-        inputs=_decode_inputs(doc, binary, header_length is not None, model_name),
-        outputs=_decode_outputs(doc.get("outputs")),
+        inputs=_decode_inputs(doc, binary, header_length is not None, model_name, request_id),
+        outputs=_decode_outputs(doc.get("outputs"), request_id),
         parameters=_parameters(doc.get("parameters"), "the request"),
     )
+    if BINARY_DATA_OUTPUT in request.parameters:
+        request.wire[BINARY_DATA_OUTPUT] = request.parameters.pop(BINARY_DATA_OUTPUT)
     lift_request_parameters(request)
     return request
 
@@ -170,7 +173,13 @@ def _raw_binary_request(model_name: str, model_version: str, body: bytes) -> Inf
         data=data,
         parameters={RAW_BINARY: True},
     )
-    return InferRequest(model_name=model_name, model_version=model_version, inputs=[placeholder])
+    # Triton answers a raw-binary request with binary outputs.
+    return InferRequest(
+        model_name=model_name,
+        model_version=model_version,
+        inputs=[placeholder],
+        wire={BINARY_DATA_OUTPUT: True},
+    )
 
 
 def _parameters(raw: Any, where: str) -> Parameters:
@@ -189,7 +198,7 @@ def _parameters(raw: Any, where: str) -> Parameters:
 
 
 def _decode_inputs(
-    doc: dict[str, Any], binary: memoryview, has_binary: bool, model_name: str
+    doc: dict[str, Any], binary: memoryview, has_binary: bool, model_name: str, request_id: str
 ) -> list[Tensor]:
     specs = doc.get("inputs")
     if specs is None:
@@ -200,22 +209,33 @@ def _decode_inputs(
     names: set[str] = set()
     offset = 0
     for index, spec in enumerate(specs):
-        tensor, offset = _decode_input(index, spec, binary, offset, has_binary)
+        place = _Place(binary, offset, has_binary, model_name, request_id)
+        tensor, offset = _decode_input(index, spec, place)
         if tensor.name in names:
-            raise invalid_arg(f"input '{tensor.name}' is given more than once")
+            raise messages.duplicate_input(request_id, tensor.name)
         names.add(tensor.name)
         tensors.append(tensor)
     if offset != len(binary):
-        raise invalid_arg(
-            f"unexpected additional input data for model '{model_name}': "
-            f"{len(binary) - offset} bytes follow the last binary input"
-        )
+        raise messages.additional_input_data(model_name)
     return tensors
 
 
-def _decode_input(
-    index: int, spec: Any, binary: memoryview, offset: int, has_binary: bool
-) -> tuple[Tensor, int]:
+class _Place:
+    """Where an input's data is: the binary part of the body, from `offset`."""
+
+    __slots__ = ("binary", "has_binary", "model", "offset", "request_id")
+
+    def __init__(
+        self, binary: memoryview, offset: int, has_binary: bool, model: str, request_id: str
+    ) -> None:
+        self.binary = binary
+        self.offset = offset
+        self.has_binary = has_binary
+        self.model = model
+        self.request_id = request_id
+
+
+def _decode_input(index: int, spec: Any, place: _Place) -> tuple[Tensor, int]:
     if not isinstance(spec, dict):
         raise invalid_arg(f"input {index} must be a JSON object, not {_json_kind(spec)}")
     name = spec.get("name")
@@ -230,6 +250,7 @@ def _decode_input(
     shm = parse_ref(params, name)
     size = params.pop(BINARY_DATA_SIZE, None)
     has_data = "data" in spec
+    offset = place.offset
 
     if shm is not None:
         if has_data or size is not None:
@@ -248,10 +269,13 @@ def _decode_input(
             raise invalid_arg(
                 f"'binary_data_size' of input '{name}' must be a non-negative integer"
             )
-        data = _binary_input(name, datatype, shape, binary, offset, size, has_binary)
+        ref = InputRef(name, place.model, place.request_id)
+        data = _binary_input(ref, datatype, shape, place, size)
         offset += size
     elif has_data:
-        data = _json_input(name, datatype, shape, spec["data"])
+        data = _json_input(
+            InputRef(name, place.model, place.request_id), datatype, shape, spec["data"]
+        )
     else:
         raise invalid_arg(f"input '{name}' has neither 'data' nor a 'binary_data_size' parameter")
     tensor = Tensor(name=name, datatype=datatype, shape=shape, data=data, parameters=params)
@@ -270,51 +294,41 @@ def _shape(raw: Any, name: str) -> tuple[int, ...]:
 
 
 def _binary_input(
-    name: str,
-    datatype: DataType,
-    shape: tuple[int, ...],
-    binary: memoryview,
-    offset: int,
-    size: int,
-    has_binary: bool,
+    ref: InputRef, datatype: DataType, shape: tuple[int, ...], place: _Place, size: int
 ) -> npt.NDArray[Any]:
     count = math.prod(shape)
     if datatype is not DataType.BYTES and size != count * datatype.itemsize:
-        raise invalid_arg(
-            f"input '{name}' has binary_data_size {size}, but shape {list(shape)} of "
-            f"{datatype.value} needs {count * datatype.itemsize} bytes"
-        )
+        raise messages.input_byte_size(ref, count * datatype.itemsize, size)
+    binary, offset = place.binary, place.offset
     end = offset + size
     if end > len(binary):
-        if not has_binary:
-            raise invalid_arg(
-                f"input '{name}' has binary_data_size {size}, but the request has no binary "
-                f"data (no {INFERENCE_HEADER_CONTENT_LENGTH} header)"
-            )
-        raise invalid_arg(
-            f"unexpected end of binary data for input '{name}': it needs {size} bytes, "
-            f"{len(binary) - offset} are left"
-        )
-    return raw_to_array(datatype, shape, binary[offset:end], what=f"input '{name}'")
+        if not place.has_binary and size:
+            raise messages.binary_without_header()
+        raise messages.binary_input_short(ref.name, end - len(binary), ref.model)
+    return raw_to_array(datatype, shape, binary[offset:end], ref)
 
 
 def _json_input(
-    name: str, datatype: DataType, shape: tuple[int, ...], data: Any
+    ref: InputRef, datatype: DataType, shape: tuple[int, ...], data: Any
 ) -> npt.NDArray[Any]:
+    name = ref.name
     if datatype in RAW_ONLY:
         raise invalid_arg(
-            f"input '{name}': {datatype.value} data can only be sent as binary data "
-            f"(binary_data_size), not as JSON 'data'"
+            f"receiving {datatype.value} data via JSON is not supported. Please use the "
+            f"binary data format for input {name}"
         )
     if not isinstance(data, list):
         raise invalid_arg(f"'data' of input '{name}' must be an array, not {_json_kind(data)}")
     flat = _flatten(data, name)
     count = math.prod(shape)
     if len(flat) != count:
-        raise invalid_arg(
-            f"input '{name}' has {len(flat)} elements in 'data', but shape {list(shape)} "
-            f"needs {count}"
-        )
+        if datatype is DataType.BYTES:
+            if len(flat) > count:
+                raise messages.too_many_strings(ref, count + 1, count)
+            raise messages.too_few_strings(ref, count, len(flat))
+        if len(flat) > count:
+            raise messages.json_data_too_long()
+        raise messages.json_data_too_short()
     return _json_to_numpy(name, datatype, flat).reshape(shape)
 
 
@@ -332,10 +346,7 @@ def _flatten(data: list[Any], name: str) -> list[Any]:
         for item in stack[-1]:
             if type(item) is list:
                 if len(stack) == MAX_JSON_DEPTH:
-                    raise invalid_arg(
-                        f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_DEPTH}) "
-                        f"in 'data' of input '{name}'"
-                    )
+                    raise messages.json_too_deep()
                 stack.append(iter(item))
                 break
             out.append(item)
@@ -381,7 +392,7 @@ def _wrong_elements(name: str, datatype: DataType, expected: str) -> ServerError
     return invalid_arg(f"input '{name}': {datatype.value} 'data' elements must be {expected}")
 
 
-def _decode_outputs(specs: Any) -> list[RequestedOutput]:
+def _decode_outputs(specs: Any, request_id: str) -> list[RequestedOutput]:
     if specs is None:
         return []
     if not isinstance(specs, list):
@@ -395,7 +406,7 @@ def _decode_outputs(specs: Any) -> list[RequestedOutput]:
         if not isinstance(name, str) or not name:
             raise invalid_arg(f"requested output {index} has no 'name'")
         if name in names:
-            raise invalid_arg(f"output '{name}' is requested more than once")
+            raise messages.duplicate_output(request_id, name)
         names.add(name)
         params = _parameters(spec.get("parameters"), f"output '{name}'")
         output = requested_output(name, params)
@@ -424,7 +435,7 @@ def encode_infer_response(
     shared memory is described (name, datatype, shape) with no data, as Triton does.
     """
     requested = {output.name: output for output in request.outputs}
-    default_binary = request.parameters.get(BINARY_DATA_OUTPUT) is True
+    default_binary = request.wire.get(BINARY_DATA_OUTPUT) is True
     entries: list[dict[str, Any]] = []
     chunks: list[bytes | memoryview] = []
     for tensor in response.outputs:

@@ -166,7 +166,10 @@ async def test_a_bad_request_is_refused_against_the_ensembles_own_inputs(
     await core.load_model("chain")
     with pytest.raises(ServerError) as caught:
         await core.infer(request("chain", ones(), name="INPUT0"))
-    assert caught.value.message == "unexpected inference input 'INPUT0' for model 'chain'"
+    assert (
+        caught.value.message
+        == "[request id: <id_unknown>] unexpected inference input 'INPUT0' for model 'chain'"
+    )
     assert stats(core, "add1").inference_stats.fail.count == 0
 
 

@@ -193,7 +193,7 @@ FAILURES: dict[str, tuple[str, bytes, int, str]] = {
         "rows",
         b'{"big": "' + b"x" * (1 << 16) + b'"}',
         400,
-        "exceeds the maximum input size of 65536 bytes",
+        "exceeds the maximum allowed input size of 65536 bytes",
     ),
     # Under the body limit, but over it as tensors: 4-byte INT32s from 2-byte "1,".
     "tensors too large": (

@@ -151,7 +151,11 @@ def test_wrong_shape(http: httpx.Client) -> None:
 def test_data_count_does_not_match_shape(http: httpx.Client) -> None:
     body = simple_body()
     body["inputs"][0] = json_input("INPUT0", list(range(15)), [1, 16])
-    expect_error(http.post("/v2/models/simple/infer", json=body), 400, "15 elements")
+    expect_error(
+        http.post("/v2/models/simple/infer", json=body),
+        400,
+        "Failed to parse 'data' field: shape does not match true shape",
+    )
 
 
 def test_value_out_of_range(http: httpx.Client) -> None:
@@ -220,7 +224,9 @@ def test_half_precision_as_json(http: httpx.Client) -> None:
     body = simple_body()
     body["inputs"][0] = json_input("INPUT0", [0.5] * 16, [1, 16], "FP16")
     expect_error(
-        http.post("/v2/models/simple/infer", json=body), 400, "can only be sent as binary data"
+        http.post("/v2/models/simple/infer", json=body),
+        400,
+        "receiving FP16 data via JSON is not supported",
     )
 
 
@@ -314,7 +320,7 @@ def test_truncated_binary(http: httpx.Client) -> None:
     expect_error(
         post_binary(http, body[:-10], length),
         400,
-        "unexpected end of binary data for input 'INPUT1'",
+        "unexpected size for input 'INPUT1', expecting 10 additional bytes for model 'simple'",
     )
 
 
@@ -330,13 +336,17 @@ def test_binary_size_does_not_match_the_shape(http: httpx.Client) -> None:
     body, length = binary_body(
         [("INPUT0", "INT32", [1, 16], a[:-4]), ("INPUT1", "INT32", [1, 16], a)]
     )
-    expect_error(post_binary(http, body, length), 400, "binary_data_size 60", "needs 64 bytes")
+    expect_error(
+        post_binary(http, body, length),
+        400,
+        "input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, got 60",
+    )
 
 
 def test_binary_data_without_the_header(http: httpx.Client) -> None:
     body, length = simple_binary()
     response = http.post("/v2/models/simple/infer", content=body[:length])
-    expect_error(response, 400, "the request has no binary data")
+    expect_error(response, 400, "must specify valid 'Infer-Header-Content-Length'")
 
 
 def test_bytes_length_prefix_overruns(http: httpx.Client) -> None:
@@ -348,8 +358,8 @@ def test_bytes_length_prefix_overruns(http: httpx.Client) -> None:
     expect_error(
         post_binary(http, body, length, model="simple_string"),
         400,
-        "input 'INPUT0'",
-        "BYTES element 0 has length 1000, which overruns the buffer",
+        "[request id: <id_unknown>] input 'INPUT0': BYTES element 0 has length 1000, which "
+        "overruns the buffer",
     )
 
 
@@ -361,17 +371,25 @@ def test_bytes_element_count_short(http: httpx.Client) -> None:
     expect_error(
         post_binary(http, body, length, model="simple_string"),
         400,
-        "expected 16 BYTES elements, got 3",
+        "[request id: <id_unknown>] expected 16 string elements for inference input 'INPUT0' "
+        "for model 'simple_string', got 3",
     )
 
 
 def test_raw_binary_needs_a_single_input_model(http: httpx.Client) -> None:
-    expect_error(post_binary(http, b"\0" * 128, 0), 400, "exactly one input, but it has 2")
+    expect_error(
+        post_binary(http, b"\0" * 128, 0),
+        400,
+        "[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be deduced "
+        "but got 2 inputs in 'simple' model configuration",
+    )
 
 
 def test_raw_binary_of_the_wrong_size(http: httpx.Client) -> None:
     expect_error(
-        post_binary(http, b"\0" * 100, 0, model="image_classifier"), 400, "does not fit input"
+        post_binary(http, b"\0" * 100, 0, model="image_classifier"),
+        400,
+        "[request id: <id_unknown>] input byte size mismatch for input",
     )
 
 
@@ -380,9 +398,9 @@ def test_raw_binary_of_the_wrong_size(http: httpx.Client) -> None:
 
 def test_oversized_body(http: httpx.Client) -> None:
     response = http.post("/v2/models/simple/infer", content=b" " * (MAX_INPUT + 1))
-    expect_error(response, 400, "exceeds the maximum input size", "--http-max-input-size")
+    expect_error(response, 400, "exceeds the maximum allowed input size", "--http-max-input-size")
     response = http.post("/v2/models/simple/infer", content=b" " * (1024 * 1024))
-    expect_error(response, 400, "exceeds the maximum input size")
+    expect_error(response, 400, "exceeds the maximum allowed input size")
 
 
 def test_oversized_chunked_body(http: httpx.Client) -> None:
@@ -391,7 +409,7 @@ def test_oversized_chunked_body(http: httpx.Client) -> None:
             yield b" " * 4096
 
     response = http.post("/v2/models/simple/infer", content=chunks())
-    expect_error(response, 400, "exceeds the maximum input size")
+    expect_error(response, 400, "exceeds the maximum allowed input size")
 
 
 def test_body_at_the_limit_is_read(http: httpx.Client) -> None:

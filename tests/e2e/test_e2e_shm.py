@@ -322,7 +322,7 @@ def test_bad_shared_memory_requests_get_clear_errors(client: Triton, regions: Re
     expect(
         client,
         "INVALID_ARGUMENT",
-        "invalid shared memory key",
+        "cannot register shared memory region 'escape' - invalid shm key '/../etc/passwd'",
         client.client.register_system_shared_memory,
         "escape",
         "/../etc/passwd",

@@ -160,8 +160,11 @@ def test_an_error_as_the_first_response_sets_the_status(http: httpx.Client) -> N
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({}, "expected 2 inputs but got 0 inputs for model 'llm'"),
-        ({"PROMPT": "hello"}, "expected 2 inputs but got 1 inputs for model 'llm'"),
+        ({}, "expected number of inputs between 2 and 3 but got 0 inputs for model 'llm'"),
+        (
+            {"PROMPT": "hello"},
+            "expected number of inputs between 2 and 3 but got 1 inputs for model 'llm'",
+        ),
         ({"PROMPT": 123, "STREAM": False}, "attempt to access JSON non-string as string"),
         ({"PROMPT": "hello", "STREAM": "false"}, "attempt to access JSON non-boolean as boolean"),
         ({"PROMPT": True, "STREAM": 123}, "attempt to access JSON non-string as string"),

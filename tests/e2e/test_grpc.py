@@ -162,12 +162,10 @@ async def test_tritonclient_aio_infer_and_stream(server: ServerProcess) -> None:
         await client.close()
 
 
-def test_tritonclient_unimplemented_extensions(server: ServerProcess) -> None:
+def test_tritonclient_trace_settings(server: ServerProcess) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    with pytest.raises(InferenceServerException) as info:
-        client.get_trace_settings()
-    assert info.value.status() == "StatusCode.UNIMPLEMENTED"
-    assert "trace extension is not available" in info.value.message()
+    settings = client.get_trace_settings(as_json=True)["settings"]
+    assert settings["trace_level"]["value"] == ["OFF"]
     assert client.is_server_live()
     client.close()
 
@@ -274,17 +272,19 @@ BAD_INPUTS = {
     "raw-count": (
         _raw_count_mismatch,
         grpc.StatusCode.INVALID_ARGUMENT,
-        "expected 2 raw input contents (one per input) for model 'simple', got 1",
+        "unable to find data for input tensor 'INPUT1' for model 'simple' in request.",
     ),
     "byte-size": (
         _byte_size_mismatch,
         grpc.StatusCode.INVALID_ARGUMENT,
-        "input 'INPUT0': got 60 bytes of raw data, but shape [1, 16] of INT32 needs 64 bytes",
+        "[request id: <id_unknown>] input byte size mismatch for input 'INPUT0' for model "
+        "'simple'. Expected 64, got 60",
     ),
     "typed-and-raw": (
         _typed_and_raw,
         grpc.StatusCode.INVALID_ARGUMENT,
-        "contents field must not be specified when using raw_input_contents for input 'INPUT0'",
+        "contents field must not be specified when using raw_input_contents for 'INPUT0' for "
+        "model 'simple'",
     ),
     "unknown-datatype": (
         _unknown_datatype,
@@ -294,7 +294,8 @@ BAD_INPUTS = {
     "bytes-length": (
         _malformed_bytes_length,
         grpc.StatusCode.INVALID_ARGUMENT,
-        "input 'INPUT0': BYTES element 0 has length 1000, which overruns the buffer",
+        "[request id: <id_unknown>] input 'INPUT0': BYTES element 0 has length 1000, which "
+        "overruns the buffer",
     ),
     "unknown-model": (
         lambda: raw_simple_request(model="no_such_model"),
@@ -304,7 +305,8 @@ BAD_INPUTS = {
     "typed-count": (
         _typed_count_mismatch,
         grpc.StatusCode.INVALID_ARGUMENT,
-        "input 'INPUT0' has 15 elements in contents.int_contents, but shape [1, 16] needs 16",
+        "[request id: <id_unknown>] input byte size mismatch for input 'INPUT0' for model "
+        "'simple'. Expected 64, got 60",
     ),
     "typed-fp16": (
         _typed_fp16,
@@ -341,7 +343,7 @@ def test_message_larger_than_grpc_default_limit_is_read(
         stub.ModelInfer(message, timeout=RPC_TIMEOUT)
     error: Any = info.value
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
-    assert "6291456 bytes of raw data" in error.details()
+    assert "Expected 64, got 6291456" in error.details()
 
 
 def test_stream_error_keeps_the_stream_open(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
@@ -356,7 +358,7 @@ def test_stream_error_keeps_the_stream_open(stub: pb_grpc.GRPCInferenceServiceSt
     assert [r.infer_response.id for r in responses] == ["first", "missing", "short", "last"]
     assert [bool(r.error_message) for r in responses] == [False, True, True, False]
     assert "Request for unknown model: 'no_such_model'" in responses[1].error_message
-    assert "got 60 bytes of raw data" in responses[2].error_message
+    assert "Expected 64, got 60" in responses[2].error_message
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     np.testing.assert_array_equal(raw_output(responses[3].infer_response, "OUTPUT0"), a + a)
 

@@ -258,7 +258,7 @@ def test_an_oversized_body_written_whole_gets_its_400(limited: ServerProcess, fr
     assert head.startswith(b"HTTP/1.1 400 "), raw[:300]
     assert b"connection: close" in head.lower()
     message = orjson.loads(payload)["error"]
-    assert "exceeds the maximum input size" in message
+    assert "exceeds the maximum allowed input size" in message
     assert "--http-max-input-size" in message
     assert httpx.get(limited.base_url + "/v2/health/ready").status_code == 200
 

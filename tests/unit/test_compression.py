@@ -175,7 +175,7 @@ def test_tritonclient_reads_compressed_responses(encoding: str) -> None:
         "m", "1", outputs=[Tensor("y", DataType.FP32, (3, 4), arr)], id="compressed"
     )
     body, length = encode_infer_response(
-        response, InferRequest("m", parameters={"binary_data_output": True})
+        response, InferRequest("m", wire={"binary_data_output": True})
     )
     result = triton_http.InferResult.from_response_body(
         encode_content(body, encoding), header_length=length, content_encoding=encoding

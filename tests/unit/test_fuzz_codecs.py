@@ -34,6 +34,7 @@ from ge_serve.server.http.bodies import (
 )
 from ge_serve.server.http.compression import choose_encoding, decode_content, encode_content
 from ge_serve.server.logsettings import LogControl
+from ge_serve.server.messages import InputRef
 from ge_serve.server.sharedmemory import SharedMemoryManager, lift_output_ref, parse_ref
 from ge_serve.server.types import DataType, InferRequest, RequestedOutput, check_shape
 from ge_serve.server.wire import deserialize_bytes_tensor, raw_to_array
@@ -422,7 +423,7 @@ def holdable(shape: list[int]) -> bool:
 )
 def test_raw_tensors(datatype: DataType, shape: list[int], data: bytes) -> None:
     assume(holdable(shape))
-    result = outcome(lambda: raw_to_array(datatype, tuple(shape), data, what="input 'x'"))
+    result = outcome(lambda: raw_to_array(datatype, tuple(shape), data, InputRef("x", "m")))
     if not isinstance(result, ServerError):
         assert result.shape == tuple(shape)
 

@@ -239,7 +239,9 @@ def test_raw_binary_request() -> None:
     assert tensor.shape == (16,)
     assert tensor.parameters == {"raw_binary": True}
     assert tensor.data.dtype == np.uint8 and tensor.data.tobytes() == body
+    # Triton answers a raw-binary request with binary outputs.
     assert request.outputs == [] and request.parameters == {}
+    assert request.wire == {"binary_data_output": True}
 
 
 def test_request_fields() -> None:
@@ -293,13 +295,24 @@ ERROR_CASES: list[tuple[str, bytes, int | None, str]] = [
         len(_HEAD),
         "unexpected additional input data for model 'm'",
     ),
-    ("bytes missing", _HEAD + b"\0" * 7, len(_HEAD), "unexpected end of binary data for input 'x'"),
-    ("binary without header length", _HEAD, None, "the request has no binary data"),
+    (
+        "bytes missing",
+        _HEAD + b"\0" * 7,
+        len(_HEAD),
+        "unexpected size for input 'x', expecting 1 additional bytes for model 'm'",
+    ),
+    (
+        "binary without header length",
+        _HEAD,
+        None,
+        "must specify valid 'Infer-Header-Content-Length' in request header and "
+        "'binary_data_size' when passing inputs in binary data format",
+    ),
     (
         "binary size vs shape",
         orjson.dumps({"inputs": [_fp32(parameters=_bin(4))]}) + b"\0" * 4,
         len(orjson.dumps({"inputs": [_fp32(parameters=_bin(4))]})),
-        "input 'x' has binary_data_size 4, but shape [2] of FP32 needs 8 bytes",
+        "input byte size mismatch for input 'x' for model 'm'. Expected 8, got 4",
     ),
     ("malformed JSON", b'{"inputs": [', None, "failed to parse the request JSON buffer: "),
     ("empty body", b"", None, "failed to parse the request JSON buffer: "),
@@ -355,21 +368,26 @@ ERROR_CASES: list[tuple[str, bytes, int | None, str]] = [
         "element count",
         _one(_fp32(data=[1, 2, 3])),
         None,
-        "input 'x' has 3 elements in 'data', but shape [2] needs 2",
+        "Unable to parse 'data': Shape does not match true shape of 'data' field",
     ),
-    ("nested count", _one(_fp32(data=[[1], [2, 3]])), None, "input 'x' has 3 elements"),
+    (
+        "nested count",
+        _one(_fp32(data=[[1], [2, 3]])),
+        None,
+        "Unable to parse 'data': Shape does not match true shape of 'data' field",
+    ),
     ("data not a list", _one(_fp32(data=1.0)), None, "'data' of input 'x' must be an array"),
     (
         "FP16 as JSON",
         _one(_fp32(datatype="FP16", data=[1, 2])),
         None,
-        "FP16 data can only be sent as binary",
+        "receiving FP16 data via JSON is not supported",
     ),
     (
         "BF16 as JSON",
         _one(_fp32(datatype="BF16", data=[1, 2])),
         None,
-        "BF16 data can only be sent as binary",
+        "receiving BF16 data via JSON is not supported",
     ),
     ("string in FP32", _one(_fp32(data=[1, "2"])), None, "FP32 'data' elements must be numbers"),
     ("bool in FP32", _one(_fp32(data=[1, True])), None, "FP32 'data' elements must be numbers"),
@@ -421,25 +439,26 @@ ERROR_CASES: list[tuple[str, bytes, int | None, str]] = [
         "BYTES truncated prefix",
         _one(_fp32(datatype="BYTES", parameters=_bin(7))) + b"\x01\0\0\0a\0\0",
         len(_one(_fp32(datatype="BYTES", parameters=_bin(7)))),
-        "input 'x': BYTES element 1 is truncated",
+        "incomplete string length indicator for inference input 'x' for model 'm', expecting 4 "
+        "bytes but only 2 bytes available",
     ),
     (
         "BYTES too few elements",
         _one(_fp32(datatype="BYTES", parameters=_bin(5))) + b"\x01\0\0\0a",
         len(_one(_fp32(datatype="BYTES", parameters=_bin(5)))),
-        "input 'x': expected 2 BYTES elements, got 1",
+        "expected 2 string elements for inference input 'x' for model 'm', got 1",
     ),
     (
         "BYTES too many elements",
         _one(_fp32(datatype="BYTES", parameters=_bin(12))) + b"\0\0\0\0" * 3,
         len(_one(_fp32(datatype="BYTES", parameters=_bin(12)))),
-        "input 'x': unexpected additional BYTES data",
+        "unexpected number of string elements 3 for inference input 'x' for model 'm', expecting 2",
     ),
     (
         "duplicate input",
         orjson.dumps({"inputs": [_fp32(data=[1, 2])] * 2}),
         None,
-        "input 'x' is given more than once",
+        "[request id: <id_unknown>] input 'x' already exists in request",
     ),
     ("id not a string", _one(_fp32(data=[1, 2]), id=5), None, "the request 'id' must be a string"),
     (
@@ -489,7 +508,7 @@ ERROR_CASES: list[tuple[str, bytes, int | None, str]] = [
         "duplicate output",
         _one(_fp32(data=[1, 2]), outputs=[{"name": "y"}] * 2),
         None,
-        "output 'y' is requested more than once",
+        "[request id: <id_unknown>] output 'y' already exists in request",
     ),
     (
         "negative classification",
@@ -593,7 +612,7 @@ def test_shared_memory_output_is_described_without_data() -> None:
     shm_tensor.shm = SharedMemoryRef("out", 16)
     body, length = encode_infer_response(
         response_of(shm_tensor, tensor_of("z", DataType.FP32, data)),
-        InferRequest("m", parameters={"binary_data_output": True}),
+        InferRequest("m", wire={"binary_data_output": True}),
     )
     header, binary = split_response(body, length)
     assert header["outputs"][0] == {"name": "y", "datatype": "FP32", "shape": [4]}
@@ -630,7 +649,7 @@ def test_json_output_round_trip(datatype: DataType) -> None:
 @pytest.mark.parametrize("datatype", list(DataType), ids=lambda d: d.value)
 def test_binary_output_round_trip(datatype: DataType) -> None:
     arr = sample(datatype)
-    request = InferRequest("m", parameters={"binary_data_output": True})
+    request = InferRequest("m", wire={"binary_data_output": True})
     body, length = encode_infer_response(response_of(tensor_of("y", datatype, arr)), request)
     assert length is not None
     doc, rest = split_response(body, length)
@@ -757,7 +776,7 @@ def _binary_names(request: InferRequest, names: tuple[str, ...] = ("a", "b")) ->
 def test_binary_output_selection(
     outputs: list[RequestedOutput], parameters: dict[str, Any], binary: list[str]
 ) -> None:
-    assert _binary_names(InferRequest("m", outputs=outputs, parameters=parameters)) == binary
+    assert _binary_names(InferRequest("m", outputs=outputs, wire=parameters)) == binary
 
 
 @pytest.mark.parametrize("datatype", [DataType.FP16, DataType.BF16], ids=lambda d: d.value)
@@ -783,7 +802,7 @@ def test_non_utf8_bytes_output_goes_binary() -> None:
 def test_output_data_is_converted_to_its_datatype_and_row_major() -> None:
     # Fortran-ordered float64 data labelled FP32: sent as C-order float32.
     arr = np.asfortranarray(np.arange(6, dtype=np.float64).reshape(2, 3))
-    request = InferRequest("m", parameters={"binary_data_output": True})
+    request = InferRequest("m", wire={"binary_data_output": True})
     body, length = encode_infer_response(response_of(tensor_of("y", DataType.FP32, arr)), request)
     _, rest = split_response(body, length)
     assert rest == np.arange(6, dtype=np.float32).tobytes()
@@ -908,7 +927,7 @@ def test_tritonclient_parses_responses(binary: bool) -> None:
         id="rid",
         outputs=[tensor_of(dt.value.lower(), dt, arr) for dt, arr in arrays.items()],
     )
-    request = InferRequest("m", parameters={"binary_data_output": binary})
+    request = InferRequest("m", wire={"binary_data_output": binary})
     body, length = encode_infer_response(response, request)
     result = triton_http.InferResult.from_response_body(
         body, verbose=False, header_length=length, content_encoding=None

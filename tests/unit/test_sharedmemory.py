@@ -106,7 +106,10 @@ def test_bytes_inputs_parse_from_the_region(root: Path) -> None:
     bad = error(
         lambda: manager.input_array(SharedMemoryRef("r", len(wire)), DataType.BYTES, (2,), "s", "m")
     )
-    assert "unexpected additional BYTES data" in bad.message
+    assert bad.message == (
+        "[request id: <id_unknown>] unexpected number of string elements 3 for inference "
+        "input 's' for model 'm', expecting 2"
+    )
     manager.close()
 
 
@@ -120,13 +123,14 @@ def test_request_errors_use_tritons_words(root: Path) -> None:
     past = error(lambda: manager.window(SharedMemoryRef("r", 4, 64)))
     assert past.message == "Invalid offset for shared memory region: 'r'"
     over = error(lambda: manager.window(SharedMemoryRef("r", 8, 60)))
-    assert over.message.startswith("Invalid offset + byte size for shared memory region: 'r'")
+    assert over.message == "Invalid offset + byte size for shared memory region: 'r'"
     mismatch = error(
         lambda: manager.input_array(SharedMemoryRef("r", 32), DataType.INT32, (1, 16), "IN", "m")
     )
     assert mismatch.code is ErrorCode.INVALID_ARG
     assert mismatch.message == (
-        "input byte size mismatch for input 'IN' for model 'm'. Expected 64, got 32"
+        "[request id: <id_unknown>] input byte size mismatch for input 'IN' for model 'm'. "
+        "Expected 64, got 32"
     )
     window = manager.window(SharedMemoryRef("r", 8))
     small = error(lambda: SharedMemoryManager.write_output(window, b"1" * 9, "o"))
@@ -165,8 +169,10 @@ def test_registration_errors(root: Path) -> None:
 @pytest.mark.parametrize("key", ["/../etc/passwd", "a/b", "/", "", "..", "/x\0y"])
 def test_keys_cannot_leave_the_shared_memory_folder(root: Path, key: str) -> None:
     with pytest.raises(ServerError) as info:
-        object_path(root, key)
-    assert "invalid shared memory key" in info.value.message
+        object_path(root, key, "r")
+    assert (
+        info.value.message == f"cannot register shared memory region 'r' - invalid shm key '{key}'"
+    )
 
 
 def test_links_and_folders_are_refused(

@@ -1,0 +1,138 @@
+"""Triton's rate limiter (`--rate-limit execution_count`): an instance runs only while the
+resources its `instance_group.rate_limiter` names are free.
+
+Resources are counted per device, or server-wide when the config marks them `global`.
+How many of each exist is `--rate-limit-resource <name>:<count>[:<device>]`, or else the
+most that any one instance asks for, as in Triton. When resources come back, the pools
+waiting for them are served in `rate_limiter.priority` order (1 first; 0 counts as 1),
+then oldest first, so that a low-priority model cannot starve a high-priority one.
+
+The limiter is one object for the whole server, on the event loop like the pools it
+steers, so its counts need no lock. Each `SlotPool` asks it whether a slot may run
+(`allows`), takes and gives back the slot's resources, and waits its turn when none of
+its idle slots may run.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ge_serve.protos import model_config_pb2
+
+# The device key of a global resource.
+_GLOBAL = -1
+
+
+def resource_limit(text: str) -> tuple[str, int, int]:
+    """`name:count[:device]` as (name, count, device or -1), Triton's format."""
+    parts = text.split(":")
+    message = (
+        "--rate-limit-resource option format is '<resource_name>:<count>:<device>' or "
+        f"'<resource_name>:<count>'. Got {text}"
+    )
+    if len(parts) not in (2, 3) or not parts[0]:
+        raise ValueError(message)
+    try:
+        numbers = [int(p) for p in parts[1:]]
+    except ValueError:
+        raise ValueError(message) from None
+    if numbers[0] < 0:
+        raise ValueError(message)
+    return parts[0].lower(), numbers[0], numbers[1] if len(numbers) == 2 else _GLOBAL
+
+
+@dataclass(frozen=True, slots=True)
+class SlotNeeds:
+    """What one instance must hold to run: {(resource, device or -1): count}."""
+
+    resources: tuple[tuple[tuple[str, int], int], ...]
+    priority: int = 1
+
+
+class Waiter(Protocol):
+    def serve_waiters(self) -> None:
+        """Hand idle slots to the callers waiting for them, if any may run now."""
+
+
+def needs_of(
+    config: model_config_pb2.ModelConfig, device_ids: Sequence[int]
+) -> list[SlotNeeds | None]:
+    """Each executor's needs, the executors taken group by group (`count` each, as the
+    backends build them); None for an instance without a rate_limiter."""
+    groups = list(config.instance_group)
+    per_slot: list[model_config_pb2.ModelInstanceGroup | None] = []
+    for group in groups:
+        per_slot.extend([group] * max(group.count, 1))
+    if len(per_slot) != len(device_ids):
+        first = groups[0] if groups else None
+        per_slot = [first] * len(device_ids)
+    found: list[SlotNeeds | None] = []
+    for entry, device in zip(per_slot, device_ids, strict=True):
+        if entry is None or not entry.HasField("rate_limiter"):
+            found.append(None)
+            continue
+        limiter = entry.rate_limiter
+        resources = tuple(
+            ((r.name.lower(), _GLOBAL if getattr(r, "global") else device), int(r.count))
+            for r in limiter.resources
+        )
+        found.append(SlotNeeds(resources, max(int(limiter.priority), 1)))
+    return found
+
+
+class RateLimiter:
+    def __init__(self, limits: Sequence[tuple[str, int, int]] = ()) -> None:
+        # Explicit limits: (resource, device or -1) -> count; -1 device: every device.
+        self._limits = {(name.lower(), device): count for name, count, device in limits}
+        self._free: dict[tuple[str, int], int] = {}
+        self._total: dict[tuple[str, int], int] = {}
+        self._waiting: dict[int, tuple[int, int, Waiter]] = {}
+        self._order = itertools.count()
+
+    def _capacity(self, key: tuple[str, int], asked: int) -> int:
+        name, device = key
+        if (name, device) in self._limits:
+            return self._limits[(name, device)]
+        if device != _GLOBAL and (name, _GLOBAL) in self._limits:
+            return self._limits[(name, _GLOBAL)]
+        return max(asked, self._total.get(key, 0))
+
+    def register(self, needs: SlotNeeds) -> None:
+        """An instance that will ask for `needs`; sizes the resources it names."""
+        for key, count in needs.resources:
+            total = self._capacity(key, count)
+            self._free[key] = self._free.get(key, 0) + total - self._total.get(key, 0)
+            self._total[key] = total
+
+    def allows(self, needs: SlotNeeds | None) -> bool:
+        if needs is None:
+            return True
+        return all(self._free.get(key, 0) >= count for key, count in needs.resources)
+
+    def take(self, needs: SlotNeeds | None) -> None:
+        if needs is not None:
+            for key, count in needs.resources:
+                self._free[key] -= count
+
+    def give(self, needs: SlotNeeds | None) -> None:
+        """Resources back: the pools waiting for them get their turn, by priority."""
+        if needs is None:
+            return
+        for key, count in needs.resources:
+            self._free[key] += count
+        for pool_id in sorted(self._waiting, key=lambda k: self._waiting[k][:2]):
+            entry = self._waiting.pop(pool_id, None)
+            if entry is not None:
+                entry[2].serve_waiters()
+
+    def wait(self, pool: Waiter, priority: int) -> None:
+        """`pool` has callers waiting that no resources let run yet."""
+        if id(pool) not in self._waiting:
+            self._waiting[id(pool)] = (priority, next(self._order), pool)
+
+    def free(self, resource: str, device: int = _GLOBAL) -> int:
+        """How many of a resource are free now (for tests and logs)."""
+        return self._free.get((resource.lower(), device), 0)

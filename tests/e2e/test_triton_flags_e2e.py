@@ -1,0 +1,84 @@
+"""The Triton flags that ge-serve honours, seen from outside: the log file and format, the
+server id, custom model configs, gRPC TLS with response compression, the rate limiter and
+the one warning for flags that do nothing here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from certs import make_tls_files
+from modelgen import add_sub_model, write_model
+from serverproc import running_server
+from tritonclient.utils import InferenceServerException
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+CONFIG = """
+name: "add_sub"
+backend: "onnxruntime"
+max_batch_size: {mbs}
+input [ {{ name: "A" data_type: TYPE_FP32 dims: [ 4 ] }},
+        {{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] }},
+         {{ name: "DIFF" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU
+  rate_limiter {{ resources [ {{ name: "R1" count: 2 }} ] priority: 1 }} }} ]
+"""
+
+
+def test_a_triton_launch_line_is_honoured(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    folder = write_model(repo, "add_sub", add_sub_model(), CONFIG.format(mbs=8))
+    (folder / "configs").mkdir()
+    (folder / "configs" / "small.pbtxt").write_text(CONFIG.format(mbs=2))
+    tls = make_tls_files(tmp_path)
+    log_file = tmp_path / "server.log"
+    flags = [
+        f"--log-file={log_file}",
+        "--log-format=ISO8601",
+        "--id=edge-triton",
+        "--model-config-name=small",
+        "--model-load-thread-count=1",
+        "--grpc-use-ssl=true",
+        f"--grpc-server-cert={tls.cert}",
+        f"--grpc-server-key={tls.key}",
+        "--grpc-infer-response-compression-level=high",
+        "--rate-limit=execution_count",
+        "--rate-limit-resource=R1:2",
+        "--pinned-memory-pool-byte-size=268435456",
+        "--backend-directory=/opt/tritonserver/backends",
+    ]
+    with running_server([repo], flags) as server:
+        http = httpclient.InferenceServerClient(server.http_url)
+        assert http.get_server_metadata()["name"] == "edge-triton"
+        assert http.get_model_config("add_sub")["max_batch_size"] == 2, "configs/small.pbtxt"
+
+        secure = grpcclient.InferenceServerClient(
+            server.grpc_url, ssl=True, root_certificates=str(tls.ca)
+        )
+        a = np.arange(8, dtype=np.float32).reshape(2, 4)
+        inputs = []
+        for name in ("A", "B"):
+            tensor = grpcclient.InferInput(name, [2, 4], "FP32")
+            tensor.set_data_from_numpy(a)
+            inputs.append(tensor)
+        result = secure.infer("add_sub", inputs)
+        np.testing.assert_array_equal(result.as_numpy("SUM"), a * 2)
+        secure.close()
+
+        plain = grpcclient.InferenceServerClient(server.grpc_url)
+        with pytest.raises(InferenceServerException):
+            plain.is_server_live(client_timeout=5)
+        plain.close()
+        http.close()
+    text = log_file.read_text()
+    assert re.search(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ", text, re.M), text[:500]
+    warnings = [line for line in text.splitlines() if "Triton compatibility" in line]
+    assert len(warnings) == 1
+    assert "--pinned-memory-pool-byte-size" in warnings[0]
+    assert "--backend-directory" in warnings[0]

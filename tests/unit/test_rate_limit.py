@@ -1,0 +1,123 @@
+"""Triton's rate limiter: instances run only while their resources are free, and pools
+waiting for resources are served by priority."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from google.protobuf import text_format
+
+from ge_serve.backends.base import SlotInfo
+from ge_serve.protos import model_config_pb2
+from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
+from ge_serve.scheduler.ratelimit import RateLimiter, SlotNeeds, needs_of, resource_limit
+
+
+class Idle:
+    def __init__(self, name: str, device_id: int = 0) -> None:
+        self.slot = SlotInfo(name=name, device="cpu", device_id=device_id)
+
+    def execute(self, inputs: object) -> dict[str, object]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def needs(count: int, priority: int = 1, name: str = "r1") -> SlotNeeds:
+    return SlotNeeds((((name, -1), count),), priority)
+
+
+def pool(limiter: RateLimiter, *slot_needs: SlotNeeds | None) -> SlotPool:
+    slots = [ExecutorSlot(Idle(f"s{i}")) for i in range(len(slot_needs))]  # type: ignore[arg-type]
+    return SlotPool(slots, limiter, list(slot_needs))
+
+
+def test_resource_flag_format() -> None:
+    assert resource_limit("R1:4") == ("r1", 4, -1)
+    assert resource_limit("R1:4:1") == ("r1", 4, 1)
+    for bad in ("R1", "R1:x", ":4", "R1:1:2:3"):
+        with pytest.raises(ValueError, match="--rate-limit-resource option format is"):
+            resource_limit(bad)
+
+
+def test_needs_follow_the_instance_groups() -> None:
+    config = text_format.Parse(
+        """
+        instance_group [
+          { count: 2 rate_limiter { resources [ { name: "R1" count: 3 },
+                                                { name: "G" global: true count: 1 } ]
+                                    priority: 2 } },
+          { count: 1 }
+        ]""",
+        model_config_pb2.ModelConfig(),
+    )
+    found = needs_of(config, [0, 1, 0])
+    assert found[0] == SlotNeeds(((("r1", 0), 3), (("g", -1), 1)), 2)
+    assert found[1] == SlotNeeds(((("r1", 1), 3), (("g", -1), 1)), 2)
+    assert found[2] is None
+
+
+async def test_an_instance_waits_until_its_resources_come_back() -> None:
+    limiter = RateLimiter([("r1", 2, -1)])
+    first = pool(limiter, needs(2))
+    second = pool(limiter, needs(1))
+    held = await first.acquire()
+    assert limiter.free("r1") == 0
+    waiting = asyncio.ensure_future(second.acquire())
+    await asyncio.sleep(0)
+    assert not waiting.done(), "its slot is idle, but R1 is taken"
+    first.release(held)
+    slot = await asyncio.wait_for(waiting, 5)
+    assert limiter.free("r1") == 1
+    second.release(slot)
+    assert limiter.free("r1") == 2
+    first.close()
+    second.close()
+
+
+async def test_without_a_limit_the_largest_need_is_the_supply() -> None:
+    limiter = RateLimiter()
+    big = pool(limiter, needs(3))
+    small = pool(limiter, needs(1))
+    assert limiter.free("r1") == 3
+    slot = await small.acquire()
+    assert big.try_acquire() is None, "3 needed, 2 free"
+    small.release(slot)
+    assert big.try_acquire() is not None
+    big.close()
+    small.close()
+
+
+async def test_waiting_pools_are_served_by_priority() -> None:
+    limiter = RateLimiter([("r1", 1, -1)])
+    holder = pool(limiter, needs(1))
+    low = pool(limiter, needs(1, priority=3))
+    high = pool(limiter, needs(1, priority=1))
+    held = await holder.acquire()
+    order: list[str] = []
+
+    async def take(which: SlotPool, label: str) -> None:
+        slot = await which.acquire()
+        order.append(label)
+        which.release(slot)
+
+    low_task = asyncio.ensure_future(take(low, "low"))
+    await asyncio.sleep(0)
+    high_task = asyncio.ensure_future(take(high, "high"))
+    await asyncio.sleep(0)
+    holder.release(held)
+    await asyncio.wait_for(asyncio.gather(low_task, high_task), 5)
+    assert order == ["high", "low"], "priority 1 before 3, though it asked later"
+    for each in (holder, low, high):
+        each.close()
+
+
+async def test_a_pool_without_a_limiter_is_unchanged() -> None:
+    plain = SlotPool([ExecutorSlot(Idle("only"))])  # type: ignore[arg-type]
+    slot = await plain.acquire()
+    assert plain.try_acquire() is None
+    plain.release(slot)
+    assert plain.try_acquire() is slot
+    plain.close()

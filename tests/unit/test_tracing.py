@@ -1,0 +1,94 @@
+"""Trace sampling and settings: rate, count, per-model settings over the global ones, and
+the extension's checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.traceconfig import TraceSettings
+from ge_serve.server.tracing import TraceControl
+
+
+class Kept:
+    def __init__(self) -> None:
+        self.done: list[Any] = []
+
+    def started(self, trace: Any) -> None:
+        pass
+
+    def finished(self, trace: Any) -> None:
+        self.done.append(trace)
+
+    def close(self) -> None:
+        pass
+
+
+def sampled(control: TraceControl, model: str, times: int) -> int:
+    return sum(control.begin(model, 1, "", "", 0) is not None for _ in range(times))
+
+
+def test_off_means_inactive_and_nothing_sampled() -> None:
+    control = TraceControl()
+    assert not control.active
+    assert sampled(control, "m", 10) == 0
+
+
+def test_rate_and_count() -> None:
+    control = TraceControl(TraceSettings(level=("TIMESTAMPS",), rate=3, count=2))
+    assert control.active
+    assert sampled(control, "m", 9) == 2, "every third, until the count runs out"
+    assert control.settings()["trace_count"] == "0"
+
+
+def test_a_model_overrides_only_what_it_sets() -> None:
+    control = TraceControl(TraceSettings(level=("TIMESTAMPS",), rate=1))
+    control.update("m", {"trace_rate": ["2"]})
+    assert control.settings("m")["trace_rate"] == "2"
+    assert control.settings("m")["trace_level"] == ["TIMESTAMPS"]
+    assert sampled(control, "m", 4) == 2 and sampled(control, "other", 4) == 4
+    control.update("m", {"trace_rate": None})
+    assert control.settings("m")["trace_rate"] == "1"
+    control.update("m", {"trace_level": ["OFF"]})
+    control.update("", {"trace_level": ["OFF"]})
+    assert not control.active
+    control.update("m", {"trace_level": ["TIMESTAMPS"]})
+    assert control.active, "one model still traces"
+    control.update("m", {})
+    assert not control.active, "a model's empty update drops its own settings"
+
+
+def test_ending_a_trace_hands_it_to_the_sink_with_its_timestamps() -> None:
+    sink = Kept()
+    control = TraceControl(TraceSettings(level=("TIMESTAMPS",), rate=1), sink)
+    trace = control.begin("m", 1, "r", "", 5)
+    assert trace is not None
+    child = control.child(trace, "step", 2, "")
+    child.end()
+    trace.end()
+    assert [t.id for t in sink.done] == [child.id, trace.id]
+    assert child.parent_id == trace.id
+    assert [name for name, _ in trace.marks] == ["REQUEST_START", "REQUEST_END"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "code", "message"),
+    [
+        ({"trace_file": ["x"]}, ErrorCode.UNSUPPORTED, "trace file location can not be updated"),
+        ({"trace_level": ["OFF", "TENSORS"]}, ErrorCode.INVALID_ARG, "Expect only one trace"),
+        ({"trace_rate": ["x"]}, ErrorCode.INVALID_ARG, "Unable to parse 'trace_rate', got: x"),
+        ({"trace_count": ["-2"]}, ErrorCode.INVALID_ARG, "Expecting value >= -1, got:-2"),
+        ({"log_frequency": ["-1"]}, ErrorCode.INVALID_ARG, "value is out of range [ 0,"),
+        ({"trace_colour": ["x"]}, ErrorCode.INVALID_ARG, "unknown trace setting 'trace_colour'"),
+    ],
+)
+def test_bad_updates_change_nothing(
+    changes: dict[str, list[str] | None], code: ErrorCode, message: str
+) -> None:
+    control = TraceControl(TraceSettings(rate=4))
+    with pytest.raises(ServerError) as info:
+        control.update("", {"trace_rate": ["9"], **changes})
+    assert info.value.code is code and message in info.value.message
+    assert control.settings()["trace_rate"] == "4"

@@ -1,0 +1,186 @@
+"""A Triton launch line starts ge-serve: every `tritonserver --help` flag is accepted, and
+each is either honoured or named in one warning with the reason it does nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shlex
+from pathlib import Path
+
+import pytest
+
+from ge_serve.server.cli import parse_settings
+from ge_serve.server.parts import grpc_settings, scheduler_options, warn_about_flags
+from ge_serve.server.settings import Settings, flag_of
+from ge_serve.server.tritonflags import INAPPLICABLE, warning
+
+FLAG_LIST = Path(__file__).resolve().parent.parent / "data" / "tritonserver_r24_flags.txt"
+REPO = ["--model-repository", "/models"]
+
+
+def flag_lines() -> list[str]:
+    lines = FLAG_LIST.read_text().splitlines()
+    return [line for line in lines if line.strip() and not line.startswith("#")]
+
+
+def expand(line: str, tmp_path: Path) -> list[str]:
+    return shlex.split(line.format(tmp=tmp_path, repo="/models"))
+
+
+def settings_flags() -> dict[str, str]:
+    """Every flag name of a setting (and of its deprecated spelling) -> the setting."""
+    found = {}
+    for field in dataclasses.fields(Settings):
+        spec = flag_of(field)
+        aliases = (spec.true_alias[0],) if spec.true_alias else ()
+        for name in (*spec.names, *aliases):
+            found[name] = field.name
+    return found
+
+
+def test_the_list_is_tritons_whole_help() -> None:
+    flags = [line.split()[0] for line in flag_lines()]
+    assert len(flags) == len(set(flags)) == 85
+
+
+@pytest.mark.parametrize("line", flag_lines())
+def test_every_tritonserver_flag_is_accepted(line: str, tmp_path: Path) -> None:
+    argv = expand(line, tmp_path)
+    settings = parse_settings([*REPO, *argv])  # a usage error would exit 2
+    flag = argv[0]
+    inapplicable = {entry.flag for entry in INAPPLICABLE}
+    if flag in inapplicable:
+        assert settings.inapplicable == ((flag, argv[1]),)
+        message = warning(settings.inapplicable)
+        assert message is not None and flag in message, "named, with why"
+    else:
+        assert flag in settings_flags(), f"{flag} is neither honoured nor warned about"
+        assert settings.inapplicable == ()
+
+
+def test_one_warning_names_each_inapplicable_flag_and_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = parse_settings(
+        [
+            *REPO,
+            "--pinned-memory-pool-byte-size=0",
+            "--cuda-memory-pool-byte-size=0:0",
+            "--cuda-memory-pool-byte-size=1:0",
+            "--backend-directory=/opt/tritonserver/backends",
+            "--model-namespacing=false",  # Triton's default: nothing to warn about
+        ]
+    )
+    with caplog.at_level(logging.WARNING):
+        warn_about_flags(settings)
+    warnings = [r.getMessage() for r in caplog.records if "Triton compatibility" in r.getMessage()]
+    assert len(warnings) == 1
+    (message,) = warnings
+    assert message.count("--cuda-memory-pool-byte-size") == 1
+    assert "--pinned-memory-pool-byte-size (there is no CUDA device" in message
+    assert "--backend-directory (backends are built in" in message
+    assert "--model-namespacing" not in message
+
+
+def test_a_real_triton_launch_line(tmp_path: Path) -> None:
+    line = (
+        "--model-repository=/models --log-verbose=true --log-format=ISO8601 "
+        "--log-file={tmp}/t.log --log-warning=false --model-control-mode=explicit "
+        "--load-model=* --strict-model-config=false --exit-timeout-secs=10 "
+        "--grpc-infer-response-compression-level=high --grpc-port=9001 "
+        "--cache-config=local,size=1048576 --trace-config=triton,file={tmp}/trace.json "
+        "--trace-config=level=TIMESTAMPS --trace-config=rate=1 --trace-config=count=-1 "
+        "--rate-limit=execution_count --rate-limit-resource=R1:4 "
+        "--pinned-memory-pool-byte-size=0 --cuda-memory-pool-byte-size=0:0 "
+        "--model-load-thread-count=8 --model-config-name=cpu --id=edge-1 "
+        "--backend-config=default-max-batch-size=8 --metrics-interval-ms=500.0 "
+        "--http-thread-count=8"
+    )
+    settings = parse_settings(shlex.split(line.format(tmp=tmp_path)))
+    assert settings.log_verbose == 1 and settings.log_format == "ISO8601"
+    assert settings.log_file == f"{tmp_path}/t.log" and not settings.log_warning
+    assert settings.load_models == ("*",) and settings.model_control_mode == "explicit"
+    assert settings.cache_size() == 1048576
+    trace = settings.trace()
+    assert (trace.file, trace.level, trace.rate, trace.count) == (
+        f"{tmp_path}/trace.json",
+        ("TIMESTAMPS",),
+        1,
+        -1,
+    )
+    assert settings.rate_limit_resource == (("r1", 4, -1),)
+    assert scheduler_options(settings).rate_limiter is not None
+    assert settings.model_load_thread_count == 8 and settings.model_config_name == "cpu"
+    assert settings.id == "edge-1" and settings.metrics_interval_ms == 500
+    assert settings.backend_config == (("default-max-batch-size", "8"),)
+    options = dict(grpc_settings(settings).channel_options())
+    assert options["grpc.default_compression_level"] == 3
+    assert {flag for flag, _ in settings.inapplicable} == {
+        "--pinned-memory-pool-byte-size",
+        "--cuda-memory-pool-byte-size",
+        "--http-thread-count",
+    }
+
+
+def test_deprecated_trace_flags_and_trace_config_agree() -> None:
+    old = parse_settings(
+        [*REPO, "--trace-file=/tmp/t", "--trace-level=TIMESTAMPS", "--trace-rate=5"]
+    )
+    new = parse_settings(
+        [
+            *REPO,
+            "--trace-config=triton,file=/tmp/t",
+            "--trace-config=level=TIMESTAMPS",
+            "--trace-config=rate=5",
+        ]
+    )
+    assert old.trace() == new.trace()
+    both = parse_settings([*REPO, "--trace-rate=5", "--trace-config=rate=7"])
+    assert both.trace().rate == 7, "--trace-config wins"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--cache-config=local,size=10", "--response-cache-byte-size=10"],
+            "Incompatible flags --response-cache-byte-size and --cache-config both provided",
+        ),
+        (["--cache-config=size=10"], "No cache specified. --cache-config option format is"),
+        (["--cache-config=redis,host=x"], "cache 'redis' is not available"),
+        (["--trace-config=level=LOUD"], "invalid trace level 'LOUD'"),
+        (["--trace-config=triton,url=x"], "unknown 'triton' trace setting 'url'"),
+        (["--trace-config=mode=zipkin"], "unknown trace mode 'zipkin'"),
+        (["--rate-limit-resource=R1"], "--rate-limit-resource option format is"),
+        (["--rate-limit=sometimes"], "invalid choice: 'sometimes'"),
+        (["--log-format=json"], "invalid choice: 'json'"),
+    ],
+)
+def test_bad_values_are_usage_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_settings([*REPO, *argv])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_grpc_connection_flags_reach_grpc() -> None:
+    settings = parse_settings(
+        [
+            *REPO,
+            "--grpc-http2-max-ping-strikes=0",
+            "--grpc-max-connection-age=60000",
+            "--grpc-max-connection-age-grace=5000",
+            "--reuse-grpc-port=true",
+        ]
+    )
+    options = dict(grpc_settings(settings).channel_options())
+    assert options["grpc.http2.max_ping_strikes"] == 0
+    assert options["grpc.max_connection_age_ms"] == 60000
+    assert options["grpc.max_connection_age_grace_ms"] == 5000
+    assert options["grpc.so_reuseport"] == 1
+    assert "grpc.default_compression_level" not in dict(
+        grpc_settings(parse_settings(REPO)).channel_options()
+    )
