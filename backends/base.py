@@ -115,6 +115,9 @@ class RequestContext:
     error: ModelError | None = None
     # The parameters the model gave its response (parameters extension).
     response_parameters: Mapping[str, ParamValue] = field(default_factory=dict)
+    # The core's trace of this request when it is traced, opaque here: a BLS call the
+    # model makes for this request hands it back, so the call's trace is its child.
+    trace: object | None = None
 
 
 @dataclass(slots=True)

@@ -19,6 +19,7 @@ from ge_serve.backends.python.calls import CoreCall, CoreResponse, Reply
 
 from .core import InferenceServer
 from .errors import ErrorCode, ServerError
+from .tracing import Trace
 from .types import DataType, InferRequest, InferResponse, RequestedOutput, Tensor
 
 # How long a model's is_model_ready / load_model / unload_model may take.
@@ -46,7 +47,8 @@ class CoreBridge:
                     reply(_response(response), False)
                 reply(None, True)
             else:
-                reply(_response(await self._core.infer(request, "BLS")), True)
+                parent = call.parent_trace if isinstance(call.parent_trace, Trace) else None
+                reply(_response(await self._core.infer(request, "BLS", parent)), True)
         except ServerError as exc:
             reply(_failed(exc.code.value, exc.message), True)
         except asyncio.CancelledError:

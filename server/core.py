@@ -170,9 +170,11 @@ class InferenceServer:
 
     # --- inference -----------------------------------------------------------------------
 
-    async def infer(self, request: InferRequest, endpoint: str = "infer") -> InferResponse:
-        """One request, one response. `endpoint` names the caller in the error a
-        decoupled model answers with (Triton's "HTTP end point", "ModelInfer RPC")."""
+    async def infer(
+        self, request: InferRequest, endpoint: str = "infer", parent: Trace | None = None
+    ) -> InferResponse:
+        """One request, one response. `endpoint` names the caller in a decoupled model's
+        error (Triton's "HTTP end point"); `parent`: the trace of a BLS call's caller."""
         if not self._accepting:
             raise shutting_down()
         # The front ends check shapes as they decode; this is for in-process callers,
@@ -186,7 +188,7 @@ class InferenceServer:
         trace = None
         if self.tracing.active:
             trace = self.tracing.begin(
-                model.name, model.version, request.id, request.traceparent, started
+                model.name, model.version, request.id, request.traceparent, started, parent
             )
         response, _ = await self._infer(request, model, started, trace)
         return response
@@ -232,7 +234,7 @@ class InferenceServer:
                 item = prepare(request, model)
                 item.enqueue_ns = started
                 if model.loaded.per_request:
-                    item.context = request_context(request)
+                    item.context = request_context(request, trace=trace)
                 cached = self._cache_lookup(model, item, bool(shm_outputs))
                 if cached is not None and cached.found is not None:
                     outputs = cached.found.outputs

@@ -23,12 +23,15 @@ from .validation import build_response
 _CODES = {code.value: code for code in ErrorCode}
 
 
-def request_context(request: InferRequest, sink: ResponseQueue | None = None) -> RequestContext:
+def request_context(
+    request: InferRequest, sink: ResponseQueue | None = None, trace: object | None = None
+) -> RequestContext:
     return RequestContext(
         id=request.id,
         parameters=dict(request.parameters),
         requested_outputs=tuple(o.name for o in request.outputs),
         responses=sink,
+        trace=trace,
     )
 
 

@@ -12,7 +12,9 @@ timestamps: REQUEST_START, QUEUE_START, COMPUTE_START, COMPUTE_INPUT_END,
 COMPUTE_OUTPUT_START, COMPUTE_END, REQUEST_END, in the steady clock's nanoseconds (the
 compute points are placed from the durations the executor measured). Ensemble steps run
 inside the ensemble request's task, so the trace reaches them through a context variable
-and each step's trace names the ensemble's as its parent.
+and each step's trace names the ensemble's as its parent. A Python model's BLS call runs
+in a task of its own: the model names the request it calls for (`trace=request.trace()`,
+as in Triton), and the call's trace becomes that request's child.
 
 Finished traces go to Triton's trace file format (triton mode, tracefile.py) or become
 OpenTelemetry spans exported over OTLP (otel.py). Everything here runs on the event loop.
@@ -164,9 +166,18 @@ class TraceControl:
         return dataclasses.replace(self._global, **own) if own else self._global
 
     def begin(
-        self, model: str, version: int, request_id: str, traceparent: str, started_ns: int
+        self,
+        model: str,
+        version: int,
+        request_id: str,
+        traceparent: str,
+        started_ns: int,
+        parent: Trace | None = None,
     ) -> Trace | None:
-        """A trace for this request, or None when it is not sampled."""
+        """A trace for this request, or None when it is not sampled. A request made for a
+        traced one (`parent`, a BLS call) is always traced, as its child."""
+        if parent is not None:
+            return self.child(parent, model, version, request_id, started_ns)
         settings = self.settings_for(model)
         if not settings.level:
             return None
@@ -197,8 +208,16 @@ class TraceControl:
             self.sink.started(trace)
         return trace
 
-    def child(self, parent: Trace, model: str, version: int, request_id: str) -> Trace:
-        """The trace of a request that `parent`'s request made (an ensemble step)."""
+    def child(
+        self,
+        parent: Trace,
+        model: str,
+        version: int,
+        request_id: str,
+        started_ns: int | None = None,
+    ) -> Trace:
+        """The trace of a request that `parent`'s request made (an ensemble step, a BLS
+        call)."""
         trace = Trace(
             next(self._ids),
             model,
@@ -209,7 +228,7 @@ class TraceControl:
             parent=parent,
             sink=self.sink,
         )
-        trace.mark("REQUEST_START")
+        trace.mark("REQUEST_START", started_ns)
         if self.sink is not None:
             self.sink.started(trace)
         return trace

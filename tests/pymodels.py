@@ -636,6 +636,13 @@ MODELS: dict[str, tuple[str, str]] = {
         ]
         """,
     ),
+    # As "bls", but the call names the request it is made for, so it is traced as its child.
+    "bls_traced": (
+        BLS.replace("model_name=name,", "model_name=name,\n                trace=request.trace(),"),
+        _TENSORS_ADD_SUB.replace(
+            "input [", 'input [\n  { name: "MODEL_NAME" data_type: TYPE_STRING dims: [ 1 ] },'
+        ),
+    ),
     "bls_async": (BLS_ASYNC, _TENSORS_ADD_SUB),
     "bls_decoupled": (
         BLS_DECOUPLED.format(

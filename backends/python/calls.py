@@ -29,6 +29,8 @@ class CoreCall:
     timeout_us: int = 0
     # The caller wants every response of a decoupled model (exec(decoupled=True)).
     decoupled: bool = False
+    # The trace of the request the call was made for (its RequestContext.trace).
+    parent_trace: object | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,7 +120,7 @@ class Hosting:
     # --- BLS -------------------------------------------------------------------------------
 
     def _bls(self, worker: WorkerProcess, number: int, call: Any, decoupled: bool) -> None:
-        model, version, request_id, descs, requested, parameters, timeout = call
+        model, version, request_id, descs, requested, parameters, timeout, parent = call
         inputs = worker.read_tensors(descs)
         worker.release([], urgent=True)
         core = self._shared.core()
@@ -139,6 +139,7 @@ class Hosting:
             parameters=json.loads(parameters) if parameters else {},
             timeout_us=int(timeout),
             decoupled=decoupled,
+            parent_trace=self._parent_trace(parent),
         )
         key = (id(worker), number)
         with self._lock:
@@ -154,6 +155,11 @@ class Hosting:
         with self._lock:
             if key in self._calls:
                 self._calls[key] = cancel
+
+    def _parent_trace(self, key: Any) -> object | None:
+        """The trace of the request (still in the worker's hands) a call was made for."""
+        context = None if key is None else self._instance.context_of(int(key))
+        return None if context is None else context.trace
 
     def _answer(
         self, worker: WorkerProcess, number: int, response: CoreResponse | None, final: bool

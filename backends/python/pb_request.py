@@ -166,6 +166,20 @@ class ResponseIterator:
             self._runtime.send(("bls_cancel", self._number))
 
 
+class InferenceTrace:
+    """A request's trace as its model sees it (`request.trace()`). Given as a BLS
+    request's `trace`, it makes the call's trace a child of the request's, when the
+    request is traced."""
+
+    def __init__(self, key: int | None = None) -> None:
+        self._key = key
+
+    def get_context(self, mode: str = "opentelemetry") -> str | None:
+        """Triton's OpenTelemetry context of the trace; the server does not hand it to
+        models, so there is none."""
+        return None
+
+
 class InferenceRequest:
     def __init__(
         self,
@@ -193,6 +207,7 @@ class InferenceRequest:
         self._flags = int(flags)
         self._timeout = int(timeout)
         self._parameters = _parameters(parameters)
+        self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
         # Set for a request the server handed to execute().
         self._key: int | None = None
         self._sender: InferenceResponseSender | None = None
@@ -210,6 +225,7 @@ class InferenceRequest:
     ) -> InferenceRequest:
         request = cls(runtime.model_name, inputs, requested, request_id, parameters=parameters)
         request._key = key
+        request._trace = InferenceTrace(key)
         request._sender = InferenceResponseSender(runtime, key, decoupled)
         return request
 
@@ -238,6 +254,9 @@ class InferenceRequest:
 
     def requested_output_names(self) -> list[str]:
         return list(self._requested)
+
+    def trace(self) -> InferenceTrace:
+        return self._trace
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
@@ -274,6 +293,7 @@ class InferenceRequest:
             self._requested,
             json.dumps(self._parameters),
             self._timeout,
+            self._trace._key,
         )
         return ("bls", number, call, decoupled)
 

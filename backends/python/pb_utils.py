@@ -16,7 +16,12 @@ from .pb_config import (
     using_decoupled_model_transaction_policy,
 )
 from .pb_observe import Logger, Metric, MetricFamily
-from .pb_request import InferenceRequest, InferenceResponse, InferenceResponseSender
+from .pb_request import (
+    InferenceRequest,
+    InferenceResponse,
+    InferenceResponseSender,
+    InferenceTrace,
+)
 from .pb_tensor import Tensor
 from .pb_types import (
     TRITON_STRING_TO_NUMPY,
@@ -51,6 +56,7 @@ __all__ = [
     "InferenceRequest",
     "InferenceResponse",
     "InferenceResponseSender",
+    "InferenceTrace",
     "Logger",
     "Metric",
     "MetricFamily",

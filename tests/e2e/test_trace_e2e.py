@@ -1,7 +1,8 @@
 """The trace extension: settings read and changed at run time with tritonclient (HTTP, gRPC
-and both aio clients), Triton's trace file with its timestamps in order and ensemble steps
-linked to their ensemble, and OpenTelemetry spans exported over OTLP/HTTP to a receiver
-the test runs, honouring the client's W3C traceparent."""
+and both aio clients), Triton's trace file with its timestamps in order, ensemble steps and
+a Python model's BLS calls linked to their ensemble or caller, and OpenTelemetry spans
+exported over OTLP/HTTP to a receiver the test runs, honouring the client's W3C
+traceparent."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pymodels
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpc_aio
@@ -45,7 +47,28 @@ def chain_input(module: Any) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_pipelines(tmp_path_factory.mktemp("models"))
+    repo = write_pipelines(tmp_path_factory.mktemp("models"))
+    return pymodels.write(repo, "add_sub_copy", "bls_traced")
+
+
+def bls_input(module: Any = httpclient) -> list[Any]:
+    """bls_traced's request: it calls add_sub_copy (Python) with INPUT0 and INPUT1."""
+    name = module.InferInput("MODEL_NAME", [1], "BYTES")
+    name.set_data_from_numpy(np.array([b"add_sub_copy"], dtype=object))
+    tensors = [name]
+    for key in ("INPUT0", "INPUT1"):
+        tensor = module.InferInput(key, [4], "FP32")
+        tensor.set_data_from_numpy(np.arange(4, dtype=np.float32))
+        tensors.append(tensor)
+    return tensors
+
+
+def written(folder: Path) -> list[dict[str, Any]]:
+    """Every record of the trace files written so far."""
+    records: list[dict[str, Any]] = []
+    for path in sorted(folder.glob("trace.json.*")):
+        records += json.loads(path.read_text())
+    return records
 
 
 @pytest.fixture(scope="module")
@@ -129,14 +152,8 @@ def test_traced_requests_write_tritons_trace_file(traced: ServerProcess) -> None
         http.update_trace_settings(settings={"trace_level": ["OFF"]})
         http.close()
 
-    def written() -> list[dict[str, Any]]:
-        records: list[dict[str, Any]] = []
-        for path in sorted(folder.glob("trace.json.*")):
-            records += json.loads(path.read_text())
-        return records
-
-    poll(lambda: any(r.get("model_name") == "chain" for r in written()), 20, "trace file")
-    records = written()
+    poll(lambda: any(r.get("model_name") == "chain" for r in written(folder)), 20, "trace file")
+    records = written(folder)
     heads = {r["id"]: r for r in records if "model_name" in r}
     (ensemble,) = [h for h in heads.values() if h["model_name"] == "chain"]
     assert ensemble["request_id"] == "req-1" and ensemble["model_version"] == 1
@@ -152,6 +169,42 @@ def test_traced_requests_write_tritons_trace_file(traced: ServerProcess) -> None
         assert [t["name"] for t in stamps] == ORDER, head
         times = [t["ns"] for t in stamps]
         assert times == sorted(times), stamps
+
+
+def test_a_bls_call_is_traced_as_its_callers_child(traced: ServerProcess) -> None:
+    folder: Path = traced.trace_folder  # type: ignore[attr-defined]
+    http = httpclient.InferenceServerClient(traced.http_url)
+    http.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
+    try:
+        result = http.infer("bls_traced", bls_input(), request_id="bls-1")
+        np.testing.assert_allclose(result.as_numpy("OUTPUT0"), np.arange(4) * 2)
+    finally:
+        http.update_trace_settings(settings={"trace_level": ["OFF"]})
+        http.close()
+
+    def heads() -> list[dict[str, Any]]:
+        return [r for r in written(folder) if "model_name" in r]
+
+    def child_written() -> bool:
+        callers = [h for h in heads() if h.get("request_id") == "bls-1"]
+        return bool(callers) and any(h.get("parent_id") == callers[0]["id"] for h in heads())
+
+    poll(child_written, 20, "the BLS call's trace")
+    (caller,) = [h for h in heads() if h.get("request_id") == "bls-1"]
+    assert caller["model_name"] == "bls_traced" and "parent_id" not in caller
+    (child,) = [h for h in heads() if h.get("parent_id") == caller["id"]]
+    assert child["model_name"] == "add_sub_copy"
+    records = written(folder)
+
+    def stamps(trace_id: int) -> dict[str, int]:
+        found = [t for r in records if r["id"] == trace_id for t in r.get("timestamps", [])]
+        return {t["name"]: t["ns"] for t in found}
+
+    outer, inner = stamps(caller["id"]), stamps(child["id"])
+    assert list(inner) == ORDER
+    # The call ran inside the caller's execution.
+    assert outer["COMPUTE_START"] <= inner["REQUEST_START"] <= inner["REQUEST_END"]
+    assert inner["REQUEST_END"] <= outer["COMPUTE_END"]
 
 
 class Receiver(http.server.BaseHTTPRequestHandler):
@@ -198,6 +251,9 @@ def test_opentelemetry_spans_reach_an_otlp_receiver(repo: Path) -> None:
             headers = {"traceparent": f"00-{trace_id}-{parent_span}-01"}
             client.infer("add1", chain_input_named(), headers=headers)
             client.infer("add1", chain_input_named())  # no context, rate 0: not traced
+            bls_trace = "a3ce929d0e0e47364bf92f3577b34da6"
+            bls_headers = {"traceparent": f"00-{bls_trace}-{parent_span}-01"}
+            client.infer("bls_traced", bls_input(), headers=bls_headers)
             grpc = grpcclient.InferenceServerClient(server.grpc_url)
             grpc_trace = "0af7651916cd43dd8448eb211c80319c"
             metadata = {"traceparent": f"00-{grpc_trace}-b7ad6b7169203331-01"}
@@ -227,7 +283,7 @@ def test_opentelemetry_spans_reach_an_otlp_receiver(repo: Path) -> None:
                             found += scope.get("spans", [])
                 return found
 
-            poll(lambda: len(spans()) >= 9, 30, "OTLP export")
+            poll(lambda: len(spans()) >= 14, 30, "OTLP export")
         export = Receiver.exports[0]
         assert export["path"] == "/v1/traces"
         assert export["type"].startswith("application/json")
@@ -235,12 +291,25 @@ def test_opentelemetry_spans_reach_an_otlp_receiver(repo: Path) -> None:
         by_trace: dict[str, list[dict[str, Any]]] = {}
         for span in found:
             by_trace.setdefault(span["traceId"].lower(), []).append(span)
-        assert set(by_trace) == {trace_id, grpc_trace, stream_trace}, "untraced one left out"
+        expected = {trace_id, grpc_trace, stream_trace, bls_trace}
+        assert set(by_trace) == expected, "untraced one left out"
         http_spans = {s["name"]: s for s in by_trace[trace_id]}
         assert set(http_spans) == {"InferRequest", "add1", "compute"}
         assert http_spans["InferRequest"]["parentSpanId"].lower() == parent_span
         assert http_spans["add1"]["parentSpanId"] == http_spans["InferRequest"]["spanId"]
         assert http_spans["compute"]["parentSpanId"] == http_spans["add1"]["spanId"]
+        # The BLS call's model span sits inside its caller's model span.
+        bls_spans = by_trace[bls_trace]
+        (caller,) = [s for s in bls_spans if s["name"] == "bls_traced"]
+        (called,) = [s for s in bls_spans if s["name"] == "add_sub_copy"]
+        assert called["parentSpanId"] == caller["spanId"]
+        assert sorted(s["name"] for s in bls_spans) == [
+            "InferRequest",
+            "add_sub_copy",
+            "bls_traced",
+            "compute",
+            "compute",
+        ]
         events = [e["name"] for e in http_spans["add1"]["events"]]
         assert events == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
         resource = json.loads(Receiver.exports[0]["body"])["resourceSpans"][0]["resource"]
