@@ -41,7 +41,9 @@ class DirectScheduler:
     async def submit(self, item: WorkItem) -> dict[str, Array]:
         shaper = self._shaper
         bucket = shaper.assign(item) if shaper is not None else 0  # raises: fits none
-        with self._in_flight.request():
+        in_flight = self._in_flight
+        in_flight.admit()
+        try:
             item.enqueue_ns = item.enqueue_ns or time.monotonic_ns()
             slot = await self._pool.acquire()
             item.timings.queue_ns = time.monotonic_ns() - item.enqueue_ns
@@ -50,6 +52,8 @@ class DirectScheduler:
                 slot, lambda ex: execute_batch(ex, [item], gears, batching, shaper, bucket)
             )
             return results[0]
+        finally:
+            in_flight.leave()
 
     async def close(self, drain_timeout_s: float) -> None:
         """Refuse new work, drain within the timeout, then close and join every slot.

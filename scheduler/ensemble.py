@@ -91,8 +91,12 @@ class EnsembleScheduler:
         return self._in_flight.pending
 
     async def submit(self, item: WorkItem) -> dict[str, Array]:
-        with self._in_flight.request():
+        in_flight = self._in_flight
+        in_flight.admit()
+        try:
             outputs = await self._run(item)
+        finally:
+            in_flight.leave()
         # One ensemble request is one execution of the ensemble, as Triton counts it; its
         # compute times are the sums of its steps' (added as each step finished).
         item.timings.batch_size = item.batch_size

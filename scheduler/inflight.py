@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
 
 from ge_serve.server.errors import SchedulerClosed
 
@@ -23,19 +22,20 @@ class InFlight:
         self._drained = asyncio.Event()
         self._drained.set()
 
-    @contextlib.contextmanager
-    def request(self) -> Iterator[None]:
-        """One request, from its admission to its answer; refused once closing."""
+    # admit/leave rather than a @contextmanager: a generator-based context manager costs
+    # several µs per request on the hot path, more than the count itself.
+    def admit(self) -> None:
+        """One request admitted; refused once closing. Pair with `leave` in a finally."""
         if self.closing:
             raise SchedulerClosed()
         self.pending += 1
         self._drained.clear()
-        try:
-            yield
-        finally:
-            self.pending -= 1
-            if self.pending == 0:
-                self._drained.set()
+
+    def leave(self) -> None:
+        """The admitted request has been answered."""
+        self.pending -= 1
+        if self.pending == 0:
+            self._drained.set()
 
     async def close(self, drain_timeout_s: float) -> None:
         """Refuse new requests; wait until those in flight are answered, or the timeout."""
