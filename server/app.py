@@ -139,7 +139,9 @@ class ServerApp:
     def __init__(self, settings: Settings, log_control: LogControl | None = None) -> None:
         self.settings = settings
         self.repository = ModelRepository(
-            [Path(p) for p in settings.model_repositories], settings.model_config_name
+            [Path(p) for p in settings.model_repositories],
+            settings.model_config_name,
+            settings.model_namespacing,
         )
         self.backends = make_backends(settings)
         self.lifecycle = ModelLifecycle(

@@ -25,6 +25,7 @@ from ge_serve.protos import model_config_pb2
 from .ensembles import EnsembleLoader
 from .errors import ErrorCode, ServerError
 from .lifecycle import LoadOverride, ModelLifecycle
+from .namespaces import model_name
 from .repository import (
     ModelRepository,
     check_model_name,
@@ -82,7 +83,7 @@ class ModelControl:
             wanted = self.settings.load_models
             if "*" in wanted:
                 return sorted(self.repository.scan())
-            return list(dict.fromkeys(wanted))
+            return list(dict.fromkeys(key for name in wanted for key in self._keys(name)))
         if self.settings.load_models:
             log.warning(
                 "--load-model is ignored in model control mode '%s'", self.settings.mode.value
@@ -142,7 +143,10 @@ class ModelControl:
             except ServerError as exc:
                 raise ServerError(exc.code, f"failed to load '{name}': {exc.message}") from None
         override = LoadOverride(config=config, folder=folder)
-        await self._run(self.ensembles.load(name, override))
+        # Overrides from files make a model of no namespace, as in Triton.
+        keys = [name] if folder is not None else await asyncio.to_thread(self._keys, name)
+        for key in keys:
+            await self._run(self.ensembles.load(key, override))
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Unload `name`, taking down the ensembles built on it; `unload_dependents` also
@@ -150,7 +154,20 @@ class ModelControl:
         nothing else uses."""
         self._require_api()
         check_model_name(name)
-        await self._run(self.ensembles.unload(name, dependents=unload_dependents))
+        keys = [key for key in self.lifecycle.models if model_name(key) == name] or [name]
+        for key in keys if self.repository.namespacing else [name]:
+            await self._run(self.ensembles.unload(key, dependents=unload_dependents))
+
+    def _keys(self, name: str) -> list[str]:
+        """Blocking: every model `name` names; with namespacing, one per namespace holding
+        it (a load acts on all of them, as in Triton), else `name` itself."""
+        if not self.repository.namespacing:
+            return [name]
+        try:
+            scanned = self.repository.scan()
+        except ServerError:
+            return [name]
+        return sorted(key for key in scanned if model_name(key) == name) or [name]
 
     def _require_api(self) -> None:
         if not self.api_enabled:

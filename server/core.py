@@ -149,7 +149,7 @@ class InferenceServer:
 
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         model = self.lifecycle.get(name, version)
-        record = self.lifecycle.models[name]
+        record = self.lifecycle.models[self.lifecycle.resolve(name)]
         versions = tuple(v for v in sorted(record.versions) if record.versions[v].model)
         lead = (-1,) if model.max_batch_size > 0 else ()
 

@@ -32,6 +32,7 @@ from ge_serve.protos import model_config_pb2
 from .ensemble_config import is_ensemble, step_models
 from .errors import ServerError
 from .lifecycle import LoadOverride, ModelLifecycle
+from .namespaces import step_key
 from .repository import ModelSource, read_config
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,9 @@ class EnsembleLoader:
             self.links.pop(name, None)
         else:
             steps = step_models(config)
+            if self.lifecycle.repository.namespacing:
+                known = list(self.lifecycle.models)
+                steps = await asyncio.to_thread(self._step_keys, name, steps, known)
             self.links[name] = steps
             await self._refuse_circle(name)
             missing = [step for step in steps if not self.lifecycle.is_ready(step)]
@@ -225,6 +229,15 @@ class EnsembleLoader:
             return read_config(source, override=override.config if override else None)
         except Exception:
             return None
+
+    def _step_keys(
+        self, ensemble: str, steps: tuple[str, ...], known: list[str]
+    ) -> tuple[str, ...]:
+        """Blocking: the keys of the models the steps mean (namespaces.py); a step that
+        means no single model keeps its name, which no key matches."""
+        with contextlib.suppress(ServerError):
+            known = [*known, *self.lifecycle.repository.scan()]
+        return tuple(step_key(ensemble, step, known) or step for step in steps)
 
     def _not_in_repository(self, names: list[str]) -> list[str]:
         """Blocking: those of `names` the repository does not have."""

@@ -23,6 +23,7 @@ from .errors import ErrorCode, ServerError, model_not_ready, unknown_model, unkn
 from .health import VersionHealth, not_ready
 from .loadpool import LoadPool
 from .model import ModelVersion, tensor_specs
+from .namespaces import model_name, qualify_steps, resolve
 from .records import ModelState, RepositoryEntry
 from .repository import (
     ModelRepository,
@@ -122,7 +123,7 @@ class ModelLifecycle:
 
     def get(self, name: str, version: str = "") -> ModelVersion:
         """The model version a request goes to: the highest READY one when none is named."""
-        record = self.models.get(name)
+        record = self.models.get(self.resolve(name))
         if record is None:
             raise unknown_model(name)
         if version:
@@ -139,6 +140,10 @@ class ModelLifecycle:
         best = max(ready, key=lambda v: v.version).model
         assert best is not None
         return best
+
+    def resolve(self, name: str) -> str:
+        """The key of the model a client's name means (namespaces.py)."""
+        return resolve(name, self.models) if self.repository.namespacing else name
 
     def is_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -175,8 +180,8 @@ class ModelLifecycle:
                 with contextlib.suppress(ServerError):
                     scanned = self.repository.scan()
             names |= set(scanned or ())
-        for name in sorted(names):
-            record = self.models.get(name)
+        for key in sorted(names, key=lambda k: (model_name(k), k)):
+            record, name = self.models.get(key), model_name(key)
             if record is None or (not record.versions and not record.reason):
                 if not ready_only:
                     rows.append(RepositoryEntry(name))
@@ -196,8 +201,7 @@ class ModelLifecycle:
 
     @contextlib.asynccontextmanager
     async def _locked(self, name: str, create: bool = True) -> AsyncIterator[ModelRecord | None]:
-        """Hold the model's lock (one load or unload at a time); a record dropped while
-        someone waits on its lock is re-checked, and the current one taken."""
+        """Hold the model's lock (one load or unload at a time), re-checked after the wait."""
         while True:
             record = self.models.get(name)
             if record is None:
@@ -346,13 +350,10 @@ class ModelLifecycle:
     async def _install(
         self, record: ModelRecord, prepared: _Prepared, folder: Path | None = None
     ) -> None:
-        """Swap the new versions in atomically (on the loop), then retire the old ones.
-
-        Nothing awaits between building the new table and assigning it, so a request sees
-        either the old versions or the new ones, never a mix or a gap.
-        """
+        """Swap the new versions in atomically (nothing awaits between building the new
+        table and assigning it: no mix, no gap), then retire the old ones."""
         config = prepared.config
-        schedulers = await self._schedulers(config, prepared.loaded)
+        schedulers = await self._schedulers(record.name, config, prepared.loaded)
         new_versions: dict[int, VersionRecord] = {}
         for version, loaded in prepared.loaded.items():
             scheduler = schedulers[version]
@@ -393,7 +394,7 @@ class ModelLifecycle:
             await _remove_folder(old_folder)
 
     async def _schedulers(
-        self, config: model_config_pb2.ModelConfig, loaded: dict[int, LoadedModel]
+        self, key: str, config: model_config_pb2.ModelConfig, loaded: dict[int, LoadedModel]
     ) -> dict[int, Scheduler]:
         """One scheduler per loaded version; a factory failure frees all, failing the load."""
         built: dict[int, Scheduler] = {}
@@ -401,7 +402,7 @@ class ModelLifecycle:
             factory = self.scheduler_factory
             if ensemble_config.is_ensemble(config):
                 lookup = ensemble_config.step_lookup(config.name, self.get, self.models)
-                plan = ensemble_config.build_plan(config, lookup)
+                plan = ensemble_config.build_plan(qualify_steps(key, config, self.models), lookup)
                 factory = lambda c, m: EnsembleScheduler(plan, self._run_step)  # noqa: E731
             for version, model in loaded.items():
                 built[version] = factory(config, model)
@@ -421,8 +422,7 @@ class ModelLifecycle:
         return await self.step_runner(call)
 
     async def refuse(self, name: str, reason: str) -> None:
-        """Fail a load before it starts, for a reason found outside the model's own folder
-        (an ensemble's dependencies): the index shows it, as for any failed load."""
+        """Fail a load before it starts, for a reason outside the model's folder."""
         async with self._locked(name) as record:
             assert record is not None
             record.wanted = True
@@ -452,12 +452,8 @@ class ModelLifecycle:
             callback(model)
 
     async def unload(self, name: str, forget: bool = False, reason: str = "unloaded") -> None:
-        """Stop serving a model: new requests are refused at once, in-flight ones drain
-        (bounded by the unload timeout), then every executor is closed.
-
-        `forget` also drops the model from the index (its folder left the repository);
-        `reason` is what the index says of its versions afterwards.
-        """
+        """Stop serving a model: refuse new requests, drain (bounded) and close executors.
+        `forget` drops it from the index too; `reason`: what the index says afterwards."""
         async with self._locked(name, create=False) as record:
             if record is None:
                 sources = await asyncio.to_thread(self.repository.scan)

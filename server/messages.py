@@ -268,3 +268,13 @@ def shm_invalid_offset(name: str) -> ServerError:
 
 def shm_invalid_range(name: str) -> ServerError:
     return _invalid(f"Invalid offset + byte size for shared memory region: '{name}'")
+
+
+# --- model namespacing (core model_repository_manager.cc) -----------------------------------
+
+
+def ambiguous_model(name: str, count: int) -> ServerError:
+    return _invalid(
+        f"There are {count} identifiers of model '{name}' in global map, model namespace "
+        "must be provided to resolve ambiguity."
+    )

@@ -16,6 +16,7 @@ from ge_serve.backends.paths import OutsideFolder, resolve_inside
 from ge_serve.protos import model_config_pb2
 
 from .errors import ErrorCode, ServerError
+from .namespaces import model_key
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,12 @@ class ModelSource:
     path: Path
     # --model-config-name: read configs/<config_name>.pbtxt where the model has it.
     config_name: str = ""
+    # The repository folder it is in, with --model-namespacing; else "".
+    namespace: str = ""
+
+    @property
+    def key(self) -> str:
+        return model_key(self.namespace, self.name)
 
 
 @dataclass(slots=True)
@@ -42,13 +49,16 @@ class ModelFiles:
 
 
 class ModelRepository:
-    """One or more repository folders; a model name must be unique across them."""
+    """One or more repository folders; a model name must be unique across them, unless
+    `namespacing` makes each folder a namespace of its own."""
 
-    def __init__(self, paths: list[Path], config_name: str = "") -> None:
+    def __init__(self, paths: list[Path], config_name: str = "", namespacing: bool = False):
         self.paths = paths
         self.config_name = config_name
+        self.namespacing = namespacing
 
     def scan(self) -> dict[str, ModelSource]:
+        """Every model folder, by its key (namespaces.py)."""
         found: dict[str, ModelSource] = {}
         for root in self.paths:
             if not root.is_dir():
@@ -58,13 +68,15 @@ class ModelRepository:
             for entry in sorted(root.iterdir()):
                 if not entry.is_dir() or entry.name.startswith("."):
                     continue
-                if entry.name in found:
+                namespace = str(root) if self.namespacing else ""
+                source = ModelSource(entry.name, entry, self.config_name, namespace)
+                if source.key in found:
                     raise ServerError(
                         ErrorCode.INVALID_ARG,
                         f"model '{entry.name}' appears in more than one model repository: "
-                        f"'{found[entry.name].path.parent}' and '{root}'",
+                        f"'{found[source.key].path.parent}' and '{root}'",
                     )
-                found[entry.name] = ModelSource(entry.name, entry, self.config_name)
+                found[source.key] = source
         return found
 
 

@@ -69,7 +69,8 @@ def enabled_for(model: ModelVersion) -> bool:
 
 def cache_key(model: ModelVersion, inputs: Mapping[str, Array]) -> bytes:
     digest = hashlib.blake2b(digest_size=20)
-    for part in (model.name, str(model.version)):
+    # The folder too: with --model-namespacing, two models may share a name.
+    for part in (model.name, str(model.version), str(model.model_dir)):
         digest.update(_LENGTH.pack(len(part)) + part.encode())
     for name in sorted(inputs):
         array = inputs[name]

@@ -282,6 +282,13 @@ class Settings:
             group=MODELS,
         ),
     )
+    model_namespacing: bool = field(
+        default=False,
+        metadata=flag(
+            help="each model repository is a namespace: a name may be in several of them",
+            group=MODELS,
+        ),
+    )
     reuse_http_port: bool = False
     reuse_grpc_port: bool = field(default=False, metadata=flag(group=GRPC))
     metrics_config: tuple[tuple[str, str], ...] = field(

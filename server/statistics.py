@@ -214,7 +214,7 @@ class StatisticsCollector:
         """Every model's, one model's ready versions', or one version's statistics."""
         records = self.records()
         if name:
-            if name not in self._lifecycle.models:
+            if self._lifecycle.resolve(name) not in self._lifecycle.models:
                 raise unknown_model(name)
             if version:
                 wanted = id(self._lifecycle.get(name, version))

@@ -57,11 +57,6 @@ INAPPLICABLE: tuple[Inapplicable, ...] = (
     Inapplicable(
         "--grpc-header-forward-pattern", "metadata is not forwarded as request parameters"
     ),
-    Inapplicable(
-        "--model-namespacing",
-        "model names must be unique across repositories; namespaces are not supported",
-        inert="false",
-    ),
     Inapplicable("--allow-sagemaker", _ENDPOINT, inert="false"),
     Inapplicable("--sagemaker-port", _ENDPOINT),
     Inapplicable("--sagemaker-safe-port-range", _ENDPOINT),

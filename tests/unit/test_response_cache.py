@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,11 +16,17 @@ OUT_BYTES = 1024
 
 
 def model(
-    name: str = "m", version: int = 1, config: str = "response_cache { enable: true }"
+    name: str = "m",
+    version: int = 1,
+    config: str = "response_cache { enable: true }",
+    folder: str = "",
 ) -> Any:
     parsed = text_format.Parse(config, model_config_pb2.ModelConfig())
     decoupled = parsed.model_transaction_policy.decoupled
-    return SimpleNamespace(name=name, version=version, config=parsed, decoupled=decoupled)
+    model_dir = Path(folder or f"/repo/{name}")
+    return SimpleNamespace(
+        name=name, version=version, config=parsed, decoupled=decoupled, model_dir=model_dir
+    )
 
 
 def inputs(value: int, shape: tuple[int, ...] = (4,), dtype: Any = np.int32) -> dict[str, Any]:
@@ -86,3 +93,8 @@ def test_decoupled_models_and_models_without_the_option_bypass() -> None:
     assert not enabled_for(model(config=""))
     decoupled = "response_cache { enable: true } model_transaction_policy { decoupled: true }"
     assert not enabled_for(model(config=decoupled))
+
+
+def test_same_named_models_of_two_namespaces_never_share_entries() -> None:
+    data = inputs(1)
+    assert cache_key(model(folder="/r1/m"), data) != cache_key(model(folder="/r2/m"), data)
