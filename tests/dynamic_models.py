@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ge_helpers import make_model, params
-from modelgen import encoder_model, ocr_det_model, ocr_rec_model
+from modelgen import encoder_model, exported_rec_model, ocr_det_model, ocr_rec_model
 
 ENCODER_IO = """
 input [
@@ -43,6 +43,13 @@ def rec_folder(repo: Path, name: str = "ocr_rec", extra: str = "") -> Path:
     body = "max_batch_size: 4\n" + REC_IO + extra
     body += params(graph__dot__ge__dot__inputShape=REC_RANGE)
     return make_model(repo, name, body, onnx_model=ocr_rec_model())
+
+
+def exported_rec_folder(repo: Path, name: str = "exported_rec", high: int = 320) -> Path:
+    """The recogniser stand-in as paddle2onnx exports it, over widths 32 to `high`."""
+    body = "max_batch_size: 4\n" + REC_IO
+    body += params(graph__dot__ge__dot__inputShape=f"X:1~4,3,32,32~{high}")
+    return make_model(repo, name, body, onnx_model=exported_rec_model())
 
 
 DET_IO = """

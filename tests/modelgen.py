@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -316,6 +317,46 @@ def ocr_rec_model(classes: int = 12) -> onnx.ModelProto:
         ],
     )
     return _model(graph)
+
+
+def exported_rec_model(classes: int = 12) -> onnx.ModelProto:
+    """`ocr_rec_model` as paddle2onnx writes PP-OCR's recogniser: opset 12, the weights in
+    Constant nodes, not initializers, and the conv's output flattened by a Reshape whose
+    target is computed (Shape -> Slice -> Concat of Constant nodes), which ONNX's own shape
+    inference cannot follow at that opset.
+    X FP32 [batch, 3, 32, width] -> PROBS FP32 [batch, width / 4, classes]."""
+    rng = np.random.default_rng(5)
+    conv = (rng.standard_normal((8, 3, 32, 4)) / 20).astype(np.float32)
+    head = rng.standard_normal((8, classes)).astype(np.float32)
+
+    def const(name: str, array: np.ndarray[Any, Any]) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(array))
+
+    def i64(value: int) -> np.ndarray[Any, Any]:
+        return np.array([value], dtype=np.int64)
+
+    graph = helper.make_graph(
+        [
+            const("W", conv),
+            const("HEAD", head),
+            const("start", i64(0)),
+            const("stop", i64(2)),
+            const("axis0", i64(0)),
+            const("rest", i64(-1)),
+            helper.make_node("Conv", ["X", "W"], ["c"], strides=[32, 4]),
+            helper.make_node("Shape", ["c"], ["shape"]),
+            helper.make_node("Slice", ["shape", "start", "stop", "axis0"], ["lead"]),
+            helper.make_node("Concat", ["lead", "rest"], ["flat"], axis=0),
+            helper.make_node("Reshape", ["c", "flat"], ["r"]),
+            helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1]),
+            helper.make_node("MatMul", ["t", "HEAD"], ["logits"]),
+            helper.make_node("Softmax", ["logits"], ["PROBS"], axis=-1),
+        ],
+        "exported_rec",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 3, 32, "width"])],
+        [helper.make_tensor_value_info("PROBS", TensorProto.FLOAT, ["batch", "steps", classes])],
+    )
+    return _model(graph, opset=12)
 
 
 def ocr_det_model() -> onnx.ModelProto:

@@ -319,11 +319,12 @@ def format_range(ranges: Sequence[tuple[int, int]]) -> str:
     return "[" + ", ".join(str(lo) if lo == hi else f"{lo}~{hi}" for lo, hi in ranges) + "]"
 
 
-def infer_output_shapes(path: Path, inputs: Mapping[str, Shape]) -> dict[str, Shape]:
-    """Every output's shape when the ONNX model at `path` runs at these input shapes (ONNX
-    shape inference); a ValueError names an output whose shape it cannot tell."""
-    model = onnx.load(str(path), load_external_data=False)
-    for value in model.graph.input:
+def _fixed_at(model: onnx.ModelProto, inputs: Mapping[str, Shape]) -> onnx.ModelProto:
+    """A copy of `model` whose named inputs have these fixed shapes, and whose outputs
+    declare no shape, so that only inference says what they are."""
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for value in fixed.graph.input:
         shape = inputs.get(value.name)
         if shape is None:
             continue
@@ -331,19 +332,62 @@ def infer_output_shapes(path: Path, inputs: Mapping[str, Shape]) -> dict[str, Sh
         del dims[:]
         for d in shape:
             dims.add().dim_value = int(d)
-    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    for value in fixed.graph.output:
+        value.type.tensor_type.ClearField("shape")
+    return fixed
+
+
+def _known_outputs(model: onnx.ModelProto) -> dict[str, Shape | None]:
+    """Each output's inferred shape, None where a dim (or the rank) is unknown."""
+    found: dict[str, Shape | None] = {}
+    for value in model.graph.output:
+        tensor = value.type.tensor_type
+        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim)
+        known = tensor.HasField("shape") and all(d >= 1 for d in shape)
+        found[value.name] = shape if known else None
+    return found
+
+
+def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """onnxruntime's symbolic shape inference, which follows shapes through
+    Shape -> Slice -> Concat -> Reshape chains made of Constant nodes that ONNX's own
+    inference (data propagation included) gives up on (exporters such as paddle2onnx
+    write flatten and attention reshapes that way); None where it fails too."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except ImportError:
+        return None
+    try:
+        inferred: onnx.ModelProto = SymbolicShapeInference.infer_shapes(model, auto_merge=False)
+    except Exception:
+        return None
+    return inferred
+
+
+def inferred_model(path: Path, inputs: Mapping[str, Shape]) -> onnx.ModelProto:
+    """The ONNX model at `path` with these input shapes and every shape inference can
+    tell filled in (ONNX's inference first, onnxruntime's symbolic inference where that
+    leaves an output unknown)."""
+    fixed = _fixed_at(onnx.load(str(path), load_external_data=False), inputs)
+    inferred = onnx.shape_inference.infer_shapes(fixed, data_prop=True)
+    if all(s is not None for s in _known_outputs(inferred).values()):
+        return inferred
+    symbolic = _symbolic(fixed)
+    return symbolic if symbolic is not None else inferred
+
+
+def infer_output_shapes(path: Path, inputs: Mapping[str, Shape]) -> dict[str, Shape]:
+    """Every output's shape when the ONNX model at `path` runs at these input shapes; a
+    ValueError names an output whose shape no shape inference can tell."""
     found: dict[str, Shape] = {}
-    for value in inferred.graph.output:
-        dims = value.type.tensor_type.shape.dim
-        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in dims)
-        if not dims and not value.type.tensor_type.HasField("shape"):
-            shape = (-1,)
-        if any(d < 1 for d in shape):
+    for name, shape in _known_outputs(inferred_model(path, inputs)).items():
+        if shape is None:
             raise ValueError(
-                f"output '{value.name}' has no shape that ONNX shape inference can tell at "
-                f"inputs {dict(inputs)}; give it fixed dims in config.pbtxt"
+                f"output '{name}' has no shape that shape inference (ONNX's, then "
+                f"onnxruntime's symbolic) can tell at inputs {dict(inputs)}; give it fixed "
+                "dims in config.pbtxt"
             )
-        found[value.name] = shape
+        found[name] = shape
     return found
 
 

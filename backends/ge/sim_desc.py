@@ -9,9 +9,10 @@ the device memory loading it takes (`query_size`).
 - Shape ranges: -1 where a dim varies, the ranges, and sizes of 0, as pyACL reports for a
   range OM (the executor sizes its buffers for the ranges' maxima).
 
-Memory: the weights are the ONNX initializers' bytes; the work space is the bytes of every
-intermediate tensor at the largest shapes, with no reuse, so an upper bound of what GE's
-memory planning would need.
+Memory: the weights are the bytes of the ONNX initializers and Constant nodes; the work
+space is the most bytes of intermediate tensors alive at once at the largest shapes (the
+largest batch gear, the largest ND or image-size gear, or the ranges' maxima), each freed
+after its last reader, as GE's memory planning reuses space.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from .acl import (
     TensorPlan,
 )
 from .options import numpy_dtype
-from .shapes import RANGE, Shape, infer_output_shapes, max_shape
+from .shapes import RANGE, Shape, infer_output_shapes, inferred_model, max_shape
 
 _ONNX_ITEMSIZE: dict[int, int] = {
     onnx.TensorProto.FLOAT: 4,
@@ -183,24 +184,67 @@ def _shaped_desc(source: ModelSource) -> ModelDesc:
 def query_size(path: Path, desc: ModelDesc) -> tuple[int, int]:
     """(work, weight) bytes, as `acl.mdl.query_size` reports them for an OM."""
     model = onnx.load(str(path), load_external_data=False)
-    weight = sum(_tensor_bytes(t) for t in model.graph.initializer)
-    io_names = {t.name for t in desc.inputs} | {t.name for t in desc.outputs}
-    work = 0
+    # Exporters such as paddle2onnx keep the weights in Constant nodes, not initializers.
+    weight = sum(_tensor_bytes(t) for t in model.graph.initializer) + sum(
+        _tensor_bytes(a.t)
+        for node in model.graph.node
+        if node.op_type == "Constant"
+        for a in node.attribute
+        if a.name == "value"
+    )
+    largest = _largest_inputs(desc)
     try:
-        inferred: Any = onnx.shape_inference.infer_shapes(model)
-        for value in inferred.graph.value_info:
-            if value.name in io_names:
-                continue
-            dims = value.type.tensor_type.shape.dim
-            size = _ONNX_ITEMSIZE.get(value.type.tensor_type.elem_type, 4)
-            count = 1
-            for dim in dims:
-                # A symbolic dim counts as the largest batch the buffers are sized for.
-                count *= dim.dim_value if dim.HasField("dim_value") else _rows(desc)
-            work += count * size
+        inferred: Any = (
+            inferred_model(path, largest) if largest else onnx.shape_inference.infer_shapes(model)
+        )
+        work = _peak_work(inferred, _rows(desc))
     except Exception:
         work = 0  # shape inference failed: only the weights are known
     return max(work, 0), max(weight, 1)
+
+
+def _peak_work(model: onnx.ModelProto, rows: int) -> int:
+    """The most bytes of intermediate tensors alive at once when the nodes run in order,
+    each freed after its last reader, as a memory planner that reuses space holds them.
+    Graph inputs and outputs live in the I/O buffers and constants are weights, so
+    neither counts. A symbolic dim counts as `rows`, the largest batch."""
+    graph = model.graph
+    skip = {v.name for v in graph.input} | {v.name for v in graph.output}
+    skip |= {t.name for t in graph.initializer}
+    skip |= {o for node in graph.node if node.op_type == "Constant" for o in node.output}
+    sizes: dict[str, int] = {}
+    for value in graph.value_info:
+        if value.name in skip:
+            continue
+        count = 1
+        for dim in value.type.tensor_type.shape.dim:
+            count *= dim.dim_value if dim.HasField("dim_value") else rows
+        sizes[value.name] = count * _ONNX_ITEMSIZE.get(value.type.tensor_type.elem_type, 4)
+    last: dict[str, int] = {}
+    for index, node in enumerate(graph.node):
+        for name in (*node.input, *node.output):
+            if name in sizes:
+                last[name] = index
+    live = peak = 0
+    for index, node in enumerate(graph.node):
+        live += sum(sizes.get(name, 0) for name in node.output)
+        peak = max(peak, live)
+        for name in {*node.input, *node.output}:
+            if last.get(name) == index:
+                live -= sizes[name]
+    return peak
+
+
+def _largest_inputs(desc: ModelDesc) -> dict[str, Shape]:
+    """The data inputs' shapes at a shaped model's largest gear or its ranges' maxima, at
+    which its work space is largest; {} for other models."""
+    data = desc.data_inputs()
+    if desc.shape_kind == RANGE:
+        return {t.name: max_shape(r) for t, r in zip(data, desc.ranges, strict=True)}
+    if desc.shape_gears:
+        gear = max(desc.shape_gears, key=lambda g: sum(math.prod(s) for s in g))
+        return {t.name: s for t, s in zip(data, gear, strict=True)}
+    return {}
 
 
 def _rows(desc: ModelDesc) -> int:

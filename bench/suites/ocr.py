@@ -7,7 +7,10 @@ classifier and the recogniser, `off` without it (and `--disable-auto-complete-co
 that none is added). In both, `ocr` has the same number of Python instances (`--instances`),
 so the same number of images can be in the pipeline at once; with batching on, their BLS
 calls to a model are merged into one execution when their shapes agree. Every request
-carries the same PNG: lines of text rendered with Pillow (tests/ocrrepo.py).
+carries the same PNG: lines of text rendered with Pillow (tests/ocrrepo.py). The ONNX
+models run where the build puts them by default, on the GE backend (the simulated NPU
+where there is no NPU, at onnxruntime's own timing); `--backend onnxruntime` puts them on
+the host CPU.
 
 At each concurrency, `concurrency` client threads (one tritonclient each) send the image
 back to back to one server; after `--warmup-s` (the pipeline full, every session past its
@@ -169,7 +172,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="ge-serve-ocr-bench-") as tmp:
         repos = {name: Path(tmp) / name for name in SERVERS}
         for name, repo in repos.items():
-            build.build(repo, build.Options(batching=name == "on", instances=args.instances))
+            options = build.Options(
+                batching=name == "on", instances=args.instances, backend=args.backend
+            )
+            build.build(repo, options)
         flags = {"on": ["--log-verbose", "0"],
                  "off": ["--log-verbose", "0", "--disable-auto-complete-config"]}  # fmt: skip
         with serve(repos["on"], flags["on"]) as on, serve(repos["off"], flags["off"]) as off:
@@ -207,6 +213,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--warmup-s", type=float, default=12.0, help="load before counting, per window"
     )
     parser.add_argument("--instances", type=int, default=4, help="`ocr` Python instances")
+    parser.add_argument(
+        "--backend",
+        choices=("npu_ge", "onnxruntime"),
+        default="npu_ge",
+        help="the ONNX models' backend (examples/ocr/build.py --backend)",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     try:

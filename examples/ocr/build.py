@@ -12,28 +12,43 @@ The repository (default: ``examples/ocr/models``, git-ignored) holds:
   FP32 [-1]. Its pre- and post-processing is ``model/ocr_steps.py`` beside this script;
   the character dictionary comes out of the recogniser's metadata into ``ppocr_keys.txt``.
 
-The ONNX models run on the onnxruntime backend: the detector's height and width and the
-recogniser's width are dynamic, and the GE backend takes fixed shapes only for now. The
-classifier's input is fixed (48 x 192), so ``--cls-backend npu_ge`` puts it on the GE
-backend (an NPU, or the simulated one) already. Their tensors are renamed
-(``maps``, ``probs``) and nothing else in them changes. The files are found through the
-wheel's installed-file list (importlib.metadata), without importing rapidocr, whose own
-pipeline this example does not use. Nothing is downloaded.
+The three ONNX models run on the GE backend (``backend: "npu_ge"``): on an Ascend NPU,
+or on the simulated one where there is none. Their varying dims are shape ranges
+(``graph.ge.inputShape``, atc's ``--input_shape``) taken from what the pre-processing in
+``model/ocr_steps.py`` produces, so every request fits them:
+
+* ``ocr_det``: ``x:1~4,3,32~960,32~960``, sides multiples of 32 and the longer at most
+  ``DET_LIMIT`` (960);
+* ``ocr_rec``: ``x:1~16,3,48,320~2560``, the width bucket a line is padded to
+  (``REC_BUCKETS``, 320 to 2560), and at most 16 lines a call;
+* ``ocr_cls``: fixed 48 x 192, so only its batch varies (batch gears 1, 2, 4, ... 32).
+
+``--rec-shapes gears`` gives the recogniser ND gears instead (``graph.ge.dynamicDims``,
+atc's ``--dynamic_dims``): every width bucket at batch 1, 2, 4, 8 and 16, exact shapes
+that an NPU runs faster than a range. ``--backend onnxruntime`` keeps all three on the
+host CPU. examples/ocr/README.md gives the atc command lines these configs imply.
+
+The models' tensors are renamed (``maps``, ``probs``) and nothing else in them changes.
+The files are found through the wheel's installed-file list (importlib.metadata), without
+importing rapidocr, whose own pipeline this example does not use. Nothing is downloaded.
 
 Usage::
 
     python3 examples/ocr/build.py [--out DIR] [--no-batching] [--instances N] [--no-cls]
-                                  [--cls-backend onnxruntime|npu_ge]
+                                  [--backend npu_ge|onnxruntime] [--rec-shapes range|gears]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import shutil
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import onnx
 
@@ -48,6 +63,10 @@ WHEEL_FILES = {
 }
 REC_CLASSES = 6625  # the blank, 6623 dictionary characters and the space
 MAX_REC_BATCH = 16
+MAX_DET_BATCH = 4
+MAX_CLS_BATCH = 32
+BACKENDS = ("npu_ge", "onnxruntime")
+REC_SHAPES = ("range", "gears")
 
 
 class WheelMissing(RuntimeError):
@@ -98,15 +117,68 @@ def dictionary(rec: onnx.ModelProto) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
+def ocr_steps() -> ModuleType:
+    """model/ocr_steps.py, whose sizes the ONNX models' shape ranges are made from."""
+    name = "ocr_steps"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, MODEL_CODE / "ocr_steps.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def rec_batch_gears() -> tuple[int, ...]:
+    """The recogniser's batch sizes with width gears: 1, 2, 4, ... up to its maximum (the
+    scheduler pads a batch up to the next one)."""
+    gears = [1]
+    while gears[-1] < MAX_REC_BATCH:
+        gears.append(min(gears[-1] * 2, MAX_REC_BATCH))
+    return tuple(gears)
+
+
+def ge_shapes(rec_shapes: str = "range") -> dict[str, dict[str, str]]:
+    """The GE shape parameters of the detector and the recogniser, from what the
+    pre-processing (model/ocr_steps.py) produces, so no request falls outside them (a
+    shape outside is refused): the detector's sides are multiples of 32 up to
+    `DET_LIMIT`, a text line is padded to one of `REC_BUCKETS`.
+
+    The detector's sides take a range (30 x 30 sizes are too many to list as gears). The
+    recogniser's width takes a range (`rec_shapes` "range") or ND gears, every width
+    bucket at every batch gear ("gears"): exact shapes, which an NPU runs faster than a
+    range, for a longer compile. Device buffers are sized for the largest shape."""
+    steps = ocr_steps()
+    det_sides = f"32~{steps.DET_LIMIT}"
+    buckets = steps.REC_BUCKETS
+    height = steps.REC_HEIGHT
+    shapes = {"ocr_det": {"graph.ge.inputShape": f"x:1~{MAX_DET_BATCH},3,{det_sides},{det_sides}"}}
+    if rec_shapes == "range":
+        widths = f"{min(buckets)}~{max(buckets)}"
+        shapes["ocr_rec"] = {"graph.ge.inputShape": f"x:1~{MAX_REC_BATCH},3,{height},{widths}"}
+    elif rec_shapes == "gears":
+        gears = ";".join(f"{b},{w}" for b in rec_batch_gears() for w in buckets)
+        shapes["ocr_rec"] = {
+            "graph.ge.inputShape": f"x:-1,3,{height},-1",
+            "graph.ge.dynamicDims": gears,
+        }
+    else:
+        raise ValueError(f"rec_shapes '{rec_shapes}' is not one of {', '.join(REC_SHAPES)}")
+    return shapes
+
+
 @dataclass(frozen=True, slots=True)
 class Options:
     batching: bool = True
     instances: int = 2  # `ocr` worker processes: requests in flight through the pipeline
     use_cls: bool = True
     delay_us: int = 2000
-    # The classifier's input is 48 x 192 whatever the image, so it can run on the GE
-    # backend (the NPU, or the simulated one) already; the other two need its dynamic dims.
-    cls_backend: str = "onnxruntime"
+    # The ONNX models' backend: the GE backend (an NPU, or the simulated one), or
+    # "onnxruntime" for the host CPU.
+    backend: str = "npu_ge"
+    # How the recogniser's width varies on GE: a shape range, or ND gears (`ge_shapes`).
+    rec_shapes: str = "range"
 
 
 def _batching(options: Options) -> str:
@@ -116,11 +188,27 @@ def _batching(options: Options) -> str:
 
 
 def onnx_config(
-    name: str, max_batch: int, x_dims: str, out: str, options: Options, backend: str
+    name: str,
+    max_batch: int,
+    x_dims: str,
+    out: str,
+    options: Options,
+    ge_params: dict[str, str] | None = None,
 ) -> str:
+    """An ONNX model's config; `ge_params` (npu_ge only) are its GE shape parameters."""
+    backend = options.backend
+    if backend not in BACKENDS:
+        raise ValueError(f"backend '{backend}' is not one of {', '.join(BACKENDS)}")
     out_name, out_dims = out.split(":")
     # KIND_CPU would keep a model on the host whatever its backend says.
     group = "instance_group [ { kind: KIND_CPU count: 1 } ]\n" if backend == "onnxruntime" else ""
+    params = ""
+    if backend == "npu_ge" and ge_params:
+        entries = ",\n".join(
+            f'  {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
+            for key, value in ge_params.items()
+        )
+        params = f"parameters [\n{entries}\n]\n"
     return (
         f'name: "{name}"\n'
         f'backend: "{backend}"\n'
@@ -128,6 +216,7 @@ def onnx_config(
         f'input [ {{ name: "x" data_type: TYPE_FP32 dims: [ {x_dims} ] }} ]\n'
         f'output [ {{ name: "{out_name}" data_type: TYPE_FP32 dims: [ {out_dims} ] }} ]\n'
         + group
+        + params
         + _batching(options)
     )
 
@@ -173,16 +262,29 @@ def build(out: Path, options: Options = Options()) -> list[Path]:
     cls = renamed(onnx.load(str(sources["cls"])), "probs")
     rec = renamed(onnx.load(str(sources["rec"])), "probs")
     keys = dictionary(rec)
-    ort = "onnxruntime"
-    rec_out = f"probs:-1, {REC_CLASSES}"
+    shapes = ge_shapes(options.rec_shapes)
+    cls_h, cls_w = ocr_steps().CLS_SHAPE
+    rec_h = ocr_steps().REC_HEIGHT
     models = {
-        "ocr_det": (onnx_config("ocr_det", 4, "3, -1, -1", "maps:1, -1, -1", options, ort), det),
+        "ocr_det": (
+            onnx_config(
+                "ocr_det", MAX_DET_BATCH, "3, -1, -1", "maps:1, -1, -1", options, shapes["ocr_det"]
+            ),
+            det,
+        ),
         "ocr_cls": (
-            onnx_config("ocr_cls", 32, "3, 48, 192", "probs:2", options, options.cls_backend),
+            onnx_config("ocr_cls", MAX_CLS_BATCH, f"3, {cls_h}, {cls_w}", "probs:2", options),
             cls,
         ),
         "ocr_rec": (
-            onnx_config("ocr_rec", MAX_REC_BATCH, "3, 48, -1", rec_out, options, ort),
+            onnx_config(
+                "ocr_rec",
+                MAX_REC_BATCH,
+                f"3, {rec_h}, -1",
+                f"probs:-1, {REC_CLASSES}",
+                options,
+                shapes["ocr_rec"],
+            ),
             rec,
         ),
     }
@@ -207,17 +309,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--instances", type=int, default=2, help="`ocr` instances (default: 2)")
     parser.add_argument("--no-cls", action="store_true", help="skip the direction classifier")
     parser.add_argument(
-        "--cls-backend",
-        choices=("onnxruntime", "npu_ge"),
-        default="onnxruntime",
-        help="the classifier's backend (fixed shapes: npu_ge runs it on the NPU or its simulation)",
+        "--backend",
+        choices=BACKENDS,
+        default="npu_ge",
+        help="the ONNX models' backend: npu_ge (an Ascend NPU, or the simulated one; the "
+        "default) or onnxruntime (the host CPU)",
+    )
+    parser.add_argument(
+        "--rec-shapes",
+        choices=REC_SHAPES,
+        default="range",
+        help="npu_ge: the recogniser's width as a shape range (the default) or as ND gears, "
+        "one per width bucket and batch gear",
     )
     args = parser.parse_args(argv)
     options = Options(
         batching=not args.no_batching,
         instances=args.instances,
         use_cls=not args.no_cls,
-        cls_backend=args.cls_backend,
+        backend=args.backend,
+        rec_shapes=args.rec_shapes,
     )
     try:
         written = build(args.out, options)

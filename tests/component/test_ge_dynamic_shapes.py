@@ -11,7 +11,14 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from dynamic_models import DET_SIZES, ENCODER_GEARS, det_folder, encoder_folder, rec_folder
+from dynamic_models import (
+    DET_SIZES,
+    ENCODER_GEARS,
+    det_folder,
+    encoder_folder,
+    exported_rec_folder,
+    rec_folder,
+)
 from fake_acl import FakeAcl, build_module
 from ge_helpers import FAKE_ATC_BIN, spec_for
 
@@ -153,3 +160,45 @@ def test_an_unbounded_range_is_refused_at_load(runtime: AclRuntime, tmp_path: Pa
     (folder / "config.pbtxt").write_text(config.split("parameters")[0] + extra)
     with pytest.raises(ValueError, match="has no upper bound"):
         load(runtime, folder)
+
+
+# --- models as exporters write them (PP-OCR through paddle2onnx) --------------------------
+
+
+def test_a_range_model_whose_reshape_onnx_inference_cannot_follow_serves_every_width(
+    runtime: AclRuntime, tmp_path: Path
+) -> None:
+    # The output's maximum (its device buffer) comes from onnxruntime's symbolic shape
+    # inference where ONNX's own stops at the computed Reshape.
+    folder = exported_rec_folder(tmp_path)
+    loaded = load(runtime, folder)
+    try:
+        executor = loaded.executors[0]
+        for batch, width in ((1, 32), (3, 100), (4, 320)):
+            image = np.random.default_rng(width).random((batch, 3, 32, width), np.float32)
+            got = executor.execute({"X": image})["PROBS"]
+            assert got.shape == (batch, width // 4, 12)
+            np.testing.assert_allclose(got, reference(folder, {"X": image})[0], rtol=1e-5)
+        stats = executor.pool_stats()  # type: ignore[attr-defined]
+        assert stats["bytes"] == 4 * 3 * 32 * 320 * 4 + 4 * 80 * 12 * 4
+    finally:
+        loaded.close()
+
+
+def test_the_work_space_is_the_peak_at_the_range_maximum_and_constants_are_weights(
+    tmp_path: Path,
+) -> None:
+    # The weights are the Constant nodes' bytes: the conv, the head and four int64 scalars.
+    weight = (8 * 3 * 32 * 4 + 8 * 12) * 4 + 4 * 8
+    for high in (64, 320):
+        loaded = load(SimRuntime(), exported_rec_folder(tmp_path / str(high), high=high))
+        try:
+            io = loaded.executors[0].pool_stats()["bytes"]  # type: ignore[attr-defined]
+            # The work space holds the most intermediates alive at once, at 4 rows of the
+            # widest input: the transposed features [4, w/4, 8] beside the logits
+            # [4, w/4, 12] (the conv's output is freed once reshaped; the graph's input and
+            # output live in the I/O buffers).
+            work = 4 * (high // 4) * (8 + 12) * 4
+            assert loaded.memory_bytes == weight + work + io
+        finally:
+            loaded.close()

@@ -4,11 +4,15 @@ BLS) as PNG bytes, over HTTP and gRPC, and the same strings come back with boxes
 they were drawn.
 
 The repository is built once for the module from the installed rapidocr-onnxruntime
-wheel; the tests skip, saying why, where that wheel is missing.
+wheel, as examples/ocr/build.py builds it by default: the three ONNX models on the GE
+backend, here the simulated NPU (onnxruntime underneath, so a request costs about what
+it does on the host CPU backend), with the detector's and recogniser's varying dims as
+shape ranges. The tests skip, saying why, where that wheel is missing.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +22,8 @@ from typing import Any
 import numpy as np
 import ocrrepo
 import pytest
+from polling import poll
+from promtext import scrape
 from protocols import PROTOCOLS, Triton
 from serverproc import REPO_ROOT, ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
@@ -27,6 +33,7 @@ from tritonclient.utils import InferenceServerException
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 OUTPUTS = ("boxes", "text", "scores")
+ONNX_MODELS = ("ocr_det", "ocr_cls", "ocr_rec")
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +44,8 @@ def ocr_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
         build.build(repo)
     except build.WheelMissing as exc:
         pytest.skip(f"the OCR example cannot be built: {exc}")
-    with running_server([repo], timeout=150.0) as proc:
+    # --device sim: the models must land on the simulated NPU, never fall back elsewhere.
+    with running_server([repo], ["--device", "sim"], timeout=150.0) as proc:
         yield proc
 
 
@@ -136,3 +144,57 @@ def test_the_client_script_reads_the_image_and_the_models_count_it(
     assert after["ocr"] == before["ocr"] + 1
     assert after["ocr_det"] == before["ocr_det"] + 1
     assert after["ocr_rec"] >= before["ocr_rec"] + 1
+
+
+def _stats(ocr_server: ServerProcess, model: str) -> dict[str, int]:
+    triton = Triton.connect("http", ocr_server)
+    try:
+        stats = triton.client.get_inference_statistics(model)["model_stats"][0]
+    finally:
+        triton.close()
+    return {
+        "inferences": int(stats.get("inference_count", 0)),
+        "executions": int(stats.get("execution_count", 0)),
+    }
+
+
+def test_the_onnx_models_run_on_the_simulated_npu_with_shape_ranges(
+    ocr_server: ServerProcess, rendered: ocrrepo.Rendered
+) -> None:
+    triton = Triton.connect("http", ocr_server)
+    try:
+        for model in ONNX_MODELS:
+            assert triton.client.get_model_config(model)["backend"] == "npu_ge", model
+        before = {m: _stats(ocr_server, m) for m in ONNX_MODELS}
+        assert texts(read(triton, rendered.png)) == list(ocrrepo.LINES)
+    finally:
+        triton.close()
+    log = ocr_server.log()
+    # The GE backend's load line names the device and each model's shape mode.
+    assert re.search(r"GE backend: simulated NPU", log), log[-3000:]
+    ranges = {
+        "ocr_det": r"range shapes \(x \[1~4, 3, 32~960, 32~960\]\)",
+        "ocr_rec": r"range shapes \(x \[1~16, 3, 48, 320~2560\]\)",
+        "ocr_cls": r"gears \[1, 2, 4, 8, 16, 32\]",
+    }
+    for model, shapes in ranges.items():
+        line = rf"model '{model}' version 1 on sim: 1 slot\(s\) on NPU 0, {shapes}"
+        assert re.search(line, log), (model, log[-3000:])
+    # Each model executed the request on the device: its statistics moved, and the
+    # simulated NPU's memory is the three models' own.
+    for model in ONNX_MODELS:
+        after = _stats(ocr_server, model)
+        assert after["executions"] > before[model]["executions"], model
+        assert after["inferences"] > before[model]["inferences"], model
+
+    def device_memory_is_the_models() -> bool:
+        exposition = scrape(ocr_server.metrics_url)
+        held = sum(
+            value
+            for labels, value in exposition.find("ge_serve_model_memory_bytes")
+            if labels["model"] in ONNX_MODELS
+        )
+        used = exposition.value("ge_serve_device_memory_used_bytes", device="sim0")
+        return used > 0 and used == held
+
+    poll(device_memory_is_the_models, 30.0, "device memory held by the three OCR models")

@@ -11,9 +11,15 @@ import numpy as np
 import ocrrepo
 import onnx
 import pytest
+from google.protobuf import text_format
 from PIL import Image
 
+from ge_serve.backends.ge.options import make_plan
+from ge_serve.backends.ge.shapes import parse_input_shape
+from ge_serve.protos import model_config_pb2
+
 steps = ocrrepo.ocr_steps()
+build_script = ocrrepo.build_script()
 
 
 def rotated_rectangle(width: float, height: float, degrees: float) -> np.ndarray:
@@ -166,17 +172,106 @@ def test_build_writes_the_repository_from_the_wheel(built: Path) -> None:
     assert "count: 3" in (built / "ocr" / "config.pbtxt").read_text()
     for name, output in (("ocr_det", "maps"), ("ocr_cls", "probs"), ("ocr_rec", "probs")):
         config = (built / name / "config.pbtxt").read_text()
-        assert 'backend: "onnxruntime"' in config and "dynamic_batching" not in config
+        assert "dynamic_batching" not in config
         model = onnx.load(str(built / name / "1" / "model.onnx"))
         assert [i.name for i in model.graph.input] == ["x"]
         assert [o.name for o in model.graph.output] == [output]
         assert f'name: "{output}"' in config
 
 
-def test_the_classifier_can_be_put_on_the_ge_backend() -> None:
-    build = ocrrepo.build_script()
-    options = build.Options(cls_backend="npu_ge")
-    config = build.onnx_config("ocr_cls", 32, "3, 48, 192", "probs:2", options, "npu_ge")
-    assert 'backend: "npu_ge"' in config and "dims: [ 3, 48, 192 ]" in config
-    assert "KIND_CPU" not in config  # which would keep it on the host
-    assert "dynamic_batching" in config
+def _config(path: Path) -> model_config_pb2.ModelConfig:
+    config = model_config_pb2.ModelConfig()
+    text_format.Parse(path.read_text(encoding="utf-8"), config)
+    return config
+
+
+def _input_shape(config: model_config_pb2.ModelConfig) -> str:
+    return config.parameters["graph.ge.inputShape"].string_value
+
+
+def test_the_onnx_models_are_on_the_ge_backend_with_shape_ranges(built: Path) -> None:
+    det, cls, rec = (_config(built / n / "config.pbtxt") for n in ("ocr_det", "ocr_cls", "ocr_rec"))
+    for config in (det, cls, rec):
+        assert config.backend == "npu_ge"
+        assert not config.instance_group  # KIND_CPU would keep it on the host
+    assert _input_shape(det) == f"x:1~{det.max_batch_size},3,32~960,32~960"
+    assert _input_shape(rec) == f"x:1~{rec.max_batch_size},3,48,320~2560"
+    assert "graph.ge.inputShape" not in cls.parameters  # fixed: batch gears only
+    assert list(cls.input[0].dims) == [3, 48, 192]
+    # What the GE backend makes of them: the atc input shapes and modes.
+    det_plan, cls_plan, rec_plan = (make_plan(c) for c in (det, cls, rec))
+    assert (det_plan.shapes.kind, det_plan.input_shape) == ("range", "x:1~4,3,32~960,32~960")
+    assert (rec_plan.shapes.kind, rec_plan.input_shape) == ("range", "x:1~16,3,48,320~2560")
+    assert det_plan.gears == rec_plan.gears == ()  # ranges: any batch inside
+    assert (cls_plan.input_shape, cls_plan.gears) == ("x:-1,3,48,192", (1, 2, 4, 8, 16, 32))
+
+
+def test_rec_shapes_gears_lists_every_width_bucket_at_every_batch_gear() -> None:
+    options = build_script.Options(rec_shapes="gears")
+    shapes = build_script.ge_shapes("gears")["ocr_rec"]
+    config = model_config_pb2.ModelConfig()
+    text = build_script.onnx_config("ocr_rec", 16, "3, 48, -1", "probs:-1, 6625", options, shapes)
+    text_format.Parse(text, config)
+    plan = make_plan(config)
+    assert plan.shapes.kind == "dims" and plan.gears == (1, 2, 4, 8, 16)
+    assert plan.input_shape == "x:-1,3,48,-1"
+    assert ("input_format", "ND") in plan.atc_options
+    gears = {gear[0] for gear in plan.shapes.gears}
+    assert gears == {(b, 3, 48, w) for b in plan.gears for w in steps.REC_BUCKETS}
+    # Gears are exact: every batch the pre-processing sends, padded up to the next batch
+    # gear by the scheduler, is one of them.
+    crops = [Image.new("RGB", (w, 48)) for w in (4, 96, 400, 700, 1500, 2500, 9000)] * 3
+    for _, tensor in steps.rec_batches(crops):
+        padded = min(g for g in plan.gears if g >= len(tensor))
+        assert (padded, *tensor.shape[1:]) in gears
+    with pytest.raises(ValueError, match="not one of range, gears"):
+        build_script.ge_shapes("exact")
+
+
+def test_the_shape_ranges_hold_everything_the_pre_processing_makes(built: Path) -> None:
+    # A shape outside a range is refused; every detector input and every recogniser
+    # batch the `ocr` model can send must lie inside.
+    ranges = {
+        name: parse_input_shape(_input_shape(_config(built / name / "config.pbtxt")))[0]
+        for name in ("ocr_det", "ocr_rec")
+    }
+
+    def inside(name: str, shape: tuple[int, ...]) -> bool:
+        spec = ranges[name]
+        return len(shape) == len(spec.ranges) and all(
+            low <= d <= high for d, (low, high) in zip(shape, spec.ranges, strict=True)
+        )
+
+    for height, width in ((8, 8), (20, 5000), (959, 961), (3000, 100), (224, 640), (33, 47)):
+        shape = steps.det_input(np.zeros((height, width, 3), np.uint8)).shape
+        assert inside("ocr_det", shape), (height, width, shape)
+        assert shape[2] % 32 == 0 and shape[3] % 32 == 0
+    assert not inside("ocr_det", (1, 3, 992, 64))  # past the limit: refused
+    crops = [Image.new("RGB", (w, 48)) for w in (4, 96, 400, 700, 1500, 2500, 9000)]
+    crops *= 3  # more lines of a width than one call sends
+    rec = _config(built / "ocr_rec" / "config.pbtxt")
+    widths = set()
+    for _, tensor in steps.rec_batches(crops):
+        for start in range(0, len(tensor), build_script.MAX_REC_BATCH):
+            part = tensor[start : start + build_script.MAX_REC_BATCH]
+            assert inside("ocr_rec", part.shape), part.shape
+            assert len(part) <= rec.max_batch_size
+            widths.add(part.shape[3])
+    assert widths <= set(steps.REC_BUCKETS) and min(widths) == 320 and max(widths) == 2560
+
+
+def test_backend_onnxruntime_keeps_the_models_on_the_host_cpu(tmp_path: Path) -> None:
+    try:
+        build_script.wheel_models()
+    except build_script.WheelMissing as exc:
+        pytest.skip(f"the OCR example cannot be built: {exc}")
+    code = build_script.main(["--out", str(tmp_path), "--backend", "onnxruntime"])
+    assert code == 0
+    for name in ("ocr_det", "ocr_cls", "ocr_rec"):
+        config = _config(tmp_path / name / "config.pbtxt")
+        assert config.backend == "onnxruntime"
+        assert [g.kind for g in config.instance_group] == [
+            model_config_pb2.ModelInstanceGroup.KIND_CPU
+        ]
+        assert "graph.ge.inputShape" not in config.parameters
+        assert config.HasField("dynamic_batching")
