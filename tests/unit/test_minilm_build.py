@@ -367,3 +367,14 @@ def test_the_tokenizer_model_needs_a_maximum_when_its_length_varies(
     config = {"output": VARIABLE["output"]}
     with pytest.raises(module.pb_utils.TritonModelException, match="max_sequence_length"):
         module.TritonPythonModel().initialize({"model_config": json.dumps(config)})
+
+
+def test_the_embeddings_benchmark_sends_every_length_gear(build: ModuleType, files: Any) -> None:
+    from bench.suites.embeddings import SENTENCES
+
+    gears = [
+        min(g for g in build.LENGTH_GEARS if g >= token_count(files.tokenizer_json, s))
+        for s in SENTENCES
+    ]
+    # Mostly short, as traffic is, and every gear used.
+    assert {g: gears.count(g) for g in build.LENGTH_GEARS} == {16: 8, 32: 4, 64: 3, 128: 1}
