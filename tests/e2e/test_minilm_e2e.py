@@ -133,9 +133,7 @@ def test_the_encoder_and_the_pooling_run_on_the_simulated_npu_with_nd_gears(
     every = {(b, n) for n in LENGTH_GEARS for b in BATCH_GEARS}
     for model in ("minilm_encoder", "minilm_pool"):
         assert logged_gears(log, model) == every
-    buckets = "; ".join(
-        f"attention_mask[{n}], input_ids[{n}], token_type_ids[{n}]" for n in LENGTH_GEARS
-    )
+    buckets = "; ".join(f"attention_mask[{n}], input_ids[{n}]" for n in LENGTH_GEARS)
     assert f"model 'minilm_encoder': shape buckets {buckets}" in log
     assert "GE backend: simulated NPU" in log and "host CPU" not in log
     assert "model 'minilm_tokenizer' version 1: 1 Python instance(s)" in log
@@ -143,7 +141,7 @@ def test_the_encoder_and_the_pooling_run_on_the_simulated_npu_with_nd_gears(
     try:
         encoder = triton.client.get_model_metadata("minilm_encoder")
         assert encoder["platform"] == "npu_ge"
-        assert [i["shape"] for i in encoder["inputs"]] == [[-1, -1]] * 3
+        assert [i["shape"] for i in encoder["inputs"]] == [[-1, -1]] * 2
         assert encoder["outputs"][0]["shape"] == [-1, -1, 384]
         metadata = triton.client.get_model_metadata("minilm")
         assert metadata["platform"] == "ensemble"
@@ -210,12 +208,10 @@ def test_the_encoder_answers_at_the_request_length_and_refuses_one_beyond_its_ge
     encoder = built[0] / "minilm_encoder" / "1" / "model.onnx"
     session = ort.InferenceSession(str(encoder), providers=["CPUExecutionProvider"])
     wide_ids, wide_mask = tokenize(files.tokenizer_json, LONGER[:1])
-    zeros = np.zeros_like(wide_ids)
-    feed = {"input_ids": wide_ids, "attention_mask": wide_mask, "token_type_ids": zeros}
-    (expected,) = session.run(None, feed)
+    (expected,) = session.run(None, {"input_ids": wide_ids, "attention_mask": wide_mask})
     triton = Triton.connect("http", minilm_server)
     try:
-        tensors = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        tensors = {"input_ids": ids, "attention_mask": mask}
         got = triton.infer("minilm_encoder", tensors).as_numpy("last_hidden_state")
         assert got.shape == (1, 27, 384)  # trimmed back from the gear
         np.testing.assert_allclose(got, expected[:, :27], atol=1e-4, rtol=0)

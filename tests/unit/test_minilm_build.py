@@ -82,8 +82,7 @@ def run_graphs(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(hidden, embeddings) of token ids through both built graphs."""
     encoder, pool = sessions
-    feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
-    (hidden,) = encoder.run(None, feed)
+    (hidden,) = encoder.run(None, {"input_ids": ids, "attention_mask": mask})
     (embeddings,) = pool.run(None, {"last_hidden_state": hidden, "attention_mask": mask})
     return hidden, embeddings
 
@@ -154,11 +153,10 @@ def test_a_fixed_length_graph_is_the_same_encoder(
         [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
         for value in (*model.graph.input, *model.graph.output)
     ]
-    assert dims == [["batch", 128]] * 3 + [["batch", 128, 384]]
+    assert dims == [["batch", 128]] * 2 + [["batch", 128, 384]]
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     ids, mask = embedded["ids"][:4], embedded["mask"][:4]
-    feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
-    (hidden,) = session.run(None, feed)
+    (hidden,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
     np.testing.assert_allclose(hidden, embedded["hidden"][:4], atol=1e-4)
     with pytest.raises(ValueError, match=r"not in 1\.\.512"):
         build.build_encoder(weights, 513)
@@ -217,12 +215,12 @@ def test_the_repository_has_the_four_models_on_nd_gears(
     for config in configs.values():
         assert not config.HasField("dynamic_batching") and config.max_batch_size == 8
     tokenizer = configs["minilm_tokenizer"]
-    assert [list(t.dims) for t in tokenizer.output] == [[-1]] * 3
+    assert [list(t.dims) for t in tokenizer.output] == [[-1]] * 2
     assert tokenizer.parameters["max_sequence_length"].string_value == "128"
 
     # What the GE backend compiles and the scheduler pads to: every (batch, tokens) pair.
     pairs = {(b, n) for n in (16, 32, 64, 128) for b in (1, 2, 4, 8)}
-    for name, trailing in (("minilm_encoder", ((), (), ())), ("minilm_pool", ((384,), ()))):
+    for name, trailing in (("minilm_encoder", ((), ())), ("minilm_pool", ((384,), ()))):
         config = configs[name]
         assert config.backend == "npu_ge"
         plan = make_plan(config)
@@ -242,11 +240,11 @@ def test_the_repository_has_the_four_models_on_nd_gears(
         assert all(value == 0 for value in bucketing.pad_values.values())
     encoder = bucketing_for(
         configs["minilm_encoder"],
-        [ShapeBucket({n: (8, 16) for n in ("input_ids", "attention_mask", "token_type_ids")})],
+        [ShapeBucket({n: (8, 16) for n in ("input_ids", "attention_mask")})],
     )
     assert encoder is not None
     assert encoder.trims == (("last_hidden_state", 1, "attention_mask", 1),)
-    assert encoder.pad_values == {"input_ids": 0.0, "attention_mask": 0.0, "token_type_ids": 0.0}
+    assert encoder.pad_values == {"input_ids": 0.0, "attention_mask": 0.0}
 
 
 def test_a_fixed_length_repository_pads_every_sentence_to_it(
@@ -254,7 +252,7 @@ def test_a_fixed_length_repository_pads_every_sentence_to_it(
 ) -> None:
     build.build_repository(tmp_path, files=files, fixed_length=128)
     tokenizer = config_of(tmp_path / "minilm_tokenizer" / "config.pbtxt")
-    assert [list(t.dims) for t in tokenizer.output] == [[128]] * 3
+    assert [list(t.dims) for t in tokenizer.output] == [[128]] * 2
     assert "max_sequence_length" not in tokenizer.parameters
     for name in ("minilm_encoder", "minilm_pool"):
         config = config_of(tmp_path / name / "config.pbtxt")
@@ -262,7 +260,7 @@ def test_a_fixed_length_repository_pads_every_sentence_to_it(
         plan = make_plan(config)
         assert plan.shapes.kind == "batch" and plan.gears == (1, 2, 4, 8)
     plan = make_plan(config_of(tmp_path / "minilm_encoder" / "config.pbtxt"))
-    assert plan.input_shape == "input_ids:-1,128;attention_mask:-1,128;token_type_ids:-1,128"
+    assert plan.input_shape == "input_ids:-1,128;attention_mask:-1,128"
 
 
 def test_a_fixed_length_out_of_range_is_refused(
@@ -347,11 +345,10 @@ def test_the_tokenizer_model_answers_each_request_of_a_batch_on_its_own(
         width = max(token_count(files.tokenizer_json, s) for s in sentences)
         assert ids.shape == (len(sentences), length or width)
         out = {t.name(): t.as_numpy() for t in response.output_tensors()}
-        assert sorted(out) == ["attention_mask", "input_ids", "token_type_ids"]
+        assert sorted(out) == ["attention_mask", "input_ids"]
         assert all(a.dtype == np.int64 and a.shape == ids.shape for a in out.values())
         np.testing.assert_array_equal(out["input_ids"], ids)
         np.testing.assert_array_equal(out["attention_mask"], mask)
-        assert not out["token_type_ids"].any()
         widths.append(out["input_ids"].shape[1])
     if length is None:
         assert widths[0] != widths[1] and widths[2] == 128  # each request its own length
