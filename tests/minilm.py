@@ -2,12 +2,13 @@
 reference computed in process, and the fixed sentences the tests embed.
 
 Two references, each independent of the server:
-- `reference_embeddings`: the `tokenizers` library on the package's tokenizer.json,
-  onnxruntime on the built encoder graph, and mean pooling plus L2 normalisation in numpy;
-  what the served pipeline must match (within 1e-4).
+- `reference_embeddings`: the `tokenizers` library on the package's tokenizer.json, every
+  sentence padded to 128 tokens, onnxruntime on the built encoder graph, and mean pooling
+  plus L2 normalisation in numpy; what the served pipeline, which pads each request only
+  up to its length gear, must match (within 1e-4).
 - `numpy_encoder`: BERT's forward pass written out in numpy from the safetensors weights, on
   one sentence's tokens without padding; what the ONNX graph itself must match, which also
-  proves the graph's attention mask (128 padded positions against none).
+  proves the graph's attention mask (padded positions against none).
 
 `require()` skips the calling test, saying why, where the example's packages are missing.
 """
@@ -79,18 +80,30 @@ def build_module() -> ModuleType:
 
 
 def tokenize(
-    tokenizer_json: bytes, sentences: Sequence[str], length: int = 128
+    tokenizer_json: bytes, sentences: Sequence[str], length: int | None = 128
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """(input_ids, attention_mask), INT64 [n, length], padded and truncated to length."""
+    """(input_ids, attention_mask), INT64 [n, length], padded (pad id 0, mask 0) and
+    truncated to `length`; `length` None: truncated at 128 and padded to the longest of
+    `sentences`, as the pipeline's tokenizer pads one request."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
-    tokenizer.enable_truncation(max_length=length)
-    tokenizer.enable_padding(length=length, pad_id=0, pad_token="[PAD]")
+    tokenizer.enable_truncation(max_length=128 if length is None else length)
+    if length is None:
+        tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")  # to the longest
+    else:
+        tokenizer.enable_padding(length=length, pad_id=0, pad_token="[PAD]")
     encodings = tokenizer.encode_batch(list(sentences))
-    ids = np.array([e.ids for e in encodings], dtype=np.int64).reshape(-1, length)
-    mask = np.array([e.attention_mask for e in encodings], dtype=np.int64).reshape(-1, length)
+    width = len(encodings[0].ids) if encodings else 0
+    ids = np.array([e.ids for e in encodings], dtype=np.int64).reshape(-1, width)
+    mask = np.array([e.attention_mask for e in encodings], dtype=np.int64).reshape(-1, width)
     return ids, mask
+
+
+def token_count(tokenizer_json: bytes, sentence: str) -> int:
+    """The tokens the pipeline keeps of one sentence ([CLS] and [SEP] included)."""
+    _, mask = tokenize(tokenizer_json, [sentence], None)
+    return int(mask.sum())
 
 
 def mean_pool(hidden: FloatArray, mask: npt.NDArray[np.int64]) -> FloatArray:
@@ -110,7 +123,7 @@ def reference_embeddings(
 
     ids, mask = tokenize(tokenizer_json, sentences)
     session = ort.InferenceSession(str(encoder_onnx), providers=["CPUExecutionProvider"])
-    feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    feed = {"input_ids": ids, "attention_mask": mask}
     (hidden,) = session.run(["last_hidden_state"], feed)
     return mean_pool(hidden, mask)
 

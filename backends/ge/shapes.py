@@ -364,11 +364,64 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     return inferred
 
 
-def inferred_model(path: Path, inputs: Mapping[str, Shape]) -> onnx.ModelProto:
-    """The ONNX model at `path` with these input shapes and every shape inference can
-    tell filled in (ONNX's inference first, onnxruntime's symbolic inference where that
-    leaves an output unknown)."""
-    fixed = _fixed_at(onnx.load(str(path), load_external_data=False), inputs)
+# Constants above this many elements are only shapes to shape inference (see
+# `inference_model`). Smaller ones keep their values, which data propagation reads: a
+# Reshape's shape, a Slice's ends, Unsqueeze's axes.
+_VALUES_KEPT = 1024
+
+
+def lighten(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model`, changed in place, as shape inference needs it: its large initializers and
+    Constant nodes become graph inputs of the same type and shape. Shape inference copies
+    the whole model into C++ and back on every call, weights included, which takes
+    seconds for a BERT; a model with several gears is inferred once per gear."""
+    graph = model.graph
+    declared = {value.name for value in graph.input}
+    outputs = {value.name for value in graph.output}
+
+    def as_input(name: str, tensor: onnx.TensorProto) -> None:
+        if name not in declared:
+            graph.input.append(
+                onnx.helper.make_tensor_value_info(name, tensor.data_type, tensor.dims)
+            )
+            declared.add(name)
+
+    kept = []
+    for tensor in graph.initializer:
+        if math.prod(tensor.dims) <= _VALUES_KEPT:
+            kept.append(tensor)
+        else:
+            as_input(tensor.name, tensor)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    nodes = []
+    for node in graph.node:
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        if (
+            node.op_type == "Constant"
+            and value is not None
+            and math.prod(value.dims) > _VALUES_KEPT
+            and node.output[0] not in outputs
+        ):
+            as_input(node.output[0], value)
+        else:
+            nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
+
+
+def inference_model(path: Path) -> onnx.ModelProto:
+    """The ONNX model at `path`, `lighten`ed: load it once to infer it at several shapes."""
+    return lighten(onnx.load(str(path), load_external_data=False))
+
+
+def inferred_model(source: Path | onnx.ModelProto, inputs: Mapping[str, Shape]) -> onnx.ModelProto:
+    """The ONNX model at `source` (or an `inference_model`, left unchanged) with these
+    input shapes and every shape inference can tell filled in (ONNX's inference first,
+    onnxruntime's symbolic inference where that leaves an output unknown)."""
+    model = inference_model(source) if isinstance(source, Path) else source
+    fixed = _fixed_at(model, inputs)
     inferred = onnx.shape_inference.infer_shapes(fixed, data_prop=True)
     if all(s is not None for s in _known_outputs(inferred).values()):
         return inferred
@@ -376,11 +429,14 @@ def inferred_model(path: Path, inputs: Mapping[str, Shape]) -> onnx.ModelProto:
     return symbolic if symbolic is not None else inferred
 
 
-def infer_output_shapes(path: Path, inputs: Mapping[str, Shape]) -> dict[str, Shape]:
-    """Every output's shape when the ONNX model at `path` runs at these input shapes; a
-    ValueError names an output whose shape no shape inference can tell."""
+def infer_output_shapes(
+    source: Path | onnx.ModelProto, inputs: Mapping[str, Shape]
+) -> dict[str, Shape]:
+    """Every output's shape when the ONNX model at `source` (or an `inference_model`)
+    runs at these input shapes; a ValueError names an output whose shape no shape
+    inference can tell."""
     found: dict[str, Shape] = {}
-    for name, shape in _known_outputs(inferred_model(path, inputs)).items():
+    for name, shape in _known_outputs(inferred_model(source, inputs)).items():
         if shape is None:
             raise ValueError(
                 f"output '{name}' has no shape that shape inference (ONNX's, then "
@@ -405,4 +461,4 @@ def range_output_max(path: Path, plan: ShapePlan) -> tuple[tuple[str, Shape], ..
             continue
         if value.name in named:
             shapes[value.name] = named[value.name]
-    return tuple(infer_output_shapes(path, shapes).items())
+    return tuple(infer_output_shapes(lighten(model), shapes).items())

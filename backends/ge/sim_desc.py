@@ -37,7 +37,15 @@ from .acl import (
     TensorPlan,
 )
 from .options import numpy_dtype
-from .shapes import RANGE, Shape, infer_output_shapes, inferred_model, max_shape
+from .shapes import (
+    RANGE,
+    Shape,
+    infer_output_shapes,
+    inference_model,
+    inferred_model,
+    lighten,
+    max_shape,
+)
 
 _ONNX_ITEMSIZE: dict[int, int] = {
     onnx.TensorProto.FLOAT: 4,
@@ -148,9 +156,8 @@ def _shaped_desc(source: ModelSource) -> ModelDesc:
         samples = [list(g) for g in gears]
         input_dims = [_varying([g[i] for g in gears]) for i in range(len(order))]
         ranges = ()
-    per_sample = [
-        infer_output_shapes(source.path, dict(zip(order, s, strict=True))) for s in samples
-    ]
+    model = inference_model(source.path)
+    per_sample = [infer_output_shapes(model, dict(zip(order, s, strict=True))) for s in samples]
     sized = plan.kind != RANGE
     inputs = []
     for i, found in enumerate(found_inputs):
@@ -194,8 +201,9 @@ def query_size(path: Path, desc: ModelDesc) -> tuple[int, int]:
     )
     largest = _largest_inputs(desc)
     try:
+        light = lighten(model)
         inferred: Any = (
-            inferred_model(path, largest) if largest else onnx.shape_inference.infer_shapes(model)
+            inferred_model(light, largest) if largest else onnx.shape_inference.infer_shapes(light)
         )
         work = _peak_work(inferred, _rows(desc))
     except Exception:

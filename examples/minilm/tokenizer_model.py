@@ -1,9 +1,18 @@
 """The `minilm_tokenizer` Triton Python-backend model: sentences in, BERT token ids out.
 
-TEXT (BYTES [1] per row, UTF-8) -> input_ids, attention_mask, token_type_ids (INT64 [L]),
-padded and truncated to L, the dims of the `input_ids` output in config.pbtxt (128: the
-encoder's fixed length). `tokenizer.json` beside this file is all-MiniLM-L6-v2's own
-(lower-casing WordPiece, [CLS] ... [SEP]). Single sentences only, so type ids are 0.
+TEXT (BYTES [1] per row, UTF-8) -> input_ids, attention_mask (INT64). `tokenizer.json`
+beside this file is all-MiniLM-L6-v2's own (lower-casing WordPiece, [CLS] ... [SEP]).
+Single sentences only, so there are no token type ids: all would be 0, which the encoder
+assumes.
+
+The token axis is the dims of the `input_ids` output in config.pbtxt:
+
+- `[-1]` (the default pipeline): each request comes back at its own length, the longest
+  of its sentences, truncated at the `max_sequence_length` parameter; its shorter
+  sentences are padded with [PAD] and attention mask 0. Padding is per request, never to
+  the longest of the batch the batcher formed, so a short request is not made long by a
+  long neighbour: the encoder's scheduler pads it to its own length gear.
+- `[N]`: every sentence padded and truncated to N (the fixed-length pipeline).
 
 Every request of a batch is tokenized in one `encode_batch` call. A request whose text is
 not UTF-8 gets its own INVALID_ARG error; the others in its batch are answered.
@@ -17,20 +26,39 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
-OUTPUTS = ("input_ids", "attention_mask", "token_type_ids")
+OUTPUTS = ("input_ids", "attention_mask")
+
+
+MAX_LENGTH_KEY = "max_sequence_length"
 
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
-        (length,) = pb_utils.get_output_config_by_name(config, "input_ids")["dims"]
-        self.length = int(length)  # a string where the JSON keeps int64s as strings
+        (dim,) = pb_utils.get_output_config_by_name(config, "input_ids")["dims"]
+        dim = int(dim)  # a string where the JSON keeps int64s as strings
+        self.fixed = dim > 0
+        if self.fixed:
+            self.length = dim
+        else:
+            entry = config.get("parameters", {}).get(MAX_LENGTH_KEY, {})
+            text = str(entry.get("string_value", "")).strip()
+            if not text.isdigit() or int(text) < 1:
+                raise pb_utils.TritonModelException(
+                    f"parameter {MAX_LENGTH_KEY} must be a whole number of tokens >= 1 when "
+                    f"input_ids has dims [-1], got '{text}'"
+                )
+            self.length = int(text)
         self.tokenizer = Tokenizer.from_file(str(Path(__file__).with_name("tokenizer.json")))
         self.tokenizer.enable_truncation(max_length=self.length)
-        pad_id = self.tokenizer.token_to_id("[PAD]")
-        self.tokenizer.enable_padding(length=self.length, pad_id=pad_id, pad_token="[PAD]")
+        self.pad_id = self.tokenizer.token_to_id("[PAD]")
+        if self.fixed:
+            self.tokenizer.enable_padding(length=self.length, pad_id=self.pad_id, pad_token="[PAD]")
+        else:
+            # tokenizer.json pads every sentence to 128 itself: padding is done per request.
+            self.tokenizer.no_padding()
 
     def execute(self, requests: list[Any]) -> list[Any]:
         texts: list[str] = []
@@ -50,22 +78,24 @@ class TritonPythonModel:
             texts += decoded
 
         encodings = self.tokenizer.encode_batch(texts) if texts else []
-        shape = (len(encodings), self.length)
-        columns = {
-            "input_ids": np.array([e.ids for e in encodings], np.int64).reshape(shape),
-            "attention_mask": np.array([e.attention_mask for e in encodings], np.int64).reshape(
-                shape
-            ),
-            "token_type_ids": np.zeros(shape, np.int64),
-        }
         responses = []
         for row in rows:
             if isinstance(row, pb_utils.TritonError):
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=row))
                 continue
             start, count = row
-            tensors = [
-                pb_utils.Tensor(name, columns[name][start : start + count]) for name in OUTPUTS
-            ]
+            columns = self._columns(encodings[start : start + count])
+            tensors = [pb_utils.Tensor(name, columns[name]) for name in OUTPUTS]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses
+
+    def _columns(self, encodings: list[Encoding]) -> dict[str, np.ndarray]:
+        """One request's outputs: its sentences' tokens, padded to the longest of them (or
+        to the fixed length, which the tokenizer has already padded to)."""
+        width = self.length if self.fixed else max((len(e.ids) for e in encodings), default=0)
+        ids = np.full((len(encodings), width), self.pad_id, np.int64)
+        mask = np.zeros((len(encodings), width), np.int64)
+        for row, encoding in enumerate(encodings):
+            ids[row, : len(encoding.ids)] = encoding.ids
+            mask[row, : len(encoding.attention_mask)] = encoding.attention_mask
+        return {"input_ids": ids, "attention_mask": mask}

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from dynamic_models import (
@@ -21,6 +22,7 @@ from dynamic_models import (
 )
 from fake_acl import FakeAcl, build_module
 from ge_helpers import FAKE_ATC_BIN, spec_for
+from modelgen import encoder_model, exported_rec_model
 
 from ge_serve.backends.base import LoadedModel, ShapeBucket, ShapeRejected
 from ge_serve.backends.ge.acl import AclRuntime
@@ -28,6 +30,7 @@ from ge_serve.backends.ge.acl_real import AclReal
 from ge_serve.backends.ge.acl_sim import SimRuntime
 from ge_serve.backends.ge.backend import GeBackend
 from ge_serve.backends.ge.compile import AtcCompiler
+from ge_serve.backends.ge.shapes import infer_output_shapes, inference_model, lighten
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -202,3 +205,32 @@ def test_the_work_space_is_the_peak_at_the_range_maximum_and_constants_are_weigh
             assert loaded.memory_bytes == weight + work + io
         finally:
             loaded.close()
+
+
+# --- shape inference without the weights ---------------------------------------------------
+
+
+def test_shape_inference_sees_large_constants_as_shapes_only(tmp_path: Path) -> None:
+    path = tmp_path / "encoder.onnx"
+    onnx.save(encoder_model(vocab=256), str(path))
+    light = inference_model(path)
+    # TABLE (256 x 16) is a typed input now; the small axes keep their values, which data
+    # propagation reads.
+    assert sorted(t.name for t in light.graph.initializer) == ["axis1", "axis2", "one"]
+    table = next(v for v in light.graph.input if v.name == "TABLE")
+    assert [d.dim_value for d in table.type.tensor_type.shape.dim] == [256, 16]
+    for batch, seq in ENCODER_GEARS:
+        shapes = {"INPUT_IDS": (batch, seq), "ATTENTION_MASK": (batch, seq)}
+        assert infer_output_shapes(light, shapes) == {
+            "LAST_HIDDEN": (batch, seq, 16),
+            "EMBEDDING": (batch, 16),
+        }
+    assert len(light.graph.input) == 3  # inferring left it as it was
+
+    # A large Constant node (the conv weights, as paddle2onnx writes them) goes the same way,
+    # and the computed Reshape is still followed.
+    exported = lighten(exported_rec_model())
+    constants = [n.output[0] for n in exported.graph.node if n.op_type == "Constant"]
+    assert "W" not in constants and "HEAD" in constants
+    assert "W" in [v.name for v in exported.graph.input]
+    assert infer_output_shapes(exported, {"X": (3, 3, 32, 100)}) == {"PROBS": (3, 25, 12)}

@@ -56,9 +56,16 @@ def test_variable_shape_models_serve_on_ge_through_the_server(tmp_path: Path) ->
         got = infer(client, "ocr_det", {"X": image}).as_numpy("MAP")
         np.testing.assert_allclose(got, expected(det, {"X": image})[0], rtol=1e-5)
 
-        bad = {"INPUT_IDS": ids[:, :8], "ATTENTION_MASK": np.ones((4, 8), np.int64)}
-        with pytest.raises(InferenceServerException, match=r"not a gear.*INPUT_IDS \[8, 8\]"):
-            infer(client, "encoder", bad)
+        # A request between gears is padded up to one (seq 8 fits the (8, 8) gear); one
+        # that fits none is refused, naming the gears as the scheduler's buckets.
+        short = {"INPUT_IDS": ids[:, :5], "ATTENTION_MASK": np.ones((4, 5), np.int64)}
+        got = infer(client, "encoder", short).as_numpy("EMBEDDING")
+        np.testing.assert_allclose(got, expected(encoder, short)[1], rtol=1e-6)
+        long = np.ones((1, 17), np.int64)
+        with pytest.raises(
+            InferenceServerException, match=r"fits none of its shape buckets.*INPUT_IDS\[16\]"
+        ):
+            infer(client, "encoder", {"INPUT_IDS": long, "ATTENTION_MASK": long})
         with pytest.raises(InferenceServerException, match=r"outside the model's shape range"):
             infer(client, "ocr_rec", {"X": np.zeros((1, 3, 32, 400), np.float32)})
         response = httpx.post(

@@ -2,13 +2,16 @@
 real ge-serve process, driven by tritonclient over HTTP and gRPC.
 
 The repository is built once for the module and served by one server; the reference is
-computed in process (tests/minilm.py: tokenizers, onnxruntime on the same encoder graph,
-numpy pooling), so what is compared is the serving: the Python tokenizer, the GE backend on
-the simulated NPU, the ensemble and batching inside it.
+computed in process (tests/minilm.py: tokenizers with every sentence padded to 128 tokens,
+onnxruntime on the same encoder graph, numpy pooling), so what is compared is the serving:
+the Python tokenizer padding each request to its own length, the GE backend on the
+simulated NPU with its ND gears, the scheduler padding each request up to a length gear
+and trimming it back, the ensemble and batching inside it.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 from minilm import (
     ODD_SENTENCES,
@@ -25,6 +29,8 @@ from minilm import (
     cosine,
     reference_embeddings,
     require,
+    token_count,
+    tokenize,
 )
 from protocols import PROTOCOLS, Triton
 from serverproc import REPO_ROOT, ServerProcess, running_server
@@ -33,10 +39,30 @@ from tritonclient.utils import InferenceServerException
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 CLIENT = REPO_ROOT / "examples" / "clients" / "minilm_similarity.py"
-# Every sentence costs the encoder 128 tokens, however short: the set is kept small (the
-# published similarities are checked in process, tests/unit/test_minilm_build.py).
-SENTENCES: tuple[str, ...] = (*(s for triple in PAIRS for s in triple), *ODD_SENTENCES)
+# Sentences for the 32- and 64-token gears (27 and 49 tokens).
+LONGER = (
+    "The committee, after weeks of careful debate, finally agreed on a budget that funds "
+    "the new library and repairs the old bridge.",
+    "Although the forecast promised sunshine for the whole weekend, a cold front moved in "
+    "from the north on Saturday morning, and the hikers who had set out early found "
+    "themselves walking through sleet and fog for hours before they reached the shelter.",
+)
+# A concurrent burst: one sentence each, every one of its own length (2 to 16 tokens), so
+# that they batch only padded to a common length gear (16).
+BURST = (
+    "",
+    "Hello.",
+    "Where is the station?",
+    "Someone is playing an instrument.",
+    "A man is playing a guitar.",
+    "He repaired the engine of his truck.",
+    "A kitten is napping on the couch.",
+    "My neighbour grows tomatoes, beans and pumpkins in her small garden.",
+)
+SENTENCES: tuple[str, ...] = (*(s for triple in PAIRS for s in triple), *ODD_SENTENCES, *LONGER)
 MAX_BATCH = 8
+LENGTH_GEARS = (16, 32, 64, 128)
+BATCH_GEARS = (1, 2, 4, 8)
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +74,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.
     repo = tmp_path_factory.mktemp("minilm-models")
     build.build_repository(repo, batching=True, files=files)
     encoder = repo / "minilm_encoder" / "1" / "model.onnx"
-    expected = reference_embeddings(encoder, files.tokenizer_json, SENTENCES)
-    return repo, dict(zip(SENTENCES, expected, strict=True))
+    every = tuple(dict.fromkeys((*SENTENCES, *BURST)))
+    expected = reference_embeddings(encoder, files.tokenizer_json, every)
+    return repo, dict(zip(every, expected, strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -84,14 +111,38 @@ def stats(triton: Triton, model: str) -> dict[str, Any]:
     return dict(entry)
 
 
-def test_the_encoder_and_the_pooling_run_on_the_ge_backend(minilm_server: ServerProcess) -> None:
+def logged_gears(log: str, model: str) -> set[tuple[int, int]]:
+    """The (batch, tokens) ND gears the log says `model` loaded with on the simulated NPU;
+    every input of a gear has the same pair."""
+    found = re.search(
+        rf"model '{model}' version 1 on sim: 1 slot\(s\) on NPU 0, dims shapes \((.*?)\),", log
+    )
+    assert found, f"no ND-gear load line for {model}"
+    gears = set()
+    for gear in found.group(1).split("; "):
+        pairs = {tuple(map(int, m)) for m in re.findall(r"\[(\d+), (\d+)(?:, 384)?\]", gear)}
+        assert len(pairs) == 1, gear
+        gears |= pairs
+    return gears
+
+
+def test_the_encoder_and_the_pooling_run_on_the_simulated_npu_with_nd_gears(
+    minilm_server: ServerProcess,
+) -> None:
     log = minilm_server.log()
+    every = {(b, n) for n in LENGTH_GEARS for b in BATCH_GEARS}
     for model in ("minilm_encoder", "minilm_pool"):
-        assert f"model '{model}' version 1 on sim: 1 slot(s) on NPU 0, gears [1, 2, 4, 8]" in log
+        assert logged_gears(log, model) == every
+    buckets = "; ".join(f"attention_mask[{n}], input_ids[{n}]" for n in LENGTH_GEARS)
+    assert f"model 'minilm_encoder': shape buckets {buckets}" in log
+    assert "GE backend: simulated NPU" in log and "host CPU" not in log
     assert "model 'minilm_tokenizer' version 1: 1 Python instance(s)" in log
     triton = Triton.connect("http", minilm_server)
     try:
-        assert triton.client.get_model_metadata("minilm_encoder")["platform"] == "npu_ge"
+        encoder = triton.client.get_model_metadata("minilm_encoder")
+        assert encoder["platform"] == "npu_ge"
+        assert [i["shape"] for i in encoder["inputs"]] == [[-1, -1]] * 2
+        assert encoder["outputs"][0]["shape"] == [-1, -1, 384]
         metadata = triton.client.get_model_metadata("minilm")
         assert metadata["platform"] == "ensemble"
         assert metadata["inputs"] == [{"name": "TEXT", "datatype": "BYTES", "shape": [-1, 1]}]
@@ -131,30 +182,75 @@ def test_a_paraphrase_ranks_above_an_unrelated_sentence(served: dict[str, Any]) 
         assert close > far + 0.2, (served["protocol"], anchor, close, far)
 
 
-def test_concurrent_sentences_are_batched_and_each_gets_its_own_embedding(
+def test_every_length_gear_serves_its_sentences(
     minilm_server: ServerProcess, reference: dict[str, np.ndarray]
 ) -> None:
-    sentences = SENTENCES[:MAX_BATCH]
+    # One request per sentence: 2 to 128 tokens, padded up to each of the four gears.
+    files = build_module().read_package()
+    sentences = (ODD_SENTENCES[0], ODD_SENTENCES[1], *LONGER, ODD_SENTENCES[2])
+    lengths = [token_count(files.tokenizer_json, s) for s in sentences]
+    assert [min(g for g in LENGTH_GEARS if g >= n) for n in lengths] == [16, 32, 32, 64, 128]
     triton = Triton.connect("grpc", minilm_server)
-    clients = [Triton.connect("grpc", minilm_server) for _ in sentences]
+    try:
+        for sentence in sentences:
+            (got,) = embed(triton, [sentence])
+            np.testing.assert_allclose(got, reference[sentence], atol=1e-4, rtol=0)
+    finally:
+        triton.close()
+
+
+def test_the_encoder_answers_at_the_request_length_and_refuses_one_beyond_its_gears(
+    built: tuple[Path, dict[str, np.ndarray]], minilm_server: ServerProcess
+) -> None:
+    files = build_module().read_package()
+    ids, mask = tokenize(files.tokenizer_json, LONGER[:1], None)  # 27 tokens: the 32 gear
+    assert ids.shape == (1, 27)
+    encoder = built[0] / "minilm_encoder" / "1" / "model.onnx"
+    session = ort.InferenceSession(str(encoder), providers=["CPUExecutionProvider"])
+    wide_ids, wide_mask = tokenize(files.tokenizer_json, LONGER[:1])
+    (expected,) = session.run(None, {"input_ids": wide_ids, "attention_mask": wide_mask})
+    triton = Triton.connect("http", minilm_server)
+    try:
+        tensors = {"input_ids": ids, "attention_mask": mask}
+        got = triton.infer("minilm_encoder", tensors).as_numpy("last_hidden_state")
+        assert got.shape == (1, 27, 384)  # trimmed back from the gear
+        np.testing.assert_allclose(got, expected[:, :27], atol=1e-4, rtol=0)
+
+        long = np.ones((1, 129), np.int64)
+        with pytest.raises(InferenceServerException) as caught:
+            triton.infer("minilm_encoder", {n: long for n in tensors})
+        triton.expect_error(caught.value, "INVALID_ARGUMENT", "fits none of its shape buckets")
+        assert "input_ids[128]" in caught.value.message()
+    finally:
+        triton.close()
+
+
+def test_a_burst_of_different_lengths_runs_together_on_the_encoder(
+    minilm_server: ServerProcess, reference: dict[str, np.ndarray]
+) -> None:
+    files = build_module().read_package()
+    lengths = [token_count(files.tokenizer_json, s) for s in BURST]
+    assert len(set(lengths)) == len(BURST) and max(lengths) <= 16  # all for the 16 gear
+    triton = Triton.connect("grpc", minilm_server)
+    clients = [Triton.connect("grpc", minilm_server) for _ in BURST]
     try:
         before = stats(triton, "minilm_encoder")
         results: dict[int, np.ndarray | BaseException] = {}
-        start = threading.Barrier(len(sentences))
+        start = threading.Barrier(len(BURST))
 
         def send(index: int) -> None:
             start.wait(timeout=30)
             try:
-                results[index] = embed(clients[index], [sentences[index]])[0]
+                results[index] = embed(clients[index], [BURST[index]])[0]
             except BaseException as exc:  # reported below, in the test's thread
                 results[index] = exc
 
-        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(sentences))]
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(BURST))]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(timeout=120)
-        for index, sentence in enumerate(sentences):
+        for index, sentence in enumerate(BURST):
             found = results[index]
             assert not isinstance(found, BaseException), found
             np.testing.assert_allclose(found, reference[sentence], atol=1e-4, rtol=0)
@@ -162,9 +258,11 @@ def test_concurrent_sentences_are_batched_and_each_gets_its_own_embedding(
         after = stats(triton, "minilm_encoder")
         samples = int(after["inference_count"]) - int(before.get("inference_count", 0))
         executions = int(after["execution_count"]) - int(before.get("execution_count", 0))
-        assert samples == len(sentences)
-        # The encoder's executions take far longer than a request takes to arrive: the
-        # requests that queue meanwhile run together.
+        assert samples == len(BURST)
+        # No two requests have the same length, so exact-shape batching would run each on
+        # its own: fewer executions than requests means lengths ran together, padded to 16.
+        # (The requests that queue while one executes, and the tokenizer's batches, arrive
+        # together.)
         assert executions < samples, (executions, samples)
     finally:
         for client in (triton, *clients):
@@ -207,3 +305,25 @@ def run_client(*args: str) -> str:
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
+
+
+def test_the_fixed_length_pipeline_gives_the_same_embeddings(
+    built: tuple[Path, dict[str, np.ndarray]], tmp_path: Path
+) -> None:
+    build = build_module()
+    repo = tmp_path / "minilm-128"
+    build.build_repository(repo, files=build.read_package(), fixed_length=128)
+    with running_server([repo], timeout=120.0) as server:
+        log = server.log()
+        for model in ("minilm_encoder", "minilm_pool"):
+            loaded = f"model '{model}' version 1 on sim: 1 slot(s) on NPU 0, gears [1, 2, 4, 8]"
+            assert loaded in log
+        assert "shape buckets" not in log
+        triton = Triton.connect("http", server)
+        try:
+            sentences = (PAIRS[0][0], ODD_SENTENCES[1], LONGER[0])
+            got = embed(triton, sentences)
+        finally:
+            triton.close()
+    expected = np.stack([built[1][s] for s in sentences])
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)

