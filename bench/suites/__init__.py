@@ -47,6 +47,11 @@ SUITES: tuple[Suite, ...] = (
         "the scheduler's event-loop CPU per request, in process, no transport",
     ),
     Suite(
+        "cpu-per-request",
+        "bench.cpu_per_request",
+        "the server's CPU time per request on each protocol, one client, from /proc",
+    ),
+    Suite(
         "priority",
         "bench.suites.priority",
         "each priority level's p50/p99 while low priority saturates the server",
