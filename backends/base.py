@@ -2,7 +2,9 @@
 
 Everything here is synchronous and imports no asyncio, so a backend can be unit-tested
 without an event loop. The scheduler owns the threads: it calls each `Executor` from one
-dedicated thread, the slot's, and never from two threads at once.
+dedicated thread, the slot's, and never from two threads at once. An executor that may run
+on any thread (`LoadedModel.thread_free`) may instead be called on the event loop's thread
+for executions that take microseconds, still never two at once.
 """
 
 from __future__ import annotations
@@ -185,6 +187,9 @@ class LoadedModel:
     extra: dict[str, Any] = field(default_factory=dict)
     # The executors are RequestExecutors: the core gives each request its context.
     per_request: bool = False
+    # The executors hold no per-thread state (no device context bound to the slot
+    # thread): the scheduler may run a very short execution on another thread.
+    thread_free: bool = False
 
     def close(self) -> None:
         for executor in self.executors:

@@ -202,7 +202,8 @@ class OnnxRuntimeBackend:
             executors.append(OrtExecutor(slot, session))
         run_warmup(spec, executors)  # READY only after model_warmup ran on every slot
         size = spec.model_path.stat().st_size * slots
-        return LoadedModel(executors=list(executors), memory_bytes=size)
+        # A CPU session can run on any thread.
+        return LoadedModel(executors=list(executors), memory_bytes=size, thread_free=True)
 
 
 _ORT_TYPES: dict[str, int] = {

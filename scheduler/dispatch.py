@@ -1,4 +1,19 @@
-"""Executor slots and dispatch: each slot owns one thread and one executor."""
+"""Executor slots and dispatch: each slot owns one thread and one executor.
+
+A slot whose executor may run on any thread (`LoadedModel.thread_free`) runs an
+execution on the event loop's own thread when its executions are very short: handing a
+job to the slot thread and reporting it back costs a futex wake, a GIL hand-over in each
+direction and a wake-up of the loop, which for a model that computes for a few
+microseconds is most of the request's CPU time. Whichever thread runs it, a job runs
+alone on its slot and reports the same way.
+
+What decides is the CPU time jobs took on the loop's thread (the time the loop is busy
+with them), not their wall time, which preemption stretches on a busy host. A job on the
+slot thread costs more CPU than the same job inline (the hand-overs, cold caches), so a
+slot whose thread jobs are cheap enough tries one inline, and keeps running inline while
+those stay short; when they do not (larger batches, a slower model), it goes back to the
+thread and tries again only after `_RETRY_AFTER` jobs there.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +22,7 @@ import collections
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -22,6 +38,15 @@ T = TypeVar("T")
 Report = Callable[[Any, BaseException | None], None]
 _Job = tuple[Callable[[Executor], Any], Report, asyncio.AbstractEventLoop]
 
+# Jobs run on the loop's thread while those run there average less CPU time than this.
+INLINE_MAX_NS = 200_000
+# A slot whose jobs on its thread average less than this tries one on the loop's thread.
+_TRY_MAX_NS = 1_000_000
+# How many jobs on the thread between two tries, once jobs inline were too long.
+_RETRY_AFTER = 64
+# The weight of the newest job in those averages.
+_MEAN_WEIGHT = 0.25
+
 
 class ExecutorSlot:
     """Runs jobs on its executor from one dedicated thread, one at a time.
@@ -29,12 +54,20 @@ class ExecutorSlot:
     Results return to the loop with `call_soon_threadsafe`, so the loop never blocks.
     """
 
-    def __init__(self, executor: Executor) -> None:
+    def __init__(self, executor: Executor, inline: bool = False) -> None:
+        """`inline`: the executor may run on any thread, so short jobs may run on the
+        loop's (see the module docstring)."""
         self.executor = executor
         self.name = executor.slot.name
         self.device = executor.slot.device
         self.busy = False
         self.executions = 0
+        self.inline = inline
+        # Running averages of a job's CPU time, inline and on the thread; None until one
+        # has run there.
+        self.inline_ns: float | None = None
+        self.thread_ns: float | None = None
+        self._thread_runs = 0  # jobs on the thread since the last one inline
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._work, name=f"slot-{self.name}", daemon=True)
         self._thread.start()
@@ -43,8 +76,30 @@ class ExecutorSlot:
         """Run a job; `report(result, None)`, or `report(None, exc)` should it raise, is
         called on the loop when it ends, in the turn the result arrives in: no future in
         between whose callbacks take another turn (with a future and asyncio.shield, a
-        result took three turns to reach the request's task, now two)."""
+        result took three turns to reach the request's task, now two). A job short enough
+        to run on the loop's thread reports before this returns."""
+        if self.inline and self._runs_inline():
+            self._thread_runs = 0
+            started = time.thread_time_ns()
+            try:
+                result = job(self.executor)
+            except Exception as exc:  # the caller's failure, as on the thread
+                self.inline_ns = _averaged(self.inline_ns, time.thread_time_ns() - started)
+                report(None, exc)
+            else:
+                self.inline_ns = _averaged(self.inline_ns, time.thread_time_ns() - started)
+                report(result, None)
+            return
+        self._thread_runs += 1
         self._jobs.put((job, report, asyncio.get_running_loop()))
+
+    def _runs_inline(self) -> bool:
+        inline, thread = self.inline_ns, self.thread_ns
+        if inline is not None and inline < INLINE_MAX_NS:
+            return True
+        if thread is None or thread >= _TRY_MAX_NS:
+            return False
+        return inline is None or self._thread_runs >= _RETRY_AFTER
 
     def close(self) -> None:
         """Stop the thread after the queued jobs, then close the executor on it."""
@@ -63,16 +118,23 @@ class ExecutorSlot:
             if item is None:
                 break
             job, report, loop = item
+            started = time.thread_time_ns()
             try:
                 result = job(self.executor)
             except BaseException as exc:  # every failure goes back to its caller
+                self.thread_ns = _averaged(self.thread_ns, time.thread_time_ns() - started)
                 loop.call_soon_threadsafe(report, None, exc)
             else:
+                self.thread_ns = _averaged(self.thread_ns, time.thread_time_ns() - started)
                 loop.call_soon_threadsafe(report, result, None)
         try:
             self.executor.close()
         except Exception:
             log.exception("closing executor %s failed", self.name)
+
+
+def _averaged(mean: float | None, sample: int) -> float:
+    return sample if mean is None else mean + _MEAN_WEIGHT * (sample - mean)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

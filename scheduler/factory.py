@@ -51,7 +51,7 @@ class SchedulerOptions:
 def slot_pool(
     config: model_config_pb2.ModelConfig, loaded: LoadedModel, options: SchedulerOptions
 ) -> SlotPool:
-    slots = [ExecutorSlot(executor) for executor in loaded.executors]
+    slots = [ExecutorSlot(e, inline=loaded.thread_free) for e in loaded.executors]
     if options.rate_limiter is None:
         return SlotPool(slots)
     needs = needs_of(config, [executor.slot.device_id for executor in loaded.executors])
