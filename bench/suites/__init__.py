@@ -47,6 +47,11 @@ SUITES: tuple[Suite, ...] = (
         "the scheduler's event-loop CPU per request, in process, no transport",
     ),
     Suite(
+        "peers",
+        "bench.suites.peers",
+        "ge-serve beside real Triton and KServe (../shared/peers): ratios, memory, start-up",
+    ),
+    Suite(
         "cpu-per-request",
         "bench.cpu_per_request",
         "the server's CPU time per request on each protocol, one client, from /proc",

@@ -1,0 +1,81 @@
+"""The peers suite's own figures: ge-serve ÷ raw onnxruntime from run folders, the RSS of
+a process group, and the wrapper that runs this checkout."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from polling import poll
+
+from bench.lib import peers
+from bench.suites import peers as suite
+
+PEERS_DIR = suite.DEFAULT_PEERS_DIR
+
+
+def write_run(run: Path, peer: str, ips: float, ort: float) -> None:
+    (run / "pa").mkdir(parents=True, exist_ok=True)
+    base = run / "pa" / f"{peer}__simple__grpc__c1"
+    base.with_suffix(".status").write_text("ok\n")
+    Path(f"{base}.csv").write_text(
+        f"Concurrency,Inferences/Second,p50 latency,p99 latency\n1,{ips},500,900\n"
+    )
+    (run / f"ort_ref__{peer}.csv").write_text(
+        f"model,batch,samples_per_s\nsimple,1,{ort / 2}\nsimple,8,{ort}\n"
+    )
+
+
+@pytest.mark.skipif(not (PEERS_DIR / "compare.py").is_file(), reason="no ../shared/peers")
+# compare.py leaves its status files for the collector to close.
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_ort_ratios_are_medians_over_runs_of_each_runs_own_reference(tmp_path: Path) -> None:
+    runs = []
+    for index, (ips, ort) in enumerate([(100.0, 400.0), (300.0, 600.0), (90.0, 100.0)]):
+        run = tmp_path / f"r{index}"
+        write_run(run, "ge", ips, ort)
+        runs.append(run)
+    compare = peers.load_compare(PEERS_DIR)
+    ratios = peers.ort_ratios(compare, runs, "ge")
+    assert ratios == {("simple", "grpc", 1): (0.5, 3)}  # median of 0.25, 0.5, 0.9
+    assert peers.ort_ratios(compare, runs, "triton") == {}
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_group_rss_counts_every_process_of_the_group() -> None:
+    leader = subprocess.Popen(["sleep", "30"], process_group=0)
+    other = subprocess.Popen(["sleep", "30"], process_group=leader.pid)
+    try:
+        both = (leader.pid, other.pid)
+
+        def running() -> bool:
+            return all(Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"sleep") for p in both)
+
+        poll(running, 10, "both to run sleep")
+        expected = _rss(leader.pid) + _rss(other.pid)
+        assert expected > 0
+        assert 0.5 * expected <= peers.group_rss_bytes(leader.pid) <= 1.5 * expected
+    finally:
+        for process in (other, leader):
+            process.kill()
+            process.wait()
+
+
+def test_the_wrapper_runs_this_checkouts_cli(tmp_path: Path) -> None:
+    root = subprocess.run(
+        ["bash", str(suite.REPO_ROOT / "tools" / "pyroot.sh")],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    wrapper = suite.ge_wrapper(tmp_path, root)
+    answer = subprocess.run([str(wrapper), "--help"], capture_output=True, text=True, timeout=60)
+    assert answer.returncode == 0
+    assert "--grpc-workers" in answer.stdout
