@@ -10,7 +10,7 @@ rounds (ABCABC...) and each figure is the median over rounds.
 
     python -m bench run cpu-per-request                      # grpc, http, json; 3 rounds
     python -m bench run cpu-per-request --protocols grpc --requests 2000 --rounds 5
-    python -m bench run cpu-per-request --flags "--grpc-workers 2" --concurrency 4
+    python -m bench run cpu-per-request --flags "--adaptive-batching true" --concurrency 4
     python -m bench run cpu-per-request --against /tmp/base   # and another checkout's code
 
 With `--against ROOT` a second server runs the checkout at ROOT (its `tools/pyroot.sh`),
