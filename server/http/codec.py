@@ -11,6 +11,7 @@ aarch64), so fixed-size tensors travel as their raw memory.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
@@ -319,7 +320,7 @@ def _json_input(
         )
     if not isinstance(data, list):
         raise invalid_arg(f"'data' of input '{name}' must be an array, not {_json_kind(data)}")
-    flat = _flatten(data, name)
+    flat = flatten_nested(data, messages.json_too_deep)
     count = math.prod(shape)
     if len(flat) != count:
         if datatype is DataType.BYTES:
@@ -332,9 +333,9 @@ def _json_input(
     return _json_to_numpy(name, datatype, flat).reshape(shape)
 
 
-def _flatten(data: list[Any], name: str) -> list[Any]:
+def flatten_nested(data: list[Any], too_deep: Callable[[], ServerError]) -> list[Any]:
     """Row-major elements of nested `data` arrays, without recursion (the nesting is the
-    client's to choose), refusing more than MAX_JSON_DEPTH levels as Triton does."""
+    client's to choose), raising `too_deep()` past MAX_JSON_DEPTH levels as Triton does."""
     for item in data:
         if type(item) is list:
             break
@@ -346,7 +347,7 @@ def _flatten(data: list[Any], name: str) -> list[Any]:
         for item in stack[-1]:
             if type(item) is list:
                 if len(stack) == MAX_JSON_DEPTH:
-                    raise messages.json_too_deep()
+                    raise too_deep()
                 stack.append(iter(item))
                 break
             out.append(item)

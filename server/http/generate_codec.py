@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -226,22 +226,13 @@ def _flatten(value: Any, name: str) -> list[Any]:
     the depth infer's JSON `data` allows."""
     if not isinstance(value, list):
         return [value]
-    out: list[Any] = []
-    stack: list[Iterable[Any]] = [iter(value)]
-    while stack:
-        for item in stack[-1]:
-            if isinstance(item, list):
-                if len(stack) == codec.MAX_JSON_DEPTH:
-                    raise invalid_arg(
-                        "JSON nesting depth exceeds maximum allowed limit "
-                        f"({codec.MAX_JSON_DEPTH}) in input '{name}'"
-                    )
-                stack.append(iter(item))
-                break
-            out.append(item)
-        else:
-            stack.pop()
-    return out
+    return codec.flatten_nested(
+        value,
+        lambda: invalid_arg(
+            "JSON nesting depth exceeds maximum allowed limit "
+            f"({codec.MAX_JSON_DEPTH}) in input '{name}'"
+        ),
+    )
 
 
 def _to_numpy(name: str, datatype: DataType, flat: list[Any]) -> npt.NDArray[Any]:
