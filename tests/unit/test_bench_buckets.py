@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import onnxruntime as ort
 from google.protobuf import text_format
@@ -16,12 +18,25 @@ def test_the_configs_parse_and_name_their_shapes() -> None:
             text = buckets.config_text(backend, 4, [32, 64], padded)
             config = text_format.Parse(text, model_config_pb2.ModelConfig())
             params = {k: v.string_value for k, v in config.parameters.items()}
-            if backend == "npu_ge":
+            if backend == "npu_ge" and not padded:
+                # Every length: a shape range over them, any batch up to the maximum.
+                assert params["graph.ge.inputShape"] == (
+                    "input_ids:1~4,32~64;attention_mask:1~4,32~64"
+                )
+                assert "graph.ge.dynamicDims" not in params
+            elif backend == "npu_ge":
                 gears = params["graph.ge.dynamicDims"].split(";")
                 assert gears == ["1,32,1,32", "1,64,1,64", "2,32,2,32", "2,64,2,64",
                                  "4,32,4,32", "4,64,4,64"]  # fmt: skip
             else:
                 assert ("bucket_sizes" in params) is padded
+
+
+def test_the_default_lengths_spread_evenly_and_one_client_each() -> None:
+    lengths = buckets.spread(32)
+    assert len(lengths) == 32 and lengths[0] == 16 and lengths[-1] == 128
+    steps = {b - a for a, b in itertools.pairwise(lengths)}
+    assert steps <= {3, 4}
 
 
 def test_the_stand_in_gives_the_same_embedding_padded_or_not() -> None:
