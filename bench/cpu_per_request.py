@@ -12,6 +12,7 @@ rounds (ABCABC...) and each figure is the median over rounds.
     python -m bench run cpu-per-request --protocols grpc --requests 2000 --rounds 5
     python -m bench run cpu-per-request --flags "--adaptive-batching true" --concurrency 4
     python -m bench run cpu-per-request --against /tmp/base   # and another checkout's code
+    python -m bench run cpu-per-request --against . --flags "--grpc-workers 1" --against-flags ""
 
 With `--against ROOT` a second server runs the checkout at ROOT (its `tools/pyroot.sh`),
 with the same flags, up at the same time; each round measures both, one after the other,
@@ -210,6 +211,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--flags", default="", help="extra ge-serve flags, one string")
     parser.add_argument("--against", type=Path, metavar="ROOT", help="also measure this checkout")
+    parser.add_argument(
+        "--against-flags", help="the flags of the --against server (default: --flags)"
+    )
     parser.add_argument("--json", type=Path, help="write the medians here")
     parser.add_argument(
         "--py-spy", type=Path, metavar="PREFIX", help="first profile into PREFIX_PROTOCOL.txt"
@@ -225,7 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 check=True, capture_output=True, text=True,
             ).stdout.strip()  # fmt: skip
             env = {"PYTHONPATH": root}
-            servers["against"] = stack.enter_context(serve(repo, flags, env=env))
+            other = flags
+            if args.against_flags is not None:
+                other = ["--log-verbose", "0", *shlex.split(args.against_flags)]
+            servers["against"] = stack.enter_context(serve(repo, other, env=env))
         totals: dict[tuple[str, str], list[float]] = defaultdict(list)
         threads: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(
             lambda: defaultdict(list)

@@ -344,6 +344,17 @@ class Settings:
         default=(),
         metadata=_restriction_flag(),
     )
+    # Front-end worker processes (server/workers.py); 0: this process serves the protocol.
+    grpc_workers: int = field(
+        default=0,
+        metadata=flag(
+            metavar="N",
+            check=non_negative,
+            help="processes that accept gRPC connections and decode and encode inference "
+            "requests, feeding this process's schedulers; 0 serves gRPC in this process",
+            group=GRPC,
+        ),
+    )
     device: str = field(
         default="auto",
         metadata=flag(

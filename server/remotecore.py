@@ -1,0 +1,108 @@
+"""A front-end worker's way into the server's core: `infer` over the worker link.
+
+The worker's front end calls `RemoteCore.infer` where the server's calls
+`InferenceServer.infer`; the request runs in the server process (server/workers.py) and
+its response or its ServerError comes back the same. A request whose caller goes away is
+cancelled in the server too. The request's tensors stay in this process's arena until the
+server has answered, since the server reads them in place; the response's, in the server's
+arena, until the front end has encoded the response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ge_serve.backends.memfd import Region
+
+from .errors import ErrorCode, FailureReason, ServerError
+from .link import Link, LinkClosed, Message
+from .linkcodec import request_to_wire, response_from_wire
+from .types import InferRequest, InferResponse
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def _unavailable() -> ServerError:
+    return ServerError(ErrorCode.UNAVAILABLE, "the server process is not reachable")
+
+
+class RemoteCore:
+    def __init__(self, sock: socket.socket, label: str, on_closed: Callable[[], None]) -> None:
+        self.link = Link(sock, label, self._received, self._closed)
+        self._on_closed = on_closed
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Any]] = {}
+        self._regions: dict[int, list[Region]] = {}
+
+    def ready(self, failure: str | None = None) -> None:
+        """Tell the server this worker listens (or why it cannot)."""
+        if failure is None:
+            self.link.send("ready")
+        else:
+            self.link.send("failed", failure)
+
+    async def infer(
+        self, request: InferRequest, endpoint: str, encode: Callable[[InferResponse], T]
+    ) -> T:
+        """Run the request in the server and return `encode(response)`: the response's
+        arrays are views of the server's memory, valid only until `encode` returns."""
+        link = self.link
+        request_id = next(self._ids)
+        regions: list[Region] = []
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        try:
+            wire = request_to_wire(link, request, regions)
+            link.send("infer", request_id, endpoint, wire)
+        except LinkClosed:
+            link.release(regions)
+            raise _unavailable() from None
+        self._waiting[request_id] = future
+        self._regions[request_id] = regions
+        try:
+            answer = await future
+        except asyncio.CancelledError:
+            if not link.closed:
+                # The server answers it as cancelled; its inputs stay until then.
+                link.send("cancel", request_id)
+            raise
+        try:
+            return encode(response_from_wire(link, answer))
+        finally:
+            if not link.closed:
+                link.send("done", request_id)
+
+    def _received(self, message: Message) -> None:
+        kind, request_id = message[0], message[1]
+        regions = self._regions.pop(request_id, None)
+        if regions:
+            self.link.release(regions)  # the server has let go of the inputs
+        future = self._waiting.pop(request_id, None)
+        if kind == "ok":
+            if future is None or future.done():
+                self.link.send("done", request_id)  # nobody waits for it any more
+            else:
+                future.set_result(message[2])
+        elif kind == "err":
+            if future is not None and not future.done():
+                code, text, reason = message[2], message[3], message[4]
+                future.set_exception(
+                    ServerError(
+                        ErrorCode(code), text, None if reason is None else FailureReason(reason)
+                    )
+                )
+        else:
+            log.error("the server sent an unknown message %r", kind)
+
+    def _closed(self) -> None:
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(_unavailable())
+        self._waiting.clear()
+        self._on_closed()
