@@ -181,7 +181,8 @@ def measure(
     concurrency: int,
     profile: Path | None = None,
 ) -> tuple[float, dict[str, float]]:
-    """Server CPU µs per request, in total and per thread family; `profile`: record the
+    """Server CPU µs per request, in total and per thread family (and "req/s", the rate
+    the client saw); `profile`: record the
     server with py-spy meanwhile (raw collapsed stacks, one line per stack)."""
     drive(server, protocol, max(requests // 10, concurrency), concurrency)  # warm up
     pid = server.process.pid
@@ -193,14 +194,17 @@ def measure(
         spy = subprocess.Popen([*command, "-s", "-o", str(profile)], stdout=subprocess.DEVNULL)
         time.sleep(1.0)  # py-spy attaches before the requests start
     before = thread_cpu_ns(pid)
+    started = time.monotonic()
     drive(server, protocol, requests, concurrency)
+    elapsed = time.monotonic() - started
     after = thread_cpu_ns(pid)
     if spy is not None:
         spy.send_signal(signal.SIGINT)
         spy.wait(60)
     count = (requests // concurrency) * concurrency
     per = {k: (after[k] - before.get(k, 0)) / count / 1000 for k in after}
-    return sum(per.values()), per
+    per["req/s"] = count / elapsed
+    return sum(v for k, v in per.items() if k != "req/s"), per
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -263,9 +267,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if statistics.median(v) >= 1.0
             }
             rows[f"{label}/{protocol}"] = {"total_us": median, "threads_us": parts}
+            rate = parts.pop("req/s")
             detail = ", ".join(
                 f"{n} {v:.0f}" for n, v in sorted(parts.items(), key=lambda i: -i[1])
             )
+            detail += f"; {rate:.0f} req/s"
             spread = f"{min(values):.0f}-{max(values):.0f}"
             print(f"  {protocol:<5} {label:<8} {median:6.0f}  ({spread})  {detail}")
         if "against" in servers:

@@ -187,6 +187,8 @@ class ServerApp:
         self.http = HttpFrontEnd(self.core, http_settings(settings))
         self.grpc_public = grpc_settings(settings)
         self.grpc_workers: FrontEndWorkers | None = None
+        self.http_workers: FrontEndWorkers | None = None
+        self._listeners: list[socket.socket] = []
         # With workers, this process's gRPC front end answers what they pass on, on
         # loopback; they listen on the public address.
         internal = dataclasses.replace(self.grpc_public, address="127.0.0.1", port=0)
@@ -249,7 +251,9 @@ class ServerApp:
                 await self._start_grpc_workers()
             else:
                 log.info("Started GRPCInferenceService at %s", self.grpc.settings.target)
-        if self.settings.allow_http:
+        if self.settings.allow_http and self.settings.http_workers:
+            await self._start_http_workers()
+        elif self.settings.allow_http:
             await self._start_uvicorn(
                 self.http.build(),
                 self.settings.http_address,
@@ -296,6 +300,30 @@ class ServerApp:
             public.target,
             self.settings.grpc_workers,
         )
+
+    async def _start_http_workers(self) -> None:
+        """The workers share one listening socket, bound here; what they pass on this
+        process answers with the front end's own application, over their links."""
+        settings = self.settings
+        sock = listen_socket(
+            settings.http_address, settings.http_port, "HTTP", settings.reuse_http_port
+        )
+        self._listeners.append(sock)
+        config = {
+            "listen_fd": sock.fileno(),
+            "max_input_size": self.http.settings.max_input_size,
+            "max_chunks": self.http.settings.max_chunks,
+            "restricted": bool(settings.http_restricted_api),
+            "grace_s": settings.exit_timeout_secs,
+        }
+        spec = WorkerSpec(
+            "ge_serve.server.http.worker", "HTTP", settings.http_workers, config, (sock.fileno(),)
+        )
+        self.http_workers = FrontEndWorkers(self.core, spec, self.http.build())
+        await self.http_workers.start()
+        host, port = sock.getsockname()[:2]
+        log.info("Started HTTPService at %s:%d (%d worker processes)", host, port,
+                 settings.http_workers)  # fmt: skip
 
     async def _start_uvicorn(
         self, app: object, host: str, port: int, what: str, gate: DrainGate | None = None
@@ -362,8 +390,11 @@ class ServerApp:
             server.stop(deadline)
         grpc_stopped = asyncio.create_task(self.grpc.stop(timeout), name="grpc-stop")
         stopping = [*self._tasks, grpc_stopped]
-        if self.grpc_workers is not None:
-            stopping.append(asyncio.create_task(self.grpc_workers.stop(timeout)))
+        for workers in (self.grpc_workers, self.http_workers):
+            if workers is not None:
+                stopping.append(asyncio.create_task(workers.stop(timeout)))
+        if self.http_workers is not None:
+            self.http.gate.close()  # what they pass on now is refused, as HTTP is here
         await asyncio.wait(stopping, timeout=timeout + 2)
         # The gRPC stop ends on its own once the timeout has passed (it cancels what is
         # left); it must end before the loop closes, or grpc's poller thread outlives it.
@@ -371,6 +402,8 @@ class ServerApp:
             await grpc_stopped
         except Exception:
             log.exception("stopping the gRPC server failed")
+        for sock in self._listeners:
+            sock.close()
         self.core.stop_accepting()
         await self.control.stop()
         if self.metrics is not None and self.metrics.sampler is not None:

@@ -2,9 +2,10 @@
 socket, tensors in shared memory.
 
 Both ends run it on their event loop, without a thread: the socket is non-blocking, read
-when the loop says it is readable, and written at once (or when it is writable again, if
-the kernel's buffer is full). A frame is a 4-byte little-endian length and a pickle of a
-tuple of builtins whose first item names the message. Reading refuses any pickle that
+when the loop says it is readable, and written at the end of the loop turn, the turn's
+messages in one write (or when it is writable again, if the kernel's buffer is full). A
+frame is a 4-byte little-endian length and a pickle of a tuple of builtins whose first
+item names the message. Reading refuses any pickle that
 names a class or function, so a worker that went wrong cannot make the server run code.
 
 Tensor bytes up to `INLINE_MAX` travel inside the frame; larger ones are copied into the
@@ -80,15 +81,33 @@ class Link:
         self._fds: collections.deque[int] = collections.deque()
         # Frames the kernel has not taken yet, each with the fds that ride with its start.
         self._backlog: collections.deque[tuple[memoryview, list[int]]] = collections.deque()
+        # Frames sent this loop turn, written together at its end.
+        self._queued: list[bytes] = []
+        self._flush_soon = False
         self.closed = False
         self._loop.add_reader(sock.fileno(), self._readable)
 
     # --- sending -------------------------------------------------------------------------
 
     def send(self, *message: Any) -> None:
-        """Queue a message of builtins (tensor bytes already placed with `place`)."""
+        """Queue a message of builtins (tensor bytes already placed with `place`). The
+        messages queued in one loop turn leave in one write, at the end of the turn."""
+        if self.closed:
+            raise LinkClosed("the link is closed")
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        self._write(_LENGTH.pack(len(payload)) + payload, [])
+        self._queued.append(_LENGTH.pack(len(payload)))
+        self._queued.append(payload)
+        if not self._flush_soon:
+            self._flush_soon = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_soon = False
+        if self._queued and not self.closed:
+            frames = b"".join(self._queued)
+            self._queued.clear()
+            with contextlib.suppress(LinkClosed):
+                self._write(frames, [])
 
     def place(self, data: memoryview, regions: list[Region]) -> bytes | Region:
         """Where tensor bytes travel: the bytes themselves when small, else a region of this
@@ -112,6 +131,7 @@ class Link:
             self.arena.free(region)
 
     def _announce(self, seg: int, fd: int, size: int) -> None:
+        self._flush()  # what was queued before it goes before it
         payload = pickle.dumps((SEGMENT, seg, size), protocol=pickle.HIGHEST_PROTOCOL)
         self._write(_LENGTH.pack(len(payload)) + payload, [os.dup(fd)])
 

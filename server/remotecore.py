@@ -54,29 +54,59 @@ class RemoteCore:
         """Run the request in the server and return `encode(response)`: the response's
         arrays are views of the server's memory, valid only until `encode` returns."""
         link = self.link
-        request_id = next(self._ids)
         regions: list[Region] = []
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         try:
             wire = request_to_wire(link, request, regions)
-            link.send("infer", request_id, endpoint, wire)
+        except LinkClosed:
+            link.release(regions)
+            raise _unavailable() from None
+        request_id, answer = await self._call(("infer", endpoint, wire), regions)
+        try:
+            return encode(response_from_wire(link, answer))
+        finally:
+            if not link.closed:
+                link.send("done", request_id)
+
+    async def forward(
+        self, scope: dict[str, Any], body: bytes
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """An HTTP request the server's own application answers (its ASGI scope as
+        builtins, and its whole body): (status, headers, body)."""
+        link = self.link
+        regions: list[Region] = []
+        placed = link.place(memoryview(body), regions)
+        request_id, answer = await self._call(("asgi", scope, placed), regions)
+        try:
+            status, headers, content = answer
+            return (
+                int(status),
+                [(bytes(k), bytes(v)) for k, v in headers],
+                bytes(link.view(content)),
+            )
+        finally:
+            if not link.closed:
+                link.send("done", request_id)
+
+    async def _call(self, message: tuple[Any, ...], regions: list[Region]) -> tuple[int, Any]:
+        """Send (kind, request id, *fields) and wait for its answer; `regions` hold the
+        request's data until the server has answered."""
+        link = self.link
+        request_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        try:
+            link.send(message[0], request_id, *message[1:])
         except LinkClosed:
             link.release(regions)
             raise _unavailable() from None
         self._waiting[request_id] = future
         self._regions[request_id] = regions
         try:
-            answer = await future
+            return request_id, await future
         except asyncio.CancelledError:
             if not link.closed:
                 # The server answers it as cancelled; its inputs stay until then.
                 link.send("cancel", request_id)
             raise
-        try:
-            return encode(response_from_wire(link, answer))
-        finally:
-            if not link.closed:
-                link.send("done", request_id)
 
     def _received(self, message: Message) -> None:
         kind, request_id = message[0], message[1]

@@ -24,6 +24,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,14 @@ class WorkerSpec:
     pass_fds: tuple[int, ...] = ()
 
 
+# An ASGI application, as the HTTP front end builds it.
+AsgiApp = Callable[
+    [MutableMapping[str, Any], Callable[[], Awaitable[MutableMapping[str, Any]]],
+     Callable[[MutableMapping[str, Any]], Awaitable[None]]],
+    Awaitable[None],
+]  # fmt: skip
+
+
 @dataclass(eq=False)
 class _Worker:
     index: int
@@ -69,9 +78,14 @@ class _Worker:
 class FrontEndWorkers:
     """Starts, serves and restarts the worker processes of one front end."""
 
-    def __init__(self, core: InferenceServer, spec: WorkerSpec) -> None:
+    def __init__(
+        self, core: InferenceServer, spec: WorkerSpec, forward_app: AsgiApp | None = None
+    ) -> None:
+        """`forward_app`: the application that answers the HTTP requests the workers pass
+        on (the HTTP front end's own)."""
         self.core = core
         self.spec = spec
+        self.forward_app = forward_app
         self._workers = [_Worker(index) for index in range(spec.count)]
         self._supervisors: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -204,6 +218,10 @@ class FrontEndWorkers:
             _, request_id, endpoint, wire = message
             task = asyncio.create_task(self._infer(worker, request_id, endpoint, wire))
             worker.tasks[request_id] = task
+        elif kind == "asgi" and self.forward_app is not None:
+            _, request_id, scope, body = message
+            task = asyncio.create_task(self._asgi(worker, request_id, scope, body))
+            worker.tasks[request_id] = task
         elif kind == "done":
             regions = worker.held.pop(message[1], None)
             if regions and worker.link is not None:
@@ -248,6 +266,60 @@ class FrontEndWorkers:
                     link.send("err", request_id, ErrorCode.CANCELLED.value, "cancelled", None)
         except LinkClosed:
             pass
+        finally:
+            worker.tasks.pop(request_id, None)
+
+    async def _asgi(self, worker: _Worker, request_id: int, scope: Any, placed: Any) -> None:
+        """Answer a passed-on HTTP request with the front end's own application."""
+        link = worker.link
+        assert link is not None and self.forward_app is not None
+        body = bytes(link.view(placed))
+        status = 500
+        headers: list[tuple[bytes, bytes]] = []
+        chunks: list[bytes] = []
+        answered = asyncio.Event()
+        delivered = False
+
+        async def receive() -> MutableMapping[str, Any]:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await answered.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            nonlocal status, headers
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", ())]
+            elif message["type"] == "http.response.body":
+                chunks.append(bytes(message.get("body", b"")))
+
+        try:
+            full = dict(scope)
+            full["headers"] = [(bytes(k), bytes(v)) for k, v in scope["headers"]]
+            full["asgi"] = {"version": "3.0", "spec_version": "2.3"}
+            full["state"] = {}
+            try:
+                await self.forward_app(full, receive, send)
+            finally:
+                answered.set()
+            regions: list[Region] = []
+            content = link.place(memoryview(b"".join(chunks)), regions)
+            worker.held[request_id] = regions
+            link.send("ok", request_id, (status, headers, content))
+        except Exception as exc:
+            if isinstance(exc, LinkClosed):
+                return
+            log.exception("a passed-on HTTP request failed")
+            with contextlib.suppress(LinkClosed):
+                link.send("err", request_id, ErrorCode.INTERNAL.value, f"internal error: {exc!r}",
+                          None)  # fmt: skip
+        except asyncio.CancelledError:
+            with contextlib.suppress(LinkClosed):
+                if not link.closed:
+                    link.send("err", request_id, ErrorCode.CANCELLED.value, "cancelled", None)
         finally:
             worker.tasks.pop(request_id, None)
 

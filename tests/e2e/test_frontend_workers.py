@@ -1,4 +1,5 @@
-"""`--grpc-workers`: worker processes accept gRPC connections and feed the one scheduler.
+"""`--grpc-workers`, `--http-workers`: worker processes accept connections and feed the
+one scheduler.
 
 Requests that arrive through different workers run in one batch (the probe model answers
 each request with the size of its batch, and TRITONSERVER_DELAY_SCHEDULER holds the
@@ -15,9 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from modelgen import batch_probe_model, identity_model, write_model
 from onnx import TensorProto
 from polling import poll
@@ -57,18 +60,18 @@ instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 """
 
 
-def worker_pids(server: ServerProcess) -> list[int]:
+def worker_pids(server: ServerProcess, module: bytes = b"ge_serve.server.grpc.worker") -> list[int]:
     pids: list[int] = []
     for task in Path(f"/proc/{server.process.pid}/task").iterdir():
         for child in (task / "children").read_text().split():
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-            if b"ge_serve.server.grpc.worker" in cmdline:
+            if module in cmdline:
                 pids.append(int(child))
     return sorted(pids)
 
 
-def connections_of(pid: int, port: int) -> int:
-    """Established TCP connections on `port` whose socket process `pid` holds."""
+def connections_of(pid: int, port: int, state: str = "01") -> int:
+    """TCP sockets on `port` in `state` (01 established, 0A listening) that `pid` holds."""
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         try:
@@ -82,9 +85,15 @@ def connections_of(pid: int, port: int) -> int:
         for line in Path(table).read_text().splitlines()[1:]:
             fields = line.split()
             local_port = int(fields[1].rsplit(":", 1)[1], 16)
-            if local_port == port and fields[3] == "01" and fields[9] in inodes:
+            if local_port == port and fields[3] == state and fields[9] in inodes:
                 count += 1
     return count
+
+
+def all_listening(server: ServerProcess) -> bool:
+    """Every gRPC worker runs and listens (a restarted one only after a while)."""
+    pids = worker_pids(server)
+    return len(pids) == WORKERS and all(connections_of(p, server.grpc_port, "0A") for p in pids)
 
 
 def probe_request(value: float) -> pb.ModelInferRequest:
@@ -128,7 +137,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(repo: Path) -> Iterator[ServerProcess]:
     env = {"TRITONSERVER_DELAY_SCHEDULER": str(HELD)}
     with running_server([repo], ["--grpc-workers", str(WORKERS)], env=env) as proc:
-        poll(lambda: len(worker_pids(proc)) == WORKERS, 30, "the workers")
+        poll(lambda: all_listening(proc), 30, "the workers")
         yield proc
 
 
@@ -194,7 +203,7 @@ def test_a_killed_worker_is_started_again_while_the_others_serve(
         except grpc.RpcError as exc:
             assert exc.code() is grpc.StatusCode.UNAVAILABLE
     assert answered >= 1
-    poll(lambda: len(worker_pids(server)) == WORKERS, 60, "the worker to be started again")
+    poll(lambda: all_listening(server), 60, "the worker to be started again")
     assert server.alive()
     for channel in channels:
         channel.close()
@@ -253,3 +262,39 @@ def test_large_tensors_travel_through_shared_memory(server: ServerProcess) -> No
                     np.testing.assert_array_equal(out, data)
     finally:
         client.close()
+
+
+def http_worker_pids(server: ServerProcess) -> list[int]:
+    return worker_pids(server, b"ge_serve.server.http.worker")
+
+
+def test_http_workers_serve_every_route_and_one_killed_is_started_again(repo: Path) -> None:
+    with running_server([repo], ["--http-workers", str(WORKERS)]) as server:
+        poll(lambda: len(http_worker_pids(server)) == WORKERS, 30, "the workers")
+        client = httpclient.InferenceServerClient(server.http_url)
+        try:
+            assert client.is_server_ready()
+            assert client.get_model_metadata("probe")["name"] == "probe"
+            tensor = httpclient.InferInput("INPUT0", [2, 4], "FP32")
+            tensor.set_data_from_numpy(np.ones((2, 4), dtype=np.float32))
+            result = client.infer("probe", [tensor])
+            assert result.as_numpy("OUTPUT0").tolist() == [[1.0] * 4] * 2
+            (stats,) = client.get_inference_statistics("probe")["model_stats"]
+            assert (stats["inference_count"], stats["execution_count"]) == (2, 1)  # samples
+        finally:
+            client.close()
+        missing = httpx.get(server.base_url + "/v2/models/nope", timeout=30)
+        assert missing.status_code == 404
+        assert missing.json() == {"error": "Request for unknown model: 'nope' is not found"}
+        bad = httpx.post(server.base_url + "/v2/models/probe/infer", content=b"{", timeout=30)
+        assert bad.status_code == 400 and "failed to parse the request JSON" in bad.json()["error"]
+        metrics = httpx.get(server.base_url + "/metrics", timeout=30)
+        assert 'nv_inference_request_success{model="probe",version="1"} 1' in metrics.text
+        first = http_worker_pids(server)[0]
+        os.kill(first, signal.SIGKILL)
+        poll(lambda: first not in http_worker_pids(server), 30, "the killed worker to go")
+        # The other worker keeps answering new connections meanwhile.
+        assert httpx.get(server.base_url + "/v2/health/ready", timeout=30).status_code == 200
+        poll(lambda: len(http_worker_pids(server)) == WORKERS, 60, "the worker to start again")
+        for _ in range(8):  # new connections, over both workers
+            assert httpx.get(server.base_url + "/v2/health/ready", timeout=30).status_code == 200
