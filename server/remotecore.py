@@ -40,6 +40,7 @@ class RemoteCore:
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self._regions: dict[int, list[Region]] = {}
+        self._parts: dict[int, Callable[[Message], None]] = {}
 
     def ready(self, failure: str | None = None) -> None:
         """Tell the server this worker listens (or why it cannot)."""
@@ -68,14 +69,16 @@ class RemoteCore:
                 link.send("done", request_id)
 
     async def forward(
-        self, scope: dict[str, Any], body: bytes
+        self, scope: dict[str, Any], body: bytes, on_part: Callable[[Message], None]
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """An HTTP request the server's own application answers (its ASGI scope as
-        builtins, and its whole body): (status, headers, body)."""
+        builtins, and its whole body): (status, headers, body). A streamed answer's start,
+        ("start", id, status, headers), and its chunks, ("part", id, bytes), go to
+        `on_part` as they come; what is returned then holds the rest of the body."""
         link = self.link
         regions: list[Region] = []
         placed = link.place(memoryview(body), regions)
-        request_id, answer = await self._call(("asgi", scope, placed), regions)
+        request_id, answer = await self._call(("asgi", scope, placed), regions, on_part)
         try:
             status, headers, content = answer
             return (
@@ -87,9 +90,14 @@ class RemoteCore:
             if not link.closed:
                 link.send("done", request_id)
 
-    async def _call(self, message: tuple[Any, ...], regions: list[Region]) -> tuple[int, Any]:
+    async def _call(
+        self,
+        message: tuple[Any, ...],
+        regions: list[Region],
+        on_part: Callable[[Message], None] | None = None,
+    ) -> tuple[int, Any]:
         """Send (kind, request id, *fields) and wait for its answer; `regions` hold the
-        request's data until the server has answered."""
+        request's data until the server has answered; `on_part` gets what comes before."""
         link = self.link
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -100,6 +108,8 @@ class RemoteCore:
             raise _unavailable() from None
         self._waiting[request_id] = future
         self._regions[request_id] = regions
+        if on_part is not None:
+            self._parts[request_id] = on_part
         try:
             return request_id, await future
         except asyncio.CancelledError:
@@ -107,9 +117,16 @@ class RemoteCore:
                 # The server answers it as cancelled; its inputs stay until then.
                 link.send("cancel", request_id)
             raise
+        finally:
+            self._parts.pop(request_id, None)
 
     def _received(self, message: Message) -> None:
         kind, request_id = message[0], message[1]
+        if kind in ("start", "part"):
+            on_part = self._parts.get(request_id)
+            if on_part is not None:
+                on_part(message)
+            return
         regions = self._regions.pop(request_id, None)
         if regions:
             self.link.release(regions)  # the server has let go of the inputs

@@ -279,6 +279,7 @@ class FrontEndWorkers:
         chunks: list[bytes] = []
         answered = asyncio.Event()
         delivered = False
+        streamed = False
 
         async def receive() -> MutableMapping[str, Any]:
             nonlocal delivered
@@ -289,12 +290,21 @@ class FrontEndWorkers:
             return {"type": "http.disconnect"}
 
         async def send(message: MutableMapping[str, Any]) -> None:
-            nonlocal status, headers
+            nonlocal status, headers, streamed
             if message["type"] == "http.response.start":
                 status = int(message["status"])
                 headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", ())]
             elif message["type"] == "http.response.body":
-                chunks.append(bytes(message.get("body", b"")))
+                chunk = bytes(message.get("body", b""))
+                if not message.get("more_body", False):
+                    chunks.append(chunk)
+                    return
+                # A streamed answer (generate_stream's events): each chunk goes now.
+                if not streamed:
+                    streamed = True
+                    link.send("start", request_id, status, headers)
+                if chunk:
+                    link.send("part", request_id, chunk)
 
         try:
             full = dict(scope)

@@ -25,6 +25,7 @@ import uvloop
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ge_serve.server.errors import ServerError
+from ge_serve.server.link import Message
 from ge_serve.server.remotecore import RemoteCore
 
 from .errors import server_error_response
@@ -58,12 +59,55 @@ class PassOn:
                 break
         wire = {key: scope[key] for key in _SCOPE_KEYS if key in scope}
         wire["headers"] = [(bytes(k), bytes(v)) for k, v in scope["headers"]]
+        parts: list[Message] = []
+        arrived = asyncio.Event()
+
+        def on_part(message: Message) -> None:
+            parts.append(message)
+            arrived.set()
+
+        call = asyncio.ensure_future(self.core.forward(wire, b"".join(chunks), on_part))
+        # The body is all read: what receive() gives now is the client going away.
+        gone = asyncio.ensure_future(receive())
+        started = False
         try:
-            status, headers, body = await self.core.forward(wire, b"".join(chunks))
-        except ServerError as exc:
-            await server_error_response(exc)(scope, receive, send)
+            while True:
+                waiter = asyncio.ensure_future(arrived.wait())
+                await asyncio.wait([call, gone, waiter], return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                arrived.clear()
+                pending, parts[:] = parts[:], []
+                for part in pending:
+                    if part[0] == "start":
+                        started = True
+                        start = {"type": "http.response.start", "status": part[2],
+                                 "headers": part[3]}  # fmt: skip
+                        await send(start)
+                    else:
+                        await send({"type": "http.response.body", "body": part[2],
+                                    "more_body": True})  # fmt: skip
+                if call.done():
+                    break
+                if gone.done():
+                    if gone.result().get("type") == "http.disconnect":
+                        break
+                    gone = asyncio.ensure_future(receive())
+        finally:
+            gone.cancel()
+            if not call.done():
+                call.cancel()  # the server cancels it too
+        if not call.done():
             return
-        await send({"type": "http.response.start", "status": status, "headers": headers})
+        try:
+            status, headers, body = call.result()
+        except ServerError as exc:
+            if started:  # the stream has begun: it can only end
+                await send({"type": "http.response.body", "body": b""})
+            else:
+                await server_error_response(exc)(scope, receive, send)
+            return
+        if not started:
+            await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
 

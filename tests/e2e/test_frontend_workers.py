@@ -10,6 +10,7 @@ the others keep serving; errors, metadata and statistics are the server's own.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -18,13 +19,15 @@ from pathlib import Path
 import grpc
 import httpx
 import numpy as np
+import pymodels
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from certs import make_tls_files
 from modelgen import batch_probe_model, identity_model, write_model
 from onnx import TensorProto
 from polling import poll
-from serverproc import ServerProcess, running_server
+from serverproc import ServerProcess, running_server, start_server
 from tritonclient.utils import InferenceServerException
 
 from ge_serve.protos import grpc_service_pb2 as pb
@@ -298,3 +301,60 @@ def test_http_workers_serve_every_route_and_one_killed_is_started_again(repo: Pa
         poll(lambda: len(http_worker_pids(server)) == WORKERS, 60, "the worker to start again")
         for _ in range(8):  # new connections, over both workers
             assert httpx.get(server.base_url + "/v2/health/ready", timeout=30).status_code == 200
+
+
+def test_http_workers_compress_and_stream_as_the_server_does(tmp_path: Path) -> None:
+    repo = pymodels.write(tmp_path / "models", "llm")
+    write_model(repo, "probe", batch_probe_model(), CONFIG)
+    with running_server([repo], ["--http-workers", "1"]) as server:
+        poll(lambda: len(http_worker_pids(server)) == 1, 30, "the worker")
+        body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32",
+                            "data": [1, 2, 3, 4]}]}  # fmt: skip
+        # Inference, answered by the worker: compressed as the client accepts.
+        answer = httpx.post(
+            server.base_url + "/v2/models/probe/infer",
+            content=json.dumps(body),
+            headers={"Accept-Encoding": "gzip"},
+            timeout=30,
+        )
+        assert answer.status_code == 200
+        assert answer.headers["content-encoding"] == "gzip"
+        # httpx decodes it; the header said it came compressed.
+        assert answer.json()["outputs"][0]["data"] == [1, 2, 3, 4]
+        # generate_stream is passed on to the server; each event must reach the client
+        # while the model still runs: it sends event i only once the client, on reading
+        # event i - 1, has created gate file i.
+        gate = str(tmp_path / "gate-")
+        request = {"PROMPT": "hi", "STREAM": True, "REPETITION": 3, "GATE": gate}
+        events = []
+        with httpx.stream(
+            "POST",
+            server.base_url + "/v2/models/llm/generate_stream",
+            json=request,
+            timeout=30,
+        ) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line.removeprefix("data: ")))
+                    Path(gate + str(len(events))).touch()
+        assert [e.get("TEXT") for e in events] == ["hi"] * 3, events
+        # A client that goes away mid-stream cancels the request in the server.
+        request = {"PROMPT": "hi", "STREAM": True, "REPETITION": 50, "DELAY": 0.1}
+        url = server.base_url + "/v2/models/llm/generate_stream"
+        with httpx.stream("POST", url, json=request, timeout=30) as response:
+            assert next(response.iter_lines()).startswith("data: ")
+        poll(lambda: "llm: the request was cancelled" in server.log(), 30, "the model stops")
+
+
+def test_grpc_workers_refuse_tls(repo: Path, tmp_path: Path) -> None:
+    tls = make_tls_files(tmp_path)
+    flags = ["--grpc-workers", "1", "--grpc-use-ssl=true",
+             f"--grpc-server-cert={tls.cert}", f"--grpc-server-key={tls.key}"]  # fmt: skip
+    server = start_server([repo], flags, wait_ready=False)
+    try:
+        assert server.process.wait(timeout=60) == 1
+    finally:
+        server.stop()
+    assert "--grpc-workers cannot be used with --grpc-use-ssl" in server.log()
