@@ -12,6 +12,7 @@ rounds (ABCABC...) and each figure is the median over rounds.
     python -m bench run cpu-per-request --protocols grpc --requests 2000 --rounds 5
     python -m bench run cpu-per-request --flags "--adaptive-batching true" --concurrency 4
     python -m bench run cpu-per-request --against /tmp/base   # and another checkout's code
+    python -m bench run cpu-per-request --against . --flags "--grpc-workers 1" --against-flags ""
 
 With `--against ROOT` a second server runs the checkout at ROOT (its `tools/pyroot.sh`),
 with the same flags, up at the same time; each round measures both, one after the other,
@@ -180,7 +181,8 @@ def measure(
     concurrency: int,
     profile: Path | None = None,
 ) -> tuple[float, dict[str, float]]:
-    """Server CPU µs per request, in total and per thread family; `profile`: record the
+    """Server CPU µs per request, in total and per thread family (and "req/s", the rate
+    the client saw); `profile`: record the
     server with py-spy meanwhile (raw collapsed stacks, one line per stack)."""
     drive(server, protocol, max(requests // 10, concurrency), concurrency)  # warm up
     pid = server.process.pid
@@ -192,14 +194,17 @@ def measure(
         spy = subprocess.Popen([*command, "-s", "-o", str(profile)], stdout=subprocess.DEVNULL)
         time.sleep(1.0)  # py-spy attaches before the requests start
     before = thread_cpu_ns(pid)
+    started = time.monotonic()
     drive(server, protocol, requests, concurrency)
+    elapsed = time.monotonic() - started
     after = thread_cpu_ns(pid)
     if spy is not None:
         spy.send_signal(signal.SIGINT)
         spy.wait(60)
     count = (requests // concurrency) * concurrency
     per = {k: (after[k] - before.get(k, 0)) / count / 1000 for k in after}
-    return sum(per.values()), per
+    per["req/s"] = count / elapsed
+    return sum(v for k, v in per.items() if k != "req/s"), per
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -210,6 +215,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--flags", default="", help="extra ge-serve flags, one string")
     parser.add_argument("--against", type=Path, metavar="ROOT", help="also measure this checkout")
+    parser.add_argument(
+        "--against-flags", help="the flags of the --against server (default: --flags)"
+    )
     parser.add_argument("--json", type=Path, help="write the medians here")
     parser.add_argument(
         "--py-spy", type=Path, metavar="PREFIX", help="first profile into PREFIX_PROTOCOL.txt"
@@ -225,7 +233,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 check=True, capture_output=True, text=True,
             ).stdout.strip()  # fmt: skip
             env = {"PYTHONPATH": root}
-            servers["against"] = stack.enter_context(serve(repo, flags, env=env))
+            other = flags
+            if args.against_flags is not None:
+                other = ["--log-verbose", "0", *shlex.split(args.against_flags)]
+            servers["against"] = stack.enter_context(serve(repo, other, env=env))
         totals: dict[tuple[str, str], list[float]] = defaultdict(list)
         threads: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(
             lambda: defaultdict(list)
@@ -256,9 +267,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if statistics.median(v) >= 1.0
             }
             rows[f"{label}/{protocol}"] = {"total_us": median, "threads_us": parts}
+            rate = parts.pop("req/s")
             detail = ", ".join(
                 f"{n} {v:.0f}" for n, v in sorted(parts.items(), key=lambda i: -i[1])
             )
+            detail += f"; {rate:.0f} req/s"
             spread = f"{min(values):.0f}-{max(values):.0f}"
             print(f"  {protocol:<5} {label:<8} {median:6.0f}  ({spread})  {detail}")
         if "against" in servers:

@@ -11,8 +11,8 @@ What decides is the CPU time jobs took on the loop's thread (the time the loop i
 with them), not their wall time, which preemption stretches on a busy host. A job on the
 slot thread costs more CPU than the same job inline (the hand-overs, cold caches), so a
 slot whose thread jobs are cheap enough tries one inline, and keeps running inline while
-those stay short; when they do not (larger batches, a slower model), it goes back to the
-thread and tries again only after `_RETRY_AFTER` jobs there.
+those stay short, or no longer than on the thread; when they do not (larger batches, a
+slower model), it goes back to the thread and tries again after `_RETRY_AFTER` jobs there.
 """
 
 from __future__ import annotations
@@ -38,9 +38,11 @@ T = TypeVar("T")
 Report = Callable[[Any, BaseException | None], None]
 _Job = tuple[Callable[[Executor], Any], Report, asyncio.AbstractEventLoop]
 
-# Jobs run on the loop's thread while those run there average less CPU time than this.
+# Jobs run on the loop's thread while those run there average less CPU time than this,
+# or no more than those on the slot thread (which cost the loop its hand-overs on top).
 INLINE_MAX_NS = 200_000
-# A slot whose jobs on its thread average less than this tries one on the loop's thread.
+# A slot whose jobs on its thread average less than this tries one on the loop's thread;
+# no job runs there while they average more.
 _TRY_MAX_NS = 1_000_000
 # How many jobs on the thread between two tries, once jobs inline were too long.
 _RETRY_AFTER = 64
@@ -95,7 +97,9 @@ class ExecutorSlot:
 
     def _runs_inline(self) -> bool:
         inline, thread = self.inline_ns, self.thread_ns
-        if inline is not None and inline < INLINE_MAX_NS:
+        if inline is not None and (
+            inline < INLINE_MAX_NS or (thread is not None and inline <= min(thread, _TRY_MAX_NS))
+        ):
             return True
         if thread is None or thread >= _TRY_MAX_NS:
             return False

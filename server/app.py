@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
-import os
 import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Generator
 from pathlib import Path
@@ -34,6 +33,7 @@ from .control import ControlMode, ControlSettings, ModelControl
 from .core import InferenceServer, ServerInfo
 from .drain import DrainGate
 from .errors import ErrorCode, ServerError
+from .exiting import leave_running_executions
 from .grpc.server import GrpcFrontEnd
 from .http.app import HttpFrontEnd
 from .http.monitoring import MetricsApp, metrics_endpoint
@@ -56,6 +56,7 @@ from .repository import ModelRepository
 from .resources import DeviceMetricsProvider, ResourceSampler
 from .settings import Settings
 from .sharedmemory import SharedMemoryManager
+from .workers import FrontEndWorkers, WorkerSpec
 
 log = logging.getLogger("ge_serve")
 
@@ -184,7 +185,14 @@ class ServerApp:
                 lambda model: backend.retire(model.loaded) if model.backend == "python" else None
             )
         self.http = HttpFrontEnd(self.core, http_settings(settings))
-        self.grpc = GrpcFrontEnd(self.core, grpc_settings(settings))
+        self.grpc_public = grpc_settings(settings)
+        self.grpc_workers: FrontEndWorkers | None = None
+        self.http_workers: FrontEndWorkers | None = None
+        self._listeners: list[socket.socket] = []
+        # With workers, this process's gRPC front end answers what they pass on, on
+        # loopback; they listen on the public address.
+        internal = dataclasses.replace(self.grpc_public, address="127.0.0.1", port=0)
+        self.grpc = GrpcFrontEnd(self.core, internal if settings.grpc_workers else self.grpc_public)
         self.metrics = self._make_metrics() if settings.allow_metrics else None
         self._servers: list[EmbeddedUvicorn] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -239,8 +247,13 @@ class ServerApp:
         # gRPC first: once HTTP answers /v2/health/ready, every endpoint is listening.
         if self.settings.allow_grpc:
             await self.grpc.start()
-            log.info("Started GRPCInferenceService at %s", self.grpc.settings.target)
-        if self.settings.allow_http:
+            if self.settings.grpc_workers:
+                await self._start_grpc_workers()
+            else:
+                log.info("Started GRPCInferenceService at %s", self.grpc.settings.target)
+        if self.settings.allow_http and self.settings.http_workers:
+            await self._start_http_workers()
+        elif self.settings.allow_http:
             await self._start_uvicorn(
                 self.http.build(),
                 self.settings.http_address,
@@ -258,6 +271,59 @@ class ServerApp:
             if self.metrics.sampler is not None:
                 self.metrics.sampler.start()
         return True
+
+    async def _start_grpc_workers(self) -> None:
+        public = self.grpc_public
+        if public.tls is not None:
+            # The workers would pass calls on to this process's front end in the clear.
+            raise ServerError(
+                ErrorCode.INVALID_ARG, "--grpc-workers cannot be used with --grpc-use-ssl"
+            )
+        # A port in use must fail here: the workers share theirs (SO_REUSEPORT), which
+        # would not notice another server on it. Port 0 is chosen here, once, for all.
+        probe = listen_socket(public.address, public.port, "gRPC", public.reuse_port)
+        port = int(probe.getsockname()[1])
+        probe.close()
+        public = dataclasses.replace(public, port=port)
+        config = {
+            "target": public.target,
+            "forward": f"127.0.0.1:{self.grpc.port}",
+            "options": public.channel_options(),
+            "restricted": public.restricted,
+            "grace_s": self.settings.exit_timeout_secs,
+        }
+        spec = WorkerSpec("ge_serve.server.grpc.worker", "gRPC", self.settings.grpc_workers, config)
+        self.grpc_workers = FrontEndWorkers(self.core, spec)
+        await self.grpc_workers.start()
+        log.info(
+            "Started GRPCInferenceService at %s (%d worker processes)",
+            public.target,
+            self.settings.grpc_workers,
+        )
+
+    async def _start_http_workers(self) -> None:
+        """The workers share one listening socket, bound here; what they pass on this
+        process answers with the front end's own application, over their links."""
+        settings = self.settings
+        sock = listen_socket(
+            settings.http_address, settings.http_port, "HTTP", settings.reuse_http_port
+        )
+        self._listeners.append(sock)
+        config = {
+            "listen_fd": sock.fileno(),
+            "max_input_size": self.http.settings.max_input_size,
+            "max_chunks": self.http.settings.max_chunks,
+            "restricted": bool(settings.http_restricted_api),
+            "grace_s": settings.exit_timeout_secs,
+        }
+        spec = WorkerSpec(
+            "ge_serve.server.http.worker", "HTTP", settings.http_workers, config, (sock.fileno(),)
+        )
+        self.http_workers = FrontEndWorkers(self.core, spec, self.http.build())
+        await self.http_workers.start()
+        host, port = sock.getsockname()[:2]
+        log.info("Started HTTPService at %s:%d (%d worker processes)", host, port,
+                 settings.http_workers)  # fmt: skip
 
     async def _start_uvicorn(
         self, app: object, host: str, port: int, what: str, gate: DrainGate | None = None
@@ -323,13 +389,21 @@ class ServerApp:
         for server in self._servers:
             server.stop(deadline)
         grpc_stopped = asyncio.create_task(self.grpc.stop(timeout), name="grpc-stop")
-        await asyncio.wait([*self._tasks, grpc_stopped], timeout=timeout + 1)
+        stopping = [*self._tasks, grpc_stopped]
+        for workers in (self.grpc_workers, self.http_workers):
+            if workers is not None:
+                stopping.append(asyncio.create_task(workers.stop(timeout)))
+        if self.http_workers is not None:
+            self.http.gate.close()  # what they pass on now is refused, as HTTP is here
+        await asyncio.wait(stopping, timeout=timeout + 2)
         # The gRPC stop ends on its own once the timeout has passed (it cancels what is
         # left); it must end before the loop closes, or grpc's poller thread outlives it.
         try:
             await grpc_stopped
         except Exception:
             log.exception("stopping the gRPC server failed")
+        for sock in self._listeners:
+            sock.close()
         self.core.stop_accepting()
         await self.control.stop()
         if self.metrics is not None and self.metrics.sampler is not None:
@@ -413,41 +487,3 @@ def configure_gil(settings: Settings) -> None:
     """
     if settings.gil_switch_interval_us > 0:
         sys.setswitchinterval(settings.gil_switch_interval_us / 1e6)
-
-
-def is_grpc_poller(thread: threading.Thread) -> bool:
-    """grpc.aio's completion-queue poller: a daemon thread that waits in grpc core and ends
-    when grpc shuts down at exit. It runs no model, so exit neither waits for it nor names
-    it. (grpcio names it after its target, newer releases "grpc-aio-poller".)"""
-    return thread.daemon and (
-        thread.name == "grpc-aio-poller" or thread.name.endswith("(_poll_wrapper)")
-    )
-
-
-def leave_running_executions(code: int, grace_s: float = 2.0) -> None:
-    """Exit at once when a model execution outlived --exit-timeout-secs.
-
-    A running onnxruntime or ACL call cannot be interrupted, and letting the interpreter
-    finalize under it aborts the process (SIGABRT from the runtime's destructors). Closed
-    executor threads that are idle end within the grace period; a busy one means exit now.
-    """
-    deadline = time.monotonic() + grace_s
-    others = [
-        t
-        for t in threading.enumerate()
-        if t is not threading.current_thread() and not is_grpc_poller(t)
-    ]
-    for thread in others:
-        thread.join(max(deadline - time.monotonic(), 0.0))
-    busy = [t.name for t in others if t.is_alive()]
-    if busy:
-        log.warning(
-            "exiting without waiting for %d thread(s) still running (an execution past "
-            "--exit-timeout-secs?): %s",
-            len(busy),
-            ", ".join(busy),
-        )
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)

@@ -344,6 +344,26 @@ class Settings:
         default=(),
         metadata=_restriction_flag(),
     )
+    # Front-end worker processes (server/workers.py); 0: this process serves the protocol.
+    http_workers: int = field(
+        default=0,
+        metadata=flag(
+            metavar="N",
+            check=non_negative,
+            help="processes that accept HTTP connections and decode and encode inference "
+            "requests, feeding this process's schedulers; 0 serves HTTP in this process",
+        ),
+    )
+    grpc_workers: int = field(
+        default=0,
+        metadata=flag(
+            metavar="N",
+            check=non_negative,
+            help="processes that accept gRPC connections and decode and encode inference "
+            "requests, feeding this process's schedulers; 0 serves gRPC in this process",
+            group=GRPC,
+        ),
+    )
     device: str = field(
         default="auto",
         metadata=flag(

@@ -145,7 +145,9 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
     model = message.model_name
     raw = message.raw_input_contents
     specs = message.inputs
-    in_shm = sum(SHARED_MEMORY_REGION in spec.parameters for spec in specs)
+    # Parameters are rare on inputs: a request without any skips looking at each one's.
+    any_params = any(spec.parameters for spec in specs)
+    in_shm = sum(SHARED_MEMORY_REGION in spec.parameters for spec in specs) if any_params else 0
     if raw and len(raw) > len(specs) - in_shm:
         raise messages.additional_input_data(model)
     tensors: list[Tensor] = []
@@ -163,8 +165,11 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
         if any(d < 0 for d in shape):
             raise invalid_arg(f"'shape' of input '{name}' must hold non-negative integers")
         check_shape(shape, name)
-        params = decode_parameters(spec.parameters, f"input '{name}'")
-        shm = parse_ref(params, name)
+        params: Parameters = {}
+        shm = None
+        if any_params and spec.parameters:
+            params = decode_parameters(spec.parameters, f"input '{name}'")
+            shm = parse_ref(params, name)
         has_contents = spec.HasField("contents")
         ref = InputRef(name, model, message.id)
         if shm is not None:

@@ -373,13 +373,13 @@ def service_handler(servicer: GrpcServicer) -> grpc.GenericRpcHandler:
         make = _HANDLER_KINDS[(method.client_streaming, method.server_streaming)]
         handlers[method.name] = make(
             getattr(servicer, method.name),
-            request_deserializer=_lenient_parser(request_type),
+            request_deserializer=lenient_parser(request_type),
             response_serializer=response_type.SerializeToString,
         )
     return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
 
-def _lenient_parser(message_type: type[Message]) -> Callable[[bytes], Message | Undecodable]:
+def lenient_parser(message_type: type[Message]) -> Callable[[bytes], Message | Undecodable]:
     name = message_type.DESCRIPTOR.name
 
     def parse(data: bytes) -> Message | Undecodable:

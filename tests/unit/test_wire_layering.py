@@ -22,6 +22,10 @@ BELOW_FRONT_ENDS = [
             "repository.py",
             "autocomplete.py",
             "wire.py",
+            "link.py",
+            "linkcodec.py",
+            "workers.py",
+            "remotecore.py",
         )
     ),
     *sorted((ROOT / "scheduler").rglob("*.py")),

@@ -1,0 +1,236 @@
+"""A gRPC front-end worker process (see server/workers.py).
+
+It listens on the server's gRPC address beside its sibling workers (SO_REUSEPORT: the
+kernel spreads connections over them), decodes and encodes ModelInfer itself with the
+same codec, guard and drain gate as the servicer, and runs each request in the server
+process over its link (server/remotecore.py). Every other RPC of the inference service,
+health checking and reflection, streams included, goes on as bytes to the server's own
+gRPC front end on a loopback port, with its metadata and deadline, and its answer or
+status comes back as it is.
+
+    python -m ge_serve.server.grpc.worker '{"target": ..., "forward": ..., "link_fd": ...}'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+import uvloop
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2
+
+from ge_serve.protos import grpc_service_pb2 as pb
+
+from ..drain import DrainGate
+from ..errors import decoding
+from ..remotecore import RemoteCore
+from . import codec
+from .errors import guard
+from .restricted import RestrictedProtocolInterceptor
+from .servicer import lenient_parser
+from .stream import metadata_value
+
+log = logging.getLogger("ge_serve.grpc.worker")
+
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+# Metadata the channel sets itself, not passed on.
+_OWN_METADATA = ("user-agent", "grpc-", ":")
+
+
+class WorkerServicer:
+    """ModelInfer, as GrpcServicer serves it, over the remote core."""
+
+    def __init__(self, core: RemoteCore) -> None:
+        self.core = core
+        self.gate = DrainGate()
+
+    @guard
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> Any:
+        self.gate.enter()
+        try:
+            with decoding("inference request"):
+                decoded = codec.decode_infer_request(request)
+            # Whether tracing is on is the server's to know: the context always goes along.
+            decoded.request.traceparent = metadata_value(context, "traceparent")
+            return await self.core.infer(
+                decoded.request, "ModelInfer RPC", codec.encode_infer_response
+            )
+        finally:
+            self.gate.leave()
+
+
+def _methods() -> dict[str, tuple[bool, bool]]:
+    """Every method the server offers: path -> (client streaming, server streaming)."""
+    found: dict[str, tuple[bool, bool]] = {}
+    for descriptor in (pb.DESCRIPTOR, health_pb2.DESCRIPTOR, reflection_pb2.DESCRIPTOR):
+        for service in descriptor.services_by_name.values():
+            for method in service.methods:
+                path = f"/{service.full_name}/{method.name}"
+                found[path] = (method.client_streaming, method.server_streaming)
+    return found
+
+
+class WorkerHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
+    def __init__(self, servicer: WorkerServicer, forward: grpc.aio.Channel) -> None:
+        self._infer = grpc.unary_unary_rpc_method_handler(
+            servicer.ModelInfer,
+            request_deserializer=lenient_parser(pb.ModelInferRequest),
+            response_serializer=pb.ModelInferResponse.SerializeToString,
+        )
+        self._forward = forward
+        self._methods = _methods()
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def service(self, handler_call_details: Any) -> grpc.RpcMethodHandler | None:
+        method = str(handler_call_details.method)
+        if method == MODEL_INFER:
+            return self._infer
+        handler = self._handlers.get(method)
+        if handler is None:
+            kind = self._methods.get(method)
+            if kind is None:
+                return None  # UNIMPLEMENTED, as the server answers it
+            handler = _forwarding(self._forward, method, kind)
+            self._handlers[method] = handler
+        return handler
+
+
+def _passed_on(context: Any) -> list[tuple[str, Any]]:
+    return [
+        (key, value)
+        for key, value in (context.invocation_metadata() or ())
+        if not key.startswith(_OWN_METADATA)
+    ]
+
+
+async def _relay_error(context: Any, err: grpc.aio.AioRpcError) -> None:
+    await context.abort(err.code(), err.details() or "", err.trailing_metadata() or ())
+
+
+def _forwarding(
+    channel: grpc.aio.Channel, method: str, kind: tuple[bool, bool]
+) -> grpc.RpcMethodHandler:
+    """A handler that makes the same call on the server's own front end, bytes as they are."""
+    client_streaming, server_streaming = kind
+    if not client_streaming and not server_streaming:
+        call_unary = channel.unary_unary(method)
+
+        async def unary(request: bytes, context: Any) -> bytes:
+            try:
+                answer: bytes = await call_unary(
+                    request, metadata=_passed_on(context), timeout=context.time_remaining()
+                )
+                return answer
+            except grpc.aio.AioRpcError as err:
+                await _relay_error(context, err)
+                raise  # pragma: no cover - abort raises
+
+        return grpc.unary_unary_rpc_method_handler(unary)
+
+    async def relay(call: Any, context: Any) -> AsyncIterator[bytes]:
+        try:
+            async for item in call:
+                yield item
+        except grpc.aio.AioRpcError as err:
+            await _relay_error(context, err)
+
+    # grpc.aio streams a handler's answers only from an async generator function.
+    if not client_streaming:
+        call_stream = channel.unary_stream(method)
+
+        async def unary_stream(request: bytes, context: Any) -> AsyncIterator[bytes]:
+            call = call_stream(
+                request, metadata=_passed_on(context), timeout=context.time_remaining()
+            )
+            async for item in relay(call, context):
+                yield item
+
+        return grpc.unary_stream_rpc_method_handler(unary_stream)
+    call_both = channel.stream_stream(method)
+
+    async def stream_stream(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        call = call_both(requests, metadata=_passed_on(context), timeout=context.time_remaining())
+        async for item in relay(call, context):
+            yield item
+
+    if server_streaming:
+        return grpc.stream_stream_rpc_method_handler(stream_stream)
+    call_in = channel.stream_unary(method)
+
+    async def stream_unary(requests: AsyncIterator[bytes], context: Any) -> bytes:
+        try:
+            answer: bytes = await call_in(
+                requests, metadata=_passed_on(context), timeout=context.time_remaining()
+            )
+            return answer
+        except grpc.aio.AioRpcError as err:
+            await _relay_error(context, err)
+            raise  # pragma: no cover - abort raises
+
+    return grpc.stream_unary_rpc_method_handler(stream_unary)
+
+
+async def serve(config: dict[str, Any]) -> int:
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    index = int(config["index"])
+    core = RemoteCore(socket.socket(fileno=int(config["link_fd"])), f"grpc-{index}", stopping.set)
+    options = [tuple(option) for option in config["options"] if option[0] != "grpc.so_reuseport"]
+    # Forwarded answers are compressed once, by this process's server, not on loopback too.
+    local = [option for option in options if option[0] != "grpc.default_compression_level"]
+    forward = grpc.aio.insecure_channel(str(config["forward"]), options=local)
+    rules = tuple(tuple(rule) for rule in config["restricted"])
+    interceptors = [RestrictedProtocolInterceptor.from_rules(rules)] if rules else []  # type: ignore[arg-type]
+    server = grpc.aio.server(
+        interceptors=interceptors, options=[*options, ("grpc.so_reuseport", 1)]
+    )
+    servicer = WorkerServicer(core)
+    server.add_generic_rpc_handlers((WorkerHandler(servicer, forward),))
+    target = str(config["target"])
+    try:
+        port = server.add_insecure_port(target)
+    except RuntimeError as exc:
+        port, why = 0, str(exc)
+    else:
+        why = "the address could not be bound"
+    if not port:
+        core.ready(f"cannot listen for gRPC on {target}: {why}")
+        await asyncio.sleep(0.1)  # the message leaves before the process does
+        return 1
+    await server.start()
+    core.ready()
+    await stopping.wait()
+    grace = float(config["grace_s"])
+    deadline = time.monotonic() + grace
+    servicer.gate.close()
+    await servicer.gate.wait_idle(grace)
+    await server.stop(max(deadline - time.monotonic(), 0.0))
+    await forward.close()
+    core.link.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    config: dict[str, Any] = json.loads(args[0])
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    run: Callable[[Any], int] = uvloop.run
+    return run(serve(config))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,239 @@
+"""The inference endpoint of the HTTP front end, and the shortcut that reaches it.
+
+`InferEndpoint` reads the body (size-capped, chunk-counted, decompressed), decodes it,
+runs the request and encodes the answer (compressed as the client accepts); how it runs
+is given to it (`RunInfer`): through the core in the server process, or over the link to
+it from a front-end worker (server/http/worker.py), so both answer and fail alike.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ge_serve.server import messages
+from ge_serve.server.errors import ErrorCode, ServerError, decoding
+from ge_serve.server.types import InferRequest, InferResponse
+
+from . import codec, compression
+from .bodies import InferRequestBody
+from .drain import DISCARD_MAX_BYTES, discard_body, expects_continue
+from .errors import ClosingError, error_response, server_error_response
+from .openapi import ApiRoute, Body
+from .routing import Endpoint
+
+# Logged under the front end's name, as before the endpoint had a module of its own.
+log = logging.getLogger("ge_serve.server.http.app")
+
+Encoded = tuple[bytes, int | None]
+# Run a request and encode its response: (request, endpoint name, encode) -> encoded.
+RunInfer = Callable[[InferRequest, str, Callable[[InferResponse], Encoded]], Awaitable[Encoded]]
+
+HEADER_LENGTH = "inference-header-content-length"
+
+# The binary tensor data extension: the body is the JSON header, then the tensors' bytes.
+_INFER_BODY = Body(
+    InferRequestBody,
+    other_content={"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    headers=(
+        {
+            "name": "Inference-Header-Content-Length",
+            "in": "header",
+            "required": False,
+            "description": "The length of the JSON header; 0: the body is the raw tensor of "
+            "a single-input model.",
+            "schema": {"type": "integer", "minimum": 0},
+        },
+        {
+            "name": "Content-Encoding",
+            "in": "header",
+            "required": False,
+            "schema": {"type": "string", "enum": ["identity", "gzip", "deflate"]},
+        },
+    ),
+)
+
+
+class InferShortcut:
+    """ASGI: inference requests go straight to their endpoint, everything else to the
+    FastAPI application.
+
+    Starlette tries every route's pattern in turn (infer is one of the last) and passes
+    each request through five middleware layers (server errors, telemetry, body limit,
+    exceptions, an exit stack); py-spy on `simple` at 32 clients put that at ~20 % of the
+    event loop's time. The shortcut matches with the infer routes' own patterns and calls
+    their own (guarded) endpoint, so answers and errors are the same. Not used with
+    --http-restricted-api, whose middleware must see every request, or behind a root
+    path."""
+
+    def __init__(self, app: ASGIApp, routes: list[Route]) -> None:
+        self.app = app
+        self._routes = [(route.path_regex, route.endpoint) for route in routes]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            path = scope["path"]
+            for pattern, endpoint in self._routes:
+                match = pattern.match(path)
+                if match is not None:
+                    scope["path_params"] = match.groupdict()
+                    response = await endpoint(Request(scope, receive))
+                    await response(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
+def guard(endpoint: Endpoint) -> Endpoint:
+    """Turn core errors into `{"error": ...}` bodies; never let one escape as a 500 page.
+
+    Handlers decode request parts under `decoding(...)`, so what goes wrong there is the
+    client's 400; an unexpected exception that reaches this guard is a server fault after
+    decoding: a 500, logged once with its traceback.
+    """
+
+    @functools.wraps(endpoint)
+    async def guarded(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except ServerError as exc:
+            return server_error_response(exc)
+        except Exception as exc:
+            log.exception("unhandled error on %s", request.url.path)
+            return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+
+    return guarded
+
+
+class InferEndpoint:
+    """POST .../infer. `traced()` says whether to pass on the client's `traceparent`
+    (the server asks its tracing; a worker always does, as only the server knows)."""
+
+    def __init__(
+        self,
+        run: RunInfer,
+        max_input_size: int,
+        max_chunks: int,
+        traced: Callable[[], bool],
+    ) -> None:
+        self.run = run
+        self.max_input_size = max_input_size
+        self.max_chunks = max_chunks
+        self.traced = traced
+
+    def routes(self) -> list[Route]:
+        """POST .../infer, with and without `/versions/{version}`."""
+        endpoint = guard(self.infer)
+        return [
+            ApiRoute(path, endpoint, methods=["POST"], body=_INFER_BODY)
+            for path in (
+                "/v2/models/{model}/infer",
+                "/v2/models/{model}/versions/{version}/infer",
+            )
+        ]
+
+    async def infer(self, request: Request) -> Response:
+        model, version = _model_path(request)
+        with decoding("inference request"):
+            header_length = codec.parse_header_length(request.headers.get(HEADER_LENGTH))
+        body = await self.read_body(request, raw=header_length == 0)
+        with decoding("inference request"):
+            infer_request = codec.decode_infer_request(model, version, body, header_length)
+        if self.traced():
+            infer_request.traceparent = request.headers.get("traceparent", "")
+        payload, json_length = await self.run(
+            infer_request,
+            "HTTP end point",
+            lambda response: codec.encode_infer_response(response, infer_request),
+        )
+        headers: dict[str, str] = {}
+        if json_length is not None:
+            headers["Inference-Header-Content-Length"] = str(json_length)
+            media_type = "application/octet-stream"
+        else:
+            media_type = "application/json"
+        encoding = compression.choose_encoding(request.headers.get("accept-encoding"))
+        if encoding is not None:
+            payload = compression.encode_content(payload, encoding)
+            headers["Content-Encoding"] = encoding
+        return Response(payload, media_type=media_type, headers=headers)
+
+    async def read_body(self, request: Request, raw: bool = False) -> bytes:
+        """The request body, size-capped before and after decompression (`raw`: a
+        raw-binary infer body, which Triton words differently), and to Triton's count of
+        non-empty chunks when it comes chunked.
+
+        A body over the limit is read to its end and dropped (within bounds, see drain.py)
+        before the 400, which then closes the connection, so that a client that writes
+        the whole body before it reads gets the answer rather than a reset. A client that
+        goes away mid-body is one line in the log.
+        """
+        limit = self.max_input_size
+        declared = _declared_length(request)
+        size = 0
+        try:
+            if declared is not None and declared > limit:
+                await self._drop_body(request, declared)
+                raise _too_large(declared, limit, raw)
+            chunks: list[bytes] = []
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    await self._drop_body(request, None if declared is None else declared - size)
+                    raise _too_large(size, limit, raw)
+                if chunk:
+                    chunks.append(chunk)
+                    if len(chunks) > self.max_chunks:
+                        await self._drop_body(request, None)
+                        raise ClosingError(
+                            ErrorCode.INVALID_ARG, messages.too_many_chunks(self.max_chunks)
+                        )
+        except ClientDisconnect:
+            log.info(
+                "%s %s: the client went away after %d of %s body bytes",
+                request.method,
+                request.url.path,
+                size,
+                "?" if declared is None else declared,
+            )
+            raise ServerError(
+                ErrorCode.CANCELLED, "the client went away before the request body ended"
+            ) from None
+        body = b"".join(chunks)
+        return compression.decode_content(body, request.headers.get("content-encoding"), limit)
+
+    @staticmethod
+    async def _drop_body(request: Request, remaining: int | None) -> None:
+        """Read what is left of an oversized body and drop it, unless it is more than the
+        bound (the connection then closes with it unread) or the client waits for
+        `100 Continue` and so sends none."""
+        if expects_continue(request.scope):
+            return
+        if remaining is not None and remaining > DISCARD_MAX_BYTES:
+            return
+        await discard_body(request.receive)
+
+
+def _declared_length(request: Request) -> int | None:
+    declared = request.headers.get("content-length")
+    return int(declared) if declared is not None and declared.isdigit() else None
+
+
+def _too_large(size: int, limit: int, raw: bool) -> ServerError:
+    """Triton's words for a body past --http-max-input-size (a body still arriving is
+    counted up to the first byte past the limit)."""
+    if raw:
+        message = messages.raw_input_too_large(size, limit).message
+    else:
+        message = messages.request_json_size(size, limit)
+    return ClosingError(ErrorCode.INVALID_ARG, message)
+
+
+def _model_path(request: Request) -> tuple[str, str]:
+    params = request.path_params
+    return str(params["model"]), str(params.get("version", ""))
