@@ -9,16 +9,16 @@ figures; results stay real (onnxruntime). Every figure here is simulated timing.
   modelled time; the cost model supplies ResNet-50's) at concurrency 1, 8 and 32, with
   no batching (`off`), static dynamic batching (`static`: 2 ms window) and `adaptive`,
   each on 2 slots (`device_exec_blocks: 2`) of one simulated device.
-* `encoder`: a MiniLM-shaped encoder (INT64 ids and mask [batch, seq]) at seq 16 and 64:
-  ND gears (batch 1/8/32 x seq 16/32/64) against one compiled shape (seq 64, what an OM
-  without gears must pad every request to: the client pads here).
+
+The encoder with ND gears against exact shapes, on the same profile and batching, is the
+`buckets` suite (bench/suites/buckets.py).
 
 The product's headline claim, tested on the simulation: with batching and slots, >= 5x
 the unbatched throughput at concurrency 32, with p50 at least 50 % below the unbatched
 p50 at the same concurrency.
 
     python -m bench run npu-sim --out bench/results/npu_sim
-    python -m bench run npu-sim --out /tmp/n --parts cnn --concurrency 8 --interval-ms 1500  # smoke
+    python -m bench run npu-sim --out /tmp/n --concurrency 8 --interval-ms 1500  # smoke
 
 Writes OUT.json and OUT.md. Needs perf_analyzer (bench/setup_perf_analyzer.sh).
 """
@@ -32,20 +32,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import tritonclient.http as httpclient
+
 from bench.lib.models import CACHE
-from bench.lib.npu_models import CNN, ENCODER, write_cnn_repo, write_encoder_repo
+from bench.lib.npu_models import CNN, write_cnn_repo
 from bench.lib.perfa import find_perf_analyzer, run_perf_analyzer
 from bench.lib.server import serve
 
 PROG = "python -m bench run npu-sim"
 CNN_CONFIGS = ("off", "static", "adaptive")
-SEQS = (16, 64)
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="OUT.json and OUT.md")
-    parser.add_argument("--parts", nargs="+", default=["cnn", "encoder"])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--sim-cost", default="default", help="--sim-cost for the server")
     parser.add_argument("--interval-ms", type=int, default=4000, help="perf_analyzer window")
@@ -55,16 +55,24 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def measure(
     repo: Path, model: str, flags: Sequence[str], args: argparse.Namespace,
-    concurrency: int, shapes: dict[str, list[int]] | None = None, data: str | None = None,
+    concurrency: int,
 ) -> dict[str, Any]:  # fmt: skip
     with serve(repo, flags) as server:
         url = server.grpc_url if args.protocol == "grpc" else server.http_url
         row = run_perf_analyzer(
-            model, url, args.protocol, concurrency=concurrency, shapes=shapes, input_data=data,
+            model, url, args.protocol, concurrency=concurrency,
             measurement_interval_ms=args.interval_ms, perf_analyzer=find_perf_analyzer(),
         )  # fmt: skip
+        stats = httpclient.InferenceServerClient(server.http_url)
+        try:
+            entry = stats.get_inference_statistics(model)["model_stats"][0]
+        finally:
+            stats.close()
+    # Over the whole run (perf_analyzer's warm-up windows included): what batches formed.
+    executions = int(entry["execution_count"])
+    batch = int(entry["inference_count"]) / executions if executions else None
     return {"throughput": row["throughput"], "p50_us": row.get("p50_us"),
-            "p99_us": row.get("p99_us")}  # fmt: skip
+            "p99_us": row.get("p99_us"), "mean_batch": batch}  # fmt: skip
 
 
 def run_cnn(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -81,34 +89,18 @@ def run_cnn(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def run_encoder(args: argparse.Namespace) -> list[dict[str, Any]]:
-    rows = []
-    for mode in ("nd_gears", "exact"):
-        repo = write_encoder_repo(CACHE / "repos" / f"npu_sim_encoder_{mode}", mode)
-        flags = ["--device", "sim", "--sim-cost", args.sim_cost, "--disable-auto-complete-config"]
-        for seq in SEQS:
-            sent = seq if mode == "nd_gears" else 64
-            shapes = {"INPUT_IDS": [1, sent], "ATTENTION_MASK": [1, sent]}
-            for concurrency in args.concurrency:
-                # Zeros: random INT64 ids would fall outside the vocabulary.
-                found = measure(repo, ENCODER, flags, args, concurrency, shapes, "zero")
-                rows.append({"part": "encoder", "config": mode, "seq": seq,
-                             "concurrency": concurrency, **found})  # fmt: skip
-                print(json.dumps(rows[-1]), flush=True)
-    return rows
-
-
 def summary(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["# Batching on the simulated NPU (timing simulated: --sim-cost)", ""]
     lines += [
-        "| part | config | seq | c | infer/s | p50 ms | p99 ms |",
+        "| part | config | c | infer/s | p50 ms | p99 ms | mean batch |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         p50 = f"{r['p50_us'] / 1000:.1f}" if r.get("p50_us") else "-"
         p99 = f"{r['p99_us'] / 1000:.1f}" if r.get("p99_us") else "-"
-        lines.append(f"| {r['part']} | {r['config']} | {r.get('seq', '-')} | {r['concurrency']} "
-                     f"| {r['throughput']:.0f} | {p50} | {p99} |")  # fmt: skip
+        batch = f"{r['mean_batch']:.1f}" if r.get("mean_batch") else "-"
+        lines.append(f"| {r['part']} | {r['config']} | {r['concurrency']} "
+                     f"| {r['throughput']:.0f} | {p50} | {p99} | {batch} |")  # fmt: skip
     cnn = {(r["config"], r["concurrency"]): r for r in rows if r["part"] == "cnn"}
     for config in ("static", "adaptive"):
         off, on = cnn.get(("off", 32)), cnn.get((config, 32))
@@ -124,11 +116,7 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: Sequence[str]) -> int:
     args = parse(argv)
-    rows: list[dict[str, Any]] = []
-    if "cnn" in args.parts:
-        rows += run_cnn(args)
-    if "encoder" in args.parts:
-        rows += run_encoder(args)
+    rows = run_cnn(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"sim_cost": args.sim_cost, "protocol": args.protocol, "timing": "simulated",
             "command": " ".join([PROG, *argv])}  # fmt: skip
