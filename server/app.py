@@ -39,7 +39,7 @@ from .http.app import HttpFrontEnd
 from .http.monitoring import MetricsApp, metrics_endpoint
 from .lifecycle import LifecycleSettings, ModelLifecycle
 from .logsettings import LogControl
-from .malloc import limit_malloc_arenas
+from .malloc import limit_malloc_arenas, release_freed_memory
 from .metrics import ServerMetrics
 from .metricsconfig import MetricsConfig
 from .parts import (
@@ -234,6 +234,7 @@ class ServerApp:
             log.error("%s", exc.message)
             return False
         self.log_model_table()
+        await asyncio.to_thread(release_freed_memory)
         if errors and self.settings.exit_on_error:
             for name, message in sorted(errors.items()):
                 log.error("model '%s' failed to load: %s", name, message)

@@ -25,6 +25,7 @@ from ge_serve.protos import model_config_pb2
 from .ensembles import EnsembleLoader
 from .errors import ErrorCode, ServerError
 from .lifecycle import LoadOverride, ModelLifecycle
+from .malloc import release_freed_memory
 from .namespaces import model_name
 from .repository import (
     ModelRepository,
@@ -177,7 +178,12 @@ class ModelControl:
         task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        await asyncio.shield(task)
+        try:
+            await asyncio.shield(task)
+        finally:
+            if task.done():
+                # What the load or unload freed goes back to the system (malloc.py).
+                await asyncio.to_thread(release_freed_memory)
 
     # --- poll mode -----------------------------------------------------------------------
 
