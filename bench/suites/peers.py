@@ -15,6 +15,7 @@ The table, with every command that made it, goes to OUT.md and the figures to OU
 
     python -m bench run peers --runs 3                                   # ~25 min per run
     python -m bench run peers --runs 3 --models simple --concurrency "1 4 16"
+    python -m bench run peers --runs 3 --models simple --sweep "resnet18_like/grpc/16"
     python -m bench run peers --runs 1 --models simple --protocols grpc --concurrency 1 \\
         --skip-memory                                                    # a sanity check
 """
@@ -43,6 +44,8 @@ DEFAULT_PEERS_DIR = next((p for p in PEERS_DIRS if p.is_dir()), PEERS_DIRS[0])
 DEFAULT_OUT = REPO_ROOT / "bench" / "results" / "peers"
 MEMORY_PEERS = ("ge", "triton", "kserve")
 START_TRIES = 3
+# Attempts at one run before it is left out.
+RUN_TRIES = 3
 
 
 def ge_wrapper(lab: Path, root: str) -> Path:
@@ -58,22 +61,38 @@ def ge_wrapper(lab: Path, root: str) -> Path:
 
 
 def run_sweeps(args: argparse.Namespace, env: dict[str, str], log: list[str]) -> list[Path]:
+    """Each run does every sweep (`--models`/`--protocols`/`--concurrency`, then each
+    `--sweep`), the start order alternating between runs."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    sweeps = [(args.models, args.protocols, args.concurrency), *map(_sweep, args.sweep)]
     runs = []
     for index in range(args.runs):
         order = ["triton", "ge"] if index % 2 == 0 else ["ge", "triton"]
-        for attempt in ("", "b"):
-            run_id = f"peers-{stamp}-r{index + 1}{attempt}"
-            run_env = {**env, "RUN_ID": run_id}
-            command = ["bash", str(args.peers_dir / "run_peers.sh"), "peer", *order]
-            log.append(_shown(run_env, command, env_keys=("RUN_ID", *_SWEEP_KEYS)))
-            if subprocess.run(command, env={**os.environ, **run_env}).returncode == 0:
-                runs.append(args.lab / "results" / run_id)
-                break
-            # run_peers.sh gives up on a server whose process group it checks before
-            # the launch has made it (a busy host): one more try.
-            print(f"peers: run {run_id} failed; trying it once more", file=sys.stderr)
+        for number, (models, protocols, concurrency) in enumerate(sweeps):
+            sweep_env = {**env, "SWEEP_MODELS": models, "PROTOCOLS": protocols,
+                         "CONCURRENCY": concurrency}  # fmt: skip
+            name = f"peers-{stamp}-r{index + 1}" + (f"s{number + 1}" if number else "")
+            for attempt in range(RUN_TRIES):
+                run_id = name + ("" if not attempt else "abcdefgh"[attempt])
+                run_env = {**sweep_env, "RUN_ID": run_id}
+                command = ["bash", str(args.peers_dir / "run_peers.sh"), "peer", *order]
+                log.append(_shown(run_env, command, env_keys=("RUN_ID", *_SWEEP_KEYS)))
+                if subprocess.run(command, env={**os.environ, **run_env}).returncode == 0:
+                    runs.append(args.lab / "results" / run_id)
+                    break
+                # run_peers.sh gives up on a server whose process group it checks
+                # before the launch has made it (a busy host): try again.
+                print(f"peers: run {run_id} failed; trying it again", file=sys.stderr)
     return runs
+
+
+def _sweep(text: str) -> tuple[str, str, str]:
+    """`MODELS/PROTOCOLS/CONCURRENCY`, each space-separated: "resnet18_like/grpc/16"."""
+    parts = text.split("/")
+    if len(parts) != 3 or not all(p.strip() for p in parts):
+        raise SystemExit(f"peers: --sweep wants MODELS/PROTOCOLS/CONCURRENCY, got '{text}'")
+    models, protocols, concurrency = (p.strip() for p in parts)
+    return models, protocols, concurrency
 
 
 _SWEEP_KEYS = ("GE_SERVE", "GE_EXTRA_FLAGS", "SWEEP_MODELS", "PROTOCOLS", "CONCURRENCY")
@@ -142,9 +161,9 @@ def table(
                   "|---|---|---|---|---|---|"]  # fmt: skip
         for point, (ratio, count) in ort.get("ge", {}).items():
             other = ort.get("triton", {}).get(point)
-            shown = f"{other[0]:.2f}" if other else "-"
+            shown = f"{other[0]:.3g}" if other else "-"
             lines.append(
-                f"| {point[0]} | {point[1]} | {point[2]} | {ratio:.2f} | {shown} | {count} |"
+                f"| {point[0]} | {point[1]} | {point[2]} | {ratio:.3g} | {shown} | {count} |"
             )
         lines.append("")
     if memory:
@@ -168,6 +187,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", default="simple resnet18_like")
     parser.add_argument("--protocols", default="http grpc json")
     parser.add_argument("--concurrency", default="1 4 16")
+    parser.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        help="another sweep in each run, MODELS/PROTOCOLS/CONCURRENCY ('resnet18_like/grpc/16')",
+    )
     parser.add_argument("--flags", default="", help="extra ge-serve flags (GE_EXTRA_FLAGS)")
     parser.add_argument("--peers-dir", type=Path, default=DEFAULT_PEERS_DIR)
     parser.add_argument(
