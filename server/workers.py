@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 # How long a new worker may take to report that it listens.
 START_TIMEOUT_S = 60.0
+# How many times a worker is started before the front end gives up on it at start-up.
+START_TRIES = 3
 # Restarts of a worker that keeps dying wait longer each time, up to this.
 MAX_RESTART_DELAY_S = 5.0
 
@@ -101,7 +103,7 @@ class FrontEndWorkers:
             await self._spawn(worker)
         try:
             for worker in self._workers:
-                await self._wait_ready(worker)
+                await self._ready_or_again(worker)
         except BaseException:
             await self.stop(0.0)
             raise
@@ -185,6 +187,27 @@ class FrontEndWorkers:
         raise ServerError(
             ErrorCode.UNAVAILABLE, f"{self.spec.what} worker {worker.index}: {reason}"
         )
+
+    async def _ready_or_again(self, worker: _Worker) -> None:
+        """Wait until a starting worker listens; one that fails to is started again, up
+        to START_TRIES times in all, as a crashed one would be: on a loaded host a
+        worker can lose its start, and the server should not fail for it."""
+        for attempt in range(1, START_TRIES + 1):
+            try:
+                await self._wait_ready(worker)
+                return
+            except ServerError as exc:
+                if attempt == START_TRIES:
+                    raise
+                log.warning("%s: starting it again", exc.message)
+            process = worker.process
+            if process is not None and process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+            if worker.link is not None:
+                worker.link.close()
+            await self._spawn(worker)
 
     async def _supervise(self, worker: _Worker) -> None:
         """Start the worker again whenever it exits, until the front end stops."""
