@@ -4,6 +4,12 @@
 runs the request and encodes the answer (compressed as the client accepts); how it runs
 is given to it (`RunInfer`): through the core in the server process, or over the link to
 it from a front-end worker (server/http/worker.py), so both answer and fail alike.
+
+The endpoint is a plain ASGI application, not a starlette request-response function: the
+`Request` and `Response` objects, their header classes and the body stream's async
+generator cost the event loop more than the rest of the HTTP adapter on an
+overhead-bound model (py-spy, `simple` at 16 clients: starlette's response alone 13 % of
+the loop's time). Its answers are the same bytes.
 """
 
 from __future__ import annotations
@@ -11,7 +17,9 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
+from re import Pattern
 
+import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -24,7 +32,7 @@ from ge_serve.server.types import InferRequest, InferResponse
 from . import codec, compression
 from .bodies import InferRequestBody
 from .drain import DISCARD_MAX_BYTES, discard_body, expects_continue
-from .errors import ClosingError, error_response, server_error_response
+from .errors import ClosingError, error_response, http_status, server_error_response
 from .openapi import ApiRoute, Body
 from .routing import Endpoint
 
@@ -74,7 +82,9 @@ class InferShortcut:
 
     def __init__(self, app: ASGIApp, routes: list[Route]) -> None:
         self.app = app
-        self._routes = [(route.path_regex, route.endpoint) for route in routes]
+        self._routes: list[tuple[Pattern[str], ASGIApp]] = [
+            (route.path_regex, route.endpoint) for route in routes
+        ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
@@ -83,8 +93,7 @@ class InferShortcut:
                 match = pattern.match(path)
                 if match is not None:
                     scope["path_params"] = match.groupdict()
-                    response = await endpoint(Request(scope, receive))
-                    await response(scope, receive, send)
+                    await endpoint(scope, receive, send)
                     return
         await self.app(scope, receive, send)
 
@@ -111,8 +120,9 @@ def guard(endpoint: Endpoint) -> Endpoint:
 
 
 class InferEndpoint:
-    """POST .../infer. `traced()` says whether to pass on the client's `traceparent`
-    (the server asks its tracing; a worker always does, as only the server knows)."""
+    """POST .../infer, an ASGI application. `traced()` says whether to pass on the
+    client's `traceparent` (the server asks its tracing; a worker always does, as only the
+    server knows)."""
 
     def __init__(
         self,
@@ -127,43 +137,70 @@ class InferEndpoint:
         self.traced = traced
 
     def routes(self) -> list[Route]:
-        """POST .../infer, with and without `/versions/{version}`."""
-        endpoint = guard(self.infer)
+        """POST .../infer, with and without `/versions/{version}` (starlette serves an
+        endpoint that is not a function as the ASGI application it is)."""
         return [
-            ApiRoute(path, endpoint, methods=["POST"], body=_INFER_BODY)
+            ApiRoute(path, self, methods=["POST"], body=_INFER_BODY)
             for path in (
                 "/v2/models/{model}/infer",
                 "/v2/models/{model}/versions/{version}/infer",
             )
         ]
 
-    async def infer(self, request: Request) -> Response:
-        model, version = _model_path(request)
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = _headers(scope)
+        try:
+            status, payload, extra = 200, *await self.infer(scope, receive, headers)
+        except ServerError as exc:
+            status, payload = http_status(exc), orjson.dumps({"error": exc.message})
+            extra = [_JSON, _CLOSE] if isinstance(exc, ClosingError) else [_JSON]
+        except Exception as exc:
+            # A server fault after decoding (decoding's own errors are ServerErrors).
+            log.exception("unhandled error on %s", scope["path"])
+            message = f"internal error: {type(exc).__name__}: {exc}"
+            status, payload, extra = 500, orjson.dumps({"error": message}), [_JSON]
+        extra.append((b"content-length", str(len(payload)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": extra})
+        await send({"type": "http.response.body", "body": payload})
+
+    async def infer(
+        self, scope: Scope, receive: Receive, headers: dict[str, str]
+    ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        """The encoded answer to one request, and its headers but the length."""
+        params = scope["path_params"]
+        model, version = str(params["model"]), str(params.get("version", ""))
         with decoding("inference request"):
-            header_length = codec.parse_header_length(request.headers.get(HEADER_LENGTH))
-        body = await self.read_body(request, raw=header_length == 0)
+            header_length = codec.parse_header_length(headers.get(HEADER_LENGTH))
+        body = await self._read(scope, receive, headers, raw=header_length == 0)
         with decoding("inference request"):
             infer_request = codec.decode_infer_request(model, version, body, header_length)
         if self.traced():
-            infer_request.traceparent = request.headers.get("traceparent", "")
+            infer_request.traceparent = headers.get("traceparent", "")
         payload, json_length = await self.run(
             infer_request,
             "HTTP end point",
             lambda response: codec.encode_infer_response(response, infer_request),
         )
-        headers: dict[str, str] = {}
         if json_length is not None:
-            headers["Inference-Header-Content-Length"] = str(json_length)
-            media_type = "application/octet-stream"
+            extra = [_BINARY, (b"inference-header-content-length", str(json_length).encode())]
         else:
-            media_type = "application/json"
-        encoding = compression.choose_encoding(request.headers.get("accept-encoding"))
-        if encoding is not None:
-            payload = compression.encode_content(payload, encoding)
-            headers["Content-Encoding"] = encoding
-        return Response(payload, media_type=media_type, headers=headers)
+            extra = [_JSON]
+        accepted = headers.get("accept-encoding")
+        if accepted:
+            encoding = compression.choose_encoding(accepted)
+            if encoding is not None:
+                payload = compression.encode_content(payload, encoding)
+                extra.append((b"content-encoding", encoding.encode()))
+        return payload, extra
 
     async def read_body(self, request: Request, raw: bool = False) -> bytes:
+        """The body of a request to another route, read as the infer endpoint reads its
+        own (see `_read`)."""
+        return await self._read(request.scope, request.receive, _headers(request.scope), raw)
+
+    async def _read(
+        self, scope: Scope, receive: Receive, headers: dict[str, str], raw: bool = False
+    ) -> bytes:
         """The request body, size-capped before and after decompression (`raw`: a
         raw-binary infer body, which Triton words differently), and to Triton's count of
         non-empty chunks when it comes chunked.
@@ -174,53 +211,76 @@ class InferEndpoint:
         goes away mid-body is one line in the log.
         """
         limit = self.max_input_size
-        declared = _declared_length(request)
+        declared = _declared_length(headers)
         size = 0
         try:
             if declared is not None and declared > limit:
-                await self._drop_body(request, declared)
+                await _drop_body(scope, receive, declared)
                 raise _too_large(declared, limit, raw)
             chunks: list[bytes] = []
-            async for chunk in request.stream():
+            more = True
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientDisconnect()
+                chunk = message.get("body", b"")
+                more = message.get("more_body", False)
                 size += len(chunk)
                 if size > limit:
-                    await self._drop_body(request, None if declared is None else declared - size)
+                    remaining = None if declared is None else declared - size
+                    await _drop_body(scope, receive, remaining if more else 0)
                     raise _too_large(size, limit, raw)
                 if chunk:
                     chunks.append(chunk)
                     if len(chunks) > self.max_chunks:
-                        await self._drop_body(request, None)
+                        await _drop_body(scope, receive, None if more else 0)
                         raise ClosingError(
                             ErrorCode.INVALID_ARG, messages.too_many_chunks(self.max_chunks)
                         )
         except ClientDisconnect:
             log.info(
                 "%s %s: the client went away after %d of %s body bytes",
-                request.method,
-                request.url.path,
+                scope["method"],
+                scope["path"],
                 size,
                 "?" if declared is None else declared,
             )
             raise ServerError(
                 ErrorCode.CANCELLED, "the client went away before the request body ended"
             ) from None
-        body = b"".join(chunks)
-        return compression.decode_content(body, request.headers.get("content-encoding"), limit)
-
-    @staticmethod
-    async def _drop_body(request: Request, remaining: int | None) -> None:
-        """Read what is left of an oversized body and drop it, unless it is more than the
-        bound (the connection then closes with it unread) or the client waits for
-        `100 Continue` and so sends none."""
-        if expects_continue(request.scope):
-            return
-        if remaining is not None and remaining > DISCARD_MAX_BYTES:
-            return
-        await discard_body(request.receive)
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return compression.decode_content(body, headers.get("content-encoding"), limit)
 
 
-def _declared_length(request: Request) -> int | None:
-    declared = request.headers.get("content-length")
+_JSON = (b"content-type", b"application/json")
+_BINARY = (b"content-type", b"application/octet-stream")
+_CLOSE = (b"connection", b"close")
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    """The request's headers by (lower-case) name; of a repeated one, the first, as
+    starlette's `Headers.get` answers."""
+    headers: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        key = name.decode("latin-1")
+        if key not in headers:
+            headers[key] = value.decode("latin-1")
+    return headers
+
+
+async def _drop_body(scope: Scope, receive: Receive, remaining: int | None) -> None:
+    """Read what is left of an oversized body and drop it, unless nothing is left, it is
+    more than the bound (the connection then closes with it unread) or the client waits
+    for `100 Continue` and so sends none."""
+    if remaining == 0 or expects_continue(scope):
+        return
+    if remaining is not None and remaining > DISCARD_MAX_BYTES:
+        return
+    await discard_body(receive)
+
+
+def _declared_length(headers: dict[str, str]) -> int | None:
+    declared = headers.get("content-length")
     return int(declared) if declared is not None and declared.isdigit() else None
 
 
@@ -232,8 +292,3 @@ def _too_large(size: int, limit: int, raw: bool) -> ServerError:
     else:
         message = messages.request_json_size(size, limit)
     return ClosingError(ErrorCode.INVALID_ARG, message)
-
-
-def _model_path(request: Request) -> tuple[str, str]:
-    params = request.path_params
-    return str(params["model"]), str(params.get("version", ""))
