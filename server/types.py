@@ -41,6 +41,10 @@ class DataType(enum.Enum):
     BYTES = "BYTES"
     BF16 = "BF16"
 
+    # Members are singletons, so identity hashes them; Enum's own __hash__ is a Python
+    # function, and datatypes key the lookups that run several times a request.
+    __hash__ = object.__hash__
+
     @classmethod
     def parse(cls, name: str) -> DataType:
         try:

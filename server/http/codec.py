@@ -59,6 +59,8 @@ _INTEGER_TYPES: Final = frozenset(
     }
 )
 _FP32_MAX: Final = float(np.finfo(np.float32).max)
+# Each integer datatype's (min, max), looked up once rather than by np.iinfo per input.
+_INTEGER_RANGE: Final = {t: (np.iinfo(t.numpy).min, np.iinfo(t.numpy).max) for t in _INTEGER_TYPES}
 
 
 # --- JSON helpers ---------------------------------------------------------------------------
@@ -370,10 +372,10 @@ def _json_to_numpy(name: str, datatype: DataType, flat: list[Any]) -> npt.NDArra
         if not kinds <= {int}:
             raise _wrong_elements(name, datatype, "integers")
         if flat:
-            info = np.iinfo(datatype.numpy)
+            lowest, highest = _INTEGER_RANGE[datatype]
             low, high = min(flat), max(flat)
-            if low < info.min or high > info.max:
-                bad = low if low < info.min else high
+            if low < lowest or high > highest:
+                bad = low if low < lowest else high
                 raise invalid_arg(
                     f"input '{name}': value {bad} is out of range for {datatype.value}"
                 )
