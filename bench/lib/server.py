@@ -23,9 +23,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 if str(REPO_ROOT / "tests") not in sys.path:
     sys.path.append(str(REPO_ROOT / "tests"))
 
-from serverproc import ServerProcess, start_server  # noqa: E402
+from serverproc import ServerProcess, free_ports, start_server  # noqa: E402
 
-__all__ = ["ServerProcess", "grpc_ready", "serve"]
+__all__ = ["ServerProcess", "free_ports", "grpc_ready", "serve"]
 
 
 @contextmanager

@@ -52,6 +52,11 @@ SUITES: tuple[Suite, ...] = (
         "ge-serve beside real Triton and KServe (../shared/peers): ratios, memory, start-up",
     ),
     Suite(
+        "ceiling",
+        "bench.suites.ceiling",
+        "ge-serve against a bare uvicorn/grpc.aio server on `simple`: the frameworks' share",
+    ),
+    Suite(
         "cpu-per-request",
         "bench.cpu_per_request",
         "the server's CPU time per request on each protocol, one client, from /proc",
