@@ -5,10 +5,10 @@ The bare server is uvicorn (httptools) and grpc.aio on one uvloop loop, as ge-se
 does only what the protocol requires (parse, add and subtract with numpy, encode). Its
 throughput is the ceiling of any change to ge-serve's request path that keeps these
 frameworks: a measuring stick for where the cost lies (and where Triton stands against
-it), not a goal. Both serve `simple` as ../shared/peers builds it (max batch 8, `dynamic_batching {}`).
-perf_analyzer drives HTTP binary and gRPC, wrk plain JSON. The two servers alternate in
-rounds (ge first, then bare first, ...); each figure is the median of its rounds, and each
-ratio the median of the rounds' ratios.
+it), not a goal. Both serve `simple` as ../shared/peers builds it (max batch 8,
+`dynamic_batching {}`). perf_analyzer drives HTTP binary and gRPC, wrk plain JSON. The
+two servers alternate in rounds (ge first, then bare first, ...); each figure is the
+median of its rounds, and each ratio the median of the rounds' ratios.
 
     python -m bench run ceiling --out bench/results/ceiling
     python -m bench run ceiling --rounds 1 --concurrency 1 --protocols grpc  # smoke
@@ -30,24 +30,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.lib.models import EXAMPLES
+from bench.lib.models import Batching, make_repo
 from bench.lib.perfa import find_perf_analyzer, run_perf_analyzer
 from bench.lib.server import REPO_ROOT, free_ports, serve
 
 PROG = "python -m bench run ceiling"
-CONFIG = """name: "simple"
-max_batch_size: 8
-input [
-  { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
-  { name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }
-]
-output [
-  { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
-  { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] }
-]
-instance_group [ { count: 1 kind: KIND_CPU } ]
-dynamic_batching { }
-"""
 _WRK_SCRIPT = """wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.body = '%s'
@@ -56,14 +43,6 @@ BODY = json.dumps({"inputs": [
     {"name": name, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
     for name in ("INPUT0", "INPUT1")
 ]})  # fmt: skip
-
-
-def write_repo(root: Path) -> Path:
-    model = root / "repo" / "simple"
-    (model / "1").mkdir(parents=True)
-    shutil.copyfile(EXAMPLES / "simple" / "1" / "model.onnx", model / "1" / "model.onnx")
-    (model / "config.pbtxt").write_text(CONFIG)
-    return root / "repo"
 
 
 @contextmanager
@@ -190,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pa = find_perf_analyzer()
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ceiling-") as tmp:
-        repo = write_repo(Path(tmp))
+        repo = make_repo(Path(tmp) / "repo", "simple", batching=Batching())
         script = Path(tmp) / "post.lua"
         script.write_text(_WRK_SCRIPT % BODY)
         for index in range(args.rounds):
