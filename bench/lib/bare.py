@@ -27,8 +27,7 @@ from ge_serve.protos import grpc_service_pb2_grpc as pb_grpc
 
 MODEL = "simple"
 _NAMES = ("INPUT0", "INPUT1", "OUTPUT0", "OUTPUT1")
-_TENSORS = [{"name": f"{kind}{i}", "datatype": "INT32", "shape": [-1, 16]}
-            for kind in ("INPUT", "OUTPUT") for i in (0, 1)]  # fmt: skip
+_TENSORS = [{"name": name, "datatype": "INT32", "shape": [-1, 16]} for name in _NAMES]
 _META = orjson.dumps({
     "name": MODEL, "versions": ["1"], "platform": "onnxruntime_onnx",
     "inputs": _TENSORS[:2], "outputs": _TENSORS[2:],
