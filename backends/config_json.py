@@ -19,7 +19,7 @@ def config_to_json(config: model_config_pb2.ModelConfig) -> dict[str, Any]:
     data: dict[str, Any] = json_format.MessageToDict(
         config,
         preserving_proto_field_name=True,
-        including_default_value_fields=True,
+        always_print_fields_with_no_presence=True,
     )
     _ints_as_numbers(config, data)
     return data
@@ -41,7 +41,7 @@ def _ints_as_numbers(message: Message, data: dict[str, Any]) -> None:
             continue
         value = getattr(message, field.name)
         if field.type in _INT64_TYPES:
-            if field.label == FieldDescriptor.LABEL_REPEATED:
+            if field.is_repeated:
                 data[field.name] = [int(v) for v in value]
             else:
                 data[field.name] = int(value)
@@ -53,7 +53,7 @@ def _ints_as_numbers(message: Message, data: dict[str, Any]) -> None:
                         _ints_as_numbers(sub, data[field.name][str(key)])
                 elif value_field.type in _INT64_TYPES:
                     data[field.name] = {k: int(v) for k, v in data[field.name].items()}
-            elif field.label == FieldDescriptor.LABEL_REPEATED:
+            elif field.is_repeated:
                 for sub, sub_data in zip(value, data[field.name], strict=True):
                     _ints_as_numbers(sub, sub_data)
             else:

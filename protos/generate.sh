@@ -13,7 +13,7 @@
 # own copies. Output is deterministic for the pinned grpcio-tools version.
 set -euo pipefail
 
-GRPC_TOOLS_VERSION="1.62.3"   # keep in sync with pyproject.toml
+GRPC_TOOLS_VERSION="1.80.1"   # keep in sync with pyproject.toml
 PACKAGE="ge_serve.protos"
 PROTOS=(model_config.proto grpc_service.proto health.proto)
 

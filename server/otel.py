@@ -1,8 +1,8 @@
 """OpenTelemetry mode: traces become spans exported over OTLP/HTTP by the OpenTelemetry
 SDK's batch span processor (`--trace-config opentelemetry,url=...`, `resource=`, `bsp_*`).
 
-The exporter is the SDK's OTLP/HTTP one with JSON encoding: the protobuf encoding's
-package needs a protobuf newer than the one gRPC's generated code here is built with.
+The exporter is the standard OTLP/HTTP one with protobuf encoding
+(`opentelemetry-exporter-otlp-proto-http`), which every OTLP collector accepts.
 
 Each traced request is a top-level `InferRequest` span with a span for its model inside,
 and a `compute` span inside that; an ensemble step's model span sits inside the ensemble's
@@ -22,7 +22,7 @@ from .tracing import Trace
 class OtelSink:
     def __init__(self, settings: OtelSettings) -> None:
         # Imported here: only a server in OpenTelemetry mode needs the SDK.
-        from opentelemetry.exporter.otlp.json.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor

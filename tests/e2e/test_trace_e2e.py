@@ -7,6 +7,7 @@ traceparent."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import http.server
 import json
 import threading
@@ -208,7 +209,7 @@ def test_a_bls_call_is_traced_as_its_callers_child(traced: ServerProcess) -> Non
 
 
 class Receiver(http.server.BaseHTTPRequestHandler):
-    """An OTLP/HTTP collector for one test: it keeps every export's JSON body."""
+    """An OTLP/HTTP collector for one test: it keeps every export's body (protobuf)."""
 
     exports: list[dict[str, Any]] = []
 
@@ -277,8 +278,7 @@ def test_opentelemetry_spans_reach_an_otlp_receiver(repo: Path) -> None:
             def spans() -> list[dict[str, Any]]:
                 found = []
                 for export in Receiver.exports:
-                    document = json.loads(export["body"])
-                    for resource in document.get("resourceSpans", []):
+                    for resource in otlp_document(export["body"]).get("resourceSpans", []):
                         for scope in resource.get("scopeSpans", []):
                             found += scope.get("spans", [])
                 return found
@@ -286,7 +286,7 @@ def test_opentelemetry_spans_reach_an_otlp_receiver(repo: Path) -> None:
             poll(lambda: len(spans()) >= 14, 30, "OTLP export")
         export = Receiver.exports[0]
         assert export["path"] == "/v1/traces"
-        assert export["type"].startswith("application/json")
+        assert export["type"].startswith("application/x-protobuf")
         found = spans()
         by_trace: dict[str, list[dict[str, Any]]] = {}
         for span in found:
@@ -312,12 +312,30 @@ def test_opentelemetry_spans_reach_an_otlp_receiver(repo: Path) -> None:
         ]
         events = [e["name"] for e in http_spans["add1"]["events"]]
         assert events == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
-        resource = json.loads(Receiver.exports[0]["body"])["resourceSpans"][0]["resource"]
+        resource = otlp_document(Receiver.exports[0]["body"])["resourceSpans"][0]["resource"]
         names = {a["key"]: a["value"] for a in resource["attributes"]}
         assert names["service.name"] == {"stringValue": "ge-serve-test"}
     finally:
         receiver.shutdown()
         receiver.server_close()
+
+
+def otlp_document(body: bytes) -> dict[str, Any]:
+    """An OTLP/HTTP protobuf export as OTLP's JSON form (ids as lower-case hex)."""
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    request = ExportTraceServiceRequest.FromString(body)
+    document: dict[str, Any] = json_format.MessageToDict(request)
+    for resource in document.get("resourceSpans", []):
+        for scope in resource.get("scopeSpans", []):
+            for span in scope.get("spans", []):
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in span:
+                        span[key] = base64.b64decode(span[key]).hex()
+    return document
 
 
 def chain_input_named(module: Any = httpclient) -> list[Any]:

@@ -31,12 +31,8 @@ def tritonclient_request(
     inputs = []
     for name, array in arrays.items():
         datatype = DataType.from_numpy(array.dtype).value
-        if array.dtype == ml_dtypes.bfloat16:
-            tensor = triton_grpc.InferInput(name, list(array.shape), "BF16")
-            tensor.set_data_from_numpy(array.astype(np.float32))
-        else:
-            tensor = triton_grpc.InferInput(name, list(array.shape), datatype)
-            tensor.set_data_from_numpy(array)
+        tensor = triton_grpc.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     options: dict[str, Any] = {
         "model_version": "",

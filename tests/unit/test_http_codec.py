@@ -868,7 +868,7 @@ def _client_inputs(
     }
     if binary:
         arrays["f16"] = ("FP16", np.array([0.5, -2], dtype=np.float16))
-        arrays["bf16"] = ("BF16", np.array([[1.5, -3.0]], dtype=np.float32))
+        arrays["bf16"] = ("BF16", np.array([[1.5, -3.0]], dtype=ml_dtypes.bfloat16))
     inputs = []
     for name, (datatype, arr) in arrays.items():
         infer_input = triton_http.InferInput(name, list(arr.shape), datatype)

@@ -1,4 +1,4 @@
-"""protos/ must stay wire-compatible with Triton's protobufs (as in tritonclient 2.51.0).
+"""protos/ must stay wire-compatible with Triton's protobufs (as in tritonclient 2.73.0).
 
 Our .proto files are registered under Triton's own file names with descriptors equal to
 tritonclient's, so ge_serve.protos and tritonclient.grpc can be imported into one process.

@@ -176,7 +176,7 @@ def test_proto_field_names_and_every_field(config: model_config_pb2.ModelConfig)
         is_message = (
             field.message_type is not None and not field.message_type.GetOptions().map_entry
         )
-        repeated = field.label == field.LABEL_REPEATED
+        repeated = field.is_repeated
         if field.containing_oneof is None and (not is_message or repeated):
             assert field.name in data, field.name
     assert data["platform"] == "" and data["runtime"] == ""
