@@ -171,6 +171,22 @@ class ShapeBucket:
     shapes: Mapping[str, tuple[int, ...]]
 
 
+@dataclass(frozen=True, slots=True)
+class TextGeneration:
+    """What a generative (text in, text out) model tells the front ends that speak text
+    rather than tensors (the OpenAI-compatible API): how to turn chat messages into its
+    prompt, and how long a prompt plus its answer may be. Set by the backend that loads
+    such a model; the front end renders the template, the model only sees text."""
+
+    # A Jinja2 chat template (Hugging Face's convention: `messages`, `bos_token`,
+    # `eos_token`, `add_generation_prompt`), or None where the model has none.
+    chat_template: str | None
+    bos_token: str
+    eos_token: str
+    # Prompt tokens plus generated tokens, at most.
+    max_model_len: int
+
+
 @dataclass(slots=True)
 class LoadedModel:
     """A loaded model version: one executor per slot, plus what the scheduler must honour."""
@@ -190,6 +206,8 @@ class LoadedModel:
     # The executors hold no per-thread state (no device context bound to the slot
     # thread): the scheduler may run a very short execution on another thread.
     thread_free: bool = False
+    # Set for generative text models (see TextGeneration); None for every other model.
+    text_generation: TextGeneration | None = None
 
     def close(self) -> None:
         for executor in self.executors:
