@@ -45,7 +45,7 @@ def _ints_as_numbers(message: Message, data: dict[str, Any]) -> None:
                 data[field.name] = [int(v) for v in value]
             else:
                 data[field.name] = int(value)
-        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+        elif field.message_type is not None:
             if field.message_type.GetOptions().map_entry:
                 value_field = field.message_type.fields_by_name["value"]
                 if value_field.type == FieldDescriptor.TYPE_MESSAGE:

@@ -9,7 +9,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ge_serve.backends.base import ShapeRejected, TextGeneration
+from ge_serve.backends.base import ShapeRejected
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.ensemble import StepCall
 from ge_serve.scheduler.work import Array, Timings, WorkItem
@@ -167,10 +167,6 @@ class InferenceServer:
     def model_config(self, name: str, version: str = "") -> model_config_pb2.ModelConfig:
         """The config as loaded (auto-completed); each front end prints it its own way."""
         return self.lifecycle.get(name, version).config
-
-    def text_generation(self, name: str, version: str = "") -> TextGeneration | None:
-        """A ready generative model's chat template and limits; None for other models."""
-        return self.lifecycle.get(name, version).loaded.text_generation
 
     # --- inference -----------------------------------------------------------------------
 
