@@ -45,7 +45,7 @@ from .acl import (
     PreparedModel,
     TensorDesc,
 )
-from .shapes import DIMS, HW, RANGE, describe_gears, format_range, gear_values, in_range
+from .shapes import DESCRIBED, DIMS, HW, describe_gears, format_range, gear_values, in_range
 from .sim_cost import DeviceTimeline, SimCost
 from .sim_desc import check_declared, planned_desc, query_size, row_share
 from .sim_device import Allocation, SimDevice, SimStream, format_bytes
@@ -327,8 +327,8 @@ class SimRuntime:
         call = "aclmdlSetDatasetTensorDesc (simulated)"
         self._bound(model.device_id, call)
         desc = model.desc
-        if desc.shape_kind != RANGE:
-            raise AclError(call, ACL_ERROR_INVALID_PARAM, "the model has no shape ranges")
+        if desc.shape_kind not in DESCRIBED:
+            raise AclError(call, ACL_ERROR_INVALID_PARAM, "the model has no dynamic shapes")
         data = desc.data_inputs()
         if len(shapes) != len(data):
             raise AclError(call, ACL_ERROR_INVALID_PARAM, f"{len(data)} input shapes are needed")
@@ -428,7 +428,7 @@ class SimRuntime:
                     "set_dynamic_hw_size)",
                 )
             return list(desc.shape_gears[state.gear])
-        if desc.shape_kind == RANGE:
+        if desc.shape_kind in DESCRIBED:
             if state.shapes is None:
                 raise AclError(
                     call,

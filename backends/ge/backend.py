@@ -25,7 +25,7 @@ from ge_serve.protos import model_config_pb2
 from .acl import AclRuntime, ModelSource
 from .executor import GeExecutor
 from .options import GePlan, check_gears, intra_threads, make_plan, parameters
-from .shapes import range_output_max
+from .shapes import DYNAMIC, OutputSizer, describe_mode, range_output_max
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,11 @@ class GeBackend:
             output_max=range_output_max(spec.model_path, plan.shapes),
         )
         prepared = self.runtime.prepare_model(source)
+        sizer = (
+            OutputSizer(spec.model_path)
+            if plan.shapes.kind == DYNAMIC and spec.model_path.suffix.lower() == ".onnx"
+            else None
+        )
         if plan.unused_options:
             log.info(
                 "model '%s': GE options without an atc flag are not applied to the OM: %s",
@@ -113,7 +118,13 @@ class GeBackend:
             for slot in _slots(spec, plan):
                 executors.append(
                     GeExecutor.create(
-                        slot, self.runtime, prepared, plan.inputs, plan.outputs, plan.batching
+                        slot,
+                        self.runtime,
+                        prepared,
+                        plan.inputs,
+                        plan.outputs,
+                        plan.batching,
+                        sizer,
                     )
                 )
             gears = executors[0].gears
@@ -129,12 +140,13 @@ class GeBackend:
                     log.exception("releasing slot %s failed", executor.slot.name)
             raise
         log.info(
-            "model '%s' version %d on %s: %d slot(s) on NPU %s, %s, %s",
+            "model '%s' version %d on %s: %d slot(s) on NPU %s, mode: %s; %s, %s",
             spec.name,
             spec.version,
             self.runtime.kind,
             len(executors),
             ",".join(str(d) for d in plan.device_ids),
+            describe_mode(plan.shapes),
             _shapes_note(executors[0], gears),
             prepared.note if self._timing() == "measured" else f"{prepared.note}, {self._timing()}",
         )

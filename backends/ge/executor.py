@@ -13,7 +13,11 @@ exact shapes of an ND or image-size gear, selected before each run, or shapes in
 ranges of a shape-range OM, described before each run with tensor descs; anything else is
 refused (`ShapeRejected`, answered as invalid input) with what the model accepts. Their
 buffers are sized for the largest gear, or each range's maximum, and their output shapes
-are read back from the device after each run.
+are read back from the device after each run. A GE dynamic-shape OM (-1 dims with no
+upper bound) has no maximum to size for: its buffers start small and grow on demand, the
+outputs' to the shapes shape inference gives for each request's inputs (`OutputSizer`);
+a grown buffer replaces the old one in the pool (and in its dataset), so requests that
+fit allocate nothing.
 """
 
 from __future__ import annotations
@@ -39,9 +43,12 @@ from .acl import (
     TensorPlan,
 )
 from .shapes import (
+    DESCRIBED,
     DIMS,
+    DYNAMIC,
     HW,
     RANGE,
+    OutputSizer,
     describe_gears,
     format_range,
     gear_index,
@@ -125,6 +132,7 @@ class GeExecutor:
         outputs: tuple[TensorPlan, ...],
         batching: bool,
         output_max: tuple[tuple[str, tuple[int, ...]], ...] = (),
+        sizer: OutputSizer | None = None,
     ) -> None:
         self.slot = slot
         self._runtime = runtime
@@ -139,10 +147,17 @@ class GeExecutor:
         self._outputs = _match(outputs, desc.outputs, "output")
         self._output_max = dict(output_max)
         self._kind = desc.shape_kind
+        self._sizer = sizer
+        if self._kind == DYNAMIC and sizer is None:
+            raise ValueError(
+                "the model has dims with no upper bound (GE dynamic shape), and without its "
+                "ONNX source there is nothing to size its output buffers from; give its "
+                "dims ranges with an upper bound (graph.ge.inputShape low~high) or gears"
+            )
         if desc.shape_gears:
             leads = {g[0][0] for g in desc.shape_gears if g and g[0]}
             self.gears: tuple[int, ...] = tuple(sorted(leads)) if batching else ()
-        elif desc.shape_kind == RANGE:
+        elif desc.shape_kind in DESCRIBED:
             self.gears = ()
         elif desc.gears:
             self.gears = desc.gears
@@ -170,6 +185,7 @@ class GeExecutor:
         inputs: tuple[TensorPlan, ...],
         outputs: tuple[TensorPlan, ...],
         batching: bool,
+        sizer: OutputSizer | None = None,
     ) -> GeExecutor:
         """Open the device, make a stream, load a copy of the model and build the pool."""
         device = slot.device_id
@@ -182,7 +198,15 @@ class GeExecutor:
             stream = runtime.create_stream(device)
             model = runtime.load_model(device, prepared)
             executor = cls(
-                slot, runtime, model, stream, inputs, outputs, batching, prepared.source.output_max
+                slot,
+                runtime,
+                model,
+                stream,
+                inputs,
+                outputs,
+                batching,
+                prepared.source.output_max,
+                sizer,
             )
             executor._build_pool()
             return executor
@@ -205,7 +229,7 @@ class GeExecutor:
     def describe_shapes(self) -> str:
         assert self._model is not None
         desc = self._model.desc
-        if self._kind == RANGE:
+        if self._kind in DESCRIBED:
             names = [t.name for t in desc.data_inputs()]
             return ", ".join(
                 f"{n} {format_range(r)}" for n, r in zip(names, desc.ranges, strict=True)
@@ -247,7 +271,7 @@ class GeExecutor:
         """A tensor's buffer bytes: as the model reports them (at its largest gear), or, for
         a shape-range model, which reports 0, at the ranges' maximum."""
         if tensor.size > 0 or self._kind != RANGE:
-            return tensor.size
+            return tensor.size  # GE dynamic shape: 0, grown on demand
         assert self._model is not None
         desc = self._model.desc
         if what == "input":
@@ -355,7 +379,7 @@ class GeExecutor:
             arrays.append(array)
         shapes = [tuple(int(d) for d in a.shape) for a in arrays]
         index = -1
-        if self._kind == RANGE:
+        if self._kind in DESCRIBED:
             for (plan, _), shape, ranges in zip(ordered, shapes, desc.ranges, strict=True):
                 if not in_range(shape, ranges):
                     raise ShapeRejected(
@@ -373,12 +397,16 @@ class GeExecutor:
                     f"{describe_gears(desc)}"
                 )
             index = found
+        if self._kind == DYNAMIC:
+            self._grow(ordered, shapes)
+            in_ds, out_ds = self._in_dataset, self._out_dataset
+            assert in_ds is not None and out_ds is not None
         moved_in = 0
         for (_, tensor), array in zip(ordered, arrays, strict=True):
             data = np.ascontiguousarray(array, dtype=tensor.dtype)
             runtime.memcpy_h2d(self._in_buffers[tensor.index], data)
             moved_in += data.nbytes
-        if self._kind == RANGE:
+        if self._kind in DESCRIBED:
             runtime.set_input_shapes(model, in_ds, shapes)
         elif self._kind == DIMS:
             runtime.set_dynamic_dims(model, in_ds, gear_values(desc, index))
@@ -408,6 +436,54 @@ class GeExecutor:
         stats.bytes_in += moved_in
         stats.bytes_out += moved_out
         return results
+
+    def _grow(
+        self, ordered: list[tuple[TensorPlan, TensorDesc]], shapes: list[tuple[int, ...]]
+    ) -> None:
+        """Grow the buffers a GE dynamic-shape execution needs past their size: inputs to
+        this request's bytes, outputs to what shape inference says they will hold. The
+        datasets are rebuilt over the new buffers; requests that fit change nothing."""
+        assert self._model is not None and self._sizer is not None
+        try:
+            produced = self._sizer(
+                {tensor.name: shape for (_, tensor), shape in zip(ordered, shapes, strict=True)}
+            )
+        except ValueError as exc:
+            raise BackendError(f"sizing the outputs: {exc}") from exc
+        need_in = {
+            tensor.index: math.prod(shape) * tensor.dtype.itemsize
+            for (_, tensor), shape in zip(ordered, shapes, strict=True)
+        }
+        need_out = {}
+        for tensor in self._model.desc.outputs:
+            shape = produced.get(tensor.name)
+            if shape is None:
+                raise BackendError(f"shape inference gives no shape for output '{tensor.name}'")
+            need_out[tensor.index] = math.prod(shape) * tensor.dtype.itemsize
+        grow_in = [i for i, n in need_in.items() if n > self._in_buffers[i].size]
+        grow_out = [i for i, n in need_out.items() if n > self._out_buffers[i].size]
+        if not grow_in and not grow_out:
+            return
+        runtime, device = self._runtime, self._device
+        for grown, buffers, dataset, need in (
+            (grow_in, self._in_buffers, "_in_dataset", need_in),
+            (grow_out, self._out_buffers, "_out_dataset", need_out),
+        ):
+            if not grown:
+                continue
+            old = getattr(self, dataset)
+            if old is not None:
+                runtime.destroy_dataset(device, old)
+                setattr(self, dataset, None)
+            for index in grown:
+                # Room to grow: a slightly longer request should not reallocate again.
+                size = _rounded(need[index])
+                previous = buffers[index]
+                buffers[index] = self._alloc(size)
+                runtime.free(previous)
+                self.stats.buffers -= 1
+                self.stats.bytes -= previous.size
+            setattr(self, dataset, runtime.create_dataset(device, buffers))
 
     def _shape(self, tensor: TensorDesc, batch: int) -> tuple[int, ...]:
         dims = tensor.dims
@@ -459,6 +535,11 @@ class GeExecutor:
         attempt(runtime.close_device, device)
         if errors:
             raise BackendError(f"closing {self.slot.name}: {errors[0]}") from errors[0]
+
+
+def _rounded(size: int) -> int:
+    """A grown buffer's bytes: the next power of two (at least 4 KiB)."""
+    return max(4096, 1 << max(size - 1, 0).bit_length())
 
 
 def _quietly(call: Any, *args: Any) -> None:

@@ -41,7 +41,7 @@ from ge_serve.protos import model_config_pb2
 from ..onnx_io import CONFIG_NUMPY
 from ..paths import resolve_inside
 from .acl import TensorPlan
-from .shapes import BATCH, RANGE, STATIC, ShapePlan, plan_shapes
+from .shapes import BATCH, DESCRIBED, STATIC, ShapePlan, plan_shapes
 
 log = logging.getLogger(__name__)
 
@@ -385,10 +385,10 @@ def make_plan(
     shapes = plan_shapes(options, inputs, batching, int(config.max_batch_size))
     if shapes.kind not in (BATCH, STATIC):
         dims_text = ""
-    if shapes.kind == RANGE:
+    if shapes.kind in DESCRIBED:
         gears: tuple[int, ...] = ()
         high = shapes.inputs[0].ranges[0][1] if batching else 0
-        if batching and high < config.max_batch_size:
+        if batching and 0 <= high < config.max_batch_size:
             raise ValueError(
                 f"max_batch_size {config.max_batch_size} exceeds the batch range of "
                 f"graph.ge.inputShape '{shapes.input_shape}' (at most {high})"

@@ -10,10 +10,15 @@ An OM is compiled for one of atc's mutually exclusive shape modes, and ge-serve 
 - **image-size gears** (`--dynamic_image_size`, `graph.ge.dynamicImageSize`
   "640,640;960,960"): each input's two -1 dims are its height and width, selected with
   `set_dynamic_hw_size`;
-- **shape ranges** (npu_ge's default dynamic mode): `graph.ge.inputShape` with ranges
-  ("1~8,3,32~1280,32~1280"); each execution describes its input shapes with tensor descs
-  and reads the output shapes back. Device buffers are sized for each range's maximum,
-  so every range needs an upper bound; an unbounded -1 has none to size for.
+- **shape ranges**: `graph.ge.inputShape` with ranges ("1~8,3,32~1280,32~1280"); each
+  execution describes its input shapes with tensor descs and reads the output shapes
+  back. Device buffers are sized once for each range's maximum;
+- **GE dynamic shape** (npu_ge's default mode): dims other than the batch that vary with
+  no gears and no upper bound (`-1` in the config's dims or in `graph.ge.inputShape`).
+  atc compiles an OM with -1 dims; each execution describes its input shapes with tensor
+  descs and reads the output shapes back, as for ranges. With no maximum to size for,
+  device buffers grow on demand: each request's output shapes come from shape inference
+  on the ONNX model (`OutputSizer`, cached per input shape).
 
 Gear modes accept only their listed shapes, exactly: the scheduler pads requests up to a
 gear (`ShapeBucket`) and an executor refuses anything else, as the NPU does. Ranges accept
@@ -23,6 +28,7 @@ any shape inside them.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +42,9 @@ BATCH = "batch"
 DIMS = "dims"
 HW = "hw"
 RANGE = "range"
+DYNAMIC = "dynamic"
+# Modes whose executions describe their input shapes with tensor descs.
+DESCRIBED = (RANGE, DYNAMIC)
 
 Shape = tuple[int, ...]
 
@@ -198,13 +207,33 @@ def plan_shapes(
     inputs = given or _config_shapes(plans, batching, -1)
     if not any(s.dynamic for s in inputs) or only_batch_varies(inputs, batching):
         return ShapePlan(BATCH if batching else STATIC)
-    unbounded = [f"'{s.name}' {list(s.dims)}" for s in inputs if s.dynamic]
-    raise ValueError(
-        f"input(s) {', '.join(unbounded)} have dims other than the batch that vary; the GE "
-        'backend compiles them as ND gears (graph.ge.dynamicDims, e.g. "1,128;8,64"), '
-        'image-size gears (graph.ge.dynamicImageSize, e.g. "640,640;960,960") or shape '
-        'ranges with an upper bound (graph.ge.inputShape, e.g. "x:1~8,3,32~1280,32~1280")'
-    )
+    if not given and batching and max_batch_size > 0:
+        # The batch dim is bounded by max_batch_size even where the others are not.
+        inputs = tuple(_bound_batch(s, max_batch_size) for s in inputs)
+    return ShapePlan(DYNAMIC, tuple(inputs))
+
+
+def _bound_batch(shape: InputShape, max_batch_size: int) -> InputShape:
+    if not shape.dims or shape.dims[0] >= 0:
+        return shape
+    return InputShape(shape.name, shape.dims, ((1, max_batch_size), *shape.ranges[1:]))
+
+
+def describe_mode(plan: ShapePlan) -> str:
+    """Which mode a model runs in and why, for the load log."""
+    if plan.kind == DYNAMIC:
+        return (
+            f"GE dynamic shape ({plan.input_shape}): dims other than the batch vary with no "
+            "gears or upper bound; gears (graph.ge.dynamicDims, graph.ge.dynamicImageSize) "
+            "or ranges (graph.ge.inputShape low~high) run faster where the shapes are known"
+        )
+    if plan.kind == RANGE:
+        return f"shape ranges ({plan.input_shape}), from graph.ge.inputShape"
+    if plan.kind == DIMS:
+        return "ND gears, from graph.ge.dynamicDims"
+    if plan.kind == HW:
+        return "image-size gears, from graph.ge.dynamicImageSize"
+    return "fixed shapes" if plan.kind == STATIC else "batch gears"
 
 
 def _fill(inputs: Sequence[InputShape], values: Sequence[int]) -> tuple[Shape, ...]:
@@ -261,15 +290,14 @@ def _hw_plan(inputs: Sequence[InputShape], gears: Sequence[tuple[int, ...]]) -> 
 
 
 def _range_plan(inputs: Sequence[InputShape]) -> ShapePlan:
-    for shape in inputs:
-        for dim, (_, high) in zip(shape.dims, shape.ranges, strict=True):
-            if dim < 0 and high < 0:
-                raise ValueError(
-                    f"graph.ge.inputShape '{shape.text()}': a -1 dim has no upper bound, and "
-                    "ge-serve sizes device buffers for each range's maximum; give a range "
-                    "such as 32~1280"
-                )
-    return ShapePlan(RANGE, tuple(inputs))
+    """Ranges, or GE dynamic shape where a -1 dim has no upper bound (atc compiles both as
+    one dynamic-shape OM; only the buffer sizing differs)."""
+    unbounded = any(
+        dim < 0 and high < 0
+        for shape in inputs
+        for dim, (_, high) in zip(shape.dims, shape.ranges, strict=True)
+    )
+    return ShapePlan(DYNAMIC if unbounded else RANGE, tuple(inputs))
 
 
 # --- at run time, against what the loaded model reports ---------------------------------
@@ -310,13 +338,19 @@ def describe_gears(desc: ModelDesc) -> str:
 
 
 def in_range(shape: Shape, ranges: Sequence[tuple[int, int]]) -> bool:
+    """Inside the ranges; a high of -1 has no upper bound (GE dynamic shape)."""
     return len(shape) == len(ranges) and all(
-        low <= d <= high for d, (low, high) in zip(shape, ranges, strict=True)
+        low <= d and (high < 0 or d <= high) for d, (low, high) in zip(shape, ranges, strict=True)
     )
 
 
 def format_range(ranges: Sequence[tuple[int, int]]) -> str:
-    return "[" + ", ".join(str(lo) if lo == hi else f"{lo}~{hi}" for lo, hi in ranges) + "]"
+    def one(low: int, high: int) -> str:
+        if high < 0:
+            return "-1" if low <= 1 else f"{low}~-1"
+        return str(low) if low == high else f"{low}~{high}"
+
+    return "[" + ", ".join(one(lo, hi) for lo, hi in ranges) + "]"
 
 
 def _fixed_at(model: onnx.ModelProto, inputs: Mapping[str, Shape]) -> onnx.ModelProto:
@@ -478,3 +512,32 @@ def range_output_max(path: Path, plan: ShapePlan) -> tuple[tuple[str, Shape], ..
         if value.name in named:
             shapes[value.name] = named[value.name]
     return tuple(infer_output_shapes(lighten(model), shapes).items())
+
+
+class OutputSizer:
+    """Each output's shape for a request's input shapes, from shape inference on the ONNX
+    model, cached per input shapes: a GE dynamic-shape OM has no maximum to size its
+    output buffers for, so the executor sizes them per request (and grows them on demand).
+    Thread-safe: every slot of a model shares one."""
+
+    def __init__(self, path: Path, limit: int = 4096) -> None:
+        model = onnx.load(str(path), load_external_data=False)
+        initializers = {i.name for i in model.graph.initializer}
+        self.inputs = tuple(v.name for v in model.graph.input if v.name not in initializers)
+        self._model = lighten(model)
+        self._cache: dict[tuple[Shape, ...], dict[str, Shape]] = {}
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def __call__(self, shapes: Mapping[str, Shape]) -> dict[str, Shape]:
+        key = tuple(tuple(shapes[name]) for name in self.inputs if name in shapes)
+        with self._lock:
+            found = self._cache.get(key)
+        if found is not None:
+            return found
+        found = infer_output_shapes(self._model, dict(shapes))
+        with self._lock:
+            if len(self._cache) >= self._limit:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = found
+        return found

@@ -156,12 +156,13 @@ def test_string_tensors_are_refused() -> None:
         make_plan(parsed)
 
 
-def test_dynamic_non_batch_dims_are_refused() -> None:
+def test_dynamic_non_batch_dims_compile_as_ge_dynamic_shape() -> None:
     body = SIMPLE_IO.replace("dims: [ 16 ]", "dims: [ -1 ]")
     parsed = model_config_pb2.ModelConfig()
     text_format.Parse(f'name: "m"\nmax_batch_size: 2\n{body}', parsed)
-    with pytest.raises(ValueError, match="compiles them as ND gears"):
-        make_plan(parsed)
+    plan = make_plan(parsed)
+    assert plan.shapes.kind == "dynamic" and plan.gears == ()
+    assert plan.input_shape == "INPUT0:1~2,-1;INPUT1:1~2,-1"
 
 
 def test_parse_gears_accepts_commas_too() -> None:

@@ -1,0 +1,47 @@
+"""GE dynamic shape through the real `ge-serve` on the simulated NPU with its cost profile:
+a BERT-like encoder with -1 sequence dims and no gears loads on GE whether its config
+names npu_ge or no backend at all, serves lengths 5 to 200, and the log names the mode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.http as httpclient
+from dynamic_models import dynamic_encoder_folder
+from serverproc import running_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+
+def test_a_bert_with_minus_one_lengths_serves_on_ge_named_or_not(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    named = dynamic_encoder_folder(repo, "bert_npu_ge")
+    dynamic_encoder_folder(repo, "bert_plain", backend=False)
+    session = ort.InferenceSession(str(named / "1" / "model.onnx"))
+    flags = ["--device", "sim", "--sim-cost", "default"]
+    with running_server([repo], flags) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        for model in ("bert_npu_ge", "bert_plain"):
+            for length in (5, 37, 128, 200):
+                ids = (np.arange(2 * length, dtype=np.int64).reshape(2, length) * 7) % 64
+                mask = np.ones_like(ids)
+                inputs = []
+                for name, array in (("INPUT_IDS", ids), ("ATTENTION_MASK", mask)):
+                    tensor = httpclient.InferInput(name, list(array.shape), "INT64")
+                    tensor.set_data_from_numpy(array)
+                    inputs.append(tensor)
+                result = client.infer(model, inputs)
+                hidden, embedding = session.run(None, {"INPUT_IDS": ids, "ATTENTION_MASK": mask})
+                np.testing.assert_allclose(result.as_numpy("LAST_HIDDEN"), hidden, rtol=1e-6)
+                np.testing.assert_allclose(result.as_numpy("EMBEDDING"), embedding, rtol=1e-6)
+            config = client.get_model_config(model)
+            assert config["backend"] in ("ge", "npu_ge")
+        log = server.log()
+        assert "host CPU" not in log
+        for model in ("bert_npu_ge", "bert_plain"):
+            line = next(x for x in log.splitlines() if f"model '{model}' version 1 on sim" in x)
+            assert "mode: GE dynamic shape (INPUT_IDS:1~8,-1;ATTENTION_MASK:1~8,-1)" in line
+            assert "simulated timing 'npu_ge_resnet50'" in line
