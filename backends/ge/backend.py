@@ -25,7 +25,8 @@ from ge_serve.protos import model_config_pb2
 from .acl import AclRuntime, ModelSource
 from .executor import GeExecutor
 from .options import GePlan, check_gears, intra_threads, make_plan, parameters
-from .shapes import DYNAMIC, OutputSizer, describe_mode, range_output_max
+from .shape_infer import OutputSizer, range_output_max
+from .shapes import DYNAMIC, describe_mode
 
 log = logging.getLogger(__name__)
 

@@ -37,15 +37,12 @@ from .acl import (
     TensorPlan,
 )
 from .options import numpy_dtype
+from .shape_infer import infer_output_shapes, inference_model, inferred_model, lighten
 from .shapes import (
     DESCRIBED,
     DYNAMIC,
     RANGE,
     Shape,
-    infer_output_shapes,
-    inference_model,
-    inferred_model,
-    lighten,
     max_shape,
 )
 

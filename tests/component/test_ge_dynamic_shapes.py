@@ -31,7 +31,7 @@ from ge_serve.backends.ge.acl_real import AclReal
 from ge_serve.backends.ge.acl_sim import SimRuntime
 from ge_serve.backends.ge.backend import GeBackend
 from ge_serve.backends.ge.compile import AtcCompiler
-from ge_serve.backends.ge.shapes import infer_output_shapes, inference_model, lighten
+from ge_serve.backends.ge.shape_infer import infer_output_shapes, inference_model, lighten
 
 pytestmark = pytest.mark.timeout(120)
 
