@@ -351,7 +351,17 @@ def resource_families(sampler: ResourceSampler | None, devices: bool) -> Iterato
         "busy time and the execution durations are simulated, its results are real",
         "gauge",
     )
+    executions = _family(
+        "ge_serve_device_executions",
+        "Graph executions on the device (a batch split across instance_exec_blocks graphs "
+        "counts once per graph)",
+        "counter",
+    )
     for device in snapshot.devices:
+        if device.executions >= 0:
+            executions.add_sample(
+                f"{executions.name}_total", {"device": device.device}, float(device.executions)
+            )
         for family, attribute in families:
             value = float(getattr(device, attribute))
             if value >= 0:  # a device may not know its utilization (reported as < 0)
@@ -360,6 +370,8 @@ def resource_families(sampler: ResourceSampler | None, devices: bool) -> Iterato
             labels = {"device": device.device, "profile": device.simulated_timing}
             simulated.add_sample(simulated.name, labels, 1.0)
     yield from (family for family, _ in families)
+    if executions.samples:
+        yield executions
     if simulated.samples:
         yield simulated
 

@@ -215,8 +215,10 @@ def _bound_batch(shape: InputShape, max_batch_size: int) -> InputShape:
     return InputShape(shape.name, shape.dims, ((1, max_batch_size), *shape.ranges[1:]))
 
 
-def describe_mode(plan: ShapePlan) -> str:
+def describe_mode(plan: ShapePlan, static_loop: bool = False) -> str:
     """Which mode a model runs in and why, for the load log."""
+    if static_loop:
+        return "static model: a batch-1 graph run once per row (static_model)"
     if plan.kind == DYNAMIC:
         return (
             f"GE dynamic shape ({plan.input_shape}): dims other than the batch vary with no "

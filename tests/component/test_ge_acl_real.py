@@ -150,17 +150,21 @@ def test_pool_is_reused_not_reallocated(runtime: AclReal, fake: FakeAcl, tmp_pat
     finish(runtime, fake)
 
 
-def test_static_model_compiles_one_batch(
+def test_static_model_compiles_batch_one_and_loops_over_the_batch(
     runtime: AclReal, fake: FakeAcl, tmp_path: Path, atc_log: Path
 ) -> None:
-    folder = simple_model(tmp_path, extra=params(static_model="1"))
+    # npu_ge's static_model with a dynamic batch: a batch-1 graph, run once per row.
+    folder = simple_model(tmp_path, extra=params(static_model="true"))
     loaded = GeBackend(runtime).load(spec_for(folder))
-    assert loaded.gears == (8,)
+    assert loaded.gears == ()  # any batch up to max_batch_size, no padding
     (argv,) = [json.loads(line) for line in atc_log.read_text().splitlines()]
-    assert "--input_shape=INPUT0:8,16;INPUT1:8,16" in argv
+    assert "--input_shape=INPUT0:1,16;INPUT1:1,16" in argv
     assert not any(a.startswith("--dynamic_batch_size") for a in argv)
-    inputs = simple_inputs(8)
+    before = fake.executions
+    inputs = simple_inputs(5)
     check_simple(loaded.executors[0].execute(inputs), inputs)
+    assert fake.executions - before == 5
+    assert loaded.executors[0].pool_stats()["by_gear"] == {1: 5}  # type: ignore[attr-defined]
     loaded.close()
     finish(runtime, fake)
 

@@ -1,16 +1,21 @@
-"""GE dynamic shape through the real `ge-serve` on the simulated NPU with its cost profile:
-a BERT-like encoder with -1 sequence dims and no gears loads on GE whether its config
-names npu_ge or no backend at all, serves lengths 5 to 200, and the log names the mode."""
+"""npu_ge's meanings through the real `ge-serve` on the simulated NPU with its cost profile:
+GE dynamic shape (a BERT-like encoder with -1 sequence dims and no gears loads on GE
+whether its config names npu_ge or no backend at all, serves lengths 5 to 200, and the
+log names the mode), and `instance_exec_blocks: 2`, which the device metrics show as two
+graph executions per batch."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.http as httpclient
 from dynamic_models import dynamic_encoder_folder
+from ge_helpers import EXAMPLES, SIMPLE_IO, make_model, params, simple_inputs
+from polling import poll
 from serverproc import running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -45,3 +50,29 @@ def test_a_bert_with_minus_one_lengths_serves_on_ge_named_or_not(tmp_path: Path)
             line = next(x for x in log.splitlines() if f"model '{model}' version 1 on sim" in x)
             assert "mode: GE dynamic shape (INPUT_IDS:1~8,-1;ATTENTION_MASK:1~8,-1)" in line
             assert "simulated timing 'npu_ge_resnet50'" in line
+
+
+def test_instance_exec_blocks_runs_two_graph_executions_per_batch(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    # On its own simulated device, so the device's executions are this model's alone.
+    body = "max_batch_size: 8\n" + SIMPLE_IO
+    body += params(instance_exec_blocks="2", device_ids="1")
+    make_model(repo, "blocks", body, EXAMPLES / "simple" / "1" / "model.onnx")
+    flags = ["--device", "sim", "--sim-devices", "2", "--metrics-interval-ms", "50"]
+    with running_server([repo], flags) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        feeds = simple_inputs(4)
+        inputs = []
+        for name, array in feeds.items():
+            tensor = httpclient.InferInput(name, list(array.shape), "INT32")
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        result = client.infer("blocks", inputs)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), feeds["INPUT0"] + feeds["INPUT1"])
+        line = 'ge_serve_device_executions_total{device="sim1"} 2.0'
+        poll(
+            lambda: line in httpx.get(server.metrics_url, timeout=10).text,
+            30,
+            "two graph executions on sim1",
+        )
+        assert "1 slot(s) of 2 graphs each (instance_exec_blocks)" in server.log()
