@@ -187,16 +187,16 @@ class GeBackend:
                     log.exception("releasing slot %s failed", graph.slot.name)
             raise
         log.info(
-            "model '%s' version %d on %s: %d slot(s)%s on NPU %s, mode: %s; %s, %s",
+            "model '%s' version %d on %s: %d slot(s)%s on NPU %s, %s, %s; mode: %s",
             spec.name,
             spec.version,
             self.runtime.kind,
             len(slots),
             f" of {blocks} graphs each (instance_exec_blocks)" if blocks > 1 else "",
             ",".join(str(d) for d in plan.device_ids),
-            describe_mode(plan.shapes, plan.static_loop),
             _shapes_note(first, gears),
             prepared.note if self._timing() == "measured" else f"{prepared.note}, {self._timing()}",
+            describe_mode(plan.shapes, plan.static_loop),
         )
         with self._lock:
             self._executors.update(graphs)
