@@ -82,6 +82,7 @@ class SimRuntime:
         memory_per_device: int = 16 * 1024**3,
         on_execute: ExecuteHook | None = None,
         cost: SimCost | None = None,
+        perturb: float = 0.0,
     ) -> None:
         if devices < 1:
             raise ValueError("--sim-devices must be at least 1")
@@ -90,6 +91,9 @@ class SimRuntime:
         self.devices = [SimDevice(i, memory_per_device) for i in range(devices)]
         self.on_execute = on_execute
         self.cost = cost
+        # A test mode (--sim-perturb): float outputs come back as x * (1 + p) + p, as a
+        # conversion that lost accuracy would, so the load-time accuracy check can fail.
+        self.perturb = perturb
         self.timelines = [DeviceTimeline() for _ in range(devices)]
         self._tls = threading.local()
         self._lock = threading.Lock()
@@ -105,8 +109,12 @@ class SimRuntime:
     def describe(self) -> str:
         memory = format_bytes(self.devices[0].capacity)
         timing = self.cost.describe() if self.cost else "onnxruntime's own timing"
+        perturbed = (
+            f", outputs perturbed by {self.perturb:g} (--sim-perturb)" if self.perturb else ""
+        )
         return (
-            f"simulated NPU ({len(self.devices)} device(s), {memory} each, onnxruntime, {timing})"
+            f"simulated NPU ({len(self.devices)} device(s), {memory} each, onnxruntime, "
+            f"{timing}{perturbed})"
         )
 
     def device_count(self) -> int:
@@ -380,7 +388,7 @@ class SimRuntime:
         out_buffers = list(outputs.handle.buffers)
         out_state: _SimDataset = outputs.handle
         out_state.shapes = None
-        hook = self.on_execute
+        hook, perturb = self.on_execute, self.perturb
         cost, timeline = self.cost, self.timelines[model.device_id]
         rows = in_shapes[0][0] if loaded.batching and in_shapes and in_shapes[0] else 1
         rows_equiv = rows * row_share(desc, in_shapes, loaded.batching)
@@ -400,6 +408,8 @@ class SimRuntime:
                 produced = []
                 for tensor, result in zip(desc.outputs, results, strict=True):
                     array = np.asarray(result)
+                    if perturb and array.dtype.kind == "f":
+                        array = (array * (1 + perturb) + perturb).astype(array.dtype)
                     check_declared(tensor, array.shape)
                     target = _view(device, out_buffers[tensor.index], tensor, array.shape)
                     target[...] = array

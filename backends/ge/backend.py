@@ -22,6 +22,7 @@ from ge_serve.backends.onnx_io import autocomplete_from_onnx
 from ge_serve.backends.warmup import run_warmup
 from ge_serve.protos import model_config_pb2
 
+from . import accuracy
 from .acl import AclRuntime, ModelSource
 from .blocks import GeBlocks
 from .executor import GeExecutor
@@ -178,7 +179,15 @@ class GeBackend:
                 check_gears(gears, int(config.max_batch_size), "the compiled model")
             if plan.static_loop or blocks > 1:
                 gears = ()  # any batch: looped over rows or split across graphs
-            run_warmup(spec, slots, gears)
+            warm = run_warmup(spec, slots, gears)
+            probe = accuracy.Probe(
+                plan.batching,
+                gears,
+                plan.inputs,
+                plan.shapes,
+                dict(buckets[0].shapes) if buckets else {},
+            )
+            report = accuracy.check(spec, slots[0], probe, params, warm)
         except BaseException:
             for graph in graphs:
                 try:
@@ -210,6 +219,7 @@ class GeBackend:
                 "timing": self._timing(),
                 "devices": plan.device_ids,
                 "pool_stats": lambda: [graph.pool_stats() for graph in graphs],
+                accuracy.CONFIG_KEY: report or [],
             },
         )
 
