@@ -31,6 +31,7 @@ from .options import (
     check_gears,
     intra_threads,
     make_plan,
+    output_max_shapes,
     parameters,
     with_npu_config,
 )
@@ -137,7 +138,7 @@ class GeBackend:
             atc_options=plan.atc_options,
             intra_threads=intra_threads(params, plan.slot_count, self.cores),
             shapes=plan.shapes,
-            output_max=range_output_max(spec.model_path, plan.shapes),
+            output_max=range_output_max(spec.model_path, plan.shapes) or output_max_shapes(params),
         )
         prepared = self.runtime.prepare_model(source)
         sizer = (

@@ -40,7 +40,7 @@ from .acl import (
     TensorDesc,
     TensorPlan,
 )
-from .pool import PoolStats, match, quietly, regrow
+from .pool import PoolStats, match, quietly, range_bound, regrow
 from .shape_infer import OutputSizer
 from .shapes import (
     DESCRIBED,
@@ -221,12 +221,7 @@ class GeExecutor:
         if what == "input":
             ranges = desc.ranges[[t.index for t in desc.data_inputs()].index(tensor.index)]
             return math.prod(max_shape(ranges)) * tensor.dtype.itemsize
-        shape = self._output_max.get(tensor.name)
-        if shape is None:
-            raise ValueError(
-                f"output '{tensor.name}' of the shape-range model has no known maximum size "
-                "to size its device buffer for; give it fixed dims in config.pbtxt"
-            )
+        shape = self._output_max.get(tensor.name) or range_bound(tensor, desc, self._batching)
         return math.prod(shape) * tensor.dtype.itemsize
 
     def _alloc(self, size: int) -> DeviceBuffer:

@@ -441,6 +441,27 @@ def with_npu_config(backend_config: dict[str, str], environ: Mapping[str, str]) 
     return {**kept, **options}
 
 
+def output_max_shapes(params: Mapping[str, str]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """`output_max_shape` ("PROBS:4,80,12;BOXES:4,100,6"): each output's largest shape, to
+    size the device buffers of a prebuilt shape-range OM whose outputs vary."""
+    text = params.get("output_max_shape", "").strip()
+    found: list[tuple[str, tuple[int, ...]]] = []
+    for part in (p.strip() for p in text.split(";")):
+        if not part:
+            continue
+        name, sep, dims = part.rpartition(":")
+        try:
+            shape = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            shape = ()
+        if not sep or not name or not shape or min(shape) < 1:
+            raise ValueError(
+                f"parameter output_max_shape entry '{part}' is not name:dims with dims >= 1"
+            )
+        found.append((name.strip(), shape))
+    return tuple(found)
+
+
 def intra_threads(params: Mapping[str, str], streams: int, cores: int) -> int:
     """onnxruntime threads per simulated stream: configured, or the cores shared out."""
     configured = params.get("intra_op_thread_count", "").strip()

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .acl import AclRuntime, Dataset, DeviceBuffer, TensorDesc, TensorPlan
+from .acl import AclRuntime, Dataset, DeviceBuffer, ModelDesc, TensorDesc, TensorPlan
 
 log = logging.getLogger(__name__)
 
@@ -106,3 +106,19 @@ def regrow(
         stats.allocations += 1
         stats.bytes += fresh.size - previous.size
     return runtime.create_dataset(device, buffers)
+
+
+def range_bound(tensor: TensorDesc, desc: ModelDesc, batching: bool) -> tuple[int, ...]:
+    """An output shape no execution of a shape-range OM exceeds, read from the ranges
+    alone, for a prebuilt OM (no ONNX to infer its outputs from; it reports their size as
+    0): a batching output's first dim is the batch range's maximum, and every other -1
+    dim the largest maximum of any input's varying dim. Outputs that grow past every
+    input dim (upsampling) need `output_max_shape`; the true shapes are read after each
+    run, and one past its buffer fails that execution, naming the output."""
+    highs = [high for ranges in desc.ranges for low, high in ranges if low != high]
+    widest = max(highs, default=1)
+    batch = max((ranges[0][1] for ranges in desc.ranges if ranges), default=1)
+    return tuple(
+        (batch if batching and i == 0 else widest) if d < 0 else d
+        for i, d in enumerate(tensor.dims)
+    )

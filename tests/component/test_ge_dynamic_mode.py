@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from dynamic_models import dynamic_encoder_folder, rec_folder
+from dynamic_models import REC_IO, REC_RANGE, dynamic_encoder_folder, rec_folder
 from fake_acl import FakeAcl, build_module
-from ge_helpers import FAKE_ATC_BIN, spec_for
+from fake_acl import om as fake_om
+from ge_helpers import FAKE_ATC_BIN, make_model, params, spec_for
 
 from ge_serve.backends.base import LoadedModel, ShapeRejected
 from ge_serve.backends.ge.acl import AclRuntime
@@ -150,3 +151,46 @@ def test_dynamic_shape_runs_with_the_cost_profile_and_gears_stay_faster(tmp_path
         assert timeline.executions == 1 and timeline.modelled_ns == 2 * 1_000_000
     finally:
         loaded.close()
+
+
+# --- prebuilt shape-range OMs whose outputs vary -----------------------------------------
+
+
+def prebuilt_rec(tmp_path: Path, extra: str = "") -> Path:
+    """OCR recognition compiled by atc beforehand with a width range; the config names the
+    OM, so there is no ONNX to infer the output's maximum from."""
+    source = rec_folder(tmp_path / "source") / "1" / "model.onnx"
+    built = fake_om.build_shaped(source, "Ascend310P3", {"input_shape": REC_RANGE}, 5)
+    body = 'default_model_filename: "model.om"\nmax_batch_size: 4\n' + REC_IO + extra
+    folder = make_model(tmp_path, "prebuilt_rec", body)
+    fake_om.write(built, folder / "1" / "model.om")
+    return folder
+
+
+def test_a_prebuilt_range_om_with_varying_outputs_loads_and_serves(tmp_path: Path) -> None:
+    fake = FakeAcl(soc="Ascend310P3")
+    real = AclReal(build_module(fake), AtcCompiler(tmp_path / "om"))
+    folder = prebuilt_rec(tmp_path)
+    session = ort.InferenceSession(str(tmp_path / "source" / "ocr_rec" / "1" / "model.onnx"))
+    try:
+        loaded = GeBackend(real, cores=1).load(spec_for(folder, "model.om"))
+        executor = loaded.executors[0]
+        for batch, width in ((1, 32), (4, 320), (3, 101)):
+            image = np.random.default_rng(width).random((batch, 3, 32, width), np.float32)
+            got = executor.execute({"X": image})["PROBS"]
+            # The true output shape, read back after the run.
+            assert got.shape == (batch, (width - 4) // 4 + 1, 12)
+            np.testing.assert_allclose(got, session.run(None, {"X": image})[0], rtol=1e-5)
+        # The OM reports PROBS [-1, -1, 12] of size 0: its buffer is sized from the ranges,
+        # the batch dim at the batch range's 4, the other at the widest range's 320.
+        stats = executor.pool_stats()  # type: ignore[attr-defined]
+        assert stats["bytes"] == 4 * 3 * 32 * 320 * 4 + 4 * 320 * 12 * 4
+        loaded.close()
+        # output_max_shape sizes it exactly.
+        exact = prebuilt_rec(tmp_path / "exact", params(output_max_shape="PROBS:4,80,12"))
+        loaded = GeBackend(real, cores=1).load(spec_for(exact, "model.om"))
+        assert loaded.executors[0].pool_stats()["bytes"] == 4 * 3 * 32 * 320 * 4 + 4 * 80 * 12 * 4  # type: ignore[attr-defined]
+        loaded.close()
+    finally:
+        real.shutdown()
+    assert fake.leaks() == [] and fake.violations == []
