@@ -1,9 +1,11 @@
 """The GE backend (`ge`, alias `npu_ge`): models on NPU streams through the ACL shim.
 
-A model version becomes one executor slot per (device, stream), each with its own copy of
-the model (see `options` for how a config decides the slots and gears). Loading is
-blocking and runs off the event loop; a model is returned, and so becomes READY, only
-after its `model_warmup` samples ran on every slot.
+A model version becomes executor slots on its devices, each of `instance_exec_blocks`
+graphs (a model copy on its own stream; `blocks.GeBlocks` splits a batch across them),
+see `options` for how a config decides the slots and gears. Loading is blocking and runs
+off the event loop; a model is returned, and so becomes READY, only after its
+`model_warmup` samples ran on every slot and the conversion accuracy check (`accuracy`)
+compared the compiled model with onnxruntime.
 """
 
 from __future__ import annotations
