@@ -184,6 +184,8 @@ def _generated(probe: Probe, seed: int) -> dict[str, Array]:
     rng = np.random.default_rng(seed)
     feeds: dict[str, Array] = {}
     ranges = {s.name: s.ranges for s in probe.shapes.inputs}
+    # A shape gear fixes the batch: every input takes the first bucket's.
+    lead = next((s[0] for s in probe.bucket.values() if s), 1) if probe.batching else 1
     for plan in probe.inputs:
         shape = probe.bucket.get(plan.name)
         if shape is None and plan.name in ranges and probe.shapes.kind in DESCRIBED:
@@ -191,7 +193,7 @@ def _generated(probe: Probe, seed: int) -> dict[str, Array]:
             shape = (1, *shape[1:]) if probe.batching else shape
         if shape is None:
             dims = tuple(_inside(1, -1) if d < 0 else d for d in plan.dims)
-            shape = (1, *dims) if probe.batching else dims
+            shape = (lead, *dims) if probe.batching else dims
         feeds[plan.name] = _values(rng, plan.dtype, shape)
     return feeds
 

@@ -97,14 +97,23 @@ def regrow(
     grown = [index for index, size in need.items() if size > buffers[index].size]
     if not grown:
         return dataset
+    # Allocate first: when the device is out of memory, the pool stays as it was and only
+    # this request fails.
+    fresh: dict[int, DeviceBuffer] = {}
+    try:
+        for index in grown:
+            fresh[index] = runtime.malloc(device, rounded(need[index]))
+    except BaseException:
+        for buffer in fresh.values():
+            quietly(runtime.free, buffer)
+        raise
     if dataset is not None:
         runtime.destroy_dataset(device, dataset)
-    for index in grown:
-        fresh = runtime.malloc(device, rounded(need[index]))
-        previous, buffers[index] = buffers[index], fresh
+    for index, buffer in fresh.items():
+        previous, buffers[index] = buffers[index], buffer
         runtime.free(previous)
         stats.allocations += 1
-        stats.bytes += fresh.size - previous.size
+        stats.bytes += buffer.size - previous.size
     return runtime.create_dataset(device, buffers)
 
 

@@ -19,7 +19,7 @@ from fake_acl import FakeAcl, build_module
 from fake_acl import om as fake_om
 from ge_helpers import FAKE_ATC_BIN, make_model, params, spec_for
 
-from ge_serve.backends.base import LoadedModel, ShapeRejected
+from ge_serve.backends.base import BackendError, LoadedModel, ShapeRejected
 from ge_serve.backends.ge.acl import AclRuntime
 from ge_serve.backends.ge.acl_real import AclReal
 from ge_serve.backends.ge.acl_sim import SimRuntime
@@ -194,3 +194,22 @@ def test_a_prebuilt_range_om_with_varying_outputs_loads_and_serves(tmp_path: Pat
     finally:
         real.shutdown()
     assert fake.leaks() == [] and fake.violations == []
+
+
+def test_a_request_too_big_for_the_device_fails_alone(tmp_path: Path) -> None:
+    # Growing buffers allocates before it lets go of anything: out of device memory, the
+    # request fails and the pool serves the next one as before.
+    runtime = SimRuntime(memory_per_device=4 * 1024**2)
+    backend = GeBackend(runtime, {"accuracy_check": "false"}, cores=1)
+    loaded = backend.load(spec_for(dynamic_encoder_folder(tmp_path)))
+    try:
+        executor = loaded.executors[0]
+        assert executor.execute(feeds(2, 50))["LAST_HIDDEN"].shape == (2, 50, 16)
+        before = executor.pool_stats()  # type: ignore[attr-defined]
+        with pytest.raises(BackendError, match="out of memory"):
+            executor.execute(feeds(8, 20000))  # LAST_HIDDEN alone is 10 MiB
+        assert executor.pool_stats()["bytes"] == before["bytes"]  # type: ignore[attr-defined]
+        assert executor.execute(feeds(2, 60))["EMBEDDING"].shape == (2, 16)
+    finally:
+        loaded.close()
+    assert runtime.devices[0].used == 0
