@@ -6,6 +6,8 @@ graph executions per batch."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from pathlib import Path
 
@@ -15,7 +17,15 @@ import onnxruntime as ort
 import pytest
 import tritonclient.http as httpclient
 from dynamic_models import dynamic_encoder_folder
-from ge_helpers import EXAMPLES, SIMPLE_IO, make_model, params, simple_inputs
+from ge_helpers import (
+    EXAMPLES,
+    FAKE_ACL_SITE,
+    FAKE_ATC_BIN,
+    SIMPLE_IO,
+    make_model,
+    params,
+    simple_inputs,
+)
 from polling import poll
 from serverproc import running_server
 
@@ -81,3 +91,35 @@ def test_instance_exec_blocks_runs_two_graph_executions_per_batch(tmp_path: Path
         # One batch of 4: two graph executions of 2 rows each.
         assert poll(lambda: executions() == 4.0, 30, "two graph executions on sim1")
         assert "1 slot(s) of 2 graphs each (instance_exec_blocks)" in server.log()
+
+
+def test_on_pyacl_a_bert_naming_no_backend_compiles_as_ge_dynamic_shape(tmp_path: Path) -> None:
+    # The real ACL shim under the server, on the fake pyACL and fake atc.
+    repo = tmp_path / "repo"
+    folder = dynamic_encoder_folder(repo, "bert_plain", backend=False)
+    session = ort.InferenceSession(str(folder / "1" / "model.onnx"))
+    atc_log = tmp_path / "atc.log"
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(FAKE_ACL_SITE), os.environ.get("PYTHONPATH", "")]),
+        "PATH": f"{FAKE_ATC_BIN}{os.pathsep}{os.environ['PATH']}",
+        "FAKE_ATC_LOG": str(atc_log),
+    }
+    extra = ["--device", "npu", "--atc-cache-dir", str(tmp_path / "om")]
+    with running_server([repo], extra, env=env) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        for length in (5, 200):
+            ids = (np.arange(length, dtype=np.int64).reshape(1, length) * 3) % 64
+            inputs = []
+            for name, array in (("INPUT_IDS", ids), ("ATTENTION_MASK", np.ones_like(ids))):
+                tensor = httpclient.InferInput(name, list(array.shape), "INT64")
+                tensor.set_data_from_numpy(array)
+                inputs.append(tensor)
+            got = client.infer("bert_plain", inputs).as_numpy("LAST_HIDDEN")
+            expected = session.run(None, {"INPUT_IDS": ids, "ATTENTION_MASK": np.ones_like(ids)})
+            np.testing.assert_allclose(got, expected[0], rtol=1e-6)
+        log = server.log()
+        assert "model 'bert_plain' version 1 on npu" in log
+        assert "mode: GE dynamic shape (INPUT_IDS:1~8,-1;ATTENTION_MASK:1~8,-1)" in log
+        assert server.stop() == 0  # every pyACL resource released (the fake's finalize)
+    (argv,) = [json.loads(line) for line in atc_log.read_text().splitlines()]
+    assert "--input_shape=INPUT_IDS:1~8,-1;ATTENTION_MASK:1~8,-1" in argv
