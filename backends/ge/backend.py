@@ -38,7 +38,7 @@ from .options import (
     with_npu_config,
 )
 from .shape_infer import OutputSizer, range_output_max
-from .shapes import DYNAMIC, describe_mode
+from .shapes import DYNAMIC, MODE_NAMES, describe_mode
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,10 @@ class GeBackend:
             ",".join(str(d) for d in plan.device_ids),
             _shapes_note(first, gears),
             prepared.note if self._timing() == "measured" else f"{prepared.note}, {self._timing()}",
-            describe_mode(plan.shapes, plan.static_loop),
+            describe_mode(plan.shapes, plan.static_loop)
+            if spec.model_path.suffix.lower() != ".om"
+            else f"{MODE_NAMES.get(first.shape_kind, 'batch gears or fixed shapes')}, as the "
+            "prebuilt OM was compiled",
         )
         with self._lock:
             self._executors.update(graphs)

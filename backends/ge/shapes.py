@@ -215,6 +215,14 @@ def _bound_batch(shape: InputShape, max_batch_size: int) -> InputShape:
     return InputShape(shape.name, shape.dims, ((1, max_batch_size), *shape.ranges[1:]))
 
 
+MODE_NAMES = {
+    DIMS: "ND gears",
+    HW: "image-size gears",
+    RANGE: "shape ranges",
+    DYNAMIC: "GE dynamic shape",
+}
+
+
 def describe_mode(plan: ShapePlan, static_loop: bool = False) -> str:
     """Which mode a model runs in and why, for the load log."""
     if static_loop:

@@ -167,13 +167,17 @@ def prebuilt_rec(tmp_path: Path, extra: str = "") -> Path:
     return folder
 
 
-def test_a_prebuilt_range_om_with_varying_outputs_loads_and_serves(tmp_path: Path) -> None:
+def test_a_prebuilt_range_om_with_varying_outputs_loads_and_serves(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     fake = FakeAcl(soc="Ascend310P3")
     real = AclReal(build_module(fake), AtcCompiler(tmp_path / "om"))
     folder = prebuilt_rec(tmp_path)
     session = ort.InferenceSession(str(tmp_path / "source" / "ocr_rec" / "1" / "model.onnx"))
     try:
-        loaded = GeBackend(real, cores=1).load(spec_for(folder, "model.om"))
+        with caplog.at_level(logging.INFO, logger="ge_serve.backends.ge.backend"):
+            loaded = GeBackend(real, cores=1).load(spec_for(folder, "model.om"))
+        assert "mode: shape ranges, as the prebuilt OM was compiled" in caplog.text
         executor = loaded.executors[0]
         for batch, width in ((1, 32), (4, 320), (3, 101)):
             image = np.random.default_rng(width).random((batch, 3, 32, width), np.float32)
