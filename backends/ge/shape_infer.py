@@ -43,7 +43,7 @@ def _known_outputs(model: onnx.ModelProto) -> dict[str, Shape | None]:
     for value in model.graph.output:
         tensor = value.type.tensor_type
         shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim)
-        known = tensor.HasField("shape") and all(d >= 1 for d in shape)
+        known = tensor.HasField("shape") and all(d >= 0 for d in shape)
         found[value.name] = shape if known else None
     return found
 

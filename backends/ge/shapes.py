@@ -48,7 +48,7 @@ Shape = tuple[int, ...]
 @dataclass(frozen=True, slots=True)
 class InputShape:
     """One input of `--input_shape`: its dims (-1 where they vary) and (low, high) per dim
-    (equal for a fixed dim; high -1 for an unbounded -1)."""
+    (equal for a fixed dim; (0, -1) for an unbounded -1, which takes any size)."""
 
     name: str
     dims: Shape
@@ -114,7 +114,7 @@ def parse_input_shape(text: str) -> tuple[InputShape, ...]:
                 ranges.append((low, high))
             elif low == -1:
                 dims.append(-1)
-                ranges.append((1, -1))
+                ranges.append((0, -1))  # atc: -1 takes any size, 0 included
             elif low >= 1:
                 dims.append(low)
                 ranges.append((low, low))
@@ -152,7 +152,7 @@ def _config_shapes(
     shapes = []
     for plan in plans:
         dims = ((lead,) if batching else ()) + tuple(plan.dims)
-        ranges = tuple((1, -1) if d < 0 else (d, d) for d in dims)
+        ranges = tuple((0, -1) if d < 0 else (d, d) for d in dims)
         shapes.append(InputShape(plan.name, tuple(-1 if d < 0 else d for d in dims), ranges))
     return tuple(shapes)
 

@@ -145,7 +145,7 @@ def _shaped_desc(source: ModelSource) -> ModelDesc:
         )
         # GE dynamic shape has no maximum: shapes past the minimum tell which output
         # dims follow the inputs (two, as a strided dim may not move by one).
-        at_min = [tuple(low for low, _ in r) for r in ranges]
+        at_min = [tuple(max(low, 1) for low, _ in r) for r in ranges]
         samples: list[list[Shape]] = [at_min] + [
             [_probe(r, step) for r in ranges]
             for step in ((1, 64) if plan.kind == DYNAMIC else (0,))
