@@ -22,7 +22,7 @@ class PhotoMissing(RuntimeError):
     """scikit-image, or the photo asked for, is not installed."""
 
 
-def _load(name: str, path: Path) -> ModuleType:
+def load_module(name: str, path: Path) -> ModuleType:
     """The module at `path`, imported once under `name`."""
     if name in sys.modules:
         return sys.modules[name]
@@ -36,12 +36,12 @@ def _load(name: str, path: Path) -> ModuleType:
 
 def efficientnet_build() -> ModuleType:
     """examples/efficientnet/build.py as a module."""
-    return _load("efficientnet_build", EXAMPLES / "efficientnet" / "build.py")
+    return load_module("efficientnet_build", EXAMPLES / "efficientnet" / "build.py")
 
 
 def face_detect_build() -> ModuleType:
     """examples/face_detect/build.py as a module."""
-    return _load("face_detect_build", EXAMPLES / "face_detect" / "build.py")
+    return load_module("face_detect_build", EXAMPLES / "face_detect" / "build.py")
 
 
 def photo(name: str) -> bytes:
