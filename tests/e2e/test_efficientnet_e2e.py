@@ -60,8 +60,9 @@ def photo(name: str) -> bytes:
         pytest.skip(str(exc))
 
 
-def classify(triton: Triton, image: bytes) -> Any:
-    return triton.infer("efficientnet", {"image": np.array([image], dtype=np.object_)}, OUTPUTS)
+def classify(triton: Triton, image: bytes, **kwargs: Any) -> Any:
+    tensors = {"image": np.array([image], dtype=np.object_)}
+    return triton.infer("efficientnet", tensors, OUTPUTS, **kwargs)
 
 
 def labels(result: Any) -> list[str]:
@@ -83,6 +84,14 @@ def test_the_cat_is_a_cat_in_the_top_1(triton: Triton) -> None:
 def test_the_coffee_is_an_espresso_or_a_cup_in_the_top_5(triton: Triton) -> None:
     found = labels(classify(triton, photo("coffee.png")))
     assert COFFEE & set(found), found
+
+
+def test_a_request_asks_for_its_own_top_k(triton: Triton) -> None:
+    result = classify(triton, photo("chelsea.png"), parameters={"top_k": 2})
+    assert result.as_numpy("scores").shape == (2,) and labels(result)[0] in CATS
+    with pytest.raises(InferenceServerException) as raised:
+        classify(triton, photo("chelsea.png"), parameters={"top_k": 0})
+    triton.expect_error(raised.value, "INVALID_ARGUMENT", "top_k must be an integer")
 
 
 def test_bytes_that_are_no_image_are_the_clients_error(triton: Triton) -> None:

@@ -25,7 +25,8 @@ F32 = npt.NDArray[np.float32]
 
 
 class BadImage(ValueError):
-    """The request's bytes are not an image Pillow can read."""
+    """The request cannot be served: its bytes are no image Pillow reads, or a parameter
+    is out of range."""
 
 
 def decode_image(data: bytes) -> Image.Image:
