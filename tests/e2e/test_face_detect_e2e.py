@@ -11,6 +11,7 @@ package is missing.
 
 from __future__ import annotations
 
+import io
 import re
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from typing import Any
 import cvrepo
 import numpy as np
 import pytest
+from PIL import Image
 from protocols import PROTOCOLS, Triton
 from serverproc import REPO_ROOT, ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
@@ -79,6 +81,25 @@ def test_the_astronaut_has_one_face_where_her_face_is(triton: Triton) -> None:
     assert max(ly, ry) < ny < min(mly, mry), marks  # eyes, nose, mouth, top to bottom
     assert np.all((marks[0, :, 0] > x1) & (marks[0, :, 0] < x2)), marks
     assert np.all((marks[0, :, 1] > y1) & (marks[0, :, 1] < y2)), marks
+
+
+def test_a_large_image_is_shrunk_for_the_pyramid_and_boxes_scale_back(
+    server: ServerProcess,
+) -> None:
+    # 1536 x 1536: over face_steps.MAX_SIDE, so the cascade runs on a 1024 copy (P-Net's
+    # levels must fit its shape range) and the results are scaled back up.
+    with Image.open(io.BytesIO(photo("astronaut.png"))) as image:
+        large = image.convert("RGB").resize((1536, 1536), Image.Resampling.BICUBIC)
+    buffer = io.BytesIO()
+    large.save(buffer, format="PNG")
+    triton = Triton.connect("http", server)
+    try:
+        boxes = detect(triton, buffer.getvalue()).as_numpy("boxes")
+    finally:
+        triton.close()
+    assert boxes.shape == (1, 4), boxes
+    x1, y1, x2, y2 = boxes[0] / 3
+    assert 160 <= x1 <= 200 and 250 <= x2 <= 290 and 40 <= y1 <= 85 and 150 <= y2 <= 195, boxes
 
 
 def test_a_photo_without_faces_gives_none(triton: Triton) -> None:
