@@ -2,9 +2,9 @@
 
 A generative model (backend `llm`): the generation engine's iteration-level scheduler
 (GenerationScheduler). `sequence_batching`: the sequence batcher (SequenceBatcher). No
-`dynamic_batching`: one request, one execution (DirectScheduler). Otherwise the dynamic batcher, with the
-adaptive controller when the model or the server opts in. A scheduling block that cannot
-be honoured fails the load with its reason.
+`dynamic_batching`: one request, one execution (DirectScheduler). Otherwise the dynamic
+batcher, with the adaptive controller when the model or the server opts in. A scheduling
+block that cannot be honoured fails the load with its reason.
 """
 
 from __future__ import annotations

@@ -182,9 +182,9 @@ def build_step_inputs(
     # Each row's blocks, indexed by (row offset into flat_blocks) + slot // block_size.
     row_base = np.cumsum([0, *(len(row.blocks) for row in rows[:-1])])
     out_r = np.asarray(out_rows, np.intp)
-    blocks = flat_blocks[row_base[out_r] + slot // block_size]
+    blocks: _Index = flat_blocks[row_base[out_r] + slot // block_size]
     offsets = slot % block_size
-    feed = {
+    feed: dict[str, npt.NDArray[Any]] = {
         "input_ids": input_ids,
         "positions": positions,
         "block_table": table,

@@ -236,4 +236,4 @@ class Sampler:
             return int(kept[min(choice, keep - 1)])
         cumulative = np.cumsum(probs)
         choice = int(np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right"))
-        return min(choice, probs.shape[0] - 1)
+        return min(choice, int(probs.shape[0]) - 1)
