@@ -91,7 +91,13 @@ class GenerationScheduler:
 
         self._serial += 1
         seq = read_sequence(
-            self._model, item.inputs, context.parameters, context.responses, self._serial, on_done
+            self._model,
+            item.inputs,
+            context.parameters,
+            context.responses,
+            self._serial,
+            on_done,
+            context.requested_outputs,
         )
         self._pending += 1
         if self._drained is None:

@@ -32,6 +32,7 @@ def read_sequence(
     sink: ResponseSink,
     serial: int,
     on_done: Callable[[], None],
+    requested: tuple[str, ...] = (),
 ) -> Sequence:
     prompt = _text(inputs.get("text_input"), "text_input")
     if prompt is None:
@@ -84,6 +85,7 @@ def read_sequence(
         echo="" if (stream or exclude) else prompt,
         arrival_s=time.monotonic(),
         on_done=on_done,
+        reason_always="finish_reason" in requested,
     )
 
 

@@ -47,6 +47,9 @@ class Sequence:
     # Set from the event loop when the client has gone.
     cancelled: bool = False
     answer: list[str] = field(default_factory=list)
+    # The client named finish_reason among its outputs: every response carries it (empty
+    # until the last); otherwise only the last response does.
+    reason_always: bool = False
 
     @property
     def remaining(self) -> int:
@@ -58,11 +61,15 @@ class Sequence:
         return len(self.tokens) - self.prompt_len
 
     def response(self, text: str, final: bool) -> dict[str, Any]:
-        """One response's outputs (every declared output, so each response has all)."""
-        reason = [self.finish_reason.encode()] if final and self.finish_reason else []
-        return {
+        """One response's outputs: the text (a delta when streaming), the token counts so
+        far, and the finish reason on the last one (Triton's vLLM backend's outputs)."""
+        outputs = {
             "text_output": np.array([text.encode("utf-8")], dtype=object),
-            "finish_reason": np.array(reason, dtype=object),
             "num_input_tokens": np.array([self.prompt_len], dtype=np.int32),
             "num_output_tokens": np.array([self.generated], dtype=np.int32),
         }
+        if final and self.finish_reason:
+            outputs["finish_reason"] = np.array([self.finish_reason.encode()], dtype=object)
+        elif self.reason_always:
+            outputs["finish_reason"] = np.array([], dtype=object)
+        return outputs

@@ -8,33 +8,19 @@ reference (tests/llama_reference.py) gives the greedy continuation the server mu
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from serverproc import REPO_ROOT
+import smollm
 
-GRAPH_WRITER = REPO_ROOT / "examples" / "smollm" / "llama_onnx.py"
 EOS_TOKEN = "<|endoftext|>"
 VOCAB = 320  # 256 byte tokens, the EOS token, and unused rows
 BLOCK_SIZE = 8
-
-
-@cache
-def graph_writer() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("llama_onnx", GRAPH_WRITER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 @dataclass(frozen=True)
@@ -46,17 +32,8 @@ class TinyModel:
 
 @cache
 def tiny_model(seed: int = 0) -> TinyModel:
-    writer = graph_writer()
-    cfg = writer.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        max_position_embeddings=512,
-    )
-    return TinyModel(cfg, writer.random_weights(cfg, seed=seed), eos_id=256)
+    cfg = smollm.tiny_config(vocab_size=VOCAB, max_position_embeddings=512)
+    return TinyModel(cfg, smollm.llama_onnx().random_weights(cfg, seed=seed), eos_id=256)
 
 
 def byte_tokenizer() -> Any:
@@ -83,7 +60,7 @@ def write_tiny_llm(
     folder = repo / name
     version = folder / "1"
     version.mkdir(parents=True, exist_ok=True)
-    graph = graph_writer().build_step_graph(model.weights, model.cfg)
+    graph = smollm.llama_onnx().build_step_graph(model.weights, model.cfg)
     onnx.save_model(graph, str(version / "model.onnx"))
     byte_tokenizer().save(str(version / "tokenizer.json"))
     (version / "chat_template.jinja").write_text(
