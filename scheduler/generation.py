@@ -267,7 +267,7 @@ class GenerationScheduler:
         if reason is None:
             if seq.stream:
                 if delta:
-                    seq.sink.send(seq.response(delta, False), None, False)
+                    seq.sink.send(seq.response(delta, False, self._new_ids(seq)), None, False)
             elif delta:
                 seq.answer.append(delta)
             return
@@ -280,11 +280,18 @@ class GenerationScheduler:
         self._leave(seq)
         seq.finish_reason = reason
         text = delta if seq.stream else seq.echo + "".join(seq.answer) + delta
-        seq.sink.send(seq.response(text, True), None, True)
+        seq.sink.send(seq.response(text, True, self._new_ids(seq)), None, True)
         stats = self.generation_stats
         stats.finished[reason] += 1
         stats.e2e.observe(time.monotonic() - seq.arrival_s)
         seq.on_done()
+
+    @staticmethod
+    def _new_ids(seq: Sequence) -> list[int]:
+        """The generated tokens not sent yet (all of them for a non-streamed answer)."""
+        start = seq.prompt_len + seq.sent_ids
+        seq.sent_ids = seq.generated
+        return seq.tokens[start:]
 
     def _leave(self, seq: Sequence) -> None:
         if seq in self._running:

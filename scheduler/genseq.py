@@ -44,6 +44,8 @@ class Sequence:
     last_token_s: float = 0.0
     scheduled_s: float | None = None
     finish_reason: str | None = None
+    # Generated tokens already sent (in `output_ids`), when streaming.
+    sent_ids: int = 0
     # Set from the event loop when the client has gone.
     cancelled: bool = False
     answer: list[str] = field(default_factory=list)
@@ -60,11 +62,13 @@ class Sequence:
     def generated(self) -> int:
         return len(self.tokens) - self.prompt_len
 
-    def response(self, text: str, final: bool) -> dict[str, Any]:
+    def response(self, text: str, final: bool, ids: list[int]) -> dict[str, Any]:
         """One response's outputs: the text (a delta when streaming), the token counts so
-        far, and the finish reason on the last one (Triton's vLLM backend's outputs)."""
+        far, and the finish reason on the last one (Triton's vLLM backend's outputs), and
+        `ids`, the tokens behind the text (TensorRT-LLM's `output_ids`)."""
         outputs = {
             "text_output": np.array([text.encode("utf-8")], dtype=object),
+            "output_ids": np.array(ids, dtype=np.int32),
             "num_input_tokens": np.array([self.prompt_len], dtype=np.int32),
             "num_output_tokens": np.array([self.generated], dtype=np.int32),
         }

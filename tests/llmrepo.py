@@ -110,6 +110,7 @@ def llm_config(name: str, parameters: Mapping[str, str]) -> str:
                 ("finish_reason", "TYPE_STRING"),
                 ("num_input_tokens", "TYPE_INT32"),
                 ("num_output_tokens", "TYPE_INT32"),
+                ("output_ids", "TYPE_INT32"),
             )
         ),
         *(

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 MODEL_KEY = "llm"
 TEXT_INPUT = "text_input"
 OPTIONAL_INPUTS = ("stream", "sampling_parameters", "exclude_input_in_output", "max_tokens")
-OUTPUTS = ("text_output", "finish_reason", "num_input_tokens", "num_output_tokens")
+OUTPUTS = ("text_output", "finish_reason", "num_input_tokens", "num_output_tokens", "output_ids")
 
 
 @dataclass(slots=True)
@@ -130,5 +130,9 @@ def _check_config(config: model_config_pb2.ModelConfig) -> None:
     unknown = sorted(names - {TEXT_INPUT, *OPTIONAL_INPUTS})
     if unknown:
         raise ValueError(f"the llm backend does not know input(s) {unknown}")
-    if "text_output" not in {o.name for o in config.output}:
+    outputs = {o.name for o in config.output}
+    if "text_output" not in outputs:
         raise ValueError("the config must declare output 'text_output' (TYPE_STRING, dims [-1])")
+    extra = sorted(outputs - set(OUTPUTS))
+    if extra:
+        raise ValueError(f"the llm backend does not produce output(s) {extra}; it has {OUTPUTS}")
