@@ -32,7 +32,7 @@ class TinyModel:
 
 @cache
 def tiny_model(seed: int = 0) -> TinyModel:
-    cfg = smollm.tiny_config(vocab_size=VOCAB, max_position_embeddings=512)
+    cfg = smollm.tiny_config(vocab_size=VOCAB, max_position_embeddings=2048)
     return TinyModel(cfg, smollm.llama_onnx().random_weights(cfg, seed=seed), eos_id=256)
 
 

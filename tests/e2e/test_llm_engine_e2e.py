@@ -48,7 +48,9 @@ def prompts(count: int, base: str = "Request") -> list[str]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("llm")
-    llmrepo.write_tiny_llm(repo, MODEL)
+    # Long enough a context that a request of 1000 tokens is still running when its client
+    # leaves.
+    llmrepo.write_tiny_llm(repo, MODEL, {"max_model_len": "1024", "kv_cache_blocks": "256"})
     with running_server([repo]) as proc:
         yield proc
 
@@ -198,7 +200,7 @@ def test_late_request_gets_its_first_token_while_others_generate(server: ServerP
         async with httpx.AsyncClient(timeout=120) as client:
 
             async def long(index: int) -> None:
-                body = {"text_input": f"Long one {index}", "max_tokens": 200, "stream": True,
+                body = {"text_input": f"Long one {index}", "max_tokens": 600, "stream": True,
                         "sampling_parameters": params}  # fmt: skip
                 url = generate_url(server, stream=True)
                 async with client.stream("POST", url, json=body) as answer:
@@ -219,13 +221,13 @@ def test_late_request_gets_its_first_token_while_others_generate(server: ServerP
 
     seen = asyncio.run(run())
     # The late request was answered while every long one was still generating.
-    assert max(seen) < 200, seen
+    assert max(seen) < 600, seen
 
 
 def test_disconnect_frees_the_sequence_and_its_blocks(server: ServerProcess) -> None:
     aborted = metric(server, "vllm:request_success_total", finished_reason="abort")
     params = json.dumps({"temperature": 0, "ignore_eos": True})
-    body = {"text_input": "Leave early", "max_tokens": 240, "stream": True,
+    body = {"text_input": "Leave early", "max_tokens": 1000, "stream": True,
             "sampling_parameters": params}  # fmt: skip
     with httpx.stream("POST", generate_url(server, stream=True), json=body, timeout=30) as answer:
         lines = answer.iter_lines()
@@ -279,8 +281,8 @@ def test_sixty_four_long_requests_on_a_small_kv_budget(tmp_path: Path) -> None:
     ("body", "message"),
     [
         ({"max_tokens": 4}, "text_input"),
-        ({"text_input": "x" * 300}, "maximum context length is 256"),
-        ({"text_input": "hi", "max_tokens": 300}, "maximum context length is 256"),
+        ({"text_input": "x" * 1100}, "maximum context length is 1024"),
+        ({"text_input": "hi", "max_tokens": 1100}, "maximum context length is 1024"),
         ({"text_input": "hi", "sampling_parameters": '{"temperature": -1}'}, "temperature"),
         ({"text_input": "hi", "sampling_parameters": '{"top_p": 0}'}, "top_p"),
         ({"text_input": "hi", "sampling_parameters": '{"top_p": 1.5}'}, "top_p"),
@@ -321,3 +323,36 @@ def test_grpc_bad_sampling_values_are_invalid_argument(server: ServerProcess) ->
     # In a stream, Triton reports a request's error in the stream's response, with no
     # status code; the stream itself stays open.
     assert "top_p must be in (0, 1]" in str(error.message())
+
+
+def test_grpc_stream_cancelled_frees_the_sequence(server: ServerProcess) -> None:
+    aborted = metric(server, "vllm:request_success_total", finished_reason="abort")
+    results: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: results.put(error or result))
+        inputs = []
+        for name, array, kind in (
+            ("text_input", np.array([b"Cancel me"], dtype=object), "BYTES"),
+            ("stream", np.array([True]), "BOOL"),
+            ("max_tokens", np.array([1000], dtype=np.int32), "INT32"),
+            ("sampling_parameters", np.array([b'{"ignore_eos": true}'], dtype=object), "BYTES"),
+        ):
+            tensor = grpcclient.InferInput(name, [1], kind)
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        client.async_stream_infer(MODEL, inputs)
+        first = results.get(timeout=30)
+        assert not isinstance(first, InferenceServerException), first
+        client.stop_stream(cancel_requests=True)
+    finally:
+        client.close()
+    poll(
+        lambda: (
+            metric(server, "vllm:request_success_total", finished_reason="abort") == aborted + 1
+        ),
+        10,
+        "the cancelled request to be counted",
+    )
+    assert metric(server, "vllm:kv_cache_usage_perc") == 0
+    assert metric(server, "vllm:num_requests_running") == 0
