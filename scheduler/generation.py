@@ -150,11 +150,15 @@ class GenerationScheduler:
                 self._inbox.clear()
             self._waiting.clear()
             self._running.clear()
+            allocator = self._model.runner.pool.allocator
             for seq in left:
-                self._model.runner.pool.allocator.release(seq.blocks)
+                allocator.release(seq.blocks)
                 if not seq.cancelled:
                     seq.sink.send(None, gone, True)
                 seq.on_done()
+            stats = self.generation_stats
+            stats.running = stats.waiting = 0
+            stats.kv_blocks_used = allocator.used
 
     def _next_step(self) -> bool:
         """One iteration; False once the engine stops."""
