@@ -61,7 +61,7 @@ def forward(
     dtype: type = np.float64,
 ) -> FloatArray:
     """The logits [len(ids), vocab] at every position of one unpadded sequence."""
-    w = {k: v.astype(dtype) for k, v in weights.items()}
+    w: dict[str, FloatArray] = {k: v.astype(dtype) for k, v in weights.items()}
     n, heads, kv_heads = len(ids), cfg.num_heads, cfg.num_kv_heads
     d = cfg.hidden_size // heads
     x = w["model.embed_tokens.weight"][np.asarray(ids, dtype=np.int64)]
