@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,9 @@ class Recorder:
     times: list[float] = field(default_factory=list)
     errors: list[ModelError] = field(default_factory=list)
     final: bool = False
+    # The engine's step count at each response (sent from within the step).
+    steps: list[int] = field(default_factory=list)
+    scheduler: GenerationScheduler | None = None
 
     def send(
         self,
@@ -46,6 +49,8 @@ class Recorder:
         parameters: Mapping[str, Any] | None = None,
     ) -> None:
         self.times.append(time.monotonic())
+        if self.scheduler is not None:
+            self.steps.append(self.scheduler.generation_stats.steps)
         if outputs is not None:
             self.texts.append(outputs["text_output"][0].decode())
         if error is not None:
@@ -74,7 +79,7 @@ async def modes(tmp_path: Path) -> AsyncIterator[dict[str, GenerationScheduler]]
 
 
 async def ask(scheduler: GenerationScheduler, prompt: str, tokens: int = TOKENS) -> Recorder:
-    sink = Recorder()
+    sink = Recorder(scheduler=scheduler)
     inputs = {
         "text_input": np.array([prompt.encode()], dtype=object),
         "max_tokens": np.array([tokens], np.int32),
@@ -83,6 +88,19 @@ async def ask(scheduler: GenerationScheduler, prompt: str, tokens: int = TOKENS)
     }
     await scheduler.submit(WorkItem(inputs, 1, context=RequestContext(responses=sink)))
     return sink
+
+
+async def together(
+    scheduler: GenerationScheduler, asks: list[Coroutine[Any, Any, Recorder]]
+) -> list[Recorder]:
+    """Run the requests so that the engine takes them all in one iteration: its wake-up
+    lock (reentrant) is held on this thread while they are handed over."""
+    wake = scheduler._wake  # white box: the batches must not depend on arrival timing
+    with wake:
+        tasks = [asyncio.ensure_future(a) for a in asks]
+        for _ in range(10):
+            await asyncio.sleep(0)
+    return await asyncio.gather(*tasks)
 
 
 def expected(prompt: str) -> str:
@@ -110,15 +128,36 @@ async def test_none_runs_one_at_a_time_and_request_waits_for_its_batch(
     # batch with request-level batching, and takes the freed place at once otherwise.
     lengths = [3, *([TOKENS] * (len(PROMPTS) - 1))]
     for mode in ("request", "iteration"):
-        sinks = await asyncio.gather(
-            *(ask(modes[mode], p, n) for p, n in zip(PROMPTS, lengths, strict=True))
-        )
+        asks = [ask(modes[mode], p, n) for p, n in zip(PROMPTS, lengths, strict=True)]
+        sinks = await together(modes[mode], asks)
         batch_end = max(s.times[-1] for s in sinks[:3])
         fourth_starts = sinks[3].times[0]
         if mode == "request":
             assert fourth_starts >= batch_end
         else:
             assert fourth_starts < batch_end
+
+
+async def test_a_late_request_is_answered_within_its_prefill_and_one_step(
+    tmp_path: Path,
+) -> None:
+    scheduler = engine(tmp_path, max_model_len="1024", kv_cache_blocks="512")
+    try:
+        running = [asyncio.ensure_future(ask(scheduler, f"Long {i}", 900)) for i in range(4)]
+        stats = scheduler.generation_stats
+        for _ in range(5000):  # until all four are decoding
+            if stats.generation_tokens >= 4 * 5:
+                break
+            await asyncio.sleep(0.002)
+        submitted_at = stats.steps
+        late = await ask(scheduler, "Late", 1)
+        # The step under way when it arrived, then the one that prefills it and samples
+        # its token (the running ones decode in that same iteration).
+        assert late.steps[-1] - submitted_at <= 2, (submitted_at, late.steps)
+        assert not any(task.done() for task in running)
+    finally:
+        await scheduler.close(0)
+    await asyncio.gather(*running)
 
 
 async def test_unloading_answers_what_is_in_flight_unavailable(tmp_path: Path) -> None:
