@@ -356,3 +356,34 @@ def test_grpc_stream_cancelled_frees_the_sequence(server: ServerProcess) -> None
     )
     assert metric(server, "vllm:kv_cache_usage_perc") == 0
     assert metric(server, "vllm:num_requests_running") == 0
+
+
+def test_generation_metrics_have_vllm_names_and_types(server: ServerProcess) -> None:
+    body = {"text_input": "Count me", "max_tokens": 8, "sampling_parameters": GREEDY}
+    before = scrape(server.metrics_url)
+    tokens = before.value("vllm:generation_tokens_total", model_name=MODEL)
+    answer = httpx.post(generate_url(server), json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    after = scrape(server.metrics_url)
+    generated = answer.json()["num_output_tokens"]
+    assert after.value("vllm:generation_tokens_total", model_name=MODEL) == tokens + generated
+    for name, kind in (
+        ("vllm:time_to_first_token_seconds", "histogram"),
+        ("vllm:inter_token_latency_seconds", "histogram"),
+        ("vllm:e2e_request_latency_seconds", "histogram"),
+        ("vllm:request_queue_time_seconds", "histogram"),
+        ("vllm:prompt_tokens_total", "counter"),
+        ("vllm:generation_tokens_total", "counter"),
+        ("vllm:num_preemptions_total", "counter"),
+        ("vllm:request_success_total", "counter"),
+        ("vllm:num_requests_running", "gauge"),
+        ("vllm:num_requests_waiting", "gauge"),
+        ("vllm:kv_cache_usage_perc", "gauge"),
+        ("ge_serve_generation_step_seconds_total", "counter"),
+        ("ge_serve_generation_graph_seconds_total", "counter"),
+    ):
+        assert after.types.get(name) == kind, (name, after.types.get(name))
+    count = "vllm:time_to_first_token_seconds_count"
+    assert after.value(count, model_name=MODEL) == before.value(count, model_name=MODEL) + 1
+    itl = "vllm:inter_token_latency_seconds_count"
+    assert after.value(itl, model_name=MODEL) == before.value(itl, model_name=MODEL) + generated - 1
