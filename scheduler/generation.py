@@ -145,6 +145,7 @@ class GenerationScheduler:
             self._stopping = True
             self._wake.notify()
         await asyncio.to_thread(self._thread.join)
+        await asyncio.to_thread(self._model.close)
 
     # --- the engine thread ----------------------------------------------------------------
 

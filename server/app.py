@@ -127,7 +127,7 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
         "onnxruntime": OnnxRuntimeBackend(),
         "ge": ge,
         "python": PythonBackend(),
-        "llm": LlmBackend(),
+        "llm": LlmBackend(ge),
     }
 
 

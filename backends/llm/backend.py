@@ -15,8 +15,9 @@ from pathlib import Path
 
 from ge_serve.protos import model_config_pb2
 
-from ..base import LoadedModel, ModelSpec, TextGeneration
-from .runner import StepRunner
+from ..base import Backend, LoadedModel, ModelSpec, TextGeneration
+from .ge_runner import GeStepRunner, StepGears
+from .runner import Runner, StepRunner
 from .settings import EngineSettings, parse_settings
 from .text import Tokenizer
 
@@ -35,18 +36,25 @@ class LlmModel:
     name: str
     settings: EngineSettings
     tokenizer: Tokenizer
-    runner: StepRunner
+    runner: Runner
     # Tokens that end a sequence (the config's, else the tokenizer's eos_token's id).
     eos_ids: frozenset[int]
     # Which optional outputs the config declares (only those are sent).
     outputs: tuple[str, ...]
 
     def close(self) -> None:
-        """Nothing to release by hand: the session and pools go with the object."""
+        """Release the step graph (device memory, on an NPU). Once, after the engine
+        has stopped."""
+        self.runner.close()
 
 
 class LlmBackend:
+    """`ge`: the GE backend, for models placed on the NPU (`placement: npu`)."""
+
     name = "llm"
+
+    def __init__(self, ge: Backend | None = None) -> None:
+        self._ge = ge
 
     def default_model_filename(self) -> str:
         return "model.onnx"
@@ -59,12 +67,7 @@ class LlmBackend:
         _check_config(config)
         settings = parse_settings(config, spec.model_dir, spec.version)
         tokenizer = Tokenizer(settings.tokenizer)
-        runner = StepRunner(
-            settings.step_model,
-            settings.kv_cache_blocks,
-            settings.kv_block_size,
-            settings.intra_op_threads,
-        )
+        runner = self._runner(spec.name, settings)
         if tokenizer.vocab_size > runner.shape.vocab:
             raise ValueError(
                 f"the tokenizer has {tokenizer.vocab_size} tokens, more than the step "
@@ -90,9 +93,10 @@ class LlmBackend:
             outputs=tuple(o for o in OUTPUTS if o in declared),
         )
         log.info(
-            "model '%s': %d layers, %d KV blocks of %d tokens (%.1f MiB), %s batching, "
+            "model '%s' on %s: %d layers, %d KV blocks of %d tokens (%.1f MiB), %s batching, "
             "up to %d sequences",
             spec.name,
+            getattr(runner, "device", "cpu"),
             runner.shape.layers,
             settings.kv_cache_blocks,
             settings.kv_block_size,
@@ -110,6 +114,28 @@ class LlmBackend:
                 eos_token=settings.eos_token,
                 max_model_len=settings.max_model_len,
             ),
+        )
+
+    def _runner(self, name: str, settings: EngineSettings) -> Runner:
+        if settings.placement == "cpu":
+            return StepRunner(
+                settings.step_model,
+                settings.kv_cache_blocks,
+                settings.kv_block_size,
+                settings.intra_op_threads,
+            )
+        if self._ge is None:
+            raise ValueError("parameter placement: npu needs the GE backend, which is not running")
+        gears = StepGears(
+            settings.npu_batch_gears, settings.npu_chunk_gears, settings.npu_block_gears
+        )
+        return GeStepRunner(
+            self._ge,
+            name,
+            settings.step_model,
+            settings.kv_cache_blocks,
+            settings.kv_block_size,
+            gears,
         )
 
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -84,6 +84,20 @@ def graph_shape(session: ort.InferenceSession, block_size: int) -> GraphShape:
     return GraphShape(layers, int(shape[2]), int(shape[3]), vocab)
 
 
+class Runner(Protocol):
+    """Runs steps of the graph with its KV pool, on one placement (the engine's thread)."""
+
+    shape: GraphShape
+    block_size: int
+    pool: KvPool
+    # Seconds inside the graph in the latest step (the rest is the engine's overhead).
+    last_graph_s: float
+
+    def run(self, rows: Sequence[RowWork]) -> npt.NDArray[np.float32]: ...
+
+    def close(self) -> None: ...
+
+
 class StepRunner:
     """The step graph on onnxruntime (host CPU) with its KV pool. One thread calls it."""
 
@@ -131,24 +145,33 @@ class StepRunner:
         logits: npt.NDArray[np.float32] = results[0].numpy()
         return logits
 
+    def close(self) -> None:
+        """The session and pools go with the object."""
+
 
 _Index = npt.NDArray[np.intp]
 
 
+def step_shape(rows: Sequence[RowWork], block_size: int) -> tuple[int, int, int]:
+    """(rows, longest chunk, past blocks) of a step, unpadded."""
+    q = max(len(row.tokens) for row in rows)
+    return len(rows), q, max(1, max(blocks_for(row.start, block_size) for row in rows))
+
+
 def build_step_inputs(
-    rows: Sequence[RowWork], block_size: int
+    rows: Sequence[RowWork], block_size: int, shape: tuple[int, int, int] | None = None
 ) -> tuple[dict[str, npt.NDArray[Any]], tuple[_Index, _Index, _Index, _Index]]:
     """The graph's four per-step inputs, and where each real new token's K/V goes
-    (output row, output column, block, offset)."""
-    batch = len(rows)
-    q = max(len(row.tokens) for row in rows)
-    past_blocks = max(1, max(blocks_for(row.start, block_size) for row in rows))
+    (output row, output column, block, offset). `shape` pads the step to (rows, chunk,
+    past blocks) at least as large as its own (a gear): a padding row is one token at
+    position 0 that attends only itself, and its results are ignored."""
+    batch, q, past_blocks = shape or step_shape(rows, block_size)
     past = past_blocks * block_size
     input_ids = np.zeros((batch, q), np.int64)
     positions = np.zeros((batch, q), np.int64)
     table = np.zeros((batch, past_blocks), np.int64)
-    starts = np.empty(batch, np.int64)
-    pads = np.empty(batch, np.int64)
+    starts = np.zeros(batch, np.int64)
+    pads = np.full(batch, q - 1, np.int64)
     out_rows: list[int] = []
     out_cols: list[int] = []
     slots: list[int] = []

@@ -7,7 +7,7 @@ resolved inside the version folder (backends/paths.py), never outside the model 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ge_serve.protos import model_config_pb2
@@ -35,7 +35,12 @@ DEFAULTS: dict[str, str] = {
     "default_temperature": "1.0",
     "default_top_p": "1.0",
     "default_top_k": "0",
+    "placement": "cpu",
+    "npu_batch_gears": "",
+    "npu_chunk_gears": "",
+    "npu_block_gears": "",
 }
+PLACEMENTS = ("cpu", "npu")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +74,12 @@ class EngineSettings:
     batching: str
     intra_op_threads: int
     defaults: SamplingDefaults
+    # cpu: onnxruntime on the host; npu: the GE backend (an NPU or the simulated one).
+    placement: str = "cpu"
+    # The step graph's ND gears on the NPU (ge_runner.StepGears).
+    npu_batch_gears: tuple[int, ...] = ()
+    npu_chunk_gears: tuple[int, ...] = ()
+    npu_block_gears: tuple[int, ...] = ()
 
     @property
     def blocks_per_sequence(self) -> int:
@@ -114,12 +125,56 @@ def parse_settings(
             top_p=_number(raw, "default_top_p", 0.0, 1.0),
             top_k=_integer(raw, "default_top_k", 0),
         ),
+        placement=raw["placement"],
     )
+    settings = _with_gears(settings, raw)
     _check(settings)
     return settings
 
 
+def _with_gears(settings: EngineSettings, raw: dict[str, str]) -> EngineSettings:
+    """The NPU gears: as configured, or powers of two up to what the limits need."""
+    if settings.placement != "npu":
+        return settings
+    batch = _gears(raw, "npu_batch_gears", settings.max_num_seqs)
+    chunks = _gears(raw, "npu_chunk_gears", settings.max_num_batched_tokens, start=16)
+    blocks = _gears(raw, "npu_block_gears", settings.blocks_per_sequence)
+    for key, gears, need, what in (
+        ("npu_batch_gears", batch, settings.max_num_seqs, "max_num_seqs"),
+        ("npu_chunk_gears", chunks, settings.max_num_batched_tokens, "max_num_batched_tokens"),
+        ("npu_block_gears", blocks, settings.blocks_per_sequence, "max_model_len's blocks"),
+    ):
+        if max(gears) < need:
+            raise ValueError(
+                f"parameter {key}: the largest gear {max(gears)} is below {what} ({need})"
+            )
+    return replace(settings, npu_batch_gears=batch, npu_chunk_gears=chunks,
+                   npu_block_gears=blocks)  # fmt: skip
+
+
+def _gears(raw: dict[str, str], key: str, need: int, start: int = 1) -> tuple[int, ...]:
+    text = raw[key].strip()
+    if text:
+        try:
+            values = sorted({int(part) for part in text.split(",") if part.strip()})
+        except ValueError:
+            raise ValueError(f"parameter {key}: {text!r} is not a comma-separated list") from None
+        if not values or values[0] < 1:
+            raise ValueError(f"parameter {key}: gears are positive integers")
+        return tuple(values)
+    found = []
+    gear = min(start, need)
+    while gear < need:
+        found.append(gear)
+        gear *= 2 if gear < 64 else 4
+    return (*found, need)
+
+
 def _check(settings: EngineSettings) -> None:
+    if settings.placement not in PLACEMENTS:
+        raise ValueError(
+            f"parameter placement: {settings.placement!r} is not one of {', '.join(PLACEMENTS)}"
+        )
     if settings.batching not in BATCHING_MODES:
         raise ValueError(
             f"parameter batching: {settings.batching!r} is not one of {', '.join(BATCHING_MODES)}"

@@ -20,6 +20,8 @@ import pytest
 from google.protobuf import text_format
 
 from ge_serve.backends.base import ModelError, ModelSpec, RequestContext
+from ge_serve.backends.ge.acl_sim import SimRuntime
+from ge_serve.backends.ge.backend import GeBackend
 from ge_serve.backends.llm.backend import MODEL_KEY, LlmBackend
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.generation import GenerationScheduler
@@ -58,12 +60,12 @@ class Recorder:
         self.final = self.final or final
 
 
-def engine(tmp_path: Path, **parameters: str) -> GenerationScheduler:
+def engine(tmp_path: Path, ge: GeBackend | None = None, **parameters: str) -> GenerationScheduler:
     folder = llmrepo.write_tiny_llm(tmp_path, "m", parameters)
     config = text_format.Parse(
         (folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
     )
-    loaded = LlmBackend().load(ModelSpec("m", 1, config, folder, folder / "1" / "model.onnx"))
+    loaded = LlmBackend(ge).load(ModelSpec("m", 1, config, folder, folder / "1" / "model.onnx"))
     return GenerationScheduler(loaded.extra[MODEL_KEY])
 
 
@@ -168,3 +170,28 @@ async def test_unloading_answers_what_is_in_flight_unavailable(tmp_path: Path) -
     sink = await task
     assert sink.final and [e.code for e in sink.errors] == ["UNAVAILABLE"]
     assert scheduler.generation_stats.kv_blocks_used == 0
+
+
+async def test_on_the_simulated_npu_answers_equal_the_reference(tmp_path: Path) -> None:
+    executions: list[int] = []
+    runtime = SimRuntime(on_execute=lambda device, model: executions.append(device))
+    try:
+        scheduler = engine(
+            tmp_path,
+            GeBackend(runtime),
+            placement="npu",
+            max_num_seqs="4",
+            max_num_batched_tokens="32",
+            npu_chunk_gears="8,32",
+        )
+        try:
+            sinks = await together(scheduler, [ask(scheduler, p) for p in PROMPTS])
+        finally:
+            await scheduler.close(1)
+        for prompt, sink in zip(PROMPTS, sinks, strict=True):
+            assert sink.final and not sink.errors
+            assert "".join(sink.texts) == expected(prompt), prompt
+        # Every step ran on the (simulated) device: one or two graph runs per iteration.
+        assert len(executions) >= scheduler.generation_stats.steps > 0
+    finally:
+        runtime.shutdown()
