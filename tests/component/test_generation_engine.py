@@ -22,6 +22,7 @@ from google.protobuf import text_format
 from ge_serve.backends.base import ModelError, ModelSpec, RequestContext
 from ge_serve.backends.ge.acl_sim import SimRuntime
 from ge_serve.backends.ge.backend import GeBackend
+from ge_serve.backends.ge.sim_cost import parse_sim_cost
 from ge_serve.backends.llm.backend import MODEL_KEY, LlmBackend
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.generation import GenerationScheduler
@@ -174,7 +175,10 @@ async def test_unloading_answers_what_is_in_flight_unavailable(tmp_path: Path) -
 
 async def test_on_the_simulated_npu_answers_equal_the_reference(tmp_path: Path) -> None:
     executions: list[int] = []
-    runtime = SimRuntime(on_execute=lambda device, model: executions.append(device))
+    runtime = SimRuntime(
+        on_execute=lambda device, model: executions.append(device),
+        cost=parse_sim_cost("default"),  # steps priced by the step profile
+    )
     try:
         scheduler = engine(
             tmp_path,

@@ -312,3 +312,26 @@ def test_a_config_that_is_not_decoupled_fails_the_load(tmp_path: Any) -> None:
     spec = ModelSpec("m", 1, config, folder, folder / "1" / "model.onnx")
     with pytest.raises(ValueError, match="decoupled"):
         LlmBackend().load(spec)
+
+
+# --- the simulated NPU's step cost ---------------------------------------------------------
+
+
+def test_step_cost_is_a_roofline_over_weights_and_context() -> None:
+    from ge_serve.backends.ge.sim_cost import STEP_PROFILE, SimCost, priced_ns
+
+    weights = 540_000_000  # SmolLM2-135M in fp32
+    one = STEP_PROFILE.duration_ns(weights, 30, 3 * 64, tokens=1, past_slots=0)
+    # 270 MB of fp16 weights at 204.8 GB/s, plus the 500 us launch.
+    assert one == pytest.approx((500 + 270e6 / 204.8e9 * 1e6) * 1000, rel=1e-3)
+    batch = STEP_PROFILE.duration_ns(weights, 30, 3 * 64, tokens=32, past_slots=32 * 64)
+    assert one < batch < 2 * one  # decode is memory bound: 32 rows cost far less than 32x
+    long = STEP_PROFILE.duration_ns(weights, 30, 3 * 64, tokens=32, past_slots=32 * 2048)
+    assert long > batch  # reading a longer context costs more
+    cost = SimCost("rows", 100.0, 10.0)
+    names = ["input_ids", "positions", "block_table", "attention_mask", "key_cache_0"]
+    shapes = [(4, 1), (4, 1), (4, 2), (4, 1, 33), (9, 16, 2, 8)]
+    assert priced_ns(cost, names, shapes, 4.0, 1000) == STEP_PROFILE.duration_ns(
+        1000, 1, 16, 4, 4 * 2 * 16
+    )
+    assert priced_ns(cost, ["x"], [(4, 3)], 4.0, 1000) == cost.duration_ns(4.0)
