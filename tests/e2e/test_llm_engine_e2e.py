@@ -387,3 +387,30 @@ def test_generation_metrics_have_vllm_names_and_types(server: ServerProcess) -> 
     assert after.value(count, model_name=MODEL) == before.value(count, model_name=MODEL) + 1
     itl = "vllm:inter_token_latency_seconds_count"
     assert after.value(itl, model_name=MODEL) == before.value(itl, model_name=MODEL) + generated - 1
+
+
+def test_placed_on_the_simulated_npu_answers_equal_the_reference(tmp_path: Path) -> None:
+    llmrepo.write_tiny_llm(
+        tmp_path,
+        MODEL,
+        {"placement": "npu", "max_num_seqs": "8", "max_num_batched_tokens": "64"},
+    )
+    texts = prompts(8, "NPU")
+    with running_server([tmp_path], ["--device", "sim", "--sim-cost", "default"]) as server:
+
+        async def run() -> list[str]:
+            async with httpx.AsyncClient(timeout=120) as client:
+
+                async def one(prompt: str) -> str:
+                    body = {"text_input": prompt, "max_tokens": 20, "sampling_parameters": GREEDY,
+                            "exclude_input_in_output": True}  # fmt: skip
+                    answer = await client.post(generate_url(server), json=body)
+                    assert answer.status_code == 200, answer.text
+                    return str(answer.json()["text_output"])
+
+                return await asyncio.gather(*(one(p) for p in texts))
+
+        answers = asyncio.run(run())
+        assert "tiny_llm' on npu0" in server.log()
+    for prompt, answer in zip(texts, answers, strict=True):
+        assert answer == reference(prompt, 20), prompt
