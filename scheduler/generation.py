@@ -94,6 +94,7 @@ class GenerationScheduler:
                 loop.call_soon_threadsafe(_resolve, done)
 
         self._serial += 1
+        timings = item.timings
         read = functools.partial(
             read_sequence,
             self._model,
@@ -108,6 +109,7 @@ class GenerationScheduler:
             seq = await asyncio.to_thread(read)  # tokenizing a long prompt takes a while
         else:
             seq = read()
+        seq.timings = timings
         self._pending += 1
         if self._drained is None:
             self._drained = asyncio.Event()
@@ -121,7 +123,6 @@ class GenerationScheduler:
             except asyncio.CancelledError:
                 self.cancel(seq)
                 raise
-            item.timings.queue_ns = int(((seq.scheduled_s or seq.arrival_s) - seq.arrival_s) * 1e9)
             return {}
         finally:
             self._pending -= 1
@@ -300,6 +301,11 @@ class GenerationScheduler:
     def _finish(self, seq: Sequence, reason: str, delta: str) -> None:
         self._leave(seq)
         seq.finish_reason = reason
+        # For statistics, before the last response lets the core count the request:
+        # waiting for a place, then generating (first prefill to last token).
+        scheduled = seq.scheduled_s or seq.arrival_s
+        seq.timings.queue_ns = int((scheduled - seq.arrival_s) * 1e9)
+        seq.timings.compute_infer_ns = int(max(seq.last_token_s - scheduled, 0.0) * 1e9)
         text = delta if seq.stream else seq.echo + "".join(seq.answer) + delta
         seq.sink.send(seq.response(text, True, self._new_ids(seq)), None, True)
         stats = self.generation_stats

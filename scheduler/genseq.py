@@ -20,6 +20,8 @@ from ge_serve.backends.base import ResponseSink
 from ge_serve.backends.llm.sampling import Sampler, SamplingParams
 from ge_serve.backends.llm.text import Detokenizer, StopStrings
 
+from .work import Timings
+
 
 @dataclass(slots=True)
 class Sequence:
@@ -52,6 +54,8 @@ class Sequence:
     # The client named finish_reason among its outputs: every response carries it (empty
     # until the last); otherwise only the last response does.
     reason_always: bool = False
+    # The request's timings, which the core's statistics read once it is answered.
+    timings: Timings = field(default_factory=Timings)
 
     @property
     def remaining(self) -> int:

@@ -414,3 +414,13 @@ def test_placed_on_the_simulated_npu_answers_equal_the_reference(tmp_path: Path)
         assert "tiny_llm' on npu0" in server.log()
     for prompt, answer in zip(texts, answers, strict=True):
         assert answer == reference(prompt, 20), prompt
+
+
+def test_statistics_count_generation_time_as_compute(server: ServerProcess) -> None:
+    url = f"{server.base_url}/v2/models/{MODEL}/stats"
+    before = httpx.get(url, timeout=10).json()["model_stats"][0]["inference_stats"]
+    body = {"text_input": "Stats", "max_tokens": 12, "sampling_parameters": GREEDY}
+    assert httpx.post(generate_url(server), json=body, timeout=30).status_code == 200
+    after = httpx.get(url, timeout=10).json()["model_stats"][0]["inference_stats"]
+    assert after["success"]["count"] == before["success"]["count"] + 1
+    assert after["compute_infer"]["ns"] > before["compute_infer"]["ns"]
