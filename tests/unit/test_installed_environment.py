@@ -37,6 +37,9 @@ OPTIONAL_PATHS = [
     ("examples/minilm: the weights' file format", "safetensors.numpy"),
     ("examples/ocr: pre- and post-processing", "PIL.Image"),
     ("examples/ocr: post-processing", "scipy.ndimage"),
+    ("the llm backend: the tokenizer", "tokenizers"),
+    ("the llm backend: chat templates", "jinja2.sandbox"),
+    ("examples/smollm: reads and dequantizes the GGUF", "gguf.quants"),
 ]
 
 
@@ -67,6 +70,7 @@ def test_every_optional_path_imports(purpose: str, module: str) -> None:
         "examples/efficientnet/model/classify_steps.py",
         "examples/face_detect/build.py",
         "examples/face_detect/model/face_steps.py",
+        "examples/smollm/build.py",
     ],
 )
 def test_the_examples_builders_import(path: str) -> None:
