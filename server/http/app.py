@@ -40,6 +40,7 @@ from .bodies import (
 from .drain import RefuseWhileDraining
 from .errors import error_response
 from .infer import Encoded, InferEndpoint, InferShortcut, guard
+from .openai import routes as openai_routes
 from .openapi import ApiRoute, Body
 from .responses import json_response
 from .restricted import RestrictedApiMiddleware
@@ -133,6 +134,8 @@ class HttpFrontEnd:
             *self.infer_routes,
             *generate.routes(self, self.settings.max_input_size),
             *self.versioned("", self.model_metadata, ["GET"]),
+            # Last: the table is tried in order when the inference shortcut is off.
+            *openai_routes.routes(self),
         ]
 
     def build(self) -> ASGIApp:
