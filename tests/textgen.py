@@ -99,6 +99,8 @@ class TritonPythonModel:
             tokens.append((" " if tokens else "") + word)
         slow = "SLOW" in prompt
         if not stream:
+            if slow and not self.wait_out(sender, len(tokens)):
+                return
             whole = self.response("".join(tokens), reason, prompt_tokens, len(tokens))
             sender.send(whole, flags=final)
             return
@@ -118,6 +120,16 @@ class TritonPythonModel:
             sender.send(response, flags=final if last else 0)
         if not tokens:
             sender.send(self.response("", reason, prompt_tokens, 0), flags=final)
+
+    def wait_out(self, sender, steps):
+        # 50 ms a token, as a model that generates them; False once the client left.
+        for _ in range(steps):
+            time.sleep(0.05)
+            if sender.is_cancelled():
+                pb_utils.Logger.log_info("textgen: cancelled")
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return False
+        return True
 
     def response(self, text, reason, prompt_tokens, completion_tokens):
         return pb_utils.InferenceResponse(

@@ -38,8 +38,9 @@ class Body(BaseModel):
 
 
 class TextPart(Body):
-    type: Literal["text"]
-    text: str
+    # Only "text" is served; refuse_unsupported names the part of another type.
+    type: str
+    text: str | None = None
 
 
 class ChatMessage(Body):
@@ -53,7 +54,7 @@ class ChatMessage(Body):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text or "" for part in self.content)
 
 
 class StreamOptions(Body):
@@ -156,6 +157,16 @@ class ChatCompletionRequest(Sampling):
         for name in ("tool_choice", "function_call"):
             if getattr(self, name) not in (None, "none"):
                 raise unsupported(name, f"'{name}' (tool calling) is not supported")
+        for index, message in enumerate(self.messages):
+            parts = message.content if isinstance(message.content, list) else []
+            for number, part in enumerate(parts):
+                where = f"messages[{index}].content[{number}]"
+                if part.type != "text":
+                    raise unsupported(
+                        f"{where}.type", f"Only text content parts are served, not '{part.type}'"
+                    )
+                if part.text is None:
+                    raise OpenAIError(f"Missing required parameter: '{where}.text'", param=where)
         if (
             self.max_tokens is not None
             and self.max_completion_tokens is not None
