@@ -19,12 +19,20 @@ from starlette.routing import Route
 
 from ge_serve.server.errors import ServerError
 
+from ..openapi import ApiRoute
 from ..openapi import Body as DocumentedBody
 from ..routing import RouteHost
 from . import embeddings, text
 from .catalog import Catalog
 from .errors import SERVER_ERROR, OpenAIError, from_server_error, model_not_found
-from .schemas import Body, ChatCompletionRequest, CompletionRequest, EmbeddingRequest, parse
+from .schemas import (
+    Body,
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    ErrorObject,
+    parse,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +79,18 @@ def routes(front: RouteHost) -> list[Route]:
         body = await read(request, EmbeddingRequest)
         return _json(await embeddings.embeddings(catalog, body))
 
+    def get(path: str, handler: Handler) -> Route:
+        return ApiRoute(path, _openai_errors(handler), methods=["GET"], error=ErrorObject)
+
     def post(path: str, handler: Handler, schema: type[Body]) -> Route:
-        return front.route(path, _openai_errors(handler), ["POST"], DocumentedBody(schema))
+        body = DocumentedBody(schema)
+        return ApiRoute(
+            path, _openai_errors(handler), methods=["POST"], body=body, error=ErrorObject
+        )
 
     return [
-        front.route("/v1/models", _openai_errors(list_models), ["GET"]),
-        front.route("/v1/models/{model}", _openai_errors(retrieve_model), ["GET"]),
+        get("/v1/models", list_models),
+        get("/v1/models/{model}", retrieve_model),
         post("/v1/chat/completions", chat, ChatCompletionRequest),
         post("/v1/completions", completions, CompletionRequest),
         post("/v1/embeddings", embed, EmbeddingRequest),
