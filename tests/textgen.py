@@ -14,7 +14,7 @@ shows the prompt the template rendered), one delta per word when streaming:
 - FAIL_MIDSTREAM: one token, then an error response;
 - SLOW: 50 ms between tokens, stopping (and logging "textgen: cancelled") once the client
   has gone away.
-Its config gives a ChatML chat template (config parameter `chat_template`), which
+Its config gives a ChatML chat template (config parameter `chat_template_source`), which
 refuses a `tool` message with `raise_exception`. `textgen_plain` is the same model
 without a template.
 
@@ -240,7 +240,7 @@ def write(repo: Path) -> Path:
     source = TEXTGEN.format(max_model_len=MAX_MODEL_LEN)
     template = "\n".join(
         [
-            _parameter("chat_template", CHAT_TEMPLATE),
+            _parameter("chat_template_source", CHAT_TEMPLATE),
             _parameter("max_model_len", str(MAX_MODEL_LEN)),
             _parameter("eos_token", "<|im_end|>"),
         ]

@@ -8,8 +8,9 @@ A model is recognised by its interface alone, whatever its backend:
   `sampling_parameters`, `exclude_input_in_output` and `max_tokens` are sent when the
   model has them. Chat needs a chat template: the one the backend reports
   (`LoadedModel.text_generation`), or, for a model whose backend reports none (a Python
-  model), the config parameters `chat_template` (Jinja2 source) and optionally
-  `bos_token`, `eos_token` and `max_model_len`. A generative model with neither serves
+  model), the config parameter `chat_template_source` (the Jinja2 source itself;
+  the `llm` backend's `chat_template` names a file) and optionally `bos_token`,
+  `eos_token` and `max_model_len`. A generative model with neither serves
   /v1/completions only; /v1/chat/completions answers it with a 400 that says so.
 - **embedding**: not decoupled, exactly one input, BYTES, one element per request (dims
   `[1]`), and exactly one FP32 output of one dimension (the vector), besides an optional
@@ -85,11 +86,11 @@ def text_generation(model: ModelVersion) -> TextGeneration | None:
     if model.loaded.text_generation is not None:
         return model.loaded.text_generation
     params = model.config.parameters
-    if "chat_template" not in params:
+    if "chat_template_source" not in params:
         return None
     limit = params["max_model_len"].string_value if "max_model_len" in params else "0"
     return TextGeneration(
-        chat_template=params["chat_template"].string_value,
+        chat_template=params["chat_template_source"].string_value,
         bos_token=params["bos_token"].string_value if "bos_token" in params else "",
         eos_token=params["eos_token"].string_value if "eos_token" in params else "",
         max_model_len=int(limit) if limit.isdigit() else 0,
