@@ -183,10 +183,13 @@ def complete(
         group = config.instance_group.add()
         group.name = config.name
         group.count = 1
+        # A device backend (GE: an NPU, real or simulated) places its instances itself,
+        # from npu_ge's device parameters: Triton's KIND_MODEL, not KIND_GPU, which would
+        # name a CUDA device to Triton users.
         group.kind = (
             model_config_pb2.ModelInstanceGroup.KIND_CPU
             if backend.name in HOST_BACKENDS
-            else model_config_pb2.ModelInstanceGroup.KIND_GPU
+            else model_config_pb2.ModelInstanceGroup.KIND_MODEL
         )
     for index, group in enumerate(config.instance_group):
         if not group.name:
