@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import json
 import math
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 import textgen
-from serverproc import ServerProcess, running_server
+from serverproc import REPO_ROOT, ServerProcess, running_server
 
 openai = pytest.importorskip("openai", reason="the openai client is not installed (test extra)")
 
@@ -245,6 +247,36 @@ async def test_async_client_chat_completions_and_embeddings(
         vectors = await client.embeddings.create(model="embedder", input=["a", "b c"])
         assert len(vectors.data) == 2
         assert math.isclose(float(np.linalg.norm(vectors.data[1].embedding)), 1.0, abs_tol=1e-5)
+
+
+CHAT_SCRIPT = REPO_ROOT / "examples" / "clients" / "chat.py"
+
+
+@pytest.mark.parametrize("mode", [[], ["--no-stream"]])
+def test_the_chat_client_script(server: ServerProcess, mode: list[str]) -> None:
+    command = [sys.executable, str(CHAT_SCRIPT), "--url", server.http_url, "--model", "textgen"]
+    command += ["--max-tokens", "32"]
+    result = subprocess.run(
+        [*command, *mode, "Say hello"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    prompt = textgen.render_chat(
+        [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "Say hello"},
+        ]
+    )
+    assert result.stdout.strip() == " ".join(prompt.split())
+    words = len(prompt.split())
+    assert f"[{words} prompt + {words} generated tokens]" in result.stderr
+    gone = subprocess.run(
+        [sys.executable, str(CHAT_SCRIPT), "--url", server.http_url, "--model", "nope", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert gone.returncode == 1
+    assert "Error code: 404 - The model 'nope' does not exist" in gone.stderr
 
 
 # --- the MiniLM ensemble -------------------------------------------------------------------
