@@ -22,6 +22,7 @@ from ge_serve.backends.base import Backend, LoadedModel
 from ge_serve.backends.ge.auto import DeviceUnavailable, select_runtime
 from ge_serve.backends.ge.backend import GeBackend, backend_config_for
 from ge_serve.backends.ge.sim_cost import parse_sim_cost
+from ge_serve.backends.llm.backend import LlmBackend
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.backends.python.backend import PythonBackend
 from ge_serve.protos import model_config_pb2
@@ -111,8 +112,8 @@ def make_scheduler(
 
 
 def make_backends(settings: Settings) -> dict[str, Backend]:
-    """The host CPU backend, GE on the device runtime `--device` selects, and Python
-    models (one worker process per instance)."""
+    """The host CPU backend, GE on the device runtime `--device` selects, Python
+    models (one worker process per instance) and generative models (the engine)."""
     choice = select_runtime(
         settings.device,
         sim_devices=settings.sim_devices,
@@ -122,7 +123,12 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
     )
     log.info("GE backend: %s, chosen by %s", choice.runtime.describe(), choice.reason)
     ge = GeBackend(choice.runtime, backend_config_for(settings.backend_config))
-    return {"onnxruntime": OnnxRuntimeBackend(), "ge": ge, "python": PythonBackend()}
+    return {
+        "onnxruntime": OnnxRuntimeBackend(),
+        "ge": ge,
+        "python": PythonBackend(),
+        "llm": LlmBackend(),
+    }
 
 
 def close_backends(backends: dict[str, Backend]) -> None:

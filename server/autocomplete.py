@@ -21,6 +21,7 @@ BACKEND_ALIASES = {
     "ge": "ge",
     "npu_ge": "ge",
     "python": "python",
+    "llm": "llm",
 }
 # Backends whose instances run on the host CPU unless the config says otherwise.
 HOST_BACKENDS = ("onnxruntime", "python")
