@@ -311,3 +311,26 @@ def test_minilm_embeddings_through_the_openai_client(minilm_server: ServerProces
         expected = v2.infer("minilm", [text]).as_numpy("EMBEDDING")
         assert expected is not None
         np.testing.assert_allclose(vector, expected.reshape(-1), atol=1e-6)
+
+
+def test_chat_streams_through_an_http_worker_process(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # With --http-workers, a worker passes /v1 requests on to the server process, which
+    # streams the answer back through it, chunk by chunk.
+    repo = textgen.write(tmp_path_factory.mktemp("openai-workers"))
+    with (
+        running_server([repo], ["--http-workers", "1"]) as server,
+        openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused") as client,
+    ):
+        chunks = list(
+            client.chat.completions.create(
+                model="textgen",
+                messages=MESSAGES,  # type: ignore[arg-type]
+                stream=True,
+            )
+        )
+        deltas = [c.choices[0].delta.content for c in chunks if c.choices[0].delta.content]
+        assert deltas == [RENDERED_WORDS[0], *(" " + w for w in RENDERED_WORDS[1:])]
+        vectors = client.embeddings.create(model="embedder", input=["a b"])
+        assert vectors.usage.prompt_tokens == 2

@@ -253,3 +253,27 @@ def test_a_client_that_leaves_cancels_its_request(
     poll(lambda: server.log().count("textgen: cancelled") > before, 10, "the model stops")
     answer = http.post(COMPLETIONS, json={"model": "textgen", "prompt": "still here"})
     assert answer.json()["choices"][0]["text"] == "still here"
+
+
+def test_an_unknown_route_or_method_under_v1_is_openais_error(http: httpx.Client) -> None:
+    assert error_of(http.get("/v1/nothing/here"), 404)["message"].startswith("Not Found")
+    assert error_of(http.get(CHAT), 405)["message"].startswith("Method Not Allowed")
+
+
+def test_a_restricted_v1_route_is_403_in_openais_shape(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    repo = textgen.write(tmp_path_factory.mktemp("openai-restricted"))
+    with running_server([repo], ["--http-restricted-api=inference:api-key=s3cret"]) as server:
+        body = {"model": "textgen", "prompt": "a b"}
+        refused = httpx.post(server.base_url + COMPLETIONS, json=body, timeout=30)
+        assert refused.status_code == 403
+        error = refused.json()["error"]
+        assert error["type"] == "permission_error"
+        assert error["message"] == "This API is restricted, expecting header 'api-key'"
+        allowed = httpx.post(
+            server.base_url + COMPLETIONS, json=body, headers={"api-key": "s3cret"}, timeout=30
+        )
+        assert allowed.json()["choices"][0]["text"] == "a b"
+        # /v1/models is metadata, which this server leaves open.
+        assert httpx.get(server.base_url + "/v1/models", timeout=30).status_code == 200

@@ -37,6 +37,8 @@ OPTIONAL_PATHS = [
     ("examples/minilm: the weights' file format", "safetensors.numpy"),
     ("examples/ocr: pre- and post-processing", "PIL.Image"),
     ("examples/ocr: post-processing", "scipy.ndimage"),
+    ("/v1/chat/completions: chat templates in Jinja2's sandbox", "jinja2.sandbox"),
+    ("examples/clients/chat.py and the /v1 tests: the OpenAI client", "openai"),
 ]
 
 

@@ -19,6 +19,8 @@ from ge_serve.server.errors import ErrorCode, ServerError
 
 from ..errors import http_status
 
+# The paths whose errors, wherever they arise, are OpenAI's error object.
+OPENAI_PREFIX = "/v1/"
 INVALID_REQUEST = "invalid_request_error"
 NOT_FOUND = "not_found_error"
 SERVER_ERROR = "server_error"
