@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 import textgen
+from modelgen import make_lifecycle
 
 from ge_serve.backends.base import TextGeneration
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
@@ -268,3 +269,20 @@ def test_a_failed_check_names_the_parameter(document: dict[str, Any], param: str
         parse(ChatCompletionRequest, document)
     assert caught.value.param == param
     assert caught.value.status == 400
+
+
+async def test_a_stopping_server_refuses_v1_in_openais_shape(tmp_path: Path) -> None:
+    lifecycle = make_lifecycle(tmp_path)
+    try:
+        front = HttpFrontEnd(
+            InferenceServer(lifecycle), HttpSettings(max_input_size=1 << 20, restricted_api=())
+        )
+        front.gate.close()
+        transport = httpx.ASGITransport(app=front.build())
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            refused = error(await client.get("/v1/models"), 503)
+            assert refused["type"] == "server_error"
+            v2 = await client.get("/v2/health/ready")
+            assert v2.status_code == 503 and isinstance(v2.json()["error"], str)
+    finally:
+        await lifecycle.close()
