@@ -286,3 +286,19 @@ async def test_a_stopping_server_refuses_v1_in_openais_shape(tmp_path: Path) -> 
             assert v2.status_code == 503 and isinstance(v2.json()["error"], str)
     finally:
         await lifecycle.close()
+
+
+async def test_v1_routes_come_after_every_v2_route(tmp_path: Path) -> None:
+    # Without the inference shortcut (--http-restricted-api), starlette tries the table in
+    # order: /v1 last means a v2 request never pays for a /v1 pattern.
+    lifecycle = make_lifecycle(tmp_path)
+    try:
+        front = HttpFrontEnd(
+            InferenceServer(lifecycle), HttpSettings(max_input_size=1 << 20, restricted_api=())
+        )
+        paths = [route.path for route in front.routes()]
+        first_v1 = next(i for i, path in enumerate(paths) if path.startswith("/v1/"))
+        assert all(path.startswith("/v1/") for path in paths[first_v1:])
+        assert len(paths) - first_v1 == 5
+    finally:
+        await lifecycle.close()
