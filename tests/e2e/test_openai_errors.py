@@ -166,6 +166,7 @@ def test_a_prompt_longer_than_the_context_is_400(
         body["prompt"] = long
     error = error_of(http.post(path, json=body), 400)
     assert "maximum context length" in error["message"]
+    assert error["code"] == "context_length_exceeded"
 
 
 BAD_COMPLETIONS: list[tuple[dict[str, Any], str]] = [

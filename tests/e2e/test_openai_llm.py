@@ -5,6 +5,7 @@ the real SmolLM2-135M-Instruct built by examples/smollm/build.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,6 +97,21 @@ def test_greedy_completion_equals_the_reference(client: openai.OpenAI) -> None:
     assert completion.choices[0].text == reference_text("The quick brown fox", 10)
 
 
+async def test_concurrent_streams_each_equal_the_reference(server: ServerProcess) -> None:
+    # Eight streams at once share the engine's steps; batching must not change an answer.
+    prompts = [f"Prompt number {i}: tell me" for i in range(8)]
+    async with openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="unused") as client:
+
+        async def stream(prompt: str) -> str:
+            chunks = await client.completions.create(
+                model="tiny_llm", prompt=prompt, temperature=0, max_tokens=16, stream=True
+            )
+            return "".join([chunk.choices[0].text async for chunk in chunks if chunk.choices])
+
+        answers = await asyncio.gather(*(stream(p) for p in prompts))
+    assert answers == [reference_text(p, 16) for p in prompts]
+
+
 def test_seeded_sampling_repeats(client: openai.OpenAI) -> None:
     def sample() -> str:
         completion = client.completions.create(
@@ -113,6 +129,7 @@ def test_a_prompt_past_the_context_is_400(server: ServerProcess) -> None:
     error = answer.json()["error"]
     assert error["type"] == "invalid_request_error"
     assert "maximum context length" in error["message"]
+    assert error["code"] == "context_length_exceeded"
     # Prompt plus max_tokens past it is refused too (vLLM's rule).
     body = {"model": "tiny_llm", "prompt": "x" * 1000, "max_tokens": 100, "stream": True}
     answer = httpx.post(server.base_url + "/v1/completions", json=body, timeout=30)

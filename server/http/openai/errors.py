@@ -5,7 +5,8 @@ OpenAI answers a bad request with 400 and type `invalid_request_error`, an unkno
 with 404 and code `model_not_found`, and its own faults with 5xx and type `server_error`.
 A core `ServerError` keeps the status the v2 routes give it (server/http/errors.py), so a
 request fails with the same status on both APIs; a model that reports a bad request
-(INVALID_ARG, e.g. a prompt longer than its context) is a 400 here too.
+(INVALID_ARG, e.g. a prompt longer than its context) is a 400 here too, with OpenAI's
+code `context_length_exceeded` when its message says the context is too short.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from ..errors import http_status
 # The paths whose errors, wherever they arise, are OpenAI's error object.
 OPENAI_PREFIX = "/v1/"
 INVALID_REQUEST = "invalid_request_error"
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+CONTEXT_WORDS = "maximum context length"
 NOT_FOUND = "not_found_error"
 SERVER_ERROR = "server_error"
 
@@ -83,4 +86,9 @@ def from_server_error(exc: ServerError) -> OpenAIError:
     if exc.code is ErrorCode.NOT_FOUND:
         return OpenAIError(exc.message, status=404, code="model_not_found", param="model")
     kind = INVALID_REQUEST if status < 500 else SERVER_ERROR
-    return OpenAIError(exc.message, status=status, kind=kind)
+    code = None
+    # vLLM's wording, which the llm engine keeps: clients that trim a conversation to fit
+    # look for OpenAI's code, not the text.
+    if exc.code is ErrorCode.INVALID_ARG and CONTEXT_WORDS in exc.message:
+        code = CONTEXT_LENGTH_EXCEEDED
+    return OpenAIError(exc.message, status=status, kind=kind, code=code)

@@ -30,7 +30,7 @@ from ge_serve.server.model import ModelVersion
 from ge_serve.server.types import InferRequest
 
 from .catalog import Catalog, text_generation
-from .errors import SERVER_ERROR, OpenAIError
+from .errors import CONTEXT_LENGTH_EXCEEDED, SERVER_ERROR, OpenAIError
 from .generation import Piece, Usage, build_request, collect, pieces
 from .objects import DONE, Answer, sse
 from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
@@ -79,7 +79,7 @@ def _check_limit(limit: int | None, max_model_len: int) -> None:
             f"max_tokens is too large: {limit}. This model's context is {max_model_len} "
             "tokens, prompt included",
             param="max_tokens",
-            code="context_length_exceeded",
+            code=CONTEXT_LENGTH_EXCEEDED,
         )
 
 
