@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -43,6 +44,9 @@ log = logging.getLogger(__name__)
 # How long the engine sleeps when it has work it cannot schedule yet (never expected:
 # a lone sequence always fits), so it does not spin.
 _IDLE_WAIT_S = 0.01
+# Prompts up to this many bytes are tokenized on the event loop (tens of microseconds);
+# longer ones on a worker thread.
+_INLINE_BYTES = 2048
 
 
 class GenerationScheduler:
@@ -90,7 +94,8 @@ class GenerationScheduler:
                 loop.call_soon_threadsafe(_resolve, done)
 
         self._serial += 1
-        seq = read_sequence(
+        read = functools.partial(
+            read_sequence,
             self._model,
             item.inputs,
             context.parameters,
@@ -99,6 +104,10 @@ class GenerationScheduler:
             on_done,
             context.requested_outputs,
         )
+        if _long_prompt(item.inputs.get("text_input")):
+            seq = await asyncio.to_thread(read)  # tokenizing a long prompt takes a while
+        else:
+            seq = read()
         self._pending += 1
         if self._drained is None:
             self._drained = asyncio.Event()
@@ -140,21 +149,32 @@ class GenerationScheduler:
     # --- the engine thread ----------------------------------------------------------------
 
     def _loop(self) -> None:
-        try:
-            while self._next_step():
-                pass
-        finally:
-            gone = ModelError(ErrorCode.UNAVAILABLE.value, "the model was unloaded")
-            with self._wake:
-                left = [*self._inbox, *self._waiting, *self._running]
-                self._inbox.clear()
-            self._waiting.clear()
-            self._running.clear()
-            for seq in left:
-                self._model.runner.pool.allocator.release(seq.blocks)
-                if not seq.cancelled:
-                    seq.sink.send(None, gone, True)
-                seq.on_done()
+        while True:
+            try:
+                if not self._next_step():
+                    break
+            except Exception as exc:
+                # A fault in the engine itself: fail what it holds, keep serving.
+                log.exception("model '%s': the generation engine failed", self._model.name)
+                self._end_all(ModelError(ErrorCode.INTERNAL.value, f"generation failed: {exc}"))
+        self._end_all(ModelError(ErrorCode.UNAVAILABLE.value, "the model was unloaded"))
+
+    def _end_all(self, error: ModelError) -> None:
+        """Answer every sequence the engine holds with `error`, and free its blocks."""
+        with self._wake:
+            left = [*self._inbox, *self._waiting, *self._running]
+            self._inbox.clear()
+        self._waiting.clear()
+        self._running.clear()
+        allocator = self._model.runner.pool.allocator
+        for seq in left:
+            allocator.release(seq.blocks)
+            if not seq.cancelled:
+                seq.sink.send(None, error, True)
+            seq.on_done()
+        stats = self.generation_stats
+        stats.running = stats.waiting = 0
+        stats.kv_blocks_used = allocator.used
 
     def _next_step(self) -> bool:
         """One iteration; False once the engine stops."""
@@ -297,6 +317,13 @@ class GenerationScheduler:
         if seq in self._running:
             self._running.remove(seq)
         self._model.runner.pool.allocator.release(seq.blocks)
+
+
+def _long_prompt(array: Array | None) -> bool:
+    if array is None or array.size != 1:
+        return False
+    value = array.reshape(-1)[0]
+    return isinstance(value, bytes) and len(value) > _INLINE_BYTES
 
 
 def _resolve(done: asyncio.Future[None]) -> None:

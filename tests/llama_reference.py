@@ -59,9 +59,11 @@ def forward(
     cfg: Config,
     ids: Sequence[int],
     dtype: type = np.float64,
+    first: int = 0,
 ) -> FloatArray:
-    """The logits [len(ids), vocab] at every position of one unpadded sequence."""
-    w = {k: v.astype(dtype) for k, v in weights.items()}
+    """The logits [len(ids) - first, vocab] at positions first.. of one unpadded sequence
+    (the LM head is the costly part of a short sequence; skip what is not needed)."""
+    w: dict[str, FloatArray] = {k: v.astype(dtype) for k, v in weights.items()}
     n, heads, kv_heads = len(ids), cfg.num_heads, cfg.num_kv_heads
     d = cfg.hidden_size // heads
     x = w["model.embed_tokens.weight"][np.asarray(ids, dtype=np.int64)]
@@ -89,7 +91,7 @@ def forward(
         h = _rms_norm(x, w[f"{p}.post_attention_layernorm.weight"], cfg.rms_norm_eps)
         act = _silu(h @ w[f"{p}.mlp.gate_proj.weight"].T) * (h @ w[f"{p}.mlp.up_proj.weight"].T)
         x = x + act @ w[f"{p}.mlp.down_proj.weight"].T
-    x = _rms_norm(x, w["model.norm.weight"], cfg.rms_norm_eps)
+    x = _rms_norm(x[first:], w["model.norm.weight"], cfg.rms_norm_eps)
     head = w["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
     logits: FloatArray = x @ head.T
     return logits
@@ -100,14 +102,15 @@ def greedy_mismatch(
     cfg: Config,
     prompt: Sequence[int],
     generated: Sequence[int],
+    dtype: type = np.float64,
 ) -> str | None:
     """None when `generated` is the reference's greedy continuation of `prompt`, else a
     sentence naming the first token that differs and the two logits."""
     if not generated:
         return None
-    logits = forward(weights, cfg, [*prompt, *generated[:-1]])
+    logits = forward(weights, cfg, [*prompt, *generated[:-1]], dtype, first=len(prompt) - 1)
     for step, token in enumerate(generated):
-        row = logits[len(prompt) - 1 + step]
+        row = logits[step]
         best = int(row.argmax())
         if best != token:
             return (
@@ -127,7 +130,8 @@ def greedy(
     """Greedy decoding by a full forward pass per token (small models only)."""
     out: list[int] = []
     for _ in range(steps):
-        token = int(forward(weights, cfg, [*prompt, *out])[-1].argmax())
+        ids = [*prompt, *out]
+        token = int(forward(weights, cfg, ids, first=len(ids) - 1)[-1].argmax())
         out.append(token)
         if token in stop:
             break

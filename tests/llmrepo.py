@@ -135,6 +135,14 @@ def reference_greedy(text: str, steps: int) -> list[int]:
     )
 
 
+def reference_ids(text: str, steps: int) -> list[int]:
+    """The reference's greedy tokens, EOS not excepted (for `ignore_eos` requests)."""
+    import llama_reference
+
+    model = tiny_model()
+    return list(llama_reference.greedy(model.weights, model.cfg, prompt_ids(text), steps))
+
+
 def reference_text(text: str, steps: int) -> str:
     """What the server must answer for a greedy request of `steps` tokens."""
     ids = [i for i in reference_greedy(text, steps) if i != tiny_model().eos_id]

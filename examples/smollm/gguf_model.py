@@ -171,7 +171,7 @@ def build_tokenizer(spec: TokenizerSpec) -> Any:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {token: i for i, token in enumerate(spec.tokens)}
-    merges = [tuple(m.split(" ", 1)) for m in spec.merges]
+    merges = [(left, right) for left, _, right in (m.partition(" ") for m in spec.merges)]
     bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
     tokenizer = Tokenizer(bpe)
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)

@@ -37,7 +37,12 @@ OPTIONAL_PATHS = [
     ("examples/minilm: the weights' file format", "safetensors.numpy"),
     ("examples/ocr: pre- and post-processing", "PIL.Image"),
     ("examples/ocr: post-processing", "scipy.ndimage"),
-    ("/v1/chat/completions: chat templates in Jinja2's sandbox", "jinja2.sandbox"),
+    ("the llm backend: the tokenizer", "tokenizers"),
+    (
+        "the llm backend and /v1/chat/completions: chat templates in Jinja2's sandbox",
+        "jinja2.sandbox",
+    ),
+    ("examples/smollm: reads and dequantizes the GGUF", "gguf.quants"),
     ("examples/clients/chat.py and the /v1 tests: the OpenAI client", "openai"),
 ]
 
@@ -60,7 +65,13 @@ def test_every_optional_path_imports(purpose: str, module: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["examples/minilm/build.py", "examples/ocr/build.py", "examples/ocr/model/ocr_steps.py"]
+    "path",
+    [
+        "examples/minilm/build.py",
+        "examples/ocr/build.py",
+        "examples/ocr/model/ocr_steps.py",
+        "examples/smollm/build.py",
+    ],
 )
 def test_the_examples_builders_import(path: str) -> None:
     spec = importlib.util.spec_from_file_location(f"example_{Path(path).stem}", ROOT / path)

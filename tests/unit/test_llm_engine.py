@@ -248,3 +248,67 @@ def test_detokenizer_holds_a_split_character_until_it_is_whole(tmp_path: Any) ->
     assert "".join(deltas) == text
     assert "\ufffd" not in "".join(deltas)
     assert deltas[1] == "" and deltas[2] == "ñ"
+
+
+def test_top_p_keeps_the_smallest_nucleus_over_a_large_flat_vocabulary() -> None:
+    # 2000 equally likely tokens but the first 10, which hold half the mass: top_p 0.5
+    # keeps exactly those ten (more than the fast path's candidates are sorted otherwise).
+    logits = np.zeros(2000, np.float32)
+    logits[:10] = np.log(1990 / 10)
+    sampler = Sampler(SamplingParams(max_tokens=1, temperature=1.0, top_p=0.5, seed=5))
+    assert {sampler.sample(logits) for _ in range(200)} <= set(range(10))
+    wide = Sampler(SamplingParams(max_tokens=1, temperature=1.0, top_p=0.9, seed=5))
+    seen = {wide.sample(np.zeros(2000, np.float32)) for _ in range(200)}
+    assert len(seen) > 100 and max(seen) < 2000
+
+
+# --- load ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"kv_cache_blocks": "4"}, "cannot hold one sequence"),
+        ({"batching": "sometimes"}, "batching"),
+        ({"kv_block_size": "16"}, None),  # the graph's block dim is symbolic: any size goes
+        ({"max_model_len": "x"}, "not an integer"),
+        ({"tokenizer": "../../etc/passwd"}, "inside the model folder"),
+        ({"step_model": "missing.onnx"}, "not found"),
+        ({"eos_token_ids": "1,x"}, "eos_token_ids"),
+        ({"default_top_p": "0"}, "default_top_p"),
+    ],
+)
+def test_settings_the_engine_cannot_honour_fail_the_load(
+    tmp_path: Any, parameters: dict[str, str], message: str | None
+) -> None:
+    from google.protobuf import text_format
+
+    from ge_serve.backends.base import ModelSpec
+    from ge_serve.backends.llm.backend import LlmBackend
+    from ge_serve.protos import model_config_pb2
+
+    folder = llmrepo.write_tiny_llm(tmp_path, "m", parameters)
+    config = text_format.Parse(
+        (folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
+    spec = ModelSpec("m", 1, config, folder, folder / "1" / "model.onnx")
+    if message is None:
+        LlmBackend().load(spec)
+        return
+    with pytest.raises(ValueError, match=message):
+        LlmBackend().load(spec)
+
+
+def test_a_config_that_is_not_decoupled_fails_the_load(tmp_path: Any) -> None:
+    from google.protobuf import text_format
+
+    from ge_serve.backends.base import ModelSpec
+    from ge_serve.backends.llm.backend import LlmBackend
+    from ge_serve.protos import model_config_pb2
+
+    folder = llmrepo.write_tiny_llm(tmp_path, "m")
+    text = (folder / "config.pbtxt").read_text().replace("decoupled: true", "decoupled: false")
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    spec = ModelSpec("m", 1, config, folder, folder / "1" / "model.onnx")
+    with pytest.raises(ValueError, match="decoupled"):
+        LlmBackend().load(spec)
