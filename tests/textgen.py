@@ -13,7 +13,7 @@ shows the prompt the template rendered), one delta per word when streaming:
 - SHOW_PARAMS in the prompt: the answer is one token, the JSON of what it was sent;
 - FAIL_MIDSTREAM: one token, then an error response;
 - SLOW: 50 ms between tokens, stopping (and logging "textgen: cancelled") once the client
-  has gone away.
+  has gone away; SLOW_START: 2 s before the first streamed token, the same way.
 Its config gives a ChatML chat template (config parameter `chat_template_source`), which
 refuses a `tool` message with `raise_exception`. `textgen_plain` is the same model
 without a template.
@@ -103,6 +103,8 @@ class TritonPythonModel:
                 return
             whole = self.response("".join(tokens), reason, prompt_tokens, len(tokens))
             sender.send(whole, flags=final)
+            return
+        if "SLOW_START" in prompt and not self.wait_out(sender, 40):
             return
         for index, token in enumerate(tokens):
             if slow:

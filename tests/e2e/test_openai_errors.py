@@ -278,3 +278,14 @@ def test_a_restricted_v1_route_is_403_in_openais_shape(
         assert allowed.json()["choices"][0]["text"] == "a b"
         # /v1/models is metadata, which this server leaves open.
         assert httpx.get(server.base_url + "/v1/models", timeout=30).status_code == 200
+
+
+def test_a_client_that_leaves_before_the_first_token_cancels_its_request(
+    server: ServerProcess, http: httpx.Client
+) -> None:
+    # The status waits for the first token; a client that gives up before it cancels too.
+    before = server.log().count("textgen: cancelled")
+    body = {"model": "textgen", "prompt": "SLOW_START a b", "stream": True}
+    with pytest.raises(httpx.ReadTimeout):
+        http.post(COMPLETIONS, json=body, timeout=0.5)
+    poll(lambda: server.log().count("textgen: cancelled") > before, 10, "the model stops")

@@ -11,7 +11,7 @@ is a plain JSON error with its status; after that the answer is `text/event-stre
 `data:` chunk per text delta, a last chunk with the finish reason, the usage chunk when
 asked for, then `data: [DONE]`. An error after the stream has begun is one event,
 `data: {"error": {...}}`, and the stream ends there, without `[DONE]`. A client that
-goes away closes the stream, which cancels the request.
+goes away cancels the request, before its first token as after.
 """
 
 from __future__ import annotations
@@ -101,15 +101,16 @@ async def _answer(
         return Response(
             orjson.dumps(answer.whole(text, reason, usage)), media_type="application/json"
         )
-    return await _stream(catalog, infer_request, answer)
+    return await _stream(catalog, request, infer_request, answer)
 
 
-async def _stream(catalog: Catalog, infer_request: InferRequest, answer: Answer) -> Response:
+async def _stream(
+    catalog: Catalog, request: Request, infer_request: InferRequest, answer: Answer
+) -> Response:
     rest = pieces(catalog.core, infer_request)
     try:
-        first: Piece | None = await anext(rest)
-    except StopAsyncIteration:
-        first = None
+        # A client that leaves while the request waits for its first token cancels it too.
+        first = await until_disconnect(request, anext(rest, None))
     except BaseException:
         await rest.aclose()
         raise
@@ -127,11 +128,13 @@ async def _events(
         if answer.chat:
             yield answer.chunk("", first=True)
         try:
-            async for piece in _chain(first, rest):
+            piece = first
+            while piece is not None:
                 usage.add(piece)
                 reason = piece.finish_reason or reason
                 if piece.text:
                     yield answer.chunk(piece.text)
+                piece = await anext(rest, None)
         except OpenAIError as exc:
             yield sse(exc.body())
             return
@@ -143,13 +146,6 @@ async def _events(
     if answer.include_usage:
         yield answer.usage_chunk(usage)
     yield DONE
-
-
-async def _chain(first: Piece | None, rest: AsyncIterator[Piece]) -> AsyncIterator[Piece]:
-    if first is not None:
-        yield first
-    async for piece in rest:
-        yield piece
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
