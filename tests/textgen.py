@@ -13,7 +13,8 @@ shows the prompt the template rendered), one delta per word when streaming:
 - SHOW_PARAMS in the prompt: the answer is one token, the JSON of what it was sent;
 - FAIL_MIDSTREAM: one token, then an error response;
 - SLOW: 50 ms between tokens, stopping (and logging "textgen: cancelled") once the client
-  has gone away; SLOW_START: 2 s before the first streamed token, the same way.
+  has gone away; SLOW_START: 2 s before the first streamed token, the same way. A
+  non-streamed SLOW answer and SLOW_START log "textgen: started" first.
 Its config gives a ChatML chat template (config parameter `chat_template_source`), which
 refuses a `tool` message with `raise_exception`. `textgen_plain` is the same model
 without a template.
@@ -125,6 +126,7 @@ class TritonPythonModel:
 
     def wait_out(self, sender, steps):
         # 50 ms a token, as a model that generates them; False once the client left.
+        pb_utils.Logger.log_info("textgen: started")
         for _ in range(steps):
             time.sleep(0.05)
             if sender.is_cancelled():
