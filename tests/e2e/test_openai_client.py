@@ -310,7 +310,9 @@ def test_minilm_embeddings_through_the_openai_client(minilm_server: ServerProces
         text.set_data_from_numpy(np.array([[sentence.encode()]], dtype=np.object_))
         expected = v2.infer("minilm", [text]).as_numpy("EMBEDDING")
         assert expected is not None
-        np.testing.assert_allclose(vector, expected.reshape(-1), atol=1e-6)
+        # Batched with other requests or alone, padded to other lengths: the same up to float
+        # rounding.
+        np.testing.assert_allclose(vector, expected.reshape(-1), atol=1e-5)
 
 
 def test_chat_streams_through_an_http_worker_process(
