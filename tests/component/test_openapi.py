@@ -265,3 +265,18 @@ async def test_accepted_bodies(http: httpx.AsyncClient) -> None:
     # Valid bodies reach the core, which has no model control here.
     unload = await http.post("/v2/repository/models/m/unload", content=b"")
     assert unload.status_code == 503 and "error" in unload.json()
+
+
+async def test_the_openai_routes_have_their_bodies_and_openai_errors(
+    document: dict[str, Any],
+) -> None:
+    chat = body_schema(document, "/v1/chat/completions")
+    assert sorted(chat["required"]) == ["messages", "model"]
+    assert chat["properties"]["temperature"]["anyOf"][0]["maximum"] == 2.0
+    assert "input" in body_schema(document, "/v1/embeddings")["required"]
+    assert "prompt" in body_schema(document, "/v1/completions")["required"]
+    for path, method in (("/v1/models", "get"), ("/v1/chat/completions", "post")):
+        responses = document["paths"][path][method]["responses"]
+        error = resolve(document, responses["default"]["content"]["application/json"]["schema"])
+        detail = resolve(document, error["properties"]["error"])
+        assert sorted(detail["required"]) == ["code", "message", "param", "type"]

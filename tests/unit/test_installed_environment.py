@@ -38,8 +38,12 @@ OPTIONAL_PATHS = [
     ("examples/ocr: pre- and post-processing", "PIL.Image"),
     ("examples/ocr: post-processing", "scipy.ndimage"),
     ("the llm backend: the tokenizer", "tokenizers"),
-    ("the llm backend: chat templates", "jinja2.sandbox"),
+    (
+        "the llm backend and /v1/chat/completions: chat templates in Jinja2's sandbox",
+        "jinja2.sandbox",
+    ),
     ("examples/smollm: reads and dequantizes the GGUF", "gguf.quants"),
+    ("examples/clients/chat.py and the /v1 tests: the OpenAI client", "openai"),
 ]
 
 
