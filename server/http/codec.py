@@ -432,8 +432,11 @@ def encode_infer_response(
 
     An output goes binary when its requested output says `binary_data: true`; one that was
     not requested individually, or requested without `binary_data`, follows the request's
-    `binary_data_output` (default false). FP16 and BF16 outputs, and BYTES outputs that are
-    not valid UTF-8, are always sent binary, since JSON cannot carry them faithfully.
+    `binary_data_output` (default false). FP16 and BF16 outputs are always sent binary.
+    A BYTES output that is not valid UTF-8 cannot go in JSON at all (a client reading the
+    JSON as UTF-8 would get other bytes, and one that asked for JSON cannot read a binary
+    part): asked for as JSON, it is refused (400) with its name and the way out, the
+    binary data extension, which carries any bytes, as gRPC does.
     Binary outputs follow the JSON header in output order. An output the core wrote to
     shared memory is described (name, datatype, shape) with no data, as Triton does.
     """
@@ -493,6 +496,10 @@ def _json_output_data(tensor: Tensor) -> Any:
         try:
             return [item.decode("utf-8") for item in bytes_elements(tensor.data)]
         except UnicodeDecodeError:
-            return None
+            raise invalid_arg(
+                f"output '{tensor.name}' holds BYTES that are not valid UTF-8, which a JSON "
+                'response cannot carry; request it as binary data ("binary_data": true '
+                'on the output, or "binary_data_output": true on the request)'
+            ) from None
     # A 1-D C-contiguous native array, which orjson serializes directly.
     return np.ascontiguousarray(tensor.data, dtype=tensor.datatype.numpy).reshape(-1)
