@@ -141,6 +141,13 @@ def element_count_overflow(name: str, shape: Sequence[int], limit: int = INT64_M
     )
 
 
+def byte_size_overflow(name: str, count: int, itemsize: int) -> ServerError:
+    return _invalid(
+        f"byte size overflow for input '{name}': element count ({count}) * data type size "
+        f"({itemsize}) exceeds maximum allowed size ({INT64_MAX})"
+    )
+
+
 def json_too_deep() -> ServerError:
     return _invalid(
         f"Unable to parse 'data': JSON nesting depth exceeds maximum allowed limit "
@@ -178,6 +185,13 @@ def json_input_too_large(name: str, size: int, limit: int) -> ServerError:
     )
 
 
+def decompressed_too_large(limit: int) -> ServerError:
+    return _invalid(
+        f"Decompressed data size exceeds the maximum allowed value of {limit} bytes. Use "
+        "--http-max-input-size to increase the limit."
+    )
+
+
 def raw_input_too_large(size: int, limit: int) -> ServerError:
     return _invalid(
         f"Raw input has a byte_size ({size} bytes) that exceeds the maximum allowed value of "
@@ -201,6 +215,16 @@ def binary_input_short(name: str, missing: int, model: str) -> ServerError:
 
 def additional_input_data(model: str) -> ServerError:
     return _invalid(f"unexpected additional input data for model '{model}'")
+
+
+def bytes_not_utf8(name: str) -> ServerError:
+    """Ours: Triton writes such bytes into its JSON as they are, which no JSON reader
+    takes. The way out is the binary extension, which carries any bytes."""
+    return _invalid(
+        f"output '{name}' holds BYTES that are not valid UTF-8, which a JSON response cannot "
+        'carry; request it as binary data ("binary_data": true on the output, or '
+        '"binary_data_output": true on the request)'
+    )
 
 
 def too_many_chunks(limit: int = MAX_CHUNKS) -> str:

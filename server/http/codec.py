@@ -244,11 +244,11 @@ def _decode_input(index: int, spec: Any, place: _Place) -> tuple[Tensor, int]:
     name = spec.get("name")
     if not isinstance(name, str) or not name:
         raise invalid_arg(f"input {index} has no 'name'")
-    shape = _shape(spec.get("shape"), name)
     datatype_name = spec.get("datatype")
     if not isinstance(datatype_name, str):
         raise invalid_arg(f"input '{name}' has no 'datatype'")
     datatype = DataType.parse(datatype_name)
+    shape = _shape(spec.get("shape"), name, datatype.itemsize)
     params = _parameters(spec.get("parameters"), f"input '{name}'")
     shm = parse_ref(params, name)
     size = params.pop(BINARY_DATA_SIZE, None)
@@ -286,13 +286,13 @@ def _decode_input(index: int, spec: Any, place: _Place) -> tuple[Tensor, int]:
     return tensor, offset
 
 
-def _shape(raw: Any, name: str) -> tuple[int, ...]:
+def _shape(raw: Any, name: str, itemsize: int) -> tuple[int, ...]:
     if raw is None:
         raise invalid_arg(f"input '{name}' has no 'shape'")
     if not isinstance(raw, list) or not all(type(d) is int and d >= 0 for d in raw):
         raise invalid_arg(f"'shape' of input '{name}' must be an array of non-negative integers")
     shape = tuple(raw)
-    check_shape(shape, name)
+    check_shape(shape, name, itemsize)
     return shape
 
 
@@ -432,11 +432,9 @@ def encode_infer_response(
 
     An output goes binary when its requested output says `binary_data: true`; one that was
     not requested individually, or requested without `binary_data`, follows the request's
-    `binary_data_output` (default false). FP16 and BF16 outputs are always sent binary.
-    A BYTES output that is not valid UTF-8 cannot go in JSON at all (a client reading the
-    JSON as UTF-8 would get other bytes, and one that asked for JSON cannot read a binary
-    part): asked for as JSON, it is refused (400) with its name and the way out, the
-    binary data extension, which carries any bytes, as gRPC does.
+    `binary_data_output` (default false). FP16 and BF16 outputs are always sent binary; a
+    BYTES output that is not valid UTF-8 asked for as JSON is refused (JSON cannot carry
+    it, and a client that asked for JSON cannot read a binary part).
     Binary outputs follow the JSON header in output order. An output the core wrote to
     shared memory is described (name, datatype, shape) with no data, as Triton does.
     """
@@ -496,10 +494,6 @@ def _json_output_data(tensor: Tensor) -> Any:
         try:
             return [item.decode("utf-8") for item in bytes_elements(tensor.data)]
         except UnicodeDecodeError:
-            raise invalid_arg(
-                f"output '{tensor.name}' holds BYTES that are not valid UTF-8, which a JSON "
-                'response cannot carry; request it as binary data ("binary_data": true '
-                'on the output, or "binary_data_output": true on the request)'
-            ) from None
+            raise messages.bytes_not_utf8(tensor.name) from None
     # A 1-D C-contiguous native array, which orjson serializes directly.
     return np.ascontiguousarray(tensor.data, dtype=tensor.datatype.numpy).reshape(-1)

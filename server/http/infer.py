@@ -34,6 +34,7 @@ from .bodies import InferRequestBody
 from .drain import DISCARD_MAX_BYTES, discard_body, expects_continue
 from .errors import ClosingError, error_response, http_status, server_error_response
 from .openapi import ApiRoute, Body
+from .protocol import too_many_chunks
 from .routing import Endpoint
 
 # Logged under the front end's name, as before the endpoint had a module of its own.
@@ -232,11 +233,11 @@ class InferEndpoint:
                     raise _too_large(size, limit, raw)
                 if chunk:
                     chunks.append(chunk)
-                    if len(chunks) > self.max_chunks:
-                        await _drop_body(scope, receive, None if more else 0)
-                        raise ClosingError(
-                            ErrorCode.INVALID_ARG, messages.too_many_chunks(self.max_chunks)
-                        )
+                if (chunk or not more) and too_many_chunks(scope, len(chunks), self.max_chunks):
+                    await _drop_body(scope, receive, None if more else 0)
+                    raise ClosingError(
+                        ErrorCode.INVALID_ARG, messages.too_many_chunks(self.max_chunks)
+                    )
         except ClientDisconnect:
             log.info(
                 "%s %s: the client went away after %d of %s body bytes",

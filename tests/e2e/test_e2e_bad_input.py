@@ -114,7 +114,9 @@ def test_malformed_json(http: httpx.Client) -> None:
         (b"[1, 2]", "must be an object, not an array"),
         (b"{}", "the request JSON has no 'inputs'"),
         (b'{"inputs": 3}', "'inputs' must be an array"),
-        (b'{"inputs": [{"name": "INPUT0"}]}', "input 'INPUT0' has no 'shape'"),
+        # Triton's order: the datatype is read before the shape.
+        (b'{"inputs": [{"name": "INPUT0"}]}', "input 'INPUT0' has no 'datatype'"),
+        (b'{"inputs": [{"name": "INPUT0", "datatype": "FP32"}]}', "input 'INPUT0' has no 'shape'"),
         (b'{"inputs": [], "id": 5}', "the request 'id' must be a string"),
     ],
 )
@@ -424,7 +426,12 @@ def test_oversized_after_decompression(http: httpx.Client) -> None:
     response = http.post(
         "/v2/models/simple/infer", content=bomb, headers={"Content-Encoding": "gzip"}
     )
-    expect_error(response, 400, f"exceeds the maximum of {MAX_INPUT} bytes")
+    expect_error(
+        response,
+        400,
+        f"exceeds the maximum allowed value of {MAX_INPUT} bytes",
+        "--http-max-input-size",
+    )
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
