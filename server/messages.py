@@ -25,6 +25,7 @@ INT_MAX: Final = 2**31 - 1
 MAX_JSON_DEPTH: Final = 100
 # Triton's kMaxChunkedChunks: non-empty chunks of a chunked request body.
 MAX_CHUNKS: Final = 1 << 16
+READY_NOT_BOOLEAN: Final = "Invalid value for 'ready': expected a boolean"
 _BATCH_NOTE: Final = (
     "NOTE: Setting a non-zero max_batch_size in the model config requires a batch "
     "dimension to be prepended to each input shape. If you want to specify the full shape "

@@ -430,9 +430,9 @@ def encode_infer_response(
 ) -> tuple[bytes, int | None]:
     """Encode a response as (body, JSON header length or None when the body is all JSON).
 
-    An output goes binary when its requested output says `binary_data: true`; one that was
-    not requested individually, or requested without `binary_data`, follows the request's
-    `binary_data_output` (default false). FP16 and BF16 outputs are always sent binary; a
+    A requested output goes binary when it says `binary_data: true`, whatever the request's
+    `binary_data_output`; that parameter (default false) decides for the outputs of a
+    request that names none, as in Triton. FP16 and BF16 outputs are always sent binary; a
     BYTES output that is not valid UTF-8 asked for as JSON is refused (JSON cannot carry
     it, and a client that asked for JSON cannot read a binary part).
     Binary outputs follow the JSON header in output order. An output the core wrote to
@@ -458,9 +458,7 @@ def encode_infer_response(
             entries.append(entry)
             continue
         wanted = requested.get(tensor.name)
-        binary = default_binary
-        if wanted is not None and BINARY_DATA in wanted.parameters:
-            binary = wanted.parameters[BINARY_DATA] is True
+        binary = default_binary if wanted is None else wanted.parameters.get(BINARY_DATA) is True
         data = None if binary else _json_output_data(tensor)
         if data is not None:
             if tensor.parameters:

@@ -756,7 +756,8 @@ def _binary_names(request: InferRequest, names: tuple[str, ...] = ("a", "b")) ->
             {"binary_data_output": True},
             ["b"],
         ),
-        ([RequestedOutput("a")], {"binary_data_output": True}, ["a", "b"]),
+        # Triton: a named output is JSON unless it says binary_data: true.
+        ([RequestedOutput("a")], {"binary_data_output": True}, ["b"]),
         (
             [RequestedOutput("a", parameters={"binary_data": True}), RequestedOutput("b")],
             {},
@@ -769,7 +770,7 @@ def _binary_names(request: InferRequest, names: tuple[str, ...] = ("a", "b")) ->
         "binary_data_output false",
         "per-output binary",
         "per-output json overrides",
-        "named without binary_data follows request",
+        "named without binary_data is json",
         "only the flagged one",
     ],
 )
