@@ -272,7 +272,25 @@ def shm_already_registered(name: str) -> ServerError:
 
 
 def shm_cannot_open(key: str) -> ServerError:
-    return _invalid(f"Unable to open shared memory region: '{key}'")
+    """INTERNAL, as Triton answers it (HTTP 500): the key names nothing this host holds."""
+    return ServerError(ErrorCode.INTERNAL, f"Unable to open shared memory region: '{key}'")
+
+
+# Triton's kTritonSharedMemoryRegionPrefix: keys its Python backend keeps for itself.
+RESERVED_SHM_PREFIX: Final = "triton_python_backend_shm_region_"
+
+
+def shm_reserved_key(name: str, key: str) -> ServerError:
+    return _invalid(
+        f"cannot register shared memory region '{name}' with key '{key}' as the key contains "
+        f"the reserved prefix '{RESERVED_SHM_PREFIX}'"
+    )
+
+
+def cuda_register_refused() -> ServerError:
+    """What Triton answers for a CUDA handle it cannot open (the only kind here: no CUDA
+    device), in a GPU build as in one running on a host without a GPU."""
+    return _invalid("failed to register shared memory region: invalid args")
 
 
 def shm_invalid_args(name: str) -> ServerError:

@@ -12,13 +12,16 @@ status lists nothing and unregister has nothing to do, so clients that clean up 
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ge_serve.server.errors import decoding
+from ge_serve.server.errors import decoding, invalid_arg
 from ge_serve.server.sharedmemory import RegionStatus
 
 from .bodies import SystemSharedMemoryRegisterRequest, decode_body
@@ -40,6 +43,29 @@ def _status_json(regions: list[RegionStatus]) -> list[dict[str, Any]]:
         {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
         for r in regions
     ]
+
+
+# sizeof(cudaIpcMemHandle_t): the bytes a CUDA IPC handle holds.
+CUDA_HANDLE_BYTES = 64
+
+
+def _check_cuda_handle(body: bytes) -> None:
+    """Triton's checks of a CUDA register request's `raw_handle`, before it tries to open
+    the handle (which here always fails)."""
+    try:
+        doc = orjson.loads(body) if body.strip() else {}
+    except orjson.JSONDecodeError as exc:
+        raise invalid_arg(f"failed to parse the register request JSON buffer: {exc}") from None
+    handle = doc.get("raw_handle") if isinstance(doc, dict) else None
+    if handle is None:
+        raise invalid_arg("Shared memory register request has no 'raw_handle' field")
+    text = handle.get("b64") if isinstance(handle, dict) else None
+    try:
+        size = len(base64.b64decode(text, validate=True)) if isinstance(text, str) else -1
+    except binascii.Error:
+        size = -1
+    if size != CUDA_HANDLE_BYTES:
+        raise invalid_arg("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
 
 
 def routes(front: RouteHost) -> list[Route]:
@@ -65,6 +91,9 @@ def routes(front: RouteHost) -> list[Route]:
         return json_response(_status_json(shm.cuda_status(_region(request))))
 
     async def cuda_register(request: Request) -> Response:
+        body = await front.read_body(request)
+        if shm.enabled:  # else the refusal says the extension is off
+            _check_cuda_handle(body)
         shm.cuda_register(_region(request))
         return Response(status_code=200)  # pragma: no cover - cuda_register always raises
 
