@@ -272,7 +272,7 @@ def shm_already_registered(name: str) -> ServerError:
 
 
 def shm_cannot_open(key: str) -> ServerError:
-    """INTERNAL, as Triton answers it (HTTP 500): the key names nothing this host holds."""
+    """INTERNAL, as Triton answers it (gRPC; HTTP answers 400, see http/sharedmemory.py)."""
     return ServerError(ErrorCode.INTERNAL, f"Unable to open shared memory region: '{key}'")
 
 

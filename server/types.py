@@ -148,7 +148,7 @@ def check_shape(shape: Sequence[SupportsIndex], name: str, itemsize: int = 0) ->
         shown = [operator.index(d) for d in shape]
         if nominal > messages.INT64_MAX:
             raise messages.element_count_overflow(name, shown)
-        if itemsize > 1 and nominal > messages.INT64_MAX // itemsize:
+        if itemsize > 1 and nominal > messages.INT64_MAX // itemsize and not has_zero:
             raise messages.byte_size_overflow(name, nominal, itemsize)
         raise messages.element_count_overflow(name, shown, MAX_ELEMENTS)
     return 0 if has_zero else nominal

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ge_serve.server.errors import decoding, invalid_arg
+from ge_serve.server.errors import ErrorCode, ServerError, decoding, invalid_arg
 from ge_serve.server.sharedmemory import RegionStatus
 
 from .bodies import SystemSharedMemoryRegisterRequest, decode_body
@@ -80,7 +80,14 @@ def routes(front: RouteHost) -> list[Route]:
             doc = decode_body(
                 SystemSharedMemoryRegisterRequest, body, "shared memory register request"
             )
-        await shm.register(_region(request), doc.key, doc.offset, doc.byte_size)
+        try:
+            await shm.register(_region(request), doc.key, doc.offset, doc.byte_size)
+        except ServerError as exc:
+            if exc.code is not ErrorCode.INTERNAL:
+                raise
+            # A key that names nothing: Triton's INTERNAL, which gRPC clients match on,
+            # but over HTTP a 400, since bad input is never a 500 here.
+            raise invalid_arg(exc.message) from None
         return Response(status_code=200)
 
     async def system_unregister(request: Request) -> Response:

@@ -303,7 +303,7 @@ def test_bad_shared_memory_requests_get_clear_errors(client: Triton, regions: Re
     key = f"/ge_test_{regions.name('in')}"
     expect(
         client,
-        "INTERNAL",  # Triton's code for it
+        "INTERNAL" if client.protocol == "grpc" else "INVALID_ARGUMENT",  # gRPC: Triton's
         "Unable to open shared memory region: '/ge_test_missing",
         client.client.register_system_shared_memory,
         "missing",
