@@ -111,7 +111,8 @@ def unknown_version(name: str, version: str) -> ServerError:
 def bad_version_string(version: str) -> ServerError | None:
     """Triton's answer for a version string that names no version because C's stol
     cannot read it (or it is out of range), or because it is negative; None otherwise."""
-    found = re.match(r"[ \t\n\r\f\v]*([+-]?)([0-9]+)", version)
+    found = re.match(r"[ \t\n\r\f\v]*([+-]?)0*([0-9]{1,20})(?![0-9])", version)
+    # (More than 20 significant digits is past int64 anyway, and never goes to int().)
     number = 0 if found is None else int(found.group(2)) * (-1 if found.group(1) == "-" else 1)
     if found is None or not -(2**63) <= number < 2**63:
         return ServerError(
