@@ -10,6 +10,7 @@ from ge_serve.backends.onnx_io import read_onnx_io
 from ge_serve.backends.paths import OutsideFolder, resolve_inside
 from ge_serve.protos import model_config_pb2
 
+from . import unhonoured
 from .errors import ErrorCode, ServerError
 
 log = logging.getLogger(__name__)
@@ -183,10 +184,13 @@ def complete(
         group = config.instance_group.add()
         group.name = config.name
         group.count = 1
+        # A device backend (GE: an NPU, real or simulated) places its instances itself,
+        # from npu_ge's device parameters: Triton's KIND_MODEL, not KIND_GPU, which would
+        # name a CUDA device to Triton users.
         group.kind = (
             model_config_pb2.ModelInstanceGroup.KIND_CPU
             if backend.name in HOST_BACKENDS
-            else model_config_pb2.ModelInstanceGroup.KIND_GPU
+            else model_config_pb2.ModelInstanceGroup.KIND_MODEL
         )
     for index, group in enumerate(config.instance_group):
         if not group.name:
@@ -211,3 +215,6 @@ def check(config: model_config_pb2.ModelConfig) -> None:
             raise ServerError(ErrorCode.INVALID_ARG, f"tensor '{entry.name}' has no data_type")
         if len(entry.dims) == 0 and not entry.HasField("reshape"):
             raise ServerError(ErrorCode.INVALID_ARG, f"tensor '{entry.name}' has no dims")
+    # The last check: the fields Triton's proto has and ge-serve ignores, or refuses.
+    for line in unhonoured.check(config):
+        log.warning("%s", line)

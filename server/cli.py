@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .boolean import parse_bool
-from .settings import Flag, Settings, flag_of
+from .flags import Flag, flag_of
+from .settings import Settings
 
 
 def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -50,6 +51,21 @@ class _RecordFlag(argparse.Action):
         getattr(namespace, self.dest).append((option_string or "", str(values)))
 
 
+def _help(setting: dataclasses.Field[Any], spec: Flag) -> str:
+    """The flag's help line, ending with its default (argparse's %-format escaped)."""
+    text = (spec.help or "").replace("%", "%%")
+    if spec.repeat or spec.record_flag or spec.fallback is not None or spec.required:
+        return text
+    default = setting.default
+    if isinstance(default, bool):
+        shown = "true" if default else "false"
+    elif default is None or default == "":
+        shown = "none"
+    else:
+        shown = str(default)
+    return f"{text} (default: {shown})"
+
+
 def _arguments(setting: dataclasses.Field[Any], spec: Flag) -> dict[str, Any]:
     if spec.record_flag:
         return {
@@ -57,11 +73,11 @@ def _arguments(setting: dataclasses.Field[Any], spec: Flag) -> dict[str, Any]:
             "action": _RecordFlag,
             "default": [],
             "metavar": spec.metavar,
-            "help": spec.help,
+            "help": _help(setting, spec),
         }
     if spec.switch:
-        return {"dest": setting.name, "action": "store_true", "help": spec.help}
-    options: dict[str, Any] = {"dest": setting.name, "help": spec.help}
+        return {"dest": setting.name, "action": "store_true", "help": _help(setting, spec)}
+    options: dict[str, Any] = {"dest": setting.name, "help": _help(setting, spec)}
     if spec.repeat:
         options["action"] = "append"
         options["default"] = []

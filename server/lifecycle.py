@@ -338,8 +338,10 @@ class ModelLifecycle:
                 model_path=autocomplete.model_file(config, backend, version_dir),
                 events=health.setdefault(version, VersionHealth()),
             )
+            log.debug("loading '%s' v%d on %s", config.name, version, backend.name)
             try:
                 loaded[version] = backend.load(spec)
+                log.debug("loaded '%s' v%d", config.name, version)
             except Exception as exc:
                 log.exception("loading '%s' version %d failed", config.name, version)
                 failures[version] = f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)

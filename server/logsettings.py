@@ -7,6 +7,7 @@ so a change applies to every logger at once.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from typing import Annotated, Any, Literal, get_args
@@ -123,3 +124,9 @@ class LogControl:
         # being built when nothing verbose is wanted.
         verbose = self.current.log_verbose_level > 0
         logging.getLogger().setLevel(logging.DEBUG if verbose else logging.INFO)
+        # grpc's Python layer logs at DEBUG on every call: --log-verbose is for our own
+        # lines, and gRPC's debug output stays behind gRPC's own switch.
+        grpc_debug = os.environ.get("GRPC_VERBOSITY", "").lower() == "debug"
+        logging.getLogger("grpc").setLevel(
+            logging.DEBUG if verbose and grpc_debug else logging.INFO
+        )

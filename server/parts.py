@@ -21,6 +21,7 @@ from .logsettings import LogControl, LogSettings
 from .otel import make_sink
 from .responsecache import ResponseCache
 from .settings import Settings
+from .traceconfig import unknown_settings
 from .tracing import TraceControl
 
 log = logging.getLogger("ge_serve")
@@ -60,6 +61,8 @@ def warn_about_flags(settings: Settings) -> None:
         if given:
             instead = "--cache-config local,size=" if "cache" in name else "--trace-config"
             log.warning("'%s' is deprecated; use '%s' instead", name, instead)
+    for warning in unknown_settings(settings.trace_config):
+        log.warning("%s", warning)
 
 
 def scheduler_options(settings: Settings) -> SchedulerOptions:

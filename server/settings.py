@@ -13,24 +13,33 @@ turns it into a usage error.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
-from ge_serve.backends.ge.sim_cost import parse_sim_cost
 from ge_serve.scheduler.ratelimit import resource_limit
 
-from .boolean import parse_bool
 from .cacheconfig import cache_setting, cache_size
+from .flags import (
+    Flag,
+    Rule,
+    backend_setting,
+    flag,
+    key_value,
+    metrics_config,
+    non_negative,
+    restriction,
+    restriction_rules,
+    sim_cost,
+    size,
+    trace_levels,
+    verbose_level,
+    whole_ms,
+)
 from .logsettings import FORMATS
-from .metricsconfig import MetricsConfig
-from .restrictions import RestrictedApis
-from .traceconfig import TraceSettings, check_level, trace_setting, trace_settings
+from .traceconfig import TraceSettings, trace_setting, trace_settings
 from .tritonflags import INAPPLICABLE
-
-FLAG: Final = "flag"
 
 # --help sections, in the order they are shown.
 GRPC: Final = "gRPC"
@@ -45,155 +54,6 @@ TRACING: Final = "tracing"
 RATE_LIMIT: Final = "rate limiter"
 INAPPLICABLE_GROUP: Final = "accepted for Triton compatibility, with no effect"
 
-Rule = tuple[str, str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class Flag:
-    """How one setting is written on the command line."""
-
-    # The first is the one messages name; empty: `--<field-name>`.
-    names: tuple[str, ...] = ()
-    help: str | None = None
-    metavar: str | None = None
-    choices: tuple[str, ...] = ()
-    # text -> value; None: the default's type (bool: parse_bool), or the text itself.
-    parse: Callable[[str], Any] | None = None
-    # Given any number of times; the setting is the tuple of the parsed values.
-    repeat: bool = False
-    required: bool = False
-    # Present or absent, taking no value.
-    switch: bool = False
-    # Repeated, each as (the flag's name as given, its value).
-    record_flag: bool = False
-    # A deprecated BOOL spelling of a switch: true turns the switch on.
-    true_alias: tuple[str, str] | None = None  # (name, help)
-    # Left out (or empty): the value of this other, earlier setting.
-    fallback: str | None = None
-    # (flag name, value) -> the setting's value, once the whole command line is parsed.
-    check: Callable[[str, Any], Any] | None = None
-    group: str | None = None
-
-
-def flag(*names: str, **options: Any) -> Mapping[str, Flag]:
-    """Field metadata: `field(default=..., metadata=flag("--name", help=...))`."""
-    return {FLAG: Flag(names=names, **options)}
-
-
-def flag_of(setting: dataclasses.Field[Any]) -> Flag:
-    """A field's flag, with the implied name, parse function and metavar filled in."""
-    spec: Flag = setting.metadata.get(FLAG, Flag())
-    names = spec.names or ("--" + setting.name.replace("_", "-"),)
-    parse, metavar = spec.parse, spec.metavar
-    default = setting.default
-    if parse is None and not spec.switch and not spec.repeat:
-        if isinstance(default, bool):
-            parse, metavar = parse_bool, metavar or "BOOL"
-        elif isinstance(default, int | float):
-            parse = type(default)
-    return dataclasses.replace(spec, names=names, parse=parse, metavar=metavar)
-
-
-def key_value(text: str) -> tuple[str, str]:
-    if "=" not in text:
-        raise ValueError(f"expected <key>=<value>, got '{text}'")
-    key, value = text.split("=", 1)
-    return key.strip(), value.strip()
-
-
-def backend_setting(text: str) -> tuple[str, str]:
-    """`<backend>,<key>=<value>` as (`<backend>.<key>`, value); Triton's backend-agnostic
-    `<key>=<value>` (e.g. `default-max-batch-size=8`) as (`<key>`, value)."""
-    backend, comma, rest = text.partition(",")
-    if not comma or "=" in backend:
-        return key_value(text)
-    key, value = key_value(rest)
-    return f"{backend}.{key}", value
-
-
-def verbose_level(text: str) -> int:
-    """Triton's --log-verbose: a level, or true (1) / false (0)."""
-    lowered = text.strip().lower()
-    if lowered in ("true", "false"):
-        return int(lowered == "true")
-    try:
-        return int(lowered)
-    except ValueError:
-        raise ValueError(f"expected a verbose level or true/false, got '{text}'") from None
-
-
-def whole_ms(text: str) -> int:
-    """Milliseconds, where Triton also takes a fraction (--metrics-interval-ms 500.0)."""
-    try:
-        return int(float(text))
-    except ValueError:
-        raise ValueError(f"expected milliseconds, got '{text}'") from None
-
-
-def trace_levels(name: str, values: tuple[str, ...]) -> tuple[str, ...]:
-    return check_level(values)
-
-
-def restriction(text: str) -> list[Rule]:
-    """Triton's `<category>[,<category>...]:<header>=<value>`."""
-    categories, sep, rest = text.partition(":")
-    if not sep or "=" not in rest or not categories:
-        raise ValueError(f"expected <category>[,<category>]:<header>=<value>, got '{text}'")
-    header, value = rest.split("=", 1)
-    return [(c.strip(), header.strip().lower(), value.strip()) for c in categories.split(",")]
-
-
-def restriction_rules(name: str, groups: tuple[list[Rule], ...]) -> tuple[Rule, ...]:
-    """Every rule of a repeated flag, checked by the class that will enforce them."""
-    rules = tuple(rule for group in groups for rule in group)
-    try:
-        RestrictedApis(rules)
-    except ValueError as exc:
-        raise ValueError(f"{name}: {exc}") from None
-    return rules
-
-
-def metrics_config(name: str, pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
-    MetricsConfig.parse(pairs)  # a bad key is a usage error, not a failed start
-    return pairs
-
-
-def _sim_cost(name: str, value: str) -> str:
-    """--sim-cost must name a profile or give both figures (parsed again where used)."""
-    parse_sim_cost(value)
-    return value
-
-
-def non_negative(name: str, value: int) -> int:
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0")
-    return value
-
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "kib": 1024,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "mib": 1024**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "gib": 1024**3,
-}
-
-
-def size(text: str) -> int:
-    """A byte count with an optional unit: 1073741824, 512MiB, 16GiB, 2GB."""
-    stripped = text.strip().lower()
-    number = stripped.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = stripped[len(number) :]
-    if unit not in _UNITS or not number:
-        raise ValueError(f"expected a size such as 16GiB, got '{text}'")
-    return int(float(number) * _UNITS[unit])
-
 
 def _restriction_flag() -> Mapping[str, Flag]:
     """The flag of each front end's restricted APIs: repeated <category>:<header>=<value>."""
@@ -202,6 +62,7 @@ def _restriction_flag() -> Mapping[str, Flag]:
         parse=restriction,
         check=restriction_rules,
         metavar="CATEGORY[,CATEGORY]:HEADER=VALUE",
+        help="API categories that need this header and value",
         group=RESTRICTED,
     )
 
@@ -219,19 +80,31 @@ class Settings:
             help="model repository folder (repeatable)",
         )
     )
-    http_address: str = "0.0.0.0"
-    http_port: int = 8000
-    grpc_address: str = "0.0.0.0"
-    grpc_port: int = 8001
-    metrics_address: str = field(
-        default="0.0.0.0", metadata=flag(fallback="http_address", help="defaults to --http-address")
+    http_address: str = field(
+        default="0.0.0.0",
+        metadata=flag(help="address the HTTP endpoint binds; 127.0.0.1 for this host only"),
     )
-    metrics_port: int = 8002
-    allow_http: bool = True
-    allow_grpc: bool = True
-    allow_metrics: bool = True
+    http_port: int = field(default=8000, metadata=flag(help="HTTP endpoint port"))
+    grpc_address: str = field(
+        default="0.0.0.0",
+        metadata=flag(help="address the gRPC endpoint binds; 127.0.0.1 for this host only"),
+    )
+    grpc_port: int = field(default=8001, metadata=flag(help="gRPC endpoint port"))
+    metrics_address: str = field(
+        default="0.0.0.0",
+        metadata=flag(fallback="http_address", help="address /metrics binds; --http-address's"),
+    )
+    metrics_port: int = field(default=8002, metadata=flag(help="port of /metrics"))
+    allow_http: bool = field(default=True, metadata=flag(help="serve HTTP"))
+    allow_grpc: bool = field(default=True, metadata=flag(help="serve gRPC"))
+    allow_metrics: bool = field(default=True, metadata=flag(help="serve /metrics"))
     model_control_mode: str = field(
-        default="none", metadata=flag(choices=("none", "poll", "explicit"))
+        default="none",
+        metadata=flag(
+            choices=("none", "poll", "explicit"),
+            help="none: load every model at start; poll: follow the repository; explicit: "
+            "load and unload through the repository API",
+        ),
     )
     load_models: tuple[str, ...] = field(
         default=(),
@@ -242,10 +115,18 @@ class Settings:
             help="model to load at startup in explicit mode (repeatable; '*' loads all)",
         ),
     )
-    repository_poll_secs: float = 15.0
-    strict_readiness: bool = True
-    exit_on_error: bool = True
-    exit_timeout_secs: float = 30.0
+    repository_poll_secs: float = field(
+        default=15.0, metadata=flag(help="seconds between repository scans in poll mode")
+    )
+    strict_readiness: bool = field(
+        default=True, metadata=flag(help="ready only while every model is ready")
+    )
+    exit_on_error: bool = field(
+        default=True, metadata=flag(help="exit when a model fails to load at start")
+    )
+    exit_timeout_secs: float = field(
+        default=30.0, metadata=flag(help="how long shutdown and unload wait for requests")
+    )
     disable_auto_complete_config: bool = field(
         default=False,
         metadata=flag(
@@ -254,17 +135,32 @@ class Settings:
                 "--strict-model-config",
                 "deprecated Triton alias: true disables auto-complete",
             ),
+            help="use configs as written; do not fill them in from the model files",
         ),
     )
-    http_max_input_size: int = 64 * 1024 * 1024
-    allow_client_shm: bool = True
-    log_verbose: int = field(
-        default=0, metadata=flag(parse=verbose_level, metavar="LEVEL", group=LOGGING)
+    http_max_input_size: int = field(
+        default=64 * 1024 * 1024, metadata=flag(help="largest HTTP request body, in bytes")
     )
-    log_info: bool = field(default=True, metadata=flag(group=LOGGING))
-    log_warning: bool = field(default=True, metadata=flag(group=LOGGING))
-    log_error: bool = field(default=True, metadata=flag(group=LOGGING))
-    log_format: str = field(default="default", metadata=flag(choices=FORMATS, group=LOGGING))
+    allow_client_shm: bool = field(
+        default=True, metadata=flag(help="let clients register system shared memory")
+    )
+    log_verbose: int = field(
+        default=0,
+        metadata=flag(
+            parse=verbose_level,
+            metavar="LEVEL",
+            help="ge-serve's verbose lines from 1 on; gRPC's own debug output is "
+            "GRPC_VERBOSITY=debug's",
+            group=LOGGING,
+        ),
+    )
+    log_info: bool = field(default=True, metadata=flag(help="log info lines", group=LOGGING))
+    log_warning: bool = field(default=True, metadata=flag(help="log warnings", group=LOGGING))
+    log_error: bool = field(default=True, metadata=flag(help="log errors", group=LOGGING))
+    log_format: str = field(
+        default="default",
+        metadata=flag(choices=FORMATS, help="line prefix: Triton's or ISO 8601", group=LOGGING),
+    )
     log_file: str = field(
         default="", metadata=flag(help="append the log to this file, not stderr", group=LOGGING)
     )
@@ -289,8 +185,12 @@ class Settings:
             group=MODELS,
         ),
     )
-    reuse_http_port: bool = False
-    reuse_grpc_port: bool = field(default=False, metadata=flag(group=GRPC))
+    reuse_http_port: bool = field(
+        default=False, metadata=flag(help="SO_REUSEPORT on the HTTP socket")
+    )
+    reuse_grpc_port: bool = field(
+        default=False, metadata=flag(help="SO_REUSEPORT on the gRPC socket", group=GRPC)
+    )
     metrics_config: tuple[tuple[str, str], ...] = field(
         default=(),
         metadata=flag(
@@ -298,42 +198,83 @@ class Settings:
             parse=key_value,
             check=metrics_config,
             metavar="KEY=VALUE",
-            help="e.g. summary_latencies=true",
+            help="metric options, e.g. summary_latencies=true",
         ),
     )
     # ("<backend>.<key>", value)
     backend_config: tuple[tuple[str, str], ...] = field(
-        default=(), metadata=flag(repeat=True, parse=backend_setting, metavar="BACKEND,KEY=VALUE")
+        default=(),
+        metadata=flag(
+            repeat=True,
+            parse=backend_setting,
+            metavar="BACKEND,KEY=VALUE",
+            help="a backend's setting, e.g. ge,device_ids=0,1",
+        ),
     )
-    grpc_use_ssl: bool = field(default=False, metadata=flag(group=GRPC))
+    grpc_use_ssl: bool = field(default=False, metadata=flag(help="TLS on gRPC", group=GRPC))
     grpc_use_ssl_mutual: bool = field(
         default=False, metadata=flag(help="TLS that also requires client certificates", group=GRPC)
     )
-    grpc_server_cert: str = field(default="", metadata=flag(metavar="PEM", group=GRPC))
-    grpc_server_key: str = field(default="", metadata=flag(metavar="PEM", group=GRPC))
-    grpc_root_cert: str = field(default="", metadata=flag(metavar="PEM", group=GRPC))
+    grpc_server_cert: str = field(
+        default="", metadata=flag(metavar="PEM", help="the server's certificate", group=GRPC)
+    )
+    grpc_server_key: str = field(
+        default="", metadata=flag(metavar="PEM", help="the server's private key", group=GRPC)
+    )
+    grpc_root_cert: str = field(
+        default="", metadata=flag(metavar="PEM", help="CA that signs client certs", group=GRPC)
+    )
     grpc_infer_response_compression_level: str = field(
-        default="none", metadata=flag(choices=("none", "low", "medium", "high"), group=GRPC)
+        default="none",
+        metadata=flag(
+            choices=("none", "low", "medium", "high"),
+            help="compression of inference responses",
+            group=GRPC,
+        ),
     )
     grpc_keepalive_time_ms: int = field(
-        default=7_200_000, metadata=flag("--grpc-keepalive-time", metavar="MS", group=GRPC)
+        default=7_200_000,
+        metadata=flag(
+            "--grpc-keepalive-time", metavar="MS", help="keepalive ping period", group=GRPC
+        ),
     )
     grpc_keepalive_timeout_ms: int = field(
-        default=20_000, metadata=flag("--grpc-keepalive-timeout", metavar="MS", group=GRPC)
+        default=20_000,
+        metadata=flag(
+            "--grpc-keepalive-timeout", metavar="MS", help="wait for a ping's ack", group=GRPC
+        ),
     )
-    grpc_keepalive_permit_without_calls: bool = field(default=False, metadata=flag(group=GRPC))
-    grpc_http2_max_pings_without_data: int = field(default=2, metadata=flag(group=GRPC))
+    grpc_keepalive_permit_without_calls: bool = field(
+        default=False, metadata=flag(help="keepalive pings with no call open", group=GRPC)
+    )
+    grpc_http2_max_pings_without_data: int = field(
+        default=2, metadata=flag(help="pings sent with no data between (0: any)", group=GRPC)
+    )
     grpc_http2_min_recv_ping_interval_without_data_ms: int = field(
         default=300_000,
-        metadata=flag("--grpc-http2-min-recv-ping-interval-without-data", metavar="MS", group=GRPC),
+        metadata=flag(
+            "--grpc-http2-min-recv-ping-interval-without-data",
+            metavar="MS",
+            help="shortest ping interval accepted from a client",
+            group=GRPC,
+        ),
     )
-    grpc_http2_max_ping_strikes: int = field(default=2, metadata=flag(group=GRPC))
+    grpc_http2_max_ping_strikes: int = field(
+        default=2, metadata=flag(help="bad pings before the connection closes", group=GRPC)
+    )
     # 0: no limit (Triton: undefined).
     grpc_max_connection_age_ms: int = field(
-        default=0, metadata=flag("--grpc-max-connection-age", metavar="MS", group=GRPC)
+        default=0,
+        metadata=flag("--grpc-max-connection-age", metavar="MS", help="0: no limit", group=GRPC),
     )
     grpc_max_connection_age_grace_ms: int = field(
-        default=0, metadata=flag("--grpc-max-connection-age-grace", metavar="MS", group=GRPC)
+        default=0,
+        metadata=flag(
+            "--grpc-max-connection-age-grace",
+            metavar="MS",
+            help="time calls get after the age",
+            group=GRPC,
+        ),
     )
     # Restricted APIs: (category, header, value), Triton's <category>:<header>=<value>
     http_restricted_api: tuple[Rule, ...] = field(
@@ -389,7 +330,7 @@ class Settings:
         default="",
         metadata=flag(
             metavar="PROFILE|launch_us=US,per_sample_us=US",
-            check=_sim_cost,
+            check=sim_cost,
             help="model the simulated NPU's execution time as launch + per-sample x batch "
             "(results still come from onnxruntime; metrics and logs say the timing is "
             "simulated): a profile (npu_ge_resnet50, or default) or the two figures; "
@@ -425,14 +366,27 @@ class Settings:
         ),
     )
     metrics_interval_ms: int = field(
-        default=2000, metadata=flag(parse=whole_ms, metavar="MS", group=METRICS)
+        default=2000,
+        metadata=flag(
+            parse=whole_ms, metavar="MS", help="how often gauges are sampled", group=METRICS
+        ),
     )
-    allow_cpu_metrics: bool = field(default=True, metadata=flag(group=METRICS))
-    allow_gpu_metrics: bool = field(default=True, metadata=flag(group=METRICS))
+    allow_cpu_metrics: bool = field(
+        default=True, metadata=flag(help="host CPU and memory gauges", group=METRICS)
+    )
+    allow_gpu_metrics: bool = field(
+        default=True, metadata=flag(help="device (NPU) gauges", group=METRICS)
+    )
     # (cache, setting, value), e.g. ("local", "size", "1048576")
     cache_config: tuple[tuple[str, str, str], ...] = field(
         default=(),
-        metadata=flag(repeat=True, parse=cache_setting, metavar="CACHE,SETTING=VALUE", group=CACHE),
+        metadata=flag(
+            repeat=True,
+            parse=cache_setting,
+            metavar="CACHE,SETTING=VALUE",
+            help="response cache, e.g. local,size=1048576",
+            group=CACHE,
+        ),
     )
     response_cache_byte_size: int = field(
         default=0, metadata=flag(help="deprecated: --cache-config local,size=BYTES", group=CACHE)
@@ -441,25 +395,52 @@ class Settings:
     trace_config: tuple[tuple[str, str, str], ...] = field(
         default=(),
         metadata=flag(
-            repeat=True, parse=trace_setting, metavar="[MODE,]SETTING=VALUE", group=TRACING
+            repeat=True,
+            parse=trace_setting,
+            metavar="[MODE,]SETTING=VALUE",
+            help="trace settings, e.g. rate=100 or opentelemetry,url=...",
+            group=TRACING,
         ),
     )
-    trace_file: str = field(default="", metadata=flag(help="deprecated", group=TRACING))
+    trace_file: str = field(
+        default="", metadata=flag(help="deprecated: --trace-config file=", group=TRACING)
+    )
     trace_level: tuple[str, ...] = field(
-        default=(), metadata=flag(repeat=True, check=trace_levels, group=TRACING)
+        default=(),
+        metadata=flag(
+            repeat=True, check=trace_levels, help="deprecated: --trace-config level=", group=TRACING
+        ),
     )
     # None: not given (--trace-config or the default decides).
-    trace_rate: int | None = field(default=None, metadata=flag(parse=int, group=TRACING))
-    trace_count: int | None = field(default=None, metadata=flag(parse=int, group=TRACING))
-    trace_log_frequency: int | None = field(default=None, metadata=flag(parse=int, group=TRACING))
+    trace_rate: int | None = field(
+        default=None,
+        metadata=flag(parse=int, help="deprecated: --trace-config rate=", group=TRACING),
+    )
+    trace_count: int | None = field(
+        default=None,
+        metadata=flag(parse=int, help="deprecated: --trace-config count=", group=TRACING),
+    )
+    trace_log_frequency: int | None = field(
+        default=None,
+        metadata=flag(parse=int, help="deprecated: --trace-config log_frequency=", group=TRACING),
+    )
     rate_limit: str = field(
-        default="off", metadata=flag(choices=("off", "execution_count"), group=RATE_LIMIT)
+        default="off",
+        metadata=flag(
+            choices=("off", "execution_count"),
+            help="execution_count: instances run only when their resources are free",
+            group=RATE_LIMIT,
+        ),
     )
     # (resource, count, device or -1 for every device)
     rate_limit_resource: tuple[tuple[str, int, int], ...] = field(
         default=(),
         metadata=flag(
-            repeat=True, parse=resource_limit, metavar="NAME:COUNT[:DEVICE]", group=RATE_LIMIT
+            repeat=True,
+            parse=resource_limit,
+            metavar="NAME:COUNT[:DEVICE]",
+            help="a rate-limiter resource's count",
+            group=RATE_LIMIT,
         ),
     )
     # (flag, value) of each tritonserver flag that does nothing here (tritonflags.py).

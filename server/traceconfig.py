@@ -14,6 +14,7 @@ names there are `trace_file`, `trace_level`, `trace_rate`, `trace_count` and
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass
 from typing import Final
 
@@ -60,7 +61,8 @@ class TraceSettings:
 
 def trace_setting(text: str) -> tuple[str, str, str]:
     """`triton,file=/tmp/t.json` as ("triton", "file", "/tmp/t.json"); `rate=1` as
-    ("", "rate", "1"). The mode and the setting's name are checked here."""
+    ("", "rate", "1"). The mode is checked here; a setting this server does not know is
+    kept, to be warned about and ignored (`unknown_settings`), as Triton ignores it."""
     head, equals, value = text.partition("=")
     if not equals:
         raise ValueError(f"--trace-config option format is '<mode>,<setting>=<value>'. Got {text}")
@@ -70,13 +72,33 @@ def trace_setting(text: str) -> tuple[str, str, str]:
     mode, key = mode.strip().lower(), key.strip()
     if mode and mode not in MODES:
         raise ValueError(f"unknown trace mode '{mode}': expected 'triton' or 'opentelemetry'")
-    allowed = _BY_MODE[mode] if mode else _GLOBAL
-    if key not in allowed:
-        where = f"'{mode}' " if mode else "global "
-        raise ValueError(
-            f"unknown {where}trace setting '{key}': expected one of " + ", ".join(allowed)
-        )
     return mode, key, value.strip()
+
+
+def _known(mode: str, key: str) -> bool:
+    return key in (_BY_MODE[mode] if mode else _GLOBAL)
+
+
+def unknown_settings(entries: tuple[tuple[str, str, str], ...]) -> list[str]:
+    """A warning for each `--trace-config` setting that is ignored, naming the setting
+    that was probably meant."""
+    spellings = [key for key in _GLOBAL] + [
+        f"{mode},{key}" for mode, keys in _BY_MODE.items() for key in keys
+    ]
+    warnings = []
+    for mode, key, _ in entries:
+        if _known(mode, key):
+            continue
+        written = f"{mode},{key}" if mode else key
+        where = f"'{mode}' " if mode else "global "
+        # The same key under another mode first (a global key given as a mode's, or the
+        # other way round), then the closest spelling.
+        close = [s for s in spellings if s.split(",")[-1] == key] or difflib.get_close_matches(
+            written, spellings, n=1, cutoff=0.5
+        )
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        warnings.append(f"--trace-config: ignoring unknown {where}trace setting '{key}'{hint}")
+    return warnings
 
 
 def _int(key: str, value: str, low: int) -> int:
@@ -129,6 +151,8 @@ def trace_settings(
     otel = settings.otel
     resource = dict(otel.resource)
     for mode, key, value in entries:
+        if not _known(mode, key):
+            continue  # warned about at startup (unknown_settings)
         if not mode:
             if key == "rate":
                 settings = dataclasses.replace(settings, rate=_int(key, value, 0))

@@ -352,16 +352,32 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """onnxruntime's symbolic shape inference, which follows shapes through
     Shape -> Slice -> Concat -> Reshape chains made of Constant nodes that ONNX's own
     inference (data propagation included) gives up on (exporters such as paddle2onnx
-    write flatten and attention reshapes that way); None where it fails too."""
+    write flatten and attention reshapes that way); None where it fails too. A missing
+    package is not a failure of the model's: the ValueError names the package."""
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    except ImportError:
-        return None
+    except ImportError as exc:
+        raise ValueError(
+            "this model's output shapes need onnxruntime's symbolic shape inference, which "
+            f"needs the '{_missing_module(exc)}' package, not installed here ({exc}); "
+            "ge-serve declares it as a dependency: reinstall ge-serve"
+        ) from exc
     try:
         inferred: onnx.ModelProto = SymbolicShapeInference.infer_shapes(model, auto_merge=False)
     except Exception:
         return None
     return inferred
+
+
+def _missing_module(exc: ImportError) -> str:
+    """The top-level module an import failed for (onnxruntime re-raises sympy's
+    ModuleNotFoundError as a plain ImportError, so the cause chain is searched)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ImportError) and seen.name:
+            return seen.name.split(".")[0]
+        seen = seen.__cause__ or seen.__context__
+    return "sympy" if "sympy" in str(exc) else str(exc)
 
 
 # Constants above this many elements are only shapes to shape inference (see

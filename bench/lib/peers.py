@@ -16,7 +16,7 @@ import os
 import statistics
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -51,15 +51,20 @@ def ort_reference(run: Path, peer: str) -> dict[str, float]:
     return best
 
 
+# What compare.py's `points(run)` gives for one run: (peer, model, protocol, concurrency)
+# -> that point's figures ("ips", ...).
+RunPoints = Mapping[tuple[str, str, str, int], Mapping[str, float]]
+
+
 def ort_ratios(
-    compare: ModuleType, runs: Sequence[Path], peer: str
+    points_of: Callable[[str], RunPoints], runs: Sequence[Path], peer: str
 ) -> dict[Point, tuple[float, int]]:
-    """`peer`'s infer/s ÷ raw onnxruntime's, median over runs, with how many runs."""
+    """`peer`'s infer/s ÷ raw onnxruntime's, median over runs, with how many runs.
+    `points_of` reads one run's points (compare.py's `points`)."""
     found: dict[Point, list[float]] = {}
     for run in runs:
         reference = ort_reference(run, peer)
-        points: dict[tuple[str, str, str, int], dict[str, float]] = compare.points(str(run))
-        for (who, model, protocol, concurrency), result in points.items():
+        for (who, model, protocol, concurrency), result in points_of(str(run)).items():
             if who == peer and reference.get(model):
                 ratio = result["ips"] / reference[model]
                 found.setdefault((model, protocol, concurrency), []).append(ratio)

@@ -228,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             compare_text = result.stdout.strip()
         commands.append(f"python3 {args.peers_dir / 'compare.py'} {' '.join(map(str, runs))} "
                         "--a ge --b triton --goal-ips 1.0 --goal-p50 1.1")  # fmt: skip
-        ort = {peer: lib.ort_ratios(compare, runs, peer) for peer in ("ge", "triton")}
+        ort = {peer: lib.ort_ratios(compare.points, runs, peer) for peer in ("ge", "triton")}
     memory: dict[str, dict[str, float]] = {}
     starts: list[float] = []
     if not args.skip_memory:

@@ -31,7 +31,6 @@ from ge_serve.server.types import InferRequest, InferResponse
 
 from . import codec, compression
 from .bodies import InferRequestBody
-from .drain import DISCARD_MAX_BYTES, discard_body, expects_continue
 from .errors import ClosingError, error_response, http_status, server_error_response
 from .openapi import ApiRoute, Body
 from .protocol import too_many_chunks
@@ -206,17 +205,16 @@ class InferEndpoint:
         raw-binary infer body, which Triton words differently), and to Triton's count of
         non-empty chunks when it comes chunked.
 
-        A body over the limit is read to its end and dropped (within bounds, see drain.py)
-        before the 400, which then closes the connection, so that a client that writes
-        the whole body before it reads gets the answer rather than a reset. A client that
-        goes away mid-body is one line in the log.
+        A body over the limit is answered 400 at once, with `Connection: close`; the
+        server then reads and drops the rest before it closes (lingering.py), so that a
+        client that writes the whole body before it reads gets the answer rather than a
+        reset. A client that goes away mid-body is one line in the log.
         """
         limit = self.max_input_size
         declared = _declared_length(headers)
         size = 0
         try:
             if declared is not None and declared > limit:
-                await _drop_body(scope, receive, declared)
                 raise _too_large(declared, limit, raw)
             chunks: list[bytes] = []
             more = True
@@ -228,13 +226,10 @@ class InferEndpoint:
                 more = message.get("more_body", False)
                 size += len(chunk)
                 if size > limit:
-                    remaining = None if declared is None else declared - size
-                    await _drop_body(scope, receive, remaining if more else 0)
                     raise _too_large(size, limit, raw)
                 if chunk:
                     chunks.append(chunk)
                 if (chunk or not more) and too_many_chunks(scope, len(chunks), self.max_chunks):
-                    await _drop_body(scope, receive, None if more else 0)
                     raise ClosingError(
                         ErrorCode.INVALID_ARG, messages.too_many_chunks(self.max_chunks)
                     )
@@ -267,17 +262,6 @@ def _headers(scope: Scope) -> dict[str, str]:
         if key not in headers:
             headers[key] = value.decode("latin-1")
     return headers
-
-
-async def _drop_body(scope: Scope, receive: Receive, remaining: int | None) -> None:
-    """Read what is left of an oversized body and drop it, unless nothing is left, it is
-    more than the bound (the connection then closes with it unread) or the client waits
-    for `100 Continue` and so sends none."""
-    if remaining == 0 or expects_continue(scope):
-        return
-    if remaining is not None and remaining > DISCARD_MAX_BYTES:
-        return
-    await discard_body(receive)
 
 
 def _declared_length(headers: dict[str, str]) -> int | None:

@@ -1,6 +1,7 @@
-"""The HTTP/1.1 connection protocol: uvicorn's httptools protocol, parsing as Triton does.
+"""The HTTP/1.1 connection protocol: uvicorn's httptools protocol with a lingering close
+(lingering.py), parsing as Triton does.
 
-Two things differ from uvicorn's own, both where HTTP framing meets Triton's behaviour:
+Two things differ from uvicorn's parsing, both where HTTP framing meets Triton's behaviour:
 
 * Triton counts the non-empty chunks of a chunked request body (its kMaxChunkedChunks).
   An ASGI app only sees body messages, which the server coalesces from whatever arrived
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from .lingering import LingeringHttpToolsProtocol
 
 # The scope key of a request's ChunkCount.
 CHUNKS_KEY: Final = "ge_serve.chunks"
@@ -39,8 +40,8 @@ class ChunkCount:
         return max(self.headers - 1, 0)
 
 
-class TritonHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with Triton's chunk count and chunked framing."""
+class TritonHttpProtocol(LingeringHttpToolsProtocol):
+    """The lingering httptools protocol with Triton's chunk count and chunked framing."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]

@@ -5,6 +5,7 @@ teardown check fails a test that broke a rule or leaked anything)."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -186,6 +187,18 @@ def test_a_range_model_whose_reshape_onnx_inference_cannot_follow_serves_every_w
         assert stats["bytes"] == 4 * 3 * 32 * 320 * 4 + 4 * 80 * 12 * 4
     finally:
         loaded.close()
+
+
+def test_without_sympy_the_load_error_names_the_package_not_the_config(
+    runtime: AclRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As on a machine where onnxruntime came without its optional sympy (1.32 moved it to
+    # an extra): the load fails, and says which package is missing.
+    monkeypatch.delitem(sys.modules, "onnxruntime.tools.symbolic_shape_infer", raising=False)
+    monkeypatch.setitem(sys.modules, "sympy", None)
+    with pytest.raises(ValueError, match="needs the 'sympy' package") as info:
+        load(runtime, exported_rec_folder(tmp_path))
+    assert "config.pbtxt" not in str(info.value)
 
 
 def test_the_work_space_is_the_peak_at_the_range_maximum_and_constants_are_weights(

@@ -273,3 +273,23 @@ def first_answered(sockets: list[socket.socket]) -> socket.socket:
     ready, _, _ = select.select(sockets, [], [], 120)
     assert ready, "no response within 120 s"
     return ready[0]
+
+
+def test_log_verbose_is_our_lines_and_grpc_debug_needs_its_own_switch() -> None:
+    import tritonclient.grpc as grpcclient
+
+    with running_server(extra=["--log-verbose=1", "--trace-config=log_frequency=1"]) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        data = np.arange(16, dtype=np.int32).reshape(1, 16)
+        inputs = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+        for tensor in inputs:
+            tensor.set_data_from_numpy(data)
+        for _ in range(3):
+            client.infer("simple", inputs)
+        client.close()
+        log = server.log()
+    assert "loading 'simple' v1 on" in log, log
+    assert " grpc." not in log, "grpc's debug lines without GRPC_VERBOSITY=debug"
+    # A --trace-config key Triton ignores starts the server, with a warning.
+    assert "ignoring unknown global trace setting 'log_frequency'" in log
+    assert "did you mean 'triton,log_frequency'?" in log

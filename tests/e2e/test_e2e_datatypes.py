@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -18,7 +19,7 @@ from serverproc import ServerProcess, running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
-# What tritonclient takes for each datatype (BF16 is given as float32 and sent as bfloat16).
+# What tritonclient takes for each datatype (BF16 as ml_dtypes.bfloat16, since r26.06).
 SAMPLES: dict[str, npt.NDArray[Any]] = {
     "BOOL": np.array([[True, False, True]]),
     "UINT8": np.array([[0, 7, 255]], np.uint8),
@@ -32,8 +33,7 @@ SAMPLES: dict[str, npt.NDArray[Any]] = {
     "FP16": np.array([[0.5, -1.25, 65504.0]], np.float16),
     "FP32": np.array([[0.1, -1.5, 3.4e38]], np.float32),
     "FP64": np.array([[0.1, -1.5, 1e300]], np.float64),
-    # Values bfloat16 holds exactly, since tritonclient truncates float32 to it.
-    "BF16": np.array([[0.5, -1.25, 2.0**100]], np.float32),
+    "BF16": np.array([[0.5, -1.25, 2.0**100]], ml_dtypes.bfloat16),
     "BYTES": np.array([[b"", b"hello", "h\u00e9llo \u2713".encode()]], np.object_),
 }
 BINARY_ONLY = {"FP16", "BF16"}
@@ -87,8 +87,7 @@ def test_identity(client: httpclient.InferenceServerClient, datatype: str, binar
         assert got.tolist() == data.tolist()
     else:
         np.testing.assert_array_equal(got, data)
-        if datatype != "BF16":
-            assert got.dtype == data.dtype
+        assert got.dtype == data.dtype
 
 
 def test_half_precision_outputs_are_binary_even_when_json_is_asked(
@@ -139,5 +138,4 @@ def test_identity_grpc(dtype_server: ServerProcess, datatype: str) -> None:
         assert got.tolist() == data.tolist()
     else:
         np.testing.assert_array_equal(got, data)
-        if datatype != "BF16":
-            assert got.dtype == data.dtype
+        assert got.dtype == data.dtype

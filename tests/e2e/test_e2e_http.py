@@ -389,7 +389,7 @@ def test_model_config(http: httpx.Client, suffix: str) -> None:
     assert config["input"][0]["data_type"] == "TYPE_FP32"
     assert config["output"][0]["label_filename"] == "labels.txt"
     assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 500
-    assert config["instance_group"][0]["kind"] == "KIND_GPU"  # GE slots: NPU devices
+    assert config["instance_group"][0]["kind"] == "KIND_MODEL"  # GE places its NPU slots
     assert config["backend"] == "ge"
 
 

@@ -6,41 +6,32 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import pytest
 from polling import poll
 
 from bench.lib import peers
 from bench.suites import peers as suite
 
-PEERS_DIR = suite.DEFAULT_PEERS_DIR
 
-
-def write_run(run: Path, peer: str, ips: float, ort: float) -> None:
-    (run / "pa").mkdir(parents=True, exist_ok=True)
-    base = run / "pa" / f"{peer}__simple__grpc__c1"
-    base.with_suffix(".status").write_text("ok\n")
-    Path(f"{base}.csv").write_text(
-        f"Concurrency,Inferences/Second,p50 latency,p99 latency\n1,{ips},500,900\n"
-    )
+def write_run(run: Path, peer: str, ort: float) -> None:
+    """A run folder's raw onnxruntime reference, as run_peers.sh writes it."""
+    run.mkdir(parents=True, exist_ok=True)
     (run / f"ort_ref__{peer}.csv").write_text(
         f"model,batch,samples_per_s\nsimple,1,{ort / 2}\nsimple,8,{ort}\n"
     )
 
 
-@pytest.mark.skipif(not (PEERS_DIR / "compare.py").is_file(), reason="no ../shared/peers")
-# compare.py leaves its status files for the collector to close.
-@pytest.mark.filterwarnings("ignore::ResourceWarning")
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_ort_ratios_are_medians_over_runs_of_each_runs_own_reference(tmp_path: Path) -> None:
+    measured: dict[str, peers.RunPoints] = {}
     runs = []
     for index, (ips, ort) in enumerate([(100.0, 400.0), (300.0, 600.0), (90.0, 100.0)]):
         run = tmp_path / f"r{index}"
-        write_run(run, "ge", ips, ort)
+        write_run(run, "ge", ort)
+        # What compare.py's points() reads from the run's perf_analyzer CSVs.
+        measured[str(run)] = {("ge", "simple", "grpc", 1): {"ips": ips, "p50": 500.0}}
         runs.append(run)
-    compare = peers.load_compare(PEERS_DIR)
-    ratios = peers.ort_ratios(compare, runs, "ge")
+    ratios = peers.ort_ratios(measured.__getitem__, runs, "ge")
     assert ratios == {("simple", "grpc", 1): (0.5, 3)}  # median of 0.25, 0.5, 0.9
-    assert peers.ort_ratios(compare, runs, "triton") == {}
+    assert peers.ort_ratios(measured.__getitem__, runs, "triton") == {}
 
 
 def _rss(pid: int) -> int:

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from ge_serve.server.cli import parse_settings
+from ge_serve.server.flags import flag_of
 from ge_serve.server.parts import grpc_settings, scheduler_options, warn_about_flags
-from ge_serve.server.settings import Settings, flag_of
+from ge_serve.server.settings import Settings
 from ge_serve.server.tritonflags import INAPPLICABLE, warning
 
 FLAG_LIST = Path(__file__).resolve().parent.parent / "data" / "tritonserver_r24_flags.txt"
@@ -150,7 +151,6 @@ def test_deprecated_trace_flags_and_trace_config_agree() -> None:
         (["--cache-config=size=10"], "No cache specified. --cache-config option format is"),
         (["--cache-config=redis,host=x"], "cache 'redis' is not available"),
         (["--trace-config=level=LOUD"], "invalid trace level 'LOUD'"),
-        (["--trace-config=triton,url=x"], "unknown 'triton' trace setting 'url'"),
         (["--trace-config=mode=zipkin"], "unknown trace mode 'zipkin'"),
         (["--rate-limit-resource=R1"], "--rate-limit-resource option format is"),
         (["--rate-limit=sometimes"], "invalid choice: 'sometimes'"),
@@ -184,3 +184,26 @@ def test_grpc_connection_flags_reach_grpc() -> None:
     assert "grpc.default_compression_level" not in dict(
         grpc_settings(parse_settings(REPO)).channel_options()
     )
+
+
+def test_unknown_trace_settings_are_warned_about_and_ignored() -> None:
+    """Triton ignores a --trace-config key it does not know; so does ge-serve, with a
+    warning that names the key probably meant."""
+    from ge_serve.server.traceconfig import unknown_settings
+
+    settings = parse_settings(
+        [
+            *REPO,
+            "--trace-config=log_frequency=1",
+            "--trace-config=triton,url=x",
+            "--trace-config=rate=3",
+        ]
+    )
+    assert settings.trace().rate == 3
+    assert settings.trace().log_frequency == 0
+    assert unknown_settings(settings.trace_config) == [
+        "--trace-config: ignoring unknown global trace setting 'log_frequency'; "
+        "did you mean 'triton,log_frequency'?",
+        "--trace-config: ignoring unknown 'triton' trace setting 'url'; "
+        "did you mean 'opentelemetry,url'?",
+    ]

