@@ -102,8 +102,7 @@ class RequestQueue:
         level = self._levels.get(entry.level) or self._open(entry.level)
         policy = level.policy
         if policy.max_queue_size and len(level) >= policy.max_queue_size:
-            self._close_if_empty(entry.level, level)
-            raise queue_full()
+            raise queue_full()  # (never a level just opened: it is empty)
         timeout_us = policy.timeout_us(entry.item.timeout_us)
         level.live.append(entry)
         self._count += 1
