@@ -37,8 +37,8 @@ from .errors import ErrorCode, ServerError
 from .exiting import leave_running_executions
 from .grpc.server import GrpcFrontEnd
 from .http.app import HttpFrontEnd
-from .http.lingering import LingeringHttpToolsProtocol
 from .http.monitoring import MetricsApp, metrics_endpoint
+from .http.protocol import TritonHttpProtocol
 from .lifecycle import LifecycleSettings, ModelLifecycle
 from .logsettings import LogControl
 from .malloc import limit_malloc_arenas, release_freed_memory
@@ -347,7 +347,7 @@ class ServerApp:
             # uvicorn types this as int, but waits with asyncio.wait_for: a float works and
             # int() would turn --exit-timeout-secs 0.5 into "cancel at once".
             timeout_graceful_shutdown=self.settings.exit_timeout_secs,  # type: ignore[arg-type]
-            http=LingeringHttpToolsProtocol,
+            http=TritonHttpProtocol,
             ws="none",
             # No X-Forwarded-* rewriting: nothing here uses the client address, and the
             # middleware costs every request.

@@ -36,6 +36,7 @@ from .bodies import (
     RepositoryLoadRequest,
     RepositoryUnloadRequest,
     decode_body,
+    decode_index_request,
 )
 from .drain import RefuseWhileDraining
 from .errors import error_response
@@ -212,9 +213,7 @@ class HttpFrontEnd:
     async def repository_index(self, request: Request) -> Response:
         body = await self.read_body(request)
         with decoding("repository index request"):
-            index = decode_body(
-                RepositoryIndexRequest, body, "repository index request", optional=True
-            )
+            index = decode_index_request(body)
         return json_response(encode.repository_index(await self.core.repository_index(index.ready)))
 
     async def repository_load(self, request: Request) -> Response:

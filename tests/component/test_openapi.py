@@ -156,8 +156,8 @@ async def test_the_document_path_does_not_shadow_a_model(http: httpx.AsyncClient
 # --- the models check the bodies, in the wording clients know ----------------------------------
 
 BAD_BODIES = [
-    ("/v2/repository/index", b'{"ready": "yes"}', "'ready' must be a boolean"),
-    ("/v2/repository/index", b'{"ready": 1}', "'ready' must be a boolean"),
+    ("/v2/repository/index", b'{"ready": "yes"}', "Invalid value for 'ready': expected a boolean"),
+    ("/v2/repository/index", b'{"ready": 1}', "Invalid value for 'ready': expected a boolean"),
     ("/v2/repository/index", b"[]", "the repository index request JSON must be an object"),
     (
         "/v2/repository/models/m/load",
