@@ -85,9 +85,13 @@ class DynamicBatcher:
         # Set once closing, when nothing is queued or running (close() waits for it).
         self._drained = asyncio.Event()
         self._closing = False
+        # Under Triton's rules a request of another shape closes the batch ahead of it;
+        # the adaptive controller and shape buckets look past it (former.py).
+        closes = self._adaptive is None and (shaper is None or shaper.closes_on_shape_change)
         self._former = BatchFormer(
             self._queue, pool, policy, self._decider, self._launch, self._finish,
             lambda: self._closing, delay_count, shaper.max_batch if shaper is not None else None,
+            closes,
         )  # fmt: skip
         self._batching = policy.batching
 

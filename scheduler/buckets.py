@@ -64,6 +64,12 @@ class Bucketing:
     # batch dim, as ND gears do); empty: the model's batch gears, whatever the bucket.
     batch_gears: tuple[tuple[int, ...], ...] = ()
 
+    @property
+    def closes_on_shape_change(self) -> bool:
+        # Buckets are ge-serve's own: a request of another bucket is looked past, so that
+        # each bucket's batches fill (docs/sequences-and-shapes.md).
+        return False
+
     def max_batch(self, bucket: int) -> int:
         """The largest batch bucket `bucket` runs at; 0 when only the model limits it."""
         gears = self.batch_gears[bucket - 1] if self.batch_gears else ()

@@ -44,8 +44,15 @@ def budgeted_levels(policy: BatchPolicy) -> frozenset[int]:
     adaptive = policy.adaptive
     assert adaptive is not None
     return frozenset(
-        lv for lv in policy.levels if lv in adaptive.budgets_us or adaptive.base_budget_us > 0
+        lv for lv in _listed(policy) if lv in adaptive.budgets_us or adaptive.base_budget_us > 0
     )
+
+
+def _listed(policy: BatchPolicy) -> list[int]:
+    """The levels the controller enumerates: the policy's listed ones, and every one with
+    a budget of its own."""
+    assert policy.adaptive is not None
+    return sorted({*policy.listed_levels, *policy.adaptive.budgets_us})
 
 
 class Budgets:
@@ -62,7 +69,7 @@ class Budgets:
         self._policy = policy
         self._adaptive = policy.adaptive
         self._max_size = policy.max_size
-        self._levels = sorted(policy.levels)
+        self._levels = _listed(policy)
         self._cost = cost
         self._arrivals = arrivals
         # The levels whose sightings `arrivals` keeps: those with a configured budget.

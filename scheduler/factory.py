@@ -1,9 +1,10 @@
 """Builds each loaded model version's scheduler from its config.
 
-`sequence_batching`: the sequence batcher (SequenceBatcher). No `dynamic_batching`: one
-request, one execution (DirectScheduler). Otherwise the dynamic batcher, with the
-adaptive controller when the model or the server opts in. A scheduling block that cannot
-be honoured fails the load with its reason.
+A generative model (backend `llm`): the generation engine's iteration-level scheduler
+(GenerationScheduler). `sequence_batching`: the sequence batcher (SequenceBatcher). No
+`dynamic_batching`: one request, one execution (DirectScheduler). Otherwise the dynamic
+batcher, with the adaptive controller when the model or the server opts in. A scheduling
+block that cannot be honoured fails the load with its reason.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ge_serve.backends.base import LoadedModel
+from ge_serve.backends.llm.backend import MODEL_KEY, LlmModel
 from ge_serve.protos import model_config_pb2
 from ge_serve.server.errors import invalid_arg
 
@@ -24,6 +26,7 @@ from .buckets import KEYS as BUCKET_KEYS
 from .buckets import bucketing_for
 from .direct import DirectScheduler
 from .dispatch import ExecutorSlot, SlotPool
+from .generation import GenerationScheduler
 from .policy import BatchPolicy
 from .ragged import ragged_for
 from .ratelimit import RateLimiter, needs_of
@@ -74,6 +77,10 @@ def build_scheduler(
 ) -> Scheduler:
     """Raises ServerError(INVALID_ARG) for a policy that cannot work, before any slot
     thread starts, so the load fails cleanly."""
+    generative = loaded.extra.get(MODEL_KEY)
+    if isinstance(generative, LlmModel):
+        # A generative model is scheduled by its own iteration loop (generation.py).
+        return GenerationScheduler(generative)
     if config.HasField("sequence_batching"):
         return _sequence_batcher(config, loaded, options)
     buckets = bucketing_for(config, loaded.shape_buckets)

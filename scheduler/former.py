@@ -8,6 +8,14 @@ and asks the decider (decision.py) whether it goes. A `WaitUntil` with a target 
 until that many samples are queued behind the same head or its deadline passes; the
 former then sleeps without asking again.
 
+What a request of another shape does to that batch depends on who decides. Under
+Triton's rules (`closes_on_shape_change`) it closes the batch: the batch can grow no
+further in queue order, so it is `full` and goes now (its preferred part first), and
+the newcomer heads the next batch, as Triton's dynamic batcher does. The adaptive
+controller, and shape buckets, look past it (up to SCAN_LIMIT requests) for more
+requests of the head's shape: the controller already bounds every wait by its latency
+budget, and closing a batch at every shape change would leave mixed traffic unbatched.
+
 The DynamicBatcher owns the former; it hands each batch back through `launch`.
 """
 
@@ -56,8 +64,10 @@ class BatchFormer:
         closing: Callable[[], bool],
         delay_count: int = 0,
         max_batch: Callable[[int], int] | None = None,
+        closes_on_shape_change: bool = False,
     ) -> None:
         self._queue = queue
+        self._closes_on_shape_change = closes_on_shape_change
         self._pool = pool
         self._policy = policy
         # The largest batch of a shape bucket, when its gears fix it (0: no such limit).
@@ -179,7 +189,8 @@ class BatchFormer:
 
         The candidates follow the queue's order (priority, then arrival), starting from
         its first request and taking only requests of the same shape, up to the largest
-        size the model can run.
+        size the model can run; under `closes_on_shape_change`, only up to the first
+        request of another shape.
         """
         max_size = self._policy.max_size
         chosen: list[Entry] = []
@@ -202,6 +213,9 @@ class BatchFormer:
                 if self._max_batch is not None:
                     max_size = min(max_size, self._max_batch(entry.bucket) or max_size)
             elif entry.key != key:
+                if self._closes_on_shape_change:
+                    full = True  # it cannot join: the batch goes as it is
+                    break
                 skipped += 1
                 if skipped > SCAN_LIMIT:
                     break

@@ -17,6 +17,10 @@ from ge_serve.server.errors import invalid_arg
 # Model `parameters` keys that opt a model in to the adaptive controller.
 ADAPTIVE_KEY = "adaptive_batching"
 BUDGET_KEY = "adaptive_latency_budget_us"
+# Up to this many priority levels, every level is listed for the adaptive controller to
+# watch; beyond it, only the levels the config names (a constant, so that no config value
+# makes the load take time or memory in proportion to it).
+LISTED_LEVELS = 64
 
 
 class TimeoutAction(enum.Enum):
@@ -81,13 +85,30 @@ class BatchPolicy:
     preserve_ordering: bool = False
     priority_levels: int = 0
     default_level: int = 0
-    # One policy per level: levels 1..priority_levels, or {0: default} without priorities.
+    # The levels the config names, with their policies: the default level and those of
+    # `priority_queue_policy`, or {0: default} without priorities. Levels are sparse: any
+    # other level in [1, priority_levels] has `default_policy` and exists only while it
+    # holds requests (queue.py), so a huge `priority_levels` costs nothing.
     levels: Mapping[int, QueuePolicy] = field(default_factory=lambda: {0: QueuePolicy()})
+    default_policy: QueuePolicy = QueuePolicy()
     adaptive: AdaptivePolicy | None = None
 
     @property
     def batching(self) -> bool:
         return self.max_batch_size > 0
+
+    def queue_policy(self, level: int) -> QueuePolicy:
+        """The policy of `level`: its own when the config names one, else the default."""
+        return self.levels.get(level, self.default_policy)
+
+    @property
+    def listed_levels(self) -> tuple[int, ...]:
+        """The levels worth enumerating (the adaptive controller watches these), in order:
+        every level when there are at most LISTED_LEVELS, else only the named ones."""
+        count = self.priority_levels
+        if count <= LISTED_LEVELS:
+            return tuple(range(1, count + 1)) if count else (0,)
+        return tuple(sorted(self.levels))
 
     def level_for(self, priority: int) -> int:
         """A request's queue level: its priority, or the default for 0 and out of range."""
@@ -139,21 +160,17 @@ class BatchPolicy:
                         "priority queue policy must have priority level in range "
                         f"[1, {levels_count}] for {name}"
                     )
-            levels = {
-                level: (
-                    QueuePolicy.from_proto(dyn.priority_queue_policy[level])
-                    if level in dyn.priority_queue_policy
-                    else default_policy
-                )
-                for level in range(1, levels_count + 1)
-            }
+            # Only the named levels: never one per level (see `levels`).
+            levels = {default_level: default_policy}
+            for level, proto in dyn.priority_queue_policy.items():
+                levels[int(level)] = QueuePolicy.from_proto(proto)
         if dyn.preserve_ordering:
             if levels_count > 1:
                 raise invalid_arg(
                     "Only one priority level is allowed when 'preserve_ordering' is true "
                     f"for {name}"
                 )
-            for policy in levels.values():
+            for policy in (default_policy, *levels.values()):
                 if policy.default_timeout_us and policy.timeout_action is TimeoutAction.DELAY:
                     raise invalid_arg(
                         "Queue policy can not have DELAY as timeout action when "
@@ -169,6 +186,7 @@ class BatchPolicy:
             priority_levels=levels_count,
             default_level=default_level,
             levels=levels,
+            default_policy=default_policy,
             adaptive=_adaptive(config, levels_count, adaptive_default),
         )
 

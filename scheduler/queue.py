@@ -4,11 +4,16 @@ Each level keeps its live requests in arrival order, plus, for the DELAY timeout
 requests whose timeout expired: they stay queued but go behind the level's live ones, as in
 Triton. Every deadline has its own loop timer, so a timeout fires on time even while the
 batcher sits idle waiting for a slot or for more requests.
+
+Levels are sparse: the levels the config names are kept for good; any other level is
+opened when a request first arrives at it and dropped once it is empty again. A model
+with `priority_levels` at the uint64 maximum costs what a model with two levels costs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import enum
 import time
@@ -71,8 +76,12 @@ class RequestQueue:
     """
 
     def __init__(self, policy: BatchPolicy, on_rejected: Callable[[Entry], None]) -> None:
+        self._policy = policy
+        self._named = frozenset(policy.levels)
         self._levels = {level: _Level(p) for level, p in sorted(policy.levels.items())}
-        self._order = list(self._levels.values())
+        # The open levels' numbers in order, and their queues in the same order.
+        self._numbers = sorted(self._levels)
+        self._order = [self._levels[level] for level in self._numbers]
         self._on_rejected = on_rejected
         self._count = 0
         # Samples queued (requests carry their own batch dim), all levels and shapes.
@@ -90,10 +99,10 @@ class RequestQueue:
 
     def put(self, entry: Entry) -> None:
         """Queue a request, or raise "Exceeds maximum queue size" when its level is full."""
-        level = self._levels[entry.level]
+        level = self._levels.get(entry.level) or self._open(entry.level)
         policy = level.policy
         if policy.max_queue_size and len(level) >= policy.max_queue_size:
-            raise queue_full()
+            raise queue_full()  # (never a level just opened: it is empty)
         timeout_us = policy.timeout_us(entry.item.timeout_us)
         level.live.append(entry)
         self._count += 1
@@ -131,7 +140,27 @@ class RequestQueue:
         if entry.timer is not None:
             entry.timer.cancel()
             entry.timer = None
+        if not lane:
+            self._close_if_empty(entry.level, level)
         return True
+
+    def _open(self, number: int) -> _Level:
+        """Open a level the config does not name, at its place in the order."""
+        level = _Level(self._policy.queue_policy(number))
+        self._levels[number] = level
+        index = bisect.bisect(self._numbers, number)
+        self._numbers.insert(index, number)
+        self._order.insert(index, level)
+        return level
+
+    def _close_if_empty(self, number: int, level: _Level) -> None:
+        """Drop an empty level the config does not name (only levels in use are kept)."""
+        if len(level) or number in self._named:
+            return
+        del self._levels[number]
+        index = bisect.bisect_left(self._numbers, number)
+        del self._numbers[index]
+        del self._order[index]
 
     def drain(self) -> list[Entry]:
         """Remove and return everything queued (at close)."""

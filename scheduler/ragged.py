@@ -64,6 +64,10 @@ class RaggedBatching:
     def assign(self, item: WorkItem) -> int:
         return 0
 
+    @property
+    def closes_on_shape_change(self) -> bool:
+        return True  # Triton's rule, for the inputs that are not ragged
+
     def max_batch(self, bucket: int) -> int:
         return 0
 

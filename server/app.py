@@ -22,6 +22,7 @@ from ge_serve.backends.base import Backend, LoadedModel
 from ge_serve.backends.ge.auto import DeviceUnavailable, select_runtime
 from ge_serve.backends.ge.backend import GeBackend, backend_config_for
 from ge_serve.backends.ge.sim_cost import parse_sim_cost
+from ge_serve.backends.llm.backend import LlmBackend
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.backends.python.backend import PythonBackend
 from ge_serve.protos import model_config_pb2
@@ -36,8 +37,8 @@ from .errors import ErrorCode, ServerError
 from .exiting import leave_running_executions
 from .grpc.server import GrpcFrontEnd
 from .http.app import HttpFrontEnd
-from .http.lingering import LingeringHttpToolsProtocol
 from .http.monitoring import MetricsApp, metrics_endpoint
+from .http.protocol import TritonHttpProtocol
 from .lifecycle import LifecycleSettings, ModelLifecycle
 from .logsettings import LogControl
 from .malloc import limit_malloc_arenas, release_freed_memory
@@ -111,8 +112,8 @@ def make_scheduler(
 
 
 def make_backends(settings: Settings) -> dict[str, Backend]:
-    """The host CPU backend, GE on the device runtime `--device` selects, and Python
-    models (one worker process per instance)."""
+    """The host CPU backend, GE on the device runtime `--device` selects, Python
+    models (one worker process per instance) and generative models (the engine)."""
     choice = select_runtime(
         settings.device,
         sim_devices=settings.sim_devices,
@@ -123,7 +124,12 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
     )
     log.info("GE backend: %s, chosen by %s", choice.runtime.describe(), choice.reason)
     ge = GeBackend(choice.runtime, backend_config_for(settings.backend_config))
-    return {"onnxruntime": OnnxRuntimeBackend(), "ge": ge, "python": PythonBackend()}
+    return {
+        "onnxruntime": OnnxRuntimeBackend(),
+        "ge": ge,
+        "python": PythonBackend(),
+        "llm": LlmBackend(ge),
+    }
 
 
 def close_backends(backends: dict[str, Backend]) -> None:
@@ -342,7 +348,7 @@ class ServerApp:
             # uvicorn types this as int, but waits with asyncio.wait_for: a float works and
             # int() would turn --exit-timeout-secs 0.5 into "cancel at once".
             timeout_graceful_shutdown=self.settings.exit_timeout_secs,  # type: ignore[arg-type]
-            http=LingeringHttpToolsProtocol,
+            http=TritonHttpProtocol,
             ws="none",
             # No X-Forwarded-* rewriting: nothing here uses the client address, and the
             # middleware costs every request.

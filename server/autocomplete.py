@@ -10,6 +10,7 @@ from ge_serve.backends.onnx_io import read_onnx_io
 from ge_serve.backends.paths import OutsideFolder, resolve_inside
 from ge_serve.protos import model_config_pb2
 
+from . import unhonoured
 from .errors import ErrorCode, ServerError
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,7 @@ BACKEND_ALIASES = {
     "ge": "ge",
     "npu_ge": "ge",
     "python": "python",
+    "llm": "llm",
 }
 # Backends whose instances run on the host CPU unless the config says otherwise.
 HOST_BACKENDS = ("onnxruntime", "python")
@@ -197,3 +199,6 @@ def check(config: model_config_pb2.ModelConfig) -> None:
             raise ServerError(ErrorCode.INVALID_ARG, f"tensor '{entry.name}' has no data_type")
         if len(entry.dims) == 0 and not entry.HasField("reshape"):
             raise ServerError(ErrorCode.INVALID_ARG, f"tensor '{entry.name}' has no dims")
+    # The last check: the fields Triton's proto has and ge-serve ignores, or refuses.
+    for line in unhonoured.check(config):
+        log.warning("%s", line)

@@ -180,7 +180,7 @@ class InferenceServer:
         # The front ends check shapes as they decode; this is for in-process callers,
         # before any shape reaches numpy (shared memory views are shaped below).
         for tensor in request.inputs:
-            check_shape(tensor.shape, tensor.name)
+            check_shape(tensor.shape, tensor.name, tensor.datatype.itemsize)
         started = time.monotonic_ns()
         model = self.lifecycle.get(request.model_name, request.model_version)
         if model.decoupled:
@@ -330,7 +330,7 @@ class InferenceServer:
         if not self._accepting:
             raise shutting_down()
         for tensor in request.inputs:
-            check_shape(tensor.shape, tensor.name)
+            check_shape(tensor.shape, tensor.name, tensor.datatype.itemsize)
         if any(o.shm is not None for o in request.outputs):
             raise ServerError(
                 ErrorCode.UNSUPPORTED,

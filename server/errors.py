@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import re
 from types import TracebackType
 
 log = logging.getLogger(__name__)
@@ -99,10 +100,33 @@ def unknown_model(name: str) -> ServerError:
 
 
 def unknown_version(name: str, version: str) -> ServerError:
-    return ServerError(
+    """A version that names no version of the model; one that names no version at all
+    gets Triton's answer for the string itself (`bad_version_string`)."""
+    return bad_version_string(version) or ServerError(
         ErrorCode.NOT_FOUND,
         f"Request for unknown model: '{name}' version {version} is not found",
     )
+
+
+def bad_version_string(version: str) -> ServerError | None:
+    """Triton's answer for a version string that names no version because C's stol
+    cannot read it (or it is out of range), or because it is negative; None otherwise."""
+    found = re.match(r"[ \t\n\r\f\v]*([+-]?)0*([0-9]{1,20})(?![0-9])", version)
+    # (More than 20 significant digits is past int64 anyway, and never goes to int().)
+    number = 0 if found is None else int(found.group(2)) * (-1 if found.group(1) == "-" else 1)
+    if found is None or not -(2**63) <= number < 2**63:
+        return ServerError(
+            ErrorCode.INVALID_ARG,
+            f"failed to get model version from specified version string '{version}' "
+            "(details: stol), version should be an integral value > 0",
+        )
+    if number < 0:
+        return ServerError(
+            ErrorCode.INVALID_ARG,
+            f"invalid model version specified '{version}' , version should be an integral "
+            "value > 0",
+        )
+    return None
 
 
 def model_not_ready(name: str, version: str = "") -> ServerError:

@@ -12,7 +12,8 @@ def render_text(families: Iterable[Metric]) -> bytes:
     """Prometheus text format 0.0.4, naming counters as they are named.
 
     prometheus_client's `generate_latest` renames a counter family to `<name>_total`;
-    Triton's counters (and the dashboards written for them) have no such suffix.
+    Triton's counters (and the dashboards written for them) have no such suffix. Labels
+    come in Triton's order (`_label_order`).
     """
     out: list[str] = []
     for family in families:
@@ -29,7 +30,8 @@ def render_text(families: Iterable[Metric]) -> bytes:
                 continue
             if sample.labels:
                 pairs = ",".join(
-                    f'{key}="{_escape(value)}"' for key, value in sample.labels.items()
+                    f'{key}="{_escape(value)}"'
+                    for key, value in sorted(sample.labels.items(), key=_label_order)
                 )
                 out.append(f"{sample.name}{{{pairs}}} {format_number(sample.value)}\n")
             else:
@@ -45,6 +47,16 @@ def format_number(value: float) -> str:
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
     return repr(value)
+
+
+def _label_order(pair: tuple[str, str]) -> tuple[bool, str]:
+    """Triton's order: labels by name (prometheus-cpp keeps them in a sorted map), then a
+    bucket's `le` or a summary's `quantile`, which its serializer appends. Scrapers that
+    match a sample's text, as Triton's own tests do, depend on it."""
+    return (pair[0] in _TRAILING, pair[0])
+
+
+_TRAILING = frozenset({"le", "quantile"})
 
 
 def _escape(value: str) -> str:

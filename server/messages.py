@@ -25,6 +25,7 @@ INT_MAX: Final = 2**31 - 1
 MAX_JSON_DEPTH: Final = 100
 # Triton's kMaxChunkedChunks: non-empty chunks of a chunked request body.
 MAX_CHUNKS: Final = 1 << 16
+READY_NOT_BOOLEAN: Final = "Invalid value for 'ready': expected a boolean"
 _BATCH_NOTE: Final = (
     "NOTE: Setting a non-zero max_batch_size in the model config requires a batch "
     "dimension to be prepended to each input shape. If you want to specify the full shape "
@@ -141,6 +142,13 @@ def element_count_overflow(name: str, shape: Sequence[int], limit: int = INT64_M
     )
 
 
+def byte_size_overflow(name: str, count: int, itemsize: int) -> ServerError:
+    return _invalid(
+        f"byte size overflow for input '{name}': element count ({count}) * data type size "
+        f"({itemsize}) exceeds maximum allowed size ({INT64_MAX})"
+    )
+
+
 def json_too_deep() -> ServerError:
     return _invalid(
         f"Unable to parse 'data': JSON nesting depth exceeds maximum allowed limit "
@@ -178,6 +186,13 @@ def json_input_too_large(name: str, size: int, limit: int) -> ServerError:
     )
 
 
+def decompressed_too_large(limit: int) -> ServerError:
+    return _invalid(
+        f"Decompressed data size exceeds the maximum allowed value of {limit} bytes. Use "
+        "--http-max-input-size to increase the limit."
+    )
+
+
 def raw_input_too_large(size: int, limit: int) -> ServerError:
     return _invalid(
         f"Raw input has a byte_size ({size} bytes) that exceeds the maximum allowed value of "
@@ -201,6 +216,16 @@ def binary_input_short(name: str, missing: int, model: str) -> ServerError:
 
 def additional_input_data(model: str) -> ServerError:
     return _invalid(f"unexpected additional input data for model '{model}'")
+
+
+def bytes_not_utf8(name: str) -> ServerError:
+    """Ours: Triton writes such bytes into its JSON as they are, which no JSON reader
+    takes. The way out is the binary extension, which carries any bytes."""
+    return _invalid(
+        f"output '{name}' holds BYTES that are not valid UTF-8, which a JSON response cannot "
+        'carry; request it as binary data ("binary_data": true on the output, or '
+        '"binary_data_output": true on the request)'
+    )
 
 
 def too_many_chunks(limit: int = MAX_CHUNKS) -> str:
@@ -247,7 +272,25 @@ def shm_already_registered(name: str) -> ServerError:
 
 
 def shm_cannot_open(key: str) -> ServerError:
-    return _invalid(f"Unable to open shared memory region: '{key}'")
+    """INTERNAL, as Triton answers it (gRPC; HTTP answers 400, see http/sharedmemory.py)."""
+    return ServerError(ErrorCode.INTERNAL, f"Unable to open shared memory region: '{key}'")
+
+
+# Triton's kTritonSharedMemoryRegionPrefix: keys its Python backend keeps for itself.
+RESERVED_SHM_PREFIX: Final = "triton_python_backend_shm_region_"
+
+
+def shm_reserved_key(name: str, key: str) -> ServerError:
+    return _invalid(
+        f"cannot register shared memory region '{name}' with key '{key}' as the key contains "
+        f"the reserved prefix '{RESERVED_SHM_PREFIX}'"
+    )
+
+
+def cuda_register_refused() -> ServerError:
+    """What Triton answers for a CUDA handle it cannot open (the only kind here: no CUDA
+    device), in a GPU build as in one running on a host without a GPU."""
+    return _invalid("failed to register shared memory region: invalid args")
 
 
 def shm_invalid_args(name: str) -> ServerError:

@@ -24,6 +24,7 @@ from ge_serve.scheduler.work import WorkItem
 
 from .errors import ServerError
 from .exposition import render_text
+from .genmetrics import generation_families
 from .metricsconfig import MetricsConfig
 from .model import ModelVersion
 from .quantiles import Buckets, LatencyWindow
@@ -134,4 +135,5 @@ class ServerMetrics:
         if config.histogram_latencies:
             yield from histogram_families(records, self._series)
         yield from scheduler_families(records)
+        yield from generation_families(records)
         yield from resource_families(self.sampler, self.devices)

@@ -80,6 +80,9 @@ _HTTP_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"/v2/(?:system|cuda)sharedmemory(?:/.*)?", "shared-memory"),
         (r"/v2", "metadata"),
         (_MODEL, "metadata"),
+        # The OpenAI-compatible API (ge-serve's own; Triton serves it from another process).
+        (r"/v1/(?:chat/completions|completions|embeddings)", "inference"),
+        (r"/v1/models(?:/[^/]+)?", "metadata"),
     )
 )
 

@@ -179,6 +179,8 @@ class _Region:
 
 def object_path(root: Path, key: str, region: str = "") -> Path:
     """The file of a POSIX shared-memory key: one name directly under `root`."""
+    if key.lstrip("/").startswith(messages.RESERVED_SHM_PREFIX):
+        raise messages.shm_reserved_key(region, key)
     name = key[1:] if key.startswith("/") else key
     if not name or "/" in name or name in (".", "..") or "\0" in name:
         # A POSIX shared memory name is one path component under /dev/shm.
@@ -201,6 +203,9 @@ def _map(root: Path, name: str, key: str, offset: int, byte_size: int) -> tuple[
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise invalid_arg(f"{failed}: '{key}' is not a shared memory object")
+        if byte_size == 0:
+            # Checked after the open, as Triton does: a missing key is named first.
+            raise invalid_arg(f"{failed}: byte_size must be > 0")
         if offset + byte_size > info.st_size:
             raise messages.shm_invalid_args(name)
         base = offset - offset % mmap.ALLOCATIONGRANULARITY
@@ -245,10 +250,6 @@ class SharedMemoryManager:
             raise invalid_arg(
                 f"failed to register shared memory region '{name}': offset and byte_size "
                 "must be non-negative"
-            )
-        if byte_size == 0:
-            raise invalid_arg(
-                f"failed to register shared memory region '{name}': byte_size must be > 0"
             )
         self._check_new(name)
         object_path(self.root, key, name)  # a bad key fails before the thread hop
@@ -315,9 +316,9 @@ class SharedMemoryManager:
         raise ServerError(ErrorCode.NOT_FOUND, message)
 
     def cuda_register(self, name: str) -> None:
-        raise invalid_arg(
-            f"failed to register CUDA shared memory region: '{name}', GPUs not supported"
-        )
+        """Refuse, as Triton refuses a CUDA handle it cannot open (no CUDA device here)."""
+        self._check_enabled()
+        raise messages.cuda_register_refused()
 
     def cuda_unregister(self, name: str = "") -> None:
         """Nothing to do: no CUDA region is ever registered (clients such as perf_analyzer

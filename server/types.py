@@ -111,8 +111,10 @@ MAX_DIMS: Final = 32
 MAX_ELEMENTS: Final = (2**63 - 1) // 8
 
 
-def check_shape(shape: Sequence[SupportsIndex], name: str) -> int:
+def check_shape(shape: Sequence[SupportsIndex], name: str, itemsize: int = 0) -> int:
     """The element count of an input's shape; a shape no tensor can have is INVALID_ARG.
+    With the datatype's `itemsize` (0: BYTES, or not known yet), a byte size past INT64_MAX
+    is refused in Triton's words ("byte size overflow for input ...").
 
     The bound is on the product of the non-zero dimensions, so a zero cannot hide absurd
     others: `[0, 2**62]` holds no elements, yet numpy cannot build it for most datatypes,
@@ -146,6 +148,8 @@ def check_shape(shape: Sequence[SupportsIndex], name: str) -> int:
         shown = [operator.index(d) for d in shape]
         if nominal > messages.INT64_MAX:
             raise messages.element_count_overflow(name, shown)
+        if itemsize > 1 and nominal > messages.INT64_MAX // itemsize and not has_zero:
+            raise messages.byte_size_overflow(name, nominal, itemsize)
         raise messages.element_count_overflow(name, shown, MAX_ELEMENTS)
     return 0 if has_zero else nominal
 

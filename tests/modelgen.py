@@ -226,8 +226,9 @@ def mixed_batch_model() -> onnx.ModelProto:
     return _model(graph, check=False)
 
 
-def batch_probe_model() -> onnx.ModelProto:
-    """OUTPUT0 = INPUT0 (FP32 [N, 4]); BATCH = the executed batch size, on every row."""
+def batch_probe_model(width: int | str = 4) -> onnx.ModelProto:
+    """OUTPUT0 = INPUT0 (FP32 [N, width]); BATCH = the executed batch size, on every row.
+    A `width` given as a name is a variable-size dim."""
     nodes = [
         helper.make_node("Slice", ["INPUT0", "zero", "one", "one"], ["first"]),
         helper.make_node("Mul", ["first", "f0"], ["zeros"]),
@@ -245,9 +246,9 @@ def batch_probe_model() -> onnx.ModelProto:
     graph = helper.make_graph(
         nodes,
         "probe",
-        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["N", width])],
         [
-            helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["N", 4]),
+            helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["N", width]),
             helper.make_tensor_value_info("BATCH", TensorProto.FLOAT, ["N", 1]),
         ],
         inits,

@@ -26,12 +26,14 @@ _STATUS = {
         "NOT_FOUND": "404",
         "UNAVAILABLE": "503",
         "UNIMPLEMENTED": "501",
+        "INTERNAL": "500",
     },
     "grpc": {
         "INVALID_ARGUMENT": "StatusCode.INVALID_ARGUMENT",
         "NOT_FOUND": "StatusCode.NOT_FOUND",
         "UNAVAILABLE": "StatusCode.UNAVAILABLE",
         "UNIMPLEMENTED": "StatusCode.UNIMPLEMENTED",
+        "INTERNAL": "StatusCode.INTERNAL",
     },
 }
 

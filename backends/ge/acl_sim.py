@@ -46,7 +46,7 @@ from .acl import (
     TensorDesc,
 )
 from .shapes import DESCRIBED, DIMS, HW, describe_gears, format_range, gear_values, in_range
-from .sim_cost import DeviceTimeline, SimCost
+from .sim_cost import DeviceTimeline, SimCost, priced_ns
 from .sim_desc import check_declared, planned_desc, query_size, row_share
 from .sim_device import Allocation, SimDevice, SimStream, format_bytes
 
@@ -62,6 +62,7 @@ class _SimModel:
     memory: list[Allocation]
     batching: bool
     busy: threading.Lock = field(default_factory=threading.Lock)
+    weight: int = 0
 
 
 @dataclass(slots=True)
@@ -266,7 +267,7 @@ class SimRuntime:
                 device.release(allocation.ptr, call)
             raise
         model_id = next(self._ids)
-        self._models[model_id] = _SimModel(session, memory, prepared.source.batching)
+        self._models[model_id] = _SimModel(session, memory, prepared.source.batching, weight=weight)
         return AclModel(model_id, device_id, desc, work + weight, model_id)
 
     def unload_model(self, model: AclModel) -> None:
@@ -392,11 +393,17 @@ class SimRuntime:
         cost, timeline = self.cost, self.timelines[model.device_id]
         rows = in_shapes[0][0] if loaded.batching and in_shapes and in_shapes[0] else 1
         rows_equiv = rows * row_share(desc, in_shapes, loaded.batching)
+        input_names = [t.name for t in desc.data_inputs()]
 
         def run() -> None:
             device.clock.start()
             try:
-                end = timeline.reserve(cost.duration_ns(rows_equiv)) if cost is not None else 0
+                end = 0
+                if cost is not None:
+                    weight = loaded.weight
+                    end = timeline.reserve(
+                        priced_ns(cost, input_names, in_shapes, rows_equiv, weight)
+                    )
                 if hook is not None:
                     hook(model.device_id, model.model_id)
                 feeds = {

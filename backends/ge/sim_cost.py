@@ -32,10 +32,49 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
+class StepCost:
+    """A generation step graph's time (docs/npu.md, "Generation steps"): a roofline over
+    the bytes it moves and the arithmetic it does.
+
+        launch_us + max(bytes / bandwidth, flops / peak)
+
+    bytes: the weights once (as `value_bytes` per value on the device; the ONNX holds fp32),
+    plus each row's past keys and values read and its new ones written; flops: two per
+    parameter per new token. Decode is memory bound: its time grows with the context it
+    reads, and barely with the batch, which is why continuous batching pays on an NPU.
+    """
+
+    name: str
+    launch_us: float
+    bandwidth_gbps: float
+    tflops: float
+    value_bytes: float
+
+    def duration_ns(
+        self, weight_bytes: int, layers: int, slot_values: int, tokens: int, past_slots: int
+    ) -> int:
+        """`slot_values`: one token's key (or value) values in one layer; `tokens`: new
+        tokens in the step (rows x chunk); `past_slots`: cache slots read (rows x past)."""
+        kv = 2 * layers * slot_values * self.value_bytes * (past_slots + tokens)
+        moved = weight_bytes / 4 * self.value_bytes + kv
+        flops = 2 * (weight_bytes / 4) * tokens
+        busy_s = max(moved / (self.bandwidth_gbps * 1e9), flops / (self.tflops * 1e12))
+        return int((self.launch_us + busy_s * 1e6) * 1000)
+
+
+# Atlas 300I Pro (Ascend 310P3) as Huawei publishes it: 204.8 GB/s LPDDR4X, 140 TFLOPS
+# FP16; atc compiles fp32 to fp16 (2 bytes a value). The launch, 500 us for a step graph
+# of a few dozen layers, is an assumption, not a published figure.
+STEP_PROFILE = StepCost("npu_310p_llm_step", 500.0, 204.8, 140.0, 2.0)
+
+
+@dataclass(frozen=True, slots=True)
 class SimCost:
     name: str
     launch_us: float
     per_sample_us: float
+    # How a generation step graph (backends/llm) is priced instead.
+    step: StepCost = STEP_PROFILE
 
     def duration_ns(self, rows: float) -> int:
         return int((self.launch_us + self.per_sample_us * max(rows, 0.0)) * 1000)
@@ -98,6 +137,25 @@ def parse_sim_cost(text: str) -> SimCost | None:
         f"{base.name} (adjusted)",
         values.get("launch_us", base.launch_us),
         values.get("per_sample_us", base.per_sample_us),
+    )
+
+
+def priced_ns(
+    cost: SimCost,
+    names: list[str],
+    shapes: list[tuple[int, ...]],
+    rows_equiv: float,
+    weight_bytes: int,
+) -> int:
+    """An execution's modelled time: a generation step graph's (its inputs `input_ids`,
+    `block_table` and `key_cache_{i}`) by the step profile, any other by rows."""
+    by_name = dict(zip(names, shapes, strict=True))
+    ids, table, cache = (by_name.get(n) for n in ("input_ids", "block_table", "key_cache_0"))
+    if ids is None or table is None or cache is None or len(cache) != 4:
+        return cost.duration_ns(rows_equiv)
+    layers = sum(1 for name in names if name.startswith("key_cache_"))
+    return cost.step.duration_ns(
+        weight_bytes, layers, cache[2] * cache[3], ids[0] * ids[1], table[0] * table[1] * cache[1]
     )
 
 

@@ -103,6 +103,11 @@ SUITES: tuple[Suite, ...] = (
         "OCR images/s (examples/ocr) at concurrency 1 and 16, batching on and off",
     ),
     Suite(
+        "efficientnet",
+        "bench.suites.efficientnet",
+        "EfficientNet-Lite0 images/s and p50 at c=1 and 32: batching off, Triton's, adaptive",
+    ),
+    Suite(
         "ensemble-overhead",
         "bench.ensemble_overhead",
         "server time per ensemble step against one model (bench/ensemble_overhead.py)",

@@ -164,7 +164,7 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
         shape = tuple(spec.shape)
         if any(d < 0 for d in shape):
             raise invalid_arg(f"'shape' of input '{name}' must hold non-negative integers")
-        check_shape(shape, name)
+        check_shape(shape, name, datatype.itemsize)
         params: Parameters = {}
         shm = None
         if any_params and spec.parameters:

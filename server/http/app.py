@@ -36,10 +36,13 @@ from .bodies import (
     RepositoryLoadRequest,
     RepositoryUnloadRequest,
     decode_body,
+    decode_index_request,
 )
 from .drain import RefuseWhileDraining
 from .errors import error_response
 from .infer import Encoded, InferEndpoint, InferShortcut, guard
+from .openai import routes as openai_routes
+from .openai.errors import OPENAI_PREFIX, OpenAIError
 from .openapi import ApiRoute, Body
 from .responses import json_response
 from .restricted import RestrictedApiMiddleware
@@ -133,6 +136,8 @@ class HttpFrontEnd:
             *self.infer_routes,
             *generate.routes(self, self.settings.max_input_size),
             *self.versioned("", self.model_metadata, ["GET"]),
+            # Last: the table is tried in order when the inference shortcut is off.
+            *openai_routes.routes(self),
         ]
 
     def build(self) -> ASGIApp:
@@ -163,6 +168,8 @@ class HttpFrontEnd:
                 message = f"Method Not Allowed: {request.method} {request.url.path}"
             else:
                 message = str(exc.detail)
+            if request.url.path.startswith(OPENAI_PREFIX):
+                return OpenAIError(message, status=exc.status_code).response()
             return error_response(exc.status_code, message)
 
         app.add_exception_handler(StarletteHTTPException, http_error)
@@ -206,9 +213,7 @@ class HttpFrontEnd:
     async def repository_index(self, request: Request) -> Response:
         body = await self.read_body(request)
         with decoding("repository index request"):
-            index = decode_body(
-                RepositoryIndexRequest, body, "repository index request", optional=True
-            )
+            index = decode_index_request(body)
         return json_response(encode.repository_index(await self.core.repository_index(index.ready)))
 
     async def repository_load(self, request: Request) -> Response:

@@ -22,6 +22,7 @@ from pydantic.config import JsonDict
 from ge_serve.server import messages
 from ge_serve.server.control import FILE_PREFIX
 from ge_serve.server.documents import Document, reject, validate, worded
+from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.types import DataType
 
 from . import codec
@@ -67,9 +68,65 @@ def _no_default(schema: JsonDict) -> None:
 
 
 class RepositoryIndexRequest(Document):
-    ready: Annotated[bool, worded("'ready' must be a boolean")] = Field(
+    ready: Annotated[bool, worded(messages.READY_NOT_BOOLEAN)] = Field(
         False, description="List only the models that are ready."
     )
+
+
+def decode_index_request(body: bytes) -> RepositoryIndexRequest:
+    """The repository index request. Triton parses a document of any depth and then reads
+    `ready` alone; orjson stops at 1024 levels, and the depth limit at 100. A document
+    refused for either whose `ready` is plainly no boolean gets Triton's answer for that."""
+    what = "repository index request"
+    try:
+        return decode_body(RepositoryIndexRequest, body, what, optional=True)
+    except ServerError:
+        start = member_start(body, b"ready")
+        if start is not None and start not in b"tf":
+            raise ServerError(ErrorCode.INVALID_ARG, messages.READY_NOT_BOOLEAN) from None
+        raise
+
+
+# How far into a body `member_start` looks: the answer is for a person, not worth an
+# unbounded scan of a body that may be as large as --http-max-input-size.
+MEMBER_SCAN_LIMIT = 1 << 16
+
+
+def member_start(body: bytes, name: bytes) -> bytes | None:
+    """The first byte of the value of top-level member `name` of the JSON object text
+    `body`, found by scanning its first MEMBER_SCAN_LIMIT bytes without parsing (so at any
+    depth); None when not found there."""
+    depth = 0
+    last = 0  # the last significant byte
+    key: bytes | None = None
+    end = min(len(body), MEMBER_SCAN_LIMIT)
+    i = 0
+    while i < end:
+        c = body[i]
+        if c in b" \t\r\n":
+            i += 1
+            continue
+        if depth == 1 and last == _COLON and key == name:
+            return body[i : i + 1]
+        if c == _QUOTE:
+            j = i + 1
+            while j < end and body[j] != _QUOTE:
+                j += 2 if body[j] == _BACKSLASH else 1
+            if depth == 1 and last in (_OPEN_OBJECT, _COMMA):
+                key = body[i + 1 : j]
+            i = j + 1
+            last = _QUOTE
+            continue
+        if c in b"[{":
+            depth += 1
+        elif c in b"]}":
+            depth -= 1
+        last = c
+        i += 1
+    return None
+
+
+_QUOTE, _BACKSLASH, _COLON, _COMMA, _OPEN_OBJECT = b'"'[0], b"\\"[0], b":"[0], b","[0], b"{"[0]
 
 
 class LoadParameters(Document):

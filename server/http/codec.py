@@ -244,11 +244,11 @@ def _decode_input(index: int, spec: Any, place: _Place) -> tuple[Tensor, int]:
     name = spec.get("name")
     if not isinstance(name, str) or not name:
         raise invalid_arg(f"input {index} has no 'name'")
-    shape = _shape(spec.get("shape"), name)
     datatype_name = spec.get("datatype")
     if not isinstance(datatype_name, str):
         raise invalid_arg(f"input '{name}' has no 'datatype'")
     datatype = DataType.parse(datatype_name)
+    shape = _shape(spec.get("shape"), name, datatype.itemsize)
     params = _parameters(spec.get("parameters"), f"input '{name}'")
     shm = parse_ref(params, name)
     size = params.pop(BINARY_DATA_SIZE, None)
@@ -286,13 +286,13 @@ def _decode_input(index: int, spec: Any, place: _Place) -> tuple[Tensor, int]:
     return tensor, offset
 
 
-def _shape(raw: Any, name: str) -> tuple[int, ...]:
+def _shape(raw: Any, name: str, itemsize: int) -> tuple[int, ...]:
     if raw is None:
         raise invalid_arg(f"input '{name}' has no 'shape'")
     if not isinstance(raw, list) or not all(type(d) is int and d >= 0 for d in raw):
         raise invalid_arg(f"'shape' of input '{name}' must be an array of non-negative integers")
     shape = tuple(raw)
-    check_shape(shape, name)
+    check_shape(shape, name, itemsize)
     return shape
 
 
@@ -430,10 +430,11 @@ def encode_infer_response(
 ) -> tuple[bytes, int | None]:
     """Encode a response as (body, JSON header length or None when the body is all JSON).
 
-    An output goes binary when its requested output says `binary_data: true`; one that was
-    not requested individually, or requested without `binary_data`, follows the request's
-    `binary_data_output` (default false). FP16 and BF16 outputs, and BYTES outputs that are
-    not valid UTF-8, are always sent binary, since JSON cannot carry them faithfully.
+    A requested output goes binary when it says `binary_data: true`, whatever the request's
+    `binary_data_output`; that parameter (default false) decides for the outputs of a
+    request that names none, as in Triton. FP16 and BF16 outputs are always sent binary; a
+    BYTES output that is not valid UTF-8 asked for as JSON is refused (JSON cannot carry
+    it, and a client that asked for JSON cannot read a binary part).
     Binary outputs follow the JSON header in output order. An output the core wrote to
     shared memory is described (name, datatype, shape) with no data, as Triton does.
     """
@@ -457,9 +458,7 @@ def encode_infer_response(
             entries.append(entry)
             continue
         wanted = requested.get(tensor.name)
-        binary = default_binary
-        if wanted is not None and BINARY_DATA in wanted.parameters:
-            binary = wanted.parameters[BINARY_DATA] is True
+        binary = default_binary if wanted is None else wanted.parameters.get(BINARY_DATA) is True
         data = None if binary else _json_output_data(tensor)
         if data is not None:
             if tensor.parameters:
@@ -493,6 +492,6 @@ def _json_output_data(tensor: Tensor) -> Any:
         try:
             return [item.decode("utf-8") for item in bytes_elements(tensor.data)]
         except UnicodeDecodeError:
-            return None
+            raise messages.bytes_not_utf8(tensor.name) from None
     # A 1-D C-contiguous native array, which orjson serializes directly.
     return np.ascontiguousarray(tensor.data, dtype=tensor.datatype.numpy).reshape(-1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import zlib
 from typing import Final
 
+from .. import messages
 from ..errors import ServerError, invalid_arg
 
 GZIP: Final = "gzip"
@@ -49,7 +50,7 @@ def _has_zlib_header(data: bytes) -> bool:
 
 
 def _too_large(max_size: int) -> ServerError:
-    return invalid_arg(f"the decompressed request body exceeds the maximum of {max_size} bytes")
+    return messages.decompressed_too_large(max_size)
 
 
 def _inflate(data: bytes, wbits: int, max_size: int) -> bytes:

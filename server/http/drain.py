@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..drain import DrainGate
 from ..errors import shutting_down
+from .openai.errors import OPENAI_PREFIX, SERVER_ERROR, OpenAIError
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,8 @@ CLOSE: Final = (b"connection", b"close")
 class RefuseWhileDraining:
     """ASGI: once the gate closes, every request (on a connection opened before the
     listener closed) is answered 503 "Server is shutting down" with `Connection: close`,
-    so its client retries it elsewhere and does not send another on this connection."""
+    so its client retries it elsewhere and does not send another on this connection (in
+    OpenAI's error object on /v1)."""
 
     def __init__(self, app: ASGIApp, gate: DrainGate) -> None:
         self.app = app
@@ -35,7 +37,11 @@ class RefuseWhileDraining:
             await self.app(scope, receive, send)
             return
         self.gate.refused()
-        body = orjson.dumps({"error": shutting_down().message})
+        message = shutting_down().message
+        if scope["path"].startswith(OPENAI_PREFIX):
+            body = orjson.dumps(OpenAIError(message, status=503, kind=SERVER_ERROR).body())
+        else:
+            body = orjson.dumps({"error": message})
         await send(
             {
                 "type": "http.response.start",

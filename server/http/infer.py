@@ -33,6 +33,7 @@ from . import codec, compression
 from .bodies import InferRequestBody
 from .errors import ClosingError, error_response, http_status, server_error_response
 from .openapi import ApiRoute, Body
+from .protocol import too_many_chunks
 from .routing import Endpoint
 
 # Logged under the front end's name, as before the endpoint had a module of its own.
@@ -228,10 +229,10 @@ class InferEndpoint:
                     raise _too_large(size, limit, raw)
                 if chunk:
                     chunks.append(chunk)
-                    if len(chunks) > self.max_chunks:
-                        raise ClosingError(
-                            ErrorCode.INVALID_ARG, messages.too_many_chunks(self.max_chunks)
-                        )
+                if (chunk or not more) and too_many_chunks(scope, len(chunks), self.max_chunks):
+                    raise ClosingError(
+                        ErrorCode.INVALID_ARG, messages.too_many_chunks(self.max_chunks)
+                    )
         except ClientDisconnect:
             log.info(
                 "%s %s: the client went away after %d of %s body bytes",

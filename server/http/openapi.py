@@ -39,28 +39,36 @@ class ApiRoute(Route):
     """A starlette route with what the OpenAPI document says about it."""
 
     def __init__(
-        self, path: str, endpoint: Any, *, methods: list[str], body: Body | None = None
+        self,
+        path: str,
+        endpoint: Any,
+        *,
+        methods: list[str],
+        body: Body | None = None,
+        error: type[BaseModel] = ErrorBody,
     ) -> None:
         super().__init__(path, endpoint, methods=methods)
         self.body = body
+        # The body of its error answers (the /v1 routes answer with OpenAI's).
+        self.error = error
 
 
 def extend(document: dict[str, Any], routes: Iterable[BaseRoute]) -> dict[str, Any]:
     """Add every `ApiRoute` to `document` (FastAPI's, from `app.openapi()`), in place."""
     api_routes = [route for route in routes if isinstance(route, ApiRoute)]
-    models = {ErrorBody} | {route.body.model for route in api_routes if route.body}
+    models = {route.error for route in api_routes}
+    models |= {ErrorBody} | {route.body.model for route in api_routes if route.body}
     refs, schemas = models_json_schema(
         [(model, "validation") for model in sorted(models, key=lambda m: m.__name__)],
         ref_template=_REF,
     )
     components = document.setdefault("components", {}).setdefault("schemas", {})
     components.update(schemas.get("$defs", {}))
-    error = refs[(ErrorBody, "validation")]
     paths = document.setdefault("paths", {})
     for route in api_routes:
         item = paths.setdefault(route.path, {})
         for method in sorted((route.methods or set()) - {"HEAD"}):
-            operation = _operation(route, error)
+            operation = _operation(route, refs[(route.error, "validation")])
             if method == "POST" and route.body is not None:
                 schema = refs[(route.body.model, "validation")]
                 _add_body(operation, route.body, schema)

@@ -8,10 +8,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ge_serve.server.restrictions import RestrictedApis, http_category, http_refusal_message
 
 from .errors import error_response
+from .openai.errors import OPENAI_PREFIX, OpenAIError
 
 
 class RestrictedApiMiddleware:
-    """403 `{"error": "This API is restricted, expecting header '<h>'"}`, as Triton.
+    """403 `{"error": "This API is restricted, expecting header '<h>'"}`, as Triton (in
+    OpenAI's error object on /v1).
 
     Installed only when some category is restricted, so unrestricted servers pay nothing.
     """
@@ -25,7 +27,11 @@ class RestrictedApiMiddleware:
             category = http_category(scope["path"])
             header = self.restrictions.refusal(category, Headers(scope=scope))
             if header is not None:
-                response = error_response(403, http_refusal_message(header))
+                message = http_refusal_message(header)
+                if scope["path"].startswith(OPENAI_PREFIX):
+                    response = OpenAIError(message, status=403, kind="permission_error").response()
+                else:
+                    response = error_response(403, message)
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -12,13 +12,16 @@ status lists nothing and unregister has nothing to do, so clients that clean up 
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ge_serve.server.errors import decoding
+from ge_serve.server.errors import ErrorCode, ServerError, decoding, invalid_arg
 from ge_serve.server.sharedmemory import RegionStatus
 
 from .bodies import SystemSharedMemoryRegisterRequest, decode_body
@@ -42,6 +45,29 @@ def _status_json(regions: list[RegionStatus]) -> list[dict[str, Any]]:
     ]
 
 
+# sizeof(cudaIpcMemHandle_t): the bytes a CUDA IPC handle holds.
+CUDA_HANDLE_BYTES = 64
+
+
+def _check_cuda_handle(body: bytes) -> None:
+    """Triton's checks of a CUDA register request's `raw_handle`, before it tries to open
+    the handle (which here always fails)."""
+    try:
+        doc = orjson.loads(body) if body.strip() else {}
+    except orjson.JSONDecodeError as exc:
+        raise invalid_arg(f"failed to parse the register request JSON buffer: {exc}") from None
+    handle = doc.get("raw_handle") if isinstance(doc, dict) else None
+    if handle is None:
+        raise invalid_arg("Shared memory register request has no 'raw_handle' field")
+    text = handle.get("b64") if isinstance(handle, dict) else None
+    try:
+        size = len(base64.b64decode(text, validate=True)) if isinstance(text, str) else -1
+    except binascii.Error:
+        size = -1
+    if size != CUDA_HANDLE_BYTES:
+        raise invalid_arg("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
+
+
 def routes(front: RouteHost) -> list[Route]:
     shm = front.core.shared_memory
 
@@ -54,7 +80,14 @@ def routes(front: RouteHost) -> list[Route]:
             doc = decode_body(
                 SystemSharedMemoryRegisterRequest, body, "shared memory register request"
             )
-        await shm.register(_region(request), doc.key, doc.offset, doc.byte_size)
+        try:
+            await shm.register(_region(request), doc.key, doc.offset, doc.byte_size)
+        except ServerError as exc:
+            if exc.code is not ErrorCode.INTERNAL:
+                raise
+            # A key that names nothing: Triton's INTERNAL, which gRPC clients match on,
+            # but over HTTP a 400, since bad input is never a 500 here.
+            raise invalid_arg(exc.message) from None
         return Response(status_code=200)
 
     async def system_unregister(request: Request) -> Response:
@@ -65,6 +98,9 @@ def routes(front: RouteHost) -> list[Route]:
         return json_response(_status_json(shm.cuda_status(_region(request))))
 
     async def cuda_register(request: Request) -> Response:
+        body = await front.read_body(request)
+        if shm.enabled:  # else the refusal says the extension is off
+            _check_cuda_handle(body)
         shm.cuda_register(_region(request))
         return Response(status_code=200)  # pragma: no cover - cuda_register always raises
 

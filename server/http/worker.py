@@ -30,7 +30,7 @@ from ge_serve.server.remotecore import RemoteCore
 
 from .errors import server_error_response
 from .infer import InferEndpoint, InferShortcut
-from .lingering import LingeringHttpToolsProtocol
+from .protocol import TritonHttpProtocol
 
 log = logging.getLogger("ge_serve.http.worker")
 
@@ -137,7 +137,7 @@ async def serve(config: dict[str, Any]) -> int:
             log_level="warning",
             access_log=False,
             timeout_graceful_shutdown=float(config["grace_s"]),  # type: ignore[arg-type]
-            http=LingeringHttpToolsProtocol,
+            http=TritonHttpProtocol,
             ws="none",
             proxy_headers=False,
         )

@@ -156,8 +156,8 @@ async def test_the_document_path_does_not_shadow_a_model(http: httpx.AsyncClient
 # --- the models check the bodies, in the wording clients know ----------------------------------
 
 BAD_BODIES = [
-    ("/v2/repository/index", b'{"ready": "yes"}', "'ready' must be a boolean"),
-    ("/v2/repository/index", b'{"ready": 1}', "'ready' must be a boolean"),
+    ("/v2/repository/index", b'{"ready": "yes"}', "Invalid value for 'ready': expected a boolean"),
+    ("/v2/repository/index", b'{"ready": 1}', "Invalid value for 'ready': expected a boolean"),
     ("/v2/repository/index", b"[]", "the repository index request JSON must be an object"),
     (
         "/v2/repository/models/m/load",
@@ -265,3 +265,18 @@ async def test_accepted_bodies(http: httpx.AsyncClient) -> None:
     # Valid bodies reach the core, which has no model control here.
     unload = await http.post("/v2/repository/models/m/unload", content=b"")
     assert unload.status_code == 503 and "error" in unload.json()
+
+
+async def test_the_openai_routes_have_their_bodies_and_openai_errors(
+    document: dict[str, Any],
+) -> None:
+    chat = body_schema(document, "/v1/chat/completions")
+    assert sorted(chat["required"]) == ["messages", "model"]
+    assert chat["properties"]["temperature"]["anyOf"][0]["maximum"] == 2.0
+    assert "input" in body_schema(document, "/v1/embeddings")["required"]
+    assert "prompt" in body_schema(document, "/v1/completions")["required"]
+    for path, method in (("/v1/models", "get"), ("/v1/chat/completions", "post")):
+        responses = document["paths"][path][method]["responses"]
+        error = resolve(document, responses["default"]["content"]["application/json"]["schema"])
+        detail = resolve(document, error["properties"]["error"])
+        assert sorted(detail["required"]) == ["code", "message", "param", "type"]

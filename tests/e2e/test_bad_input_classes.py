@@ -42,6 +42,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 HUGE_SHAPES = [[0, 2**62], [2**31, 2**31, 0], [2**62, 0, 1]]
 ODD_VERSIONS = ["\u00b2", "\u0661", "1" * 5000, "9" * 20]
 TOO_DEEP = "JSON nesting depth exceeds maximum allowed limit"
+UNREADABLE_VERSION = "failed to get model version from specified version string"
 
 
 # --- the server -----------------------------------------------------------------------------
@@ -329,12 +330,11 @@ def test_undecodable_stream_message_grpc(raw_channel: grpc.Channel) -> None:
 
 @pytest.mark.parametrize("version", ODD_VERSIONS, ids=["superscript", "arabic", "5000", "20"])
 def test_odd_versions_http(http: httpx.Client, version: str) -> None:
+    # None of them is a number C's stol reads: Triton's answer for the string itself.
     base = f"/v2/models/simple/versions/{version}"
     for suffix in ("", "/config", "/stats"):
-        expect_http(http.get(base + suffix), 404, "unknown model: 'simple' version")
-    expect_http(
-        http.post(base + "/infer", json=valid_body()), 404, "unknown model: 'simple' version"
-    )
+        expect_http(http.get(base + suffix), 400, UNREADABLE_VERSION)
+    expect_http(http.post(base + "/infer", json=valid_body()), 400, UNREADABLE_VERSION)
     # Readiness answers "not ready" (400, no body), as for any version that is not there.
     assert http.get(base + "/ready").status_code == 400
     assert_http_serves(http)
@@ -342,21 +342,21 @@ def test_odd_versions_http(http: httpx.Client, version: str) -> None:
 
 @pytest.mark.parametrize("version", ODD_VERSIONS, ids=["superscript", "arabic", "5000", "20"])
 def test_odd_versions_grpc(stub: pb_grpc.GRPCInferenceServiceStub, version: str) -> None:
-    not_found = grpc.StatusCode.NOT_FOUND
-    unknown = "unknown model: 'simple' version"
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    unknown = UNREADABLE_VERSION
     expect_grpc(
-        stub.ModelMetadata, pb.ModelMetadataRequest(name="simple", version=version), not_found
+        stub.ModelMetadata, pb.ModelMetadataRequest(name="simple", version=version), invalid
     )
-    expect_grpc(stub.ModelConfig, pb.ModelConfigRequest(name="simple", version=version), not_found)
+    expect_grpc(stub.ModelConfig, pb.ModelConfigRequest(name="simple", version=version), invalid)
     expect_grpc(
         stub.ModelStatistics,
         pb.ModelStatisticsRequest(name="simple", version=version),
-        not_found,
+        invalid,
         unknown,
     )
     message = valid_message()
     message.model_version = version
-    expect_grpc(stub.ModelInfer, message, not_found, unknown)
+    expect_grpc(stub.ModelInfer, message, invalid, unknown)
     ready = stub.ModelReady(pb.ModelReadyRequest(name="simple", version=version))
     assert not ready.ready
     assert_grpc_serves(stub)

@@ -1,9 +1,10 @@
 """BYTES elements carry arbitrary bytes: 0x80-0xFF (not UTF-8) round-trip through an
-onnxruntime string identity model over HTTP (JSON and binary) and gRPC, and UTF-8 text
-reaches the model as the same bytes."""
+onnxruntime string identity model over HTTP's binary extension and gRPC; a JSON response
+refuses them (400, naming the output); UTF-8 text reaches the model as the same bytes."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import tritonclient.http as httpclient
 from modelgen import identity_model, write_model
 from onnx import TensorProto
 from serverproc import ServerProcess, running_server
+from tritonclient.utils import InferenceServerException
 
 from ge_serve.backends.onnxruntime import OrtSession, session_options
 from ge_serve.protos import model_config_pb2
@@ -54,8 +56,7 @@ def test_http_binary(server: ServerProcess) -> None:
 
 def test_http_json_request_and_response(server: ServerProcess) -> None:
     """JSON strings are Unicode: U+0080-U+00FF travel as their UTF-8 and come back as the
-    same characters; raw high bytes sent binary and asked back as JSON come back intact
-    (as binary, since JSON cannot hold them)."""
+    same characters."""
     text = [chr(b) for b in HIGH] + ["héllo €", ""]
     body = {
         "inputs": [{"name": "INPUT", "shape": [1, len(text)], "datatype": "BYTES", "data": text}],
@@ -65,13 +66,56 @@ def test_http_json_request_and_response(server: ServerProcess) -> None:
     assert reply.status_code == 200, reply.text
     assert reply.json()["outputs"][0]["data"] == text
 
-    client = httpclient.InferenceServerClient(server.http_url)
+
+REFUSED = (
+    "output 'OUTPUT' holds BYTES that are not valid UTF-8, which a JSON response cannot "
+    'carry; request it as binary data ("binary_data": true on the output, or '
+    '"binary_data_output": true on the request)'
+)
+
+
+@pytest.mark.parametrize("how", ["binary_data=false", "no binary parameter"])
+def test_http_json_response_refuses_bytes_that_are_not_utf8(
+    server: ServerProcess, how: str
+) -> None:
+    """Raw high bytes sent binary and asked back as JSON: JSON cannot hold them, so the
+    request is refused, naming the output and the binary extension (Triton refuses to
+    put them in JSON too)."""
     data = elements()
+    raw = b"".join(len(e).to_bytes(4, "little") + e for e in ELEMENTS)
+    head: dict[str, object] = {
+        "inputs": [
+            {
+                "name": "INPUT",
+                "shape": list(data.shape),
+                "datatype": "BYTES",
+                "parameters": {"binary_data_size": len(raw)},
+            }
+        ],
+    }
+    if how == "binary_data=false":
+        head["outputs"] = [{"name": "OUTPUT", "parameters": {"binary_data": False}}]
+    header = json.dumps(head).encode()
+    reply = httpx.post(
+        f"{server.base_url}/v2/models/strings/infer",
+        content=header + raw,
+        headers={"Inference-Header-Content-Length": str(len(header))},
+        timeout=30,
+    )
+    assert reply.status_code == 400, reply.text
+    assert reply.json() == {"error": REFUSED}
+    # tritonclient's JSON output request meets the same refusal.
+    client = httpclient.InferenceServerClient(server.http_url)
     tensor = httpclient.InferInput("INPUT", list(data.shape), "BYTES")
     tensor.set_data_from_numpy(data, binary_data=True)
     out = httpclient.InferRequestedOutput("OUTPUT", binary_data=False)
-    result = client.infer("strings", [tensor], outputs=[out])
-    assert result.as_numpy("OUTPUT").tolist() == data.tolist()
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("strings", [tensor], outputs=[out])
+    assert caught.value.message() == REFUSED
+    # Asked for as binary, on the output or the request, the same bytes come back.
+    for outputs in ([httpclient.InferRequestedOutput("OUTPUT", binary_data=True)], None):
+        result = client.infer("strings", [tensor], outputs=outputs)
+        assert result.as_numpy("OUTPUT").tolist() == data.tolist()
     client.close()
 
 

@@ -114,7 +114,9 @@ def test_malformed_json(http: httpx.Client) -> None:
         (b"[1, 2]", "must be an object, not an array"),
         (b"{}", "the request JSON has no 'inputs'"),
         (b'{"inputs": 3}', "'inputs' must be an array"),
-        (b'{"inputs": [{"name": "INPUT0"}]}', "input 'INPUT0' has no 'shape'"),
+        # Triton's order: the datatype is read before the shape.
+        (b'{"inputs": [{"name": "INPUT0"}]}', "input 'INPUT0' has no 'datatype'"),
+        (b'{"inputs": [{"name": "INPUT0", "datatype": "FP32"}]}', "input 'INPUT0' has no 'shape'"),
         (b'{"inputs": [], "id": 5}', "the request 'id' must be a string"),
     ],
 )
@@ -258,13 +260,25 @@ def test_unknown_model(http: httpx.Client) -> None:
     expect_error(http.get("/v2/models/nope/config"), 404, "'nope' is not found")
 
 
-@pytest.mark.parametrize("version", ["3", "0", "abc"])
+@pytest.mark.parametrize("version", ["3", "0", "5abc"])
 def test_unknown_version(http: httpx.Client, version: str) -> None:
     path = f"/v2/models/simple/versions/{version}"
     message = f"Request for unknown model: 'simple' version {version} is not found"
     expect_error(http.post(path + "/infer", json=simple_body()), 404, message)
     expect_error(http.get(path), 404, message)
     expect_error(http.get(path + "/config"), 404, message)
+
+
+def test_a_version_string_that_is_no_number(http: httpx.Client) -> None:
+    # Triton's words: C's stol cannot read it.
+    path = "/v2/models/simple/versions/abc"
+    message = (
+        "failed to get model version from specified version string 'abc' (details: stol), "
+        "version should be an integral value > 0"
+    )
+    expect_error(http.post(path + "/infer", json=simple_body()), 400, message)
+    expect_error(http.get(path), 400, message)
+    expect_error(http.get(path + "/config"), 400, message)
 
 
 def test_tritonclient_sees_the_message(bad_server: ServerProcess) -> None:
@@ -424,7 +438,12 @@ def test_oversized_after_decompression(http: httpx.Client) -> None:
     response = http.post(
         "/v2/models/simple/infer", content=bomb, headers={"Content-Encoding": "gzip"}
     )
-    expect_error(response, 400, f"exceeds the maximum of {MAX_INPUT} bytes")
+    expect_error(
+        response,
+        400,
+        f"exceeds the maximum allowed value of {MAX_INPUT} bytes",
+        "--http-max-input-size",
+    )
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
@@ -460,5 +479,7 @@ def test_unsupported_content_encoding(http: httpx.Client) -> None:
 def test_repository_index_bad_body(http: httpx.Client) -> None:
     expect_error(http.post("/v2/repository/index", content=b"{oops"), 400, "failed to parse")
     expect_error(
-        http.post("/v2/repository/index", json={"ready": "yes"}), 400, "'ready' must be a boolean"
+        http.post("/v2/repository/index", json={"ready": "yes"}),
+        400,
+        "Invalid value for 'ready': expected a boolean",
     )

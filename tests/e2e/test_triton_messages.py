@@ -290,9 +290,10 @@ def test_shared_memory_registration(http: httpx.Client, stub: Any) -> None:
         f"/v2/systemsharedmemory/region/{name}/register",
         json={"key": missing, "offset": 0, "byte_size": 8},
     )
+    # Triton's code for it is INTERNAL, named before any size check; over HTTP a 400.
     assert http_error(response) == f"Unable to open shared memory region: '{missing}'"
-    request = pb.SystemSharedMemoryRegisterRequest(name=name, key=missing, byte_size=8)
+    request = pb.SystemSharedMemoryRegisterRequest(name=name, key=missing, byte_size=0)
     assert (
-        grpc_error(stub.SystemSharedMemoryRegister, request, grpc.StatusCode.INVALID_ARGUMENT)
+        grpc_error(stub.SystemSharedMemoryRegister, request, grpc.StatusCode.INTERNAL)
         == f"Unable to open shared memory region: '{missing}'"
     )

@@ -222,8 +222,9 @@ async def test_requests_of_different_shapes_never_merge() -> None:
         await queued(batcher, 3)
         fake.open()
         results = await asyncio.gather(blocker, *tasks)
-        assert fake.batches[1:] == [[1, 3], [2]]
-        assert fake.shapes[1:] == [(2, 4), (1, 5)]
+        # Triton's rule: the request of another shape closes the batch ahead of it.
+        assert fake.batches[1:] == [[1], [2], [3]]
+        assert fake.shapes[1:] == [(1, 4), (1, 5), (1, 4)]
         assert results[2]["y"].shape == (1, 5)
 
 

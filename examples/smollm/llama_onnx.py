@@ -1,0 +1,421 @@
+"""A LLaMA-architecture decoder as one ONNX step graph over a paged KV cache.
+
+One graph serves both prefill (q = the prompt chunk's length) and decode (q = 1): it takes
+the new tokens of each row, their absolute positions, the row's past tokens as a list of
+cache blocks and an additive attention mask, and returns the next-token logits of each
+row's last position plus the new tokens' keys and values, which the engine writes into its
+cache pool. The pool itself is an input (read only, passed zero-copy); the graph gathers the
+blocks each row names, so no cache is copied whole from step to step.
+
+The contract (names and shapes the engine codes against; every dim symbolic but
+kv_heads, head_dim and vocab):
+
+    input_ids        INT64 [batch, q]
+    positions        INT64 [batch, q]          absolute positions of the new tokens (RoPE)
+    block_table      INT64 [batch, blocks]     each row's past blocks in order: past token t
+                                               sits in block block_table[row, t // block_size]
+                                               at offset t % block_size
+    attention_mask   FP32  [batch, q, blocks * block_size + q]   0 to attend, -1e9 not; the
+                                               past slots first, then the new tokens
+    key_cache_{i}    FP32  [num_blocks, block_size, kv_heads, head_dim]   (and value_cache_{i})
+    ->
+    logits           FP32  [batch, vocab]      the last query position of each row
+    key_{i}          FP32  [batch, q, kv_heads, head_dim]   after RoPE (and value_{i})
+
+Why it is shaped as it is, for onnxruntime on a CPU:
+- Q, K and V come from one MatMul and gate/up from another (pre-transposed [in, out]
+  weights), so a decode step runs few large GEMMs rather than many small ones; RoPE runs
+  once on the Q and K heads together. At decode batch sizes every op's fixed cost counts
+  (30 layers), so the graph keeps the op count per layer low.
+- The attention scale 1/sqrt(head_dim) is folded into the Q weights (RoPE is a rotation,
+  so scaling before or after it is the same).
+- RoPE uses Hugging Face's rotate-half pairing (dimension j with j + head_dim/2); cos and
+  sin come from tables computed in float64 and gathered by position, so a far position is
+  as exact as a near one. The sign of rotate-half is folded into the sin table.
+- Scores against the past slots and against the new tokens are two MatMuls whose results
+  are concatenated, rather than concatenating the gathered past K and V with the new ones:
+  for decode that copies a score row per head instead of the whole past K and V.
+- Grouped-query attention without repeating K and V: the query heads of one KV head are
+  stacked along the query axis, [batch, kv_heads, group * q, head_dim].
+- RMSNorm is written as Pow, ReduceMean, Add, Sqrt, Div, Mul: the pattern onnxruntime
+  fuses into its SimplifiedLayerNormalization kernel.
+- The final norm and the LM head run on the last position only; the head is a Gemm with
+  transB=1 on the (tied) embedding table, so the table is stored once and never
+  transposed.
+- The mask is finite (-1e9), so a fully masked padding row gives a uniform softmax, not NaN.
+
+Standard ONNX ops only (opset 17), fp32 weights, no com.microsoft ops.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+IR_VERSION = 8
+PRODUCER_NAME = "ge-serve-examples"
+
+# Graph input and output names (the engine's contract; see the module docstring).
+INPUT_IDS = "input_ids"
+POSITIONS = "positions"
+BLOCK_TABLE = "block_table"
+ATTENTION_MASK = "attention_mask"
+LOGITS = "logits"
+MASKED = -1e9
+
+
+def key_cache_name(layer: int) -> str:
+    return f"key_cache_{layer}"
+
+
+def value_cache_name(layer: int) -> str:
+    return f"value_cache_{layer}"
+
+
+def key_name(layer: int) -> str:
+    return f"key_{layer}"
+
+
+def value_name(layer: int) -> str:
+    return f"value_{layer}"
+
+
+Weights = Mapping[str, npt.NDArray[np.float32]]
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The hyperparameters of a LLaMA-architecture decoder."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head."""
+        return self.num_heads // self.num_kv_heads
+
+    def validate(self) -> None:
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError(f"heads do not divide evenly: {self}")
+        if self.head_dim % 2:
+            raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
+
+
+def weight_names(cfg: LlamaConfig) -> list[str]:
+    """The tensors a weights dict holds, by their Hugging Face names; each linear weight is
+    [out, in] as torch's Linear keeps it, Q and K in Hugging Face's (rotate-half) order."""
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    if not cfg.tie_word_embeddings:
+        names.append("lm_head.weight")
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}"
+        names += [f"{p}.input_layernorm.weight", f"{p}.post_attention_layernorm.weight"]
+        names += [f"{p}.self_attn.{k}_proj.weight" for k in ("q", "k", "v", "o")]
+        names += [f"{p}.mlp.{k}_proj.weight" for k in ("gate", "up", "down")]
+    return names
+
+
+def weight_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    h, f, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name in weight_names(cfg):
+        kind = name.rsplit(".", 2)[-2]
+        shapes[name] = {
+            "embed_tokens": (cfg.vocab_size, h),
+            "lm_head": (cfg.vocab_size, h),
+            "norm": (h,),
+            "input_layernorm": (h,),
+            "post_attention_layernorm": (h,),
+            "q_proj": (cfg.num_heads * d, h),
+            "k_proj": (cfg.num_kv_heads * d, h),
+            "v_proj": (cfg.num_kv_heads * d, h),
+            "o_proj": (h, cfg.num_heads * d),
+            "gate_proj": (f, h),
+            "up_proj": (f, h),
+            "down_proj": (h, f),
+        }[kind]
+    return shapes
+
+
+def random_weights(cfg: LlamaConfig, seed: int = 0) -> dict[str, npt.NDArray[np.float32]]:
+    """Random weights of the right shapes (for tests): scaled so activations stay O(1)."""
+    rng = np.random.default_rng(seed)
+    weights: dict[str, npt.NDArray[np.float32]] = {}
+    for name, shape in weight_shapes(cfg).items():
+        if len(shape) == 1:
+            value = 1.0 + 0.1 * rng.standard_normal(shape)
+        else:
+            value = rng.standard_normal(shape) / math.sqrt(shape[1])
+        weights[name] = value.astype(np.float32)
+    return weights
+
+
+def rope_tables(cfg: LlamaConfig) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    """(cos, sin) [max_position_embeddings, head_dim] for rotate-half RoPE, in float64
+    rounded once to float32. The sin table's first half is negated: rotate-half is
+    concat(-x2, x1), so x*cos + concat(x2, x1)*signed_sin is the same rotation."""
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    angles = np.arange(cfg.max_position_embeddings, dtype=np.float64)[:, None] * inv_freq
+    cos = np.cos(np.concatenate([angles, angles], axis=-1))
+    sin = np.sin(angles)
+    signed_sin = np.concatenate([-sin, sin], axis=-1)
+    return cos.astype(np.float32), signed_sin.astype(np.float32)
+
+
+class _Graph:
+    """Nodes and initializers as they are added, with unique names."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+
+    def const(self, name: str, value: npt.ArrayLike, dtype: type = np.float32) -> str:
+        array: npt.NDArray[Any] = np.ascontiguousarray(np.asarray(value, dtype=dtype))
+        self.initializers.append(numpy_helper.from_array(array, name))
+        return name
+
+    def ints(self, name: str, values: Sequence[int]) -> str:
+        return self.const(name, list(values), np.int64)
+
+    def op(self, kind: str, inputs: Sequence[str], name: str, **attrs: Any) -> str:
+        self.nodes.append(helper.make_node(kind, list(inputs), [name], name=name, **attrs))
+        return name
+
+    def ops(
+        self, kind: str, inputs: Sequence[str], names: Sequence[str], **attrs: Any
+    ) -> list[str]:
+        self.nodes.append(helper.make_node(kind, list(inputs), list(names), name=names[0], **attrs))
+        return list(names)
+
+    def rms_norm(self, x: str, weight: npt.NDArray[np.float32], prefix: str, eps: float) -> str:
+        """The Pow/ReduceMean/Add/Sqrt/Div/Mul chain onnxruntime fuses."""
+        square = self.op("Pow", [x, self.const(f"{prefix}.two", 2.0)], f"{prefix}.square")
+        mean = self.op("ReduceMean", [square], f"{prefix}.mean", axes=[-1], keepdims=1)
+        var = self.op("Add", [mean, self.const(f"{prefix}.eps", eps)], f"{prefix}.var")
+        std = self.op("Sqrt", [var], f"{prefix}.std")
+        normed = self.op("Div", [x, std], f"{prefix}.normed")
+        return self.op("Mul", [normed, self.const(f"{prefix}.weight", weight)], f"{prefix}.out")
+
+
+def _rope(g: _Graph, x: str, env: Mapping[str, str], half: int, prefix: str, out: str) -> str:
+    """x [batch, q, heads, head_dim] rotated: x*cos + concat(x2, x1)*signed_sin."""
+    first, second = g.ops(
+        "Split", [x, g.ints(f"{prefix}.halves", [half, half])],
+        [f"{prefix}.x1", f"{prefix}.x2"], axis=-1,
+    )  # fmt: skip
+    swapped = g.op("Concat", [second, first], f"{prefix}.swapped", axis=-1)
+    return g.op(
+        "Add",
+        [
+            g.op("Mul", [x, env["cos"]], f"{prefix}.xcos"),
+            g.op("Mul", [swapped, env["sin"]], f"{prefix}.xsin"),
+        ],
+        out,
+    )
+
+
+def _layer(
+    g: _Graph, x: str, weights: Weights, cfg: LlamaConfig, i: int, env: Mapping[str, str]
+) -> tuple[str, str, str]:
+    """One decoder layer; returns (x out, key_i, value_i)."""
+    p = f"model.layers.{i}"
+    d, kvh, grp, f = cfg.head_dim, cfg.num_kv_heads, cfg.group, cfg.intermediate_size
+    qd = cfg.num_heads * d
+    normed = g.rms_norm(
+        x, weights[f"{p}.input_layernorm.weight"], f"{p}.attn_norm", cfg.rms_norm_eps
+    )
+    wqkv = np.concatenate(
+        [
+            weights[f"{p}.self_attn.q_proj.weight"] * np.float32(1.0 / math.sqrt(d)),
+            weights[f"{p}.self_attn.k_proj.weight"],
+            weights[f"{p}.self_attn.v_proj.weight"],
+        ],
+        axis=0,
+    ).T
+    qkv = g.op("MatMul", [normed, g.const(f"{p}.qkv.weight_t", wqkv)], f"{p}.qkv")
+    # One Reshape to heads, and RoPE on the Q and K heads together (they are adjacent).
+    heads = g.op(
+        "Reshape", [qkv, g.ints(f"{p}.qkv.shape", [0, 0, cfg.num_heads + 2 * kvh, d])],
+        f"{p}.qkv_heads",
+    )  # fmt: skip
+    qk, value = g.ops(
+        "Split", [heads, g.ints(f"{p}.qkv.split", [cfg.num_heads + kvh, kvh])],
+        [f"{p}.qk", value_name(i)], axis=2,
+    )  # fmt: skip
+    qk = _rope(g, qk, env, d // 2, f"{p}.qk_rope", f"{p}.qk_rope.out")
+    q, key = g.ops(
+        "Split", [qk, g.ints(f"{p}.qk.split", [cfg.num_heads, kvh])],
+        [f"{p}.q_rope", key_name(i)], axis=2,
+    )  # fmt: skip
+
+    # Queries grouped by KV head: [b, q, kvh, grp, d] -> [b, kvh, grp * q, d].
+    q5 = g.op("Reshape", [q, g.ints(f"{p}.q5.shape", [0, 0, kvh, grp, d])], f"{p}.q5")
+    qt = g.op("Transpose", [q5], f"{p}.q5t", perm=[0, 2, 3, 1, 4])
+    qg = g.op("Reshape", [qt, g.ints(f"{p}.qg.shape", [0, 0, -1, d])], f"{p}.qg")
+    # The past: [b, blocks, bs, kvh, d] gathered from the pool -> K^T [b, kvh, d, past],
+    # V [b, kvh, past, d].
+    past_k = g.op("Gather", [key_cache_name(i), BLOCK_TABLE], f"{p}.past_k", axis=0)
+    past_kt = g.op("Transpose", [past_k], f"{p}.past_kt5", perm=[0, 3, 4, 1, 2])
+    past_kt = g.op("Reshape", [past_kt, env["kt_shape"]], f"{p}.past_kt")
+    past_v = g.op("Gather", [value_cache_name(i), BLOCK_TABLE], f"{p}.past_v", axis=0)
+    past_vt = g.op("Transpose", [past_v], f"{p}.past_vt5", perm=[0, 3, 1, 2, 4])
+    past_vt = g.op("Reshape", [past_vt, env["v_shape"]], f"{p}.past_vt")
+    new_kt = g.op("Transpose", [key], f"{p}.new_kt", perm=[0, 2, 3, 1])
+    new_vt = g.op("Transpose", [value], f"{p}.new_vt", perm=[0, 2, 1, 3])
+    scores = g.op(
+        "Concat",
+        [
+            g.op("MatMul", [qg, past_kt], f"{p}.scores_past"),
+            g.op("MatMul", [qg, new_kt], f"{p}.scores_new"),
+        ],
+        f"{p}.scores",
+        axis=-1,
+    )
+    scores5 = g.op("Reshape", [scores, env["scores5_shape"]], f"{p}.scores5")
+    masked = g.op("Add", [scores5, env["mask5"]], f"{p}.masked")
+    probs5 = g.op("Softmax", [masked], f"{p}.probs5", axis=-1)
+    probs = g.op("Reshape", [probs5, env["probs_shape"]], f"{p}.probs")
+    probs_past, probs_new = g.ops(
+        "Split", [probs, env["past_new_split"]], [f"{p}.probs_past", f"{p}.probs_new"], axis=-1
+    )
+    context = g.op(
+        "Add",
+        [
+            g.op("MatMul", [probs_past, past_vt], f"{p}.ctx_past"),
+            g.op("MatMul", [probs_new, new_vt], f"{p}.ctx_new"),
+        ],
+        f"{p}.ctx",
+    )
+    # [b, kvh, grp * q, d] -> [b, kvh, grp, q, d] -> [b, q, kvh, grp, d] -> [b, q, hidden].
+    ctx5 = g.op("Reshape", [context, env["ctx5_shape"]], f"{p}.ctx5")
+    ctxt = g.op("Transpose", [ctx5], f"{p}.ctx5t", perm=[0, 3, 1, 2, 4])
+    ctx = g.op("Reshape", [ctxt, g.ints(f"{p}.ctx.shape", [0, 0, qd])], f"{p}.ctx3")
+    wo = weights[f"{p}.self_attn.o_proj.weight"].T
+    attn = g.op("MatMul", [ctx, g.const(f"{p}.o.weight_t", wo)], f"{p}.attn")
+    x = g.op("Add", [x, attn], f"{p}.resid1")
+
+    normed = g.rms_norm(x, weights[f"{p}.post_attention_layernorm.weight"], f"{p}.mlp_norm",
+                        cfg.rms_norm_eps)  # fmt: skip
+    wgu = np.concatenate(
+        [weights[f"{p}.mlp.gate_proj.weight"], weights[f"{p}.mlp.up_proj.weight"]], axis=0
+    ).T
+    gu = g.op("MatMul", [normed, g.const(f"{p}.gate_up.weight_t", wgu)], f"{p}.gate_up")
+    gate, up = g.ops(
+        "Split", [gu, g.ints(f"{p}.gate_up.split", [f, f])], [f"{p}.gate", f"{p}.up"], axis=-1
+    )
+    silu = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}.sigmoid")], f"{p}.silu")
+    act = g.op("Mul", [silu, up], f"{p}.act")
+    wd = weights[f"{p}.mlp.down_proj.weight"].T
+    down = g.op("MatMul", [act, g.const(f"{p}.down.weight_t", wd)], f"{p}.down")
+    return g.op("Add", [x, down], f"{p}.out"), key, value
+
+
+def _prelude(g: _Graph, cfg: LlamaConfig) -> dict[str, str]:
+    """The shape tensors and tables every layer shares."""
+    d, kvh, grp = cfg.head_dim, cfg.num_kv_heads, cfg.group
+    cos_table, sin_table = rope_tables(cfg)
+    cos = g.op("Gather", [g.const("rope.cos", cos_table), POSITIONS], "rope.cos_q", axis=0)
+    sin = g.op("Gather", [g.const("rope.sin", sin_table), POSITIONS], "rope.sin_q", axis=0)
+    head_axis = g.ints("axes.2", [2])
+    env = {
+        "cos": g.op("Unsqueeze", [cos, head_axis], "rope.cos4"),
+        "sin": g.op("Unsqueeze", [sin, head_axis], "rope.sin4"),
+        "mask5": g.op("Unsqueeze", [ATTENTION_MASK, g.ints("axes.1_2", [1, 2])], "mask5"),
+    }
+    ids_shape = g.op("Shape", [INPUT_IDS], "shape.ids")
+    zero, one, two = g.ints("c.0", [0]), g.ints("c.1", [1]), g.ints("c.2", [2])
+    batch = g.op("Slice", [ids_shape, zero, one], "shape.batch")
+    q_len = g.op("Slice", [ids_shape, one, two], "shape.q")
+    blocks = g.op("Slice", [g.op("Shape", [BLOCK_TABLE], "shape.table"), one, two], "shape.blocks")
+    block_size = g.op(
+        "Slice", [g.op("Shape", [key_cache_name(0)], "shape.pool"), one, two], "shape.block_size"
+    )
+    past = g.op("Mul", [blocks, block_size], "shape.past")
+    kvh_c, d_c, grp_c = g.ints("c.kvh", [kvh]), g.ints("c.d", [d]), g.ints("c.grp", [grp])
+    env["kt_shape"] = g.op("Concat", [batch, kvh_c, d_c, past], "shape.kt", axis=0)
+    env["v_shape"] = g.op("Concat", [batch, kvh_c, past, d_c], "shape.v", axis=0)
+    minus_one = g.ints("c.-1", [-1])
+    env["scores5_shape"] = g.op(
+        "Concat", [zero, zero, grp_c, q_len, minus_one], "shape.scores5", axis=0
+    )
+    env["ctx5_shape"] = g.op("Concat", [zero, zero, grp_c, q_len, d_c], "shape.ctx5", axis=0)
+    env["past_new_split"] = g.op("Concat", [past, q_len], "shape.past_new", axis=0)
+    keys = g.op("Add", [past, q_len], "shape.keys")
+    env["probs_shape"] = g.op("Concat", [zero, zero, minus_one, keys], "shape.probs", axis=0)
+    env["last"] = g.op(
+        "Squeeze", [g.op("Sub", [q_len, one], "shape.last1")], "shape.last"
+    )  # a scalar index: Gather drops the query axis
+    return env
+
+
+def build_step_graph(weights: Weights, cfg: LlamaConfig) -> onnx.ModelProto:
+    """The step graph of the contract in the module docstring, from Hugging Face-named
+    weights (see weight_names)."""
+    cfg.validate()
+    missing = [n for n in weight_names(cfg) if n not in weights]
+    if missing:
+        raise ValueError(f"weights lack {missing[:5]}{'...' if len(missing) > 5 else ''}")
+    for name, shape in weight_shapes(cfg).items():
+        if tuple(weights[name].shape) != shape:
+            raise ValueError(f"{name} is {tuple(weights[name].shape)}, expected {shape}")
+    g = _Graph()
+    env = _prelude(g, cfg)
+    embed = g.const("model.embed_tokens.weight", weights["model.embed_tokens.weight"])
+    x = g.op("Gather", [embed, INPUT_IDS], "embed", axis=0)
+    kv_outputs: list[str] = []
+    for i in range(cfg.num_layers):
+        x, key, value = _layer(g, x, weights, cfg, i, env)
+        kv_outputs += [key, value]
+    last = g.op("Gather", [x, env["last"]], "last_hidden", axis=1)
+    normed = g.rms_norm(last, weights["model.norm.weight"], "model.norm", cfg.rms_norm_eps)
+    head = embed
+    if not cfg.tie_word_embeddings:
+        head = g.const("lm_head.weight", weights["lm_head.weight"])
+    g.op("Gemm", [normed, head], LOGITS, transB=1)
+
+    kv_shape_in: list[str | int] = ["num_blocks", "block_size", cfg.num_kv_heads, cfg.head_dim]
+    kv_shape_out: list[str | int] = ["batch", "q", cfg.num_kv_heads, cfg.head_dim]
+    inputs = [
+        helper.make_tensor_value_info(INPUT_IDS, TensorProto.INT64, ["batch", "q"]),
+        helper.make_tensor_value_info(POSITIONS, TensorProto.INT64, ["batch", "q"]),
+        helper.make_tensor_value_info(BLOCK_TABLE, TensorProto.INT64, ["batch", "blocks"]),
+        helper.make_tensor_value_info(
+            ATTENTION_MASK, TensorProto.FLOAT, ["batch", "q", "past_and_q"]
+        ),
+    ]
+    outputs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["batch", cfg.vocab_size])]
+    for i in range(cfg.num_layers):
+        for name in (key_cache_name(i), value_cache_name(i)):
+            inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, kv_shape_in))
+        for name in (key_name(i), value_name(i)):
+            outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, kv_shape_out))
+    graph = helper.make_graph(g.nodes, "llama_step", inputs, outputs, g.initializers)
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        producer_name=PRODUCER_NAME,
+        ir_version=IR_VERSION,
+    )
+    return model

@@ -1,0 +1,338 @@
+"""The generation engine's scheduler: iteration-level (continuous) batching of one
+generative model version (backend `llm`), which ge-serve schedules itself.
+
+The core hands each request to `submit` on the event loop, as for every model. `submit`
+reads it into a `Sequence` (genrequest.py; bad input fails there, INVALID_ARG), passes
+it to the engine thread and waits until the sequence leaves the engine. The engine
+thread runs the iteration loop: at each step boundary it takes new and drops cancelled
+sequences, decides the step (genplan.py: who decodes, who prefills which chunk, who is
+admitted or preempted), runs it on the step runner, samples, detokenizes, and sends each
+sequence's responses through its sink (the core's ResponseQueue, which crosses to the
+loop with call_soon_threadsafe). The loop thread never waits on the engine, and the
+engine never touches the loop's objects except through call_soon_threadsafe.
+
+A client that goes away cancels `submit`; the sequence is marked, and the engine drops
+it and frees its blocks at the next step boundary, within one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import numpy.typing as npt
+
+from ge_serve.backends.base import ModelError
+from ge_serve.backends.llm.backend import LlmModel
+from ge_serve.backends.llm.runner import RowWork
+from ge_serve.server.errors import ErrorCode, SchedulerClosed, ServerError
+
+from .genplan import Limits, StepPlan, plan_step
+from .genrequest import read_sequence
+from .genseq import Sequence
+from .genstats import GenerationStats
+from .work import Array, WorkItem
+
+log = logging.getLogger(__name__)
+
+# How long the engine sleeps when it has work it cannot schedule yet (never expected:
+# a lone sequence always fits), so it does not spin.
+_IDLE_WAIT_S = 0.01
+# Prompts up to this many bytes are tokenized on the event loop (tens of microseconds);
+# longer ones on a worker thread.
+_INLINE_BYTES = 2048
+
+
+class GenerationScheduler:
+    def __init__(self, model: LlmModel) -> None:
+        self._model = model
+        settings = model.settings
+        self._limits = Limits(
+            block_size=settings.kv_block_size,
+            max_num_seqs=settings.max_num_seqs,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            batching=settings.batching,
+        )
+        self.generation_stats = GenerationStats(kv_blocks_total=settings.kv_cache_blocks)
+        self._wake = threading.Condition()
+        self._inbox: list[Sequence] = []
+        self._running: list[Sequence] = []
+        self._waiting: deque[Sequence] = deque()
+        self._stopping = False
+        self._closing = False
+        self._pending = 0
+        self._serial = 0
+        self._drained: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._loop, name=f"llm-{model.name}", daemon=True)
+        self._thread.start()
+
+    # --- the event loop's side ------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    async def submit(self, item: WorkItem) -> dict[str, Array]:
+        if self._closing:
+            raise SchedulerClosed()
+        context = item.context
+        if context is None or context.responses is None:
+            raise ServerError(
+                ErrorCode.UNSUPPORTED, "a generative model answers through streaming endpoints only"
+            )
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def on_done() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone
+                loop.call_soon_threadsafe(_resolve, done)
+
+        self._serial += 1
+        timings = item.timings
+        read = functools.partial(
+            read_sequence,
+            self._model,
+            item.inputs,
+            context.parameters,
+            context.responses,
+            self._serial,
+            on_done,
+            context.requested_outputs,
+        )
+        if _long_prompt(item.inputs.get("text_input")):
+            seq = await asyncio.to_thread(read)  # tokenizing a long prompt takes a while
+        else:
+            seq = read()
+        seq.timings = timings
+        self._pending += 1
+        if self._drained is None:
+            self._drained = asyncio.Event()
+        self._drained.clear()
+        try:
+            with self._wake:
+                self._inbox.append(seq)
+                self._wake.notify()
+            try:
+                await done
+            except asyncio.CancelledError:
+                self.cancel(seq)
+                raise
+            return {}
+        finally:
+            self._pending -= 1
+            if self._pending == 0:
+                self._drained.set()
+
+    def cancel(self, seq: Sequence) -> None:
+        """The client has gone: the engine drops the sequence at the next step boundary."""
+        seq.cancelled = True
+        with self._wake:
+            self._wake.notify()
+
+    async def close(self, drain_timeout_s: float) -> None:
+        """Refuse new requests, let those in flight finish within the timeout, then stop
+        the engine (what is left gets UNAVAILABLE)."""
+        self._closing = True
+        if self._pending and self._drained is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        await asyncio.to_thread(self._thread.join)
+        await asyncio.to_thread(self._model.close)
+
+    # --- the engine thread ----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                if not self._next_step():
+                    break
+            except Exception as exc:
+                # A fault in the engine itself: fail what it holds, keep serving.
+                log.exception("model '%s': the generation engine failed", self._model.name)
+                self._end_all(ModelError(ErrorCode.INTERNAL.value, f"generation failed: {exc}"))
+        self._end_all(ModelError(ErrorCode.UNAVAILABLE.value, "the model was unloaded"))
+
+    def _end_all(self, error: ModelError) -> None:
+        """Answer every sequence the engine holds with `error`, and free its blocks."""
+        with self._wake:
+            left = [*self._inbox, *self._waiting, *self._running]
+            self._inbox.clear()
+        self._waiting.clear()
+        self._running.clear()
+        allocator = self._model.runner.pool.allocator
+        for seq in left:
+            allocator.release(seq.blocks)
+            if not seq.cancelled:
+                seq.sink.send(None, error, True)
+            seq.on_done()
+        stats = self.generation_stats
+        stats.running = stats.waiting = 0
+        stats.kv_blocks_used = allocator.used
+
+    def _next_step(self) -> bool:
+        """One iteration; False once the engine stops."""
+        with self._wake:
+            while not (self._inbox or self._running or self._waiting or self._stopping):
+                self._wake.wait()
+            if self._stopping:
+                return False
+            self._waiting.extend(self._inbox)
+            self._inbox.clear()
+        self._drop_cancelled()
+        allocator = self._model.runner.pool.allocator
+        plan = plan_step(self._running, self._waiting, allocator, self._limits)
+        stats = self.generation_stats
+        stats.preemptions += len(plan.preempted)
+        now = time.monotonic()
+        for seq in plan.admitted:
+            if seq.scheduled_s is None:
+                seq.scheduled_s = now
+                stats.prompt_tokens += seq.prompt_len
+                stats.queue.observe(now - seq.arrival_s)
+        if plan.empty:
+            with self._wake:
+                self._wake.wait(_IDLE_WAIT_S)
+        else:
+            self._execute(plan)
+        stats.running = len(self._running)
+        stats.waiting = len(self._waiting) + len(self._inbox)
+        stats.kv_blocks_used = allocator.used
+        return True
+
+    def _drop_cancelled(self) -> None:
+        if not any(s.cancelled for s in self._running) and not any(
+            s.cancelled for s in self._waiting
+        ):
+            return
+        allocator = self._model.runner.pool.allocator
+        for group in (self._running, self._waiting):
+            for seq in [s for s in group if s.cancelled]:
+                group.remove(seq)
+                allocator.release(seq.blocks)
+                seq.finish_reason = "abort"
+                self.generation_stats.finished["abort"] += 1
+                seq.on_done()
+
+    def _execute(self, plan: StepPlan) -> None:
+        started = time.perf_counter()
+        runner = self._model.runner
+        graph = 0.0
+        try:
+            if plan.decode:
+                rows = [RowWork(s.tokens[s.computed :], s.computed, s.blocks) for s in plan.decode]
+                logits = runner.run(rows)
+                graph += runner.last_graph_s
+                for seq, row in zip(plan.decode, logits, strict=True):
+                    seq.computed += 1
+                    self._advance(seq, row)
+            if plan.prefill:
+                rows = [
+                    RowWork(s.tokens[s.computed : s.computed + n], s.computed, s.blocks)
+                    for s, n in plan.prefill
+                ]
+                logits = runner.run(rows)
+                graph += runner.last_graph_s
+                for (seq, n), row in zip(plan.prefill, logits, strict=True):
+                    seq.computed += n
+                    if seq.remaining == 0:
+                        self._advance(seq, row)
+        except Exception as exc:
+            log.exception("model '%s': a generation step failed", self._model.name)
+            error = ModelError(ErrorCode.INTERNAL.value, f"generation step failed: {exc}")
+            for seq in [*plan.decode, *(s for s, _ in plan.prefill)]:
+                if seq in self._running:
+                    self._leave(seq)
+                    seq.sink.send(None, error, True)
+                    seq.on_done()
+        stats = self.generation_stats
+        stats.steps += 1
+        stats.graph_seconds += graph
+        stats.step_seconds += time.perf_counter() - started
+
+    def _advance(self, seq: Sequence, logits: npt.NDArray[np.float32]) -> None:
+        """Sample the sequence's next token and tell its client what it adds."""
+        params = seq.params
+        eos = self._model.eos_ids
+        banned: tuple[int, ...] = ()
+        if seq.generated < params.min_tokens and not params.ignore_eos:
+            banned = tuple(eos) + params.stop_token_ids
+        token = seq.sampler.sample(logits, banned)
+        seq.tokens.append(token)
+        now = time.monotonic()
+        stats = self.generation_stats
+        stats.generation_tokens += 1
+        if seq.first_token_s is None:
+            seq.first_token_s = now
+            stats.ttft.observe(now - seq.arrival_s)
+        else:
+            stats.inter_token.observe(now - seq.last_token_s)
+        seq.last_token_s = now
+        reason: str | None = None
+        delta = ""
+        if (token in eos and not params.ignore_eos) or token in params.stop_token_ids:
+            reason = "stop"
+        else:
+            delta = seq.stops.add(seq.detokenizer.add(token))
+            if seq.stops.stopped:
+                reason = "stop"
+        if reason is None and seq.generated >= seq.max_tokens:
+            reason = "length"
+        if reason is None:
+            if seq.stream:
+                if delta:
+                    seq.sink.send(seq.response(delta, False, self._new_ids(seq)), None, False)
+            elif delta:
+                seq.answer.append(delta)
+            return
+        if not seq.stops.stopped:
+            delta += seq.stops.add(seq.detokenizer.flush())
+            delta += seq.stops.finish()
+        self._finish(seq, reason, delta)
+
+    def _finish(self, seq: Sequence, reason: str, delta: str) -> None:
+        self._leave(seq)
+        seq.finish_reason = reason
+        # For statistics, before the last response lets the core count the request:
+        # waiting for a place, then generating (first prefill to last token).
+        scheduled = seq.scheduled_s or seq.arrival_s
+        seq.timings.queue_ns = int((scheduled - seq.arrival_s) * 1e9)
+        seq.timings.compute_infer_ns = int(max(seq.last_token_s - scheduled, 0.0) * 1e9)
+        text = delta if seq.stream else seq.echo + "".join(seq.answer) + delta
+        seq.sink.send(seq.response(text, True, self._new_ids(seq)), None, True)
+        stats = self.generation_stats
+        stats.finished[reason] += 1
+        stats.e2e.observe(time.monotonic() - seq.arrival_s)
+        seq.on_done()
+
+    @staticmethod
+    def _new_ids(seq: Sequence) -> list[int]:
+        """The generated tokens not sent yet (all of them for a non-streamed answer)."""
+        start = seq.prompt_len + seq.sent_ids
+        seq.sent_ids = seq.generated
+        return seq.tokens[start:]
+
+    def _leave(self, seq: Sequence) -> None:
+        if seq in self._running:
+            self._running.remove(seq)
+        self._model.runner.pool.allocator.release(seq.blocks)
+
+
+def _long_prompt(array: Array | None) -> bool:
+    if array is None or array.size != 1:
+        return False
+    value = array.reshape(-1)[0]
+    return isinstance(value, bytes) and len(value) > _INLINE_BYTES
+
+
+def _resolve(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)

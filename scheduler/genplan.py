@@ -1,0 +1,150 @@
+"""The engine's scheduling decisions for one iteration, apart from running them.
+
+Every iteration computes one token for each running sequence that is decoding, and
+prefills a bounded chunk for sequences that are not (chunked prefill), so a long prompt
+delays the running sequences' next tokens by at most one chunk of work:
+`max_num_batched_tokens` bounds the prefill, counted padded (rows x the longest chunk),
+as that is what the step graph computes.
+
+Admission by batching mode: `iteration` admits waiting sequences at every step boundary
+while fewer than `max_num_seqs` hold blocks; `request` admits only when nothing is
+running (a batch runs until its longest member ends, request-level batching); `none`
+runs one sequence at a time. A waiting sequence is admitted only if its first chunk's
+blocks are free; it never preempts a running one.
+
+When a running sequence needs a block and none is free, the newest running sequence is
+preempted (its blocks freed, recomputed later; vLLM's recompute policy): the oldest keep
+going, and the preempted one goes back to the front of the queue. A sequence alone always
+fits (the load checks that the pool holds max_model_len), so the oldest sequence always
+progresses: never an out-of-memory failure, never a lost request.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from ge_serve.backends.llm.kvcache import BlockAllocator, blocks_for
+
+from .genseq import Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    batching: str
+
+
+@dataclass(slots=True)
+class StepPlan:
+    decode: list[Sequence] = field(default_factory=list)
+    # Each prefilling sequence with the number of tokens it computes this step.
+    prefill: list[tuple[Sequence, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and not self.prefill
+
+
+def plan_step(
+    running: list[Sequence], waiting: deque[Sequence], allocator: BlockAllocator, limits: Limits
+) -> StepPlan:
+    """Decide this iteration, taking and freeing blocks as decided. `running` (ordered
+    oldest first) and `waiting` are updated in place: preempted sequences move from
+    running to the front of waiting, admitted ones from waiting to running."""
+    plan = StepPlan()
+    size = limits.block_size
+    for seq in list(running):
+        if seq.remaining != 1 or seq not in running:
+            continue
+        if _grow(seq, seq.computed + 1, running, waiting, allocator, size, plan):
+            plan.decode.append(seq)
+    budget = limits.max_num_batched_tokens
+    q = 0
+    for seq in list(running):
+        if seq.remaining <= 1 or seq not in running:
+            continue
+        chunk = _chunk(seq, len(plan.prefill), q, budget)
+        if chunk and _grow(seq, seq.computed + chunk, running, waiting, allocator, size, plan):
+            plan.prefill.append((seq, chunk))
+            q = max(q, chunk)
+    started_empty = not running
+    while waiting and _may_admit(limits, len(running), started_empty):
+        seq = waiting[0]
+        chunk = _chunk(seq, len(plan.prefill), q, budget)
+        if not chunk:
+            break
+        more = blocks_for(seq.computed + chunk, size) - len(seq.blocks)
+        taken = allocator.allocate(more)
+        if taken is None:
+            break
+        seq.blocks.extend(taken)
+        waiting.popleft()
+        running.append(seq)
+        plan.admitted.append(seq)
+        plan.prefill.append((seq, chunk))
+        q = max(q, chunk)
+    return plan
+
+
+def _may_admit(limits: Limits, running: int, started_empty: bool) -> bool:
+    if limits.batching == "none":
+        return running == 0
+    if limits.batching == "request":
+        return started_empty and running < limits.max_num_seqs
+    return running < limits.max_num_seqs
+
+
+def _chunk(seq: Sequence, rows: int, q: int, budget: int) -> int:
+    """Tokens this sequence may prefill now, with `rows` rows of longest chunk `q`
+    already planned: 0 when it does not fit the budget."""
+    if rows == 0:
+        return min(seq.remaining, budget)
+    chunk = min(seq.remaining, q)
+    if (rows + 1) * max(q, chunk) > budget:
+        return 0
+    return chunk
+
+
+def _grow(
+    seq: Sequence,
+    tokens: int,
+    running: list[Sequence],
+    waiting: deque[Sequence],
+    allocator: BlockAllocator,
+    size: int,
+    plan: StepPlan,
+) -> bool:
+    """Give `seq` blocks for `tokens` tokens, preempting the newest running sequences
+    while none are free; False when `seq` itself was preempted."""
+    more = blocks_for(tokens, size) - len(seq.blocks)
+    while True:
+        taken = allocator.allocate(more)
+        if taken is not None:
+            seq.blocks.extend(taken)
+            return True
+        victim = running[-1]
+        preempt(victim, running, waiting, allocator, plan)
+        if victim is seq:
+            return False
+
+
+def preempt(
+    seq: Sequence,
+    running: list[Sequence],
+    waiting: deque[Sequence],
+    allocator: BlockAllocator,
+    plan: StepPlan,
+) -> None:
+    running.remove(seq)
+    allocator.release(seq.blocks)
+    seq.computed = 0
+    waiting.appendleft(seq)
+    plan.preempted.append(seq)
+    if seq in plan.decode:
+        plan.decode.remove(seq)
+    plan.prefill = [(s, n) for s, n in plan.prefill if s is not seq]

@@ -1,0 +1,134 @@
+"""A generation request's inputs read into a `Sequence`, on the event loop.
+
+Everything a client can get wrong is found here and answered INVALID_ARG before the
+request reaches the engine: a missing or empty prompt, bad sampling values, a prompt that
+leaves no room in the context, or a `max_tokens` the context cannot hold (vLLM's rule:
+prompt plus max_tokens at most max_model_len). Without `max_tokens` a request gets the
+model's default, cut to the room its prompt leaves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ge_serve.backends.base import ResponseSink
+from ge_serve.backends.llm.backend import LlmModel
+from ge_serve.backends.llm.sampling import Sampler, SamplingError, sampling_params
+from ge_serve.backends.llm.text import Detokenizer, StopStrings
+from ge_serve.server.errors import invalid_arg
+
+from .genseq import Sequence
+from .work import Array
+
+
+def read_sequence(
+    model: LlmModel,
+    inputs: Mapping[str, Array],
+    parameters: Mapping[str, Any],
+    sink: ResponseSink,
+    serial: int,
+    on_done: Callable[[], None],
+    requested: tuple[str, ...] = (),
+) -> Sequence:
+    prompt = _text(inputs.get("text_input"), "text_input")
+    if prompt is None:
+        raise invalid_arg("input 'text_input' is required: the prompt")
+    stream = _flag(inputs.get("stream"), "stream", parameters.get("stream"))
+    exclude = _flag(
+        inputs.get("exclude_input_in_output"),
+        "exclude_input_in_output",
+        parameters.get("exclude_input_in_output"),
+    )
+    sampling_json = _bytes(inputs.get("sampling_parameters"), "sampling_parameters")
+    max_tokens = _int(inputs.get("max_tokens"), "max_tokens")
+    settings = model.settings
+    try:
+        params = sampling_params(settings.defaults, parameters, sampling_json, max_tokens)
+    except SamplingError as exc:
+        raise invalid_arg(str(exc)) from None
+    ids = model.tokenizer.encode(prompt)
+    limit = settings.max_model_len
+    if not ids:
+        raise invalid_arg("the prompt is empty: text_input must hold at least one token")
+    if len(ids) >= limit:
+        raise invalid_arg(
+            f"This model's maximum context length is {limit} tokens. However, the prompt is "
+            f"{len(ids)} tokens, which leaves no room to generate."
+        )
+    room = limit - len(ids)
+    if params.max_tokens is not None and params.max_tokens > room:
+        raise invalid_arg(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{len(ids) + params.max_tokens} tokens ({len(ids)} in the prompt, "
+            f"{params.max_tokens} for the completion)."
+        )
+    budget = (
+        params.max_tokens
+        if params.max_tokens is not None
+        else min(settings.defaults.max_tokens, room)
+    )
+    return Sequence(
+        serial=serial,
+        tokens=ids,
+        prompt_len=len(ids),
+        max_tokens=budget,
+        params=params,
+        sampler=Sampler(params),
+        detokenizer=Detokenizer(model.tokenizer, params.skip_special_tokens),
+        stops=StopStrings(params.stop, params.include_stop_str_in_output),
+        sink=sink,
+        stream=stream,
+        echo="" if (stream or exclude) else prompt,
+        arrival_s=time.monotonic(),
+        on_done=on_done,
+        reason_always="finish_reason" in requested,
+    )
+
+
+def _first(array: Array | None, name: str) -> Any:
+    if array is None:
+        return None
+    if array.size != 1:
+        raise invalid_arg(f"input '{name}' must hold exactly one element, got {array.size}")
+    return array.reshape(-1)[0]
+
+
+def _bytes(array: Array | None, name: str) -> bytes | None:
+    value = _first(array, name)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if not isinstance(value, bytes | np.bytes_):
+        raise invalid_arg(f"input '{name}' must be a string")
+    return bytes(value)
+
+
+def _text(array: Array | None, name: str) -> str | None:
+    raw = _bytes(array, name)
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise invalid_arg(f"input '{name}' is not valid UTF-8") from None
+
+
+def _flag(array: Array | None, name: str, parameter: Any) -> bool:
+    value = _first(array, name)
+    if value is None:
+        value = parameter
+    if value is None:
+        return False
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    raise invalid_arg(f"'{name}' must be a boolean")
+
+
+def _int(array: Array | None, name: str) -> int | None:
+    value = _first(array, name)
+    return None if value is None else int(value)

@@ -1,0 +1,145 @@
+"""Which models the /v1 endpoints can serve, and how each is reached.
+
+A model is recognised by its interface alone, whatever its backend:
+
+- **generative**: decoupled (`model_transaction_policy { decoupled: true }`), with a BYTES
+  input `text_input` and a BYTES output `text_output` (the contract of Triton's LLM
+  backends, which ge-serve's `llm` backend implements). The optional inputs `stream`,
+  `sampling_parameters`, `exclude_input_in_output` and `max_tokens` are sent when the
+  model has them. Chat needs a chat template: the one the backend reports
+  (`LoadedModel.text_generation`), or, for a model whose backend reports none (a Python
+  model), the config parameter `chat_template_source` (the Jinja2 source itself;
+  the `llm` backend's `chat_template` names a file) and optionally `bos_token`,
+  `eos_token` and `max_model_len`. A generative model with neither serves
+  /v1/completions only; /v1/chat/completions answers it with a 400 that says so.
+- **embedding**: not decoupled, exactly one input, BYTES, one element per request (dims
+  `[1]`), and exactly one FP32 output of one dimension (the vector), besides an optional
+  integer output `num_input_tokens` (the token count, summed into `usage`). The MiniLM
+  ensemble (`TEXT` -> `EMBEDDING` [384]) is one.
+
+Every other model is left out of /v1/models, and /v1 answers it with 404, as OpenAI
+answers a model it does not have.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ge_serve.backends.base import TextGeneration
+from ge_serve.server.core import InferenceServer
+from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.model import ModelVersion, TensorSpec
+from ge_serve.server.types import DataType
+
+from .errors import from_server_error, model_not_found
+
+TEXT_INPUT = "text_input"
+TEXT_OUTPUT = "text_output"
+TOKEN_COUNT = "num_input_tokens"
+_INTEGERS = frozenset(
+    {DataType.INT8, DataType.INT16, DataType.INT32, DataType.INT64, DataType.UINT32}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Embedder:
+    """How an embedding model is called: its text input and vector output."""
+
+    text_input: TensorSpec
+    vector_output: TensorSpec
+    token_count: TensorSpec | None
+
+
+def is_generative(model: ModelVersion) -> bool:
+    text_in, text_out = model.inputs.get(TEXT_INPUT), model.outputs.get(TEXT_OUTPUT)
+    return (
+        model.decoupled
+        and text_in is not None
+        and text_in.datatype is DataType.BYTES
+        and text_out is not None
+        and text_out.datatype is DataType.BYTES
+    )
+
+
+def embedder(model: ModelVersion) -> Embedder | None:
+    """The embedding interface of `model`, or None when it has none."""
+    if model.decoupled or len(model.inputs) != 1:
+        return None
+    (text,) = model.inputs.values()
+    if text.datatype is not DataType.BYTES or text.dims != (1,):
+        return None
+    count = model.outputs.get(TOKEN_COUNT)
+    if count is not None and count.datatype not in _INTEGERS:
+        return None
+    vectors = [spec for name, spec in model.outputs.items() if name != TOKEN_COUNT]
+    if len(vectors) != 1 or vectors[0].datatype is not DataType.FP32:
+        return None
+    if len(vectors[0].dims) != 1:
+        return None
+    return Embedder(text, vectors[0], count)
+
+
+def text_generation(model: ModelVersion) -> TextGeneration | None:
+    """The model's chat template and limits: its backend's, else its config's."""
+    if model.loaded.text_generation is not None:
+        return model.loaded.text_generation
+    params = model.config.parameters
+    if "chat_template_source" not in params:
+        return None
+    limit = params["max_model_len"].string_value if "max_model_len" in params else "0"
+    return TextGeneration(
+        chat_template=params["chat_template_source"].string_value,
+        bos_token=params["bos_token"].string_value if "bos_token" in params else "",
+        eos_token=params["eos_token"].string_value if "eos_token" in params else "",
+        max_model_len=int(limit) if limit.isdigit() else 0,
+    )
+
+
+class Catalog:
+    """The models /v1 serves, looked up in the core each time (models load and unload)."""
+
+    def __init__(self, core: InferenceServer) -> None:
+        self.core = core
+        # OpenAI's `created` of every model: when this server started (a model's own
+        # creation time is not something a repository records).
+        self.created = int(time.time())
+
+    def model(self, name: str) -> ModelVersion:
+        """The ready version a /v1 request for `name` goes to (its highest); 404 else."""
+        try:
+            return self.core.model(name)
+        except ServerError as exc:
+            if exc.code is ErrorCode.NOT_FOUND:
+                raise model_not_found(name) from None
+            raise from_server_error(exc) from None
+
+    def generative(self, name: str) -> ModelVersion:
+        model = self.model(name)
+        if not is_generative(model):
+            raise model_not_found(name)
+        return model
+
+    def embedding(self, name: str) -> tuple[ModelVersion, Embedder]:
+        model = self.model(name)
+        found = embedder(model)
+        if found is None:
+            raise model_not_found(name)
+        return model, found
+
+    async def listing(self) -> list[dict[str, Any]]:
+        """OpenAI's model objects, one per ready model /v1 can serve, by name."""
+        names = sorted({entry.name for entry in await self.core.repository_index(True)})
+        found = []
+        for name in names:
+            try:
+                model = self.core.model(name)
+            except ServerError:  # unloaded since the index was read
+                continue
+            if is_generative(model) or embedder(model) is not None:
+                found.append(self.describe(name))
+        return found
+
+    def describe(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "ge-serve"}

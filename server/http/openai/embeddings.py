@@ -1,0 +1,78 @@
+"""`POST /v1/embeddings`: one vector per input string, from any embedding model.
+
+Each string is one request to the model (its BYTES input holds one element), all sent at
+once, so the model's own scheduler batches them as it batches any clients' requests (the
+MiniLM pipeline pads and merges them by length); the vectors come back in input order.
+
+`encoding_format` `float` gives JSON numbers; `base64` gives the vector's little-endian
+float32 bytes in base64, as OpenAI's clients decode them. `usage.prompt_tokens` is the
+sum of the model's `num_input_tokens` output where it has one; the MiniLM ensemble
+tokenizes inside the model and does not report a count, so there it is 0, rather than a
+count made up outside the model's tokenizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+import numpy as np
+
+from ge_serve.server.errors import ServerError
+from ge_serve.server.model import ModelVersion
+from ge_serve.server.types import InferRequest, InferResponse, Tensor
+from ge_serve.server.wire import object_array
+
+from .catalog import Catalog, Embedder
+from .errors import OpenAIError, from_server_error
+from .schemas import EmbeddingRequest
+
+
+async def embeddings(catalog: Catalog, body: EmbeddingRequest) -> dict[str, Any]:
+    model, embedder = catalog.embedding(body.model)
+    texts = body.texts()
+    requests = [_request(model, embedder, text) for text in texts]
+    try:
+        responses = await asyncio.gather(*(catalog.core.infer(r) for r in requests))
+    except ServerError as exc:
+        raise from_server_error(exc) from None
+    data = []
+    tokens = 0
+    for index, response in enumerate(responses):
+        vector, count = _read(response, embedder)
+        if body.dimensions is not None and body.dimensions != vector.size:
+            raise OpenAIError(
+                f"The model '{body.model}' gives {vector.size} dimensions; "
+                "'dimensions' cannot change it",
+                param="dimensions",
+            )
+        tokens += count
+        encoded: Any
+        if body.encoding_format == "base64":
+            encoded = base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+        else:
+            encoded = vector.tolist()
+        data.append({"object": "embedding", "index": index, "embedding": encoded})
+    return {
+        "object": "list",
+        "data": data,
+        "model": body.model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+def _request(model: ModelVersion, embedder: Embedder, text: str) -> InferRequest:
+    shape = (1, 1) if model.max_batch_size > 0 else (1,)
+    values = object_array([text.encode("utf-8")]).reshape(shape)
+    tensor = Tensor(embedder.text_input.name, embedder.text_input.datatype, shape, values)
+    return InferRequest(model_name=model.name, model_version=model.version_str, inputs=[tensor])
+
+
+def _read(response: InferResponse, embedder: Embedder) -> tuple[np.ndarray[Any, Any], int]:
+    outputs = {tensor.name: tensor for tensor in response.outputs}
+    vector = np.asarray(outputs[embedder.vector_output.name].data, dtype=np.float32).reshape(-1)
+    count = 0
+    if embedder.token_count is not None and embedder.token_count.name in outputs:
+        count = int(np.asarray(outputs[embedder.token_count.name].data).sum())
+    return vector, count

@@ -1,0 +1,94 @@
+"""OpenAI's error object, `{"error": {"message", "type", "param", "code"}}`, and the one
+place where the core's errors become it.
+
+OpenAI answers a bad request with 400 and type `invalid_request_error`, an unknown model
+with 404 and code `model_not_found`, and its own faults with 5xx and type `server_error`.
+A core `ServerError` keeps the status the v2 routes give it (server/http/errors.py), so a
+request fails with the same status on both APIs; a model that reports a bad request
+(INVALID_ARG, e.g. a prompt longer than its context) is a 400 here too, with OpenAI's
+code `context_length_exceeded` when its message says the context is too short.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from ge_serve.server.errors import ErrorCode, ServerError
+
+from ..errors import http_status
+
+# The paths whose errors, wherever they arise, are OpenAI's error object.
+OPENAI_PREFIX = "/v1/"
+INVALID_REQUEST = "invalid_request_error"
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+CONTEXT_WORDS = "maximum context length"
+NOT_FOUND = "not_found_error"
+SERVER_ERROR = "server_error"
+
+
+class OpenAIError(Exception):
+    """A request that fails with OpenAI's error object and `status`."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        kind: str = INVALID_REQUEST,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.kind = kind
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> Response:
+        return Response(
+            orjson.dumps(self.body()), status_code=self.status, media_type="application/json"
+        )
+
+
+def unsupported(param: str, message: str) -> OpenAIError:
+    """A parameter this server accepts only at its default."""
+    return OpenAIError(message, param=param, code="unsupported_parameter")
+
+
+def model_not_found(name: str) -> OpenAIError:
+    return OpenAIError(
+        f"The model '{name}' does not exist or cannot be served by this endpoint",
+        status=404,
+        kind=INVALID_REQUEST,
+        param="model",
+        code="model_not_found",
+    )
+
+
+def from_server_error(exc: ServerError) -> OpenAIError:
+    """The core's error as OpenAI's: the status the v2 routes give it, and a type that
+    says whose fault it is."""
+    status = http_status(exc)
+    if exc.code is ErrorCode.NOT_FOUND:
+        return OpenAIError(exc.message, status=404, code="model_not_found", param="model")
+    kind = INVALID_REQUEST if status < 500 else SERVER_ERROR
+    code = None
+    # vLLM's wording, which the llm engine keeps: clients that trim a conversation to fit
+    # look for OpenAI's code, not the text.
+    if exc.code is ErrorCode.INVALID_ARG and CONTEXT_WORDS in exc.message:
+        code = CONTEXT_LENGTH_EXCEEDED
+    return OpenAIError(exc.message, status=status, kind=kind, code=code)

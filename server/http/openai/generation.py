@@ -1,0 +1,152 @@
+"""A generative model's request and responses, in the model contract's tensors.
+
+The request: `text_input` (the prompt; chat renders it first), and, where the model has
+them, `stream`, `exclude_input_in_output` (always true: OpenAI's answers never repeat the
+prompt), `sampling_parameters` (vLLM's keys as JSON) and `max_tokens`. A client's sampling
+parameter that the model has no input for is a 400, not silently dropped.
+
+Each response carries `text_output` (a text delta when streaming, the whole text when
+not) and, on the last one, `finish_reason`; `num_input_tokens` and `num_output_tokens`
+are read from whichever response has them, the last value winning (they are counts so
+far), and are 0 for a model that does not report them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ge_serve.server.core import InferenceServer
+from ge_serve.server.errors import ServerError
+from ge_serve.server.model import ModelVersion, TensorSpec
+from ge_serve.server.types import DataType, InferRequest, InferResponse, Tensor
+from ge_serve.server.wire import bytes_elements, object_array
+
+from .catalog import TEXT_INPUT, TEXT_OUTPUT
+from .errors import OpenAIError, from_server_error
+
+STREAM = "stream"
+SAMPLING = "sampling_parameters"
+EXCLUDE_INPUT = "exclude_input_in_output"
+MAX_TOKENS = "max_tokens"
+
+
+@dataclass(slots=True)
+class Piece:
+    """What one response adds: text, and the finish reason and counts when it has them."""
+
+    text: str
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def add(self, piece: Piece) -> None:
+        if piece.prompt_tokens is not None:
+            self.prompt_tokens = piece.prompt_tokens
+        if piece.completion_tokens is not None:
+            self.completion_tokens = piece.completion_tokens
+
+    def as_json(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+
+def build_request(
+    model: ModelVersion,
+    prompt: str,
+    stream: bool,
+    sampling: dict[str, Any],
+    max_tokens: int | None,
+) -> InferRequest:
+    inputs = model.inputs
+    tensors = [_tensor(model, inputs[TEXT_INPUT], object_array([prompt.encode("utf-8")]))]
+    if STREAM in inputs:
+        tensors.append(_tensor(model, inputs[STREAM], np.array([stream])))
+    if EXCLUDE_INPUT in inputs:
+        tensors.append(_tensor(model, inputs[EXCLUDE_INPUT], np.array([True])))
+    if MAX_TOKENS in inputs and max_tokens is not None:
+        tensors.append(_tensor(model, inputs[MAX_TOKENS], np.array([max_tokens])))
+    if SAMPLING in inputs:
+        if sampling:
+            text = json.dumps(sampling).encode("utf-8")
+            tensors.append(_tensor(model, inputs[SAMPLING], object_array([text])))
+    else:
+        given = [key for key in sampling if key != MAX_TOKENS or MAX_TOKENS not in inputs]
+        if given:
+            raise OpenAIError(
+                f"The model '{model.name}' takes no sampling parameters ('{given[0]}')",
+                param=given[0],
+            )
+    return InferRequest(model_name=model.name, model_version=model.version_str, inputs=tensors)
+
+
+def _tensor(model: ModelVersion, spec: TensorSpec, values: Any) -> Tensor:
+    """One element, shaped as `spec` wants it (a batch of one when the model batches)."""
+    lead = (1,) if model.max_batch_size > 0 else ()
+    shape = lead + tuple(1 if d < 0 else d for d in spec.dims)
+    if int(np.prod(shape)) != 1:
+        raise OpenAIError(
+            f"The model '{model.name}' input '{spec.name}' is not one element "
+            f"(dims {list(spec.dims)}): it does not follow the generative model contract",
+            status=500,
+            kind="server_error",
+        )
+    if spec.datatype is not DataType.BYTES:
+        values = values.astype(spec.datatype.numpy)
+    return Tensor(spec.name, spec.datatype, shape, values.reshape(shape))
+
+
+def piece_of(response: InferResponse) -> Piece:
+    outputs = {tensor.name: tensor for tensor in response.outputs}
+    text = outputs.get(TEXT_OUTPUT)
+    piece = Piece(b"".join(bytes_elements(text.data)).decode("utf-8", "replace") if text else "")
+    reason = outputs.get("finish_reason")
+    if reason is not None:
+        found = b"".join(bytes_elements(reason.data)).decode("utf-8", "replace")
+        piece.finish_reason = found or None
+    for name, attribute in (
+        ("num_input_tokens", "prompt_tokens"),
+        ("num_output_tokens", "completion_tokens"),
+    ):
+        tensor = outputs.get(name)
+        if tensor is not None and tensor.data.size:
+            setattr(piece, attribute, int(tensor.data.reshape(-1)[0]))
+    return piece
+
+
+async def pieces(core: InferenceServer, request: InferRequest) -> AsyncGenerator[Piece, None]:
+    """The request's pieces as the model answers; a core error is OpenAI's. Closing this
+    closes the core's response stream, which cancels the request."""
+    responses: AsyncGenerator[InferResponse, None] = core.infer_responses(request)
+    try:
+        async for response in responses:
+            yield piece_of(response)
+    except ServerError as exc:
+        raise from_server_error(exc) from None
+    finally:
+        await responses.aclose()
+
+
+async def collect(core: InferenceServer, request: InferRequest) -> tuple[str, str, Usage]:
+    """The whole answer: its text, finish reason and usage."""
+    texts: list[str] = []
+    usage = Usage()
+    reason: str | None = None
+    async for piece in pieces(core, request):
+        texts.append(piece.text)
+        usage.add(piece)
+        reason = piece.finish_reason or reason
+    return "".join(texts), reason or "stop", usage

@@ -1,0 +1,94 @@
+"""OpenAI's response objects for chat and completions, as its API reference shapes them.
+
+- `chat.completion`: `choices[0].message` {role: assistant, content}, `finish_reason`,
+  `usage` {prompt_tokens, completion_tokens, total_tokens}.
+- `chat.completion.chunk`: `choices[0].delta` ({role, content} first, then {content},
+  then {} with the `finish_reason`); with `stream_options.include_usage`, every chunk has
+  `usage: null` and one more chunk, with empty `choices`, carries the usage.
+- `text_completion`: `choices[0].text`, the same object for each streamed chunk.
+
+`Kind` holds what differs between the two APIs, so one streaming loop serves both.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from .generation import Usage
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
+class Answer:
+    """One request's identity in every object of its answer."""
+
+    model: str
+    chat: bool
+    include_usage: bool = False
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
+
+    def _object(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def whole(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+        """The non-streamed answer."""
+        if self.chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+            kind = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            kind = "text_completion"
+        return {**self._object(kind, [choice]), "usage": usage.as_json()}
+
+    def chunk(
+        self, text: str | None, finish_reason: str | None = None, first: bool = False
+    ) -> bytes:
+        """One streamed chunk: a text delta (None: none), or the closing finish reason."""
+        if self.chat:
+            delta: dict[str, Any] = {}
+            if first:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta}
+            kind = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text or ""}
+            kind = "text_completion"
+        choice["logprobs"] = None
+        choice["finish_reason"] = finish_reason
+        data = self._object(kind, [choice])
+        if self.include_usage:
+            data["usage"] = None
+        return sse(data)
+
+    def usage_chunk(self, usage: Usage) -> bytes:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return sse({**self._object(kind, []), "usage": usage.as_json()})

@@ -1,0 +1,280 @@
+"""The JSON bodies of the /v1 endpoints, as pydantic models, and their checks.
+
+Why pydantic here, where the v2 infer path decodes by hand: these bodies are small
+control-plane-sized JSON (a chat is a few messages), each request then runs a model for
+milliseconds to seconds, so validation is far from the cost that matters; one model both
+checks a body and describes it in the OpenAPI document (openapi.py), as the v2 control
+plane's bodies do (bodies.py). The v2 hot path never sees these.
+
+Fields follow OpenAI's API reference. Types are strict (JSON `"1"` is not a number, `1.0`
+is not an integer; an integer is a valid float). Fields this server does not know are
+ignored, as OpenAI-compatible servers commonly do, except those whose silent loss would
+change the answer (tools, logprobs, n > 1, penalties, JSON response formats...): those are
+a 400 that names the parameter (`refuse_unsupported`). vLLM's extensions `top_k` and
+`ignore_eos` are accepted, since the model contract takes vLLM's sampling keys.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import OpenAIError, unsupported
+
+M = TypeVar("M", bound="Body")
+
+# Pieces of a pydantic error location that name a union member, not a field.
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+_FIELD = re.compile(r"^[a-z_]+$")
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+# --- chat messages ------------------------------------------------------------------------
+
+
+class TextPart(Body):
+    # Only "text" is served; refuse_unsupported names the part of another type.
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # A string, or text parts (other part types, images and audio, are refused).
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text or "" for part in self.content)
+
+
+class StreamOptions(Body):
+    include_usage: bool = False
+
+
+class ResponseFormat(Body):
+    type: str
+
+
+# --- sampling, shared by chat and completions ------------------------------------------------
+
+_Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+
+
+class Sampling(Body):
+    """The parameters chat and completions share; `sampling_parameters` derives the
+    model's vLLM-style JSON from them."""
+
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    # vLLM's: -1 (or 0) leaves top-k off.
+    top_k: int | None = Field(None, ge=-1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool | None = None
+    n: int | None = Field(None, ge=1)
+    presence_penalty: _Penalty | None = None
+    frequency_penalty: _Penalty | None = None
+    logit_bias: dict[str, Any] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def refuse_unsupported(self) -> None:
+        if self.n not in (None, 1):
+            raise unsupported("n", "Only n=1 is supported: one choice per request")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0):
+                raise unsupported(name, f"'{name}' is not supported: only 0 (the default)")
+        if self.logit_bias:
+            raise unsupported("logit_bias", "'logit_bias' is not supported")
+        if self.stream_options is not None and not self.stream:
+            raise OpenAIError(
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                param="stream_options",
+            )
+        if any(not s for s in self.stops()):
+            raise OpenAIError("'stop' strings must not be empty", param="stop")
+
+    def sampling_parameters(self, max_tokens: int | None) -> dict[str, Any]:
+        """vLLM's sampling keys, only those the client set (the model has its defaults)."""
+        params: dict[str, Any] = {
+            key: value
+            for key, value in (
+                ("temperature", self.temperature),
+                ("top_p", self.top_p),
+                ("top_k", self.top_k),
+                ("seed", self.seed),
+                ("max_tokens", max_tokens),
+                ("ignore_eos", self.ignore_eos),
+            )
+            if value is not None
+        }
+        if self.stop is not None:
+            params["stop"] = self.stops()
+        return params
+
+
+class ChatCompletionRequest(Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    # OpenAI's newer name for max_tokens; either may be given, not both differently.
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.logprobs or self.top_logprobs is not None:
+            param = "logprobs" if self.logprobs else "top_logprobs"
+            raise unsupported(param, "logprobs are not supported")
+        if self.response_format is not None and self.response_format.type != "text":
+            raise unsupported("response_format", "Only response_format type 'text' is supported")
+        for name in ("tools", "functions"):
+            if getattr(self, name):
+                raise unsupported(name, f"'{name}' (tool calling) is not supported")
+        for name in ("tool_choice", "function_call"):
+            if getattr(self, name) not in (None, "none"):
+                raise unsupported(name, f"'{name}' (tool calling) is not supported")
+        for index, message in enumerate(self.messages):
+            parts = message.content if isinstance(message.content, list) else []
+            for number, part in enumerate(parts):
+                where = f"messages[{index}].content[{number}]"
+                if part.type != "text":
+                    raise unsupported(
+                        f"{where}.type", f"Only text content parts are served, not '{part.type}'"
+                    )
+                if part.text is None:
+                    raise OpenAIError(f"Missing required parameter: '{where}.text'", param=where)
+        if (
+            self.max_tokens is not None
+            and self.max_completion_tokens is not None
+            and self.max_tokens != self.max_completion_tokens
+        ):
+            raise OpenAIError(
+                "Give 'max_completion_tokens' or 'max_tokens', not both with different values",
+                param="max_completion_tokens",
+            )
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+# OpenAI's (and vLLM's) default for /v1/completions, where the model's own applies to chat.
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+
+
+class CompletionRequest(Sampling):
+    # One prompt: a string, or a list holding one string (token-id prompts are refused).
+    prompt: str | list[str]
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            raise unsupported("prompt", "Only one prompt per request is supported")
+        if self.echo:
+            raise unsupported("echo", "'echo' is not supported")
+        if self.suffix:
+            raise unsupported("suffix", "'suffix' is not supported")
+        if self.best_of not in (None, 1):
+            raise unsupported("best_of", "Only best_of=1 is supported")
+        if self.logprobs is not None:
+            raise unsupported("logprobs", "logprobs are not supported")
+
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    def token_limit(self) -> int:
+        return self.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS
+
+
+# OpenAI's limit on the inputs of one embeddings request.
+MAX_EMBEDDING_INPUTS = 2048
+
+
+class EmbeddingRequest(Body):
+    model: str = Field(min_length=1)
+    input: str | list[str]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+
+    def texts(self) -> list[str]:
+        texts = [self.input] if isinstance(self.input, str) else list(self.input)
+        if not texts:
+            raise OpenAIError("'input' must not be an empty list", param="input")
+        if len(texts) > MAX_EMBEDDING_INPUTS:
+            raise OpenAIError(
+                f"'input' holds {len(texts)} items; at most {MAX_EMBEDDING_INPUTS}",
+                param="input",
+            )
+        if any(not text for text in texts):
+            raise OpenAIError("'input' must not hold an empty string", param="input")
+        return texts
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorObject(BaseModel):
+    """OpenAI's error answer, as the OpenAPI document describes the /v1 routes' errors."""
+
+    error: ErrorDetail
+
+
+def parse(model: type[M], document: Any) -> M:
+    """`document` checked against `model`; the first problem is a 400 naming its field
+    (`param`, e.g. `messages[0].role`)."""
+    if not isinstance(document, dict):
+        raise OpenAIError("The request body must be a JSON object")
+    try:
+        return model.model_validate(document)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        first = next((e for e in errors if e["type"] == "missing"), errors[0])
+        param = _param(first["loc"])
+        if first["type"] == "missing":
+            message = f"Missing required parameter: '{param}'"
+        else:
+            message = f"Invalid value for '{param}': {first['msg']}"
+        raise OpenAIError(message, param=param or None) from None
+
+
+def _param(loc: tuple[int | str, ...]) -> str:
+    """A pydantic location as OpenAI names a parameter, without union member names."""
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif _FIELD.match(part) and part not in _TYPE_NAMES:
+            text += f".{part}" if text else part
+    return text

@@ -1,0 +1,171 @@
+"""`POST /v1/chat/completions` and `POST /v1/completions`.
+
+Both check the body, find the generative model, build its prompt (chat renders the
+messages with the model's chat template; a model without one is a 400 that points to
+/v1/completions) and run it through the core.
+
+Not streamed, the answer waits for the model's last response; a client that leaves
+before then cancels the request. Streamed, the status waits for the model's first
+response, so that a request the model refuses at once (a prompt longer than its context)
+is a plain JSON error with its status; after that the answer is `text/event-stream`, one
+`data:` chunk per text delta, a last chunk with the finish reason, the usage chunk when
+asked for, then `data: [DONE]`. An error after the stream has begun is one event,
+`data: {"error": {...}}`, and the stream ends there, without `[DONE]`. A client that
+goes away cancels the request, before its first token as after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from typing import TypeVar
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from ge_serve.server.model import ModelVersion
+from ge_serve.server.types import InferRequest
+
+from .catalog import Catalog, text_generation
+from .errors import CONTEXT_LENGTH_EXCEEDED, SERVER_ERROR, OpenAIError
+from .generation import Piece, Usage, build_request, collect, pieces
+from .objects import DONE, Answer, sse
+from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
+from .template import render
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+SSE_HEADERS = {"cache-control": "no-cache"}
+
+
+class ClientGone(Exception):
+    """The client closed the connection before the answer was ready."""
+
+
+async def chat_completion(
+    catalog: Catalog, request: Request, body: ChatCompletionRequest
+) -> Response:
+    model = catalog.generative(body.model)
+    generation = text_generation(model)
+    if generation is None or generation.chat_template is None:
+        raise OpenAIError(
+            f"The model '{body.model}' has no chat template: use /v1/completions with a "
+            "prompt, or give the model a `chat_template_source` config parameter",
+            param="model",
+            code="chat_template_missing",
+        )
+    limit = body.token_limit()
+    _check_limit(limit, generation.max_model_len)
+    prompt = render(generation, body.messages)
+    return await _answer(catalog, request, model, body, prompt, limit, chat=True)
+
+
+async def completion(catalog: Catalog, request: Request, body: CompletionRequest) -> Response:
+    model = catalog.generative(body.model)
+    limit = body.token_limit()
+    generation = text_generation(model)
+    if generation is not None:
+        _check_limit(limit, generation.max_model_len)
+    return await _answer(catalog, request, model, body, body.text(), limit, chat=False)
+
+
+def _check_limit(limit: int | None, max_model_len: int) -> None:
+    if limit is not None and max_model_len > 0 and limit >= max_model_len:
+        raise OpenAIError(
+            f"max_tokens is too large: {limit}. This model's context is {max_model_len} "
+            "tokens, prompt included",
+            param="max_tokens",
+            code=CONTEXT_LENGTH_EXCEEDED,
+        )
+
+
+async def _answer(
+    catalog: Catalog,
+    request: Request,
+    model: ModelVersion,
+    body: Sampling,
+    prompt: str,
+    limit: int | None,
+    *,
+    chat: bool,
+) -> Response:
+    stream = bool(body.stream)
+    infer_request = build_request(model, prompt, stream, body.sampling_parameters(limit), limit)
+    answer = Answer(body.model, chat, include_usage=stream and body.include_usage())
+    if not stream:
+        text, reason, usage = await until_disconnect(request, collect(catalog.core, infer_request))
+        return Response(
+            orjson.dumps(answer.whole(text, reason, usage)), media_type="application/json"
+        )
+    return await _stream(catalog, request, infer_request, answer)
+
+
+async def _stream(
+    catalog: Catalog, request: Request, infer_request: InferRequest, answer: Answer
+) -> Response:
+    rest = pieces(catalog.core, infer_request)
+    try:
+        # A client that leaves while the request waits for its first token cancels it too.
+        first = await until_disconnect(request, anext(rest, None))
+    except BaseException:
+        await rest.aclose()
+        raise
+    return StreamingResponse(
+        _events(answer, first, rest), media_type="text/event-stream", headers=SSE_HEADERS
+    )
+
+
+async def _events(
+    answer: Answer, first: Piece | None, rest: AsyncGenerator[Piece, None]
+) -> AsyncIterator[bytes]:
+    usage = Usage()
+    reason: str | None = None
+    async with contextlib.aclosing(rest):
+        if answer.chat:
+            yield answer.chunk("", first=True)
+        try:
+            piece = first
+            while piece is not None:
+                usage.add(piece)
+                reason = piece.finish_reason or reason
+                if piece.text:
+                    yield answer.chunk(piece.text)
+                piece = await anext(rest, None)
+        except OpenAIError as exc:
+            yield sse(exc.body())
+            return
+        except Exception as exc:
+            log.exception("the stream of %s failed", answer.id)
+            yield sse(OpenAIError(f"internal error: {exc}", status=500, kind=SERVER_ERROR).body())
+            return
+    yield answer.chunk(None if answer.chat else "", finish_reason=reason or "stop")
+    if answer.include_usage:
+        yield answer.usage_chunk(usage)
+    yield DONE
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result, or `work` cancelled when the client closes the connection first
+    (the body has been read, so what `receive` gives now is the disconnect)."""
+    task = asyncio.ensure_future(work)
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()

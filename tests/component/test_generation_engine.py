@@ -1,0 +1,201 @@
+"""The generation engine in process: the tiny model (tests/llmrepo.py) loaded by the `llm`
+backend and driven by its GenerationScheduler, with a recording sink in place of the
+core's. Each batching mode gives the reference's answers; `none` runs one sequence at a
+time and `request` admits a new batch only when the last one has finished, while
+`iteration` lets a newcomer in at once. Unloading with requests in flight answers them
+UNAVAILABLE."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import llmrepo
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from ge_serve.backends.base import ModelError, ModelSpec, RequestContext
+from ge_serve.backends.ge.acl_sim import SimRuntime
+from ge_serve.backends.ge.backend import GeBackend
+from ge_serve.backends.ge.sim_cost import parse_sim_cost
+from ge_serve.backends.llm.backend import MODEL_KEY, LlmBackend
+from ge_serve.protos import model_config_pb2
+from ge_serve.scheduler.generation import GenerationScheduler
+from ge_serve.scheduler.work import WorkItem
+
+PROMPTS = [f"Prompt {i}: " + "xyz"[: 1 + i % 3] for i in range(6)]
+TOKENS = 12
+
+
+@dataclass
+class Recorder:
+    """A ResponseSink that notes each response and when it came."""
+
+    texts: list[str] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    errors: list[ModelError] = field(default_factory=list)
+    final: bool = False
+    # The engine's step count at each response (sent from within the step).
+    steps: list[int] = field(default_factory=list)
+    scheduler: GenerationScheduler | None = None
+
+    def send(
+        self,
+        outputs: dict[str, Any] | None,
+        error: ModelError | None,
+        final: bool,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.times.append(time.monotonic())
+        if self.scheduler is not None:
+            self.steps.append(self.scheduler.generation_stats.steps)
+        if outputs is not None:
+            self.texts.append(outputs["text_output"][0].decode())
+        if error is not None:
+            self.errors.append(error)
+        self.final = self.final or final
+
+
+def engine(tmp_path: Path, ge: GeBackend | None = None, **parameters: str) -> GenerationScheduler:
+    folder = llmrepo.write_tiny_llm(tmp_path, "m", parameters)
+    config = text_format.Parse(
+        (folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
+    loaded = LlmBackend(ge).load(ModelSpec("m", 1, config, folder, folder / "1" / "model.onnx"))
+    return GenerationScheduler(loaded.extra[MODEL_KEY])
+
+
+@pytest.fixture
+async def modes(tmp_path: Path) -> AsyncIterator[dict[str, GenerationScheduler]]:
+    built = {
+        mode: engine(tmp_path / mode, batching=mode, max_num_seqs="3")
+        for mode in ("iteration", "request", "none")
+    }
+    yield built
+    for scheduler in built.values():
+        await scheduler.close(1)
+
+
+async def ask(scheduler: GenerationScheduler, prompt: str, tokens: int = TOKENS) -> Recorder:
+    sink = Recorder(scheduler=scheduler)
+    inputs = {
+        "text_input": np.array([prompt.encode()], dtype=object),
+        "max_tokens": np.array([tokens], np.int32),
+        "stream": np.array([True]),
+        "sampling_parameters": np.array([b'{"temperature": 0, "ignore_eos": true}'], dtype=object),
+    }
+    await scheduler.submit(WorkItem(inputs, 1, context=RequestContext(responses=sink)))
+    return sink
+
+
+async def together(
+    scheduler: GenerationScheduler, asks: list[Coroutine[Any, Any, Recorder]]
+) -> list[Recorder]:
+    """Run the requests so that the engine takes them all in one iteration: its wake-up
+    lock (reentrant) is held on this thread while they are handed over."""
+    wake = scheduler._wake  # white box: the batches must not depend on arrival timing
+    with wake:
+        tasks = [asyncio.ensure_future(a) for a in asks]
+        for _ in range(10):
+            await asyncio.sleep(0)
+    return await asyncio.gather(*tasks)
+
+
+def expected(prompt: str) -> str:
+    ids = llmrepo.reference_ids(prompt, TOKENS)
+    return str(llmrepo.byte_tokenizer().decode(ids))
+
+
+async def test_every_batching_mode_gives_the_reference_answers(
+    modes: dict[str, GenerationScheduler],
+) -> None:
+    for mode, scheduler in modes.items():
+        sinks = await asyncio.gather(*(ask(scheduler, p) for p in PROMPTS))
+        for prompt, sink in zip(PROMPTS, sinks, strict=True):
+            assert sink.final and not sink.errors, mode
+            assert "".join(sink.texts) == expected(prompt), (mode, prompt)
+
+
+async def test_none_runs_one_at_a_time_and_request_waits_for_its_batch(
+    modes: dict[str, GenerationScheduler],
+) -> None:
+    alone = await asyncio.gather(*(ask(modes["none"], p) for p in PROMPTS[:3]))
+    spans = sorted((s.times[0], s.times[-1]) for s in alone)
+    assert all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1)), spans
+    # The first of three running sequences ends early; the fourth waits for the whole
+    # batch with request-level batching, and takes the freed place at once otherwise.
+    lengths = [3, *([TOKENS] * (len(PROMPTS) - 1))]
+    for mode in ("request", "iteration"):
+        asks = [ask(modes[mode], p, n) for p, n in zip(PROMPTS, lengths, strict=True)]
+        sinks = await together(modes[mode], asks)
+        batch_end = max(s.times[-1] for s in sinks[:3])
+        fourth_starts = sinks[3].times[0]
+        if mode == "request":
+            assert fourth_starts >= batch_end
+        else:
+            assert fourth_starts < batch_end
+
+
+async def test_a_late_request_is_answered_within_its_prefill_and_one_step(
+    tmp_path: Path,
+) -> None:
+    scheduler = engine(tmp_path, max_model_len="1024", kv_cache_blocks="512")
+    try:
+        running = [asyncio.ensure_future(ask(scheduler, f"Long {i}", 900)) for i in range(4)]
+        stats = scheduler.generation_stats
+        for _ in range(5000):  # until all four are decoding
+            if stats.generation_tokens >= 4 * 5:
+                break
+            await asyncio.sleep(0.002)
+        submitted_at = stats.steps
+        late = await ask(scheduler, "Late", 1)
+        # The step under way when it arrived, then the one that prefills it and samples
+        # its token (the running ones decode in that same iteration).
+        assert late.steps[-1] - submitted_at <= 2, (submitted_at, late.steps)
+        assert not any(task.done() for task in running)
+    finally:
+        await scheduler.close(0)
+    await asyncio.gather(*running)
+
+
+async def test_unloading_answers_what_is_in_flight_unavailable(tmp_path: Path) -> None:
+    scheduler = engine(tmp_path, max_model_len="1024", kv_cache_blocks="128")
+    task = asyncio.ensure_future(ask(scheduler, "Long", 1000))
+    await asyncio.sleep(0.05)  # the engine is generating (1000 tokens take far longer)
+    await scheduler.close(0)
+    sink = await task
+    assert sink.final and [e.code for e in sink.errors] == ["UNAVAILABLE"]
+    assert scheduler.generation_stats.kv_blocks_used == 0
+
+
+async def test_on_the_simulated_npu_answers_equal_the_reference(tmp_path: Path) -> None:
+    executions: list[int] = []
+    runtime = SimRuntime(
+        on_execute=lambda device, model: executions.append(device),
+        cost=parse_sim_cost("default"),  # steps priced by the step profile
+    )
+    try:
+        scheduler = engine(
+            tmp_path,
+            GeBackend(runtime),
+            placement="npu",
+            max_num_seqs="4",
+            max_num_batched_tokens="32",
+            npu_chunk_gears="8,32",
+        )
+        try:
+            sinks = await together(scheduler, [ask(scheduler, p) for p in PROMPTS])
+        finally:
+            await scheduler.close(1)
+        for prompt, sink in zip(PROMPTS, sinks, strict=True):
+            assert sink.final and not sink.errors
+            assert "".join(sink.texts) == expected(prompt), prompt
+        # Every step ran on the (simulated) device: one or two graph runs per iteration.
+        assert len(executions) >= scheduler.generation_stats.steps > 0
+    finally:
+        runtime.shutdown()

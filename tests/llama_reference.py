@@ -1,0 +1,138 @@
+"""A LLaMA-architecture decoder's forward pass in plain numpy: the reference the step graph
+(examples/smollm/llama_onnx.py) and the generation engine must match.
+
+Written from the Hugging Face modelling code's definitions, not from the graph: the whole
+sequence at once, causal attention with K and V repeated per query head, no cache, no
+padding, rotate-half RoPE with cos and sin computed per position, RMSNorm, SwiGLU, the LM
+head on the tied embedding. It runs in float64 by default, so it is the more exact side of
+any comparison.
+
+Greedy decoding is checked by teacher forcing (`greedy_mismatch`): one forward pass over
+prompt + generated tokens gives the logits at every position, and the generated sequence is
+the reference's own greedy output exactly when each generated token is the argmax at the
+position before it. That is the same check as decoding token by token, at the cost of one
+pass instead of one per token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.floating[Any]]
+
+
+class Config(Protocol):
+    """What the reference reads of a LlamaConfig (examples/smollm/llama_onnx.py)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    rope_theta: float
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+
+
+def _rms_norm(x: FloatArray, weight: FloatArray, eps: float) -> FloatArray:
+    out: FloatArray = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight
+    return out
+
+
+def _rotate_half(x: FloatArray) -> FloatArray:
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def _silu(x: FloatArray) -> FloatArray:
+    out: FloatArray = x / (1.0 + np.exp(-x))
+    return out
+
+
+def forward(
+    weights: Mapping[str, npt.NDArray[np.float32]],
+    cfg: Config,
+    ids: Sequence[int],
+    dtype: type = np.float64,
+    first: int = 0,
+) -> FloatArray:
+    """The logits [len(ids) - first, vocab] at positions first.. of one unpadded sequence
+    (the LM head is the costly part of a short sequence; skip what is not needed)."""
+    w: dict[str, FloatArray] = {k: v.astype(dtype) for k, v in weights.items()}
+    n, heads, kv_heads = len(ids), cfg.num_heads, cfg.num_kv_heads
+    d = cfg.hidden_size // heads
+    x = w["model.embed_tokens.weight"][np.asarray(ids, dtype=np.int64)]
+    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    angles = np.arange(n, dtype=np.float64)[:, None] * inv_freq[None, :]
+    emb = np.concatenate([angles, angles], axis=-1)
+    cos, sin = np.cos(emb).astype(dtype)[:, None, :], np.sin(emb).astype(dtype)[:, None, :]
+    causal = np.triu(np.full((n, n), -np.inf), k=1)
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}"
+        h = _rms_norm(x, w[f"{p}.input_layernorm.weight"], cfg.rms_norm_eps)
+        q = (h @ w[f"{p}.self_attn.q_proj.weight"].T).reshape(n, heads, d)
+        k = (h @ w[f"{p}.self_attn.k_proj.weight"].T).reshape(n, kv_heads, d)
+        v = (h @ w[f"{p}.self_attn.v_proj.weight"].T).reshape(n, kv_heads, d)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        group = heads // kv_heads
+        k = np.repeat(k, group, axis=1)  # query head j reads KV head j // group
+        v = np.repeat(v, group, axis=1)
+        scores = np.einsum("qhd,khd->hqk", q, k) / math.sqrt(d) + causal
+        scores = np.exp(scores - scores.max(-1, keepdims=True))
+        probs = scores / scores.sum(-1, keepdims=True)
+        context = np.einsum("hqk,khd->qhd", probs, v).reshape(n, heads * d)
+        x = x + context @ w[f"{p}.self_attn.o_proj.weight"].T
+        h = _rms_norm(x, w[f"{p}.post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        act = _silu(h @ w[f"{p}.mlp.gate_proj.weight"].T) * (h @ w[f"{p}.mlp.up_proj.weight"].T)
+        x = x + act @ w[f"{p}.mlp.down_proj.weight"].T
+    x = _rms_norm(x[first:], w["model.norm.weight"], cfg.rms_norm_eps)
+    head = w["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
+    logits: FloatArray = x @ head.T
+    return logits
+
+
+def greedy_mismatch(
+    weights: Mapping[str, npt.NDArray[np.float32]],
+    cfg: Config,
+    prompt: Sequence[int],
+    generated: Sequence[int],
+    dtype: type = np.float64,
+) -> str | None:
+    """None when `generated` is the reference's greedy continuation of `prompt`, else a
+    sentence naming the first token that differs and the two logits."""
+    if not generated:
+        return None
+    logits = forward(weights, cfg, [*prompt, *generated[:-1]], dtype, first=len(prompt) - 1)
+    for step, token in enumerate(generated):
+        row = logits[step]
+        best = int(row.argmax())
+        if best != token:
+            return (
+                f"token {step}: got {token} (logit {row[token]:.5f}), the reference's greedy "
+                f"choice is {best} (logit {row[best]:.5f})"
+            )
+    return None
+
+
+def greedy(
+    weights: Mapping[str, npt.NDArray[np.float32]],
+    cfg: Config,
+    prompt: Sequence[int],
+    steps: int,
+    stop: Sequence[int] = (),
+) -> list[int]:
+    """Greedy decoding by a full forward pass per token (small models only)."""
+    out: list[int] = []
+    for _ in range(steps):
+        ids = [*prompt, *out]
+        token = int(forward(weights, cfg, ids, first=len(ids) - 1)[-1].argmax())
+        out.append(token)
+        if token in stop:
+            break
+    return out

@@ -1,0 +1,149 @@
+"""Generative models for tests: a tiny random-weight LLaMA served by the `llm` backend.
+
+The step graph comes from the example's graph writer (examples/smollm/llama_onnx.py), the
+weights are random (seeded), and the tokenizer is byte-level BPE with no merges: every
+byte one token, so any text round-trips and the vocabulary stays small. The numpy
+reference (tests/llama_reference.py) gives the greedy continuation the server must match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import smollm
+
+EOS_TOKEN = "<|endoftext|>"
+VOCAB = 320  # 256 byte tokens, the EOS token, and unused rows
+BLOCK_SIZE = 8
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    cfg: Any
+    weights: Mapping[str, npt.NDArray[np.float32]]
+    eos_id: int
+
+
+@cache
+def tiny_model(seed: int = 0) -> TinyModel:
+    cfg = smollm.tiny_config(vocab_size=VOCAB, max_position_embeddings=2048)
+    return TinyModel(cfg, smollm.llama_onnx().random_weights(cfg, seed=seed), eos_id=256)
+
+
+def byte_tokenizer() -> Any:
+    """Byte-level BPE without merges: one token per byte, plus the EOS token (256)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {char: index for index, char in enumerate(alphabet)}
+    vocab[EOS_TOKEN] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([EOS_TOKEN])
+    return tokenizer
+
+
+def write_tiny_llm(
+    repo: Path, name: str = "tiny_llm", parameters: Mapping[str, str] | None = None
+) -> Path:
+    """A model folder for the tiny model; `parameters` add to or replace the engine's."""
+    import onnx
+
+    model = tiny_model()
+    folder = repo / name
+    version = folder / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    graph = smollm.llama_onnx().build_step_graph(model.weights, model.cfg)
+    onnx.save_model(graph, str(version / "model.onnx"))
+    byte_tokenizer().save(str(version / "tokenizer.json"))
+    (version / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}",
+        encoding="utf-8",
+    )
+    values = {
+        "step_model": "model.onnx",
+        "tokenizer": "tokenizer.json",
+        "chat_template": "chat_template.jinja",
+        "eos_token_ids": str(model.eos_id),
+        "eos_token": EOS_TOKEN,
+        "max_model_len": "256",
+        "kv_cache_blocks": "128",
+        "kv_block_size": str(BLOCK_SIZE),
+        "max_num_seqs": "32",
+        "max_num_batched_tokens": "128",
+        "intra_op_thread_count": "1",
+        **(parameters or {}),
+    }
+    (folder / "config.pbtxt").write_text(llm_config(name, values), encoding="utf-8")
+    return folder
+
+
+def llm_config(name: str, parameters: Mapping[str, str]) -> str:
+    optional = (
+        ("stream", "TYPE_BOOL"),
+        ("sampling_parameters", "TYPE_STRING"),
+        ("exclude_input_in_output", "TYPE_BOOL"),
+        ("max_tokens", "TYPE_INT32"),
+    )
+    lines = [
+        f'name: "{name}"',
+        'backend: "llm"',
+        "max_batch_size: 0",
+        "model_transaction_policy { decoupled: true }",
+        'input { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] }',
+        *(
+            f'input {{ name: "{n}" data_type: {t} dims: [ 1 ] optional: true }}'
+            for n, t in optional
+        ),
+        *(
+            f'output {{ name: "{n}" data_type: {t} dims: [ -1 ] }}'
+            for n, t in (
+                ("text_output", "TYPE_STRING"),
+                ("finish_reason", "TYPE_STRING"),
+                ("num_input_tokens", "TYPE_INT32"),
+                ("num_output_tokens", "TYPE_INT32"),
+                ("output_ids", "TYPE_INT32"),
+            )
+        ),
+        *(
+            f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}'
+            for k, v in parameters.items()
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def prompt_ids(text: str) -> list[int]:
+    return list(byte_tokenizer().encode(text).ids)
+
+
+def reference_greedy(text: str, steps: int) -> list[int]:
+    """The numpy reference's greedy continuation of `text` (stopping after EOS)."""
+    import llama_reference
+
+    model = tiny_model()
+    return list(
+        llama_reference.greedy(model.weights, model.cfg, prompt_ids(text), steps, (model.eos_id,))
+    )
+
+
+def reference_ids(text: str, steps: int) -> list[int]:
+    """The reference's greedy tokens, EOS not excepted (for `ignore_eos` requests)."""
+    import llama_reference
+
+    model = tiny_model()
+    return list(llama_reference.greedy(model.weights, model.cfg, prompt_ids(text), steps))
+
+
+def reference_text(text: str, steps: int) -> str:
+    """What the server must answer for a greedy request of `steps` tokens."""
+    ids = [i for i in reference_greedy(text, steps) if i != tiny_model().eos_id]
+    return str(byte_tokenizer().decode(ids))

@@ -1,0 +1,201 @@
+"""The LLaMA step graph (examples/smollm/llama_onnx.py) on tiny random weights: it is
+standard ONNX with the engine's contract, and through a paged KV cache (blocks out of
+order, left-padded batches, chunked prefill) its logits equal the numpy reference's
+full-sequence forward pass at every step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from llama_reference import forward, greedy
+from smollm import (
+    CachedSeq,
+    PagedCache,
+    llama_onnx,
+    session_for,
+    tiny_config,
+    tiny_model_folder,
+)
+
+ATOL = 1e-4
+# A free list that hands a sequence blocks out of order and never in a row.
+SHUFFLED = [7, 3, 12, 1, 9, 5, 2, 14, 10, 11, 4, 6, 8, 13, 15]
+CONFIGS = {
+    "gqa-tied": {},
+    "mha-untied": {"num_kv_heads": 4, "tie_word_embeddings": False},
+}
+
+pytest.importorskip("tokenizers", reason="tokenizers is not installed (the test extra)")
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def tiny(request: pytest.FixtureRequest) -> tuple[Any, dict[str, Any], Any]:
+    cfg = tiny_config(**CONFIGS[request.param])
+    weights = llama_onnx().random_weights(cfg, seed=1)
+    return cfg, weights, session_for(llama_onnx().build_step_graph(weights, cfg))
+
+
+def _close(logits: np.ndarray, cfg: Any, weights: dict[str, Any], ids: list[int]) -> None:
+    expected = forward(weights, cfg, ids)[-1]
+    np.testing.assert_allclose(logits, expected, atol=ATOL, rtol=0)
+
+
+def test_the_graph_is_standard_onnx_with_the_contract() -> None:
+    cfg = tiny_config()
+    model = llama_onnx().build_step_graph(llama_onnx().random_weights(cfg), cfg)
+    onnx.checker.check_model(model, full_check=True)
+    assert {op.domain for op in model.opset_import} == {""}
+    assert {node.domain for node in model.graph.node} == {""}
+
+    def dims(value: onnx.ValueInfoProto) -> list[str | int]:
+        return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+
+    inputs = {v.name: dims(v) for v in model.graph.input}
+    outputs = {v.name: dims(v) for v in model.graph.output}
+    kv_in, kv_out = ["num_blocks", "block_size", 2, 16], ["batch", "q", 2, 16]
+    assert inputs == {
+        "input_ids": ["batch", "q"],
+        "positions": ["batch", "q"],
+        "block_table": ["batch", "blocks"],
+        "attention_mask": ["batch", "q", "past_and_q"],
+        **{f"{kind}_cache_{i}": kv_in for i in range(2) for kind in ("key", "value")},
+    }
+    assert outputs == {
+        "logits": ["batch", 300],
+        **{f"{kind}_{i}": kv_out for i in range(2) for kind in ("key", "value")},
+    }
+
+
+def test_prefill_then_decode_through_blocks_out_of_order(tiny: Any) -> None:
+    cfg, weights, session = tiny
+    cache = PagedCache(session, cfg, num_blocks=16, block_size=4, free_order=SHUFFLED)
+    seq = CachedSeq()
+    ids = [5, 17, 200, 33, 9, 45, 101]
+    logits = cache.step([seq], [ids])
+    _close(logits[0], cfg, weights, ids)
+    for _ in range(8):  # across two more block boundaries
+        ids.append(int(logits[0].argmax()))
+        logits = cache.step([seq], [ids[-1:]])
+        _close(logits[0], cfg, weights, ids)
+    assert seq.blocks == SHUFFLED[:4]
+
+
+def test_chunked_prefill_equals_one_prefill(tiny: Any) -> None:
+    cfg, weights, session = tiny
+    cache = PagedCache(session, cfg, num_blocks=16, block_size=4, free_order=SHUFFLED)
+    seq, ids = CachedSeq(), list(range(40, 51))
+    for start in range(0, len(ids), 3):
+        logits = cache.step([seq], [ids[start : start + 3]])
+        _close(logits[0], cfg, weights, ids[: start + 3])
+
+
+def test_a_batch_of_rows_with_different_pasts_and_left_padding(tiny: Any) -> None:
+    cfg, weights, session = tiny
+    cache = PagedCache(session, cfg, num_blocks=32, block_size=4, free_order=SHUFFLED)
+    rows = [CachedSeq(), CachedSeq(), CachedSeq()]
+    prompts = [[5, 17, 200], [9, 45, 101, 7, 8, 9, 10, 11, 250, 3], [77]]
+    logits = cache.step(rows, prompts)  # a batched prefill, left-padded to 10
+    for r, ids in enumerate(prompts):
+        _close(logits[r], cfg, weights, ids)
+    # Decode and a prefill chunk in one step: q = 3, the decode rows padded to it.
+    new = [[int(logits[0].argmax())], [int(logits[1].argmax())], [12, 13, 14]]
+    logits = cache.step(rows, new)
+    for r in range(3):
+        prompts[r] += new[r]
+        _close(logits[r], cfg, weights, prompts[r])
+    for _ in range(3):
+        new = [[int(row.argmax())] for row in logits]
+        logits = cache.step(rows, new)
+        for r in range(3):
+            prompts[r] += new[r]
+            _close(logits[r], cfg, weights, prompts[r])
+
+
+def test_a_fully_masked_padding_row_is_finite(tiny: Any) -> None:
+    cfg, _, session = tiny
+    feed: dict[str, np.ndarray] = {
+        "input_ids": np.zeros((2, 3), np.int64),
+        "positions": np.zeros((2, 3), np.int64),
+        "block_table": np.zeros((2, 1), np.int64),
+        "attention_mask": np.full((2, 3, 4 + 3), -1e9, np.float32),
+    }
+    pool = np.full((4, 4, cfg.num_kv_heads, cfg.head_dim), 1e3, np.float32)
+    for i in range(cfg.num_layers):
+        feed[f"key_cache_{i}"] = feed[f"value_cache_{i}"] = pool
+    (logits,) = session.run(["logits"], feed)
+    assert logits.shape == (2, cfg.vocab_size)
+    assert np.isfinite(logits).all()
+
+
+def test_greedy_through_the_cache_equals_the_reference(tiny: Any) -> None:
+    cfg, weights, session = tiny
+    cache = PagedCache(session, cfg, num_blocks=16, block_size=4, free_order=SHUFFLED)
+    prompt, seq, out = [1, 60, 61, 62, 2, 1, 70], CachedSeq(), []
+    logits = cache.step([seq], [prompt])
+    for _ in range(10):
+        out.append(int(logits[0].argmax()))
+        logits = cache.step([seq], [out[-1:]])
+    assert out == greedy(weights, cfg, prompt, 10)
+
+
+def test_wrong_weights_are_refused_with_the_name() -> None:
+    cfg = tiny_config()
+    weights = llama_onnx().random_weights(cfg)
+    weights["model.layers.1.mlp.up_proj.weight"] = weights["model.layers.1.mlp.up_proj.weight"].T
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.up_proj\.weight is \(64, 96\)"):
+        llama_onnx().build_step_graph(weights, cfg)
+    del weights["model.norm.weight"]
+    with pytest.raises(ValueError, match="lack"):
+        llama_onnx().build_step_graph(weights, cfg)
+
+
+def test_unpermute_undoes_llama_cpps_qk_permutation() -> None:
+    """convert_hf_to_gguf.py's LlamaModel.permute, written out, then ours undoes it."""
+    from smollm import gguf_model
+
+    rng = np.random.default_rng(0)
+    heads, head_dim, hidden = 3, 8, 5
+    hf = rng.standard_normal((heads * head_dim, hidden)).astype(np.float32)
+    permuted = hf.reshape(heads, 2, head_dim // 2, hidden).swapaxes(1, 2).reshape(hf.shape)
+    np.testing.assert_array_equal(gguf_model().unpermute(permuted, heads), hf)
+
+
+def test_the_tiny_model_folder_is_complete(tmp_path: Path) -> None:
+    from google.protobuf import text_format
+
+    from ge_serve.protos import model_config_pb2
+
+    folder, cfg, _ = tiny_model_folder(tmp_path)
+    config = text_format.Parse(
+        (folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    assert params == {
+        "step_model": "model.onnx",
+        "tokenizer": "tokenizer.json",
+        "chat_template": "chat_template.jinja",
+        "eos_token_ids": "2,0",
+        "bos_token": "<|im_start|>",
+        "eos_token": "<|im_end|>",
+        "max_model_len": "256",
+    }
+    for name in ("step_model", "tokenizer", "chat_template"):
+        assert (folder / "1" / params[name]).is_file()
+    assert config.backend == "llm" and config.max_batch_size == 0
+    assert config.model_transaction_policy.decoupled
+    assert [(i.name, i.optional) for i in config.input] == [
+        ("text_input", False),
+        ("stream", True),
+        ("sampling_parameters", True),
+        ("exclude_input_in_output", True),
+        ("max_tokens", True),
+    ]
+    assert [o.name for o in config.output] == [
+        "text_output", "finish_reason", "num_input_tokens", "num_output_tokens",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="exceeds"):
+        tiny_model_folder(tmp_path, name="too_long", max_model_len=cfg.max_position_embeddings + 1)
