@@ -5,7 +5,9 @@ QUESTIONS, cycled, each client starting at its own offset), temperature 0, `max_
 answers with `ignore_eos` (vLLM's field, which llama-server's requests take too), so every
 answer has the same length on every server. After `warmup_s` the window opens; for
 `duration_s` every token that arrives is counted; then the clients stop and the requests
-still open are closed.
+still open are closed. With `mixed`, the answers' lengths vary (`mixed_lengths`: 8 to 112
+tokens for 48, the same sequence for every server), so that a batch that runs to its
+longest member shows what it costs.
 
 Two clients send the same bytes: `httpx` (the default: one `httpx.AsyncClient`, the SSE
 lines parsed here) and the official `openai` AsyncOpenAI client (`--client openai`). The
@@ -166,6 +168,16 @@ class Target:
     model: str
 
 
+# Answer lengths as multiples of max_tokens, averaging 1: under request-level batching a
+# batch runs to its longest member, which only shows when lengths differ.
+MIXED_FRACTIONS = (1 / 6, 1 / 3, 1 / 2, 2 / 3, 1, 4 / 3, 5 / 3, 7 / 3)
+
+
+def mixed_lengths(max_tokens: int) -> tuple[int, ...]:
+    """Answer lengths averaging about `max_tokens` (8 to 112 for 48)."""
+    return tuple(max(1, round(max_tokens * f)) for f in MIXED_FRACTIONS)
+
+
 def request_body(target: Target, question: str, max_tokens: int) -> dict[str, Any]:
     return {
         "model": target.model,
@@ -215,11 +227,15 @@ async def run_point(
     duration_s: float,
     max_tokens: int,
     client_kind: str = "httpx",
+    mixed: bool = False,
 ) -> dict[str, Any]:
-    """Drive `concurrency` closed-loop clients; the point's figures (see `summarize`)."""
+    """Drive `concurrency` closed-loop clients; the point's figures (see `summarize`).
+    `mixed`: answer lengths from `mixed_lengths(max_tokens)`, each client going through
+    them in turn from its own offset, instead of `max_tokens` each."""
     import httpx
 
     records: list[RequestRecord] = []
+    lengths = mixed_lengths(max_tokens) if mixed else (max_tokens,)
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
     http = httpx.AsyncClient(timeout=httpx.Timeout(300.0), limits=limits)
     closers = [http.aclose]
@@ -240,9 +256,12 @@ async def run_point(
 
     async def worker(index: int) -> None:
         n = index
+        turn = index
         while time.perf_counter() < t1:
-            body = request_body(target, QUESTIONS[n % len(QUESTIONS)], max_tokens)
+            length = lengths[turn % len(lengths)]
+            body = request_body(target, QUESTIONS[n % len(QUESTIONS)], length)
             n += concurrency
+            turn += 1
             # Filled in place, so a request closed at the window's end keeps its chunks.
             record = RequestRecord(time.perf_counter())
             records.append(record)

@@ -13,18 +13,31 @@ the server under `--sim-cost default`). llama-server (../shared/peers/llama_serv
 
 Load (bench/lib/genload.py): c closed-loop clients, streamed chat completions of fixed
 short questions, temperature 0, `max_tokens` answers with `ignore_eos` (both servers honour
-it: the table's `answer` column shows the answers' lengths). Each point: `--warmup-s`, then
+it: the table's `answer` column shows the answers' lengths). Answers of one length hide
+what request-level batching costs (a batch runs to its longest member), so the batching
+comparison runs a second time with mixed lengths (`/mixed` contenders: 8 to 112 tokens,
+mean 48, the same sequence for each; `--no-mixed` leaves it out). Each point: `--warmup-s`, then
 a `--duration-s` window in which the arriving tokens are counted.
 
 Each of `--runs` runs starts both servers (ge-serve first in even runs, llama-server first
 in odd ones) and measures every point, the contenders of one concurrency one after another
 in an order that alternates between runs. The ratios are medians of each run's ratio:
-iteration ÷ request and iteration ÷ none at c = 1, 8, 32; ge ÷ llama at c = 1 and 16;
-iteration c16 ÷ c1. Per step (ge-serve's `ge_serve_generation_*` counters around each
-point): tokens per step, ms per step, of which in the graph, and the engine's own time;
-divided by onnxruntime alone running the same graph on a decode step of the same batch (its
-rows with the mean prompt plus half an answer cached), timed in the suite's process while
-the servers idle.
+iteration ÷ request and iteration ÷ none at c = 1, 8, 32 (fixed and mixed lengths);
+ge ÷ llama at c = 1 and 16; iteration c16 ÷ c1. Per step (ge-serve's
+`ge_serve_generation_*` counters around each point): tokens per step, ms per step, of which
+in the graph, and the engine's own time; divided by onnxruntime alone running the same
+graph on a decode step of the same batch (its rows with the mean prompt plus half an
+answer cached), timed in the suite's process while the servers idle.
+
+`engine ÷ raw` (the engine's own time per step ÷ the raw step) is the overhead figure;
+`step ÷ raw` also holds the prefill rows that steps of a loaded server carry beside their
+decode rows (a new request every `max_tokens` / c steps), so it exceeds 1 by more than the
+overhead.
+
+The load generator runs in the suite's process, on the server's cores. Its default client
+is raw httpx with the SSE parsed here; the official `openai` client (`--client openai`)
+costs more than twice its CPU per generated token (the `client cpu` column records it per
+point), which the server then loses.
 
     python -m bench run generation --out bench/results/generation           # full
     python -m bench run generation --out /tmp/g --duration-s 5 --warmup-s 2 --runs 1 \\
@@ -66,6 +79,8 @@ BATCHING_C = (1, 8, 32)
 PEER_C = (1, 16)
 NPU_C = (8,)
 LLAMA = "llama"
+# The contenders whose answers have mixed lengths (genload.mixed_lengths) carry this suffix.
+MIXED = "/mixed"
 FIGURES = ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
 STEP_FIGURES = ("tokens_per_step", "step_ms", "graph_ms", "engine_ms")
 
@@ -94,6 +109,8 @@ def schedule(args: argparse.Namespace, peer: bool) -> list[tuple[int, list[str]]
             who.append(LLAMA)
         if args.npu and c in NPU_C:
             who += ["npu-iteration", "npu-request"]
+        if args.mixed and c in BATCHING_C:
+            who += [f"{b}{MIXED}" for b in ("iteration", "request", "none")]
         plan.append((c, who))
     return plan
 
@@ -142,10 +159,11 @@ def measure_point(
         assert peer is not None
         target = peer
     else:
-        target = Target(f"{srv.base_url}/v1", f"smollm_{contender}")
+        target = Target(f"{srv.base_url}/v1", f"smollm_{contender.removesuffix(MIXED)}")
         before = engine_counters(srv.metrics_url, target.model)
+    mixed = contender.endswith(MIXED)
     point = asyncio.run(
-        run_point(target, c, args.warmup_s, args.duration_s, args.max_tokens, args.client)
+        run_point(target, c, args.warmup_s, args.duration_s, args.max_tokens, args.client, mixed)
     )
     point["contender"] = contender
     if contender != LLAMA:
@@ -196,6 +214,11 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]
     ratios = []
     pairs = [
         (f"iteration ÷ {b}", "iteration", b, c) for c in BATCHING_C for b in ("request", "none")
+    ]
+    pairs += [
+        (f"iteration ÷ {b}, mixed lengths", f"iteration{MIXED}", f"{b}{MIXED}", c)
+        for c in BATCHING_C
+        for b in ("request", "none")
     ]
     pairs += [("ge ÷ llama-server", "iteration", LLAMA, c) for c in PEER_C]
     pairs += [
@@ -292,7 +315,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16, 32])
     parser.add_argument("--warmup-s", type=float, default=5.0)
-    parser.add_argument("--duration-s", type=float, default=20.0)
+    parser.add_argument("--duration-s", type=float, default=15.0)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--client", choices=("httpx", "openai"), default="httpx")
     parser.add_argument("--kv-blocks", type=int, default=512, help="KV budget, blocks of 16")
@@ -303,6 +326,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--npu",
         action="store_true",
         help="add the simulated-NPU variants at c=8 (--sim-cost default)",
+    )
+    parser.add_argument(
+        "--no-mixed",
+        dest="mixed",
+        action="store_false",
+        help="leave out the batching comparison with mixed answer lengths",
     )
     parser.add_argument("--rebuild", action="store_true", help="build the model again")
     return parser.parse_args(argv)

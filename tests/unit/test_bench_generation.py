@@ -174,3 +174,10 @@ def test_suite_tables_take_medians_of_per_run_ratios() -> None:
     rows = {(p["contender"], p["concurrency"]): p for p in tables["points"]}
     assert rows[("iteration", 16)]["tokens_per_s"] == 90
     assert rows[("iteration", 16)]["answer"] == "48"
+
+
+def test_mixed_lengths_average_max_tokens_and_differ() -> None:
+    lengths = genload.mixed_lengths(48)
+    assert lengths == (8, 16, 24, 32, 48, 64, 80, 112)
+    assert sum(lengths) / len(lengths) == 48
+    assert min(genload.mixed_lengths(2)) >= 1
