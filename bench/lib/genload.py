@@ -109,6 +109,16 @@ class RequestRecord:
         return [b - a for a, b in zip(self.chunks, self.chunks[1:], strict=False)]
 
 
+# A kept-alive connection the server closed as the request went out (llama-server's HTTP
+# library closes idle ones): the request never reached it, and is sent again once, as
+# the openai client's own retries would.
+STALE_CONNECTION = ("RemoteProtocolError", "APIConnectionError", "ConnectError", "ReadError")
+
+
+def is_stale_connection(exc: BaseException) -> bool:
+    return type(exc).__name__ in STALE_CONNECTION
+
+
 def parse_sse_line(line: str) -> dict[str, Any] | None:
     """The JSON of one `data:` line; None for other lines and `[DONE]`."""
     if not line.startswith("data:"):
@@ -142,6 +152,7 @@ def summarize(records: Sequence[RequestRecord], t0: float, t1: float) -> dict[st
         "tokens": tokens,
         "requests_finished": len(finished),
         "errors": sum(1 for r in records if r.error),
+        "first_error": next((r.error for r in records if r.error), None),
         "answer_tokens": answers,
         "prompt_tokens_mean": statistics.fmean(prompts) if prompts else None,
         "ttft_p50_ms": ms(ttfts, 50),
@@ -235,6 +246,7 @@ async def run_point(
     import httpx
 
     records: list[RequestRecord] = []
+    retried: list[RequestRecord] = []
     lengths = mixed_lengths(max_tokens) if mixed else (max_tokens,)
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
     http = httpx.AsyncClient(timeout=httpx.Timeout(300.0), limits=limits)
@@ -265,11 +277,17 @@ async def run_point(
             # Filled in place, so a request closed at the window's end keeps its chunks.
             record = RequestRecord(time.perf_counter())
             records.append(record)
-            try:
-                await send(client, target, body, record)
-            except Exception as exc:  # a transport error is counted, not fatal
-                record.error = f"{type(exc).__name__}: {exc}"
-                await asyncio.sleep(0.1)
+            for attempt in (0, 1):
+                try:
+                    await send(client, target, body, record)
+                    break
+                except Exception as exc:  # a transport error is counted, not fatal
+                    if attempt == 0 and not record.chunks and is_stale_connection(exc):
+                        retried.append(record)
+                        record.start = time.perf_counter()
+                        continue
+                    record.error = f"{type(exc).__name__}: {exc}"
+                    await asyncio.sleep(0.1)
 
     cpu0 = time.process_time()
     tasks = [asyncio.create_task(worker(i)) for i in range(concurrency)]
@@ -287,4 +305,5 @@ async def run_point(
     total = sum(r.tokens for r in records)
     point["client_cpu_ms_per_token"] = cpu * 1e3 / total if total else None
     point["concurrency"] = concurrency
+    point["retried"] = len(retried)
     return point

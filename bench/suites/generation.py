@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -79,6 +80,13 @@ BATCHING_C = (1, 8, 32)
 PEER_C = (1, 16)
 NPU_C = (8,)
 LLAMA = "llama"
+# Above this 1-minute load average (2 cores) the machine is not quiet enough for the peer.
+BUSY_LOAD = 1.0
+BUSY_NOTE = (
+    "other work is running; llama-server's threads spin at barriers and slow down many "
+    "times more than onnxruntime's when a core is taken, so ge ÷ llama-server is not "
+    "quotable from a busy machine (see the points' load column)"
+)
 # The contenders whose answers have mixed lengths (genload.mixed_lengths) carry this suffix.
 MIXED = "/mixed"
 FIGURES = ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
@@ -111,6 +119,8 @@ def schedule(args: argparse.Namespace, peer: bool) -> list[tuple[int, list[str]]
             who += ["npu-iteration", "npu-request"]
         if args.mixed and c in BATCHING_C:
             who += [f"{b}{MIXED}" for b in ("iteration", "request", "none")]
+        if args.only:
+            who = [w for w in who if w in args.only]
         plan.append((c, who))
     return plan
 
@@ -166,6 +176,8 @@ def measure_point(
         run_point(target, c, args.warmup_s, args.duration_s, args.max_tokens, args.client, mixed)
     )
     point["contender"] = contender
+    # The machine is shared: the load at the point's end says how quiet it was.
+    point["loadavg_1m"] = os.getloadavg()[0]
     if contender != LLAMA:
         point |= step_figures(before, engine_counters(srv.metrics_url, target.model))
         time.sleep(0.5)  # closed streams leave the engine within a step
@@ -177,7 +189,8 @@ def _progress(p: dict[str, Any]) -> str:
         f"run {p['run']} c={p['concurrency']:<3} {p['contender']:<14} "
         f"{p['tokens_per_s']:7.1f} tok/s  ttft p50 {p['ttft_p50_ms'] or 0:7.1f} ms  "
         f"itl p50 {p['itl_p50_ms'] or 0:6.1f} ms  answers {p['answer_tokens']}"
-        f"  errors {p['errors']}"
+        f"  errors {p['errors']}  load {p['loadavg_1m']:.1f}"
+        + (f"  ({p['first_error']})" if p["first_error"] else "")
     )
 
 
@@ -200,11 +213,12 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]
     points = []
     for (contender, c), found in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         row: dict[str, Any] = {"concurrency": c, "contender": contender, "runs": len(found)}
-        row |= {k: _median(found, k) for k in (*FIGURES, "client_cpu_ms_per_token")}
+        row |= {k: _median(found, k) for k in (*FIGURES, "client_cpu_ms_per_token", "loadavg_1m")}
         row["answer"] = ",".join(
             str(n) for n in sorted({n for p in found for n in p["answer_tokens"]})
         )
         row["errors"] = sum(p["errors"] for p in found)
+        row["retried"] = sum(p.get("retried", 0) for p in found)
         points.append(row)
 
     def per_run(contender: str, c: int, key: str) -> list[float | None]:
@@ -279,7 +293,9 @@ POINT_COLUMNS = (
     "itl_p99_ms",
     "answer",
     "errors",
+    "retried",
     "client_cpu_ms_per_token",
+    "loadavg_1m",
     "runs",
 )
 RATIO_COLUMNS = ("concurrency", "ratio", "tokens/s", "ttft p50", "itl p50")
@@ -314,7 +330,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.md")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16, 32])
-    parser.add_argument("--warmup-s", type=float, default=5.0)
+    parser.add_argument("--warmup-s", type=float, default=8.0)
     parser.add_argument("--duration-s", type=float, default=15.0)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--client", choices=("httpx", "openai"), default="httpx")
@@ -332,6 +348,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         dest="mixed",
         action="store_false",
         help="leave out the batching comparison with mixed answer lengths",
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        help="measure only these contenders (iteration, request, none, llama, "
+        "npu-iteration, npu-request, iteration/mixed, ...)",
     )
     parser.add_argument("--rebuild", action="store_true", help="build the model again")
     return parser.parse_args(argv)
@@ -355,8 +378,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     repo = ensure_repository(
         CACHE / "repos" / "smollm_gen", variants(args), args.max_model_len, args.rebuild
     )
+    if os.getloadavg()[0] > BUSY_LOAD:
+        print(f"warning: load average {os.getloadavg()[0]:.1f}: {BUSY_NOTE}", file=sys.stderr)
     runs = list(runs_of(args, repo, peer))
     tables = summarize(runs)
+    max_load = max((p["loadavg_1m"] for run in runs for p in run["points"]), default=0.0)
+    busy = peer and max_load > BUSY_LOAD
     note = (
         f"SmolLM2-135M-Instruct, streamed chat over /v1 ({args.client} client), "
         f"{args.max_tokens}-token answers (ignore_eos), temperature 0, closed loop; "
@@ -371,6 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else ""
         )
         + "."
+        + (f" Warning: the load average reached {max_load:.1f}: {BUSY_NOTE}." if busy else "")
     )
     text = render(tables, command, note)
     args.out.parent.mkdir(parents=True, exist_ok=True)
