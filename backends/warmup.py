@@ -145,10 +145,15 @@ def _strings(label: str, name: str, raw: bytes, count: int) -> Array:
     return array
 
 
-def run_warmup(spec: ModelSpec, executors: Sequence[Executor], gears: Sequence[int] = ()) -> None:
+def run_warmup(
+    spec: ModelSpec, executors: Sequence[Executor], gears: Sequence[int] = ()
+) -> list[tuple[dict[str, Array], dict[str, Array]]]:
     """Run every warmup sample `count` times on every executor, padded to a gear when the
-    executors only take gears. Raises RuntimeError naming the sample and slot that failed."""
+    executors only take gears. Raises RuntimeError naming the sample and slot that failed.
+    Returns each sample's inputs (unpadded) and the first executor's first outputs for it
+    (the GE backend checks them against onnxruntime without running them again)."""
     samples = warmup_samples(spec.config, spec.model_dir)
+    results: list[tuple[dict[str, Array], dict[str, Array]]] = []
     for sample in samples:
         inputs = sample.inputs
         if gears:
@@ -157,13 +162,15 @@ def run_warmup(spec: ModelSpec, executors: Sequence[Executor], gears: Sequence[i
             gear = gear_for(sample.batch_size, gears)
             inputs = {name: pad_batch(array, gear) for name, array in inputs.items()}
         for executor in executors:
-            for _ in range(sample.count):
+            for run in range(sample.count):
                 try:
-                    executor.execute(inputs)
+                    outputs = executor.execute(inputs)
                 except Exception as exc:
                     raise RuntimeError(
                         f"warmup '{sample.name}' failed on {executor.slot.name}: {exc}"
                     ) from exc
+                if run == 0 and executor is executors[0]:
+                    results.append((dict(sample.inputs), outputs))
     if samples:
         log.info(
             "model '%s' version %d: %d warmup sample(s) ran on %d slot(s)",
@@ -172,3 +179,4 @@ def run_warmup(spec: ModelSpec, executors: Sequence[Executor], gears: Sequence[i
             len(samples),
             len(executors),
         )
+    return results

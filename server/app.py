@@ -120,6 +120,7 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
         sim_memory=settings.sim_device_memory,
         atc_cache_dir=settings.atc_cache_dir,
         sim_cost=parse_sim_cost(settings.sim_cost),
+        sim_perturb=settings.sim_perturb,
     )
     log.info("GE backend: %s, chosen by %s", choice.runtime.describe(), choice.reason)
     ge = GeBackend(choice.runtime, backend_config_for(settings.backend_config))

@@ -39,8 +39,9 @@ def resolve_backend(
 
     A config that names no backend goes to the default, except KIND_CPU instance groups,
     which mean the host CPU (onnxruntime) as they do in Triton, and models an NPU cannot
-    run as compiled (string tensors, dims other than the batch that change at run time),
-    which stay on the host CPU too.
+    hold (string and bfloat16 tensors), which stay on the host CPU too. Dims other than the
+    batch that change at run time go to GE like the rest: with no gears or ranges they run
+    as GE dynamic shape (npu_ge's default mode), and the GE backend logs the mode.
     """
     named = config.backend or config.platform
     if named:
@@ -84,8 +85,7 @@ def _python_model(config: model_config_pb2.ModelConfig, version_dir: Path | None
 
 
 def _host_only(config: model_config_pb2.ModelConfig, version_dir: Path | None) -> str | None:
-    """Why a model can only run on the host: string tensors, or dims that change at run
-    time other than the batch (an OM is compiled for fixed shapes). None when neither.
+    """Why a model can only run on the host: string or bfloat16 tensors. None otherwise.
 
     Uses the config's tensors, and the ONNX file for what the config leaves out.
     """
@@ -112,24 +112,7 @@ def _host_only(config: model_config_pb2.ModelConfig, version_dir: Path | None) -
         return "string tensors, which an NPU cannot hold"
     if any(t == model_config_pb2.TYPE_BF16 for t, _ in tensors.values()):
         return "bfloat16 tensors, which ge-serve's GE path does not carry yet"
-    dynamic = [f"'{name}' {list(dims)}" for name, (_, dims) in tensors.items() if -1 in dims]
-    if dynamic and not _ge_shapes_given(config):
-        return (
-            "dims other than the batch that change at run time ("
-            + ", ".join(dynamic)
-            + "), which an OM is not compiled for"
-        )
     return None
-
-
-# Parameters that compile varying dims into an OM (ND gears, image-size gears, ranges).
-_GE_SHAPE_KEYS = ("ge.inputShape", "ge.dynamicDims", "ge.dynamicImageSize")
-_ATC_SHAPE_KEYS = ("atc.input_shape", "atc.dynamic_dims", "atc.dynamic_image_size")
-
-
-def _ge_shapes_given(config: model_config_pb2.ModelConfig) -> bool:
-    """The config tells GE how its varying dims compile, so an NPU can run it."""
-    return any(key.endswith(_GE_SHAPE_KEYS) or key in _ATC_SHAPE_KEYS for key in config.parameters)
 
 
 def resolve_model_file(model_dir: Path, version: str, filename: str) -> Path:

@@ -62,6 +62,9 @@ class DeviceSample:
     pool_bytes: int
     # The cost model's profile when the device's execution time is modelled, else "".
     simulated_timing: str = ""
+    # Graph executions on the device so far (one per graph run: a batch split across
+    # instance_exec_blocks graphs counts once per graph); -1 when the device cannot say.
+    executions: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +133,7 @@ class ResourceSampler:
                             memory_total_bytes=int(stats.memory_total_bytes),
                             pool_bytes=int(stats.pool_bytes),
                             simulated_timing=str(getattr(stats, "simulated_timing", "")),
+                            executions=int(getattr(stats, "executions", -1)),
                         )
                     )
                 self._failing.discard(index)

@@ -19,6 +19,8 @@ from typing import Protocol, runtime_checkable
 
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 
+from ge_serve.backends.ge.accuracy import metric_rows
+
 from .errors import FailureReason
 from .exposition import format_number
 from .model import ModelVersion
@@ -159,6 +161,29 @@ def triton_families(records: list[ModelStats], counter_latencies: bool) -> Itera
     if counter_latencies:
         yield from durations
     yield from (pending, load, memory)
+    yield from accuracy_families(records)
+
+
+def accuracy_families(records: list[ModelStats]) -> Iterator[Metric]:
+    """The GE backend's load-time conversion accuracy check, per model output."""
+    largest = [
+        _family(
+            "ge_serve_conversion_max_abs_error",
+            "Largest absolute error of a GE model's output against onnxruntime, at load",
+            "gauge",
+        ),
+        _family(
+            "ge_serve_conversion_max_rel_error",
+            "Largest relative error of a GE model's output against onnxruntime, at load",
+            "gauge",
+        ),
+    ]
+    for record in records:
+        for output, max_abs, max_rel in metric_rows(record.model.loaded.extra):
+            labels = {**_labels(record), "output": output}
+            for family, value in zip(largest, (max_abs, max_rel), strict=True):
+                family.add_sample(family.name, labels, value)
+    yield from (family for family in largest if family.samples)
 
 
 def cache_families(records: list[ModelStats]) -> Iterator[Metric]:
@@ -351,7 +376,17 @@ def resource_families(sampler: ResourceSampler | None, devices: bool) -> Iterato
         "busy time and the execution durations are simulated, its results are real",
         "gauge",
     )
+    executions = _family(
+        "ge_serve_device_executions",
+        "Graph executions on the device (a batch split across instance_exec_blocks graphs "
+        "counts once per graph)",
+        "counter",
+    )
     for device in snapshot.devices:
+        if device.executions >= 0:
+            executions.add_sample(
+                f"{executions.name}_total", {"device": device.device}, float(device.executions)
+            )
         for family, attribute in families:
             value = float(getattr(device, attribute))
             if value >= 0:  # a device may not know its utilization (reported as < 0)
@@ -360,6 +395,8 @@ def resource_families(sampler: ResourceSampler | None, devices: bool) -> Iterato
             labels = {"device": device.device, "profile": device.simulated_timing}
             simulated.add_sample(simulated.name, labels, 1.0)
     yield from (family for family, _ in families)
+    if executions.samples:
+        yield executions
     if simulated.samples:
         yield simulated
 

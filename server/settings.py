@@ -338,6 +338,17 @@ class Settings:
             group=DEVICE,
         ),
     )
+    sim_perturb: float = field(
+        default=0.0,
+        metadata=flag(
+            metavar="FRACTION",
+            help="a test mode of the simulated NPU: float outputs come back as "
+            "x * (1 + FRACTION) + FRACTION, as a conversion that lost accuracy would, so "
+            "the load-time accuracy check (parameter accuracy_tolerance) can be seen to "
+            "fail; 0 (off) by default",
+            group=DEVICE,
+        ),
+    )
     adaptive_batching: bool = field(
         default=False,
         metadata=flag(

@@ -63,3 +63,10 @@ def det_folder(repo: Path, name: str = "ocr_det", extra: str = "") -> Path:
     body = "max_batch_size: 1\n" + DET_IO + extra
     body += params(graph__dot__ge__dot__dynamicImageSize=";".join(f"{h},{w}" for h, w in DET_SIZES))
     return make_model(repo, name, body, onnx_model=ocr_det_model())
+
+
+def dynamic_encoder_folder(repo: Path, name: str = "bert_dynamic", backend: bool = True) -> Path:
+    """The encoder with -1 sequence dims and no gears or ranges: npu_ge's default mode, GE
+    dynamic shape (with `backend: "npu_ge"`, or naming no backend)."""
+    body = ('backend: "npu_ge"\n' if backend else "") + "max_batch_size: 8\n" + ENCODER_IO
+    return make_model(repo, name, body, onnx_model=encoder_model())

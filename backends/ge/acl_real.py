@@ -38,7 +38,7 @@ from .acl import (
 )
 from .acl_real_shapes import read_shapes
 from .compile import AtcCompiler, AtcJob
-from .shapes import RANGE
+from .shapes import DESCRIBED
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +259,7 @@ class AclReal:
         gears = tuple(sorted(int(g) for g in list(batch.get("batch", []))[:count]))
         dynamic_index = None
         shaped = read_shapes(acl, desc, inputs, DYNAMIC_BATCH_INPUT, bool(gears))
-        if gears or shaped.kind not in ("", RANGE):
+        if gears or shaped.kind not in ("", *DESCRIBED):
             dynamic_index = int(
                 value(
                     acl.mdl.get_input_index_by_name(desc, DYNAMIC_BATCH_INPUT),
@@ -365,7 +365,7 @@ class AclReal:
         acl = self._acl
         shapes: list[tuple[int, ...]] = []
         for tensor in model.desc.outputs:
-            if model.desc.shape_kind == RANGE:
+            if model.desc.shape_kind in DESCRIBED:
                 handle = acl.mdl.get_dataset_tensor_desc(outputs.handle, tensor.index)
                 if not handle:
                     raise AclError("acl.mdl.get_dataset_tensor_desc", -1, "returned no description")

@@ -7,7 +7,8 @@ An OM says which of atc's shape modes it was compiled for:
 - image-size gears: `acl.mdl.get_dynamic_hw(desc, -1)`, (height, width) per gear, which
   fill each input's two -1 dims;
 - shape ranges: -1 dims and no gears; `acl.mdl.get_input_dims_range(desc, i)` gives each
-  input's (low, high) per dim.
+  input's (low, high) per dim;
+- GE dynamic shape: the same, with a high of -1 where a dim has no upper bound.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .acl import AclError, TensorDesc
-from .shapes import DIMS, HW, RANGE, Shape
+from .shapes import DIMS, DYNAMIC, HW, RANGE, Shape
 
 
 def _value(result: Any, call: str) -> Any:
@@ -97,11 +98,12 @@ def read_shapes(
         listed = list(got["range"])[: int(got["rangeCount"])]
         ranges.append(tuple((int(low), int(high)) for low, high in listed))
     for tensor, pairs in zip(data, ranges, strict=True):
-        if len(pairs) != len(tensor.dims) or any(high < 0 for _, high in pairs):
+        if len(pairs) != len(tensor.dims):
             raise AclError(
                 "acl.mdl.get_input_dims_range",
                 -1,
-                f"input '{tensor.name}' reports no bounded range {pairs}; ge-serve sizes "
-                "device buffers for each range's maximum",
+                f"input '{tensor.name}' {list(tensor.dims)} reports ranges {pairs}, not one "
+                "per dim",
             )
-    return ReadShapes(RANGE, (), tuple(ranges))
+    unbounded = any(high < 0 for pairs in ranges for _, high in pairs)
+    return ReadShapes(DYNAMIC if unbounded else RANGE, (), tuple(ranges))

@@ -45,7 +45,7 @@ from .acl import (
     PreparedModel,
     TensorDesc,
 )
-from .shapes import DIMS, HW, RANGE, describe_gears, format_range, gear_values, in_range
+from .shapes import DESCRIBED, DIMS, HW, describe_gears, format_range, gear_values, in_range
 from .sim_cost import DeviceTimeline, SimCost, priced_ns
 from .sim_desc import check_declared, planned_desc, query_size, row_share
 from .sim_device import Allocation, SimDevice, SimStream, format_bytes
@@ -83,6 +83,7 @@ class SimRuntime:
         memory_per_device: int = 16 * 1024**3,
         on_execute: ExecuteHook | None = None,
         cost: SimCost | None = None,
+        perturb: float = 0.0,
     ) -> None:
         if devices < 1:
             raise ValueError("--sim-devices must be at least 1")
@@ -91,6 +92,9 @@ class SimRuntime:
         self.devices = [SimDevice(i, memory_per_device) for i in range(devices)]
         self.on_execute = on_execute
         self.cost = cost
+        # A test mode (--sim-perturb): float outputs come back as x * (1 + p) + p, as a
+        # conversion that lost accuracy would, so the load-time accuracy check can fail.
+        self.perturb = perturb
         self.timelines = [DeviceTimeline() for _ in range(devices)]
         self._tls = threading.local()
         self._lock = threading.Lock()
@@ -106,8 +110,12 @@ class SimRuntime:
     def describe(self) -> str:
         memory = format_bytes(self.devices[0].capacity)
         timing = self.cost.describe() if self.cost else "onnxruntime's own timing"
+        perturbed = (
+            f", outputs perturbed by {self.perturb:g} (--sim-perturb)" if self.perturb else ""
+        )
         return (
-            f"simulated NPU ({len(self.devices)} device(s), {memory} each, onnxruntime, {timing})"
+            f"simulated NPU ({len(self.devices)} device(s), {memory} each, onnxruntime, "
+            f"{timing}{perturbed})"
         )
 
     def device_count(self) -> int:
@@ -328,8 +336,8 @@ class SimRuntime:
         call = "aclmdlSetDatasetTensorDesc (simulated)"
         self._bound(model.device_id, call)
         desc = model.desc
-        if desc.shape_kind != RANGE:
-            raise AclError(call, ACL_ERROR_INVALID_PARAM, "the model has no shape ranges")
+        if desc.shape_kind not in DESCRIBED:
+            raise AclError(call, ACL_ERROR_INVALID_PARAM, "the model has no dynamic shapes")
         data = desc.data_inputs()
         if len(shapes) != len(data):
             raise AclError(call, ACL_ERROR_INVALID_PARAM, f"{len(data)} input shapes are needed")
@@ -381,7 +389,7 @@ class SimRuntime:
         out_buffers = list(outputs.handle.buffers)
         out_state: _SimDataset = outputs.handle
         out_state.shapes = None
-        hook = self.on_execute
+        hook, perturb = self.on_execute, self.perturb
         cost, timeline = self.cost, self.timelines[model.device_id]
         rows = in_shapes[0][0] if loaded.batching and in_shapes and in_shapes[0] else 1
         rows_equiv = rows * row_share(desc, in_shapes, loaded.batching)
@@ -407,6 +415,8 @@ class SimRuntime:
                 produced = []
                 for tensor, result in zip(desc.outputs, results, strict=True):
                     array = np.asarray(result)
+                    if perturb and array.dtype.kind == "f":
+                        array = (array * (1 + perturb) + perturb).astype(array.dtype)
                     check_declared(tensor, array.shape)
                     target = _view(device, out_buffers[tensor.index], tensor, array.shape)
                     target[...] = array
@@ -435,7 +445,7 @@ class SimRuntime:
                     "set_dynamic_hw_size)",
                 )
             return list(desc.shape_gears[state.gear])
-        if desc.shape_kind == RANGE:
+        if desc.shape_kind in DESCRIBED:
             if state.shapes is None:
                 raise AclError(
                     call,

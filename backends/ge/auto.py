@@ -42,12 +42,13 @@ def select_runtime(
     atc_cache_dir: str = "",
     import_acl: Callable[[], ModuleType] = _import_acl,
     sim_cost: SimCost | None = None,
+    sim_perturb: float = 0.0,
 ) -> RuntimeChoice:
     """The runtime for `device`; `sim_cost` models the simulated NPU's timing (a real NPU
     ignores it, and says so in the reason)."""
 
     def sim() -> SimRuntime:
-        return SimRuntime(sim_devices, sim_memory, cost=sim_cost)
+        return SimRuntime(sim_devices, sim_memory, cost=sim_cost, perturb=sim_perturb)
 
     if device not in ("auto", "npu", "sim"):
         raise DeviceUnavailable(f"--device must be auto, npu or sim, not '{device}'")

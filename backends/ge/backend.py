@@ -1,9 +1,11 @@
 """The GE backend (`ge`, alias `npu_ge`): models on NPU streams through the ACL shim.
 
-A model version becomes one executor slot per (device, stream), each with its own copy of
-the model (see `options` for how a config decides the slots and gears). Loading is
-blocking and runs off the event loop; a model is returned, and so becomes READY, only
-after its `model_warmup` samples ran on every slot.
+A model version becomes executor slots on its devices, each of `instance_exec_blocks`
+graphs (a model copy on its own stream; `blocks.GeBlocks` splits a batch across them),
+see `options` for how a config decides the slots and gears. Loading is blocking and runs
+off the event loop; a model is returned, and so becomes READY, only after its
+`model_warmup` samples ran on every slot and the conversion accuracy check (`accuracy`)
+compared the compiled model with onnxruntime.
 """
 
 from __future__ import annotations
@@ -17,15 +19,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ge_serve.backends.base import LoadedModel, ModelSpec, SlotInfo
+from ge_serve.backends.base import Executor, LoadedModel, ModelSpec, SlotInfo
 from ge_serve.backends.onnx_io import autocomplete_from_onnx
 from ge_serve.backends.warmup import run_warmup
 from ge_serve.protos import model_config_pb2
 
+from . import accuracy
 from .acl import AclRuntime, ModelSource
+from .blocks import GeBlocks
 from .executor import GeExecutor
-from .options import GePlan, check_gears, intra_threads, make_plan, parameters
-from .shapes import range_output_max
+from .options import (
+    GePlan,
+    check_gears,
+    intra_threads,
+    make_plan,
+    output_max_shapes,
+    parameters,
+    with_npu_config,
+)
+from .shape_infer import OutputSizer, range_output_max
+from .shapes import DYNAMIC, MODE_NAMES, describe_mode
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +70,8 @@ class GeDeviceMetrics:
     pool_bytes: int
     # The cost model's profile when execution time is modelled (--sim-cost), else "".
     simulated_timing: str = ""
+    # Graph executions the loaded models' slots ran on the device so far.
+    executions: int = 0
 
 
 class GeBackend:
@@ -67,9 +82,19 @@ class GeBackend:
         runtime: AclRuntime,
         backend_config: Mapping[str, str] | None = None,
         cores: int | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.runtime = runtime
-        self.backend_config = dict(backend_config or {})
+        # GE_NPU_CONFIG, as npu_ge reads it: JSON global GE options that take the place of
+        # --backend-config's ge.* options. A bad one fails every GE load with its reason.
+        self.npu_config_error = ""
+        try:
+            self.backend_config = with_npu_config(
+                dict(backend_config or {}), (os.environ if environ is None else environ)
+            )
+        except ValueError as exc:
+            self.backend_config = dict(backend_config or {})
+            self.npu_config_error = str(exc)
         self.cores = cores or os.cpu_count() or 1
         self._lock = threading.Lock()
         self._executors: weakref.WeakSet[GeExecutor] = weakref.WeakSet()
@@ -86,8 +111,24 @@ class GeBackend:
         if not spec.model_path.is_file():
             raise FileNotFoundError(f"model file '{spec.model_path}' does not exist")
         config = spec.config
+        if self.npu_config_error:
+            raise ValueError(self.npu_config_error)
         plan = make_plan(config, self.backend_config, spec.model_dir)
         self._check_devices(plan)
+        blocks = plan.exec_blocks if plan.batching else 1
+        if plan.exec_blocks > 1 and not plan.batching:
+            log.warning(
+                "model '%s': instance_exec_blocks %d splits a batch across graphs, and the "
+                "model does not batch (max_batch_size 0): one graph per slot",
+                spec.name,
+                plan.exec_blocks,
+            )
+        if blocks > 1 and plan.shapes.gears:
+            raise ValueError(
+                f"instance_exec_blocks {blocks} splits each batch across {blocks} graphs, and "
+                "ND or image-size gears fix the batch inside each gear; use batch gears, "
+                "ranges or GE dynamic shape, or leave instance_exec_blocks at 1"
+            )
         params = parameters(config, self.backend_config)
         source = ModelSource(
             path=spec.model_path,
@@ -99,58 +140,92 @@ class GeBackend:
             atc_options=plan.atc_options,
             intra_threads=intra_threads(params, plan.slot_count, self.cores),
             shapes=plan.shapes,
-            output_max=range_output_max(spec.model_path, plan.shapes),
+            output_max=range_output_max(spec.model_path, plan.shapes) or output_max_shapes(params),
         )
         prepared = self.runtime.prepare_model(source)
+        sizer = (
+            OutputSizer(spec.model_path)
+            if plan.shapes.kind == DYNAMIC and spec.model_path.suffix.lower() == ".onnx"
+            else None
+        )
         if plan.unused_options:
-            log.info(
-                "model '%s': GE options without an atc flag are not applied to the OM: %s",
+            log.warning(
+                "model '%s': GE runtime options with no atc flag have no effect on an OM run "
+                "through pyACL (they do not change results): %s",
                 spec.name,
                 ", ".join(plan.unused_options),
             )
-        executors: list[GeExecutor] = []
+        graphs: list[GeExecutor] = []
+        slots: list[Executor] = []
         try:
             for slot in _slots(spec, plan):
-                executors.append(
-                    GeExecutor.create(
-                        slot, self.runtime, prepared, plan.inputs, plan.outputs, plan.batching
+                group = []
+                for block in range(blocks):
+                    info = slot if blocks == 1 else _graph_slot(slot, block, blocks)
+                    graph = GeExecutor.create(
+                        info,
+                        self.runtime,
+                        prepared,
+                        plan.inputs,
+                        plan.outputs,
+                        plan.batching,
+                        sizer,
                     )
-                )
-            gears = executors[0].gears
-            buckets = executors[0].shape_buckets
-            if plan.batching and gears:
+                    graph.loop = plan.static_loop
+                    graphs.append(graph)
+                    group.append(graph)
+                slots.append(group[0] if blocks == 1 else GeBlocks(slot, group))
+            first = graphs[0]
+            gears = first.gears
+            buckets = first.shape_buckets
+            if plan.batching and gears and not plan.static_loop:
                 check_gears(gears, int(config.max_batch_size), "the compiled model")
-            run_warmup(spec, executors, gears)
+            if plan.static_loop or blocks > 1:
+                gears = ()  # any batch: looped over rows or split across graphs
+            warm = run_warmup(spec, slots, gears)
+            probe = accuracy.Probe(
+                plan.batching,
+                gears,
+                plan.inputs,
+                plan.shapes,
+                dict(buckets[0].shapes) if buckets else {},
+            )
+            report = accuracy.check(spec, slots[0], probe, params, warm)
         except BaseException:
-            for executor in executors:
+            for graph in graphs:
                 try:
-                    executor.close()
+                    graph.close()
                 except Exception:
-                    log.exception("releasing slot %s failed", executor.slot.name)
+                    log.exception("releasing slot %s failed", graph.slot.name)
             raise
         log.info(
-            "model '%s' version %d on %s: %d slot(s) on NPU %s, %s, %s",
+            "model '%s' version %d on %s: %d slot(s)%s on NPU %s, %s, %s; mode: %s",
             spec.name,
             spec.version,
             self.runtime.kind,
-            len(executors),
+            len(slots),
+            f" of {blocks} graphs each (instance_exec_blocks)" if blocks > 1 else "",
             ",".join(str(d) for d in plan.device_ids),
-            _shapes_note(executors[0], gears),
+            _shapes_note(first, gears),
             prepared.note if self._timing() == "measured" else f"{prepared.note}, {self._timing()}",
+            describe_mode(plan.shapes, plan.static_loop)
+            if spec.model_path.suffix.lower() != ".om"
+            else f"{MODE_NAMES.get(first.shape_kind, 'batch gears or fixed shapes')}, as the "
+            "prebuilt OM was compiled",
         )
-        slots = list(executors)
         with self._lock:
-            self._executors.update(slots)
+            self._executors.update(graphs)
         return LoadedModel(
             executors=list(slots),
             gears=gears if plan.batching else (),
             shape_buckets=buckets,
-            memory_bytes=sum(e.memory_bytes for e in slots),
+            memory_bytes=sum(graph.memory_bytes for graph in graphs),
             extra={
                 "runtime": self.runtime.kind,
                 "timing": self._timing(),
                 "devices": plan.device_ids,
-                "pool_stats": lambda: [e.pool_stats() for e in slots],
+                "pool_stats": lambda: [graph.pool_stats() for graph in graphs],
+                accuracy.CONFIG_KEY: report or [],
             },
         )
 
@@ -173,9 +248,11 @@ class GeBackend:
         with self._lock:
             executors = list(self._executors)
         pools: dict[int, int] = {}
+        runs: dict[int, int] = {}
         for executor in executors:
             device = executor.slot.device_id
             pools[device] = pools.get(device, 0) + executor.stats.bytes
+            runs[device] = runs.get(device, 0) + executor.stats.executions
         cost = getattr(self.runtime, "cost", None)
         profile = str(cost.name) if cost is not None else ""
         found = []
@@ -189,6 +266,7 @@ class GeBackend:
                     memory_total_bytes=stats.memory_total,
                     pool_bytes=pools.get(device, 0),
                     simulated_timing=profile,
+                    executions=runs.get(device, 0),
                 )
             )
         return found
@@ -203,6 +281,16 @@ def _shapes_note(executor: GeExecutor, gears: tuple[int, ...]) -> str:
     if kind:
         return f"{kind} shapes ({executor.describe_shapes()})"
     return f"gears {list(gears)}" if gears else "no batch gears"
+
+
+def _graph_slot(slot: SlotInfo, block: int, blocks: int) -> SlotInfo:
+    """Where one graph of a block slot runs: its own stream."""
+    return SlotInfo(
+        name=f"{slot.name}_g{block}",
+        device=slot.device,
+        device_id=slot.device_id,
+        stream=slot.stream * blocks + block,
+    )
 
 
 def _slots(spec: ModelSpec, plan: GePlan) -> list[SlotInfo]:

@@ -13,16 +13,18 @@ exact shapes of an ND or image-size gear, selected before each run, or shapes in
 ranges of a shape-range OM, described before each run with tensor descs; anything else is
 refused (`ShapeRejected`, answered as invalid input) with what the model accepts. Their
 buffers are sized for the largest gear, or each range's maximum, and their output shapes
-are read back from the device after each run.
+are read back from the device after each run. A GE dynamic-shape OM (-1 dims with no
+upper bound) has no maximum to size for: its buffers start small and grow on demand, the
+outputs' to what shape inference gives for each request (`OutputSizer`, `pool.regrow`);
+requests that fit allocate nothing.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -38,8 +40,12 @@ from .acl import (
     TensorDesc,
     TensorPlan,
 )
+from .pool import PoolStats, match, quietly, range_bound, regrow
+from .shape_infer import OutputSizer
 from .shapes import (
+    DESCRIBED,
     DIMS,
+    DYNAMIC,
     HW,
     RANGE,
     describe_gears,
@@ -52,64 +58,7 @@ from .shapes import (
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(slots=True)
-class PoolStats:
-    """What one slot's I/O pool holds and how it was used (for metrics)."""
-
-    slot: str
-    device_id: int
-    stream: int
-    # Device buffers in the pool and their total bytes.
-    buffers: int = 0
-    bytes: int = 0
-    # Device allocations this slot ever made for I/O (constant after load: no per-request
-    # allocation).
-    allocations: int = 0
-    # Executions served from the pool, in total and per gear.
-    executions: int = 0
-    # Per batch gear, or per shape ("1x128") for models whose other dims vary.
-    by_gear: dict[int | str, int] = field(default_factory=dict)
-    bytes_in: int = 0
-    bytes_out: int = 0
-    failures: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "slot": self.slot,
-            "device_id": self.device_id,
-            "stream": self.stream,
-            "buffers": self.buffers,
-            "bytes": self.bytes,
-            "allocations": self.allocations,
-            "executions": self.executions,
-            "by_gear": dict(self.by_gear),
-            "bytes_in": self.bytes_in,
-            "bytes_out": self.bytes_out,
-            "failures": self.failures,
-        }
-
-
-def _match(
-    plans: tuple[TensorPlan, ...], found: tuple[TensorDesc, ...], what: str
-) -> list[tuple[TensorPlan, TensorDesc]]:
-    """Pair the config's tensors with the model's, by name (by position if names differ)."""
-    by_name = {t.name: t for t in found}
-    if all(p.name in by_name for p in plans):
-        return [(p, by_name[p.name]) for p in plans]
-    if len(plans) == len(found):
-        log.warning(
-            "the compiled model's %s names %s differ from the config's %s; pairing by position",
-            what,
-            [t.name for t in found],
-            [p.name for p in plans],
-        )
-        return list(zip(plans, found, strict=True))
-    missing = [p.name for p in plans if p.name not in by_name]
-    raise ValueError(
-        f"config {what}s {missing} are not {what}s of the compiled model "
-        f"(it has {[t.name for t in found]})"
-    )
+_T = TypeVar("_T")
 
 
 class GeExecutor:
@@ -125,6 +74,7 @@ class GeExecutor:
         outputs: tuple[TensorPlan, ...],
         batching: bool,
         output_max: tuple[tuple[str, tuple[int, ...]], ...] = (),
+        sizer: OutputSizer | None = None,
     ) -> None:
         self.slot = slot
         self._runtime = runtime
@@ -135,14 +85,23 @@ class GeExecutor:
         self._device_open = True
         self._batching = batching
         desc = model.desc
-        self._inputs = _match(inputs, desc.data_inputs(), "input")
-        self._outputs = _match(outputs, desc.outputs, "output")
+        self._inputs = match(inputs, desc.data_inputs(), "input")
+        self._outputs = match(outputs, desc.outputs, "output")
         self._output_max = dict(output_max)
         self._kind = desc.shape_kind
+        self._sizer = sizer
+        # static_model with a dynamic batch: the OM holds batch 1, run once per row.
+        self.loop = False
+        if self._kind == DYNAMIC and sizer is None:
+            raise ValueError(
+                "the model has dims with no upper bound (GE dynamic shape), and without its "
+                "ONNX source there is nothing to size its output buffers from; give its "
+                "dims ranges with an upper bound (graph.ge.inputShape low~high) or gears"
+            )
         if desc.shape_gears:
             leads = {g[0][0] for g in desc.shape_gears if g and g[0]}
             self.gears: tuple[int, ...] = tuple(sorted(leads)) if batching else ()
-        elif desc.shape_kind == RANGE:
+        elif desc.shape_kind in DESCRIBED:
             self.gears = ()
         elif desc.gears:
             self.gears = desc.gears
@@ -170,6 +129,7 @@ class GeExecutor:
         inputs: tuple[TensorPlan, ...],
         outputs: tuple[TensorPlan, ...],
         batching: bool,
+        sizer: OutputSizer | None = None,
     ) -> GeExecutor:
         """Open the device, make a stream, load a copy of the model and build the pool."""
         device = slot.device_id
@@ -182,20 +142,28 @@ class GeExecutor:
             stream = runtime.create_stream(device)
             model = runtime.load_model(device, prepared)
             executor = cls(
-                slot, runtime, model, stream, inputs, outputs, batching, prepared.source.output_max
+                slot,
+                runtime,
+                model,
+                stream,
+                inputs,
+                outputs,
+                batching,
+                prepared.source.output_max,
+                sizer,
             )
             executor._build_pool()
             return executor
         except BaseException:
             if executor is not None:
-                _quietly(executor.close)
+                quietly(executor.close)
             else:
-                _quietly(runtime.bind_thread, device)
+                quietly(runtime.bind_thread, device)
                 if model is not None:
-                    _quietly(runtime.unload_model, model)
+                    quietly(runtime.unload_model, model)
                 if stream is not None:
-                    _quietly(runtime.destroy_stream, device, stream)
-                _quietly(runtime.close_device, device)
+                    quietly(runtime.destroy_stream, device, stream)
+                quietly(runtime.close_device, device)
             raise
 
     @property
@@ -205,7 +173,7 @@ class GeExecutor:
     def describe_shapes(self) -> str:
         assert self._model is not None
         desc = self._model.desc
-        if self._kind == RANGE:
+        if self._kind in DESCRIBED:
             names = [t.name for t in desc.data_inputs()]
             return ", ".join(
                 f"{n} {format_range(r)}" for n, r in zip(names, desc.ranges, strict=True)
@@ -247,18 +215,13 @@ class GeExecutor:
         """A tensor's buffer bytes: as the model reports them (at its largest gear), or, for
         a shape-range model, which reports 0, at the ranges' maximum."""
         if tensor.size > 0 or self._kind != RANGE:
-            return tensor.size
+            return tensor.size  # GE dynamic shape: 0, grown on demand
         assert self._model is not None
         desc = self._model.desc
         if what == "input":
             ranges = desc.ranges[[t.index for t in desc.data_inputs()].index(tensor.index)]
             return math.prod(max_shape(ranges)) * tensor.dtype.itemsize
-        shape = self._output_max.get(tensor.name)
-        if shape is None:
-            raise ValueError(
-                f"output '{tensor.name}' of the shape-range model has no known maximum size "
-                "to size its device buffer for; give it fixed dims in config.pbtxt"
-            )
+        shape = self._output_max.get(tensor.name) or range_bound(tensor, desc, self._batching)
         return math.prod(shape) * tensor.dtype.itemsize
 
     def _alloc(self, size: int) -> DeviceBuffer:
@@ -285,14 +248,44 @@ class GeExecutor:
         return batch
 
     def execute(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
-        if self._model is None or self._in_dataset is None or self._out_dataset is None:
+        return self.launch(inputs)()
+
+    def launch(self, inputs: Mapping[str, Array]) -> Callable[[], dict[str, Array]]:
+        """Start one execution on this slot's stream; the call returned waits for it and
+        hands back the outputs. Graph blocks (`blocks.GeBlocks`) start every block's
+        execution before waiting for any, so they overlap on their streams. A static
+        model (`static_model` with a dynamic batch) runs its batch-1 graph once per row."""
+        model, in_ds, out_ds = self._model, self._in_dataset, self._out_dataset
+        if model is None or in_ds is None or out_ds is None:
             raise BackendError(f"executor {self.slot.name} is closed")
+        finish = self._guarded(lambda: self._start(inputs, model, in_ds, out_ds))
+        return lambda: self._guarded(finish)
+
+    def _start(
+        self, inputs: Mapping[str, Array], model: AclModel, in_ds: Dataset, out_ds: Dataset
+    ) -> Callable[[], dict[str, Array]]:
+        if self._kind:
+            done = self._execute_shaped(inputs, model, in_ds, out_ds)
+            return lambda: done
+        if not (self.loop and self._batching):
+            return self._execute(inputs, model, in_ds, out_ds)
+        rows = self._batch_rows(inputs)
+        parts = [
+            self._execute({n: a[i : i + 1] for n, a in inputs.items()}, model, in_ds, out_ds)()
+            for i in range(rows)
+        ]
+        joined = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+        return lambda: joined
+
+    def _batch_rows(self, inputs: Mapping[str, Array]) -> int:
+        sizes = {int(inputs[p.name].shape[0]) for p, _ in self._inputs if p.name in inputs}
+        if len(sizes) != 1 or min(sizes) < 1:
+            raise BackendError(f"inputs disagree on the batch size: {sorted(sizes)}")
+        return sizes.pop()
+
+    def _guarded(self, call: Callable[[], _T]) -> _T:
         try:
-            if self._kind:
-                return self._execute_shaped(
-                    inputs, self._model, self._in_dataset, self._out_dataset
-                )
-            return self._execute(inputs, self._model, self._in_dataset, self._out_dataset)
+            return call()
         except ShapeRejected:
             raise
         except BackendError:
@@ -304,7 +297,7 @@ class GeExecutor:
 
     def _execute(
         self, inputs: Mapping[str, Array], model: AclModel, in_ds: Dataset, out_ds: Dataset
-    ) -> dict[str, Array]:
+    ) -> Callable[[], dict[str, Array]]:
         runtime, device = self._runtime, self._device
         runtime.bind_thread(device)
         batch = self._batch_of(inputs)
@@ -325,20 +318,25 @@ class GeExecutor:
         if model.desc.gears:
             runtime.set_dynamic_batch(model, in_ds, batch)
         runtime.execute_async(model, in_ds, out_ds, self._stream)
-        runtime.synchronize_stream(device, self._stream)
-        results: dict[str, Array] = {}
-        moved_out = 0
-        for plan, tensor in self._outputs:
-            host = np.empty(self._shape(tensor, batch), dtype=tensor.dtype)
-            runtime.memcpy_d2h(host, self._out_buffers[tensor.index])
-            moved_out += host.nbytes
-            results[plan.name] = host if host.dtype == plan.dtype else host.astype(plan.dtype)
-        stats = self.stats
-        stats.executions += 1
-        stats.by_gear[batch] = stats.by_gear.get(batch, 0) + 1
-        stats.bytes_in += moved_in
-        stats.bytes_out += moved_out
-        return results
+
+        def finish() -> dict[str, Array]:
+            runtime.bind_thread(device)
+            runtime.synchronize_stream(device, self._stream)
+            results: dict[str, Array] = {}
+            moved_out = 0
+            for plan, tensor in self._outputs:
+                host = np.empty(self._shape(tensor, batch), dtype=tensor.dtype)
+                runtime.memcpy_d2h(host, self._out_buffers[tensor.index])
+                moved_out += host.nbytes
+                results[plan.name] = host if host.dtype == plan.dtype else host.astype(plan.dtype)
+            stats = self.stats
+            stats.executions += 1
+            stats.by_gear[batch] = stats.by_gear.get(batch, 0) + 1
+            stats.bytes_in += moved_in
+            stats.bytes_out += moved_out
+            return results
+
+        return finish
 
     def _execute_shaped(
         self, inputs: Mapping[str, Array], model: AclModel, in_ds: Dataset, out_ds: Dataset
@@ -355,7 +353,7 @@ class GeExecutor:
             arrays.append(array)
         shapes = [tuple(int(d) for d in a.shape) for a in arrays]
         index = -1
-        if self._kind == RANGE:
+        if self._kind in DESCRIBED:
             for (plan, _), shape, ranges in zip(ordered, shapes, desc.ranges, strict=True):
                 if not in_range(shape, ranges):
                     raise ShapeRejected(
@@ -373,12 +371,17 @@ class GeExecutor:
                     f"{describe_gears(desc)}"
                 )
             index = found
+        if self._kind == DYNAMIC:
+            self._grow(ordered, shapes)
+            grown_in, grown_out = self._in_dataset, self._out_dataset
+            assert grown_in is not None and grown_out is not None
+            in_ds, out_ds = grown_in, grown_out
         moved_in = 0
         for (_, tensor), array in zip(ordered, arrays, strict=True):
             data = np.ascontiguousarray(array, dtype=tensor.dtype)
             runtime.memcpy_h2d(self._in_buffers[tensor.index], data)
             moved_in += data.nbytes
-        if self._kind == RANGE:
+        if self._kind in DESCRIBED:
             runtime.set_input_shapes(model, in_ds, shapes)
         elif self._kind == DIMS:
             runtime.set_dynamic_dims(model, in_ds, gear_values(desc, index))
@@ -408,6 +411,37 @@ class GeExecutor:
         stats.bytes_in += moved_in
         stats.bytes_out += moved_out
         return results
+
+    def _grow(
+        self, ordered: list[tuple[TensorPlan, TensorDesc]], shapes: list[tuple[int, ...]]
+    ) -> None:
+        """Grow the buffers a GE dynamic-shape execution needs past their size: inputs to
+        this request's bytes, outputs to what shape inference says they will hold. The
+        datasets are rebuilt over the new buffers; requests that fit change nothing."""
+        assert self._model is not None and self._sizer is not None
+        try:
+            produced = self._sizer(
+                {tensor.name: shape for (_, tensor), shape in zip(ordered, shapes, strict=True)}
+            )
+        except ValueError as exc:
+            raise BackendError(f"sizing the outputs: {exc}") from exc
+        need_in = {
+            tensor.index: math.prod(shape) * tensor.dtype.itemsize
+            for (_, tensor), shape in zip(ordered, shapes, strict=True)
+        }
+        need_out = {}
+        for tensor in self._model.desc.outputs:
+            shape = produced.get(tensor.name)
+            if shape is None:
+                raise BackendError(f"shape inference gives no shape for output '{tensor.name}'")
+            need_out[tensor.index] = math.prod(shape) * tensor.dtype.itemsize
+        runtime, device = self._runtime, self._device
+        self._in_dataset = regrow(
+            runtime, device, self._in_buffers, self._in_dataset, need_in, self.stats
+        )
+        self._out_dataset = regrow(
+            runtime, device, self._out_buffers, self._out_dataset, need_out, self.stats
+        )
 
     def _shape(self, tensor: TensorDesc, batch: int) -> tuple[int, ...]:
         dims = tensor.dims
@@ -459,10 +493,3 @@ class GeExecutor:
         attempt(runtime.close_device, device)
         if errors:
             raise BackendError(f"closing {self.slot.name}: {errors[0]}") from errors[0]
-
-
-def _quietly(call: Any, *args: Any) -> None:
-    try:
-        call(*args)
-    except Exception:
-        log.exception("cleanup call %s failed", getattr(call, "__name__", call))

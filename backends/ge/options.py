@@ -1,8 +1,9 @@
 """How a model config maps onto GE slots, gears and `atc` options.
 
 Follows CANN's npu_ge Triton backend so its configs load unchanged:
-- `parameters` `device_ids` ("4,5"), `device_exec_blocks` (streams per device),
-  `instance_exec_blocks` (streams per instance), `static_model` ("1");
+- `parameters` `device_ids` ("4,5"), `device_exec_blocks` (graphs per device),
+  `instance_exec_blocks` (graphs one execute call splits its batch across),
+  `static_model` ("1" or "true");
 - any `ge.*`, `session.ge.*`, `graph.ge.*` (or `global.ge.*`) key, e.g.
   `graph.ge.inputShape`, `graph.ge.dynamicDims` ("1;2;4;8") and `graph.ge.dynamicNodeType`;
 - the same keys from `--backend-config=npu_ge,<key>=<value>` (the model's own win).
@@ -12,21 +13,26 @@ are resolved inside the model folder when they come from the model's own paramet
 atc gets the resolved path; a value that leaves the folder fails the load. Values from
 `--backend-config` are the operator's and pass through as given.
 
-Slots: the devices are `device_ids`, else the `gpus` of the instance groups, else NPU 0.
-Each device gets `device_exec_blocks` streams when set, else the instance count
-(`count` of the groups that list it, or of every group that lists no gpus) times
-`instance_exec_blocks` (default 1). Each stream is one executor slot with its own copy of
-the model, as one loaded OM must not run on two streams at once.
+Graphs and slots: the devices are `device_ids`, else the `gpus` of the instance groups,
+else NPU 0. As in npu_ge, a device holds `device_exec_blocks` graphs when set, else the
+instance count (`count` of the groups that list it, or of every group that lists no gpus)
+times `instance_exec_blocks` (default 1). A graph is a model copy on its own stream, as
+one loaded OM must not run on two streams at once. An executor slot holds
+`instance_exec_blocks` graphs and splits each batch across them (`blocks.GeBlocks`).
+
+GE options with an atc flag (`ATC_FLAGS`) compile into the OM; GE runtime options
+(`RUNTIME_OPTIONS`) are accepted with a warning; any other GE option fails the load.
 
 Gears: batching models always execute at a gear, as a compiled OM does: the gears are
-`dynamicDims` when given, the single batch `max_batch_size` for `static_model`, and
-otherwise 1, 2, 4, ... up to `max_batch_size`. Dims other than the batch that vary
+`dynamicDims` when given, batch 1 for `static_model` (npu_ge's one-batch graph, run once
+per row), and otherwise 1, 2, 4, ... up to `max_batch_size`. Dims other than the batch that vary
 (ND gears, image-size gears, shape ranges) are planned by `shapes.plan_shapes`; their
 batch gears are the batch dims of the shape gears.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Mapping
@@ -41,79 +47,11 @@ from ge_serve.protos import model_config_pb2
 from ..onnx_io import CONFIG_NUMPY
 from ..paths import resolve_inside
 from .acl import TensorPlan
-from .shapes import BATCH, RANGE, STATIC, ShapePlan, plan_shapes
+from .option_tables import ATC_FILE_FLAGS, ATC_FLAGS, FILE_OPTIONS, RUNTIME_OPTIONS
+from .shapes import BATCH, DESCRIBED, STATIC, ShapePlan, plan_shapes
 
 log = logging.getLogger(__name__)
 
-# GE option (ge_api_types.h) -> the atc flag that sets the same thing when compiling an OM.
-ATC_FLAGS = {
-    "ge.exec.precision_mode": "precision_mode",
-    "ge.exec.precision_mode_v2": "precision_mode_v2",
-    "ge.exec.op_precision_mode": "op_precision_mode",
-    "ge.exec.modify_mixlist": "modify_mixlist",
-    "ge.opSelectImplmode": "op_select_implmode",
-    "ge.optypelistForImplmode": "optypelist_for_implmode",
-    "ge.outputDatatype": "output_type",
-    "ge.bufferOptimize": "buffer_optimize",
-    "ge.enableSmallChannel": "enable_small_channel",
-    "ge.enableCompressWeight": "enable_compress_weight",
-    "ge.compressWeightConf": "compress_weight_conf",
-    "ge.fusionSwitchFile": "fusion_switch_file",
-    "ge.INPUT_NODES_SET_FP16": "input_fp16_nodes",
-    "ge.insertOpFile": "insert_op_conf",
-    "ge.opDebugLevel": "op_debug_level",
-    "ge.autoTuneMode": "auto_tune_mode",
-    "ge.virtual_type": "virtual_type",
-    "ge.deterministic": "deterministic",
-    "ge.customizeDtypes": "customize_dtypes",
-}
-# GE options (ge_api_types.h, unscoped) whose value is a file or folder path.
-FILE_OPTIONS = frozenset(
-    {
-        "ge.exec.op_precision_mode",
-        "ge.exec.modify_mixlist",
-        "ge.exec.opDebugConfig",
-        "ge.exec.dumpPath",
-        "ge.compressWeightConf",
-        "ge.fusionSwitchFile",
-        "ge.insertOpFile",
-        "ge.customizeDtypes",
-        "ge.keepDtype",
-        "ge.debugDir",
-        "ge.tuningPath",
-        "ge.op_compiler_cache_dir",
-        "ge.op_bank_path",
-        "ge.mdl_bank_path",
-        "ge.graphParallelOptionPath",
-    }
-)
-# atc flags (CANN's atc reference) whose value is a file or folder path.
-ATC_FILE_FLAGS = frozenset(
-    {
-        "model",
-        "weight",
-        "om",
-        "output",
-        "json",
-        "singleop",
-        "check_report",
-        "insert_op_conf",
-        "op_name_map",
-        "fusion_switch_file",
-        "compress_weight_conf",
-        "keep_dtype",
-        "customize_dtypes",
-        "op_precision_mode",
-        "modify_mixlist",
-        "op_debug_config",
-        "op_bank_path",
-        "mdl_bank_path",
-        "debug_dir",
-        "op_compiler_cache_dir",
-        "cluster_config",
-        "graph_parallel_option_path",
-    }
-)
 # atc flags that ge-serve sets itself (what to compile, into which file, in which mode).
 _OWN_ATC_FLAGS = frozenset({"model", "framework", "output", "mode"})
 _ATC_FLAG_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
@@ -146,7 +84,7 @@ def numpy_dtype(config_type: int) -> np.dtype[Any]:
 class GePlan:
     """Everything the GE backend decided about one model, from its config."""
 
-    # (device id, streams on it), in device order.
+    # (device id, executor slots on it), in device order.
     slots: tuple[tuple[int, int], ...]
     batching: bool
     gears: tuple[int, ...]
@@ -159,8 +97,14 @@ class GePlan:
     shapes: ShapePlan = field(default_factory=lambda: ShapePlan(STATIC))
     # Every GE option given, keyed without its scope prefix (for the log).
     ge_options: dict[str, str] = field(default_factory=dict)
-    # GE options that have no atc flag and so do not apply to an OM.
+    # GE runtime options (RUNTIME_OPTIONS) that have no atc flag and so do not apply.
     unused_options: tuple[str, ...] = ()
+    # instance_exec_blocks: graphs (each a model copy on its own stream) per slot, which
+    # one execute call splits its batch across.
+    exec_blocks: int = 1
+    # static_model with a dynamic batch: the OM is compiled at batch 1 and each slot runs
+    # it once per row of a batch.
+    static_loop: bool = False
 
     @property
     def device_ids(self) -> tuple[int, ...]:
@@ -168,7 +112,8 @@ class GePlan:
 
     @property
     def slot_count(self) -> int:
-        return sum(streams for _, streams in self.slots)
+        """Graphs (model copies on their own streams) in all."""
+        return sum(slots for _, slots in self.slots) * self.exec_blocks
 
 
 def parameters(
@@ -217,7 +162,9 @@ def _device_ids(params: Mapping[str, str]) -> tuple[int, ...] | None:
 
 def _slots(
     config: model_config_pb2.ModelConfig, params: Mapping[str, str]
-) -> tuple[tuple[int, int], ...]:
+) -> tuple[tuple[tuple[int, int], ...], int]:
+    """(device, slots on it) and the graphs per slot (instance_exec_blocks). As in npu_ge,
+    a device holds instances x instance_exec_blocks graphs, or device_exec_blocks."""
     per_instance = _int_param(params, "instance_exec_blocks") or 1
     per_device = _int_param(params, "device_exec_blocks")
     named = _device_ids(params)
@@ -234,14 +181,15 @@ def _slots(
                     listed.append(int(gpu))
         devices = tuple(listed) or (0,)
     if per_device is not None:
-        return tuple((device, per_device) for device in devices)
+        blocks = min(per_instance, per_device)
+        return tuple((device, max(per_device // blocks, 1)) for device in devices), blocks
     counts = dict.fromkeys(devices, 0)
     for group in groups or [model_config_pb2.ModelInstanceGroup(count=1)]:
         count = max(group.count, 1)
         targets = devices if named is not None or not group.gpus else tuple(group.gpus)
         for device in targets:
             counts[device] += count
-    return tuple((device, max(counts[device], 1) * per_instance) for device in devices)
+    return tuple((device, max(counts[device], 1)) for device in devices), per_instance
 
 
 def _unscoped(key: str) -> str:
@@ -378,17 +326,17 @@ def make_plan(
         if option is not None:
             options.setdefault(option, params.pop(key))
     batching = config.max_batch_size > 0
-    static = params.get("static_model", "").strip() == "1"
+    static = params.get("static_model", "").strip().lower() in ("1", "true")
     dims_text = options.get("ge.dynamicDims", "").strip()
     inputs = _tensors(config.input)
     outputs = _tensors(config.output)
     shapes = plan_shapes(options, inputs, batching, int(config.max_batch_size))
     if shapes.kind not in (BATCH, STATIC):
         dims_text = ""
-    if shapes.kind == RANGE:
+    if shapes.kind in DESCRIBED:
         gears: tuple[int, ...] = ()
         high = shapes.inputs[0].ranges[0][1] if batching else 0
-        if batching and high < config.max_batch_size:
+        if batching and 0 <= high < config.max_batch_size:
             raise ValueError(
                 f"max_batch_size {config.max_batch_size} exceeds the batch range of "
                 f"graph.ge.inputShape '{shapes.input_shape}' (at most {high})"
@@ -404,7 +352,7 @@ def make_plan(
                 config.name,
             )
     elif static:
-        gears = (int(config.max_batch_size),)
+        gears = (1,)  # npu_ge builds a batch-1 graph and loops over the batch
     elif dims_text:
         gears = parse_gears(dims_text)
         check_gears(gears, int(config.max_batch_size), "graph.ge.dynamicDims")
@@ -422,10 +370,16 @@ def make_plan(
         if key in _SHAPE_OPTIONS:
             continue
         flag = ATC_FLAGS.get(key)
-        if flag is None:
+        if flag is not None:
+            atc.append((flag, options[key]))
+        elif key in RUNTIME_OPTIONS:
             unused.append(key)
         else:
-            atc.append((flag, options[key]))
+            raise ValueError(
+                f"GE option {key} has no atc flag and no pyACL equivalent, so ge-serve cannot "
+                "apply it to the OM, and ignoring it could change what the model computes; "
+                "remove it, or give the atc flag that does the same as atc.<flag>"
+            )
     for key in sorted(params):
         if key.startswith("atc."):
             atc.append((atc_flag(key), params[key]))
@@ -436,8 +390,9 @@ def make_plan(
                 config.name,
                 key,
             )
+    slots, blocks = _slots(config, params)
     return GePlan(
-        slots=_slots(config, params),
+        slots=slots,
         batching=batching,
         gears=gears,
         static_model=static,
@@ -448,7 +403,63 @@ def make_plan(
         shapes=shapes,
         ge_options=options,
         unused_options=tuple(unused),
+        exec_blocks=blocks,
+        static_loop=static and batching and shapes.kind in (BATCH, STATIC),
     )
+
+
+def with_npu_config(backend_config: dict[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """`backend_config` with GE_NPU_CONFIG applied as npu_ge applies it: the environment
+    variable holds a JSON object of global GE options, which take the place of the
+    `--backend-config` ge.* options (the model's own parameters still win over both).
+    Values that are not strings become text as JSON writes them. A ValueError says what is
+    wrong with it."""
+    text = environ.get("GE_NPU_CONFIG", "").strip()
+    if not text:
+        return backend_config
+    try:
+        given = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"GE_NPU_CONFIG is not JSON ({exc}): {text[:200]!r}") from None
+    if not isinstance(given, dict):
+        raise ValueError(
+            "GE_NPU_CONFIG must be a JSON object of GE options, such as "
+            '{"ge.exec.precision_mode": "force_fp16"}'
+        )
+    options: dict[str, str] = {}
+    for key, value in given.items():
+        if not _unscoped(key).startswith("ge."):
+            raise ValueError(f"GE_NPU_CONFIG key {key!r} is not a GE option (ge.*)")
+        options[_unscoped(key)] = value if isinstance(value, str) else json.dumps(value)
+    kept = {k: v for k, v in backend_config.items() if not _unscoped(k).startswith("ge.")}
+    log.info(
+        "GE_NPU_CONFIG: %d global GE option(s) (%s), in place of --backend-config's ge.* "
+        "options, as npu_ge reads it",
+        len(options),
+        ", ".join(sorted(options)),
+    )
+    return {**kept, **options}
+
+
+def output_max_shapes(params: Mapping[str, str]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """`output_max_shape` ("PROBS:4,80,12;BOXES:4,100,6"): each output's largest shape, to
+    size the device buffers of a prebuilt shape-range OM whose outputs vary."""
+    text = params.get("output_max_shape", "").strip()
+    found: list[tuple[str, tuple[int, ...]]] = []
+    for part in (p.strip() for p in text.split(";")):
+        if not part:
+            continue
+        name, sep, dims = part.rpartition(":")
+        try:
+            shape = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            shape = ()
+        if not sep or not name or not shape or min(shape) < 1:
+            raise ValueError(
+                f"parameter output_max_shape entry '{part}' is not name:dims with dims >= 1"
+            )
+        found.append((name.strip(), shape))
+    return tuple(found)
 
 
 def intra_threads(params: Mapping[str, str], streams: int, cores: int) -> int:

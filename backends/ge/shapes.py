@@ -10,10 +10,15 @@ An OM is compiled for one of atc's mutually exclusive shape modes, and ge-serve 
 - **image-size gears** (`--dynamic_image_size`, `graph.ge.dynamicImageSize`
   "640,640;960,960"): each input's two -1 dims are its height and width, selected with
   `set_dynamic_hw_size`;
-- **shape ranges** (npu_ge's default dynamic mode): `graph.ge.inputShape` with ranges
-  ("1~8,3,32~1280,32~1280"); each execution describes its input shapes with tensor descs
-  and reads the output shapes back. Device buffers are sized for each range's maximum,
-  so every range needs an upper bound; an unbounded -1 has none to size for.
+- **shape ranges**: `graph.ge.inputShape` with ranges ("1~8,3,32~1280,32~1280"); each
+  execution describes its input shapes with tensor descs and reads the output shapes
+  back. Device buffers are sized once for each range's maximum;
+- **GE dynamic shape** (npu_ge's default mode): dims other than the batch that vary with
+  no gears and no upper bound (`-1` in the config's dims or in `graph.ge.inputShape`).
+  atc compiles an OM with -1 dims; each execution describes its input shapes with tensor
+  descs and reads the output shapes back, as for ranges. With no maximum to size for,
+  device buffers grow on demand: each request's output shapes come from shape inference
+  on the ONNX model (`OutputSizer`, cached per input shape).
 
 Gear modes accept only their listed shapes, exactly: the scheduler pads requests up to a
 gear (`ShapeBucket`) and an executor refuses anything else, as the NPU does. Ranges accept
@@ -25,9 +30,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-
-import onnx
 
 from .acl import ModelDesc, TensorPlan
 
@@ -36,6 +38,9 @@ BATCH = "batch"
 DIMS = "dims"
 HW = "hw"
 RANGE = "range"
+DYNAMIC = "dynamic"
+# Modes whose executions describe their input shapes with tensor descs.
+DESCRIBED = (RANGE, DYNAMIC)
 
 Shape = tuple[int, ...]
 
@@ -43,7 +48,7 @@ Shape = tuple[int, ...]
 @dataclass(frozen=True, slots=True)
 class InputShape:
     """One input of `--input_shape`: its dims (-1 where they vary) and (low, high) per dim
-    (equal for a fixed dim; high -1 for an unbounded -1)."""
+    (equal for a fixed dim; (0, -1) for an unbounded -1, which takes any size)."""
 
     name: str
     dims: Shape
@@ -109,7 +114,7 @@ def parse_input_shape(text: str) -> tuple[InputShape, ...]:
                 ranges.append((low, high))
             elif low == -1:
                 dims.append(-1)
-                ranges.append((1, -1))
+                ranges.append((0, -1))  # atc: -1 takes any size, 0 included
             elif low >= 1:
                 dims.append(low)
                 ranges.append((low, low))
@@ -147,7 +152,7 @@ def _config_shapes(
     shapes = []
     for plan in plans:
         dims = ((lead,) if batching else ()) + tuple(plan.dims)
-        ranges = tuple((1, -1) if d < 0 else (d, d) for d in dims)
+        ranges = tuple((0, -1) if d < 0 else (d, d) for d in dims)
         shapes.append(InputShape(plan.name, tuple(-1 if d < 0 else d for d in dims), ranges))
     return tuple(shapes)
 
@@ -198,13 +203,43 @@ def plan_shapes(
     inputs = given or _config_shapes(plans, batching, -1)
     if not any(s.dynamic for s in inputs) or only_batch_varies(inputs, batching):
         return ShapePlan(BATCH if batching else STATIC)
-    unbounded = [f"'{s.name}' {list(s.dims)}" for s in inputs if s.dynamic]
-    raise ValueError(
-        f"input(s) {', '.join(unbounded)} have dims other than the batch that vary; the GE "
-        'backend compiles them as ND gears (graph.ge.dynamicDims, e.g. "1,128;8,64"), '
-        'image-size gears (graph.ge.dynamicImageSize, e.g. "640,640;960,960") or shape '
-        'ranges with an upper bound (graph.ge.inputShape, e.g. "x:1~8,3,32~1280,32~1280")'
-    )
+    if not given and batching and max_batch_size > 0:
+        # The batch dim is bounded by max_batch_size even where the others are not.
+        inputs = tuple(_bound_batch(s, max_batch_size) for s in inputs)
+    return ShapePlan(DYNAMIC, tuple(inputs))
+
+
+def _bound_batch(shape: InputShape, max_batch_size: int) -> InputShape:
+    if not shape.dims or shape.dims[0] >= 0:
+        return shape
+    return InputShape(shape.name, shape.dims, ((1, max_batch_size), *shape.ranges[1:]))
+
+
+MODE_NAMES = {
+    DIMS: "ND gears",
+    HW: "image-size gears",
+    RANGE: "shape ranges",
+    DYNAMIC: "GE dynamic shape",
+}
+
+
+def describe_mode(plan: ShapePlan, static_loop: bool = False) -> str:
+    """Which mode a model runs in and why, for the load log."""
+    if static_loop:
+        return "static model: a batch-1 graph run once per row (static_model)"
+    if plan.kind == DYNAMIC:
+        return (
+            f"GE dynamic shape ({plan.input_shape}): dims other than the batch vary with no "
+            "gears or upper bound; gears (graph.ge.dynamicDims, graph.ge.dynamicImageSize) "
+            "or ranges (graph.ge.inputShape low~high) run faster where the shapes are known"
+        )
+    if plan.kind == RANGE:
+        return f"shape ranges ({plan.input_shape}), from graph.ge.inputShape"
+    if plan.kind == DIMS:
+        return "ND gears, from graph.ge.dynamicDims"
+    if plan.kind == HW:
+        return "image-size gears, from graph.ge.dynamicImageSize"
+    return "fixed shapes" if plan.kind == STATIC else "batch gears"
 
 
 def _fill(inputs: Sequence[InputShape], values: Sequence[int]) -> tuple[Shape, ...]:
@@ -261,15 +296,14 @@ def _hw_plan(inputs: Sequence[InputShape], gears: Sequence[tuple[int, ...]]) -> 
 
 
 def _range_plan(inputs: Sequence[InputShape]) -> ShapePlan:
-    for shape in inputs:
-        for dim, (_, high) in zip(shape.dims, shape.ranges, strict=True):
-            if dim < 0 and high < 0:
-                raise ValueError(
-                    f"graph.ge.inputShape '{shape.text()}': a -1 dim has no upper bound, and "
-                    "ge-serve sizes device buffers for each range's maximum; give a range "
-                    "such as 32~1280"
-                )
-    return ShapePlan(RANGE, tuple(inputs))
+    """Ranges, or GE dynamic shape where a -1 dim has no upper bound (atc compiles both as
+    one dynamic-shape OM; only the buffer sizing differs)."""
+    unbounded = any(
+        dim < 0 and high < 0
+        for shape in inputs
+        for dim, (_, high) in zip(shape.dims, shape.ranges, strict=True)
+    )
+    return ShapePlan(DYNAMIC if unbounded else RANGE, tuple(inputs))
 
 
 # --- at run time, against what the loaded model reports ---------------------------------
@@ -310,171 +344,16 @@ def describe_gears(desc: ModelDesc) -> str:
 
 
 def in_range(shape: Shape, ranges: Sequence[tuple[int, int]]) -> bool:
+    """Inside the ranges; a high of -1 has no upper bound (GE dynamic shape)."""
     return len(shape) == len(ranges) and all(
-        low <= d <= high for d, (low, high) in zip(shape, ranges, strict=True)
+        low <= d and (high < 0 or d <= high) for d, (low, high) in zip(shape, ranges, strict=True)
     )
 
 
 def format_range(ranges: Sequence[tuple[int, int]]) -> str:
-    return "[" + ", ".join(str(lo) if lo == hi else f"{lo}~{hi}" for lo, hi in ranges) + "]"
+    def one(low: int, high: int) -> str:
+        if high < 0:
+            return "-1" if low <= 1 else f"{low}~-1"
+        return str(low) if low == high else f"{low}~{high}"
 
-
-def _fixed_at(model: onnx.ModelProto, inputs: Mapping[str, Shape]) -> onnx.ModelProto:
-    """A copy of `model` whose named inputs have these fixed shapes, and whose outputs
-    declare no shape, so that only inference says what they are."""
-    fixed = onnx.ModelProto()
-    fixed.CopyFrom(model)
-    for value in fixed.graph.input:
-        shape = inputs.get(value.name)
-        if shape is None:
-            continue
-        dims = value.type.tensor_type.shape.dim
-        del dims[:]
-        for d in shape:
-            dims.add().dim_value = int(d)
-    for value in fixed.graph.output:
-        value.type.tensor_type.ClearField("shape")
-    return fixed
-
-
-def _known_outputs(model: onnx.ModelProto) -> dict[str, Shape | None]:
-    """Each output's inferred shape, None where a dim (or the rank) is unknown."""
-    found: dict[str, Shape | None] = {}
-    for value in model.graph.output:
-        tensor = value.type.tensor_type
-        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim)
-        known = tensor.HasField("shape") and all(d >= 1 for d in shape)
-        found[value.name] = shape if known else None
-    return found
-
-
-def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
-    """onnxruntime's symbolic shape inference, which follows shapes through
-    Shape -> Slice -> Concat -> Reshape chains made of Constant nodes that ONNX's own
-    inference (data propagation included) gives up on (exporters such as paddle2onnx
-    write flatten and attention reshapes that way); None where it fails too. A missing
-    package is not a failure of the model's: the ValueError names the package."""
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    except ImportError as exc:
-        raise ValueError(
-            "this model's output shapes need onnxruntime's symbolic shape inference, which "
-            f"needs the '{_missing_module(exc)}' package, not installed here ({exc}); "
-            "ge-serve declares it as a dependency: reinstall ge-serve"
-        ) from exc
-    try:
-        inferred: onnx.ModelProto = SymbolicShapeInference.infer_shapes(model, auto_merge=False)
-    except Exception:
-        return None
-    return inferred
-
-
-def _missing_module(exc: ImportError) -> str:
-    """The top-level module an import failed for (onnxruntime re-raises sympy's
-    ModuleNotFoundError as a plain ImportError, so the cause chain is searched)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ImportError) and seen.name:
-            return seen.name.split(".")[0]
-        seen = seen.__cause__ or seen.__context__
-    return "sympy" if "sympy" in str(exc) else str(exc)
-
-
-# Constants above this many elements are only shapes to shape inference (see
-# `inference_model`). Smaller ones keep their values, which data propagation reads: a
-# Reshape's shape, a Slice's ends, Unsqueeze's axes.
-_VALUES_KEPT = 1024
-
-
-def lighten(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model`, changed in place, as shape inference needs it: its large initializers and
-    Constant nodes become graph inputs of the same type and shape. Shape inference copies
-    the whole model into C++ and back on every call, weights included, which takes
-    seconds for a BERT; a model with several gears is inferred once per gear."""
-    graph = model.graph
-    declared = {value.name for value in graph.input}
-    outputs = {value.name for value in graph.output}
-
-    def as_input(name: str, tensor: onnx.TensorProto) -> None:
-        if name not in declared:
-            graph.input.append(
-                onnx.helper.make_tensor_value_info(name, tensor.data_type, tensor.dims)
-            )
-            declared.add(name)
-
-    kept = []
-    for tensor in graph.initializer:
-        if math.prod(tensor.dims) <= _VALUES_KEPT:
-            kept.append(tensor)
-        else:
-            as_input(tensor.name, tensor)
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    nodes = []
-    for node in graph.node:
-        value = next((a.t for a in node.attribute if a.name == "value"), None)
-        if (
-            node.op_type == "Constant"
-            and value is not None
-            and math.prod(value.dims) > _VALUES_KEPT
-            and node.output[0] not in outputs
-        ):
-            as_input(node.output[0], value)
-        else:
-            nodes.append(node)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return model
-
-
-def inference_model(path: Path) -> onnx.ModelProto:
-    """The ONNX model at `path`, `lighten`ed: load it once to infer it at several shapes."""
-    return lighten(onnx.load(str(path), load_external_data=False))
-
-
-def inferred_model(source: Path | onnx.ModelProto, inputs: Mapping[str, Shape]) -> onnx.ModelProto:
-    """The ONNX model at `source` (or an `inference_model`, left unchanged) with these
-    input shapes and every shape inference can tell filled in (ONNX's inference first,
-    onnxruntime's symbolic inference where that leaves an output unknown)."""
-    model = inference_model(source) if isinstance(source, Path) else source
-    fixed = _fixed_at(model, inputs)
-    inferred = onnx.shape_inference.infer_shapes(fixed, data_prop=True)
-    if all(s is not None for s in _known_outputs(inferred).values()):
-        return inferred
-    symbolic = _symbolic(fixed)
-    return symbolic if symbolic is not None else inferred
-
-
-def infer_output_shapes(
-    source: Path | onnx.ModelProto, inputs: Mapping[str, Shape]
-) -> dict[str, Shape]:
-    """Every output's shape when the ONNX model at `source` (or an `inference_model`)
-    runs at these input shapes; a ValueError names an output whose shape no shape
-    inference can tell."""
-    found: dict[str, Shape] = {}
-    for name, shape in _known_outputs(inferred_model(source, inputs)).items():
-        if shape is None:
-            raise ValueError(
-                f"output '{name}' has no shape that shape inference (ONNX's, then "
-                f"onnxruntime's symbolic) can tell at inputs {dict(inputs)}; give it fixed "
-                "dims in config.pbtxt"
-            )
-        found[name] = shape
-    return found
-
-
-def range_output_max(path: Path, plan: ShapePlan) -> tuple[tuple[str, Shape], ...]:
-    """Each output's shape at the ranges' maxima (shape-range models), to size its device
-    buffer; () for other models, or a model file that is not ONNX (a prebuilt OM)."""
-    if plan.kind != RANGE or path.suffix.lower() != ".onnx":
-        return ()
-    model = onnx.load(str(path), load_external_data=False)
-    initializers = {i.name for i in model.graph.initializer}
-    named = {s.name: max_shape(s.ranges) for s in plan.inputs}
-    shapes: dict[str, Shape] = {}
-    for value in model.graph.input:
-        if value.name in initializers:
-            continue
-        if value.name in named:
-            shapes[value.name] = named[value.name]
-    return tuple(infer_output_shapes(lighten(model), shapes).items())
+    return "[" + ", ".join(one(lo, hi) for lo, hi in ranges) + "]"

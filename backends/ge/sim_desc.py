@@ -37,13 +37,12 @@ from .acl import (
     TensorPlan,
 )
 from .options import numpy_dtype
+from .shape_infer import infer_output_shapes, inference_model, inferred_model, lighten
 from .shapes import (
+    DESCRIBED,
+    DYNAMIC,
     RANGE,
     Shape,
-    infer_output_shapes,
-    inference_model,
-    inferred_model,
-    lighten,
     max_shape,
 )
 
@@ -66,7 +65,7 @@ _ONNX_ITEMSIZE: dict[int, int] = {
 def planned_desc(source: ModelSource) -> ModelDesc:
     """The description `atc` gives an OM compiled from `source`'s ONNX file."""
     plan = source.shapes
-    if plan is not None and (plan.gears or plan.kind == RANGE):
+    if plan is not None and (plan.gears or plan.kind in DESCRIBED):
         return _shaped_desc(source)
     found_inputs, found_outputs = read_onnx_io(source.path)
     gears = source.gears
@@ -118,6 +117,11 @@ def _varying(shapes: Sequence[Shape]) -> Shape:
     return tuple(d if all(s[i] == d for s in shapes) else -1 for i, d in enumerate(first))
 
 
+def _probe(ranges: Sequence[tuple[int, int]], step: int) -> Shape:
+    """The ranges' maxima, or `step` past the minimum where a dim has no upper bound."""
+    return tuple(high if high >= 0 else low + step for low, high in ranges)
+
+
 def _shaped_desc(source: ModelSource) -> ModelDesc:
     plan = source.shapes
     found_inputs, found_outputs = read_onnx_io(source.path)
@@ -134,15 +138,19 @@ def _shaped_desc(source: ModelSource) -> ModelDesc:
         return dims
 
     order = [t.name for t in found_inputs]
-    if plan.kind == RANGE:
+    if plan.kind in DESCRIBED:
         ranges = tuple(
             named[n].ranges if n in named else tuple((d, d) for d in fixed(n, t.dims))
             for n, t in zip(order, found_inputs, strict=True)
         )
-        at_max = [max_shape(r) for r in ranges]
-        at_min = [tuple(low for low, _ in r) for r in ranges]
-        samples: list[list[Shape]] = [at_min, at_max]
-        input_dims = [_varying([at_min[i], at_max[i]]) for i in range(len(order))]
+        # GE dynamic shape has no maximum: shapes past the minimum tell which output
+        # dims follow the inputs (two, as a strided dim may not move by one).
+        at_min = [tuple(max(low, 1) for low, _ in r) for r in ranges]
+        samples: list[list[Shape]] = [at_min] + [
+            [_probe(r, step) for r in ranges]
+            for step in ((1, 64) if plan.kind == DYNAMIC else (0,))
+        ]
+        input_dims = [_varying([s[i] for s in samples]) for i in range(len(order))]
         gears: tuple[tuple[Shape, ...], ...] = ()
     else:
         index = {s.name: i for i, s in enumerate(plan.inputs)}
@@ -158,7 +166,7 @@ def _shaped_desc(source: ModelSource) -> ModelDesc:
         ranges = ()
     model = inference_model(source.path)
     per_sample = [infer_output_shapes(model, dict(zip(order, s, strict=True))) for s in samples]
-    sized = plan.kind != RANGE
+    sized = plan.kind not in DESCRIBED
     inputs = []
     for i, found in enumerate(found_inputs):
         dtype = numpy_dtype(found.data_type)
@@ -247,6 +255,8 @@ def _largest_inputs(desc: ModelDesc) -> dict[str, Shape]:
     """The data inputs' shapes at a shaped model's largest gear or its ranges' maxima, at
     which its work space is largest; {} for other models."""
     data = desc.data_inputs()
+    if desc.shape_kind == DYNAMIC:
+        return {}  # no largest shape: GE plans a dynamic-shape OM's memory per execution
     if desc.shape_kind == RANGE:
         return {t.name: max_shape(r) for t, r in zip(data, desc.ranges, strict=True)}
     if desc.shape_gears:
@@ -270,6 +280,11 @@ def row_share(desc: ModelDesc, shapes: list[tuple[int, ...]], batching: bool) ->
     """A row's elements over a row's at the model's largest shape: the cost model prices
     smaller gears and shapes in proportion."""
     skip = 1 if batching else 0
+    if desc.shape_kind == DYNAMIC:
+        # No largest shape to price against: a row costs a whole sample, as in the
+        # profile's own figures (npu_ge's ResNet-50 numbers are dynamic-shape runs). Gears
+        # and ranges, priced in proportion, stay the faster choice.
+        return 1.0
     largest = [list(g) for g in desc.shape_gears] or [
         [tuple(hi for _, hi in r) for r in desc.ranges]
     ]

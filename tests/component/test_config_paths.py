@@ -26,7 +26,7 @@ import pytest
 from modelgen import identity_model, write_model
 from onnx import TensorProto
 
-from ge_serve.backends.ge.options import ATC_FILE_FLAGS, FILE_OPTIONS
+from ge_serve.backends.ge.option_tables import ATC_FILE_FLAGS, FILE_OPTIONS
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.backends.paths import OutsideFolder, execution_env_path, resolve_inside
 from ge_serve.protos import model_config_pb2

@@ -36,6 +36,10 @@ from ge_serve.scheduler.work import WorkItem
 SIMPLE_ONNX = EXAMPLES / "simple" / "1" / "model.onnx"
 pytestmark = pytest.mark.timeout(120)
 
+# These tests count executions and device work exactly: the load-time accuracy check
+# (its own tests: test_ge_accuracy.py) would add its runs.
+NO_ACCURACY_CHECK = {"accuracy_check": "false"}
+
 
 @pytest.fixture
 def atc_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -119,7 +123,7 @@ def test_scheduler_pads_to_a_gear_and_trims(
     folder = simple_model(
         tmp_path, extra=params(graph__dot__ge__dot__dynamicDims="2;4"), max_batch_size=4
     )
-    loaded = GeBackend(runtime).load(spec_for(folder))
+    loaded = GeBackend(runtime, NO_ACCURACY_CHECK).load(spec_for(folder))
     executor = loaded.executors[0]
     with pytest.raises(BackendError, match="batch size 3 is not a gear"):
         executor.execute(simple_inputs(3))
@@ -134,7 +138,7 @@ def test_scheduler_pads_to_a_gear_and_trims(
 
 
 def test_pool_is_reused_not_reallocated(runtime: AclReal, fake: FakeAcl, tmp_path: Path) -> None:
-    loaded = GeBackend(runtime).load(spec_for(simple_model(tmp_path)))
+    loaded = GeBackend(runtime, NO_ACCURACY_CHECK).load(spec_for(simple_model(tmp_path)))
     executor = loaded.executors[0]
     before = executor.pool_stats()  # type: ignore[attr-defined]
     mallocs = fake.calls.count("acl.rt.malloc")
@@ -150,17 +154,21 @@ def test_pool_is_reused_not_reallocated(runtime: AclReal, fake: FakeAcl, tmp_pat
     finish(runtime, fake)
 
 
-def test_static_model_compiles_one_batch(
+def test_static_model_compiles_batch_one_and_loops_over_the_batch(
     runtime: AclReal, fake: FakeAcl, tmp_path: Path, atc_log: Path
 ) -> None:
-    folder = simple_model(tmp_path, extra=params(static_model="1"))
-    loaded = GeBackend(runtime).load(spec_for(folder))
-    assert loaded.gears == (8,)
+    # npu_ge's static_model with a dynamic batch: a batch-1 graph, run once per row.
+    folder = simple_model(tmp_path, extra=params(static_model="true"))
+    loaded = GeBackend(runtime, NO_ACCURACY_CHECK).load(spec_for(folder))
+    assert loaded.gears == ()  # any batch up to max_batch_size, no padding
     (argv,) = [json.loads(line) for line in atc_log.read_text().splitlines()]
-    assert "--input_shape=INPUT0:8,16;INPUT1:8,16" in argv
+    assert "--input_shape=INPUT0:1,16;INPUT1:1,16" in argv
     assert not any(a.startswith("--dynamic_batch_size") for a in argv)
-    inputs = simple_inputs(8)
+    before = fake.executions
+    inputs = simple_inputs(5)
     check_simple(loaded.executors[0].execute(inputs), inputs)
+    assert fake.executions - before == 5
+    assert loaded.executors[0].pool_stats()["by_gear"] == {1: 5}  # type: ignore[attr-defined]
     loaded.close()
     finish(runtime, fake)
 

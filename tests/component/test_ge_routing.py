@@ -64,9 +64,10 @@ def test_bfloat16_tensors_stay_on_the_host(tmp_path: Path) -> None:
     assert resolve(tmp_path, identity_model(TensorProto.BFLOAT16, ("batch", 4))) == "onnxruntime"
 
 
-def test_run_time_dims_stay_on_the_host(tmp_path: Path) -> None:
-    assert resolve(tmp_path, slow_model()) == "onnxruntime"
-    assert resolve(tmp_path, identity_model(TensorProto.FLOAT, ("batch", None))) == "onnxruntime"
+def test_run_time_dims_go_to_ge_as_dynamic_shape(tmp_path: Path) -> None:
+    # npu_ge's default mode: dims other than the batch that vary need no gears on GE.
+    assert resolve(tmp_path, slow_model()) == "ge"
+    assert resolve(tmp_path, identity_model(TensorProto.FLOAT, ("batch", None))) == "ge"
 
 
 def test_config_dims_can_fix_what_the_file_leaves_open(tmp_path: Path) -> None:
@@ -91,7 +92,7 @@ async def test_the_lifecycle_routes_and_serves(tmp_path: Path) -> None:
         await life.load("slow")
         assert life.get("sums").backend == "ge"
         assert life.get("sums").loaded.gears == (1, 2, 4)
-        assert life.get("slow").backend == "onnxruntime"
+        assert life.get("slow").backend == "ge"  # GE dynamic shape
     finally:
         await life.close()
 

@@ -36,6 +36,10 @@ SIMPLE_ONNX = EXAMPLES / "simple" / "1" / "model.onnx"
 CLASSIFIER = EXAMPLES / "image_classifier" / "1" / "model.onnx"
 pytestmark = pytest.mark.timeout(60)
 
+# These tests count executions and device work exactly: the load-time accuracy check
+# (its own tests: test_ge_accuracy.py) would add its runs.
+NO_ACCURACY_CHECK = {"accuracy_check": "false"}
+
 
 def simple_folder(tmp_path: Path, extra: str = "", name: str = "simple") -> Path:
     return make_model(tmp_path, name, "max_batch_size: 8\n" + SIMPLE_IO + extra, SIMPLE_ONNX)
@@ -64,7 +68,7 @@ def test_two_devices_two_streams_run_concurrently(tmp_path: Path) -> None:
     gate = Gate(4)
     runtime = SimRuntime(devices=2, on_execute=gate)
     folder = simple_folder(tmp_path, params(device_ids="0,1", device_exec_blocks="2"))
-    loaded = GeBackend(runtime).load(spec_for(folder))
+    loaded = GeBackend(runtime, NO_ACCURACY_CHECK).load(spec_for(folder))
     assert len(loaded.executors) == 4
 
     async def scenario() -> list[dict[str, np.ndarray]]:
@@ -87,7 +91,7 @@ def test_least_loaded_device_first(tmp_path: Path) -> None:
     gate = Gate(2)
     runtime = SimRuntime(devices=2, on_execute=gate)
     folder = simple_folder(tmp_path, params(device_ids="0,1", device_exec_blocks="2"))
-    loaded = GeBackend(runtime).load(spec_for(folder))
+    loaded = GeBackend(runtime, NO_ACCURACY_CHECK).load(spec_for(folder))
 
     async def scenario() -> None:
         scheduler = scheduler_for(loaded)
@@ -111,7 +115,7 @@ def test_a_failing_execution_fails_only_its_request(tmp_path: Path) -> None:
             raise RuntimeError("injected device fault")
 
     runtime = SimRuntime(on_execute=fail_first)
-    loaded = GeBackend(runtime).load(spec_for(simple_folder(tmp_path)))
+    loaded = GeBackend(runtime, NO_ACCURACY_CHECK).load(spec_for(simple_folder(tmp_path)))
 
     async def scenario() -> dict[str, np.ndarray]:
         scheduler = scheduler_for(loaded)
@@ -152,7 +156,7 @@ input [ { name: "image" data_type: TYPE_FP32 dims: [ 3, 64, 64 ] } ]
 output [ { name: "probabilities" data_type: TYPE_FP32 dims: [ 10 ] } ]
 """ + params(graph__dot__ge__dot__dynamicDims="1;4;8")
     folder = make_model(tmp_path, "classifier", body, CLASSIFIER)
-    loaded = GeBackend(SimRuntime()).load(spec_for(folder))
+    loaded = GeBackend(SimRuntime(), NO_ACCURACY_CHECK).load(spec_for(folder))
     assert loaded.gears == (1, 4, 8)
     reference = ort.InferenceSession(str(CLASSIFIER), providers=["CPUExecutionProvider"])
     images = np.random.default_rng(0).random((3, 3, 64, 64), dtype=np.float32)
@@ -258,7 +262,7 @@ def _capture(into: list[BaseException], call: object) -> None:
 
 def test_busy_time_and_memory_are_accounted(tmp_path: Path) -> None:
     runtime = SimRuntime(devices=2, memory_per_device=64 * 1024 * 1024)
-    loaded = GeBackend(runtime).load(spec_for(simple_folder(tmp_path)))
+    loaded = GeBackend(runtime, NO_ACCURACY_CHECK).load(spec_for(simple_folder(tmp_path)))
     idle = runtime.device_stats(1)
     assert idle.busy_ns == 0 and idle.memory_used == 0
     used = runtime.device_stats(0).memory_used

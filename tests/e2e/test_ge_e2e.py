@@ -176,6 +176,7 @@ def test_npu_ge_config_loads_unchanged_and_serves(npu_ge_server: ServerProcess) 
 
 
 def test_static_model_serves(npu_ge_server: ServerProcess) -> None:
+    # Not batching (max_batch_size 0): the fixed shape as it is, no loop.
     assert "model 'simple_static' version 1 on sim: 2 slot(s) on NPU 1, no batch gears" in (
         npu_ge_server.log()
     )

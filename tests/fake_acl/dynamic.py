@@ -278,8 +278,9 @@ class DynamicShapes:
                 )
             dims = self.tensor_descs[handle][1]
             ranges = model.shape["ranges"][index]
+            # A high of -1: no upper bound (an OM compiled for GE dynamic shape).
             if len(dims) != len(ranges) or any(
-                not lo <= d <= hi for d, (lo, hi) in zip(dims, ranges, strict=True)
+                d < lo or (hi >= 0 and d > hi) for d, (lo, hi) in zip(dims, ranges, strict=True)
             ):
                 return self._violate(
                     INVALID_PARAM, f"{call}: input {index} dims {dims} are outside {ranges}"

@@ -79,7 +79,7 @@ def _ranged(text: str) -> dict[str, list[tuple[int, int]]]:
                 low, high = item.split("~")
                 pairs.append((int(low), int(high)))
             elif int(item) == -1:
-                pairs.append((1, -1))
+                pairs.append((0, -1))
             else:
                 pairs.append((int(item), int(item)))
         found[name] = pairs

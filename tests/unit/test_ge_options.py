@@ -16,6 +16,7 @@ from ge_serve.backends.ge.options import (
     intra_threads,
     make_plan,
     parse_gears,
+    with_npu_config,
 )
 from ge_serve.backends.paths import OutsideFolder
 from ge_serve.protos import model_config_pb2
@@ -51,7 +52,10 @@ def test_device_ids_and_device_exec_blocks() -> None:
 
 def test_instance_count_and_instance_exec_blocks_per_device() -> None:
     body = "instance_group [ { count: 2 } ]\n" + params(device_ids="0,1", instance_exec_blocks="3")
-    assert make_plan(config(body)).slots == ((0, 6), (1, 6))
+    # npu_ge: 2 instances x 3 graphs per device, each slot splitting its batch across 3.
+    plan = make_plan(config(body))
+    assert plan.slots == ((0, 2), (1, 2)) and plan.exec_blocks == 3
+    assert plan.slot_count == 12
 
 
 def test_instance_group_gpus_are_npu_ids() -> None:
@@ -80,11 +84,12 @@ def test_input_shape_option_wins() -> None:
     assert plan.gears == (2, 8)
 
 
-def test_static_model_is_one_batch() -> None:
-    plan = make_plan(config(params(static_model="1")))
-    assert plan.gears == (8,)
-    assert plan.static_model
-    assert plan.input_shape == "INPUT0:8,16;INPUT1:8,16"
+@pytest.mark.parametrize("value", ["1", "true"])
+def test_static_model_compiles_batch_one_and_loops(value: str) -> None:
+    plan = make_plan(config(params(static_model=value)))
+    assert plan.gears == (1,)
+    assert plan.static_model and plan.static_loop
+    assert plan.input_shape == "INPUT0:1,16;INPUT1:1,16"
 
 
 def test_no_batching_means_no_gears() -> None:
@@ -101,15 +106,42 @@ def test_ge_options_map_to_atc_flags_and_the_rest_are_reported() -> None:
         ge__dot__exec__dot__precision_mode="force_fp16",
         graph__dot__ge__dot__opSelectImplmode="high_performance",
         ge__dot__aicoreNum="12|10",
+        session__dot__ge__dot__keepDtype="keep.cfg",
         atc__dot__input_format="NCHW",
     )
     plan = make_plan(config(body))
     assert plan.atc_options == (
         ("precision_mode", "force_fp16"),
+        ("keep_dtype", "keep.cfg"),
         ("op_select_implmode", "high_performance"),
         ("input_format", "NCHW"),
     )
+    # A runtime option is accepted (with a warning at load): it changes no result.
     assert plan.unused_options == ("ge.aicoreNum",)
+
+
+def test_a_ge_option_that_cannot_be_applied_is_refused_with_the_reason() -> None:
+    with pytest.raises(ValueError, match=r"ge.exec.unknownKnob has no atc flag and no pyACL"):
+        make_plan(config(params(graph__dot__ge__dot__exec__dot__unknownKnob="1")))
+
+
+def test_ge_npu_config_takes_the_place_of_backend_config_ge_options() -> None:
+    given = {"ge.exec.precision_mode": "force_fp16", "device_exec_blocks": "2"}
+    environ = {
+        "GE_NPU_CONFIG": '{"ge.exec.precision_mode": "allow_mix_precision", "ge.aicoreNum": 4}'
+    }
+    merged = with_npu_config(given, environ)
+    assert merged == {
+        "ge.exec.precision_mode": "allow_mix_precision",
+        "ge.aicoreNum": "4",
+        "device_exec_blocks": "2",
+    }
+    plan = make_plan(config(""), merged)
+    assert plan.atc_options == (("precision_mode", "allow_mix_precision"),)
+    assert with_npu_config(given, {}) == given
+    for bad, message in (("{", "is not JSON"), ("[1]", "JSON object"), ('{"x": "1"}', "not a GE")):
+        with pytest.raises(ValueError, match=message):
+            with_npu_config(given, {"GE_NPU_CONFIG": bad})
 
 
 def test_backend_config_applies_and_the_model_wins() -> None:
@@ -156,12 +188,13 @@ def test_string_tensors_are_refused() -> None:
         make_plan(parsed)
 
 
-def test_dynamic_non_batch_dims_are_refused() -> None:
+def test_dynamic_non_batch_dims_compile_as_ge_dynamic_shape() -> None:
     body = SIMPLE_IO.replace("dims: [ 16 ]", "dims: [ -1 ]")
     parsed = model_config_pb2.ModelConfig()
     text_format.Parse(f'name: "m"\nmax_batch_size: 2\n{body}', parsed)
-    with pytest.raises(ValueError, match="compiles them as ND gears"):
-        make_plan(parsed)
+    plan = make_plan(parsed)
+    assert plan.shapes.kind == "dynamic" and plan.gears == ()
+    assert plan.input_shape == "INPUT0:1~2,-1;INPUT1:1~2,-1"
 
 
 def test_parse_gears_accepts_commas_too() -> None:

@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 
 from ge_serve.backends.ge.acl import TensorPlan
-from ge_serve.backends.ge.shapes import BATCH, DIMS, HW, RANGE, parse_input_shape, plan_shapes
+from ge_serve.backends.ge.shapes import (
+    BATCH,
+    DIMS,
+    DYNAMIC,
+    HW,
+    RANGE,
+    parse_input_shape,
+    plan_shapes,
+)
 from ge_serve.backends.ge.sim_cost import DEFAULT_PROFILE, PROFILES, DeviceTimeline, parse_sim_cost
 
 SEQ = (
@@ -51,10 +59,8 @@ def test_one_value_per_gear_stays_batch_gears() -> None:
          "has 2 value"),
         ({"ge.inputShape": "x:1,3,-1,-1", "ge.dynamicDims": "1,1", "ge.dynamicImageSize": "1,1"},
          "mutually exclusive"),
-        ({"ge.inputShape": "x:1~8,3,32,-1"}, "has no upper bound"),
         ({"ge.inputShape": "x:8~1,3,32,32"}, "1 <= low <= high"),
         ({"ge.inputShape": "x:1,3,a,32"}, "is not a dim"),
-        ({}, "compiles them as ND gears"),
         ({"ge.dynamicImageSize": "640"}, "is not height,width"),
     ],
 )  # fmt: skip
@@ -62,6 +68,16 @@ def test_shapes_that_cannot_compile_are_clear_errors(options: dict[str, str], me
     plans = IMAGE if "x:" in options.get("ge.inputShape", "x:") else SEQ
     with pytest.raises(ValueError, match=message):
         plan_shapes(options, plans, True, 1)
+
+
+def test_unbounded_dims_without_gears_are_ge_dynamic_shape() -> None:
+    # npu_ge's default mode: the config's -1 dims, the batch bounded by max_batch_size.
+    plan = plan_shapes({}, SEQ, True, 8)
+    assert plan.kind == DYNAMIC and plan.input_shape == "ids:1~8,-1;mask:1~8,-1"
+    # A -1 with no upper bound in graph.ge.inputShape too, its bounded dims kept.
+    plan = plan_shapes({"ge.inputShape": "x:1~8,3,32,-1"}, IMAGE, True, 8)
+    assert plan.kind == DYNAMIC and plan.input_shape == "x:1~8,3,32,-1"
+    assert plan_shapes({}, IMAGE, False, 0).input_shape == "x:3,-1,-1"
 
 
 def test_image_size_gears_fill_height_and_width() -> None:
