@@ -139,6 +139,7 @@ def measure_run(args: argparse.Namespace, run: int, repo: Path, peer: bool) -> d
 
         def start_ge() -> None:
             srv = stack.enter_context(serve(repo, flags, timeout=600))
+            wait_for_metrics(srv)
             targets["ge"] = srv
 
         def start_llama() -> None:
@@ -174,7 +175,7 @@ def measure_point(
         target = peer
     else:
         target = Target(f"{srv.base_url}/v1", f"smollm_{contender.removesuffix(MIXED)}")
-        before = engine_counters(srv.metrics_url, target.model)
+        before = counters(srv, target.model)
     mixed = contender.endswith(MIXED)
     point = asyncio.run(
         run_point(target, c, args.warmup_s, args.duration_s, args.max_tokens, args.client, mixed)
@@ -183,9 +184,34 @@ def measure_point(
     # The machine is shared: the load at the point's end says how quiet it was.
     point["loadavg_1m"] = os.getloadavg()[0]
     if contender != LLAMA:
-        point |= step_figures(before, engine_counters(srv.metrics_url, target.model))
+        point |= step_figures(before, counters(srv, target.model))
         time.sleep(0.5)  # closed streams leave the engine within a step
     return point
+
+
+def wait_for_metrics(srv: Any, timeout: float = 60.0) -> None:
+    """The metrics port opens after the HTTP port answers ready."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            engine_counters(srv.metrics_url, "smollm_iteration")
+            return
+        except OSError:
+            if time.monotonic() > deadline or not srv.alive():
+                raise
+            time.sleep(0.2)
+
+
+def counters(srv: Any, model: str) -> dict[str, float]:
+    """The engine's counters; a server that does not answer fails the run with its log."""
+    try:
+        return engine_counters(srv.metrics_url, model)
+    except OSError as exc:
+        tail = "\n".join(srv.log().splitlines()[-30:])
+        raise RuntimeError(
+            f"ge-serve's metrics did not answer ({exc}); server alive: {srv.alive()}; "
+            f"its log ends:\n{tail}"
+        ) from exc
 
 
 def _progress(p: dict[str, Any]) -> str:
