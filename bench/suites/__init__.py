@@ -91,6 +91,11 @@ SUITES: tuple[Suite, ...] = (
         "bench.suites.python_backend",
         "Python-backend add_sub against the same ONNX computation, c=1 and 16, time-shared",
     ),
+    Suite(
+        "generation",
+        "bench.suites.generation",
+        "SmolLM2 over /v1: in-flight vs request-level vs none, ge vs llama-server, per step",
+    ),
     Suite("soak", "bench.soak", "a long run under steady load (bench/soak.py)"),
     Suite(
         "shutdown",
