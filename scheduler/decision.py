@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
+from .dispatch import InFlight
 from .policy import BatchPolicy
 
 
@@ -79,7 +80,10 @@ class BatchView(NamedTuple):
     fit, or the maximum is reached. `head` identifies the request heading the batch
     (None: a request that found nothing queued, asked about at once). `unseen`: samples
     in the view whose arrival the decider has not been told of (the fast path asks
-    before it tells)."""
+    before it tells). `on_device`: the batches executing on the other slots of the slot's
+    device, when that device runs one execution at a time and the decider asks
+    (`sees_device`), in the order they were handed over: a batch sent now waits for
+    them."""
 
     totals: Sequence[int]
     oldest_ns: int
@@ -91,6 +95,7 @@ class BatchView(NamedTuple):
     head: object = None
     bucket: int = 0
     unseen: int = 0
+    on_device: Sequence[InFlight] = ()
 
     @property
     def queued(self) -> int:
@@ -118,6 +123,9 @@ Answer = Take | WaitUntil
 class Decider(Protocol):
     # Whether a request that finds nothing queued and a slot idle is decided at once.
     immediate: bool
+    # Whether views carry the batches executing on the slot's device (`on_device`); the
+    # batcher then asks again when one of them ends.
+    sees_device: bool
 
     def observe(self, event: Event) -> None: ...
 
@@ -130,6 +138,7 @@ class TritonRules:
     `max_queue_delay_microseconds` old, and then goes as it is."""
 
     immediate = False
+    sees_device = False
 
     def __init__(self, policy: BatchPolicy) -> None:
         self._window_ns = policy.max_queue_delay_us * 1000
