@@ -70,3 +70,22 @@ def test_choose_waits_only_for_a_batch_that_fills_in_time_and_pays() -> None:
     # Linear cost: batching buys nothing.
     linear = estimates(potential=16, rate_per_ms=20)._replace(cost_ns=lambda m: m * MS)
     assert choose(NOW, 1, NOW, 8, linear).deadline_ns == NOW
+
+
+def test_choose_holds_a_batch_until_the_device_is_about_to_free() -> None:
+    # Other slots' executions hold the device until NOW + 10 ms: the batch forms then,
+    # or as soon as it is full, even where waiting for arrivals would not pay.
+    linear = estimates(potential=16, rate_per_ms=0.01)._replace(cost_ns=lambda m: m * MS)
+    busy = linear._replace(form_by_ns=NOW + 10 * MS)
+    assert choose(NOW, 1, NOW, 8, busy) == Plan(8, NOW + 10 * MS, 8, for_device=True)
+    # Once that moment has come (or passed), what is queued goes.
+    assert choose(NOW + 10 * MS, 3, NOW, 8, busy) == Plan(3, NOW + 10 * MS, 8)
+    # Never past max_queue_delay_microseconds.
+    bounded = busy._replace(bound_ns=4 * MS)
+    assert choose(NOW, 1, NOW - MS, 8, bounded) == Plan(8, NOW + 3 * MS, 8, for_device=True)
+    # The device free: the rules as before.
+    assert choose(NOW, 1, NOW, 8, linear) == Plan(1, NOW, 8)
+
+
+def test_triton_rules_do_not_look_at_the_device() -> None:
+    assert rules().sees_device is False
