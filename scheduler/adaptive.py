@@ -34,7 +34,7 @@ from .budgets import Budgets, budgeted_levels
 from .choice import Estimates, Plan, choose, form_by_ns
 from .costmodel import CostModel
 from .decision import Answer, Arrived, BatchView, Event, Left, Ran, Take, WaitUntil
-from .dispatch import InFlight
+from .dispatch import Executing
 from .policy import BatchPolicy
 
 # One batch in this many ignores the efficiency limit, so that large sizes stay measured.
@@ -176,7 +176,7 @@ class AdaptiveController:
         idle_since_ns: int | None = None,
         *,
         bucket: int = 0,
-        on_device: Sequence[InFlight] = (),
+        on_device: Sequence[Executing] = (),
     ) -> Plan:
         """Plan the batch forming on an idle slot: `queued` samples are ready (the oldest
         enqueued at `oldest_ns`, the most urgent at `level`, `head_samples` of them at that
@@ -222,7 +222,7 @@ class AdaptiveController:
         self._window_ns = max(plan.deadline_ns - oldest_ns, 0)
         return plan
 
-    def form_by_ns(self, on_device: Sequence[InFlight]) -> int:
+    def form_by_ns(self, on_device: Sequence[Executing]) -> int:
         """When a batch that would wait for the executions `on_device` should form (see
         choice.form_by_ns), each priced by its bucket's cost model."""
         return form_by_ns(

@@ -42,7 +42,7 @@ from ge_serve.server.errors import (
 from .adaptive import AdaptiveController, AdaptiveDecider
 from .batch import Shaper, execute_batch
 from .decision import Arrived, BatchView, Decider, Dropped, Left, Ran, Take, TritonRules
-from .dispatch import ExecutorSlot, InFlight, SlotPool
+from .dispatch import Executing, ExecutorSlot, SlotPool
 from .former import BatchFormer
 from .policy import BatchPolicy
 from .queue import Entry, EntryState, RequestQueue
@@ -245,7 +245,7 @@ class DynamicBatcher:
         else in the server, nothing can be answered out of order."""
         alone = _Alone(now, size, level, bucket)
         self._alone = alone
-        slot.in_flight = InFlight(now, size, bucket)
+        slot.executing = Executing(now, size, bucket)
         self._pending += 1
         self._running += 1
         item.timings.queue_ns = now - item.enqueue_ns
@@ -311,7 +311,7 @@ class DynamicBatcher:
             items.append(entry.item)
             samples += entry.size
         # What a batch forming on another slot of this device would wait for.
-        slot.in_flight = InFlight(now, samples, batch[0].bucket)
+        slot.executing = Executing(now, samples, batch[0].bucket)
         gears, batching, shaper, bucket = (
             self._gears,
             self._batching,

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
-from .dispatch import InFlight
+from .dispatch import Executing
 from .policy import BatchPolicy
 
 
@@ -95,7 +95,7 @@ class BatchView(NamedTuple):
     head: object = None
     bucket: int = 0
     unseen: int = 0
-    on_device: Sequence[InFlight] = ()
+    on_device: Sequence[Executing] = ()
 
     @property
     def queued(self) -> int:

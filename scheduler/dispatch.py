@@ -50,7 +50,7 @@ _RETRY_AFTER = 64
 _MEAN_WEIGHT = 0.25
 
 
-class InFlight(NamedTuple):
+class Executing(NamedTuple):
     """A batch executing on a slot: handed to it at `launched_ns`, `size` samples, padded
     to shape bucket `bucket` (0 without buckets)."""
 
@@ -75,7 +75,7 @@ class ExecutorSlot:
         self.serial = executor.slot.serial
         self.busy = False
         # The batch executing on it, as the batcher told (cleared on release).
-        self.in_flight: InFlight | None = None
+        self.executing: Executing | None = None
         self.executions = 0
         self.inline = inline
         # Running averages of a job's CPU time, inline and on the thread; None until one
@@ -230,7 +230,7 @@ class SlotPool:
                 self.release(waiter.result(), executed=False)
             raise
 
-    def beside(self, slot: ExecutorSlot) -> tuple[InFlight, ...]:
+    def beside(self, slot: ExecutorSlot) -> tuple[Executing, ...]:
         """The batches executing on the other slots of `slot`'s device, in the order they
         were handed over, when that device runs one execution at a time (SlotInfo.serial):
         a batch `slot` starts now waits for them. Empty on any other device."""
@@ -238,9 +238,9 @@ class SlotPool:
             return ()
         device = slot.device
         found = [
-            other.in_flight
+            other.executing
             for other in self.slots
-            if other.in_flight is not None and other is not slot and other.device == device
+            if other.executing is not None and other is not slot and other.device == device
         ]
         if len(found) > 1:
             found.sort()
@@ -248,7 +248,7 @@ class SlotPool:
 
     def release(self, slot: ExecutorSlot, executed: bool = True) -> None:
         """Give a slot back; it goes straight to the oldest waiter, if any."""
-        slot.in_flight = None
+        slot.executing = None
         if executed:
             slot.executions += 1
         if slot.busy:

@@ -16,7 +16,7 @@ from ge_serve.scheduler.batcher import DynamicBatcher
 from ge_serve.scheduler.budgets import AUTO_BUDGET_MAX_NS
 from ge_serve.scheduler.choice import DEVICE_LEAD, FILL_SLACK_NS
 from ge_serve.scheduler.decision import BatchView, Take, WaitUntil
-from ge_serve.scheduler.dispatch import ExecutorSlot, InFlight, SlotPool
+from ge_serve.scheduler.dispatch import Executing, ExecutorSlot, SlotPool
 from ge_serve.scheduler.policy import BatchPolicy
 
 pytestmark = pytest.mark.timeout(30)
@@ -44,7 +44,7 @@ def measured(batch_policy: BatchPolicy, now: int) -> AdaptiveController:
 
 
 def view(
-    queued_samples: int, now: int, on_device: Sequence[InFlight] = (), full: bool = False
+    queued_samples: int, now: int, on_device: Sequence[Executing] = (), full: bool = False
 ) -> BatchView:
     """One queued request of `queued_samples` heading the batch, no other slot idle."""
     head = object()
@@ -58,7 +58,7 @@ def test_a_batch_waits_for_the_device_to_be_about_to_free() -> None:
     decider = AdaptiveDecider(measured(policy(), now))
     # Another slot's batch of 4 went to the device 1 s ago: it is expected to end at
     # 1 s + COST_NS from now. The batch forms DEVICE_LEAD of that before, or when full.
-    ahead = [InFlight(now - 1_000 * MS, 4)]
+    ahead = [Executing(now - 1_000 * MS, 4)]
     expected = now - 1_000 * MS + COST_NS - int(DEVICE_LEAD * COST_NS)
     assert decider.decide(view(1, now, ahead), now) == WaitUntil(expected, 8)
     # Asked again as the device is about to free, it goes with what is queued.
@@ -75,7 +75,7 @@ def test_an_idle_slot_does_not_send_while_the_device_is_busy() -> None:
     # batch would only wait there, while requests that arrive meanwhile could join it.
     now = time.monotonic_ns()
     decider = AdaptiveDecider(measured(policy(), now))
-    busy = view(1, now, [InFlight(now, 2)])._replace(idle_slots=1)
+    busy = view(1, now, [Executing(now, 2)])._replace(idle_slots=1)
     answer = decider.decide(busy, now)
     assert type(answer) is WaitUntil and answer.deadline_ns > now
 
@@ -85,13 +85,13 @@ def test_executions_queued_on_the_device_run_one_after_another() -> None:
     controller = measured(policy(), now)
     lead = int(DEVICE_LEAD * COST_NS)
     # The second was handed over while the first ran: it starts when the first ends.
-    chained = [InFlight(now, 1), InFlight(now + MS, 8)]
+    chained = [Executing(now, 1), Executing(now + MS, 8)]
     assert controller.form_by_ns(chained) == now + 2 * COST_NS - lead
     assert controller.form_by_ns([]) == 0
     # An execution far cheaper than the lead's floor still leaves FILL_SLACK_NS.
     cheap = AdaptiveController(policy())
     cheap.record_execution(1, 10_000)
-    assert cheap.form_by_ns([InFlight(now, 1)]) == now + 10_000 - FILL_SLACK_NS
+    assert cheap.form_by_ns([Executing(now, 1)]) == now + 10_000 - FILL_SLACK_NS
 
 
 def fakes_on(device: str, serial: bool, count: int) -> list[FakeExecutor]:
