@@ -97,6 +97,21 @@ def fill_ns(more: int, potential: int, rate: float, outside_ns: float) -> float:
     return min(by_rate, 2.0 * outside_ns * more / potential)
 
 
+def best_part(n: int, cost_ns: Callable[[int], float]) -> int:
+    """How many of `n` queued samples a batch formed as the device frees should take: all
+    of them, unless fewer run clearly cheaper per sample (by MIN_GAIN), as where `n`
+    pads up to a far larger gear than the one just below it. The rest go in the next
+    batch, on the device right after. Without this, two slots keep whatever split of
+    the clients their batches fell into, even one that pads both batches up a gear."""
+    whole = n / cost_ns(n)
+    best, best_tp = n, whole
+    for m in range(n - 1, 0, -1):
+        tp = m / cost_ns(m)
+        if tp > best_tp:
+            best, best_tp = m, tp
+    return best if best_tp >= MIN_GAIN * whole else n
+
+
 def choose(now_ns: int, n: int, oldest_ns: int, limit: int, est: Estimates) -> Plan:
     """Plan the batch of `n` queued samples (the oldest enqueued at `oldest_ns`), never
     more than `limit`: the smallest larger batch near the best per-sample throughput
@@ -108,7 +123,8 @@ def choose(now_ns: int, n: int, oldest_ns: int, limit: int, est: Estimates) -> P
     would only wait for them, and what arrives meanwhile can join it at no cost: it
     forms when the device is about to free (never past `max_queue_delay_microseconds`),
     or as soon as it is full. The other slot frees right after, so no wait past that
-    point is planned: an idle slot means send now."""
+    point is planned: an idle slot means send now. What goes then is `best_part()`.
+    """
     send_now = Plan(min(n, limit), now_ns, limit)
     form_by = est.form_by_ns
     if form_by:
@@ -116,7 +132,8 @@ def choose(now_ns: int, n: int, oldest_ns: int, limit: int, est: Estimates) -> P
             form_by = min(form_by, oldest_ns + est.bound_ns)
         if now_ns < form_by:
             return Plan(limit, form_by, limit, True)
-        return send_now
+        part = best_part(min(n, limit), est.cost_ns)
+        return Plan(part, now_ns, part)
     potential, rate, outside, cost_ns = est.potential, est.rate, est.outside_ns, est.cost_ns
     end_ns = oldest_ns + int(est.budget_ns)
     bound_ns = oldest_ns + est.bound_ns if est.bound_ns else end_ns

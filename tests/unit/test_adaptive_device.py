@@ -62,7 +62,7 @@ def test_a_batch_waits_for_the_device_to_be_about_to_free() -> None:
     expected = now - 1_000 * MS + COST_NS - int(DEVICE_LEAD * COST_NS)
     assert decider.decide(view(1, now, ahead), now) == WaitUntil(expected, 8)
     # Asked again as the device is about to free, it goes with what is queued.
-    assert decider.decide(view(3, expected, ahead), expected) == Take(8)
+    assert decider.decide(view(3, expected, ahead), expected) == Take(3)
     # A full batch goes at once.
     assert decider.decide(view(8, now, ahead, full=True), now) == Take(8)
     # Nothing on the device and another slot idle: it goes at once, as before.
