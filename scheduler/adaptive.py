@@ -20,6 +20,9 @@ The controller is made of pure parts:
 
 At low load this reduces to "send now"; at high load the slots stay busy, requests pile up
 while they run, and batches grow to the maximum (or to the most efficient measured size).
+With several slots on a device that runs one execution at a time, a slot's batch forms
+when the device is about to free from the other slots' executions, priced by the cost
+model (`form_by_ns`), not when the slot frees.
 docs/adaptive-batching.md explains the design, its reasons and every constant.
 """
 

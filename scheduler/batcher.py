@@ -11,6 +11,10 @@ decider's to say (decision.py): Triton's rules, or the adaptive controller. The 
 tells the decider of every arrival, every batch that leaves and every request dropped
 unanswered, as typed events.
 
+Each batch handed to a slot is recorded on it (`ExecutorSlot.executing`) until the slot is
+released, so that a batch forming on another slot of a device that runs one execution
+at a time can see what it would wait for; each release tells the former.
+
 One fast path: a request that finds nothing queued and a slot idle is decided at once, as
 a batch of one, when the decider allows it (the adaptive one does); if it goes, it takes
 the slot in the turn it arrived in, with no turn of the batch former in between. A request

@@ -7,7 +7,7 @@ clock and keeps no state, so every rule can be tested with numbers alone. The
 controller (adaptive.py) gathers the estimates and records the answer for metrics.
 
 The rules, and why they are what they are, are in docs/adaptive-batching.md ("The
-decision" and "Saturated").
+decision", "Several slots on one device" and "Saturated").
 """
 
 from __future__ import annotations

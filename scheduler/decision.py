@@ -15,6 +15,12 @@ preferred sizes and the maximum go at once, anything else once its oldest reques
 controller, which learns from the events. Both are pure enough to be unit-tested
 without an event loop: a view in, an answer out.
 
+A decider that `sees_device` also gets, in the view, the batches executing on the other
+slots of the slot's device when that device runs one execution at a time (`on_device`):
+a batch sent now would wait for them. The batcher asks it again when one of them ends.
+The adaptive controller uses this to form a slot's batch when the device is about to
+free; Triton's rules do not look.
+
 The batcher's fast path ("nothing in the server and a slot idle: run now") asks the same
 `decide()` about the arriving request alone, when the decider allows it (`immediate`),
 before telling it of the arrival: a request that runs alone in an empty server is

@@ -1,5 +1,10 @@
 """Executor slots and dispatch: each slot owns one thread and one executor.
 
+A slot knows its device, whether that device runs one execution at a time
+(`SlotInfo.serial`), and the batch executing on it when its batcher says so
+(`executing`); `SlotPool.beside(slot)` lists what a batch started on `slot` would wait
+for on its device.
+
 A slot whose executor may run on any thread (`LoadedModel.thread_free`) runs an
 execution on the event loop's own thread when its executions are very short: handing a
 job to the slot thread and reporting it back costs a futex wake, a GIL hand-over in each

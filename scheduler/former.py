@@ -16,6 +16,11 @@ controller, and shape buckets, look past it (up to SCAN_LIMIT requests) for more
 requests of the head's shape: the controller already bounds every wait by its latency
 budget, and closing a batch at every shape change would leave mixed traffic unbatched.
 
+For a decider that sees the device, the view also lists the batches executing on the
+other slots of the slot's device (`SlotPool.beside`). While the batch waits for those,
+the end of any execution on that device (`slot_freed`) makes the former ask again: the
+device may have freed sooner than the decider expected.
+
 The DynamicBatcher owns the former; it hands each batch back through `launch`.
 """
 
