@@ -201,9 +201,14 @@ class AdaptiveController:
             limit = cost.efficient_limit(limit)
         potential = int(arrivals.peak) - arrivals.in_system
         form_by = self.form_by_ns(on_device) if on_device else 0
-        if queued >= limit or not cost.known or (idle_slots > 0 and not form_by) or potential <= 0:
-            # Nothing to wait for: no costs measured yet, another slot idle (and the
-            # device free of other slots' executions), or no client outside to come back.
+        if (
+            queued >= limit
+            or not cost.known
+            or (not form_by and (idle_slots > 0 or potential <= 0))
+        ):
+            # Nothing to wait for: no costs measured yet, a full batch, or, with no other
+            # slot's execution on the device, another slot idle or no client outside to
+            # come back. (With the device busy, the batch waits for it: choose().)
             plan = Plan(min(queued, limit), now_ns, limit)
         else:
             budget = budgets.planning_ns(level)

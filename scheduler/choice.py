@@ -116,8 +116,8 @@ def choose(now_ns: int, n: int, oldest_ns: int, limit: int, est: Estimates) -> P
     """Plan the batch of `n` queued samples (the oldest enqueued at `oldest_ns`), never
     more than `limit`: the smallest larger batch near the best per-sample throughput
     that fills in time, or, saturated, the quickest way to serve everyone; else now.
-    The caller asks only when there is something to wait for: `n < limit` and
-    `est.potential > 0`.
+    The caller asks only when there is something to wait for: `n < limit`, and
+    `est.potential > 0` or the device busy (`est.form_by_ns`).
 
     While other slots' executions hold the device (`est.form_by_ns`), a batch sent now
     would only wait for them, and what arrives meanwhile can join it at no cost: it
