@@ -8,7 +8,7 @@ reference (tests/llama_reference.py) gives the greedy continuation the server mu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -141,6 +141,19 @@ def reference_ids(text: str, steps: int) -> list[int]:
 
     model = tiny_model()
     return list(llama_reference.greedy(model.weights, model.cfg, prompt_ids(text), steps))
+
+
+def reference_mismatch(text: str, generated: Sequence[int], steps: int) -> str | None:
+    """None when `generated` (a greedy request's `output_ids`, at most `steps` tokens) is
+    the reference's greedy continuation of `text`, checked in one forward pass; else what
+    differs. An answer that ended before `steps` must have ended on the reference's EOS."""
+    import llama_reference
+
+    model = tiny_model()
+    ids = list(generated)
+    if len(ids) < steps and (not ids or ids[-1] != model.eos_id):
+        ids.append(model.eos_id)
+    return llama_reference.greedy_mismatch(model.weights, model.cfg, prompt_ids(text), ids)
 
 
 def reference_text(text: str, steps: int) -> str:
