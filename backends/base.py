@@ -38,12 +38,18 @@ class ShapeRejected(BackendError):
 
 @dataclass(frozen=True, slots=True)
 class SlotInfo:
-    """Where one executor runs: a device and a stream on it ("cpu" devices have one)."""
+    """Where one executor runs: a device and a stream on it ("cpu" devices have one).
+
+    `serial`: the device runs one execution at a time, whichever slot hands it over (an
+    NPU's AI cores): an execution handed over while another slot's runs waits for it.
+    The adaptive batcher then forms a slot's batch when the device is about to free
+    (docs/adaptive-batching.md)."""
 
     name: str
     device: str
     device_id: int = 0
     stream: int = 0
+    serial: bool = False
 
 
 class ModelEvents(Protocol):

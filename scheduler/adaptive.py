@@ -20,6 +20,9 @@ The controller is made of pure parts:
 
 At low load this reduces to "send now"; at high load the slots stay busy, requests pile up
 while they run, and batches grow to the maximum (or to the most efficient measured size).
+With several slots on a device that runs one execution at a time, a slot's batch forms
+when the device is about to free from the other slots' executions, priced by the cost
+model (`form_by_ns`), not when the slot frees.
 docs/adaptive-batching.md explains the design, its reasons and every constant.
 """
 
@@ -31,9 +34,10 @@ from typing import Any
 
 from .arrivals import ArrivalModel
 from .budgets import Budgets, budgeted_levels
-from .choice import Estimates, Plan, choose
+from .choice import Estimates, Plan, choose, form_by_ns
 from .costmodel import CostModel
 from .decision import Answer, Arrived, BatchView, Event, Left, Ran, Take, WaitUntil
+from .dispatch import Executing
 from .policy import BatchPolicy
 
 # One batch in this many ignores the efficiency limit, so that large sizes stay measured.
@@ -134,15 +138,23 @@ class AdaptiveController:
         self._window_ns = 0
         return True
 
-    def sends_alone(self, queued: int, idle_slots: int, bucket: int = 0, arriving: int = 0) -> bool:
+    def sends_alone(
+        self,
+        queued: int,
+        idle_slots: int,
+        bucket: int = 0,
+        arriving: int = 0,
+        device_busy: bool = False,
+    ) -> bool:
         """For a request that found nothing queued and a slot idle: whether there is
-        nothing to wait for (no costs measured yet, another slot idle, or no client
-        outside to come back), so that plan() would send it at once; `arriving` samples
-        not yet recorded count as in the server. Answered without planning: at low load
-        this is every request. Records the decision for metrics as plan() does."""
+        nothing to wait for (no costs measured yet, another slot idle while no other
+        slot's execution holds the slot's device (`device_busy`), or no client outside
+        to come back), so that plan() would send it at once; `arriving` samples not yet
+        recorded count as in the server. Answered without planning: at low load this is
+        every request. Records the decision for metrics as plan() does."""
         arrivals = self.arrivals
         outside = int(arrivals.peak) - arrivals.in_system - arriving
-        if self.cost_for(bucket).known and not idle_slots and outside > 0:
+        if self.cost_for(bucket).known and (device_busy or not idle_slots) and outside > 0:
             return False
         self._target = queued
         self._window_ns = 0
@@ -167,11 +179,14 @@ class AdaptiveController:
         idle_since_ns: int | None = None,
         *,
         bucket: int = 0,
+        on_device: Sequence[Executing] = (),
     ) -> Plan:
         """Plan the batch forming on an idle slot: `queued` samples are ready (the oldest
         enqueued at `oldest_ns`, the most urgent at `level`, `head_samples` of them at that
         level: all when None); `idle_slots` other slots idle; the slot has been idle since
-        `idle_since_ns` (now when None); the batch is padded to shape bucket `bucket`.
+        `idle_since_ns` (now when None); the batch is padded to shape bucket `bucket`;
+        `on_device` are the other slots' batches executing on the slot's device, which
+        runs one execution at a time (a batch sent now waits for them).
         """
         arrivals = self.arrivals
         arrivals.tick(now_ns)
@@ -185,9 +200,15 @@ class AdaptiveController:
         if cost.executions % EXPLORE_EVERY != EXPLORE_EVERY - 1:
             limit = cost.efficient_limit(limit)
         potential = int(arrivals.peak) - arrivals.in_system
-        if queued >= limit or not cost.known or idle_slots > 0 or potential <= 0:
-            # Nothing to wait for: no costs measured yet, another slot idle, or no
-            # client outside to come back.
+        form_by = self.form_by_ns(on_device) if on_device else 0
+        if (
+            queued >= limit
+            or not cost.known
+            or (not form_by and (idle_slots > 0 or potential <= 0))
+        ):
+            # Nothing to wait for: no costs measured yet, a full batch, or, with no other
+            # slot's execution on the device, another slot idle or no client outside to
+            # come back. (With the device busy, the batch waits for it: choose().)
             plan = Plan(min(queued, limit), now_ns, limit)
         else:
             budget = budgets.planning_ns(level)
@@ -201,13 +222,20 @@ class AdaptiveController:
                     late_by = min(late_by, oldest_ns + self._bound_ns)
             rate, outside = arrivals.estimates()
             estimates = Estimates(
-                potential, rate, outside, budget, self._bound_ns, late_by, cost.cost_ns
+                potential, rate, outside, budget, self._bound_ns, late_by, cost.cost_ns, form_by
             )
             plan = choose(now_ns, queued, oldest_ns, limit, estimates)
         self._target = plan.target
         self._limit = plan.limit
         self._window_ns = max(plan.deadline_ns - oldest_ns, 0)
         return plan
+
+    def form_by_ns(self, on_device: Sequence[Executing]) -> int:
+        """When a batch that would wait for the executions `on_device` should form (see
+        choice.form_by_ns), each priced by its bucket's cost model."""
+        return form_by_ns(
+            (run.launched_ns, self.cost_for(run.bucket).cost_ns(run.size)) for run in on_device
+        )
 
     # --- for metrics and statistics -------------------------------------------------------
 
@@ -251,6 +279,7 @@ class AdaptiveDecider:
     budget): an arrival then changes nothing, and the controller is not asked again."""
 
     immediate = True
+    sees_device = True
     __slots__ = ("_events", "_held", "_replay_queued", "controller", "unseen")
 
     def __init__(self, controller: AdaptiveController) -> None:
@@ -289,10 +318,12 @@ class AdaptiveDecider:
         if full and controller.sends_full(view.bucket):
             return Take(total)  # saturated: no plan to make, nothing to cap
         head = view.head
+        on_device = view.on_device
         if head is None:
             # A request that found nothing queued and a slot idle, asked at once.
             self.catch_up()
-            if controller.sends_alone(total, view.idle_slots, view.bucket, view.unseen):
+            busy = bool(on_device)
+            if controller.sends_alone(total, view.idle_slots, view.bucket, view.unseen, busy):
                 return Take(total)
             if view.unseen:
                 return WaitUntil(now_ns)  # not alone: tell me of it, then ask again
@@ -309,12 +340,18 @@ class AdaptiveDecider:
             now_ns, total, view.oldest_ns, view.level, view.idle_slots, view.head_samples,
             view.idle_since_ns,
         )  # fmt: skip
-        # (The bucket only when there is one: subclasses that script plans need not know.)
+        # (The bucket and the device only when they say something: subclasses that
+        # script plans need not know.)
         bucket = view.bucket
-        plan = controller.plan(*asked, bucket=bucket) if bucket else controller.plan(*asked)
-        holds = head is not None and controller.plan_holds(view.level)
+        if bucket or on_device:
+            plan = controller.plan(*asked, bucket=bucket, on_device=on_device)
+        else:
+            plan = controller.plan(*asked)
+        # A plan that waits for the device is not held: the batcher asks again when an
+        # execution on the device ends, and the answer then changes.
+        holds = head is not None and controller.plan_holds(view.level) and not plan.for_device
         self._held = (head, plan) if holds else None
         if full or plan.due(total, now_ns):
             # The target is what to wait for; the limit caps what goes.
             return Take(plan.limit)
-        return WaitUntil(plan.deadline_ns, plan.target if holds else 0)
+        return WaitUntil(plan.deadline_ns, plan.target if holds or plan.for_device else 0)

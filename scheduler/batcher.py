@@ -11,6 +11,10 @@ decider's to say (decision.py): Triton's rules, or the adaptive controller. The 
 tells the decider of every arrival, every batch that leaves and every request dropped
 unanswered, as typed events.
 
+Each batch handed to a slot is recorded on it (`ExecutorSlot.executing`) until the slot is
+released, so that a batch forming on another slot of a device that runs one execution
+at a time can see what it would wait for; each release tells the former.
+
 One fast path: a request that finds nothing queued and a slot idle is decided at once, as
 a batch of one, when the decider allows it (the adaptive one does); if it goes, it takes
 the slot in the turn it arrived in, with no turn of the batch former in between. A request
@@ -42,7 +46,7 @@ from ge_serve.server.errors import (
 from .adaptive import AdaptiveController, AdaptiveDecider
 from .batch import Shaper, execute_batch
 from .decision import Arrived, BatchView, Decider, Dropped, Left, Ran, Take, TritonRules
-from .dispatch import ExecutorSlot, SlotPool
+from .dispatch import Executing, ExecutorSlot, SlotPool
 from .former import BatchFormer
 from .policy import BatchPolicy
 from .queue import Entry, EntryState, RequestQueue
@@ -212,7 +216,7 @@ class DynamicBatcher:
         decider.observe(Arrived(now, size, level))
         view = BatchView(
             (size,), now, level, size, pool.idle_count, now, size >= self._policy.max_size,
-            None, entry.bucket,
+            None, entry.bucket, 0, pool.beside(slot) if decider.sees_device else (),
         )  # fmt: skip
         try:
             answer = decider.decide(view, now)
@@ -245,6 +249,7 @@ class DynamicBatcher:
         else in the server, nothing can be answered out of order."""
         alone = _Alone(now, size, level, bucket)
         self._alone = alone
+        slot.executing = Executing(now, size, bucket)
         self._pending += 1
         self._running += 1
         item.timings.queue_ns = now - item.enqueue_ns
@@ -271,6 +276,7 @@ class DynamicBatcher:
         self._pending -= 1
         self._alone = None
         self._pool.release(slot)
+        self._former.slot_freed(slot)
         done_ns = time.monotonic_ns()
         if exc is not None or results is None:
             exc = exc or RuntimeError("the batch returned no results")
@@ -302,10 +308,14 @@ class DynamicBatcher:
     def _launch(self, slot: ExecutorSlot, batch: list[Entry]) -> None:
         now = time.monotonic_ns()
         items = []
+        samples = 0
         for entry in batch:
             entry.state = EntryState.RUNNING
             entry.item.timings.queue_ns = now - entry.item.enqueue_ns
             items.append(entry.item)
+            samples += entry.size
+        # What a batch forming on another slot of this device would wait for.
+        slot.executing = Executing(now, samples, batch[0].bucket)
         gears, batching, shaper, bucket = (
             self._gears,
             self._batching,
@@ -329,6 +339,7 @@ class DynamicBatcher:
         """A batch launched at `launched_ns` ended: free its slot and answer its requests."""
         self._running -= 1
         self._pool.release(slot)
+        self._former.slot_freed(slot)
         if exc is not None or results is None:
             exc = exc or RuntimeError("the batch returned no results")
             log.error("batch of %d failed on %s: %s", len(batch), slot.name, exc)

@@ -15,6 +15,12 @@ preferred sizes and the maximum go at once, anything else once its oldest reques
 controller, which learns from the events. Both are pure enough to be unit-tested
 without an event loop: a view in, an answer out.
 
+A decider that `sees_device` also gets, in the view, the batches executing on the other
+slots of the slot's device when that device runs one execution at a time (`on_device`):
+a batch sent now would wait for them. The batcher asks it again when one of them ends.
+The adaptive controller uses this to form a slot's batch when the device is about to
+free; Triton's rules do not look.
+
 The batcher's fast path ("nothing in the server and a slot idle: run now") asks the same
 `decide()` about the arriving request alone, when the decider allows it (`immediate`),
 before telling it of the arrival: a request that runs alone in an empty server is
@@ -28,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
+from .dispatch import Executing
 from .policy import BatchPolicy
 
 
@@ -79,7 +86,10 @@ class BatchView(NamedTuple):
     fit, or the maximum is reached. `head` identifies the request heading the batch
     (None: a request that found nothing queued, asked about at once). `unseen`: samples
     in the view whose arrival the decider has not been told of (the fast path asks
-    before it tells)."""
+    before it tells). `on_device`: the batches executing on the other slots of the slot's
+    device, when that device runs one execution at a time and the decider asks
+    (`sees_device`), in the order they were handed over: a batch sent now waits for
+    them."""
 
     totals: Sequence[int]
     oldest_ns: int
@@ -91,6 +101,7 @@ class BatchView(NamedTuple):
     head: object = None
     bucket: int = 0
     unseen: int = 0
+    on_device: Sequence[Executing] = ()
 
     @property
     def queued(self) -> int:
@@ -118,6 +129,9 @@ Answer = Take | WaitUntil
 class Decider(Protocol):
     # Whether a request that finds nothing queued and a slot idle is decided at once.
     immediate: bool
+    # Whether views carry the batches executing on the slot's device (`on_device`); the
+    # batcher then asks again when one of them ends.
+    sees_device: bool
 
     def observe(self, event: Event) -> None: ...
 
@@ -130,6 +144,7 @@ class TritonRules:
     `max_queue_delay_microseconds` old, and then goes as it is."""
 
     immediate = False
+    sees_device = False
 
     def __init__(self, policy: BatchPolicy) -> None:
         self._window_ns = policy.max_queue_delay_us * 1000

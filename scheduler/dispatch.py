@@ -1,5 +1,10 @@
 """Executor slots and dispatch: each slot owns one thread and one executor.
 
+A slot knows its device, whether that device runs one execution at a time
+(`SlotInfo.serial`), and the batch executing on it when its batcher says so
+(`executing`); `SlotPool.beside(slot)` lists what a batch started on `slot` would wait
+for on its device.
+
 A slot whose executor may run on any thread (`LoadedModel.thread_free`) runs an
 execution on the event loop's own thread when its executions are very short: handing a
 job to the slot thread and reporting it back costs a futex wake, a GIL hand-over in each
@@ -24,7 +29,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from ge_serve.backends.base import Executor
 
@@ -50,6 +55,15 @@ _RETRY_AFTER = 64
 _MEAN_WEIGHT = 0.25
 
 
+class Executing(NamedTuple):
+    """A batch executing on a slot: handed to it at `launched_ns`, `size` samples, padded
+    to shape bucket `bucket` (0 without buckets)."""
+
+    launched_ns: int
+    size: int
+    bucket: int = 0
+
+
 class ExecutorSlot:
     """Runs jobs on its executor from one dedicated thread, one at a time.
 
@@ -62,7 +76,11 @@ class ExecutorSlot:
         self.executor = executor
         self.name = executor.slot.name
         self.device = executor.slot.device
+        # The device runs one execution at a time (SlotInfo.serial).
+        self.serial = executor.slot.serial
         self.busy = False
+        # The batch executing on it, as the batcher told (cleared on release).
+        self.executing: Executing | None = None
         self.executions = 0
         self.inline = inline
         # Running averages of a job's CPU time, inline and on the thread; None until one
@@ -217,8 +235,25 @@ class SlotPool:
                 self.release(waiter.result(), executed=False)
             raise
 
+    def beside(self, slot: ExecutorSlot) -> tuple[Executing, ...]:
+        """The batches executing on the other slots of `slot`'s device, in the order they
+        were handed over, when that device runs one execution at a time (SlotInfo.serial):
+        a batch `slot` starts now waits for them. Empty on any other device."""
+        if not slot.serial:
+            return ()
+        device = slot.device
+        found = [
+            other.executing
+            for other in self.slots
+            if other.executing is not None and other is not slot and other.device == device
+        ]
+        if len(found) > 1:
+            found.sort()
+        return tuple(found)
+
     def release(self, slot: ExecutorSlot, executed: bool = True) -> None:
         """Give a slot back; it goes straight to the oldest waiter, if any."""
+        slot.executing = None
         if executed:
             slot.executions += 1
         if slot.busy:

@@ -16,6 +16,11 @@ controller, and shape buckets, look past it (up to SCAN_LIMIT requests) for more
 requests of the head's shape: the controller already bounds every wait by its latency
 budget, and closing a batch at every shape change would leave mixed traffic unbatched.
 
+For a decider that sees the device, the view also lists the batches executing on the
+other slots of the slot's device (`SlotPool.beside`). While the batch waits for those,
+the end of any execution on that device (`slot_freed`) makes the former ask again: the
+device may have freed sooner than the decider expected.
+
 The DynamicBatcher owns the former; it hands each batch back through `launch`.
 """
 
@@ -80,6 +85,9 @@ class BatchFormer:
         self.hold = max(delay_count, 0)
         # The held answer for the batch forming on the slot in hand, with its head.
         self._held: tuple[Entry, WaitUntil] | None = None
+        # The device of the slot in hand while its batch waits for other slots'
+        # executions there: when one of them ends, the decider is asked again.
+        self._device_wait: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Future[None] | None = None
 
@@ -111,6 +119,14 @@ class BatchFormer:
         error = ServerError(ErrorCode.INTERNAL, f"batcher failed: {exc!r}")
         for entry in self._queue.drain():
             self._finish(entry, error=error)
+
+    def slot_freed(self, slot: ExecutorSlot) -> None:
+        """An execution on `slot` ended and the slot is back in the pool: when the batch
+        forming waits for that device, look again (the device frees)."""
+        if self._device_wait is not None and slot.device == self._device_wait:
+            self._device_wait = None
+            self._held = None
+            self.wake()
 
     def wake(self) -> None:
         """Make the former look at the queue again (it changed)."""
@@ -146,7 +162,7 @@ class BatchFormer:
                 self.hold = 0
             slot = await self._pool.acquire()
             try:
-                batch = await self._collect()
+                batch = await self._collect(slot)
             except BaseException:
                 self._pool.release(slot, executed=False)
                 raise
@@ -155,10 +171,11 @@ class BatchFormer:
             else:
                 self._pool.release(slot, executed=False)
 
-    async def _collect(self) -> list[Entry]:
-        """With a slot in hand: wait until a batch should go, then take it off the queue."""
+    async def _collect(self, slot: ExecutorSlot) -> list[Entry]:
+        """With `slot` in hand: wait until a batch should go, then take it off the queue."""
         idle_since = time.monotonic_ns()
         self._held = None
+        self._device_wait = None
         queue = self._queue
         while queue:
             now = time.monotonic_ns()
@@ -173,19 +190,23 @@ class BatchFormer:
                 # would answer, without going through the queue.
                 await self._sleep(held[1].deadline_ns)
                 continue
-            batch, wake_ns = self._decide(now, idle_since)
+            batch, wake_ns = self._decide(now, idle_since, slot)
             if batch:
                 self._held = None
+                self._device_wait = None
                 for entry in batch:
                     queue.remove(entry)
                 return batch
             await self._sleep(wake_ns)
         self._held = None
+        self._device_wait = None
         return []
 
-    def _decide(self, now: int, idle_since: int) -> tuple[list[Entry], int | None]:
-        """The batch to send now, or nothing and when to look again (`idle_since`: when
-        the slot in hand was taken).
+    def _decide(
+        self, now: int, idle_since: int, slot: ExecutorSlot
+    ) -> tuple[list[Entry], int | None]:
+        """The batch to send now on `slot`, or nothing and when to look again
+        (`idle_since`: when the slot was taken).
 
         The candidates follow the queue's order (priority, then arrival), starting from
         its first request and taking only requests of the same shape, up to the largest
@@ -238,15 +259,18 @@ class BatchFormer:
                 self._finish(entry)
         if not chosen:
             return [], None
+        decider = self._decider
+        on_device = self._pool.beside(slot) if decider.sees_device else ()
         view = BatchView(
             totals, oldest, level, head, self._pool.idle_count, idle_since, full,
-            chosen[0], chosen[0].bucket,
+            chosen[0], chosen[0].bucket, 0, on_device,
         )  # fmt: skip
-        answer = self._decider.decide(view, now)
+        answer = decider.decide(view, now)
         if type(answer) is Take:
             return _fit(chosen, answer.samples), None
         assert isinstance(answer, WaitUntil)
         self._held = (chosen[0], answer) if answer.target else None
+        self._device_wait = slot.device if on_device else None
         return [], answer.deadline_ns
 
 

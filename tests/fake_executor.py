@@ -30,8 +30,17 @@ GATE_TIMEOUT_S = 20.0
 
 
 class FakeExecutor:
-    def __init__(self, name: str = "fake", blocked: bool = False, cost_s: float = 0.0) -> None:
-        self.slot = SlotInfo(name=name, device="cpu")
+    def __init__(
+        self,
+        name: str = "fake",
+        blocked: bool = False,
+        cost_s: float = 0.0,
+        device: str = "cpu",
+        serial: bool = False,
+    ) -> None:
+        """`device`, `serial`: where the slot says it runs (SlotInfo); nothing here
+        serialises executions, the test's gates decide when each ends."""
+        self.slot = SlotInfo(name=name, device=device, serial=serial)
         # Each execution's input rows ("x", first column), in execution order.
         self.batches: list[list[float]] = []
         self.shapes: list[tuple[int, ...]] = []

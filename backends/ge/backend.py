@@ -158,7 +158,7 @@ class GeBackend:
         graphs: list[GeExecutor] = []
         slots: list[Executor] = []
         try:
-            for slot in _slots(spec, plan):
+            for slot in _slots(spec, plan, self._serial()):
                 group = []
                 for block in range(blocks):
                     info = slot if blocks == 1 else _graph_slot(slot, block, blocks)
@@ -229,6 +229,13 @@ class GeBackend:
             },
         )
 
+    def _serial(self) -> bool:
+        """Whether a device runs one model execution at a time. An NPU's AI cores run one
+        graph after another, whichever stream submits it; the simulated NPU does so only
+        with modelled timing (--sim-cost: one timeline per device), and otherwise runs
+        its slots' onnxruntime sessions side by side on the host."""
+        return self.runtime.kind != "sim" or getattr(self.runtime, "cost", None) is not None
+
     def _timing(self) -> str:
         cost = getattr(self.runtime, "cost", None)
         return str(cost.describe()) if cost is not None else "measured"
@@ -290,11 +297,13 @@ def _graph_slot(slot: SlotInfo, block: int, blocks: int) -> SlotInfo:
         device=slot.device,
         device_id=slot.device_id,
         stream=slot.stream * blocks + block,
+        serial=slot.serial,
     )
 
 
-def _slots(spec: ModelSpec, plan: GePlan) -> list[SlotInfo]:
-    """Slots interleaved across devices: stream 0 of each device, then stream 1, ..."""
+def _slots(spec: ModelSpec, plan: GePlan, serial: bool) -> list[SlotInfo]:
+    """Slots interleaved across devices: stream 0 of each device, then stream 1, ...
+    (`serial`: each device runs one execution at a time, see SlotInfo)."""
     slots: list[SlotInfo] = []
     most = max(streams for _, streams in plan.slots)
     for stream in range(most):
@@ -306,6 +315,7 @@ def _slots(spec: ModelSpec, plan: GePlan) -> list[SlotInfo]:
                         device=f"npu{device}",
                         device_id=device,
                         stream=stream,
+                        serial=serial,
                     )
                 )
     return slots

@@ -28,6 +28,7 @@ from ge_serve.backends.base import BackendError, LoadedModel
 from ge_serve.backends.ge.acl import AclError, DeviceOutOfMemory
 from ge_serve.backends.ge.acl_sim import SimRuntime
 from ge_serve.backends.ge.backend import GeBackend, loaded_pool_stats
+from ge_serve.backends.ge.sim_cost import parse_sim_cost
 from ge_serve.scheduler.direct import DirectScheduler
 from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
 from ge_serve.scheduler.work import WorkItem
@@ -344,3 +345,22 @@ def test_device_metrics_for_the_metrics_endpoint(tmp_path: Path) -> None:
     assert 0.0 < used.utilization <= 1.0
     loaded.close()
     assert backend.device_metrics()[1].pool_bytes == 0
+
+
+@pytest.mark.parametrize("cost", [None, "default"])
+def test_slots_share_a_device_one_execution_at_a_time_only_with_modelled_timing(
+    tmp_path: Path, cost: str | None
+) -> None:
+    # With --sim-cost each device runs one execution at a time (its timeline), so the
+    # adaptive batcher forms a slot's batch when the device is about to free; without it
+    # the slots' onnxruntime sessions run side by side on the host.
+    runtime = SimRuntime(devices=1, cost=parse_sim_cost(cost) if cost else None)
+    folder = simple_folder(tmp_path, params(device_exec_blocks="2"))
+    loaded = GeBackend(runtime, NO_ACCURACY_CHECK).load(spec_for(folder))
+    pool = SlotPool([ExecutorSlot(e) for e in loaded.executors])
+    try:
+        assert [slot.device for slot in pool.slots] == ["npu0", "npu0"]
+        assert [slot.serial for slot in pool.slots] == [cost is not None] * 2
+    finally:
+        pool.close()
+        pool.join(5)

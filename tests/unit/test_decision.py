@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fake_executor import make_config
 
-from ge_serve.scheduler.choice import Estimates, Plan, choose
+from ge_serve.scheduler.choice import Estimates, Plan, best_part, choose
 from ge_serve.scheduler.decision import BatchView, Take, TritonRules, WaitUntil, preferred_prefix
 from ge_serve.scheduler.policy import BatchPolicy
 
@@ -70,3 +70,39 @@ def test_choose_waits_only_for_a_batch_that_fills_in_time_and_pays() -> None:
     # Linear cost: batching buys nothing.
     linear = estimates(potential=16, rate_per_ms=20)._replace(cost_ns=lambda m: m * MS)
     assert choose(NOW, 1, NOW, 8, linear).deadline_ns == NOW
+
+
+def test_choose_holds_a_batch_until_the_device_is_about_to_free() -> None:
+    # Other slots' executions hold the device until NOW + 10 ms: the batch forms then,
+    # or as soon as it is full, even where waiting for arrivals would not pay.
+    linear = estimates(potential=16, rate_per_ms=0.01)._replace(cost_ns=lambda m: m * MS)
+    busy = linear._replace(form_by_ns=NOW + 10 * MS)
+    assert choose(NOW, 1, NOW, 8, busy) == Plan(8, NOW + 10 * MS, 8, for_device=True)
+    # Once that moment has come (or passed), what is queued goes.
+    assert choose(NOW + 10 * MS, 3, NOW, 8, busy) == Plan(3, NOW + 10 * MS, 3)
+    # Never past max_queue_delay_microseconds.
+    bounded = busy._replace(bound_ns=4 * MS)
+    assert choose(NOW, 1, NOW - MS, 8, bounded) == Plan(8, NOW + 3 * MS, 8, for_device=True)
+    # The device free: the rules as before.
+    assert choose(NOW, 1, NOW, 8, linear) == Plan(1, NOW, 8)
+
+
+def test_triton_rules_do_not_look_at_the_device() -> None:
+    assert rules().sees_device is False
+
+
+def gears_16_32(m: int) -> float:
+    """The simulated NPU's default profile on batch gears 16 and 32."""
+    return (4.6 + 0.6 * (16 if m <= 16 else 32)) * MS
+
+
+def test_as_the_device_frees_a_batch_does_not_pad_up_a_gear_it_barely_uses() -> None:
+    # 20 queued would run as 32; 16 run far cheaper per sample, and the other 4 go next.
+    assert best_part(20, gears_16_32) == 16
+    # 30 of 32 use the larger gear well; on a line every sample goes.
+    assert best_part(30, gears_16_32) == 30
+    assert best_part(5, lambda m: MS + m * MS / 10) == 5
+    busy = estimates(potential=16, rate_per_ms=20)._replace(
+        cost_ns=gears_16_32, form_by_ns=NOW - MS
+    )
+    assert choose(NOW, 20, NOW - 5 * MS, 32, busy) == Plan(16, NOW, 16)
