@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import cvrepo
+import cvserver
 import numpy as np
 import pytest
+from cvserver import photo
 from protocols import PROTOCOLS, Triton
-from serverproc import REPO_ROOT, ServerProcess, running_server
+from serverproc import REPO_ROOT, ServerProcess
 from tritonclient.utils import InferenceServerException
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -33,14 +35,8 @@ COFFEE = {"espresso", "cup", "coffee mug", "cappuccino"}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    build = cvrepo.efficientnet_build()
     repo = tmp_path_factory.mktemp("efficientnet-models")
-    try:
-        build.build(repo)
-    except build.PackageMissing as exc:
-        pytest.skip(f"the EfficientNet example cannot be built: {exc}")
-    # --device sim: the classifier must land on the simulated NPU, never elsewhere.
-    with running_server([repo], ["--device", "sim"], timeout=150.0) as proc:
+    with cvserver.example_server(cvrepo.efficientnet_build(), repo, "EfficientNet") as proc:
         yield proc
 
 
@@ -51,13 +47,6 @@ def triton(request: pytest.FixtureRequest, server: ServerProcess) -> Iterator[Tr
         yield client
     finally:
         client.close()
-
-
-def photo(name: str) -> bytes:
-    try:
-        return cvrepo.photo(name)
-    except cvrepo.PhotoMissing as exc:
-        pytest.skip(str(exc))
 
 
 def classify(triton: Triton, image: bytes, **kwargs: Any) -> Any:

@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import cvrepo
+import cvserver
 import numpy as np
 import pytest
+from cvserver import photo
 from PIL import Image
 from protocols import PROTOCOLS, Triton
-from serverproc import REPO_ROOT, ServerProcess, running_server
+from serverproc import REPO_ROOT, ServerProcess
 from tritonclient.utils import InferenceServerException
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -35,14 +37,8 @@ NETWORKS = ("mtcnn_pnet", "mtcnn_rnet", "mtcnn_onet")
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    build = cvrepo.face_detect_build()
     repo = tmp_path_factory.mktemp("face-detect-models")
-    try:
-        build.build(repo)
-    except build.PackageMissing as exc:
-        pytest.skip(f"the face-detection example cannot be built: {exc}")
-    # --device sim: the networks must land on the simulated NPU, never elsewhere.
-    with running_server([repo], ["--device", "sim"], timeout=150.0) as proc:
+    with cvserver.example_server(cvrepo.face_detect_build(), repo, "face-detection") as proc:
         yield proc
 
 
@@ -53,13 +49,6 @@ def triton(request: pytest.FixtureRequest, server: ServerProcess) -> Iterator[Tr
         yield client
     finally:
         client.close()
-
-
-def photo(name: str) -> bytes:
-    try:
-        return cvrepo.photo(name)
-    except cvrepo.PhotoMissing as exc:
-        pytest.skip(str(exc))
 
 
 def detect(triton: Triton, image: bytes) -> Any:
