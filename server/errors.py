@@ -54,6 +54,15 @@ def invalid_arg(message: str) -> ServerError:
     return ServerError(ErrorCode.INVALID_ARG, message)
 
 
+def internal(
+    exc: BaseException, reason: FailureReason | None = None, prefix: str = ""
+) -> ServerError:
+    """An exception nobody classified, as the INTERNAL error a client sees: its type and
+    its text (`prefix` first: a front end's guard says "internal error: "). `reason` tags
+    it for statistics; left None, statistics count it against the backend."""
+    return ServerError(ErrorCode.INTERNAL, f"{prefix}{type(exc).__name__}: {exc}", reason)
+
+
 # How much of an unexpected exception's text a client is shown.
 _DETAIL_CHARS = 200
 
