@@ -40,6 +40,7 @@ from ge_serve.server.errors import (
     FailureReason,
     SchedulerClosed,
     ServerError,
+    internal,
     request_timeout,
 )
 
@@ -436,4 +437,4 @@ def client_error(exc: BaseException) -> ServerError:
         return ServerError(exc.code, exc.message, exc.reason or FailureReason.BACKEND)
     if isinstance(exc, ShapeRejected):  # shapes the model cannot run: the input's fault
         return ServerError(ErrorCode.INVALID_ARG, str(exc), FailureReason.OTHER)
-    return ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", FailureReason.BACKEND)
+    return internal(exc, FailureReason.BACKEND)
