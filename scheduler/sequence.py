@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from ge_serve.backends.base import takes_requests
 from ge_serve.server.errors import ErrorCode, SchedulerClosed, ServerError, invalid_arg
 
 from .batch import execute_batch
@@ -318,7 +319,7 @@ class SequenceBatcher:
             template = template or row
             batch.append((sequence, request, row))
         assert template is not None
-        per_request = hasattr(instance.executor.executor, "execute_requests")
+        per_request = takes_requests(instance.executor.executor)
         for index, (_, real_request, _) in enumerate(batch):
             if real_request is None:
                 # A null request: a real one's tensors, READY false, its outputs dropped.
