@@ -336,17 +336,17 @@ class AdaptiveDecider:
         # again (on reaching its target, with more queued than planned, the controller
         # may find a larger batch worth the rest of the wait).
         self.catch_up()
-        asked = (
-            now_ns, total, view.oldest_ns, view.level, view.idle_slots, view.head_samples,
-            view.idle_since_ns,
-        )  # fmt: skip
-        # (The bucket and the device only when they say something: subclasses that
-        # script plans need not know.)
-        bucket = view.bucket
-        if bucket or on_device:
-            plan = controller.plan(*asked, bucket=bucket, on_device=on_device)
-        else:
-            plan = controller.plan(*asked)
+        plan = controller.plan(
+            now_ns,
+            total,
+            view.oldest_ns,
+            view.level,
+            view.idle_slots,
+            head_samples=view.head_samples,
+            idle_since_ns=view.idle_since_ns,
+            bucket=view.bucket,
+            on_device=on_device,
+        )
         # A plan that waits for the device is not held: the batcher asks again when an
         # execution on the device ends, and the answer then changes.
         holds = head is not None and controller.plan_holds(view.level) and not plan.for_device

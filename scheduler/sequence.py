@@ -264,7 +264,15 @@ class SequenceBatcher:
             totals = list(range(1, len(ready) + 1))
             full = len(ready) >= max(policy.max_batch_size, 1)
             started = _head(ready[0]).item.enqueue_ns
-            view = BatchView(totals, started, 0, len(ready), 0, now, full)
+            view = BatchView(
+                totals=totals,
+                oldest_ns=started,
+                level=0,
+                head_samples=len(ready),
+                idle_slots=0,
+                idle_since_ns=now,
+                full=full,
+            )
             answer = self._rules.decide(view, now)
             if isinstance(answer, Take):
                 rows = list(ready[: answer.samples])

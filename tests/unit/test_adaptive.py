@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from typing import Any
 
 import pytest
 from fake_executor import FakeExecutor, item, make_batcher, make_config, queued
@@ -811,7 +812,9 @@ class ScriptedPlans(AdaptiveController):
         self.target = target
         self.asked: list[tuple[int, int]] = []
 
-    def plan(self, now_ns, queued, oldest_ns, level, idle_slots, head=None, since=None):  # type: ignore[no-untyped-def,override]
+    def plan(  # type: ignore[override]
+        self, now_ns: int, queued: int, oldest_ns: int, level: int, *_: Any, **__: Any
+    ) -> Plan:
         self.asked.append((queued, level))
         return Plan(target=self.target, deadline_ns=now_ns + 10_000 * MS, limit=8)
 

@@ -50,7 +50,15 @@ def view(
     """One queued request of `queued_samples` heading the batch, no other slot idle."""
     head = object()
     return BatchView(
-        (queued_samples,), now, 0, queued_samples, 0, now, full, head, 0, 0, tuple(on_device)
+        totals=(queued_samples,),
+        oldest_ns=now,
+        level=0,
+        head_samples=queued_samples,
+        idle_slots=0,
+        idle_since_ns=now,
+        full=full,
+        head=head,
+        on_device=tuple(on_device),
     )
 
 
