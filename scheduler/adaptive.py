@@ -101,16 +101,6 @@ class AdaptiveController:
             else:
                 arrivals.record_departure(*event)  # type: ignore[arg-type]
 
-    def record_arrival(self, now_ns: int, size: int, level: int) -> None:
-        self.arrivals.record_arrival(now_ns, size, level)
-
-    def record_departure(self, now_ns: int, size: int) -> None:
-        """`size` samples left (a whole batch leaves in one call)."""
-        self.arrivals.record_departure(now_ns, size)
-
-    def record_execution(self, size: int, duration_ns: int, bucket: int = 0) -> None:
-        self.cost_for(bucket).record(size, duration_ns)
-
     def cost_for(self, bucket: int) -> CostModel:
         """The cost model of batches padded to shape bucket `bucket` (0 without buckets)."""
         cost = self._costs.get(bucket)
