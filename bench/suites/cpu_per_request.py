@@ -23,7 +23,7 @@ is reported too.
 Servers alternate their order between rounds; each figure is the median over rounds, and
 each ratio (ge ÷ triton, ge ÷ bare) the median of the rounds' ratios.
 
-    python -m bench run cpu-per-request --against triton --out /tmp/cpu     # ~6 min
+    python -m bench run cpu-per-request --against triton --out /tmp/cpu     # ~4 min a round
     python -m bench run cpu-per-request --rounds 1 --protocols grpc --concurrency 16
     python -m bench run cpu-per-request --ge-flags "--grpc-workers 2" --protocols grpc
 """
