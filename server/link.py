@@ -29,7 +29,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from ge_serve.backends.memfd import Arena, PeerSegments, Region
+from ge_serve.link.arena import Arena, PeerSegments, Region
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ge_serve.backends.memfd import Region
+from ge_serve.link.arena import Region
 
 from .link import Link
 from .sharedmemory import IN_SHARED_MEMORY

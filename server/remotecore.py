@@ -17,7 +17,7 @@ import socket
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ge_serve.backends.memfd import Region
+from ge_serve.link.arena import Region
 
 from .errors import ErrorCode, FailureReason, ServerError
 from .link import Link, LinkClosed, Message

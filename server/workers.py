@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ge_serve.backends.memfd import Region
+from ge_serve.link.arena import Region
 
 from .core import InferenceServer
 from .errors import ErrorCode, ServerError

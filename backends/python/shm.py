@@ -6,7 +6,7 @@ the worker's; the server frees request inputs itself once their request is answe
 
 from __future__ import annotations
 
-from ge_serve.backends.memfd import (
+from ge_serve.link.arena import (
     ALIGN,
     DEFAULT_SEGMENT_BYTES,
     EMPTY,
