@@ -65,12 +65,17 @@ class Child:
             return code
         loop = asyncio.get_running_loop()
         gone: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            if not gone.done():
+                gone.set_result(None)
+
         try:
             fd = os.pidfd_open(self.process.pid)
         except ProcessLookupError:
             return self.process.wait()
         try:
-            loop.add_reader(fd, lambda: gone.done() or gone.set_result(None))
+            loop.add_reader(fd, readable)
             try:
                 await gone
             finally:

@@ -25,7 +25,7 @@ from .frames import LinkClosed
 Region = tuple[int, int, int]
 
 
-class Message(msgspec.Struct, tag=True, array_like=True, frozen=True):
+class Message(msgspec.Struct, tag=True, array_like=True):
     """The base of every link message."""
 
 
@@ -58,7 +58,7 @@ class Codec:
     """Encodes any message; decodes only the link's own and `types`."""
 
     def __init__(self, types: tuple[type[Message], ...]) -> None:
-        union: Any = Union[(*LINK_MESSAGES, *types)]  # noqa: UP007 - built from a tuple
+        union: Any = Union[(*LINK_MESSAGES, *types)]
         self._decoder: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(union)
         self._encoder = msgspec.msgpack.Encoder(enc_hook=_builtin)
 

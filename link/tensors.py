@@ -113,10 +113,8 @@ def write_tensor(
     """A tensor's bytes placed (BYTES serialized); its Triton datatype from its dtype."""
     datatype = triton_of(array.dtype)
     shape = tuple(int(d) for d in array.shape)
-    if datatype == "BYTES":
-        data = memoryview(serialize_bytes(array.flat))
-    else:
-        data = raw_bytes(array)
+    bytes_ = datatype == "BYTES"
+    data = memoryview(serialize_bytes(array.flat)) if bytes_ else raw_bytes(array)
     return ArenaTensor(name, datatype, shape, place(arena, data, regions, inline_max))
 
 

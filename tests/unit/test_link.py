@@ -106,15 +106,21 @@ async def test_loop_links_batch_a_turns_messages_and_report_their_end() -> None:
     a, b = socket.socketpair()
     got: list[Message] = []
     ended = asyncio.Event()
+    all_in = asyncio.Event()
+
+    def received(message: Message) -> None:
+        got.append(message)
+        if len(got) == 51:
+            all_in.set()
+
     left = LoopLink(a, CODEC, "left", lambda m: None, lambda: None, inline_max=64)
-    right = LoopLink(b, CODEC, "right", got.append, ended.set, inline_max=64)
+    right = LoopLink(b, CODEC, "right", received, ended.set, inline_max=64)
     regions: list[Region] = []
     big = left.place(memoryview(b"z" * 1000), regions)
     for number in range(50):
         left.send(Note(number, "n"))
     left.send(Note(99, "big", big))
-    while len(got) < 51:
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(all_in.wait(), 10)
     assert [m.number for m in got if isinstance(m, Note)] == [*range(50), 99]
     last = got[-1]
     assert isinstance(last, Note) and bytes(right.view(last.data)) == b"z" * 1000
