@@ -58,7 +58,7 @@ from .repository import ModelRepository
 from .resources import DeviceMetricsProvider, ResourceSampler
 from .settings import Settings
 from .sharedmemory import SharedMemoryManager
-from .workers import FrontEndWorkers, WorkerSpec
+from .workers.pool import FrontEndWorkers, WorkerSpec
 
 log = logging.getLogger("ge_serve")
 

@@ -1,4 +1,4 @@
-"""An HTTP front-end worker process (see server/workers.py).
+"""An HTTP front-end worker process (see server/workers/).
 
 It accepts connections on the listening socket the server bound and handed it (shared
 by every HTTP worker: the kernel gives each connection to one of them), runs the
@@ -25,8 +25,8 @@ import uvloop
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ge_serve.server.errors import ServerError
-from ge_serve.server.link import Message
-from ge_serve.server.remotecore import RemoteCore
+from ge_serve.server.workers.messages import Part, Start
+from ge_serve.server.workers.remote import RemoteCore
 
 from .errors import server_error_response
 from .infer import InferEndpoint, InferShortcut
@@ -59,15 +59,15 @@ class PassOn:
             if not message.get("more_body", False):
                 break
         wire = {key: scope[key] for key in _SCOPE_KEYS if key in scope}
-        wire["headers"] = [(bytes(k), bytes(v)) for k, v in scope["headers"]]
-        parts: list[Message] = []
+        headers = [(bytes(k), bytes(v)) for k, v in scope["headers"]]
+        parts: list[Start | Part] = []
         arrived = asyncio.Event()
 
-        def on_part(message: Message) -> None:
+        def on_part(message: Start | Part) -> None:
             parts.append(message)
             arrived.set()
 
-        call = asyncio.ensure_future(self.core.forward(wire, b"".join(chunks), on_part))
+        call = asyncio.ensure_future(self.core.forward(wire, headers, b"".join(chunks), on_part))
         # The body is all read: what receive() gives now is the client going away.
         gone = asyncio.ensure_future(receive())
         started = False
@@ -79,13 +79,13 @@ class PassOn:
                 arrived.clear()
                 pending, parts[:] = parts[:], []
                 for part in pending:
-                    if part[0] == "start":
+                    if isinstance(part, Start):
                         started = True
-                        start = {"type": "http.response.start", "status": part[2],
-                                 "headers": part[3]}  # fmt: skip
+                        start = {"type": "http.response.start", "status": part.status,
+                                 "headers": part.headers}  # fmt: skip
                         await send(start)
                     else:
-                        await send({"type": "http.response.body", "body": part[2],
+                        await send({"type": "http.response.body", "body": part.chunk,
                                     "more_body": True})  # fmt: skip
                 if call.done():
                     break

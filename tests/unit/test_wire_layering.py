@@ -22,12 +22,10 @@ BELOW_FRONT_ENDS = [
             "repository.py",
             "autocomplete.py",
             "wire.py",
-            "link.py",
-            "linkcodec.py",
-            "workers.py",
-            "remotecore.py",
         )
     ),
+    *sorted((ROOT / "server" / "workers").rglob("*.py")),
+    *sorted((ROOT / "link").rglob("*.py")),
     *sorted((ROOT / "scheduler").rglob("*.py")),
     *sorted((ROOT / "backends").rglob("*.py")),
 ]
