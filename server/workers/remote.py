@@ -118,7 +118,8 @@ class RemoteCore:
             raise _unavailable() from None
         except (msgspec.EncodeError, OverflowError, TypeError) as exc:
             link.free(regions)
-            raise ServerError(ErrorCode.INVALID_ARG, f"the request cannot be passed on: {exc}")
+            text = f"the request cannot be passed on: {exc}"
+            raise ServerError(ErrorCode.INVALID_ARG, text) from None
         self._waiting[request_id] = future
         self._regions[request_id] = regions
         if on_part is not None:
