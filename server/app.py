@@ -24,7 +24,7 @@ from ge_serve.backends.ge.backend import GeBackend, backend_config_for
 from ge_serve.backends.ge.sim_cost import parse_sim_cost
 from ge_serve.backends.llm.backend import LlmBackend
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
-from ge_serve.backends.python.backend import PythonBackend
+from ge_serve.backends.python.host.backend import PythonBackend
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
 from ge_serve.scheduler.factory import SchedulerOptions, build_scheduler
