@@ -201,7 +201,11 @@ class PythonInstance:
                     "INTERNAL",
                     "the model's execute returned None, and sent no response for the request",
                 )
-            result = {} if pending.error else self._outputs(worker, pending, pending.response)
+            response = pending.response
+            if pending.error is not None or response is None:
+                result = {}
+            else:
+                result = self._outputs(worker, pending, response)
             self._finish(pending, pending.error)
             results.append(result)
         return results
