@@ -15,8 +15,8 @@ import numpy as np
 from ge_serve.link.endpoint import Endpoint
 from ge_serve.link.messages import Region
 
-from ..sharedmemory import IN_SHARED_MEMORY
-from ..types import (
+from ..control.sharedmemory import IN_SHARED_MEMORY
+from ..inference.types import (
     DataType,
     InferRequest,
     InferResponse,

@@ -30,8 +30,8 @@ from ge_serve.link.frames import LinkClosed
 from ge_serve.link.loop import LoopLink
 from ge_serve.link.messages import Message, Ready, Region
 
-from ..core import InferenceServer
 from ..errors import ErrorCode, ServerError
+from ..inference.core import InferenceServer
 from .codec import request_from_wire, response_to_wire
 from .messages import INLINE_MAX, TO_SERVER, Answer, Cancel, Done, Failed, Forward, Infer
 from .passon import AsgiApp, answer_passed_on

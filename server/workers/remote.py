@@ -24,7 +24,7 @@ from ge_serve.link.loop import LoopLink
 from ge_serve.link.messages import Message, Ready, Region
 
 from ..errors import ErrorCode, FailureReason, ServerError
-from ..types import InferRequest, InferResponse
+from ..inference.types import InferRequest, InferResponse
 from .codec import request_to_wire, response_from_wire
 from .messages import (
     INLINE_MAX,
