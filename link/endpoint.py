@@ -9,6 +9,7 @@ frees this end's regions) and hands the rest on in order.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable
 
 from .arena import Arena, PeerSegments
@@ -22,19 +23,36 @@ MAX_FDS = 16
 
 
 class Endpoint:
+    """`on_message` gets every message but the link's own, in order; `on_closed` (if
+    given) is called once when the link ends, from either side. Tensor bytes up to
+    `inline_max` travel inside the message (tensors.place)."""
+
     def __init__(
-        self, codec: Codec, label: str, on_message: Callable[[Message], None], inline_max: int
+        self,
+        sock: socket.socket,
+        codec: Codec,
+        label: str,
+        on_message: Callable[[Message], None],
+        on_closed: Callable[[], None] | None = None,
+        inline_max: int = 0,
     ) -> None:
         self.label = label
         self.codec = codec
         self.arena = Arena(self._announce, label)
         self.peers = PeerSegments()
         self.inline_max = inline_max
+        self._sock = sock
         self._reader = FrameReader()
         self._on_message = on_message
+        self._on_closed = on_closed
         self.closed = False
+        self._attach()
 
     # --- what drivers provide ----------------------------------------------------------
+
+    def _attach(self) -> None:
+        """Set the socket up for this driver (blocking or not, watched by a loop)."""
+        raise NotImplementedError
 
     def _write(self, data: bytes, fds: list[int]) -> None:
         """Send `data` (whole frames) with `fds` riding with its first byte; the fds are
@@ -82,8 +100,11 @@ class Endpoint:
                     return
                 self._on_message(message)
 
-    def _close_reader(self) -> None:
+    def _ended(self) -> None:
+        """A driver closed the link: fds not yet taken are closed, `on_closed` is told."""
         self._reader.close()
+        if self._on_closed is not None:
+            self._on_closed()
 
 
 __all__ = ["Endpoint", "LinkClosed"]

@@ -14,39 +14,24 @@ import collections
 import contextlib
 import logging
 import socket
-from collections.abc import Callable
 
 from .endpoint import MAX_FDS, READ_BYTES, Endpoint
 from .frames import LinkClosed, close_fds
-from .messages import Codec, Message
+from .messages import Message
 
 log = logging.getLogger(__name__)
 
 
 class LoopLink(Endpoint):
-    """`on_message` gets every message but the link's own, in order; `on_closed` is
-    called once when the link ends, from either side."""
-
-    def __init__(
-        self,
-        sock: socket.socket,
-        codec: Codec,
-        label: str,
-        on_message: Callable[[Message], None],
-        on_closed: Callable[[], None],
-        inline_max: int,
-    ) -> None:
-        super().__init__(codec, label, on_message, inline_max)
-        sock.setblocking(False)
-        self._sock = sock
+    def _attach(self) -> None:
+        self._sock.setblocking(False)
         self._loop = asyncio.get_running_loop()
-        self._on_closed = on_closed
         # Frames the kernel has not taken yet, each with the fds that ride with its start.
         self._backlog: collections.deque[tuple[memoryview, list[int]]] = collections.deque()
         # Frames sent this loop turn, written together at its end.
         self._queued: list[bytes] = []
         self._flush_soon = False
-        self._loop.add_reader(sock.fileno(), self._readable)
+        self._loop.add_reader(self._sock.fileno(), self._readable)
 
     # --- sending -----------------------------------------------------------------------
 
@@ -160,7 +145,6 @@ class LoopLink(Endpoint):
         for _view, fds in self._backlog:
             close_fds(fds)
         self._backlog.clear()
-        self._close_reader()
         with contextlib.suppress(OSError):
             self._sock.close()
-        self._on_closed()
+        self._ended()

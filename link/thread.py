@@ -15,21 +15,12 @@ from collections.abc import Callable
 
 from .endpoint import MAX_FDS, READ_BYTES, Endpoint
 from .frames import LinkClosed, close_fds
-from .messages import Codec, Message
+from .messages import Message
 
 
 class ThreadLink(Endpoint):
-    def __init__(
-        self,
-        sock: socket.socket,
-        codec: Codec,
-        label: str,
-        on_message: Callable[[Message], None],
-        inline_max: int = 0,
-    ) -> None:
-        super().__init__(codec, label, on_message, inline_max)
-        sock.setblocking(True)
-        self._sock = sock
+    def _attach(self) -> None:
+        self._sock.setblocking(True)
         self._send_lock = threading.Lock()
 
     def fileno(self) -> int:
@@ -82,7 +73,7 @@ class ThreadLink(Endpoint):
             if self.closed:
                 return
             self.closed = True
-        self._close_reader()
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
+        self._ended()
