@@ -1,10 +1,9 @@
 """The messages between the server and a front-end worker (ge_serve.link messages).
 
-A worker sends `Infer` (a decoded request), `Forward` (an HTTP request the server's own
-application answers), `Cancel` (its client went away) and `Done` (it has encoded an
-answer, so the answer's shared memory is free again). The server answers each request
-with `Answer` or `Forwarded`, or `Failed`; a streamed HTTP answer comes first as
-`Start` and `Part`s.
+A worker sends `Infer` (a decoded request), `Cancel` (its client went away) and `Done`
+(it has encoded the answer, so the answer's shared memory is free again). The server
+answers each request with `Answer` or `Failed`. Nothing else travels here: what is not
+inference a worker passes on to the server's own front end on loopback.
 
 Tensors are `WireTensor`s: numeric data as placed bytes (inline or an arena region) and
 the numpy dtype it has, BYTES as the list of its items, and none at all for data in a
@@ -69,8 +68,6 @@ class WireResponse(msgspec.Struct, array_like=True):
     final: bool
 
 
-Headers = list[tuple[bytes, bytes]]
-
 # --- worker to server --------------------------------------------------------------------
 
 
@@ -78,15 +75,6 @@ class Infer(Message):
     id: int
     endpoint: str
     request: WireRequest
-
-
-class Forward(Message):
-    """An HTTP request, its ASGI scope as builtins and its whole body."""
-
-    id: int
-    scope: dict[str, Any]
-    headers: Headers
-    body: bytes | Region
 
 
 class Cancel(Message):
@@ -105,26 +93,6 @@ class Answer(Message):
     response: WireResponse
 
 
-class Forwarded(Message):
-    id: int
-    status: int
-    headers: Headers
-    body: bytes | Region
-
-
-class Start(Message):
-    """A streamed HTTP answer begins (its chunks follow as `Part`s)."""
-
-    id: int
-    status: int
-    headers: Headers
-
-
-class Part(Message):
-    id: int
-    chunk: bytes
-
-
 class Failed(Message):
     id: int
     code: str
@@ -132,5 +100,5 @@ class Failed(Message):
     reason: str | None = None
 
 
-TO_SERVER = Codec((Infer, Forward, Cancel, Done))
-TO_WORKER = Codec((Answer, Forwarded, Start, Part, Failed))
+TO_SERVER = Codec((Infer, Cancel, Done))
+TO_WORKER = Codec((Answer, Failed))

@@ -33,8 +33,7 @@ from ge_serve.link.messages import Message, Ready, Region
 from ..errors import ErrorCode, ServerError
 from ..inference.core import InferenceServer
 from .codec import request_from_wire, response_to_wire
-from .messages import INLINE_MAX, TO_SERVER, Answer, Cancel, Done, Failed, Forward, Infer
-from .passon import AsgiApp, answer_passed_on
+from .messages import INLINE_MAX, TO_SERVER, Answer, Cancel, Done, Failed, Infer
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +71,9 @@ class _Worker:
 class FrontEndWorkers:
     """Starts, serves and restarts the worker processes of one front end."""
 
-    def __init__(
-        self, core: InferenceServer, spec: WorkerSpec, forward_app: AsgiApp | None = None
-    ) -> None:
-        """`forward_app`: the application that answers the HTTP requests the workers pass
-        on (the HTTP front end's own)."""
+    def __init__(self, core: InferenceServer, spec: WorkerSpec) -> None:
         self.core = core
         self.spec = spec
-        self.forward_app = forward_app
         self._workers = [_Worker(index) for index in range(spec.count)]
         self._supervisors: list[asyncio.Task[None]] = []
         self.restarts = 0
@@ -215,8 +209,6 @@ class FrontEndWorkers:
         assert link is not None
         if isinstance(message, Infer):
             worker.tasks[message.id] = asyncio.create_task(self._infer(worker, message))
-        elif isinstance(message, Forward) and self.forward_app is not None:
-            worker.tasks[message.id] = asyncio.create_task(self._forward(worker, message))
         elif isinstance(message, Done):
             regions = worker.held.pop(message.id, None)
             if regions:
@@ -264,13 +256,6 @@ class FrontEndWorkers:
             pass
         finally:
             worker.tasks.pop(request_id, None)
-
-    async def _forward(self, worker: _Worker, message: Forward) -> None:
-        assert worker.link is not None and self.forward_app is not None
-        try:
-            await answer_passed_on(self.forward_app, worker.link, message, worker.held)
-        finally:
-            worker.tasks.pop(message.id, None)
 
     def _link_closed(self, worker: _Worker) -> None:
         for task in list(worker.tasks.values()):

@@ -15,7 +15,7 @@ import itertools
 import logging
 import socket
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import msgspec
 
@@ -26,26 +26,11 @@ from ge_serve.link.messages import Message, Ready, Region
 from ..errors import ErrorCode, FailureReason, ServerError
 from ..inference.types import InferRequest, InferResponse
 from .codec import request_to_wire, response_from_wire
-from .messages import (
-    INLINE_MAX,
-    TO_WORKER,
-    Answer,
-    Cancel,
-    Done,
-    Failed,
-    Forward,
-    Forwarded,
-    Headers,
-    Infer,
-    Part,
-    Start,
-)
+from .messages import INLINE_MAX, TO_WORKER, Answer, Cancel, Done, Failed, Infer
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-# What a streamed HTTP answer's start and chunks go to, as they come.
-OnPart = Callable[[Start | Part], None]
 
 
 def _unavailable() -> ServerError:
@@ -57,9 +42,8 @@ class RemoteCore:
         self.link = LoopLink(sock, TO_WORKER, label, self._received, self._closed, INLINE_MAX)
         self._on_closed = on_closed
         self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[Any]] = {}
+        self._waiting: dict[int, asyncio.Future[Answer]] = {}
         self._regions: dict[int, list[Region]] = {}
-        self._parts: dict[int, OnPart] = {}
 
     def ready(self, failure: str | None = None) -> None:
         """Tell the server this worker listens (or why it cannot): its health signal."""
@@ -85,32 +69,12 @@ class RemoteCore:
             if not link.closed:
                 link.send(Done(request_id))
 
-    async def forward(
-        self, scope: dict[str, Any], headers: Headers, body: bytes, on_part: OnPart
-    ) -> tuple[int, Headers, bytes]:
-        """An HTTP request the server's own application answers (its ASGI scope as
-        builtins, and its whole body): (status, headers, body). A streamed answer's
-        `Start` and `Part`s go to `on_part` as they come; what is returned then holds the
-        rest of the body."""
-        link = self.link
-        regions: list[Region] = []
-        placed = link.place(memoryview(body), regions)
-        request_id = next(self._ids)
-        answer = await self._call(Forward(request_id, scope, headers, placed), regions, on_part)
-        try:
-            return answer.status, answer.headers, bytes(link.view(answer.body))
-        finally:
-            if not link.closed:
-                link.send(Done(request_id))
-
-    async def _call(
-        self, message: Infer | Forward, regions: list[Region], on_part: OnPart | None = None
-    ) -> Any:
+    async def _call(self, message: Infer, regions: list[Region]) -> Answer:
         """Send the request and wait for its answer; `regions` hold the request's data
-        until the server has answered; `on_part` gets what comes before."""
+        until the server has answered."""
         link = self.link
         request_id = message.id
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         try:
             link.send(message)
         except LinkClosed:
@@ -122,8 +86,6 @@ class RemoteCore:
             raise ServerError(ErrorCode.INVALID_ARG, text) from None
         self._waiting[request_id] = future
         self._regions[request_id] = regions
-        if on_part is not None:
-            self._parts[request_id] = on_part
         try:
             return await future
         except asyncio.CancelledError:
@@ -131,16 +93,9 @@ class RemoteCore:
                 # The server answers it as cancelled; its inputs stay until then.
                 link.send(Cancel(request_id))
             raise
-        finally:
-            self._parts.pop(request_id, None)
 
     def _received(self, message: Message) -> None:
-        if isinstance(message, Start | Part):
-            on_part = self._parts.get(message.id)
-            if on_part is not None:
-                on_part(message)
-            return
-        if not isinstance(message, Answer | Forwarded | Failed):
+        if not isinstance(message, Answer | Failed):
             log.error("the server sent an unexpected message %r", type(message).__name__)
             return
         regions = self._regions.pop(message.id, None)
