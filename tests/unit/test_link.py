@@ -194,3 +194,36 @@ async def test_a_child_signals_health_and_its_exit_is_seen_on_the_loop(failure: 
     killed.kill()
     assert exit_reason(await asyncio.wait_for(killed.exited(), 30)) == "was killed by SIGKILL"
     killed.sock.close()
+
+
+def test_a_garbled_frame_ends_the_thread_links_reading() -> None:
+    a, b = socket.socketpair()
+    right = ThreadLink(b, CODEC, "right", lambda m: None)
+    reader = threading.Thread(target=right.serve)
+    reader.start()
+    a.sendall(frame(b"\x93\xa4Note\xa1x\x01"))  # a known message with a field of the wrong type
+    reader.join(10)
+    assert not reader.is_alive() and right.closed
+    a.close()
+
+
+async def test_a_burst_larger_than_the_socket_buffer_arrives_whole_and_in_order() -> None:
+    a, b = socket.socketpair()
+    got: list[int] = []
+    all_in = asyncio.Event()
+    count = 3000
+
+    def received(message: Message) -> None:
+        assert isinstance(message, Note)
+        got.append(message.number)
+        if len(got) == count:
+            all_in.set()
+
+    left = LoopLink(a, CODEC, "left", lambda m: None, None, inline_max=1 << 20)
+    right = LoopLink(b, CODEC, "right", received, None, inline_max=1 << 20)
+    for number in range(count):  # ~3 MB in one loop turn: the kernel takes it in parts
+        left.send(Note(number, "x", b"y" * 1000))
+    await asyncio.wait_for(all_in.wait(), 30)
+    assert got == list(range(count))
+    left.close()
+    right.close()
