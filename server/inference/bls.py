@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ge_serve.backends.base import ModelError
-from ge_serve.backends.python.calls import CoreCall, CoreResponse, Reply
+from ge_serve.backends.python.host.calls import CoreCall, CoreResponse, Reply
 
 from ..errors import ErrorCode, ServerError, internal
 from ..observability.tracing import Trace
