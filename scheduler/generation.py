@@ -227,24 +227,21 @@ class GenerationScheduler:
         runner = self._model.runner
         graph = 0.0
         try:
-            if plan.decode:
-                rows = [RowWork(s.tokens[s.computed :], s.computed, s.blocks) for s in plan.decode]
-                logits = runner.run(rows)
-                graph += runner.last_graph_s
-                for seq, row in zip(plan.decode, logits, strict=True):
-                    seq.computed += 1
+            # Decode rows and prefill chunks in one call: one pass over the weights.
+            decode = [RowWork(s.tokens[s.computed :], s.computed, s.blocks) for s in plan.decode]
+            prefill = [
+                RowWork(s.tokens[s.computed : s.computed + n], s.computed, s.blocks)
+                for s, n in plan.prefill
+            ]
+            logits = runner.run(decode, prefill)
+            graph += runner.last_graph_s
+            for seq, row in zip(plan.decode, logits[: len(decode)], strict=True):
+                seq.computed += 1
+                self._advance(seq, row)
+            for (seq, n), row in zip(plan.prefill, logits[len(decode) :], strict=True):
+                seq.computed += n
+                if seq.remaining == 0:
                     self._advance(seq, row)
-            if plan.prefill:
-                rows = [
-                    RowWork(s.tokens[s.computed : s.computed + n], s.computed, s.blocks)
-                    for s, n in plan.prefill
-                ]
-                logits = runner.run(rows)
-                graph += runner.last_graph_s
-                for (seq, n), row in zip(plan.prefill, logits, strict=True):
-                    seq.computed += n
-                    if seq.remaining == 0:
-                        self._advance(seq, row)
         except Exception as exc:
             log.exception("model '%s': a generation step failed", self._model.name)
             error = ModelError(ErrorCode.INTERNAL.value, f"generation step failed: {exc}")

@@ -82,13 +82,14 @@ class KvPool:
         self,
         keys: list[npt.NDArray[Any]],
         values: list[npt.NDArray[Any]],
-        rows: npt.NDArray[np.intp],
-        cols: npt.NDArray[np.intp],
+        tokens: npt.NDArray[np.intp],
         blocks: npt.NDArray[np.intp],
         offsets: npt.NDArray[np.intp],
     ) -> None:
-        """Store the step's new tokens: output [rows[i], cols[i]] of each layer goes to
-        slot (blocks[i], offsets[i])."""
+        """Store the step's new tokens: new token tokens[i] of each layer's output (flat
+        over its leading axes: [tokens, kv_heads, head_dim]) goes to slot (blocks[i],
+        offsets[i])."""
         for layer, (new_k, new_v) in enumerate(zip(keys, values, strict=True)):
-            self.keys[layer][blocks, offsets] = new_k[rows, cols]
-            self.values[layer][blocks, offsets] = new_v[rows, cols]
+            shape = (-1, *new_k.shape[-2:])
+            self.keys[layer][blocks, offsets] = new_k.reshape(shape)[tokens]
+            self.values[layer][blocks, offsets] = new_v.reshape(shape)[tokens]
