@@ -241,8 +241,9 @@ class AdaptiveController:
                     late_by = min(late_by, oldest_ns + self._bound_ns)
             rate, outside = arrivals.estimates()
             estimates = Estimates(
-                potential, rate * share, outside, budget, self._bound_ns, late_by, cost.cost_ns, form_by
-            )
+                potential, rate * share, outside, budget, self._bound_ns, late_by,
+                cost.cost_ns, form_by,
+            )  # fmt: skip
             plan = choose(now_ns, queued, oldest_ns, limit, estimates)
         self._target = plan.target
         self._limit = plan.limit
@@ -367,9 +368,7 @@ class AdaptiveDecider:
         bucket = view.bucket
         joinable = view.joinable
         if bucket or on_device or joinable >= 0:
-            plan = controller.plan(
-                *asked, bucket=bucket, on_device=on_device, joinable=joinable
-            )
+            plan = controller.plan(*asked, bucket=bucket, on_device=on_device, joinable=joinable)
         else:
             plan = controller.plan(*asked)
         # A plan that waits for the device is not held: the batcher asks again when an

@@ -236,9 +236,7 @@ def test_a_batch_waits_for_the_device_only_for_clients_of_its_own_key() -> None:
     expected = now - 1_000 * MS + COST_NS - int(DEVICE_LEAD * COST_NS)
     # 16 clients outside, 2 of them of the head's key: it waits until those 2 have
     # joined (3 queued), or until the device is about to free.
-    assert decider.decide(view(1, now, ahead)._replace(joinable=2), now) == WaitUntil(
-        expected, 3
-    )
+    assert decider.decide(view(1, now, ahead)._replace(joinable=2), now) == WaitUntil(expected, 3)
     assert decider.decide(view(3, now, ahead)._replace(joinable=0), now) == Take(8)
     # Who can join not known (no batch of the key has left yet): any client may.
     assert decider.decide(view(1, now, ahead), now) == WaitUntil(expected, 8)
