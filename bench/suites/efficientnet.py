@@ -71,8 +71,8 @@ def sim_cost(slowdown: float) -> str:
     """The default profile (npu_ge_resnet50) `slowdown` times slower, as --sim-cost."""
     profile = PROFILES[DEFAULT_PROFILE]
     return (
-        f"launch_us={profile.launch_us * slowdown:g},"
-        f"per_sample_us={profile.per_sample_us * slowdown:g}"
+        f"launch_us={profile.launch_us * slowdown:.1f},"
+        f"per_sample_us={profile.per_sample_us * slowdown:.1f}"
     )
 
 
