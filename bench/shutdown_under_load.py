@@ -21,7 +21,7 @@ on until it has exited. Every call ends as one of:
 `--on-refused stop` (the default) has a refused client stop sending, as one behind a
 balancer sends elsewhere; `--on-refused retry` has it back off `--backoff-s` and send again,
 here, until the server is gone. Such a client keeps the server lingering to its bound (see
-server/drain.py), and a call it sends as the gRPC connections finally close can still end
+server/control/stopping.py), and a call it sends as the gRPC connections finally close can still end
 CANCELLED: grpc core ends so a call that no handler has picked up yet.
 Exit status 0 when nothing was cancelled, disconnected or other and the server exited 0.
 Bounded: the server is killed if it has not exited `--exit-timeout-secs` + 15 s after the

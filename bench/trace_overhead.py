@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import timeit
 
-from ge_serve.server.tracing import TraceControl
+from ge_serve.server.observability.tracing import TraceControl
 
 
 class _Request:

@@ -1,9 +1,9 @@
 """What the generation engine reports for metrics: counters, gauges and histograms.
 
 The engine's thread updates one `GenerationStats` per model version; a scrape reads it
-on the event loop (server/genmetrics.py turns it into vLLM-named families). Each field is
-a plain number or list written by one thread, so a reader sees each value whole; a
-scrape taken mid-step may mix two steps' figures, which Prometheus tolerates.
+on the event loop (server/observability/genmetrics.py turns it into vLLM-named
+families). Each field is a plain number or list written by one thread, so a reader sees
+each value whole; a scrape taken mid-step may mix two steps' figures, which Prometheus tolerates.
 """
 
 from __future__ import annotations

@@ -29,22 +29,26 @@ from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
 from ge_serve.scheduler.factory import SchedulerOptions, build_scheduler
 
-from .bls import CoreBridge
-from .control import ControlMode, ControlSettings, ModelControl
-from .core import InferenceServer, ServerInfo
-from .drain import DrainGate
+from .control.logsettings import LogControl
+from .control.model_control import ControlMode, ControlSettings, ModelControl
+from .control.sharedmemory import SharedMemoryManager
+from .control.stopping import DrainGate
 from .errors import ErrorCode, ServerError
-from .exiting import leave_running_executions
 from .grpc.server import GrpcFrontEnd
 from .http.app import HttpFrontEnd
 from .http.monitoring import MetricsApp, metrics_endpoint
 from .http.protocol import TritonHttpProtocol
-from .lifecycle import LifecycleSettings, ModelLifecycle
-from .logsettings import LogControl
-from .malloc import limit_malloc_arenas, release_freed_memory
-from .metrics import ServerMetrics
-from .metricsconfig import MetricsConfig
-from .parts import (
+from .inference.bls import CoreBridge
+from .inference.core import InferenceServer, ServerInfo
+from .inference.reports import ModelState
+from .models.lifecycle import LifecycleSettings, ModelLifecycle
+from .models.repository import ModelRepository
+from .observability.metrics import ServerMetrics
+from .observability.metricsconfig import MetricsConfig
+from .observability.resources import DeviceMetricsProvider, ResourceSampler
+from .startup.exiting import leave_running_executions
+from .startup.malloc import limit_malloc_arenas, release_freed_memory
+from .startup.part_settings import (
     configure_logging,
     grpc_settings,
     http_settings,
@@ -53,11 +57,7 @@ from .parts import (
     trace_control,
     warn_about_flags,
 )
-from .records import ModelState
-from .repository import ModelRepository
-from .resources import DeviceMetricsProvider, ResourceSampler
-from .settings import Settings
-from .sharedmemory import SharedMemoryManager
+from .startup.settings import Settings
 from .workers import FrontEndWorkers, WorkerSpec
 
 log = logging.getLogger("ge_serve")
@@ -66,9 +66,9 @@ log = logging.getLogger("ge_serve")
 class EmbeddedUvicorn(uvicorn.Server):
     """A uvicorn server that leaves signal handling to us, so several servers share a loop.
 
-    Given a gate, it stops the way server/drain.py describes: it closes its listener, then
-    lingers while the front end refuses requests on the connections already open, and only
-    then closes those, all within the deadline `stop()` sets.
+    Given a gate, it stops the way server/control/stopping.py describes: it closes its
+    listener, then lingers while the front end refuses requests on the connections already
+    open, and only then closes those, all within the deadline `stop()` sets.
     """
 
     def __init__(self, config: uvicorn.Config, gate: DrainGate | None = None) -> None:
@@ -386,7 +386,7 @@ class ServerApp:
         """Stop accepting, let in-flight requests finish within the exit timeout, close.
 
         Readiness turns false at once. Both front ends drain at the same time, within the
-        same exit timeout (see server/drain.py): HTTP closes its listener, answers 503 on
+        same exit timeout (see server/control/stopping.py): HTTP closes its listener, answers 503 on
         the connections already open and finishes the requests it has read; gRPC keeps
         its listener open, refuses new work UNAVAILABLE and finishes the calls it has
         admitted. Only then does the core refuse requests, so one whose body was still

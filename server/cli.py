@@ -1,6 +1,6 @@
 """Command line: argv becomes frozen settings; `main` hands them to the composition root.
 
-The parser is generated from the fields of `Settings` (server/settings.py), which hold
+The parser is generated from the fields of `Settings` (server/startup/settings.py), which hold
 every flag's name, default and help; nothing here names a setting.
 """
 
@@ -12,9 +12,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .boolean import parse_bool
-from .flags import Flag, flag_of
-from .settings import Settings
+from .startup.flags import Flag, flag_of
+from .startup.settings import Settings
+from .startup.text_bool import parse_bool
 
 
 def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:

@@ -15,9 +15,8 @@ import numpy as np
 
 from ge_serve.backends.memfd import Region
 
-from .link import Link
-from .sharedmemory import IN_SHARED_MEMORY
-from .types import (
+from .control.sharedmemory import IN_SHARED_MEMORY
+from .inference.types import (
     DataType,
     InferRequest,
     InferResponse,
@@ -25,6 +24,7 @@ from .types import (
     SharedMemoryRef,
     Tensor,
 )
+from .link import Link
 
 # How a tensor's data travels.
 _RAW = 0  # (kind, dtype str, placed bytes)

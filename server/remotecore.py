@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 from ge_serve.backends.memfd import Region
 
 from .errors import ErrorCode, FailureReason, ServerError
+from .inference.types import InferRequest, InferResponse
 from .link import Link, LinkClosed, Message
 from .linkcodec import request_to_wire, response_from_wire
-from .types import InferRequest, InferResponse
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from typing import Any
 
 from ge_serve.backends.memfd import Region
 
-from .core import InferenceServer
 from .errors import ErrorCode, ServerError
+from .inference.core import InferenceServer
 from .link import Link, LinkClosed, Message
 from .linkcodec import request_from_wire, response_to_wire
 

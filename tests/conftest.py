@@ -11,7 +11,7 @@ from modelgen import make_lifecycle
 from protocols import PROTOCOLS, Triton
 from serverproc import ServerProcess, running_server
 
-from ge_serve.server.lifecycle import ModelLifecycle
+from ge_serve.server.models.lifecycle import ModelLifecycle
 
 # Property and fuzz tests: "ci" (the default) keeps the whole set well under a minute on two
 # cores; "fuzz" searches longer, for a local run: HYPOTHESIS_PROFILE=fuzz (or pytest's

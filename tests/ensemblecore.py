@@ -10,10 +10,10 @@ import numpy as np
 from modelgen import make_lifecycle
 
 from ge_serve.scheduler.work import Array
-from ge_serve.server.control import ControlMode, ControlSettings, ModelControl
-from ge_serve.server.core import InferenceServer
-from ge_serve.server.records import ModelStatistics, RepositoryEntry
-from ge_serve.server.types import DataType, InferRequest, Tensor
+from ge_serve.server.control.model_control import ControlMode, ControlSettings, ModelControl
+from ge_serve.server.inference.core import InferenceServer
+from ge_serve.server.inference.reports import ModelStatistics, RepositoryEntry
+from ge_serve.server.inference.types import DataType, InferRequest, Tensor
 
 
 @contextlib.asynccontextmanager

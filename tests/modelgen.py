@@ -12,8 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.server.app import make_scheduler
-from ge_serve.server.lifecycle import LifecycleSettings, ModelLifecycle
-from ge_serve.server.repository import ModelRepository
+from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle
+from ge_serve.server.models.repository import ModelRepository
 
 # Triton datatype name -> ONNX element type; every datatype ge-serve carries.
 ONNX_TYPES: dict[str, int] = {

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from ge_serve.server.types import DataType
+from ge_serve.server.inference.types import DataType
 
 SAMPLES: dict[DataType, npt.NDArray[Any]] = {
     DataType.BOOL: np.array([[True, False, True], [False, False, True]]),

@@ -17,11 +17,16 @@ import numpy.typing as npt
 
 from ge_serve.protos import grpc_service_pb2 as pb
 
-from .. import messages
+from ..control.sharedmemory import (
+    IN_SHARED_MEMORY,
+    SHARED_MEMORY_REGION,
+    lift_output_ref,
+    parse_ref,
+)
 from ..errors import ErrorCode, ServerError, invalid_arg
-from ..messages import InputRef
-from ..sharedmemory import IN_SHARED_MEMORY, SHARED_MEMORY_REGION, lift_output_ref, parse_ref
-from ..types import (
+from ..inference import error_texts
+from ..inference.error_texts import InputRef
+from ..inference.types import (
     DataType,
     InferRequest,
     InferResponse,
@@ -33,7 +38,7 @@ from ..types import (
     lift_request_parameters,
     requested_output,
 )
-from ..wire import RAW_ONLY, object_array, raw_to_array, tensor_to_raw
+from ..inference.wire import RAW_ONLY, object_array, raw_to_array, tensor_to_raw
 
 # Stream-only request parameter (tritonclient's `enable_empty_final_response=True`).
 ENABLE_EMPTY_FINAL_RESPONSE: Final = "triton_enable_empty_final_response"
@@ -149,7 +154,7 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
     any_params = any(spec.parameters for spec in specs)
     in_shm = sum(SHARED_MEMORY_REGION in spec.parameters for spec in specs) if any_params else 0
     if raw and len(raw) > len(specs) - in_shm:
-        raise messages.additional_input_data(model)
+        raise error_texts.additional_input_data(model)
     tensors: list[Tensor] = []
     names: set[str] = set()
     raw_index = 0
@@ -158,7 +163,7 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
         if not name:
             raise invalid_arg(f"input {index} of model '{model}' has no name")
         if name in names:
-            raise messages.duplicate_input(message.id, name)
+            raise error_texts.duplicate_input(message.id, name)
         names.add(name)
         datatype = DataType.parse(spec.datatype)
         shape = tuple(spec.shape)
@@ -174,10 +179,10 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
         ref = InputRef(name, model, message.id)
         if shm is not None:
             if has_contents:
-                raise messages.contents_with_shm(name, model)
+                raise error_texts.contents_with_shm(name, model)
             data = IN_SHARED_MEMORY
         elif has_contents and raw:
-            raise messages.contents_with_raw(name, model)
+            raise error_texts.contents_with_raw(name, model)
         elif raw_index < len(raw):
             data = raw_to_array(datatype, shape, raw[raw_index], ref)
             raw_index += 1
@@ -186,7 +191,7 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
         elif math.prod(shape) == 0:
             data = np.empty(shape, dtype=datatype.numpy)
         else:
-            raise messages.no_input_data(name, model)
+            raise error_texts.no_input_data(name, model)
         tensors.append(Tensor(name, datatype, shape, data, params, shm))
     return tensors
 
@@ -212,10 +217,10 @@ def _typed_contents(
     if len(values) != count:
         if datatype is DataType.BYTES:
             if len(values) > count:
-                raise messages.too_many_strings(ref, count + 1, count)
-            raise messages.too_few_strings(ref, count, len(values))
+                raise error_texts.too_many_strings(ref, count + 1, count)
+            raise error_texts.too_few_strings(ref, count, len(values))
         itemsize = datatype.itemsize
-        raise messages.input_byte_size(ref, count * itemsize, len(values) * itemsize)
+        raise error_texts.input_byte_size(ref, count * itemsize, len(values) * itemsize)
     if datatype is DataType.BYTES:
         return object_array(list(values)).reshape(shape)
     wide = np.fromiter(values, dtype=_FIELD_DTYPE[field], count=count)
@@ -236,7 +241,7 @@ def _decode_outputs(message: pb.ModelInferRequest) -> list[RequestedOutput]:
         if not name:
             raise invalid_arg(f"requested output {index} has no name")
         if name in names:
-            raise messages.duplicate_output(message.id, name)
+            raise error_texts.duplicate_output(message.id, name)
         names.add(name)
         params = decode_parameters(spec.parameters, f"output '{name}'")
         output = requested_output(name, params)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ge_serve.protos import grpc_service_pb2 as pb
-from ge_serve.server.records import (
+from ge_serve.server.inference.reports import (
     BatchStatistics,
     InferStatistics,
     MemoryUsage,

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from ge_serve.server.restrictions import (
+from ge_serve.server.control.restrictions import (
     GRPC_HEADER_PREFIX,
     RestrictedApis,
     grpc_category,

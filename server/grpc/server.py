@@ -19,8 +19,8 @@ from grpc_reflection.v1alpha import reflection
 
 from ge_serve.protos import grpc_service_pb2
 
-from ..core import InferenceServer
 from ..errors import ErrorCode, ServerError
+from ..inference.core import InferenceServer
 from .restricted import RestrictedProtocolInterceptor
 from .servicer import GrpcServicer, service_handler
 
@@ -196,7 +196,7 @@ class GrpcFrontEnd:
         call has ended and refusals have gone quiet (or `grace_s` has passed) the grpc
         server stops, cancelling what is left. Stopping it earlier would have grpc core
         drop calls that had arrived but were not yet handled, which their clients see as
-        CANCELLED (see server/drain.py).
+        CANCELLED (see server/control/stopping.py).
         """
         if self._server is None:
             return

@@ -2,8 +2,9 @@
 `InferenceServer`, mirroring the HTTP routes in server/http/app.py.
 
 The RPCs that start work (inference, streams, model loads and unloads) pass the servicer's
-`DrainGate` (see server/drain.py): once the server stops they are refused UNAVAILABLE, and
-those running are counted until they end. Health, metadata and statistics keep answering.
+`DrainGate` (see server/control/stopping.py): once the server stops they are refused
+UNAVAILABLE, and those running are counted until they end. Health, metadata and
+statistics keep answering.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from google.protobuf.message import Message
 from ge_serve.protos import grpc_service_pb2 as pb
 from ge_serve.protos import grpc_service_pb2_grpc as pb_grpc
 
-from ..control import FILE_PREFIX
-from ..core import InferenceServer
-from ..drain import DrainGate
+from ..control.model_control import FILE_PREFIX
+from ..control.stopping import DrainGate
 from ..errors import ErrorCode, ServerError, decoding
-from ..types import ParamValue
+from ..inference.core import InferenceServer
+from ..inference.types import ParamValue
 from . import codec, encode
 from .errors import Handler, Undecodable, abort, guard
 from .stream import MAX_IN_FLIGHT, MAX_UNWRITTEN, StreamSession, metadata_value

@@ -33,8 +33,8 @@ from typing import Any, Final
 
 from ge_serve.protos import grpc_service_pb2 as pb
 
-from ..core import InferenceServer
 from ..errors import ServerError, decoding, shutting_down
+from ..inference.core import InferenceServer
 from . import codec
 from .errors import Undecodable, abort, as_server_error
 

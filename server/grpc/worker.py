@@ -31,7 +31,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 
 from ge_serve.protos import grpc_service_pb2 as pb
 
-from ..drain import DrainGate
+from ..control.stopping import DrainGate
 from ..errors import decoding
 from ..remotecore import RemoteCore
 from . import codec

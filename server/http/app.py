@@ -23,12 +23,12 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp
 
-from ge_serve.server import messages
-from ge_serve.server.core import InferenceServer
-from ge_serve.server.drain import DrainGate
+from ge_serve.server.control.restrictions import RestrictedApis
+from ge_serve.server.control.stopping import DrainGate
 from ge_serve.server.errors import decoding
-from ge_serve.server.restrictions import RestrictedApis
-from ge_serve.server.types import InferRequest, InferResponse
+from ge_serve.server.inference import error_texts
+from ge_serve.server.inference.core import InferenceServer
+from ge_serve.server.inference.types import InferRequest, InferResponse
 
 from . import encode, generate, monitoring, openapi, sharedmemory, trace
 from .bodies import (
@@ -68,7 +68,7 @@ class HttpSettings:
     # --http-restricted-api rules: (category, header, value)
     restricted_api: tuple[tuple[str, str, str], ...]
     # Non-empty chunks a request body may arrive in (Triton's limit).
-    max_chunks: int = messages.MAX_CHUNKS
+    max_chunks: int = error_texts.MAX_CHUNKS
 
 
 class HttpFrontEnd:
@@ -86,7 +86,7 @@ class HttpFrontEnd:
             lambda: core.tracing.active,
         )
         self.infer_routes = self.infer_endpoint.routes()
-        # Closed when the server stops: requests are then refused (see server/drain.py).
+        # Closed when the server stops: requests are then refused (see server/control/stopping.py).
         self.gate = DrainGate()
 
     def route(

@@ -19,17 +19,17 @@ from typing import Annotated, Any, Self, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, WrapValidator, model_validator
 from pydantic.config import JsonDict
 
-from ge_serve.server import messages
-from ge_serve.server.control import FILE_PREFIX
-from ge_serve.server.documents import Document, reject, validate, worded
+from ge_serve.server.control.json_documents import Document, reject, validate, worded
+from ge_serve.server.control.model_control import FILE_PREFIX
 from ge_serve.server.errors import ErrorCode, ServerError
-from ge_serve.server.types import DataType
+from ge_serve.server.inference import error_texts
+from ge_serve.server.inference.types import DataType
 
 from . import codec
 
 D = TypeVar("D", bound=Document)
 # The longest base64 text a `file:` load parameter may have (Triton's INT_MAX).
-FILE_TEXT_LIMIT = messages.INT_MAX
+FILE_TEXT_LIMIT = error_texts.INT_MAX
 
 
 def decode_body(model: type[D], body: bytes, what: str, *, optional: bool = False) -> D:
@@ -40,8 +40,8 @@ def decode_body(model: type[D], body: bytes, what: str, *, optional: bool = Fals
     if optional and not body.strip():
         return validate(model, {}, what)
     document = codec.decode_json_object(body, what)
-    if _depth_exceeds(document, messages.MAX_JSON_DEPTH):
-        raise messages.json_document_too_deep(what)
+    if _depth_exceeds(document, error_texts.MAX_JSON_DEPTH):
+        raise error_texts.json_document_too_deep(what)
     return validate(model, document, what)
 
 
@@ -68,7 +68,7 @@ def _no_default(schema: JsonDict) -> None:
 
 
 class RepositoryIndexRequest(Document):
-    ready: Annotated[bool, worded(messages.READY_NOT_BOOLEAN)] = Field(
+    ready: Annotated[bool, worded(error_texts.READY_NOT_BOOLEAN)] = Field(
         False, description="List only the models that are ready."
     )
 
@@ -83,7 +83,7 @@ def decode_index_request(body: bytes) -> RepositoryIndexRequest:
     except ServerError:
         start = member_start(body, b"ready")
         if start is not None and start not in b"tf":
-            raise ServerError(ErrorCode.INVALID_ARG, messages.READY_NOT_BOOLEAN) from None
+            raise ServerError(ErrorCode.INVALID_ARG, error_texts.READY_NOT_BOOLEAN) from None
         raise
 
 
@@ -164,7 +164,7 @@ class LoadParameters(Document):
             if not isinstance(value, str):
                 raise reject(f"load parameter '{key}' must be a base64 string")
             if len(value) > FILE_TEXT_LIMIT:
-                raise reject(messages.file_too_large(key).message)
+                raise reject(error_texts.file_too_large(key).message)
             try:
                 content = base64.b64decode(value, validate=True)
             except (binascii.Error, ValueError):

@@ -18,12 +18,17 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from .. import messages
+from ..control.sharedmemory import (
+    IN_SHARED_MEMORY,
+    SHARED_MEMORY_REGION,
+    lift_output_ref,
+    parse_ref,
+)
 from ..errors import ErrorCode, ServerError, invalid_arg
-from ..messages import MAX_JSON_DEPTH as MAX_JSON_DEPTH
-from ..messages import InputRef
-from ..sharedmemory import IN_SHARED_MEMORY, SHARED_MEMORY_REGION, lift_output_ref, parse_ref
-from ..types import (
+from ..inference import error_texts
+from ..inference.error_texts import MAX_JSON_DEPTH as MAX_JSON_DEPTH
+from ..inference.error_texts import InputRef
+from ..inference.types import (
     DataType,
     InferRequest,
     InferResponse,
@@ -34,9 +39,7 @@ from ..types import (
     lift_request_parameters,
     requested_output,
 )
-from ..wire import RAW_ONLY, bytes_elements, object_array, raw_to_array, tensor_to_raw
-from ..wire import deserialize_bytes_tensor as deserialize_bytes_tensor
-from ..wire import serialize_bytes_tensor as serialize_bytes_tensor
+from ..inference.wire import RAW_ONLY, bytes_elements, object_array, raw_to_array, tensor_to_raw
 
 INFERENCE_HEADER_CONTENT_LENGTH: Final = "Inference-Header-Content-Length"
 BINARY_DATA_SIZE: Final = "binary_data_size"
@@ -215,11 +218,11 @@ def _decode_inputs(
         place = _Place(binary, offset, has_binary, model_name, request_id)
         tensor, offset = _decode_input(index, spec, place)
         if tensor.name in names:
-            raise messages.duplicate_input(request_id, tensor.name)
+            raise error_texts.duplicate_input(request_id, tensor.name)
         names.add(tensor.name)
         tensors.append(tensor)
     if offset != len(binary):
-        raise messages.additional_input_data(model_name)
+        raise error_texts.additional_input_data(model_name)
     return tensors
 
 
@@ -301,13 +304,13 @@ def _binary_input(
 ) -> npt.NDArray[Any]:
     count = math.prod(shape)
     if datatype is not DataType.BYTES and size != count * datatype.itemsize:
-        raise messages.input_byte_size(ref, count * datatype.itemsize, size)
+        raise error_texts.input_byte_size(ref, count * datatype.itemsize, size)
     binary, offset = place.binary, place.offset
     end = offset + size
     if end > len(binary):
         if not place.has_binary and size:
-            raise messages.binary_without_header()
-        raise messages.binary_input_short(ref.name, end - len(binary), ref.model)
+            raise error_texts.binary_without_header()
+        raise error_texts.binary_input_short(ref.name, end - len(binary), ref.model)
     return raw_to_array(datatype, shape, binary[offset:end], ref)
 
 
@@ -322,16 +325,16 @@ def _json_input(
         )
     if not isinstance(data, list):
         raise invalid_arg(f"'data' of input '{name}' must be an array, not {_json_kind(data)}")
-    flat = flatten_nested(data, messages.json_too_deep)
+    flat = flatten_nested(data, error_texts.json_too_deep)
     count = math.prod(shape)
     if len(flat) != count:
         if datatype is DataType.BYTES:
             if len(flat) > count:
-                raise messages.too_many_strings(ref, count + 1, count)
-            raise messages.too_few_strings(ref, count, len(flat))
+                raise error_texts.too_many_strings(ref, count + 1, count)
+            raise error_texts.too_few_strings(ref, count, len(flat))
         if len(flat) > count:
-            raise messages.json_data_too_long()
-        raise messages.json_data_too_short()
+            raise error_texts.json_data_too_long()
+        raise error_texts.json_data_too_short()
     return _json_to_numpy(name, datatype, flat).reshape(shape)
 
 
@@ -409,7 +412,7 @@ def _decode_outputs(specs: Any, request_id: str) -> list[RequestedOutput]:
         if not isinstance(name, str) or not name:
             raise invalid_arg(f"requested output {index} has no 'name'")
         if name in names:
-            raise messages.duplicate_output(request_id, name)
+            raise error_texts.duplicate_output(request_id, name)
         names.add(name)
         params = _parameters(spec.get("parameters"), f"output '{name}'")
         output = requested_output(name, params)
@@ -492,6 +495,6 @@ def _json_output_data(tensor: Tensor) -> Any:
         try:
             return [item.decode("utf-8") for item in bytes_elements(tensor.data)]
         except UnicodeDecodeError:
-            raise messages.bytes_not_utf8(tensor.name) from None
+            raise error_texts.bytes_not_utf8(tensor.name) from None
     # A 1-D C-contiguous native array, which orjson serializes directly.
     return np.ascontiguousarray(tensor.data, dtype=tensor.datatype.numpy).reshape(-1)

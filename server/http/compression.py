@@ -9,8 +9,8 @@ from __future__ import annotations
 import zlib
 from typing import Final
 
-from .. import messages
 from ..errors import ServerError, invalid_arg
+from ..inference import error_texts
 
 GZIP: Final = "gzip"
 DEFLATE: Final = "deflate"
@@ -50,7 +50,7 @@ def _has_zlib_header(data: bytes) -> bool:
 
 
 def _too_large(max_size: int) -> ServerError:
-    return messages.decompressed_too_large(max_size)
+    return error_texts.decompressed_too_large(max_size)
 
 
 def _inflate(data: bytes, wbits: int, max_size: int) -> bytes:

@@ -1,4 +1,4 @@
-"""Refusing requests while the server stops (see server/drain.py).
+"""Refusing requests while the server stops (see server/control/stopping.py).
 
 The refusal ends the connection without reading the request's body; the lingering close
 (lingering.py) reads and drops what the client still sends, so that it gets the 503
@@ -13,7 +13,7 @@ from typing import Final
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..drain import DrainGate
+from ..control.stopping import DrainGate
 from ..errors import shutting_down
 from .openai.errors import OPENAI_PREFIX, SERVER_ERROR, OpenAIError
 

@@ -14,7 +14,7 @@ from typing import Any
 # The config as Triton prints it (proto field names, every field, ints as numbers): one
 # function for every reader, since a Python model gets the same JSON in `initialize`.
 from ge_serve.backends.config_json import config_to_json as config_to_json
-from ge_serve.server.records import (
+from ge_serve.server.inference.reports import (
     BatchStatistics,
     InferStatistics,
     MemoryUsage,

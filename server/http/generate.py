@@ -33,7 +33,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import ErrorCode, FailureReason, ServerError, decoding
-from ..types import InferRequest, InferResponse
+from ..inference.types import InferRequest, InferResponse
 from .bodies import GenerateRequestBody
 from .errors import http_status
 from .generate_codec import (

@@ -36,9 +36,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import ErrorCode, ServerError, invalid_arg
-from ..records import TensorMetadata
-from ..types import DataType, InferRequest, InferResponse, ParamValue, Tensor
-from ..wire import RAW_ONLY, bytes_elements, object_array
+from ..inference.reports import TensorMetadata
+from ..inference.types import DataType, InferRequest, InferResponse, ParamValue, Tensor
+from ..inference.wire import RAW_ONLY, bytes_elements, object_array
 from . import codec
 
 NESTED_PARAMETERS: Final = "parameters"

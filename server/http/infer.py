@@ -25,9 +25,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ge_serve.server import messages
 from ge_serve.server.errors import ErrorCode, ServerError, decoding
-from ge_serve.server.types import InferRequest, InferResponse
+from ge_serve.server.inference import error_texts
+from ge_serve.server.inference.types import InferRequest, InferResponse
 
 from . import codec, compression
 from .bodies import InferRequestBody
@@ -231,7 +231,7 @@ class InferEndpoint:
                     chunks.append(chunk)
                 if (chunk or not more) and too_many_chunks(scope, len(chunks), self.max_chunks):
                     raise ClosingError(
-                        ErrorCode.INVALID_ARG, messages.too_many_chunks(self.max_chunks)
+                        ErrorCode.INVALID_ARG, error_texts.too_many_chunks(self.max_chunks)
                     )
         except ClientDisconnect:
             log.info(
@@ -273,7 +273,7 @@ def _too_large(size: int, limit: int, raw: bool) -> ServerError:
     """Triton's words for a body past --http-max-input-size (a body still arriving is
     counted up to the first byte past the limit)."""
     if raw:
-        message = messages.raw_input_too_large(size, limit).message
+        message = error_texts.raw_input_too_large(size, limit).message
     else:
-        message = messages.request_json_size(size, limit)
+        message = error_texts.request_json_size(size, limit)
     return ClosingError(ErrorCode.INVALID_ARG, message)

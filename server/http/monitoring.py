@@ -14,8 +14,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from ge_serve.server.control.logsettings import LogSettings
 from ge_serve.server.errors import decoding
-from ge_serve.server.logsettings import LogSettings
 
 from . import codec, encode
 from .errors import error_response

@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ge_serve.server.restrictions import RestrictedApis, http_category, http_refusal_message
+from ge_serve.server.control.restrictions import RestrictedApis, http_category, http_refusal_message
 
 from .errors import error_response
 from .openai.errors import OPENAI_PREFIX, OpenAIError

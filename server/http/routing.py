@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ge_serve.server.core import InferenceServer
+from ge_serve.server.inference.core import InferenceServer
 
 from .openapi import Body
 

@@ -21,8 +21,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ge_serve.server.control.sharedmemory import RegionStatus
 from ge_serve.server.errors import ErrorCode, ServerError, decoding, invalid_arg
-from ge_serve.server.sharedmemory import RegionStatus
 
 from .bodies import SystemSharedMemoryRegisterRequest, decode_body
 from .openapi import Body

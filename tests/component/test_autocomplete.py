@@ -19,8 +19,8 @@ from onnx import TensorProto
 
 from ge_serve.protos import model_config_pb2 as mc
 from ge_serve.server.errors import ErrorCode, ServerError
-from ge_serve.server.lifecycle import ModelLifecycle
-from ge_serve.server.records import ModelState
+from ge_serve.server.inference.reports import ModelState
+from ge_serve.server.models.lifecycle import ModelLifecycle
 
 
 @pytest.fixture

@@ -30,12 +30,12 @@ from ge_serve.backends.ge.option_tables import ATC_FILE_FLAGS, FILE_OPTIONS
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.backends.paths import OutsideFolder, execution_env_path, resolve_inside
 from ge_serve.protos import model_config_pb2
-from ge_serve.server.autocomplete import resolve_backend, resolve_model_file
-from ge_serve.server.control import parse_config_json
+from ge_serve.server.control.model_control import parse_config_json
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.http import encode
-from ge_serve.server.lifecycle import LoadOverride, ModelLifecycle
-from ge_serve.server.repository import fingerprint, write_overrides
+from ge_serve.server.models.autocomplete import resolve_backend, resolve_model_file
+from ge_serve.server.models.lifecycle import LoadOverride, ModelLifecycle
+from ge_serve.server.models.repository import fingerprint, write_overrides
 
 INSIDE = "must name a file inside the model folder"
 MODEL = identity_model(TensorProto.FLOAT, ("batch", 3))

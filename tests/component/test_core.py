@@ -12,18 +12,18 @@ from serverproc import EXAMPLE_MODELS
 
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.server.app import make_scheduler
-from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ErrorCode, ServerError
-from ge_serve.server.lifecycle import LifecycleSettings, ModelLifecycle
-from ge_serve.server.metrics import ServerMetrics
-from ge_serve.server.records import (
+from ge_serve.server.inference.core import InferenceServer
+from ge_serve.server.inference.reports import (
     ModelState,
     RepositoryEntry,
     StatisticDuration,
     TensorMetadata,
 )
-from ge_serve.server.repository import ModelRepository
-from ge_serve.server.types import DataType, InferRequest, RequestedOutput, Tensor
+from ge_serve.server.inference.types import DataType, InferRequest, RequestedOutput, Tensor
+from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle
+from ge_serve.server.models.repository import ModelRepository
+from ge_serve.server.observability.metrics import ServerMetrics
 
 
 @pytest.fixture

@@ -18,15 +18,15 @@ from simple_requests import OVERFLOW, A, B, assert_sum, expect_http, valid_body,
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.protos import grpc_service_pb2_grpc as pb_grpc
 from ge_serve.server.app import make_scheduler
-from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.grpc import codec as grpc_codec
 from ge_serve.server.grpc.servicer import GrpcServicer, service_handler
 from ge_serve.server.http import codec as http_codec
 from ge_serve.server.http.app import HttpFrontEnd, HttpSettings
-from ge_serve.server.lifecycle import LifecycleSettings, ModelLifecycle
-from ge_serve.server.repository import ModelRepository
-from ge_serve.server.types import DataType, InferRequest, Tensor
+from ge_serve.server.inference.core import InferenceServer
+from ge_serve.server.inference.types import DataType, InferRequest, Tensor
+from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle
+from ge_serve.server.models.repository import ModelRepository
 
 pytestmark = [pytest.mark.timeout(120)]
 

@@ -14,10 +14,10 @@ from swapmodels import ADDK, write_addk_version, write_atomic
 
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.server.app import make_scheduler
-from ge_serve.server.core import InferenceServer
-from ge_serve.server.lifecycle import LifecycleSettings, ModelLifecycle
-from ge_serve.server.repository import ModelRepository
-from ge_serve.server.types import DataType, InferRequest, Tensor
+from ge_serve.server.inference.core import InferenceServer
+from ge_serve.server.inference.types import DataType, InferRequest, Tensor
+from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle
+from ge_serve.server.models.repository import ModelRepository
 
 acl_sim = pytest.importorskip("ge_serve.backends.ge.acl_sim")
 ge_backend = pytest.importorskip("ge_serve.backends.ge.backend")

@@ -21,10 +21,10 @@ from modelgen import add_const_model, lookup_model, make_lifecycle, write_model
 
 from ge_serve.scheduler.base import Scheduler
 from ge_serve.scheduler.work import Array, WorkItem
-from ge_serve.server.control import ControlMode, ControlSettings, ModelControl
-from ge_serve.server.core import InferenceServer
+from ge_serve.server.control.model_control import ControlMode, ControlSettings, ModelControl
 from ge_serve.server.errors import ErrorCode, ServerError
-from ge_serve.server.records import ModelState
+from ge_serve.server.inference.core import InferenceServer
+from ge_serve.server.inference.reports import ModelState
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,9 +20,9 @@ from ensemblerepo import (
 )
 from modelgen import add_const_model, write_model
 
-from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ErrorCode, ServerError
-from ge_serve.server.records import ModelState
+from ge_serve.server.inference.core import InferenceServer
+from ge_serve.server.inference.reports import ModelState
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -21,9 +21,9 @@ from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
 from ge_serve.server.app import make_scheduler
-from ge_serve.server.autocomplete import resolve_backend
-from ge_serve.server.lifecycle import LifecycleSettings, ModelLifecycle
-from ge_serve.server.repository import ModelRepository
+from ge_serve.server.models.autocomplete import resolve_backend
+from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle
+from ge_serve.server.models.repository import ModelRepository
 
 BACKENDS: dict[str, Backend] = {"onnxruntime": OnnxRuntimeBackend(), "ge": GeBackend(SimRuntime())}
 

@@ -15,8 +15,8 @@ import pytest
 from modelgen import add_sub_model, identity_model, make_lifecycle, write_model
 from onnx import TensorProto
 
-from ge_serve.server.core import InferenceServer
 from ge_serve.server.http.app import HttpFrontEnd, HttpSettings
+from ge_serve.server.inference.core import InferenceServer
 
 SSE = "text/event-stream; charset=utf-8"
 

@@ -12,7 +12,7 @@ import pytest
 from ge_serve.protos import grpc_service_pb2 as pb
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.grpc.servicer import GrpcServicer
-from ge_serve.server.records import (
+from ge_serve.server.inference.reports import (
     BatchStatistics,
     InferStatistics,
     MemoryUsage,

@@ -24,12 +24,12 @@ from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
 from ge_serve.scheduler.work import Array, WorkItem
 from ge_serve.server.app import grpc_settings, make_scheduler
-from ge_serve.server.core import InferenceServer
 from ge_serve.server.grpc.server import GrpcFrontEnd
-from ge_serve.server.lifecycle import LifecycleSettings, ModelLifecycle
-from ge_serve.server.repository import ModelRepository
-from ge_serve.server.settings import Settings
-from ge_serve.server.types import InferRequest, InferResponse
+from ge_serve.server.inference.core import InferenceServer
+from ge_serve.server.inference.types import InferRequest, InferResponse
+from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle
+from ge_serve.server.models.repository import ModelRepository
+from ge_serve.server.startup.settings import Settings
 
 pytestmark = pytest.mark.timeout(60)
 

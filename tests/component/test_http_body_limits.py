@@ -10,12 +10,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ge_serve.server import messages
-from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ServerError
 from ge_serve.server.http import bodies
 from ge_serve.server.http.app import HttpFrontEnd, HttpSettings
-from ge_serve.server.lifecycle import ModelLifecycle
+from ge_serve.server.inference import error_texts
+from ge_serve.server.inference.core import InferenceServer
+from ge_serve.server.models.lifecycle import ModelLifecycle
 
 
 async def chunks(count: int) -> AsyncIterator[bytes]:
@@ -40,7 +40,7 @@ async def test_a_body_in_too_many_chunks_is_refused(lifecycle: ModelLifecycle) -
 
 
 def test_the_chunk_limit_is_tritons() -> None:
-    assert messages.too_many_chunks() == (
+    assert error_texts.too_many_chunks() == (
         "Chunked request body exceeds maximum of 65536 non-empty chunks. Send fewer or larger "
         "HTTP chunks."
     )
@@ -58,4 +58,4 @@ def test_an_oversized_file_parameter_is_refused(
     assert info.value.message == (
         "'file:1/model.onnx' exceeds the maximum allowed data size limit INT_MAX"
     )
-    assert bodies.FILE_TEXT_LIMIT == 8 and messages.INT_MAX == 2**31 - 1
+    assert bodies.FILE_TEXT_LIMIT == 8 and error_texts.INT_MAX == 2**31 - 1

@@ -29,13 +29,13 @@ from swapmodels import (
 
 from ge_serve.backends.base import LoadedModel, ModelSpec
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
-from ge_serve.server.control import ControlMode, ControlSettings, ModelControl
-from ge_serve.server.core import InferenceServer
+from ge_serve.server.control.model_control import ControlMode, ControlSettings, ModelControl
 from ge_serve.server.errors import ErrorCode, ServerError
-from ge_serve.server.lifecycle import ModelLifecycle
-from ge_serve.server.model import ModelVersion
-from ge_serve.server.records import ModelState, RepositoryEntry
-from ge_serve.server.types import DataType, InferRequest, Tensor
+from ge_serve.server.inference.core import InferenceServer
+from ge_serve.server.inference.model import ModelVersion
+from ge_serve.server.inference.reports import ModelState, RepositoryEntry
+from ge_serve.server.inference.types import DataType, InferRequest, Tensor
+from ge_serve.server.models.lifecycle import ModelLifecycle
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -24,19 +24,19 @@ from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.direct import DirectScheduler
 from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
 from ge_serve.scheduler.work import Array, WorkItem
-from ge_serve.server.core import InferenceServer
+from ge_serve.server.control.logsettings import LogControl
 from ge_serve.server.errors import ErrorCode, FailureReason, ServerError, queue_full
-from ge_serve.server.exposition import render_text
-from ge_serve.server.lifecycle import LifecycleSettings, ModelLifecycle, SchedulerFactory
-from ge_serve.server.logsettings import LogControl
-from ge_serve.server.metrics import ServerMetrics
-from ge_serve.server.metricsconfig import MetricsConfig
-from ge_serve.server.quantiles import Buckets, LatencyWindow
-from ge_serve.server.records import ModelStatistics
-from ge_serve.server.repository import ModelRepository
-from ge_serve.server.resources import ResourceSampler
-from ge_serve.server.statistics import failure_reason
-from ge_serve.server.types import DataType, InferRequest, Tensor
+from ge_serve.server.inference.core import InferenceServer
+from ge_serve.server.inference.reports import ModelStatistics
+from ge_serve.server.inference.types import DataType, InferRequest, Tensor
+from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle, SchedulerFactory
+from ge_serve.server.models.repository import ModelRepository
+from ge_serve.server.observability.metrics import ServerMetrics
+from ge_serve.server.observability.metricsconfig import MetricsConfig
+from ge_serve.server.observability.prometheus_text import render_text
+from ge_serve.server.observability.quantiles import Buckets, LatencyWindow
+from ge_serve.server.observability.resources import ResourceSampler
+from ge_serve.server.observability.statistics import failure_reason
 
 pytestmark = pytest.mark.timeout(60)
 

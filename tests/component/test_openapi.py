@@ -18,9 +18,9 @@ from modelgen import make_lifecycle
 from openapi_spec_validator import validate
 from starlette.routing import Route
 
-from ge_serve.server.core import InferenceServer
 from ge_serve.server.http.app import HttpFrontEnd, HttpSettings
-from ge_serve.server.types import DataType
+from ge_serve.server.inference.core import InferenceServer
+from ge_serve.server.inference.types import DataType
 
 SCHEMAS = "#/components/schemas/"
 

@@ -25,13 +25,19 @@ from ge_serve.backends.python.backend import PythonBackend
 from ge_serve.backends.python.instance import PythonInstance
 from ge_serve.scheduler.factory import SchedulerOptions
 from ge_serve.server.app import make_scheduler
-from ge_serve.server.bls import CoreBridge
-from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ErrorCode, ServerError
-from ge_serve.server.lifecycle import LifecycleSettings, ModelLifecycle
-from ge_serve.server.records import ModelState, RepositoryEntry
-from ge_serve.server.repository import ModelRepository
-from ge_serve.server.types import DataType, InferRequest, InferResponse, RequestedOutput, Tensor
+from ge_serve.server.inference.bls import CoreBridge
+from ge_serve.server.inference.core import InferenceServer
+from ge_serve.server.inference.reports import ModelState, RepositoryEntry
+from ge_serve.server.inference.types import (
+    DataType,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    Tensor,
+)
+from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle
+from ge_serve.server.models.repository import ModelRepository
 
 pytestmark = pytest.mark.timeout(120)
 

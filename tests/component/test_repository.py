@@ -14,9 +14,9 @@ from onnx import TensorProto
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.work import WorkItem
 from ge_serve.server.errors import ErrorCode, ServerError
-from ge_serve.server.lifecycle import ModelLifecycle
-from ge_serve.server.records import ModelState, RepositoryEntry
-from ge_serve.server.repository import (
+from ge_serve.server.inference.reports import ModelState, RepositoryEntry
+from ge_serve.server.models.lifecycle import ModelLifecycle
+from ge_serve.server.models.repository import (
     ModelRepository,
     ModelSource,
     available_versions,

@@ -31,10 +31,10 @@ from onnx import TensorProto
 from schemathesis import BaseSchema, GenerationMode
 from threadserver import serving
 
-from ge_serve.server.control import ControlMode, ControlSettings, ModelControl
-from ge_serve.server.core import InferenceServer
+from ge_serve.server.control.model_control import ControlMode, ControlSettings, ModelControl
+from ge_serve.server.control.sharedmemory import SharedMemoryManager
 from ge_serve.server.http.app import HttpFrontEnd, HttpSettings
-from ge_serve.server.sharedmemory import SharedMemoryManager
+from ge_serve.server.inference.core import InferenceServer
 
 MODEL = "identity"
 REGION = "region"

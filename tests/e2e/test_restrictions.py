@@ -15,14 +15,14 @@ from serverproc import ServerProcess, running_server
 from swapmodels import write_addk
 from tritonclient.utils import InferenceServerException
 
-from ge_serve.server.grpc.restricted import RestrictedProtocolInterceptor
-from ge_serve.server.restrictions import (
+from ge_serve.server.control.restrictions import (
     CATEGORIES,
     GRPC_HEADER_PREFIX,
     RestrictedApis,
     grpc_category,
     http_category,
 )
+from ge_serve.server.grpc.restricted import RestrictedProtocolInterceptor
 
 
 @pytest.mark.parametrize(

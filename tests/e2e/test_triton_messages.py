@@ -1,5 +1,5 @@
 """Triton's exact error messages, over HTTP and gRPC, for each class of bad request that
-clients match on (the wording lives once, in server/messages.py)."""
+clients match on (the wording lives once, in server/inference/error_texts.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Config fields ge-serve does not honour, end to end: a model whose config sets
 `passive: true` or an `optimization` block loads and serves, and the server log has a
 warning naming the field; one setting a field whose absence would change results
-(`is_shape_tensor`) fails to load, and the reason names it (server/unhonoured.py)."""
+(`is_shape_tensor`) fails to load, and the reason names it (server/models/unhonoured.py)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ import pytest
 
 from ge_serve.server.app import ServerApp, configure_gil
 from ge_serve.server.cli import build_parser, parse_settings
-from ge_serve.server.flags import flag_of
-from ge_serve.server.settings import Settings
+from ge_serve.server.startup.flags import flag_of
+from ge_serve.server.startup.settings import Settings
 
 
 def test_defaults_are_tritons() -> None:

@@ -13,7 +13,7 @@ import tritonclient.http as triton_http
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.http.codec import encode_infer_response
 from ge_serve.server.http.compression import choose_encoding, decode_content, encode_content
-from ge_serve.server.types import DataType, InferRequest, InferResponse, Tensor
+from ge_serve.server.inference.types import DataType, InferRequest, InferResponse, Tensor
 
 BODY = b'{"inputs": []}' + bytes(range(256)) * 64
 MAX = 1 << 20

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ge_serve.server.control import parse_config_json
+from ge_serve.server.control.model_control import parse_config_json
 from ge_serve.server.errors import ErrorCode, ServerError
 
 

@@ -21,12 +21,21 @@ PACKAGES = {"server": "ge_serve.server", "scheduler": "ge_serve.scheduler",
 FRONT_ENDS = ("ge_serve.server.http", "ge_serve.server.grpc")
 COMPOSITION_ROOT = "ge_serve.server.app"
 # Derives each front end's settings for the composition root.
-ROOT_HELPERS = ("ge_serve.server.parts",)
+ROOT_HELPERS = ("ge_serve.server.startup.part_settings",)
 # What scheduler/ must never import: the front ends, the CLI and its settings, and the
 # core that drives it (lifecycle, control, the composition root).
 ABOVE_SCHEDULER = tuple(
     f"ge_serve.server.{name}"
-    for name in ("core", "http", "grpc", "lifecycle", "control", "app", "cli", "settings")
+    for name in (
+        "inference.core",
+        "http",
+        "grpc",
+        "models.lifecycle",
+        "control.model_control",
+        "app",
+        "cli",
+        "startup.settings",
+    )
 )
 
 
@@ -141,8 +150,8 @@ FILES = source_files()
 
 def test_the_scan_sees_the_code() -> None:
     names = {module_name(p) for p in FILES}
-    for expected in ("ge_serve.server.core", "ge_serve.server.http.app", COMPOSITION_ROOT,
-                     "ge_serve.scheduler.direct", "ge_serve.backends.onnxruntime",
+    for expected in ("ge_serve.server.inference.core", "ge_serve.server.http.app",
+                     COMPOSITION_ROOT, "ge_serve.scheduler.direct", "ge_serve.backends.onnxruntime",
                      "ge_serve.backends.ge.backend"):  # fmt: skip
         assert expected in names
     # Every Python file of the three packages is scanned, however deep it sits.

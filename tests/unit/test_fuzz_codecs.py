@@ -22,6 +22,8 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from ge_serve.protos import grpc_service_pb2 as pb
+from ge_serve.server.control.logsettings import LogControl
+from ge_serve.server.control.sharedmemory import SharedMemoryManager, lift_output_ref, parse_ref
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.grpc import codec as grpc_codec
 from ge_serve.server.http import codec as http_codec
@@ -33,11 +35,9 @@ from ge_serve.server.http.bodies import (
     decode_body,
 )
 from ge_serve.server.http.compression import choose_encoding, decode_content, encode_content
-from ge_serve.server.logsettings import LogControl
-from ge_serve.server.messages import InputRef
-from ge_serve.server.sharedmemory import SharedMemoryManager, lift_output_ref, parse_ref
-from ge_serve.server.types import DataType, InferRequest, RequestedOutput, check_shape
-from ge_serve.server.wire import deserialize_bytes_tensor, raw_to_array
+from ge_serve.server.inference.error_texts import InputRef
+from ge_serve.server.inference.types import DataType, InferRequest, RequestedOutput, check_shape
+from ge_serve.server.inference.wire import deserialize_bytes_tensor, raw_to_array
 
 T = TypeVar("T")
 

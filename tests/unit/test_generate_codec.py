@@ -17,9 +17,9 @@ from ge_serve.server.http.generate_codec import (
     deduce_shape,
     encode_generate_response,
 )
-from ge_serve.server.records import TensorMetadata
-from ge_serve.server.types import DataType, InferRequest, InferResponse, Tensor
-from ge_serve.server.wire import object_array
+from ge_serve.server.inference.reports import TensorMetadata
+from ge_serve.server.inference.types import DataType, InferRequest, InferResponse, Tensor
+from ge_serve.server.inference.wire import object_array
 
 
 def decode(body: Any, *inputs: tuple[str, DataType, tuple[int, ...]]) -> InferRequest:

@@ -16,7 +16,7 @@ from tritonclient.grpc._utils import _get_inference_request
 from ge_serve.protos import grpc_service_pb2 as pb
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.grpc import codec
-from ge_serve.server.types import DataType, InferResponse, SharedMemoryRef, Tensor
+from ge_serve.server.inference.types import DataType, InferResponse, SharedMemoryRef, Tensor
 
 
 def ours(message: Any) -> pb.ModelInferRequest:

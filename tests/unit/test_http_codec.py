@@ -18,13 +18,11 @@ from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.http.codec import (
     decode_infer_request,
     decode_json_object,
-    deserialize_bytes_tensor,
     encode_infer_response,
     encode_json,
     parse_header_length,
-    serialize_bytes_tensor,
 )
-from ge_serve.server.types import (
+from ge_serve.server.inference.types import (
     DataType,
     InferRequest,
     InferResponse,
@@ -32,6 +30,7 @@ from ge_serve.server.types import (
     SharedMemoryRef,
     Tensor,
 )
+from ge_serve.server.inference.wire import deserialize_bytes_tensor, serialize_bytes_tensor
 
 # --- helpers --------------------------------------------------------------------------------
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from ge_serve.server.errors import ErrorCode, ServerError
-from ge_serve.server.repository import parse_version
-from ge_serve.server.types import MAX_DIMS, MAX_ELEMENTS, check_shape
+from ge_serve.server.inference.types import MAX_DIMS, MAX_ELEMENTS, check_shape
+from ge_serve.server.models.repository import parse_version
 
 OVERFLOW = "causes total element count to exceed maximum size of"
 

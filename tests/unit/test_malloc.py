@@ -8,7 +8,7 @@ import platform
 import pytest
 
 from ge_serve.server.cli import parse_settings
-from ge_serve.server.malloc import limit_malloc_arenas, release_freed_memory
+from ge_serve.server.startup.malloc import limit_malloc_arenas, release_freed_memory
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")

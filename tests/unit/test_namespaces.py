@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ge_serve.server.errors import ErrorCode, ServerError
-from ge_serve.server.namespaces import model_key, model_name, resolve, step_key
+from ge_serve.server.models.namespaces import model_key, model_name, resolve, step_key
 
 KEYS = [model_key("/r1", "calc"), model_key("/r2", "calc"), model_key("/r2", "only")]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ge_serve.server.errors import ServerError
-from ge_serve.server.repository import (
+from ge_serve.server.models.repository import (
     check_model_name,
     fingerprint,
     override_target,

@@ -9,7 +9,7 @@ from ge_serve.protos import grpc_service_pb2 as pb
 from ge_serve.server.grpc import encode as grpc_encode
 from ge_serve.server.http import encode as http_encode
 from ge_serve.server.http.codec import encode_json
-from ge_serve.server.records import (
+from ge_serve.server.inference.reports import (
     BatchStatistics,
     InferStatistics,
     MemoryUsage,
@@ -21,7 +21,7 @@ from ge_serve.server.records import (
     StatisticDuration,
     TensorMetadata,
 )
-from ge_serve.server.types import DataType
+from ge_serve.server.inference.types import DataType
 
 SERVER = ServerMetadata("triton", "2.51.0", ("classification", "statistics"))
 

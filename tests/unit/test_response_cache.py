@@ -10,7 +10,7 @@ import numpy as np
 from google.protobuf import text_format
 
 from ge_serve.protos import model_config_pb2
-from ge_serve.server.responsecache import ResponseCache, cache_key, enabled_for
+from ge_serve.server.inference.responsecache import ResponseCache, cache_key, enabled_for
 
 OUT_BYTES = 1024
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ge_serve.server.control.sharedmemory import RegionStatus, SharedMemoryManager, object_path
 from ge_serve.server.errors import ErrorCode, ServerError
-from ge_serve.server.sharedmemory import RegionStatus, SharedMemoryManager, object_path
-from ge_serve.server.types import DataType, SharedMemoryRef
+from ge_serve.server.inference.types import DataType, SharedMemoryRef
 
 PAGE = mmap.ALLOCATIONGRANULARITY
 

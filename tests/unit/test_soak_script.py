@@ -16,8 +16,8 @@ from ge_serve.protos import grpc_service_pb2 as pb
 from ge_serve.protos import grpc_service_pb2_grpc as pb_grpc
 from ge_serve.server.grpc import codec as grpc_codec
 from ge_serve.server.http import codec as http_codec
-from ge_serve.server.types import DataType, InferRequest, InferResponse, Tensor
-from ge_serve.server.wire import object_array
+from ge_serve.server.inference.types import DataType, InferRequest, InferResponse, Tensor
+from ge_serve.server.inference.wire import object_array
 
 
 def _load_soak() -> ModuleType:
@@ -331,11 +331,11 @@ def test_a_reload_in_flight_marks_an_overlapping_request() -> None:
 def test_retired_versions_are_counted_before_shutdown() -> None:
     log = "\n".join(
         [
-            "I ge_serve.server.lifecycle] successfully unloaded 'simple' version 1",
-            "I ge_serve.server.lifecycle] successfully unloaded 'simple_string' version 1",
-            "I ge_serve.server.lifecycle] successfully unloaded 'simple' version 1",
+            "I ge_serve.server.models.lifecycle] successfully unloaded 'simple' version 1",
+            "I ge_serve.server.models.lifecycle] successfully unloaded 'simple_string' version 1",
+            "I ge_serve.server.models.lifecycle] successfully unloaded 'simple' version 1",
             "I ge_serve] signal received: stopping (waiting up to 30.0s)",
-            "I ge_serve.server.lifecycle] successfully unloaded 'simple' version 1",
+            "I ge_serve.server.models.lifecycle] successfully unloaded 'simple' version 1",
         ]
     )
     assert soak.retired_by_reloads(log) == 2

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from ge_serve.server.errors import ErrorCode, ServerError
-from ge_serve.server.traceconfig import TraceSettings
-from ge_serve.server.tracing import TraceControl
+from ge_serve.server.observability.traceconfig import TraceSettings
+from ge_serve.server.observability.tracing import TraceControl
 
 
 class Kept:

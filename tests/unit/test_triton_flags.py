@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from ge_serve.server.cli import parse_settings
-from ge_serve.server.flags import flag_of
-from ge_serve.server.parts import grpc_settings, scheduler_options, warn_about_flags
-from ge_serve.server.settings import Settings
-from ge_serve.server.tritonflags import INAPPLICABLE, warning
+from ge_serve.server.startup.flags import flag_of
+from ge_serve.server.startup.part_settings import grpc_settings, scheduler_options, warn_about_flags
+from ge_serve.server.startup.settings import Settings
+from ge_serve.server.startup.tritonflags import INAPPLICABLE, warning
 
 FLAG_LIST = Path(__file__).resolve().parent.parent / "data" / "tritonserver_r24_flags.txt"
 REPO = ["--model-repository", "/models"]
@@ -189,7 +189,7 @@ def test_grpc_connection_flags_reach_grpc() -> None:
 def test_unknown_trace_settings_are_warned_about_and_ignored() -> None:
     """Triton ignores a --trace-config key it does not know; so does ge-serve, with a
     warning that names the key probably meant."""
-    from ge_serve.server.traceconfig import unknown_settings
+    from ge_serve.server.observability.traceconfig import unknown_settings
 
     settings = parse_settings(
         [

@@ -13,7 +13,7 @@ from ge_serve.protos import model_config_pb2
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.http.codec import encode_json
 from ge_serve.server.http.encode import config_to_json
-from ge_serve.server.types import DataType, InferRequest, lift_request_parameters
+from ge_serve.server.inference.types import DataType, InferRequest, lift_request_parameters
 
 # --- DataType ------------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """Config fields ge-serve does not honour: one warning naming each on load, or a refusal
-where ignoring it would change results (server/unhonoured.py)."""
+where ignoring it would change results (server/models/unhonoured.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from google.protobuf import text_format
 
 from ge_serve.protos import model_config_pb2
-from ge_serve.server import autocomplete, unhonoured
 from ge_serve.server.errors import ServerError
+from ge_serve.server.models import autocomplete, unhonoured
 
 BASE = """
 name: "m"
@@ -115,7 +115,7 @@ def test_an_empty_optimization_block_still_warns() -> None:
 
 
 def test_the_load_time_check_logs_each_warning(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="ge_serve.server.autocomplete"):
+    with caplog.at_level(logging.WARNING, logger="ge_serve.server.models.autocomplete"):
         autocomplete.check(config(SETTING["instance_group.passive"] + SETTING["optimization"]))
     text = caplog.text
     assert "'instance_group[0].passive'" in text and "'optimization'" in text, text

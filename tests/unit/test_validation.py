@@ -14,9 +14,9 @@ from ge_serve.backends.base import LoadedModel
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.work import Array, WorkItem
 from ge_serve.server.errors import ErrorCode, ServerError
-from ge_serve.server.model import ModelVersion, tensor_specs
-from ge_serve.server.types import DataType, InferRequest, RequestedOutput, Tensor
-from ge_serve.server.validation import build_response, prepare
+from ge_serve.server.inference.model import ModelVersion, tensor_specs
+from ge_serve.server.inference.types import DataType, InferRequest, RequestedOutput, Tensor
+from ge_serve.server.inference.validation import build_response, prepare
 
 
 class NoScheduler:

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ge_serve.backends.base import TextGeneration
-from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ErrorCode, ServerError
-from ge_serve.server.model import ModelVersion, TensorSpec
-from ge_serve.server.types import DataType
+from ge_serve.server.inference.core import InferenceServer
+from ge_serve.server.inference.model import ModelVersion, TensorSpec
+from ge_serve.server.inference.types import DataType
 
 from .errors import from_server_error, model_not_found
 

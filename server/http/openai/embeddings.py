@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from ge_serve.server.errors import ServerError
-from ge_serve.server.model import ModelVersion
-from ge_serve.server.types import InferRequest, InferResponse, Tensor
-from ge_serve.server.wire import object_array
+from ge_serve.server.inference.model import ModelVersion
+from ge_serve.server.inference.types import InferRequest, InferResponse, Tensor
+from ge_serve.server.inference.wire import object_array
 
 from .catalog import Catalog, Embedder
 from .errors import OpenAIError, from_server_error

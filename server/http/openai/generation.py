@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from ge_serve.server.core import InferenceServer
 from ge_serve.server.errors import ServerError
-from ge_serve.server.model import ModelVersion, TensorSpec
-from ge_serve.server.types import DataType, InferRequest, InferResponse, Tensor
-from ge_serve.server.wire import bytes_elements, object_array
+from ge_serve.server.inference.core import InferenceServer
+from ge_serve.server.inference.model import ModelVersion, TensorSpec
+from ge_serve.server.inference.types import DataType, InferRequest, InferResponse, Tensor
+from ge_serve.server.inference.wire import bytes_elements, object_array
 
 from .catalog import TEXT_INPUT, TEXT_OUTPUT
 from .errors import OpenAIError, from_server_error

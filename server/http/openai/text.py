@@ -26,8 +26,8 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from ge_serve.server.model import ModelVersion
-from ge_serve.server.types import InferRequest
+from ge_serve.server.inference.model import ModelVersion
+from ge_serve.server.inference.types import InferRequest
 
 from .catalog import Catalog, text_generation
 from .errors import CONTEXT_LENGTH_EXCEEDED, SERVER_ERROR, OpenAIError

@@ -1,0 +1,111 @@
+"""The core as a Python model's BLS calls reach it (the backend's `CoreCalls`).
+
+A BLS request is built into the core's own request type and goes through
+`InferenceServer.infer` (or `infer_responses` for `exec(decoupled=True)`), so it runs
+through the called model's scheduler and batcher and counts in its statistics exactly as
+a client's request does. Errors come back as the response's error. Calls arrive on the
+backend's threads and run on the server's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Callable
+from typing import Any
+
+from ge_serve.backends.base import ModelError
+from ge_serve.backends.python.calls import CoreCall, CoreResponse, Reply
+
+from ..errors import ErrorCode, ServerError
+from ..observability.tracing import Trace
+from .core import InferenceServer
+from .types import DataType, InferRequest, InferResponse, RequestedOutput, Tensor
+
+# How long a model's is_model_ready / load_model / unload_model may take.
+_CONTROL_TIMEOUT_S = 600.0
+
+
+class CoreBridge:
+    def __init__(self, core: InferenceServer, loop: asyncio.AbstractEventLoop) -> None:
+        self._core = core
+        self._loop = loop
+
+    def infer(self, call: CoreCall, reply: Reply) -> Callable[[], None]:
+        future = asyncio.run_coroutine_threadsafe(self._run(call, reply), self._loop)
+
+        def cancel() -> None:
+            future.cancel()
+
+        return cancel
+
+    async def _run(self, call: CoreCall, reply: Reply) -> None:
+        try:
+            request = _request(call)
+            if call.decoupled:
+                async for response in self._core.infer_responses(request):
+                    reply(_response(response), False)
+                reply(None, True)
+            else:
+                parent = call.parent_trace if isinstance(call.parent_trace, Trace) else None
+                reply(_response(await self._core.infer(request, "BLS", parent)), True)
+        except ServerError as exc:
+            reply(_failed(exc.code.value, exc.message), True)
+        except asyncio.CancelledError:
+            reply(_failed("CANCELLED", "the BLS request was cancelled"), True)
+            raise
+        except Exception as exc:
+            reply(_failed("INTERNAL", f"{type(exc).__name__}: {exc}"), True)
+
+    # --- model control ---------------------------------------------------------------------
+
+    def model_ready(self, name: str, version: str) -> bool:
+        async def ready() -> bool:
+            return self._core.model_ready(name, version)
+
+        return bool(self._wait(ready()))
+
+    def load_model(self, name: str, config_json: str, files: dict[str, bytes]) -> None:
+        self._wait(self._core.load_model(name, config_json or None, files or None))
+
+    def unload_model(self, name: str, unload_dependents: bool) -> None:
+        self._wait(self._core.unload_model(name, unload_dependents))
+
+    def _wait(self, coroutine: Any) -> Any:
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            return future.result(_CONTROL_TIMEOUT_S)
+        except ServerError as exc:
+            raise ValueError(exc.message) from None
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise ValueError("the server did not finish the call in time") from None
+
+
+def _request(call: CoreCall) -> InferRequest:
+    inputs = []
+    for name, datatype, data in call.inputs:
+        inputs.append(Tensor(name, DataType.parse(datatype), tuple(data.shape), data))
+    parameters = dict(call.parameters)
+    if not all(isinstance(v, bool | int | float | str) for v in parameters.values()):
+        raise ServerError(ErrorCode.INVALID_ARG, "BLS request parameters must be bool, int or str")
+    return InferRequest(
+        model_name=call.model_name,
+        model_version=call.model_version,
+        id=call.request_id,
+        inputs=inputs,
+        outputs=[RequestedOutput(name) for name in call.requested_outputs],
+        parameters=parameters,
+        timeout_us=max(call.timeout_us, 0),
+    )
+
+
+def _response(response: InferResponse) -> CoreResponse:
+    return CoreResponse(
+        outputs=[(tensor.name, tensor.data) for tensor in response.outputs],
+        parameters=dict(response.parameters),
+    )
+
+
+def _failed(code: str, message: str) -> CoreResponse:
+    return CoreResponse(error=ModelError(code, message))

@@ -1,0 +1,248 @@
+"""Checking a request against its model's config, and shaping the response.
+
+Messages follow Triton's wording where clients are known to match on them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ge_serve.scheduler.correlation import sequence_flags
+from ge_serve.scheduler.work import Array, WorkItem
+
+from ..errors import ErrorCode, ServerError, invalid_arg
+from . import error_texts
+from .error_texts import InputRef, request_tag
+from .model import ModelVersion, TensorSpec
+from .types import DataType, InferRequest, InferResponse, RequestedOutput, Tensor
+
+
+def _dims_str(dims: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
+    """Validate a request and turn it into the scheduler's work item."""
+    inputs = request.inputs
+    tag = request_tag(request.id)
+    if len(inputs) == 1 and inputs[0].parameters.get("raw_binary"):
+        inputs = [_resolve_raw_binary(inputs[0], model, request.id)]
+    mbs = model.max_batch_size
+    arrays: dict[str, Array] = {}
+    batch_size = 0
+    for tensor in inputs:
+        spec = model.inputs.get(tensor.name)
+        if spec is None:
+            raise invalid_arg(
+                f"{tag}unexpected inference input '{tensor.name}' for model '{model.name}'"
+            )
+        if tensor.name in arrays:
+            raise error_texts.duplicate_input(request.id, tensor.name)
+        if tensor.datatype is not spec.datatype:
+            raise invalid_arg(
+                f"{tag}inference input '{tensor.name}' data-type is '{tensor.datatype.value}', "
+                f"but model '{model.name}' expects '{spec.datatype.value}'"
+            )
+        shape = tuple(tensor.shape)
+        if any(d < 0 for d in shape):
+            raise invalid_arg(f"input '{tensor.name}' has a negative dimension in its shape")
+        if mbs > 0:
+            if not shape:
+                raise invalid_arg(
+                    f"{tag}input '{tensor.name}' has no shape but model requires batch "
+                    f"dimension for '{model.name}'"
+                )
+            this_batch = shape[0]
+            if this_batch < 1 or this_batch > mbs:
+                raise invalid_arg(
+                    f"{tag}inference request batch-size must be <= {mbs} for '{model.name}'"
+                    if this_batch > mbs
+                    else f"{tag}inference request batch-size must be >= 1 for '{model.name}'"
+                )
+            if batch_size and this_batch != batch_size:
+                raise invalid_arg(
+                    f"{tag}input '{tensor.name}' batch size does not match other inputs for "
+                    f"'{model.name}'"
+                )
+            batch_size = this_batch
+            item_dims = shape[1:]
+        else:
+            item_dims = shape
+        if not _dims_match(item_dims, spec.dims):
+            ref = InputRef(tensor.name, model.name, request.id)
+            raise error_texts.unexpected_shape(ref, spec.dims, shape, mbs > 0)
+        array = _as_array(tensor, spec, shape, InputRef(tensor.name, model.name, request.id))
+        if spec.model_dims is not None:
+            lead = (shape[0],) if mbs > 0 else ()
+            try:
+                array = array.reshape(lead + spec.model_dims)
+            except ValueError:
+                raise invalid_arg(
+                    f"input '{tensor.name}' cannot be reshaped to {_dims_str(spec.model_dims)}"
+                ) from None
+        arrays[tensor.name] = array
+    missing = [
+        name for name, spec in model.inputs.items() if name not in arrays and not spec.optional
+    ]
+    if missing:
+        required = sum(not s.optional for s in model.inputs.values())
+        given, wanted = _names(sorted(arrays)), _names(missing)
+        count = (
+            f"expected {required} inputs"
+            if required == len(model.inputs)
+            else f"expected number of inputs between {required} and {len(model.inputs)}"
+        )
+        raise invalid_arg(
+            f"{tag}{count} but got {len(arrays)} inputs for model '{model.name}'. Got input(s) "
+            f"{given}, but missing required input(s) {wanted}. Please provide all required "
+            "input(s)."
+        )
+    for requested in request.outputs:
+        _check_output(requested, model, tag)
+    sequence = sequence_flags(request.parameters)
+    if (
+        sequence is not None
+        and (sequence.in_sequence or sequence.start or sequence.end)
+        and not model.config.HasField("sequence_batching")
+    ):
+        raise invalid_arg(
+            f"inference request to model '{model.name}' names sequence "
+            f"{sequence.id_text()}, but the model has no sequence_batching; send it without "
+            "'sequence_id', 'sequence_start' and 'sequence_end'"
+        )
+    return WorkItem(
+        inputs=arrays,
+        batch_size=batch_size if mbs > 0 else 1,
+        priority=request.priority,
+        timeout_us=request.timeout_us,
+        sequence=sequence,
+    )
+
+
+def _names(names: list[str]) -> str:
+    """Triton's list of names: ['a','b']."""
+    return "[" + ",".join(f"'{name}'" for name in names) + "]"
+
+
+def _dims_match(got: tuple[int, ...], want: tuple[int, ...]) -> bool:
+    if len(got) != len(want):
+        return False
+    return all(w == -1 or g == w for g, w in zip(got, want, strict=True))
+
+
+def _as_array(tensor: Tensor, spec: TensorSpec, shape: tuple[int, ...], ref: InputRef) -> Array:
+    array = tensor.data
+    expected = spec.datatype.numpy
+    if array.dtype != expected:
+        if spec.datatype is DataType.BYTES and array.dtype.kind in ("S", "U"):
+            array = array.astype(object)
+        else:
+            raise invalid_arg(
+                f"input '{tensor.name}' holds {array.dtype} data, not {spec.datatype.value}"
+            )
+    if array.shape != shape:
+        if array.size != math.prod(shape):
+            if spec.datatype is DataType.BYTES:
+                raise error_texts.too_few_strings(ref, math.prod(shape), array.size)
+            itemsize = spec.datatype.itemsize
+            raise error_texts.input_byte_size(ref, math.prod(shape) * itemsize, array.nbytes)
+        array = array.reshape(shape)
+    return array
+
+
+def _resolve_raw_binary(tensor: Tensor, model: ModelVersion, request_id: str) -> Tensor:
+    """A raw-binary body is the single input of a single-input model, as batch 1; its
+    shape is deduced from the config's dims as Triton's core does."""
+    if len(model.inputs) != 1:
+        raise error_texts.raw_input_count(request_id, 1, len(model.inputs), model.name)
+    spec = next(iter(model.inputs.values()))
+    raw: bytes = tensor.data.tobytes()
+    lead: tuple[int, ...] = (1,) if model.max_batch_size > 0 else ()
+    unknown = [i for i, d in enumerate(spec.dims) if d == -1]
+    if len(unknown) > 1:
+        raise error_texts.raw_shape_not_deducible(request_id, spec.name)
+    if spec.datatype is DataType.BYTES:
+        if unknown or math.prod(spec.dims) != 1:
+            raise error_texts.raw_bytes_shape(request_id, spec.name)
+        data = np.empty(1, dtype=object)
+        data[0] = raw
+        return Tensor(spec.name, spec.datatype, lead + spec.dims, data.reshape(lead + spec.dims))
+    known = math.prod(d for d in spec.dims if d != -1)
+    dims = spec.dims
+    if unknown:
+        # Triton divides down; a remainder is then the byte-size mismatch below.
+        dims = tuple(len(raw) // known // spec.datatype.itemsize if d == -1 else d for d in dims)
+    ref = InputRef(spec.name, model.name, request_id)
+    expected = math.prod(lead + dims) * spec.datatype.itemsize
+    if expected != len(raw):
+        raise error_texts.input_byte_size(ref, expected, len(raw))
+    array = np.frombuffer(tensor.data, dtype=spec.datatype.numpy).reshape(lead + dims)
+    return Tensor(spec.name, spec.datatype, lead + dims, array)
+
+
+def _check_output(requested: RequestedOutput, model: ModelVersion, tag: str) -> None:
+    spec = model.outputs.get(requested.name)
+    if spec is None:
+        raise invalid_arg(
+            f"{tag}unexpected inference output '{requested.name}' for model '{model.name}'"
+        )
+    if requested.classification < 0:
+        raise invalid_arg("classification count must be non-negative")
+    if requested.classification and spec.datatype is DataType.BYTES:
+        raise invalid_arg(f"classification is not supported for BYTES output '{spec.name}'")
+
+
+def build_response(
+    request: InferRequest, model: ModelVersion, outputs: dict[str, Array], batch_size: int
+) -> InferResponse:
+    """Select the requested outputs, restore their config shapes and apply classification."""
+    wanted = request.outputs or [RequestedOutput(name) for name in model.outputs]
+    result: list[Tensor] = []
+    for requested in wanted:
+        spec = model.outputs[requested.name]
+        array = outputs.get(requested.name)
+        if array is None:
+            raise ServerError(
+                ErrorCode.INTERNAL, f"model '{model.name}' did not produce output '{spec.name}'"
+            )
+        if spec.model_dims is not None:
+            lead = (batch_size,) if model.max_batch_size > 0 else ()
+            array = array.reshape(lead + spec.dims)
+        if requested.classification:
+            array = classify(array, requested.classification, model.labels.get(spec.name), model)
+            datatype = DataType.BYTES
+        else:
+            datatype = spec.datatype
+            if array.dtype != datatype.numpy and datatype is not DataType.BYTES:
+                array = array.astype(datatype.numpy)
+        result.append(
+            Tensor(requested.name, datatype, tuple(array.shape), array, dict(requested.parameters))
+        )
+    return InferResponse(
+        model_name=model.name, model_version=model.version_str, id=request.id, outputs=result
+    )
+
+
+def classify(array: Array, k: int, labels: list[str] | None, model: ModelVersion) -> Array:
+    """Top-k as BYTES "value:index[:label]", per batch item when the model batches."""
+    batched = model.max_batch_size > 0
+    rows = array.reshape(array.shape[0], -1) if batched else array.reshape(1, -1)
+    k = min(k, rows.shape[1])
+    out = np.empty((rows.shape[0], k), dtype=object)
+    for r, row in enumerate(rows):
+        order = np.argsort(-row.astype(np.float64), kind="stable")[:k]
+        for j, index in enumerate(order):
+            text = f"{_format_value(row[index])}:{int(index)}"
+            if labels is not None and index < len(labels):
+                text += f":{labels[index]}"
+            out[r, j] = text.encode("utf-8")
+    return out if batched else out.reshape(k)
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, np.integer | int):
+        return str(int(value))
+    return f"{float(value):f}"

@@ -1,0 +1,498 @@
+"""Model lifecycle: states, loading off the loop, atomic swap, unload with drain."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ge_serve.backends.base import Backend, LoadedModel, ModelSpec
+from ge_serve.protos import model_config_pb2
+from ge_serve.scheduler.base import Scheduler
+from ge_serve.scheduler.ensemble import EnsembleScheduler, StepCall, StepRunner
+from ge_serve.scheduler.work import Array, Timings
+
+from ..errors import ErrorCode, ServerError, model_not_ready, unknown_model, unknown_version
+from ..inference.model import ModelVersion, tensor_specs
+from ..inference.reports import ModelState, RepositoryEntry
+from . import autocomplete, ensemble_config
+from .config_paths import check_config_paths
+from .loadpool import LoadPool
+from .namespaces import model_name, qualify_steps, resolve
+from .repository import (
+    ModelRepository,
+    ModelSource,
+    OverrideFolderText,
+    parse_version,
+    read_config,
+    read_labels,
+    select_versions,
+)
+from .version_health import VersionHealth, not_ready
+
+log = logging.getLogger(__name__)
+
+SchedulerFactory = Callable[[model_config_pb2.ModelConfig, LoadedModel], Scheduler]
+
+
+@dataclass(slots=True)
+class VersionRecord:
+    version: int
+    state: ModelState
+    reason: str = ""
+    model: ModelVersion | None = None
+
+
+@dataclass(slots=True)
+class ModelRecord:
+    name: str
+    versions: dict[int, VersionRecord] = field(default_factory=dict)
+    # Set when the whole model failed before any version could be tried.
+    reason: str = ""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The private `file:` override folder the current versions were loaded from; deleted
+    # once they are retired.
+    owned: Path | None = None
+    # False once unloaded on purpose: strict readiness then no longer waits for it.
+    wanted: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOverride:
+    """What a load API call replaces: the config, and/or the whole model folder."""
+
+    config: model_config_pb2.ModelConfig | None = None
+    # A private folder named after the model, holding the `file:` overrides. The model
+    # loads from it instead of the repository; the lifecycle owns and deletes it.
+    folder: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleSettings:
+    autocomplete: bool = True
+    default_backend: str = "onnxruntime"
+    unload_timeout_s: float = 30.0
+    load_threads: int = 4
+    load_retries: int = 0
+
+
+@dataclass(slots=True)
+class _Prepared:
+    """The blocking half of a load: a completed config and loaded executors."""
+
+    config: model_config_pb2.ModelConfig
+    backend: Backend
+    source: ModelSource
+    labels: dict[str, list[str]]
+    loaded: dict[int, LoadedModel]
+    failures: dict[int, str]
+    seconds: float
+    health: dict[int, VersionHealth] = field(default_factory=dict)
+
+    def failed(self) -> bool:
+        return not self.loaded  # every version failed: a retry may fare better
+
+
+class ModelLifecycle:
+    def __init__(
+        self,
+        repository: ModelRepository,
+        backends: dict[str, Backend],
+        scheduler_factory: SchedulerFactory,
+        settings: LifecycleSettings,
+    ) -> None:
+        self.repository = repository
+        self.backends = backends
+        self.scheduler_factory = scheduler_factory
+        self.settings = settings
+        self._loads = LoadPool(settings.load_threads, settings.load_retries)
+        self.models: dict[str, ModelRecord] = {}
+        # Observers called after each successful load: (model, load seconds).
+        self.on_loaded: list[Callable[[ModelVersion, float], None]] = []
+        # Observers called once a version is retired and its executors are closed.
+        self.on_retired: list[Callable[[ModelVersion], None]] = []
+        # How ensemble steps reach their models; the core serving this lifecycle sets it.
+        self.step_runner: StepRunner | None = None
+
+    # --- queries -------------------------------------------------------------------------
+
+    def get(self, name: str, version: str = "") -> ModelVersion:
+        """The model version a request goes to: the highest READY one when none is named."""
+        record = self.models.get(self.resolve(name))
+        if record is None:
+            raise unknown_model(name)
+        if version:
+            number = parse_version(version)
+            entry = None if number is None else record.versions.get(number)
+            if entry is None:
+                raise unknown_version(name, version)
+            if entry.state is not ModelState.READY or entry.model is None:
+                raise model_not_ready(name, version)
+            return entry.model
+        ready = [v for v in record.versions.values() if v.state is ModelState.READY and v.model]
+        if not ready:
+            raise not_ready(name, record.versions.values())
+        best = max(ready, key=lambda v: v.version).model
+        assert best is not None
+        return best
+
+    def resolve(self, name: str) -> str:
+        """The key of the model a client's name means (namespaces.py)."""
+        return resolve(name, self.models) if self.repository.namespacing else name
+
+    def is_ready(self, name: str, version: str = "") -> bool:
+        try:
+            self.get(name, version)
+        except ServerError:
+            return False
+        return True
+
+    def all_ready(self) -> bool:
+        """Every model meant to be loaded has a READY version (strict readiness)."""
+        return all(
+            any(v.state is ModelState.READY for v in record.versions.values())
+            for record in self.models.values()
+            if record.wanted
+        )
+
+    def ready_models(self) -> list[ModelVersion]:
+        return [
+            v.model
+            for record in self.models.values()
+            for v in record.versions.values()
+            if v.state is ModelState.READY and v.model is not None
+        ]
+
+    def index(
+        self, ready_only: bool = False, scanned: Iterable[str] | None = None
+    ) -> list[RepositoryEntry]:
+        """Every model loaded or in the repository; `scanned` is a repository scan the
+        caller already made (off the event loop), else the scan happens here."""
+        rows: list[RepositoryEntry] = []
+        names = set(self.models)
+        if not ready_only:
+            if scanned is None:
+                with contextlib.suppress(ServerError):
+                    scanned = self.repository.scan()
+            names |= set(scanned or ())
+        for key in sorted(names, key=lambda k: (model_name(k), k)):
+            record, name = self.models.get(key), model_name(key)
+            if record is None or (not record.versions and not record.reason):
+                if not ready_only:
+                    rows.append(RepositoryEntry(name))
+                continue
+            if not record.versions:
+                if not ready_only:
+                    rows.append(RepositoryEntry(name, None, ModelState.UNAVAILABLE, record.reason))
+                continue
+            for version in sorted(record.versions):
+                entry = record.versions[version]
+                if ready_only and entry.state is not ModelState.READY:
+                    continue
+                rows.append(RepositoryEntry(name, version, entry.state, entry.reason))
+        return rows
+
+    # --- loading -------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, name: str, create: bool = True) -> AsyncIterator[ModelRecord | None]:
+        """Hold the model's lock (one load or unload at a time), re-checked after the wait."""
+        while True:
+            record = self.models.get(name)
+            if record is None:
+                if not create:
+                    yield None
+                    return
+                record = self.models.setdefault(name, ModelRecord(name))
+            await record.lock.acquire()
+            if self.models.get(name) is record:
+                break
+            record.lock.release()
+        try:
+            yield record
+        finally:
+            record.lock.release()
+
+    def _drop_if_empty(self, record: ModelRecord) -> None:
+        if not record.versions and not record.reason and self.models.get(record.name) is record:
+            del self.models[record.name]
+
+    async def load(self, name: str, override: LoadOverride | None = None) -> None:
+        """Load (or reload) a model; the old versions serve until the new ones are ready."""
+        override = override or LoadOverride()
+        async with self._locked(name) as record:
+            assert record is not None
+            try:
+                await self._load_locked(record, override)
+            finally:
+                # An override folder that did not become the record's own is not needed.
+                if override.folder is not None and record.owned != override.folder:
+                    await _remove_folder(override.folder)
+
+    async def _load_locked(self, record: ModelRecord, override: LoadOverride) -> None:
+        name = record.name
+        record.wanted = True
+        if override.folder is not None:
+            source: ModelSource | None = ModelSource(name, override.folder)
+        else:
+            sources = await asyncio.to_thread(self.repository.scan)
+            source = sources.get(name)
+        if source is None:
+            self._drop_if_empty(record)
+            raise ServerError(
+                ErrorCode.INVALID_ARG,
+                f"failed to load '{name}', failed to poll from model repository",
+            )
+        for entry in record.versions.values():
+            if entry.state is not ModelState.READY:
+                entry.state = ModelState.LOADING
+        if not record.versions:
+            record.reason = ""
+        hide = OverrideFolderText(override.folder)
+        try:
+            prepared = await self._loads.run(
+                self._prepare, source, override.config, failed=_Prepared.failed
+            )
+        except ServerError as exc:
+            reason = hide(exc.message)
+            self._fail(record, reason)
+            raise ServerError(exc.code, f"failed to load '{name}': {reason}") from None
+        except Exception as exc:
+            reason = hide(str(exc))
+            self._fail(record, reason)
+            raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reason}") from None
+        prepared.failures = {v: hide(reason) for v, reason in prepared.failures.items()}
+        try:
+            await self._install(record, prepared, override.folder)
+        except ServerError as exc:
+            reason = hide(exc.message)
+            self._fail(record, reason)
+            raise ServerError(exc.code, f"failed to load '{name}': {reason}") from None
+        failed = dict(prepared.failures)
+        if failed and not prepared.loaded:
+            reasons = "; ".join(f"version {v}: {r}" for v, r in sorted(failed.items()))
+            if any(v.state is ModelState.READY for v in record.versions.values()):
+                self._note_failed_reload(record, reasons)
+            raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reasons}")
+
+    def _fail(self, record: ModelRecord, reason: str) -> None:
+        """A failed (re)load keeps READY versions serving and marks the rest unavailable."""
+        if not any(v.state is ModelState.READY for v in record.versions.values()):
+            record.reason = reason
+            for entry in record.versions.values():
+                entry.state = ModelState.UNAVAILABLE
+                entry.reason = reason
+        else:
+            for entry in record.versions.values():
+                if entry.state is ModelState.LOADING:
+                    entry.state = ModelState.UNAVAILABLE
+                    entry.reason = reason
+            self._note_failed_reload(record, reason)
+        log.error("failed to load '%s': %s", record.name, reason)
+
+    @staticmethod
+    def _note_failed_reload(record: ModelRecord, reason: str) -> None:
+        for entry in record.versions.values():
+            if entry.state is ModelState.READY:
+                entry.reason = f"reload failed, this version keeps serving: {reason}"
+
+    def _prepare(
+        self, source: ModelSource, override: model_config_pb2.ModelConfig | None
+    ) -> _Prepared:
+        """Blocking: read and complete the config, then load every version it names."""
+        started = time.monotonic()
+        config = read_config(source, override=override)
+        versions = select_versions(config, source.path)
+        # Before anything the config names is read: autocomplete, labels, backend, warmup.
+        check_config_paths(config, source.path, versions)
+        if ensemble_config.is_ensemble(config):
+            ensemble_config.check_ensemble(config)
+            backend: Backend = ensemble_config.ENSEMBLE_BACKEND
+            labels = read_labels(config, source.path)
+            empty = {version: LoadedModel(executors=[]) for version in versions}
+            seconds = time.monotonic() - started
+            return _Prepared(config, backend, source, labels, empty, {}, seconds)
+        newest = source.path / str(versions[-1])
+        backend = autocomplete.resolve_backend(
+            config, self.backends, self.settings.default_backend, newest
+        )
+        path = autocomplete.model_file(config, backend, newest)
+        autocomplete.complete(config, backend, path, self.settings.autocomplete)
+        autocomplete.check(config)
+        labels = read_labels(config, source.path)
+        loaded: dict[int, LoadedModel] = {}
+        failures: dict[int, str] = {}
+        health: dict[int, VersionHealth] = {}
+        for version in versions:
+            version_dir = source.path / str(version)
+            spec = ModelSpec(
+                name=config.name,
+                version=version,
+                config=config,
+                model_dir=source.path,
+                model_path=autocomplete.model_file(config, backend, version_dir),
+                events=health.setdefault(version, VersionHealth()),
+            )
+            log.debug("loading '%s' v%d on %s", config.name, version, backend.name)
+            try:
+                loaded[version] = backend.load(spec)
+                log.debug("loaded '%s' v%d", config.name, version)
+            except Exception as exc:
+                log.exception("loading '%s' version %d failed", config.name, version)
+                failures[version] = f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
+        return _Prepared(
+            config, backend, source, labels, loaded, failures, time.monotonic() - started, health
+        )
+
+    async def _install(
+        self, record: ModelRecord, prepared: _Prepared, folder: Path | None = None
+    ) -> None:
+        """Swap the new versions in atomically (nothing awaits between building the new
+        table and assigning it: no mix, no gap), then retire the old ones."""
+        config = prepared.config
+        schedulers = await self._schedulers(record.name, config, prepared.loaded)
+        new_versions: dict[int, VersionRecord] = {}
+        for version, loaded in prepared.loaded.items():
+            scheduler = schedulers[version]
+            model = ModelVersion(
+                name=config.name,
+                version=version,
+                config=config,
+                backend=prepared.backend.name,
+                model_dir=prepared.source.path,
+                inputs=tensor_specs(list(config.input)),
+                outputs=tensor_specs(list(config.output)),
+                loaded=loaded,
+                scheduler=scheduler,
+                labels=prepared.labels,
+            )
+            new_versions[version] = VersionRecord(version, ModelState.READY, "", model)
+            if version in prepared.health:  # an ensemble has no backend to report
+                prepared.health[version].bind(new_versions[version])
+        for version, reason in prepared.failures.items():
+            new_versions[version] = VersionRecord(version, ModelState.UNAVAILABLE, reason)
+        old = record.versions
+        if not prepared.loaded and any(v.state is ModelState.READY for v in old.values()):
+            # Nothing new could load: keep serving what we have.
+            for version, reason in prepared.failures.items():
+                if version not in old or old[version].state is not ModelState.READY:
+                    old[version] = VersionRecord(version, ModelState.UNAVAILABLE, reason)
+            return
+        record.versions = new_versions
+        record.reason = ""
+        old_folder, record.owned = record.owned, (folder if prepared.loaded else None)
+        for entry in new_versions.values():
+            if entry.model is not None:
+                for callback in self.on_loaded:
+                    callback(entry.model, prepared.seconds)
+        retired = [v for v in old.values() if v.model is not None]
+        await self._retire(retired)
+        if old_folder is not None and old_folder != record.owned:
+            await _remove_folder(old_folder)
+
+    async def _schedulers(
+        self, key: str, config: model_config_pb2.ModelConfig, loaded: dict[int, LoadedModel]
+    ) -> dict[int, Scheduler]:
+        """One scheduler per loaded version; a factory failure frees all, failing the load."""
+        built: dict[int, Scheduler] = {}
+        try:
+            factory = self.scheduler_factory
+            if ensemble_config.is_ensemble(config):
+                lookup = ensemble_config.step_lookup(config.name, self.get, self.models)
+                plan = ensemble_config.build_plan(qualify_steps(key, config, self.models), lookup)
+                factory = lambda c, m: EnsembleScheduler(plan, self._run_step)  # noqa: E731
+            for version, model in loaded.items():
+                built[version] = factory(config, model)
+        except Exception as exc:
+            for scheduler in built.values():
+                await scheduler.close(0)
+            rest = [model for version, model in loaded.items() if version not in built]
+            await asyncio.gather(*(asyncio.to_thread(model.close) for model in rest))
+            if isinstance(exc, ServerError):
+                raise
+            raise ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}") from exc
+        return built
+
+    async def _run_step(self, call: StepCall) -> tuple[dict[str, Array], Timings]:
+        if self.step_runner is None:
+            raise ServerError(ErrorCode.UNAVAILABLE, "ensembles need an inference server")
+        return await self.step_runner(call)
+
+    async def refuse(self, name: str, reason: str) -> None:
+        """Fail a load before it starts, for a reason outside the model's folder."""
+        async with self._locked(name) as record:
+            assert record is not None
+            record.wanted = True
+            self._fail(record, reason)
+        raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reason}")
+
+    async def _retire(self, entries: list[VersionRecord]) -> None:
+        for entry in entries:
+            entry.state = ModelState.UNLOADING
+            if entry.model is not None:
+                entry.model.retiring = True
+        await asyncio.gather(*(self._close(e) for e in entries))
+
+    async def _close(self, entry: VersionRecord) -> None:
+        model = entry.model
+        if model is None:
+            return
+        try:
+            await model.scheduler.close(self.settings.unload_timeout_s)
+        except Exception:
+            log.exception("closing '%s' version %d failed", model.name, model.version)
+        entry.model = None
+        entry.state = ModelState.UNAVAILABLE
+        entry.reason = "unloaded"
+        log.info("successfully unloaded '%s' version %d", model.name, model.version)
+        for callback in self.on_retired:
+            callback(model)
+
+    async def unload(self, name: str, forget: bool = False, reason: str = "unloaded") -> None:
+        """Stop serving a model: refuse new requests, drain (bounded) and close executors.
+        `forget` drops it from the index too; `reason`: what the index says afterwards."""
+        async with self._locked(name, create=False) as record:
+            if record is None:
+                sources = await asyncio.to_thread(self.repository.scan)
+                if name in sources or forget:
+                    return  # known but not loaded: nothing to unload
+                raise unknown_model(name)
+            record.wanted = False
+            live = [v for v in record.versions.values() if v.model is not None]
+            for entry in record.versions.values():
+                if entry.model is None:
+                    entry.state = ModelState.UNAVAILABLE
+                    entry.reason = "unloaded"
+            await self._retire(live)
+            for entry in record.versions.values():
+                entry.reason = reason
+            folder, record.owned = record.owned, None
+            if folder is not None:
+                await _remove_folder(folder)
+            if forget and self.models.get(name) is record:
+                del self.models[name]
+
+    async def load_many(self, names: list[str]) -> dict[str, str]:
+        """Load several models concurrently; returns {name: error} for those that failed."""
+        errors: dict[str, str] = {}
+
+        async def one(name: str) -> None:
+            try:
+                await self.load(name)
+            except ServerError as exc:
+                errors[name] = exc.message
+
+        await asyncio.gather(*(one(n) for n in names))
+        return errors
+
+    async def close(self) -> None:
+        await asyncio.gather(*(self.unload(name) for name in list(self.models)))
+
+
+async def _remove_folder(folder: Path) -> None:
+    await asyncio.to_thread(shutil.rmtree, folder, True)

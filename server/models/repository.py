@@ -1,0 +1,344 @@
+"""The model repository on disk: Triton's layout, `config.pbtxt` and version policy."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from google.protobuf import text_format
+
+from ge_serve.backends.paths import OutsideFolder, resolve_inside
+from ge_serve.protos import model_config_pb2
+
+from ..errors import ErrorCode, ServerError
+from .namespaces import model_key
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILENAME = "config.pbtxt"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """A model folder found in one of the repositories."""
+
+    name: str
+    path: Path
+    # --model-config-name: read configs/<config_name>.pbtxt where the model has it.
+    config_name: str = ""
+    # The repository folder it is in, with --model-namespacing; else "".
+    namespace: str = ""
+
+    @property
+    def key(self) -> str:
+        return model_key(self.namespace, self.name)
+
+
+@dataclass(slots=True)
+class ModelFiles:
+    """What was read from a model folder: its config and the versions to serve."""
+
+    config: model_config_pb2.ModelConfig
+    versions: list[int]
+    labels: dict[str, list[str]] = field(default_factory=dict)
+
+
+class ModelRepository:
+    """One or more repository folders; a model name must be unique across them, unless
+    `namespacing` makes each folder a namespace of its own."""
+
+    def __init__(self, paths: list[Path], config_name: str = "", namespacing: bool = False):
+        self.paths = paths
+        self.config_name = config_name
+        self.namespacing = namespacing
+
+    def scan(self) -> dict[str, ModelSource]:
+        """Every model folder, by its key (namespaces.py)."""
+        found: dict[str, ModelSource] = {}
+        for root in self.paths:
+            if not root.is_dir():
+                raise ServerError(
+                    ErrorCode.INVALID_ARG, f"model repository path '{root}' is not a folder"
+                )
+            for entry in sorted(root.iterdir()):
+                if not entry.is_dir() or entry.name.startswith("."):
+                    continue
+                namespace = str(root) if self.namespacing else ""
+                source = ModelSource(entry.name, entry, self.config_name, namespace)
+                if source.key in found:
+                    raise ServerError(
+                        ErrorCode.INVALID_ARG,
+                        f"model '{entry.name}' appears in more than one model repository: "
+                        f"'{found[source.key].path.parent}' and '{root}'",
+                    )
+                found[source.key] = source
+        return found
+
+
+def read_config(
+    source: ModelSource,
+    config_text: str | None = None,
+    override: model_config_pb2.ModelConfig | None = None,
+) -> model_config_pb2.ModelConfig:
+    """Parse `config.pbtxt` (or an override text or message), or start empty when there is
+    none.
+
+    A missing file is fine: auto-complete fills the config from the model file. An
+    override replaces `config.pbtxt` entirely, as the load API's `config` does in Triton.
+    """
+    config = model_config_pb2.ModelConfig()
+    if override is not None:
+        config.CopyFrom(override)
+    elif config_text is None:
+        try:
+            path = config_path(source)
+        except OutsideFolder as exc:
+            raise ServerError(ErrorCode.INVALID_ARG, str(exc)) from None
+        if path.is_file():
+            config_text = path.read_text(encoding="utf-8")
+    if override is None and config_text is not None:
+        try:
+            text_format.Parse(config_text, config)
+        except text_format.ParseError as exc:
+            raise ServerError(
+                ErrorCode.INVALID_ARG, f"failed to parse {CONFIG_FILENAME}: {exc}"
+            ) from None
+    if not config.name:
+        config.name = source.name
+    elif config.name != source.name:
+        raise ServerError(
+            ErrorCode.INVALID_ARG,
+            f"model name in {CONFIG_FILENAME} ('{config.name}') does not match "
+            f"the model folder name ('{source.name}')",
+        )
+    return config
+
+
+def config_path(source: ModelSource) -> Path:
+    """`configs/<--model-config-name>.pbtxt` when the model has one, as in Triton, else
+    `config.pbtxt`; OutsideFolder for either that leads out of the model folder."""
+    if source.config_name:
+        custom = f"configs/{source.config_name}.pbtxt"
+        path = resolve_inside(source.path, custom, custom)
+        if path.is_file():
+            return path
+    return resolve_inside(source.path, CONFIG_FILENAME, CONFIG_FILENAME)
+
+
+# Versions are int64 in Triton's protocol and config.
+_MAX_VERSION = 2**63 - 1
+
+
+def parse_version(text: str) -> int | None:
+    """The version a string names, or None when it names none.
+
+    Only ASCII digits name a version. str.isdigit() also takes superscript two, which
+    int() refuses, and the Arabic-Indic digit one, which int() reads as 1. A number past
+    int64 names no version either (and int() refuses strings of over 4300 digits).
+    """
+    if not text or len(text) > 19 or not (text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value <= _MAX_VERSION else None
+
+
+def available_versions(model_dir: Path) -> list[int]:
+    """Numbered version folders; names that are not numbers or start with '0' are skipped,
+    and so are links that lead out of the model folder (where they point is not looked at).
+    """
+    versions = []
+    for entry in model_dir.iterdir():
+        name = entry.name
+        version = parse_version(name)
+        if version is None or name.startswith("0"):
+            continue
+        try:
+            path = resolve_inside(model_dir, name, f"version folder '{name}'", kind="folder")
+        except OutsideFolder as exc:
+            log.warning("model folder '%s': %s; it is not served", model_dir, exc)
+            continue
+        if path.is_dir():
+            versions.append(version)
+    return sorted(versions)
+
+
+def select_versions(config: model_config_pb2.ModelConfig, model_dir: Path) -> list[int]:
+    """Apply the version policy; the default is `latest { num_versions: 1 }`."""
+    present = available_versions(model_dir)
+    policy = config.version_policy
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "all":
+        chosen = present
+    elif choice == "specific":
+        wanted = sorted(set(policy.specific.versions))
+        missing = [v for v in wanted if v not in present]
+        if missing:
+            raise ServerError(
+                ErrorCode.INVALID_ARG,
+                f"version policy names version(s) {missing} that have no folder",
+            )
+        chosen = wanted
+    else:
+        count = policy.latest.num_versions if choice == "latest" else 1
+        chosen = present[-max(count, 1) :] if present else []
+    if not chosen:
+        raise ServerError(ErrorCode.INVALID_ARG, "no version folder to serve under the model")
+    return chosen
+
+
+def label_file(model_dir: Path, output: model_config_pb2.ModelOutput) -> Path:
+    """Where an output's `label_filename` is; OutsideFolder when it leaves the folder."""
+    name = output.label_filename
+    return resolve_inside(model_dir, name, f"label_filename {name!r} of output {output.name!r}")
+
+
+def read_labels(config: model_config_pb2.ModelConfig, model_dir: Path) -> dict[str, list[str]]:
+    """Labels files named by outputs' `label_filename`, one label a line."""
+    labels: dict[str, list[str]] = {}
+    for output in config.output:
+        if output.label_filename:
+            try:
+                path = label_file(model_dir, output)
+            except OutsideFolder as exc:
+                raise ServerError(ErrorCode.INVALID_ARG, str(exc)) from None
+            if not path.is_file():
+                raise ServerError(
+                    ErrorCode.INVALID_ARG,
+                    f"labels file '{output.label_filename}' for output '{output.name}' "
+                    "does not exist",
+                )
+            labels[output.name] = path.read_text(encoding="utf-8").splitlines()
+    return labels
+
+
+# Top-level files up to this size are hashed, not just stat'ed, so an edit that keeps the
+# size within one timestamp tick (coarse-mtime file systems) is still seen.
+_HASH_LIMIT = 1024 * 1024
+
+
+def fingerprint(model_dir: Path) -> str:
+    """A digest of everything in a model folder that a reload would read.
+
+    Every file's relative path, size and mtime, recursively, plus the content of small
+    top-level files (`config.pbtxt`, labels, `configs/`). Symbolic links count by their
+    target text and are never followed, so nothing outside the folder is looked at (a
+    load refuses links that lead out). Blocking: run it off the loop.
+    """
+    digest = hashlib.sha256()
+    _digest_folder(digest.update, str(model_dir), ".")
+    return digest.hexdigest()
+
+
+def _digest_folder(update: Callable[[bytes], None], folder: str, rel_root: str) -> None:
+    update(f"D {rel_root}\n".encode())
+    try:
+        with os.scandir(folder) as scan:
+            entries = sorted((e for e in scan if not e.name.startswith(".")), key=lambda e: e.name)
+    except OSError:
+        return
+    subfolders = []
+    for entry in entries:
+        rel = f"{rel_root}/{entry.name}"
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISLNK(info.st_mode):
+            try:
+                target = os.readlink(entry.path)
+            except OSError:
+                target = ""
+            update(f"L {rel} {target}\n".encode())
+        elif stat.S_ISDIR(info.st_mode):
+            subfolders.append(entry)
+        else:
+            update(f"F {rel} {info.st_size} {info.st_mtime_ns}\n".encode())
+            if rel_root == "." and info.st_size <= _HASH_LIMIT:
+                try:
+                    fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
+                    with os.fdopen(fd, "rb") as handle:
+                        update(hashlib.sha256(handle.read()).digest())
+                except OSError:
+                    continue
+    for entry in subfolders:
+        _digest_folder(update, entry.path, f"{rel_root}/{entry.name}")
+
+
+def check_model_name(name: str) -> None:
+    """A model name must be usable as one folder name: no separators, no '..'."""
+    if not name or name in (".", "..") or any(c in name for c in "/\\\x00"):
+        raise ServerError(ErrorCode.INVALID_ARG, f"invalid model name '{name}'")
+
+
+def override_target(root: Path, relative: str) -> Path:
+    """Where a `file:<relative>` override goes under `root`, refusing any escape.
+
+    Only plain relative paths of non-empty components are accepted: no absolute paths,
+    no '.', '..' or empty components, no backslashes or NUL bytes.
+    """
+    parts = relative.split("/")
+    bad = (
+        not relative
+        or relative.startswith("/")
+        or any(c in relative for c in "\\\x00")
+        or any(part in ("", ".", "..") for part in parts)
+    )
+    if bad:
+        raise ServerError(
+            ErrorCode.INVALID_ARG,
+            f"file override 'file:{relative}' must be a relative path inside the model "
+            "folder (absolute paths, '..', '.', empty components and backslashes are "
+            "not allowed)",
+        )
+    return root.joinpath(*parts)
+
+
+def write_overrides(root: Path, files: dict[str, bytes]) -> None:
+    """Write override files under `root` (a fresh private folder), never outside it.
+
+    Every name is checked before anything is written. Files are created with O_EXCL and
+    O_NOFOLLOW, so a name can never be redirected through a symbolic link.
+    """
+    targets = {relative: override_target(root, relative) for relative in files}
+    real_root = os.path.realpath(root)
+    for relative, target in sorted(targets.items()):
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            real_parent = os.path.realpath(target.parent)
+            if real_parent != real_root and not real_parent.startswith(real_root + os.sep):
+                raise ServerError(
+                    ErrorCode.INVALID_ARG, f"file override 'file:{relative}' escapes the folder"
+                )
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            fd = os.open(target, flags, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(files[relative])
+        except OSError as exc:
+            raise ServerError(
+                ErrorCode.INVALID_ARG,
+                f"file override 'file:{relative}' could not be written: {exc.strerror}",
+            ) from None
+
+
+class OverrideFolderText:
+    """Rewrites a load failure's text so that it does not show the private folder that
+    holds the `file:` overrides (a path under the server's temp folder, and deleted by
+    the time anyone reads it): a file in it reads as the `file:` name the client gave,
+    the folder itself as "the 'file:' overrides"."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self._roots: list[str] = []
+        if folder is not None:
+            # Longest first, so that a resolved form that extends the other wins.
+            forms = {str(folder), str(folder.resolve())}
+            self._roots = sorted(forms, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for root in self._roots:
+            text = text.replace(root + os.sep, "file:").replace(root, "the 'file:' overrides")
+        return text

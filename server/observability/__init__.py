@@ -1,0 +1,3 @@
+"""What the server tells about itself: Prometheus metrics, statistics, latency quantiles, tracing
+and resource sampling.
+"""

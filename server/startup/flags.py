@@ -1,0 +1,170 @@
+"""How a setting is written on the command line: its `Flag` (names, help, parse and
+check functions, --help section), and the parse and check functions that
+server/startup/settings.py names in its fields. Each raises ValueError with a message for people,
+which the command line turns into a usage error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ge_serve.backends.ge.sim_cost import parse_sim_cost
+
+from ..control.restrictions import RestrictedApis
+from ..observability.metricsconfig import MetricsConfig
+from ..observability.traceconfig import check_level
+from .text_bool import parse_bool
+
+Rule = tuple[str, str, str]
+
+FLAG: Final = "flag"
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """How one setting is written on the command line."""
+
+    # The first is the one messages name; empty: `--<field-name>`.
+    names: tuple[str, ...] = ()
+    help: str | None = None
+    metavar: str | None = None
+    choices: tuple[str, ...] = ()
+    # text -> value; None: the default's type (bool: parse_bool), or the text itself.
+    parse: Callable[[str], Any] | None = None
+    # Given any number of times; the setting is the tuple of the parsed values.
+    repeat: bool = False
+    required: bool = False
+    # Present or absent, taking no value.
+    switch: bool = False
+    # Repeated, each as (the flag's name as given, its value).
+    record_flag: bool = False
+    # A deprecated BOOL spelling of a switch: true turns the switch on.
+    true_alias: tuple[str, str] | None = None  # (name, help)
+    # Left out (or empty): the value of this other, earlier setting.
+    fallback: str | None = None
+    # (flag name, value) -> the setting's value, once the whole command line is parsed.
+    check: Callable[[str, Any], Any] | None = None
+    group: str | None = None
+
+
+def flag(*names: str, **options: Any) -> Mapping[str, Flag]:
+    """Field metadata: `field(default=..., metadata=flag("--name", help=...))`."""
+    return {FLAG: Flag(names=names, **options)}
+
+
+def flag_of(setting: dataclasses.Field[Any]) -> Flag:
+    """A field's flag, with the implied name, parse function and metavar filled in."""
+    spec: Flag = setting.metadata.get(FLAG, Flag())
+    names = spec.names or ("--" + setting.name.replace("_", "-"),)
+    parse, metavar = spec.parse, spec.metavar
+    default = setting.default
+    if parse is None and not spec.switch and not spec.repeat:
+        if isinstance(default, bool):
+            parse, metavar = parse_bool, metavar or "BOOL"
+        elif isinstance(default, int | float):
+            parse = type(default)
+    return dataclasses.replace(spec, names=names, parse=parse, metavar=metavar)
+
+
+def key_value(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise ValueError(f"expected <key>=<value>, got '{text}'")
+    key, value = text.split("=", 1)
+    return key.strip(), value.strip()
+
+
+def backend_setting(text: str) -> tuple[str, str]:
+    """`<backend>,<key>=<value>` as (`<backend>.<key>`, value); Triton's backend-agnostic
+    `<key>=<value>` (e.g. `default-max-batch-size=8`) as (`<key>`, value)."""
+    backend, comma, rest = text.partition(",")
+    if not comma or "=" in backend:
+        return key_value(text)
+    key, value = key_value(rest)
+    return f"{backend}.{key}", value
+
+
+def verbose_level(text: str) -> int:
+    """Triton's --log-verbose: a level, or true (1) / false (0)."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return int(lowered == "true")
+    try:
+        return int(lowered)
+    except ValueError:
+        raise ValueError(f"expected a verbose level or true/false, got '{text}'") from None
+
+
+def whole_ms(text: str) -> int:
+    """Milliseconds, where Triton also takes a fraction (--metrics-interval-ms 500.0)."""
+    try:
+        return int(float(text))
+    except ValueError:
+        raise ValueError(f"expected milliseconds, got '{text}'") from None
+
+
+def trace_levels(name: str, values: tuple[str, ...]) -> tuple[str, ...]:
+    return check_level(values)
+
+
+def restriction(text: str) -> list[Rule]:
+    """Triton's `<category>[,<category>...]:<header>=<value>`."""
+    categories, sep, rest = text.partition(":")
+    if not sep or "=" not in rest or not categories:
+        raise ValueError(f"expected <category>[,<category>]:<header>=<value>, got '{text}'")
+    header, value = rest.split("=", 1)
+    return [(c.strip(), header.strip().lower(), value.strip()) for c in categories.split(",")]
+
+
+def restriction_rules(name: str, groups: tuple[list[Rule], ...]) -> tuple[Rule, ...]:
+    """Every rule of a repeated flag, checked by the class that will enforce them."""
+    rules = tuple(rule for group in groups for rule in group)
+    try:
+        RestrictedApis(rules)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    return rules
+
+
+def metrics_config(name: str, pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    MetricsConfig.parse(pairs)  # a bad key is a usage error, not a failed start
+    return pairs
+
+
+def sim_cost(name: str, value: str) -> str:
+    """--sim-cost must name a profile or give both figures (parsed again where used)."""
+    parse_sim_cost(value)
+    return value
+
+
+def non_negative(name: str, value: int) -> int:
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0")
+    return value
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
+
+
+def size(text: str) -> int:
+    """A byte count with an optional unit: 1073741824, 512MiB, 16GiB, 2GB."""
+    stripped = text.strip().lower()
+    number = stripped.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = stripped[len(number) :]
+    if unit not in _UNITS or not number:
+        raise ValueError(f"expected a size such as 16GiB, got '{text}'")
+    return int(float(number) * _UNITS[unit])

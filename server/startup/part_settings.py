@@ -1,0 +1,147 @@
+"""Each part's own settings, derived from the one `Settings` the command line gives.
+
+The composition root (app.py) builds the parts from what these return; each front end and
+the scheduler see only their own frozen settings, never `Settings` itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from ge_serve.scheduler.factory import SchedulerOptions, delay_count_from
+from ge_serve.scheduler.ratelimit import RateLimiter
+
+from ..control.logsettings import LogControl, LogSettings
+from ..errors import ErrorCode, ServerError
+from ..grpc.server import GrpcSettings, GrpcTls
+from ..http.app import HttpSettings
+from ..inference.responsecache import ResponseCache
+from ..observability.otel import make_sink
+from ..observability.traceconfig import unknown_settings
+from ..observability.tracing import TraceControl
+from . import tritonflags
+from .settings import Settings
+
+log = logging.getLogger("ge_serve")
+
+
+def configure_logging(settings: Settings) -> LogControl:
+    """Logging that the logging extension can change at run time."""
+    control = LogControl(
+        LogSettings(
+            log_file=settings.log_file,
+            log_info=settings.log_info,
+            log_warning=settings.log_warning,
+            log_error=settings.log_error,
+            log_verbose_level=settings.log_verbose,
+            log_format=settings.log_format,  # type: ignore[arg-type]
+        )
+    )
+    control.install()
+    return control
+
+
+def warn_about_flags(settings: Settings) -> None:
+    """One warning for the tritonserver flags that do nothing here, and one for each
+    deprecated spelling used."""
+    message = tritonflags.warning(settings.inapplicable)
+    if message is not None:
+        log.warning("%s", message)
+    deprecated = {
+        "--trace-file": settings.trace_file,
+        "--trace-level": settings.trace_level,
+        "--trace-rate": settings.trace_rate is not None,
+        "--trace-count": settings.trace_count is not None,
+        "--trace-log-frequency": settings.trace_log_frequency is not None,
+        "--response-cache-byte-size": settings.response_cache_byte_size,
+    }
+    for name, given in deprecated.items():
+        if given:
+            instead = "--cache-config local,size=" if "cache" in name else "--trace-config"
+            log.warning("'%s' is deprecated; use '%s' instead", name, instead)
+    for warning in unknown_settings(settings.trace_config):
+        log.warning("%s", warning)
+
+
+def scheduler_options(settings: Settings) -> SchedulerOptions:
+    # The environment is read here, once, as the server starts (Triton's test hook).
+    limiter = None
+    if settings.rate_limit == "execution_count":
+        limiter = RateLimiter(settings.rate_limit_resource)
+    return SchedulerOptions(
+        adaptive_batching=settings.adaptive_batching,
+        delay_count=delay_count_from(os.environ),
+        rate_limiter=limiter,
+    )
+
+
+def http_settings(settings: Settings) -> HttpSettings:
+    return HttpSettings(
+        max_input_size=settings.http_max_input_size,
+        restricted_api=settings.http_restricted_api,
+    )
+
+
+def grpc_settings(settings: Settings) -> GrpcSettings:
+    return GrpcSettings(
+        address=settings.grpc_address,
+        port=settings.grpc_port,
+        keepalive_time_ms=settings.grpc_keepalive_time_ms,
+        keepalive_timeout_ms=settings.grpc_keepalive_timeout_ms,
+        keepalive_permit_without_calls=settings.grpc_keepalive_permit_without_calls,
+        http2_max_pings_without_data=settings.grpc_http2_max_pings_without_data,
+        http2_min_recv_ping_interval_without_data_ms=(
+            settings.grpc_http2_min_recv_ping_interval_without_data_ms
+        ),
+        restricted=settings.grpc_restricted_protocol,
+        reuse_port=settings.reuse_grpc_port,
+        http2_max_ping_strikes=settings.grpc_http2_max_ping_strikes,
+        max_connection_age_ms=settings.grpc_max_connection_age_ms,
+        max_connection_age_grace_ms=settings.grpc_max_connection_age_grace_ms,
+        compression_level=settings.grpc_infer_response_compression_level,
+        tls=grpc_tls(settings),
+    )
+
+
+def grpc_tls(settings: Settings) -> GrpcTls | None:
+    """--grpc-use-ssl[-mutual]: the PEM files, read now, so a missing one fails the start."""
+    if not (settings.grpc_use_ssl or settings.grpc_use_ssl_mutual):
+        return None
+
+    def read(flag: str, path: str) -> bytes:
+        if not path:
+            raise ServerError(ErrorCode.INVALID_ARG, f"--grpc-use-ssl needs {flag}")
+        try:
+            return Path(path).read_bytes()
+        except OSError as exc:
+            raise ServerError(
+                ErrorCode.INVALID_ARG, f"cannot read {flag} '{path}': {exc.strerror}"
+            ) from None
+
+    mutual = settings.grpc_use_ssl_mutual
+    return GrpcTls(
+        cert=read("--grpc-server-cert", settings.grpc_server_cert),
+        key=read("--grpc-server-key", settings.grpc_server_key),
+        root=read("--grpc-root-cert", settings.grpc_root_cert)
+        if mutual or settings.grpc_root_cert
+        else None,
+        mutual=mutual,
+    )
+
+
+def response_cache(settings: Settings) -> ResponseCache | None:
+    """--cache-config local,size=BYTES: the cache the models with response_cache use."""
+    size = settings.cache_size()
+    if size is None:
+        return None
+    log.info("response cache: local, %d bytes", size)
+    return ResponseCache(size)
+
+
+def trace_control(settings: Settings) -> TraceControl:
+    """--trace-config: the startup trace settings and where finished traces go."""
+    control = TraceControl(settings.trace())
+    control.sink = make_sink(control)
+    return control

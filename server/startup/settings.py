@@ -1,0 +1,484 @@
+"""The server's settings, each defined once: its name, type, default, flag and help.
+
+`Settings` is the frozen value the composition root (server/app.py) builds every part
+from. The command line (server/cli.py) is generated from its fields, so a setting that is
+added here is a flag at once, with this default and this help, and nothing else repeats it.
+
+A field is the flag `--<field-name>` (underscores as dashes), parsed by its default's type
+(a bool as true/false, shown as BOOL). `field(metadata=flag(...))` says what differs: other
+names, a help line, a repeatable flag, a parse or check function, the --help section.
+Parse and check functions raise ValueError with a message for people; the command line
+turns it into a usage error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from ge_serve.scheduler.ratelimit import resource_limit
+
+from ..control.logsettings import FORMATS
+from ..observability.traceconfig import TraceSettings, trace_setting, trace_settings
+from .cacheconfig import cache_setting, cache_size
+from .flags import (
+    Flag,
+    Rule,
+    backend_setting,
+    flag,
+    key_value,
+    metrics_config,
+    non_negative,
+    restriction,
+    restriction_rules,
+    sim_cost,
+    size,
+    trace_levels,
+    verbose_level,
+    whole_ms,
+)
+from .tritonflags import INAPPLICABLE
+
+# --help sections, in the order they are shown.
+GRPC: Final = "gRPC"
+RESTRICTED: Final = "restricted APIs"
+DEVICE: Final = "device (GE backend)"
+SCHEDULER: Final = "scheduler"
+METRICS: Final = "metrics"
+LOGGING: Final = "logging"
+MODELS: Final = "model loading"
+CACHE: Final = "response cache"
+TRACING: Final = "tracing"
+RATE_LIMIT: Final = "rate limiter"
+INAPPLICABLE_GROUP: Final = "accepted for Triton compatibility, with no effect"
+
+
+def _restriction_flag() -> Mapping[str, Flag]:
+    """The flag of each front end's restricted APIs: repeated <category>:<header>=<value>."""
+    return flag(
+        repeat=True,
+        parse=restriction,
+        check=restriction_rules,
+        metavar="CATEGORY[,CATEGORY]:HEADER=VALUE",
+        help="API categories that need this header and value",
+        group=RESTRICTED,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    model_repositories: tuple[Path, ...] = field(
+        metadata=flag(
+            "--model-repository",
+            "--model-repo",
+            "--model-store",
+            parse=Path,
+            repeat=True,
+            required=True,
+            help="model repository folder (repeatable)",
+        )
+    )
+    http_address: str = field(
+        default="0.0.0.0",
+        metadata=flag(help="address the HTTP endpoint binds; 127.0.0.1 for this host only"),
+    )
+    http_port: int = field(default=8000, metadata=flag(help="HTTP endpoint port"))
+    grpc_address: str = field(
+        default="0.0.0.0",
+        metadata=flag(help="address the gRPC endpoint binds; 127.0.0.1 for this host only"),
+    )
+    grpc_port: int = field(default=8001, metadata=flag(help="gRPC endpoint port"))
+    metrics_address: str = field(
+        default="0.0.0.0",
+        metadata=flag(fallback="http_address", help="address /metrics binds; --http-address's"),
+    )
+    metrics_port: int = field(default=8002, metadata=flag(help="port of /metrics"))
+    allow_http: bool = field(default=True, metadata=flag(help="serve HTTP"))
+    allow_grpc: bool = field(default=True, metadata=flag(help="serve gRPC"))
+    allow_metrics: bool = field(default=True, metadata=flag(help="serve /metrics"))
+    model_control_mode: str = field(
+        default="none",
+        metadata=flag(
+            choices=("none", "poll", "explicit"),
+            help="none: load every model at start; poll: follow the repository; explicit: "
+            "load and unload through the repository API",
+        ),
+    )
+    load_models: tuple[str, ...] = field(
+        default=(),
+        metadata=flag(
+            "--load-model",
+            repeat=True,
+            metavar="LOAD_MODEL",
+            help="model to load at startup in explicit mode (repeatable; '*' loads all)",
+        ),
+    )
+    repository_poll_secs: float = field(
+        default=15.0, metadata=flag(help="seconds between repository scans in poll mode")
+    )
+    strict_readiness: bool = field(
+        default=True, metadata=flag(help="ready only while every model is ready")
+    )
+    exit_on_error: bool = field(
+        default=True, metadata=flag(help="exit when a model fails to load at start")
+    )
+    exit_timeout_secs: float = field(
+        default=30.0, metadata=flag(help="how long shutdown and unload wait for requests")
+    )
+    disable_auto_complete_config: bool = field(
+        default=False,
+        metadata=flag(
+            switch=True,
+            true_alias=(
+                "--strict-model-config",
+                "deprecated Triton alias: true disables auto-complete",
+            ),
+            help="use configs as written; do not fill them in from the model files",
+        ),
+    )
+    http_max_input_size: int = field(
+        default=64 * 1024 * 1024, metadata=flag(help="largest HTTP request body, in bytes")
+    )
+    allow_client_shm: bool = field(
+        default=True, metadata=flag(help="let clients register system shared memory")
+    )
+    log_verbose: int = field(
+        default=0,
+        metadata=flag(
+            parse=verbose_level,
+            metavar="LEVEL",
+            help="ge-serve's verbose lines from 1 on; gRPC's own debug output is "
+            "GRPC_VERBOSITY=debug's",
+            group=LOGGING,
+        ),
+    )
+    log_info: bool = field(default=True, metadata=flag(help="log info lines", group=LOGGING))
+    log_warning: bool = field(default=True, metadata=flag(help="log warnings", group=LOGGING))
+    log_error: bool = field(default=True, metadata=flag(help="log errors", group=LOGGING))
+    log_format: str = field(
+        default="default",
+        metadata=flag(choices=FORMATS, help="line prefix: Triton's or ISO 8601", group=LOGGING),
+    )
+    log_file: str = field(
+        default="", metadata=flag(help="append the log to this file, not stderr", group=LOGGING)
+    )
+    id: str = field(default="triton", metadata=flag(help="the server's name in its metadata"))
+    model_load_thread_count: int = field(
+        default=4, metadata=flag(help="models loaded at the same time", group=MODELS)
+    )
+    model_load_retry_count: int = field(
+        default=0, metadata=flag(check=non_negative, help="retries of a failed load", group=MODELS)
+    )
+    model_config_name: str = field(
+        default="",
+        metadata=flag(
+            help="read configs/<NAME>.pbtxt where a model has one, else config.pbtxt",
+            group=MODELS,
+        ),
+    )
+    model_namespacing: bool = field(
+        default=False,
+        metadata=flag(
+            help="each model repository is a namespace: a name may be in several of them",
+            group=MODELS,
+        ),
+    )
+    reuse_http_port: bool = field(
+        default=False, metadata=flag(help="SO_REUSEPORT on the HTTP socket")
+    )
+    reuse_grpc_port: bool = field(
+        default=False, metadata=flag(help="SO_REUSEPORT on the gRPC socket", group=GRPC)
+    )
+    metrics_config: tuple[tuple[str, str], ...] = field(
+        default=(),
+        metadata=flag(
+            repeat=True,
+            parse=key_value,
+            check=metrics_config,
+            metavar="KEY=VALUE",
+            help="metric options, e.g. summary_latencies=true",
+        ),
+    )
+    # ("<backend>.<key>", value)
+    backend_config: tuple[tuple[str, str], ...] = field(
+        default=(),
+        metadata=flag(
+            repeat=True,
+            parse=backend_setting,
+            metavar="BACKEND,KEY=VALUE",
+            help="a backend's setting, e.g. ge,device_ids=0,1",
+        ),
+    )
+    grpc_use_ssl: bool = field(default=False, metadata=flag(help="TLS on gRPC", group=GRPC))
+    grpc_use_ssl_mutual: bool = field(
+        default=False, metadata=flag(help="TLS that also requires client certificates", group=GRPC)
+    )
+    grpc_server_cert: str = field(
+        default="", metadata=flag(metavar="PEM", help="the server's certificate", group=GRPC)
+    )
+    grpc_server_key: str = field(
+        default="", metadata=flag(metavar="PEM", help="the server's private key", group=GRPC)
+    )
+    grpc_root_cert: str = field(
+        default="", metadata=flag(metavar="PEM", help="CA that signs client certs", group=GRPC)
+    )
+    grpc_infer_response_compression_level: str = field(
+        default="none",
+        metadata=flag(
+            choices=("none", "low", "medium", "high"),
+            help="compression of inference responses",
+            group=GRPC,
+        ),
+    )
+    grpc_keepalive_time_ms: int = field(
+        default=7_200_000,
+        metadata=flag(
+            "--grpc-keepalive-time", metavar="MS", help="keepalive ping period", group=GRPC
+        ),
+    )
+    grpc_keepalive_timeout_ms: int = field(
+        default=20_000,
+        metadata=flag(
+            "--grpc-keepalive-timeout", metavar="MS", help="wait for a ping's ack", group=GRPC
+        ),
+    )
+    grpc_keepalive_permit_without_calls: bool = field(
+        default=False, metadata=flag(help="keepalive pings with no call open", group=GRPC)
+    )
+    grpc_http2_max_pings_without_data: int = field(
+        default=2, metadata=flag(help="pings sent with no data between (0: any)", group=GRPC)
+    )
+    grpc_http2_min_recv_ping_interval_without_data_ms: int = field(
+        default=300_000,
+        metadata=flag(
+            "--grpc-http2-min-recv-ping-interval-without-data",
+            metavar="MS",
+            help="shortest ping interval accepted from a client",
+            group=GRPC,
+        ),
+    )
+    grpc_http2_max_ping_strikes: int = field(
+        default=2, metadata=flag(help="bad pings before the connection closes", group=GRPC)
+    )
+    # 0: no limit (Triton: undefined).
+    grpc_max_connection_age_ms: int = field(
+        default=0,
+        metadata=flag("--grpc-max-connection-age", metavar="MS", help="0: no limit", group=GRPC),
+    )
+    grpc_max_connection_age_grace_ms: int = field(
+        default=0,
+        metadata=flag(
+            "--grpc-max-connection-age-grace",
+            metavar="MS",
+            help="time calls get after the age",
+            group=GRPC,
+        ),
+    )
+    # Restricted APIs: (category, header, value), Triton's <category>:<header>=<value>
+    http_restricted_api: tuple[Rule, ...] = field(
+        default=(),
+        metadata=_restriction_flag(),
+    )
+    grpc_restricted_protocol: tuple[Rule, ...] = field(
+        default=(),
+        metadata=_restriction_flag(),
+    )
+    # Front-end worker processes (server/workers.py); 0: this process serves the protocol.
+    http_workers: int = field(
+        default=0,
+        metadata=flag(
+            metavar="N",
+            check=non_negative,
+            help="processes that accept HTTP connections and decode and encode inference "
+            "requests, feeding this process's schedulers; 0 serves HTTP in this process",
+        ),
+    )
+    grpc_workers: int = field(
+        default=0,
+        metadata=flag(
+            metavar="N",
+            check=non_negative,
+            help="processes that accept gRPC connections and decode and encode inference "
+            "requests, feeding this process's schedulers; 0 serves gRPC in this process",
+            group=GRPC,
+        ),
+    )
+    device: str = field(
+        default="auto",
+        metadata=flag(
+            choices=("auto", "npu", "sim"),
+            help="auto: real pyACL when `import acl` works and reports a device",
+            group=DEVICE,
+        ),
+    )
+    sim_devices: int = field(default=1, metadata=flag(help="simulated NPU count", group=DEVICE))
+    sim_device_memory: int = field(
+        default=16 * 1024**3,
+        metadata=flag(
+            parse=size,
+            metavar="BYTES",
+            help="memory per simulated device, e.g. 16GiB",
+            group=DEVICE,
+        ),
+    )
+    atc_cache_dir: str = field(
+        default="", metadata=flag(help="where compiled OM files are kept", group=DEVICE)
+    )
+    sim_cost: str = field(
+        default="",
+        metadata=flag(
+            metavar="PROFILE|launch_us=US,per_sample_us=US",
+            check=sim_cost,
+            help="model the simulated NPU's execution time as launch + per-sample x batch "
+            "(results still come from onnxruntime; metrics and logs say the timing is "
+            "simulated): a profile (npu_ge_resnet50, or default) or the two figures; "
+            "off by default",
+            group=DEVICE,
+        ),
+    )
+    sim_perturb: float = field(
+        default=0.0,
+        metadata=flag(
+            metavar="FRACTION",
+            help="a test mode of the simulated NPU: float outputs come back as "
+            "x * (1 + FRACTION) + FRACTION, as a conversion that lost accuracy would, so "
+            "the load-time accuracy check (parameter accuracy_tolerance) can be seen to "
+            "fail; 0 (off) by default",
+            group=DEVICE,
+        ),
+    )
+    adaptive_batching: bool = field(
+        default=False,
+        metadata=flag(
+            help="turn on the adaptive batch controller for every batching model",
+            group=SCHEDULER,
+        ),
+    )
+    gil_switch_interval_us: int = field(
+        default=1000,
+        metadata=flag(
+            metavar="US",
+            check=non_negative,
+            help="how long the event loop may hold the GIL while an executor thread waits "
+            "for it (Python's default is 5000); 0 leaves Python's setting",
+            group=SCHEDULER,
+        ),
+    )
+    malloc_arena_max: int = field(
+        default=2,
+        metadata=flag(
+            metavar="N",
+            check=non_negative,
+            help="how many malloc arenas glibc may keep; more let a long-running server's "
+            "memory creep up by fragments (MALLOC_ARENA_MAX wins); 0 leaves glibc's default",
+            group=SCHEDULER,
+        ),
+    )
+    metrics_interval_ms: int = field(
+        default=2000,
+        metadata=flag(
+            parse=whole_ms, metavar="MS", help="how often gauges are sampled", group=METRICS
+        ),
+    )
+    allow_cpu_metrics: bool = field(
+        default=True, metadata=flag(help="host CPU and memory gauges", group=METRICS)
+    )
+    allow_gpu_metrics: bool = field(
+        default=True, metadata=flag(help="device (NPU) gauges", group=METRICS)
+    )
+    # (cache, setting, value), e.g. ("local", "size", "1048576")
+    cache_config: tuple[tuple[str, str, str], ...] = field(
+        default=(),
+        metadata=flag(
+            repeat=True,
+            parse=cache_setting,
+            metavar="CACHE,SETTING=VALUE",
+            help="response cache, e.g. local,size=1048576",
+            group=CACHE,
+        ),
+    )
+    response_cache_byte_size: int = field(
+        default=0, metadata=flag(help="deprecated: --cache-config local,size=BYTES", group=CACHE)
+    )
+    # (mode or "", setting, value)
+    trace_config: tuple[tuple[str, str, str], ...] = field(
+        default=(),
+        metadata=flag(
+            repeat=True,
+            parse=trace_setting,
+            metavar="[MODE,]SETTING=VALUE",
+            help="trace settings, e.g. rate=100 or opentelemetry,url=...",
+            group=TRACING,
+        ),
+    )
+    trace_file: str = field(
+        default="", metadata=flag(help="deprecated: --trace-config file=", group=TRACING)
+    )
+    trace_level: tuple[str, ...] = field(
+        default=(),
+        metadata=flag(
+            repeat=True, check=trace_levels, help="deprecated: --trace-config level=", group=TRACING
+        ),
+    )
+    # None: not given (--trace-config or the default decides).
+    trace_rate: int | None = field(
+        default=None,
+        metadata=flag(parse=int, help="deprecated: --trace-config rate=", group=TRACING),
+    )
+    trace_count: int | None = field(
+        default=None,
+        metadata=flag(parse=int, help="deprecated: --trace-config count=", group=TRACING),
+    )
+    trace_log_frequency: int | None = field(
+        default=None,
+        metadata=flag(parse=int, help="deprecated: --trace-config log_frequency=", group=TRACING),
+    )
+    rate_limit: str = field(
+        default="off",
+        metadata=flag(
+            choices=("off", "execution_count"),
+            help="execution_count: instances run only when their resources are free",
+            group=RATE_LIMIT,
+        ),
+    )
+    # (resource, count, device or -1 for every device)
+    rate_limit_resource: tuple[tuple[str, int, int], ...] = field(
+        default=(),
+        metadata=flag(
+            repeat=True,
+            parse=resource_limit,
+            metavar="NAME:COUNT[:DEVICE]",
+            help="a rate-limiter resource's count",
+            group=RATE_LIMIT,
+        ),
+    )
+    # (flag, value) of each tritonserver flag that does nothing here (tritonflags.py).
+    inapplicable: tuple[tuple[str, str], ...] = field(
+        default=(),
+        metadata=flag(
+            *(entry.flag for entry in INAPPLICABLE),
+            repeat=True,
+            record_flag=True,
+            metavar="VALUE",
+            help="tritonserver flags accepted with a warning; they do nothing here",
+            group=INAPPLICABLE_GROUP,
+        ),
+    )
+
+    def cache_size(self) -> int | None:
+        """The response cache's byte budget; None: no cache. ValueError for flags that
+        contradict each other."""
+        return cache_size(self.cache_config, self.response_cache_byte_size)
+
+    def trace(self) -> TraceSettings:
+        """The startup trace settings, deprecated flags and --trace-config together."""
+        return trace_settings(
+            self.trace_config,
+            self.trace_file,
+            self.trace_level,
+            self.trace_rate,
+            self.trace_count,
+            self.trace_log_frequency,
+        )
