@@ -34,7 +34,7 @@ from typing import Any
 
 from .arrivals import ArrivalModel
 from .budgets import Budgets, budgeted_levels
-from .choice import Estimates, Plan, choose, form_by_ns
+from .choice import Estimates, Plan, best_part, choose, form_by_ns
 from .costmodel import CostModel
 from .decision import Answer, Arrived, BatchView, Event, Left, Ran, Take, WaitUntil
 from .dispatch import Executing
@@ -221,14 +221,18 @@ class AdaptiveController:
         if (
             queued >= limit
             or not cost.known
-            or (not form_by and idle_slots > 0)
-            or (potential <= 0 and (not form_by or joinable >= 0))
+            or (not form_by and (idle_slots > 0 or potential <= 0))
         ):
-            # Nothing to wait for: no costs measured yet, a full batch, no client outside
-            # to come back who could join, or, with no other slot's execution on the
-            # device, another slot idle. (With the device busy and who could join not
-            # known, the batch waits for it: choose().)
+            # Nothing to wait for: no costs measured yet, a full batch, or, with no other
+            # slot's execution on the device, another slot idle or no client outside to
+            # come back. (With the device busy, the batch waits for it: choose().)
             plan = Plan(min(queued, limit), now_ns, limit)
+        elif potential <= 0 and joinable >= 0:
+            # The device is busy and no client who could join is outside: waiting cannot
+            # grow the batch, so it goes now, as much of it as runs cheapest per sample
+            # (the rest goes next, right after it on the device: choice.best_part).
+            part = best_part(min(queued, limit), cost.cost_ns)
+            plan = Plan(part, now_ns, part)
         else:
             budget = budgets.planning_ns(level)
             late_by = -1

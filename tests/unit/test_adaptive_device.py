@@ -225,10 +225,11 @@ def test_a_batch_no_one_can_join_goes_at_once_while_the_device_is_busy() -> None
     now = time.monotonic_ns()
     decider = AdaptiveDecider(measured(policy(), now))
     ahead = [Executing(now, 4)]
-    assert decider.decide(view(1, now, ahead)._replace(joinable=0), now) == Take(8)
+    # All that is queued goes (every size costs the same here: none is cheaper per sample).
+    assert decider.decide(view(1, now, ahead)._replace(joinable=0), now) == Take(1)
     # The same with another slot idle, and with no execution on the device at all.
     idle = view(2, now, ahead)._replace(joinable=0, idle_slots=1)
-    assert decider.decide(idle, now) == Take(8)
+    assert decider.decide(idle, now) == Take(2)
     assert decider.decide(view(1, now)._replace(joinable=0), now) == Take(8)
 
 
@@ -240,9 +241,24 @@ def test_a_batch_waits_for_the_device_only_for_clients_of_its_own_key() -> None:
     # 16 clients outside, 2 of them of the head's key: it waits until those 2 have
     # joined (3 queued), or until the device is about to free.
     assert decider.decide(view(1, now, ahead)._replace(joinable=2), now) == WaitUntil(expected, 3)
-    assert decider.decide(view(3, now, ahead)._replace(joinable=0), now) == Take(8)
+    assert decider.decide(view(3, now, ahead)._replace(joinable=0), now) == Take(3)
     # Who can join not known (no batch of the key has left yet): any client may.
     assert decider.decide(view(1, now, ahead), now) == WaitUntil(expected, 8)
+
+
+def test_a_batch_no_one_can_join_does_not_pad_up_a_gear_it_barely_uses() -> None:
+    # One shape, 32 clients, two slots: 22 queued while the other slot's 10 run. All who
+    # could join are in, so it goes now, but as 16 (gear 16) rather than 22 padded to
+    # 32: the other 6 go next, with the 10 coming back, and the split evens out.
+    now = time.monotonic_ns()
+    batch_policy = policy(max_batch_size=32)
+    gears = (1, 2, 4, 8, 16, 32)
+    controller = AdaptiveController(batch_policy, gears)
+    for gear in gears:
+        controller.record_execution(gear, int((4.6 + 0.6 * gear) * MS))
+    decider = AdaptiveDecider(controller)
+    ahead = [Executing(now, 10)]
+    assert decider.decide(view(22, now, ahead)._replace(joinable=0), now) == Take(16)
 
 
 async def test_mixed_lengths_on_one_device_are_not_held_for_it() -> None:
