@@ -8,11 +8,11 @@ server's CPU time from /proc before and after: the sum over its threads
 (`/proc/PID/task/*/schedstat`, in ns), and each thread name's share. The protocols run in
 rounds (ABCABC...) and each figure is the median over rounds.
 
-    python -m bench run cpu-per-request                      # grpc, http, json; 3 rounds
-    python -m bench run cpu-per-request --protocols grpc --requests 2000 --rounds 5
-    python -m bench run cpu-per-request --flags "--adaptive-batching true" --concurrency 4
-    python -m bench run cpu-per-request --against /tmp/base   # and another checkout's code
-    python -m bench run cpu-per-request --against . --flags "--grpc-workers 1" --against-flags ""
+    python -m bench run cpu-threads                      # grpc, http, json; 3 rounds
+    python -m bench run cpu-threads --protocols grpc --requests 2000 --rounds 5
+    python -m bench run cpu-threads --flags "--adaptive-batching true" --concurrency 4
+    python -m bench run cpu-threads --against /tmp/base   # and another checkout's code
+    python -m bench run cpu-threads --against . --flags "--grpc-workers 1" --against-flags ""
 
 With `--against ROOT` a second server runs the checkout at ROOT (its `tools/pyroot.sh`),
 with the same flags, up at the same time; each round measures both, one after the other,
@@ -208,7 +208,7 @@ def measure(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench run cpu-per-request")
+    parser = argparse.ArgumentParser(prog="python -m bench run cpu-threads")
     parser.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=PROTOCOLS)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)

@@ -40,6 +40,7 @@ from ge_serve.server.errors import (
     FailureReason,
     SchedulerClosed,
     ServerError,
+    internal,
     request_timeout,
 )
 
@@ -90,10 +91,6 @@ class DynamicBatcher:
         # For the adaptive controller, per key, who is in the server and who may still
         # come to join a batch of that key (census.py).
         self._census = ShapeCensus() if self._adaptive is not None else None
-        # On devices that run one execution at a time, when the latest execution there
-        # ended: a batch handed over behind it started on the device then, not when it
-        # was handed over (its price, _batch_done).
-        self._device_free_ns: dict[str, int] = {}
         # Set once closing, when nothing is queued or running (close() waits for it).
         self._drained = asyncio.Event()
         self._closing = False
@@ -153,9 +150,16 @@ class DynamicBatcher:
         ):
             # Asked as it will be once this request holds a slot: one fewer idle.
             view = BatchView(
-                (size,), now, level, size, pool.idle_count - 1, now, size >= policy.max_size,
-                None, bucket, size,
-            )  # fmt: skip
+                totals=(size,),
+                oldest_ns=now,
+                level=level,
+                head_samples=size,
+                idle_slots=pool.idle_count - 1,
+                idle_since_ns=now,
+                full=size >= policy.max_size,
+                bucket=bucket,
+                unseen=size,
+            )
             try:
                 alone = type(self._decider.decide(view, now)) is Take
             except Exception:
@@ -232,9 +236,17 @@ class DynamicBatcher:
             joinable = census.outside(entry.key)
         decider.observe(Arrived(now, size, level))
         view = BatchView(
-            (size,), now, level, size, pool.idle_count, now, size >= self._policy.max_size,
-            None, entry.bucket, 0, pool.beside(slot) if decider.sees_device else (), joinable,
-        )  # fmt: skip
+            totals=(size,),
+            oldest_ns=now,
+            level=level,
+            head_samples=size,
+            idle_slots=pool.idle_count,
+            idle_since_ns=now,
+            full=size >= self._policy.max_size,
+            bucket=entry.bucket,
+            on_device=pool.beside(slot) if decider.sees_device else (),
+            joinable=joinable,
+        )
         try:
             answer = decider.decide(view, now)
         except Exception:
@@ -309,7 +321,7 @@ class DynamicBatcher:
                 future.set_exception(client_error(exc))
         else:
             # Priced by slot time, as in _batch_done.
-            duration = done_ns - self._started_ns(slot, alone.arrive_ns, done_ns)
+            duration = done_ns - self._pool.started_ns(slot, alone.arrive_ns, done_ns)
             if alone.logged:
                 self._decider.observe(Left(done_ns, alone.size, alone.size, duration, alone.bucket))
             else:
@@ -331,17 +343,6 @@ class DynamicBatcher:
         if self._batching:
             return item.shape_key()
         return None
-
-    def _started_ns(self, slot: ExecutorSlot, launched_ns: int, done_ns: int) -> int:
-        """When the execution that ended at `done_ns` on `slot`, handed over at
-        `launched_ns`, started on its device: on a device that runs one execution at a
-        time, not before the execution ahead of it there ended."""
-        if not slot.serial:
-            return launched_ns
-        device_free = self._device_free_ns
-        ahead_ended = device_free.get(slot.device, 0)
-        device_free[slot.device] = done_ns
-        return max(launched_ns, ahead_ended)
 
     # --- execution -----------------------------------------------------------------------
 
@@ -402,7 +403,7 @@ class DynamicBatcher:
                         leaving += entry.size
                 done_ns = time.monotonic_ns()
                 size = batch[0].item.timings.batch_size
-                started = self._started_ns(slot, launched_ns, done_ns)
+                started = self._pool.started_ns(slot, launched_ns, done_ns)
                 self._decider.observe(
                     Left(done_ns, leaving, size, done_ns - started, batch[0].bucket)
                 )
@@ -486,4 +487,4 @@ def client_error(exc: BaseException) -> ServerError:
         return ServerError(exc.code, exc.message, exc.reason or FailureReason.BACKEND)
     if isinstance(exc, ShapeRejected):  # shapes the model cannot run: the input's fault
         return ServerError(ErrorCode.INVALID_ARG, str(exc), FailureReason.OTHER)
-    return ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", FailureReason.BACKEND)
+    return internal(exc, FailureReason.BACKEND)

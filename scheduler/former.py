@@ -277,9 +277,18 @@ class BatchFormer:
         census = self._census
         joinable = census.outside(key) if census is not None else -1
         view = BatchView(
-            totals, oldest, level, head, self._pool.idle_count, idle_since, full,
-            chosen[0], chosen[0].bucket, 0, on_device, joinable,
-        )  # fmt: skip
+            totals=totals,
+            oldest_ns=oldest,
+            level=level,
+            head_samples=head,
+            idle_slots=self._pool.idle_count,
+            idle_since_ns=idle_since,
+            full=full,
+            head=chosen[0],
+            bucket=chosen[0].bucket,
+            on_device=on_device,
+            joinable=joinable,
+        )
         answer = decider.decide(view, now)
         if type(answer) is Take:
             return _fit(chosen, answer.samples), None

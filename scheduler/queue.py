@@ -99,7 +99,9 @@ class RequestQueue:
 
     def put(self, entry: Entry) -> None:
         """Queue a request, or raise "Exceeds maximum queue size" when its level is full."""
-        level = self._levels.get(entry.level) or self._open(entry.level)
+        level = self._levels.get(entry.level)
+        if level is None:  # not `or`: an empty level is falsy, and must not open again
+            level = self._open(entry.level)
         policy = level.policy
         if policy.max_queue_size and len(level) >= policy.max_queue_size:
             raise queue_full()  # (never a level just opened: it is empty)

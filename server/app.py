@@ -4,7 +4,6 @@ stops them in reverse."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -12,7 +11,6 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Generator
 from pathlib import Path
 
 import uvicorn
@@ -24,7 +22,7 @@ from ge_serve.backends.ge.backend import GeBackend, backend_config_for
 from ge_serve.backends.ge.sim_cost import parse_sim_cost
 from ge_serve.backends.llm.backend import LlmBackend
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
-from ge_serve.backends.python.backend import PythonBackend
+from ge_serve.backends.python.host.backend import PythonBackend
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
 from ge_serve.scheduler.factory import SchedulerOptions, build_scheduler
@@ -36,6 +34,7 @@ from .control.stopping import DrainGate
 from .errors import ErrorCode, ServerError
 from .grpc.server import GrpcFrontEnd
 from .http.app import HttpFrontEnd
+from .http.embedded import EmbeddedUvicorn
 from .http.monitoring import MetricsApp, metrics_endpoint
 from .http.protocol import TritonHttpProtocol
 from .inference.bls import CoreBridge
@@ -58,48 +57,9 @@ from .startup.part_settings import (
     warn_about_flags,
 )
 from .startup.settings import Settings
-from .workers import FrontEndWorkers, WorkerSpec
+from .workers.pool import FrontEndWorkers, WorkerSpec
 
 log = logging.getLogger("ge_serve")
-
-
-class EmbeddedUvicorn(uvicorn.Server):
-    """A uvicorn server that leaves signal handling to us, so several servers share a loop.
-
-    Given a gate, it stops the way server/control/stopping.py describes: it closes its
-    listener, then lingers while the front end refuses requests on the connections already
-    open, and only then closes those, all within the deadline `stop()` sets.
-    """
-
-    def __init__(self, config: uvicorn.Config, gate: DrainGate | None = None) -> None:
-        super().__init__(config)
-        self.gate = gate
-        self.deadline: float | None = None
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-    def stop(self, deadline: float) -> None:
-        """Begin a graceful stop, to be over by `deadline` (time.monotonic())."""
-        self.deadline = deadline
-        if self.gate is not None:
-            self.gate.close()
-        self.should_exit = True
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        if self.deadline is not None:
-            if self.gate is not None:
-                for server in self.servers:
-                    server.close()
-                for sock in sockets or []:
-                    sock.close()
-                await self.gate.linger(self.deadline - time.monotonic())
-            # Read here by uvicorn, as it waits for the requests in flight (a float works,
-            # see _start_uvicorn).
-            left = max(self.deadline - time.monotonic(), 0.0)
-            self.config.timeout_graceful_shutdown = left  # type: ignore[assignment]
-        await super().shutdown(sockets)
 
 
 def make_scheduler(
@@ -311,15 +271,18 @@ class ServerApp:
         )
 
     async def _start_http_workers(self) -> None:
-        """The workers share one listening socket, bound here; what they pass on this
-        process answers with the front end's own application, over their links."""
+        """The workers share one listening socket, bound here; what they pass on, the
+        front end answers here on a loopback port."""
         settings = self.settings
+        app = self.http.build()
+        loopback = await self._start_uvicorn(app, "127.0.0.1", 0, "Internal HTTP", self.http.gate)
         sock = listen_socket(
             settings.http_address, settings.http_port, "HTTP", settings.reuse_http_port
         )
         self._listeners.append(sock)
         config = {
             "listen_fd": sock.fileno(),
+            "forward_port": loopback,
             "max_input_size": self.http.settings.max_input_size,
             "max_chunks": self.http.settings.max_chunks,
             "restricted": bool(settings.http_restricted_api),
@@ -328,7 +291,7 @@ class ServerApp:
         spec = WorkerSpec(
             "ge_serve.server.http.worker", "HTTP", settings.http_workers, config, (sock.fileno(),)
         )
-        self.http_workers = FrontEndWorkers(self.core, spec, self.http.build())
+        self.http_workers = FrontEndWorkers(self.core, spec)
         await self.http_workers.start()
         host, port = sock.getsockname()[:2]
         log.info("Started HTTPService at %s:%d (%d worker processes)", host, port,
@@ -336,7 +299,7 @@ class ServerApp:
 
     async def _start_uvicorn(
         self, app: object, host: str, port: int, what: str, gate: DrainGate | None = None
-    ) -> None:
+    ) -> int:
         config = uvicorn.Config(
             app,  # type: ignore[arg-type]
             host=host,
@@ -368,6 +331,7 @@ class ServerApp:
                 raise RuntimeError(f"{what} server on {host}:{port} exited during startup")
             await asyncio.sleep(0.01)
         log.info("Started %sService at %s:%d", what, host, port)
+        return port
 
     def log_model_table(self) -> None:
         rows = self.lifecycle.index()
@@ -402,8 +366,6 @@ class ServerApp:
         for workers in (self.grpc_workers, self.http_workers):
             if workers is not None:
                 stopping.append(asyncio.create_task(workers.stop(timeout)))
-        if self.http_workers is not None:
-            self.http.gate.close()  # what they pass on now is refused, as HTTP is here
         await asyncio.wait(stopping, timeout=timeout + 2)
         # The gRPC stop ends on its own once the timeout has passed (it cancels what is
         # left); it must end before the loop closes, or grpc's poller thread outlives it.

@@ -6,7 +6,9 @@ application, and a grpc.aio server. Each request is parsed, its two INT32 [1,16]
 are added and subtracted with numpy, and the answer is encoded, as the protocol requires
 (JSON, binary tensor extension, protobuf). Nothing else: no validation, no scheduler, no
 statistics, no errors worth the name. It answers the metadata and config calls that
-perf_analyzer makes first. Not a server to use: a measuring stick.
+perf_analyzer makes first, and counts the inferences it answered (GET
+/v2/models/simple/stats, in Triton's shape, for the `cpu-per-request` suite). Not a
+server to use: a measuring stick.
 
     python -m bench.lib.bare HTTP_PORT GRPC_PORT
 """
@@ -40,9 +42,18 @@ _CONFIG = orjson.dumps({
 _SERVER = orjson.dumps({"name": "bare", "version": "0", "extensions": []})
 _JSON = (b"content-type", b"application/json")
 HEADER_LENGTH = b"inference-header-content-length"
+# Inferences answered, on every protocol (the loop is single-threaded).
+_answered = [0]
+
+
+def _stats() -> bytes:
+    success = {"count": _answered[0], "ns": 0}
+    model = {"name": MODEL, "version": "1", "inference_stats": {"success": success}}
+    return orjson.dumps({"model_stats": [model]})
 
 
 def _compute(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> tuple[Any, Any]:
+    _answered[0] += 1
     return a + b, a - b
 
 
@@ -85,6 +96,8 @@ async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         payload, headers = _http_infer(b"".join(chunks), length)
     elif path == "/v2":
         payload = _SERVER
+    elif path.endswith("/stats"):
+        payload = _stats()
     elif path.endswith("/config"):
         payload = _CONFIG
     elif path.startswith("/v2/models/") and not path.endswith("/ready"):

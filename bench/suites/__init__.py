@@ -58,8 +58,13 @@ SUITES: tuple[Suite, ...] = (
     ),
     Suite(
         "cpu-per-request",
+        "bench.suites.cpu_per_request",
+        "server CPU per request, ge-serve against Triton and the bare frameworks, each alone",
+    ),
+    Suite(
+        "cpu-threads",
         "bench.cpu_per_request",
-        "the server's CPU time per request on each protocol, one client, from /proc",
+        "ge-serve's CPU per request per thread, one Python client, py-spy; or two checkouts",
     ),
     Suite(
         "priority",

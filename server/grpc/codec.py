@@ -47,6 +47,8 @@ FINAL_RESPONSE: Final = "triton_final_response"
 
 _INT64_MAX: Final = 2**63 - 1
 
+# Each datatype by its wire name (DataType.parse answers the names that are not).
+_DATATYPES: Final = {datatype.value: datatype for datatype in DataType}
 # The typed-contents field each datatype travels in.
 _CONTENTS_FIELD: Final = {
     DataType.BOOL: "bool_contents",
@@ -98,6 +100,8 @@ def parameter_value(param: pb.InferParameter, key: str, where: str) -> ParamValu
 
 def decode_parameters(params: Any, where: str) -> Parameters:
     """A `map<string, InferParameter>` as plain Python values."""
+    if not params:  # the usual case; iterating even an empty protobuf map costs
+        return {}
     return {key: parameter_value(param, key, where) for key, param in params.items()}
 
 
@@ -165,18 +169,18 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
         if name in names:
             raise error_texts.duplicate_input(message.id, name)
         names.add(name)
-        datatype = DataType.parse(spec.datatype)
+        datatype = _DATATYPES.get(spec.datatype) or DataType.parse(spec.datatype)
         shape = tuple(spec.shape)
-        if any(d < 0 for d in shape):
+        if shape and min(shape) < 0:
             raise invalid_arg(f"'shape' of input '{name}' must hold non-negative integers")
-        check_shape(shape, name, datatype.itemsize)
+        itemsize = datatype.itemsize
+        count = check_shape(shape, name, itemsize)
         params: Parameters = {}
         shm = None
         if any_params and spec.parameters:
             params = decode_parameters(spec.parameters, f"input '{name}'")
             shm = parse_ref(params, name)
         has_contents = spec.HasField("contents")
-        ref = InputRef(name, model, message.id)
         if shm is not None:
             if has_contents:
                 raise error_texts.contents_with_shm(name, model)
@@ -184,9 +188,15 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
         elif has_contents and raw:
             raise error_texts.contents_with_raw(name, model)
         elif raw_index < len(raw):
-            data = raw_to_array(datatype, shape, raw[raw_index], ref)
+            buf = raw[raw_index]
             raw_index += 1
+            if itemsize and len(buf) == count * itemsize:
+                # The common case, as raw_to_array does it, without its checks' objects.
+                data = np.frombuffer(buf, dtype=datatype.numpy).reshape(shape)
+            else:  # BYTES, or a size raw_to_array refuses in Triton's words
+                data = raw_to_array(datatype, shape, buf, InputRef(name, model, message.id))
         elif has_contents:
+            ref = InputRef(name, model, message.id)
             data = _typed_contents(ref, datatype, shape, spec.contents)
         elif math.prod(shape) == 0:
             data = np.empty(shape, dtype=datatype.numpy)
@@ -243,6 +253,9 @@ def _decode_outputs(message: pb.ModelInferRequest) -> list[RequestedOutput]:
         if name in names:
             raise error_texts.duplicate_output(message.id, name)
         names.add(name)
+        if not spec.parameters:  # nothing to lift
+            outputs.append(RequestedOutput(name))
+            continue
         params = decode_parameters(spec.parameters, f"output '{name}'")
         output = requested_output(name, params)
         lift_output_ref(output)

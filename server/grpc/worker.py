@@ -1,9 +1,9 @@
-"""A gRPC front-end worker process (see server/workers.py).
+"""A gRPC front-end worker process (see server/workers/).
 
 It listens on the server's gRPC address beside its sibling workers (SO_REUSEPORT: the
 kernel spreads connections over them), decodes and encodes ModelInfer itself with the
 same codec, guard and drain gate as the servicer, and runs each request in the server
-process over its link (server/remotecore.py). Every other RPC of the inference service,
+process over its link (server/workers/remote.py). Every other RPC of the inference service,
 health checking and reflection, streams included, goes on as bytes to the server's own
 gRPC front end on a loopback port, with its metadata and deadline, and its answer or
 status comes back as it is.
@@ -33,7 +33,7 @@ from ge_serve.protos import grpc_service_pb2 as pb
 
 from ..control.stopping import DrainGate
 from ..errors import decoding
-from ..remotecore import RemoteCore
+from ..workers.remote import RemoteCore
 from . import codec
 from .errors import guard
 from .restricted import RestrictedProtocolInterceptor

@@ -1,11 +1,12 @@
-"""An HTTP front-end worker process (see server/workers.py).
+"""An HTTP front-end worker process (see server/workers/).
 
 It accepts connections on the listening socket the server bound and handed it (shared
 by every HTTP worker: the kernel gives each connection to one of them), runs the
 inference endpoint itself (InferEndpoint: the same body limits, decoding, errors and
 encoding as the server's own) with each request run in the server process over its link,
-and passes every other request on whole to the server, whose own application answers it
-(health, metadata, statistics, repository, shared memory, logging, /metrics). With
+and passes every other request on whole to the server's own HTTP front end on a loopback
+port (passon.py), which answers it (health, metadata, statistics, repository, shared
+memory, logging, /metrics, /v1, generate). With
 `--http-restricted-api`, whose checks must see every request, inference is passed on too.
 
     python -m ge_serve.server.http.worker '{"listen_fd": ..., "link_fd": ..., ...}'
@@ -22,94 +23,15 @@ from typing import Any
 
 import uvicorn
 import uvloop
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
 
-from ge_serve.server.errors import ServerError
-from ge_serve.server.link import Message
-from ge_serve.server.remotecore import RemoteCore
+from ge_serve.server.workers.remote import RemoteCore
 
-from .errors import server_error_response
 from .infer import InferEndpoint, InferShortcut
+from .passon import PassOn
 from .protocol import TritonHttpProtocol
 
 log = logging.getLogger("ge_serve.http.worker")
-
-# What of an ASGI scope the server's application reads.
-_SCOPE_KEYS = (
-    "type", "http_version", "method", "scheme", "path", "raw_path", "query_string",
-    "root_path", "server", "client",
-)  # fmt: skip
-
-
-class PassOn:
-    """ASGI: the request, body and all, answered by the server's own application."""
-
-    def __init__(self, core: RemoteCore) -> None:
-        self.core = core
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        wire = {key: scope[key] for key in _SCOPE_KEYS if key in scope}
-        wire["headers"] = [(bytes(k), bytes(v)) for k, v in scope["headers"]]
-        parts: list[Message] = []
-        arrived = asyncio.Event()
-
-        def on_part(message: Message) -> None:
-            parts.append(message)
-            arrived.set()
-
-        call = asyncio.ensure_future(self.core.forward(wire, b"".join(chunks), on_part))
-        # The body is all read: what receive() gives now is the client going away.
-        gone = asyncio.ensure_future(receive())
-        started = False
-        try:
-            while True:
-                waiter = asyncio.ensure_future(arrived.wait())
-                await asyncio.wait([call, gone, waiter], return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
-                arrived.clear()
-                pending, parts[:] = parts[:], []
-                for part in pending:
-                    if part[0] == "start":
-                        started = True
-                        start = {"type": "http.response.start", "status": part[2],
-                                 "headers": part[3]}  # fmt: skip
-                        await send(start)
-                    else:
-                        await send({"type": "http.response.body", "body": part[2],
-                                    "more_body": True})  # fmt: skip
-                if call.done():
-                    break
-                if gone.done():
-                    if gone.result().get("type") == "http.disconnect":
-                        break
-                    gone = asyncio.ensure_future(receive())
-        finally:
-            gone.cancel()
-            if not call.done():
-                call.cancel()  # the server cancels it too
-        if not call.done():
-            return
-        try:
-            status, headers, body = call.result()
-        except ServerError as exc:
-            if started:  # the stream has begun: it can only end
-                await send({"type": "http.response.body", "body": b""})
-            else:
-                await server_error_response(exc)(scope, receive, send)
-            return
-        if not started:
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
 
 
 async def serve(config: dict[str, Any]) -> int:
@@ -121,7 +43,8 @@ async def serve(config: dict[str, Any]) -> int:
             server.should_exit = True
 
     core = RemoteCore(socket.socket(fileno=int(config["link_fd"])), f"http-{index}", link_closed)
-    app: ASGIApp = PassOn(core)
+    passon = PassOn("127.0.0.1", int(config["forward_port"]))
+    app: ASGIApp = passon
     if not config["restricted"]:
         # Whether tracing is on is the server's to know: the context always goes along.
         endpoint = InferEndpoint(
@@ -151,6 +74,7 @@ async def serve(config: dict[str, Any]) -> int:
         await asyncio.sleep(0.01)
     core.ready()
     await task
+    await passon.close()
     core.link.close()
     return 0
 

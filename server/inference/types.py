@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, SupportsIndex
 
-import ml_dtypes
 import numpy as np
 import numpy.typing as npt
+
+from ge_serve.link.dtypes import NUMPY_OF
 
 from ..errors import ErrorCode, ServerError
 from . import error_texts
@@ -83,21 +84,9 @@ class DataType(enum.Enum):
         return found
 
 
+# The one table of datatypes and numpy dtypes (ge_serve.link.dtypes), by member.
 _NUMPY: dict[DataType, np.dtype[Any]] = {
-    DataType.BOOL: np.dtype(np.bool_),
-    DataType.UINT8: np.dtype(np.uint8),
-    DataType.UINT16: np.dtype(np.uint16),
-    DataType.UINT32: np.dtype(np.uint32),
-    DataType.UINT64: np.dtype(np.uint64),
-    DataType.INT8: np.dtype(np.int8),
-    DataType.INT16: np.dtype(np.int16),
-    DataType.INT32: np.dtype(np.int32),
-    DataType.INT64: np.dtype(np.int64),
-    DataType.FP16: np.dtype(np.float16),
-    DataType.FP32: np.dtype(np.float32),
-    DataType.FP64: np.dtype(np.float64),
-    DataType.BYTES: np.dtype(np.object_),
-    DataType.BF16: np.dtype(ml_dtypes.bfloat16),
+    datatype: NUMPY_OF[datatype.value] for datatype in DataType
 }
 _FROM_NUMPY: dict[np.dtype[Any], DataType] = {
     dt: name for name, dt in _NUMPY.items() if name is not DataType.BYTES

@@ -47,7 +47,7 @@ def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
                 f"but model '{model.name}' expects '{spec.datatype.value}'"
             )
         shape = tuple(tensor.shape)
-        if any(d < 0 for d in shape):
+        if shape and min(shape) < 0:
             raise invalid_arg(f"input '{tensor.name}' has a negative dimension in its shape")
         if mbs > 0:
             if not shape:
@@ -71,10 +71,10 @@ def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
             item_dims = shape[1:]
         else:
             item_dims = shape
-        if not _dims_match(item_dims, spec.dims):
+        if item_dims != spec.dims and not _dims_match(item_dims, spec.dims):
             ref = InputRef(tensor.name, model.name, request.id)
             raise error_texts.unexpected_shape(ref, spec.dims, shape, mbs > 0)
-        array = _as_array(tensor, spec, shape, InputRef(tensor.name, model.name, request.id))
+        array = _as_array(tensor, spec, shape, model.name, request.id)
         if spec.model_dims is not None:
             lead = (shape[0],) if mbs > 0 else ()
             try:
@@ -133,7 +133,9 @@ def _dims_match(got: tuple[int, ...], want: tuple[int, ...]) -> bool:
     return all(w == -1 or g == w for g, w in zip(got, want, strict=True))
 
 
-def _as_array(tensor: Tensor, spec: TensorSpec, shape: tuple[int, ...], ref: InputRef) -> Array:
+def _as_array(
+    tensor: Tensor, spec: TensorSpec, shape: tuple[int, ...], model: str, request_id: str
+) -> Array:
     array = tensor.data
     expected = spec.datatype.numpy
     if array.dtype != expected:
@@ -145,6 +147,7 @@ def _as_array(tensor: Tensor, spec: TensorSpec, shape: tuple[int, ...], ref: Inp
             )
     if array.shape != shape:
         if array.size != math.prod(shape):
+            ref = InputRef(tensor.name, model, request_id)  # only for the error
             if spec.datatype is DataType.BYTES:
                 raise error_texts.too_few_strings(ref, math.prod(shape), array.size)
             itemsize = spec.datatype.itemsize

@@ -285,7 +285,7 @@ class Settings:
         default=(),
         metadata=_restriction_flag(),
     )
-    # Front-end worker processes (server/workers.py); 0: this process serves the protocol.
+    # Front-end worker processes (server/workers/); 0: this process serves the protocol.
     http_workers: int = field(
         default=0,
         metadata=flag(

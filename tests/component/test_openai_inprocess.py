@@ -21,7 +21,7 @@ from modelgen import make_lifecycle
 
 from ge_serve.backends.base import TextGeneration
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
-from ge_serve.backends.python.backend import PythonBackend
+from ge_serve.backends.python.host.backend import PythonBackend
 from ge_serve.scheduler.factory import SchedulerOptions
 from ge_serve.server.app import make_scheduler
 from ge_serve.server.http.app import HttpFrontEnd, HttpSettings

@@ -21,8 +21,8 @@ from polling import poll
 
 from ge_serve.backends.config_json import config_to_json
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
-from ge_serve.backends.python.backend import PythonBackend
-from ge_serve.backends.python.instance import PythonInstance
+from ge_serve.backends.python.host.backend import PythonBackend
+from ge_serve.backends.python.host.instance import PythonInstance
 from ge_serve.scheduler.factory import SchedulerOptions
 from ge_serve.server.app import make_scheduler
 from ge_serve.server.errors import ErrorCode, ServerError

@@ -17,7 +17,7 @@ from modelgen import write_model
 from onnx import TensorProto, helper
 
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
-from ge_serve.backends.python.backend import PythonBackend
+from ge_serve.backends.python.host.backend import PythonBackend
 from ge_serve.scheduler.factory import SchedulerOptions
 from ge_serve.server.app import make_scheduler
 from ge_serve.server.errors import ServerError

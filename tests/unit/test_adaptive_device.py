@@ -41,10 +41,10 @@ def measured(batch_policy: BatchPolicy, now: int) -> AdaptiveController:
     """A controller that has measured its costs and seen 16 clients, all outside now."""
     controller = AdaptiveController(batch_policy)
     for size in (1, 2, 4, 8):
-        controller.record_execution(size, COST_NS)
+        controller.cost.record(size, COST_NS)
     for _ in range(16):
-        controller.record_arrival(now, 1, 0)
-    controller.record_departure(now, 16)
+        controller.arrivals.record_arrival(now, 1, 0)
+    controller.arrivals.record_departure(now, 16)
     return controller
 
 
@@ -54,7 +54,15 @@ def view(
     """One queued request of `queued_samples` heading the batch, no other slot idle."""
     head = object()
     return BatchView(
-        (queued_samples,), now, 0, queued_samples, 0, now, full, head, 0, 0, tuple(on_device)
+        totals=(queued_samples,),
+        oldest_ns=now,
+        level=0,
+        head_samples=queued_samples,
+        idle_slots=0,
+        idle_since_ns=now,
+        full=full,
+        head=head,
+        on_device=tuple(on_device),
     )
 
 
@@ -95,7 +103,7 @@ def test_executions_queued_on_the_device_run_one_after_another() -> None:
     assert controller.form_by_ns([]) == 0
     # An execution far cheaper than the lead's floor still leaves FILL_SLACK_NS.
     cheap = AdaptiveController(policy())
-    cheap.record_execution(1, 10_000)
+    cheap.cost.record(1, 10_000)
     assert cheap.form_by_ns([Executing(now, 1)]) == now + 10_000 - FILL_SLACK_NS
 
 
@@ -255,7 +263,7 @@ def test_a_batch_no_one_can_join_does_not_pad_up_a_gear_it_barely_uses() -> None
     gears = (1, 2, 4, 8, 16, 32)
     controller = AdaptiveController(batch_policy, gears)
     for gear in gears:
-        controller.record_execution(gear, int((4.6 + 0.6 * gear) * MS))
+        controller.cost.record(gear, int((4.6 + 0.6 * gear) * MS))
     decider = AdaptiveDecider(controller)
     ahead = [Executing(now, 10)]
     assert decider.decide(view(22, now, ahead)._replace(joinable=0), now) == Take(16)

@@ -17,7 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"server": "ge_serve.server", "scheduler": "ge_serve.scheduler",
-            "backends": "ge_serve.backends", "protos": "ge_serve.protos"}  # fmt: skip
+            "backends": "ge_serve.backends", "link": "ge_serve.link",
+            "protos": "ge_serve.protos"}  # fmt: skip
 FRONT_ENDS = ("ge_serve.server.http", "ge_serve.server.grpc")
 COMPOSITION_ROOT = "ge_serve.server.app"
 # Derives each front end's settings for the composition root.
@@ -155,7 +156,7 @@ def test_the_scan_sees_the_code() -> None:
                      "ge_serve.backends.ge.backend"):  # fmt: skip
         assert expected in names
     # Every Python file of the three packages is scanned, however deep it sits.
-    for top in ("server", "scheduler", "backends"):
+    for top in ("server", "scheduler", "backends", "link"):
         on_disk = {module_name(p) for p in (ROOT / top).rglob("*.py")}
         assert on_disk <= names
     # The resolver sees relative imports, or the checks below would pass vacuously.
@@ -225,6 +226,20 @@ def test_scheduler_backends_and_protos_import_no_front_end_core_or_cli(path: Pat
 )
 def test_backends_import_neither_the_scheduler_nor_the_server(path: Path) -> None:
     above = ("ge_serve.scheduler", "ge_serve.server")
+    bad = sorted(m for m in imported_modules(path) if within(m, above))
+    assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in FILES if p.relative_to(ROOT).parts[0] == "link"],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_the_process_link_imports_nothing_of_the_server_scheduler_or_backends(
+    path: Path,
+) -> None:
+    # Both the server's front-end workers and the Python backend's workers build on it.
+    above = ("ge_serve.server", "ge_serve.scheduler", "ge_serve.backends")
     bad = sorted(m for m in imported_modules(path) if within(m, above))
     assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
 

@@ -290,7 +290,7 @@ def test_a_missing_weights_package_says_how_to_install_it(
 def tokenizer_module(build: ModuleType, files: Any, folder: Path, monkeypatch: Any) -> Any:
     """The tokenizer model as the worker runs it: its folder holds model.py and
     tokenizer.json, and triton_python_backend_utils is the backend's module of that name."""
-    monkeypatch.syspath_prepend(str(ROOT / "backends" / "python" / "modules"))
+    monkeypatch.syspath_prepend(str(ROOT / "backends" / "python" / "child" / "modules"))
     shutil.copyfile(build.TOKENIZER_MODEL_PY, folder / "model.py")
     (folder / "tokenizer.json").write_bytes(files.tokenizer_json)
     spec = importlib.util.spec_from_file_location("minilm_tokenizer_model", folder / "model.py")

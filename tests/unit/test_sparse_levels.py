@@ -63,3 +63,22 @@ async def test_a_named_level_keeps_its_policy_and_an_unnamed_one_gets_the_defaul
     finally:
         fake.open()
         await batcher.close(5.0)
+
+
+async def test_a_level_that_empties_and_fills_again_is_reused_not_opened_anew() -> None:
+    # Each request arriving at an empty named level once opened a second queue for it
+    # while the first stayed in the order: every later batch walked them all, so the
+    # scheduler's cost per request grew with the number of requests served.
+    config = make_config(max_batch_size=1, priority_levels=3, default_level=2)
+    fake = FakeExecutor("fake")
+    batcher = make_batcher(config, [fake])
+    try:
+        for value in range(50):
+            await batcher.submit(item(float(value), priority=1 + value % 3))
+        queue = batcher._queue
+        # The named (default) level, once; the others were dropped as they emptied.
+        assert queue._numbers == [2]
+        assert len(queue._order) == 1
+        assert batcher.queue_depths() == {2: 0}
+    finally:
+        await batcher.close(5.0)

@@ -13,10 +13,9 @@ BELOW_FRONT_ENDS = [
     # The request path and the model lifecycle, whole.
     *sorted((ROOT / "server" / "inference").rglob("*.py")),
     *sorted((ROOT / "server" / "models").rglob("*.py")),
-    *(
-        ROOT / "server" / name
-        for name in ("errors.py", "link.py", "linkcodec.py", "workers.py", "remotecore.py")
-    ),
+    *(ROOT / "server" / name for name in ("errors.py",)),
+    *sorted((ROOT / "server" / "workers").rglob("*.py")),
+    *sorted((ROOT / "link").rglob("*.py")),
     *sorted((ROOT / "scheduler").rglob("*.py")),
     *sorted((ROOT / "backends").rglob("*.py")),
 ]

@@ -1,7 +1,8 @@
 """The worker process: one model instance's `model.py`, run as Triton's stub runs it.
 
-`python -m ge_serve.backends.python.stub <socket fd>` is started by the server (worker.py)
-with the other end of a Unix socket. Two threads matter:
+`python -m ge_serve.backends.python.child.stub <socket fd>` is started by the server
+(host/worker.py) with the other end of a Unix socket: the process link's thread driver
+(ge_serve.link.thread). It says it is up with the link's `Ready`. Two threads matter:
 
 - the reader (a daemon thread) reads every message from the server: work goes to the
   model thread's queue; answers to the model's own calls (BLS, metric values) go to the
@@ -34,14 +35,26 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .channel import Channel, ChannelClosed, Message
+from ge_serve.link.messages import Message, Ready
+from ge_serve.link.thread import ThreadLink
+
+from ..messages import (
+    TO_WORKER,
+    Autocomplete,
+    BlsAnswer,
+    Done,
+    Encoded,
+    Execute,
+    Finalize,
+    Init,
+    Reply,
+    Request,
+)
 from .pb_config import ModelConfig
 from .pb_request import InferenceRequest, InferenceResponse
 from .pb_tensor import Tensor
 from .pb_types import TRITONSERVER_RESPONSE_COMPLETE_FINAL, TritonError
 from .runtime import Runtime, install
-from .shm import Arena, PeerSegments
-from .tensors import read_tensor
 
 _TRACE_FRAMES = 10
 # Our own frames (this stub calling the model) are not the model's story.
@@ -84,30 +97,20 @@ def model_class(module: ModuleType, model_path: Path) -> Any:
 
 
 class Stub:
-    def __init__(self, channel: Channel) -> None:
-        self.channel = channel
-        self.peers = PeerSegments()
-        self.arena = Arena(self._announce, f"ge-serve-pb-{os.getpid()}")
-        self.runtime = Runtime(channel, self.arena, self.peers)
+    def __init__(self, sock: socket.socket) -> None:
+        self.link = ThreadLink(sock, TO_WORKER, f"ge-serve-pb-{os.getpid()}", self._dispatch)
+        self.runtime = Runtime(self.link)
         self.work: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
         self.model: Any = None
         self.decoupled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: asyncio.AbstractEventLoop | None = None
 
-    def _announce(self, seg: int, fd: int, size: int) -> None:
-        self.channel.send(("segment", seg, size), fds=[fd])
-
     # --- the reader thread -----------------------------------------------------------------
 
     def read(self) -> None:
         try:
-            while True:
-                for message in self.channel.receive():
-                    self._dispatch(message)
-                self.runtime.flush_releases()
-        except ChannelClosed:
-            pass
+            self.link.serve(self.runtime.flush_releases)
         except BaseException:
             traceback.print_exc()
         # The server is gone, or closed its end on purpose: nothing more will be asked.
@@ -117,19 +120,12 @@ class Stub:
         os._exit(0)
 
     def _dispatch(self, message: Message) -> None:
-        kind = message[0]
-        if kind == "segment":
-            self.peers.add(message[1], self.channel.take_fd(), message[2])
-        elif kind == "release":
-            for region in message[1]:
-                self.arena.free(tuple(region))
-        elif kind == "bls_response":
-            _kind, number, encoded, final = message
-            value = self.runtime.decode(encoded) if encoded is not None else None
-            self.runtime.answer(number, value, final)
-        elif kind == "reply":
-            _kind, number, status, value = message
-            self.runtime.answer(number, (status, value), True)
+        if isinstance(message, BlsAnswer):
+            response = message.response
+            value = self.runtime.decode(response) if response is not None else None
+            self.runtime.answer(message.number, value, message.final)
+        elif isinstance(message, Reply):
+            self.runtime.answer(message.number, message, True)
         else:
             self.work.put(message)
 
@@ -140,23 +136,26 @@ class Stub:
             message = self.work.get()
             if message is None:
                 return
-            kind, number = message[0], message[1]
+            assert isinstance(message, Init | Execute | Autocomplete | Finalize)
+            number = message.number
             try:
-                if kind == "init":
-                    self._initialize(message[2])
-                    self._reply(number, None)
-                elif kind == "execute":
-                    self._execute(number, message[2])
-                elif kind == "autocomplete":
-                    self._reply(number, self._autocomplete(Path(message[2]), message[3]))
-                elif kind == "finalize":
+                if isinstance(message, Init):
+                    self._initialize(message.payload)
+                    self._reply(Done(number))
+                elif isinstance(message, Execute):
+                    self._execute(number, message.batch)
+                elif isinstance(message, Autocomplete):
+                    text = self._autocomplete(Path(message.model_path), message.config_json)
+                    self._reply(Done(number, text=text))
+                else:
                     self._finalize(number)
                     return
             except BaseException as exc:
-                self._reply(number, None, str(exc) if isinstance(exc, _Failed) else describe(exc))
+                error = str(exc) if isinstance(exc, _Failed) else describe(exc)
+                self._reply(Done(number, error))
 
-    def _reply(self, number: int, value: Any, error: str | None = None) -> None:
-        self.runtime.send(("done", number, value, error))
+    def _reply(self, done: Done) -> None:
+        self.runtime.send(done)
 
     def _initialize(self, payload: dict[str, Any]) -> None:
         runtime = self.runtime
@@ -184,16 +183,17 @@ class Stub:
             raise TypeError("auto_complete_config must return the pb_utils.ModelConfig it got")
         return json.dumps(config.as_dict())
 
-    def _execute(self, number: int, batch: list[tuple[Any, ...]]) -> None:
+    def _execute(self, number: int, batch: list[Request]) -> None:
         runtime = self.runtime
         requests = []
-        for key, request_id, descs, requested, parameters in batch:
-            inputs = [Tensor(d[0], read_tensor(self.peers, d, copy=False)) for d in descs]
+        for one in batch:
+            inputs = [Tensor(t.name, runtime.read(t)) for t in one.inputs]
             requests.append(
                 InferenceRequest.received(
-                    key, runtime, inputs, request_id, requested, parameters, self.decoupled
+                    one.key, runtime, inputs, one.id, one.requested, one.parameters,
+                    self.decoupled,
                 )
-            )
+            )  # fmt: skip
         try:
             result = self.model.execute(requests)
             if inspect.isawaitable(result):
@@ -206,33 +206,40 @@ class Stub:
             message = self._failure(exc)
             if self.decoupled:
                 self._close_with_error(requests, message)
-                self._reply(number, ("none",))
+                self._reply(Done(number))
             else:
-                self._reply(number, None, message)
+                self._reply(Done(number, message))
             return
         if self.decoupled or result is None:
-            self._reply(number, ("none",))
+            self._reply(Done(number))
             return
-        self._reply(number, *self._encode_list(result, len(requests)))
+        self._reply(self._encode_list(number, result, len(requests)))
 
-    def _encode_list(self, result: Any, count: int) -> tuple[Any, str | None]:
+    def _encode_list(self, number: int, result: Any, count: int) -> Done:
         if not isinstance(result, list | tuple):
-            return None, (f"Expected a list in the execute return, got '{type(result).__name__}'")
+            kind = type(result).__name__
+            return Done(number, f"Expected a list in the execute return, got '{kind}'")
         if len(result) != count:
-            return None, (
-                "Number of InferenceResponse objects do not match the number of "
-                f"InferenceRequest objects. InferenceRequest(s) size is:{count}, and "
-                f"InferenceResponse(s) size is:{len(result)}"
+            return Done(
+                number,
+                (
+                    "Number of InferenceResponse objects do not match the number of "
+                    f"InferenceRequest objects. InferenceRequest(s) size is:{count}, and "
+                    f"InferenceResponse(s) size is:{len(result)}"
+                ),
             )
-        encoded = []
+        encoded: list[Encoded] = []
         for response in result:
             if not isinstance(response, InferenceResponse):
-                return None, (
-                    "Expected an 'InferenceResponse' object in the execute function return "
-                    f"list, found type '{type(response).__name__}'."
+                return Done(
+                    number,
+                    (
+                        "Expected an 'InferenceResponse' object in the execute function return "
+                        f"list, found type '{type(response).__name__}'."
+                    ),
                 )
             encoded.append(response.encode(self.runtime))
-        return ("responses", encoded), None
+        return Done(number, responses=encoded)
 
     def _failure(self, exc: BaseException) -> str:
         return (
@@ -282,7 +289,7 @@ class Stub:
                     self._run(result)
             except BaseException as exc:
                 error = describe(exc)
-        self._reply(number, None, error)
+        self._reply(Done(number, error))
 
 
 class _Failed(Exception):
@@ -294,12 +301,11 @@ class _Failed(Exception):
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    sock = socket.socket(fileno=int(args[0]))
-    channel = Channel(sock)
-    stub = Stub(channel)
+    stub = Stub(socket.socket(fileno=int(args[0])))
     install(stub.runtime)
     reader = threading.Thread(target=stub.read, name="pb-reader", daemon=True)
     reader.start()
+    stub.link.send(Ready())
     stub.serve()
     sys.stdout.flush()
     sys.stderr.flush()

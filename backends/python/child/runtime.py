@@ -18,13 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .channel import Channel, Message
-from .shm import Arena, PeerSegments, Region
-from .tensors import Array, TensorDesc, read_tensor, write_tensor
+from ge_serve.link.messages import Message, Region, Release
+from ge_serve.link.tensors import ArenaTensor, Array, read_tensor, regions_of, write_tensor
+from ge_serve.link.thread import ThreadLink
 
-# A response as it travels: (outputs, error as (code name, message) or None, parameters
-# as a JSON text).
-EncodedResponse = tuple[list[TensorDesc], tuple[str, str] | None, str]
+from ..messages import Call, Encoded, ErrorText, Reply
 
 
 @dataclass(slots=True)
@@ -33,8 +31,15 @@ class Decoded:
 
     outputs: dict[str, Array]
     order: list[str]
-    error: tuple[str, str] | None
+    error: ErrorText | None
     parameters: str
+
+
+@dataclass(frozen=True, slots=True)
+class Gone:
+    """The answer every waiting call gets when the server went away."""
+
+    reason: str
 
 
 @dataclass(slots=True)
@@ -46,10 +51,8 @@ class _Waiter:
 
 
 class Runtime:
-    def __init__(self, channel: Channel, arena: Arena, peers: PeerSegments) -> None:
-        self.channel = channel
-        self.arena = arena
-        self.peers = peers
+    def __init__(self, link: ThreadLink) -> None:
+        self.link = link
         self.model_name = ""
         self.instance_name = ""
         self.decoupled = False
@@ -66,9 +69,9 @@ class Runtime:
         with self._lock:
             released, self._released = self._released, []
         if released:
-            self.channel.send(("release", released), message)
+            self.link.send(Release(released), message)
         else:
-            self.channel.send(message)
+            self.link.send(message)
 
     def release(self, regions: list[Region]) -> None:
         with self._lock:
@@ -78,17 +81,23 @@ class Runtime:
         with self._lock:
             released, self._released = self._released, []
         if released:
-            self.channel.send(("release", released))
+            self.link.send(Release(released))
 
-    def encode_tensors(self, tensors: list[tuple[str, Array]]) -> list[TensorDesc]:
-        return [write_tensor(self.arena, name, array) for name, array in tensors]
+    def encode_tensors(self, tensors: list[tuple[str, Array]]) -> list[ArenaTensor]:
+        regions: list[Region] = []
+        return [write_tensor(self.link.arena, name, array, regions) for name, array in tensors]
 
-    def decode(self, encoded: EncodedResponse) -> Decoded:
+    def read(self, tensor: ArenaTensor) -> Array:
+        """An input tensor, a view of the server's memory (freed by the server itself)."""
+        return read_tensor(self.link.peers, tensor, copy=False)
+
+    def decode(self, encoded: Encoded) -> Decoded:
         """Copy a response out of the server's arena and note its regions as released."""
-        descs, error, parameters = encoded
-        outputs = {desc[0]: read_tensor(self.peers, desc, copy=True) for desc in descs}
-        self.release([desc[3] for desc in descs])
-        return Decoded(outputs, [desc[0] for desc in descs], error, parameters)
+        peers = self.link.peers
+        outputs = {t.name: read_tensor(peers, t, copy=True) for t in encoded.outputs}
+        self.release(regions_of(encoded.outputs))
+        order = [t.name for t in encoded.outputs]
+        return Decoded(outputs, order, encoded.error, encoded.parameters)
 
     # --- numbered calls ----------------------------------------------------------------------
 
@@ -121,25 +130,27 @@ class Runtime:
             waiter.answers.put((value, final))
 
     def fail_all(self, reason: str) -> None:
-        """The server went away: every caller still waiting gets an error answer."""
+        """The server went away: every caller still waiting gets `Gone`."""
         with self._lock:
             waiters, self._waiters = self._waiters, {}
         for waiter in waiters.values():
-            value = ("error", reason)
             if waiter.on_answer is not None:
-                waiter.on_answer(value, True)
+                waiter.on_answer(Gone(reason), True)
             else:
-                waiter.answers.put((value, True))
+                waiter.answers.put((Gone(reason), True))
 
     def request(self, name: str, *args: Any) -> Any:
         """Ask the server something and wait for its answer; raises RuntimeError with the
         server's reason if it refused."""
         number, waiter = self.open_call()
-        self.send(("call", number, name, args))
-        (status, value), _final = waiter.answers.get()
-        if status == "error":
-            raise RuntimeError(str(value))
-        return value
+        self.send(Call(number, name, list(args)))
+        answer, _final = waiter.answers.get()
+        if isinstance(answer, Gone):
+            raise RuntimeError(answer.reason)
+        assert isinstance(answer, Reply)
+        if not answer.ok:
+            raise RuntimeError(str(answer.value))
+        return answer.value
 
 
 _current: Runtime | None = None

@@ -11,8 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from ge_serve.link.dtypes import triton_of
+from ge_serve.link.tensors import Array
+
 from .pb_types import TritonModelException, type_number
-from .tensors import Array, datatype_of
 
 
 class Tensor:
@@ -26,7 +28,7 @@ class Tensor:
             converted[:] = flat
             array = converted.reshape(array.shape)
         try:
-            datatype_of(array)
+            triton_of(array.dtype)
         except TypeError as exc:
             raise TritonModelException(f"tensor '{name}': {exc}") from None
         self._name = str(name)
@@ -40,7 +42,7 @@ class Tensor:
 
     def triton_dtype(self) -> int:
         """The ModelConfig DataType number (TYPE_FP32 is 11)."""
-        return type_number(datatype_of(self._array))
+        return type_number(triton_of(self._array.dtype))
 
     def shape(self) -> list[int]:
         return [int(d) for d in self._array.shape]

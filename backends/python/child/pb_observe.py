@@ -13,6 +13,7 @@ import contextlib
 import inspect
 import os
 
+from ..messages import Log, MetricDelete, MetricUpdate
 from .pb_types import TritonModelException
 from .runtime import current
 
@@ -25,7 +26,7 @@ class Logger:
 
     @staticmethod
     def log(message: str, level: int = INFO) -> None:
-        current().send(("log", int(level), str(message), _caller()))
+        current().send(Log(int(level), str(message), _caller()))
 
     @staticmethod
     def log_info(message: str) -> None:
@@ -103,17 +104,17 @@ class Metric:
             raise TritonModelException("a histogram metric is observed, not incremented")
         if self._kind == MetricFamily.COUNTER and value < 0:
             raise TritonModelException("a counter cannot be incremented by a negative value")
-        current().send(("metric_update", self._id, "increment", float(value)))
+        current().send(MetricUpdate(self._id, "increment", float(value)))
 
     def set(self, value: float) -> None:
         if self._kind != MetricFamily.GAUGE:
             raise TritonModelException("only a gauge metric can be set")
-        current().send(("metric_update", self._id, "set", float(value)))
+        current().send(MetricUpdate(self._id, "set", float(value)))
 
     def observe(self, value: float) -> None:
         if self._kind != MetricFamily.HISTOGRAM:
             raise TritonModelException("only a histogram metric can be observed")
-        current().send(("metric_update", self._id, "observe", float(value)))
+        current().send(MetricUpdate(self._id, "observe", float(value)))
 
     def value(self) -> float:
         if self._kind == MetricFamily.HISTOGRAM:
@@ -123,4 +124,4 @@ class Metric:
     def __del__(self) -> None:
         # When the worker is going away this may fail: the server drops its metrics anyway.
         with contextlib.suppress(Exception):
-            current().send(("metric_delete", self._id))
+            current().send(MetricDelete(self._id))

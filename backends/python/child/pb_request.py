@@ -15,6 +15,7 @@ import queue
 import threading
 from typing import Any
 
+from ..messages import Bls, BlsCancel, BlsRequest, Encoded, ErrorText, Respond
 from .pb_tensor import Tensor
 from .pb_types import (
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
@@ -23,7 +24,7 @@ from .pb_types import (
     code_name,
     code_of,
 )
-from .runtime import Decoded, EncodedResponse, Runtime, current
+from .runtime import Decoded, Gone, Runtime, current
 
 
 def _text(value: Any) -> str:
@@ -76,25 +77,24 @@ class InferenceResponse:
     def parameters(self) -> str:
         return json.dumps(self._parameters)
 
-    def encode(self, runtime: Runtime) -> EncodedResponse:
-        error = None
+    def encode(self, runtime: Runtime) -> Encoded:
+        parameters = json.dumps(self._parameters)
         if self._error is not None:
-            error = (code_name(self._error.code()), self._error.message())
-            return ([], error, json.dumps(self._parameters))
+            error = ErrorText(code_name(self._error.code()), self._error.message())
+            return Encoded([], error, parameters)
         tensors = [(t.name(), t.as_numpy()) for t in self._outputs]
-        return (runtime.encode_tensors(tensors), error, json.dumps(self._parameters))
+        return Encoded(runtime.encode_tensors(tensors), None, parameters)
 
 
 def response_from(value: Any) -> InferenceResponse:
     """What the server answered to a BLS call, as the model sees it."""
     if isinstance(value, Decoded):
-        error = (
-            None if value.error is None else TritonError(value.error[1], code_of(value.error[0]))
-        )
+        failed = value.error
+        error = None if failed is None else TritonError(failed.message, code_of(failed.code))
         tensors = [Tensor(name, value.outputs[name]) for name in value.order]
         return InferenceResponse(tensors, error, value.parameters or None)
-    if isinstance(value, tuple) and value and value[0] == "error":
-        return InferenceResponse(error=TritonError(str(value[1])))
+    if isinstance(value, Gone):
+        return InferenceResponse(error=TritonError(value.reason))
     return InferenceResponse()
 
 
@@ -130,7 +130,7 @@ class InferenceResponseSender:
                     "response."
                 )
             encoded = None if response is None else response.encode(self._runtime)
-            self._runtime.send(("respond", self._key, encoded, final))
+            self._runtime.send(Respond(self._key, encoded, final))
             self._sent += response is not None
             if final:
                 self.closed = True
@@ -163,7 +163,7 @@ class ResponseIterator:
 
     def cancel(self) -> None:
         if not self._done:
-            self._runtime.send(("bls_cancel", self._number))
+            self._runtime.send(BlsCancel(self._number))
 
 
 class InferenceTrace:
@@ -280,12 +280,12 @@ class InferenceRequest:
 
     # --- BLS -----------------------------------------------------------------------------
 
-    def _message(self, runtime: Runtime, number: int, decoupled: bool) -> tuple[Any, ...]:
+    def _message(self, runtime: Runtime, number: int, decoupled: bool) -> Bls:
         if not self._model_name:
             raise TritonModelException("a BLS request needs a model_name")
         tensors = [(t.name(), t.as_numpy()) for t in self._inputs]
         version = "" if self._model_version < 0 else str(self._model_version)
-        call = (
+        call = BlsRequest(
             self._model_name,
             version,
             self._id,
@@ -295,7 +295,7 @@ class InferenceRequest:
             self._timeout,
             self._trace._key,
         )
-        return ("bls", number, call, decoupled)
+        return Bls(number, call, decoupled)
 
     def exec(self, decoupled: bool = False) -> Any:
         """Run the request on its model and wait: the response, or with `decoupled` an

@@ -26,10 +26,11 @@ from prometheus_client.metrics_core import Metric
 from ge_serve.backends.base import LoadedModel, ModelSpec, SlotInfo
 from ge_serve.backends.config_json import config_to_json
 from ge_serve.backends.warmup import run_warmup
+from ge_serve.link.messages import Message
 from ge_serve.protos import model_config_pb2
 
+from ..messages import Autocomplete
 from .calls import CoreCalls
-from .channel import Message
 from .env import ExecutionEnvs
 from .hosting import ModelHealth, Shared
 from .instance import InstanceSpec, PythonInstance
@@ -74,12 +75,12 @@ class PythonBackend:
         worker = WorkerProcess(f"{config.name}-autocomplete", launch, _NoHost())
         try:
             worker.start()
-            text = worker.call(
-                "autocomplete",
-                str(model_path),
-                json.dumps(config_to_json(config)),
+            config_json = json.dumps(config_to_json(config))
+            done = worker.call(
+                lambda number: Autocomplete(number, str(model_path), config_json),
                 timeout=_AUTOCOMPLETE_TIMEOUT_S,
             )
+            text = done.text or ""
         except (RuntimeError, TimeoutError) as exc:
             raise ValueError(
                 f"auto_complete_config of model '{config.name}' failed: {exc}"

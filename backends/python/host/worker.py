@@ -1,12 +1,13 @@
 """A worker process as the server sees it: started, talked to, and seen to end.
 
-`WorkerProcess` starts `python -m ge_serve.backends.python.stub` with the server's own
-interpreter and import path (plus what an execution environment adds), over a Unix
-socket pair. Its reader thread takes every message the worker sends: answers to the
-server's calls (init, execute, finalize) complete the call waiting on them; everything the
-model starts itself (responses through a sender, BLS calls, metrics, log lines) goes to
-the `WorkerHost`, the model instance it serves. A writer thread sends what the event loop
-hands it (BLS answers), so the loop never waits on the socket or copies tensors.
+`WorkerProcess` starts `python -m ge_serve.backends.python.child.stub` with the server's
+own interpreter and import path (plus what an execution environment adds), as a child on
+the process link (ge_serve.link.child, thread driver). Its reader thread takes every
+message the worker sends: answers to the server's calls (init, execute, finalize)
+complete the call waiting on them; everything the model starts itself (responses through
+a sender, BLS calls, metrics, log lines) goes to the `WorkerHost`, the model instance it
+serves. A writer thread sends what the event loop hands it (BLS answers), so the loop
+never waits on the socket or copies tensors.
 
 When the socket reaches its end, the worker is gone: every call still waiting fails with
 `WorkerDied`, saying how the process ended (its exit code or the signal that killed it).
@@ -20,25 +21,31 @@ import itertools
 import logging
 import os
 import queue
-import signal
-import socket
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from .channel import Channel, ChannelClosed, Message
-from .shm import Arena, PeerSegments, Region
-from .tensors import Array, TensorDesc, read_tensor, write_tensor
+from ge_serve.link.child import Child, exit_reason, start_child
+from ge_serve.link.frames import LinkClosed
+from ge_serve.link.messages import Message, Ready, Region, Release
+from ge_serve.link.tensors import ArenaTensor, Array, read_tensor, regions_of, write_tensor
+from ge_serve.link.thread import ThreadLink
+
+from ..messages import TO_SERVER, Autocomplete, Done, Execute, Finalize, Init
 
 log = logging.getLogger(__name__)
 
-MODULES = Path(__file__).resolve().parent / "modules"
+MODULES = Path(__file__).resolve().parent.parent / "child" / "modules"
 # Releases owed to a worker are sent at once past this many (else with the next message).
 _RELEASE_BATCH = 64
+# How long a new worker may take to say it is up.
+START_TIMEOUT_S = 60.0
+
+# The server's calls, each answered with a `Done`; `number` is set by `call`.
+CallMessage = Init | Execute | Autocomplete | Finalize
 
 
 class WorkerDied(RuntimeError):
@@ -73,122 +80,123 @@ class WorkerHost(Protocol):
     def on_exit(self, worker: WorkerProcess, reason: str) -> None: ...
 
 
-def exit_reason(code: int | None) -> str:
-    if code is None:
-        return "it stopped answering"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name}"
-    return f"exited with code {code}"
-
-
 class WorkerProcess:
     def __init__(self, name: str, launch: Launch, host: WorkerHost) -> None:
         self.name = name
         self._launch = launch
         self._host = host
-        self._process: subprocess.Popen[bytes] | None = None
-        self._channel: Channel | None = None
-        self.peers = PeerSegments()
-        self.arena = Arena(self._announce, f"ge-serve-pb-{name}")
+        self._child: Child | None = None
+        self._link: ThreadLink | None = None
         self._numbers = itertools.count(1)
-        self._calls: dict[int, concurrent.futures.Future[tuple[Any, str | None]]] = {}
+        self._calls: dict[int, concurrent.futures.Future[Done]] = {}
         self._lock = threading.Lock()
         self._released: list[Region] = []
         self._urgent = False
         self._writer_jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._reader: threading.Thread | None = None
+        self._ready = threading.Event()
         self.exited: str | None = None
 
     @property
     def pid(self) -> int:
-        return self._process.pid if self._process is not None else -1
+        return self._child.pid if self._child is not None else -1
 
     @property
     def alive(self) -> bool:
-        return self.exited is None and self._process is not None
+        return self.exited is None and self._child is not None
+
+    @property
+    def link(self) -> ThreadLink:
+        if self._link is None:
+            raise WorkerDied("the worker is not running")
+        return self._link
 
     def start(self) -> None:
-        """Start the process and its threads (blocking only for the fork and exec)."""
-        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        """Start the process and its threads, and wait for its health signal (`Ready`);
+        WorkerDied if it ends or stays silent first."""
+        python = self._launch.python
+
+        def argv(fd: int) -> list[str]:
+            return [python, "-m", "ge_serve.backends.python.child.stub", str(fd)]
+
         try:
-            self._process = subprocess.Popen(
-                [
-                    self._launch.python,
-                    "-m",
-                    "ge_serve.backends.python.stub",
-                    str(child_end.fileno()),
-                ],
-                pass_fds=(child_end.fileno(),),
-                env=self._launch.environment(),
-                stdin=subprocess.DEVNULL,
-            )
+            self._child = start_child(argv, env=self._launch.environment())
         except OSError as exc:
-            parent_end.close()
             raise WorkerDied(f"the worker process could not start: {exc}") from exc
-        finally:
-            child_end.close()
-        self._channel = Channel(parent_end)
+        self._link = ThreadLink(self._child.sock, TO_SERVER, f"ge-serve-pb-{self.name}",
+                                self._dispatch)  # fmt: skip
         self._reader = threading.Thread(
             target=self._read, name=f"pb-reader-{self.name}", daemon=True
         )
         self._reader.start()
         threading.Thread(target=self._write, name=f"pb-writer-{self.name}", daemon=True).start()
+        if not self._ready.wait(START_TIMEOUT_S) or self.exited is not None:
+            self.kill()
+            raise WorkerDied(self.exited or f"the worker did not start in {START_TIMEOUT_S}s")
 
     # --- talking to the worker ---------------------------------------------------------------
 
     def send(self, message: Message) -> None:
-        channel = self._channel
-        if channel is None or self.exited is not None:
+        link = self._link
+        if link is None or self.exited is not None:
             raise WorkerDied(self.exited or "the worker is not running")
         with self._lock:
             released, self._released = self._released, []
             self._urgent = False
         try:
             if released:
-                channel.send(("release", released), message)
+                link.send(Release(released), message)
             else:
-                channel.send(message)
-        except ChannelClosed as exc:
+                link.send(message)
+        except LinkClosed as exc:
             raise WorkerDied(self.exited or f"the worker's socket closed: {exc}") from exc
 
-    def call(self, kind: str, *args: Any, timeout: float | None = None) -> Any:
-        """Send `(kind, number, *args)` and wait for the worker's answer; raises
-        WorkerDied if it ends first, RuntimeError with the worker's text if it failed."""
+    def call(self, message: Callable[[int], CallMessage], timeout: float | None = None) -> Done:
+        """Send `message(number)` and wait for the worker's `Done`; raises WorkerDied if
+        it ends first, RuntimeError with the worker's text if it failed."""
         number = next(self._numbers)
-        future: concurrent.futures.Future[tuple[Any, str | None]] = concurrent.futures.Future()
+        future: concurrent.futures.Future[Done] = concurrent.futures.Future()
         with self._lock:
             if self.exited is not None:
                 raise WorkerDied(self.exited)
             self._calls[number] = future
+        request = message(number)
         try:
-            self.send((kind, number, *args))
+            self.send(request)
             try:
-                value, error = future.result(timeout)
+                done = future.result(timeout)
             except concurrent.futures.TimeoutError:
+                kind = type(request).__name__.lower()
                 raise TimeoutError(f"the worker did not answer '{kind}' in {timeout}s") from None
         finally:
             with self._lock:
                 self._calls.pop(number, None)
-        if error is not None:
-            raise RuntimeError(error)
-        return value
+        if done.error is not None:
+            raise RuntimeError(done.error)
+        return done
 
     def post(self, job: Callable[[], None]) -> None:
         """Run `job` on the writer thread (from the event loop: never block there)."""
         self._writer_jobs.put(job)
 
-    def write_tensors(self, tensors: Sequence[tuple[str, Array]]) -> list[TensorDesc]:
-        return [write_tensor(self.arena, name, array) for name, array in tensors]
+    def write_tensors(
+        self, tensors: Sequence[tuple[str, Array]], regions: list[Region]
+    ) -> list[ArenaTensor]:
+        arena = self.link.arena
+        return [write_tensor(arena, name, array, regions) for name, array in tensors]
 
-    def read_tensors(self, descs: Sequence[TensorDesc]) -> dict[str, Array]:
+    def read_tensors(self, tensors: Sequence[ArenaTensor]) -> dict[str, Array]:
         """Copy tensors out of the worker's memory; their regions go back to it."""
-        found = {desc[0]: read_tensor(self.peers, desc, copy=True) for desc in descs}
-        self.release([desc[3] for desc in descs])
+        peers = self.link.peers
+        found = {t.name: read_tensor(peers, t, copy=True) for t in tensors}
+        self.release(regions_of(tensors))
         return found
+
+    def free(self, regions: list[Region]) -> None:
+        """Regions of this side's arena, done with."""
+        link = self._link
+        if link is not None:
+            link.free(regions)
 
     def release(self, regions: list[Region], urgent: bool = False) -> None:
         with self._lock:
@@ -200,67 +208,40 @@ class WorkerProcess:
     def stop(self, timeout: float) -> None:
         """Close the socket (the worker exits when it sees that), wait, kill if need be;
         returns once the worker's end has been handled (its host told)."""
-        channel = self._channel
-        if channel is not None:
-            channel.close()
+        link = self._link
+        if link is not None:
+            link.close()
         self.wait(timeout)
         reader = self._reader
         if reader is not None and reader is not threading.current_thread():
             reader.join(timeout)
 
     def kill(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.kill()
+        if self._child is not None:
+            self._child.kill()
 
     def wait(self, timeout: float) -> int | None:
-        process = self._process
-        if process is None:
-            return None
-        try:
-            return process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            try:
-                return process.wait(5)
-            except subprocess.TimeoutExpired:
-                return None
+        return None if self._child is None else self._child.wait(timeout)
 
     # --- threads ----------------------------------------------------------------------------
 
-    def _announce(self, seg: int, fd: int, size: int) -> None:
-        channel = self._channel
-        if channel is None:
-            raise WorkerDied("the worker is not running")
-        channel.send(("segment", seg, size), fds=[fd])
-
     def _read(self) -> None:
-        channel = self._channel
-        assert channel is not None
+        link = self._link
+        assert link is not None
         try:
-            while True:
-                for message in channel.receive():
-                    self._dispatch(message)
-                self._flush_releases()
-        except ChannelClosed:
-            pass
+            link.serve(self._flush_releases)
         except BaseException:
             log.exception("worker %s: reading its messages failed", self.name)
         self._ended()
 
     def _dispatch(self, message: Message) -> None:
-        kind = message[0]
-        if kind == "done":
-            _kind, number, value, error = message
+        if isinstance(message, Done):
             with self._lock:
-                future = self._calls.get(number)
+                future = self._calls.get(message.number)
             if future is not None and not future.done():
-                future.set_result((value, error))
-        elif kind == "segment":
-            assert self._channel is not None
-            self.peers.add(message[1], self._channel.take_fd(), message[2])
-        elif kind == "release":
-            for region in message[1]:
-                self.arena.free(tuple(region))
+                future.set_result(message)
+        elif isinstance(message, Ready):
+            self._ready.set()
         else:
             self._host.on_message(self, message)
 
@@ -270,10 +251,10 @@ class WorkerProcess:
                 return
             released, self._released = self._released, []
             self._urgent = False
-        channel = self._channel
-        if channel is not None:
-            with contextlib.suppress(ChannelClosed):
-                channel.send(("release", released))
+        link = self._link
+        if link is not None:
+            with contextlib.suppress(LinkClosed):
+                link.send(Release(released))
 
     def _write(self) -> None:
         while True:
@@ -288,14 +269,11 @@ class WorkerProcess:
                 log.exception("worker %s: sending to it failed", self.name)
 
     def _ended(self) -> None:
-        process = self._process
+        child = self._child
         code = None
-        if process is not None:
-            try:
-                code = process.wait(5)
-            except subprocess.TimeoutExpired:
-                process.kill()  # it closed its socket but lives on: it is no use any more
-                code = process.wait(5)
+        if child is not None:
+            # It closed its socket but may live on: it is no use any more.
+            code = child.wait(5)
         reason = f"the worker process (pid {self.pid}) {exit_reason(code)}"
         with self._lock:
             self.exited = reason
@@ -304,6 +282,7 @@ class WorkerProcess:
             if not future.done():
                 future.set_exception(WorkerDied(reason))
         self._writer_jobs.put(None)
-        if self._channel is not None:
-            self._channel.close()
+        self._ready.set()
+        if self._link is not None:
+            self._link.close()
         self._host.on_exit(self, reason)

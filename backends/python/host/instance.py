@@ -30,10 +30,12 @@ from ge_serve.backends.base import (
     RequestContext,
     SlotInfo,
 )
+from ge_serve.link.child import Backoff
+from ge_serve.link.messages import Region
+from ge_serve.link.tensors import regions_of
 
-from .channel import Message
+from ..messages import Encoded, Execute, Finalize, Init, Request, Respond
 from .hosting import Hosting, Shared
-from .shm import Region
 from .worker import Launch, WorkerDied, WorkerProcess
 
 log = logging.getLogger(__name__)
@@ -88,7 +90,7 @@ class Pending:
     worker: WorkerProcess
     done: threading.Event = field(default_factory=threading.Event)
     # A default-mode model answering through its response sender.
-    response: Any = None
+    response: Encoded | None = None
     error: ModelError | None = None
 
 
@@ -117,7 +119,8 @@ class PythonInstance:
         worker = WorkerProcess(self.spec.instance_name, self.spec.launch, self._hosting)
         worker.start()
         try:
-            worker.call("init", self.spec.init_payload())
+            payload = self.spec.init_payload()
+            worker.call(lambda number: Init(number, payload))
         except BaseException as exc:
             worker.kill()
             worker.wait(5)
@@ -169,7 +172,7 @@ class PythonInstance:
         pendings: list[Pending] = []
         try:
             batch = [self._hand_over(worker, request, pendings) for request in requests]
-            answer = worker.call("execute", batch)
+            answer = worker.call(lambda number: Execute(number, batch))
         except WorkerDied as exc:
             for pending in pendings:
                 self._finish(pending, self._died(str(exc)))
@@ -182,9 +185,9 @@ class PythonInstance:
             return empty
         if self.spec.decoupled:
             return empty  # the responses come through each request's sink
-        if answer[0] == "responses":
+        if answer.responses is not None:
             results = []
-            for pending, encoded in zip(pendings, answer[1], strict=True):
+            for pending, encoded in zip(pendings, answer.responses, strict=True):
                 results.append(self._outputs(worker, pending, encoded))
                 self._finish(pending, None)
             return results
@@ -198,30 +201,37 @@ class PythonInstance:
                     "INTERNAL",
                     "the model's execute returned None, and sent no response for the request",
                 )
-            result = {} if pending.error else self._outputs(worker, pending, pending.response)
+            response = pending.response
+            if pending.error is not None or response is None:
+                result = {}
+            else:
+                result = self._outputs(worker, pending, response)
             self._finish(pending, pending.error)
             results.append(result)
         return results
 
     def _hand_over(
         self, worker: WorkerProcess, request: ModelRequest, pendings: list[Pending]
-    ) -> tuple[Any, ...]:
+    ) -> Request:
         context = request.context
-        descs = worker.write_tensors(list(request.inputs.items()))
-        pending = Pending(next(self._keys), context, [d[3] for d in descs], worker)
+        regions: list[Region] = []
+        inputs = worker.write_tensors(list(request.inputs.items()), regions)
+        pending = Pending(next(self._keys), context, regions, worker)
         with self._lock:
             self.pending[pending.key] = pending
         pendings.append(pending)
         requested = list(context.requested_outputs) or list(self.spec.output_names)
-        return (pending.key, context.id, descs, requested, json.dumps(dict(context.parameters)))
+        parameters = json.dumps(dict(context.parameters))
+        return Request(pending.key, context.id, inputs, requested, parameters)
 
-    def _outputs(self, worker: WorkerProcess, pending: Pending, encoded: Any) -> dict[str, Array]:
-        descs, error, parameters = encoded
-        if error is not None:
-            pending.context.error = ModelError(error[0], error[1])
+    def _outputs(
+        self, worker: WorkerProcess, pending: Pending, encoded: Encoded
+    ) -> dict[str, Array]:
+        if encoded.error is not None:
+            pending.context.error = ModelError(encoded.error.code, encoded.error.message)
             return {}
-        pending.context.response_parameters = _response_parameters(parameters)
-        return worker.read_tensors(descs)
+        pending.context.response_parameters = _response_parameters(encoded.parameters)
+        return worker.read_tensors(encoded.outputs)
 
     def _finish(self, pending: Pending, error: ModelError | None) -> None:
         """The request is answered: its inputs' memory is free again."""
@@ -229,8 +239,7 @@ class PythonInstance:
             self.pending.pop(pending.key, None)
         if error is not None:
             self._fail(pending.context, error)
-        for region in pending.regions:
-            pending.worker.arena.free(region)
+        pending.worker.free(pending.regions)
         pending.regions = []
 
     def _fail(self, context: RequestContext, error: ModelError) -> None:
@@ -249,21 +258,21 @@ class PythonInstance:
 
     # --- the worker's own messages (its reader thread) -----------------------------------
 
-    def responded(self, worker: WorkerProcess, message: Message) -> None:
-        _kind, key, encoded, final = message
+    def responded(self, worker: WorkerProcess, message: Respond) -> None:
+        key, encoded, final = message.key, message.response, message.final
         with self._lock:
             pending = self.pending.get(key)
             if pending is not None and final and self.spec.decoupled:
                 del self.pending[key]
         if pending is None or pending.worker is not worker:
             if encoded is not None:
-                worker.release([d[3] for d in encoded[0]], urgent=True)
+                worker.release(regions_of(encoded.outputs), urgent=True)
             return
         if not self.spec.decoupled:
             if encoded is not None and pending.response is None:
                 pending.response = encoded
             elif encoded is not None:
-                worker.release([d[3] for d in encoded[0]], urgent=True)
+                worker.release(regions_of(encoded.outputs), urgent=True)
             if final:
                 pending.done.set()
             return
@@ -271,19 +280,17 @@ class PythonInstance:
         error = None
         parameters: dict[str, Any] = {}
         if encoded is not None:
-            descs, failed, text = encoded
-            if failed is not None:
-                error = ModelError(failed[0], failed[1])
+            if encoded.error is not None:
+                error = ModelError(encoded.error.code, encoded.error.message)
             else:
-                outputs = worker.read_tensors(descs)
-                parameters = _response_parameters(text)
+                outputs = worker.read_tensors(encoded.outputs)
+                parameters = _response_parameters(encoded.parameters)
                 worker.release([], urgent=True)
         sink = pending.context.responses
         if sink is not None:
             sink.send(outputs, error, final, parameters)
         if final:
-            for region in pending.regions:
-                worker.arena.free(region)
+            worker.free(pending.regions)
             pending.regions = []
 
     def worker_ended(self, worker: WorkerProcess, reason: str) -> None:
@@ -321,7 +328,7 @@ class PythonInstance:
         self._shared.health.report(self.spec.instance_name, reason)
 
     def _restart(self, reason: str) -> None:
-        delay = _RETRY_FIRST_S
+        backoff = Backoff(_RETRY_FIRST_S, _RETRY_MOST_S)
         while not self._closing.is_set():
             try:
                 worker = self._spawn()
@@ -330,9 +337,8 @@ class PythonInstance:
                     f"model instance '{self.spec.instance_name}' is restarting: {reason}; the "
                     f"last attempt failed: {exc}"
                 )
-                if self._closing.wait(delay):
+                if self._closing.wait(backoff.next_delay()):
                     return
-                delay = min(delay * 2, _RETRY_MOST_S)
                 continue
             with self._lock:
                 if self._closing.is_set():
@@ -371,7 +377,7 @@ class PythonInstance:
             return
         if worker.alive:
             try:
-                worker.call("finalize", timeout=self.spec.finalize_timeout_s)
+                worker.call(Finalize, timeout=self.spec.finalize_timeout_s)
             except (WorkerDied, TimeoutError):
                 pass
             except RuntimeError as exc:

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from .tensors import NUMPY_OF, deserialize_bytes, serialize_bytes
+from ge_serve.link.dtypes import NUMPY_OF
+from ge_serve.link.tensors import deserialize_bytes, serialize_bytes
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2

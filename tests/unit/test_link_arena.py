@@ -1,19 +1,17 @@
-"""The Python backend's transport: shared-memory arenas, control frames, tensors."""
+"""The process link's shared memory: memfd arenas, and tensors written to and read from
+them (ge_serve.link.arena, ge_serve.link.tensors)."""
 
 from __future__ import annotations
 
 import os
-import pickle
-import socket
-import threading
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from ge_serve.backends.python.channel import Channel, ChannelClosed
-from ge_serve.backends.python.shm import ALIGN, EMPTY, Arena, PeerSegments
-from ge_serve.backends.python.tensors import (
+from ge_serve.link.arena import ALIGN, EMPTY, Arena, PeerSegments
+from ge_serve.link.messages import Region
+from ge_serve.link.tensors import (
     deserialize_bytes,
     read_tensor,
     serialize_bytes,
@@ -70,13 +68,15 @@ def test_an_arena_grows_by_segments_the_peer_maps() -> None:
 )
 def test_fixed_size_tensors_round_trip_as_views(array: np.ndarray) -> None:
     arena, peers = _pair()
-    desc = write_tensor(arena, "X", array)
-    view = read_tensor(peers, desc, copy=False)
+    regions: list[Region] = []
+    tensor = write_tensor(arena, "X", array, regions)
+    view = read_tensor(peers, tensor, copy=False)
     np.testing.assert_array_equal(view, array)
     assert view.dtype == array.dtype and view.shape == array.shape
     if array.size:
         # Zero-copy: what the owner writes next is what the view shows.
-        seg, offset, _ = desc[3]
+        assert regions == [tensor.data]
+        seg, offset, _ = regions[0]
         arena.buffer(seg)[offset] ^= 0xFF
         assert not np.array_equal(view, array) or array.dtype == np.bool_
 
@@ -89,41 +89,5 @@ def test_bytes_tensors_use_tritons_serialized_form() -> None:
     with pytest.raises(ValueError, match="ends inside"):
         deserialize_bytes(raw[:-3] + b"\x05\x00")
     arena, peers = _pair()
-    back = read_tensor(peers, write_tensor(arena, "S", values), copy=False)
+    back = read_tensor(peers, write_tensor(arena, "S", values, []), copy=False)
     assert back.shape == (3, 1) and back[1, 0] == "\u00e9".encode()
-
-
-def test_frames_pass_messages_and_file_descriptors() -> None:
-    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    a, b = Channel(left), Channel(right)
-    try:
-        r, w = os.pipe()
-        a.send(("segment", 0, 10), ("x", [1, 2], {"k": b"v"}), fds=[r])
-        messages = b.receive()
-        while len(messages) < 2:
-            messages += b.receive()
-        assert messages == [("segment", 0, 10), ("x", [1, 2], {"k": b"v"})]
-        fd = b.take_fd()
-        os.write(w, b"hi")
-        assert os.read(fd, 2) == b"hi"
-        big = ("blob", b"z" * 300_000)
-        sender = threading.Thread(target=a.send, args=(big,))
-        sender.start()
-        assert b.receive() == [big]
-        sender.join()
-    finally:
-        a.close()
-        with pytest.raises(ChannelClosed):
-            b.receive()
-        b.close()
-
-
-def test_a_frame_that_names_a_class_is_refused() -> None:
-    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    b = Channel(right)
-    payload = pickle.dumps(("x", threading.Lock))
-    left.sendall(len(payload).to_bytes(4, "little") + payload)
-    with pytest.raises(ChannelClosed, match="may not name"):
-        b.receive()
-    left.close()
-    b.close()

@@ -17,9 +17,23 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ge_serve.backends.base import ModelError, ModelEvents, RequestContext
+from ge_serve.link.messages import Message, Region
 
+from ..messages import (
+    Bls,
+    BlsAnswer,
+    BlsCancel,
+    BlsRequest,
+    Call,
+    Encoded,
+    ErrorText,
+    Log,
+    MetricDelete,
+    MetricUpdate,
+    Reply,
+    Respond,
+)
 from .calls import CoreCall, CoreCalls, CoreResponse
-from .channel import Message
 from .metrics import CustomMetrics
 from .worker import WorkerDied, WorkerProcess
 
@@ -70,7 +84,7 @@ class Instance(Protocol):
 
     def context_of(self, key: int) -> RequestContext | None: ...
 
-    def responded(self, worker: WorkerProcess, message: Message) -> None: ...
+    def responded(self, worker: WorkerProcess, message: Respond) -> None: ...
 
     def worker_ended(self, worker: WorkerProcess, reason: str) -> None: ...
 
@@ -86,26 +100,24 @@ class Hosting:
         self._calls: dict[tuple[int, int], Callable[[], None] | None] = {}
 
     def on_message(self, worker: WorkerProcess, message: Message) -> None:
-        kind = message[0]
-        if kind == "respond":
+        if isinstance(message, Respond):
             self._instance.responded(worker, message)
-        elif kind == "bls":
-            self._bls(worker, message[1], message[2], bool(message[3]))
-        elif kind == "bls_cancel":
+        elif isinstance(message, Bls):
+            self._bls(worker, message.number, message.request, message.decoupled)
+        elif isinstance(message, BlsCancel):
             with self._lock:
-                cancel = self._calls.get((id(worker), message[1]))
+                cancel = self._calls.get((id(worker), message.number))
             if cancel is not None:
                 cancel()
-        elif kind == "call":
-            self._call(worker, message[1], message[2], tuple(message[3]))
-        elif kind == "metric_update":
-            self._shared.metrics.update(message[1], message[2], message[3])
-        elif kind == "metric_delete":
-            self._shared.metrics.delete(worker, message[1])
-        elif kind == "log":
-            _kind, level, text, where = message
-            level = _LEVELS.get(level, logging.INFO)
-            log.log(level, "%s (%s): %s", self._instance.name, where, text)
+        elif isinstance(message, Call):
+            self._call(worker, message.number, message.name, tuple(message.args))
+        elif isinstance(message, MetricUpdate):
+            self._shared.metrics.update(message.id, message.op, message.value)
+        elif isinstance(message, MetricDelete):
+            self._shared.metrics.delete(worker, message.id)
+        elif isinstance(message, Log):
+            level = _LEVELS.get(message.level, logging.INFO)
+            log.log(level, "%s (%s): %s", self._instance.name, message.where, message.text)
 
     def on_exit(self, worker: WorkerProcess, reason: str) -> None:
         with self._lock:
@@ -119,9 +131,8 @@ class Hosting:
 
     # --- BLS -------------------------------------------------------------------------------
 
-    def _bls(self, worker: WorkerProcess, number: int, call: Any, decoupled: bool) -> None:
-        model, version, request_id, descs, requested, parameters, timeout, parent = call
-        inputs = worker.read_tensors(descs)
+    def _bls(self, worker: WorkerProcess, number: int, call: BlsRequest, decoupled: bool) -> None:
+        inputs = worker.read_tensors(call.inputs)
         worker.release([], urgent=True)
         core = self._shared.core()
         if core is None:
@@ -131,15 +142,15 @@ class Hosting:
             worker.post(lambda: self._answer(worker, number, error, True))
             return
         request = CoreCall(
-            model_name=str(model),
-            model_version=str(version),
-            request_id=str(request_id),
-            inputs=[(d[0], d[1], inputs[d[0]]) for d in descs],
-            requested_outputs=[str(n) for n in requested],
-            parameters=json.loads(parameters) if parameters else {},
-            timeout_us=int(timeout),
+            model_name=call.model,
+            model_version=call.version,
+            request_id=call.id,
+            inputs=[(t.name, t.datatype, inputs[t.name]) for t in call.inputs],
+            requested_outputs=call.requested,
+            parameters=json.loads(call.parameters) if call.parameters else {},
+            timeout_us=call.timeout,
             decoupled=decoupled,
-            parent_trace=self._parent_trace(parent),
+            parent_trace=self._parent_trace(call.parent),
         )
         key = (id(worker), number)
         with self._lock:
@@ -156,9 +167,9 @@ class Hosting:
             if key in self._calls:
                 self._calls[key] = cancel
 
-    def _parent_trace(self, key: Any) -> object | None:
+    def _parent_trace(self, key: int | None) -> object | None:
         """The trace of the request (still in the worker's hands) a call was made for."""
-        context = None if key is None else self._instance.context_of(int(key))
+        context = None if key is None else self._instance.context_of(key)
         return None if context is None else context.trace
 
     def _answer(
@@ -167,12 +178,12 @@ class Hosting:
         """Writer thread: the response's tensors into shared memory, then the message."""
         encoded = None
         if response is not None:
-            error = (
-                None if response.error is None else (response.error.code, response.error.message)
-            )
-            descs = [] if error else worker.write_tensors(response.outputs)
-            encoded = (descs, error, json.dumps(response.parameters))
-        worker.send(("bls_response", number, encoded, final))
+            failed = response.error
+            error = None if failed is None else ErrorText(failed.code, failed.message)
+            regions: list[Region] = []
+            outputs = [] if error else worker.write_tensors(response.outputs, regions)
+            encoded = Encoded(outputs, error, json.dumps(response.parameters))
+        worker.send(BlsAnswer(number, encoded, final))
 
     # --- calls that want an answer ---------------------------------------------------------
 
@@ -197,9 +208,9 @@ class Hosting:
             else:
                 raise ValueError(f"unknown call '{name}'")
         except (ValueError, TypeError, IndexError) as exc:
-            _reply(worker, number, "error", str(exc))
+            _reply(worker, number, False, str(exc))
             return
-        _reply(worker, number, "ok", value)
+        _reply(worker, number, True, value)
 
     def _control(
         self, worker: WorkerProcess, number: int, name: str, args: tuple[Any, ...]
@@ -217,11 +228,11 @@ class Hosting:
                 core.unload_model(str(args[0]), bool(args[1]))
                 value = None
         except ValueError as exc:
-            _reply(worker, number, "error", str(exc))
+            _reply(worker, number, False, str(exc))
             return
-        _reply(worker, number, "ok", value)
+        _reply(worker, number, True, value)
 
 
-def _reply(worker: WorkerProcess, number: int, status: str, value: Any) -> None:
+def _reply(worker: WorkerProcess, number: int, ok: bool, value: Any) -> None:
     with contextlib.suppress(WorkerDied):
-        worker.send(("reply", number, status, value))
+        worker.send(Reply(number, ok, value))

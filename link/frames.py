@@ -1,0 +1,75 @@
+"""Framing: a 4-byte little-endian length, then the payload.
+
+`FrameReader` is the one parser both drivers feed: it keeps the bytes of a frame still
+arriving and the file descriptors received with them (SCM_RIGHTS, in arrival order), and
+hands back whole payloads. It never blocks and never touches a socket, so the asyncio
+driver and the thread driver read the same way and it is tested without either.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import struct
+
+LENGTH = struct.Struct("<I")
+# A frame larger than this is a broken or hostile peer, not a message.
+MAX_FRAME = 256 << 20
+
+
+class LinkClosed(ConnectionError):
+    """The other end went away, or sent something that is not a message."""
+
+
+def frame(payload: bytes) -> bytes:
+    return LENGTH.pack(len(payload)) + payload
+
+
+class FrameReader:
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self._pending = bytearray()
+        self._fds: collections.deque[int] = collections.deque()
+        self._max_frame = max_frame
+
+    def feed(self, data: bytes | bytearray, fds: list[int] | tuple[int, ...] = ()) -> None:
+        self._fds.extend(fds)
+        self._pending += data
+
+    def payloads(self) -> list[bytes]:
+        """Every whole frame received so far; LinkClosed for a frame past the limit."""
+        buffer = self._pending
+        found: list[bytes] = []
+        offset = 0
+        while len(buffer) - offset >= LENGTH.size:
+            (length,) = LENGTH.unpack_from(buffer, offset)
+            if length > self._max_frame:
+                raise LinkClosed(f"a frame of {length} bytes is larger than allowed")
+            end = offset + LENGTH.size + length
+            if len(buffer) < end:
+                break
+            found.append(bytes(buffer[offset + LENGTH.size : end]))
+            offset = end
+        if offset:
+            del buffer[:offset]
+        return found
+
+    @property
+    def partial(self) -> bool:
+        """Whether part of a frame is waiting for the rest."""
+        return bool(self._pending)
+
+    def take_fd(self) -> int:
+        if not self._fds:
+            raise LinkClosed("a segment was announced without its file descriptor")
+        return self._fds.popleft()
+
+    def close(self) -> None:
+        close_fds(list(self._fds))
+        self._fds.clear()
+
+
+def close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)

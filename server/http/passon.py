@@ -1,0 +1,157 @@
+"""An HTTP worker's way to pass a request on: to the server's own HTTP front end, on a
+loopback port, byte for byte (HTTP/1.1 with h11).
+
+Everything but inference is answered by the server process (health, metadata,
+statistics, the repository, shared memory, logging, /metrics, /v1, generate): a worker
+sends the request on whole and relays the answer as it comes, a streamed one chunk by
+chunk. gRPC workers pass their other calls on the same way, to the server's own gRPC
+front end on loopback, so both protocols have one way: the process link carries
+inference only, and every other answer is the one the server's own front end gives.
+
+Connections to the server are kept open and reused. A client that goes away closes its
+connection to the server too, so the server cancels what it was doing for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import h11
+from starlette.types import Message, Receive, Scope, Send
+
+from ..errors import ErrorCode, ServerError
+from .errors import server_error_response
+
+_READ_BYTES = 1 << 16
+# Headers of one hop, not passed on; the worker's own server sets date and server again.
+_REQUEST_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length",
+                b"expect", b"te", b"upgrade", b"proxy-connection"}  # fmt: skip
+_RESPONSE_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"}
+
+
+class _Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.h11 = h11.Connection(h11.CLIENT)
+
+    async def next_event(self) -> Any:
+        while True:
+            event = self.h11.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            self.h11.receive_data(await self.reader.read(_READ_BYTES))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class PassOn:
+    """ASGI: the request, body and all, answered by the server's own front end."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._host = host
+        self._port = port
+        self._idle: list[_Connection] = []
+
+    async def _connect(self) -> _Connection:
+        while self._idle:
+            connection = self._idle.pop()
+            if not connection.reader.at_eof():
+                return connection
+            connection.close()
+        reader, writer = await asyncio.open_connection(self._host, self._port)
+        return _Connection(reader, writer)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        relay = asyncio.ensure_future(self._relay(scope, body, send))
+        # The body is all read: what receive() gives now is the client going away.
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait([relay, gone], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not relay.done():
+                relay.cancel()  # its connection closes: the server cancels the request
+        if relay.done() and not relay.cancelled():
+            relay.result()
+
+    async def _relay(self, scope: Scope, body: bytes, send: Send) -> None:
+        try:
+            connection = await self._connect()
+        except OSError:
+            await _unavailable("the server process is not reachable", scope, send)
+            return
+        reusable = False
+        started = False
+        try:
+            query = scope.get("query_string", b"")
+            target = scope.get("raw_path") or scope["path"].encode()
+            headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _REQUEST_HOP]
+            headers.append((b"content-length", str(len(body)).encode()))
+            h = connection.h11
+            path = target + (b"?" + query if query else b"")
+            data = h.send(h11.Request(method=scope["method"], headers=headers, target=path))
+            data += h.send(h11.Data(data=body)) if body else b""
+            data += h.send(h11.EndOfMessage())
+            connection.writer.write(data)
+            while True:
+                event = await connection.next_event()
+                if isinstance(event, h11.Response):
+                    started = True
+                    kept = [(k, v) for k, v in event.headers if k.lower() not in _RESPONSE_HOP]
+                    await send({"type": "http.response.start", "status": event.status_code,
+                                "headers": kept})  # fmt: skip
+                elif isinstance(event, h11.Data):
+                    await send({"type": "http.response.body", "body": bytes(event.data),
+                                "more_body": True})  # fmt: skip
+                elif isinstance(event, h11.EndOfMessage):
+                    await send({"type": "http.response.body", "body": b""})
+                    break
+                elif isinstance(event, h11.ConnectionClosed):
+                    raise h11.RemoteProtocolError("the server closed the connection")
+            if h.our_state is h11.DONE and h.their_state is h11.DONE:
+                h.start_next_cycle()
+                reusable = True
+        except (OSError, h11.ProtocolError):
+            if started:  # the answer has begun: it can only end
+                await send({"type": "http.response.body", "body": b""})
+            else:
+                await _unavailable("the server process did not answer", scope, send)
+        finally:
+            if reusable:
+                self._idle.append(connection)
+            else:
+                connection.close()
+
+    async def close(self) -> None:
+        for connection in self._idle:
+            connection.close()
+            with contextlib.suppress(OSError):
+                await connection.writer.wait_closed()
+        self._idle.clear()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unavailable(text: str, scope: Scope, send: Send) -> None:
+    async def no_body() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    await server_error_response(ServerError(ErrorCode.UNAVAILABLE, text))(scope, no_body, send)
