@@ -9,7 +9,8 @@ import pytest
 
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.observability.traceconfig import TraceSettings
-from ge_serve.server.observability.tracing import TraceControl
+from ge_serve.scheduler.work import Timings
+from ge_serve.server.observability.tracing import Trace, TraceControl
 
 
 class Kept:
@@ -92,3 +93,23 @@ def test_bad_updates_change_nothing(
         control.update("", {"trace_rate": ["9"], **changes})
     assert info.value.code is code and message in info.value.message
     assert control.settings()["trace_rate"] == "4"
+
+
+def _trace() -> Trace:
+    return Trace(1, "m", 1, "r", ("TIMESTAMPS",), "triton")
+
+
+def test_compute_starts_where_the_scheduler_counted_the_queue_from() -> None:
+    # The core sets enqueue_ns to the request's start; QUEUE_START comes 300 ns later.
+    trace = _trace()
+    trace.executed(1_300, Timings(queue_ns=500, compute_input_ns=10), enqueue_ns=1_000)
+    marks = dict(trace.marks)
+    assert marks["COMPUTE_START"] == 1_500
+    assert marks["COMPUTE_INPUT_END"] == 1_510
+
+
+def test_compute_never_starts_before_queue_start() -> None:
+    # An ensemble has no queue of its own: queue_ns 0 from the request's start.
+    trace = _trace()
+    trace.executed(1_300, Timings(), enqueue_ns=1_000)
+    assert dict(trace.marks)["COMPUTE_START"] == 1_300
