@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from ge_serve.scheduler.work import Timings
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.observability.traceconfig import TraceSettings
-from ge_serve.scheduler.work import Timings
 from ge_serve.server.observability.tracing import Trace, TraceControl
 
 
