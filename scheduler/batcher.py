@@ -15,13 +15,19 @@ Each batch handed to a slot is recorded on it (`ExecutorSlot.executing`) until t
 released, so that a batch forming on another slot of a device that runs one execution
 at a time can see what it would wait for; each release tells the former.
 
-One fast path: a request that finds nothing queued and a slot idle is decided at once, as
-a batch of one, when the decider allows it (the adaptive one does); if it goes, it takes
-the slot in the turn it arrived in, with no turn of the batch former in between. A request
-that finds the server empty is asked about before the decider hears of its arrival, and
-if it goes alone it runs as the default scheduler would run it (`_run_alone`): no queue
-entry, and the decider learns only of its execution (`Ran`), unless another request
-arrives while it runs. At low load that is every request.
+Two fast paths skip the queue. Under Triton's rules with nothing to wait for (no delay,
+no preferred sizes, no priorities, no queue policy), a request that finds nothing queued
+and a slot idle takes the slot and opens the batch of its loop turn (turn.py): the
+requests of the same turn join it, and it goes at the end of the turn, as the batch former
+would have sent it a turn later.
+
+Under the adaptive controller, a request that finds nothing queued and a slot idle is
+decided at once, as a batch of one; if it goes, it takes the slot in the turn it arrived
+in, with no turn of the batch former in between. A request that finds the server empty
+is asked about before the decider hears of its arrival, and if it goes alone it runs as
+the default scheduler would run it (`_run_alone`): no queue entry, and the decider learns
+only of its execution (`Ran`), unless another request arrives while it runs. At low load
+that is every request.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from .dispatch import Executing, ExecutorSlot, SlotPool
 from .former import BatchFormer
 from .policy import BatchPolicy
 from .queue import Entry, EntryState, RequestQueue
+from .turn import Turn, no_rule_waits
 from .work import Array, WorkItem
 
 log = logging.getLogger(__name__)
@@ -98,6 +105,14 @@ class DynamicBatcher:
             closes,
         )  # fmt: skip
         self._batching = policy.batching
+        # The batch gathering the requests of this loop turn (_gather), when one is open.
+        self._turn: Turn | None = None
+        self._gathers = (
+            self._adaptive is None
+            and shaper is None
+            and no_rule_waits(policy)
+            and not pool.rate_limited
+        )
 
     # --- public --------------------------------------------------------------------------
 
@@ -158,6 +173,8 @@ class DynamicBatcher:
                     self._run_alone(slot, item, future, now, size, level, bucket)
                     return await future
         entry = Entry(item, future, level, now, size, None, bucket=bucket)
+        if self._gathers and self._gather(entry):
+            return await future
         slot = self._admit(entry)  # raises "Exceeds maximum queue size"
         self._pending += 1
         if self._order is not None:
@@ -228,6 +245,40 @@ class DynamicBatcher:
         # Nothing is queued, so the queue has room for it.
         self._enqueue(entry)
         return None
+
+    def _gather(self, entry: Entry) -> bool:
+        """The turn path: a request that finds nothing queued and a slot idle takes the
+        slot and opens a batch, which goes at the end of this loop turn; requests that
+        arrive in the same turn join it while they fit and share its shape. What goes is
+        what the batch former would take a turn later under Triton's rules with no delay,
+        no preferred sizes, no priorities and no queue limits (the only models that come
+        here), without the queue entry and the former's wake-up. False: the request
+        queues as any other (a request that queues closes the open batch, so that none
+        overtakes it)."""
+        turn = self._turn
+        if turn is None:
+            if self._queue or self._former.hold:
+                return False
+            slot = self._pool.try_acquire()
+            if slot is None:
+                return False
+            self._turn = Turn(slot, entry)
+            asyncio.get_running_loop().call_soon(self._turn_ends, self._turn)
+        elif turn.closed or not turn.admits(entry, self._policy.max_size):
+            turn.closed = True
+            return False
+        else:
+            turn.entries.append(entry)
+            turn.samples += entry.size
+        # Bound to its slot from now on: a cancelled one runs and its result is dropped.
+        entry.state = EntryState.RUNNING
+        self._pending += 1
+        return True
+
+    def _turn_ends(self, turn: Turn) -> None:
+        if self._turn is turn:
+            self._turn = None
+        self._launch(turn.slot, turn.entries)
 
     def _run_alone(
         self,

@@ -190,6 +190,11 @@ class SlotPool:
         self._waiters: collections.deque[asyncio.Future[ExecutorSlot]] = collections.deque()
         self._closed: BaseException | None = None
 
+    @property
+    def rate_limited(self) -> bool:
+        """Whether a slot runs only while the resources it needs are free (--rate-limit)."""
+        return self._limiter is not None
+
     def _pick(self) -> ExecutorSlot | None:
         if self._limiter is not None:
             return self._pick_limited(self._limiter)

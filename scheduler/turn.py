@@ -1,0 +1,55 @@
+"""The batch of one loop turn: the dynamic batcher's path for a server with nothing queued.
+
+Under Triton's rules with no `max_queue_delay_microseconds`, no preferred sizes, no
+priorities, no queue policy and no `preserve_ordering`, whatever is queued goes the
+moment a slot is idle, in arrival order, up to the largest batch, and a request of
+another shape closes the batch ahead of it. The batch former (former.py) gets there a
+loop turn after the first request: its task wakes, takes the slot, describes the queue
+to the decider and takes the batch off it. For a request that finds nothing queued and a
+slot idle the result is known in advance, so the batcher takes the slot at once and
+opens a `Turn`; the requests that arrive before the loop's next turn join it while they
+fit, the turn's batch goes at the end of the turn, and none of them is queued.
+
+At low load that is every request, and the requests one loop turn brings batch as they
+did. A request that cannot join (too large, another shape) closes the turn and queues,
+so that no later request overtakes it.
+"""
+
+from __future__ import annotations
+
+from .dispatch import ExecutorSlot
+from .policy import BatchPolicy, QueuePolicy
+from .queue import Entry
+
+
+class Turn:
+    """The batch gathering the requests of one loop turn on the slot it holds."""
+
+    __slots__ = ("closed", "entries", "key", "samples", "slot")
+
+    def __init__(self, slot: ExecutorSlot, entry: Entry) -> None:
+        self.slot = slot
+        self.entries = [entry]
+        self.samples = entry.size
+        # Its shape key, computed when a second request asks to join (None until then).
+        self.key: object = None
+        # Set once a request could not join: the ones after it queue behind it.
+        self.closed = False
+
+    def admits(self, entry: Entry, max_size: int) -> bool:
+        if self.samples + entry.size > max_size:
+            return False
+        if self.key is None:
+            self.key = self.entries[0].item.shape_key()
+        return bool(entry.item.shape_key() == self.key)
+
+
+def no_rule_waits(policy: BatchPolicy) -> bool:
+    """Whether Triton's rules send whatever is queued the moment a slot is idle, in
+    queue order, and no queue limit or timeout can touch a request that waits one turn."""
+    if policy.max_queue_delay_us or policy.preferred_sizes or policy.preserve_ordering:
+        return False
+    if policy.priority_levels:
+        return False
+    queue_policies = (*policy.levels.values(), policy.default_policy)
+    return all(q == QueuePolicy() for q in queue_policies)
