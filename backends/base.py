@@ -9,10 +9,11 @@ for executions that take microseconds, still never two at once.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -149,6 +150,7 @@ class Executor(Protocol):
         ...
 
 
+@runtime_checkable
 class RequestExecutor(Executor, Protocol):
     """An executor that takes a batch as its requests, one by one, not as merged tensors
     (Triton's backend API: a Python model's `execute(requests)`). `execute` stays for
@@ -159,6 +161,19 @@ class RequestExecutor(Executor, Protocol):
         empty dict for a request whose context got an error or whose responses went to
         its sink). Called from the slot thread."""
         ...
+
+
+def takes_requests(executor: Executor) -> TypeGuard[RequestExecutor]:
+    """Whether `executor` takes a batch as its requests: the one test, which the
+    scheduler asks on each execution and `LoadedModel` checks its `per_request` against.
+    Decided once per executor class, since a structural isinstance on every execution
+    would cost tens of microseconds; `LoadedModel` checks the whole protocol at load."""
+    return _takes_requests(type(executor))
+
+
+@functools.cache
+def _takes_requests(cls: type) -> bool:
+    return callable(getattr(cls, "execute_requests", None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +229,20 @@ class LoadedModel:
     thread_free: bool = False
     # Set for generative text models (see TextGeneration); None for every other model.
     text_generation: TextGeneration | None = None
+
+    def __post_init__(self) -> None:
+        # `per_request` is the backend's word, checked here once against what its
+        # executors are: the core gives request contexts by it, the scheduler hands
+        # requests by `takes_requests`, and the two must never disagree.
+        for executor in self.executors:
+            if takes_requests(executor) != self.per_request or (
+                self.per_request and not isinstance(executor, RequestExecutor)
+            ):
+                kind = "a RequestExecutor" if self.per_request else "an Executor"
+                raise TypeError(
+                    f"per_request={self.per_request}, but executor "
+                    f"{type(executor).__name__} is not {kind}"
+                )
 
     def close(self) -> None:
         for executor in self.executors:

@@ -101,16 +101,6 @@ class AdaptiveController:
             else:
                 arrivals.record_departure(*event)  # type: ignore[arg-type]
 
-    def record_arrival(self, now_ns: int, size: int, level: int) -> None:
-        self.arrivals.record_arrival(now_ns, size, level)
-
-    def record_departure(self, now_ns: int, size: int) -> None:
-        """`size` samples left (a whole batch leaves in one call)."""
-        self.arrivals.record_departure(now_ns, size)
-
-    def record_execution(self, size: int, duration_ns: int, bucket: int = 0) -> None:
-        self.cost_for(bucket).record(size, duration_ns)
-
     def cost_for(self, bucket: int) -> CostModel:
         """The cost model of batches padded to shape bucket `bucket` (0 without buckets)."""
         cost = self._costs.get(bucket)
@@ -336,17 +326,17 @@ class AdaptiveDecider:
         # again (on reaching its target, with more queued than planned, the controller
         # may find a larger batch worth the rest of the wait).
         self.catch_up()
-        asked = (
-            now_ns, total, view.oldest_ns, view.level, view.idle_slots, view.head_samples,
-            view.idle_since_ns,
-        )  # fmt: skip
-        # (The bucket and the device only when they say something: subclasses that
-        # script plans need not know.)
-        bucket = view.bucket
-        if bucket or on_device:
-            plan = controller.plan(*asked, bucket=bucket, on_device=on_device)
-        else:
-            plan = controller.plan(*asked)
+        plan = controller.plan(
+            now_ns,
+            total,
+            view.oldest_ns,
+            view.level,
+            view.idle_slots,
+            head_samples=view.head_samples,
+            idle_since_ns=view.idle_since_ns,
+            bucket=view.bucket,
+            on_device=on_device,
+        )
         # A plan that waits for the device is not held: the batcher asks again when an
         # execution on the device ends, and the answer then changes.
         holds = head is not None and controller.plan_holds(view.level) and not plan.for_device

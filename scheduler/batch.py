@@ -11,7 +11,13 @@ from typing import Protocol
 
 import numpy as np
 
-from ge_serve.backends.base import Executor, ModelRequest, RequestContext, gear_for
+from ge_serve.backends.base import (
+    Executor,
+    ModelRequest,
+    RequestContext,
+    gear_for,
+    takes_requests,
+)
 
 from .work import Array, WorkItem
 
@@ -82,8 +88,7 @@ def execute_batch(
     """
     start = time.monotonic_ns()
     total = sum(item.batch_size for item in items)
-    by_request = getattr(executor, "execute_requests", None)
-    if by_request is not None:
+    if takes_requests(executor):
         requests = [
             ModelRequest(
                 i.inputs
@@ -94,7 +99,7 @@ def execute_batch(
             for i in items
         ]
         ready = time.monotonic_ns()
-        results: list[dict[str, Array]] = by_request(requests)
+        results = executor.execute_requests(requests)
         done = time.monotonic_ns()
         if len(results) != len(items):
             raise RuntimeError(f"the executor answered {len(results)} of {len(items)} requests")

@@ -46,6 +46,7 @@ from ge_serve.server.errors import (
     FailureReason,
     SchedulerClosed,
     ServerError,
+    internal,
     request_timeout,
 )
 
@@ -160,9 +161,16 @@ class DynamicBatcher:
         ):
             # Asked as it will be once this request holds a slot: one fewer idle.
             view = BatchView(
-                (size,), now, level, size, pool.idle_count - 1, now, size >= policy.max_size,
-                None, bucket, size,
-            )  # fmt: skip
+                totals=(size,),
+                oldest_ns=now,
+                level=level,
+                head_samples=size,
+                idle_slots=pool.idle_count - 1,
+                idle_since_ns=now,
+                full=size >= policy.max_size,
+                bucket=bucket,
+                unseen=size,
+            )
             try:
                 alone = type(self._decider.decide(view, now)) is Take
             except Exception:
@@ -232,9 +240,16 @@ class DynamicBatcher:
             return None
         decider.observe(Arrived(now, size, level))
         view = BatchView(
-            (size,), now, level, size, pool.idle_count, now, size >= self._policy.max_size,
-            None, entry.bucket, 0, pool.beside(slot) if decider.sees_device else (),
-        )  # fmt: skip
+            totals=(size,),
+            oldest_ns=now,
+            level=level,
+            head_samples=size,
+            idle_slots=pool.idle_count,
+            idle_since_ns=now,
+            full=size >= self._policy.max_size,
+            bucket=entry.bucket,
+            on_device=pool.beside(slot) if decider.sees_device else (),
+        )
         try:
             answer = decider.decide(view, now)
         except Exception:
@@ -487,4 +502,4 @@ def client_error(exc: BaseException) -> ServerError:
         return ServerError(exc.code, exc.message, exc.reason or FailureReason.BACKEND)
     if isinstance(exc, ShapeRejected):  # shapes the model cannot run: the input's fault
         return ServerError(ErrorCode.INVALID_ARG, str(exc), FailureReason.OTHER)
-    return ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", FailureReason.BACKEND)
+    return internal(exc, FailureReason.BACKEND)

@@ -262,9 +262,17 @@ class BatchFormer:
         decider = self._decider
         on_device = self._pool.beside(slot) if decider.sees_device else ()
         view = BatchView(
-            totals, oldest, level, head, self._pool.idle_count, idle_since, full,
-            chosen[0], chosen[0].bucket, 0, on_device,
-        )  # fmt: skip
+            totals=totals,
+            oldest_ns=oldest,
+            level=level,
+            head_samples=head,
+            idle_slots=self._pool.idle_count,
+            idle_since_ns=idle_since,
+            full=full,
+            head=chosen[0],
+            bucket=chosen[0].bucket,
+            on_device=on_device,
+        )
         answer = decider.decide(view, now)
         if type(answer) is Take:
             return _fit(chosen, answer.samples), None

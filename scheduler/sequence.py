@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from ge_serve.backends.base import takes_requests
 from ge_serve.server.errors import ErrorCode, SchedulerClosed, ServerError, invalid_arg
 
 from .batch import execute_batch
@@ -263,7 +264,15 @@ class SequenceBatcher:
             totals = list(range(1, len(ready) + 1))
             full = len(ready) >= max(policy.max_batch_size, 1)
             started = _head(ready[0]).item.enqueue_ns
-            view = BatchView(totals, started, 0, len(ready), 0, now, full)
+            view = BatchView(
+                totals=totals,
+                oldest_ns=started,
+                level=0,
+                head_samples=len(ready),
+                idle_slots=0,
+                idle_since_ns=now,
+                full=full,
+            )
             answer = self._rules.decide(view, now)
             if isinstance(answer, Take):
                 rows = list(ready[: answer.samples])
@@ -318,7 +327,7 @@ class SequenceBatcher:
             template = template or row
             batch.append((sequence, request, row))
         assert template is not None
-        per_request = hasattr(instance.executor.executor, "execute_requests")
+        per_request = takes_requests(instance.executor.executor)
         for index, (_, real_request, _) in enumerate(batch):
             if real_request is None:
                 # A null request: a real one's tensors, READY false, its outputs dropped.

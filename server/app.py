@@ -4,7 +4,6 @@ stops them in reverse."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -12,7 +11,6 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Generator
 from pathlib import Path
 
 import uvicorn
@@ -36,6 +34,7 @@ from .control.stopping import DrainGate
 from .errors import ErrorCode, ServerError
 from .grpc.server import GrpcFrontEnd
 from .http.app import HttpFrontEnd
+from .http.embedded import EmbeddedUvicorn
 from .http.monitoring import MetricsApp, metrics_endpoint
 from .http.protocol import TritonHttpProtocol
 from .inference.bls import CoreBridge
@@ -61,45 +60,6 @@ from .startup.settings import Settings
 from .workers.pool import FrontEndWorkers, WorkerSpec
 
 log = logging.getLogger("ge_serve")
-
-
-class EmbeddedUvicorn(uvicorn.Server):
-    """A uvicorn server that leaves signal handling to us, so several servers share a loop.
-
-    Given a gate, it stops the way server/control/stopping.py describes: it closes its
-    listener, then lingers while the front end refuses requests on the connections already
-    open, and only then closes those, all within the deadline `stop()` sets.
-    """
-
-    def __init__(self, config: uvicorn.Config, gate: DrainGate | None = None) -> None:
-        super().__init__(config)
-        self.gate = gate
-        self.deadline: float | None = None
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-    def stop(self, deadline: float) -> None:
-        """Begin a graceful stop, to be over by `deadline` (time.monotonic())."""
-        self.deadline = deadline
-        if self.gate is not None:
-            self.gate.close()
-        self.should_exit = True
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        if self.deadline is not None:
-            if self.gate is not None:
-                for server in self.servers:
-                    server.close()
-                for sock in sockets or []:
-                    sock.close()
-                await self.gate.linger(self.deadline - time.monotonic())
-            # Read here by uvicorn, as it waits for the requests in flight (a float works,
-            # see _start_uvicorn).
-            left = max(self.deadline - time.monotonic(), 0.0)
-            self.config.timeout_graceful_shutdown = left  # type: ignore[assignment]
-        await super().shutdown(sockets)
 
 
 def make_scheduler(

@@ -54,6 +54,17 @@ def invalid_arg(message: str) -> ServerError:
     return ServerError(ErrorCode.INVALID_ARG, message)
 
 
+def internal(
+    exc: BaseException, reason: FailureReason | None = None, escaped: bool = False
+) -> ServerError:
+    """An exception nobody classified, as the INTERNAL error a client sees: its type and
+    its text. `escaped`: it got past everything to a front end's last guard, whose
+    message says so first ("internal error: "). `reason` tags it for statistics; left
+    None, statistics count it against the backend."""
+    said = f"{type(exc).__name__}: {exc}"
+    return ServerError(ErrorCode.INTERNAL, f"internal error: {said}" if escaped else said, reason)
+
+
 # How much of an unexpected exception's text a client is shown.
 _DETAIL_CHARS = 200
 

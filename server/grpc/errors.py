@@ -10,7 +10,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 import grpc.aio
 
-from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.errors import ErrorCode, ServerError, internal
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def as_server_error(exc: BaseException) -> ServerError:
     """A core error as it is; anything else is an INTERNAL error that names its type."""
     if isinstance(exc, ServerError):
         return exc
-    return ServerError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+    return internal(exc, escaped=True)
 
 
 def fail(context: Any, exc: ServerError) -> None:

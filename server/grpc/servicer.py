@@ -37,10 +37,6 @@ LOAD_CONFIG = "config"
 UNLOAD_DEPENDENTS = "unload_dependents"
 
 
-def _unsupported(message: str) -> ServerError:
-    return ServerError(ErrorCode.UNSUPPORTED, message)
-
-
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 

@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from ..errors import ErrorCode, FailureReason, ServerError, decoding
+from ..errors import ErrorCode, FailureReason, ServerError, decoding, internal
 from ..inference.types import InferRequest, InferResponse
 from .bodies import GenerateRequestBody
 from .errors import http_status
@@ -121,7 +121,7 @@ async def _events(first: bytes, rest: AsyncGenerator[InferResponse, None]) -> As
             yield _error_event(exc)
         except Exception as exc:
             log.exception("generate_stream: the request failed")
-            yield sse_event(error_json(f"internal error: {type(exc).__name__}: {exc}"))
+            yield sse_event(error_json(internal(exc, escaped=True).message))
 
 
 def _event(response: InferResponse) -> bytes:

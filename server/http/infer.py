@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ge_serve.server.errors import ErrorCode, ServerError, decoding
+from ge_serve.server.errors import ErrorCode, ServerError, decoding, internal
 from ge_serve.server.inference import error_texts
 from ge_serve.server.inference.types import InferRequest, InferResponse
 
@@ -114,7 +114,7 @@ def guard(endpoint: Endpoint) -> Endpoint:
             return server_error_response(exc)
         except Exception as exc:
             log.exception("unhandled error on %s", request.url.path)
-            return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+            return error_response(500, internal(exc, escaped=True).message)
 
     return guarded
 
@@ -157,7 +157,7 @@ class InferEndpoint:
         except Exception as exc:
             # A server fault after decoding (decoding's own errors are ServerErrors).
             log.exception("unhandled error on %s", scope["path"])
-            message = f"internal error: {type(exc).__name__}: {exc}"
+            message = internal(exc, escaped=True).message
             status, payload, extra = 500, orjson.dumps({"error": message}), [_JSON]
         extra.append((b"content-length", str(len(payload)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": extra})

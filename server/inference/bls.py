@@ -17,7 +17,7 @@ from typing import Any
 from ge_serve.backends.base import ModelError
 from ge_serve.backends.python.host.calls import CoreCall, CoreResponse, Reply
 
-from ..errors import ErrorCode, ServerError
+from ..errors import ErrorCode, ServerError, internal
 from ..observability.tracing import Trace
 from .core import InferenceServer
 from .types import DataType, InferRequest, InferResponse, RequestedOutput, Tensor
@@ -49,13 +49,12 @@ class CoreBridge:
             else:
                 parent = call.parent_trace if isinstance(call.parent_trace, Trace) else None
                 reply(_response(await self._core.infer(request, "BLS", parent)), True)
-        except ServerError as exc:
-            reply(_failed(exc.code.value, exc.message), True)
         except asyncio.CancelledError:
             reply(_failed("CANCELLED", "the BLS request was cancelled"), True)
             raise
         except Exception as exc:
-            reply(_failed("INTERNAL", f"{type(exc).__name__}: {exc}"), True)
+            error = exc if isinstance(exc, ServerError) else internal(exc)
+            reply(_failed(error.code.value, error.message), True)
 
     # --- model control ---------------------------------------------------------------------
 

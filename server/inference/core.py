@@ -1,65 +1,39 @@
-"""The in-process API that every front end calls, and that users can call directly."""
+"""The in-process API that every front end calls, and that users can call directly.
+
+`InferenceServer` is the facade: health and metadata, the three ways into inference
+(`infer`, `infer_step` for an ensemble's steps, `infer_responses` for decoupled models),
+the repository, statistics, trace and log settings. The request path itself, from
+admission to the observers, is infer_path.py.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from ge_serve.backends.base import ShapeRejected
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.ensemble import StepCall
-from ge_serve.scheduler.work import Array, Timings, WorkItem
+from ge_serve.scheduler.work import Array, Timings
 
 from ..control.logsettings import LogControl
 from ..control.model_control import CONTROL_DISABLED, ModelControl
 from ..control.sharedmemory import SharedMemoryManager
-from ..errors import (
-    ErrorCode,
-    FailureReason,
-    SchedulerClosed,
-    ServerError,
-    request_cancelled,
-    shutting_down,
-)
+from ..errors import ErrorCode, ServerError
 from ..models.lifecycle import ModelLifecycle
 from ..observability.statistics import StatisticsCollector
-from ..observability.tracing import Trace, TraceControl, current_trace, submit_traced
+from ..observability.tracing import Trace, TraceControl, current_trace
+from .infer_path import InferPath
 from .model import ModelVersion, TensorSpec
 from .reports import ModelMetadata, ModelStatistics, RepositoryEntry, ServerMetadata, TensorMetadata
-from .request_level import (
-    ResponseQueue,
-    decoupled_unsupported,
-    model_error,
-    request_context,
-    response_of,
-)
-from .responsecache import Lookup, ResponseCache, enabled_for
-from .types import DataType, InferRequest, InferResponse, SharedMemoryRef, Tensor, check_shape
-from .validation import build_response, prepare
-from .wire import tensor_to_raw
-
-# How often a request refused by a retiring version is retried on its replacement.
-_SWAP_RETRIES = 3
+from .responsecache import ResponseCache
+from .types import DataType, InferRequest, InferResponse, Tensor
 
 SERVER_NAME = "triton"
 SERVER_VERSION = "2.51.0"
-
-
-class InferObserver(Protocol):
-    """Told about every finished request; statistics and metrics implement it."""
-
-    def request_done(
-        self,
-        model: ModelVersion,
-        item: WorkItem | None,
-        error: ServerError | None,
-        started_ns: int,
-        finished_ns: int,
-    ) -> None: ...
 
 
 @dataclass(slots=True)
@@ -111,11 +85,13 @@ class InferenceServer:
         self.strict_readiness = strict_readiness
         self.stats = StatisticsCollector(lifecycle)
         self.log_control = log_control or LogControl()
-        self.observers: list[InferObserver] = [self.stats]
+        # Every request's way from admission to its response (infer_path.py).
+        self.path = InferPath(lifecycle, self.shared_memory, cache, self.stats)
+        # Told how each request ended; statistics first, metrics join them.
+        self.observers = self.path.observers
         lifecycle.step_runner = self.infer_step
         self._live = True
         self._draining = False
-        self._accepting = True
 
     # --- health and metadata -------------------------------------------------------------
 
@@ -123,7 +99,7 @@ class InferenceServer:
         return self._live
 
     def ready(self) -> bool:
-        if not self._live or self._draining or not self._accepting:
+        if not self._live or self._draining or not self.path.accepting:
             return False
         return self.lifecycle.all_ready() if self.strict_readiness else True
 
@@ -133,7 +109,7 @@ class InferenceServer:
         self._draining = True
 
     def stop_accepting(self) -> None:
-        self._accepting = False
+        self.path.accepting = False
 
     def metadata(self) -> ServerMetadata:
         extensions = self.info.extensions
@@ -175,22 +151,16 @@ class InferenceServer:
     ) -> InferResponse:
         """One request, one response. `endpoint` names the caller in a decoupled model's
         error (Triton's "HTTP end point"); `parent`: the trace of a BLS call's caller."""
-        if not self._accepting:
-            raise shutting_down()
-        # The front ends check shapes as they decode; this is for in-process callers,
-        # before any shape reaches numpy (shared memory views are shaped below).
-        for tensor in request.inputs:
-            check_shape(tensor.shape, tensor.name, tensor.datatype.itemsize)
+        path = self.path
+        path.admit(request)
         started = time.monotonic_ns()
-        model = self.lifecycle.get(request.model_name, request.model_version)
-        if model.decoupled:
-            raise decoupled_unsupported(endpoint)
+        model = path.serving(request.model_name, request.model_version, endpoint)
         trace = None
         if self.tracing.active:
             trace = self.tracing.begin(
                 model.name, model.version, request.id, request.traceparent, started, parent
             )
-        response, _ = await self._infer(request, model, started, trace)
+        response, _ = await path.run(request, model, started, trace)
         return response
 
     async def infer_step(self, call: StepCall) -> tuple[dict[str, Array], Timings]:
@@ -198,9 +168,7 @@ class InferenceServer:
         (so steps batch), its statistics and metrics. The arrays pass as they are; a step
         in flight finishes even once the server stops accepting new requests."""
         started = time.monotonic_ns()
-        model = self.lifecycle.get(call.model_name, call.model_version)
-        if model.decoupled:
-            raise decoupled_unsupported("An ensemble step")
+        model = self.path.serving(call.model_name, call.model_version, "An ensemble step")
         inputs = []
         for name, array in call.inputs.items():
             spec = model.inputs.get(name)
@@ -215,88 +183,8 @@ class InferenceServer:
         )
         parent = current_trace() if self.tracing.active else None
         trace = self.tracing.child(parent, model.name, model.version, "") if parent else None
-        response, item = await self._infer(request, model, started, trace)
+        response, item = await self.path.run(request, model, started, trace)
         return {tensor.name: tensor.data for tensor in response.outputs}, item.timings
-
-    async def _infer(
-        self, request: InferRequest, model: ModelVersion, started: int, trace: Trace | None
-    ) -> tuple[InferResponse, WorkItem]:
-        # Like Triton's front ends, shared-memory references are resolved before the
-        # request is counted; the views keep their regions mapped until the request ends.
-        shm_outputs = self._map_shared_memory(request)
-        item: WorkItem | None = None
-        outputs: dict[str, Array] | None = None
-        cached: Lookup | None = None
-        try:
-            for _ in range(_SWAP_RETRIES):
-                if model.retiring:
-                    model = self._replacement(request, model)
-                item = prepare(request, model)
-                item.enqueue_ns = started
-                if model.loaded.per_request:
-                    item.context = request_context(request, trace=trace)
-                cached = self._cache_lookup(model, item, bool(shm_outputs))
-                if cached is not None and cached.found is not None:
-                    outputs = cached.found.outputs
-                    if item.context is not None:
-                        item.context.response_parameters = cached.found.parameters
-                    break
-                try:
-                    if trace is None:
-                        outputs = await model.scheduler.submit(item)
-                    else:
-                        outputs = await submit_traced(model.scheduler, item, trace)
-                    break
-                except SchedulerClosed:
-                    # Refused before it ran: the version was swapped out under us.
-                    model = self._replacement(request, model)
-            else:
-                raise ServerError(ErrorCode.UNAVAILABLE, "model is being reloaded, retry")
-            if item.context is not None:
-                if item.context.error is not None:
-                    raise model_error(item.context.error)
-                parameters = item.context.response_parameters
-                response = response_of(request, model, outputs, item.batch_size, parameters)
-            else:
-                response = build_response(request, model, outputs, item.batch_size)
-            if cached is not None and cached.found is None and self.cache is not None:
-                context = item.context
-                kept = self.cache.insert(
-                    cached, outputs, context.response_parameters if context else {}
-                )
-                self.stats.cache_miss(model, kept)
-            if shm_outputs:
-                self._write_shared_memory(response, shm_outputs)
-        except ServerError as exc:
-            self._notify(model, item, exc, started, trace=trace)
-            raise
-        except asyncio.CancelledError:
-            if item is not None and item.context is not None:
-                item.context.cancelled = True
-            self._notify(model, item, request_cancelled(), started, trace=trace)
-            raise
-        except Exception as exc:
-            # Anything unexpected out of the scheduler is the model's execution failing.
-            during_execution = item is not None and outputs is None
-            reason = FailureReason.BACKEND if during_execution else FailureReason.OTHER
-            error = ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", reason)
-            if isinstance(exc, ShapeRejected):  # shapes the model cannot run: the input's fault
-                error = ServerError(ErrorCode.INVALID_ARG, str(exc), FailureReason.OTHER)
-            self._notify(model, item, error, started, trace=trace)
-            raise error from exc
-        hit = cached.lookup_ns if cached is not None and cached.found is not None else None
-        self._notify(model, item, None, started, hit, trace)
-        assert item is not None
-        return response, item
-
-    def _cache_lookup(
-        self, model: ModelVersion, item: WorkItem, shm_outputs: bool
-    ) -> Lookup | None:
-        """The response cache's answer for a request of a model that enables it; None when
-        the request bypasses the cache (no cache, outputs into shared memory)."""
-        if self.cache is None or shm_outputs or not enabled_for(model):
-            return None
-        return self.cache.lookup(model, item.inputs)
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         """Whether the model may answer a request with zero or several responses (Triton's
@@ -318,108 +206,8 @@ class InferenceServer:
         if not model.decoupled:
             yield await self.infer(request)
             return
-        async for response in self._infer_decoupled(request, model):
+        async for response in self.path.responses(request, model):
             yield response
-
-    async def _infer_decoupled(
-        self, request: InferRequest, model: ModelVersion
-    ) -> AsyncIterator[InferResponse]:
-        """A decoupled model's responses: the request runs through the scheduler like any
-        other (its execution may end long before its responses do), and each response
-        the backend sends comes out as it arrives, until the final flag."""
-        if not self._accepting:
-            raise shutting_down()
-        for tensor in request.inputs:
-            check_shape(tensor.shape, tensor.name, tensor.datatype.itemsize)
-        if any(o.shm is not None for o in request.outputs):
-            raise ServerError(
-                ErrorCode.UNSUPPORTED,
-                "shared-memory outputs are not supported for decoupled models",
-            )
-        started = time.monotonic_ns()
-        self._map_shared_memory(request)
-        sink = ResponseQueue(asyncio.get_running_loop())
-        item: WorkItem | None = None
-        submitted: asyncio.Task[dict[str, Array]] | None = None
-        try:
-            item = prepare(request, model)
-            item.enqueue_ns = started
-            item.context = request_context(request, sink)
-            submitted = asyncio.ensure_future(model.scheduler.submit(item))
-            submitted.add_done_callback(lambda task: _submit_ended(task, sink))
-            while True:
-                outputs, error, final, parameters = await sink.get()
-                if error is not None:
-                    raise error
-                if outputs is not None:
-                    response = response_of(request, model, outputs, item.batch_size, parameters)
-                    response.final = final
-                    yield response
-                if final:
-                    break
-        except ServerError as exc:
-            self._notify(model, item, exc, started)
-            raise
-        except (asyncio.CancelledError, GeneratorExit):
-            # The client went away: a model that asks is_cancelled() learns it.
-            if item is not None and item.context is not None:
-                item.context.cancelled = True
-            if submitted is not None and not submitted.done():
-                submitted.cancel()
-            self._notify(model, item, request_cancelled(), started)
-            raise
-        self._notify(model, item, None, started)
-
-    def _map_shared_memory(
-        self, request: InferRequest
-    ) -> dict[str, tuple[SharedMemoryRef, memoryview]]:
-        """Give inputs that live in shared memory their zero-copy views, and return where
-        each shared-memory output goes."""
-        shm = self.shared_memory
-        for tensor in request.inputs:
-            if tensor.shm is not None:
-                tensor.data = shm.input_array(
-                    tensor.shm, tensor.datatype, tensor.shape, tensor.name, request.model_name
-                )
-        return {o.name: (o.shm, shm.window(o.shm)) for o in request.outputs if o.shm is not None}
-
-    @staticmethod
-    def _write_shared_memory(
-        response: InferResponse, targets: dict[str, tuple[SharedMemoryRef, memoryview]]
-    ) -> None:
-        for tensor in response.outputs:
-            target = targets.get(tensor.name)
-            if target is not None:
-                ref, window = target
-                SharedMemoryManager.write_output(window, tensor_to_raw(tensor), tensor.name)
-                tensor.shm = ref
-
-    def _replacement(self, request: InferRequest, old: ModelVersion) -> ModelVersion:
-        """The version that now serves this request after `old` was retired."""
-        model = self.lifecycle.get(request.model_name, request.model_version)
-        if model is old:
-            raise ServerError(ErrorCode.UNAVAILABLE, "model version is being unloaded")
-        return model
-
-    def _notify(
-        self,
-        model: ModelVersion,
-        item: WorkItem | None,
-        error: ServerError | None,
-        started: int,
-        cache_hit_ns: int | None = None,
-        trace: Trace | None = None,
-    ) -> None:
-        """Every observer learns how the request ended; one answered from the response
-        cache is counted by statistics as a hit, not as an inference. A trace ends here."""
-        finished = time.monotonic_ns()
-        if trace is not None:
-            trace.end(finished)
-        for observer in self.observers:
-            if cache_hit_ns is not None and observer is self.stats:
-                self.stats.cache_hit(model, cache_hit_ns, started, finished)
-            else:
-                observer.request_done(model, item, error, started, finished)
 
     # --- repository ----------------------------------------------------------------------
 
@@ -478,20 +266,6 @@ class InferenceServer:
     def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Apply the given settings (the rest stay) and return all of them."""
         return self.log_control.update(changes)
-
-
-def _submit_ended(task: asyncio.Task[dict[str, Array]], sink: ResponseQueue) -> None:
-    """A decoupled request's execution ended: only a failure says anything (its
-    responses, and the final flag, come through the sink)."""
-    if task.cancelled():
-        return
-    exc = task.exception()
-    if exc is None:
-        return
-    if isinstance(exc, ServerError):
-        sink.fail(exc)
-    else:
-        sink.fail(ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
 
 
 def _platform(model: ModelVersion) -> str:

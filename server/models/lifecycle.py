@@ -6,34 +6,37 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ge_serve.backends.base import Backend, LoadedModel, ModelSpec
+from ge_serve.backends.base import Backend, LoadedModel
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
 from ge_serve.scheduler.ensemble import EnsembleScheduler, StepCall, StepRunner
 from ge_serve.scheduler.work import Array, Timings
 
-from ..errors import ErrorCode, ServerError, model_not_ready, unknown_model, unknown_version
+from ..errors import (
+    ErrorCode,
+    ServerError,
+    internal,
+    model_not_ready,
+    unknown_model,
+    unknown_version,
+)
 from ..inference.model import ModelVersion, tensor_specs
 from ..inference.reports import ModelState, RepositoryEntry
-from . import autocomplete, ensemble_config
-from .config_paths import check_config_paths
+from . import ensemble_config
 from .loadpool import LoadPool
 from .namespaces import model_name, qualify_steps, resolve
+from .preparing import PreparedLoad, prepare_load
 from .repository import (
     ModelRepository,
     ModelSource,
     OverrideFolderText,
     parse_version,
-    read_config,
-    read_labels,
-    select_versions,
 )
-from .version_health import VersionHealth, not_ready
+from .version_health import not_ready
 
 log = logging.getLogger(__name__)
 
@@ -79,23 +82,6 @@ class LifecycleSettings:
     unload_timeout_s: float = 30.0
     load_threads: int = 4
     load_retries: int = 0
-
-
-@dataclass(slots=True)
-class _Prepared:
-    """The blocking half of a load: a completed config and loaded executors."""
-
-    config: model_config_pb2.ModelConfig
-    backend: Backend
-    source: ModelSource
-    labels: dict[str, list[str]]
-    loaded: dict[int, LoadedModel]
-    failures: dict[int, str]
-    seconds: float
-    health: dict[int, VersionHealth] = field(default_factory=dict)
-
-    def failed(self) -> bool:
-        return not self.loaded  # every version failed: a retry may fare better
 
 
 class ModelLifecycle:
@@ -256,7 +242,7 @@ class ModelLifecycle:
         hide = OverrideFolderText(override.folder)
         try:
             prepared = await self._loads.run(
-                self._prepare, source, override.config, failed=_Prepared.failed
+                self._prepare, source, override.config, failed=PreparedLoad.failed
             )
         except ServerError as exc:
             reason = hide(exc.message)
@@ -303,54 +289,14 @@ class ModelLifecycle:
 
     def _prepare(
         self, source: ModelSource, override: model_config_pb2.ModelConfig | None
-    ) -> _Prepared:
-        """Blocking: read and complete the config, then load every version it names."""
-        started = time.monotonic()
-        config = read_config(source, override=override)
-        versions = select_versions(config, source.path)
-        # Before anything the config names is read: autocomplete, labels, backend, warmup.
-        check_config_paths(config, source.path, versions)
-        if ensemble_config.is_ensemble(config):
-            ensemble_config.check_ensemble(config)
-            backend: Backend = ensemble_config.ENSEMBLE_BACKEND
-            labels = read_labels(config, source.path)
-            empty = {version: LoadedModel(executors=[]) for version in versions}
-            seconds = time.monotonic() - started
-            return _Prepared(config, backend, source, labels, empty, {}, seconds)
-        newest = source.path / str(versions[-1])
-        backend = autocomplete.resolve_backend(
-            config, self.backends, self.settings.default_backend, newest
-        )
-        path = autocomplete.model_file(config, backend, newest)
-        autocomplete.complete(config, backend, path, self.settings.autocomplete)
-        autocomplete.check(config)
-        labels = read_labels(config, source.path)
-        loaded: dict[int, LoadedModel] = {}
-        failures: dict[int, str] = {}
-        health: dict[int, VersionHealth] = {}
-        for version in versions:
-            version_dir = source.path / str(version)
-            spec = ModelSpec(
-                name=config.name,
-                version=version,
-                config=config,
-                model_dir=source.path,
-                model_path=autocomplete.model_file(config, backend, version_dir),
-                events=health.setdefault(version, VersionHealth()),
-            )
-            log.debug("loading '%s' v%d on %s", config.name, version, backend.name)
-            try:
-                loaded[version] = backend.load(spec)
-                log.debug("loaded '%s' v%d", config.name, version)
-            except Exception as exc:
-                log.exception("loading '%s' version %d failed", config.name, version)
-                failures[version] = f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
-        return _Prepared(
-            config, backend, source, labels, loaded, failures, time.monotonic() - started, health
+    ) -> PreparedLoad:
+        settings = self.settings
+        return prepare_load(
+            source, override, self.backends, settings.default_backend, settings.autocomplete
         )
 
     async def _install(
-        self, record: ModelRecord, prepared: _Prepared, folder: Path | None = None
+        self, record: ModelRecord, prepared: PreparedLoad, folder: Path | None = None
     ) -> None:
         """Swap the new versions in atomically (nothing awaits between building the new
         table and assigning it: no mix, no gap), then retire the old ones."""
@@ -415,7 +361,7 @@ class ModelLifecycle:
             await asyncio.gather(*(asyncio.to_thread(model.close) for model in rest))
             if isinstance(exc, ServerError):
                 raise
-            raise ServerError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}") from exc
+            raise internal(exc) from exc
         return built
 
     async def _run_step(self, call: StepCall) -> tuple[dict[str, Array], Timings]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from typing import Any
 
 import pytest
 from fake_executor import FakeExecutor, item, make_batcher, make_config, queued
@@ -46,13 +47,13 @@ def controller(
 def sublinear(c: AdaptiveController) -> None:
     """1 ms fixed cost plus 0.1 ms per sample: batching pays."""
     for size in (1, 2, 4, 8):
-        c.record_execution(size, MS + size * MS // 10)
+        c.cost.record(size, MS + size * MS // 10)
 
 
 def linear(c: AdaptiveController) -> None:
     """Cost proportional to size: batching buys nothing."""
     for size in (1, 2, 4, 8):
-        c.record_execution(size, size * MS)
+        c.cost.record(size, size * MS)
 
 
 def busy_burst(c: AdaptiveController, clients: int, gap_ns: int, level: int = 0) -> int:
@@ -60,9 +61,9 @@ def busy_burst(c: AdaptiveController, clients: int, gap_ns: int, level: int = 0)
     leave: the state right after a batch completes under closed-loop load."""
     now = T0
     for _ in range(clients):
-        c.record_arrival(now, 1, level)
+        c.arrivals.record_arrival(now, 1, level)
         now += gap_ns
-    c.record_departure(now, clients - 1)  # a batch leaves as one departure
+    c.arrivals.record_departure(now, clients - 1)  # a batch leaves as one departure
     return now
 
 
@@ -70,11 +71,11 @@ def sequential(c: AdaptiveController, requests: int) -> int:
     """One client: each request arrives after the previous one has left."""
     now = T0
     for _ in range(requests):
-        c.record_arrival(now, 1, 0)
+        c.arrivals.record_arrival(now, 1, 0)
         now += MS
-        c.record_departure(now, 1)
+        c.arrivals.record_departure(now, 1)
         now += MS // 10
-    c.record_arrival(now, 1, 0)
+    c.arrivals.record_arrival(now, 1, 0)
     return now
 
 
@@ -149,8 +150,8 @@ def test_it_never_waits_for_more_clients_than_it_has_seen() -> None:
     plan = c.plan(now, 1, now, 0, 0)
     assert plan.target <= 3
     # With the whole peak already queued there is no one left to wait for.
-    c.record_arrival(now, 1, 0)
-    c.record_arrival(now, 1, 0)
+    c.arrivals.record_arrival(now, 1, 0)
+    c.arrivals.record_arrival(now, 1, 0)
     assert sends_now(c.plan(now, 3, now, 0, 0), now)
 
 
@@ -224,14 +225,14 @@ def test_a_configured_urgent_budget_caps_lower_levels_from_the_first_request() -
 def test_the_cap_lapses_when_the_urgent_level_goes_quiet_and_returns_with_it() -> None:
     c = urgent_controller()
     now = busy_burst(c, clients=16, gap_ns=50_000, level=2)
-    c.record_arrival(now, 1, 1)
-    c.record_departure(now + MS, 1)
+    c.arrivals.record_arrival(now, 1, 1)
+    c.arrivals.record_departure(now + MS, 1)
     # Urgent requests a second apart: silence of a few seconds is not "gone".
     later = now + 5_000 * MS
     assert c.plan(later, 8, later, 2, 0).limit == 4
     quiet = now + 11_000 * MS  # past the 10 s horizon
     assert c.plan(quiet, 8, quiet, 2, 0).limit == 8
-    c.record_arrival(quiet, 1, 1)
+    c.arrivals.record_arrival(quiet, 1, 1)
     assert c.plan(quiet, 8, quiet, 2, 0).limit == 4
 
 
@@ -239,8 +240,8 @@ def test_sparse_urgent_traffic_stretches_the_horizon() -> None:
     c = urgent_controller()
     now = T0
     for _ in range(4):
-        c.record_arrival(now, 1, 1)
-        c.record_departure(now + MS, 1)
+        c.arrivals.record_arrival(now, 1, 1)
+        c.arrivals.record_departure(now + MS, 1)
         now += 30_000 * MS  # one urgent request every 30 s
     # 60 s of silence is two mean gaps: the urgent level is still around.
     assert c.plan(now + 30_000 * MS, 8, now + 30_000 * MS, 2, 0).limit == 4
@@ -272,7 +273,7 @@ def test_derived_budgets_never_cap() -> None:
     c = controller(levels=2, default_level=2)
     sublinear(c)
     now = busy_burst(c, clients=16, gap_ns=50_000, level=2)
-    c.record_arrival(now, 1, 1)
+    c.arrivals.record_arrival(now, 1, 1)
     assert c.plan(now, 8, now, 2, 0).limit == 8
 
 
@@ -280,7 +281,7 @@ def cnn_like(c: AdaptiveController) -> None:
     """A CNN on CPU as the server measures it at 32 clients, inputs merged: 12 ms fixed plus
     11.4 ms per sample (a batch of 1 takes ~20 ms while the other batch's answers go out)."""
     for size in (1, 8, 16, 32):
-        c.record_execution(size, int(12 * MS + size * 11.4 * MS))
+        c.cost.record(size, int(12 * MS + size * 11.4 * MS))
 
 
 def saturated(c: AdaptiveController, clients: int, cycles: int, spread_ns: int) -> int:
@@ -289,12 +290,12 @@ def saturated(c: AdaptiveController, clients: int, cycles: int, spread_ns: int) 
     of the last departure, with every client back."""
     now = T0
     for _ in range(clients):
-        c.record_arrival(now, 1, 0)  # first sightings: not returns
+        c.arrivals.record_arrival(now, 1, 0)  # first sightings: not returns
     for _ in range(cycles):
         now += 370 * MS
-        c.record_departure(now, clients)
+        c.arrivals.record_departure(now, clients)
         for index in range(clients):
-            c.record_arrival(now + spread_ns * (index + 1) // clients, 1, 0)
+            c.arrivals.record_arrival(now + spread_ns * (index + 1) // clients, 1, 0)
     return now
 
 
@@ -304,7 +305,7 @@ def late_split(c: AdaptiveController, spread_ns: int = 4 * MS) -> tuple[int, int
     queued request's arrival)."""
     now = saturated(c, clients=32, cycles=10, spread_ns=spread_ns)
     now += 370 * MS
-    c.record_departure(now, 31)
+    c.arrivals.record_departure(now, 31)
     return now, now - 360 * MS
 
 
@@ -332,9 +333,9 @@ def cpu_shared(c: AdaptiveController) -> None:
     plus 11.6 ms per sample, and a batch of 1 at 17 ms (it runs while 31 answers go out on
     the same two cores). Each size run often enough to be trusted."""
     for _ in range(4):
-        c.record_execution(1, 17 * MS)
+        c.cost.record(1, 17 * MS)
         for size in (31, 32):
-            c.record_execution(size, int(4 * MS + size * 11.6 * MS))
+            c.cost.record(size, int(4 * MS + size * 11.6 * MS))
 
 
 def test_a_saturated_slot_does_not_send_a_batch_far_less_efficient_than_one_coming() -> None:
@@ -359,14 +360,14 @@ def test_a_size_run_once_does_not_tilt_the_cost_line() -> None:
     # The first execution of a size is a warm-up (a CNN's first batch of 32 ran 460 ms
     # against 375 ms later). Sizes 15 and 17 run all the time; 1 and 32 ran once, cold.
     c = controller(max_batch_size=32)
-    c.record_execution(1, 26 * MS)
-    c.record_execution(32, 460 * MS)
+    c.cost.record(1, 26 * MS)
+    c.cost.record(32, 460 * MS)
     for _ in range(10):
         for size in (15, 17):
-            c.record_execution(size, int(4 * MS + size * 11.6 * MS))
+            c.cost.record(size, int(4 * MS + size * 11.6 * MS))
     assert c.cost.cost_ns(32) == pytest.approx(4 * MS + 32 * 11.6 * MS, rel=0.01)
     # Its second execution replaces the warm-up outright.
-    c.record_execution(32, 375 * MS)
+    c.cost.record(32, 375 * MS)
     assert c.cost.table_us()[32] == 375_000
 
 
@@ -386,16 +387,16 @@ def test_clients_that_left_are_forgotten_within_a_few_requests() -> None:
     cnn_like(c)
     now = saturated(c, clients=32, cycles=10, spread_ns=4 * MS)
     now += 370 * MS
-    c.record_departure(now, 32)
+    c.arrivals.record_departure(now, 32)
     # Load drops to one client: each request arrives after the previous one left, 14 ms
     # apart (a second of time-based decay would still remember most of the 32).
     for _ in range(20):
         now += MS
-        c.record_arrival(now, 1, 0)
+        c.arrivals.record_arrival(now, 1, 0)
         now += 13 * MS
-        c.record_departure(now, 1)
+        c.arrivals.record_departure(now, 1)
     now += MS
-    c.record_arrival(now, 1, 0)
+    c.arrivals.record_arrival(now, 1, 0)
     assert c.snapshot()["peak_in_system"] < 2
     assert sends_now(c.plan(now, 1, now, 0, 0, idle_since_ns=now), now)
 
@@ -438,16 +439,16 @@ def test_a_replayed_log_decides_as_events_told_one_by_one() -> None:
             leaving = rng.randint(1, held)
             held -= leaving
             event = Left(now, leaving, rng.randint(1, 8), rng.randint(1, 9) * MS)
-            called.record_departure(now, leaving)
-            called.record_execution(event.size, event.duration_ns)
+            called.arrivals.record_departure(now, leaving)
+            called.cost.record(event.size, event.duration_ns)
         elif held and rng.random() < 0.05:
             held -= 1
             event = Dropped(now, 1)
-            called.record_departure(now, 1)
+            called.arrivals.record_departure(now, 1)
         else:
             event = Arrived(now, rng.randint(1, 3), rng.choice((1, 2, 2)))
             held += event.size
-            called.record_arrival(*event)
+            called.arrivals.record_arrival(*event)
         events.append(event)
         if rng.random() < 0.1:
             replayed.record(events)
@@ -644,9 +645,9 @@ async def test_high_load_through_the_batcher_grows_batches_to_the_maximum() -> N
 def test_batches_stop_at_the_most_efficient_size_when_bigger_ones_lose() -> None:
     c = controller(max_batch_size=32)
     for _ in range(3):
-        c.record_execution(8, 8 * MS)  # 1.0 sample/ms
-        c.record_execution(16, 14 * MS)  # 1.14 sample/ms: the best
-        c.record_execution(32, 40 * MS)  # 0.8 sample/ms: bigger, and worse
+        c.cost.record(8, 8 * MS)  # 1.0 sample/ms
+        c.cost.record(16, 14 * MS)  # 1.14 sample/ms: the best
+        c.cost.record(32, 40 * MS)  # 0.8 sample/ms: bigger, and worse
     now = T0
     plan = c.plan(now, 32, now, 0, 0)
     assert plan.limit == 16
@@ -654,7 +655,7 @@ def test_batches_stop_at_the_most_efficient_size_when_bigger_ones_lose() -> None
     assert c.snapshot()["batch_limit"] == 16
     # Now and then a batch may be as large as the model allows, to keep measuring.
     while c.cost.executions % 16 != 15:
-        c.record_execution(16, 14 * MS)
+        c.cost.record(16, 14 * MS)
     assert c.plan(now, 32, now, 0, 0).limit == 32
 
 
@@ -664,18 +665,18 @@ def test_stalled_executions_do_not_cut_batches_to_one() -> None:
     # the CPU. Batches of 8 stay far more efficient per sample, and must not be cut.
     c = controller(max_batch_size=8)
     for _ in range(20):
-        c.record_execution(1, 50_000)
+        c.cost.record(1, 50_000)
     for _ in range(5):
-        c.record_execution(8, 100_000)
+        c.cost.record(8, 100_000)
     for us in (1400, 940, 100, 400, 100, 1400, 100, 940):
-        c.record_execution(8, us * 1000)
+        c.cost.record(8, us * 1000)
     assert c.cost.efficient_limit(8) == 8
     now = T0
     plan = c.plan(now, 8, now, 0, 0)
     assert plan.limit == 8 and plan.target == 8
     # A real rise in cost is still followed.
     for _ in range(30):
-        c.record_execution(8, 1_000_000)
+        c.cost.record(8, 1_000_000)
     assert c.cost.table_us()[8] > 900
 
 
@@ -686,16 +687,16 @@ def test_a_pause_inside_a_long_batch_does_not_make_big_batches_look_worse() -> N
     # hits a batch of 16 says nothing of its cost, and batches must not be cut to 1.
     c = controller(max_batch_size=32)
     for _ in range(5):
-        c.record_execution(1, 55 * MS)
-        c.record_execution(16, 805 * MS)
-    c.record_execution(16, 10_000 * MS)  # frozen 9 s part-way
+        c.cost.record(1, 55 * MS)
+        c.cost.record(16, 805 * MS)
+    c.cost.record(16, 10_000 * MS)  # frozen 9 s part-way
     assert c.cost.table_us()[16] == pytest.approx(805_000)
     assert c.cost.efficient_limit(32) == 32
     assert c.plan(T0, 32, T0, 0, 0).limit == 32
     # Two stalls in a row are still stalls; a third says the cost has changed.
-    c.record_execution(16, 2000 * MS)
+    c.cost.record(16, 2000 * MS)
     assert c.cost.table_us()[16] == pytest.approx(805_000)
-    c.record_execution(16, 2000 * MS)
+    c.cost.record(16, 2000 * MS)
     assert c.cost.table_us()[16] == pytest.approx(805_000 * (1 + COST_ALPHA))
 
 
@@ -708,15 +709,15 @@ def test_a_full_batch_skips_planning_only_when_nothing_could_cap_it() -> None:
     # A measured efficiency limit: plan() cuts the batch, so it must be asked.
     capped = controller(max_batch_size=32)
     for _ in range(3):
-        capped.record_execution(8, 8 * MS)
-        capped.record_execution(16, 14 * MS)
-        capped.record_execution(32, 40 * MS)
+        capped.cost.record(8, 8 * MS)
+        capped.cost.record(16, 14 * MS)
+        capped.cost.record(32, 40 * MS)
     assert not capped.sends_full()
     assert capped.plan(now, 32, now, 0, 0).limit == 16
     # A configured budget on an urgent level caps the others' batches.
     urgent = controller(levels=2, default_level=2, adaptive_latency_budget_us__1="2000")
     for size in (1, 2, 4, 8):
-        urgent.record_execution(size, MS * size)
+        urgent.cost.record(size, MS * size)
     assert not urgent.sends_full()
     assert urgent.plan(now, 8, now, 2, 0).limit < 8
 
@@ -724,12 +725,12 @@ def test_a_full_batch_skips_planning_only_when_nothing_could_cap_it() -> None:
 def test_no_efficiency_limit_without_a_measured_loss() -> None:
     c = controller(max_batch_size=32)
     for _ in range(3):
-        c.record_execution(8, 8 * MS)
-        c.record_execution(16, 14 * MS)
+        c.cost.record(8, 8 * MS)
+        c.cost.record(16, 14 * MS)
     assert c.plan(T0, 32, T0, 0, 0).limit == 32
     once = controller(max_batch_size=32)
-    once.record_execution(16, 14 * MS)
-    once.record_execution(32, 40 * MS)  # one run each: not trusted yet
+    once.cost.record(16, 14 * MS)
+    once.cost.record(32, 40 * MS)  # one run each: not trusted yet
     assert once.plan(T0, 32, T0, 0, 0).limit == 32
 
 
@@ -747,7 +748,7 @@ async def test_an_urgent_request_neither_waits_behind_nor_rides_in_a_long_batch(
     batcher = make_batcher(config, [fake])
     assert batcher.controller is not None
     for size in (1, 2, 4, 8):
-        batcher.controller.record_execution(size, size * 1000 * MS)  # 1 s per sample
+        batcher.controller.cost.record(size, size * 1000 * MS)  # 1 s per sample
     try:
         blocker = asyncio.create_task(batcher.submit(item(-1, priority=2)))
         assert await fake.started() == 1
@@ -811,7 +812,9 @@ class ScriptedPlans(AdaptiveController):
         self.target = target
         self.asked: list[tuple[int, int]] = []
 
-    def plan(self, now_ns, queued, oldest_ns, level, idle_slots, head=None, since=None):  # type: ignore[no-untyped-def,override]
+    def plan(  # type: ignore[override]
+        self, now_ns: int, queued: int, oldest_ns: int, level: int, *_: Any, **__: Any
+    ) -> Plan:
         self.asked.append((queued, level))
         return Plan(target=self.target, deadline_ns=now_ns + 10_000 * MS, limit=8)
 
@@ -829,10 +832,10 @@ def scripted_batcher(
     plans = ScriptedPlans(policy, target)
     # Costs measured and eight clients seen: a lone request has others to wait for.
     now = time.monotonic_ns()
-    plans.record_execution(1, MS)
+    plans.cost.record(1, MS)
     for _ in range(8):
-        plans.record_arrival(now, 1, 0)
-    plans.record_departure(now, 8)
+        plans.arrivals.record_arrival(now, 1, 0)
+    plans.arrivals.record_departure(now, 8)
     return DynamicBatcher(SlotPool([ExecutorSlot(fake)]), policy, (), plans), plans
 
 

@@ -37,10 +37,10 @@ def measured(batch_policy: BatchPolicy, now: int) -> AdaptiveController:
     """A controller that has measured its costs and seen 16 clients, all outside now."""
     controller = AdaptiveController(batch_policy)
     for size in (1, 2, 4, 8):
-        controller.record_execution(size, COST_NS)
+        controller.cost.record(size, COST_NS)
     for _ in range(16):
-        controller.record_arrival(now, 1, 0)
-    controller.record_departure(now, 16)
+        controller.arrivals.record_arrival(now, 1, 0)
+    controller.arrivals.record_departure(now, 16)
     return controller
 
 
@@ -50,7 +50,15 @@ def view(
     """One queued request of `queued_samples` heading the batch, no other slot idle."""
     head = object()
     return BatchView(
-        (queued_samples,), now, 0, queued_samples, 0, now, full, head, 0, 0, tuple(on_device)
+        totals=(queued_samples,),
+        oldest_ns=now,
+        level=0,
+        head_samples=queued_samples,
+        idle_slots=0,
+        idle_since_ns=now,
+        full=full,
+        head=head,
+        on_device=tuple(on_device),
     )
 
 
@@ -91,7 +99,7 @@ def test_executions_queued_on_the_device_run_one_after_another() -> None:
     assert controller.form_by_ns([]) == 0
     # An execution far cheaper than the lead's floor still leaves FILL_SLACK_NS.
     cheap = AdaptiveController(policy())
-    cheap.record_execution(1, 10_000)
+    cheap.cost.record(1, 10_000)
     assert cheap.form_by_ns([Executing(now, 1)]) == now + 10_000 - FILL_SLACK_NS
 
 

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import numpy as np
 import pytest
@@ -406,11 +407,14 @@ async def test_a_failing_batch_former_answers_its_queue_and_restarts() -> None:
             idle: int,
             head_samples: int | None = None,
             idle_since_ns: int | None = None,
+            **where: Any,
         ) -> Plan:
             if Broken.fail:
                 Broken.fail = False
                 raise RuntimeError("controller bug")
-            return super().plan(now_ns, queued, oldest_ns, level, idle, head_samples, idle_since_ns)
+            return super().plan(
+                now_ns, queued, oldest_ns, level, idle, head_samples, idle_since_ns, **where
+            )
 
     config = make_config(max_batch_size=8, parameters={"adaptive_batching": "true"})
     policy = BatchPolicy.from_config(config)

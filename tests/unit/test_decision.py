@@ -17,7 +17,15 @@ def view(*sizes: int, oldest_ns: int = NOW, full: bool = False) -> BatchView:
     for size in sizes:
         total += size
         totals.append(total)
-    return BatchView(totals, oldest_ns, 0, total, 0, NOW, full)
+    return BatchView(
+        totals=totals,
+        oldest_ns=oldest_ns,
+        level=0,
+        head_samples=total,
+        idle_slots=0,
+        idle_since_ns=NOW,
+        full=full,
+    )
 
 
 def rules(**kwargs: object) -> TritonRules:

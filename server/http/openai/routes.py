@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ge_serve.server.errors import ServerError
+from ge_serve.server.errors import ServerError, internal
 
 from ..openapi import ApiRoute
 from ..openapi import Body as DocumentedBody
@@ -113,7 +113,7 @@ def _openai_errors(handler: Handler) -> Handler:
             return Response(status_code=499)
         except Exception as exc:
             log.exception("unhandled error on %s", request.url.path)
-            message = f"internal error: {type(exc).__name__}: {exc}"
+            message = internal(exc, escaped=True).message
             return OpenAIError(message, status=500, kind=SERVER_ERROR).response()
 
     return answered

@@ -1,0 +1,72 @@
+"""uvicorn embedded in the server's own event loop, beside the other servers on it.
+
+The composition root (server/app.py) runs the HTTP front end and the metrics endpoint
+each on one of these, on the loop that also runs gRPC and the core.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Generator
+
+import uvicorn
+
+from ..control.stopping import DrainGate
+
+
+class EmbeddedUvicorn(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to us, so several servers share a loop.
+
+    Given a gate, it stops the way server/control/stopping.py describes: it closes its
+    listener, then lingers while the front end refuses requests on the connections already
+    open, and only then closes those, all within the deadline `stop()` sets.
+
+    It is driven through `serve(sockets=...)`, uvicorn's way to embed a server in a loop
+    of one's own, and stopped through `should_exit`, which uvicorn's main loop polls.
+    Two of its methods are overridden, because uvicorn has no setting for either:
+    `capture_signals` (see there) and `shutdown`, whose first step (close the listeners)
+    must be followed by the linger before uvicorn asks the open connections to close.
+    Both are public methods of `uvicorn.Server` that `serve()` calls; the e2e tests of
+    stopping (tests/e2e/test_shutdown_drain.py) notice if a uvicorn release
+    changes that order.
+    """
+
+    def __init__(self, config: uvicorn.Config, gate: DrainGate | None = None) -> None:
+        super().__init__(config)
+        self.gate = gate
+        self.deadline: float | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # uvicorn's serve() puts its own SIGINT and SIGTERM handlers in place for as long
+        # as it runs (on the main thread) and raises the signals again when it returns.
+        # Several servers share this loop, and `run()` below owns the signals: one stop,
+        # every part in order. So none are taken here.
+        yield
+
+    def stop(self, deadline: float) -> None:
+        """Begin a graceful stop, to be over by `deadline` (time.monotonic())."""
+        self.deadline = deadline
+        if self.gate is not None:
+            self.gate.close()
+        self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn's own shutdown closes the listeners, asks every connection to close and
+        # waits up to timeout_graceful_shutdown. The linger goes between the first two
+        # steps, so the first is done here (uvicorn doing it again is harmless: closing a
+        # closed server or socket does nothing).
+        if self.deadline is not None:
+            if self.gate is not None:
+                for server in self.servers:
+                    server.close()
+                for sock in sockets or []:
+                    sock.close()
+                await self.gate.linger(self.deadline - time.monotonic())
+            # Read here by uvicorn, as it waits for the requests in flight (a float works,
+            # see _start_uvicorn in server/app.py).
+            left = max(self.deadline - time.monotonic(), 0.0)
+            self.config.timeout_graceful_shutdown = left  # type: ignore[assignment]
+        await super().shutdown(sockets)

@@ -1,0 +1,30 @@
+"""The one failure classifier of the request path: what a client is told when a request
+fails, and the reason statistics count it under (Triton's
+`nv_inference_request_failure{reason}`).
+
+Every infer entry point (a client's request, an ensemble step, a decoupled request) ends a
+failed request through `failure_of`, so one exception reads the same whichever way it
+came in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from ge_serve.backends.base import ShapeRejected
+
+from ..errors import ErrorCode, FailureReason, ServerError, internal, request_cancelled
+
+
+def failure_of(exc: BaseException, executing: bool) -> ServerError:
+    """`exc` as the client's error. A ServerError is already classified; a cancellation
+    (the client went away, or the generator was closed) is CANCELLED; a ShapeRejected is
+    the input's fault (shapes the model cannot run); anything else is INTERNAL, charged
+    to the backend when it came out of an execution (`executing`)."""
+    if isinstance(exc, ServerError):
+        return exc
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        return request_cancelled()
+    if isinstance(exc, ShapeRejected):
+        return ServerError(ErrorCode.INVALID_ARG, str(exc), FailureReason.OTHER)
+    return internal(exc, FailureReason.BACKEND if executing else FailureReason.OTHER)

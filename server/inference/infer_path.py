@@ -1,0 +1,298 @@
+"""The infer path: one request from admission to its response, in steps, each in one place.
+
+Every way into the core runs through here: `InferenceServer.infer` (a client's request),
+`infer_step` (one step of an ensemble) and `infer_responses` for a decoupled model.
+
+1. Admission (`admit`): refused once the server stops accepting; shapes checked before
+   any reaches numpy. An ensemble step is not admitted again: it belongs to a request
+   already admitted, and finishes even once the server stops accepting.
+2. Shared memory (shared_tensors.py): inputs mapped and output targets found before the
+   request is counted, outputs written once the response is built.
+3. The work item (`_work_item`): the request checked against the model
+   (validation.py), with its context when the backend takes requests one by one.
+4. The response cache (`_from_cache`, `_keep_in_cache`): asked before the scheduler,
+   filled after; a request with shared-memory outputs bypasses it.
+5. The scheduler (`_execute`); a version retired under the request (a swap) hands it
+   to its replacement, a few times at most.
+6. Failures classified once (failures.py), and every observer told how the request ended
+   (`_finished`), which also ends its trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from ge_serve.scheduler.work import Array, WorkItem
+
+from ..control.sharedmemory import SharedMemoryManager
+from ..errors import ErrorCode, SchedulerClosed, ServerError, shutting_down
+from ..models.lifecycle import ModelLifecycle
+from ..observability.statistics import StatisticsCollector
+from ..observability.tracing import Trace, submit_traced
+from .failures import failure_of
+from .model import ModelVersion
+from .request_level import (
+    ResponseQueue,
+    decoupled_unsupported,
+    model_error,
+    request_context,
+    response_of,
+)
+from .responsecache import Lookup, ResponseCache, enabled_for
+from .shared_tensors import map_request, refuse_outputs, write_outputs
+from .types import InferRequest, InferResponse, check_shape
+from .validation import build_response, prepare
+
+# How often a request refused by a retiring version is retried on its replacement.
+_SWAP_RETRIES = 3
+
+
+class InferObserver(Protocol):
+    """Told about every finished request; statistics and metrics implement it."""
+
+    def request_done(
+        self,
+        model: ModelVersion,
+        item: WorkItem | None,
+        error: ServerError | None,
+        started_ns: int,
+        finished_ns: int,
+    ) -> None: ...
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """How far one request got, which is what a failure is classified and counted by:
+    the version serving it, its work item once checked, the outputs once produced."""
+
+    model: ModelVersion
+    item: WorkItem | None = None
+    outputs: dict[str, Array] | None = None
+    cached: Lookup | None = None
+
+
+class InferPath:
+    def __init__(
+        self,
+        lifecycle: ModelLifecycle,
+        shared_memory: SharedMemoryManager,
+        cache: ResponseCache | None,
+        stats: StatisticsCollector,
+    ) -> None:
+        self.lifecycle = lifecycle
+        self.shared_memory = shared_memory
+        self.cache = cache
+        self.stats = stats
+        self.observers: list[InferObserver] = [stats]
+        self.accepting = True
+
+    # --- admission -----------------------------------------------------------------------
+
+    def admit(self, request: InferRequest) -> None:
+        if not self.accepting:
+            raise shutting_down()
+        # The front ends check shapes as they decode; this is for in-process callers,
+        # before any shape reaches numpy (shared memory views are shaped below).
+        for tensor in request.inputs:
+            check_shape(tensor.shape, tensor.name, tensor.datatype.itemsize)
+
+    def serving(self, name: str, version: str, endpoint: str) -> ModelVersion:
+        """The version a one-response request goes to; `endpoint` names the caller in a
+        decoupled model's refusal (Triton's "HTTP end point")."""
+        model = self.lifecycle.get(name, version)
+        if model.decoupled:
+            raise decoupled_unsupported(endpoint)
+        return model
+
+    # --- one request, one response ---------------------------------------------------------
+
+    async def run(
+        self, request: InferRequest, model: ModelVersion, started: int, trace: Trace | None
+    ) -> tuple[InferResponse, WorkItem]:
+        targets = map_request(self.shared_memory, request)
+        attempt = _Attempt(model)
+        try:
+            await self._execute(attempt, request, started, trace, bypass_cache=bool(targets))
+            response = self._response(request, attempt)
+            self._keep_in_cache(attempt)
+            if targets:
+                write_outputs(response, targets)
+        except (Exception, asyncio.CancelledError) as exc:
+            item = attempt.item
+            error = failure_of(exc, executing=item is not None and attempt.outputs is None)
+            cancelled = isinstance(exc, asyncio.CancelledError)
+            if cancelled and item is not None and item.context is not None:
+                item.context.cancelled = True
+            self._finished(attempt.model, item, error, started, trace=trace)
+            if error is exc or cancelled:
+                raise
+            raise error from exc
+        cached = attempt.cached
+        hit = cached.lookup_ns if cached is not None and cached.found is not None else None
+        self._finished(attempt.model, attempt.item, None, started, hit, trace)
+        assert attempt.item is not None
+        return response, attempt.item
+
+    async def _execute(
+        self,
+        attempt: _Attempt,
+        request: InferRequest,
+        started: int,
+        trace: Trace | None,
+        bypass_cache: bool,
+    ) -> None:
+        """The request's outputs, from the cache or the model's scheduler, into `attempt`."""
+        for _ in range(_SWAP_RETRIES):
+            model = attempt.model
+            if model.retiring:
+                model = attempt.model = self._replacement(request, model)
+            item = attempt.item = self._work_item(request, model, started, trace)
+            if self._from_cache(attempt, bypass_cache):
+                return
+            try:
+                if trace is None:
+                    attempt.outputs = await model.scheduler.submit(item)
+                else:
+                    attempt.outputs = await submit_traced(model.scheduler, item, trace)
+                return
+            except SchedulerClosed:
+                # Refused before it ran: the version was swapped out under us.
+                attempt.model = self._replacement(request, model)
+        raise ServerError(ErrorCode.UNAVAILABLE, "model is being reloaded, retry")
+
+    def _replacement(self, request: InferRequest, old: ModelVersion) -> ModelVersion:
+        """The version that now serves this request after `old` was retired."""
+        model = self.lifecycle.get(request.model_name, request.model_version)
+        if model is old:
+            raise ServerError(ErrorCode.UNAVAILABLE, "model version is being unloaded")
+        return model
+
+    @staticmethod
+    def _work_item(
+        request: InferRequest,
+        model: ModelVersion,
+        started: int,
+        trace: Trace | None = None,
+        sink: ResponseQueue | None = None,
+    ) -> WorkItem:
+        item = prepare(request, model)
+        item.enqueue_ns = started
+        if sink is not None or model.loaded.per_request:
+            item.context = request_context(request, sink, trace)
+        return item
+
+    @staticmethod
+    def _response(request: InferRequest, attempt: _Attempt) -> InferResponse:
+        item, model, outputs = attempt.item, attempt.model, attempt.outputs
+        assert item is not None and outputs is not None
+        context = item.context
+        if context is None:
+            return build_response(request, model, outputs, item.batch_size)
+        if context.error is not None:
+            raise model_error(context.error)
+        return response_of(request, model, outputs, item.batch_size, context.response_parameters)
+
+    # --- the response cache ----------------------------------------------------------------
+
+    def _from_cache(self, attempt: _Attempt, bypass: bool) -> bool:
+        """Whether the response cache answered the request (its outputs, and the response
+        parameters the model gave, are then the attempt's). Asked only for a model that
+        enables the cache, and never for a request with shared-memory outputs."""
+        model, item = attempt.model, attempt.item
+        assert item is not None
+        if self.cache is None or bypass or not enabled_for(model):
+            attempt.cached = None
+            return False
+        cached = attempt.cached = self.cache.lookup(model, item.inputs)
+        if cached.found is None:
+            return False
+        attempt.outputs = cached.found.outputs
+        if item.context is not None:
+            item.context.response_parameters = cached.found.parameters
+        return True
+
+    def _keep_in_cache(self, attempt: _Attempt) -> None:
+        """A miss's outputs go into the cache (it may decline an entry too large)."""
+        cached, item, outputs = attempt.cached, attempt.item, attempt.outputs
+        if cached is None or cached.found is not None or self.cache is None:
+            return
+        assert item is not None and outputs is not None
+        parameters = item.context.response_parameters if item.context is not None else {}
+        kept = self.cache.insert(cached, outputs, parameters)
+        self.stats.cache_miss(attempt.model, kept)
+
+    # --- a decoupled model's responses -----------------------------------------------------
+
+    async def responses(
+        self, request: InferRequest, model: ModelVersion
+    ) -> AsyncIterator[InferResponse]:
+        """A decoupled model's responses: the request runs through the scheduler like any
+        other (its execution may end long before its responses do), and each response
+        the backend sends comes out as it arrives, until the final flag."""
+        self.admit(request)
+        refuse_outputs(request)
+        started = time.monotonic_ns()
+        map_request(self.shared_memory, request)
+        sink = ResponseQueue(asyncio.get_running_loop())
+        item: WorkItem | None = None
+        submitted: asyncio.Task[dict[str, Array]] | None = None
+        try:
+            item = self._work_item(request, model, started, sink=sink)
+            submitted = asyncio.ensure_future(model.scheduler.submit(item))
+            submitted.add_done_callback(lambda task: _submit_ended(task, sink))
+            while True:
+                outputs, error, final, parameters = await sink.get()
+                if error is not None:
+                    raise error
+                if outputs is not None:
+                    response = response_of(request, model, outputs, item.batch_size, parameters)
+                    response.final = final
+                    yield response
+                if final:
+                    break
+        except (ServerError, asyncio.CancelledError, GeneratorExit) as exc:
+            if not isinstance(exc, ServerError):
+                # The client went away: a model that asks is_cancelled() learns it.
+                if item is not None and item.context is not None:
+                    item.context.cancelled = True
+                if submitted is not None and not submitted.done():
+                    submitted.cancel()
+            self._finished(model, item, failure_of(exc, executing=True), started)
+            raise
+        self._finished(model, item, None, started)
+
+    # --- the end of a request --------------------------------------------------------------
+
+    def _finished(
+        self,
+        model: ModelVersion,
+        item: WorkItem | None,
+        error: ServerError | None,
+        started: int,
+        cache_hit_ns: int | None = None,
+        trace: Trace | None = None,
+    ) -> None:
+        """Every observer learns how the request ended; one answered from the response
+        cache is counted by statistics as a hit, not as an inference. A trace ends here."""
+        finished = time.monotonic_ns()
+        if trace is not None:
+            trace.end(finished)
+        for observer in self.observers:
+            if cache_hit_ns is not None and observer is self.stats:
+                self.stats.cache_hit(model, cache_hit_ns, started, finished)
+            else:
+                observer.request_done(model, item, error, started, finished)
+
+
+def _submit_ended(task: asyncio.Task[dict[str, Array]], sink: ResponseQueue) -> None:
+    """A decoupled request's execution ended: only a failure says anything (its
+    responses, and the final flag, come through the sink)."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        sink.fail(failure_of(exc, executing=True))
