@@ -209,6 +209,9 @@ class DynamicBatcher:
         executing finish before their slot's thread closes its executor.
         """
         self._closing = True
+        if self._turn is not None:
+            # Its requests hold a slot already: they run before the slots close.
+            self._turn_ends(self._turn)
         self._check_drained()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
@@ -291,9 +294,10 @@ class DynamicBatcher:
         return True
 
     def _turn_ends(self, turn: Turn) -> None:
+        """The turn's batch goes (once: close() may send it first)."""
         if self._turn is turn:
             self._turn = None
-        self._launch(turn.slot, turn.entries)
+            self._launch(turn.slot, turn.entries)
 
     def _run_alone(
         self,

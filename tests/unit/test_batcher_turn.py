@@ -111,3 +111,14 @@ async def test_close_waits_for_a_batch_that_has_not_gone_yet() -> None:
     await batcher.close(5.0)
     assert (await task)["y"].tolist() == [[2.0] * 4]
     assert fake.batches == [[1]] and fake.closed
+
+
+async def test_close_without_a_drain_timeout_still_runs_the_open_batch() -> None:
+    fake = FakeExecutor("fake")
+    batcher: DynamicBatcher = make_batcher(make_config(max_batch_size=8), [fake])
+    tasks = [asyncio.create_task(batcher.submit(item(v))) for v in (1, 2)]
+    await asyncio.sleep(0)  # both joined the open batch
+    await batcher.close(0.0)
+    results = await asyncio.gather(*tasks)
+    assert [r["y"].tolist() for r in results] == [[[2.0] * 4], [[4.0] * 4]]
+    assert fake.batches == [[1, 2]] and fake.closed
