@@ -265,14 +265,8 @@ class DynamicBatcher:
         return None
 
     def _gather(self, entry: Entry) -> bool:
-        """The turn path: a request that finds nothing queued and a slot idle takes the
-        slot and opens a batch, which goes at the end of this loop turn; requests that
-        arrive in the same turn join it while they fit and share its shape. What goes is
-        what the batch former would take a turn later under Triton's rules with no delay,
-        no preferred sizes, no priorities and no queue limits (the only models that come
-        here), without the queue entry and the former's wake-up. False: the request
-        queues as any other (a request that queues closes the open batch, so that none
-        overtakes it)."""
+        """The turn path (turn.py): open the batch of this loop turn on an idle slot when
+        nothing is queued, or join the open one. False: the request queues as any other."""
         turn = self._turn
         if turn is None:
             if self._queue or self._former.hold:
@@ -282,12 +276,8 @@ class DynamicBatcher:
                 return False
             self._turn = Turn(slot, entry)
             asyncio.get_running_loop().call_soon(self._turn_ends, self._turn)
-        elif turn.closed or not turn.admits(entry, self._policy.max_size):
-            turn.closed = True
+        elif not turn.join(entry, self._policy.max_size):
             return False
-        else:
-            turn.entries.append(entry)
-            turn.samples += entry.size
         # Bound to its slot from now on: a cancelled one runs and its result is dropped.
         entry.state = EntryState.RUNNING
         self._pending += 1

@@ -36,12 +36,20 @@ class Turn:
         # Set once a request could not join: the ones after it queue behind it.
         self.closed = False
 
-    def admits(self, entry: Entry, max_size: int) -> bool:
-        if self.samples + entry.size > max_size:
+    def join(self, entry: Entry, max_size: int) -> bool:
+        """Add a request of the same turn; False when it cannot join (too large, another
+        shape), which closes the turn: the requests after it queue behind it."""
+        if self.closed or self.samples + entry.size > max_size:
+            self.closed = True
             return False
         if self.key is None:
             self.key = self.entries[0].item.shape_key()
-        return bool(entry.item.shape_key() == self.key)
+        if entry.item.shape_key() != self.key:
+            self.closed = True
+            return False
+        self.entries.append(entry)
+        self.samples += entry.size
+        return True
 
 
 def no_rule_waits(policy: BatchPolicy) -> bool:
