@@ -34,7 +34,7 @@ from typing import Any
 
 from .arrivals import ArrivalModel
 from .budgets import Budgets, budgeted_levels
-from .choice import Estimates, Plan, choose, form_by_ns
+from .choice import Estimates, Plan, best_part, choose, form_by_ns
 from .costmodel import CostModel
 from .decision import Answer, Arrived, BatchView, Event, Left, Ran, Take, WaitUntil
 from .dispatch import Executing
@@ -135,15 +135,19 @@ class AdaptiveController:
         bucket: int = 0,
         arriving: int = 0,
         device_busy: bool = False,
+        joinable: int = -1,
     ) -> bool:
         """For a request that found nothing queued and a slot idle: whether there is
         nothing to wait for (no costs measured yet, another slot idle while no other
         slot's execution holds the slot's device (`device_busy`), or no client outside
-        to come back), so that plan() would send it at once; `arriving` samples not yet
+        to come back, or none of them of the request's key when `joinable` >= 0 says how
+        many are), so that plan() would send it at once; `arriving` samples not yet
         recorded count as in the server. Answered without planning: at low load this is
         every request. Records the decision for metrics as plan() does."""
         arrivals = self.arrivals
         outside = int(arrivals.peak) - arrivals.in_system - arriving
+        if 0 <= joinable < outside:
+            outside = joinable
         if self.cost_for(bucket).known and (device_busy or not idle_slots) and outside > 0:
             return False
         self._target = queued
@@ -170,13 +174,22 @@ class AdaptiveController:
         *,
         bucket: int = 0,
         on_device: Sequence[Executing] = (),
+        joinable: int = -1,
     ) -> Plan:
         """Plan the batch forming on an idle slot: `queued` samples are ready (the oldest
         enqueued at `oldest_ns`, the most urgent at `level`, `head_samples` of them at that
         level: all when None); `idle_slots` other slots idle; the slot has been idle since
         `idle_since_ns` (now when None); the batch is padded to shape bucket `bucket`;
         `on_device` are the other slots' batches executing on the slot's device, which
-        runs one execution at a time (a batch sent now waits for them).
+        runs one execution at a time (a batch sent now waits for them); `joinable`
+        samples of the batch's key may still arrive (its clients outside; -1: unknown,
+        any client outside may join).
+
+        Only requests of the batch's key can join it, so with `joinable` known the
+        clients waited for are those, never more than the arrival model counts, and
+        their share of the busy-arrival rate. With none of them outside the batch goes
+        at once, the device busy or not: waiting cannot grow it, and a batch handed over
+        now waits on the device only behind the executions there, as it would have.
         """
         arrivals = self.arrivals
         arrivals.tick(now_ns)
@@ -190,6 +203,10 @@ class AdaptiveController:
         if cost.executions % EXPLORE_EVERY != EXPLORE_EVERY - 1:
             limit = cost.efficient_limit(limit)
         potential = int(arrivals.peak) - arrivals.in_system
+        share = 1.0
+        if 0 <= joinable < potential:
+            share = joinable / potential
+            potential = joinable
         form_by = self.form_by_ns(on_device) if on_device else 0
         if (
             queued >= limit
@@ -200,6 +217,12 @@ class AdaptiveController:
             # slot's execution on the device, another slot idle or no client outside to
             # come back. (With the device busy, the batch waits for it: choose().)
             plan = Plan(min(queued, limit), now_ns, limit)
+        elif potential <= 0 and joinable >= 0:
+            # The device is busy and no client who could join is outside: waiting cannot
+            # grow the batch, so it goes now, as much of it as runs cheapest per sample
+            # (the rest goes next, right after it on the device: choice.best_part).
+            part = best_part(min(queued, limit), cost.cost_ns)
+            plan = Plan(part, now_ns, part)
         else:
             budget = budgets.planning_ns(level)
             late_by = -1
@@ -212,8 +235,9 @@ class AdaptiveController:
                     late_by = min(late_by, oldest_ns + self._bound_ns)
             rate, outside = arrivals.estimates()
             estimates = Estimates(
-                potential, rate, outside, budget, self._bound_ns, late_by, cost.cost_ns, form_by
-            )
+                potential, rate * share, outside, budget, self._bound_ns, late_by,
+                cost.cost_ns, form_by,
+            )  # fmt: skip
             plan = choose(now_ns, queued, oldest_ns, limit, estimates)
         self._target = plan.target
         self._limit = plan.limit
@@ -313,7 +337,10 @@ class AdaptiveDecider:
             # A request that found nothing queued and a slot idle, asked at once.
             self.catch_up()
             busy = bool(on_device)
-            if controller.sends_alone(total, view.idle_slots, view.bucket, view.unseen, busy):
+            joinable = view.joinable
+            if controller.sends_alone(
+                total, view.idle_slots, view.bucket, view.unseen, busy, joinable
+            ):
                 return Take(total)
             if view.unseen:
                 return WaitUntil(now_ns)  # not alone: tell me of it, then ask again
@@ -336,6 +363,7 @@ class AdaptiveDecider:
             idle_since_ns=view.idle_since_ns,
             bucket=view.bucket,
             on_device=on_device,
+            joinable=view.joinable,
         )
         # A plan that waits for the device is not held: the batcher asks again when an
         # execution on the device ends, and the answer then changes.

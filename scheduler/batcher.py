@@ -52,6 +52,7 @@ from ge_serve.server.errors import (
 
 from .adaptive import AdaptiveController, AdaptiveDecider
 from .batch import Shaper, execute_batch
+from .census import ShapeCensus
 from .decision import Arrived, BatchView, Decider, Dropped, Left, Ran, Take, TritonRules
 from .dispatch import Executing, ExecutorSlot, SlotPool
 from .former import BatchFormer
@@ -94,6 +95,9 @@ class DynamicBatcher:
         # The request running alone in an otherwise empty server, if any (_run_alone).
         self._alone: _Alone | None = None
         self._decider: Decider = self._adaptive or TritonRules(policy)
+        # For the adaptive controller, per key, who is in the server and who may still
+        # come to join a batch of that key (census.py).
+        self._census = ShapeCensus() if self._adaptive is not None else None
         # Set once closing, when nothing is queued or running (close() waits for it).
         self._drained = asyncio.Event()
         self._closing = False
@@ -103,7 +107,7 @@ class DynamicBatcher:
         self._former = BatchFormer(
             self._queue, pool, policy, self._decider, self._launch, self._finish,
             lambda: self._closing, delay_count, shaper.max_batch if shaper is not None else None,
-            closes,
+            closes, self._census,
         )  # fmt: skip
         self._batching = policy.batching
         # The batch gathering the requests of this loop turn (_gather), when one is open.
@@ -231,6 +235,9 @@ class DynamicBatcher:
         a turn later)."""
         decider = self._decider
         pool = self._pool
+        census = self._census
+        if census is not None:
+            entry.key = self._key(entry.item, entry.bucket)
         if self._alone is not None and not self._alone.logged:
             self._log_alone(self._alone)  # it is no longer alone
         slot = None
@@ -239,8 +246,14 @@ class DynamicBatcher:
         now, size, level = entry.enqueue_ns, entry.size, entry.level
         if slot is None:
             self._enqueue(entry)  # raises "Exceeds maximum queue size"
+            if census is not None:
+                census.arrived(entry.key, size)
             decider.observe(Arrived(now, size, level))
             return None
+        joinable = -1
+        if census is not None:
+            census.arrived(entry.key, size)
+            joinable = census.outside(entry.key)
         decider.observe(Arrived(now, size, level))
         view = BatchView(
             totals=(size,),
@@ -252,6 +265,7 @@ class DynamicBatcher:
             full=size >= self._policy.max_size,
             bucket=entry.bucket,
             on_device=pool.beside(slot) if decider.sees_device else (),
+            joinable=joinable,
         )
         try:
             answer = decider.decide(view, now)
@@ -307,7 +321,7 @@ class DynamicBatcher:
         execution. A request that arrives while it runs makes it part of the load: its
         arrival is reported then (_log_alone), its departure as any other's. With nothing
         else in the server, nothing can be answered out of order."""
-        alone = _Alone(now, size, level, bucket)
+        alone = _Alone(item, now, size, level, bucket)
         self._alone = alone
         slot.executing = Executing(now, size, bucket)
         self._pending += 1
@@ -322,6 +336,9 @@ class DynamicBatcher:
     def _log_alone(self, alone: _Alone) -> None:
         """Report the arrival of the request running alone, now that another arrives."""
         alone.logged = True
+        if self._census is not None:
+            alone.key = self._key(alone.item, alone.bucket)
+            self._census.arrived(alone.key, alone.size)
         self._decider.observe(Arrived(alone.arrive_ns, alone.size, alone.level))
 
     def _alone_done(
@@ -338,6 +355,8 @@ class DynamicBatcher:
         self._pool.release(slot)
         self._former.slot_freed(slot)
         done_ns = time.monotonic_ns()
+        if alone.logged and self._census is not None:
+            self._census.left(alone.key, alone.size)
         if exc is not None or results is None:
             exc = exc or RuntimeError("the batch returned no results")
             log.error("batch of %d failed on %s: %s", alone.size, slot.name, exc)
@@ -347,7 +366,7 @@ class DynamicBatcher:
                 future.set_exception(client_error(exc))
         else:
             # Priced by slot time, as in _batch_done.
-            duration = done_ns - alone.arrive_ns
+            duration = done_ns - self._pool.started_ns(slot, alone.arrive_ns, done_ns)
             if alone.logged:
                 self._decider.observe(Left(done_ns, alone.size, alone.size, duration, alone.bucket))
             else:
@@ -357,11 +376,18 @@ class DynamicBatcher:
         self._check_drained()
 
     def _enqueue(self, entry: Entry) -> None:
-        if self._shaper is not None:
-            entry.key = self._shaper.key(entry.item, entry.bucket)
-        elif self._batching:
-            entry.key = entry.item.shape_key()  # only queued requests are compared
+        if self._census is None:
+            # Only queued requests are compared (the census counts every one: _admit).
+            entry.key = self._key(entry.item, entry.bucket)
         self._queue.put(entry)  # raises "Exceeds maximum queue size"
+
+    def _key(self, item: WorkItem, bucket: int) -> Any:
+        """What must agree for requests to batch together."""
+        if self._shaper is not None:
+            return self._shaper.key(item, bucket)
+        if self._batching:
+            return item.shape_key()
+        return None
 
     # --- execution -----------------------------------------------------------------------
 
@@ -413,16 +439,21 @@ class DynamicBatcher:
                 # until the results are back here and the slot is free again: what the
                 # slot could not be used for. Its compute time alone leaves out the slot
                 # thread's wake-up and the way back, which on a busy host cost more than
-                # a small model's compute, and which only fewer, fuller batches save.
+                # a small model's compute, and which only fewer, fuller batches save. On
+                # a device that runs one execution at a time, the time it waited there
+                # behind another slot's execution is that one's, not its own.
                 leaving = 0
                 for entry in batch:
                     if entry.state is not EntryState.DONE:
                         leaving += entry.size
                 done_ns = time.monotonic_ns()
                 size = batch[0].item.timings.batch_size
+                started = self._pool.started_ns(slot, launched_ns, done_ns)
                 self._decider.observe(
-                    Left(done_ns, leaving, size, done_ns - launched_ns, batch[0].bucket)
+                    Left(done_ns, leaving, size, done_ns - started, batch[0].bucket)
                 )
+                if self._census is not None:
+                    self._census.left(batch[0].key, leaving)
             for entry, result in zip(batch, results, strict=True):
                 self._finish(entry, result=result, departed=True)
         self._check_drained()
@@ -450,6 +481,8 @@ class DynamicBatcher:
         self._pending -= 1
         if self._adaptive is not None and not departed:
             self._decider.observe(Dropped(time.monotonic_ns(), entry.size))
+            if self._census is not None:
+                self._census.left(entry.key, entry.size)
         order = self._order
         if order is None or result is None:
             # Errors are answered at once, as Triton does for rejected requests.
@@ -465,12 +498,15 @@ class DynamicBatcher:
 
 
 class _Alone:
-    """A request running alone: when it arrived, its samples, level and bucket, and
-    whether its arrival has been reported to the decider."""
+    """A request running alone: the request, when it arrived, its samples, level and
+    bucket, and whether its arrival has been reported to the decider (with its key, when
+    the batcher keeps a census)."""
 
-    __slots__ = ("arrive_ns", "bucket", "level", "logged", "size")
+    __slots__ = ("arrive_ns", "bucket", "item", "key", "level", "logged", "size")
 
-    def __init__(self, arrive_ns: int, size: int, level: int, bucket: int) -> None:
+    def __init__(self, item: WorkItem, arrive_ns: int, size: int, level: int, bucket: int) -> None:
+        self.item = item
+        self.key: Any = None
         self.arrive_ns = arrive_ns
         self.size = size
         self.level = level

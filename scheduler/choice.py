@@ -122,8 +122,9 @@ def choose(now_ns: int, n: int, oldest_ns: int, limit: int, est: Estimates) -> P
     While other slots' executions hold the device (`est.form_by_ns`), a batch sent now
     would only wait for them, and what arrives meanwhile can join it at no cost: it
     forms when the device is about to free (never past `max_queue_delay_microseconds`),
-    or as soon as it is full. The other slot frees right after, so no wait past that
-    point is planned: an idle slot means send now. What goes then is `best_part()`.
+    or as soon as it is full, or as soon as the `est.potential` clients outside have
+    joined it. The other slot frees right after, so no wait past that point is planned:
+    an idle slot means send now. What goes then is `best_part()`.
     """
     send_now = Plan(min(n, limit), now_ns, limit)
     form_by = est.form_by_ns
@@ -131,7 +132,8 @@ def choose(now_ns: int, n: int, oldest_ns: int, limit: int, est: Estimates) -> P
         if est.bound_ns:
             form_by = min(form_by, oldest_ns + est.bound_ns)
         if now_ns < form_by:
-            return Plan(limit, form_by, limit, True)
+            target = min(limit, n + est.potential) if est.potential > 0 else limit
+            return Plan(target, form_by, limit, True)
         part = best_part(min(n, limit), est.cost_ns)
         return Plan(part, now_ns, part)
     potential, rate, outside, cost_ns = est.potential, est.rate, est.outside_ns, est.cost_ns

@@ -89,7 +89,9 @@ class BatchView(NamedTuple):
     before it tells). `on_device`: the batches executing on the other slots of the slot's
     device, when that device runs one execution at a time and the decider asks
     (`sees_device`), in the order they were handed over: a batch sent now waits for
-    them."""
+    them. `joinable`: samples of the head's key (its shape, or its shape bucket) that may
+    still arrive and join the batch: that key's clients outside the server (census.py);
+    -1 where that is not known."""
 
     totals: Sequence[int]
     oldest_ns: int
@@ -102,6 +104,7 @@ class BatchView(NamedTuple):
     bucket: int = 0
     unseen: int = 0
     on_device: Sequence[Executing] = ()
+    joinable: int = -1
 
     @property
     def queued(self) -> int:

@@ -211,6 +211,8 @@ class SlotPool:
         self.idle_count = sum(not slot.busy for slot in slots)
         self._waiters: collections.deque[asyncio.Future[ExecutorSlot]] = collections.deque()
         self._closed: BaseException | None = None
+        # Per device that runs one execution at a time: when its latest execution ended.
+        self._device_free_ns: dict[str, int] = {}
 
     @property
     def rate_limited(self) -> bool:
@@ -261,6 +263,17 @@ class SlotPool:
             if waiter.done() and not waiter.cancelled():
                 self.release(waiter.result(), executed=False)
             raise
+
+    def started_ns(self, slot: ExecutorSlot, launched_ns: int, done_ns: int) -> int:
+        """When the execution that ended at `done_ns` on `slot`, handed over at
+        `launched_ns`, started on its device: on a device that runs one execution at a
+        time, not before the one ahead of it there ended (its wait there is that one's
+        time, not its own). Call once per execution, as each ends."""
+        if not slot.serial:
+            return launched_ns
+        ahead_ended = self._device_free_ns.get(slot.device, 0)
+        self._device_free_ns[slot.device] = done_ns
+        return max(launched_ns, ahead_ended)
 
     def beside(self, slot: ExecutorSlot) -> tuple[Executing, ...]:
         """The batches executing on the other slots of `slot`'s device, in the order they

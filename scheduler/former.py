@@ -5,8 +5,9 @@ requests keep piling up while every slot is busy, so batches grow with load on t
 With a slot in hand it describes the batch that could go now (a `BatchView`: the queue's
 leading requests of the head's shape, in the queue's order of priority, then arrival)
 and asks the decider (decision.py) whether it goes. A `WaitUntil` with a target holds
-until that many samples are queued behind the same head or its deadline passes; the
-former then sleeps without asking again.
+until that many samples are queued behind the same head (of its key, counted by the
+census where there is one) or its deadline passes; the former then sleeps without
+asking again.
 
 What a request of another shape does to that batch depends on who decides. Under
 Triton's rules (`closes_on_shape_change`) it closes the batch: the batch can grow no
@@ -15,6 +16,10 @@ the newcomer heads the next batch, as Triton's dynamic batcher does. The adaptiv
 controller, and shape buckets, look past it (up to SCAN_LIMIT requests) for more
 requests of the head's shape: the controller already bounds every wait by its latency
 budget, and closing a batch at every shape change would leave mixed traffic unbatched.
+
+For the adaptive controller the view also says how many requests of the head's key may
+still arrive to join the batch (`joinable`, from the batcher's `ShapeCensus`): only
+those are worth waiting for.
 
 For a decider that sees the device, the view also lists the batches executing on the
 other slots of the slot's device (`SlotPool.beside`). While the batch waits for those,
@@ -35,6 +40,7 @@ from typing import Protocol
 
 from ge_serve.server.errors import ErrorCode, ServerError
 
+from .census import ShapeCensus
 from .decision import BatchView, Decider, Take, WaitUntil
 from .dispatch import ExecutorSlot, SlotPool
 from .policy import BatchPolicy
@@ -70,8 +76,12 @@ class BatchFormer:
         delay_count: int = 0,
         max_batch: Callable[[int], int] | None = None,
         closes_on_shape_change: bool = False,
+        census: ShapeCensus | None = None,
     ) -> None:
         self._queue = queue
+        # Per key, who is in the server and who may still arrive (census.py): the view
+        # says how many of the head's key may join. None: the decider does not ask.
+        self._census = census
         self._closes_on_shape_change = closes_on_shape_change
         self._pool = pool
         self._policy = policy
@@ -83,8 +93,10 @@ class BatchFormer:
         self._closing = closing
         # Requests to wait for before the first batch (delay_count); 0 once reached.
         self.hold = max(delay_count, 0)
-        # The held answer for the batch forming on the slot in hand, with its head.
-        self._held: tuple[Entry, WaitUntil] | None = None
+        # The held answer for the batch forming on the slot in hand, with its head, and
+        # what reaches its target: that many samples queued (without a census), or that
+        # many of the head's key come (census.came).
+        self._held: tuple[Entry, WaitUntil, int] | None = None
         # The device of the slot in hand while its batch waits for other slots'
         # executions there: when one of them ends, the decider is asked again.
         self._device_wait: str | None = None
@@ -180,10 +192,11 @@ class BatchFormer:
         while queue:
             now = time.monotonic_ns()
             held = self._held
+            census = self._census
             if (
                 held is not None
                 and now < held[1].deadline_ns
-                and queue.samples < held[1].target
+                and (queue.samples if census is None else census.came(held[0].key)) < held[2]
                 and queue.first() is held[0]
             ):
                 # Still short of the held target, with the same head: what the decider
@@ -261,6 +274,8 @@ class BatchFormer:
             return [], None
         decider = self._decider
         on_device = self._pool.beside(slot) if decider.sees_device else ()
+        census = self._census
+        joinable = census.outside(key) if census is not None else -1
         view = BatchView(
             totals=totals,
             oldest_ns=oldest,
@@ -272,12 +287,19 @@ class BatchFormer:
             head=chosen[0],
             bucket=chosen[0].bucket,
             on_device=on_device,
+            joinable=joinable,
         )
         answer = decider.decide(view, now)
         if type(answer) is Take:
             return _fit(chosen, answer.samples), None
         assert isinstance(answer, WaitUntil)
-        self._held = (chosen[0], answer) if answer.target else None
+        if not answer.target:
+            self._held = None
+        elif census is None:
+            self._held = (chosen[0], answer, answer.target)
+        else:
+            # Only requests of the head's key bring the batch to its target.
+            self._held = (chosen[0], answer, census.came(key) + answer.target - total)
         self._device_wait = slot.device if on_device else None
         return [], answer.deadline_ns
 

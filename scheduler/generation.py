@@ -58,6 +58,7 @@ class GenerationScheduler:
             max_num_seqs=settings.max_num_seqs,
             max_num_batched_tokens=settings.max_num_batched_tokens,
             batching=settings.batching,
+            prefix_caching=settings.enable_prefix_caching,
         )
         self.generation_stats = GenerationStats(kv_blocks_total=settings.kv_cache_blocks)
         self._wake = threading.Condition()
@@ -198,6 +199,10 @@ class GenerationScheduler:
                 seq.scheduled_s = now
                 stats.prompt_tokens += seq.prompt_len
                 stats.queue.observe(now - seq.arrival_s)
+            if self._limits.prefix_caching:
+                # Admission shared what it could: `computed` is the tokens found.
+                stats.prefix_cache_queries += len(seq.tokens)
+                stats.prefix_cache_hits += seq.computed
         if plan.empty:
             with self._wake:
                 self._wake.wait(_IDLE_WAIT_S)
@@ -227,24 +232,23 @@ class GenerationScheduler:
         runner = self._model.runner
         graph = 0.0
         try:
-            if plan.decode:
-                rows = [RowWork(s.tokens[s.computed :], s.computed, s.blocks) for s in plan.decode]
-                logits = runner.run(rows)
-                graph += runner.last_graph_s
-                for seq, row in zip(plan.decode, logits, strict=True):
-                    seq.computed += 1
+            # Decode rows and prefill chunks in one call: one pass over the weights.
+            decode = [RowWork(s.tokens[s.computed :], s.computed, s.blocks) for s in plan.decode]
+            prefill = [
+                RowWork(s.tokens[s.computed : s.computed + n], s.computed, s.blocks)
+                for s, n in plan.prefill
+            ]
+            logits = runner.run(decode, prefill)
+            graph += runner.last_graph_s
+            if self._limits.prefix_caching:
+                self._remember([*plan.decode, *(s for s, _ in plan.prefill)], plan.prefill)
+            for seq, row in zip(plan.decode, logits[: len(decode)], strict=True):
+                seq.computed += 1
+                self._advance(seq, row)
+            for (seq, n), row in zip(plan.prefill, logits[len(decode) :], strict=True):
+                seq.computed += n
+                if seq.remaining == 0:
                     self._advance(seq, row)
-            if plan.prefill:
-                rows = [
-                    RowWork(s.tokens[s.computed : s.computed + n], s.computed, s.blocks)
-                    for s, n in plan.prefill
-                ]
-                logits = runner.run(rows)
-                graph += runner.last_graph_s
-                for (seq, n), row in zip(plan.prefill, logits, strict=True):
-                    seq.computed += n
-                    if seq.remaining == 0:
-                        self._advance(seq, row)
         except Exception as exc:
             log.exception("model '%s': a generation step failed", self._model.name)
             error = ModelError(ErrorCode.INTERNAL.value, f"generation step failed: {exc}")
@@ -257,6 +261,18 @@ class GenerationScheduler:
         stats.steps += 1
         stats.graph_seconds += graph
         stats.step_seconds += time.perf_counter() - started
+
+    def _remember(self, seqs: list[Sequence], prefill: list[tuple[Sequence, int]]) -> None:
+        """Offer the blocks this step filled for prefix sharing (before `computed` moves:
+        a decode row computed 1 token, a prefill row n)."""
+        size = self._limits.block_size
+        allocator = self._model.runner.pool.allocator
+        counts = {id(s): n for s, n in prefill}
+        for seq in seqs:
+            full = (seq.computed + counts.get(id(seq), 1)) // size
+            if full * size > seq.remembered:
+                allocator.remember(seq.blocks, seq.tokens, size, seq.remembered // size, full)
+                seq.remembered = full * size
 
     def _advance(self, seq: Sequence, logits: npt.NDArray[np.float32]) -> None:
         """Sample the sequence's next token and tell its client what it adds."""

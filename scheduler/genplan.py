@@ -17,6 +17,9 @@ preempted (its blocks freed, recomputed later; vLLM's recompute policy): the old
 going, and the preempted one goes back to the front of the queue. A sequence alone always
 fits (the load checks that the pool holds max_model_len), so the oldest sequence always
 progresses: never an out-of-memory failure, never a lost request.
+
+With prefix caching, an admitted sequence first shares the held blocks that already hold
+its prompt's first full blocks, and prefills from there.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class Limits:
     max_num_seqs: int
     max_num_batched_tokens: int
     batching: str
+    # Share the full blocks of a held prefix with a new sequence (kvcache.py).
+    prefix_caching: bool = False
 
 
 @dataclass(slots=True)
@@ -75,12 +80,16 @@ def plan_step(
     started_empty = not running
     while waiting and _may_admit(limits, len(running), started_empty):
         seq = waiting[0]
+        if limits.prefix_caching and not seq.blocks:
+            # Never the whole prompt: its last token is computed, for the logits.
+            seq.blocks.extend(allocator.share(seq.tokens, size, (len(seq.tokens) - 1) // size))
+            seq.computed = seq.remembered = len(seq.blocks) * size
         chunk = _chunk(seq, len(plan.prefill), q, budget)
-        if not chunk:
-            break
         more = blocks_for(seq.computed + chunk, size) - len(seq.blocks)
-        taken = allocator.allocate(more)
+        taken = allocator.allocate(more) if chunk else None
         if taken is None:
+            allocator.release(seq.blocks)
+            seq.computed = seq.remembered = 0
             break
         seq.blocks.extend(taken)
         waiting.popleft()
@@ -142,7 +151,7 @@ def preempt(
 ) -> None:
     running.remove(seq)
     allocator.release(seq.blocks)
-    seq.computed = 0
+    seq.computed = seq.remembered = 0
     waiting.appendleft(seq)
     plan.preempted.append(seq)
     if seq in plan.decode:

@@ -49,6 +49,9 @@ class GenerationStats:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     preemptions: int = 0
+    # Prompt tokens looked up in the prefix cache at admission, and found there.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
     finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
     running: int = 0
     waiting: int = 0

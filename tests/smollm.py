@@ -48,7 +48,9 @@ def _load(name: str) -> ModuleType:
 
 @cache
 def llama_onnx() -> ModuleType:
-    """examples/smollm/llama_onnx.py (examples/ is not a package)."""
+    """examples/smollm/llama_onnx.py (examples/ is not a package), after the module it
+    imports."""
+    _load("llama_attention")
     return _load("llama_onnx")
 
 
@@ -197,10 +199,37 @@ class PagedCache:
             seq.blocks.append(self.free.pop(0))
 
     def step(
-        self, seqs: Sequence[CachedSeq], new_ids: Sequence[Sequence[int]]
+        self,
+        seqs: Sequence[CachedSeq],
+        new_ids: Sequence[Sequence[int]],
+        chunk_seqs: Sequence[CachedSeq] = (),
+        chunk_ids: Sequence[Sequence[int]] = (),
     ) -> npt.NDArray[np.float32]:
-        """Run one step: each row's new tokens (rows left-padded to the longest), then
-        write their K and V into the row's blocks; returns logits [rows, vocab]."""
+        """Run one step: each row's new tokens (rows left-padded to the longest), and as
+        the graph's second group (`chunk_*` inputs) the chunk rows', in the same call;
+        then write their K and V into the rows' blocks; returns logits [rows + chunk rows,
+        vocab]."""
+        feed, first = self._group(seqs, new_ids, "")
+        if chunk_seqs:
+            more, _ = self._group(chunk_seqs, chunk_ids, "chunk_")
+            feed |= more
+        for i in range(self.cfg.num_layers):
+            feed[f"key_cache_{i}"] = self.keys[i]
+            feed[f"value_cache_{i}"] = self.values[i]
+        names = ["logits"] + [
+            f"{kind}_{i}" for i in range(self.cfg.num_layers) for kind in ("key", "value")
+        ]
+        outputs = self.session.run(names, feed)
+        logits: npt.NDArray[np.float32] = outputs[0]
+        self._write(outputs, seqs, new_ids, 0)
+        if chunk_seqs:
+            self._write(outputs, chunk_seqs, chunk_ids, first)
+        return logits
+
+    def _group(
+        self, seqs: Sequence[CachedSeq], new_ids: Sequence[Sequence[int]], prefix: str
+    ) -> tuple[dict[str, npt.NDArray[Any]], int]:
+        """One group's inputs, and how many (padded) tokens it has."""
         rows, q = len(seqs), max(len(ids) for ids in new_ids)
         blocks = max(-(-s.length // self.block_size) for s in seqs)
         past = blocks * self.block_size
@@ -217,29 +246,31 @@ class PagedCache:
             for j in range(pad, q):
                 mask[r, j, : seq.length] = 0.0
                 mask[r, j, past + pad : past + j + 1] = 0.0
-        feed: dict[str, npt.NDArray[Any]] = {
-            "input_ids": input_ids, "positions": positions, "block_table": table,
-            "attention_mask": mask,
-        }  # fmt: skip
-        for i in range(self.cfg.num_layers):
-            feed[f"key_cache_{i}"] = self.keys[i]
-            feed[f"value_cache_{i}"] = self.values[i]
-        names = ["logits"] + [
-            f"{kind}_{i}" for i in range(self.cfg.num_layers) for kind in ("key", "value")
-        ]
-        outputs = self.session.run(names, feed)
-        logits: npt.NDArray[np.float32] = outputs[0]
+        feed = {"input_ids": input_ids, "positions": positions, "block_table": table,
+                "attention_mask": mask}  # fmt: skip
+        return {prefix + name: array for name, array in feed.items()}, rows * q
+
+    def _write(
+        self,
+        outputs: Sequence[npt.NDArray[Any]],
+        seqs: Sequence[CachedSeq],
+        new_ids: Sequence[Sequence[int]],
+        first: int,
+    ) -> None:
+        """Store one group's new K/V: they come flat, its row r's q tokens from
+        first + r * q."""
+        q = max(len(ids) for ids in new_ids)
         for r, (seq, ids) in enumerate(zip(seqs, new_ids, strict=True)):
             pad = q - len(ids)
             self._reserve(seq, len(ids))
             for k in range(len(ids)):
                 t = seq.length + k
                 block, offset = seq.blocks[t // self.block_size], t % self.block_size
+                token = first + r * q + pad + k
                 for i in range(self.cfg.num_layers):
-                    self.keys[i][block, offset] = outputs[1 + 2 * i][r, pad + k]
-                    self.values[i][block, offset] = outputs[2 + 2 * i][r, pad + k]
+                    self.keys[i][block, offset] = outputs[1 + 2 * i][token]
+                    self.values[i][block, offset] = outputs[2 + 2 * i][token]
             seq.length += len(ids)
-        return logits
 
 
 def session_for(model: Any, threads: int = 1) -> Any:

@@ -107,7 +107,7 @@ def step_config(
     for tensor, kind, dims in declared:
         config.input.add(name=tensor, data_type=kind, dims=dims)
     config.output.add(name="logits", data_type=fp32, dims=[-1, shape.vocab])
-    new = [-1, -1, shape.kv_heads, shape.head_dim]
+    new = [-1, shape.kv_heads, shape.head_dim]  # flat over rows x chunk
     for layer in range(shape.layers):
         config.output.add(name=f"key_{layer}", data_type=fp32, dims=new)
         config.output.add(name=f"value_{layer}", data_type=fp32, dims=new)
@@ -145,7 +145,21 @@ class GeStepRunner:
         self.device = self._executor.slot.device
         self.last_graph_s = 0.0
 
-    def run(self, rows: Sequence[RowWork]) -> npt.NDArray[np.float32]:
+    def run(
+        self, rows: Sequence[RowWork], chunk_rows: Sequence[RowWork] = ()
+    ) -> npt.NDArray[np.float32]:
+        """Logits [rows + chunk_rows, vocab]. The compiled graph has the first group's
+        inputs only (the second keeps its default of no rows, see runner.py), so the
+        groups run as two calls, each padded to its own gear."""
+        if not chunk_rows or not rows:
+            return self._run(rows or chunk_rows)
+        first = self._run(rows)
+        graph_s = self.last_graph_s
+        second = self._run(chunk_rows)
+        self.last_graph_s += graph_s
+        return np.concatenate([first, second])
+
+    def _run(self, rows: Sequence[RowWork]) -> npt.NDArray[np.float32]:
         padded = self.gears.fit(step_shape(rows, self.block_size))
         feed, write = build_step_inputs(rows, self.block_size, padded)
         full = dict(feed)

@@ -6,7 +6,15 @@ their absolute positions, the row's block table and an additive attention mask o
 [the gathered past slots | the new tokens], plus every layer's whole cache pool. The
 pools go in as OrtValues made once over the pool arrays, so onnxruntime reads the cache
 in place. The graph returns the last position's logits per row and the new tokens' keys
-and values, which `KvPool.write` puts into their slots.
+and values (flat: every row's q tokens in turn), which `KvPool.write` puts into their
+slots.
+
+A step has two groups of rows: the decoding rows (q = 1) and the prefilling ones (q = the
+longest chunk). A graph that takes the second group as inputs of its own (`chunk_*`, as
+examples/smollm/llama_onnx.py builds it) runs both in one call: its dense layers run once
+over every token, so the weights are read once per iteration, and only attention is
+computed per group, each at its own q, so the decode rows are not padded to the chunk's
+length. A graph without them runs the two groups as two calls.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from .kvcache import KvPool, blocks_for
 
 MASKED = np.float32(-1e9)
 _REQUIRED = ("input_ids", "positions", "block_table", "attention_mask")
+# The second group's inputs: the same names with this prefix.
+CHUNK_PREFIX = "chunk_"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +103,9 @@ class Runner(Protocol):
     # Seconds inside the graph in the latest step (the rest is the engine's overhead).
     last_graph_s: float
 
-    def run(self, rows: Sequence[RowWork]) -> npt.NDArray[np.float32]: ...
+    def run(
+        self, rows: Sequence[RowWork], chunk_rows: Sequence[RowWork] = ()
+    ) -> npt.NDArray[np.float32]: ...
 
     def close(self) -> None: ...
 
@@ -108,6 +120,9 @@ class StepRunner:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # The graph's `chunk_*` defaults are initializers listed as inputs on purpose
+        # (a feed overrides them); onnxruntime warns about each at load otherwise.
+        options.log_severity_level = 3
         self.session = ort.InferenceSession(
             str(path), sess_options=options, providers=["CPUExecutionProvider"]
         )
@@ -126,12 +141,30 @@ class StepRunner:
                 self.pool.values[layer]
             )
         self._outputs = ["logits", *(f"key_{i}" for i in layers), *(f"value_{i}" for i in layers)]
+        self.mixes = takes_chunk_group(self.session)
         # Seconds inside onnxruntime in the latest step, for the overhead measurement.
         self.last_graph_s = 0.0
 
-    def run(self, rows: Sequence[RowWork]) -> npt.NDArray[np.float32]:
-        """Logits [rows, vocab] of each row's last token; the rows' new K/V are stored."""
+    def run(
+        self, rows: Sequence[RowWork], chunk_rows: Sequence[RowWork] = ()
+    ) -> npt.NDArray[np.float32]:
+        """Logits [rows + chunk_rows, vocab] of each row's last token, in that order; the
+        rows' new K/V are stored. One graph call where the graph takes both groups."""
+        if not rows:
+            rows, chunk_rows = chunk_rows, ()
+        if chunk_rows and not self.mixes:
+            first = self.run(rows)
+            graph_s = self.last_graph_s
+            second = self.run(chunk_rows)
+            self.last_graph_s += graph_s
+            return np.concatenate([first, second])
         feed, write = build_step_inputs(rows, self.block_size)
+        if chunk_rows:
+            more, more_write = build_step_inputs(
+                chunk_rows, self.block_size, first_token=feed["input_ids"].size
+            )
+            feed |= {CHUNK_PREFIX + name: array for name, array in more.items()}
+            write = join_writes(write, more_write)
         values = dict(self._pool_values)
         for name, array in feed.items():
             values[name] = ort.OrtValue.ortvalue_from_numpy(array)
@@ -150,6 +183,22 @@ class StepRunner:
 
 
 _Index = npt.NDArray[np.intp]
+# Where a step's new K/V go: (flat output token, block, offset) per real new token.
+Writes = tuple[_Index, _Index, _Index]
+
+
+def takes_chunk_group(session: ort.InferenceSession) -> bool:
+    """Whether the graph takes a second group of rows (`chunk_*` inputs). The graph gives
+    them defaults (no rows), as initializers a feed overrides, which onnxruntime lists
+    apart from the inputs."""
+    names = {i.name for i in session.get_inputs()}
+    names |= {i.name for i in session.get_overridable_initializers()}
+    return all(CHUNK_PREFIX + name in names for name in _REQUIRED)
+
+
+def join_writes(first: Writes, second: Writes) -> Writes:
+    index, blocks, offsets = (np.concatenate(pair) for pair in zip(first, second, strict=True))
+    return index, blocks, offsets
 
 
 def step_shape(rows: Sequence[RowWork], block_size: int) -> tuple[int, int, int]:
@@ -159,12 +208,16 @@ def step_shape(rows: Sequence[RowWork], block_size: int) -> tuple[int, int, int]
 
 
 def build_step_inputs(
-    rows: Sequence[RowWork], block_size: int, shape: tuple[int, int, int] | None = None
-) -> tuple[dict[str, npt.NDArray[Any]], tuple[_Index, _Index, _Index, _Index]]:
-    """The graph's four per-step inputs, and where each real new token's K/V goes
-    (output row, output column, block, offset). `shape` pads the step to (rows, chunk,
-    past blocks) at least as large as its own (a gear): a padding row is one token at
-    position 0 that attends only itself, and its results are ignored."""
+    rows: Sequence[RowWork],
+    block_size: int,
+    shape: tuple[int, int, int] | None = None,
+    first_token: int = 0,
+) -> tuple[dict[str, npt.NDArray[Any]], Writes]:
+    """One group's four inputs, and where each real new token's K/V goes (its index in
+    the flat K/V outputs, where this group's tokens start at `first_token`; block;
+    offset). `shape` pads the group to (rows, chunk, past blocks) at least as large as its
+    own (a gear): a padding row is one token at position 0 that attends only itself, and
+    its results are ignored."""
     batch, q, past_blocks = shape or step_shape(rows, block_size)
     past = past_blocks * block_size
     input_ids = np.zeros((batch, q), np.int64)
@@ -213,4 +266,5 @@ def build_step_inputs(
         "block_table": table,
         "attention_mask": mask,
     }
-    return feed, (out_r, np.asarray(out_cols, np.intp), blocks, offsets)
+    flat: _Index = first_token + out_r * q + np.asarray(out_cols, np.intp)
+    return feed, (flat, blocks, offsets)

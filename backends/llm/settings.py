@@ -30,6 +30,7 @@ DEFAULTS: dict[str, str] = {
     "max_num_seqs": "32",
     "max_num_batched_tokens": "256",
     "batching": "iteration",
+    "enable_prefix_caching": "true",
     "intra_op_thread_count": "0",
     "default_max_tokens": "256",
     "default_temperature": "1.0",
@@ -80,6 +81,8 @@ class EngineSettings:
     npu_batch_gears: tuple[int, ...] = ()
     npu_chunk_gears: tuple[int, ...] = ()
     npu_block_gears: tuple[int, ...] = ()
+    # New sequences share the held full blocks of their prompt's prefix (vLLM's name).
+    enable_prefix_caching: bool = True
 
     @property
     def blocks_per_sequence(self) -> int:
@@ -126,6 +129,7 @@ def parse_settings(
             top_k=_integer(raw, "default_top_k", 0),
         ),
         placement=raw["placement"],
+        enable_prefix_caching=_flag(raw, "enable_prefix_caching"),
     )
     settings = _with_gears(settings, raw)
     _check(settings)
@@ -212,6 +216,13 @@ def _integer(raw: dict[str, str], key: str, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"parameter {key}: {value} is below {minimum}")
     return value
+
+
+def _flag(raw: dict[str, str], key: str) -> bool:
+    value = raw[key].strip().lower()
+    if value not in ("true", "false", "1", "0"):
+        raise ValueError(f"parameter {key}: {raw[key]!r} is not true or false")
+    return value in ("true", "1")
 
 
 def _positive(raw: dict[str, str], key: str) -> int:

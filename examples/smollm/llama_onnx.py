@@ -7,6 +7,14 @@ row's last position plus the new tokens' keys and values, which the engine write
 cache pool. The pool itself is an input (read only, passed zero-copy); the graph gathers the
 blocks each row names, so no cache is copied whole from step to step.
 
+The rows come in two groups, each [batch, q] with its own q: typically the decoding rows
+(q = 1) and the rows prefilling a prompt chunk. The dense layers (norms, projections, MLP,
+most of the work and all of the weights) run once over the flat tokens of both groups, so
+one call reads the weights once per iteration; attention runs per group at the group's q
+(llama_attention.py), so decode rows are not padded to the chunk's length. The second
+group's inputs default to no rows (initializers of the same names, which a feed
+overrides): a caller that feeds only the first group gets the one-group graph.
+
 The contract (names and shapes the engine codes against; every dim symbolic but
 kv_heads, head_dim and vocab):
 
@@ -17,10 +25,17 @@ kv_heads, head_dim and vocab):
                                                at offset t % block_size
     attention_mask   FP32  [batch, q, blocks * block_size + q]   0 to attend, -1e9 not; the
                                                past slots first, then the new tokens
+    chunk_input_ids, chunk_positions, chunk_block_table, chunk_attention_mask
+                                               the second group, the same way (default:
+                                               [0, 1], [0, 1], [0, 1], [0, 1, 1])
     key_cache_{i}    FP32  [num_blocks, block_size, kv_heads, head_dim]   (and value_cache_{i})
     ->
-    logits           FP32  [batch, vocab]      the last query position of each row
-    key_{i}          FP32  [batch, q, kv_heads, head_dim]   after RoPE (and value_{i})
+    logits           FP32  [batch + chunk_batch, vocab]   the last query position of each
+                                               row, the first group's rows first
+    key_{i}          FP32  [batch * q + chunk_batch * chunk_q, kv_heads, head_dim]   after
+                                               RoPE, flat: row r of the first group's q
+                                               tokens from r * q, then the second group's
+                                               (and value_{i})
 
 Why it is shaped as it is, for onnxruntime on a CPU:
 - Q, K and V come from one MatMul and gate/up from another (pre-transposed [in, out]
@@ -52,12 +67,19 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from llama_attention import (
+    Graph,
+    GroupInputs,
+    attention,
+    group_shapes,
+    key_cache_name,
+    value_cache_name,
+)
+from onnx import TensorProto, helper
 
 OPSET = 17
 IR_VERSION = 8
@@ -68,16 +90,12 @@ INPUT_IDS = "input_ids"
 POSITIONS = "positions"
 BLOCK_TABLE = "block_table"
 ATTENTION_MASK = "attention_mask"
+CHUNK_INPUT_IDS = "chunk_input_ids"
+CHUNK_POSITIONS = "chunk_positions"
+CHUNK_BLOCK_TABLE = "chunk_block_table"
+CHUNK_ATTENTION_MASK = "chunk_attention_mask"
 LOGITS = "logits"
 MASKED = -1e9
-
-
-def key_cache_name(layer: int) -> str:
-    return f"key_cache_{layer}"
-
-
-def value_cache_name(layer: int) -> str:
-    return f"value_cache_{layer}"
 
 
 def key_name(layer: int) -> str:
@@ -184,42 +202,7 @@ def rope_tables(cfg: LlamaConfig) -> tuple[npt.NDArray[np.float32], npt.NDArray[
     return cos.astype(np.float32), signed_sin.astype(np.float32)
 
 
-class _Graph:
-    """Nodes and initializers as they are added, with unique names."""
-
-    def __init__(self) -> None:
-        self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
-
-    def const(self, name: str, value: npt.ArrayLike, dtype: type = np.float32) -> str:
-        array: npt.NDArray[Any] = np.ascontiguousarray(np.asarray(value, dtype=dtype))
-        self.initializers.append(numpy_helper.from_array(array, name))
-        return name
-
-    def ints(self, name: str, values: Sequence[int]) -> str:
-        return self.const(name, list(values), np.int64)
-
-    def op(self, kind: str, inputs: Sequence[str], name: str, **attrs: Any) -> str:
-        self.nodes.append(helper.make_node(kind, list(inputs), [name], name=name, **attrs))
-        return name
-
-    def ops(
-        self, kind: str, inputs: Sequence[str], names: Sequence[str], **attrs: Any
-    ) -> list[str]:
-        self.nodes.append(helper.make_node(kind, list(inputs), list(names), name=names[0], **attrs))
-        return list(names)
-
-    def rms_norm(self, x: str, weight: npt.NDArray[np.float32], prefix: str, eps: float) -> str:
-        """The Pow/ReduceMean/Add/Sqrt/Div/Mul chain onnxruntime fuses."""
-        square = self.op("Pow", [x, self.const(f"{prefix}.two", 2.0)], f"{prefix}.square")
-        mean = self.op("ReduceMean", [square], f"{prefix}.mean", axes=[-1], keepdims=1)
-        var = self.op("Add", [mean, self.const(f"{prefix}.eps", eps)], f"{prefix}.var")
-        std = self.op("Sqrt", [var], f"{prefix}.std")
-        normed = self.op("Div", [x, std], f"{prefix}.normed")
-        return self.op("Mul", [normed, self.const(f"{prefix}.weight", weight)], f"{prefix}.out")
-
-
-def _rope(g: _Graph, x: str, env: Mapping[str, str], half: int, prefix: str, out: str) -> str:
+def _rope(g: Graph, x: str, env: Mapping[str, str], half: int, prefix: str, out: str) -> str:
     """x [batch, q, heads, head_dim] rotated: x*cos + concat(x2, x1)*signed_sin."""
     first, second = g.ops(
         "Split", [x, g.ints(f"{prefix}.halves", [half, half])],
@@ -237,12 +220,19 @@ def _rope(g: _Graph, x: str, env: Mapping[str, str], half: int, prefix: str, out
 
 
 def _layer(
-    g: _Graph, x: str, weights: Weights, cfg: LlamaConfig, i: int, env: Mapping[str, str]
+    g: Graph,
+    x: str,
+    weights: Weights,
+    cfg: LlamaConfig,
+    i: int,
+    env: Mapping[str, str],
+    groups: Sequence[Mapping[str, str]],
 ) -> tuple[str, str, str]:
-    """One decoder layer; returns (x out, key_i, value_i)."""
+    """One decoder layer over the flat tokens of every group; returns (x out, key_i,
+    value_i). The dense work (norms, projections, MLP) runs once over all the tokens, so
+    the weights are read once per step; only attention runs per group."""
     p = f"model.layers.{i}"
-    d, kvh, grp, f = cfg.head_dim, cfg.num_kv_heads, cfg.group, cfg.intermediate_size
-    qd = cfg.num_heads * d
+    d, kvh, f = cfg.head_dim, cfg.num_kv_heads, cfg.intermediate_size
     normed = g.rms_norm(
         x, weights[f"{p}.input_layernorm.weight"], f"{p}.attn_norm", cfg.rms_norm_eps
     )
@@ -257,61 +247,27 @@ def _layer(
     qkv = g.op("MatMul", [normed, g.const(f"{p}.qkv.weight_t", wqkv)], f"{p}.qkv")
     # One Reshape to heads, and RoPE on the Q and K heads together (they are adjacent).
     heads = g.op(
-        "Reshape", [qkv, g.ints(f"{p}.qkv.shape", [0, 0, cfg.num_heads + 2 * kvh, d])],
+        "Reshape", [qkv, g.ints(f"{p}.qkv.shape", [0, cfg.num_heads + 2 * kvh, d])],
         f"{p}.qkv_heads",
     )  # fmt: skip
     qk, value = g.ops(
         "Split", [heads, g.ints(f"{p}.qkv.split", [cfg.num_heads + kvh, kvh])],
-        [f"{p}.qk", value_name(i)], axis=2,
+        [f"{p}.qk", value_name(i)], axis=1,
     )  # fmt: skip
     qk = _rope(g, qk, env, d // 2, f"{p}.qk_rope", f"{p}.qk_rope.out")
     q, key = g.ops(
         "Split", [qk, g.ints(f"{p}.qk.split", [cfg.num_heads, kvh])],
-        [f"{p}.q_rope", key_name(i)], axis=2,
+        [f"{p}.q_rope", key_name(i)], axis=1,
     )  # fmt: skip
-
-    # Queries grouped by KV head: [b, q, kvh, grp, d] -> [b, kvh, grp * q, d].
-    q5 = g.op("Reshape", [q, g.ints(f"{p}.q5.shape", [0, 0, kvh, grp, d])], f"{p}.q5")
-    qt = g.op("Transpose", [q5], f"{p}.q5t", perm=[0, 2, 3, 1, 4])
-    qg = g.op("Reshape", [qt, g.ints(f"{p}.qg.shape", [0, 0, -1, d])], f"{p}.qg")
-    # The past: [b, blocks, bs, kvh, d] gathered from the pool -> K^T [b, kvh, d, past],
-    # V [b, kvh, past, d].
-    past_k = g.op("Gather", [key_cache_name(i), BLOCK_TABLE], f"{p}.past_k", axis=0)
-    past_kt = g.op("Transpose", [past_k], f"{p}.past_kt5", perm=[0, 3, 4, 1, 2])
-    past_kt = g.op("Reshape", [past_kt, env["kt_shape"]], f"{p}.past_kt")
-    past_v = g.op("Gather", [value_cache_name(i), BLOCK_TABLE], f"{p}.past_v", axis=0)
-    past_vt = g.op("Transpose", [past_v], f"{p}.past_vt5", perm=[0, 3, 1, 2, 4])
-    past_vt = g.op("Reshape", [past_vt, env["v_shape"]], f"{p}.past_vt")
-    new_kt = g.op("Transpose", [key], f"{p}.new_kt", perm=[0, 2, 3, 1])
-    new_vt = g.op("Transpose", [value], f"{p}.new_vt", perm=[0, 2, 1, 3])
-    scores = g.op(
-        "Concat",
-        [
-            g.op("MatMul", [qg, past_kt], f"{p}.scores_past"),
-            g.op("MatMul", [qg, new_kt], f"{p}.scores_new"),
-        ],
-        f"{p}.scores",
-        axis=-1,
-    )
-    scores5 = g.op("Reshape", [scores, env["scores5_shape"]], f"{p}.scores5")
-    masked = g.op("Add", [scores5, env["mask5"]], f"{p}.masked")
-    probs5 = g.op("Softmax", [masked], f"{p}.probs5", axis=-1)
-    probs = g.op("Reshape", [probs5, env["probs_shape"]], f"{p}.probs")
-    probs_past, probs_new = g.ops(
-        "Split", [probs, env["past_new_split"]], [f"{p}.probs_past", f"{p}.probs_new"], axis=-1
-    )
-    context = g.op(
-        "Add",
-        [
-            g.op("MatMul", [probs_past, past_vt], f"{p}.ctx_past"),
-            g.op("MatMul", [probs_new, new_vt], f"{p}.ctx_new"),
-        ],
-        f"{p}.ctx",
-    )
-    # [b, kvh, grp * q, d] -> [b, kvh, grp, q, d] -> [b, q, kvh, grp, d] -> [b, q, hidden].
-    ctx5 = g.op("Reshape", [context, env["ctx5_shape"]], f"{p}.ctx5")
-    ctxt = g.op("Transpose", [ctx5], f"{p}.ctx5t", perm=[0, 3, 1, 2, 4])
-    ctx = g.op("Reshape", [ctxt, g.ints(f"{p}.ctx.shape", [0, 0, qd])], f"{p}.ctx3")
+    tags = [grp["tag"] for grp in groups]
+    split = env["group_tokens"]
+    qs = g.ops("Split", [q, split], [f"{p}.q.{t}" for t in tags], axis=0)
+    ks = g.ops("Split", [key, split], [f"{p}.k.{t}" for t in tags], axis=0)
+    vs = g.ops("Split", [value, split], [f"{p}.v.{t}" for t in tags], axis=0)
+    contexts = [
+        attention(g, qs[n], ks[n], vs[n], cfg, i, grp, grp["tag"]) for n, grp in enumerate(groups)
+    ]
+    ctx = g.op("Concat", contexts, f"{p}.ctx", axis=0)
     wo = weights[f"{p}.self_attn.o_proj.weight"].T
     attn = g.op("MatMul", [ctx, g.const(f"{p}.o.weight_t", wo)], f"{p}.attn")
     x = g.op("Add", [x, attn], f"{p}.resid1")
@@ -332,42 +288,53 @@ def _layer(
     return g.op("Add", [x, down], f"{p}.out"), key, value
 
 
-def _prelude(g: _Graph, cfg: LlamaConfig) -> dict[str, str]:
-    """The shape tensors and tables every layer shares."""
-    d, kvh, grp = cfg.head_dim, cfg.num_kv_heads, cfg.group
+def _prelude(
+    g: Graph, cfg: LlamaConfig, groups: Sequence[GroupInputs]
+) -> tuple[dict[str, str], list[dict[str, str]], str]:
+    """The shape tensors and tables every layer shares, each group's, and the flat token
+    ids [n] (every group's rows x chunk, in group order)."""
     cos_table, sin_table = rope_tables(cfg)
-    cos = g.op("Gather", [g.const("rope.cos", cos_table), POSITIONS], "rope.cos_q", axis=0)
-    sin = g.op("Gather", [g.const("rope.sin", sin_table), POSITIONS], "rope.sin_q", axis=0)
-    head_axis = g.ints("axes.2", [2])
+    flat = g.ints("c.flat", [-1])
+    ids = g.op(
+        "Concat", [g.op("Reshape", [grp.input_ids, flat], f"{grp.tag}.ids_flat") for grp in groups],
+        "ids_flat", axis=0,
+    )  # fmt: skip
+    positions = g.op(
+        "Concat",
+        [g.op("Reshape", [grp.positions, flat], f"{grp.tag}.positions_flat") for grp in groups],
+        "positions_flat",
+        axis=0,
+    )
+    cos = g.op("Gather", [g.const("rope.cos", cos_table), positions], "rope.cos_q", axis=0)
+    sin = g.op("Gather", [g.const("rope.sin", sin_table), positions], "rope.sin_q", axis=0)
+    head_axis = g.ints("axes.1", [1])
     env = {
-        "cos": g.op("Unsqueeze", [cos, head_axis], "rope.cos4"),
-        "sin": g.op("Unsqueeze", [sin, head_axis], "rope.sin4"),
-        "mask5": g.op("Unsqueeze", [ATTENTION_MASK, g.ints("axes.1_2", [1, 2])], "mask5"),
+        "cos": g.op("Unsqueeze", [cos, head_axis], "rope.cos3"),
+        "sin": g.op("Unsqueeze", [sin, head_axis], "rope.sin3"),
     }
-    ids_shape = g.op("Shape", [INPUT_IDS], "shape.ids")
-    zero, one, two = g.ints("c.0", [0]), g.ints("c.1", [1]), g.ints("c.2", [2])
-    batch = g.op("Slice", [ids_shape, zero, one], "shape.batch")
-    q_len = g.op("Slice", [ids_shape, one, two], "shape.q")
-    blocks = g.op("Slice", [g.op("Shape", [BLOCK_TABLE], "shape.table"), one, two], "shape.blocks")
+    one, two = g.ints("c.1", [1]), g.ints("c.2", [2])
     block_size = g.op(
         "Slice", [g.op("Shape", [key_cache_name(0)], "shape.pool"), one, two], "shape.block_size"
     )
-    past = g.op("Mul", [blocks, block_size], "shape.past")
-    kvh_c, d_c, grp_c = g.ints("c.kvh", [kvh]), g.ints("c.d", [d]), g.ints("c.grp", [grp])
-    env["kt_shape"] = g.op("Concat", [batch, kvh_c, d_c, past], "shape.kt", axis=0)
-    env["v_shape"] = g.op("Concat", [batch, kvh_c, past, d_c], "shape.v", axis=0)
-    minus_one = g.ints("c.-1", [-1])
-    env["scores5_shape"] = g.op(
-        "Concat", [zero, zero, grp_c, q_len, minus_one], "shape.scores5", axis=0
-    )
-    env["ctx5_shape"] = g.op("Concat", [zero, zero, grp_c, q_len, d_c], "shape.ctx5", axis=0)
-    env["past_new_split"] = g.op("Concat", [past, q_len], "shape.past_new", axis=0)
-    keys = g.op("Add", [past, q_len], "shape.keys")
-    env["probs_shape"] = g.op("Concat", [zero, zero, minus_one, keys], "shape.probs", axis=0)
-    env["last"] = g.op(
-        "Squeeze", [g.op("Sub", [q_len, one], "shape.last1")], "shape.last"
-    )  # a scalar index: Gather drops the query axis
-    return env
+    envs = [group_shapes(g, cfg, grp, block_size) for grp in groups]
+    env["group_tokens"] = g.op("Concat", [e["tokens"] for e in envs], "shape.group_tokens", axis=0)
+    return env, envs, ids
+
+
+GROUPS = (
+    GroupInputs("rows", INPUT_IDS, POSITIONS, BLOCK_TABLE, ATTENTION_MASK),
+    GroupInputs("chunk", CHUNK_INPUT_IDS, CHUNK_POSITIONS, CHUNK_BLOCK_TABLE, CHUNK_ATTENTION_MASK),
+)
+
+
+def _chunk_defaults(g: Graph) -> None:
+    """The second group's inputs default to no rows (initializers of the same name, which
+    a feed overrides): a caller that feeds only the first group runs it alone."""
+    chunk = GROUPS[1]
+    g.const(chunk.input_ids, np.zeros((0, 1)), np.int64)
+    g.const(chunk.positions, np.zeros((0, 1)), np.int64)
+    g.const(chunk.block_table, np.zeros((0, 1)), np.int64)
+    g.const(chunk.attention_mask, np.zeros((0, 1, 1)), np.float32)
 
 
 def build_step_graph(weights: Weights, cfg: LlamaConfig) -> onnx.ModelProto:
@@ -380,15 +347,28 @@ def build_step_graph(weights: Weights, cfg: LlamaConfig) -> onnx.ModelProto:
     for name, shape in weight_shapes(cfg).items():
         if tuple(weights[name].shape) != shape:
             raise ValueError(f"{name} is {tuple(weights[name].shape)}, expected {shape}")
-    g = _Graph()
-    env = _prelude(g, cfg)
+    g = Graph()
+    _chunk_defaults(g)
+    env, groups, ids = _prelude(g, cfg, GROUPS)
     embed = g.const("model.embed_tokens.weight", weights["model.embed_tokens.weight"])
-    x = g.op("Gather", [embed, INPUT_IDS], "embed", axis=0)
+    x = g.op("Gather", [embed, ids], "embed", axis=0)
     kv_outputs: list[str] = []
     for i in range(cfg.num_layers):
-        x, key, value = _layer(g, x, weights, cfg, i, env)
+        x, key, value = _layer(g, x, weights, cfg, i, env, groups)
         kv_outputs += [key, value]
-    last = g.op("Gather", [x, env["last"]], "last_hidden", axis=1)
+    parts = g.ops(
+        "Split", [x, env["group_tokens"]], [f"{grp['tag']}.hidden" for grp in groups], axis=0
+    )
+    lasts = [
+        g.op(
+            "Gather",
+            [g.op("Reshape", [part, grp["rows3_shape"]], f"{grp['tag']}.hidden3"), grp["last"]],
+            f"{grp['tag']}.last_hidden",
+            axis=1,
+        )
+        for part, grp in zip(parts, groups, strict=True)
+    ]
+    last = g.op("Concat", lasts, "last_hidden", axis=0)
     normed = g.rms_norm(last, weights["model.norm.weight"], "model.norm", cfg.rms_norm_eps)
     head = embed
     if not cfg.tie_word_embeddings:
@@ -396,16 +376,26 @@ def build_step_graph(weights: Weights, cfg: LlamaConfig) -> onnx.ModelProto:
     g.op("Gemm", [normed, head], LOGITS, transB=1)
 
     kv_shape_in: list[str | int] = ["num_blocks", "block_size", cfg.num_kv_heads, cfg.head_dim]
-    kv_shape_out: list[str | int] = ["batch", "q", cfg.num_kv_heads, cfg.head_dim]
-    inputs = [
-        helper.make_tensor_value_info(INPUT_IDS, TensorProto.INT64, ["batch", "q"]),
-        helper.make_tensor_value_info(POSITIONS, TensorProto.INT64, ["batch", "q"]),
-        helper.make_tensor_value_info(BLOCK_TABLE, TensorProto.INT64, ["batch", "blocks"]),
-        helper.make_tensor_value_info(
-            ATTENTION_MASK, TensorProto.FLOAT, ["batch", "q", "past_and_q"]
-        ),
-    ]
-    outputs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["batch", cfg.vocab_size])]
+    kv_shape_out: list[str | int] = ["tokens", cfg.num_kv_heads, cfg.head_dim]
+    inputs = []
+    for grp_in, prefix in zip(GROUPS, ("", "chunk_"), strict=True):
+        inputs += [
+            helper.make_tensor_value_info(
+                grp_in.input_ids, TensorProto.INT64, [f"{prefix}batch", f"{prefix}q"]
+            ),
+            helper.make_tensor_value_info(
+                grp_in.positions, TensorProto.INT64, [f"{prefix}batch", f"{prefix}q"]
+            ),
+            helper.make_tensor_value_info(
+                grp_in.block_table, TensorProto.INT64, [f"{prefix}batch", f"{prefix}blocks"]
+            ),
+            helper.make_tensor_value_info(
+                grp_in.attention_mask,
+                TensorProto.FLOAT,
+                [f"{prefix}batch", f"{prefix}q", f"{prefix}past_and_q"],
+            ),
+        ]
+    outputs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["rows", cfg.vocab_size])]
     for i in range(cfg.num_layers):
         for name in (key_cache_name(i), value_cache_name(i)):
             inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, kv_shape_in))

@@ -10,7 +10,9 @@ for vLLM work unchanged; `version` is added, as a ge-serve model has versions):
   `vllm:e2e_request_latency_seconds`, `vllm:request_queue_time_seconds` (histograms);
 - `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`,
   `vllm:num_preemptions_total`, `vllm:request_success_total{finished_reason}` (counters;
-  a client that left counts as `abort`);
+  a client that left counts as `abort`), `vllm:prefix_cache_queries_total` and
+  `vllm:prefix_cache_hits_total` (prompt tokens looked up in, and found in, the prefix
+  cache at admission);
 - `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`
   (gauges; usage is a fraction, 1 = full, as in vLLM).
 
@@ -58,6 +60,16 @@ def generation_families(records: list[ModelStats]) -> Iterator[Metric]:
         ("vllm:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens"),
         ("vllm:generation_tokens", "Number of generation tokens processed.", "generation_tokens"),
         ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", "preemptions"),
+        (
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            "prefix_cache_queries",
+        ),
+        (
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            "prefix_cache_hits",
+        ),
         ("ge_serve_generation_steps", "Engine iterations run.", "steps"),
         (
             "ge_serve_generation_step_seconds",

@@ -199,3 +199,31 @@ async def test_on_the_simulated_npu_answers_equal_the_reference(tmp_path: Path) 
         assert len(executions) >= scheduler.generation_stats.steps > 0
     finally:
         runtime.shutdown()
+
+
+async def test_prompts_that_share_a_prefix_share_its_blocks_and_answer_the_same(
+    tmp_path: Path,
+) -> None:
+    """A prompt that starts like one being generated shares its full blocks (prefix
+    caching): it prefills only the rest, and its answer is still the reference's."""
+    prefix = "You are a helpful assistant. Say: "
+    scheduler = engine(tmp_path)
+    try:
+        # Long enough to be generating still when the second has been answered.
+        first = asyncio.ensure_future(ask(scheduler, prefix + "a", 200))
+        stats = scheduler.generation_stats
+        for _ in range(5000):  # until the first is decoding: its prompt's blocks are full
+            if stats.generation_tokens:
+                break
+            await asyncio.sleep(0.002)
+        second = await ask(scheduler, prefix + "bc")
+        assert not first.done()
+        assert (await first).final and not first.result().errors
+    finally:
+        await scheduler.close(1)
+    assert second.final and not second.errors
+    assert "".join(second.texts) == expected(prefix + "bc")
+    shared = len(prefix) // llmrepo.BLOCK_SIZE * llmrepo.BLOCK_SIZE  # a byte per token
+    assert stats.prefix_cache_hits >= shared > 0
+    assert stats.prefix_cache_queries >= 2 * len(prefix)
+    assert stats.kv_blocks_used == 0

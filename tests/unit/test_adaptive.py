@@ -110,6 +110,21 @@ def test_busy_arrivals_and_cheap_batches_make_it_wait_within_the_budget() -> Non
     assert snapshot["busy_arrival_rate_per_s"] > 0
 
 
+def test_it_waits_only_for_clients_who_send_the_batch_s_shape() -> None:
+    # 16 clients, 15 outside, but with exact shapes only those of the head's shape can
+    # join its batch: none (one client per length), or two.
+    c = controller(adaptive_latency_budget_us="5000")
+    sublinear(c)
+    now = busy_burst(c, clients=16, gap_ns=50_000)
+    assert sends_now(c.plan(now, 1, now, 0, 0, joinable=0), now)
+    plan = c.plan(now, 1, now, 0, 0, joinable=2)
+    assert plan.target == 3 and plan.deadline_ns > now
+    everyone = c.plan(now, 1, now, 0, 0)
+    assert everyone.target == 8
+    assert not c.sends_alone(0, 0, 0, 0, True)
+    assert c.sends_alone(0, 0, 0, 0, True, joinable=0)
+
+
 def test_no_wait_when_the_budget_has_no_room_for_it() -> None:
     c = controller(adaptive_latency_budget_us="1150")
     sublinear(c)  # cost(1) = 1.1 ms, cost(2) = 1.2 ms: a batch of 2 cannot make 1.15 ms

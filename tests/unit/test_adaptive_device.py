@@ -1,6 +1,7 @@
 """Adaptive batching that sees the device: with several slots on a device that runs one
 execution at a time, a slot's batch forms when the device is about to free, not when
-the slot does. The decider on synthetic measurements, then the batcher through submit()."""
+the slot does, unless no request that could join it (one of its own key) can come. The
+decider on synthetic measurements, then the batcher through submit()."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ from ge_serve.scheduler.policy import BatchPolicy
 pytestmark = pytest.mark.timeout(30)
 
 MS = 1_000_000
+# How long a batch handed over behind another waits on the device in the test that checks
+# it is not priced for that wait (the rest of its slot time is a loop turn or two).
+WAIT_AHEAD_S = 0.5
 # Every batch, whatever its size, is measured at this: batching pays. Longer than any
 # test waits for an execution to start (GATE_TIMEOUT_S): a batch held for the device goes
 # only because the execution ahead ended, never because the estimate ran out.
@@ -213,6 +217,91 @@ async def test_triton_rules_on_one_device_form_a_batch_as_soon_as_a_slot_is_idle
         for fake in fakes:
             fake.open()
         await asyncio.wait_for(asyncio.gather(first, second), 10)
+    finally:
+        for fake in fakes:
+            fake.open()
+        await batcher.close(5.0)
+
+
+# --- who can join: only requests of the batch's own key ---------------------------------
+
+
+def test_a_batch_no_one_can_join_goes_at_once_while_the_device_is_busy() -> None:
+    # With exact shapes and mixed lengths, a request whose length has no client outside
+    # cannot grow its batch: holding it for the device would only leave the device without
+    # the next batch queued (Triton's rules close such a batch at once).
+    now = time.monotonic_ns()
+    decider = AdaptiveDecider(measured(policy(), now))
+    ahead = [Executing(now, 4)]
+    # All that is queued goes (every size costs the same here: none is cheaper per sample).
+    assert decider.decide(view(1, now, ahead)._replace(joinable=0), now) == Take(1)
+    # The same with another slot idle, and with no execution on the device at all.
+    idle = view(2, now, ahead)._replace(joinable=0, idle_slots=1)
+    assert decider.decide(idle, now) == Take(2)
+    assert decider.decide(view(1, now)._replace(joinable=0), now) == Take(8)
+
+
+def test_a_batch_waits_for_the_device_only_for_clients_of_its_own_key() -> None:
+    now = time.monotonic_ns()
+    decider = AdaptiveDecider(measured(policy(), now))
+    ahead = [Executing(now - 1_000 * MS, 4)]
+    expected = now - 1_000 * MS + COST_NS - int(DEVICE_LEAD * COST_NS)
+    # 16 clients outside, 2 of them of the head's key: it waits until those 2 have
+    # joined (3 queued), or until the device is about to free.
+    assert decider.decide(view(1, now, ahead)._replace(joinable=2), now) == WaitUntil(expected, 3)
+    assert decider.decide(view(3, now, ahead)._replace(joinable=0), now) == Take(3)
+    # Who can join not known (no batch of the key has left yet): any client may.
+    assert decider.decide(view(1, now, ahead), now) == WaitUntil(expected, 8)
+
+
+def test_a_batch_no_one_can_join_does_not_pad_up_a_gear_it_barely_uses() -> None:
+    # One shape, 32 clients, two slots: 22 queued while the other slot's 10 run. All who
+    # could join are in, so it goes now, but as 16 (gear 16) rather than 22 padded to
+    # 32: the other 6 go next, with the 10 coming back, and the split evens out.
+    now = time.monotonic_ns()
+    batch_policy = policy(max_batch_size=32)
+    gears = (1, 2, 4, 8, 16, 32)
+    controller = AdaptiveController(batch_policy, gears)
+    for gear in gears:
+        controller.cost.record(gear, int((4.6 + 0.6 * gear) * MS))
+    decider = AdaptiveDecider(controller)
+    ahead = [Executing(now, 10)]
+    assert decider.decide(view(22, now, ahead)._replace(joinable=0), now) == Take(16)
+
+
+async def test_mixed_lengths_on_one_device_are_not_held_for_it() -> None:
+    # Two slots on one device, one client per length (exact shapes): once each length has
+    # been seen to leave, a request goes to the idle slot at once, behind the execution
+    # on the device, rather than waiting for the device to free.
+    fakes = fakes_on("npu0", serial=True, count=2)
+    batcher = batcher_for(fakes)
+    try:
+        short = asyncio.ensure_future(batcher.submit(item(0, width=4)))
+        first = await first_started(fakes)
+        other = next(fake for fake in fakes if fake is not first)
+        # A request of another length while the first runs: its clients are not known
+        # yet, so it is held for the device, as before.
+        long = asyncio.ensure_future(batcher.submit(item(1, width=8)))
+        await queued(batcher, 1)
+        assert other.batches == []
+        first.allow()
+        await asyncio.wait_for(short, 10)
+        assert await other.started() == 1  # the device freed: it goes
+        # Now the short length's only client sends again (two rows) while the long one
+        # holds the device: nothing can join it, so it goes at once to the idle slot.
+        again = asyncio.ensure_future(batcher.submit(item(2, rows=2, width=4)))
+        assert await first.started() == 2
+        assert len(other.batches) == 1 and not long.done()
+        # It waits on the device behind the long one; that wait is not its cost.
+        await asyncio.sleep(WAIT_AHEAD_S)
+        other.allow()
+        await asyncio.wait_for(long, 10)
+        first.allow()
+        result = await asyncio.wait_for(again, 10)
+        assert result["y"].shape == (2, 4)
+        snapshot = batcher.adaptive_snapshot()
+        assert snapshot is not None
+        assert snapshot["cost_us"][2] < WAIT_AHEAD_S * 1e6
     finally:
         for fake in fakes:
             fake.open()

@@ -67,7 +67,7 @@ def test_allocator_hands_out_each_block_once_and_never_block_zero() -> None:
 
 def test_step_inputs_left_pad_and_mask_past_and_causal() -> None:
     rows = [RowWork([7], 5, [3, 9]), RowWork([1, 2, 3], 0, [4])]
-    feed, (out_rows, out_cols, blocks, offsets) = build_step_inputs(rows, 4)
+    feed, (tokens, blocks, offsets) = build_step_inputs(rows, 4)
     assert feed["input_ids"].tolist() == [[0, 0, 7], [1, 2, 3]]
     assert feed["positions"].tolist() == [[0, 0, 5], [0, 1, 2]]
     assert feed["block_table"].tolist() == [[3, 9], [4, 0]]
@@ -80,10 +80,14 @@ def test_step_inputs_left_pad_and_mask_past_and_causal() -> None:
         [False] * 8 + [True, True, False],
         [False] * 8 + [True, True, True],
     ]
-    # The decode token goes to slot 5: block 9, offset 1; the prefill's to block 4.
-    assert list(zip(out_rows, out_cols, blocks, offsets, strict=True)) == [
-        (0, 2, 9, 1), (1, 0, 4, 0), (1, 1, 4, 1), (1, 2, 4, 2)
+    # The decode token goes to slot 5: block 9, offset 1; the prefill's to block 4. The
+    # outputs are flat, row after row of q = 3: the decode token is output 2.
+    assert list(zip(tokens, blocks, offsets, strict=True)) == [
+        (2, 9, 1), (3, 4, 0), (4, 4, 1), (5, 4, 2)
     ]  # fmt: skip
+    # A second group's tokens follow the first's in the outputs.
+    _, (tokens, _, _) = build_step_inputs(rows[:1], 4, first_token=6)
+    assert tokens.tolist() == [6]
 
 
 # --- scheduling -----------------------------------------------------------------------------

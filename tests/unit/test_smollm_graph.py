@@ -56,17 +56,29 @@ def test_the_graph_is_standard_onnx_with_the_contract() -> None:
 
     inputs = {v.name: dims(v) for v in model.graph.input}
     outputs = {v.name: dims(v) for v in model.graph.output}
-    kv_in, kv_out = ["num_blocks", "block_size", 2, 16], ["batch", "q", 2, 16]
-    assert inputs == {
+    kv_in, kv_out = ["num_blocks", "block_size", 2, 16], ["tokens", 2, 16]
+    group = {
         "input_ids": ["batch", "q"],
         "positions": ["batch", "q"],
         "block_table": ["batch", "blocks"],
         "attention_mask": ["batch", "q", "past_and_q"],
+    }
+    assert inputs == {
+        **group,
+        **{f"chunk_{name}": [f"chunk_{d}" for d in shape] for name, shape in group.items()},
         **{f"{kind}_cache_{i}": kv_in for i in range(2) for kind in ("key", "value")},
     }
     assert outputs == {
-        "logits": ["batch", 300],
+        "logits": ["rows", 300],
         **{f"{kind}_{i}": kv_out for i in range(2) for kind in ("key", "value")},
+    }
+    # The second group defaults to no rows: a caller may feed the first group alone.
+    defaults = {t.name: list(t.dims) for t in model.graph.initializer if t.name in inputs}
+    assert defaults == {
+        "chunk_input_ids": [0, 1],
+        "chunk_positions": [0, 1],
+        "chunk_block_table": [0, 1],
+        "chunk_attention_mask": [0, 1, 1],
     }
 
 
@@ -113,6 +125,30 @@ def test_a_batch_of_rows_with_different_pasts_and_left_padding(tiny: Any) -> Non
         for r in range(3):
             prompts[r] += new[r]
             _close(logits[r], cfg, weights, prompts[r])
+
+
+def test_decode_rows_and_a_prefill_chunk_in_one_call(tiny: Any) -> None:
+    """The second group (a prompt chunk, at its own q) beside decode rows (q = 1) in one
+    call gives each row what it would get alone."""
+    cfg, weights, session = tiny
+    cache = PagedCache(session, cfg, num_blocks=32, block_size=4, free_order=SHUFFLED)
+    decoding = [CachedSeq(), CachedSeq()]
+    prompts = [[5, 17, 200, 4, 4], [9, 45]]
+    logits = cache.step(decoding, prompts)
+    joining, prompt = CachedSeq(), [30, 31, 32, 33, 34, 35, 36]
+    for start in (0, 4):  # the joining prompt in two chunks, the others decoding
+        new = [[int(row.argmax())] for row in logits[:2]]
+        chunk = prompt[start : start + 4]
+        logits = cache.step(decoding, new, [joining], [chunk])
+        assert logits.shape == (3, cfg.vocab_size)
+        for r in range(2):
+            prompts[r] += new[r]
+            _close(logits[r], cfg, weights, prompts[r])
+        _close(logits[2], cfg, weights, prompt[: start + 4])
+    # And a prompt alone, as the first group, with the second left at its default.
+    late = CachedSeq()
+    logits = cache.step([late], [[7, 8, 9]])
+    _close(logits[0], cfg, weights, [7, 8, 9])
 
 
 def test_a_fully_masked_padding_row_is_finite(tiny: Any) -> None:

@@ -300,21 +300,25 @@ class PythonInstance:
                 del self.pending[pending.key]
             in_service = worker is self._worker
         error = self._died(reason)
+        restarting = in_service and not self._closing.is_set()
+        if restarting:
+            # Down before the lost requests fail: a client that sees its error and looks at
+            # the model's state must find it restarting, never still READY.
+            log.error(
+                "model '%s' instance %s: %s; restarting it",
+                self.spec.model_name,
+                self.spec.instance_name,
+                reason,
+            )
+            self._set_down(f"model instance '{self.spec.instance_name}' is restarting: {reason}")
         for pending in lost:
             if pending.context.responses is not None:
                 pending.context.responses.send(None, error, True)
             else:
                 pending.error = error
                 pending.done.set()
-        if not in_service or self._closing.is_set():
+        if not restarting:
             return
-        log.error(
-            "model '%s' instance %s: %s; restarting it",
-            self.spec.model_name,
-            self.spec.instance_name,
-            reason,
-        )
-        self._set_down(f"model instance '{self.spec.instance_name}' is restarting: {reason}")
         restarter = threading.Thread(
             target=self._restart, args=(reason,), name=f"pb-restart-{self.slot.name}", daemon=True
         )

@@ -1,0 +1,198 @@
+"""Attention over a paged KV cache for one group of rows, and the ONNX graph builder the
+step graph (llama_onnx.py) is written with.
+
+The step graph runs its dense layers once over the flat tokens of every group of rows, and
+attention per group: each group is [batch, q] tokens (rows left-padded to the group's
+longest), so decode rows (q = 1) and a prompt chunk (q = its length) each compute
+attention at their own q, and decode rows are never padded to a chunk's length. Shapes are
+computed in the graph from the group's inputs (every dim is symbolic); none uses -1, so a
+group with no rows (zero-size tensors) runs too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+from onnx import helper, numpy_helper
+
+if TYPE_CHECKING:
+    from llama_onnx import LlamaConfig
+
+
+def key_cache_name(layer: int) -> str:
+    return f"key_cache_{layer}"
+
+
+def value_cache_name(layer: int) -> str:
+    return f"value_cache_{layer}"
+
+
+@dataclass(frozen=True)
+class GroupInputs:
+    """The input names of one group of rows."""
+
+    tag: str
+    input_ids: str
+    positions: str
+    block_table: str
+    attention_mask: str
+
+
+class Graph:
+    """Nodes and initializers as they are added, with unique names."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self._names: set[str] = set()
+
+    def const(self, name: str, value: npt.ArrayLike, dtype: type = np.float32) -> str:
+        """An initializer; a name already added is the same constant, added once."""
+        if name in self._names:
+            return name
+        self._names.add(name)
+        array: npt.NDArray[Any] = np.ascontiguousarray(np.asarray(value, dtype=dtype))
+        self.initializers.append(numpy_helper.from_array(array, name))
+        return name
+
+    def ints(self, name: str, values: Sequence[int]) -> str:
+        return self.const(name, list(values), np.int64)
+
+    def op(self, kind: str, inputs: Sequence[str], name: str, **attrs: Any) -> str:
+        self.nodes.append(helper.make_node(kind, list(inputs), [name], name=name, **attrs))
+        return name
+
+    def ops(
+        self, kind: str, inputs: Sequence[str], names: Sequence[str], **attrs: Any
+    ) -> list[str]:
+        self.nodes.append(helper.make_node(kind, list(inputs), list(names), name=names[0], **attrs))
+        return list(names)
+
+    def rms_norm(self, x: str, weight: npt.NDArray[np.float32], prefix: str, eps: float) -> str:
+        """The Pow/ReduceMean/Add/Sqrt/Div/Mul chain onnxruntime fuses."""
+        square = self.op("Pow", [x, self.const(f"{prefix}.two", 2.0)], f"{prefix}.square")
+        mean = self.op("ReduceMean", [square], f"{prefix}.mean", axes=[-1], keepdims=1)
+        var = self.op("Add", [mean, self.const(f"{prefix}.eps", eps)], f"{prefix}.var")
+        std = self.op("Sqrt", [var], f"{prefix}.std")
+        normed = self.op("Div", [x, std], f"{prefix}.normed")
+        return self.op("Mul", [normed, self.const(f"{prefix}.weight", weight)], f"{prefix}.out")
+
+
+def attention(
+    g: Graph,
+    q: str,
+    key: str,
+    value: str,
+    cfg: LlamaConfig,
+    i: int,
+    env: Mapping[str, str],
+    tag: str,
+) -> str:
+    """One group's attention: its flat q [n, heads, d], key and value [n, kv_heads, d] (the
+    group's rows x chunk, row-major) against its rows' past blocks; returns the context
+    [n, heads * d]."""
+    p = f"model.layers.{i}.{tag}"
+    # Queries grouped by KV head: [b, q, kvh, grp, d] -> [b, kvh, grp * q, d].
+    q5 = g.op("Reshape", [q, env["q5_shape"]], f"{p}.q5")
+    qt = g.op("Transpose", [q5], f"{p}.q5t", perm=[0, 2, 3, 1, 4])
+    qg = g.op("Reshape", [qt, env["qg_shape"]], f"{p}.qg")
+    # The past: [b, blocks, bs, kvh, d] gathered from the pool -> K^T [b, kvh, d, past],
+    # V [b, kvh, past, d].
+    table = env["block_table"]
+    past_k = g.op("Gather", [key_cache_name(i), table], f"{p}.past_k", axis=0)
+    past_kt = g.op("Transpose", [past_k], f"{p}.past_kt5", perm=[0, 3, 4, 1, 2])
+    past_kt = g.op("Reshape", [past_kt, env["kt_shape"]], f"{p}.past_kt")
+    past_v = g.op("Gather", [value_cache_name(i), table], f"{p}.past_v", axis=0)
+    past_vt = g.op("Transpose", [past_v], f"{p}.past_vt5", perm=[0, 3, 1, 2, 4])
+    past_vt = g.op("Reshape", [past_vt, env["v_shape"]], f"{p}.past_vt")
+    key4 = g.op("Reshape", [key, env["kv4_shape"]], f"{p}.key4")
+    value4 = g.op("Reshape", [value, env["kv4_shape"]], f"{p}.value4")
+    new_kt = g.op("Transpose", [key4], f"{p}.new_kt", perm=[0, 2, 3, 1])
+    new_vt = g.op("Transpose", [value4], f"{p}.new_vt", perm=[0, 2, 1, 3])
+    scores = g.op(
+        "Concat",
+        [
+            g.op("MatMul", [qg, past_kt], f"{p}.scores_past"),
+            g.op("MatMul", [qg, new_kt], f"{p}.scores_new"),
+        ],
+        f"{p}.scores",
+        axis=-1,
+    )
+    scores5 = g.op("Reshape", [scores, env["scores5_shape"]], f"{p}.scores5")
+    masked = g.op("Add", [scores5, env["mask5"]], f"{p}.masked")
+    probs5 = g.op("Softmax", [masked], f"{p}.probs5", axis=-1)
+    probs = g.op("Reshape", [probs5, env["probs_shape"]], f"{p}.probs")
+    probs_past, probs_new = g.ops(
+        "Split", [probs, env["past_new_split"]], [f"{p}.probs_past", f"{p}.probs_new"], axis=-1
+    )
+    context = g.op(
+        "Add",
+        [
+            g.op("MatMul", [probs_past, past_vt], f"{p}.ctx_past"),
+            g.op("MatMul", [probs_new, new_vt], f"{p}.ctx_new"),
+        ],
+        f"{p}.ctx",
+    )
+    # [b, kvh, grp * q, d] -> [b, kvh, grp, q, d] -> [b, q, kvh, grp, d] -> [n, hidden].
+    ctx5 = g.op("Reshape", [context, env["ctx5_shape"]], f"{p}.ctx5")
+    ctxt = g.op("Transpose", [ctx5], f"{p}.ctx5t", perm=[0, 3, 1, 2, 4])
+    return g.op("Reshape", [ctxt, env["flat_shape"]], f"{p}.ctx2")
+
+
+def group_shapes(
+    g: Graph, cfg: LlamaConfig, inputs: GroupInputs, block_size: str
+) -> dict[str, str]:
+    """The shape tensors of one group of rows ([batch, q] tokens each)."""
+    d, kvh, grp, tag = cfg.head_dim, cfg.num_kv_heads, cfg.group, inputs.tag
+    zero, one, two = g.ints("c.0", [0]), g.ints("c.1", [1]), g.ints("c.2", [2])
+    ids_shape = g.op("Shape", [inputs.input_ids], f"{tag}.shape.ids")
+    batch = g.op("Slice", [ids_shape, zero, one], f"{tag}.shape.batch")
+    q_len = g.op("Slice", [ids_shape, one, two], f"{tag}.shape.q")
+    table_shape = g.op("Shape", [inputs.block_table], f"{tag}.shape.table")
+    blocks = g.op("Slice", [table_shape, one, two], f"{tag}.shape.blocks")
+    past = g.op("Mul", [blocks, block_size], f"{tag}.shape.past")
+    kvh_c, d_c, grp_c = g.ints("c.kvh", [kvh]), g.ints("c.d", [d]), g.ints("c.grp", [grp])
+    env = {
+        "tag": tag,
+        "block_table": inputs.block_table,
+        "mask5": g.op(
+            "Unsqueeze", [inputs.attention_mask, g.ints("axes.1_2", [1, 2])], f"{tag}.mask5"
+        ),
+        "tokens": g.op("Mul", [batch, q_len], f"{tag}.shape.tokens"),
+    }
+    env["q5_shape"] = g.op("Concat", [batch, q_len, kvh_c, grp_c, d_c], f"{tag}.shape.q5", axis=0)
+    env["qg_shape"] = g.op(
+        "Concat", [batch, kvh_c, g.op("Mul", [grp_c, q_len], f"{tag}.shape.gq"), d_c],
+        f"{tag}.shape.qg", axis=0,
+    )  # fmt: skip
+    env["kv4_shape"] = g.op("Concat", [batch, q_len, kvh_c, d_c], f"{tag}.shape.kv4", axis=0)
+    env["kt_shape"] = g.op("Concat", [batch, kvh_c, d_c, past], f"{tag}.shape.kt", axis=0)
+    env["v_shape"] = g.op("Concat", [batch, kvh_c, past, d_c], f"{tag}.shape.v", axis=0)
+    keys = g.op("Add", [past, q_len], f"{tag}.shape.keys")
+    env["scores5_shape"] = g.op(
+        "Concat", [batch, kvh_c, grp_c, q_len, keys], f"{tag}.shape.scores5", axis=0
+    )
+    env["ctx5_shape"] = g.op(
+        "Concat", [batch, kvh_c, grp_c, q_len, d_c], f"{tag}.shape.ctx5", axis=0
+    )
+    env["past_new_split"] = g.op("Concat", [past, q_len], f"{tag}.shape.past_new", axis=0)
+    env["probs_shape"] = g.op(
+        "Concat", [batch, kvh_c, g.op("Mul", [grp_c, q_len], f"{tag}.shape.gq2"), keys],
+        f"{tag}.shape.probs", axis=0,
+    )  # fmt: skip
+    env["flat_shape"] = g.op(
+        "Concat", [env["tokens"], g.ints("c.qd", [cfg.num_heads * d])], f"{tag}.shape.flat",
+        axis=0,
+    )  # fmt: skip
+    env["rows3_shape"] = g.op(
+        "Concat", [batch, q_len, g.ints("c.h", [cfg.hidden_size])], f"{tag}.shape.rows3", axis=0
+    )
+    env["last"] = g.op(
+        "Squeeze", [g.op("Sub", [q_len, one], f"{tag}.shape.last1")], f"{tag}.shape.last"
+    )  # a scalar index: Gather drops the query axis
+    return env
