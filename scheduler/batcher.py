@@ -15,19 +15,14 @@ Each batch handed to a slot is recorded on it (`ExecutorSlot.executing`) until t
 released, so that a batch forming on another slot of a device that runs one execution
 at a time can see what it would wait for; each release tells the former.
 
-Two fast paths skip the queue. Under Triton's rules with nothing to wait for (no delay,
-no preferred sizes, no priorities, no queue policy), a request that finds nothing queued
-and a slot idle takes the slot and opens the batch of its loop turn (turn.py): the
-requests of the same turn join it, and it goes at the end of the turn, as the batch former
-would have sent it a turn later.
-
-Under the adaptive controller, a request that finds nothing queued and a slot idle is
-decided at once, as a batch of one; if it goes, it takes the slot in the turn it arrived
-in, with no turn of the batch former in between. A request that finds the server empty
-is asked about before the decider hears of its arrival, and if it goes alone it runs as
-the default scheduler would run it (`_run_alone`): no queue entry, and the decider learns
-only of its execution (`Ran`), unless another request arrives while it runs. At low load
-that is every request.
+One fast path: a request that finds nothing queued and a slot idle is decided at once, as
+a batch of one, when the decider allows it (the adaptive one does); if it goes, it takes
+the slot in the turn it arrived in, with no turn of the batch former in between. A request
+that finds the server empty is asked about before the decider hears of its arrival, and
+if it goes alone it runs as the default scheduler would run it (`_run_alone`): no queue
+entry, and the decider learns only of its execution (`Ran`), unless another request
+arrives while it runs. At low load that is every request. Under Triton's rules with
+nothing to wait for, such a request opens the batch of its loop turn instead (turn.py).
 """
 
 from __future__ import annotations
@@ -58,7 +53,7 @@ from .dispatch import Executing, ExecutorSlot, SlotPool
 from .former import BatchFormer
 from .policy import BatchPolicy
 from .queue import Entry, EntryState, RequestQueue
-from .turn import Turn, no_rule_waits
+from .turn import gathering
 from .work import Array, WorkItem
 
 log = logging.getLogger(__name__)
@@ -110,14 +105,8 @@ class DynamicBatcher:
             closes, self._census,
         )  # fmt: skip
         self._batching = policy.batching
-        # The batch gathering the requests of this loop turn (_gather), when one is open.
-        self._turn: Turn | None = None
-        self._gathers = (
-            self._adaptive is None
-            and shaper is None
-            and no_rule_waits(policy)
-            and not pool.rate_limited
-        )
+        # The turn path (turn.py), for Triton's rules with nothing to wait for.
+        self._turns = gathering(policy, pool, self._launch) if closes and shaper is None else None
 
     # --- public --------------------------------------------------------------------------
 
@@ -185,7 +174,8 @@ class DynamicBatcher:
                     self._run_alone(slot, item, future, now, size, level, bucket)
                     return await future
         entry = Entry(item, future, level, now, size, None, bucket=bucket)
-        if self._gathers and self._gather(entry):
+        if self._turns is not None and self._turns.gather(entry, self._queue or self._former.hold):
+            self._pending += 1
             return await future
         slot = self._admit(entry)  # raises "Exceeds maximum queue size"
         self._pending += 1
@@ -213,9 +203,6 @@ class DynamicBatcher:
         executing finish before their slot's thread closes its executor.
         """
         self._closing = True
-        if self._turn is not None:
-            # Its requests hold a slot already: they run before the slots close.
-            self._turn_ends(self._turn)
         self._check_drained()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
@@ -277,31 +264,6 @@ class DynamicBatcher:
         # Nothing is queued, so the queue has room for it.
         self._enqueue(entry)
         return None
-
-    def _gather(self, entry: Entry) -> bool:
-        """The turn path (turn.py): open the batch of this loop turn on an idle slot when
-        nothing is queued, or join the open one. False: the request queues as any other."""
-        turn = self._turn
-        if turn is None:
-            if self._queue or self._former.hold:
-                return False
-            slot = self._pool.try_acquire()
-            if slot is None:
-                return False
-            self._turn = Turn(slot, entry)
-            asyncio.get_running_loop().call_soon(self._turn_ends, self._turn)
-        elif not turn.join(entry, self._policy.max_size):
-            return False
-        # Bound to its slot from now on: a cancelled one runs and its result is dropped.
-        entry.state = EntryState.RUNNING
-        self._pending += 1
-        return True
-
-    def _turn_ends(self, turn: Turn) -> None:
-        """The turn's batch goes (once: close() may send it first)."""
-        if self._turn is turn:
-            self._turn = None
-            self._launch(turn.slot, turn.entries)
 
     def _run_alone(
         self,

@@ -17,9 +17,54 @@ so that no later request overtakes it.
 
 from __future__ import annotations
 
-from .dispatch import ExecutorSlot
+import asyncio
+from collections.abc import Callable
+
+from .dispatch import ExecutorSlot, SlotPool
 from .policy import BatchPolicy, QueuePolicy
-from .queue import Entry
+from .queue import Entry, EntryState
+
+Launch = Callable[[ExecutorSlot, list[Entry]], None]
+
+
+class Turns:
+    """One batcher's open turn, if any: opened on an idle slot, joined by the requests of
+    the same loop turn, handed to `launch` at its end."""
+
+    __slots__ = ("_launch", "_max_size", "_open", "_pool")
+
+    def __init__(self, pool: SlotPool, max_size: int, launch: Launch) -> None:
+        self._pool = pool
+        self._max_size = max_size
+        self._launch = launch
+        self._open: Turn | None = None
+
+    def gather(self, entry: Entry, waiting: object) -> bool:
+        """Take a request into this turn's batch; False: it queues as any other.
+        `waiting`: something is queued, or the batcher holds batching back."""
+        turn = self._open
+        if turn is None:
+            slot = None if waiting else self._pool.try_acquire()
+            if slot is None:
+                return False
+            turn = self._open = Turn(slot, entry)
+            asyncio.get_running_loop().call_soon(self._send, turn)
+        elif not turn.join(entry, self._max_size):
+            return False
+        # Bound to its slot from now on: a cancelled one runs and its result is dropped.
+        entry.state = EntryState.RUNNING
+        return True
+
+    def _send(self, turn: Turn) -> None:
+        self._open = None
+        self._launch(turn.slot, turn.entries)
+
+
+def gathering(policy: BatchPolicy, pool: SlotPool, launch: Launch) -> Turns | None:
+    """The turn path of a batcher under Triton's rules, when no rule makes a request wait."""
+    if pool.rate_limited or not no_rule_waits(policy):
+        return None
+    return Turns(pool, policy.max_size, launch)
 
 
 class Turn:
