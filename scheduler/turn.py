@@ -12,7 +12,8 @@ fit, the turn's batch goes at the end of the turn, and none of them is queued.
 
 At low load that is every request, and the requests one loop turn brings batch as they
 did. A request that cannot join (too large, another shape) closes the turn and queues,
-so that no later request overtakes it.
+so that no later request overtakes it. A turn's requests count as pending from the
+start, so a batcher that closes waits for the turn's batch, which goes a turn later.
 """
 
 from __future__ import annotations
