@@ -76,8 +76,17 @@ class OrtSession:
         self.uses_bf16 = bool(self.bf16_inputs) or any(
             o.type == _BF16 for o in self.session.get_outputs()
         )
+        # Numeric tensors in and out: onnxruntime's arrays are the outputs as they are,
+        # with no string reading to pick and nothing to convert.
+        self.numeric = not self.string_inputs and all(
+            o.type.startswith("tensor(") and o.type not in ("tensor(string)", _BF16)
+            for o in self.session.get_outputs()
+        )
 
     def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
+        if self.numeric and not self.uses_bf16:
+            results = self.session.run(self.output_names, inputs)  # type: ignore[arg-type]
+            return dict(zip(self.output_names, results, strict=True))
         feed: dict[str, Any] = dict(inputs)
         strings = [n for n in self.string_inputs if n in feed and feed[n].dtype == np.object_]
         codec = StringCodec.for_inputs([feed[name] for name in strings])

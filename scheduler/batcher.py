@@ -21,7 +21,8 @@ the slot in the turn it arrived in, with no turn of the batch former in between.
 that finds the server empty is asked about before the decider hears of its arrival, and
 if it goes alone it runs as the default scheduler would run it (`_run_alone`): no queue
 entry, and the decider learns only of its execution (`Ran`), unless another request
-arrives while it runs. At low load that is every request.
+arrives while it runs. At low load that is every request. Under Triton's rules with
+nothing to wait for, such a request opens the batch of its loop turn instead (turn.py).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from .dispatch import Executing, ExecutorSlot, SlotPool
 from .former import BatchFormer
 from .policy import BatchPolicy
 from .queue import Entry, EntryState, RequestQueue
+from .turn import gathering
 from .work import Array, WorkItem
 
 log = logging.getLogger(__name__)
@@ -103,6 +105,8 @@ class DynamicBatcher:
             closes, self._census,
         )  # fmt: skip
         self._batching = policy.batching
+        # The turn path (turn.py), for Triton's rules with nothing to wait for.
+        self._turns = gathering(policy, pool, self._launch) if closes and shaper is None else None
 
     # --- public --------------------------------------------------------------------------
 
@@ -170,6 +174,9 @@ class DynamicBatcher:
                     self._run_alone(slot, item, future, now, size, level, bucket)
                     return await future
         entry = Entry(item, future, level, now, size, None, bucket=bucket)
+        if self._turns is not None and self._turns.gather(entry, self._queue or self._former.hold):
+            self._pending += 1
+            return await future
         slot = self._admit(entry)  # raises "Exceeds maximum queue size"
         self._pending += 1
         if self._order is not None:

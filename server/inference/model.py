@@ -9,7 +9,7 @@ from ge_serve.backends.base import LoadedModel
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
 
-from .types import DataType
+from .types import DataType, RequestedOutput
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,20 +40,20 @@ class ModelVersion:
     # Set (on the loop) just before the lifecycle starts closing this version's scheduler;
     # the core then sends new requests to the version that replaced it.
     retiring: bool = False
+    # Read from the config once: every request asks (a protobuf field read is dearer).
+    max_batch_size: int = field(init=False)
+    version_str: str = field(init=False)
+    # Triton's `model_transaction_policy { decoupled: true }`: any number of responses
+    # per request, through streaming only.
+    decoupled: bool = field(init=False)
+    # The outputs a request that names none gets: all of them, in the config's order.
+    all_outputs: tuple[RequestedOutput, ...] = field(init=False)
 
-    @property
-    def max_batch_size(self) -> int:
-        return int(self.config.max_batch_size)
-
-    @property
-    def version_str(self) -> str:
-        return str(self.version)
-
-    @property
-    def decoupled(self) -> bool:
-        """Triton's `model_transaction_policy { decoupled: true }`: any number of
-        responses per request, through streaming only."""
-        return bool(self.config.model_transaction_policy.decoupled)
+    def __post_init__(self) -> None:
+        self.max_batch_size = int(self.config.max_batch_size)
+        self.version_str = str(self.version)
+        self.decoupled = bool(self.config.model_transaction_policy.decoupled)
+        self.all_outputs = tuple(RequestedOutput(name) for name in self.outputs)
 
 
 def tensor_specs(

@@ -84,7 +84,8 @@ def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
                     f"input '{tensor.name}' cannot be reshaped to {_dims_str(spec.model_dims)}"
                 ) from None
         arrays[tensor.name] = array
-    missing = [
+    # Every input given is one of the model's, once: when there are as many, none is missing.
+    missing = len(arrays) < len(model.inputs) and [
         name for name, spec in model.inputs.items() if name not in arrays and not spec.optional
     ]
     if missing:
@@ -102,7 +103,7 @@ def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
         )
     for requested in request.outputs:
         _check_output(requested, model, tag)
-    sequence = sequence_flags(request.parameters)
+    sequence = sequence_flags(request.parameters) if request.parameters else None
     if (
         sequence is not None
         and (sequence.in_sequence or sequence.start or sequence.end)
@@ -202,7 +203,7 @@ def build_response(
     request: InferRequest, model: ModelVersion, outputs: dict[str, Array], batch_size: int
 ) -> InferResponse:
     """Select the requested outputs, restore their config shapes and apply classification."""
-    wanted = request.outputs or [RequestedOutput(name) for name in model.outputs]
+    wanted = request.outputs or model.all_outputs
     result: list[Tensor] = []
     for requested in wanted:
         spec = model.outputs[requested.name]

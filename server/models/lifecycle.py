@@ -120,7 +120,12 @@ class ModelLifecycle:
             if entry.state is not ModelState.READY or entry.model is None:
                 raise model_not_ready(name, version)
             return entry.model
-        ready = [v for v in record.versions.values() if v.state is ModelState.READY and v.model]
+        versions = record.versions
+        if len(versions) == 1:  # the usual case, without building a list
+            (only,) = versions.values()
+            if only.state is ModelState.READY and only.model is not None:
+                return only.model
+        ready = [v for v in versions.values() if v.state is ModelState.READY and v.model]
         if not ready:
             raise not_ready(name, record.versions.values())
         best = max(ready, key=lambda v: v.version).model

@@ -87,3 +87,17 @@ async def test_a_failing_inline_job_reports_its_error() -> None:
     await _run(pool, 1)
     await pool.shutdown(RuntimeError("closed"), 10.0, "test")
     assert executor.threads[-1] == threading.current_thread().name
+
+
+async def test_inline_jobs_that_grow_long_go_back_to_the_slot_thread() -> None:
+    executor = ThreadRecorder()
+    pool = SlotPool([ExecutorSlot(executor, inline=True)])
+    await _run(pool, 10)
+    loop_thread = threading.current_thread().name
+    assert executor.threads[-1] == loop_thread
+    executor.cost_s = 0.003  # above what may block the loop
+    await _run(pool, 20)
+    await pool.shutdown(RuntimeError("closed"), 10.0, "test")
+    # Sampled, so a few more run inline before the averages cross; never most of them.
+    assert executor.threads[-5:] == [executor.threads[-1]] * 5
+    assert executor.threads[-1].startswith("slot-")

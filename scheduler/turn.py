@@ -1,0 +1,109 @@
+"""The batch of one loop turn: the dynamic batcher's path for a server with nothing queued.
+
+Under Triton's rules with no `max_queue_delay_microseconds`, no preferred sizes, no
+priorities, no queue policy and no `preserve_ordering`, whatever is queued goes the
+moment a slot is idle, in arrival order, up to the largest batch, and a request of
+another shape closes the batch ahead of it. The batch former (former.py) gets there a
+loop turn after the first request: its task wakes, takes the slot, describes the queue
+to the decider and takes the batch off it. For a request that finds nothing queued and a
+slot idle the result is known in advance, so the batcher takes the slot at once and
+opens a `Turn`; the requests that arrive before the loop's next turn join it while they
+fit, the turn's batch goes at the end of the turn, and none of them is queued.
+
+At low load that is every request, and the requests one loop turn brings batch as they
+did. A request that cannot join (too large, another shape) closes the turn and queues,
+so that no later request overtakes it. A turn's requests count as pending from the
+start, so a batcher that closes waits for the turn's batch, which goes a turn later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from .dispatch import ExecutorSlot, SlotPool
+from .policy import BatchPolicy, QueuePolicy
+from .queue import Entry, EntryState
+
+Launch = Callable[[ExecutorSlot, list[Entry]], None]
+
+
+class Turns:
+    """One batcher's open turn, if any: opened on an idle slot, joined by the requests of
+    the same loop turn, handed to `launch` at its end."""
+
+    __slots__ = ("_launch", "_max_size", "_open", "_pool")
+
+    def __init__(self, pool: SlotPool, max_size: int, launch: Launch) -> None:
+        self._pool = pool
+        self._max_size = max_size
+        self._launch = launch
+        self._open: Turn | None = None
+
+    def gather(self, entry: Entry, waiting: object) -> bool:
+        """Take a request into this turn's batch; False: it queues as any other.
+        `waiting`: something is queued, or the batcher holds batching back."""
+        turn = self._open
+        if turn is None:
+            slot = None if waiting else self._pool.try_acquire()
+            if slot is None:
+                return False
+            turn = self._open = Turn(slot, entry)
+            asyncio.get_running_loop().call_soon(self._send, turn)
+        elif not turn.join(entry, self._max_size):
+            return False
+        # Bound to its slot from now on: a cancelled one runs and its result is dropped.
+        entry.state = EntryState.RUNNING
+        return True
+
+    def _send(self, turn: Turn) -> None:
+        self._open = None
+        self._launch(turn.slot, turn.entries)
+
+
+def gathering(policy: BatchPolicy, pool: SlotPool, launch: Launch) -> Turns | None:
+    """The turn path of a batcher under Triton's rules, when no rule makes a request wait."""
+    if pool.rate_limited or not no_rule_waits(policy):
+        return None
+    return Turns(pool, policy.max_size, launch)
+
+
+class Turn:
+    """The batch gathering the requests of one loop turn on the slot it holds."""
+
+    __slots__ = ("closed", "entries", "key", "samples", "slot")
+
+    def __init__(self, slot: ExecutorSlot, entry: Entry) -> None:
+        self.slot = slot
+        self.entries = [entry]
+        self.samples = entry.size
+        # Its shape key, computed when a second request asks to join (None until then).
+        self.key: object = None
+        # Set once a request could not join: the ones after it queue behind it.
+        self.closed = False
+
+    def join(self, entry: Entry, max_size: int) -> bool:
+        """Add a request of the same turn; False when it cannot join (too large, another
+        shape), which closes the turn: the requests after it queue behind it."""
+        if self.closed or self.samples + entry.size > max_size:
+            self.closed = True
+            return False
+        if self.key is None:
+            self.key = self.entries[0].item.shape_key()
+        if entry.item.shape_key() != self.key:
+            self.closed = True
+            return False
+        self.entries.append(entry)
+        self.samples += entry.size
+        return True
+
+
+def no_rule_waits(policy: BatchPolicy) -> bool:
+    """Whether Triton's rules send whatever is queued the moment a slot is idle, in
+    queue order, and no queue limit or timeout can touch a request that waits one turn."""
+    if policy.max_queue_delay_us or policy.preferred_sizes or policy.preserve_ordering:
+        return False
+    if policy.priority_levels:
+        return False
+    queue_policies = (*policy.levels.values(), policy.default_policy)
+    return all(q == QueuePolicy() for q in queue_policies)
