@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
+from fake_acl import FakeAcl, build_module
 from google.protobuf import text_format
 
 from ge_serve.backends.base import ModelSpec
+from ge_serve.backends.ge.acl import AclRuntime
+from ge_serve.backends.ge.acl_real import AclReal
+from ge_serve.backends.ge.acl_sim import SimRuntime
+from ge_serve.backends.ge.compile import AtcCompiler
 from ge_serve.protos import model_config_pb2
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -77,3 +85,21 @@ def simple_inputs(batch: int, seed: int = 0) -> dict[str, np.ndarray]:
         "INPUT0": rng.integers(-1000, 1000, size=(batch, 16), dtype=np.int32),
         "INPUT1": rng.integers(-1000, 1000, size=(batch, 16), dtype=np.int32),
     }
+
+
+def ge_runtime(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[AclRuntime]:
+    """The body of a GE test's `runtime` fixture for `kind` "sim" (the simulated NPU) or
+    "fake-acl" (the real pyACL path over the strict fake `acl` and `atc`, its compiles
+    logged to tmp_path/atc.log); the fake's leaks and violations are checked at the end."""
+    if kind == "sim":
+        yield SimRuntime()
+        return
+    monkeypatch.setenv("PATH", f"{FAKE_ATC_BIN}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_ACL_SOC", "Ascend310P3")
+    monkeypatch.setenv("FAKE_ATC_LOG", str(tmp_path / "atc.log"))
+    fake = FakeAcl(soc="Ascend310P3")
+    real = AclReal(build_module(fake), AtcCompiler(tmp_path / "om"))
+    yield real
+    real.shutdown()
+    assert fake.leaks() == []
+    assert fake.violations == []

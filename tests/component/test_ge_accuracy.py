@@ -7,21 +7,17 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from dynamic_models import dynamic_encoder_folder, encoder_folder, rec_folder
-from fake_acl import FakeAcl, build_module
-from ge_helpers import EXAMPLES, FAKE_ATC_BIN, SIMPLE_IO, make_model, params, spec_for
+from ge_helpers import EXAMPLES, SIMPLE_IO, ge_runtime, make_model, params, spec_for
 
 from ge_serve.backends.ge.accuracy import OutputError, metric_rows, parse_tolerance
 from ge_serve.backends.ge.acl import AclRuntime
-from ge_serve.backends.ge.acl_real import AclReal
 from ge_serve.backends.ge.acl_sim import SimRuntime
 from ge_serve.backends.ge.backend import GeBackend
-from ge_serve.backends.ge.compile import AtcCompiler
 
 pytestmark = pytest.mark.timeout(120)
 CLASSIFIER = EXAMPLES / "image_classifier" / "1" / "model.onnx"
@@ -35,16 +31,7 @@ output [ { name: "probabilities" data_type: TYPE_FP32 dims: [ 10 ] } ]
 def runtime(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[AclRuntime]:
-    if request.param == "sim":
-        yield SimRuntime()
-        return
-    monkeypatch.setenv("PATH", f"{FAKE_ATC_BIN}:{os.environ['PATH']}")
-    fake = FakeAcl(soc="Ascend310P3")
-    real = AclReal(build_module(fake), AtcCompiler(tmp_path / "om"))
-    yield real
-    real.shutdown()
-    assert fake.leaks() == []
-    assert fake.violations == []
+    yield from ge_runtime(request.param, tmp_path, monkeypatch)
 
 
 def report(folder: Path, runtime: AclRuntime) -> dict[str, object]:

@@ -17,7 +17,7 @@ import pytest
 from dynamic_models import REC_IO, REC_RANGE, dynamic_encoder_folder, rec_folder
 from fake_acl import FakeAcl, build_module
 from fake_acl import om as fake_om
-from ge_helpers import FAKE_ATC_BIN, make_model, params, spec_for
+from ge_helpers import FAKE_ATC_BIN, ge_runtime, make_model, params, spec_for
 
 from ge_serve.backends.base import BackendError, LoadedModel, ShapeRejected
 from ge_serve.backends.ge.acl import AclRuntime
@@ -34,18 +34,7 @@ pytestmark = pytest.mark.timeout(180)
 def runtime(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[AclRuntime]:
-    if request.param == "sim":
-        yield SimRuntime()
-        return
-    monkeypatch.setenv("PATH", f"{FAKE_ATC_BIN}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_ACL_SOC", "Ascend310P3")
-    monkeypatch.setenv("FAKE_ATC_LOG", str(tmp_path / "atc.log"))
-    fake = FakeAcl(soc="Ascend310P3")
-    real = AclReal(build_module(fake), AtcCompiler(tmp_path / "om"))
-    yield real
-    real.shutdown()
-    assert fake.leaks() == []
-    assert fake.violations == []
+    yield from ge_runtime(request.param, tmp_path, monkeypatch)
 
 
 def load(runtime: AclRuntime, folder: Path) -> LoadedModel:

@@ -4,7 +4,6 @@ teardown check fails a test that broke a rule or leaked anything)."""
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,16 +20,13 @@ from dynamic_models import (
     exported_rec_folder,
     rec_folder,
 )
-from fake_acl import FakeAcl, build_module
-from ge_helpers import FAKE_ATC_BIN, spec_for
+from ge_helpers import ge_runtime, spec_for
 from modelgen import encoder_model, exported_rec_model
 
 from ge_serve.backends.base import LoadedModel, ShapeBucket, ShapeRejected
 from ge_serve.backends.ge.acl import AclRuntime
-from ge_serve.backends.ge.acl_real import AclReal
 from ge_serve.backends.ge.acl_sim import SimRuntime
 from ge_serve.backends.ge.backend import GeBackend
-from ge_serve.backends.ge.compile import AtcCompiler
 from ge_serve.backends.ge.shape_infer import infer_output_shapes, inference_model, lighten
 
 pytestmark = pytest.mark.timeout(120)
@@ -40,17 +36,7 @@ pytestmark = pytest.mark.timeout(120)
 def runtime(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[AclRuntime]:
-    if request.param == "sim":
-        yield SimRuntime()
-        return
-    monkeypatch.setenv("PATH", f"{FAKE_ATC_BIN}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_ACL_SOC", "Ascend310P3")
-    fake = FakeAcl(soc="Ascend310P3")
-    real = AclReal(build_module(fake), AtcCompiler(tmp_path / "om"))
-    yield real
-    real.shutdown()
-    assert fake.leaks() == []
-    assert fake.violations == []
+    yield from ge_runtime(request.param, tmp_path, monkeypatch)
 
 
 def reference(folder: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -17,6 +17,7 @@ from ge_helpers import (
     EXAMPLES,
     FAKE_ATC_BIN,
     SIMPLE_IO,
+    ge_runtime,
     make_model,
     params,
     simple_inputs,
@@ -25,7 +26,6 @@ from ge_helpers import (
 
 from ge_serve.backends.ge.acl import AclRuntime
 from ge_serve.backends.ge.acl_real import AclReal
-from ge_serve.backends.ge.acl_sim import SimRuntime
 from ge_serve.backends.ge.backend import GeBackend
 from ge_serve.backends.ge.blocks import GeBlocks, split_rows
 from ge_serve.backends.ge.compile import AtcCompiler
@@ -38,17 +38,7 @@ SIMPLE_ONNX = EXAMPLES / "simple" / "1" / "model.onnx"
 def runtime(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[AclRuntime]:
-    if request.param == "sim":
-        yield SimRuntime()
-        return
-    monkeypatch.setenv("PATH", f"{FAKE_ATC_BIN}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_ATC_LOG", str(tmp_path / "atc.log"))
-    fake = FakeAcl(soc="Ascend310P3")
-    real = AclReal(build_module(fake), AtcCompiler(tmp_path / "om"))
-    yield real
-    real.shutdown()
-    assert fake.leaks() == []
-    assert fake.violations == []
+    yield from ge_runtime(request.param, tmp_path, monkeypatch)
 
 
 def simple(repo: Path, extra: str) -> Path:
