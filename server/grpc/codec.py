@@ -47,8 +47,6 @@ FINAL_RESPONSE: Final = "triton_final_response"
 
 _INT64_MAX: Final = 2**63 - 1
 
-# Each datatype by its wire name (DataType.parse answers the names that are not).
-_DATATYPES: Final = {datatype.value: datatype for datatype in DataType}
 # The typed-contents field each datatype travels in.
 _CONTENTS_FIELD: Final = {
     DataType.BOOL: "bool_contents",
@@ -169,7 +167,7 @@ def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
         if name in names:
             raise error_texts.duplicate_input(message.id, name)
         names.add(name)
-        datatype = _DATATYPES.get(spec.datatype) or DataType.parse(spec.datatype)
+        datatype = DataType.parse(spec.datatype)
         shape = tuple(spec.shape)
         if shape and min(shape) < 0:
             raise invalid_arg(f"'shape' of input '{name}' must hold non-negative integers")

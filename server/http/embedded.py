@@ -42,8 +42,8 @@ class EmbeddedUvicorn(uvicorn.Server):
     def capture_signals(self) -> Generator[None, None, None]:
         # uvicorn's serve() puts its own SIGINT and SIGTERM handlers in place for as long
         # as it runs (on the main thread) and raises the signals again when it returns.
-        # Several servers share this loop, and `run()` below owns the signals: one stop,
-        # every part in order. So none are taken here.
+        # Several servers share this loop, and the composition root (server/app.py) owns
+        # the signals: one stop, every part in order. So none are taken here.
         yield
 
     def stop(self, deadline: float) -> None:

@@ -17,9 +17,10 @@ from typing import Any
 from ge_serve.backends.base import ModelError
 from ge_serve.backends.python.host.calls import CoreCall, CoreResponse, Reply
 
-from ..errors import ErrorCode, ServerError, internal
+from ..errors import ErrorCode, ServerError
 from ..observability.tracing import Trace
 from .core import InferenceServer
+from .failures import failure_of
 from .types import DataType, InferRequest, InferResponse, RequestedOutput, Tensor
 
 # How long a model's is_model_ready / load_model / unload_model may take.
@@ -53,7 +54,7 @@ class CoreBridge:
             reply(_failed("CANCELLED", "the BLS request was cancelled"), True)
             raise
         except Exception as exc:
-            error = exc if isinstance(exc, ServerError) else internal(exc)
+            error = failure_of(exc, executing=False)
             reply(_failed(error.code.value, error.message), True)
 
     # --- model control ---------------------------------------------------------------------

@@ -189,8 +189,7 @@ class InferenceServer:
     def is_decoupled(self, name: str, version: str = "") -> bool:
         """Whether the model may answer a request with zero or several responses (Triton's
         `model_transaction_policy { decoupled: true }`)."""
-        model = self.lifecycle.get(name, version)
-        return bool(model.config.model_transaction_policy.decoupled)
+        return self.lifecycle.get(name, version).decoupled
 
     async def infer_responses(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
         """Every response one request produces, each as soon as it is produced.

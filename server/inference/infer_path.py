@@ -254,15 +254,19 @@ class InferPath:
                     yield response
                 if final:
                     break
-        except (ServerError, asyncio.CancelledError, GeneratorExit) as exc:
-            if not isinstance(exc, ServerError):
+        except (Exception, asyncio.CancelledError, GeneratorExit) as exc:
+            error = failure_of(exc, executing=item is not None)
+            gone = isinstance(exc, (asyncio.CancelledError, GeneratorExit))
+            if gone:
                 # The client went away: a model that asks is_cancelled() learns it.
                 if item is not None and item.context is not None:
                     item.context.cancelled = True
                 if submitted is not None and not submitted.done():
                     submitted.cancel()
-            self._finished(model, item, failure_of(exc, executing=True), started)
-            raise
+            self._finished(model, item, error, started)
+            if error is exc or gone:
+                raise
+            raise error from exc
         self._finished(model, item, None, started)
 
     # --- the end of a request --------------------------------------------------------------

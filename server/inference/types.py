@@ -48,10 +48,11 @@ class DataType(enum.Enum):
 
     @classmethod
     def parse(cls, name: str) -> DataType:
-        try:
-            return cls(name)
-        except ValueError:
-            raise ServerError(ErrorCode.INVALID_ARG, f"invalid datatype '{name}'") from None
+        # The enum's own value map: `cls(name)` costs several times more, on every input.
+        found = cls._value2member_map_.get(name)
+        if found is None:
+            raise ServerError(ErrorCode.INVALID_ARG, f"invalid datatype '{name}'")
+        return found  # type: ignore[return-value]
 
     @classmethod
     def from_config(cls, config_type: str) -> DataType:

@@ -74,13 +74,13 @@ class Trace:
     def mark(self, name: str, ns: int | None = None) -> None:
         self.marks.append((name, time.monotonic_ns() if ns is None else ns))
 
-    def executed(self, queued_ns: int, timings: Timings, enqueue_ns: int = 0) -> None:
+    def executed(self, queued_ns: int, timings: Timings, enqueue_ns: int) -> None:
         """The compute points, from where the request was queued and the durations the
         executor measured. A scheduler counts `queue_ns` from the item's `enqueue_ns`
         (the core sets it to the request's start), so the compute starts there plus
         `queue_ns`; counted from QUEUE_START instead it would land late, past REQUEST_END
         for a fast model. Never before QUEUE_START: an ensemble has no queue of its own."""
-        start = max(queued_ns, (enqueue_ns or queued_ns) + timings.queue_ns)
+        start = max(queued_ns, enqueue_ns + timings.queue_ns)
         input_end = start + timings.compute_input_ns
         output_start = input_end + timings.compute_infer_ns
         self.marks += [
