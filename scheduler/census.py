@@ -58,7 +58,8 @@ class ShapeCensus:
         """`size` samples of `key` left, as one batch (or one request dropped)."""
         before = self._held.get(key, 0)
         held = max(before - size, 0)
-        peak = self._peak.get(key, 0.0)
+        # Moved to the end: the peaks stay ordered from the longest unused key.
+        peak = self._peak.pop(key, 0.0)
         self._peak[key] = max(peak - PEAK_FORGET, float(before))
         if held:
             self._held[key] = held
@@ -66,7 +67,15 @@ class ShapeCensus:
         self._held.pop(key, None)
         self._came.pop(key, None)
         if len(self._peak) > MAX_KEYS:
-            del self._peak[key]
+            self._forget_one()
+
+    def _forget_one(self) -> None:
+        """Drops the peak of the key longest without a departure that has nothing in the
+        server (keys in use stay known)."""
+        for key in self._peak:
+            if key not in self._held:
+                del self._peak[key]
+                return
 
     def outside(self, key: Hashable) -> int:
         """Samples of `key` that may still arrive: its clients outside the server, or -1
@@ -79,7 +88,3 @@ class ShapeCensus:
     def came(self, key: Hashable) -> int:
         """Samples of `key` that arrived since it last had nothing in the server."""
         return self._came.get(key, 0)
-
-    def held(self, key: Hashable) -> int:
-        """Samples of `key` in the server now."""
-        return self._held.get(key, 0)
