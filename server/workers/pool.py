@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from ge_serve.link.child import Backoff, Child, start_child
+from ge_serve.link.child import Backoff, Child, exit_reason, start_child
 from ge_serve.link.frames import LinkClosed
 from ge_serve.link.loop import LoopLink
 from ge_serve.link.messages import Message, Ready, Region
@@ -154,8 +154,14 @@ class FrontEndWorkers:
         if worker.ready.done() and failure is None:
             return
         reason = failure or (
-            f"exited with {worker.child.returncode}" if wait in done else "did not start"
+            exit_reason(worker.child.returncode) if wait in done else "did not start"
         )
+        # A worker that will not serve is ended here, so that whoever starts it again (a
+        # retried start, or the supervisor waiting for its exit) never waits on it.
+        worker.child.kill()
+        await worker.child.exited()
+        if worker.link is not None:
+            worker.link.close()
         raise ServerError(
             ErrorCode.UNAVAILABLE, f"{self.spec.what} worker {worker.index}: {reason}"
         )
@@ -172,12 +178,6 @@ class FrontEndWorkers:
                 if attempt == START_TRIES:
                     raise
                 log.warning("%s: starting it again", exc.message)
-            child = worker.child
-            if child is not None:
-                child.kill()
-                await child.exited()
-            if worker.link is not None:
-                worker.link.close()
             self._spawn(worker)
 
     async def _supervise(self, worker: _Worker) -> None:
@@ -190,8 +190,8 @@ class FrontEndWorkers:
             if worker.link is not None:
                 worker.link.close()
             log.warning(
-                "%s worker %d (pid %d) exited with %s: starting it again",
-                self.spec.what, worker.index, child.pid, code,
+                "%s worker %d (pid %d) %s: starting it again",
+                self.spec.what, worker.index, child.pid, exit_reason(code),
             )  # fmt: skip
             await asyncio.sleep(backoff.next_delay(time.monotonic() - child.started_at))
             try:
