@@ -13,7 +13,7 @@ import socket
 from collections.abc import Callable
 
 from .arena import Arena, PeerSegments
-from .frames import LENGTH, FrameReader, LinkClosed
+from .frames import FrameReader, LinkClosed, frame
 from .messages import Codec, Message, Region, Release, Segment
 from .tensors import Placed, place, view
 
@@ -62,8 +62,7 @@ class Endpoint:
     # --- sending -----------------------------------------------------------------------
 
     def encode(self, message: Message) -> bytes:
-        payload = self.codec.encode(message)
-        return LENGTH.pack(len(payload)) + payload
+        return frame(self.codec.encode(message))
 
     def _announce(self, seg: int, fd: int, size: int) -> None:
         self._write(self.encode(Segment(seg, size)), [os.dup(fd)])

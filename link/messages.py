@@ -19,10 +19,8 @@ from typing import Any, Union
 import msgspec
 import numpy as np
 
+from .arena import Region as Region  # the messages carry regions; their users import it here
 from .frames import LinkClosed
-
-# (segment id, offset, size) in the sender's arena; see arena.py.
-Region = tuple[int, int, int]
 
 
 class Message(msgspec.Struct, tag=True, array_like=True):

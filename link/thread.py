@@ -23,9 +23,6 @@ class ThreadLink(Endpoint):
         self._sock.setblocking(True)
         self._send_lock = threading.Lock()
 
-    def fileno(self) -> int:
-        return self._sock.fileno()
-
     def send(self, *messages: Message) -> None:
         """Send the messages as one write."""
         self._write(b"".join(self.encode(m) for m in messages), [])

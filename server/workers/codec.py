@@ -14,6 +14,7 @@ import numpy as np
 
 from ge_serve.link.endpoint import Endpoint
 from ge_serve.link.messages import Region
+from ge_serve.link.tensors import raw_bytes
 
 from ..control.sharedmemory import IN_SHARED_MEMORY
 from ..inference.types import (
@@ -45,9 +46,8 @@ def _tensor(link: Endpoint, tensor: Tensor, regions: list[Region]) -> WireTensor
     if array.dtype == np.object_:
         wire.items = array.ravel().tolist()
         return wire
-    array = np.ascontiguousarray(array)
     wire.dtype = array.dtype.str if array.dtype.kind != "V" else ""
-    wire.data = link.place(array.reshape(-1).view(np.uint8).data, regions)
+    wire.data = link.place(raw_bytes(array), regions)
     return wire
 
 
