@@ -41,15 +41,17 @@ class FrameReader:
         buffer = self._pending
         found: list[bytes] = []
         offset = 0
-        while len(buffer) - offset >= LENGTH.size:
-            (length,) = LENGTH.unpack_from(buffer, offset)
-            if length > self._max_frame:
-                raise LinkClosed(f"a frame of {length} bytes is larger than allowed")
-            end = offset + LENGTH.size + length
-            if len(buffer) < end:
-                break
-            found.append(bytes(buffer[offset + LENGTH.size : end]))
-            offset = end
+        # Payloads are cut from a view: one copy each, not a bytearray slice copied again.
+        with memoryview(buffer) as view:
+            while len(buffer) - offset >= LENGTH.size:
+                (length,) = LENGTH.unpack_from(buffer, offset)
+                if length > self._max_frame:
+                    raise LinkClosed(f"a frame of {length} bytes is larger than allowed")
+                end = offset + LENGTH.size + length
+                if len(buffer) < end:
+                    break
+                found.append(bytes(view[offset + LENGTH.size : end]))
+                offset = end
         if offset:
             del buffer[:offset]
         return found

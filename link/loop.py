@@ -106,7 +106,7 @@ class LoopLink(Endpoint):
     # --- receiving ---------------------------------------------------------------------
 
     def _readable(self) -> None:
-        data = bytearray()
+        chunks: list[bytes] = []
         fds: list[int] = []
         end = False
         while True:
@@ -121,11 +121,12 @@ class LoopLink(Endpoint):
             if not chunk:
                 end = True
                 break
-            data += chunk
+            chunks.append(chunk)
             if len(chunk) < READ_BYTES:
                 break
         try:
-            self._received(data, fds)
+            # Most reads are one chunk: it goes to the reader as it came, not copied first.
+            self._received(chunks[0] if len(chunks) == 1 else b"".join(chunks), fds)
         except LinkClosed as exc:
             log.error("link %s: %s", self.label, exc)
             end = True
