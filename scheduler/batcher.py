@@ -319,6 +319,8 @@ class DynamicBatcher:
         done_ns = time.monotonic_ns()
         if alone.logged and self._census is not None:
             self._census.left(alone.key, alone.size)
+        # Told of every execution's end, failed ones too (the device was busy all the same).
+        started = self._pool.started_ns(slot, alone.arrive_ns, done_ns)
         if exc is not None or results is None:
             exc = exc or RuntimeError("the batch returned no results")
             log.error("batch of %d failed on %s: %s", alone.size, slot.name, exc)
@@ -328,7 +330,7 @@ class DynamicBatcher:
                 future.set_exception(client_error(exc))
         else:
             # Priced by slot time, as in _batch_done.
-            duration = done_ns - self._pool.started_ns(slot, alone.arrive_ns, done_ns)
+            duration = done_ns - started
             if alone.logged:
                 self._decider.observe(Left(done_ns, alone.size, alone.size, duration, alone.bucket))
             else:
@@ -388,6 +390,11 @@ class DynamicBatcher:
         self._running -= 1
         self._pool.release(slot)
         self._former.slot_freed(slot)
+        done_ns = started = 0
+        if self._adaptive is not None:
+            # Told of every execution's end, failed ones too (the device was busy all the same).
+            done_ns = time.monotonic_ns()
+            started = self._pool.started_ns(slot, launched_ns, done_ns)
         if exc is not None or results is None:
             exc = exc or RuntimeError("the batch returned no results")
             log.error("batch of %d failed on %s: %s", len(batch), slot.name, exc)
@@ -404,13 +411,8 @@ class DynamicBatcher:
                 # a small model's compute, and which only fewer, fuller batches save. On
                 # a device that runs one execution at a time, the time it waited there
                 # behind another slot's execution is that one's, not its own.
-                leaving = 0
-                for entry in batch:
-                    if entry.state is not EntryState.DONE:
-                        leaving += entry.size
-                done_ns = time.monotonic_ns()
+                leaving = sum(e.size for e in batch if e.state is not EntryState.DONE)
                 size = batch[0].item.timings.batch_size
-                started = self._pool.started_ns(slot, launched_ns, done_ns)
                 self._decider.observe(
                     Left(done_ns, leaving, size, done_ns - started, batch[0].bucket)
                 )
