@@ -10,9 +10,9 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ge_serve.backends.text_bool import parse_bool
 from ge_serve.protos import model_config_pb2
 from ge_serve.server.errors import invalid_arg
-from ge_serve.server.startup.text_bool import parse_bool
 
 # Model `parameters` keys that opt a model in to the adaptive controller.
 ADAPTIVE_KEY = "adaptive_batching"

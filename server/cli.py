@@ -12,9 +12,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ge_serve.backends.text_bool import parse_bool
+
 from .startup.flags import Flag, flag_of
 from .startup.settings import Settings
-from .startup.text_bool import parse_bool
 
 
 def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:

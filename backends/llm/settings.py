@@ -13,6 +13,7 @@ from pathlib import Path
 from ge_serve.protos import model_config_pb2
 
 from ..paths import resolve_inside
+from ..text_bool import parse_bool
 
 BATCHING_MODES = ("iteration", "request", "none")
 
@@ -219,10 +220,10 @@ def _integer(raw: dict[str, str], key: str, minimum: int) -> int:
 
 
 def _flag(raw: dict[str, str], key: str) -> bool:
-    value = raw[key].strip().lower()
-    if value not in ("true", "false", "1", "0"):
-        raise ValueError(f"parameter {key}: {raw[key]!r} is not true or false")
-    return value in ("true", "1")
+    try:
+        return parse_bool(raw[key])
+    except ValueError:
+        raise ValueError(f"parameter {key}: {raw[key]!r} is not true or false") from None
 
 
 def _positive(raw: dict[str, str], key: str) -> int:

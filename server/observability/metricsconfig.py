@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..startup.text_bool import parse_bool
+from ge_serve.backends.text_bool import parse_bool
 
 DEFAULT_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ge_serve.backends.ge.sim_cost import parse_sim_cost
+from ge_serve.backends.text_bool import parse_bool
 
 from ..control.restrictions import RestrictedApis
 from ..observability.metricsconfig import MetricsConfig
 from ..observability.traceconfig import check_level
-from .text_bool import parse_bool
 
 Rule = tuple[str, str, str]
 

@@ -280,6 +280,9 @@ def test_top_p_keeps_the_smallest_nucleus_over_a_large_flat_vocabulary() -> None
         ({"step_model": "missing.onnx"}, "not found"),
         ({"eos_token_ids": "1,x"}, "eos_token_ids"),
         ({"default_top_p": "0"}, "default_top_p"),
+        # The one spelling of true and false that flags and other parameters take.
+        ({"enable_prefix_caching": "off"}, None),
+        ({"enable_prefix_caching": "maybe"}, "enable_prefix_caching"),
     ],
 )
 def test_settings_the_engine_cannot_honour_fail_the_load(
