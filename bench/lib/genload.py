@@ -29,12 +29,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 QUESTIONS = (
     "What is the capital of France?",
@@ -59,13 +60,7 @@ QUESTIONS = (
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0..100), linear between closest ranks (numpy's default);
     None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    return float(np.percentile(values, q)) if values else None
 
 
 @dataclass

@@ -58,6 +58,7 @@ import tritonclient.http as httpclient
 from bench.lib.models import CACHE
 from bench.lib.perfa import find_perf_analyzer, run_perf_analyzer
 from bench.lib.server import serve
+from ge_serve.backends.base import gear_for
 from ge_serve.backends.ge.sim_cost import DEFAULT_PROFILE, PROFILES, SimCost, parse_sim_cost
 
 import cvrepo  # tests/cvrepo.py: bench.lib.server put tests/ on the path  # isort: skip
@@ -179,16 +180,12 @@ def host_share(before: BatchStats, after: BatchStats, cost: SimCost) -> float | 
         old_count, old_ns = before.get(size, (0, 0))
         if count > old_count:
             measured += ns - old_ns
-            modelled += (count - old_count) * cost.duration_ns(gear_for(size))
+            modelled += (count - old_count) * cost.duration_ns(gear_for(size, GEARS))
     return measured / modelled - 1 if modelled else None
 
 
-def gear_for(size: int) -> int:
-    """The batch gear a batch of `size` runs at (the example's: 1, 2, 4, ... 32)."""
-    gear = 1
-    while gear < size:
-        gear *= 2
-    return gear
+# The batch gears the GE backend compiles for the example's max_batch_size of 32.
+GEARS = (1, 2, 4, 8, 16, 32)
 
 
 def summary(rows: list[dict[str, Any]]) -> list[str]:
