@@ -237,7 +237,8 @@ class FrontEndWorkers:
                 answer: Answer | Failed = Answer(
                     request_id, response_to_wire(link, response, regions)
                 )
-                worker.held[request_id] = regions
+                if regions:  # the worker sends Done only for an answer that holds some
+                    worker.held[request_id] = regions
             except ServerError as exc:
                 reason = exc.reason.value if exc.reason is not None else None
                 answer = Failed(request_id, exc.code.value, exc.message, reason)

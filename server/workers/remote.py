@@ -63,10 +63,12 @@ class RemoteCore:
             raise _unavailable() from None
         request_id = next(self._ids)
         answer = await self._call(Infer(request_id, endpoint, wire), regions)
+        # Only outputs placed in the server's arena (not inline) are held there for us.
+        held = any(isinstance(t.data, tuple) for t in answer.response.outputs)
         try:
             return encode(response_from_wire(link, answer.response))
         finally:
-            if not link.closed:
+            if held and not link.closed:
                 link.send(Done(request_id))
 
     async def _call(self, message: Infer, regions: list[Region]) -> Answer:
