@@ -76,15 +76,19 @@ class OrtSession:
         self.uses_bf16 = bool(self.bf16_inputs) or any(
             o.type == _BF16 for o in self.session.get_outputs()
         )
-        # Numeric tensors in and out: onnxruntime's arrays are the outputs as they are,
-        # with no string reading to pick and nothing to convert.
-        self.numeric = not self.string_inputs and all(
-            o.type.startswith("tensor(") and o.type not in ("tensor(string)", _BF16)
-            for o in self.session.get_outputs()
+        # Numeric tensors in and out, none of them BF16: onnxruntime's arrays are the
+        # outputs as they are, with no string reading to pick and nothing to convert.
+        self.numeric = (
+            not self.string_inputs
+            and not self.uses_bf16
+            and all(
+                o.type.startswith("tensor(") and o.type != "tensor(string)"
+                for o in self.session.get_outputs()
+            )
         )
 
     def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
-        if self.numeric and not self.uses_bf16:
+        if self.numeric:
             results = self.session.run(self.output_names, inputs)  # type: ignore[arg-type]
             return dict(zip(self.output_names, results, strict=True))
         feed: dict[str, Any] = dict(inputs)

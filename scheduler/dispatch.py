@@ -105,35 +105,28 @@ class ExecutorSlot:
         result took three turns to reach the request's task, now two). A job short enough
         to run on the loop's thread reports before this returns."""
         if self.inline and self._runs_inline():
-            if self._thread_runs or not self._unmeasured:
-                # The first job inline after the thread, then one in _MEASURE_EVERY:
-                # reading a thread's CPU clock is a system call, dearer than a short job's
-                # other bookkeeping together.
+            # The first job inline after the thread, then one in _MEASURE_EVERY, is timed:
+            # reading a thread's CPU clock is a system call, dearer than a short job's other
+            # bookkeeping together.
+            measured = bool(self._thread_runs) or not self._unmeasured
+            if measured:
                 self._thread_runs = 0
                 self._unmeasured = _MEASURE_EVERY - 1
-                self._run_measured(job, report)
-                return
-            self._unmeasured -= 1
+                started = time.thread_time_ns()
+            else:
+                self._unmeasured -= 1
+            result: T | None = None
+            failure: Exception | None = None
             try:
                 result = job(self.executor)
             except Exception as exc:  # the caller's failure, as on the thread
-                report(None, exc)
-            else:
-                report(result, None)
+                failure = exc
+            if measured:
+                self.inline_ns = _averaged(self.inline_ns, time.thread_time_ns() - started)
+            report(result, failure)
             return
         self._thread_runs += 1
         self._jobs.put((job, report, asyncio.get_running_loop()))
-
-    def _run_measured(self, job: Callable[[Executor], T], report: Report) -> None:
-        started = time.thread_time_ns()
-        try:
-            result = job(self.executor)
-        except Exception as exc:  # the caller's failure, as on the thread
-            self.inline_ns = _averaged(self.inline_ns, time.thread_time_ns() - started)
-            report(None, exc)
-        else:
-            self.inline_ns = _averaged(self.inline_ns, time.thread_time_ns() - started)
-            report(result, None)
 
     def _runs_inline(self) -> bool:
         inline, thread = self.inline_ns, self.thread_ns
