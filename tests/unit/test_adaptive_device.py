@@ -6,8 +6,9 @@ decider on synthetic measurements, then the batcher through submit()."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from fake_executor import FakeExecutor, item, make_config, queued
@@ -121,6 +122,21 @@ def batcher_for(fakes: list[FakeExecutor]) -> DynamicBatcher:
     return DynamicBatcher(pool, batch_policy, (), controller)
 
 
+@contextlib.asynccontextmanager
+async def serving(
+    fakes: list[FakeExecutor], batcher: DynamicBatcher | None = None
+) -> AsyncIterator[DynamicBatcher]:
+    """`batcher` (by default `batcher_for(fakes)`), its fakes opened and it closed at the
+    end, whatever the test left blocked."""
+    serving_batcher = batcher if batcher is not None else batcher_for(fakes)
+    try:
+        yield serving_batcher
+    finally:
+        for fake in fakes:
+            fake.open()
+        await serving_batcher.close(5.0)
+
+
 async def first_started(fakes: list[FakeExecutor]) -> FakeExecutor:
     """The fake whose execution starts first."""
     waits = {asyncio.ensure_future(fake.started()): fake for fake in fakes}
@@ -133,8 +149,7 @@ async def first_started(fakes: list[FakeExecutor]) -> FakeExecutor:
 
 async def test_two_slots_on_one_device_batch_what_arrives_while_the_device_is_busy() -> None:
     fakes = fakes_on("npu0", serial=True, count=2)
-    batcher = batcher_for(fakes)
-    try:
+    async with serving(fakes) as batcher:
         first = asyncio.ensure_future(batcher.submit(item(0)))
         running = await first_started(fakes)
         # Four requests arrive over longer than the controller would wait for a batch to
@@ -155,16 +170,11 @@ async def test_two_slots_on_one_device_batch_what_arrives_while_the_device_is_bu
         results = await asyncio.wait_for(asyncio.gather(*rest), 10)
         assert [r["n"].tolist() for r in results] == [[[4]]] * 4
         assert running.sizes == [1] and other.sizes == [4]
-    finally:
-        for fake in fakes:
-            fake.open()
-        await batcher.close(5.0)
 
 
 async def test_with_more_slots_than_executions_the_idle_ones_wait_for_the_device() -> None:
     fakes = fakes_on("npu0", serial=True, count=3)
-    batcher = batcher_for(fakes)
-    try:
+    async with serving(fakes) as batcher:
         first = asyncio.ensure_future(batcher.submit(item(0)))
         running = await first_started(fakes)
         rest = [asyncio.ensure_future(batcher.submit(item(v))) for v in (1, 2, 3, 4)]
@@ -175,18 +185,13 @@ async def test_with_more_slots_than_executions_the_idle_ones_wait_for_the_device
             fake.open()
         await asyncio.wait_for(asyncio.gather(*rest), 10)
         assert sorted(size for fake in fakes for size in fake.sizes) == [1, 4]
-    finally:
-        for fake in fakes:
-            fake.open()
-        await batcher.close(5.0)
 
 
 async def test_slots_on_devices_that_run_side_by_side_send_at_once() -> None:
     # Nothing changes where executions do not wait for each other: with a slot idle,
     # a request goes at once.
     fakes = fakes_on("cpu", serial=False, count=3)
-    batcher = batcher_for(fakes)
-    try:
+    async with serving(fakes) as batcher:
         first = asyncio.ensure_future(batcher.submit(item(0)))
         running = await first_started(fakes)
         second = asyncio.ensure_future(batcher.submit(item(1)))
@@ -195,10 +200,6 @@ async def test_slots_on_devices_that_run_side_by_side_send_at_once() -> None:
         for fake in fakes:
             fake.open()
         await asyncio.wait_for(asyncio.gather(first, second), 10)
-    finally:
-        for fake in fakes:
-            fake.open()
-        await batcher.close(5.0)
 
 
 async def test_triton_rules_on_one_device_form_a_batch_as_soon_as_a_slot_is_idle() -> None:
@@ -207,8 +208,7 @@ async def test_triton_rules_on_one_device_form_a_batch_as_soon_as_a_slot_is_idle
     config = make_config(max_batch_size=8)
     batch_policy = BatchPolicy.from_config(config)
     pool = SlotPool([ExecutorSlot(fake) for fake in fakes])
-    batcher = DynamicBatcher(pool, batch_policy)
-    try:
+    async with serving(fakes, DynamicBatcher(pool, batch_policy)) as batcher:
         first = asyncio.ensure_future(batcher.submit(item(0)))
         running = await first_started(fakes)
         second = asyncio.ensure_future(batcher.submit(item(1)))
@@ -217,10 +217,6 @@ async def test_triton_rules_on_one_device_form_a_batch_as_soon_as_a_slot_is_idle
         for fake in fakes:
             fake.open()
         await asyncio.wait_for(asyncio.gather(first, second), 10)
-    finally:
-        for fake in fakes:
-            fake.open()
-        await batcher.close(5.0)
 
 
 # --- who can join: only requests of the batch's own key ---------------------------------
@@ -274,8 +270,7 @@ async def test_mixed_lengths_on_one_device_are_not_held_for_it() -> None:
     # been seen to leave, a request goes to the idle slot at once, behind the execution
     # on the device, rather than waiting for the device to free.
     fakes = fakes_on("npu0", serial=True, count=2)
-    batcher = batcher_for(fakes)
-    try:
+    async with serving(fakes) as batcher:
         short = asyncio.ensure_future(batcher.submit(item(0, width=4)))
         first = await first_started(fakes)
         other = next(fake for fake in fakes if fake is not first)
@@ -302,7 +297,3 @@ async def test_mixed_lengths_on_one_device_are_not_held_for_it() -> None:
         snapshot = batcher.adaptive_snapshot()
         assert snapshot is not None
         assert snapshot["cost_us"][2] < WAIT_AHEAD_S * 1e6
-    finally:
-        for fake in fakes:
-            fake.open()
-        await batcher.close(5.0)
