@@ -264,15 +264,16 @@ class GenerationScheduler:
 
     def _remember(self, seqs: list[Sequence], prefill: list[tuple[Sequence, int]]) -> None:
         """Offer the blocks this step filled for prefix sharing (before `computed` moves:
-        a decode row computed 1 token, a prefill row n)."""
+        a decode row computed 1 token, a prefill row n). The blocks below `computed` were
+        offered by the steps that computed them (or shared from another sequence)."""
         size = self._limits.block_size
         allocator = self._model.runner.pool.allocator
         counts = {id(s): n for s, n in prefill}
         for seq in seqs:
+            start = seq.computed // size
             full = (seq.computed + counts.get(id(seq), 1)) // size
-            if full * size > seq.remembered:
-                allocator.remember(seq.blocks, seq.tokens, size, seq.remembered // size, full)
-                seq.remembered = full * size
+            if full > start:
+                allocator.remember(seq.blocks, seq.tokens, size, start, full)
 
     def _advance(self, seq: Sequence, logits: npt.NDArray[np.float32]) -> None:
         """Sample the sequence's next token and tell its client what it adds."""

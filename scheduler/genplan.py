@@ -83,13 +83,13 @@ def plan_step(
         if limits.prefix_caching and not seq.blocks:
             # Never the whole prompt: its last token is computed, for the logits.
             seq.blocks.extend(allocator.share(seq.tokens, size, (len(seq.tokens) - 1) // size))
-            seq.computed = seq.remembered = len(seq.blocks) * size
+            seq.computed = len(seq.blocks) * size
         chunk = _chunk(seq, len(plan.prefill), q, budget)
         more = blocks_for(seq.computed + chunk, size) - len(seq.blocks)
         taken = allocator.allocate(more) if chunk else None
         if taken is None:
             allocator.release(seq.blocks)
-            seq.computed = seq.remembered = 0
+            seq.computed = 0
             break
         seq.blocks.extend(taken)
         waiting.popleft()
@@ -151,7 +151,7 @@ def preempt(
 ) -> None:
     running.remove(seq)
     allocator.release(seq.blocks)
-    seq.computed = seq.remembered = 0
+    seq.computed = 0
     waiting.appendleft(seq)
     plan.preempted.append(seq)
     if seq in plan.decode:

@@ -42,8 +42,6 @@ class Sequence:
     on_done: Callable[[], None]
     computed: int = 0
     blocks: list[int] = field(default_factory=list)
-    # Tokens in full blocks offered for prefix sharing (kvcache.BlockAllocator.remember).
-    remembered: int = 0
     first_token_s: float | None = None
     last_token_s: float = 0.0
     scheduled_s: float | None = None

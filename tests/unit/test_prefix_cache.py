@@ -66,7 +66,7 @@ def test_admission_shares_the_prompt_prefix_but_computes_its_last_token() -> Non
     allocator = BlockAllocator(32)
     running = seq(0, list(range(10)))
     running.blocks = held(list(range(8)), allocator) + (allocator.allocate(1) or [])
-    running.computed = running.remembered = 10
+    running.computed = 10
     same_start = seq(1, [*range(8), 50, 51])
     whole = seq(2, list(range(8)))
     waiting = deque([same_start, whole])
