@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ge_serve.link.messages import Message, Region, Release
+from ge_serve.link.messages import Message, Region
 from ge_serve.link.tensors import ArenaTensor, Array, read_tensor, regions_of, write_tensor
 from ge_serve.link.thread import ThreadLink
 
@@ -59,29 +59,16 @@ class Runtime:
         self._numbers = itertools.count(1)
         self._waiters: dict[int, _Waiter] = {}
         self._lock = threading.Lock()
-        # Regions of the server's arena this side has read and no longer needs.
-        self._released: list[Region] = []
 
     # --- sending ---------------------------------------------------------------------------
 
     def send(self, message: Message) -> None:
         """Send a message, with any releases still owed to the server before it."""
-        with self._lock:
-            released, self._released = self._released, []
-        if released:
-            self.link.send(Release(released), message)
-        else:
-            self.link.send(message)
+        self.link.send(message)
 
     def release(self, regions: list[Region]) -> None:
-        with self._lock:
-            self._released.extend(regions)
-
-    def flush_releases(self) -> None:
-        with self._lock:
-            released, self._released = self._released, []
-        if released:
-            self.link.send(Release(released))
+        """Regions of the server's arena, read: owed back (ThreadLink.release)."""
+        self.link.release(regions)
 
     def encode_tensors(self, tensors: list[tuple[str, Array]]) -> list[ArenaTensor]:
         regions: list[Region] = []

@@ -16,7 +16,6 @@ When the socket reaches its end, the worker is gone: every call still waiting fa
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import itertools
 import logging
 import os
@@ -30,7 +29,7 @@ from typing import Protocol
 
 from ge_serve.link.child import Child, exit_reason, start_child
 from ge_serve.link.frames import LinkClosed
-from ge_serve.link.messages import Message, Ready, Region, Release
+from ge_serve.link.messages import Message, Ready, Region
 from ge_serve.link.tensors import ArenaTensor, Array, read_tensor, regions_of, write_tensor
 from ge_serve.link.thread import ThreadLink
 
@@ -90,8 +89,6 @@ class WorkerProcess:
         self._numbers = itertools.count(1)
         self._calls: dict[int, concurrent.futures.Future[Done]] = {}
         self._lock = threading.Lock()
-        self._released: list[Region] = []
-        self._urgent = False
         self._writer_jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._reader: threading.Thread | None = None
         self._ready = threading.Event()
@@ -140,14 +137,8 @@ class WorkerProcess:
         link = self._link
         if link is None or self.exited is not None:
             raise WorkerDied(self.exited or "the worker is not running")
-        with self._lock:
-            released, self._released = self._released, []
-            self._urgent = False
         try:
-            if released:
-                link.send(Release(released), message)
-            else:
-                link.send(message)
+            link.send(message)  # with the releases owed ahead of it
         except LinkClosed as exc:
             raise WorkerDied(self.exited or f"the worker's socket closed: {exc}") from exc
 
@@ -199,9 +190,10 @@ class WorkerProcess:
             link.free(regions)
 
     def release(self, regions: list[Region], urgent: bool = False) -> None:
-        with self._lock:
-            self._released.extend(regions)
-            self._urgent = self._urgent or urgent
+        """Regions of the worker's arena, read: owed back to it (ThreadLink.release)."""
+        link = self._link
+        if link is not None:
+            link.release(regions, urgent)
 
     # --- ending ----------------------------------------------------------------------------
 
@@ -229,7 +221,7 @@ class WorkerProcess:
         link = self._link
         assert link is not None
         try:
-            link.serve(self._flush_releases)
+            link.serve(_RELEASE_BATCH)
         except BaseException:
             log.exception("worker %s: reading its messages failed", self.name)
         self._ended()
@@ -244,17 +236,6 @@ class WorkerProcess:
             self._ready.set()
         else:
             self._host.on_message(self, message)
-
-    def _flush_releases(self) -> None:
-        with self._lock:
-            if not self._released or not (self._urgent or len(self._released) > _RELEASE_BATCH):
-                return
-            released, self._released = self._released, []
-            self._urgent = False
-        link = self._link
-        if link is not None:
-            with contextlib.suppress(LinkClosed):
-                link.send(Release(released))
 
     def _write(self) -> None:
         while True:
