@@ -32,16 +32,61 @@ LINGERING_TIME_S: Final = 30.0
 
 class _Transport:
     """The connection's transport as uvicorn sees it: every call passes through, except
-    that a close while the request body is still arriving becomes a lingering close."""
+    that a close while the request body is still arriving becomes a lingering close, and
+    that a write waits for the next one, or the end of the loop turn, to go out with it.
 
-    def __init__(self, transport: asyncio.Transport, protocol: LingeringHttpToolsProtocol):
+    uvicorn writes a response's status line and headers, then its body: two sends, each
+    a system call that on loopback also delivers the segment. Held together they go out
+    in one (`writelines`). A write is never held past the loop turn it was made in, nor
+    past a close, so what a streamed response writes still leaves at once.
+    """
+
+    __slots__ = ("_held", "_loop", "_protocol", "_transport")
+
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        protocol: LingeringHttpToolsProtocol,
+        loop: asyncio.AbstractEventLoop,
+    ):
         self._transport = transport
         self._protocol = protocol
+        self._loop = loop
+        self._held: bytes | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is None:
+            self._held = data
+            self._loop.call_soon(self.flush)
+            return
+        self._held = None
+        self._transport.writelines((held, data))
+
+    def flush(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            if not self._transport.is_closing():
+                self._transport.write(held)
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def abort(self) -> None:
+        self._held = None
+        self._transport.abort()
+
+    def get_write_buffer_size(self) -> int:
+        held = self._held
+        return self._transport.get_write_buffer_size() + (len(held) if held else 0)
+
     def close(self) -> None:
+        self.flush()
         protocol, transport = self._protocol, self._transport
         if protocol.lingering or transport.is_closing() or not protocol.body_unread():
             transport.close()
@@ -60,7 +105,8 @@ class LingeringHttpToolsProtocol(HttpToolsProtocol):
     _deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(_Transport(transport, self))  # type: ignore[arg-type]
+        wrapped = _Transport(transport, self, self.loop)
+        super().connection_made(wrapped)  # type: ignore[arg-type]
 
     def body_unread(self) -> bool:
         """A request on this connection has a body that has not all arrived."""
