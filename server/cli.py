@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from ge_serve.backends.text_bool import parse_bool
 
 from .startup.flags import Flag, flag_of
+from .startup.grpc_core import grpc_core_environment
 from .startup.settings import Settings
 
 
@@ -153,6 +155,9 @@ def parse_settings(argv: list[str]) -> Settings:
 
 def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(sys.argv[1:] if argv is None else argv)
+    # Read by grpc core as it loads, so before the composition root imports grpc; front-end
+    # workers inherit it.
+    os.environ.update(grpc_core_environment(os.environ))
     from .app import run  # the composition root; imported late so --help stays fast
 
     return run(settings)

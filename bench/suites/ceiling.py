@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -33,6 +34,7 @@ from typing import Any
 from bench.lib.models import Batching, make_repo
 from bench.lib.perfa import find_perf_analyzer, run_perf_analyzer
 from bench.lib.server import REPO_ROOT, free_ports, serve
+from ge_serve.server.startup.grpc_core import grpc_core_environment
 
 PROG = "python -m bench run ceiling"
 _WRK_SCRIPT = """wrk.method = "POST"
@@ -52,6 +54,8 @@ def bare_server(timeout: float = 30.0) -> Iterator[tuple[str, str]]:
     process = subprocess.Popen(
         [sys.executable, "-m", "bench.lib.bare", str(http_port), str(grpc_port)],
         cwd=REPO_ROOT,
+        # grpc core as ge-serve runs it (server/startup/grpc_core.py).
+        env={**os.environ, **grpc_core_environment(os.environ)},
     )
     try:
         deadline = time.monotonic() + timeout
