@@ -11,7 +11,6 @@ aarch64), so fixed-size tensors travel as their raw memory.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
@@ -29,6 +28,8 @@ from ..inference import error_texts
 from ..inference.error_texts import MAX_JSON_DEPTH as MAX_JSON_DEPTH
 from ..inference.error_texts import InputRef
 from ..inference.types import (
+    MAX_DIMS,
+    MAX_ELEMENTS,
     DataType,
     InferRequest,
     InferResponse,
@@ -39,7 +40,9 @@ from ..inference.types import (
     lift_request_parameters,
     requested_output,
 )
-from ..inference.wire import RAW_ONLY, bytes_elements, object_array, raw_to_array, tensor_to_raw
+from ..inference.wire import RAW_ONLY, bytes_elements, raw_to_array, tensor_to_raw
+from .json_tensors import flatten_nested as flatten_nested
+from .json_tensors import json_input, json_kind
 
 INFERENCE_HEADER_CONTENT_LENGTH: Final = "Inference-Header-Content-Length"
 BINARY_DATA_SIZE: Final = "binary_data_size"
@@ -49,21 +52,9 @@ BINARY_DATA_OUTPUT: Final = "binary_data_output"
 RAW_BINARY: Final = "raw_binary"
 
 _PARAM_TYPES: Final = (bool, int, float, str)
-_INTEGER_TYPES: Final = frozenset(
-    {
-        DataType.UINT8,
-        DataType.UINT16,
-        DataType.UINT32,
-        DataType.UINT64,
-        DataType.INT8,
-        DataType.INT16,
-        DataType.INT32,
-        DataType.INT64,
-    }
-)
-_FP32_MAX: Final = float(np.finfo(np.float32).max)
-# Each integer datatype's (min, max), looked up once rather than by np.iinfo per input.
-_INTEGER_RANGE: Final = {t: (np.iinfo(t.numpy).min, np.iinfo(t.numpy).max) for t in _INTEGER_TYPES}
+# The enum's own map of wire names, read without DataType.parse's call (which words the
+# error for a name it lacks).
+_DATATYPES: Final = DataType._value2member_map_
 
 
 # --- JSON helpers ---------------------------------------------------------------------------
@@ -84,7 +75,7 @@ def decode_json_object(body: bytes | memoryview, what: str) -> dict[str, Any]:
     except orjson.JSONDecodeError as e:
         raise invalid_arg(f"failed to parse the {what} JSON buffer: {e}") from None
     if not isinstance(obj, dict):
-        raise invalid_arg(f"the {what} JSON must be an object, not {_json_kind(obj)}")
+        raise invalid_arg(f"the {what} JSON must be an object, not {json_kind(obj)}")
     return obj
 
 
@@ -98,20 +89,6 @@ def parse_header_length(value: str | None) -> int | None:
         raise invalid_arg(
             f"invalid {INFERENCE_HEADER_CONTENT_LENGTH} header value '{value}'"
         ) from None
-
-
-def _json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
 
 
 # --- requests -------------------------------------------------------------------------------
@@ -155,18 +132,19 @@ def decode_infer_request(
 
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
-        raise invalid_arg(f"the request 'id' must be a string, not {_json_kind(request_id)}")
+        raise invalid_arg(f"the request 'id' must be a string, not {json_kind(request_id)}")
     request = InferRequest(
-        model_name=model_name,
-        model_version=model_version,
-        id=request_id,
-        inputs=_decode_inputs(doc, binary, header_length is not None, model_name, request_id),
-        outputs=_decode_outputs(doc.get("outputs"), request_id),
-        parameters=_parameters(doc.get("parameters"), "the request"),
+        model_name,
+        model_version,
+        request_id,
+        _decode_inputs(doc, binary, header_length is not None, model_name, request_id),
+        _decode_outputs(doc.get("outputs"), request_id),
+        _parameters(doc.get("parameters"), "the request"),
     )
-    if BINARY_DATA_OUTPUT in request.parameters:
-        request.wire[BINARY_DATA_OUTPUT] = request.parameters.pop(BINARY_DATA_OUTPUT)
-    lift_request_parameters(request)
+    if request.parameters:
+        if BINARY_DATA_OUTPUT in request.parameters:
+            request.wire[BINARY_DATA_OUTPUT] = request.parameters.pop(BINARY_DATA_OUTPUT)
+        lift_request_parameters(request)
     return request
 
 
@@ -192,12 +170,12 @@ def _parameters(raw: Any, where: str) -> Parameters:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise invalid_arg(f"'parameters' of {where} must be a JSON object, not {_json_kind(raw)}")
+        raise invalid_arg(f"'parameters' of {where} must be a JSON object, not {json_kind(raw)}")
     for key, value in raw.items():
         if not isinstance(value, _PARAM_TYPES):
             raise invalid_arg(
                 f"parameter '{key}' of {where} must be a boolean, number or string, not "
-                f"{_json_kind(value)}"
+                f"{json_kind(value)}"
             )
     # orjson built a fresh dict of exactly these value types.
     return raw
@@ -210,53 +188,56 @@ def _decode_inputs(
     if specs is None:
         raise invalid_arg("the request JSON has no 'inputs'")
     if not isinstance(specs, list):
-        raise invalid_arg(f"'inputs' must be an array, not {_json_kind(specs)}")
+        raise invalid_arg(f"'inputs' must be an array, not {json_kind(specs)}")
     tensors: list[Tensor] = []
     names: set[str] = set()
-    offset = 0
+    # One for the request: each input moves its offset past the bytes it takes.
+    place = _Place(binary, has_binary, model_name, request_id)
     for index, spec in enumerate(specs):
-        place = _Place(binary, offset, has_binary, model_name, request_id)
-        tensor, offset = _decode_input(index, spec, place)
+        tensor = _decode_input(index, spec, place)
         if tensor.name in names:
             raise error_texts.duplicate_input(request_id, tensor.name)
         names.add(tensor.name)
         tensors.append(tensor)
-    if offset != len(binary):
+    if place.offset != len(binary):
         raise error_texts.additional_input_data(model_name)
     return tensors
 
 
 class _Place:
-    """Where an input's data is: the binary part of the body, from `offset`."""
+    """Where the next input's data is: the binary part of the body, from `offset`."""
 
     __slots__ = ("binary", "has_binary", "model", "offset", "request_id")
 
-    def __init__(
-        self, binary: memoryview, offset: int, has_binary: bool, model: str, request_id: str
-    ) -> None:
+    def __init__(self, binary: memoryview, has_binary: bool, model: str, request_id: str) -> None:
         self.binary = binary
-        self.offset = offset
+        self.offset = 0
         self.has_binary = has_binary
         self.model = model
         self.request_id = request_id
 
 
-def _decode_input(index: int, spec: Any, place: _Place) -> tuple[Tensor, int]:
+def _decode_input(index: int, spec: Any, place: _Place) -> Tensor:
     if not isinstance(spec, dict):
-        raise invalid_arg(f"input {index} must be a JSON object, not {_json_kind(spec)}")
+        raise invalid_arg(f"input {index} must be a JSON object, not {json_kind(spec)}")
     name = spec.get("name")
     if not isinstance(name, str) or not name:
         raise invalid_arg(f"input {index} has no 'name'")
     datatype_name = spec.get("datatype")
     if not isinstance(datatype_name, str):
         raise invalid_arg(f"input '{name}' has no 'datatype'")
-    datatype = DataType.parse(datatype_name)
-    shape = _shape(spec.get("shape"), name, datatype.itemsize)
-    params = _parameters(spec.get("parameters"), f"input '{name}'")
-    shm = parse_ref(params, name)
-    size = params.pop(BINARY_DATA_SIZE, None)
+    datatype = _DATATYPES.get(datatype_name) or DataType.parse(datatype_name)
+    shape, count = _shape(spec.get("shape"), name, datatype.itemsize)
+    raw_params = spec.get("parameters")
+    if raw_params is None:
+        # The common JSON input: nothing to lift out of its parameters.
+        params: Parameters = {}
+        shm = size = None
+    else:
+        params = _parameters(raw_params, f"input '{name}'")
+        shm = parse_ref(params, name)
+        size = params.pop(BINARY_DATA_SIZE, None)
     has_data = "data" in spec
-    offset = place.offset
 
     if shm is not None:
         if has_data or size is not None:
@@ -275,134 +256,67 @@ def _decode_input(index: int, spec: Any, place: _Place) -> tuple[Tensor, int]:
             raise invalid_arg(
                 f"'binary_data_size' of input '{name}' must be a non-negative integer"
             )
-        ref = InputRef(name, place.model, place.request_id)
-        data = _binary_input(ref, datatype, shape, place, size)
-        offset += size
+        data = _binary_input(name, datatype, shape, count, place, size)
+        place.offset += size
     elif has_data:
-        data = _json_input(
-            InputRef(name, place.model, place.request_id), datatype, shape, spec["data"]
-        )
+        data = json_input(name, datatype, shape, count, spec["data"], place.model, place.request_id)
     else:
         raise invalid_arg(f"input '{name}' has neither 'data' nor a 'binary_data_size' parameter")
-    tensor = Tensor(name=name, datatype=datatype, shape=shape, data=data, parameters=params)
-    tensor.shm = shm
-    return tensor, offset
+    return Tensor(name, datatype, shape, data, params, shm)
 
 
-def _shape(raw: Any, name: str, itemsize: int) -> tuple[int, ...]:
+def _shape(raw: Any, name: str, itemsize: int) -> tuple[tuple[int, ...], int]:
+    """The shape and its element count."""
     if raw is None:
         raise invalid_arg(f"input '{name}' has no 'shape'")
+    # The common shape (positive dimensions, few enough elements) in one pass; check_shape
+    # finds nothing to refuse in it.
+    if type(raw) is list and len(raw) <= MAX_DIMS:
+        count = 1
+        for dim in raw:
+            if type(dim) is not int or dim <= 0:
+                break
+            count *= dim
+        else:
+            if count <= MAX_ELEMENTS:
+                return tuple(raw), count
     if not isinstance(raw, list) or not all(type(d) is int and d >= 0 for d in raw):
         raise invalid_arg(f"'shape' of input '{name}' must be an array of non-negative integers")
     shape = tuple(raw)
-    check_shape(shape, name, itemsize)
-    return shape
+    return shape, check_shape(shape, name, itemsize)
 
 
 def _binary_input(
-    ref: InputRef, datatype: DataType, shape: tuple[int, ...], place: _Place, size: int
+    name: str,
+    datatype: DataType,
+    shape: tuple[int, ...],
+    count: int,
+    place: _Place,
+    size: int,
 ) -> npt.NDArray[Any]:
-    count = math.prod(shape)
     if datatype is not DataType.BYTES and size != count * datatype.itemsize:
-        raise error_texts.input_byte_size(ref, count * datatype.itemsize, size)
+        raise error_texts.input_byte_size(_ref(name, place), count * datatype.itemsize, size)
     binary, offset = place.binary, place.offset
     end = offset + size
     if end > len(binary):
         if not place.has_binary and size:
             raise error_texts.binary_without_header()
-        raise error_texts.binary_input_short(ref.name, end - len(binary), ref.model)
-    return raw_to_array(datatype, shape, binary[offset:end], ref)
-
-
-def _json_input(
-    ref: InputRef, datatype: DataType, shape: tuple[int, ...], data: Any
-) -> npt.NDArray[Any]:
-    name = ref.name
-    if datatype in RAW_ONLY:
-        raise invalid_arg(
-            f"receiving {datatype.value} data via JSON is not supported. Please use the "
-            f"binary data format for input {name}"
-        )
-    if not isinstance(data, list):
-        raise invalid_arg(f"'data' of input '{name}' must be an array, not {_json_kind(data)}")
-    flat = flatten_nested(data, error_texts.json_too_deep)
-    count = math.prod(shape)
-    if len(flat) != count:
-        if datatype is DataType.BYTES:
-            if len(flat) > count:
-                raise error_texts.too_many_strings(ref, count + 1, count)
-            raise error_texts.too_few_strings(ref, count, len(flat))
-        if len(flat) > count:
-            raise error_texts.json_data_too_long()
-        raise error_texts.json_data_too_short()
-    return _json_to_numpy(name, datatype, flat).reshape(shape)
-
-
-def flatten_nested(data: list[Any], too_deep: Callable[[], ServerError]) -> list[Any]:
-    """Row-major elements of nested `data` arrays, without recursion (the nesting is the
-    client's to choose), raising `too_deep()` past MAX_JSON_DEPTH levels as Triton does."""
-    for item in data:
-        if type(item) is list:
-            break
-    else:
-        return data
-    out: list[Any] = []
-    stack = [iter(data)]
-    while stack:
-        for item in stack[-1]:
-            if type(item) is list:
-                if len(stack) == MAX_JSON_DEPTH:
-                    raise too_deep()
-                stack.append(iter(item))
-                break
-            out.append(item)
-        else:
-            stack.pop()
-    return out
-
-
-def _json_to_numpy(name: str, datatype: DataType, flat: list[Any]) -> npt.NDArray[Any]:
-    kinds = set(map(type, flat))
-    if datatype is DataType.BOOL:
-        if not kinds <= {bool}:
-            raise _wrong_elements(name, datatype, "booleans")
-        return np.array(flat, dtype=np.bool_)
+        raise error_texts.binary_input_short(name, end - len(binary), place.model)
     if datatype is DataType.BYTES:
-        if not kinds <= {str}:
-            raise _wrong_elements(name, datatype, "strings")
-        return object_array([s.encode("utf-8") for s in flat])
-    if datatype in _INTEGER_TYPES:
-        if not kinds <= {int}:
-            raise _wrong_elements(name, datatype, "integers")
-        if flat:
-            lowest, highest = _INTEGER_RANGE[datatype]
-            low, high = min(flat), max(flat)
-            if low < lowest or high > highest:
-                bad = low if low < lowest else high
-                raise invalid_arg(
-                    f"input '{name}': value {bad} is out of range for {datatype.value}"
-                )
-        return np.array(flat, dtype=datatype.numpy)
-    # FP32 and FP64; JSON integers are fine as floats.
-    if not kinds <= {int, float}:
-        raise _wrong_elements(name, datatype, "numbers")
-    arr = np.array(flat, dtype=np.float64)
-    if datatype is DataType.FP32:
-        if arr.size and float(np.abs(arr).max()) > _FP32_MAX:
-            raise invalid_arg(f"input '{name}': a value is out of range for FP32")
-        return arr.astype(np.float32)
-    return arr
+        return raw_to_array(datatype, shape, binary[offset:end], _ref(name, place))
+    # The size matches the shape (checked above): a zero-copy view, as raw_to_array makes.
+    return np.frombuffer(binary[offset:end], dtype=datatype.numpy).reshape(shape)
 
 
-def _wrong_elements(name: str, datatype: DataType, expected: str) -> ServerError:
-    return invalid_arg(f"input '{name}': {datatype.value} 'data' elements must be {expected}")
+def _ref(name: str, place: _Place) -> InputRef:
+    return InputRef(name, place.model, place.request_id)
 
 
 def _decode_outputs(specs: Any, request_id: str) -> list[RequestedOutput]:
     if specs is None:
         return []
     if not isinstance(specs, list):
-        raise invalid_arg(f"'outputs' must be an array, not {_json_kind(specs)}")
+        raise invalid_arg(f"'outputs' must be an array, not {json_kind(specs)}")
     outputs: list[RequestedOutput] = []
     names: set[str] = set()
     for index, spec in enumerate(specs):
