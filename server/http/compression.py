@@ -6,6 +6,7 @@ cannot expand into an unbounded one.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from typing import Final
 
@@ -83,6 +84,9 @@ def _inflate(data: bytes, wbits: int, max_size: int) -> bytes:
     return b"".join(out)
 
 
+# A client sends the same `Accept-Encoding` on every request (http.client: "identity"),
+# so each value is weighed once; the bound keeps a client that varies it to a few entries.
+@functools.lru_cache(maxsize=64)
 def choose_encoding(accept_encoding: str | None) -> str | None:
     """Pick the response encoding from `Accept-Encoding`: "gzip", "deflate" or None.
 

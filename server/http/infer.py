@@ -18,6 +18,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from re import Pattern
+from typing import Final
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
@@ -169,8 +170,11 @@ class InferEndpoint:
         """The encoded answer to one request, and its headers but the length."""
         params = scope["path_params"]
         model, version = str(params["model"]), str(params.get("version", ""))
-        with decoding("inference request"):
-            header_length = codec.parse_header_length(headers.get(HEADER_LENGTH))
+        header_length = None
+        given_length = headers.get(HEADER_LENGTH)
+        if given_length is not None:
+            with decoding("inference request"):
+                header_length = codec.parse_header_length(given_length)
         body = await self._read(scope, receive, headers, raw=header_length == 0)
         with decoding("inference request"):
             infer_request = codec.decode_infer_request(model, version, body, header_length)
@@ -245,7 +249,10 @@ class InferEndpoint:
                 ErrorCode.CANCELLED, "the client went away before the request body ended"
             ) from None
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        return compression.decode_content(body, headers.get("content-encoding"), limit)
+        encoding = headers.get("content-encoding")
+        if encoding is None and len(body) <= limit:
+            return body
+        return compression.decode_content(body, encoding, limit)
 
 
 _JSON = (b"content-type", b"application/json")
@@ -253,13 +260,26 @@ _BINARY = (b"content-type", b"application/octet-stream")
 _CLOSE = (b"connection", b"close")
 
 
+# The headers the endpoint reads, by their names as the scope carries them (lower-case).
+_READ: Final = {
+    name.encode("latin-1"): name
+    for name in (
+        HEADER_LENGTH,
+        "content-length",
+        "content-encoding",
+        "accept-encoding",
+        "traceparent",
+    )
+}
+
+
 def _headers(scope: Scope) -> dict[str, str]:
-    """The request's headers by (lower-case) name; of a repeated one, the first, as
-    starlette's `Headers.get` answers."""
+    """The headers the endpoint reads (_READ), by (lower-case) name; of a repeated one,
+    the first, as starlette's `Headers.get` answers. The others are not decoded."""
     headers: dict[str, str] = {}
     for name, value in scope["headers"]:
-        key = name.decode("latin-1")
-        if key not in headers:
+        key = _READ.get(name)
+        if key is not None and key not in headers:
             headers[key] = value.decode("latin-1")
     return headers
 
