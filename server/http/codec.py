@@ -19,6 +19,8 @@ import orjson
 
 from ..control.sharedmemory import (
     IN_SHARED_MEMORY,
+    SHARED_MEMORY_BYTE_SIZE,
+    SHARED_MEMORY_OFFSET,
     SHARED_MEMORY_REGION,
     lift_output_ref,
     parse_ref,
@@ -52,6 +54,8 @@ BINARY_DATA_OUTPUT: Final = "binary_data_output"
 RAW_BINARY: Final = "raw_binary"
 
 _PARAM_TYPES: Final = (bool, int, float, str)
+# The parameters that place a tensor in shared memory (parse_ref lifts them out).
+_SHM_KEYS: Final = frozenset({SHARED_MEMORY_REGION, SHARED_MEMORY_OFFSET, SHARED_MEMORY_BYTE_SIZE})
 # The enum's own map of wire names, read without DataType.parse's call (which words the
 # error for a name it lacks).
 _DATATYPES: Final = DataType._value2member_map_
@@ -166,13 +170,16 @@ def _raw_binary_request(model_name: str, model_version: str, body: bytes) -> Inf
     )
 
 
-def _parameters(raw: Any, where: str) -> Parameters:
+def _parameters(raw: Any, whose: str, name: str = "") -> Parameters:
+    """The parameters of `whose` ("the request"), or of its tensor `name` ("input")."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
+        where = f"{whose} '{name}'" if name else whose
         raise invalid_arg(f"'parameters' of {where} must be a JSON object, not {json_kind(raw)}")
     for key, value in raw.items():
         if not isinstance(value, _PARAM_TYPES):
+            where = f"{whose} '{name}'" if name else whose
             raise invalid_arg(
                 f"parameter '{key}' of {where} must be a boolean, number or string, not "
                 f"{json_kind(value)}"
@@ -227,15 +234,15 @@ def _decode_input(index: int, spec: Any, place: _Place) -> Tensor:
     if not isinstance(datatype_name, str):
         raise invalid_arg(f"input '{name}' has no 'datatype'")
     datatype = _DATATYPES.get(datatype_name) or DataType.parse(datatype_name)
-    shape, count = _shape(spec.get("shape"), name, datatype.itemsize)
+    shape, count = _shape(spec.get("shape"), name, datatype)
     raw_params = spec.get("parameters")
     if raw_params is None:
         # The common JSON input: nothing to lift out of its parameters.
         params: Parameters = {}
         shm = size = None
     else:
-        params = _parameters(raw_params, f"input '{name}'")
-        shm = parse_ref(params, name)
+        params = _parameters(raw_params, "input", name)
+        shm = None if params.keys().isdisjoint(_SHM_KEYS) else parse_ref(params, name)
         size = params.pop(BINARY_DATA_SIZE, None)
     has_data = "data" in spec
 
@@ -265,7 +272,7 @@ def _decode_input(index: int, spec: Any, place: _Place) -> Tensor:
     return Tensor(name, datatype, shape, data, params, shm)
 
 
-def _shape(raw: Any, name: str, itemsize: int) -> tuple[tuple[int, ...], int]:
+def _shape(raw: Any, name: str, datatype: DataType) -> tuple[tuple[int, ...], int]:
     """The shape and its element count."""
     if raw is None:
         raise invalid_arg(f"input '{name}' has no 'shape'")
@@ -283,7 +290,7 @@ def _shape(raw: Any, name: str, itemsize: int) -> tuple[tuple[int, ...], int]:
     if not isinstance(raw, list) or not all(type(d) is int and d >= 0 for d in raw):
         raise invalid_arg(f"'shape' of input '{name}' must be an array of non-negative integers")
     shape = tuple(raw)
-    return shape, check_shape(shape, name, itemsize)
+    return shape, check_shape(shape, name, datatype.itemsize)
 
 
 def _binary_input(
@@ -328,11 +335,12 @@ def _decode_outputs(specs: Any, request_id: str) -> list[RequestedOutput]:
         if name in names:
             raise error_texts.duplicate_output(request_id, name)
         names.add(name)
-        params = _parameters(spec.get("parameters"), f"output '{name}'")
+        params = _parameters(spec.get("parameters"), "output", name)
         output = requested_output(name, params)
         if not isinstance(params.get(BINARY_DATA, False), bool):
             raise invalid_arg(f"'binary_data' of output '{name}' must be a boolean")
-        lift_output_ref(output)
+        if not params.keys().isdisjoint(_SHM_KEYS):
+            lift_output_ref(output)
         if output.shm is not None and params.get(BINARY_DATA) is True:
             raise invalid_arg("Output can't set both 'shared_memory_region' and 'binary_data'")
         outputs.append(output)
@@ -355,16 +363,17 @@ def encode_infer_response(
     Binary outputs follow the JSON header in output order. An output the core wrote to
     shared memory is described (name, datatype, shape) with no data, as Triton does.
     """
-    requested = {output.name: output for output in request.outputs}
+    requested = {output.name: output for output in request.outputs} if request.outputs else {}
     default_binary = request.wire.get(BINARY_DATA_OUTPUT) is True
     entries: list[dict[str, Any]] = []
-    chunks: list[bytes | memoryview] = []
+    chunks: list[Any] = []
     for tensor in response.outputs:
-        if tensor.data.size != math.prod(tensor.shape):
+        count = math.prod(tensor.shape)
+        if tensor.data.size != count:
             raise ServerError(
                 ErrorCode.INTERNAL,
                 f"output '{tensor.name}' has {tensor.data.size} elements, but its shape "
-                f"{list(tensor.shape)} needs {math.prod(tensor.shape)}",
+                f"{list(tensor.shape)} needs {count}",
             )
         entry: dict[str, Any] = {
             "name": tensor.name,
@@ -382,8 +391,8 @@ def encode_infer_response(
                 entry["parameters"] = tensor.parameters
             entry["data"] = data
         else:
-            chunk = tensor_to_raw(tensor)
-            entry["parameters"] = {**tensor.parameters, BINARY_DATA_SIZE: len(chunk)}
+            chunk, size = _raw_output(tensor)
+            entry["parameters"] = {**tensor.parameters, BINARY_DATA_SIZE: size}
             chunks.append(chunk)
         entries.append(entry)
 
@@ -403,12 +412,31 @@ def encode_infer_response(
 
 def _json_output_data(tensor: Tensor) -> Any:
     """The flat, row-major JSON data of an output, or None when it must go binary."""
-    if tensor.datatype in RAW_ONLY:
+    datatype = tensor.datatype
+    if datatype in RAW_ONLY:
         return None
-    if tensor.datatype is DataType.BYTES:
+    if datatype is DataType.BYTES:
         try:
             return [item.decode("utf-8") for item in bytes_elements(tensor.data)]
         except UnicodeDecodeError:
             raise error_texts.bytes_not_utf8(tensor.name) from None
-    # A 1-D C-contiguous native array, which orjson serializes directly.
-    return np.ascontiguousarray(tensor.data, dtype=tensor.datatype.numpy).reshape(-1)
+    # A 1-D C-contiguous native array, which orjson serializes directly (ravel copies
+    # only what is not C-contiguous already).
+    data = tensor.data
+    if data.dtype != datatype.numpy:
+        data = data.astype(datatype.numpy)
+    return data.ravel()
+
+
+def _raw_output(tensor: Tensor) -> tuple[Any, int]:
+    """An output's raw wire bytes and their count: a BYTES output serialized, any other a
+    C-contiguous native array, which bytes.join reads as its memory (what
+    wire.tensor_to_raw makes, without its views)."""
+    if tensor.datatype is DataType.BYTES:
+        chunk = tensor_to_raw(tensor)
+        return chunk, len(chunk)
+    data = tensor.data
+    dtype = tensor.datatype.numpy
+    if data.dtype != dtype or not data.flags.c_contiguous:
+        data = np.ascontiguousarray(data, dtype=dtype)
+    return data, data.nbytes
