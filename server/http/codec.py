@@ -54,11 +54,13 @@ BINARY_DATA_OUTPUT: Final = "binary_data_output"
 RAW_BINARY: Final = "raw_binary"
 
 _PARAM_TYPES: Final = (bool, int, float, str)
+# Each datatype's wire name, without the enum's `value` descriptor.
+_WIRE_NAMES: Final[dict[DataType, str]] = {datatype: datatype.value for datatype in DataType}
 # The parameters that place a tensor in shared memory (parse_ref lifts them out).
 _SHM_KEYS: Final = frozenset({SHARED_MEMORY_REGION, SHARED_MEMORY_OFFSET, SHARED_MEMORY_BYTE_SIZE})
-# The enum's own map of wire names, read without DataType.parse's call (which words the
-# error for a name it lacks).
-_DATATYPES: Final = DataType._value2member_map_
+# The datatypes by wire name, read without DataType.parse's call (which words the error
+# for a name not here).
+_DATATYPES: Final[dict[str, DataType]] = {datatype.value: datatype for datatype in DataType}
 
 
 # --- JSON helpers ---------------------------------------------------------------------------
@@ -377,7 +379,7 @@ def encode_infer_response(
             )
         entry: dict[str, Any] = {
             "name": tensor.name,
-            "datatype": tensor.datatype.value,
+            "datatype": _WIRE_NAMES[tensor.datatype],
             "shape": tensor.shape,
         }
         if tensor.shm is not None:

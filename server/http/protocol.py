@@ -54,9 +54,14 @@ class TritonHttpProtocol(LingeringHttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._chunks = ChunkCount()
         self.scope[CHUNKS_KEY] = self._chunks  # type: ignore[typeddict-unknown-key]
-        names = {name for name, _ in self.headers}
+        # Most requests have no Transfer-Encoding: one pass finds that out.
+        both = False
+        for name, _ in self.headers:
+            if name == b"transfer-encoding":
+                both = any(other == b"content-length" for other, _ in self.headers)
+                break
         super().on_headers_complete()
-        if b"transfer-encoding" in names and b"content-length" in names and self.cycle:
+        if both and self.cycle:
             self.cycle.keep_alive = False
 
     def on_chunk_header(self) -> None:
