@@ -4,6 +4,12 @@ Pure functions; no I/O. Tensors in `raw_input_contents` become zero-copy, read-o
 `np.frombuffer` views into the message's bytes. Typed `contents` are accepted for every
 datatype that has a contents field (FP16 and BF16 travel only as raw bytes). Responses
 always use `raw_output_contents`, which is what tritonclient reads.
+
+The usual request (raw fixed-size inputs, no parameters) and the usual response each have
+a plain path that builds them with as few protobuf reads and writes as it can, since each
+costs a wrapper object; anything else goes to the general code from the start, so every
+error keeps its text and its order. tests/unit/test_grpc_codec_plain.py holds the two to
+the same results.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from ..errors import ErrorCode, ServerError, invalid_arg
 from ..inference import error_texts
 from ..inference.error_texts import InputRef
 from ..inference.types import (
+    MAX_DIMS,
     DataType,
     InferRequest,
     InferResponse,
@@ -73,6 +80,16 @@ _FIELD_DTYPE: Final = {
     "fp64_contents": np.dtype(np.float64),
 }
 _NARROWED: Final = frozenset({DataType.UINT8, DataType.UINT16, DataType.INT8, DataType.INT16})
+# Each fixed-size datatype's member, numpy type and byte size, by wire name, and its wire
+# name and numpy type, by member: the plain paths' one lookup per tensor.
+_FIXED_SIZE: Final[dict[str, tuple[DataType, np.dtype[Any], int]]] = {
+    datatype.value: (datatype, datatype.numpy, datatype.itemsize)
+    for datatype in DataType
+    if datatype is not DataType.BYTES
+}
+_RAW_ENCODED: Final[dict[DataType, tuple[str, np.dtype[Any]]]] = {
+    member: (name, dtype) for name, (member, dtype, _) in _FIXED_SIZE.items()
+}
 
 
 @dataclass(slots=True)
@@ -131,6 +148,9 @@ def decode_infer_request(message: pb.ModelInferRequest) -> DecodedRequest:
     memory, in input order, as Triton counts them) or each from its typed `contents`;
     mixing the two is an error. Errors are ServerError INVALID_ARG.
     """
+    plain = _decode_plain(message)
+    if plain is not None:
+        return DecodedRequest(plain)
     model = message.model_name
     parameters = decode_parameters(message.parameters, "the request")
     empty_final = parameters.pop(ENABLE_EMPTY_FINAL_RESPONSE, False)
@@ -146,6 +166,64 @@ def decode_infer_request(message: pb.ModelInferRequest) -> DecodedRequest:
     )
     lift_request_parameters(request)
     return DecodedRequest(request, empty_final)
+
+
+def _decode_plain(message: pb.ModelInferRequest) -> InferRequest | None:
+    """The usual request built directly, or None for anything else.
+
+    Usual: no parameters anywhere, and every input a uniquely named, non-empty, fixed-size
+    tensor in `raw_input_contents` whose byte count matches its shape. Such a request
+    passes every check of the general path and decodes there to the same result, so this
+    path raises nothing: what it refuses goes to the general path from the start, which
+    raises each error in its order. Each protobuf read builds a wrapper object, so this
+    reads each field once.
+    """
+    if message.parameters:
+        return None
+    specs = message.inputs
+    raw = message.raw_input_contents
+    count = len(specs)
+    if len(raw) != count:
+        return None
+    inputs: list[Tensor] = []
+    names: set[str] = set()
+    for index in range(count):
+        spec = specs[index]
+        fixed = _FIXED_SIZE.get(spec.datatype)
+        if fixed is None or spec.parameters or spec.HasField("contents"):
+            return None
+        datatype, dtype, itemsize = fixed
+        dims = spec.shape[:]
+        buf = raw[index]
+        size = len(buf)
+        # Non-zero dimensions whose product is a real buffer's element count are far
+        # inside every bound check_shape holds; a zero could hide absurd others.
+        if not size or len(dims) > MAX_DIMS or math.prod(dims) * itemsize != size:
+            return None
+        try:
+            # A read-only view of the bytes, as np.frombuffer gives, in one call.
+            data: npt.NDArray[Any] = np.ndarray(dims, dtype, buf)
+        except ValueError:  # negative dimensions, which an even count of hides from prod
+            return None
+        name = spec.name
+        names.add(name)
+        inputs.append(Tensor(name, datatype, data.shape, data, {}, None))
+    if len(names) != count or "" in names:  # a duplicate or a missing name
+        return None
+    wanted = message.outputs
+    count = len(wanted)
+    outputs: list[RequestedOutput] = []
+    names = set()
+    for index in range(count):
+        output = wanted[index]
+        if output.parameters:
+            return None
+        name = output.name
+        names.add(name)
+        outputs.append(RequestedOutput(name, 0, {}, None))
+    if len(names) != count or "" in names:
+        return None
+    return InferRequest(message.model_name, message.model_version, message.id, inputs, outputs, {})
 
 
 def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:
@@ -270,6 +348,9 @@ def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
     An output the core wrote to shared memory keeps its place with an empty entry, as
     Triton sends it, so tritonclient's index into `raw_output_contents` stays right.
     """
+    plain = _encode_plain(response)
+    if plain is not None:
+        return plain
     message = pb.ModelInferResponse(
         model_name=response.model_name, model_version=response.model_version, id=response.id
     )
@@ -292,6 +373,41 @@ def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
             encode_parameters(tensor.parameters, entry.parameters)
         raw.append(bytes(tensor_to_raw(tensor)))
     return message
+
+
+def _encode_plain(response: InferResponse) -> pb.ModelInferResponse | None:
+    """The usual response built in one constructor call, or None for anything else.
+
+    Usual: no parameters, and every output a fixed-size tensor on the wire whose array has
+    the datatype's own numpy type and as many elements as its shape. Anything else goes to
+    the general path from the start, which raises the error or converts the data. Filling
+    the message from plain lists costs far less than adding to its fields one by one.
+    """
+    if response.parameters:
+        return None
+    outputs: list[dict[str, Any]] = []
+    raw: list[bytes] = []
+    for tensor in response.outputs:
+        wire = _RAW_ENCODED.get(tensor.datatype)
+        data = tensor.data
+        shape = tensor.shape
+        if (
+            wire is None
+            or data.dtype is not wire[1]
+            or tensor.shm is not None
+            or tensor.parameters
+            or data.size != math.prod(shape)
+        ):
+            return None
+        outputs.append({"name": tensor.name, "datatype": wire[0], "shape": shape})
+        raw.append(data.tobytes())  # row-major, as tensor_to_raw's contiguous copy
+    return pb.ModelInferResponse(
+        model_name=response.model_name,
+        model_version=response.model_version,
+        id=response.id,
+        outputs=outputs,
+        raw_output_contents=raw,
+    )
 
 
 def stream_response(
