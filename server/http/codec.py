@@ -5,7 +5,13 @@ tensors are zero-copy, read-only `np.frombuffer` views into the request body, so
 as long as the body does.
 
 Binary data is little-endian; like numpy's native dtypes on every host we run on (x86-64 and
-aarch64), so fixed-size tensors travel as their raw memory.
+aarch64), so fixed-size tensors travel as their raw memory. JSON `data` becomes an array in
+json_tensors.py.
+
+The infer path runs this on every request, so the usual request takes the short way where
+one exists: a shape of positive dimensions is checked in one pass, parameters are looked
+at only when there are some, and a message is worded only for an error; whatever is
+unusual goes the general way, so every error and its precedence stay the same.
 """
 
 from __future__ import annotations
