@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 import uvloop
 
-from ge_serve.backends.base import SlotInfo
+from ge_serve.backends.base import LoadedModel, SlotInfo
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
 from ge_serve.scheduler.factory import SchedulerOptions, build_scheduler
@@ -58,18 +58,6 @@ class EchoExecutor:
         pass
 
 
-class _Loaded:
-    """The slice of a LoadedModel that build_scheduler reads."""
-
-    def __init__(self) -> None:
-        self.executors = [EchoExecutor()]
-        self.gears: tuple[int, ...] = ()
-        self.shape_buckets: tuple[object, ...] = ()
-        self.per_request = False
-        # As an onnxruntime CPU model's: its short executions run on the loop's thread.
-        self.thread_free = True
-
-
 def config_for(name: str) -> model_config_pb2.ModelConfig:
     """The batching settings of `simple` (bench/lib/variants.py), as configs."""
     config = model_config_pb2.ModelConfig(name="simple", max_batch_size=8)
@@ -89,10 +77,10 @@ def config_for(name: str) -> model_config_pb2.ModelConfig:
 
 
 async def one_round(name: str, concurrency: int, seconds: float) -> dict[str, float]:
-    loaded = _Loaded()
+    loaded = LoadedModel(executors=[EchoExecutor()], thread_free=True)
     scheduler: Scheduler = build_scheduler(
         config_for(name),
-        loaded,  # type: ignore[arg-type]
+        loaded,
         SchedulerOptions(),
     )
     executor = loaded.executors[0]
