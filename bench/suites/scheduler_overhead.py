@@ -77,13 +77,13 @@ def config_for(name: str) -> model_config_pb2.ModelConfig:
 
 
 async def one_round(name: str, concurrency: int, seconds: float) -> dict[str, float]:
-    loaded = LoadedModel(executors=[EchoExecutor()], thread_free=True)
+    executor = EchoExecutor()
+    loaded = LoadedModel(executors=[executor], thread_free=True)
     scheduler: Scheduler = build_scheduler(
         config_for(name),
         loaded,
         SchedulerOptions(),
     )
-    executor = loaded.executors[0]
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     stop = False
     done = 0
