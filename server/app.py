@@ -316,6 +316,9 @@ class ServerApp:
             # No X-Forwarded-* rewriting: nothing here uses the client address, and the
             # middleware costs every request.
             proxy_headers=False,
+            # Triton's HTTP server sends neither; uvicorn would check both on every response.
+            server_header=False,
+            date_header=False,
         )
         # Bound here rather than by uvicorn, which calls sys.exit() from inside its task
         # when the address is taken; this way the reason is one clear line.

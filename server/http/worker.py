@@ -63,6 +63,9 @@ async def serve(config: dict[str, Any]) -> int:
             http=TritonHttpProtocol,
             ws="none",
             proxy_headers=False,
+            # Triton's HTTP server sends neither; uvicorn would check both on every response.
+            server_header=False,
+            date_header=False,
         )
     )
     task = asyncio.create_task(server.serve(sockets=[listener]))
