@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import os
 import signal
 import socket
 import sys
@@ -46,6 +47,7 @@ from .observability.metrics import ServerMetrics
 from .observability.metricsconfig import MetricsConfig
 from .observability.resources import DeviceMetricsProvider, ResourceSampler
 from .startup.exiting import leave_running_executions
+from .startup.grpc_core import grpc_core_environment
 from .startup.malloc import limit_malloc_arenas, release_freed_memory
 from .startup.part_settings import (
     configure_logging,
@@ -261,7 +263,14 @@ class ServerApp:
             "restricted": public.restricted,
             "grace_s": self.settings.exit_timeout_secs,
         }
-        spec = WorkerSpec("ge_serve.server.grpc.worker", "gRPC", self.settings.grpc_workers, config)
+        spec = WorkerSpec(
+            "ge_serve.server.grpc.worker",
+            "gRPC",
+            self.settings.grpc_workers,
+            config,
+            # grpc core's I/O path as this process runs it (server/cli.py).
+            env=grpc_core_environment(os.environ),
+        )
         self.grpc_workers = FrontEndWorkers(self.core, spec)
         await self.grpc_workers.start()
         log.info(

@@ -155,10 +155,15 @@ def parse_settings(argv: list[str]) -> Settings:
 
 def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(sys.argv[1:] if argv is None else argv)
-    # Read by grpc core as it loads, so before the composition root imports grpc; front-end
-    # workers inherit it.
-    os.environ.update(grpc_core_environment(os.environ))
+    # Read by grpc core as it loads: set while the composition root imports grpc, then
+    # taken back, so that the processes this one starts (Python models' workers) do not
+    # inherit it; the gRPC front-end workers are given it (server/app.py).
+    chosen = grpc_core_environment(os.environ)
+    os.environ.update(chosen)
     from .app import run  # the composition root; imported late so --help stays fast
+
+    for name in chosen:
+        os.environ.pop(name, None)
 
     return run(settings)
 

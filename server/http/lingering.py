@@ -37,8 +37,9 @@ class _Transport:
 
     uvicorn writes a response's status line and headers, then its body: two sends, each
     a system call that on loopback also delivers the segment. Held together they go out
-    in one (`writelines`). A write is never held past the loop turn it was made in, nor
-    past a close, so what a streamed response writes still leaves at once.
+    in one (`writelines`). A write is held no longer than the loop's next pass over its
+    ready callbacks, and never past a close, an end of file from the client or another
+    write, so what a streamed response writes still leaves at once.
     """
 
     __slots__ = ("_held", "_loop", "_protocol", "_transport")
@@ -65,6 +66,10 @@ class _Transport:
             return
         self._held = None
         self._transport.writelines((held, data))
+
+    def writelines(self, data: Any) -> None:
+        self.flush()
+        self._transport.writelines(data)
 
     def flush(self) -> None:
         held = self._held
@@ -120,6 +125,14 @@ class LingeringHttpToolsProtocol(HttpToolsProtocol):
         transport.resume_reading()
         self._deadline = self.loop.call_later(LINGERING_TIME_S, transport.close)
         self._idle = self.loop.call_later(LINGERING_TIMEOUT_S, transport.close)
+
+    def eof_received(self) -> None:
+        # The client half-closed: the loop closes the transport itself, past the wrapper,
+        # once this returns, so what is held goes now.
+        transport = self.transport
+        if isinstance(transport, _Transport):
+            transport.flush()
+        super().eof_received()
 
     def data_received(self, data: bytes) -> None:
         if not self.lingering:

@@ -25,7 +25,7 @@ from ..errors import ErrorCode, ServerError
 from .errors import server_error_response
 
 _READ_BYTES = 1 << 16
-# Headers of one hop, not passed on; the worker's own server sets date and server again.
+# Headers of one hop, not passed on; `date` and `server` describe the server that sent them.
 _REQUEST_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length",
                 b"expect", b"te", b"upgrade", b"proxy-connection"}  # fmt: skip
 _RESPONSE_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"}

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -55,6 +56,8 @@ class WorkerSpec:
     count: int
     config: dict[str, Any]
     pass_fds: tuple[int, ...] = ()
+    # Variables set in the workers' environment on top of this process's.
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -128,7 +131,8 @@ class FrontEndWorkers:
             config = {**self.spec.config, "link_fd": fd, "index": worker.index}
             return [sys.executable, "-m", self.spec.module, json.dumps(config)]
 
-        worker.child = child = start_child(argv, self.spec.pass_fds)
+        env = {**os.environ, **self.spec.env} if self.spec.env else None
+        worker.child = child = start_child(argv, self.spec.pass_fds, env)
         worker.ready = asyncio.get_running_loop().create_future()
         label = f"{self.spec.what.lower()}-worker-{worker.index}"
         worker.link = LoopLink(

@@ -32,6 +32,7 @@ from tritonclient.utils import InferenceServerException
 
 from ge_serve.protos import grpc_service_pb2 as pb
 from ge_serve.protos import grpc_service_pb2_grpc as pb_grpc
+from ge_serve.server.startup.grpc_core import EXPERIMENTS, VARIABLE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -167,6 +168,16 @@ def test_requests_through_every_worker_share_one_batch(server: ServerProcess) ->
         client.close()
     for channel in channels:
         channel.close()
+
+
+def test_grpc_workers_run_grpc_core_as_the_server_does(server: ServerProcess) -> None:
+    """The server takes its GRPC_EXPERIMENTS choice back once grpc has read it
+    (test_grpc_core_environment.py); its gRPC workers are given it."""
+    pids = worker_pids(server)
+    assert len(pids) == WORKERS
+    for pid in pids:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert f"{VARIABLE}={EXPERIMENTS}".encode() in environ
 
 
 def _release_hold(server: ServerProcess) -> None:

@@ -6,7 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
+
+from ge_serve.server import app, cli
 from ge_serve.server.startup.grpc_core import EXPERIMENTS, VARIABLE, grpc_core_environment
 
 START_A_SERVER = """
@@ -49,3 +53,24 @@ def test_the_command_line_does_not_load_grpc_before_it_sets_the_environment() ->
         [sys.executable, "-c", check], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("chosen", [None, "event_engine_listener"])
+def test_the_server_runs_with_the_environment_it_was_given(
+    chosen: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Set only while grpc loads: the processes the server starts (Python models'
+    workers) see the environment the server was started with."""
+    if chosen is None:
+        monkeypatch.delenv(VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(VARIABLE, chosen)
+    seen: list[str | None] = []
+
+    def run(settings: object) -> int:
+        seen.append(os.environ.get(VARIABLE))
+        return 0
+
+    monkeypatch.setattr(app, "run", run)
+    assert cli.main(["--model-repository", str(tmp_path)]) == 0
+    assert seen == [chosen]

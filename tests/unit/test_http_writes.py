@@ -6,7 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import uvicorn
+from uvicorn.server import ServerState
+
 from ge_serve.server.http.lingering import _Transport
+from ge_serve.server.http.protocol import TritonHttpProtocol
 
 
 class Recorder:
@@ -33,6 +37,9 @@ class Recorder:
 
     def get_write_buffer_size(self) -> int:
         return 0
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 8000) if name in ("sockname", "peername") else default
 
 
 class Protocol:
@@ -85,3 +92,38 @@ def test_a_close_or_eof_sends_what_is_held_first() -> None:
         return socket.sent, socket.closed
 
     assert asyncio.run(scenario()) == ([b"answer", b"<eof>", b"late"], True)
+
+
+def test_a_write_through_writelines_keeps_its_place() -> None:
+    async def scenario() -> list[bytes]:
+        transport, socket = wrapped(asyncio.get_running_loop())
+        transport.write(b"first")
+        transport.writelines([b"second", b"third"])
+        await asyncio.sleep(0)
+        return socket.sent
+
+    assert asyncio.run(scenario()) == [b"first", b"secondthird"]
+
+
+def test_an_end_of_file_from_the_client_sends_what_is_held_first() -> None:
+    """The loop closes the transport itself after eof_received, past the wrapper."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        return None
+
+    async def scenario() -> list[bytes]:
+        config = uvicorn.Config(app, http=TritonHttpProtocol, lifespan="off", ws="none")
+        config.load()
+        protocol = TritonHttpProtocol(
+            config=config,
+            server_state=ServerState(),
+            app_state={},
+            _loop=asyncio.get_running_loop(),
+        )
+        socket = Recorder()
+        protocol.connection_made(socket)  # type: ignore[arg-type]
+        protocol.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+        protocol.eof_received()
+        return socket.sent
+
+    assert asyncio.run(scenario()) == [b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"]
