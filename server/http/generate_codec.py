@@ -40,6 +40,7 @@ from ..inference.reports import TensorMetadata
 from ..inference.types import DataType, InferRequest, InferResponse, ParamValue, Tensor
 from ..inference.wire import RAW_ONLY, bytes_elements, object_array
 from . import codec
+from .json_tensors import float_array
 
 NESTED_PARAMETERS: Final = "parameters"
 SSE_CONTENT_TYPE: Final = "text/event-stream; charset=utf-8"
@@ -50,7 +51,6 @@ EXACTLY_ONE: Final = (
 
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
-_FP32_MAX: Final = float(np.finfo(np.float32).max)
 # Each BYTES element also carries its 4-byte length, as Triton counts the input size.
 _BYTES_LENGTH_PREFIX: Final = 4
 
@@ -262,12 +262,7 @@ def _to_numpy(name: str, datatype: DataType, flat: list[Any]) -> npt.NDArray[Any
     for item in flat:
         if isinstance(item, bool) or not isinstance(item, int | float):
             raise _unparsable(_NOT_NUMBER)
-    array = np.array(flat, dtype=np.float64)
-    if datatype is DataType.FP32:
-        if array.size and float(np.abs(array).max()) > _FP32_MAX:
-            raise invalid_arg(f"input '{name}': a value is out of range for FP32")
-        return array.astype(np.float32)
-    return array
+    return float_array(flat, datatype, name)
 
 
 def _unparsable(message: str) -> ServerError:

@@ -123,12 +123,17 @@ def _to_numpy(name: str, datatype: DataType, flat: list[Any], kinds: set[type]) 
     # FP32 and FP64; JSON integers are fine as floats.
     if not kinds <= _NUMBERS:
         raise _wrong_elements(name, datatype, "numbers")
-    arr = np.array(flat, dtype=np.float64)
+    return float_array(flat, datatype, name)
+
+
+def float_array(flat: list[Any], datatype: DataType, name: str) -> npt.NDArray[Any]:
+    """JSON numbers as FP64, or FP32 when every one fits it (INVALID_ARG otherwise)."""
+    array = np.array(flat, dtype=np.float64)
     if datatype is DataType.FP32:
-        if arr.size and float(np.abs(arr).max()) > _FP32_MAX:
+        if array.size and float(np.abs(array).max()) > _FP32_MAX:
             raise invalid_arg(f"input '{name}': a value is out of range for FP32")
-        return arr.astype(np.float32)
-    return arr
+        return array.astype(np.float32)
+    return array
 
 
 def _out_of_range(name: str, datatype: DataType, flat: list[int]) -> ServerError:

@@ -24,16 +24,7 @@ from ge_serve.server.inference.types import (
     check_shape,
 )
 
-INTEGER_TYPES = [
-    DataType.UINT8,
-    DataType.UINT16,
-    DataType.UINT32,
-    DataType.UINT64,
-    DataType.INT8,
-    DataType.INT16,
-    DataType.INT32,
-    DataType.INT64,
-]
+INTEGER_TYPES = [d for d in DataType if d is not DataType.BYTES and d.numpy.kind in "iu"]
 
 
 def _decode(spec: dict[str, object]) -> InferRequest:
