@@ -36,8 +36,6 @@ from ..inference import error_texts
 from ..inference.error_texts import MAX_JSON_DEPTH as MAX_JSON_DEPTH
 from ..inference.error_texts import InputRef
 from ..inference.types import (
-    MAX_DIMS,
-    MAX_ELEMENTS,
     DataType,
     InferRequest,
     InferResponse,
@@ -46,9 +44,10 @@ from ..inference.types import (
     Tensor,
     check_shape,
     lift_request_parameters,
+    plain_count,
     requested_output,
 )
-from ..inference.wire import RAW_ONLY, bytes_elements, raw_to_array, tensor_to_raw
+from ..inference.wire import RAW_ONLY, bytes_elements, raw_output, raw_to_array
 from .json_tensors import flatten_nested as flatten_nested
 from .json_tensors import json_input, json_kind
 
@@ -284,17 +283,10 @@ def _shape(raw: Any, name: str, datatype: DataType) -> tuple[tuple[int, ...], in
     """The shape and its element count."""
     if raw is None:
         raise invalid_arg(f"input '{name}' has no 'shape'")
-    # The common shape (positive dimensions, few enough elements) in one pass; check_shape
-    # finds nothing to refuse in it.
-    if type(raw) is list and len(raw) <= MAX_DIMS:
-        count = 1
-        for dim in raw:
-            if type(dim) is not int or dim <= 0:
-                break
-            count *= dim
-        else:
-            if count <= MAX_ELEMENTS:
-                return tuple(raw), count
+    # The common shape in one pass, without the element checks below.
+    count = plain_count(raw) if type(raw) is list else None
+    if count is not None:
+        return tuple(raw), count
     if not isinstance(raw, list) or not all(type(d) is int and d >= 0 for d in raw):
         raise invalid_arg(f"'shape' of input '{name}' must be an array of non-negative integers")
     shape = tuple(raw)
@@ -399,7 +391,7 @@ def encode_infer_response(
                 entry["parameters"] = tensor.parameters
             entry["data"] = data
         else:
-            chunk, size = _raw_output(tensor)
+            chunk, size = raw_output(tensor)
             entry["parameters"] = {**tensor.parameters, BINARY_DATA_SIZE: size}
             chunks.append(chunk)
         entries.append(entry)
@@ -434,17 +426,3 @@ def _json_output_data(tensor: Tensor) -> Any:
     if data.dtype != datatype.numpy:
         data = data.astype(datatype.numpy)
     return data.ravel()
-
-
-def _raw_output(tensor: Tensor) -> tuple[Any, int]:
-    """An output's raw wire bytes and their count: a BYTES output serialized, any other a
-    C-contiguous native array, which bytes.join reads as its memory (what
-    wire.tensor_to_raw makes, without its views)."""
-    if tensor.datatype is DataType.BYTES:
-        chunk = tensor_to_raw(tensor)
-        return chunk, len(chunk)
-    data = tensor.data
-    dtype = tensor.datatype.numpy
-    if data.dtype != dtype or not data.flags.c_contiguous:
-        data = np.ascontiguousarray(data, dtype=dtype)
-    return data, data.nbytes

@@ -101,6 +101,19 @@ MAX_DIMS: Final = 32
 MAX_ELEMENTS: Final = (2**63 - 1) // 8
 
 
+def plain_count(shape: Sequence[object]) -> int | None:
+    """The element count of the usual shape, positive ints within MAX_DIMS and
+    MAX_ELEMENTS, in which check_shape finds nothing to refuse; None for any other."""
+    if len(shape) > MAX_DIMS:
+        return None
+    count = 1
+    for dim in shape:
+        if type(dim) is not int or dim <= 0:
+            return None
+        count *= dim
+    return count if count <= MAX_ELEMENTS else None
+
+
 def check_shape(shape: Sequence[SupportsIndex], name: str, itemsize: int = 0) -> int:
     """The element count of an input's shape; a shape no tensor can have is INVALID_ARG.
     With the datatype's `itemsize` (0: BYTES, or not known yet), a byte size past INT64_MAX
@@ -111,6 +124,9 @@ def check_shape(shape: Sequence[SupportsIndex], name: str, itemsize: int = 0) ->
     and no client means it. (Triton multiplies as it goes, so a leading zero hides the
     rest from its overflow check.)
     """
+    count = plain_count(shape)
+    if count is not None:
+        return count
     if len(shape) > MAX_DIMS:
         raise ServerError(
             ErrorCode.INVALID_ARG,

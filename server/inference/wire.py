@@ -141,10 +141,24 @@ def raw_to_array(
     return np.frombuffer(buf, dtype=datatype.numpy).reshape(shape)
 
 
-def tensor_to_raw(tensor: Tensor) -> bytes | memoryview:
-    """A tensor's raw wire bytes; a uint8 memoryview over the array when it is contiguous."""
+def raw_output(tensor: Tensor) -> tuple[bytes | npt.NDArray[Any], int]:
+    """A tensor's raw wire bytes and their count, copied only where the array is not them
+    already: BYTES serialized; any other the C-contiguous array of its datatype's native
+    type, which bytes.join and buffer writes read as its memory."""
     if tensor.datatype is DataType.BYTES:
-        return serialize_bytes_tensor(tensor.data)
-    arr = np.ascontiguousarray(tensor.data, dtype=tensor.datatype.numpy)
-    # A uint8 view, so len() is the byte count and join() copies the memory once.
-    return arr.reshape(-1).view(np.uint8).data
+        chunk = serialize_bytes_tensor(tensor.data)
+        return chunk, len(chunk)
+    data = tensor.data
+    dtype = tensor.datatype.numpy
+    if data.dtype != dtype or not data.flags.c_contiguous:
+        data = np.ascontiguousarray(data, dtype=dtype)
+    return data, data.nbytes
+
+
+def tensor_to_raw(tensor: Tensor) -> bytes | memoryview:
+    """A tensor's raw wire bytes as one flat buffer whose len() is their count."""
+    chunk, _ = raw_output(tensor)
+    if isinstance(chunk, np.ndarray):
+        # A uint8 view, so len() is the byte count and join() copies the memory once.
+        return chunk.reshape(-1).view(np.uint8).data
+    return chunk
