@@ -31,7 +31,8 @@ def decode_content(body: bytes, content_encoding: str | None, max_size: int) -> 
     and `identity` pass through. Anything else, corrupt data or a result over `max_size`
     is INVALID_ARG.
     """
-    encoding = (content_encoding or IDENTITY).strip().lower()
+    # None (the usual case) and "" are identity, without a name to normalise.
+    encoding = content_encoding.strip().lower() if content_encoding else IDENTITY
     if encoding == IDENTITY:
         if len(body) > max_size:
             raise _too_large(max_size)

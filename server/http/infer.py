@@ -249,10 +249,7 @@ class InferEndpoint:
                 ErrorCode.CANCELLED, "the client went away before the request body ended"
             ) from None
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        encoding = headers.get("content-encoding")
-        if encoding is None and len(body) <= limit:
-            return body
-        return compression.decode_content(body, encoding, limit)
+        return compression.decode_content(body, headers.get("content-encoding"), limit)
 
 
 _JSON = (b"content-type", b"application/json")
