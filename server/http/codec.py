@@ -59,13 +59,8 @@ BINARY_DATA_OUTPUT: Final = "binary_data_output"
 RAW_BINARY: Final = "raw_binary"
 
 _PARAM_TYPES: Final = (bool, int, float, str)
-# Each datatype's wire name, without the enum's `value` descriptor.
-_WIRE_NAMES: Final[dict[DataType, str]] = {datatype: datatype.value for datatype in DataType}
 # The parameters that place a tensor in shared memory (parse_ref lifts them out).
 _SHM_KEYS: Final = frozenset({SHARED_MEMORY_REGION, SHARED_MEMORY_OFFSET, SHARED_MEMORY_BYTE_SIZE})
-# The datatypes by wire name, read without DataType.parse's call (which words the error
-# for a name not here).
-_DATATYPES: Final[dict[str, DataType]] = {datatype.value: datatype for datatype in DataType}
 
 
 # --- JSON helpers ---------------------------------------------------------------------------
@@ -240,7 +235,7 @@ def _decode_input(index: int, spec: Any, place: _Place) -> Tensor:
     datatype_name = spec.get("datatype")
     if not isinstance(datatype_name, str):
         raise invalid_arg(f"input '{name}' has no 'datatype'")
-    datatype = _DATATYPES.get(datatype_name) or DataType.parse(datatype_name)
+    datatype = DataType.parse(datatype_name)
     shape, count = _shape(spec.get("shape"), name, datatype)
     raw_params = spec.get("parameters")
     if raw_params is None:
@@ -377,7 +372,7 @@ def encode_infer_response(
             )
         entry: dict[str, Any] = {
             "name": tensor.name,
-            "datatype": _WIRE_NAMES[tensor.datatype],
+            "datatype": tensor.datatype.value,
             "shape": tensor.shape,
         }
         if tensor.shm is not None:
