@@ -35,13 +35,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ge_serve.backends.base import ShapeRejected
 from ge_serve.server.errors import (
     ErrorCode,
     FailureReason,
     SchedulerClosed,
     ServerError,
-    internal,
+    execution_failure,
     request_timeout,
 )
 
@@ -494,6 +493,4 @@ def client_error(exc: BaseException) -> ServerError:
     model's execution failing."""
     if isinstance(exc, ServerError):
         return ServerError(exc.code, exc.message, exc.reason or FailureReason.BACKEND)
-    if isinstance(exc, ShapeRejected):  # shapes the model cannot run: the input's fault
-        return ServerError(ErrorCode.INVALID_ARG, str(exc), FailureReason.OTHER)
-    return internal(exc, FailureReason.BACKEND)
+    return execution_failure(exc, FailureReason.BACKEND)

@@ -11,6 +11,8 @@ import logging
 import re
 from types import TracebackType
 
+from ge_serve.backends.base import ShapeRejected
+
 log = logging.getLogger(__name__)
 
 
@@ -63,6 +65,15 @@ def internal(
     None, statistics count it against the backend."""
     said = f"{type(exc).__name__}: {exc}"
     return ServerError(ErrorCode.INTERNAL, f"internal error: {said}" if escaped else said, reason)
+
+
+def execution_failure(exc: BaseException, reason: FailureReason) -> ServerError:
+    """An exception that is not a ServerError, out of running a request, as the client's
+    error: a ShapeRejected is the input's fault (shapes the model cannot run), anything
+    else INTERNAL, counted under `reason`."""
+    if isinstance(exc, ShapeRejected):
+        return ServerError(ErrorCode.INVALID_ARG, str(exc), FailureReason.OTHER)
+    return internal(exc, reason)
 
 
 # How much of an unexpected exception's text a client is shown.

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ge_serve.backends.base import ShapeRejected
-
-from ..errors import ErrorCode, FailureReason, ServerError, internal, request_cancelled
+from ..errors import FailureReason, ServerError, execution_failure, request_cancelled
 
 
 def failure_of(exc: BaseException, executing: bool) -> ServerError:
@@ -25,6 +23,4 @@ def failure_of(exc: BaseException, executing: bool) -> ServerError:
         return exc
     if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
         return request_cancelled()
-    if isinstance(exc, ShapeRejected):
-        return ServerError(ErrorCode.INVALID_ARG, str(exc), FailureReason.OTHER)
-    return internal(exc, FailureReason.BACKEND if executing else FailureReason.OTHER)
+    return execution_failure(exc, FailureReason.BACKEND if executing else FailureReason.OTHER)
