@@ -15,7 +15,7 @@ from typing import Any, Final, SupportsIndex
 import numpy as np
 import numpy.typing as npt
 
-from ge_serve.link.dtypes import NUMPY_OF
+from ge_serve.link.dtypes import NUMPY_OF, triton_of
 
 from ..errors import ErrorCode, ServerError
 from . import error_texts
@@ -77,20 +77,15 @@ class DataType(enum.Enum):
 
     @classmethod
     def from_numpy(cls, dtype: np.dtype[Any]) -> DataType:
-        found = _FROM_NUMPY.get(dtype)
-        if found is None:
-            if dtype.kind in ("O", "S", "U"):
-                return cls.BYTES
-            raise ServerError(ErrorCode.INTERNAL, f"unsupported numpy dtype {dtype}")
-        return found
+        try:
+            return cls.parse(triton_of(dtype))
+        except TypeError:
+            raise ServerError(ErrorCode.INTERNAL, f"unsupported numpy dtype {dtype}") from None
 
 
 # The one table of datatypes and numpy dtypes (ge_serve.link.dtypes), by member.
 _NUMPY: dict[DataType, np.dtype[Any]] = {
     datatype: NUMPY_OF[datatype.value] for datatype in DataType
-}
-_FROM_NUMPY: dict[np.dtype[Any], DataType] = {
-    dt: name for name, dt in _NUMPY.items() if name is not DataType.BYTES
 }
 
 

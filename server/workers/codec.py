@@ -25,6 +25,7 @@ from ..inference.types import (
     SharedMemoryRef,
     Tensor,
 )
+from ..inference.wire import object_array
 from .messages import ShmRef, WireOutput, WireRequest, WireResponse, WireTensor
 
 
@@ -53,9 +54,7 @@ def _tensor(link: Endpoint, tensor: Tensor, regions: list[Region]) -> WireTensor
 
 def _array(link: Endpoint, wire: WireTensor, datatype: DataType, shape: tuple[int, ...]) -> Any:
     if wire.items is not None:
-        array = np.empty(len(wire.items), dtype=np.object_)
-        array[:] = wire.items
-        return array.reshape(shape)
+        return object_array(wire.items).reshape(shape)
     if wire.data is None:
         return IN_SHARED_MEMORY
     dtype = np.dtype(wire.dtype) if wire.dtype else datatype.numpy
