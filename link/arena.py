@@ -71,7 +71,6 @@ class Arena:
         self._free_at: dict[int, list[int]] = {}
         self._free_size: dict[int, dict[int, int]] = {}
         self._next_id = 0
-        self.allocated = 0
 
     def alloc(self, nbytes: int) -> Region:
         if nbytes <= 0:
@@ -107,7 +106,6 @@ class Arena:
             else:
                 offsets.insert(index, offset)
                 sizes[offset] = size
-            self.allocated -= _round(nbytes, ALIGN)
 
     def buffer(self, seg: int) -> mmap.mmap:
         return self._maps[seg]
@@ -125,7 +123,6 @@ class Arena:
             rest = offset + size
             bisect.insort(offsets, rest)
             sizes[rest] = block - size
-        self.allocated += size
 
     def _grow(self, size: int) -> int:
         seg = self._next_id

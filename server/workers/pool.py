@@ -79,11 +79,6 @@ class FrontEndWorkers:
         self.spec = spec
         self._workers = [_Worker(index) for index in range(spec.count)]
         self._supervisors: list[asyncio.Task[None]] = []
-        self.restarts = 0
-
-    @property
-    def pids(self) -> list[int]:
-        return [w.child.pid for w in self._workers if w.child is not None]
 
     async def start(self) -> None:
         """Start every worker and wait until each listens; a ServerError says why not."""
@@ -204,7 +199,6 @@ class FrontEndWorkers:
             except (ServerError, OSError) as exc:
                 log.error("%s", exc.message if isinstance(exc, ServerError) else exc)
                 continue
-            self.restarts += 1
 
     # --- requests ------------------------------------------------------------------------
 
