@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench.lib.models import Batching, make_repo
 from bench.lib.perfa import find_perf_analyzer, run_perf_analyzer
@@ -37,7 +37,7 @@ from bench.lib.server import REPO_ROOT, free_ports, serve
 from ge_serve.server.startup.grpc_core import grpc_core_environment
 
 PROG = "python -m bench run ceiling"
-_WRK_SCRIPT = """wrk.method = "POST"
+WRK_SCRIPT = """wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.body = '%s'
 """
@@ -47,9 +47,17 @@ BODY = json.dumps({"inputs": [
 ]})  # fmt: skip
 
 
+class BareServer(NamedTuple):
+    """Where bench/lib/bare.py answers ("127.0.0.1:PORT"), and its process."""
+
+    http: str
+    grpc: str
+    pid: int
+
+
 @contextmanager
-def bare_server(timeout: float = 30.0) -> Iterator[tuple[str, str]]:
-    """bench/lib/bare.py on free ports: ("127.0.0.1:HTTP", "127.0.0.1:GRPC")."""
+def bare_server(timeout: float = 30.0) -> Iterator[BareServer]:
+    """bench/lib/bare.py on free ports."""
     http_port, grpc_port = free_ports(2)
     process = subprocess.Popen(
         [sys.executable, "-m", "bench.lib.bare", str(http_port), str(grpc_port)],
@@ -67,7 +75,7 @@ def bare_server(timeout: float = 30.0) -> Iterator[tuple[str, str]]:
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the bare server did not start") from None
                 time.sleep(0.2)
-        yield f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
+        yield BareServer(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process.pid)
     finally:
         process.terminate()
         try:
@@ -80,8 +88,8 @@ def bare_server(timeout: float = 30.0) -> Iterator[tuple[str, str]]:
 @contextmanager
 def contender(name: str, repo: Path) -> Iterator[tuple[str, str]]:
     if name == "bare":
-        with bare_server() as urls:
-            yield urls
+        with bare_server() as bare:
+            yield bare.http, bare.grpc
     else:
         with serve(repo, ["--allow-metrics", "false"]) as server:
             yield server.http_url, server.grpc_url
@@ -175,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ceiling-") as tmp:
         repo = make_repo(Path(tmp) / "repo", "simple", batching=Batching())
         script = Path(tmp) / "post.lua"
-        script.write_text(_WRK_SCRIPT % BODY)
+        script.write_text(WRK_SCRIPT % BODY)
         for index in range(args.rounds):
             run: dict[str, Any] = {}
             for name in ("ge", "bare") if index % 2 == 0 else ("bare", "ge"):

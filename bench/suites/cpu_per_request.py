@@ -51,17 +51,13 @@ from bench.cpu_per_request import thread_cpu_ns
 from bench.lib.peers import wait_ready
 from bench.lib.perfa import find_perf_analyzer, run_perf_analyzer
 from bench.lib.server import free_ports, serve
-from bench.suites.ceiling import BODY, bare_server, wrk
+from bench.suites.ceiling import BODY, WRK_SCRIPT, bare_server, wrk
 from bench.suites.peers import PEERS_DIRS
 
 PROG = "python -m bench run cpu-per-request"
 # ../shared/peers beside the checkout (or beside the folder of worktrees).
 PEERS = next((p for p in PEERS_DIRS if p.is_dir()), PEERS_DIRS[0])
 MODEL = "simple"
-_WRK_SCRIPT = """wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = '%s'
-"""
 
 
 @dataclass(frozen=True)
@@ -150,21 +146,12 @@ def server(name: str, models: Path, args: argparse.Namespace, logs: Path) -> Ite
         with triton(models, args.lab, logs / "triton.log") as urls:
             yield urls
     elif name == "bare":
-        with bare_server() as (http, grpc):
-            yield Urls(http, grpc, _listener_pid(http))
+        with bare_server() as bare:
+            yield Urls(bare.http, bare.grpc, bare.pid)
     else:
         flags = ["--log-verbose", "0", *shlex.split(args.ge_flags)]
         with serve(models, flags, keep_log=logs / "ge.log") as ge:
             yield Urls(ge.http_url, ge.grpc_url, ge.process.pid)
-
-
-def _listener_pid(url: str) -> int:
-    """The PID of the process listening on `url`'s port (the bare server's)."""
-    port = url.rsplit(":", 1)[1]
-    out = subprocess.run(
-        ["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True, check=True
-    ).stdout
-    return int(out.split("pid=", 1)[1].split(",", 1)[0])
 
 
 # --- measuring ----------------------------------------------------------------------------
@@ -303,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logs = Path(tmp) / "logs"
         logs.mkdir()
         script = Path(tmp) / "post.lua"
-        script.write_text(_WRK_SCRIPT % BODY)
+        script.write_text(WRK_SCRIPT % BODY)
         for index in range(args.rounds):
             run: dict[str, dict[str, Point]] = {}
             order = servers if index % 2 == 0 else list(reversed(servers))

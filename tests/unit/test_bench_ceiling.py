@@ -27,7 +27,7 @@ def _inputs(module: object, binary: bool) -> list[object]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
 def test_bare_server_adds_and_subtracts_over_http_and_grpc(binary: bool) -> None:
-    with bare_server() as (http_url, grpc_url):
+    with bare_server() as (http_url, grpc_url, _):
         http = httpclient.InferenceServerClient(http_url)
         assert http.get_model_metadata("simple")["name"] == "simple"
         result = http.infer("simple", _inputs(httpclient, binary))
