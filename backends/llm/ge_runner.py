@@ -31,7 +31,7 @@ from ge_serve.protos import model_config_pb2
 from ..base import Backend, LoadedModel, ModelSpec, ShapeRejected
 from ..onnx_io import read_onnx_io
 from .kvcache import KvPool
-from .runner import GraphShape, RowWork, build_step_inputs, step_shape
+from .runner import GraphShape, RowWork, build_step_inputs, run_apart, step_shape
 
 _STEP_INPUTS = ("input_ids", "positions", "block_table", "attention_mask")
 
@@ -153,11 +153,7 @@ class GeStepRunner:
         groups run as two calls, each padded to its own gear."""
         if not chunk_rows or not rows:
             return self._run(rows or chunk_rows)
-        first = self._run(rows)
-        graph_s = self.last_graph_s
-        second = self._run(chunk_rows)
-        self.last_graph_s += graph_s
-        return np.concatenate([first, second])
+        return run_apart(self, self._run, rows, chunk_rows)
 
     def _run(self, rows: Sequence[RowWork]) -> npt.NDArray[np.float32]:
         padded = self.gears.fit(step_shape(rows, self.block_size))

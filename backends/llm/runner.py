@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -110,6 +110,21 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
+def run_apart(
+    runner: Runner,
+    run_group: Callable[[Sequence[RowWork]], npt.NDArray[np.float32]],
+    rows: Sequence[RowWork],
+    chunk_rows: Sequence[RowWork],
+) -> npt.NDArray[np.float32]:
+    """The two groups of a step as two graph calls (a graph that takes one group only):
+    their logits in order, and the graph time of both in `runner.last_graph_s`."""
+    first = run_group(rows)
+    graph_s = runner.last_graph_s
+    second = run_group(chunk_rows)
+    runner.last_graph_s += graph_s
+    return np.concatenate([first, second])
+
+
 class StepRunner:
     """The step graph on onnxruntime (host CPU) with its KV pool. One thread calls it."""
 
@@ -153,11 +168,7 @@ class StepRunner:
         if not rows:
             rows, chunk_rows = chunk_rows, ()
         if chunk_rows and not self.mixes:
-            first = self.run(rows)
-            graph_s = self.last_graph_s
-            second = self.run(chunk_rows)
-            self.last_graph_s += graph_s
-            return np.concatenate([first, second])
+            return run_apart(self, self.run, rows, chunk_rows)
         feed, write = build_step_inputs(rows, self.block_size)
         if chunk_rows:
             more, more_write = build_step_inputs(
