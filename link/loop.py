@@ -39,7 +39,7 @@ class LoopLink(Endpoint):
         """Queue a message; those queued in one loop turn leave in one write."""
         if self.closed:
             raise LinkClosed("the link is closed")
-        self._queued.append(self.encode(message))
+        self._queued.extend(self.frame_of(message))
         if not self._flush_soon:
             self._flush_soon = True
             self._loop.call_soon(self._flush)

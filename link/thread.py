@@ -34,7 +34,7 @@ class ThreadLink(Endpoint):
         owed = self._take_owed(-1)
         if owed:
             messages = (Release(owed), *messages)
-        self._write(b"".join(self.encode(m) for m in messages), [])
+        self._write(b"".join(part for m in messages for part in self.frame_of(m)), [])
 
     def release(self, regions: list[Region], urgent: bool = False) -> None:
         """Regions of the peer's arena, read and let go of: owed back to the peer.
@@ -88,7 +88,7 @@ class ThreadLink(Endpoint):
                 self._received(data, fds)
                 owed = self._take_owed(release_batch)
                 if owed:
-                    self._write(self.encode(Release(owed)), [])
+                    self._write(b"".join(self.frame_of(Release(owed))), [])
         except LinkClosed:
             return
         finally:
