@@ -124,11 +124,20 @@ async def test_loop_links_batch_a_turns_messages_and_report_their_end() -> None:
     right = LoopLink(b, CODEC, "right", received, ended.set, inline_max=64)
     regions: list[Region] = []
     big = left.place(memoryview(b"z" * 1000), regions)
+    writes: list[int] = []
+    write = left._write
+
+    def counted(data: bytes, fds: list[int]) -> None:
+        writes.append(len(data))
+        write(data, fds)
+
+    left._write = counted  # type: ignore[method-assign]
     for number in range(50):
         left.send(Note(number, "n"))
     left.send(Note(99, "big", big))
     await asyncio.wait_for(all_in.wait(), 10)
     assert [m.number for m in got if isinstance(m, Note)] == [*range(50), 99]
+    assert len(writes) == 1  # the turn's 51 messages in one write
     last = got[-1]
     assert isinstance(last, Note) and bytes(right.view(last.data)) == b"z" * 1000
     left.close()
