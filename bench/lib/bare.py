@@ -2,7 +2,8 @@
 the `ceiling` suite holds ge-serve against.
 
 One process, one uvloop event loop, as ge-serve: uvicorn (httptools) with a raw ASGI
-application, and a grpc.aio server. Each request is parsed, its two INT32 [1,16] inputs
+application, and a grpc.aio server that takes ModelInfer calls as ge-serve does
+(server/grpc/call_intake.py). Each request is parsed, its two INT32 [1,16] inputs
 are added and subtracted with numpy, and the answer is encoded, as the protocol requires
 (JSON, binary tensor extension, protobuf). Nothing else: no validation, no scheduler, no
 statistics, no errors worth the name. It answers the metadata and config calls that
@@ -26,6 +27,7 @@ import uvloop
 
 from ge_serve.protos import grpc_service_pb2 as pb
 from ge_serve.protos import grpc_service_pb2_grpc as pb_grpc
+from ge_serve.server.grpc.call_intake import CallIntake
 
 MODEL = "simple"
 _NAMES = ("INPUT0", "INPUT1", "OUTPUT0", "OUTPUT1")
@@ -158,15 +160,25 @@ class BareServicer(pb_grpc.GRPCInferenceServiceServicer):
 
 async def serve(http_port: int, grpc_port: int) -> None:
     server = grpc.aio.server()
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(BareServicer(), server)  # type: ignore[no-untyped-call]
+    servicer = BareServicer()
+    # The generated code registers every method; the intake only takes ModelInfer's calls.
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    infer = grpc.unary_unary_rpc_method_handler(
+        servicer.ModelInfer,
+        request_deserializer=pb.ModelInferRequest.FromString,
+        response_serializer=pb.ModelInferResponse.SerializeToString,
+    )
+    intake = CallIntake(server, "inference.GRPCInferenceService", "ModelInfer", infer)
     server.add_insecure_port(f"127.0.0.1:{grpc_port}")
     await server.start()
+    intake.attach()
     config = uvicorn.Config(
         http_app, host="127.0.0.1", port=http_port, loop="none", http="httptools",
         lifespan="off", access_log=False, log_level="warning",
     )  # fmt: skip
     await uvicorn.Server(config).serve()
     await server.stop(0)
+    await intake.close()
 
 
 if __name__ == "__main__":

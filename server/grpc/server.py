@@ -21,8 +21,9 @@ from ge_serve.protos import grpc_service_pb2
 
 from ..errors import ErrorCode, ServerError
 from ..inference.core import InferenceServer
+from .call_intake import CallIntake
 from .restricted import RestrictedProtocolInterceptor
-from .servicer import GrpcServicer, service_handler
+from .servicer import GrpcServicer, method_handlers
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +149,7 @@ class GrpcFrontEnd:
         self.health = CoreHealth(core)
         self.port = 0
         self._server: Any = None
+        self._intake: CallIntake | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._stopping: asyncio.Task[None] | None = None
 
@@ -157,7 +159,14 @@ class GrpcFrontEnd:
         # Only when a group is restricted: an interceptor costs every call.
         interceptors = [RestrictedProtocolInterceptor.from_rules(restricted)] if restricted else []
         server = grpc.aio.server(interceptors=interceptors, options=self.settings.channel_options())
-        server.add_generic_rpc_handlers((service_handler(self.servicer),))
+        handlers = method_handlers(self.servicer)
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(INFERENCE_SERVICE, handlers),)
+        )
+        intake = CallIntake(
+            server, INFERENCE_SERVICE, "ModelInfer", handlers["ModelInfer"], interceptors
+        )
+        intake.register()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (INFERENCE_SERVICE, grpc_health.SERVICE_NAME, reflection.SERVICE_NAME), server
@@ -174,7 +183,8 @@ class GrpcFrontEnd:
         if not port:
             raise _cannot_listen(target, "the address could not be bound")
         await server.start()
-        self._server = server
+        intake.attach()
+        self._server, self._intake = server, intake
         self.port = int(port)
         await self.health.refresh()
         self._health_task = asyncio.create_task(
@@ -221,6 +231,8 @@ class GrpcFrontEnd:
         # UNAVAILABLE (grpc/grpc#41785); the drain and linger above leave it none but
         # those of clients that kept retrying through the linger.
         await server.stop(max(deadline - time.monotonic(), 0.0))
+        if self._intake is not None:
+            await self._intake.close()
         # The calls' ended contexts and aborts form reference cycles with the server; once
         # they are collected grpc releases its poller thread, rather than at exit.
         del server

@@ -363,6 +363,12 @@ def service_handler(servicer: GrpcServicer) -> grpc.GenericRpcHandler:
     except that a request message protobuf cannot parse reaches its handler as
     `Undecodable` (answered INVALID_ARGUMENT): grpc itself would end the call UNKNOWN."""
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    return grpc.method_handlers_generic_handler(service.full_name, method_handlers(servicer))
+
+
+def method_handlers(servicer: GrpcServicer) -> dict[str, grpc.RpcMethodHandler]:
+    """`service_handler`'s handlers, by method name."""
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in service.methods:
         request_type = message_factory.GetMessageClass(method.input_type)
@@ -373,7 +379,7 @@ def service_handler(servicer: GrpcServicer) -> grpc.GenericRpcHandler:
             request_deserializer=lenient_parser(request_type),
             response_serializer=response_type.SerializeToString,
         )
-    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+    return handlers
 
 
 def lenient_parser(message_type: type[Message]) -> Callable[[bytes], Message | Undecodable]:

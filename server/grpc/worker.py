@@ -35,6 +35,7 @@ from ..control.stopping import DrainGate
 from ..errors import decoding
 from ..workers.remote import RemoteCore
 from . import codec
+from .call_intake import CallIntake
 from .errors import guard
 from .restricted import RestrictedProtocolInterceptor
 from .servicer import lenient_parser
@@ -42,7 +43,8 @@ from .stream import metadata_value
 
 log = logging.getLogger("ge_serve.grpc.worker")
 
-MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+INFERENCE_SERVICE = "inference.GRPCInferenceService"
+MODEL_INFER = f"/{INFERENCE_SERVICE}/ModelInfer"
 # Metadata the channel sets itself, not passed on.
 _OWN_METADATA = ("user-agent", "grpc-", ":")
 
@@ -82,7 +84,7 @@ def _methods() -> dict[str, tuple[bool, bool]]:
 
 class WorkerHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
     def __init__(self, servicer: WorkerServicer, forward: grpc.aio.Channel) -> None:
-        self._infer = grpc.unary_unary_rpc_method_handler(
+        self.infer = grpc.unary_unary_rpc_method_handler(
             servicer.ModelInfer,
             request_deserializer=lenient_parser(pb.ModelInferRequest),
             response_serializer=pb.ModelInferResponse.SerializeToString,
@@ -94,7 +96,7 @@ class WorkerHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
     def service(self, handler_call_details: Any) -> grpc.RpcMethodHandler | None:
         method = str(handler_call_details.method)
         if method == MODEL_INFER:
-            return self._infer
+            return self.infer
         handler = self._handlers.get(method)
         if handler is None:
             kind = self._methods.get(method)
@@ -197,7 +199,10 @@ async def serve(config: dict[str, Any]) -> int:
         interceptors=interceptors, options=[*options, ("grpc.so_reuseport", 1)]
     )
     servicer = WorkerServicer(core)
-    server.add_generic_rpc_handlers((WorkerHandler(servicer, forward),))
+    handler = WorkerHandler(servicer, forward)
+    server.add_generic_rpc_handlers((handler,))
+    intake = CallIntake(server, INFERENCE_SERVICE, "ModelInfer", handler.infer, interceptors)
+    intake.register()
     target = str(config["target"])
     try:
         port = server.add_insecure_port(target)
@@ -210,6 +215,7 @@ async def serve(config: dict[str, Any]) -> int:
         await asyncio.sleep(0.1)  # the message leaves before the process does
         return 1
     await server.start()
+    intake.attach()
     core.ready()
     await stopping.wait()
     grace = float(config["grace_s"])
@@ -217,6 +223,7 @@ async def serve(config: dict[str, Any]) -> int:
     servicer.gate.close()
     await servicer.gate.wait_idle(grace)
     await server.stop(max(deadline - time.monotonic(), 0.0))
+    await intake.close()
     await forward.close()
     core.link.close()
     return 0
