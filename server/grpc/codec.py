@@ -150,7 +150,7 @@ def decode_infer_request(message: pb.ModelInferRequest) -> DecodedRequest:
     """
     plain = _decode_plain(message)
     if plain is not None:
-        return DecodedRequest(plain)
+        return plain
     model = message.model_name
     parameters = decode_parameters(message.parameters, "the request")
     empty_final = parameters.pop(ENABLE_EMPTY_FINAL_RESPONSE, False)
@@ -168,18 +168,26 @@ def decode_infer_request(message: pb.ModelInferRequest) -> DecodedRequest:
     return DecodedRequest(request, empty_final)
 
 
-def _decode_plain(message: pb.ModelInferRequest) -> InferRequest | None:
+def _decode_plain(message: pb.ModelInferRequest) -> DecodedRequest | None:
     """The usual request built directly, or None for anything else.
 
-    Usual: no parameters anywhere, and every input a uniquely named, non-empty, fixed-size
-    tensor in `raw_input_contents` whose byte count matches its shape. Such a request
-    passes every check of the general path and decodes there to the same result, so this
-    path raises nothing: what it refuses goes to the general path from the start, which
-    raises each error in its order. Each protobuf read builds a wrapper object, so this
+    Usual: no parameters anywhere but a boolean `triton_enable_empty_final_response`, which
+    tritonclient and perf_analyzer send on every call, and every input a uniquely named,
+    non-empty, fixed-size tensor in `raw_input_contents` whose byte count matches its shape.
+    Such a request passes every check of the general path and decodes there to the same
+    result, so this path raises nothing: what it refuses goes to the general path from the
+    start, which raises each error in its order. Each protobuf read builds a wrapper object, so this
     reads each field once.
     """
-    if message.parameters:
-        return None
+    empty_final = False
+    parameters = message.parameters
+    if parameters:
+        if len(parameters) != 1 or ENABLE_EMPTY_FINAL_RESPONSE not in parameters:
+            return None
+        value = parameters[ENABLE_EMPTY_FINAL_RESPONSE]
+        if value.WhichOneof("parameter_choice") != "bool_param":
+            return None
+        empty_final = value.bool_param
     specs = message.inputs
     raw = message.raw_input_contents
     count = len(specs)
@@ -223,7 +231,10 @@ def _decode_plain(message: pb.ModelInferRequest) -> InferRequest | None:
         outputs.append(RequestedOutput(name, 0, {}, None))
     if len(names) != count or "" in names:
         return None
-    return InferRequest(message.model_name, message.model_version, message.id, inputs, outputs, {})
+    request = InferRequest(
+        message.model_name, message.model_version, message.id, inputs, outputs, {}
+    )
+    return DecodedRequest(request, empty_final)
 
 
 def _decode_inputs(message: pb.ModelInferRequest) -> list[Tensor]:

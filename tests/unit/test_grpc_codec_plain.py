@@ -75,6 +75,29 @@ CASES: dict[str, pb.ModelInferRequest] = {
     ),
     "parameter without a value": with_(plain(), lambda m: m.parameters["k"]),
     "priority": with_(plain(), lambda m: setattr(m.parameters["priority"], "uint64_param", 3)),
+    # What tritonclient and perf_analyzer send on every call.
+    "empty final response asked": with_(
+        plain(),
+        lambda m: setattr(m.parameters[codec.ENABLE_EMPTY_FINAL_RESPONSE], "bool_param", True),
+    ),
+    "empty final response declined": with_(
+        plain(),
+        lambda m: setattr(m.parameters[codec.ENABLE_EMPTY_FINAL_RESPONSE], "bool_param", False),
+    ),
+    "empty final response not a boolean": with_(
+        plain(),
+        lambda m: setattr(m.parameters[codec.ENABLE_EMPTY_FINAL_RESPONSE], "int64_param", 1),
+    ),
+    "empty final response without a value": with_(
+        plain(), lambda m: m.parameters[codec.ENABLE_EMPTY_FINAL_RESPONSE]
+    ),
+    "empty final response beside another parameter": with_(
+        plain(),
+        lambda m: (
+            setattr(m.parameters[codec.ENABLE_EMPTY_FINAL_RESPONSE], "bool_param", True),
+            setattr(m.parameters["priority"], "uint64_param", 3),
+        ),
+    ),
     "input parameter": with_(
         plain(), lambda m: setattr(m.inputs[1].parameters["k"], "string_param", "v")
     ),
@@ -112,10 +135,15 @@ def test_request_decodes_as_the_general_path_decodes_it(
     assert got == outcome(message)
 
 
-def test_the_usual_request_takes_the_plain_path_and_views_the_message() -> None:
+@pytest.mark.parametrize("asked", [False, True])
+def test_the_usual_request_takes_the_plain_path_and_views_the_message(asked: bool) -> None:
     message = plain()
-    request = codec._decode_plain(message)
-    assert request is not None
+    if asked:
+        message.parameters[codec.ENABLE_EMPTY_FINAL_RESPONSE].bool_param = True
+    decoded = codec._decode_plain(message)
+    assert decoded is not None
+    assert decoded.enable_empty_final_response is asked
+    request = decoded.request
     for tensor, buf in zip(request.inputs, message.raw_input_contents, strict=True):
         assert not tensor.data.flags.writeable
         assert tensor.data.tobytes() == buf
