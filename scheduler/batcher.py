@@ -202,6 +202,8 @@ class DynamicBatcher:
         executing finish before their slot's thread closes its executor.
         """
         self._closing = True
+        if self._turns is not None:
+            self._turns.flush()
         self._check_drained()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._drained.wait(), drain_timeout_s)

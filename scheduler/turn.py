@@ -1,29 +1,29 @@
-"""The batch of one loop turn: the dynamic batcher's path for a server with nothing queued.
+"""The batch of the loop passes a request opens: the dynamic batcher's path for a server
+with nothing queued.
 
 Under Triton's rules with no `max_queue_delay_microseconds`, no preferred sizes, no
 priorities, no queue policy and no `preserve_ordering`, whatever is queued goes the
 moment a slot is idle, in arrival order, up to the largest batch, and a request of
 another shape closes the batch ahead of it. The batch former (former.py) gets there a
-loop turn after the first request: its task wakes, takes the slot, describes the queue
+loop pass after the first request: its task wakes, takes the slot, describes the queue
 to the decider and takes the batch off it. For a request that finds nothing queued and a
 slot idle the result is known in advance, so the batcher takes the slot at once and
-opens a `Turn`; the requests that arrive before the loop's next turn join it while they
-fit, and none of them is queued.
+opens a `Turn`; the requests that arrive while it is open join it while they fit, and
+none of them is queued.
 
 The turn's batch goes at the end of the first whole loop pass, its I/O included, that
-brings it no request; at once when it is full or a request could not join; and after
-MAX_PASSES passes at the latest. A loop pass runs the callbacks that were ready when it
-began, then polls the sockets, and what that poll wakes runs in the next pass: so the
-requests a pass's I/O brings are known two checks after the turn opened, not one. Under
-load concurrent requests reach the batcher a pass or two apart: a gRPC call is started
-in one pass and its message is read in a later one. Sending at the end of the first
-pass split them into batches of about three at c=16 on gRPC. A lone request pays one
-more pass, a poll that does not wait.
+brought it no request; at the end of the pass in which it filled up or a request could
+not join; and after MAX_PASSES passes at the latest. A loop pass runs the callbacks that
+were ready when it began, then polls the sockets, and what that poll wakes runs in the
+next pass: so the requests a pass's I/O brings are known two checks after the turn
+opened, not one. Under load concurrent requests reach the batcher a pass or two apart (a
+gRPC call is started in one pass and reads its message in a later one), and a batch
+sent at the end of the first pass would have split them. A lone request pays one more
+pass, a poll that does not wait.
 
-At low load that is every request, and the requests one loop turn brings batch as they
-did. A request that cannot join (too large, another shape) closes the turn and queues,
-so that no later request overtakes it. A turn's requests count as pending from the
-start, so a batcher that closes waits for the turn's batch, which goes a turn later.
+A request that cannot join (too large, another shape) closes the turn and queues, so
+that no later request overtakes it. A turn's requests count as pending from the start;
+a batcher that closes sends an open turn's batch at once (`flush`) and waits for it.
 """
 
 from __future__ import annotations
@@ -72,9 +72,17 @@ class Turns:
         entry.state = EntryState.RUNNING
         return True
 
+    def flush(self) -> None:
+        """Send the open turn's batch now: its batcher is closing, and the slots close
+        after the passes the batch might still have waited."""
+        if self._open is not None:
+            self._send(self._open)
+
     def _pass(self, turn: Turn) -> None:
         """The end of a loop pass since the turn opened: its batch goes unless the pass
         brought it another request and it may still wait."""
+        if turn is not self._open:
+            return  # already sent by flush
         joined = len(turn.entries)
         if (
             joined == turn.seen
@@ -101,7 +109,8 @@ def gathering(policy: BatchPolicy, pool: SlotPool, launch: Launch) -> Turns | No
 
 
 class Turn:
-    """The batch gathering the requests of one loop turn on the slot it holds."""
+    """The batch gathering the requests of the passes it is open for, on the slot it
+    holds."""
 
     __slots__ = ("closed", "entries", "key", "passes", "samples", "seen", "slot")
 

@@ -169,6 +169,7 @@ async def serve(http_port: int, grpc_port: int) -> None:
         response_serializer=pb.ModelInferResponse.SerializeToString,
     )
     intake = CallIntake(server, "inference.GRPCInferenceService", "ModelInfer", infer)
+    intake.registered_elsewhere()
     server.add_insecure_port(f"127.0.0.1:{grpc_port}")
     await server.start()
     intake.attach()

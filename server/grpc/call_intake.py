@@ -1,17 +1,21 @@
 """More than one open request for ModelInfer calls, so that grpc core can hand the event
 loop every call that has arrived at once, rather than one per loop wakeup.
 
-grpc.aio's server keeps one request for new calls open per method: when a call arrives,
-core completes that request, the poller thread wakes the loop, the serving loop starts the
-call and only then asks core for the next one. Sixteen clients' calls therefore start one
-loop wakeup apart, and each ModelInfer reaches the scheduler alone (a batch of 1.1 at
-c=16). Its serving loop also waits on every open request with `asyncio.wait` and wraps
-each request in a task of its own, once per call.
+grpc.aio's server keeps one request for new calls open per registered method, and one
+for every other method together: when a call arrives, core completes that request, the
+poller thread wakes the loop, the serving loop starts the call and only then asks core for
+the next one. Concurrent clients' calls therefore start one loop wakeup apart, and each
+ModelInfer reaches the scheduler alone, with nothing to batch with. Its serving loop also
+waits on every open request with `asyncio.wait` and wraps each request in a task of its
+own, once per call.
 
 `CallIntake` keeps `depth` more requests open for ModelInfer, each in a coroutine that
-starts the calls it is handed the way grpc.aio's own loop does (the same method lookup,
-interceptors, cancellation and error handling), and then asks again. Calls that arrive
-together start together, and the scheduler can batch them.
+starts the calls it is handed through grpc.aio's own call path (interceptors,
+cancellation, error handling, the call's release), and then asks again. Calls that
+arrive together start together, and the scheduler can batch them. Unlike grpc.aio's
+loop it counts no calls against `maximum_concurrent_rpcs` (ge-serve sets no such limit),
+and it hands every call the one method's handler, whatever call details an interceptor
+passes on.
 
 This reaches into grpc.aio's private layer (`AioServer._request_registered_call`,
 `cygrpc._handle_rpc`, `cygrpc._schedule_rpc_coro`), whose shape changes between grpcio
@@ -100,7 +104,7 @@ class CallIntake:
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         depth: int = DEPTH,
     ) -> None:
-        self._server = server
+        self._server: grpc.aio.Server | None = server
         self._service = service
         self._method_name = method
         self._path = f"/{service}/{method}"
@@ -108,6 +112,7 @@ class CallIntake:
         self._interceptors = tuple(interceptors)
         self._depth = depth
         self._takers: list[asyncio.Task[None]] = []
+        self._registered = False
         # Calls these requests were handed (grpc.aio's own request takes the others).
         self.taken = 0
         # grpc.aio's loop keeps its call tasks alive the same way: the loop holds only a
@@ -122,9 +127,16 @@ class CallIntake:
     def register(self) -> None:
         """Make the method a registered one, which grpc core matches to its own requests;
         grpc.aio's loop keeps one of those open too."""
+        assert self._server is not None, "register before the server starts"
         self._server.add_registered_method_handlers(
             self._service, {self._method_name: self._handler}
         )
+        self._registered = True
+
+    def registered_elsewhere(self) -> None:
+        """The method was registered with the same handler by other code (the generated
+        `add_..._to_server` registers every method)."""
+        self._registered = True
 
     def attach(self) -> bool:
         """Open the requests, on the running loop; False (and a log line) where the
@@ -133,6 +145,8 @@ class CallIntake:
         core = getattr(self._server, "_server", None)
         if why is None and not isinstance(core, cygrpc.AioServer):
             why = "grpc.aio.Server holds no AioServer"
+        if why is None and not self._registered:
+            why = f"{self._path} was not registered before the server started"
         if why is not None:
             log.warning(
                 "gRPC %s calls start one per loop wakeup, as grpc.aio's own; grpcio %s: %s",
@@ -152,14 +166,15 @@ class CallIntake:
         """After the server stopped: core has failed the open requests, so the takers end;
         any still waiting after CLOSE_WAIT_S are cancelled."""
         takers, self._takers = self._takers, []
-        if not takers:
-            return
-        _, waiting = await asyncio.wait(takers, timeout=CLOSE_WAIT_S)
-        for task in waiting:
-            task.cancel()
-        for task in waiting:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if takers:
+            _, waiting = await asyncio.wait(takers, timeout=CLOSE_WAIT_S)
+            for task in waiting:
+                task.cancel()
+            for task in waiting:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        # Let the stopped server go: grpc releases its poller thread once it is collected.
+        self._server = None
 
     async def _take(self, core: Any, loop: asyncio.AbstractEventLoop) -> None:
         path = self._path.encode()
@@ -177,7 +192,15 @@ class CallIntake:
                 log.exception("gRPC %s: a call request failed", self._method_name)
                 return
             self.taken += 1
-            coro = cygrpc._handle_rpc(self._path, resolver, self._interceptors, state, loop, False)
-            call = loop.create_task(cygrpc._schedule_rpc_coro(coro, state, loop, self._path))
+            try:
+                coro = cygrpc._handle_rpc(
+                    self._path, resolver, self._interceptors, state, loop, False
+                )
+                call = loop.create_task(cygrpc._schedule_rpc_coro(coro, state, loop, self._path))
+            except Exception:
+                # The call core handed over is dropped (its client sees it end when the
+                # server releases it); the taker goes on taking calls.
+                log.exception("gRPC %s: a call could not be started", self._method_name)
+                continue
             self._calls.add(call)
             call.add_done_callback(self._calls.discard)

@@ -231,8 +231,9 @@ class GrpcFrontEnd:
         # UNAVAILABLE (grpc/grpc#41785); the drain and linger above leave it none but
         # those of clients that kept retrying through the linger.
         await server.stop(max(deadline - time.monotonic(), 0.0))
-        if self._intake is not None:
-            await self._intake.close()
+        intake, self._intake = self._intake, None
+        if intake is not None:
+            await intake.close()
         # The calls' ended contexts and aborts form reference cycles with the server; once
         # they are collected grpc releases its poller thread, rather than at exit.
         del server

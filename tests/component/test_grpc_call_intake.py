@@ -95,15 +95,16 @@ def test_the_installed_grpcio_has_what_the_intake_uses() -> None:
 
 async def test_calls_are_answered_through_the_intake(served: Served, counting: Counting) -> None:
     assert served.attached
-    assert served.intake.open_requests == DEPTH
     ids = [f"call-{n}" for n in range(CALLS)]
     answers = await call(served.port, ids)
     assert [a.id for a in answers] == ids
     assert all(a.model_name == "m" for a in answers)
-    # Five open requests for ModelInfer, four of them the intake's.
+    # Five open requests for ModelInfer, four of them the intake's; grpc core hands calls
+    # to open requests in the order they were opened, so the intake takes most of them.
     assert served.intake.taken >= CALLS // 2
     # The interceptors ran for every call, whichever request took it.
     assert counting.seen == [f"/{SERVICE}/ModelInfer"] * CALLS
+    # Every taker asked again after its call.
     assert served.intake.open_requests == DEPTH
 
 
@@ -120,14 +121,34 @@ async def test_errors_and_trailing_metadata_reach_the_client(served: Served) -> 
     assert [a.id for a in await call(served.port, ["after"])] == ["after"]
 
 
-async def test_requests_end_with_the_server(counting: Counting) -> None:
+async def test_requests_end_with_the_server(
+    counting: Counting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Takers that outlived the server would be cancelled only after this long.
+    monkeypatch.setattr(call_intake, "CLOSE_WAIT_S", 60.0)
     served = await serve([counting])
     assert [a.id for a in await call(served.port, ["one"])] == ["one"]
     await served.server.stop(None)
-    await asyncio.wait_for(served.intake.close(), call_intake.CLOSE_WAIT_S * 5)
+    await asyncio.wait_for(served.intake.close(), 5.0)
     assert served.intake.open_requests == 0
     running = [t for t in asyncio.all_tasks() if t.get_name().startswith("grpc-intake")]
     assert running == []
+
+
+async def test_an_unregistered_method_is_not_taken(caplog: pytest.LogCaptureFixture) -> None:
+    server = grpc.aio.server()
+    handler = grpc.unary_unary_rpc_method_handler(answer)
+    intake = CallIntake(server, SERVICE, "ModelInfer", handler, depth=DEPTH)
+    server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger=call_intake.__name__):
+            assert not intake.attach()
+        assert "was not registered before the server started" in caplog.text
+        assert intake.open_requests == 0
+    finally:
+        await server.stop(None)
+        await intake.close()
 
 
 async def test_without_the_internals_grpc_aio_takes_every_call(

@@ -174,7 +174,25 @@ async def test_a_full_batch_goes_without_waiting_for_another_pass() -> None:
     fake = FakeExecutor("fake")
     batcher = make_batcher(make_config(max_batch_size=2), [fake])
     try:
-        await submit_over_passes(batcher, [[1, 2], [3]])
-        assert fake.batches == [[1, 2], [3]]
+        tasks = [asyncio.create_task(batcher.submit(item(v))) for v in (1, 2)]
+        await asyncio.sleep(0)  # both join the turn
+        await asyncio.sleep(0)  # its first check: full, so it goes
+        turns = batcher._turns
+        assert turns is not None and turns._open is None
+        await asyncio.gather(*tasks)
+        assert fake.batches == [[1, 2]]
     finally:
         await batcher.close(5.0)
+
+
+async def test_close_sends_a_waiting_turn_at_once() -> None:
+    fake = FakeExecutor("fake")
+    batcher = make_batcher(make_config(max_batch_size=8), [fake])
+    task = asyncio.create_task(batcher.submit(item(1)))
+    await asyncio.sleep(0)  # the turn is open and would wait another pass
+    closing = asyncio.create_task(batcher.close(0.0))
+    await asyncio.sleep(0)
+    turns = batcher._turns
+    assert turns is not None and turns._open is None
+    await closing
+    assert (await task)["y"].tolist() == [[2.0] * 4]
