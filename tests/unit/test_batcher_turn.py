@@ -125,49 +125,39 @@ async def test_close_without_a_drain_timeout_still_runs_the_open_batch() -> None
     assert fake.batches == [[1, 2]] and fake.closed
 
 
-async def submit_over_passes(
-    batcher: DynamicBatcher, values_per_pass: Sequence[Sequence[int]]
-) -> list[dict[str, np.ndarray]]:
-    """Each pass's requests submitted in that loop pass, then every answer."""
-    tasks = []
-    for values in values_per_pass:
-        tasks += [asyncio.create_task(batcher.submit(item(v))) for v in values]
-        await asyncio.sleep(0)  # one loop pass
-    return list(await asyncio.gather(*tasks))
+async def over_passes(
+    max_batch_size: int, values_per_pass: Sequence[Sequence[int]]
+) -> tuple[list[list[float]], list[dict[str, np.ndarray]]]:
+    """Each pass's requests submitted in that loop pass: the batches run, and the answers."""
+    fake = FakeExecutor("fake")
+    batcher = make_batcher(make_config(max_batch_size=max_batch_size), [fake])
+    try:
+        tasks = []
+        for values in values_per_pass:
+            tasks += [asyncio.create_task(batcher.submit(item(v))) for v in values]
+            await asyncio.sleep(0)  # one loop pass
+        results = list(await asyncio.gather(*tasks))
+    finally:
+        await batcher.close(5.0)
+    return fake.batches, results
 
 
 async def test_requests_of_the_passes_that_follow_join_the_batch() -> None:
-    fake = FakeExecutor("fake")
-    batcher = make_batcher(make_config(max_batch_size=8), [fake])
-    try:
-        # As gRPC calls reach the batcher under load: a pass or two apart.
-        results = await submit_over_passes(batcher, [[1], [2, 3], [4]])
-        assert fake.batches == [[1, 2, 3, 4]]
-        assert [r["y"].tolist() for r in results] == [[[2.0 * v] * 4] for v in (1, 2, 3, 4)]
-    finally:
-        await batcher.close(5.0)
+    # As gRPC calls reach the batcher under load: a pass or two apart.
+    batches, results = await over_passes(8, [[1], [2, 3], [4]])
+    assert batches == [[1, 2, 3, 4]]
+    assert [r["y"].tolist() for r in results] == [[[2.0 * v] * 4] for v in (1, 2, 3, 4)]
 
 
 async def test_the_batch_goes_after_the_first_pass_that_brings_nothing() -> None:
-    fake = FakeExecutor("fake")
-    batcher = make_batcher(make_config(max_batch_size=8), [fake])
-    try:
-        await submit_over_passes(batcher, [[1], [], [2]])
-        assert fake.batches == [[1], [2]]
-    finally:
-        await batcher.close(5.0)
+    batches, _ = await over_passes(8, [[1], [], [2]])
+    assert batches == [[1], [2]]
 
 
 async def test_a_stream_of_arrivals_holds_the_batch_at_most_max_passes() -> None:
-    fake = FakeExecutor("fake")
-    batcher = make_batcher(make_config(max_batch_size=16), [fake])
-    try:
-        await submit_over_passes(batcher, [[v] for v in range(1, 11)])
-        first = fake.batches[0]
-        assert first == list(range(1, turn.MAX_PASSES + 1))
-        assert sorted(v for batch in fake.batches for v in batch) == list(range(1, 11))
-    finally:
-        await batcher.close(5.0)
+    batches, _ = await over_passes(16, [[v] for v in range(1, 11)])
+    assert batches[0] == list(range(1, turn.MAX_PASSES + 1))
+    assert sorted(v for batch in batches for v in batch) == list(range(1, 11))
 
 
 async def test_a_full_batch_goes_without_waiting_for_another_pass() -> None:
