@@ -382,3 +382,37 @@ async def test_stop_finishes_admitted_calls_and_refuses_new_ones_unavailable() -
         assert await stream.code() == grpc.StatusCode.UNAVAILABLE
         await asyncio.wait_for(stopping, WAIT_S)
         assert rig.gate.cancelled == 0
+
+
+async def test_concurrent_calls_are_taken_by_the_intake_and_still_guarded() -> None:
+    """The front end's call intake takes unary ModelInfer calls, and the restricted
+    protocol interceptor guards every one it takes."""
+    restricted = (("inference", "infer-key", "secret"),)
+    async with running(restricted=restricted) as rig:
+        intake = rig.front._intake
+        assert intake is not None
+        key = (("triton-grpc-protocol-infer-key", "secret"),)
+        calls = [
+            asyncio.ensure_future(rig.stub.ModelInfer(simple_request(i), metadata=key))
+            for i in range(16)
+        ]
+        await rig.gate.until(lambda: len(rig.gate.held) == 16)
+        for index in range(16):
+            rig.gate.release(index)
+        responses = await asyncio.wait_for(asyncio.gather(*calls), WAIT_S)
+        assert [r.id for r in responses] == [f"r{i}" for i in range(16)]
+        for i, response in enumerate(responses):
+            np.testing.assert_array_equal(output0(response), i + 1)
+        taken = intake.taken
+        assert taken >= 8  # most of them: it holds 16 of the 17 open requests
+
+        refused = await asyncio.gather(
+            *(rig.stub.ModelInfer(simple_request(i), timeout=WAIT_S) for i in range(16)),
+            return_exceptions=True,
+        )
+        assert all(
+            isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.UNAVAILABLE
+            for error in refused
+        )
+        assert intake.taken >= taken + 8
+        assert len(rig.gate.held) == 16  # none of the refused reached the scheduler
