@@ -176,8 +176,8 @@ def _decode_plain(message: pb.ModelInferRequest) -> DecodedRequest | None:
     non-empty, fixed-size tensor in `raw_input_contents` whose byte count matches its shape.
     Such a request passes every check of the general path and decodes there to the same
     result, so this path raises nothing: what it refuses goes to the general path from the
-    start, which raises each error in its order. Each protobuf read builds a wrapper object, so this
-    reads each field once.
+    start, which raises each error in its order. Each protobuf read builds a wrapper
+    object, so this reads each field once.
     """
     empty_final = False
     parameters = message.parameters

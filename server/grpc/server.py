@@ -17,19 +17,14 @@ from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from ge_serve.protos import grpc_service_pb2
-
 from ..errors import ErrorCode, ServerError
 from ..inference.core import InferenceServer
 from .call_intake import CallIntake
 from .restricted import RestrictedProtocolInterceptor
-from .servicer import GrpcServicer, method_handlers
+from .servicer import INFERENCE_SERVICE, GrpcServicer, method_handlers, service_handler
 
 log = logging.getLogger(__name__)
 
-INFERENCE_SERVICE: Final = grpc_service_pb2.DESCRIPTOR.services_by_name[
-    "GRPCInferenceService"
-].full_name
 # Triton's limit: a message may be as large as a signed 32-bit length allows.
 MAX_MESSAGE_BYTES: Final = 2**31 - 1
 # How often Health.Watch subscribers learn about readiness changes.
@@ -160,9 +155,7 @@ class GrpcFrontEnd:
         interceptors = [RestrictedProtocolInterceptor.from_rules(restricted)] if restricted else []
         server = grpc.aio.server(interceptors=interceptors, options=self.settings.channel_options())
         handlers = method_handlers(self.servicer)
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(INFERENCE_SERVICE, handlers),)
-        )
+        server.add_generic_rpc_handlers((service_handler(handlers),))
         intake = CallIntake(
             server, INFERENCE_SERVICE, "ModelInfer", handlers["ModelInfer"], interceptors
         )

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
+from typing import Any, Final, TypeVar
 
 import grpc
 from google.protobuf import message_factory
@@ -29,6 +29,8 @@ from ..inference.types import ParamValue
 from . import codec, encode
 from .errors import Handler, Undecodable, abort, guard
 from .stream import MAX_IN_FLIGHT, MAX_UNWRITTEN, StreamSession, metadata_value
+
+INFERENCE_SERVICE: Final = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
 log = logging.getLogger(__name__)
 
@@ -358,16 +360,16 @@ _HANDLER_KINDS: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = 
 }
 
 
-def service_handler(servicer: GrpcServicer) -> grpc.GenericRpcHandler:
-    """The inference service's RPCs, as the generated `add_..._to_server` registers them,
-    except that a request message protobuf cannot parse reaches its handler as
-    `Undecodable` (answered INVALID_ARGUMENT): grpc itself would end the call UNKNOWN."""
-    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-    return grpc.method_handlers_generic_handler(service.full_name, method_handlers(servicer))
+def service_handler(handlers: Mapping[str, grpc.RpcMethodHandler]) -> grpc.GenericRpcHandler:
+    """`method_handlers` as the inference service's generic handler."""
+    return grpc.method_handlers_generic_handler(INFERENCE_SERVICE, handlers)
 
 
 def method_handlers(servicer: GrpcServicer) -> dict[str, grpc.RpcMethodHandler]:
-    """`service_handler`'s handlers, by method name."""
+    """The inference service's RPCs by method name, as the generated `add_..._to_server`
+    registers them, except that a request message protobuf cannot parse reaches its
+    handler as `Undecodable` (answered INVALID_ARGUMENT): grpc itself would end the call
+    UNKNOWN."""
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in service.methods:

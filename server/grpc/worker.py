@@ -38,12 +38,11 @@ from . import codec
 from .call_intake import CallIntake
 from .errors import guard
 from .restricted import RestrictedProtocolInterceptor
-from .servicer import lenient_parser
+from .servicer import INFERENCE_SERVICE, lenient_parser
 from .stream import metadata_value
 
 log = logging.getLogger("ge_serve.grpc.worker")
 
-INFERENCE_SERVICE = "inference.GRPCInferenceService"
 MODEL_INFER = f"/{INFERENCE_SERVICE}/ModelInfer"
 # Metadata the channel sets itself, not passed on.
 _OWN_METADATA = ("user-agent", "grpc-", ":")

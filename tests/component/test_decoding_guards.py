@@ -20,7 +20,7 @@ from ge_serve.protos import grpc_service_pb2_grpc as pb_grpc
 from ge_serve.server.app import make_scheduler
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.grpc import codec as grpc_codec
-from ge_serve.server.grpc.servicer import GrpcServicer, service_handler
+from ge_serve.server.grpc.servicer import GrpcServicer, method_handlers, service_handler
 from ge_serve.server.http import codec as http_codec
 from ge_serve.server.http.app import HttpFrontEnd, HttpSettings
 from ge_serve.server.inference.core import InferenceServer
@@ -112,7 +112,7 @@ async def test_decoding_guard_grpc(
     core: InferenceServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     server = grpc.aio.server()
-    server.add_generic_rpc_handlers((service_handler(GrpcServicer(core)),))
+    server.add_generic_rpc_handlers((service_handler(method_handlers(GrpcServicer(core))),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
