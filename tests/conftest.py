@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 from modelgen import make_lifecycle
+from ownprocess import WATCH_PROCESS, runs_here
 from protocols import PROTOCOLS, Triton
 from serverproc import ServerProcess, running_server
 
@@ -22,6 +23,20 @@ settings.register_profile(
 )
 settings.register_profile("fuzz", max_examples=3000, deadline=timedelta(seconds=2))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep the tests that watch with an audit hook out of the shared process, and run only
+    them in the process started for them (tests/ownprocess.py says why)."""
+    in_watch_process = os.environ.get(WATCH_PROCESS) == "1"
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        (keep if runs_here(names, in_watch_process) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")

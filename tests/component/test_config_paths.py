@@ -4,8 +4,10 @@ For each path field, an absolute path, a '../' path and a symbolic link pointing
 the load with a reason that names the field. The reason is the same whether the file
 outside exists or not, the file's content shows up nowhere, and nothing outside the folder
 is opened, listed or stat'ed: an audit hook and wrappers around os.stat and friends watch
-the outside folder while the load runs. The end-to-end test sends such configs through the
-HTTP and gRPC load APIs, with and without `file:` overrides.
+the outside folder while the load runs. The tests that watch run in a pytest process of
+their own, which the first test here starts (tests/ownprocess.py says why). The end-to-end
+test sends such configs through the HTTP and gRPC load APIs, with and without `file:`
+overrides.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import logging
 import os
 import re
+import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,6 +28,7 @@ import numpy as np
 import pytest
 from modelgen import identity_model, write_model
 from onnx import TensorProto
+from ownprocess import WATCH_PROCESS
 
 from ge_serve.backends.ge.option_tables import ATC_FILE_FLAGS, FILE_OPTIONS
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
@@ -43,6 +47,23 @@ BASE = 'name: "m"\nbackend: "onnxruntime"\nmax_batch_size: 2\n'
 
 
 # --- watching the file system outside the folder -------------------------------------------
+
+
+def test_the_watched_tests_pass_in_a_process_of_their_own() -> None:
+    """Every test below that takes `watch` runs, and passes, in a pytest process started for
+    them; the shared process leaves them out."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", __file__],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, WATCH_PROCESS: "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    summary = result.stdout.strip().splitlines()[-1:] or [result.stderr]
+    assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-4000:]
+    passed = re.search(r"(\d+) passed", summary[0])
+    assert passed is not None and int(passed.group(1)) >= len(FIELDS) * len(FORMS), summary
 
 
 @dataclass
