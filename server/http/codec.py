@@ -33,7 +33,6 @@ from ..control.sharedmemory import (
 )
 from ..errors import ErrorCode, ServerError, invalid_arg
 from ..inference import error_texts
-from ..inference.error_texts import MAX_JSON_DEPTH as MAX_JSON_DEPTH
 from ..inference.error_texts import InputRef
 from ..inference.types import (
     DataType,
@@ -48,7 +47,6 @@ from ..inference.types import (
     requested_output,
 )
 from ..inference.wire import RAW_ONLY, bytes_elements, raw_output, raw_to_array
-from .json_tensors import flatten_nested as flatten_nested
 from .json_tensors import json_input, json_kind
 
 INFERENCE_HEADER_CONTENT_LENGTH: Final = "Inference-Header-Content-Length"

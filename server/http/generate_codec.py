@@ -36,11 +36,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import ErrorCode, ServerError, invalid_arg
+from ..inference.error_texts import MAX_JSON_DEPTH
 from ..inference.reports import TensorMetadata
 from ..inference.types import DataType, InferRequest, InferResponse, ParamValue, Tensor
 from ..inference.wire import RAW_ONLY, bytes_elements, object_array
 from . import codec
-from .json_tensors import float_array
+from .json_tensors import flatten_nested, float_array
 
 NESTED_PARAMETERS: Final = "parameters"
 SSE_CONTENT_TYPE: Final = "text/event-stream; charset=utf-8"
@@ -226,11 +227,10 @@ def _flatten(value: Any, name: str) -> list[Any]:
     the depth infer's JSON `data` allows."""
     if not isinstance(value, list):
         return [value]
-    return codec.flatten_nested(
+    return flatten_nested(
         value,
         lambda: invalid_arg(
-            "JSON nesting depth exceeds maximum allowed limit "
-            f"({codec.MAX_JSON_DEPTH}) in input '{name}'"
+            f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_DEPTH}) in input '{name}'"
         ),
     )
 
