@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import uvicorn
 import uvloop
 
 from ge_serve.backends.base import Backend, LoadedModel
@@ -35,9 +34,8 @@ from .control.stopping import DrainGate
 from .errors import ErrorCode, ServerError
 from .grpc.server import GrpcFrontEnd
 from .http.app import HttpFrontEnd
-from .http.embedded import EmbeddedUvicorn
+from .http.embedded import EmbeddedUvicorn, front_end_config
 from .http.monitoring import MetricsApp, metrics_endpoint
-from .http.protocol import TritonHttpProtocol
 from .inference.bls import CoreBridge
 from .inference.core import InferenceServer, ServerInfo
 from .inference.reports import ModelState
@@ -309,26 +307,7 @@ class ServerApp:
     async def _start_uvicorn(
         self, app: object, host: str, port: int, what: str, gate: DrainGate | None = None
     ) -> int:
-        config = uvicorn.Config(
-            app,  # type: ignore[arg-type]
-            host=host,
-            port=port,
-            loop="none",
-            lifespan="off",
-            log_level="warning",
-            access_log=False,
-            # uvicorn types this as int, but waits with asyncio.wait_for: a float works and
-            # int() would turn --exit-timeout-secs 0.5 into "cancel at once".
-            timeout_graceful_shutdown=self.settings.exit_timeout_secs,  # type: ignore[arg-type]
-            http=TritonHttpProtocol,
-            ws="none",
-            # No X-Forwarded-* rewriting: nothing here uses the client address, and the
-            # middleware costs every request.
-            proxy_headers=False,
-            # Triton's HTTP server sends neither; uvicorn would check both on every response.
-            server_header=False,
-            date_header=False,
-        )
+        config = front_end_config(app, self.settings.exit_timeout_secs, host=host, port=port)
         # Bound here rather than by uvicorn, which calls sys.exit() from inside its task
         # when the address is taken; this way the reason is one clear line.
         sock = listen_socket(host, port, what, self.settings.reuse_http_port and what == "HTTP")

@@ -1,7 +1,8 @@
 """uvicorn embedded in the server's own event loop, beside the other servers on it.
 
 The composition root (server/app.py) runs the HTTP front end and the metrics endpoint
-each on one of these, on the loop that also runs gRPC and the core.
+each on one of these, on the loop that also runs gRPC and the core. `front_end_config` is
+how every HTTP server of ge-serve runs uvicorn, an HTTP worker's (worker.py) included.
 """
 
 from __future__ import annotations
@@ -10,10 +11,37 @@ import contextlib
 import socket
 import time
 from collections.abc import Generator
+from typing import Any
 
 import uvicorn
 
 from ..control.stopping import DrainGate
+from .protocol import TritonHttpProtocol
+
+
+def front_end_config(app: Any, grace_s: float, **address: Any) -> uvicorn.Config:
+    """uvicorn's settings for an HTTP front end on a loop of ours, which waits up to
+    `grace_s` for the requests in flight when it stops; `address`: host and port, where
+    uvicorn logs them."""
+    return uvicorn.Config(
+        app,
+        loop="none",
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        # uvicorn types this as int, but waits with asyncio.wait_for: a float works and
+        # int() would turn --exit-timeout-secs 0.5 into "cancel at once".
+        timeout_graceful_shutdown=grace_s,  # type: ignore[arg-type]
+        http=TritonHttpProtocol,
+        ws="none",
+        # No X-Forwarded-* rewriting: nothing here uses the client address, and the
+        # middleware costs every request.
+        proxy_headers=False,
+        # Triton's HTTP server sends neither; uvicorn would check both on every response.
+        server_header=False,
+        date_header=False,
+        **address,
+    )
 
 
 class EmbeddedUvicorn(uvicorn.Server):
@@ -66,7 +94,7 @@ class EmbeddedUvicorn(uvicorn.Server):
                     sock.close()
                 await self.gate.linger(self.deadline - time.monotonic())
             # Read here by uvicorn, as it waits for the requests in flight (a float works,
-            # see _start_uvicorn in server/app.py).
+            # see front_end_config).
             left = max(self.deadline - time.monotonic(), 0.0)
             self.config.timeout_graceful_shutdown = left  # type: ignore[assignment]
         await super().shutdown(sockets)

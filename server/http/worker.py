@@ -27,9 +27,9 @@ from starlette.types import ASGIApp
 
 from ge_serve.server.workers.remote import RemoteCore
 
+from .embedded import front_end_config
 from .infer import InferEndpoint, InferShortcut
 from .passon import PassOn
-from .protocol import TritonHttpProtocol
 
 log = logging.getLogger("ge_serve.http.worker")
 
@@ -52,22 +52,7 @@ async def serve(config: dict[str, Any]) -> int:
         )
         app = InferShortcut(app, endpoint.routes())
     listener = socket.socket(fileno=int(config["listen_fd"]))
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            loop="none",
-            lifespan="off",
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=float(config["grace_s"]),  # type: ignore[arg-type]
-            http=TritonHttpProtocol,
-            ws="none",
-            proxy_headers=False,
-            # Triton's HTTP server sends neither; uvicorn would check both on every response.
-            server_header=False,
-            date_header=False,
-        )
-    )
+    server = uvicorn.Server(front_end_config(app, float(config["grace_s"])))
     task = asyncio.create_task(server.serve(sockets=[listener]))
     while not server.started:
         if task.done():
