@@ -110,24 +110,28 @@ MODEL_FILE_PACKAGES = (
 
 def _requirement_closure(root: str, extras: set[str]) -> set[str]:
     """Every installed distribution that `root[extras]` requires, directly or not."""
-    seen: set[str] = set()
-    todo: list[tuple[str, set[str]]] = [(root, extras)]
+    names: set[str] = set()
+    # A distribution is walked again for extras it was not walked with; extras that
+    # require each other end, since each pair is walked once.
+    walked: set[tuple[str, frozenset[str]]] = set()
+    todo: list[tuple[str, frozenset[str]]] = [(root, frozenset(extras))]
     while todo:
         name, wanted = todo.pop()
+        key = canonicalize_name(name)
+        if (key, wanted) in walked:
+            continue
+        walked.add((key, wanted))
         try:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             continue  # pip check names what is missing
-        key = canonicalize_name(name)
-        seen.add(key)
+        names.add(key)
+        markers = [{"extra": extra} for extra in wanted | {""}]
         for text in dist.requires or ():
             req = Requirement(text)
-            markers = [{"extra": extra} for extra in wanted | {""}]
-            if req.marker is not None and not any(req.marker.evaluate(m) for m in markers):
-                continue
-            if canonicalize_name(req.name) not in seen or req.extras:
-                todo.append((req.name, set(req.extras)))
-    return seen
+            if req.marker is None or any(req.marker.evaluate(m) for m in markers):
+                todo.append((req.name, frozenset(req.extras)))
+    return names
 
 
 def test_pip_check_finds_no_conflict() -> None:
