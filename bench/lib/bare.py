@@ -28,6 +28,7 @@ import uvloop
 from ge_serve.protos import grpc_service_pb2 as pb
 from ge_serve.protos import grpc_service_pb2_grpc as pb_grpc
 from ge_serve.server.grpc.call_intake import CallIntake
+from ge_serve.server.grpc.servicer import INFERENCE_SERVICE
 
 MODEL = "simple"
 _NAMES = ("INPUT0", "INPUT1", "OUTPUT0", "OUTPUT1")
@@ -168,7 +169,7 @@ async def serve(http_port: int, grpc_port: int) -> None:
         request_deserializer=pb.ModelInferRequest.FromString,
         response_serializer=pb.ModelInferResponse.SerializeToString,
     )
-    intake = CallIntake(server, "inference.GRPCInferenceService", "ModelInfer", infer)
+    intake = CallIntake(server, INFERENCE_SERVICE, "ModelInfer", infer)
     intake.registered_elsewhere()
     server.add_insecure_port(f"127.0.0.1:{grpc_port}")
     await server.start()
