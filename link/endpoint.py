@@ -13,7 +13,7 @@ import socket
 from collections.abc import Callable
 
 from .arena import Arena, PeerSegments
-from .frames import LENGTH, FrameReader, LinkClosed
+from .frames import FrameReader, LinkClosed, frame, frame_parts
 from .messages import Codec, Message, Region, Release, Segment
 from .tensors import Placed, place, view
 
@@ -62,13 +62,11 @@ class Endpoint:
     # --- sending -----------------------------------------------------------------------
 
     def frame_of(self, message: Message) -> tuple[bytes, bytes]:
-        """A message's frame as its length and its payload, to be joined once with the
-        others of the same write rather than copied into a frame of its own first."""
-        payload = self.codec.encode(message)
-        return LENGTH.pack(len(payload)), payload
+        """A message's frame, in parts (frames.frame_parts)."""
+        return frame_parts(self.codec.encode(message))
 
     def _announce(self, seg: int, fd: int, size: int) -> None:
-        self._write(b"".join(self.frame_of(Segment(seg, size))), [os.dup(fd)])
+        self._write(frame(self.codec.encode(Segment(seg, size))), [os.dup(fd)])
 
     def place(self, data: memoryview, regions: list[Region]) -> Placed:
         """Where tensor bytes travel (tensors.place with this link's inline limit)."""

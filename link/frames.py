@@ -22,8 +22,14 @@ class LinkClosed(ConnectionError):
     """The other end went away, or sent something that is not a message."""
 
 
+def frame_parts(payload: bytes) -> tuple[bytes, bytes]:
+    """A frame as its length and its payload, for a writer that joins the parts of every
+    frame of one write at once rather than copying each into a frame of its own first."""
+    return LENGTH.pack(len(payload)), payload
+
+
 def frame(payload: bytes) -> bytes:
-    return LENGTH.pack(len(payload)) + payload
+    return b"".join(frame_parts(payload))
 
 
 class FrameReader:

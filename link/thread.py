@@ -17,7 +17,7 @@ import threading
 
 from .arena import Region
 from .endpoint import MAX_FDS, READ_BYTES, Endpoint
-from .frames import LinkClosed, close_fds
+from .frames import LinkClosed, close_fds, frame
 from .messages import Message, Release
 
 
@@ -88,7 +88,7 @@ class ThreadLink(Endpoint):
                 self._received(data, fds)
                 owed = self._take_owed(release_batch)
                 if owed:
-                    self._write(b"".join(self.frame_of(Release(owed))), [])
+                    self._write(frame(self.codec.encode(Release(owed))), [])
         except LinkClosed:
             return
         finally:
