@@ -25,7 +25,7 @@ if str(REPO_ROOT / "tests") not in sys.path:
 
 from serverproc import ServerProcess, free_ports, start_server  # noqa: E402
 
-__all__ = ["ServerProcess", "free_ports", "grpc_ready", "serve"]
+__all__ = ["REPO_ROOT", "ServerProcess", "free_ports", "grpc_ready", "serve", "start_server"]
 
 
 @contextmanager

@@ -101,7 +101,7 @@ SUITES: tuple[Suite, ...] = (
         "bench.suites.generation",
         "SmolLM2 over /v1: in-flight vs request-level vs none, ge vs llama-server, per step",
     ),
-    Suite("soak", "bench.soak", "a long run under steady load (bench/soak.py)"),
+    Suite("soak", "bench.soak", "a long run under steady load (bench/soak/)"),
     Suite(
         "shutdown",
         "bench.shutdown_under_load",
