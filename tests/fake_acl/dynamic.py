@@ -1,7 +1,7 @@
 """The fake pyACL's dynamic shapes: ND gears, image-size gears and shape ranges.
 
-A mixin of `FakeAcl` (core.py) that enforces the contract of each call the way pyACL
-documents it:
+Part of `FakeAcl` (core.py), on the state of state.py. It enforces the contract of each
+call the way pyACL documents it:
 
 - `acl.mdl.get_input_dynamic_gear_count(desc, -1)`, `get_input_dynamic_dims(desc, -1,
   count)`, `get_dynamic_hw(desc, -1)`: the reserved index must be -1, the count must be
@@ -29,36 +29,11 @@ import numpy as np
 import onnx
 
 from . import om as om_format
-
-SUCCESS = 0
-INVALID_PARAM = 100000
-INVALID_FILE = 100003
+from .state import INVALID_FILE, INVALID_PARAM, SUCCESS, AclState
 
 
-class DynamicShapes:
+class DynamicShapes(AclState):
     """The calls of FakeAcl that dynamic shapes need (see the module docstring)."""
-
-    # Provided by FakeAcl.
-    violations: list[str]
-    models: dict[int, Any]
-    datasets: dict[int, Any]
-    descs: dict[int, int | None]
-    tensor_descs: dict[int, tuple[int, list[int], int]]
-
-    def _enter(self, call: str) -> int:
-        raise NotImplementedError
-
-    def _enter_in_context(self, call: str) -> tuple[int, int] | int:
-        raise NotImplementedError
-
-    def _violate(self, code: int, message: str) -> int:
-        raise NotImplementedError
-
-    def _new_id(self) -> int:
-        raise NotImplementedError
-
-    def _desc_model(self, model_desc: int) -> Any:
-        raise NotImplementedError
 
     # --- what a loaded model reports -----------------------------------------------------
 

@@ -22,7 +22,7 @@ _ACL_NUMPY = {
 }  # fmt: skip
 
 # ONNX element type -> aclDataType
-ONNX_TO_ACL = {
+ONNX_TO_ACL: dict[int, int] = {
     onnx.TensorProto.FLOAT: 0,
     onnx.TensorProto.FLOAT16: 1,
     onnx.TensorProto.INT8: 2,
