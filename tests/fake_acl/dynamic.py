@@ -107,13 +107,10 @@ class DynamicShapes(AclState):
     # --- selecting a gear or describing shapes -------------------------------------------
 
     def _shape_model(self, call: str, model_id: int, dataset: int, mode: str) -> Any:
-        current = self._enter_in_context(call)
-        if isinstance(current, int):
-            return current
-        model = self.models.get(model_id)
-        entry = self.datasets.get(dataset)
-        if model is None or entry is None:
-            return self._violate(INVALID_PARAM, f"{call}: unknown model or dataset")
+        found = self._model_and_dataset(call, model_id, dataset)
+        if isinstance(found, int):
+            return found
+        model, entry = found
         if model.shape.get("mode") != mode:
             return self._violate(INVALID_PARAM, f"{call} on a model that is not {mode}-shaped")
         return model, entry

@@ -235,13 +235,10 @@ class ModelCalls(DynamicShapes):
         self, model_id: int, dataset: int, index: int, batch_size: int
     ) -> int:
         call = "acl.mdl.set_dynamic_batch_size"
-        current = self._enter_in_context(call)
-        if isinstance(current, int):
-            return current
-        model = self.models.get(model_id)
-        entry = self.datasets.get(dataset)
-        if model is None or entry is None:
-            return self._violate(INVALID_PARAM, f"{call}: unknown model or dataset")
+        found = self._model_and_dataset(call, model_id, dataset)
+        if isinstance(found, int):
+            return found
+        model, entry = found
         if model.dynamic_index is None:
             return self._violate(INVALID_PARAM, f"{call} on a model without batch gears")
         if index != model.dynamic_index:

@@ -154,6 +154,20 @@ class AclState:
         code = self._enter(call)
         return code if code else self._context(call)
 
+    def _model_and_dataset(
+        self, call: str, model_id: int, dataset: int
+    ) -> tuple[Model, Dataset] | int:
+        """`_enter_in_context`, then the loaded model and the dataset named, or an error
+        code: what every call that sets a gear or a shape on a dataset checks first."""
+        current = self._enter_in_context(call)
+        if isinstance(current, int):
+            return current
+        model = self.models.get(model_id)
+        entry = self.datasets.get(dataset)
+        if model is None or entry is None:
+            return self._violate(INVALID_PARAM, f"{call}: unknown model or dataset")
+        return model, entry
+
     def _new_id(self) -> int:
         return next(self._ids)
 
