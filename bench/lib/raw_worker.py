@@ -1,5 +1,5 @@
 """Raw onnxruntime at one batch size, calling back to back until killed, for the time-shared
-runner (timeshare.RawLoad starts it as a subprocess).
+runner (frozen_loads.RawLoad starts it as a subprocess).
 
 After every call it writes the samples done so far (a float64) to COUNTER, which the driver
 maps and reads without stopping it. The sessions are raw_ort.open_sessions' for `--slots`

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from serverproc import REPO_ROOT, ServerProcess
 
-from bench.lib import inputs, models, timeshare, timeshare_summary
+from bench.lib import frozen_loads, inputs, models, timeshare, timeshare_summary
 from bench.lib.timeshare import Slice
 from bench.suites import batching
 
@@ -146,7 +146,7 @@ def test_the_summary_compares_adaptive_by_throughput_at_32_and_latency_at_1() ->
     assert "÷ raw best" not in rows["raw b4"]
 
 
-def _run_then_freeze(contender: timeshare.Contender, seconds: float) -> tuple[float, float]:
+def _run_then_freeze(contender: frozen_loads.Contender, seconds: float) -> tuple[float, float]:
     """(work done running `seconds`, work done in the next `seconds` frozen), paused on
     entry and on return."""
     contender.resume()
@@ -194,8 +194,8 @@ def test_two_slot_settings_are_compared_with_adaptive_on_two_slots() -> None:
 def test_a_paused_raw_worker_does_no_work(tmp_path: Path, slots: int) -> None:
     # With two slots, two sessions count into one counter, and both stop when paused.
     onnx = models.ensure_model("simple").onnx_path
-    with timeshare.RawLoad("raw b8", onnx, 8, tmp_path, slots) as raw:
-        timeshare.warm(raw, 0.2)  # paused on return
+    with frozen_loads.RawLoad("raw b8", onnx, 8, tmp_path, slots) as raw:
+        frozen_loads.warm(raw, 0.2)  # paused on return
         ran, frozen = _run_then_freeze(raw, 0.3)
         raw.check()
     assert ran > 0
@@ -209,8 +209,8 @@ def test_a_paused_server_and_its_load_do_no_work(
 ) -> None:
     pa = perf_analyzer
     data = inputs.input_json_for(SIMPLE, tmp_path / "simple.json")
-    with timeshare.ServerLoad("s", server, "simple", "http", 2, data, pa, tmp_path) as load:
-        timeshare.warm(load, 1.0)
+    with frozen_loads.ServerLoad("s", server, "simple", "http", 2, data, pa, tmp_path) as load:
+        frozen_loads.warm(load, 1.0)
         load.mark_threads()
         ran, frozen = _run_then_freeze(load, 0.5)
         load.check()
