@@ -26,9 +26,7 @@ from typing import Protocol, Self
 
 from bench.lib.perfa import build_command
 from bench.lib.raw_worker import COUNTER_BYTES, COUNTER_FORMAT
-from bench.lib.server import ServerProcess
-
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+from bench.lib.server import REPO_ROOT, ServerProcess
 
 
 class Contender(Protocol):
