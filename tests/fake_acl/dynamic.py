@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 
 from . import om as om_format
-from .state import INVALID_FILE, INVALID_PARAM, SUCCESS, AclState
+from .state import INVALID_FILE, INVALID_PARAM, SUCCESS, AclState, Dataset, Model
 
 
 class DynamicShapes(AclState):
@@ -106,7 +106,9 @@ class DynamicShapes(AclState):
 
     # --- selecting a gear or describing shapes -------------------------------------------
 
-    def _shape_model(self, call: str, model_id: int, dataset: int, mode: str) -> Any:
+    def _shape_model(
+        self, call: str, model_id: int, dataset: int, mode: str
+    ) -> tuple[Model, Dataset] | int:
         found = self._model_and_dataset(call, model_id, dataset)
         if isinstance(found, int):
             return found
