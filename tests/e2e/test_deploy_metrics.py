@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 from deployfiles import CHART, DEPLOY, load_documents
+from ge_helpers import EXAMPLES, SIMPLE_IO, make_model
+from metricdocs import documented, undocumented
+from polling import poll
 from promtext import Exposition, promql_metric_names, scrape
-from serverproc import ServerProcess, running_server
+from serverproc import REPO_ROOT, ServerProcess, running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -85,48 +89,42 @@ def test_the_check_can_fail(exported: set[str]) -> None:
     assert promql_metric_names("sum(nv_inference_pending_requests{pod='x'})") - exported
 
 
-def _documented() -> set[str]:
-    """The metric names in deploy/README.md's tables: each row's first cell, its code spans,
-    with `a_{b,c}_d` expanded to a_b_d and a_c_d."""
-    names: set[str] = set()
-    for line in (DEPLOY / "README.md").read_text(encoding="utf-8").splitlines():
-        if not line.startswith("| `"):
-            continue
-        for span in re.findall(r"`([^`]+)`", line.split(" | ", 1)[0]):
-            names |= _expand(span)
-    return names
-
-
-def _expand(span: str) -> set[str]:
-    """a_{b,c}_d -> {a_b_d, a_c_d}; a label selector (`name{reason}`) is dropped."""
-    match = re.search(r"\{([^}]*)\}", span)
-    if match is None:
-        return {span}
-    if "," not in match.group(1):
-        return {span[: match.start()]}
-    head, tail = span[: match.start()], span[match.end() :]
-    return {name for part in match.group(1).split(",") for name in _expand(head + part + tail)}
-
-
 def test_every_exported_family_is_documented(exposition: Exposition) -> None:
-    documented = _documented()
-    undocumented = {
-        family
-        for family in exposition.types
-        if family not in documented and family + "_total" not in documented
-    }
-    assert not undocumented, f"exported, but not in deploy/README.md: {sorted(undocumented)}"
+    missing = undocumented(exposition, documented(DEPLOY / "README.md"))
+    assert not missing, f"exported, but not in deploy/README.md: {missing}"
+
+
+def test_every_family_of_a_ge_model_is_documented(tmp_path: Path) -> None:
+    """The device families (utilization, memory, pool, executions, simulated timing) and
+    the conversion accuracy gauges, from a GE model on the simulated NPU."""
+    repo = tmp_path / "repo"
+    make_model(
+        repo,
+        "ge_simple",
+        "max_batch_size: 8\n" + SIMPLE_IO,
+        EXAMPLES / "simple" / "1" / "model.onnx",
+    )
+    flags = ["--device", "sim", "--sim-cost", "launch_us=10,per_sample_us=1"]
+    flags += ["--metrics-interval-ms", "50"]
+    wanted = {"ge_serve_device_executions_total", "ge_serve_conversion_max_abs_error"}
+    with running_server([repo], flags) as server:
+        # The device families come with the sampler's first pass after the load.
+        assert poll(lambda: wanted <= set(scrape(server.metrics_url).types), 30, "GE families")
+        exposition = scrape(server.metrics_url)
+    missing = undocumented(exposition, documented(DEPLOY / "README.md"))
+    assert not missing, f"exported, but not in deploy/README.md: {missing}"
 
 
 def test_documented_names_are_read_as_names() -> None:
-    documented = _documented()
-    # Expanded, and with label selectors dropped: the check above compares real names.
+    names = documented(DEPLOY / "README.md", REPO_ROOT / "docs" / "npu.md")
+    # Expanded, and with label selectors dropped: the checks above compare real names.
     for name in (
         "nv_inference_queue_duration_us",
         "nv_inference_queue_summary_us",
         "nv_inference_request_failure",
         "nv_cache_miss_duration_per_model",
         "ge_serve_device_pool_bytes",
+        "ge_serve_device_simulated_timing",
     ):
-        assert name in documented
-    assert not {name for name in documented if "{" in name or "," in name}
+        assert name in names
+    assert not {name for name in names if "{" in name or "," in name or "=" in name}

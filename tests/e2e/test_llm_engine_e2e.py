@@ -25,9 +25,11 @@ import llmrepo
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from deployfiles import DEPLOY
+from metricdocs import documented, undocumented
 from polling import poll
 from promtext import scrape
-from serverproc import ServerProcess, running_server
+from serverproc import REPO_ROOT, ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -424,3 +426,19 @@ def test_statistics_count_generation_time_as_compute(server: ServerProcess) -> N
     after = httpx.get(url, timeout=10).json()["model_stats"][0]["inference_stats"]
     assert after["success"]["count"] == before["success"]["count"] + 1
     assert after["compute_infer"]["ns"] > before["compute_infer"]["ns"]
+
+
+# --- metric names -------------------------------------------------------------------------
+
+
+def test_every_metric_family_is_documented(server: ServerProcess) -> None:
+    """vLLM's families and the engine's own, beside Triton's: all in deploy/README.md or
+    docs/generation.md, where deploy/README.md points for them."""
+    body = {"text_input": "Documented", "parameters": {"max_tokens": 2, "temperature": 0}}
+    response = httpx.post(generate_url(server), json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    exposition = scrape(server.metrics_url)
+    assert "vllm:time_to_first_token_seconds" in exposition.types
+    names = documented(DEPLOY / "README.md", REPO_ROOT / "docs" / "generation.md")
+    missing = undocumented(exposition, names)
+    assert not missing, f"exported, but in neither document: {missing}"
