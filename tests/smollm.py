@@ -246,8 +246,10 @@ class PagedCache:
             for j in range(pad, q):
                 mask[r, j, : seq.length] = 0.0
                 mask[r, j, past + pad : past + j + 1] = 0.0
-        feed = {"input_ids": input_ids, "positions": positions, "block_table": table,
-                "attention_mask": mask}  # fmt: skip
+        feed: dict[str, npt.NDArray[Any]] = {
+            "input_ids": input_ids, "positions": positions, "block_table": table,
+            "attention_mask": mask,
+        }  # fmt: skip
         return {prefix + name: array for name, array in feed.items()}, rows * q
 
     def _write(
