@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.utils.shared_memory as shm
+from deployfiles import DEPLOY
+from metricdocs import documented, undocumented
 from modelgen import add_sub_model, write_model
 from promtext import scrape
 from protocols import PROTOCOLS, Triton
@@ -103,6 +105,8 @@ def test_repeated_requests_are_answered_from_the_cache(
     assert metrics.value("nv_cache_hit_duration_per_model", **labels) > 0
     assert metrics.value("nv_cache_miss_duration_per_model", **labels) > 0
     assert not metrics.find("nv_cache_num_hits_per_model", model="uncached")
+    # The cache's families are among those deploy/README.md lists for every name.
+    assert undocumented(metrics, documented(DEPLOY / "README.md")) == []
 
 
 def test_a_model_without_the_option_is_not_cached(triton: Triton) -> None:
