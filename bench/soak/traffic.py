@@ -141,6 +141,16 @@ class Run:
         """Whether a reload was in flight at some point since `mark` was taken."""
         return mark[0] or self.reloading or mark[1] != self.reloads_started
 
+    def settle(
+        self, tally: Tally, problem: str | None, began: float, client: int, kind: str,
+        mark: tuple[bool, int],
+    ) -> None:  # fmt: skip
+        """Record one valid request: its latency if it was answered right, else why not."""
+        if problem is None:
+            tally.ok(self.now(), time.monotonic() - began, client)
+        else:
+            tally.failed(self.now(), f"{kind}: {problem}", self.overlapped(mark))
+
 
 def _model(rng: np.random.Generator, plan: Plan) -> str:
     return "simple_string" if rng.random() < plan.string_fraction else "simple"
@@ -188,11 +198,7 @@ async def http_client(
                     )
                 except httpx.HTTPError as exc:
                     problem = f"transport: {type(exc).__name__}: {exc}"
-                if problem is None:
-                    tally.ok(run.now(), time.monotonic() - began, index)
-                else:
-                    kind = "binary" if binary else "json"
-                    tally.failed(run.now(), f"{kind}: {problem}", run.overlapped(mark))
+                run.settle(tally, problem, began, index, "binary" if binary else "json", mark)
             await _think(run, rng)
 
 
@@ -226,11 +232,7 @@ async def grpc_client(run: Run, index: int, target: str, cases: dict[str, GrpcCa
                     problem = check_grpc_answer(expected, response)
                 except grpc.aio.AioRpcError as exc:
                     problem = f"{exc.code().name}: {exc.details()}"
-                if problem is None:
-                    tally.ok(run.now(), time.monotonic() - began, index)
-                else:
-                    kind = "typed" if typed else "raw"
-                    tally.failed(run.now(), f"{kind}: {problem}", run.overlapped(mark))
+                run.settle(tally, problem, began, index, "typed" if typed else "raw", mark)
             await _think(run, rng)
 
 
