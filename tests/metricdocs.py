@@ -36,15 +36,5 @@ def expand(span: str) -> set[str]:
 
 
 def undocumented(exposition: Exposition, names: set[str]) -> list[str]:
-    """The exported families that `names` does not list.
-
-    A counter family with no samples yet is typed without its `_total` (the renderer names
-    a counter after its samples, and Triton's have no suffix), so for such a family alone
-    the documented `<name>_total` counts."""
-    sampled = {name for name, _, _ in exposition.samples}
-    return sorted(
-        family
-        for family, kind in exposition.types.items()
-        if family not in names
-        and not (kind == "counter" and family + "_total" in names and family not in sampled)
-    )
+    """The exported families that `names` does not list."""
+    return sorted(family for family in exposition.types if family not in names)
