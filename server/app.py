@@ -45,6 +45,7 @@ from .observability.metrics import ServerMetrics
 from .observability.metricsconfig import MetricsConfig
 from .observability.resources import DeviceMetricsProvider, ResourceSampler
 from .startup.exiting import leave_running_executions
+from .startup.gcheap import settle_heap
 from .startup.grpc_core import grpc_core_environment
 from .startup.malloc import limit_malloc_arenas, release_freed_memory
 from .startup.part_settings import (
@@ -202,6 +203,7 @@ class ServerApp:
             log.error("%s", exc.message)
             return False
         self.log_model_table()
+        settle_heap()
         await asyncio.to_thread(release_freed_memory)
         if errors and self.settings.exit_on_error:
             for name, message in sorted(errors.items()):

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
@@ -37,6 +38,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+@pytest.fixture(autouse=True)
+def thaw_the_heap() -> Iterator[None]:
+    """A control or app run in process freezes the collector's heap (startup/gcheap.py),
+    which in a test process would hold later tests' garbage: each test ends thawed."""
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture(scope="session")

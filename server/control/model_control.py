@@ -33,6 +33,7 @@ from ..models.repository import (
     override_target,
     write_overrides,
 )
+from ..startup.gcheap import settle_heap
 from ..startup.malloc import release_freed_memory
 
 log = logging.getLogger(__name__)
@@ -182,7 +183,9 @@ class ModelControl:
             await asyncio.shield(task)
         finally:
             if task.done():
-                # What the load or unload freed goes back to the system (startup/malloc.py).
+                # The collector's standing heap follows the repository (startup/gcheap.py),
+                # and what the load or unload freed goes back to the system (malloc.py).
+                settle_heap()
                 await asyncio.to_thread(release_freed_memory)
 
     # --- poll mode -----------------------------------------------------------------------

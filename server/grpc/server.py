@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import time
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 
 from ..errors import ErrorCode, ServerError
 from ..inference.core import InferenceServer
+from ..startup.gcheap import collect_all
 from .call_intake import CallIntake
 from .restricted import RestrictedProtocolInterceptor
 from .servicer import INFERENCE_SERVICE, GrpcServicer, method_handlers, service_handler
@@ -228,9 +228,10 @@ class GrpcFrontEnd:
         if intake is not None:
             await intake.close()
         # The calls' ended contexts and aborts form reference cycles with the server; once
-        # they are collected grpc releases its poller thread, rather than at exit.
+        # they are collected grpc releases its poller thread, rather than at exit. The
+        # server was frozen with the standing heap, so the collection thaws it.
         del server
-        gc.collect()
+        collect_all()
 
 
 def _cannot_listen(target: str, why: str) -> ServerError:

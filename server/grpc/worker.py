@@ -33,6 +33,7 @@ from ge_serve.protos import grpc_service_pb2 as pb
 
 from ..control.stopping import DrainGate
 from ..errors import decoding
+from ..startup.gcheap import settle_heap
 from ..workers.remote import RemoteCore
 from . import codec
 from .call_intake import CallIntake
@@ -215,6 +216,8 @@ async def serve(config: dict[str, Any]) -> int:
         return 1
     await server.start()
     intake.attach()
+    # Its standing heap never changes: no model loads here (startup/gcheap.py).
+    settle_heap()
     core.ready()
     await stopping.wait()
     grace = float(config["grace_s"])

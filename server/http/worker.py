@@ -25,6 +25,7 @@ import uvicorn
 import uvloop
 from starlette.types import ASGIApp
 
+from ge_serve.server.startup.gcheap import settle_heap
 from ge_serve.server.workers.remote import RemoteCore
 
 from .embedded import front_end_config
@@ -60,6 +61,8 @@ async def serve(config: dict[str, Any]) -> int:
             await asyncio.sleep(0.1)  # the message leaves before the process does
             return 1
         await asyncio.sleep(0.01)
+    # Its standing heap never changes: no model loads here (startup/gcheap.py).
+    settle_heap()
     core.ready()
     await task
     await passon.close()

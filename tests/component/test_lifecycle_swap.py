@@ -8,10 +8,12 @@ request that raced a swap.
 from __future__ import annotations
 
 import asyncio
+import gc
 import shutil
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -254,6 +256,35 @@ async def test_unload_drains_within_its_timeout_then_fails_the_queued(tmp_path: 
     for thread in slot_threads(SLOW):
         thread.join(30)
     assert slot_threads(SLOW) == []
+
+
+class Marker:
+    def __init__(self) -> None:
+        self.me = self  # a cycle, as a model's own objects form: only a collection frees it
+
+
+async def test_a_reload_through_the_control_frees_the_old_version_at_once(
+    tmp_path: Path, lifecycle: ModelLifecycle
+) -> None:
+    """A change to the repository freezes what lives with the standing heap
+    (startup/gcheap.py); the next change thaws and collects what it retired, with no
+    collection of the test's own."""
+    write_addk(tmp_path, [1])
+    write_addk(tmp_path, [1], name="second")
+    control = make_control(lifecycle, ControlMode.EXPLICIT)
+    await control.start()
+    try:
+        await control.load(ADDK)
+        marker = Marker()
+        lifecycle.get(ADDK).loaded.extra["marker"] = marker
+        freed = weakref.ref(marker)
+        del marker
+        await control.load("second")  # another change: the marker is frozen with the rest
+        assert gc.get_freeze_count() > 0
+        await control.load(ADDK)  # a reload: the first version is retired
+        assert freed() is None, "the replaced version is still held"
+    finally:
+        await control.stop()
 
 
 async def test_poll_picks_up_added_changed_and_removed_models(
