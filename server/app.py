@@ -203,7 +203,6 @@ class ServerApp:
             log.error("%s", exc.message)
             return False
         self.log_model_table()
-        settle_heap()
         await asyncio.to_thread(release_freed_memory)
         if errors and self.settings.exit_on_error:
             for name, message in sorted(errors.items()):
@@ -241,6 +240,8 @@ class ServerApp:
             )
             if self.metrics.sampler is not None:
                 self.metrics.sampler.start()
+        # Models and front ends are up: the standing heap (startup/gcheap.py).
+        settle_heap()
         return True
 
     async def _start_grpc_workers(self) -> None:

@@ -176,3 +176,4 @@ class GeStepRunner:
         if self._loaded is not None:
             self._loaded.close()
             self._loaded = None
+        self.pool.release()

@@ -129,6 +129,11 @@ class KvPool:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
 
+    def release(self) -> None:
+        """Free the cache arrays once their runner is closed (the allocator stays, for a
+        late abort's bookkeeping)."""
+        self.keys, self.values = [], []
+
     def write(
         self,
         keys: list[npt.NDArray[Any]],

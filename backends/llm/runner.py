@@ -190,7 +190,12 @@ class StepRunner:
         return logits
 
     def close(self) -> None:
-        """The session and pools go with the object."""
+        """Let the session (the weights) and the KV pool go now, not when the runner is
+        collected: a late reference can keep a retired version's objects for a while
+        (server/startup/gcheap.py)."""
+        self._pool_values.clear()
+        self.pool.release()
+        del self.session
 
 
 _Index = npt.NDArray[np.intp]

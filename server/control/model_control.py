@@ -73,6 +73,8 @@ class ModelControl:
         # Loads and unloads run as tasks the caller awaits through a shield, so a client
         # that goes away mid-load cannot abandon a half-installed model.
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Loads and unloads under way; the heap settles when the last one ends.
+        self._changing = 0
 
     @property
     def api_enabled(self) -> bool:
@@ -176,15 +178,23 @@ class ModelControl:
             raise ServerError(ErrorCode.UNAVAILABLE, CONTROL_DISABLED)
 
     async def _run(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work)
+        """A load or unload, run to its end even when its caller goes (a client's
+        deadline)."""
+        task = asyncio.create_task(self._change(work))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        await asyncio.shield(task)
+
+    async def _change(self, work: Coroutine[Any, Any, None]) -> None:
+        self._changing += 1
         try:
-            await asyncio.shield(task)
+            await work
         finally:
-            if task.done():
-                # The collector's standing heap follows the repository (startup/gcheap.py),
-                # and what the load or unload freed goes back to the system (malloc.py).
+            self._changing -= 1
+            if not self._changing:
+                # Once the last of concurrent changes ends: the collector's standing heap
+                # follows the repository (startup/gcheap.py; one full collection), and
+                # what the changes freed goes back to the system (malloc.py).
                 settle_heap()
                 await asyncio.to_thread(release_freed_memory)
 

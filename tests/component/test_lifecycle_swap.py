@@ -287,6 +287,37 @@ async def test_a_reload_through_the_control_frees_the_old_version_at_once(
         await control.stop()
 
 
+async def test_a_reload_whose_caller_left_still_frees_the_old_version(
+    tmp_path: Path, lifecycle: ModelLifecycle
+) -> None:
+    """A client whose deadline passes mid-reload leaves the reload to finish on its own;
+    the change still thaws and collects what it retired."""
+    write_addk(tmp_path, [1])
+    write_addk(tmp_path, [1], name="second")
+    control = make_control(lifecycle, ControlMode.EXPLICIT)
+    await control.start()
+    try:
+        await control.load(ADDK)
+        marker = Marker()
+        lifecycle.get(ADDK).loaded.extra["marker"] = marker
+        freed = weakref.ref(marker)
+        del marker
+        await control.load("second")
+        caller = asyncio.ensure_future(control.load(ADDK))
+        for _ in range(1000):  # until the reload runs as the control's own task
+            if control._tasks:  # white box: nothing outside says that a load has begun
+                break
+            await asyncio.sleep(0.001)
+        assert control._tasks, "the reload never began"
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+    finally:
+        await control.stop()  # waits for the reload the caller left
+    assert lifecycle.get(ADDK).loaded.extra.get("marker") is None, "the reload did not run"
+    assert freed() is None, "the replaced version is still held"
+
+
 async def test_poll_picks_up_added_changed_and_removed_models(
     tmp_path: Path, lifecycle: ModelLifecycle
 ) -> None:
