@@ -8,12 +8,14 @@ request that raced a swap.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import shutil
 import tempfile
 import threading
 import time
 import weakref
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -263,35 +265,13 @@ class Marker:
         self.me = self  # a cycle, as a model's own objects form: only a collection frees it
 
 
-async def test_a_reload_through_the_control_frees_the_old_version_at_once(
+@contextlib.asynccontextmanager
+async def frozen_marker(
     tmp_path: Path, lifecycle: ModelLifecycle
-) -> None:
-    """A change to the repository freezes what lives with the standing heap
-    (startup/gcheap.py); the next change thaws and collects what it retired, with no
-    collection of the test's own."""
-    write_addk(tmp_path, [1])
-    write_addk(tmp_path, [1], name="second")
-    control = make_control(lifecycle, ControlMode.EXPLICIT)
-    await control.start()
-    try:
-        await control.load(ADDK)
-        marker = Marker()
-        lifecycle.get(ADDK).loaded.extra["marker"] = marker
-        freed = weakref.ref(marker)
-        del marker
-        await control.load("second")  # another change: the marker is frozen with the rest
-        assert gc.get_freeze_count() > 0
-        await control.load(ADDK)  # a reload: the first version is retired
-        assert freed() is None, "the replaced version is still held"
-    finally:
-        await control.stop()
-
-
-async def test_a_reload_whose_caller_left_still_frees_the_old_version(
-    tmp_path: Path, lifecycle: ModelLifecycle
-) -> None:
-    """A client whose deadline passes mid-reload leaves the reload to finish on its own;
-    the change still thaws and collects what it retired."""
+) -> AsyncIterator[tuple[ModelControl, weakref.ref[Marker]]]:
+    """An explicit-mode control with `addk` loaded, a cyclic marker held by its version,
+    and a later change (loading `second`) that froze the marker with the standing heap
+    (startup/gcheap.py). The control is stopped on exit, after any change it still runs."""
     write_addk(tmp_path, [1])
     write_addk(tmp_path, [1], name="second")
     control = make_control(lifecycle, ControlMode.EXPLICIT)
@@ -303,6 +283,27 @@ async def test_a_reload_whose_caller_left_still_frees_the_old_version(
         freed = weakref.ref(marker)
         del marker
         await control.load("second")
+        assert gc.get_freeze_count() > 0
+        yield control, freed
+    finally:
+        await control.stop()
+
+
+async def test_a_reload_through_the_control_frees_the_old_version_at_once(
+    tmp_path: Path, lifecycle: ModelLifecycle
+) -> None:
+    """The reload thaws and collects what it retired, with no collection of the test's."""
+    async with frozen_marker(tmp_path, lifecycle) as (control, freed):
+        await control.load(ADDK)
+        assert freed() is None, "the replaced version is still held"
+
+
+async def test_a_reload_whose_caller_left_still_frees_the_old_version(
+    tmp_path: Path, lifecycle: ModelLifecycle
+) -> None:
+    """A client whose deadline passes mid-reload leaves the reload to finish on its own;
+    the change still thaws and collects what it retired."""
+    async with frozen_marker(tmp_path, lifecycle) as (control, freed):
         caller = asyncio.ensure_future(control.load(ADDK))
         for _ in range(1000):  # until the reload runs as the control's own task
             if control._tasks:  # white box: nothing outside says that a load has begun
@@ -312,8 +313,7 @@ async def test_a_reload_whose_caller_left_still_frees_the_old_version(
         caller.cancel()
         with pytest.raises(asyncio.CancelledError):
             await caller
-    finally:
-        await control.stop()  # waits for the reload the caller left
+    # The control has stopped, which waits for the reload its caller left.
     assert lifecycle.get(ADDK).loaded.extra.get("marker") is None, "the reload did not run"
     assert freed() is None, "the replaced version is still held"
 
