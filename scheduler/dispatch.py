@@ -95,6 +95,8 @@ class ExecutorSlot:
         self._thread_runs = 0  # jobs on the thread since the last one inline
         self._unmeasured = 0  # jobs inline to run before the next one measured
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        # False once `abandon` has left the executor to its owner.
+        self._closes_executor = True
         self._thread = threading.Thread(target=self._work, name=f"slot-{self.name}", daemon=True)
         self._thread.start()
 
@@ -142,6 +144,13 @@ class ExecutorSlot:
         """Stop the thread after the queued jobs, then close the executor on it."""
         self._jobs.put(None)
 
+    def abandon(self) -> None:
+        """Stop the thread of a slot that never ran a job, leaving its executor open: a
+        load that fails after its slots started closes every executor of the model itself
+        (`LoadedModel.close`), and an executor is closed once."""
+        self._closes_executor = False
+        self._jobs.put(None)
+
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
@@ -164,6 +173,8 @@ class ExecutorSlot:
             else:
                 self.thread_ns = _averaged(self.thread_ns, time.thread_time_ns() - started)
                 loop.call_soon_threadsafe(report, result, None)
+        if not self._closes_executor:
+            return
         try:
             self.executor.close()
         except Exception:

@@ -54,7 +54,19 @@ class SchedulerOptions:
 def slot_pool(
     config: model_config_pb2.ModelConfig, loaded: LoadedModel, options: SchedulerOptions
 ) -> SlotPool:
-    slots = [ExecutorSlot(e, inline=loaded.thread_free) for e in loaded.executors]
+    slots: list[ExecutorSlot] = []
+    try:
+        for executor in loaded.executors:
+            slots.append(ExecutorSlot(executor, inline=loaded.thread_free))
+    except RuntimeError as exc:  # threading's "can't start new thread"
+        # The threads already started would otherwise outlive the failed load, and a
+        # process short of threads fails every later load too.
+        for slot in slots:
+            slot.abandon()
+        raise invalid_arg(
+            f"model '{config.name}': could not start a thread for each of its "
+            f"{len(loaded.executors)} instances, {len(slots)} started ({exc})"
+        ) from exc
     if options.rate_limiter is None:
         return SlotPool(slots)
     needs = needs_of(config, [executor.slot.device_id for executor in loaded.executors])
