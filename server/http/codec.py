@@ -147,7 +147,12 @@ def decode_infer_request(
     )
     if request.parameters:
         if BINARY_DATA_OUTPUT in request.parameters:
-            request.wire[BINARY_DATA_OUTPUT] = request.parameters.pop(BINARY_DATA_OUTPUT)
+            binary_output = request.parameters.pop(BINARY_DATA_OUTPUT)
+            if not isinstance(binary_output, bool):
+                # Triton refuses it too ("Unable to parse 'binary_data_output'"); taken
+                # as false, a client's "yes" would quietly get JSON it did not ask for.
+                raise invalid_arg(f"parameter '{BINARY_DATA_OUTPUT}' must be a boolean")
+            request.wire[BINARY_DATA_OUTPUT] = binary_output
         lift_request_parameters(request)
     return request
 

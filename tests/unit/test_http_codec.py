@@ -527,6 +527,18 @@ ERROR_CASES: list[tuple[str, bytes, int | None, str]] = [
         None,
         "'binary_data' of output 'y' must be a boolean",
     ),
+    (
+        "binary_data_output a string",
+        _one(_fp32(data=[1, 2]), parameters={"binary_data_output": "yes"}),
+        None,
+        "parameter 'binary_data_output' must be a boolean",
+    ),
+    (
+        "binary_data_output a number",
+        _one(_fp32(data=[1, 2]), parameters={"binary_data_output": 1}),
+        None,
+        "parameter 'binary_data_output' must be a boolean",
+    ),
 ]
 
 
