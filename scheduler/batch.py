@@ -1,12 +1,14 @@
-"""Concatenate requests into one batch, pad it to a supported size, split the outputs.
+"""Concatenate requests into one batch, pad it to a supported size, split the outputs;
+and what each request of a failed execution is told.
 
-These functions run on a slot's thread, never on the event loop.
+The execution functions run on a slot's thread, never on the event loop.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -18,6 +20,7 @@ from ge_serve.backends.base import (
     gear_for,
     takes_requests,
 )
+from ge_serve.server.errors import FailureReason, ServerError, execution_failure
 
 from .work import Array, WorkItem
 
@@ -134,6 +137,50 @@ def execute_batch(
     return results
 
 
+@dataclass(frozen=True, slots=True)
+class RunAlone:
+    """The outcomes of a batch that failed as one and was run again request by request:
+    each request's outputs, or what failed it, in order."""
+
+    outcomes: list[dict[str, Array] | Exception]
+
+
+def execute_isolated(
+    executor: Executor,
+    items: Sequence[WorkItem],
+    gears: Sequence[int],
+    batching: bool,
+    shaper: Shaper | None = None,
+    bucket: int = 0,
+) -> list[dict[str, Array]] | RunAlone:
+    """`execute_batch`, except that a failed execution of tensors merged from several
+    requests is run again one request at a time, so that only the requests that fail on
+    their own are failed.
+
+    A model that cannot take one request's data (a string its graph cannot parse, a value
+    an op refuses) would otherwise fail every request batched with it, which depends on
+    nothing the other clients did. Triton fails the whole batch. A failure costs one more
+    execution per request in the batch; the executions are stateless (the sequence
+    batcher, whose models keep state, does not use this), so running one again changes
+    nothing. A RequestExecutor already answers each request on its own, and one that
+    raised for the whole batch failed as a whole, so it is not run again.
+    """
+    try:
+        return execute_batch(executor, items, gears, batching, shaper, bucket)
+    except Exception:
+        if len(items) < 2 or takes_requests(executor):
+            raise
+    outcomes: list[dict[str, Array] | Exception] = []
+    for item in items:
+        try:
+            outcomes.append(execute_batch(executor, [item], gears, batching, shaper, bucket)[0])
+        except Exception as exc:
+            # Without its traceback, whose frames hold this list: a cycle would keep
+            # the batch's inputs until the collector ran.
+            outcomes.append(exc.with_traceback(None))
+    return RunAlone(outcomes)
+
+
 def _record(
     items: Sequence[WorkItem], start: int, ready: int, done: int, finished: int, total: int
 ) -> None:
@@ -144,3 +191,11 @@ def _record(
         timings.compute_output_ns = finished - done
         timings.batch_size = total
     items[0].timings.first_in_batch = True
+
+
+def client_error(exc: BaseException) -> ServerError:
+    """What each request of a failed execution is told: a fresh error per request (no two
+    requests share one traceback), tagged as the model's execution failing."""
+    if isinstance(exc, ServerError):
+        return ServerError(exc.code, exc.message, exc.reason or FailureReason.BACKEND)
+    return execution_failure(exc, FailureReason.BACKEND)

@@ -37,15 +37,13 @@ from typing import Any
 
 from ge_serve.server.errors import (
     ErrorCode,
-    FailureReason,
     SchedulerClosed,
     ServerError,
-    execution_failure,
     request_timeout,
 )
 
 from .adaptive import AdaptiveController, AdaptiveDecider
-from .batch import Shaper, execute_batch
+from .batch import RunAlone, Shaper, client_error, execute_batch, execute_isolated
 from .census import ShapeCensus
 from .decision import Arrived, BatchView, Decider, Dropped, Left, Ran, Take, TritonRules
 from .dispatch import Executing, ExecutorSlot, SlotPool
@@ -375,7 +373,7 @@ class DynamicBatcher:
         )
         self._running += 1
         slot.run_then(
-            lambda executor: execute_batch(executor, items, gears, batching, shaper, bucket),
+            lambda executor: execute_isolated(executor, items, gears, batching, shaper, bucket),
             lambda results, exc: self._batch_done(slot, batch, results, exc, now),
         )
 
@@ -383,11 +381,12 @@ class DynamicBatcher:
         self,
         slot: ExecutorSlot,
         batch: list[Entry],
-        results: list[dict[str, Array]] | None,
+        results: list[dict[str, Array]] | RunAlone | None,
         exc: BaseException | None,
         launched_ns: int,
     ) -> None:
-        """A batch launched at `launched_ns` ended: free its slot and answer its requests."""
+        """A batch launched at `launched_ns` ended: free its slot and answer its requests
+        (each with its own outcome, when it was run again request by request)."""
         self._running -= 1
         self._pool.release(slot)
         self._former.slot_freed(slot)
@@ -401,6 +400,15 @@ class DynamicBatcher:
             log.error("batch of %d failed on %s: %s", len(batch), slot.name, exc)
             for entry in batch:
                 self._finish(entry, error=client_error(exc))
+        elif isinstance(results, RunAlone):
+            # No batch left as one, so the controller prices nothing: each request is
+            # dropped from its counts as a failed one is.
+            log.error("batch of %d failed on %s; ran each request alone", len(batch), slot.name)
+            for entry, outcome in zip(batch, results.outcomes, strict=True):
+                if isinstance(outcome, Exception):
+                    self._finish(entry, error=client_error(outcome))
+                else:
+                    self._finish(entry, result=outcome)
         else:
             if self._adaptive is not None:
                 # The whole batch leaves at once: one departure, not one per request,
@@ -488,11 +496,3 @@ def _answer(entry: Entry) -> None:
     elif entry.result is not None:
         future.set_result(entry.result)
     entry.result = None
-
-
-def client_error(exc: BaseException) -> ServerError:
-    """A fresh error per request (no two requests share one traceback), tagged as the
-    model's execution failing."""
-    if isinstance(exc, ServerError):
-        return ServerError(exc.code, exc.message, exc.reason or FailureReason.BACKEND)
-    return execution_failure(exc, FailureReason.BACKEND)

@@ -40,8 +40,7 @@ import numpy as np
 from ge_serve.backends.base import takes_requests
 from ge_serve.server.errors import ErrorCode, SchedulerClosed, ServerError, invalid_arg
 
-from .batch import execute_batch
-from .batcher import client_error
+from .batch import client_error, execute_batch
 from .correlation import CorrelationId, SequenceFlags
 from .decision import BatchView, Take, TritonRules
 from .dispatch import SlotPool
