@@ -122,7 +122,9 @@ class ExecutorSlot:
             try:
                 result = job(self.executor)
             except Exception as exc:  # the caller's failure, as on the thread
-                failure = exc
+                # Without its traceback, which holds this frame, which holds `failure`:
+                # a cycle that would keep the batch's tensors until the collector ran.
+                failure = exc.with_traceback(None)
             if measured:
                 self.inline_ns = _averaged(self.inline_ns, time.thread_time_ns() - started)
             report(result, failure)
@@ -173,6 +175,11 @@ class ExecutorSlot:
             else:
                 self.thread_ns = _averaged(self.thread_ns, time.thread_time_ns() - started)
                 loop.call_soon_threadsafe(report, result, None)
+                del result
+            # The job holds its batch: the requests' tensors, and their futures, which hold
+            # a failed one's error, whose traceback holds this frame. Let go of it now, not
+            # when the next job comes, which on an idle slot may be never.
+            del item, job, report, loop
         if not self._closes_executor:
             return
         try:

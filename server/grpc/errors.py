@@ -99,14 +99,21 @@ def guard(handler: Handler[S, Req, Resp]) -> Handler[S, Req, Resp | None]:
         except Exception as exc:
             log.exception("unhandled error in %s", handler.__name__)
             error = as_server_error(exc)
-        # Outside the except blocks, so the exception and its frames are released now.
-        if error.code is ErrorCode.UNAVAILABLE:
-            # UNAVAILABLE says "send it again" (stopping, queue full): it must end the call
-            # with trailers only, as abort does, or grpc counts the call as answered and a
-            # client's retry policy never retries it. set_code + return sends headers
-            # first. These refusals are the rare ones; abort's garbage is the price.
-            await abort(context, error)
-        fail(context, error)
+        try:
+            if error.code is ErrorCode.UNAVAILABLE:
+                # UNAVAILABLE says "send it again" (stopping, queue full): it must end the
+                # call with trailers only, as abort does, or grpc counts the call as
+                # answered and a client's retry policy never retries it. set_code + return
+                # sends headers first. These refusals are the rare ones; abort's garbage is
+                # the price.
+                await abort(context, error)
+            fail(context, error)
+        finally:
+            # The error's traceback holds this frame, and this frame the error and the
+            # request: a cycle that would keep a refused request's tensors (any size the
+            # client sent) until the collector next ran, which an idle server, or one
+            # refused large requests in a row, may not do for many of them.
+            del error
         return None
 
     return guarded

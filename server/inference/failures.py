@@ -24,3 +24,22 @@ def failure_of(exc: BaseException, executing: bool) -> ServerError:
     if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
         return request_cancelled()
     return execution_failure(exc, FailureReason.BACKEND if executing else FailureReason.OTHER)
+
+
+def unlinked(error: ServerError, exc: BaseException) -> ServerError:
+    """`error` (the client's error for `exc`, or `exc` itself), to be raised without the
+    frames `exc` came up through, and with `exc` as its cause.
+
+    Those frames (the scheduler's, the infer path's) hold the request's tensors, and
+    the future that the scheduler failed with `exc` holds `exc`: a reference cycle that
+    would keep tensors of whatever size the client sent until the collector next ran,
+    which a server refusing large requests in a row may not do for many of them. Nothing
+    reads the traceback of what leaves here: the front ends answer a ServerError with
+    its code and message. The raising frame must also drop its own reference to `error`
+    (`finally: del error`), or that frame, in the new traceback, closes the same cycle.
+    """
+    exc.__traceback__ = None
+    error.__traceback__ = None
+    if error is not exc:
+        error.__cause__ = exc
+    return error

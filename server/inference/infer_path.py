@@ -33,7 +33,7 @@ from ..errors import ErrorCode, SchedulerClosed, ServerError, shutting_down
 from ..models.lifecycle import ModelLifecycle
 from ..observability.statistics import StatisticsCollector
 from ..observability.tracing import Trace, submit_traced
-from .failures import failure_of
+from .failures import failure_of, unlinked
 from .model import ModelVersion
 from .request_level import (
     ResponseQueue,
@@ -128,9 +128,12 @@ class InferPath:
             if cancelled and item is not None and item.context is not None:
                 item.context.cancelled = True
             self._finished(attempt.model, item, error, started, trace=trace)
-            if error is exc or cancelled:
+            if cancelled:
                 raise
-            raise error from exc
+            try:
+                raise unlinked(error, exc)
+            finally:
+                del error  # see `unlinked`
         cached = attempt.cached
         hit = cached.lookup_ns if cached is not None and cached.found is not None else None
         self._finished(attempt.model, attempt.item, None, started, hit, trace)
@@ -264,9 +267,12 @@ class InferPath:
                 if submitted is not None and not submitted.done():
                     submitted.cancel()
             self._finished(model, item, error, started)
-            if error is exc or gone:
+            if gone:
                 raise
-            raise error from exc
+            try:
+                raise unlinked(error, exc)
+            finally:
+                del error  # see `unlinked`
         self._finished(model, item, None, started)
 
     # --- the end of a request --------------------------------------------------------------
