@@ -240,23 +240,23 @@ class GenerationScheduler:
             ]
             logits = runner.run(decode, prefill)
             graph += runner.last_graph_s
+            if len(logits) != len(decode) + len(prefill):
+                raise RuntimeError(
+                    f"the step returned {len(logits)} rows for {len(decode) + len(prefill)}"
+                )
             if self._limits.prefix_caching:
                 self._remember([*plan.decode, *(s for s, _ in plan.prefill)], plan.prefill)
+        except Exception as exc:
+            log.exception("model '%s': a generation step failed", self._model.name)
+            self._fail([*plan.decode, *(s for s, _ in plan.prefill)], "generation step", exc)
+        else:
             for seq, row in zip(plan.decode, logits[: len(decode)], strict=True):
                 seq.computed += 1
-                self._advance(seq, row)
+                self._advance_one(seq, row)
             for (seq, n), row in zip(plan.prefill, logits[len(decode) :], strict=True):
                 seq.computed += n
                 if seq.remaining == 0:
-                    self._advance(seq, row)
-        except Exception as exc:
-            log.exception("model '%s': a generation step failed", self._model.name)
-            error = ModelError(ErrorCode.INTERNAL.value, f"generation step failed: {exc}")
-            for seq in [*plan.decode, *(s for s, _ in plan.prefill)]:
-                if seq in self._running:
-                    self._leave(seq)
-                    seq.sink.send(None, error, True)
-                    seq.on_done()
+                    self._advance_one(seq, row)
         stats = self.generation_stats
         stats.steps += 1
         stats.graph_seconds += graph
@@ -274,6 +274,23 @@ class GenerationScheduler:
             full = (seq.computed + counts.get(id(seq), 1)) // size
             if full > start:
                 allocator.remember(seq.blocks, seq.tokens, size, start, full)
+
+    def _advance_one(self, seq: Sequence, logits: npt.NDArray[np.float32]) -> None:
+        """`_advance`, failing only this sequence should its own sampling or text fail:
+        the step's other sequences are not its client's doing."""
+        try:
+            self._advance(seq, logits)
+        except Exception as exc:
+            log.exception("model '%s': a sequence's next token failed", self._model.name)
+            self._fail([seq], "sampling", exc)
+
+    def _fail(self, seqs: list[Sequence], what: str, exc: Exception) -> None:
+        error = ModelError(ErrorCode.INTERNAL.value, f"{what} failed: {exc}")
+        for seq in seqs:
+            if seq in self._running:
+                self._leave(seq)
+                seq.sink.send(None, error, True)
+                seq.on_done()
 
     def _advance(self, seq: Sequence, logits: npt.NDArray[np.float32]) -> None:
         """Sample the sequence's next token and tell its client what it adds."""

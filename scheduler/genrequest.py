@@ -50,6 +50,15 @@ def read_sequence(
         params = sampling_params(settings.defaults, parameters, sampling_json, max_tokens)
     except SamplingError as exc:
         raise invalid_arg(str(exc)) from None
+    vocab = model.runner.shape.vocab
+    outside = sorted(i for i in params.stop_token_ids if i >= vocab)
+    if outside:
+        # Checked here: the engine would index the logits with it, in a step shared
+        # with other requests.
+        raise invalid_arg(
+            f"stop_token_ids {outside[:8]} are outside the vocabulary: this model's token "
+            f"ids are below {vocab}"
+        )
     ids = model.tokenizer.encode(prompt)
     limit = settings.max_model_len
     if not ids:

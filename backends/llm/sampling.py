@@ -51,8 +51,19 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # vLLM's rule: below this the logits divided by the temperature overflow to
+        # inf (1e-310 gave NaN probabilities and garbage), and the answer is the
+        # argmax anyway.
+        return self.temperature < _GREEDY_BELOW
 
+
+# vLLM's _SAMPLING_EPS.
+_GREEDY_BELOW = 1e-5
+# What one request may ask to be checked for after every token: each stop string is
+# searched for at each step (vLLM sets no limit; OpenAI allows 4 strings).
+MAX_STOPS = 64
+MAX_STOP_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 1024
 
 _FLOATS = ("temperature", "top_p")
 _INTS = ("max_tokens", "top_k", "seed", "min_tokens")
@@ -91,7 +102,7 @@ def sampling_params(
     if sampling_json is not None:
         try:
             doc = json.loads(sampling_json) if sampling_json.strip() else {}
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise SamplingError(f"sampling_parameters is not valid JSON: {exc}") from None
         if not isinstance(doc, dict):
             raise SamplingError("sampling_parameters must be a JSON object")
@@ -145,8 +156,14 @@ def _validated(values: dict[str, Any]) -> SamplingParams:
         raise SamplingError(f"seed must not be negative, got {seed}")
     out["stop"] = _stop(values.get("stop"))
     ids = values.get("stop_token_ids") or []
-    if not isinstance(ids, list) or not all(isinstance(i, int) and i >= 0 for i in ids):
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
+    ):
         raise SamplingError("stop_token_ids must be a list of token ids")
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise SamplingError(
+            f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} token ids, got {len(ids)}"
+        )
     out["stop_token_ids"] = tuple(ids)
     return SamplingParams(**out)
 
@@ -160,6 +177,10 @@ def _stop(value: Any) -> tuple[str, ...]:
         raise SamplingError("stop must be a string or a list of strings")
     if any(not s for s in value):
         raise SamplingError("stop strings must not be empty")
+    if len(value) > MAX_STOPS:
+        raise SamplingError(f"stop: at most {MAX_STOPS} strings, got {len(value)}")
+    if any(len(s) > MAX_STOP_CHARS for s in value):
+        raise SamplingError(f"stop strings must be at most {MAX_STOP_CHARS} characters long")
     return tuple(value)
 
 

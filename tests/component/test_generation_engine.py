@@ -24,7 +24,9 @@ from ge_serve.backends.ge.acl_sim import SimRuntime
 from ge_serve.backends.ge.backend import GeBackend
 from ge_serve.backends.ge.sim_cost import parse_sim_cost
 from ge_serve.backends.llm.backend import MODEL_KEY, LlmBackend
+from ge_serve.backends.llm.sampling import Sampler
 from ge_serve.protos import model_config_pb2
+from ge_serve.scheduler import genrequest
 from ge_serve.scheduler.generation import GenerationScheduler
 from ge_serve.scheduler.work import WorkItem
 
@@ -232,3 +234,49 @@ async def test_prompts_that_share_a_prefix_share_its_blocks_and_answer_the_same(
     assert stats.prefix_cache_hits >= shared > 0
     assert stats.prefix_cache_queries >= 2 * len(prefix)
     assert stats.kv_blocks_used == 0
+
+
+async def test_a_sequence_whose_sampling_fails_fails_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step is shared; one sequence's next token failing ends only that sequence."""
+
+    class Failing(Sampler):
+        def sample(self, logits: Any, banned: tuple[int, ...] = ()) -> int:
+            raise ValueError("this sampler cannot")
+
+    def sampler(params: Any) -> Any:
+        # The prompt cannot be seen here; a seed picks the one that fails.
+        return Failing(params) if params.seed == 666 else Sampler(params)
+
+    monkeypatch.setattr(genrequest, "Sampler", sampler)
+    scheduler = engine(tmp_path, max_num_seqs="3")
+    try:
+        bad = Recorder(scheduler=scheduler)
+        inputs = {
+            "text_input": np.array([b"Prompt bad"], dtype=object),
+            "max_tokens": np.array([TOKENS], np.int32),
+            "sampling_parameters": np.array([b'{"seed": 666}'], dtype=object),
+        }
+        work = WorkItem(inputs, 1, context=RequestContext(responses=bad))
+        good = await together(
+            scheduler,
+            [
+                ask(scheduler, PROMPTS[0]),
+                _submitted(scheduler, work, bad),
+                ask(scheduler, PROMPTS[1]),
+            ],
+        )
+        assert bad.final and [e.message for e in bad.errors] == [
+            "sampling failed: this sampler cannot"
+        ]
+        for prompt, sink in zip((PROMPTS[0], PROMPTS[1]), (good[0], good[2]), strict=True):
+            assert sink.final and not sink.errors
+            assert "".join(sink.texts) == expected(prompt)
+    finally:
+        await scheduler.close(1)
+
+
+async def _submitted(scheduler: GenerationScheduler, work: WorkItem, sink: Recorder) -> Recorder:
+    await scheduler.submit(work)
+    return sink

@@ -292,6 +292,26 @@ def test_sixty_four_long_requests_on_a_small_kv_budget(tmp_path: Path) -> None:
         ({"text_input": "hi", "sampling_parameters": "not json"}, "not valid JSON"),
         ({"text_input": "hi", "parameters": {"temperature": "hot"}}, "temperature"),
         ({"text_input": "hi", "sampling_parameters": '{"n": 2}'}, "not supported"),
+        # Would index the logits in a step shared with other requests (with min_tokens,
+        # the sampler bans it before it may come).
+        (
+            {
+                "text_input": "hi",
+                "sampling_parameters": '{"stop_token_ids": [1000000], "min_tokens": 2}',
+            },
+            "outside the vocabulary",
+        ),
+        (
+            {"text_input": "hi", "sampling_parameters": json.dumps({"stop_token_ids": [2**70]})},
+            "outside the vocabulary",
+        ),
+        (
+            {
+                "text_input": "hi",
+                "sampling_parameters": '{"stop": ' + "[" * 100_000 + "]" * 100_000 + "}",
+            },
+            "not valid JSON",
+        ),
     ],
 )
 def test_bad_input_is_a_400(server: ServerProcess, body: dict[str, Any], message: str) -> None:

@@ -4,6 +4,7 @@ stop strings and the incremental detokenizer."""
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from typing import Any
 
@@ -208,11 +209,32 @@ def test_sampling_parameters_merge_and_accept_numbers_as_strings() -> None:
         b'{"seed": 1.5}',
         b"[1]",
         b"{",
+        # Nested past the JSON parser's recursion limit.
+        b'{"stop": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        # Each stop string and id is checked after every token: bounded per request.
+        b'{"stop": ' + json.dumps(["x"] * 65).encode() + b"}",
+        b'{"stop": ' + json.dumps(["x" * 1025]).encode() + b"}",
+        b'{"stop_token_ids": ' + json.dumps([1] * 1025).encode() + b"}",
+        b'{"stop_token_ids": [true]}',
     ],
 )
 def test_bad_sampling_parameters_are_refused(doc: bytes) -> None:
     with pytest.raises(SamplingError):
         sampling_params(DEFAULTS, {}, doc, None)
+
+
+def test_the_bounds_on_stops_are_inclusive() -> None:
+    doc = {"stop": ["x" * 1024] * 64, "stop_token_ids": [1] * 1024}
+    params = sampling_params(DEFAULTS, {}, json.dumps(doc).encode(), None)
+    assert len(params.stop) == 64 and len(params.stop_token_ids) == 1024
+
+
+@pytest.mark.parametrize("temperature", [1e-310, 1e-6])
+def test_a_temperature_too_small_to_divide_by_samples_greedily(temperature: float) -> None:
+    # Dividing by 1e-310 overflows the logits to inf and the probabilities to NaN.
+    logits = np.linspace(-3, 3, 50).astype(np.float32)
+    sampler = Sampler(SamplingParams(max_tokens=1, temperature=temperature, seed=3))
+    assert {sampler.sample(logits) for _ in range(20)} == {49}
 
 
 # --- text -----------------------------------------------------------------------------------
