@@ -18,8 +18,10 @@ every other request.
   input) is an `application/json` error with its status, as on every endpoint; a model
   whose first answer is an error gives that status with the error as the one event. Once
   the stream has begun, its status is 200, and an error is an event of its own,
-  `data: {"error": "..."}`, after which the stream ends. A client that goes away cancels
-  the request (a model that asks `is_cancelled()` learns it).
+  `data: {"error": "..."}`, after which the stream ends.
+
+On both, a client that goes away cancels the request, before its first response as
+after (a model that asks `is_cancelled()` learns it, a generative model stops).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from starlette.routing import Route
 from ..errors import ErrorCode, FailureReason, ServerError, decoding, internal
 from ..inference.types import InferRequest, InferResponse
 from .bodies import GenerateRequestBody
+from .disconnects import CLIENT_GONE, ClientGone, until_disconnect
 from .errors import http_status
 from .generate_codec import (
     EXACTLY_ONE,
@@ -66,14 +69,10 @@ def routes(front: RouteHost, max_input_size: int) -> list[Route]:
 
     async def generate(request: Request) -> Response:
         infer_request = await decode(request)
-        found: InferResponse | None = None
-        async with contextlib.aclosing(core.infer_responses(infer_request)) as responses:
-            async for response in responses:
-                if found is not None:
-                    raise ServerError(ErrorCode.INVALID_ARG, EXACTLY_ONE)
-                found = response
-        if found is None:
-            raise ServerError(ErrorCode.INVALID_ARG, EXACTLY_ONE)
+        try:
+            found = await until_disconnect(request, _only(core.infer_responses(infer_request)))
+        except ClientGone:
+            return Response(status_code=CLIENT_GONE)
         return Response(encode_generate_response(found), media_type="application/json")
 
     async def generate_stream(request: Request) -> Response:
@@ -81,9 +80,11 @@ def routes(front: RouteHost, max_input_size: int) -> list[Route]:
         responses = core.infer_responses(infer_request)
         status, first = 200, b""
         try:
-            response = await anext(responses)
-        except StopAsyncIteration:
-            pass
+            # Until the first response, nothing is sent that would tell a client gone away.
+            response = await until_disconnect(request, anext(responses, None))
+        except ClientGone:
+            await responses.aclose()
+            return Response(status_code=CLIENT_GONE)
         except ServerError as exc:
             if exc.reason is not FailureReason.BACKEND:
                 raise
@@ -94,7 +95,8 @@ def routes(front: RouteHost, max_input_size: int) -> list[Route]:
             raise
         else:
             try:
-                first = sse_event(encode_generate_response(response))
+                if response is not None:
+                    first = sse_event(encode_generate_response(response))
             except ServerError as exc:
                 status, first = http_status(exc), _error_event(exc)
         return StreamingResponse(
@@ -105,6 +107,19 @@ def routes(front: RouteHost, max_input_size: int) -> list[Route]:
         *front.versioned("/generate", generate, ["POST"], _BODY),
         *front.versioned("/generate_stream", generate_stream, ["POST"], _BODY),
     ]
+
+
+async def _only(responses: AsyncGenerator[InferResponse, None]) -> InferResponse:
+    """The one response `/generate` answers with; none, or a second, is Triton's error."""
+    found: InferResponse | None = None
+    async with contextlib.aclosing(responses):
+        async for response in responses:
+            if found is not None:
+                raise ServerError(ErrorCode.INVALID_ARG, EXACTLY_ONE)
+            found = response
+    if found is None:
+        raise ServerError(ErrorCode.INVALID_ARG, EXACTLY_ONE)
+    return found
 
 
 async def _events(first: bytes, rest: AsyncGenerator[InferResponse, None]) -> AsyncIterator[bytes]:

@@ -291,6 +291,19 @@ def test_a_client_that_leaves_before_the_first_token_cancels_its_request(
     poll(lambda: server.log().count("textgen: cancelled") > before, 10, "the model stops")
 
 
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+def test_a_generate_client_that_leaves_before_the_answer_cancels_its_request(
+    server: ServerProcess, endpoint: str
+) -> None:
+    # Triton's generate extension, not streamed: the answer waits for the whole text (on
+    # generate_stream too, a model asked for no stream answers once), and a client that
+    # leaves meanwhile cancels it, as on /v1.
+    before = server.log().count("textgen: cancelled")
+    body = {"text_input": " ".join(["SLOW"] * 40), "max_tokens": 40}
+    send_then_leave(server, f"/v2/models/textgen/{endpoint}", body)
+    poll(lambda: server.log().count("textgen: cancelled") > before, 10, "the model stops")
+
+
 def send_then_leave(server: ServerProcess, path: str, body: dict[str, Any]) -> None:
     """Send the request on a raw connection, wait until the model has begun on it (its log
     says so), then close the connection without reading an answer."""

@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from ge_serve.server.errors import ServerError, internal
 
+from ..disconnects import CLIENT_GONE, ClientGone
 from ..openapi import ApiRoute
 from ..openapi import Body as DocumentedBody
 from ..routing import RouteHost
@@ -109,8 +110,8 @@ def _openai_errors(handler: Handler) -> Handler:
             return exc.response()
         except ServerError as exc:
             return from_server_error(exc).response()
-        except text.ClientGone:
-            return Response(status_code=499)
+        except ClientGone:
+            return Response(status_code=CLIENT_GONE)
         except Exception as exc:
             log.exception("unhandled error on %s", request.url.path)
             message = internal(exc, escaped=True).message

@@ -16,10 +16,9 @@ goes away cancels the request, before its first token as after.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TypeVar
 
 import orjson
@@ -29,6 +28,7 @@ from starlette.responses import Response, StreamingResponse
 from ge_serve.server.inference.model import ModelVersion
 from ge_serve.server.inference.types import InferRequest
 
+from ..disconnects import until_disconnect
 from .catalog import Catalog, text_generation
 from .errors import CONTEXT_LENGTH_EXCEEDED, SERVER_ERROR, OpenAIError
 from .generation import Piece, Usage, build_request, collect, pieces
@@ -40,10 +40,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 SSE_HEADERS = {"cache-control": "no-cache"}
-
-
-class ClientGone(Exception):
-    """The client closed the connection before the answer was ready."""
 
 
 async def chat_completion(
@@ -146,26 +142,3 @@ async def _events(
     if answer.include_usage:
         yield answer.usage_chunk(usage)
     yield DONE
-
-
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """`work`'s result, or `work` cancelled when the client closes the connection first
-    (the body has been read, so what `receive` gives now is the disconnect)."""
-    task = asyncio.ensure_future(work)
-
-    async def gone() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(gone())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-    if task.cancelled():
-        raise ClientGone()
-    return task.result()
