@@ -136,6 +136,41 @@ def test_a_prompt_past_the_context_is_400(server: ServerProcess) -> None:
     assert answer.status_code == 400
 
 
+def test_more_messages_than_the_context_has_tokens_is_400_before_they_are_checked(
+    server: ServerProcess,
+) -> None:
+    # A million of them took the loop's thread 16 s to check and render.
+    body = {"model": "tiny_llm", "messages": MESSAGES * (CONTEXT + 1), "max_tokens": 4}
+    answer = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=30)
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert error["param"] == "messages"
+    assert error["message"] == (
+        f"This model's maximum context length is {CONTEXT} tokens. However, your messages "
+        f"are {CONTEXT + 1} messages, each of at least one token."
+    )
+
+
+def test_a_large_body_is_checked_off_the_loop_and_answered_the_same(
+    server: ServerProcess,
+) -> None:
+    # Past 64 KiB the body is parsed and checked on a worker thread, and past 64 messages
+    # the conversation is rendered on one; `user` is accepted and ignored, so it pads
+    # this body past that without changing the prompt.
+    messages = MESSAGES * 65
+    body = {"model": "tiny_llm", "messages": messages, "temperature": 0, "max_tokens": 6,
+            "user": "u" * 100_000}  # fmt: skip
+    answer = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    content = answer.json()["choices"][0]["message"]["content"]
+    assert content == reference_text(rendered(messages), 6)
+    body["temperature"] = -1
+    refused = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=30)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "temperature"
+
+
 def test_a_client_that_leaves_frees_its_sequence(server: ServerProcess) -> None:
     def engine() -> tuple[float, float, float]:
         """(running sequences, aborted requests, KV cache use) from /metrics."""

@@ -7,6 +7,7 @@ theirs (size-capped, decompressed), parsed as JSON, then checked (schemas.py).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -24,8 +25,14 @@ from ..openapi import ApiRoute
 from ..openapi import Body as DocumentedBody
 from ..routing import RouteHost
 from . import embeddings, text
-from .catalog import Catalog
-from .errors import SERVER_ERROR, OpenAIError, from_server_error, model_not_found
+from .catalog import Catalog, text_generation
+from .errors import (
+    CONTEXT_LENGTH_EXCEEDED,
+    SERVER_ERROR,
+    OpenAIError,
+    from_server_error,
+    model_not_found,
+)
 from .schemas import (
     Body,
     ChatCompletionRequest,
@@ -38,26 +45,56 @@ from .schemas import (
 log = logging.getLogger(__name__)
 
 B = TypeVar("B", bound=Body)
+
+# Bodies larger than this are parsed and checked off the event loop's thread: below it
+# that takes well under a millisecond, less than the hand-over to a thread would add.
+PARSED_ON_THE_LOOP = 64 * 1024
 Handler = Callable[[Request], Awaitable[Response]]
 
 
 def routes(front: RouteHost) -> list[Route]:
     catalog = Catalog(front.core)
 
-    async def read(request: Request, schema: type[B]) -> B:
+    async def read(
+        request: Request, schema: type[B], bounded: Callable[[Any], None] | None = None
+    ) -> B:
+        """The body checked against `schema`; `bounded` may refuse a document first, before
+        the checks, whose cost grows with it."""
         raw = await front.read_body(request)
+        if len(raw) <= PARSED_ON_THE_LOOP:
+            document = _document(raw)
+            if bounded is not None:
+                bounded(document)
+            return _checked(document, schema)
+        # Checking a body of a million messages takes seconds, off the loop's thread or
+        # on it, since the check holds the interpreter throughout: what `bounded` refuses
+        # is never checked.
+        document = await asyncio.to_thread(_document, raw)
+        if bounded is not None:
+            bounded(document)
+        return await asyncio.to_thread(_checked, document, schema)
+
+    def conversation_fits(document: Any) -> None:
+        """Every message of a conversation renders to at least one token (its role's
+        markers, in any chat template), so one with more messages than the model's
+        context has tokens cannot fit."""
+        if not isinstance(document, dict):
+            return
+        messages, name = document.get("messages"), document.get("model")
+        if not isinstance(messages, list) or not isinstance(name, str):
+            return
         try:
-            document = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
+            generation = text_generation(catalog.generative(name))
+        except (OpenAIError, ServerError):
+            return  # the checks that follow answer it
+        limit = generation.max_model_len if generation is not None else 0
+        if 0 < limit < len(messages):
             raise OpenAIError(
-                f"We could not parse the JSON body of your request: {exc}",
-                code="invalid_json",
-            ) from None
-        body = parse(schema, document)
-        refuse = getattr(body, "refuse_unsupported", None)
-        if refuse is not None:
-            refuse()
-        return body
+                f"This model's maximum context length is {limit} tokens. However, your "
+                f"messages are {len(messages)} messages, each of at least one token.",
+                param="messages",
+                code=CONTEXT_LENGTH_EXCEEDED,
+            )
 
     async def list_models(request: Request) -> Response:
         return _json({"object": "list", "data": await catalog.listing()})
@@ -69,7 +106,7 @@ def routes(front: RouteHost) -> list[Route]:
         return _json(catalog.describe(name))
 
     async def chat(request: Request) -> Response:
-        body = await read(request, ChatCompletionRequest)
+        body = await read(request, ChatCompletionRequest, conversation_fits)
         return await text.chat_completion(catalog, request, body)
 
     async def completions(request: Request) -> Response:
@@ -96,6 +133,25 @@ def routes(front: RouteHost) -> list[Route]:
         post("/v1/completions", completions, CompletionRequest),
         post("/v1/embeddings", embed, EmbeddingRequest),
     ]
+
+
+def _document(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise OpenAIError(
+            f"We could not parse the JSON body of your request: {exc}",
+            code="invalid_json",
+        ) from None
+
+
+def _checked(document: Any, schema: type[B]) -> B:
+    """The body checked against `schema`, unsupported features refused."""
+    body = parse(schema, document)
+    refuse = getattr(body, "refuse_unsupported", None)
+    if refuse is not None:
+        refuse()
+    return body
 
 
 def _openai_errors(handler: Handler) -> Handler:

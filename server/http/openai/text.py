@@ -16,6 +16,7 @@ goes away cancels the request, before its first token as after.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 SSE_HEADERS = {"cache-control": "no-cache"}
+# Conversations longer than this are rendered off the event loop's thread.
+RENDERED_ON_THE_LOOP = 64
 
 
 async def chat_completion(
@@ -56,7 +59,11 @@ async def chat_completion(
         )
     limit = body.token_limit()
     _check_limit(limit, generation.max_model_len)
-    prompt = render(generation, body.messages)
+    if len(body.messages) > RENDERED_ON_THE_LOOP:
+        # A template walks every message in Python: seconds for a million of them.
+        prompt = await asyncio.to_thread(render, generation, body.messages)
+    else:
+        prompt = render(generation, body.messages)
     return await _answer(catalog, request, model, body, prompt, limit, chat=True)
 
 
