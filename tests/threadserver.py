@@ -15,9 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-import uvicorn
-
 from ge_serve.server.app import EmbeddedUvicorn, listen_socket
+from ge_serve.server.http.embedded import front_end_config
 
 AppFactory = Callable[[], AbstractAsyncContextManager[Any]]
 
@@ -35,9 +34,8 @@ def serving(build: AppFactory, timeout: float = 30.0) -> Iterator[str]:
         loop = asyncio.get_running_loop()
         stop.append(lambda: loop.call_soon_threadsafe(stopping.set))
         async with build() as app:
-            config = uvicorn.Config(
-                app, loop="none", lifespan="off", log_level="warning", access_log=False
-            )
+            # As every HTTP front end of ge-serve runs uvicorn (its connection protocol).
+            config = front_end_config(app, grace_s=1.0)
             server = EmbeddedUvicorn(config)
             sock = listen_socket("127.0.0.1", 0, "HTTP")
             task = asyncio.create_task(server.serve(sockets=[sock]))

@@ -1,5 +1,5 @@
 """The HTTP/1.1 connection protocol: uvicorn's httptools protocol with a lingering close
-(lingering.py), parsing as Triton does.
+(lingering.py) and bounds on reading a request (bounded.py), parsing as Triton does.
 
 Two things differ from uvicorn's parsing, both where HTTP framing meets Triton's behaviour:
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from .lingering import LingeringHttpToolsProtocol
+from .bounded import BoundedHttpToolsProtocol
 
 # The scope key of a request's ChunkCount.
 CHUNKS_KEY: Final = "ge_serve.chunks"
@@ -40,8 +40,9 @@ class ChunkCount:
         return max(self.headers - 1, 0)
 
 
-class TritonHttpProtocol(LingeringHttpToolsProtocol):
-    """The lingering httptools protocol with Triton's chunk count and chunked framing."""
+class TritonHttpProtocol(BoundedHttpToolsProtocol):
+    """The bounded, lingering httptools protocol with Triton's chunk count and chunked
+    framing."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
