@@ -162,6 +162,28 @@ def test_a_waiting_sequence_never_preempts_a_running_one() -> None:
     assert plan.decode == running and not plan.admitted and not plan.preempted
 
 
+def test_a_prompt_comes_in_only_when_its_whole_prefill_fits_beside_the_running_ones() -> None:
+    # 16 blocks of 4 tokens. The first prompt (40 tokens: 10 blocks) prefills 16 tokens a
+    # step; the second (24 tokens: 6 blocks) would fit on its first chunk, but not whole
+    # beside what the first still needs, so it waits for it.
+    allocator = BlockAllocator(16)
+    running: list[Sequence] = []
+    first, second = seq(0, 40), seq(1, 24)
+    waiting = deque([first, second])
+    plan = plan_step(running, waiting, allocator, limits(tokens=16))
+    assert plan.admitted == [first] and list(waiting) == [second]
+    first.computed += 16
+    plan = plan_step(running, waiting, allocator, limits(tokens=16))
+    assert plan.admitted == [] and [(s.serial, n) for s, n in plan.prefill] == [(0, 16)]
+    # A shorter one, whose 2 blocks fit beside the first's prompt, comes in (the first
+    # takes its last 24 tokens in this step, so 6 blocks stay free).
+    first.computed += 16
+    short = seq(2, 8)
+    waiting.appendleft(short)
+    plan = plan_step(running, waiting, allocator, limits(tokens=64))
+    assert plan.admitted == [short] and list(waiting) == [second]
+
+
 # --- sampling -------------------------------------------------------------------------------
 
 
