@@ -94,10 +94,10 @@ def plan_step(
         more = blocks_for(seq.computed + chunk, size) - len(seq.blocks)
         # Only a prompt whose whole prefill fits beside those of the running ones comes
         # in (vLLM's rule). Let in on its first chunk alone, a long prompt next to another
-        # preempted itself at each later chunk and was computed again, over and over,
-        # each time inside the steps of the sequences running: two prompts of 5,300
-        # tokens took 262 s together, against 91 s one after the other. A sequence alone
-        # always fits (the load checks the pool holds max_model_len).
+        # preempted itself at a later chunk and was computed again, over and over, each
+        # time inside the steps of the sequences running, so that two together took far
+        # longer than one after the other. A sequence alone always fits (the load checks
+        # the pool holds max_model_len).
         fits = not running or allocator.free - promised >= whole
         taken = allocator.allocate(more) if chunk and fits else None
         if taken is None:

@@ -1,10 +1,10 @@
 """Bounds on how a client may send a request: the size of its head, and how long it may
 take to send it.
 
-uvicorn's httptools protocol sets neither. Its parser keeps a header line however long
-(one of 300 MB took the server to 528 MB), and a connection that sends nothing, half a
-head or half a body is kept for ever: twenty thousand of them used up the process's file
-descriptors, after which every client got an empty reply. uvicorn's `timeout_keep_alive`
+uvicorn's httptools protocol sets neither. Its parser keeps a header line however long,
+and a connection that sends nothing, half a head or half a body is kept for ever, so
+enough of them use up the process's file descriptors, after which every client gets an
+empty reply. uvicorn's `timeout_keep_alive`
 only covers a connection idle after a response. The bounds here are nginx's, which a
 client that works with nginx in front of a server never meets:
 

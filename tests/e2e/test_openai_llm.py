@@ -139,7 +139,7 @@ def test_a_prompt_past_the_context_is_400(server: ServerProcess) -> None:
 def test_more_messages_than_the_context_has_tokens_is_400_before_they_are_checked(
     server: ServerProcess,
 ) -> None:
-    # A million of them took the loop's thread 16 s to check and render.
+    # Checking and rendering a million of them would hold the loop's thread for seconds.
     body = {"model": "tiny_llm", "messages": MESSAGES * (CONTEXT + 1), "max_tokens": 4}
     answer = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=30)
     assert answer.status_code == 400
