@@ -169,4 +169,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if __spec__ is not None and __spec__.name != "ge_serve.server.cli":
+        # `python -m server.cli` from a checkout imports the server's modules twice, as
+        # `server.*` and `ge_serve.server.*`, and the two copies' errors are not each
+        # other's: client mistakes would come back as 500s, and generative models would
+        # not be found.
+        sys.exit(f"run `ge-serve` or `python -m ge_serve.server.cli`, not {__spec__.name}")
     sys.exit(main())
