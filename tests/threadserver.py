@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from ge_serve.server.app import EmbeddedUvicorn, listen_socket
-from ge_serve.server.http.embedded import front_end_config
+from ge_serve.server.app import listen_socket
+from ge_serve.server.http.embedded import EmbeddedUvicorn, front_end_config
 
 AppFactory = Callable[[], AbstractAsyncContextManager[Any]]
 
@@ -27,7 +27,7 @@ def serving(build: AppFactory, timeout: float = 30.0) -> Iterator[str]:
     ready = threading.Event()
     url: list[str] = []
     failure: list[BaseException] = []
-    stop: list[Callable[[], None]] = []
+    stop: list[Callable[[], object]] = []
 
     async def main() -> None:
         stopping = asyncio.Event()

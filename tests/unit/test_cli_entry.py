@@ -14,14 +14,14 @@ pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def run_help(module: str) -> subprocess.CompletedProcess[str]:
+    """`python -m <module> --help`, from the checkout's root."""
+    command = [sys.executable, "-m", module, "--help"]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=50)
+
+
 def test_the_checkout_name_is_refused_with_the_one_to_use() -> None:
-    ran = subprocess.run(
-        [sys.executable, "-m", "server.cli", "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=50,
-    )
+    ran = run_help("server.cli")
     assert ran.returncode == 1
     assert ran.stderr.strip() == (
         "run `ge-serve` or `python -m ge_serve.server.cli`, not server.cli"
@@ -29,12 +29,6 @@ def test_the_checkout_name_is_refused_with_the_one_to_use() -> None:
 
 
 def test_the_installed_name_runs() -> None:
-    ran = subprocess.run(
-        [sys.executable, "-m", "ge_serve.server.cli", "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=50,
-    )
+    ran = run_help("ge_serve.server.cli")
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.startswith("usage: ge-serve")
