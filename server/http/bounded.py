@@ -51,8 +51,6 @@ class BoundedHttpToolsProtocol(LingeringHttpToolsProtocol):
 
     # Bytes of the current head received so far; None while no head is arriving.
     _head_bytes: int | None = 0
-    # Whether a request's body is being read (else its head, or nothing).
-    _in_body = False
     # When the current head began, or the body last brought bytes (loop time).
     _since = 0.0
     _timer: asyncio.TimerHandle | None = None
@@ -75,13 +73,22 @@ class BoundedHttpToolsProtocol(LingeringHttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        # The phases are told apart here and in on_headers_complete only, not in more of
+        # the parser's callbacks: each override is a call more on every request.
         if self.lingering:
             super().data_received(data)
             return
-        self._read = len(data)
-        if self._head_bytes is not None:
-            self._head_bytes += len(data)
-        elif self._in_body:
+        read = self._read = len(data)
+        head = self._head_bytes
+        if head is not None:
+            self._head_bytes = head + read
+        elif self.body_unread():
+            self._since = self.loop.time()
+        else:
+            # Bytes after a request has been read whole: the next one's head begins.
+            # (Those of a next head that came in the same read as the request before are
+            # not counted: the bound is loose by at most one read.)
+            self._head_bytes = read
             self._since = self.loop.time()
         super().data_received(data)
         if (
@@ -90,14 +97,6 @@ class BoundedHttpToolsProtocol(LingeringHttpToolsProtocol):
             and not self.transport.is_closing()
         ):
             self._refuse(431, "Request Header Fields Too Large", "the request's head is too large")
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        # Bytes of this head that came in the same read as the request before are not
-        # counted: the bound is loose by at most one read.
-        self._head_bytes = 0
-        self._in_body = False
-        self._since = self.loop.time()
 
     def on_headers_complete(self) -> None:
         counted, self._head_bytes = self._head_bytes, None
@@ -110,13 +109,8 @@ class BoundedHttpToolsProtocol(LingeringHttpToolsProtocol):
             # Stops the parser; uvicorn's answer to that (a 400) finds the connection
             # closed, and is dropped.
             raise _Refused()
-        self._in_body = True
         self._since = self.loop.time()
         super().on_headers_complete()
-
-    def on_message_complete(self) -> None:
-        self._in_body = False
-        super().on_message_complete()
 
     def _head_size(self) -> int:
         """The head's size: its request line and header lines."""
@@ -133,7 +127,7 @@ class BoundedHttpToolsProtocol(LingeringHttpToolsProtocol):
             if left <= 0:
                 self._refuse(408, "Request Timeout", "the request's head took too long to arrive")
                 return
-        elif self._in_body and self.body_unread():
+        elif self.body_unread():
             if self.flow.read_paused:
                 self._since = now  # the server holds the body back, not the client
             left = self._since + self.body_idle_timeout_s - now
