@@ -55,7 +55,11 @@ class CoreBridge:
             raise
         except Exception as exc:
             error = failure_of(exc, executing=False)
-            reply(_failed(error.code.value, error.message), True)
+            code, message = error.code.value, error.message
+            # The error may be `exc`, whose traceback holds this frame: kept in it, the
+            # pair would keep the BLS request's tensors until the collector ran.
+            del error
+            reply(_failed(code, message), True)
 
     # --- model control ---------------------------------------------------------------------
 

@@ -13,8 +13,10 @@ import pytest
 from serverproc import EXAMPLE_MODELS
 
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
+from ge_serve.backends.python.host.calls import CoreCall, CoreResponse
 from ge_serve.server.app import make_scheduler
 from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.inference.bls import CoreBridge
 from ge_serve.server.inference.core import InferenceServer
 from ge_serve.server.inference.reports import (
     ModelState,
@@ -222,3 +224,36 @@ async def test_a_request_that_fails_lets_go_of_its_tensors_with_its_answer(
     finally:
         gc.enable()
     assert code is (ErrorCode.INTERNAL if model == "simple_string" else ErrorCode.INVALID_ARG)
+
+
+async def test_a_bls_request_that_fails_lets_go_of_its_tensors_with_its_answer(
+    server: InferenceServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As for a client's request, through the bridge a Python model's BLS calls take."""
+    data = np.array([[b"not a number"] * 16], dtype=object)
+    call = CoreCall(
+        "simple_string", "", "bls", [("INPUT0", "BYTES", data), ("INPUT1", "BYTES", data)], []
+    )
+    freed = weakref.ref(data)
+    del data
+    answers: list[CoreResponse | None] = []
+    monkeypatch.setattr(logging.getLogger("ge_serve"), "propagate", False)
+    gc.disable()
+    try:
+        bridge = CoreBridge(server, asyncio.get_running_loop())
+        bridge.infer(call, lambda response, final: answers.append(response))
+        del call
+        for _ in range(200):
+            if answers:
+                break
+            await asyncio.sleep(0.01)
+        for _ in range(200):
+            if freed() is None:
+                break
+            await asyncio.sleep(0.01)
+        assert freed() is None, "the failed BLS request's tensors are still held"
+    finally:
+        gc.enable()
+    (answer,) = answers
+    assert answer is not None and answer.error is not None
+    assert answer.error.code == "INTERNAL"
