@@ -79,9 +79,12 @@ def plan_step(
             plan.prefill.append((seq, chunk))
             q = max(q, chunk)
     started_empty = not running
-    # Blocks the running sequences' prompts still need, to the end of their prefill.
-    promised = sum(
-        blocks_for(len(s.tokens), size) - len(s.blocks) for s in running if s.remaining > 1
+    # Blocks the running sequences' prompts still need, to the end of their prefill
+    # (counted only when a sequence waits: most steps have none).
+    promised = (
+        sum(blocks_for(len(s.tokens), size) - len(s.blocks) for s in running if s.remaining > 1)
+        if waiting
+        else 0
     )
     while waiting and _may_admit(limits, len(running), started_empty):
         seq = waiting[0]

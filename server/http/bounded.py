@@ -4,9 +4,9 @@ take to send it.
 uvicorn's httptools protocol sets neither. Its parser keeps a header line however long,
 and a connection that sends nothing, half a head or half a body is kept for ever, so
 enough of them use up the process's file descriptors, after which every client gets an
-empty reply. uvicorn's `timeout_keep_alive`
-only covers a connection idle after a response. The bounds here are nginx's, which a
-client that works with nginx in front of a server never meets:
+empty reply. uvicorn's `timeout_keep_alive` only covers a connection idle after a
+response. The bounds here are nginx's, which a client that works with nginx in front of a
+server never meets:
 
 - a request's head (request line and headers) may hold at most `MAX_HEAD_BYTES`; past
   that the answer is 431 and the connection closes (nginx: 4 buffers of 8k, answered
@@ -96,7 +96,7 @@ class BoundedHttpToolsProtocol(LingeringHttpToolsProtocol):
             and self._head_bytes > self.max_head_bytes
             and not self.transport.is_closing()
         ):
-            self._refuse(431, "Request Header Fields Too Large", "the request's head is too large")
+            self._head_too_large()
 
     def on_headers_complete(self) -> None:
         counted, self._head_bytes = self._head_bytes, None
@@ -105,7 +105,7 @@ class BoundedHttpToolsProtocol(LingeringHttpToolsProtocol):
         ):
             # The head ended in a read that also held more (its body, or it came whole in
             # one read): measured only then, since most heads never come near the bound.
-            self._refuse(431, "Request Header Fields Too Large", "the request's head is too large")
+            self._head_too_large()
             # Stops the parser; uvicorn's answer to that (a 400) finds the connection
             # closed, and is dropped.
             raise _Refused()
@@ -138,6 +138,9 @@ class BoundedHttpToolsProtocol(LingeringHttpToolsProtocol):
             # Between requests, or answering one: nothing to bound until a head begins.
             left = self.head_timeout_s
         self._timer = self.loop.call_later(left, self._check)
+
+    def _head_too_large(self) -> None:
+        self._refuse(431, "Request Header Fields Too Large", "the request's head is too large")
 
     def _refuse(self, status: int, phrase: str, message: str) -> None:
         """Answer before any application has seen the request, then close."""

@@ -61,18 +61,16 @@ def routes(front: RouteHost) -> list[Route]:
         """The body checked against `schema`; `bounded` may refuse a document first, before
         the checks, whose cost grows with it."""
         raw = await front.read_body(request)
-        if len(raw) <= PARSED_ON_THE_LOOP:
-            document = _document(raw)
-            if bounded is not None:
-                bounded(document)
-            return _checked(document, schema)
         # Checking a body of a million messages takes seconds, off the loop's thread or
         # on it, since the check holds the interpreter throughout: what `bounded` refuses
         # is never checked.
-        document = await asyncio.to_thread(_document, raw)
+        large = len(raw) > PARSED_ON_THE_LOOP
+        document = await asyncio.to_thread(_document, raw) if large else _document(raw)
         if bounded is not None:
             bounded(document)
-        return await asyncio.to_thread(_checked, document, schema)
+        if large:
+            return await asyncio.to_thread(_checked, document, schema)
+        return _checked(document, schema)
 
     def conversation_fits(document: Any) -> None:
         """Every message of a conversation renders to at least one token (its role's

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TypeVar
 
 import orjson
 from starlette.requests import Request
@@ -39,7 +38,6 @@ from .template import render
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 SSE_HEADERS = {"cache-control": "no-cache"}
 # Conversations longer than this are rendered off the event loop's thread.
 RENDERED_ON_THE_LOOP = 64
