@@ -6,7 +6,7 @@ import asyncio
 import gc
 import logging
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 import pytest
@@ -182,6 +182,17 @@ async def test_a_reloaded_version_is_freed(server: InferenceServer) -> None:
     assert stats.inference_count == 1
 
 
+async def settles(condition: Callable[[], bool]) -> bool:
+    """Whether `condition` holds within 2 s. The slot's thread lets go of its job just
+    after handing the result back, so a check may run a moment before it has; a cycle is
+    never freed with the collector off, so a bounded wait cannot hide one."""
+    for _ in range(200):
+        if condition():
+            return True
+        await asyncio.sleep(0.01)
+    return condition()
+
+
 @pytest.mark.parametrize("model", ["simple_string", "simple"])
 async def test_a_request_that_fails_lets_go_of_its_tensors_with_its_answer(
     server: InferenceServer, model: str, monkeypatch: pytest.MonkeyPatch
@@ -213,14 +224,7 @@ async def test_a_request_that_fails_lets_go_of_its_tensors_with_its_answer(
             await server.infer(request)
         code = info.value.code
         del info, request
-        # The slot's thread lets go of its job just after handing the result back, so
-        # this may run a moment before it has; a cycle is never freed with the collector
-        # off, so a bounded wait cannot hide one.
-        for _ in range(200):
-            if freed() is None:
-                break
-            await asyncio.sleep(0.01)
-        assert freed() is None, "the failed request's tensors are still held"
+        assert await settles(lambda: freed() is None), "the failed request's tensors are held"
     finally:
         gc.enable()
     assert code is (ErrorCode.INTERNAL if model == "simple_string" else ErrorCode.INVALID_ARG)
@@ -243,15 +247,8 @@ async def test_a_bls_request_that_fails_lets_go_of_its_tensors_with_its_answer(
         bridge = CoreBridge(server, asyncio.get_running_loop())
         bridge.infer(call, lambda response, final: answers.append(response))
         del call
-        for _ in range(200):
-            if answers:
-                break
-            await asyncio.sleep(0.01)
-        for _ in range(200):
-            if freed() is None:
-                break
-            await asyncio.sleep(0.01)
-        assert freed() is None, "the failed BLS request's tensors are still held"
+        assert await settles(lambda: bool(answers)), "the BLS request was not answered"
+        assert await settles(lambda: freed() is None), "the BLS request's tensors are held"
     finally:
         gc.enable()
     (answer,) = answers
