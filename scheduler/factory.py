@@ -29,7 +29,7 @@ from .dispatch import ExecutorSlot, SlotPool
 from .generation import GenerationScheduler
 from .policy import BatchPolicy
 from .ragged import ragged_for
-from .ratelimit import RateLimiter, needs_of
+from .ratelimit import RateLimiter, SlotNeeds, needs_of
 from .sequence import SequenceBatcher
 from .sequence_config import SequencePolicy
 
@@ -54,6 +54,10 @@ class SchedulerOptions:
 def slot_pool(
     config: model_config_pb2.ModelConfig, loaded: LoadedModel, options: SchedulerOptions
 ) -> SlotPool:
+    needs: list[SlotNeeds | None] = []
+    if options.rate_limiter is not None:
+        needs = needs_of(config, [executor.slot.device_id for executor in loaded.executors])
+        options.rate_limiter.check(needs)
     slots: list[ExecutorSlot] = []
     try:
         for executor in loaded.executors:
@@ -69,7 +73,6 @@ def slot_pool(
         ) from exc
     if options.rate_limiter is None:
         return SlotPool(slots)
-    needs = needs_of(config, [executor.slot.device_id for executor in loaded.executors])
     return SlotPool(slots, options.rate_limiter, needs)
 
 

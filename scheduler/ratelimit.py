@@ -3,7 +3,10 @@ resources its `instance_group.rate_limiter` names are free.
 
 Resources are counted per device, or server-wide when the config marks them `global`.
 How many of each exist is `--rate-limit-resource <name>:<count>[:<device>]`, or else the
-most that any one instance asks for, as in Triton. When resources come back, the pools
+most that any one instance asks for, as in Triton. Once any limit is given, a resource
+no limit names counts as none, and a model with an instance that asks for more than its
+limit fails to load (Triton's rule and message) instead of reading as ready while its
+requests wait forever. When resources come back, the pools
 waiting for them are served in `rate_limiter.priority` order (1 first; 0 counts as 1),
 then oldest first, so that a low-priority model cannot starve a high-priority one.
 
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ge_serve.protos import model_config_pb2
+from ge_serve.server.errors import invalid_arg
 
 # The device key of a global resource.
 _GLOBAL = -1
@@ -92,16 +96,38 @@ class RateLimiter:
         self._waiting: dict[int, tuple[int, int, Waiter]] = {}
         self._order = itertools.count()
 
-    def _capacity(self, key: tuple[str, int], asked: int) -> int:
+    def _explicit(self, key: tuple[str, int]) -> int:
+        """The supply `--rate-limit-resource` gives: as in Triton, once any limit is given,
+        a resource that none names is unavailable. A global resource takes the largest
+        limit given for its name; a per-device one its device's, or every device's."""
         name, device = key
-        if (name, device) in self._limits:
-            return self._limits[(name, device)]
-        if device != _GLOBAL and (name, _GLOBAL) in self._limits:
-            return self._limits[(name, _GLOBAL)]
+        if device == _GLOBAL:
+            return max((c for (n, _), c in self._limits.items() if n == name), default=0)
+        return max(self._limits.get((name, device), 0), self._limits.get((name, _GLOBAL), 0))
+
+    def _capacity(self, key: tuple[str, int], asked: int) -> int:
+        if self._limits:
+            return self._explicit(key)
         return max(asked, self._total.get(key, 0))
 
+    def check(self, needs: Sequence[SlotNeeds | None]) -> None:
+        """Refuse, before anything is registered, instances that could never run: one that
+        asks for more than its limit would wait forever while its model reads as ready."""
+        if not self._limits:
+            return
+        for entry in needs:
+            for key, count in entry.resources if entry is not None else ():
+                supply = self._explicit(key)
+                if supply < count:
+                    raise invalid_arg(
+                        f'Resource count for "{key[0]}" is limited to {supply} which will '
+                        "prevent scheduling of one or more model instances, the minimum "
+                        f"required count is {count}"
+                    )
+
     def register(self, needs: SlotNeeds) -> None:
-        """An instance that will ask for `needs`; sizes the resources it names."""
+        """An instance that will ask for `needs` (`check`ed first); sizes the resources it
+        names."""
         for key, count in needs.resources:
             total = self._capacity(key, count)
             self._free[key] = self._free.get(key, 0) + total - self._total.get(key, 0)

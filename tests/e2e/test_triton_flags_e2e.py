@@ -36,6 +36,9 @@ def test_a_triton_launch_line_is_honoured(tmp_path: Path) -> None:
     folder = write_model(repo, "add_sub", add_sub_model(), CONFIG.format(mbs=8))
     (folder / "configs").mkdir()
     (folder / "configs" / "small.pbtxt").write_text(CONFIG.format(mbs=2))
+    # More of R1 than the limit gives: it could never run, so it must not load.
+    hungry = CONFIG.format(mbs=8).replace("add_sub", "hungry").replace("count: 2", "count: 3")
+    write_model(repo, "hungry", add_sub_model(), hungry)
     tls = make_tls_files(tmp_path)
     log_file = tmp_path / "server.log"
     flags = [
@@ -50,6 +53,8 @@ def test_a_triton_launch_line_is_honoured(tmp_path: Path) -> None:
         "--grpc-infer-response-compression-level=high",
         "--rate-limit=execution_count",
         "--rate-limit-resource=R1:2",
+        "--exit-on-error=false",
+        "--strict-readiness=false",
         "--pinned-memory-pool-byte-size=268435456",
         "--backend-directory=/opt/tritonserver/backends",
     ]
@@ -57,6 +62,12 @@ def test_a_triton_launch_line_is_honoured(tmp_path: Path) -> None:
         http = httpclient.InferenceServerClient(server.http_url)
         assert http.get_server_metadata()["name"] == "edge-triton"
         assert http.get_model_config("add_sub")["max_batch_size"] == 2, "configs/small.pbtxt"
+        index = {m["name"]: m for m in http.get_model_repository_index()}
+        assert index["hungry"]["state"] == "UNAVAILABLE"
+        assert (
+            'Resource count for "r1" is limited to 2 which will prevent scheduling of one or '
+            "more model instances, the minimum required count is 3"
+        ) in index["hungry"]["reason"]
 
         secure = grpcclient.InferenceServerClient(
             server.grpc_url, ssl=True, root_certificates=str(tls.ca)

@@ -12,6 +12,7 @@ from ge_serve.backends.base import SlotInfo
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
 from ge_serve.scheduler.ratelimit import RateLimiter, SlotNeeds, needs_of, resource_limit
+from ge_serve.server.errors import ErrorCode, ServerError
 
 
 class Idle:
@@ -121,3 +122,30 @@ async def test_a_pool_without_a_limiter_is_unchanged() -> None:
     plain.release(slot)
     assert plain.try_acquire() is slot
     plain.close()
+
+
+@pytest.mark.parametrize(
+    ("limits", "need", "message"),
+    [
+        ([("r1", 1, -1)], needs(2), 'Resource count for "r1" is limited to 1 which will'),
+        ([("r1", 0, -1)], needs(1), "limited to 0 which will prevent scheduling"),
+        # A limit for another device leaves none on this one.
+        ([("r1", 10, 10)], SlotNeeds(((("r1", 0), 1),)), "limited to 0"),
+        # Once any limit is given, a resource that none names is unavailable.
+        ([("other", 4, -1)], needs(1), 'Resource count for "r1" is limited to 0'),
+    ],
+)
+def test_an_instance_that_could_never_run_is_refused(
+    limits: list[tuple[str, int, int]], need: SlotNeeds, message: str
+) -> None:
+    limiter = RateLimiter(limits)
+    with pytest.raises(ServerError) as info:
+        limiter.check([None, need])
+    assert info.value.code is ErrorCode.INVALID_ARG and message in info.value.message
+
+
+def test_limits_that_cover_every_instance_pass() -> None:
+    RateLimiter().check([needs(100)])
+    RateLimiter([("r1", 2, -1)]).check([needs(2), None])
+    RateLimiter([("r1", 3, 0)]).check([SlotNeeds(((("r1", 0), 3),))])
+    RateLimiter([("g", 5, 1)]).check([SlotNeeds(((("g", -1), 5),))])
