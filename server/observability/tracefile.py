@@ -1,8 +1,9 @@
 """Triton's trace file (triton mode): a JSON array with, per trace, its model record and one
 record per timestamp (and per tensor at the TENSORS level), as Triton writes them.
 
-With `log_frequency` N > 0, every N traces go to `<file>.<index>` (index from 0); what is
-left at shutdown, and everything when N is 0, goes to `<file>`. Writes are small and run
+With `log_frequency` N > 0, every N traces go to `<file>.<index>` (index from 0), and so do
+the last ones when `count` runs out; what is left at shutdown, and everything when N is 0
+and no count runs out, goes to `<file>`. Writes are small and run
 on the event loop, as requests end.
 """
 
@@ -57,16 +58,26 @@ class TraceFileSink:
         self._pending: list[dict[str, Any]] = []
         self._in_pending = 0
         self._index = 0
+        self._open = 0
 
     def started(self, trace: Trace) -> None:
-        return None
+        self._open += 1
 
     def finished(self, trace: Trace) -> None:
+        self._open -= 1
+        settings = self._control.settings_for(trace.model_name)
+        if not settings.file:
+            # Nowhere to write it (the control samples nothing then; a trace begun
+            # before cannot be kept either).
+            return
         self._pending += records(trace)
         self._in_pending += 1
-        settings = self._control.settings_for(trace.model_name)
         frequency = settings.log_frequency
-        if frequency and self._in_pending >= frequency and settings.file:
+        # As Triton: every `log_frequency` traces, and when `count` has run out and the
+        # last trace has ended, go to the next indexed file.
+        if (frequency and self._in_pending >= frequency) or (
+            self._open == 0 and self._control.exhausted(trace.model_name)
+        ):
             self._write(Path(f"{settings.file}.{self._index}"))
             self._index += 1
 

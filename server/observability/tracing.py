@@ -3,7 +3,7 @@ where finished traces go.
 
 A request is traced when its model's settings (a model's own, else the global ones) have
 a level and the sampling rate picks it (every `rate`-th request, while `count` lasts), or,
-in OpenTelemetry mode, when the client sent a W3C `traceparent`. Settings change at run
+in OpenTelemetry mode, when the client sent a valid W3C `traceparent`. Settings change at run
 time through the extension (`update`).
 
 The core checks `TraceControl.active` (one attribute) before anything else, so a server
@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import itertools
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,6 +38,11 @@ from ge_serve.scheduler.work import Timings
 from ..errors import ErrorCode, ServerError, invalid_arg
 from .traceconfig import OPENTELEMETRY, TRITON, TraceSettings
 
+# W3C trace context: a valid `traceparent` (not version ff, ids not all zero) forces a
+# trace, as in Triton; a malformed one would not make the span a child, so it does not.
+_TRACEPARENT = re.compile(
+    r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
+)
 _CURRENT: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("trace", default=None)
 _INT32_MAX = 2**31 - 1
 _UINT32_MAX = 2**32 - 1
@@ -160,7 +166,7 @@ class TraceControl:
         self._samplers: dict[str, _Sampler] = {"": _Sampler(remaining=self.startup.count)}
         self._ids = itertools.count(1)
         self.sink = sink
-        self.active = bool(self.startup.level)
+        self.active = _can_trace(self.startup)
 
     # --- sampling (hot path once active) ---------------------------------------------------
 
@@ -182,9 +188,13 @@ class TraceControl:
         if parent is not None:
             return self.child(parent, model, version, request_id, started_ns)
         settings = self.settings_for(model)
-        if not settings.level:
+        if not _can_trace(settings):
             return None
-        forced = bool(traceparent) and settings.mode == OPENTELEMETRY
+        forced = (
+            bool(traceparent)
+            and settings.mode == OPENTELEMETRY
+            and _TRACEPARENT.fullmatch(traceparent) is not None
+        )
         sampler = self._samplers.get(model if model in self._models else "")
         if sampler is None:
             sampler = self._samplers[model] = _Sampler(remaining=settings.count)
@@ -276,32 +286,72 @@ class TraceControl:
                 f"unknown trace setting '{unknown[0]}': expected one of " + ", ".join(_NAMES[:-1])
             )
         parsed = {_FIELD[key]: _parse(key, values) for key, values in changes.items()}
+        models = dict(self._models)
+        new_global = self._global
         if model:
-            own = {} if not changes else dict(self._models.get(model, {}))
+            own = {} if not changes else dict(models.get(model, {}))
             for key, value in parsed.items():
                 if value is None:
                     own.pop(key, None)
                 else:
                     own[key] = value
             if own:
-                self._models[model] = own
-                self._samplers[model] = _Sampler(remaining=self.settings_for(model).count)
+                models[model] = own
             else:
-                self._models.pop(model, None)
-                self._samplers.pop(model, None)
+                models.pop(model, None)
         else:
             values = {k: (getattr(self.startup, k) if v is None else v) for k, v in parsed.items()}
-            self._global = dataclasses.replace(self._global, **values)
-            if "count" in values:
-                self._samplers[""] = _Sampler(remaining=self._global.count)
-        self.active = bool(self._global.level) or any(
-            self.settings_for(name).level for name in self._models
+            new_global = dataclasses.replace(self._global, **values)
+        # Triton's rule: a setting that traces must be able to (the only invalid setting
+        # allowed is one that traces nothing); a level without a file would otherwise
+        # keep every trace in memory, never written.
+        for name in [model] if model else ["", *models]:
+            mine = models.get(name)
+            effective = dataclasses.replace(new_global, **mine) if mine else new_global
+            reason = _invalid_reason(effective)
+            if reason:
+                raise invalid_arg(f"Attempting to set invalid trace setting :{reason}")
+        self._models, self._global = models, new_global
+        if model:
+            if model in models:
+                self._samplers[model] = _Sampler(remaining=self.settings_for(model).count)
+            else:
+                self._samplers.pop(model, None)
+        elif "count" in parsed:
+            # Models that do not set their own count follow the global one, as in Triton.
+            self._samplers[""] = _Sampler(remaining=new_global.count)
+            for name, settings in models.items():
+                if "count" not in settings:
+                    self._samplers[name] = _Sampler(remaining=new_global.count)
+        self.active = _can_trace(new_global) or any(
+            _can_trace(self.settings_for(name)) for name in models
         )
         return self.settings(model)
+
+    def exhausted(self, model: str) -> bool:
+        """Whether the traces `count` allowed for `model` have all been taken."""
+        sampler = self._samplers.get(model if model in self._models else "")
+        return sampler is not None and sampler.remaining == 0
 
     def close(self) -> None:
         if self.sink is not None:
             self.sink.close()
+
+
+def _can_trace(settings: TraceSettings) -> bool:
+    """A level, and somewhere for the traces to go: triton mode writes them to a file."""
+    return bool(settings.level) and (settings.mode != TRITON or bool(settings.file))
+
+
+def _invalid_reason(settings: TraceSettings) -> str:
+    """Why a setting with a level cannot trace (Triton's words); empty when it can."""
+    if not settings.level:
+        return ""
+    if settings.rate == 0:
+        return "sample rate must be non-zero"
+    if settings.mode == TRITON and not settings.file:
+        return "trace file name is not given"
+    return ""
 
 
 _FIELD = {

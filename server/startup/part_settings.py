@@ -144,4 +144,12 @@ def trace_control(settings: Settings) -> TraceControl:
     """--trace-config: the startup trace settings and where finished traces go."""
     control = TraceControl(settings.trace())
     control.sink = make_sink(control)
+    startup = control.startup
+    if startup.level and not control.active:
+        # Triton takes such a setting and traces nothing; say so rather than stay silent.
+        log.warning(
+            "tracing is off: trace level %s is set but no trace file is given "
+            "(--trace-config triton,file=<path>)",
+            ",".join(startup.level),
+        )
     return control

@@ -166,6 +166,13 @@ def test_tritonclient_trace_settings(server: ServerProcess) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     settings = client.get_trace_settings(as_json=True)["settings"]
     assert settings["trace_level"]["value"] == ["OFF"]
+    # No trace file: turning tracing on would keep every trace in memory, never written.
+    with pytest.raises(InferenceServerException) as info:
+        client.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "invalid trace setting :trace file name is not given" in info.value.message()
+    settings = client.get_trace_settings(as_json=True)["settings"]
+    assert settings["trace_level"]["value"] == ["OFF"], "a refused update changes nothing"
     assert client.is_server_live()
     client.close()
 

@@ -3,6 +3,8 @@ the extension's checks."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from ge_serve.scheduler.work import Timings
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.observability.traceconfig import TraceSettings
+from ge_serve.server.observability.tracefile import TraceFileSink
 from ge_serve.server.observability.tracing import Trace, TraceControl
 
 
@@ -38,14 +41,14 @@ def test_off_means_inactive_and_nothing_sampled() -> None:
 
 
 def test_rate_and_count() -> None:
-    control = TraceControl(TraceSettings(level=("TIMESTAMPS",), rate=3, count=2))
+    control = TraceControl(TraceSettings(level=("TIMESTAMPS",), rate=3, count=2, file="t.json"))
     assert control.active
     assert sampled(control, "m", 9) == 2, "every third, until the count runs out"
     assert control.settings()["trace_count"] == "0"
 
 
 def test_a_model_overrides_only_what_it_sets() -> None:
-    control = TraceControl(TraceSettings(level=("TIMESTAMPS",), rate=1))
+    control = TraceControl(TraceSettings(level=("TIMESTAMPS",), rate=1, file="t.json"))
     control.update("m", {"trace_rate": ["2"]})
     assert control.settings("m")["trace_rate"] == "2"
     assert control.settings("m")["trace_level"] == ["TIMESTAMPS"]
@@ -63,7 +66,7 @@ def test_a_model_overrides_only_what_it_sets() -> None:
 
 def test_ending_a_trace_hands_it_to_the_sink_with_its_timestamps() -> None:
     sink = Kept()
-    control = TraceControl(TraceSettings(level=("TIMESTAMPS",), rate=1), sink)
+    control = TraceControl(TraceSettings(level=("TIMESTAMPS",), rate=1, file="t.json"), sink)
     trace = control.begin("m", 1, "r", "", 5)
     assert trace is not None
     child = control.child(trace, "step", 2, "")
@@ -113,3 +116,64 @@ def test_compute_never_starts_before_queue_start() -> None:
     trace = _trace()
     trace.executed(1_300, Timings(), enqueue_ns=1_000)
     assert dict(trace.marks)["COMPUTE_START"] == 1_300
+
+
+@pytest.mark.parametrize(
+    ("startup", "changes", "reason"),
+    [
+        (TraceSettings(), {"trace_level": ["TIMESTAMPS"]}, "trace file name is not given"),
+        (
+            TraceSettings(file="t.json"),
+            {"trace_level": ["TENSORS"], "trace_rate": ["0"]},
+            "sample rate must be non-zero",
+        ),
+    ],
+)
+def test_a_setting_that_could_not_trace_is_refused(
+    startup: TraceSettings, changes: dict[str, list[str] | None], reason: str
+) -> None:
+    control = TraceControl(startup)
+    for model in ("", "m"):
+        with pytest.raises(ServerError) as info:
+            control.update(model, changes)
+        assert info.value.code is ErrorCode.INVALID_ARG
+        assert info.value.message == f"Attempting to set invalid trace setting :{reason}"
+        assert control.settings(model)["trace_level"] == ["OFF"] and not control.active
+    control.update("", {"trace_level": ["OFF"], "trace_rate": ["0"]})  # tracing nothing is fine
+
+
+def test_a_level_without_a_file_at_startup_traces_nothing() -> None:
+    control = TraceControl(TraceSettings(level=("TIMESTAMPS",), rate=1))
+    assert not control.active and sampled(control, "m", 5) == 0
+
+
+def test_models_without_their_own_count_follow_a_new_global_count() -> None:
+    control = TraceControl(TraceSettings(level=("TIMESTAMPS",), rate=1, file="t.json"))
+    control.update("m", {"trace_rate": ["1"]})
+    control.update("own", {"trace_count": ["5"]})
+    control.update("", {"trace_count": ["2"]})
+    assert control.settings("m")["trace_count"] == "2"
+    assert sampled(control, "m", 4) == 2
+    assert control.settings("own")["trace_count"] == "5", "its own count stays"
+
+
+def test_the_trace_file_gets_the_last_traces_when_the_count_runs_out(tmp_path: Path) -> None:
+    file = tmp_path / "trace.json"
+    control = TraceControl(TraceSettings(level=("TIMESTAMPS",), rate=1, count=2, file=str(file)))
+    control.sink = TraceFileSink(control)
+    first, second = control.begin("m", 1, "a", "", 0), control.begin("m", 1, "b", "", 0)
+    assert first is not None and second is not None
+    first.end()
+    assert not list(tmp_path.iterdir()), "one trace is still open"
+    second.end()
+    written = json.loads((tmp_path / "trace.json.0").read_text())
+    assert {r.get("request_id") for r in written if "model_name" in r} == {"a", "b"}
+
+
+def test_only_a_valid_traceparent_forces_a_trace() -> None:
+    control = TraceControl(TraceSettings(mode="opentelemetry", level=("TIMESTAMPS",), rate=0))
+    good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    assert control.begin("m", 1, "", good, 0) is not None
+    zero_trace = "00-" + "0" * 32 + good[35:]
+    for junk in ("x", good.upper(), "ff" + good[2:], zero_trace):
+        assert control.begin("m", 1, "", junk, 0) is None, junk
