@@ -3,6 +3,7 @@ them without loading the metrics machinery (prometheus_client, numpy)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -42,9 +43,9 @@ class MetricsConfig:
                     age = float(value)
                 except ValueError:
                     age = -1.0
-                if not age > 0:
+                if not (age > 0 and math.isfinite(age)):
                     raise ValueError(
-                        f"--metrics-config summary_max_age_secs: expected seconds > 0, "
+                        f"--metrics-config summary_max_age_secs: expected finite seconds > 0, "
                         f"got '{value}'"
                     )
                 values["summary_max_age_s"] = age

@@ -43,6 +43,8 @@ def cache_size(entries: tuple[tuple[str, str, str], ...], byte_size: int) -> int
             "Incompatible flags --response-cache-byte-size and --cache-config both provided. "
             "Please provide one or the other."
         )
+    if byte_size < 0:
+        raise ValueError(f"--response-cache-byte-size must be a byte count, got {byte_size}")
     if byte_size:
         return byte_size
     size: int | None = None

@@ -104,6 +104,7 @@ def test_metrics_config() -> None:
         ([("counter_latencies", "maybe")], "expected true or false"),
         ([("summary_quantiles", "1.5:0.1")], "quantiles in"),
         ([("summary_max_age_secs", "0")], "seconds > 0"),
+        ([("summary_max_age_secs", "inf")], "finite seconds"),
     ):
         with pytest.raises(ValueError, match=message):
             MetricsConfig.parse(pairs)

@@ -150,6 +150,8 @@ def test_deprecated_trace_flags_and_trace_config_agree() -> None:
         ),
         (["--cache-config=size=10"], "No cache specified. --cache-config option format is"),
         (["--cache-config=redis,host=x"], "cache 'redis' is not available"),
+        (["--response-cache-byte-size=-5"], "--response-cache-byte-size must be a byte count"),
+        (["--metrics-config=summary_max_age_secs=inf"], "expected finite seconds > 0"),
         (["--trace-config=level=LOUD"], "invalid trace level 'LOUD'"),
         (["--trace-config=mode=zipkin"], "unknown trace mode 'zipkin'"),
         (["--rate-limit-resource=R1"], "--rate-limit-resource option format is"),
