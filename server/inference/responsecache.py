@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -32,8 +33,10 @@ from ge_serve.backends.base import Array, ParamValue
 from .model import ModelVersion
 
 _LENGTH = struct.Struct("<Q")
-# What a kept entry costs besides its tensors' bytes (key, bookkeeping).
-_ENTRY_OVERHEAD = 256
+# What a kept entry costs besides its arrays (key, result, dicts, the LRU's node), and
+# each array's header: measured with tracemalloc, so that the budget bounds memory.
+_ENTRY_OVERHEAD = 512
+_ARRAY_OVERHEAD = 160
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +90,14 @@ def cache_key(model: ModelVersion, inputs: Mapping[str, Array]) -> bytes:
 
 
 def _frozen_copy(array: Array) -> tuple[Array, int]:
+    """A read-only copy, and what it costs in memory: a BYTES element is a Python object
+    (about 33 bytes besides its content) behind an 8-byte pointer."""
     copy = np.array(array, copy=True)
     copy.flags.writeable = False
     if copy.dtype == np.object_:
-        size = sum(len(e) if isinstance(e, bytes) else 8 for e in copy.reshape(-1).tolist())
-        return copy, size + 8 * copy.size
-    return copy, int(copy.nbytes)
+        size = sum(map(sys.getsizeof, copy.reshape(-1).tolist()))
+        return copy, _ARRAY_OVERHEAD + size + 8 * copy.size
+    return copy, _ARRAY_OVERHEAD + int(copy.nbytes)
 
 
 class ResponseCache:

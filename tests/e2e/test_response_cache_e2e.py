@@ -30,8 +30,9 @@ output [ {{ name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] }},
          {{ name: "DIFF" data_type: TYPE_FP32 dims: [ 4 ] }} ]
 {cache}
 """
-# Room for two entries of this model's outputs (2 x 16 bytes plus overhead) and no third.
-BUDGET = 700
+# Room for two entries of this model's outputs (2 x 16 bytes plus what each array and
+# entry costs in memory, 864 bytes in all) and no third.
+BUDGET = 2000
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -68,7 +69,7 @@ def test_hits_return_what_was_stored_read_only_and_copied() -> None:
 
 
 def test_least_recently_used_entries_are_evicted_within_the_budget() -> None:
-    entry = OUT_BYTES + 256
+    entry = OUT_BYTES + 512 + 160  # the array, the entry's and the array's overhead
     cache = ResponseCache(2 * entry)
     for value in (1, 2):
         cache.insert(cache.lookup(model(), inputs(value)), outputs(value), {})
@@ -98,3 +99,22 @@ def test_decoupled_models_and_models_without_the_option_bypass() -> None:
 def test_same_named_models_of_two_namespaces_never_share_entries() -> None:
     data = inputs(1)
     assert cache_key(model(folder="/r1/m"), data) != cache_key(model(folder="/r2/m"), data)
+
+
+def test_the_budget_bounds_the_memory_bytes_outputs_take() -> None:
+    # BYTES elements are Python objects: counted by their content alone, a cache took
+    # 3.4 times its budget.
+    budget = 1 << 20
+    cache = ResponseCache(budget)
+    tracemalloc.start()
+    try:
+        for value in range(4_000):
+            strings = [str(value * 128 + i).encode() for i in range(128)]
+            produced = {"y": np.array(strings, dtype=object).reshape(8, 16)}
+            cache.insert(cache.lookup(model(), inputs(value)), produced, {})
+            del produced, strings
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert cache.counts.evictions > 0 and cache.counts.bytes <= budget
+    assert held <= 1.1 * budget, f"{held / budget:.2f} times the budget"
