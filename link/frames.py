@@ -22,9 +22,20 @@ class LinkClosed(ConnectionError):
     """The other end went away, or sent something that is not a message."""
 
 
+class FrameTooLarge(OverflowError):
+    """A message this end would send is past the frame limit: the peer would take it for
+    a broken link, so the one message fails instead (an OverflowError, as an encoder's
+    own refusal of a value is)."""
+
+
 def frame_parts(payload: bytes) -> tuple[bytes, bytes]:
     """A frame as its length and its payload, for a writer that joins the parts of every
-    frame of one write at once rather than copying each into a frame of its own first."""
+    frame of one write at once rather than copying each into a frame of its own first.
+    FrameTooLarge past MAX_FRAME."""
+    if len(payload) > MAX_FRAME:
+        raise FrameTooLarge(
+            f"a message of {len(payload)} bytes is larger than the {MAX_FRAME} a link carries"
+        )
     return LENGTH.pack(len(payload)), payload
 
 

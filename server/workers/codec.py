@@ -1,8 +1,9 @@
 """Requests and responses as the messages a front-end worker's link carries.
 
 A numeric tensor travels as its bytes (placed by the link: inline or in shared memory)
-and is rebuilt as a zero-copy numpy view of them; BYTES tensors travel as their list of
-items; data in a client's shared-memory region does not travel at all.
+and is rebuilt as a zero-copy numpy view of them; a small BYTES tensor travels as its list
+of items, a large one serialized (Triton's form) in shared memory; data in a client's
+shared-memory region does not travel at all.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 
 from ge_serve.link.endpoint import Endpoint
 from ge_serve.link.messages import Region
-from ge_serve.link.tensors import raw_bytes
+from ge_serve.link.tensors import deserialize_bytes, raw_bytes, serialize_bytes
 
 from ..control.sharedmemory import IN_SHARED_MEMORY
 from ..inference.types import (
@@ -45,11 +46,25 @@ def _tensor(link: Endpoint, tensor: Tensor, regions: list[Region]) -> WireTensor
     if tensor.shm is not None and (array is IN_SHARED_MEMORY or array.size == 0):
         return wire
     if array.dtype == np.object_:
-        wire.items = array.ravel().tolist()
+        items = array.ravel().tolist()
+        if _small(items, link.inline_max):
+            wire.items = items
+            return wire
+        # Large BYTES data travels as numeric data does, serialized into the arena: inside
+        # the message it could pass the link's frame limit, which ends the link.
+        wire.data = link.place(memoryview(serialize_bytes(items)), regions)
         return wire
     wire.dtype = array.dtype.str if array.dtype.kind != "V" else ""
     wire.data = link.place(raw_bytes(array), regions)
     return wire
+
+
+def _small(items: list[Any], limit: int) -> bool:
+    """Whether BYTES items hold at most `limit` bytes (4 per element for its length)."""
+    try:
+        return 4 * len(items) + sum(map(len, items)) <= limit
+    except TypeError:  # an element that is not bytes or str: serialized as its text
+        return False
 
 
 def _array(link: Endpoint, wire: WireTensor, datatype: DataType, shape: tuple[int, ...]) -> Any:
@@ -57,6 +72,9 @@ def _array(link: Endpoint, wire: WireTensor, datatype: DataType, shape: tuple[in
         return object_array(wire.items).reshape(shape)
     if wire.data is None:
         return IN_SHARED_MEMORY
+    if datatype is DataType.BYTES:
+        # Copied into bytes objects, so the region is not read after the message.
+        return deserialize_bytes(link.view(wire.data), math.prod(shape)).reshape(shape)
     dtype = np.dtype(wire.dtype) if wire.dtype else datatype.numpy
     return np.frombuffer(link.view(wire.data), dtype=dtype).reshape(shape)
 

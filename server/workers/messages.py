@@ -6,8 +6,8 @@ answers each request with `Answer` or `Failed`. Nothing else travels here: what 
 inference a worker passes on to the server's own front end on loopback.
 
 Tensors are `WireTensor`s: numeric data as placed bytes (inline or an arena region) and
-the numpy dtype it has, BYTES as the list of its items, and none at all for data in a
-client's shared-memory region.
+the numpy dtype it has, BYTES as the list of its items (or, past INLINE_MAX, serialized
+into an arena region), and none at all for data in a client's shared-memory region.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ class WireTensor(msgspec.Struct, array_like=True):
     shape: tuple[int, ...]
     parameters: dict[str, Any]
     shm: ShmRef | None
-    # Placed bytes of a numeric tensor; None: the data is in the client's region.
+    # Placed bytes of a numeric tensor, or of a large BYTES one serialized; None: the data
+    # is in the client's region.
     data: bytes | Region | None = None
     # The numpy dtype of `data` ("": the datatype's own).
     dtype: str = ""

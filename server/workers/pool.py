@@ -232,9 +232,13 @@ class FrontEndWorkers:
                     request = request_from_wire(link, message.request)
                 response = await self.core.infer(request, message.endpoint)
                 regions: list[Region] = []
-                answer: Answer | Failed = Answer(
-                    request_id, response_to_wire(link, response, regions)
-                )
+                try:
+                    wire = response_to_wire(link, response, regions)
+                except Exception as exc:  # the worker waits for an answer, whatever happens
+                    link.free(regions)
+                    text = f"the response cannot be passed on: {exc}"
+                    raise ServerError(ErrorCode.INTERNAL, text) from None
+                answer: Answer | Failed = Answer(request_id, wire)
                 if regions:  # the worker sends Done only for an answer that holds some
                     worker.held[request_id] = regions
             except ServerError as exc:

@@ -62,6 +62,13 @@ input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ {WIDE} ] }} ]
 output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: [ {WIDE} ] }} ]
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 """
+# No batching: the batchers here hold requests until HELD are queued.
+TEXT_CONFIG = """name: "text"
+backend: "onnxruntime"
+max_batch_size: 0
+input [ { name: "INPUT" data_type: TYPE_STRING dims: [ -1, -1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_STRING dims: [ -1, -1 ] } ]
+"""
 
 
 def worker_pids(server: ServerProcess, module: bytes = b"ge_serve.server.grpc.worker") -> list[int]:
@@ -134,6 +141,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_model(path, "probe", batch_probe_model(), CONFIG)
     # 256 KiB a request: tensors this large travel through shared memory.
     write_model(path, "wide", identity_model(TensorProto.FLOAT, ("batch", None)), WIDE_CONFIG)
+    write_model(path, "text", identity_model(TensorProto.STRING, ("batch", None)), TEXT_CONFIG)
     return path
 
 
@@ -276,6 +284,13 @@ def test_large_tensors_travel_through_shared_memory(server: ServerProcess) -> No
             for _ in range(3):
                 for data, out in zip(samples, pool.map(infer, samples), strict=True):
                     np.testing.assert_array_equal(out, data)
+        # BYTES too, both ways: carried in the message, a large one could pass the link's
+        # frame limit and end the link for every request on the worker.
+        text = np.array([[bytes([65 + i % 26]) * (WIDE + i) for i in range(4)]], dtype=object)
+        tensor = grpcclient.InferInput("INPUT", list(text.shape), "BYTES")
+        tensor.set_data_from_numpy(text)
+        echoed = client.infer("text", [tensor], client_timeout=60).as_numpy("OUTPUT")
+        assert echoed is not None and echoed.tolist() == text.tolist()
     finally:
         client.close()
 

@@ -12,6 +12,7 @@ import threading
 import numpy as np
 import pytest
 
+from ge_serve.link import frames
 from ge_serve.link.arena import PeerSegments
 from ge_serve.link.child import Backoff, exit_reason, start_child
 from ge_serve.link.frames import LENGTH, FrameReader, LinkClosed, frame
@@ -236,3 +237,13 @@ async def test_a_burst_larger_than_the_socket_buffer_arrives_whole_and_in_order(
     assert got == list(range(count))
     left.close()
     right.close()
+
+
+def test_a_message_past_the_frame_limit_fails_alone_at_the_sender(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Sent, the peer would take it for a broken link and end it for every request on it.
+    monkeypatch.setattr(frames, "MAX_FRAME", 64)
+    assert frames.frame_parts(b"x" * 64)[1] == b"x" * 64
+    with pytest.raises(frames.FrameTooLarge, match="larger than the 64 a link carries"):
+        frames.frame_parts(b"x" * 65)
