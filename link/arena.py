@@ -13,11 +13,13 @@ killed: the memory goes once the last process holding a mapping of it is gone. A
 is announced to the peer by passing its file descriptor over the control socket. Pages
 are committed only when touched, so a large segment costs what is used of it; an arena
 grows by further segments when one is too full, and first-fit allocation keeps reusing the
-start of the first.
+start of the first. Of the further segments, one wholly free is kept for the next large
+tensor; the others go once wholly free (the peer is told, to unmap them too), and all go
+when the link ends.
 
-Mappings are never closed by hand: numpy views may still point into them (a worker's
-input arrays, or a late reader), and an mmap goes away on its own once nothing refers to
-it.
+Mappings are never closed by hand, only let go of: numpy views may still point into them
+(a worker's input arrays, or a late reader), and an mmap goes away on its own once nothing
+refers to it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ EMPTY: Region = (-1, 0, 0)
 # Told of each new segment before any region in it is handed out: (id, fd, size). The fd
 # is closed once the announcement returns.
 Announce = Callable[[int, int, int], None]
+# Told of a segment let go of (its id), for the peer to unmap it too.
+Dropped = Callable[[int], None]
 
 
 def _round(size: int, unit: int) -> int:
@@ -60,9 +64,16 @@ class Arena:
     """Segments this process allocates from; thread-safe."""
 
     def __init__(
-        self, announce: Announce, label: str, segment_bytes: int = DEFAULT_SEGMENT_BYTES
+        self,
+        announce: Announce,
+        label: str,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        dropped: Dropped | None = None,
     ) -> None:
         self._announce = announce
+        self._dropped = dropped
+        # The one segment past the first kept while wholly free (-1: none).
+        self._spare = -1
         self._label = label
         self._segment_bytes = _round(max(segment_bytes, ALIGN), mmap.PAGESIZE)
         self._lock = threading.Lock()
@@ -106,6 +117,37 @@ class Arena:
             else:
                 offsets.insert(index, offset)
                 sizes[offset] = size
+            drop = self._drop_if_spare(seg)
+        if drop >= 0 and self._dropped is not None:
+            self._dropped(drop)
+
+    def _drop_if_spare(self, seg: int) -> int:
+        """A segment past the first that is wholly free again: the larger of it and the
+        spare kept so far stays, for the next large tensor; the other goes, so that
+        tensors of ever new sizes do not pile up segments that nothing uses (each new
+        largest size made one). Returns the segment dropped, or -1."""
+        if seg == 0 or self._free_size[seg].get(0) != len(self._maps[seg]):
+            return -1
+        spare = self._spare
+        if spare < 0 or spare == seg:
+            self._spare = seg
+            return -1
+        keep, drop = (
+            (seg, spare) if len(self._maps[seg]) >= len(self._maps[spare]) else (spare, seg)
+        )
+        self._spare = keep
+        # No close: a view of it may still be alive; the mapping goes with the last one.
+        del self._maps[drop], self._free_at[drop], self._free_size[drop]
+        return drop
+
+    def close(self) -> None:
+        """The link is gone: every segment is let go of (mapped still where a view of it
+        lives on)."""
+        with self._lock:
+            self._maps.clear()
+            self._free_at.clear()
+            self._free_size.clear()
+            self._spare = -1
 
     def buffer(self, seg: int) -> mmap.mmap:
         return self._maps[seg]
@@ -115,6 +157,8 @@ class Arena:
         return len(self._maps)
 
     def _take(self, seg: int, offset: int, size: int) -> None:
+        if seg == self._spare:
+            self._spare = -1
         offsets = self._free_at[seg]
         sizes = self._free_size[seg]
         block = sizes.pop(offset)
@@ -150,6 +194,13 @@ class PeerSegments:
             self._maps[seg] = mmap.mmap(fd, size)
         finally:
             os.close(fd)
+
+    def drop(self, seg: int) -> None:
+        """The peer let go of a segment: no region in it is in use or will be."""
+        self._maps.pop(seg, None)
+
+    def clear(self) -> None:
+        self._maps.clear()
 
     def view(self, region: Region) -> memoryview:
         seg, offset, nbytes = region

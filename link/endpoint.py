@@ -8,13 +8,14 @@ frees this end's regions) and hands the rest on in order.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Callable
 
 from .arena import Arena, PeerSegments
 from .frames import FrameReader, LinkClosed, frame, frame_parts
-from .messages import Codec, Message, Region, Release, Segment
+from .messages import Codec, Drop, Message, Region, Release, Segment
 from .tensors import Placed, place, view
 
 # The socket is read this many bytes at a time; file descriptors per read, at most.
@@ -38,7 +39,7 @@ class Endpoint:
     ) -> None:
         self.label = label
         self.codec = codec
-        self.arena = Arena(self._announce, label)
+        self.arena = Arena(self._announce, label, dropped=self._dropped)
         self.peers = PeerSegments()
         self.inline_max = inline_max
         self._sock = sock
@@ -68,6 +69,11 @@ class Endpoint:
     def _announce(self, seg: int, fd: int, size: int) -> None:
         self._write(frame(self.codec.encode(Segment(seg, size))), [os.dup(fd)])
 
+    def _dropped(self, seg: int) -> None:
+        if not self.closed:
+            with contextlib.suppress(LinkClosed):
+                self._write(frame(self.codec.encode(Drop(seg))), [])
+
     def place(self, data: memoryview, regions: list[Region]) -> Placed:
         """Where tensor bytes travel (tensors.place with this link's inline limit)."""
         return place(self.arena, data, regions, self.inline_max)
@@ -95,6 +101,8 @@ class Endpoint:
             elif isinstance(message, Release):
                 for region in message.regions:
                     self.arena.free(region)
+            elif isinstance(message, Drop):
+                self.peers.drop(message.seg)
             else:
                 if self.closed:
                     return
@@ -103,6 +111,9 @@ class Endpoint:
     def _ended(self) -> None:
         """A driver closed the link: fds not yet taken are closed, `on_closed` is told."""
         self._reader.close()
+        # The memory goes now, not when a collection finds this endpoint's cycles.
+        self.arena.close()
+        self.peers.clear()
         if self._on_closed is not None:
             self._on_closed()
 

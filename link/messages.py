@@ -7,9 +7,10 @@ message classes on `Message`; a `Codec` is built from them and decodes nothing e
 frame that is not one of those messages, field types and all, ends the link. No pickle,
 so no unpickler to keep safe.
 
-The link itself owns three messages: `Segment` (a new arena segment, its fd alongside),
-`Release` (regions of the receiver's arena the sender has read and let go of) and
-`Ready` (a child's health signal: it serves, or why it cannot).
+The link itself owns four messages: `Segment` (a new arena segment, its fd alongside),
+`Release` (regions of the receiver's arena the sender has read and let go of), `Drop` (a
+segment of the sender's arena let go of) and `Ready` (a child's health signal: it serves,
+or why it cannot).
 """
 
 from __future__ import annotations
@@ -36,13 +37,19 @@ class Release(Message):
     regions: list[Region]
 
 
+class Drop(Message):
+    """A segment of the sender's arena let go of: the receiver unmaps it too."""
+
+    seg: int
+
+
 class Ready(Message):
     """Sent by a child once: it serves (`failure` None), or why it cannot."""
 
     failure: str | None = None
 
 
-LINK_MESSAGES: tuple[type[Message], ...] = (Segment, Release, Ready)
+LINK_MESSAGES: tuple[type[Message], ...] = (Segment, Release, Drop, Ready)
 
 
 def _builtin(value: Any) -> Any:

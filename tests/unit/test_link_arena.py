@@ -26,7 +26,19 @@ def _pair() -> tuple[Arena, PeerSegments]:
     def announce(seg: int, fd: int, size: int) -> None:
         peers.add(seg, os.dup(fd), size)
 
-    return Arena(announce, "test", segment_bytes=1 << 16), peers
+    return Arena(announce, "test", segment_bytes=1 << 16, dropped=peers.drop), peers
+
+
+def mapped(peers: PeerSegments) -> list[int]:
+    """The segments the peer still maps."""
+    found = []
+    for seg in range(64):
+        try:
+            peers.view((seg, 0, 1))
+        except ValueError:
+            continue
+        found.append(seg)
+    return found
 
 
 def test_regions_are_aligned_reused_and_merged_after_free() -> None:
@@ -54,6 +66,30 @@ def test_an_arena_grows_by_segments_the_peer_maps() -> None:
     assert bytes(peers.view((1, 0, 3))) == b"abc"
     with pytest.raises(ValueError, match="not mapped"):
         peers.view((7, 0, 1))
+
+
+def test_segments_for_ever_larger_tensors_do_not_pile_up() -> None:
+    # Each new largest tensor needed a segment of its own size, and none was ever let go
+    # of: twenty requests of 20 to 39 MB held 1.2 GB through a front-end worker.
+    arena, peers = _pair()
+    arena.free(arena.alloc(10))  # the first segment, 64 KiB
+    for size in range(100_000, 300_000, 10_000):
+        region = arena.alloc(size)
+        assert region[0] != 0, "larger than the first segment"
+        arena.free(region)
+        assert arena.segment_count <= 2, "the first, and one spare for the next large one"
+    largest = region[0]
+    assert mapped(peers) == [0, largest], "the peer let go of the dropped ones too"
+    # The spare is reused for a tensor that fits it, and a busy segment is never dropped.
+    held = arena.alloc(250_000)
+    assert held[0] == largest
+    other = arena.alloc(250_000)
+    arena.free(other)
+    assert arena.segment_count == 3 and largest in mapped(peers)
+    arena.free(held)
+    assert arena.segment_count == 2, "two wholly free: the larger stays"
+    arena.close()
+    assert arena.segment_count == 0
 
 
 @pytest.mark.parametrize(
