@@ -219,7 +219,7 @@ class InferEndpoint:
         size = 0
         try:
             if declared is not None and declared > limit:
-                raise _too_large(declared, limit, raw)
+                raise too_large(declared, limit, raw)
             chunks: list[bytes] = []
             more = True
             while more:
@@ -230,7 +230,7 @@ class InferEndpoint:
                 more = message.get("more_body", False)
                 size += len(chunk)
                 if size > limit:
-                    raise _too_large(size, limit, raw)
+                    raise too_large(size, limit, raw)
                 if chunk:
                     chunks.append(chunk)
                 if (chunk or not more) and too_many_chunks(scope, len(chunks), self.max_chunks):
@@ -286,7 +286,7 @@ def _declared_length(headers: dict[str, str]) -> int | None:
     return int(declared) if declared is not None and declared.isdigit() else None
 
 
-def _too_large(size: int, limit: int, raw: bool) -> ServerError:
+def too_large(size: int, limit: int, raw: bool) -> ServerError:
     """Triton's words for a body past --http-max-input-size (a body still arriving is
     counted up to the first byte past the limit)."""
     if raw:

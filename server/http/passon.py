@@ -8,14 +8,18 @@ chunk. gRPC workers pass their other calls on the same way, to the server's own 
 front end on loopback, so both protocols have one way: the process link carries
 inference only, and every other answer is the one the server's own front end gives.
 
-Connections to the server are kept open and reused. A client that goes away closes its
-connection to the server too, so the server cancels what it was doing for it.
+Connections to the server are kept open and reused, within the server's keep-alive time;
+a request that fails on a kept one before any answer goes again on a new one. A body
+past --http-max-input-size is refused here, as the server would refuse it, before it is
+held whole. A client that goes away closes its connection to the server too, so the
+server cancels what it was doing for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 import h11
@@ -23,8 +27,12 @@ from starlette.types import Message, Receive, Scope, Send
 
 from ..errors import ErrorCode, ServerError
 from .errors import server_error_response
+from .infer import too_large
 
 _READ_BYTES = 1 << 16
+# A kept connection is used again only this soon: the server's own front end closes one
+# idle for 5 s (uvicorn's keep-alive timeout).
+_IDLE_S = 3.0
 # Headers of one hop, not passed on; `date` and `server` describe the server that sent them.
 _REQUEST_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length",
                 b"expect", b"te", b"upgrade", b"proxy-connection"}  # fmt: skip
@@ -36,6 +44,7 @@ class _Connection:
         self.reader = reader
         self.writer = writer
         self.h11 = h11.Connection(h11.CLIENT)
+        self.idle_since = 0.0
 
     async def next_event(self) -> Any:
         while True:
@@ -51,31 +60,49 @@ class _Connection:
 class PassOn:
     """ASGI: the request, body and all, answered by the server's own front end."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, max_body: int) -> None:
         self._host = host
         self._port = port
+        # --http-max-input-size, as the server's front end applies it: a body past it is
+        # refused here, before it is all held in memory.
+        self._max_body = max_body
         self._idle: list[_Connection] = []
 
-    async def _connect(self) -> _Connection:
-        while self._idle:
+    async def _connect(self, reuse: bool) -> tuple[_Connection, bool]:
+        """A connection to the server, and whether it was kept from an earlier request."""
+        now = time.monotonic()
+        while reuse and self._idle:
             connection = self._idle.pop()
-            if not connection.reader.at_eof():
-                return connection
+            if not connection.reader.at_eof() and now - connection.idle_since < _IDLE_S:
+                return connection, True
             connection.close()
         reader, writer = await asyncio.open_connection(self._host, self._port)
-        return _Connection(reader, writer)
+        return _Connection(reader, writer), False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
+        limit = self._max_body
+        declared = next((v for k, v in scope["headers"] if k.lower() == b"content-length"), b"")
+        size = int(declared) if declared.isdigit() else 0
         chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
+        if size <= limit:
+            size = 0
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    break
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+        if size > limit:
+            refusal = server_error_response(too_large(size, limit, raw=False))
+            await refusal(scope, _no_body, send)
+            return
         body = b"".join(chunks)
         relay = asyncio.ensure_future(self._relay(scope, body, send))
         # The body is all read: what receive() gives now is the client going away.
@@ -90,11 +117,23 @@ class PassOn:
             relay.result()
 
     async def _relay(self, scope: Scope, body: bytes, send: Send) -> None:
-        try:
-            connection = await self._connect()
-        except OSError:
-            await _unavailable("the server process is not reachable", scope, send)
-            return
+        # A kept connection may be closed by the server's keep-alive timeout just as the
+        # request goes out; one that fails before any answer came is tried once more on a
+        # new connection, as HTTP clients do (the server read nothing of it).
+        for reuse in (True, False):
+            try:
+                connection, reused = await self._connect(reuse)
+            except OSError:
+                await _unavailable("the server process is not reachable", scope, send)
+                return
+            if await self._exchange(connection, scope, body, send, retry=reused):
+                return
+
+    async def _exchange(
+        self, connection: _Connection, scope: Scope, body: bytes, send: Send, retry: bool
+    ) -> bool:
+        """Send the request and relay its answer; False when it failed before any answer
+        and may be sent again (`retry`)."""
         reusable = False
         started = False
         try:
@@ -129,13 +168,17 @@ class PassOn:
         except (OSError, h11.ProtocolError):
             if started:  # the answer has begun: it can only end
                 await send({"type": "http.response.body", "body": b""})
+            elif retry:
+                return False
             else:
                 await _unavailable("the server process did not answer", scope, send)
         finally:
             if reusable:
+                connection.idle_since = time.monotonic()
                 self._idle.append(connection)
             else:
                 connection.close()
+        return True
 
     async def close(self) -> None:
         for connection in self._idle:
@@ -150,8 +193,9 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-async def _unavailable(text: str, scope: Scope, send: Send) -> None:
-    async def no_body() -> Message:
-        return {"type": "http.request", "body": b"", "more_body": False}
+async def _no_body() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
 
-    await server_error_response(ServerError(ErrorCode.UNAVAILABLE, text))(scope, no_body, send)
+
+async def _unavailable(text: str, scope: Scope, send: Send) -> None:
+    await server_error_response(ServerError(ErrorCode.UNAVAILABLE, text))(scope, _no_body, send)

@@ -1,0 +1,96 @@
+"""An HTTP worker's pass-on to the server's own front end (server/http/passon.py): the
+body bound, and a kept connection the server closed just as a request went out."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import MutableMapping
+from typing import Any
+
+import orjson
+from serverproc import free_ports
+
+from ge_serve.server.http.passon import PassOn
+
+LIMIT = 1 << 16
+
+
+def scope(path: str = "/v2/repository/index", length: int | None = None) -> dict[str, Any]:
+    headers = [(b"host", b"x")]
+    if length is not None:
+        headers.append((b"content-length", str(length).encode()))
+    return {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(),
+            "query_string": b"", "headers": headers}  # fmt: skip
+
+
+class Client:
+    """The ASGI side: a body in chunks, and what was sent back."""
+
+    def __init__(self, chunks: int, size: int = 4096) -> None:
+        self.left = chunks
+        self.size = size
+        self.taken = 0
+        self.sent: list[dict[str, Any]] = []
+
+    async def receive(self) -> dict[str, Any]:
+        if self.left == 0:
+            await asyncio.Event().wait()  # the client stays, and sends nothing more
+        self.left -= 1
+        self.taken += 1
+        return {"type": "http.request", "body": b"x" * self.size, "more_body": self.left > 0}
+
+    async def send(self, message: MutableMapping[str, Any]) -> None:
+        self.sent.append(dict(message))
+
+    @property
+    def status(self) -> int:
+        return int(self.sent[0]["status"])
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(m.get("body", b"") for m in self.sent[1:])
+
+
+async def test_a_body_past_the_limit_is_refused_before_it_is_held_whole() -> None:
+    # Nothing listens on the port: a request passed on would be answered 503.
+    passon = PassOn("127.0.0.1", free_ports(1)[0], LIMIT)
+    streamed = Client(chunks=10_000)  # 40 MB, chunked
+    await asyncio.wait_for(passon(scope(), streamed.receive, streamed.send), 10)
+    assert streamed.status == 400 and streamed.taken == LIMIT // 4096 + 1
+    assert (
+        "exceeds the maximum allowed input size of 65536 bytes"
+        in (orjson.loads(streamed.body)["error"])
+    )
+    declared = Client(chunks=1)
+    await asyncio.wait_for(passon(scope(length=10 << 20), declared.receive, declared.send), 10)
+    assert declared.status == 400 and declared.taken == 0, "refused on its Content-Length"
+    await passon.close()
+
+
+async def test_a_request_on_a_kept_connection_the_server_closed_goes_again() -> None:
+    answered = 0
+
+    async def server(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # The first request on each connection is answered and the connection kept; the
+        # next one finds it closed, as the server's keep-alive timeout closes it.
+        nonlocal answered
+        await reader.readuntil(b"\r\n\r\n")
+        answered += 1
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+
+    listener = await asyncio.start_server(server, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    passon = PassOn("127.0.0.1", port, LIMIT)
+    try:
+        for _ in range(3):
+            client = Client(chunks=1, size=0)
+            await asyncio.wait_for(passon(scope(), client.receive, client.send), 10)
+            assert (client.status, client.body) == (200, b"ok")
+        assert answered == 3
+    finally:
+        await passon.close()
+        listener.close()
+        await listener.wait_closed()
