@@ -221,13 +221,26 @@ def build_response(
         else:
             datatype = spec.datatype
             if array.dtype != datatype.numpy and datatype is not DataType.BYTES:
-                array = array.astype(datatype.numpy)
+                array = _as_config_type(array, datatype, spec.name, model.name)
         result.append(
             Tensor(requested.name, datatype, tuple(array.shape), array, dict(requested.parameters))
         )
     return InferResponse(
         model_name=model.name, model_version=model.version_str, id=request.id, outputs=result
     )
+
+
+def _as_config_type(array: Array, datatype: DataType, output: str, model: str) -> Array:
+    """An output in its config's datatype. Within a kind (FP64 for FP32, INT64 for INT32)
+    the value is converted; across kinds (FP64 1.5 for INT32) converting would change it,
+    so the model's output is an error, as Triton's backends refuse a datatype mismatch."""
+    if not np.can_cast(array.dtype, datatype.numpy, casting="same_kind"):
+        raise ServerError(
+            ErrorCode.INTERNAL,
+            f"model '{model}' produced output '{output}' as numpy {array.dtype}, which its "
+            f"config's {datatype.value} cannot hold without changing the values",
+        )
+    return array.astype(datatype.numpy)
 
 
 def classify(array: Array, k: int, labels: list[str] | None, model: ModelVersion) -> Array:
