@@ -97,12 +97,15 @@ def regrow(
     grown = [index for index, size in need.items() if size > buffers[index].size]
     if not grown:
         return dataset
-    # Allocate first: when the device is out of memory, the pool stays as it was and only
-    # this request fails.
+    # Allocate and build the new dataset before touching the old one: when the device is
+    # out of memory or pyACL refuses the dataset, the pool stays as it was (its dataset
+    # still live) and only this request fails.
     fresh: dict[int, DeviceBuffer] = {}
     try:
         for index in grown:
             fresh[index] = runtime.malloc(device, rounded(need[index]))
+        replaced = [fresh.get(index, buffer) for index, buffer in enumerate(buffers)]
+        rebuilt = runtime.create_dataset(device, replaced)
     except BaseException:
         for buffer in fresh.values():
             quietly(runtime.free, buffer)
@@ -114,7 +117,7 @@ def regrow(
         runtime.free(previous)
         stats.allocations += 1
         stats.bytes += buffer.size - previous.size
-    return runtime.create_dataset(device, buffers)
+    return rebuilt
 
 
 def range_bound(tensor: TensorDesc, desc: ModelDesc, batching: bool) -> tuple[int, ...]:

@@ -206,3 +206,35 @@ def test_a_request_too_big_for_the_device_fails_alone(tmp_path: Path) -> None:
     finally:
         loaded.close()
     assert runtime.devices[0].used == 0
+
+
+@pytest.mark.parametrize("call", ["acl.mdl.create_dataset", "acl.mdl.add_dataset_buffer"])
+def test_a_dataset_pyacl_refuses_while_growing_fails_that_request_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    # The new dataset is built before the old one goes: when pyACL refuses it, the slot
+    # keeps its live dataset, later requests (growing again) serve, and close is clean.
+    monkeypatch.setenv("PATH", f"{FAKE_ATC_BIN}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_ATC_LOG", str(tmp_path / "atc.log"))
+    fake = FakeAcl(soc="Ascend310P3")
+    real = AclReal(build_module(fake), AtcCompiler(tmp_path / "om"))
+    folder = dynamic_encoder_folder(tmp_path)
+    session = ort.InferenceSession(str(folder / "1" / "model.onnx"))
+    try:
+        loaded = GeBackend(real, {"accuracy_check": "false"}, cores=1).load(spec_for(folder))
+        executor = loaded.executors[0]
+        assert executor.execute(feeds(1, 5))["LAST_HIDDEN"].shape == (1, 5, 16)
+        before = executor.pool_stats()  # type: ignore[attr-defined]
+        fake.fail_next(call, 100000)
+        with pytest.raises(BackendError, match=call):
+            executor.execute(feeds(8, 200))
+        assert executor.pool_stats()["bytes"] == before["bytes"]  # type: ignore[attr-defined]
+        assert fake.violations == []
+        for batch, seq in ((2, 6), (8, 200)):
+            request = feeds(batch, seq)
+            hidden, _ = session.run(None, request)
+            np.testing.assert_allclose(executor.execute(request)["LAST_HIDDEN"], hidden, rtol=1e-6)
+        loaded.close()
+    finally:
+        real.shutdown()
+    assert fake.leaks() == [] and fake.violations == []
