@@ -114,7 +114,15 @@ class AclReal:
                 device.refs += 1
             else:
                 check(self._acl.rt.set_device(device_id), "acl.rt.set_device")
-                context = value(self._acl.rt.create_context(device_id), "acl.rt.create_context")
+                try:
+                    context = value(self._acl.rt.create_context(device_id), "acl.rt.create_context")
+                except Exception:
+                    # The device is set but holds no context yet: release it, or it stays
+                    # set until the process ends and acl.finalize reports it.
+                    ret = int(self._acl.rt.reset_device(device_id))
+                    if ret != 0:
+                        log.warning("acl.rt.reset_device(%d) failed with %d", device_id, ret)
+                    raise
                 device = _Device(device_id, context, 1, BusyClock())
                 self._devices[device_id] = device
                 # create_context makes the new context current on this thread.
@@ -277,8 +285,11 @@ class AclReal:
         )
 
     def unload_model(self, model: AclModel) -> None:
-        check(self._acl.mdl.unload(model.model_id), "acl.mdl.unload")
-        check(self._acl.mdl.destroy_desc(model.handle), "acl.mdl.destroy_desc")
+        # Both are attempted: a failed unload must not leak the description too.
+        unloaded = int(self._acl.mdl.unload(model.model_id))
+        destroyed = int(self._acl.mdl.destroy_desc(model.handle))
+        check(unloaded, "acl.mdl.unload")
+        check(destroyed, "acl.mdl.destroy_desc")
 
     def create_dataset(self, device_id: int, buffers: list[DeviceBuffer]) -> Dataset:
         acl = self._acl
@@ -344,16 +355,24 @@ class AclReal:
         # The dataset keeps pointers to its tensor descs: the old ones go only once
         # every input points at a new one.
         old, inputs.tensor_descs = inputs.tensor_descs, []
-        for tensor, shape in zip(model.desc.data_inputs(), shapes, strict=True):
-            code = NUMPY_TO_ACL.get(tensor.dtype)
-            if code is None:
-                raise AclError("acl.create_tensor_desc", -1, f"no aclDataType for {tensor.dtype}")
-            handle = acl.create_tensor_desc(code, [int(d) for d in shape], ACL_FORMAT_ND)
-            if not handle:
-                raise AclError("acl.create_tensor_desc", -1, "returned a null description")
-            inputs.tensor_descs.append(handle)
-            _, ret = acl.mdl.set_dataset_tensor_desc(inputs.handle, handle, tensor.index)
-            check(ret, "acl.mdl.set_dataset_tensor_desc")
+        try:
+            for tensor, shape in zip(model.desc.data_inputs(), shapes, strict=True):
+                code = NUMPY_TO_ACL.get(tensor.dtype)
+                if code is None:
+                    raise AclError(
+                        "acl.create_tensor_desc", -1, f"no aclDataType for {tensor.dtype}"
+                    )
+                handle = acl.create_tensor_desc(code, [int(d) for d in shape], ACL_FORMAT_ND)
+                if not handle:
+                    raise AclError("acl.create_tensor_desc", -1, "returned a null description")
+                inputs.tensor_descs.append(handle)
+                _, ret = acl.mdl.set_dataset_tensor_desc(inputs.handle, handle, tensor.index)
+                check(ret, "acl.mdl.set_dataset_tensor_desc")
+        except Exception:
+            # Some inputs may still point at old descs: keep every desc with the dataset,
+            # so the next successful call (or destroying the dataset) destroys them all.
+            inputs.tensor_descs[:0] = old
+            raise
         self._drop_tensor_descs(old)
 
     def _drop_tensor_descs(self, handles: list[Any]) -> None:

@@ -215,6 +215,7 @@ def test_prebuilt_om_loads_without_atc(
 @pytest.mark.parametrize(
     ("call", "code", "name"),
     [
+        ("acl.rt.create_context", 107000, "ACL_ERROR_RT_PARAM_INVALID"),
         ("acl.rt.malloc", 207001, "ACL_ERROR_RT_MEMORY_ALLOCATION"),
         ("acl.mdl.load_from_file", 100003, "ACL_ERROR_INVALID_FILE"),
         ("acl.rt.create_stream", 107000, "ACL_ERROR_RT_PARAM_INVALID"),
@@ -250,6 +251,20 @@ def test_execute_failure_fails_one_batch_and_the_slot_keeps_serving(
     assert executor.pool_stats()["failures"] == 1  # type: ignore[attr-defined]
     loaded.close()
     finish(runtime, fake)
+
+
+def test_a_failed_unload_still_destroys_the_model_description(
+    runtime: AclReal, fake: FakeAcl, tmp_path: Path
+) -> None:
+    loaded = GeBackend(runtime).load(spec_for(simple_model(tmp_path)))
+    fake.fail_next("acl.mdl.unload", 100000)
+    with pytest.raises(BackendError, match=r"acl.mdl.unload failed with ACL error 100000"):
+        loaded.close()
+    # The model pyACL refused to unload stays; its description does not leak with it.
+    assert fake.descs == {}
+    assert [leak for leak in fake.leaks() if "model" in leak] == [
+        f"model {model_id} not unloaded" for model_id in fake.models
+    ]
 
 
 def test_gear_values_are_validated_by_pyacl(

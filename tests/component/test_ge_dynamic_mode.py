@@ -19,7 +19,7 @@ from fake_acl import FakeAcl, build_module
 from fake_acl import om as fake_om
 from ge_helpers import FAKE_ATC_BIN, ge_runtime, make_model, params, spec_for
 
-from ge_serve.backends.base import BackendError, LoadedModel, ShapeRejected
+from ge_serve.backends.base import BackendError, Executor, LoadedModel, ShapeRejected
 from ge_serve.backends.ge.acl import AclRuntime
 from ge_serve.backends.ge.acl_real import AclReal
 from ge_serve.backends.ge.acl_sim import SimRuntime
@@ -208,33 +208,65 @@ def test_a_request_too_big_for_the_device_fails_alone(tmp_path: Path) -> None:
     assert runtime.devices[0].used == 0
 
 
-@pytest.mark.parametrize("call", ["acl.mdl.create_dataset", "acl.mdl.add_dataset_buffer"])
-def test_a_dataset_pyacl_refuses_while_growing_fails_that_request_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str
-) -> None:
-    # The new dataset is built before the old one goes: when pyACL refuses it, the slot
-    # keeps its live dataset, later requests (growing again) serve, and close is clean.
+@pytest.fixture
+def fake_acl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[FakeAcl, AclReal]]:
+    """The real shim over a strict fake pyACL the test injects failures into; at the end
+    nothing may be held and no rule broken."""
     monkeypatch.setenv("PATH", f"{FAKE_ATC_BIN}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_ATC_LOG", str(tmp_path / "atc.log"))
     fake = FakeAcl(soc="Ascend310P3")
     real = AclReal(build_module(fake), AtcCompiler(tmp_path / "om"))
-    folder = dynamic_encoder_folder(tmp_path)
-    session = ort.InferenceSession(str(folder / "1" / "model.onnx"))
     try:
-        loaded = GeBackend(real, {"accuracy_check": "false"}, cores=1).load(spec_for(folder))
-        executor = loaded.executors[0]
-        assert executor.execute(feeds(1, 5))["LAST_HIDDEN"].shape == (1, 5, 16)
-        before = executor.pool_stats()  # type: ignore[attr-defined]
-        fake.fail_next(call, 100000)
-        with pytest.raises(BackendError, match=call):
-            executor.execute(feeds(8, 200))
-        assert executor.pool_stats()["bytes"] == before["bytes"]  # type: ignore[attr-defined]
-        assert fake.violations == []
-        for batch, seq in ((2, 6), (8, 200)):
-            request = feeds(batch, seq)
-            hidden, _ = session.run(None, request)
-            np.testing.assert_allclose(executor.execute(request)["LAST_HIDDEN"], hidden, rtol=1e-6)
-        loaded.close()
+        yield fake, real
     finally:
         real.shutdown()
     assert fake.leaks() == [] and fake.violations == []
+
+
+def check_serves(executor: Executor, folder: Path, *shapes: tuple[int, int]) -> None:
+    session = ort.InferenceSession(str(folder / "1" / "model.onnx"))
+    for batch, seq in shapes:
+        request = feeds(batch, seq)
+        hidden, _ = session.run(None, request)
+        np.testing.assert_allclose(executor.execute(request)["LAST_HIDDEN"], hidden, rtol=1e-6)
+
+
+@pytest.mark.parametrize("call", ["acl.mdl.create_dataset", "acl.mdl.add_dataset_buffer"])
+def test_a_dataset_pyacl_refuses_while_growing_fails_that_request_alone(
+    fake_acl: tuple[FakeAcl, AclReal], tmp_path: Path, call: str
+) -> None:
+    # The new dataset is built before the old one goes: when pyACL refuses it, the slot
+    # keeps its live dataset, later requests (growing again) serve, and close is clean.
+    fake, real = fake_acl
+    folder = dynamic_encoder_folder(tmp_path)
+    loaded = GeBackend(real, {"accuracy_check": "false"}, cores=1).load(spec_for(folder))
+    executor = loaded.executors[0]
+    check_serves(executor, folder, (1, 5))
+    before = executor.pool_stats()  # type: ignore[attr-defined]
+    fake.fail_next(call, 100000)
+    with pytest.raises(BackendError, match=call):
+        executor.execute(feeds(8, 200))
+    assert executor.pool_stats()["bytes"] == before["bytes"]  # type: ignore[attr-defined]
+    assert fake.violations == []
+    check_serves(executor, folder, (2, 6), (8, 200))
+    loaded.close()
+
+
+@pytest.mark.parametrize("call", ["acl.create_tensor_desc", "acl.mdl.set_dataset_tensor_desc"])
+def test_a_shape_pyacl_refuses_to_describe_fails_that_request_alone(
+    fake_acl: tuple[FakeAcl, AclReal], tmp_path: Path, call: str
+) -> None:
+    # The descs detached from the dataset before the failure are kept with it, so none
+    # leaks however many requests fail (the fixture's teardown counts them).
+    fake, real = fake_acl
+    folder = dynamic_encoder_folder(tmp_path)
+    loaded = GeBackend(real, {"accuracy_check": "false"}, cores=1).load(spec_for(folder))
+    executor = loaded.executors[0]
+    check_serves(executor, folder, (1, 5))
+    for _ in range(3):
+        fake.fail_next(call, 100000)
+        with pytest.raises(BackendError, match=call):
+            executor.execute(feeds(2, 7))
+    assert fake.violations == []
+    check_serves(executor, folder, (2, 7), (3, 9))
+    loaded.close()
