@@ -112,6 +112,7 @@ ATC_FILE_FLAGS = frozenset(
         "op_name_map",
         "fusion_switch_file",
         "compress_weight_conf",
+        "compression_optimize_conf",
         "keep_dtype",
         "customize_dtypes",
         "op_precision_mode",

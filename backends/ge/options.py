@@ -52,8 +52,19 @@ from .shapes import BATCH, DESCRIBED, STATIC, ShapePlan, plan_shapes
 
 log = logging.getLogger(__name__)
 
-# atc flags that ge-serve sets itself (what to compile, into which file, in which mode).
-_OWN_ATC_FLAGS = frozenset({"model", "framework", "output", "mode"})
+# atc flags that ge-serve sets itself (what to compile, into which file, in which mode,
+# for which SoC, with which gears), and what a user sets instead. A second copy on the
+# command line would fight ge-serve's (atc takes one of them, and the OM would no longer
+# match what ge-serve planned for it).
+_OWN_ATC_FLAGS = {
+    "model": "the model file is the version folder's model",
+    "framework": "it follows the model file's suffix (.onnx, .pb)",
+    "output": "the OM goes into the atc cache (--atc-cache-dir)",
+    "mode": "ge-serve only compiles models (mode 0)",
+    "soc_version": "it is asked of the NPU (acl.get_soc_name); an OM built for another SoC "
+    "does not run on it",
+    "dynamic_batch_size": 'give the batch gears as graph.ge.dynamicDims (e.g. "1;2;4;8")',
+}
 _ATC_FLAG_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 # Options ge-serve turns into atc's shape and gear flags itself.
 _SHAPE_OPTIONS = ("ge.inputShape", "ge.dynamicDims", "ge.dynamicNodeType", "ge.dynamicImageSize")
@@ -313,9 +324,12 @@ def make_plan(
     """The plan for a config. With `model_dir`, the model's own file parameters become
     their resolved paths inside it (OutsideFolder, a ValueError, when one leaves it)."""
     own = parameters(config, {})
-    for key in own:
-        if key.startswith("atc.") and atc_flag(key) in _OWN_ATC_FLAGS:
-            raise ValueError(f"parameter {key}: ge-serve sets atc's --{atc_flag(key)} itself")
+    for key in [*(backend_config or {}), *own]:
+        instead = _OWN_ATC_FLAGS.get(atc_flag(key)) if key.startswith("atc.") else None
+        if instead is not None:
+            raise ValueError(
+                f"parameter {key}: ge-serve sets atc's --{atc_flag(key)} itself ({instead})"
+            )
     if model_dir is not None:
         for key, text in file_parameters(own):
             own[key] = str(parameter_path(model_dir, key, text))

@@ -232,6 +232,7 @@ def test_the_models_file_options_reach_atc_resolved_inside_its_folder(tmp_path: 
         params(ge__dot__fusionSwitchFile="/etc/passwd"),
         params(session__dot__ge__dot__exec__dot__modify_mixlist="../other/ops.json"),
         params(atc__dot__customize_dtypes="/etc/passwd"),
+        params(atc__dot__compression_optimize_conf="/etc/passwd"),
         # atc takes '-' for '_' and leading dashes; the spelling does not get past the check.
         params(**{"atc__dot__--fusion-switch-file": "/etc/passwd"}),
     ],
@@ -244,9 +245,14 @@ def test_a_models_file_option_outside_its_folder_is_refused(tmp_path: Path, body
 def test_atc_flag_names_cannot_smuggle_or_replace_what_ge_serve_sets() -> None:
     with pytest.raises(ValueError, match="is not an atc flag name"):
         make_plan(config(params(atc__dot__insert_op_conf__eq__x="y").replace("__eq__", "=")))
-    for flag in ("output", "model", "mode", "framework"):
+    for flag in ("output", "model", "mode", "framework", "soc_version", "dynamic_batch_size"):
         with pytest.raises(ValueError, match=f"ge-serve sets atc's --{flag} itself"):
             make_plan(config(params(**{f"atc__dot__{flag}": "x"})))
+    # The error says what to set instead, and --backend-config cannot set them either.
+    with pytest.raises(ValueError, match=r"give the batch gears as graph.ge.dynamicDims"):
+        make_plan(config(params(**{"atc__dot__--dynamic-batch-size": "1,2"})))
+    with pytest.raises(ValueError, match=r"--soc_version itself \(it is asked of the NPU"):
+        make_plan(config(""), {"atc.soc_version": "Ascend910B4"})
     assert file_parameters({"atc.--insert-op-conf": "a", "atc.log": "error"}) == [
         ("atc.--insert-op-conf", "a")
     ]
