@@ -18,13 +18,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .option_tables import ATC_FILE_FLAGS
+
 log = logging.getLogger(__name__)
 
 FRAMEWORKS = {".onnx": 5, ".pb": 3}
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "ge-serve" / "om"
 ATC_TIMEOUT_S = 3600.0
 
-Runner = Callable[[Sequence[str], float], "subprocess.CompletedProcess[str]"]
+# (command, timeout, working folder): atc runs in the folder and writes its side files
+# (fusion_result.json, kernel_meta/, logs) there rather than into the server's cwd.
+Runner = Callable[[Sequence[str], float, Path], "subprocess.CompletedProcess[str]"]
 
 
 class CompileError(RuntimeError):
@@ -51,8 +55,14 @@ class AtcJob:
         return framework
 
 
-def _run(cmd: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, check=False)
+def _run(cmd: Sequence[str], timeout: float, work: Path) -> subprocess.CompletedProcess[str]:
+    # CANN writes what atc leaves besides the OM into ASCEND_WORK_PATH when it is set, and
+    # into the current folder otherwise: both point at the compile's scratch folder, which
+    # goes with the compile.
+    env = {**os.environ, "ASCEND_WORK_PATH": str(work)}
+    return subprocess.run(
+        list(cmd), capture_output=True, text=True, timeout=timeout, check=False, cwd=work, env=env
+    )
 
 
 def file_digest(path: Path) -> str:
@@ -78,12 +88,14 @@ class AtcCompiler:
         self.misses = 0
 
     def command(self, job: AtcJob, output_stem: Path) -> list[str]:
-        """The atc command line; atc writes `<output_stem>.om`."""
+        """The atc command line; atc writes `<output_stem>.om`. Paths are absolute: atc
+        runs in its scratch folder, and a relative path (a relative repository or cache
+        folder, a `--backend-config` file option) means the server's current folder."""
         cmd = [
             self.atc,
-            f"--model={job.model}",
+            f"--model={os.path.abspath(job.model)}",
             f"--framework={job.framework}",
-            f"--output={output_stem}",
+            f"--output={os.path.abspath(output_stem)}",
             f"--soc_version={job.soc_version}",
         ]
         if job.input_shape:
@@ -91,6 +103,8 @@ class AtcCompiler:
         if job.dynamic_batch_size:
             cmd.append("--dynamic_batch_size=" + ",".join(str(g) for g in job.dynamic_batch_size))
         for flag, value in job.options:
+            if flag in ATC_FILE_FLAGS and value:
+                value = os.path.abspath(value)
             cmd.append(f"--{flag}={value}")
         if not any(flag == "log" for flag, _ in job.options):
             cmd.append("--log=error")
@@ -133,11 +147,13 @@ class AtcCompiler:
             )
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="atc-", dir=self.cache_dir) as scratch:
-            stem = Path(scratch) / "model"
+            # Absolute: atc runs inside it, where a relative path would mean another folder.
+            work = Path(os.path.abspath(scratch))
+            stem = work / "model"
             cmd = self.command(job, stem)
             log.info("compiling '%s' with atc: %s", job.model, " ".join(cmd))
             try:
-                done = self._runner(cmd, ATC_TIMEOUT_S)
+                done = self._runner(cmd, ATC_TIMEOUT_S, work)
             except subprocess.TimeoutExpired:
                 raise CompileError(
                     f"atc did not finish compiling '{job.model}' in {ATC_TIMEOUT_S:.0f}s"

@@ -201,7 +201,7 @@ def run_atc(tmp_path: Path, model: Any, *flags: str) -> subprocess.CompletedProc
     env = {**os.environ, "FAKE_ACL_SOC": "Ascend310P3"}
     return subprocess.run(
         [sys.executable, str(FAKE_ATC_BIN / "atc"), *args],
-        capture_output=True, text=True, env=env, timeout=60, check=False,
+        capture_output=True, text=True, env=env, timeout=60, check=False, cwd=tmp_path,
     )  # fmt: skip
 
 

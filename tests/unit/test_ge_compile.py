@@ -135,6 +135,33 @@ def test_cache_key_covers_content_and_options(tmp_path: Path, atc_log: Path) -> 
     assert len(runs(atc_log)) == 1
 
 
+def test_atc_leaves_its_side_files_in_its_scratch_folder_not_the_servers_cwd(
+    tmp_path: Path, atc_log: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # atc writes fusion_result.json (and more) into the current folder unless
+    # ASCEND_WORK_PATH is set: the server's cwd would fill up, one file set per compile.
+    served_from = tmp_path / "cwd"
+    served_from.mkdir()
+    monkeypatch.chdir(served_from)
+    shutil.copyfile(SIMPLE, tmp_path / "model.onnx")
+    (tmp_path / "fusion.cfg").write_text("{}", encoding="utf-8")
+    # Relative paths (a relative repository, cache folder or --backend-config file) still
+    # mean the server's current folder, though atc runs elsewhere.
+    job = AtcJob(
+        Path("../model.onnx"),
+        "Ascend310P3",
+        "INPUT0:-1,16;INPUT1:-1,16",
+        (1, 2),
+        (("fusion_switch_file", "../fusion.cfg"),),
+    )
+    om, _ = AtcCompiler(Path("../cache")).compile(job)
+    assert list(served_from.iterdir()) == []
+    assert list((tmp_path / "cache").iterdir()) == [om.resolve()]  # no scratch folder left
+    (args,) = runs(atc_log)
+    assert args[0] == f"--model={tmp_path / 'model.onnx'}"
+    assert f"--fusion_switch_file={tmp_path / 'fusion.cfg'}" in args
+
+
 def test_tensorflow_pb_is_compiled_with_framework_3(tmp_path: Path, atc_log: Path) -> None:
     graph = tmp_path / "frozen_graph.pb"
     graph.write_bytes(b"\x0a\x00")
