@@ -18,6 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import onnx
+from onnx import external_data_helper
+
 from .option_tables import ATC_FILE_FLAGS
 
 log = logging.getLogger(__name__)
@@ -73,6 +76,46 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _digest_or_missing(path: Path) -> str:
+    """A regular file's digest; folders (op_bank_path, debug_dir) and missing paths by
+    kind only (atc reports a missing file itself)."""
+    if path.is_file():
+        return file_digest(path)
+    return "folder" if path.is_dir() else "missing"
+
+
+def external_data(model: Path) -> list[str]:
+    """The files (relative to the model's folder) an ONNX model keeps tensors in, from
+    the graph alone (the weights are not read). Empty for other models, and for a file
+    onnx cannot parse (atc then fails on it with its own message)."""
+    if model.suffix.lower() != ".onnx":
+        return []
+    try:
+        proto = onnx.load(str(model), load_external_data=False)
+    except Exception:
+        return []
+    # Subgraphs (If/Loop bodies) and functions hold tensors too.
+    graphs: list[onnx.GraphProto | onnx.FunctionProto] = [proto.graph, *proto.functions]
+    locations: set[str] = set()
+    while graphs:
+        graph = graphs.pop()
+        tensors: list[onnx.TensorProto] = list(getattr(graph, "initializer", ()))
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.HasField("t"):
+                    tensors.append(attribute.t)
+                tensors.extend(attribute.tensors)
+                if attribute.HasField("g"):
+                    graphs.append(attribute.g)
+                graphs.extend(attribute.graphs)
+        for sparse in getattr(graph, "sparse_initializer", ()):
+            tensors.extend((sparse.values, sparse.indices))
+        for tensor in tensors:
+            if external_data_helper.uses_external_data(tensor):
+                locations.add(external_data_helper.ExternalDataInfo(tensor).location)
+    return sorted(locations)
+
+
 class AtcCompiler:
     """Runs `atc` (found on PATH) and keeps its OM files in `cache_dir`."""
 
@@ -111,8 +154,21 @@ class AtcCompiler:
         return cmd
 
     def cache_key(self, job: AtcJob) -> str:
+        """What the OM depends on: the model, its external data, the contents of the
+        files the options name (an edited AIPP config must not reuse the old OM), the
+        options themselves, and which atc compiles it."""
         described = {
             "file": file_digest(job.model),
+            "external_data": {
+                location: _digest_or_missing(job.model.parent / location)
+                for location in external_data(job.model)
+            },
+            "option_files": {
+                flag: _digest_or_missing(Path(value))
+                for flag, value in job.options
+                if flag in ATC_FILE_FLAGS and value
+            },
+            "atc": self._atc_identity(),
             "framework": job.framework,
             "soc_version": job.soc_version,
             "input_shape": job.input_shape,
@@ -121,6 +177,19 @@ class AtcCompiler:
         }
         text = json.dumps(described, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def _atc_identity(self) -> str:
+        """The atc binary's real path, size and change time: a CANN upgrade (a new
+        versioned folder behind `latest`, or a new binary in place) compiles anew."""
+        found = self.atc if os.sep in self.atc else shutil.which(self.atc)
+        if found is None:
+            return ""
+        try:
+            real = os.path.realpath(found)
+            stat = os.stat(real)
+        except OSError:
+            return ""
+        return f"{real}:{stat.st_size}:{stat.st_mtime_ns}"
 
     def compile(self, job: AtcJob) -> tuple[Path, bool]:
         """Return the OM for `job` and whether it came from the cache."""

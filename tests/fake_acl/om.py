@@ -147,7 +147,8 @@ def build_shaped(
         "format": FORMAT,
         "soc_version": soc_version,
         "framework": framework,
-        "onnx_b64": base64.b64encode(model_path.read_bytes()).decode(),
+        # atc bakes the weights into the OM, external data included.
+        "onnx_b64": base64.b64encode(model.SerializeToString()).decode(),
         "inputs": inputs,
         "outputs": outputs,
         "gears": [],
@@ -236,7 +237,8 @@ def build(
         "format": FORMAT,
         "soc_version": soc_version,
         "framework": framework,
-        "onnx_b64": base64.b64encode(model_path.read_bytes()).decode(),
+        # atc bakes the weights into the OM, external data included.
+        "onnx_b64": base64.b64encode(model.SerializeToString()).decode(),
         "inputs": inputs,
         "outputs": outputs,
         "gears": sorted(gears),

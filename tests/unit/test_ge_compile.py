@@ -10,9 +10,12 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
 from fake_acl import FakeAcl, build_module
 from ge_helpers import EXAMPLES, FAKE_ATC_BIN, SIMPLE_IO, make_model, params, spec_for
+from onnx import helper, numpy_helper
 
 from ge_serve.backends.ge.acl_real import AclReal
 from ge_serve.backends.ge.backend import GeBackend
@@ -129,9 +132,14 @@ def test_cache_key_covers_content_and_options(tmp_path: Path, atc_log: Path) -> 
             AtcJob(model, "Ascend310P3", job.input_shape, (1, 2), (("precision_mode", "x"),))
         )
     )
+    # Another atc (a CANN upgrade): its path, size or change time differ.
+    upgraded = tmp_path / "toolkit-2" / "atc"
+    upgraded.parent.mkdir()
+    shutil.copy2(FAKE_ATC_BIN / "atc", upgraded)
+    keys.add(AtcCompiler(cache, atc=str(upgraded)).cache_key(job))
     model.write_bytes(model.read_bytes() + b"\0")  # different content, same path
     keys.add(compiler.cache_key(job))
-    assert len(keys) == 5
+    assert len(keys) == 6
     assert len(runs(atc_log)) == 1
 
 
@@ -160,6 +168,60 @@ def test_atc_leaves_its_side_files_in_its_scratch_folder_not_the_servers_cwd(
     (args,) = runs(atc_log)
     assert args[0] == f"--model={tmp_path / 'model.onnx'}"
     assert f"--fusion_switch_file={tmp_path / 'fusion.cfg'}" in args
+
+
+def external_weight_model(folder: Path, weight: list[float]) -> None:
+    """`y = x + W`, W (4 floats) kept in `w.bin` next to the model as ONNX external data."""
+    w = numpy_helper.from_array(np.array(weight, np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "W"], ["y"])],
+        "ext",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["B", 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["B", 4])],
+        [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save_model(
+        model, str(folder / "model.onnx"), save_as_external_data=True, location="w.bin",
+        size_threshold=0,
+    )  # fmt: skip
+
+
+EXTERNAL_CONFIG = """
+max_batch_size: 2
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+
+
+def test_editing_a_file_atc_reads_compiles_anew_on_reload(tmp_path: Path, atc_log: Path) -> None:
+    # The OM bakes in the ONNX external data and the files the options name (an AIPP
+    # config): after editing one, a reload must not serve the stale OM.
+    folder = make_model(
+        tmp_path, "ext", EXTERNAL_CONFIG + params(atc__dot__insert_op_conf="aipp.cfg")
+    )
+    external_weight_model(folder / "1", [1, 2, 3, 4])
+    aipp = folder / "aipp.cfg"
+    aipp.write_text("aipp_op {\n aipp_mode: static\n}\n", encoding="utf-8")
+    runtime = AclReal(build_module(FakeAcl()), AtcCompiler(tmp_path / "cache"))
+    x = {"x": np.zeros((1, 4), np.float32)}
+
+    def reload() -> list[float]:
+        loaded = GeBackend(runtime, {"accuracy_check": "false"}).load(spec_for(folder))
+        try:
+            return [float(v) for v in loaded.executors[0].execute(x)["y"][0]]
+        finally:
+            loaded.close()
+
+    assert reload() == [1, 2, 3, 4]
+    assert reload() == [1, 2, 3, 4] and len(runs(atc_log)) == 1  # nothing changed: cached
+    np.array([10, 20, 30, 40], np.float32).tofile(folder / "1" / "w.bin")
+    assert reload() == [10, 20, 30, 40] and len(runs(atc_log)) == 2
+    aipp.write_text("aipp_op {\n aipp_mode: static\n mean_chn_0: 99\n}\n", encoding="utf-8")
+    reload()
+    assert len(runs(atc_log)) == 3
+    runtime.shutdown()
 
 
 def test_tensorflow_pb_is_compiled_with_framework_3(tmp_path: Path, atc_log: Path) -> None:
