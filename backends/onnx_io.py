@@ -5,6 +5,7 @@ Shared by every backend that consumes ONNX (onnxruntime on the host, GE on the N
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,33 @@ import onnx
 from ge_serve.protos import model_config_pb2
 
 from .scheduled_io import fed_inputs, kept_outputs
+
+
+def max_intra_op_threads() -> int:
+    """The most `intra_op_thread_count` may ask for. onnxruntime starts every intra-op
+    thread when a session is made, per slot: thousands run the process out of threads
+    and the load hangs. Past the cores they only add contention, so 4 per core (at least
+    64, harmless anywhere) leaves room to oversubscribe and refuses the mistakes."""
+    return max(64, 4 * (os.cpu_count() or 1))
+
+
+def intra_op_thread_count(text: str) -> int:
+    """A whole `intra_op_thread_count` parameter no larger than max_intra_op_threads();
+    ValueError naming the parameter and the bound otherwise."""
+    try:
+        count = int(text.strip())
+    except ValueError:
+        raise ValueError(
+            f"parameter intra_op_thread_count must be a whole number, got '{text}'"
+        ) from None
+    bound = max_intra_op_threads()
+    if count > bound:
+        raise ValueError(
+            f"parameter intra_op_thread_count {count} is more threads than this host can "
+            f"use (at most {bound}: 4 per core, at least 64)"
+        )
+    return count
+
 
 _ONNX_TO_CONFIG: dict[int, int] = {
     onnx.TensorProto.BOOL: model_config_pb2.TYPE_BOOL,

@@ -16,7 +16,7 @@ from onnx import TensorProto
 from ge_serve.protos import model_config_pb2
 
 from .base import Array, LoadedModel, ModelSpec, SlotInfo
-from .onnx_io import autocomplete_from_onnx
+from .onnx_io import autocomplete_from_onnx, intra_op_thread_count
 from .scheduled_io import fed_inputs
 from .warmup import run_warmup
 
@@ -46,7 +46,7 @@ def session_options(intra_threads: int, config: model_config_pb2.ModelConfig) ->
 def default_intra_threads(config: model_config_pb2.ModelConfig, slots: int) -> int:
     configured = string_param(config, "intra_op_thread_count")
     if configured:
-        return max(int(configured), 1)
+        return max(intra_op_thread_count(configured), 1)
     return max((os.cpu_count() or 1) // max(slots, 1), 1)
 
 
