@@ -1,6 +1,7 @@
 """The CV examples' own pieces, without a server: the restricted reader of torch's pickle
 format (examples/efficientnet/torch_pickle.py), TensorFlow SAME padding in the
-EfficientNet graph, and MTCNN's pyramid and NMS (examples/face_detect/model/face_steps.py).
+EfficientNet graph, MTCNN's pyramid and NMS (examples/face_detect/model/face_steps.py),
+and how the image examples (efficientnet, face_detect, ocr) decode high-bit-depth images.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from types import ModuleType
 
 import cvrepo
 import numpy as np
+import ocrrepo
 import pytest
+from PIL import Image
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +115,36 @@ def test_nms_keeps_the_best_of_overlapping_boxes(face_steps: ModuleType) -> None
 def test_a_box_is_squared_about_its_centre(face_steps: ModuleType) -> None:
     squared = face_steps.square(np.array([[10.0, 20.0, 30.0, 60.0]]))
     np.testing.assert_allclose(squared, [[0.0, 20.0, 40.0, 60.0]])
+
+
+def decoders() -> dict[str, ModuleType]:
+    return {
+        "efficientnet": cvrepo.load_module(
+            "classify_steps", cvrepo.EXAMPLES / "efficientnet" / "model" / "classify_steps.py"
+        ),
+        "face_detect": cvrepo.face_detect_build().face_steps(),
+        "ocr": ocrrepo.ocr_steps(),
+    }
+
+
+def encoded(array: np.ndarray, mode: str | None, fmt: str) -> bytes:
+    buffer = io.BytesIO()
+    (Image.fromarray(array, mode) if mode else Image.fromarray(array)).save(buffer, fmt)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("example", ["efficientnet", "face_detect", "ocr"])
+def test_a_16_bit_photo_decodes_as_its_8_bit_self(example: str) -> None:
+    # Pillow's convert("RGB") clips 16-bit samples at 255: the photo came out white and
+    # was classified, with a 200, as something it is not.
+    decode = decoders()[example].decode_image
+    camera = np.asarray(Image.open(io.BytesIO(cvrepo.photo("camera.png"))).convert("L"))
+    expected = np.asarray(decode(encoded(camera, None, "PNG")), np.int16)
+    wide = camera.astype(np.uint16) * 257  # the same photo over 0..65535
+    as_16_bit = encoded(wide, None, "PNG")  # Pillow reads it as mode I;16
+    as_32_bit = encoded(wide.astype(np.int32), None, "TIFF")  # mode I
+    as_float = encoded(camera.astype(np.float32) / 255, "F", "TIFF")  # mode F, 0..1
+    for data in (as_16_bit, as_32_bit, as_float):
+        got = np.asarray(decode(data), np.int16)
+        assert got.shape == expected.shape
+        assert np.abs(got - expected).max() <= 1

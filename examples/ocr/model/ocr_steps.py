@@ -68,13 +68,35 @@ class DetSettings:
     max_candidates: int = 1000
 
 
+def eight_bit(image: Image.Image) -> Image.Image:
+    """`image` with 8-bit samples. Pillow's convert("RGB") clips the samples of its wide
+    grey modes (I;16*, I, F) at 255 rather than scaling them, so a 16-bit photo would
+    come out nearly all white and still be served: those are rescaled to 0..255 here.
+    I;16* hold 0..65535 (keep the high byte, as an 8-bit export of the file would); I
+    (32-bit) is what older Pillows and TIFFs give 16-bit data as, so it is read as
+    0..65535 too, clipped; F (float) is read as 0..1 when nothing exceeds 1 (the usual
+    float image convention), as 0..255 when nothing exceeds 255, and as 0..65535 past
+    that."""
+    mode = image.mode
+    if not (mode.startswith("I;16") or mode in ("I", "F")):
+        return image
+    values = np.asarray(image)
+    if mode != "F":
+        wide = np.clip(values.astype(np.int64), 0, 65535) >> 8
+        return Image.fromarray(wide.astype(np.uint8), "L")
+    top = float(np.nanmax(values, initial=0.0))
+    scale = 255.0 if top <= 1.0 else 1.0 if top <= 255.0 else 255.0 / 65535.0
+    scaled = np.nan_to_num(values.astype(np.float64) * scale)
+    return Image.fromarray(np.clip(np.rint(scaled), 0, 255).astype(np.uint8), "L")
+
+
 def decode_image(data: bytes) -> npt.NDArray[np.uint8]:
     """An encoded image (PNG, JPEG, ...) as an RGB uint8 array [H, W, 3]."""
     try:
         with Image.open(io.BytesIO(data)) as image:
             if image.width * image.height > MAX_PIXELS:
                 raise BadImage(f"the image is {image.width}x{image.height}, too large")
-            rgb = np.asarray(image.convert("RGB"), dtype=np.uint8)
+            rgb = np.asarray(eight_bit(image).convert("RGB"), dtype=np.uint8)
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
         raise BadImage(f"the input is not a readable image: {exc}") from None
     if rgb.shape[0] < 8 or rgb.shape[1] < 8:
