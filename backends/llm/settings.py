@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ge_serve.protos import model_config_pb2
 
+from ..onnx_io import intra_op_thread_count
 from ..paths import resolve_inside
 from ..text_bool import parse_bool
 
@@ -122,7 +123,7 @@ def parse_settings(
         max_num_seqs=_positive(raw, "max_num_seqs"),
         max_num_batched_tokens=_positive(raw, "max_num_batched_tokens"),
         batching=raw["batching"],
-        intra_op_threads=_integer(raw, "intra_op_thread_count", 0),
+        intra_op_threads=_threads(raw),
         defaults=SamplingDefaults(
             max_tokens=_positive(raw, "default_max_tokens"),
             temperature=_number(raw, "default_temperature", 0.0, None),
@@ -217,6 +218,12 @@ def _integer(raw: dict[str, str], key: str, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"parameter {key}: {value} is below {minimum}")
     return value
+
+
+def _threads(raw: dict[str, str]) -> int:
+    """0: as many as the host has cores; else bounded as on every onnxruntime backend."""
+    count = _integer(raw, "intra_op_thread_count", 0)
+    return intra_op_thread_count(str(count)) if count else 0
 
 
 def _flag(raw: dict[str, str], key: str) -> bool:

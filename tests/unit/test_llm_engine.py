@@ -22,6 +22,7 @@ from ge_serve.backends.llm.sampling import (
 )
 from ge_serve.backends.llm.settings import SamplingDefaults
 from ge_serve.backends.llm.text import Detokenizer, StopStrings, Tokenizer
+from ge_serve.backends.onnx_io import max_intra_op_threads
 from ge_serve.scheduler.genplan import Limits, plan_step
 from ge_serve.scheduler.genseq import Sequence
 
@@ -327,6 +328,13 @@ def test_top_p_keeps_the_smallest_nucleus_over_a_large_flat_vocabulary() -> None
         # The one spelling of true and false that flags and other parameters take.
         ({"enable_prefix_caching": "off"}, None),
         ({"enable_prefix_caching": "maybe"}, "enable_prefix_caching"),
+        # Thousands of onnxruntime threads hang the load once the process has no more
+        # (just past the bound here: without the check the load would succeed).
+        (
+            {"intra_op_thread_count": str(max_intra_op_threads() + 1)},
+            f"intra_op_thread_count {max_intra_op_threads() + 1} is more threads",
+        ),
+        ({"intra_op_thread_count": "-1"}, "is below 0"),
     ],
 )
 def test_settings_the_engine_cannot_honour_fail_the_load(
