@@ -18,7 +18,12 @@ sizes), whose executors accept only those shapes; or, failing those, the model's
 - `bucket_pad_values`: `input:value` pairs (default 0 for every input);
 - `bucket_trim_outputs`: `output:dim=input:dim` pairs: that output dim is trimmed back
   to the request's size of that input dim, when it has the bucket's padded size. Without
-  it, each variable (-1) output dim is trimmed by the first input padded in that dim.
+  it, each variable (-1) output dim is trimmed by the first input padded in that dim;
+- `bucket_padding`: `false` runs only requests of a bucket's exact shape, refusing others
+  (400) as the NPU refuses a shape that is no gear. Padding is right only for a model
+  that ignores the padded positions (masked attention, a convolution trimmed back); one
+  whose outputs read them (a mean, an unmasked softmax over the padded dim) needs its
+  clients to send gear shapes.
 
 Everything here is pure: the scheduler assigns buckets on the loop (`assign`), and the
 slot thread pads (`merge`) and trims (`trim`).
@@ -33,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ge_serve.backends.base import ShapeBucket, gear_for
+from ge_serve.backends.text_bool import parse_bool
 from ge_serve.protos import model_config_pb2
 from ge_serve.server.errors import invalid_arg
 
@@ -42,7 +48,8 @@ INPUTS_KEY = "bucket_inputs"
 SIZES_KEY = "bucket_sizes"
 PAD_KEY = "bucket_pad_values"
 TRIM_KEY = "bucket_trim_outputs"
-KEYS = (INPUTS_KEY, SIZES_KEY, PAD_KEY, TRIM_KEY)
+PADDING_KEY = "bucket_padding"
+KEYS = (INPUTS_KEY, SIZES_KEY, PAD_KEY, TRIM_KEY, PADDING_KEY)
 
 # (output, its dim in the executed shape, input, its dim in the executed shape)
 Trim = tuple[str, int, str, int]
@@ -63,6 +70,8 @@ class Bucketing:
     # Per bucket, the batch sizes the executors run it at (backend gears that fix the
     # batch dim, as ND gears do); empty: the model's batch gears, whatever the bucket.
     batch_gears: tuple[tuple[int, ...], ...] = ()
+    # `bucket_padding: false`: a request runs only at a bucket's exact shape.
+    exact: bool = False
 
     @property
     def closes_on_shape_change(self) -> bool:
@@ -91,7 +100,7 @@ class Bucketing:
             if largest and item.batch_size > largest:
                 continue
             if all(
-                _holds(dims, item.inputs[name].shape[lead:])
+                _holds(dims, item.inputs[name].shape[lead:], self.exact)
                 for name, dims in shape.items()
                 if name in item.inputs
             ):
@@ -101,8 +110,9 @@ class Bucketing:
             for name in self.shapes[0]
             if name in item.inputs
         )
+        fits = "matches" if self.exact else "fits"
         raise invalid_arg(
-            f"request for model '{self.model}' fits none of its shape buckets ({got}); "
+            f"request for model '{self.model}' {fits} none of its shape buckets ({got}); "
             f"the buckets are: {self.describe()}"
         )
 
@@ -202,9 +212,11 @@ class Bucketing:
         return result
 
 
-def _holds(bucket: tuple[int, ...], dims: tuple[int, ...]) -> bool:
+def _holds(bucket: tuple[int, ...], dims: tuple[int, ...], exact: bool = False) -> bool:
     if len(bucket) != len(dims):
         return False
+    if exact:
+        return all(b < 0 or d == b for b, d in zip(bucket, dims, strict=True))
     return all(b < 0 or d <= b for b, d in zip(bucket, dims, strict=True))
 
 
@@ -245,10 +257,10 @@ def bucketing_for(
         shapes = _configured(name, params, inputs)
         batch_gears = ()
     else:
-        if PAD_KEY in params or TRIM_KEY in params:
+        if PAD_KEY in params or TRIM_KEY in params or PADDING_KEY in params:
             raise invalid_arg(
-                f"model '{name}' sets '{PAD_KEY}' or '{TRIM_KEY}' but has no shape buckets "
-                f"(set '{INPUTS_KEY}' and '{SIZES_KEY}')"
+                f"model '{name}' sets '{PAD_KEY}', '{TRIM_KEY}' or '{PADDING_KEY}' but has "
+                f"no shape buckets (set '{INPUTS_KEY}' and '{SIZES_KEY}')"
             )
         return None
     outputs = {tensor.name: tuple(int(d) for d in tensor.dims) for tensor in config.output}
@@ -259,7 +271,17 @@ def bucketing_for(
         pad_values=_pad_values(name, params.get(PAD_KEY, ""), inputs),
         trims=_trims(name, params.get(TRIM_KEY), shapes, inputs, outputs, batching),
         batch_gears=batch_gears,
+        exact=not _padding(name, params.get(PADDING_KEY, "true")),
     )
+
+
+def _padding(name: str, text: str) -> bool:
+    try:
+        return parse_bool(text)
+    except ValueError:
+        raise invalid_arg(
+            f"parameter '{PADDING_KEY}' of model '{name}' must be true or false, got '{text}'"
+        ) from None
 
 
 def _pairs(name: str, key: str, text: str) -> list[tuple[str, str]]:

@@ -102,7 +102,12 @@ def build_scheduler(
     ragged = ragged_for(config)
     shaper: Shaper | None = buckets or ragged
     if buckets is not None:
-        log.info("model '%s': shape buckets %s", config.name, buckets.describe())
+        log.info(
+            "model '%s': shape buckets %s (%s)",
+            config.name,
+            buckets.describe(),
+            "exact shapes only" if buckets.exact else "requests padded up to them",
+        )
         if ragged is not None:
             raise invalid_arg(
                 f"model '{config.name}': shape buckets cannot be combined with ragged "

@@ -125,6 +125,25 @@ async def test_the_backends_buckets_are_the_only_shapes_executed() -> None:
         await batcher.close(5.0)
 
 
+async def test_without_padding_only_a_gears_exact_shape_runs() -> None:
+    # Padding changes what a model that reads the padded positions computes (a mean over
+    # them): such a model runs only the shapes its gears have, as on the NPU.
+    fake = Recording()
+    fake.open()
+    gears = tuple(ShapeBucket({"x": (-1, n), "mask": (-1, n)}) for n in (32, 64))
+    batcher = batcher_for(bucket_config(bucket_padding="false"), fake, shape_buckets=gears)
+    try:
+        result = await asyncio.wait_for(batcher.submit(seq(3, 64)), 10)
+        assert fake.shapes == [(1, 64)] and result["y"].shape == (1, 64)
+        with pytest.raises(ServerError) as info:
+            await batcher.submit(seq(3, 40))
+        assert info.value.code is ErrorCode.INVALID_ARG
+        assert "matches none of its shape buckets (mask[1,40], x[1,40])" in info.value.message
+        assert fake.shapes == [(1, 64)], "nothing padded ran"
+    finally:
+        await batcher.close(5.0)
+
+
 async def test_the_adaptive_controller_prices_each_bucket_on_its_own() -> None:
     fake = Recording()
     fake.open()
@@ -149,6 +168,11 @@ async def test_the_adaptive_controller_prices_each_bucket_on_its_own() -> None:
         ({"bucket_inputs": "x:0", "bucket_sizes": "4,big"}, "bucket 'big' must be one"),
         ({"bucket_inputs": "x:0", "bucket_sizes": "4x4"}, "bucket '4x4' must be one"),
         ({"bucket_pad_values": "x:0"}, "but has no shape buckets"),
+        ({"bucket_padding": "false"}, "but has no shape buckets"),
+        (
+            {"bucket_inputs": "x:0", "bucket_sizes": "4", "bucket_padding": "sometimes"},
+            "'bucket_padding' of model 'm' must be true or false, got 'sometimes'",
+        ),
         (
             {"bucket_inputs": "x:0", "bucket_sizes": "4", "bucket_pad_values": "x:zero"},
             "pad value 'zero' of 'x' is not a number",
