@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import queue
 import threading
@@ -171,10 +172,10 @@ class ExecutorSlot:
                 result = job(self.executor)
             except BaseException as exc:  # every failure goes back to its caller
                 self.thread_ns = _averaged(self.thread_ns, time.thread_time_ns() - started)
-                loop.call_soon_threadsafe(report, None, exc)
+                _report(loop, report, None, exc)
             else:
                 self.thread_ns = _averaged(self.thread_ns, time.thread_time_ns() - started)
-                loop.call_soon_threadsafe(report, result, None)
+                _report(loop, report, result, None)
                 del result
             # The job holds its batch: the requests' tensors, and their futures, which hold
             # a failed one's error, whose traceback holds this frame. Let go of it now, not
@@ -190,6 +191,14 @@ class ExecutorSlot:
 
 def _averaged(mean: float | None, sample: int) -> float:
     return sample if mean is None else mean + _MEAN_WEIGHT * (sample - mean)
+
+
+def _report(
+    loop: asyncio.AbstractEventLoop, report: Report, result: Any, exc: BaseException | None
+) -> None:
+    # A closed loop: a job that outlived the server's exit timeout has nobody to answer.
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(report, result, exc)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

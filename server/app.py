@@ -373,7 +373,7 @@ class ServerApp:
         await self.control.stop()
         if self.metrics is not None and self.metrics.sampler is not None:
             await asyncio.to_thread(self.metrics.sampler.stop)
-        await self.lifecycle.close()
+        await self.lifecycle.close(deadline)
         self.core.tracing.close()
         self.core.shared_memory.close()
         close_backends(self.backends)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,8 @@ class ModelLifecycle:
         self.scheduler_factory = scheduler_factory
         self.settings = settings
         self._loads = LoadPool(settings.load_threads, settings.load_retries)
+        # Set by `close`: when the server's one exit timeout ends (time.monotonic()).
+        self._deadline: float | None = None
         self.models: dict[str, ModelRecord] = {}
         # Observers called after each successful load: (model, load seconds).
         self.on_loaded: list[Callable[[ModelVersion, float], None]] = []
@@ -393,8 +396,11 @@ class ModelLifecycle:
         model = entry.model
         if model is None:
             return
+        timeout = self.settings.unload_timeout_s
+        if self._deadline is not None:
+            timeout = max(0.0, min(timeout, self._deadline - time.monotonic()))
         try:
-            await model.scheduler.close(self.settings.unload_timeout_s)
+            await model.scheduler.close(timeout)
         except Exception:
             log.exception("closing '%s' version %d failed", model.name, model.version)
         entry.model = None
@@ -441,7 +447,11 @@ class ModelLifecycle:
         await asyncio.gather(*(one(n) for n in names))
         return errors
 
-    async def close(self) -> None:
+    async def close(self, deadline: float | None = None) -> None:
+        """Unload everything; with `deadline` (the server's exit timeout, started when it
+        began to stop), what is still running then is cancelled, rather than given a
+        whole unload timeout more."""
+        self._deadline = deadline
         await asyncio.gather(*(self.unload(name) for name in list(self.models)))
 
 
