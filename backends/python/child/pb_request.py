@@ -206,6 +206,12 @@ class InferenceRequest:
         self._model_version = int(model_version)
         self._flags = int(flags)
         self._timeout = int(timeout)
+        if self._timeout < 0:
+            # Triton's is an unsigned count of microseconds; a negative one is no timeout
+            # at all, not "none", so it is refused rather than read as 0.
+            raise TritonModelException(
+                f"timeout must be microseconds >= 0 (0: none), got {self._timeout}"
+            )
         self._parameters = _parameters(parameters)
         self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
         # Set for a request the server handed to execute().
