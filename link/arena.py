@@ -13,9 +13,9 @@ killed: the memory goes once the last process holding a mapping of it is gone. A
 is announced to the peer by passing its file descriptor over the control socket. Pages
 are committed only when touched, so a large segment costs what is used of it; an arena
 grows by further segments when one is too full, and first-fit allocation keeps reusing the
-start of the first. Of the further segments, one wholly free is kept for the next large
-tensor; the others go once wholly free (the peer is told, to unmap them too), and all go
-when the link ends.
+start of the first. Further segments that are wholly free again are kept up to twice as
+many bytes as were ever in use at once, the largest always; the others go (the peer is
+told, to unmap them too), and all go when the link ends.
 
 Mappings are never closed by hand, only let go of: numpy views may still point into them
 (a worker's input arrays, or a late reader), and an mmap goes away on its own once nothing
@@ -29,6 +29,8 @@ import mmap
 import os
 import threading
 from collections.abc import Callable
+
+from .frames import LinkClosed
 
 # Offsets and sizes are kept to this alignment, so any dtype's view is aligned.
 ALIGN = 64
@@ -72,8 +74,13 @@ class Arena:
     ) -> None:
         self._announce = announce
         self._dropped = dropped
-        # The one segment past the first kept while wholly free (-1: none).
-        self._spare = -1
+        self._closed = False
+        # Segments past the first kept while wholly free, by size: at most twice as many
+        # bytes as were ever in use at once (so tensors in flight together reuse theirs),
+        # and always the largest.
+        self._spares: dict[int, int] = {}
+        self._in_use = 0
+        self._peak = 0
         self._label = label
         self._segment_bytes = _round(max(segment_bytes, ALIGN), mmap.PAGESIZE)
         self._lock = threading.Lock()
@@ -88,13 +95,21 @@ class Arena:
             return EMPTY
         size = _round(nbytes, ALIGN)
         with self._lock:
+            if self._closed:
+                raise LinkClosed("the link is closed")
+            self._in_use += size
+            self._peak = max(self._peak, self._in_use)
             for seg, offsets in self._free_at.items():
                 sizes = self._free_size[seg]
                 for offset in offsets:
                     if sizes[offset] >= size:
                         self._take(seg, offset, size)
                         return (seg, offset, nbytes)
-            seg = self._grow(size)
+            try:
+                seg = self._grow(size)
+            except BaseException:
+                self._in_use -= size
+                raise
             self._take(seg, 0, size)
             return (seg, 0, nbytes)
 
@@ -107,6 +122,7 @@ class Arena:
             offsets = self._free_at.get(seg)
             if offsets is None:
                 return
+            self._in_use -= size
             sizes = self._free_size[seg]
             index = bisect.bisect_left(offsets, offset)
             # Merge with the block after, then with the block before.
@@ -117,48 +133,53 @@ class Arena:
             else:
                 offsets.insert(index, offset)
                 sizes[offset] = size
-            drop = self._drop_if_spare(seg)
-        if drop >= 0 and self._dropped is not None:
-            self._dropped(drop)
+            drops = self._spare(seg)
+        if self._dropped is not None:
+            for drop in drops:
+                self._dropped(drop)
 
-    def _drop_if_spare(self, seg: int) -> int:
-        """A segment past the first that is wholly free again: the larger of it and the
-        spare kept so far stays, for the next large tensor; the other goes, so that
-        tensors of ever new sizes do not pile up segments that nothing uses (each new
-        largest size made one). Returns the segment dropped, or -1."""
+    def _spare(self, seg: int) -> list[int]:
+        """A segment past the first that is wholly free again is kept as a spare; spares
+        past the budget go, smallest first, so that tensors of ever new sizes do not pile
+        up segments that nothing uses (each new largest size made one), while tensors in
+        flight together keep theirs. Returns the segments dropped."""
         if seg == 0 or self._free_size[seg].get(0) != len(self._maps[seg]):
-            return -1
-        spare = self._spare
-        if spare < 0 or spare == seg:
-            self._spare = seg
-            return -1
-        keep, drop = (
-            (seg, spare) if len(self._maps[seg]) >= len(self._maps[spare]) else (spare, seg)
-        )
-        self._spare = keep
-        # No close: a view of it may still be alive; the mapping goes with the last one.
-        del self._maps[drop], self._free_at[drop], self._free_size[drop]
-        return drop
+            return []
+        spares = self._spares
+        spares[seg] = len(self._maps[seg])
+        drops: list[int] = []
+        # Twice the peak: a segment may be larger than what it was made for (whole
+        # pages, the minimum segment size).
+        while len(spares) > 1 and sum(spares.values()) > 2 * self._peak:
+            drop = min(spares, key=lambda s: (spares[s], s))
+            del spares[drop]
+            # No close: a view of it may still be alive; the mapping goes with the last one.
+            del self._maps[drop], self._free_at[drop], self._free_size[drop]
+            drops.append(drop)
+        return drops
 
     def close(self) -> None:
         """The link is gone: every segment is let go of (mapped still where a view of it
         lives on)."""
         with self._lock:
+            self._closed = True
             self._maps.clear()
             self._free_at.clear()
             self._free_size.clear()
-            self._spare = -1
+            self._spares.clear()
 
     def buffer(self, seg: int) -> mmap.mmap:
-        return self._maps[seg]
+        found = self._maps.get(seg)
+        if found is None:  # let go of since it was allocated: the link ended meanwhile
+            raise LinkClosed("the link is closed")
+        return found
 
     @property
     def segment_count(self) -> int:
         return len(self._maps)
 
     def _take(self, seg: int, offset: int, size: int) -> None:
-        if seg == self._spare:
-            self._spare = -1
+        self._spares.pop(seg, None)
         offsets = self._free_at[seg]
         sizes = self._free_size[seg]
         block = sizes.pop(offset)

@@ -174,7 +174,10 @@ class WorkerProcess:
         self, tensors: Sequence[tuple[str, Array]], regions: list[Region]
     ) -> list[ArenaTensor]:
         arena = self.link.arena
-        return [write_tensor(arena, name, array, regions) for name, array in tensors]
+        try:
+            return [write_tensor(arena, name, array, regions) for name, array in tensors]
+        except LinkClosed as exc:  # the worker went away; its exit may not be seen yet
+            raise WorkerDied(self.exited or f"the worker's socket closed: {exc}") from exc
 
     def read_tensors(self, tensors: Sequence[ArenaTensor]) -> dict[str, Array]:
         """Copy tensors out of the worker's memory; their regions go back to it."""
