@@ -6,6 +6,7 @@ import orjson
 from starlette.responses import Response
 
 from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.inference import error_texts
 
 STATUS = {
     ErrorCode.INVALID_ARG: 400,
@@ -39,3 +40,13 @@ def server_error_response(exc: ServerError) -> Response:
     if isinstance(exc, ClosingError):
         response.headers["connection"] = "close"
     return response
+
+
+def too_large(size: int, limit: int, raw: bool) -> ServerError:
+    """Triton's words for a body past --http-max-input-size (a body still arriving is
+    counted up to the first byte past the limit)."""
+    if raw:
+        message = error_texts.raw_input_too_large(size, limit).message
+    else:
+        message = error_texts.request_json_size(size, limit)
+    return ClosingError(ErrorCode.INVALID_ARG, message)

@@ -32,7 +32,13 @@ from ge_serve.server.inference.types import InferRequest, InferResponse
 
 from . import codec, compression
 from .bodies import InferRequestBody
-from .errors import ClosingError, error_response, http_status, server_error_response
+from .errors import (
+    ClosingError,
+    error_response,
+    http_status,
+    server_error_response,
+    too_large,
+)
 from .openapi import ApiRoute, Body
 from .protocol import too_many_chunks
 from .routing import Endpoint
@@ -284,13 +290,3 @@ def _headers(scope: Scope) -> dict[str, str]:
 def _declared_length(headers: dict[str, str]) -> int | None:
     declared = headers.get("content-length")
     return int(declared) if declared is not None and declared.isdigit() else None
-
-
-def too_large(size: int, limit: int, raw: bool) -> ServerError:
-    """Triton's words for a body past --http-max-input-size (a body still arriving is
-    counted up to the first byte past the limit)."""
-    if raw:
-        message = error_texts.raw_input_too_large(size, limit).message
-    else:
-        message = error_texts.request_json_size(size, limit)
-    return ClosingError(ErrorCode.INVALID_ARG, message)

@@ -8,8 +8,8 @@ chunk. gRPC workers pass their other calls on the same way, to the server's own 
 front end on loopback, so both protocols have one way: the process link carries
 inference only, and every other answer is the one the server's own front end gives.
 
-Connections to the server are kept open and reused, within the server's keep-alive time;
-a request that fails on a kept one before any answer goes again on a new one. A body
+Connections to the server are kept open and reused, well within the server's keep-alive
+time, so that the server does not close one as a request goes out on it. A body
 past --http-max-input-size is refused here, as the server would refuse it, before it is
 held whole. A client that goes away closes its connection to the server too, so the
 server cancels what it was doing for it.
@@ -26,12 +26,12 @@ import h11
 from starlette.types import Message, Receive, Scope, Send
 
 from ..errors import ErrorCode, ServerError
-from .errors import server_error_response
-from .infer import too_large
+from .errors import server_error_response, too_large
 
 _READ_BYTES = 1 << 16
 # A kept connection is used again only this soon: the server's own front end closes one
-# idle for 5 s (uvicorn's keep-alive timeout).
+# idle for 5 s (uvicorn's keep-alive timeout), and a request written just as it does
+# would fail; it cannot safely be sent again.
 _IDLE_S = 3.0
 # Headers of one hop, not passed on; `date` and `server` describe the server that sent them.
 _REQUEST_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length",
@@ -68,16 +68,15 @@ class PassOn:
         self._max_body = max_body
         self._idle: list[_Connection] = []
 
-    async def _connect(self, reuse: bool) -> tuple[_Connection, bool]:
-        """A connection to the server, and whether it was kept from an earlier request."""
+    async def _connect(self) -> _Connection:
         now = time.monotonic()
-        while reuse and self._idle:
+        while self._idle:
             connection = self._idle.pop()
             if not connection.reader.at_eof() and now - connection.idle_since < _IDLE_S:
-                return connection, True
+                return connection
             connection.close()
         reader, writer = await asyncio.open_connection(self._host, self._port)
-        return _Connection(reader, writer), False
+        return _Connection(reader, writer)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -117,23 +116,11 @@ class PassOn:
             relay.result()
 
     async def _relay(self, scope: Scope, body: bytes, send: Send) -> None:
-        # A kept connection may be closed by the server's keep-alive timeout just as the
-        # request goes out; one that fails before any answer came is tried once more on a
-        # new connection, as HTTP clients do (the server read nothing of it).
-        for reuse in (True, False):
-            try:
-                connection, reused = await self._connect(reuse)
-            except OSError:
-                await _unavailable("the server process is not reachable", scope, send)
-                return
-            if await self._exchange(connection, scope, body, send, retry=reused):
-                return
-
-    async def _exchange(
-        self, connection: _Connection, scope: Scope, body: bytes, send: Send, retry: bool
-    ) -> bool:
-        """Send the request and relay its answer; False when it failed before any answer
-        and may be sent again (`retry`)."""
+        try:
+            connection = await self._connect()
+        except OSError:
+            await _unavailable("the server process is not reachable", scope, send)
+            return
         reusable = False
         started = False
         try:
@@ -168,9 +155,9 @@ class PassOn:
         except (OSError, h11.ProtocolError):
             if started:  # the answer has begun: it can only end
                 await send({"type": "http.response.body", "body": b""})
-            elif retry:
-                return False
             else:
+                # Not sent again: the server may have acted on it (a load, a sequence
+                # step) before the connection failed.
                 await _unavailable("the server process did not answer", scope, send)
         finally:
             if reusable:
@@ -178,7 +165,6 @@ class PassOn:
                 self._idle.append(connection)
             else:
                 connection.close()
-        return True
 
     async def close(self) -> None:
         for connection in self._idle:
