@@ -231,16 +231,26 @@ def build_response(
 
 
 def _as_config_type(array: Array, datatype: DataType, output: str, model: str) -> Array:
-    """An output in its config's datatype. Within a kind (FP64 for FP32, INT64 for INT32)
-    the value is converted; across kinds (FP64 1.5 for INT32) converting would change it,
-    so the model's output is an error, as Triton's backends refuse a datatype mismatch."""
-    if not np.can_cast(array.dtype, datatype.numpy, casting="same_kind"):
+    """An output in its config's datatype. Converted as before (INT64 for INT32, FP64 for
+    FP32, UINT8 for BOOL), unless an integer or boolean datatype cannot hold the values:
+    FP64 1.5 for INT32 would answer 1, 300 for UINT8 44. That is the model's error, named,
+    not a changed answer."""
+    target = datatype.numpy
+    try:
+        converted = array.astype(target)
+    except (TypeError, ValueError) as exc:
         raise ServerError(
             ErrorCode.INTERNAL,
-            f"model '{model}' produced output '{output}' as numpy {array.dtype}, which its "
-            f"config's {datatype.value} cannot hold without changing the values",
+            f"model '{model}' produced output '{output}' as numpy {array.dtype}, which is "
+            f"not {datatype.value}: {exc}",
+        ) from None
+    if target.kind in "iub" and not np.array_equal(converted, array):
+        raise ServerError(
+            ErrorCode.INTERNAL,
+            f"model '{model}' produced output '{output}' as numpy {array.dtype}, with values "
+            f"its config's {datatype.value} cannot hold",
         )
-    return array.astype(datatype.numpy)
+    return converted
 
 
 def classify(array: Array, k: int, labels: list[str] | None, model: ModelVersion) -> Array:

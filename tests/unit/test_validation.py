@@ -330,15 +330,22 @@ def test_output_is_cast_to_its_config_datatype() -> None:
 
 def test_an_output_the_config_type_cannot_hold_is_an_error_not_truncated() -> None:
     # FP64 1.5 for an INT32 output used to answer 200 with 1.
-    fractions = np.full((1, 16), 1.5, np.float64)
     ints = np.zeros((1, 16), np.int32)
-    with pytest.raises(ServerError) as info:
-        build_response(simple_request(), SIMPLE, {"OUTPUT0": fractions, "OUTPUT1": ints}, 1)
-    assert info.value.code is ErrorCode.INTERNAL
-    assert info.value.message == (
-        "model 'simple' produced output 'OUTPUT0' as numpy float64, which its config's INT32 "
-        "cannot hold without changing the values"
-    )
+    for produced, what in (
+        (np.full((1, 16), 1.5, np.float64), "float64"),
+        (np.full((1, 16), 2**40, np.int64), "int64"),
+    ):
+        with pytest.raises(ServerError) as info:
+            build_response(simple_request(), SIMPLE, {"OUTPUT0": produced, "OUTPUT1": ints}, 1)
+        assert info.value.code is ErrorCode.INTERNAL
+        assert info.value.message == (
+            f"model 'simple' produced output 'OUTPUT0' as numpy {what}, with values its "
+            "config's INT32 cannot hold"
+        )
+    # Values the datatype holds are converted, whatever numpy type they came in.
+    whole = np.full((1, 16), 3.0, np.float64)
+    response = build_response(simple_request(), SIMPLE, {"OUTPUT0": whole, "OUTPUT1": ints}, 1)
+    assert response.outputs[0].data.dtype == np.int32 and response.outputs[0].data[0, 0] == 3
 
 
 def test_missing_model_output_is_internal() -> None:
