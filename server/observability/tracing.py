@@ -305,7 +305,10 @@ class TraceControl:
         # Triton's rule: a setting that traces must be able to (the only invalid setting
         # allowed is one that traces nothing); a level without a file would otherwise
         # keep every trace in memory, never written.
-        for name in [model] if model else ["", *models]:
+        # A model whose own settings are cleared takes the global ones as they are, as
+        # in Triton (which checks only a setting an update makes).
+        checked = ([model] if model in models else []) if model else ["", *models]
+        for name in checked:
             mine = models.get(name)
             effective = dataclasses.replace(new_global, **mine) if mine else new_global
             reason = _invalid_reason(effective)

@@ -142,6 +142,14 @@ def test_a_setting_that_could_not_trace_is_refused(
     control.update("", {"trace_level": ["OFF"], "trace_rate": ["0"]})  # tracing nothing is fine
 
 
+def test_a_models_own_settings_can_be_cleared_whatever_the_global_ones_are() -> None:
+    # A level with no file at startup traces nothing; a model's own OFF, then cleared.
+    control = TraceControl(TraceSettings(level=("TIMESTAMPS",)))
+    control.update("m", {"trace_level": ["OFF"]})
+    control.update("m", {})
+    assert control.settings("m")["trace_level"] == ["TIMESTAMPS"] and not control.active
+
+
 def test_a_level_without_a_file_at_startup_traces_nothing() -> None:
     control = TraceControl(TraceSettings(level=("TIMESTAMPS",), rate=1))
     assert not control.active and sampled(control, "m", 5) == 0
