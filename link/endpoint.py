@@ -70,6 +70,8 @@ class Endpoint:
         self._write(frame(self.codec.encode(Segment(seg, size))), [os.dup(fd)])
 
     def _dropped(self, seg: int) -> None:
+        # Written at once rather than queued with a turn's messages: no message in flight
+        # names a segment that is wholly free, so its order among them does not matter.
         if not self.closed:
             with contextlib.suppress(LinkClosed):
                 self._write(frame(self.codec.encode(Drop(seg))), [])
