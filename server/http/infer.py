@@ -14,6 +14,7 @@ the loop's time). Its answers are the same bytes.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -199,7 +200,10 @@ class InferEndpoint:
         if accepted:
             encoding = compression.choose_encoding(accepted)
             if encoding is not None:
-                payload = compression.encode_content(payload, encoding)
+                if len(payload) > compression.OFF_LOOP_BYTES:
+                    payload = await asyncio.to_thread(compression.encode_content, payload, encoding)
+                else:
+                    payload = compression.encode_content(payload, encoding)
                 extra.append((b"content-encoding", encoding.encode()))
         return payload, extra
 
@@ -255,7 +259,10 @@ class InferEndpoint:
                 ErrorCode.CANCELLED, "the client went away before the request body ended"
             ) from None
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        return compression.decode_content(body, headers.get("content-encoding"), limit)
+        encoding = headers.get("content-encoding")
+        if encoding and len(body) > compression.OFF_LOOP_BYTES:
+            return await asyncio.to_thread(compression.decode_content, body, encoding, limit)
+        return compression.decode_content(body, encoding, limit)
 
 
 _JSON = (b"content-type", b"application/json")
