@@ -37,6 +37,9 @@ class ModelVersion:
     loaded: LoadedModel
     scheduler: Scheduler
     labels: dict[str, list[str]] = field(default_factory=dict)
+    # --model-namespacing: the repository folder it came from (its metrics' `namespace`
+    # label, as Triton's); "" without namespacing.
+    namespace: str = ""
     # Set (on the loop) just before the lifecycle starts closing this version's scheduler;
     # the core then sends new requests to the version that replaced it.
     retiring: bool = False

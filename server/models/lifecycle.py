@@ -324,6 +324,7 @@ class ModelLifecycle:
                 loaded=loaded,
                 scheduler=scheduler,
                 labels=prepared.labels,
+                namespace=prepared.source.namespace,
             )
             new_versions[version] = VersionRecord(version, ModelState.READY, "", model)
             if version in prepared.health:  # an ensemble has no backend to report

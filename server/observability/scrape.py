@@ -254,21 +254,27 @@ def histogram_families(
     records: list[ModelStats], recorded: Mapping[int, ModelSeries]
 ) -> Iterator[Metric]:
     """Request duration and batch size histograms per model version."""
+    # A family's samples share their label names: `namespace` on all, when any has one.
+    spaced = any(record.model.namespace for record in records)
+    names = ["namespace", "model", "version"] if spaced else ["model", "version"]
     latency = HistogramMetricFamily(
         "ge_serve_request_duration_us",
         "Successful request duration in microseconds (aggregates across replicas)",
-        labels=["model", "version"],
+        labels=names,
     )
     batch = HistogramMetricFamily(
         "ge_serve_batch_size",
         "Batch size of each model execution (requests merged, before gear padding)",
-        labels=["model", "version"],
+        labels=names,
     )
     for record in records:
         series = recorded.get(id(record.model))
         if series is None:
             continue
-        values = [record.model.name, record.model.version_str]
+        model = record.model
+        values = [model.name, model.version_str]
+        if spaced:
+            values.insert(0, model.namespace)
         if series.latency is not None:
             latency.add_metric(
                 values,
@@ -406,7 +412,10 @@ def _family(name: str, doc: str, kind: str) -> Metric:
 
 
 def _labels(record: ModelStats) -> dict[str, str]:
-    return {"model": record.model.name, "version": record.model.version_str}
+    model = record.model
+    if model.namespace:  # same-named models of two repositories must not share a series
+        return {"namespace": model.namespace, "model": model.name, "version": model.version_str}
+    return {"model": model.name, "version": model.version_str}
 
 
 def _latency_sums(record: ModelStats) -> tuple[int, int, int, int, int]:

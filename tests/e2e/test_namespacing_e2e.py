@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from modelgen import add_const_model, write_model
+from prometheus_client.parser import text_string_to_metric_families
 from protocols import PROTOCOLS, Triton
 from serverproc import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
@@ -104,3 +106,30 @@ def test_the_shared_name_is_refused_with_tritons_message(
         assert names == ["calc", "calc", "ens_minus", "ens_plus"]
     finally:
         triton.close()
+
+
+def calc_counts(server: ServerProcess) -> dict[str | None, float]:
+    text = httpx.get(server.metrics_url, timeout=30).text
+    families = list(text_string_to_metric_families(text))  # a duplicate series raises
+    return {
+        sample.labels.get("namespace"): sample.value
+        for family in families
+        if family.name == "nv_inference_count"
+        for sample in family.samples
+        if sample.labels["model"] == "calc"
+    }
+
+
+def test_each_namespaces_model_has_metric_series_of_its_own(namespaced: ServerProcess) -> None:
+    # Without the namespace label the two `calc` models wrote identical series: an
+    # exposition Prometheus rejects, and no way to tell them apart.
+    before = calc_counts(namespaced)
+    assert len(before) == 2 and None not in before, before
+    triton = Triton.connect("http", namespaced)
+    try:
+        triton.infer("ens_plus", {"IN": np.zeros((1, 4), dtype=np.float32)})
+    finally:
+        triton.close()
+    after = calc_counts(namespaced)
+    grew = sorted(after[space] - before[space] for space in before)
+    assert grew == [0.0, 1.0], "only the plus namespace's calc ran"
