@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -225,48 +226,96 @@ def fingerprint(model_dir: Path) -> str:
     """A digest of everything in a model folder that a reload would read.
 
     Every file's relative path, size and mtime, recursively, plus the content of small
-    top-level files (`config.pbtxt`, labels, `configs/`). Symbolic links count by their
-    target text and are never followed, so nothing outside the folder is looked at (a
-    load refuses links that lead out). Blocking: run it off the loop.
+    top-level files (`config.pbtxt`, labels, `configs/`). Folders and links whose names
+    start with '.' count too: a Kubernetes ConfigMap mounts its files as links into a
+    `..data` link that it swaps for one to a new `..<timestamp>` folder, and a load reads
+    through such links. Hidden regular files do not: they are the temporary files of
+    atomic writers and editors, and a reload for each would be wasted. A symbolic link
+    counts by its target text
+    and, where it resolves inside the folder, by what it resolves to, as a regular file or
+    folder would; a link that leads out is never followed, so nothing outside the folder
+    is looked at (a load refuses such links). Blocking: run it off the loop.
     """
     digest = hashlib.sha256()
-    _digest_folder(digest.update, str(model_dir), ".")
+    seen: set[tuple[int, int]] = set()
+    with contextlib.suppress(OSError):
+        root = os.stat(model_dir)
+        seen.add((root.st_dev, root.st_ino))
+    walk = _Walk(model_dir, digest.update, seen)
+    walk.folder(str(model_dir), ".")
     return digest.hexdigest()
 
 
-def _digest_folder(update: Callable[[bytes], None], folder: str, rel_root: str) -> None:
-    update(f"D {rel_root}\n".encode())
-    try:
-        with os.scandir(folder) as scan:
-            entries = sorted((e for e in scan if not e.name.startswith(".")), key=lambda e: e.name)
-    except OSError:
-        return
-    subfolders = []
-    for entry in entries:
-        rel = f"{rel_root}/{entry.name}"
+@dataclass(slots=True)
+class _Walk:
+    model_dir: Path
+    update: Callable[[bytes], None]
+    # Folders digested already, by (device, inode): a link back to one of them (a cycle,
+    # or a second way to the same files) is counted by its text only.
+    seen: set[tuple[int, int]]
+
+    def folder(self, folder: str, rel_root: str) -> None:
+        self.update(f"D {rel_root}\n".encode())
         try:
-            info = entry.stat(follow_symlinks=False)
+            with os.scandir(folder) as scan:
+                entries = sorted(scan, key=lambda e: e.name)
         except OSError:
-            continue
-        if stat.S_ISLNK(info.st_mode):
+            return
+        subfolders: list[tuple[str, str]] = []
+        for entry in entries:
+            rel = f"{rel_root}/{entry.name}"
             try:
-                target = os.readlink(entry.path)
+                info = entry.stat(follow_symlinks=False)
             except OSError:
-                target = ""
-            update(f"L {rel} {target}\n".encode())
-        elif stat.S_ISDIR(info.st_mode):
-            subfolders.append(entry)
-        else:
-            update(f"F {rel} {info.st_size} {info.st_mtime_ns}\n".encode())
-            if rel_root == "." and info.st_size <= _HASH_LIMIT:
+                continue
+            if entry.name.startswith(".") and stat.S_ISREG(info.st_mode):
+                continue  # an atomic writer's or an editor's temporary file
+            path = entry.path
+            if stat.S_ISLNK(info.st_mode):
                 try:
-                    fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
-                    with os.fdopen(fd, "rb") as handle:
-                        update(hashlib.sha256(handle.read()).digest())
+                    target = os.readlink(path)
                 except OSError:
+                    target = ""
+                self.update(f"L {rel} {target}\n".encode())
+                resolved = self._resolve(rel)
+                if resolved is None:
                     continue
-    for entry in subfolders:
-        _digest_folder(update, entry.path, f"{rel_root}/{entry.name}")
+                path = str(resolved)
+                try:
+                    info = os.stat(path, follow_symlinks=False)
+                except OSError:
+                    continue  # dangling: its text is all there is
+            if stat.S_ISDIR(info.st_mode):
+                key = (info.st_dev, info.st_ino)
+                if key not in self.seen:
+                    self.seen.add(key)
+                    subfolders.append((path, rel))
+            elif stat.S_ISREG(info.st_mode):
+                self.update(f"F {rel} {info.st_size} {info.st_mtime_ns}\n".encode())
+                if rel_root == "." and info.st_size <= _HASH_LIMIT:
+                    self._hash(path)
+            else:
+                # A device or pipe: never opened (a pipe would block), only noted.
+                self.update(f"O {rel} {stat.S_IFMT(info.st_mode)}\n".encode())
+        for path, rel in subfolders:
+            self.folder(path, rel)
+
+    def _resolve(self, rel: str) -> Path | None:
+        """Where a link inside the folder leads, or None where it leads out (not followed,
+        not even stat'ed) or cannot be read."""
+        try:
+            return resolve_inside(self.model_dir, rel[2:], rel)
+        except (OutsideFolder, OSError):
+            return None
+
+    def _hash(self, path: str) -> None:
+        try:
+            # O_NOFOLLOW: a file swapped for a link since it was looked at is not read.
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as handle:
+                self.update(hashlib.sha256(handle.read()).digest())
+        except OSError:
+            pass
 
 
 def check_model_name(name: str) -> None:
