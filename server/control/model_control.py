@@ -30,6 +30,7 @@ from ..models.repository import (
     ModelRepository,
     check_model_name,
     fingerprint,
+    not_unique,
     override_target,
     write_overrides,
 )
@@ -69,6 +70,8 @@ class ModelControl:
         # Loads and unloads go through it, so ensembles and their models stay in step.
         self.ensembles = EnsembleLoader(lifecycle)
         self._fingerprints: dict[str, str] = {}
+        # Names in more than one repository at the last scan: withdrawn, not served.
+        self._duplicates: frozenset[str] = frozenset()
         self._poller: asyncio.Task[None] | None = None
         # Loads and unloads run as tasks the caller awaits through a shield, so a client
         # that goes away mid-load cannot abandon a half-installed model.
@@ -103,9 +106,17 @@ class ModelControl:
                     "--repository-poll-secs must be greater than 0 in poll mode",
                 )
             # Taken before loading, so an edit made while loading is seen by the next poll.
-            self._fingerprints = await asyncio.to_thread(self._scan_fingerprints)
+            scanned = await asyncio.to_thread(self._scan_fingerprints)
+            self._fingerprints, self._duplicates = scanned
         names = self.startup_models()
         errors = await self.ensembles.load_many(names)
+        if self.settings.mode is not ControlMode.EXPLICIT or "*" in self.settings.load_models:
+            # As in Triton, a name in two repositories is not served, and counts as a model
+            # that failed to load (so --exit-on-error decides), while the rest load.
+            duplicates = (await asyncio.to_thread(self.repository.scan_all)).duplicates
+            for name in sorted(duplicates):
+                await self.ensembles.withdraw(name, not_unique(name))
+                errors[name] = not_unique(name)
         if self.settings.mode is ControlMode.POLL:
             self._poller = asyncio.create_task(self._poll_forever(), name="repository-poll")
         return errors
@@ -200,15 +211,17 @@ class ModelControl:
 
     # --- poll mode -----------------------------------------------------------------------
 
-    def _scan_fingerprints(self) -> dict[str, str]:
-        """Blocking: every model folder's fingerprint."""
+    def _scan_fingerprints(self) -> tuple[dict[str, str], frozenset[str]]:
+        """Blocking: every model folder's fingerprint, and the names in more than one
+        repository (which have none: they are not served)."""
         prints: dict[str, str] = {}
-        for name, source in self.repository.scan().items():
+        scan = self.repository.scan_all()
+        for name, source in scan.models.items():
             try:
                 prints[name] = fingerprint(source.path)
             except OSError as exc:
                 log.warning("cannot read model folder '%s': %s", source.path, exc)
-        return prints
+        return prints, scan.duplicates
 
     async def _poll_forever(self) -> None:
         while True:
@@ -221,22 +234,31 @@ class ModelControl:
     async def poll_once(self) -> None:
         """Load added models, reload changed ones, unload removed ones."""
         try:
-            current = await asyncio.to_thread(self._scan_fingerprints)
+            current, duplicates = await asyncio.to_thread(self._scan_fingerprints)
         except ServerError as exc:
             log.error("polling the model repository failed: %s", exc.message)
             return
-        known = self._fingerprints
-        self._fingerprints = current
+        known, was_duplicate = self._fingerprints, self._duplicates
+        self._fingerprints, self._duplicates = current, duplicates
         added = sorted(current.keys() - known.keys())
-        removed = sorted(known.keys() - current.keys())
+        # A name now in two repositories is withdrawn, with Triton's reason in the index;
+        # one that is in none any more is forgotten, as a removed model is.
+        withdrawn = sorted(duplicates - was_duplicate)
+        removed = sorted((known.keys() | was_duplicate) - current.keys() - duplicates)
         changed = sorted(n for n in current.keys() & known.keys() if current[n] != known[n])
-        if not (added or removed or changed):
+        if not (added or removed or changed or withdrawn):
             return
         log.info(
-            "model repository changed: added %s, changed %s, removed %s", added, changed, removed
+            "model repository changed: added %s, changed %s, removed %s, in several "
+            "repositories %s",
+            added,
+            changed,
+            removed,
+            withdrawn,
         )
         jobs: list[Awaitable[None]] = [self._poll_load(added + changed)]
         jobs += [self._poll_unload(n) for n in removed]
+        jobs += [self._run(self.ensembles.withdraw(n, not_unique(n))) for n in withdrawn]
         await asyncio.gather(*jobs)
 
     async def _poll_load(self, names: list[str]) -> None:

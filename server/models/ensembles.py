@@ -173,6 +173,14 @@ class EnsembleLoader:
                 except ServerError as exc:
                     log.error("unloading '%s' along with '%s' failed: %s", step, name, exc)
 
+    async def withdraw(self, name: str, reason: str) -> None:
+        """Stop serving a model the repository cannot give (lifecycle.withdraw), and the
+        ensembles built on it."""
+        await self.lifecycle.withdraw(name, reason)
+        self.links.pop(name, None)
+        self.implicit.discard(name)
+        await self._take_down_dependents(name)
+
     async def _take_down_dependents(self, name: str) -> None:
         for ensemble in self._dependents(name):
             if not self.lifecycle.is_ready(ensemble):

@@ -35,6 +35,7 @@ from .repository import (
     ModelRepository,
     ModelSource,
     OverrideFolderText,
+    not_unique,
     parse_version,
 )
 from .version_health import not_ready
@@ -234,8 +235,12 @@ class ModelLifecycle:
         if override.folder is not None:
             source: ModelSource | None = ModelSource(name, override.folder)
         else:
-            sources = await asyncio.to_thread(self.repository.scan)
-            source = sources.get(name)
+            scan = await asyncio.to_thread(self.repository.scan_all)
+            source = scan.models.get(name)
+            if name in scan.duplicates:
+                reason = not_unique(name)
+                self._fail(record, reason)
+                raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reason}")
         if source is None:
             self._drop_if_empty(record)
             raise ServerError(
@@ -385,6 +390,23 @@ class ModelLifecycle:
             record.wanted = True
             self._fail(record, reason)
         raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reason}")
+
+    async def withdraw(self, name: str, reason: str) -> None:
+        """Stop serving a model the repository can no longer give one folder for (Triton
+        marks it deleted), keeping it in the index as UNAVAILABLE with `reason`."""
+        async with self._locked(name) as record:
+            assert record is not None
+            # Not the operator's wish to serve: strict readiness does not wait for it.
+            record.wanted = False
+            await self._retire([v for v in record.versions.values() if v.model is not None])
+            for entry in record.versions.values():
+                entry.state = ModelState.UNAVAILABLE
+                entry.reason = reason
+            record.reason = reason
+            folder, record.owned = record.owned, None
+            if folder is not None:
+                await _remove_folder(folder)
+        log.error("%s", reason)
 
     async def _retire(self, entries: list[VersionRecord]) -> None:
         for entry in entries:

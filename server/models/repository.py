@@ -49,6 +49,20 @@ class ModelFiles:
     labels: dict[str, list[str]] = field(default_factory=dict)
 
 
+def not_unique(name: str) -> str:
+    """Triton's reason for a model name found in more than one repository."""
+    return f"failed to poll model '{name}': not unique across all model repositories"
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """What a scan found: the models by key, and the names found in more than one
+    repository, which are none of them served (Triton marks them deleted)."""
+
+    models: dict[str, ModelSource]
+    duplicates: frozenset[str] = frozenset()
+
+
 class ModelRepository:
     """One or more repository folders; a model name must be unique across them, unless
     `namespacing` makes each folder a namespace of its own."""
@@ -59,8 +73,14 @@ class ModelRepository:
         self.namespacing = namespacing
 
     def scan(self) -> dict[str, ModelSource]:
-        """Every model folder, by its key (namespaces.py)."""
+        """Every model folder whose key is unique, by its key (namespaces.py)."""
+        return self.scan_all().models
+
+    def scan_all(self) -> Scan:
+        """Every model folder by its key, and the keys of those in several repositories
+        (left out of `models`: which one to serve is not for the server to guess)."""
         found: dict[str, ModelSource] = {}
+        duplicates: set[str] = set()
         for root in self.paths:
             if not root.is_dir():
                 raise ServerError(
@@ -72,13 +92,11 @@ class ModelRepository:
                 namespace = str(root) if self.namespacing else ""
                 source = ModelSource(entry.name, entry, self.config_name, namespace)
                 if source.key in found:
-                    raise ServerError(
-                        ErrorCode.INVALID_ARG,
-                        f"model '{entry.name}' appears in more than one model repository: "
-                        f"'{found[source.key].path.parent}' and '{root}'",
-                    )
-                found[source.key] = source
-        return found
+                    duplicates.add(source.key)
+                found.setdefault(source.key, source)
+        for key in duplicates:
+            del found[key]
+        return Scan(found, frozenset(duplicates))
 
 
 def read_config(

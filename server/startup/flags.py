@@ -7,8 +7,10 @@ which the command line turns into a usage error.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 from ge_serve.backends.ge.sim_cost import parse_sim_cost
@@ -137,6 +139,15 @@ def sim_cost(name: str, value: str) -> str:
     """--sim-cost must name a profile or give both figures (parsed again where used)."""
     parse_sim_cost(value)
     return value
+
+
+def unique_folders(name: str, paths: tuple[Path, ...]) -> tuple[Path, ...]:
+    """Each folder once, as given first: Triton keeps a set of repository paths, and a
+    folder given twice (or by a link to it) would make every model in it a duplicate."""
+    kept: dict[str, Path] = {}
+    for path in paths:
+        kept.setdefault(os.path.realpath(path), path)
+    return tuple(kept.values())
 
 
 def non_negative(name: str, value: int) -> int:

@@ -36,6 +36,7 @@ from .flags import (
     sim_cost,
     size,
     trace_levels,
+    unique_folders,
     verbose_level,
     whole_ms,
 )
@@ -77,6 +78,7 @@ class Settings:
             parse=Path,
             repeat=True,
             required=True,
+            check=unique_folders,
             help="model repository folder (repeatable)",
         )
     )

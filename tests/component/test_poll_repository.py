@@ -8,11 +8,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from swapmodels import ADDK, addk_config, write_addk, write_addk_version
+from modelgen import make_lifecycle
+from swapmodels import ADDK, addk_config, write_addk, write_addk_version, write_atomic
 
 from ge_serve.server.control.model_control import ControlMode, ControlSettings, ModelControl
+from ge_serve.server.inference.reports import ModelState, RepositoryEntry
 from ge_serve.server.models.lifecycle import ModelLifecycle
-from ge_serve.server.models.repository import fingerprint
+from ge_serve.server.models.repository import ModelRepository, fingerprint
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,3 +72,66 @@ def test_a_link_inside_counts_by_what_it_resolves_to(tmp_path: Path) -> None:
     (real / "config.pbtxt").write_text(text.replace(": 8", ": 4"), encoding="utf-8")
     os.utime(real / "config.pbtxt", ns=(info.st_atime_ns, info.st_mtime_ns))
     assert fingerprint(folder) != first
+
+
+NOT_UNIQUE = f"failed to poll model '{ADDK}': not unique across all model repositories"
+
+
+def two_repositories(tmp_path: Path) -> tuple[Path, Path, ModelLifecycle]:
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    life = make_lifecycle(first)
+    life.repository = ModelRepository([first, second])
+    return first, second, life
+
+
+async def test_a_name_in_two_repositories_is_withdrawn_and_the_rest_poll_on(
+    tmp_path: Path,
+) -> None:
+    first, second, life = two_repositories(tmp_path)
+    write_addk(first)
+    other = write_addk(second, name="other")
+    control = poll_control(life)
+    try:
+        assert await control.start() == {}
+        write_addk(second)
+        await control.poll_once()
+        assert not life.is_ready(ADDK)
+        assert life.index()[0] == RepositoryEntry(ADDK, 1, ModelState.UNAVAILABLE, NOT_UNIQUE)
+        # Other models still follow their folders.
+        write_atomic(other / "config.pbtxt", addk_config(name="other").replace(": 8", ": 2"))
+        write_addk(second, name="new")
+        await control.poll_once()
+        assert life.get("other").config.max_batch_size == 2
+        assert life.is_ready("new")
+        # Once the name is unique again, the model serves again.
+        shutil.rmtree(second / ADDK)
+        await control.poll_once()
+        assert life.is_ready(ADDK)
+    finally:
+        await control.stop()
+        await life.close()
+
+
+async def test_a_name_in_two_repositories_at_startup_fails_alone(tmp_path: Path) -> None:
+    first, second, life = two_repositories(tmp_path)
+    write_addk(first)
+    write_addk(second)
+    write_addk(second, name="other")
+    control = poll_control(life)
+    try:
+        assert await control.start() == {ADDK: NOT_UNIQUE}
+        assert life.is_ready("other")
+        assert life.index() == [
+            RepositoryEntry(ADDK, None, ModelState.UNAVAILABLE, NOT_UNIQUE),
+            RepositoryEntry("other", 1, ModelState.READY),
+        ]
+        assert life.all_ready()  # not served on purpose: strict readiness does not wait
+        shutil.rmtree(first / ADDK)
+        shutil.rmtree(second / ADDK)
+        await control.poll_once()  # gone from both: gone from the index
+        assert [row.name for row in life.index()] == ["other"]
+    finally:
+        await control.stop()
+        await life.close()

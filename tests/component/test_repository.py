@@ -46,15 +46,16 @@ def test_scan_several_repositories(tmp_path: Path) -> None:
     assert found["m1"].path == first / "m1"
 
 
-def test_scan_refuses_a_name_in_two_repositories(tmp_path: Path) -> None:
+def test_scan_leaves_out_a_name_in_two_repositories(tmp_path: Path) -> None:
     first, second = tmp_path / "a", tmp_path / "b"
     write_model(first, "dup", None)
     write_model(second, "dup", None)
-    with pytest.raises(ServerError) as info:
-        ModelRepository([first, second]).scan()
-    assert info.value.code is ErrorCode.INVALID_ARG
-    message = info.value.message
-    assert "'dup'" in message and str(first) in message and str(second) in message
+    write_model(second, "other", None)
+    found = ModelRepository([first, second]).scan_all()
+    assert sorted(found.models) == ["other"]
+    assert found.duplicates == {"dup"}
+    namespaced = ModelRepository([first, second], namespacing=True).scan_all()
+    assert len(namespaced.models) == 3 and not namespaced.duplicates
 
 
 def test_scan_refuses_a_missing_repository(tmp_path: Path) -> None:

@@ -68,6 +68,15 @@ def test_model_repo_alias_and_repeats() -> None:
     assert settings.model_repositories == (Path("a"), Path("b"), Path("c"))
 
 
+def test_a_repository_given_twice_is_one_repository(tmp_path: Path) -> None:
+    # As Triton's set of paths: else every model in it is in "two" repositories.
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "repo")
+    given = [tmp_path / "repo", tmp_path / "other", tmp_path / "repo", tmp_path / "link"]
+    settings = parse_settings([arg for path in given for arg in ("--model-repository", str(path))])
+    assert settings.model_repositories == (tmp_path / "repo", tmp_path / "other")
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
