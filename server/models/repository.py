@@ -107,7 +107,8 @@ def read_config(
     """Parse `config.pbtxt` (or an override text or message), or start empty when there is
     none.
 
-    A missing file is fine: auto-complete fills the config from the model file. An
+    A missing file is fine: auto-complete fills the config from the model file; a folder
+    or anything else that is not a regular file in its place fails the load. An
     override replaces `config.pbtxt` entirely, as the load API's `config` does in Triton.
     """
     config = model_config_pb2.ModelConfig()
@@ -120,6 +121,12 @@ def read_config(
             raise ServerError(ErrorCode.INVALID_ARG, str(exc)) from None
         if path.is_file():
             config_text = path.read_text(encoding="utf-8")
+        elif path.exists():
+            # A folder (or a device) in its place is a broken deploy, not "no config":
+            # auto-completing one would serve a config nobody wrote.
+            raise ServerError(
+                ErrorCode.INVALID_ARG, f"{path.name} exists but is not a regular file"
+            )
     if override is None and config_text is not None:
         try:
             text_format.Parse(config_text, config)

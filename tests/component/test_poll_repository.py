@@ -135,3 +135,23 @@ async def test_a_name_in_two_repositories_at_startup_fails_alone(tmp_path: Path)
     finally:
         await control.stop()
         await life.close()
+
+
+async def test_a_config_pbtxt_that_is_a_folder_fails_the_reload(
+    tmp_path: Path, lifecycle: ModelLifecycle
+) -> None:
+    folder = write_addk(tmp_path)
+    write_atomic(folder / "config.pbtxt", addk_config().replace(": 8", ": 2"))
+    control = poll_control(lifecycle)
+    try:
+        assert await control.start() == {}
+        (folder / "config.pbtxt").unlink()
+        (folder / "config.pbtxt").mkdir()
+        await control.poll_once()
+        # Not auto-completed from the model file: the written config keeps serving.
+        assert lifecycle.get(ADDK).config.max_batch_size == 2
+        (row,) = lifecycle.index()
+        assert row.state is ModelState.READY
+        assert "config.pbtxt exists but is not a regular file" in row.reason
+    finally:
+        await control.stop()
