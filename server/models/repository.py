@@ -256,10 +256,10 @@ def fingerprint(model_dir: Path) -> str:
     `..data` link that it swaps for one to a new `..<timestamp>` folder, and a load reads
     through such links. Hidden regular files do not: they are the temporary files of
     atomic writers and editors, and a reload for each would be wasted. A symbolic link
-    counts by its target text
-    and, where it resolves inside the folder, by what it resolves to, as a regular file or
-    folder would; a link that leads out is never followed, so nothing outside the folder
-    is looked at (a load refuses such links). Blocking: run it off the loop.
+    counts by its target text and, where it resolves inside the folder, by what it
+    resolves to, as a regular file or folder would; a link that leads out is never
+    followed, so nothing outside the folder is looked at (a load refuses such links).
+    Blocking: run it off the loop.
     """
     digest = hashlib.sha256()
     seen: set[tuple[int, int]] = set()
