@@ -231,6 +231,14 @@ def check_serves(executor: Executor, folder: Path, *shapes: tuple[int, int]) -> 
         np.testing.assert_allclose(executor.execute(request)["LAST_HIDDEN"], hidden, rtol=1e-6)
 
 
+def serving_encoder(real: AclReal, tmp_path: Path) -> tuple[LoadedModel, Path]:
+    """The dynamic encoder loaded on the strict fake, one request served."""
+    folder = dynamic_encoder_folder(tmp_path)
+    loaded = GeBackend(real, {"accuracy_check": "false"}, cores=1).load(spec_for(folder))
+    check_serves(loaded.executors[0], folder, (1, 5))
+    return loaded, folder
+
+
 @pytest.mark.parametrize("call", ["acl.mdl.create_dataset", "acl.mdl.add_dataset_buffer"])
 def test_a_dataset_pyacl_refuses_while_growing_fails_that_request_alone(
     fake_acl: tuple[FakeAcl, AclReal], tmp_path: Path, call: str
@@ -238,10 +246,8 @@ def test_a_dataset_pyacl_refuses_while_growing_fails_that_request_alone(
     # The new dataset is built before the old one goes: when pyACL refuses it, the slot
     # keeps its live dataset, later requests (growing again) serve, and close is clean.
     fake, real = fake_acl
-    folder = dynamic_encoder_folder(tmp_path)
-    loaded = GeBackend(real, {"accuracy_check": "false"}, cores=1).load(spec_for(folder))
+    loaded, folder = serving_encoder(real, tmp_path)
     executor = loaded.executors[0]
-    check_serves(executor, folder, (1, 5))
     before = executor.pool_stats()  # type: ignore[attr-defined]
     fake.fail_next(call, 100000)
     with pytest.raises(BackendError, match=call):
@@ -259,10 +265,8 @@ def test_a_shape_pyacl_refuses_to_describe_fails_that_request_alone(
     # The descs detached from the dataset before the failure are kept with it, so none
     # leaks however many requests fail (the fixture's teardown counts them).
     fake, real = fake_acl
-    folder = dynamic_encoder_folder(tmp_path)
-    loaded = GeBackend(real, {"accuracy_check": "false"}, cores=1).load(spec_for(folder))
+    loaded, folder = serving_encoder(real, tmp_path)
     executor = loaded.executors[0]
-    check_serves(executor, folder, (1, 5))
     for _ in range(3):
         fake.fail_next(call, 100000)
         with pytest.raises(BackendError, match=call):
