@@ -98,7 +98,8 @@ def test_a_model_in_two_repositories_fails_at_startup(tmp_path: Path) -> None:
     result = run_cli("--model-repo", str(first), "--model-repo", str(second), "--http-port", "0")
     assert result.returncode != 0
     output = result.stdout + result.stderr
-    assert "'twin' appears in more than one model repository" in output
+    # Triton's reason; the name fails alone (--exit-on-error=false would serve the rest).
+    assert "failed to poll model 'twin': not unique across all model repositories" in output
 
 
 def test_a_taken_port_fails_startup_with_a_clear_reason() -> None:
