@@ -35,6 +35,11 @@ def intra_op_thread_count(text: str) -> int:
         raise ValueError(
             f"parameter intra_op_thread_count must be a whole number, got '{text}'"
         ) from None
+    return within_thread_bound(count)
+
+
+def within_thread_bound(count: int) -> int:
+    """`count` intra-op threads, or ValueError past max_intra_op_threads()."""
     bound = max_intra_op_threads()
     if count > bound:
         raise ValueError(

@@ -44,7 +44,7 @@ import numpy as np
 
 from ge_serve.protos import model_config_pb2
 
-from ..onnx_io import CONFIG_NUMPY, intra_op_thread_count
+from ..onnx_io import CONFIG_NUMPY, within_thread_bound
 from ..paths import resolve_inside
 from .acl import TensorPlan
 from .option_tables import ATC_FILE_FLAGS, ATC_FLAGS, FILE_OPTIONS, RUNTIME_OPTIONS
@@ -484,5 +484,5 @@ def intra_threads(params: Mapping[str, str], streams: int, cores: int) -> int:
             raise ValueError(
                 f"parameter intra_op_thread_count must be a whole number >= 1, got '{configured}'"
             )
-        return intra_op_thread_count(configured)
+        return within_thread_bound(int(configured))
     return max(cores // max(streams, 1), 1)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ge_serve.protos import model_config_pb2
 
-from ..onnx_io import intra_op_thread_count
+from ..onnx_io import within_thread_bound
 from ..paths import resolve_inside
 from ..text_bool import parse_bool
 
@@ -223,7 +223,7 @@ def _integer(raw: dict[str, str], key: str, minimum: int) -> int:
 def _threads(raw: dict[str, str]) -> int:
     """0: as many as the host has cores; else bounded as on every onnxruntime backend."""
     count = _integer(raw, "intra_op_thread_count", 0)
-    return intra_op_thread_count(str(count)) if count else 0
+    return within_thread_bound(count) if count else 0
 
 
 def _flag(raw: dict[str, str], key: str) -> bool:
