@@ -97,19 +97,13 @@ class Arena:
         with self._lock:
             if self._closed:
                 raise LinkClosed("the link is closed")
-            self._in_use += size
-            self._peak = max(self._peak, self._in_use)
             for seg, offsets in self._free_at.items():
                 sizes = self._free_size[seg]
                 for offset in offsets:
                     if sizes[offset] >= size:
                         self._take(seg, offset, size)
                         return (seg, offset, nbytes)
-            try:
-                seg = self._grow(size)
-            except BaseException:
-                self._in_use -= size
-                raise
+            seg = self._grow(size)
             self._take(seg, 0, size)
             return (seg, 0, nbytes)
 
@@ -180,6 +174,8 @@ class Arena:
 
     def _take(self, seg: int, offset: int, size: int) -> None:
         self._spares.pop(seg, None)
+        self._in_use += size
+        self._peak = max(self._peak, self._in_use)
         offsets = self._free_at[seg]
         sizes = self._free_size[seg]
         block = sizes.pop(offset)
