@@ -156,7 +156,7 @@ class InferEndpoint:
         ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = _headers(scope)
+        headers = scope_headers(scope)
         try:
             status, payload, extra = 200, *await self.infer(scope, receive, headers)
         except ServerError as exc:
@@ -210,55 +210,15 @@ class InferEndpoint:
     async def read_body(self, request: Request, raw: bool = False) -> bytes:
         """The body of a request to another route, read as the infer endpoint reads its
         own (see `_read`)."""
-        return await self._read(request.scope, request.receive, _headers(request.scope), raw)
+        return await self._read(request.scope, request.receive, scope_headers(request.scope), raw)
 
     async def _read(
         self, scope: Scope, receive: Receive, headers: dict[str, str], raw: bool = False
     ) -> bytes:
-        """The request body, size-capped before and after decompression (`raw`: a
-        raw-binary infer body, which Triton words differently), and to Triton's count of
-        non-empty chunks when it comes chunked.
-
-        A body over the limit is answered 400 at once, with `Connection: close`; the
-        server then reads and drops the rest before it closes (lingering.py), so that a
-        client that writes the whole body before it reads gets the answer rather than a
-        reset. A client that goes away mid-body is one line in the log.
-        """
+        """The request body (read_raw_body), decoded by its `Content-Encoding` within the
+        same cap; a large one off the loop."""
         limit = self.max_input_size
-        declared = _declared_length(headers)
-        size = 0
-        try:
-            if declared is not None and declared > limit:
-                raise too_large(declared, limit, raw)
-            chunks: list[bytes] = []
-            more = True
-            while more:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise ClientDisconnect()
-                chunk = message.get("body", b"")
-                more = message.get("more_body", False)
-                size += len(chunk)
-                if size > limit:
-                    raise too_large(size, limit, raw)
-                if chunk:
-                    chunks.append(chunk)
-                if (chunk or not more) and too_many_chunks(scope, len(chunks), self.max_chunks):
-                    raise ClosingError(
-                        ErrorCode.INVALID_ARG, error_texts.too_many_chunks(self.max_chunks)
-                    )
-        except ClientDisconnect:
-            log.info(
-                "%s %s: the client went away after %d of %s body bytes",
-                scope["method"],
-                scope["path"],
-                size,
-                "?" if declared is None else declared,
-            )
-            raise ServerError(
-                ErrorCode.CANCELLED, "the client went away before the request body ended"
-            ) from None
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        body = await read_raw_body(scope, receive, headers, limit, self.max_chunks, raw)
         encoding = headers.get("content-encoding")
         if encoding and len(body) > compression.OFF_LOOP_BYTES:
             return await asyncio.to_thread(compression.decode_content, body, encoding, limit)
@@ -283,7 +243,58 @@ _READ: Final = {
 }
 
 
-def _headers(scope: Scope) -> dict[str, str]:
+async def read_raw_body(
+    scope: Scope,
+    receive: Receive,
+    headers: dict[str, str],
+    limit: int,
+    max_chunks: int,
+    raw: bool = False,
+) -> bytes:
+    """The request body as it came, capped at `limit` bytes (`raw`: a raw-binary infer
+    body, which Triton words differently), and to Triton's count of non-empty chunks when
+    it comes chunked.
+
+    A body over the limit is answered 400 at once, with `Connection: close`; the server
+    then reads and drops the rest before it closes (lingering.py), so that a client that
+    writes the whole body before it reads gets the answer rather than a reset. A client
+    that goes away mid-body is one line in the log, and CANCELLED.
+    """
+    declared = _declared_length(headers)
+    size = 0
+    try:
+        if declared is not None and declared > limit:
+            raise too_large(declared, limit, raw)
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect()
+            chunk = message.get("body", b"")
+            more = message.get("more_body", False)
+            size += len(chunk)
+            if size > limit:
+                raise too_large(size, limit, raw)
+            if chunk:
+                chunks.append(chunk)
+            if (chunk or not more) and too_many_chunks(scope, len(chunks), max_chunks):
+                raise ClosingError(ErrorCode.INVALID_ARG, error_texts.too_many_chunks(max_chunks))
+    except ClientDisconnect:
+        log.info(
+            "%s %s: the client went away after %d of %s body bytes",
+            scope["method"],
+            scope["path"],
+            size,
+            "?" if declared is None else declared,
+        )
+        raise ServerError(
+            ErrorCode.CANCELLED, "the client went away before the request body ended"
+        ) from None
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def scope_headers(scope: Scope) -> dict[str, str]:
     """The headers the endpoint reads (_READ), by (lower-case) name; of a repeated one,
     the first, as starlette's `Headers.get` answers. The others are not decoded."""
     headers: dict[str, str] = {}

@@ -26,7 +26,8 @@ import h11
 from starlette.types import Message, Receive, Scope, Send
 
 from ..errors import ErrorCode, ServerError
-from .errors import server_error_response, too_large
+from .errors import server_error_response
+from .infer import read_raw_body, scope_headers
 
 _READ_BYTES = 1 << 16
 # A kept connection is used again only this soon: the server's own front end closes one
@@ -60,12 +61,13 @@ class _Connection:
 class PassOn:
     """ASGI: the request, body and all, answered by the server's own front end."""
 
-    def __init__(self, host: str, port: int, max_body: int) -> None:
+    def __init__(self, host: str, port: int, max_body: int, max_chunks: int) -> None:
         self._host = host
         self._port = port
-        # --http-max-input-size, as the server's front end applies it: a body past it is
-        # refused here, before it is all held in memory.
+        # --http-max-input-size and the chunk count, as the server's front end applies
+        # them (read_raw_body): a body past them is refused here, before it is held whole.
         self._max_body = max_body
+        self._max_chunks = max_chunks
         self._idle: list[_Connection] = []
 
     async def _connect(self) -> _Connection:
@@ -81,28 +83,14 @@ class PassOn:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        limit = self._max_body
-        declared = next((v for k, v in scope["headers"] if k.lower() == b"content-length"), b"")
-        size = int(declared) if declared.isdigit() else 0
-        chunks: list[bytes] = []
-        if size <= limit:
-            size = 0
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    break
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    break
-        if size > limit:
-            refusal = server_error_response(too_large(size, limit, raw=False))
-            await refusal(scope, _no_body, send)
+        try:
+            body = await read_raw_body(
+                scope, receive, scope_headers(scope), self._max_body, self._max_chunks
+            )
+        except ServerError as exc:
+            if exc.code is not ErrorCode.CANCELLED:  # a client that left gets nothing
+                await server_error_response(exc)(scope, _no_body, send)
             return
-        body = b"".join(chunks)
         relay = asyncio.ensure_future(self._relay(scope, body, send))
         # The body is all read: what receive() gives now is the client going away.
         gone = asyncio.ensure_future(_disconnected(receive))

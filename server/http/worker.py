@@ -44,7 +44,12 @@ async def serve(config: dict[str, Any]) -> int:
             server.should_exit = True
 
     core = RemoteCore(socket.socket(fileno=int(config["link_fd"])), f"http-{index}", link_closed)
-    passon = PassOn("127.0.0.1", int(config["forward_port"]), int(config["max_input_size"]))
+    passon = PassOn(
+        "127.0.0.1",
+        int(config["forward_port"]),
+        int(config["max_input_size"]),
+        int(config["max_chunks"]),
+    )
     app: ASGIApp = passon
     if not config["restricted"]:
         # Whether tracing is on is the server's to know: the context always goes along.

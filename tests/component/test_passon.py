@@ -14,6 +14,7 @@ from serverproc import free_ports
 
 from ge_serve.server.http import passon as passon_module
 from ge_serve.server.http.passon import PassOn
+from ge_serve.server.inference.error_texts import MAX_CHUNKS
 
 LIMIT = 1 << 16
 
@@ -56,7 +57,7 @@ class Client:
 
 async def test_a_body_past_the_limit_is_refused_before_it_is_held_whole() -> None:
     # Nothing listens on the port: a request passed on would be answered 503.
-    passon = PassOn("127.0.0.1", free_ports(1)[0], LIMIT)
+    passon = PassOn("127.0.0.1", free_ports(1)[0], LIMIT, MAX_CHUNKS)
     streamed = Client(chunks=10_000)  # 40 MB, chunked
     await asyncio.wait_for(passon(scope(), streamed.receive, streamed.send), 10)
     assert streamed.status == 400 and streamed.taken == LIMIT // 4096 + 1
@@ -95,7 +96,7 @@ async def test_a_connection_is_reused_only_well_within_the_servers_keep_alive(
 
     listener = await asyncio.start_server(server, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
-    passon = PassOn("127.0.0.1", port, LIMIT)
+    passon = PassOn("127.0.0.1", port, LIMIT, MAX_CHUNKS)
     try:
         for _ in range(3):
             client = Client(chunks=1, size=0)
