@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 import pytest
+from linkpair import thread_links
 from polling import poll
 
 from ge_serve.link import frames
@@ -251,41 +252,27 @@ def test_a_message_past_the_frame_limit_fails_alone_at_the_sender(
 
 
 def test_a_segment_let_go_of_is_unmapped_by_the_peer_and_a_closed_link_holds_none() -> None:
-    a, b = socket.socketpair()
-    got: list[Message] = []
-    arrived = threading.Event()
-
-    def received(message: Message) -> None:
-        got.append(message)
-        arrived.set()
-
-    left = ThreadLink(a, CODEC, "left", lambda m: None)
-    right = ThreadLink(b, CODEC, "right", received)
-    reader = threading.Thread(target=right.serve)
-    reader.start()
-    try:
+    with thread_links(CODEC) as pair:
+        left, right = pair.left, pair.right
         small: list[Region] = []
         write_tensor(left.arena, "s", np.zeros(4, np.float32), small)  # the first segment
         sizes = [DEFAULT_SEGMENT_BYTES + (n << 20) for n in (1, 2, 3)]
         for size in sizes:
             regions: list[Region] = []
             tensor = write_tensor(left.arena, "x", np.ones(size // 4, np.float32), regions)
-            arrived.clear()
+            pair.arrived.clear()
             left.send(Note(size, "x", tensor.data))
-            assert arrived.wait(10)
+            assert pair.arrived.wait(10)
             left.free(regions)
         # Three wholly free segments past twice the largest: the smallest went, and the
         # peer was told.
         left.send(Note(0, "after the drop"))
-        poll(lambda: len(got) == 4, 10, "the last note")
-        placed = [n.data for n in got[:3] if isinstance(n, Note)]
+        poll(lambda: len(pair.got) == 4, 10, "the last note")
+        placed = [n.data for n in pair.got[:3] if isinstance(n, Note)]
         assert all(isinstance(p, tuple) for p in placed)
         with pytest.raises(ValueError, match="not mapped"):
             right.view(placed[0])
         assert [right.view(p).nbytes for p in placed[1:]] == sizes[1:]
-    finally:
-        left.close()
-        reader.join(10)
     assert right.closed and left.arena.segment_count == 0
     with pytest.raises(LinkClosed):
         left.arena.alloc(10)
