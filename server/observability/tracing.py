@@ -302,11 +302,9 @@ class TraceControl:
         else:
             values = {k: (getattr(self.startup, k) if v is None else v) for k, v in parsed.items()}
             new_global = dataclasses.replace(self._global, **values)
-        # Triton's rule: a setting that traces must be able to (the only invalid setting
-        # allowed is one that traces nothing); a level without a file would otherwise
-        # keep every trace in memory, never written.
-        # A model whose own settings are cleared takes the global ones as they are, as
-        # in Triton (which checks only a setting an update makes).
+        # Triton's rule: a setting an update makes must be able to trace, or trace
+        # nothing (a level without a file would keep every trace in memory, unwritten).
+        # A model whose own settings are cleared takes the global ones as they are.
         checked = ([model] if model in models else []) if model else ["", *models]
         for name in checked:
             mine = models.get(name)
