@@ -194,26 +194,42 @@ def available_versions(model_dir: Path) -> list[int]:
 
 
 def select_versions(config: model_config_pb2.ModelConfig, model_dir: Path) -> list[int]:
-    """Apply the version policy; the default is `latest { num_versions: 1 }`."""
+    """Apply the version policy as Triton does; the default is `latest { num_versions: 1 }`.
+
+    A `specific` version with no folder is logged and skipped, and `latest` with
+    `num_versions` 0 selects nothing: a repository that loads on Triton loads here, and one
+    that fails there fails here, with Triton's message.
+    """
     present = available_versions(model_dir)
     policy = config.version_policy
     choice = policy.WhichOneof("policy_choice")
     if choice == "all":
         chosen = present
     elif choice == "specific":
-        wanted = sorted(set(policy.specific.versions))
-        missing = [v for v in wanted if v not in present]
-        if missing:
-            raise ServerError(
-                ErrorCode.INVALID_ARG,
-                f"version policy names version(s) {missing} that have no folder",
-            )
-        chosen = wanted
+        chosen = []
+        for version in sorted(set(policy.specific.versions)):
+            if version in present:
+                chosen.append(version)
+            else:
+                log.error(
+                    "version %d is specified for model '%s', but the version directory is "
+                    "not present",
+                    version,
+                    config.name,
+                )
     else:
         count = policy.latest.num_versions if choice == "latest" else 1
-        chosen = present[-max(count, 1) :] if present else []
+        chosen = present[-count:] if count > 0 else []
     if not chosen:
-        raise ServerError(ErrorCode.INVALID_ARG, "no version folder to serve under the model")
+        if present:
+            why = f"the policy selects none of the version folders {present}"
+        else:
+            why = "no version folder to serve (a positive number, not starting with 0)"
+        raise ServerError(
+            ErrorCode.INVALID_ARG,
+            "at least one version must be available under the version policy of model "
+            f"'{config.name}': {why}",
+        )
     return chosen
 
 

@@ -3,6 +3,7 @@ and loading through the lifecycle (in process, no network)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -127,10 +128,40 @@ def test_version_policy(tmp_path: Path, policy: str, expected: list[int]) -> Non
     assert select_versions(config_of(policy), folder) == expected
 
 
-def test_specific_policy_naming_a_missing_version_fails(tmp_path: Path) -> None:
+def test_specific_policy_skips_a_missing_version_as_triton(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Triton logs a named version without a folder and serves the others."""
     folder = write_model(tmp_path, "m", None, versions=[1])
-    with pytest.raises(ServerError, match=r"\[4\]"):
-        select_versions(config_of("version_policy: { specific: { versions: [1, 4] } }"), folder)
+    with caplog.at_level(logging.ERROR):
+        chosen = select_versions(
+            config_of('name: "m" version_policy: { specific: { versions: [1, 4] } }'), folder
+        )
+    assert chosen == [1]
+    assert "version 4 is specified for model 'm', but the version directory is not present" in (
+        caplog.text
+    )
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        "version_policy: { specific: { versions: [4, 5] } }",
+        "version_policy: { latest: { num_versions: 0 } }",
+        "version_policy: { latest: {} }",
+    ],
+)
+def test_a_policy_that_selects_no_version_fails_with_tritons_message(
+    tmp_path: Path, policy: str
+) -> None:
+    folder = write_model(tmp_path, "m", None, versions=[1, 3])
+    with pytest.raises(ServerError) as caught:
+        select_versions(config_of(f'name: "m" {policy}'), folder)
+    assert caught.value.code is ErrorCode.INVALID_ARG
+    assert str(caught.value).startswith(
+        "at least one version must be available under the version policy of model 'm'"
+    )
+    assert "[1, 3]" in str(caught.value)
 
 
 def test_no_version_folder_fails(tmp_path: Path) -> None:
