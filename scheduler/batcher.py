@@ -144,6 +144,7 @@ class DynamicBatcher:
         pool = self._pool
         if (
             self._adaptive is not None
+            and self._order is None
             and self._alone is None
             and not self._pending
             and pool.idle_count
@@ -280,8 +281,8 @@ class DynamicBatcher:
         At low load this is every request, so it is the unbatched path and must cost what
         the default scheduler costs: no queue entry, and the decider is told only of its
         execution. A request that arrives while it runs makes it part of the load: its
-        arrival is reported then (_log_alone), its departure as any other's. With nothing
-        else in the server, nothing can be answered out of order."""
+        arrival is reported then (_log_alone), its departure as any other's. Models that
+        preserve ordering never come here: the request behind would overtake it."""
         alone = _Alone(item, now, size, level, bucket)
         self._alone = alone
         slot.executing = Executing(now, size, bucket)
@@ -399,14 +400,14 @@ class DynamicBatcher:
             exc = exc or RuntimeError("the batch returned no results")
             log.error("batch of %d failed on %s: %s", len(batch), slot.name, exc)
             for entry in batch:
-                self._finish(entry, error=client_error(exc))
+                self._finish(entry, error=client_error(exc), in_order=True)
         elif isinstance(results, RunAlone):
             # No batch left as one, so the controller prices nothing: each request is
             # dropped from its counts as a failed one is.
             log.error("batch of %d failed on %s; ran each request alone", len(batch), slot.name)
             for entry, outcome in zip(batch, results.outcomes, strict=True):
                 if isinstance(outcome, Exception):
-                    self._finish(entry, error=client_error(outcome))
+                    self._finish(entry, error=client_error(outcome), in_order=True)
                 else:
                     self._finish(entry, result=outcome)
         else:
@@ -443,9 +444,10 @@ class DynamicBatcher:
         result: dict[str, Array] | None = None,
         error: BaseException | None = None,
         departed: bool = False,
+        in_order: bool = False,
     ) -> None:
         """Record an outcome; answer it now, or in arrival order under preserve_ordering.
-        `departed`: the controller has already been told that the request left."""
+        `departed`: the controller was told it left; `in_order`: an execution's error."""
         if entry.state is EntryState.DONE:
             return
         entry.state = EntryState.DONE
@@ -457,8 +459,8 @@ class DynamicBatcher:
             if self._census is not None:
                 self._census.left(entry.key, entry.size)
         order = self._order
-        if order is None or result is None:
-            # Errors are answered at once, as Triton does for rejected requests.
+        if order is None or (result is None and not in_order):
+            # Requests that never ran (timed out, cancelled, closed) skip the order, as in Triton.
             _answer(entry)
         if order is not None:
             while order and order[0].state is EntryState.DONE:

@@ -1,0 +1,74 @@
+"""preserve_ordering: every executed request is answered in arrival order, its errors
+included, under Triton's rules and under adaptive batching alike."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+
+import pytest
+from fake_executor import FakeExecutor, item, make_batcher, make_config
+
+from ge_serve.backends.base import Array
+from ge_serve.server.errors import ServerError
+
+pytestmark = pytest.mark.timeout(30)
+
+FAILS = 2.0
+
+
+class FailsOnTwo(FakeExecutor):
+    """Fails an execution whose rows include FAILS, after its gate lets it end."""
+
+    def execute(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
+        outputs = super().execute(inputs)
+        if (inputs["x"] == FAILS).any():
+            raise RuntimeError("the graph failed")
+        return outputs
+
+
+async def _second_ends_first(adaptive: bool) -> list[str]:
+    """Three requests on two slots of one ordered model. The second's execution ends
+    (and fails, for FAILS) while the first's still runs; the third starting on the
+    second's slot shows that the second's execution is back. Returns the answer order."""
+    parameters = {"adaptive_batching": "true"} if adaptive else {}
+    config = make_config(max_batch_size=1, preserve_ordering=True, parameters=parameters)
+    fake_a, fake_b = FailsOnTwo("a", blocked=True), FailsOnTwo("b", blocked=True)
+    batcher = make_batcher(config, [fake_a, fake_b])
+    done: list[str] = []
+
+    def track(name: str) -> Callable[[object], None]:
+        return lambda _: done.append(name)
+
+    try:
+        first = asyncio.create_task(batcher.submit(item(1)))
+        first.add_done_callback(track("first"))
+        assert await fake_a.started() == 1
+        second = asyncio.create_task(batcher.submit(item(FAILS)))
+        second.add_done_callback(track("second"))
+        assert await fake_b.started() == 1
+        fake_b.allow()
+        third = asyncio.create_task(batcher.submit(item(3)))
+        third.add_done_callback(track("third"))
+        assert await fake_b.started() == 1
+        assert not second.done(), "the second was answered before the first"
+        fake_a.open()
+        fake_b.open()
+        answers = await asyncio.gather(first, second, third, return_exceptions=True)
+    finally:
+        fake_a.open()
+        fake_b.open()
+        await batcher.close(5.0)
+    assert isinstance(answers[0], dict) and isinstance(answers[2], dict)
+    assert isinstance(answers[1], ServerError)
+    assert "the graph failed" in answers[1].message
+    return done
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["triton-rules", "adaptive"])
+async def test_an_execution_error_waits_for_the_requests_ahead(adaptive: bool) -> None:
+    # Triton sends every response of an executed request through the ordering,
+    # errors included; only requests that never ran (timed out, cancelled) skip it.
+    # Adaptive batching starts a request that finds the server empty without queueing
+    # it; an ordered model must queue it, or the request behind overtakes it.
+    assert await _second_ends_first(adaptive) == ["first", "second", "third"]
