@@ -49,11 +49,10 @@ class QueuePolicy:
 
     def timeout_us(self, requested_us: int) -> int:
         """The timeout a request gets: the level's default, or the request's own when the
-        level allows overrides. An override may shorten the default, never lengthen it; a
-        default of 0 means "no timeout", so any override is shorter than it."""
+        level allows overrides and it is shorter. As in Triton's PolicyQueue, a default of
+        0 ("no timeout") is never overridden: no request timeout is less than 0."""
         timeout = self.default_timeout_us
-        overridable = self.allow_timeout_override and requested_us > 0
-        if overridable and (timeout == 0 or requested_us < timeout):
+        if self.allow_timeout_override and 0 < requested_us < timeout:
             timeout = requested_us
         return timeout
 

@@ -40,7 +40,11 @@ PROBE_DYNAMIC_BATCHING = {
   default_priority_level: 2
   priority_queue_policy {
     key: 1
-    value { timeout_action: REJECT allow_timeout_override: true }
+    value {
+      timeout_action: REJECT
+      default_timeout_microseconds: 60000000
+      allow_timeout_override: true
+    }
   }
 """,
     "bad_policy": """

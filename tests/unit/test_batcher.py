@@ -151,8 +151,8 @@ async def test_reject_timeout_fires_while_the_batcher_waits_for_a_slot() -> None
 
 async def test_delay_action_keeps_an_expired_request_behind_its_level() -> None:
     config = make_config(max_batch_size=1, priority_levels=3, default_level=3)
-    set_policy(config, 1, "DELAY", allow_override=True)
-    set_policy(config, 2, "REJECT", allow_override=True)
+    set_policy(config, 1, "DELAY", timeout_us=60_000_000, allow_override=True)
+    set_policy(config, 2, "REJECT", timeout_us=60_000_000, allow_override=True)
     async with running(config) as (batcher, (fake,)):
         blocker = await occupy(batcher, fake)
         expiring = submit_all(batcher, [item(11, priority=1, timeout_us=1000)])
@@ -188,8 +188,8 @@ async def test_full_queue_refuses_with_exceeds_maximum_queue_size() -> None:
 
 async def test_timeout_override_refused_when_the_policy_does_not_allow_it() -> None:
     config = make_config(max_batch_size=1, priority_levels=2, default_level=2)
-    set_policy(config, 1, "REJECT", allow_override=False)
-    set_policy(config, 2, "REJECT", allow_override=True)
+    set_policy(config, 1, "REJECT", timeout_us=60_000_000, allow_override=False)
+    set_policy(config, 2, "REJECT", timeout_us=60_000_000, allow_override=True)
     async with running(config) as (batcher, (fake,)):
         blocker = await occupy(batcher, fake)
         kept = submit_all(batcher, [item(1, priority=1, timeout_us=1000)])
