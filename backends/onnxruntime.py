@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import ml_dtypes
 import numpy as np
+import numpy.typing as npt
 import onnxruntime as ort
 from onnx import TensorProto
 
@@ -29,6 +30,13 @@ def string_param(config: model_config_pb2.ModelConfig, key: str) -> str | None:
 
 def instance_count(config: model_config_pb2.ModelConfig) -> int:
     return sum(max(group.count, 1) for group in config.instance_group) or 1
+
+
+def rows_are_requests(config: model_config_pb2.ModelConfig) -> bool:
+    """Whether each row (first dim) of an execution's inputs is one request's row: a
+    batching model that batches no ragged inputs."""
+    ragged = bool(config.batch_input) or any(i.allow_ragged_batch for i in config.input)
+    return config.max_batch_size > 0 and not ragged
 
 
 def session_options(intra_threads: int, config: model_config_pb2.ModelConfig) -> ort.SessionOptions:
@@ -62,9 +70,14 @@ class OrtSession:
     bytes survive (a pass-through model returns them unchanged; a text op sees their
     latin-1 reading). onnxruntime's numpy bridge knows no bfloat16, so models with BF16
     tensors run through OrtValues that carry the raw 16-bit words.
+
+    With `rows_apart` (a batching model whose rows are independent requests' rows), rows
+    with non-UTF-8 strings run apart from the others, so that one client's bytes never
+    change how another client's text is read when the batcher merges their requests.
     """
 
-    def __init__(self, path: Path, options: ort.SessionOptions) -> None:
+    def __init__(self, path: Path, options: ort.SessionOptions, rows_apart: bool = False) -> None:
+        self.rows_apart = rows_apart
         self.session = ort.InferenceSession(
             str(path), sess_options=options, providers=["CPUExecutionProvider"]
         )
@@ -94,6 +107,15 @@ class OrtSession:
         feed: dict[str, Any] = dict(inputs)
         strings = [n for n in self.string_inputs if n in feed and feed[n].dtype == np.object_]
         codec = StringCodec.for_inputs([feed[name] for name in strings])
+        if codec is LATIN_1 and self.rows_apart:
+            utf8 = utf8_rows([feed[name] for name in strings])
+            if utf8.any():
+                return self._run_rows_apart(feed, strings, utf8)
+        return self._run_read(feed, strings, codec)
+
+    def _run_read(
+        self, feed: dict[str, Any], strings: list[str], codec: StringCodec
+    ) -> dict[str, Array]:
         for name in strings:
             feed[name] = codec.to_str(feed[name])
         if self.uses_bf16:
@@ -103,6 +125,30 @@ class OrtSession:
             name: codec.from_ort(np.asarray(value))
             for name, value in zip(self.output_names, results, strict=True)
         }
+
+    def _run_rows_apart(
+        self, feed: dict[str, Any], strings: list[str], utf8: npt.NDArray[np.bool_]
+    ) -> dict[str, Array]:
+        """Run the UTF-8 rows and the other rows as two executions, each with its own
+        reading, and put their outputs back in row order."""
+        parts = []
+        for rows, codec in ((np.flatnonzero(utf8), UTF_8), (np.flatnonzero(~utf8), LATIN_1)):
+            part = {name: value[rows] for name, value in feed.items()}
+            parts.append((rows, self._run_read(part, strings, codec)))
+        merged: dict[str, Array] = {}
+        for name in self.output_names:
+            (rows_a, a), (rows_b, b) = ((rows, out[name]) for rows, out in parts)
+            if a.shape[1:] != b.shape[1:] or len(a) != len(rows_a) or len(b) != len(rows_b):
+                # The batcher runs each request on its own after this.
+                raise RuntimeError(
+                    f"output '{name}' of the rows read as UTF-8 {a.shape} and of the rows "
+                    f"with other bytes {b.shape} cannot be put back together"
+                )
+            out = np.empty((len(utf8), *a.shape[1:]), dtype=a.dtype)
+            out[rows_a] = a
+            out[rows_b] = b
+            merged[name] = out
+        return merged
 
     def _run_bf16(self, feed: dict[str, Any], codec: StringCodec) -> dict[str, Array]:
         values: dict[str, ort.OrtValue] = {}
@@ -176,6 +222,26 @@ UTF_8 = StringCodec("utf-8")
 LATIN_1 = StringCodec("latin-1")
 
 
+def utf8_rows(arrays: list[Array]) -> npt.NDArray[np.bool_]:
+    """Per row (first dim), whether every string of every array in it is UTF-8."""
+    rows = np.ones(len(arrays[0]) if arrays else 0, dtype=np.bool_)
+    for array in arrays:
+        for index, row in enumerate(array):
+            if rows[index] and not _all_utf8(np.asarray(row, dtype=object).flat):
+                rows[index] = False
+    return rows
+
+
+def _all_utf8(values: Iterable[object]) -> bool:
+    for value in values:
+        if isinstance(value, bytes):
+            try:
+                value.decode("utf-8")
+            except UnicodeDecodeError:
+                return False
+    return True
+
+
 class OrtExecutor:
     def __init__(self, slot: SlotInfo, session: OrtSession) -> None:
         self.slot = slot
@@ -209,7 +275,9 @@ class OnnxRuntimeBackend:
             slot = SlotInfo(
                 name=f"{spec.name}_{spec.version}_cpu_{index}", device="cpu", stream=index
             )
-            session = OrtSession(spec.model_path, options)
+            session = OrtSession(
+                spec.model_path, options, rows_apart=rows_are_requests(spec.config)
+            )
             if index == 0:
                 check_config(spec.config, session.session)
             executors.append(OrtExecutor(slot, session))

@@ -19,7 +19,7 @@ from onnx import TensorProto
 from serverproc import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
-from ge_serve.backends.onnxruntime import OrtSession, session_options
+from ge_serve.backends.onnxruntime import OrtSession, rows_are_requests, session_options
 from ge_serve.protos import model_config_pb2
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -129,15 +129,14 @@ def test_grpc(server: ServerProcess) -> None:
     client.close()
 
 
-def _session(tmp_path: Path, model: bytes) -> OrtSession:
+def _session(tmp_path: Path, model: bytes, rows_apart: bool = False) -> OrtSession:
     path = tmp_path / "model.onnx"
     path.write_bytes(model)
-    return OrtSession(path, session_options(1, model_config_pb2.ModelConfig()))
+    return OrtSession(path, session_options(1, model_config_pb2.ModelConfig()), rows_apart)
 
 
-def test_utf8_text_reaches_string_ops_byte_for_byte(tmp_path: Path) -> None:
-    """A LabelEncoder keyed by UTF-8 text matches text sent as UTF-8 bytes; a latin-1
-    reading of all strings would miss the key."""
+def _labels_model() -> bytes:
+    """A LabelEncoder keyed by UTF-8 text: "héllo" is 1, "plain" 2, anything else -1."""
     from onnx import helper
 
     node = helper.make_node(
@@ -160,7 +159,40 @@ def test_utf8_text_reaches_string_ops_byte_for_byte(tmp_path: Path) -> None:
         opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 2)],
     )
     model.ir_version = 8
-    session = _session(tmp_path, model.SerializeToString())
-    words = np.empty(3, dtype=object)
-    words[:] = ["héllo".encode(), b"plain", b"other"]
+    return model.SerializeToString()
+
+
+def _strings(*values: bytes) -> npt.NDArray[np.object_]:
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array
+
+
+def test_utf8_text_reaches_string_ops_byte_for_byte(tmp_path: Path) -> None:
+    """A LabelEncoder keyed by UTF-8 text matches text sent as UTF-8 bytes; a latin-1
+    reading of all strings would miss the key."""
+    session = _session(tmp_path, _labels_model())
+    words = _strings("héllo".encode(), b"plain", b"other")
     assert session.run({"IN": words})["OUT"].tolist() == [1, 2, -1]
+
+
+def test_one_rows_bytes_do_not_change_how_other_rows_are_read(tmp_path: Path) -> None:
+    """Rows of a batching model are other clients' requests once batched: a row that is
+    not UTF-8 runs apart, and the text beside it still matches its key."""
+    session = _session(tmp_path, _labels_model(), rows_apart=True)
+    words = _strings("héllo".encode(), b"\xff", b"plain")
+    assert session.run({"IN": words})["OUT"].tolist() == [1, -1, 2]
+    # A pass-through returns every row's bytes, in row order.
+    model = identity_model(TensorProto.STRING).SerializeToString()
+    identity = _session(tmp_path, model, rows_apart=True)
+    rows = np.empty((3, 2), dtype=object)
+    rows[:] = [[b"\xff", b"a"], ["é".encode(), b"b"], [b"\x80\x81", HIGH]]
+    assert identity.run({"INPUT": rows})["OUTPUT"].tolist() == rows.tolist()
+
+
+def test_rows_run_apart_only_where_each_row_is_one_requests() -> None:
+    config = model_config_pb2.ModelConfig(max_batch_size=8)
+    assert rows_are_requests(config)
+    config.input.add(name="IN", allow_ragged_batch=True)
+    assert not rows_are_requests(config)
+    assert not rows_are_requests(model_config_pb2.ModelConfig(max_batch_size=0))
