@@ -182,6 +182,9 @@ class BatchFormer:
                 self._launch(slot, batch)
             else:
                 self._pool.release(slot, executed=False)
+            # The loop sleeps next, maybe for long: a batch still bound here would keep
+            # its requests' tensors and results alive until the next batch.
+            del batch
 
     async def _collect(self, slot: ExecutorSlot) -> list[Entry]:
         """With `slot` in hand: wait until a batch should go, then take it off the queue."""

@@ -4,6 +4,7 @@ included, under Triton's rules and under adaptive batching alike."""
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Callable, Mapping
 
 import pytest
@@ -72,3 +73,24 @@ async def test_an_execution_error_waits_for_the_requests_ahead(adaptive: bool) -
     # Adaptive batching starts a request that finds the server empty without queueing
     # it; an ordered model must queue it, or the request behind overtakes it.
     assert await _second_ends_first(adaptive) == ["first", "second", "third"]
+
+
+async def test_an_idle_batcher_keeps_no_request_it_answered() -> None:
+    # The batch former sleeps between batches; the last batch's requests (their tensors,
+    # perhaps shared-memory views a client has since unregistered) must not wait for the
+    # next request to be let go.
+    fake = FakeExecutor("a")
+    batcher = make_batcher(make_config(max_batch_size=8, delay_us=1000), [fake])
+    try:
+        request = item(1)
+        watch = weakref.ref(request.inputs["x"])
+        await batcher.submit(request)
+        del request
+        # The slot thread lets go of its job just after it reports; give it the time.
+        for _ in range(200):
+            if watch() is None:
+                break
+            await asyncio.sleep(0.01)
+        assert watch() is None
+    finally:
+        await batcher.close(5.0)
