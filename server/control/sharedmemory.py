@@ -11,10 +11,14 @@ loop; the descriptor is closed at once, Python's mmap keeps its own duplicate). 
 get zero-copy memoryviews of the mapping. Unregistering drops the manager's reference and
 closes the mapping if no view is left; otherwise `mmap.close()` would raise BufferError,
 so the mapping is left to go, with its descriptor, when the last request holding a view
-lets go of it (CPython frees it by reference count). A request that resolved its region
-before the unregister finishes normally; one that comes later is told the region is
-unknown. That is Triton's behaviour too (it defers the unmap while requests use the
-region).
+lets go of it (CPython frees it by reference count). Each mapping holds one descriptor
+(Python 3.11's mmap cannot give it up), so the number of regions is capped at half the
+process's open-file limit: past it a client's registrations would starve the server of
+descriptors for connections. Triton's regions hold none, so Triton has no such cap.
+
+A request that resolved its region before the unregister finishes normally; one that
+comes later is told the region is unknown. That is Triton's behaviour too (it defers the
+unmap while requests use the region).
 
 Triton's facts (docs/protocol/extension_shared_memory.md, src/shared_memory_manager.cc,
 src/http_server.cc, src/grpc/grpc_utils.h and infer_handler.cc):
@@ -36,6 +40,7 @@ import contextlib
 import logging
 import mmap
 import os
+import resource
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,6 +182,12 @@ class _Region:
                 mapping.close()
 
 
+def region_cap() -> int:
+    """Half the soft open-file limit: each region holds a descriptor."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return (1 << 20) if soft == resource.RLIM_INFINITY else max(soft // 2, 1)
+
+
 def object_path(root: Path, key: str, region: str = "") -> Path:
     """The file of a POSIX shared-memory key: one name directly under `root`."""
     if key.lstrip("/").startswith(error_texts.RESERVED_SHM_PREFIX):
@@ -231,10 +242,13 @@ class SharedMemoryManager:
     of `register` goes to a worker thread.
     """
 
-    def __init__(self, enabled: bool = True, root: Path = SHM_ROOT) -> None:
+    def __init__(
+        self, enabled: bool = True, root: Path = SHM_ROOT, max_regions: int | None = None
+    ) -> None:
         self.enabled = enabled
         self.root = root
         self._regions: dict[str, _Region] = {}
+        self.max_regions = region_cap() if max_regions is None else max_regions
 
     def _check_enabled(self) -> None:
         if not self.enabled:
@@ -272,6 +286,12 @@ class SharedMemoryManager:
     def _check_new(self, name: str) -> None:
         if name in self._regions:
             raise error_texts.shm_already_registered(name)
+        if len(self._regions) >= self.max_regions:
+            raise invalid_arg(
+                f"failed to register shared memory region '{name}': {len(self._regions)} "
+                "regions are registered, the most this server's open-file limit allows; "
+                "unregister regions no longer in use, or raise the limit (ulimit -n)"
+            )
 
     def status(self, name: str = "") -> list[RegionStatus]:
         """Every region, or the named one (NOT_FOUND when it is not registered)."""

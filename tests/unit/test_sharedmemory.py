@@ -8,6 +8,7 @@ import asyncio
 import gc
 import mmap
 import os
+import resource
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -217,6 +218,27 @@ def test_close_releases_every_descriptor(root: Path) -> None:
     assert open_fds(root) == baseline + 5
     manager.close()
     assert open_fds(root) == baseline
+
+
+def test_regions_are_capped_by_the_open_file_limit(root: Path) -> None:
+    # Each region holds a descriptor: unbounded registrations would leave the server none
+    # for connections. Past the cap a registration is refused, and nothing is opened.
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert SharedMemoryManager(root=root).max_regions == max(soft // 2, 1)
+    manager = SharedMemoryManager(root=root, max_regions=2)
+    key = make_object(root, "obj", bytes(64))
+    register(manager, "a", key, 0, 32)
+    register(manager, "b", key, 32, 32)
+    refused = error(lambda: register(manager, "c", key, 0, 32))
+    assert refused.code is ErrorCode.INVALID_ARG
+    assert refused.message.startswith(
+        "failed to register shared memory region 'c': 2 regions are registered, the most "
+        "this server's open-file limit allows"
+    )
+    assert open_fds(root) == 2
+    manager.unregister("a")
+    register(manager, "c", key, 0, 32)
+    manager.close()
 
 
 def test_a_disabled_manager_refuses_registration_and_use(root: Path) -> None:
