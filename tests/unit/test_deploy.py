@@ -143,7 +143,11 @@ def test_dockerfile(name: str) -> None:
         str(settings.grpc_port),
         str(settings.metrics_port),
     ]
-    for folder in ("server", "scheduler", "backends", "protos"):
+    # Every folder the package installs from (pyproject's package-dir).
+    project = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())
+    folders = set(project["tool"]["setuptools"]["package-dir"].values())
+    assert folders >= {"server", "scheduler", "backends", "link", "protos"}
+    for folder in sorted(folders):
         assert f"COPY {folder} ./{folder}" in text
     # Pinned: dependencies come from the constraints file, and only from it.
     assert "COPY deploy/docker/constraints.txt ./constraints.txt" in text
