@@ -239,7 +239,8 @@ parameters [
   {{ key: "cls_model" value: {{ string_value: "ocr_cls" }} }},
   {{ key: "rec_model" value: {{ string_value: "ocr_rec" }} }},
   {{ key: "use_cls" value: {{ string_value: "{use_cls}" }} }},
-  {{ key: "max_rec_batch" value: {{ string_value: "{MAX_REC_BATCH}" }} }}
+  {{ key: "max_rec_batch" value: {{ string_value: "{MAX_REC_BATCH}" }} }},
+  {{ key: "max_cls_batch" value: {{ string_value: "{MAX_CLS_BATCH}" }} }}
 ]
 """
 

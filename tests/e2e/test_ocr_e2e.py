@@ -103,6 +103,13 @@ def test_upside_down_and_tilted_text_reads_the_same(ocr_server: ServerProcess) -
         triton.close()
 
 
+def test_a_page_of_more_lines_than_one_classifier_batch_reads_whole(triton: Triton) -> None:
+    # The direction classifier takes at most 32 crops a call; a page has more lines.
+    lines = [f"Line {n} of the page" for n in range(1, 41)]
+    result = read(triton, ocrrepo.render(lines, size=24).png)
+    assert texts(result) == lines
+
+
 def test_an_image_without_text_gives_no_lines(triton: Triton) -> None:
     result = read(triton, ocrrepo.render([]).png)
     assert result.as_numpy("boxes").shape == (0, 4, 2)

@@ -42,6 +42,8 @@ class TritonPythonModel:
         self.use_cls = _param(config, "use_cls", "true").lower() == "true"
         self.text_score = float(_param(config, "text_score", "0.5"))
         self.max_rec_batch = int(_param(config, "max_rec_batch", "16"))
+        # The classifier's max_batch_size: a page has more lines than one call may carry.
+        self.max_cls_batch = int(_param(config, "max_cls_batch", "32"))
         self.det = ocr_steps.DetSettings(
             thresh=float(_param(config, "det_thresh", "0.3")),
             box_thresh=float(_param(config, "det_box_thresh", "0.5")),
@@ -73,7 +75,13 @@ class TritonPythonModel:
         image = Image.fromarray(rgb)
         crops = [ocr_steps.crop(image, box) for box in boxes]
         if self.use_cls:
-            probs = self._call(self.cls_model, ocr_steps.cls_input(crops), "probs")
+            step = self.max_cls_batch
+            probs = np.concatenate(
+                [
+                    self._call(self.cls_model, ocr_steps.cls_input(crops[i : i + step]), "probs")
+                    for i in range(0, len(crops), step)
+                ]
+            )
             crops = ocr_steps.upright(crops, probs)
         lines: list[tuple[str, float]] = [("", 0.0)] * len(crops)
         for indices, tensor in ocr_steps.rec_batches(crops):
