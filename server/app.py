@@ -204,9 +204,9 @@ class ServerApp:
             return False
         self.log_model_table()
         await asyncio.to_thread(release_freed_memory)
+        for name, message in sorted(errors.items()):
+            log.error("model '%s' failed to load: %s", name, message)
         if errors and self.settings.exit_on_error:
-            for name, message in sorted(errors.items()):
-                log.error("model '%s' failed to load: %s", name, message)
             log.error(
                 "exiting: %d model(s) failed to load (use --exit-on-error=false to serve the "
                 "rest): %s",
@@ -404,6 +404,9 @@ async def serve(settings: Settings, log_control: LogControl | None = None) -> in
         app = ServerApp(settings, log_control)
     except DeviceUnavailable as exc:
         log.error("%s", exc)
+        return 1
+    except ServerError as exc:  # a setting the parser cannot check: a TLS file, say
+        log.error("%s", exc.message)
         return 1
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -15,6 +15,7 @@ from typing import Any
 
 from ge_serve.backends.text_bool import parse_bool
 
+from .startup.combined import check_combined
 from .startup.flags import Flag, flag_of
 from .startup.grpc_core import grpc_core_environment
 from .startup.settings import Settings
@@ -148,6 +149,7 @@ def parse_settings(argv: list[str]) -> Settings:
     try:  # settings read together: a contradiction is a usage error too
         settings.cache_size()
         settings.trace()
+        check_combined(settings)
     except ValueError as exc:
         parser.error(str(exc))
     return settings

@@ -91,11 +91,7 @@ class ModelControl:
             if "*" in wanted:
                 return sorted(self.repository.scan())
             return list(dict.fromkeys(key for name in wanted for key in self._keys(name)))
-        if self.settings.load_models:
-            log.warning(
-                "--load-model is ignored in model control mode '%s'", self.settings.mode.value
-            )
-        return sorted(self.repository.scan())
+        return sorted(self.repository.scan())  # --load-model needs explicit (cli.py)
 
     async def start(self) -> dict[str, str]:
         """Load the startup models (and start polling); returns {name: error}."""

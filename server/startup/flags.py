@@ -7,6 +7,7 @@ which the command line turns into a usage error.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -153,6 +154,36 @@ def unique_folders(name: str, paths: tuple[Path, ...]) -> tuple[Path, ...]:
 def non_negative(name: str, value: int) -> int:
     if value < 0:
         raise ValueError(f"{name} must be >= 0")
+    return value
+
+
+def positive(name: str, value: int) -> int:
+    """Triton's check of --http-max-input-size, with its words."""
+    if value <= 0:
+        raise ValueError(f"{name} must be greater than 0.")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port. Out of range, grpc core would bind the port modulo 65536 and the log
+    would name the one asked for."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected a port number, got '{text}'") from None
+    if not 0 <= value <= 65535:
+        raise ValueError(f"a port is 0 to 65535, got {value}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A finite number of seconds >= 0 (Triton reads these flags as integers)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected seconds, got '{text}'") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"expected a finite number of seconds >= 0, got '{text}'")
     return value
 
 

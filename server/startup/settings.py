@@ -31,8 +31,11 @@ from .flags import (
     key_value,
     metrics_config,
     non_negative,
+    port,
+    positive,
     restriction,
     restriction_rules,
+    seconds,
     sim_cost,
     size,
     trace_levels,
@@ -86,23 +89,24 @@ class Settings:
         default="0.0.0.0",
         metadata=flag(help="address the HTTP endpoint binds; 127.0.0.1 for this host only"),
     )
-    http_port: int = field(default=8000, metadata=flag(help="HTTP endpoint port"))
+    http_port: int = field(default=8000, metadata=flag(parse=port, help="HTTP endpoint port"))
     grpc_address: str = field(
         default="0.0.0.0",
         metadata=flag(help="address the gRPC endpoint binds; 127.0.0.1 for this host only"),
     )
-    grpc_port: int = field(default=8001, metadata=flag(help="gRPC endpoint port"))
+    grpc_port: int = field(default=8001, metadata=flag(parse=port, help="gRPC endpoint port"))
     metrics_address: str = field(
         default="0.0.0.0",
         metadata=flag(fallback="http_address", help="address /metrics binds; --http-address's"),
     )
-    metrics_port: int = field(default=8002, metadata=flag(help="port of /metrics"))
+    metrics_port: int = field(default=8002, metadata=flag(parse=port, help="port of /metrics"))
     allow_http: bool = field(default=True, metadata=flag(help="serve HTTP"))
     allow_grpc: bool = field(default=True, metadata=flag(help="serve gRPC"))
     allow_metrics: bool = field(default=True, metadata=flag(help="serve /metrics"))
     model_control_mode: str = field(
         default="none",
         metadata=flag(
+            parse=str.lower,  # as Triton: EXPLICIT, Poll
             choices=("none", "poll", "explicit"),
             help="none: load every model at start; poll: follow the repository; explicit: "
             "load and unload through the repository API",
@@ -118,7 +122,8 @@ class Settings:
         ),
     )
     repository_poll_secs: float = field(
-        default=15.0, metadata=flag(help="seconds between repository scans in poll mode")
+        default=15.0,
+        metadata=flag(parse=seconds, help="seconds between repository scans in poll mode"),
     )
     strict_readiness: bool = field(
         default=True, metadata=flag(help="ready only while every model is ready")
@@ -127,7 +132,8 @@ class Settings:
         default=True, metadata=flag(help="exit when a model fails to load at start")
     )
     exit_timeout_secs: float = field(
-        default=30.0, metadata=flag(help="how long shutdown and unload wait for requests")
+        default=30.0,
+        metadata=flag(parse=seconds, help="how long shutdown and unload wait for requests"),
     )
     disable_auto_complete_config: bool = field(
         default=False,
@@ -141,7 +147,8 @@ class Settings:
         ),
     )
     http_max_input_size: int = field(
-        default=64 * 1024 * 1024, metadata=flag(help="largest HTTP request body, in bytes")
+        default=64 * 1024 * 1024,
+        metadata=flag(check=positive, help="largest HTTP request body, in bytes"),
     )
     allow_client_shm: bool = field(
         default=True, metadata=flag(help="let clients register system shared memory")
@@ -229,6 +236,7 @@ class Settings:
     grpc_infer_response_compression_level: str = field(
         default="none",
         metadata=flag(
+            parse=str.lower,
             choices=("none", "low", "medium", "high"),
             help="compression of inference responses",
             group=GRPC,
@@ -440,6 +448,7 @@ class Settings:
     rate_limit: str = field(
         default="off",
         metadata=flag(
+            parse=str.lower,
             choices=("off", "execution_count"),
             help="execution_count: instances run only when their resources are free",
             group=RATE_LIMIT,

@@ -65,6 +65,15 @@ INAPPLICABLE: tuple[Inapplicable, ...] = (
     Inapplicable("--vertex-ai-port", _ENDPOINT),
     Inapplicable("--vertex-ai-thread-count", _ENDPOINT),
     Inapplicable("--vertex-ai-default-model", _ENDPOINT),
+    # Later releases' flags (r24.10, r25.x).
+    Inapplicable("--enable-peer-access", _CUDA, inert="true"),
+    Inapplicable(
+        "--grpc-infer-thread-count", "grpc.aio serves every call on the event loop's thread"
+    ),
+    Inapplicable(
+        "--grpc-max-response-pool-size",
+        "grpc.aio allocates its messages per call; there is no pool to size",
+    ),
 )
 
 _BY_FLAG = {entry.flag: entry for entry in INAPPLICABLE}

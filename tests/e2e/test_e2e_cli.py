@@ -117,6 +117,22 @@ def test_a_taken_port_fails_startup_with_a_clear_reason() -> None:
     assert "Traceback" not in output
 
 
+def test_a_tls_setting_that_cannot_work_is_one_line_not_a_traceback() -> None:
+    result = run_cli(
+        "--model-repo", str(EXAMPLE_MODELS), "--http-port", "0", "--grpc-use-ssl", "true"
+    )  # fmt: skip
+    assert result.returncode == 1
+    output = result.stdout + result.stderr
+    assert "--grpc-use-ssl needs --grpc-server-cert" in output
+    assert "Traceback" not in output
+
+
+def test_a_startup_model_that_fails_is_logged_when_the_server_goes_on() -> None:
+    extra = ["--model-control-mode=explicit", "--load-model=simpel", "--exit-on-error=false"]
+    with running_server(extra=extra) as proc:
+        assert "model 'simpel' failed to load" in proc.log()
+
+
 def test_startup_log_shows_models_and_addresses(server: ServerProcess) -> None:
     log = server.log()
     assert "Model" in log and "| Version | Status" in log

@@ -48,7 +48,9 @@ def test_the_list_is_tritons_whole_help() -> None:
 @pytest.mark.parametrize("line", flag_lines())
 def test_every_tritonserver_flag_is_accepted(line: str, tmp_path: Path) -> None:
     argv = expand(line, tmp_path)
-    settings = parse_settings([*REPO, *argv])  # a usage error would exit 2
+    # As in Triton, --load-model needs explicit mode.
+    mode = ["--model-control-mode=explicit"] if argv[0] == "--load-model" else []
+    settings = parse_settings([*REPO, *mode, *argv])  # a usage error would exit 2
     flag = argv[0]
     inapplicable = {entry.flag for entry in INAPPLICABLE}
     if flag in inapplicable:
@@ -209,3 +211,66 @@ def test_unknown_trace_settings_are_warned_about_and_ignored() -> None:
         "--trace-config: ignoring unknown 'triton' trace setting 'url'; "
         "did you mean 'opentelemetry,url'?",
     ]
+
+
+def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exited:
+        parse_settings([*REPO, *argv])
+    assert exited.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        # grpc core would bind 70000 modulo 65536 (4464) and the log would say 70000.
+        (["--grpc-port", "70000"], "a port is 0 to 65535, got 70000"),
+        (["--metrics-port", "-1"], "a port is 0 to 65535, got -1"),
+        (["--exit-timeout-secs", "nan"], "expected a finite number of seconds >= 0, got 'nan'"),
+        (["--repository-poll-secs", "inf"], "expected a finite number of seconds >= 0"),
+        (["--http-max-input-size", "0"], "--http-max-input-size must be greater than 0."),
+        (
+            ["--load-model", "m"],
+            "Use of '--load-model' requires setting '--model-control-mode=explicit' as well.",
+        ),
+        (
+            # Triton's SageMaker launch line: here it would serve nothing at all.
+            ["--allow-sagemaker=true", "--allow-http=false", "--allow-grpc=false"],
+            "--allow-sagemaker=true: ge-serve has no SageMaker or Vertex AI endpoint",
+        ),
+    ],
+)
+def test_values_triton_refuses_or_that_would_misbehave_are_usage_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert message in usage_error(argv, capsys)
+
+
+def test_choice_values_take_any_case_as_in_triton() -> None:
+    settings = parse_settings(
+        [
+            *REPO,
+            "--model-control-mode=EXPLICIT",
+            "--rate-limit=EXECUTION_COUNT",
+            "--grpc-infer-response-compression-level=High",
+        ]
+    )
+    assert settings.model_control_mode == "explicit"
+    assert settings.rate_limit == "execution_count"
+    assert settings.grpc_infer_response_compression_level == "high"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--enable-peer-access=false"],  # r24.10
+        ["--grpc-infer-thread-count=4"],  # r25.x
+        ["--grpc-max-response-pool-size=16"],
+        # A cloud endpoint beside HTTP: HTTP serves, and the flag is named in the warning.
+        ["--allow-vertex-ai=true"],
+    ],
+)
+def test_later_releases_flags_are_accepted_and_named(argv: list[str]) -> None:
+    settings = parse_settings([*REPO, *argv])
+    message = warning(settings.inapplicable)
+    assert message is not None and argv[0].split("=")[0] in message
