@@ -1,6 +1,6 @@
 """The error messages clients match on, each written once, in the current Triton server's
 words (server `src/http_server.cc`, `src/grpc/infer_handler.cc`, `src/common.cc`,
-`src/shared_memory_manager.cc`; core `src/infer_request.cc`).
+`src/shared_memory_manager.cc`; core `src/infer_request.cc`, `src/tritonserver.cc`).
 
 Core checks (shapes, byte sizes, BYTES element counts, duplicates, raw-binary deduction)
 start with Triton's `[request id: <id>] ` tag, as Triton's core writes them; front-end
@@ -321,3 +321,15 @@ def ambiguous_model(name: str, count: int) -> ServerError:
         f"There are {count} identifiers of model '{name}' in global map, model namespace "
         "must be provided to resolve ambiguity."
     )
+
+
+# --- statistics (core tritonserver.cc, TRITONSERVER_ServerModelStatistics) ------------------
+
+
+def stats_model_unavailable(name: str) -> ServerError:
+    """Statistics asked of a model with no ready version, or of no such model at all."""
+    return _invalid(f"requested model '{name}' is not available")
+
+
+def stats_version_unavailable(name: str) -> ServerError:
+    return _invalid(f"requested model version is not available for model '{name}'")

@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 
 from ge_serve.scheduler.work import Timings, WorkItem
 
-from ..errors import ErrorCode, FailureReason, ServerError, unknown_model
+from ..errors import ErrorCode, FailureReason, ServerError, bad_version_string
+from ..inference.error_texts import stats_model_unavailable, stats_version_unavailable
 from ..inference.model import ModelVersion
 from ..inference.reports import BatchStatistics, InferStatistics, ModelStatistics, StatisticDuration
 from ..models.lifecycle import ModelLifecycle
+from ..models.repository import parse_version
 
 # Triton's own wording for these two; a scheduler that builds the error itself may not tag it.
 _REJECTED_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired")
@@ -214,15 +216,24 @@ class StatisticsCollector:
         """Every model's, one model's ready versions', or one version's statistics."""
         records = self.records()
         if name:
-            if self._lifecycle.resolve(name) not in self._lifecycle.models:
-                raise unknown_model(name)
+            # Triton's order and answers (core tritonserver.cc,
+            # TRITONSERVER_ServerModelStatistics): the version string is read first, then
+            # a model with no ready version, known or not, and a version that is not ready
+            # are both the client's mistake (INVALID_ARG), not NOT_FOUND.
+            number = None
             if version:
-                wanted = id(self._lifecycle.get(name, version))
-                records = [r for r in records if id(r.model) == wanted]
-            else:
-                records = [r for r in records if r.model.name == name]
+                unreadable = bad_version_string(version)
+                if unreadable is not None:
+                    raise unreadable
+                number = parse_version(version)
+            self._lifecycle.resolve(name)  # raises where several namespaces hold the name
+            records = [r for r in records if r.model.name == name]
+            if not records:
+                raise stats_model_unavailable(name)
+            if version:
+                records = [r for r in records if r.model.version == number]
                 if not records:
-                    self._lifecycle.get(name)  # raises the reason no version serves
+                    raise stats_version_unavailable(name)
         elif version:
             raise ServerError(ErrorCode.INVALID_ARG, "a model version needs a model name")
         return tuple(record.snapshot() for record in records)

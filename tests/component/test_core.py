@@ -136,6 +136,29 @@ async def test_statistics_and_repository_index(server: InferenceServer) -> None:
     assert await server.repository_index(ready_only=True) == expected
 
 
+async def test_statistics_of_a_model_not_available(server: InferenceServer) -> None:
+    """Triton's answer (core tritonserver.cc, TRITONSERVER_ServerModelStatistics): the
+    client asked for what is not there, INVALID_ARG (HTTP 400), for a model unknown or
+    unloaded alike, and for a version that does not serve."""
+    cases = [
+        ("nosuch", "", "requested model 'nosuch' is not available"),
+        ("nosuch", "1", "requested model 'nosuch' is not available"),
+        ("simple", "7", "requested model version is not available for model 'simple'"),
+    ]
+    await server.lifecycle.unload("simple_string")
+    cases.append(("simple_string", "", "requested model 'simple_string' is not available"))
+    cases.append(("simple_string", "1", "requested model 'simple_string' is not available"))
+    for name, version, message in cases:
+        with pytest.raises(ServerError) as info:
+            server.statistics(name, version)
+        assert (info.value.code, info.value.message) == (ErrorCode.INVALID_ARG, message)
+    # A version string no version can be read from is refused first, as Triton reads it.
+    with pytest.raises(ServerError, match="failed to get model version") as info:
+        server.statistics("nosuch", "x")
+    assert info.value.code is ErrorCode.INVALID_ARG
+    assert [s.version for s in server.statistics("simple", "1")] == [1]
+
+
 async def test_errors(server: InferenceServer) -> None:
     with pytest.raises(ServerError) as info:
         await server.infer(InferRequest("nope"))

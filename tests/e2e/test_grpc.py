@@ -438,7 +438,8 @@ def test_statistics_over_grpc(server: ServerProcess) -> None:
         assert {s.name for s in everything.model_stats} >= {"simple", "simple_string"}
         with pytest.raises(InferenceServerException) as info:
             client.get_inference_statistics("no_such_model")
-        assert info.value.status() == "StatusCode.NOT_FOUND"
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert info.value.message() == "requested model 'no_such_model' is not available"
     finally:
         client.close()
 

@@ -292,18 +292,22 @@ def test_statistics_routes(traffic: ServerProcess) -> None:
     one = httpx.get(base + "/v2/models/simple/stats").json()["model_stats"]
     versioned = httpx.get(base + "/v2/models/simple/versions/1/stats").json()["model_stats"]
     assert [s["name"] for s in one] == ["simple"] and versioned == one
+    # Triton's answers (core tritonserver.cc, TRITONSERVER_ServerModelStatistics).
     unknown = httpx.get(base + "/v2/models/nosuch/stats")
-    assert unknown.status_code == 404
-    assert unknown.json() == {"error": "Request for unknown model: 'nosuch' is not found"}
+    assert unknown.status_code == 400
+    assert unknown.json() == {"error": "requested model 'nosuch' is not available"}
     bad_version = httpx.get(base + "/v2/models/simple/versions/7/stats")
-    assert bad_version.status_code == 404 and "error" in bad_version.json()
+    assert bad_version.status_code == 400
+    assert bad_version.json() == {
+        "error": "requested model version is not available for model 'simple'"
+    }
     # tritonclient reads the same document
     client = httpclient.InferenceServerClient(traffic.http_url)
     try:
         via_client = client.get_inference_statistics("simple")
         assert via_client["model_stats"][0]["execution_count"] == 8
         assert "statistics" in client.get_server_metadata()["extensions"]
-        with pytest.raises(InferenceServerException, match="not found"):
+        with pytest.raises(InferenceServerException, match="is not available"):
             client.get_inference_statistics("nosuch")
     finally:
         client.close()
