@@ -23,7 +23,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.errors import ErrorCode, FailureReason, ServerError
 
 from .inflight import InFlight
 from .work import Array, Timings, WorkItem
@@ -148,9 +148,14 @@ class EnsembleScheduler:
         try:
             outputs, timings = await self._runner(call)
         except ServerError as exc:
-            # Triton's form: the step's own error, with the ensemble named in front.
+            # Triton's form: the step's own error, with the ensemble named in front. A
+            # step its model refused (a full queue, a check) still fails the ensemble's
+            # request, which its scheduler holds: counted as OTHER, Triton's reason for
+            # an ensemble's failure (core ensemble_scheduler.cc, RespondIfError).
             raise ServerError(
-                exc.code, f"in ensemble '{self.plan.name}', {exc.message}", exc.reason
+                exc.code,
+                f"in ensemble '{self.plan.name}', {exc.message}",
+                exc.reason or FailureReason.OTHER,
             ) from None
         total = item.timings
         total.compute_input_ns += timings.compute_input_ns

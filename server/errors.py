@@ -29,7 +29,7 @@ class ErrorCode(enum.Enum):
 class FailureReason(enum.Enum):
     """Why a request failed, as Triton's `nv_inference_request_failure{reason}` says it."""
 
-    REJECTED = "REJECTED"  # refused by the queue: full, or timed out before running
+    REJECTED = "REJECTED"  # timed out in the queue before running
     CANCELED = "CANCELED"
     BACKEND = "BACKEND"  # the model's execution failed
     OTHER = "OTHER"
@@ -182,7 +182,8 @@ def shutting_down() -> ServerError:
 
 
 def queue_full() -> ServerError:
-    return ServerError(ErrorCode.UNAVAILABLE, "Exceeds maximum queue size", FailureReason.REJECTED)
+    """Untagged: a request its queue refused is not counted as failed (statistics.py)."""
+    return ServerError(ErrorCode.UNAVAILABLE, "Exceeds maximum queue size")
 
 
 def request_timeout() -> ServerError:

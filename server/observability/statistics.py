@@ -20,13 +20,26 @@ from ..inference.reports import BatchStatistics, InferStatistics, ModelStatistic
 from ..models.lifecycle import ModelLifecycle
 from ..models.repository import parse_version
 
-# Triton's own wording for these two; a scheduler that builds the error itself may not tag it.
-_REJECTED_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired")
+# Triton's own wording; a scheduler that builds the error itself may not tag it.
+_REJECTED_MESSAGES = ("Request timeout expired",)
+_QUEUE_FULL = "Exceeds maximum queue size"
 
 
-def failure_reason(error: ServerError) -> FailureReason:
+def failure_reason(error: ServerError) -> FailureReason | None:
+    """The reason a failed request is counted under; None for one its scheduler refused
+    before taking it, which, as in Triton, is not the model's failure to count.
+
+    Triton counts a failure only for a request its scheduler holds (each RespondIfError
+    and ReportStatistics of core src/infer_request.cc): one refused by the checks of
+    PrepareForInference, or by a full queue (PriorityQueue::Enqueue), gets its error back
+    from TRITONSERVER_ServerInferAsync with nothing counted. Here those are the client's
+    request refused as sent (an untagged INVALID_ARG: validation.py, a scheduler's
+    submit) and a full queue. REJECTED is a request that timed out in the queue.
+    """
     if error.reason is not None:
         return error.reason
+    if error.code is ErrorCode.INVALID_ARG or error.message.startswith(_QUEUE_FULL):
+        return None
     if error.code is ErrorCode.CANCELLED:
         return FailureReason.CANCELED
     if error.message.startswith(_REJECTED_MESSAGES):
@@ -162,24 +175,27 @@ class StatisticsCollector:
         finished_ns: int,
     ) -> None:
         stats = self._records.get(id(model))
-        if stats is None:
+        if stats is None or item is None:
+            # No work item: refused by the checks before any scheduler (validation.py),
+            # as Triton's PrepareForInference refuses it, uncounted (`failure_reason`).
             return
-        if item is not None:
-            timings = item.timings
-            if timings.first_in_batch:
-                stats.add_execution(timings)
-            if error is None:
-                stats.success_count += 1
-                stats.success_ns += finished_ns - started_ns
-                stats.inference_count += item.batch_size
-                stats.queue_ns += timings.queue_ns
-                stats.input_ns += timings.compute_input_ns
-                stats.infer_ns += timings.compute_infer_ns
-                stats.output_ns += timings.compute_output_ns
-                return
+        timings = item.timings
+        if timings.first_in_batch:
+            stats.add_execution(timings)
+        if error is None:
+            stats.success_count += 1
+            stats.success_ns += finished_ns - started_ns
+            stats.inference_count += item.batch_size
+            stats.queue_ns += timings.queue_ns
+            stats.input_ns += timings.compute_input_ns
+            stats.infer_ns += timings.compute_infer_ns
+            stats.output_ns += timings.compute_output_ns
+            return
+        reason = failure_reason(error)
+        if reason is None:
+            return
         stats.fail_count += 1
         stats.fail_ns += finished_ns - started_ns
-        reason = failure_reason(error) if error is not None else FailureReason.OTHER
         stats.failures[reason] += 1
 
     def cache_hit(

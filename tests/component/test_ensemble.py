@@ -22,7 +22,13 @@ from modelgen import add_const_model, lookup_model, make_lifecycle, write_model
 from ge_serve.scheduler.base import Scheduler
 from ge_serve.scheduler.work import Array, WorkItem
 from ge_serve.server.control.model_control import ControlMode, ControlSettings, ModelControl
-from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.errors import (
+    ErrorCode,
+    FailureReason,
+    ServerError,
+    invalid_arg,
+    queue_full,
+)
 from ge_serve.server.inference.core import InferenceServer
 from ge_serve.server.inference.reports import ModelState
 
@@ -171,6 +177,42 @@ async def test_a_bad_request_is_refused_against_the_ensembles_own_inputs(
         == "[request id: <id_unknown>] unexpected inference input 'INPUT0' for model 'chain'"
     )
     assert stats(core, "add1").inference_stats.fail.count == 0
+
+
+class Refusing:
+    """A step model's scheduler that refuses every request before taking it."""
+
+    pending = 0
+
+    def __init__(self, error: ServerError) -> None:
+        self.error = error
+
+    async def submit(self, item: WorkItem) -> dict[str, Array]:
+        raise self.error
+
+    async def close(self, drain_timeout_s: float) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    "error",
+    [queue_full(), invalid_arg("a check of the step model's scheduler")],
+    ids=["full queue", "check"],
+)
+async def test_a_step_refused_by_its_model_fails_the_ensemble_as_other(
+    tmp_path: Path, core: InferenceServer, error: ServerError
+) -> None:
+    """The step's model never took the request, so it counts nothing; the ensemble did,
+    and its request failed: counted, under Triton's reason for an ensemble, OTHER."""
+    write_pipelines(tmp_path)
+    await core.load_model("chain")
+    core.model("add10").scheduler = Refusing(error)
+    with pytest.raises(ServerError, match=f"in ensemble 'chain', {error.message}"):
+        await core.infer(request("chain", ones()))
+    assert stats(core, "add10").inference_stats.fail.count == 0
+    assert stats(core, "chain").inference_stats.fail.count == 1
+    (chain,) = (r for r in core.stats.records() if r.model.name == "chain")
+    assert chain.failures[FailureReason.OTHER] == 1
 
 
 # --- ensembles and the models they are built on --------------------------------------------

@@ -24,6 +24,7 @@ from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.direct import DirectScheduler
 from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
 from ge_serve.scheduler.work import Array, WorkItem
+from ge_serve.server.app import make_scheduler
 from ge_serve.server.control.logsettings import LogControl
 from ge_serve.server.errors import ErrorCode, FailureReason, ServerError, queue_full
 from ge_serve.server.inference.core import InferenceServer
@@ -130,11 +131,15 @@ def test_exposition_keeps_triton_counter_names() -> None:
 
 
 def test_failure_reasons() -> None:
-    assert failure_reason(queue_full()) is FailureReason.REJECTED
+    # Refused before a scheduler took the request: not counted (None), as in Triton.
+    assert failure_reason(queue_full()) is None
+    assert failure_reason(ServerError(ErrorCode.INVALID_ARG, "bad")) is None
     untagged = ServerError(ErrorCode.UNAVAILABLE, "Request timeout expired")
     assert failure_reason(untagged) is FailureReason.REJECTED
     assert failure_reason(ServerError(ErrorCode.CANCELLED, "gone")) is FailureReason.CANCELED
-    assert failure_reason(ServerError(ErrorCode.INVALID_ARG, "bad")) is FailureReason.OTHER
+    shape = ServerError(ErrorCode.INVALID_ARG, "the model cannot run it", FailureReason.OTHER)
+    assert failure_reason(shape) is FailureReason.OTHER
+    assert failure_reason(ServerError(ErrorCode.UNAVAILABLE, "gone away")) is FailureReason.OTHER
     # The scheduler passes a failed execution on as an INTERNAL error.
     passed_on = ServerError(ErrorCode.INTERNAL, "InvalidArgument: indices out of bounds")
     assert failure_reason(passed_on) is FailureReason.BACKEND
@@ -296,12 +301,8 @@ async def test_cancelled_request_counts_as_canceled() -> None:
         assert exposition.value("nv_model_load_duration_secs", **at) > 0
 
 
-@pytest.mark.parametrize(
-    "error",
-    [queue_full(), ServerError(ErrorCode.UNAVAILABLE, "Request timeout expired")],
-    ids=["tagged", "untagged"],
-)
-async def test_refused_request_counts_as_rejected(error: ServerError) -> None:
+async def test_timed_out_request_counts_as_rejected() -> None:
+    error = ServerError(ErrorCode.UNAVAILABLE, "Request timeout expired")  # untagged
     async with serving(lambda config, loaded: RefusingScheduler(error)) as (core, metrics):
         with pytest.raises(ServerError, match=error.message):
             await core.infer(_request())
@@ -310,6 +311,41 @@ async def test_refused_request_counts_as_rejected(error: ServerError) -> None:
         assert exposition.value("nv_inference_request_failure", **at, reason="REJECTED") == 1
         assert exposition.value("nv_inference_request_failure", **at, reason="OTHER") == 0
         assert _stats(core).execution_count == 0
+
+
+def _bad_requests() -> list[InferRequest]:
+    """Requests `simple` (max_batch_size 8, two INT32 [16] inputs) refuses as sent."""
+    wrong_shape, too_big, unknown, wrong_type = (_request() for _ in range(4))
+    narrow = np.ones((1, 5), dtype=np.int32)
+    wrong_shape.inputs[0] = Tensor("INPUT0", DataType.INT32, (1, 5), narrow)
+    nine = np.ones((9, 16), dtype=np.int32)
+    too_big.inputs = [Tensor(name, DataType.INT32, (9, 16), nine) for name in ("INPUT0", "INPUT1")]
+    unknown.inputs[1] = Tensor("NOPE", DataType.INT32, (1, 16), np.ones((1, 16), np.int32))
+    floats = np.ones((1, 16), dtype=np.float32)
+    wrong_type.inputs[0] = Tensor("INPUT0", DataType.FP32, (1, 16), floats)
+    return [wrong_shape, too_big, unknown, wrong_type]
+
+
+@pytest.mark.parametrize("refusal", ["checks", "full queue"])
+async def test_refused_requests_are_not_counted_as_failures(refusal: str) -> None:
+    """Triton counts a failure only for a request its scheduler took: one refused by its
+    checks (PrepareForInference) or by a full queue gets its error and nothing counted."""
+    checks = refusal == "checks"
+    requests = _bad_requests() if checks else [_request()]
+    code = ErrorCode.INVALID_ARG if checks else ErrorCode.UNAVAILABLE
+    full = RefusingScheduler(queue_full())
+    async with serving(make_scheduler if checks else lambda c, m: full) as (core, metrics):
+        for request in requests:
+            with pytest.raises(ServerError) as refused:
+                await core.infer(request)
+            assert refused.value.code is code
+        stats = _stats(core)
+        assert stats.inference_stats.fail.count == 0
+        assert stats.inference_stats.success.count == 0
+        exposition = parse(metrics.render().decode())
+        at = {"model": "simple", "version": "1"}
+        for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
+            assert exposition.value("nv_inference_request_failure", **at, reason=reason) == 0
 
 
 # --- providers: scheduler queues and controller, devices -------------------------------------
