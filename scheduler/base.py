@@ -14,7 +14,8 @@ class Scheduler(Protocol):
 
     @property
     def pending(self) -> int:
-        """Requests accepted and not yet answered."""
+        """Requests accepted and not yet executing, where the scheduler can tell (Triton's
+        nv_inference_pending_request_count); else accepted and not yet answered."""
         ...
 
     async def close(self, drain_timeout_s: float) -> None:

@@ -33,10 +33,14 @@ class DirectScheduler:
         self._gears = tuple(gears)
         self._batching = batching
         self._in_flight = InFlight()
+        # Requests waiting for a slot: Triton's pending count ends as execution starts.
+        self._waiting = 0
 
     @property
     def pending(self) -> int:
-        return self._in_flight.pending
+        """Requests accepted and not yet executing (the ones in flight are counted apart,
+        for the drain on close)."""
+        return self._waiting
 
     async def submit(self, item: WorkItem) -> dict[str, Array]:
         shaper = self._shaper
@@ -45,7 +49,11 @@ class DirectScheduler:
         in_flight.admit()
         try:
             item.enqueue_ns = item.enqueue_ns or time.monotonic_ns()
-            slot = await self._pool.acquire()
+            self._waiting += 1
+            try:
+                slot = await self._pool.acquire()
+            finally:
+                self._waiting -= 1
             item.timings.queue_ns = time.monotonic_ns() - item.enqueue_ns
             gears, batching = self._gears, self._batching
             results = await self._pool.run_on_slot(

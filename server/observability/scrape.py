@@ -432,7 +432,7 @@ def _pending(model: ModelVersion) -> int:
     scheduler = model.scheduler
     if isinstance(scheduler, QueueDepthProvider):
         return sum(scheduler.queue_depths().values())
-    # Without queue depths, the best we know: accepted and not yet answered.
+    # Without queue depths, what the scheduler counts as pending (Scheduler.pending).
     return scheduler.pending
 
 

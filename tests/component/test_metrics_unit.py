@@ -301,6 +301,31 @@ async def test_cancelled_request_counts_as_canceled() -> None:
         assert exposition.value("nv_model_load_duration_secs", **at) > 0
 
 
+async def test_pending_counts_only_requests_waiting_for_a_slot() -> None:
+    """Triton's pending count ends when a request starts executing (core infer_request.cc,
+    SetState EXECUTING): with one slot, one executing and two waiting read 2."""
+    gates: list[GatedExecutor] = []
+
+    def factory(config: model_config_pb2.ModelConfig, loaded: LoadedModel) -> DirectScheduler:
+        gates.append(GatedExecutor(loaded.executors[0]))
+        return DirectScheduler(SlotPool([ExecutorSlot(gates[0])]), batching=True)
+
+    async with serving(factory) as (core, metrics):
+        at = {"model": "simple", "version": "1"}
+        tasks = [asyncio.create_task(core.infer(_request())) for _ in range(3)]
+        try:
+            await asyncio.to_thread(gates[0].entered.wait, 10)
+            for _ in range(10):
+                await asyncio.sleep(0)  # the other two reach the slot's queue
+            exposition = parse(metrics.render().decode())
+            assert exposition.value("nv_inference_pending_request_count", **at) == 2
+        finally:
+            gates[0].release.set()
+            await asyncio.gather(*tasks)
+        exposition = parse(metrics.render().decode())
+        assert exposition.value("nv_inference_pending_request_count", **at) == 0
+
+
 async def test_timed_out_request_counts_as_rejected() -> None:
     error = ServerError(ErrorCode.UNAVAILABLE, "Request timeout expired")  # untagged
     async with serving(lambda config, loaded: RefusingScheduler(error)) as (core, metrics):

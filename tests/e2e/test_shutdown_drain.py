@@ -75,9 +75,16 @@ def expected() -> npt.NDArray[np.float32]:
     return np.asarray(session.run(None, feed)[0])
 
 
-def pending(proc: ServerProcess) -> float:
-    found = scrape(proc.metrics_url).find("nv_inference_pending_request_count", model="slow")
-    return found[0][1] if found else 0.0
+def in_server(proc: ServerProcess) -> float:
+    """Requests of `slow` that reached the server and wait for its one instance, or were
+    answered: all that reached it, but for the one executing (Triton's pending count
+    ends as a request starts executing)."""
+    exposition = scrape(proc.metrics_url)
+    counts = [
+        exposition.find(name, model="slow")
+        for name in ("nv_inference_pending_request_count", "nv_inference_request_success")
+    ]
+    return sum(found[0][1] for found in counts if found)
 
 
 def status_of(error: BaseException) -> str:
@@ -111,8 +118,10 @@ def test_sigterm_answers_calls_in_flight_and_refuses_new_ones_unavailable(
             unary.put((index, exc))
 
     threads = [threading.Thread(target=call, args=(index,)) for index in range(UNARY)]
+    # The blocker, then one request behind it: one waiting means the blocker runs.
     threads[0].start()
-    poll(lambda: pending(proc) == 1, 30, "the first request running")
+    threads[1].start()
+    poll(lambda: in_server(proc) == 1, 30, "the first request running, one waiting")
     streamed: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client.start_stream(callback=lambda result, error: streamed.put((result, error)))
     for index in range(STREAMED):
@@ -124,10 +133,10 @@ def test_sigterm_answers_calls_in_flight_and_refuses_new_ones_unavailable(
             )
         )
     )
-    for thread in threads[1:]:
+    for thread in threads[2:]:
         thread.start()
     # Every request has reached the model's queue (or runs) before the signal.
-    poll(lambda: pending(proc) == UNARY + STREAMED + 1, 30, "every request queued")
+    poll(lambda: in_server(proc) == UNARY + STREAMED, 30, "every request queued")
     # A keep-alive connection, open at the signal.
     kept = httpx.Client(base_url=proc.base_url, timeout=30)
     assert kept.get("/v2/health/ready").status_code == 200
