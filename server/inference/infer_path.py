@@ -63,6 +63,13 @@ class InferObserver(Protocol):
         finished_ns: int,
     ) -> None: ...
 
+    def cache_hit(
+        self, model: ModelVersion, queue_ns: int, lookup_ns: int, started_ns: int, finished_ns: int
+    ) -> None:
+        """A request answered from the response cache: a success, queued (until the
+        lookup began) but never computed."""
+        ...
+
 
 @dataclass(slots=True)
 class _Attempt:
@@ -135,7 +142,7 @@ class InferPath:
             finally:
                 del error  # see `unlinked`
         cached = attempt.cached
-        hit = cached.lookup_ns if cached is not None and cached.found is not None else None
+        hit = cached if cached is not None and cached.found is not None else None
         self._finished(attempt.model, attempt.item, None, started, hit, trace)
         assert attempt.item is not None
         return response, attempt.item
@@ -283,19 +290,21 @@ class InferPath:
         item: WorkItem | None,
         error: ServerError | None,
         started: int,
-        cache_hit_ns: int | None = None,
+        hit: Lookup | None = None,
         trace: Trace | None = None,
     ) -> None:
         """Every observer learns how the request ended; one answered from the response
-        cache is counted by statistics as a hit, not as an inference. A trace ends here."""
+        cache (`hit`) as a hit, not as an inference. A trace ends here."""
         finished = time.monotonic_ns()
         if trace is not None:
             trace.end(finished)
+        if hit is not None:
+            queue_ns = hit.started_ns - started
+            for observer in self.observers:
+                observer.cache_hit(model, queue_ns, hit.lookup_ns, started, finished)
+            return
         for observer in self.observers:
-            if cache_hit_ns is not None and observer is self.stats:
-                self.stats.cache_hit(model, cache_hit_ns, started, finished)
-            else:
-                observer.request_done(model, item, error, started, finished)
+            observer.request_done(model, item, error, started, finished)
 
 
 def _submit_ended(task: asyncio.Task[dict[str, Array]], sink: ResponseQueue) -> None:

@@ -53,6 +53,8 @@ class Lookup:
     key: bytes
     found: CachedResult | None
     lookup_ns: int
+    # When the lookup began (time.monotonic_ns()): a hit's queue time ends there.
+    started_ns: int
 
 
 @dataclass(slots=True)
@@ -117,7 +119,7 @@ class ResponseCache:
             self.counts.hits += 1
         else:
             self.counts.misses += 1
-        return Lookup(key, found, time.monotonic_ns() - started)
+        return Lookup(key, found, time.monotonic_ns() - started, started)
 
     def insert(
         self, lookup: Lookup, outputs: Mapping[str, Array], parameters: Mapping[str, ParamValue]

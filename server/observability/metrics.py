@@ -27,7 +27,7 @@ from ..inference.model import ModelVersion
 from .genmetrics import generation_families
 from .metricsconfig import MetricsConfig
 from .prometheus_text import render_text
-from .quantiles import Buckets, LatencyWindow
+from .quantiles import NOT_OBSERVED, Buckets, LatencyWindow
 from .resources import ResourceSampler
 from .scrape import (
     BATCH_BUCKETS,
@@ -107,6 +107,22 @@ class ServerMetrics:
                 ),
                 finished_ns,
             )
+        if series.latency is not None:
+            series.latency.observe(duration)
+
+    def cache_hit(
+        self, model: ModelVersion, queue_ns: int, lookup_ns: int, started_ns: int, finished_ns: int
+    ) -> None:
+        """A hit was queued but never computed: its compute columns stay unobserved (the
+        window's NOT_OBSERVED), as Triton's UpdateSuccessCacheHit observes no compute
+        summary (core infer_stats.cc)."""
+        series = self._series.get(id(model))
+        if series is None:
+            return
+        duration = finished_ns - started_ns
+        if series.window is not None:
+            skipped = NOT_OBSERVED
+            series.window.observe((duration, queue_ns, skipped, skipped, skipped), finished_ns)
         if series.latency is not None:
             series.latency.observe(duration)
 

@@ -15,6 +15,10 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+# A row's value for a column the request has none of (a cache hit's compute times): the
+# column's quantiles leave it out. Durations are never negative.
+NOT_OBSERVED = -1
+
 
 class _Slot:
     """One time slot of the window: a preallocated block of int64 rows.
@@ -76,7 +80,8 @@ class LatencyWindow:
                 rows[index] = row
 
     def quantiles(self, qs: Sequence[float], now_ns: int) -> list[list[float]] | None:
-        """quantiles[i][column] over the window, or None when it holds no requests."""
+        """quantiles[i][column] over the window, or None when it holds no requests; NaN
+        for a column none of them has a value for (NOT_OBSERVED)."""
         oldest = now_ns // self._slot_ns - len(self._ring) + 1
         blocks = [
             s.rows[: s.filled]
@@ -85,8 +90,16 @@ class LatencyWindow:
         ]
         if not blocks:
             return None
-        rows = np.concatenate(blocks).astype(np.float64)
-        values = np.quantile(rows, list(qs), axis=0)
+        rows = np.concatenate(blocks)
+        observed = rows >= 0
+        if observed.all():
+            values = np.quantile(rows.astype(np.float64), list(qs), axis=0)
+        else:
+            values = np.full((len(qs), rows.shape[1]), np.nan)
+            for column in range(rows.shape[1]):
+                found = rows[observed[:, column], column].astype(np.float64)
+                if found.size:
+                    values[:, column] = np.quantile(found, list(qs))
         result: list[list[float]] = values.tolist()
         return result
 

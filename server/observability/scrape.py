@@ -241,8 +241,12 @@ def summary_families(
         window = series.window if series is not None else None
         values = window.quantiles(qs, now) if window is not None else None
         sums = _latency_sums(record)
+        # Observed per request as Triton observes them (core infer_stats.cc): request and
+        # queue for every success, cache hits included; compute only for those computed.
+        computed = record.success_count - record.cache_hit_count
+        counts = (record.success_count, record.success_count, computed, computed, computed)
         for column, family in enumerate(families):
-            family.add_sample(family.name + "_count", labels, record.success_count)
+            family.add_sample(family.name + "_count", labels, counts[column])
             family.add_sample(family.name + "_sum", labels, sums[column] / 1e3)
             for row, q in enumerate(qs):
                 value = values[row][column] / 1e3 if values is not None else math.nan

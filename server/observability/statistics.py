@@ -72,6 +72,7 @@ class ModelStats:
     fail_count: int = 0
     fail_ns: int = 0
     # Summed over successful requests; each request of a batch counts the batch's time.
+    # A cache hit adds its queue time (until its lookup began), and no compute time.
     queue_ns: int = 0
     input_ns: int = 0
     infer_ns: int = 0
@@ -103,7 +104,8 @@ class ModelStats:
     def snapshot(self) -> ModelStatistics:
         """The counts so far, as the statistics extension reports them."""
         successes = self.success_count
-        # Requests answered from the cache were neither queued nor computed.
+        # As Triton's (core tritonserver.cc, TRITONSERVER_ServerModelStatistics): every
+        # success was queued, cache hits included; only the others were computed.
         executed = successes - self.cache_hit_count
         return ModelStatistics(
             name=self.model.name,
@@ -114,7 +116,7 @@ class ModelStats:
             inference_stats=InferStatistics(
                 success=StatisticDuration(successes, self.success_ns),
                 fail=StatisticDuration(self.fail_count, self.fail_ns),
-                queue=StatisticDuration(executed, self.queue_ns),
+                queue=StatisticDuration(successes, self.queue_ns),
                 compute_input=StatisticDuration(executed, self.input_ns),
                 compute_infer=StatisticDuration(executed, self.infer_ns),
                 compute_output=StatisticDuration(executed, self.output_ns),
@@ -199,13 +201,15 @@ class StatisticsCollector:
         stats.failures[reason] += 1
 
     def cache_hit(
-        self, model: ModelVersion, lookup_ns: int, started_ns: int, finished_ns: int
+        self, model: ModelVersion, queue_ns: int, lookup_ns: int, started_ns: int, finished_ns: int
     ) -> None:
-        """A request answered from the response cache: a success, but no inference."""
+        """A request answered from the response cache: a success and its queue time, but
+        no inference (core infer_stats.cc, UpdateSuccessCacheHit)."""
         stats = self._records.get(id(model))
         if stats is not None:
             stats.success_count += 1
             stats.success_ns += finished_ns - started_ns
+            stats.queue_ns += queue_ns
             stats.cache_hit_count += 1
             stats.cache_hit_ns += lookup_ns
             stats.last_inference_ms = time.time_ns() // 1_000_000

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import io
 import logging
+import math
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from ge_serve.server.models.repository import ModelRepository
 from ge_serve.server.observability.metrics import ServerMetrics
 from ge_serve.server.observability.metricsconfig import MetricsConfig
 from ge_serve.server.observability.prometheus_text import render_text
-from ge_serve.server.observability.quantiles import Buckets, LatencyWindow
+from ge_serve.server.observability.quantiles import NOT_OBSERVED, Buckets, LatencyWindow
 from ge_serve.server.observability.resources import ResourceSampler
 from ge_serve.server.observability.statistics import failure_reason
 
@@ -67,6 +68,15 @@ def test_window_forgets_old_requests() -> None:
     assert window.quantiles([0.5], 30 * SECOND) is None
     window.observe((1,), 31 * SECOND)  # reusing a ring slot clears what it held
     assert window.quantiles([0.5], 31 * SECOND) == [[1.0]]
+
+
+def test_window_leaves_out_what_a_request_did_not_observe() -> None:
+    # A cache hit is queued but never computed: its compute column is NOT_OBSERVED.
+    window = LatencyWindow(max_age_s=60)
+    window.observe((10, 4, NOT_OBSERVED), SECOND)
+    assert window.quantiles([0.5], SECOND) == [[10.0, 4.0, pytest.approx(math.nan, nan_ok=True)]]
+    window.observe((30, 6, 8), SECOND)
+    assert window.quantiles([0.5], SECOND) == [[20.0, 5.0, 8.0]]
 
 
 def test_window_stays_bounded_and_uniform() -> None:

@@ -91,16 +91,25 @@ def test_repeated_requests_are_answered_from_the_cache(
     np.testing.assert_array_equal(only_sum.as_numpy("SUM"), first.as_numpy("SUM"))
     after = stats(triton, "cached")
     delta = {key: after[key] - before[key] for key in after}
+    # As Triton counts them (core infer_stats.cc, UpdateSuccessCacheHit): every success
+    # was queued, hits included; only the miss was computed.
     assert delta == {
         "hit": 4,
         "miss": 1,
         "success": 5,
-        "queue": 1,
+        "queue": 5,
         "inferences": 1,
         "executions": 1,
     }
     metrics = scrape(server.metrics_url)
     labels = {"model": "cached", "version": "1"}
+    computed = after["success"] - after["hit"]
+    assert metrics.value("nv_inference_queue_summary_us_count", **labels) == after["success"]
+    for stage in ("compute_input", "compute_infer", "compute_output"):
+        # Hits add no compute time to the window: each quantile is a computed request's.
+        name = f"nv_inference_{stage}_summary_us"
+        assert metrics.value(name + "_count", **labels) == computed
+        assert metrics.value(name, **labels, quantile="0.5") > 0
     assert metrics.value("nv_cache_num_hits_per_model", **labels) == after["hit"]
     assert metrics.value("nv_cache_num_misses_per_model", **labels) == after["miss"]
     assert metrics.value("nv_cache_hit_duration_per_model", **labels) > 0
