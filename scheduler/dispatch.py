@@ -223,7 +223,6 @@ class SlotPool:
         # --rate-limit: a slot runs only while the resources it needs are free.
         self._limiter = limiter
         self._needs = {id(s): n for s, n in zip(slots, needs or [], strict=False)}
-        self._priority = min((n.priority for n in self._needs.values() if n), default=1)
         for slot_needs in self._needs.values():
             if limiter is not None and slot_needs is not None:
                 limiter.register(slot_needs)
@@ -257,8 +256,19 @@ class SlotPool:
         idle = [s for s in self.slots if not s.busy]
         allowed = [s for s in idle if limiter.allows(self._needs.get(id(s)))]
         if idle and not allowed:
-            limiter.wait(self, self._priority)
-        return min(allowed, key=lambda s: s.executions, default=None)
+            limiter.wait(self)
+        return min(allowed, key=self._scaled, default=None)
+
+    def _scaled(self, slot: ExecutorSlot) -> tuple[int, int]:
+        """Triton's scaled priority of an instance (executions x priority), then priority."""
+        needs = self._needs.get(id(slot))
+        priority = needs.priority if needs is not None else 1
+        return slot.executions * priority, priority
+
+    def rank(self) -> tuple[int, int]:
+        """The rank among pools waiting for resources (RateLimiter.give): that of the
+        idle slot this pool would run next."""
+        return min((self._scaled(s) for s in self.slots if not s.busy), default=(0, 1))
 
     def try_acquire(self) -> ExecutorSlot | None:
         slot = self._pick()
@@ -320,6 +330,10 @@ class SlotPool:
             slot.busy = False
             self.idle_count += 1
             if self._limiter is not None:
+                if self._waiters:
+                    # It competes, by rank, for what it gives back (Triton's OnRelease
+                    # stages the instance again when its model has requests pending).
+                    self._limiter.wait(self)
                 self._limiter.give(self._needs.get(id(slot)))
         self.serve_waiters()
 

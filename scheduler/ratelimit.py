@@ -6,9 +6,15 @@ How many of each exist is `--rate-limit-resource <name>:<count>[:<device>]`, or 
 most that any one instance asks for, as in Triton. Once any limit is given, a resource
 no limit names counts as none, and a model with an instance that asks for more than its
 limit fails to load (Triton's rule and message) instead of reading as ready while its
-requests wait forever. When resources come back, the pools
-waiting for them are served in `rate_limiter.priority` order (1 first; 0 counts as 1),
-then oldest first, so that a low-priority model cannot starve a high-priority one.
+requests wait forever.
+
+When resources come back, the pools waiting for them are served by the rank of the
+instance each would run next: Triton's scaled priority, the instance's executions times
+its `rate_limiter.priority` (0 counts as 1), lowest first (core rate_limiter.cc,
+ScaledPriority), then priority, then oldest first. So priority is a weight, not an
+order: an instance of priority 2 gets half the turns of one of priority 1, and neither
+starves. A pool whose instance just gave its resources back competes for them again
+when it has callers waiting, as Triton stages a released instance again (OnRelease).
 
 The limiter is one object for the whole server, on the event loop like the pools it
 steers, so its counts need no lock. Each `SlotPool` asks it whether a slot may run
@@ -60,6 +66,10 @@ class Waiter(Protocol):
     def serve_waiters(self) -> None:
         """Hand idle slots to the callers waiting for them, if any may run now."""
 
+    def rank(self) -> tuple[int, int]:
+        """(scaled priority, priority) of the instance it would run next; lowest first."""
+        ...
+
 
 def needs_of(
     config: model_config_pb2.ModelConfig, device_ids: Sequence[int]
@@ -93,7 +103,7 @@ class RateLimiter:
         self._limits = {(name.lower(), device): count for name, count, device in limits}
         self._free: dict[tuple[str, int], int] = {}
         self._total: dict[tuple[str, int], int] = {}
-        self._waiting: dict[int, tuple[int, int, Waiter]] = {}
+        self._waiting: dict[int, tuple[int, Waiter]] = {}  # id -> (arrival, pool)
         self._order = itertools.count()
 
     def _explicit(self, key: tuple[str, int]) -> int:
@@ -149,15 +159,18 @@ class RateLimiter:
             return
         for key, count in needs.resources:
             self._free[key] += count
-        for pool_id in sorted(self._waiting, key=lambda k: self._waiting[k][:2]):
-            entry = self._waiting.pop(pool_id, None)
+        waiting = self._waiting
+        # Ranked now: executions change while pools wait.
+        ranked = sorted(waiting, key=lambda k: (*waiting[k][1].rank(), waiting[k][0]))
+        for pool_id in ranked:
+            entry = waiting.pop(pool_id, None)
             if entry is not None:
-                entry[2].serve_waiters()
+                entry[1].serve_waiters()
 
-    def wait(self, pool: Waiter, priority: int) -> None:
+    def wait(self, pool: Waiter) -> None:
         """`pool` has callers waiting that no resources let run yet."""
         if id(pool) not in self._waiting:
-            self._waiting[id(pool)] = (priority, next(self._order), pool)
+            self._waiting[id(pool)] = (next(self._order), pool)
 
     def free(self, resource: str, device: int = _GLOBAL) -> int:
         """How many of a resource are free now (for tests and logs)."""

@@ -1,5 +1,5 @@
 """Triton's rate limiter: instances run only while their resources are free, and pools
-waiting for resources are served by priority."""
+waiting for resources are served by executions x priority."""
 
 from __future__ import annotations
 
@@ -112,6 +112,34 @@ async def test_waiting_pools_are_served_by_priority() -> None:
     await asyncio.wait_for(asyncio.gather(low_task, high_task), 5)
     assert order == ["high", "low"], "priority 1 before 3, though it asked later"
     for each in (holder, low, high):
+        each.close()
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+async def test_priority_weights_turns_and_starves_no_one(instances: int) -> None:
+    """Triton's weighting (model_configuration.md, Priority; core rate_limiter.cc ranks
+    instances by executions x priority): under steady demand for one resource, instances
+    of priority 2 get half the turns of those of priority 1, not none."""
+    limiter = RateLimiter([("r1", 1, -1)])
+    first = pool(limiter, *[needs(1, priority=1)] * instances)
+    second = pool(limiter, *[needs(1, priority=2)] * instances)
+    turns = {"first": 0, "second": 0}
+    stop = asyncio.Event()
+
+    async def client(which: SlotPool, label: str) -> None:
+        while not stop.is_set():
+            slot = await which.acquire()
+            turns[label] += 1
+            if sum(turns.values()) == 90:
+                stop.set()
+            await asyncio.sleep(0)  # executing, while the other clients queue
+            which.release(slot)
+
+    clients = [client(first, "first") for _ in range(3)]
+    clients += [client(second, "second") for _ in range(3)]
+    await asyncio.wait_for(asyncio.gather(*clients), 10)
+    assert 25 <= turns["second"] <= 35, turns  # a third of the turns, about
+    for each in (first, second):
         each.close()
 
 
