@@ -262,11 +262,16 @@ class WorkerProcess:
         with self._lock:
             self.exited = reason
             calls, self._calls = self._calls, {}
-        for future in calls.values():
-            if not future.done():
-                future.set_exception(WorkerDied(reason))
         self._writer_jobs.put(None)
         self._ready.set()
         if self._link is not None:
             self._link.close()
-        self._host.on_exit(self, reason)
+        try:
+            # The host first: the model reads as restarting before a caller hears of the
+            # end, so a client that sees its error and looks (or retries) finds it down,
+            # never READY on a dead worker.
+            self._host.on_exit(self, reason)
+        finally:
+            for future in calls.values():
+                if not future.done():
+                    future.set_exception(WorkerDied(reason))
