@@ -438,10 +438,9 @@ class ModelLifecycle:
         `forget` drops it from the index too; `reason`: what the index says afterwards."""
         async with self._locked(name, create=False) as record:
             if record is None:
-                sources = await asyncio.to_thread(self.repository.scan)
-                if name in sources or forget:
-                    return  # known but not loaded: nothing to unload
-                raise unknown_model(name)
+                # Never loaded, or unknown altogether: nothing to unload, and no error, as
+                # in Triton (LoadUnloadModels finds nothing in its global map to delete).
+                return
             record.wanted = False
             live = [v for v in record.versions.values() if v.model is not None]
             for entry in record.versions.values():

@@ -77,6 +77,13 @@ def test_explicit_mode_loads_only_what_it_is_told(repo: Path) -> None:
                 "Request for unknown model: 'addk' has no available versions"
             )
             assert client.is_server_ready()
+            # Unloading a model nobody knows does nothing, on both protocols, as in Triton.
+            client.unload_model("unknown_model")
+            grpc = grpcclient.InferenceServerClient(server.grpc_url)
+            grpc.unload_model("unknown_model")
+            grpc.close()
+            names = [row["name"] for row in client.get_model_repository_index()]
+            assert names == [ADDK, "other"]
             with pytest.raises(InferenceServerException, match="failed to poll"):
                 client.load_model("missing")
             response = httpx.post(f"{server.base_url}/v2/repository/models/..%2F..%2Fx/load")
