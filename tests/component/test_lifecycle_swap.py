@@ -331,7 +331,9 @@ async def test_poll_picks_up_added_changed_and_removed_models(
         assert lifecycle.get(ADDK).version == 1
 
         # A version policy edit takes effect on the reload the poll triggers.
-        write_atomic(folder / "config.pbtxt", addk_config("version_policy { latest { num_versions: 1 } }"))
+        write_atomic(
+            folder / "config.pbtxt", addk_config("version_policy { latest { num_versions: 1 } }")
+        )
         await control.poll_once()
         assert await infer_value(core) == ("3", 3.0)
         assert slot_threads(f"{ADDK}_1") == []
