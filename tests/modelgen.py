@@ -218,10 +218,10 @@ def add_const_model(constant: float, width: int = 4) -> onnx.ModelProto:
 def mixed_batch_model() -> onnx.ModelProto:
     """X has a dynamic first dim, Y a fixed one: not batchable."""
     graph = helper.make_graph(
-        [helper.make_node("ReduceSum", ["X"], ["Y"], keepdims=0)],
+        [helper.make_node("ReduceSum", ["X"], ["Y"], keepdims=1)],
         "mixed",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 3])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 1])],
     )
     return _model(graph, check=False)
 

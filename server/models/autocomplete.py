@@ -12,6 +12,7 @@ from ge_serve.protos import model_config_pb2
 
 from ..errors import ErrorCode, ServerError
 from . import unhonoured
+from .io_shapes import check_io_shapes
 
 log = logging.getLogger(__name__)
 
@@ -197,8 +198,11 @@ def check(config: model_config_pb2.ModelConfig) -> None:
     for entry in list(config.input) + list(config.output):
         if entry.data_type == model_config_pb2.TYPE_INVALID:
             raise ServerError(ErrorCode.INVALID_ARG, f"tensor '{entry.name}' has no data_type")
-        if len(entry.dims) == 0 and not entry.HasField("reshape"):
+        if len(entry.dims) == 0:
+            # Triton refuses empty dims even with a reshape (a scalar is dims [1] with an
+            # empty reshape).
             raise ServerError(ErrorCode.INVALID_ARG, f"tensor '{entry.name}' has no dims")
+    check_io_shapes(config)
     # The last check: the fields Triton's proto has and ge-serve ignores, or refuses.
     for line in unhonoured.check(config):
         log.warning("%s", line)

@@ -20,6 +20,7 @@ from onnx import TensorProto
 from ge_serve.protos import model_config_pb2 as mc
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.inference.reports import ModelState
+from ge_serve.server.models import autocomplete
 from ge_serve.server.models.lifecycle import ModelLifecycle
 
 
@@ -81,13 +82,10 @@ async def test_fixed_first_dim_means_no_batching(on: ModelLifecycle) -> None:
 
 
 async def test_batching_needs_every_first_dim_dynamic(on: ModelLifecycle) -> None:
-    config = await loaded_config(
-        on,
-        mixed_batch_model(),
-        'name: "m"\noutput [ { name: "Y" dims: [ 1 ] reshape: { shape: [] } } ]',
-    )
+    config = await loaded_config(on, mixed_batch_model())
     assert config.max_batch_size == 0
     assert tensors(config.input) == [("X", "TYPE_FP32", [-1, 3])]
+    assert tensors(config.output) == [("Y", "TYPE_FP32", [1, 1])]
 
 
 async def test_inner_dynamic_dims_become_minus_one(on: ModelLifecycle) -> None:
@@ -259,3 +257,75 @@ async def test_config_must_fit_the_model(
         await loaded_config(off, add_sub_model(), text)
     assert reason in info.value.message
     assert "failed to load 'm'" in info.value.message
+
+
+# --- shapes Triton refuses (ValidateIOShape) fail the load, not every request --------------
+
+SUM = '{ name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] }'
+A = '{ name: "A" data_type: TYPE_FP32 dims: [ 4 ] }'
+FOR_M = " for m"
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ((SUM, '{ name: "SUM" data_type: TYPE_FP32 dims: [ 2, 3 ] reshape: { shape: [ 4 ] } }'),
+         "model output 'SUM' has different size for dims and reshape"),
+        ((A, '{ name: "A" data_type: TYPE_FP32 dims: [ 2, 3 ] reshape: { shape: [ 4 ] } }'),
+         "model input 'A' has different size for dims and reshape"),
+        ((A, '{ name: "A" data_type: TYPE_FP32 dims: [ 0 ] }'),
+         "model input 'A' dimension must be integer >= 1, or -1 to indicate a variable-size "
+         "dimension"),
+        ((A, '{ name: "A" data_type: TYPE_FP32 dims: [ -2 ] }'),
+         "model input 'A' dimension must be integer >= 1, or -1 to indicate a variable-size "
+         "dimension"),
+        ((A, '{ name: "A" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 4, 0 ] } }'),
+         "model input 'A' reshape dimensions must be integer >= 1, or -1 to indicate a "
+         "variable-size dimension"),
+        ((A, '{ name: "A" data_type: TYPE_FP32 dims: [ 2, -1 ] reshape: { shape: [ -1, 2 ] } }'),
+         "model input 'A' has different size for dims and reshape"),
+        ((A, '{ name: "A" data_type: TYPE_FP32 dims: [ -1 ] reshape: { shape: [ -1, -1 ] } }'),
+         "model input 'A' has different number of variable-size dimensions for dims and "
+         "reshape"),
+        ((A, '{ name: "A" data_type: TYPE_FP32 dims: [ -1 ] reshape: { shape: [ 4 ] } }'),
+         "model input 'A' has different size for dims and reshape"),
+        ((A, '{ name: "A" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ ] } }'),
+         "model input 'A' has different size for dims and reshape"),
+        ((A, '{ name: "A" data_type: TYPE_FP32 reshape: { shape: [ 4 ] } }'),
+         "tensor 'A' has no dims"),
+        ((A, '{ name: "A" data_type: TYPE_FP32 dims: [ 4611686018427387904, 2 ] '
+             'reshape: { shape: [ 4611686018427387904, 2 ] } }'),
+         "element count for tensor 'A dims' exceeds maximum size of 9223372036854775807"),
+        ((A, '{ name: "A" data_type: TYPE_FP32 dims: [ 1 ] reshape: { shape: [ ] } }'),
+         "model input 'A' cannot have empty reshape for non-batching model as scalar tensors "
+         "are not supported"),
+    ],
+)  # fmt: skip
+async def test_shapes_triton_refuses_fail_the_load(
+    off: ModelLifecycle, change: tuple[str, str], reason: str
+) -> None:
+    text = FULL.replace(*change)
+    if "empty reshape" in reason:
+        text = text.replace("max_batch_size: 2", "max_batch_size: 0")
+    assert text != FULL
+    with pytest.raises(ServerError) as info:
+        await loaded_config(off, add_sub_model(), text)
+    assert info.value.code is ErrorCode.INVALID_ARG
+    message = info.value.message
+    assert message.startswith("failed to load 'm': ") and reason in message
+    assert "has no dims" in reason or message.endswith(reason + FOR_M)
+    rows = off.index()
+    assert rows[0].state is ModelState.UNAVAILABLE and reason in rows[0].reason
+
+
+@pytest.mark.parametrize(
+    ("dims", "reshape"),
+    [([2, 4, -1, 6], [8, -1, 1, 6]), ([1], []), ([-1, 4], [-1, 2, 2]), ([4], [2, 2])],
+)
+def test_reshapes_triton_accepts_pass_the_check(dims: list[int], reshape: list[int]) -> None:
+    config = mc.ModelConfig(name="m", max_batch_size=2)
+    entry = config.input.add(name="A", data_type=mc.TYPE_FP32, dims=dims)
+    entry.reshape.SetInParent()
+    entry.reshape.shape.extend(reshape)
+    config.output.add(name="B", data_type=mc.TYPE_FP32, dims=[4])
+    autocomplete.check(config)
