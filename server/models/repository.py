@@ -365,13 +365,26 @@ def check_model_name(name: str) -> None:
         raise ServerError(ErrorCode.INVALID_ARG, f"invalid model name '{name}'")
 
 
+# Python 3.11's Path.mkdir(parents=True), os.walk and shutil.rmtree recurse once per
+# folder level, and the interpreter stops at 1000 frames: deeper override folders could be
+# neither written, read nor removed. No model folder needs anywhere near this depth.
+MAX_OVERRIDE_DEPTH = 64
+
+
 def override_target(root: Path, relative: str) -> Path:
     """Where a `file:<relative>` override goes under `root`, refusing any escape.
 
     Only plain relative paths of non-empty components are accepted: no absolute paths,
-    no '.', '..' or empty components, no backslashes or NUL bytes.
+    no '.', '..' or empty components, no backslashes or NUL bytes, and at most
+    MAX_OVERRIDE_DEPTH components.
     """
     parts = relative.split("/")
+    if len(parts) > MAX_OVERRIDE_DEPTH:
+        raise ServerError(
+            ErrorCode.INVALID_ARG,
+            f"file override 'file:{relative}' has {len(parts)} path components; at most "
+            f"{MAX_OVERRIDE_DEPTH} are allowed",
+        )
     bad = (
         not relative
         or relative.startswith("/")

@@ -152,6 +152,12 @@ def test_file_overrides_load_only_the_given_files_and_cannot_escape(
                     client.load_model(ADDK, config=json.dumps(CONFIG), files={name: b"evil"})
                 assert caught.value.status() == "400"
                 assert "must be a relative path inside the model folder" in caught.value.message()
+            # A path too deep to write or remove is named in a 400, not a 500.
+            deep = "file:" + "a/" * 2000 + "x"
+            with pytest.raises(InferenceServerException) as caught:
+                client.load_model(ADDK, config=json.dumps(CONFIG), files={deep: b"x"})
+            assert caught.value.status() == "400"
+            assert f"'{deep}' has 2001 path components; at most 64" in caught.value.message()
             assert sorted(p for p in tmp_path.rglob("*")) == before
             assert not Path("/tmp/escaped.onnx").exists()
             assert addk(client) == ("5", 50.0)

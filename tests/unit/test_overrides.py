@@ -67,6 +67,20 @@ def test_overrides_are_written_where_named(tmp_path: Path) -> None:
     assert override_target(tmp_path, "1/model.onnx") == tmp_path / "1" / "model.onnx"
 
 
+def test_a_path_too_deep_to_write_or_remove_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    deep = "a/" * 2000 + "x"
+    with pytest.raises(ServerError) as caught:
+        write_overrides(tmp_path, {"1/model.onnx": b"ok", deep: b"x"})
+    assert caught.value.message == (
+        f"file override 'file:{deep}' has 2001 path components; at most 64 are allowed"
+    )
+    assert tree(tmp_path) == []
+    write_overrides(tmp_path, {"a/" * 63 + "x": b"x"})  # 64 components is fine
+    assert (tmp_path.joinpath(*["a"] * 63) / "x").read_bytes() == b"x"
+
+
 def test_a_name_used_as_file_and_folder_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ServerError, match="could not be written"):
         write_overrides(tmp_path, {"1": b"x", "1/model.onnx": b"y"})
