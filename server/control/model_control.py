@@ -277,11 +277,14 @@ class ModelControl:
 
 def parse_config_json(name: str, text: str) -> model_config_pb2.ModelConfig:
     """The load API's `config`: a JSON ModelConfig (proto or JSON field names)."""
+    if not text.lstrip(" \t\n\r").startswith("{"):
+        # json_format reads `[]` and `""` as an empty ModelConfig, which would replace the
+        # model's whole config; Triton's JsonStringToMessage wants an object.
+        raise _bad_config(name, "it must be a JSON object")
     config = model_config_pb2.ModelConfig()
     try:
         json_format.Parse(text, config)
     except (ValueError, TypeError, json_format.ParseError) as exc:
-        # TypeError: valid JSON that is no object at all (`null`, `3`).
         raise _bad_config(name, str(exc)) from None
     except RecursionError:
         # json.loads recurses once per nested array or object and stops cleanly at the

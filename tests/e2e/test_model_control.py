@@ -119,8 +119,9 @@ def test_load_with_a_config_override_replaces_config_pbtxt(repo: Path) -> None:
             # A plain reload goes back to config.pbtxt.
             client.load_model(ADDK)
             assert addk(client) == ("2", 2.0)
-            with pytest.raises(InferenceServerException, match="not a valid JSON ModelConfig"):
-                client.load_model(ADDK, config='{"max_batch_size": "many"}')
+            for text in ('{"max_batch_size": "many"}', "[]", '""'):
+                with pytest.raises(InferenceServerException, match="not a valid JSON ModelConfig"):
+                    client.load_model(ADDK, config=text)
             bad = dict(CONFIG, name="someone_else")
             with pytest.raises(InferenceServerException, match="does not match"):
                 client.load_model(ADDK, config=json.dumps(bad))
