@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from ge_serve.protos import model_config_pb2
@@ -25,6 +26,12 @@ from .paths import resolve_inside
 log = logging.getLogger(__name__)
 
 WARMUP_FOLDER = "warmup"
+# CONFIG_NUMPY leaves BF16 out for the NPU's sake; warmup runs on whichever backend holds
+# the model (BF16 models are onnxruntime's), which takes ml_dtypes' bfloat16 as requests do.
+WARMUP_NUMPY: dict[int, np.dtype[Any]] = {
+    **CONFIG_NUMPY,
+    model_config_pb2.TYPE_BF16: np.dtype(ml_dtypes.bfloat16),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +73,7 @@ def warmup_samples(config: model_config_pb2.ModelConfig, model_dir: Path) -> lis
             entry = inputs_by_name.get(name)
             if entry is None:
                 raise ValueError(f"warmup '{label}' names input '{name}', which the model lacks")
-            dtype = CONFIG_NUMPY.get(spec.data_type)
+            dtype = WARMUP_NUMPY.get(spec.data_type)
             if dtype is None:
                 raise ValueError(f"warmup '{label}': input '{name}' has no usable data_type")
             lead = (batch,) if batching else ()
@@ -122,7 +129,8 @@ def _data(
         array[:] = values
         return array.reshape(shape)
     if choice == "random_data":
-        if dtype.kind == "f":
+        # bfloat16 is a numpy kind "V" (void) type, yet takes floats.
+        if dtype.kind == "f" or dtype == ml_dtypes.bfloat16:
             return rng.random(shape).astype(dtype)
         if dtype.kind == "b":
             return rng.integers(0, 2, size=shape).astype(dtype)

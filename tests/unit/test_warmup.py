@@ -5,10 +5,13 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from ge_helpers import EXAMPLES, SIMPLE_IO, make_model, spec_for
 from google.protobuf import text_format
+from modelgen import identity_model
+from onnx import TensorProto
 
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.backends.warmup import warmup_samples
@@ -103,5 +106,23 @@ def test_the_host_backend_runs_warmup_before_ready(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="has 3 bytes, input 'INPUT1' of shape"):
         OnnxRuntimeBackend().load(spec_for(folder))
     (folder / "warmup" / "in1").write_bytes(np.ones(16, np.int32).tobytes())
+    loaded = OnnxRuntimeBackend().load(spec_for(folder))
+    assert len(loaded.executors) == 1
+
+
+def test_bf16_inputs_warm_up_on_the_host_backend(tmp_path: Path) -> None:
+    text = """max_batch_size: 4
+input [ { name: "INPUT" data_type: TYPE_BF16 dims: [ 2 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_BF16 dims: [ 2 ] } ]
+"""
+    for data in ("zero_data: true", "random_data: true", 'input_data_file: "x"'):
+        text += warmup("w", 2, entry("INPUT", data, "TYPE_BF16", "2"))
+    folder = make_model(tmp_path, "bf", text, onnx_model=identity_model(TensorProto.BFLOAT16))
+    (folder / "warmup").mkdir()
+    (folder / "warmup" / "x").write_bytes(np.array([1, 2, 3, 4], ml_dtypes.bfloat16).tobytes())
+    zero, rand, from_file = warmup_samples(spec_for(folder).config, folder)
+    assert zero.inputs["INPUT"].dtype == ml_dtypes.bfloat16 and not zero.inputs["INPUT"].any()
+    assert rand.inputs["INPUT"].shape == (2, 2)
+    assert from_file.inputs["INPUT"].astype(np.float32).tolist() == [[1, 2], [3, 4]]
     loaded = OnnxRuntimeBackend().load(spec_for(folder))
     assert len(loaded.executors) == 1
