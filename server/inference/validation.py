@@ -265,7 +265,8 @@ def classify(array: Array, k: int, labels: list[str] | None, model: ModelVersion
             text = f"{_format_value(row[index])}:{int(index)}"
             if labels is not None and index < len(labels):
                 text += f":{labels[index]}"
-            out[r, j] = text.encode("utf-8")
+            # surrogateescape: a labels file's bytes that are not UTF-8 go out as they were.
+            out[r, j] = text.encode("utf-8", "surrogateescape")
     return out if batched else out.reshape(k)
 
 

@@ -120,7 +120,10 @@ def read_config(
         except OutsideFolder as exc:
             raise ServerError(ErrorCode.INVALID_ARG, str(exc)) from None
         if path.is_file():
-            config_text = path.read_text(encoding="utf-8")
+            # Triton's TextFormat reads bytes: a Latin-1 byte in a comment is fine there.
+            # Undecodable bytes become lone surrogates, which comments skip; in a string
+            # value protobuf refuses them with a ParseError, as a str field must be UTF-8.
+            config_text = path.read_bytes().decode("utf-8", "surrogateescape")
         elif path.exists():
             # A folder (or a device) in its place is a broken deploy, not "no config":
             # auto-completing one would serve a config nobody wrote.
@@ -131,8 +134,14 @@ def read_config(
         try:
             text_format.Parse(config_text, config)
         except text_format.ParseError as exc:
+            why = str(exc)
+            if "surrogates not allowed" in why:
+                why = f"{exc.GetLine()}:{exc.GetColumn()} : a string value is not valid UTF-8"
+            # Other messages may quote a line: its undecodable bytes read as U+FFFD, since
+            # a lone surrogate cannot be sent as UTF-8.
+            why = why.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
             raise ServerError(
-                ErrorCode.INVALID_ARG, f"failed to parse {CONFIG_FILENAME}: {exc}"
+                ErrorCode.INVALID_ARG, f"failed to parse {CONFIG_FILENAME}: {why}"
             ) from None
     if not config.name:
         config.name = source.name
@@ -254,7 +263,10 @@ def read_labels(config: model_config_pb2.ModelConfig, model_dir: Path) -> dict[s
                     f"labels file '{output.label_filename}' for output '{output.name}' "
                     "does not exist",
                 )
-            labels[output.name] = path.read_text(encoding="utf-8").splitlines()
+            # Triton's labels are bytes, returned as they are in classification results:
+            # undecodable bytes are kept as lone surrogates, which classify() writes back.
+            text = path.read_bytes().decode("utf-8", "surrogateescape")
+            labels[output.name] = text.splitlines()
     return labels
 
 

@@ -9,7 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.http as httpclient
 from modelgen import add_sub_model, write_model
 from serverproc import ServerProcess, running_server, start_server, wait_for
 
@@ -22,7 +24,13 @@ BROKEN = {
     "invalid_onnx": "failed to parse ONNX file",
     "misnamed": "does not match the model folder name",
     "no_version": "no version folder",
+    "latin1_value": "failed to parse config.pbtxt: 2:10 : a string value is not valid UTF-8",
 }
+# Bytes that are not UTF-8 in a comment and a labels file, which Triton reads as bytes.
+LATIN1_CONFIG = (
+    b'# Mod\xe8le fran\xe7ais\nname: "latin1"\nmax_batch_size: 4\n'
+    b'output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] label_filename: "labels.txt" } ]\n'
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +43,10 @@ def broken_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_model(repo, "invalid_onnx", b"\x08\x07 this is not a model")
     write_model(repo, "misnamed", model, 'name: "another_name"\n')
     write_model(repo, "no_version", model, versions=["0", "latest"])
+    write_model(repo, "latin1_value", model)
+    (repo / "latin1_value" / "config.pbtxt").write_bytes(b'name: "latin1_value"\nbackend: "\xe8"\n')
+    (write_model(repo, "latin1", model) / "config.pbtxt").write_bytes(LATIN1_CONFIG)
+    (repo / "latin1" / "labels.txt").write_bytes(b"a\nb\ncaf\xe9\nd\n")
     return repo
 
 
@@ -63,13 +75,26 @@ def test_other_models_serve(tolerant: ServerProcess) -> None:
 def test_repository_index_has_the_reasons(tolerant: ServerProcess) -> None:
     rows = httpx.post(tolerant.base_url + "/v2/repository/index").json()
     by_name = {row["name"]: row for row in rows}
-    assert sorted(by_name) == sorted([*BROKEN, "good"])
-    assert by_name["good"]["state"] == "READY"
+    assert sorted(by_name) == sorted([*BROKEN, "good", "latin1"])
+    assert by_name["good"]["state"] == by_name["latin1"]["state"] == "READY"
     for name, reason in BROKEN.items():
         assert by_name[name]["state"] == "UNAVAILABLE", by_name[name]
         assert reason in by_name[name]["reason"], by_name[name]
     ready = httpx.post(tolerant.base_url + "/v2/repository/index", json={"ready": True}).json()
-    assert [row["name"] for row in ready] == ["good"]
+    assert [row["name"] for row in ready] == ["good", "latin1"]
+
+
+def test_labels_that_are_not_utf8_come_back_as_they_are(tolerant: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(tolerant.http_url)
+    try:
+        inputs = [httpclient.InferInput(name, [1, 4], "FP32") for name in ("A", "B")]
+        inputs[0].set_data_from_numpy(np.array([[0, 0, 5, 0]], np.float32))
+        inputs[1].set_data_from_numpy(np.zeros((1, 4), np.float32))
+        top = httpclient.InferRequestedOutput("SUM", binary_data=True, class_count=1)
+        result = client.infer("latin1", inputs, outputs=[top])
+        assert result.as_numpy("SUM").tolist() == [[b"5.000000:2:caf\xe9"]]
+    finally:
+        client.close()
 
 
 def test_log_has_the_reasons(tolerant: ServerProcess) -> None:
