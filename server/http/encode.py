@@ -103,13 +103,17 @@ def _duration(duration: StatisticDuration) -> dict[str, int]:
 
 
 def repository_index(entries: Iterable[RepositoryEntry]) -> list[dict[str, str]]:
-    """Every row has all four keys; what a row does not have is an empty string."""
-    return [
-        {
-            "name": entry.name,
-            "version": "" if entry.version is None else str(entry.version),
-            "state": "" if entry.state is None else entry.state.value,
-            "reason": entry.reason,
-        }
-        for entry in entries
-    ]
+    """Triton's rows (TRITONSERVER_ServerModelIndex): a model never loaded is its name
+    alone; others have a state, a version unless the row is for no one version (a model
+    in several repositories), and a reason only when there is one."""
+    rows = []
+    for entry in entries:
+        row = {"name": entry.name}
+        if entry.version is not None:
+            row["version"] = str(entry.version)
+        if entry.state is not None:
+            row["state"] = entry.state.value
+        if entry.reason:
+            row["reason"] = entry.reason
+        rows.append(row)
+    return rows

@@ -125,12 +125,13 @@ def test_http_statistics() -> None:
     assert encode_json(http_encode.statistics(())) == b'{"model_stats":[]}'
 
 
-def test_http_repository_index_has_every_key() -> None:
+def test_http_repository_index_leaves_out_what_a_row_lacks() -> None:
+    # As Triton's TRITONSERVER_ServerModelIndex: a never-loaded model is its name alone.
     assert encode_json(http_encode.repository_index(INDEX)) == (
-        b'[{"name":"a_model","version":"","state":"","reason":""},'
-        b'{"name":"broken","version":"","state":"UNAVAILABLE",'
+        b'[{"name":"a_model"},'
+        b'{"name":"broken","state":"UNAVAILABLE",'
         b'"reason":"failed to parse ONNX file"},'
-        b'{"name":"simple","version":"1","state":"READY","reason":""},'
+        b'{"name":"simple","version":"1","state":"READY"},'
         b'{"name":"simple","version":"2","state":"UNLOADING","reason":"unloaded"}]'
     )
 
