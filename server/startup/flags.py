@@ -89,15 +89,37 @@ def backend_setting(text: str) -> tuple[str, str]:
     return f"{backend}.{key}", value
 
 
+# The logging extension's verbose levels are unsigned 32-bit, as Triton's.
+MAX_VERBOSE_LEVEL: Final = 2**32 - 1
+
+
 def verbose_level(text: str) -> int:
     """Triton's --log-verbose: a level, or true (1) / false (0)."""
     lowered = text.strip().lower()
     if lowered in ("true", "false"):
         return int(lowered == "true")
     try:
-        return int(lowered)
+        level = int(lowered)
     except ValueError:
-        raise ValueError(f"expected a verbose level or true/false, got '{text}'") from None
+        level = -1
+    if not 0 <= level <= MAX_VERBOSE_LEVEL:
+        raise ValueError(
+            f"expected a verbose level (0 to {MAX_VERBOSE_LEVEL}) or true/false, got '{text}'"
+        )
+    return level
+
+
+def appendable_file(name: str, value: str) -> str:
+    """A --log-file the server can append to. It is opened (so created) here, once, so
+    that a path that cannot be written is a usage error, not a traceback as logging
+    starts."""
+    if value:
+        try:
+            with open(value, "a", encoding="utf-8"):
+                pass
+        except OSError as exc:
+            raise ValueError(f"{name}: cannot open '{value}': {exc.strerror}") from None
+    return value
 
 
 def whole_ms(text: str) -> int:

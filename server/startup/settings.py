@@ -26,6 +26,7 @@ from .cacheconfig import cache_setting, cache_size
 from .flags import (
     Flag,
     Rule,
+    appendable_file,
     backend_setting,
     flag,
     key_value,
@@ -171,7 +172,10 @@ class Settings:
         metadata=flag(choices=FORMATS, help="line prefix: Triton's or ISO 8601", group=LOGGING),
     )
     log_file: str = field(
-        default="", metadata=flag(help="append the log to this file, not stderr", group=LOGGING)
+        default="",
+        metadata=flag(
+            check=appendable_file, help="append the log to this file, not stderr", group=LOGGING
+        ),
     )
     id: str = field(default="triton", metadata=flag(help="the server's name in its metadata"))
     model_load_thread_count: int = field(

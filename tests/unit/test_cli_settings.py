@@ -155,6 +155,31 @@ def test_negative_gil_switch_interval_is_a_usage_error(capsys: pytest.CaptureFix
     assert "--gil-switch-interval-us must be >= 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--log-verbose", "-1"], "expected a verbose level (0 to 4294967295) or true/false"),
+        (["--log-verbose", str(2**32)], "got '4294967296'"),
+        (["--log-file", "/nonexistent/dir/x.log"], "--log-file: cannot open "
+         "'/nonexistent/dir/x.log': No such file or directory"),
+    ],
+)  # fmt: skip
+def test_bad_logging_flags_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_settings(["--model-repo", "m", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+
+
+def test_a_log_file_that_can_be_opened_is_taken(tmp_path: Path) -> None:
+    path = tmp_path / "server.log"
+    settings = parse_settings(["--model-repo", "m", "--log-file", str(path), "--log-verbose=2"])
+    assert (settings.log_file, settings.log_verbose) == (str(path), 2)
+
+
 def test_every_flag_has_help_and_shows_its_default() -> None:
     """`ge-serve --help` as a newcomer reads it: one line of help for every flag, and the
     default where the flag has one value."""
