@@ -122,18 +122,23 @@ def _info(value: onnx.ValueInfoProto) -> TensorInfo:
     return TensorInfo(value.name, data_type, dims)
 
 
-def autocomplete_from_onnx(config: model_config_pb2.ModelConfig, path: Path) -> None:
+def autocomplete_from_onnx(
+    config: model_config_pb2.ModelConfig,
+    path: Path,
+    default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+) -> None:
     """Fill inputs, outputs and max_batch_size from the ONNX file, keeping what is set.
 
     Follows Triton's onnxruntime backend: when every input and output has a dynamic first
-    dimension and the config names no batch size, max_batch_size becomes 4 and that first
-    dimension is the batch dimension.
+    dimension and the config names no batch size, max_batch_size becomes
+    `default_max_batch_size` (`--backend-config=default-max-batch-size`, 4 unless set) and,
+    unless that is 0, the first dimension is the batch dimension.
     """
     inputs, outputs = read_onnx_io(path)
     everything = inputs + outputs
     can_batch = bool(everything) and all(t.dims and t.dims[0] == -1 for t in everything)
     if config.max_batch_size == 0 and can_batch and _config_dims_leave_batch(config, inputs):
-        config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
+        config.max_batch_size = default_max_batch_size
     strip = 1 if config.max_batch_size > 0 else 0
     # What the scheduler feeds or keeps is not the client's to send or see.
     fed, kept = fed_inputs(config), kept_outputs(config)

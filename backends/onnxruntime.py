@@ -17,7 +17,7 @@ from onnx import TensorProto
 from ge_serve.protos import model_config_pb2
 
 from .base import Array, LoadedModel, ModelSpec, SlotInfo
-from .onnx_io import autocomplete_from_onnx, intra_op_thread_count
+from .onnx_io import DEFAULT_MAX_BATCH_SIZE, autocomplete_from_onnx, intra_op_thread_count
 from .scheduled_io import fed_inputs
 from .warmup import run_warmup
 
@@ -259,11 +259,16 @@ class OrtExecutor:
 class OnnxRuntimeBackend:
     name = "onnxruntime"
 
+    def __init__(self, default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE) -> None:
+        # Auto-complete's max_batch_size for models that can batch (Triton's
+        # --backend-config=onnxruntime,default-max-batch-size).
+        self.default_max_batch_size = default_max_batch_size
+
     def default_model_filename(self) -> str:
         return "model.onnx"
 
     def autocomplete(self, config: model_config_pb2.ModelConfig, model_path: Path) -> None:
-        autocomplete_from_onnx(config, model_path)
+        autocomplete_from_onnx(config, model_path, self.default_max_batch_size)
 
     def load(self, spec: ModelSpec) -> LoadedModel:
         if not spec.model_path.is_file():

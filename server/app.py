@@ -50,6 +50,7 @@ from .startup.grpc_core import grpc_core_environment
 from .startup.malloc import limit_malloc_arenas, release_freed_memory
 from .startup.part_settings import (
     configure_logging,
+    default_max_batch_size,
     grpc_settings,
     http_settings,
     response_cache,
@@ -84,9 +85,13 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
         sim_perturb=settings.sim_perturb,
     )
     log.info("GE backend: %s, chosen by %s", choice.runtime.describe(), choice.reason)
-    ge = GeBackend(choice.runtime, backend_config_for(settings.backend_config))
+    ge = GeBackend(
+        choice.runtime,
+        backend_config_for(settings.backend_config),
+        default_max_batch_size=default_max_batch_size(settings, "ge", "npu_ge"),
+    )
     return {
-        "onnxruntime": OnnxRuntimeBackend(),
+        "onnxruntime": OnnxRuntimeBackend(default_max_batch_size(settings, "onnxruntime")),
         "ge": ge,
         "python": PythonBackend(),
         "llm": LlmBackend(ge),

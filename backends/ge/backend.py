@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ge_serve.backends.base import Executor, LoadedModel, ModelSpec, SlotInfo
-from ge_serve.backends.onnx_io import autocomplete_from_onnx
+from ge_serve.backends.onnx_io import DEFAULT_MAX_BATCH_SIZE, autocomplete_from_onnx
 from ge_serve.backends.warmup import run_warmup
 from ge_serve.protos import model_config_pb2
 
@@ -83,8 +83,12 @@ class GeBackend:
         backend_config: Mapping[str, str] | None = None,
         cores: int | None = None,
         environ: Mapping[str, str] | None = None,
+        default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     ) -> None:
         self.runtime = runtime
+        # Auto-complete's max_batch_size for ONNX models that can batch (Triton's
+        # --backend-config=<backend>,default-max-batch-size).
+        self.default_max_batch_size = default_max_batch_size
         # GE_NPU_CONFIG, as npu_ge reads it: JSON global GE options that take the place of
         # --backend-config's ge.* options. A bad one fails every GE load with its reason.
         self.npu_config_error = ""
@@ -105,7 +109,7 @@ class GeBackend:
     def autocomplete(self, config: model_config_pb2.ModelConfig, model_path: Path) -> None:
         # An OM or a TensorFlow graph cannot be read here; such configs list their tensors.
         if model_path.suffix.lower() == ".onnx":
-            autocomplete_from_onnx(config, model_path)
+            autocomplete_from_onnx(config, model_path, self.default_max_batch_size)
 
     def load(self, spec: ModelSpec) -> LoadedModel:
         if not spec.model_path.is_file():

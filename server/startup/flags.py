@@ -89,6 +89,25 @@ def backend_setting(text: str) -> tuple[str, str]:
     return f"{backend}.{key}", value
 
 
+# Triton's backend-agnostic --backend-config key, also given per backend.
+DEFAULT_MAX_BATCH_SIZE_KEY: Final = "default-max-batch-size"
+
+
+def backend_config(name: str, value: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """Check the --backend-config settings ge-serve reads itself: every
+    default-max-batch-size, global or for one backend, is a whole number >= 0."""
+    for key, text in value:
+        if key.rpartition(".")[2] != DEFAULT_MAX_BATCH_SIZE_KEY:
+            continue
+        try:
+            number = int(text)
+        except ValueError:
+            number = -1
+        if number < 0:
+            raise ValueError(f"{name} {key}: expected an integer >= 0, got '{text}'")
+    return value
+
+
 # The logging extension's verbose levels are unsigned 32-bit, as Triton's.
 MAX_VERBOSE_LEVEL: Final = 2**32 - 1
 

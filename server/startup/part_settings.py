@@ -10,6 +10,7 @@ import logging
 import os
 from pathlib import Path
 
+from ge_serve.backends.onnx_io import DEFAULT_MAX_BATCH_SIZE
 from ge_serve.scheduler.factory import SchedulerOptions, delay_count_from
 from ge_serve.scheduler.ratelimit import RateLimiter
 
@@ -22,6 +23,7 @@ from ..observability.otel import make_sink
 from ..observability.traceconfig import unknown_settings
 from ..observability.tracing import TraceControl
 from . import tritonflags
+from .flags import DEFAULT_MAX_BATCH_SIZE_KEY
 from .settings import Settings
 
 log = logging.getLogger("ge_serve")
@@ -75,6 +77,18 @@ def scheduler_options(settings: Settings) -> SchedulerOptions:
         delay_count=delay_count_from(os.environ),
         rate_limiter=limiter,
     )
+
+
+def default_max_batch_size(settings: Settings, *backends: str) -> int:
+    """Triton's default-max-batch-size for a backend (any of its names): its own
+    `--backend-config=<backend>,default-max-batch-size=N`, else the global
+    `--backend-config=default-max-batch-size=N`, else 4; the last given of a form wins."""
+    own = {f"{backend}.{DEFAULT_MAX_BATCH_SIZE_KEY}" for backend in backends}
+    found: dict[bool, int] = {}
+    for key, text in settings.backend_config:
+        if key == DEFAULT_MAX_BATCH_SIZE_KEY or key in own:
+            found[key in own] = int(text)  # checked when the command line was read
+    return found.get(True, found.get(False, DEFAULT_MAX_BATCH_SIZE))
 
 
 def http_settings(settings: Settings) -> HttpSettings:

@@ -27,6 +27,7 @@ from .flags import (
     Flag,
     Rule,
     appendable_file,
+    backend_config,
     backend_setting,
     flag,
     key_value,
@@ -220,6 +221,7 @@ class Settings:
         metadata=flag(
             repeat=True,
             parse=backend_setting,
+            check=backend_config,
             metavar="BACKEND,KEY=VALUE",
             help="a backend's setting, e.g. ge,device_ids=0,1",
         ),

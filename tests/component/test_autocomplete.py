@@ -17,6 +17,7 @@ from modelgen import (
 )
 from onnx import TensorProto
 
+from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.protos import model_config_pb2 as mc
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.inference.reports import ModelState
@@ -329,3 +330,30 @@ def test_reshapes_triton_accepts_pass_the_check(dims: list[int], reshape: list[i
     entry.reshape.shape.extend(reshape)
     config.output.add(name="B", data_type=mc.TYPE_FP32, dims=[4])
     autocomplete.check(config)
+
+
+# --- default-max-batch-size (--backend-config) ------------------------------------------
+
+
+async def test_a_default_max_batch_size_of_0_leaves_batching_off(tmp_path: Path) -> None:
+    life = make_lifecycle(tmp_path, autocomplete=True)
+    life.backends["onnxruntime"] = OnnxRuntimeBackend(default_max_batch_size=0)
+    try:
+        config = await loaded_config(life, add_sub_model(("batch", 4)))
+    finally:
+        await life.close()
+    assert config.max_batch_size == 0 and not config.HasField("dynamic_batching")
+    assert tensors(config.input) == [("A", "TYPE_FP32", [-1, 4]), ("B", "TYPE_FP32", [-1, 4])]
+
+
+async def test_a_default_max_batch_size_is_the_auto_completed_max_batch_size(
+    tmp_path: Path,
+) -> None:
+    life = make_lifecycle(tmp_path, autocomplete=True)
+    life.backends["onnxruntime"] = OnnxRuntimeBackend(default_max_batch_size=16)
+    try:
+        config = await loaded_config(life, add_sub_model(("batch", 4)))
+    finally:
+        await life.close()
+    assert config.max_batch_size == 16 and config.HasField("dynamic_batching")
+    assert tensors(config.input) == [("A", "TYPE_FP32", [4]), ("B", "TYPE_FP32", [4])]

@@ -1,6 +1,6 @@
 """The Triton flags that ge-serve honours, seen from outside: the log file and format, the
-server id, custom model configs, gRPC TLS with response compression, the rate limiter and
-the one warning for flags that do nothing here."""
+server id, custom model configs, gRPC TLS with response compression, the rate limiter,
+auto-complete's default-max-batch-size and the one warning for flags that do nothing here."""
 
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ def test_a_triton_launch_line_is_honoured(tmp_path: Path) -> None:
     # More of R1 than the limit gives: it could never run, so it must not load.
     hungry = CONFIG.format(mbs=8).replace("add_sub", "hungry").replace("count: 2", "count: 3")
     write_model(repo, "hungry", add_sub_model(), hungry)
+    # Auto-completed: its max_batch_size is the backend's default-max-batch-size.
+    write_model(repo, "auto", add_sub_model(), 'backend: "onnxruntime"\n')
     tls = make_tls_files(tmp_path)
     log_file = tmp_path / "server.log"
     flags = [
@@ -57,11 +59,15 @@ def test_a_triton_launch_line_is_honoured(tmp_path: Path) -> None:
         "--strict-readiness=false",
         "--pinned-memory-pool-byte-size=268435456",
         "--backend-directory=/opt/tritonserver/backends",
+        "--backend-config=default-max-batch-size=6",
+        "--backend-config=onnxruntime,default-max-batch-size=3",
     ]
     with running_server([repo], flags) as server:
         http = httpclient.InferenceServerClient(server.http_url)
         assert http.get_server_metadata()["name"] == "edge-triton"
         assert http.get_model_config("add_sub")["max_batch_size"] == 2, "configs/small.pbtxt"
+        auto = http.get_model_config("auto")
+        assert auto["max_batch_size"] == 3 and "dynamic_batching" in auto
         index = {m["name"]: m for m in http.get_model_repository_index()}
         assert index["hungry"]["state"] == "UNAVAILABLE"
         assert (

@@ -12,6 +12,7 @@ import pytest
 from ge_serve.server.app import ServerApp, configure_gil
 from ge_serve.server.cli import build_parser, parse_settings
 from ge_serve.server.startup.flags import flag_of
+from ge_serve.server.startup.part_settings import default_max_batch_size
 from ge_serve.server.startup.settings import Settings
 
 
@@ -59,6 +60,43 @@ def test_bad_backend_config_is_a_usage_error(capsys: pytest.CaptureFixture[str])
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "argument --backend-config: expected <key>=<value>, got 'novalue'" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "onnxruntime", "ge"),
+    [
+        ([], 4, 4),
+        (["default-max-batch-size=6"], 6, 6),
+        (["default-max-batch-size=7", "default-max-batch-size=8"], 8, 8),
+        (["onnxruntime,default-max-batch-size=5", "default-max-batch-size=6"], 5, 6),
+        (["npu_ge,default-max-batch-size=0", "default-max-batch-size=6"], 6, 0),
+        (["ge,default-max-batch-size=2", "npu_ge,default-max-batch-size=3"], 4, 3),
+    ],
+)
+def test_default_max_batch_size_per_backend_over_global_over_4(
+    flags: list[str], onnxruntime: int, ge: int
+) -> None:
+    argv = ["--model-repo", "m", *(f"--backend-config={flag}" for flag in flags)]
+    settings = parse_settings(argv)
+    assert default_max_batch_size(settings, "onnxruntime") == onnxruntime
+    assert default_max_batch_size(settings, "ge", "npu_ge") == ge
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "default-max-batch-size=x",
+        "default-max-batch-size=",
+        "onnxruntime,default-max-batch-size=-1",
+    ],
+)
+def test_a_bad_default_max_batch_size_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_settings(["--model-repo", "m", f"--backend-config={flag}"])
+    assert info.value.code == 2
+    assert "default-max-batch-size: expected an integer >= 0, got" in capsys.readouterr().err
 
 
 def test_model_repo_alias_and_repeats() -> None:
