@@ -203,6 +203,23 @@ def check(config: model_config_pb2.ModelConfig) -> None:
             # empty reshape).
             raise ServerError(ErrorCode.INVALID_ARG, f"tensor '{entry.name}' has no dims")
     check_io_shapes(config)
+    _check_instance_groups(config)
     # The last check: the fields Triton's proto has and ge-serve ignores, or refuses.
     for line in unhonoured.check(config):
         log.warning("%s", line)
+
+
+def _check_instance_groups(config: model_config_pb2.ModelConfig) -> None:
+    """Triton's ValidateInstanceGroup (model_config_utils.cc) for the kinds that name no
+    device: KIND_CPU and KIND_MODEL groups may not list GPUs. KIND_GPU's ids are left to
+    the backend (ge-serve reads them as NPU ids); ensembles have no instances."""
+    if config.HasField("ensemble_scheduling"):
+        return
+    kinds = model_config_pb2.ModelInstanceGroup.Kind
+    for group in config.instance_group:
+        if group.gpus and group.kind in (kinds.KIND_CPU, kinds.KIND_MODEL):
+            raise ServerError(
+                ErrorCode.INVALID_ARG,
+                f"instance group {group.name} of model {config.name} has kind "
+                f"{kinds.Name(group.kind)} but specifies one or more GPUs",
+            )

@@ -357,3 +357,31 @@ async def test_a_default_max_batch_size_is_the_auto_completed_max_batch_size(
         await life.close()
     assert config.max_batch_size == 16 and config.HasField("dynamic_batching")
     assert tensors(config.input) == [("A", "TYPE_FP32", [4]), ("B", "TYPE_FP32", [4])]
+
+
+# --- instance groups Triton refuses (ValidateInstanceGroup) -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("group", "says"),
+    [
+        ("{ count: 1 kind: KIND_CPU gpus: [ 0 ] }",
+         "instance group m_0 of model m has kind KIND_CPU but specifies one or more GPUs"),
+        ('{ name: "g" kind: KIND_MODEL gpus: [ 0, 1 ] }',
+         "instance group g of model m has kind KIND_MODEL but specifies one or more GPUs"),
+    ],
+)  # fmt: skip
+async def test_groups_of_a_kind_without_devices_may_not_list_gpus(
+    off: ModelLifecycle, group: str, says: str
+) -> None:
+    text = FULL + f"instance_group [ {group} ]\n"
+    with pytest.raises(ServerError) as info:
+        await loaded_config(off, add_sub_model(), text)
+    assert info.value.code is ErrorCode.INVALID_ARG
+    assert info.value.message == f"failed to load 'm': {says}"
+
+
+async def test_a_cpu_group_without_gpus_loads(off: ModelLifecycle) -> None:
+    text = FULL + "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
+    config = await loaded_config(off, add_sub_model(), text)
+    assert [(g.name, g.count) for g in config.instance_group] == [("m_0", 2)]
