@@ -124,8 +124,7 @@ class Settings:
         ),
     )
     repository_poll_secs: float = field(
-        default=15.0,
-        metadata=flag(parse=seconds, help="seconds between repository scans in poll mode"),
+        default=15.0, metadata=flag(parse=seconds, help="seconds between scans in poll mode")
     )
     strict_readiness: bool = field(
         default=True, metadata=flag(help="ready only while every model is ready")
@@ -134,8 +133,7 @@ class Settings:
         default=True, metadata=flag(help="exit when a model fails to load at start")
     )
     exit_timeout_secs: float = field(
-        default=30.0,
-        metadata=flag(parse=seconds, help="how long shutdown and unload wait for requests"),
+        default=30.0, metadata=flag(parse=seconds, help="how long shutdown and unload wait")
     )
     disable_auto_complete_config: bool = field(
         default=False,
@@ -149,8 +147,7 @@ class Settings:
         ),
     )
     http_max_input_size: int = field(
-        default=64 * 1024 * 1024,
-        metadata=flag(check=positive, help="largest HTTP request body, in bytes"),
+        default=64 * 1024 * 1024, metadata=flag(check=positive, help="largest HTTP body, in bytes")
     )
     allow_client_shm: bool = field(
         default=True, metadata=flag(help="let clients register system shared memory")
