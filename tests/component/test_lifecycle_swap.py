@@ -147,6 +147,7 @@ class RecordingBackend(OnnxRuntimeBackend):
     """Notes when each (blocking) version load starts and ends."""
 
     def __init__(self, events: list[str]) -> None:
+        super().__init__()
         self.events = events
 
     def load(self, spec: ModelSpec) -> LoadedModel:

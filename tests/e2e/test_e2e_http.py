@@ -405,7 +405,7 @@ def test_repository_index(http: httpx.Client) -> None:
         response = http.post("/v2/repository/index", json=body)
         assert response.status_code == 200
         assert response.json() == [
-            {"name": name, "version": "1", "state": "READY", "reason": ""}
+            {"name": name, "version": "1", "state": "READY"}
             for name in sorted(p.name for p in EXAMPLE_MODELS.iterdir() if p.is_dir())
         ]
 

@@ -280,4 +280,4 @@ def test_a_killed_worker_fails_its_requests_and_comes_back(
         poll(lambda: index_row(python_server, "sleeper")["state"] == "READY", 30, "READY")
         again = int(sleep_for(client, 0).as_numpy("PID")[0])
         assert again != pid
-        assert index_row(python_server, "sleeper")["reason"] == ""
+        assert "reason" not in index_row(python_server, "sleeper")  # Triton leaves it out
