@@ -255,5 +255,9 @@ class StatisticsCollector:
                 if not records:
                     raise stats_version_unavailable(name)
         elif version:
-            raise ServerError(ErrorCode.INVALID_ARG, "a model version needs a model name")
+            # Every model's statistics, whatever the version, as Triton answers (its gRPC
+            # handler still reads the version string first).
+            unreadable = bad_version_string(version)
+            if unreadable is not None:
+                raise unreadable
         return tuple(record.snapshot() for record in records)

@@ -157,6 +157,8 @@ async def test_statistics_of_a_model_not_available(server: InferenceServer) -> N
         server.statistics("nosuch", "x")
     assert info.value.code is ErrorCode.INVALID_ARG
     assert [s.version for s in server.statistics("simple", "1")] == [1]
+    # No model named: every model's statistics, the version left aside, as in Triton.
+    assert server.statistics("", "3") == server.statistics("", "")
 
 
 async def test_errors(server: InferenceServer) -> None:
