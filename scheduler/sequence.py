@@ -38,7 +38,13 @@ from typing import Any
 import numpy as np
 
 from ge_serve.backends.base import takes_requests
-from ge_serve.server.errors import ErrorCode, SchedulerClosed, ServerError, invalid_arg
+from ge_serve.server.errors import (
+    ErrorCode,
+    FailureReason,
+    SchedulerClosed,
+    ServerError,
+    invalid_arg,
+)
 
 from .batch import client_error, execute_batch
 from .correlation import CorrelationId, SequenceFlags
@@ -199,8 +205,10 @@ class SequenceBatcher:
         self._backlog.remove(sequence)
         if self._sequences.get(sequence.id) is sequence:
             del self._sequences[sequence.id]
-        error = ServerError(
-            ErrorCode.UNAVAILABLE, "timeout of the corresponding sequence has been expired"
+        error = ServerError(  # a timeout in the scheduler: Triton's REJECTED
+            ErrorCode.UNAVAILABLE,
+            "timeout of the corresponding sequence has been expired",
+            FailureReason.REJECTED,
         )
         while sequence.queue:
             request = sequence.queue.popleft()

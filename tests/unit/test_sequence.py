@@ -17,7 +17,7 @@ from ge_serve.scheduler.correlation import SequenceFlags, sequence_flags
 from ge_serve.scheduler.factory import SchedulerOptions, build_scheduler
 from ge_serve.scheduler.sequence import SequenceBatcher
 from ge_serve.scheduler.work import WorkItem
-from ge_serve.server.errors import ErrorCode, ServerError
+from ge_serve.server.errors import ErrorCode, FailureReason, ServerError
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -215,6 +215,7 @@ async def test_a_backlogged_sequence_times_out_with_its_requests_timeout() -> No
             await asyncio.wait_for(waiting, 10)
         assert info.value.code is ErrorCode.UNAVAILABLE
         assert info.value.message == "timeout of the corresponding sequence has been expired"
+        assert info.value.reason is FailureReason.REJECTED  # counted as Triton counts it
         model.open()
         assert await value(running) == 1
         assert len(model.batches) == 1  # sequence 8 never ran
