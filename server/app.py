@@ -375,7 +375,7 @@ class ServerApp:
         for sock in self._listeners:
             sock.close()
         self.core.stop_accepting()
-        await self.control.stop()
+        await self.control.stop(deadline)
         if self.metrics is not None and self.metrics.sampler is not None:
             await asyncio.to_thread(self.metrics.sampler.stop)
         await self.lifecycle.close(deadline)

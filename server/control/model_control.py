@@ -13,6 +13,7 @@ import enum
 import logging
 import shutil
 import tempfile
+import time
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,14 +118,22 @@ class ModelControl:
             self._poller = asyncio.create_task(self._poll_forever(), name="repository-poll")
         return errors
 
-    async def stop(self) -> None:
+    async def stop(self, deadline: float | None = None) -> None:
+        """Stop polling and wait for the loads and unloads under way; with `deadline` (a
+        `time.monotonic()` instant), no longer than that: a load whose model never
+        finishes initializing must not hold the server's exit (its workers are ended
+        when the backends close)."""
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
             self._poller = None
-        if self._tasks:
+        if not self._tasks:
+            return
+        if deadline is None:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            return
+        await asyncio.wait(list(self._tasks), timeout=max(0.0, deadline - time.monotonic()))
 
     # --- the repository API --------------------------------------------------------------
 

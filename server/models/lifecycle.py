@@ -42,6 +42,10 @@ from .version_health import not_ready
 
 log = logging.getLogger(__name__)
 
+# How long past the exit deadline the unloads at exit may still take (a scheduler's close
+# runs until the deadline, then ends its executors).
+_CLOSE_MARGIN_S = 1.0
+
 SchedulerFactory = Callable[[model_config_pb2.ModelConfig, LoadedModel], Scheduler]
 
 
@@ -474,7 +478,22 @@ class ModelLifecycle:
         began to stop), what is still running then is cancelled, rather than given a
         whole unload timeout more."""
         self._deadline = deadline
-        await asyncio.gather(*(self.unload(name) for name in list(self.models)))
+        unloads = [asyncio.create_task(self.unload(name)) for name in list(self.models)]
+        if not unloads:
+            return
+        if deadline is None:
+            await asyncio.gather(*unloads)
+            return
+        # An unload waits for its model's lock, which a load still under way holds (an
+        # initialize that never returns): past the deadline it is given up, and the
+        # backends' close then ends the workers of such loads.
+        wait_s = max(0.0, deadline - time.monotonic()) + _CLOSE_MARGIN_S
+        _done, late = await asyncio.wait(unloads, timeout=wait_s)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        if late:
+            log.warning("%d model(s) still loading at exit were not unloaded", len(late))
 
 
 async def _remove_folder(folder: Path) -> None:

@@ -5,10 +5,13 @@ killed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -281,3 +284,55 @@ def test_a_killed_worker_fails_its_requests_and_comes_back(
         again = int(sleep_for(client, 0).as_numpy("PID")[0])
         assert again != pid
         assert "reason" not in index_row(python_server, "sleeper")  # Triton leaves it out
+
+
+# The model's initialize marks that it runs (its pid in the file), then never returns:
+# it sleeps, or loads itself, which waits for the load under way.
+STUCK_INITIALIZE = """
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        with open({marker!r}, "w") as marker:
+            marker.write(str(os.getpid()))
+        {hang}
+
+    def execute(self, requests):
+        return None
+"""
+
+
+@pytest.mark.parametrize(
+    "hang", ["time.sleep(10**6)", "pb_utils.load_model('stuck')"], ids=["sleeps", "loads-itself"]
+)
+def test_an_initialize_that_never_returns_does_not_hold_the_exit(tmp_path: Path, hang: str) -> None:
+    marker = tmp_path / "initializing"
+    repo = tmp_path / "models"
+    source = STUCK_INITIALIZE.format(marker=str(marker), hang=hang)
+    pymodels.write_model(repo, "stuck", source, pymodels.MODELS["failing"][1])
+    extra = ["--model-control-mode", "explicit", "--exit-timeout-secs", "2"]
+    with running_server([repo], extra) as proc:
+        url = f"{proc.base_url}/v2/repository/models/stuck/load"
+
+        def load() -> None:
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(url, json={}, timeout=60)
+
+        threading.Thread(target=load, daemon=True).start()
+        poll(lambda: marker.exists() and marker.read_text() != "", 20, "initialize to run")
+        worker = int(marker.read_text())
+        started = time.monotonic()
+        proc.process.send_signal(signal.SIGTERM)
+        try:
+            proc.process.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.stop(signal.SIGKILL)
+            pytest.fail("the server did not exit within its exit timeout")
+        # The exit timeout, and a small fixed margin for the rest of the stop.
+        assert time.monotonic() - started < 2 + 6
+        assert proc.process.returncode == 0
+        poll(lambda: not psutil.pid_exists(worker), 10, "the model's worker to end")

@@ -108,6 +108,10 @@ class PythonBackend:
             PythonInstance(slot, self._instance_spec(spec, slot, kind, launch, config_json), shared)
             for slot, kind in _slots(spec)
         ]
+        # Known before they start: close() at server exit must reach a worker whose
+        # initialize never returns.
+        with self._lock:
+            self._instances.update(instances)
         try:
             _start_all(instances)
             run_warmup(spec, instances)
@@ -115,9 +119,9 @@ class PythonBackend:
             for instance in instances:
                 instance.kill()
                 instance.close()
+            with self._lock:
+                self._instances.difference_update(instances)
             raise
-        with self._lock:
-            self._instances.update(instances)
         log.info(
             "model '%s' version %d: %d Python instance(s)%s",
             spec.name,

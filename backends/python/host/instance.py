@@ -101,6 +101,9 @@ class PythonInstance:
         self._shared = shared
         self._lock = threading.Lock()
         self._worker: WorkerProcess | None = None
+        # The worker whose initialize is running, not in service yet: kill() must reach it
+        # too, or a model whose initialize never returns would hold the server's exit.
+        self._booting: WorkerProcess | None = None
         self.pending: dict[int, Pending] = {}
         self._keys = itertools.count(1)
         self._closing = threading.Event()
@@ -113,12 +116,23 @@ class PythonInstance:
     def start(self) -> None:
         """Start the worker and run the model's initialize (blocking); raises RuntimeError
         saying why the instance cannot serve."""
-        self._worker = self._spawn()
+        worker = self._spawn()
+        with self._lock:
+            self._worker = worker
+            closed = self._closing.is_set()
+        if closed:  # killed as its initialize ended: kill() may have found neither worker
+            worker.kill()
 
     def _spawn(self) -> WorkerProcess:
         worker = WorkerProcess(self.spec.instance_name, self.spec.launch, self._hosting)
-        worker.start()
+        with self._lock:
+            if self._closing.is_set():
+                raise RuntimeError(f"model instance '{self.spec.instance_name}' was closed")
+            self._booting = worker
         try:
+            worker.start()
+            if self._closing.is_set():  # killed while the process started
+                raise WorkerDied("the model instance was closed")
             payload = self.spec.init_payload()
             worker.call(lambda number: Init(number, payload))
         except BaseException as exc:
@@ -129,6 +143,9 @@ class PythonInstance:
                     f"model instance '{self.spec.instance_name}': {exc} while it initialized"
                 ) from None
             raise
+        finally:
+            with self._lock:
+                self._booting = None
         log.info(
             "model '%s' instance %s: worker process %d ready",
             self.spec.model_name,
@@ -365,10 +382,12 @@ class PythonInstance:
 
     def kill(self) -> None:
         """Stop at once, whatever the worker is doing (an execute that never returns)."""
-        self._closing.set()
-        worker = self._worker
-        if worker is not None:
-            worker.kill()
+        with self._lock:
+            self._closing.set()
+            workers = [self._worker, self._booting]
+        for worker in workers:
+            if worker is not None:
+                worker.kill()
 
     def close(self) -> None:
         """Run the model's finalize and end the worker (the slot thread, at unload)."""
