@@ -10,9 +10,11 @@ any, says why it failed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import queue
 import threading
+import weakref
 from typing import Any
 
 from ..messages import Bls, BlsCancel, BlsRequest, Encoded, ErrorText, Respond
@@ -109,6 +111,18 @@ class InferenceResponseSender:
         self._lock = threading.Lock()
         self._sent = 0
         self.closed = False
+        # A default-mode request holds its instance until its final response. Once no
+        # one can send it any more (the sender is collected), it is ended here, so a
+        # model that forgot to answer fails that request instead of jamming the instance;
+        # a model that answers later from a thread keeps the sender, and so the request.
+        self._abandoned = (
+            None if decoupled else weakref.finalize(self, _end_abandoned, runtime, key)
+        )
+
+    def settled(self) -> None:
+        """The request was answered otherwise (execute's return, or its error)."""
+        if self._abandoned is not None:
+            self._abandoned.detach()
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -134,9 +148,17 @@ class InferenceResponseSender:
             self._sent += response is not None
             if final:
                 self.closed = True
+                self.settled()
 
     def is_cancelled(self) -> bool:
         return bool(self._runtime.request("is_cancelled", self._key))
+
+
+def _end_abandoned(runtime: Runtime, key: int) -> None:
+    """A final flag with no response: the server fails the request, saying none came."""
+    # When the server is gone, nothing waits for the request any more.
+    with contextlib.suppress(Exception):
+        runtime.send(Respond(key, None, True))
 
 
 class ResponseIterator:

@@ -208,11 +208,14 @@ class Stub:
                 self._close_with_error(requests, message)
                 self._reply(Done(number))
             else:
+                _settle(requests)
                 self._reply(Done(number, message))
             return
         if self.decoupled or result is None:
             self._reply(Done(number))
             return
+        # Whatever execute returned answers (or fails) every request of the batch.
+        _settle(requests)
         self._reply(self._encode_list(number, result, len(requests)))
 
     def _encode_list(self, number: int, result: Any, count: int) -> Done:
@@ -290,6 +293,12 @@ class Stub:
             except BaseException as exc:
                 error = describe(exc)
         self._reply(Done(number, error))
+
+
+def _settle(requests: list[InferenceRequest]) -> None:
+    for request in requests:
+        if request.sender is not None:
+            request.sender.settled()
 
 
 class _Failed(Exception):

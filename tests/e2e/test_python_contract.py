@@ -1,0 +1,58 @@
+"""How a Python model's mistakes and edge cases look to a client, against the real server:
+what Triton's python backend answers, and that one bad request never jams the instance."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pymodels
+import pytest
+from serverproc import ServerProcess, running_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+_INT_IN_OUT = pymodels.MODELS["failing"][1]
+
+# IN=1: execute returns None and never uses the request's response sender.
+FORGETS = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        value = int(pb_utils.get_input_tensor_by_name(requests[0], "IN").as_numpy()[0])
+        if value == 1:
+            return None
+        out = pb_utils.Tensor("OUT", np.array([value], np.int32))
+        return [pb_utils.InferenceResponse([out]) for _ in requests]
+"""
+
+MODELS = {"forgets": (FORGETS, _INT_IN_OUT)}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("python-contract")
+    for name, (source, config) in MODELS.items():
+        pymodels.write_model(repo, name, source, f'name: "{name}"\nbackend: "python"\n{config}')
+    with running_server([repo]) as proc:
+        yield proc
+
+
+def infer(server: ServerProcess, model: str, value: int) -> httpx.Response:
+    body = {"inputs": [{"name": "IN", "datatype": "INT32", "shape": [1], "data": [value]}]}
+    return httpx.post(f"{server.base_url}/v2/models/{model}/infer", json=body, timeout=20)
+
+
+def test_a_request_left_unanswered_fails_and_frees_its_instance(server: ServerProcess) -> None:
+    forgotten = infer(server, "forgets", 1)
+    assert forgotten.status_code == 500
+    assert forgotten.json() == {
+        "error": "the model's execute returned None, and sent no response for the request"
+    }
+    # The one instance serves the next request.
+    answered = infer(server, "forgets", 4)
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["outputs"][0]["data"] == [4]
