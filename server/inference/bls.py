@@ -44,9 +44,13 @@ class CoreBridge:
         try:
             request = _request(call)
             if call.decoupled:
+                ended = False
                 async for response in self._core.infer_responses(request):
-                    reply(_response(response), False)
-                reply(None, True)
+                    ended = response.final
+                    reply(_response(response), ended)
+                # A final flag sent on its own: the model sees an empty last response.
+                if not ended:
+                    reply(None, True)
             else:
                 parent = call.parent_trace if isinstance(call.parent_trace, Trace) else None
                 reply(_response(await self._core.infer(request, "BLS", parent)), True)

@@ -203,7 +203,9 @@ class InferenceServer:
         """
         model = self.lifecycle.get(request.model_name, request.model_version)
         if not model.decoupled:
-            yield await self.infer(request)
+            response = await self.infer(request)
+            response.final = True  # its one response comes with the final flag
+            yield response
             return
         async for response in self.path.responses(request, model):
             yield response

@@ -29,7 +29,28 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([out]) for _ in requests]
 """
 
-MODELS = {"forgets": (FORGETS, _INT_IN_OUT)}
+# OUT: how many responses exec(decoupled=True) gives for one request to "forgets".
+BLS_COUNT = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(
+                model_name="forgets",
+                inputs=[pb_utils.get_input_tensor_by_name(request, "IN")],
+                requested_output_names=["OUT"],
+            )
+            count = len(list(call.exec(decoupled=True)))
+            out = pb_utils.Tensor("OUT", np.array([count], np.int32))
+            responses.append(pb_utils.InferenceResponse([out]))
+        return responses
+"""
+
+MODELS = {"forgets": (FORGETS, _INT_IN_OUT), "bls_count": (BLS_COUNT, _INT_IN_OUT)}
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +77,11 @@ def test_a_request_left_unanswered_fails_and_frees_its_instance(server: ServerPr
     answered = infer(server, "forgets", 4)
     assert answered.status_code == 200, answered.text
     assert answered.json()["outputs"][0]["data"] == [4]
+
+
+def test_decoupled_bls_on_a_default_mode_model_yields_its_one_response(
+    server: ServerProcess,
+) -> None:
+    answered = infer(server, "bls_count", 3)
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["outputs"][0]["data"] == [1]
