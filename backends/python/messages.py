@@ -97,11 +97,12 @@ class Reply(Message):
 
 class Done(Message):
     """A numbered call answered: `error` says why it failed; an execute's `responses`
-    (None: the model answers through response senders); an autocomplete's `text`."""
+    (None, for all of them or for one: the model answers through the response sender);
+    an autocomplete's `text`."""
 
     number: int
     error: str | None = None
-    responses: list[Encoded] | None = None
+    responses: list[Encoded | None] | None = None
     text: str | None = None
 
 

@@ -50,7 +50,38 @@ class TritonPythonModel:
         return responses
 """
 
-MODELS = {"forgets": (FORGETS, _INT_IN_OUT), "bls_count": (BLS_COUNT, _INT_IN_OUT)}
+# Answers through the sender, and returns None in that request's place.
+SENDS_THEN_NONE = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            given = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            response = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", given + 1)])
+            request.get_response_sender().send(
+                response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            )
+        return [None for _ in requests]
+"""
+
+# A decoupled model that returns a list, as a default-mode one would.
+DECOUPLED_RETURNS = """
+class TritonPythonModel:
+    def execute(self, requests):
+        return []
+"""
+
+MODELS = {
+    "forgets": (FORGETS, _INT_IN_OUT),
+    "bls_count": (BLS_COUNT, _INT_IN_OUT),
+    "sends_then_none": (SENDS_THEN_NONE, _INT_IN_OUT),
+    "decoupled_returns": (
+        DECOUPLED_RETURNS,
+        "model_transaction_policy { decoupled: true }\n" + _INT_IN_OUT,
+    ),
+}
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +116,12 @@ def test_decoupled_bls_on_a_default_mode_model_yields_its_one_response(
     answered = infer(server, "bls_count", 3)
     assert answered.status_code == 200, answered.text
     assert answered.json()["outputs"][0]["data"] == [1]
+
+
+def test_none_in_the_returned_list_stands_for_a_request_the_sender_answered(
+    server: ServerProcess,
+) -> None:
+    answered = infer(server, "sends_then_none", 6)
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["outputs"][0]["data"] == [7]
+

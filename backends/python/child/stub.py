@@ -214,11 +214,19 @@ class Stub:
         if self.decoupled or result is None:
             self._reply(Done(number))
             return
-        # Whatever execute returned answers (or fails) every request of the batch.
-        _settle(requests)
-        self._reply(self._encode_list(number, result, len(requests)))
+        self._reply(self._encode_list(number, result, requests))
 
-    def _encode_list(self, number: int, result: Any, count: int) -> Done:
+    def _encode_list(self, number: int, result: Any, requests: list[InferenceRequest]) -> Done:
+        """What execute returned: a response for each request, or None for one answered
+        through its response sender (as Triton's ProcessReturnedResponses skips it)."""
+        done = self._check_list(number, result, len(requests))
+        if done.error is not None:
+            _settle(requests)  # the whole batch fails
+            return done
+        _settle([r for r, response in zip(requests, result, strict=True) if response is not None])
+        return done
+
+    def _check_list(self, number: int, result: Any, count: int) -> Done:
         if not isinstance(result, list | tuple):
             kind = type(result).__name__
             return Done(number, f"Expected a list in the execute return, got '{kind}'")
@@ -231,9 +239,11 @@ class Stub:
                     f"InferenceResponse(s) size is:{len(result)}"
                 ),
             )
-        encoded: list[Encoded] = []
+        encoded: list[Encoded | None] = []
         for response in result:
-            if not isinstance(response, InferenceResponse):
+            if response is None:
+                encoded.append(None)
+            elif not isinstance(response, InferenceResponse):
                 return Done(
                     number,
                     (
@@ -241,7 +251,8 @@ class Stub:
                         f"list, found type '{type(response).__name__}'."
                     ),
                 )
-            encoded.append(response.encode(self.runtime))
+            else:
+                encoded.append(response.encode(self.runtime))
         return Done(number, responses=encoded)
 
     def _failure(self, exc: BaseException) -> str:

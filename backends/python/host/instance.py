@@ -202,16 +202,17 @@ class PythonInstance:
             return empty
         if self.spec.decoupled:
             return empty  # the responses come through each request's sink
-        if answer.responses is not None:
-            results = []
-            for pending, encoded in zip(pendings, answer.responses, strict=True):
+        returned = answer.responses
+        if returned is None:
+            returned = [None] * len(pendings)
+        results = []
+        for pending, encoded in zip(pendings, returned, strict=True):
+            if encoded is not None:
                 results.append(self._outputs(worker, pending, encoded))
                 self._finish(pending, None)
-            return results
-        # A default-mode model that answered through its response sender: wait for each
-        # request's final response (or the worker's end).
-        results = []
-        for pending in pendings:
+                continue
+            # Answered through its response sender: wait for the request's final response
+            # (or the worker's end).
             pending.done.wait()
             if pending.error is None and pending.response is None:
                 pending.error = ModelError(
