@@ -3,12 +3,17 @@ what Triton's python backend answers, and that one bad request never jams the in
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
+import numpy as np
 import pymodels
 import pytest
+import tritonclient.grpc as grpcclient
 from serverproc import ServerProcess, running_server
+from tritonclient.utils import InferenceServerException
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
@@ -125,3 +130,20 @@ def test_none_in_the_returned_list_stands_for_a_request_the_sender_answered(
     assert answered.status_code == 200, answered.text
     assert answered.json()["outputs"][0]["data"] == [7]
 
+
+def test_a_decoupled_execute_that_returns_a_list_fails_its_request(
+    server: ServerProcess,
+) -> None:
+    answers: queue.Queue[Any] = queue.Queue()
+    tensor = grpcclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], np.int32))
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.put(error or result))
+        client.async_stream_infer("decoupled_returns", [tensor])
+        error = answers.get(timeout=20)
+        client.stop_stream()
+    assert isinstance(error, InferenceServerException)
+    assert error.message() == (
+        "Python model 'decoupled_returns' is using the decoupled mode and the execute "
+        "function must return None."
+    )

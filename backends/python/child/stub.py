@@ -211,7 +211,17 @@ class Stub:
                 _settle(requests)
                 self._reply(Done(number, message))
             return
-        if self.decoupled or result is None:
+        if result is None:
+            self._reply(Done(number))
+            return
+        if self.decoupled:
+            # Triton's error for it; like any failed execute of a decoupled model, it ends
+            # the requests still open, and not the ones already answered in full.
+            message = (
+                f"Python model '{self.runtime.model_name}' is using the decoupled mode and "
+                "the execute function must return None."
+            )
+            self._close_with_error(requests, message)
             self._reply(Done(number))
             return
         self._reply(self._encode_list(number, result, requests))
