@@ -78,7 +78,21 @@ class TritonPythonModel:
         return []
 """
 
+# Sends with a flag that does not exist.
+BAD_FLAG = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        given = pb_utils.get_input_tensor_by_name(requests[0], "IN").as_numpy()
+        response = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", given)])
+        requests[0].get_response_sender().send(response, flags=2)
+        return None
+"""
+
 MODELS = {
+    "bad_flag": (BAD_FLAG, _INT_IN_OUT),
     "forgets": (FORGETS, _INT_IN_OUT),
     "bls_count": (BLS_COUNT, _INT_IN_OUT),
     "sends_then_none": (SENDS_THEN_NONE, _INT_IN_OUT),
@@ -147,3 +161,9 @@ def test_a_decoupled_execute_that_returns_a_list_fails_its_request(
         "Python model 'decoupled_returns' is using the decoupled mode and the execute "
         "function must return None."
     )
+
+
+def test_a_flag_other_than_final_is_refused(server: ServerProcess) -> None:
+    refused = infer(server, "bad_flag", 1)
+    assert refused.status_code == 500
+    assert "Unable to send response. Unsupported flag provided." in refused.json()["error"]

@@ -125,7 +125,10 @@ class InferenceResponseSender:
             self._abandoned.detach()
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
-        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        # Triton's CheckResponseSenderArguments: FINAL is the only flag there is.
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
         with self._lock:
             if self.closed:
                 raise TritonModelException(
