@@ -130,7 +130,9 @@ class OrtSession:
         self, feed: dict[str, Any], strings: list[str], utf8: npt.NDArray[np.bool_]
     ) -> dict[str, Array]:
         """Run the UTF-8 rows and the other rows as two executions, each with its own
-        reading, and put their outputs back in row order."""
+        reading, and put their outputs back in row order. Outputs whose dims depend on
+        the data (a split, a tokenizer) may not fit together: then the whole execution
+        runs once, read as latin-1, as it did before rows ran apart."""
         parts = []
         for rows, codec in ((np.flatnonzero(utf8), UTF_8), (np.flatnonzero(~utf8), LATIN_1)):
             part = {name: value[rows] for name, value in feed.items()}
@@ -139,11 +141,7 @@ class OrtSession:
         for name in self.output_names:
             (rows_a, a), (rows_b, b) = ((rows, out[name]) for rows, out in parts)
             if a.shape[1:] != b.shape[1:] or len(a) != len(rows_a) or len(b) != len(rows_b):
-                # The batcher runs each request on its own after this.
-                raise RuntimeError(
-                    f"output '{name}' of the rows read as UTF-8 {a.shape} and of the rows "
-                    f"with other bytes {b.shape} cannot be put back together"
-                )
+                return self._run_read(feed, strings, LATIN_1)
             out = np.empty((len(utf8), *a.shape[1:]), dtype=a.dtype)
             out[rows_a] = a
             out[rows_b] = b

@@ -190,6 +190,29 @@ def test_one_rows_bytes_do_not_change_how_other_rows_are_read(tmp_path: Path) ->
     assert identity.run({"INPUT": rows})["OUTPUT"].tolist() == rows.tolist()
 
 
+def test_rows_whose_outputs_cannot_fit_together_run_as_one(tmp_path: Path) -> None:
+    """A split's output width depends on its data: the rows' two executions give widths 3
+    and 2, so the execution runs once instead, read as latin-1, and answers."""
+    from onnx import helper
+
+    node = helper.make_node("StringSplit", ["X"], ["Y", "N"], delimiter=" ")
+    graph = helper.make_graph(
+        [node],
+        "split",
+        [helper.make_tensor_value_info("X", TensorProto.STRING, [None])],
+        [
+            helper.make_tensor_value_info("Y", TensorProto.STRING, [None, None]),
+            helper.make_tensor_value_info("N", TensorProto.INT64, [None]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    session = _session(tmp_path, model.SerializeToString(), rows_apart=True)
+    out = session.run({"X": _strings(b"a b c", b"\xff x")})
+    assert out["Y"].tolist() == [[b"a", b"b", b"c"], [b"\xff", b"x", b""]]
+    assert out["N"].tolist() == [3, 2]
+
+
 def test_rows_run_apart_only_where_each_row_is_one_requests() -> None:
     config = model_config_pb2.ModelConfig(max_batch_size=8)
     assert rows_are_requests(config)
