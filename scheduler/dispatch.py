@@ -329,12 +329,15 @@ class SlotPool:
         if slot.busy:
             slot.busy = False
             self.idle_count += 1
-            if self._limiter is not None:
+            needs = self._needs.get(id(slot))
+            if self._limiter is not None and needs is not None:
                 if self._waiters:
                     # It competes, by rank, for what it gives back (Triton's OnRelease
                     # stages the instance again when its model has requests pending).
+                    # Only then: give() takes a pool off the waiting list only for what
+                    # comes back, and a slot that needs nothing gives nothing back.
                     self._limiter.wait(self)
-                self._limiter.give(self._needs.get(id(slot)))
+                self._limiter.give(needs)
         self.serve_waiters()
 
     def serve_waiters(self) -> None:

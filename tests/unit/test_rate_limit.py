@@ -4,6 +4,8 @@ waiting for resources are served by executions x priority."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import pytest
 from google.protobuf import text_format
@@ -150,6 +152,24 @@ async def test_a_pool_without_a_limiter_is_unchanged() -> None:
     plain.release(slot)
     assert plain.try_acquire() is slot
     plain.close()
+
+
+async def test_a_model_that_needs_no_resources_is_not_kept_waiting() -> None:
+    # Under --rate-limit, a model with no rate_limiter releases nothing: it must not be
+    # put on the limiter's waiting list, which would keep it (and its executors) after
+    # its unload until another model gave resources back.
+    limiter = RateLimiter()
+    free_pool = pool(limiter, None)
+    held = await free_pool.acquire()
+    waiting = asyncio.ensure_future(free_pool.acquire())
+    await asyncio.sleep(0)
+    free_pool.release(held)
+    free_pool.release(await waiting)
+    kept = weakref.ref(free_pool)
+    free_pool.close()
+    del free_pool, held, waiting
+    gc.collect()
+    assert kept() is None
 
 
 @pytest.mark.parametrize(
