@@ -148,14 +148,12 @@ class EnsembleScheduler:
         try:
             outputs, timings = await self._runner(call)
         except ServerError as exc:
-            # Triton's form: the step's own error, with the ensemble named in front. A
-            # step its model refused (a full queue, a check) still fails the ensemble's
-            # request, which its scheduler holds: counted as OTHER, Triton's reason for
-            # an ensemble's failure (core ensemble_scheduler.cc, RespondIfError).
+            # Triton's form: the step's own error, with the ensemble named in front. The
+            # ensemble's request, which its scheduler holds, fails whatever failed in the
+            # step (a full queue, a check, the step's backend): counted as OTHER, Triton's
+            # reason for every ensemble failure (core ensemble_scheduler.cc, RespondIfError).
             raise ServerError(
-                exc.code,
-                f"in ensemble '{self.plan.name}', {exc.message}",
-                exc.reason or FailureReason.OTHER,
+                exc.code, f"in ensemble '{self.plan.name}', {exc.message}", FailureReason.OTHER
             ) from None
         total = item.timings
         total.compute_input_ns += timings.compute_input_ns

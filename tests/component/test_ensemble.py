@@ -215,6 +215,21 @@ async def test_a_step_refused_by_its_model_fails_the_ensemble_as_other(
     assert chain.failures[FailureReason.OTHER] == 1
 
 
+async def test_a_step_that_fails_in_its_backend_fails_the_ensemble_as_other(
+    tmp_path: Path, core: InferenceServer
+) -> None:
+    """Triton's ensemble scheduler answers its own request with reason OTHER whatever
+    failed in a step (core ensemble_scheduler.cc); the step's model counts its own."""
+    write_pipelines(tmp_path)
+    await core.load_model("chain")
+    failed = ServerError(ErrorCode.INTERNAL, "the graph failed", FailureReason.BACKEND)
+    core.model("add10").scheduler = Refusing(failed)
+    with pytest.raises(ServerError, match="in ensemble 'chain', the graph failed"):
+        await core.infer(request("chain", ones()))
+    (chain,) = (r for r in core.stats.records() if r.model.name == "chain")
+    assert (chain.failures[FailureReason.OTHER], chain.failures[FailureReason.BACKEND]) == (1, 0)
+
+
 # --- ensembles and the models they are built on --------------------------------------------
 
 
