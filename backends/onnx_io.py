@@ -170,3 +170,8 @@ def _fill(configured: Any, found: list[TensorInfo], strip: int) -> None:
             entry.data_type = info.data_type  # type: ignore[assignment]
         if len(entry.dims) == 0 and not entry.HasField("reshape"):
             entry.dims.extend(info.dims[strip:])
+            if not entry.dims and strip:
+                # Only the batch dim (an [N] output): Triton's onnxruntime backend writes
+                # dims [1] with an empty reshape, as config dims may not be empty.
+                entry.dims.append(1)
+                entry.reshape.SetInParent()

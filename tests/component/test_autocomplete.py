@@ -89,6 +89,19 @@ async def test_batching_needs_every_first_dim_dynamic(on: ModelLifecycle) -> Non
     assert tensors(config.output) == [("Y", "TYPE_FP32", [1, 1])]
 
 
+async def test_a_tensor_of_only_the_batch_dim_gets_dims_1_and_an_empty_reshape(
+    on: ModelLifecycle,
+) -> None:
+    # A sum over each row: [N, 4] in, [N] out. Config dims may not be empty, so Triton's
+    # onnxruntime backend writes dims [1] with reshape [] (AutoCompleteIO); the client
+    # sees [N, 1].
+    config = await loaded_config(on, identity_model(TensorProto.FLOAT, ("batch",)))
+    assert config.max_batch_size == 4
+    for entry in (*config.input, *config.output):
+        assert list(entry.dims) == [1] and entry.HasField("reshape")
+        assert list(entry.reshape.shape) == []
+
+
 async def test_inner_dynamic_dims_become_minus_one(on: ModelLifecycle) -> None:
     config = await loaded_config(on, identity_model(TensorProto.INT64, ("batch", None, "seq", 7)))
     assert config.max_batch_size == 4
