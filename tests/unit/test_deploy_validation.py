@@ -299,6 +299,9 @@ def test_rendered_chart_fits_together(case: str) -> None:
             "probes",
         ),
         ({"server": {"modelControlMode": "sometimes"}}, "modelControlMode"),
+        # ge-serve, as Triton, refuses --load-model outside explicit mode: the pod would
+        # crash-loop.
+        ({"server": {"loadModels": ["m"]}}, "server.loadModels: needs"),
         ({"modelRepository": {"source": "s3"}}, "modelRepository.source"),
         ({"autoscaling": {"metric": "cpu"}}, "autoscaling.metric"),
     ],

@@ -94,6 +94,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if not (has .Values.server.modelControlMode (list "none" "poll" "explicit")) -}}
 {{- fail "server.modelControlMode: one of none, poll, explicit" -}}
 {{- end -}}
+{{- if and .Values.server.loadModels (ne .Values.server.modelControlMode "explicit") -}}
+{{- fail "server.loadModels: needs server.modelControlMode explicit (ge-serve, as Triton, refuses --load-model otherwise)" -}}
+{{- end -}}
 {{- if not (has .Values.modelRepository.source (list "pvc" "initContainer")) -}}
 {{- fail "modelRepository.source: pvc or initContainer" -}}
 {{- end -}}
