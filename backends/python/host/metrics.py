@@ -19,6 +19,9 @@ from prometheus_client.metrics_core import Metric
 COUNTER, GAUGE, HISTOGRAM = 0, 1, 2
 _KINDS = {COUNTER: "counter", GAUGE: "gauge", HISTOGRAM: "histogram"}
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+# The server's own families: a model's family of one of these names would give /metrics a
+# second TYPE line for it, and Prometheus drops a scrape with one (every metric lost).
+RESERVED_PREFIXES = ("nv_", "ge_serve_", "vllm:")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
@@ -58,6 +61,11 @@ class CustomMetrics:
     def family(self, owner: object, name: str, description: str, kind: int) -> int:
         if not _NAME.match(name):
             raise ValueError(f"'{name}' is not a valid metric name")
+        if name.startswith(RESERVED_PREFIXES):
+            raise ValueError(
+                f"'{name}' is reserved: metric names starting with "
+                f"{', '.join(RESERVED_PREFIXES)} are the server's own"
+            )
         if kind not in _KINDS:
             raise ValueError(f"unknown metric kind {kind}")
         with self._lock:
