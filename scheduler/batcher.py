@@ -200,6 +200,7 @@ class DynamicBatcher:
         which the core retries on the version that replaced this one. Batches already
         executing finish before their slot's thread closes its executor.
         """
+        deadline = time.monotonic() + drain_timeout_s  # one wait for the drain and the join
         self._closing = True
         if self._turns is not None:
             self._turns.flush()
@@ -209,9 +210,7 @@ class DynamicBatcher:
         await self._former.stop()
         for entry in self._queue.drain():
             self._finish(entry, error=SchedulerClosed(_NEVER_RAN))
-        await self._pool.shutdown(
-            SchedulerClosed(_NEVER_RAN), drain_timeout_s, f"'{self._policy.model}'"
-        )
+        await self._pool.shutdown(SchedulerClosed(_NEVER_RAN), deadline, f"'{self._policy.model}'")
 
     # --- admission -----------------------------------------------------------------------
 

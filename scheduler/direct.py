@@ -69,9 +69,10 @@ class DirectScheduler:
         Requests still waiting for a slot after the timeout fail with UNAVAILABLE; the
         ones already executing finish before their slot's thread closes its executor.
         """
+        deadline = time.monotonic() + drain_timeout_s  # one wait for the drain and the join
         await self._in_flight.close(drain_timeout_s)
         await self._pool.shutdown(
             SchedulerClosed("model was unloaded before the request could run"),
-            drain_timeout_s,
+            deadline,
             "a model",
         )

@@ -375,24 +375,26 @@ class SlotPool:
         for slot in self.slots:
             slot.close()
 
-    async def shutdown(self, reason: BaseException, timeout_s: float, what: str) -> None:
-        """Close every slot (waiters get `reason`), then wait off the loop for the slot
+    async def shutdown(self, reason: BaseException, deadline: float, what: str) -> None:
+        """Close every slot (waiters get `reason`), then wait off the loop, until the
+        `time.monotonic()` deadline the caller's drain also counted against, for the slot
         threads to close their executors; log the ones a long run keeps alive."""
         self.close(reason)
-        await asyncio.to_thread(self.join, timeout_s)
+        await asyncio.to_thread(self.join, max(deadline - time.monotonic(), 0.0))
         if self.threads_alive:
             # A run cannot be aborted; its slot closes the executor as soon as it ends.
             log.warning(
-                "%d executor slot(s) of %s still running after the %.1fs drain timeout",
+                "%d executor slot(s) of %s still running after the drain timeout",
                 self.threads_alive,
                 what,
-                timeout_s,
             )
 
     def join(self, timeout: float | None = None) -> None:
-        """Blocking: wait for every slot thread to close its executor and exit."""
+        """Blocking: wait, `timeout` seconds for them all, for every slot thread to
+        close its executor and exit."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         for slot in self.slots:
-            slot.join(timeout)
+            slot.join(None if deadline is None else max(deadline - time.monotonic(), 0.0))
 
     @property
     def threads_alive(self) -> int:

@@ -448,6 +448,7 @@ class SequenceBatcher:
     # --- closing -------------------------------------------------------------------------
 
     async def close(self, drain_timeout_s: float) -> None:
+        deadline = time.monotonic() + drain_timeout_s  # one wait for the drain and the join
         self._closing = True
         self._check_drained()
         with contextlib.suppress(TimeoutError):
@@ -467,7 +468,7 @@ class SequenceBatcher:
         for sequence in self._backlog:
             if sequence.expiry is not None:
                 sequence.expiry.cancel()
-        await self._pool.shutdown(error, drain_timeout_s, f"'{self._policy.model}'")
+        await self._pool.shutdown(error, deadline, f"'{self._policy.model}'")
 
     def _check_drained(self) -> None:
         if self._closing and self._pending == 0:

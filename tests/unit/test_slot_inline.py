@@ -49,7 +49,7 @@ async def test_short_jobs_of_a_thread_free_executor_run_on_the_loop_thread() -> 
     executor = ThreadRecorder()
     pool = SlotPool([ExecutorSlot(executor, inline=True)])
     await _run(pool, 10)
-    await pool.shutdown(RuntimeError("closed"), 10.0, "test")
+    await pool.shutdown(RuntimeError("closed"), time.monotonic() + 10.0, "test")
     loop_thread = threading.current_thread().name
     # The first runs on the slot thread (nothing is known of its cost yet).
     assert executor.threads[0].startswith("slot-")
@@ -60,7 +60,7 @@ async def test_a_thread_bound_executor_always_runs_on_its_slot_thread() -> None:
     executor = ThreadRecorder()
     pool = SlotPool([ExecutorSlot(executor)])
     await _run(pool, 10)
-    await pool.shutdown(RuntimeError("closed"), 10.0, "test")
+    await pool.shutdown(RuntimeError("closed"), time.monotonic() + 10.0, "test")
     assert all(name.startswith("slot-") for name in executor.threads)
 
 
@@ -68,7 +68,7 @@ async def test_long_jobs_stay_on_the_slot_thread() -> None:
     executor = ThreadRecorder(cost_s=0.003)  # above what may block the loop
     pool = SlotPool([ExecutorSlot(executor, inline=True)])
     await _run(pool, 8)
-    await pool.shutdown(RuntimeError("closed"), 10.0, "test")
+    await pool.shutdown(RuntimeError("closed"), time.monotonic() + 10.0, "test")
     assert all(name.startswith("slot-") for name in executor.threads)
 
 
@@ -85,7 +85,7 @@ async def test_a_failing_inline_job_reports_its_error() -> None:
         await pool.run_on_slot(slot, broken)
     assert pool.idle_count == 1  # the slot went back to the pool
     await _run(pool, 1)
-    await pool.shutdown(RuntimeError("closed"), 10.0, "test")
+    await pool.shutdown(RuntimeError("closed"), time.monotonic() + 10.0, "test")
     assert executor.threads[-1] == threading.current_thread().name
 
 
@@ -97,7 +97,7 @@ async def test_inline_jobs_that_grow_long_go_back_to_the_slot_thread() -> None:
     assert executor.threads[-1] == loop_thread
     executor.cost_s = 0.003  # above what may block the loop
     await _run(pool, 20)
-    await pool.shutdown(RuntimeError("closed"), 10.0, "test")
+    await pool.shutdown(RuntimeError("closed"), time.monotonic() + 10.0, "test")
     # Sampled, so a few more run inline before the averages cross; never most of them.
     assert executor.threads[-5:] == [executor.threads[-1]] * 5
     assert executor.threads[-1].startswith("slot-")
