@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -167,3 +168,56 @@ def test_a_flag_other_than_final_is_refused(server: ServerProcess) -> None:
     refused = infer(server, "bad_flag", 1)
     assert refused.status_code == 500
     assert "Unable to send response. Unsupported flag provided." in refused.json()["error"]
+
+
+# auto_complete_config inherited from a module beside model.py, as Triton finds it (the
+# class has the attribute), and one that tries to make the model another.
+INHERITS = """
+from common import Base
+
+
+class TritonPythonModel(Base):
+    pass
+"""
+
+BASE = """
+import triton_python_backend_utils as pb_utils
+
+
+class Base:
+    @staticmethod
+    def auto_complete_config(config):
+        config.add_input({"name": "IN", "data_type": "TYPE_INT32", "dims": [-1]})
+        config.add_output({"name": "OUT", "data_type": "TYPE_INT32", "dims": [-1]})
+        return config
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]
+            )
+            for r in requests
+        ]
+"""
+
+RENAMES = BASE.replace(
+    "        return config\n", '        config.as_dict()["name"] = "other"\n        return config\n'
+).replace("class Base:", "class TritonPythonModel:")
+
+
+def test_auto_complete_config_may_be_inherited_but_may_not_rename_the_model(
+    tmp_path: Path,
+) -> None:
+    folder = pymodels.write_model(tmp_path, "inherits", INHERITS, None)
+    (folder / "1" / "common.py").write_text(BASE)
+    pymodels.write_model(tmp_path, "renames", RENAMES, None)
+    with running_server([tmp_path], ["--model-control-mode=explicit"]) as proc:
+        loaded = httpx.post(f"{proc.base_url}/v2/repository/models/inherits/load", timeout=60)
+        assert loaded.status_code == 200, loaded.text
+        assert infer(proc, "inherits", 5).json()["outputs"][0]["data"] == [5]
+        refused = httpx.post(f"{proc.base_url}/v2/repository/models/renames/load", timeout=60)
+        assert refused.status_code == 400
+        assert (
+            "auto_complete_config of model 'renames' changed its name to 'other'"
+            in (refused.json()["error"])
+        )

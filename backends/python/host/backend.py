@@ -13,6 +13,7 @@ attaches (`attach_core`) before models load.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -67,11 +68,13 @@ class PythonBackend:
     def autocomplete(self, config: model_config_pb2.ModelConfig, model_path: Path) -> None:
         if not model_path.is_file():
             raise ValueError(f"model file '{model_path}' does not exist")
-        # Without the name in its source the model has no auto_complete_config, and a
-        # worker would start only to find none.
-        if "auto_complete_config" not in model_path.read_text(encoding="utf-8", errors="replace"):
+        # Without the name in its source, or in a module beside it that it may inherit the
+        # method from, the model has no auto_complete_config, and a worker would start
+        # only to find none (Triton starts one for every load to ask).
+        model_dir = _model_dir(config, model_path)
+        if not _names_autocomplete(model_path, model_dir):
             return
-        launch = self._envs.launch(config, _model_dir(config, model_path))
+        launch = self._envs.launch(config, model_dir)
         worker = WorkerProcess(f"{config.name}-autocomplete", launch, _NoHost())
         try:
             worker.start()
@@ -95,6 +98,13 @@ class PythonBackend:
                 f"auto_complete_config of model '{config.name}' returned a config that is "
                 f"not valid: {exc}"
             ) from None
+        for field in ("name", "backend", "platform"):
+            if getattr(completed, field) != getattr(config, field):
+                raise ValueError(
+                    f"auto_complete_config of model '{config.name}' changed its {field} "
+                    f"to '{getattr(completed, field)}'; it may complete the config, not "
+                    "make it another model's"
+                )
         config.CopyFrom(completed)
 
     def load(self, spec: ModelSpec) -> LoadedModel:
@@ -168,6 +178,17 @@ class PythonBackend:
         for instance in instances:
             instance.kill()
         self._envs.close()
+
+
+def _names_autocomplete(model_path: Path, model_dir: Path) -> bool:
+    """Whether the model file, or a Python file beside it or in the model folder, names
+    auto_complete_config."""
+    files = {model_path, *model_path.parent.glob("*.py"), *model_dir.glob("*.py")}
+    for path in files:
+        with contextlib.suppress(OSError):
+            if "auto_complete_config" in path.read_text(encoding="utf-8", errors="replace"):
+                return True
+    return False
 
 
 def _model_dir(config: model_config_pb2.ModelConfig, model_path: Path) -> Path:
