@@ -86,6 +86,20 @@ class FakeExecutor:
         self.closed = True
 
 
+POISON = 13.0
+
+
+class Poisoned(FakeExecutor):
+    """Fails any execution whose rows include POISON (after its gate lets it end), as a
+    graph fails on one value."""
+
+    def execute(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
+        outputs = super().execute(inputs)
+        if (inputs["x"] == POISON).any():
+            raise RuntimeError(f"cannot take {POISON}")
+        return outputs
+
+
 def make_config(
     max_batch_size: int = 8,
     preferred: Sequence[int] = (),

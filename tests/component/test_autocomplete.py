@@ -348,28 +348,21 @@ def test_reshapes_triton_accepts_pass_the_check(dims: list[int], reshape: list[i
 # --- default-max-batch-size (--backend-config) ------------------------------------------
 
 
-async def test_a_default_max_batch_size_of_0_leaves_batching_off(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("default", "dims"),
+    [(0, [-1, 4]), (16, [4])],
+    ids=["0 leaves batching off", "16 is the auto-completed max_batch_size"],
+)
+async def test_a_default_max_batch_size(tmp_path: Path, default: int, dims: list[int]) -> None:
     life = make_lifecycle(tmp_path, autocomplete=True)
-    life.backends["onnxruntime"] = OnnxRuntimeBackend(default_max_batch_size=0)
+    life.backends["onnxruntime"] = OnnxRuntimeBackend(default_max_batch_size=default)
     try:
         config = await loaded_config(life, add_sub_model(("batch", 4)))
     finally:
         await life.close()
-    assert config.max_batch_size == 0 and not config.HasField("dynamic_batching")
-    assert tensors(config.input) == [("A", "TYPE_FP32", [-1, 4]), ("B", "TYPE_FP32", [-1, 4])]
-
-
-async def test_a_default_max_batch_size_is_the_auto_completed_max_batch_size(
-    tmp_path: Path,
-) -> None:
-    life = make_lifecycle(tmp_path, autocomplete=True)
-    life.backends["onnxruntime"] = OnnxRuntimeBackend(default_max_batch_size=16)
-    try:
-        config = await loaded_config(life, add_sub_model(("batch", 4)))
-    finally:
-        await life.close()
-    assert config.max_batch_size == 16 and config.HasField("dynamic_batching")
-    assert tensors(config.input) == [("A", "TYPE_FP32", [4]), ("B", "TYPE_FP32", [4])]
+    assert config.max_batch_size == default
+    assert config.HasField("dynamic_batching") is (default > 1)
+    assert tensors(config.input) == [("A", "TYPE_FP32", dims), ("B", "TYPE_FP32", dims)]
 
 
 # --- instance groups Triton refuses (ValidateInstanceGroup) -----------------------------

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fake_executor import FakeExecutor, item, make_batcher, make_config, queued
+from fake_executor import POISON, Poisoned, item, make_batcher, make_config, queued
 
 from ge_serve.backends.base import Array, ModelRequest, SlotInfo
 from ge_serve.scheduler.batch import RunAlone, execute_isolated
@@ -17,18 +17,6 @@ from ge_serve.scheduler.work import WorkItem
 from ge_serve.server.errors import ErrorCode, ServerError
 
 pytestmark = pytest.mark.timeout(30)
-
-POISON = 13.0
-
-
-class Poisoned(FakeExecutor):
-    """Fails any execution whose rows include POISON, as a graph fails on one value."""
-
-    def execute(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
-        outputs = super().execute(inputs)
-        if (inputs["x"] == POISON).any():
-            raise RuntimeError(f"cannot take {POISON}")
-        return outputs
 
 
 async def _answers(preserve_ordering: bool) -> tuple[Poisoned, list[Any]]:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import pytest
-from fake_executor import FakeExecutor, item, make_batcher, make_config
+from fake_executor import POISON, FakeExecutor, Poisoned, item, make_batcher, make_config
 
-from ge_serve.backends.base import Array
 from ge_serve.scheduler.batcher import DynamicBatcher
 from ge_serve.scheduler.direct import DirectScheduler
 from ge_serve.scheduler.dispatch import ExecutorSlot, SlotPool
@@ -20,26 +19,14 @@ from ge_serve.server.errors import ServerError
 
 pytestmark = pytest.mark.timeout(30)
 
-FAILS = 2.0
-
-
-class FailsOnTwo(FakeExecutor):
-    """Fails an execution whose rows include FAILS, after its gate lets it end."""
-
-    def execute(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
-        outputs = super().execute(inputs)
-        if (inputs["x"] == FAILS).any():
-            raise RuntimeError("the graph failed")
-        return outputs
-
 
 async def _second_ends_first(adaptive: bool) -> list[str]:
     """Three requests on two slots of one ordered model. The second's execution ends
-    (and fails, for FAILS) while the first's still runs; the third starting on the
+    (and fails, for POISON) while the first's still runs; the third starting on the
     second's slot shows that the second's execution is back. Returns the answer order."""
     parameters = {"adaptive_batching": "true"} if adaptive else {}
     config = make_config(max_batch_size=1, preserve_ordering=True, parameters=parameters)
-    fake_a, fake_b = FailsOnTwo("a", blocked=True), FailsOnTwo("b", blocked=True)
+    fake_a, fake_b = Poisoned("a", blocked=True), Poisoned("b", blocked=True)
     batcher = make_batcher(config, [fake_a, fake_b])
     done: list[str] = []
 
@@ -50,7 +37,7 @@ async def _second_ends_first(adaptive: bool) -> list[str]:
         first = asyncio.create_task(batcher.submit(item(1)))
         first.add_done_callback(track("first"))
         assert await fake_a.started() == 1
-        second = asyncio.create_task(batcher.submit(item(FAILS)))
+        second = asyncio.create_task(batcher.submit(item(POISON)))
         second.add_done_callback(track("second"))
         assert await fake_b.started() == 1
         fake_b.allow()
@@ -67,7 +54,7 @@ async def _second_ends_first(adaptive: bool) -> list[str]:
         await batcher.close(5.0)
     assert isinstance(answers[0], dict) and isinstance(answers[2], dict)
     assert isinstance(answers[1], ServerError)
-    assert "the graph failed" in answers[1].message
+    assert f"cannot take {POISON}" in answers[1].message
     return done
 
 
