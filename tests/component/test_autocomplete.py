@@ -97,9 +97,9 @@ async def test_a_tensor_of_only_the_batch_dim_gets_dims_1_and_an_empty_reshape(
     # sees [N, 1].
     config = await loaded_config(on, identity_model(TensorProto.FLOAT, ("batch",)))
     assert config.max_batch_size == 4
-    for entry in (*config.input, *config.output):
-        assert list(entry.dims) == [1] and entry.HasField("reshape")
-        assert list(entry.reshape.shape) == []
+    shapes = [(list(e.dims), e.HasField("reshape"), list(e.reshape.shape)) for e in config.input]
+    shapes += [(list(e.dims), e.HasField("reshape"), list(e.reshape.shape)) for e in config.output]
+    assert shapes == [([1], True, []), ([1], True, [])]
 
 
 async def test_inner_dynamic_dims_become_minus_one(on: ModelLifecycle) -> None:
