@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -118,6 +119,9 @@ def start_server(
             cmd, stdout=log_file, stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT
         )
     server = ServerProcess(process, *ports, log_path=log_path, args=cmd)
+    # Callers that start and stop a server themselves read its log after the stop, so the
+    # folder goes when the last reference does (or at exit), not at stop.
+    weakref.finalize(server, shutil.rmtree, log_dir, ignore_errors=True)
     if wait_ready:
         wait_for(server, "/v2/health/ready", timeout)
     return server
