@@ -548,6 +548,57 @@ class TritonPythonModel:
 """
 
 
+# Decoupled: IN responses with OUT = their index, of which the second is an error sent
+# without the final flag; then the flag on its own.
+STUMBLE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            count = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            sender = request.get_response_sender()
+            for index in range(count):
+                if index == 1:
+                    error = pb_utils.TritonError(f"response {index} failed")
+                    sender.send(pb_utils.InferenceResponse(error=error))
+                else:
+                    out = pb_utils.Tensor("OUT", np.array([index], np.int32))
+                    sender.send(pb_utils.InferenceResponse([out]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+# Calls "stumble" through BLS and answers what its iterator gave: each response's OUT,
+# -1 for an error response.
+BLS_STUMBLE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            given = pb_utils.get_input_tensor_by_name(request, "IN")
+            call = pb_utils.InferenceRequest(
+                model_name="stumble", inputs=[given], requested_output_names=["OUT"]
+            )
+            seen = []
+            for response in call.exec(decoupled=True):
+                if response.has_error():
+                    seen.append(-1)
+                elif response.output_tensors():
+                    out = pb_utils.get_output_tensor_by_name(response, "OUT")
+                    seen.append(int(out.as_numpy()[0]))
+            out = pb_utils.Tensor("OUT", np.array(seen, np.int32))
+            responses.append(pb_utils.InferenceResponse([out]))
+        return responses
+"""
+
+
 def _config(name: str, body: str, extra: str = "") -> str:
     return f'name: "{name}"\nbackend: "python"\n{textwrap.dedent(body)}\n{extra}\n'
 
@@ -621,6 +672,14 @@ MODELS: dict[str, tuple[str, str]] = {
         """,
     ),
     "once": (ONCE, "model_transaction_policy { decoupled: true }\n" + _INT_IN_OUT),
+    "stumble": (STUMBLE, "model_transaction_policy { decoupled: true }\n" + _INT_IN_OUT),
+    "bls_stumble": (
+        BLS_STUMBLE,
+        """
+        input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]
+        """,
+    ),
     "square": (SQUARE, "model_transaction_policy { decoupled: true }\n" + _INT_IN_OUT),
     "bls": (
         BLS,

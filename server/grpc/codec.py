@@ -438,6 +438,18 @@ def empty_final_response(message: pb.ModelInferRequest) -> pb.ModelStreamInferRe
     return stream_response(response, final=True)
 
 
+def stream_error_response(
+    response: InferResponse, error: ServerError
+) -> pb.ModelStreamInferResponse:
+    """A decoupled model's error response: Triton names the request's model and id, and
+    says whether it was the request's last."""
+    infer_response = pb.ModelInferResponse(
+        model_name=response.model_name, model_version=response.model_version, id=response.id
+    )
+    infer_response.parameters[FINAL_RESPONSE].bool_param = response.final
+    return pb.ModelStreamInferResponse(error_message=error.message, infer_response=infer_response)
+
+
 def stream_error(message: pb.ModelInferRequest, error: ServerError) -> pb.ModelStreamInferResponse:
     """An in-stream error: `error_message`, with the request's id so the client can match it."""
     return pb.ModelStreamInferResponse(

@@ -14,7 +14,8 @@ Like Triton:
   client sent `triton_enable_empty_final_response: true`.
 - An error is an in-stream `error_message` (with the request's `id`) and the stream stays
   open, unless the client sent the `triton_grpc_error: true` header: then the first error
-  ends the stream with its gRPC status.
+  ends the stream with its gRPC status. A decoupled model's error response also names the
+  model and carries `triton_final_response`, and its later responses follow it.
 - When the stream ends early (the client cancels it or goes away, or an error closes it),
   the tasks still in flight are cancelled, which drops their queued requests.
 - When the server stops (`stop_reading()`), the stream reads no further request, answers
@@ -26,6 +27,7 @@ Like Triton:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ from ge_serve.protos import grpc_service_pb2 as pb
 
 from ..errors import ServerError, decoding, shutting_down
 from ..inference.core import InferenceServer
+from ..inference.types import InferResponse
 from . import codec
 from .errors import Undecodable, abort, as_server_error
 
@@ -229,10 +232,18 @@ class StreamSession:
             with decoding("inference request"):
                 decoded = codec.decode_infer_request(message)
             ended = False
-            async for response in self._core.infer_responses(decoded.request):
-                encoded = codec.encode_infer_response(response)
-                ended = response.final
-                await self._emit(codec.stream_response(encoded, final=ended))
+            responses = self._core.infer_responses(decoded.request, errors_inline=True)
+            async with contextlib.aclosing(responses):
+                async for response in responses:
+                    ended = response.final
+                    if response.error is not None:
+                        answer = self._error(message, response.error, response)
+                        await self._emit(answer)
+                        if isinstance(answer, _Close):
+                            return
+                        continue
+                    encoded = codec.encode_infer_response(response)
+                    await self._emit(codec.stream_response(encoded, final=ended))
             if decoded.enable_empty_final_response and not ended:
                 await self._emit(codec.empty_final_response(message))
         except Exception as exc:
@@ -244,12 +255,17 @@ class StreamSession:
             await self._unwritten.acquire()
         self._out.put_nowait(item)
 
-    def _error(self, message: pb.ModelInferRequest, exc: Exception) -> _Out:
+    def _error(
+        self, message: pb.ModelInferRequest, exc: Exception, response: InferResponse | None = None
+    ) -> _Out:
+        """The error's answer; `response` is a decoupled model's error response."""
         error = as_server_error(exc)
         if not isinstance(exc, ServerError):
             log.error("ModelStreamInfer: request '%s' failed", message.id, exc_info=exc)
         if self._grpc_errors:
             return _Close(error)
+        if response is not None:
+            return codec.stream_error_response(response, error)
         return codec.stream_error(message, error)
 
     async def _cancel_all(self) -> None:

@@ -16,9 +16,11 @@ every other request.
   event per response; a model that is not decoupled gives one. The status is decided by
   the first outcome: a request that fails before it runs (unknown model, a bad or missing
   input) is an `application/json` error with its status, as on every endpoint; a model
-  whose first answer is an error gives that status with the error as the one event. Once
-  the stream has begun, its status is 200, and an error is an event of its own,
-  `data: {"error": "..."}`, after which the stream ends.
+  whose first answer is an error gives that status with the error as its first event (as
+  Triton does, the stream goes on with the model's later responses). Once the stream has
+  begun, its status is 200, and an error is an event of its own, `data: {"error": "..."}`;
+  a decoupled model's error response is followed by its later responses, as on Triton,
+  while an error of the request as a whole (a failed execution) ends the stream.
 
 On both, a client that goes away cancels the request, before its first response as
 after (a model that asks `is_cancelled()` learns it, a generative model stops).
@@ -77,7 +79,7 @@ def routes(front: RouteHost, max_input_size: int) -> list[Route]:
 
     async def generate_stream(request: Request) -> Response:
         infer_request = await decode(request)
-        responses = core.infer_responses(infer_request)
+        responses = core.infer_responses(infer_request, errors_inline=True)
         status, first = 200, b""
         try:
             # Until the first response, nothing is sent that would tell a client gone away.
@@ -94,11 +96,8 @@ def routes(front: RouteHost, max_input_size: int) -> list[Route]:
             await responses.aclose()
             raise
         else:
-            try:
-                if response is not None:
-                    first = sse_event(encode_generate_response(response))
-            except ServerError as exc:
-                status, first = http_status(exc), _error_event(exc)
+            if response is not None:
+                status, first = _status_and_event(response)
         return StreamingResponse(
             _events(first, responses), status_code=status, media_type=SSE_CONTENT_TYPE
         )
@@ -124,8 +123,8 @@ async def _only(responses: AsyncGenerator[InferResponse, None]) -> InferResponse
 
 async def _events(first: bytes, rest: AsyncGenerator[InferResponse, None]) -> AsyncIterator[bytes]:
     """The stream's events after its status is sent: the first, then one per response,
-    until the model's final flag or an error. Closing this (the client went away)
-    closes `rest`, which cancels the request."""
+    until the model's final flag or an error of the request as a whole. Closing this (the
+    client went away) closes `rest`, which cancels the request."""
     async with contextlib.aclosing(rest):
         if first:
             yield first
@@ -140,11 +139,19 @@ async def _events(first: bytes, rest: AsyncGenerator[InferResponse, None]) -> As
 
 
 def _event(response: InferResponse) -> bytes:
-    """A response's event; one that JSON cannot carry is an error event in its place."""
-    try:
-        return sse_event(encode_generate_response(response))
-    except ServerError as exc:
-        return _error_event(exc)
+    return _status_and_event(response)[1]
+
+
+def _status_and_event(response: InferResponse) -> tuple[int, bytes]:
+    """A response's event, and the status it would give as the first: a model's error
+    response, or one that JSON cannot carry, is an error event with the error's status."""
+    error = response.error
+    if error is None:
+        try:
+            return 200, sse_event(encode_generate_response(response))
+        except ServerError as exc:
+            error = exc
+    return http_status(error), _error_event(error)
 
 
 def _error_event(exc: ServerError) -> bytes:

@@ -45,9 +45,12 @@ class CoreBridge:
             request = _request(call)
             if call.decoupled:
                 ended = False
-                async for response in self._core.infer_responses(request):
+                # An error response is one of the iterator's responses, and the called
+                # model's later ones follow it, as python_backend's iterator gives them.
+                responses = self._core.infer_responses(request, errors_inline=True)
+                async for response in responses:
                     ended = response.final
-                    reply(_response(response), ended)
+                    reply(_answer(response), ended)
                 # A final flag sent on its own: the model sees an empty last response.
                 if not ended:
                     reply(None, True)
@@ -113,6 +116,12 @@ def _response(response: InferResponse) -> CoreResponse:
         outputs=[(tensor.name, tensor.data) for tensor in response.outputs],
         parameters=dict(response.parameters),
     )
+
+
+def _answer(response: InferResponse) -> CoreResponse:
+    if response.error is not None:
+        return _failed(response.error.code.value, response.error.message)
+    return _response(response)
 
 
 def _failed(code: str, message: str) -> CoreResponse:

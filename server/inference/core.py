@@ -191,7 +191,9 @@ class InferenceServer:
         `model_transaction_policy { decoupled: true }`)."""
         return self.lifecycle.get(name, version).decoupled
 
-    async def infer_responses(self, request: InferRequest) -> AsyncGenerator[InferResponse, None]:
+    async def infer_responses(
+        self, request: InferRequest, errors_inline: bool = False
+    ) -> AsyncGenerator[InferResponse, None]:
         """Every response one request produces, each as soon as it is produced.
 
         The seam for decoupled models. A model that is not decoupled yields exactly one
@@ -200,6 +202,10 @@ class InferenceServer:
         response `triton_final_response: false` and, when the client asked for it, sends an
         empty final response when the iterator ends. Every backend but a request-level one
         (Python) answers a request once, so this yields `infer()`'s response.
+
+        A decoupled model's error response raises, ending the iteration, unless
+        `errors_inline`: then it is a response with `error` set, and the responses after
+        it follow (Triton's stream, `/generate_stream` and BLS deliver them all).
         """
         model = self.lifecycle.get(request.model_name, request.model_version)
         if not model.decoupled:
@@ -207,7 +213,7 @@ class InferenceServer:
             response.final = True  # its one response comes with the final flag
             yield response
             return
-        async for response in self.path.responses(request, model):
+        async for response in self.path.responses(request, model, errors_inline):
             yield response
 
     # --- repository ----------------------------------------------------------------------

@@ -38,6 +38,7 @@ from .model import ModelVersion
 from .request_level import (
     ResponseQueue,
     decoupled_unsupported,
+    error_response,
     model_error,
     request_context,
     response_of,
@@ -238,11 +239,15 @@ class InferPath:
     # --- a decoupled model's responses -----------------------------------------------------
 
     async def responses(
-        self, request: InferRequest, model: ModelVersion
+        self, request: InferRequest, model: ModelVersion, errors_inline: bool = False
     ) -> AsyncIterator[InferResponse]:
         """A decoupled model's responses: the request runs through the scheduler like any
         other (its execution may end long before its responses do), and each response
-        the backend sends comes out as it arrives, until the final flag."""
+        the backend sends comes out as it arrives, until the final flag.
+
+        An error response ends the iteration by raising, unless `errors_inline`: then it
+        comes out as a response with `error` set, and later responses follow it, as
+        Triton delivers them. The request counts as failed by its first error."""
         self.admit(request)
         refuse_outputs(request)
         started = time.monotonic_ns()
@@ -250,18 +255,29 @@ class InferPath:
         sink = ResponseQueue(asyncio.get_running_loop())
         item: WorkItem | None = None
         submitted: asyncio.Task[dict[str, Array]] | None = None
+        failed: ServerError | None = None
         try:
             item = self._work_item(request, model, started, sink=sink)
             submitted = asyncio.ensure_future(model.scheduler.submit(item))
             submitted.add_done_callback(lambda task: _submit_ended(task, sink))
             while True:
                 outputs, error, final, parameters = await sink.get()
+                if outputs is not None and error is None:
+                    try:
+                        response = response_of(request, model, outputs, item.batch_size, parameters)
+                    except ServerError as exc:
+                        if not errors_inline:
+                            raise
+                        error = exc
+                    else:
+                        response.final = final
+                        yield response
                 if error is not None:
-                    raise error
-                if outputs is not None:
-                    response = response_of(request, model, outputs, item.batch_size, parameters)
-                    response.final = final
-                    yield response
+                    if not errors_inline:
+                        raise error
+                    failed = failed or error
+                    yield error_response(request, error, final)
+                    error = None  # not kept alive across the next wait
                 if final:
                     break
         except (Exception, asyncio.CancelledError, GeneratorExit) as exc:
@@ -273,14 +289,15 @@ class InferPath:
                     item.context.cancelled = True
                 if submitted is not None and not submitted.done():
                     submitted.cancel()
-            self._finished(model, item, error, started)
+            # A request closed after an inline error (its stream ended there) failed.
+            self._finished(model, item, failed if gone and failed else error, started)
             if gone:
                 raise
             try:
                 raise unlinked(error, exc)
             finally:
                 del error  # see `unlinked`
-        self._finished(model, item, None, started)
+        self._finished(model, item, failed, started)
 
     # --- the end of a request --------------------------------------------------------------
 

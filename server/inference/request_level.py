@@ -69,6 +69,14 @@ def response_of(
     return response
 
 
+def error_response(request: InferRequest, error: ServerError, final: bool) -> InferResponse:
+    """A decoupled model's error response, named as the request named its model (as
+    Triton names a failed stream response)."""
+    return InferResponse(
+        request.model_name, request.model_version, request.id, final=final, error=error
+    )
+
+
 _Item = tuple[dict[str, Array] | None, ServerError | None, bool, Mapping[str, ParamValue]]
 
 

@@ -230,6 +230,9 @@ class InferResponse:
     # A decoupled model's last response for its request (the COMPLETE_FINAL flag came
     # with it); a stream marks it `triton_final_response: true`.
     final: bool = False
+    # A decoupled model's error response, for the front ends that deliver it in the
+    # stream and go on (`infer_responses(..., errors_inline=True)`); it has no outputs.
+    error: ServerError | None = None
 
 
 RESERVED_PARAMETER_PREFIX = "triton_"

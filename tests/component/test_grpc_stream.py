@@ -93,7 +93,9 @@ class DecoupledCore(InferenceServer):
         self.model(name, version)
         return True
 
-    async def infer_responses(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+    async def infer_responses(
+        self, request: InferRequest, errors_inline: bool = False
+    ) -> AsyncIterator[InferResponse]:
         for part in range(3):
             response = await self.infer(request)
             response.parameters = {"part": part}

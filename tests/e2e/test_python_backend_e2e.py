@@ -6,6 +6,7 @@ killed."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import signal
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import psutil
@@ -28,11 +30,14 @@ from protocols import PROTOCOLS, Triton
 from serverproc import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
+from ge_serve.protos import grpc_service_pb2 as pb
+from ge_serve.protos import grpc_service_pb2_grpc as pb_grpc
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 MODELS = (
     "add_sub", "failing", "sleeper", "repeat", "square", "once", "bls", "bls_decoupled",
-    "metrics",
+    "metrics", "stumble", "bls_stumble",
 )  # fmt: skip
 
 
@@ -163,6 +168,74 @@ def test_a_response_sent_with_the_final_flag_is_the_final_one(
     (found,) = stream(python_server, [send], 1)
     assert found.as_numpy("OUT").tolist() == [42]
     assert found.get_response().parameters["triton_final_response"].bool_param is True
+
+
+def test_an_error_response_mid_stream_is_followed_by_the_rest(
+    python_server: ServerProcess,
+) -> None:
+    """As Triton: a decoupled model's error response without the final flag is one
+    response of the stream, naming its model and saying it was not the last, and the
+    model's later responses follow it; the request counts as failed."""
+    stats = f"{python_server.base_url}/v2/models/stumble/stats"
+    failed_before = httpx.get(stats).json()["model_stats"][0]["inference_stats"]["fail"]["count"]
+    request = pb.ModelInferRequest(model_name="stumble", id="s1")
+    request.inputs.add(name="IN", datatype="INT32", shape=[1])
+    request.raw_input_contents.append(np.array([3], np.int32).tobytes())
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    with grpc.insecure_channel(python_server.grpc_url) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        found = list(stub.ModelStreamInfer(iter([request]), timeout=20))
+    answers = [
+        (
+            item.error_message,
+            item.infer_response.model_name,
+            item.infer_response.id,
+            item.infer_response.parameters["triton_final_response"].bool_param,
+            [
+                np.frombuffer(raw, np.int32).tolist()
+                for raw in item.infer_response.raw_output_contents
+            ],
+        )
+        for item in found
+    ]
+    assert answers == [
+        ("", "stumble", "s1", False, [[0]]),
+        ("response 1 failed", "stumble", "s1", False, []),
+        ("", "stumble", "s1", False, [[2]]),
+        ("", "stumble", "s1", True, []),
+    ]
+    failed = httpx.get(stats).json()["model_stats"][0]["inference_stats"]["fail"]["count"]
+    assert failed == failed_before + 1
+
+    # With Triton's `triton_grpc_error` header, the error ends the stream with its status.
+    with grpc.insecure_channel(python_server.grpc_url) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        call = stub.ModelStreamInfer(
+            iter([request]), timeout=20, metadata=(("triton_grpc_error", "true"),)
+        )
+        first = next(call)
+        assert np.frombuffer(first.infer_response.raw_output_contents[0], np.int32) == [0]
+        with pytest.raises(grpc.RpcError) as ended:
+            next(call)
+    assert ended.value.details() == "response 1 failed"
+
+    # /generate_stream: the same three events, the error one in its place.
+    body = {"IN": [3]}
+    url = f"{python_server.base_url}/v2/models/stumble/generate_stream"
+    with httpx.stream("POST", url, json=body, timeout=20) as response:
+        assert response.status_code == 200
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert [json.loads(event[6:]) for event in events] == [
+        {"model_name": "stumble", "model_version": "1", "OUT": 0},
+        {"error": "response 1 failed"},
+        {"model_name": "stumble", "model_version": "1", "OUT": 2},
+    ]
+
+    # BLS: the iterator gives the error response and goes on.
+    with httpclient.InferenceServerClient(python_server.http_url) as client:
+        tensor = httpclient.InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([3], np.int32))
+        assert client.infer("bls_stumble", [tensor]).as_numpy("OUT").tolist() == [0, -1, 2]
 
 
 def test_one_response_endpoints_refuse_a_decoupled_model(python_server: ServerProcess) -> None:
