@@ -110,7 +110,9 @@ class GrpcSettings:
 class CoreHealth(grpc_health.aio.HealthServicer):  # type: ignore[misc]
     """grpc.health.v1.Health: SERVING exactly when the core is ready.
 
-    Answers for the whole server ("") and for inference.GRPCInferenceService.
+    Check answers for any service name, as Triton's does (it never reads the name), so
+    a probe configured with another name still sees the server's state; Watch follows
+    the whole server ("") and inference.GRPCInferenceService.
     """
 
     SERVICES: Final = ("", INFERENCE_SERVICE)
@@ -121,11 +123,15 @@ class CoreHealth(grpc_health.aio.HealthServicer):  # type: ignore[misc]
 
     async def Check(self, request: health_pb2.HealthCheckRequest, context: Any) -> Any:
         await self.refresh()
-        return await super().Check(request, context)
+        return health_pb2.HealthCheckResponse(status=self._status())
+
+    def _status(self) -> Any:
+        if self._core.ready():
+            return health_pb2.HealthCheckResponse.SERVING
+        return health_pb2.HealthCheckResponse.NOT_SERVING
 
     async def refresh(self) -> None:
-        serving = health_pb2.HealthCheckResponse.SERVING
-        status = serving if self._core.ready() else health_pb2.HealthCheckResponse.NOT_SERVING
+        status = self._status()
         for service in self.SERVICES:
             await self.set(service, status)
 

@@ -24,6 +24,7 @@ from ge_serve.protos import grpc_service_pb2_grpc as pb_grpc
 from ..control.model_control import FILE_PREFIX
 from ..control.stopping import DrainGate
 from ..errors import ErrorCode, ServerError, decoding
+from ..inference import error_texts
 from ..inference.core import InferenceServer
 from ..inference.types import ParamValue
 from . import codec, encode
@@ -164,12 +165,14 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: Any
     ) -> pb.RepositoryIndexResponse:
+        _no_repository_name(request.repository_name)
         return encode.repository_index(await self.core.repository_index(request.ready))
 
     @admitted
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: Any
     ) -> pb.RepositoryModelLoadResponse:
+        _no_repository_name(request.repository_name)
         with decoding("load request parameters"):
             config, files = load_parameters(request.parameters)
         await self.core.load_model(request.model_name, config, files)
@@ -179,6 +182,7 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
+        _no_repository_name(request.repository_name)
         with decoding("unload request parameters"):
             dependents = unload_parameters(request.parameters)
         await self.core.unload_model(request.model_name, dependents)
@@ -272,6 +276,12 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
         for key, value in current.items():
             _set_log_value(response.settings[key], key, value)
         return response
+
+
+def _no_repository_name(name: str) -> None:
+    """Triton's gRPC repository calls refuse a named repository, the index too."""
+    if name:
+        raise ServerError(ErrorCode.UNSUPPORTED, error_texts.REPOSITORY_NAME_UNSUPPORTED)
 
 
 def load_parameters(params: Any) -> tuple[str | None, dict[str, bytes] | None]:

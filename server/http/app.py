@@ -25,7 +25,7 @@ from starlette.types import ASGIApp
 
 from ge_serve.server.control.restrictions import RestrictedApis
 from ge_serve.server.control.stopping import DrainGate
-from ge_serve.server.errors import decoding
+from ge_serve.server.errors import ErrorCode, ServerError, decoding
 from ge_serve.server.inference import error_texts
 from ge_serve.server.inference.core import InferenceServer
 from ge_serve.server.inference.types import InferRequest, InferResponse
@@ -126,6 +126,22 @@ class HttpFrontEnd:
                 self.repository_unload,
                 ["POST"],
                 Body(RepositoryUnloadRequest, required=False),
+            ),
+            # Triton's paths with a repository named: its index ignores the name, and
+            # load and unload refuse it.
+            self.route(
+                "/v2/repository/{repository}/index",
+                self.repository_index,
+                ["POST"],
+                Body(RepositoryIndexRequest, required=False),
+            ),
+            *(
+                self.route(
+                    f"/v2/repository/{{repository}}/models/{{model}}/{action}",
+                    self.named_repository_control,
+                    ["POST"],
+                )
+                for action in ("load", "unload")
             ),
             *monitoring.routes(self),
             *sharedmemory.routes(self),
@@ -235,6 +251,9 @@ class HttpFrontEnd:
             str(request.path_params["model"]), unload.parameters.unload_dependents
         )
         return Response(status_code=200)
+
+    async def named_repository_control(self, request: Request) -> Response:
+        raise ServerError(ErrorCode.UNSUPPORTED, error_texts.REPOSITORY_NAME_UNSUPPORTED)
 
 
 def _model_path(request: Request) -> tuple[str, str]:

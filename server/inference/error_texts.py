@@ -333,3 +333,8 @@ def stats_model_unavailable(name: str) -> ServerError:
 
 def stats_version_unavailable(name: str) -> ServerError:
     return _invalid(f"requested model version is not available for model '{name}'")
+
+
+# Triton serves one unnamed repository set; a repository named in a control request is
+# refused with its words (an index request ignores the name, as Triton's does).
+REPOSITORY_NAME_UNSUPPORTED: Final = "'repository_name' specification is not supported"

@@ -375,6 +375,8 @@ def _parse(key: str, values: list[str] | None) -> Any:
         if unknown:
             raise invalid_arg(f"Unable to parse 'trace_level', got: {unknown[0]}")
         return tuple(dict.fromkeys(levels))
+    if len(values) > 1:
+        raise invalid_arg(f"expect only 1 value for '{key}'")
     text = values[0] if values else ""
     low, high = (-1, _INT32_MAX) if key == "trace_count" else (0, _UINT32_MAX)
     try:

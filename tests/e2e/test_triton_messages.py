@@ -297,3 +297,28 @@ def test_shared_memory_registration(http: httpx.Client, stub: Any) -> None:
         grpc_error(stub.SystemSharedMemoryRegister, request, grpc.StatusCode.INTERNAL)
         == f"Unable to open shared memory region: '{missing}'"
     )
+
+
+def test_a_named_repository(http: httpx.Client, stub: Any) -> None:
+    """Triton serves its repositories as one: an index request that names one is answered
+    with the index over HTTP and refused over gRPC; load and unload refuse the name."""
+    unsupported = "'repository_name' specification is not supported"
+    index = http.post("/v2/repository/any/index")
+    assert index.status_code == 200
+    assert {"name": "simple", "version": "1", "state": "READY"} in index.json()
+    for action in ("load", "unload"):
+        answer = http.post(f"/v2/repository/any/models/simple/{action}")
+        assert (answer.status_code, answer.json()) == (501, {"error": unsupported})
+    calls = [
+        (stub.RepositoryIndex, pb.RepositoryIndexRequest(repository_name="any")),
+        (stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest(repository_name="any",
+                                                                 model_name="simple")),
+        (stub.RepositoryModelUnload, pb.RepositoryModelUnloadRequest(repository_name="any",
+                                                                     model_name="simple")),
+    ]  # fmt: skip
+    for call, request in calls:
+        with pytest.raises(grpc.RpcError) as info:
+            call(request, timeout=10)
+        error: Any = info.value
+        assert (error.code(), error.details()) == (grpc.StatusCode.UNIMPLEMENTED, unsupported)
+    assert http.get("/v2/models/simple/ready").status_code == 200
