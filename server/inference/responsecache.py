@@ -11,8 +11,10 @@ Entries are kept in least-recently-used order within the byte budget; an entry l
 than the whole budget is not kept. Stored arrays are copies (an executor may reuse its
 output buffers) and read-only. Everything here runs on the event loop.
 
-Decoupled models and requests that write outputs to shared memory bypass the cache, as
-in Triton.
+Requests that write outputs to shared memory bypass the cache, as in Triton. A decoupled
+model never reaches it: as in Triton, enabling the cache on one fails the model's load
+(`autocomplete.check`), and so does enabling it with sequence batching
+(scheduler/sequence_config.py).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class CacheCounts:
 
 
 def enabled_for(model: ModelVersion) -> bool:
-    return bool(model.config.response_cache.enable) and not model.decoupled
+    return bool(model.config.response_cache.enable)
 
 
 def cache_key(model: ModelVersion, inputs: Mapping[str, Array]) -> bytes:

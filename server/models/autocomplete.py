@@ -191,6 +191,16 @@ def check(config: model_config_pb2.ModelConfig) -> None:
     """Refuse configs that cannot serve, with a reason a person can act on."""
     if config.max_batch_size < 0:
         raise ServerError(ErrorCode.INVALID_ARG, "max_batch_size must be >= 0")
+    # After auto-complete, since a Python model's auto_complete_config may make it
+    # decoupled. The cache keeps one result per request, which a decoupled model's stream
+    # does not fit; as Triton does, refuse the load rather than serve the model with the
+    # cache its config asks for silently off.
+    if config.model_transaction_policy.decoupled and config.response_cache.enable:
+        raise ServerError(
+            ErrorCode.INVALID_ARG,
+            f"Response Cache does not currently support model {config.name} with "
+            "'decoupled' transaction policy. Please disable the response cache.",
+        )
     if not config.input:
         raise ServerError(ErrorCode.INVALID_ARG, f"model '{config.name}' has no inputs")
     if not config.output:

@@ -89,11 +89,10 @@ def test_an_entry_larger_than_the_budget_is_not_kept() -> None:
     assert len(cache) == 0 and cache.counts.skipped == 1
 
 
-def test_decoupled_models_and_models_without_the_option_bypass() -> None:
+def test_models_without_the_option_bypass() -> None:
+    # A decoupled model with the option never loads (tests/e2e/test_load_refusals.py).
     assert enabled_for(model())
     assert not enabled_for(model(config=""))
-    decoupled = "response_cache { enable: true } model_transaction_policy { decoupled: true }"
-    assert not enabled_for(model(config=decoupled))
 
 
 def test_same_named_models_of_two_namespaces_never_share_entries() -> None:

@@ -1,0 +1,85 @@
+"""Configs Triton refuses to load, refused by ge-serve with Triton's exact reason
+(model_config_utils.cc): in the repository index and in the log, while every other model
+serves."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pymodels
+import pytest
+from modelgen import add_sub_model, write_model
+from serverproc import ServerProcess, running_server, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+PYTHON_IO = """
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+CACHE = "response_cache { enable: true }"
+DECOUPLED = "model_transaction_policy { decoupled: true }"
+
+# model name -> Triton's reason, exactly
+REFUSED = {
+    "stream_cached": (
+        "Response Cache does not currently support model stream_cached with 'decoupled' "
+        "transaction policy. Please disable the response cache."
+    ),
+    # Decoupled by its auto_complete_config, not by config.pbtxt.
+    "auto_stream_cached": (
+        "Response Cache does not currently support model auto_stream_cached with "
+        "'decoupled' transaction policy. Please disable the response cache."
+    ),
+}
+
+
+def python_config(name: str, body: str) -> str:
+    return f'name: "{name}"\nbackend: "python"\n{body}\n'
+
+
+@pytest.fixture(scope="module")
+def refusing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("refused")
+    write_model(repo, "good", add_sub_model(("batch", 4)))
+    pymodels.write_model(
+        repo,
+        "stream_cached",
+        pymodels.SQUARE,
+        python_config("stream_cached", f"{DECOUPLED}\n{PYTHON_IO}\n{CACHE}"),
+    )
+    decoupling = 'config.set_model_transaction_policy({"decoupled": True})'
+    pymodels.write_auto_complete(repo, "auto_stream_cached", 0, decoupling)
+    (repo / "auto_stream_cached" / "config.pbtxt").write_text(
+        python_config("auto_stream_cached", CACHE)
+    )
+    extra = ["--exit-on-error=false", "--cache-config=local,size=1048576"]
+    with running_server([repo], extra, wait_ready=False) as proc:
+        # Not ready (strict readiness: some models are unavailable), but live and serving.
+        wait_for(proc, "/v2/health/live", 60)
+        yield proc
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_the_index_and_the_log_give_tritons_reason(refusing: ServerProcess, name: str) -> None:
+    rows = httpx.post(refusing.base_url + "/v2/repository/index", timeout=10).json()
+    (row,) = [row for row in rows if row["name"] == name]
+    assert (row["state"], row.get("reason")) == ("UNAVAILABLE", REFUSED[name]), row
+    log = refusing.log()
+    assert f"failed to load '{name}': {REFUSED[name]}" in log, log
+
+
+def test_the_other_models_serve(refusing: ServerProcess) -> None:
+    body = {
+        "inputs": [
+            {"name": "A", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]},
+            {"name": "B", "shape": [1, 4], "datatype": "FP32", "data": [4, 3, 2, 1]},
+        ]
+    }
+    response = httpx.post(refusing.base_url + "/v2/models/good/infer", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    outputs = {o["name"]: o["data"] for o in response.json()["outputs"]}
+    assert outputs == {"SUM": [5, 5, 5, 5], "DIFF": [-3, -1, 1, 3]}
+    rows = httpx.post(refusing.base_url + "/v2/repository/index", json={"ready": True}).json()
+    assert [row["name"] for row in rows] == ["good"]
