@@ -82,6 +82,12 @@ def check_ensemble(config: ModelConfig) -> None:
     """Refuse an ensemble config that cannot work whatever its models are, and settle what
     the ensemble itself decides (it is not decoupled: it answers each request once)."""
     name = config.name
+    # Triton's first check of any config: an ensemble runs its steps' backends and has
+    # none of its own, so a backend here is a mistake, not something to ignore.
+    if config.platform == PLATFORM and config.backend:
+        raise _invalid(
+            f"Ensemble model '{name}' must have platform type '{PLATFORM}' and empty backend type"
+        )
     if config.WhichOneof("scheduling_choice") != "ensemble_scheduling":
         raise _invalid(
             f"ensemble scheduling must be set for ensemble {name} whose platform is {PLATFORM}"

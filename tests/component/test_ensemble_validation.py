@@ -128,6 +128,10 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
         {"steps": [ADD1_IN], "extra": "instance_group [{ count: 1 kind: KIND_CPU }]"},
         "instance group should not be specified for ensemble 'pipe'",
     ),
+    "backend": (
+        {"steps": [ADD1_IN], "extra": 'backend: "python"'},
+        "Ensemble model 'pipe' must have platform type 'ensemble' and empty backend type",
+    ),
     "no steps": (
         {"steps": []},
         "must specify 'step' for ensemble 'pipe'",

@@ -32,7 +32,28 @@ REFUSED = {
         "Response Cache does not currently support model auto_stream_cached with "
         "'decoupled' transaction policy. Please disable the response cache."
     ),
+    "ensemble_with_backend": (
+        "Ensemble model 'ensemble_with_backend' must have platform type 'ensemble' and empty "
+        "backend type"
+    ),
 }
+# Valid but for its backend.
+ENSEMBLE_WITH_BACKEND = """
+name: "ensemble_with_backend"
+platform: "ensemble"
+backend: "python"
+max_batch_size: 4
+input [
+  { name: "A" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "B" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ {
+  model_name: "good" model_version: -1
+  input_map { key: "A" value: "A" } input_map { key: "B" value: "B" }
+  output_map { key: "SUM" value: "SUM" }
+} ] }
+"""
 
 
 def python_config(name: str, body: str) -> str:
@@ -54,6 +75,7 @@ def refusing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess
     (repo / "auto_stream_cached" / "config.pbtxt").write_text(
         python_config("auto_stream_cached", CACHE)
     )
+    write_model(repo, "ensemble_with_backend", None, ENSEMBLE_WITH_BACKEND)
     extra = ["--exit-on-error=false", "--cache-config=local,size=1048576"]
     with running_server([repo], extra, wait_ready=False) as proc:
         # Not ready (strict readiness: some models are unavailable), but live and serving.
