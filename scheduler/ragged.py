@@ -161,17 +161,19 @@ def ragged_for(config: model_config_pb2.ModelConfig) -> RaggedBatching | None:
     inputs = {i.name for i in config.input}
     outputs = {o.name: o for o in config.output}
     batch_inputs = []
+    # Triton's messages and order (ValidateBatchIO, model_config_utils.cc, which ends each
+    # with " for <model>"), since they are what its users search for.
     for entry in config.batch_input:
         kind_name = model_config_pb2.BatchInput.Kind.Name(entry.kind)
+        if len(entry.source_input) != 1:
+            raise invalid_arg(
+                f"batch input kind '{kind_name}' expects 1 source input, got "
+                f"{len(entry.source_input)} for {name}"
+            )
         if entry.data_type not in (model_config_pb2.TYPE_INT32, model_config_pb2.TYPE_FP32):
-            raise invalid_arg(
-                f"model '{name}': batch input {kind_name} must be TYPE_INT32 or TYPE_FP32"
-            )
-        if len(entry.source_input) != 1 or entry.source_input[0] not in inputs:
-            raise invalid_arg(
-                f"model '{name}': batch input {kind_name} must name one source_input, one "
-                f"of the model's inputs {sorted(inputs)}"
-            )
+            raise invalid_arg(f"batch input data type must be TYPE_INT32 or TYPE_FP32 for {name}")
+        if entry.source_input[0] not in inputs:
+            raise invalid_arg(f"unknown source input name '{entry.source_input[0]}' for {name}")
         if not entry.target_name or any(t in inputs for t in entry.target_name):
             raise invalid_arg(
                 f"model '{name}': batch input {kind_name} needs target names that are not "

@@ -190,7 +190,10 @@ def complete(
 def check(config: model_config_pb2.ModelConfig) -> None:
     """Refuse configs that cannot serve, with a reason a person can act on."""
     if config.max_batch_size < 0:
-        raise ServerError(ErrorCode.INVALID_ARG, "max_batch_size must be >= 0")
+        raise ServerError(
+            ErrorCode.INVALID_ARG,
+            f"'max_batch_size' must be non-negative value for {config.name}",
+        )
     # After auto-complete, since a Python model's auto_complete_config may make it
     # decoupled. The cache keeps one result per request, which a decoupled model's stream
     # does not fit; as Triton does, refuse the load rather than serve the model with the

@@ -36,7 +36,25 @@ REFUSED = {
         "Ensemble model 'ensemble_with_backend' must have platform type 'ensemble' and empty "
         "backend type"
     ),
+    "negative_batch": "'max_batch_size' must be non-negative value for negative_batch",
+    "batch_input_int64": "batch input data type must be TYPE_INT32 or TYPE_FP32 for "
+    "batch_input_int64",
+    "batch_input_unknown": "unknown source input name 'NOPE' for batch_input_unknown",
+    "batch_input_two_sources": "batch input kind 'BATCH_ELEMENT_COUNT' expects 1 source "
+    "input, got 2 for batch_input_two_sources",
 }
+# Each batch input model: its batch_input's data type and source inputs.
+BATCH_INPUTS = {
+    "batch_input_int64": ("TYPE_INT64", '"IN"'),
+    "batch_input_unknown": ("TYPE_INT32", '"NOPE"'),
+    "batch_input_two_sources": ("TYPE_INT32", '"IN", "IN"'),
+}
+# Never run: each model using it is refused at load.
+UNUSED = """
+class TritonPythonModel:
+    def execute(self, requests):
+        return []
+"""
 # Valid but for its backend.
 ENSEMBLE_WITH_BACKEND = """
 name: "ensemble_with_backend"
@@ -76,6 +94,15 @@ def refusing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess
         python_config("auto_stream_cached", CACHE)
     )
     write_model(repo, "ensemble_with_backend", None, ENSEMBLE_WITH_BACKEND)
+    negative = python_config("negative_batch", f"max_batch_size: -1\n{PYTHON_IO}")
+    pymodels.write_model(repo, "negative_batch", UNUSED, negative)
+    for name, (data_type, sources) in BATCH_INPUTS.items():
+        batch_input = (
+            f'batch_input [ {{ kind: BATCH_ELEMENT_COUNT target_name: "N" '
+            f"data_type: {data_type} source_input: [ {sources} ] }} ]"
+        )
+        body = f"max_batch_size: 4\n{PYTHON_IO}\n{batch_input}\ndynamic_batching {{ }}"
+        pymodels.write_model(repo, name, UNUSED, python_config(name, body))
     extra = ["--exit-on-error=false", "--cache-config=local,size=1048576"]
     with running_server([repo], extra, wait_ready=False) as proc:
         # Not ready (strict readiness: some models are unavailable), but live and serving.

@@ -139,11 +139,15 @@ def edited(edit: Any) -> model_config_pb2.ModelConfig:
             edited(
                 lambda c: c.batch_input[0].__setattr__("data_type", model_config_pb2.TYPE_INT64)
             ),
-            "batch input BATCH_ELEMENT_COUNT must be TYPE_INT32 or TYPE_FP32",
+            "batch input data type must be TYPE_INT32 or TYPE_FP32 for rag",
         ),
         (
             edited(lambda c: c.batch_input[1].source_input.__setitem__(0, "nope")),
-            "must name one source_input",
+            "unknown source input name 'nope' for rag",
+        ),
+        (
+            edited(lambda c: c.batch_input[0].source_input.append("x")),
+            "batch input kind 'BATCH_ELEMENT_COUNT' expects 1 source input, got 2 for rag",
         ),
         (
             edited(lambda c: c.batch_output[0].target_name.append("zzz")),
