@@ -185,17 +185,19 @@ def ragged_for(config: model_config_pb2.ModelConfig) -> RaggedBatching | None:
         )
     batch_outputs = []
     for output in config.batch_output:
-        if len(output.source_input) != 1 or output.source_input[0] not in inputs:
+        if len(output.source_input) != 1:
+            kind_name = model_config_pb2.BatchOutput.Kind.Name(output.kind)
             raise invalid_arg(
-                f"model '{name}': batch output must name one source_input, one of the "
-                f"model's inputs {sorted(inputs)}"
+                f"batch output kind '{kind_name}' expects 1 source input, got "
+                f"{len(output.source_input)} for {name}"
             )
-        missing = [t for t in output.target_name if t not in outputs]
-        if not output.target_name or missing:
-            raise invalid_arg(
-                f"model '{name}': batch output targets {missing or '[]'} must be outputs "
-                "in the config"
-            )
+        if output.source_input[0] not in inputs:
+            raise invalid_arg(f"unknown source input name '{output.source_input[0]}' for {name}")
+        for target in output.target_name:
+            if target not in outputs:
+                raise invalid_arg(f"unknown target output name '{target}' for {name}")
+        if not output.target_name:
+            raise invalid_arg(f"model '{name}': batch output needs at least one target_name")
         shapes = {tuple(outputs[t].dims) for t in output.target_name}
         if len(shapes) != 1:
             raise invalid_arg(f"model '{name}': batch output targets must share one shape")

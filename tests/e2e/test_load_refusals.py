@@ -42,6 +42,7 @@ REFUSED = {
     "batch_input_unknown": "unknown source input name 'NOPE' for batch_input_unknown",
     "batch_input_two_sources": "batch input kind 'BATCH_ELEMENT_COUNT' expects 1 source "
     "input, got 2 for batch_input_two_sources",
+    "batch_output_unknown": "unknown source input name 'NOPE' for batch_output_unknown",
 }
 # Each batch input model: its batch_input's data type and source inputs.
 BATCH_INPUTS = {
@@ -103,6 +104,13 @@ def refusing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess
         )
         body = f"max_batch_size: 4\n{PYTHON_IO}\n{batch_input}\ndynamic_batching {{ }}"
         pymodels.write_model(repo, name, UNUSED, python_config(name, body))
+    batch_output = (
+        'batch_output [ { kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: "OUT" '
+        'source_input: "NOPE" } ]'
+    )
+    body = f"max_batch_size: 4\n{PYTHON_IO}\n{batch_output}\ndynamic_batching {{ }}"
+    config = python_config("batch_output_unknown", body)
+    pymodels.write_model(repo, "batch_output_unknown", UNUSED, config)
     extra = ["--exit-on-error=false", "--cache-config=local,size=1048576"]
     with running_server([repo], extra, wait_ready=False) as proc:
         # Not ready (strict readiness: some models are unavailable), but live and serving.

@@ -151,7 +151,16 @@ def edited(edit: Any) -> model_config_pb2.ModelConfig:
         ),
         (
             edited(lambda c: c.batch_output[0].target_name.append("zzz")),
-            "batch output targets ['zzz'] must be outputs in the config",
+            "unknown target output name 'zzz' for rag",
+        ),
+        (
+            edited(lambda c: c.batch_output[0].source_input.__setitem__(0, "nope")),
+            "unknown source input name 'nope' for rag",
+        ),
+        (
+            edited(lambda c: c.batch_output[0].source_input.append("x")),
+            "batch output kind 'BATCH_SCATTER_WITH_INPUT_SHAPE' expects 1 source input, got 2 "
+            "for rag",
         ),
         (edited(lambda c: c.__setattr__("max_batch_size", 0)), "need max_batch_size > 0"),
         (
