@@ -95,6 +95,57 @@ instance_group [ { kind: KIND_CPU } ]
 """
 
 
+def accumulator_model() -> onnx.ModelProto:
+    """The accumulator of Triton's implicit-state docs: OUTPUT = OUTPUT_STATE = INPUT if
+    START else INPUT + INPUT_STATE (INT32 [N, 1]); serve it with ACCUMULATOR_CONFIG."""
+    nodes = [
+        helper.make_node("Add", ["INPUT", "INPUT_STATE"], ["sum"]),
+        helper.make_node("Cast", ["START"], ["start"], to=TensorProto.BOOL),
+        helper.make_node("Where", ["start", "INPUT", "sum"], ["OUTPUT"]),
+        helper.make_node("Identity", ["OUTPUT"], ["OUTPUT_STATE"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "accumulator",
+        [
+            helper.make_tensor_value_info(n, TensorProto.INT32, ["N", 1])
+            for n in ("INPUT", "START", "INPUT_STATE")
+        ],
+        [
+            helper.make_tensor_value_info(n, TensorProto.INT32, ["N", 1])
+            for n in ("OUTPUT", "OUTPUT_STATE")
+        ],
+    )
+    return _model(graph)
+
+
+# The accumulator's config (name and `platform:` / `backend:` line to fill in): the sum
+# over a sequence is its implicit state, with `oldest` batching of up to 4 sequences.
+ACCUMULATOR_CONFIG = """
+name: "{name}"
+{platform}
+max_batch_size: 4
+sequence_batching {{
+  max_sequence_idle_microseconds: 5000000
+  oldest {{ max_candidate_sequences: 4 }}
+  control_input [
+    {{ name: "START" control [ {{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] }} ] }}
+  ]
+  state [
+    {{
+      input_name: "INPUT_STATE"
+      output_name: "OUTPUT_STATE"
+      data_type: TYPE_INT32
+      dims: [ 1 ]
+      initial_state: {{ data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "zeros" }}
+    }}
+  ]
+}}
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+"""
+
+
 def add_sub_model(
     dims: Sequence[Dim] = ("batch", 4), elem_type: int = TensorProto.FLOAT
 ) -> onnx.ModelProto:

@@ -10,11 +10,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pymodels
 import pytest
-from modelgen import write_model
-from onnx import TensorProto, helper
+from modelgen import ACCUMULATOR_CONFIG, accumulator_model, write_model
 
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.backends.python.host.backend import PythonBackend
@@ -28,30 +26,6 @@ from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle
 from ge_serve.server.models.repository import ModelRepository
 
 pytestmark = pytest.mark.timeout(120)
-
-CONFIG = """
-name: "{name}"
-{platform}
-max_batch_size: 4
-sequence_batching {{
-  max_sequence_idle_microseconds: 5000000
-  oldest {{ max_candidate_sequences: 4 }}
-  control_input [
-    {{ name: "START" control [ {{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] }} ] }}
-  ]
-  state [
-    {{
-      input_name: "INPUT_STATE"
-      output_name: "OUTPUT_STATE"
-      data_type: TYPE_INT32
-      dims: [ 1 ]
-      initial_state: {{ data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "zeros" }}
-    }}
-  ]
-}}
-input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-"""
 
 PYTHON_ACCUMULATOR = """
 import numpy as np
@@ -73,39 +47,19 @@ class TritonPythonModel:
 """
 
 
-def onnx_accumulator() -> onnx.ModelProto:
-    """OUTPUT = OUTPUT_STATE = INPUT if START else INPUT + INPUT_STATE (INT32 [N, 1])."""
-    nodes = [
-        helper.make_node("Add", ["INPUT", "INPUT_STATE"], ["sum"]),
-        helper.make_node("Cast", ["START"], ["start"], to=TensorProto.BOOL),
-        helper.make_node("Where", ["start", "INPUT", "sum"], ["OUTPUT"]),
-        helper.make_node("Identity", ["OUTPUT"], ["OUTPUT_STATE"]),
-    ]
-    info = functools.partial(helper.make_tensor_value_info, elem_type=TensorProto.INT32)
-    graph = helper.make_graph(
-        nodes,
-        "accumulator",
-        [info(n, shape=["N", 1]) for n in ("INPUT", "START", "INPUT_STATE")],
-        [info(n, shape=["N", 1]) for n in ("OUTPUT", "OUTPUT_STATE")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
-
-
 @pytest.fixture
 async def core(tmp_path: Path) -> AsyncIterator[InferenceServer]:
     write_model(
         tmp_path,
         "acc_onnx",
-        onnx_accumulator(),
-        CONFIG.format(name="acc_onnx", platform='platform: "onnxruntime_onnx"'),
+        accumulator_model(),
+        ACCUMULATOR_CONFIG.format(name="acc_onnx", platform='platform: "onnxruntime_onnx"'),
     )
     pymodels.write_model(
         tmp_path,
         "acc_python",
         PYTHON_ACCUMULATOR,
-        CONFIG.format(name="acc_python", platform='backend: "python"'),
+        ACCUMULATOR_CONFIG.format(name="acc_python", platform='backend: "python"'),
     )
     python = PythonBackend()
     lifecycle = ModelLifecycle(
