@@ -93,6 +93,16 @@ class Triton:
         requested = self.outputs(outputs, class_count) if outputs else None
         return self.client.infer(model, self.inputs(tensors), outputs=requested, **kwargs)
 
+    def response_parameters(self, result: Any) -> dict[str, Any]:
+        """The parameters of an InferResult's response, as plain values on both protocols."""
+        response = result.get_response()
+        if self.protocol == "http":
+            return dict(response.get("parameters", {}))
+        return {
+            key: getattr(value, value.WhichOneof("parameter_choice"))
+            for key, value in response.parameters.items()
+        }
+
     def aio_client(self) -> Any:
         return self.aio.InferenceServerClient(self.url)
 

@@ -103,17 +103,11 @@ def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
         )
     for requested in request.outputs:
         _check_output(requested, model, tag)
+    # A model without sequence_batching serves a request that names a sequence and leaves
+    # the ID and flags alone, as Triton does (InferenceRequest::ValidateCorrelationId runs
+    # for sequence models only): an ensemble passes them on to its steps, and clients send
+    # them to plain models (Triton's qa sends sequence flags through ensembles of them).
     sequence = sequence_flags(request.parameters) if request.parameters else None
-    if (
-        sequence is not None
-        and (sequence.in_sequence or sequence.start or sequence.end)
-        and not model.config.HasField("sequence_batching")
-    ):
-        raise invalid_arg(
-            f"inference request to model '{model.name}' names sequence "
-            f"{sequence.id_text()}, but the model has no sequence_batching; send it without "
-            "'sequence_id', 'sequence_start' and 'sequence_end'"
-        )
     return WorkItem(
         inputs=arrays,
         batch_size=batch_size if mbs > 0 else 1,

@@ -1,6 +1,7 @@
 """Sequence batching end to end: Triton's own client sequence examples, unchanged, pass
-against a `simple_sequence` model built as Triton's docs describe; and the errors a
-client sees for requests that break a sequence's rules."""
+against a `simple_sequence` model built as Triton's docs describe; the errors a client
+sees for requests that break a sequence's rules; and a model without sequence batching
+serving a request that names a sequence."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from modelgen import SIMPLE_SEQUENCE_CONFIG, identity_model, simple_sequence_model, write_model
 from onnx import TensorProto
+from protocols import PROTOCOLS, Triton
 from serverproc import REPO_ROOT, ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
@@ -89,9 +91,6 @@ def test_clients_see_tritons_errors_for_broken_sequences(
             "inference request for sequence 77 to model 'simple_sequence' must specify the "
             "START flag on the first request of the sequence"
         ) in str(info.value)
-        with pytest.raises(InferenceServerException) as info:
-            client.infer("identity", _inputs(module, 1), sequence_id=5, sequence_start=True)
-        assert "the model has no sequence_batching" in str(info.value)
         # A sequence of string ID, over this protocol, still works after the errors.
         first = client.infer(
             "simple_sequence", _inputs(module, 4), sequence_id="s-1", sequence_start=True
@@ -103,3 +102,23 @@ def test_clients_see_tritons_errors_for_broken_sequences(
         assert last.as_numpy("OUTPUT").tolist() == [[9]]
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_model_without_sequence_batching_serves_a_request_naming_a_sequence(
+    sequence_server: ServerProcess, protocol: str
+) -> None:
+    """Triton ignores the sequence of a request to such a model: it answers as without."""
+    triton = Triton.connect(protocol, sequence_server)
+    try:
+        for sequence in (
+            {"sequence_id": 5, "sequence_start": True},
+            {"sequence_id": "s-5"},
+            {"sequence_id": 5, "sequence_end": True},
+        ):
+            data = np.full((1, 1), 8, np.int32)
+            result = triton.infer("identity", {"INPUT": data}, **sequence)
+            assert result.as_numpy("OUTPUT").tolist() == [[8]]
+            assert triton.response_parameters(result) == {}
+    finally:
+        triton.close()
