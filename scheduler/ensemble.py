@@ -15,18 +15,35 @@ is reloaded is picked up by the next request without touching the ensemble.
 
 A linear chain (one step ready, none running) awaits each step directly; tasks are made
 only where steps can overlap.
+
+Sequences pass through as in Triton's ensemble scheduler: every step request carries the
+ensemble request's correlation ID and START / END flags, so a step model with
+`sequence_batching` serves a sequence sent to the ensemble. A step model may answer with
+the response parameters `sequence_id`, `sequence_start`, `sequence_end`; the tensors it
+writes then carry those (START / END false unless given) to the steps that read them,
+instead of its own request's. The ensemble's response echoes the three, as carried by its
+output tensors, on every request, with or without a sequence.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from ge_serve.server.errors import ErrorCode, FailureReason, ServerError
+from ge_serve.backends.base import ParamValue
+from ge_serve.server.errors import ErrorCode, FailureReason, ServerError, invalid_arg
 
+from .correlation import END_KEY, ID_KEY, START_KEY, CorrelationId, SequenceFlags
 from .inflight import InFlight
 from .work import Array, Timings, WorkItem
+
+log = logging.getLogger(__name__)
+
+# What a request that names no sequence carries to its steps: Triton's correlation ID 0
+# (numeric) and no flags.
+NO_SEQUENCE = SequenceFlags(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +91,22 @@ class StepCall:
     inputs: dict[str, Array]
     priority: int = 0
     timeout_us: int = 0
+    # The correlation ID and flags the step request carries (the ensemble request's, or
+    # those a step before it answered with).
+    sequence: SequenceFlags = NO_SEQUENCE
 
 
-# Runs a step through its model; returns the model's outputs and that request's timings.
-StepRunner = Callable[[StepCall], Awaitable[tuple[dict[str, Array], Timings]]]
+@dataclass(slots=True)
+class StepResult:
+    """A step model's answer: its outputs, that request's timings and its response
+    parameters."""
+
+    outputs: dict[str, Array]
+    timings: Timings
+    parameters: Mapping[str, ParamValue] = field(default_factory=dict)
+
+
+StepRunner = Callable[[StepCall], Awaitable[StepResult]]
 
 
 class EnsembleScheduler:
@@ -106,6 +135,8 @@ class EnsembleScheduler:
     async def _run(self, item: WorkItem) -> dict[str, Array]:
         plan = self.plan
         tensors: dict[str, Array] = dict(item.inputs)
+        # The sequence each tensor a step wrote carries (the ensemble's inputs carry none).
+        carried: dict[str, SequenceFlags] = {}
         waiting = list(plan.needs)
         ready = [index for index, count in enumerate(waiting) if count == 0]
         running: dict[asyncio.Task[dict[str, Array]], int] = {}
@@ -113,11 +144,11 @@ class EnsembleScheduler:
             while ready or running:
                 if len(ready) == 1 and not running:
                     index = ready.pop()
-                    produced = await self._step(index, tensors, item)
+                    produced = await self._step(index, tensors, carried, item)
                     ready.extend(self._written(index, produced, tensors, waiting))
                     continue
                 for index in ready:
-                    task = asyncio.ensure_future(self._step(index, tensors, item))
+                    task = asyncio.ensure_future(self._step(index, tensors, carried, item))
                     running[task] = index
                 ready.clear()
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
@@ -137,16 +168,25 @@ class EnsembleScheduler:
                 f"in ensemble '{plan.name}', unexpected deadlock, at least one output is not "
                 f"set while no more ensemble steps can be made: {missing}",
             )
+        item.response_parameters = _echo(item.sequence or NO_SEQUENCE, carried, plan.outputs)
         return {name: tensors[name] for name in plan.outputs}
 
     async def _step(
-        self, index: int, tensors: dict[str, Array], item: WorkItem
+        self,
+        index: int,
+        tensors: dict[str, Array],
+        carried: dict[str, SequenceFlags],
+        item: WorkItem,
     ) -> dict[str, Array]:
         step = self.plan.steps[index]
         inputs = {name: tensors[tensor] for name, tensor in step.inputs if tensor in tensors}
-        call = StepCall(step.model_name, step.model_version, inputs, item.priority, item.timeout_us)
+        sequence = self._step_sequence(step, carried, item.sequence or NO_SEQUENCE)
+        call = StepCall(
+            step.model_name, step.model_version, inputs, item.priority, item.timeout_us, sequence
+        )
         try:
-            outputs, timings = await self._runner(call)
+            result = await self._runner(call)
+            written = _answered_sequence(sequence, result.parameters)
         except ServerError as exc:
             # Triton's form: the step's own error, with the ensemble named in front. The
             # ensemble's request, which its scheduler holds, fails whatever failed in the
@@ -155,11 +195,40 @@ class EnsembleScheduler:
             raise ServerError(
                 exc.code, f"in ensemble '{self.plan.name}', {exc.message}", FailureReason.OTHER
             ) from None
+        timings, outputs = result.timings, result.outputs
         total = item.timings
         total.compute_input_ns += timings.compute_input_ns
         total.compute_infer_ns += timings.compute_infer_ns
         total.compute_output_ns += timings.compute_output_ns
-        return {tensor: outputs[name] for name, tensor in step.outputs if name in outputs}
+        produced = {tensor: outputs[name] for name, tensor in step.outputs if name in outputs}
+        for tensor in produced:
+            carried[tensor] = written
+        return produced
+
+    def _step_sequence(
+        self, step: EnsembleStep, carried: dict[str, SequenceFlags], request: SequenceFlags
+    ) -> SequenceFlags:
+        """The sequence a step request carries: that of the first tensor it reads that a
+        step wrote, else the ensemble request's. Tensors that disagree are logged and the
+        first kept, as Triton does."""
+        chosen: SequenceFlags | None = None
+        for _, tensor in step.inputs:
+            found = carried.get(tensor)
+            if found is None or found == chosen:
+                continue
+            if chosen is None:
+                chosen = found
+                continue
+            log.error(
+                "in ensemble '%s', different sequence parameters are set for '%s'; "
+                "correlation ID %s, START %s, END %s is used",
+                self.plan.name,
+                step.model_name,
+                chosen.id_text(),
+                chosen.start,
+                chosen.end,
+            )
+        return request if chosen is None else chosen
 
     def _written(
         self,
@@ -182,3 +251,45 @@ class EnsembleScheduler:
         """Refuse new requests and let those in flight finish within the timeout. There is
         nothing to free: the steps' models are loaded and unloaded on their own."""
         await self._in_flight.close(drain_timeout_s)
+
+
+def _answered_sequence(
+    sequence: SequenceFlags, parameters: Mapping[str, ParamValue]
+) -> SequenceFlags:
+    """The sequence the tensors a step wrote carry: the step request's, unless its model
+    answered with sequence parameters (then a flag it leaves out is false). Triton's
+    messages for parameters of the wrong type."""
+    if ID_KEY not in parameters and START_KEY not in parameters and END_KEY not in parameters:
+        return sequence
+    correlation = parameters.get(ID_KEY, sequence.correlation_id)
+    if isinstance(correlation, bool) or not isinstance(correlation, int | str):
+        raise invalid_arg(
+            f"expected parameter '{ID_KEY}' to be TRITONSERVER_PARAMETER_INT or "
+            "TRITONSERVER_PARAMETER_STRING"
+        )
+    flags = []
+    for key in (START_KEY, END_KEY):
+        value = parameters.get(key, False)
+        if not isinstance(value, bool):
+            raise invalid_arg(f"expect parameter '{key}' to be TRITONSERVER_PARAMETER_BOOL")
+        flags.append(value)
+    return SequenceFlags(correlation, flags[0], flags[1])
+
+
+def _echo(
+    request: SequenceFlags, carried: Mapping[str, SequenceFlags], outputs: tuple[str, ...]
+) -> dict[str, ParamValue]:
+    """The ensemble response's sequence parameters: the sequence its outputs carry (they
+    agree unless step models answered with different ones; the last output's wins, as the
+    last of Triton's repeated parameters does). The ID is written in the type of the
+    request's own, as Triton writes it: a string ID a step answered on a numeric request
+    reads 0, a numeric one on a string request "" (SequenceId's empty other half)."""
+    sequence = request
+    for name in outputs:
+        sequence = carried.get(name, sequence)
+    correlation: CorrelationId = sequence.correlation_id
+    if isinstance(request.correlation_id, str):
+        correlation = correlation if isinstance(correlation, str) else ""
+    else:
+        correlation = correlation if isinstance(correlation, int) else 0
+    return {ID_KEY: correlation, START_KEY: sequence.start, END_KEY: sequence.end}

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy.typing as npt
 
-from ge_serve.backends.base import RequestContext
+from ge_serve.backends.base import ParamValue, RequestContext
 
 from .correlation import SequenceFlags
 
@@ -48,6 +48,9 @@ class WorkItem:
     context: RequestContext | None = None
     # The request's correlation ID and START / END flags, when it names a sequence.
     sequence: SequenceFlags | None = None
+    # Response parameters the scheduler itself answers with (an ensemble echoes the
+    # sequence parameters, as Triton's does); the response carries them.
+    response_parameters: dict[str, ParamValue] | None = None
 
     def shape_key(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
         """Items merge into one batch only when all non-batch dims and dtypes agree."""

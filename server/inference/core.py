@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ge_serve.protos import model_config_pb2
-from ge_serve.scheduler.ensemble import StepCall
-from ge_serve.scheduler.work import Array, Timings
+from ge_serve.scheduler.correlation import END_KEY, ID_KEY, START_KEY
+from ge_serve.scheduler.ensemble import StepCall, StepResult
 
 from ..control.logsettings import LogControl
 from ..control.model_control import CONTROL_DISABLED, ModelControl
@@ -30,7 +30,7 @@ from .infer_path import InferPath
 from .model import ModelVersion, TensorSpec
 from .reports import ModelMetadata, ModelStatistics, RepositoryEntry, ServerMetadata, TensorMetadata
 from .responsecache import ResponseCache
-from .types import DataType, InferRequest, InferResponse, Tensor
+from .types import DataType, InferRequest, InferResponse, ParamValue, Tensor
 
 SERVER_NAME = "triton"
 SERVER_VERSION = "2.51.0"
@@ -163,10 +163,11 @@ class InferenceServer:
         response, _ = await path.run(request, model, started, trace)
         return response
 
-    async def infer_step(self, call: StepCall) -> tuple[dict[str, Array], Timings]:
+    async def infer_step(self, call: StepCall) -> StepResult:
         """One step of an ensemble request, as a request to the step's model: its scheduler
         (so steps batch), its statistics and metrics. The arrays pass as they are; a step
-        in flight finishes even once the server stops accepting new requests."""
+        in flight finishes even once the server stops accepting new requests. The step
+        request names the ensemble request's sequence as a client's request would."""
         started = time.monotonic_ns()
         model = self.path.serving(call.model_name, call.model_version, "An ensemble step")
         inputs = []
@@ -174,17 +175,27 @@ class InferenceServer:
             spec = model.inputs.get(name)
             datatype = spec.datatype if spec is not None else DataType.from_numpy(array.dtype)
             inputs.append(Tensor(name, datatype, tuple(array.shape), array))
+        sequence = call.sequence
+        parameters: dict[str, ParamValue] = {}
+        if sequence.in_sequence or sequence.start or sequence.end:
+            parameters = {
+                ID_KEY: sequence.correlation_id,
+                START_KEY: sequence.start,
+                END_KEY: sequence.end,
+            }
         request = InferRequest(
             model_name=call.model_name,
             model_version=call.model_version,
             inputs=inputs,
+            parameters=parameters,
             priority=call.priority,
             timeout_us=call.timeout_us,
         )
         parent = current_trace() if self.tracing.active else None
         trace = self.tracing.child(parent, model.name, model.version, "") if parent else None
         response, item = await self.path.run(request, model, started, trace)
-        return {tensor.name: tensor.data for tensor in response.outputs}, item.timings
+        outputs = {tensor.name: tensor.data for tensor in response.outputs}
+        return StepResult(outputs, item.timings, response.parameters)
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         """Whether the model may answer a request with zero or several responses (Triton's

@@ -202,10 +202,15 @@ class InferPath:
         assert item is not None and outputs is not None
         context = item.context
         if context is None:
-            return build_response(request, model, outputs, item.batch_size)
-        if context.error is not None:
+            response = build_response(request, model, outputs, item.batch_size)
+        elif context.error is not None:
             raise model_error(context.error)
-        return response_of(request, model, outputs, item.batch_size, context.response_parameters)
+        else:
+            parameters = context.response_parameters
+            response = response_of(request, model, outputs, item.batch_size, parameters)
+        if item.response_parameters:
+            response.parameters.update(item.response_parameters)
+        return response
 
     # --- the response cache ----------------------------------------------------------------
 

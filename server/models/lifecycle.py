@@ -14,8 +14,7 @@ from pathlib import Path
 from ge_serve.backends.base import Backend, LoadedModel
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
-from ge_serve.scheduler.ensemble import EnsembleScheduler, StepCall, StepRunner
-from ge_serve.scheduler.work import Array, Timings
+from ge_serve.scheduler.ensemble import EnsembleScheduler, StepCall, StepResult, StepRunner
 
 from ..errors import (
     ErrorCode,
@@ -382,7 +381,7 @@ class ModelLifecycle:
             raise internal(exc) from exc
         return built
 
-    async def _run_step(self, call: StepCall) -> tuple[dict[str, Array], Timings]:
+    async def _run_step(self, call: StepCall) -> StepResult:
         if self.step_runner is None:
             raise ServerError(ErrorCode.UNAVAILABLE, "ensembles need an inference server")
         return await self.step_runner(call)
