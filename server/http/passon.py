@@ -13,6 +13,11 @@ time, so that the server does not close one as a request goes out on it. A body
 past --http-max-input-size is refused here, as the server would refuse it, before it is
 held whole. A client that goes away closes its connection to the server too, so the
 server cancels what it was doing for it.
+
+h11 sends only what HTTP/1.1 allows, which is less than the server's own parser takes:
+exactly one Host header, and no whitespace at either end of a header value. A request
+that the server's front end would answer is made so (`_request`) rather than refused, so
+that it gets the server's answer: a health probe over HTTP/1.0 sends no Host at all.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import h11
 from starlette.types import Message, Receive, Scope, Send
 
 from ..errors import ErrorCode, ServerError
-from .errors import server_error_response
+from .errors import error_response, server_error_response
 from .infer import read_raw_body, scope_headers
 
 _READ_BYTES = 1 << 16
@@ -105,6 +110,14 @@ class PassOn:
 
     async def _relay(self, scope: Scope, body: bytes, send: Send) -> None:
         try:
+            request = _request(scope, len(body), f"{self._host}:{self._port}".encode())
+        except h11.LocalProtocolError as exc:
+            # What the front end accepted and h11 still will not send: the client's
+            # request is at fault, and no other server is.
+            response = error_response(400, f"the request cannot be passed on: {exc}")
+            await response(scope, _no_body, send)
+            return
+        try:
             connection = await self._connect()
         except OSError:
             await _unavailable("the server process is not reachable", scope, send)
@@ -112,13 +125,8 @@ class PassOn:
         reusable = False
         started = False
         try:
-            query = scope.get("query_string", b"")
-            target = scope.get("raw_path") or scope["path"].encode()
-            headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _REQUEST_HOP]
-            headers.append((b"content-length", str(len(body)).encode()))
             h = connection.h11
-            path = target + (b"?" + query if query else b"")
-            data = h.send(h11.Request(method=scope["method"], headers=headers, target=path))
+            data = h.send(request)
             data += h.send(h11.Data(data=body)) if body else b""
             data += h.send(h11.EndOfMessage())
             connection.writer.write(data)
@@ -160,6 +168,44 @@ class PassOn:
             with contextlib.suppress(OSError):
                 await connection.writer.wait_closed()
         self._idle.clear()
+
+
+def _request(scope: Scope, length: int, default_host: bytes) -> h11.Request:
+    """The request to send on, with a body of `length` bytes, made valid for h11.
+
+    h11 requires exactly one Host in HTTP/1.1, which it always sends; the front end takes
+    none (HTTP/1.0, or HTTP/1.1 without) or several, and routes by the path alone. Of
+    several, the first is kept: the one starlette reads. With none, the server that the
+    request would have found without a worker in between is named: the address the
+    client connected to (`scope["server"]`, the socket every worker shares), else
+    `default_host`.
+    """
+    host: bytes | None = None
+    headers: list[tuple[bytes, bytes]] = []
+    for name, value in scope["headers"]:
+        name = name.lower()
+        if name in _REQUEST_HOP:
+            continue
+        # llhttp keeps whitespace at the end of a value, which RFC 9110 section 5.5 makes
+        # no part of it and h11 refuses; uvicorn strips it, but this does not rely on that.
+        value = value.strip(b" \t")
+        if name == b"host":
+            if host is None:
+                host = value
+            continue
+        headers.append((name, value))
+    if host is None:
+        host = default_host
+        server = scope.get("server")
+        if server is not None and server[1] is not None:
+            address = str(server[0])
+            host = (f"[{address}]" if ":" in address else address).encode() + b":%d" % server[1]
+    headers.insert(0, (b"host", host))
+    headers.append((b"content-length", str(length).encode()))
+    query = scope.get("query_string", b"")
+    target = scope.get("raw_path") or scope["path"].encode()
+    target += b"?" + query if query else b""
+    return h11.Request(method=scope["method"], headers=headers, target=target)
 
 
 async def _disconnected(receive: Receive) -> None:

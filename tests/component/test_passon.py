@@ -108,3 +108,40 @@ async def test_a_connection_is_reused_only_well_within_the_servers_keep_alive(
         await passon.close()
         listener.close()
         await listener.wait_closed()
+
+
+async def test_a_request_without_one_host_is_passed_on_with_one() -> None:
+    # h11 sends HTTP/1.1, which needs exactly one Host; the server's front end takes none
+    # or several (it routes by path), and so must a worker passing a request on to it.
+    heads: list[bytes] = []
+
+    async def server(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    listener = await asyncio.start_server(server, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    passon = PassOn("127.0.0.1", port, LIMIT, MAX_CHUNKS)
+    cases = [
+        ([], ("127.0.0.1", 8000), b"127.0.0.1:8000"),  # HTTP/1.0, no Host: the address used
+        ([], ("::1", 8000), b"[::1]:8000"),
+        ([], None, b"127.0.0.1:%d" % port),  # no address either (a Unix socket)
+        ([(b"host", b"a"), (b"host", b"b")], ("127.0.0.1", 8000), b"a"),  # the first, as read
+        # Whitespace at the end of a value, which llhttp keeps and h11 refuses.
+        ([(b"host", b"a "), (b"x-odd", b"b \t")], ("127.0.0.1", 8000), b"a"),
+    ]
+    try:
+        for headers, address, host in cases:
+            request = {**scope(), "headers": headers, "server": address}
+            client = Client(chunks=1, size=0)
+            await asyncio.wait_for(passon(request, client.receive, client.send), 10)
+            assert (client.status, client.body) == (200, b"ok"), (headers, client.sent)
+            lines = heads[-1].lower().split(b"\r\n")
+            assert [line for line in lines if line.startswith(b"host:")] == [b"host: " + host]
+            assert all(not line.endswith((b" ", b"\t")) for line in lines)
+    finally:
+        await passon.close()
+        listener.close()
+        await listener.wait_closed()

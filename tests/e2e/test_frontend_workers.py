@@ -13,6 +13,7 @@ import concurrent.futures
 import json
 import os
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -374,6 +375,35 @@ def test_http_workers_compress_and_stream_as_the_server_does(tmp_path: Path) -> 
         with httpx.stream("POST", url, json=request, timeout=30) as response:
             assert next(response.iter_lines()).startswith("data: ")
         poll(lambda: "llm: the request was cancelled" in server.log(), 30, "the model stops")
+
+
+def raw_exchange(port: int, request: bytes) -> bytes:
+    """What a bare socket-level client gets back for `request`: all of it, to the close."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as connection:
+        connection.sendall(request)
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+        return answer
+
+
+def test_http_workers_answer_requests_without_one_host_as_the_server_does(repo: Path) -> None:
+    # A health probe over HTTP/1.0 sends no Host (HAProxy's httpchk); the server answers
+    # by the path alone, and so must a worker that passes the request on: it was a 503.
+    requests = [
+        b"GET /v2/health/ready HTTP/1.0\r\n\r\n",
+        b"GET /v2/health/ready HTTP/1.1\r\nConnection: close\r\n\r\n",
+        b"GET /v2 HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n",
+        b"GET /v2/models/probe/ready HTTP/1.1\r\nHost: a\r\nX-Odd: b \t\r\n"
+        b"Connection: close\r\n\r\n",
+    ]
+    with running_server([repo], ["--http-workers", "1"]) as server:
+        poll(lambda: len(http_worker_pids(server)) == 1, 30, "the worker")
+        for request in requests:
+            answer = raw_exchange(server.http_port, request)
+            assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), (request, answer)
+        metadata = raw_exchange(server.http_port, requests[2]).split(b"\r\n\r\n", 1)[1]
+        assert json.loads(metadata)["name"] == "triton"
 
 
 def test_grpc_workers_refuse_tls(repo: Path, tmp_path: Path) -> None:
