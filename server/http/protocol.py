@@ -12,13 +12,23 @@ Two things differ from uvicorn's parsing, both where HTTP framing meets Triton's
   framing, as RFC 9112 section 6.3 prescribes and Triton's HTTP library does, instead of
   being refused as malformed. The same section asks that the connection then close after
   the response, so that nothing a proxy framed differently can follow on it.
+
+  The leniency that allows this (llhttp's `lenient_chunked_length`) also lets through a
+  request whose Transfer-Encoding does not end in `chunked` (`identity`, `gzip`), whose
+  body llhttp then frames by the connection's close: the request would never be answered.
+  The same section says such a request gets 400 and the connection closes, and so it does
+  here: the route is not run, a 400 `{"error": ...}` is the answer, and what the client
+  still sends is read and dropped (lingering.py) so that the answer reaches it.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
+from starlette.types import Receive, Scope, Send
+
 from .bounded import BoundedHttpToolsProtocol
+from .errors import error_response
 
 # The scope key of a request's ChunkCount.
 CHUNKS_KEY: Final = "ge_serve.chunks"
@@ -56,17 +66,54 @@ class TritonHttpProtocol(BoundedHttpToolsProtocol):
         self._chunks = ChunkCount()
         self.scope[CHUNKS_KEY] = self._chunks  # type: ignore[typeddict-unknown-key]
         # Most requests have no Transfer-Encoding: one pass finds that out.
-        both = False
-        for name, _ in self.headers:
+        codings: bytes | None = None
+        for name, value in self.headers:
             if name == b"transfer-encoding":
-                both = any(other == b"content-length" for other, _ in self.headers)
-                break
-        super().on_headers_complete()
-        if both and self.cycle:
+                # Several headers are one list (RFC 9110 section 5.3), as llhttp reads them.
+                codings = value if codings is None else codings + b"," + value
+        if codings is None:
+            super().on_headers_complete()
+            return
+        # llhttp frames the body as chunked exactly when the list's last element is
+        # `chunked` (anything after it, it refuses itself).
+        chunked = codings.rsplit(b",", 1)[-1].strip(b" \t").lower() == b"chunked"
+        if chunked:
+            super().on_headers_complete()
+        else:
+            # The request gets its cycle as any other, so that a request pipelined before
+            # it is answered first; only its application is the refusal.
+            app, self.app = self.app, _UnframedBody(codings)
+            try:
+                super().on_headers_complete()
+            finally:
+                self.app = app
+        closes = not chunked or any(name == b"content-length" for name, _ in self.headers)
+        if closes and self.cycle:
             self.cycle.keep_alive = False
 
     def on_chunk_header(self) -> None:
         self._chunks.headers += 1
+
+
+class _UnframedBody:
+    """The answer to a request whose body's length cannot be known: its Transfer-Encoding
+    does not end in `chunked`."""
+
+    __slots__ = ("_codings",)
+
+    def __init__(self, codings: bytes) -> None:
+        self._codings = codings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        codings = self._codings.decode("latin-1")
+        response = error_response(
+            400,
+            f"Transfer-Encoding '{codings}' is not supported: the last transfer coding of "
+            "a request body must be chunked",
+        )
+        # The body cannot be told from what follows it: nothing more is read as a request.
+        response.headers["connection"] = "close"
+        await response(scope, receive, send)
 
 
 def too_many_chunks(scope: object, received: int, limit: int) -> bool:
