@@ -38,7 +38,9 @@ def routes(front: RouteHost) -> list[Route]:
         return json_response(encode.statistics(stats))
 
     async def logging_settings(request: Request) -> Response:
-        if request.method == "GET":
+        # Starlette serves HEAD on every GET route; it is a GET without the body, and
+        # changes nothing, whatever body it comes with.
+        if request.method in ("GET", "HEAD"):
             return json_response(core.log_settings())
         body = await front.read_body(request)
         with decoding("log settings request"):

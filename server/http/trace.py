@@ -40,7 +40,9 @@ def routes(front: RouteHost) -> list[Route]:
 
     async def trace_setting(request: Request) -> Response:
         model = str(request.path_params.get("model", ""))
-        if request.method == "GET":
+        # Starlette serves HEAD on every GET route; it is a GET without the body, and
+        # changes nothing, whatever body it comes with.
+        if request.method in ("GET", "HEAD"):
             return json_response(core.trace_settings(model))
         body = await front.read_body(request)
         with decoding("trace setting request"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import socket
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -313,6 +314,45 @@ def test_no_compression_unless_asked(http: httpx.Client) -> None:
     )
     assert response.status_code == 200
     assert "content-encoding" not in response.headers
+
+
+def raw_exchange(server: ServerProcess, request: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
+    """A bare socket-level exchange (the request asks for the close): status, headers by
+    lower-case name, and every byte after the head."""
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as connection:
+        connection.sendall(request)
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    status, *lines = head.split(b"\r\n")
+    headers = dict(line.lower().split(b": ", 1) for line in lines)
+    return int(status.split()[1]), headers, rest
+
+
+@pytest.mark.parametrize(
+    ("path", "change"),
+    [
+        ("/v2/logging", {"log_verbose_level": 3}),
+        ("/v2/trace/setting", {"trace_rate": "7"}),
+        ("/v2/models/simple/trace/setting", {"trace_count": "9"}),
+    ],
+)
+def test_head_on_a_settings_route_answers_as_get_and_changes_nothing(
+    http: httpx.Client, server: ServerProcess, path: str, change: dict[str, Any]
+) -> None:
+    # HEAD with a body was taken for the POST that changes the settings.
+    before = http.get(path)
+    assert before.status_code == 200
+    body = orjson.dumps(change)
+    request = (
+        f"HEAD {path} HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
+    status, headers, rest = raw_exchange(server, request)
+    assert (status, rest) == (200, b"")
+    assert headers[b"content-length"] == str(len(before.content)).encode()
+    assert http.get(path).json() == before.json()
 
 
 # --- health, metadata, config, routes -------------------------------------------------------------
