@@ -171,6 +171,9 @@ class HttpFrontEnd:
             redoc_url=None,
             openapi_url=openapi.PATH,
             routes=list[BaseRoute](self.routes()),
+            # Triton matches whole paths: `.../infer/` is a 404, not a redirect, and a
+            # redirect would name whatever host the client's Host header says.
+            redirect_slashes=False,
             **_NO_TELEMETRY,
         )
         # Built once, here: FastAPI serves the cached document.

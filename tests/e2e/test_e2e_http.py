@@ -451,6 +451,29 @@ def test_repository_index(http: httpx.Client) -> None:
 
 
 @pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v2/models/simple/infer/"),
+        ("GET", "/v2/models/simple/"),
+        ("GET", "/v2/health/ready/"),
+        ("GET", "/v2/logging/"),
+        ("GET", "/v1/models/"),
+    ],
+)
+def test_a_trailing_slash_is_not_found_not_redirected(
+    http: httpx.Client, method: str, path: str
+) -> None:
+    # As Triton, whose routes match whole paths; starlette redirected to the path without
+    # the slash, on the host the client's Host header named.
+    response = http.request(method, path, headers={"Host": "evil.example"}, content=b"{}")
+    assert response.status_code == 404 and "location" not in response.headers
+    error = response.json()["error"]
+    if path.startswith("/v1/"):  # OpenAI's error object
+        error = error["message"]
+    assert error == f"Not Found: no route for {method} {path}"
+
+
+@pytest.mark.parametrize(
     ("method", "path", "status"),
     [
         ("GET", "/v2/nothing/here", 404),
