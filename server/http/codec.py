@@ -17,6 +17,7 @@ unusual goes the general way, so every error and its precedence stay the same.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Final
 
 import numpy as np
@@ -83,16 +84,22 @@ def decode_json_object(body: bytes | memoryview, what: str) -> dict[str, Any]:
     return obj
 
 
+# A header length as written: ASCII digits (a sign only to reach the range check). int()
+# alone also reads `2_1_0`, `+21`, ` 21` and other scripts' digits (`٢١`), none of which
+# Triton's std::stoi reads as that number.
+_HEADER_LENGTH = re.compile(r"-?[0-9]+")
+
+
 def parse_header_length(value: str | None) -> int | None:
     """Parse the `Inference-Header-Content-Length` header value (None when absent)."""
     if value is None:
         return None
-    try:
-        return int(value.strip())
-    except ValueError:
-        raise invalid_arg(
-            f"invalid {INFERENCE_HEADER_CONTENT_LENGTH} header value '{value}'"
-        ) from None
+    if _HEADER_LENGTH.fullmatch(value) is not None:
+        try:
+            return int(value)
+        except ValueError:  # past int()'s digit limit: no length a body can have
+            pass
+    raise invalid_arg(f"invalid {INFERENCE_HEADER_CONTENT_LENGTH} header value '{value}'")
 
 
 # --- requests -------------------------------------------------------------------------------

@@ -307,4 +307,8 @@ def scope_headers(scope: Scope) -> dict[str, str]:
 
 def _declared_length(headers: dict[str, str]) -> int | None:
     declared = headers.get("content-length")
-    return int(declared) if declared is not None and declared.isdigit() else None
+    # ASCII only: isdigit() also takes digits int() refuses (`²`) or reads (`٢`). The
+    # parser has checked the header; a server that had not could not make this raise.
+    if declared is not None and declared.isascii() and declared.isdigit():
+        return int(declared)
+    return None

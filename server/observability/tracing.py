@@ -355,6 +355,8 @@ def _invalid_reason(settings: TraceSettings) -> str:
     return ""
 
 
+_INTEGER = re.compile(r"-?[0-9]+")
+
 _FIELD = {
     "trace_level": "level",
     "trace_rate": "rate",
@@ -380,6 +382,10 @@ def _parse(key: str, values: list[str] | None) -> Any:
     text = values[0] if values else ""
     low, high = (-1, _INT32_MAX) if key == "trace_count" else (0, _UINT32_MAX)
     try:
+        # ASCII digits, with a sign for trace_count's -1: int() alone also reads `1_0`,
+        # `+5`, ` 5` and other scripts' digits, which are no number a client wrote.
+        if _INTEGER.fullmatch(text) is None:
+            raise ValueError(text)
         number = int(text)
     except ValueError:
         raise invalid_arg(f"Unable to parse '{key}', got: {text}") from None

@@ -324,6 +324,46 @@ def test_header_length_not_a_number(http: httpx.Client) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        lambda n: "_".join(str(n)).encode(),  # 2_1_0: int() reads 210
+        lambda n: b"+%d" % n,
+        lambda n: b"0x%x" % n,
+        # Latin-1 bytes that int() takes for whitespace, as the value is decoded.
+        lambda n: b"%d\xa0" % n,
+        lambda n: b"\x85%d" % n,
+    ],
+    ids=["underscores", "plus", "hex", "nbsp", "nel"],
+)
+def test_header_length_only_in_ascii_digits(http: httpx.Client, spelling: Any) -> None:
+    body, length = simple_binary()
+    value = spelling(length)
+    response = http.post(
+        "/v2/models/simple/infer",
+        content=body,
+        headers={"Inference-Header-Content-Length": value},
+    )
+    expect_error(
+        response,
+        400,
+        f"invalid Inference-Header-Content-Length header value '{value.decode('latin-1')}'",
+    )
+    # The same length in ASCII digits is read.
+    assert post_binary(http, body, length).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("trace_rate", "1_0"), ("trace_rate", "+5"), ("trace_count", " 5"), ("log_frequency", "٢")],
+)
+def test_trace_settings_only_in_ascii_digits(http: httpx.Client, key: str, value: str) -> None:
+    before = http.get("/v2/trace/setting").json()
+    response = http.post("/v2/trace/setting", json={key: value})
+    expect_error(response, 400, f"Unable to parse '{key}', got: {value}")
+    assert http.get("/v2/trace/setting").json() == before
+
+
 def test_header_length_negative(http: httpx.Client) -> None:
     body, _ = simple_binary()
     expect_error(post_binary(http, body, -1), 400, "invalid Inference-Header-Content-Length -1")

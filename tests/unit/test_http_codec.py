@@ -876,7 +876,11 @@ def test_json_helpers() -> None:
     error = error_of(lambda: decode_json_object(b"[]", "index request"))
     assert "the index request JSON must be an object, not an array" in error.message
     assert parse_header_length(None) is None
-    assert parse_header_length(" 12 ") == 12
+    assert parse_header_length("12") == 12 and parse_header_length("-1") == -1
+    # Only ASCII digits: int() reads all but the last as 12; the last is past its limit.
+    for value in (" 12 ", "1_2", "+12", "١٢", "12\xa0", "1" * 5000):
+        error = error_of(lambda v=value: parse_header_length(v)).message
+        assert error == f"invalid Inference-Header-Content-Length header value '{value}'"
     assert (
         "invalid Inference-Header-Content-Length"
         in error_of(lambda: parse_header_length("x")).message
