@@ -120,15 +120,21 @@ class CoreHealth(grpc_health.aio.HealthServicer):  # type: ignore[misc]
     def __init__(self, core: InferenceServer) -> None:
         super().__init__()
         self._core = core
+        self._stopping = False
 
     async def Check(self, request: health_pb2.HealthCheckRequest, context: Any) -> Any:
         await self.refresh()
         return health_pb2.HealthCheckResponse(status=self._status())
 
     def _status(self) -> Any:
-        if self._core.ready():
+        if self._core.ready() and not self._stopping:
             return health_pb2.HealthCheckResponse.SERVING
         return health_pb2.HealthCheckResponse.NOT_SERVING
+
+    async def enter_graceful_shutdown(self) -> None:
+        """NOT_SERVING from now on, for Check as for Watch."""
+        self._stopping = True
+        await super().enter_graceful_shutdown()
 
     async def refresh(self) -> None:
         status = self._status()
