@@ -74,11 +74,20 @@ class ControlTensor:
         return "BYTES" if self.dtype is np.object_ else np.dtype(self.dtype).name.upper()
 
     def corrid(self, correlation_id: CorrelationId) -> Array:
+        """The CORRID tensor of one request. A numeric ID (a uint64) is cut to the
+        tensor's width as Triton's SetControlTensors copies it: the low bytes, read as
+        this type, so 2**33 + 5 is 5 in an INT32 and 2**64 - 1 is -1. An ID the type
+        cannot hold is the client's to choose; it must not fail the request."""
         if self.dtype is np.object_:
             return np.array([str(correlation_id).encode()], dtype=np.object_)
         if isinstance(correlation_id, str):
             correlation_id = 0
-        return np.array([correlation_id], dtype=self.dtype)
+        dtype = np.dtype(self.dtype)
+        bits = dtype.itemsize * 8
+        low = correlation_id & ((1 << bits) - 1)
+        if dtype.kind == "i" and low >> (bits - 1):
+            low -= 1 << bits  # two's complement, as the copied bytes read
+        return np.array([low], dtype=dtype)
 
 
 @dataclass(frozen=True, slots=True)

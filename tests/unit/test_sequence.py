@@ -267,6 +267,44 @@ async def test_string_ids_and_a_model_without_batching() -> None:
         await b.close(5.0)
 
 
+def corrid_typed(cfg: Any, data_type: int) -> Any:
+    for control in cfg.sequence_batching.control_input:
+        if control.name == "CORRID":
+            control.control[0].data_type = data_type
+    return cfg
+
+
+@pytest.mark.parametrize(
+    ("data_type", "sequence_id", "seen"),
+    [
+        # The low bytes of the uint64 ID, read as the CORRID type, as Triton copies them.
+        (model_config_pb2.TYPE_INT32, 2**33 + 5, 5),
+        (model_config_pb2.TYPE_INT32, 2**31, -(2**31)),
+        (model_config_pb2.TYPE_INT32, 2**64 - 1, -1),
+        (model_config_pb2.TYPE_UINT32, 2**64 - 1, 2**32 - 1),
+        (model_config_pb2.TYPE_INT64, 2**64 - 1, -1),
+        (model_config_pb2.TYPE_UINT64, 2**64 - 1, 2**64 - 1),
+        (model_config_pb2.TYPE_STRING, "s" * 128, b"s" * 128),
+    ],
+)
+async def test_an_id_wider_than_the_corrid_type_runs_with_its_low_bytes(
+    data_type: int, sequence_id: int | str, seen: int | bytes
+) -> None:
+    model = Accumulator()
+    # One slot: a sequence that kept it would keep the next one waiting.
+    b = batcher(corrid_typed(config(mbs=1), data_type), model)
+    follower: int | str = "next" if isinstance(sequence_id, str) else 7
+    try:
+        answer = await asyncio.wait_for(b.submit(req(4, sequence_id, True, True)), GATE_S)
+        assert answer["OUTPUT"].tolist() == [[4]]
+        answer = await asyncio.wait_for(b.submit(req(6, follower, True, True)), GATE_S)
+        assert answer["OUTPUT"].tolist() == [[6]]
+    finally:
+        await b.close(5.0)
+    assert model.batches[0]["CORRID"] == [seen]
+    assert len(model.batches) == 2
+
+
 @pytest.mark.parametrize(
     ("item", "message"),
     [
