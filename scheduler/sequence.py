@@ -51,8 +51,8 @@ from .correlation import CorrelationId, SequenceFlags
 from .decision import BatchView, Take, TritonRules
 from .dispatch import SlotPool
 from .policy import BatchPolicy
-from .sequence_config import SequencePolicy, Strategy, control_values
-from .sequence_slots import ActiveSequence, Instance, Request, Slot
+from .sequence_config import SequencePolicy, Strategy, row_inputs
+from .sequence_slots import ActiveSequence, Instance, Request, Row, Slot
 from .work import Array, Timings, WorkItem
 
 log = logging.getLogger(__name__)
@@ -308,41 +308,61 @@ class SequenceBatcher:
         return state
 
     def _launch(self, instance: Instance, rows: list[Slot | None], now: int) -> None:
-        policy = self._policy
-        lead = policy.batching
         template: WorkItem | None = None
-        batch: list[tuple[ActiveSequence | None, Request | None, WorkItem]] = []
+        batch: list[Row] = []
+        ended: list[ActiveSequence] = []
         for slot in rows:
             if slot is None or slot.sequence is None:
                 batch.append((None, None, WorkItem({}, 1)))
                 continue
             sequence = slot.sequence
-            request = sequence.queue[0]
-            state = self._state_for(request)
-            sequence.queue.popleft()
+            request = sequence.queue.popleft()
             self._queued -= 1
-            sequence.running = True
-            item = request.item
+            item, flags = request.item, request.flags
             item.timings.queue_ns = now - item.enqueue_ns
-            controls = control_values(
-                policy, request.flags.start, request.flags.end, True, request.flags.correlation_id
-            )
-            inputs = dict(item.inputs)
-            for name, value in (*controls.items(), *state.items()):
-                inputs[name] = value[np.newaxis] if lead else value
+            try:
+                inputs = row_inputs(self._policy, item.inputs, flags, self._state_for(request))
+            except Exception as exc:
+                # It alone fails, as if it had run: its sequence is not left running, which
+                # would hold its slot for good (the reaper skips running sequences).
+                self._fail_unlaunched(request, exc, now)
+                if flags.end:
+                    ended.append(sequence)
+                if self._policy.strategy is Strategy.DIRECT:  # the rows after keep their place
+                    batch.append((None, None, WorkItem({}, 1)))
+                continue
+            sequence.running = True
             row = WorkItem(inputs, 1, context=item.context, timings=item.timings)
             template = template or row
             batch.append((sequence, request, row))
-        assert template is not None
-        per_request = takes_requests(instance.executor.executor)
+        if template is not None:
+            self._run(instance, batch, template)
+        else:  # the instance stays idle: other sequences' requests go in the next turn
+            asyncio.get_running_loop().call_soon(self._kick, instance)
+        # Only now: a backlogged sequence taking a slot kicks the instance.
+        for slot in [sequence.slot for sequence in ended if sequence.slot is not None]:
+            self._release(slot)
+        self._check_drained()
+
+    def _fail_unlaunched(self, request: Request, exc: Exception, now: int) -> None:
+        where = f"sequence {request.flags.id_text()} for model '{self._policy.model}'"
+        message = f"the control and state inputs of {where} could not be set"
+        log.error("%s", message, exc_info=exc)
+        request.sequence.last_ns = now
+        self._pending -= 1
+        message += f": {type(exc).__name__}: {exc}"
+        reason = FailureReason.OTHER  # a fault of the scheduler's, not of the model
+        if not request.future.done():
+            request.future.set_exception(ServerError(ErrorCode.INTERNAL, message, reason))
+
+    def _run(self, instance: Instance, batch: list[Row], template: WorkItem) -> None:
+        """Run a batch; its null requests get a real one's tensors, READY false."""
+        policy = self._policy
         for index, (_, real_request, _) in enumerate(batch):
             if real_request is None:
-                # A null request: a real one's tensors, READY false, its outputs dropped.
-                inputs = dict(template.inputs)
-                for name, value in control_values(policy, False, False, False, 0).items():
-                    inputs[name] = value[np.newaxis] if lead else value
+                inputs = row_inputs(policy, template.inputs, None, {})
                 batch[index] = (None, None, WorkItem(inputs, 1, timings=Timings()))
-        if per_request:
+        if takes_requests(instance.executor.executor):
             batch = [entry for entry in batch if entry[1] is not None]
         items = [entry[2] for entry in batch]
         real = [entry[2] for entry in batch if entry[1] is not None]
@@ -362,7 +382,7 @@ class SequenceBatcher:
     def _done(
         self,
         instance: Instance,
-        batch: list[tuple[ActiveSequence | None, Request | None, WorkItem]],
+        batch: list[Row],
         results: list[dict[str, Array]] | None,
         exc: BaseException | None,
     ) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 from ge_serve.protos import model_config_pb2
 from ge_serve.server.errors import invalid_arg
 
-from .correlation import CorrelationId
+from .correlation import CorrelationId, SequenceFlags
 from .work import Array
 
 Control = model_config_pb2.ModelSequenceBatching.Control
@@ -359,3 +359,22 @@ def control_values(
             on = ready
         tensors[control.name] = np.array([control.value(on)], dtype=control.dtype)
     return tensors
+
+
+def row_inputs(
+    policy: SequencePolicy,
+    inputs: Mapping[str, Array],
+    flags: SequenceFlags | None,
+    state: Mapping[str, Array],
+) -> dict[str, Array]:
+    """A batch row's inputs: the request's, with its control tensors (READY false where
+    `flags` is None, a null request) and implicit state, each with the batch dim when the
+    model batches."""
+    if flags is None:
+        controls = control_values(policy, False, False, False, 0)
+    else:
+        controls = control_values(policy, flags.start, flags.end, True, flags.correlation_id)
+    row = dict(inputs)
+    for name, value in (*controls.items(), *state.items()):
+        row[name] = value[np.newaxis] if policy.batching else value
+    return row

@@ -66,3 +66,7 @@ class Instance:
 
     def bound(self) -> int:
         return sum(slot.sequence is not None for slot in self.slots)
+
+
+# One row of a sequence batch: its sequence and request, or (None, None) for a null request.
+Row = tuple[ActiveSequence | None, Request | None, WorkItem]

@@ -13,6 +13,7 @@ from google.protobuf import text_format
 
 from ge_serve.backends.base import LoadedModel, SlotInfo
 from ge_serve.protos import model_config_pb2
+from ge_serve.scheduler import sequence_config
 from ge_serve.scheduler.correlation import SequenceFlags, sequence_flags
 from ge_serve.scheduler.factory import SchedulerOptions, build_scheduler
 from ge_serve.scheduler.sequence import SequenceBatcher
@@ -303,6 +304,60 @@ async def test_an_id_wider_than_the_corrid_type_runs_with_its_low_bytes(
         await b.close(5.0)
     assert model.batches[0]["CORRID"] == [seen]
     assert len(model.batches) == 2
+
+
+async def test_a_request_that_cannot_be_launched_fails_alone_and_frees_its_sequence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    failing = {13, 15}
+    real_corrid = sequence_config.ControlTensor.corrid
+
+    def corrid(control: sequence_config.ControlTensor, correlation_id: int | str) -> Any:
+        if correlation_id in failing:  # a fault injected where the CORRID tensor is made
+            raise RuntimeError(f"no controls for {correlation_id}")
+        return real_corrid(control, correlation_id)
+
+    monkeypatch.setattr(sequence_config.ControlTensor, "corrid", corrid)
+    model = Accumulator()
+    b = batcher(config(mbs=1), model)
+    try:
+        with pytest.raises(ServerError) as info:
+            await asyncio.wait_for(b.submit(req(1, 13, True, True)), GATE_S)
+        assert info.value.code is ErrorCode.INTERNAL
+        assert info.value.message == (
+            "the control and state inputs of sequence 13 for model 'acc' could not be set: "
+            "RuntimeError: no controls for 13"
+        )
+        # The only slot is free again: sequence 13 ended.
+        assert await value(send(b, req(2, 14, True, True))) == 2
+        # A sequence whose START failed is not left running: its next request runs.
+        with pytest.raises(ServerError, match="sequence 15 for model 'acc'"):
+            await asyncio.wait_for(b.submit(req(3, 15, start=True)), GATE_S)
+        failing.discard(15)
+        assert await value(send(b, req(4, 15, end=True))) == 4
+    finally:
+        await b.close(5.0)
+    assert [batch["CORRID"] for batch in model.batches] == [[14], [15]]
+
+    # In a batch, the others run, each on its own row; the failed one's row is a null.
+    model = Accumulator(blocked=True)
+    b = batcher(config(mbs=2), model)
+    try:
+        first = send(b, req(1, 1, start=True))
+        assert await model.started() == 1
+        failing.add(1)
+        other = send(b, req(5, 2, start=True, end=True))
+        doomed = send(b, req(2, 1, end=True))
+        await turns()
+        model.open()
+        assert await value(first) == 1
+        assert await value(other) == 5
+        with pytest.raises(ServerError, match="sequence 1 for model 'acc'"):
+            await asyncio.wait_for(doomed, GATE_S)
+    finally:
+        model.open()
+        await b.close(5.0)
+    assert model.batches[1]["READY"] == [False, True] and model.batches[1]["CORRID"] == [0, 2]
 
 
 @pytest.mark.parametrize(
