@@ -53,6 +53,20 @@ ENABLE_EMPTY_FINAL_RESPONSE: Final = "triton_enable_empty_final_response"
 FINAL_RESPONSE: Final = "triton_final_response"
 
 _INT64_MAX: Final = 2**63 - 1
+_UINT64_RANGE: Final = 2**64
+
+_SEQUENCE_ID: Final = "sequence_id"
+# The request parameters Triton's gRPC front end reads itself, and the InferParameter
+# fields it takes each from. A negative int64 is refused but as the sequence ID: Triton
+# refuses a negative priority, and casts a negative timeout to a uint64 whose deadline
+# overflows, so ge-serve refuses that too, in the priority's words.
+_TRITON_PARAMETER_FIELDS: Final = {
+    _SEQUENCE_ID: ("int64_param", "string_param"),
+    "sequence_start": ("bool_param",),
+    "sequence_end": ("bool_param",),
+    "priority": ("int64_param", "uint64_param"),
+    "timeout": ("int64_param",),
+}
 
 # The typed-contents field each datatype travels in.
 _CONTENTS_FIELD: Final = {
@@ -120,6 +134,32 @@ def decode_parameters(params: Any, where: str) -> Parameters:
     return {key: parameter_value(param, key, where) for key, param in params.items()}
 
 
+def _request_parameters(params: Any) -> Parameters:
+    """The request's parameters, those Triton's gRPC front end reads itself taken only
+    from the fields it allows, with its messages (infer_handler.cc,
+    SetInferenceRequestMetadata)."""
+    values: Parameters = {}
+    for key, param in params.items():
+        allowed = _TRITON_PARAMETER_FIELDS.get(key)
+        if allowed is None:
+            values[key] = parameter_value(param, key, "the request")
+            continue
+        choice = param.WhichOneof("parameter_choice")
+        if choice not in allowed:
+            raise invalid_arg(
+                f"invalid value type for '{key}' parameter, expected {' or '.join(allowed)}."
+            )
+        if choice == "int64_param" and param.int64_param < 0:
+            if key != _SEQUENCE_ID:
+                raise invalid_arg(f"invalid value for '{key}', expected value >= 0.")
+            # Triton casts the int64 to the uint64 ID: the only way a client sends one of
+            # 2**63 or more (tritonclient sends every ID as an int64_param).
+            values[key] = param.int64_param + _UINT64_RANGE
+        else:
+            values[key] = getattr(param, choice)
+    return values
+
+
 def encode_parameters(values: Parameters, target: Any) -> None:
     """Fill a `map<string, InferParameter>` from plain Python values."""
     for key, value in values.items():
@@ -152,7 +192,7 @@ def decode_infer_request(message: pb.ModelInferRequest) -> DecodedRequest:
     if plain is not None:
         return plain
     model = message.model_name
-    parameters = decode_parameters(message.parameters, "the request")
+    parameters = _request_parameters(message.parameters)
     empty_final = parameters.pop(ENABLE_EMPTY_FINAL_RESPONSE, False)
     if not isinstance(empty_final, bool):
         raise invalid_arg(f"parameter '{ENABLE_EMPTY_FINAL_RESPONSE}' must be a boolean")

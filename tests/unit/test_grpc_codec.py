@@ -114,6 +114,59 @@ def test_stream_flag_is_lifted_and_other_reserved_keys_refused() -> None:
     expect_invalid(message, "reserved")
 
 
+def test_a_negative_int64_sequence_id_is_the_uint64_triton_casts_it_to() -> None:
+    # tritonclient sends every integer ID as an int64_param: an ID of 2**63 or more
+    # travels as a negative one.
+    for sent, read in ((-1, 2**64 - 1), (-(2**63), 2**63), (5, 5)):
+        message = tritonclient_request({"x": SAMPLES[DataType.INT32]}, sequence_id=sent)
+        assert codec.decode_infer_request(message).request.parameters["sequence_id"] == read
+    message = tritonclient_request({"x": SAMPLES[DataType.INT32]}, sequence_id="s")
+    assert codec.decode_infer_request(message).request.parameters["sequence_id"] == "s"
+
+
+@pytest.mark.parametrize(
+    ("key", "field", "value", "error"),
+    [
+        *(
+            ("sequence_id", field, value, "invalid value type for 'sequence_id' parameter, "
+             "expected int64_param or string_param.")
+            for field, value in (("uint64_param", 5), ("bool_param", True), ("double_param", 3.0))
+        ),
+        ("sequence_start", "int64_param", 1,
+         "invalid value type for 'sequence_start' parameter, expected bool_param."),
+        ("sequence_end", "string_param", "true",
+         "invalid value type for 'sequence_end' parameter, expected bool_param."),
+        ("priority", "int64_param", -1, "invalid value for 'priority', expected value >= 0."),
+        *(
+            ("priority", field, value, "invalid value type for 'priority' parameter, "
+             "expected int64_param or uint64_param.")
+            for field, value in (("string_param", "high"), ("double_param", 1.5))
+        ),
+        ("timeout", "uint64_param", 5,
+         "invalid value type for 'timeout' parameter, expected int64_param."),
+        ("timeout", "string_param", "x",
+         "invalid value type for 'timeout' parameter, expected int64_param."),
+        ("timeout", "int64_param", -5, "invalid value for 'timeout', expected value >= 0."),
+    ],
+)  # fmt: skip
+def test_parameters_triton_reads_itself_take_only_its_fields(
+    key: str, field: str, value: Any, error: str
+) -> None:
+    message = tritonclient_request({"x": SAMPLES[DataType.INT32]})
+    setattr(message.parameters[key], field, value)
+    assert expect_invalid(message, error).message == error
+
+
+def test_priority_and_timeout_from_their_fields() -> None:
+    message = tritonclient_request({"x": SAMPLES[DataType.INT32]})
+    message.parameters["priority"].uint64_param = 2**64 - 1
+    message.parameters["timeout"].int64_param = 2**63 - 1
+    request = codec.decode_infer_request(message).request
+    assert (request.priority, request.timeout_us) == (2**64 - 1, 2**63 - 1)
+    message.parameters["priority"].int64_param = 7
+    assert codec.decode_infer_request(message).request.priority == 7
+
+
 TYPED = {
     DataType.BOOL: ("bool_contents", [True, False, True, False, False, True]),
     DataType.UINT8: ("uint_contents", [0, 1, 255, 7, 8, 9]),
