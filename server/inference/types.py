@@ -252,9 +252,9 @@ def lift_request_parameters(request: InferRequest) -> None:
                 f"for Triton usage, and should not be specified: '{key}'",
             )
     if "priority" in params:
-        request.priority = _non_negative_int(params.pop("priority"), "priority")
+        request.priority = _unsigned_64(params.pop("priority"), "priority")
     if "timeout" in params:
-        request.timeout_us = _non_negative_int(params.pop("timeout"), "timeout")
+        request.timeout_us = _unsigned_64(params.pop("timeout"), "timeout")
 
 
 def requested_output(name: str, params: Parameters) -> RequestedOutput:
@@ -275,9 +275,14 @@ def requested_output(name: str, params: Parameters) -> RequestedOutput:
     return RequestedOutput(name, classification, params)
 
 
-def _non_negative_int(value: ParamValue, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+def _unsigned_64(value: ParamValue, key: str) -> int:
+    """A uint64, as Triton's HTTP front end reads `priority` and `timeout`, with its
+    message. The gRPC codec has refused what Triton's gRPC front end refuses, in its
+    words, before this; what it passes always fits."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
         raise ServerError(
-            ErrorCode.INVALID_ARG, f"parameter '{key}' must be a non-negative integer"
+            ErrorCode.INVALID_ARG,
+            f"Unable to parse '{key}': attempt to access JSON non-unsigned-integer as "
+            "unsigned-integer",
         )
     return value

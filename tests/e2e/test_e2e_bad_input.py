@@ -238,12 +238,15 @@ def test_reserved_parameter(http: httpx.Client, key: str) -> None:
     expect_error(response, 400, f"'{key}'", "reserved")
 
 
-@pytest.mark.parametrize("value", [-1, "high", 1.5])
-def test_bad_priority(http: httpx.Client, value: Any) -> None:
-    response = http.post(
-        "/v2/models/simple/infer", json=simple_body(parameters={"priority": value})
+@pytest.mark.parametrize("key", ["priority", "timeout"])
+@pytest.mark.parametrize("value", [-1, "high", 1.5, True, 2**64])
+def test_bad_priority_or_timeout(http: httpx.Client, key: str, value: Any) -> None:
+    response = http.post("/v2/models/simple/infer", json=simple_body(parameters={key: value}))
+    # Triton's words: its HTTP front end reads both as JSON unsigned integers.
+    message = expect_error(response, 400)
+    assert message == (
+        f"Unable to parse '{key}': attempt to access JSON non-unsigned-integer as unsigned-integer"
     )
-    expect_error(response, 400, "'priority' must be a non-negative integer")
 
 
 # --- models and versions -----------------------------------------------------------------------

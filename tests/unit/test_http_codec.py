@@ -489,7 +489,8 @@ ERROR_CASES: list[tuple[str, bytes, int | None, str]] = [
         "bad priority",
         _one(_fp32(data=[1, 2]), parameters={"priority": -1}),
         None,
-        "parameter 'priority' must be",
+        "Unable to parse 'priority': attempt to access JSON non-unsigned-integer as "
+        "unsigned-integer",
     ),
     (
         "outputs not a list",

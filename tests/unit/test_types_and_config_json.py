@@ -98,10 +98,21 @@ def test_reserved_parameter_keys_are_refused(key: str) -> None:
     assert f"'{key}'" in info.value.message and "reserved" in info.value.message
 
 
-@pytest.mark.parametrize("value", [-1, 1.5, "3", True])
-def test_priority_must_be_a_non_negative_integer(value: Any) -> None:
-    with pytest.raises(ServerError, match="'priority' must be a non-negative integer"):
-        lift_request_parameters(InferRequest("m", parameters={"priority": value}))
+@pytest.mark.parametrize("key", ["priority", "timeout"])
+@pytest.mark.parametrize("value", [-1, 1.5, "3", True, 2**64])
+def test_priority_and_timeout_must_be_uint64s(key: str, value: Any) -> None:
+    with pytest.raises(ServerError) as info:
+        lift_request_parameters(InferRequest("m", parameters={key: value}))
+    assert info.value.code is ErrorCode.INVALID_ARG
+    assert info.value.message == (
+        f"Unable to parse '{key}': attempt to access JSON non-unsigned-integer as unsigned-integer"
+    )
+
+
+def test_priority_and_timeout_are_lifted_up_to_the_uint64_maximum() -> None:
+    request = InferRequest("m", parameters={"priority": 2**64 - 1, "timeout": 0, "x": 1})
+    lift_request_parameters(request)
+    assert (request.priority, request.timeout_us, request.parameters) == (2**64 - 1, 0, {"x": 1})
 
 
 # --- the config as JSON ------------------------------------------------------------------
