@@ -340,6 +340,10 @@ class GenerationScheduler:
         scheduled = seq.scheduled_s or seq.arrival_s
         seq.timings.queue_ns = int((scheduled - seq.arrival_s) * 1e9)
         seq.timings.compute_infer_ns = int(max(seq.last_token_s - scheduled, 0.0) * 1e9)
+        # One execution of batch 1, as Triton's Python backend counts a vLLM model's
+        # execute call: the engine's steps are shared by whatever runs, so they are no
+        # request's execution.
+        seq.timings.batch_size, seq.timings.first_in_batch = 1, True
         text = delta if seq.stream else seq.echo + "".join(seq.answer) + delta
         seq.sink.send(seq.response(text, True, self._new_ids(seq)), None, True)
         stats = self.generation_stats

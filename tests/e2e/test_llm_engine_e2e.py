@@ -439,13 +439,19 @@ def test_placed_on_the_simulated_npu_answers_equal_the_reference(tmp_path: Path)
 
 
 def test_statistics_count_generation_time_as_compute(server: ServerProcess) -> None:
+    """A generation counts as one execution of batch 1 (as Triton's Python backend counts
+    an execute call of a vLLM model), so execution_count and last_inference move."""
     url = f"{server.base_url}/v2/models/{MODEL}/stats"
-    before = httpx.get(url, timeout=10).json()["model_stats"][0]["inference_stats"]
+    old = httpx.get(url, timeout=10).json()["model_stats"][0]
     body = {"text_input": "Stats", "max_tokens": 12, "sampling_parameters": GREEDY}
     assert httpx.post(generate_url(server), json=body, timeout=30).status_code == 200
-    after = httpx.get(url, timeout=10).json()["model_stats"][0]["inference_stats"]
+    new = httpx.get(url, timeout=10).json()["model_stats"][0]
+    before, after = old["inference_stats"], new["inference_stats"]
     assert after["success"]["count"] == before["success"]["count"] + 1
     assert after["compute_infer"]["ns"] > before["compute_infer"]["ns"]
+    assert new["execution_count"] == old["execution_count"] + 1
+    assert new["inference_count"] == old["inference_count"] + 1
+    assert new["last_inference"] > old["last_inference"]
 
 
 # --- metric names -------------------------------------------------------------------------
