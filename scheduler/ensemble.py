@@ -23,13 +23,16 @@ the response parameters `sequence_id`, `sequence_start`, `sequence_end`; the ten
 writes then carry those (START / END false unless given) to the steps that read them,
 instead of its own request's. The ensemble's response echoes the three, as carried by its
 output tensors, on every request, with or without a sequence.
+
+An ensemble with a decoupled step is decoupled itself (its plan says so); its requests
+run in ensemble_stream.py, which builds on the pieces here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from ge_serve.backends.base import ParamValue
@@ -55,6 +58,9 @@ class EnsembleStep:
     inputs: tuple[tuple[str, str], ...]
     # (the step model's output, the ensemble tensor it writes).
     outputs: tuple[tuple[str, str], ...]
+    # The step model answers a request with any number of responses, each of which runs
+    # the steps that read its outputs (ensemble_stream.py).
+    decoupled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +70,8 @@ class EnsemblePlan:
     name: str
     steps: tuple[EnsembleStep, ...]
     outputs: tuple[str, ...]
+    # A step is decoupled, so the ensemble is: any number of responses per request.
+    decoupled: bool = False
     # Derived: for each step, how many of the tensors it reads are written by steps (the
     # ensemble's own inputs are there from the start), and which steps read each tensor.
     needs: tuple[int, ...] = field(init=False)
@@ -104,9 +112,13 @@ class StepResult:
     outputs: dict[str, Array]
     timings: Timings
     parameters: Mapping[str, ParamValue] = field(default_factory=dict)
+    # Whether this is the step request's last response (a decoupled step's may not be).
+    final: bool = True
 
 
 StepRunner = Callable[[StepCall], Awaitable[StepResult]]
+# A decoupled step: every response of the step request, as each is produced.
+StepStreamer = Callable[[StepCall], AsyncGenerator[StepResult, None]]
 
 
 class EnsembleScheduler:
@@ -168,7 +180,7 @@ class EnsembleScheduler:
                 f"in ensemble '{plan.name}', unexpected deadlock, at least one output is not "
                 f"set while no more ensemble steps can be made: {missing}",
             )
-        item.response_parameters = _echo(item.sequence or NO_SEQUENCE, carried, plan.outputs)
+        item.response_parameters = echo(item.sequence or NO_SEQUENCE, carried, plan.outputs)
         return {name: tensors[name] for name in plan.outputs}
 
     async def _step(
@@ -178,35 +190,59 @@ class EnsembleScheduler:
         carried: dict[str, SequenceFlags],
         item: WorkItem,
     ) -> dict[str, Array]:
+        call = self._call(index, tensors, carried, item)
+        try:
+            result = await self._runner(call)
+            written = answered_sequence(call.sequence, result.parameters)
+        except ServerError as exc:
+            raise self._failed(exc) from None
+        return self._produced(index, result, written, carried, item)
+
+    def _call(
+        self,
+        index: int,
+        tensors: Mapping[str, Array],
+        carried: Mapping[str, SequenceFlags],
+        item: WorkItem,
+    ) -> StepCall:
         step = self.plan.steps[index]
         inputs = {name: tensors[tensor] for name, tensor in step.inputs if tensor in tensors}
         sequence = self._step_sequence(step, carried, item.sequence or NO_SEQUENCE)
-        call = StepCall(
+        return StepCall(
             step.model_name, step.model_version, inputs, item.priority, item.timeout_us, sequence
         )
-        try:
-            result = await self._runner(call)
-            written = _answered_sequence(sequence, result.parameters)
-        except ServerError as exc:
-            # Triton's form: the step's own error, with the ensemble named in front. The
-            # ensemble's request, which its scheduler holds, fails whatever failed in the
-            # step (a full queue, a check, the step's backend): counted as OTHER, Triton's
-            # reason for every ensemble failure (core ensemble_scheduler.cc, RespondIfError).
-            raise ServerError(
-                exc.code, f"in ensemble '{self.plan.name}', {exc.message}", FailureReason.OTHER
-            ) from None
+
+    def _failed(self, exc: ServerError) -> ServerError:
+        """Triton's form: the step's own error, with the ensemble named in front. The
+        ensemble's request, which its scheduler holds, fails whatever failed in the step (a
+        full queue, a check, the step's backend): counted as OTHER, Triton's reason for
+        every ensemble failure (core ensemble_scheduler.cc, RespondIfError)."""
+        return ServerError(
+            exc.code, f"in ensemble '{self.plan.name}', {exc.message}", FailureReason.OTHER
+        )
+
+    def _produced(
+        self,
+        index: int,
+        result: StepResult,
+        written: SequenceFlags,
+        carried: dict[str, SequenceFlags],
+        item: WorkItem,
+    ) -> dict[str, Array]:
+        """A step's answer as ensemble tensors; its compute times join the request's."""
         timings, outputs = result.timings, result.outputs
         total = item.timings
         total.compute_input_ns += timings.compute_input_ns
         total.compute_infer_ns += timings.compute_infer_ns
         total.compute_output_ns += timings.compute_output_ns
+        step = self.plan.steps[index]
         produced = {tensor: outputs[name] for name, tensor in step.outputs if name in outputs}
         for tensor in produced:
             carried[tensor] = written
         return produced
 
     def _step_sequence(
-        self, step: EnsembleStep, carried: dict[str, SequenceFlags], request: SequenceFlags
+        self, step: EnsembleStep, carried: Mapping[str, SequenceFlags], request: SequenceFlags
     ) -> SequenceFlags:
         """The sequence a step request carries: that of the first tensor it reads that a
         step wrote, else the ensemble request's. Tensors that disagree are logged and the
@@ -253,7 +289,7 @@ class EnsembleScheduler:
         await self._in_flight.close(drain_timeout_s)
 
 
-def _answered_sequence(
+def answered_sequence(
     sequence: SequenceFlags, parameters: Mapping[str, ParamValue]
 ) -> SequenceFlags:
     """The sequence the tensors a step wrote carry: the step request's, unless its model
@@ -276,7 +312,7 @@ def _answered_sequence(
     return SequenceFlags(correlation, flags[0], flags[1])
 
 
-def _echo(
+def echo(
     request: SequenceFlags, carried: Mapping[str, SequenceFlags], outputs: tuple[str, ...]
 ) -> dict[str, ParamValue]:
     """The ensemble response's sequence parameters: the sequence its outputs carry (they
