@@ -18,6 +18,7 @@ from typing import Any
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.correlation import END_KEY, ID_KEY, START_KEY
 from ge_serve.scheduler.ensemble import StepCall, StepResult
+from ge_serve.scheduler.work import Timings
 
 from ..control.logsettings import LogControl
 from ..control.model_control import CONTROL_DISABLED, ModelControl
@@ -89,7 +90,8 @@ class InferenceServer:
         self.path = InferPath(lifecycle, self.shared_memory, cache, self.stats)
         # Told how each request ended; statistics first, metrics join them.
         self.observers = self.path.observers
-        lifecycle.step_runner = self.infer_step
+        lifecycle.steps.runner = self.infer_step
+        lifecycle.steps.streamer = self.infer_step_responses
         self._live = True
         self._draining = False
 
@@ -170,32 +172,25 @@ class InferenceServer:
         request names the ensemble request's sequence as a client's request would."""
         started = time.monotonic_ns()
         model = self.path.serving(call.model_name, call.model_version, "An ensemble step")
-        inputs = []
-        for name, array in call.inputs.items():
-            spec = model.inputs.get(name)
-            datatype = spec.datatype if spec is not None else DataType.from_numpy(array.dtype)
-            inputs.append(Tensor(name, datatype, tuple(array.shape), array))
-        sequence = call.sequence
-        parameters: dict[str, ParamValue] = {}
-        if sequence.in_sequence or sequence.start or sequence.end:
-            parameters = {
-                ID_KEY: sequence.correlation_id,
-                START_KEY: sequence.start,
-                END_KEY: sequence.end,
-            }
-        request = InferRequest(
-            model_name=call.model_name,
-            model_version=call.model_version,
-            inputs=inputs,
-            parameters=parameters,
-            priority=call.priority,
-            timeout_us=call.timeout_us,
-        )
+        request = _step_request(call, model)
         parent = current_trace() if self.tracing.active else None
         trace = self.tracing.child(parent, model.name, model.version, "") if parent else None
         response, item = await self.path.run(request, model, started, trace)
         outputs = {tensor.name: tensor.data for tensor in response.outputs}
         return StepResult(outputs, item.timings, response.parameters)
+
+    async def infer_step_responses(self, call: StepCall) -> AsyncGenerator[StepResult, None]:
+        """A decoupled step of an ensemble: each response of the step request as it comes,
+        through the model's decoupled path (its statistics count the request once). An
+        error response of the step raises, failing the ensemble's request, as in Triton."""
+        model = self.lifecycle.get(call.model_name, call.model_version)
+        if not model.decoupled:  # reloaded as a model that answers once
+            yield await self.infer_step(call)
+            return
+        request = _step_request(call, model)
+        async for response in self.path.responses(request, model, admitted=True):
+            outputs = {tensor.name: tensor.data for tensor in response.outputs}
+            yield StepResult(outputs, Timings(), response.parameters, response.final)
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         """Whether the model may answer a request with zero or several responses (Triton's
@@ -284,6 +279,31 @@ class InferenceServer:
     def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Apply the given settings (the rest stay) and return all of them."""
         return self.log_control.update(changes)
+
+
+def _step_request(call: StepCall, model: ModelVersion) -> InferRequest:
+    """A step's request, naming the ensemble request's sequence as a client's would."""
+    inputs = []
+    for name, array in call.inputs.items():
+        spec = model.inputs.get(name)
+        datatype = spec.datatype if spec is not None else DataType.from_numpy(array.dtype)
+        inputs.append(Tensor(name, datatype, tuple(array.shape), array))
+    sequence = call.sequence
+    parameters: dict[str, ParamValue] = {}
+    if sequence.in_sequence or sequence.start or sequence.end:
+        parameters = {
+            ID_KEY: sequence.correlation_id,
+            START_KEY: sequence.start,
+            END_KEY: sequence.end,
+        }
+    return InferRequest(
+        model_name=call.model_name,
+        model_version=call.model_version,
+        inputs=inputs,
+        parameters=parameters,
+        priority=call.priority,
+        timeout_us=call.timeout_us,
+    )
 
 
 def _platform(model: ModelVersion) -> str:

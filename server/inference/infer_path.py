@@ -244,7 +244,11 @@ class InferPath:
     # --- a decoupled model's responses -----------------------------------------------------
 
     async def responses(
-        self, request: InferRequest, model: ModelVersion, errors_inline: bool = False
+        self,
+        request: InferRequest,
+        model: ModelVersion,
+        errors_inline: bool = False,
+        admitted: bool = False,
     ) -> AsyncIterator[InferResponse]:
         """A decoupled model's responses: the request runs through the scheduler like any
         other (its execution may end long before its responses do), and each response
@@ -252,8 +256,10 @@ class InferPath:
 
         An error response ends the iteration by raising, unless `errors_inline`: then it
         comes out as a response with `error` set, and later responses follow it, as
-        Triton delivers them. The request counts as failed by its first error."""
-        self.admit(request)
+        Triton delivers them. The request counts as failed by its first error.
+        `admitted`: a decoupled ensemble step, part of a request admitted already."""
+        if not admitted:
+            self.admit(request)
         refuse_outputs(request)
         started = time.monotonic_ns()
         map_request(self.shared_memory, request)

@@ -10,8 +10,8 @@ step that writes a tensor and the steps that read it, and batch sizes fit.
 Messages are Triton's where Triton has one (model_config_utils.cc and ensemble_utils.cc),
 so that what operators search for is what they see; Triton spells the ensemble name
 without quotes in some of them, and one of them has a stray quote, both kept. Cycles,
-which Triton reports only as "not written" or "unused" tensors, and decoupled steps, which
-Triton streams and ge-serve does not yet, have messages of their own.
+which Triton reports only as "not written" or "unused" tensors, have a message of their
+own. An ensemble with a decoupled step is decoupled (ensemble_paths.py).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from ge_serve.scheduler.ensemble import EnsemblePlan, EnsembleStep
 
 from ..errors import ErrorCode, ServerError
 from . import autocomplete
+from .ensemble_paths import check_decoupled_paths
 
 PLATFORM = "ensemble"
 
@@ -79,8 +80,8 @@ def _invalid(message: str) -> ServerError:
 
 
 def check_ensemble(config: ModelConfig) -> None:
-    """Refuse an ensemble config that cannot work whatever its models are, and settle what
-    the ensemble itself decides (it is not decoupled: it answers each request once)."""
+    """Refuse an ensemble config that cannot work whatever its models are. Whether it is
+    decoupled is its steps' say, not its own: False until `build_plan` finds one that is."""
     name = config.name
     # Triton's first check of any config: an ensemble runs its steps' backends and has
     # none of its own, so a backend here is a mistake, not something to ignore.
@@ -368,12 +369,6 @@ def build_plan(config: ModelConfig, step_config: Callable[[str, str], ModelConfi
                 f"ensemble {name} allows maximum batch size {config.max_batch_size}, but it "
                 f"contains model {model} which only allows maximum batch size to be {limit}"
             )
-        if composing.model_transaction_policy.decoupled:
-            raise _invalid(
-                f"in ensemble {name}, model {model} is decoupled "
-                "(model_transaction_policy { decoupled: true }); ensemble steps must answer "
-                "each request once"
-            )
         _map_tensors(name, step, composing, tensors)
         steps.append(
             EnsembleStep(
@@ -381,9 +376,13 @@ def build_plan(config: ModelConfig, step_config: Callable[[str, str], ModelConfi
                 model_version=version,
                 inputs=tuple(sorted(step.input_map.items())),
                 outputs=tuple(sorted(step.output_map.items())),
+                decoupled=composing.model_transaction_policy.decoupled,
             )
         )
-    return EnsemblePlan(name, tuple(steps), tuple(entry.name for entry in config.output))
+    outputs = tuple(entry.name for entry in config.output)
+    inputs = tuple(entry.name for entry in config.input)
+    decoupled = check_decoupled_paths(name, steps, inputs, outputs)
+    return EnsemblePlan(name, tuple(steps), outputs, decoupled)
 
 
 def _map_tensors(

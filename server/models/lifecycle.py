@@ -14,7 +14,7 @@ from pathlib import Path
 from ge_serve.backends.base import Backend, LoadedModel
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
-from ge_serve.scheduler.ensemble import EnsembleScheduler, StepCall, StepResult, StepRunner
+from ge_serve.scheduler.ensemble_stream import StepRoutes, ensemble_scheduler
 
 from ..errors import (
     ErrorCode,
@@ -109,8 +109,8 @@ class ModelLifecycle:
         self.on_loaded: list[Callable[[ModelVersion, float], None]] = []
         # Observers called once a version is retired and its executors are closed.
         self.on_retired: list[Callable[[ModelVersion], None]] = []
-        # How ensemble steps reach their models; the core serving this lifecycle sets it.
-        self.step_runner: StepRunner | None = None
+        # How ensemble steps reach their models; the core serving this lifecycle sets them.
+        self.steps = StepRoutes()
 
     # --- queries -------------------------------------------------------------------------
 
@@ -368,7 +368,10 @@ class ModelLifecycle:
             if ensemble_config.is_ensemble(config):
                 lookup = ensemble_config.step_lookup(config.name, self.get, self.models)
                 plan = ensemble_config.build_plan(qualify_steps(key, config, self.models), lookup)
-                factory = lambda c, m: EnsembleScheduler(plan, self._run_step)  # noqa: E731
+                # As Triton: a decoupled step makes the ensemble decoupled, and its config
+                # as served says so, for clients that choose streaming by it.
+                config.model_transaction_policy.decoupled = plan.decoupled
+                factory = lambda c, m: ensemble_scheduler(plan, self.steps)  # noqa: E731
             for version, model in loaded.items():
                 built[version] = factory(config, model)
         except Exception as exc:
@@ -380,11 +383,6 @@ class ModelLifecycle:
                 raise
             raise internal(exc) from exc
         return built
-
-    async def _run_step(self, call: StepCall) -> StepResult:
-        if self.step_runner is None:
-            raise ServerError(ErrorCode.UNAVAILABLE, "ensembles need an inference server")
-        return await self.step_runner(call)
 
     async def refuse(self, name: str, reason: str) -> None:
         """Fail a load before it starts, for a reason outside the model's folder."""

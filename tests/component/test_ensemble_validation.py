@@ -119,10 +119,26 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
         {"steps": [step("add1", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"}, version=7)]},
         "ensemble 'pipe' depends on 'add1' whose required version 7 is not loaded.",
     ),
-    "decoupled step": (
-        {"steps": [step("stream", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"})]},
-        "in ensemble pipe, model stream is decoupled (model_transaction_policy { decoupled: "
-        "true }); ensemble steps must answer each request once",
+    "step fed from two decoupled origins": (
+        {
+            "steps": [
+                step("stream", {"INPUT0": "IN"}, {"OUTPUT0": "mid"}),
+                step("add_sub", {"A": "IN", "B": "mid"}, {"SUM": "OUT"}),
+            ]
+        },
+        "in ensemble pipe, step of model 'add_sub' receives inputs originated from "
+        "different decoupled models",
+    ),
+    "outputs from two decoupled origins": (
+        {
+            "steps": [
+                step("stream", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"}),
+                step("add1", {"INPUT0": "IN"}, {"OUTPUT0": "OTHER"}),
+            ],
+            "outputs": [tensor("OUT"), tensor("OTHER")],
+        },
+        "in ensemble pipe, the ensemble outputs originate from different decoupled models; "
+        "a response carries outputs of one origin",
     ),
     "instance group": (
         {"steps": [ADD1_IN], "extra": "instance_group [{ count: 1 kind: KIND_CPU }]"},
