@@ -1,0 +1,227 @@
+"""An ensemble with a decoupled step, over the wire: it is decoupled itself, each response
+of the step runs the step after it, and the ensemble streams a response for each, then
+its final flag (gRPC ModelStreamInfer and /generate_stream), as Triton's does."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pymodels
+import pytest
+from polling import poll
+from serverproc import ServerProcess, running_server
+
+from ge_serve.protos import grpc_service_pb2 as pb
+from ge_serve.protos import grpc_service_pb2_grpc as pb_grpc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+# A response per element of IN, a moment apart; -1 answers an error response there, and
+# -2 streams until the client goes away (it asks is_cancelled() before each response).
+COUNTER = """
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().tolist()
+            if values == [-2]:
+                values = range(1000)
+            for value in values:
+                if request.is_cancelled():
+                    pb_utils.Logger.log_info("counter: the request was cancelled")
+                    break
+                if value == -1:
+                    error = pb_utils.TritonError("counter cannot count -1")
+                    sender.send(pb_utils.InferenceResponse(error=error))
+                    break
+                out = pb_utils.Tensor("OUT", np.array([value], np.int32))
+                sender.send(pb_utils.InferenceResponse([out]))
+                time.sleep(0.3)
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+PLUS1 = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x + 1)]))
+        return responses
+"""
+
+ENSEMBLE = """
+name: "counted"
+platform: "ensemble"
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "counter" input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "mid" } },
+  { model_name: "plus1" input_map { key: "X" value: "mid" } output_map { key: "Y" value: "Y" } }
+] }
+"""  # noqa: E501
+
+
+def write_repo(repo: Path) -> Path:
+    pymodels.write_model(
+        repo,
+        "counter",
+        COUNTER,
+        'name: "counter"\nbackend: "python"\n'
+        "model_transaction_policy { decoupled: true }\n"
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n',
+    )
+    pymodels.write_model(
+        repo,
+        "plus1",
+        PLUS1,
+        'name: "plus1"\nbackend: "python"\n'
+        'input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]\n',
+    )
+    (repo / "counted" / "1").mkdir(parents=True)
+    (repo / "counted" / "config.pbtxt").write_text(ENSEMBLE)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with running_server([write_repo(tmp_path_factory.mktemp("decoupled-ensemble"))]) as proc:
+        yield proc
+
+
+def request(values: list[int], request_id: str = "r1") -> pb.ModelInferRequest:
+    message = pb.ModelInferRequest(model_name="counted", id=request_id)
+    message.inputs.add(name="IN", datatype="INT32", shape=[len(values)])
+    message.raw_input_contents.append(np.array(values, np.int32).tobytes())
+    message.parameters["triton_enable_empty_final_response"].bool_param = True
+    return message
+
+
+def grpc_stream(server: ServerProcess, values: list[int]) -> list[tuple[Any, ...]]:
+    """(error, model, id, final flag, Y) of each message on one ModelStreamInfer call."""
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        found = list(stub.ModelStreamInfer(iter([request(values)]), timeout=30))
+    answers = []
+    for item in found:
+        response = item.infer_response
+        final = response.parameters["triton_final_response"].bool_param
+        values = [np.frombuffer(raw, np.int32).tolist() for raw in response.raw_output_contents]
+        answers.append((item.error_message, response.model_name, response.id, final, values))
+    return answers
+
+
+def generate_stream(server: ServerProcess, values: list[int]) -> list[dict[str, Any]]:
+    url = f"{server.base_url}/v2/models/counted/generate_stream"
+    with httpx.stream("POST", url, json={"IN": values}, timeout=30) as response:
+        assert response.status_code == 200
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    return [json.loads(event.removeprefix("data: ")) for event in events]
+
+
+def stats(server: ServerProcess, model: str) -> dict[str, Any]:
+    found = httpx.get(f"{server.base_url}/v2/models/{model}/stats").json()
+    return dict(found["model_stats"][0])
+
+
+def test_the_ensemble_is_decoupled_and_one_response_endpoints_refuse_it(
+    server: ServerProcess,
+) -> None:
+    config = httpx.get(f"{server.base_url}/v2/models/counted/config").json()
+    assert config["model_transaction_policy"] == {"decoupled": True}
+    body = {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]}
+    refused = httpx.post(f"{server.base_url}/v2/models/counted/infer", json=body)
+    assert refused.status_code == 501
+    assert refused.json() == {
+        "error": "HTTP end point doesn't support models with decoupled transaction policy"
+    }
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.RpcError) as unary:
+            stub.ModelInfer(request([1]), timeout=30)
+    assert unary.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "ModelInfer RPC doesn't support models with decoupled transaction policy" in (
+        str(unary.value.details())
+    )
+
+
+def test_each_response_of_the_decoupled_step_runs_the_next_and_is_streamed(
+    server: ServerProcess,
+) -> None:
+    before = {name: stats(server, name) for name in ("counted", "counter", "plus1")}
+    assert grpc_stream(server, [3, 5, 9]) == [
+        ("", "counted", "r1", False, [[4]]),
+        ("", "counted", "r1", False, [[6]]),
+        ("", "counted", "r1", False, [[10]]),
+        ("", "counted", "r1", True, []),
+    ]
+    after = {name: stats(server, name) for name in ("counted", "counter", "plus1")}
+
+    def grew(name: str, key: str) -> int:
+        new, old = after[name]["inference_stats"], before[name]["inference_stats"]
+        return int(new[key]["count"]) - int(old[key]["count"])
+
+    # One request to the ensemble and to its decoupled step; one per response after it.
+    assert (grew("counted", "success"), grew("counter", "success"), grew("plus1", "success")) == (
+        1,
+        1,
+        3,
+    )
+
+    events = generate_stream(server, [3, 5, 9])
+    assert [event["Y"] for event in events] == [4, 6, 10]
+    assert all(event["model_name"] == "counted" for event in events)
+    # No response at all: the final flag alone.
+    assert grpc_stream(server, []) == [("", "counted", "r1", True, [])]
+
+
+def test_a_step_error_mid_stream_fails_the_request_after_its_responses(
+    server: ServerProcess,
+) -> None:
+    failed = int(stats(server, "counted")["inference_stats"]["fail"]["count"])
+    message = "in ensemble 'counted', counter cannot count -1"
+    assert grpc_stream(server, [3, 5, -1, 7]) == [
+        ("", "counted", "r1", False, [[4]]),
+        ("", "counted", "r1", False, [[6]]),
+        (message, "counted", "r1", True, []),
+    ]
+    assert generate_stream(server, [3, 5, -1, 7]) == [
+        {"model_name": "counted", "model_version": "1", "Y": 4, **no_sequence()},
+        {"model_name": "counted", "model_version": "1", "Y": 6, **no_sequence()},
+        {"error": message},
+    ]
+    assert int(stats(server, "counted")["inference_stats"]["fail"]["count"]) == failed + 2
+
+
+def no_sequence() -> dict[str, Any]:
+    # An ensemble's response echoes the sequence its outputs carry, none here.
+    return {"sequence_id": 0, "sequence_start": False, "sequence_end": False}
+
+
+def test_a_client_that_goes_away_stops_the_steps(server: ServerProcess) -> None:
+    url = f"{server.base_url}/v2/models/counted/generate_stream"
+    with httpx.stream("POST", url, json={"IN": [-2]}, timeout=30) as response:
+        first = next(line for line in response.iter_lines() if line.startswith("data: "))
+    assert json.loads(first.removeprefix("data: "))["Y"] == 1
+    # The cancellation reaches the decoupled step, whose model asks is_cancelled().
+    poll(lambda: "counter: the request was cancelled" in server.log(), 20, "the step stops")
+    # Its instance is free again: the next request is answered at once.
+    assert [event["Y"] for event in generate_stream(server, [1])] == [2]
