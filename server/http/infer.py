@@ -41,7 +41,7 @@ from .errors import (
     too_large,
 )
 from .openapi import ApiRoute, Body
-from .protocol import too_many_chunks
+from .protocol import GONE_KEY, TASK_KEY, too_many_chunks
 from .routing import Endpoint
 
 # Logged under the front end's name, as before the endpoint had a module of its own.
@@ -157,8 +157,17 @@ class InferEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = scope_headers(scope)
+        task = asyncio.current_task()
+        scope[TASK_KEY] = task  # type: ignore[literal-required]
         try:
             status, payload, extra = 200, *await self.infer(scope, receive, headers)
+        except asyncio.CancelledError:
+            if task is None or not scope.get(GONE_KEY):
+                raise
+            # The client left (TritonHttpProtocol.connection_lost): its request was
+            # dropped, and there is nobody to answer.
+            task.uncancel()
+            return
         except ServerError as exc:
             status, payload = http_status(exc), orjson.dumps({"error": exc.message})
             extra = [_JSON, _CLOSE] if isinstance(exc, ClosingError) else [_JSON]

@@ -23,6 +23,7 @@ Two things differ from uvicorn's parsing, both where HTTP framing meets Triton's
 
 from __future__ import annotations
 
+import asyncio
 from typing import Final
 
 from starlette.types import Receive, Scope, Send
@@ -32,6 +33,11 @@ from .errors import error_response
 
 # The scope key of a request's ChunkCount.
 CHUNKS_KEY: Final = "ge_serve.chunks"
+# Scope keys for a client that closes its connection before its answer: a handler leaves
+# its task under TASK_KEY, and the protocol cancels that task and sets GONE_KEY (see
+# `connection_lost`).
+TASK_KEY: Final = "ge_serve.task"
+GONE_KEY: Final = "ge_serve.gone"
 
 
 class ChunkCount:
@@ -61,6 +67,21 @@ class TritonHttpProtocol(BoundedHttpToolsProtocol):
         self.parser.set_dangerous_leniencies(
             lenient_data_after_close=True, lenient_chunked_length=True
         )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The client left. uvicorn only marks the request: its handler would run on, and
+        a request it had queued would still run, for nobody. A handler that left its task
+        in the scope is cancelled, so its request leaves the queue (or its model learns
+        it through is_cancelled()), as a cancelled gRPC call does."""
+        cycle = self.cycle
+        super().connection_lost(exc)
+        # Mid-body, the handler's read sees the disconnect itself, and says so.
+        if cycle is not None and not cycle.more_body and not cycle.response_complete:
+            scope: dict[str, object] = cycle.scope  # type: ignore[assignment]
+            task = scope.get(TASK_KEY)
+            if isinstance(task, asyncio.Task):
+                scope[GONE_KEY] = True
+                task.cancel()
 
     def on_headers_complete(self) -> None:
         self._chunks = ChunkCount()

@@ -10,6 +10,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -20,6 +21,7 @@ from typing import Any
 import grpc
 import httpx
 import numpy as np
+import orjson
 import psutil
 import pymodels
 import pytest
@@ -296,6 +298,36 @@ def test_custom_metrics_show_on_the_metrics_endpoint(python_server: ServerProces
     assert 'pbtest_sum_bucket{model="metrics",version="1",le="+Inf"}' in text
     # Triton's own families are still there.
     assert 'nv_inference_request_success{model="metrics",version="1"}' in text
+
+
+# --- clients that leave ----------------------------------------------------------------------
+
+
+def test_an_http_client_that_leaves_takes_its_queued_request_with_it(
+    python_server: ServerProcess,
+) -> None:
+    """As for a cancelled gRPC call: requests whose clients closed the connection while
+    they waited are dropped, not run for nobody ahead of the next client's (the model
+    runs one request at a time, first come first served)."""
+    stats = f"{python_server.base_url}/v2/models/sleeper/stats"
+    before = httpx.get(stats).json()["model_stats"][0]["execution_count"]
+    body = orjson.dumps(
+        {"inputs": [{"name": "IN", "shape": [1], "datatype": "FP32", "data": [0.2]}]}
+    )
+    head = (
+        f"POST /v2/models/sleeper/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    sockets = [socket.create_connection(("127.0.0.1", python_server.http_port)) for _ in range(10)]
+    for sock in sockets:
+        sock.sendall(head + body)
+    time.sleep(0.3)  # all in: one runs, the others wait
+    for sock in sockets:
+        sock.close()
+    with httpclient.InferenceServerClient(python_server.http_url, network_timeout=30) as client:
+        sleep_for(client, 0)
+    after = httpx.get(stats).json()["model_stats"][0]["execution_count"]
+    # The one running when its client left may finish; the nine waiting never run.
+    assert after - before <= 3, f"{after - before} executions for 1 request answered"
 
 
 # --- a worker killed -------------------------------------------------------------------------
