@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 GRPC_ERROR_HEADER: Final = "triton_grpc_error"
 # Backpressure: a stream reads no further request while this many are in flight, and its
 # request tasks wait while this many responses are queued but not yet written; so a client
-# that stops reading its responses is held back by gRPC flow control, not by our memory.
+# that stops reading its responses sends no more requests. A decoupled model's own sends
+# are not held back: what it sends meanwhile waits in its request's ResponseQueue.
 MAX_IN_FLIGHT: Final = 1024
 MAX_UNWRITTEN: Final = 128
 
