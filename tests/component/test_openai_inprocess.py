@@ -183,13 +183,14 @@ async def test_models_chat_completions_and_embeddings(http: httpx.AsyncClient) -
         ),
         ("/v1/completions", {"model": "textgen", "prompt": "a", "echo": True}, 400, "echo"),
         ("/v1/completions", {"model": "textgen", "prompt": "a", "top_p": 2}, 400, "top_p"),
-        # The model refuses a prompt past its context: its INVALID_ARG is the client's 400.
-        ("/v1/completions", {"model": "textgen", "prompt": "w " * 70}, 400, None),
+        # The model refuses a prompt past its context: its INVALID_ARG is the client's 400,
+        # on the field that holds the prompt.
+        ("/v1/completions", {"model": "textgen", "prompt": "w " * 70}, 400, "prompt"),
         (
             "/v1/completions",
             {"model": "textgen", "prompt": "w " * 70, "stream": True},
             400,
-            None,
+            "prompt",
         ),
         ("/v1/embeddings", {"model": "embedder", "input": []}, 400, "input"),
         ("/v1/embeddings", {"model": "embedder", "input": "a", "dimensions": 5}, 400, "dimensions"),

@@ -168,6 +168,8 @@ def test_a_prompt_longer_than_the_context_is_400(
     error = error_of(http.post(path, json=body), 400)
     assert "maximum context length" in error["message"]
     assert error["code"] == "context_length_exceeded"
+    # The model's refusal names the field that holds the prompt, as OpenAI's does.
+    assert error["param"] == ("messages" if path == CHAT else "prompt")
 
 
 BAD_COMPLETIONS: list[tuple[dict[str, Any], str]] = [

@@ -136,6 +136,36 @@ def test_a_prompt_past_the_context_is_400(server: ServerProcess) -> None:
     assert answer.status_code == 400
 
 
+@pytest.mark.parametrize(
+    ("sampling", "param"),
+    [({"seed": -1}, "seed"), ({"stop": [f"s{i}" for i in range(65)]}, "stop")],
+    ids=["seed", "stop"],
+)
+def test_a_value_the_engine_refuses_is_400_naming_the_parameter(
+    server: ServerProcess, sampling: dict[str, object], param: str
+) -> None:
+    for path, body in (
+        ("/v1/completions", {"model": "tiny_llm", "prompt": "Hi"}),
+        ("/v1/chat/completions", {"model": "tiny_llm", "messages": MESSAGES}),
+    ):
+        answer = httpx.post(server.base_url + path, json=body | sampling, timeout=30)
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        assert error["message"].startswith(param)
+        assert error["param"] == param, error
+
+
+def test_a_prompt_past_the_context_names_the_prompt(server: ServerProcess) -> None:
+    for path, field, prompt in (
+        ("/v1/completions", "prompt", "x" * (CONTEXT + 10)),
+        ("/v1/chat/completions", "messages", [{"role": "user", "content": "x" * CONTEXT}]),
+    ):
+        body = {"model": "tiny_llm", field: prompt}
+        error = httpx.post(server.base_url + path, json=body, timeout=30).json()["error"]
+        assert (error["code"], error["param"]) == ("context_length_exceeded", field)
+
+
 def test_more_messages_than_the_context_has_tokens_is_400_before_they_are_checked(
     server: ServerProcess,
 ) -> None:

@@ -7,10 +7,19 @@ A core `ServerError` keeps the status the v2 routes give it (server/http/errors.
 request fails with the same status on both APIs; a model that reports a bad request
 (INVALID_ARG, e.g. a prompt longer than its context) is a 400 here too, with OpenAI's
 code `context_length_exceeded` when its message says the context is too short.
+
+Such a refusal names its parameter as the schema's checks do. The context's is the field
+that holds the prompt (`messages` or `prompt`), as OpenAI names it whether the prompt or
+the prompt and `max_tokens` together are too long. Otherwise it is the parameter its
+message begins with, if the request sent it: the `llm` engine words its checks so
+("seed must not be negative", "stop: at most 64 strings"). The model's error carries only
+its code and message, so the message is all there is to go by.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Collection
 from typing import Any
 
 import orjson
@@ -27,6 +36,8 @@ CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 CONTEXT_WORDS = "maximum context length"
 NOT_FOUND = "not_found_error"
 SERVER_ERROR = "server_error"
+# A message's first word, which may name the parameter it is about.
+_FIRST_WORD = re.compile(r"[A-Za-z_]+")
 
 
 class OpenAIError(Exception):
@@ -79,16 +90,25 @@ def model_not_found(name: str) -> OpenAIError:
     )
 
 
-def from_server_error(exc: ServerError) -> OpenAIError:
-    """The core's error as OpenAI's: the status the v2 routes give it, and a type that
-    says whose fault it is."""
+def from_server_error(
+    exc: ServerError, prompt_param: str | None = None, sent: Collection[str] = ()
+) -> OpenAIError:
+    """The core's error as OpenAI's: the status the v2 routes give it, a type that says
+    whose fault it is, and for a bad request, the parameter: `prompt_param` (the field
+    holding the prompt) for the context's length, else one of `sent` (the parameters the
+    request passed to the model) that the message begins with."""
     status = http_status(exc)
     if exc.code is ErrorCode.NOT_FOUND:
         return OpenAIError(exc.message, status=404, code="model_not_found", param="model")
     kind = INVALID_REQUEST if status < 500 else SERVER_ERROR
-    code = None
-    # vLLM's wording, which the llm engine keeps: clients that trim a conversation to fit
-    # look for OpenAI's code, not the text.
-    if exc.code is ErrorCode.INVALID_ARG and CONTEXT_WORDS in exc.message:
-        code = CONTEXT_LENGTH_EXCEEDED
-    return OpenAIError(exc.message, status=status, kind=kind, code=code)
+    code = param = None
+    if exc.code is ErrorCode.INVALID_ARG:
+        # vLLM's wording, which the llm engine keeps: clients that trim a conversation to
+        # fit look for OpenAI's code, not the text.
+        if CONTEXT_WORDS in exc.message:
+            code, param = CONTEXT_LENGTH_EXCEEDED, prompt_param
+        else:
+            first = _FIRST_WORD.match(exc.message)
+            if first is not None and first.group() in sent:
+                param = first.group()
+    return OpenAIError(exc.message, status=status, kind=kind, param=param, code=code)

@@ -127,7 +127,18 @@ def piece_of(response: InferResponse) -> Piece:
     return piece
 
 
-async def pieces(core: InferenceServer, request: InferRequest) -> AsyncGenerator[Piece, None]:
+@dataclass(frozen=True, slots=True)
+class Params:
+    """What a model's refusal may name: the field holding the prompt (`messages` or
+    `prompt`) and the sampling parameters sent to the model."""
+
+    prompt: str
+    sent: frozenset[str] = frozenset()
+
+
+async def pieces(
+    core: InferenceServer, request: InferRequest, params: Params
+) -> AsyncGenerator[Piece, None]:
     """The request's pieces as the model answers; a core error is OpenAI's. Closing this
     closes the core's response stream, which cancels the request."""
     responses: AsyncGenerator[InferResponse, None] = core.infer_responses(request)
@@ -135,17 +146,19 @@ async def pieces(core: InferenceServer, request: InferRequest) -> AsyncGenerator
         async for response in responses:
             yield piece_of(response)
     except ServerError as exc:
-        raise from_server_error(exc) from None
+        raise from_server_error(exc, params.prompt, params.sent) from None
     finally:
         await responses.aclose()
 
 
-async def collect(core: InferenceServer, request: InferRequest) -> tuple[str, str, Usage]:
+async def collect(
+    core: InferenceServer, request: InferRequest, params: Params
+) -> tuple[str, str, Usage]:
     """The whole answer: its text, finish reason and usage."""
     texts: list[str] = []
     usage = Usage()
     reason: str | None = None
-    async for piece in pieces(core, request):
+    async for piece in pieces(core, request, params):
         texts.append(piece.text)
         usage.add(piece)
         reason = piece.finish_reason or reason

@@ -31,7 +31,7 @@ from ge_serve.server.inference.types import InferRequest
 from ..disconnects import until_disconnect
 from .catalog import Catalog, text_generation
 from .errors import CONTEXT_LENGTH_EXCEEDED, SERVER_ERROR, OpenAIError
-from .generation import Piece, Usage, build_request, collect, pieces
+from .generation import Params, Piece, Usage, build_request, collect, pieces
 from .objects import DONE, Answer, sse
 from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
 from .template import render
@@ -95,20 +95,28 @@ async def _answer(
     chat: bool,
 ) -> Response:
     stream = bool(body.stream)
-    infer_request = build_request(model, prompt, stream, body.sampling_parameters(limit), limit)
+    sampling = body.sampling_parameters(limit)
+    infer_request = build_request(model, prompt, stream, sampling, limit)
+    params = Params("messages" if chat else "prompt", frozenset(sampling))
     answer = Answer(body.model, chat, include_usage=stream and body.include_usage())
     if not stream:
-        text, reason, usage = await until_disconnect(request, collect(catalog.core, infer_request))
+        text, reason, usage = await until_disconnect(
+            request, collect(catalog.core, infer_request, params)
+        )
         return Response(
             orjson.dumps(answer.whole(text, reason, usage)), media_type="application/json"
         )
-    return await _stream(catalog, request, infer_request, answer)
+    return await _stream(catalog, request, infer_request, params, answer)
 
 
 async def _stream(
-    catalog: Catalog, request: Request, infer_request: InferRequest, answer: Answer
+    catalog: Catalog,
+    request: Request,
+    infer_request: InferRequest,
+    params: Params,
+    answer: Answer,
 ) -> Response:
-    rest = pieces(catalog.core, infer_request)
+    rest = pieces(catalog.core, infer_request, params)
     try:
         # A client that leaves while the request waits for its first token cancels it too.
         first = await until_disconnect(request, anext(rest, None))
