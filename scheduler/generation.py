@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 # a lone sequence always fits), so it does not spin.
 _IDLE_WAIT_S = 0.01
 # Prompts up to this many bytes are tokenized on the event loop (tens of microseconds);
-# longer ones on a worker thread.
+# longer ones on a worker thread, by a call that releases the GIL (Tokenizer.encode), or
+# the loop would stall as long all the same.
 _INLINE_BYTES = 2048
 
 

@@ -4,7 +4,9 @@ Everything a client can get wrong is found here and answered INVALID_ARG before 
 request reaches the engine: a missing or empty prompt, bad sampling values, a prompt that
 leaves no room in the context, or a `max_tokens` the context cannot hold (vLLM's rule:
 prompt plus max_tokens at most max_model_len). Without `max_tokens` a request gets the
-model's default, cut to the room its prompt leaves.
+model's default, cut to the room its prompt leaves. A prompt whose UTF-8 length alone
+shows it cannot fit (`Tokenizer.min_tokens`) is refused before it is tokenized, which
+for megabytes would take seconds.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ def read_sequence(
     on_done: Callable[[], None],
     requested: tuple[str, ...] = (),
 ) -> Sequence:
-    prompt = _text(inputs.get("text_input"), "text_input")
-    if prompt is None:
+    raw = _bytes(inputs.get("text_input"), "text_input")
+    if raw is None:
         raise invalid_arg("input 'text_input' is required: the prompt")
+    prompt = _decoded(raw, "text_input")
     stream = _flag(inputs.get("stream"), "stream", parameters.get("stream"))
     exclude = _flag(
         inputs.get("exclude_input_in_output"),
@@ -59,8 +62,9 @@ def read_sequence(
             f"stop_token_ids {outside[:8]} are outside the vocabulary: this model's token "
             f"ids are below {vocab}"
         )
-    ids = model.tokenizer.encode(prompt)
     limit = settings.max_model_len
+    _refuse_what_cannot_fit(model, len(raw), limit, params.max_tokens)
+    ids = model.tokenizer.encode(prompt)
     if not ids:
         raise invalid_arg("the prompt is empty: text_input must hold at least one token")
     if len(ids) >= limit:
@@ -98,6 +102,26 @@ def read_sequence(
     )
 
 
+def _refuse_what_cannot_fit(
+    model: LlmModel, utf8_bytes: int, limit: int, max_tokens: int | None
+) -> None:
+    """Refuse, before tokenizing it, a prompt whose length alone shows it cannot fit: a
+    prompt of megabytes takes seconds to tokenize, only to be refused after."""
+    least = model.tokenizer.min_tokens(utf8_bytes)
+    if least >= limit:
+        raise invalid_arg(
+            f"This model's maximum context length is {limit} tokens. However, the prompt is "
+            f"at least {least} tokens ({utf8_bytes} bytes, at most "
+            f"{model.tokenizer.max_token_bytes} a token), which leaves no room to generate."
+        )
+    if max_tokens is not None and least + max_tokens > limit:
+        raise invalid_arg(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"at least {least + max_tokens} tokens (at least {least} in the prompt, "
+            f"{max_tokens} for the completion)."
+        )
+
+
 def _first(array: Array | None, name: str) -> Any:
     if array is None:
         return None
@@ -117,10 +141,7 @@ def _bytes(array: Array | None, name: str) -> bytes | None:
     return bytes(value)
 
 
-def _text(array: Array | None, name: str) -> str | None:
-    raw = _bytes(array, name)
-    if raw is None:
-        return None
+def _decoded(raw: bytes, name: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -7,6 +7,16 @@ tokens (from `prefix` to the end) and emits only what that window adds beyond wh
 decoded without the newest tokens, holding text back while it ends in an incomplete
 character (vLLM's and TGI's scheme). Its cost per token is constant.
 
+`Tokenizer.encode` tokenizes a long text with `encode_batch`, which releases the GIL
+while it works (`encode` holds it for the whole call): a long prompt is tokenized on a
+worker thread, and with the GIL held there the event loop would stall all the same. Before
+tokenizing, `min_tokens` bounds a text's token count from below by its UTF-8 length: no
+token covers more than `max_token_bytes` bytes of text, so a prompt far past the context
+is refused without being tokenized. The bound is taken only where it is sure: a
+normalizer or pre-tokenizer that may drop or shrink text, an added token that swallows
+whitespace (`lstrip`, `rstrip`), a model that may fuse unknown text into one token, or
+truncation give no bound (`max_token_bytes` is None).
+
 `StopStrings` finds stop strings in the generated text, including ones that span tokens,
 and holds back the text that could still turn out to be the start of one, so a streamed
 answer never shows part of a stop string it then drops.
@@ -14,12 +24,26 @@ answer never shows part of a stop string it then drops.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 REPLACEMENT = "\ufffd"
 # Tokens before the emitted point that the decoding window keeps for context.
 _WINDOW_CONTEXT = 5
+# Texts longer than this (in characters) are tokenized with `encode_batch`, which releases
+# the GIL; a shorter one takes microseconds either way, on the event loop's thread.
+GIL_FREE_CHARS = 1024
+# The longest UTF-8 character: an unknown character is one token.
+_MAX_CHAR_BYTES = 4
+# Normalizers that never make the text shorter (a `Replace` only where its content is at
+# least as long as its pattern, checked apart), and pre-tokenizers that split it without
+# dropping any of it (`Split` and `Punctuation` unless their behaviour is `Removed`).
+_KEEPING_NORMALIZERS = frozenset({"Prepend", "ByteLevel"})
+_KEEPING_PRE_TOKENIZERS = frozenset(
+    {"ByteLevel", "Digits", "Metaspace", "Punctuation", "Split", "UnicodeScripts"}
+)
 
 
 class Tokenizer:
@@ -30,9 +54,22 @@ class Tokenizer:
 
         self._tokenizer: Any = HfTokenizer.from_file(str(path))
         self.vocab_size = int(self._tokenizer.get_vocab_size(with_added_tokens=True))
+        # The most bytes of text one token can stand for; None where none is sure.
+        self.max_token_bytes = max_token_bytes(json.loads(self._tokenizer.to_str()))
 
     def encode(self, text: str) -> list[int]:
+        if len(text) > GIL_FREE_CHARS:
+            # `encode` keeps the GIL to the end, which stalls the event loop even from a
+            # worker thread; `encode_batch` releases it while it tokenizes.
+            return list(self._tokenizer.encode_batch([text], add_special_tokens=True)[0].ids)
         return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
+
+    def min_tokens(self, utf8_bytes: int) -> int:
+        """At least how many tokens a text of `utf8_bytes` bytes encodes to (0 where the
+        tokenizer gives no bound)."""
+        if self.max_token_bytes is None:
+            return 0
+        return -(-utf8_bytes // self.max_token_bytes)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return str(self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
@@ -40,6 +77,71 @@ class Tokenizer:
     def token_id(self, token: str) -> int | None:
         found = self._tokenizer.token_to_id(token)
         return None if found is None else int(found)
+
+
+def max_token_bytes(spec: Mapping[str, Any]) -> int | None:
+    """The most bytes of a text that one token of the tokenizer `spec` (tokenizer.json's
+    contents) stands for, or None where a token may stand for any length of text."""
+    if spec.get("truncation") is not None:
+        return None  # the text is cut: its length says nothing of the tokens kept
+    if not _keeps_text(spec.get("normalizer"), "normalizers", _KEEPING_NORMALIZERS):
+        return None
+    pre_tokenizer = spec.get("pre_tokenizer")
+    if not _keeps_text(pre_tokenizer, "pretokenizers", _KEEPING_PRE_TOKENIZERS):
+        return None
+    model = spec.get("model") or {}
+    vocab = model.get("vocab")
+    if model.get("type") != "BPE" or not isinstance(vocab, Mapping):
+        return None  # WordPiece and Unigram make one unknown token of a whole word
+    if model.get("unk_token") is not None and model.get("fuse_unk"):
+        return None
+    # Byte-level BPE spells each byte of the text as one character of its alphabet, most
+    # of which take two bytes in UTF-8 (Ġ for a space).
+    alphabet = _byte_alphabet() if _has_type(pre_tokenizer, "ByteLevel") else frozenset()
+    longest = max((_text_bytes(token, alphabet) for token in vocab), default=1)
+    if model.get("unk_token") is not None or model.get("byte_fallback"):
+        longest = max(longest, _MAX_CHAR_BYTES)
+    for added in spec.get("added_tokens") or ():
+        if added.get("lstrip") or added.get("rstrip"):
+            return None  # it takes the whitespace beside it with it, however long
+        longest = max(longest, len(str(added.get("content", "")).encode("utf-8")))
+    return longest
+
+
+def _text_bytes(token: str, alphabet: frozenset[str]) -> int:
+    return sum(1 if char in alphabet else len(char.encode("utf-8")) for char in token)
+
+
+def _byte_alphabet() -> frozenset[str]:
+    from tokenizers import pre_tokenizers
+
+    return frozenset(pre_tokenizers.ByteLevel.alphabet())
+
+
+def _keeps_text(step: Any, nested: str, keeping: frozenset[str]) -> bool:
+    """Whether a normalizer or pre-tokenizer never drops or shortens the text."""
+    if step is None:
+        return True
+    kind = step.get("type")
+    if kind == "Sequence":
+        return all(_keeps_text(s, nested, keeping) for s in step.get(nested) or ())
+    if kind == "Replace":
+        pattern = (step.get("pattern") or {}).get("String")
+        content = step.get("content")
+        return (
+            isinstance(pattern, str)
+            and isinstance(content, str)
+            and len(content.encode("utf-8")) >= len(pattern.encode("utf-8")) > 0
+        )
+    return kind in keeping and step.get("behavior") != "Removed"
+
+
+def _has_type(step: Any, kind: str) -> bool:
+    if step is None:
+        return False
+    if step.get("type") == "Sequence":
+        return any(_has_type(s, kind) for s in step.get("pretokenizers") or ())
+    return bool(step.get("type") == kind)
 
 
 class Detokenizer:

@@ -29,6 +29,7 @@ from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler import genrequest
 from ge_serve.scheduler.generation import GenerationScheduler
 from ge_serve.scheduler.work import WorkItem
+from ge_serve.server.errors import ErrorCode, ServerError
 
 PROMPTS = [f"Prompt {i}: " + "xyz"[: 1 + i % 3] for i in range(6)]
 TOKENS = 12
@@ -63,8 +64,15 @@ class Recorder:
         self.final = self.final or final
 
 
-def engine(tmp_path: Path, ge: GeBackend | None = None, **parameters: str) -> GenerationScheduler:
+def engine(
+    tmp_path: Path,
+    ge: GeBackend | None = None,
+    tokenizer: Any = None,
+    **parameters: str,
+) -> GenerationScheduler:
     folder = llmrepo.write_tiny_llm(tmp_path, "m", parameters)
+    if tokenizer is not None:  # a `tokenizers` Tokenizer in place of the byte tokenizer
+        tokenizer.save(str(folder / "1" / "tokenizer.json"))
     config = text_format.Parse(
         (folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
     )
@@ -280,3 +288,65 @@ async def test_a_sequence_whose_sampling_fails_fails_alone(
 async def _submitted(scheduler: GenerationScheduler, work: WorkItem, sink: Recorder) -> Recorder:
     await scheduler.submit(work)
     return sink
+
+
+async def test_the_loop_runs_on_while_a_long_prompt_is_tokenized(tmp_path: Path) -> None:
+    """A prompt is tokenized whole where its length gives no bound on its tokens (here the
+    EOS token takes the whitespace before it): on a worker thread, by a call that releases
+    the GIL, so the event loop serves everyone else meanwhile."""
+    from tokenizers import AddedToken
+
+    tokenizer = llmrepo.byte_tokenizer()
+    tokenizer.add_special_tokens([AddedToken(llmrepo.EOS_TOKEN, lstrip=True, special=True)])
+    scheduler = engine(tmp_path, tokenizer=tokenizer)
+    assert scheduler._model.tokenizer.max_token_bytes is None  # white box: no shortcut
+    gaps: list[float] = []
+
+    async def heartbeat() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    beat = asyncio.ensure_future(heartbeat())
+    try:
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        with pytest.raises(ServerError, match="maximum context length is 256 tokens"):
+            await ask(scheduler, "a b " * 500_000)  # 2 MB: seconds of tokenizing
+        took = time.monotonic() - started
+    finally:
+        beat.cancel()
+        await scheduler.close(1)
+    # With the GIL held the loop would stand still the whole time; generous for a busy
+    # machine, whose threads may wait for a core.
+    assert max(gaps) < took / 2, (max(gaps), took)
+
+
+async def test_a_prompt_whose_length_alone_is_past_the_context_is_never_tokenized(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scheduler = engine(tmp_path)  # 256 tokens; no token stands for more than 13 bytes
+    tokenizer = scheduler._model.tokenizer
+    assert tokenizer.max_token_bytes == len(llmrepo.EOS_TOKEN)
+
+    def encode(text: str) -> list[int]:
+        raise AssertionError("tokenized")
+
+    try:
+        monkeypatch.setattr(tokenizer, "encode", encode)
+        with pytest.raises(ServerError) as refused:
+            await ask(scheduler, "x" * 8_000_000)
+        assert refused.value.code is ErrorCode.INVALID_ARG
+        assert refused.value.message == (
+            "This model's maximum context length is 256 tokens. However, the prompt is at "
+            "least 615385 tokens (8000000 bytes, at most 13 a token), which leaves no room "
+            "to generate."
+        )
+        # 2600 bytes are at least 200 tokens: with 100 more to generate, past 256.
+        with pytest.raises(ServerError, match="you requested at least 300 tokens"):
+            await ask(scheduler, "x" * 2600, 100)
+    finally:
+        await scheduler.close(1)

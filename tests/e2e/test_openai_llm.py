@@ -136,6 +136,25 @@ def test_a_prompt_past_the_context_is_400(server: ServerProcess) -> None:
     assert answer.status_code == 400
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_a_prompt_of_megabytes_is_refused_at_once_by_its_length(
+    server: ServerProcess, path: str
+) -> None:
+    # 8 MB: seconds of tokenizing, during which the server would serve no one, only to be
+    # refused after. No token of this model stands for more than 13 bytes of text.
+    big = "a b " * 2_000_000
+    param = "messages" if "chat" in path else "prompt"
+    body: dict[str, object] = {"model": "tiny_llm", "max_tokens": 4}
+    body[param] = [{"role": "user", "content": big}] if param == "messages" else big
+    answer = httpx.post(server.base_url + path, json=body, timeout=60)
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert error["param"] == param
+    expected = f"maximum context length is {CONTEXT} tokens. However, the prompt is at least "
+    assert expected in error["message"]
+
+
 @pytest.mark.parametrize(
     ("sampling", "param"),
     [({"seed": -1}, "seed"), ({"stop": [f"s{i}" for i in range(65)]}, "stop")],

@@ -21,7 +21,7 @@ from ge_serve.backends.llm.sampling import (
     sampling_params,
 )
 from ge_serve.backends.llm.settings import SamplingDefaults
-from ge_serve.backends.llm.text import Detokenizer, StopStrings, Tokenizer
+from ge_serve.backends.llm.text import GIL_FREE_CHARS, Detokenizer, StopStrings, Tokenizer
 from ge_serve.backends.onnx_io import max_intra_op_threads
 from ge_serve.scheduler.genplan import Limits, plan_step
 from ge_serve.scheduler.genseq import Sequence
@@ -297,6 +297,132 @@ def test_detokenizer_holds_a_split_character_until_it_is_whole(tmp_path: Any) ->
     assert "".join(deltas) == text
     assert "\ufffd" not in "".join(deltas)
     assert deltas[1] == "" and deltas[2] == "ñ"
+
+
+def test_a_long_text_is_tokenized_as_a_short_one(tmp_path: Any) -> None:
+    # Past GIL_FREE_CHARS another call tokenizes (one that releases the GIL): the same ids.
+    tokenizer = saved(tmp_path, llmrepo.byte_tokenizer())
+    text = "añ€🍕 <|endoftext|>x" * 100
+    assert len(text) > GIL_FREE_CHARS
+    assert tokenizer.encode(text) == list(llmrepo.byte_tokenizer().encode(text).ids)
+
+
+def saved(tmp_path: Any, hf_tokenizer: Any) -> Tokenizer:
+    path = tmp_path / "tokenizer.json"
+    hf_tokenizer.save(str(path))
+    return Tokenizer(path)
+
+
+def spaces_bpe() -> Any:
+    """Byte-level BPE whose longest token is four spaces, "ĠĠĠĠ": 4 bytes of text, though
+    8 bytes in UTF-8."""
+    from tokenizers import Tokenizer as HfTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    vocab = {char: i for i, char in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    vocab["ĠĠ"] = len(vocab)
+    vocab["ĠĠĠĠ"] = len(vocab)
+    tokenizer = HfTokenizer(models.BPE(vocab=vocab, merges=[("Ġ", "Ġ"), ("ĠĠ", "ĠĠ")]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def metaspace_bpe() -> Any:
+    """A Llama-2-like BPE: the normalizer turns spaces into "▁" (1 byte into 3)."""
+    from tokenizers import Tokenizer as HfTokenizer
+    from tokenizers import models, normalizers
+
+    vocab = {"<unk>": 0, "▁": 1, "a": 2, "▁▁": 3, "▁a": 4}
+    tokenizer = HfTokenizer(
+        models.BPE(vocab=vocab, merges=[("▁", "▁"), ("▁", "a")], unk_token="<unk>")
+    )
+    tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+    )
+    return tokenizer
+
+
+TEXTS = ["", " ", " " * 401, "a " * 50, "  a  ", "añ€🍕 x", "<|endoftext|>" * 9, "K" * 40]
+
+
+@pytest.mark.parametrize(
+    ("build", "most"),
+    [(spaces_bpe, 4), (llmrepo.byte_tokenizer, len("<|endoftext|>")), (metaspace_bpe, 6)],
+    ids=["byte-level", "added-token", "metaspace"],
+)
+def test_no_text_has_fewer_tokens_than_its_length_bounds(
+    tmp_path: Any, build: Any, most: int
+) -> None:
+    tokenizer = saved(tmp_path, build())
+    assert tokenizer.max_token_bytes == most
+    for text in TEXTS:
+        assert len(tokenizer.encode(text)) >= tokenizer.min_tokens(len(text.encode())), text
+    if build is spaces_bpe:  # byte-level tokens counted by the bytes they stand for
+        assert len(tokenizer.encode(" " * 400)) == tokenizer.min_tokens(400) == 100
+
+
+def lstrip_token(tokenizer: Any) -> None:
+    from tokenizers import AddedToken
+
+    tokenizer.add_special_tokens([AddedToken("<s>", lstrip=True)])
+
+
+def set_normalizer(name: str, *args: Any) -> Any:
+    def edit(tokenizer: Any) -> None:
+        from tokenizers import normalizers
+
+        tokenizer.normalizer = getattr(normalizers, name)(*args)
+
+    return edit
+
+
+def whitespace_split(tokenizer: Any) -> None:
+    from tokenizers import pre_tokenizers
+
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+
+
+def word_piece(tokenizer: Any) -> None:
+    from tokenizers import models
+
+    tokenizer.model = models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]")
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        # "<s>" takes the whitespace before it, however long.
+        lstrip_token,
+        # The Kelvin sign (3 bytes) lowercases to "k" (1 byte); NFKC maps the fullwidth
+        # A (U+FF21, 3 bytes) to "A"; Strip and a shorter Replace drop text.
+        set_normalizer("Lowercase"),
+        set_normalizer("NFKC"),
+        set_normalizer("Strip"),
+        set_normalizer("Replace", "  ", " "),
+        # Whitespace drops the spaces between words; WordPiece makes one [UNK] of a word.
+        whitespace_split,
+        word_piece,
+        # The text is cut to 16 tokens, whatever its length.
+        lambda tokenizer: tokenizer.enable_truncation(16),
+    ],
+    ids=[
+        "lstrip",
+        "lowercase",
+        "nfkc",
+        "strip",
+        "replace",
+        "whitespace",
+        "wordpiece",
+        "truncation",
+    ],
+)
+def test_a_tokenizer_that_can_shrink_text_gives_no_bound(tmp_path: Any, edit: Any) -> None:
+    hf_tokenizer = spaces_bpe()
+    edit(hf_tokenizer)
+    tokenizer = saved(tmp_path, hf_tokenizer)
+    assert tokenizer.max_token_bytes is None
+    assert tokenizer.min_tokens(10**9) == 0
 
 
 def test_top_p_keeps_the_smallest_nucleus_over_a_large_flat_vocabulary() -> None:
