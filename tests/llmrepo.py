@@ -159,4 +159,10 @@ def reference_mismatch(text: str, generated: Sequence[int], steps: int) -> str |
 def reference_text(text: str, steps: int) -> str:
     """What the server must answer for a greedy request of `steps` tokens."""
     ids = [i for i in reference_greedy(text, steps) if i != tiny_model().eos_id]
-    return str(byte_tokenizer().decode(ids))
+    return answer_text(ids)
+
+
+def answer_text(ids: Sequence[int]) -> str:
+    """The text of generated `ids` as the server answers it: an answer cut inside a
+    character ends without it (the random model often stops mid-character)."""
+    return str(byte_tokenizer().decode(list(ids))).rstrip("\ufffd")

@@ -5,7 +5,8 @@ tokens (the first token alone decodes to U+FFFD), and a tokenizer's decoder may 
 token differently at the start of a text. `Detokenizer` decodes a short window of recent
 tokens (from `prefix` to the end) and emits only what that window adds beyond what it
 decoded without the newest tokens, holding text back while it ends in an incomplete
-character (vLLM's and TGI's scheme). Its cost per token is constant.
+character (vLLM's and TGI's scheme). Its cost per token is constant. An answer that ends
+inside a character (`max_tokens` cut it) ends without it, as in vLLM.
 
 `Tokenizer.encode` tokenizes a long text with `encode_batch`, which releases the GIL
 while it works (`encode` holds it for the whole call): a long prompt is tokenized on a
@@ -171,14 +172,16 @@ class Detokenizer:
         return delta
 
     def flush(self) -> str:
-        """What is left undecoded at the end (an incomplete character, as U+FFFD)."""
+        """The text held back at the end, less the incomplete character that held it:
+        as in vLLM, an answer cut inside a character never shows it (not even as U+FFFD),
+        so the streamed and the whole answer agree."""
         if self._read == len(self.ids):
             return ""
         decode = self._tokenizer.decode
         before = decode(self.ids[self._prefix : self._read], self._skip)
         after = decode(self.ids[self._prefix :], self._skip)
         self._read = len(self.ids)
-        return after[len(before) :]
+        return after[len(before) :].rstrip(REPLACEMENT)
 
 
 class StopStrings:

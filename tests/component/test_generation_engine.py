@@ -117,8 +117,7 @@ async def together(
 
 
 def expected(prompt: str) -> str:
-    ids = llmrepo.reference_ids(prompt, TOKENS)
-    return str(llmrepo.byte_tokenizer().decode(ids))
+    return llmrepo.answer_text(llmrepo.reference_ids(prompt, TOKENS))
 
 
 async def test_every_batching_mode_gives_the_reference_answers(

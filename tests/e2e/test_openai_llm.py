@@ -12,7 +12,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from llmrepo import prompt_ids, reference_greedy, reference_text, tiny_model, write_tiny_llm
+from llmrepo import (
+    answer_text,
+    byte_tokenizer,
+    prompt_ids,
+    reference_greedy,
+    reference_text,
+    tiny_model,
+    write_tiny_llm,
+)
 from polling import poll
 from promtext import scrape
 from serverproc import ServerProcess, running_server
@@ -183,6 +191,32 @@ def test_a_prompt_past_the_context_names_the_prompt(server: ServerProcess) -> No
         body = {"model": "tiny_llm", field: prompt}
         error = httpx.post(server.base_url + path, json=body, timeout=30).json()["error"]
         assert (error["code"], error["param"]) == ("context_length_exceeded", field)
+
+
+def test_an_answer_cut_inside_a_character_ends_without_it(client: openai.OpenAI) -> None:
+    # The random model's second token here is the first byte of a character; max_tokens
+    # ends the answer there. The answer drops the part character (as vLLM), streamed or
+    # not, and still counts its token.
+    prompt, tokens = "Say 0:", 2
+    ids = reference_greedy(prompt, tokens)
+    assert len(ids) == tokens and byte_tokenizer().decode(ids).endswith("\ufffd")
+    whole = client.completions.create(
+        model="tiny_llm", prompt=prompt, temperature=0, max_tokens=tokens
+    )
+    assert whole.choices[0].text == answer_text(ids) == byte_tokenizer().decode(ids[:1])
+    assert whole.usage is not None and whole.usage.completion_tokens == tokens
+    chunks = list(
+        client.completions.create(
+            model="tiny_llm",
+            prompt=prompt,
+            temperature=0,
+            max_tokens=tokens,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == tokens
 
 
 def test_more_messages_than_the_context_has_tokens_is_400_before_they_are_checked(

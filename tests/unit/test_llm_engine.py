@@ -299,6 +299,17 @@ def test_detokenizer_holds_a_split_character_until_it_is_whole(tmp_path: Any) ->
     assert deltas[1] == "" and deltas[2] == "ñ"
 
 
+def test_an_answer_cut_inside_a_character_ends_without_it(tmp_path: Any) -> None:
+    # max_tokens can end an answer after the first bytes of a character: as vLLM, the
+    # answer drops them rather than showing U+FFFD, and keeps what came before.
+    tokenizer = saved(tmp_path, llmrepo.byte_tokenizer())
+    ids = tokenizer.encode("a🍕b🍕")[:-2]
+    detok = Detokenizer(tokenizer)
+    text = "".join(detok.add(i) for i in ids) + detok.flush()
+    assert text == "a🍕b"
+    assert detok.flush() == ""
+
+
 def test_a_long_text_is_tokenized_as_a_short_one(tmp_path: Any) -> None:
     # Past GIL_FREE_CHARS another call tokenizes (one that releases the GIL): the same ids.
     tokenizer = saved(tmp_path, llmrepo.byte_tokenizer())
