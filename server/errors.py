@@ -181,6 +181,16 @@ def shutting_down() -> ServerError:
     return ServerError(ErrorCode.UNAVAILABLE, "Server is shutting down")
 
 
+def cut_off_at_exit() -> ServerError:
+    """A request still running when the stopping server's exit timeout ran out: ended by
+    the server, so that its client is told rather than left with a cut connection. It may
+    have run in part (a stream, some of its responses)."""
+    return ServerError(
+        ErrorCode.UNAVAILABLE,
+        "Server is shutting down: the request did not finish within the exit timeout",
+    )
+
+
 def queue_full() -> ServerError:
     """Untagged: a request its queue refused is not counted as failed (statistics.py)."""
     return ServerError(ErrorCode.UNAVAILABLE, "Exceeds maximum queue size")

@@ -113,6 +113,13 @@ class InferenceServer:
     def stop_accepting(self) -> None:
         self.path.accepting = False
 
+    def end_running(self) -> int:
+        """At a stopping server's exit timeout: refuse every request from now on, and end
+        the ones still running with UNAVAILABLE, so that the front ends answer them before
+        they close (cutoff.py). Returns how many were running."""
+        self.stop_accepting()
+        return self.path.cutoff.cut()
+
     def metadata(self) -> ServerMetadata:
         extensions = self.info.extensions
         if not self.shared_memory.enabled:

@@ -16,6 +16,9 @@ Every way into the core runs through here: `InferenceServer.infer` (a client's r
    to its replacement, a few times at most.
 6. Failures classified once (failures.py), and every observer told how the request ended
    (`_finished`), which also ends its trace.
+
+While it runs, a request is held in `cutoff` (cutoff.py), which a stopping server uses to
+answer what is still running at its exit timeout.
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ from typing import Protocol
 from ge_serve.scheduler.work import Array, WorkItem
 
 from ..control.sharedmemory import SharedMemoryManager
-from ..errors import ErrorCode, SchedulerClosed, ServerError, shutting_down
+from ..errors import ErrorCode, SchedulerClosed, ServerError, cut_off_at_exit, shutting_down
 from ..models.lifecycle import ModelLifecycle
 from ..observability.statistics import StatisticsCollector
 from ..observability.tracing import Trace, submit_traced
+from .cutoff import CutOff, Responses
 from .failures import failure_of, unlinked
 from .model import ModelVersion
 from .request_level import (
@@ -97,6 +101,7 @@ class InferPath:
         self.stats = stats
         self.observers: list[InferObserver] = [stats]
         self.accepting = True
+        self.cutoff = CutOff()
 
     # --- admission -----------------------------------------------------------------------
 
@@ -123,6 +128,8 @@ class InferPath:
     ) -> tuple[InferResponse, WorkItem]:
         targets = map_request(self.shared_memory, request)
         attempt = _Attempt(model)
+        cutoff = self.cutoff
+        task = cutoff.enter()
         try:
             await self._execute(attempt, request, started, trace, bypass_cache=bool(targets))
             response = self._response(request, attempt)
@@ -131,17 +138,24 @@ class InferPath:
                 write_outputs(response, targets)
         except (Exception, asyncio.CancelledError) as exc:
             item = attempt.item
-            error = failure_of(exc, executing=item is not None and attempt.outputs is None)
             cancelled = isinstance(exc, asyncio.CancelledError)
+            # Still running at the exit timeout: ended by the server, which answers it.
+            ended = cancelled and cutoff.caught(task)
+            if ended:
+                error = cut_off_at_exit()
+            else:
+                error = failure_of(exc, executing=item is not None and attempt.outputs is None)
             if cancelled and item is not None and item.context is not None:
                 item.context.cancelled = True
             self._finished(attempt.model, item, error, started, trace=trace)
-            if cancelled:
+            if cancelled and not ended:
                 raise
             try:
                 raise unlinked(error, exc)
             finally:
                 del error  # see `unlinked`
+        finally:
+            cutoff.leave(task)
         cached = attempt.cached
         hit = cached if cached is not None and cached.found is not None else None
         self._finished(attempt.model, attempt.item, None, started, hit, trace)
@@ -267,9 +281,12 @@ class InferPath:
         item: WorkItem | None = None
         submitted: asyncio.Task[dict[str, Array]] | None = None
         failed: ServerError | None = None
+        held = Responses(sink)
+        self.cutoff.responses.add(held)
         try:
-            item = self._work_item(request, model, started, sink=sink)
+            item = held.item = self._work_item(request, model, started, sink=sink)
             submitted = asyncio.ensure_future(model.scheduler.submit(item))
+            held.submitted = submitted
             submitted.add_done_callback(lambda task: _submit_ended(task, sink))
             while True:
                 outputs, error, final, parameters = await sink.get()
@@ -308,6 +325,8 @@ class InferPath:
                 raise unlinked(error, exc)
             finally:
                 del error  # see `unlinked`
+        finally:
+            self.cutoff.responses.discard(held)
         self._finished(model, item, failed, started)
 
     # --- the end of a request --------------------------------------------------------------
