@@ -30,7 +30,7 @@ from ge_serve.scheduler.factory import SchedulerOptions, build_scheduler
 from .control.logsettings import LogControl
 from .control.model_control import ControlMode, ControlSettings, ModelControl
 from .control.sharedmemory import SharedMemoryManager
-from .control.stopping import DrainGate
+from .control.stopping import ANSWER_S, DrainGate
 from .errors import ErrorCode, ServerError
 from .grpc.server import GrpcFrontEnd
 from .http.app import HttpFrontEnd
@@ -267,7 +267,8 @@ class ServerApp:
             "forward": f"127.0.0.1:{self.grpc.port}",
             "options": public.channel_options(),
             "restricted": public.restricted,
-            "grace_s": self.settings.exit_timeout_secs,
+            # The calls this process ends at the exit timeout are answered through them.
+            "grace_s": self.settings.exit_timeout_secs + ANSWER_S,
         }
         spec = WorkerSpec(
             "ge_serve.server.grpc.worker",
@@ -301,7 +302,8 @@ class ServerApp:
             "max_input_size": self.http.settings.max_input_size,
             "max_chunks": self.http.settings.max_chunks,
             "restricted": bool(settings.http_restricted_api),
-            "grace_s": settings.exit_timeout_secs,
+            # The requests this process ends at the exit timeout are answered through them.
+            "grace_s": settings.exit_timeout_secs + ANSWER_S,
         }
         spec = WorkerSpec(
             "ge_serve.server.http.worker", "HTTP", settings.http_workers, config, (sock.fileno(),)
@@ -354,18 +356,25 @@ class ServerApp:
         its listener open, refuses new work UNAVAILABLE and finishes the calls it has
         admitted. Only then does the core refuse requests, so one whose body was still
         arriving at the signal is served rather than refused.
+
+        What still runs at the exit timeout, the core ends with UNAVAILABLE then, and the
+        front ends have ANSWER_S more to send those answers before they close
+        (server/inference/cutoff.py): closing first would cancel the requests, and their
+        clients would get a 500 or a stream cut mid-body instead.
         """
         timeout = self.settings.exit_timeout_secs
         self.core.begin_draining()
         deadline = time.monotonic() + timeout
+        cut = asyncio.get_running_loop().call_later(timeout, self.core.end_running)
         for server in self._servers:
             server.stop(deadline)
         grpc_stopped = asyncio.create_task(self.grpc.stop(timeout), name="grpc-stop")
         stopping = [*self._tasks, grpc_stopped]
         for workers in (self.grpc_workers, self.http_workers):
             if workers is not None:
-                stopping.append(asyncio.create_task(workers.stop(timeout)))
-        await asyncio.wait(stopping, timeout=timeout + 2)
+                stopping.append(asyncio.create_task(workers.stop(timeout + ANSWER_S)))
+        await asyncio.wait(stopping, timeout=timeout + ANSWER_S + 2)
+        cut.cancel()
         # The gRPC stop ends on its own once the timeout has passed (it cancels what is
         # left); it must end before the loop closes, or grpc's poller thread outlives it.
         try:

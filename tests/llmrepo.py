@@ -36,6 +36,18 @@ def tiny_model(seed: int = 0) -> TinyModel:
     return TinyModel(cfg, smollm.llama_onnx().random_weights(cfg, seed=seed), eos_id=256)
 
 
+@cache
+def slow_model() -> TinyModel:
+    """Wider and deeper than `tiny_model`, random too: its steps take milliseconds even on a
+    fast host, so a generation of a thousand tokens or more outlasts a deadline of a second
+    (tests of what the server does to the generations still running then)."""
+    cfg = smollm.tiny_config(
+        vocab_size=VOCAB, max_position_embeddings=2048, hidden_size=512,
+        intermediate_size=1024, num_layers=8, num_heads=8, num_kv_heads=2,
+    )  # fmt: skip
+    return TinyModel(cfg, smollm.llama_onnx().random_weights(cfg, seed=0), eos_id=256)
+
+
 def byte_tokenizer() -> Any:
     """Byte-level BPE without merges: one token per byte, plus the EOS token (256)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -51,12 +63,16 @@ def byte_tokenizer() -> Any:
 
 
 def write_tiny_llm(
-    repo: Path, name: str = "tiny_llm", parameters: Mapping[str, str] | None = None
+    repo: Path,
+    name: str = "tiny_llm",
+    parameters: Mapping[str, str] | None = None,
+    model: TinyModel | None = None,
 ) -> Path:
-    """A model folder for the tiny model; `parameters` add to or replace the engine's."""
+    """A model folder for the tiny model (or `model`); `parameters` add to or replace the
+    engine's."""
     import onnx
 
-    model = tiny_model()
+    model = model or tiny_model()
     folder = repo / name
     version = folder / "1"
     version.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,12 @@ linger is bounded by `LINGER_MAX_S` and by the exit timeout, so that a client th
 without end cannot hold the process; such a client may still meet grpc core's CANCELLED
 when the connections finally close.
 
+What is still running when the exit timeout runs out, the core ends with UNAVAILABLE
+(server/inference/cutoff.py), and the front ends answer it as any error. They wait
+`ANSWER_S` more for those answers to leave before they close the connections, which
+cancels whatever is left: without that, the closing front end would cancel the requests
+first, and their clients would get a 500 or a cut stream rather than the error.
+
 An open gate costs an admitted call one flag test and a counter on each side; the future
 that a drain waits on exists only while it waits.
 """
@@ -37,6 +43,9 @@ from ..errors import shutting_down
 # front end lingers for that.
 QUIET_S: Final = 0.1
 LINGER_MAX_S: Final = 1.0
+# How long past the exit timeout the front ends wait for the answers of the requests the
+# core ended then (an answer is written at once; this bounds a client that reads slowly).
+ANSWER_S: Final = 1.0
 
 
 class DrainGate:

@@ -16,6 +16,7 @@ from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from ..control.stopping import ANSWER_S
 from ..errors import ErrorCode, ServerError
 from ..inference.core import InferenceServer
 from ..startup.gcheap import collect_all
@@ -197,18 +198,19 @@ class GrpcFrontEnd:
         )
 
     async def stop(self, grace_s: float) -> None:
-        """Drain, then stop, all within `grace_s` (see `_stop`); a second call waits for the
-        stop already under way."""
+        """Drain, then stop, within `grace_s` and ANSWER_S more (see `_stop`); a second call
+        waits for the stop already under way."""
         if self._stopping is None:
             self._stopping = asyncio.create_task(self._stop(grace_s), name="grpc-stop")
         await asyncio.shield(self._stopping)
 
     async def _stop(self, grace_s: float) -> None:
-        """Drain, then stop, all within `grace_s`.
+        """Drain, then stop, within `grace_s` and ANSWER_S more.
 
         Health turns NOT_SERVING and the RPCs that start work are refused UNAVAILABLE while
         the listener stays open; open streams read no more requests. Once every admitted
-        call has ended and refusals have gone quiet (or `grace_s` has passed) the grpc
+        call has ended and refusals have gone quiet (or `grace_s` has passed, the core has
+        ended the calls still running and ANSWER_S has passed for their answers) the grpc
         server stops, cancelling what is left. Stopping it earlier would have grpc core
         drop calls that had arrived but were not yet handled, which their clients see as
         CANCELLED (see server/control/stopping.py).
@@ -223,11 +225,14 @@ class GrpcFrontEnd:
                 await self._health_task
         await self.health.enter_graceful_shutdown()
         gate = self.servicer.gate
-        if await gate.wait_idle(deadline - time.monotonic()):
+        # At the deadline the core ends the calls still running, UNAVAILABLE; their
+        # answers get ANSWER_S to leave (server/control/stopping.py).
+        answered = deadline + ANSWER_S
+        if await gate.wait_idle(answered - time.monotonic()):
             await gate.linger(deadline - time.monotonic())
         else:
             log.warning(
-                "%d gRPC call(s) still running after the %ss exit timeout are cancelled",
+                "%d gRPC call(s) still unanswered after the %ss exit timeout are cancelled",
                 gate.active,
                 grace_s,
             )
@@ -235,7 +240,7 @@ class GrpcFrontEnd:
         # grpc core ends a call that no handler has picked up by then CANCELLED, not
         # UNAVAILABLE (grpc/grpc#41785); the drain and linger above leave it none but
         # those of clients that kept retrying through the linger.
-        await server.stop(max(deadline - time.monotonic(), 0.0))
+        await server.stop(max(answered - time.monotonic(), 0.0))
         intake, self._intake = self._intake, None
         if intake is not None:
             await intake.close()

@@ -15,7 +15,7 @@ from typing import Any
 
 import uvicorn
 
-from ..control.stopping import DrainGate
+from ..control.stopping import ANSWER_S, DrainGate
 from .protocol import TritonHttpProtocol
 
 
@@ -75,7 +75,8 @@ class EmbeddedUvicorn(uvicorn.Server):
         yield
 
     def stop(self, deadline: float) -> None:
-        """Begin a graceful stop, to be over by `deadline` (time.monotonic())."""
+        """Begin a graceful stop: the requests in flight have until `deadline`
+        (time.monotonic()), the exit timeout, and their answers ANSWER_S more."""
         self.deadline = deadline
         if self.gate is not None:
             self.gate.close()
@@ -94,7 +95,8 @@ class EmbeddedUvicorn(uvicorn.Server):
                     sock.close()
                 await self.gate.linger(self.deadline - time.monotonic())
             # Read here by uvicorn, as it waits for the requests in flight (a float works,
-            # see front_end_config).
-            left = max(self.deadline - time.monotonic(), 0.0)
+            # see front_end_config). Past the deadline the core ends what still runs, and
+            # the answers get ANSWER_S to leave before uvicorn cancels (stopping.py).
+            left = max(self.deadline + ANSWER_S - time.monotonic(), 0.0)
             self.config.timeout_graceful_shutdown = left  # type: ignore[assignment]
         await super().shutdown(sockets)
