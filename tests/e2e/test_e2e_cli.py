@@ -134,13 +134,15 @@ def test_a_startup_model_that_fails_is_logged_when_the_server_goes_on() -> None:
 
 
 def test_startup_log_shows_models_and_addresses(server: ServerProcess) -> None:
+    # The address line follows the listener's start, so a ready answer may come first.
+    started = f"Started HTTPService at 127.0.0.1:{server.http_port}"
+    poll(lambda: started in server.log(), 10, "the address line")
     log = server.log()
     assert "Model" in log and "| Version | Status" in log
     for name in ("image_classifier", "simple", "simple_string"):
         assert any(
             line.startswith(name) and line.rstrip().endswith("| READY") for line in log.splitlines()
         ), log
-    assert f"Started HTTPService at 127.0.0.1:{server.http_port}" in log
 
 
 # --- graceful stop ---------------------------------------------------------------------------
