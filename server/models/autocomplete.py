@@ -187,6 +187,18 @@ def complete(
         config.default_model_filename = backend.default_model_filename()
 
 
+def refuse_cache_when_decoupled(config: model_config_pb2.ModelConfig) -> None:
+    """The cache keeps one result per request, which a decoupled model's stream does not
+    fit; as Triton does, refuse the load rather than serve the model with the cache its
+    config asks for silently off. Also run once an ensemble's decoupling is known."""
+    if config.model_transaction_policy.decoupled and config.response_cache.enable:
+        raise ServerError(
+            ErrorCode.INVALID_ARG,
+            f"Response Cache does not currently support model {config.name} with "
+            "'decoupled' transaction policy. Please disable the response cache.",
+        )
+
+
 def check(config: model_config_pb2.ModelConfig) -> None:
     """Refuse configs that cannot serve, with a reason a person can act on."""
     if config.max_batch_size < 0:
@@ -195,15 +207,8 @@ def check(config: model_config_pb2.ModelConfig) -> None:
             f"'max_batch_size' must be non-negative value for {config.name}",
         )
     # After auto-complete, since a Python model's auto_complete_config may make it
-    # decoupled. The cache keeps one result per request, which a decoupled model's stream
-    # does not fit; as Triton does, refuse the load rather than serve the model with the
-    # cache its config asks for silently off.
-    if config.model_transaction_policy.decoupled and config.response_cache.enable:
-        raise ServerError(
-            ErrorCode.INVALID_ARG,
-            f"Response Cache does not currently support model {config.name} with "
-            "'decoupled' transaction policy. Please disable the response cache.",
-        )
+    # decoupled.
+    refuse_cache_when_decoupled(config)
     if not config.input:
         raise ServerError(ErrorCode.INVALID_ARG, f"model '{config.name}' has no inputs")
     if not config.output:

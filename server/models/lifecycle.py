@@ -26,7 +26,7 @@ from ..errors import (
 )
 from ..inference.model import ModelVersion, tensor_specs
 from ..inference.reports import ModelState, RepositoryEntry
-from . import ensemble_config
+from . import autocomplete, ensemble_config
 from .loadpool import LoadPool
 from .namespaces import model_name, qualify_steps, resolve
 from .preparing import PreparedLoad, prepare_load
@@ -371,6 +371,7 @@ class ModelLifecycle:
                 # As Triton: a decoupled step makes the ensemble decoupled, and its config
                 # as served says so, for clients that choose streaming by it.
                 config.model_transaction_policy.decoupled = plan.decoupled
+                autocomplete.refuse_cache_when_decoupled(config)
                 factory = lambda c, m: ensemble_scheduler(plan, self.steps)  # noqa: E731
             for version, model in loaded.items():
                 built[version] = factory(config, model)

@@ -32,6 +32,11 @@ REFUSED = {
         "Response Cache does not currently support model auto_stream_cached with "
         "'decoupled' transaction policy. Please disable the response cache."
     ),
+    # Decoupled by its step, which only the ensemble's plan finds out.
+    "stream_ensemble_cached": (
+        "Response Cache does not currently support model stream_ensemble_cached with "
+        "'decoupled' transaction policy. Please disable the response cache."
+    ),
     "ensemble_with_backend": (
         "Ensemble model 'ensemble_with_backend' must have platform type 'ensemble' and empty "
         "backend type"
@@ -74,6 +79,17 @@ ensemble_scheduling { step [ {
 } ] }
 """
 
+STREAM_ENSEMBLE_CACHED = f"""
+name: "stream_ensemble_cached"
+platform: "ensemble"
+{PYTHON_IO}
+{CACHE}
+ensemble_scheduling {{ step [ {{
+  model_name: "square_step" model_version: -1
+  input_map {{ key: "IN" value: "IN" }} output_map {{ key: "OUT" value: "OUT" }}
+}} ] }}
+"""
+
 
 def python_config(name: str, body: str) -> str:
     return f'name: "{name}"\nbackend: "python"\n{body}\n'
@@ -95,6 +111,9 @@ def refusing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess
         python_config("auto_stream_cached", CACHE)
     )
     write_model(repo, "ensemble_with_backend", None, ENSEMBLE_WITH_BACKEND)
+    step = python_config("square_step", f"{DECOUPLED}\n{PYTHON_IO}")
+    pymodels.write_model(repo, "square_step", pymodels.SQUARE, step)
+    write_model(repo, "stream_ensemble_cached", None, STREAM_ENSEMBLE_CACHED)
     negative = python_config("negative_batch", f"max_batch_size: -1\n{PYTHON_IO}")
     pymodels.write_model(repo, "negative_batch", UNUSED, negative)
     for name, (data_type, sources) in BATCH_INPUTS.items():
@@ -139,4 +158,4 @@ def test_the_other_models_serve(refusing: ServerProcess) -> None:
     outputs = {o["name"]: o["data"] for o in response.json()["outputs"]}
     assert outputs == {"SUM": [5, 5, 5, 5], "DIFF": [-3, -1, 1, 3]}
     rows = httpx.post(refusing.base_url + "/v2/repository/index", json={"ready": True}).json()
-    assert [row["name"] for row in rows] == ["good"]
+    assert [row["name"] for row in rows] == ["good", "square_step"]
