@@ -78,8 +78,10 @@ class StepRoutes:
     async def stream(self, call: StepCall) -> AsyncGenerator[StepResult, None]:
         if self.streamer is None:
             raise ServerError(ErrorCode.UNAVAILABLE, "ensembles need an inference server")
-        async for result in self.streamer(call):
-            yield result
+        results = self.streamer(call)
+        async with contextlib.aclosing(results):  # closed with this, as its caller closes it
+            async for result in results:
+                yield result
 
 
 def ensemble_scheduler(plan: EnsemblePlan, routes: StepRoutes) -> EnsembleScheduler:

@@ -169,6 +169,11 @@ class InferEndpoint:
             task.uncancel()
             return
         except ServerError as exc:
+            if task is not None and scope.get(GONE_KEY):
+                # The client left while the request was being ended otherwise (the exit
+                # timeout): nobody to answer, and the disconnect's cancel is withdrawn.
+                task.uncancel()
+                return
             status, payload = http_status(exc), orjson.dumps({"error": exc.message})
             extra = [_JSON, _CLOSE] if isinstance(exc, ClosingError) else [_JSON]
         except Exception as exc:

@@ -24,7 +24,7 @@ Two things differ from uvicorn's parsing, both where HTTP framing meets Triton's
 from __future__ import annotations
 
 import asyncio
-from typing import Final
+from typing import Any, Final
 
 from starlette.types import Receive, Scope, Send
 
@@ -63,6 +63,8 @@ class TritonHttpProtocol(BoundedHttpToolsProtocol):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._chunks = ChunkCount()
+        # Requests still running behind the newest, on a pipelining connection.
+        self._earlier: list[Any] = []
         # Both flags: a call sets every leniency it names, and uvicorn's own is kept.
         self.parser.set_dangerous_leniencies(
             lenient_data_after_close=True, lenient_chunked_length=True
@@ -73,10 +75,13 @@ class TritonHttpProtocol(BoundedHttpToolsProtocol):
         a request it had queued would still run, for nobody. A handler that left its task
         in the scope is cancelled, so its request leaves the queue (or its model learns
         it through is_cancelled()), as a cancelled gRPC call does."""
-        cycle = self.cycle
+        cycles = [self.cycle, *self._earlier]
         super().connection_lost(exc)
-        # Mid-body, the handler's read sees the disconnect itself, and says so.
-        if cycle is not None and not cycle.more_body and not cycle.response_complete:
+        for cycle in cycles:
+            # Mid-body, the handler's read sees the disconnect itself, and says so; once
+            # the answer is being sent, it is left to finish (or fail) sending it.
+            if cycle is None or cycle.more_body or cycle.response_started:
+                continue
             scope: dict[str, object] = cycle.scope  # type: ignore[assignment]
             task = scope.get(TASK_KEY)
             if isinstance(task, asyncio.Task):
@@ -84,6 +89,12 @@ class TritonHttpProtocol(BoundedHttpToolsProtocol):
                 task.cancel()
 
     def on_headers_complete(self) -> None:
+        earlier = self.cycle
+        if earlier is not None and not earlier.response_complete:
+            # A pipelined request: uvicorn keeps only the newest cycle, and the one still
+            # running must be found when the client leaves.
+            self._earlier = [c for c in self._earlier if not c.response_complete]
+            self._earlier.append(earlier)
         self._chunks = ChunkCount()
         self.scope[CHUNKS_KEY] = self._chunks  # type: ignore[typeddict-unknown-key]
         # Most requests have no Transfer-Encoding: one pass finds that out.

@@ -195,9 +195,13 @@ class InferenceServer:
             yield await self.infer_step(call)
             return
         request = _step_request(call, model)
-        async for response in self.path.responses(request, model, admitted=True):
-            outputs = {tensor.name: tensor.data for tensor in response.outputs}
-            yield StepResult(outputs, Timings(), response.parameters, response.final)
+        # Closed with this generator, not later by the loop's finalizer: the step's request
+        # ends (and is counted) when its ensemble request does.
+        responses = self.path.responses(request, model, admitted=True)
+        async with contextlib.aclosing(responses):
+            async for response in responses:
+                outputs = {tensor.name: tensor.data for tensor in response.outputs}
+                yield StepResult(outputs, Timings(), response.parameters, response.final)
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         """Whether the model may answer a request with zero or several responses (Triton's
@@ -226,8 +230,10 @@ class InferenceServer:
             response.final = True  # its one response comes with the final flag
             yield response
             return
-        async for response in self.path.responses(request, model, errors_inline):
-            yield response
+        responses = self.path.responses(request, model, errors_inline)
+        async with contextlib.aclosing(responses):  # as in infer_step_responses
+            async for response in responses:
+                yield response
 
     # --- repository ----------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -263,7 +263,7 @@ class InferPath:
         model: ModelVersion,
         errors_inline: bool = False,
         admitted: bool = False,
-    ) -> AsyncIterator[InferResponse]:
+    ) -> AsyncGenerator[InferResponse, None]:
         """A decoupled model's responses: the request runs through the scheduler like any
         other (its execution may end long before its responses do), and each response
         the backend sends comes out as it arrives, until the final flag.

@@ -330,6 +330,37 @@ def test_an_http_client_that_leaves_takes_its_queued_request_with_it(
     assert after - before <= 3, f"{after - before} executions for 1 request answered"
 
 
+def test_a_pipelining_client_that_leaves_takes_its_running_request_with_it(
+    python_server: ServerProcess,
+) -> None:
+    """uvicorn keeps only a connection's newest request; the one still waiting behind
+    another client's is found and dropped too when the connection closes."""
+    stats = f"{python_server.base_url}/v2/models/sleeper/stats"
+    before = httpx.get(stats).json()["model_stats"][0]["execution_count"]
+    body = orjson.dumps(
+        {"inputs": [{"name": "IN", "shape": [1], "datatype": "FP32", "data": [0.2]}]}
+    )
+    head = (
+        f"POST /v2/models/sleeper/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with httpclient.InferenceServerClient(python_server.http_url, network_timeout=30) as client:
+        busy = client.async_infer("sleeper", [_seconds(0.6)])
+        time.sleep(0.2)  # the model is busy: what comes next waits
+        with socket.create_connection(("127.0.0.1", python_server.http_port)) as sock:
+            sock.sendall((head + body) * 2)
+            time.sleep(0.2)
+        busy.get_result()
+        sleep_for(client, 0)
+    after = httpx.get(stats).json()["model_stats"][0]["execution_count"]
+    assert after - before == 2, f"{after - before} executions for 2 requests answered"
+
+
+def _seconds(value: float) -> httpclient.InferInput:
+    tensor = httpclient.InferInput("IN", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([value], np.float32))
+    return tensor
+
+
 # --- a worker killed -------------------------------------------------------------------------
 
 
