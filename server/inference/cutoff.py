@@ -107,7 +107,10 @@ class CutOff:
             task.cancel()
         count = len(self.responses) + len(tasks)
         if count:
+            # An ensemble's steps are requests of their own, counted with it.
             log.warning(
-                "%d request(s) still running at the exit timeout are ended UNAVAILABLE", count
+                "%d request(s) (ensemble steps included) still running at the exit timeout "
+                "are ended UNAVAILABLE",
+                count,
             )
         return count
