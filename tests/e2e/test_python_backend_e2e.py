@@ -309,23 +309,17 @@ def test_an_http_client_that_leaves_takes_its_queued_request_with_it(
     """As for a cancelled gRPC call: requests whose clients closed the connection while
     they waited are dropped, not run for nobody ahead of the next client's (the model
     runs one request at a time, first come first served)."""
-    stats = f"{python_server.base_url}/v2/models/sleeper/stats"
-    before = httpx.get(stats).json()["model_stats"][0]["execution_count"]
-    body = orjson.dumps(
-        {"inputs": [{"name": "IN", "shape": [1], "datatype": "FP32", "data": [0.2]}]}
-    )
-    head = (
-        f"POST /v2/models/sleeper/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode()
+    before = sleeper_executions(python_server)
+    request = raw_sleep_request(0.2)
     sockets = [socket.create_connection(("127.0.0.1", python_server.http_port)) for _ in range(10)]
     for sock in sockets:
-        sock.sendall(head + body)
+        sock.sendall(request)
     time.sleep(0.3)  # all in: one runs, the others wait
     for sock in sockets:
         sock.close()
     with httpclient.InferenceServerClient(python_server.http_url, network_timeout=30) as client:
         sleep_for(client, 0)
-    after = httpx.get(stats).json()["model_stats"][0]["execution_count"]
+    after = sleeper_executions(python_server)
     # The one running when its client left may finish; the nine waiting never run.
     assert after - before <= 3, f"{after - before} executions for 1 request answered"
 
@@ -335,24 +329,32 @@ def test_a_pipelining_client_that_leaves_takes_its_running_request_with_it(
 ) -> None:
     """uvicorn keeps only a connection's newest request; the one still waiting behind
     another client's is found and dropped too when the connection closes."""
-    stats = f"{python_server.base_url}/v2/models/sleeper/stats"
-    before = httpx.get(stats).json()["model_stats"][0]["execution_count"]
-    body = orjson.dumps(
-        {"inputs": [{"name": "IN", "shape": [1], "datatype": "FP32", "data": [0.2]}]}
-    )
-    head = (
-        f"POST /v2/models/sleeper/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode()
+    before = sleeper_executions(python_server)
+    request = raw_sleep_request(0.2)
     with httpclient.InferenceServerClient(python_server.http_url, network_timeout=30) as client:
         busy = client.async_infer("sleeper", [_seconds(0.6)])
         time.sleep(0.2)  # the model is busy: what comes next waits
         with socket.create_connection(("127.0.0.1", python_server.http_port)) as sock:
-            sock.sendall((head + body) * 2)
+            sock.sendall(request * 2)
             time.sleep(0.2)
         busy.get_result()
         sleep_for(client, 0)
-    after = httpx.get(stats).json()["model_stats"][0]["execution_count"]
+    after = sleeper_executions(python_server)
     assert after - before == 2, f"{after - before} executions for 2 requests answered"
+
+
+def sleeper_executions(server: ServerProcess) -> int:
+    stats = httpx.get(f"{server.base_url}/v2/models/sleeper/stats").json()
+    return int(stats["model_stats"][0]["execution_count"])
+
+
+def raw_sleep_request(seconds: float) -> bytes:
+    """A whole HTTP/1.1 request for the sleeper, to send on a socket of one's own."""
+    body = orjson.dumps(
+        {"inputs": [{"name": "IN", "shape": [1], "datatype": "FP32", "data": [seconds]}]}
+    )
+    head = f"POST /v2/models/sleeper/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}"
+    return (head + "\r\n\r\n").encode() + body
 
 
 def _seconds(value: float) -> httpclient.InferInput:
