@@ -47,11 +47,16 @@ class Responses:
     item: WorkItem | None = None
     submitted: asyncio.Future[dict[str, Array]] | None = None
 
-    def cut(self) -> None:
+    def cancel(self) -> None:
+        """Its reader went away, or the cut came: a model that asks is_cancelled() learns
+        it, and an execution not yet done is cancelled."""
         if self.item is not None and self.item.context is not None:
             self.item.context.cancelled = True
         if self.submitted is not None and not self.submitted.done():
             self.submitted.cancel()
+
+    def cut(self) -> None:
+        self.cancel()
         # Final: what the model still sends is dropped (ResponseQueue takes nothing after).
         self.sink.fail(cut_off_at_exit())
 

@@ -279,14 +279,12 @@ class InferPath:
         map_request(self.shared_memory, request)
         sink = ResponseQueue(asyncio.get_running_loop())
         item: WorkItem | None = None
-        submitted: asyncio.Task[dict[str, Array]] | None = None
         failed: ServerError | None = None
         held = Responses(sink)
         self.cutoff.responses.add(held)
         try:
             item = held.item = self._work_item(request, model, started, sink=sink)
-            submitted = asyncio.ensure_future(model.scheduler.submit(item))
-            held.submitted = submitted
+            submitted = held.submitted = asyncio.ensure_future(model.scheduler.submit(item))
             submitted.add_done_callback(lambda task: _submit_ended(task, sink))
             while True:
                 outputs, error, final, parameters = await sink.get()
@@ -312,11 +310,7 @@ class InferPath:
             error = failure_of(exc, executing=item is not None)
             gone = isinstance(exc, (asyncio.CancelledError, GeneratorExit))
             if gone:
-                # The client went away: a model that asks is_cancelled() learns it.
-                if item is not None and item.context is not None:
-                    item.context.cancelled = True
-                if submitted is not None and not submitted.done():
-                    submitted.cancel()
+                held.cancel()  # the client went away
             # A request closed after an inline error (its stream ended there) failed.
             self._finished(model, item, failed if gone and failed else error, started)
             if gone:
