@@ -12,7 +12,7 @@ import asyncio
 import json
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,18 @@ def stopped_in_time(proc: ServerProcess, signalled: float) -> None:
     assert CANCELLED_BY_UVICORN not in log
     assert "Traceback" not in log, log
     assert "still running at the exit timeout are ended UNAVAILABLE" in log
+
+
+def gauge_reads(
+    proc: ServerProcess, value: float, family: str, **labels: str
+) -> Callable[[], bool]:
+    """A poll condition: the metric `family` with `labels` reads `value`."""
+
+    def reads() -> bool:
+        found = scrape(proc.metrics_url).find(family, **labels)
+        return bool(found) and found[0][1] == value
+
+    return reads
 
 
 def sse_data(lines: list[str]) -> list[str]:
@@ -134,10 +146,7 @@ async def test_generations_running_at_the_exit_timeout_get_the_error_in_their_pr
         for event in first_events:
             await asyncio.wait_for(event.wait(), 60)
 
-        def all_running() -> bool:
-            found = scrape(proc.metrics_url).find("vllm:num_requests_running", model_name=LLM)
-            return bool(found) and found[0][1] == 4
-
+        all_running = gauge_reads(proc, 4, "vllm:num_requests_running", model_name=LLM)
         await asyncio.to_thread(poll, all_running, 30, "the four generations to run")
         signalled = time.monotonic()
         proc.process.send_signal(signal.SIGTERM)
@@ -198,11 +207,7 @@ async def test_a_model_execution_past_the_exit_timeout_is_answered_unavailable(
                 await client.close()
             return None
 
-        def queued() -> bool:
-            found = scrape(proc.metrics_url).find(
-                "nv_inference_pending_request_count", model="sleeper"
-            )
-            return bool(found) and found[0][1] == 1
+        queued = gauge_reads(proc, 1, "nv_inference_pending_request_count", model="sleeper")
 
         async with httpx.AsyncClient(base_url=proc.base_url, timeout=60) as client:
             executing = asyncio.create_task(client.post("/v2/models/sleeper/infer", json=body))
