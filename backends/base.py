@@ -127,6 +127,10 @@ class RequestContext:
     # The core's trace of this request when it is traced, opaque here: a BLS call the
     # model makes for this request hands it back, so the call's trace is its child.
     trace: object | None = None
+    # The request's sequence, as Triton gives it to a backend: its correlation ID (0 or
+    # "" when it names none) and its flags (1: START, 2: END), lifted out of `parameters`.
+    correlation_id: int | str = 0
+    flags: int = 0
 
 
 @dataclass(slots=True)

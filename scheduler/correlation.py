@@ -18,6 +18,10 @@ CorrelationId = int | str
 ID_KEY = "sequence_id"
 START_KEY = "sequence_start"
 END_KEY = "sequence_end"
+SEQUENCE_KEYS = frozenset((ID_KEY, START_KEY, END_KEY))
+# Triton's request flags (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END).
+FLAG_START = 1
+FLAG_END = 2
 # Triton refuses longer string IDs (tritonserver.cc).
 MAX_STRING_ID = 128
 

@@ -43,6 +43,9 @@ class Request(msgspec.Struct, array_like=True):
     inputs: list[ArenaTensor]
     requested: list[str]
     parameters: str
+    # Its sequence: correlation ID (0 or "": none) and Triton's flags (1 START, 2 END).
+    correlation_id: int | str = 0
+    flags: int = 0
 
 
 class BlsRequest(msgspec.Struct, array_like=True):
@@ -55,6 +58,8 @@ class BlsRequest(msgspec.Struct, array_like=True):
     timeout: int
     # The key of the request (still in the worker's hands) the call was made for.
     parent: int | None
+    correlation_id: int | str = 0
+    flags: int = 0
 
 
 # --- server to worker ---------------------------------------------------------------------

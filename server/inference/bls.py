@@ -16,6 +16,7 @@ from typing import Any
 
 from ge_serve.backends.base import ModelError
 from ge_serve.backends.python.host.calls import CoreCall, CoreResponse, Reply
+from ge_serve.scheduler.correlation import END_KEY, FLAG_END, FLAG_START, ID_KEY, START_KEY
 
 from ..errors import ErrorCode, ServerError
 from ..observability.tracing import Trace
@@ -100,6 +101,12 @@ def _request(call: CoreCall) -> InferRequest:
     parameters = dict(call.parameters)
     if not all(isinstance(v, bool | int | float | str) for v in parameters.values()):
         raise ServerError(ErrorCode.INVALID_ARG, "BLS request parameters must be bool, int or str")
+    if call.correlation_id not in (0, "") or call.flags:
+        # The sequence the model set on its InferenceRequest, in the parameters the core
+        # reads a sequence from (Triton sets the request's correlation ID and flags).
+        parameters[ID_KEY] = call.correlation_id
+        parameters[START_KEY] = bool(call.flags & FLAG_START)
+        parameters[END_KEY] = bool(call.flags & FLAG_END)
     return InferRequest(
         model_name=call.model_name,
         model_version=call.model_version,

@@ -207,7 +207,7 @@ class InferPath:
         item = prepare(request, model)
         item.enqueue_ns = started
         if sink is not None or model.loaded.per_request:
-            item.context = request_context(request, sink, trace)
+            item.context = request_context(request, sink, trace, item.sequence)
         return item
 
     @staticmethod

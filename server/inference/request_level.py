@@ -14,6 +14,12 @@ import dataclasses
 from collections.abc import Mapping
 
 from ge_serve.backends.base import Array, ModelError, ParamValue, RequestContext
+from ge_serve.scheduler.correlation import (
+    FLAG_END,
+    FLAG_START,
+    SEQUENCE_KEYS,
+    SequenceFlags,
+)
 
 from ..errors import ErrorCode, FailureReason, ServerError
 from .model import ModelVersion
@@ -24,14 +30,31 @@ _CODES = {code.value: code for code in ErrorCode}
 
 
 def request_context(
-    request: InferRequest, sink: ResponseQueue | None = None, trace: object | None = None
+    request: InferRequest,
+    sink: ResponseQueue | None = None,
+    trace: object | None = None,
+    sequence: SequenceFlags | None = None,
 ) -> RequestContext:
+    """The context a request-level backend sees. The sequence parameters become the
+    correlation ID and flags, as Triton's front ends lift them (a Python model reads them
+    with `correlation_id()` and `flags()`, not in `parameters()`)."""
+    parameters = request.parameters
+    if sequence is None:
+        return RequestContext(
+            id=request.id,
+            parameters=dict(parameters),
+            requested_outputs=tuple(o.name for o in request.outputs),
+            responses=sink,
+            trace=trace,
+        )
     return RequestContext(
         id=request.id,
-        parameters=dict(request.parameters),
+        parameters={k: v for k, v in parameters.items() if k not in SEQUENCE_KEYS},
         requested_outputs=tuple(o.name for o in request.outputs),
         responses=sink,
         trace=trace,
+        correlation_id=sequence.correlation_id,
+        flags=(FLAG_START if sequence.start else 0) | (FLAG_END if sequence.end else 0),
     )
 
 

@@ -227,7 +227,18 @@ class InferenceRequest:
                 raise TritonModelException("inputs must hold pb_utils.Tensor objects")
         self._requested = [_text(n) for n in (requested_output_names or [])]
         self._id = _text(request_id)
-        self._correlation_id = correlation_id
+        if isinstance(correlation_id, int):
+            if not 0 <= correlation_id < 1 << 64:
+                # Triton's is a uint64; pybind11 refuses what does not fit.
+                raise TritonModelException(
+                    f"correlation_id must be an unsigned 64-bit integer, got {correlation_id}"
+                )
+        elif not isinstance(correlation_id, str):
+            raise TritonModelException("Correlation ID must be integer or string")
+        # int(): a bool (an int to pybind11) travels as the number it is.
+        self._correlation_id = (
+            int(correlation_id) if isinstance(correlation_id, int) else correlation_id
+        )
         self._model_version = int(model_version)
         self._flags = int(flags)
         self._timeout = int(timeout)
@@ -253,8 +264,18 @@ class InferenceRequest:
         requested: list[str],
         parameters: str,
         decoupled: bool,
+        correlation_id: int | str = 0,
+        flags: int = 0,
     ) -> InferenceRequest:
-        request = cls(runtime.model_name, inputs, requested, request_id, parameters=parameters)
+        request = cls(
+            runtime.model_name,
+            inputs,
+            requested,
+            request_id,
+            correlation_id,
+            flags=flags,
+            parameters=parameters,
+        )
         request._key = key
         request._trace = InferenceTrace(key)
         request._sender = InferenceResponseSender(runtime, key, decoupled)
@@ -325,6 +346,8 @@ class InferenceRequest:
             json.dumps(self._parameters),
             self._timeout,
             self._trace._key,
+            self._correlation_id,
+            self._flags,
         )
         return Bls(number, call, decoupled)
 

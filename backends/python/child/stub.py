@@ -191,7 +191,7 @@ class Stub:
             requests.append(
                 InferenceRequest.received(
                     one.key, runtime, inputs, one.id, one.requested, one.parameters,
-                    self.decoupled,
+                    self.decoupled, one.correlation_id, one.flags,
                 )
             )  # fmt: skip
         try:

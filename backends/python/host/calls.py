@@ -31,6 +31,10 @@ class CoreCall:
     decoupled: bool = False
     # The trace of the request the call was made for (its RequestContext.trace).
     parent_trace: object | None = None
+    # Its sequence, as the model set it on the pb_utils.InferenceRequest: correlation ID
+    # (0 or "": none) and Triton's flags (1: START, 2: END).
+    correlation_id: int | str = 0
+    flags: int = 0
 
 
 @dataclass(frozen=True, slots=True)

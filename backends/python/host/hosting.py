@@ -151,6 +151,8 @@ class Hosting:
             timeout_us=call.timeout,
             decoupled=decoupled,
             parent_trace=self._parent_trace(call.parent),
+            correlation_id=call.correlation_id,
+            flags=call.flags,
         )
         key = (id(worker), number)
         with self._lock:

@@ -240,7 +240,15 @@ class PythonInstance:
         pendings.append(pending)
         requested = list(context.requested_outputs) or list(self.spec.output_names)
         parameters = json.dumps(dict(context.parameters))
-        return Request(pending.key, context.id, inputs, requested, parameters)
+        return Request(
+            pending.key,
+            context.id,
+            inputs,
+            requested,
+            parameters,
+            context.correlation_id,
+            context.flags,
+        )
 
     def _outputs(
         self, worker: WorkerProcess, pending: Pending, encoded: Encoded
