@@ -102,6 +102,10 @@ class StepCall:
     # The correlation ID and flags the step request carries (the ensemble request's, or
     # those a step before it answered with).
     sequence: SequenceFlags = NO_SEQUENCE
+    # The ensemble request's ID and parameters (the sequence ones aside), which Triton
+    # sets on every step request.
+    request_id: str = ""
+    parameters: Mapping[str, ParamValue] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -208,8 +212,16 @@ class EnsembleScheduler:
         step = self.plan.steps[index]
         inputs = {name: tensors[tensor] for name, tensor in step.inputs if tensor in tensors}
         sequence = self._step_sequence(step, carried, item.sequence or NO_SEQUENCE)
+        context = item.context
         return StepCall(
-            step.model_name, step.model_version, inputs, item.priority, item.timeout_us, sequence
+            step.model_name,
+            step.model_version,
+            inputs,
+            item.priority,
+            item.timeout_us,
+            sequence,
+            context.id if context is not None else "",
+            context.parameters if context is not None else {},
         )
 
     def _failed(self, exc: ServerError) -> ServerError:

@@ -295,23 +295,23 @@ class InferenceServer:
 
 
 def _step_request(call: StepCall, model: ModelVersion) -> InferRequest:
-    """A step's request, naming the ensemble request's sequence as a client's would."""
+    """A step's request: the ensemble request's ID and parameters, and the sequence the
+    step is in, named as a client's request would name it."""
     inputs = []
     for name, array in call.inputs.items():
         spec = model.inputs.get(name)
         datatype = spec.datatype if spec is not None else DataType.from_numpy(array.dtype)
         inputs.append(Tensor(name, datatype, tuple(array.shape), array))
     sequence = call.sequence
-    parameters: dict[str, ParamValue] = {}
+    parameters: dict[str, ParamValue] = dict(call.parameters)
     if sequence.in_sequence or sequence.start or sequence.end:
-        parameters = {
-            ID_KEY: sequence.correlation_id,
-            START_KEY: sequence.start,
-            END_KEY: sequence.end,
-        }
+        parameters[ID_KEY] = sequence.correlation_id
+        parameters[START_KEY] = sequence.start
+        parameters[END_KEY] = sequence.end
     return InferRequest(
         model_name=call.model_name,
         model_version=call.model_version,
+        id=call.request_id,
         inputs=inputs,
         parameters=parameters,
         priority=call.priority,

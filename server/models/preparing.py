@@ -53,7 +53,9 @@ def prepare_load(
         ensemble_config.check_ensemble(config)
         backend: Backend = ensemble_config.ENSEMBLE_BACKEND
         labels = read_labels(config, source.path)
-        empty = {version: LoadedModel(executors=[]) for version in versions}
+        # per_request: each request keeps its context (ID, parameters), which the
+        # scheduler hands its steps, as Triton's ensemble sets them on each step request.
+        empty = {version: LoadedModel(executors=[], per_request=True) for version in versions}
         seconds = time.monotonic() - started
         return PreparedLoad(config, backend, source, labels, empty, {}, seconds)
     newest = source.path / str(versions[-1])

@@ -1,7 +1,8 @@
-"""A Python model's view of a request's sequence, against the real server: Triton's
+"""What a Python model sees of a request, against the real server: Triton's
 `request.correlation_id()` and `request.flags()`, sequence parameters kept out of
-`request.parameters()`, and BLS requests that name a sequence with
-`pb_utils.InferenceRequest(correlation_id=..., flags=...)`."""
+`request.parameters()`, BLS requests that name a sequence with
+`pb_utils.InferenceRequest(correlation_id=..., flags=...)`, and, as an ensemble's step,
+the ensemble request's ID, parameters and sequence."""
 
 from __future__ import annotations
 
@@ -34,22 +35,48 @@ class TritonPythonModel:
                 pb_utils.Tensor("CORRID", np.array([[seen.encode()]], np.object_)),
                 pb_utils.Tensor("FLAGS", np.array([[request.flags()]], np.int32)),
                 pb_utils.Tensor("PARAMS", np.array([[request.parameters().encode()]], np.object_)),
+                pb_utils.Tensor("ID", np.array([[request.request_id().encode()]], np.object_)),
             ]
             responses.append(pb_utils.InferenceResponse(outputs))
         return responses
 """
 
-SEQ_ECHO_CONFIG = """
-name: "seq_echo"
-backend: "python"
-max_batch_size: 2
-sequence_batching { max_sequence_idle_microseconds: 5000000 }
+_ECHO_TENSORS = """
 input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [
   { name: "CORRID" data_type: TYPE_STRING dims: [ 1 ] },
   { name: "FLAGS" data_type: TYPE_INT32 dims: [ 1 ] },
-  { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] }
+  { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "ID" data_type: TYPE_STRING dims: [ 1 ] }
 ]
+"""
+
+SEQ_ECHO_CONFIG = (
+    'name: "seq_echo"\nbackend: "python"\nmax_batch_size: 2\n'
+    "sequence_batching { max_sequence_idle_microseconds: 5000000 }\n" + _ECHO_TENSORS
+)
+PLAIN_ECHO_CONFIG = 'name: "plain_echo"\nbackend: "python"\nmax_batch_size: 2\n' + _ECHO_TENSORS
+
+# An ensemble of the one step plain_echo, giving all it saw.
+ENSEMBLE_CONFIG = """
+name: "ens_echo"
+platform: "ensemble"
+max_batch_size: 2
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [
+  { name: "CORRID" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "FLAGS" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "ID" data_type: TYPE_STRING dims: [ 1 ] }
+]
+ensemble_scheduling { step [ {
+  model_name: "plain_echo" model_version: -1
+  input_map { key: "IN" value: "IN" }
+  output_map [
+    { key: "CORRID" value: "CORRID" }, { key: "FLAGS" value: "FLAGS" },
+    { key: "PARAMS" value: "PARAMS" }, { key: "ID" value: "ID" }
+  ]
+} ] }
 """
 
 # Calls seq_echo with the sequence its own parameters `cid` and `cflags` name.
@@ -95,17 +122,25 @@ output [
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("python-sequence")
     pymodels.write_model(repo, "seq_echo", SEQ_ECHO, SEQ_ECHO_CONFIG)
+    pymodels.write_model(repo, "plain_echo", SEQ_ECHO, PLAIN_ECHO_CONFIG)
     pymodels.write_model(repo, "bls_seq", BLS_SEQ, BLS_SEQ_CONFIG)
+    ensemble = repo / "ens_echo"
+    (ensemble / "1").mkdir(parents=True)
+    (ensemble / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     with running_server([repo]) as proc:
         yield proc
 
 
-def _post(server: ServerProcess, model: str, parameters: dict[str, Any]) -> httpx.Response:
-    shape = [1, 1] if model == "seq_echo" else [1]
-    body = {
+def _post(
+    server: ServerProcess, model: str, parameters: dict[str, Any], request_id: str = ""
+) -> httpx.Response:
+    shape = [1] if model == "bls_seq" else [1, 1]
+    body: dict[str, Any] = {
         "inputs": [{"name": "IN", "datatype": "INT32", "shape": shape, "data": [1]}],
         "parameters": parameters,
     }
+    if request_id:
+        body["id"] = request_id
     return httpx.post(f"{server.base_url}/v2/models/{model}/infer", json=body, timeout=20)
 
 
@@ -129,6 +164,7 @@ def test_a_python_model_reads_the_sequence_of_each_http_request(server: ServerPr
     assert [s["FLAGS"] for s in seen] == [1, 0, 2, 3]
     # The sequence parameters are the request's correlation ID and flags, not parameters.
     assert [s["PARAMS"] for s in seen] == [{"note": "a"}, {}, {}, {}]
+    assert [s["ID"] for s in seen] == ["", "", "", ""]
 
 
 def test_a_string_correlation_id_reaches_the_model_as_a_string(server: ServerProcess) -> None:
@@ -168,3 +204,18 @@ def test_a_correlation_id_outside_uint64_is_refused_in_the_model(server: ServerP
     assert "correlation_id must be an unsigned 64-bit integer, got -1" in refused.json()["error"]
     # The model keeps serving.
     assert _seen(_post(server, "bls_seq", {"cid": 4, "cflags": 3}))["CORRID"] == "int:4"
+
+
+def test_an_ensemble_step_gets_the_ensemble_requests_id_parameters_and_sequence(
+    server: ServerProcess,
+) -> None:
+    params = {"note": "x", "n": 3, "sequence_id": 12, "sequence_start": True}
+    seen = _seen(_post(server, "ens_echo", params, request_id="req-7"))
+    assert seen == {
+        "CORRID": "int:12",
+        "FLAGS": 1,
+        "PARAMS": {"note": "x", "n": 3},
+        "ID": "req-7",
+    }
+    plain = _seen(_post(server, "ens_echo", {}))
+    assert plain == {"CORRID": "int:0", "FLAGS": 0, "PARAMS": {}, "ID": ""}
