@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from polling import poll
 from promtext import Exposition, scrape
 from serverproc import running_server
 
@@ -27,6 +28,13 @@ def _infer_until(url: str, stop: threading.Event, errors: list[str]) -> None:
         client.close()
 
 
+def _sampled(url: str) -> Exposition | None:
+    """A scrape that holds the device gauges: they appear with the sampler's first
+    reading, which a loaded machine may not have taken when the server reports ready."""
+    exposition = scrape(url)
+    return exposition if exposition.find("ge_serve_device_memory_used_bytes") else None
+
+
 def _device(exposition: Exposition, name: str) -> float:
     return exposition.value(name, device="sim0")
 
@@ -35,7 +43,8 @@ def _device(exposition: Exposition, name: str) -> float:
 def test_sim_device_busy_under_load_and_memory_matches_models() -> None:
     # A short sampling interval so the load shows in a scrape within the test.
     with running_server(extra=["--device", "sim", "--metrics-interval-ms", "100"]) as server:
-        idle = scrape(server.metrics_url)
+        idle = poll(lambda: _sampled(server.metrics_url), 30, "the first device sample")
+        assert idle is not None  # poll returns only what holds
         stop = threading.Event()
         errors: list[str] = []
         workers = [
