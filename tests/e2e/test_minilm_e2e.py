@@ -2,7 +2,7 @@
 real ge-serve process, driven by tritonclient over HTTP and gRPC.
 
 The repository is built once for the module and served by one server; the reference is
-computed in process (tests/minilm.py: tokenizers with every sentence padded to 128 tokens,
+computed in process (tests/minilm.py: tokenizers with every sentence padded to CONTEXT tokens,
 onnxruntime on the same encoder graph, numpy pooling), so what is compared is the serving:
 the Python tokenizer padding each request to its own length, the GE backend on the
 simulated NPU with its ND gears, the scheduler padding each request up to a length gear
@@ -23,8 +23,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from minilm import (
+    CONTEXT,
     ODD_SENTENCES,
     PAIRS,
+    TOO_LONG,
     build_module,
     cosine,
     reference_embeddings,
@@ -147,7 +149,8 @@ def test_the_encoder_and_the_pooling_run_on_the_simulated_npu_with_nd_gears(
         assert metadata["platform"] == "ensemble"
         assert metadata["inputs"] == [{"name": "TEXT", "datatype": "BYTES", "shape": [-1, 1]}]
         assert metadata["outputs"] == [
-            {"name": "EMBEDDING", "datatype": "FP32", "shape": [-1, 384]}
+            {"name": "EMBEDDING", "datatype": "FP32", "shape": [-1, 384]},
+            {"name": "num_input_tokens", "datatype": "INT32", "shape": [-1, 1]},
         ]
     finally:
         triton.close()
@@ -174,6 +177,48 @@ def test_embeddings_match_the_in_process_reference(
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_ensemble_answers_each_sentences_token_count(
+    protocol: str, minilm_server: ServerProcess
+) -> None:
+    # Beside the vector: what /v1/embeddings sums into usage.prompt_tokens.
+    files = build_module().read_package()
+    sentences = (PAIRS[0][0], ODD_SENTENCES[0], ODD_SENTENCES[2])
+    triton = Triton.connect(protocol, minilm_server)
+    try:
+        text = np.array([[s.encode()] for s in sentences], dtype=np.object_)
+        counts = triton.infer("minilm", {"TEXT": text}).as_numpy("num_input_tokens")
+    finally:
+        triton.close()
+    assert counts.dtype == np.int32 and counts.shape == (3, 1)
+    assert counts[:, 0].tolist() == [token_count(files.tokenizer_json, s) for s in sentences]
+    assert counts[1:, 0].tolist() == [2, CONTEXT]  # [CLS] [SEP]; the longest served
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_sentence_past_the_context_is_refused_not_truncated(
+    protocol: str, minilm_server: ServerProcess, reference: dict[str, np.ndarray]
+) -> None:
+    # One token past the context is a 400 / INVALID_ARGUMENT naming the context and the
+    # count, in vLLM's words, for the whole request it is in; the next request is served.
+    limit = (
+        f"This model's maximum context length is {CONTEXT} tokens. However, you requested "
+        f"{CONTEXT + 1} tokens in the input for embedding generation."
+    )
+    triton = Triton.connect(protocol, minilm_server)
+    try:
+        for sentences, where in (([TOO_LONG], ""), ([SENTENCES[0], TOO_LONG], " (TEXT row 1)")):
+            text = np.array([[s.encode()] for s in sentences], dtype=np.object_)
+            with pytest.raises(InferenceServerException) as caught:
+                triton.infer("minilm", {"TEXT": text})
+            triton.expect_error(caught.value, "INVALID_ARGUMENT", limit)
+            assert caught.value.message().endswith(f"length of the input{where}.")
+        (after,) = embed(triton, [SENTENCES[0]])
+        np.testing.assert_allclose(after, reference[SENTENCES[0]], atol=1e-4, rtol=0)
+    finally:
+        triton.close()
+
+
 def test_a_paraphrase_ranks_above_an_unrelated_sentence(served: dict[str, Any]) -> None:
     by_text = dict(zip(SENTENCES, served["embeddings"], strict=True))
     for anchor, paraphrase, unrelated in PAIRS:
@@ -185,7 +230,7 @@ def test_a_paraphrase_ranks_above_an_unrelated_sentence(served: dict[str, Any]) 
 def test_every_length_gear_serves_its_sentences(
     minilm_server: ServerProcess, reference: dict[str, np.ndarray]
 ) -> None:
-    # One request per sentence: 2 to 128 tokens, padded up to each of the four gears.
+    # One request per sentence: 2 to CONTEXT tokens, padded up to each of the gears.
     files = build_module().read_package()
     sentences = (ODD_SENTENCES[0], ODD_SENTENCES[1], *LONGER, ODD_SENTENCES[2])
     lengths = [token_count(files.tokenizer_json, s) for s in sentences]

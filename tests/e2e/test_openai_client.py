@@ -315,6 +315,54 @@ def test_minilm_embeddings_through_the_openai_client(minilm_server: ServerProces
         np.testing.assert_allclose(vector, expected.reshape(-1), atol=1e-5)
 
 
+def test_minilm_usage_counts_the_tokenizers_tokens(minilm_server: ServerProcess) -> None:
+    from minilm import build_module, token_count
+
+    files = build_module().read_package()
+    sentences = ["The weather is lovely today.", "It's so sunny outside!"]
+    with openai.OpenAI(base_url=minilm_server.base_url + "/v1", api_key="unused") as client:
+        answer = client.embeddings.create(model="minilm", input=sentences)
+    counts = [token_count(files.tokenizer_json, s) for s in sentences]
+    assert counts == [8, 9]  # [CLS] ... [SEP]: the model's own count, not 0
+    assert answer.usage.prompt_tokens == answer.usage.total_tokens == sum(counts)
+
+
+def test_minilm_refuses_an_input_past_its_context(minilm_server: ServerProcess) -> None:
+    # OpenAI's and vLLM's answer to an input longer than the model takes: a 400 naming the
+    # context and the count, on the input it is about, rather than a vector of its start.
+    from minilm import CONTEXT, TOO_LONG
+
+    message = (
+        f"This model's maximum context length is {CONTEXT} tokens. However, you requested "
+        f"{CONTEXT + 1} tokens in the input for embedding generation. Please reduce the "
+        "length of the input."
+    )
+    with openai.OpenAI(base_url=minilm_server.base_url + "/v1", api_key="unused") as client:
+        for given, param in ((TOO_LONG, "input"), (["Hello.", TOO_LONG], "input[1]")):
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.embeddings.create(model="minilm", input=given)
+            assert caught.value.status_code == 400
+            assert caught.value.body == {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": param,
+                "code": "context_length_exceeded",
+            }
+        # A megabyte of text: refused the same way, its whole count named.
+        huge = httpx.post(
+            minilm_server.base_url + "/v1/embeddings",
+            json={"model": "minilm", "input": "x " * 500_000},
+            timeout=60,
+        )
+        assert huge.status_code == 400, huge.text
+        error = huge.json()["error"]
+        assert error["code"] == "context_length_exceeded" and error["param"] == "input"
+        assert "However, you requested 500002 tokens" in error["message"]
+        # The server goes on: the longest input it takes is served.
+        served = client.embeddings.create(model="minilm", input="word " * (CONTEXT - 2))
+        assert served.usage.prompt_tokens == CONTEXT
+
+
 def test_chat_streams_through_an_http_worker_process(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:

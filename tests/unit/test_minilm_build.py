@@ -19,10 +19,12 @@ import onnxruntime as ort
 import pytest
 from google.protobuf import text_format
 from minilm import (
+    CONTEXT,
     ODD_SENTENCES,
     PAIRS,
     PUBLISHED_SENTENCES,
     PUBLISHED_SIMILARITY,
+    TOO_LONG,
     build_module,
     cosine,
     mean_pool,
@@ -90,7 +92,7 @@ def run_graphs(
 def embed(
     sessions: tuple[ort.InferenceSession, ort.InferenceSession], files: Any, sentences: Any
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(ids, mask, hidden, embeddings) through both built graphs, padded to 128 tokens."""
+    """(ids, mask, hidden, embeddings) through both built graphs, padded to CONTEXT tokens."""
     ids, mask = tokenize(files.tokenizer_json, sentences)
     return ids, mask, *run_graphs(sessions, ids, mask)
 
@@ -110,11 +112,11 @@ def test_the_encoder_graph_matches_bert_in_numpy_without_padding(
     embedded: dict[str, Any], weights: dict[str, np.ndarray]
 ) -> None:
     hidden = embedded["hidden"]
-    assert hidden.shape == (len(ALL_SENTENCES), 128, 384) and hidden.dtype == np.float32
+    assert hidden.shape == (len(ALL_SENTENCES), CONTEXT, 384) and hidden.dtype == np.float32
     for sentence in (PAIRS[0][0], PAIRS[1][1], ODD_SENTENCES[1]):
         row = ALL_SENTENCES.index(sentence)
         kept = int(embedded["mask"][row].sum())
-        assert 2 < kept < 128  # padded: the graph's mask has positions to hide
+        assert 2 < kept < CONTEXT  # padded: the graph's mask has positions to hide
         expected = numpy_encoder(weights, embedded["ids"][row, :kept].tolist())
         np.testing.assert_allclose(hidden[row, :kept], expected, atol=1e-4)
 
@@ -124,7 +126,7 @@ def test_padding_changes_neither_a_token_nor_an_embedding(
 ) -> None:
     # Each sentence alone at its own length, then padded to every length gear that holds
     # it, then with the others padded to the longest of them: the same hidden states for
-    # its own tokens and the same embedding as padded to 128 (the fixture's batch).
+    # its own tokens and the same embedding as padded to CONTEXT (the fixture's batch).
     for sentence in (PAIRS[0][0], PAIRS[1][1], ODD_SENTENCES[0], ODD_SENTENCES[1]):
         own = token_count(files.tokenizer_json, sentence)
         row = ALL_SENTENCES.index(sentence)
@@ -168,7 +170,7 @@ def test_the_pooling_graph_is_the_masked_mean_normalised(embedded: dict[str, Any
     expected = mean_pool(embedded["hidden"], embedded["mask"])
     np.testing.assert_allclose(embeddings, expected, atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1.0, atol=1e-5)
-    assert int(embedded["mask"][-1].sum()) == 128  # 300 words: truncated to the fixed length
+    assert int(embedded["mask"][-1].sum()) == CONTEXT  # the longest sentence served
 
 
 def test_the_published_similarities_of_all_minilm_l6_v2(embedded: dict[str, Any]) -> None:
@@ -215,8 +217,22 @@ def test_the_repository_has_the_four_models_on_nd_gears(
     for config in configs.values():
         assert not config.HasField("dynamic_batching") and config.max_batch_size == 8
     tokenizer = configs["minilm_tokenizer"]
-    assert [list(t.dims) for t in tokenizer.output] == [[-1]] * 2
-    assert tokenizer.parameters["max_sequence_length"].string_value == "128"
+    assert [(t.name, list(t.dims)) for t in tokenizer.output] == [
+        ("input_ids", [-1]),
+        ("attention_mask", [-1]),
+        ("num_input_tokens", [1]),
+    ]
+    assert tokenizer.output[2].data_type == model_config_pb2.TYPE_INT32
+    assert tokenizer.parameters["max_sequence_length"].string_value == str(CONTEXT)
+    # The ensemble answers the tokenizer's count beside the vector: /v1/embeddings' usage.
+    ensemble = config_of(tmp_path / "minilm" / "config.pbtxt")
+    assert [(t.name, list(t.dims)) for t in ensemble.output] == [
+        ("EMBEDDING", [384]),
+        ("num_input_tokens", [1]),
+    ]
+    first = ensemble.ensemble_scheduling.step[0]
+    assert first.model_name == "minilm_tokenizer"
+    assert first.output_map["num_input_tokens"] == "num_input_tokens"
 
     # What the GE backend compiles and the scheduler pads to: every (batch, tokens) pair.
     pairs = {(b, n) for n in (16, 32, 64, 128) for b in (1, 2, 4, 8)}
@@ -252,7 +268,7 @@ def test_a_fixed_length_repository_pads_every_sentence_to_it(
 ) -> None:
     build.build_repository(tmp_path, files=files, fixed_length=128)
     tokenizer = config_of(tmp_path / "minilm_tokenizer" / "config.pbtxt")
-    assert [list(t.dims) for t in tokenizer.output] == [[128]] * 2
+    assert [list(t.dims) for t in tokenizer.output] == [[128], [128], [1]]
     assert "max_sequence_length" not in tokenizer.parameters
     for name in ("minilm_encoder", "minilm_pool"):
         config = config_of(tmp_path / name / "config.pbtxt")
@@ -302,12 +318,12 @@ def tokenizer_module(build: ModuleType, files: Any, folder: Path, monkeypatch: A
 
 VARIABLE = {
     "output": [{"name": "input_ids", "data_type": "TYPE_INT64", "dims": [-1]}],
-    "parameters": {"max_sequence_length": {"string_value": "128"}},
+    "parameters": {"max_sequence_length": {"string_value": str(CONTEXT)}},
 }
-FIXED = {"output": [{"name": "input_ids", "data_type": "TYPE_INT64", "dims": ["128"]}]}
+FIXED = {"output": [{"name": "input_ids", "data_type": "TYPE_INT64", "dims": [str(CONTEXT)]}]}
 
 
-@pytest.mark.parametrize("length", [None, 128], ids=["own-length", "fixed-128"])
+@pytest.mark.parametrize("length", [None, CONTEXT], ids=["own-length", "fixed"])
 def test_the_tokenizer_model_answers_each_request_of_a_batch_on_its_own(
     build: ModuleType,
     files: Any,
@@ -325,7 +341,7 @@ def test_the_tokenizer_model_answers_each_request_of_a_batch_on_its_own(
         return pb_utils.InferenceRequest(inputs=[tensor])
 
     # Requests of different lengths in one batch: a short pair, a bad one, one alone, and a
-    # long sentence (truncated at 128) beside an empty one.
+    # sentence of the whole context beside an empty one.
     good = [PAIRS[0][0], ODD_SENTENCES[1]], [PAIRS[1][1]], [ODD_SENTENCES[2], ODD_SENTENCES[0]]
     first, bad, second, third = model.execute(
         [
@@ -345,16 +361,57 @@ def test_the_tokenizer_model_answers_each_request_of_a_batch_on_its_own(
         width = max(token_count(files.tokenizer_json, s) for s in sentences)
         assert ids.shape == (len(sentences), length or width)
         out = {t.name(): t.as_numpy() for t in response.output_tensors()}
-        assert sorted(out) == ["attention_mask", "input_ids"]
+        assert sorted(out) == ["attention_mask", "input_ids", "num_input_tokens"]
+        counts = out.pop("num_input_tokens")
         assert all(a.dtype == np.int64 and a.shape == ids.shape for a in out.values())
         np.testing.assert_array_equal(out["input_ids"], ids)
         np.testing.assert_array_equal(out["attention_mask"], mask)
+        # Each sentence's own tokens, whatever it was padded to.
+        assert counts.dtype == np.int32 and counts.shape == (len(sentences), 1)
+        assert counts[:, 0].tolist() == [token_count(files.tokenizer_json, s) for s in sentences]
         widths.append(out["input_ids"].shape[1])
     if length is None:
-        assert widths[0] != widths[1] and widths[2] == 128  # each request its own length
+        assert widths[0] != widths[1] and widths[2] == CONTEXT  # each request its own length
         assert 0 < widths[0] < 32 and 0 < widths[1] < 32
     else:
-        assert widths == [128, 128, 128]
+        assert widths == [CONTEXT] * 3
+
+
+@pytest.mark.parametrize("length", [None, CONTEXT], ids=["own-length", "fixed"])
+def test_the_tokenizer_model_refuses_a_sentence_past_its_context(
+    build: ModuleType,
+    files: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    length: int | None,
+) -> None:
+    # One token too many is an INVALID_ARG in vLLM's words, naming the context and the
+    # count, for its own request only: never a truncated sentence.
+    module = tokenizer_module(build, files, tmp_path, monkeypatch)
+    pb_utils = module.pb_utils
+    model = module.TritonPythonModel()
+    model.initialize({"model_config": json.dumps(VARIABLE if length is None else FIXED)})
+
+    def request(*texts: str) -> Any:
+        rows = np.array([[t.encode()] for t in texts], dtype=np.object_)
+        return pb_utils.InferenceRequest(inputs=[pb_utils.Tensor("TEXT", rows)])
+
+    assert token_count(files.tokenizer_json, TOO_LONG) == CONTEXT + 1
+    alone, beside, served = model.execute(
+        [request(TOO_LONG), request(PAIRS[0][0], TOO_LONG), request(ODD_SENTENCES[2])]
+    )
+    expected = (
+        f"This model's maximum context length is {CONTEXT} tokens. However, you requested "
+        f"{CONTEXT + 1} tokens in the input for embedding generation. Please reduce the "
+        "length of the input"
+    )
+    assert alone.has_error() and alone.error().message() == expected + "."
+    assert alone.error().code() == pb_utils.TritonError.INVALID_ARG
+    assert beside.has_error() and beside.error().message() == expected + " (TEXT row 1)."
+    assert not served.has_error()
+    out = {t.name(): t.as_numpy() for t in served.output_tensors()}
+    assert out["num_input_tokens"].tolist() == [[CONTEXT]]
+    assert out["attention_mask"].tolist() == [[1] * CONTEXT]
 
 
 def test_the_tokenizer_model_needs_a_maximum_when_its_length_varies(

@@ -6,15 +6,23 @@ MiniLM pipeline pads and merges them by length); the vectors come back in input 
 
 `encoding_format` `float` gives JSON numbers; `base64` gives the vector's little-endian
 float32 bytes in base64, as OpenAI's clients decode them. `usage.prompt_tokens` is the
-sum of the model's `num_input_tokens` output where it has one; the MiniLM ensemble
-tokenizes inside the model and does not report a count, so there it is 0, rather than a
-count made up outside the model's tokenizer.
+sum of the model's `num_input_tokens` output where it has one (the MiniLM ensemble's
+tokenizer reports it), else 0, rather than a count made up outside the model's tokenizer.
+
+An input longer than the model's context is the model's to refuse (the MiniLM tokenizer
+does, in vLLM's words): the refusal is OpenAI's 400 `context_length_exceeded` on the
+input it is about, `input` or `input[i]` for the i-th of a list, and no vector is
+returned for any of them, as OpenAI and vLLM answer rather than embed part of the text.
+An ensemble's error comes without the "in ensemble 'name', " that Triton's form puts in
+front of a step's error on /v2: the client named that model itself, and the message is
+then the step's own (vLLM's words, for the MiniLM tokenizer).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import re
 from typing import Any
 
 import numpy as np
@@ -28,15 +36,20 @@ from .catalog import Catalog, Embedder
 from .errors import OpenAIError, from_server_error
 from .schemas import EmbeddingRequest
 
+# What an ensemble puts in front of a step's error (scheduler/ensemble.py), once per level.
+_ENSEMBLE_PREFIX = re.compile(r"^(?:in ensemble '[^']*', )+")
+
 
 async def embeddings(catalog: Catalog, body: EmbeddingRequest) -> dict[str, Any]:
     model, embedder = catalog.embedding(body.model)
     texts = body.texts()
-    requests = [_request(model, embedder, text) for text in texts]
-    try:
-        responses = await asyncio.gather(*(catalog.core.infer(r) for r in requests))
-    except ServerError as exc:
-        raise from_server_error(exc) from None
+    listed = not isinstance(body.input, str)
+    responses = await asyncio.gather(
+        *(
+            _infer(catalog, _request(model, embedder, text), f"input[{i}]" if listed else "input")
+            for i, text in enumerate(texts)
+        )
+    )
     data = []
     tokens = 0
     for index, response in enumerate(responses):
@@ -60,6 +73,15 @@ async def embeddings(catalog: Catalog, body: EmbeddingRequest) -> dict[str, Any]
         "model": body.model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+async def _infer(catalog: Catalog, request: InferRequest, param: str) -> InferResponse:
+    """The model's answer to one input; its refusal names `param`, the field that held it."""
+    try:
+        return await catalog.core.infer(request)
+    except ServerError as exc:
+        own = ServerError(exc.code, _ENSEMBLE_PREFIX.sub("", exc.message), exc.reason)
+        raise from_server_error(own, prompt_param=param) from None
 
 
 def _request(model: ModelVersion, embedder: Embedder, text: str) -> InferRequest:
