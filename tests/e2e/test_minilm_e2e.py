@@ -26,6 +26,7 @@ from minilm import (
     CONTEXT,
     ODD_SENTENCES,
     PAIRS,
+    PAST_128,
     TOO_LONG,
     build_module,
     cosine,
@@ -41,13 +42,14 @@ from tritonclient.utils import InferenceServerException
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 CLIENT = REPO_ROOT / "examples" / "clients" / "minilm_similarity.py"
-# Sentences for the 32- and 64-token gears (27 and 49 tokens).
+# Sentences for the 32-, 64- and 128-token gears (27, 49 and 102 tokens).
 LONGER = (
     "The committee, after weeks of careful debate, finally agreed on a budget that funds "
     "the new library and repairs the old bridge.",
     "Although the forecast promised sunshine for the whole weekend, a cold front moved in "
     "from the north on Saturday morning, and the hikers who had set out early found "
     "themselves walking through sleet and fog for hours before they reached the shelter.",
+    "word " * 100,
 )
 # A concurrent burst: one sentence each, every one of its own length (2 to 16 tokens), so
 # that they batch only padded to a common length gear (16).
@@ -61,9 +63,14 @@ BURST = (
     "A kitten is napping on the couch.",
     "My neighbour grows tomatoes, beans and pumpkins in her small garden.",
 )
-SENTENCES: tuple[str, ...] = (*(s for triple in PAIRS for s in triple), *ODD_SENTENCES, *LONGER)
+SENTENCES: tuple[str, ...] = (
+    *(s for triple in PAIRS for s in triple),
+    *ODD_SENTENCES,
+    *LONGER,
+    *PAST_128,
+)
 MAX_BATCH = 8
-LENGTH_GEARS = (16, 32, 64, 128)
+LENGTH_GEARS = (16, 32, 64, 128, 256)
 BATCH_GEARS = (1, 2, 4, 8)
 
 
@@ -219,6 +226,19 @@ def test_a_sentence_past_the_context_is_refused_not_truncated(
         triton.close()
 
 
+def test_text_past_128_tokens_is_embedded_whole(
+    served: dict[str, Any], reference: dict[str, np.ndarray]
+) -> None:
+    # The probe that found the truncation: two texts the same for their first 151 tokens
+    # got the same vector. Within the context, each is embedded whole, as the reference
+    # (every token, no truncation) embeds it.
+    by_text = dict(zip(SENTENCES, served["embeddings"], strict=True))
+    first, second = (by_text[text] for text in PAST_128)
+    for text in PAST_128:
+        np.testing.assert_allclose(by_text[text], reference[text], atol=1e-4, rtol=0)
+    assert cosine(first, second) < 0.95
+
+
 def test_a_paraphrase_ranks_above_an_unrelated_sentence(served: dict[str, Any]) -> None:
     by_text = dict(zip(SENTENCES, served["embeddings"], strict=True))
     for anchor, paraphrase, unrelated in PAIRS:
@@ -234,7 +254,8 @@ def test_every_length_gear_serves_its_sentences(
     files = build_module().read_package()
     sentences = (ODD_SENTENCES[0], ODD_SENTENCES[1], *LONGER, ODD_SENTENCES[2])
     lengths = [token_count(files.tokenizer_json, s) for s in sentences]
-    assert [min(g for g in LENGTH_GEARS if g >= n) for n in lengths] == [16, 32, 32, 64, 128]
+    gears = [min(g for g in LENGTH_GEARS if g >= n) for n in lengths]
+    assert gears == [16, 32, 32, 64, 128, 256]
     triton = Triton.connect("grpc", minilm_server)
     try:
         for sentence in sentences:
@@ -261,11 +282,11 @@ def test_the_encoder_answers_at_the_request_length_and_refuses_one_beyond_its_ge
         assert got.shape == (1, 27, 384)  # trimmed back from the gear
         np.testing.assert_allclose(got, expected[:, :27], atol=1e-4, rtol=0)
 
-        long = np.ones((1, 129), np.int64)
+        long = np.ones((1, CONTEXT + 1), np.int64)
         with pytest.raises(InferenceServerException) as caught:
             triton.infer("minilm_encoder", {n: long for n in tensors})
         triton.expect_error(caught.value, "INVALID_ARGUMENT", "fits none of its shape buckets")
-        assert "input_ids[128]" in caught.value.message()
+        assert f"input_ids[{CONTEXT}]" in caught.value.message()
     finally:
         triton.close()
 

@@ -327,6 +327,18 @@ def test_minilm_usage_counts_the_tokenizers_tokens(minilm_server: ServerProcess)
     assert answer.usage.prompt_tokens == answer.usage.total_tokens == sum(counts)
 
 
+def test_minilm_embeds_each_input_whole(minilm_server: ServerProcess) -> None:
+    # The probe's texts: the same for their first 151 tokens, then different. Each is
+    # embedded whole (within the context), so their vectors differ, and usage counts all.
+    from minilm import PAST_128
+
+    with openai.OpenAI(base_url=minilm_server.base_url + "/v1", api_key="unused") as client:
+        answer = client.embeddings.create(model="minilm", input=list(PAST_128))
+    first, second = (np.array(d.embedding, dtype=np.float32) for d in answer.data)
+    assert float(first @ second) < 0.95
+    assert answer.usage.prompt_tokens == 158 + 179
+
+
 def test_minilm_refuses_an_input_past_its_context(minilm_server: ServerProcess) -> None:
     # OpenAI's and vLLM's answer to an input longer than the model takes: a 400 naming the
     # context and the count, on the input it is about, rather than a vector of its start.

@@ -150,12 +150,12 @@ def test_padding_changes_neither_a_token_nor_an_embedding(
 def test_a_fixed_length_graph_is_the_same_encoder(
     build: ModuleType, weights: dict[str, np.ndarray], embedded: dict[str, Any]
 ) -> None:
-    model = build.build_encoder(weights, 128)
+    model = build.build_encoder(weights, CONTEXT)
     dims = [
         [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
         for value in (*model.graph.input, *model.graph.output)
     ]
-    assert dims == [["batch", 128]] * 2 + [["batch", 128, 384]]
+    assert dims == [["batch", CONTEXT]] * 2 + [["batch", CONTEXT, 384]]
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     ids, mask = embedded["ids"][:4], embedded["mask"][:4]
     (hidden,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
@@ -234,15 +234,17 @@ def test_the_repository_has_the_four_models_on_nd_gears(
     assert first.model_name == "minilm_tokenizer"
     assert first.output_map["num_input_tokens"] == "num_input_tokens"
 
-    # What the GE backend compiles and the scheduler pads to: every (batch, tokens) pair.
-    pairs = {(b, n) for n in (16, 32, 64, 128) for b in (1, 2, 4, 8)}
+    # What the GE backend compiles and the scheduler pads to: every (batch, tokens) pair, up
+    # to the context.
+    lengths = (16, 32, 64, 128, 256)
+    pairs = {(b, n) for n in lengths for b in (1, 2, 4, 8)}
     for name, trailing in (("minilm_encoder", ((), ())), ("minilm_pool", ((384,), ()))):
         config = configs[name]
         assert config.backend == "npu_ge"
         plan = make_plan(config)
         assert plan.shapes.kind == DIMS and plan.gears == (1, 2, 4, 8)
         assert ("input_format", "ND") in plan.shapes.atc_flags
-        assert len(plan.shapes.gears) == 16
+        assert len(plan.shapes.gears) == 20
         for gear in plan.shapes.gears:
             assert {shape[:2] for shape in gear} <= pairs and len({s[:2] for s in gear}) == 1
             assert tuple(shape[2:] for shape in gear) == trailing
@@ -251,8 +253,8 @@ def test_the_repository_has_the_four_models_on_nd_gears(
         buckets = [ShapeBucket(dict(zip(names, gear, strict=True))) for gear in plan.shapes.gears]
         bucketing = bucketing_for(config, buckets)
         assert bucketing is not None
-        assert [shape[names[-1]] for shape in bucketing.shapes] == [(16,), (32,), (64,), (128,)]
-        assert bucketing.batch_gears == ((1, 2, 4, 8),) * 4
+        assert [shape[names[-1]] for shape in bucketing.shapes] == [(n,) for n in lengths]
+        assert bucketing.batch_gears == ((1, 2, 4, 8),) * 5
         assert all(value == 0 for value in bucketing.pad_values.values())
     encoder = bucketing_for(
         configs["minilm_encoder"],
@@ -261,6 +263,22 @@ def test_the_repository_has_the_four_models_on_nd_gears(
     assert encoder is not None
     assert encoder.trims == (("last_hidden_state", 1, "attention_mask", 1),)
     assert encoder.pad_values == {"input_ids": 0.0, "attention_mask": 0.0}
+
+
+def test_the_context_is_the_packages_max_seq_length(files: Any) -> None:
+    # sentence-transformers' max_seq_length for all-MiniLM-L6-v2, which vLLM takes as its
+    # max_model_len: the tokenizer's limit and the longest gear. tokenizer.json's own
+    # truncation (128) is not the model's limit; its position table has 512 rows.
+    assert files.max_seq_length == CONTEXT == 256
+    assert json.loads(files.tokenizer_json)["truncation"]["max_length"] == 128
+
+
+def test_a_context_past_the_longest_gear_is_refused(
+    build: ModuleType, files: Any, tmp_path: Path
+) -> None:
+    wider = build.MiniLMFiles(files.safetensors, files.tokenizer_json, max_seq_length=512)
+    with pytest.raises(ValueError, match=r"max_seq_length 512; the length gears hold 1\.\.256"):
+        build.build_repository(tmp_path, files=wider)
 
 
 def test_a_fixed_length_repository_pads_every_sentence_to_it(
@@ -430,5 +448,12 @@ def test_the_embeddings_benchmark_sends_every_length_gear(build: ModuleType, fil
         min(g for g in build.LENGTH_GEARS if g >= token_count(files.tokenizer_json, s))
         for s in SENTENCES
     ]
-    # Mostly short, as traffic is, and every gear used.
-    assert {g: gears.count(g) for g in build.LENGTH_GEARS} == {16: 8, 32: 4, 64: 3, 128: 1}
+    # Mostly short, as traffic is, and every gear up to 128 used (none of its sentences is
+    # past 128 tokens, so that the fixed-128 contender serves the same work).
+    assert {g: gears.count(g) for g in build.LENGTH_GEARS} == {
+        16: 8,
+        32: 4,
+        64: 3,
+        128: 1,
+        256: 0,
+    }
