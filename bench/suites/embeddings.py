@@ -8,7 +8,7 @@ perf_analyzer sending one sentence per request, taking turns in slices
 
 - `batching`: the repository as examples/minilm/build.py writes it: `dynamic_batching {}`
   in the tokenizer, the encoder and the pooling model, and the encoder and the pooling on
-  ND gears over (batch 1-8, 16/32/64/128 tokens), so requests are padded up to their
+  ND gears over (batch 1-8, 16/32/64/128/256 tokens), so requests are padded up to their
   length gear and requests of different lengths batch together;
 - `fixed-128`: built with `--fixed-length 128`: batching, but every sentence padded to 128
   tokens, as the pipeline was before variable lengths;
