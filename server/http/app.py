@@ -42,7 +42,7 @@ from .drain import RefuseWhileDraining
 from .errors import error_response
 from .infer import Encoded, InferEndpoint, InferShortcut, guard
 from .openai import routes as openai_routes
-from .openai.errors import OPENAI_PREFIX, OpenAIError
+from .openai.errors import OpenAIError, is_openai_path
 from .openapi import ApiRoute, Body
 from .responses import json_response
 from .restricted import RestrictedApiMiddleware
@@ -187,7 +187,7 @@ class HttpFrontEnd:
                 message = f"Method Not Allowed: {request.method} {request.url.path}"
             else:
                 message = str(exc.detail)
-            if request.url.path.startswith(OPENAI_PREFIX):
+            if is_openai_path(request.url.path):
                 return OpenAIError(message, status=exc.status_code).response()
             return error_response(exc.status_code, message)
 

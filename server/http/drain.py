@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..control.stopping import DrainGate
 from ..errors import shutting_down
-from .openai.errors import OPENAI_PREFIX, SERVER_ERROR, OpenAIError
+from .openai.errors import SERVER_ERROR, OpenAIError, is_openai_path
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class RefuseWhileDraining:
             return
         self.gate.refused()
         message = shutting_down().message
-        if scope["path"].startswith(OPENAI_PREFIX):
+        if is_openai_path(scope["path"]):
             body = orjson.dumps(OpenAIError(message, status=503, kind=SERVER_ERROR).body())
         else:
             body = orjson.dumps({"error": message})

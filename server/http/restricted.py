@@ -8,7 +8,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ge_serve.server.control.restrictions import RestrictedApis, http_category, http_refusal_message
 
 from .errors import error_response
-from .openai.errors import OPENAI_PREFIX, OpenAIError
+from .openai.errors import OpenAIError, is_openai_path
 
 
 class RestrictedApiMiddleware:
@@ -28,7 +28,7 @@ class RestrictedApiMiddleware:
             header = self.restrictions.refusal(category, Headers(scope=scope))
             if header is not None:
                 message = http_refusal_message(header)
-                if scope["path"].startswith(OPENAI_PREFIX):
+                if is_openai_path(scope["path"]):
                     response = OpenAIError(message, status=403, kind="permission_error").response()
                 else:
                     response = error_response(403, message)

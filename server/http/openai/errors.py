@@ -29,8 +29,9 @@ from ge_serve.server.errors import ErrorCode, ServerError
 
 from ..errors import http_status
 
-# The paths whose errors, wherever they arise, are OpenAI's error object.
-OPENAI_PREFIX = "/v1/"
+# The paths whose errors, wherever they arise, are OpenAI's error object: /v1 and below.
+OPENAI_ROOT = "/v1"
+OPENAI_PREFIX = OPENAI_ROOT + "/"
 INVALID_REQUEST = "invalid_request_error"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 CONTEXT_WORDS = "maximum context length"
@@ -73,6 +74,11 @@ class OpenAIError(Exception):
         return Response(
             orjson.dumps(self.body()), status_code=self.status, media_type="application/json"
         )
+
+
+def is_openai_path(path: str) -> bool:
+    """Whether errors on `path` are OpenAI's error object (`/v1` itself too)."""
+    return path.startswith(OPENAI_PREFIX) or path == OPENAI_ROOT
 
 
 def unsupported(param: str, message: str) -> OpenAIError:
