@@ -12,6 +12,7 @@ from typing import Final
 
 from ..errors import ServerError, invalid_arg
 from ..inference import error_texts
+from .errors import TooLarge
 
 GZIP: Final = "gzip"
 DEFLATE: Final = "deflate"
@@ -61,7 +62,7 @@ def _has_zlib_header(data: bytes) -> bool:
 
 
 def _too_large(max_size: int) -> ServerError:
-    return error_texts.decompressed_too_large(max_size)
+    return TooLarge(error_texts.decompressed_too_large(max_size).message, max_size)
 
 
 def _inflate(data: bytes, wbits: int, max_size: int) -> bytes:

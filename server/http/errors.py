@@ -42,6 +42,22 @@ def server_error_response(exc: ServerError) -> Response:
     return response
 
 
+class TooLarge(ServerError):
+    """A request body past --http-max-input-size: `size` bytes as it came (a body still
+    arriving is counted up to the first byte past `limit`), or None where it is past the
+    limit decompressed. The v2 routes answer it 400, as Triton; /v1 answers 413
+    `content_too_large`, as Triton's OpenAI front end (openai/errors.py)."""
+
+    def __init__(self, message: str, limit: int, size: int | None = None) -> None:
+        super().__init__(ErrorCode.INVALID_ARG, message)
+        self.limit = limit
+        self.size = size
+
+
+class ClosingTooLarge(TooLarge, ClosingError):
+    """A body refused as it arrived, the rest unread."""
+
+
 def too_large(size: int, limit: int, raw: bool) -> ServerError:
     """Triton's words for a body past --http-max-input-size (a body still arriving is
     counted up to the first byte past the limit)."""
@@ -49,4 +65,4 @@ def too_large(size: int, limit: int, raw: bool) -> ServerError:
         message = error_texts.raw_input_too_large(size, limit).message
     else:
         message = error_texts.request_json_size(size, limit)
-    return ClosingError(ErrorCode.INVALID_ARG, message)
+    return ClosingTooLarge(message, limit, size)

@@ -1,8 +1,11 @@
-"""/v1 at the edges of the HTTP front end, where no model is reached: `/v1` itself
-answers in OpenAI's shape."""
+"""/v1 at the edges of the HTTP front end, where no model is reached: a body past
+--http-max-input-size is a 413 in OpenAI's error object (Triton's OpenAI front end), the
+v2 routes keep Triton's 400; `/v1` itself answers in OpenAI's shape."""
 
 from __future__ import annotations
 
+import gzip
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -12,6 +15,11 @@ from ge_serve.server.inference.core import InferenceServer
 from ge_serve.server.models.lifecycle import ModelLifecycle
 
 LIMIT = 1024
+TOO_LARGE = (
+    "Request size of {} bytes exceeds the maximum allowed input size of 1024 bytes. "
+    "Use --http-max-input-size to increase the limit."
+)
+POSTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 
 
 def client(core: InferenceServer, **settings: Any) -> httpx.AsyncClient:
@@ -29,6 +37,59 @@ def error(response: httpx.Response, status: int) -> dict[str, Any]:
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
     found: dict[str, Any] = body["error"]
     return found
+
+
+async def pieces(*sizes: int) -> AsyncIterator[bytes]:
+    for size in sizes:
+        yield b"x" * size
+
+
+async def test_a_v1_body_past_the_limit_is_413_content_too_large(
+    lifecycle: ModelLifecycle,
+) -> None:
+    async with client(InferenceServer(lifecycle)) as http:
+        for path in POSTS:
+            declared = await http.post(path, content=b"x" * (LIMIT + 1))
+            found = error(declared, 413)
+            assert found == {
+                "message": TOO_LARGE.format(LIMIT + 1),
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "content_too_large",
+            }
+            # The rest of the body is unread: the connection ends with the answer.
+            assert declared.headers["connection"] == "close"
+            # Chunked, counted as it arrives.
+            chunked = await http.post(path, content=pieces(LIMIT, 1))
+            assert error(chunked, 413)["message"] == TOO_LARGE.format(LIMIT + 1)
+            assert chunked.headers["connection"] == "close"
+            # At the limit it is read, and checked.
+            at_limit = await http.post(path, content=b"x" * LIMIT)
+            assert error(at_limit, 400)["code"] == "invalid_json"
+        inflated = await http.post(
+            POSTS[0],
+            content=gzip.compress(b" " * (LIMIT + 1)),
+            headers={"content-encoding": "gzip"},
+        )
+        found = error(inflated, 413)
+        assert found["code"] == "content_too_large"
+        assert found["message"].startswith("Decompressed request size exceeds the maximum")
+        # v2 keeps Triton's 400 and words.
+        v2 = await http.post("/v2/repository/index", content=b"x" * (LIMIT + 1))
+        assert v2.status_code == 400
+        assert v2.json() == {
+            "error": f"request JSON size of {LIMIT + 1} bytes exceeds the maximum allowed "
+            f"input size of {LIMIT} bytes. Use --http-max-input-size to increase the limit."
+        }
+
+
+async def test_a_v1_body_in_too_many_chunks_ends_the_connection(
+    lifecycle: ModelLifecycle,
+) -> None:
+    async with client(InferenceServer(lifecycle), max_chunks=4) as http:
+        refused = await http.post(POSTS[1], content=pieces(1, 1, 1, 1, 1))
+        assert error(refused, 400)["message"].startswith("Chunked request body exceeds")
+        assert refused.headers["connection"] == "close"
 
 
 async def test_v1_itself_answers_in_openais_shape(lifecycle: ModelLifecycle) -> None:

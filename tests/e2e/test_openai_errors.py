@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterator
+from http.client import HTTPConnection
 from typing import Any
 
 import httpx
@@ -261,6 +262,43 @@ def test_a_client_that_leaves_cancels_its_request(
 def test_an_unknown_route_or_method_under_v1_is_openais_error(http: httpx.Client) -> None:
     assert error_of(http.get("/v1/nothing/here"), 404)["message"].startswith("Not Found")
     assert error_of(http.get(CHAT), 405)["message"].startswith("Method Not Allowed")
+
+
+def test_a_v1_body_past_the_limit_is_413_even_written_whole(server: ServerProcess) -> None:
+    # As Triton's OpenAI front end answers (its test_request_size), declared or chunked;
+    # the client reads the answer, not a reset (the lingering close), and the server goes on.
+    size = 64 * 1024 * 1024 + 1  # the default --http-max-input-size, and one byte
+    expected = {
+        "message": f"Request size of {size} bytes exceeds the maximum allowed input size of "
+        f"{size - 1} bytes. Use --http-max-input-size to increase the limit.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "content_too_large",
+    }
+    connection = HTTPConnection("127.0.0.1", server.http_port, timeout=60)
+    try:
+        connection.request(
+            "POST", COMPLETIONS, body=b"x" * size, headers={"Content-Type": "application/json"}
+        )
+        response = connection.getresponse()
+        payload = response.read()
+    finally:
+        connection.close()
+    assert response.status == 413, payload[:300]
+    assert response.getheader("connection", "").lower() == "close"
+    assert json.loads(payload) == {"error": expected}
+
+    def chunks() -> Iterator[bytes]:
+        yield b"x" * (size - 1)
+        yield b"x"
+
+    chunked = httpx.post(server.base_url + CHAT, content=chunks(), timeout=60)
+    assert chunked.status_code == 413
+    assert chunked.json() == {"error": expected}
+    answer = httpx.post(
+        server.base_url + COMPLETIONS, json={"model": "textgen", "prompt": "still here"}
+    )
+    assert answer.json()["choices"][0]["text"] == "still here"
 
 
 def test_a_restricted_v1_route_is_403_in_openais_shape(

@@ -6,7 +6,9 @@ with 404 and code `model_not_found`, and its own faults with 5xx and type `serve
 A core `ServerError` keeps the status the v2 routes give it (server/http/errors.py), so a
 request fails with the same status on both APIs; a model that reports a bad request
 (INVALID_ARG, e.g. a prompt longer than its context) is a 400 here too, with OpenAI's
-code `context_length_exceeded` when its message says the context is too short.
+code `context_length_exceeded` when its message says the context is too short. A body
+past --http-max-input-size, which v2 answers 400 as Triton does, is a 413 with code
+`content_too_large` here, as Triton's OpenAI front end answers it.
 
 Such a refusal names its parameter as the schema's checks do. The context's is the field
 that holds the prompt (`messages` or `prompt`), as OpenAI names it whether the prompt or
@@ -27,7 +29,7 @@ from starlette.responses import Response
 
 from ge_serve.server.errors import ErrorCode, ServerError
 
-from ..errors import http_status
+from ..errors import ClosingError, TooLarge, http_status
 
 # The paths whose errors, wherever they arise, are OpenAI's error object: /v1 and below.
 OPENAI_ROOT = "/v1"
@@ -35,6 +37,7 @@ OPENAI_PREFIX = OPENAI_ROOT + "/"
 INVALID_REQUEST = "invalid_request_error"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 CONTEXT_WORDS = "maximum context length"
+CONTENT_TOO_LARGE = "content_too_large"
 NOT_FOUND = "not_found_error"
 SERVER_ERROR = "server_error"
 # A message's first word, which may name the parameter it is about.
@@ -52,6 +55,7 @@ class OpenAIError(Exception):
         kind: str = INVALID_REQUEST,
         param: str | None = None,
         code: str | None = None,
+        closes: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -59,6 +63,8 @@ class OpenAIError(Exception):
         self.kind = kind
         self.param = param
         self.code = code
+        # The request's body was not read to its end: the answer ends the connection.
+        self.closes = closes
 
     def body(self) -> dict[str, Any]:
         return {
@@ -71,9 +77,12 @@ class OpenAIError(Exception):
         }
 
     def response(self) -> Response:
-        return Response(
+        response = Response(
             orjson.dumps(self.body()), status_code=self.status, media_type="application/json"
         )
+        if self.closes:
+            response.headers["connection"] = "close"
+        return response
 
 
 def is_openai_path(path: str) -> bool:
@@ -103,7 +112,10 @@ def from_server_error(
     whose fault it is, and for a bad request, the parameter: `prompt_param` (the field
     holding the prompt) for the context's length, else one of `sent` (the parameters the
     request passed to the model) that the message begins with."""
+    if isinstance(exc, TooLarge):
+        return content_too_large(exc)
     status = http_status(exc)
+    closes = isinstance(exc, ClosingError)
     if exc.code is ErrorCode.NOT_FOUND:
         return OpenAIError(exc.message, status=404, code="model_not_found", param="model")
     kind = INVALID_REQUEST if status < 500 else SERVER_ERROR
@@ -117,4 +129,18 @@ def from_server_error(
             first = _FIRST_WORD.match(exc.message)
             if first is not None and first.group() in sent:
                 param = first.group()
-    return OpenAIError(exc.message, status=status, kind=kind, param=param, code=code)
+    return OpenAIError(exc.message, status=status, kind=kind, param=param, code=code, closes=closes)
+
+
+def content_too_large(exc: TooLarge) -> OpenAIError:
+    """A body past --http-max-input-size: 413 `content_too_large`, in the words of
+    Triton's OpenAI front end (which counts a body as it arrives, as the v2 routes do)."""
+    size = exc.size
+    what = "Decompressed request size" if size is None else f"Request size of {size} bytes"
+    return OpenAIError(
+        f"{what} exceeds the maximum allowed input size of {exc.limit} bytes. "
+        "Use --http-max-input-size to increase the limit.",
+        status=413,
+        code=CONTENT_TOO_LARGE,
+        closes=isinstance(exc, ClosingError),
+    )
