@@ -1,6 +1,7 @@
 """/v1 at the edges of the HTTP front end, where no model is reached: a body past
 --http-max-input-size is a 413 in OpenAI's error object (Triton's OpenAI front end), the
-v2 routes keep Triton's 400; `/v1` itself answers in OpenAI's shape."""
+v2 routes keep Triton's 400; `/v1` itself answers in OpenAI's shape; and Triton's OpenAI
+front end's `GET /health/ready` is served, in the restricted-API category `health`."""
 
 from __future__ import annotations
 
@@ -98,3 +99,28 @@ async def test_v1_itself_answers_in_openais_shape(lifecycle: ModelLifecycle) -> 
         assert error(await http.post("/v1"), 404)["message"] == "Not Found: no route for POST /v1"
         # Other paths keep the v2 shape.
         assert isinstance((await http.get("/v1x")).json()["error"], str)
+
+
+async def test_health_ready_answers_as_tritons_openai_front_end(
+    lifecycle: ModelLifecycle,
+) -> None:
+    core = InferenceServer(lifecycle)
+    async with client(core) as http:
+        ready = await http.get("/health/ready")
+        assert ready.status_code == 200 and ready.content == b""
+        core.begin_draining()
+        not_ready = await http.get("/health/ready")
+        assert not_ready.status_code == 400
+        assert not_ready.json() == {
+            "detail": "Attached inference engine is not ready for inference requests."
+        }
+
+
+async def test_health_ready_is_in_the_health_category(lifecycle: ModelLifecycle) -> None:
+    rules = (("health", "x-probe", "yes"),)
+    async with client(InferenceServer(lifecycle), restricted_api=rules) as http:
+        refused = await http.get("/health/ready")
+        assert refused.status_code == 403
+        assert refused.json() == {"error": "This API is restricted, expecting header 'x-probe'"}
+        allowed = await http.get("/health/ready", headers={"x-probe": "yes"})
+        assert allowed.status_code == 200

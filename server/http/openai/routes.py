@@ -2,7 +2,13 @@
 
 `GET /v1/models` and `GET /v1/models/{model}`, `POST /v1/chat/completions`,
 `POST /v1/completions`, `POST /v1/embeddings`. A body is read as the v2 routes read
-theirs (size-capped, decompressed), parsed as JSON, then checked (schemas.py).
+theirs (size-capped, decompressed), parsed as JSON, then checked (schemas.py); one past
+--http-max-input-size is a 413 here (errors.content_too_large).
+
+Also `GET /health/ready`, the readiness route of Triton's OpenAI front end, so probes
+written for it work here: 200 with no body when the server is ready (as
+`/v2/health/ready`), else 400 with its words; in the restricted-API category `health`,
+as Triton puts it.
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ B = TypeVar("B", bound=Body)
 # that takes well under a millisecond, less than the hand-over to a thread would add.
 PARSED_ON_THE_LOOP = 64 * 1024
 Handler = Callable[[Request], Awaitable[Response]]
+# Triton's OpenAI front end's answer, a FastAPI HTTPException's body.
+NOT_READY = {"detail": "Attached inference engine is not ready for inference requests."}
 
 
 def routes(front: RouteHost) -> list[Route]:
@@ -94,6 +102,11 @@ def routes(front: RouteHost) -> list[Route]:
                 code=CONTEXT_LENGTH_EXCEEDED,
             )
 
+    async def health_ready(request: Request) -> Response:
+        if front.core.ready():
+            return Response(status_code=200)
+        return Response(orjson.dumps(NOT_READY), status_code=400, media_type="application/json")
+
     async def list_models(request: Request) -> Response:
         return _json({"object": "list", "data": await catalog.listing()})
 
@@ -125,6 +138,7 @@ def routes(front: RouteHost) -> list[Route]:
         )
 
     return [
+        front.route("/health/ready", health_ready, ["GET"]),
         get("/v1/models", list_models),
         get("/v1/models/{model}", retrieve_model),
         post("/v1/chat/completions", chat, ChatCompletionRequest),
