@@ -17,7 +17,7 @@ shows the prompt the template rendered), one delta per word when streaming:
   non-streamed SLOW answer and SLOW_START log "textgen: started" first.
 Its config gives a ChatML chat template (config parameter `chat_template_source`), which
 refuses a `tool` message with `raise_exception`. `textgen_plain` is the same model
-without a template.
+without a template; `write_templated` writes one with another template.
 
 `embedder` is an embedding model: TEXT BYTES [1] -> VECTOR FP32 [4] (letters, digits,
 spaces and the rest counted, L2-normalised) and `num_input_tokens` (its words).
@@ -237,6 +237,18 @@ def render_chat(messages: list[dict[str, str]]) -> str:
     """The prompt `CHAT_TEMPLATE` makes of `messages`, written out by hand."""
     turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
     return turns + "<|im_start|>assistant\n"
+
+
+def write_templated(repo: Path, name: str, chat_template: str) -> Path:
+    """A copy of `textgen` named `name`, with `chat_template` as its chat template."""
+    parameters = "\n".join(
+        [
+            _parameter("chat_template_source", chat_template),
+            _parameter("max_model_len", str(MAX_MODEL_LEN)),
+        ]
+    )
+    config = _TEXTGEN_CONFIG.format(name=name, parameters=parameters)
+    return write_model(repo, name, TEXTGEN.format(max_model_len=MAX_MODEL_LEN), config)
 
 
 def write(repo: Path) -> Path:

@@ -247,12 +247,6 @@ def test_a_template_cannot_reach_the_server(template: str) -> None:
     assert caught.value.status == 400
 
 
-def test_a_template_that_does_not_compile_is_the_servers_fault() -> None:
-    with pytest.raises(OpenAIError) as caught:
-        render(TextGeneration("{% for %}", "", "", 0), [ChatMessage(role="user", content="x")])
-    assert caught.value.status == 500
-
-
 @pytest.mark.parametrize(
     ("document", "param"),
     [

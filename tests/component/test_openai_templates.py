@@ -1,0 +1,124 @@
+"""Chat templates render as transformers' `apply_chat_template` renders them (the
+environment Triton's OpenAI front end and vLLM use), and the messages reach them as
+transformers is given them. Each model is tests/textgen.py's echo model with another
+template, so a chat's answer is the prompt the template rendered, word by word."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+import textgen
+
+from ge_serve.backends.python.host.backend import PythonBackend
+from ge_serve.scheduler.factory import SchedulerOptions
+from ge_serve.server.app import make_scheduler
+from ge_serve.server.http.app import HttpFrontEnd, HttpSettings
+from ge_serve.server.inference.bls import CoreBridge
+from ge_serve.server.inference.core import InferenceServer
+from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle
+from ge_serve.server.models.repository import ModelRepository
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
+
+TEMPLATES = {
+    # Granite 3's templates open so.
+    "tpl_strftime": "{%- set today = strftime_now('%Y') %}{{ today }}"
+    "{% for m in messages %} {{ m['content'] }}{% endfor %}",
+    # transformers' AssistantTracker tag, common in fine-tuned templates.
+    "tpl_generation": "{% for m in messages %}{% if m['role'] == 'assistant' %}"
+    "A: {% generation %}{{ m['content'] }}{% endgeneration %}"
+    "{% else %}{{ m['role'] }}: {{ m['content'] }}{% endif %} {% endfor %}"
+    "{% if add_generation_prompt %}A:{% endif %}",
+    "tpl_tojson": "{% for m in messages %}{{ m['content'] | tojson }} "
+    "{{ m | tojson(separators=(',', ':'), sort_keys=True) }} {% endfor %}",
+    "tpl_broken": "{% for m in messages %}{{ m['content'] }}",
+}
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("openai-templates")
+    for name, template in TEMPLATES.items():
+        textgen.write_templated(folder, name, template)
+    return folder
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def http(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
+    python = PythonBackend()
+    lifecycle = ModelLifecycle(
+        ModelRepository([repo]),
+        {"python": python},
+        functools.partial(make_scheduler, options=SchedulerOptions()),
+        LifecycleSettings(unload_timeout_s=10.0),
+    )
+    core = InferenceServer(lifecycle)
+    python.attach_core(CoreBridge(core, asyncio.get_running_loop()))
+    try:
+        assert await lifecycle.load_many(list(TEMPLATES)) == {}
+        front = HttpFrontEnd(core, HttpSettings(max_input_size=1 << 20, restricted_api=()))
+        transport = httpx.ASGITransport(app=front.build())
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client
+    finally:
+        await lifecycle.close()
+        python.close()
+
+
+async def chat(http: httpx.AsyncClient, model: str, messages: list[dict[str, Any]]) -> str:
+    """The prompt the model got (its echo)."""
+    body = {"model": model, "messages": messages, "max_tokens": 63}
+    response = await http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    answer: str = response.json()["choices"][0]["message"]["content"]
+    return answer
+
+
+def error(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    found: dict[str, Any] = response.json()["error"]
+    assert set(found) == {"message", "type", "param", "code"}
+    return found
+
+
+async def test_strftime_now_is_the_servers_clock(http: httpx.AsyncClient) -> None:
+    before = datetime.now().year
+    prompt = await chat(http, "tpl_strftime", [{"role": "user", "content": "hi"}])
+    assert prompt in (f"{before} hi", f"{datetime.now().year} hi")
+
+
+async def test_the_generation_tag_renders_what_it_encloses(http: httpx.AsyncClient) -> None:
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "next"},
+    ]
+    assert await chat(http, "tpl_generation", messages) == "user: hi A: ok user: next A:"
+
+
+async def test_tojson_is_transformers_json_dumps(http: httpx.AsyncClient) -> None:
+    # Not Jinja2's HTML-safe filter (\u003c, \u0026, \u00e9), and with json.dumps' keywords.
+    text = 'a <b> & "c" é'
+    prompt = await chat(http, "tpl_tojson", [{"role": "user", "content": text}])
+    assert prompt == '"a <b> & \\"c\\" é" {"content":"a <b> & \\"c\\" é","role":"user"}'
+
+
+async def test_a_template_that_does_not_compile_refuses_chat_only(
+    http: httpx.AsyncClient,
+) -> None:
+    body = {"model": "tpl_broken", "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(2):
+        refused = error(await http.post("/v1/chat/completions", json=body), 400)
+        assert refused["code"] == "chat_template_invalid"
+        assert refused["param"] == "model"
+        assert "endfor" in refused["message"] and "/v1/completions" in refused["message"]
+    completion = await http.post("/v1/completions", json={"model": "tpl_broken", "prompt": "a b"})
+    assert completion.status_code == 200 and completion.json()["choices"][0]["text"] == "a b"
