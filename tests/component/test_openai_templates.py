@@ -111,6 +111,12 @@ async def test_tojson_is_transformers_json_dumps(http: httpx.AsyncClient) -> Non
     assert prompt == '"a <b> & \\"c\\" é" {"content":"a <b> & \\"c\\" é","role":"user"}'
 
 
+async def test_text_parts_are_joined_by_a_line_break(http: httpx.AsyncClient) -> None:
+    parts = [{"type": "text", "text": "Say"}, {"type": "text", "text": "hello"}]
+    prompt = await chat(http, "tpl_tojson", [{"role": "user", "content": parts}])
+    assert prompt.split()[0] == '"Say\\nhello"'
+
+
 async def test_a_template_that_does_not_compile_refuses_chat_only(
     http: httpx.AsyncClient,
 ) -> None:

@@ -50,11 +50,13 @@ class ChatMessage(Body):
     name: str | None = None
 
     def text(self) -> str:
+        """The content as one string: text parts joined by a line break, as vLLM and
+        TensorRT-LLM join them (joined with nothing, "Say" and "hello" were "Sayhello")."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text or "" for part in self.content)
+        return "\n".join(part.text or "" for part in self.content)
 
 
 class StreamOptions(Body):

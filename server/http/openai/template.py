@@ -18,7 +18,8 @@ same environment, so a model's template gives the same prompt here as there:
   marks the assistant's tokens for training masks), rendering what it encloses;
 - `trim_blocks`, `lstrip_blocks` and the loop controls (`break`, `continue`).
 
-Each message is a dict: `role`, `content` and `name` when sent.
+Each message is a dict: `role`, `content` (text parts joined by "\\n", as vLLM and
+TensorRT-LLM join them) and `name` when sent.
 
 Templates run in Jinja2's `ImmutableSandboxedEnvironment`, since a template comes with a
 model and must not reach the server's objects. A template is compiled once per source
