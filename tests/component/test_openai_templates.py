@@ -39,6 +39,12 @@ TEMPLATES = {
     "{% if add_generation_prompt %}A:{% endif %}",
     "tpl_tojson": "{% for m in messages %}{{ m['content'] | tojson }} "
     "{{ m | tojson(separators=(',', ':'), sort_keys=True) }} {% endfor %}",
+    # A tool-calling conversation, as Hermes- and Llama-style templates walk it.
+    "tpl_tools": "{% for m in messages %}{{ m['role'] }}"
+    "{% for call in m.tool_calls or [] %} {{ call.id }} {{ call.type }} "
+    "{{ call.function.name }}({{ call.function.arguments.city }}){% endfor %}"
+    "{% if m.tool_call_id %} answers {{ m.tool_call_id }}{% endif %}"
+    " {{ m['content'] }} {% endfor %}tools={{ tools is none }}",
     "tpl_broken": "{% for m in messages %}{{ m['content'] }}",
 }
 
@@ -115,6 +121,32 @@ async def test_text_parts_are_joined_by_a_line_break(http: httpx.AsyncClient) ->
     parts = [{"type": "text", "text": "Say"}, {"type": "text", "text": "hello"}]
     prompt = await chat(http, "tpl_tojson", [{"role": "user", "content": parts}])
     assert prompt.split()[0] == '"Say\\nhello"'
+
+
+async def test_tool_calls_and_tool_answers_reach_the_template(http: httpx.AsyncClient) -> None:
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+    ]
+    prompt = await chat(http, "tpl_tools", messages)
+    assert prompt == (
+        "user weather? assistant call_1 function get_weather(Paris) "
+        "tool answers call_1 sunny tools=True"
+    )
+    messages[1]["tool_calls"][0]["function"]["arguments"] = "{city"
+    bad = await http.post("/v1/chat/completions", json={"model": "tpl_tools", "messages": messages})
+    assert error(bad, 400)["param"] == "messages[1].tool_calls[0].function.arguments"
 
 
 async def test_a_template_that_does_not_compile_refuses_chat_only(

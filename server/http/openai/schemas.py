@@ -43,11 +43,26 @@ class TextPart(Body):
     text: str | None = None
 
 
+class ToolCallFunction(Body):
+    name: str
+    # JSON, as the model wrote it (template.py parses it for the template).
+    arguments: str
+
+
+class ToolCall(Body):
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
 class ChatMessage(Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     # A string, or text parts (other part types, images and audio, are refused).
     content: str | list[TextPart] | None = None
     name: str | None = None
+    # An assistant's calls, and the call a tool message answers: passed to the template.
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         """The content as one string: text parts joined by a line break, as vLLM and

@@ -4,8 +4,8 @@ Templates are Hugging Face's: Jinja2 source rendered as transformers'
 `apply_chat_template` renders it (Triton's OpenAI front end and vLLM call it), with the
 same environment, so a model's template gives the same prompt here as there:
 
-- the variables `messages`, `add_generation_prompt` (true), `bos_token` and
-  `eos_token`;
+- the variables `messages`, `tools` and `documents` (None: tools are refused, and there
+  are no documents), `add_generation_prompt` (true), `bos_token` and `eos_token`;
 - `raise_exception(message)`, by which a template refuses a conversation (roles out of
   order, say): the client's 400 on `messages`;
 - `strftime_now(format)`, the server's local time (Granite's templates date their system
@@ -18,8 +18,10 @@ same environment, so a model's template gives the same prompt here as there:
   marks the assistant's tokens for training masks), rendering what it encloses;
 - `trim_blocks`, `lstrip_blocks` and the loop controls (`break`, `continue`).
 
-Each message is a dict: `role`, `content` (text parts joined by "\\n", as vLLM and
-TensorRT-LLM join them) and `name` when sent.
+Each message is a dict as transformers is given it: `role`, `content` (text parts joined
+by "\\n", as vLLM and TensorRT-LLM join them), `name` when sent, an assistant's
+`tool_calls` (each `function.arguments` parsed from its JSON string, as Triton and vLLM
+pass it, since templates print it as an object) and a tool message's `tool_call_id`.
 
 Templates run in Jinja2's `ImmutableSandboxedEnvironment`, since a template comes with a
 model and must not reach the server's objects. A template is compiled once per source
@@ -126,10 +128,12 @@ def render(generation: TextGeneration, messages: Sequence[ChatMessage]) -> str:
             param="model",
             code=CHAT_TEMPLATE_INVALID,
         )
-    conversation = [_message(message) for message in messages]
+    conversation = [_message(index, message) for index, message in enumerate(messages)]
     try:
         return template.render(
             messages=conversation,
+            tools=None,
+            documents=None,
             bos_token=generation.bos_token,
             eos_token=generation.eos_token,
             add_generation_prompt=True,
@@ -142,9 +146,37 @@ def render(generation: TextGeneration, messages: Sequence[ChatMessage]) -> str:
         ) from None
 
 
-def _message(message: ChatMessage) -> dict[str, Any]:
+def _message(index: int, message: ChatMessage) -> dict[str, Any]:
     """One message as transformers' templates are given it."""
     found: dict[str, Any] = {"role": message.role, "content": message.text()}
     if message.name:
         found["name"] = message.name
+    if message.tool_calls:
+        found["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": call.type,
+                "function": {
+                    "name": call.function.name,
+                    "arguments": _arguments(
+                        call.function.arguments,
+                        f"messages[{index}].tool_calls[{number}].function.arguments",
+                    ),
+                },
+            }
+            for number, call in enumerate(message.tool_calls)
+        ]
+    if message.tool_call_id is not None:
+        found["tool_call_id"] = message.tool_call_id
     return found
+
+
+def _arguments(text: str, param: str) -> Any:
+    """A tool call's arguments, a JSON string in OpenAI's API, as the object templates
+    print (empty: no arguments)."""
+    if not text.strip():
+        return {}
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise OpenAIError(f"Invalid value for '{param}': not JSON", param=param) from None
