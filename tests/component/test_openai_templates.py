@@ -1,7 +1,8 @@
 """Chat templates render as transformers' `apply_chat_template` renders them (the
 environment Triton's OpenAI front end and vLLM use), and the messages reach them as
 transformers is given them. Each model is tests/textgen.py's echo model with another
-template, so a chat's answer is the prompt the template rendered, word by word."""
+template, so a chat's answer is the prompt the template rendered, word by word. (Also the
+refusal of an empty prompt, which no model here would refuse itself.)"""
 
 from __future__ import annotations
 
@@ -160,3 +161,11 @@ async def test_a_template_that_does_not_compile_refuses_chat_only(
         assert "endfor" in refused["message"] and "/v1/completions" in refused["message"]
     completion = await http.post("/v1/completions", json={"model": "tpl_broken", "prompt": "a b"})
     assert completion.status_code == 200 and completion.json()["choices"][0]["text"] == "a b"
+
+
+async def test_an_empty_prompt_is_refused_on_its_field(http: httpx.AsyncClient) -> None:
+    for prompt in ("", [""]):
+        body = {"model": "tpl_broken", "prompt": prompt}
+        refused = error(await http.post("/v1/completions", json=body), 400)
+        assert refused["param"] == "prompt"
+        assert refused["message"] == "'prompt' must not be empty"

@@ -214,6 +214,9 @@ class CompletionRequest(Sampling):
         super().refuse_unsupported()
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
             raise unsupported("prompt", "Only one prompt per request is supported")
+        if not self.text():
+            # Triton's OpenAI front end refuses it so; a model would, in its own words.
+            raise OpenAIError("'prompt' must not be empty", param="prompt")
         if self.echo:
             raise unsupported("echo", "'echo' is not supported")
         if self.suffix:
