@@ -3,7 +3,9 @@
 The request: `text_input` (the prompt; chat renders it first), and, where the model has
 them, `stream`, `exclude_input_in_output` (always true: OpenAI's answers never repeat the
 prompt), `sampling_parameters` (vLLM's keys as JSON) and `max_tokens`. A client's sampling
-parameter that the model has no input for is a 400, not silently dropped.
+parameter that the model has no input for is a 400, not silently dropped; a default the
+client did not set (the 16 tokens of /v1/completions) goes where the model takes
+`max_tokens`, and is never refused.
 
 Each response carries `text_output` (a text delta when streaming, the whole text when
 not) and, on the last one, `finish_reason`; `num_input_tokens` and `num_output_tokens`
@@ -14,7 +16,7 @@ far), and are 0 for a model that does not report them.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +29,7 @@ from ge_serve.server.inference.types import DataType, InferRequest, InferRespons
 from ge_serve.server.inference.wire import bytes_elements, object_array
 
 from .catalog import TEXT_INPUT, TEXT_OUTPUT
-from .errors import OpenAIError, from_server_error
+from .errors import OpenAIError, from_server_error, unsupported
 
 STREAM = "stream"
 SAMPLING = "sampling_parameters"
@@ -68,10 +70,14 @@ def build_request(
     model: ModelVersion,
     prompt: str,
     stream: bool,
-    sampling: dict[str, Any],
-    max_tokens: int | None,
-) -> InferRequest:
+    given: Mapping[str, Any],
+    default_max_tokens: int | None = None,
+) -> tuple[InferRequest, frozenset[str]]:
+    """The request for `model`, and the parameters it passes on. `given`: the sampling
+    parameters the client set, by vLLM's keys (`Sampling.sampling`)."""
     inputs = model.inputs
+    sampling = dict(given)
+    max_tokens = sampling.get(MAX_TOKENS, default_max_tokens)
     tensors = [_tensor(model, inputs[TEXT_INPUT], object_array([prompt.encode("utf-8")]))]
     if STREAM in inputs:
         tensors.append(_tensor(model, inputs[STREAM], np.array([stream])))
@@ -80,17 +86,22 @@ def build_request(
     if MAX_TOKENS in inputs and max_tokens is not None:
         tensors.append(_tensor(model, inputs[MAX_TOKENS], np.array([max_tokens])))
     if SAMPLING in inputs:
+        if max_tokens is not None:
+            sampling[MAX_TOKENS] = max_tokens
         if sampling:
             text = json.dumps(sampling).encode("utf-8")
             tensors.append(_tensor(model, inputs[SAMPLING], object_array([text])))
     else:
-        given = [key for key in sampling if key != MAX_TOKENS or MAX_TOKENS not in inputs]
-        if given:
-            raise OpenAIError(
-                f"The model '{model.name}' takes no sampling parameters ('{given[0]}')",
-                param=given[0],
+        refused = [key for key in given if key != MAX_TOKENS or MAX_TOKENS not in inputs]
+        if refused:
+            raise unsupported(
+                refused[0],
+                f"The model '{model.name}' takes no sampling parameter '{refused[0]}': it "
+                f"has neither a '{SAMPLING}' input nor a '{refused[0]}' input",
             )
-    return InferRequest(model_name=model.name, model_version=model.version_str, inputs=tensors)
+        sampling = {MAX_TOKENS: max_tokens} if MAX_TOKENS in inputs else {}
+    request = InferRequest(model_name=model.name, model_version=model.version_str, inputs=tensors)
+    return request, frozenset(sampling)
 
 
 def _tensor(model: ModelVersion, spec: TensorSpec, values: Any) -> Tensor:

@@ -17,7 +17,7 @@ a 400 that names the parameter (`refuse_unsupported`). vLLM's extensions `top_k`
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -88,8 +88,11 @@ _Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
 class Sampling(Body):
-    """The parameters chat and completions share; `sampling_parameters` derives the
-    model's vLLM-style JSON from them."""
+    """The parameters chat and completions share; `sampling` gives those the client set,
+    by vLLM's sampling keys."""
+
+    # The limit a request that sets none gets (None: the model's own).
+    default_max_tokens: ClassVar[int | None] = None
 
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
@@ -130,8 +133,13 @@ class Sampling(Body):
         if any(not s for s in self.stops()):
             raise OpenAIError("'stop' strings must not be empty", param="stop")
 
-    def sampling_parameters(self, max_tokens: int | None) -> dict[str, Any]:
-        """vLLM's sampling keys, only those the client set (the model has its defaults)."""
+    def token_limit(self) -> int | None:
+        """The client's `max_tokens`; None where it set none."""
+        return self.max_tokens
+
+    def sampling(self) -> dict[str, Any]:
+        """The sampling parameters the client set, by vLLM's keys; a model gets its own
+        defaults for the rest (`max_tokens`, unset, is `default_max_tokens`)."""
         params: dict[str, Any] = {
             key: value
             for key, value in (
@@ -139,7 +147,7 @@ class Sampling(Body):
                 ("top_p", self.top_p),
                 ("top_k", self.top_k),
                 ("seed", self.seed),
-                ("max_tokens", max_tokens),
+                ("max_tokens", self.token_limit()),
                 ("ignore_eos", self.ignore_eos),
             )
             if value is not None
@@ -203,6 +211,8 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16
 
 
 class CompletionRequest(Sampling):
+    default_max_tokens: ClassVar[int | None] = COMPLETION_DEFAULT_MAX_TOKENS
+
     # One prompt: a string, or a list holding one string (token-id prompts are refused).
     prompt: str | list[str]
     echo: bool | None = None
@@ -228,9 +238,6 @@ class CompletionRequest(Sampling):
 
     def text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-
-    def token_limit(self) -> int:
-        return self.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS
 
 
 # OpenAI's limit on the inputs of one embeddings request.

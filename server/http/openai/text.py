@@ -62,19 +62,19 @@ async def chat_completion(
         prompt = await asyncio.to_thread(render, generation, body.messages)
     else:
         prompt = render(generation, body.messages)
-    return await _answer(catalog, request, model, body, prompt, limit, chat=True)
+    return await _answer(catalog, request, model, body, prompt, chat=True)
 
 
 async def completion(catalog: Catalog, request: Request, body: CompletionRequest) -> Response:
     model = catalog.generative(body.model)
-    limit = body.token_limit()
     generation = text_generation(model)
     if generation is not None:
-        _check_limit(limit, generation.max_model_len)
-    return await _answer(catalog, request, model, body, body.text(), limit, chat=False)
+        _check_limit(body.token_limit(), generation.max_model_len)
+    return await _answer(catalog, request, model, body, body.text(), chat=False)
 
 
 def _check_limit(limit: int | None, max_model_len: int) -> None:
+    """The client's `max_tokens` (a default it did not set is the model's to refuse)."""
     if limit is not None and max_model_len > 0 and limit >= max_model_len:
         raise OpenAIError(
             f"max_tokens is too large: {limit}. This model's context is {max_model_len} "
@@ -90,14 +90,14 @@ async def _answer(
     model: ModelVersion,
     body: Sampling,
     prompt: str,
-    limit: int | None,
     *,
     chat: bool,
 ) -> Response:
     stream = bool(body.stream)
-    sampling = body.sampling_parameters(limit)
-    infer_request = build_request(model, prompt, stream, sampling, limit)
-    params = Params("messages" if chat else "prompt", frozenset(sampling))
+    infer_request, sent = build_request(
+        model, prompt, stream, body.sampling(), body.default_max_tokens
+    )
+    params = Params("messages" if chat else "prompt", sent)
     answer = Answer(body.model, chat, include_usage=stream and body.include_usage())
     if not stream:
         text, reason, usage = await until_disconnect(

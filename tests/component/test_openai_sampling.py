@@ -1,0 +1,143 @@
+"""How /v1 hands a request's sampling parameters to a generative model, in process (as
+test_openai_inprocess.py): every parameter the client sets reaches the model or is a 400
+naming it, whichever interface the model has.
+
+- `textgen` (tests/textgen.py) takes vLLM's keys as `sampling_parameters` JSON, as the
+  `llm` engine does: its SHOW_PARAMS answer is the JSON it got.
+- `bare` is Triton's test model mock_llm: `text_input` and `stream` only, the prompt
+  echoed. It takes no sampling parameter, not even `max_tokens`."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import textgen
+from pymodels import write_model
+
+from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
+from ge_serve.backends.python.host.backend import PythonBackend
+from ge_serve.scheduler.factory import SchedulerOptions
+from ge_serve.server.app import make_scheduler
+from ge_serve.server.http.app import HttpFrontEnd, HttpSettings
+from ge_serve.server.inference.bls import CoreBridge
+from ge_serve.server.inference.core import InferenceServer
+from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle
+from ge_serve.server.models.repository import ModelRepository
+
+pytestmark = pytest.mark.timeout(120)
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+HELLO = [{"role": "user", "content": "hello"}]
+
+# Triton's python/openai/tests/test_models/mock_llm, decoupled part, without its options.
+BARE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()
+            stream = pb_utils.get_input_tensor_by_name(request, "stream").as_numpy()
+            response = pb_utils.InferenceResponse([pb_utils.Tensor("text_output", text)])
+            if stream.flatten()[0]:
+                sender.send(response)
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+BARE_CONFIG = """
+name: "bare"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [
+  { name: "text_input" data_type: TYPE_STRING dims: [ 1, 1 ] },
+  { name: "stream" data_type: TYPE_BOOL dims: [ 1, 1 ] },
+  { name: "return_logprobs" data_type: TYPE_BOOL dims: [ 1, 1 ] optional: true }
+]
+output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1, -1 ] } ]
+"""
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = textgen.write(tmp_path_factory.mktemp("openai-sampling"))
+    write_model(repo, "bare", BARE, BARE_CONFIG)
+    return repo
+
+
+@pytest.fixture
+async def http(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
+    python = PythonBackend()
+    lifecycle = ModelLifecycle(
+        ModelRepository([repo]),
+        {"onnxruntime": OnnxRuntimeBackend(), "python": python},
+        functools.partial(make_scheduler, options=SchedulerOptions()),
+        LifecycleSettings(unload_timeout_s=10.0),
+    )
+    core = InferenceServer(lifecycle)
+    python.attach_core(CoreBridge(core, asyncio.get_running_loop()))
+    try:
+        assert await lifecycle.load_many(["textgen", "bare"]) == {}
+        front = HttpFrontEnd(core, HttpSettings(max_input_size=1 << 20, restricted_api=()))
+        transport = httpx.ASGITransport(app=front.build())
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client
+    finally:
+        await lifecycle.close()
+        python.close()
+
+
+def error(response: httpx.Response, status: int = 400) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    found: dict[str, Any] = response.json()["error"]
+    assert set(found) == {"message", "type", "param", "code"}
+    return found
+
+
+def answer(response: httpx.Response) -> Any:
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+# --- a model that takes no sampling parameter -----------------------------------------------
+
+
+async def test_a_model_without_sampling_inputs_serves_completions(http: httpx.AsyncClient) -> None:
+    # /v1/completions' 16 tokens are a default the client did not set: the model has no
+    # place for it, and answers.
+    body = {"model": "bare", "prompt": "hello world"}
+    done = answer(await http.post(COMPLETIONS, json=body))
+    assert done["choices"][0]["text"] == "hello world"
+    assert done["choices"][0]["finish_reason"] == "stop"
+    streamed = await http.post(COMPLETIONS, json=body | {"stream": True})
+    assert streamed.status_code == 200, streamed.text
+    chunks = [json.loads(b[6:]) for b in streamed.text.split("\n\n") if b.startswith("data: {")]
+    assert [c["choices"][0]["text"] for c in chunks] == ["hello world", ""]
+    # A value that changes nothing needs no place either.
+    zero = answer(await http.post(COMPLETIONS, json=body | {"presence_penalty": 0}))
+    assert zero["choices"][0]["text"] == "hello world"
+
+
+@pytest.mark.parametrize(("param", "value"), [("max_tokens", 5), ("temperature", 0.5)])
+async def test_a_parameter_the_client_sets_is_refused_where_the_model_takes_none(
+    http: httpx.AsyncClient, param: str, value: object
+) -> None:
+    body = {"model": "bare", "prompt": "hello", param: value}
+    refused = error(await http.post(COMPLETIONS, json=body))
+    assert (refused["param"], refused["code"]) == (param, "unsupported_parameter")
+    assert refused["type"] == "invalid_request_error"
+    assert f"'{param}'" in refused["message"] and "'bare'" in refused["message"]
