@@ -21,6 +21,7 @@ import pytest
 import textgen
 from pymodels import write_model
 
+from ge_serve.backends.llm import sampling
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.backends.python.host.backend import PythonBackend
 from ge_serve.scheduler.factory import SchedulerOptions
@@ -141,3 +142,95 @@ async def test_a_parameter_the_client_sets_is_refused_where_the_model_takes_none
     assert (refused["param"], refused["code"]) == (param, "unsupported_parameter")
     assert refused["type"] == "invalid_request_error"
     assert f"'{param}'" in refused["message"] and "'bare'" in refused["message"]
+
+
+# --- vLLM's sampling extensions, for a model that takes `sampling_parameters` ----------------
+
+HONOURED = {
+    "min_tokens": 3,
+    "stop_token_ids": [7, 9],
+    "include_stop_str_in_output": True,
+    "skip_special_tokens": False,
+    "ignore_eos": True,
+}
+# What the `llm` engine does not implement, at the values that change nothing.
+NEUTRAL = {
+    "repetition_penalty": 1.0,
+    "min_p": 0,
+    "presence_penalty": 0,
+    "length_penalty": 1,
+    "use_beam_search": False,
+    "bad_words": [],
+    "spaces_between_special_tokens": True,
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (COMPLETIONS, {"prompt": "SHOW_PARAMS", "max_tokens": 5}),
+        (CHAT, {"messages": [{"role": "user", "content": "SHOW_PARAMS"}], "max_tokens": 5}),
+    ],
+    ids=["completions", "chat"],
+)
+async def test_the_engines_vllm_extensions_reach_the_model(
+    http: httpx.AsyncClient, path: str, body: dict[str, Any]
+) -> None:
+    request = {"model": "textgen"} | body | HONOURED | NEUTRAL
+    done = answer(await http.post(path, json=request))
+    text = done["choices"][0]["text" if path == COMPLETIONS else "message"]
+    shown = json.loads(text if path == COMPLETIONS else text["content"])
+    assert shown["sampling"] == HONOURED | {"max_tokens": 5}
+
+
+def test_the_keys_passed_on_are_those_the_llm_engine_implements() -> None:
+    from ge_serve.server.http.openai.generation import KEYS
+    from ge_serve.server.http.openai.schemas import SAMPLING_KEYS
+
+    implemented = sampling.KNOWN_KEYS - set(sampling._NEUTRAL)
+    assert {key for key, rule in KEYS.items() if rule.engine} == implemented
+    for key, rule in KEYS.items():
+        if key in sampling._NEUTRAL:
+            assert sampling._NEUTRAL[key] in rule.neutral, key
+    assert set(KEYS) == {"max_tokens", *SAMPLING_KEYS}
+
+
+REFUSED: list[tuple[str, object, str | None]] = [
+    # Not implemented by the engine: unsupported, not silently dropped.
+    ("repetition_penalty", 1.5, "unsupported_parameter"),
+    ("min_p", 0.9, "unsupported_parameter"),
+    ("presence_penalty", 0.5, "unsupported_parameter"),
+    ("length_penalty", 0.5, "unsupported_parameter"),
+    ("use_beam_search", True, "unsupported_parameter"),
+    ("bad_words", ["no"], "unsupported_parameter"),
+    ("spaces_between_special_tokens", False, "unsupported_parameter"),
+    ("allowed_token_ids", [1, 2], "unsupported_parameter"),
+    ("truncate_prompt_tokens", 4, "unsupported_parameter"),
+    ("guided_json", {"type": "object"}, "unsupported_parameter"),
+    ("guided_choice", ["a", "b"], "unsupported_parameter"),
+    ("structured_outputs", {"regex": "a+"}, "unsupported_parameter"),
+    ("prompt_logprobs", 1, "unsupported_parameter"),
+    # Out of vLLM's ranges.
+    ("min_tokens", -1, None),
+    ("min_tokens", 1.5, None),
+    ("stop_token_ids", [-1], None),
+    ("stop_token_ids", 5, None),
+    ("include_stop_str_in_output", "yes", None),
+    ("repetition_penalty", 0, None),
+    ("min_p", 1.5, None),
+    ("truncate_prompt_tokens", 0, None),
+]
+
+
+async def test_an_extension_the_engine_does_not_honour_is_refused(
+    http: httpx.AsyncClient,
+) -> None:
+    for param, value, code in REFUSED:
+        # A bad list element is named by its index, as the schema names every field.
+        named = f"{param}[0]" if isinstance(value, list) and code is None else param
+        for path, prompt in ((COMPLETIONS, {"prompt": "hi"}), (CHAT, {"messages": HELLO})):
+            body = {"model": "textgen", param: value} | prompt
+            refused = error(await http.post(path, json=body))
+            assert (refused["param"], refused["code"]) == (named, code), (path, param, value)
+            assert refused["type"] == "invalid_request_error"
+            assert param in refused["message"]

@@ -120,6 +120,41 @@ async def test_concurrent_streams_each_equal_the_reference(server: ServerProcess
     assert answers == [reference_text(p, 16) for p in prompts]
 
 
+def test_vllms_stop_and_min_tokens_extensions_reach_the_engine(client: openai.OpenAI) -> None:
+    # The greedy answer to "Hello" is "ooUUUUUUUUo" (its first token is an unused row,
+    # which decodes to nothing); "U" is token 52, the fourth.
+    prompt, steps, u = "Hello", 12, 52
+    ids = reference_greedy(prompt, steps)
+    assert ids.index(u) == 3 and answer_text(ids[:3]) == "oo", ids
+
+    def complete(**extra: object) -> tuple[str, str, int]:
+        completion = client.completions.create(
+            model="tiny_llm", prompt=prompt, temperature=0, max_tokens=steps, extra_body=extra
+        )
+        assert completion.usage is not None
+        choice = completion.choices[0]
+        return choice.text, choice.finish_reason, completion.usage.completion_tokens
+
+    # stop_token_ids: the answer ends at "U", without it (the stop token is counted).
+    assert complete(stop_token_ids=[u]) == ("oo", "stop", 4)
+    # min_tokens: "U" may not end the answer before 6 tokens.
+    text, _, count = complete(stop_token_ids=[u], min_tokens=6)
+    assert text.startswith("oo") and count >= 6, (text, count)
+    # include_stop_str_in_output: the stop string ends the answer, and is shown.
+    assert complete(stop=["U"]) == ("oo", "stop", 4)
+    assert complete(stop=["U"], include_stop_str_in_output=True) == ("ooU", "stop", 4)
+
+
+def test_an_extension_the_engine_does_not_implement_is_400(server: ServerProcess) -> None:
+    for extra in ({"repetition_penalty": 1.3}, {"min_p": 0.2}):
+        (param,) = extra
+        body = {"model": "tiny_llm", "messages": MESSAGES} | extra
+        answer = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=30)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["param"] == param
+        assert answer.json()["error"]["code"] == "unsupported_parameter"
+
+
 def test_seeded_sampling_repeats(client: openai.OpenAI) -> None:
     def sample() -> str:
         completion = client.completions.create(

@@ -2,10 +2,14 @@
 
 The request: `text_input` (the prompt; chat renders it first), and, where the model has
 them, `stream`, `exclude_input_in_output` (always true: OpenAI's answers never repeat the
-prompt), `sampling_parameters` (vLLM's keys as JSON) and `max_tokens`. A client's sampling
-parameter that the model has no input for is a 400, not silently dropped; a default the
-client did not set (the 16 tokens of /v1/completions) goes where the model takes
-`max_tokens`, and is never refused.
+prompt), `max_tokens`, and `sampling_parameters`: JSON, vLLM's keys, those the `llm`
+engine honours there (`KEYS`, from backends/llm/sampling.py); a Python model gets the
+same JSON.
+
+A parameter the client set that does not reach the model is a 400 naming it, never
+silently dropped; only a value that changes nothing (`presence_penalty: 0`,
+`min_tokens: 0`...) is left out then. A default the client did not set (the 16 tokens of
+/v1/completions) goes where the model takes `max_tokens`, and is never refused.
 
 Each response carries `text_output` (a text delta when streaming, the whole text when
 not) and, on the last one, `finish_reason`; `num_input_tokens` and `num_output_tokens`
@@ -35,6 +39,42 @@ STREAM = "stream"
 SAMPLING = "sampling_parameters"
 EXCLUDE_INPUT = "exclude_input_in_output"
 MAX_TOKENS = "max_tokens"
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """How one sampling parameter reaches a model."""
+
+    # The `llm` engine honours it in `sampling_parameters`.
+    engine: bool
+    # The values that change nothing, left out for a model that cannot take them.
+    neutral: tuple[Any, ...] = ()
+
+
+KEYS: dict[str, Key] = {
+    MAX_TOKENS: Key(engine=True),
+    "temperature": Key(engine=True),
+    "top_p": Key(engine=True),
+    "top_k": Key(engine=True),
+    "seed": Key(engine=True),
+    "stop": Key(engine=True, neutral=([],)),
+    "ignore_eos": Key(engine=True, neutral=(False,)),
+    "min_tokens": Key(engine=True, neutral=(0,)),
+    "stop_token_ids": Key(engine=True, neutral=([],)),
+    "include_stop_str_in_output": Key(engine=True, neutral=(False,)),
+    "skip_special_tokens": Key(engine=True, neutral=(True,)),
+    # Not implemented by the engine (it takes them only at these values).
+    "presence_penalty": Key(engine=False, neutral=(0,)),
+    "frequency_penalty": Key(engine=False, neutral=(0,)),
+    "repetition_penalty": Key(engine=False, neutral=(1,)),
+    "min_p": Key(engine=False, neutral=(0,)),
+    "length_penalty": Key(engine=False, neutral=(1,)),
+    "use_beam_search": Key(engine=False, neutral=(False,)),
+    "bad_words": Key(engine=False, neutral=([],)),
+    "spaces_between_special_tokens": Key(engine=False, neutral=(True,)),
+    "allowed_token_ids": Key(engine=False),
+    "truncate_prompt_tokens": Key(engine=False),
+}
 
 
 @dataclass(slots=True)
@@ -76,32 +116,50 @@ def build_request(
     """The request for `model`, and the parameters it passes on. `given`: the sampling
     parameters the client set, by vLLM's keys (`Sampling.sampling`)."""
     inputs = model.inputs
-    sampling = dict(given)
-    max_tokens = sampling.get(MAX_TOKENS, default_max_tokens)
     tensors = [_tensor(model, inputs[TEXT_INPUT], object_array([prompt.encode("utf-8")]))]
     if STREAM in inputs:
         tensors.append(_tensor(model, inputs[STREAM], np.array([stream])))
     if EXCLUDE_INPUT in inputs:
         tensors.append(_tensor(model, inputs[EXCLUDE_INPUT], np.array([True])))
-    if MAX_TOKENS in inputs and max_tokens is not None:
-        tensors.append(_tensor(model, inputs[MAX_TOKENS], np.array([max_tokens])))
-    if SAMPLING in inputs:
-        if max_tokens is not None:
-            sampling[MAX_TOKENS] = max_tokens
-        if sampling:
-            text = json.dumps(sampling).encode("utf-8")
-            tensors.append(_tensor(model, inputs[SAMPLING], object_array([text])))
-    else:
-        refused = [key for key in given if key != MAX_TOKENS or MAX_TOKENS not in inputs]
-        if refused:
-            raise unsupported(
-                refused[0],
-                f"The model '{model.name}' takes no sampling parameter '{refused[0]}': it "
-                f"has neither a '{SAMPLING}' input nor a '{refused[0]}' input",
-            )
-        sampling = {MAX_TOKENS: max_tokens} if MAX_TOKENS in inputs else {}
+    document: dict[str, Any] = {}
+    sent: set[str] = set()
+    values = dict(given)
+    defaulted = MAX_TOKENS not in values and default_max_tokens is not None
+    if defaulted:
+        values[MAX_TOKENS] = default_max_tokens
+    for key, value in values.items():
+        rule = KEYS[key]
+        placed = False
+        if key == MAX_TOKENS and MAX_TOKENS in inputs:
+            tensors.append(_tensor(model, inputs[MAX_TOKENS], np.array([value])))
+            placed = True
+        if SAMPLING in inputs and rule.engine:
+            document[key] = value
+            placed = True
+        if placed:
+            sent.add(key)
+        elif not (defaulted and key == MAX_TOKENS) and value not in rule.neutral:
+            raise _refusal(model, key, rule)
+    if document:
+        text = json.dumps(document).encode("utf-8")
+        tensors.append(_tensor(model, inputs[SAMPLING], object_array([text])))
     request = InferRequest(model_name=model.name, model_version=model.version_str, inputs=tensors)
-    return request, frozenset(sampling)
+    return request, frozenset(sent)
+
+
+def _refusal(model: ModelVersion, key: str, rule: Key) -> OpenAIError:
+    if SAMPLING in model.inputs:
+        only = f": only {json.dumps(rule.neutral[0])} (the default)" if rule.neutral else ""
+        return unsupported(
+            key,
+            f"'{key}' is not supported{only}. The model '{model.name}' takes its "
+            f"'{SAMPLING}' as the llm engine does, which does not implement it",
+        )
+    return unsupported(
+        key,
+        f"The model '{model.name}' takes no sampling parameter '{key}': it has no "
+        f"'{SAMPLING}' input",
+    )
 
 
 def _tensor(model: ModelVersion, spec: TensorSpec, values: Any) -> Tensor:

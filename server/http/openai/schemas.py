@@ -9,9 +9,11 @@ plane's bodies do (bodies.py). The v2 hot path never sees these.
 Fields follow OpenAI's API reference. Types are strict (JSON `"1"` is not a number, `1.0`
 is not an integer; an integer is a valid float). Fields this server does not know are
 ignored, as OpenAI-compatible servers commonly do, except those whose silent loss would
-change the answer (tools, logprobs, n > 1, penalties, JSON response formats...): those are
-a 400 that names the parameter (`refuse_unsupported`). vLLM's extensions `top_k` and
-`ignore_eos` are accepted, since the model contract takes vLLM's sampling keys.
+change the answer (tools, logprobs, n > 1, JSON response formats, guided decoding...):
+those are a 400 that names the parameter (`refuse_unsupported`). vLLM's sampling
+extensions are fields here, checked with vLLM's ranges, since the model contract takes
+vLLM's sampling keys; which of them reach a given model, and which it refuses, is
+generation.py's decision (`sampling` gives it what the client set).
 """
 
 from __future__ import annotations
@@ -85,6 +87,41 @@ class ResponseFormat(Body):
 # --- sampling, shared by chat and completions ------------------------------------------------
 
 _Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+_TokenId = Annotated[int, Field(ge=0)]
+
+# The fields `Sampling.sampling` gives, by their vLLM sampling key (`stop` as a list, and
+# `max_tokens` only where the client set a limit).
+SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "ignore_eos",
+    "min_tokens",
+    "stop_token_ids",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_p",
+    "length_penalty",
+    "use_beam_search",
+    "bad_words",
+    "spaces_between_special_tokens",
+    "allowed_token_ids",
+    "truncate_prompt_tokens",
+)
+# vLLM's extensions that no model contract carries: refused whenever given.
+_NEVER_SERVED = {
+    "guided_json": "guided decoding",
+    "guided_regex": "guided decoding",
+    "guided_choice": "guided decoding",
+    "guided_grammar": "guided decoding",
+    "structured_outputs": "guided decoding",
+    "prompt_logprobs": "logprobs",
+}
 
 
 class Sampling(Body):
@@ -102,11 +139,30 @@ class Sampling(Body):
     top_k: int | None = Field(None, ge=-1)
     seed: int | None = None
     stop: str | list[str] | None = None
-    ignore_eos: bool | None = None
     n: int | None = Field(None, ge=1)
     presence_penalty: _Penalty | None = None
     frequency_penalty: _Penalty | None = None
     logit_bias: dict[str, Any] | None = None
+    # vLLM's sampling extensions, with vLLM's ranges (vllm/sampling_params.py).
+    ignore_eos: bool | None = None
+    min_tokens: int | None = Field(None, ge=0)
+    stop_token_ids: list[_TokenId] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    length_penalty: float | None = None
+    use_beam_search: bool | None = None
+    bad_words: list[str] | None = None
+    spaces_between_special_tokens: bool | None = None
+    allowed_token_ids: list[_TokenId] | None = None
+    truncate_prompt_tokens: int | None = Field(None, ge=1)
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    prompt_logprobs: Any = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -120,9 +176,9 @@ class Sampling(Body):
     def refuse_unsupported(self) -> None:
         if self.n not in (None, 1):
             raise unsupported("n", "Only n=1 is supported: one choice per request")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0):
-                raise unsupported(name, f"'{name}' is not supported: only 0 (the default)")
+        for name, feature in _NEVER_SERVED.items():
+            if getattr(self, name) is not None:
+                raise unsupported(name, f"'{name}' ({feature}) is not supported")
         if self.logit_bias:
             raise unsupported("logit_bias", "'logit_bias' is not supported")
         if self.stream_options is not None and not self.stream:
@@ -140,20 +196,14 @@ class Sampling(Body):
     def sampling(self) -> dict[str, Any]:
         """The sampling parameters the client set, by vLLM's keys; a model gets its own
         defaults for the rest (`max_tokens`, unset, is `default_max_tokens`)."""
-        params: dict[str, Any] = {
-            key: value
-            for key, value in (
-                ("temperature", self.temperature),
-                ("top_p", self.top_p),
-                ("top_k", self.top_k),
-                ("seed", self.seed),
-                ("max_tokens", self.token_limit()),
-                ("ignore_eos", self.ignore_eos),
-            )
-            if value is not None
-        }
-        if self.stop is not None:
-            params["stop"] = self.stops()
+        params: dict[str, Any] = {}
+        limit = self.token_limit()
+        if limit is not None:
+            params["max_tokens"] = limit
+        for key in SAMPLING_KEYS:
+            value = self.stops() if key == "stop" and self.stop is not None else getattr(self, key)
+            if value is not None:
+                params[key] = value
         return params
 
 
