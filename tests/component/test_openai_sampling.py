@@ -1,11 +1,14 @@
 """How /v1 hands a request's sampling parameters to a generative model, in process (as
 test_openai_inprocess.py): every parameter the client sets reaches the model or is a 400
-naming it, whichever interface the model has.
+naming it, whichever of the three interfaces the model has.
 
 - `textgen` (tests/textgen.py) takes vLLM's keys as `sampling_parameters` JSON, as the
   `llm` engine does: its SHOW_PARAMS answer is the JSON it got.
 - `bare` is Triton's test model mock_llm: `text_input` and `stream` only, the prompt
-  echoed. It takes no sampling parameter, not even `max_tokens`."""
+  echoed. It takes no sampling parameter, not even `max_tokens`.
+- `separate` has the inputs of Triton's tool_parser_models/tool_stream_py (TensorRT-LLM's
+  interface: one input per parameter), and `bad_words` and `repetition_penalty` as well:
+  its answer is what its inputs held, and it counts tokens only when asked to."""
 
 from __future__ import annotations
 
@@ -72,11 +75,75 @@ input [
 output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1, -1 ] } ]
 """
 
+SEPARATE = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def plain(value):
+    return value.decode() if isinstance(value, bytes) else value.item()
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            got = {}
+            for tensor in request.inputs():
+                if tensor.name() != "text_input":
+                    array = tensor.as_numpy()
+                    values = [plain(v) for v in array.reshape(-1)]
+                    got[tensor.name()] = [str(array.dtype), list(array.shape), values]
+            shown = json.dumps(got, sort_keys=True)
+            outputs = [pb_utils.Tensor("text_output", np.array([[shown]], object))]
+            for name in ("num_input_tokens", "num_output_tokens"):
+                if "return_" + name in got:
+                    outputs.append(pb_utils.Tensor(name, np.array([[7]], np.int32)))
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse(outputs),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+        return None
+"""
+
+SEPARATE_CONFIG = """
+name: "separate"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [
+  { name: "text_input" data_type: TYPE_STRING dims: [ 1, 1 ] },
+  { name: "stream" data_type: TYPE_BOOL dims: [ 1, 1 ] },
+  { name: "max_tokens" data_type: TYPE_INT32 dims: [ 1, 1 ] optional: true },
+  { name: "return_num_input_tokens" data_type: TYPE_BOOL dims: [ 1, 1 ] optional: true },
+  { name: "return_num_output_tokens" data_type: TYPE_BOOL dims: [ 1, 1 ] optional: true },
+  { name: "stop_words" data_type: TYPE_STRING dims: [ 1, -1 ] optional: true },
+  { name: "bad_words" data_type: TYPE_STRING dims: [ 1, -1 ] optional: true },
+  { name: "temperature" data_type: TYPE_FP32 dims: [ 1, 1 ] optional: true },
+  { name: "top_p" data_type: TYPE_FP32 dims: [ 1, 1 ] optional: true },
+  { name: "frequency_penalty" data_type: TYPE_FP32 dims: [ 1, 1 ] optional: true },
+  { name: "presence_penalty" data_type: TYPE_FP32 dims: [ 1, 1 ] optional: true },
+  { name: "repetition_penalty" data_type: TYPE_FP32 dims: [ 1, 1 ] optional: true },
+  { name: "seed" data_type: TYPE_UINT64 dims: [ 1, 1 ] optional: true }
+]
+output [
+  { name: "text_output" data_type: TYPE_STRING dims: [ 1, -1 ] },
+  { name: "num_input_tokens" data_type: TYPE_INT32 dims: [ 1, 1 ] },
+  { name: "num_output_tokens" data_type: TYPE_INT32 dims: [ 1, 1 ] }
+]
+parameters {
+  key: "chat_template_source"
+  value { string_value: "{% for m in messages %}{{ m['content'] }}{% endfor %}" }
+}
+"""
+
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = textgen.write(tmp_path_factory.mktemp("openai-sampling"))
     write_model(repo, "bare", BARE, BARE_CONFIG)
+    write_model(repo, "separate", SEPARATE, SEPARATE_CONFIG)
     return repo
 
 
@@ -92,7 +159,7 @@ async def http(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
     core = InferenceServer(lifecycle)
     python.attach_core(CoreBridge(core, asyncio.get_running_loop()))
     try:
-        assert await lifecycle.load_many(["textgen", "bare"]) == {}
+        assert await lifecycle.load_many(["textgen", "bare", "separate"]) == {}
         front = HttpFrontEnd(core, HttpSettings(max_input_size=1 << 20, restricted_api=()))
         transport = httpx.ASGITransport(app=front.build())
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
@@ -234,3 +301,89 @@ async def test_an_extension_the_engine_does_not_honour_is_refused(
             assert (refused["param"], refused["code"]) == (named, code), (path, param, value)
             assert refused["type"] == "invalid_request_error"
             assert param in refused["message"]
+
+
+# --- TensorRT-LLM's interface: one input per parameter -----------------------------------
+
+
+def one(datatype: str, value: object) -> list[object]:
+    return [datatype, [1, 1], [value]]
+
+
+COUNTS_ASKED = {
+    "return_num_input_tokens": one("bool", True),
+    "return_num_output_tokens": one("bool", True),
+}
+
+
+async def test_each_parameter_goes_to_the_input_of_its_name(http: httpx.AsyncClient) -> None:
+    body = {
+        "model": "separate",
+        "prompt": "x",
+        "max_tokens": 9,
+        "temperature": 0.5,
+        "top_p": 0.25,
+        "seed": 7,
+        "stop": ["a", "bb"],
+        "frequency_penalty": 0.5,
+        "presence_penalty": -1.0,
+        "repetition_penalty": 1.25,
+        "bad_words": ["z"],
+    }
+    done = answer(await http.post(COMPLETIONS, json=body))
+    assert json.loads(done["choices"][0]["text"]) == COUNTS_ASKED | {
+        "stream": one("bool", False),
+        "max_tokens": one("int32", 9),
+        "temperature": one("float32", 0.5),
+        "top_p": one("float32", 0.25),
+        "seed": one("uint64", 7),
+        "stop_words": ["object", [1, 2], ["a", "bb"]],
+        "frequency_penalty": one("float32", 0.5),
+        "presence_penalty": one("float32", -1.0),
+        "repetition_penalty": one("float32", 1.25),
+        "bad_words": ["object", [1, 1], ["z"]],
+    }
+    # Asked for, the model reports its counts.
+    assert done["usage"] == {"prompt_tokens": 7, "completion_tokens": 7, "total_tokens": 14}
+
+    # /v1/completions' default limit goes to `max_tokens` too; chat's is the model's own.
+    done = answer(await http.post(COMPLETIONS, json={"model": "separate", "prompt": "x"}))
+    assert json.loads(done["choices"][0]["text"]) == COUNTS_ASKED | {
+        "stream": one("bool", False),
+        "max_tokens": one("int32", 16),
+    }
+    chat = {"model": "separate", "messages": HELLO, "stop": "q", "max_completion_tokens": 3}
+    done = answer(await http.post(CHAT, json=chat))
+    assert json.loads(done["choices"][0]["message"]["content"]) == COUNTS_ASKED | {
+        "stream": one("bool", False),
+        "max_tokens": one("int32", 3),
+        "stop_words": one("object", "q"),
+    }
+    streamed = await http.post(
+        COMPLETIONS, json={"model": "separate", "prompt": "x", "stream": True}
+    )
+    assert streamed.status_code == 200, streamed.text
+    chunks = [json.loads(b[6:]) for b in streamed.text.split("\n\n") if b.startswith("data: {")]
+    shown = json.loads("".join(c["choices"][0]["text"] for c in chunks))
+    assert shown["stream"] == one("bool", True)
+
+
+@pytest.mark.parametrize(
+    ("param", "value", "code"),
+    [
+        # No input of that name, and no `sampling_parameters`.
+        ("top_k", 5, "unsupported_parameter"),
+        ("min_tokens", 2, "unsupported_parameter"),
+        ("stop_token_ids", [1], "unsupported_parameter"),
+        # Past the range of the input's datatype (UINT64, INT32).
+        ("seed", -1, None),
+        ("max_tokens", 2**31, None),
+    ],
+)
+async def test_a_parameter_with_no_input_or_past_its_datatype_is_400(
+    http: httpx.AsyncClient, param: str, value: object, code: str | None
+) -> None:
+    body = {"model": "separate", "prompt": "x", param: value}
+    refused = error(await http.post(COMPLETIONS, json=body))
+    assert (refused["param"], refused["code"]) == (param, code)
+    assert "'separate'" in refused["message"]

@@ -4,9 +4,9 @@ A model is recognised by its interface alone, whatever its backend:
 
 - **generative**: decoupled (`model_transaction_policy { decoupled: true }`), with a BYTES
   input `text_input` and a BYTES output `text_output` (the contract of Triton's LLM
-  backends, which ge-serve's `llm` backend implements). The optional inputs `stream`,
-  `sampling_parameters`, `exclude_input_in_output` and `max_tokens` are sent when the
-  model has them. Chat needs a chat template: the one the backend reports
+  backends, which ge-serve's `llm` backend implements). Its optional inputs (`stream`,
+  `sampling_parameters`, TensorRT-LLM's one input per parameter...) are sent when the
+  model has them (generation.py). Chat needs a chat template: the one the backend reports
   (`LoadedModel.text_generation`), or, for a model whose backend reports none (a Python
   model), the config parameter `chat_template_source` (the Jinja2 source itself;
   the `llm` backend's `chat_template` names a file) and optionally `bos_token`,

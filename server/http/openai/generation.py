@@ -2,11 +2,17 @@
 
 The request: `text_input` (the prompt; chat renders it first), and, where the model has
 them, `stream`, `exclude_input_in_output` (always true: OpenAI's answers never repeat the
-prompt), `max_tokens`, and `sampling_parameters`: JSON, vLLM's keys, those the `llm`
-engine honours there (`KEYS`, from backends/llm/sampling.py); a Python model gets the
-same JSON.
+prompt) and `return_num_input_tokens` / `return_num_output_tokens` (true). The client's
+sampling parameters go where the model takes them, as Triton's OpenAI frontend sends
+them to its vLLM and TensorRT-LLM backends:
 
-A parameter the client set that does not reach the model is a 400 naming it, never
+- in `sampling_parameters` (JSON, vLLM's keys), the keys the `llm` engine honours there
+  (`KEYS`, from backends/llm/sampling.py); a Python model gets the same JSON;
+- in an input of the parameter's own name (TensorRT-LLM's interface: `temperature`,
+  `top_p`, `seed`, `max_tokens`..., and `stop_words` for `stop`), whatever its key, as
+  one element of the input's datatype, or a list for `stop`, `stop_token_ids`...
+
+A parameter the client set that reaches the model neither way is a 400 naming it, never
 silently dropped; only a value that changes nothing (`presence_penalty: 0`,
 `min_tokens: 0`...) is left out then. A default the client did not set (the 16 tokens of
 /v1/completions) goes where the model takes `max_tokens`, and is never refused.
@@ -39,6 +45,8 @@ STREAM = "stream"
 SAMPLING = "sampling_parameters"
 EXCLUDE_INPUT = "exclude_input_in_output"
 MAX_TOKENS = "max_tokens"
+# Asked of a model that has them, as Triton's frontend asks: the token counts of `usage`.
+COUNT_REQUESTS = ("return_num_input_tokens", "return_num_output_tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +57,8 @@ class Key:
     engine: bool
     # The values that change nothing, left out for a model that cannot take them.
     neutral: tuple[Any, ...] = ()
+    # TensorRT-LLM's name for its input, where it is not the key itself.
+    input: str | None = None
 
 
 KEYS: dict[str, Key] = {
@@ -57,7 +67,7 @@ KEYS: dict[str, Key] = {
     "top_p": Key(engine=True),
     "top_k": Key(engine=True),
     "seed": Key(engine=True),
-    "stop": Key(engine=True, neutral=([],)),
+    "stop": Key(engine=True, neutral=([],), input="stop_words"),
     "ignore_eos": Key(engine=True, neutral=(False,)),
     "min_tokens": Key(engine=True, neutral=(0,)),
     "stop_token_ids": Key(engine=True, neutral=([],)),
@@ -116,11 +126,13 @@ def build_request(
     """The request for `model`, and the parameters it passes on. `given`: the sampling
     parameters the client set, by vLLM's keys (`Sampling.sampling`)."""
     inputs = model.inputs
-    tensors = [_tensor(model, inputs[TEXT_INPUT], object_array([prompt.encode("utf-8")]))]
-    if STREAM in inputs:
-        tensors.append(_tensor(model, inputs[STREAM], np.array([stream])))
-    if EXCLUDE_INPUT in inputs:
-        tensors.append(_tensor(model, inputs[EXCLUDE_INPUT], np.array([True])))
+    tensors = [_tensor(model, inputs[TEXT_INPUT], [prompt])]
+    for name, value in ((STREAM, stream), (EXCLUDE_INPUT, True)):
+        if name in inputs:
+            tensors.append(_tensor(model, inputs[name], [value]))
+    for name in COUNT_REQUESTS:
+        if name in inputs and inputs[name].datatype is DataType.BOOL:
+            tensors.append(_tensor(model, inputs[name], [True]))
     document: dict[str, Any] = {}
     sent: set[str] = set()
     values = dict(given)
@@ -129,9 +141,10 @@ def build_request(
         values[MAX_TOKENS] = default_max_tokens
     for key, value in values.items():
         rule = KEYS[key]
+        name = rule.input or key
         placed = False
-        if key == MAX_TOKENS and MAX_TOKENS in inputs:
-            tensors.append(_tensor(model, inputs[MAX_TOKENS], np.array([value])))
+        if name in inputs and value != []:
+            tensors.append(_tensor(model, inputs[name], value, key))
             placed = True
         if SAMPLING in inputs and rule.engine:
             document[key] = value
@@ -141,41 +154,86 @@ def build_request(
         elif not (defaulted and key == MAX_TOKENS) and value not in rule.neutral:
             raise _refusal(model, key, rule)
     if document:
-        text = json.dumps(document).encode("utf-8")
-        tensors.append(_tensor(model, inputs[SAMPLING], object_array([text])))
+        text = json.dumps(document)
+        tensors.append(_tensor(model, inputs[SAMPLING], [text]))
     request = InferRequest(model_name=model.name, model_version=model.version_str, inputs=tensors)
     return request, frozenset(sent)
 
 
 def _refusal(model: ModelVersion, key: str, rule: Key) -> OpenAIError:
+    name = rule.input or key
     if SAMPLING in model.inputs:
         only = f": only {json.dumps(rule.neutral[0])} (the default)" if rule.neutral else ""
         return unsupported(
             key,
-            f"'{key}' is not supported{only}. The model '{model.name}' takes its "
-            f"'{SAMPLING}' as the llm engine does, which does not implement it",
+            f"'{key}' is not supported{only}. The model '{model.name}' has no '{name}' "
+            f"input, and its '{SAMPLING}' take only the keys the llm engine implements",
         )
     return unsupported(
         key,
-        f"The model '{model.name}' takes no sampling parameter '{key}': it has no "
-        f"'{SAMPLING}' input",
+        f"The model '{model.name}' takes no sampling parameter '{key}': it has neither a "
+        f"'{SAMPLING}' input nor a '{name}' input",
     )
 
 
-def _tensor(model: ModelVersion, spec: TensorSpec, values: Any) -> Tensor:
-    """One element, shaped as `spec` wants it (a batch of one when the model batches)."""
+def _tensor(model: ModelVersion, spec: TensorSpec, value: Any, param: str | None = None) -> Tensor:
+    """`value` (a list: its elements) as `spec` wants it: shaped to its dims (a batch of
+    one when the model batches; a list along its variable dimension), in its datatype.
+    `param` names the client's parameter the value is, for the errors that are the
+    client's (a value past the datatype's range)."""
+    items = list(value) if isinstance(value, list) else [value]
     lead = (1,) if model.max_batch_size > 0 else ()
-    shape = lead + tuple(1 if d < 0 else d for d in spec.dims)
-    if int(np.prod(shape)) != 1:
+    dims = [1 if d < 0 else d for d in spec.dims]
+    variable = [i for i, d in enumerate(spec.dims) if d < 0]
+    if len(items) != 1 and variable:
+        dims[variable[-1]] = len(items)
+    shape = lead + tuple(dims)
+    if int(np.prod(shape)) != len(items):
+        if len(items) == 1 or param is None:
+            raise _not_the_contract(model, spec, f"is not one element (dims {list(spec.dims)})")
         raise OpenAIError(
-            f"The model '{model.name}' input '{spec.name}' is not one element "
-            f"(dims {list(spec.dims)}): it does not follow the generative model contract",
-            status=500,
-            kind="server_error",
+            f"The model '{model.name}' takes {int(np.prod(shape))} value(s) for '{param}' "
+            f"(its input '{spec.name}' has dims {list(spec.dims)}), not {len(items)}",
+            param=param,
         )
-    if spec.datatype is not DataType.BYTES:
-        values = values.astype(spec.datatype.numpy)
-    return Tensor(spec.name, spec.datatype, shape, values.reshape(shape))
+    array = _array(model, spec, items, param)
+    return Tensor(spec.name, spec.datatype, shape, array.reshape(shape))
+
+
+def _array(model: ModelVersion, spec: TensorSpec, items: list[Any], param: str | None) -> Any:
+    datatype = spec.datatype
+    if datatype is DataType.BYTES:
+        texts = [item if isinstance(item, str) else json.dumps(item) for item in items]
+        return object_array([text.encode("utf-8") for text in texts])
+    dtype = datatype.numpy
+    if datatype is DataType.BOOL:
+        if not all(isinstance(item, bool) for item in items):
+            raise _not_the_contract(model, spec, f"is {datatype.value}, not a number")
+        return np.array(items, dtype)
+    if param is not None and any(isinstance(item, bool) for item in items):
+        raise _not_the_contract(model, spec, f"is {datatype.value}, not BOOL")
+    if dtype.kind in "iu":
+        if not all(isinstance(item, int) for item in items):
+            raise _not_the_contract(model, spec, f"is {datatype.value}, not a float")
+        bounds = np.iinfo(dtype)
+        outside = [item for item in items if not bounds.min <= item <= bounds.max]
+        if outside:
+            raise OpenAIError(
+                f"Invalid value for '{param}': {outside[0]} is outside the range of the model "
+                f"'{model.name}' input '{spec.name}' ({datatype.value}: {bounds.min} to "
+                f"{bounds.max})",
+                param=param,
+            )
+    return np.array(items).astype(dtype)
+
+
+def _not_the_contract(model: ModelVersion, spec: TensorSpec, what: str) -> OpenAIError:
+    return OpenAIError(
+        f"The model '{model.name}' input '{spec.name}' {what}: it does not follow the "
+        "generative model contract",
+        status=500,
+        kind="server_error",
+    )
 
 
 def piece_of(response: InferResponse) -> Piece:
