@@ -131,6 +131,8 @@ class RequestContext:
     # "" when it names none) and its flags (1: START, 2: END), lifted out of `parameters`.
     correlation_id: int | str = 0
     flags: int = 0
+    # The request's timeout in microseconds (0: none), as Triton gives it to a backend.
+    timeout_us: int = 0
 
 
 @dataclass(slots=True)

@@ -46,6 +46,8 @@ class Request(msgspec.Struct, array_like=True):
     # Its sequence: correlation ID (0 or "": none) and Triton's flags (1 START, 2 END).
     correlation_id: int | str = 0
     flags: int = 0
+    # Its timeout, microseconds (0: none).
+    timeout: int = 0
 
 
 class BlsRequest(msgspec.Struct, array_like=True):

@@ -46,6 +46,7 @@ def request_context(
             requested_outputs=tuple(o.name for o in request.outputs),
             responses=sink,
             trace=trace,
+            timeout_us=request.timeout_us,
         )
     return RequestContext(
         id=request.id,
@@ -55,6 +56,7 @@ def request_context(
         trace=trace,
         correlation_id=sequence.correlation_id,
         flags=(FLAG_START if sequence.start else 0) | (FLAG_END if sequence.end else 0),
+        timeout_us=request.timeout_us,
     )
 
 

@@ -1,6 +1,6 @@
 """What a Python model sees of a request, against the real server: Triton's
 `request.correlation_id()` and `request.flags()`, sequence parameters kept out of
-`request.parameters()`, BLS requests that name a sequence with
+`request.parameters()`, `request.timeout()`, BLS requests that name a sequence with
 `pb_utils.InferenceRequest(correlation_id=..., flags=...)`, and, as an ensemble's step,
 the ensemble request's ID, parameters and sequence."""
 
@@ -36,6 +36,7 @@ class TritonPythonModel:
                 pb_utils.Tensor("FLAGS", np.array([[request.flags()]], np.int32)),
                 pb_utils.Tensor("PARAMS", np.array([[request.parameters().encode()]], np.object_)),
                 pb_utils.Tensor("ID", np.array([[request.request_id().encode()]], np.object_)),
+                pb_utils.Tensor("TIMEOUT", np.array([[request.timeout()]], np.int64)),
             ]
             responses.append(pb_utils.InferenceResponse(outputs))
         return responses
@@ -47,7 +48,8 @@ output [
   { name: "CORRID" data_type: TYPE_STRING dims: [ 1 ] },
   { name: "FLAGS" data_type: TYPE_INT32 dims: [ 1 ] },
   { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] },
-  { name: "ID" data_type: TYPE_STRING dims: [ 1 ] }
+  { name: "ID" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "TIMEOUT" data_type: TYPE_INT64 dims: [ 1 ] }
 ]
 """
 
@@ -165,6 +167,11 @@ def test_a_python_model_reads_the_sequence_of_each_http_request(server: ServerPr
     # The sequence parameters are the request's correlation ID and flags, not parameters.
     assert [s["PARAMS"] for s in seen] == [{"note": "a"}, {}, {}, {}]
     assert [s["ID"] for s in seen] == ["", "", "", ""]
+
+
+def test_a_python_model_reads_the_requests_timeout(server: ServerProcess) -> None:
+    assert _seen(_post(server, "plain_echo", {"timeout": 5_000_000}))["TIMEOUT"] == 5_000_000
+    assert _seen(_post(server, "plain_echo", {}))["TIMEOUT"] == 0
 
 
 def test_a_string_correlation_id_reaches_the_model_as_a_string(server: ServerProcess) -> None:

@@ -266,6 +266,7 @@ class InferenceRequest:
         decoupled: bool,
         correlation_id: int | str = 0,
         flags: int = 0,
+        timeout: int = 0,
     ) -> InferenceRequest:
         request = cls(
             runtime.model_name,
@@ -274,6 +275,7 @@ class InferenceRequest:
             request_id,
             correlation_id,
             flags=flags,
+            timeout=timeout,
             parameters=parameters,
         )
         request._key = key

@@ -191,7 +191,7 @@ class Stub:
             requests.append(
                 InferenceRequest.received(
                     one.key, runtime, inputs, one.id, one.requested, one.parameters,
-                    self.decoupled, one.correlation_id, one.flags,
+                    self.decoupled, one.correlation_id, one.flags, one.timeout,
                 )
             )  # fmt: skip
         try:

@@ -248,6 +248,7 @@ class PythonInstance:
             parameters,
             context.correlation_id,
             context.flags,
+            context.timeout_us,
         )
 
     def _outputs(
