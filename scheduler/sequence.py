@@ -47,11 +47,11 @@ from ge_serve.server.errors import (
 )
 
 from .batch import client_error, execute_batch
-from .correlation import CorrelationId, SequenceFlags
+from .correlation import CorrelationId
 from .decision import BatchView, Take, TritonRules
 from .dispatch import SlotPool
 from .policy import BatchPolicy
-from .sequence_config import SequencePolicy, Strategy, row_inputs
+from .sequence_config import SequencePolicy, Strategy, check_request, row_inputs
 from .sequence_slots import ActiveSequence, Instance, Request, Row, Slot
 from .work import Array, Timings, WorkItem
 
@@ -96,7 +96,7 @@ class SequenceBatcher:
     async def submit(self, item: WorkItem) -> dict[str, Array]:
         if self._closing:
             raise SchedulerClosed()
-        flags = self._check(item)
+        flags = check_request(self._policy, item)
         now = time.monotonic_ns()
         item.enqueue_ns = item.enqueue_ns or now
         sequence = self._sequences.get(flags.correlation_id)
@@ -138,29 +138,6 @@ class SequenceBatcher:
                 self._pending -= 1
                 self._check_drained()
             raise
-
-    def _check(self, item: WorkItem) -> SequenceFlags:
-        policy = self._policy
-        flags = item.sequence
-        if flags is None or not flags.in_sequence:
-            raise invalid_arg(
-                f"inference request to model '{policy.model}' must specify a non-zero or "
-                "non-empty correlation ID"
-            )
-        if policy.batching and item.batch_size > 1:
-            raise invalid_arg(
-                f"inference request to model '{policy.model}' must specify batch-size 1 due "
-                "to requirements of sequence batcher"
-            )
-        corrid = policy.corrid_control()
-        given_string = isinstance(flags.correlation_id, str)
-        if corrid is not None and (corrid.dtype is np.object_) != given_string:
-            given = "BYTES" if given_string else "UINT64"
-            raise invalid_arg(
-                f"sequence batching control '{corrid.name}' data-type is '{given}', but model "
-                f"'{policy.model}' expects '{corrid.type_name()}'"
-            )
-        return flags
 
     def _start(self, correlation_id: CorrelationId, now_ns: int) -> ActiveSequence:
         """A new sequence: bound to a free slot (least-loaded instance, lowest row), or

@@ -18,7 +18,7 @@ from ge_serve.protos import model_config_pb2
 from ge_serve.server.errors import invalid_arg
 
 from .correlation import CorrelationId, SequenceFlags
-from .work import Array
+from .work import Array, WorkItem
 
 Control = model_config_pb2.ModelSequenceBatching.Control
 Kind = Control.Kind
@@ -378,3 +378,27 @@ def row_inputs(
     for name, value in (*controls.items(), *state.items()):
         row[name] = value[np.newaxis] if policy.batching else value
     return row
+
+
+def check_request(policy: SequencePolicy, item: WorkItem) -> SequenceFlags:
+    """Refuse, with Triton's errors, a request the sequence batcher cannot take."""
+    flags = item.sequence
+    if flags is None or not flags.in_sequence:
+        raise invalid_arg(
+            f"inference request to model '{policy.model}' must specify a non-zero or "
+            "non-empty correlation ID"
+        )
+    if policy.batching and item.batch_size > 1:
+        raise invalid_arg(
+            f"inference request to model '{policy.model}' must specify batch-size 1 due "
+            "to requirements of sequence batcher"
+        )
+    corrid = policy.corrid_control()
+    given_string = isinstance(flags.correlation_id, str)
+    if corrid is not None and (corrid.dtype is np.object_) != given_string:
+        given = "BYTES" if given_string else "UINT64"
+        raise invalid_arg(
+            f"sequence batching control '{corrid.name}' data-type is '{given}', but model "
+            f"'{policy.model}' expects '{corrid.type_name()}'"
+        )
+    return flags
