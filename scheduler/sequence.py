@@ -22,7 +22,9 @@ implicit state: a sequence's state input is its previous request's state output 
 configured initial state on START), and a state output the config does not list is not
 returned. A sequence that sends nothing for `max_sequence_idle_microseconds` loses its
 slot, and its next request without START gets Triton's error; so does a request of a
-sequence that has ended.
+sequence that has ended. A queued request its client cancels ends its sequence when the
+scheduler reaches it (the head of a queue, or a backlogged sequence given a slot), as in
+Triton: the requests the sequence has queued are CANCELLED and its slot is released.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from ge_serve.server.errors import (
     SchedulerClosed,
     ServerError,
     invalid_arg,
+    request_cancelled,
 )
 
 from .batch import client_error, execute_batch
@@ -133,10 +136,11 @@ class SequenceBatcher:
             return await future
         except asyncio.CancelledError:
             if request in sequence.queue:
-                sequence.queue.remove(request)
-                self._queued -= 1
-                self._pending -= 1
-                self._check_drained()
+                # As in Triton, it stays queued, marked, until the scheduler reaches it:
+                # then its whole sequence is cancelled (_kick, _release).
+                request.cancelled = True
+                if sequence.slot is not None:
+                    self._kick(sequence.slot.instance)
             raise
 
     def _start(self, correlation_id: CorrelationId, now_ns: int) -> ActiveSequence:
@@ -180,13 +184,21 @@ class SequenceBatcher:
         if sequence.slot is not None or sequence not in self._backlog:
             return
         self._backlog.remove(sequence)
-        if self._sequences.get(sequence.id) is sequence:
-            del self._sequences[sequence.id]
         error = ServerError(  # a timeout in the scheduler: Triton's REJECTED
             ErrorCode.UNAVAILABLE,
             "timeout of the corresponding sequence has been expired",
             FailureReason.REJECTED,
         )
+        self._abandon(sequence, error)
+
+    def _abandon(self, sequence: ActiveSequence, error: ServerError) -> None:
+        """End a sequence that is not running: its ID is forgotten (a later request of it
+        must START again) and every request it has queued fails with `error`."""
+        if self._sequences.get(sequence.id) is sequence:
+            del self._sequences[sequence.id]
+        if sequence.expiry is not None:
+            sequence.expiry.cancel()
+            sequence.expiry = None
         while sequence.queue:
             request = sequence.queue.popleft()
             self._queued -= 1
@@ -203,6 +215,10 @@ class SequenceBatcher:
         slot.sequence = None
         while self._backlog:
             waiting = self._backlog.popleft()
+            if any(request.cancelled for request in waiting.queue):
+                # Triton: a backlogged sequence with a cancelled request is cancelled whole.
+                self._abandon(waiting, request_cancelled())
+                continue
             if waiting.queue or self._sequences.get(waiting.id) is waiting:
                 waiting.last_ns = time.monotonic_ns()  # its idle time starts with its slot
                 self._bind(slot, waiting)
@@ -213,6 +229,15 @@ class SequenceBatcher:
 
     def _kick(self, instance: Instance) -> None:
         """If the instance is idle, form its next batch now, or arm a timer for when."""
+        if instance.busy:
+            return
+        for slot in instance.slots:
+            sequence = slot.sequence
+            if sequence and sequence.queue and sequence.queue[0].cancelled and not sequence.running:
+                # Triton: the sequence is cancelled, its queued requests with it, and its
+                # slot released (a backlogged sequence may take it, and run, here).
+                self._abandon(sequence, request_cancelled())
+                self._release(slot)
         if instance.busy:
             return
         if instance.timer is not None:

@@ -16,7 +16,7 @@ from .work import Array, WorkItem
 
 
 class Request:
-    __slots__ = ("flags", "future", "item", "sequence")
+    __slots__ = ("cancelled", "flags", "future", "item", "sequence")
 
     def __init__(
         self,
@@ -29,6 +29,9 @@ class Request:
         self.flags = flags
         self.future = future
         self.sequence = sequence
+        # Its client cancelled it while it was queued: its sequence ends when the
+        # scheduler reaches it (sequence.py).
+        self.cancelled = False
 
 
 class ActiveSequence:
