@@ -36,6 +36,7 @@ from .sequence_config import SequencePolicy
 log = logging.getLogger(__name__)
 
 DELAY_SCHEDULER_ENV = "TRITONSERVER_DELAY_SCHEDULER"
+BACKLOG_DELAY_SCHEDULER_ENV = "TRITONSERVER_BACKLOG_DELAY_SCHEDULER"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +48,9 @@ class SchedulerOptions:
     adaptive_batching: bool = False
     # TRITONSERVER_DELAY_SCHEDULER: hold each batcher until this many requests are queued.
     delay_count: int = 0
+    # TRITONSERVER_BACKLOG_DELAY_SCHEDULER: the sequence batcher (direct) also waits for
+    # this many requests in its backlog (only while delay_count holds it).
+    backlog_delay_count: int = 0
     # --rate-limit execution_count: the server's one limiter; None: off.
     rate_limiter: RateLimiter | None = None
 
@@ -76,9 +80,10 @@ def slot_pool(
     return SlotPool(slots, options.rate_limiter, needs)
 
 
-def delay_count_from(environ: Mapping[str, str]) -> int:
-    """Read TRITONSERVER_DELAY_SCHEDULER the way Triton does (atoi: junk reads as 0)."""
-    text = environ.get(DELAY_SCHEDULER_ENV, "").strip()
+def delay_count_from(environ: Mapping[str, str], name: str = DELAY_SCHEDULER_ENV) -> int:
+    """Read TRITONSERVER_DELAY_SCHEDULER (or `name`) the way Triton does (atoi: junk
+    reads as 0)."""
+    text = environ.get(name, "").strip()
     digits = ""
     for char in text:
         if not char.isdigit():
@@ -167,5 +172,15 @@ def _sequence_batcher(
         policy.slots_per_instance,
         policy.idle_us,
     )
+    delays = options.delay_count, options.backlog_delay_count
+    if options.delay_count:
+        log.info(
+            "model '%s': sequence batcher held until %d requests are queued (%s; %s %d)",
+            config.name,
+            options.delay_count,
+            DELAY_SCHEDULER_ENV,
+            BACKLOG_DELAY_SCHEDULER_ENV,
+            options.backlog_delay_count,
+        )
     pool = slot_pool(config, loaded, options)
-    return SequenceBatcher(pool, policy, loaded.gears)
+    return SequenceBatcher(pool, policy, loaded.gears, delays)

@@ -55,7 +55,8 @@ from .decision import BatchView, Take, TritonRules
 from .dispatch import SlotPool
 from .policy import BatchPolicy
 from .sequence_config import SequencePolicy, Strategy, check_request, row_inputs
-from .sequence_slots import ActiveSequence, Instance, Request, Row, Slot
+from .sequence_hold import DelayHold
+from .sequence_slots import ActiveSequence, Instance, Request, Row, Slot, idle_slots
 from .work import Array, Timings, WorkItem
 
 log = logging.getLogger(__name__)
@@ -64,11 +65,19 @@ _NEVER_RAN = "model was unloaded before the request could run"
 
 
 class SequenceBatcher:
-    def __init__(self, pool: SlotPool, policy: SequencePolicy, gears: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        pool: SlotPool,
+        policy: SequencePolicy,
+        gears: Sequence[int] = (),
+        delay_counts: tuple[int, int] = (0, 0),
+    ) -> None:
+        """`delay_counts`: TRITONSERVER_DELAY_SCHEDULER and _BACKLOG_DELAY_SCHEDULER."""
         self._pool = pool
         self._policy = policy
         self._gears = tuple(gears)
         self._instances = [Instance(s, policy.slots_per_instance) for s in pool.slots]
+        self._hold = DelayHold(policy.strategy, self._instances, *delay_counts)
         # Sequences whose requests are still expected, by ID (bound or in the backlog).
         self._sequences: dict[CorrelationId, ActiveSequence] = {}
         self._backlog: collections.deque[ActiveSequence] = collections.deque()
@@ -127,9 +136,12 @@ class SequenceBatcher:
             del self._sequences[flags.correlation_id]
         self._pending += 1
         self._queued += 1
-        if sequence.slot is not None:
+        if self._hold.active:  # a request anywhere may be the one the hold waits for
+            for instance in self._instances:
+                self._kick(instance)
+        elif sequence.slot is not None:
             self._kick(sequence.slot.instance)
-        elif item.timeout_us:
+        if sequence.slot is None and item.timeout_us:
             self._arm_expiry(sequence, now + item.timeout_us * 1000)
         self._arm_reaper()
         try:
@@ -238,7 +250,7 @@ class SequenceBatcher:
                 # slot released (a backlogged sequence may take it, and run, here).
                 self._abandon(sequence, request_cancelled())
                 self._release(slot)
-        if instance.busy:
+        if instance.busy or self._hold.holds(instance, self._backlog):
             return
         if instance.timer is not None:
             instance.timer.cancel()
@@ -441,27 +453,15 @@ class SequenceBatcher:
         self._reaper = None
         now = time.monotonic_ns()
         idle_ns = self._policy.idle_us * 1000
-        next_ns: int | None = None
-        for instance in self._instances:
-            for slot in instance.slots:
-                sequence = slot.sequence
-                if sequence is None:
-                    continue
-                due_ns = sequence.last_ns + idle_ns
-                if sequence.queue or sequence.running or now < due_ns:
-                    due_ns = max(due_ns, now + 1_000_000)
-                    next_ns = due_ns if next_ns is None else min(next_ns, due_ns)
-                    continue
-                log.info(
-                    "sequence %s of model '%s' idle: its slot is freed",
-                    sequence.id,
-                    self._policy.model,
-                )
-                if self._sequences.get(sequence.id) is sequence:
-                    del self._sequences[sequence.id]
-                self._release(slot)
-                if slot.sequence is not None:  # a backlogged sequence took it
-                    next_ns = now if next_ns is None else next_ns
+        idle, next_ns = idle_slots(self._instances, idle_ns, now)
+        for slot, sequence in idle:
+            model = self._policy.model
+            log.info("sequence %s of model '%s' idle: its slot is freed", sequence.id, model)
+            if self._sequences.get(sequence.id) is sequence:
+                del self._sequences[sequence.id]
+            self._release(slot)
+            if slot.sequence is not None:  # a backlogged sequence took it
+                next_ns = now if next_ns is None else next_ns
         if next_ns is not None:
             self._arm_reaper(max(next_ns - now, 0) or idle_ns)
         elif self._backlog:

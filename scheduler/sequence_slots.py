@@ -59,16 +59,38 @@ class Slot:
 
 
 class Instance:
-    __slots__ = ("busy", "executor", "slots", "timer")
+    __slots__ = ("busy", "executor", "hold", "slots", "timer")
 
     def __init__(self, executor: ExecutorSlot, slots: int) -> None:
         self.executor = executor
         self.slots = [Slot(self, position) for position in range(slots)]
         self.busy = False
         self.timer: asyncio.TimerHandle | None = None
+        # TRITONSERVER_DELAY_SCHEDULER: the queued requests to wait for before the first
+        # batch; 0 once reached (sequence_hold.py).
+        self.hold = 0
 
     def bound(self) -> int:
         return sum(slot.sequence is not None for slot in self.slots)
+
+
+def idle_slots(
+    instances: list[Instance], idle_ns: int, now_ns: int
+) -> tuple[list[tuple[Slot, ActiveSequence]], int | None]:
+    """The slots whose sequences have had nothing queued or running for `idle_ns`, and
+    when the next of the others could be idle (1 ms on at the soonest)."""
+    idle: list[tuple[Slot, ActiveSequence]] = []
+    next_ns: int | None = None
+    for slot in (slot for instance in instances for slot in instance.slots):
+        if (sequence := slot.sequence) is None:
+            continue
+        due_ns = sequence.last_ns + idle_ns
+        if sequence.queue or sequence.running or now_ns < due_ns:
+            due_ns = max(due_ns, now_ns + 1_000_000)
+            next_ns = due_ns if next_ns is None else min(next_ns, due_ns)
+        else:
+            idle.append((slot, sequence))
+    return idle, next_ns
 
 
 # One row of a sequence batch: its sequence and request, or (None, None) for a null request.

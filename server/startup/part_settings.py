@@ -11,7 +11,11 @@ import os
 from pathlib import Path
 
 from ge_serve.backends.onnx_io import DEFAULT_MAX_BATCH_SIZE
-from ge_serve.scheduler.factory import SchedulerOptions, delay_count_from
+from ge_serve.scheduler.factory import (
+    BACKLOG_DELAY_SCHEDULER_ENV,
+    SchedulerOptions,
+    delay_count_from,
+)
 from ge_serve.scheduler.ratelimit import RateLimiter
 
 from ..control.logsettings import LogControl, LogSettings
@@ -75,6 +79,7 @@ def scheduler_options(settings: Settings) -> SchedulerOptions:
     return SchedulerOptions(
         adaptive_batching=settings.adaptive_batching,
         delay_count=delay_count_from(os.environ),
+        backlog_delay_count=delay_count_from(os.environ, BACKLOG_DELAY_SCHEDULER_ENV),
         rate_limiter=limiter,
     )
 
