@@ -243,13 +243,11 @@ class SequenceBatcher:
         """If the instance is idle, form its next batch now, or arm a timer for when."""
         if instance.busy:
             return
-        for slot in instance.slots:
-            sequence = slot.sequence
-            if sequence and sequence.queue and sequence.queue[0].cancelled and not sequence.running:
-                # Triton: the sequence is cancelled, its queued requests with it, and its
-                # slot released (a backlogged sequence may take it, and run, here).
-                self._abandon(sequence, request_cancelled())
-                self._release(slot)
+        for slot, sequence in instance.cancelled_heads():
+            # Triton: the sequence is cancelled, its queued requests with it, and its slot
+            # released (a backlogged sequence may take it, and run, here).
+            self._abandon(sequence, request_cancelled())
+            self._release(slot)
         if instance.busy or self._hold.holds(instance, self._backlog):
             return
         if instance.timer is not None:

@@ -73,6 +73,17 @@ class Instance:
     def bound(self) -> int:
         return sum(slot.sequence is not None for slot in self.slots)
 
+    def cancelled_heads(self) -> list[tuple[Slot, ActiveSequence]]:
+        """The slots whose sequence, not running, has a cancelled request next."""
+        return [
+            (slot, sequence)
+            for slot in self.slots
+            if (sequence := slot.sequence) is not None
+            and sequence.queue
+            and sequence.queue[0].cancelled
+            and not sequence.running
+        ]
+
 
 def idle_slots(
     instances: list[Instance], idle_ns: int, now_ns: int
