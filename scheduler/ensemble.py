@@ -24,6 +24,12 @@ writes then carry those (START / END false unless given) to the steps that read 
 instead of its own request's. The ensemble's response echoes the three, as carried by its
 output tensors, on every request, with or without a sequence.
 
+Optional tensors pass as in Triton: an optional ensemble input the request leaves out, and
+an output a step's model did not produce, are still "written" (Triton's placeholder, None
+here), so the steps that read them run without that input (the step model's own checks
+refuse it unless its input is optional too), and an ensemble output left so is missing
+from the response. Only an output no step wrote at all is Triton's "unexpected deadlock".
+
 An ensemble with a decoupled step is decoupled itself (its plan says so); its requests
 run in ensemble_stream.py, which builds on the pieces here.
 """
@@ -37,6 +43,7 @@ from dataclasses import dataclass, field
 
 from ge_serve.backends.base import ParamValue
 from ge_serve.server.errors import ErrorCode, FailureReason, ServerError, invalid_arg
+from ge_serve.server.inference.error_texts import request_tag
 
 from .correlation import END_KEY, ID_KEY, START_KEY, CorrelationId, SequenceFlags
 from .inflight import InFlight
@@ -72,6 +79,8 @@ class EnsemblePlan:
     outputs: tuple[str, ...]
     # A step is decoupled, so the ensemble is: any number of responses per request.
     decoupled: bool = False
+    # The ensemble's inputs: those a request leaves out (optional ones) are placeholders.
+    inputs: tuple[str, ...] = ()
     # Derived: for each step, how many of the tensors it reads are written by steps (the
     # ensemble's own inputs are there from the start), and which steps read each tensor.
     needs: tuple[int, ...] = field(init=False)
@@ -106,6 +115,16 @@ class StepCall:
     # sets on every step request.
     request_id: str = ""
     parameters: Mapping[str, ParamValue] = field(default_factory=dict)
+
+
+# An ensemble tensor: its array, or None where it is Triton's placeholder (an optional
+# input left out, an output a step did not produce), read as a missing input.
+Slot = Array | None
+
+
+def present(slots: Mapping[str, Slot]) -> dict[str, Array]:
+    """The tensors that hold an array (the placeholders left out)."""
+    return {name: array for name, array in slots.items() if array is not None}
 
 
 @dataclass(slots=True)
@@ -150,12 +169,14 @@ class EnsembleScheduler:
 
     async def _run(self, item: WorkItem) -> dict[str, Array]:
         plan = self.plan
-        tensors: dict[str, Array] = dict(item.inputs)
+        tensors: dict[str, Slot] = dict(item.inputs)
+        for name in plan.inputs:
+            tensors.setdefault(name, None)
         # The sequence each tensor a step wrote carries (the ensemble's inputs carry none).
         carried: dict[str, SequenceFlags] = {}
         waiting = list(plan.needs)
         ready = [index for index, count in enumerate(waiting) if count == 0]
-        running: dict[asyncio.Task[dict[str, Array]], int] = {}
+        running: dict[asyncio.Task[dict[str, Slot]], int] = {}
         try:
             while ready or running:
                 if len(ready) == 1 and not running:
@@ -177,23 +198,27 @@ class EnsembleScheduler:
                 task.cancel()
             if running:
                 await asyncio.gather(*running, return_exceptions=True)
-        missing = [name for name in plan.outputs if name not in tensors]
-        if missing:
+        if any(name not in tensors for name in plan.outputs):
+            # Triton's words and code (FinishEnsemble): the configuration's fault.
+            context = item.context
             raise ServerError(
-                ErrorCode.INTERNAL,
-                f"in ensemble '{plan.name}', unexpected deadlock, at least one output is not "
-                f"set while no more ensemble steps can be made: {missing}",
+                ErrorCode.INVALID_ARG,
+                f"in ensemble '{plan.name}', {request_tag(context.id if context else '')}"
+                "unexpected deadlock, at least one output is not set while no more ensemble "
+                "steps can be made",
+                FailureReason.OTHER,
             )
         item.response_parameters = echo(item.sequence or NO_SEQUENCE, carried, plan.outputs)
-        return {name: tensors[name] for name in plan.outputs}
+        # An output a step did not produce is left out of the response, as in Triton.
+        return present({name: tensors[name] for name in plan.outputs})
 
     async def _step(
         self,
         index: int,
-        tensors: dict[str, Array],
+        tensors: dict[str, Slot],
         carried: dict[str, SequenceFlags],
         item: WorkItem,
-    ) -> dict[str, Array]:
+    ) -> dict[str, Slot]:
         call = self._call(index, tensors, carried, item)
         try:
             result = await self._runner(call)
@@ -205,12 +230,13 @@ class EnsembleScheduler:
     def _call(
         self,
         index: int,
-        tensors: Mapping[str, Array],
+        tensors: Mapping[str, Slot],
         carried: Mapping[str, SequenceFlags],
         item: WorkItem,
     ) -> StepCall:
         step = self.plan.steps[index]
-        inputs = {name: tensors[tensor] for name, tensor in step.inputs if tensor in tensors}
+        # A placeholder is an input the step request leaves out.
+        inputs = present({name: tensors.get(tensor) for name, tensor in step.inputs})
         sequence = self._step_sequence(step, carried, item.sequence or NO_SEQUENCE)
         context = item.context
         return StepCall(
@@ -240,17 +266,19 @@ class EnsembleScheduler:
         written: SequenceFlags,
         carried: dict[str, SequenceFlags],
         item: WorkItem,
-    ) -> dict[str, Array]:
-        """A step's answer as ensemble tensors; its compute times join the request's."""
+    ) -> dict[str, Slot]:
+        """A step's answer as ensemble tensors, a placeholder for each output it did not
+        produce (Triton's ConsumeResponse); its compute times join the request's."""
         timings, outputs = result.timings, result.outputs
         total = item.timings
         total.compute_input_ns += timings.compute_input_ns
         total.compute_infer_ns += timings.compute_infer_ns
         total.compute_output_ns += timings.compute_output_ns
         step = self.plan.steps[index]
-        produced = {tensor: outputs[name] for name, tensor in step.outputs if name in outputs}
-        for tensor in produced:
-            carried[tensor] = written
+        produced = {tensor: outputs.get(name) for name, tensor in step.outputs}
+        for tensor, array in produced.items():
+            if array is not None:
+                carried[tensor] = written
         return produced
 
     def _step_sequence(
@@ -281,8 +309,8 @@ class EnsembleScheduler:
     def _written(
         self,
         index: int,
-        produced: dict[str, Array],
-        tensors: dict[str, Array],
+        produced: dict[str, Slot],
+        tensors: dict[str, Slot],
         waiting: list[int],
     ) -> list[int]:
         """Record a finished step's tensors; return the steps that became ready."""

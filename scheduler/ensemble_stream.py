@@ -37,12 +37,14 @@ from .ensemble import (
     NO_SEQUENCE,
     EnsemblePlan,
     EnsembleScheduler,
+    Slot,
     StepCall,
     StepResult,
     StepRunner,
     StepStreamer,
     answered_sequence,
     echo,
+    present,
 )
 from .work import Array, WorkItem
 
@@ -56,7 +58,7 @@ class _Event:
 
     index: int
     key: Key
-    produced: dict[str, Array]
+    produced: dict[str, Slot]
     done: bool
     error: BaseException | None = None
 
@@ -126,12 +128,17 @@ class _Run:
         self.sink = sink
         # As Triton: a response goes out once the outputs the client asked for are there.
         self.wanted = tuple(n for n in plan.outputs if n in requested) or plan.outputs
-        self.tensors: dict[tuple[str, Key], Array] = {}
+        # A placeholder (None) for an optional input left out or an output a step's
+        # response did not carry, as in the ensemble scheduler.
+        self.tensors: dict[tuple[str, Key], Slot] = {}
         # How many more times each tensor of a key will be read (by steps, and by the
         # response when it is an output): a long stream must not keep every response.
         self.uses: dict[tuple[str, Key], int] = {}
         for name, array in item.inputs.items():
             self._keep(name, (), array)
+        for name in plan.inputs:
+            if name not in item.inputs:
+                self._keep(name, (), None)
         self.carried: dict[tuple[str, Key], SequenceFlags] = {}
         self.events: asyncio.Queue[_Event] = asyncio.Queue()
         self.tasks: set[asyncio.Task[None]] = set()
@@ -159,7 +166,7 @@ class _Run:
             if self.tasks:
                 await asyncio.gather(*self.tasks, return_exceptions=True)
 
-    def _keep(self, tensor: str, key: Key, array: Array) -> None:
+    def _keep(self, tensor: str, key: Key, array: Slot) -> None:
         self.tensors[(tensor, key)] = array
         uses = len(self.plan.readers.get(tensor, ())) + (tensor in self.wanted)
         self.uses[(tensor, key)] = uses
@@ -218,7 +225,7 @@ class _Run:
             self.carried[(tensor, key)] = flags
         self.events.put_nowait(_Event(index, key, produced, final))
 
-    def _written(self, index: int, key: Key, produced: dict[str, Array]) -> list[tuple[int, Key]]:
+    def _written(self, index: int, key: Key, produced: dict[str, Slot]) -> list[tuple[int, Key]]:
         """Record a step's tensors under their key; return the steps that can now run on
         that key (each once, even when it reads several of them)."""
         for tensor, array in produced.items():
@@ -233,15 +240,15 @@ class _Run:
         return ready
 
     def _response(
-        self, key: Key, produced: dict[str, Array]
+        self, key: Key, produced: dict[str, Slot]
     ) -> tuple[dict[str, Array], dict[str, ParamValue]] | None:
-        """The ensemble's outputs of one key, once the last of them was just written, and
-        the sequence parameters they carry."""
+        """The ensemble's outputs of one key, once the last of them was just written (those
+        left as placeholders are left out), and the sequence parameters they carry."""
         if not any(name in produced for name in self.wanted):
             return None
         if not all((name, key) in self.tensors for name in self.wanted):
             return None
-        outputs = {name: self.tensors[(name, key)] for name in self.wanted}
+        outputs = present({name: self.tensors[(name, key)] for name in self.wanted})
         carried = {n: self.carried[(n, key)] for n in self.wanted if (n, key) in self.carried}
         self._used(set(self.wanted), key)
         return outputs, echo(self.item.sequence or NO_SEQUENCE, carried, self.wanted)

@@ -382,7 +382,7 @@ def build_plan(config: ModelConfig, step_config: Callable[[str, str], ModelConfi
     outputs = tuple(entry.name for entry in config.output)
     inputs = tuple(entry.name for entry in config.input)
     decoupled = check_decoupled_paths(name, steps, inputs, outputs)
-    return EnsemblePlan(name, tuple(steps), outputs, decoupled)
+    return EnsemblePlan(name, tuple(steps), outputs, decoupled, inputs)
 
 
 def _map_tensors(
