@@ -30,6 +30,10 @@ here), so the steps that read them run without that input (the step model's own 
 refuse it unless its input is optional too), and an ensemble output left so is missing
 from the response. Only an output no step wrote at all is Triton's "unexpected deadlock".
 
+A batch dimension is put in front of, or taken off, a tensor that passes between a model
+(or the ensemble) that batches and one that does not, as Triton does (ensemble_shapes.py):
+a non-batching ensemble over a batching step sends it a batch of 1 and answers without it.
+
 An ensemble with a decoupled step is decoupled itself (its plan says so); its requests
 run in ensemble_stream.py, which builds on the pieces here.
 """
@@ -46,6 +50,7 @@ from ge_serve.server.errors import ErrorCode, FailureReason, ServerError, invali
 from ge_serve.server.inference.error_texts import request_tag
 
 from .correlation import END_KEY, ID_KEY, START_KEY, CorrelationId, SequenceFlags
+from .ensemble_shapes import batch_reshape
 from .inflight import InFlight
 from .work import Array, Timings, WorkItem
 
@@ -81,6 +86,11 @@ class EnsemblePlan:
     decoupled: bool = False
     # The ensemble's inputs: those a request leaves out (optional ones) are placeholders.
     inputs: tuple[str, ...] = ()
+    # Whether the ensemble batches (max_batch_size > 0), and its outputs' config dims
+    # (`reshape` where given): where a step's batching differs, a batch dimension of 1 is
+    # taken off or put on its outputs (ensemble_shapes.py).
+    batching: bool = False
+    output_dims: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     # Derived: for each step, how many of the tensors it reads are written by steps (the
     # ensemble's own inputs are there from the start), and which steps read each tensor.
     needs: tuple[int, ...] = field(init=False)
@@ -115,6 +125,9 @@ class StepCall:
     # sets on every step request.
     request_id: str = ""
     parameters: Mapping[str, ParamValue] = field(default_factory=dict)
+    # For each input, the batch size of the request that made its tensor (0: one that
+    # does not batch), for the batch dimension fix-up into the step's model.
+    batch_sizes: Mapping[str, int] = field(default_factory=dict)
 
 
 # An ensemble tensor: its array, or None where it is Triton's placeholder (an optional
@@ -137,6 +150,8 @@ class StepResult:
     parameters: Mapping[str, ParamValue] = field(default_factory=dict)
     # Whether this is the step request's last response (a decoupled step's may not be).
     final: bool = True
+    # The step request's batch size (0: its model does not batch).
+    batch_size: int = 0
 
 
 StepRunner = Callable[[StepCall], Awaitable[StepResult]]
@@ -174,6 +189,8 @@ class EnsembleScheduler:
             tensors.setdefault(name, None)
         # The sequence each tensor a step wrote carries (the ensemble's inputs carry none).
         carried: dict[str, SequenceFlags] = {}
+        # The batch size of the request that made each tensor (0: one without batching).
+        sizes = dict.fromkeys(tensors, item.batch_size if plan.batching else 0)
         waiting = list(plan.needs)
         ready = [index for index, count in enumerate(waiting) if count == 0]
         running: dict[asyncio.Task[dict[str, Slot]], int] = {}
@@ -181,11 +198,12 @@ class EnsembleScheduler:
             while ready or running:
                 if len(ready) == 1 and not running:
                     index = ready.pop()
-                    produced = await self._step(index, tensors, carried, item)
+                    produced = await self._step(index, tensors, carried, sizes, item)
                     ready.extend(self._written(index, produced, tensors, waiting))
                     continue
                 for index in ready:
-                    task = asyncio.ensure_future(self._step(index, tensors, carried, item))
+                    step = self._step(index, tensors, carried, sizes, item)
+                    task = asyncio.ensure_future(step)
                     running[task] = index
                 ready.clear()
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
@@ -210,28 +228,43 @@ class EnsembleScheduler:
             )
         item.response_parameters = echo(item.sequence or NO_SEQUENCE, carried, plan.outputs)
         # An output a step did not produce is left out of the response, as in Triton.
-        return present({name: tensors[name] for name in plan.outputs})
+        return self._outputs(present({name: tensors[name] for name in plan.outputs}), sizes)
+
+    def _outputs(self, outputs: dict[str, Array], sizes: Mapping[str, int]) -> dict[str, Array]:
+        """The ensemble's outputs with a step's batch dimension taken off (or put on) where
+        the ensemble's batching differs from that step's model's."""
+        plan = self.plan
+        for name, array in outputs.items():
+            dims = plan.output_dims.get(name)
+            if dims is None:
+                continue
+            shape = batch_reshape(dims, plan.batching, sizes.get(name, 0), array.shape)
+            if shape != array.shape:
+                outputs[name] = array.reshape(shape)
+        return outputs
 
     async def _step(
         self,
         index: int,
         tensors: dict[str, Slot],
         carried: dict[str, SequenceFlags],
+        sizes: dict[str, int],
         item: WorkItem,
     ) -> dict[str, Slot]:
-        call = self._call(index, tensors, carried, item)
+        call = self._call(index, tensors, carried, sizes, item)
         try:
             result = await self._runner(call)
             written = answered_sequence(call.sequence, result.parameters)
         except ServerError as exc:
             raise self._failed(exc) from None
-        return self._produced(index, result, written, carried, item)
+        return self._produced(index, result, written, carried, sizes, item)
 
     def _call(
         self,
         index: int,
         tensors: Mapping[str, Slot],
         carried: Mapping[str, SequenceFlags],
+        sizes: Mapping[str, int],
         item: WorkItem,
     ) -> StepCall:
         step = self.plan.steps[index]
@@ -248,6 +281,7 @@ class EnsembleScheduler:
             sequence,
             context.id if context is not None else "",
             context.parameters if context is not None else {},
+            {name: sizes.get(tensor, 0) for name, tensor in step.inputs if tensor in sizes},
         )
 
     def _failed(self, exc: ServerError) -> ServerError:
@@ -265,6 +299,7 @@ class EnsembleScheduler:
         result: StepResult,
         written: SequenceFlags,
         carried: dict[str, SequenceFlags],
+        sizes: dict[str, int],
         item: WorkItem,
     ) -> dict[str, Slot]:
         """A step's answer as ensemble tensors, a placeholder for each output it did not
@@ -277,6 +312,7 @@ class EnsembleScheduler:
         step = self.plan.steps[index]
         produced = {tensor: outputs.get(name) for name, tensor in step.outputs}
         for tensor, array in produced.items():
+            sizes[tensor] = result.batch_size
             if array is not None:
                 carried[tensor] = written
         return produced

@@ -140,6 +140,9 @@ class _Run:
             if name not in item.inputs:
                 self._keep(name, (), None)
         self.carried: dict[tuple[str, Key], SequenceFlags] = {}
+        # The batch size of the request that made each tensor (ensemble.py).
+        batch = item.batch_size if plan.batching else 0
+        self.sizes: dict[tuple[str, Key], int] = dict.fromkeys(self.tensors, batch)
         self.events: asyncio.Queue[_Event] = asyncio.Queue()
         self.tasks: set[asyncio.Task[None]] = set()
         # Steps started and not yet done: Triton's in-flight step counter.
@@ -181,6 +184,7 @@ class _Run:
             self.uses.pop(entry, None)
             self.tensors.pop(entry, None)
             self.carried.pop(entry, None)
+            self.sizes.pop(entry, None)
 
     def _start(self, ready: list[tuple[int, Key]]) -> None:
         for index, key in ready:
@@ -193,7 +197,8 @@ class _Run:
         scheduler, step = self.scheduler, self.plan.steps[index]
         view = {t: self.tensors[(t, key)] for _, t in step.inputs if (t, key) in self.tensors}
         carried = {t: self.carried[(t, key)] for _, t in step.inputs if (t, key) in self.carried}
-        call = scheduler._call(index, view, carried, self.item)
+        sizes = {t: self.sizes[(t, key)] for _, t in step.inputs if (t, key) in self.sizes}
+        call = scheduler._call(index, view, carried, sizes, self.item)
         self._used({t for _, t in step.inputs}, key)
         try:
             if not step.decoupled:
@@ -220,9 +225,12 @@ class _Run:
     ) -> None:
         written = answered_sequence(call.sequence, result.parameters)
         carried: dict[str, SequenceFlags] = {}
-        produced = self.scheduler._produced(index, result, written, carried, self.item)
+        sizes: dict[str, int] = {}
+        produced = self.scheduler._produced(index, result, written, carried, sizes, self.item)
         for tensor, flags in carried.items():
             self.carried[(tensor, key)] = flags
+        for tensor, size in sizes.items():
+            self.sizes[(tensor, key)] = size
         self.events.put_nowait(_Event(index, key, produced, final))
 
     def _written(self, index: int, key: Key, produced: dict[str, Slot]) -> list[tuple[int, Key]]:
@@ -249,6 +257,8 @@ class _Run:
         if not all((name, key) in self.tensors for name in self.wanted):
             return None
         outputs = present({name: self.tensors[(name, key)] for name in self.wanted})
+        sizes = {n: self.sizes[(n, key)] for n in self.wanted if (n, key) in self.sizes}
+        outputs = self.scheduler._outputs(outputs, sizes)
         carried = {n: self.carried[(n, key)] for n in self.wanted if (n, key) in self.carried}
         self._used(set(self.wanted), key)
         return outputs, echo(self.item.sequence or NO_SEQUENCE, carried, self.wanted)

@@ -18,6 +18,7 @@ from typing import Any
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.correlation import END_KEY, ID_KEY, START_KEY
 from ge_serve.scheduler.ensemble import StepCall, StepResult
+from ge_serve.scheduler.ensemble_shapes import batch_reshape
 from ge_serve.scheduler.work import Timings
 
 from ..control.logsettings import LogControl
@@ -184,7 +185,8 @@ class InferenceServer:
         trace = self.tracing.child(parent, model.name, model.version, "") if parent else None
         response, item = await self.path.run(request, model, started, trace)
         outputs = {tensor.name: tensor.data for tensor in response.outputs}
-        return StepResult(outputs, item.timings, response.parameters)
+        batch = _step_batch(request, model)
+        return StepResult(outputs, item.timings, response.parameters, batch_size=batch)
 
     async def infer_step_responses(self, call: StepCall) -> AsyncGenerator[StepResult, None]:
         """A decoupled step of an ensemble: each response of the step request as it comes,
@@ -195,13 +197,15 @@ class InferenceServer:
             yield await self.infer_step(call)
             return
         request = _step_request(call, model)
+        batch = _step_batch(request, model)
         # Closed with this generator, not later by the loop's finalizer: the step's request
         # ends (and is counted) when its ensemble request does.
         responses = self.path.responses(request, model, admitted=True)
         async with contextlib.aclosing(responses):
             async for response in responses:
                 outputs = {tensor.name: tensor.data for tensor in response.outputs}
-                yield StepResult(outputs, Timings(), response.parameters, response.final)
+                parameters, final = response.parameters, response.final
+                yield StepResult(outputs, Timings(), parameters, final, batch)
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         """Whether the model may answer a request with zero or several responses (Triton's
@@ -296,11 +300,19 @@ class InferenceServer:
 
 def _step_request(call: StepCall, model: ModelVersion) -> InferRequest:
     """A step's request: the ensemble request's ID and parameters, and the sequence the
-    step is in, named as a client's request would name it."""
+    step is in, named as a client's request would name it. A tensor made without batching
+    gets a batch dimension of 1 into a model that batches, and one made with a batch of 1
+    loses it into a model that does not, where its shape says so (ensemble_shapes.py)."""
     inputs = []
+    batching = model.max_batch_size > 0
     for name, array in call.inputs.items():
         spec = model.inputs.get(name)
         datatype = spec.datatype if spec is not None else DataType.from_numpy(array.dtype)
+        made = call.batch_sizes.get(name)
+        if spec is not None and made is not None:
+            shape = batch_reshape(spec.dims, batching, made, array.shape)
+            if shape != array.shape:
+                array = array.reshape(shape)
         inputs.append(Tensor(name, datatype, tuple(array.shape), array))
     sequence = call.sequence
     parameters: dict[str, ParamValue] = dict(call.parameters)
@@ -317,6 +329,14 @@ def _step_request(call: StepCall, model: ModelVersion) -> InferRequest:
         priority=call.priority,
         timeout_us=call.timeout_us,
     )
+
+
+def _step_batch(request: InferRequest, model: ModelVersion) -> int:
+    """A step request's batch size, as Triton's request has it: 0 for a model that does
+    not batch, else its inputs' first dimension."""
+    if model.max_batch_size <= 0 or not request.inputs or not request.inputs[0].shape:
+        return 0
+    return request.inputs[0].shape[0]
 
 
 def _platform(model: ModelVersion) -> str:

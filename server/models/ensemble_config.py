@@ -382,7 +382,8 @@ def build_plan(config: ModelConfig, step_config: Callable[[str, str], ModelConfi
     outputs = tuple(entry.name for entry in config.output)
     inputs = tuple(entry.name for entry in config.input)
     decoupled = check_decoupled_paths(name, steps, inputs, outputs)
-    return EnsemblePlan(name, tuple(steps), outputs, decoupled, inputs)
+    output_dims = {entry.name: tuple(_io_dims(entry)) for entry in config.output}
+    return EnsemblePlan(name, tuple(steps), outputs, decoupled, inputs, batching, output_dims)
 
 
 def _map_tensors(
