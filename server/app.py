@@ -267,6 +267,7 @@ class ServerApp:
             "forward": f"127.0.0.1:{self.grpc.port}",
             "options": public.channel_options(),
             "restricted": public.restricted,
+            "header_forward_pattern": public.header_forward_pattern,
             # The calls this process ends at the exit timeout are answered through them.
             "grace_s": self.settings.exit_timeout_secs + ANSWER_S,
         }
@@ -302,6 +303,7 @@ class ServerApp:
             "max_input_size": self.http.settings.max_input_size,
             "max_chunks": self.http.settings.max_chunks,
             "restricted": bool(settings.http_restricted_api),
+            "header_forward_pattern": self.http.settings.header_forward_pattern,
             # The requests this process ends at the exit timeout are answered through them.
             "grace_s": settings.exit_timeout_secs + ANSWER_S,
         }

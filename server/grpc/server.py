@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from ..control.stopping import ANSWER_S
 from ..errors import ErrorCode, ServerError
 from ..inference.core import InferenceServer
+from ..inference.header_forward import HeaderForward
 from ..startup.gcheap import collect_all
 from .call_intake import CallIntake
 from .restricted import RestrictedProtocolInterceptor
@@ -73,6 +74,8 @@ class GrpcSettings:
     max_connection_age_grace_ms: int = 0
     compression_level: str = "none"
     tls: GrpcTls | None = None
+    # --grpc-header-forward-pattern; "" forwards no metadata.
+    header_forward_pattern: str = ""
 
     @property
     def target(self) -> str:
@@ -153,7 +156,7 @@ class GrpcFrontEnd:
     def __init__(self, core: InferenceServer, settings: GrpcSettings) -> None:
         self.core = core
         self.settings = settings
-        self.servicer = GrpcServicer(core)
+        self.servicer = GrpcServicer(core, HeaderForward.of(settings.header_forward_pattern))
         self.health = CoreHealth(core)
         self.port = 0
         self._server: Any = None

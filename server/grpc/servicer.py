@@ -26,6 +26,7 @@ from ..control.stopping import DrainGate
 from ..errors import ErrorCode, ServerError, decoding
 from ..inference import error_texts
 from ..inference.core import InferenceServer
+from ..inference.header_forward import HeaderForward
 from ..inference.types import ParamValue
 from . import codec, encode
 from .errors import Handler, Undecodable, abort, guard
@@ -62,8 +63,10 @@ def admitted(
 
 
 class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, core: InferenceServer) -> None:
+    def __init__(self, core: InferenceServer, forward: HeaderForward | None = None) -> None:
         self.core = core
+        # --grpc-header-forward-pattern: the metadata that becomes request parameters.
+        self.forward = forward
         # Per-stream backpressure limits (see stream.py).
         self.max_in_flight = MAX_IN_FLIGHT
         self.max_unwritten = MAX_UNWRITTEN
@@ -127,6 +130,8 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelInferResponse:
         with decoding("inference request"):
             decoded = codec.decode_infer_request(request)
+        if self.forward is not None:
+            self.forward.apply(decoded.request, context.invocation_metadata() or ())
         if self.core.tracing.active:
             decoded.request.traceparent = metadata_value(context, "traceparent")
         response = await self.core.infer(decoded.request, "ModelInfer RPC")
@@ -141,7 +146,12 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
             await abort(context, exc)
         # Registered before the first await, so a drain that starts later reaches it.
         session = StreamSession(
-            self.core, request_iterator, context, self.max_in_flight, self.max_unwritten
+            self.core,
+            request_iterator,
+            context,
+            self.max_in_flight,
+            self.max_unwritten,
+            self.forward,
         )
         self._streams.add(session)
         try:

@@ -37,6 +37,7 @@ from ge_serve.protos import grpc_service_pb2 as pb
 
 from ..errors import ServerError, decoding, shutting_down
 from ..inference.core import InferenceServer
+from ..inference.header_forward import HeaderForward
 from ..inference.types import InferResponse
 from . import codec
 from .errors import Undecodable, abort, as_server_error
@@ -87,8 +88,11 @@ class StreamSession:
         context: Any,
         max_in_flight: int = MAX_IN_FLIGHT,
         max_unwritten: int = MAX_UNWRITTEN,
+        forward: HeaderForward | None = None,
     ) -> None:
         self._core = core
+        # The stream's metadata, forwarded into each of its requests (Triton: the same).
+        self._forward = forward
         self._requests = requests
         self._context = context
         self._grpc_errors = wants_grpc_errors(context)
@@ -221,6 +225,8 @@ class StreamSession:
         try:
             with decoding("inference request"):
                 decoded = codec.decode_infer_request(message)
+            if self._forward is not None:
+                self._forward.apply(decoded.request, self._context.invocation_metadata() or ())
             if self._core.tracing.active:
                 decoded.request.traceparent = metadata_value(self._context, "traceparent")
             response = await self._core.infer(decoded.request)
@@ -232,6 +238,8 @@ class StreamSession:
         try:
             with decoding("inference request"):
                 decoded = codec.decode_infer_request(message)
+            if self._forward is not None:
+                self._forward.apply(decoded.request, self._context.invocation_metadata() or ())
             ended = False
             responses = self._core.infer_responses(decoded.request, errors_inline=True)
             async with contextlib.aclosing(responses):

@@ -33,6 +33,7 @@ from ge_serve.protos import grpc_service_pb2 as pb
 
 from ..control.stopping import DrainGate
 from ..errors import decoding
+from ..inference.header_forward import HeaderForward
 from ..startup.gcheap import settle_heap
 from ..workers.remote import RemoteCore
 from . import codec
@@ -52,8 +53,9 @@ _OWN_METADATA = ("user-agent", "grpc-", ":")
 class WorkerServicer:
     """ModelInfer, as GrpcServicer serves it, over the remote core."""
 
-    def __init__(self, core: RemoteCore) -> None:
+    def __init__(self, core: RemoteCore, forward: HeaderForward | None = None) -> None:
         self.core = core
+        self.forward = forward
         self.gate = DrainGate()
 
     @guard
@@ -62,6 +64,8 @@ class WorkerServicer:
         try:
             with decoding("inference request"):
                 decoded = codec.decode_infer_request(request)
+            if self.forward is not None:
+                self.forward.apply(decoded.request, context.invocation_metadata() or ())
             # Whether tracing is on is the server's to know: the context always goes along.
             decoded.request.traceparent = metadata_value(context, "traceparent")
             return await self.core.infer(
@@ -198,7 +202,7 @@ async def serve(config: dict[str, Any]) -> int:
     server = grpc.aio.server(
         interceptors=interceptors, options=[*options, ("grpc.so_reuseport", 1)]
     )
-    servicer = WorkerServicer(core)
+    servicer = WorkerServicer(core, HeaderForward.of(str(config["header_forward_pattern"])))
     handler = WorkerHandler(servicer, forward)
     server.add_generic_rpc_handlers((handler,))
     intake = CallIntake(server, INFERENCE_SERVICE, "ModelInfer", handler.infer, interceptors)

@@ -28,6 +28,7 @@ from ge_serve.server.control.stopping import DrainGate
 from ge_serve.server.errors import ErrorCode, ServerError, decoding
 from ge_serve.server.inference import error_texts
 from ge_serve.server.inference.core import InferenceServer
+from ge_serve.server.inference.header_forward import HeaderForward
 from ge_serve.server.inference.types import InferRequest, InferResponse
 
 from . import encode, generate, monitoring, openapi, sharedmemory, trace
@@ -69,6 +70,8 @@ class HttpSettings:
     restricted_api: tuple[tuple[str, str, str], ...]
     # Non-empty chunks a request body may arrive in (Triton's limit).
     max_chunks: int = error_texts.MAX_CHUNKS
+    # --http-header-forward-pattern; "" forwards no header.
+    header_forward_pattern: str = ""
 
 
 class HttpFrontEnd:
@@ -84,6 +87,7 @@ class HttpFrontEnd:
             settings.max_input_size,
             settings.max_chunks,
             lambda: core.tracing.active,
+            HeaderForward.of(settings.header_forward_pattern),
         )
         self.infer_routes = self.infer_endpoint.routes()
         # Closed when the server stops: requests are then refused (see server/control/stopping.py).

@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ge_serve.server.errors import ErrorCode, ServerError, decoding, internal
 from ge_serve.server.inference import error_texts
+from ge_serve.server.inference.header_forward import HeaderForward
 from ge_serve.server.inference.types import InferRequest, InferResponse
 
 from . import codec, compression
@@ -130,7 +131,7 @@ def guard(endpoint: Endpoint) -> Endpoint:
 class InferEndpoint:
     """POST .../infer, an ASGI application. `traced()` says whether to pass on the
     client's `traceparent` (the server asks its tracing; a worker always does, as only the
-    server knows)."""
+    server knows); `forward` adds the headers it matches to the request's parameters."""
 
     def __init__(
         self,
@@ -138,11 +139,13 @@ class InferEndpoint:
         max_input_size: int,
         max_chunks: int,
         traced: Callable[[], bool],
+        forward: HeaderForward | None = None,
     ) -> None:
         self.run = run
         self.max_input_size = max_input_size
         self.max_chunks = max_chunks
         self.traced = traced
+        self.forward = forward
 
     def routes(self) -> list[Route]:
         """POST .../infer, with and without `/versions/{version}` (starlette serves an
@@ -199,6 +202,8 @@ class InferEndpoint:
         body = await self._read(scope, receive, headers, raw=header_length == 0)
         with decoding("inference request"):
             infer_request = codec.decode_infer_request(model, version, body, header_length)
+        if self.forward is not None:
+            self.forward.apply_http(infer_request, scope["headers"])
         if self.traced():
             infer_request.traceparent = headers.get("traceparent", "")
         payload, json_length = await self.run(

@@ -25,6 +25,7 @@ import uvicorn
 import uvloop
 from starlette.types import ASGIApp
 
+from ge_serve.server.inference.header_forward import HeaderForward
 from ge_serve.server.startup.gcheap import settle_heap
 from ge_serve.server.workers.remote import RemoteCore
 
@@ -54,7 +55,11 @@ async def serve(config: dict[str, Any]) -> int:
     if not config["restricted"]:
         # Whether tracing is on is the server's to know: the context always goes along.
         endpoint = InferEndpoint(
-            core.infer, int(config["max_input_size"]), int(config["max_chunks"]), lambda: True
+            core.infer,
+            int(config["max_input_size"]),
+            int(config["max_chunks"]),
+            lambda: True,
+            HeaderForward.of(str(config["header_forward_pattern"])),
         )
         app = InferShortcut(app, endpoint.routes())
     listener = socket.socket(fileno=int(config["listen_fd"]))

@@ -100,6 +100,7 @@ def http_settings(settings: Settings) -> HttpSettings:
     return HttpSettings(
         max_input_size=settings.http_max_input_size,
         restricted_api=settings.http_restricted_api,
+        header_forward_pattern=settings.http_header_forward_pattern,
     )
 
 
@@ -121,6 +122,7 @@ def grpc_settings(settings: Settings) -> GrpcSettings:
         max_connection_age_grace_ms=settings.grpc_max_connection_age_grace_ms,
         compression_level=settings.grpc_infer_response_compression_level,
         tls=grpc_tls(settings),
+        header_forward_pattern=settings.grpc_header_forward_pattern,
     )
 
 

@@ -21,6 +21,7 @@ from typing import Final
 from ge_serve.scheduler.ratelimit import resource_limit
 
 from ..control.logsettings import FORMATS
+from ..inference.header_forward import pattern_setting
 from ..observability.traceconfig import TraceSettings, trace_setting, trace_settings
 from .cacheconfig import cache_setting, cache_size
 from .flags import (
@@ -71,6 +72,11 @@ def _restriction_flag() -> Mapping[str, Flag]:
         help="API categories that need this header and value",
         group=RESTRICTED,
     )
+
+
+def _forwarding(what: str, group: str | None = None) -> Mapping[str, Flag]:
+    help = f"{what} whose names match (anywhere, any case) become request parameters"
+    return flag(check=pattern_setting, metavar="REGEX", help=help, group=group)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +132,7 @@ class Settings:
     repository_poll_secs: float = field(
         default=15.0, metadata=flag(parse=seconds, help="seconds between scans in poll mode")
     )
-    strict_readiness: bool = field(
-        default=True, metadata=flag(help="ready only while every model is ready")
-    )
+    strict_readiness: bool = field(default=True, metadata=flag(help="ready while all models are"))
     exit_on_error: bool = field(
         default=True, metadata=flag(help="exit when a model fails to load at start")
     )
@@ -290,14 +294,11 @@ class Settings:
         ),
     )
     # Restricted APIs: (category, header, value), Triton's <category>:<header>=<value>
-    http_restricted_api: tuple[Rule, ...] = field(
-        default=(),
-        metadata=_restriction_flag(),
-    )
-    grpc_restricted_protocol: tuple[Rule, ...] = field(
-        default=(),
-        metadata=_restriction_flag(),
-    )
+    http_restricted_api: tuple[Rule, ...] = field(default=(), metadata=_restriction_flag())
+    grpc_restricted_protocol: tuple[Rule, ...] = field(default=(), metadata=_restriction_flag())
+    # A regex; "" forwards nothing (server/inference/header_forward.py).
+    http_header_forward_pattern: str = field(default="", metadata=_forwarding("HTTP headers"))
+    grpc_header_forward_pattern: str = field(default="", metadata=_forwarding("metadata", GRPC))
     # Front-end worker processes (server/workers/); 0: this process serves the protocol.
     http_workers: int = field(
         default=0,

@@ -51,12 +51,6 @@ INAPPLICABLE: tuple[Inapplicable, ...] = (
         "--grpc-infer-allocation-pool-size",
         "grpc.aio allocates its messages per call; there is no pool to size",
     ),
-    Inapplicable(
-        "--http-header-forward-pattern", "headers are not forwarded as request parameters"
-    ),
-    Inapplicable(
-        "--grpc-header-forward-pattern", "metadata is not forwarded as request parameters"
-    ),
     Inapplicable("--allow-sagemaker", _ENDPOINT, inert="false"),
     Inapplicable("--sagemaker-port", _ENDPOINT),
     Inapplicable("--sagemaker-safe-port-range", _ENDPOINT),
