@@ -6,7 +6,7 @@ Messages follow Triton's wording where clients are known to match on them.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -190,7 +190,8 @@ def _check_output(requested: RequestedOutput, model: ModelVersion, tag: str) -> 
     if requested.classification < 0:
         raise invalid_arg("classification count must be non-negative")
     if requested.classification and spec.datatype is DataType.BYTES:
-        raise invalid_arg(f"classification is not supported for BYTES output '{spec.name}'")
+        # Triton's words (server src/classification.cc), which name no output.
+        raise invalid_arg("class result not available for output due to unsupported type 'BYTES'")
 
 
 def build_response(
@@ -247,10 +248,17 @@ def _as_config_type(array: Array, datatype: DataType, output: str, model: str) -
     return converted
 
 
+# Elements of one batch item's output that classification sorts at most (Triton's
+# kMaxClassificationElements, server src/classification.cc).
+MAX_CLASSIFICATION_ELEMENTS: Final = 1_000_000
+
+
 def classify(array: Array, k: int, labels: list[str] | None, model: ModelVersion) -> Array:
     """Top-k as BYTES "value:index[:label]", per batch item when the model batches."""
     batched = model.max_batch_size > 0
     rows = array.reshape(array.shape[0], -1) if batched else array.reshape(1, -1)
+    if rows.shape[1] > MAX_CLASSIFICATION_ELEMENTS:
+        raise invalid_arg("classification output tensor too large")
     k = min(k, rows.shape[1])
     out = np.empty((rows.shape[0], k), dtype=object)
     for r, row in enumerate(rows):

@@ -218,7 +218,7 @@ def test_classification_of_bytes_output(http: httpx.Client) -> None:
     expect_error(
         http.post("/v2/models/simple_string/infer", json=body),
         400,
-        "classification is not supported for BYTES output 'OUTPUT0'",
+        "class result not available for output due to unsupported type 'BYTES'",
     )
 
 

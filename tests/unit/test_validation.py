@@ -404,7 +404,8 @@ def test_classification_of_a_bytes_output_is_refused() -> None:
     data = np.array([b"x"], dtype=object)
     request = InferRequest("s", inputs=[Tensor("IN", DataType.BYTES, (1,), data)])
     request.outputs = [RequestedOutput("OUT", classification=1)]
-    assert "classification is not supported for BYTES output 'OUT'" in refused(request, model)
+    message = "class result not available for output due to unsupported type 'BYTES'"
+    assert message in refused(request, model)
 
 
 # --- raw binary requests ------------------------------------------------------------------------
