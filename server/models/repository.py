@@ -10,6 +10,7 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from google.protobuf import text_format
 
@@ -372,9 +373,27 @@ class _Walk:
 
 
 def check_model_name(name: str) -> None:
-    """A model name must be usable as one folder name: no separators, no '..'."""
-    if not name or name in (".", "..") or any(c in name for c in "/\\\x00"):
-        raise ServerError(ErrorCode.INVALID_ARG, f"invalid model name '{name}'")
+    """A model name must be usable as one folder name, checked as Triton checks it (core
+    model_repository_manager.cc ValidateModelName) on the name with the whitespace at its
+    ends trimmed: empty, '..' or holding '/' is refused in its words. '.', a backslash or
+    NUL, which Triton lets through to the file system, are refused here in the same words,
+    so that every name stays one folder inside the repository."""
+    trimmed = name.strip(_WHITESPACE)
+    if not trimmed:
+        raise ServerError(
+            ErrorCode.INVALID_ARG,
+            "Model name cannot be empty. Please enter a valid name to deploy.",
+        )
+    if trimmed in (".", "..") or any(c in trimmed for c in "/\\\x00"):
+        raise ServerError(
+            ErrorCode.INVALID_ARG,
+            f"invalid model name '{name}', model name must not contain path traversal "
+            "characters",
+        )
+
+
+# What boost::trim_copy trims: std::isspace in the C locale.
+_WHITESPACE: Final = " \t\n\v\f\r"
 
 
 # Python 3.11's Path.mkdir(parents=True), os.walk and shutil.rmtree recurse once per

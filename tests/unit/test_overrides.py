@@ -86,10 +86,22 @@ def test_a_name_used_as_file_and_folder_is_a_clear_error(tmp_path: Path) -> None
         write_overrides(tmp_path, {"1": b"x", "1/model.onnx": b"y"})
 
 
-@pytest.mark.parametrize("name", ["..", ".", "", "a/b", "a\\b", "a\x00"])
+@pytest.mark.parametrize("name", ["..", ".", " . ", "a/b", "a\\b", "a\x00"])
 def test_model_names_that_are_not_one_folder_are_refused(name: str) -> None:
-    with pytest.raises(ServerError, match="invalid model name"):
+    with pytest.raises(ServerError) as caught:
         check_model_name(name)
+    assert caught.value.message == (
+        f"invalid model name '{name}', model name must not contain path traversal characters"
+    )
+
+
+@pytest.mark.parametrize("name", ["", " ", "\t\n\v\f\r"])
+def test_an_empty_model_name_is_refused(name: str) -> None:
+    with pytest.raises(ServerError) as caught:
+        check_model_name(name)
+    assert caught.value.message == (
+        "Model name cannot be empty. Please enter a valid name to deploy."
+    )
 
 
 def test_fingerprint_sees_content_edits_and_new_versions(tmp_path: Path) -> None:
