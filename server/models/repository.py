@@ -387,8 +387,7 @@ def check_model_name(name: str) -> None:
     if trimmed in (".", "..") or any(c in trimmed for c in "/\\\x00"):
         raise ServerError(
             ErrorCode.INVALID_ARG,
-            f"invalid model name '{name}', model name must not contain path traversal "
-            "characters",
+            f"invalid model name '{name}', model name must not contain path traversal characters",
         )
 
 
