@@ -5,9 +5,7 @@ here where coverage sees them; also the pieces on their own (template, parameter
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import functools
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,20 +16,14 @@ import numpy as np
 import pytest
 import textgen
 from modelgen import make_lifecycle
+from openai_inprocess import error, openai_client
 
 from ge_serve.backends.base import TextGeneration
-from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
-from ge_serve.backends.python.host.backend import PythonBackend
-from ge_serve.scheduler.factory import SchedulerOptions
-from ge_serve.server.app import make_scheduler
 from ge_serve.server.http.app import HttpFrontEnd, HttpSettings
 from ge_serve.server.http.openai.errors import OpenAIError
 from ge_serve.server.http.openai.schemas import ChatCompletionRequest, ChatMessage, parse
 from ge_serve.server.http.openai.template import render
-from ge_serve.server.inference.bls import CoreBridge
 from ge_serve.server.inference.core import InferenceServer
-from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle
-from ge_serve.server.models.repository import ModelRepository
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,24 +37,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 async def http(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
-    python = PythonBackend()
-    lifecycle = ModelLifecycle(
-        ModelRepository([repo]),
-        {"onnxruntime": OnnxRuntimeBackend(), "python": python},
-        functools.partial(make_scheduler, options=SchedulerOptions()),
-        LifecycleSettings(unload_timeout_s=10.0),
-    )
-    core = InferenceServer(lifecycle)
-    python.attach_core(CoreBridge(core, asyncio.get_running_loop()))
-    try:
-        assert await lifecycle.load_many(["textgen", "textgen_plain", "embedder"]) == {}
-        front = HttpFrontEnd(core, HttpSettings(max_input_size=1 << 20, restricted_api=()))
-        transport = httpx.ASGITransport(app=front.build())
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield client
-    finally:
-        await lifecycle.close()
-        python.close()
+    async with openai_client(repo, ["textgen", "textgen_plain", "embedder"]) as client:
+        yield client
 
 
 def events(response: httpx.Response) -> list[Any]:
@@ -73,13 +49,6 @@ def events(response: httpx.Response) -> list[Any]:
         block.removeprefix("data: ") if block == "data: [DONE]" else json.loads(block[6:])
         for block in blocks
     ]
-
-
-def error(response: httpx.Response, status: int) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    found: dict[str, Any] = response.json()["error"]
-    assert set(found) == {"message", "type", "param", "code"}
-    return found
 
 
 async def test_models_chat_completions_and_embeddings(http: httpx.AsyncClient) -> None:

@@ -12,8 +12,6 @@ naming it, whichever of the three interfaces the model has.
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,18 +20,10 @@ from typing import Any
 import httpx
 import pytest
 import textgen
+from openai_inprocess import error, openai_client
 from pymodels import write_model
 
 from ge_serve.backends.llm import sampling
-from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
-from ge_serve.backends.python.host.backend import PythonBackend
-from ge_serve.scheduler.factory import SchedulerOptions
-from ge_serve.server.app import make_scheduler
-from ge_serve.server.http.app import HttpFrontEnd, HttpSettings
-from ge_serve.server.inference.bls import CoreBridge
-from ge_serve.server.inference.core import InferenceServer
-from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle
-from ge_serve.server.models.repository import ModelRepository
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -149,31 +139,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 async def http(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
-    python = PythonBackend()
-    lifecycle = ModelLifecycle(
-        ModelRepository([repo]),
-        {"onnxruntime": OnnxRuntimeBackend(), "python": python},
-        functools.partial(make_scheduler, options=SchedulerOptions()),
-        LifecycleSettings(unload_timeout_s=10.0),
-    )
-    core = InferenceServer(lifecycle)
-    python.attach_core(CoreBridge(core, asyncio.get_running_loop()))
-    try:
-        assert await lifecycle.load_many(["textgen", "bare", "separate"]) == {}
-        front = HttpFrontEnd(core, HttpSettings(max_input_size=1 << 20, restricted_api=()))
-        transport = httpx.ASGITransport(app=front.build())
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield client
-    finally:
-        await lifecycle.close()
-        python.close()
-
-
-def error(response: httpx.Response, status: int = 400) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    found: dict[str, Any] = response.json()["error"]
-    assert set(found) == {"message", "type", "param", "code"}
-    return found
+    async with openai_client(repo, ["textgen", "bare", "separate"]) as client:
+        yield client
 
 
 def answer(response: httpx.Response) -> Any:

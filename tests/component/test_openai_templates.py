@@ -6,8 +6,6 @@ refusal of an empty prompt, which no model here would refuse itself.)"""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
@@ -17,15 +15,7 @@ import httpx
 import pytest
 import pytest_asyncio
 import textgen
-
-from ge_serve.backends.python.host.backend import PythonBackend
-from ge_serve.scheduler.factory import SchedulerOptions
-from ge_serve.server.app import make_scheduler
-from ge_serve.server.http.app import HttpFrontEnd, HttpSettings
-from ge_serve.server.inference.bls import CoreBridge
-from ge_serve.server.inference.core import InferenceServer
-from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle
-from ge_serve.server.models.repository import ModelRepository
+from openai_inprocess import error, openai_client
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
 
@@ -60,24 +50,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def http(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
-    python = PythonBackend()
-    lifecycle = ModelLifecycle(
-        ModelRepository([repo]),
-        {"python": python},
-        functools.partial(make_scheduler, options=SchedulerOptions()),
-        LifecycleSettings(unload_timeout_s=10.0),
-    )
-    core = InferenceServer(lifecycle)
-    python.attach_core(CoreBridge(core, asyncio.get_running_loop()))
-    try:
-        assert await lifecycle.load_many(list(TEMPLATES)) == {}
-        front = HttpFrontEnd(core, HttpSettings(max_input_size=1 << 20, restricted_api=()))
-        transport = httpx.ASGITransport(app=front.build())
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield client
-    finally:
-        await lifecycle.close()
-        python.close()
+    async with openai_client(repo, list(TEMPLATES)) as client:
+        yield client
 
 
 async def chat(http: httpx.AsyncClient, model: str, messages: list[dict[str, Any]]) -> str:
@@ -87,13 +61,6 @@ async def chat(http: httpx.AsyncClient, model: str, messages: list[dict[str, Any
     assert response.status_code == 200, response.text
     answer: str = response.json()["choices"][0]["message"]["content"]
     return answer
-
-
-def error(response: httpx.Response, status: int) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    found: dict[str, Any] = response.json()["error"]
-    assert set(found) == {"message", "type", "param", "code"}
-    return found
 
 
 async def test_strftime_now_is_the_servers_clock(http: httpx.AsyncClient) -> None:

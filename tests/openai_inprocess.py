@@ -1,0 +1,57 @@
+"""The /v1 front end in process, for component tests: the models of a repository in real
+Python-backend workers (ONNX Runtime beside them), the core and the lifecycle in this
+process, and the HTTP application reached over httpx's ASGI transport; and how those
+tests read OpenAI's error object."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
+from ge_serve.backends.python.host.backend import PythonBackend
+from ge_serve.scheduler.factory import SchedulerOptions
+from ge_serve.server.app import make_scheduler
+from ge_serve.server.http.app import HttpFrontEnd, HttpSettings
+from ge_serve.server.inference.bls import CoreBridge
+from ge_serve.server.inference.core import InferenceServer
+from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle
+from ge_serve.server.models.repository import ModelRepository
+
+
+@contextlib.asynccontextmanager
+async def openai_client(repo: Path, models: Iterable[str]) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the HTTP front end over `repo` with `models` loaded (each must load);
+    the models are unloaded and the Python workers ended after."""
+    python = PythonBackend()
+    lifecycle = ModelLifecycle(
+        ModelRepository([repo]),
+        {"onnxruntime": OnnxRuntimeBackend(), "python": python},
+        functools.partial(make_scheduler, options=SchedulerOptions()),
+        LifecycleSettings(unload_timeout_s=10.0),
+    )
+    core = InferenceServer(lifecycle)
+    python.attach_core(CoreBridge(core, asyncio.get_running_loop()))
+    try:
+        assert await lifecycle.load_many(list(models)) == {}
+        front = HttpFrontEnd(core, HttpSettings(max_input_size=1 << 20, restricted_api=()))
+        transport = httpx.ASGITransport(app=front.build())
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client
+    finally:
+        await lifecycle.close()
+        python.close()
+
+
+def error(response: httpx.Response, status: int = 400) -> dict[str, Any]:
+    """OpenAI's error object of a `status` answer, which has its four fields."""
+    assert response.status_code == status, response.text
+    found: dict[str, Any] = response.json()["error"]
+    assert set(found) == {"message", "type", "param", "code"}
+    return found
