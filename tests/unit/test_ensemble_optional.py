@@ -5,12 +5,13 @@ step can write is Triton's INVALID_ARG "unexpected deadlock"."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator
 
 import numpy as np
 import pytest
+from recording_sink import RecordingSink
 
-from ge_serve.backends.base import ModelError, ParamValue, RequestContext
+from ge_serve.backends.base import RequestContext
 from ge_serve.scheduler.ensemble import (
     EnsemblePlan,
     EnsembleScheduler,
@@ -19,7 +20,7 @@ from ge_serve.scheduler.ensemble import (
     StepResult,
 )
 from ge_serve.scheduler.ensemble_stream import DecoupledEnsembleScheduler
-from ge_serve.scheduler.work import Array, Timings, WorkItem
+from ge_serve.scheduler.work import Timings, WorkItem
 from ge_serve.server.errors import ErrorCode, ServerError
 
 pytestmark = pytest.mark.timeout(30)
@@ -87,20 +88,6 @@ async def test_an_output_no_step_writes_is_a_deadlock_and_the_requests_fault() -
     )
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.sent: list[tuple[dict[str, Array] | None, bool]] = []
-
-    def send(
-        self,
-        outputs: dict[str, Array] | None,
-        error: ModelError | None,
-        final: bool,
-        parameters: Mapping[str, ParamValue] | None = None,
-    ) -> None:
-        self.sent.append((outputs, final))
-
-
 async def test_a_decoupled_ensemble_runs_the_steps_without_a_missing_tensor() -> None:
     second = CONNECTED.steps[1]
     plan = EnsemblePlan(
@@ -110,11 +97,11 @@ async def test_a_decoupled_ensemble_runs_the_steps_without_a_missing_tensor() ->
         decoupled=True,
         inputs=CONNECTED.inputs,
     )
-    steps, sink = Steps(), Sink()
+    steps, sink = Steps(), RecordingSink()
     data = np.ones((1, 1), np.float32)
     item = WorkItem({"IN1": data}, 1, context=RequestContext(responses=sink))
     await DecoupledEnsembleScheduler(plan, steps.run, steps.stream).submit(item)
     assert [sorted(call.inputs) for call in steps.calls] == [["X1"], ["X1"]]
-    ((outputs, final),) = sink.sent
-    assert outputs is not None and list(outputs) == ["OUT1"] and final
-    np.testing.assert_array_equal(outputs["OUT1"], data)
+    (sent,) = sink.sent
+    assert sent.outputs is not None and list(sent.outputs) == ["OUT1"] and sent.final
+    np.testing.assert_array_equal(sent.outputs["OUT1"], data)

@@ -4,16 +4,17 @@ core puts the dimension on a step's inputs; the scheduler takes it off the outpu
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator
 
 import numpy as np
 import pytest
+from recording_sink import RecordingSink
 
-from ge_serve.backends.base import ModelError, ParamValue, RequestContext
+from ge_serve.backends.base import RequestContext
 from ge_serve.scheduler.ensemble import EnsemblePlan, EnsembleStep, StepCall, StepResult
 from ge_serve.scheduler.ensemble_shapes import batch_reshape
 from ge_serve.scheduler.ensemble_stream import DecoupledEnsembleScheduler
-from ge_serve.scheduler.work import Array, Timings, WorkItem
+from ge_serve.scheduler.work import Timings, WorkItem
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -46,20 +47,6 @@ def test_the_batch_dimension_fix_up(
     assert batch_reshape(dims, batching, made, shape) == expected
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.sent: list[dict[str, Array] | None] = []
-
-    def send(
-        self,
-        outputs: dict[str, Array] | None,
-        error: ModelError | None,
-        final: bool,
-        parameters: Mapping[str, ParamValue] | None = None,
-    ) -> None:
-        self.sent.append(outputs)
-
-
 async def test_a_decoupled_ensemble_that_does_not_batch_answers_without_the_steps_batch() -> None:
     plan = EnsemblePlan(
         "stream",
@@ -81,11 +68,11 @@ async def test_a_decoupled_ensemble_that_does_not_batch_answers_without_the_step
     async def run(call: StepCall) -> StepResult:
         raise AssertionError("no step answers once")
 
-    sink = Sink()
+    sink = RecordingSink()
     data = np.arange(3, dtype=np.float32)
     item = WorkItem({"IN": data}, 1, context=RequestContext(responses=sink))
     await DecoupledEnsembleScheduler(plan, run, stream).submit(item)
     # The ensemble's input was made without batching; each response loses the step's.
     assert [dict(call.batch_sizes) for call in calls] == [{"X": 0}]
-    answers = [outputs for outputs in sink.sent if outputs is not None]
+    answers = [sent.outputs for sent in sink.sent if sent.outputs is not None]
     assert [a["OUT"].shape for a in answers] == [(3,), (3,)]

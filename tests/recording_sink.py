@@ -1,0 +1,31 @@
+"""A ResponseSink that keeps every response a decoupled model or ensemble sends, in order,
+for a test to read after."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from ge_serve.backends.base import ModelError, ParamValue
+from ge_serve.scheduler.work import Array
+
+
+class Sent(NamedTuple):
+    outputs: dict[str, Array] | None
+    error: ModelError | None
+    final: bool
+    parameters: Mapping[str, ParamValue] | None
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.sent: list[Sent] = []
+
+    def send(
+        self,
+        outputs: dict[str, Array] | None,
+        error: ModelError | None,
+        final: bool,
+        parameters: Mapping[str, ParamValue] | None = None,
+    ) -> None:
+        self.sent.append(Sent(outputs, error, final, parameters))
