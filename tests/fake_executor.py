@@ -29,33 +29,17 @@ Array = npt.NDArray[Any]
 GATE_TIMEOUT_S = 20.0
 
 
-class FakeExecutor:
-    def __init__(
-        self,
-        name: str = "fake",
-        blocked: bool = False,
-        cost_s: float = 0.0,
-        device: str = "cpu",
-        serial: bool = False,
-    ) -> None:
-        """`device`, `serial`: where the slot says it runs (SlotInfo); nothing here
-        serialises executions, the test's gates decide when each ends."""
-        self.slot = SlotInfo(name=name, device=device, serial=serial)
-        # Each execution's input rows ("x", first column), in execution order.
-        self.batches: list[list[float]] = []
-        self.shapes: list[tuple[int, ...]] = []
-        self.cost_s = cost_s
-        self.closed = False
+class Gate:
+    """When a fake model's executions may run: each reports its start (`started()`) and,
+    unless the gate is open, waits on the slot thread for the test's `allow()`."""
+
+    def __init__(self, blocked: bool = False) -> None:
         self._loop = asyncio.get_running_loop()
         self._started: asyncio.Queue[int] = asyncio.Queue()
         self._permits = threading.Semaphore(0)
         self._open = threading.Event()
         if not blocked:
             self._open.set()
-
-    @property
-    def sizes(self) -> list[int]:
-        return [len(rows) for rows in self.batches]
 
     def block(self) -> None:
         self._open.clear()
@@ -71,13 +55,41 @@ class FakeExecutor:
         """Wait for the next execution to start; returns its batch size."""
         return await asyncio.wait_for(self._started.get(), GATE_TIMEOUT_S)
 
+    def enter(self, batch_size: int) -> None:
+        """On the slot thread, as an execution starts: report it, and wait for its turn."""
+        self._loop.call_soon_threadsafe(self._started.put_nowait, batch_size)
+        if not self._open.is_set() and not self._permits.acquire(timeout=GATE_TIMEOUT_S):
+            raise RuntimeError("the test never let this execution run")
+
+
+class FakeExecutor(Gate):
+    def __init__(
+        self,
+        name: str = "fake",
+        blocked: bool = False,
+        cost_s: float = 0.0,
+        device: str = "cpu",
+        serial: bool = False,
+    ) -> None:
+        """`device`, `serial`: where the slot says it runs (SlotInfo); nothing here
+        serialises executions, the test's gates decide when each ends."""
+        super().__init__(blocked)
+        self.slot = SlotInfo(name=name, device=device, serial=serial)
+        # Each execution's input rows ("x", first column), in execution order.
+        self.batches: list[list[float]] = []
+        self.shapes: list[tuple[int, ...]] = []
+        self.cost_s = cost_s
+        self.closed = False
+
+    @property
+    def sizes(self) -> list[int]:
+        return [len(rows) for rows in self.batches]
+
     def execute(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
         x = inputs["x"]
         self.batches.append([float(v) for v in x.reshape(x.shape[0], -1)[:, 0]])
         self.shapes.append(tuple(x.shape))
-        self._loop.call_soon_threadsafe(self._started.put_nowait, x.shape[0])
-        if not self._open.is_set() and not self._permits.acquire(timeout=GATE_TIMEOUT_S):
-            raise RuntimeError("the test never let this execution run")
+        self.enter(x.shape[0])
         if self.cost_s:
             time.sleep(self.cost_s)  # stands in for compute time; not synchronisation
         return {"y": x * 2, "n": np.full((x.shape[0], 1), x.shape[0], dtype=np.int64)}

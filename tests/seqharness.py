@@ -4,11 +4,11 @@ requests sent through the batcher's public submit() only."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from fake_executor import GATE_TIMEOUT_S, Gate
 from google.protobuf import text_format
 
 from ge_serve.backends.base import LoadedModel, SlotInfo
@@ -18,7 +18,7 @@ from ge_serve.scheduler.factory import SchedulerOptions, build_scheduler
 from ge_serve.scheduler.sequence import SequenceBatcher
 from ge_serve.scheduler.work import WorkItem
 
-GATE_S = 20.0
+GATE_S = GATE_TIMEOUT_S
 
 CONTROLS = """
   control_input [
@@ -33,37 +33,20 @@ STATE = """
 """
 
 
-class Accumulator:
+class Accumulator(Gate):
     """OUTPUT = the sum of a sequence's inputs so far, from the implicit state when the
     config has one (else 0 + INPUT); records every batch's control rows. Each execution
     waits for the test's permission unless the gate is open."""
 
     def __init__(self, blocked: bool = False) -> None:
+        super().__init__(blocked)
         self.slot = SlotInfo(name="acc", device="cpu")
         self.batches: list[dict[str, list[Any]]] = []
-        self._loop = asyncio.get_running_loop()
-        self._started: asyncio.Queue[int] = asyncio.Queue()
-        self._permits = threading.Semaphore(0)
-        self._open = threading.Event()
-        if not blocked:
-            self._open.set()
-
-    def open(self) -> None:
-        self._open.set()
-        self._permits.release(1000)
-
-    def allow(self, count: int = 1) -> None:
-        self._permits.release(count)
-
-    async def started(self) -> int:
-        return await asyncio.wait_for(self._started.get(), GATE_S)
 
     def execute(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = {k: v.reshape(v.shape[0], -1)[:, 0].tolist() for k, v in inputs.items()}
         self.batches.append(rows)
-        self._loop.call_soon_threadsafe(self._started.put_nowait, len(rows["INPUT"]))
-        if not self._open.is_set() and not self._permits.acquire(timeout=GATE_S):
-            raise RuntimeError("the test never let this execution run")
+        self.enter(len(rows["INPUT"]))
         value = inputs["INPUT"].astype(np.int32)
         state = inputs.get("STATE_IN", np.zeros_like(value)).astype(np.int32)
         start = inputs["START"].astype(bool)
