@@ -341,6 +341,25 @@ VARIABLE = {
 FIXED = {"output": [{"name": "input_ids", "data_type": "TYPE_INT64", "dims": [str(CONTEXT)]}]}
 
 
+def tokenizer_model(
+    build: ModuleType, files: Any, folder: Path, monkeypatch: Any, length: int | None
+) -> tuple[Any, Any]:
+    """The tokenizer model initialised to pad each request to its own longest sentence
+    (`length` None) or to `length`, and its triton_python_backend_utils."""
+    module = tokenizer_module(build, files, folder, monkeypatch)
+    model = module.TritonPythonModel()
+    model.initialize({"model_config": json.dumps(VARIABLE if length is None else FIXED)})
+    return model, module.pb_utils
+
+
+def text_request(pb_utils: Any, *texts: str | bytes) -> Any:
+    """A request whose TEXT has a row for each text (a str as UTF-8, bytes as they are)."""
+    rows = [[t.encode() if isinstance(t, str) else t] for t in texts]
+    return pb_utils.InferenceRequest(
+        inputs=[pb_utils.Tensor("TEXT", np.array(rows, dtype=np.object_))]
+    )
+
+
 @pytest.mark.parametrize("length", [None, CONTEXT], ids=["own-length", "fixed"])
 def test_the_tokenizer_model_answers_each_request_of_a_batch_on_its_own(
     build: ModuleType,
@@ -349,24 +368,16 @@ def test_the_tokenizer_model_answers_each_request_of_a_batch_on_its_own(
     monkeypatch: pytest.MonkeyPatch,
     length: int | None,
 ) -> None:
-    module = tokenizer_module(build, files, tmp_path, monkeypatch)
-    pb_utils = module.pb_utils
-    model = module.TritonPythonModel()
-    model.initialize({"model_config": json.dumps(VARIABLE if length is None else FIXED)})
-
-    def request(*texts: bytes) -> Any:
-        tensor = pb_utils.Tensor("TEXT", np.array([[t] for t in texts], dtype=np.object_))
-        return pb_utils.InferenceRequest(inputs=[tensor])
-
+    model, pb_utils = tokenizer_model(build, files, tmp_path, monkeypatch, length)
     # Requests of different lengths in one batch: a short pair, a bad one, one alone, and a
     # sentence of the whole context beside an empty one.
     good = [PAIRS[0][0], ODD_SENTENCES[1]], [PAIRS[1][1]], [ODD_SENTENCES[2], ODD_SENTENCES[0]]
     first, bad, second, third = model.execute(
         [
-            request(*(s.encode() for s in good[0])),
-            request(b"caf\xe9"),
-            request(*(s.encode() for s in good[1])),
-            request(*(s.encode() for s in good[2])),
+            text_request(pb_utils, *good[0]),
+            text_request(pb_utils, b"caf\xe9"),
+            text_request(pb_utils, *good[1]),
+            text_request(pb_utils, *good[2]),
         ]
     )
     assert bad.has_error() and "TEXT must be UTF-8" in bad.error().message()
@@ -405,18 +416,14 @@ def test_the_tokenizer_model_refuses_a_sentence_past_its_context(
 ) -> None:
     # One token too many is an INVALID_ARG in vLLM's words, naming the context and the
     # count, for its own request only: never a truncated sentence.
-    module = tokenizer_module(build, files, tmp_path, monkeypatch)
-    pb_utils = module.pb_utils
-    model = module.TritonPythonModel()
-    model.initialize({"model_config": json.dumps(VARIABLE if length is None else FIXED)})
-
-    def request(*texts: str) -> Any:
-        rows = np.array([[t.encode()] for t in texts], dtype=np.object_)
-        return pb_utils.InferenceRequest(inputs=[pb_utils.Tensor("TEXT", rows)])
-
+    model, pb_utils = tokenizer_model(build, files, tmp_path, monkeypatch, length)
     assert token_count(files.tokenizer_json, TOO_LONG) == CONTEXT + 1
     alone, beside, served = model.execute(
-        [request(TOO_LONG), request(PAIRS[0][0], TOO_LONG), request(ODD_SENTENCES[2])]
+        [
+            text_request(pb_utils, TOO_LONG),
+            text_request(pb_utils, PAIRS[0][0], TOO_LONG),
+            text_request(pb_utils, ODD_SENTENCES[2]),
+        ]
     )
     expected = (
         f"This model's maximum context length is {CONTEXT} tokens. However, you requested "
