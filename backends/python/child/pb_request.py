@@ -129,29 +129,45 @@ class InferenceResponseSender:
         if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
             raise TritonModelException("Unable to send response. Unsupported flag provided.")
         final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if response is None and not final:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException("send() takes a pb_utils.InferenceResponse")
         with self._lock:
-            if self.closed:
-                raise TritonModelException(
-                    "Unable to send response. Response sender has been closed."
-                )
-            if response is None and not final:
-                raise TritonModelException(
-                    "Inference Response object must be provided when the response flags is "
-                    "set to zero."
-                )
-            if response is not None and not isinstance(response, InferenceResponse):
-                raise TritonModelException("send() takes a pb_utils.InferenceResponse")
-            if response is not None and not self._decoupled and self._sent:
+            self._count(response is not None, final)
+            encoded = None if response is None else response.encode(self._runtime)
+            self._runtime.send(Respond(self._key, encoded, final))
+            if final:
+                self.settled()
+
+    def returned(self) -> None:
+        """execute returned a response for this request: it counts as one sent with the
+        final flag (Triton's ProcessReturnedResponses), so a default-mode model that
+        answered through the sender already fails its execute, and the client keeps the
+        response that was sent."""
+        with self._lock:
+            self._count(True, True)
+
+    def _count(self, response: bool, final: bool) -> None:
+        """Triton's ResponseSender::UpdateStateAndCounters: its rules, in its order."""
+        if not self._decoupled:
+            if response and self._sent:
                 raise TritonModelException(
                     "Unable to send response. Non-decoupled model cannot send more than one "
                     "response."
                 )
-            encoded = None if response is None else response.encode(self._runtime)
-            self._runtime.send(Respond(self._key, encoded, final))
-            self._sent += response is not None
-            if final:
-                self.closed = True
-                self.settled()
+            if not response and final and not self._sent:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send complete "
+                    "final before sending a response."
+                )
+        if self.closed:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
+        self._sent += 1
+        if final:
+            self.closed = True
 
     def is_cancelled(self) -> bool:
         return bool(self._runtime.request("is_cancelled", self._key))

@@ -53,7 +53,7 @@ from ..messages import (
 from .pb_config import ModelConfig
 from .pb_request import InferenceRequest, InferenceResponse
 from .pb_tensor import Tensor
-from .pb_types import TRITONSERVER_RESPONSE_COMPLETE_FINAL, TritonError
+from .pb_types import TRITONSERVER_RESPONSE_COMPLETE_FINAL, TritonError, TritonModelException
 from .runtime import Runtime, install
 
 _TRACE_FRAMES = 10
@@ -229,7 +229,16 @@ class Stub:
     def _encode_list(self, number: int, result: Any, requests: list[InferenceRequest]) -> Done:
         """What execute returned: a response for each request, or None for one answered
         through its response sender (as Triton's ProcessReturnedResponses skips it)."""
-        done = self._check_list(number, result, len(requests))
+        try:
+            # A response returned for a request the sender answered already fails the
+            # batch, as in Triton (that request keeps the response it was sent).
+            if isinstance(result, list | tuple) and len(result) == len(requests):
+                for request, response in zip(requests, result, strict=True):
+                    if isinstance(response, InferenceResponse) and request.sender is not None:
+                        request.sender.returned()
+            done = self._check_list(number, result, len(requests))
+        except TritonModelException as exc:
+            done = Done(number, self._failure(exc))
         if done.error is not None:
             _settle(requests)  # the whole batch fails
             return done

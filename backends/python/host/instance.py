@@ -196,10 +196,17 @@ class PythonInstance:
             for request in requests[len(pendings) :]:
                 self._fail(request.context, self._died(str(exc)))
             return empty
-        except RuntimeError as exc:  # execute raised: every request of the batch fails
+        except RuntimeError as exc:  # execute raised: every request of the batch fails,
+            # but one a default-mode model already answered through its sender keeps
+            # that answer (Triton's frontend takes a request's first response).
+            results = []
             for pending in pendings:
-                self._finish(pending, ModelError("INTERNAL", str(exc)))
-            return empty
+                sent = None if self.spec.decoupled else pending.response
+                results.append({} if sent is None else self._outputs(worker, pending, sent))
+                self._finish(
+                    pending, None if sent is not None else ModelError("INTERNAL", str(exc))
+                )
+            return results
         if self.spec.decoupled:
             return empty  # the responses come through each request's sink
         returned = answer.responses

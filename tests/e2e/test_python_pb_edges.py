@@ -1,0 +1,90 @@
+"""Edge cases of `triton_python_backend_utils` as Triton's qa/L0_backend_python tests
+them, seen by a client of the real server: the default-mode response sender's rules
+(response_sender_test.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pymodels
+import pytest
+from serverproc import ServerProcess, running_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+_INT_IN_OUT = pymodels.MODELS["failing"][1]
+
+# A default-mode model answering through its response sender, as qa's response_sender
+# does: IN=1 sends twice, IN=2 sends, sends the final flag and returns a response too,
+# IN=3 sends the final flag alone.
+SENDER_EDGES = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def response(value):
+    return pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([value], np.int32))])
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        request = requests[0]
+        case = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+        sender = request.get_response_sender()
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if case == 1:
+            sender.send(response(1000))
+            sender.send(response(1001))
+            sender.send(flags=final)
+            return None
+        if case == 2:
+            sender.send(response(1000))
+            sender.send(flags=final)
+            return [response(0)]
+        sender.send(flags=final)
+        return None
+"""
+
+MODELS = {"sender_edges": (SENDER_EDGES, _INT_IN_OUT)}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("python-pb-edges")
+    for name, (source, config) in MODELS.items():
+        pymodels.write_model(repo, name, source, f'name: "{name}"\nbackend: "python"\n{config}')
+    with running_server([repo]) as proc:
+        yield proc
+
+
+def infer(server: ServerProcess, model: str, value: int) -> httpx.Response:
+    body = {"inputs": [{"name": "IN", "datatype": "INT32", "shape": [1], "data": [value]}]}
+    return httpx.post(f"{server.base_url}/v2/models/{model}/infer", json=body, timeout=30)
+
+
+def test_a_second_send_raises_in_the_model_and_the_client_gets_the_first(
+    server: ServerProcess,
+) -> None:
+    answered = infer(server, "sender_edges", 1)
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["outputs"][0]["data"] == [1000]
+
+
+def test_a_response_returned_after_the_sender_closed_is_not_the_one_delivered(
+    server: ServerProcess,
+) -> None:
+    answered = infer(server, "sender_edges", 2)
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["outputs"][0]["data"] == [1000]
+
+
+def test_a_final_flag_before_any_response_raises_in_the_model(server: ServerProcess) -> None:
+    refused = infer(server, "sender_edges", 3)
+    assert refused.status_code == 500
+    assert (
+        "Unable to send response. Non-decoupled model cannot send complete final before "
+        "sending a response." in refused.json()["error"]
+    )
+    # The instance still serves.
+    assert infer(server, "sender_edges", 2).status_code == 200
