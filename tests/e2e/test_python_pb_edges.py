@@ -1,6 +1,6 @@
 """Edge cases of `triton_python_backend_utils` as Triton's qa/L0_backend_python tests
 them, seen by a client of the real server: the default-mode response sender's rules
-(response_sender_test.py)."""
+(response_sender_test.py) and BLS response iterators (bls/model.py)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,52 @@ class TritonPythonModel:
         return None
 """
 
-MODELS = {"sender_edges": (SENDER_EDGES, _INT_IN_OUT)}
+# Decoupled: IN responses of OUT=1..IN, then the final flag alone.
+REPEAT = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            count = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            sender = request.get_response_sender()
+            for value in range(1, count + 1):
+                out = pb_utils.Tensor("OUT", np.array([value], np.int32))
+                sender.send(pb_utils.InferenceResponse([out]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+# Iterates one decoupled BLS call's responses twice: OUT = first count * 100 + second.
+BLS_REITERATE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        call = pb_utils.InferenceRequest(
+            model_name="repeat",
+            inputs=[pb_utils.get_input_tensor_by_name(requests[0], "IN")],
+            requested_output_names=["OUT"],
+        )
+        stream = call.exec(decoupled=True)
+        first = list(stream)
+        second = list(stream)
+        assert all(a is b for a, b in zip(first, second))
+        out = pb_utils.Tensor("OUT", np.array([len(first) * 100 + len(second)], np.int32))
+        return [pb_utils.InferenceResponse([out])]
+"""
+
+_DECOUPLED = "model_transaction_policy { decoupled: true }\n"
+
+MODELS = {
+    "sender_edges": (SENDER_EDGES, _INT_IN_OUT),
+    "repeat": (REPEAT, _DECOUPLED + _INT_IN_OUT),
+    "bls_reiterate": (BLS_REITERATE, _INT_IN_OUT),
+}
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +133,12 @@ def test_a_final_flag_before_any_response_raises_in_the_model(server: ServerProc
     )
     # The instance still serves.
     assert infer(server, "sender_edges", 2).status_code == 200
+
+
+def test_a_finished_response_iterator_iterated_again_yields_its_responses_again(
+    server: ServerProcess,
+) -> None:
+    answered = infer(server, "bls_reiterate", 3)
+    assert answered.status_code == 200, answered.text
+    # Three responses and the empty last one, twice.
+    assert answered.json()["outputs"][0]["data"] == [404]

@@ -189,18 +189,30 @@ class ResponseIterator:
         self._number = number
         self._answers = answers
         self._done = False
+        # Every response, kept: a finished iterator iterated again yields them again
+        # from the first (Triton's ResponseIterator::Iter rewinds).
+        self._responses: list[InferenceResponse] = []
+        self._index = 0
         self.started = False
 
     def __iter__(self) -> ResponseIterator:
+        if self._done and self._index >= len(self._responses):
+            self._index = 0
         return self
 
     def __next__(self) -> InferenceResponse:
         if self._done:
-            raise StopIteration
+            if self._index >= len(self._responses):
+                raise StopIteration
+            self._index += 1
+            return self._responses[self._index - 1]
         value, final = self._answers.get()
+        response = response_from(value)
+        self._responses.append(response)
         if final:
             self._done = True
-        return response_from(value)
+            self._index = len(self._responses)
+        return response
 
     def cancel(self) -> None:
         if not self._done:
