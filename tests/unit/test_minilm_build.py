@@ -356,7 +356,9 @@ def text_request(pb_utils: Any, *texts: str | bytes) -> Any:
     """A request whose TEXT has a row for each text (a str as UTF-8, bytes as they are)."""
     rows = [[t.encode() if isinstance(t, str) else t] for t in texts]
     return pb_utils.InferenceRequest(
-        inputs=[pb_utils.Tensor("TEXT", np.array(rows, dtype=np.object_))]
+        model_name="tokenizer",
+        inputs=[pb_utils.Tensor("TEXT", np.array(rows, dtype=np.object_))],
+        requested_output_names=[],
     )
 
 

@@ -26,7 +26,13 @@ class Logger:
 
     @staticmethod
     def log(message: str, level: int = INFO) -> None:
-        current().send(Log(int(level), str(message), _caller()))
+        if not isinstance(message, str) or not isinstance(level, int):
+            # Triton's binding: a str and a LogLevel (pybind11's TypeError otherwise).
+            raise TypeError(
+                "log(): incompatible function arguments: takes (message: str, level: int), "
+                f"got ({type(message)}, {type(level)})"
+            )
+        current().send(Log(int(level), message, _caller()))
 
     @staticmethod
     def log_info(message: str) -> None:

@@ -28,38 +28,67 @@ from .pb_types import (
 )
 from .runtime import Decoded, Gone, Runtime, current
 
+# An argument left out (None is refused where Triton's binding refuses it).
+_DEFAULT: Any = object()
+
 
 def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes | bytearray) else str(value)
 
 
 def _parameters(value: Any) -> dict[str, Any]:
+    """A model's `parameters=`: None or a dict of str keys and bool, int or str values,
+    refused with Triton's messages (PyParametersToJSON) otherwise."""
     if value is None:
         return {}
-    if isinstance(value, str):
-        value = json.loads(value) if value else {}
     if not isinstance(value, dict):
-        raise TritonModelException("parameters must be a dict (or its JSON text)")
+        raise TritonModelException(f"Expect dict, got {type(value)}")
     for key, item in value.items():
-        if not isinstance(key, str) or not isinstance(item, bool | int | float | str):
+        if not isinstance(key, str):
             raise TritonModelException(
-                f"parameter {key!r}: keys must be str and values bool, int or str"
+                f"Expect parameters keys to have type str, found type {type(key)}"
+            )
+        if not isinstance(item, bool | int | str):
+            raise TritonModelException(
+                f"Expect parameters values to have type bool/int/str, found type {type(item)}"
             )
     return dict(value)
+
+
+def _received_parameters(text: str) -> dict[str, Any]:
+    """Parameters the server sent (a client's may hold any JSON value): taken as they are."""
+    value = json.loads(text) if text else {}
+    return value if isinstance(value, dict) else {}
+
+
+def _no_none(where: str, **arguments: Any) -> None:
+    """pybind11 refuses None for an argument that is not optional, with a TypeError."""
+    for name, value in arguments.items():
+        if value is None:
+            raise TypeError(
+                f"{where}(): incompatible constructor arguments: '{name}' may not be None"
+            )
 
 
 class InferenceResponse:
     def __init__(
         self,
-        output_tensors: list[Tensor] | None = None,
+        output_tensors: list[Tensor] | tuple[Tensor, ...] = (),
         error: TritonError | None = None,
         parameters: Any = None,
     ) -> None:
-        outputs = list(output_tensors or [])
+        if not isinstance(output_tensors, list | tuple):
+            # Triton's is a list of Tensor objects (None included: a TypeError).
+            raise TypeError(
+                "InferenceResponse.__init__(): incompatible constructor arguments: "
+                f"output_tensors must be a list of pb_utils.Tensor, not {type(output_tensors)}"
+            )
+        outputs = list(output_tensors)
         for tensor in outputs:
             if not isinstance(tensor, Tensor):
-                raise TritonModelException(
-                    f"output_tensors must hold pb_utils.Tensor objects, not {type(tensor).__name__}"
+                raise TypeError(
+                    "InferenceResponse.__init__(): incompatible constructor arguments: "
+                    f"output_tensors must hold pb_utils.Tensor objects, not {type(tensor)}"
                 )
         if error is not None and not isinstance(error, TritonError):
             error = TritonError(str(error))
@@ -94,7 +123,9 @@ def response_from(value: Any) -> InferenceResponse:
         failed = value.error
         error = None if failed is None else TritonError(failed.message, code_of(failed.code))
         tensors = [Tensor(name, value.outputs[name]) for name in value.order]
-        return InferenceResponse(tensors, error, value.parameters or None)
+        response = InferenceResponse(tensors, error)
+        response._parameters = _received_parameters(value.parameters)
+        return response
     if isinstance(value, Gone):
         return InferenceResponse(error=TritonError(value.reason))
     return InferenceResponse()
@@ -236,24 +267,42 @@ class InferenceTrace:
 class InferenceRequest:
     def __init__(
         self,
-        model_name: str | bytes = "",
-        inputs: list[Tensor] | None = None,
-        requested_output_names: list[str] | None = None,
+        model_name: str | bytes,
+        inputs: list[Tensor],
+        requested_output_names: list[str],
         request_id: str = "",
         correlation_id: int | str = 0,
         model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,
-        preferred_memory: Any = None,
-        trace: Any = None,
+        preferred_memory: Any = _DEFAULT,
+        trace: Any = _DEFAULT,
         parameters: Any = None,
     ) -> None:
+        # model_name, inputs and requested_output_names have no default, and no argument
+        # but parameters may be None: pybind11's TypeError, as in Triton.
+        _no_none(
+            "InferenceRequest.__init__",
+            model_name=model_name,
+            inputs=inputs,
+            requested_output_names=requested_output_names,
+            request_id=request_id,
+            correlation_id=correlation_id,
+            model_version=model_version,
+            flags=flags,
+            timeout=timeout,
+            preferred_memory=preferred_memory,
+            trace=trace,
+        )
         self._model_name = _text(model_name)
-        self._inputs = list(inputs or [])
+        self._inputs = list(inputs)
         for tensor in self._inputs:
             if not isinstance(tensor, Tensor):
-                raise TritonModelException("inputs must hold pb_utils.Tensor objects")
-        self._requested = [_text(n) for n in (requested_output_names or [])]
+                raise TypeError(
+                    "InferenceRequest.__init__(): incompatible constructor arguments: "
+                    f"inputs must hold pb_utils.Tensor objects, not {type(tensor)}"
+                )
+        self._requested = [_text(n) for n in requested_output_names]
         self._id = _text(request_id)
         if isinstance(correlation_id, int):
             if not 0 <= correlation_id < 1 << 64:
@@ -297,15 +346,10 @@ class InferenceRequest:
         timeout: int = 0,
     ) -> InferenceRequest:
         request = cls(
-            runtime.model_name,
-            inputs,
-            requested,
-            request_id,
-            correlation_id,
-            flags=flags,
-            timeout=timeout,
-            parameters=parameters,
-        )
+            runtime.model_name, inputs, requested, request_id, correlation_id,
+            flags=flags, timeout=timeout,
+        )  # fmt: skip
+        request._parameters = _received_parameters(parameters)
         request._key = key
         request._trace = InferenceTrace(key)
         request._sender = InferenceResponseSender(runtime, key, decoupled)

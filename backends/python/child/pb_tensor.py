@@ -18,9 +18,17 @@ from .pb_types import TritonModelException, type_number
 
 
 class Tensor:
-    def __init__(self, name: str, data: Any, dtype: Any = None) -> None:
+    def __init__(self, name: str | bytes, data: Any, dtype: Any = None) -> None:
         """`Tensor(name, numpy_array)`; lists and scalars are made into arrays. A str
         array becomes an object array of UTF-8 `bytes` (a BYTES tensor)."""
+        if not isinstance(name, str | bytes):
+            # Triton's binding takes a str name: pybind11's TypeError for anything else.
+            raise TypeError(
+                f"Tensor.__init__(): incompatible constructor arguments: name must be a str, "
+                f"not {type(name)}"
+            )
+        if isinstance(name, bytes):
+            name = name.decode("utf-8")
         array = np.asarray(data) if dtype is None else np.asarray(data, dtype=dtype)
         if array.dtype.kind in ("U", "S"):
             flat = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in array.flat]
