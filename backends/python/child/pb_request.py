@@ -113,7 +113,7 @@ class InferenceResponse:
         if self._error is not None:
             error = ErrorText(code_name(self._error.code()), self._error.message())
             return Encoded([], error, parameters)
-        tensors = [(t.name(), t.as_numpy()) for t in self._outputs]
+        tensors = [(t.name(), t.data()) for t in self._outputs]
         return Encoded(runtime.encode_tensors(tensors), None, parameters)
 
 
@@ -409,7 +409,7 @@ class InferenceRequest:
     def _message(self, runtime: Runtime, number: int, decoupled: bool) -> Bls:
         if not self._model_name:
             raise TritonModelException("a BLS request needs a model_name")
-        tensors = [(t.name(), t.as_numpy()) for t in self._inputs]
+        tensors = [(t.name(), t.data()) for t in self._inputs]
         version = "" if self._model_version < 0 else str(self._model_version)
         call = BlsRequest(
             self._model_name,

@@ -11,10 +11,18 @@ from typing import Any
 
 import numpy as np
 
-from ge_serve.link.dtypes import triton_of
+from ge_serve.link.dtypes import NUMPY_OF, triton_of
 from ge_serve.link.tensors import Array
 
+from . import dlpack_bf16
 from .pb_types import TritonModelException, type_number
+
+# ml_dtypes' bfloat16, where this numpy has it.
+_BF16 = NUMPY_OF.get("BF16")
+
+
+def _is_bf16(dtype: np.dtype[Any]) -> bool:
+    return _BF16 is not None and dtype == _BF16
 
 
 class Tensor:
@@ -46,6 +54,13 @@ class Tensor:
         return self._name
 
     def as_numpy(self) -> Array:
+        if _is_bf16(self._array.dtype):
+            # Triton's: numpy has no bf16; DLPack (to_dlpack) carries it.
+            raise TritonModelException("tensor dtype is bf16 and cannot be converted to numpy")
+        return self._array
+
+    def data(self) -> Array:
+        """The array, whatever its type (BF16 as ml_dtypes.bfloat16): for the backend."""
         return self._array
 
     def triton_dtype(self) -> int:
@@ -61,6 +76,8 @@ class Tensor:
     def to_dlpack(self) -> Any:
         if self._array.dtype == np.object_:
             raise TritonModelException(f"BYTES tensor '{self._name}' has no DLPack form")
+        if _is_bf16(self._array.dtype):
+            return dlpack_bf16.export(self._array)
         return self._array.__dlpack__()
 
     def __dlpack__(self, stream: Any = None) -> Any:
@@ -73,9 +90,14 @@ class Tensor:
     def from_dlpack(name: str, capsule: Any) -> Tensor:
         """A tensor from a DLPack capsule or any object with `__dlpack__` (CPU memory,
         C-contiguous, as Triton asks)."""
-        source = capsule if hasattr(capsule, "__dlpack__") else _Capsule(capsule)
         try:
-            array = np.from_dlpack(source)
+            if hasattr(capsule, "__dlpack__"):
+                capsule = capsule.__dlpack__()
+            # numpy has no kDLBfloat: a BF16 tensor is read as uint16, then viewed as one.
+            bf16 = dlpack_bf16.as_uint16(capsule)
+            array = np.from_dlpack(_Capsule(capsule))
+            if bf16 and _BF16 is not None:
+                array = array.view(_BF16)
         except (TypeError, RuntimeError, BufferError) as exc:
             raise TritonModelException(f"tensor '{name}' from DLPack: {exc}") from None
         if not array.flags.c_contiguous:
