@@ -24,6 +24,9 @@ class ErrorCode(enum.Enum):
     INTERNAL = "INTERNAL"
     ALREADY_EXISTS = "ALREADY_EXISTS"
     CANCELLED = "CANCELLED"
+    # Only a model gives it (a Python model's TritonError.UNKNOWN); Triton answers it
+    # gRPC UNKNOWN and HTTP 400.
+    UNKNOWN = "UNKNOWN"
 
 
 class FailureReason(enum.Enum):

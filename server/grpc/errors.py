@@ -22,6 +22,7 @@ STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
     ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
+    ErrorCode.UNKNOWN: grpc.StatusCode.UNKNOWN,
 }
 
 

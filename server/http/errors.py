@@ -17,6 +17,7 @@ STATUS = {
     # Triton answers 400 for every kind that has no HTTP status of its own.
     ErrorCode.ALREADY_EXISTS: 400,
     ErrorCode.CANCELLED: 400,
+    ErrorCode.UNKNOWN: 400,
 }
 
 

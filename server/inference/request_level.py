@@ -61,8 +61,8 @@ def request_context(
 
 
 def model_error(error: ModelError) -> ServerError:
-    """A model's error for one request, as the client sees it (Triton's UNKNOWN is
-    INTERNAL here)."""
+    """A model's error for one request, as the client sees it, with the model's code
+    (UNKNOWN included: gRPC UNKNOWN, HTTP 400, as in Triton)."""
     code = _CODES.get(error.code, ErrorCode.INTERNAL)
     return ServerError(code, error.message, FailureReason.BACKEND)
 
