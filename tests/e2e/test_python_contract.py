@@ -99,7 +99,9 @@ MODELS = {
     "sends_then_none": (SENDS_THEN_NONE, _INT_IN_OUT),
     "decoupled_returns": (
         DECOUPLED_RETURNS,
-        "model_transaction_policy { decoupled: true }\n" + _INT_IN_OUT,
+        # As qa's decoupled_return_response_error: one unnamed group, instance `<model>_0_0`.
+        "model_transaction_policy { decoupled: true }\ninstance_group [{ kind: KIND_CPU }]\n"
+        + _INT_IN_OUT,
     ),
 }
 
@@ -159,7 +161,7 @@ def test_a_decoupled_execute_that_returns_a_list_fails_its_request(
         client.stop_stream()
     assert isinstance(error, InferenceServerException)
     assert error.message() == (
-        "Python model 'decoupled_returns' is using the decoupled mode and the execute "
+        "Python model 'decoupled_returns_0_0' is using the decoupled mode and the execute "
         "function must return None."
     )
 

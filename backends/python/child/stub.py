@@ -218,7 +218,7 @@ class Stub:
             # Triton's error for it; like any failed execute of a decoupled model, it ends
             # the requests still open, and not the ones already answered in full.
             message = (
-                f"Python model '{self.runtime.model_name}' is using the decoupled mode and "
+                f"Python model '{self.runtime.instance_name}' is using the decoupled mode and "
                 "the execute function must return None."
             )
             self._close_with_error(requests, message)
