@@ -99,8 +99,10 @@ def test_a_models_error_code_is_the_status_triton_answers(
     assert answered.json() == {"error": "error code test"}
     tensor = grpcclient.InferInput("CODE", [1], "BYTES")
     tensor.set_data_from_numpy(np.array([code.encode()], np.object_))
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        with pytest.raises(InferenceServerException) as caught:
-            client.infer("error_code", [tensor])
+    with (
+        grpcclient.InferenceServerClient(server.grpc_url) as client,
+        pytest.raises(InferenceServerException) as caught,
+    ):
+        client.infer("error_code", [tensor])
     assert caught.value.status() == str(grpc_status)
     assert caught.value.message() == "error code test"
