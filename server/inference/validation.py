@@ -30,6 +30,12 @@ def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
     tag = request_tag(request.id)
     if len(inputs) == 1 and inputs[0].parameters.get("raw_binary"):
         inputs = [_resolve_raw_binary(inputs[0], model, request.id)]
+    names = [tensor.name for tensor in inputs]
+    required = sum(not spec.optional for spec in model.inputs.values())
+    if len(set(names)) == len(names) < required:
+        # Triton counts the inputs before it looks at any one (ValidateRequestInputs): too
+        # few is said first, even of a request whose inputs are also wrong otherwise.
+        _check_missing(request.id, model, names)
     mbs = model.max_batch_size
     arrays: dict[str, Array] = {}
     batch_size = 0
@@ -85,22 +91,7 @@ def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
                 ) from None
         arrays[tensor.name] = array
     # Every input given is one of the model's, once: when there are as many, none is missing.
-    missing = len(arrays) < len(model.inputs) and [
-        name for name, spec in model.inputs.items() if name not in arrays and not spec.optional
-    ]
-    if missing:
-        required = sum(not s.optional for s in model.inputs.values())
-        given, wanted = _names(sorted(arrays)), _names(missing)
-        count = (
-            f"expected {required} inputs"
-            if required == len(model.inputs)
-            else f"expected number of inputs between {required} and {len(model.inputs)}"
-        )
-        raise invalid_arg(
-            f"{tag}{count} but got {len(arrays)} inputs for model '{model.name}'. Got input(s) "
-            f"{given}, but missing required input(s) {wanted}. Please provide all required "
-            "input(s)."
-        )
+    _check_missing(request.id, model, list(arrays))
     for requested in request.outputs:
         _check_output(requested, model, tag)
     # A model without sequence_batching serves a request that names a sequence and leaves
@@ -114,6 +105,26 @@ def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
         priority=request.priority,
         timeout_us=request.timeout_us,
         sequence=sequence,
+    )
+
+
+def _check_missing(request_id: str, model: ModelVersion, given: list[str]) -> None:
+    """Triton's message for a request without every required input."""
+    missing = len(given) < len(model.inputs) and [
+        name for name, spec in model.inputs.items() if name not in given and not spec.optional
+    ]
+    if not missing:
+        return
+    required = sum(not s.optional for s in model.inputs.values())
+    count = (
+        f"expected {required} inputs"
+        if required == len(model.inputs)
+        else f"expected number of inputs between {required} and {len(model.inputs)}"
+    )
+    raise invalid_arg(
+        f"{request_tag(request_id)}{count} but got {len(given)} inputs for model "
+        f"'{model.name}'. Got input(s) {_names(sorted(given))}, but missing required "
+        f"input(s) {_names(missing)}. Please provide all required input(s)."
     )
 
 

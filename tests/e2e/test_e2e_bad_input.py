@@ -287,8 +287,10 @@ def test_a_version_string_that_is_no_number(http: httpx.Client) -> None:
 def test_tritonclient_sees_the_message(bad_server: ServerProcess) -> None:
     client = httpclient.InferenceServerClient(bad_server.http_url)
     try:
-        inputs = [httpclient.InferInput("INPUT0", [1, 8], "INT32")]
-        inputs[0].set_data_from_numpy(np.zeros((1, 8), np.int32))
+        # Both inputs: with one, Triton's count check (too few inputs) would answer first.
+        inputs = [httpclient.InferInput(name, [1, 8], "INT32") for name in ("INPUT0", "INPUT1")]
+        for tensor in inputs:
+            tensor.set_data_from_numpy(np.zeros((1, 8), np.int32))
         with pytest.raises(InferenceServerException) as info:
             client.infer("simple", inputs)
         assert "unexpected shape for input 'INPUT0'" in info.value.message()
