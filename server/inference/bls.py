@@ -44,6 +44,14 @@ class CoreBridge:
     async def _run(self, call: CoreCall, reply: Reply) -> None:
         try:
             request = _request(call)
+            try:
+                self._core.lifecycle.get(call.model_name, call.model_version)
+            except ServerError as exc:
+                # python_backend's words for a request the core would not take
+                # (request_executor.cc), around Triton's unknown-model error.
+                message = f"Model {call.model_name} - Error when running inference: {exc.message}"
+                reply(_failed(exc.code.value, message), True)
+                return
             if call.decoupled:
                 ended = False
                 # An error response is one of the iterator's responses, and the called

@@ -50,9 +50,29 @@ input [{ name: "CODE", data_type: TYPE_STRING, dims: [ 1 ] }]
 output [{ name: "OUT", data_type: TYPE_STRING, dims: [ 1 ] }]
 """
 
+# Calls a model that does not exist, as qa's bls test_bls_sync does; answers the error.
+BLS_UNKNOWN = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        call = pb_utils.InferenceRequest(
+            model_name="non_existent_model", inputs=[], requested_output_names=[]
+        )
+        errors = [call.exec().error().message()]
+        errors += [r.error().message() for r in call.exec(decoupled=True) if r.has_error()]
+        out = pb_utils.Tensor("ERRORS", np.array(errors, np.object_))
+        return [pb_utils.InferenceResponse([out]) for _ in requests]
+"""
+_BLS_UNKNOWN_CONFIG = 'output [{ name: "ERRORS", data_type: TYPE_STRING, dims: [ -1 ] }]\n'
+
 MODELS = {
     "no_input": (NO_INPUT, _NO_INPUT_CONFIG),
     "error_code": (ERROR_CODE, _ERROR_CODE_CONFIG),
+    "bls_unknown": (BLS_UNKNOWN, _BLS_UNKNOWN_CONFIG),
+    "add_sub": pymodels.MODELS["add_sub"],
 }
 
 
@@ -106,3 +126,26 @@ def test_a_models_error_code_is_the_status_triton_answers(
         client.infer("error_code", [tensor])
     assert caught.value.status() == str(grpc_status)
     assert caught.value.message() == "error code test"
+
+
+def test_a_bls_call_to_an_unknown_model_fails_with_python_backends_words(
+    server: ServerProcess,
+) -> None:
+    answered = httpx.post(f"{server.base_url}/v2/models/bls_unknown/infer", json={"inputs": []})
+    assert answered.status_code == 200, answered.text
+    expected = (
+        "Model non_existent_model - Error when running inference: Request for unknown "
+        "model: 'non_existent_model' is not found"
+    )
+    assert answered.json()["outputs"][0]["data"] == [expected, expected]
+
+
+def test_too_few_inputs_is_said_before_a_wrong_data_type(server: ServerProcess) -> None:
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP64", "shape": [4], "data": [0] * 4}]}
+    answered = httpx.post(f"{server.base_url}/v2/models/add_sub/infer", json=body)
+    assert answered.status_code == 400
+    assert answered.json() == {
+        "error": "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model "
+        "'add_sub'. Got input(s) ['INPUT0'], but missing required input(s) ['INPUT1']. "
+        "Please provide all required input(s)."
+    }
