@@ -404,11 +404,13 @@ MAX_OVERRIDE_DEPTH = 64
 def override_target(root: Path, relative: str) -> Path:
     """Where a `file:<relative>` override goes under `root`, refusing any escape.
 
-    Only plain relative paths of non-empty components are accepted: no absolute paths,
-    no '.', '..' or empty components, no backslashes or NUL bytes, and at most
-    MAX_OVERRIDE_DEPTH components.
+    Only plain paths of non-empty components are accepted: no '.', '..' or empty
+    components, no backslashes or NUL bytes, and at most MAX_OVERRIDE_DEPTH components.
+    A leading '/' is the model folder, as Triton joins `file:/1/model.py` under its
+    folder (qa's model_control test loads with that key).
     """
-    parts = relative.split("/")
+    inside = relative.lstrip("/")
+    parts = inside.split("/")
     if len(parts) > MAX_OVERRIDE_DEPTH:
         raise ServerError(
             ErrorCode.INVALID_ARG,
@@ -416,17 +418,15 @@ def override_target(root: Path, relative: str) -> Path:
             f"{MAX_OVERRIDE_DEPTH} are allowed",
         )
     bad = (
-        not relative
-        or relative.startswith("/")
-        or any(c in relative for c in "\\\x00")
+        not inside
+        or any(c in inside for c in "\\\x00")
         or any(part in ("", ".", "..") for part in parts)
     )
     if bad:
         raise ServerError(
             ErrorCode.INVALID_ARG,
             f"file override 'file:{relative}' must be a relative path inside the model "
-            "folder (absolute paths, '..', '.', empty components and backslashes are "
-            "not allowed)",
+            "folder ('..', '.', empty components and backslashes are not allowed)",
         )
     return root.joinpath(*parts)
 

@@ -25,7 +25,7 @@ def tree(root: Path) -> list[str]:
     [
         "../escape.onnx",
         "1/../../escape.onnx",
-        "/etc/passwd",
+        "/../etc/passwd",
         "1//model.onnx",
         "./1/model.onnx",
         "1/./model.onnx",
@@ -43,6 +43,14 @@ def test_escaping_names_are_refused_and_nothing_is_written(tmp_path: Path, name:
         write_overrides(root, files)
     # Every name is checked before the first byte is written.
     assert tree(tmp_path) == ["private"]
+
+
+def test_a_leading_slash_is_the_model_folder_as_in_triton(tmp_path: Path) -> None:
+    root = tmp_path / "private"
+    root.mkdir()
+    write_overrides(root, {"/1/model.py": b"a", "/etc/passwd": b"b"})
+    assert tree(tmp_path) == ["private", "private/1", "private/1/model.py", "private/etc",
+                              "private/etc/passwd"]  # fmt: skip
 
 
 def test_a_symlink_inside_the_folder_cannot_redirect_a_write(tmp_path: Path) -> None:

@@ -74,6 +74,7 @@ class PythonBackend:
         model_dir = _model_dir(config, model_path)
         if not _names_autocomplete(model_path, model_dir):
             return
+        _check_stub_name(config.name)
         launch = self._envs.launch(config, model_dir)
         worker = WorkerProcess(f"{config.name}-autocomplete", launch, _NoHost())
         try:
@@ -114,9 +115,12 @@ class PythonBackend:
         launch = self._envs.launch(config, spec.model_dir)
         shared = Shared(self.metrics, lambda: self._core, ModelHealth(spec.events))
         config_json = json.dumps(config_to_json(config))
+        slots = _slots(spec)
+        for slot, _ in slots:
+            _check_stub_name(slot.name)
         instances = [
             PythonInstance(slot, self._instance_spec(spec, slot, kind, launch, config_json), shared)
-            for slot, kind in _slots(spec)
+            for slot, kind in slots
         ]
         # Known before they start: close() at server exit must reach a worker whose
         # initialize never returns.
@@ -189,6 +193,17 @@ def _names_autocomplete(model_path: Path, model_dir: Path) -> bool:
             if "auto_complete_config" in path.read_text(encoding="utf-8", errors="replace"):
                 return True
     return False
+
+
+# python_backend's INVALID_CHARS (pb_utils.h): characters a stub's name may not hold.
+_INVALID_STUB_CHARS = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
+
+
+def _check_stub_name(name: str) -> None:
+    """python_backend's check of the name its stub process is started with (the model's
+    for auto-complete, the instance's otherwise): a load error."""
+    if not name or not _INVALID_STUB_CHARS.isdisjoint(name):
+        raise ValueError("Invalid stub name: contains invalid characters")
 
 
 def _model_dir(config: model_config_pb2.ModelConfig, model_path: Path) -> Path:
