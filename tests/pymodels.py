@@ -434,6 +434,8 @@ class TritonPythonModel:
         self.counter = counter.Metric(labels=labels)
         self.gauge = gauge.Metric(labels=labels)
         self.histogram = histogram.Metric(labels=labels, buckets=[1.0, 10.0])
+        # As in Triton, a MetricFamily must outlive its Metrics.
+        self.families = (counter, gauge, histogram)
         pb_utils.Logger.log_info("metrics ready in " + args["model_instance_name"])
 
     def execute(self, requests):

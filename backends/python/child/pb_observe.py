@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import os
+import weakref
 
 from ..messages import Log, MetricDelete, MetricUpdate
 from .pb_types import TritonModelException
@@ -89,11 +91,11 @@ class Metric:
         self, family: MetricFamily, labels: dict[str, str], buckets: list[float] | None
     ) -> None:
         if family.kind == MetricFamily.HISTOGRAM:
-            if not buckets:
+            if buckets is None:
                 raise TritonModelException("a histogram metric needs its buckets")
-            bounds = [float(b) for b in buckets]
-            if bounds != sorted(bounds):
-                raise TritonModelException("histogram buckets must be in increasing order")
+            bounds = [float(b) for b in buckets]  # none at all: only +Inf, as in Triton
+            if any(low >= high for low, high in itertools.pairwise(bounds)):
+                raise TritonModelException("histogram buckets must be in strictly increasing order")
         elif buckets is not None:
             raise TritonModelException("only a histogram metric takes buckets")
         else:
@@ -104,8 +106,17 @@ class Metric:
         except RuntimeError as exc:
             raise TritonModelException(str(exc)) from None
         self._kind = family.kind
+        # Triton's Metric refuses every operation once its MetricFamily object is gone.
+        self._family = weakref.ref(family)
+
+    def _check_family(self) -> None:
+        if self._family() is None:
+            raise TritonModelException(
+                "Invalid metric operation as the corresponding 'MetricFamily' has been deleted."
+            )
 
     def increment(self, value: float) -> None:
+        self._check_family()
         if self._kind == MetricFamily.HISTOGRAM:
             raise TritonModelException("a histogram metric is observed, not incremented")
         if self._kind == MetricFamily.COUNTER and value < 0:
@@ -113,16 +124,19 @@ class Metric:
         current().send(MetricUpdate(self._id, "increment", float(value)))
 
     def set(self, value: float) -> None:
+        self._check_family()
         if self._kind != MetricFamily.GAUGE:
             raise TritonModelException("only a gauge metric can be set")
         current().send(MetricUpdate(self._id, "set", float(value)))
 
     def observe(self, value: float) -> None:
+        self._check_family()
         if self._kind != MetricFamily.HISTOGRAM:
             raise TritonModelException("only a histogram metric can be observed")
         current().send(MetricUpdate(self._id, "observe", float(value)))
 
     def value(self) -> float:
+        self._check_family()
         if self._kind == MetricFamily.HISTOGRAM:
             raise TritonModelException("a histogram metric has no single value")
         return float(current().request("metric_value", self._id))

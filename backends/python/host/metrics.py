@@ -1,7 +1,7 @@
 """Custom metrics of Python models (`pb_utils.MetricFamily` / `Metric`), kept in the server.
 
 Every instance of every Python model is a process of its own, so the series live here:
-instances that create the same family (name, description and kind) and a metric with the
+instances that create the same family (name and kind) and a metric with the
 same labels share one series, as they share one in Triton. A worker's metrics go when it
 does (or when the model deletes them); a family goes with its last metric and owner.
 /metrics shows them through `collect()`, next to Triton's own families.
@@ -71,10 +71,11 @@ class CustomMetrics:
         with self._lock:
             found = self._families.get(name)
             if found is not None:
-                if found.kind != kind or found.description != description:
+                # Another description gets the family as it is, as Triton's registry
+                # merges families by name (its first description stays).
+                if found.kind != kind:
                     raise ValueError(
-                        f"a metric family named '{name}' already exists with another kind or "
-                        "description"
+                        f"a metric family named '{name}' already exists with another kind"
                     )
             else:
                 found = _Family(self._take_id(), name, description, kind)
@@ -192,4 +193,7 @@ def _samples(metric: Metric, series: _Series) -> None:
 
 
 def _bound(value: float) -> str:
-    return repr(float(value))
+    """A bucket's `le` as Triton's (prometheus-cpp's) exposition writes it: the shortest
+    round-trip form, with no ".0" on a whole number (`le="1"`, `le="2.5"`)."""
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
