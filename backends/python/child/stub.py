@@ -8,9 +8,11 @@
   model thread's queue; answers to the model's own calls (BLS, metric values) go to the
   caller waiting for them, so a model blocked in a BLS call still gets its answer;
 - the model thread (the main thread) runs `initialize`, each `execute` and `finalize`,
-  one at a time, as Triton calls them. An `async def execute` runs on an event loop of
-  this thread; for a decoupled model on a loop of its own, so that execute returns and
-  the next batch can start while the last one is still waiting.
+  one at a time, as Triton calls them. The model's coroutines (`async def execute`) run
+  on one event loop, alive for the life of the worker in a thread of its own, as Triton's
+  (modelloop.py): a default-mode model's execute is waited for, and tasks it started go on
+  after it returned; a decoupled model's is left running, so that the next batch can
+  start while the last one is still waiting.
 
 The worker ends when the server says so (finalize), or when the server's end of the
 socket closes, which is also how it learns that the server itself is gone: the reader
@@ -21,6 +23,7 @@ would not do: it fires when the *thread* that started the worker ends.)
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib.util
 import inspect
 import json
@@ -30,7 +33,6 @@ import socket
 import sys
 import threading
 import traceback
-from collections.abc import Coroutine
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -50,6 +52,7 @@ from ..messages import (
     Reply,
     Request,
 )
+from .modelloop import ModelLoop
 from .pb_config import ModelConfig
 from .pb_request import InferenceRequest, InferenceResponse
 from .pb_tensor import Tensor
@@ -57,8 +60,12 @@ from .pb_types import TRITONSERVER_RESPONSE_COMPLETE_FINAL, TritonError, TritonM
 from .runtime import Runtime, install
 
 _TRACE_FRAMES = 10
-# Our own frames (this stub calling the model) are not the model's story.
-_OWN_FOLDER = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Our own frames (this stub calling the model), and those of the event loop that ran a
+# coroutine of the model, are not the model's story.
+_NOT_THE_MODEL = tuple(
+    os.path.dirname(os.path.abspath(path)) + os.sep
+    for path in (__file__, asyncio.__file__, concurrent.futures.__file__)
+)
 
 
 def describe(exc: BaseException) -> str:
@@ -68,7 +75,7 @@ def describe(exc: BaseException) -> str:
     frames = [
         frame
         for frame in traceback.extract_tb(exc.__traceback__)
-        if not frame.filename.startswith(_OWN_FOLDER)
+        if not frame.filename.startswith(_NOT_THE_MODEL)
     ]
     for frame in reversed(frames[-_TRACE_FRAMES:]):
         lines.append(f"  {frame.filename}({frame.lineno}): {frame.name}")
@@ -103,8 +110,7 @@ class Stub:
         self.work: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
         self.model: Any = None
         self.decoupled = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._background: asyncio.AbstractEventLoop | None = None
+        self.loop = ModelLoop()
 
     # --- the reader thread -----------------------------------------------------------------
 
@@ -169,7 +175,7 @@ class Stub:
             if initialize is not None:
                 result = initialize(dict(payload["args"]))
                 if inspect.isawaitable(result):
-                    self._run(result)
+                    self.loop.run(result)
         except BaseException as exc:
             raise _Failed(f"Failed to initialize Python stub: {describe(exc)}") from exc
 
@@ -201,7 +207,7 @@ class Stub:
                     self._in_background(result, requests)
                     result = None
                 else:
-                    result = self._run(result)
+                    result = self.loop.run(result)
         except BaseException as exc:
             message = self._failure(exc)
             if self.decoupled:
@@ -292,25 +298,11 @@ class Stub:
                 except Exception:
                     traceback.print_exc()
 
-    def _run(self, awaitable: Any) -> Any:
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-        return self._loop.run_until_complete(awaitable)
-
     def _in_background(self, awaitable: Any, requests: list[InferenceRequest]) -> None:
-        if self._background is None:
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="async-execute", daemon=True).start()
-            self._background = loop
+        def failed(exc: BaseException) -> None:
+            self._close_with_error(requests, self._failure(exc))
 
-        async def run() -> None:
-            try:
-                await awaitable
-            except BaseException as exc:
-                self._close_with_error(requests, self._failure(exc))
-
-        coroutine: Coroutine[Any, Any, None] = run()
-        asyncio.run_coroutine_threadsafe(coroutine, self._background)
+        self.loop.start(awaitable, failed)
 
     def _finalize(self, number: int) -> None:
         error = None
@@ -319,9 +311,10 @@ class Stub:
             try:
                 result = finalize()
                 if inspect.isawaitable(result):
-                    self._run(result)
+                    self.loop.run(result)
             except BaseException as exc:
                 error = describe(exc)
+        self.loop.close()
         self._reply(Done(number, error))
 
 
