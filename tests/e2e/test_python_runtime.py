@@ -6,6 +6,7 @@ in the server's log."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import queue
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,11 @@ from polling import poll
 from serverproc import ServerProcess, running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+_STRING_OUT = """
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
 
 _INT_IN_OUT = """
 input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
@@ -107,9 +113,35 @@ input [ { name: "WAIT_SECONDS" data_type: TYPE_FP32 dims: [ 1, 1 ] } ]
 output [ { name: "DUMMY_OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
 """
 
+# sys.argv as the model sees it, and a unittest run the way python_backend's qa models run
+# theirs (`unittest.main("model", exit=False)` reads sys.argv).
+ARGV = """
+import json
+import sys
+import unittest
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class ArgvTest(unittest.TestCase):
+    def test_nothing(self):
+        self.assertTrue(True)
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        test = unittest.main("model", exit=False)
+        facts = {"argv": sys.argv, "ran": test.result.testsRun, "ok": test.result.wasSuccessful()}
+        text = np.array([json.dumps(facts)], dtype=object)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", text)]) for _ in requests]
+"""
+
+
 MODELS = {
     "async_post": (ASYNC_POST, _INT_IN_OUT),
     "async_execute_decouple": (ASYNC_DECOUPLED, _ASYNC_DECOUPLED_CONFIG),
+    "argv": (ARGV, _STRING_OUT),
 }
 
 
@@ -192,3 +224,13 @@ def test_an_async_decoupled_execute_still_runs_in_the_background(server: ServerP
     for got in streams:
         assert isinstance(got[0], grpcclient.InferResult)
         assert got[0].as_numpy("DUMMY_OUT").tolist() == [0.0]
+
+
+def test_the_model_sees_sys_argv_as_under_triton_and_unittest_main_runs(
+    server: ServerProcess,
+) -> None:
+    assert load(server, "argv").status_code == 200
+    answer = infer(server, "argv", 1)
+    assert answer.status_code == 200, answer.text
+    facts = json.loads(answer.json()["outputs"][0]["data"][0])
+    assert facts == {"argv": [""], "ran": 1, "ok": True}

@@ -334,6 +334,9 @@ class _Failed(Exception):
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     stub = Stub(socket.socket(fileno=int(args[0])))
+    # Triton's stub embeds Python with no arguments, so a model sees sys.argv == [''];
+    # qa models call unittest.main("model", exit=False), which reads it for test names.
+    sys.argv = [""]
     install(stub.runtime)
     reader = threading.Thread(target=stub.read, name="pb-reader", daemon=True)
     reader.start()
