@@ -138,10 +138,46 @@ class TritonPythonModel:
 """
 
 
+# python_backend's qa/python_models/bls_init_error and bls_finalize_error: BLS in
+# initialize (or finalize), to a model that need not exist.
+BLS_OUTSIDE_EXECUTE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def call():
+    tensor = pb_utils.Tensor("IN", np.array([1], np.int32))
+    request = pb_utils.InferenceRequest(
+        model_name="square_int32", inputs=[tensor], requested_output_names=["OUT"]
+    )
+    request.exec(decoupled=True)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.name = args["model_name"]
+        if self.name == "bls_init_error":
+            call()
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]
+            )
+            for r in requests
+        ]
+
+    def finalize(self):
+        if self.name == "bls_finalize_error":
+            call()
+"""
+
 MODELS = {
     "async_post": (ASYNC_POST, _INT_IN_OUT),
     "async_execute_decouple": (ASYNC_DECOUPLED, _ASYNC_DECOUPLED_CONFIG),
     "argv": (ARGV, _STRING_OUT),
+    "bls_init_error": (BLS_OUTSIDE_EXECUTE, _INT_IN_OUT),
+    "bls_finalize_error": (BLS_OUTSIDE_EXECUTE, _INT_IN_OUT),
 }
 
 
@@ -234,3 +270,22 @@ def test_the_model_sees_sys_argv_as_under_triton_and_unittest_main_runs(
     assert answer.status_code == 200, answer.text
     facts = json.loads(answer.json()["outputs"][0]["data"][0])
     assert facts == {"argv": [""], "ran": 1, "ok": True}
+
+
+_BLS_REFUSED = "BLS is only supported during the 'execute' function."
+
+
+def test_bls_in_initialize_fails_the_load(server: ServerProcess) -> None:
+    refused = load(server, "bls_init_error")
+    assert refused.status_code == 400, refused.text
+    assert (
+        "Failed to initialize Python stub: TritonModelException: " + _BLS_REFUSED
+        in (refused.json()["error"])
+    )
+
+
+def test_bls_in_finalize_is_refused_and_logged(server: ServerProcess) -> None:
+    assert load(server, "bls_finalize_error").status_code == 200
+    assert infer(server, "bls_finalize_error", 3).json()["outputs"][0]["data"] == [3]
+    assert unload(server, "bls_finalize_error").status_code == 200
+    poll(lambda: _BLS_REFUSED in server.log(), timeout=20, interval=0.2)

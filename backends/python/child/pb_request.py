@@ -429,6 +429,7 @@ class InferenceRequest:
         """Run the request on its model and wait: the response, or with `decoupled` an
         iterator of the responses."""
         runtime = current()
+        runtime.check_bls()
         number, waiter = runtime.open_call()
         runtime.send(self._message(runtime, number, decoupled))
         if decoupled:
@@ -439,6 +440,7 @@ class InferenceRequest:
     def async_exec(self, decoupled: bool = False) -> asyncio.Future[Any]:
         """Like exec(), awaitable; call it from a running event loop (async execute)."""
         runtime = current()
+        runtime.check_bls()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         answers: queue.SimpleQueue[Any] = queue.SimpleQueue()

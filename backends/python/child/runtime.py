@@ -23,6 +23,7 @@ from ge_serve.link.tensors import ArenaTensor, Array, read_tensor, regions_of, w
 from ge_serve.link.thread import ThreadLink
 
 from ..messages import Call, Encoded, ErrorText, Reply
+from .pb_types import TritonModelException
 
 
 @dataclass(slots=True)
@@ -56,6 +57,8 @@ class Runtime:
         self.model_name = ""
         self.instance_name = ""
         self.decoupled = False
+        # As Triton's stub: BLS once initialize returned, until finalize starts.
+        self.bls_allowed = False
         self._numbers = itertools.count(1)
         self._waiters: dict[int, _Waiter] = {}
         self._lock = threading.Lock()
@@ -85,6 +88,11 @@ class Runtime:
         self.release(regions_of(encoded.outputs))
         order = [t.name for t in encoded.outputs]
         return Decoded(outputs, order, encoded.error, encoded.parameters)
+
+    def check_bls(self) -> None:
+        """Refuse a BLS request outside execute, with Triton's words (infer_request.cc)."""
+        if not self.bls_allowed:
+            raise TritonModelException("BLS is only supported during the 'execute' function.")
 
     # --- numbered calls ----------------------------------------------------------------------
 

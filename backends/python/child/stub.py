@@ -178,6 +178,7 @@ class Stub:
                     self.loop.run(result)
         except BaseException as exc:
             raise _Failed(f"Failed to initialize Python stub: {describe(exc)}") from exc
+        runtime.bls_allowed = True
 
     def _autocomplete(self, model_path: Path, config_json: str) -> str:
         cls = model_class(load_module(model_path), model_path)
@@ -306,6 +307,7 @@ class Stub:
 
     def _finalize(self, number: int) -> None:
         error = None
+        self.runtime.bls_allowed = False
         finalize = getattr(self.model, "finalize", None)
         if finalize is not None:
             try:
