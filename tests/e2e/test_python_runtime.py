@@ -289,3 +289,20 @@ def test_bls_in_finalize_is_refused_and_logged(server: ServerProcess) -> None:
     assert infer(server, "bls_finalize_error", 3).json()["outputs"][0]["data"] == [3]
     assert unload(server, "bls_finalize_error").status_code == 200
     poll(lambda: _BLS_REFUSED in server.log(), timeout=20, interval=0.2)
+
+
+def test_an_async_decoupled_execute_that_raises_after_its_final_flag_is_logged(
+    server: ServerProcess,
+) -> None:
+    assert load(server, "async_execute_decouple").status_code == 200
+    got = _stream(server, -1.0)
+    assert len(got) == 1 and isinstance(got[0], grpcclient.InferResult)
+    assert got[0].as_numpy("DUMMY_OUT") is None
+
+    def logged() -> bool:
+        return "ValueError: wait_secs cannot be negative" in server.log()
+
+    poll(logged, timeout=10, interval=0.2)
+    log = server.log()
+    assert "Traceback (most recent call last):" in log
+    assert "in execute" in log

@@ -18,16 +18,21 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 # How long finalize waits for the loop's leftover tasks to end once cancelled.
 _WIND_DOWN_S = 5.0
 
 
-async def _awaited(awaitable: Awaitable[Any]) -> Any:
-    """Any awaitable as a coroutine (what run_coroutine_threadsafe takes)."""
+async def _await(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
+
+
+def _coroutine(awaitable: Awaitable[Any]) -> Coroutine[Any, Any, Any]:
+    """Any awaitable as a coroutine (what run_coroutine_threadsafe takes); a coroutine as
+    it is, so that its traceback starts in the model."""
+    return awaitable if isinstance(awaitable, Coroutine) else _await(awaitable)
 
 
 class ModelLoop:
@@ -47,7 +52,7 @@ class ModelLoop:
 
     def run(self, awaitable: Awaitable[Any]) -> Any:
         """Run `awaitable` on the loop and wait for its result (or its exception)."""
-        future = asyncio.run_coroutine_threadsafe(_awaited(awaitable), self._started())
+        future = asyncio.run_coroutine_threadsafe(_coroutine(awaitable), self._started())
         return future.result()
 
     def start(self, awaitable: Awaitable[Any], on_error: Callable[[BaseException], None]) -> None:
@@ -61,7 +66,7 @@ class ModelLoop:
             if exc is not None:
                 on_error(exc)
 
-        future = asyncio.run_coroutine_threadsafe(_awaited(awaitable), self._started())
+        future = asyncio.run_coroutine_threadsafe(_coroutine(awaitable), self._started())
         future.add_done_callback(done)
 
     def close(self) -> None:

@@ -49,6 +49,7 @@ from ..messages import (
     Execute,
     Finalize,
     Init,
+    Log,
     Reply,
     Request,
 )
@@ -60,6 +61,7 @@ from .pb_types import TRITONSERVER_RESPONSE_COMPLETE_FINAL, TritonError, TritonM
 from .runtime import Runtime, install
 
 _TRACE_FRAMES = 10
+_LOG_ERROR = 2  # pb_utils.Logger.ERROR
 # Our own frames (this stub calling the model), and those of the event loop that ran a
 # coroutine of the model, are not the model's story.
 _NOT_THE_MODEL = tuple(
@@ -301,9 +303,22 @@ class Stub:
 
     def _in_background(self, awaitable: Any, requests: list[InferenceRequest]) -> None:
         def failed(exc: BaseException) -> None:
+            # Triton's stub logs it (BackgroundFutureDone: the traceback as Python formats
+            # it), even when the requests were answered in full before it was raised.
+            self._log_error(exc)
             self._close_with_error(requests, self._failure(exc))
 
         self.loop.start(awaitable, failed)
+
+    def _log_error(self, exc: BaseException) -> None:
+        """An exception of the model, with its traceback, into the server's log."""
+        text = "".join(traceback.TracebackException.from_exception(exc).format()).rstrip()
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+        try:
+            self.runtime.send(Log(_LOG_ERROR, text, where))
+        except Exception:
+            traceback.print_exc()
 
     def _finalize(self, number: int) -> None:
         error = None
