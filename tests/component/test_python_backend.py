@@ -364,9 +364,10 @@ async def test_bls_calls_go_through_the_core(served: Open) -> None:
     with pytest.raises(ServerError) as raised:
         missing = np.array([b"no_such_model"], dtype=object)
         await found.core.infer(request("bls", MODEL_NAME=missing, **inputs))
-    assert "TritonModelException: Request for unknown model: 'no_such_model'" in (
-        raised.value.message
-    )
+    assert (
+        "TritonModelException: Model no_such_model - Error when running inference: "
+        "Request for unknown model: 'no_such_model'"
+    ) in raised.value.message
     got = outputs(await found.core.infer(request("bls_async", **inputs)))
     np.testing.assert_allclose(got["OUTPUT0"], inputs["INPUT0"] + 0.5)
     np.testing.assert_allclose(got["OUTPUT1"], inputs["INPUT0"] - 0.5)
