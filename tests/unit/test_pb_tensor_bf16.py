@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import ctypes
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 from ge_serve.backends.python.child.pb_tensor import Tensor
 from ge_serve.backends.python.child.pb_types import TritonModelException
-
-ml_dtypes = pytest.importorskip("ml_dtypes")
 
 _VALUES = [[1.5, 2.0], [3.0, -4.0]]
 
@@ -49,11 +48,3 @@ def test_a_bf16_tensor_comes_back_from_dlpack() -> None:
 def test_as_numpy_on_a_bf16_tensor_raises_as_in_triton() -> None:
     with pytest.raises(TritonModelException, match="tensor dtype is bf16 and cannot be "):
         _bf16().as_numpy()
-
-
-def test_torch_reads_and_gives_back_bf16() -> None:
-    torch = pytest.importorskip("torch")
-    as_torch = torch.utils.dlpack.from_dlpack(_bf16().to_dlpack())
-    assert as_torch.dtype == torch.bfloat16
-    back = Tensor.from_dlpack("OUTPUT0", as_torch * 2)
-    assert back.data().astype(np.float32).tolist() == [[3.0, 4.0], [6.0, -8.0]]
