@@ -8,7 +8,10 @@ behaviour, plus models that fail on purpose. `write(repo, *names)` puts them in 
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
+
+import httpx
 
 _TENSORS_ADD_SUB = """
 input [
@@ -782,3 +785,15 @@ def write_env_model(repo: Path, name: str, env_value: str) -> Path:
         f'parameters {{ key: "EXECUTION_ENV_PATH" value {{ string_value: "{env_value}" }} }}',
     )
     return write_model(repo, name, ENV_MODEL, config)
+
+
+def write_models(repo: Path, models: Mapping[str, tuple[str, str]]) -> None:
+    """Each (source, config body) of `models` as the Python model of its name."""
+    for name, (source, config) in models.items():
+        write_model(repo, name, source, f'name: "{name}"\nbackend: "python"\n{config}')
+
+
+def infer_in(base_url: str, model: str, value: int, timeout: float = 30) -> httpx.Response:
+    """One JSON request to a model with the INT32 [1] input IN (MODELS["failing"]'s)."""
+    body = {"inputs": [{"name": "IN", "datatype": "INT32", "shape": [1], "data": [value]}]}
+    return httpx.post(f"{base_url}/v2/models/{model}/infer", json=body, timeout=timeout)

@@ -109,15 +109,13 @@ MODELS = {
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("python-contract")
-    for name, (source, config) in MODELS.items():
-        pymodels.write_model(repo, name, source, f'name: "{name}"\nbackend: "python"\n{config}')
+    pymodels.write_models(repo, MODELS)
     with running_server([repo]) as proc:
         yield proc
 
 
 def infer(server: ServerProcess, model: str, value: int) -> httpx.Response:
-    body = {"inputs": [{"name": "IN", "datatype": "INT32", "shape": [1], "data": [value]}]}
-    return httpx.post(f"{server.base_url}/v2/models/{model}/infer", json=body, timeout=20)
+    return pymodels.infer_in(server.base_url, model, value, 20)
 
 
 def test_a_request_left_unanswered_fails_and_frees_its_instance(server: ServerProcess) -> None:

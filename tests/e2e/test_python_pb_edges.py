@@ -97,15 +97,13 @@ MODELS = {
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("python-pb-edges")
-    for name, (source, config) in MODELS.items():
-        pymodels.write_model(repo, name, source, f'name: "{name}"\nbackend: "python"\n{config}')
+    pymodels.write_models(repo, MODELS)
     with running_server([repo]) as proc:
         yield proc
 
 
 def infer(server: ServerProcess, model: str, value: int) -> httpx.Response:
-    body = {"inputs": [{"name": "IN", "datatype": "INT32", "shape": [1], "data": [value]}]}
-    return httpx.post(f"{server.base_url}/v2/models/{model}/infer", json=body, timeout=30)
+    return pymodels.infer_in(server.base_url, model, value, 30)
 
 
 def test_a_second_send_raises_in_the_model_and_the_client_gets_the_first(

@@ -184,8 +184,7 @@ MODELS = {
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("python-runtime")
-    for name, (source, config) in MODELS.items():
-        pymodels.write_model(repo, name, source, f'name: "{name}"\nbackend: "python"\n{config}')
+    pymodels.write_models(repo, MODELS)
     with running_server([repo], ["--model-control-mode=explicit"]) as proc:
         yield proc
 
@@ -199,8 +198,7 @@ def unload(server: ServerProcess, model: str) -> httpx.Response:
 
 
 def infer(server: ServerProcess, model: str, value: int) -> httpx.Response:
-    body = {"inputs": [{"name": "IN", "datatype": "INT32", "shape": [1], "data": [value]}]}
-    return httpx.post(f"{server.base_url}/v2/models/{model}/infer", json=body, timeout=20)
+    return pymodels.infer_in(server.base_url, model, value, 20)
 
 
 def test_tasks_an_async_execute_started_answer_after_it_returned(server: ServerProcess) -> None:
