@@ -244,10 +244,10 @@ class SequenceBatcher:
         if instance.busy:
             return
         for slot, sequence in instance.cancelled_heads():
-            # Triton: the sequence is cancelled, its queued requests with it, and its slot
-            # released (a backlogged sequence may take it, and run, here).
-            self._abandon(sequence, request_cancelled())
-            self._release(slot)
+            # Triton ends the sequence, its queue and its slot (unless a nested _kick did).
+            if slot.sequence is sequence:
+                self._abandon(sequence, request_cancelled())
+                self._release(slot)
         if instance.busy or self._hold.holds(instance, self._backlog):
             return
         if instance.timer is not None:

@@ -100,3 +100,29 @@ async def test_cancelling_a_backlogged_request_cancels_its_sequence() -> None:
         model.open()
         await b.close(5.0)
     assert [batch["CORRID"] for batch in model.batches] == [[7], [7], [9]]
+
+
+async def test_two_cancelled_sequences_hand_their_slots_to_two_backlogged_ones() -> None:
+    # Both slots' sequences have a cancelled request next when the instance goes idle:
+    # releasing the first slot binds and runs a backlogged sequence, and the second
+    # release must free only the slot of the sequence it ended, not the one now in it.
+    model = Accumulator(blocked=True)
+    b = batcher(config(mbs=2), model)
+    try:
+        first = send(b, req(1, 1, start=True))
+        assert await model.started() == 1
+        heads = [send(b, req(2, 1)), send(b, req(10, 2, start=True))]
+        backlog = [send(b, req(30, 3, start=True)), send(b, req(40, 4, start=True))]
+        await turns()
+        for head in heads:
+            head.cancel()
+        await turns()
+        model.open()
+        assert await value(first) == 1
+        assert (await value(backlog[0]), await value(backlog[1])) == (30, 40)
+        # Both keep their slots: their next requests run.
+        more = [send(b, req(5, 3, end=True)), send(b, req(6, 4, end=True))]
+        assert (await value(more[0]), await value(more[1])) == (35, 46)
+    finally:
+        model.open()
+        await b.close(5.0)
