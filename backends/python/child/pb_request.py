@@ -453,6 +453,8 @@ class InferenceRequest:
         def on_answer(value: Any, final: bool) -> None:
             # A decoupled call is awaited until its first answer; the iterator then
             # blocks for each further one, as Triton's does.
+            if loop.is_closed():  # finalize closed the model's loop: no one awaits it
+                return
             if decoupled:
                 first = answers.empty() and not iterators[0].started
                 answers.put((value, final))
