@@ -20,7 +20,8 @@ refuses a `tool` message with `raise_exception`. `textgen_plain` is the same mod
 without a template; `write_templated` writes one with another template.
 
 `embedder` is an embedding model: TEXT BYTES [1] -> VECTOR FP32 [4] (letters, digits,
-spaces and the rest counted, L2-normalised) and `num_input_tokens` (its words).
+spaces and the rest counted, L2-normalised) and `num_input_tokens` (its words). A batch
+holding the text NO_VECTOR is answered without VECTOR.
 """
 
 from __future__ import annotations
@@ -192,11 +193,10 @@ class TritonPythonModel:
             lead = shape[:-1]
             out = np.array(vectors, np.float32).reshape(*lead, 4)
             tokens = np.array(counts, np.int32).reshape(*lead, 1)
-            responses.append(
-                pb_utils.InferenceResponse(
-                    [pb_utils.Tensor("VECTOR", out), pb_utils.Tensor("num_input_tokens", tokens)]
-                )
-            )
+            outputs = [pb_utils.Tensor("num_input_tokens", tokens)]
+            if b"NO_VECTOR" not in list(texts):
+                outputs.insert(0, pb_utils.Tensor("VECTOR", out))
+            responses.append(pb_utils.InferenceResponse(outputs))
         return responses
 """
 

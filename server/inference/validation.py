@@ -208,16 +208,20 @@ def _check_output(requested: RequestedOutput, model: ModelVersion, tag: str) -> 
 def build_response(
     request: InferRequest, model: ModelVersion, outputs: dict[str, Array], batch_size: int
 ) -> InferResponse:
-    """Select the requested outputs, restore their config shapes and apply classification."""
+    """Select the requested outputs, restore their config shapes and apply classification.
+
+    A requested output the model did not produce is left out of the response, as Triton
+    leaves it out: a Python model's response carries only the tensors it made (the stub
+    prunes the rest, infer_response.cc), and an ensemble answers without an output its
+    steps did not write. Only those two can leave one out; the other backends run every
+    output of the config."""
     wanted = request.outputs or model.all_outputs
     result: list[Tensor] = []
     for requested in wanted:
         spec = model.outputs[requested.name]
         array = outputs.get(requested.name)
         if array is None:
-            raise ServerError(
-                ErrorCode.INTERNAL, f"model '{model.name}' did not produce output '{spec.name}'"
-            )
+            continue
         if spec.model_dims is not None:
             lead = (batch_size,) if model.max_batch_size > 0 else ()
             array = array.reshape(lead + spec.dims)

@@ -2,7 +2,8 @@
 
 - Optional inputs (qa/L0_optional_input): an optional ensemble input the request leaves
   out, and an output a step's model did not produce, reach the next step as a missing
-  (optional) input, and an ensemble output left so is missing from the response.
+  (optional) input, and an ensemble output left so is missing from the response, even
+  when the request names it.
 - Batching and non-batching (qa/L0_infer_zero, gen_qa_identity_models.py --ensemble): a
   non-batching ensemble over a batching step sends the step a batch of 1 and answers
   without it, zero-size tensors included; a batching ensemble over a non-batching step
@@ -158,6 +159,10 @@ def test_an_input_left_out_runs_the_steps_without_it(
         np.testing.assert_array_equal(result.as_numpy(produced), data)
         # Asking for none: the output no step produced is not in the response.
         result = triton.infer(model, {given: data})
+        np.testing.assert_array_equal(result.as_numpy(produced), data)
+        assert result.as_numpy(other) is None
+        # Asking for both: answered with the one produced, as Triton answers.
+        result = triton.infer(model, {given: data}, outputs=[produced, other])
         np.testing.assert_array_equal(result.as_numpy(produced), data)
         assert result.as_numpy(other) is None
         # Both given: both through.

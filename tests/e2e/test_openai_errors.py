@@ -213,6 +213,19 @@ def test_a_bad_embeddings_request_is_400(
     assert error_of(http.post(EMBEDDINGS, json=body), 400)["param"] == param
 
 
+def test_an_embedding_model_that_leaves_out_its_vector_is_a_server_error(
+    http: httpx.Client,
+) -> None:
+    # A Python model may answer without an output; the embedder does for NO_VECTOR.
+    response = http.post(EMBEDDINGS, json={"model": "embedder", "input": "NO_VECTOR"})
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert error["type"] == "server_error"
+    assert error["message"] == "The model 'embedder' did not produce its embedding output 'VECTOR'"
+    served = http.post(EMBEDDINGS, json={"model": "embedder", "input": "hello"})
+    assert served.status_code == 200, served.text
+
+
 def sse_lines(response: httpx.Response) -> list[str]:
     return [line for line in response.iter_lines() if line]
 

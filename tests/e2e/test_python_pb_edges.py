@@ -1,14 +1,17 @@
 """Edge cases of `triton_python_backend_utils` as Triton's qa/L0_backend_python tests
 them, seen by a client of the real server: the default-mode response sender's rules
-(response_sender_test.py) and BLS response iterators (bls/model.py)."""
+(response_sender_test.py), BLS response iterators (bls/model.py), and a response without
+an output the request asked for (the stub prunes the response to what the model made)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import httpx
+import numpy as np
 import pymodels
 import pytest
+from protocols import PROTOCOLS, Triton
 from serverproc import ServerProcess, running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
@@ -85,12 +88,32 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([out])]
 """
 
+# Two outputs in its config, only OUT in its responses.
+ONE_OF_TWO = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)]))
+        return responses
+"""
+
 _DECOUPLED = "model_transaction_policy { decoupled: true }\n"
+_TWO_OUTPUTS = (
+    'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+    'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }, '
+    '{ name: "OTHER" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+)
 
 MODELS = {
     "sender_edges": (SENDER_EDGES, _INT_IN_OUT),
     "repeat": (REPEAT, _DECOUPLED + _INT_IN_OUT),
     "bls_reiterate": (BLS_REITERATE, _INT_IN_OUT),
+    "one_of_two": (ONE_OF_TWO, _TWO_OUTPUTS),
 }
 
 
@@ -140,3 +163,19 @@ def test_a_finished_response_iterator_iterated_again_yields_its_responses_again(
     assert answered.status_code == 200, answered.text
     # Three responses and the empty last one, twice.
     assert answered.json()["outputs"][0]["data"] == [404]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_an_output_asked_for_and_not_made_is_left_out_of_the_response(
+    protocol: str, server: ServerProcess
+) -> None:
+    triton = Triton.connect(protocol, server)
+    try:
+        value = np.array([7], np.int32)
+        result = triton.infer("one_of_two", {"IN": value}, outputs=["OUT", "OTHER"])
+        np.testing.assert_array_equal(result.as_numpy("OUT"), value)
+        assert result.as_numpy("OTHER") is None
+        result = triton.infer("one_of_two", {"IN": value}, outputs=["OTHER"])
+        assert result.as_numpy("OTHER") is None
+    finally:
+        triton.close()

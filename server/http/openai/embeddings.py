@@ -93,7 +93,16 @@ def _request(model: ModelVersion, embedder: Embedder, text: str) -> InferRequest
 
 def _read(response: InferResponse, embedder: Embedder) -> tuple[np.ndarray[Any, Any], int]:
     outputs = {tensor.name: tensor for tensor in response.outputs}
-    vector = np.asarray(outputs[embedder.vector_output.name].data, dtype=np.float32).reshape(-1)
+    produced = outputs.get(embedder.vector_output.name)
+    if produced is None:
+        # A Python model or an ensemble may answer without an output (Triton leaves it out).
+        raise OpenAIError(
+            f"The model '{response.model_name}' did not produce its embedding output "
+            f"'{embedder.vector_output.name}'",
+            status=500,
+            kind="server_error",
+        )
+    vector = np.asarray(produced.data, dtype=np.float32).reshape(-1)
     count = 0
     if embedder.token_count is not None and embedder.token_count.name in outputs:
         count = int(np.asarray(outputs[embedder.token_count.name].data).sum())
