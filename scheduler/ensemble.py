@@ -128,6 +128,47 @@ class StepCall:
     # For each input, the batch size of the request that made its tensor (0: one that
     # does not batch), for the batch dimension fix-up into the step's model.
     batch_sizes: Mapping[str, int] = field(default_factory=dict)
+    # A decoupled ensemble's request: its decoupled steps' compute times join its own
+    # when each step's request is released, after its results (ensemble_stream.py).
+    releases: StepReleases | None = None
+
+
+class StepReleases:
+    """The decoupled step requests of one ensemble request that are not yet released. A
+    decoupled step's stream ends at its final flag, but its compute times are known only
+    once its execution returns; the ensemble's request is released after its steps', as
+    in Triton, with their times in its own."""
+
+    def __init__(self, totals: Timings) -> None:
+        self._totals = totals
+        self._pending: set[asyncio.Future[None]] = set()
+
+    def hold(self) -> StepRelease:
+        release = StepRelease(self._totals, asyncio.get_running_loop().create_future())
+        self._pending.add(release.future)
+        return release
+
+    async def wait(self) -> None:
+        if self._pending:
+            await asyncio.gather(*self._pending)
+
+
+@dataclass(slots=True)
+class StepRelease:
+    """One decoupled step request's release: `done` with its timings, or `drop` when it
+    failed before its release was set up."""
+
+    totals: Timings
+    future: asyncio.Future[None]
+
+    def done(self, timings: Timings) -> None:
+        if not self.future.done():
+            self.totals.add_compute(timings)
+            self.future.set_result(None)
+
+    def drop(self) -> None:
+        if not self.future.done():
+            self.future.set_result(None)
 
 
 # An ensemble tensor: its array, or None where it is Triton's placeholder (an optional
@@ -266,6 +307,7 @@ class EnsembleScheduler:
         carried: Mapping[str, SequenceFlags],
         sizes: Mapping[str, int],
         item: WorkItem,
+        releases: StepReleases | None = None,
     ) -> StepCall:
         step = self.plan.steps[index]
         # A placeholder is an input the step request leaves out.
@@ -282,6 +324,7 @@ class EnsembleScheduler:
             context.id if context is not None else "",
             context.parameters if context is not None else {},
             {name: sizes.get(tensor, 0) for name, tensor in step.inputs if tensor in sizes},
+            releases,
         )
 
     def _failed(self, exc: ServerError) -> ServerError:
@@ -304,11 +347,8 @@ class EnsembleScheduler:
     ) -> dict[str, Slot]:
         """A step's answer as ensemble tensors, a placeholder for each output it did not
         produce (Triton's ConsumeResponse); its compute times join the request's."""
-        timings, outputs = result.timings, result.outputs
-        total = item.timings
-        total.compute_input_ns += timings.compute_input_ns
-        total.compute_infer_ns += timings.compute_infer_ns
-        total.compute_output_ns += timings.compute_output_ns
+        outputs = result.outputs
+        item.timings.add_compute(result.timings)
         step = self.plan.steps[index]
         produced = {tensor: outputs.get(name) for name, tensor in step.outputs}
         for tensor, array in produced.items():

@@ -39,6 +39,7 @@ from .ensemble import (
     EnsembleScheduler,
     Slot,
     StepCall,
+    StepReleases,
     StepResult,
     StepRunner,
     StepStreamer,
@@ -143,6 +144,7 @@ class _Run:
         # The batch size of the request that made each tensor (ensemble.py).
         batch = item.batch_size if plan.batching else 0
         self.sizes: dict[tuple[str, Key], int] = dict.fromkeys(self.tensors, batch)
+        self.releases = StepReleases(item.timings)
         self.events: asyncio.Queue[_Event] = asyncio.Queue()
         self.tasks: set[asyncio.Task[None]] = set()
         # Steps started and not yet done: Triton's in-flight step counter.
@@ -168,6 +170,8 @@ class _Run:
                 task.cancel()
             if self.tasks:
                 await asyncio.gather(*self.tasks, return_exceptions=True)
+        # The ensemble's request is released after its steps' requests, as in Triton.
+        await self.releases.wait()
 
     def _keep(self, tensor: str, key: Key, array: Slot) -> None:
         self.tensors[(tensor, key)] = array
@@ -198,7 +202,7 @@ class _Run:
         view = {t: self.tensors[(t, key)] for _, t in step.inputs if (t, key) in self.tensors}
         carried = {t: self.carried[(t, key)] for _, t in step.inputs if (t, key) in self.carried}
         sizes = {t: self.sizes[(t, key)] for _, t in step.inputs if (t, key) in self.sizes}
-        call = scheduler._call(index, view, carried, sizes, self.item)
+        call = scheduler._call(index, view, carried, sizes, self.item, self.releases)
         self._used({t for _, t in step.inputs}, key)
         try:
             if not step.decoupled:

@@ -28,6 +28,12 @@ class Timings:
     # one at a time, count each execution (and its batch statistics) once.
     first_in_batch: bool = False
 
+    def add_compute(self, other: Timings) -> None:
+        """Add another request's compute times (an ensemble's are its steps' sums)."""
+        self.compute_input_ns += other.compute_input_ns
+        self.compute_infer_ns += other.compute_infer_ns
+        self.compute_output_ns += other.compute_output_ns
+
 
 @dataclass(slots=True)
 class WorkItem:

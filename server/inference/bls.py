@@ -52,11 +52,12 @@ class CoreBridge:
                 message = f"Model {call.model_name} - Error when running inference: {exc.message}"
                 reply(_failed(exc.code.value, message), True)
                 return
+            parent = call.parent_trace if isinstance(call.parent_trace, Trace) else None
             if call.decoupled:
                 ended = False
                 # An error response is one of the iterator's responses, and the called
                 # model's later ones follow it, as python_backend's iterator gives them.
-                responses = self._core.infer_responses(request, errors_inline=True)
+                responses = self._core.infer_responses(request, True, parent)
                 async for response in responses:
                     ended = response.final
                     reply(_answer(response), ended)
@@ -64,7 +65,6 @@ class CoreBridge:
                 if not ended:
                     reply(None, True)
             else:
-                parent = call.parent_trace if isinstance(call.parent_trace, Trace) else None
                 reply(_response(await self._core.infer(request, "BLS", parent)), True)
         except asyncio.CancelledError:
             reply(_failed("CANCELLED", "the BLS request was cancelled"), True)

@@ -198,14 +198,28 @@ class InferenceServer:
             return
         request = _step_request(call, model)
         batch = _step_batch(request, model)
-        # Closed with this generator, not later by the loop's finalizer: the step's request
-        # ends (and is counted) when its ensemble request does.
-        responses = self.path.responses(request, model, admitted=True)
-        async with contextlib.aclosing(responses):
-            async for response in responses:
-                outputs = {tensor.name: tensor.data for tensor in response.outputs}
-                parameters, final = response.parameters, response.final
-                yield StepResult(outputs, Timings(), parameters, final, batch)
+        parent = current_trace() if self.tracing.active else None
+        trace = self.tracing.child(parent, model.name, model.version, "") if parent else None
+        release = call.releases.hold() if call.releases is not None else None
+        try:
+            # Closed with this generator, not later by the loop's finalizer: the step's
+            # request ends (and is counted) when its ensemble request does.
+            responses = self.path.responses(
+                request,
+                model,
+                admitted=True,
+                trace=trace,
+                released=release.done if release is not None else None,
+            )
+            async with contextlib.aclosing(responses):
+                async for response in responses:
+                    outputs = {tensor.name: tensor.data for tensor in response.outputs}
+                    parameters, final = response.parameters, response.final
+                    yield StepResult(outputs, Timings(), parameters, final, batch)
+        except BaseException:
+            if release is not None:
+                release.drop()  # failed before its release was set up, or released already
+            raise
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         """Whether the model may answer a request with zero or several responses (Triton's
@@ -213,7 +227,7 @@ class InferenceServer:
         return self.lifecycle.get(name, version).decoupled
 
     async def infer_responses(
-        self, request: InferRequest, errors_inline: bool = False
+        self, request: InferRequest, errors_inline: bool = False, parent: Trace | None = None
     ) -> AsyncGenerator[InferResponse, None]:
         """Every response one request produces, each as soon as it is produced.
 
@@ -227,14 +241,21 @@ class InferenceServer:
         A decoupled model's error response raises, ending the iteration, unless
         `errors_inline`: then it is a response with `error` set, and the responses after
         it follow (Triton's stream, `/generate_stream` and BLS deliver them all).
+        `parent`: the trace of a BLS call's caller.
         """
         model = self.lifecycle.get(request.model_name, request.model_version)
         if not model.decoupled:
-            response = await self.infer(request)
+            response = await self.infer(request, parent=parent)
             response.final = True  # its one response comes with the final flag
             yield response
             return
-        responses = self.path.responses(request, model, errors_inline)
+        trace = None
+        if self.tracing.active:
+            started = time.monotonic_ns()
+            trace = self.tracing.begin(
+                model.name, model.version, request.id, request.traceparent, started, parent
+            )
+        responses = self.path.responses(request, model, errors_inline, trace=trace)
         async with contextlib.aclosing(responses):  # as in infer_step_responses
             async for response in responses:
                 yield response

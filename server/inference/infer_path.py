@@ -25,17 +25,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ge_serve.scheduler.work import Array, WorkItem
+from ge_serve.scheduler.work import Array, Timings, WorkItem
 
 from ..control.sharedmemory import SharedMemoryManager
 from ..errors import ErrorCode, SchedulerClosed, ServerError, cut_off_at_exit, shutting_down
 from ..models.lifecycle import ModelLifecycle
 from ..observability.statistics import StatisticsCollector
-from ..observability.tracing import Trace, submit_traced
+from ..observability.tracing import Trace, submit_traced, traced_context
 from .cutoff import CutOff, Responses
 from .failures import failure_of, unlinked
 from .model import ModelVersion
@@ -263,6 +263,8 @@ class InferPath:
         model: ModelVersion,
         errors_inline: bool = False,
         admitted: bool = False,
+        trace: Trace | None = None,
+        released: Callable[[Timings], None] | None = None,
     ) -> AsyncGenerator[InferResponse, None]:
         """A decoupled model's responses: the request runs through the scheduler like any
         other (its execution may end long before its responses do), and each response
@@ -271,7 +273,14 @@ class InferPath:
         An error response ends the iteration by raising, unless `errors_inline`: then it
         comes out as a response with `error` set, and later responses follow it, as
         Triton delivers them. The request counts as failed by its first error.
-        `admitted`: a decoupled ensemble step, part of a request admitted already."""
+        `admitted`: a decoupled ensemble step, part of a request admitted already.
+
+        A request that succeeded is counted, and its trace ended, once it is released:
+        its final flag came and its execution returned (a model may send the final flag
+        and go on working), as Triton reports a request's statistics when its backend
+        releases it. Before that its compute times are not known. The stream itself
+        ends at the final flag. `released` gets the request's timings then (an ensemble
+        step's join its ensemble request's); a request that failed is released at once."""
         if not admitted:
             self.admit(request)
         refuse_outputs(request)
@@ -282,9 +291,11 @@ class InferPath:
         failed: ServerError | None = None
         held = Responses(sink)
         self.cutoff.responses.add(held)
+        queued = 0
         try:
-            item = held.item = self._work_item(request, model, started, sink=sink)
-            submitted = held.submitted = asyncio.ensure_future(model.scheduler.submit(item))
+            item = held.item = self._work_item(request, model, started, trace, sink=sink)
+            queued = time.monotonic_ns()
+            submitted = held.submitted = _submit(model, item, trace, queued)
             submitted.add_done_callback(lambda task: _submit_ended(task, sink))
             while True:
                 outputs, error, final, parameters = await sink.get()
@@ -297,6 +308,8 @@ class InferPath:
                         error = exc
                     else:
                         response.final = final
+                        if trace is not None:
+                            trace.record_tensors("TENSOR_BACKEND_OUTPUT", outputs)
                         yield response
                 if error is not None:
                     if not errors_inline:
@@ -312,7 +325,8 @@ class InferPath:
             if gone:
                 held.cancel()  # the client went away
             # A request closed after an inline error (its stream ended there) failed.
-            self._finished(model, item, failed if gone and failed else error, started)
+            ended = failed if gone and failed else error
+            self._released(model, item, ended, started, trace, queued, released)
             if gone:
                 raise
             try:
@@ -321,7 +335,32 @@ class InferPath:
                 del error  # see `unlinked`
         finally:
             self.cutoff.responses.discard(held)
-        self._finished(model, item, failed, started)
+        done = held.submitted
+        if done is None or done.done():
+            self._released(model, item, failed, started, trace, queued, released)
+        else:
+            done.add_done_callback(
+                lambda _: self._released(model, item, failed, started, trace, queued, released)
+            )
+
+    def _released(
+        self,
+        model: ModelVersion,
+        item: WorkItem | None,
+        error: ServerError | None,
+        started: int,
+        trace: Trace | None,
+        queued: int,
+        released: Callable[[Timings], None] | None,
+    ) -> None:
+        """A decoupled request is done with: its compute points traced, its timings
+        handed on, every observer told."""
+        if item is not None:
+            if trace is not None:
+                trace.executed(queued, item.timings, item.enqueue_ns)
+            if released is not None:
+                released(item.timings)
+        self._finished(model, item, error, started, trace=trace)
 
     # --- the end of a request --------------------------------------------------------------
 
@@ -346,6 +385,18 @@ class InferPath:
             return
         for observer in self.observers:
             observer.request_done(model, item, error, started, finished)
+
+
+def _submit(
+    model: ModelVersion, item: WorkItem, trace: Trace | None, queued: int
+) -> asyncio.Task[dict[str, Array]]:
+    """The decoupled request's execution, as a task of its own. A traced request's trace
+    is current in it, so a decoupled ensemble's steps name it as their parent."""
+    if trace is None:
+        return asyncio.ensure_future(model.scheduler.submit(item))
+    trace.mark("QUEUE_START", queued)
+    trace.record_tensors("TENSOR_QUEUE_INPUT", item.inputs)
+    return asyncio.create_task(model.scheduler.submit(item), context=traced_context(trace))
 
 
 def _submit_ended(task: asyncio.Task[dict[str, Array]], sink: ResponseQueue) -> None:

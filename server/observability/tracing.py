@@ -123,6 +123,14 @@ def _dtype_name(values: Any) -> str:
         return str(values.dtype)
 
 
+def traced_context(trace: Trace) -> contextvars.Context:
+    """A copy of the running context with `trace` current: for a task that runs a traced
+    request's execution apart from the task that reads its responses (decoupled)."""
+    context = contextvars.copy_context()
+    context.run(_CURRENT.set, trace)
+    return context
+
+
 def current_trace() -> Trace | None:
     """The trace of the request whose task is running (an ensemble's, for its steps)."""
     return _CURRENT.get()

@@ -1,6 +1,7 @@
 """An ensemble with a decoupled step, over the wire: it is decoupled itself, each response
 of the step runs the step after it, and the ensemble streams a response for each, then
-its final flag (gRPC ModelStreamInfer and /generate_stream), as Triton's does."""
+its final flag (gRPC ModelStreamInfer and /generate_stream), as Triton's does. Its
+request is counted and traced when released, with its steps' compute times."""
 
 from __future__ import annotations
 
@@ -103,7 +104,15 @@ def write_repo(repo: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with running_server([write_repo(tmp_path_factory.mktemp("decoupled-ensemble"))]) as proc:
+    folder = tmp_path_factory.mktemp("traces")
+    flags = [
+        f"--trace-config=triton,file={folder / 'trace.json'}",
+        "--trace-config=triton,log-frequency=1",
+        "--trace-config=level=OFF",
+    ]
+    repo = write_repo(tmp_path_factory.mktemp("decoupled-ensemble"))
+    with running_server([repo], flags) as proc:
+        proc.trace_folder = folder  # type: ignore[attr-defined]
         yield proc
 
 
@@ -173,18 +182,22 @@ def test_each_response_of_the_decoupled_step_runs_the_next_and_is_streamed(
         ("", "counted", "r1", False, [[10]]),
         ("", "counted", "r1", True, []),
     ]
-    after = {name: stats(server, name) for name in ("counted", "counter", "plus1")}
 
-    def grew(name: str, key: str) -> int:
-        new, old = after[name]["inference_stats"], before[name]["inference_stats"]
-        return int(new[key]["count"]) - int(old[key]["count"])
+    def grew(name: str, key: str, field: str = "count") -> int:
+        new, old = stats(server, name)["inference_stats"], before[name]["inference_stats"]
+        return int(new[key][field]) - int(old[key][field])
 
     # One request to the ensemble and to its decoupled step; one per response after it.
-    assert (grew("counted", "success"), grew("counter", "success"), grew("plus1", "success")) == (
-        1,
-        1,
-        3,
-    )
+    # Each is counted once released (its execution returned), as in Triton: soon after
+    # the final flag, not before it.
+    poll(lambda: grew("counted", "success") == 1, 10, "the ensemble's request released")
+    assert (grew("counter", "success"), grew("plus1", "success")) == (1, 3)
+    # The decoupled step's compute time, its three responses 0.3 s apart, is counted, in
+    # the step's statistics and in the ensemble's (the sum of its steps').
+    assert grew("counter", "compute_infer", "ns") >= 0.85e9
+    assert grew("counted", "compute_infer", "ns") >= 0.85e9
+    counter = stats(server, "counter")
+    assert counter["execution_count"] - before["counter"]["execution_count"] == 1
 
     events = generate_stream(server, [3, 5, 9])
     assert [event["Y"] for event in events] == [4, 6, 10]
@@ -225,3 +238,31 @@ def test_a_client_that_goes_away_stops_the_steps(server: ServerProcess) -> None:
     poll(lambda: "counter: the request was cancelled" in server.log(), 20, "the step stops")
     # Its instance is free again: the next request is answered at once.
     assert [event["Y"] for event in generate_stream(server, [1])] == [2]
+
+
+def test_a_streamed_request_and_its_decoupled_step_are_traced(server: ServerProcess) -> None:
+    folder: Path = server.trace_folder  # type: ignore[attr-defined]
+    settings = f"{server.base_url}/v2/trace/setting"
+    httpx.post(settings, json={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"}).raise_for_status()
+    try:
+        answered = grpc_stream(server, [3])
+    finally:
+        httpx.post(settings, json={"trace_level": ["OFF"]}).raise_for_status()
+    assert answered[0] == ("", "counted", "r1", False, [[4]])
+
+    def heads() -> list[dict[str, Any]]:
+        records: list[dict[str, Any]] = []
+        for path in sorted(folder.glob("trace.json*")):
+            records += json.loads(path.read_text())
+        return [r for r in records if "model_name" in r]
+
+    def traced() -> bool:
+        ensembles = [h for h in heads() if h["model_name"] == "counted"]
+        children = [h for h in heads() if ensembles and h.get("parent_id") == ensembles[0]["id"]]
+        return len(children) == 2
+
+    poll(traced, 20, "the ensemble's and its steps' traces")
+    (ensemble,) = [h for h in heads() if h["model_name"] == "counted"]
+    assert ensemble["request_id"] == "r1" and "parent_id" not in ensemble
+    steps = sorted(h["model_name"] for h in heads() if h.get("parent_id") == ensemble["id"])
+    assert steps == ["counter", "plus1"]
