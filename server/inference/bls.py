@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Callable
+import contextlib
 from typing import Any
 
 from ge_serve.backends.base import ModelError
-from ge_serve.backends.python.host.calls import CoreCall, CoreResponse, Reply
+from ge_serve.backends.python.host.calls import CallControl, CoreCall, CoreResponse, Reply
 from ge_serve.scheduler.correlation import END_KEY, FLAG_END, FLAG_START, ID_KEY, START_KEY
 
 from ..errors import ErrorCode, ServerError
 from ..observability.tracing import Trace
+from .cancellation import Cancellation
 from .core import InferenceServer
 from .failures import failure_of
 from .types import DataType, InferRequest, InferResponse, RequestedOutput, Tensor
@@ -33,15 +34,27 @@ class CoreBridge:
         self._core = core
         self._loop = loop
 
-    def infer(self, call: CoreCall, reply: Reply) -> Callable[[], None]:
-        future = asyncio.run_coroutine_threadsafe(self._run(call, reply), self._loop)
+    def infer(self, call: CoreCall, reply: Reply) -> CallControl:
+        cancellation = Cancellation()
+        run = self._run(call, reply, cancellation)
+        future = asyncio.run_coroutine_threadsafe(run, self._loop)
 
         def cancel() -> None:
+            # A decoupled call is cancelled as Triton cancels a request: marked, its
+            # responses still coming (cancellation.py). Only an iterator can cancel, so
+            # a call answering once is simply stopped.
+            if not call.decoupled:
+                future.cancel()
+                return
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone
+                self._loop.call_soon_threadsafe(cancellation.cancel)
+
+        def abandon() -> None:
             future.cancel()
 
-        return cancel
+        return CallControl(cancel=cancel, abandon=abandon)
 
-    async def _run(self, call: CoreCall, reply: Reply) -> None:
+    async def _run(self, call: CoreCall, reply: Reply, cancellation: Cancellation) -> None:
         try:
             request = _request(call)
             try:
@@ -57,7 +70,7 @@ class CoreBridge:
                 ended = False
                 # An error response is one of the iterator's responses, and the called
                 # model's later ones follow it, as python_backend's iterator gives them.
-                responses = self._core.infer_responses(request, True, parent)
+                responses = self._core.infer_responses(request, True, parent, cancellation)
                 async for response in responses:
                     ended = response.final
                     reply(_answer(response), ended)

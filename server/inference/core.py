@@ -28,6 +28,7 @@ from ..errors import ErrorCode, ServerError
 from ..models.lifecycle import ModelLifecycle
 from ..observability.statistics import StatisticsCollector
 from ..observability.tracing import Trace, TraceControl, current_trace
+from .cancellation import Cancellation
 from .infer_path import InferPath
 from .model import ModelVersion, TensorSpec
 from .reports import ModelMetadata, ModelStatistics, RepositoryEntry, ServerMetadata, TensorMetadata
@@ -227,7 +228,11 @@ class InferenceServer:
         return self.lifecycle.get(name, version).decoupled
 
     async def infer_responses(
-        self, request: InferRequest, errors_inline: bool = False, parent: Trace | None = None
+        self,
+        request: InferRequest,
+        errors_inline: bool = False,
+        parent: Trace | None = None,
+        cancellation: Cancellation | None = None,
     ) -> AsyncGenerator[InferResponse, None]:
         """Every response one request produces, each as soon as it is produced.
 
@@ -241,7 +246,8 @@ class InferenceServer:
         A decoupled model's error response raises, ending the iteration, unless
         `errors_inline`: then it is a response with `error` set, and the responses after
         it follow (Triton's stream, `/generate_stream` and BLS deliver them all).
-        `parent`: the trace of a BLS call's caller.
+        `parent`: the trace of a BLS call's caller; `cancellation`: how that caller may
+        cancel the call (cancellation.py).
         """
         model = self.lifecycle.get(request.model_name, request.model_version)
         if not model.decoupled:
@@ -255,7 +261,9 @@ class InferenceServer:
             trace = self.tracing.begin(
                 model.name, model.version, request.id, request.traceparent, started, parent
             )
-        responses = self.path.responses(request, model, errors_inline, trace=trace)
+        responses = self.path.responses(
+            request, model, errors_inline, trace=trace, cancellation=cancellation
+        )
         async with contextlib.aclosing(responses):  # as in infer_step_responses
             async for response in responses:
                 yield response

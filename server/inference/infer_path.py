@@ -36,6 +36,7 @@ from ..errors import ErrorCode, SchedulerClosed, ServerError, cut_off_at_exit, s
 from ..models.lifecycle import ModelLifecycle
 from ..observability.statistics import StatisticsCollector
 from ..observability.tracing import Trace, submit_traced, traced_context
+from .cancellation import Cancellation
 from .cutoff import CutOff, Responses
 from .failures import failure_of, unlinked
 from .model import ModelVersion
@@ -265,6 +266,7 @@ class InferPath:
         admitted: bool = False,
         trace: Trace | None = None,
         released: Callable[[Timings], None] | None = None,
+        cancellation: Cancellation | None = None,
     ) -> AsyncGenerator[InferResponse, None]:
         """A decoupled model's responses: the request runs through the scheduler like any
         other (its execution may end long before its responses do), and each response
@@ -280,7 +282,8 @@ class InferPath:
         and go on working), as Triton reports a request's statistics when its backend
         releases it. Before that its compute times are not known. The stream itself
         ends at the final flag. `released` gets the request's timings then (an ensemble
-        step's join its ensemble request's); a request that failed is released at once."""
+        step's join its ensemble request's); a request that failed is released at once.
+        `cancellation`: how its caller may cancel it (cancellation.py)."""
         if not admitted:
             self.admit(request)
         refuse_outputs(request)
@@ -297,6 +300,8 @@ class InferPath:
             queued = time.monotonic_ns()
             submitted = held.submitted = _submit(model, item, trace, queued)
             submitted.add_done_callback(lambda task: _submit_ended(task, sink))
+            if cancellation is not None:
+                cancellation.bind(held)
             while True:
                 outputs, error, final, parameters = await sink.get()
                 if outputs is not None and error is None:

@@ -1,7 +1,8 @@
 """Edge cases of `triton_python_backend_utils` as Triton's qa/L0_backend_python tests
 them, seen by a client of the real server: the default-mode response sender's rules
-(response_sender_test.py), BLS response iterators (bls/model.py), and a response without
-an output the request asked for (the stub prunes the response to what the model made)."""
+(response_sender_test.py), BLS response iterators (bls/model.py) and their cancellation
+(decoupled_bls_cancel), and a response without an output the request asked for (the
+stub prunes the response to what the model made)."""
 
 from __future__ import annotations
 
@@ -88,6 +89,63 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([out])]
 """
 
+# Decoupled: OUT=1 every 50 ms, 20 times, unless it was cancelled and IN is 0 (IN=1
+# ignores the cancellation); cancelled, it ends with a CANCELLED error response.
+UNTIL_CANCELLED = """
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        request = requests[0]
+        ignore = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0]) == 1
+        sender = request.get_response_sender()
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        for _ in range(20):
+            if not ignore and request.is_cancelled():
+                error = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
+                sender.send(pb_utils.InferenceResponse(error=error), flags=final)
+                return None
+            one = pb_utils.Tensor("OUT", np.array([1], np.int32))
+            sender.send(pb_utils.InferenceResponse([one]))
+            time.sleep(0.05)
+        sender.send(flags=final)
+        return None
+"""
+
+# Sums until_cancelled's responses and cancels the stream at 5, reading on to its end:
+# OUT = sum * 10 + 1 if a CANCELLED error came.
+BLS_CANCEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        call = pb_utils.InferenceRequest(
+            model_name="until_cancelled",
+            inputs=[pb_utils.get_input_tensor_by_name(requests[0], "IN")],
+            requested_output_names=["OUT"],
+        )
+        stream = call.exec(decoupled=True)
+        total, cancelled = 0, 0
+        for response in stream:
+            if response.has_error():
+                cancelled = int(response.error().code() == pb_utils.TritonError.CANCELLED)
+                break
+            out = pb_utils.get_output_tensor_by_name(response, "OUT")
+            if out is None:
+                continue
+            total += int(out.as_numpy()[0])
+            if total == 5:
+                stream.cancel()
+        out = pb_utils.Tensor("OUT", np.array([total * 10 + cancelled], np.int32))
+        return [pb_utils.InferenceResponse([out])]
+"""
+
 # Two outputs in its config, only OUT in its responses.
 ONE_OF_TWO = """
 import triton_python_backend_utils as pb_utils
@@ -114,6 +172,8 @@ MODELS = {
     "repeat": (REPEAT, _DECOUPLED + _INT_IN_OUT),
     "bls_reiterate": (BLS_REITERATE, _INT_IN_OUT),
     "one_of_two": (ONE_OF_TWO, _TWO_OUTPUTS),
+    "until_cancelled": (UNTIL_CANCELLED, _DECOUPLED + _INT_IN_OUT),
+    "bls_cancel": (BLS_CANCEL, _INT_IN_OUT),
 }
 
 
@@ -179,3 +239,19 @@ def test_an_output_asked_for_and_not_made_is_left_out_of_the_response(
         assert result.as_numpy("OTHER") is None
     finally:
         triton.close()
+
+
+def test_a_cancelled_bls_stream_is_marked_and_its_responses_still_come(
+    server: ServerProcess,
+) -> None:
+    # As Triton's qa decoupled_bls_cancel: the called model sees is_cancelled() and ends
+    # with a CANCELLED error, which the caller reads from the stream.
+    honoured = infer(server, "bls_cancel", 0)
+    assert honoured.status_code == 200, honoured.text
+    total, cancelled = divmod(honoured.json()["outputs"][0]["data"][0], 10)
+    assert cancelled == 1 and 5 <= total < 20
+    # A called model that ignores the cancellation sends all its responses, and the
+    # caller reads them all (qa test_decoupled_bls_ignore_cancel).
+    ignored = infer(server, "bls_cancel", 1)
+    assert ignored.status_code == 200, ignored.text
+    assert ignored.json()["outputs"][0]["data"] == [200]

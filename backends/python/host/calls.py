@@ -51,12 +51,24 @@ class CoreResponse:
 Reply = Callable[[CoreResponse | None, bool], None]
 
 
+@dataclass(frozen=True, slots=True)
+class CallControl:
+    """What the backend may do to a BLS request in flight. Thread-safe."""
+
+    # The model cancelled it (`ResponseIterator.cancel()`): Triton's request cancellation.
+    # The called model sees `is_cancelled()`, a request still queued ends CANCELLED, and
+    # the responses the model goes on sending still come back.
+    cancel: Callable[[], None]
+    # The caller's worker is gone: the request stops and nothing more comes back.
+    abandon: Callable[[], None]
+
+
 class CoreCalls(Protocol):
     """The core, for a model's BLS and model-control calls. Thread-safe: the backend calls
     it from its own threads."""
 
-    def infer(self, call: CoreCall, reply: Reply) -> Callable[[], None]:
-        """Start a request; returns what cancels it (the caller went away)."""
+    def infer(self, call: CoreCall, reply: Reply) -> CallControl:
+        """Start a request; returns what cancels it."""
         ...
 
     def model_ready(self, name: str, version: str) -> bool:

@@ -33,7 +33,7 @@ from ..messages import (
     Reply,
     Respond,
 )
-from .calls import CoreCall, CoreCalls, CoreResponse
+from .calls import CallControl, CoreCall, CoreCalls, CoreResponse
 from .metrics import CustomMetrics
 from .worker import WorkerDied, WorkerProcess
 
@@ -97,7 +97,7 @@ class Hosting:
         self._shared = shared
         self._lock = threading.Lock()
         # Each worker's BLS calls in flight: what cancels each.
-        self._calls: dict[tuple[int, int], Callable[[], None] | None] = {}
+        self._calls: dict[tuple[int, int], CallControl | None] = {}
 
     def on_message(self, worker: WorkerProcess, message: Message) -> None:
         if isinstance(message, Respond):
@@ -106,9 +106,9 @@ class Hosting:
             self._bls(worker, message.number, message.request, message.decoupled)
         elif isinstance(message, BlsCancel):
             with self._lock:
-                cancel = self._calls.get((id(worker), message.number))
-            if cancel is not None:
-                cancel()
+                control = self._calls.get((id(worker), message.number))
+            if control is not None:
+                control.cancel()
         elif isinstance(message, Call):
             self._call(worker, message.number, message.name, tuple(message.args))
         elif isinstance(message, MetricUpdate):
@@ -122,10 +122,10 @@ class Hosting:
     def on_exit(self, worker: WorkerProcess, reason: str) -> None:
         with self._lock:
             mine = [key for key in self._calls if key[0] == id(worker)]
-            cancels = [self._calls.pop(key) for key in mine]
-        for cancel in cancels:
-            if cancel is not None:
-                cancel()
+            controls = [self._calls.pop(key) for key in mine]
+        for control in controls:
+            if control is not None:
+                control.abandon()
         self._shared.metrics.release(worker)
         self._instance.worker_ended(worker, reason)
 
@@ -164,10 +164,10 @@ class Hosting:
                     self._calls.pop(key, None)
             worker.post(lambda: self._answer(worker, number, response, final))
 
-        cancel = core.infer(request, reply)
+        control = core.infer(request, reply)
         with self._lock:
             if key in self._calls:
-                self._calls[key] = cancel
+                self._calls[key] = control
 
     def _parent_trace(self, key: int | None) -> object | None:
         """The trace of the request (still in the worker's hands) a call was made for."""
