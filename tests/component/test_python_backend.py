@@ -12,6 +12,7 @@ import tarfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -200,6 +201,36 @@ async def test_dynamic_batching_hands_execute_each_request(served: Open) -> None
         assert got["OUTPUT0"].shape == (rows, 4)
     stats = found.core.statistics("add_sub_batch")[0]
     assert stats.inference_count == 4 and stats.execution_count == 1
+
+
+async def test_a_response_that_cannot_be_read_fails_only_its_request(
+    served: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    found = await served("add_sub_batch", delay_count=3)
+    (instance,) = found.lifecycle.get("add_sub_batch").loaded.executors
+    assert isinstance(instance, PythonInstance) and instance.worker is not None
+    worker = instance.worker
+    read = worker.read_tensors
+    calls: list[int] = []
+
+    def first_fails(tensors: Any) -> dict[str, Any]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("the region is gone")
+        return read(tensors)
+
+    monkeypatch.setattr(worker, "read_tensors", first_fails)
+    answers = await asyncio.gather(
+        *(found.core.infer(request("add_sub_batch", **add_sub_inputs(1))) for _ in range(3)),
+        return_exceptions=True,
+    )
+    failed = [a for a in answers if isinstance(a, ServerError)]
+    assert len(failed) == 1 and failed[0].code is ErrorCode.INTERNAL
+    assert "the model's response could not be read: the region is gone" in failed[0].message
+    assert sum(isinstance(a, InferResponse) for a in answers) == 2
+    # Every request of the batch was finished: none is left waiting on the worker.
+    assert instance.pending == {}
+    assert found.core.statistics("add_sub_batch")[0].execution_count == 1
 
 
 async def test_tensors_larger_than_a_segment_cross_both_ways(served: Open) -> None:

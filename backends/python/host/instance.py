@@ -199,13 +199,16 @@ class PythonInstance:
         except RuntimeError as exc:  # execute raised: every request of the batch fails,
             # but one a default-mode model already answered through its sender keeps
             # that answer (Triton's frontend takes a request's first response).
-            results = []
+            results: list[dict[str, Array]] = []
             for pending in pendings:
                 sent = None if self.spec.decoupled else pending.response
-                results.append({} if sent is None else self._outputs(worker, pending, sent))
-                self._finish(
-                    pending, None if sent is not None else ModelError("INTERNAL", str(exc))
-                )
+                if sent is None:
+                    results.append({})
+                    self._finish(pending, ModelError("INTERNAL", str(exc)))
+                    continue
+                outputs, unread = self._read(worker, pending, sent)
+                results.append(outputs)
+                self._finish(pending, unread)
             return results
         if self.spec.decoupled:
             return empty  # the responses come through each request's sink
@@ -215,8 +218,9 @@ class PythonInstance:
         results = []
         for pending, encoded in zip(pendings, returned, strict=True):
             if encoded is not None:
-                results.append(self._outputs(worker, pending, encoded))
-                self._finish(pending, None)
+                outputs, unread = self._read(worker, pending, encoded)
+                results.append(outputs)
+                self._finish(pending, unread)
                 continue
             # Answered through its response sender: wait for the request's final response
             # (or the worker's end).
@@ -227,11 +231,12 @@ class PythonInstance:
                     "the model's execute returned None, and sent no response for the request",
                 )
             response = pending.response
-            if pending.error is not None or response is None:
-                result = {}
+            error = pending.error
+            if error is not None or response is None:
+                result: dict[str, Array] = {}
             else:
-                result = self._outputs(worker, pending, response)
-            self._finish(pending, pending.error)
+                result, error = self._read(worker, pending, response)
+            self._finish(pending, error)
             results.append(result)
         return results
 
@@ -257,6 +262,16 @@ class PythonInstance:
             context.flags,
             context.timeout_us,
         )
+
+    def _read(
+        self, worker: WorkerProcess, pending: Pending, encoded: Encoded
+    ) -> tuple[dict[str, Array], ModelError | None]:
+        """A response's outputs, or why they could not be read (the worker ended as they
+        were): every request of a batch is finished, whatever happens to one of them."""
+        try:
+            return self._outputs(worker, pending, encoded), None
+        except Exception as exc:
+            return {}, ModelError("INTERNAL", f"the model's response could not be read: {exc}")
 
     def _outputs(
         self, worker: WorkerProcess, pending: Pending, encoded: Encoded
