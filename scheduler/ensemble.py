@@ -50,11 +50,15 @@ from ge_serve.server.errors import ErrorCode, FailureReason, ServerError, invali
 from ge_serve.server.inference.error_texts import request_tag
 
 from .correlation import END_KEY, ID_KEY, START_KEY, CorrelationId, SequenceFlags
+from .ensemble_prune import needed_steps
 from .ensemble_shapes import batch_reshape
 from .inflight import InFlight
 from .work import Array, Timings, WorkItem
 
 log = logging.getLogger(__name__)
+
+# How many sets of requested outputs keep their pruned step lists (a client can name any).
+_PRUNE_CACHE = 64
 
 # What a request that names no sequence carries to its steps: Triton's correlation ID 0
 # (numeric) and no flags.
@@ -205,6 +209,28 @@ class EnsembleScheduler:
         self.plan = plan
         self._runner = runner
         self._in_flight = InFlight()
+        # The steps each set of requested outputs needs (ensemble_prune.py).
+        self._needed: dict[frozenset[str], tuple[bool, ...]] = {}
+
+    def requested(self, item: WorkItem) -> tuple[str, ...]:
+        """The outputs the request asks for, in the plan's order (all when it names none)."""
+        plan = self.plan
+        named = item.context.requested_outputs if item.context is not None else ()
+        return tuple(name for name in plan.outputs if name in named) or plan.outputs
+
+    def needed(self, requested: tuple[str, ...]) -> tuple[bool, ...] | None:
+        """For each step, whether a request for `requested` runs it; None: every step."""
+        plan = self.plan
+        if len(requested) == len(plan.outputs):
+            return None
+        key = frozenset(requested)
+        found = self._needed.get(key)
+        if found is None:
+            if len(self._needed) >= _PRUNE_CACHE:
+                self._needed.clear()
+            found = needed_steps(plan.steps, plan.outputs, plan.readers, requested)
+            self._needed[key] = found
+        return found
 
     @property
     def pending(self) -> int:
@@ -225,6 +251,8 @@ class EnsembleScheduler:
 
     async def _run(self, item: WorkItem) -> dict[str, Array]:
         plan = self.plan
+        requested = self.requested(item)
+        needed = self.needed(requested)
         tensors: dict[str, Slot] = dict(item.inputs)
         for name in plan.inputs:
             tensors.setdefault(name, None)
@@ -233,14 +261,14 @@ class EnsembleScheduler:
         # The batch size of the request that made each tensor (0: one without batching).
         sizes = dict.fromkeys(tensors, item.batch_size if plan.batching else 0)
         waiting = list(plan.needs)
-        ready = [index for index, count in enumerate(waiting) if count == 0]
+        ready = [i for i, count in enumerate(waiting) if count == 0 and (not needed or needed[i])]
         running: dict[asyncio.Task[dict[str, Slot]], int] = {}
         try:
             while ready or running:
                 if len(ready) == 1 and not running:
                     index = ready.pop()
                     produced = await self._step(index, tensors, carried, sizes, item)
-                    ready.extend(self._written(index, produced, tensors, waiting))
+                    ready.extend(self._written(index, produced, tensors, waiting, needed))
                     continue
                 for index in ready:
                     step = self._step(index, tensors, carried, sizes, item)
@@ -250,14 +278,14 @@ class EnsembleScheduler:
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     index = running.pop(task)
-                    ready.extend(self._written(index, task.result(), tensors, waiting))
+                    ready.extend(self._written(index, task.result(), tensors, waiting, needed))
         finally:
             # A failed step (or a cancelled request) stops the steps still running.
             for task in running:
                 task.cancel()
             if running:
                 await asyncio.gather(*running, return_exceptions=True)
-        if any(name not in tensors for name in plan.outputs):
+        if any(name not in tensors for name in requested):
             # Triton's words and code (FinishEnsemble): the configuration's fault.
             context = item.context
             raise ServerError(
@@ -267,9 +295,9 @@ class EnsembleScheduler:
                 "steps can be made",
                 FailureReason.OTHER,
             )
-        item.response_parameters = echo(item.sequence or NO_SEQUENCE, carried, plan.outputs)
+        item.response_parameters = echo(item.sequence or NO_SEQUENCE, carried, requested)
         # An output a step did not produce is left out of the response, as in Triton.
-        return self._outputs(present({name: tensors[name] for name in plan.outputs}), sizes)
+        return self._outputs(present({name: tensors[name] for name in requested}), sizes)
 
     def _outputs(self, outputs: dict[str, Array], sizes: Mapping[str, int]) -> dict[str, Array]:
         """The ensemble's outputs with a step's batch dimension taken off (or put on) where
@@ -388,14 +416,16 @@ class EnsembleScheduler:
         produced: dict[str, Slot],
         tensors: dict[str, Slot],
         waiting: list[int],
+        needed: tuple[bool, ...] | None,
     ) -> list[int]:
-        """Record a finished step's tensors; return the steps that became ready."""
+        """Record a finished step's tensors; return the steps that became ready (of those
+        the request needs)."""
         tensors.update(produced)
         ready = []
         for tensor in produced:
             for reader in self.plan.readers.get(tensor, ()):
                 waiting[reader] -= 1
-                if waiting[reader] == 0:
+                if waiting[reader] == 0 and (needed is None or needed[reader]):
                     ready.append(reader)
         return ready
 

@@ -127,8 +127,10 @@ class _Run:
         self.plan = plan = scheduler.plan
         self.item = item
         self.sink = sink
-        # As Triton: a response goes out once the outputs the client asked for are there.
+        # As Triton: a response goes out once the outputs the client asked for are there,
+        # and only the steps those outputs need run.
         self.wanted = tuple(n for n in plan.outputs if n in requested) or plan.outputs
+        self.needed = scheduler.needed(self.wanted)
         # A placeholder (None) for an optional input left out or an output a step's
         # response did not carry, as in the ensemble scheduler.
         self.tensors: dict[tuple[str, Key], Slot] = {}
@@ -152,7 +154,8 @@ class _Run:
 
     async def run(self) -> None:
         try:
-            self._start([(i, ()) for i, count in enumerate(self.plan.needs) if count == 0])
+            needs = self.plan.needs
+            self._start([(i, ()) for i, count in enumerate(needs) if count == 0 and self._runs(i)])
             while self.live:
                 event = await self.events.get()
                 if event.error is not None:
@@ -173,9 +176,14 @@ class _Run:
         # The ensemble's request is released after its steps' requests, as in Triton.
         await self.releases.wait()
 
+    def _runs(self, index: int) -> bool:
+        """Whether the request runs the step (ensemble_prune.py)."""
+        return self.needed is None or self.needed[index]
+
     def _keep(self, tensor: str, key: Key, array: Slot) -> None:
         self.tensors[(tensor, key)] = array
-        uses = len(self.plan.readers.get(tensor, ())) + (tensor in self.wanted)
+        readers = self.plan.readers.get(tensor, ())
+        uses = sum(self._runs(r) for r in readers) + (tensor in self.wanted)
         self.uses[(tensor, key)] = uses
 
     def _used(self, tensors: set[str], key: Key) -> None:
@@ -245,6 +253,8 @@ class _Run:
         ready: list[tuple[int, Key]] = []
         for tensor in produced:
             for reader in self.plan.readers.get(tensor, ()):
+                if not self._runs(reader):
+                    continue
                 reads = self.plan.steps[reader].inputs
                 entry = (reader, key)
                 if entry not in ready and all((t, key) in self.tensors for _, t in reads):

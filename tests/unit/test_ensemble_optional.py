@@ -105,3 +105,61 @@ async def test_a_decoupled_ensemble_runs_the_steps_without_a_missing_tensor() ->
     (sent,) = sink.sent
     assert sent.outputs is not None and list(sent.outputs) == ["OUT1"] and sent.final
     np.testing.assert_array_equal(sent.outputs["OUT1"], data)
+
+
+# IN0 -> left -> (L, mid); mid -> right -> R; IN0 -> side -> S (S is read by no one and
+# is not an output: Triton never prunes its step).
+BRANCHED = EnsemblePlan(
+    "branched",
+    (
+        EnsembleStep("left", "", (("X0", "IN0"),), (("Y0", "L"), ("Y1", "mid"))),
+        EnsembleStep("right", "", (("X0", "mid"),), (("Y0", "R"),)),
+        EnsembleStep("side", "", (("X0", "IN0"),), (("Y0", "S"),)),
+    ),
+    ("L", "R"),
+    inputs=("IN0",),
+)
+
+
+def both_outputs(call: StepCall) -> StepResult:
+    array = call.inputs["X0"]
+    return StepResult({"Y0": array, "Y1": array + 1}, Timings())
+
+
+@pytest.mark.parametrize(
+    ("requested", "ran"),
+    [
+        ((), ["left", "right", "side"]),
+        (("L", "R"), ["left", "right", "side"]),
+        (("L",), ["left", "side"]),
+        (("R",), ["left", "right", "side"]),
+    ],
+)
+@pytest.mark.parametrize("decoupled", [False, True])
+async def test_a_request_runs_only_the_steps_its_requested_outputs_need(
+    requested: tuple[str, ...], ran: list[str], decoupled: bool
+) -> None:
+    called: list[str] = []
+
+    async def run(call: StepCall) -> StepResult:
+        called.append(call.model_name)
+        return both_outputs(call)
+
+    async def stream(call: StepCall) -> AsyncGenerator[StepResult, None]:
+        yield await run(call)
+
+    data = np.ones((1, 1), np.float32)
+    context = RequestContext(requested_outputs=requested)
+    if decoupled:
+        plan = EnsemblePlan(BRANCHED.name, BRANCHED.steps, BRANCHED.outputs, True, ("IN0",))
+        sink = RecordingSink()
+        context.responses = sink
+        await DecoupledEnsembleScheduler(plan, run, stream).submit(
+            WorkItem({"IN0": data}, 1, context=context)
+        )
+        outputs = sink.sent[0].outputs or {}
+    else:
+        item = WorkItem({"IN0": data}, 1, context=context)
+        outputs = await EnsembleScheduler(BRANCHED, run).submit(item)
+    assert sorted(called) == ran
+    assert sorted(outputs) == sorted(requested or ("L", "R"))
