@@ -111,13 +111,29 @@ def _int(key: str, value: str, low: int) -> int:
     return number
 
 
+# Triton's startup flags also take these words, in any case (command_line_parser.cc
+# ParseTraceLevelOption); qa's L0_cmdline_trace and L0_batcher start with MIN and MAX. The
+# trace extension takes only OFF, TIMESTAMPS and TENSORS, as Triton's does.
+_ALIASES: Final = {
+    "FALSE": "OFF",
+    "TRUE": "TIMESTAMPS",
+    "ON": "TIMESTAMPS",
+    "MIN": "TIMESTAMPS",
+    "MAX": "TIMESTAMPS",
+}
+
+
 def check_level(values: tuple[str, ...]) -> tuple[str, ...]:
     """Trace levels as kept: OFF alone means none."""
     levels: list[str] = []
     for value in values:
         upper = value.strip().upper()
+        upper = _ALIASES.get(upper, upper)
         if upper not in LEVELS:
-            raise ValueError(f"invalid trace level '{value}': expected OFF, TIMESTAMPS or TENSORS")
+            raise ValueError(
+                f"invalid trace level '{value}': expected OFF, TIMESTAMPS or TENSORS "
+                "(or false, true, on, min, max)"
+            )
         if upper == "OFF":
             levels.clear()
         elif upper not in levels:

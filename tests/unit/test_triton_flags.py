@@ -144,6 +144,27 @@ def test_deprecated_trace_flags_and_trace_config_agree() -> None:
 
 
 @pytest.mark.parametrize(
+    ("word", "level"),
+    [
+        ("MIN", ("TIMESTAMPS",)),
+        ("max", ("TIMESTAMPS",)),
+        ("True", ("TIMESTAMPS",)),
+        ("on", ("TIMESTAMPS",)),
+        ("FALSE", ()),
+        ("tensors", ("TENSORS",)),
+    ],
+)
+def test_trace_levels_take_tritons_other_words(word: str, level: tuple[str, ...]) -> None:
+    """Triton's qa starts servers with --trace-level=MIN / MAX (L0_cmdline_trace,
+    L0_batcher); its parser also takes true, on and false, in any case."""
+    old = parse_settings([*REPO, "--trace-file=/tmp/t", f"--trace-level={word}"])
+    new = parse_settings(
+        [*REPO, "--trace-config=triton,file=/tmp/t", f"--trace-config=level={word}"]
+    )
+    assert old.trace().level == new.trace().level == level
+
+
+@pytest.mark.parametrize(
     ("argv", "message"),
     [
         (
