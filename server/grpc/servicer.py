@@ -28,6 +28,7 @@ from ..inference import error_texts
 from ..inference.core import InferenceServer
 from ..inference.header_forward import HeaderForward
 from ..inference.types import ParamValue
+from ..observability.tracing import FrontTrace
 from . import codec, encode
 from .errors import Handler, Undecodable, abort, guard
 from .stream import MAX_IN_FLIGHT, MAX_UNWRITTEN, StreamSession, metadata_value
@@ -35,6 +36,22 @@ from .stream import MAX_IN_FLIGHT, MAX_UNWRITTEN, StreamSession, metadata_value
 INFERENCE_SERVICE: Final = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
 log = logging.getLogger(__name__)
+
+
+def _call_trace(context: Any) -> FrontTrace:
+    """Triton's gRPC timestamps of one ModelInfer call: grpc has read the request before
+    the handler runs, so the wait for it ends as the handler starts; the answer is sent
+    when the call is done, and the trace is written then."""
+    front = FrontTrace("GRPC_WAITREAD_START", deferred=True)
+    front.mark("GRPC_WAITREAD_END")
+
+    def done(_: Any) -> None:
+        front.mark("GRPC_SEND_END")
+        front.release()
+
+    context.add_done_callback(done)
+    return front
+
 
 # RepositoryModelLoad parameters: a JSON config, and files as "file:<version>/<name>".
 LOAD_CONFIG = "config"
@@ -128,14 +145,22 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: Any
     ) -> pb.ModelInferResponse:
+        front = None
+        if self.core.tracing.active:
+            front = _call_trace(context)
         with decoding("inference request"):
             decoded = codec.decode_infer_request(request)
         if self.forward is not None:
             self.forward.apply(decoded.request, context.invocation_metadata() or ())
-        if self.core.tracing.active:
+        if front is not None:
             decoded.request.traceparent = metadata_value(context, "traceparent")
+            decoded.request.front = front
         response = await self.core.infer(decoded.request, "ModelInfer RPC")
-        return codec.encode_infer_response(response)
+        encoded = codec.encode_infer_response(response)
+        if front is not None:
+            front.mark("INFER_RESPONSE_COMPLETE")
+            front.mark("GRPC_SEND_START")
+        return encoded
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterable[pb.ModelInferRequest], context: Any

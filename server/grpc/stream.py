@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Final
@@ -39,6 +40,7 @@ from ..errors import ServerError, decoding, shutting_down
 from ..inference.core import InferenceServer
 from ..inference.header_forward import HeaderForward
 from ..inference.types import InferResponse
+from ..observability.tracing import FrontTrace
 from . import codec
 from .errors import Undecodable, abort, as_server_error
 
@@ -60,8 +62,17 @@ class _Close:
     error: ServerError
 
 
+@dataclass(frozen=True, slots=True)
+class _Traced:
+    """A traced request's response, marked GRPC_SEND_START/END as it is written; with no
+    response, the request's last item: its trace is written then."""
+
+    front: FrontTrace
+    response: pb.ModelStreamInferResponse | None = None
+
+
 _END: Final = object()
-_Out = pb.ModelStreamInferResponse | _Close | object
+_Out = pb.ModelStreamInferResponse | _Close | _Traced | object
 
 
 def metadata_value(context: Any, key: str) -> str:
@@ -127,11 +138,24 @@ class StreamSession:
                 if isinstance(item, _Close):
                     await self._cancel_all()
                     await abort(self._context, item.error)
-                assert isinstance(item, pb.ModelStreamInferResponse)
-                yield item
+                if isinstance(item, _Traced):
+                    if item.response is None:
+                        item.front.release()
+                        continue
+                    item.front.mark("GRPC_SEND_START")
+                    yield item.response
+                    item.front.mark("GRPC_SEND_END")
+                else:
+                    assert isinstance(item, pb.ModelStreamInferResponse)
+                    yield item
                 self._unwritten.release()
         finally:
             await self._cancel_all()
+            # Traced requests whose answers were never written: their traces end here.
+            while not self._out.empty():
+                left = self._out.get_nowait()
+                if isinstance(left, _Traced):
+                    left.front.release()
 
     def stop_reading(self) -> None:
         """Read no more requests; the stream ends once those in flight are answered."""
@@ -146,12 +170,14 @@ class StreamSession:
         try:
             while True:
                 await self._slots.acquire()
+                # Triton's GRPC_WAITREAD_START: the wait for the next request begins.
+                waiting = time.monotonic_ns() if self._core.tracing.active else 0
                 try:
                     message = await anext(iterator)
                 except StopAsyncIteration:
                     self._slots.release()
                     return
-                self._start(message)
+                self._start(message, waiting)
         except asyncio.CancelledError:
             # stop_reading(), or the whole stream is going away
             self._cut = self._stopped
@@ -162,7 +188,11 @@ class StreamSession:
             self._reading = False
             self._maybe_end()
 
-    def _start(self, message: pb.ModelInferRequest | Undecodable) -> None:
+    def _start(self, message: pb.ModelInferRequest | Undecodable, waiting: int = 0) -> None:
+        front = None
+        if waiting and self._core.tracing.active:
+            front = FrontTrace("GRPC_WAITREAD_START", deferred=True, ns=waiting)
+            front.mark("GRPC_WAITREAD_END")
         failure: ServerError | None = None
         if isinstance(message, Undecodable):
             # Answered in its turn like any request, with no id to give back.
@@ -174,7 +204,7 @@ class StreamSession:
             previous = self._last_turn
             turn = asyncio.get_running_loop().create_future()
             self._last_turn = turn
-        task = asyncio.create_task(self._serve(message, decoupled, previous, turn, failure))
+        task = asyncio.create_task(self._serve(message, decoupled, previous, turn, failure, front))
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
 
@@ -205,63 +235,83 @@ class StreamSession:
         previous: asyncio.Future[None] | None,
         turn: asyncio.Future[None] | None,
         failure: ServerError | None = None,
+        front: FrontTrace | None = None,
     ) -> None:
         try:
             if decoupled:
-                await self._serve_decoupled(message)
+                await self._serve_decoupled(message, front)
                 return
             if failure is not None:
                 answer = self._error(message, failure)
             else:
-                answer = await self._answer_once(message)
+                answer = await self._answer_once(message, front)
             if previous is not None:
                 await previous
-            await self._emit(answer)
+            await self._emit(answer, front)
         finally:
             if turn is not None and not turn.done():
                 turn.set_result(None)
+            if front is not None:
+                # After the request's answers: the writer lets its trace go once they
+                # are written.
+                self._out.put_nowait(_Traced(front))
 
-    async def _answer_once(self, message: pb.ModelInferRequest) -> _Out:
+    def _decode(self, message: pb.ModelInferRequest, front: FrontTrace | None) -> Any:
+        with decoding("inference request"):
+            decoded = codec.decode_infer_request(message)
+        if self._forward is not None:
+            self._forward.apply(decoded.request, self._context.invocation_metadata() or ())
+        if front is not None:
+            decoded.request.traceparent = metadata_value(self._context, "traceparent")
+            decoded.request.front = front
+        return decoded
+
+    async def _answer_once(self, message: pb.ModelInferRequest, front: FrontTrace | None) -> _Out:
         try:
-            with decoding("inference request"):
-                decoded = codec.decode_infer_request(message)
-            if self._forward is not None:
-                self._forward.apply(decoded.request, self._context.invocation_metadata() or ())
-            if self._core.tracing.active:
-                decoded.request.traceparent = metadata_value(self._context, "traceparent")
+            decoded = self._decode(message, front)
             response = await self._core.infer(decoded.request)
-            return codec.stream_response(codec.encode_infer_response(response), final=True)
+            encoded = codec.encode_infer_response(response)
+            if front is not None:
+                front.mark("INFER_RESPONSE_COMPLETE")
+            return codec.stream_response(encoded, final=True)
         except Exception as exc:
             return self._error(message, exc)
 
-    async def _serve_decoupled(self, message: pb.ModelInferRequest) -> None:
+    async def _serve_decoupled(
+        self, message: pb.ModelInferRequest, front: FrontTrace | None
+    ) -> None:
         try:
-            with decoding("inference request"):
-                decoded = codec.decode_infer_request(message)
-            if self._forward is not None:
-                self._forward.apply(decoded.request, self._context.invocation_metadata() or ())
+            decoded = self._decode(message, front)
             ended = False
             responses = self._core.infer_responses(decoded.request, errors_inline=True)
+            first = front is not None
             async with contextlib.aclosing(responses):
                 async for response in responses:
                     ended = response.final
                     if response.error is not None:
                         answer = self._error(message, response.error, response)
-                        await self._emit(answer)
+                        await self._emit(answer, front)
                         if isinstance(answer, _Close):
                             return
                         continue
                     encoded = codec.encode_infer_response(response)
-                    await self._emit(codec.stream_response(encoded, final=ended))
+                    if first and front is not None:
+                        # Triton marks the first response of a stream's request.
+                        front.mark("INFER_RESPONSE_COMPLETE")
+                        first = False
+                    await self._emit(codec.stream_response(encoded, final=ended), front)
             if decoded.enable_empty_final_response and not ended:
-                await self._emit(codec.empty_final_response(message))
+                await self._emit(codec.empty_final_response(message), front)
         except Exception as exc:
-            await self._emit(self._error(message, exc))
+            await self._emit(self._error(message, exc), front)
 
-    async def _emit(self, item: _Out) -> None:
+    async def _emit(self, item: _Out, front: FrontTrace | None = None) -> None:
         """Queue an item for the writer; a response waits while too many are unwritten."""
         if not isinstance(item, _Close):
             await self._unwritten.acquire()
+            if front is not None:
+                assert isinstance(item, pb.ModelStreamInferResponse)
+                item = _Traced(front, item)
         self._out.put_nowait(item)
 
     def _error(

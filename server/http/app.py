@@ -88,6 +88,7 @@ class HttpFrontEnd:
             settings.max_chunks,
             lambda: core.tracing.active,
             HeaderForward.of(settings.header_forward_pattern),
+            front_marks=True,
         )
         self.infer_routes = self.infer_endpoint.routes()
         # Closed when the server stops: requests are then refused (see server/control/stopping.py).

@@ -31,6 +31,7 @@ from ge_serve.server.errors import ErrorCode, ServerError, decoding, internal
 from ge_serve.server.inference import error_texts
 from ge_serve.server.inference.header_forward import HeaderForward
 from ge_serve.server.inference.types import InferRequest, InferResponse
+from ge_serve.server.observability.tracing import FrontTrace
 
 from . import codec, compression
 from .bodies import InferRequestBody
@@ -131,7 +132,9 @@ def guard(endpoint: Endpoint) -> Endpoint:
 class InferEndpoint:
     """POST .../infer, an ASGI application. `traced()` says whether to pass on the
     client's `traceparent` (the server asks its tracing; a worker always does, as only the
-    server knows); `forward` adds the headers it matches to the request's parameters."""
+    server knows); `forward` adds the headers it matches to the request's parameters.
+    `front_marks`: whether to trace Triton's HTTP_RECV/HTTP_SEND timestamps while
+    `traced()` (in the server process; a worker's link carries no trace)."""
 
     def __init__(
         self,
@@ -140,12 +143,14 @@ class InferEndpoint:
         max_chunks: int,
         traced: Callable[[], bool],
         forward: HeaderForward | None = None,
+        front_marks: bool = False,
     ) -> None:
         self.run = run
         self.max_input_size = max_input_size
         self.max_chunks = max_chunks
         self.traced = traced
         self.forward = forward
+        self.front_marks = front_marks
 
     def routes(self) -> list[Route]:
         """POST .../infer, with and without `/versions/{version}` (starlette serves an
@@ -159,37 +164,54 @@ class InferEndpoint:
         ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        traced = self.traced()
+        front = FrontTrace("HTTP_RECV_START") if traced and self.front_marks else None
         headers = scope_headers(scope)
         task = asyncio.current_task()
         scope[TASK_KEY] = task  # type: ignore[literal-required]
         try:
-            status, payload, extra = 200, *await self.infer(scope, receive, headers)
-        except asyncio.CancelledError:
-            if task is None or not scope.get(GONE_KEY):
-                raise
-            # The client left (TritonHttpProtocol.connection_lost): its request was
-            # dropped, and there is nobody to answer.
-            task.uncancel()
-            return
-        except ServerError as exc:
-            if task is not None and scope.get(GONE_KEY):
-                # The client left while the request was being ended otherwise (the exit
-                # timeout): nobody to answer, and the disconnect's cancel is withdrawn.
+            try:
+                answer = await self.infer(scope, receive, headers, traced, front)
+                status, payload, extra = 200, *answer
+            except asyncio.CancelledError:
+                if task is None or not scope.get(GONE_KEY):
+                    raise
+                # The client left (TritonHttpProtocol.connection_lost): its request was
+                # dropped, and there is nobody to answer.
                 task.uncancel()
                 return
-            status, payload = http_status(exc), orjson.dumps({"error": exc.message})
-            extra = [_JSON, _CLOSE] if isinstance(exc, ClosingError) else [_JSON]
-        except Exception as exc:
-            # A server fault after decoding (decoding's own errors are ServerErrors).
-            log.exception("unhandled error on %s", scope["path"])
-            message = internal(exc, escaped=True).message
-            status, payload, extra = 500, orjson.dumps({"error": message}), [_JSON]
-        extra.append((b"content-length", str(len(payload)).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": extra})
-        await send({"type": "http.response.body", "body": payload})
+            except ServerError as exc:
+                if task is not None and scope.get(GONE_KEY):
+                    # The client left while the request was being ended otherwise (the
+                    # exit timeout): nobody to answer, and the disconnect's cancel is
+                    # withdrawn.
+                    task.uncancel()
+                    return
+                status, payload = http_status(exc), orjson.dumps({"error": exc.message})
+                extra = [_JSON, _CLOSE] if isinstance(exc, ClosingError) else [_JSON]
+            except Exception as exc:
+                # A server fault after decoding (decoding's own errors are ServerErrors).
+                log.exception("unhandled error on %s", scope["path"])
+                message = internal(exc, escaped=True).message
+                status, payload, extra = 500, orjson.dumps({"error": message}), [_JSON]
+            extra.append((b"content-length", str(len(payload)).encode()))
+            if front is not None:
+                front.mark("HTTP_SEND_START")
+            await send({"type": "http.response.start", "status": status, "headers": extra})
+            await send({"type": "http.response.body", "body": payload})
+            if front is not None:
+                front.mark("HTTP_SEND_END")
+        finally:
+            if front is not None:
+                front.release()  # the trace is written now, with the send marks
 
     async def infer(
-        self, scope: Scope, receive: Receive, headers: dict[str, str]
+        self,
+        scope: Scope,
+        receive: Receive,
+        headers: dict[str, str],
+        traced: bool,
+        front: FrontTrace | None,
     ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
         """The encoded answer to one request, and its headers but the length."""
         params = scope["path_params"]
@@ -200,17 +222,22 @@ class InferEndpoint:
             with decoding("inference request"):
                 header_length = codec.parse_header_length(given_length)
         body = await self._read(scope, receive, headers, raw=header_length == 0)
+        if front is not None:
+            front.mark("HTTP_RECV_END")
         with decoding("inference request"):
             infer_request = codec.decode_infer_request(model, version, body, header_length)
         if self.forward is not None:
             self.forward.apply_http(infer_request, scope["headers"])
-        if self.traced():
+        if traced:
             infer_request.traceparent = headers.get("traceparent", "")
+            infer_request.front = front
         payload, json_length = await self.run(
             infer_request,
             "HTTP end point",
             lambda response: codec.encode_infer_response(response, infer_request),
         )
+        if front is not None:
+            front.mark("INFER_RESPONSE_COMPLETE")
         if json_length is not None:
             extra = [_BINARY, (b"inference-header-content-length", str(json_length).encode())]
         else:

@@ -65,12 +65,15 @@ class CoreBridge:
                 message = f"Model {call.model_name} - Error when running inference: {exc.message}"
                 reply(_failed(exc.code.value, message), True)
                 return
+            # Traced only as its caller's child: Triton samples only a client's requests.
             parent = call.parent_trace if isinstance(call.parent_trace, Trace) else None
             if call.decoupled:
                 ended = False
                 # An error response is one of the iterator's responses, and the called
                 # model's later ones follow it, as python_backend's iterator gives them.
-                responses = self._core.infer_responses(request, True, parent, cancellation)
+                responses = self._core.infer_responses(
+                    request, True, parent, cancellation, sampled=False
+                )
                 async for response in responses:
                     ended = response.final
                     reply(_answer(response), ended)
@@ -78,7 +81,8 @@ class CoreBridge:
                 if not ended:
                     reply(None, True)
             else:
-                reply(_response(await self._core.infer(request, "BLS", parent)), True)
+                answer = await self._core.infer(request, "BLS", parent, sampled=False)
+                reply(_response(answer), True)
         except asyncio.CancelledError:
             reply(_failed("CANCELLED", "the BLS request was cancelled"), True)
             raise

@@ -158,21 +158,45 @@ class InferenceServer:
     # --- inference -----------------------------------------------------------------------
 
     async def infer(
-        self, request: InferRequest, endpoint: str = "infer", parent: Trace | None = None
+        self,
+        request: InferRequest,
+        endpoint: str = "infer",
+        parent: Trace | None = None,
+        sampled: bool = True,
     ) -> InferResponse:
         """One request, one response. `endpoint` names the caller in a decoupled model's
-        error (Triton's "HTTP end point"); `parent`: the trace of a BLS call's caller."""
+        error (Triton's "HTTP end point"); `parent`: the trace of a BLS call's caller;
+        `sampled`: whether the request may be traced on its own (a client's), not only
+        as `parent`'s child (a BLS call, as in Triton)."""
         path = self.path
         path.admit(request)
         started = time.monotonic_ns()
         model = path.serving(request.model_name, request.model_version, endpoint)
         trace = None
         if self.tracing.active:
-            trace = self.tracing.begin(
-                model.name, model.version, request.id, request.traceparent, started, parent
-            )
+            trace = self._begin(model, request, started, parent, sampled)
         response, _ = await path.run(request, model, started, trace)
         return response
+
+    def _begin(
+        self,
+        model: ModelVersion,
+        request: InferRequest,
+        started: int,
+        parent: Trace | None,
+        sampled: bool,
+    ) -> Trace | None:
+        if parent is None and not sampled:
+            return None
+        return self.tracing.begin(
+            model.name,
+            model.version,
+            request.id,
+            request.traceparent,
+            started,
+            parent,
+            request.front,
+        )
 
     async def infer_step(self, call: StepCall) -> StepResult:
         """One step of an ensemble request, as a request to the step's model: its scheduler
@@ -233,6 +257,7 @@ class InferenceServer:
         errors_inline: bool = False,
         parent: Trace | None = None,
         cancellation: Cancellation | None = None,
+        sampled: bool = True,
     ) -> AsyncGenerator[InferResponse, None]:
         """Every response one request produces, each as soon as it is produced.
 
@@ -247,20 +272,17 @@ class InferenceServer:
         `errors_inline`: then it is a response with `error` set, and the responses after
         it follow (Triton's stream, `/generate_stream` and BLS deliver them all).
         `parent`: the trace of a BLS call's caller; `cancellation`: how that caller may
-        cancel the call (cancellation.py).
+        cancel the call (cancellation.py); `sampled`: as for `infer`.
         """
         model = self.lifecycle.get(request.model_name, request.model_version)
         if not model.decoupled:
-            response = await self.infer(request, parent=parent)
+            response = await self.infer(request, parent=parent, sampled=sampled)
             response.final = True  # its one response comes with the final flag
             yield response
             return
         trace = None
         if self.tracing.active:
-            started = time.monotonic_ns()
-            trace = self.tracing.begin(
-                model.name, model.version, request.id, request.traceparent, started, parent
-            )
+            trace = self._begin(model, request, time.monotonic_ns(), parent, sampled)
         responses = self.path.responses(
             request, model, errors_inline, trace=trace, cancellation=cancellation
         )

@@ -10,7 +10,7 @@ import enum
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, SupportsIndex
+from typing import TYPE_CHECKING, Any, Final, SupportsIndex
 
 import numpy as np
 import numpy.typing as npt
@@ -19,6 +19,9 @@ from ge_serve.link.dtypes import NUMPY_OF, triton_of
 
 from ..errors import ErrorCode, ServerError
 from . import error_texts
+
+if TYPE_CHECKING:
+    from ..observability.tracing import FrontTrace
 
 ParamValue = bool | int | float | str
 Parameters = dict[str, ParamValue]
@@ -218,6 +221,8 @@ class InferRequest:
     wire: Parameters = field(default_factory=dict)
     # The client's W3C trace context, read only while tracing is on.
     traceparent: str = ""
+    # The front end's trace timestamps, made only while tracing is on.
+    front: FrontTrace | None = None
 
 
 @dataclass(slots=True)

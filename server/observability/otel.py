@@ -7,7 +7,9 @@ The exporter is the standard OTLP/HTTP one with protobuf encoding
 Each traced request is a top-level `InferRequest` span with a span for its model inside,
 and a `compute` span inside that; an ensemble step's model span sits inside the ensemble's
 model span. A client's W3C `traceparent` makes the top-level span its child. Timestamps
-are events on the spans, at wall-clock times (the steady clock moved to the epoch).
+are events on the spans, at wall-clock times (the steady clock moved to the epoch); the
+front end's (HTTP_*, GRPC_*, INFER_RESPONSE_COMPLETE) are on the top-level span, as in
+Triton, which ends with the last of them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from typing import Any
 
 from .traceconfig import OtelSettings
-from .tracing import Trace
+from .tracing import Trace, front_end_mark
 
 
 class OtelSink:
@@ -47,14 +49,15 @@ class OtelSink:
     def started(self, trace: Trace) -> None:
         from opentelemetry import trace as otel_trace
 
-        start = self._wall(trace.marks[0][1])
+        first = self._wall(trace.marks[0][1])
+        start = self._wall(dict(trace.marks)["REQUEST_START"])
         if trace.parent is not None and trace.parent.spans is not None:
             context = otel_trace.set_span_in_context(trace.parent.spans[1])
             root = None
         else:
             carrier = {"traceparent": trace.traceparent} if trace.traceparent else {}
             parent = self._propagator.extract(carrier)
-            root = self._tracer.start_span("InferRequest", context=parent, start_time=start)
+            root = self._tracer.start_span("InferRequest", context=parent, start_time=first)
             context = otel_trace.set_span_in_context(root)
         model = self._tracer.start_span(trace.model_name, context=context, start_time=start)
         model.set_attribute("triton.model_name", trace.model_name)
@@ -73,7 +76,10 @@ class OtelSink:
         root, model = trace.spans
         marks = dict(trace.marks)
         for name, ns in trace.marks:
-            if not name.startswith("COMPUTE_"):
+            if front_end_mark(name):
+                if root is not None:
+                    root.add_event(name, timestamp=self._wall(ns))
+            elif not name.startswith("COMPUTE_"):
                 model.add_event(name, timestamp=self._wall(ns))
         if "COMPUTE_START" in marks:
             compute = self._tracer.start_span(
@@ -88,7 +94,7 @@ class OtelSink:
         end = self._wall(marks["REQUEST_END"])
         model.end(end_time=end)
         if root is not None:
-            root.end(end_time=end)
+            root.end(end_time=max(end, self._wall(max(ns for _, ns in trace.marks))))
 
     def close(self) -> None:
         self._provider.shutdown()

@@ -14,7 +14,15 @@ compute points are placed from the durations the executor measured). Ensemble st
 inside the ensemble request's task, so the trace reaches them through a context variable
 and each step's trace names the ensemble's as its parent. A Python model's BLS call runs
 in a task of its own: the model names the request it calls for (`trace=request.trace()`,
-as in Triton), and the call's trace becomes that request's child.
+as in Triton), and the call's trace becomes that request's child. Only a client's request
+is sampled: a BLS call whose caller is not traced is not traced either, as in Triton.
+
+The HTTP and gRPC front ends add Triton's timestamps of their own (`FrontTrace`):
+HTTP_RECV_START/END, or GRPC_WAITREAD_START/END, then INFER_RESPONSE_COMPLETE and
+HTTP_SEND_START/END or GRPC_SEND_START/END. A front end makes a `FrontTrace` only while
+tracing is active, and hands it to the core with the request; when the core samples the
+request, the trace waits for the front end to let it go (after its send marks) before it
+is written, as Triton writes a trace when its last holder releases it.
 
 Finished traces go to Triton's trace file format (triton mode, tracefile.py) or become
 OpenTelemetry spans exported over OTLP (otel.py). Everything here runs on the event loop.
@@ -72,6 +80,9 @@ class Trace:
     # What the sink keeps while the trace is open (OpenTelemetry spans).
     spans: Any = None
     sink: TraceSink | None = None
+    # Who still holds the trace: the core until its request ends, and a front end that
+    # traces its own timestamps until it has sent the answer. Written when none does.
+    holds: int = 1
 
     @property
     def parent_id(self) -> int:
@@ -110,8 +121,51 @@ class Trace:
 
     def end(self, ns: int | None = None) -> None:
         self.mark("REQUEST_END", ns)
-        if self.sink is not None:
+        self.release()
+
+    def release(self) -> None:
+        self.holds -= 1
+        if self.holds == 0 and self.sink is not None:
             self.sink.finished(self)
+
+
+def front_end_mark(name: str) -> bool:
+    """Whether a timestamp is a front end's (Triton puts them on the request's root span)."""
+    return name.startswith(("HTTP_", "GRPC_")) or name == "INFER_RESPONSE_COMPLETE"
+
+
+class FrontTrace:
+    """A front end's timestamps for one request, made only while tracing is active. The
+    core hands it the request's trace when it samples the request (`attach`); the front
+    end marks on, and `release` adds its marks and lets the trace be written.
+
+    Where they go in the trace follows Triton's file: HTTP's receive marks before
+    REQUEST_START (Triton records them as it starts the trace), gRPC's all at release
+    (Triton keeps them on the call's state until then); the rest after REQUEST_END."""
+
+    __slots__ = ("_deferred", "marks", "trace")
+
+    def __init__(self, first: str, deferred: bool = False, ns: int | None = None) -> None:
+        self.marks: list[tuple[str, int]] = [(first, time.monotonic_ns() if ns is None else ns)]
+        self.trace: Trace | None = None
+        self._deferred = deferred
+
+    def mark(self, name: str) -> None:
+        self.marks.append((name, time.monotonic_ns()))
+
+    def attach(self, trace: Trace) -> None:
+        self.trace = trace
+        trace.holds += 1
+        if not self._deferred:
+            trace.marks[:0] = self.marks
+            self.marks = []
+
+    def release(self) -> None:
+        """Once, when the answer has been sent (or cannot be): later calls do nothing."""
+        trace, self.trace = self.trace, None
+        if trace is not None:
+            trace.marks += self.marks
+            trace.release()
 
 
 def _dtype_name(values: Any) -> str:
@@ -190,9 +244,11 @@ class TraceControl:
         traceparent: str,
         started_ns: int,
         parent: Trace | None = None,
+        front: FrontTrace | None = None,
     ) -> Trace | None:
         """A trace for this request, or None when it is not sampled. A request made for a
-        traced one (`parent`, a BLS call) is always traced, as its child."""
+        traced one (`parent`, a BLS call) is always traced, as its child. `front`: the
+        front end's timestamps, which the trace then waits for."""
         if parent is not None:
             return self.child(parent, model, version, request_id, started_ns)
         settings = self.settings_for(model)
@@ -225,6 +281,8 @@ class TraceControl:
             sink=self.sink,
         )
         trace.mark("REQUEST_START", started_ns)
+        if front is not None:
+            front.attach(trace)
         if self.sink is not None:
             self.sink.started(trace)
         return trace

@@ -38,6 +38,26 @@ ORDER = [
     "COMPUTE_END",
     "REQUEST_END",
 ]
+# A client's request over HTTP: Triton's front-end timestamps around the core's, in the
+# order Triton writes them (its trace_summary.py keeps only traces with HTTP_RECV_START
+# or GRPC_WAITREAD_START).
+HTTP_ORDER = [
+    "HTTP_RECV_START",
+    "HTTP_RECV_END",
+    *ORDER,
+    "INFER_RESPONSE_COMPLETE",
+    "HTTP_SEND_START",
+    "HTTP_SEND_END",
+]
+# Over gRPC Triton keeps the front end's timestamps until the call is done, so they
+# follow REQUEST_END in its file.
+GRPC_MARKS = [
+    "GRPC_WAITREAD_START",
+    "GRPC_WAITREAD_END",
+    "INFER_RESPONSE_COMPLETE",
+    "GRPC_SEND_START",
+    "GRPC_SEND_END",
+]
 
 
 def chain_input(module: Any) -> list[Any]:
@@ -167,7 +187,8 @@ def test_traced_requests_write_tritons_trace_file(traced: ServerProcess) -> None
             if r["id"] == head["id"] and "timestamps" in r
             for t in r["timestamps"]
         ]
-        assert [t["name"] for t in stamps] == ORDER, head
+        expected = HTTP_ORDER if head is ensemble else ORDER
+        assert [t["name"] for t in stamps] == expected, head
         times = [t["ns"] for t in stamps]
         assert times == sorted(times), stamps
 
@@ -203,9 +224,88 @@ def test_a_bls_call_is_traced_as_its_callers_child(traced: ServerProcess) -> Non
 
     outer, inner = stamps(caller["id"]), stamps(child["id"])
     assert list(inner) == ORDER
+    assert list(outer) == HTTP_ORDER
     # The call ran inside the caller's execution.
     assert outer["COMPUTE_START"] <= inner["REQUEST_START"] <= inner["REQUEST_END"]
     assert inner["REQUEST_END"] <= outer["COMPUTE_END"]
+
+
+def stamps_of(records: list[dict[str, Any]], trace_id: int) -> list[tuple[str, int]]:
+    return [
+        (t["name"], t["ns"])
+        for r in records
+        if r["id"] == trace_id
+        for t in r.get("timestamps", [])
+    ]
+
+
+def test_grpc_requests_carry_tritons_grpc_timestamps(traced: ServerProcess) -> None:
+    """ModelInfer and ModelStreamInfer traces have GRPC_WAITREAD_START/END,
+    INFER_RESPONSE_COMPLETE and GRPC_SEND_START/END, which Triton's trace_summary.py
+    needs to find a gRPC trace at all."""
+    folder: Path = traced.trace_folder  # type: ignore[attr-defined]
+    http = httpclient.InferenceServerClient(traced.http_url)
+    grpc = grpcclient.InferenceServerClient(traced.grpc_url)
+    http.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
+    try:
+        grpc.infer("add1", chain_input_named(grpcclient), request_id="unary-1")
+        answers: list[Any] = []
+        done = threading.Event()
+
+        def collect(result: Any, error: Any) -> None:
+            answers.append((result, error))
+            done.set()
+
+        grpc.start_stream(callback=collect)
+        grpc.async_stream_infer("add1", chain_input_named(grpcclient), request_id="stream-1")
+        assert done.wait(30) and answers[0][1] is None
+        grpc.stop_stream()
+    finally:
+        http.update_trace_settings(settings={"trace_level": ["OFF"]})
+        http.close()
+        grpc.close()
+
+    def heads() -> dict[str, dict[str, Any]]:
+        return {r["request_id"]: r for r in written(folder) if r.get("request_id")}
+
+    poll(lambda: {"unary-1", "stream-1"} <= set(heads()), 20, "the gRPC traces")
+    records = written(folder)
+    for request_id in ("unary-1", "stream-1"):
+        stamps = stamps_of(records, heads()[request_id]["id"])
+        assert [name for name, _ in stamps] == ORDER + GRPC_MARKS, request_id
+        at = dict(stamps)
+        assert at["GRPC_WAITREAD_START"] <= at["GRPC_WAITREAD_END"] <= at["REQUEST_START"]
+        assert at["REQUEST_END"] <= at["INFER_RESPONSE_COMPLETE"] <= at["GRPC_SEND_START"]
+        assert at["GRPC_SEND_START"] <= at["GRPC_SEND_END"]
+
+
+def test_a_bls_call_is_never_sampled_on_its_own(traced: ServerProcess) -> None:
+    """As in Triton only a client's request is sampled: with every second request traced,
+    the untraced caller's BLS call is not counted as a request to sample, and the traced
+    caller's call is its child."""
+    folder: Path = traced.trace_folder  # type: ignore[attr-defined]
+    http = httpclient.InferenceServerClient(traced.http_url)
+    # One sampling count for both models (global settings), as in qa's L0_trace.
+    http.update_trace_settings(settings={"trace_rate": "2", "trace_level": ["TIMESTAMPS"]})
+    try:
+        for index in range(2):
+            http.infer("bls_traced", bls_input(), request_id=f"sampled-{index}")
+    finally:
+        http.update_trace_settings(settings={"trace_rate": "1", "trace_level": ["OFF"]})
+        http.close()
+
+    def heads() -> list[dict[str, Any]]:
+        return [r for r in written(folder) if "model_name" in r]
+
+    def callers() -> list[dict[str, Any]]:
+        return [h for h in heads() if str(h.get("request_id", "")).startswith("sampled-")]
+
+    poll(lambda: any(h.get("parent_id") == c["id"] for c in callers() for h in heads()), 20, "BLS")
+    (caller,) = callers()
+    assert caller["request_id"] == "sampled-1"
+    called = [h for h in heads() if h["model_name"] == "add_sub_copy"]
+    assert [h for h in called if "parent_id" not in h] == [], "no BLS call traced alone"
+    assert [h for h in called if h["parent_id"] == caller["id"]]
 
 
 class Receiver(http.server.BaseHTTPRequestHandler):
