@@ -93,7 +93,7 @@ def prepare(request: InferRequest, model: ModelVersion) -> WorkItem:
     # Every input given is one of the model's, once: when there are as many, none is missing.
     _check_missing(request.id, model, list(arrays))
     for requested in request.outputs:
-        _check_output(requested, model, tag)
+        _check_output(requested, model)
     # A model without sequence_batching serves a request that names a sequence and leaves
     # the ID and flags alone, as Triton does (InferenceRequest::ValidateCorrelationId runs
     # for sequence models only): an ensemble passes them on to its steps, and clients send
@@ -192,11 +192,12 @@ def _resolve_raw_binary(tensor: Tensor, model: ModelVersion, request_id: str) ->
     return Tensor(spec.name, spec.datatype, lead + dims, array)
 
 
-def _check_output(requested: RequestedOutput, model: ModelVersion, tag: str) -> None:
+def _check_output(requested: RequestedOutput, model: ModelVersion) -> None:
     spec = model.outputs.get(requested.name)
     if spec is None:
+        # No request id: Triton's core says it from Model::GetOutput, without LogRequest().
         raise invalid_arg(
-            f"{tag}unexpected inference output '{requested.name}' for model '{model.name}'"
+            f"unexpected inference output '{requested.name}' for model '{model.name}'"
         )
     if requested.classification < 0:
         raise invalid_arg("classification count must be non-negative")
