@@ -11,7 +11,9 @@ src/grpc/grpc_handler.h):
   `{"error": "This API is restricted, expecting header '<header>'"}`.
 - gRPC checks the metadata key `triton-grpc-protocol-<header>` and answers UNAVAILABLE
   with "This protocol is restricted, expecting header 'triton-grpc-protocol-<header>'".
-- A category may appear in one rule only.
+- A category may appear in one rule only. A bad flag stops the start-up with Triton's
+  words (src/command_line_parser.cc), where the HTTP flag names an "api" and the gRPC
+  flag a "protocol".
 """
 
 from __future__ import annotations
@@ -115,14 +117,13 @@ class RestrictedApis:
 
     def __init__(self, rules: Iterable[tuple[str, str, str]], header_prefix: str = "") -> None:
         self.rules: dict[str, Restriction] = {}
+        kind = "protocol" if header_prefix == GRPC_HEADER_PREFIX else "api"
         for category, header, value in rules:
             if category not in CATEGORIES:
-                raise ValueError(
-                    f"unknown API category '{category}'; expected one of: {', '.join(CATEGORIES)}"
-                )
+                raise ValueError(f"unknown restricted {kind} '{category}'")
             if category in self.rules:
                 raise ValueError(
-                    f"restricted API category '{category}' is named in more than one rule"
+                    f"restricted {kind} '{category}' can not be specified in multiple config groups"
                 )
             if not header:
                 raise ValueError(f"restricted API category '{category}' names no header")

@@ -17,7 +17,7 @@ from typing import Any, Final
 from ge_serve.backends.ge.sim_cost import parse_sim_cost
 from ge_serve.backends.text_bool import parse_bool
 
-from ..control.restrictions import RestrictedApis
+from ..control.restrictions import GRPC_HEADER_PREFIX, RestrictedApis
 from ..observability.metricsconfig import MetricsConfig
 from ..observability.traceconfig import check_level
 
@@ -165,10 +165,7 @@ def restriction(text: str) -> list[Rule]:
 def restriction_rules(name: str, groups: tuple[list[Rule], ...]) -> tuple[Rule, ...]:
     """Every rule of a repeated flag, checked by the class that will enforce them."""
     rules = tuple(rule for group in groups for rule in group)
-    try:
-        RestrictedApis(rules)
-    except ValueError as exc:
-        raise ValueError(f"{name}: {exc}") from None
+    RestrictedApis(rules, GRPC_HEADER_PREFIX if name.startswith("--grpc") else "")
     return rules
 
 
@@ -199,9 +196,10 @@ def non_negative(name: str, value: int) -> int:
 
 
 def positive(name: str, value: int) -> int:
-    """Triton's check of --http-max-input-size, with its words."""
+    """Triton's check of --http-max-input-size, with its words ("Error: " included: its qa
+    greps the log for them)."""
     if value <= 0:
-        raise ValueError(f"{name} must be greater than 0.")
+        raise ValueError(f"Error: {name} must be greater than 0.")
     return value
 
 

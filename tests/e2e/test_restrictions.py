@@ -161,7 +161,7 @@ def test_restriction_flags_are_validated(tmp_path: Path) -> None:
         [tmp_path], ["--http-restricted-api=model-repo:a=b"], wait_ready=False
     ) as proc:
         assert proc.process.wait(60) == 2
-        assert "unknown API category 'model-repo'" in proc.log()
+        assert "unknown restricted api 'model-repo'" in proc.log()
 
 
 # --- the gRPC interceptor, on the standard health service --------------------------------

@@ -249,7 +249,30 @@ def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--metrics-port", "-1"], "a port is 0 to 65535, got -1"),
         (["--exit-timeout-secs", "nan"], "expected a finite number of seconds >= 0, got 'nan'"),
         (["--repository-poll-secs", "inf"], "expected a finite number of seconds >= 0"),
-        (["--http-max-input-size", "0"], "--http-max-input-size must be greater than 0."),
+        # Triton's text, which its qa greps for, "Error: " included.
+        (["--http-max-input-size", "0"], "Error: --http-max-input-size must be greater than 0."),
+        (
+            ["--http-restricted-api=model-reposit,health:k1=v1"],
+            "unknown restricted api 'model-reposit'",
+        ),
+        (
+            ["--grpc-restricted-protocol=model-reposit,health:k1=v1"],
+            "unknown restricted protocol 'model-reposit'",
+        ),
+        (
+            [
+                "--http-restricted-api=model-repository,health:k1=v1",
+                "--http-restricted-api=metadata,health:k2=v2",
+            ],
+            "restricted api 'health' can not be specified in multiple config groups",
+        ),
+        (
+            [
+                "--grpc-restricted-protocol=model-repository,health:k1=v1",
+                "--grpc-restricted-protocol=metadata,health:k2=v2",
+            ],
+            "restricted protocol 'health' can not be specified in multiple config groups",
+        ),
         (
             ["--load-model", "m"],
             "Use of '--load-model' requires setting '--model-control-mode=explicit' as well.",
@@ -295,3 +318,10 @@ def test_later_releases_flags_are_accepted_and_named(argv: list[str]) -> None:
     settings = parse_settings([*REPO, *argv])
     message = warning(settings.inapplicable)
     assert message is not None and argv[0].split("=")[0] in message
+
+
+def test_client_shared_memory_is_off_unless_asked_for() -> None:
+    # Triton's default (command_line_parser.h): a client must not make the server map and
+    # write its /dev/shm objects unless the operator allows it.
+    assert parse_settings([*REPO]).allow_client_shm is False
+    assert parse_settings([*REPO, "--allow-client-shm=true"]).allow_client_shm is True
