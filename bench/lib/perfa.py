@@ -8,7 +8,7 @@ parse its CSV into a dict.
 
 shared_memory="system" makes perf_analyzer pass every input and output through system shared
 memory (Triton's extension) instead of the socket; the server must allow it
-(--allow-client-shm, on by default).
+(`server_flags(shared_memory)`: --allow-client-shm=true, off by default as in Triton).
 
 Latencies are microseconds, throughput is infer/s. Server-side columns (queue, compute
 input/infer/output) are present only when the server has the `statistics` extension.
@@ -55,6 +55,11 @@ UNSTABLE_MARK = "Failed to obtain stable measurement"
 
 # perf_analyzer's --shared-memory kinds that ge-serve serves (it has no CUDA devices).
 SHARED_MEMORY_KINDS = ("none", "system")
+
+
+def server_flags(shared_memory: str) -> list[str]:
+    """The ge-serve flags a run with perf_analyzer's `shared_memory` kind needs."""
+    return [] if shared_memory == "none" else ["--allow-client-shm=true"]
 
 
 class PerfAnalyzerUnavailable(RuntimeError):

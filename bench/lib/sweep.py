@@ -39,6 +39,7 @@ from bench.lib.perfa import (
     PerfAnalyzerError,
     find_perf_analyzer,
     run_perf_analyzer,
+    server_flags,
 )
 from bench.lib.raw_ort import DEFAULT_BATCH_SIZES, measure_raw
 from bench.lib.report import add_ratio, markdown_table, plot, save_rows
@@ -93,7 +94,7 @@ def sweep(
             CACHE / "repos" / f"sweep_{variant.name}", variant.model, options=variant.options
         )
         data = input_json_for(repo / variant.model, CACHE / "inputs" / f"{variant.model}.json")
-        with serve(repo, list(variant.flags)) as srv:
+        with serve(repo, [*variant.flags, *server_flags(variant.shared_memory)]) as srv:
             urls = {"http": srv.http_url, "grpc": srv.grpc_url}
             for protocol in protocols:
                 if protocol == "grpc" and not grpc_ready(srv, 3.0):

@@ -61,7 +61,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from bench.lib.frozen_loads import Contender, RawLoad, ServerLoad, warm
-from bench.lib.perfa import find_perf_analyzer
+from bench.lib.perfa import find_perf_analyzer, server_flags
 from bench.lib.server import grpc_ready, serve
 
 # The longest a contender may stay frozen: under uvicorn's 5 s keep-alive timeout.
@@ -261,7 +261,8 @@ def run_contenders(
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="timeshare-")))
         running = []
         for spec in servers:
-            server = stack.enter_context(serve(spec.repos, list(spec.flags)))
+            flags = [*spec.flags, *server_flags(spec.shared_memory)]
+            server = stack.enter_context(serve(spec.repos, flags))
             if spec.protocol == "grpc" and not grpc_ready(server, 10.0):
                 raise RuntimeError(f"{spec.name}: gRPC did not come up")
             running.append((spec, server))

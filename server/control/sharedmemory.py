@@ -8,17 +8,19 @@ the server instance.
 
 Lifetime. A region is mapped once, at registration (open + fstat + mmap, off the event
 loop; the descriptor is closed at once, Python's mmap keeps its own duplicate). Requests
-get zero-copy memoryviews of the mapping. Unregistering drops the manager's reference and
-closes the mapping if no view is left; otherwise `mmap.close()` would raise BufferError,
-so the mapping is left to go, with its descriptor, when the last request holding a view
-lets go of it (CPython frees it by reference count). Each mapping holds one descriptor
-(Python 3.11's mmap cannot give it up), so the number of regions is capped at half the
-process's open-file limit: past it a client's registrations would starve the server of
-descriptors for connections. Triton's regions hold none, so Triton has no such cap.
+get zero-copy memoryviews of the mapping. Each mapping holds one descriptor (Python 3.11's
+mmap cannot give it up), so the number of regions is capped at half the process's
+open-file limit: past it a client's registrations would starve the server of descriptors
+for connections. Triton's regions hold none, so Triton has no such cap.
 
-A request that resolved its region before the unregister finishes normally; one that
-comes later is told the region is unknown. That is Triton's behaviour too (it defers the
-unmap while requests use the region).
+Unregistering a region that requests are using (`users`, counted from `window(ref,
+held)` to `release(held)`) only marks it, as Triton's UnregisterHelper does: it stays in
+the table, in the status and usable by later requests, and goes when the last request
+using it ends. Otherwise it goes at once; its mapping closes when no view of it is left
+(`mmap.close()` would raise BufferError while one is; CPython frees it by reference count).
+
+Off (`--allow-client-shm=false`, the default, as Triton's): register and unregister are
+refused with Triton's words, status answers (empty).
 
 Triton's facts (docs/protocol/extension_shared_memory.md, src/shared_memory_manager.cc,
 src/http_server.cc, src/grpc/grpc_utils.h and infer_handler.cc):
@@ -67,9 +69,12 @@ SHARED_MEMORY_BYTE_SIZE: Final = "shared_memory_byte_size"
 IN_SHARED_MEMORY: Final[npt.NDArray[Any]] = np.empty(0, dtype=np.uint8)
 IN_SHARED_MEMORY.flags.writeable = False
 
+# Triton's kClientShmDisabledErrorStr (src/common.h).
 DISABLED: Final = (
-    "client shared memory is disabled on this server (started with --allow-client-shm=false)"
+    "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 )
+# size_t's largest value, which Triton's offset + byte_size must not pass.
+SIZE_MAX: Final = (1 << 64) - 1
 
 
 unknown_region = error_texts.shm_not_found
@@ -149,12 +154,14 @@ class _Region:
     """One mapping. `start` is where the registered bytes begin inside it (the mapping
     starts at the page boundary at or below the registered offset)."""
 
-    __slots__ = ("_mapping", "_start", "status")
+    __slots__ = ("_mapping", "_start", "awaiting_unregister", "status", "users")
 
     def __init__(self, status: RegionStatus, mapping: mmap.mmap, start: int) -> None:
         self.status = status
         self._mapping: mmap.mmap | None = mapping
         self._start = start
+        self.users = 0  # requests that use it now
+        self.awaiting_unregister = False  # unregistered while in use: goes with the last
 
     def window(self, offset: int, byte_size: int) -> memoryview:
         """A writable view of `byte_size` bytes at `offset` into the region (checked)."""
@@ -180,6 +187,10 @@ class _Region:
         if mapping is not None:
             with contextlib.suppress(BufferError):
                 mapping.close()
+
+
+# The regions one request uses, one entry per use (see SharedMemoryManager.release).
+Held = list[_Region]
 
 
 def region_cap() -> int:
@@ -214,11 +225,11 @@ def _map(root: Path, name: str, key: str, offset: int, byte_size: int) -> tuple[
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise invalid_arg(f"{failed}: '{key}' is not a shared memory object")
-        if byte_size == 0:
-            # Checked after the open, as Triton does: a missing key is named first.
-            raise invalid_arg(f"{failed}: byte_size must be > 0")
         if offset + byte_size > info.st_size:
             raise error_texts.shm_invalid_args(name)
+        if byte_size == 0:
+            # Python maps the whole object for length 0; Triton's mmap(2) fails, EINVAL.
+            raise invalid_arg(f"{failed}: unable to process address space{os.strerror(22)}")
         base = offset - offset % mmap.ALLOCATIONGRANULARITY
         try:
             mapping = mmap.mmap(
@@ -228,8 +239,8 @@ def _map(root: Path, name: str, key: str, offset: int, byte_size: int) -> tuple[
                 prot=mmap.PROT_READ | mmap.PROT_WRITE,
                 offset=base,
             )
-        except OSError as exc:
-            raise invalid_arg(f"{failed}: cannot map '{key}': {exc.strerror or exc}") from None
+        except OSError as exc:  # Triton's words, run together as it runs them
+            raise invalid_arg(f"{failed}: unable to process address space{exc.strerror}") from None
     finally:
         os.close(fd)
     return mapping, offset - base
@@ -250,14 +261,15 @@ class SharedMemoryManager:
         self._regions: dict[str, _Region] = {}
         self.max_regions = region_cap() if max_regions is None else max_regions
 
-    def _check_enabled(self) -> None:
+    def check_enabled(self) -> None:
+        """Register and unregister are refused when off; status answers (Triton's rule)."""
         if not self.enabled:
             raise ServerError(ErrorCode.UNSUPPORTED, DISABLED)
 
     # --- the extension's calls -------------------------------------------------------------
 
     async def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        self._check_enabled()
+        self.check_enabled()
         if not name:
             raise invalid_arg("'region name' is necessary to register system shared memory region")
         if offset < 0 or byte_size < 0:
@@ -306,19 +318,44 @@ class SharedMemoryManager:
 
     def unregister(self, name: str = "") -> None:
         """Unregister one region, or every region when `name` is empty. Unknown names are
-        not an error (Triton's behaviour: the end state is what was asked for)."""
+        not an error (Triton's behaviour: the end state is what was asked for). A region
+        that requests are using is only marked; the last of them to end removes it."""
+        self.check_enabled()
         if name:
-            region = self._regions.pop(name, None)
-            regions = {name: region} if region is not None else {}
+            region = self._regions.get(name)
+            regions = [] if region is None else [region]
         else:
-            regions, self._regions = self._regions, {}
-        for region in regions.values():
-            region.release()
-            log.debug("unregistered system shared memory region '%s'", region.status.name)
+            regions = list(self._regions.values())
+        for region in regions:
+            if region.users:
+                region.awaiting_unregister = True
+                log.debug(
+                    "Shared memory region '%s' will be unregistered after in-flight requests "
+                    "complete.",
+                    region.status.name,
+                )
+            else:
+                self._remove(region)
+
+    def _remove(self, region: _Region) -> None:
+        if self._regions.get(region.status.name) is region:
+            del self._regions[region.status.name]
+        region.release()
+        log.debug("unregistered system shared memory region '%s'", region.status.name)
+
+    def release(self, held: Held) -> None:
+        """A request that used the regions `window` put in `held` has ended."""
+        for region in held:
+            region.users -= 1
+            if region.awaiting_unregister and not region.users:
+                self._remove(region)
+        held.clear()
 
     def close(self) -> None:
-        """Server shutdown: release every region."""
-        self.unregister()
+        """Server shutdown: release every region, used or not."""
+        regions, self._regions = self._regions, {}
+        for region in regions.values():
+            region.release()
 
     # --- CUDA shared memory (this server has no CUDA devices) ------------------------------
 
@@ -337,28 +374,34 @@ class SharedMemoryManager:
 
     def cuda_register(self, name: str) -> None:
         """Refuse, as Triton refuses a CUDA handle it cannot open (no CUDA device here)."""
-        self._check_enabled()
+        self.check_enabled()
         raise error_texts.cuda_register_refused()
 
     def cuda_unregister(self, name: str = "") -> None:
         """Nothing to do: no CUDA region is ever registered (clients such as perf_analyzer
-        unregister all of them at start-up)."""
+        unregister all of them at start-up). Refused when off, as Triton refuses it."""
+        self.check_enabled()
 
     # --- tensors -------------------------------------------------------------------------
 
-    def window(self, ref: SharedMemoryRef) -> memoryview:
-        """The writable bytes `ref` names, checked against its region."""
-        if not self.enabled:
-            raise ServerError(ErrorCode.UNSUPPORTED, DISABLED)
+    def window(self, ref: SharedMemoryRef, held: Held | None = None) -> memoryview:
+        """The writable bytes `ref` names, checked against its region in Triton's order.
+        With `held`, the region counts the caller as a user until `release(held)`."""
         region = self._regions.get(ref.region)
         if region is None:
             raise unknown_region(ref.region)
         size = region.status.byte_size
         if ref.offset >= size:
             raise error_texts.shm_invalid_offset(ref.region)
+        if ref.byte_size > SIZE_MAX - ref.offset:
+            raise error_texts.shm_integer_overflow(ref.region, ref.byte_size, ref.offset, SIZE_MAX)
         if ref.offset + ref.byte_size > size:
             raise error_texts.shm_invalid_range(ref.region)
-        return region.window(ref.offset, ref.byte_size)
+        view = region.window(ref.offset, ref.byte_size)
+        if held is not None:
+            region.users += 1
+            held.append(region)
+        return view
 
     def input_array(
         self,
@@ -368,12 +411,13 @@ class SharedMemoryManager:
         tensor: str,
         model: str,
         request_id: str = "",
+        held: Held | None = None,
     ) -> npt.NDArray[Any]:
         """A read-only, zero-copy view of an input tensor (BYTES are parsed into objects).
 
         The region is checked first, then the size against the shape, in Triton's order.
         """
-        view = self.window(ref).toreadonly()
+        view = self.window(ref, held).toreadonly()
         return raw_to_array(datatype, shape, view, InputRef(tensor, model, request_id))
 
     @staticmethod

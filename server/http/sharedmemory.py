@@ -75,6 +75,7 @@ def routes(front: RouteHost) -> list[Route]:
         return json_response(_status_json(shm.status(_region(request))))
 
     async def system_register(request: Request) -> Response:
+        shm.check_enabled()  # before the body is read, as Triton refuses it
         body = await front.read_body(request)
         with decoding("shared memory register request"):
             doc = decode_body(
@@ -98,9 +99,8 @@ def routes(front: RouteHost) -> list[Route]:
         return json_response(_status_json(shm.cuda_status(_region(request))))
 
     async def cuda_register(request: Request) -> Response:
-        body = await front.read_body(request)
-        if shm.enabled:  # else the refusal says the extension is off
-            _check_cuda_handle(body)
+        shm.check_enabled()
+        _check_cuda_handle(await front.read_body(request))
         shm.cuda_register(_region(request))
         return Response(status_code=200)  # pragma: no cover - cuda_register always raises
 

@@ -123,10 +123,8 @@ class InferenceServer:
         return self.path.cutoff.cut()
 
     def metadata(self) -> ServerMetadata:
-        extensions = self.info.extensions
-        if not self.shared_memory.enabled:
-            extensions = tuple(e for e in extensions if e != "system_shared_memory")
-        return ServerMetadata(self.info.name, self.info.version, extensions)
+        # Triton lists system_shared_memory whether --allow-client-shm is on or not.
+        return ServerMetadata(self.info.name, self.info.version, self.info.extensions)
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.lifecycle.is_ready(name, version)

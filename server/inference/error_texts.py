@@ -309,6 +309,13 @@ def shm_invalid_offset(name: str) -> ServerError:
     return _invalid(f"Invalid offset for shared memory region: '{name}'")
 
 
+def shm_integer_overflow(name: str, byte_size: int, offset: int, size_max: int) -> ServerError:
+    return _invalid(
+        f"Integer overflow detected: byte_size ({byte_size}) + offset ({offset}) "
+        f"exceeds maximum value ({size_max}) for region '{name}'"
+    )
+
+
 def shm_invalid_range(name: str) -> ServerError:
     return _invalid(f"Invalid offset + byte size for shared memory region: '{name}'")
 

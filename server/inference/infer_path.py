@@ -31,7 +31,7 @@ from typing import Protocol
 
 from ge_serve.scheduler.work import Array, Timings, WorkItem
 
-from ..control.sharedmemory import SharedMemoryManager
+from ..control.sharedmemory import Held, SharedMemoryManager
 from ..errors import ErrorCode, SchedulerClosed, ServerError, cut_off_at_exit, shutting_down
 from ..models.lifecycle import ModelLifecycle
 from ..observability.statistics import StatisticsCollector
@@ -127,7 +127,8 @@ class InferPath:
     async def run(
         self, request: InferRequest, model: ModelVersion, started: int, trace: Trace | None
     ) -> tuple[InferResponse, WorkItem]:
-        targets = map_request(self.shared_memory, request)
+        held: Held = []
+        targets = map_request(self.shared_memory, request, held)
         attempt = _Attempt(model)
         cutoff = self.cutoff
         task = cutoff.enter()
@@ -157,6 +158,8 @@ class InferPath:
                 del error  # see `unlinked`
         finally:
             cutoff.leave(task)
+            if held:
+                self.shared_memory.release(held)
         cached = attempt.cached
         hit = cached if cached is not None and cached.found is not None else None
         self._finished(attempt.model, attempt.item, None, started, hit, trace)
@@ -288,7 +291,8 @@ class InferPath:
             self.admit(request)
         refuse_outputs(request)
         started = time.monotonic_ns()
-        map_request(self.shared_memory, request)
+        regions: Held = []
+        map_request(self.shared_memory, request, regions)
         sink = ResponseQueue(asyncio.get_running_loop())
         item: WorkItem | None = None
         failed: ServerError | None = None
@@ -340,6 +344,8 @@ class InferPath:
                 del error  # see `unlinked`
         finally:
             self.cutoff.responses.discard(held)
+            if regions:
+                self.shared_memory.release(regions)
         done = held.submitted
         if done is None or done.done():
             self._released(model, item, failed, started, trace, queued, released)

@@ -154,7 +154,10 @@ class Settings:
         default=64 * 1024 * 1024, metadata=flag(check=positive, help="largest HTTP body, in bytes")
     )
     allow_client_shm: bool = field(
-        default=True, metadata=flag(help="let clients register system shared memory")
+        # Off unless asked for, as in Triton: a client that registers a region makes the
+        # server map a /dev/shm object and write outputs into it.
+        default=False,
+        metadata=flag(help="let clients register and unregister system shared memory"),
     )
     log_verbose: int = field(
         default=0,

@@ -59,7 +59,13 @@ def odd_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def srv(odd_repo: Path) -> Iterator[ServerProcess]:
-    extra = ["--model-control-mode", "explicit", "--load-model", "simple"]
+    extra = [
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "simple",
+        "--allow-client-shm=true",
+    ]
     with running_server((EXAMPLE_MODELS, odd_repo), extra) as proc:
         yield proc
 

@@ -19,6 +19,7 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from polling import poll
@@ -32,6 +33,7 @@ from bench.lib import perfa
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 VECTOR = 16 * 4  # one [1, 16] INT32 tensor of `simple`
+ALLOW = "--allow-client-shm=true"
 
 
 class Regions:
@@ -62,6 +64,14 @@ class Regions:
             finally:
                 shm.destroy_shared_memory_region(handle)
         self.handles.clear()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    """This module's server (the `client` fixture's): client shared memory is off unless
+    asked for, as in Triton."""
+    with running_server(extra=[ALLOW]) as proc:
+        yield proc
 
 
 @pytest.fixture
@@ -291,6 +301,16 @@ def test_bad_shared_memory_requests_get_clear_errors(client: Triton, regions: Re
         infer,
         shm_input(client, "INPUT0", region_in, VECTOR, offset=VECTOR + 4),
     )
+    if client.protocol == "http":  # gRPC's int64 parameter cannot carry it
+        expect(
+            client,
+            "INVALID_ARGUMENT",
+            "Integer overflow detected: byte_size (18446744073709551584) + offset (32) exceeds "
+            f"maximum value (18446744073709551615) for region '{region_in}'",
+            infer,
+            shm_input(client, "INPUT0", region_in, VECTOR),
+            [shm_output(client, "OUTPUT0", region_in, 2**64 - 32, offset=32)],
+        )
     expect(
         client,
         "INVALID_ARGUMENT",
@@ -383,7 +403,8 @@ def held_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
         (target / "config.pbtxt").write_text(
             config.replace('name: "simple"', f'name: "held_{protocol}"', 1)
         )
-    with running_server([repo], env={"TRITONSERVER_DELAY_SCHEDULER": str(HOLD)}) as proc:
+    env = {"TRITONSERVER_DELAY_SCHEDULER": str(HOLD)}
+    with running_server([repo], [ALLOW], env=env) as proc:
         yield proc
 
 
@@ -421,17 +442,19 @@ def test_unregister_while_a_request_is_queued(held_server: ServerProcess, protoc
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             future = pool.submit(parked)
             wait_pending(held_server, model, 1)
-            # Both regions go while the request that uses them waits in the queue.
+            # Unregistered while the request that uses them waits in the queue: as in
+            # Triton, they are only marked, and stay in the status...
             triton.client.unregister_system_shared_memory()
-            assert status_names(triton) == set()
-            # A later request naming them is told they are gone...
-            expect(triton, "NOT_FOUND", f"Unable to find shared memory region: '{region_in}'",
-                   triton.client.infer, model, [shm_input(triton, "INPUT0", region_in, VECTOR),
-                   body_input(triton, "INPUT1", B)])  # fmt: skip
-            # ...and one more queued request releases the held batch.
-            other = triton.infer(model, {"INPUT0": B, "INPUT1": A})
+            assert status_names(triton) == {region_in, region_out}
+            # ...and usable: a later request reads one (and releases the held batch).
+            later = triton.client.infer(
+                model,
+                [shm_input(triton, "INPUT0", region_in, VECTOR), body_input(triton, "INPUT1", B)],
+            )
             future.result(timeout=60)
-        np.testing.assert_array_equal(other.as_numpy("OUTPUT0"), A + B)
+        np.testing.assert_array_equal(later.as_numpy("OUTPUT0"), A + B)
+        # Both requests have ended: the regions are gone now.
+        assert status_names(triton) == set()
         # The parked request read its inputs and wrote its outputs through its own views.
         out = shm.get_contents_as_numpy(handle_out, np.int32, [1, 16])
         np.testing.assert_array_equal(out, A + B)
@@ -443,29 +466,50 @@ def test_unregister_while_a_request_is_queued(held_server: ServerProcess, protoc
         triton.close()
 
 
-# --- --allow-client-shm=false -----------------------------------------------------------------
+# --- off by default ----------------------------------------------------------------------
 
 
-def test_client_shm_can_be_disabled() -> None:
-    with running_server(extra=["--allow-client-shm=false"]) as proc:
+def test_client_shm_is_off_by_default() -> None:
+    """Triton's default and words (qa L0_shared_memory test_client_shm_disabled_by_default):
+    register and unregister are refused, status answers, the extension is still listed."""
+    disabled = (
+        "Client shared memory is disabled. Start the server with '--allow-client-shm=true' "
+        "to enable."
+    )
+    with running_server() as proc:
         client = httpclient.InferenceServerClient(proc.http_url)
+        rpc = grpcclient.InferenceServerClient(proc.grpc_url)
         try:
-            assert "system_shared_memory" not in client.get_server_metadata()["extensions"]
-            with pytest.raises(InferenceServerException) as info:
-                client.register_system_shared_memory("r", "/ge_test_disabled", 8)
-            assert info.value.status() == "501"
-            assert "--allow-client-shm=false" in info.value.message()
+            assert "system_shared_memory" in client.get_server_metadata()["extensions"]
+            for call in (
+                lambda: client.register_system_shared_memory("r", "/ge_test_disabled", 8),
+                lambda: client.unregister_system_shared_memory("r"),
+                client.unregister_system_shared_memory,
+                client.unregister_cuda_shared_memory,
+            ):
+                with pytest.raises(InferenceServerException) as info:
+                    call()
+                assert (info.value.status(), info.value.message()) == ("501", disabled)
+            for call in (
+                lambda: rpc.register_system_shared_memory("r", "/ge_test_disabled", 8),
+                lambda: rpc.unregister_system_shared_memory("r"),
+            ):
+                with pytest.raises(InferenceServerException) as info:
+                    call()
+                assert info.value.status() == "StatusCode.UNIMPLEMENTED"
+                assert info.value.message() == disabled
             assert client.get_system_shared_memory_status() == []
-            client.unregister_system_shared_memory()
+            assert len(rpc.get_system_shared_memory_status().regions) == 0
             tensor = httpclient.InferInput("INPUT0", [1, 16], "INT32")
             tensor.set_shared_memory("r", VECTOR)
             other = httpclient.InferInput("INPUT1", [1, 16], "INT32")
             other.set_data_from_numpy(B)
             with pytest.raises(InferenceServerException) as info:
                 client.infer("simple", [tensor, other])
-            assert "--allow-client-shm=false" in info.value.message()
+            assert info.value.message() == "Unable to find shared memory region: 'r'"
         finally:
             client.close()
+            rpc.close()
 
 
 # --- perf_analyzer ---------------------------------------------------------------------------
@@ -474,7 +518,7 @@ def test_client_shm_can_be_disabled() -> None:
 @pytest.mark.timeout(240)
 def test_perf_analyzer_with_system_shared_memory(perf_analyzer: tuple[str, dict[str, str]]) -> None:
     pa = perf_analyzer
-    with running_server(extra=["--log-verbose", "1"]) as proc:
+    with running_server(extra=["--log-verbose", "1", ALLOW]) as proc:
         for protocol, url in (("http", proc.http_url), ("grpc", proc.grpc_url)):
             row = perfa.run_perf_analyzer(
                 "simple", url, protocol, 2, measurement_interval_ms=500, max_trials=3,

@@ -41,7 +41,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     enabled = "response_cache { enable: true }"
     write_model(repo, "cached", add_sub_model(), CONFIG.format(name="cached", cache=enabled))
     write_model(repo, "uncached", add_sub_model(), CONFIG.format(name="uncached", cache=""))
-    with running_server([repo], [f"--cache-config=local,size={BUDGET}"]) as proc:
+    flags = [f"--cache-config=local,size={BUDGET}", "--allow-client-shm=true"]
+    with running_server([repo], flags) as proc:
         yield proc
 
 

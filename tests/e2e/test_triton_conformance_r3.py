@@ -68,7 +68,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_model(repo, "one_float", identity_model(TensorProto.FLOAT, dims=("batch", 8)))
     write_model(repo, "simple_int8", int8_add_sub())
     # The default --http-max-input-size (64 MiB), as the qa tests run.
-    with running_server([EXAMPLE_MODELS, repo]) as proc:
+    with running_server([EXAMPLE_MODELS, repo], ["--allow-client-shm=true"]) as proc:
         yield proc
 
 

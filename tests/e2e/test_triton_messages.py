@@ -45,7 +45,8 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     )
     write_model(repo, "one_string", identity_model(TensorProto.STRING, dims=("batch", 2)))
     write_model(repo, "one_float", identity_model(TensorProto.FLOAT, dims=("batch", 4)))
-    with running_server([EXAMPLE_MODELS, repo], [f"--http-max-input-size={LIMIT}"]) as proc:
+    flags = [f"--http-max-input-size={LIMIT}", "--allow-client-shm=true"]
+    with running_server([EXAMPLE_MODELS, repo], flags) as proc:
         yield proc
 
 

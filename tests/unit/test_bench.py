@@ -256,6 +256,9 @@ def test_shared_memory_option_reaches_perf_analyzer(tmp_path: Path) -> None:
     assert sweep.parse_variant(["plain", "model=simple"]).shared_memory == "none"
     with pytest.raises(ValueError, match="shm must be one of"):
         sweep.parse_variant(["x", "shm=cuda"])
+    # The server must allow client shared memory, off by default (as in Triton).
+    assert perfa.server_flags("system") == ["--allow-client-shm=true"]
+    assert perfa.server_flags("none") == []
 
 
 # --- the bench package: one entry point, its suites, its results ------------------------------

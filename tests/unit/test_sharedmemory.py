@@ -11,6 +11,7 @@ import os
 import resource
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -125,6 +126,13 @@ def test_request_errors_use_tritons_words(root: Path) -> None:
     assert past.message == "Invalid offset for shared memory region: 'r'"
     over = error(lambda: manager.window(SharedMemoryRef("r", 8, 60)))
     assert over.message == "Invalid offset + byte size for shared memory region: 'r'"
+    # Triton checks offset + byte_size against size_t's largest value before the region.
+    wraps = error(lambda: manager.window(SharedMemoryRef("r", 2**64 - 32, 32)))
+    assert wraps.code is ErrorCode.INVALID_ARG
+    assert wraps.message == (
+        "Integer overflow detected: byte_size (18446744073709551584) + offset (32) exceeds "
+        "maximum value (18446744073709551615) for region 'r'"
+    )
     mismatch = error(
         lambda: manager.input_array(SharedMemoryRef("r", 32), DataType.INT32, (1, 16), "IN", "m")
     )
@@ -155,8 +163,13 @@ def test_registration_errors(root: Path) -> None:
         "missing key": (lambda: register(manager, "s", "/no-such-object", 0, 0),
                         ErrorCode.INTERNAL, "Unable to open shared memory region: "
                         "'/no-such-object'"),
+        # Triton checks the bounds first, then its mmap(2) of 0 bytes fails (EINVAL).
+        "empty size past the end": (lambda: register(manager, "s", key, 65, 0),
+                                    ErrorCode.INVALID_ARG,
+                                    "failed to register shared memory region 's': invalid args"),
         "empty size": (lambda: register(manager, "s", key, 0, 0), ErrorCode.INVALID_ARG,
-                       "byte_size must be > 0"),
+                       "failed to register shared memory region 's': unable to process "
+                       "address spaceInvalid argument"),
         "no name": (lambda: register(manager, "", key, 0, 8), ErrorCode.INVALID_ARG,
                     "'region name' is necessary"),
     }  # fmt: skip
@@ -241,15 +254,61 @@ def test_regions_are_capped_by_the_open_file_limit(root: Path) -> None:
     manager.close()
 
 
-def test_a_disabled_manager_refuses_registration_and_use(root: Path) -> None:
+def test_a_disabled_manager_refuses_registration_and_unregistration(root: Path) -> None:
     manager = SharedMemoryManager(enabled=False, root=root)
     key = make_object(root, "obj", bytes(64))
-    refused = error(lambda: register(manager, "r", key, 0, 8))
-    assert refused.code is ErrorCode.UNSUPPORTED
-    assert "--allow-client-shm=false" in refused.message
-    assert error(lambda: manager.window(SharedMemoryRef("r", 8))).code is ErrorCode.UNSUPPORTED
+    disabled = (
+        "Client shared memory is disabled. Start the server with '--allow-client-shm=true' "
+        "to enable."
+    )
+    for call in (
+        lambda: register(manager, "r", key, 0, 8),
+        lambda: manager.unregister("r"),
+        manager.unregister,
+        lambda: manager.cuda_unregister("r"),
+        lambda: manager.cuda_register("r"),
+    ):
+        refused = error(call)
+        assert (refused.code, refused.message) == (ErrorCode.UNSUPPORTED, disabled)
+    assert manager.status() == []  # status answers, as Triton's does
+    assert error(lambda: manager.window(SharedMemoryRef("r", 8))).code is ErrorCode.NOT_FOUND
+
+
+def test_a_region_unregistered_while_in_use_stays_until_its_requests_end(root: Path) -> None:
+    """Triton's UnregisterHelper: a region in use is only marked; it stays in the status
+    and usable by later requests, and goes when the last request using it ends."""
+    manager = SharedMemoryManager(root=root)
+    key = make_object(root, "obj", bytes(64))
+    register(manager, "r", key, 0, 64)
+    register(manager, "idle", key, 0, 64)
+    first: list[Any] = []
+    manager.window(SharedMemoryRef("r", 8), first)
+    manager.unregister()  # every region: the idle one goes, the used one is marked
+    assert [r.name for r in manager.status()] == ["r"]
+    assert [r.name for r in manager.status("r")] == ["r"]
+    assert error(lambda: register(manager, "r", key, 0, 8)).code is ErrorCode.ALREADY_EXISTS
+    later: list[Any] = []
+    manager.window(SharedMemoryRef("r", 8, 8), later)  # a request sent after still uses it
+    manager.release(first)
+    assert [r.name for r in manager.status()] == ["r"]
+    manager.release(later)
     assert manager.status() == []
-    manager.unregister()
+    assert error(lambda: manager.window(SharedMemoryRef("r", 8))).code is ErrorCode.NOT_FOUND
+    register(manager, "r", key, 0, 64)  # the name is free again
+    manager.close()
+
+
+def test_a_refused_request_holds_no_region(root: Path) -> None:
+    manager = SharedMemoryManager(root=root)
+    register(manager, "r", make_object(root, "obj", bytes(64)), 0, 64)
+    held: list[Any] = []
+    manager.input_array(SharedMemoryRef("r", 64), DataType.INT32, (1, 16), "IN", "m", held=held)
+    assert len(held) == 1
+    manager.release(held)
+    assert held == []
+    manager.unregister("r")
+    assert manager.status() == []
+    manager.close()
 
 
 def test_cuda_shared_memory_is_empty(root: Path) -> None:
