@@ -132,13 +132,16 @@ def autocomplete_from_onnx(
     Follows Triton's onnxruntime backend: when every input and output has a dynamic first
     dimension and the config names no batch size, max_batch_size becomes
     `default_max_batch_size` (`--backend-config=default-max-batch-size`, 4 unless set) and,
-    unless that is 0, the first dimension is the batch dimension.
+    unless that is 0, the first dimension is the batch dimension. Such a model batching
+    more than 1 with no scheduler in its config gets `dynamic_batching {}`.
     """
     inputs, outputs = read_onnx_io(path)
     everything = inputs + outputs
     can_batch = bool(everything) and all(t.dims and t.dims[0] == -1 for t in everything)
     if config.max_batch_size == 0 and can_batch and _config_dims_leave_batch(config, inputs):
         config.max_batch_size = default_max_batch_size
+    if can_batch and config.max_batch_size > 1 and config.WhichOneof("scheduling_choice") is None:
+        config.dynamic_batching.SetInParent()
     strip = 1 if config.max_batch_size > 0 else 0
     # What the scheduler feeds or keeps is not the client's to send or see.
     fed, kept = fed_inputs(config), kept_outputs(config)

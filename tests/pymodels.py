@@ -624,6 +624,14 @@ MODELS: dict[str, tuple[str, str]] = {
         )
         + "dynamic_batching { max_queue_delay_microseconds: 2000000 }",
     ),
+    # Batching allowed, but no dynamic_batching: Triton runs each request alone.
+    "add_sub_unbatched": (
+        ADD_SUB,
+        "max_batch_size: 8\n"
+        + _TENSORS_ADD_SUB.replace(
+            "output [", 'output [\n  { name: "REQUESTS" data_type: TYPE_INT32 dims: [ 1 ] },'
+        ),
+    ),
     "introspect": (
         INTROSPECT,
         """

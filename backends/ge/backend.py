@@ -110,6 +110,10 @@ class GeBackend:
         # An OM or a TensorFlow graph cannot be read here; such configs list their tensors.
         if model_path.suffix.lower() == ".onnx":
             autocomplete_from_onnx(config, model_path, self.default_max_batch_size)
+        elif config.max_batch_size > 1 and config.WhichOneof("scheduling_choice") is None:
+            # Its config says it batches, and nothing can say otherwise: dynamic batching,
+            # as for an ONNX file that can batch.
+            config.dynamic_batching.SetInParent()
 
     def load(self, spec: ModelSpec) -> LoadedModel:
         if not spec.model_path.is_file():

@@ -148,8 +148,9 @@ def complete(
             backend.autocomplete(config, model_path)
         except ValueError as exc:
             raise ServerError(ErrorCode.INVALID_ARG, str(exc)) from None
-        if config.max_batch_size > 1 and config.WhichOneof("scheduling_choice") is None:
-            config.dynamic_batching.SetInParent()
+        # Whether a batching model gets `dynamic_batching {}` is the backend's choice, as
+        # in Triton (onnxruntime's auto-complete adds it; a Python model asks for it with
+        # set_dynamic_batching): without it, each request executes alone.
     else:
         missing = [
             kind

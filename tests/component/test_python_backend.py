@@ -186,6 +186,21 @@ async def test_add_sub_answers_and_initialize_gets_tritons_args(served: Open) ->
     assert len(set(pids)) == 2 and os.getpid() not in pids and facts["pid"] in pids
 
 
+async def test_without_dynamic_batching_each_request_executes_alone(served: Open) -> None:
+    # max_batch_size 8 and no dynamic_batching: as in Triton, no batcher is added, so the
+    # scheduler hold (delay_count) that would merge all three does not apply either.
+    found = await served("add_sub_unbatched", delay_count=3)
+    assert "dynamic_batching" not in config_to_json(found.core.model_config("add_sub_unbatched"))
+    sent = [add_sub_inputs(rows) for rows in (1, 2, 1)]
+    responses = await asyncio.gather(
+        *(found.core.infer(request("add_sub_unbatched", **inputs)) for inputs in sent)
+    )
+    for inputs, response in zip(sent, responses, strict=True):
+        got = outputs(response)
+        rows = inputs["INPUT0"].shape[0]
+        np.testing.assert_array_equal(got["REQUESTS"], np.full((rows, 1), 1, np.int32))
+
+
 async def test_dynamic_batching_hands_execute_each_request(served: Open) -> None:
     found = await served("add_sub_batch", delay_count=3)
     sizes = [1, 2, 1]
