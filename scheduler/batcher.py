@@ -77,7 +77,8 @@ class DynamicBatcher:
         self._policy = policy
         self._gears = tuple(gears)
         self.controller = controller
-        self._queue = RequestQueue(policy, self._rejected)
+        # A request delayed (DELAY) may complete a preferred batch: Triton sends it then.
+        self._queue = RequestQueue(policy, self._rejected, lambda: self._former.reordered())
         self._order: collections.deque[Entry] | None = (
             collections.deque() if policy.preserve_ordering else None
         )

@@ -140,6 +140,12 @@ class BatchFormer:
             self._held = None
             self.wake()
 
+    def reordered(self) -> None:
+        """A queued request moved (DELAY): the held target, which counts samples behind
+        the same head, no longer tells what the decider would answer."""
+        self._held = None
+        self.wake()
+
     def wake(self) -> None:
         """Make the former look at the queue again (it changed)."""
         waiter = self._wake

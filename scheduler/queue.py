@@ -72,10 +72,17 @@ class RequestQueue:
     """The queued requests of one model, highest priority (level 1) first.
 
     `on_rejected` is called on the loop for a request whose timeout expired under REJECT,
-    after it has left the queue; the owner answers it.
+    after it has left the queue; the owner answers it. `on_delayed` is called once one
+    expired under DELAY has gone behind its level's live requests: the queue's order
+    changed, and a batch that was not possible may be now.
     """
 
-    def __init__(self, policy: BatchPolicy, on_rejected: Callable[[Entry], None]) -> None:
+    def __init__(
+        self,
+        policy: BatchPolicy,
+        on_rejected: Callable[[Entry], None],
+        on_delayed: Callable[[], None],
+    ) -> None:
         self._policy = policy
         self._named = frozenset(policy.levels)
         self._levels = {level: _Level(p) for level, p in sorted(policy.levels.items())}
@@ -83,6 +90,7 @@ class RequestQueue:
         self._numbers = sorted(self._levels)
         self._order = [self._levels[level] for level in self._numbers]
         self._on_rejected = on_rejected
+        self._on_delayed = on_delayed
         self._count = 0
         # Samples queued (requests carry their own batch dim), all levels and shapes.
         self.samples = 0
@@ -190,6 +198,7 @@ class RequestQueue:
             level.live.remove(entry)
             entry.delayed = True
             level.delayed.append(entry)
+            self._on_delayed()
             return
         self.remove(entry)
         self._on_rejected(entry)

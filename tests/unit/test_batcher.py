@@ -168,6 +168,25 @@ async def test_delay_action_keeps_an_expired_request_behind_its_level() -> None:
         assert fake.batches[1:] == [[12], [11], [30]]
 
 
+async def test_a_delayed_request_lets_the_preferred_batch_ahead_of_it_go_at_once() -> None:
+    # Rows 2, 1, 2 queued: 2, 3, 5 is no preferred size (4, 8), and the delay is a minute.
+    # When the middle one's timeout expires under DELAY it goes behind: 2 + 2 is preferred,
+    # and Triton sends that batch then (qa L0_model_queue test_priority_with_policy).
+    config = make_config(max_batch_size=8, preferred=[4, 8], delay_us=60_000_000)
+    set_policy(config, None, "DELAY", timeout_us=60_000_000, allow_override=True)
+    async with running(config) as (batcher, (fake,)):
+        fake.open()
+        first = submit_all(batcher, [item(1, rows=2)])
+        expiring = submit_all(batcher, [item(2, timeout_us=50_000)])
+        last = submit_all(batcher, [item(3, rows=2)])
+        # A guard against waiting out the minute, not a measure of speed.
+        await asyncio.wait_for(asyncio.gather(*first, *last), 20)
+        assert fake.batches == [[1, 1, 3, 3]]  # rows, by value
+        expiring[0].cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await expiring[0]
+
+
 async def test_full_queue_refuses_with_exceeds_maximum_queue_size() -> None:
     config = make_config(max_batch_size=8, priority_levels=2, default_level=2)
     set_policy(config, 1, max_queue_size=1)
