@@ -226,6 +226,7 @@ class SlotPool:
         for slot_needs in self._needs.values():
             if limiter is not None and slot_needs is not None:
                 limiter.register(slot_needs)
+        self._registered = limiter is not None
         # How many slots are idle, kept up to date by try_acquire and release.
         self.idle_count = sum(not slot.busy for slot in slots)
         self._waiters: collections.deque[asyncio.Future[ExecutorSlot]] = collections.deque()
@@ -368,6 +369,13 @@ class SlotPool:
     def close(self, reason: BaseException | None = None) -> None:
         """Close every slot after its queued jobs; waiters for a slot get `reason`."""
         self._closed = reason or RuntimeError("the executor slots are closed")
+        if self._registered and self._limiter is not None:
+            # Once: the model's instances leave the limiter's books (a pool closes at
+            # unload, or when the load that built it fails).
+            self._registered = False
+            for slot_needs in self._needs.values():
+                if slot_needs is not None:
+                    self._limiter.unregister(slot_needs)
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():

@@ -6,7 +6,9 @@ How many of each exist is `--rate-limit-resource <name>:<count>[:<device>]`, or 
 most that any one instance asks for, as in Triton. Once any limit is given, a resource
 no limit names counts as none, and a model with an instance that asks for more than its
 limit fails to load (Triton's rule and message) instead of reading as ready while its
-requests wait forever.
+requests wait forever. A resource is global or per device, never both: a model whose
+instances would use one name both ways, counting the loaded models' instances, fails to
+load (Triton's ValidateMaxResources and message).
 
 When resources come back, the pools waiting for them are served by the rank of the
 instance each would run next: Triton's scaled priority, the instance's executions times
@@ -24,6 +26,7 @@ its idle slots may run.
 
 from __future__ import annotations
 
+import collections
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -104,6 +107,8 @@ class RateLimiter:
         self._free: dict[tuple[str, int], int] = {}
         self._total: dict[tuple[str, int], int] = {}
         self._waiting: dict[int, tuple[int, Waiter]] = {}  # id -> (arrival, pool)
+        # Registered instances per (resource, global): a name is used one way only.
+        self._scopes: collections.Counter[tuple[str, bool]] = collections.Counter()
         self._order = itertools.count()
 
     def _explicit(self, key: tuple[str, int]) -> int:
@@ -122,9 +127,22 @@ class RateLimiter:
 
     def check(self, needs: Sequence[SlotNeeds | None]) -> None:
         """Refuse, before anything is registered, instances that could never run: one that
-        asks for more than its limit would wait forever while its model reads as ready."""
-        if not self._limits:
-            return
+        asks for more than its limit would wait forever while its model reads as ready;
+        and a resource that these instances, or the registered ones, use both globally
+        and per device."""
+        if self._limits:
+            self._check_limits(needs)
+        scopes = {key for key, count in self._scopes.items() if count > 0}
+        for entry in needs:
+            for (name, device), _ in entry.resources if entry is not None else ():
+                scopes.add((name, device == _GLOBAL))
+                if (name, device != _GLOBAL) in scopes:
+                    raise invalid_arg(
+                        f'Resource "{name}" is present as both global and device-specific '
+                        "resource in the model configuration."
+                    )
+
+    def _check_limits(self, needs: Sequence[SlotNeeds | None]) -> None:
         for entry in needs:
             for key, count in entry.resources if entry is not None else ():
                 supply = self._explicit(key)
@@ -139,9 +157,16 @@ class RateLimiter:
         """An instance that will ask for `needs` (`check`ed first); sizes the resources it
         names."""
         for key, count in needs.resources:
+            self._scopes[key[0], key[1] == _GLOBAL] += 1
             total = self._capacity(key, count)
             self._free[key] = self._free.get(key, 0) + total - self._total.get(key, 0)
             self._total[key] = total
+
+    def unregister(self, needs: SlotNeeds) -> None:
+        """A registered instance is gone (its model unloaded): the way it used each
+        resource no longer binds other models. (The supply stays as it was sized.)"""
+        for (name, device), _ in needs.resources:
+            self._scopes[name, device == _GLOBAL] -= 1
 
     def allows(self, needs: SlotNeeds | None) -> bool:
         if needs is None:

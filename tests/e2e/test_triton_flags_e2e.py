@@ -39,6 +39,14 @@ def test_a_triton_launch_line_is_honoured(tmp_path: Path) -> None:
     # More of R1 than the limit gives: it could never run, so it must not load.
     hungry = CONFIG.format(mbs=8).replace("add_sub", "hungry").replace("count: 2", "count: 3")
     write_model(repo, "hungry", add_sub_model(), hungry)
+    # R1 both per device and global: Triton refuses the load; the others serve on.
+    split = hungry.replace("hungry", "split").replace("count: 3", "count: 1")
+    split = split.replace(
+        "priority: 1 } } ]",
+        "priority: 1 } },\n  { count: 1 kind: KIND_CPU\n"
+        '  rate_limiter { resources [ { name: "R1" global: true count: 1 } ] } } ]',
+    )
+    write_model(repo, "split", add_sub_model(), split)
     # Auto-completed: its max_batch_size is the backend's default-max-batch-size.
     write_model(repo, "auto", add_sub_model(), 'backend: "onnxruntime"\n')
     tls = make_tls_files(tmp_path)
@@ -74,6 +82,11 @@ def test_a_triton_launch_line_is_honoured(tmp_path: Path) -> None:
             'Resource count for "r1" is limited to 2 which will prevent scheduling of one or '
             "more model instances, the minimum required count is 3"
         ) in index["hungry"]["reason"]
+        assert index["split"]["state"] == "UNAVAILABLE"
+        assert (
+            'Resource "r1" is present as both global and device-specific resource in the '
+            "model configuration."
+        ) in index["split"]["reason"]
 
         secure = grpcclient.InferenceServerClient(
             server.grpc_url, ssl=True, root_certificates=str(tls.ca)

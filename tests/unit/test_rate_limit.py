@@ -197,3 +197,46 @@ def test_limits_that_cover_every_instance_pass() -> None:
     RateLimiter([("r1", 2, -1)]).check([needs(2), None])
     RateLimiter([("r1", 3, 0)]).check([SlotNeeds(((("r1", 0), 3),))])
     RateLimiter([("g", 5, 1)]).check([SlotNeeds(((("g", -1), 5),))])
+
+
+CONFLICT = (
+    'Resource "r2" is present as both global and device-specific resource in the model '
+    "configuration."
+)
+
+
+def on_device(count: int, name: str = "r2", device: int = 0) -> SlotNeeds:
+    return SlotNeeds((((name, device), count),))
+
+
+@pytest.mark.parametrize(
+    "limits", [[], [("r1", 4, -1), ("r2", 4, -1)]], ids=["no limits", "limits"]
+)
+def test_a_resource_both_global_and_per_device_is_refused(
+    limits: list[tuple[str, int, int]],
+) -> None:
+    # Across models (qa L0_rate_limiter Case4): the loaded one uses it globally.
+    limiter = RateLimiter(limits)
+    loaded = pool(limiter, needs(2, name="r2"))
+    with pytest.raises(ServerError) as info:
+        limiter.check([on_device(2)])
+    assert info.value.code is ErrorCode.INVALID_ARG and info.value.message == CONFLICT
+    # Within one model's instances, with nothing loaded that uses it.
+    with pytest.raises(ServerError, match="present as both global and device-specific"):
+        RateLimiter(limits).check([on_device(1), None, needs(1, name="r2")])
+    # Other names, and the same use on other devices, are fine.
+    limiter.check([on_device(2, name="r1"), needs(1, name="r2")])
+    RateLimiter(limits).check([on_device(1), on_device(1, device=1)])
+    loaded.close()
+
+
+def test_an_unloaded_models_use_of_a_resource_no_longer_binds() -> None:
+    limiter = RateLimiter()
+    loaded = pool(limiter, needs(2, name="r2"), needs(2, name="r2"))
+    with pytest.raises(ServerError, match="present as both global and device-specific"):
+        limiter.check([on_device(2)])
+    loaded.close()
+    loaded.close()  # closed twice: counted once
+    limiter.check([on_device(2)])
+    pool(limiter, on_device(2)).close()
+    limiter.check([needs(2, name="r2")])
