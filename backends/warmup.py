@@ -22,6 +22,7 @@ from ge_serve.protos import model_config_pb2
 from .base import Array, Executor, ModelSpec, gear_for, pad_batch
 from .onnx_io import CONFIG_NUMPY
 from .paths import resolve_inside
+from .scheduled_io import fed_inputs
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,9 @@ def warmup_samples(config: model_config_pb2.ModelConfig, model_dir: Path) -> lis
     """Build every warmup sample of a config, or raise ValueError saying what is wrong."""
     samples = []
     inputs_by_name = {entry.name: entry for entry in config.input}
+    # A sample may give the tensors the scheduler feeds a request (a sequence's START,
+    # READY..., its state), as Triton's warmup hands a sample straight to the backend.
+    fed = fed_inputs(config)
     batching = config.max_batch_size > 0
     for index, warmup in enumerate(config.model_warmup):
         label = warmup_label(warmup, index)
@@ -71,7 +75,7 @@ def warmup_samples(config: model_config_pb2.ModelConfig, model_dir: Path) -> lis
         arrays: dict[str, Array] = {}
         for name, spec in warmup.inputs.items():
             entry = inputs_by_name.get(name)
-            if entry is None:
+            if entry is None and name not in fed:
                 raise ValueError(f"warmup '{label}' names input '{name}', which the model lacks")
             dtype = WARMUP_NUMPY.get(spec.data_type)
             if dtype is None:
@@ -81,7 +85,7 @@ def warmup_samples(config: model_config_pb2.ModelConfig, model_dir: Path) -> lis
             if any(d < 0 for d in shape):
                 raise ValueError(f"warmup '{label}': input '{name}' dims must be fixed")
             array = _data(label, name, spec, dtype, shape, rng, model_dir)
-            if entry.HasField("reshape"):
+            if entry is not None and entry.HasField("reshape"):
                 array = array.reshape(lead + tuple(entry.reshape.shape))
             arrays[name] = array
         missing = [

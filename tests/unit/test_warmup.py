@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from ge_helpers import EXAMPLES, SIMPLE_IO, make_model, spec_for
 from google.protobuf import text_format
-from modelgen import identity_model
+from modelgen import SIMPLE_SEQUENCE_CONFIG, identity_model, simple_sequence_model
 from onnx import TensorProto
 
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
@@ -126,3 +126,25 @@ output [ { name: "OUTPUT" data_type: TYPE_BF16 dims: [ 2 ] } ]
     assert from_file.inputs["INPUT"].astype(np.float32).tolist() == [[1, 2], [3, 4]]
     loaded = OnnxRuntimeBackend().load(spec_for(folder))
     assert len(loaded.executors) == 1
+
+
+def test_a_sequence_model_warms_up_with_its_control_inputs(tmp_path: Path) -> None:
+    # As qa L0_warmup: the sample gives START and READY, which the scheduler feeds a
+    # client's request; the backend runs it as Triton's warmup hands it over.
+    controls = entry("START", "zero_data: true", dims="1") + entry(
+        "READY", "zero_data: true", dims="1"
+    )
+    inputs = entry("INPUT", "zero_data: true", dims="1") + controls
+    text = SIMPLE_SEQUENCE_CONFIG.replace('name: "simple_sequence"\n', "") + warmup(
+        "seq", 8, inputs, 2
+    )
+    folder = make_model(tmp_path, "simple_sequence", text, onnx_model=simple_sequence_model())
+    (sample,) = warmup_samples(spec_for(folder).config, folder)
+    assert sorted(sample.inputs) == ["INPUT", "READY", "START"]
+    assert sample.inputs["START"].shape == (8, 1)
+    loaded = OnnxRuntimeBackend().load(spec_for(folder))
+    assert len(loaded.executors) == 1
+    # A name that is neither a model input nor fed by the scheduler is still refused.
+    bad = text.replace('key: "READY"', 'key: "NOPE"')
+    with pytest.raises(ValueError, match="names input 'NOPE', which the model lacks"):
+        warmup_samples(config(bad), folder)
