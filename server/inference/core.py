@@ -45,6 +45,7 @@ class ServerInfo:
     version: str = SERVER_VERSION
     extensions: tuple[str, ...] = (
         "classification",
+        "sequence",
         "model_repository",
         "model_repository(unload_dependents)",
         "model_configuration",

@@ -108,6 +108,8 @@ async def test_health_and_metadata(server: InferenceServer) -> None:
     assert not server.model_ready("simple", "2") and not server.model_ready("nope")
     metadata = server.metadata()
     assert metadata.name == "triton" and "binary_tensor_data" in metadata.extensions
+    # Triton names the sequence batcher's extension; clients check for it.
+    assert "sequence" in metadata.extensions
     model = server.model_metadata("simple_string")
     assert (model.name, model.versions, model.platform) == (
         "simple_string",
