@@ -100,11 +100,12 @@ class LogControl:
 
     def update(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Check every change first, so a bad request changes nothing."""
-        if "log_file" in changes and changes["log_file"] != self.current.log_file:
+        # Triton refuses any log_file in an update, even the current one, as unsupported:
+        # HTTP 501, gRPC UNIMPLEMENTED. (A null is refused below, as for every setting.)
+        if changes.get("log_file") is not None:
             raise ServerError(
-                ErrorCode.INVALID_ARG,
-                "log file location can not be updated through network protocol: "
-                "updating log file was deprecated and no longer supported",
+                ErrorCode.UNSUPPORTED,
+                "log file location can not be updated through network protocol",
             )
         self.current = validate(LogSettings, {**self.settings(), **changes}, "log settings")
         self._apply()
