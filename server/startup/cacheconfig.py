@@ -26,14 +26,9 @@ def cache_setting(text: str) -> tuple[str, str, str]:
         raise ValueError(
             f"--cache-config option format is '<cache name>,<setting>=<value>'. Got {text}"
         )
-    name, key, value = name.strip(), key.strip(), value.strip()
-    if name != LOCAL:
-        raise ValueError(f"cache '{name}' is not available: ge-serve has only the '{LOCAL}' cache")
-    if key not in _SETTINGS:
-        raise ValueError(f"unknown '{LOCAL}' cache setting '{key}': expected 'size'")
-    if not value.isdigit():
-        raise ValueError(f"'{LOCAL}' cache 'size' must be a byte count, got '{value}'")
-    return name, key, value
+    # Which cache, and its settings, are checked with all the flags (cache_size): Triton
+    # refuses several caches before it looks for any of them.
+    return name.strip(), key.strip(), value.strip()
 
 
 def cache_size(entries: tuple[tuple[str, str, str], ...], byte_size: int) -> int | None:
@@ -47,8 +42,19 @@ def cache_size(entries: tuple[tuple[str, str, str], ...], byte_size: int) -> int
         raise ValueError(f"--response-cache-byte-size must be a byte count, got {byte_size}")
     if byte_size:
         return byte_size
+    if len({name for name, _, _ in entries}) > 1:
+        raise ValueError(
+            "found multiple cache configurations, but only a single cache is currently supported"
+        )
     size: int | None = None
-    for _, key, value in entries:
-        if key == "size":
-            size = int(value)
+    for name, key, value in entries:
+        if name != LOCAL:
+            raise ValueError(
+                f"cache '{name}' is not available: ge-serve has only the '{LOCAL}' cache"
+            )
+        if key not in _SETTINGS:
+            raise ValueError(f"unknown '{LOCAL}' cache setting '{key}': expected 'size'")
+        if not value.isdigit():
+            raise ValueError(f"'{LOCAL}' cache 'size' must be a byte count, got '{value}'")
+        size = int(value)
     return size

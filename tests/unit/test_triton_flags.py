@@ -173,6 +173,10 @@ def test_trace_levels_take_tritons_other_words(word: str, level: tuple[str, ...]
         ),
         (["--cache-config=size=10"], "No cache specified. --cache-config option format is"),
         (["--cache-config=redis,host=x"], "cache 'redis' is not available"),
+        (
+            ["--cache-config=local,size=10", "--cache-config=redis,host=x"],
+            "found multiple cache configurations, but only a single cache is currently supported",
+        ),
         (["--response-cache-byte-size=-5"], "--response-cache-byte-size must be a byte count"),
         (["--metrics-config=summary_max_age_secs=inf"], "expected finite seconds > 0"),
         (["--trace-config=level=LOUD"], "invalid trace level 'LOUD'"),
