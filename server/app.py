@@ -190,6 +190,8 @@ class ServerApp:
             devices=settings.allow_gpu_metrics,
         )
         self.core.observers.append(metrics)
+        if metrics.config.histogram_latencies:
+            self.core.path.first_response = metrics.first_response
         if self.python is not None:
             metrics.registry.register(self.python)  # the Python models' custom metrics
         self.http.extra_routes.append(

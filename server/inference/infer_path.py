@@ -76,6 +76,10 @@ class InferObserver(Protocol):
         lookup began) but never computed."""
         ...
 
+    def cache_miss(self, model: ModelVersion, ns: int) -> None:
+        """A miss's outputs were offered to the cache; `ns`: lookup and insert."""
+        ...
+
 
 @dataclass(slots=True)
 class _Attempt:
@@ -101,6 +105,9 @@ class InferPath:
         self.cache = cache
         self.stats = stats
         self.observers: list[InferObserver] = [stats]
+        # Told as each decoupled request's first response goes out (the metrics' first-
+        # response histogram); None, nothing is done per response.
+        self.first_response: Callable[[ModelVersion, int], None] | None = None
         self.accepting = True
         self.cutoff = CutOff()
 
@@ -257,7 +264,8 @@ class InferPath:
         assert item is not None and outputs is not None
         parameters = item.context.response_parameters if item.context is not None else {}
         kept = self.cache.insert(cached, outputs, parameters)
-        self.stats.cache_miss(attempt.model, kept)
+        for observer in self.observers:
+            observer.cache_miss(attempt.model, kept)
 
     # --- a decoupled model's responses -----------------------------------------------------
 
@@ -299,6 +307,7 @@ class InferPath:
         held = Responses(sink)
         self.cutoff.responses.add(held)
         queued = 0
+        first = self.first_response
         try:
             item = held.item = self._work_item(request, model, started, trace, sink=sink)
             queued = time.monotonic_ns()
@@ -308,6 +317,9 @@ class InferPath:
                 cancellation.bind(held)
             while True:
                 outputs, error, final, parameters = await sink.get()
+                if first is not None:
+                    first(model, started)
+                    first = None
                 if outputs is not None and error is None:
                     try:
                         response = response_of(request, model, outputs, item.batch_size, parameters)

@@ -31,9 +31,11 @@ from .quantiles import NOT_OBSERVED, Buckets, LatencyWindow
 from .resources import ResourceSampler
 from .scrape import (
     BATCH_BUCKETS,
+    FIRST_RESPONSE_BUCKETS_MS,
     LATENCY_BUCKETS_US,
     ModelSeries,
     cache_families,
+    cache_summary_families,
     histogram_families,
     resource_families,
     scheduler_families,
@@ -69,12 +71,17 @@ class ServerMetrics:
 
     def _model_added(self, record: ModelStats) -> None:
         config = self.config
-        window = LatencyWindow(config.summary_max_age_s) if config.summary_latencies else None
-        latency = batch = None
+        window = cache = None
+        if config.summary_latencies:
+            window = LatencyWindow(config.summary_max_age_s)
+            if record.model.config.response_cache.enable:
+                cache = LatencyWindow(config.summary_max_age_s)
+        latency = batch = first = None
         if config.histogram_latencies:
             latency = Buckets([b * 1000 for b in LATENCY_BUCKETS_US])  # observed in ns
             batch = Buckets(BATCH_BUCKETS)
-        self._series[id(record.model)] = ModelSeries(window, latency, batch)
+            first = Buckets(FIRST_RESPONSE_BUCKETS_MS)
+        self._series[id(record.model)] = ModelSeries(window, latency, batch, first, cache)
 
     def _model_removed(self, record: ModelStats) -> None:
         self._series.pop(id(record.model), None)
@@ -93,9 +100,13 @@ class ServerMetrics:
         timings = item.timings
         if timings.first_in_batch and series.batch is not None:
             series.batch.observe(timings.batch_size)
+        duration = finished_ns - started_ns
+        # A model that answers once answers as the request ends, an error too (Triton
+        # observes any response it sends); a decoupled one's is told at its first.
+        if series.first is not None and not model.decoupled:
+            series.first.observe(duration // 1_000_000)
         if error is not None:
             return
-        duration = finished_ns - started_ns
         if series.window is not None:
             series.window.observe(
                 (
@@ -120,11 +131,28 @@ class ServerMetrics:
         if series is None:
             return
         duration = finished_ns - started_ns
+        skipped = NOT_OBSERVED
         if series.window is not None:
-            skipped = NOT_OBSERVED
             series.window.observe((duration, queue_ns, skipped, skipped, skipped), finished_ns)
+        if series.cache is not None:
+            series.cache.observe((lookup_ns, skipped), finished_ns)
         if series.latency is not None:
             series.latency.observe(duration)
+        if series.first is not None:
+            series.first.observe(duration // 1_000_000)
+
+    def cache_miss(self, model: ModelVersion, ns: int) -> None:
+        """A miss's lookup and insert (Triton's cache_miss summary)."""
+        series = self._series.get(id(model))
+        if series is not None and series.cache is not None:
+            series.cache.observe((NOT_OBSERVED, ns), time.monotonic_ns())
+
+    def first_response(self, model: ModelVersion, started_ns: int) -> None:
+        """A decoupled request's first response (or error, or bare final flag) goes out
+        now; told only while histograms are on."""
+        series = self._series.get(id(model))
+        if series is not None and series.first is not None:
+            series.first.observe((time.monotonic_ns() - started_ns) // 1_000_000)
 
     # --- scrape ----------------------------------------------------------------------------
 
@@ -148,6 +176,7 @@ class ServerMetrics:
         yield from cache_families(records)
         if config.summary_latencies:
             yield from summary_families(records, self._series, config.summary_quantiles)
+            yield from cache_summary_families(records, self._series, config.summary_quantiles)
         if config.histogram_latencies:
             yield from histogram_families(records, self._series)
         yield from scheduler_families(records)

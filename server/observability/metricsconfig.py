@@ -28,6 +28,8 @@ class MetricsConfig:
     summary_latencies: bool = True
     summary_quantiles: tuple[float, ...] = DEFAULT_QUANTILES
     summary_max_age_s: float = 60.0
+    # Off by default in Triton too; on here for the dashboard's aggregatable quantiles
+    # (docs/reference.md, deliberate differences).
     histogram_latencies: bool = True
 
     @classmethod

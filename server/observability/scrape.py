@@ -37,6 +37,8 @@ LATENCY_BUCKETS_US = (
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 LATENCIES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+# Triton's default first-response buckets, ms (core metric_model_reporter.h).
+FIRST_RESPONSE_BUCKETS_MS = (100, 500, 2000, 5000)
 
 
 # --- what schedulers may expose (structural: the scheduler imports nothing from here) ----
@@ -77,6 +79,11 @@ class ModelSeries:
     window: LatencyWindow | None
     latency: Buckets | None
     batch: Buckets | None
+    # Request to first response, whole ms (histogram_latencies, as Triton's).
+    first: Buckets | None = None
+    # Cache hit and miss µs, a row each, the other column NOT_OBSERVED (summaries on and
+    # the model's cache enabled, as Triton's).
+    cache: LatencyWindow | None = None
 
 
 # --- the families ------------------------------------------------------------------------
@@ -254,10 +261,44 @@ def summary_families(
     yield from families
 
 
+def cache_summary_families(
+    records: list[ModelStats], recorded: Mapping[int, ModelSeries], quantiles: Sequence[float]
+) -> Iterator[Metric]:
+    """Triton's cache hit and miss summaries (µs), for the models that enable the cache;
+    count and sum from the statistics, as their counters are."""
+    cached = [r for r in records if r.model.config.response_cache.enable]
+    if not cached:
+        return
+    families = [
+        _family(
+            f"nv_cache_{name}_summary_per_model",
+            f"Summary of cache {name} counts/durations per model, in microseconds.",
+            "summary",
+        )
+        for name in ("hit", "miss")
+    ]
+    now = time.monotonic_ns()
+    for record in cached:
+        labels = _labels(record)
+        series = recorded.get(id(record.model))
+        window = series.cache if series is not None else None
+        values = window.quantiles(quantiles, now) if window is not None else None
+        counts = (record.cache_hit_count, record.cache_miss_count)
+        sums = (record.cache_hit_ns, record.cache_miss_ns)
+        for column, family in enumerate(families):
+            family.add_sample(family.name + "_count", labels, counts[column])
+            family.add_sample(family.name + "_sum", labels, sums[column] / 1e3)
+            for row, q in enumerate(quantiles):
+                value = values[row][column] / 1e3 if values is not None else math.nan
+                family.add_sample(family.name, {**labels, "quantile": str(q)}, value)
+    yield from families
+
+
 def histogram_families(
     records: list[ModelStats], recorded: Mapping[int, ModelSeries]
 ) -> Iterator[Metric]:
-    """Request duration and batch size histograms per model version."""
+    """Request duration and batch size histograms per model version, and Triton's
+    request-to-first-response histogram."""
     # A family's samples share their label names: `namespace` on all, when any has one.
     spaced = any(record.model.namespace for record in records)
     names = ["namespace", "model", "version"] if spaced else ["model", "version"]
@@ -269,6 +310,11 @@ def histogram_families(
     batch = HistogramMetricFamily(
         "ge_serve_batch_size",
         "Batch size of each model execution (requests merged, before gear padding)",
+        labels=names,
+    )
+    first = HistogramMetricFamily(
+        "nv_inference_first_response_histogram_ms",
+        "Duration from request to first response in milliseconds",
         labels=names,
     )
     for record in records:
@@ -289,7 +335,10 @@ def histogram_families(
             batch.add_metric(
                 values, _buckets(BATCH_BUCKETS, series.batch.cumulative()), series.batch.total
             )
-    yield from (latency, batch)
+        if series.first is not None:
+            buckets = _buckets(FIRST_RESPONSE_BUCKETS_MS, series.first.cumulative())
+            first.add_metric(values, buckets, series.first.total)
+    yield from (latency, batch, first)
 
 
 def scheduler_families(records: list[ModelStats]) -> Iterator[Metric]:

@@ -16,6 +16,7 @@ import numpy as np
 import pymodels
 import pytest
 from polling import poll
+from promtext import scrape
 from serverproc import ServerProcess, running_server
 
 from ge_serve.protos import grpc_service_pb2 as pb
@@ -204,6 +205,33 @@ def test_each_response_of_the_decoupled_step_runs_the_next_and_is_streamed(
     assert all(event["model_name"] == "counted" for event in events)
     # No response at all: the final flag alone.
     assert grpc_stream(server, []) == [("", "counted", "r1", True, [])]
+
+
+def test_the_first_response_histogram_is_observed_at_the_first_response(
+    server: ServerProcess,
+) -> None:
+    """Triton's nv_inference_first_response_histogram_ms: a decoupled model's (and the
+    ensemble's) request observes when its first response goes out, not when it ends;
+    the step after it, which answers once, observes each of its requests."""
+    name = "nv_inference_first_response_histogram_ms"
+
+    def histogram(model: str) -> tuple[float, float]:
+        m = scrape(server.metrics_url)
+        at = {"model": model, "version": "1"}
+        found = m.find(name + "_count", **at)
+        count = found[0][1] if found else 0.0
+        within = m.find(name + "_bucket", **at, le="2000.0")
+        return count, within[0][1] if within else 0.0
+
+    before = {model: histogram(model) for model in ("counted", "counter", "plus1")}
+    # Eight responses 0.3 s apart: the request ends 2.4 s or more after it began.
+    answers = grpc_stream(server, [1] * 8)
+    assert [answer[4] for answer in answers] == [[[2]]] * 8 + [[]]
+    poll(lambda: histogram("plus1")[0] - before["plus1"][0] == 8, 10, "the steps observed")
+    for model, count in (("counted", 1), ("counter", 1), ("plus1", 8)):
+        after = histogram(model)
+        assert after[0] - before[model][0] == count, model
+        assert after[1] - before[model][1] == count, model  # each under 2 s
 
 
 def test_a_step_error_mid_stream_fails_the_request_after_its_responses(

@@ -188,6 +188,15 @@ def test_summaries_and_histograms(traffic: ServerProcess) -> None:
     gather = {"model": "gather", "version": "1"}
     assert m.value("ge_serve_batch_size_count", **gather) == 2  # failed executions: none
     assert m.value("ge_serve_request_duration_us_count", **gather) == 2
+    # Triton's first-response histogram: every response the model sent, its errors too
+    # (not the requests refused before it); whole ms, Triton's buckets.
+    first = "nv_inference_first_response_histogram_ms"
+    assert m.types[first] == "histogram"
+    assert m.value(first + "_count", **at) == 8
+    assert m.value(first + "_count", **gather) == 5
+    les = [labels["le"] for labels, _ in m.find(first + "_bucket", **at)]
+    assert les == ["100.0", "500.0", "2000.0", "5000.0", "+Inf"]
+    assert m.value(first + "_bucket", **at, le="+Inf") == 8
 
 
 def test_cpu_metrics(traffic: ServerProcess) -> None:

@@ -116,6 +116,14 @@ def test_repeated_requests_are_answered_from_the_cache(
     assert metrics.value("nv_cache_hit_duration_per_model", **labels) > 0
     assert metrics.value("nv_cache_miss_duration_per_model", **labels) > 0
     assert not metrics.find("nv_cache_num_hits_per_model", model="uncached")
+    # Triton's cache summaries (summaries are on by default here): a row per hit and per
+    # miss, µs.
+    for name, key in (("hit", "hit"), ("miss", "miss")):
+        family = f"nv_cache_{name}_summary_per_model"
+        assert metrics.types[family] == "summary"
+        assert metrics.value(family + "_count", **labels) == after[key]
+        assert metrics.value(family, **labels, quantile="0.5") > 0
+    assert not metrics.find("nv_cache_hit_summary_per_model_count", model="uncached")
     # The cache's families are among those deploy/README.md lists for every name.
     assert undocumented(metrics, documented(DEPLOY / "README.md")) == []
 
