@@ -270,6 +270,7 @@ class ServerApp:
             "options": public.channel_options(),
             "restricted": public.restricted,
             "header_forward_pattern": public.header_forward_pattern,
+            "log_format": self.settings.log_format,
             # The calls this process ends at the exit timeout are answered through them.
             "grace_s": self.settings.exit_timeout_secs + ANSWER_S,
         }
@@ -306,6 +307,7 @@ class ServerApp:
             "max_chunks": self.http.settings.max_chunks,
             "restricted": bool(settings.http_restricted_api),
             "header_forward_pattern": self.http.settings.header_forward_pattern,
+            "log_format": settings.log_format,
             # The requests this process ends at the exit timeout are answered through them.
             "grace_s": settings.exit_timeout_secs + ANSWER_S,
         }
@@ -349,7 +351,7 @@ class ServerApp:
                 status += f": {row.reason}"
             version = "" if row.version is None else str(row.version)
             lines.append(f"{row.name:<{width}} | {version:<7} | {status}")
-        log.info("models:\n%s", "\n".join(lines))
+        log.info("models:", extra={"table": "\n".join(lines)})
 
     async def stop(self) -> None:
         """Stop accepting, let in-flight requests finish within the exit timeout, close.
@@ -443,6 +445,7 @@ async def serve(settings: Settings, log_control: LogControl | None = None) -> in
             "signal received: stopping (waiting up to %ss for in-flight requests)",
             settings.exit_timeout_secs,
         )
+        log.info("Waiting for in-flight requests to complete.")  # Triton's words
         await app.stop()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):

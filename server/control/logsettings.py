@@ -1,27 +1,25 @@
 """Triton's logging extension: log settings that can change while the server runs.
 
 One handler on the root logger carries a filter and a formatter that read these settings,
-so a change applies to every logger at once.
+so a change applies to every logger at once. The lines are Triton's (logformat.py).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
-import time
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import ConfigDict, Field, WrapValidator
 
 from ..errors import ErrorCode, ServerError
 from .json_documents import Document, validate, worded
+from .logformat import SplitStreamHandler, TritonFormatter, escaping
 
 log = logging.getLogger(__name__)
 
 LogFormat = Literal["default", "ISO8601"]
 FORMATS: tuple[str, ...] = get_args(LogFormat)
-_LINE = "%(asctime)s %(levelname).1s %(name)s] %(message)s"
 # The gRPC extension reports the level as a uint32.
 _MAX_VERBOSE_LEVEL = 2**32 - 1
 
@@ -75,18 +73,23 @@ class _SettingsFilter(logging.Filter):
 class LogControl:
     """The current log settings, and the root-logger handler they steer once installed."""
 
-    def __init__(self, initial: LogSettings | None = None) -> None:
+    def __init__(self, initial: LogSettings | None = None, escape: bool | None = None) -> None:
         self.current = initial or LogSettings()
+        # Read once, as Triton reads TRITON_SERVER_ESCAPE_LOG_MESSAGES when it starts.
+        self.escape = escaping() if escape is None else escape
         self._handler: logging.Handler | None = None
 
     def install(self, stream: Any = None) -> None:
-        """Log to `stream` (stderr), or append to `log_file` when one is set, through one
-        handler that follows these settings."""
+        """Log to `stream`, or append to `log_file` when one is set, or else write info
+        and verbose lines to stdout and warnings and errors to stderr, as Triton does,
+        through one handler that follows these settings."""
         handler: logging.Handler
-        if stream is None and self.current.log_file:
+        if stream is not None:
+            handler = logging.StreamHandler(stream)
+        elif self.current.log_file:
             handler = logging.FileHandler(self.current.log_file, encoding="utf-8")
         else:
-            handler = logging.StreamHandler(stream or sys.stderr)
+            handler = SplitStreamHandler()
         handler.addFilter(_SettingsFilter(self))
         root = logging.getLogger()
         if self._handler is not None:
@@ -117,10 +120,7 @@ class LogControl:
         if self._handler is None:
             return
         iso = self.current.log_format == "ISO8601"
-        formatter = logging.Formatter(_LINE, "%Y-%m-%dT%H:%M:%SZ" if iso else None)
-        if iso:
-            formatter.converter = time.gmtime
-        self._handler.setFormatter(formatter)
+        self._handler.setFormatter(TritonFormatter(iso8601=iso, escape=self.escape))
         # The filter decides what shows; the root level only keeps debug records from
         # being built when nothing verbose is wanted.
         verbose = self.current.log_verbose_level > 0

@@ -30,6 +30,7 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
 from ge_serve.protos import grpc_service_pb2 as pb
+from ge_serve.server.control.logformat import worker_logging
 
 from ..control.stopping import DrainGate
 from ..errors import decoding
@@ -238,9 +239,7 @@ async def serve(config: dict[str, Any]) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     config: dict[str, Any] = json.loads(args[0])
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    worker_logging(config)
     run: Callable[[Any], int] = uvloop.run
     return run(serve(config))
 

@@ -25,6 +25,7 @@ import uvicorn
 import uvloop
 from starlette.types import ASGIApp
 
+from ge_serve.server.control.logformat import worker_logging
 from ge_serve.server.inference.header_forward import HeaderForward
 from ge_serve.server.startup.gcheap import settle_heap
 from ge_serve.server.workers.remote import RemoteCore
@@ -83,9 +84,7 @@ async def serve(config: dict[str, Any]) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     config: dict[str, Any] = json.loads(args[0])
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    worker_logging(config)
     code: int = uvloop.run(serve(config))
     return code
 

@@ -249,6 +249,7 @@ def test_signal_finishes_in_flight_requests_and_exits_0(slow_repo: Path, sig: in
             np.testing.assert_allclose(done[i], y, rtol=1e-4, atol=1e-5)
         log = proc.log()
         assert "signal received: stopping" in log
+        assert "Waiting for in-flight requests to complete." in log  # Triton's line
         assert "stopped" in log.splitlines()[-1]
     finally:
         for sock in sockets:

@@ -367,7 +367,11 @@ def test_logging_extension_changes_levels(traffic: ServerProcess) -> None:
         settings = client.update_log_settings({"log_verbose_level": 1})
         assert settings == {**initial, "log_verbose_level": 1}
         scrape(traffic.metrics_url)
-        assert _log_has(traffic, r" D \S+\] metrics rendered")
+        # Triton's line: level letter I for verbose too, MMDD, µs, pid, file:line, and
+        # the message as a JSON string.
+        assert _log_has(
+            traffic, r"(?m)^I\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ metrics\.py:\d+\] \"metrics rendered"
+        )
         # Info off: the change itself (an info line) is no longer logged.
         client.update_log_settings({"log_verbose_level": 0, "log_info": False})
         client.update_log_settings({"log_format": "ISO8601"})
@@ -375,7 +379,9 @@ def test_logging_extension_changes_levels(traffic: ServerProcess) -> None:
         settings = client.update_log_settings({"log_info": True})
         assert settings["log_format"] == "ISO8601" and settings["log_info"] is True
         assert _log_has(
-            traffic, r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ I \S+\] log settings changed: \{'log_info'"
+            traffic,
+            r"(?m)^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ I \d+ logsettings\.py:\d+\] "
+            r"\"log settings changed: \{'log_info'",
         )
         with pytest.raises(InferenceServerException, match="log file"):
             client.update_log_settings({"log_file": "x.log"})

@@ -317,13 +317,14 @@ def test_a_reload_in_flight_marks_an_overlapping_request() -> None:
 
 
 def test_retired_versions_are_counted_before_shutdown() -> None:
+    unloaded = "lifecycle.py:300] \"successfully unloaded '{}' version 1\""
     log = "\n".join(
         [
-            "I ge_serve.server.models.lifecycle] successfully unloaded 'simple' version 1",
-            "I ge_serve.server.models.lifecycle] successfully unloaded 'simple_string' version 1",
-            "I ge_serve.server.models.lifecycle] successfully unloaded 'simple' version 1",
-            "I ge_serve] signal received: stopping (waiting up to 30.0s)",
-            "I ge_serve.server.models.lifecycle] successfully unloaded 'simple' version 1",
+            "I1206 08:27:59.929123 7 " + unloaded.format("simple"),
+            "I1206 08:28:00.000001 7 " + unloaded.format("simple_string"),
+            "I1206 08:28:01.000001 7 " + unloaded.format("simple"),
+            'I1206 08:28:02.000001 7 app.py:440] "signal received: stopping (waiting up to 30s)"',
+            "I1206 08:28:03.000001 7 " + unloaded.format("simple"),
         ]
     )
     assert cli.retired_by_reloads(log) == 2
