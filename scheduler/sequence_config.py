@@ -185,11 +185,6 @@ class SequencePolicy:
                     f"model '{name}': 'oldest.preserve_ordering' is not supported by "
                     "ge-serve's sequence batcher"
                 )
-            if oldest.max_candidate_sequences <= 0:
-                raise invalid_arg(
-                    f"model '{name}': sequence batching 'oldest' needs a positive "
-                    "max_candidate_sequences"
-                )
             preferred = []
             for size in oldest.preferred_batch_size:
                 if size <= 0:
@@ -207,7 +202,9 @@ class SequencePolicy:
             return cls(
                 strategy=Strategy.OLDEST,
                 max_queue_delay_us=int(oldest.max_queue_delay_microseconds),
-                max_candidates=int(oldest.max_candidate_sequences),
+                # Triton's slots per instance: max_batch_size (at least 1) unless the
+                # config names a positive count.
+                max_candidates=max(int(oldest.max_candidate_sequences), 0) or max(mbs, 1),
                 preferred_sizes=tuple(sorted(set(preferred))),
                 **common,
             )

@@ -385,3 +385,13 @@ def test_sequence_blocks_that_cannot_be_honoured_fail_the_load(edit: Any, messag
         build_scheduler(cfg, LoadedModel(executors=[]), SchedulerOptions())
     assert info.value.code is ErrorCode.INVALID_ARG
     assert message in info.value.message
+
+
+@pytest.mark.parametrize(("mbs", "slots"), [(4, 4), (0, 1)])
+def test_oldest_without_max_candidate_sequences_takes_max_batch_size_slots(
+    mbs: int, slots: int
+) -> None:
+    # Triton's sequence batcher: max(1, max_batch_size) candidate sequences per instance
+    # when the config names no positive count (sequence_batch_scheduler.cc).
+    policy = sequence_config.SequencePolicy.from_config(config("oldest { }", mbs=mbs))
+    assert policy.slots_per_instance == slots
