@@ -212,8 +212,10 @@ def check(config: model_config_pb2.ModelConfig) -> None:
     refuse_cache_when_decoupled(config)
     # No inputs is fine, as in Triton's core: a Python model may make its outputs itself
     # (qa's bls, custom_metrics); an ONNX model that needs inputs is refused by its
-    # backend's own check against the file.
-    if not config.output:
+    # backend's own check against the file. No outputs is fine for a Python model too, as
+    # Triton's Python backend loads one (its requests get empty responses); the other
+    # backends here read their outputs off the config.
+    if not config.output and config.backend != "python":
         raise ServerError(ErrorCode.INVALID_ARG, f"model '{config.name}' has no outputs")
     for entry in list(config.input) + list(config.output):
         if entry.data_type == model_config_pb2.TYPE_INVALID:

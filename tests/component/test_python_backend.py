@@ -350,6 +350,30 @@ async def test_a_model_that_cannot_import_is_refused_with_the_reason(tmp_path: P
     assert "no_such_module_anywhere" in reason and "model.py(1)" in reason
 
 
+async def test_a_model_whose_config_lists_no_outputs_loads_and_answers(tmp_path: Path) -> None:
+    # Triton's Python backend loads it (qa L0_lifecycle's identity_fp32 stand-in).
+    folder = tmp_path / "no_outputs"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(
+        'backend: "python"\ninput [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+    )
+    (folder / "1" / "model.py").write_text(
+        "import triton_python_backend_utils as pb_utils\n\n\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        return [pb_utils.InferenceResponse([]) for _ in requests]\n"
+    )
+    found = await serve(tmp_path, ["no_outputs"])
+    try:
+        response = await found.core.infer(
+            request("no_outputs", INPUT0=np.ones(1, dtype=np.float32))
+        )
+        assert response.outputs == []
+    finally:
+        await found.lifecycle.close()
+        found.python.close()
+
+
 async def test_a_default_mode_model_may_answer_through_its_response_sender(
     served: Open, caplog: pytest.LogCaptureFixture
 ) -> None:
