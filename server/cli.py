@@ -85,7 +85,9 @@ def _arguments(setting: dataclasses.Field[Any], spec: Flag) -> dict[str, Any]:
     if spec.repeat:
         options["action"] = "append"
         options["default"] = []
-    elif spec.fallback is not None:
+    elif spec.fallback is not None or (spec.parse is not None and isinstance(setting.default, str)):
+        # argparse passes a str default through `type`; a default is the value as it is,
+        # never parsed (an empty --model-config-name is refused, its empty default is not).
         options["default"] = None
     else:
         options["default"] = setting.default
@@ -137,6 +139,8 @@ def parse_settings(argv: list[str]) -> Settings:
             value = tuple(value)
         if spec.fallback is not None and not value:
             value = values[spec.fallback]
+        elif value is None and isinstance(setting.default, str):
+            value = setting.default
         if spec.true_alias is not None and args[_alias_dest(setting.name)]:
             value = True
         if spec.check is not None:

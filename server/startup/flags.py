@@ -81,12 +81,29 @@ def key_value(text: str) -> tuple[str, str]:
 
 def backend_setting(text: str) -> tuple[str, str]:
     """`<backend>,<key>=<value>` as (`<backend>.<key>`, value); Triton's backend-agnostic
-    `<key>=<value>` (e.g. `default-max-batch-size=8`) as (`<key>`, value)."""
+    `<key>=<value>` (e.g. `default-max-batch-size=8`) as (`<key>`, value). An empty backend,
+    setting or value is refused in Triton's words (command_line_parser.cc)."""
     backend, comma, rest = text.partition(",")
+    if comma and not backend:
+        raise ValueError(
+            "No backend specified. --backend-config option format is <backend name>,"
+            f"<setting>=<value> or <setting>=<value>. Got {text}"
+        )
     if not comma or "=" in backend:
-        return key_value(text)
+        backend, rest = "", text
     key, value = key_value(rest)
-    return f"{backend}.{key}", value
+    if not key or not value:
+        raise ValueError(
+            f"--backend-config option format is '<backend name>,<setting>=<value>'. Got {text}"
+        )
+    return (f"{backend}.{key}" if backend else key), value
+
+
+def model_config_name(text: str) -> str:
+    """Triton's --model-config-name: a name, never empty."""
+    if not text:
+        raise ValueError("empty argument")
+    return text
 
 
 # Triton's backend-agnostic --backend-config key, also given per backend.

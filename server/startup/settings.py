@@ -33,6 +33,7 @@ from .flags import (
     flag,
     key_value,
     metrics_config,
+    model_config_name,
     non_negative,
     port,
     positive,
@@ -192,6 +193,7 @@ class Settings:
     model_config_name: str = field(
         default="",
         metadata=flag(
+            parse=model_config_name,
             help="read configs/<NAME>.pbtxt where a model has one, else config.pbtxt",
             group=MODELS,
         ),

@@ -86,7 +86,6 @@ def test_default_max_batch_size_per_backend_over_global_over_4(
     "flag",
     [
         "default-max-batch-size=x",
-        "default-max-batch-size=",
         "onnxruntime,default-max-batch-size=-1",
     ],
 )
@@ -97,6 +96,47 @@ def test_a_bad_default_max_batch_size_is_a_usage_error(
         parse_settings(["--model-repo", "m", f"--backend-config={flag}"])
     assert info.value.code == 2
     assert "default-max-batch-size: expected an integer >= 0, got" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        (
+            ",default-max-batch-size=3",
+            "No backend specified. --backend-config option format is <backend name>,"
+            "<setting>=<value> or <setting>=<value>. Got ,default-max-batch-size=3",
+        ),
+        (
+            "default-max-batch-size=",
+            "--backend-config option format is '<backend name>,<setting>=<value>'. "
+            "Got default-max-batch-size=",
+        ),
+        (
+            "python,=3",
+            "--backend-config option format is '<backend name>,<setting>=<value>'. Got python,=3",
+        ),
+    ],
+)
+def test_backend_config_without_a_backend_setting_or_value_is_refused_as_triton_does(
+    capsys: pytest.CaptureFixture[str], flag: str, message: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_settings(["--model-repo", "m", f"--backend-config={flag}"])
+    assert info.value.code == 2
+    assert f"argument --backend-config: {message}" in capsys.readouterr().err
+
+
+def test_an_empty_model_config_name_is_refused_as_triton_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert parse_settings(["--model-repo", "m"]).model_config_name == ""
+    assert parse_settings(["--model-repo", "m", "--model-config-name=cpu"]).model_config_name == (
+        "cpu"
+    )
+    with pytest.raises(SystemExit) as info:
+        parse_settings(["--model-repo", "m", "--model-config-name="])
+    assert info.value.code == 2
+    assert "argument --model-config-name: empty argument" in capsys.readouterr().err
 
 
 def test_model_repo_alias_and_repeats() -> None:
