@@ -37,6 +37,7 @@ from ..models.repository import (
 )
 from ..startup.gcheap import settle_heap
 from ..startup.malloc import release_freed_memory
+from .config_json_input import as_strict, load_object
 
 log = logging.getLogger(__name__)
 
@@ -285,14 +286,16 @@ class ModelControl:
 
 
 def parse_config_json(name: str, text: str) -> model_config_pb2.ModelConfig:
-    """The load API's `config`: a JSON ModelConfig (proto or JSON field names)."""
+    """The load API's `config`: a JSON ModelConfig (proto or JSON field names), with
+    the leniencies of Triton's parser (config_json_input.py)."""
     if not text.lstrip(" \t\n\r").startswith("{"):
         # json_format reads `[]` and `""` as an empty ModelConfig, which would replace the
         # model's whole config; Triton's JsonStringToMessage wants an object.
         raise _bad_config(name, "it must be a JSON object")
     config = model_config_pb2.ModelConfig()
     try:
-        json_format.Parse(text, config)
+        data = as_strict(load_object(text), config.DESCRIPTOR)
+        json_format.ParseDict(data, config)
     except (ValueError, TypeError, json_format.ParseError) as exc:
         raise _bad_config(name, str(exc)) from None
     except RecursionError:
