@@ -11,9 +11,11 @@ first; what is still wrong is left for json_format to name.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 
 
 def load_object(text: str) -> Any:
@@ -30,13 +32,19 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def as_strict(data: Any, descriptor: Descriptor) -> Any:
-    """`data` (a message's JSON object) with each lone value of a repeated field put in a
+def as_strict(data: Any, message: Message) -> Any:
+    """`data` (`message`'s JSON object) with each lone value of a repeated field put in a
     list and each enum name upper-cased where that names a value; anything else as it is."""
+    return _object(data, message.DESCRIPTOR.fields)
+
+
+def _object(data: Any, fields_of: Sequence[Any]) -> Any:
+    # Any: protobuf's stubs type a message's fields as either of two FieldDescriptor
+    # classes (pure Python or upb); both have what is read here.
     if not isinstance(data, dict):
         return data
-    fields: dict[str, FieldDescriptor] = {}
-    for field in descriptor.fields:
+    fields: dict[str, Any] = {}
+    for field in fields_of:
         fields[field.name] = field
         fields[field.json_name] = field
     return {key: _value(value, fields.get(key)) for key, value in data.items()}
@@ -62,7 +70,7 @@ def _value(value: Any, field: FieldDescriptor | None) -> Any:
 
 def _element(value: Any, field: FieldDescriptor) -> Any:
     if field.message_type is not None:
-        return as_strict(value, field.message_type)
+        return _object(value, field.message_type.fields)
     if field.enum_type is not None and isinstance(value, str):
         upper = value.upper()
         if value not in field.enum_type.values_by_name and upper in field.enum_type.values_by_name:

@@ -294,7 +294,7 @@ def parse_config_json(name: str, text: str) -> model_config_pb2.ModelConfig:
         raise _bad_config(name, "it must be a JSON object")
     config = model_config_pb2.ModelConfig()
     try:
-        data = as_strict(load_object(text), model_config_pb2.ModelConfig.DESCRIPTOR)
+        data = as_strict(load_object(text), config)
         json_format.ParseDict(data, config)
     except (ValueError, TypeError, json_format.ParseError) as exc:
         raise _bad_config(name, str(exc)) from None
