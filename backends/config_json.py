@@ -1,7 +1,8 @@
 """A ModelConfig as Triton's JSON: proto field names, every field, 64-bit ints as numbers.
 
 The core serves it on /config; a Python model gets it in `initialize` (`model_config`)
-and completes it in `auto_complete_config`; so it is one function, here.
+and completes it in `auto_complete_config`; so it is one function, here. `as_served`
+adds the defaults Triton's core writes into every config it serves.
 """
 
 from __future__ import annotations
@@ -13,6 +14,42 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from ge_serve.protos import model_config_pb2
+
+# Triton's default max_sequence_idle_microseconds (core constants.h).
+SEQUENCE_IDLE_DEFAULT_US = 1_000_000
+
+
+def as_served(config: model_config_pb2.ModelConfig) -> model_config_pb2.ModelConfig:
+    """A copy with the defaults Triton's NormalizeModelConfig (core model_config_utils.cc)
+    fills in, as Triton's config API and a Python model's `initialize` show them.
+
+    A copy, not the loaded config: ge-serve's schedulers read the config as written, and
+    a preferred_batch_size of max_batch_size would change its dynamic batcher's choices
+    (its batcher sends a batch at once when no preferred size is set). The other
+    defaults are what ge-serve applies anyway: latest 1 version, a 1 s sequence idle
+    time, oldest's preferred size of max_batch_size; pinned memory has no meaning here.
+    """
+    served = model_config_pb2.ModelConfig()
+    served.CopyFrom(config)
+    mbs = served.max_batch_size
+    if not served.HasField("version_policy"):
+        served.version_policy.latest.num_versions = 1
+    dynamic = served.dynamic_batching
+    if served.HasField("dynamic_batching") and not dynamic.preferred_batch_size and mbs > 0:
+        dynamic.preferred_batch_size.append(mbs)
+    if served.HasField("sequence_batching"):
+        sequence = served.sequence_batching
+        if sequence.max_sequence_idle_microseconds == 0:
+            sequence.max_sequence_idle_microseconds = SEQUENCE_IDLE_DEFAULT_US
+        if sequence.HasField("oldest") and not sequence.oldest.preferred_batch_size and mbs > 0:
+            sequence.oldest.preferred_batch_size.append(mbs)
+    if not served.HasField("ensemble_scheduling"):
+        optimization = served.optimization
+        if not optimization.HasField("input_pinned_memory"):
+            optimization.input_pinned_memory.enable = True
+        if not optimization.HasField("output_pinned_memory"):
+            optimization.output_pinned_memory.enable = True
+    return served
 
 
 def config_to_json(config: model_config_pb2.ModelConfig) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
+from ge_serve.backends.config_json import as_served
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.correlation import END_KEY, ID_KEY, START_KEY
 from ge_serve.scheduler.ensemble import StepCall, StepResult
@@ -151,8 +152,9 @@ class InferenceServer:
         )
 
     def model_config(self, name: str, version: str = "") -> model_config_pb2.ModelConfig:
-        """The config as loaded (auto-completed); each front end prints it its own way."""
-        return self.lifecycle.get(name, version).config
+        """The config as loaded (auto-completed), with the defaults Triton's core fills in
+        (`as_served`); each front end prints it its own way."""
+        return as_served(self.lifecycle.get(name, version).config)
 
     # --- inference -----------------------------------------------------------------------
 

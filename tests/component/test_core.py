@@ -119,6 +119,12 @@ async def test_health_and_metadata(server: InferenceServer) -> None:
     assert model.inputs[0] == TensorMetadata("INPUT0", DataType.BYTES, (-1, 16))
     config = server.model_config("image_classifier")
     assert config.output[0].label_filename == "labels.txt"
+    # With the defaults Triton's core fills in (its NormalizeModelConfig).
+    config = server.model_config("simple")
+    assert config.version_policy.latest.num_versions == 1
+    assert list(config.dynamic_batching.preferred_batch_size) == [8]
+    assert config.optimization.input_pinned_memory.enable
+    assert config.optimization.output_pinned_memory.enable
 
 
 async def test_statistics_and_repository_index(server: InferenceServer) -> None:

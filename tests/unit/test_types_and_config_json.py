@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from google.protobuf import json_format, text_format
 
+from ge_serve.backends.config_json import as_served
 from ge_serve.protos import model_config_pb2
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.http.codec import encode_json
@@ -207,3 +208,43 @@ def test_empty_config_prints_defaults() -> None:
     assert data["max_batch_size"] == 0
     assert data["input"] == [] and data["parameters"] == {}
     assert "dynamic_batching" not in data
+
+
+def served_json(text: str) -> dict[str, Any]:
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    return config_to_json(as_served(config))
+
+
+def test_the_served_config_has_tritons_filled_in_defaults() -> None:
+    # Triton's NormalizeModelConfig (core model_config_utils.cc), as its config API shows.
+    dynamic = served_json('name: "m" max_batch_size: 8 dynamic_batching { }')
+    assert dynamic["version_policy"] == {"latest": {"num_versions": 1}}
+    assert dynamic["dynamic_batching"]["preferred_batch_size"] == [8]
+    assert dynamic["optimization"]["input_pinned_memory"] == {"enable": True}
+    assert dynamic["optimization"]["output_pinned_memory"] == {"enable": True}
+    sequence = served_json('name: "m" max_batch_size: 4 sequence_batching { oldest { } }')
+    assert sequence["sequence_batching"]["max_sequence_idle_microseconds"] == 1_000_000
+    assert sequence["sequence_batching"]["oldest"]["preferred_batch_size"] == [4]
+
+
+def test_the_served_config_keeps_what_the_config_says() -> None:
+    text = """
+        name: "m" max_batch_size: 8
+        version_policy { all { } }
+        dynamic_batching { preferred_batch_size: [ 2 ] }
+        optimization { input_pinned_memory { enable: false } }
+    """
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    served = config_to_json(as_served(config))
+    assert served["version_policy"] == {"all": {}}
+    assert served["dynamic_batching"]["preferred_batch_size"] == [2]
+    assert served["optimization"]["input_pinned_memory"] == {"enable": False}
+    assert served["optimization"]["output_pinned_memory"] == {"enable": True}
+    # A copy: the loaded config, which the schedulers read, is left as it was.
+    assert (
+        not config.HasField("optimization") or not config.optimization.output_pinned_memory.enable
+    )
+    unbatched = served_json('name: "m" dynamic_batching { }')
+    assert unbatched["dynamic_batching"]["preferred_batch_size"] == []
+    ensemble = served_json('name: "e" platform: "ensemble" ensemble_scheduling { }')
+    assert "optimization" not in ensemble

@@ -25,7 +25,7 @@ from google.protobuf import json_format
 from prometheus_client.metrics_core import Metric
 
 from ge_serve.backends.base import LoadedModel, ModelSpec, SlotInfo
-from ge_serve.backends.config_json import config_to_json
+from ge_serve.backends.config_json import as_served, config_to_json
 from ge_serve.backends.warmup import run_warmup
 from ge_serve.link.messages import Message
 from ge_serve.protos import model_config_pb2
@@ -114,7 +114,8 @@ class PythonBackend:
         config = spec.config
         launch = self._envs.launch(config, spec.model_dir)
         shared = Shared(self.metrics, lambda: self._core, ModelHealth(spec.events))
-        config_json = json.dumps(config_to_json(config))
+        # As Triton's core hands it to the backend: with its filled-in defaults.
+        config_json = json.dumps(config_to_json(as_served(config)))
         slots = _slots(spec)
         for slot, _ in slots:
             _check_stub_name(slot.name)
