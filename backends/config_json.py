@@ -72,7 +72,14 @@ _INT64_TYPES = {
 
 
 def _ints_as_numbers(message: Message, data: dict[str, Any]) -> None:
-    """json_format prints 64-bit integers as strings; Triton prints them as numbers."""
+    """json_format prints 64-bit integers as strings; Triton prints them as numbers. It
+    also prints the fields it adds for their defaults after the set ones; Triton prints
+    every field in the proto's order (qa L0_config_json greps a queue policy's JSON)."""
+    order = [field.name for field in message.DESCRIPTOR.fields if field.name in data]
+    if list(data) != order:
+        ordered = {name: data[name] for name in order}
+        data.clear()
+        data.update(ordered)
     for field in message.DESCRIPTOR.fields:
         if field.name not in data:
             continue

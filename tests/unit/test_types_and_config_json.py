@@ -248,3 +248,24 @@ def test_the_served_config_keeps_what_the_config_says() -> None:
     assert unbatched["dynamic_batching"]["preferred_batch_size"] == []
     ensemble = served_json('name: "e" platform: "ensemble" ensemble_scheduling { }')
     assert "optimization" not in ensemble
+
+
+def test_fields_print_in_the_protos_order_as_tritons_json() -> None:
+    # qa L0_config_json greps this exact text; json_format put default-valued fields last.
+    text = """
+        name: "m" max_batch_size: 2
+        dynamic_batching {
+          priority_levels: 2 default_priority_level: 1
+          priority_queue_policy {
+            key: 2
+            value { default_timeout_microseconds: 100 allow_timeout_override: true
+                    max_queue_size: 10 }
+          }
+        }
+    """
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    policy = config_to_json(config)["dynamic_batching"]["priority_queue_policy"]["2"]
+    assert encode_json(policy) == (
+        b'{"timeout_action":"REJECT","default_timeout_microseconds":100,'
+        b'"allow_timeout_override":true,"max_queue_size":10}'
+    )
