@@ -107,9 +107,20 @@ def check(config: model_config_pb2.ModelConfig) -> list[str]:
                 ErrorCode.INVALID_ARG,
                 f"model '{config.name}': config field '{where}' is not supported: {REFUSED[path]}",
             )
+        if path == "optimization" and _only_served_defaults(config.optimization):
+            continue
         if path in WARNED:
             warnings.append(
                 f"model '{config.name}': config field '{where}' is accepted and not honoured: "
                 f"{WARNED[path]}"
             )
     return warnings
+
+
+def _only_served_defaults(optimization: model_config_pb2.ModelOptimizationPolicy) -> bool:
+    """Only the pinned-memory defaults the config API shows (`as_served`): a config read
+    back from it and loaded again asks for nothing that is not done."""
+    fields = {field.name: value for field, value in optimization.ListFields()}
+    return set(fields) == {"input_pinned_memory", "output_pinned_memory"} and all(
+        value.enable for value in fields.values()
+    )

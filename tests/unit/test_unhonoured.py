@@ -114,6 +114,17 @@ def test_an_empty_optimization_block_still_warns() -> None:
     assert "'optimization'" in warning
 
 
+def test_the_config_apis_own_optimization_defaults_do_not_warn() -> None:
+    # GET .../config shows them (Triton's defaults); loading that config back asks for
+    # nothing ge-serve leaves undone.
+    pinned = (
+        "optimization {{ input_pinned_memory {{ enable: {} }} "
+        "output_pinned_memory {{ enable: true }} }}"
+    )
+    assert unhonoured.check(config(pinned.format("true"))) == []
+    assert len(unhonoured.check(config(pinned.format("false")))) == 1
+
+
 def test_the_load_time_check_logs_each_warning(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="ge_serve.server.models.autocomplete"):
         autocomplete.check(config(SETTING["instance_group.passive"] + SETTING["optimization"]))
