@@ -94,22 +94,25 @@ class TensorInfo:
     dims: tuple[int, ...]  # -1 for symbolic or unknown dimensions
 
 
-def read_onnx_io(path: Path) -> tuple[list[TensorInfo], list[TensorInfo]]:
-    """Return the graph's real inputs (initializers excluded) and outputs."""
+def read_onnx_io(path: Path, any_type: bool = False) -> tuple[list[TensorInfo], list[TensorInfo]]:
+    """Return the graph's real inputs (initializers excluded) and outputs. A tensor of a
+    type with no config datatype is a ValueError, or with `any_type` TYPE_INVALID."""
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # onnx raises several unrelated types for a bad file
         raise ValueError(f"failed to parse ONNX file '{path}': {exc}") from exc
     graph = model.graph
     initializers = {init.name for init in graph.initializer}
-    inputs = [_info(vi) for vi in graph.input if vi.name not in initializers]
-    outputs = [_info(vi) for vi in graph.output]
+    inputs = [_info(vi, any_type) for vi in graph.input if vi.name not in initializers]
+    outputs = [_info(vi, any_type) for vi in graph.output]
     return inputs, outputs
 
 
-def _info(value: onnx.ValueInfoProto) -> TensorInfo:
+def _info(value: onnx.ValueInfoProto, any_type: bool) -> TensorInfo:
     tensor_type = value.type.tensor_type
     data_type = _ONNX_TO_CONFIG.get(tensor_type.elem_type)
+    if data_type is None and any_type:
+        data_type = model_config_pb2.TYPE_INVALID
     if data_type is None:
         raise ValueError(
             f"tensor '{value.name}' has an ONNX element type ({tensor_type.elem_type}) "
@@ -129,24 +132,35 @@ def autocomplete_from_onnx(
 ) -> None:
     """Fill inputs, outputs and max_batch_size from the ONNX file, keeping what is set.
 
-    Follows Triton's onnxruntime backend: when every input and output has a dynamic first
-    dimension and the config names no batch size, max_batch_size becomes
-    `default_max_batch_size` (`--backend-config=default-max-batch-size`, 4 unless set) and,
-    unless that is 0, the first dimension is the batch dimension. Such a model batching
+    Follows Triton's onnxruntime backend: a side (inputs, batch inputs counting as inputs;
+    outputs) that the config lists gets no tensors added, so a config that leaves out a
+    model input fails the load's check as Triton's does, rather than being completed; with
+    both sides listed max_batch_size is left as written too. Otherwise, when every input
+    and output has a dynamic first dimension and the config names no batch size,
+    max_batch_size becomes `default_max_batch_size` (`--backend-config=
+    default-max-batch-size`, 4 unless set) and, unless that is 0, the first dimension is
+    the batch dimension. Listed tensors without dims or datatype get the model's. Such a model batching
     more than 1 with no scheduler in its config gets `dynamic_batching {}`.
     """
     inputs, outputs = read_onnx_io(path)
+    listed_inputs = bool(config.input) or bool(config.batch_input)
+    listed_outputs = bool(config.output)
     everything = inputs + outputs
     can_batch = bool(everything) and all(t.dims and t.dims[0] == -1 for t in everything)
-    if config.max_batch_size == 0 and can_batch and _config_dims_leave_batch(config, inputs):
+    if (
+        not (listed_inputs and listed_outputs)
+        and config.max_batch_size == 0
+        and can_batch
+        and _config_dims_leave_batch(config, inputs)
+    ):
         config.max_batch_size = default_max_batch_size
     if can_batch and config.max_batch_size > 1 and config.WhichOneof("scheduling_choice") is None:
         config.dynamic_batching.SetInParent()
     strip = 1 if config.max_batch_size > 0 else 0
     # What the scheduler feeds or keeps is not the client's to send or see.
     fed, kept = fed_inputs(config), kept_outputs(config)
-    _fill(config.input, [t for t in inputs if t.name not in fed], strip)
-    _fill(config.output, [t for t in outputs if t.name not in kept], strip)
+    _fill(config.input, [t for t in inputs if t.name not in fed], strip, listed_inputs)
+    _fill(config.output, [t for t in outputs if t.name not in kept], strip, listed_outputs)
 
 
 def _config_dims_leave_batch(
@@ -161,11 +175,13 @@ def _config_dims_leave_batch(
     return True
 
 
-def _fill(configured: Any, found: list[TensorInfo], strip: int) -> None:
-    """`configured` is the repeated ModelInput or ModelOutput field."""
+def _fill(configured: Any, found: list[TensorInfo], strip: int, listed: bool) -> None:
+    """`configured` is the repeated ModelInput or ModelOutput field; `listed`: add none."""
     by_name = {c.name: c for c in configured}
     for info in found:
         entry = by_name.get(info.name)
+        if entry is None and listed:
+            continue
         if entry is None:
             entry = configured.add()
             entry.name = info.name

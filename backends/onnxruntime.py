@@ -17,8 +17,13 @@ from onnx import TensorProto
 from ge_serve.protos import model_config_pb2
 
 from .base import Array, LoadedModel, ModelSpec, SlotInfo
-from .onnx_io import DEFAULT_MAX_BATCH_SIZE, autocomplete_from_onnx, intra_op_thread_count
-from .scheduled_io import fed_inputs
+from .onnx_check import check_config_fits
+from .onnx_io import (
+    DEFAULT_MAX_BATCH_SIZE,
+    TensorInfo,
+    autocomplete_from_onnx,
+    intra_op_thread_count,
+)
 from .warmup import run_warmup
 
 
@@ -282,7 +287,7 @@ class OnnxRuntimeBackend:
                 spec.model_path, options, rows_apart=rows_are_requests(spec.config)
             )
             if index == 0:
-                check_config(spec.config, session.session)
+                check_config(spec.name, spec.config, session.session)
             executors.append(OrtExecutor(slot, session))
         run_warmup(spec, executors)  # READY only after model_warmup ran on every slot
         size = spec.model_path.stat().st_size * slots
@@ -308,55 +313,22 @@ _ORT_TYPES: dict[str, int] = {
 }
 
 
-def check_config(config: model_config_pb2.ModelConfig, session: ort.InferenceSession) -> None:
-    """Refuse a config that does not fit the model at load time, not at the first request.
+def check_config(
+    name: str, config: model_config_pb2.ModelConfig, session: ort.InferenceSession
+) -> None:
+    """Refuse a config that does not fit the model at load time, not at the first request
+    (`onnx_check`; onnxruntime reports an unknown rank as [], which is not checked)."""
+    check_config_fits(name, config, _infos(session.get_inputs()), _infos(session.get_outputs()))
 
-    Names and datatypes must match; so must the rank and the fixed dims, where the model
-    declares a shape (onnxruntime reports an unknown rank as [], which is not checked).
-    """
-    lead = [-1] if config.max_batch_size > 0 else []
-    model_inputs = session.get_inputs()
-    sides = (
-        ("input", config.input, model_inputs),
-        ("output", config.output, session.get_outputs()),
-    )
-    flat = {entry.name for entry in config.input if entry.allow_ragged_batch}
-    flat.update(name for output in config.batch_output for name in output.target_name)
-    for kind, entries, nodes in sides:
-        by_name = {node.name: node for node in nodes}
-        for entry in entries:
-            node = by_name.get(entry.name)
-            if node is None:
-                raise ValueError(
-                    f"configured {kind} '{entry.name}' is not a model {kind}; the model's "
-                    f"{kind}s are {sorted(by_name)}"
-                )
-            expected = _ORT_TYPES.get(node.type)
-            if expected is not None and entry.data_type != expected:
-                raise ValueError(
-                    f"{kind} '{entry.name}' is "
-                    f"{model_config_pb2.DataType.Name(entry.data_type)} in the config, but "
-                    f"{model_config_pb2.DataType.Name(expected)} in the model"  # type: ignore[arg-type]
-                )
-            dims = list(entry.reshape.shape) if entry.HasField("reshape") else list(entry.dims)
-            configured = lead + dims
-            if entry.name in flat:
-                continue  # batched as one flat tensor: any rank goes (scheduler/ragged.py)
-            shape = list(node.shape or [])
-            if not shape:
-                continue
-            fixed_mismatch = any(
-                isinstance(m, int) and m > 0 and c != -1 and c != m
-                for c, m in zip(configured, shape, strict=False)
-            )
-            if len(shape) != len(configured) or fixed_mismatch:
-                shown = [m if isinstance(m, int) and m > 0 else -1 for m in shape]
-                raise ValueError(
-                    f"{kind} '{entry.name}' has shape {shown} in the model, but the config "
-                    f"gives {configured} (max_batch_size {config.max_batch_size}"
-                    f"{', with the batch dim first' if lead else ''})"
-                )
-    configured_inputs = {entry.name for entry in config.input} | fed_inputs(config)
-    missing = [node.name for node in model_inputs if node.name not in configured_inputs]
-    if missing:
-        raise ValueError(f"the model's input(s) {missing} are missing from the config")
+
+def _infos(nodes: Iterable[Any]) -> list[TensorInfo]:
+    """onnxruntime's NodeArgs as TensorInfo: symbolic dims -1, a type it does not map
+    (a sequence, a map) TYPE_INVALID, i.e. unchecked."""
+    return [
+        TensorInfo(
+            node.name,
+            _ORT_TYPES.get(node.type, model_config_pb2.TYPE_INVALID),
+            tuple(d if isinstance(d, int) and d > 0 else -1 for d in node.shape or []),
+        )
+        for node in nodes
+    ]

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ge_serve.backends.base import Executor, LoadedModel, ModelSpec, SlotInfo
-from ge_serve.backends.onnx_io import DEFAULT_MAX_BATCH_SIZE, autocomplete_from_onnx
+from ge_serve.backends.onnx_check import check_config_fits
+from ge_serve.backends.onnx_io import DEFAULT_MAX_BATCH_SIZE, autocomplete_from_onnx, read_onnx_io
 from ge_serve.backends.warmup import run_warmup
 from ge_serve.protos import model_config_pb2
 
@@ -121,6 +122,12 @@ class GeBackend:
         config = spec.config
         if self.npu_config_error:
             raise ValueError(self.npu_config_error)
+        if spec.model_path.suffix.lower() == ".onnx":
+            # Neither ATC nor the simulated runtime compares the config with the graph: a
+            # contradiction would load READY and fail every request. An OM or a TF graph
+            # is not read here (the executor pairs the config's tensors with an OM's).
+            inputs, outputs = read_onnx_io(spec.model_path, any_type=True)
+            check_config_fits(spec.name, config, inputs, outputs)
         plan = make_plan(config, self.backend_config, spec.model_dir)
         self._check_devices(plan)
         blocks = plan.exec_blocks if plan.batching else 1

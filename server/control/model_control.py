@@ -113,7 +113,7 @@ class ModelControl:
             # that failed to load (so --exit-on-error decides), while the rest load.
             duplicates = (await asyncio.to_thread(self.repository.scan_all)).duplicates
             for name in sorted(duplicates):
-                await self.ensembles.withdraw(name, not_unique(name))
+                await self.ensembles.withdraw(name)
                 errors[name] = not_unique(name)
         if self.settings.mode is ControlMode.POLL:
             self._poller = asyncio.create_task(self._poll_forever(), name="repository-poll")
@@ -264,7 +264,7 @@ class ModelControl:
         )
         jobs: list[Awaitable[None]] = [self._poll_load(added + changed)]
         jobs += [self._poll_unload(n) for n in removed]
-        jobs += [self._run(self.ensembles.withdraw(n, not_unique(n))) for n in withdrawn]
+        jobs += [self._run(self.ensembles.withdraw(n)) for n in withdrawn]
         await asyncio.gather(*jobs)
 
     async def _poll_load(self, names: list[str]) -> None:

@@ -173,10 +173,10 @@ class EnsembleLoader:
                 except ServerError as exc:
                     log.error("unloading '%s' along with '%s' failed: %s", step, name, exc)
 
-    async def withdraw(self, name: str, reason: str) -> None:
+    async def withdraw(self, name: str) -> None:
         """Stop serving a model the repository cannot give (lifecycle.withdraw), and the
         ensembles built on it."""
-        await self.lifecycle.withdraw(name, reason)
+        await self.lifecycle.withdraw(name)
         self.links.pop(name, None)
         self.implicit.discard(name)
         await self._take_down_dependents(name)

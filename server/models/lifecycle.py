@@ -29,8 +29,9 @@ from ..inference.reports import ModelState, RepositoryEntry
 from . import autocomplete, ensemble_config
 from .loadpool import LoadPool
 from .namespaces import model_name, qualify_steps, resolve
-from .preparing import PreparedLoad, prepare_load
+from .preparing import PreparedLoad, prepare_load, strict_poll_fails, version_failures
 from .repository import (
+    DUPLICATE_REASON,
     ModelRepository,
     ModelSource,
     OverrideFolderText,
@@ -241,10 +242,11 @@ class ModelLifecycle:
             scan = await asyncio.to_thread(self.repository.scan_all)
             source = scan.models.get(name)
             if name in scan.duplicates:
-                reason = not_unique(name)
-                self._fail(record, reason)
-                raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reason}")
-        if source is None:
+                self._fail(record, DUPLICATE_REASON)
+                why = not_unique(name)
+                raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {why}")
+        strict = not self.settings.autocomplete and override.config is None
+        if source is None or (strict and strict_poll_fails(source)):
             self._drop_if_empty(record)
             raise ServerError(
                 ErrorCode.INVALID_ARG,
@@ -277,10 +279,10 @@ class ModelLifecycle:
             raise ServerError(exc.code, f"failed to load '{name}': {reason}") from None
         failed = dict(prepared.failures)
         if failed and not prepared.loaded:
-            reasons = "; ".join(f"version {v}: {r}" for v, r in sorted(failed.items()))
+            reasons = version_failures(failed)
             if any(v.state is ModelState.READY for v in record.versions.values()):
                 self._note_failed_reload(record, reasons)
-            raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reasons}")
+            raise ServerError(ErrorCode.INVALID_ARG, f"load failed for model '{name}': {reasons}")
 
     def _fail(self, record: ModelRecord, reason: str) -> None:
         """A failed (re)load keeps READY versions serving and marks the rest unavailable."""
@@ -393,9 +395,9 @@ class ModelLifecycle:
             self._fail(record, reason)
         raise ServerError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reason}")
 
-    async def withdraw(self, name: str, reason: str) -> None:
+    async def withdraw(self, name: str) -> None:
         """Stop serving a model the repository can no longer give one folder for (Triton
-        marks it deleted), keeping it in the index as UNAVAILABLE with `reason`."""
+        marks it deleted), keeping it in the index as UNAVAILABLE with Triton's reason."""
         async with self._locked(name) as record:
             assert record is not None
             # Not the operator's wish to serve: strict readiness does not wait for it.
@@ -403,12 +405,12 @@ class ModelLifecycle:
             await self._retire([v for v in record.versions.values() if v.model is not None])
             for entry in record.versions.values():
                 entry.state = ModelState.UNAVAILABLE
-                entry.reason = reason
-            record.reason = reason
+                entry.reason = DUPLICATE_REASON
+            record.reason = DUPLICATE_REASON
             folder, record.owned = record.owned, None
             if folder is not None:
                 await _remove_folder(folder)
-        log.error("%s", reason)
+        log.error("%s", not_unique(name))
 
     async def _retire(self, entries: list[VersionRecord]) -> None:
         for entry in entries:

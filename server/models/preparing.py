@@ -9,11 +9,12 @@ import time
 from dataclasses import dataclass, field
 
 from ge_serve.backends.base import Backend, LoadedModel, ModelSpec
+from ge_serve.backends.paths import OutsideFolder
 from ge_serve.protos import model_config_pb2
 
 from . import autocomplete, ensemble_config
 from .config_paths import check_config_paths
-from .repository import ModelSource, read_config, read_labels, select_versions
+from .repository import ModelSource, config_path, read_config, read_labels, select_versions
 from .version_health import VersionHealth
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,32 @@ class PreparedLoad:
 
     def failed(self) -> bool:
         return not self.loaded  # every version failed: a retry may fare better
+
+
+def strict_poll_fails(source: ModelSource) -> bool:
+    """Whether the folder fails Triton's poll when configs are used as written: it has no
+    config file. Triton reads the file while polling, so such a folder is no model at all
+    (not in the index, not waited for by readiness), not a model that failed to load."""
+    try:
+        path = config_path(source)
+    except OutsideFolder:
+        return False  # the load names it
+    if path.exists():
+        return False
+    log.error(
+        "Poll failed for model directory '%s': failed to open text file for read %s: No such "
+        "file or directory",
+        source.name,
+        path,
+    )
+    return True
+
+
+def version_failures(failures: dict[int, str]) -> str:
+    """Triton's words for the versions that failed to load (core model_lifecycle.cc)."""
+    return "".join(
+        f"version {v} is at UNAVAILABLE state: {r};" for v, r in sorted(failures.items())
+    )
 
 
 def prepare_load(

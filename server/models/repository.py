@@ -51,8 +51,12 @@ class ModelFiles:
 
 
 def not_unique(name: str) -> str:
-    """Triton's reason for a model name found in more than one repository."""
+    """Triton's log line for a model name found in more than one repository."""
     return f"failed to poll model '{name}': not unique across all model repositories"
+
+
+# Triton's repository-index reason for such a name (MODEL_READY_REASON_DUPLICATE).
+DUPLICATE_REASON = "model appears in two or more repositories"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,14 @@ class ModelRepository:
         self.config_name = config_name
         self.namespacing = namespacing
 
+    def check_paths(self) -> None:
+        """ServerError naming the first repository path that is not a folder."""
+        for root in self.paths:
+            if not root.is_dir():
+                raise ServerError(
+                    ErrorCode.INVALID_ARG, f"model repository path '{root}' is not a folder"
+                )
+
     def scan(self) -> dict[str, ModelSource]:
         """Every model folder whose key is unique, by its key (namespaces.py)."""
         return self.scan_all().models
@@ -82,11 +94,8 @@ class ModelRepository:
         (left out of `models`: which one to serve is not for the server to guess)."""
         found: dict[str, ModelSource] = {}
         duplicates: set[str] = set()
+        self.check_paths()
         for root in self.paths:
-            if not root.is_dir():
-                raise ServerError(
-                    ErrorCode.INVALID_ARG, f"model repository path '{root}' is not a folder"
-                )
             for entry in sorted(root.iterdir()):
                 if not entry.is_dir() or entry.name.startswith("."):
                     continue

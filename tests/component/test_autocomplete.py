@@ -144,19 +144,42 @@ async def test_configured_scheduler_is_kept(on: ModelLifecycle) -> None:
     assert config.HasField("sequence_batching") and not config.HasField("dynamic_batching")
 
 
-async def test_partial_tensors_are_completed_not_overwritten(on: ModelLifecycle) -> None:
+async def test_listed_tensors_are_completed_not_overwritten(on: ModelLifecycle) -> None:
     text = """
         max_batch_size: 2
-        input [ { name: "B" dims: [ -1 ] } ]
+        input [ { name: "B" dims: [ -1 ] }, { name: "A" } ]
         output [ { name: "SUM" data_type: TYPE_FP32 } ]
     """
     config = await loaded_config(on, add_sub_model(), text)
     assert tensors(config.input) == [("B", "TYPE_FP32", [-1]), ("A", "TYPE_FP32", [4])]
+    # A listed side is the config's whole list, as Triton reads it: DIFF is not added.
+    assert tensors(config.output) == [("SUM", "TYPE_FP32", [4])]
+
+
+async def test_a_side_left_out_is_filled_in(on: ModelLifecycle) -> None:
+    text = 'max_batch_size: 2 input [ { name: "A" }, { name: "B" } ]'
+    config = await loaded_config(on, add_sub_model(), text)
     assert tensors(config.output) == [("SUM", "TYPE_FP32", [4]), ("DIFF", "TYPE_FP32", [4])]
 
 
+async def test_a_model_input_left_out_of_listed_inputs_fails_the_load(on: ModelLifecycle) -> None:
+    # Triton's too_few_inputs (qa L0_model_config): the config lists inputs and outputs,
+    # so auto-complete adds none, and the load names the count.
+    text = """
+        max_batch_size: 2
+        input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    """
+    with pytest.raises(ServerError) as info:
+        await loaded_config(on, add_sub_model(), text)
+    assert info.value.message == (
+        "load failed for model 'm': version 1 is at UNAVAILABLE state: unable to load model "
+        "'m', configuration expects 1 inputs, model provides 2;"
+    )
+
+
 async def test_full_rank_dims_in_config_mean_no_batching(on: ModelLifecycle) -> None:
-    text = 'input [ { name: "A" dims: [ -1, 4 ] } ]'
+    text = 'input [ { name: "A" dims: [ -1, 4 ] }, { name: "B" dims: [ -1, 4 ] } ]'
     config = await loaded_config(on, add_sub_model(), text)
     assert config.max_batch_size == 0
     assert tensors(config.input)[0] == ("A", "TYPE_FP32", [-1, 4])
@@ -218,7 +241,7 @@ async def test_disabled_full_rank_config_loads_without_batching(off: ModelLifecy
 
 async def test_disabled_without_inputs_fails_with_a_reason(off: ModelLifecycle) -> None:
     with pytest.raises(ServerError) as info:
-        await loaded_config(off, add_sub_model())
+        await loaded_config(off, add_sub_model(), 'name: "m"')
     message = info.value.message
     assert info.value.code is ErrorCode.INVALID_ARG
     assert "failed to load 'm'" in message
@@ -226,6 +249,24 @@ async def test_disabled_without_inputs_fails_with_a_reason(off: ModelLifecycle) 
     assert "--disable-auto-complete-config" in message
     rows = off.index()
     assert rows[0].state is ModelState.UNAVAILABLE and "no inputs" in rows[0].reason
+
+
+async def test_disabled_without_a_config_file_the_folder_fails_to_poll(
+    off: ModelLifecycle, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Triton (qa L0_lifecycle test_parse_error_no_model_config): with configs used as
+    # written, a folder with no config.pbtxt fails to poll: no model at all, not one that
+    # failed to load. The index lists the folder with no state (as Triton lists every
+    # folder), and readiness does not wait for it.
+    with pytest.raises(ServerError) as info:
+        await loaded_config(off, add_sub_model())
+    assert info.value.message == "failed to load 'm', failed to poll from model repository"
+    assert [(row.name, row.version, row.state, row.reason) for row in off.index()] == [
+        ("m", None, None, "")
+    ]
+    assert off.all_ready()
+    assert "failed to open text file for read" in caplog.text
+    assert "/m/config.pbtxt: No such file or directory" in caplog.text
 
 
 async def test_disabled_tensor_without_dims_fails(off: ModelLifecycle) -> None:
@@ -251,15 +292,20 @@ async def test_disabled_tensor_without_data_type_fails(off: ModelLifecycle) -> N
     ("change", "reason"),
     [
         (("A\" data_type: TYPE_FP32", "A\" data_type: TYPE_INT32"),
-         "input 'A' is TYPE_INT32 in the config, but TYPE_FP32 in the model"),
+         "unable to load model 'm', configuration expects datatype TYPE_INT32 for input 'A', "
+         "model provides TYPE_FP32"),
         (('name: "SUM"', 'name: "TOTAL"'),
-         "configured output 'TOTAL' is not a model output; the model's outputs are"),
+         "unexpected inference output 'TOTAL', allowed outputs are: DIFF, SUM"),
         (('"A" data_type: TYPE_FP32 dims: [ 4 ]', '"A" data_type: TYPE_FP32 dims: [ 5 ]'),
-         "input 'A' has shape [-1, 4] in the model, but the config gives [-1, 5]"),
+         "model 'm', tensor 'A': the model expects 2 dimensions (shape [-1,4]) but the model "
+         "configuration specifies 2 dimensions (an initial batch dimension because "
+         "max_batch_size > 0 followed by the explicit tensor shape, making complete shape "
+         "[-1,5])"),
         (("max_batch_size: 2", "max_batch_size: 0"),
-         "input 'A' has shape [-1, 4] in the model, but the config gives [4]"),
+         "model 'm', tensor 'A': the model expects 2 dimensions (shape [-1,4]) but the model "
+         "configuration specifies 1 dimensions (shape [4])"),
         (('{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] }', ""),
-         "the model's input(s) ['B'] are missing from the config"),
+         "unable to load model 'm', configuration expects 1 inputs, model provides 2"),
     ],
 )  # fmt: skip
 async def test_config_must_fit_the_model(
@@ -270,7 +316,9 @@ async def test_config_must_fit_the_model(
     with pytest.raises(ServerError) as info:
         await loaded_config(off, add_sub_model(), text)
     assert reason in info.value.message
-    assert "failed to load 'm'" in info.value.message
+    assert info.value.message.startswith(
+        "load failed for model 'm': version 1 is at UNAVAILABLE state: "
+    )
 
 
 # --- shapes Triton refuses (ValidateIOShape) fail the load, not every request --------------

@@ -75,6 +75,8 @@ def test_a_link_inside_counts_by_what_it_resolves_to(tmp_path: Path) -> None:
 
 
 NOT_UNIQUE = f"failed to poll model '{ADDK}': not unique across all model repositories"
+# Triton's index reason for it (qa L0_lifecycle test_multiple_model_repository_polling).
+DUPLICATE = "model appears in two or more repositories"
 
 
 def two_repositories(tmp_path: Path) -> tuple[Path, Path, ModelLifecycle]:
@@ -98,7 +100,7 @@ async def test_a_name_in_two_repositories_is_withdrawn_and_the_rest_poll_on(
         write_addk(second)
         await control.poll_once()
         assert not life.is_ready(ADDK)
-        assert life.index()[0] == RepositoryEntry(ADDK, 1, ModelState.UNAVAILABLE, NOT_UNIQUE)
+        assert life.index()[0] == RepositoryEntry(ADDK, 1, ModelState.UNAVAILABLE, DUPLICATE)
         # Other models still follow their folders.
         write_atomic(other / "config.pbtxt", addk_config(name="other").replace(": 8", ": 2"))
         write_addk(second, name="new")
@@ -124,7 +126,7 @@ async def test_a_name_in_two_repositories_at_startup_fails_alone(tmp_path: Path)
         assert await control.start() == {ADDK: NOT_UNIQUE}
         assert life.is_ready("other")
         assert life.index() == [
-            RepositoryEntry(ADDK, None, ModelState.UNAVAILABLE, NOT_UNIQUE),
+            RepositoryEntry(ADDK, None, ModelState.UNAVAILABLE, DUPLICATE),
             RepositoryEntry("other", 1, ModelState.READY),
         ]
         assert life.all_ready()  # not served on purpose: strict readiness does not wait
