@@ -139,22 +139,25 @@ def autocomplete_from_onnx(
     and output has a dynamic first dimension and the config names no batch size,
     max_batch_size becomes `default_max_batch_size` (`--backend-config=
     default-max-batch-size`, 4 unless set) and, unless that is 0, the first dimension is
-    the batch dimension. Listed tensors without dims or datatype get the model's. Such a model batching
-    more than 1 with no scheduler in its config gets `dynamic_batching {}`.
+    the batch dimension; such a model batching more than 1 with no scheduler in its config
+    gets `dynamic_batching {}`. Listed tensors without dims or datatype get the model's.
     """
     inputs, outputs = read_onnx_io(path)
     listed_inputs = bool(config.input) or bool(config.batch_input)
     listed_outputs = bool(config.output)
     everything = inputs + outputs
     can_batch = bool(everything) and all(t.dims and t.dims[0] == -1 for t in everything)
+    # Triton skips its whole auto-complete when both sides are listed.
+    completing = not (listed_inputs and listed_outputs)
     if (
-        not (listed_inputs and listed_outputs)
+        completing
         and config.max_batch_size == 0
         and can_batch
         and _config_dims_leave_batch(config, inputs)
     ):
         config.max_batch_size = default_max_batch_size
-    if can_batch and config.max_batch_size > 1 and config.WhichOneof("scheduling_choice") is None:
+    no_scheduler = config.WhichOneof("scheduling_choice") is None
+    if completing and can_batch and config.max_batch_size > 1 and no_scheduler:
         config.dynamic_batching.SetInParent()
     strip = 1 if config.max_batch_size > 0 else 0
     # What the scheduler feeds or keeps is not the client's to send or see.
