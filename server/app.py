@@ -205,22 +205,22 @@ class ServerApp:
             # Python models' BLS calls enter the core on this loop.
             self.python.attach_core(CoreBridge(self.core, asyncio.get_running_loop()))
         try:
-            errors = await self.control.start()
+            self.repository.check_paths()
         except ServerError as exc:
-            log.error("%s", exc.message)
-            return False
-        self.log_model_table()
-        await asyncio.to_thread(release_freed_memory)
-        for name, message in sorted(errors.items()):
-            log.error("model '%s' failed to load: %s", name, message)
-        if errors and self.settings.exit_on_error:
+            if self.settings.exit_on_error:
+                log.error("%s", exc.message)
+                return False
+            # Triton's server failed to initialize: with --exit-on-error=false it still
+            # opens its endpoints, not live and not ready, loading nothing.
             log.error(
-                "exiting: %d model(s) failed to load (use --exit-on-error=false to serve the "
-                "rest): %s",
-                len(errors),
-                ", ".join(sorted(errors)),
+                "%s: no models are loaded; the server runs not live and not ready "
+                "(--exit-on-error=false)",
+                exc.message,
             )
-            return False
+            self.core.fail_initialization()
+        else:
+            if not await self._load_startup_models():
+                return False
         # gRPC first: once HTTP answers /v2/health/ready, every endpoint is listening.
         if self.settings.allow_grpc:
             await self.grpc.start()
@@ -249,6 +249,27 @@ class ServerApp:
                 self.metrics.sampler.start()
         # Models and front ends are up: the standing heap (startup/gcheap.py).
         settle_heap()
+        return True
+
+    async def _load_startup_models(self) -> bool:
+        """Load the startup models; False means: exit with error."""
+        try:
+            errors = await self.control.start()
+        except ServerError as exc:
+            log.error("%s", exc.message)
+            return False
+        self.log_model_table()
+        await asyncio.to_thread(release_freed_memory)
+        for name, message in sorted(errors.items()):
+            log.error("model '%s' failed to load: %s", name, message)
+        if errors and self.settings.exit_on_error:
+            log.error(
+                "exiting: %d model(s) failed to load (use --exit-on-error=false to serve the "
+                "rest): %s",
+                len(errors),
+                ", ".join(sorted(errors)),
+            )
+            return False
         return True
 
     async def _start_grpc_workers(self) -> None:

@@ -104,6 +104,11 @@ class InferenceServer:
     def live(self) -> bool:
         return self._live
 
+    def fail_initialization(self) -> None:
+        """Not live and not ready from now on: the server could not initialize (its
+        model repository is missing) and runs on only because --exit-on-error=false."""
+        self._live = False
+
     def ready(self) -> bool:
         if not self._live or self._draining or not self.path.accepting:
             return False

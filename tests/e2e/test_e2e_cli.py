@@ -20,7 +20,14 @@ import orjson
 import pytest
 from modelgen import add_sub_model, slow_model, write_model
 from polling import poll
-from serverproc import EXAMPLE_MODELS, REPO_ROOT, ServerProcess, running_server, start_server
+from serverproc import (
+    EXAMPLE_MODELS,
+    REPO_ROOT,
+    ServerProcess,
+    running_server,
+    start_server,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -68,6 +75,19 @@ def test_a_missing_repository_fails_at_startup(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "absent" in result.stdout + result.stderr
     assert "is not a folder" in result.stdout + result.stderr
+
+
+def test_a_missing_repository_with_exit_on_error_false_runs_not_live(tmp_path: Path) -> None:
+    # Triton's server failed to initialize and, told not to exit, serves on: not live,
+    # not ready, its metadata answered.
+    server = start_server([tmp_path / "absent"], ["--exit-on-error=false"], wait_ready=False)
+    try:
+        wait_for(server, "/v2", 60.0)
+        assert httpx.get(server.base_url + "/v2/health/live").status_code == 400
+        assert httpx.get(server.base_url + "/v2/health/ready").status_code == 400
+        assert "is not a folder" in server.log()
+    finally:
+        server.stop()
 
 
 def test_model_repo_alias_and_repeated_repositories(tmp_path: Path) -> None:
