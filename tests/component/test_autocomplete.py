@@ -125,6 +125,22 @@ async def test_configured_max_batch_size_gets_dynamic_batching(on: ModelLifecycl
     assert config.HasField("dynamic_batching")
 
 
+async def test_a_config_listing_inputs_and_outputs_gets_no_dynamic_batching(
+    on: ModelLifecycle,
+) -> None:
+    # Triton's onnxruntime backend skips its auto-complete for such a config (its own
+    # `simple` example): each request runs alone.
+    listed = (
+        'input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, '
+        '{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] }, '
+        '{ name: "DIFF" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+    )
+    config = await loaded_config(on, add_sub_model(), "max_batch_size: 8\n" + listed)
+    assert config.max_batch_size == 8
+    assert not config.HasField("dynamic_batching")
+
+
 async def test_max_batch_size_one_gets_no_dynamic_batching(on: ModelLifecycle) -> None:
     config = await loaded_config(on, add_sub_model(), "max_batch_size: 1\n")
     assert config.max_batch_size == 1
