@@ -28,7 +28,7 @@ from ..inference import error_texts
 from ..inference.core import InferenceServer
 from ..inference.header_forward import HeaderForward
 from ..inference.types import ParamValue
-from ..observability.tracing import FrontTrace
+from ..observability.fronttrace import FrontTrace
 from . import codec, encode
 from .errors import Handler, Undecodable, abort, guard
 from .stream import MAX_IN_FLIGHT, MAX_UNWRITTEN, StreamSession, metadata_value

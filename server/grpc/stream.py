@@ -40,7 +40,7 @@ from ..errors import ServerError, decoding, shutting_down
 from ..inference.core import InferenceServer
 from ..inference.header_forward import HeaderForward
 from ..inference.types import InferResponse
-from ..observability.tracing import FrontTrace
+from ..observability.fronttrace import FrontTrace
 from . import codec
 from .errors import Undecodable, abort, as_server_error
 

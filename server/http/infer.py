@@ -31,7 +31,7 @@ from ge_serve.server.errors import ErrorCode, ServerError, decoding, internal
 from ge_serve.server.inference import error_texts
 from ge_serve.server.inference.header_forward import HeaderForward
 from ge_serve.server.inference.types import InferRequest, InferResponse
-from ge_serve.server.observability.tracing import FrontTrace
+from ge_serve.server.observability.fronttrace import FrontTrace
 
 from . import codec, compression
 from .bodies import InferRequestBody

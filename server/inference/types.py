@@ -21,7 +21,7 @@ from ..errors import ErrorCode, ServerError
 from . import error_texts
 
 if TYPE_CHECKING:
-    from ..observability.tracing import FrontTrace
+    from ..observability.fronttrace import FrontTrace
 
 ParamValue = bool | int | float | str
 Parameters = dict[str, ParamValue]

@@ -44,6 +44,7 @@ import numpy as np
 from ge_serve.scheduler.work import Timings
 
 from ..errors import ErrorCode, ServerError, invalid_arg
+from .fronttrace import FrontTrace
 from .traceconfig import OPENTELEMETRY, TRITON, TraceSettings
 
 # W3C trace context: a valid `traceparent` (not version ff, ids not all zero) forces a
@@ -132,40 +133,6 @@ class Trace:
 def front_end_mark(name: str) -> bool:
     """Whether a timestamp is a front end's (Triton puts them on the request's root span)."""
     return name.startswith(("HTTP_", "GRPC_")) or name == "INFER_RESPONSE_COMPLETE"
-
-
-class FrontTrace:
-    """A front end's timestamps for one request, made only while tracing is active. The
-    core hands it the request's trace when it samples the request (`attach`); the front
-    end marks on, and `release` adds its marks and lets the trace be written.
-
-    Where they go in the trace follows Triton's file: HTTP's receive marks before
-    REQUEST_START (Triton records them as it starts the trace), gRPC's all at release
-    (Triton keeps them on the call's state until then); the rest after REQUEST_END."""
-
-    __slots__ = ("_deferred", "marks", "trace")
-
-    def __init__(self, first: str, deferred: bool = False, ns: int | None = None) -> None:
-        self.marks: list[tuple[str, int]] = [(first, time.monotonic_ns() if ns is None else ns)]
-        self.trace: Trace | None = None
-        self._deferred = deferred
-
-    def mark(self, name: str) -> None:
-        self.marks.append((name, time.monotonic_ns()))
-
-    def attach(self, trace: Trace) -> None:
-        self.trace = trace
-        trace.holds += 1
-        if not self._deferred:
-            trace.marks[:0] = self.marks
-            self.marks = []
-
-    def release(self) -> None:
-        """Once, when the answer has been sent (or cannot be): later calls do nothing."""
-        trace, self.trace = self.trace, None
-        if trace is not None:
-            trace.marks += self.marks
-            trace.release()
 
 
 def _dtype_name(values: Any) -> str:

@@ -154,11 +154,9 @@ class Settings:
     http_max_input_size: int = field(
         default=64 * 1024 * 1024, metadata=flag(check=positive, help="largest HTTP body, in bytes")
     )
+    # Off unless asked for, as in Triton: a registered region is mapped and written to.
     allow_client_shm: bool = field(
-        # Off unless asked for, as in Triton: a client that registers a region makes the
-        # server map a /dev/shm object and write outputs into it.
-        default=False,
-        metadata=flag(help="let clients register and unregister system shared memory"),
+        default=False, metadata=flag(help="let clients use shared memory")
     )
     log_verbose: int = field(
         default=0,
@@ -192,11 +190,7 @@ class Settings:
     )
     model_config_name: str = field(
         default="",
-        metadata=flag(
-            parse=model_config_name,
-            help="read configs/<NAME>.pbtxt where a model has one, else config.pbtxt",
-            group=MODELS,
-        ),
+        metadata=flag(parse=model_config_name, help="read configs/<NAME>.pbtxt", group=MODELS),
     )
     model_namespacing: bool = field(
         default=False,
