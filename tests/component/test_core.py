@@ -120,9 +120,11 @@ async def test_health_and_metadata(server: InferenceServer) -> None:
     config = server.model_config("image_classifier")
     assert config.output[0].label_filename == "labels.txt"
     # With the defaults Triton's core fills in (its NormalizeModelConfig).
+    assert list(config.dynamic_batching.preferred_batch_size) == [config.max_batch_size]
     config = server.model_config("simple")
     assert config.version_policy.latest.num_versions == 1
-    assert list(config.dynamic_batching.preferred_batch_size) == [8]
+    # Its config lists inputs and outputs: auto-complete adds no dynamic_batching.
+    assert not config.HasField("dynamic_batching")
     assert config.optimization.input_pinned_memory.enable
     assert config.optimization.output_pinned_memory.enable
 
