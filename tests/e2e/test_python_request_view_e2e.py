@@ -101,6 +101,8 @@ class TritonPythonModel:
                 correlation_id=params["cid"],
                 flags=params["cflags"],
             )
+            if "set_flags" in params:
+                call.set_flags(params["set_flags"])
             answer = call.exec()
             if answer.has_error():
                 raise pb_utils.TritonModelException(answer.error().message())
@@ -194,6 +196,16 @@ def test_a_bls_request_names_its_sequence_with_correlation_id_and_flags(
     assert end == {"CORRID": "int:9", "FLAGS": 2}
     text = _seen(_post(server, "bls_seq", {"cid": "s-1", "cflags": 3}))
     assert text == {"CORRID": "str:s-1", "FLAGS": 3}
+
+
+def test_set_flags_changes_the_flags_a_bls_request_sends(server: ServerProcess) -> None:
+    # qa's bls test_bls_sequence ends its sequence with set_flags(SEQUENCE_END).
+    start = _seen(_post(server, "bls_seq", {"cid": 11, "cflags": 0, "set_flags": 1}))
+    assert start == {"CORRID": "int:11", "FLAGS": 1}
+    end = _seen(_post(server, "bls_seq", {"cid": 11, "cflags": 1, "set_flags": 2}))
+    assert end == {"CORRID": "int:11", "FLAGS": 2}
+    refused = _post(server, "bls_seq", {"cid": 11, "cflags": 0, "set_flags": -1})
+    assert refused.status_code != 200 and "set_flags()" in refused.text
 
 
 def test_a_bls_sequence_request_without_an_id_is_refused_by_the_sequence_model(

@@ -369,6 +369,17 @@ class InferenceRequest:
     def flags(self) -> int:
         return self._flags
 
+    def set_flags(self, flags: int) -> None:
+        """The request's sequence flags (SEQUENCE_START, SEQUENCE_END), as a BLS call
+        sends them; Triton's is a uint32 setter (InferRequest::SetFlags)."""
+        if not isinstance(flags, int) or not 0 <= flags < 1 << 32:
+            # pybind11 refuses what is not a uint32 with a TypeError.
+            raise TypeError(
+                "set_flags(): incompatible function arguments: flags must be an unsigned "
+                f"32-bit integer, got {flags!r}"
+            )
+        self._flags = int(flags)
+
     def timeout(self) -> int:
         return self._timeout
 
