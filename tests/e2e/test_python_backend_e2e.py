@@ -406,9 +406,10 @@ def test_a_killed_worker_fails_its_requests_and_comes_back(
         # A new worker takes a Python start-up at least: the model shows why it is down.
         row = index_row(python_server, "sleeper")
         assert row["state"] == "UNAVAILABLE", row
+        # Triton's sentence first (qa's model_readiness greps it), then ge-serve's detail.
         assert row["reason"] == (
-            f"model instance 'sleeper_0' is restarting: the worker process (pid {pid}) was "
-            "killed by SIGKILL"
+            "Stub process 'sleeper_0' is not healthy. model instance 'sleeper_0' is "
+            f"restarting: the worker process (pid {pid}) was killed by SIGKILL"
         )
         with pytest.raises(InferenceServerException) as refused:
             sleep_for(client, 0)

@@ -61,6 +61,8 @@ class InstanceSpec:
     output_names: tuple[str, ...]
     launch: Launch
     finalize_timeout_s: float = 30.0
+    # A Python-based backend's model.py, run in the model's stead (based.py).
+    backend_file: Path | None = None
 
     def init_payload(self) -> dict[str, Any]:
         return {
@@ -68,6 +70,7 @@ class InstanceSpec:
             "instance_name": self.instance_name,
             "decoupled": self.decoupled,
             "model_path": str(self.model_path),
+            "backend_file": str(self.backend_file or ""),
             "args": {
                 "model_config": self.config_json,
                 "model_instance_kind": self.kind,
@@ -139,8 +142,9 @@ class PythonInstance:
             worker.kill()
             worker.wait(5)
             if isinstance(exc, WorkerDied):
+                detail = str(exc)
                 raise RuntimeError(
-                    f"model instance '{self.spec.instance_name}': {exc} while it initialized"
+                    f"{self._unhealthy()} {detail[:1].upper()}{detail[1:]} while it initialized"
                 ) from None
             raise
         finally:
@@ -301,9 +305,14 @@ class PythonInstance:
         then = "it was being unloaded" if self._closing.is_set() else "it is being restarted"
         return ModelError(
             "UNAVAILABLE",
-            f"model instance '{self.spec.instance_name}' of '{self.spec.model_name}' failed: "
-            f"{reason}; {then}",
+            f"{self._unhealthy()} model instance '{self.spec.instance_name}' of "
+            f"'{self.spec.model_name}' failed: {reason}; {then}",
         )
+
+    def _unhealthy(self) -> str:
+        """Triton's words for a stub process that died (python_be.cc, stub_launcher.cc),
+        which qa's tests look for; ge-serve's detail follows them."""
+        return f"Stub process '{self.spec.instance_name}' is not healthy."
 
     # --- the worker's own messages (its reader thread) -----------------------------------
 
@@ -359,7 +368,10 @@ class PythonInstance:
                 self.spec.instance_name,
                 reason,
             )
-            self._set_down(f"model instance '{self.spec.instance_name}' is restarting: {reason}")
+            self._set_down(
+                f"{self._unhealthy()} model instance '{self.spec.instance_name}' is "
+                f"restarting: {reason}"
+            )
         for pending in lost:
             if pending.context.responses is not None:
                 pending.context.responses.send(None, error, True)
@@ -387,8 +399,8 @@ class PythonInstance:
                 worker = self._spawn()
             except Exception as exc:
                 self._set_down(
-                    f"model instance '{self.spec.instance_name}' is restarting: {reason}; the "
-                    f"last attempt failed: {exc}"
+                    f"{self._unhealthy()} model instance '{self.spec.instance_name}' is "
+                    f"restarting: {reason}; the last attempt failed: {exc}"
                 )
                 if self._closing.wait(backoff.next_delay()):
                     return
