@@ -93,7 +93,7 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
     return {
         "onnxruntime": OnnxRuntimeBackend(default_max_batch_size(settings, "onnxruntime")),
         "ge": ge,
-        "python": PythonBackend(),
+        "python": PythonBackend(backend_directory=settings.backend_directory),
         "llm": LlmBackend(ge),
     }
 
@@ -153,11 +153,10 @@ class ServerApp:
         python = self.backends.get("python")
         self.python = python if isinstance(python, PythonBackend) else None
         if self.python is not None:
-            # A version whose execute never returned still has its worker: end it.
+            # A version whose execute never returned still has its worker: end it. Any
+            # backend's version: a Python-based backend's models have their own names.
             backend = self.python
-            self.lifecycle.on_retired.append(
-                lambda model: backend.retire(model.loaded) if model.backend == "python" else None
-            )
+            self.lifecycle.on_retired.append(lambda model: backend.retire(model.loaded))
         self.http = HttpFrontEnd(self.core, http_settings(settings))
         self.grpc_public = grpc_settings(settings)
         self.grpc_workers: FrontEndWorkers | None = None

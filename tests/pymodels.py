@@ -604,6 +604,92 @@ class TritonPythonModel:
 """
 
 
+# Kills its own worker in initialize, as qa's init_exit does.
+INIT_KILL = """
+import os
+import signal
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def execute(self, requests):
+        return []
+"""
+
+# Spread over files, as qa's multi_file: a module beside it imported by name, and one by a
+# relative import (Triton imports model.py as `<version>.model`, in its version package).
+MULTI_FILE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+import by_name
+from . import relative
+from .relative import OFFSET
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            out = value * by_name.FACTOR + relative.OFFSET + OFFSET + len(__name__)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]))
+        return responses
+"""
+
+# A Python-based backend, as python_backend's example: auto-completes its tensors, and
+# reads the model's own settings from the model's version folder (get_model_dir()).
+BASED_BACKEND = """
+import json
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.add_input({"name": "IN", "data_type": "TYPE_INT32", "dims": [1]})
+        config.add_output({"name": "OUT", "data_type": "TYPE_INT32", "dims": [1]})
+        return config
+
+    def initialize(self, args):
+        with open(os.path.join(pb_utils.get_model_dir(), "model.json")) as file:
+            self.step = json.load(file)["step"]
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            out = pb_utils.Tensor("OUT", (value + self.step).astype(np.int32))
+            responses.append(pb_utils.InferenceResponse([out]))
+        return responses
+"""
+
+
+def write_multi_file(repo: Path, name: str) -> Path:
+    """MULTI_FILE and the two modules beside it: OUT = IN * 10 + 2 + len("1.model")."""
+    folder = write_model(repo, name, MULTI_FILE, _config(name, _INT_IN_OUT))
+    (folder / "1" / "by_name.py").write_text("FACTOR = 10\n")
+    (folder / "1" / "relative.py").write_text("OFFSET = 1\n")
+    return folder
+
+
+def write_python_based(backends: Path, backend: str, repo: Path, name: str, step: int) -> Path:
+    """BASED_BACKEND as `<backends>/<backend>/model.py`, and a model of it in `repo` whose
+    version folder holds its settings (model.json) and no model.py."""
+    (backends / backend).mkdir(parents=True, exist_ok=True)
+    (backends / backend / "model.py").write_text(textwrap.dedent(BASED_BACKEND).lstrip())
+    folder = repo / name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "1" / "model.json").write_text(f'{{"step": {step}}}')
+    (folder / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "{backend}"\n')
+    return folder
+
+
 def _config(name: str, body: str, extra: str = "") -> str:
     return f'name: "{name}"\nbackend: "python"\n{textwrap.dedent(body)}\n{extra}\n'
 
@@ -644,6 +730,7 @@ MODELS: dict[str, tuple[str, str]] = {
     "failing": (FAILING, _INT_IN_OUT),
     "hanger": (HANGER, _INT_IN_OUT),
     "broken_import": ("import no_such_module_anywhere\n", _INT_IN_OUT),
+    "init_kill": (INIT_KILL, _INT_IN_OUT),
     "sleeper": (
         SLEEPER,
         """

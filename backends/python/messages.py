@@ -81,6 +81,8 @@ class Autocomplete(Message):
     number: int
     model_path: str
     config_json: str
+    # A Python-based backend's model.py, run in the model's stead ("" for none).
+    backend_file: str = ""
 
 
 class Finalize(Message):

@@ -8,6 +8,8 @@ from pathlib import Path
 from ge_serve.backends.base import Backend
 from ge_serve.backends.onnx_io import read_onnx_io
 from ge_serve.backends.paths import OutsideFolder, resolve_inside
+from ge_serve.backends.python.host.backend import PythonBackend, missing_model_file
+from ge_serve.backends.python.host.based import PythonBasedBackend
 from ge_serve.protos import model_config_pb2
 
 from ..errors import ErrorCode, ServerError
@@ -48,9 +50,13 @@ def resolve_backend(
     if named:
         key = BACKEND_ALIASES.get(named)
         if key is None:
+            based = _python_based(config, backends)
+            if based is not None:
+                return based
             raise ServerError(
                 ErrorCode.UNSUPPORTED,
-                f"backend '{named}' is not supported; available: {sorted(BACKEND_ALIASES)}",
+                f"backend '{named}' is not supported; available: {sorted(BACKEND_ALIASES)}, "
+                "or a Python-based backend in --backend-directory",
             )
     elif _python_model(config, version_dir):
         key = "python"
@@ -72,6 +78,20 @@ def resolve_backend(
     if backend is None:
         raise ServerError(ErrorCode.UNAVAILABLE, f"backend '{key}' is not available")
     return backend
+
+
+def _python_based(
+    config: model_config_pb2.ModelConfig, backends: dict[str, Backend]
+) -> Backend | None:
+    """A backend ge-serve does not have, found as `<backend directory>/<name>/model.py`
+    and served by the Python backend, as Triton finds a Python-based backend."""
+    python = backends.get("python")
+    if not config.backend or not isinstance(python, PythonBackend):
+        return None
+    try:
+        return python.python_based(config.backend)
+    except ValueError as exc:
+        raise ServerError(ErrorCode.INVALID_ARG, str(exc)) from None
 
 
 def _python_model(config: model_config_pb2.ModelConfig, version_dir: Path | None) -> bool:
@@ -142,8 +162,14 @@ def complete(
     """Fill what the config leaves out. `from_file=False` (auto-complete off) skips the
     model file but still applies the defaults every Triton config ends up with."""
     if from_file:
-        if not model_path.exists():
-            raise ServerError(ErrorCode.INVALID_ARG, f"model file '{model_path}' does not exist")
+        # A Python-based backend runs its own model.py: the model's may well not exist.
+        if not model_path.exists() and not isinstance(backend, PythonBasedBackend):
+            absent = (
+                missing_model_file(model_path)
+                if isinstance(backend, PythonBackend)
+                else f"model file '{model_path}' does not exist"
+            )
+            raise ServerError(ErrorCode.INVALID_ARG, absent)
         try:
             backend.autocomplete(config, model_path)
         except ValueError as exc:
@@ -175,7 +201,7 @@ def complete(
         # name a CUDA device to Triton users.
         group.kind = (
             model_config_pb2.ModelInstanceGroup.KIND_CPU
-            if backend.name in HOST_BACKENDS
+            if backend.name in HOST_BACKENDS or isinstance(backend, PythonBasedBackend)
             else model_config_pb2.ModelInstanceGroup.KIND_MODEL
         )
     for index, group in enumerate(config.instance_group):

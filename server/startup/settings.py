@@ -226,6 +226,12 @@ class Settings:
             help="a backend's setting, e.g. ge,device_ids=0,1",
         ),
     )
+    backend_directory: Path = field(
+        default=Path("/opt/tritonserver/backends"),  # Triton's
+        metadata=flag(
+            parse=Path, help="Python-based backends: <dir>/<name>/model.py", group=MODELS
+        ),
+    )
     grpc_use_ssl: bool = field(default=False, metadata=flag(help="TLS on gRPC", group=GRPC))
     grpc_use_ssl_mutual: bool = field(
         default=False, metadata=flag(help="TLS that also requires client certificates", group=GRPC)

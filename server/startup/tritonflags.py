@@ -38,9 +38,6 @@ INAPPLICABLE: tuple[Inapplicable, ...] = (
     Inapplicable(
         "--host-policy", "executors run on their slot threads; no NUMA policy", repeat=True
     ),
-    Inapplicable(
-        "--backend-directory", "backends are built in (onnxruntime, npu_ge, python), not loaded"
-    ),
     Inapplicable("--repoagent-directory", "repository agents are not supported"),
     Inapplicable("--cache-directory", "the response cache is built in ('local' only)"),
     Inapplicable(

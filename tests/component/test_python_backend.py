@@ -56,14 +56,16 @@ async def serve(
     delay_count: int = 0,
     errors: dict[str, str] | None = None,
     unload_timeout_s: float = 10.0,
+    backend_directory: Path | None = None,
+    autocomplete: bool = True,
 ) -> Served:
     """The models loaded (each must load, unless `errors` is given: it gets the reasons)."""
-    python = PythonBackend()
+    python = PythonBackend(backend_directory=backend_directory)
     lifecycle = ModelLifecycle(
         ModelRepository([repo]),
         {"onnxruntime": OnnxRuntimeBackend(), "python": python},
         functools.partial(make_scheduler, options=SchedulerOptions(delay_count=delay_count)),
-        LifecycleSettings(unload_timeout_s=unload_timeout_s),
+        LifecycleSettings(unload_timeout_s=unload_timeout_s, autocomplete=autocomplete),
     )
     lifecycle.on_retired.append(lambda model: python.retire(model.loaded))
     core = InferenceServer(lifecycle)
@@ -76,10 +78,10 @@ async def serve(
     return Served(core, lifecycle, python)
 
 
-async def load_error(repo: Path, name: str) -> str:
-    """Why the model cannot load."""
+async def load_error(repo: Path, name: str, **options: Any) -> str:
+    """Why the model cannot load (`options`: serve()'s)."""
     errors: dict[str, str] = {}
-    found = await serve(repo, [name], errors=errors)
+    found = await serve(repo, [name], errors=errors, **options)
     await found.lifecycle.close()
     found.python.close()
     return errors[name]
@@ -289,6 +291,8 @@ async def test_a_worker_that_dies_fails_its_request_and_comes_back(served: Open)
         await found.core.infer(request("failing", IN=np.array([3], np.int32)))
     assert raised.value.code is ErrorCode.UNAVAILABLE
     assert "model instance 'failing_0' of 'failing' failed" in raised.value.message
+    # Triton's words first (python_be.cc), which qa's restart test reads.
+    assert raised.value.message.startswith("Stub process 'failing_0' is not healthy. ")
     assert "exited with code 7" in raised.value.message
     row = next(r for r in found.lifecycle.index() if r.name == "failing")
     if row.state is ModelState.UNAVAILABLE:  # it may already be back on a fast machine
@@ -553,3 +557,79 @@ async def test_an_execution_environment_is_used_or_the_load_refused(tmp_path: Pa
     _environment(other / "env", "python3.6")
     reason = await load_error(tmp_path, "env_old")
     assert "is for python3.6, but the server runs " + python in reason
+
+
+async def test_a_worker_that_dies_in_initialize_is_reported_in_tritons_words(
+    tmp_path: Path,
+) -> None:
+    pymodels.write(tmp_path, "init_kill")
+    reason = await load_error(tmp_path, "init_kill")
+    # qa/L0_backend_python/test.sh greps the log for this sentence.
+    assert "Stub process 'init_kill_0' is not healthy. " in reason
+    assert "was killed by SIGKILL while it initialized" in reason
+
+
+@pytest.mark.parametrize("autocomplete", [True, False])
+async def test_a_missing_model_file_is_reported_in_tritons_words(
+    tmp_path: Path, autocomplete: bool
+) -> None:
+    config = 'name: "absent"\nbackend: "python"\n' + pymodels.MODELS["failing"][1]
+    folder = pymodels.write_model(tmp_path, "absent", "", config)
+    (folder / "1" / "model.py").unlink()
+    reason = await load_error(tmp_path, "absent", autocomplete=autocomplete)
+    assert (
+        "Failed to preinitialize Python stub: Python model file not found in "
+        f"'{folder / '1' / 'model.py'}'"
+    ) in reason
+
+
+async def test_a_model_of_several_files_imports_them_by_name_and_relatively(
+    tmp_path: Path,
+) -> None:
+    pymodels.write_multi_file(tmp_path, "multi_file")
+    found = await serve(tmp_path, ["multi_file"])
+    try:
+        got = outputs(await found.core.infer(request("multi_file", IN=np.array([4], np.int32))))
+        # 4 * 10 + 1 + 1 + len("1.model"): the module is its version folder's, as Triton's.
+        assert got["OUT"].tolist() == [49]
+    finally:
+        await found.lifecycle.close()
+        found.python.close()
+
+
+async def test_a_python_based_backend_serves_the_models_that_name_it(tmp_path: Path) -> None:
+    backends, repo = tmp_path / "backends", tmp_path / "models"
+    pymodels.write_python_based(backends, "stepper", repo, "up_one", 1)
+    pymodels.write_python_based(backends, "stepper", repo, "up_five", 5)
+    found = await serve(repo, ["up_one", "up_five"], backend_directory=backends)
+    try:
+        for name, step in (("up_one", 1), ("up_five", 5)):
+            got = outputs(await found.core.infer(request(name, IN=np.array([10], np.int32))))
+            assert got["OUT"].tolist() == [10 + step]
+            # Completed by the backend's auto_complete_config; it keeps its backend's name.
+            config = found.lifecycle.get(name).config
+            assert config.backend == "stepper" and [t.name for t in config.input] == ["IN"]
+    finally:
+        await found.lifecycle.close()
+        found.python.close()
+
+
+@pytest.mark.parametrize(
+    ("backend", "expected"),
+    [
+        ("nowhere", "backend 'nowhere' is not supported"),
+        ("../models/up_one", "is not a backend name"),
+        ("..", "is not a backend name"),
+    ],
+)
+async def test_a_python_based_backend_is_found_only_in_the_backend_directory(
+    tmp_path: Path, backend: str, expected: str
+) -> None:
+    backends, repo = tmp_path / "backends", tmp_path / "models"
+    pymodels.write_python_based(backends, "stepper", repo, "up_one", 1)
+    # A model.py the name would reach if it could leave the backend directory.
+    (repo / "up_one" / "model.py").write_text(pymodels.BASED_BACKEND)
+    (tmp_path / "model.py").write_text(pymodels.BASED_BACKEND)
+    config = repo / "up_one" / "config.pbtxt"
+    config.write_text(config.read_text().replace('"stepper"', f'"{backend}"'))
+    assert expected in await load_error(repo, "up_one", backend_directory=backends)

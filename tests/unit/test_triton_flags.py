@@ -71,7 +71,8 @@ def test_one_warning_names_each_inapplicable_flag_and_why(
             "--pinned-memory-pool-byte-size=0",
             "--cuda-memory-pool-byte-size=0:0",
             "--cuda-memory-pool-byte-size=1:0",
-            "--backend-directory=/opt/tritonserver/backends",
+            "--repoagent-directory=/opt/tritonserver/repoagents",
+            "--backend-directory=/srv/backends",  # honoured: Python-based backends
             "--model-namespacing=false",  # Triton's default: nothing to warn about
         ]
     )
@@ -82,7 +83,9 @@ def test_one_warning_names_each_inapplicable_flag_and_why(
     (message,) = warnings
     assert message.count("--cuda-memory-pool-byte-size") == 1
     assert "--pinned-memory-pool-byte-size (there is no CUDA device" in message
-    assert "--backend-directory (backends are built in" in message
+    assert "--repoagent-directory (repository agents" in message
+    assert "--backend-directory" not in message
+    assert settings.backend_directory == Path("/srv/backends")
     assert "--model-namespacing" not in message
 
 

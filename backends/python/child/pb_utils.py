@@ -68,6 +68,7 @@ __all__ = [
     "deserialize_bytes_tensor",
     "get_input_config_by_name",
     "get_input_tensor_by_name",
+    "get_model_dir",
     "get_output_config_by_name",
     "get_output_tensor_by_name",
     "is_model_ready",
@@ -103,6 +104,12 @@ class PreferredMemory:
     ) -> None:
         self.preferred_memory_type = preferred_memory_type
         self.preferred_device_id = preferred_device_id
+
+
+def get_model_dir() -> str:
+    """The model's version folder, where its own files are (a Python-based backend's
+    model.py reads the model's settings from there)."""
+    return current().model_dir
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:

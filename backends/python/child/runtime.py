@@ -56,6 +56,8 @@ class Runtime:
         self.link = link
         self.model_name = ""
         self.instance_name = ""
+        # The folder of the model's file, `<model>/<version>` (pb_utils.get_model_dir()).
+        self.model_dir = ""
         self.decoupled = False
         # As Triton's stub: BLS once initialize returned, until finalize starts.
         self.bls_allowed = False

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib.machinery
 import importlib.util
 import inspect
 import json
@@ -84,15 +85,63 @@ def describe(exc: BaseException) -> str:
     return "\n".join(lines) + "\n"
 
 
-def load_module(model_path: Path) -> ModuleType:
-    """Import `model.py` (its folder first on sys.path, for the modules beside it)."""
-    folder = str(model_path.parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    spec = importlib.util.spec_from_file_location("model", model_path)
+def load_module(model_path: Path, backend_file: Path | None = None) -> ModuleType:
+    """Import the model's Python file as Triton's stub does (ModelContext::StubSetup).
+
+    A model's own `<model>/<version>/model.py` is the module `<version>.model`, in the
+    package that is its version folder, with that folder and the model folder on sys.path:
+    `import file1` and `from . import file2` both find the files beside it. A Python-based
+    backend's file (`backend_file`: `<backend directory>/<name>/model.py`) is the
+    top-level module `model`, with its folder on sys.path. Either is also registered as
+    `model`, the name qa models give unittest.main.
+    """
+    if backend_file is not None:
+        _on_path(backend_file.parent)
+        return _execute_module(backend_file.stem, backend_file)
+    folder = model_path.parent
+    _on_path(folder)
+    # Triton appends the model folder; after the rest, so that nothing in it (such as a
+    # folder named like a library) hides an installed module.
+    if str(folder.parent) not in sys.path:
+        sys.path.append(str(folder.parent))
+    package = _version_package(folder)
+    return _execute_module(f"{package}.{model_path.stem}", model_path)
+
+
+def _on_path(folder: Path) -> None:
+    """The model's own folder first on sys.path: its modules win over installed ones."""
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+
+def _version_package(folder: Path) -> str:
+    """The version folder as a package, built from that folder itself rather than found on
+    sys.path, where another folder of the same name (another `1`) could come first. Its
+    `__init__.py`, if it has one, runs as Triton's import would run it."""
+    name = folder.name
+    init = folder / "__init__.py"
+    if init.is_file():
+        spec = importlib.util.spec_from_file_location(
+            name, init, submodule_search_locations=[str(folder)]
+        )
+    else:
+        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        spec.submodule_search_locations = [str(folder)]
+    if spec is None:
+        raise ImportError(f"cannot import '{folder}' as a package")
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[name] = package
+    if spec.loader is not None:
+        spec.loader.exec_module(package)
+    return name
+
+
+def _execute_module(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import '{model_path}'")
+        raise ImportError(f"cannot import '{path}'")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     sys.modules["model"] = module
     spec.loader.exec_module(module)
     return module
@@ -153,7 +202,7 @@ class Stub:
                 elif isinstance(message, Execute):
                     self._execute(number, message.batch)
                 elif isinstance(message, Autocomplete):
-                    text = self._autocomplete(Path(message.model_path), message.config_json)
+                    text = self._autocomplete(message)
                     self._reply(Done(number, text=text))
                 else:
                     self._finalize(number)
@@ -171,8 +220,11 @@ class Stub:
         runtime.instance_name = payload["instance_name"]
         runtime.decoupled = self.decoupled = bool(payload["decoupled"])
         model_path = Path(payload["model_path"])
+        runtime.model_dir = str(model_path.parent)
+        backend_file = _backend_file(payload.get("backend_file", ""))
         try:
-            self.model = model_class(load_module(model_path), model_path)()
+            module = load_module(model_path, backend_file)
+            self.model = model_class(module, backend_file or model_path)()
             initialize = getattr(self.model, "initialize", None)
             if initialize is not None:
                 result = initialize(dict(payload["args"]))
@@ -182,12 +234,15 @@ class Stub:
             raise _Failed(f"Failed to initialize Python stub: {describe(exc)}") from exc
         runtime.bls_allowed = True
 
-    def _autocomplete(self, model_path: Path, config_json: str) -> str:
-        cls = model_class(load_module(model_path), model_path)
+    def _autocomplete(self, message: Autocomplete) -> str:
+        model_path = Path(message.model_path)
+        self.runtime.model_dir = str(model_path.parent)
+        backend_file = _backend_file(message.backend_file)
+        cls = model_class(load_module(model_path, backend_file), backend_file or model_path)
         method = getattr(cls, "auto_complete_config", None)
         if method is None:
-            return config_json
-        config = method(ModelConfig(config_json))
+            return message.config_json
+        config = method(ModelConfig(message.config_json))
         if not isinstance(config, ModelConfig):
             raise TypeError("auto_complete_config must return the pb_utils.ModelConfig it got")
         return json.dumps(config.as_dict())
@@ -333,6 +388,11 @@ class Stub:
                 error = describe(exc)
         self.loop.close()
         self._reply(Done(number, error))
+
+
+def _backend_file(text: str) -> Path | None:
+    """A Python-based backend's model.py, which the server names ("" for none)."""
+    return Path(text) if text else None
 
 
 def _settle(requests: list[InferenceRequest]) -> None:

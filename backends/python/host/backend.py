@@ -31,6 +31,7 @@ from ge_serve.link.messages import Message
 from ge_serve.protos import model_config_pb2
 
 from ..messages import Autocomplete
+from .based import PythonBasedBackend, find_backend_file
 from .calls import CoreCalls
 from .env import ExecutionEnvs
 from .hosting import ModelHealth, Shared
@@ -51,8 +52,12 @@ _AUTOCOMPLETE_TIMEOUT_S = 120.0
 class PythonBackend:
     name = NAME
 
-    def __init__(self, core: CoreCalls | None = None) -> None:
+    def __init__(
+        self, core: CoreCalls | None = None, backend_directory: Path | None = None
+    ) -> None:
         self._core = core
+        # Where Python-based backends are (`--backend-directory`); None: nowhere.
+        self.backend_directory = backend_directory
         self.metrics = CustomMetrics()
         self._envs = ExecutionEnvs()
         self._lock = threading.Lock()
@@ -65,14 +70,27 @@ class PythonBackend:
     def default_model_filename(self) -> str:
         return "model.py"
 
-    def autocomplete(self, config: model_config_pb2.ModelConfig, model_path: Path) -> None:
-        if not model_path.is_file():
-            raise ValueError(f"model file '{model_path}' does not exist")
+    def python_based(self, name: str) -> PythonBasedBackend | None:
+        """The Python-based backend `name` (its `<backend directory>/<name>/model.py`),
+        None if there is none; ValueError for a name that is not one folder name."""
+        found = find_backend_file(self.backend_directory, name)
+        return None if found is None else PythonBasedBackend(self, name, found)
+
+    def autocomplete(
+        self,
+        config: model_config_pb2.ModelConfig,
+        model_path: Path,
+        backend_file: Path | None = None,
+    ) -> None:
+        """`backend_file`: a Python-based backend's model.py, run in the model's stead."""
+        if backend_file is None and not model_path.is_file():
+            raise ValueError(missing_model_file(model_path))
         # Without the name in its source, or in a module beside it that it may inherit the
         # method from, the model has no auto_complete_config, and a worker would start
         # only to find none (Triton starts one for every load to ask).
         model_dir = _model_dir(config, model_path)
-        if not _names_autocomplete(model_path, model_dir):
+        source = backend_file or model_path
+        if not _names_autocomplete(source, model_dir):
             return
         _check_stub_name(config.name)
         launch = self._envs.launch(config, model_dir)
@@ -81,7 +99,9 @@ class PythonBackend:
             worker.start()
             config_json = json.dumps(config_to_json(config))
             done = worker.call(
-                lambda number: Autocomplete(number, str(model_path), config_json),
+                lambda number: Autocomplete(
+                    number, str(model_path), config_json, str(backend_file or "")
+                ),
                 timeout=_AUTOCOMPLETE_TIMEOUT_S,
             )
             text = done.text or ""
@@ -108,9 +128,10 @@ class PythonBackend:
                 )
         config.CopyFrom(completed)
 
-    def load(self, spec: ModelSpec) -> LoadedModel:
-        if not spec.model_path.is_file():
-            raise FileNotFoundError(f"model file '{spec.model_path}' does not exist")
+    def load(self, spec: ModelSpec, backend_file: Path | None = None) -> LoadedModel:
+        """`backend_file`: a Python-based backend's model.py, run in the model's stead."""
+        if backend_file is None and not spec.model_path.is_file():
+            raise FileNotFoundError(missing_model_file(spec.model_path))
         config = spec.config
         launch = self._envs.launch(config, spec.model_dir)
         shared = Shared(self.metrics, lambda: self._core, ModelHealth(spec.events))
@@ -120,7 +141,11 @@ class PythonBackend:
         for slot, _ in slots:
             _check_stub_name(slot.name)
         instances = [
-            PythonInstance(slot, self._instance_spec(spec, slot, kind, launch, config_json), shared)
+            PythonInstance(
+                slot,
+                self._instance_spec(spec, slot, kind, launch, config_json, backend_file),
+                shared,
+            )
             for slot, kind in slots
         ]
         # Known before they start: close() at server exit must reach a worker whose
@@ -147,7 +172,13 @@ class PythonBackend:
         return LoadedModel(executors=list(instances), per_request=True)
 
     def _instance_spec(
-        self, spec: ModelSpec, slot: SlotInfo, kind: str, launch: Launch, config_json: str
+        self,
+        spec: ModelSpec,
+        slot: SlotInfo,
+        kind: str,
+        launch: Launch,
+        config_json: str,
+        backend_file: Path | None,
     ) -> InstanceSpec:
         config = spec.config
         return InstanceSpec(
@@ -162,6 +193,7 @@ class PythonBackend:
             decoupled=bool(config.model_transaction_policy.decoupled),
             output_names=tuple(o.name for o in config.output),
             launch=launch,
+            backend_file=backend_file,
         )
 
     def retire(self, loaded: LoadedModel) -> None:
@@ -183,6 +215,11 @@ class PythonBackend:
         for instance in instances:
             instance.kill()
         self._envs.close()
+
+
+def missing_model_file(model_path: Path) -> str:
+    """Triton's words (the stub's ModelContext::Init), which qa's tests look for."""
+    return f"Failed to preinitialize Python stub: Python model file not found in '{model_path}'"
 
 
 def _names_autocomplete(model_path: Path, model_dir: Path) -> bool:
