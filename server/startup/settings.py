@@ -228,9 +228,7 @@ class Settings:
     )
     backend_directory: Path = field(
         default=Path("/opt/tritonserver/backends"),  # Triton's
-        metadata=flag(
-            parse=Path, help="Python-based backends: <dir>/<name>/model.py", group=MODELS
-        ),
+        metadata=flag(parse=Path, help="Python-based backends: <dir>/<name>/model.py"),
     )
     grpc_use_ssl: bool = field(default=False, metadata=flag(help="TLS on gRPC", group=GRPC))
     grpc_use_ssl_mutual: bool = field(
@@ -262,9 +260,7 @@ class Settings:
     )
     grpc_keepalive_timeout_ms: int = field(
         default=20_000,
-        metadata=flag(
-            "--grpc-keepalive-timeout", metavar="MS", help="wait for a ping's ack", group=GRPC
-        ),
+        metadata=flag("--grpc-keepalive-timeout", metavar="MS", help="ping ack wait", group=GRPC),
     )
     grpc_keepalive_permit_without_calls: bool = field(
         default=False, metadata=flag(help="keepalive pings with no call open", group=GRPC)
