@@ -12,14 +12,25 @@ which a client may send (the load API), so it must be one folder name of that di
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ge_serve.backends.base import LoadedModel, ModelSpec
 from ge_serve.backends.paths import OutsideFolder, resolve_inside
 from ge_serve.protos import model_config_pb2
 
-if TYPE_CHECKING:
-    from .backend import PythonBackend
+
+class PythonRunner(Protocol):
+    """What a Python-based backend asks of the Python backend (host/backend.py)."""
+
+    def autocomplete(
+        self,
+        config: model_config_pb2.ModelConfig,
+        model_path: Path,
+        backend_file: Path | None = None,
+    ) -> None: ...
+
+    def load(self, spec: ModelSpec, backend_file: Path | None = None) -> LoadedModel: ...
+
 
 BACKEND_FILE = "model.py"
 
@@ -47,7 +58,7 @@ class PythonBasedBackend:
     """One Python-based backend: the Python backend, running `backend_file` for the models
     whose config names it."""
 
-    def __init__(self, python: PythonBackend, name: str, backend_file: Path) -> None:
+    def __init__(self, python: PythonRunner, name: str, backend_file: Path) -> None:
         self.name = name
         self.backend_file = backend_file
         self._python = python
