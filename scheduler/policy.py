@@ -141,6 +141,11 @@ class BatchPolicy:
                     f"dynamic batching preferred size must be <= max batch size for {name}"
                 )
             preferred.append(int(size))
+        # [max_batch_size] is what Triton's core fills in where a config names none (the
+        # config API shows it): a full batch goes at once with or without it, so it reads as
+        # no preference, and a config loaded back from the API batches as it did.
+        if preferred == [mbs]:
+            preferred = []
         levels_count = int(dyn.priority_levels)
         default_policy = QueuePolicy.from_proto(dyn.default_queue_policy)
         levels: dict[int, QueuePolicy]

@@ -33,6 +33,14 @@ def test_timeout_override_rules() -> None:
     assert QueuePolicy(allow_timeout_override=True).timeout_us(70) == 0
 
 
+def test_a_preferred_size_of_max_batch_size_is_no_preference() -> None:
+    # What Triton's core fills in and the config API shows: loaded back, it batches as the
+    # config without it did (the turn path, and a gear-capped largest batch).
+    policy = BatchPolicy.from_config(make_config(max_batch_size=16, preferred=[16]), gears=(1, 8))
+    assert policy.preferred_sizes == () and policy.max_size == 8
+    assert BatchPolicy.from_config(make_config(preferred=[4, 8])).preferred_sizes == (4, 8)
+
+
 def test_max_size_is_capped_by_the_largest_gear() -> None:
     assert BatchPolicy.from_config(make_config(max_batch_size=16), gears=(1, 4, 8)).max_size == 8
     assert BatchPolicy.from_config(make_config(max_batch_size=4), gears=(1, 8)).max_size == 4
