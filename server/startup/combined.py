@@ -1,18 +1,22 @@
-"""Flags that contradict each other: usage errors, as Triton's command line makes them,
-checked once the whole command line is read (server/cli.py)."""
+"""Flags that contradict each other, and values of the flags that do nothing here that
+Triton refuses: usage errors, as Triton's command line makes them, checked once the
+whole command line is read (server/cli.py)."""
 
 from __future__ import annotations
 
 from ge_serve.backends.text_bool import parse_bool
 
 from .settings import Settings
+from .tritonflags import check_values
 
 # The cloud endpoints Triton adds beside HTTP and gRPC; ge-serve has neither.
 _CLOUD = ("--allow-sagemaker", "--allow-vertex-ai")
 
 
 def check_combined(settings: Settings) -> None:
-    """ValueError, with a message for people, for settings that contradict each other."""
+    """ValueError, with a message for people, for settings that contradict each other or
+    a value Triton refuses (tritonflags.py)."""
+    check_values(settings.inapplicable)
     if settings.load_models and settings.model_control_mode != "explicit":
         raise ValueError(
             "Use of '--load-model' requires setting '--model-control-mode=explicit' as well."

@@ -1,15 +1,20 @@
 """`tritonserver` flags that have nothing to act on here, accepted so a Triton launch line
 starts ge-serve unchanged.
 
-Each is accepted with any value and named in one warning at startup, with the reason it
-does nothing. A flag whose value is `inert` (Triton's own default, where giving it changes
-nothing) is accepted silently. The flags that do apply are settings (server/startup/settings.py).
+Each is named in one warning at startup, with the reason it does nothing. A flag whose
+value is `inert` (Triton's own default, where giving it changes nothing) is accepted
+silently. A flag with a `check` is refused for the values Triton refuses, with Triton's
+words, so that a launch line that fails on Triton fails here too (its qa expects it);
+the others take any value. The flags that do apply are settings
+(server/startup/settings.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Final
 
 _CUDA = "there is no CUDA device: NPUs and the host manage their own memory"
 _ENDPOINT = "ge-serve serves KServe v2 over HTTP and gRPC only"
@@ -22,6 +27,42 @@ class Inapplicable:
     # A value that changes nothing (compared without case), so it draws no warning.
     inert: str | None = None
     repeat: bool = False
+    # Raises ValueError, with Triton's words, for a value Triton refuses at startup.
+    check: Callable[[str], None] | None = None
+
+
+# What C's std::stoi reads (Triton's ParseOption<int>): leading white space, a sign and
+# decimal digits; anything after them is ignored, so "4x" and "2.5" read as 4 and 2.
+_STOI: Final = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
+_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
+
+
+def _stoi(text: str) -> int:
+    """Triton's ParseOption<int>, with its words for a value it cannot read."""
+    match = _STOI.match(text)
+    if match is None:
+        raise ValueError(f"Invalid option value. Got {text}")
+    value = int(match.group(1))
+    if not _INT_MIN <= value <= _INT_MAX:
+        raise ValueError(f"Provided option value is out of bound. Got {text}")
+    return value
+
+
+def _integer(text: str) -> None:
+    _stoi(text)
+
+
+def _infer_thread_count(text: str) -> None:
+    # Triton's text names the flag with underscores.
+    if not 2 <= _stoi(text) <= 128:
+        raise ValueError(
+            "invalid argument for --grpc_infer_thread_count. Must be in the range 2 to 128."
+        )
+
+
+def _response_pool_size(text: str) -> None:
+    if _stoi(text) <= 0:
+        raise ValueError("Error: --grpc-max-response-pool-size must be greater than 0.")
 
 
 INAPPLICABLE: tuple[Inapplicable, ...] = (
@@ -47,6 +88,7 @@ INAPPLICABLE: tuple[Inapplicable, ...] = (
     Inapplicable(
         "--grpc-infer-allocation-pool-size",
         "grpc.aio allocates its messages per call; there is no pool to size",
+        check=_integer,
     ),
     Inapplicable("--allow-sagemaker", _ENDPOINT, inert="false"),
     Inapplicable("--sagemaker-port", _ENDPOINT),
@@ -59,15 +101,27 @@ INAPPLICABLE: tuple[Inapplicable, ...] = (
     # Later releases' flags (r24.10, r25.x).
     Inapplicable("--enable-peer-access", _CUDA, inert="true"),
     Inapplicable(
-        "--grpc-infer-thread-count", "grpc.aio serves every call on the event loop's thread"
+        "--grpc-infer-thread-count",
+        "grpc.aio serves every call on the event loop's thread",
+        check=_infer_thread_count,
     ),
     Inapplicable(
         "--grpc-max-response-pool-size",
         "grpc.aio allocates its messages per call; there is no pool to size",
+        check=_response_pool_size,
     ),
 )
 
 _BY_FLAG = {entry.flag: entry for entry in INAPPLICABLE}
+
+
+def check_values(given: Iterable[tuple[str, str]]) -> None:
+    """Check each (flag, value) given as Triton does: ValueError, with Triton's words, for
+    the first value it refuses."""
+    for flag, value in given:
+        check = _BY_FLAG[flag].check
+        if check is not None:
+            check(value)
 
 
 def warning(given: Iterable[tuple[str, str]]) -> str | None:

@@ -284,6 +284,25 @@ def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
             ["--load-model", "m"],
             "Use of '--load-model' requires setting '--model-control-mode=explicit' as well.",
         ),
+        # Triton's checks of gRPC flags that do nothing here (qa L0_sequence_stress
+        # expects the server not to start), in its words.
+        *(
+            (
+                [f"--grpc-infer-thread-count={count}"],
+                "invalid argument for --grpc_infer_thread_count. Must be in the range 2 to 128.",
+            )
+            for count in (-1, 0, 1, 129)
+        ),
+        (
+            ["--grpc-max-response-pool-size=0"],
+            "Error: --grpc-max-response-pool-size must be greater than 0.",
+        ),
+        (["--grpc-infer-thread-count=abc"], "Invalid option value. Got abc"),
+        (["--grpc-infer-allocation-pool-size=many"], "Invalid option value. Got many"),
+        (
+            ["--grpc-max-response-pool-size=99999999999"],
+            "Provided option value is out of bound. Got 99999999999",
+        ),
         (
             # Triton's SageMaker launch line: here it would serve nothing at all.
             ["--allow-sagemaker=true", "--allow-http=false", "--allow-grpc=false"],
@@ -316,7 +335,13 @@ def test_choice_values_take_any_case_as_in_triton() -> None:
     [
         ["--enable-peer-access=false"],  # r24.10
         ["--grpc-infer-thread-count=4"],  # r25.x
+        ["--grpc-infer-thread-count=2"],
+        ["--grpc-infer-thread-count=128"],
         ["--grpc-max-response-pool-size=16"],
+        # As C's stoi reads them (Triton's ParseOption<int>): what follows the digits is
+        # ignored.
+        ["--grpc-max-response-pool-size=1.5"],
+        ["--grpc-infer-allocation-pool-size= 8"],
         # A cloud endpoint beside HTTP: HTTP serves, and the flag is named in the warning.
         ["--allow-vertex-ai=true"],
     ],
