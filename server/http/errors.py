@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import orjson
 from starlette.responses import Response
 
@@ -59,11 +61,23 @@ class ClosingTooLarge(TooLarge, ClosingError):
     """A body refused as it arrived, the rest unread."""
 
 
-def too_large(size: int, limit: int, raw: bool) -> ServerError:
-    """Triton's words for a body past --http-max-input-size (a body still arriving is
-    counted up to the first byte past the limit)."""
-    if raw:
+# How a body past its bound is worded: a JSON body or header, a raw-binary body, or one
+# with binary tensor data after its JSON header.
+BodyKind = Literal["json", "raw", "binary"]
+
+
+def too_large(
+    size: int, limit: int, kind: BodyKind = "json", declared: bool = False
+) -> ServerError:
+    """Triton's words for a body past its bound (a body still arriving is counted up to
+    the first byte past it; `declared`: its Content-Length says so)."""
+    if kind == "raw":
         message = error_texts.raw_input_too_large(size, limit).message
+    elif kind == "binary":
+        if declared and limit == error_texts.INT_MAX:
+            message = error_texts.content_length_out_of_range(size)
+        else:
+            message = error_texts.binary_body_too_large(limit)
     else:
         message = error_texts.request_json_size(size, limit)
     return ClosingTooLarge(message, limit, size)

@@ -1,6 +1,6 @@
 """The inference endpoint of the HTTP front end, and the shortcut that reaches it.
 
-`InferEndpoint` reads the body (size-capped, chunk-counted, decompressed), decodes it,
+`InferEndpoint` reads the body (bounded, chunk-counted, decompressed), decodes it,
 runs the request and encodes the answer (compressed as the client accepts); how it runs
 is given to it (`RunInfer`): through the core in the server process, or over the link to
 it from a front-end worker (server/http/worker.py), so both answer and fail alike.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from re import Pattern
 from typing import Final
@@ -36,6 +37,7 @@ from ge_serve.server.observability.fronttrace import FrontTrace
 from . import codec, compression
 from .bodies import InferRequestBody
 from .errors import (
+    BodyKind,
     ClosingError,
     error_response,
     http_status,
@@ -54,6 +56,12 @@ Encoded = tuple[bytes, int | None]
 RunInfer = Callable[[InferRequest, str, Callable[[InferResponse], Encoded]], Awaitable[Encoded]]
 
 HEADER_LENGTH = "inference-header-content-length"
+# The paths of the infer routes (for a worker's pass-on, which serves them under
+# --http-restricted-api).
+INFER_PATH: Final = re.compile(r"/v2/models/[^/]+(?:/versions/[^/]+)?/infer")
+# The least bound on a body with binary tensor data: Triton reads Content-Length as an int
+# (stoi), so a larger body is refused there too.
+BINARY_BODY_BOUND: Final = error_texts.INT_MAX
 
 # The binary tensor data extension: the body is the JSON header, then the tensors' bytes.
 _INFER_BODY = Body(
@@ -221,7 +229,7 @@ class InferEndpoint:
         if given_length is not None:
             with decoding("inference request"):
                 header_length = codec.parse_header_length(given_length)
-        body = await self._read(scope, receive, headers, raw=header_length == 0)
+        body = await self._read(scope, receive, headers, header_length)
         if front is not None:
             front.mark("HTTP_RECV_END")
         with decoding("inference request"):
@@ -253,18 +261,25 @@ class InferEndpoint:
                 extra.append((b"content-encoding", encoding.encode()))
         return payload, extra
 
-    async def read_body(self, request: Request, raw: bool = False) -> bytes:
-        """The body of a request to another route, read as the infer endpoint reads its
-        own (see `_read`)."""
-        return await self._read(request.scope, request.receive, scope_headers(request.scope), raw)
+    async def read_body(self, request: Request) -> bytes:
+        """The body of a request to another route (all JSON), read as the infer endpoint
+        reads its own (see `_read`)."""
+        return await self._read(request.scope, request.receive, scope_headers(request.scope))
 
     async def _read(
-        self, scope: Scope, receive: Receive, headers: dict[str, str], raw: bool = False
+        self,
+        scope: Scope,
+        receive: Receive,
+        headers: dict[str, str],
+        header_length: int | None = None,
     ) -> bytes:
-        """The request body (read_raw_body), decoded by its `Content-Encoding` within the
-        same cap; a large one off the loop."""
+        """The request body (read_raw_body) within its bound (`body_bound`), decoded by
+        its `Content-Encoding` within --http-max-input-size; a large one off the loop."""
         limit = self.max_input_size
-        body = await read_raw_body(scope, receive, headers, limit, self.max_chunks, raw)
+        bound, kind = body_bound(headers, limit, header_length)
+        body = await read_raw_body(scope, receive, headers, bound, self.max_chunks, kind)
+        if kind == "binary":
+            return body  # not compressed
         encoding = headers.get("content-encoding")
         if encoding and len(body) > compression.OFF_LOOP_BYTES:
             return await asyncio.to_thread(compression.decode_content, body, encoding, limit)
@@ -289,17 +304,46 @@ _READ: Final = {
 }
 
 
+def body_bound(
+    headers: dict[str, str], limit: int, header_length: int | None
+) -> tuple[int, BodyKind]:
+    """How many bytes an infer request's body may have as it arrives, and what a body past
+    that is (for its message); `header_length`: its Inference-Header-Content-Length.
+
+    As in Triton (http_server.cc), --http-max-input-size (`limit`) bounds the JSON: a
+    whole JSON body, a raw-binary body (header length 0), and the JSON header of a body
+    with binary tensor data. The tensor data after that header is not bounded by it, so
+    a large image or tensor is sent as in Triton; such a body is bounded at the larger of
+    `limit` and Triton's own bound, INT_MAX (it reads Content-Length with stoi), so that
+    memory stays bounded. A header past `limit` is refused at once, with Triton's words,
+    unless it is past the body too (that error is the codec's). A compressed body is
+    bounded by `limit` before and after decompression, as Triton bounds what it
+    decompresses to.
+    """
+    if header_length is None or header_length < 0:  # a negative one: the codec's error
+        return limit, "json"
+    if header_length == 0:
+        return limit, "raw"
+    encoding = headers.get("content-encoding")
+    if encoding and encoding.strip().lower() != compression.IDENTITY:
+        return limit, "json"
+    if header_length > limit:
+        declared = _declared_length(headers)
+        if declared is None or header_length <= declared:
+            raise too_large(header_length, limit)
+    return max(limit, BINARY_BODY_BOUND), "binary"
+
+
 async def read_raw_body(
     scope: Scope,
     receive: Receive,
     headers: dict[str, str],
     limit: int,
     max_chunks: int,
-    raw: bool = False,
+    kind: BodyKind = "json",
 ) -> bytes:
-    """The request body as it came, capped at `limit` bytes (`raw`: a raw-binary infer
-    body, which Triton words differently), and to Triton's count of non-empty chunks when
-    it comes chunked.
+    """The request body as it came, capped at `limit` bytes (`kind` words the refusal:
+    body_bound), and to Triton's count of non-empty chunks when it comes chunked.
 
     A body over the limit is answered 400 at once, with `Connection: close`; the server
     then reads and drops the rest before it closes (lingering.py), so that a client that
@@ -310,7 +354,7 @@ async def read_raw_body(
     size = 0
     try:
         if declared is not None and declared > limit:
-            raise too_large(declared, limit, raw)
+            raise too_large(declared, limit, kind, declared=True)
         chunks: list[bytes] = []
         more = True
         while more:
@@ -321,7 +365,7 @@ async def read_raw_body(
             more = message.get("more_body", False)
             size += len(chunk)
             if size > limit:
-                raise too_large(size, limit, raw)
+                raise too_large(size, limit, kind)
             if chunk:
                 chunks.append(chunk)
             if (chunk or not more) and too_many_chunks(scope, len(chunks), max_chunks):

@@ -9,10 +9,10 @@ front end on loopback, so both protocols have one way: the process link carries
 inference only, and every other answer is the one the server's own front end gives.
 
 Connections to the server are kept open and reused, well within the server's keep-alive
-time, so that the server does not close one as a request goes out on it. A body
-past --http-max-input-size is refused here, as the server would refuse it, before it is
-held whole. A client that goes away closes its connection to the server too, so the
-server cancels what it was doing for it.
+time, so that the server does not close one as a request goes out on it. A body past its
+bound (--http-max-input-size; infer.body_bound for binary tensor data) is refused here, as
+the server would refuse it, before it is held whole. A client that goes away closes its
+connection to the server too, so the server cancels what it was doing for it.
 
 h11 sends only what HTTP/1.1 allows, which is less than the server's own parser takes:
 exactly one Host header, and no whitespace at either end of a header value. A request
@@ -31,14 +31,16 @@ import h11
 from starlette.types import Message, Receive, Scope, Send
 
 from ..errors import ErrorCode, ServerError
-from .errors import error_response, server_error_response
-from .infer import read_raw_body, scope_headers
+from . import codec
+from .errors import BodyKind, error_response, server_error_response
+from .infer import HEADER_LENGTH, INFER_PATH, body_bound, read_raw_body, scope_headers
 
 _READ_BYTES = 1 << 16
 # A kept connection is used again only this soon: the server's own front end closes one
 # idle for 5 s (uvicorn's keep-alive timeout), and a request written just as it does
 # would fail; it cannot safely be sent again.
 _IDLE_S = 3.0
+_JSON: BodyKind = "json"
 # Headers of one hop, not passed on; `date` and `server` describe the server that sent them.
 _REQUEST_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length",
                 b"expect", b"te", b"upgrade", b"proxy-connection"}  # fmt: skip
@@ -70,7 +72,8 @@ class PassOn:
         self._host = host
         self._port = port
         # --http-max-input-size and the chunk count, as the server's front end applies
-        # them (read_raw_body): a body past them is refused here, before it is held whole.
+        # them (body_bound, read_raw_body): a body past them is refused here, before it
+        # is held whole.
         self._max_body = max_body
         self._max_chunks = max_chunks
         self._idle: list[_Connection] = []
@@ -88,10 +91,13 @@ class PassOn:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
+        headers = scope_headers(scope)
         try:
-            body = await read_raw_body(
-                scope, receive, scope_headers(scope), self._max_body, self._max_chunks
-            )
+            bound, kind = self._max_body, _JSON
+            if INFER_PATH.fullmatch(scope["path"]):  # served here under --http-restricted-api
+                header_length = codec.parse_header_length(headers.get(HEADER_LENGTH))
+                bound, kind = body_bound(headers, self._max_body, header_length)
+            body = await read_raw_body(scope, receive, headers, bound, self._max_chunks, kind)
         except ServerError as exc:
             if exc.code is not ErrorCode.CANCELLED:  # a client that left gets nothing
                 await server_error_response(exc)(scope, _no_body, send)

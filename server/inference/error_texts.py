@@ -193,6 +193,25 @@ def decompressed_too_large(limit: int) -> ServerError:
     )
 
 
+def content_length_out_of_range(declared: int) -> str:
+    """Triton's answer to a Content-Length past int32 on an infer request: it reads the
+    header with C's stoi (http_server.cc GetContentLength)."""
+    return (
+        f"Unable to parse Content-Length, value is out of range [ {-INT_MAX - 1}, {INT_MAX} ], "
+        f"got: {declared}"
+    )
+
+
+def binary_body_too_large(limit: int) -> str:
+    """A body with binary tensor data past the bound on such bodies (the larger of
+    --http-max-input-size and INT_MAX): not capped by the flag, as in Triton, but still
+    bounded in memory."""
+    return (
+        f"request body exceeds the maximum allowed size of {limit} bytes for an inference "
+        "request with binary tensor data"
+    )
+
+
 def raw_input_too_large(size: int, limit: int) -> ServerError:
     return _invalid(
         f"Raw input has a byte_size ({size} bytes) that exceeds the maximum allowed value of "

@@ -152,7 +152,7 @@ class Settings:
         ),
     )
     http_max_input_size: int = field(
-        default=64 * 1024 * 1024, metadata=flag(check=positive, help="largest HTTP body, in bytes")
+        default=64 * 1024 * 1024, metadata=flag(check=positive, help="largest HTTP JSON, in bytes")
     )
     # Off unless asked for, as in Triton: a registered region is mapped and written to.
     allow_client_shm: bool = field(
