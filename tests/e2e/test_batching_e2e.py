@@ -9,7 +9,9 @@ requests are queued, which makes queue states deterministic without any timing.
 from __future__ import annotations
 
 import concurrent.futures
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -18,7 +20,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from modelgen import batch_probe_model
-from serverproc import ServerProcess, running_server
+from serverproc import EXAMPLE_MODELS, ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -179,8 +181,12 @@ def test_a_bad_queue_policy_fails_only_its_own_load(server: ServerProcess) -> No
     assert server.alive()
 
 
-def test_adaptive_batching_flag_serves_correct_results_under_concurrency() -> None:
-    with running_server(extra=["--adaptive-batching=true"]) as proc:
+def test_adaptive_batching_flag_serves_correct_results_under_concurrency(tmp_path: Path) -> None:
+    # The example `simple` with dynamic batching (its config, as Triton's, has none).
+    shutil.copytree(EXAMPLE_MODELS / "simple", tmp_path / "simple")
+    config = tmp_path / "simple" / "config.pbtxt"
+    config.write_text(config.read_text() + "dynamic_batching {}\n")
+    with running_server([tmp_path], ["--adaptive-batching=true"]) as proc:
         assert "model 'simple': adaptive batching" in proc.log()
 
         def one(value: int) -> None:

@@ -393,16 +393,16 @@ HOLD = 2
 
 @pytest.fixture(scope="module")
 def held_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """Copies of `simple`, one per protocol, behind batchers held until HOLD requests are
-    queued (TRITONSERVER_DELAY_SCHEDULER), so a request can be parked in the queue."""
+    """Copies of `simple` with `dynamic_batching`, one per protocol, behind batchers held
+    until HOLD requests are queued (TRITONSERVER_DELAY_SCHEDULER), so a request can be
+    parked in the queue."""
     repo = tmp_path_factory.mktemp("held_repo")
     for protocol in PROTOCOLS:
         target = repo / f"held_{protocol}"
         shutil.copytree(EXAMPLE_MODELS / "simple", target)
         config = (target / "config.pbtxt").read_text()
-        (target / "config.pbtxt").write_text(
-            config.replace('name: "simple"', f'name: "held_{protocol}"', 1)
-        )
+        named = config.replace('name: "simple"', f'name: "held_{protocol}"', 1)
+        (target / "config.pbtxt").write_text(named + "dynamic_batching {}\n")
     env = {"TRITONSERVER_DELAY_SCHEDULER": str(HOLD)}
     with running_server([repo], [ALLOW], env=env) as proc:
         yield proc
