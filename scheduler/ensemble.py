@@ -296,8 +296,11 @@ class EnsembleScheduler:
                 FailureReason.OTHER,
             )
         item.response_parameters = echo(item.sequence or NO_SEQUENCE, carried, requested)
-        # An output a step did not produce is left out of the response, as in Triton.
-        return self._outputs(present({name: tensors[name] for name in requested}), sizes)
+        # Every output written (the response keeps the requested ones): with no step pruned,
+        # the whole set, which the response cache may keep for any request. An output a
+        # step did not produce is left out, as in Triton.
+        written = {name: tensors.get(name) for name in plan.outputs}
+        return self._outputs(present(written), sizes)
 
     def _outputs(self, outputs: dict[str, Array], sizes: Mapping[str, int]) -> dict[str, Array]:
         """The ensemble's outputs with a step's batch dimension taken off (or put on) where

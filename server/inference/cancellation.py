@@ -23,28 +23,34 @@ class Cancellation:
 
     def __init__(self) -> None:
         self._held: Responses | None = None
+        self._queues = False
         self._requested = False
 
     def cancel(self) -> None:
         self._requested = True
         if self._held is not None:
-            _mark(self._held)
+            _mark(self._held, self._queues)
 
-    def bind(self, held: Responses) -> None:
-        """The request is in the core now, with its work item and execution."""
+    def bind(self, held: Responses, queues: bool) -> None:
+        """The request is in the core now, with its work item and execution. `queues`:
+        whether its scheduler queues requests and sets their queue time as it hands them
+        to a slot (an ensemble and a generation run theirs at once)."""
         self._held = held
+        self._queues = queues
         if self._requested:
-            _mark(held)
+            _mark(held, queues)
 
 
-def _mark(held: Responses) -> None:
+def _mark(held: Responses, queues: bool) -> None:
     item, submitted = held.item, held.submitted
     if item is None:
         return
     if item.context is not None:
         item.context.cancelled = True
-    # A scheduler sets the queue time when it hands the request to a slot: none yet means
-    # it is still queued, and is refused as Triton's queue refuses a cancelled request.
-    if submitted is not None and not submitted.done() and item.timings.queue_ns == 0:
+    # A queueing scheduler sets the queue time when it hands the request to a slot: none
+    # yet means it is still queued, and is refused as Triton's queue refuses a cancelled
+    # request.
+    queued = queues and item.timings.queue_ns == 0
+    if submitted is not None and not submitted.done() and queued:
         submitted.cancel()
         held.sink.fail(request_cancelled())

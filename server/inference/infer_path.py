@@ -29,6 +29,8 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from ge_serve.scheduler.ensemble import EnsembleScheduler
+from ge_serve.scheduler.generation import GenerationScheduler
 from ge_serve.scheduler.work import Array, Timings, WorkItem
 
 from ..control.sharedmemory import Held, SharedMemoryManager
@@ -135,7 +137,12 @@ class InferPath:
         self, request: InferRequest, model: ModelVersion, started: int, trace: Trace | None
     ) -> tuple[InferResponse, WorkItem]:
         held: Held = []
-        targets = map_request(self.shared_memory, request, held)
+        try:
+            targets = map_request(self.shared_memory, request, held)
+        except BaseException:
+            if trace is not None:
+                trace.end()  # refused before it was counted
+            raise
         attempt = _Attempt(model)
         cutoff = self.cutoff
         task = cutoff.enter()
@@ -262,6 +269,11 @@ class InferPath:
         if cached is None or cached.found is not None or self.cache is None:
             return
         assert item is not None and outputs is not None
+        if any(name not in outputs for name in attempt.model.outputs):
+            # Not every output: an ensemble that ran only the steps the request's outputs
+            # need, or a Python model that left one out. The key is the inputs alone, so
+            # a later request for the others must not find this.
+            return
         parameters = item.context.response_parameters if item.context is not None else {}
         kept = self.cache.insert(cached, outputs, parameters)
         for observer in self.observers:
@@ -295,18 +307,24 @@ class InferPath:
         ends at the final flag. `released` gets the request's timings then (an ensemble
         step's join its ensemble request's); a request that failed is released at once.
         `cancellation`: how its caller may cancel it (cancellation.py)."""
-        if not admitted:
-            self.admit(request)
-        refuse_outputs(request)
         started = time.monotonic_ns()
         regions: Held = []
-        map_request(self.shared_memory, request, regions)
+        try:
+            if not admitted:
+                self.admit(request)
+            refuse_outputs(request)
+            map_request(self.shared_memory, request, regions)
+        except BaseException:
+            if trace is not None:
+                trace.end()  # refused before it was counted
+            raise
         sink = ResponseQueue(asyncio.get_running_loop())
         item: WorkItem | None = None
         failed: ServerError | None = None
         held = Responses(sink)
         self.cutoff.responses.add(held)
         queued = 0
+        answered = False  # the final response was handed to the reader
         first = self.first_response
         try:
             item = held.item = self._work_item(request, model, started, trace, sink=sink)
@@ -314,7 +332,8 @@ class InferPath:
             submitted = held.submitted = _submit(model, item, trace, queued)
             submitted.add_done_callback(lambda task: _submit_ended(task, sink))
             if cancellation is not None:
-                cancellation.bind(held)
+                runs_at_once = (EnsembleScheduler, GenerationScheduler)
+                cancellation.bind(held, not isinstance(model.scheduler, runs_at_once))
             while True:
                 outputs, error, final, parameters = await sink.get()
                 if first is not None:
@@ -331,18 +350,27 @@ class InferPath:
                         response.final = final
                         if trace is not None:
                             trace.record_tensors("TENSOR_BACKEND_OUTPUT", outputs)
+                        answered = final
                         yield response
                 if error is not None:
                     if not errors_inline:
                         raise error
                     failed = failed or error
+                    answered = final
                     yield error_response(request, error, final)
                     error = None  # not kept alive across the next wait
                 if final:
                     break
-        except (Exception, asyncio.CancelledError, GeneratorExit) as exc:
+        except GeneratorExit:
+            if not answered:
+                self._gone(held, model, item, failed, started, trace, queued, released)
+                raise
+            # Closed at its final response, which was handed out: a normal end.
+            self._release_when_done(held, model, item, failed, started, trace, queued, released)
+            raise
+        except (Exception, asyncio.CancelledError) as exc:
             error = failure_of(exc, executing=item is not None)
-            gone = isinstance(exc, (asyncio.CancelledError, GeneratorExit))
+            gone = isinstance(exc, asyncio.CancelledError)
             if gone:
                 held.cancel()  # the client went away
             # A request closed after an inline error (its stream ended there) failed.
@@ -358,6 +386,38 @@ class InferPath:
             self.cutoff.responses.discard(held)
             if regions:
                 self.shared_memory.release(regions)
+        self._release_when_done(held, model, item, failed, started, trace, queued, released)
+
+    def _gone(
+        self,
+        held: Responses,
+        model: ModelVersion,
+        item: WorkItem | None,
+        failed: ServerError | None,
+        started: int,
+        trace: Trace | None,
+        queued: int,
+        released: Callable[[Timings], None] | None,
+    ) -> None:
+        """The reader closed the stream before its final response: the client went away."""
+        held.cancel()
+        # A request closed after an inline error (its stream ended there) failed.
+        error = failed or failure_of(GeneratorExit(), executing=item is not None)
+        self._released(model, item, error, started, trace, queued, released)
+
+    def _release_when_done(
+        self,
+        held: Responses,
+        model: ModelVersion,
+        item: WorkItem | None,
+        failed: ServerError | None,
+        started: int,
+        trace: Trace | None,
+        queued: int,
+        released: Callable[[Timings], None] | None,
+    ) -> None:
+        """Released once its execution returned too (a model may go on after its final
+        flag)."""
         done = held.submitted
         if done is None or done.done():
             self._released(model, item, failed, started, trace, queued, released)

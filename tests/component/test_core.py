@@ -24,10 +24,18 @@ from ge_serve.server.inference.reports import (
     StatisticDuration,
     TensorMetadata,
 )
-from ge_serve.server.inference.types import DataType, InferRequest, RequestedOutput, Tensor
+from ge_serve.server.inference.types import (
+    DataType,
+    InferRequest,
+    RequestedOutput,
+    SharedMemoryRef,
+    Tensor,
+)
 from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle
 from ge_serve.server.models.repository import ModelRepository
 from ge_serve.server.observability.metrics import ServerMetrics
+from ge_serve.server.observability.traceconfig import TraceSettings
+from ge_serve.server.observability.tracing import TraceControl
 
 
 @pytest.fixture
@@ -289,3 +297,41 @@ async def test_a_bls_request_that_fails_lets_go_of_its_tensors_with_its_answer(
     (answer,) = answers
     assert answer is not None and answer.error is not None
     assert answer.error.code == "INTERNAL"
+
+
+class KeptTraces:
+    def __init__(self) -> None:
+        self.open = 0
+        self.done: list[object] = []
+
+    def started(self, trace: object) -> None:
+        self.open += 1
+
+    def finished(self, trace: object) -> None:
+        self.open -= 1
+        self.done.append(trace)
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_traced_request_refused_before_it_runs_still_ends_its_trace() -> None:
+    lifecycle = ModelLifecycle(
+        ModelRepository([EXAMPLE_MODELS]),
+        {"onnxruntime": OnnxRuntimeBackend()},
+        make_scheduler,
+        LifecycleSettings(),
+    )
+    sink = KeptTraces()
+    settings = TraceSettings(level=("TIMESTAMPS",), rate=1, file="unused.json")
+    server = InferenceServer(lifecycle, tracing=TraceControl(settings, sink))
+    assert await lifecycle.load_many(["simple"]) == {}
+    try:
+        request = simple_request()
+        request.inputs[0].shm = SharedMemoryRef("nowhere", 64)
+        with pytest.raises(ServerError, match="Unable to find shared memory region: 'nowhere'"):
+            await server.infer(request)
+        # Written (handed to the sink), not kept open until shutdown.
+        assert len(sink.done) == 1 and sink.open <= 0
+    finally:
+        await lifecycle.close()

@@ -400,6 +400,23 @@ async def collect(core: InferenceServer, req: InferRequest) -> list[InferRespons
     return [r async for r in core.infer_responses(req)]
 
 
+async def test_a_stream_closed_at_its_final_response_is_a_success(served: Open) -> None:
+    # A gRPC stream cancelled, or an SSE client gone, just as the last response went out:
+    # the request was answered in full, and counts as answered, not cancelled.
+    found = await served("once")
+    responses = found.core.infer_responses(request("once", IN=np.array([7], np.int32)))
+    final = await anext(responses)
+    assert final.final and outputs(final)["OUT"].tolist() == [14]
+    await responses.aclose()
+    # Counted once released (its execute returned), which takes a moment.
+    for _ in range(1000):
+        stats = found.core.statistics("once")[0].inference_stats
+        if stats.success.count + stats.fail.count:
+            break
+        await asyncio.sleep(0.02)
+    assert (stats.success.count, stats.fail.count) == (1, 0)
+
+
 async def test_decoupled_models_stream_any_number_of_responses(served: Open) -> None:
     found = await served("square", "repeat")
     answers = await collect(found.core, request("square", IN=np.array([3], np.int32)))

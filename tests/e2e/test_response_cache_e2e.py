@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,9 +42,31 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     enabled = "response_cache { enable: true }"
     write_model(repo, "cached", add_sub_model(), CONFIG.format(name="cached", cache=enabled))
     write_model(repo, "uncached", add_sub_model(), CONFIG.format(name="uncached", cache=""))
+    write_split_ensemble(repo)
     flags = [f"--cache-config=local,size={BUDGET}", "--allow-client-shm=true"]
     with running_server([repo], flags) as proc:
         yield proc
+
+
+def write_split_ensemble(repo: Path) -> None:
+    """`split`, cached: S = SUM of one step over `uncached`, D = DIFF of another. A request
+    for one of them runs only its step."""
+    maps = 'input_map { key: "A" value: "A" } input_map { key: "B" value: "B" }'
+    steps = [
+        f'{{ model_name: "uncached" model_version: -1 {maps} '
+        f'output_map {{ key: "{out}" value: "{name}" }} }}'
+        for out, name in (("SUM", "S"), ("DIFF", "D"))
+    ]
+    (repo / "split" / "1").mkdir(parents=True)
+    (repo / "split" / "config.pbtxt").write_text(
+        'name: "split"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+        'input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, '
+        '{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "S" data_type: TYPE_FP32 dims: [ 4 ] }, '
+        '{ name: "D" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        f"ensemble_scheduling {{ step [ {', '.join(steps)} ] }}\n"
+        "response_cache { enable: true }\n"
+    )
 
 
 @pytest.fixture(params=PROTOCOLS)
@@ -167,3 +190,24 @@ def test_shared_memory_outputs_bypass_the_cache(triton: Triton) -> None:
         triton.client.unregister_system_shared_memory(name)
     finally:
         shm.destroy_shared_memory_region(handle)
+
+
+def test_an_ensemble_asked_for_some_outputs_is_not_answered_from_a_partial_entry(
+    triton: Triton,
+) -> None:
+    # A request for S runs only S's step: its answer must not be what a request for D
+    # with the same inputs finds later.
+    given = operands(40.0 + len(triton.protocol))
+    total, difference = given["A"] + given["B"], given["A"] - given["B"]
+    only_sum = triton.infer("split", given, outputs=["S"])
+    np.testing.assert_array_equal(only_sum.as_numpy("S"), total)
+    only_diff = triton.infer("split", given, outputs=["D"])
+    np.testing.assert_array_equal(only_diff.as_numpy("D"), difference)
+    both = triton.infer("split", given)
+    np.testing.assert_array_equal(both.as_numpy("S"), total)
+    np.testing.assert_array_equal(both.as_numpy("D"), difference)
+    # The whole answer was kept: any request now finds it, each output right.
+    before = stats(triton, "split")["hit"]
+    again = triton.infer("split", given, outputs=["D"])
+    np.testing.assert_array_equal(again.as_numpy("D"), difference)
+    assert stats(triton, "split")["hit"] == before + 1

@@ -29,7 +29,7 @@ def held_request(queue_ns: int) -> tuple[Responses, asyncio.Future[dict[str, Arr
 async def test_a_queued_request_is_refused_cancelled() -> None:
     held, execution = held_request(queue_ns=0)
     cancellation = Cancellation()
-    cancellation.bind(held)
+    cancellation.bind(held, queues=True)
     cancellation.cancel()
     assert execution.cancelled()
     assert held.item is not None and held.item.context is not None
@@ -42,7 +42,7 @@ async def test_a_queued_request_is_refused_cancelled() -> None:
 async def test_a_running_request_is_marked_and_goes_on() -> None:
     held, execution = held_request(queue_ns=1500)
     cancellation = Cancellation()
-    cancellation.bind(held)
+    cancellation.bind(held, queues=True)
     cancellation.cancel()
     assert not execution.done()
     assert held.item is not None and held.item.context is not None
@@ -59,6 +59,18 @@ async def test_a_cancel_before_the_request_reached_the_core_holds() -> None:
     cancellation.cancel()
     assert held.item is not None and held.item.context is not None
     assert not held.item.context.cancelled
-    cancellation.bind(held)
+    cancellation.bind(held, queues=True)
+    assert held.item.context.cancelled and not execution.done()
+    execution.cancel()
+
+
+async def test_a_request_of_a_scheduler_without_a_queue_is_only_marked() -> None:
+    # An ensemble or a generation runs its request at once and sets no queue time: a
+    # cancel marks it and its responses go on.
+    held, execution = held_request(queue_ns=0)
+    cancellation = Cancellation()
+    cancellation.bind(held, queues=False)
+    cancellation.cancel()
+    assert held.item is not None and held.item.context is not None
     assert held.item.context.cancelled and not execution.done()
     execution.cancel()
