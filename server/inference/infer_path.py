@@ -84,6 +84,20 @@ class InferObserver(Protocol):
 
 
 @dataclass(slots=True)
+class _Stream:
+    """A decoupled request as its end needs it: what it runs on, how far it got, and
+    what its release tells."""
+
+    model: ModelVersion
+    started: int
+    trace: Trace | None
+    released: Callable[[Timings], None] | None
+    held: Responses
+    item: WorkItem | None = None
+    queued: int = 0  # when it went to the scheduler
+
+
+@dataclass(slots=True)
 class _Attempt:
     """How far one request got, which is what a failure is classified and counted by:
     the version serving it, its work item once checked, the outputs once produced."""
@@ -323,13 +337,15 @@ class InferPath:
         failed: ServerError | None = None
         held = Responses(sink)
         self.cutoff.responses.add(held)
-        queued = 0
+        stream = _Stream(model, started, trace, released, held)
         answered = False  # the final response was handed to the reader
         first = self.first_response
         try:
-            item = held.item = self._work_item(request, model, started, trace, sink=sink)
-            queued = time.monotonic_ns()
-            submitted = held.submitted = _submit(model, item, trace, queued)
+            item = stream.item = held.item = self._work_item(
+                request, model, started, trace, sink=sink
+            )
+            stream.queued = time.monotonic_ns()
+            submitted = held.submitted = _submit(model, item, trace, stream.queued)
             submitted.add_done_callback(lambda task: _submit_ended(task, sink))
             if cancellation is not None:
                 runs_at_once = (EnsembleScheduler, GenerationScheduler)
@@ -363,10 +379,10 @@ class InferPath:
                     break
         except GeneratorExit:
             if not answered:
-                self._gone(held, model, item, failed, started, trace, queued, released)
+                self._gone(stream, failed)
                 raise
             # Closed at its final response, which was handed out: a normal end.
-            self._release_when_done(held, model, item, failed, started, trace, queued, released)
+            self._release_when_done(stream, failed)
             raise
         except (Exception, asyncio.CancelledError) as exc:
             error = failure_of(exc, executing=item is not None)
@@ -375,7 +391,7 @@ class InferPath:
                 held.cancel()  # the client went away
             # A request closed after an inline error (its stream ended there) failed.
             ended = failed if gone and failed else error
-            self._released(model, item, ended, started, trace, queued, released)
+            self._released(stream, ended)
             if gone:
                 raise
             try:
@@ -386,64 +402,34 @@ class InferPath:
             self.cutoff.responses.discard(held)
             if regions:
                 self.shared_memory.release(regions)
-        self._release_when_done(held, model, item, failed, started, trace, queued, released)
+        self._release_when_done(stream, failed)
 
-    def _gone(
-        self,
-        held: Responses,
-        model: ModelVersion,
-        item: WorkItem | None,
-        failed: ServerError | None,
-        started: int,
-        trace: Trace | None,
-        queued: int,
-        released: Callable[[Timings], None] | None,
-    ) -> None:
+    def _gone(self, stream: _Stream, failed: ServerError | None) -> None:
         """The reader closed the stream before its final response: the client went away."""
-        held.cancel()
+        stream.held.cancel()
         # A request closed after an inline error (its stream ended there) failed.
-        error = failed or failure_of(GeneratorExit(), executing=item is not None)
-        self._released(model, item, error, started, trace, queued, released)
+        executing = stream.item is not None
+        self._released(stream, failed or failure_of(GeneratorExit(), executing=executing))
 
-    def _release_when_done(
-        self,
-        held: Responses,
-        model: ModelVersion,
-        item: WorkItem | None,
-        failed: ServerError | None,
-        started: int,
-        trace: Trace | None,
-        queued: int,
-        released: Callable[[Timings], None] | None,
-    ) -> None:
+    def _release_when_done(self, stream: _Stream, failed: ServerError | None) -> None:
         """Released once its execution returned too (a model may go on after its final
         flag)."""
-        done = held.submitted
+        done = stream.held.submitted
         if done is None or done.done():
-            self._released(model, item, failed, started, trace, queued, released)
+            self._released(stream, failed)
         else:
-            done.add_done_callback(
-                lambda _: self._released(model, item, failed, started, trace, queued, released)
-            )
+            done.add_done_callback(lambda _: self._released(stream, failed))
 
-    def _released(
-        self,
-        model: ModelVersion,
-        item: WorkItem | None,
-        error: ServerError | None,
-        started: int,
-        trace: Trace | None,
-        queued: int,
-        released: Callable[[Timings], None] | None,
-    ) -> None:
+    def _released(self, stream: _Stream, error: ServerError | None) -> None:
         """A decoupled request is done with: its compute points traced, its timings
         handed on, every observer told."""
+        item, trace = stream.item, stream.trace
         if item is not None:
             if trace is not None:
-                trace.executed(queued, item.timings, item.enqueue_ns)
-            if released is not None:
-                released(item.timings)
-        self._finished(model, item, error, started, trace=trace)
+                trace.executed(stream.queued, item.timings, item.enqueue_ns)
+            if stream.released is not None:
+                stream.released(item.timings)
+        self._finished(stream.model, item, error, stream.started, trace=trace)
 
     # --- the end of a request --------------------------------------------------------------
 

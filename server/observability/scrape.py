@@ -252,20 +252,31 @@ def summary_families(
         # queue for every success, cache hits included; compute only for those computed.
         computed = record.success_count - record.cache_hit_count
         counts = (record.success_count, record.success_count, computed, computed, computed)
-        for column, family in enumerate(families):
-            family.add_sample(family.name + "_count", labels, counts[column])
-            family.add_sample(family.name + "_sum", labels, sums[column] / 1e3)
-            for row, q in enumerate(qs):
-                value = values[row][column] / 1e3 if values is not None else math.nan
-                family.add_sample(family.name, {**labels, "quantile": str(q)}, value)
+        _summary_samples(families, labels, counts, sums, qs, values)
     yield from families
+
+
+def _summary_samples(
+    families: Sequence[Metric],
+    labels: dict[str, str],
+    counts: Sequence[int],
+    sums_ns: Sequence[float],
+    quantiles: Sequence[float],
+    values: Sequence[Sequence[float]] | None,  # ns
+) -> None:
+    """One model's count, sum and quantiles (µs) of each family, a column of `values`."""
+    for column, family in enumerate(families):
+        family.add_sample(family.name + "_count", labels, counts[column])
+        family.add_sample(family.name + "_sum", labels, sums_ns[column] / 1e3)
+        for row, q in enumerate(quantiles):
+            value = values[row][column] / 1e3 if values is not None else math.nan
+            family.add_sample(family.name, {**labels, "quantile": str(q)}, value)
 
 
 def cache_summary_families(
     records: list[ModelStats], recorded: Mapping[int, ModelSeries], quantiles: Sequence[float]
 ) -> Iterator[Metric]:
-    """Triton's cache hit and miss summaries (µs), for the models that enable the cache;
-    count and sum from the statistics, as their counters are."""
+    """Triton's cache hit and miss summaries (µs) of the models that enable the cache."""
     cached = [r for r in records if r.model.config.response_cache.enable]
     if not cached:
         return
@@ -285,12 +296,7 @@ def cache_summary_families(
         values = window.quantiles(quantiles, now) if window is not None else None
         counts = (record.cache_hit_count, record.cache_miss_count)
         sums = (record.cache_hit_ns, record.cache_miss_ns)
-        for column, family in enumerate(families):
-            family.add_sample(family.name + "_count", labels, counts[column])
-            family.add_sample(family.name + "_sum", labels, sums[column] / 1e3)
-            for row, q in enumerate(quantiles):
-                value = values[row][column] / 1e3 if values is not None else math.nan
-                family.add_sample(family.name, {**labels, "quantile": str(q)}, value)
+        _summary_samples(families, labels, counts, sums, quantiles, values)
     yield from families
 
 
