@@ -50,7 +50,7 @@ from ge_serve.server.errors import ErrorCode, FailureReason, ServerError, invali
 from ge_serve.server.inference.error_texts import request_tag
 
 from .correlation import END_KEY, ID_KEY, START_KEY, CorrelationId, SequenceFlags
-from .ensemble_prune import needed_steps
+from .ensemble_prune import needed_steps, runs
 from .ensemble_shapes import batch_reshape
 from .inflight import InFlight
 from .work import Array, Timings, WorkItem
@@ -261,7 +261,7 @@ class EnsembleScheduler:
         # The batch size of the request that made each tensor (0: one without batching).
         sizes = dict.fromkeys(tensors, item.batch_size if plan.batching else 0)
         waiting = list(plan.needs)
-        ready = [i for i, count in enumerate(waiting) if count == 0 and (not needed or needed[i])]
+        ready = [i for i, count in enumerate(waiting) if count == 0 and runs(needed, i)]
         running: dict[asyncio.Task[dict[str, Slot]], int] = {}
         try:
             while ready or running:
@@ -428,7 +428,7 @@ class EnsembleScheduler:
         for tensor in produced:
             for reader in self.plan.readers.get(tensor, ()):
                 waiting[reader] -= 1
-                if waiting[reader] == 0 and (needed is None or needed[reader]):
+                if waiting[reader] == 0 and runs(needed, reader):
                     ready.append(reader)
         return ready
 

@@ -53,3 +53,8 @@ def needed_steps(
             needed[found] = True
             todo.extend(t for _, t in steps[found].inputs)
     return tuple(needed)
+
+
+def runs(needed: tuple[bool, ...] | None, index: int) -> bool:
+    """Whether a request with `needed` (None: every step) runs step `index`."""
+    return needed is None or needed[index]

@@ -47,6 +47,7 @@ from .ensemble import (
     echo,
     present,
 )
+from .ensemble_prune import runs
 from .work import Array, WorkItem
 
 Key = tuple[int, ...]
@@ -177,8 +178,7 @@ class _Run:
         await self.releases.wait()
 
     def _runs(self, index: int) -> bool:
-        """Whether the request runs the step (ensemble_prune.py)."""
-        return self.needed is None or self.needed[index]
+        return runs(self.needed, index)
 
     def _keep(self, tensor: str, key: Key, array: Slot) -> None:
         self.tensors[(tensor, key)] = array

@@ -27,10 +27,8 @@ class DelayHold:
         self._backlog_count = max(backlog_count, 0) if self._direct else 0
         for instance in instances:
             instance.hold = max(count, 0)
-
-    @property
-    def active(self) -> bool:
-        return any(instance.hold for instance in self._instances)
+        # Read on every request the batcher takes: kept, not counted each time.
+        self.active = count > 0 and bool(instances)
 
     def holds(self, instance: Instance, backlog: collections.deque[ActiveSequence]) -> bool:
         """Whether `instance` must not form a batch yet; the hold ends for good once met."""
@@ -41,6 +39,7 @@ class DelayHold:
             if sum(bool(s.queue) and not s.running for s in ready) < instance.hold:
                 return True
             instance.hold = 0
+            self.active = any(each.hold for each in self._instances)
             return False
         queued = sum(
             len(slot.sequence.queue)
@@ -54,4 +53,5 @@ class DelayHold:
             return True
         for each in self._instances:
             each.hold = 0
+        self.active = False
         return False

@@ -212,8 +212,7 @@ class InferenceServer:
         started = time.monotonic_ns()
         model = self.path.serving(call.model_name, call.model_version, "An ensemble step")
         request = _step_request(call, model)
-        parent = current_trace() if self.tracing.active else None
-        trace = self.tracing.child(parent, model.name, model.version, "") if parent else None
+        trace = self._step_trace(model)
         response, item = await self.path.run(request, model, started, trace)
         outputs = {tensor.name: tensor.data for tensor in response.outputs}
         batch = _step_batch(request, model)
@@ -229,8 +228,7 @@ class InferenceServer:
             return
         request = _step_request(call, model)
         batch = _step_batch(request, model)
-        parent = current_trace() if self.tracing.active else None
-        trace = self.tracing.child(parent, model.name, model.version, "") if parent else None
+        trace = self._step_trace(model)
         release = call.releases.hold() if call.releases is not None else None
         try:
             # Closed with this generator, not later by the loop's finalizer: the step's
@@ -251,6 +249,12 @@ class InferenceServer:
             if release is not None:
                 release.drop()  # failed before its release was set up, or released already
             raise
+
+    def _step_trace(self, model: ModelVersion) -> Trace | None:
+        """An ensemble step's trace: a child of its ensemble request's, when that is
+        traced (it is current in the ensemble's task)."""
+        parent = current_trace() if self.tracing.active else None
+        return self.tracing.child(parent, model.name, model.version, "") if parent else None
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         """Whether the model may answer a request with zero or several responses (Triton's
