@@ -276,6 +276,30 @@ def step_lookup(
     return config
 
 
+class _Labelled(Protocol):
+    @property
+    def labels(self) -> Mapping[str, list[str]]: ...
+
+
+def inherited_labels(
+    config: ModelConfig, labels: Mapping[str, list[str]], get: Callable[[str, str], _Labelled]
+) -> dict[str, list[str]]:
+    """The labels an ensemble classifies with, completed as Triton's core does at its load
+    (model_lifecycle.cc): an output with no `label_filename` of its own takes the labels of
+    the step output that writes it, as that model has them then (a nested ensemble's own
+    inherited ones included). They are kept until the ensemble reloads, which it does when
+    a step's model reloads (ensembles.py), as in Triton. `get(model, version)` is the
+    lifecycle's; the steps are already checked to be served (`build_plan`)."""
+    completed = dict(labels)
+    outputs = {entry.name for entry in config.output}
+    for step in config.ensemble_scheduling.step:
+        for model_output, tensor in step.output_map.items():
+            if tensor in outputs and tensor not in completed:
+                served = get(step.model_name, step_version(step)).labels
+                completed[tensor] = served.get(model_output, [])
+    return completed
+
+
 def missing_step(
     ensemble: str, model: str, version: str, known: bool, ready: bool, why: str
 ) -> ServerError:

@@ -319,7 +319,7 @@ class ModelLifecycle:
         """Swap the new versions in atomically (nothing awaits between building the new
         table and assigning it: no mix, no gap), then retire the old ones."""
         config = prepared.config
-        schedulers = await self._schedulers(record.name, config, prepared.loaded)
+        schedulers = await self._schedulers(record.name, prepared)
         new_versions: dict[int, VersionRecord] = {}
         for version, loaded in prepared.loaded.items():
             scheduler = schedulers[version]
@@ -360,16 +360,16 @@ class ModelLifecycle:
         if old_folder is not None and old_folder != record.owned:
             await _remove_folder(old_folder)
 
-    async def _schedulers(
-        self, key: str, config: model_config_pb2.ModelConfig, loaded: dict[int, LoadedModel]
-    ) -> dict[int, Scheduler]:
+    async def _schedulers(self, key: str, prepared: PreparedLoad) -> dict[int, Scheduler]:
         """One scheduler per loaded version; a factory failure frees all, failing the load."""
-        built: dict[int, Scheduler] = {}
+        config, loaded, built = prepared.config, prepared.loaded, dict[int, Scheduler]()
         try:
             factory = self.scheduler_factory
             if ensemble_config.is_ensemble(config):
                 lookup = ensemble_config.step_lookup(config.name, self.get, self.models)
-                plan = ensemble_config.build_plan(qualify_steps(key, config, self.models), lookup)
+                steps = qualify_steps(key, config, self.models)
+                plan = ensemble_config.build_plan(steps, lookup)
+                prepared.labels = ensemble_config.inherited_labels(steps, prepared.labels, self.get)
                 # As Triton: a decoupled step makes the ensemble decoupled, and its config
                 # as served says so, for clients that choose streaming by it.
                 config.model_transaction_policy.decoupled = plan.decoupled
