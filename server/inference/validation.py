@@ -201,9 +201,17 @@ def _check_output(requested: RequestedOutput, model: ModelVersion) -> None:
         )
     if requested.classification < 0:
         raise invalid_arg("classification count must be non-negative")
-    if requested.classification and spec.datatype is DataType.BYTES:
-        # Triton's words (server src/classification.cc), which name no output.
-        raise invalid_arg("class result not available for output due to unsupported type 'BYTES'")
+    if requested.classification and spec.datatype in _UNCLASSIFIED:
+        # Triton's words (server src/classification.cc), which name no output. Triton says
+        # them once the model has run, building the response; the client sees the same.
+        raise invalid_arg(
+            f"class result not available for output due to unsupported type '{spec.datatype.value}'"
+        )
+
+
+# The datatypes Triton's TopkClassifications has no case for: it ranks only integers,
+# FP32 and FP64.
+_UNCLASSIFIED: Final = frozenset({DataType.BOOL, DataType.FP16, DataType.BF16, DataType.BYTES})
 
 
 def build_response(
@@ -278,14 +286,25 @@ def classify(array: Array, k: int, labels: list[str] | None, model: ModelVersion
     k = min(k, rows.shape[1])
     out = np.empty((rows.shape[0], k), dtype=object)
     for r, row in enumerate(rows):
-        order = np.argsort(-row.astype(np.float64), kind="stable")[:k]
+        order = _descending(row)[:k]
         for j, index in enumerate(order):
             text = f"{_format_value(row[index])}:{int(index)}"
-            if labels is not None and index < len(labels):
+            # An empty label line adds nothing, as in Triton (it has no label for the class).
+            if labels is not None and index < len(labels) and labels[index]:
                 text += f":{labels[index]}"
             # surrogateescape: a labels file's bytes that are not UTF-8 go out as they were.
             out[r, j] = text.encode("utf-8", "surrogateescape")
     return out if batched else out.reshape(k)
+
+
+def _descending(row: Array) -> Array:
+    """Indices by value, highest first, ties in index order, compared in the output's own
+    type as Triton compares: through float64, INT64 and UINT64 values past 2**53 would tie
+    or swap, and negating an integer row would wrap its extremes."""
+    if row.dtype.kind == "f":
+        return np.argsort(-row, kind="stable")
+    # Stable ascending over the reversed row, read backwards: ties come out lowest index first.
+    return len(row) - 1 - np.argsort(row[::-1], kind="stable")[::-1]
 
 
 def _format_value(value: Any) -> str:

@@ -408,6 +408,55 @@ def test_classification_of_a_bytes_output_is_refused() -> None:
     assert message in refused(request, model)
 
 
+@pytest.mark.parametrize("config_type", ["TYPE_BOOL", "TYPE_FP16", "TYPE_BF16"])
+def test_classification_of_a_type_triton_cannot_rank_is_refused(config_type: str) -> None:
+    # Triton's TopkClassifications ranks integers, FP32 and FP64 only.
+    model = model_of(f"""
+        name: "t"
+        input [ {{ name: "IN" data_type: {config_type} dims: [ 4 ] }} ]
+        output [ {{ name: "OUT" data_type: {config_type} dims: [ 4 ] }} ]
+    """)
+    datatype = model.inputs["IN"].datatype
+    data = np.zeros(4, dtype=datatype.numpy)
+    request = InferRequest("t", inputs=[Tensor("IN", datatype, (4,), data)])
+    request.outputs = [RequestedOutput("OUT", classification=1)]
+    message = f"class result not available for output due to unsupported type '{datatype.value}'"
+    assert refused(request, model) == message
+
+
+@pytest.mark.parametrize(
+    ("config_type", "values", "top"),
+    [
+        # Through float64 all three would be one number, ranked in index order. Equal ones
+        # keep index order, as they do in floats.
+        ("TYPE_INT64", [2**60, 2**60 + 3, 2**60 + 3], [1, 2]),
+        ("TYPE_UINT64", [2**64 - 2, 2**64 - 1, 1], [1, 0]),
+    ],
+)
+def test_classification_ranks_integers_in_their_own_type(
+    config_type: str, values: list[int], top: list[int]
+) -> None:
+    model = model_of(f"""
+        name: "i"
+        input [ {{ name: "IN" data_type: {config_type} dims: [ 3 ] }} ]
+        output [ {{ name: "OUT" data_type: {config_type} dims: [ 3 ] }} ]
+    """)
+    datatype = model.outputs["OUT"].datatype
+    data = np.array(values, dtype=datatype.numpy)
+    request = InferRequest("i", inputs=[Tensor("IN", datatype, (3,), data)])
+    request.outputs = [RequestedOutput("OUT", classification=2)]
+    item = prepare(request, model)
+    (out,) = build_response(request, model, {"OUT": data}, item.batch_size).outputs
+    assert out.data.tolist() == [f"{values[i]}:{i}".encode() for i in top]
+
+
+def test_an_empty_label_adds_nothing() -> None:
+    # Triton appends ":label" only for a non-empty label (core infer_response.cc).
+    model = model_of(str(CLASSIFIER.config), labels={"PROB": ["cat", ""]})
+    top = classify(np.array([[0.2, 0.7, 0.1, 0.0]], np.float32), 2, model)
+    assert top == [[b"0.700000:1", b"0.200000:0:cat"]]
+
+
 # --- raw binary requests ------------------------------------------------------------------------
 
 
