@@ -48,7 +48,7 @@ from ..inference.types import (
     requested_output,
 )
 from ..inference.wire import RAW_ONLY, bytes_elements, raw_output, raw_to_array
-from .json_tensors import json_input, json_kind
+from .json_tensors import json_input, json_kind, literal_json, reread_nonfinite
 
 INFERENCE_HEADER_CONTENT_LENGTH: Final = "Inference-Header-Content-Length"
 BINARY_DATA_SIZE: Final = "binary_data_size"
@@ -58,6 +58,8 @@ BINARY_DATA_OUTPUT: Final = "binary_data_output"
 RAW_BINARY: Final = "raw_binary"
 
 _PARAM_TYPES: Final = (bool, int, float, str)
+# The datatypes JSON may carry NaN and infinities in (FP16 and BF16 always go binary).
+_FLOATS: Final = frozenset({DataType.FP32, DataType.FP64})
 # The parameters that place a tensor in shared memory (parse_ref lifts them out).
 _SHM_KEYS: Final = frozenset({SHARED_MEMORY_REGION, SHARED_MEMORY_OFFSET, SHARED_MEMORY_BYTE_SIZE})
 
@@ -70,15 +72,20 @@ def encode_json(obj: Any) -> bytes:
     return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def decode_json_object(body: bytes | memoryview, what: str) -> dict[str, Any]:
+def decode_json_object(
+    body: bytes | memoryview, what: str, nonfinite: bool = False
+) -> dict[str, Any]:
     """Parse a JSON object; malformed JSON or a non-object is INVALID_ARG.
 
     `what` names the document in messages: "failed to parse the <what> JSON buffer: ...".
+    With `nonfinite`, NaN, Infinity and -Infinity are numbers, as in Triton's infer JSON.
     """
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError as e:
-        raise invalid_arg(f"failed to parse the {what} JSON buffer: {e}") from None
+        obj = reread_nonfinite(e) if nonfinite else None
+        if obj is None:
+            raise invalid_arg(f"failed to parse the {what} JSON buffer: {e}") from None
     if not isinstance(obj, dict):
         raise invalid_arg(f"the {what} JSON must be an object, not {json_kind(obj)}")
     return obj
@@ -141,7 +148,7 @@ def decode_infer_request(
                 f"has {len(body)} bytes"
             )
         header, binary = view[:header_length], view[header_length:]
-    doc = decode_json_object(header, "request")
+    doc = decode_json_object(header, "request", nonfinite=True)
 
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
@@ -432,4 +439,9 @@ def _json_output_data(tensor: Tensor) -> Any:
     data = tensor.data
     if data.dtype != datatype.numpy:
         data = data.astype(datatype.numpy)
-    return data.ravel()
+    flat = data.ravel()
+    # One pass over the values, small beside writing them (a sum or a dot product would
+    # be cheaper, but may overflow, and numpy warns then).
+    if datatype in _FLOATS and not np.isfinite(flat).all():
+        return literal_json(flat)
+    return flat

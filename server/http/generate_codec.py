@@ -41,7 +41,7 @@ from ..inference.reports import TensorMetadata
 from ..inference.types import DataType, InferRequest, InferResponse, ParamValue, Tensor
 from ..inference.wire import RAW_ONLY, bytes_elements, object_array
 from . import codec
-from .json_tensors import flatten_nested, float_array
+from .json_tensors import flatten_nested, float_array, literal_json
 
 NESTED_PARAMETERS: Final = "parameters"
 SSE_CONTENT_TYPE: Final = "text/event-stream; charset=utf-8"
@@ -54,6 +54,8 @@ _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 # Each BYTES element also carries its 4-byte length, as Triton counts the input size.
 _BYTES_LENGTH_PREFIX: Final = 4
+# The datatypes whose JSON may hold NaN and the infinities.
+_FLOATS: Final = frozenset({DataType.FP32, DataType.FP64})
 
 _NOT_STRING: Final = "attempt to access JSON non-string as string"
 _NOT_BOOL: Final = "attempt to access JSON non-boolean as boolean"
@@ -80,16 +82,13 @@ def parse_body(body: bytes) -> _Object:
     if not body.strip():
         return _Object()
     try:
-        doc = json.loads(body, object_pairs_hook=_Object, parse_constant=_no_constant)
+        # NaN, Infinity and -Infinity are numbers, as in Triton's TritonJson.
+        doc = json.loads(body, object_pairs_hook=_Object)
     except (ValueError, RecursionError) as exc:
         raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
     if not isinstance(doc, _Object):
         raise invalid_arg(f"the generate request JSON must be an object: {_NOT_OBJECT}")
     return doc
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"invalid JSON value {name}")
 
 
 def decode_generate_request(
@@ -311,6 +310,8 @@ def _output_value(tensor: Tensor) -> Any:
             ) from None
     else:
         values = np.ascontiguousarray(tensor.data, dtype=tensor.datatype.numpy).reshape(-1)
+        if tensor.datatype in _FLOATS and not np.isfinite(values).all():
+            return literal_json(values, scalar=count == 1)
     return values[0] if count == 1 else values
 
 

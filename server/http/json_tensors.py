@@ -4,15 +4,24 @@ The elements' types are read once, as a set, which also says whether the data is
 an all-integer array is built by numpy straight from the list, since numpy >= 2 refuses
 a Python integer out of the dtype's range (NEP 50) rather than wrapping it. Only then,
 on that error, are the extremes looked for, to name the value as the message does.
+
+NaN and the infinities travel as the literals `NaN`, `Infinity` and `-Infinity`, both
+ways, as Triton's TritonJson writes and reads them (rapidjson's kWriteNanAndInfFlag and
+kParseNanAndInfFlag) and as Python's json, tritonclient's parser, reads them. orjson does
+neither, so each side takes a slower way only when such a value is there: an output is
+checked in one cheap pass, a body is read again only when orjson refused a literal.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 
 from ..errors import ServerError, invalid_arg
 from ..inference import error_texts
@@ -40,6 +49,11 @@ _INTS: Final = frozenset({int})
 _BOOLS: Final = frozenset({bool})
 _STRS: Final = frozenset({str})
 _NUMBERS: Final = frozenset({int, float})
+# What orjson stops at when a body holds a non-finite literal (`-Infinity` at its `I`).
+_LITERALS: Final = ("NaN", "Infinity")
+# The integers orjson reads as integers; it reads others as floats.
+_ORJSON_INT_MIN: Final = -(2**63)
+_ORJSON_INT_MAX: Final = 2**64 - 1
 
 
 def json_input(
@@ -130,10 +144,61 @@ def float_array(flat: list[Any], datatype: DataType, name: str) -> npt.NDArray[A
     """JSON numbers as FP64, or FP32 when every one fits it (INVALID_ARG otherwise)."""
     array = np.array(flat, dtype=np.float64)
     if datatype is DataType.FP32:
-        if array.size and float(np.abs(array).max()) > _FP32_MAX:
-            raise invalid_arg(f"input '{name}': a value is out of range for FP32")
+        # `not <=` holds for a NaN too. An infinity or NaN is kept as the client wrote it;
+        # then only the finite values are held to FP32's range.
+        if array.size and not float(np.abs(array).max()) <= _FP32_MAX:
+            finite = np.abs(array[np.isfinite(array)])
+            if finite.size and float(finite.max()) > _FP32_MAX:
+                raise invalid_arg(f"input '{name}': a value is out of range for FP32")
         return array.astype(np.float32)
     return array
+
+
+def reread_nonfinite(refusal: json.JSONDecodeError) -> Any:
+    """The document orjson refused with `refusal`, read again with NaN, Infinity and
+    -Infinity as numbers, when a literal is what orjson refused; None when its refusal
+    stands (no such literal there, or the document is refused for something else too)."""
+    text, pos = refusal.doc, refusal.pos
+    if not text.startswith(_LITERALS, pos):
+        return None
+    try:
+        doc = json.loads(text, parse_int=_orjson_int, parse_float=_finite_float)
+        # Python's json keeps what orjson refuses, lone surrogates (`"\ud800"`): writing
+        # the document with orjson refuses them too.
+        orjson.dumps(doc)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    return doc
+
+
+def _orjson_int(text: str) -> int | float:
+    """An integer as orjson reads it: a float past the 64-bit integers."""
+    value = int(text) if len(text) < 22 else _ORJSON_INT_MAX + 1
+    return value if _ORJSON_INT_MIN <= value <= _ORJSON_INT_MAX else _finite_float(text)
+
+
+def _finite_float(text: str) -> float:
+    """A number as orjson reads it: one past the doubles (`1e400`) is refused."""
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError("number is infinity when parsed as double")
+    return value
+
+
+def literal_json(flat: npt.NDArray[Any], scalar: bool = False) -> orjson.Fragment:
+    """A flat FP32 or FP64 array holding NaN or an infinity, or its one element
+    (`scalar`), as JSON with the literals NaN, Infinity and -Infinity where orjson would
+    write null (which loses the value, and the infinity's sign)."""
+    finite = np.isfinite(flat)
+    # orjson writes each non-finite value, and nothing else, as null (no number holds
+    # "null"): each in turn is replaced by its literal.
+    text = orjson.dumps(flat[0] if scalar else flat, option=orjson.OPT_SERIALIZE_NUMPY)
+    parts = text.split(b"null")
+    pieces = [parts[0]]
+    for number, part in zip(flat[~finite].tolist(), parts[1:], strict=True):
+        pieces.append(b"NaN" if number != number else b"Infinity" if number > 0 else b"-Infinity")
+        pieces.append(part)
+    return orjson.Fragment(b"".join(pieces))
 
 
 def _out_of_range(name: str, datatype: DataType, flat: list[int]) -> ServerError:

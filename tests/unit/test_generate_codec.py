@@ -138,7 +138,7 @@ def test_a_nested_array_with_one_leaf_per_element_is_accepted_as_triton_does() -
     ("body", "message"),
     [
         (b"[]", "the generate request JSON must be an object"),
-        (b'{"x": NaN}', "failed to parse the request JSON buffer"),
+        (b'{"x": -NaN}', "failed to parse the request JSON buffer"),
         (b"{,}", "failed to parse the request JSON buffer"),
         (b'{"id": null}', "Unable to parse 'id': attempt to access JSON non-string as string"),
         (b'{"p": null}', "parameter 'p' has invalid type"),
@@ -225,3 +225,16 @@ def test_reserved_keys_win_over_parameters_and_outputs() -> None:
 def test_outputs_json_cannot_carry_are_refused(output: Tensor, message: str) -> None:
     with pytest.raises(ServerError, match=message):
         encode_generate_response(response(output))
+
+
+def test_nan_and_the_infinities_are_read_and_written_as_triton_does() -> None:
+    (tensor,) = decode(b'{"x": [NaN, Infinity, -Infinity]}', ("x", DataType.FP32, (-1,))).inputs
+    assert np.array_equal(tensor.data, np.array([np.nan, np.inf, -np.inf]), equal_nan=True)
+    outputs = [
+        Tensor("y", DataType.FP64, (3,), np.array([np.nan, np.inf, -np.inf])),
+        Tensor("z", DataType.FP32, (1,), np.array([-np.inf], dtype=np.float32)),
+    ]
+    body = encode_generate_response(InferResponse("m", "1", outputs=outputs))
+    assert (
+        body == b'{"model_name":"m","model_version":"1","y":[NaN,Infinity,-Infinity],"z":-Infinity}'
+    )

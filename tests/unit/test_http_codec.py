@@ -880,8 +880,11 @@ def test_json_helpers() -> None:
     assert parse_header_length("12") == 12 and parse_header_length("-1") == -1
     # Only ASCII digits: int() reads all but the last as 12; the last is past its limit.
     for value in (" 12 ", "1_2", "+12", "١٢", "12\xa0", "1" * 5000):
-        error = error_of(lambda v=value: parse_header_length(v)).message
-        assert error == f"invalid Inference-Header-Content-Length header value '{value}'"
+        with pytest.raises(ServerError) as info:
+            parse_header_length(value)
+        assert (
+            info.value.message == f"invalid Inference-Header-Content-Length header value '{value}'"
+        )
     assert (
         "invalid Inference-Header-Content-Length"
         in error_of(lambda: parse_header_length("x")).message
@@ -981,3 +984,48 @@ def test_tritonclient_parses_responses(binary: bool) -> None:
                 assert got.tolist() == [[x.decode() for x in row] for row in arr.tolist()]
         else:
             assert_equal(got, arr)
+
+
+# --- NaN and the infinities ----------------------------------------------------------------
+
+NONFINITE = [np.nan, np.inf, -np.inf, 0.1, -2.0]
+
+
+@pytest.mark.parametrize("datatype", [DataType.FP32, DataType.FP64], ids=lambda d: d.value)
+def test_json_output_writes_nan_and_the_infinities_as_tritons_literals(datatype: DataType) -> None:
+    arr = np.array([NONFINITE, NONFINITE[::-1]], dtype=datatype.numpy)
+    body, _ = encode_infer_response(response_of(tensor_of("y", datatype, arr)), InferRequest("m"))
+    assert b'"data":[NaN,Infinity,-Infinity,0.1,-2.0,-2.0,0.1,-Infinity,Infinity,NaN]' in body
+    result = triton_http.InferResult.from_response_body(body, verbose=False, header_length=None)
+    assert_equal(result.as_numpy("y"), arr)
+
+
+def literal_request(datatype: str, data: str, extra: str = "") -> InferRequest:
+    body = f'{{"inputs":[{{"name":"x","datatype":"{datatype}","shape":[3],"data":{data}}}]{extra}}}'
+    return decode_infer_request("m", "", body.encode(), None)
+
+
+@pytest.mark.parametrize("datatype", [DataType.FP32, DataType.FP64], ids=lambda d: d.value)
+def test_json_input_reads_tritons_literals_and_nothing_else_orjson_refuses(
+    datatype: DataType,
+) -> None:
+    (tensor,) = literal_request(datatype.value, "[NaN,Infinity,-Infinity]").inputs
+    assert_equal(tensor.data, np.array([np.nan, np.inf, -np.inf], dtype=datatype.numpy))
+    # Where the body is refused for something besides a literal, orjson's message stands.
+    for data, extra in [
+        ("[NaN,1e400,1]", ""),
+        ('[NaN,1,"\\ud800"]', ""),
+        ("[NaN,1,1]", ', "id": "\\ud800"'),
+        ("[NaN,1,1]", "x"),
+        ("[-NaN,1,1]", ""),
+    ]:
+        with pytest.raises(ServerError) as info:
+            literal_request(datatype.value, data, extra)
+        message = info.value.message
+        assert message.startswith("failed to parse the request JSON buffer: "), (data, extra)
+    # An infinity is taken as given; a finite value past FP32 is still refused beside it.
+    message = error_of(lambda: literal_request("FP32", "[NaN,1e39,Infinity]")).message
+    assert message == "input 'x': a value is out of range for FP32"
+    # Integers past 64 bits are floats, as orjson reads them.
+    big = error_of(lambda: literal_request("INT64", f"[{2**64},NaN,1]")).message
+    assert big == "input 'x': INT64 'data' elements must be integers"
