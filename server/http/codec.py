@@ -381,6 +381,7 @@ def encode_infer_response(
     default_binary = request.wire.get(BINARY_DATA_OUTPUT) is True
     entries: list[dict[str, Any]] = []
     chunks: list[Any] = []
+    floats: list[dict[str, Any]] = []  # the JSON entries whose data may hold NaN or inf
     for tensor in response.outputs:
         count = math.prod(tensor.shape)
         if tensor.data.size != count:
@@ -404,6 +405,8 @@ def encode_infer_response(
             if tensor.parameters:
                 entry["parameters"] = tensor.parameters
             entry["data"] = data
+            if tensor.datatype in _FLOATS:
+                floats.append(entry)
         else:
             chunk, size = raw_output(tensor)
             entry["parameters"] = {**tensor.parameters, BINARY_DATA_SIZE: size}
@@ -419,6 +422,18 @@ def encode_infer_response(
         header["parameters"] = response.parameters
     header["outputs"] = entries
     head = encode_json(header)
+    if floats and b"null" in head:
+        # orjson writes NaN and the infinities as null, where Triton writes its literals.
+        # Looked for only here, so finite data costs one search of the header (a name or
+        # a text may hold "null" too: then nothing is rewritten).
+        rewritten = False
+        for entry in floats:
+            flat = entry["data"]
+            if not np.isfinite(flat).all():
+                entry["data"] = literal_json(flat)
+                rewritten = True
+        if rewritten:
+            head = encode_json(header)
     if not chunks:
         return head, None
     return b"".join([head, *chunks]), len(head)
@@ -439,9 +454,4 @@ def _json_output_data(tensor: Tensor) -> Any:
     data = tensor.data
     if data.dtype != datatype.numpy:
         data = data.astype(datatype.numpy)
-    flat = data.ravel()
-    # One pass over the values, small beside writing them (a sum or a dot product would
-    # be cheaper, but may overflow, and numpy warns then).
-    if datatype in _FLOATS and not np.isfinite(flat).all():
-        return literal_json(flat)
-    return flat
+    return data.ravel()
