@@ -12,7 +12,7 @@ from ge_serve.backends.base import Backend, LoadedModel, ModelSpec
 from ge_serve.backends.paths import OutsideFolder
 from ge_serve.protos import model_config_pb2
 
-from . import autocomplete, ensemble_config
+from . import autocomplete, ensemble_config, repoagents
 from .config_paths import check_config_paths
 from .repository import ModelSource, config_path, read_config, read_labels, select_versions
 from .version_health import VersionHealth
@@ -73,6 +73,8 @@ def prepare_load(
     """Blocking: read and complete the config, then load every version it names."""
     started = time.monotonic()
     config = read_config(source, override=override)
+    # Before the folder is read at all, as Triton runs its agents when it polls the model.
+    repoagents.run_agents(config, source.path)
     versions = select_versions(config, source.path)
     # Before anything the config names is read: autocomplete, labels, backend, warmup.
     check_config_paths(config, source.path, versions)

@@ -1,16 +1,18 @@
 """The model-config fields ge-serve accepts but does not act on, found at load time.
 
 Triton's `model_config.proto` has fields for features ge-serve does not have: CUDA
-graphs and TensorRT profiles, host policies, repository agents, metric controls. A config
-written for Triton may set them; silently accepting one would let an operator believe it
-works. So every load walks the config once (`check`): a field in `WARNED` gets one
-warning line naming it and saying what ge-serve does instead; a field in `REFUSED`, whose
+graphs and TensorRT profiles, host policies, metric controls. A config written for
+Triton may set them; silently accepting one would let an operator believe it works.
+So every load walks the config once (`check`): a field in `WARNED` gets one warning
+line naming it and saying what ge-serve does instead; a field in `REFUSED`, whose
 absence would change what a model computes, fails the load with the reason.
 
 Fields are named by their dotted path in the proto (`instance_group.passive`); where a
 field sits in a repeated entry, the message names the entry (`instance_group[1].passive`).
 A scalar counts as set when it differs from its default (`passive: false` says nothing),
 a message when the config has it at all (`optimization {}` is set).
+
+`model_repository_agents` is not here: the agents run at load (repoagents.py).
 
 This is the one place that knows what is ignored (the list came from reading every
 field of protos/model_config.proto against the code that reads configs);
@@ -43,9 +45,6 @@ WARNED: dict[str, str] = {
     "instance_group.host_policy": "host policies (NUMA binding) are not applied",
     "instance_group.secondary_devices": "secondary devices are not opened or used",
     "instance_group.profile": "TensorRT optimization profiles do not apply to any backend here",
-    "model_repository_agents": (
-        "repository agents (checksum, decryption) are not run; the model files are read as they are"
-    ),
     "model_metrics": "per-model metric controls (custom histogram buckets) are not applied",
     "metric_tags": "metric tags are not added to the model's metrics",
     "model_operations": (

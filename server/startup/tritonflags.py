@@ -79,7 +79,10 @@ INAPPLICABLE: tuple[Inapplicable, ...] = (
     Inapplicable(
         "--host-policy", "executors run on their slot threads; no NUMA policy", repeat=True
     ),
-    Inapplicable("--repoagent-directory", "repository agents are not supported"),
+    Inapplicable(
+        "--repoagent-directory",
+        "repository agents are built in (checksum); agent libraries are not loaded",
+    ),
     Inapplicable("--cache-directory", "the response cache is built in ('local' only)"),
     Inapplicable(
         "--http-thread-count",

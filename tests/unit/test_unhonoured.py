@@ -28,7 +28,6 @@ SETTING = {
         "instance_group [ { count: 1 secondary_devices [ { kind: KIND_NVDLA device_id: 0 } ] } ]"
     ),
     "instance_group.profile": 'instance_group [ { count: 1 profile: "0" } ]',
-    "model_repository_agents": 'model_repository_agents { agents [ { name: "checksum" } ] }',
     "model_metrics": (
         "model_metrics { metric_control [ { metric_identifier { family: "
         '"nv_inference_request_duration" } histogram_options { buckets: [ 1, 2 ] } } ] }'
