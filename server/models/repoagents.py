@@ -19,8 +19,9 @@ before anything else in the folder is read.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Final
 
 from ge_serve.backends.paths import OutsideFolder, resolve_inside
 from ge_serve.protos import model_config_pb2
@@ -83,4 +84,4 @@ def _md5(path: Path, relative: str) -> str:
 
 
 # The agents ge-serve has, by the name a config gives.
-BUILT_IN: dict[str, Callable[[dict[str, str], Path], None]] = {"checksum": checksum}
+BUILT_IN: Final[Mapping[str, Callable[[dict[str, str], Path], None]]] = {"checksum": checksum}
