@@ -26,18 +26,6 @@ def max_intra_op_threads() -> int:
     return max(64, 4 * (os.cpu_count() or 1))
 
 
-def intra_op_thread_count(text: str) -> int:
-    """A whole `intra_op_thread_count` parameter no larger than max_intra_op_threads();
-    ValueError naming the parameter and the bound otherwise."""
-    try:
-        count = int(text.strip())
-    except ValueError:
-        raise ValueError(
-            f"parameter intra_op_thread_count must be a whole number, got '{text}'"
-        ) from None
-    return within_thread_bound(count)
-
-
 def within_thread_bound(count: int) -> int:
     """`count` intra-op threads, or ValueError past max_intra_op_threads()."""
     bound = max_intra_op_threads()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,19 +17,9 @@ from ge_serve.protos import model_config_pb2
 
 from .base import Array, LoadedModel, ModelSpec, SlotInfo
 from .onnx_check import check_config_fits
-from .onnx_io import (
-    DEFAULT_MAX_BATCH_SIZE,
-    TensorInfo,
-    autocomplete_from_onnx,
-    intra_op_thread_count,
-)
+from .onnx_io import DEFAULT_MAX_BATCH_SIZE, TensorInfo, autocomplete_from_onnx
+from .ort_options import check_accelerators, run_options, session_options
 from .warmup import run_warmup
-
-
-def string_param(config: model_config_pb2.ModelConfig, key: str) -> str | None:
-    if key in config.parameters:
-        return str(config.parameters[key].string_value)
-    return None
 
 
 def instance_count(config: model_config_pb2.ModelConfig) -> int:
@@ -42,25 +31,6 @@ def rows_are_requests(config: model_config_pb2.ModelConfig) -> bool:
     batching model that batches no ragged inputs."""
     ragged = bool(config.batch_input) or any(i.allow_ragged_batch for i in config.input)
     return config.max_batch_size > 0 and not ragged
-
-
-def session_options(intra_threads: int, config: model_config_pb2.ModelConfig) -> ort.SessionOptions:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = intra_threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # Spinning intra-op threads burn the cores the event loop and other slots need.
-    spin = string_param(config, "allow_spinning") or "0"
-    options.add_session_config_entry("session.intra_op.allow_spinning", spin)
-    return options
-
-
-def default_intra_threads(config: model_config_pb2.ModelConfig, slots: int) -> int:
-    configured = string_param(config, "intra_op_thread_count")
-    if configured:
-        return max(intra_op_thread_count(configured), 1)
-    return max((os.cpu_count() or 1) // max(slots, 1), 1)
 
 
 class OrtSession:
@@ -81,8 +51,16 @@ class OrtSession:
     change how another client's text is read when the batcher merges their requests.
     """
 
-    def __init__(self, path: Path, options: ort.SessionOptions, rows_apart: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        options: ort.SessionOptions,
+        rows_apart: bool = False,
+        run_options: ort.RunOptions | None = None,
+    ) -> None:
         self.rows_apart = rows_apart
+        # The model's `memory.enable_memory_arena_shrinkage`; None (the default) otherwise.
+        self.run_options = run_options
         self.session = ort.InferenceSession(
             str(path), sess_options=options, providers=["CPUExecutionProvider"]
         )
@@ -107,7 +85,7 @@ class OrtSession:
 
     def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
         if self.numeric:
-            results = self.session.run(self.output_names, inputs)  # type: ignore[arg-type]
+            results = self.session.run(self.output_names, inputs, self.run_options)  # type: ignore[arg-type]
             return dict(zip(self.output_names, results, strict=True))
         feed: dict[str, Any] = dict(inputs)
         strings = [n for n in self.string_inputs if n in feed and feed[n].dtype == np.object_]
@@ -125,7 +103,7 @@ class OrtSession:
             feed[name] = codec.to_str(feed[name])
         if self.uses_bf16:
             return self._run_bf16(feed, codec)
-        results = self.session.run(self.output_names, feed)
+        results = self.session.run(self.output_names, feed, self.run_options)
         return {
             name: codec.from_ort(np.asarray(value))
             for name, value in zip(self.output_names, results, strict=True)
@@ -165,7 +143,7 @@ class OrtSession:
                 )
             else:
                 values[name] = ort.OrtValue.ortvalue_from_numpy(array)
-        results = self.session.run_with_ort_values(self.output_names, values)
+        results = self.session.run_with_ort_values(self.output_names, values, self.run_options)
         out: dict[str, Array] = {}
         for name, value in zip(self.output_names, results, strict=True):
             if value.data_type() == _BF16:
@@ -277,15 +255,15 @@ class OnnxRuntimeBackend:
         if not spec.model_path.is_file():
             raise FileNotFoundError(f"model file '{spec.model_path}' does not exist")
         slots = instance_count(spec.config)
-        options = session_options(default_intra_threads(spec.config, slots), spec.config)
+        options = session_options(spec.config, slots)
+        check_accelerators(spec.config)
+        per_run = run_options(spec.config, options)
         executors: list[OrtExecutor] = []
         for index in range(slots):
             slot = SlotInfo(
                 name=f"{spec.name}_{spec.version}_cpu_{index}", device="cpu", stream=index
             )
-            session = OrtSession(
-                spec.model_path, options, rows_apart=rows_are_requests(spec.config)
-            )
+            session = OrtSession(spec.model_path, options, rows_are_requests(spec.config), per_run)
             if index == 0:
                 check_config(spec.name, spec.config, session.session)
             executors.append(OrtExecutor(slot, session))

@@ -1,10 +1,11 @@
 """Raw onnxruntime reference: the ceiling a server on the same cores is measured against.
 
 Sessions get exactly the settings ge-serve's onnxruntime backend gives its slots (it imports
-`session_options` and `default_intra_threads` from ge_serve.backends.onnxruntime): intra-op
-threads = cores // slots unless the config sets `intra_op_thread_count`, inter-op 1,
-sequential, `allow_spinning` 0 unless configured. With slots > 1, that many sessions run at
-once in threads, as the server's slots do, and samples/s is their sum.
+`session_options` from ge_serve.backends.ort_options): intra-op threads = cores // slots
+unless the config sets `intra_op_thread_count`, sequential unless `execution_mode` is 1,
+`allow_spinning` 0 unless configured, and the config's other onnxruntime parameters. With
+slots > 1, that many sessions run at once in threads, as the server's slots do, and
+samples/s is their sum.
 
     result = measure_raw(Path("bench/.cache/models/onnx/resnet18_like.onnx"))
     result["best"]["samples_per_s"], result["best"]["batch_size"]
@@ -23,7 +24,7 @@ import numpy as np
 import onnxruntime as ort
 
 from bench.lib.inputs import InputSpec, make_array
-from ge_serve.backends.onnxruntime import default_intra_threads, session_options
+from ge_serve.backends.ort_options import session_options
 from ge_serve.protos import model_config_pb2
 
 ORT_TYPES: dict[str, str] = {
@@ -92,8 +93,8 @@ def open_sessions(
         group = config.instance_group.add()
         group.count = slots
     n_slots = sum(max(g.count, 1) for g in config.instance_group) or 1
-    intra = default_intra_threads(config, n_slots)
-    options = session_options(intra, config)
+    options = session_options(config, n_slots)
+    intra = options.intra_op_num_threads
     sessions = [
         ort.InferenceSession(
             str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"]

@@ -34,10 +34,10 @@ from ..errors import ErrorCode, ServerError
 # Accepted and ignored: what the field asks for, and what ge-serve does instead.
 WARNED: dict[str, str] = {
     "optimization": (
-        "GPU execution settings (CUDA graphs, TensorRT and other accelerators, pinned "
-        "memory, graph level, priority, eager batching) are not applied; the GE backend "
-        "takes its options from `parameters` (ge.* and graph.ge.*) and onnxruntime always "
-        "optimizes fully"
+        "GPU execution settings (CUDA graphs, TensorRT, OpenVINO and other accelerators, "
+        "pinned memory, priority, eager batching) are not applied, nor is the graph level "
+        "outside onnxruntime; the GE backend takes its options from `parameters` (ge.* and "
+        "graph.ge.*)"
     ),
     "instance_group.passive": (
         "passive instances are not kept out of scheduling; every instance serves requests"
@@ -106,7 +106,7 @@ def check(config: model_config_pb2.ModelConfig) -> list[str]:
                 ErrorCode.INVALID_ARG,
                 f"model '{config.name}': config field '{where}' is not supported: {REFUSED[path]}",
             )
-        if path == "optimization" and _only_served_defaults(config.optimization):
+        if path == "optimization" and _only_honoured(config):
             continue
         if path in WARNED:
             warnings.append(
@@ -116,10 +116,14 @@ def check(config: model_config_pb2.ModelConfig) -> list[str]:
     return warnings
 
 
-def _only_served_defaults(optimization: model_config_pb2.ModelOptimizationPolicy) -> bool:
-    """Only the pinned-memory defaults the config API shows (`as_served`): a config read
-    back from it and loaded again asks for nothing that is not done."""
-    fields = {field.name: value for field, value in optimization.ListFields()}
+def _only_honoured(config: model_config_pb2.ModelConfig) -> bool:
+    """Nothing in `optimization` but what is done: the pinned-memory defaults the config
+    API shows (`as_served`: a config read back from it and loaded again), and on
+    onnxruntime the graph level (backends/ort_options.py applies it)."""
+    fields = {field.name: value for field, value in config.optimization.ListFields()}
+    onnxruntime = (config.backend or config.platform) in ("onnxruntime", "onnxruntime_onnx")
+    if onnxruntime and fields.pop("graph", None) is not None and not fields:
+        return True
     return set(fields) == {"input_pinned_memory", "output_pinned_memory"} and all(
         value.enable for value in fields.values()
     )

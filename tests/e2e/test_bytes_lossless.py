@@ -19,7 +19,8 @@ from onnx import TensorProto
 from serverproc import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
-from ge_serve.backends.onnxruntime import OrtSession, rows_are_requests, session_options
+from ge_serve.backends.onnxruntime import OrtSession, rows_are_requests
+from ge_serve.backends.ort_options import session_options
 from ge_serve.protos import model_config_pb2
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -132,7 +133,7 @@ def test_grpc(server: ServerProcess) -> None:
 def _session(tmp_path: Path, model: bytes, rows_apart: bool = False) -> OrtSession:
     path = tmp_path / "model.onnx"
     path.write_bytes(model)
-    return OrtSession(path, session_options(1, model_config_pb2.ModelConfig()), rows_apart)
+    return OrtSession(path, session_options(model_config_pb2.ModelConfig(), 1), rows_apart)
 
 
 def _labels_model() -> bytes:
