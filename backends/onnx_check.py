@@ -21,6 +21,7 @@ def check_config_fits(
     config: model_config_pb2.ModelConfig,
     inputs: Sequence[TensorInfo],
     outputs: Sequence[TensorInfo],
+    overridable: Sequence[TensorInfo] = (),
 ) -> None:
     """ValueError when the config's tensors do not fit the model's.
 
@@ -32,20 +33,36 @@ def check_config_fits(
     the batch dim, with max_batch_size > 0, takes any model dim, as a fixed-batch model
     may run row by row). Ragged inputs and batch outputs' targets are batched as one
     flat tensor, so any rank goes for them.
+
+    `overridable` are the model's overridable initializers (graph inputs with a stored
+    value): the config may list them as `optional` inputs, which a request may leave out
+    to use the stored value. As in Triton, optional inputs are not counted among the
+    inputs the model must take, and a batching model takes none (a batch cannot mix rows
+    with and without one).
     """
-    configured = {entry.name for entry in config.input} | fed_inputs(config)
+    required = {entry.name for entry in config.input if not entry.optional}
+    required |= fed_inputs(config)
     model_names = {info.name for info in inputs}
-    if len(configured) != len(model_names):
+    if len(required) != len(model_names):
         raise ValueError(
-            f"unable to load model '{name}', configuration expects {len(configured)} "
+            f"unable to load model '{name}', configuration expects {len(required)} "
             f"inputs, model provides {len(model_names)}"
         )
     flat = {entry.name for entry in config.input if entry.allow_ragged_batch}
     flat.update(target for output in config.batch_output for target in output.target_name)
-    sides = (("input", config.input, inputs), ("output", config.output, outputs))
+    sides = (
+        ("input", config.input, [*inputs, *overridable]),
+        ("output", config.output, outputs),
+    )
     for kind, entries, infos in sides:
         by_name = {info.name: info for info in infos}
         for entry in entries:
+            optional = isinstance(entry, model_config_pb2.ModelInput) and entry.optional
+            if optional and config.max_batch_size > 0:
+                raise ValueError(
+                    f"unable to load model '{name}', optional input '{entry.name}' is not "
+                    "supported for models that support batching"
+                )
             info = by_name.get(entry.name)
             if info is None:
                 raise ValueError(
@@ -62,7 +79,16 @@ def check_config_fits(
             if entry.name not in flat and info.dims:
                 dims = entry.reshape.shape if entry.HasField("reshape") else entry.dims
                 _check_dims(name, entry.name, info.dims, list(dims), config.max_batch_size)
-    missing = sorted(model_names - configured)
+    missing = sorted(model_names - required)
+    left_out = [entry.name for entry in config.input if entry.name in missing]
+    if left_out:
+        # Triton's count lets this through (an overridable initializer listed as a
+        # required input makes up the count), and onnxruntime then fails every request
+        # that leaves the optional input out.
+        raise ValueError(
+            f"unable to load model '{name}', optional input(s) {left_out} are required "
+            "by the model: only an overridable initializer may be optional"
+        )
     if missing:
         # Equal counts, yet a fed name (a sequence control, a state) is not a model input.
         raise ValueError(f"the model's input(s) {missing} are missing from the config")

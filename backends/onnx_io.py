@@ -85,6 +85,15 @@ class TensorInfo:
 def read_onnx_io(path: Path, any_type: bool = False) -> tuple[list[TensorInfo], list[TensorInfo]]:
     """Return the graph's real inputs (initializers excluded) and outputs. A tensor of a
     type with no config datatype is a ValueError, or with `any_type` TYPE_INVALID."""
+    inputs, outputs, _ = read_onnx_tensors(path, any_type)
+    return inputs, outputs
+
+
+def read_onnx_tensors(
+    path: Path, any_type: bool = False
+) -> tuple[list[TensorInfo], list[TensorInfo], list[TensorInfo]]:
+    """`read_onnx_io`'s inputs and outputs, and the graph inputs that are initializers
+    too: onnxruntime's overridable initializers, which a request may replace."""
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # onnx raises several unrelated types for a bad file
@@ -93,7 +102,8 @@ def read_onnx_io(path: Path, any_type: bool = False) -> tuple[list[TensorInfo], 
     initializers = {init.name for init in graph.initializer}
     inputs = [_info(vi, any_type) for vi in graph.input if vi.name not in initializers]
     outputs = [_info(vi, any_type) for vi in graph.output]
-    return inputs, outputs
+    overridable = [_info(vi, any_type) for vi in graph.input if vi.name in initializers]
+    return inputs, outputs, overridable
 
 
 def _info(value: onnx.ValueInfoProto, any_type: bool) -> TensorInfo:

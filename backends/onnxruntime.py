@@ -64,11 +64,11 @@ class OrtSession:
         self.session = ort.InferenceSession(
             str(path), sess_options=options, providers=["CPUExecutionProvider"]
         )
-        self.string_inputs = {
-            i.name for i in self.session.get_inputs() if i.type == "tensor(string)"
-        }
+        # Overridable initializers are fed like inputs when a request sends them.
+        fed = [*self.session.get_inputs(), *self.session.get_overridable_initializers()]
+        self.string_inputs = {i.name for i in fed if i.type == "tensor(string)"}
         self.output_names = [o.name for o in self.session.get_outputs()]
-        self.bf16_inputs = {i.name for i in self.session.get_inputs() if i.type == _BF16}
+        self.bf16_inputs = {i.name for i in fed if i.type == _BF16}
         self.uses_bf16 = bool(self.bf16_inputs) or any(
             o.type == _BF16 for o in self.session.get_outputs()
         )
@@ -295,8 +295,15 @@ def check_config(
     name: str, config: model_config_pb2.ModelConfig, session: ort.InferenceSession
 ) -> None:
     """Refuse a config that does not fit the model at load time, not at the first request
-    (`onnx_check`; onnxruntime reports an unknown rank as [], which is not checked)."""
-    check_config_fits(name, config, _infos(session.get_inputs()), _infos(session.get_outputs()))
+    (`onnx_check`; onnxruntime reports an unknown rank as [], which is not checked).
+    Overridable initializers may be listed as optional inputs, as in Triton."""
+    check_config_fits(
+        name,
+        config,
+        _infos(session.get_inputs()),
+        _infos(session.get_outputs()),
+        _infos(session.get_overridable_initializers()),
+    )
 
 
 def _infos(nodes: Iterable[Any]) -> list[TensorInfo]:
