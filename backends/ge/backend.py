@@ -21,7 +21,12 @@ from typing import Any
 
 from ge_serve.backends.base import Executor, LoadedModel, ModelSpec, SlotInfo
 from ge_serve.backends.onnx_check import check_config_fits
-from ge_serve.backends.onnx_io import DEFAULT_MAX_BATCH_SIZE, autocomplete_from_onnx, read_onnx_io
+from ge_serve.backends.onnx_io import (
+    DEFAULT_MAX_BATCH_SIZE,
+    TensorInfo,
+    autocomplete_from_onnx,
+    read_onnx_tensors,
+)
 from ge_serve.backends.warmup import run_warmup
 from ge_serve.protos import model_config_pb2
 
@@ -44,6 +49,23 @@ from .shapes import DYNAMIC, MODE_NAMES, describe_mode
 log = logging.getLogger(__name__)
 
 NAME = "ge"
+
+
+def _refuse_initializer_inputs(
+    name: str, config: model_config_pb2.ModelConfig, overridable: list[TensorInfo]
+) -> None:
+    """Refuse a config input that is one of the model's initializers (Triton's onnxruntime
+    backend takes one as an optional input that a request may override): atc compiles
+    initializers into the graph as constants, so no request could change it."""
+    stored = {info.name for info in overridable}
+    for entry in config.input:
+        if entry.name in stored:
+            raise ValueError(
+                f"unable to load model '{name}', input '{entry.name}' is an initializer "
+                "of the model, which the GE backend compiles into the graph as a constant "
+                "and cannot take from a request; remove it from the config's inputs (the "
+                "stored value is used), or serve the model with the onnxruntime backend"
+            )
 
 
 def backend_config_for(entries: Mapping[str, str] | tuple[tuple[str, str], ...]) -> dict[str, str]:
@@ -126,7 +148,8 @@ class GeBackend:
             # Neither ATC nor the simulated runtime compares the config with the graph: a
             # contradiction would load READY and fail every request. An OM or a TF graph
             # is not read here (the executor pairs the config's tensors with an OM's).
-            inputs, outputs = read_onnx_io(spec.model_path, any_type=True)
+            inputs, outputs, overridable = read_onnx_tensors(spec.model_path, any_type=True)
+            _refuse_initializer_inputs(spec.name, config, overridable)
             check_config_fits(spec.name, config, inputs, outputs)
         plan = make_plan(config, self.backend_config, spec.model_dir)
         self._check_devices(plan)
