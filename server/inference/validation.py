@@ -241,9 +241,10 @@ def build_response(
             datatype = spec.datatype
             if array.dtype != datatype.numpy and datatype is not DataType.BYTES:
                 array = _as_config_type(array, datatype, spec.name, model.name)
-        result.append(
-            Tensor(requested.name, datatype, tuple(array.shape), array, dict(requested.parameters))
-        )
+        # The request's output parameters are not echoed: Triton's response outputs carry
+        # only `binary_data_size` (http_server.cc), and clients that compare the JSON
+        # (SageMaker's among them) see exactly that.
+        result.append(Tensor(requested.name, datatype, tuple(array.shape), array))
     return InferResponse(
         model_name=model.name, model_version=model.version_str, id=request.id, outputs=result
     )
