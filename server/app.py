@@ -44,6 +44,7 @@ from .models.repository import ModelRepository
 from .observability.metrics import ServerMetrics
 from .observability.metricsconfig import MetricsConfig
 from .observability.resources import DeviceMetricsProvider, ResourceSampler
+from .startup.cloud import start_cloud
 from .startup.exiting import leave_running_executions
 from .startup.gcheap import settle_heap
 from .startup.grpc_core import grpc_core_environment
@@ -237,6 +238,8 @@ class ServerApp:
                 "HTTP",
                 self.http.gate,
             )
+        if not await start_cloud(self, self._start_uvicorn):
+            return False
         if self.metrics is not None:
             await self._start_uvicorn(
                 MetricsApp(self.metrics.render),
@@ -304,11 +307,8 @@ class ServerApp:
         )
         self.grpc_workers = FrontEndWorkers(self.core, spec)
         await self.grpc_workers.start()
-        log.info(
-            "Started GRPCInferenceService at %s (%d worker processes)",
-            public.target,
-            self.settings.grpc_workers,
-        )
+        workers = self.settings.grpc_workers
+        log.info("Started GRPCInferenceService at %s (%d worker processes)", public.target, workers)
 
     async def _start_http_workers(self) -> None:
         """The workers share one listening socket, bound here; what they pass on, the

@@ -15,6 +15,7 @@ from typing import Any
 
 from ge_serve.backends.text_bool import parse_bool
 
+from .startup.cloudflags import environment_argv
 from .startup.combined import check_combined
 from .startup.flags import Flag, flag_of
 from .startup.grpc_core import grpc_core_environment
@@ -130,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_settings(argv: list[str]) -> Settings:
     parser = build_parser()
-    args = vars(parser.parse_args(argv))
+    # The Vertex AI environment's defaults, which the command line overrides.
+    args = vars(parser.parse_args(environment_argv(argv, os.environ)))
     values: dict[str, Any] = {}
     for setting in dataclasses.fields(Settings):
         spec = flag_of(setting)

@@ -19,6 +19,7 @@ from ge_serve.protos import model_config_pb2
 
 from ..errors import ErrorCode, ServerError
 from .namespaces import model_key
+from .registered import RegisteredRepositories
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ class ModelSource:
     config_name: str = ""
     # The repository folder it is in, with --model-namespacing; else "".
     namespace: str = ""
+    # Served under a registered mapping's name (registered.py): its config takes it.
+    mapped: bool = False
 
     @property
     def key(self) -> str:
@@ -76,6 +79,7 @@ class ModelRepository:
         self.paths = paths
         self.config_name = config_name
         self.namespacing = namespacing
+        self.registered = RegisteredRepositories()
 
     def check_paths(self) -> None:
         """ServerError naming the first repository path that is not a folder."""
@@ -95,12 +99,14 @@ class ModelRepository:
         found: dict[str, ModelSource] = {}
         duplicates: set[str] = set()
         self.check_paths()
-        for root in self.paths:
-            for entry in sorted(root.iterdir()):
+        roots: list[tuple[Path, dict[str, str]]] = [(root, {}) for root in self.paths]
+        for root, mapped in roots + self.registered.items():
+            for entry in sorted(root.iterdir()) if root.is_dir() else ():
                 if not entry.is_dir() or entry.name.startswith("."):
                     continue
                 namespace = str(root) if self.namespacing else ""
-                source = ModelSource(entry.name, entry, self.config_name, namespace)
+                name = mapped.get(entry.name, entry.name)
+                source = ModelSource(name, entry, self.config_name, namespace, entry.name in mapped)
                 if source.key in found:
                     duplicates.add(source.key)
                 found.setdefault(source.key, source)
@@ -153,7 +159,7 @@ def read_config(
             raise ServerError(
                 ErrorCode.INVALID_ARG, f"failed to parse {CONFIG_FILENAME}: {why}"
             ) from None
-    if not config.name:
+    if not config.name or source.mapped:
         config.name = source.name
     elif config.name != source.name:
         raise ServerError(

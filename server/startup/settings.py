@@ -24,6 +24,7 @@ from ..control.logsettings import FORMATS
 from ..inference.header_forward import pattern_setting
 from ..observability.traceconfig import TraceSettings, trace_setting, trace_settings
 from .cacheconfig import cache_setting, cache_size
+from .cloudflags import CloudSettings, cloud_flag
 from .flags import (
     Flag,
     Rule,
@@ -47,7 +48,7 @@ from .flags import (
     verbose_level,
     whole_ms,
 )
-from .tritonflags import INAPPLICABLE
+from .tritonflags import inapplicable_flag
 
 # --help sections, in the order they are shown.
 GRPC: Final = "gRPC"
@@ -60,7 +61,6 @@ MODELS: Final = "model loading"
 CACHE: Final = "response cache"
 TRACING: Final = "tracing"
 RATE_LIMIT: Final = "rate limiter"
-INAPPLICABLE_GROUP: Final = "accepted for Triton compatibility, with no effect"
 
 
 def _restriction_flag() -> Mapping[str, Flag]:
@@ -470,18 +470,10 @@ class Settings:
             group=RATE_LIMIT,
         ),
     )
+    # Triton's SageMaker and Vertex AI endpoints (cloudflags.py).
+    cloud: CloudSettings = field(default=CloudSettings(), metadata=cloud_flag())
     # (flag, value) of each tritonserver flag that does nothing here (tritonflags.py).
-    inapplicable: tuple[tuple[str, str], ...] = field(
-        default=(),
-        metadata=flag(
-            *(entry.flag for entry in INAPPLICABLE),
-            repeat=True,
-            record_flag=True,
-            metavar="VALUE",
-            help="tritonserver flags accepted with a warning; they do nothing here",
-            group=INAPPLICABLE_GROUP,
-        ),
-    )
+    inapplicable: tuple[tuple[str, str], ...] = field(default=(), metadata=inapplicable_flag())
 
     def cache_size(self) -> int | None:
         """The response cache's byte budget; None: no cache. ValueError for flags that

@@ -12,12 +12,14 @@ the others take any value. The flags that do apply are settings
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from . import flags
+
 _CUDA = "there is no CUDA device: NPUs and the host manage their own memory"
-_ENDPOINT = "ge-serve serves KServe v2 over HTTP and gRPC only"
+_LOOP = "HTTP requests are served on the asyncio event loop, not by a thread pool"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +39,7 @@ _STOI: Final = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
 _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
 
 
-def _stoi(text: str) -> int:
+def stoi(text: str) -> int:
     """Triton's ParseOption<int>, with its words for a value it cannot read."""
     match = _STOI.match(text)
     if match is None:
@@ -49,19 +51,19 @@ def _stoi(text: str) -> int:
 
 
 def _integer(text: str) -> None:
-    _stoi(text)
+    stoi(text)
 
 
 def _infer_thread_count(text: str) -> None:
     # Triton's text names the flag with underscores.
-    if not 2 <= _stoi(text) <= 128:
+    if not 2 <= stoi(text) <= 128:
         raise ValueError(
             "invalid argument for --grpc_infer_thread_count. Must be in the range 2 to 128."
         )
 
 
 def _response_pool_size(text: str) -> None:
-    if _stoi(text) <= 0:
+    if stoi(text) <= 0:
         raise ValueError("Error: --grpc-max-response-pool-size must be greater than 0.")
 
 
@@ -84,23 +86,18 @@ INAPPLICABLE: tuple[Inapplicable, ...] = (
         "repository agents are built in (checksum); agent libraries are not loaded",
     ),
     Inapplicable("--cache-directory", "the response cache is built in ('local' only)"),
-    Inapplicable(
-        "--http-thread-count",
-        "HTTP requests are served on the asyncio event loop, not by a thread pool",
-    ),
+    Inapplicable("--http-thread-count", _LOOP),
     Inapplicable(
         "--grpc-infer-allocation-pool-size",
         "grpc.aio allocates its messages per call; there is no pool to size",
         check=_integer,
     ),
-    Inapplicable("--allow-sagemaker", _ENDPOINT, inert="false"),
-    Inapplicable("--sagemaker-port", _ENDPOINT),
-    Inapplicable("--sagemaker-safe-port-range", _ENDPOINT),
-    Inapplicable("--sagemaker-thread-count", _ENDPOINT),
-    Inapplicable("--allow-vertex-ai", _ENDPOINT, inert="false"),
-    Inapplicable("--vertex-ai-port", _ENDPOINT),
-    Inapplicable("--vertex-ai-thread-count", _ENDPOINT),
-    Inapplicable("--vertex-ai-default-model", _ENDPOINT),
+    # The endpoints themselves are served (cloudflags.py); their requests too are served on
+    # the event loop.
+    *(
+        Inapplicable(f"--{endpoint}-thread-count", _LOOP, check=_integer)
+        for endpoint in ("sagemaker", "vertex-ai")
+    ),
     # Later releases' flags (r24.10, r25.x).
     Inapplicable("--enable-peer-access", _CUDA, inert="true"),
     Inapplicable(
@@ -116,6 +113,18 @@ INAPPLICABLE: tuple[Inapplicable, ...] = (
 )
 
 _BY_FLAG = {entry.flag: entry for entry in INAPPLICABLE}
+
+
+def inapplicable_flag() -> Mapping[str, flags.Flag]:
+    """The flags of `Settings.inapplicable`, each recorded as (flag, value)."""
+    return flags.flag(
+        *_BY_FLAG,
+        repeat=True,
+        record_flag=True,
+        metavar="VALUE",
+        help="tritonserver flags accepted with a warning; they do nothing here",
+        group="accepted for Triton compatibility, with no effect",
+    )
 
 
 def check_values(given: Iterable[tuple[str, str]]) -> None:

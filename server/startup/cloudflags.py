@@ -1,0 +1,147 @@
+"""Triton's SageMaker and Vertex AI flags (command_line_parser.cc), and the environment
+variables that set their defaults, read in Triton's words.
+
+The flags are one recorded setting (`Settings.cloud`), read here into `CloudSettings`,
+so that each keeps Triton's parse (ParseOption<bool>, <int>, the `<int>-<int>` pair) and
+its errors. The Vertex AI environment acts as in Triton: `AIP_MODE=PREDICTION` turns the
+Vertex AI endpoint on and HTTP and gRPC off unless the command line says otherwise,
+`AIP_HTTP_PORT` is the Vertex AI port's default, and `AIP_STORAGE_URI` is the model
+repository when no `--model-repository` is given.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from .flags import Flag, flag
+from .tritonflags import stoi
+
+SAGEMAKER: Final = "SageMaker"
+VERTEX_AI: Final = "Vertex AI"
+
+_FLAGS: Final = (
+    "--allow-sagemaker",
+    "--sagemaker-port",
+    "--sagemaker-safe-port-range",
+    "--allow-vertex-ai",
+    "--vertex-ai-port",
+    "--vertex-ai-default-model",
+)
+_REPOSITORY_FLAGS: Final = ("--model-repository", "--model-repo", "--model-store")
+
+
+@dataclass(frozen=True, slots=True)
+class CloudSettings:
+    allow_sagemaker: bool = False
+    sagemaker_port: int = 8080
+    # --sagemaker-safe-port-range: the ports the other endpoints may use.
+    sagemaker_safe_range: tuple[int, int] | None = None
+    allow_vertex_ai: bool = False
+    vertex_ai_port: int = 8080
+    vertex_ai_default_model: str = ""
+
+
+def cloud_flag() -> Mapping[str, Flag]:
+    return flag(
+        *_FLAGS,
+        record_flag=True,
+        check=_read,
+        metavar="VALUE",
+        help="Triton's SageMaker and Vertex AI endpoints (see docs/deploying.md)",
+        group="SageMaker and Vertex AI",
+    )
+
+
+def triton_bool(text: str) -> bool:
+    """Triton's ParseOption<bool>."""
+    lowered = text.lower()
+    if lowered in ("true", "on", "1"):
+        return True
+    if lowered in ("false", "off", "0"):
+        return False
+    raise ValueError(f"invalid value for bool option: {text}")
+
+
+def _pair(text: str) -> tuple[int, int]:
+    """Triton's ParsePairOption<int, int>(text, "-")."""
+    first, dash, second = text.partition("-")
+    if not dash:
+        raise ValueError(
+            "Cannot parse pair option due to incorrect number of inputs.--<pair option> "
+            f"argument requires format <first>-<second>. Found: {text}"
+        )
+    return stoi(first), stoi(second)
+
+
+def _read(_name: str, given: Sequence[tuple[str, str]]) -> CloudSettings:
+    """The recorded (flag, value) pairs, in order, as CloudSettings (the last wins)."""
+    values: dict[str, object] = {"vertex_ai_port": stoi(os.environ.get("AIP_HTTP_PORT", "8080"))}
+    for name, value in given:
+        key = name.removeprefix("--").replace("-", "_")
+        if name.startswith("--allow-"):
+            values[key] = triton_bool(value)
+        elif name == "--sagemaker-safe-port-range":
+            values["sagemaker_safe_range"] = _pair(value)
+        elif name.endswith("-port"):
+            values[key] = stoi(value)
+        else:
+            values[key] = value
+    return CloudSettings(**values)  # type: ignore[arg-type]
+
+
+def environment_argv(argv: list[str], environ: Mapping[str, str]) -> list[str]:
+    """`argv` with the defaults the Vertex AI environment sets put first, so that what the
+    command line says wins, as in Triton."""
+    first: list[str] = []
+    if environ.get("AIP_MODE", "") == "PREDICTION":
+        first += ["--allow-vertex-ai=true", "--allow-http=false", "--allow-grpc=false"]
+    storage = environ.get("AIP_STORAGE_URI", "")
+    if storage and not any(_names_flag(arg, _REPOSITORY_FLAGS) for arg in argv):
+        first.append(f"--model-repository={storage}")
+    return first + argv
+
+
+def _names_flag(arg: str, names: Iterable[str]) -> bool:
+    return any(arg == name or arg.startswith(name + "=") for name in names)
+
+
+Endpoint = tuple[str, str, int]  # (what, address, port)
+
+
+def check_ports(
+    endpoints: list[Endpoint], cloud: CloudSettings, sagemaker_address: str = "0.0.0.0"
+) -> None:
+    """Triton's CheckPortCollision, when a cloud endpoint is on: ValueError where the
+    SageMaker safe range leaves out another endpoint's port, or two endpoints share an
+    address and port. `endpoints`: the others, those that are on."""
+    ports: list[tuple[str, str, int, tuple[int, int] | None]] = [
+        (what, address, port, None) for what, address, port in endpoints
+    ]
+    if cloud.allow_sagemaker:
+        ports.append(
+            (SAGEMAKER, sagemaker_address, cloud.sagemaker_port, cloud.sagemaker_safe_range)
+        )
+    if cloud.allow_vertex_ai:
+        ports.append((VERTEX_AI, "0.0.0.0", cloud.vertex_ai_port, None))
+    if not (cloud.allow_sagemaker or cloud.allow_vertex_ai):
+        return
+    for index, (what, address, port, safe) in enumerate(ports):
+        for other_index, (other, other_address, other_port, _) in enumerate(ports):
+            if other_index == index or (safe is None and other_index < index):
+                continue
+            if address != other_address:
+                continue
+            if safe is not None and not safe[0] <= other_port <= safe[1]:
+                raise ValueError(
+                    f"The server cannot listen to {other} requests at port {other_port}, "
+                    f"allowed port range is [{safe[0]}, {safe[1]}]"
+                )
+            # Port 0 asks for a free port: two such never collide.
+            if port == other_port and port != 0:
+                raise ValueError(
+                    f"The server cannot listen to {what} requests and {other} requests at "
+                    f"the same address and port {address}:{port}"
+                )
