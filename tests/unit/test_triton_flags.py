@@ -304,10 +304,18 @@ def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
             "Provided option value is out of bound. Got 99999999999",
         ),
         (
-            # Triton's SageMaker launch line: here it would serve nothing at all.
-            ["--allow-sagemaker=true", "--allow-http=false", "--allow-grpc=false"],
-            "--allow-sagemaker=true: ge-serve has no SageMaker or Vertex AI endpoint",
+            # Triton's CheckPortCollision: the safe range must hold the other endpoints.
+            ["--allow-sagemaker=true", "--sagemaker-safe-port-range=8081-9000"],
+            "The server cannot listen to HTTP requests at port 8000, allowed port range is "
+            "[8081, 9000]",
         ),
+        (
+            ["--allow-vertex-ai=true", "--vertex-ai-port=8001"],
+            "The server cannot listen to GRPC requests and Vertex AI requests at the same "
+            "address and port 0.0.0.0:8001",
+        ),
+        (["--allow-sagemaker=yes"], "invalid value for bool option: yes"),
+        (["--sagemaker-safe-port-range=8081"], "requires format <first>-<second>. Found: 8081"),
     ],
 )
 def test_values_triton_refuses_or_that_would_misbehave_are_usage_errors(
@@ -342,8 +350,7 @@ def test_choice_values_take_any_case_as_in_triton() -> None:
         # ignored.
         ["--grpc-max-response-pool-size=1.5"],
         ["--grpc-infer-allocation-pool-size= 8"],
-        # A cloud endpoint beside HTTP: HTTP serves, and the flag is named in the warning.
-        ["--allow-vertex-ai=true"],
+        ["--sagemaker-thread-count=8"],
     ],
 )
 def test_later_releases_flags_are_accepted_and_named(argv: list[str]) -> None:
@@ -357,3 +364,20 @@ def test_client_shared_memory_is_off_unless_asked_for() -> None:
     # write its /dev/shm objects unless the operator allows it.
     assert parse_settings([*REPO]).allow_client_shm is False
     assert parse_settings([*REPO, "--allow-client-shm=true"]).allow_client_shm is True
+
+
+def test_the_vertex_ai_environment_sets_defaults_the_command_line_overrides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Triton's command_line_parser.cc: AIP_MODE=PREDICTION turns Vertex AI on and HTTP
+    # and gRPC off; AIP_STORAGE_URI is the repository when none is given.
+    monkeypatch.setenv("AIP_MODE", "PREDICTION")
+    monkeypatch.setenv("AIP_STORAGE_URI", "/vertex/models")
+    monkeypatch.setenv("AIP_HTTP_PORT", "5234")
+    settings = parse_settings([])
+    assert settings.cloud.allow_vertex_ai and settings.cloud.vertex_ai_port == 5234
+    assert not settings.allow_http and not settings.allow_grpc
+    assert settings.model_repositories == (Path("/vertex/models"),)
+    given = parse_settings([*REPO, "--allow-http=true", "--allow-vertex-ai=false"])
+    assert given.allow_http and not given.cloud.allow_vertex_ai
+    assert given.model_repositories == (Path("/models"),)

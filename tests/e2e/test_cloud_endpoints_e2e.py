@@ -1,0 +1,284 @@
+"""Triton's SageMaker and Vertex AI endpoints, as their clients see them: SageMaker's
+/ping, /invocations of the default model and the multi-model endpoint; Vertex AI's
+health and predict routes with the redirect header; the startup errors of both."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnx
+import pytest
+import tritonclient.http as httpclient
+from modelgen import write_model
+from onnx import TensorProto, helper
+from serverproc import free_ports, running_server, server_command, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+SM_MIME = "application/vnd.sagemaker-triton.binary+json;json-header-size="
+CONFIG = """
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }},
+        {{ name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }},
+         {{ name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] }} ]
+"""
+DATA = np.arange(16, dtype=np.int32).reshape(1, 16)
+
+
+def add_sub() -> onnx.ModelProto:
+    """Triton's qa `onnx_int32_int32_int32`: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = their
+    difference."""
+    io = [
+        helper.make_tensor_value_info(name, TensorProto.INT32, ["batch", 16])
+        for name in ("INPUT0", "INPUT1", "OUTPUT0", "OUTPUT1")
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+        ],
+        "add_sub",
+        io[:2],
+        io[2:],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def add_model(repo: Path, name: str, folder: str | None = None) -> Path:
+    return write_model(repo, folder or name, add_sub(), CONFIG.format(name=name))
+
+
+def request_body(binary_input: bool = False, binary_output: bool = False) -> tuple[bytes, int]:
+    inputs = [httpclient.InferInput(name, [1, 16], "INT32") for name in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(DATA, binary_data=binary_input)
+    outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary_output)]
+    body, length = httpclient.InferenceServerClient.generate_request_body(inputs, outputs=outputs)
+    return body, length or 0
+
+
+@pytest.fixture
+def cloud_port() -> int:
+    return free_ports(1)[0]
+
+
+@pytest.fixture
+def sagemaker(tmp_path: Path, cloud_port: int) -> Iterator[str]:
+    repo = tmp_path / "models"
+    add_model(repo, "sm_model")
+    env = {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "sm_model"}
+    extra = ["--allow-sagemaker=true", f"--sagemaker-port={cloud_port}"]
+    with running_server([repo], extra, env=env):
+        yield f"http://127.0.0.1:{cloud_port}"
+
+
+def test_sagemaker_pings_and_invokes_the_default_model(sagemaker: str) -> None:
+    assert httpx.get(f"{sagemaker}/ping").status_code == 200
+    body, _ = request_body()
+    reply = httpx.post(f"{sagemaker}/invocations", content=body)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["model_name"] == "sm_model"
+    assert reply.json()["outputs"][0]["data"] == (DATA * 2).ravel().tolist()
+    # Binary tensors both ways: the JSON header's length travels in the content type.
+    body, length = request_body(binary_input=True, binary_output=True)
+    reply = httpx.post(
+        f"{sagemaker}/invocations", content=body, headers={"Content-Type": f"{SM_MIME}{length}"}
+    )
+    assert reply.status_code == 200, reply.text
+    content_type = reply.headers["content-type"]
+    assert content_type.startswith(SM_MIME)
+    result = httpclient.InferenceServerClient.parse_response_body(
+        reply.content, header_length=int(content_type[len(SM_MIME) :])
+    )
+    assert result.as_numpy("OUTPUT0").tolist() == (DATA * 2).tolist()
+
+
+@pytest.mark.parametrize(
+    ("content_type", "message"),
+    [
+        (f"x/{SM_MIME}10", "expect MIME type for binary data starts with"),
+        (f"{SM_MIME}abc", "Unable to parse inference header size, got: abc"),
+        (f"{SM_MIME}-1", "inference header size should be in range"),
+        (f"{SM_MIME}99999999999", "value is out of range, got: 99999999999"),
+    ],
+)
+def test_sagemaker_refuses_a_bad_header_size(
+    sagemaker: str, content_type: str, message: str
+) -> None:
+    body, _ = request_body(binary_input=True)
+    reply = httpx.post(
+        f"{sagemaker}/invocations", content=body, headers={"Content-Type": content_type}
+    )
+    assert reply.status_code == 400
+    assert message in reply.json()["error"]
+    assert httpx.get(f"{sagemaker}/ping").status_code == 200
+
+
+def test_sagemaker_answers_other_paths_400(sagemaker: str) -> None:
+    assert httpx.get(f"{sagemaker}/v2/health/ready").status_code == 400
+    assert httpx.post(f"{sagemaker}/ping").status_code == 405
+
+
+def test_sagemaker_without_a_default_model_names_the_placeholder(
+    tmp_path: Path, cloud_port: int
+) -> None:
+    repo = tmp_path / "models"
+    add_model(repo, "sm_model")
+    extra = ["--allow-sagemaker=true", f"--sagemaker-port={cloud_port}"]
+    with running_server([repo], extra):
+        body, _ = request_body()
+        reply = httpx.post(f"http://127.0.0.1:{cloud_port}/invocations", content=body)
+    assert reply.status_code >= 400
+    assert "unspecified_SAGEMAKER_TRITON_DEFAULT_MODEL_NAME" in reply.json()["error"]
+
+
+def test_sagemaker_multi_model_endpoint(tmp_path: Path, cloud_port: int) -> None:
+    root = tmp_path / "ml_models"
+    model_url = add_model(root / "123hash", "sm_mme_model_1", "model")
+    (tmp_path / "models").mkdir()
+    env = {"GE_SERVE_SAGEMAKER_MODELS_ROOT": str(root)}
+    extra = ["--allow-sagemaker=true", f"--sagemaker-port={cloud_port}"]
+    extra += ["--model-control-mode=explicit"]
+    with running_server([tmp_path / "models"], extra, env=env):
+        url = f"http://127.0.0.1:{cloud_port}/models"
+        load = {"model_name": "sm_mme_model_1", "url": str(model_url)}
+        reply = httpx.post(url, content=json.dumps(load))
+        assert reply.status_code == 200, reply.text
+        assert httpx.post(url, content=json.dumps(load)).status_code == 409
+        entry = {"modelName": "sm_mme_model_1", "modelUrl": str(root / "123hash")}
+        assert httpx.get(url).json() == {"models": [entry]}
+        assert httpx.get(f"{url}/sm_mme_model_1").json() == entry
+        body, _ = request_body()
+        reply = httpx.post(f"{url}/sm_mme_model_1/invoke", content=body)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["model_name"] == "sm_mme_model_1"
+        assert httpx.post(f"{url}/other/invoke", content=body).status_code == 404
+        assert httpx.delete(f"{url}/sm_mme_model_1").status_code == 200
+        assert httpx.delete(f"{url}/sm_mme_model_1").status_code == 404
+        assert httpx.get(url).json() == {"models": []}
+        # Loaded again once unloaded: its folder was unregistered.
+        assert httpx.post(url, content=json.dumps(load)).status_code == 200
+
+
+@pytest.mark.parametrize("where", ["outside", "escape", "not_a_folder", "proc"])
+def test_sagemaker_refuses_a_load_path_outside_its_root(
+    tmp_path: Path, cloud_port: int, where: str
+) -> None:
+    root = tmp_path / "ml_models"
+    add_model(root / "123hash", "inside", "model")
+    outside = add_model(tmp_path / "elsewhere" / "456hash", "outside", "model")
+    (root / "789hash").mkdir()
+    (root / "789hash" / "model").symlink_to(outside)
+    (root / "000hash").mkdir()
+    (root / "000hash" / "model").write_text("not a folder")
+    urls = {
+        "outside": str(outside),
+        "escape": str(root / "789hash" / "model"),
+        "not_a_folder": str(root / "000hash" / "model"),
+        "proc": "/proc/self/cwd",
+    }
+    (tmp_path / "models").mkdir()
+    env = {"GE_SERVE_SAGEMAKER_MODELS_ROOT": str(root)}
+    extra = ["--allow-sagemaker=true", f"--sagemaker-port={cloud_port}"]
+    with running_server([tmp_path / "models"], [*extra, "--model-control-mode=explicit"], env=env):
+        load = {"model_name": "m", "url": urls[where]}
+        reply = httpx.post(f"http://127.0.0.1:{cloud_port}/models", content=json.dumps(load))
+        assert reply.status_code == 400
+        assert "error" in reply.json()
+        assert httpx.get(f"http://127.0.0.1:{cloud_port}/models").json() == {"models": []}
+
+
+VERTEX_ENV = {"AIP_PREDICT_ROUTE": "/predict", "AIP_HEALTH_ROUTE": "/health"}
+
+
+def test_vertex_ai_predicts_and_redirects(tmp_path: Path, cloud_port: int) -> None:
+    repo = tmp_path / "models"
+    add_model(repo, "addsub")
+    add_model(repo, "subadd")
+    extra = [
+        "--allow-vertex-ai=true",
+        f"--vertex-ai-port={cloud_port}",
+        "--vertex-ai-default-model=addsub",
+    ]
+    with running_server([repo], extra, env=VERTEX_ENV):
+        base = f"http://127.0.0.1:{cloud_port}"
+        assert httpx.get(f"{base}/health").status_code == 200
+        body, _ = request_body()
+        reply = httpx.post(f"{base}/predict", content=body)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["model_name"] == "addsub"
+        redirect = "X-Vertex-Ai-Triton-Redirect"
+        reply = httpx.post(
+            f"{base}/predict", content=body, headers={redirect: "v2/models/subadd/infer"}
+        )
+        assert reply.json()["model_name"] == "subadd"
+        for path in ("v2/models/subadd/ready", "v2/health/live", "v2", "v2/models/addsub/config"):
+            assert httpx.post(f"{base}/predict", headers={redirect: path}).status_code == 200
+        index = httpx.post(f"{base}/predict", headers={redirect: "v2/repository/index"})
+        assert {entry["name"] for entry in index.json()} == {"addsub", "subadd"}
+        blocked = httpx.post(
+            f"{base}/predict", headers={redirect: "v2/repository/models/subadd/unload"}
+        )
+        assert blocked.status_code == 403
+        assert httpx.get(f"{base}/predict", headers={redirect: "v2"}).status_code == 405
+        assert httpx.post(f"{base}/other").status_code == 400
+
+
+def start_failure(repo: Path, extra: list[str], env: dict[str, str]) -> str:
+    """The log of a server that must refuse to start."""
+    http, grpc, metrics = free_ports(3)
+    command = server_command([repo], extra, (http, grpc, metrics))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode != 0
+    return done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("variables", "extra", "message"),
+    [
+        ({"AIP_HEALTH_ROUTE": "/health"}, [], "API_PREDICT_ROUTE is not defined"),
+        ({"AIP_PREDICT_ROUTE": "/predict"}, [], "AIP_HEALTH_ROUTE is not defined"),
+        (VERTEX_ENV, ["--vertex-ai-default-model=subadd"], "Expect the default model 'subadd'"),
+        (VERTEX_ENV, [], "Expect the model repository contains only a single model"),
+    ],
+)
+def test_vertex_ai_startup_errors(
+    tmp_path: Path, variables: dict[str, str], extra: list[str], message: str
+) -> None:
+    repo = tmp_path / "models"
+    add_model(repo, "addsub")
+    add_model(repo, "other")
+    env = {**os.environ, **variables}
+    log = start_failure(repo, ["--allow-vertex-ai=true", "--vertex-ai-port=0", *extra], env)
+    assert "failed to start Vertex AI service" in log
+    assert message in log
+
+
+def test_vertex_ai_serves_alone_in_its_environment(tmp_path: Path, cloud_port: int) -> None:
+    # AIP_MODE=PREDICTION: Vertex AI on, HTTP and gRPC off, AIP_STORAGE_URI the repository.
+    repo = tmp_path / "models"
+    add_model(repo, "addsub")
+    env = {
+        **VERTEX_ENV,
+        "AIP_MODE": "PREDICTION",
+        "AIP_STORAGE_URI": str(repo),
+        "AIP_HTTP_PORT": str(cloud_port),
+    }
+    with running_server([], [], env=env, wait_ready=False) as server:
+        server.http_port = cloud_port
+        wait_for(server, "/health", 60)
+        assert "Started HTTPService" not in server.log()
+        body, _ = request_body()
+        reply = httpx.post(f"http://127.0.0.1:{cloud_port}/predict", content=body)
+        assert reply.json()["model_name"] == "addsub"
