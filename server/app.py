@@ -34,6 +34,7 @@ from .control.stopping import ANSWER_S, DrainGate
 from .errors import ErrorCode, ServerError
 from .grpc.server import GrpcFrontEnd
 from .http.app import HttpFrontEnd
+from .http.cloudstart import start_cloud
 from .http.embedded import EmbeddedUvicorn, front_end_config
 from .http.monitoring import MetricsApp, metrics_endpoint
 from .inference.bls import CoreBridge
@@ -44,7 +45,6 @@ from .models.repository import ModelRepository
 from .observability.metrics import ServerMetrics
 from .observability.metricsconfig import MetricsConfig
 from .observability.resources import DeviceMetricsProvider, ResourceSampler
-from .startup.cloud import start_cloud
 from .startup.exiting import leave_running_executions
 from .startup.gcheap import settle_heap
 from .startup.grpc_core import grpc_core_environment
@@ -238,7 +238,9 @@ class ServerApp:
                 "HTTP",
                 self.http.gate,
             )
-        if not await start_cloud(self, self._start_uvicorn):
+        render = self.metrics.render if self.metrics is not None else None
+        parts = (self.settings.cloud, self.http, self.repository.registered, render)
+        if not await start_cloud(*parts, self._start_uvicorn):
             return False
         if self.metrics is not None:
             await self._start_uvicorn(

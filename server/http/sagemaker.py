@@ -74,7 +74,9 @@ class SageMakerEndpoint:
             return
         match = _MODELS.fullmatch(path)
         if match is not None:
-            await self.mme.handle(self, scope, receive, send, match.group(1) or "", match.group(2))
+            await self.mme.handle(
+                self.invoke, scope, receive, send, match.group(1) or "", match.group(2)
+            )
             return
         await respond(send, 400, f"Bad Request: no SageMaker route for {scope['method']} {path}")
 

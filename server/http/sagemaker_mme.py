@@ -22,10 +22,10 @@ import asyncio
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import orjson
 from starlette.datastructures import Headers
@@ -39,8 +39,8 @@ from ..models.repository import CONFIG_FILENAME, check_model_name
 from .cloud import error, respond, rewriting_send
 from .infer import InferEndpoint
 
-if TYPE_CHECKING:
-    from .sagemaker import SageMakerEndpoint
+# Run the inference request a scope carries against a model: (scope, receive, send, model).
+Invoke = Callable[[Scope, Receive, Send, str], Awaitable[None]]
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class MultiModelEndpoint:
 
     async def handle(
         self,
-        front: SageMakerEndpoint,
+        invoke_model: Invoke,
         scope: Scope,
         receive: Receive,
         send: Send,
@@ -124,7 +124,7 @@ class MultiModelEndpoint:
             target = headers.get(TARGET_HEADER) or name
             log.info("Invoking SageMaker TargetModel: %s", target)
             failing = rewriting_send(send, status=_failure_status)
-            await front.invoke(scope, receive, failing, target)
+            await invoke_model(scope, receive, failing, target)
             return
         if method not in ("GET", "POST", "DELETE") or (method != "POST" and invoke):
             await respond(
