@@ -4,7 +4,8 @@ whole command line is read (server/cli.py)."""
 
 from __future__ import annotations
 
-from .cloudflags import Endpoint, check_ports
+from .cloudflags import check_ports
+from .ports import check_endpoints, endpoints
 from .settings import Settings
 from .tritonflags import check_values
 
@@ -13,15 +14,12 @@ def check_combined(settings: Settings) -> None:
     """ValueError, with a message for people, for settings that contradict each other or
     a value Triton refuses (tritonflags.py)."""
     check_values(settings.inapplicable)
+    listeners = endpoints(settings)
+    check_endpoints(listeners)
     if settings.load_models and settings.model_control_mode != "explicit":
         raise ValueError(
             "Use of '--load-model' requires setting '--model-control-mode=explicit' as well."
         )
-    endpoints: list[Endpoint] = []
-    if settings.allow_http:
-        endpoints.append(("HTTP", settings.http_address, settings.http_port))
-    if settings.allow_grpc:
-        endpoints.append(("GRPC", settings.grpc_address, settings.grpc_port))
-    if settings.allow_metrics:
-        endpoints.append(("metrics", settings.metrics_address, settings.metrics_port))
-    check_ports(endpoints, settings.cloud)
+    # The SageMaker and Vertex AI listeners against the others (cloudflags.py).
+    on = [(e.name, e.address, e.port) for e in listeners if e.enabled]
+    check_ports(on, settings.cloud)
