@@ -128,12 +128,14 @@ def grpc_settings(settings: Settings) -> GrpcSettings:
 
 def grpc_tls(settings: Settings) -> GrpcTls | None:
     """--grpc-use-ssl[-mutual]: the PEM files, read now, so a missing one fails the start."""
-    if not (settings.grpc_use_ssl or settings.grpc_use_ssl_mutual):
+    ssl = settings.grpc_ssl
+    if not ssl.on:
         return None
 
     def read(flag: str, path: str) -> bytes:
         if not path:
-            raise ServerError(ErrorCode.INVALID_ARG, f"--grpc-use-ssl needs {flag}")
+            needs = "--grpc-use-ssl-mutual=true" if ssl.mutual else "--grpc-use-ssl"
+            raise ServerError(ErrorCode.INVALID_ARG, f"{needs} needs {flag}")
         try:
             return Path(path).read_bytes()
         except OSError as exc:
@@ -141,14 +143,13 @@ def grpc_tls(settings: Settings) -> GrpcTls | None:
                 ErrorCode.INVALID_ARG, f"cannot read {flag} '{path}': {exc.strerror}"
             ) from None
 
-    mutual = settings.grpc_use_ssl_mutual
     return GrpcTls(
         cert=read("--grpc-server-cert", settings.grpc_server_cert),
         key=read("--grpc-server-key", settings.grpc_server_key),
-        root=read("--grpc-root-cert", settings.grpc_root_cert)
-        if mutual or settings.grpc_root_cert
-        else None,
-        mutual=mutual,
+        # Only client certificates are checked against it: with TLS that checks the server
+        # alone, Triton reads a file it cannot open as empty and starts, and so does this.
+        root=read("--grpc-root-cert", settings.grpc_root_cert) if ssl.mutual else None,
+        mutual=ssl.mutual,
     )
 
 

@@ -48,6 +48,7 @@ from .flags import (
     verbose_level,
     whole_ms,
 )
+from .grpcssl import GrpcSsl, grpc_ssl_flag
 from .tritonflags import inapplicable_flag
 
 # --help sections, in the order they are shown.
@@ -230,10 +231,8 @@ class Settings:
         default=Path("/opt/tritonserver/backends"),  # Triton's
         metadata=flag(parse=Path, help="Python-based backends: <dir>/<name>/model.py"),
     )
-    grpc_use_ssl: bool = field(default=False, metadata=flag(help="TLS on gRPC", group=GRPC))
-    grpc_use_ssl_mutual: bool = field(
-        default=False, metadata=flag(help="TLS that also requires client certificates", group=GRPC)
-    )
+    # --grpc-use-ssl and --grpc-use-ssl-mutual together: the last given wins (grpcssl.py)
+    grpc_ssl: GrpcSsl = field(default=GrpcSsl(), metadata=grpc_ssl_flag(GRPC))
     grpc_server_cert: str = field(
         default="", metadata=flag(metavar="PEM", help="the server's certificate", group=GRPC)
     )
