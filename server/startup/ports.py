@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from .cloudflags import SAGEMAKER, VERTEX_AI
 from .settings import Settings
 
 MAX_PORT: Final = 65535
@@ -46,6 +47,21 @@ def endpoints(settings: Settings) -> tuple[Endpoint, ...]:
             settings.metrics_address,
             settings.metrics_port,
             settings.allow_metrics,
+        ),
+        # Triton binds these on every interface (sagemaker_server.cc, vertex_ai_server.cc).
+        Endpoint(
+            SAGEMAKER,
+            "--sagemaker-port",
+            "0.0.0.0",
+            settings.cloud.sagemaker_port,
+            settings.cloud.allow_sagemaker,
+        ),
+        Endpoint(
+            VERTEX_AI,
+            "--vertex-ai-port",
+            "0.0.0.0",
+            settings.cloud.vertex_ai_port,
+            settings.cloud.allow_vertex_ai,
         ),
     )
 

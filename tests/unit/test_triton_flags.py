@@ -314,6 +314,11 @@ def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
             "The server cannot listen to GRPC requests and Vertex AI requests at the same "
             "address and port 0.0.0.0:8001",
         ),
+        (
+            # A cloud endpoint that is on needs a port in range, as HTTP and gRPC do.
+            ["--allow-sagemaker=true", "--sagemaker-port=70000"],
+            "--sagemaker-port: a port is 0 to 65535, got 70000",
+        ),
         (["--allow-sagemaker=yes"], "invalid value for bool option: yes"),
         (["--sagemaker-safe-port-range=8081"], "requires format <first>-<second>. Found: 8081"),
     ],
@@ -322,6 +327,11 @@ def test_values_triton_refuses_or_that_would_misbehave_are_usage_errors(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert message in usage_error(argv, capsys)
+
+
+def test_a_cloud_port_out_of_range_is_read_when_its_endpoint_is_off() -> None:
+    settings = parse_settings([*REPO, "--sagemaker-port=70000", "--vertex-ai-port=-1"])
+    assert settings.cloud.sagemaker_port == 70000 and not settings.cloud.allow_sagemaker
 
 
 def test_choice_values_take_any_case_as_in_triton() -> None:
