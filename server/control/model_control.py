@@ -169,15 +169,17 @@ class ModelControl:
         for key in keys:
             await self._run(self.ensembles.load(key, override))
 
-    async def unload(self, name: str, unload_dependents: bool = False) -> None:
+    async def unload(
+        self, name: str, unload_dependents: bool = False, forget: bool = False
+    ) -> None:
         """Unload `name`, taking down the ensembles built on it; `unload_dependents` also
         unloads the models loaded along with it (an ensemble's composing models) that
-        nothing else uses."""
+        nothing else uses. `forget`: drop them from the index too (their repository goes)."""
         self._require_api()
         check_model_name(name)
         keys = [key for key in self.lifecycle.models if model_name(key) == name] or [name]
         for key in keys if self.repository.namespacing else [name]:
-            await self._run(self.ensembles.unload(key, dependents=unload_dependents))
+            await self._run(self.ensembles.unload(key, dependents=unload_dependents, forget=forget))
 
     def _keys(self, name: str) -> list[str]:
         """Blocking: every model `name` names; with namespacing, one per namespace holding

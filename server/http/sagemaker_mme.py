@@ -19,6 +19,7 @@ folder under the root; anything else is a 400 before anything is read from it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -88,6 +89,15 @@ class Archive:
     folder: str
 
 
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A model this endpoint loaded: the name it serves as (the Target-Model header at
+    its load, else its name) and the repository folder registered for it."""
+
+    target: str
+    repository: Path
+
+
 class MultiModelEndpoint:
     def __init__(
         self,
@@ -102,8 +112,8 @@ class MultiModelEndpoint:
         self.reader = reader
         self.restricted = restricted
         self.root = Path(os.path.abspath(environ.get(ROOT_VARIABLE, DEFAULT_ROOT)))
-        # The loaded models: name -> the repository folder registered for it.
-        self.models: dict[str, Path] = {}
+        # The loaded models, by the name their load request gave.
+        self.models: dict[str, Loaded] = {}
         self._lock = asyncio.Lock()
 
     async def handle(
@@ -142,7 +152,7 @@ class MultiModelEndpoint:
                 body = await self.reader.read_body(Request(scope, receive))
                 await self._load(send, body, headers)
             else:
-                await self._unload(send, name, headers)
+                await self._unload(send, name)
         except ServerError as exc:
             # A name or folder in use already: 409, as SageMaker expects.
             await error(send, exc, 409 if exc.code is ErrorCode.ALREADY_EXISTS else 400)
@@ -150,13 +160,14 @@ class MultiModelEndpoint:
     async def _get(self, send: Send, name: str) -> None:
         if not name:
             models = [
-                {"modelName": model, "modelUrl": str(path)}
-                for model, path in self.models.items()
-                if self.core.model_ready(model)
+                {"modelName": model, "modelUrl": str(loaded.repository)}
+                for model, loaded in self.models.items()
+                if self.core.model_ready(loaded.target)
             ]
             await _json(send, {"models": models})
         elif name in self.models:
-            await _json(send, {"modelName": name, "modelUrl": str(self.models[name])})
+            url = str(self.models[name].repository)
+            await _json(send, {"modelName": name, "modelUrl": url})
         else:
             await respond(send, 404, f"model '{name}' is not loaded")
 
@@ -176,26 +187,31 @@ class MultiModelEndpoint:
             try:
                 await self.core.load_model(target)
             except ServerError as exc:
+                # What loaded along with it (an ensemble's steps) goes too, and the index
+                # forgets what came from a repository no longer registered.
+                with contextlib.suppress(ServerError):
+                    await self.core.unload_model(target, unload_dependents=True, forget=True)
                 self.registered.unregister(archive.repository)
                 if exc.code is ErrorCode.ALREADY_EXISTS:
                     await error(send, exc, 409)
                 else:
                     await error(send, exc, 507 if out_of_memory(exc.message) else 400)
                 return
-            self.models[name] = archive.repository
+            self.models[name] = Loaded(target, archive.repository)
         await respond(send, 200)
 
-    async def _unload(self, send: Send, name: str, headers: Headers) -> None:
-        target = headers.get(TARGET_HEADER) or name
+    async def _unload(self, send: Send, name: str) -> None:
         async with self._lock:
-            repository = self.models.get(name)
-            if repository is None:
+            loaded = self.models.get(name)
+            if loaded is None:
                 await respond(send, 404, f"model '{name}' is not loaded")
                 return
-            log.info("Unloading SageMaker TargetModel: %s", target)
-            await self.core.unload_model(target, unload_dependents=True)
+            # The name it was loaded as, whatever this request's Target-Model says: another
+            # would leave it served with its repository gone.
+            log.info("Unloading SageMaker TargetModel: %s", loaded.target)
+            await self.core.unload_model(loaded.target, unload_dependents=True, forget=True)
             del self.models[name]
-            self.registered.unregister(repository)
+            self.registered.unregister(loaded.repository)
         await respond(send, 200)
 
     def archive(self, url: str) -> Archive:
@@ -219,19 +235,26 @@ class MultiModelEndpoint:
                 f"Invalid \"url\" '{url}': expected a path of the form "
                 f"{self.root}/<hash>/model[/<subdir>]",
             )
-        # Symbolic links may not lead out of the root (a folder SageMaker did not unpack).
+        # Symbolic links may not lead out of the root (a folder SageMaker did not unpack),
+        # neither the url's nor the model folder's chosen in it; what is registered is the
+        # resolved folder, so a link swapped later changes nothing.
         real_root = self.root.resolve()
-        if not path.resolve().is_relative_to(real_root) or not path.is_dir():
+        real = path.resolve()
+        if not real.is_relative_to(real_root) or not real.is_dir():
             raise ServerError(
                 ErrorCode.INVALID_ARG, f"failed to register '{path}', repository not found"
             )
-        if (path / CONFIG_FILENAME).is_file():
-            return Archive(self.root / relative[0], "model")
-        folders = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if (real / CONFIG_FILENAME).is_file():
+            return Archive(real.parent, real.name)
+        folders = sorted(p for p in real.iterdir() if p.is_dir() and not p.name.startswith("."))
         chosen = next((p for p in folders if _is_ensemble(p)), folders[-1] if folders else None)
         if chosen is None:
             raise ServerError(ErrorCode.INVALID_ARG, f"no model folder found in '{url}'")
-        return Archive(path, chosen.name)
+        if chosen.is_symlink() and not chosen.resolve().is_relative_to(real):
+            raise ServerError(
+                ErrorCode.INVALID_ARG, f"model folder '{chosen.name}' in '{url}' leaves it"
+            )
+        return Archive(real, chosen.name)
 
 
 def _is_ensemble(folder: Path) -> bool:

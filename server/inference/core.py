@@ -322,10 +322,12 @@ class InferenceServer:
             raise ServerError(ErrorCode.UNAVAILABLE, CONTROL_DISABLED)
         await self.control.load(name, config_json, files)
 
-    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+    async def unload_model(
+        self, name: str, unload_dependents: bool = False, forget: bool = False
+    ) -> None:
         if self.control is None:
             raise ServerError(ErrorCode.UNAVAILABLE, CONTROL_DISABLED)
-        await self.control.unload(name, unload_dependents)
+        await self.control.unload(name, unload_dependents, forget)
 
     # --- statistics and logging -----------------------------------------------------------
 

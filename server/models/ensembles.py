@@ -169,7 +169,7 @@ class EnsembleLoader:
         for step in steps:
             if step in self.implicit and not self._dependents(step):
                 try:
-                    await self.unload(step, dependents=True)
+                    await self.unload(step, dependents=True, forget=forget)
                 except ServerError as exc:
                     log.error("unloading '%s' along with '%s' failed: %s", step, name, exc)
 

@@ -171,7 +171,7 @@ def test_sagemaker_multi_model_endpoint(tmp_path: Path, cloud_port: int) -> None
         assert httpx.post(url, content=json.dumps(load)).status_code == 200
 
 
-@pytest.mark.parametrize("where", ["outside", "escape", "not_a_folder", "proc"])
+@pytest.mark.parametrize("where", ["outside", "escape", "inner_link", "not_a_folder", "proc"])
 def test_sagemaker_refuses_a_load_path_outside_its_root(
     tmp_path: Path, cloud_port: int, where: str
 ) -> None:
@@ -182,9 +182,13 @@ def test_sagemaker_refuses_a_load_path_outside_its_root(
     (root / "789hash" / "model").symlink_to(outside)
     (root / "000hash").mkdir()
     (root / "000hash" / "model").write_text("not a folder")
+    # The url stays inside; the model folder chosen in it is a link that leaves.
+    (root / "111hash" / "model").mkdir(parents=True)
+    (root / "111hash" / "model" / "m").symlink_to(outside)
     urls = {
         "outside": str(outside),
         "escape": str(root / "789hash" / "model"),
+        "inner_link": str(root / "111hash" / "model"),
         "not_a_folder": str(root / "000hash" / "model"),
         "proc": "/proc/self/cwd",
     }
@@ -197,6 +201,75 @@ def test_sagemaker_refuses_a_load_path_outside_its_root(
         assert reply.status_code == 400
         assert "error" in reply.json()
         assert httpx.get(f"http://127.0.0.1:{cloud_port}/models").json() == {"models": []}
+
+
+def indexed(http_url: str) -> set[str]:
+    reply = httpx.post(f"http://{http_url}/v2/repository/index", json={})
+    return {entry["name"] for entry in reply.json()}
+
+
+def test_sagemaker_target_model_is_kept_from_load_to_unload(tmp_path: Path) -> None:
+    """SageMaker sends X-Amzn-SageMaker-Target-Model: the model serves under it, is listed
+    under its load name, and is unloaded, and forgotten, whatever a later header says."""
+    cloud_port = free_ports(1)[0]
+    root = tmp_path / "ml_models"
+    model_url = add_model(root / "123hash", "whatever", "model")
+    (tmp_path / "models").mkdir()
+    env = {"GE_SERVE_SAGEMAKER_MODELS_ROOT": str(root)}
+    extra = ["--allow-sagemaker=true", f"--sagemaker-port={cloud_port}"]
+    extra += ["--model-control-mode=explicit"]
+    with running_server([tmp_path / "models"], extra, env=env) as server:
+        url = f"http://127.0.0.1:{cloud_port}/models"
+        load = {"model_name": "hash3", "url": str(model_url)}
+        target = {"X-Amzn-SageMaker-Target-Model": "tgt3"}
+        assert httpx.post(url, content=json.dumps(load), headers=target).status_code == 200
+        assert [m["modelName"] for m in httpx.get(url).json()["models"]] == ["hash3"]
+        ready = f"http://{server.http_url}/v2/models/tgt3/ready"
+        assert httpx.get(ready).status_code == 200
+        wrong = {"X-Amzn-SageMaker-Target-Model": "nonexistent"}
+        assert httpx.delete(f"{url}/hash3", headers=wrong).status_code == 200
+        assert httpx.get(ready).status_code != 200
+        assert "tgt3" not in indexed(server.http_url)
+
+
+ENSEMBLE = """
+name: "ens"
+platform: "ensemble"
+max_batch_size: 8
+input [ {{ name: "A" data_type: TYPE_INT32 dims: [ {dims} ] }} ]
+output [ {{ name: "SUM" data_type: TYPE_INT32 dims: [ 16 ] }} ]
+ensemble_scheduling {{ step [ {{
+  model_name: "step" model_version: -1
+  input_map {{ key: "INPUT0" value: "A" }} input_map {{ key: "INPUT1" value: "A" }}
+  output_map {{ key: "OUTPUT0" value: "SUM" }}
+}} ] }}
+"""
+
+
+def test_sagemaker_failed_ensemble_load_takes_its_steps_down(tmp_path: Path) -> None:
+    """An ensemble archive whose ensemble fails to load leaves nothing served or listed:
+    its steps, loaded for it, go with it."""
+    cloud_port = free_ports(1)[0]
+    root = tmp_path / "ml_models"
+    archive = root / "123hash" / "model"
+    add_model(archive, "step")
+    (archive / "ens" / "1").mkdir(parents=True)
+    (archive / "ens" / "config.pbtxt").write_text(ENSEMBLE.format(dims=8))  # step takes 16
+    (tmp_path / "models").mkdir()
+    env = {"GE_SERVE_SAGEMAKER_MODELS_ROOT": str(root)}
+    extra = ["--allow-sagemaker=true", f"--sagemaker-port={cloud_port}"]
+    extra += ["--model-control-mode=explicit"]
+    with running_server([tmp_path / "models"], extra, env=env) as server:
+        url = f"http://127.0.0.1:{cloud_port}/models"
+        load = {"model_name": "e1", "url": str(archive)}
+        reply = httpx.post(url, content=json.dumps(load))
+        assert reply.status_code == 400 and "error" in reply.json()
+        assert httpx.get(f"http://{server.http_url}/v2/models/step/ready").status_code != 200
+        assert indexed(server.http_url) == set()
+        # The archive mended, it loads: nothing of the failed load stands in its way.
+        (archive / "ens" / "config.pbtxt").write_text(ENSEMBLE.format(dims=16))
+        assert httpx.post(url, content=json.dumps(load)).status_code == 200
+        assert httpx.get(f"http://{server.http_url}/v2/models/e1/ready").status_code == 200
 
 
 VERTEX_ENV = {"AIP_PREDICT_ROUTE": "/predict", "AIP_HEALTH_ROUTE": "/health"}
