@@ -51,7 +51,7 @@ from .request_level import (
     response_of,
 )
 from .responsecache import Lookup, ResponseCache, enabled_for
-from .shared_tensors import map_request, refuse_outputs, write_outputs
+from .shared_tensors import map_request, write_outputs
 from .types import InferRequest, InferResponse, check_shape
 from .validation import build_response, prepare
 
@@ -326,8 +326,9 @@ class InferPath:
         try:
             if not admitted:
                 self.admit(request)
-            refuse_outputs(request)
-            map_request(self.shared_memory, request, regions)
+            # Each response's outputs go to the same regions, as Triton writes them
+            # (stream_infer_handler.cc): a client reads each before the next arrives.
+            targets = map_request(self.shared_memory, request, regions)
         except BaseException:
             if trace is not None:
                 trace.end()  # refused before it was counted
@@ -358,6 +359,8 @@ class InferPath:
                 if outputs is not None and error is None:
                     try:
                         response = response_of(request, model, outputs, item.batch_size, parameters)
+                        if targets:
+                            write_outputs(response, targets)
                     except ServerError as exc:
                         if not errors_inline:
                             raise

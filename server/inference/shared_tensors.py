@@ -14,7 +14,6 @@ nothing and costs one loop over its tensors, as before.
 from __future__ import annotations
 
 from ..control.sharedmemory import Held, SharedMemoryManager
-from ..errors import ErrorCode, ServerError
 from .types import InferRequest, InferResponse, SharedMemoryRef
 from .wire import tensor_to_raw
 
@@ -55,13 +54,3 @@ def write_outputs(response: InferResponse, targets: OutputTargets) -> None:
             ref, window = target
             SharedMemoryManager.write_output(window, tensor_to_raw(tensor), tensor.name)
             tensor.shm = ref
-
-
-def refuse_outputs(request: InferRequest) -> None:
-    """A decoupled model answers with any number of responses, which cannot all be written
-    to one region: a request that asks it for shared-memory outputs is refused."""
-    if any(o.shm is not None for o in request.outputs):
-        raise ServerError(
-            ErrorCode.UNSUPPORTED,
-            "shared-memory outputs are not supported for decoupled models",
-        )
