@@ -27,6 +27,7 @@ BACKEND_ALIASES = {
     "python": "python",
     "llm": "llm",
 }
+ORT_PLATFORM = "onnxruntime_onnx"
 # Backends whose instances run on the host CPU unless the config says otherwise.
 HOST_BACKENDS = ("onnxruntime", "python")
 
@@ -190,8 +191,13 @@ def complete(
                 "auto-complete is disabled (--disable-auto-complete-config), so they are not "
                 "read from the model file",
             )
-    if not config.backend and not config.platform:
+    ort = config.platform == ORT_PLATFORM and backend.name == "onnxruntime"
+    if not config.backend and (not config.platform or ort):
+        # Triton's AutoCompleteBackendFields (core model_config_utils.cc), which runs
+        # with auto-complete off too: `platform: "onnxruntime_onnx"` shows its backend.
         config.backend = backend.name
+    if config.backend == "onnxruntime" and not config.platform:
+        config.platform = ORT_PLATFORM
     if not config.instance_group:
         group = config.instance_group.add()
         group.name = config.name

@@ -455,3 +455,25 @@ async def test_a_cpu_group_without_gpus_loads(off: ModelLifecycle) -> None:
     text = FULL + "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
     config = await loaded_config(off, add_sub_model(), text)
     assert [(g.name, g.count) for g in config.instance_group] == [("m_0", 2)]
+
+
+@pytest.mark.parametrize("fill", [True, False], ids=["autocomplete", "disabled"])
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [
+        ('platform: "onnxruntime_onnx"', ("onnxruntime", "onnxruntime_onnx")),
+        ('backend: "onnxruntime"', ("onnxruntime", "onnxruntime_onnx")),
+    ],
+    ids=["platform", "backend"],
+)
+async def test_backend_and_platform_fill_each_other_as_triton(
+    tmp_path: Path, fill: bool, given: str, shown: tuple[str, str]
+) -> None:
+    """Triton's AutoCompleteBackendFields runs with auto-complete off too: the config API
+    shows an onnxruntime model's backend and platform whichever the config names."""
+    life = make_lifecycle(tmp_path, autocomplete=fill)
+    try:
+        config = await loaded_config(life, add_sub_model(), f"{given}\n{FULL}")
+        assert (config.backend, config.platform) == shown
+    finally:
+        await life.close()
