@@ -22,6 +22,7 @@ import onnxruntime as ort
 from ge_serve.protos import model_config_pb2
 
 from .onnx_io import max_intra_op_threads
+from .text_bool import triton_bool
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +45,7 @@ def parse_int(text: str) -> int:
 
 def parse_bool(text: str) -> bool:
     """Triton's ParseBoolValue: true/on/1 or false/off/0, in any case."""
-    lowered = text.lower()
-    if lowered in ("true", "on", "1"):
-        return True
-    if lowered in ("false", "off", "0"):
-        return False
-    raise ValueError(f"failed to convert '{text}' to boolean")
+    return triton_bool(text, "failed to convert '{text}' to boolean")
 
 
 def string_param(config: model_config_pb2.ModelConfig, key: str) -> str | None:

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from ge_serve.backends import text_bool
+
 from .flags import Flag, flag
 from .tritonflags import stoi
 
@@ -57,12 +59,7 @@ def cloud_flag() -> Mapping[str, Flag]:
 
 def triton_bool(text: str) -> bool:
     """Triton's ParseOption<bool>."""
-    lowered = text.lower()
-    if lowered in ("true", "on", "1"):
-        return True
-    if lowered in ("false", "off", "0"):
-        return False
-    raise ValueError(f"invalid value for bool option: {text}")
+    return text_bool.triton_bool(text, "invalid value for bool option: {text}")
 
 
 def _pair(text: str) -> tuple[int, int]:

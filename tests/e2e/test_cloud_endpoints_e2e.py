@@ -4,6 +4,7 @@ health and predict routes with the redirect header; the startup errors of both."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 import tritonclient.http as httpclient
 from modelgen import write_model
 from onnx import TensorProto, helper
-from serverproc import free_ports, running_server, server_command, wait_for
+from serverproc import ServerProcess, free_ports, running_server, server_command, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -143,14 +144,23 @@ def test_sagemaker_without_a_default_model_names_the_placeholder(
     assert "unspecified_SAGEMAKER_TRITON_DEFAULT_MODEL_NAME" in reply.json()["error"]
 
 
+@contextlib.contextmanager
+def mme_server(tmp_path: Path, cloud_port: int) -> Iterator[ServerProcess]:
+    """A server in explicit mode with an empty repository and the SageMaker endpoint,
+    its multi-model root `tmp_path / "ml_models"`."""
+    (tmp_path / "models").mkdir()
+    env = {"GE_SERVE_SAGEMAKER_MODELS_ROOT": str(tmp_path / "ml_models")}
+    extra = ["--allow-sagemaker=true", f"--sagemaker-port={cloud_port}"]
+    with running_server(
+        [tmp_path / "models"], [*extra, "--model-control-mode=explicit"], env=env
+    ) as proc:
+        yield proc
+
+
 def test_sagemaker_multi_model_endpoint(tmp_path: Path, cloud_port: int) -> None:
     root = tmp_path / "ml_models"
     model_url = add_model(root / "123hash", "sm_mme_model_1", "model")
-    (tmp_path / "models").mkdir()
-    env = {"GE_SERVE_SAGEMAKER_MODELS_ROOT": str(root)}
-    extra = ["--allow-sagemaker=true", f"--sagemaker-port={cloud_port}"]
-    extra += ["--model-control-mode=explicit"]
-    with running_server([tmp_path / "models"], extra, env=env):
+    with mme_server(tmp_path, cloud_port):
         url = f"http://127.0.0.1:{cloud_port}/models"
         load = {"model_name": "sm_mme_model_1", "url": str(model_url)}
         reply = httpx.post(url, content=json.dumps(load))
@@ -192,10 +202,7 @@ def test_sagemaker_refuses_a_load_path_outside_its_root(
         "not_a_folder": str(root / "000hash" / "model"),
         "proc": "/proc/self/cwd",
     }
-    (tmp_path / "models").mkdir()
-    env = {"GE_SERVE_SAGEMAKER_MODELS_ROOT": str(root)}
-    extra = ["--allow-sagemaker=true", f"--sagemaker-port={cloud_port}"]
-    with running_server([tmp_path / "models"], [*extra, "--model-control-mode=explicit"], env=env):
+    with mme_server(tmp_path, cloud_port):
         load = {"model_name": "m", "url": urls[where]}
         reply = httpx.post(f"http://127.0.0.1:{cloud_port}/models", content=json.dumps(load))
         assert reply.status_code == 400
@@ -214,11 +221,7 @@ def test_sagemaker_target_model_is_kept_from_load_to_unload(tmp_path: Path) -> N
     cloud_port = free_ports(1)[0]
     root = tmp_path / "ml_models"
     model_url = add_model(root / "123hash", "whatever", "model")
-    (tmp_path / "models").mkdir()
-    env = {"GE_SERVE_SAGEMAKER_MODELS_ROOT": str(root)}
-    extra = ["--allow-sagemaker=true", f"--sagemaker-port={cloud_port}"]
-    extra += ["--model-control-mode=explicit"]
-    with running_server([tmp_path / "models"], extra, env=env) as server:
+    with mme_server(tmp_path, cloud_port) as server:
         url = f"http://127.0.0.1:{cloud_port}/models"
         load = {"model_name": "hash3", "url": str(model_url)}
         target = {"X-Amzn-SageMaker-Target-Model": "tgt3"}
@@ -255,11 +258,7 @@ def test_sagemaker_failed_ensemble_load_takes_its_steps_down(tmp_path: Path) -> 
     add_model(archive, "step")
     (archive / "ens" / "1").mkdir(parents=True)
     (archive / "ens" / "config.pbtxt").write_text(ENSEMBLE.format(dims=8))  # step takes 16
-    (tmp_path / "models").mkdir()
-    env = {"GE_SERVE_SAGEMAKER_MODELS_ROOT": str(root)}
-    extra = ["--allow-sagemaker=true", f"--sagemaker-port={cloud_port}"]
-    extra += ["--model-control-mode=explicit"]
-    with running_server([tmp_path / "models"], extra, env=env) as server:
+    with mme_server(tmp_path, cloud_port) as server:
         url = f"http://127.0.0.1:{cloud_port}/models"
         load = {"model_name": "e1", "url": str(archive)}
         reply = httpx.post(url, content=json.dumps(load))
