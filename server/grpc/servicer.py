@@ -23,7 +23,7 @@ from ge_serve.protos import grpc_service_pb2_grpc as pb_grpc
 
 from ..control.model_control import FILE_PREFIX
 from ..control.stopping import DrainGate
-from ..errors import ErrorCode, ServerError, decoding
+from ..errors import ErrorCode, ServerError, bad_version_string, decoding
 from ..inference import error_texts
 from ..inference.core import InferenceServer
 from ..inference.header_forward import HeaderForward
@@ -119,6 +119,10 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(
         self, request: pb.ModelReadyRequest, context: Any
     ) -> pb.ModelReadyResponse:
+        # Triton's (grpc_server.cc): a version string it cannot read is INVALID_ARGUMENT.
+        unreadable = bad_version_string(request.version) if request.version else None
+        if unreadable is not None:
+            raise unreadable
         return pb.ModelReadyResponse(ready=self.core.model_ready(request.name, request.version))
 
     @guard

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp
 
 from ge_serve.server.control.restrictions import RestrictedApis
 from ge_serve.server.control.stopping import DrainGate
-from ge_serve.server.errors import ErrorCode, ServerError, decoding
+from ge_serve.server.errors import ErrorCode, ServerError, bad_version_string, decoding
 from ge_serve.server.inference import error_texts
 from ge_serve.server.inference.core import InferenceServer
 from ge_serve.server.inference.header_forward import HeaderForward
@@ -214,10 +214,10 @@ class HttpFrontEnd:
         return await self.infer_endpoint.read_body(request)
 
     async def health_live(self, request: Request) -> Response:
-        return Response(status_code=200 if self.core.live() else 400)
+        return _health("live", self.core.live())
 
     async def health_ready(self, request: Request) -> Response:
-        return Response(status_code=200 if self.core.ready() else 400)
+        return _health("ready", self.core.ready())
 
     async def server_metadata(self, request: Request) -> Response:
         return json_response(encode.server_metadata(self.core.metadata()))
@@ -227,8 +227,15 @@ class HttpFrontEnd:
         return json_response(encode.model_metadata(self.core.model_metadata(model, version)))
 
     async def model_ready(self, request: Request) -> Response:
+        """200, or 400 with Triton's reason (HandleModelReady): a version string it cannot
+        read, or `Model version not ready` for a model or version that is not."""
         model, version = _model_path(request)
-        return Response(status_code=200 if self.core.model_ready(model, version) else 400)
+        unreadable = bad_version_string(version) if version else None
+        if unreadable is not None:
+            raise unreadable
+        if not self.core.model_ready(model, version):
+            raise ServerError(ErrorCode.INVALID_ARG, "Model version not ready")
+        return Response(status_code=200)
 
     async def model_config(self, request: Request) -> Response:
         model, version = _model_path(request)
@@ -267,3 +274,11 @@ class HttpFrontEnd:
 def _model_path(request: Request) -> tuple[str, str]:
     params = request.path_params
     return str(params["model"]), str(params.get("version", ""))
+
+
+def _health(kind: str, up: bool) -> Response:
+    """Triton's status (200, else 400), with the Open Inference Protocol's body
+    (`{"live": true}`, `{"ready": true}`), which KServe's REST client reads; Triton sends
+    none, and tritonclient reads only the status."""
+    body = b'{"%s":%s}' % (kind.encode(), b"true" if up else b"false")
+    return Response(body, status_code=200 if up else 400, media_type="application/json")

@@ -341,8 +341,8 @@ def test_odd_versions_http(http: httpx.Client, version: str) -> None:
     for suffix in ("", "/config", "/stats"):
         expect_http(http.get(base + suffix), 400, UNREADABLE_VERSION)
     expect_http(http.post(base + "/infer", json=valid_body()), 400, UNREADABLE_VERSION)
-    # Readiness answers "not ready" (400, no body), as for any version that is not there.
-    assert http.get(base + "/ready").status_code == 400
+    # Readiness too, as Triton's HandleModelReady reads the version string first.
+    expect_http(http.get(base + "/ready"), 400, UNREADABLE_VERSION)
     assert_http_serves(http)
 
 
@@ -363,8 +363,8 @@ def test_odd_versions_grpc(stub: pb_grpc.GRPCInferenceServiceStub, version: str)
     message = valid_message()
     message.model_version = version
     expect_grpc(stub.ModelInfer, message, invalid, unknown)
-    ready = stub.ModelReady(pb.ModelReadyRequest(name="simple", version=version))
-    assert not ready.ready
+    ready = pb.ModelReadyRequest(name="simple", version=version)
+    expect_grpc(stub.ModelReady, ready, invalid, unknown)
     assert_grpc_serves(stub)
 
 

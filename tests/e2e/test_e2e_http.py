@@ -501,3 +501,18 @@ def test_unknown_route_and_wrong_method(
     error = response.json()["error"]
     assert path in error
     assert ("Not Found" if status == 404 else "Method Not Allowed") in error
+
+
+def test_health_bodies_and_model_ready_reasons(http: httpx.Client) -> None:
+    """Health answers Triton's status with the Open Inference Protocol's body, which
+    KServe's REST client reads; a model that is not ready gets Triton's reason."""
+    for kind in ("live", "ready"):
+        reply = http.get(f"/v2/health/{kind}")
+        assert reply.status_code == 200 and reply.json() == {kind: True}
+    assert http.get("/v2/models/simple/ready").status_code == 200
+    for path in ("/v2/models/nosuch/ready", "/v2/models/simple/versions/7/ready"):
+        reply = http.get(path)
+        assert reply.status_code == 400 and reply.json() == {"error": "Model version not ready"}
+    reply = http.get("/v2/models/simple/versions/-1/ready")
+    assert reply.status_code == 400
+    assert reply.json()["error"].startswith("invalid model version specified '-1'")
