@@ -158,7 +158,8 @@ def string_operands(batch: int) -> tuple[npt.NDArray[np.object_], npt.NDArray[np
 
 
 def to_ints(array: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
-    return np.vectorize(lambda v: int(v.decode() if isinstance(v, bytes) else v))(array)
+    values = np.vectorize(lambda v: int(v.decode() if isinstance(v, bytes) else v))(array)
+    return np.asarray(values, dtype=np.int64)
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])

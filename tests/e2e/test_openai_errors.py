@@ -73,6 +73,15 @@ def test_retrieving_an_unknown_model_is_404(http: httpx.Client) -> None:
     assert error_of(http.get("/v1/models/nope"), 404)["code"] == "model_not_found"
 
 
+@pytest.mark.parametrize("verb", ["predict", "explain"])
+def test_kserve_v1_calls_are_told_to_use_v2(http: httpx.Client, verb: str) -> None:
+    """KServe's REST client speaks its v1 protocol by default; /v1 is OpenAI's here, and
+    the answer says so rather than a bare 405."""
+    error = error_of(http.post(f"/v1/models/simple:{verb}", json={"instances": [1]}), 404)
+    assert error["code"] == "not_found"
+    assert "POST /v2/models/simple/infer" in error["message"]
+
+
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS, EMBEDDINGS])
 @pytest.mark.parametrize("raw", [b"{not json", b"", b"[1, 2]", b'"text"'])
 def test_a_body_that_is_not_a_json_object_is_400(http: httpx.Client, path: str, raw: bytes) -> None:

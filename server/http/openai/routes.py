@@ -116,6 +116,19 @@ def routes(front: RouteHost) -> list[Route]:
             raise model_not_found(name)
         return _json(catalog.describe(name))
 
+    async def kserve_v1(request: Request) -> Response:
+        # KServe's REST client speaks its v1 protocol unless told v2; here /v1 is OpenAI's,
+        # and a plain 405 from the route above would not say why.
+        name, colon, verb = str(request.path_params["model"]).rpartition(":")
+        if not colon:
+            raise OpenAIError(f"Method Not Allowed: POST {request.url.path}", status=405)
+        raise OpenAIError(
+            f"KServe's v1 protocol ('{verb}') is not served: /v1 is the OpenAI API here. "
+            f"Use the v2 protocol: POST /v2/models/{name}/infer",
+            status=404,
+            code="not_found",
+        )
+
     async def chat(request: Request) -> Response:
         body = await read(request, ChatCompletionRequest, conversation_fits)
         return await text.chat_completion(catalog, request, body)
@@ -140,6 +153,9 @@ def routes(front: RouteHost) -> list[Route]:
     return [
         front.route("/health/ready", health_ready, ["GET"]),
         get("/v1/models", list_models),
+        ApiRoute(
+            "/v1/models/{model}", _openai_errors(kserve_v1), methods=["POST"], error=ErrorObject
+        ),
         get("/v1/models/{model}", retrieve_model),
         post("/v1/chat/completions", chat, ChatCompletionRequest),
         post("/v1/completions", completions, CompletionRequest),
