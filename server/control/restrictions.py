@@ -107,8 +107,9 @@ def grpc_category(method: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Restriction:
-    header: str
+    header: str  # lower case, as headers are looked up
     value: str
+    shown: str  # as the flag wrote it, as Triton's refusal names it
 
 
 class RestrictedApis:
@@ -127,13 +128,14 @@ class RestrictedApis:
                 )
             if not header:
                 raise ValueError(f"restricted API category '{category}' names no header")
-            self.rules[category] = Restriction((header_prefix + header).lower(), value)
+            named = header_prefix + header
+            self.rules[category] = Restriction(named.lower(), value, named)
 
     def __bool__(self) -> bool:
         return bool(self.rules)
 
     def refusal(self, category: str | None, headers: Mapping[str, str]) -> str | None:
-        """None when the call may proceed; else the header it lacks.
+        """None when the call may proceed; else the header it lacks, as the flag wrote it.
 
         `headers` must be keyed by lower-case names (starlette's Headers and gRPC
         metadata both are).
@@ -146,7 +148,7 @@ class RestrictedApis:
         given = headers.get(rule.header)
         if given is not None and hmac.compare_digest(given.encode(), rule.value.encode()):
             return None
-        return rule.header
+        return rule.shown
 
 
 def http_refusal_message(header: str) -> str:

@@ -176,7 +176,7 @@ def restriction(text: str) -> list[Rule]:
     if not sep or "=" not in rest or not categories:
         raise ValueError(f"expected <category>[,<category>]:<header>=<value>, got '{text}'")
     header, value = rest.split("=", 1)
-    return [(c.strip(), header.strip().lower(), value.strip()) for c in categories.split(",")]
+    return [(c.strip(), header.strip(), value.strip()) for c in categories.split(",")]
 
 
 def restriction_rules(name: str, groups: tuple[list[Rule], ...]) -> tuple[Rule, ...]:
