@@ -77,25 +77,33 @@ def out_of_memory(message: str) -> bool:
 
 
 def _failure_status(status: int, body: bytes) -> int:
-    """An invocation's error, as Triton's SageMaker endpoint answers it."""
+    """An invocation's error, as Triton's SageMaker endpoint answers it: a restricted
+    API's 403 stays (RETURN_AND_RESPOND_IF_RESTRICTED answers before the invocation)."""
+    if status == 403:
+        return status
     return 507 if out_of_memory(body.decode("utf-8", "replace")) else 400
 
 
 @dataclass(frozen=True, slots=True)
 class Archive:
-    """Where a load request's model is: the folder to register, and its model folder."""
+    """Where a load request's model is: the folder to register, and its model folder;
+    `shown`: that folder as the url names it (`modelUrl`), links not followed, as Triton
+    reports it."""
 
     repository: Path
     folder: str
+    shown: Path
 
 
 @dataclass(frozen=True, slots=True)
 class Loaded:
     """A model this endpoint loaded: the name it serves as (the Target-Model header at
-    its load, else its name) and the repository folder registered for it."""
+    its load, else its name), the repository folder registered for it, and that folder
+    as its url named it."""
 
     target: str
     repository: Path
+    shown: Path
 
 
 class MultiModelEndpoint:
@@ -160,13 +168,13 @@ class MultiModelEndpoint:
     async def _get(self, send: Send, name: str) -> None:
         if not name:
             models = [
-                {"modelName": model, "modelUrl": str(loaded.repository)}
+                {"modelName": model, "modelUrl": str(loaded.shown)}
                 for model, loaded in self.models.items()
                 if self.core.model_ready(loaded.target)
             ]
             await _json(send, {"models": models})
         elif name in self.models:
-            url = str(self.models[name].repository)
+            url = str(self.models[name].shown)
             await _json(send, {"modelName": name, "modelUrl": url})
         else:
             await respond(send, 404, f"model '{name}' is not loaded")
@@ -197,7 +205,7 @@ class MultiModelEndpoint:
                 else:
                     await error(send, exc, 507 if out_of_memory(exc.message) else 400)
                 return
-            self.models[name] = Loaded(target, archive.repository)
+            self.models[name] = Loaded(target, archive.repository, archive.shown)
         await respond(send, 200)
 
     async def _unload(self, send: Send, name: str) -> None:
@@ -245,7 +253,7 @@ class MultiModelEndpoint:
                 ErrorCode.INVALID_ARG, f"failed to register '{path}', repository not found"
             )
         if (real / CONFIG_FILENAME).is_file():
-            return Archive(real.parent, real.name)
+            return Archive(real.parent, real.name, path.parent)
         folders = sorted(p for p in real.iterdir() if p.is_dir() and not p.name.startswith("."))
         chosen = next((p for p in folders if _is_ensemble(p)), folders[-1] if folders else None)
         if chosen is None:
@@ -254,7 +262,7 @@ class MultiModelEndpoint:
             raise ServerError(
                 ErrorCode.INVALID_ARG, f"model folder '{chosen.name}' in '{url}' leaves it"
             )
-        return Archive(real, chosen.name)
+        return Archive(real, chosen.name, path)
 
 
 def _is_ensemble(folder: Path) -> bool:

@@ -145,12 +145,12 @@ def test_sagemaker_without_a_default_model_names_the_placeholder(
 
 
 @contextlib.contextmanager
-def mme_server(tmp_path: Path, cloud_port: int) -> Iterator[ServerProcess]:
+def mme_server(tmp_path: Path, cloud_port: int, *more: str) -> Iterator[ServerProcess]:
     """A server in explicit mode with an empty repository and the SageMaker endpoint,
     its multi-model root `tmp_path / "ml_models"`."""
     (tmp_path / "models").mkdir()
     env = {"GE_SERVE_SAGEMAKER_MODELS_ROOT": str(tmp_path / "ml_models")}
-    extra = ["--allow-sagemaker=true", f"--sagemaker-port={cloud_port}"]
+    extra = ["--allow-sagemaker=true", f"--sagemaker-port={cloud_port}", *more]
     with running_server(
         [tmp_path / "models"], [*extra, "--model-control-mode=explicit"], env=env
     ) as proc:
@@ -233,6 +233,29 @@ def test_sagemaker_target_model_is_kept_from_load_to_unload(tmp_path: Path) -> N
         assert httpx.delete(f"{url}/hash3", headers=wrong).status_code == 200
         assert httpx.get(ready).status_code != 200
         assert "tgt3" not in indexed(server.http_url)
+
+
+def test_sagemaker_model_url_as_given_and_restricted_invoke(tmp_path: Path) -> None:
+    """Triton's qa setup: the models root is a link. modelUrl names the folder as the load
+    url did (links not followed); an invocation without the restricted-API header is 403,
+    not one of the invocation's own error codes."""
+    cloud_port = free_ports(1)[0]
+    real = tmp_path / "unpacked"
+    add_model(real / "123hash", "m", "model")
+    (tmp_path / "ml_models").symlink_to(real)
+    given = tmp_path / "ml_models" / "123hash" / "model"
+    with mme_server(tmp_path, cloud_port, "--http-restricted-api=inference:X-Auth=secret"):
+        url = f"http://127.0.0.1:{cloud_port}/models"
+        load = {"model_name": "m", "url": str(given)}
+        assert httpx.post(url, content=json.dumps(load)).status_code == 200
+        shown = str(tmp_path / "ml_models" / "123hash")
+        assert httpx.get(url).json() == {"models": [{"modelName": "m", "modelUrl": shown}]}
+        body, _ = request_body()
+        reply = httpx.post(f"{url}/m/invoke", content=body)
+        assert reply.status_code == 403
+        assert reply.json() == {"error": "This API is restricted, expecting header 'X-Auth'"}
+        reply = httpx.post(f"{url}/m/invoke", content=body, headers={"X-Auth": "secret"})
+        assert reply.status_code == 200, reply.text
 
 
 ENSEMBLE = """
