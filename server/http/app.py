@@ -25,7 +25,7 @@ from starlette.types import ASGIApp
 
 from ge_serve.server.control.restrictions import RestrictedApis
 from ge_serve.server.control.stopping import DrainGate
-from ge_serve.server.errors import ErrorCode, ServerError, bad_version_string, decoding
+from ge_serve.server.errors import ErrorCode, ServerError, decoding
 from ge_serve.server.inference import error_texts
 from ge_serve.server.inference.core import InferenceServer
 from ge_serve.server.inference.header_forward import HeaderForward
@@ -227,14 +227,14 @@ class HttpFrontEnd:
         return json_response(encode.model_metadata(self.core.model_metadata(model, version)))
 
     async def model_ready(self, request: Request) -> Response:
-        """200, or 400 with Triton's reason (HandleModelReady): a version string it cannot
-        read, or `Model version not ready` for a model or version that is not."""
+        """200, or Triton's reason (HandleModelReady, TRITONSERVER_ServerModelIsReady): the
+        lookup's error for a version string it cannot read or a model or version it does
+        not serve, in the words model metadata answers with; `Server not ready` while the
+        server stops."""
         model, version = _model_path(request)
-        unreadable = bad_version_string(version) if version else None
-        if unreadable is not None:
-            raise unreadable
-        if not self.core.model_ready(model, version):
-            raise ServerError(ErrorCode.INVALID_ARG, "Model version not ready")
+        self.core.model(model, version)
+        if not self.core.accepting():
+            raise ServerError(ErrorCode.UNAVAILABLE, "Server not ready")
         return Response(status_code=200)
 
     async def model_config(self, request: Request) -> Response:

@@ -191,14 +191,18 @@ class MultiModelEndpoint:
             )
         archive = await asyncio.to_thread(self.archive, url)
         async with self._lock:
+            # A name the server knows already (from its own repository, say) is not this
+            # load's to undo: a failed load leaves it as it was, as in Triton.
+            known = target in self.core.lifecycle.models
             self.registered.register(archive.repository, {target: archive.folder})
             try:
                 await self.core.load_model(target)
             except ServerError as exc:
                 # What loaded along with it (an ensemble's steps) goes too, and the index
                 # forgets what came from a repository no longer registered.
-                with contextlib.suppress(ServerError):
-                    await self.core.unload_model(target, unload_dependents=True, forget=True)
+                if not known:
+                    with contextlib.suppress(ServerError):
+                        await self.core.unload_model(target, unload_dependents=True, forget=True)
                 self.registered.unregister(archive.repository)
                 if exc.code is ErrorCode.ALREADY_EXISTS:
                     await error(send, exc, 409)

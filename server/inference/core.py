@@ -133,6 +133,11 @@ class InferenceServer:
         # Triton lists system_shared_memory whether --allow-client-shm is on or not.
         return ServerMetadata(self.info.name, self.info.version, self.info.extensions)
 
+    def accepting(self) -> bool:
+        """Whether the server takes requests: live and not stopping (Triton's
+        SERVER_READY, which strict readiness does not touch)."""
+        return self._live and not self._draining and self.path.accepting
+
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.lifecycle.is_ready(name, version)
 

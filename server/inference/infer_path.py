@@ -364,7 +364,10 @@ class InferPath:
                     except ServerError as exc:
                         if not errors_inline:
                             raise
-                        error = exc
+                        # Without its traceback, whose frames hold the response and the
+                        # shared-memory window it failed to fill: kept in `failed`, they
+                        # would keep the region mapped until the collector ran.
+                        error = exc.with_traceback(None)
                     else:
                         response.final = final
                         if trace is not None:

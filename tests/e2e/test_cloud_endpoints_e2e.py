@@ -148,7 +148,7 @@ def test_sagemaker_without_a_default_model_names_the_placeholder(
 def mme_server(tmp_path: Path, cloud_port: int, *more: str) -> Iterator[ServerProcess]:
     """A server in explicit mode with an empty repository and the SageMaker endpoint,
     its multi-model root `tmp_path / "ml_models"`."""
-    (tmp_path / "models").mkdir()
+    (tmp_path / "models").mkdir(exist_ok=True)
     env = {"GE_SERVE_SAGEMAKER_MODELS_ROOT": str(tmp_path / "ml_models")}
     extra = ["--allow-sagemaker=true", f"--sagemaker-port={cloud_port}", *more]
     with running_server(
@@ -256,6 +256,19 @@ def test_sagemaker_model_url_as_given_and_restricted_invoke(tmp_path: Path) -> N
         assert reply.json() == {"error": "This API is restricted, expecting header 'X-Auth'"}
         reply = httpx.post(f"{url}/m/invoke", content=body, headers={"X-Auth": "secret"})
         assert reply.status_code == 200, reply.text
+
+
+def test_sagemaker_failed_load_of_a_served_name_leaves_it_serving(tmp_path: Path) -> None:
+    """A multi-model load under a name the server already serves fails (the name is in
+    two repositories) and leaves that model serving, as Triton does."""
+    cloud_port = free_ports(1)[0]
+    add_model(tmp_path / "models", "taken")
+    model_url = add_model(tmp_path / "ml_models" / "123hash", "taken", "model")
+    with mme_server(tmp_path, cloud_port, "--load-model=taken") as server:
+        load = {"model_name": "taken", "url": str(model_url)}
+        reply = httpx.post(f"http://127.0.0.1:{cloud_port}/models", content=json.dumps(load))
+        assert reply.status_code == 400
+        assert httpx.get(f"http://{server.http_url}/v2/models/taken/ready").status_code == 200
 
 
 ENSEMBLE = """

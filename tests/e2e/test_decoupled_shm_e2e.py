@@ -17,6 +17,7 @@ import pymodels
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
+from polling import poll
 from serverproc import ServerProcess, running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -95,5 +96,26 @@ def test_each_response_is_written_to_the_region(server: ServerProcess) -> None:
         np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.int32, [1]), [70])
     finally:
         client.unregister_system_shared_memory(name)
+        shm.destroy_shared_memory_region(handle)
+        client.close()
+
+
+def test_a_failed_write_does_not_keep_the_region_mapped(server: ServerProcess) -> None:
+    """A response too big for its region fails inline; once the client unregisters the
+    region, the server has let go of it (its mapping is gone), not only after the garbage
+    collector happens to run."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    name = f"small_{uuid.uuid4().hex[:8]}"
+    key = f"/ge_test_{name}"
+    handle = shm.create_shared_memory_region(name, key, 8)
+    try:
+        client.register_system_shared_memory(name, key, 8)
+        result, error = stream_once(client, [1, 2, 3, 4], name, 8)
+        assert result is None and error is not None
+        client.unregister_system_shared_memory(name)
+        maps = Path(f"/proc/{server.process.pid}/maps")
+        # The stream's end and the release may trail the client's unregister a moment.
+        poll(lambda: f"/dev/shm{key}" not in maps.read_text(), 2.0, "the region unmapped")
+    finally:
         shm.destroy_shared_memory_region(handle)
         client.close()

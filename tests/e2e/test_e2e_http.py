@@ -417,8 +417,9 @@ def test_model_metadata_bytes(client: httpclient.InferenceServerClient) -> None:
 @pytest.mark.parametrize("suffix", ["", "/versions/1"])
 def test_model_ready(http: httpx.Client, suffix: str) -> None:
     assert http.get(f"/v2/models/simple{suffix}/ready").status_code == 200
-    assert http.get(f"/v2/models/nope{suffix}/ready").status_code == 400
-    assert http.get("/v2/models/simple/versions/9/ready").status_code == 400
+    # Triton's GetModel answers a model or version it does not serve NOT_FOUND: 404.
+    assert http.get(f"/v2/models/nope{suffix}/ready").status_code == 404
+    assert http.get("/v2/models/simple/versions/9/ready").status_code == 404
 
 
 @pytest.mark.parametrize("suffix", ["", "/versions/1"])
@@ -511,9 +512,9 @@ def test_health_bodies_and_model_ready_reasons(http: httpx.Client) -> None:
         reply = http.get(f"/v2/health/{kind}")
         assert reply.status_code == 200 and reply.json() == {kind: True}
     assert http.get("/v2/models/simple/ready").status_code == 200
-    for path in ("/v2/models/nosuch/ready", "/v2/models/simple/versions/7/ready"):
-        reply = http.get(path)
-        assert reply.status_code == 400 and reply.json() == {"error": "Model version not ready"}
-    reply = http.get("/v2/models/simple/versions/-1/ready")
-    assert reply.status_code == 400
-    assert reply.json()["error"].startswith("invalid model version specified '-1'")
+    # A model or version that is not served: the lookup's answer, as model metadata's.
+    for model in ("nosuch", "simple/versions/7", "simple/versions/-1"):
+        reply, metadata = http.get(f"/v2/models/{model}/ready"), http.get(f"/v2/models/{model}")
+        assert reply.status_code == metadata.status_code >= 400
+        assert reply.json() == metadata.json()
+    assert "Request for unknown model: 'nosuch'" in http.get("/v2/models/nosuch/ready").text

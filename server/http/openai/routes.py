@@ -120,7 +120,7 @@ def routes(front: RouteHost) -> list[Route]:
         # KServe's REST client speaks its v1 protocol unless told v2; here /v1 is OpenAI's,
         # and a plain 405 from the route above would not say why.
         name, colon, verb = str(request.path_params["model"]).rpartition(":")
-        if not colon:
+        if verb not in ("predict", "explain") or not colon:
             raise OpenAIError(f"Method Not Allowed: POST {request.url.path}", status=405)
         raise OpenAIError(
             f"KServe's v1 protocol ('{verb}') is not served: /v1 is the OpenAI API here. "
