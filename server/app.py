@@ -221,13 +221,17 @@ class ServerApp:
         else:
             if not await self._load_startup_models():
                 return False
-        # gRPC first: once HTTP answers /v2/health/ready, every endpoint is listening.
+        # gRPC and the cloud endpoints first: once HTTP answers ready, all are listening.
         if self.settings.allow_grpc:
             await self.grpc.start()
             if self.settings.grpc_workers:
                 await self._start_grpc_workers()
             else:
                 log.info("Started GRPCInferenceService at %s", self.grpc.settings.target)
+        render = self.metrics.render if self.metrics is not None else None
+        parts = (self.settings.cloud, self.http, self.repository.registered, render)
+        if not await start_cloud(*parts, self._start_uvicorn):
+            return False
         if self.settings.allow_http and self.settings.http_workers:
             await self._start_http_workers()
         elif self.settings.allow_http:
@@ -238,10 +242,6 @@ class ServerApp:
                 "HTTP",
                 self.http.gate,
             )
-        render = self.metrics.render if self.metrics is not None else None
-        parts = (self.settings.cloud, self.http, self.repository.registered, render)
-        if not await start_cloud(*parts, self._start_uvicorn):
-            return False
         if self.metrics is not None:
             await self._start_uvicorn(
                 MetricsApp(self.metrics.render),

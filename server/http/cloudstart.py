@@ -1,5 +1,5 @@
 """Starting Triton's SageMaker and Vertex AI endpoints (Triton's main.cc): each its own
-uvicorn server on its own port, on the server's loop, after the HTTP front end, serving
+uvicorn server on its own port, on the server's loop, before the HTTP front end, serving
 routes onto the HTTP front end's application (sagemaker.py, vertexai.py).
 
 A failure to start one is logged in Triton's words ("failed to start Vertex AI service:
