@@ -4,8 +4,7 @@ whole command line is read (server/cli.py)."""
 
 from __future__ import annotations
 
-from .cloudflags import SAGEMAKER, VERTEX_AI, check_ports
-from .ports import check_endpoints, endpoints
+from .ports import check_endpoints, check_safe_range, endpoints
 from .settings import Settings
 from .tritonflags import check_values
 
@@ -20,8 +19,4 @@ def check_combined(settings: Settings) -> None:
         raise ValueError(
             "Use of '--load-model' requires setting '--model-control-mode=explicit' as well."
         )
-    # SageMaker's safe port range (cloudflags.py), over the other endpoints that are on
-    # (it adds the cloud ones itself).
-    cloud = (SAGEMAKER, VERTEX_AI)
-    on = [(e.name, e.address, e.port) for e in listeners if e.enabled and e.name not in cloud]
-    check_ports(on, settings.cloud)
+    check_safe_range(listeners, settings.cloud.sagemaker_safe_range)

@@ -85,3 +85,19 @@ def check_endpoints(listeners: Sequence[Endpoint]) -> None:
             # Triton fails to bind only after loading the models; grpc core would even
             # bind such a port modulo 65536 while the log named the one asked for.
             raise ValueError(f"{endpoint.flag}: a port is 0 to {MAX_PORT}, got {endpoint.port}")
+
+
+def check_safe_range(listeners: Sequence[Endpoint], safe: tuple[int, int] | None) -> None:
+    """Triton's CheckPortCollision for `--sagemaker-safe-port-range`: with SageMaker on,
+    every other endpoint that is on at its address must use a port in the range."""
+    sagemaker = next((e for e in listeners if e.name == SAGEMAKER and e.enabled), None)
+    if sagemaker is None or safe is None:
+        return
+    for other in listeners:
+        if other is sagemaker or not other.enabled or other.address != sagemaker.address:
+            continue
+        if not safe[0] <= other.port <= safe[1]:
+            raise ValueError(
+                f"The server cannot listen to {other.name} requests at port {other.port}, "
+                f"allowed port range is [{safe[0]}, {safe[1]}]"
+            )
