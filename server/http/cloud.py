@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Final
 
 import orjson
-from starlette.types import Message, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import ErrorCode, ServerError
 from ..startup.tritonflags import stoi
@@ -124,3 +124,19 @@ def rewriting_send(
         await send(message)
 
     return wrapped
+
+
+async def forward_infer(
+    inner: ASGIApp, scope: Scope, receive: Receive, send: Send, path: str, mime: str
+) -> None:
+    """`scope`, a POST carrying an inference (or generate) request, to the front end's
+    `path`; a 405 for another method, a 400 for a content type Triton refuses."""
+    if scope["method"] != "POST":
+        await respond(send, 405, "Method Not Allowed")
+        return
+    try:
+        readdressed_scope = infer_scope(scope, path, mime)
+    except ServerError as exc:
+        await error(send, exc)
+        return
+    await inner(readdressed_scope, receive, send)

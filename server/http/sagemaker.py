@@ -19,7 +19,7 @@ from typing import Final
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import ErrorCode, ServerError
-from .cloud import error, infer_scope, readdressed, respond, rewriting_send
+from .cloud import forward_infer, readdressed, respond, rewriting_send
 from .sagemaker_mme import MultiModelEndpoint
 
 MIME: Final = "application/vnd.sagemaker-triton.binary+json;json-header-size="
@@ -84,14 +84,6 @@ class SageMakerEndpoint:
         self, scope: Scope, receive: Receive, send: Send, model: str, kind: str = "infer"
     ) -> None:
         """The inference (or generate) request to `model` that `scope` carries."""
-        if scope["method"] != "POST":
-            await respond(send, 405, "Method Not Allowed")
-            return
-        try:
-            inner = infer_scope(scope, f"/v2/models/{model}/{kind}", MIME)
-        except ServerError as exc:
-            await error(send, exc)
-            return
         if kind == "infer":
             send = rewriting_send(send, headers=_binary_content_type)
-        await self.inner(inner, receive, send)
+        await forward_infer(self.inner, scope, receive, send, f"/v2/models/{model}/{kind}", MIME)

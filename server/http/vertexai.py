@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import ErrorCode, ServerError
 from ..inference.core import InferenceServer
-from .cloud import error, infer_scope, readdressed, respond
+from .cloud import forward_infer, readdressed, respond
 
 MIME: Final = "application/vnd.vertex-ai-triton.binary+json;json-header-size="
 REDIRECT: Final = "x-vertex-ai-triton-redirect"
@@ -116,15 +116,7 @@ class VertexAiEndpoint:
         await respond(send, 400, f"Bad Request: no Vertex AI route for {method} {path}")
 
     async def infer(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
-        if scope["method"] != "POST":
-            await respond(send, 405, "Method Not Allowed")
-            return
-        try:
-            inner = infer_scope(scope, path, MIME)
-        except ServerError as exc:
-            await error(send, exc)
-            return
-        await self.inner(inner, receive, send)
+        await forward_infer(self.inner, scope, receive, send, path, MIME)
 
     async def redirect(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         """The request `path` names, as Triton's redirect serves it."""
