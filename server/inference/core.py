@@ -110,7 +110,7 @@ class InferenceServer:
         self._live = False
 
     def ready(self) -> bool:
-        if not self._live or self._draining or not self.path.accepting:
+        if not self.accepting():
             return False
         return self.lifecycle.all_ready() if self.strict_readiness else True
 
