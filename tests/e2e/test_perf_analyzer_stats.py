@@ -85,8 +85,11 @@ def test_perf_analyzer_server_side_breakdown(server: ServerProcess, protocol: st
             "500",
             "--max-trials",
             "4",
+            # The server-side section is what this test reads, not a steady rate: on a
+            # loaded 2-core CI runner windows can differ by more than 2x, and perf_analyzer
+            # then prints no report at all (max/min must stay within 1 + this / 100).
             "--stability-percentage",
-            "100",
+            "100000",
         ],
         env=env,
         capture_output=True,
