@@ -150,7 +150,12 @@ async def test_models_chat_completions_and_embeddings(http: httpx.AsyncClient) -
             400,
             "tool_choice",
         ),
-        ("/v1/completions", {"model": "textgen", "prompt": "a", "echo": True}, 400, "echo"),
+        (
+            "/v1/completions",
+            {"model": "textgen", "prompt": "a", "add_special_tokens": False},
+            400,
+            "add_special_tokens",
+        ),
         ("/v1/completions", {"model": "textgen", "prompt": "a", "top_p": 2}, 400, "top_p"),
         # The model refuses a prompt past its context: its INVALID_ARG is the client's 400,
         # on the field that holds the prompt.

@@ -187,7 +187,7 @@ BAD_COMPLETIONS: list[tuple[dict[str, Any], str]] = [
     ({"model": "textgen", "prompt": ["a", "b"]}, "prompt"),
     ({"model": "textgen", "prompt": ""}, "prompt"),
     ({"model": "textgen", "prompt": [1, 2, 3]}, "prompt"),
-    ({"model": "textgen", "prompt": "a", "echo": True}, "echo"),
+    ({"model": "textgen", "prompt": "a", "add_special_tokens": False}, "add_special_tokens"),
     ({"model": "textgen", "prompt": "a", "best_of": 2}, "best_of"),
     ({"model": "textgen", "prompt": "a", "logprobs": 1}, "logprobs"),
     ({"model": "textgen", "prompt": "a", "suffix": "z"}, "suffix"),

@@ -4,7 +4,8 @@
   `usage` {prompt_tokens, completion_tokens, total_tokens}.
 - `chat.completion.chunk`: `choices[0].delta` ({role, content} first, then {content},
   then {} with the `finish_reason`); with `stream_options.include_usage`, every chunk has
-  `usage: null` and one more chunk, with empty `choices`, carries the usage.
+  `usage: null` (with vLLM's `continuous_usage_stats` too, the usage so far) and one
+  more chunk, with empty `choices`, carries the usage.
 - `text_completion`: `choices[0].text`, the same object for each streamed chunk.
 
 `Kind` holds what differs between the two APIs, so one streaming loop serves both.
@@ -36,12 +37,18 @@ class Answer:
     model: str
     chat: bool
     include_usage: bool = False
+    # vLLM's `continuous_usage_stats`: every chunk carries the usage so far.
+    continuous_usage: bool = False
+    # The answer's role (vLLM's: the last message's where no generation prompt opens an
+    # assistant turn), and what `echo` puts before its text.
+    role: str = "assistant"
+    echo: str = ""
+    # The client's `request_id` (vLLM's), else a fresh one; prefixed as OpenAI's ids are.
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
-        if not self.id:
-            self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + (self.id or uuid.uuid4().hex)
 
     def _object(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -57,24 +64,34 @@ class Answer:
         if self.chat:
             choice: dict[str, Any] = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": {"role": self.role, "content": self.echo + text},
                 "logprobs": None,
                 "finish_reason": finish_reason,
             }
             kind = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {
+                "index": 0,
+                "text": self.echo + text,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
             kind = "text_completion"
         return {**self._object(kind, [choice]), "usage": usage.as_json()}
 
     def chunk(
-        self, text: str | None, finish_reason: str | None = None, first: bool = False
+        self,
+        text: str | None,
+        finish_reason: str | None = None,
+        first: bool = False,
+        usage: Usage | None = None,
     ) -> bytes:
-        """One streamed chunk: a text delta (None: none), or the closing finish reason."""
+        """One streamed chunk: a text delta (None: none), or the closing finish reason;
+        `usage`, the usage so far, for `continuous_usage`."""
         if self.chat:
             delta: dict[str, Any] = {}
             if first:
-                delta["role"] = "assistant"
+                delta["role"] = self.role
             if text is not None:
                 delta["content"] = text
             choice: dict[str, Any] = {"index": 0, "delta": delta}
@@ -86,7 +103,7 @@ class Answer:
         choice["finish_reason"] = finish_reason
         data = self._object(kind, [choice])
         if self.include_usage:
-            data["usage"] = None
+            data["usage"] = usage.as_json() if self.continuous_usage and usage else None
         return sse(data)
 
     def usage_chunk(self, usage: Usage) -> bytes:

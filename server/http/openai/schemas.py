@@ -6,18 +6,22 @@ milliseconds to seconds, so validation is far from the cost that matters; one mo
 checks a body and describes it in the OpenAPI document (openapi.py), as the v2 control
 plane's bodies do (bodies.py). The v2 hot path never sees these.
 
-Fields follow OpenAI's API reference. Types are strict (JSON `"1"` is not a number, `1.0`
-is not an integer; an integer is a valid float). Fields this server does not know are
-ignored, as OpenAI-compatible servers commonly do, except those whose silent loss would
-change the answer (tools, logprobs, n > 1, JSON response formats, guided decoding...):
-those are a 400 that names the parameter (`refuse_unsupported`). vLLM's sampling
-extensions are fields here, checked with vLLM's ranges, since the model contract takes
-vLLM's sampling keys; which of them reach a given model, and which it refuses, is
-generation.py's decision (`sampling` gives it what the client set).
+Fields follow OpenAI's API reference and vLLM's extensions of it (vLLM's
+`ChatCompletionRequest` and `CompletionRequest`, which most OpenAI-compatible clients are
+tested against). Types are strict (JSON `"1"` is not a number, `1.0` is not an integer;
+an integer is a valid float). A field whose silent loss would change the answer (tools,
+logprobs, n > 1, JSON response formats, guided decoding, token-id prompts, a request's
+own chat template...) is a 400 that names the parameter (`refuse_unsupported`), except at
+the value that changes nothing (vLLM's default). Fields that change nothing here (vLLM's
+cache salt, disaggregation and scheduling hints...) and fields neither knows are ignored.
+vLLM's sampling extensions are fields here, checked with vLLM's ranges, since the model
+contract takes vLLM's sampling keys; which of them reach a given model, and which it
+refuses, is generation.py's decision (`sampling` gives it what the client set).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
@@ -78,6 +82,8 @@ class ChatMessage(Body):
 
 class StreamOptions(Body):
     include_usage: bool = False
+    # vLLM's: usage (so far) on every chunk too; only with include_usage, as vLLM.
+    continuous_usage_stats: bool = False
 
 
 class ResponseFormat(Body):
@@ -121,6 +127,20 @@ _NEVER_SERVED = {
     "guided_grammar": "guided decoding",
     "structured_outputs": "guided decoding",
     "prompt_logprobs": "logprobs",
+    "logprob_token_ids": "logprobs",
+    "prompt_embeds": "prompt embeddings",
+    "repetition_detection": "repetition detection",
+    "truncation_side": "prompt truncation side",
+    "logits_processors": "logits processors",
+}
+# vLLM's fields that no model contract carries either, served only at the values that
+# change nothing (vLLM's defaults; None: not given).
+_DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
+    "return_token_ids": (None, False),
+    "watermarking": (None, False),
+    "priority": (None, 0),
+    "thinking_token_budget": (None, -1),
+    "vllm_xargs": (None, {}),
 }
 
 
@@ -163,6 +183,18 @@ class Sampling(Body):
     guided_grammar: Any = None
     structured_outputs: Any = None
     prompt_logprobs: Any = None
+    logprob_token_ids: Any = None
+    prompt_embeds: Any = None
+    repetition_detection: Any = None
+    truncation_side: Any = None
+    logits_processors: Any = None
+    return_token_ids: bool | None = None
+    watermarking: bool | None = None
+    priority: int | None = None
+    thinking_token_budget: int | None = None
+    vllm_xargs: dict[str, Any] | None = None
+    # vLLM's: the answer's id is the API's prefix and this.
+    request_id: str | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -173,12 +205,23 @@ class Sampling(Body):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def continuous_usage(self) -> bool:
+        """Usage on every streamed chunk: vLLM's `continuous_usage_stats`, which it
+        honours only with `include_usage`."""
+        options = self.stream_options
+        return bool(options and options.include_usage and options.continuous_usage_stats)
+
     def refuse_unsupported(self) -> None:
         if self.n not in (None, 1):
             raise unsupported("n", "Only n=1 is supported: one choice per request")
         for name, feature in _NEVER_SERVED.items():
             if getattr(self, name) is not None:
                 raise unsupported(name, f"'{name}' ({feature}) is not supported")
+        for name, neutral in _DEFAULT_ONLY.items():
+            value = getattr(self, name)
+            if value not in neutral:
+                only = json.dumps(neutral[1])
+                raise unsupported(name, f"'{name}' is not supported: only {only} (the default)")
         if self.logit_bias:
             raise unsupported("logit_bias", "'logit_bias' is not supported")
         if self.stream_options is not None and not self.stream:
@@ -218,9 +261,22 @@ class ChatCompletionRequest(Sampling):
     tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
+    # vLLM's chat template controls (template.py checks them, and renders with them).
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, str]] | None = None
+    reasoning_effort: str | None = None
+    chat_template: str | None = None
+    # vLLM's: the last message begins the answer when it has the answer's role.
+    echo: bool = False
+    # vLLM's default for chat (the template writes the special tokens); the prompt
+    # reaches a model as text, and its tokenizer decides.
+    add_special_tokens: bool = False
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
+        self._refuse_template_controls()
         if self.logprobs or self.top_logprobs is not None:
             param = "logprobs" if self.logprobs else "top_logprobs"
             raise unsupported(param, "logprobs are not supported")
@@ -252,6 +308,33 @@ class ChatCompletionRequest(Sampling):
                 param="max_completion_tokens",
             )
 
+    def _refuse_template_controls(self) -> None:
+        if self.chat_template is not None:
+            # vLLM refuses it too, unless started with --trust-request-chat-template: a
+            # template is code, and the model's own is the one its answers are made for.
+            raise unsupported(
+                "chat_template",
+                "'chat_template' in a request is not supported: chats are rendered with "
+                "the model's own chat template",
+            )
+        if self.add_special_tokens:
+            raise unsupported(
+                "add_special_tokens",
+                "'add_special_tokens' is not supported: only false (the default); the "
+                "prompt reaches the model as text, and its tokenizer adds what it adds",
+            )
+
+    def answer_role(self) -> str:
+        """vLLM's: the assistant's, or where no generation prompt opens an assistant
+        turn, the last message's."""
+        return "assistant" if self.add_generation_prompt else self.messages[-1].role
+
+    def echoed(self) -> str:
+        """What `echo` puts before the answer: the last message, where it has the
+        answer's role (vLLM's rule)."""
+        last = self.messages[-1]
+        return last.text() if self.echo and last.role == self.answer_role() else ""
+
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
@@ -263,22 +346,35 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16
 class CompletionRequest(Sampling):
     default_max_tokens: ClassVar[int | None] = COMPLETION_DEFAULT_MAX_TOKENS
 
-    # One prompt: a string, or a list holding one string (token-id prompts are refused).
-    prompt: str | list[str]
+    # One prompt: a string, or a list holding one string. Token ids (vLLM takes them)
+    # are parsed to be refused in so many words.
+    prompt: str | list[str] | list[int] | list[list[int]]
+    # The prompt begins the answer.
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
     logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    # vLLM's default for completions; the prompt reaches a model as text.
+    add_special_tokens: bool = True
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
+        if _token_ids(self.prompt):
+            raise unsupported("prompt", TOKEN_IDS.format(field="prompt", what="a prompt"))
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
             raise unsupported("prompt", "Only one prompt per request is supported")
         if not self.text():
             # Triton's OpenAI front end refuses it so; a model would, in its own words.
             raise OpenAIError("'prompt' must not be empty", param="prompt")
-        if self.echo:
-            raise unsupported("echo", "'echo' is not supported")
+        if not self.add_special_tokens:
+            raise unsupported(
+                "add_special_tokens",
+                "'add_special_tokens' is not supported: only true (the default); the "
+                "prompt reaches the model as text, and its tokenizer adds what it adds",
+            )
+        if self.response_format is not None and self.response_format.type != "text":
+            raise unsupported("response_format", "Only response_format type 'text' is supported")
         if self.suffix:
             raise unsupported("suffix", "'suffix' is not supported")
         if self.best_of not in (None, 1):
@@ -287,7 +383,20 @@ class CompletionRequest(Sampling):
             raise unsupported("logprobs", "logprobs are not supported")
 
     def text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+        prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+        assert isinstance(prompt, str), "token-id prompts are refused first"
+        return prompt
+
+
+TOKEN_IDS = (
+    "Token-id input is not supported: give {what} as text. '{field}' takes a string "
+    "or a list of strings here, not token ids"
+)
+
+
+def _token_ids(value: object) -> bool:
+    """Whether `value` is token ids: integers, or lists of them (vLLM's forms)."""
+    return isinstance(value, list) and any(not isinstance(item, str) for item in value)
 
 
 # OpenAI's limit on the inputs of one embeddings request.
@@ -296,13 +405,19 @@ MAX_EMBEDDING_INPUTS = 2048
 
 class EmbeddingRequest(Body):
     model: str = Field(min_length=1)
-    input: str | list[str]
+    # Token ids (vLLM takes them, LangChain sends them) are parsed to be refused.
+    input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
 
+    def refuse_unsupported(self) -> None:
+        if _token_ids(self.input):
+            raise unsupported("input", TOKEN_IDS.format(field="input", what="each input"))
+
     def texts(self) -> list[str]:
-        texts = [self.input] if isinstance(self.input, str) else list(self.input)
+        # Token ids are refused first.
+        texts = [self.input] if isinstance(self.input, str) else [str(t) for t in self.input]
         if not texts:
             raise OpenAIError("'input' must not be an empty list", param="input")
         if len(texts) > MAX_EMBEDDING_INPUTS:

@@ -4,8 +4,11 @@ Templates are Hugging Face's: Jinja2 source rendered as transformers'
 `apply_chat_template` renders it (Triton's OpenAI front end and vLLM call it), with the
 same environment, so a model's template gives the same prompt here as there:
 
-- the variables `messages`, `tools` and `documents` (None: tools are refused, and there
-  are no documents), `add_generation_prompt` (true), `bos_token` and `eos_token`;
+- the variables `messages`, `tools` (None: tools are refused), `documents` and
+  `add_generation_prompt` (the request's, as vLLM passes them), `bos_token` and
+  `eos_token`, and the request's `chat_template_kwargs` (vLLM's: any variables the
+  template reads, `enable_thinking` say; `bos_token` too, as transformers lets them
+  override it);
 - `raise_exception(message)`, by which a template refuses a conversation (roles out of
   order, say): the client's 400 on `messages`;
 - `strftime_now(format)`, the server's local time (Granite's templates date their system
@@ -22,6 +25,12 @@ Each message is a dict as transformers is given it: `role`, `content` (text part
 by "\\n", as vLLM and TensorRT-LLM join them), `name` when sent, an assistant's
 `tool_calls` (each `function.arguments` parsed from its JSON string, as Triton and vLLM
 pass it, since templates print it as an object) and a tool message's `tool_call_id`.
+
+`continue_final_message` (vLLM's, from transformers) leaves the last message open: the
+prompt ends where that message's text ends, so the model continues it. The text is marked
+at its end, rendered, and the prompt cut at the mark (without the whitespace before it,
+where the template strips what a message ends with); a template that does not print the
+message's end cannot be continued, a 400.
 
 Templates run in Jinja2's `ImmutableSandboxedEnvironment`, since a template comes with a
 model and must not reach the server's objects. A template is compiled once per source
@@ -49,11 +58,16 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from ge_serve.backends.base import TextGeneration
 
 from .errors import OpenAIError
-from .schemas import ChatMessage
+from .schemas import ChatCompletionRequest, ChatMessage
 
 log = logging.getLogger(__name__)
 
 CHAT_TEMPLATE_INVALID = "chat_template_invalid"
+# The template's variables that the server sets, never from `chat_template_kwargs`:
+# vLLM refuses `chat_template` and `tokenize` there, and the rest are the request's own.
+SERVER_VARIABLES = frozenset({"chat_template", "tokenize", "messages", "tools", "documents"})
+# Where the message to continue ends; the space tells whether the template strips it.
+_MARK = "GE_SERVE_CONTINUE_FINAL_MESSAGE "
 
 
 class _Refused(Exception):
@@ -117,8 +131,67 @@ def _compiled(source: str) -> jinja2.Template | str:
         return reason
 
 
-def render(generation: TextGeneration, messages: Sequence[ChatMessage]) -> str:
-    """The prompt for `messages`, ending where the assistant's answer begins."""
+def refuse_controls(body: ChatCompletionRequest) -> None:
+    """vLLM's rules for its chat template controls, each a 400 naming its field."""
+    if body.continue_final_message and body.add_generation_prompt:
+        raise OpenAIError(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True "
+            "(`add_generation_prompt` is true unless set to false).",
+            param="continue_final_message",
+        )
+    given = body.chat_template_kwargs or {}
+    clashing = sorted(SERVER_VARIABLES.intersection(given))
+    if clashing:
+        raise OpenAIError(
+            f"Found unexpected chat template kwargs from request: {clashing}. These "
+            "are set by the server or by the request's own fields",
+            param=f"chat_template_kwargs.{clashing[0]}",
+        )
+    for name in ("add_generation_prompt", "continue_final_message"):
+        if name in given and given[name] != getattr(body, name):
+            raise OpenAIError(
+                f"'chat_template_kwargs.{name}' ({json.dumps(given[name])}) disagrees "
+                f"with '{name}' ({json.dumps(getattr(body, name))}): set '{name}' itself",
+                param=f"chat_template_kwargs.{name}",
+            )
+
+
+def variables(body: ChatCompletionRequest) -> dict[str, Any]:
+    """What the template gets besides the messages, as vLLM gives it: the request's
+    `chat_template_kwargs` and `documents`, and `reasoning_effort` (which sets
+    `enable_thinking` too, where the kwargs do not)."""
+    found = dict(body.chat_template_kwargs or {})
+    # The renderer's options, checked equal to the request's own: not variables.
+    found.pop("add_generation_prompt", None)
+    found.pop("continue_final_message", None)
+    found["documents"] = body.documents
+    if body.reasoning_effort is not None:
+        found["reasoning_effort"] = body.reasoning_effort
+        found.setdefault("enable_thinking", body.reasoning_effort != "none")
+    return found
+
+
+def render_request(generation: TextGeneration, body: ChatCompletionRequest) -> str:
+    """The prompt for a chat request, with its template controls."""
+    return render(
+        generation,
+        body.messages,
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final=body.continue_final_message,
+        extra=variables(body),
+    )
+
+
+def render(
+    generation: TextGeneration,
+    messages: Sequence[ChatMessage],
+    *,
+    add_generation_prompt: bool = True,
+    continue_final: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> str:
+    """The prompt for `messages`: ending where the assistant's answer begins, or with
+    `continue_final`, where the last message ends. `extra`: more variables."""
     assert generation.chat_template is not None
     template = _compiled(generation.chat_template)
     if isinstance(template, str):
@@ -129,21 +202,43 @@ def render(generation: TextGeneration, messages: Sequence[ChatMessage]) -> str:
             code=CHAT_TEMPLATE_INVALID,
         )
     conversation = [_message(index, message) for index, message in enumerate(messages)]
+    if continue_final:
+        conversation[-1]["content"] += _MARK
+    context: dict[str, Any] = {
+        "bos_token": generation.bos_token,
+        "eos_token": generation.eos_token,
+        "documents": None,
+        **(extra or {}),
+        "messages": conversation,
+        "tools": None,
+        "add_generation_prompt": add_generation_prompt,
+    }
     try:
-        return template.render(
-            messages=conversation,
-            tools=None,
-            documents=None,
-            bos_token=generation.bos_token,
-            eos_token=generation.eos_token,
-            add_generation_prompt=True,
-        )
+        rendered = template.render(context)
     except _Refused as exc:
         raise OpenAIError(f"The conversation was refused: {exc}", param="messages") from None
     except (jinja2.TemplateError, TypeError, ValueError, KeyError) as exc:
         raise OpenAIError(
             f"The messages do not fit the model's chat template: {exc}", param="messages"
         ) from None
+    return _opened(rendered, messages[-1].text()) if continue_final else rendered
+
+
+def _opened(rendered: str, final: str) -> str:
+    """`rendered` cut where the last message's text ends (marked with `_MARK`)."""
+    mark = _MARK.strip()
+    if mark not in rendered or final.strip() not in rendered:
+        raise OpenAIError(
+            "continue_final_message is set but the final message does not appear in the "
+            "chat after applying the chat template: the model's template does not print "
+            "the last message as it was sent, so it cannot be continued",
+            param="continue_final_message",
+        )
+    at = rendered.rindex(mark)
+    if rendered.startswith(_MARK, at):
+        return rendered[:at]
+    # The template strips what a message ends with: so does the prompt.
+    return rendered[:at].rstrip()
 
 
 def _message(index: int, message: ChatMessage) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from .errors import CONTEXT_LENGTH_EXCEEDED, SERVER_ERROR, OpenAIError
 from .generation import Params, Piece, Usage, build_request, collect, pieces
 from .objects import DONE, Answer, sse
 from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
-from .template import render
+from .template import refuse_controls, render_request
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ RENDERED_ON_THE_LOOP = 64
 async def chat_completion(
     catalog: Catalog, request: Request, body: ChatCompletionRequest
 ) -> Response:
+    refuse_controls(body)
     model = catalog.generative(body.model)
     generation = text_generation(model)
     if generation is None or generation.chat_template is None:
@@ -59,10 +60,11 @@ async def chat_completion(
     _check_limit(limit, generation.max_model_len)
     if len(body.messages) > RENDERED_ON_THE_LOOP:
         # A template walks every message in Python: seconds for a million of them.
-        prompt = await asyncio.to_thread(render, generation, body.messages)
+        prompt = await asyncio.to_thread(render_request, generation, body)
     else:
-        prompt = render(generation, body.messages)
-    return await _answer(catalog, request, model, body, prompt, chat=True)
+        prompt = render_request(generation, body)
+    answer = _identity(body, chat=True, role=body.answer_role(), echo=body.echoed())
+    return await _answer(catalog, request, model, body, prompt, answer)
 
 
 async def completion(catalog: Catalog, request: Request, body: CompletionRequest) -> Response:
@@ -70,7 +72,22 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
     generation = text_generation(model)
     if generation is not None:
         _check_limit(body.token_limit(), generation.max_model_len)
-    return await _answer(catalog, request, model, body, body.text(), chat=False)
+    prompt = body.text()
+    answer = _identity(body, chat=False, echo=prompt if body.echo else "")
+    return await _answer(catalog, request, model, body, prompt, answer)
+
+
+def _identity(body: Sampling, *, chat: bool, role: str = "assistant", echo: str = "") -> Answer:
+    stream = bool(body.stream)
+    return Answer(
+        body.model,
+        chat,
+        include_usage=stream and body.include_usage(),
+        continuous_usage=stream and body.continuous_usage(),
+        role=role,
+        echo=echo,
+        id=body.request_id or "",
+    )
 
 
 def _check_limit(limit: int | None, max_model_len: int) -> None:
@@ -90,15 +107,13 @@ async def _answer(
     model: ModelVersion,
     body: Sampling,
     prompt: str,
-    *,
-    chat: bool,
+    answer: Answer,
 ) -> Response:
     stream = bool(body.stream)
     infer_request, sent = build_request(
         model, prompt, stream, body.sampling(), body.default_max_tokens
     )
-    params = Params("messages" if chat else "prompt", sent)
-    answer = Answer(body.model, chat, include_usage=stream and body.include_usage())
+    params = Params("messages" if answer.chat else "prompt", sent)
     if not stream:
         text, reason, usage = await until_disconnect(
             request, collect(catalog.core, infer_request, params)
@@ -134,15 +149,19 @@ async def _events(
     usage = Usage()
     reason: str | None = None
     async with contextlib.aclosing(rest):
+        # What the opening chunks count, as vLLM's: the prompt, nothing generated yet.
+        opening = Usage(first.prompt_tokens or 0) if first else usage
         if answer.chat:
-            yield answer.chunk("", first=True)
+            yield answer.chunk("", first=True, usage=opening)
+        if answer.echo:
+            yield answer.chunk(answer.echo, usage=opening)
         try:
             piece = first
             while piece is not None:
                 usage.add(piece)
                 reason = piece.finish_reason or reason
                 if piece.text:
-                    yield answer.chunk(piece.text)
+                    yield answer.chunk(piece.text, usage=usage)
                 piece = await anext(rest, None)
         except OpenAIError as exc:
             yield sse(exc.body())
@@ -151,7 +170,7 @@ async def _events(
             log.exception("the stream of %s failed", answer.id)
             yield sse(OpenAIError(f"internal error: {exc}", status=500, kind=SERVER_ERROR).body())
             return
-    yield answer.chunk(None if answer.chat else "", finish_reason=reason or "stop")
+    yield answer.chunk(None if answer.chat else "", finish_reason=reason or "stop", usage=usage)
     if answer.include_usage:
         yield answer.usage_chunk(usage)
     yield DONE

@@ -1,0 +1,240 @@
+"""vLLM's extensions of the OpenAI request bodies (vLLM's `ChatCompletionRequest` and
+`CompletionRequest`, what most OpenAI-compatible clients are tested against): each is
+honoured as vLLM honours it, or refused by name, never silently dropped. The models are
+tests/textgen.py's echo model, whose answer is the prompt it got, word by word."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+import textgen
+from openai_inprocess import error, openai_client
+
+from ge_serve.backends.base import TextGeneration
+from ge_serve.server.http.openai.errors import OpenAIError
+from ge_serve.server.http.openai.schemas import ChatMessage
+from ge_serve.server.http.openai.template import render
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
+
+CHAT = "/v1/chat/completions"
+PREFILL = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+# Prints what vLLM's template controls reach a template with.
+VARIABLES = (
+    "{% if enable_thinking is defined and not enable_thinking %}nothink {% endif %}"
+    "{{ bos_token }}{% for m in messages %} {{ m['content'] }}{% endfor %}"
+    "{% for d in documents or [] %} doc:{{ d.title }}{% endfor %}"
+    " effort:{{ reasoning_effort | default('unset') }}"
+)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = textgen.write(tmp_path_factory.mktemp("openai-vllm-fields"))
+    textgen.write_templated(folder, "tpl_variables", VARIABLES)
+    return folder
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def http(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
+    async with openai_client(repo, ["textgen", "tpl_variables", "embedder"]) as client:
+        yield client
+
+
+async def answer(http: httpx.AsyncClient, **fields: Any) -> dict[str, Any]:
+    body = {"model": "textgen", "messages": PREFILL, **fields}
+    response = await http.post(CHAT, json=body)
+    assert response.status_code == 200, response.text
+    message: dict[str, Any] = response.json()["choices"][0]["message"]
+    return message
+
+
+def chunks(response: httpx.Response) -> list[dict[str, Any]]:
+    assert response.status_code == 200, response.text
+    blocks = [block[6:] for block in response.text.split("\n\n") if block]
+    assert blocks[-1] == "[DONE]"
+    return [json.loads(block) for block in blocks[:-1]]
+
+
+async def test_add_generation_prompt_false_opens_no_assistant_turn(
+    http: httpx.AsyncClient,
+) -> None:
+    opened = await answer(http)
+    assert opened["content"].endswith("<|im_start|>assistant")
+    assert opened["role"] == "assistant"
+    closed = await answer(http, add_generation_prompt=False)
+    assert (
+        closed["content"] == "<|im_start|>user Hi<|im_end|> <|im_start|>assistant Hello<|im_end|>"
+    )
+    # vLLM's: without a generation prompt the answer has the last message's role.
+    assert closed["role"] == "assistant"
+    user_last = {"model": "textgen", "messages": PREFILL[:1], "add_generation_prompt": False}
+    response = await http.post(CHAT, json=user_last)
+    assert response.json()["choices"][0]["message"]["role"] == "user"
+
+
+async def test_continue_final_message_leaves_the_last_message_open(
+    http: httpx.AsyncClient,
+) -> None:
+    continued = await answer(http, continue_final_message=True, add_generation_prompt=False)
+    assert continued["content"] == "<|im_start|>user Hi<|im_end|> <|im_start|>assistant Hello"
+    for fields in (
+        {"continue_final_message": True},
+        {"continue_final_message": True, "add_generation_prompt": True},
+    ):
+        body = {"model": "textgen", "messages": PREFILL, **fields}
+        refused = error(await http.post(CHAT, json=body))
+        assert refused["param"] == "continue_final_message"
+        assert "add_generation_prompt" in refused["message"]
+
+
+async def test_a_continued_message_ends_as_the_template_ends_it() -> None:
+    def rendered(template: str, last: str) -> str:
+        generation = TextGeneration(template, "", "", 0)
+        messages = [
+            ChatMessage(role="user", content="a"),
+            ChatMessage(role="assistant", content=last),
+        ]
+        return render(generation, messages, add_generation_prompt=False, continue_final=True)
+
+    plain = "{% for m in messages %}[{{ m.content }}]{% endfor %}"
+    assert rendered(plain, "b ") == "[a][b "
+    # A template that strips what a message ends with: so does the prompt, as transformers.
+    assert rendered("{% for m in messages %}[{{ m.content | trim }}]{% endfor %}", "b ") == "[a][b"
+    with pytest.raises(OpenAIError) as caught:
+        rendered("{% for m in messages %}[{{ m.content[:1] }}]{% endfor %}", "bc")
+    assert caught.value.param == "continue_final_message"
+
+
+async def test_chat_template_kwargs_documents_and_reasoning_effort_reach_the_template(
+    http: httpx.AsyncClient,
+) -> None:
+    async def prompt(**fields: Any) -> str:
+        body = {"model": "tpl_variables", "messages": PREFILL[:1], **fields}
+        response = await http.post(CHAT, json=body)
+        assert response.status_code == 200, response.text
+        text: str = response.json()["choices"][0]["message"]["content"]
+        return text
+
+    assert await prompt() == "Hi effort:unset"
+    kwargs = {"enable_thinking": False, "bos_token": "BOS"}
+    assert await prompt(chat_template_kwargs=kwargs) == "nothink BOS Hi effort:unset"
+    documents = [{"title": "T1", "text": "x"}]
+    assert await prompt(documents=documents) == "Hi doc:T1 effort:unset"
+    assert await prompt(reasoning_effort="none") == "nothink Hi effort:none"
+    assert await prompt(reasoning_effort="low") == "Hi effort:low"
+    agreeing = {"add_generation_prompt": True}
+    assert await prompt(chat_template_kwargs=agreeing) == "Hi effort:unset"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"chat_template": "{{ 1 }}"}, "chat_template_kwargs.chat_template"),
+        ({"messages": []}, "chat_template_kwargs.messages"),
+        ({"tokenize": True}, "chat_template_kwargs.tokenize"),
+        ({"add_generation_prompt": False}, "chat_template_kwargs.add_generation_prompt"),
+    ],
+)
+async def test_chat_template_kwargs_that_clash_are_refused(
+    http: httpx.AsyncClient, kwargs: dict[str, Any], param: str
+) -> None:
+    body = {"model": "textgen", "messages": PREFILL, "chat_template_kwargs": kwargs}
+    assert error(await http.post(CHAT, json=body))["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("param", "refused", "default"),
+    [
+        ("chat_template", "{{ messages[0].content }}", None),
+        ("add_special_tokens", True, False),
+        ("return_token_ids", True, False),
+        ("priority", 1, 0),
+        ("vllm_xargs", {"a": 1}, {}),
+        ("logprob_token_ids", [1], None),
+        ("thinking_token_budget", 10, -1),
+    ],
+)
+async def test_vllm_fields_not_served_are_refused_by_name(
+    http: httpx.AsyncClient, param: str, refused: Any, default: Any
+) -> None:
+    body = {"model": "textgen", "messages": PREFILL, param: refused}
+    found = error(await http.post(CHAT, json=body))
+    assert (found["param"], found["code"]) == (param, "unsupported_parameter")
+    # vLLM's default changes nothing, and is accepted.
+    assert (await answer(http, **{param: default})) == await answer(http)
+
+
+async def test_echo_puts_the_last_message_before_the_answer(http: httpx.AsyncClient) -> None:
+    plain = (await answer(http))["content"]
+    assert (await answer(http, echo=True))["content"] == "Hello" + plain
+    body = {"model": "textgen", "messages": PREFILL, "echo": True, "stream": True}
+    streamed = chunks(await http.post(CHAT, json=body))
+    assert streamed[1]["choices"][0]["delta"] == {"content": "Hello"}
+    # Not the assistant's role: nothing to echo.
+    user_last = {"model": "textgen", "messages": PREFILL[:1], "echo": True}
+    text = (await http.post(CHAT, json=user_last)).json()["choices"][0]["message"]["content"]
+    assert text.startswith("<|im_start|>user")
+
+    completion = {"model": "textgen", "prompt": "a b", "echo": True}
+    found = (await http.post("/v1/completions", json=completion)).json()
+    assert found["choices"][0]["text"] == "a ba b"
+    streamed = chunks(await http.post("/v1/completions", json={**completion, "stream": True}))
+    assert "".join(c["choices"][0]["text"] for c in streamed) == "a ba b"
+
+
+async def test_request_id_names_the_answer(http: httpx.AsyncClient) -> None:
+    body = {"model": "textgen", "messages": PREFILL, "request_id": "abc"}
+    assert (await http.post(CHAT, json=body)).json()["id"] == "chatcmpl-abc"
+    body = {"model": "textgen", "prompt": "a", "request_id": "abc"}
+    assert (await http.post("/v1/completions", json=body)).json()["id"] == "cmpl-abc"
+
+
+@pytest.mark.parametrize("path", [CHAT, "/v1/completions"])
+async def test_continuous_usage_stats_puts_usage_on_every_chunk(
+    http: httpx.AsyncClient, path: str
+) -> None:
+    prompt = {"messages": PREFILL[:1]} if path == CHAT else {"prompt": "a b c"}
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = {"model": "textgen", "stream": True, "stream_options": options, **prompt}
+    streamed = chunks(await http.post(path, json=body))
+    prompt_tokens = streamed[-1]["usage"]["prompt_tokens"]
+    assert prompt_tokens > 0
+    counts = [c["usage"]["completion_tokens"] for c in streamed]
+    texts = [
+        c
+        for c in streamed[:-2]
+        if c["choices"][0].get("text") or c["choices"][0].get("delta", {}).get("content")
+    ]
+    assert [c["usage"]["completion_tokens"] for c in texts] == list(range(1, len(texts) + 1))
+    assert counts == sorted(counts) and counts[-1] == len(texts)
+    for chunk in streamed:
+        usage = chunk["usage"]
+        assert usage["prompt_tokens"] == prompt_tokens
+        assert usage["total_tokens"] == prompt_tokens + usage["completion_tokens"]
+    # As vLLM: only with include_usage.
+    body["stream_options"] = {"continuous_usage_stats": True}
+    assert all("usage" not in c for c in chunks(await http.post(path, json=body)))
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"model": "textgen", "prompt": [1, 2, 3]}, "prompt"),
+        ("/v1/completions", {"model": "textgen", "prompt": [[1, 2]]}, "prompt"),
+        ("/v1/embeddings", {"model": "embedder", "input": [[15339, 1917]]}, "input"),
+        ("/v1/embeddings", {"model": "embedder", "input": [15339, 1917]}, "input"),
+    ],
+)
+async def test_token_id_inputs_are_refused_in_so_many_words(
+    http: httpx.AsyncClient, path: str, body: dict[str, Any], param: str
+) -> None:
+    refused = error(await http.post(path, json=body))
+    assert (refused["param"], refused["code"]) == (param, "unsupported_parameter")
+    assert refused["message"].startswith("Token-id input is not supported")
