@@ -98,6 +98,39 @@ def test_greedy_chat_streamed_equals_the_reference(client: openai.OpenAI) -> Non
     assert chunks[-1].usage.prompt_tokens == len(prompt_ids(prompt))
 
 
+def test_vllms_chat_template_controls_reach_the_engine(client: openai.OpenAI) -> None:
+    # continue_final_message: the engine continues the assistant's prefill, as vLLM's does.
+    prefill = [*MESSAGES, {"role": "assistant", "content": "Sure"}]
+    prompt = rendered(prefill).removesuffix("\nassistant: ").removesuffix("\n")
+    controls = {"continue_final_message": True, "add_generation_prompt": False}
+    chat = client.chat.completions.create(
+        model="tiny_llm",
+        messages=prefill,
+        temperature=0,
+        max_tokens=8,
+        extra_body=controls,
+    )
+    assert chat.choices[0].message.content == reference_text(prompt, 8)
+    assert chat.usage is not None and chat.usage.prompt_tokens == len(prompt_ids(prompt))
+    # continuous_usage_stats: every chunk counts what was generated so far.
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny_llm",
+            messages=MESSAGES,
+            temperature=0,
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+        )
+    )
+    assert all(c.usage is not None for c in chunks)
+    counts = [c.usage.completion_tokens for c in chunks if c.usage is not None]
+    assert counts[0] == 0 and counts == sorted(counts)
+    assert counts[-1] == len(reference_greedy(rendered(MESSAGES), 6))
+    prompts = {c.usage.prompt_tokens for c in chunks if c.usage is not None}
+    assert prompts == {len(prompt_ids(rendered(MESSAGES)))}
+
+
 def test_greedy_completion_equals_the_reference(client: openai.OpenAI) -> None:
     completion = client.completions.create(
         model="tiny_llm", prompt="The quick brown fox", temperature=0, max_tokens=10
