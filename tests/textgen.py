@@ -27,6 +27,7 @@ holding the text NO_VECTOR is answered without VECTOR.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pymodels import write_model
@@ -233,7 +234,7 @@ def _parameter(key: str, value: str) -> str:
     return f"parameters {{ key: {json.dumps(key)} value {{ string_value: {json.dumps(value)} }} }}"
 
 
-def render_chat(messages: list[dict[str, str]]) -> str:
+def render_chat(messages: Sequence[Mapping[str, object]]) -> str:
     """The prompt `CHAT_TEMPLATE` makes of `messages`, written out by hand."""
     turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
     return turns + "<|im_start|>assistant\n"

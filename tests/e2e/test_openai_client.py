@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import numpy as np
@@ -22,11 +23,16 @@ import pytest
 import textgen
 from serverproc import REPO_ROOT, ServerProcess, running_server
 
-openai = pytest.importorskip("openai", reason="the openai client is not installed (test extra)")
+if TYPE_CHECKING:
+    import openai
+    from openai.types.chat import ChatCompletionMessageParam
+else:
+    # Typed as the module when installed; skipped, not failed, where the extra is not.
+    openai = pytest.importorskip("openai", reason="the openai client is not installed (test extra)")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
-MESSAGES = [
+MESSAGES: list[ChatCompletionMessageParam] = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Say hello"},
 ]
@@ -62,7 +68,7 @@ def test_models_lists_the_generative_and_embedding_models(client: openai.OpenAI)
 
 
 def test_chat_not_streamed(client: openai.OpenAI) -> None:
-    chat = client.chat.completions.create(model="textgen", messages=MESSAGES)  # type: ignore[arg-type]
+    chat = client.chat.completions.create(model="textgen", messages=MESSAGES)
     assert chat.object == "chat.completion"
     assert chat.id.startswith("chatcmpl-")
     assert chat.model == "textgen"
@@ -79,7 +85,7 @@ def test_chat_not_streamed(client: openai.OpenAI) -> None:
 def test_chat_streamed_with_usage(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
         model="textgen",
-        messages=MESSAGES,  # type: ignore[arg-type]
+        messages=MESSAGES,
         stream=True,
         stream_options={"include_usage": True},
         max_tokens=3,
@@ -109,7 +115,7 @@ def test_chat_streamed_without_usage_has_no_usage_chunk(client: openai.OpenAI) -
     chunks = list(
         client.chat.completions.create(
             model="textgen",
-            messages=MESSAGES,  # type: ignore[arg-type]
+            messages=MESSAGES,
             stream=True,
         )
     )
@@ -206,7 +212,7 @@ def test_base64_is_little_endian_float32(server: ServerProcess) -> None:
 
 def test_unknown_model_is_the_clients_not_found_error(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
-        client.chat.completions.create(model="nope", messages=MESSAGES)  # type: ignore[arg-type]
+        client.chat.completions.create(model="nope", messages=MESSAGES)
     assert caught.value.code == "model_not_found"
 
 
@@ -229,12 +235,12 @@ async def test_async_client_chat_completions_and_embeddings(
     async with async_client as client:
         chat = await client.chat.completions.create(
             model="textgen",
-            messages=MESSAGES,  # type: ignore[arg-type]
+            messages=MESSAGES,
         )
         assert chat.choices[0].message.content == " ".join(RENDERED_WORDS)
         stream = await client.chat.completions.create(
             model="textgen",
-            messages=MESSAGES,  # type: ignore[arg-type]
+            messages=MESSAGES,
             stream=True,
         )
         text = ""
@@ -388,7 +394,7 @@ def test_chat_streams_through_an_http_worker_process(
         chunks = list(
             client.chat.completions.create(
                 model="textgen",
-                messages=MESSAGES,  # type: ignore[arg-type]
+                messages=MESSAGES,
                 stream=True,
             )
         )
