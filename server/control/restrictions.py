@@ -85,8 +85,9 @@ _HTTP_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         # The OpenAI-compatible API (ge-serve's own; Triton serves it from another process).
         (r"/v1/(?:chat/completions|completions|embeddings)", "inference"),
         (r"/v1/models(?:/[^/]+)?", "metadata"),
-        # Triton's OpenAI front end's readiness route, in its category there.
-        (r"/health/ready", "health"),
+        # Triton's OpenAI front end's readiness route, in its category there, and vLLM's
+        # health route beside it.
+        (r"/health(?:/ready)?", "health"),
     )
 )
 

@@ -124,3 +124,23 @@ async def test_health_ready_is_in_the_health_category(lifecycle: ModelLifecycle)
         assert refused.json() == {"error": "This API is restricted, expecting header 'x-probe'"}
         allowed = await http.get("/health/ready", headers={"x-probe": "yes"})
         assert allowed.status_code == 200
+
+
+async def test_vllms_health_route_answers_liveness(lifecycle: ModelLifecycle) -> None:
+    # guidellm and probes written for vLLM GET /health first: 200, no body, while live.
+    core = InferenceServer(lifecycle)
+    async with client(core) as http:
+        live = await http.get("/health")
+        assert live.status_code == 200 and live.content == b""
+        core.begin_draining()  # not ready, still live: a liveness probe must not restart it
+        assert (await http.get("/health")).status_code == 200
+        core.fail_initialization()
+        dead = await http.get("/health")
+        assert dead.status_code == 503 and dead.content == b""
+
+
+async def test_vllms_health_route_is_in_the_health_category(lifecycle: ModelLifecycle) -> None:
+    rules = (("health", "x-probe", "yes"),)
+    async with client(InferenceServer(lifecycle), restricted_api=rules) as http:
+        assert (await http.get("/health")).status_code == 403
+        assert (await http.get("/health", headers={"x-probe": "yes"})).status_code == 200

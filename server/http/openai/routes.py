@@ -8,7 +8,9 @@ theirs (size-capped, decompressed), parsed as JSON, then checked (schemas.py); o
 Also `GET /health/ready`, the readiness route of Triton's OpenAI front end, so probes
 written for it work here: 200 with no body when the server is ready (as
 `/v2/health/ready`), else 400 with its words; in the restricted-API category `health`,
-as Triton puts it.
+as Triton puts it. And `GET /health`, vLLM's health route, which tools written for vLLM
+(guidellm, k8s probes) call first: 200 with no body while the server is live, else 503,
+as vLLM answers when its engine is dead; in the same category.
 """
 
 from __future__ import annotations
@@ -107,6 +109,11 @@ def routes(front: RouteHost) -> list[Route]:
             return Response(status_code=200)
         return Response(orjson.dumps(NOT_READY), status_code=400, media_type="application/json")
 
+    async def health(request: Request) -> Response:
+        # Liveness, not readiness: vLLM's route is its liveness probe too, and a pod
+        # whose models are still loading must not be restarted for it.
+        return Response(status_code=200 if front.core.live() else 503)
+
     async def list_models(request: Request) -> Response:
         return _json({"object": "list", "data": await catalog.listing()})
 
@@ -152,6 +159,7 @@ def routes(front: RouteHost) -> list[Route]:
 
     return [
         front.route("/health/ready", health_ready, ["GET"]),
+        front.route("/health", health, ["GET"]),
         get("/v1/models", list_models),
         ApiRoute(
             "/v1/models/{model}", _openai_errors(kserve_v1), methods=["POST"], error=ErrorObject
