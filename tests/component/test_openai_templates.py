@@ -37,6 +37,9 @@ TEMPLATES = {
     "{% if m.tool_call_id %} answers {{ m.tool_call_id }}{% endif %}"
     " {{ m['content'] }} {% endfor %}tools={{ tools is none }}",
     "tpl_broken": "{% for m in messages %}{{ m['content'] }}",
+    # Variables from a request's chat_template_kwargs, used as a template would use them.
+    "tpl_kwargs": "{% for i in range(turns | default(1)) %}{{ i }} {% endfor %}"
+    "{{ 100 // (divisor | default(1)) }}{% for m in messages %} {{ m['content'] }}{% endfor %}",
 }
 
 
@@ -136,3 +139,43 @@ async def test_an_empty_prompt_is_refused_on_its_field(http: httpx.AsyncClient) 
         refused = error(await http.post("/v1/completions", json=body), 400)
         assert refused["param"] == "prompt"
         assert refused["message"] == "'prompt' must not be empty"
+
+
+async def test_request_variables_reach_the_template(http: httpx.AsyncClient) -> None:
+    body = {
+        "model": "tpl_kwargs",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 63,
+        "chat_template_kwargs": {"turns": 2, "divisor": 4},
+    }
+    response = await http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == "0 1 25 hi"
+
+
+@pytest.mark.parametrize(
+    "variables",
+    [
+        {"divisor": 0},  # ZeroDivisionError
+        {"turns": 10**9},  # the sandbox's OverflowError: range too big
+        {"turns": "many"},  # TypeError
+        {"divisor": []},  # TypeError in //
+    ],
+)
+async def test_request_variables_that_break_the_template_are_the_clients_400(
+    http: httpx.AsyncClient, variables: dict[str, Any]
+) -> None:
+    # Whatever the template raises on a client's values, the client gets a 400 on the
+    # field, never a 500, and the model serves the next chat.
+    body = {
+        "model": "tpl_kwargs",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 63,
+        "chat_template_kwargs": variables,
+    }
+    response = await http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    found = error(response)
+    assert found["param"] == "chat_template_kwargs", found
+    assert "chat template" in found["message"], found
+    assert await chat(http, "tpl_kwargs", [{"role": "user", "content": "hi"}]) == "0 100 hi"

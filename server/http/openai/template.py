@@ -179,6 +179,8 @@ def render_request(generation: TextGeneration, body: ChatCompletionRequest) -> s
         add_generation_prompt=body.add_generation_prompt,
         continue_final=body.continue_final_message,
         extra=variables(body),
+        # The client's own variables are what a template most likely trips over.
+        blame="chat_template_kwargs" if body.chat_template_kwargs else "messages",
     )
 
 
@@ -189,9 +191,11 @@ def render(
     add_generation_prompt: bool = True,
     continue_final: bool = False,
     extra: dict[str, Any] | None = None,
+    blame: str = "messages",
 ) -> str:
     """The prompt for `messages`: ending where the assistant's answer begins, or with
-    `continue_final`, where the last message ends. `extra`: more variables."""
+    `continue_final`, where the last message ends. `extra`: more variables; `blame`: the
+    field a template's failure is the client's 400 on."""
     assert generation.chat_template is not None
     template = _compiled(generation.chat_template)
     if isinstance(template, str):
@@ -217,9 +221,12 @@ def render(
         rendered = template.render(context)
     except _Refused as exc:
         raise OpenAIError(f"The conversation was refused: {exc}", param="messages") from None
-    except (jinja2.TemplateError, TypeError, ValueError, KeyError) as exc:
+    except Exception as exc:
+        # Whatever a template raises on what a client sent (a ZeroDivisionError, the
+        # sandbox's OverflowError for a range too big...) is the client's 400, never a 500.
         raise OpenAIError(
-            f"The messages do not fit the model's chat template: {exc}", param="messages"
+            f"The {blame} do not fit the model's chat template: {type(exc).__name__}: {exc}",
+            param=blame,
         ) from None
     return _opened(rendered, messages[-1].text()) if continue_final else rendered
 
