@@ -7,6 +7,9 @@
 # tritonclient-2.51.0.data/data/bin/perf_analyzer inside the wheel) that needs only glibc 2.34.
 # It links libb64.so.0d (Debian: libb64-0d) and libcudart.so.12 (PyPI:
 # nvidia-cuda-runtime-cu12; only loaded, no GPU is used).
+# Known in this build: --warmup-request-count below the concurrency never ends (the
+# warmup's concurrency is not clamped; fixed upstream in perf_analyzer's #112). Nothing
+# here passes it; genai-perf users of this binary should leave it at 0 or >= concurrency.
 #
 # Output on success (stdout, eval-able, and nothing else on stdout):
 #   PERF_ANALYZER=/abs/path/perf_analyzer
