@@ -61,7 +61,9 @@ class GenerationScheduler:
             batching=settings.batching,
             prefix_caching=settings.enable_prefix_caching,
         )
-        self.generation_stats = GenerationStats(kv_blocks_total=settings.kv_cache_blocks)
+        self.generation_stats = GenerationStats.for_engine(
+            settings.kv_cache_blocks, settings.max_model_len
+        )
         self._wake = threading.Condition()
         self._inbox: list[Sequence] = []
         self._running: list[Sequence] = []
@@ -347,9 +349,9 @@ class GenerationScheduler:
         seq.timings.batch_size, seq.timings.first_in_batch = 1, True
         text = delta if seq.stream else seq.echo + "".join(seq.answer) + delta
         seq.sink.send(seq.response(text, True, self._new_ids(seq)), None, True)
-        stats = self.generation_stats
-        stats.finished[reason] += 1
-        stats.e2e.observe(time.monotonic() - seq.arrival_s)
+        self.generation_stats.request_finished(
+            reason, time.monotonic() - seq.arrival_s, seq.prompt_len, seq.generated
+        )
         seq.on_done()
 
     @staticmethod

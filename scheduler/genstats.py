@@ -18,7 +18,25 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                    50.0, 60.0, 120.0, 240.0, 480.0)  # fmt: skip
+# Triton's vLLM backend's buckets where they differ from vLLM's. Its time-per-output-token
+# bounds are the first thirteen of ITL_BUCKETS, so that family is read off `inter_token`
+# at a scrape (no second observation per token); its `n` bounds are vLLM's too.
+TPOT_BUCKETS = ITL_BUCKETS[:13]
+N_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0)
 FINISH_REASONS = ("stop", "length", "abort")
+
+
+def token_buckets(max_model_len: int) -> tuple[float, ...]:
+    """vLLM's (and Triton's vLLM backend's) token-count buckets: 1, 2, 5, 10, 20, 50, ...
+    while at most `max_model_len`, as its build_1_2_5_buckets."""
+    bounds: list[float] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_model_len:
+                return tuple(bounds)
+            bounds.append(float(mantissa * scale))
+        scale *= 10
 
 
 class Histogram:
@@ -65,6 +83,26 @@ class GenerationStats:
     inter_token: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS))
     queue: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS))
+    # Per finished request (as e2e): its prompt and generated tokens, and its `n` (always 1,
+    # as n > 1 is refused; observed all the same, since dashboards divide by it).
+    request_prompt: Histogram = field(default_factory=lambda: Histogram(token_buckets(2048)))
+    request_generation: Histogram = field(default_factory=lambda: Histogram(token_buckets(2048)))
+    params_n: Histogram = field(default_factory=lambda: Histogram(N_BUCKETS))
+
+    @classmethod
+    def for_engine(cls, kv_blocks_total: int, max_model_len: int) -> GenerationStats:
+        return cls(
+            kv_blocks_total=kv_blocks_total,
+            request_prompt=Histogram(token_buckets(max_model_len)),
+            request_generation=Histogram(token_buckets(max_model_len)),
+        )
+
+    def request_finished(self, reason: str, e2e_s: float, prompt: int, generated: int) -> None:
+        self.finished[reason] += 1
+        self.e2e.observe(e2e_s)
+        self.request_prompt.observe(prompt)
+        self.request_generation.observe(generated)
+        self.params_n.observe(1)
 
     @property
     def kv_usage(self) -> float:

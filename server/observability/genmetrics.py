@@ -7,7 +7,10 @@ meanings are vLLM's (its `vllm:` prefix, and its `model_name` label, so dashboar
 for vLLM work unchanged; `version` is added, as a ge-serve model has versions):
 
 - `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds`,
-  `vllm:e2e_request_latency_seconds`, `vllm:request_queue_time_seconds` (histograms);
+  `vllm:time_per_output_token_seconds` (the same observations in Triton's vLLM backend's
+  buckets, a prefix of the former's), `vllm:e2e_request_latency_seconds`,
+  `vllm:request_queue_time_seconds`, `vllm:request_prompt_tokens`,
+  `vllm:request_generation_tokens`, `vllm:request_params_n` (histograms);
 - `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`,
   `vllm:num_preemptions_total`, `vllm:request_success_total{finished_reason}` (counters;
   a client that left counts as `abort`), `vllm:prefix_cache_queries_total` and
@@ -15,6 +18,11 @@ for vLLM work unchanged; `version` is added, as a ge-serve model has versions):
   cache at admission);
 - `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`
   (gauges; usage is a fraction, 1 = full, as in vLLM).
+
+Every `vllm:` series also carries Triton's vLLM backend's `model` label (its name for the
+same value), so dashboards written for either filter as they are used to. A model whose
+config sets `REPORT_CUSTOM_METRICS` false (Triton's vLLM backend's switch; ge-serve's
+default is on, as vLLM's) gets no `vllm:` series.
 
 vLLM has no name for the engine's own cost, so these are ge-serve's:
 `ge_serve_generation_steps_total`, `ge_serve_generation_step_seconds_total` (whole
@@ -30,14 +38,18 @@ from typing import Protocol, runtime_checkable
 
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 
-from ge_serve.scheduler.genstats import GenerationStats, Histogram
+from ge_serve.backends.text_bool import parse_bool
+from ge_serve.protos import model_config_pb2
+from ge_serve.scheduler.genstats import TPOT_BUCKETS, GenerationStats, Histogram
 
 from .prometheus_text import format_number
 from .statistics import ModelStats
 
 log = logging.getLogger(__name__)
 
-LABELS = ["model_name", "version"]
+# vLLM's `model_name` and Triton's vLLM backend's `model`, both the model's name.
+LABELS = ["model_name", "model", "version"]
+SWITCH = "REPORT_CUSTOM_METRICS"
 
 
 @runtime_checkable
@@ -46,16 +58,62 @@ class GenerationReporter(Protocol):
     def generation_stats(self) -> GenerationStats: ...
 
 
+def reports_vllm_metrics(config: model_config_pb2.ModelConfig) -> bool:
+    """Off only where the config sets REPORT_CUSTOM_METRICS to a false value (any case, as
+    ge-serve reads booleans); unset, or any other value, leaves vLLM's metrics on."""
+    if SWITCH not in config.parameters:
+        return True
+    try:
+        return parse_bool(config.parameters[SWITCH].string_value)
+    except ValueError:
+        return True
+
+
 def generation_families(records: list[ModelStats]) -> Iterator[Metric]:
     found = []
+    vllm = []
     for record in records:
         scheduler = record.model.scheduler
         if isinstance(scheduler, GenerationReporter):
-            found.append(
-                ([record.model.name, record.model.version_str], scheduler.generation_stats)
-            )
+            name = record.model.name
+            entry = ([name, name, record.model.version_str], scheduler.generation_stats)
+            found.append(entry)
+            if reports_vllm_metrics(record.model.config):
+                vllm.append(entry)
     if not found:
         return
+    yield from _engine_families(found)
+    if vllm:
+        yield from _vllm_families(vllm)
+
+
+Found = list[tuple[list[str], GenerationStats]]
+
+
+def _engine_families(found: Found) -> Iterator[Metric]:
+    counters = (
+        ("ge_serve_generation_steps", "Engine iterations run.", "steps"),
+        (
+            "ge_serve_generation_step_seconds",
+            "Seconds spent in engine iterations, in all.",
+            "step_seconds",
+        ),
+        (
+            "ge_serve_generation_graph_seconds",
+            "Seconds of engine iterations spent inside the step graph.",
+            "graph_seconds",
+        ),
+    )
+    for name, doc, attribute in counters:
+        family = Metric(name, doc, "counter")
+        for values, stats in found:
+            # ge-serve's own families keep their labels (no `model`: not a vLLM family).
+            labels = {"model_name": values[0], "version": values[2]}
+            family.add_sample(name + "_total", labels, float(getattr(stats, attribute)))
+        yield family
+
+
+def _vllm_families(found: Found) -> Iterator[Metric]:
     counters = (
         ("vllm:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens"),
         ("vllm:generation_tokens", "Number of generation tokens processed.", "generation_tokens"),
@@ -69,17 +127,6 @@ def generation_families(records: list[ModelStats]) -> Iterator[Metric]:
             "vllm:prefix_cache_hits",
             "Prefix cache hits, in terms of number of cached tokens.",
             "prefix_cache_hits",
-        ),
-        ("ge_serve_generation_steps", "Engine iterations run.", "steps"),
-        (
-            "ge_serve_generation_step_seconds",
-            "Seconds spent in engine iterations, in all.",
-            "step_seconds",
-        ),
-        (
-            "ge_serve_generation_graph_seconds",
-            "Seconds of engine iterations spent inside the step graph.",
-            "graph_seconds",
         ),
     )
     for name, doc, attribute in counters:
@@ -124,13 +171,39 @@ def generation_families(records: list[ModelStats]) -> Iterator[Metric]:
             "Histogram of time spent in WAITING phase for request.",
             "queue",
         ),
+        (
+            "vllm:request_prompt_tokens",
+            "Number of prefill tokens processed.",
+            "request_prompt",
+        ),
+        (
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed.",
+            "request_generation",
+        ),
+        ("vllm:request_params_n", "Histogram of the n request parameter.", "params_n"),
     )
     for name, doc, attribute in histograms:
         histogram = HistogramMetricFamily(name, doc, labels=LABELS)
         for values, stats in found:
             observed: Histogram = getattr(stats, attribute)
-            cumulative = observed.cumulative()
-            les = [format_number(b) for b in observed.bounds] + ["+Inf"]
-            buckets = list(zip(les, (float(c) for c in cumulative), strict=True))
-            histogram.add_metric(values, buckets, observed.sum)
+            histogram.add_metric(values, _buckets(observed, observed.bounds), observed.sum)
         yield histogram
+    # Triton's vLLM backend's name (and buckets) for vLLM's inter-token latency: the same
+    # observations, read off that histogram, whose bounds include these.
+    tpot = HistogramMetricFamily(
+        "vllm:time_per_output_token_seconds",
+        "Histogram of time per output token in seconds.",
+        labels=LABELS,
+    )
+    for values, stats in found:
+        tpot.add_metric(values, _buckets(stats.inter_token, TPOT_BUCKETS), stats.inter_token.sum)
+    yield tpot
+
+
+def _buckets(observed: Histogram, bounds: tuple[float, ...]) -> list[tuple[str, float]]:
+    """`observed`'s cumulative counts at `bounds` (a subset of its own) and +Inf."""
+    cumulative = observed.cumulative()
+    at = [cumulative[observed.bounds.index(bound)] for bound in bounds] + [cumulative[-1]]
+    les = [format_number(b) for b in bounds] + ["+Inf"]
+    return list(zip(les, (float(c) for c in at), strict=True))

@@ -411,6 +411,60 @@ def test_generation_metrics_have_vllm_names_and_types(server: ServerProcess) -> 
     assert after.value(itl, model_name=MODEL) == before.value(itl, model_name=MODEL) + generated - 1
 
 
+def test_triton_vllm_backend_families_with_its_model_label(server: ServerProcess) -> None:
+    """The families Triton's vLLM backend exports (src/utils/metrics.py), with its `model`
+    label beside vLLM's `model_name`, counted per finished request as there."""
+    body = {"text_input": "Triton names", "max_tokens": 6, "sampling_parameters": GREEDY}
+    before = scrape(server.metrics_url)
+    answer = httpx.post(generate_url(server), json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    after = scrape(server.metrics_url)
+    prompt, generated = answer.json()["num_input_tokens"], answer.json()["num_output_tokens"]
+
+    def grew(name: str) -> float:
+        return after.value(name, model=MODEL, version="1") - before.value(name, model=MODEL)
+
+    for name in (
+        "vllm:time_per_output_token_seconds",
+        "vllm:request_prompt_tokens",
+        "vllm:request_generation_tokens",
+        "vllm:request_params_n",
+    ):
+        assert after.types.get(name) == "histogram", (name, after.types.get(name))
+    for name in ("request_prompt_tokens", "request_generation_tokens", "request_params_n"):
+        assert grew(f"vllm:{name}_count") == 1, name
+    assert grew("vllm:request_prompt_tokens_sum") == prompt
+    assert grew("vllm:request_generation_tokens_sum") == generated
+    assert grew("vllm:request_params_n_sum") == 1
+
+    # Triton's buckets: 1-2-5 up to max_model_len (1024 here), 0.01 s to 2.5 s per token.
+    def les(name: str) -> list[float]:
+        return sorted(float(labels["le"]) for labels, _ in after.find(name, model=MODEL))
+
+    assert les("vllm:request_prompt_tokens_bucket") == [
+        1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, float("inf")
+    ]  # fmt: skip
+    tpot = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]
+    assert les("vllm:time_per_output_token_seconds_bucket") == [*tpot, float("inf")]
+    assert grew("vllm:time_per_output_token_seconds_count") == generated - 1
+    assert after.value("vllm:e2e_request_latency_seconds_count", model=MODEL) == after.value(
+        "vllm:e2e_request_latency_seconds_count", model_name=MODEL
+    )
+
+
+def test_report_custom_metrics_false_exports_no_vllm_series(tmp_path: Path) -> None:
+    """Triton's vLLM backend's switch, read as ge-serve reads booleans (any case): false
+    leaves the model's `vllm:` series out; Triton's own metrics stay."""
+    llmrepo.write_tiny_llm(tmp_path, MODEL, {"REPORT_CUSTOM_METRICS": "False"})
+    with running_server([tmp_path]) as server:
+        body = {"text_input": "Quiet", "max_tokens": 4, "sampling_parameters": GREEDY}
+        answer = httpx.post(generate_url(server), json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        text = httpx.get(server.metrics_url, timeout=10).text
+    assert "nv_inference_count" in text
+    assert [line for line in text.splitlines() if "vllm:" in line] == []
+
+
 def test_placed_on_the_simulated_npu_answers_equal_the_reference(tmp_path: Path) -> None:
     llmrepo.write_tiny_llm(
         tmp_path,
