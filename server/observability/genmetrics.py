@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 # vLLM's `model_name` and Triton's vLLM backend's `model`, both the model's name.
 LABELS = ["model_name", "model", "version"]
 SWITCH = "REPORT_CUSTOM_METRICS"
+# Each generative model version's label values (LABELS) and stats.
+Found = list[tuple[list[str], GenerationStats]]
 
 
 @runtime_checkable
@@ -85,9 +87,6 @@ def generation_families(records: list[ModelStats]) -> Iterator[Metric]:
     yield from _engine_families(found)
     if vllm:
         yield from _vllm_families(vllm)
-
-
-Found = list[tuple[list[str], GenerationStats]]
 
 
 def _engine_families(found: Found) -> Iterator[Metric]:
