@@ -16,6 +16,7 @@ with a leading axis added: `batched(sample)`). Latency is measured around each c
 from __future__ import annotations
 
 import asyncio
+import importlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -82,12 +83,11 @@ class _Client:
     """tritonclient's aio client for either protocol, one call signature."""
 
     def __init__(self, url: str, protocol: str, model: str, sample: Mapping[str, Array]):
-        if protocol == "grpc":
-            import tritonclient.grpc.aio as module
-        elif protocol == "http":
-            import tritonclient.http.aio as module  # type: ignore[no-redef]
-        else:
+        if protocol not in ("http", "grpc"):
             raise ValueError(f"protocol must be 'http' or 'grpc', not {protocol!r}")
+        # import_module rather than an `import ... as module` in each branch: those redefine
+        # one name, an error as soon as tritonclient ships types. Imported on use, as before.
+        module = importlib.import_module(f"tritonclient.{protocol}.aio")
         self.client = module.InferenceServerClient(url)
         self.model = model
         self.inputs = _make_inputs(module, sample)
