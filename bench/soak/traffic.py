@@ -83,7 +83,7 @@ async def wait_ready(server: ServerProcess, timeout_s: float) -> None:
 
 def _stub(channel: Any) -> Any:
     """The generated stub (untyped code): its methods answer the proto messages."""
-    return pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+    return pb_grpc.GRPCInferenceServiceStub(channel)
 
 
 def rss_of(pid: int) -> int:

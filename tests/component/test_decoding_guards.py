@@ -117,7 +117,7 @@ async def test_decoding_guard_grpc(
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
             with monkeypatch.context() as patch:
                 patch.setattr(grpc_codec, "decode_infer_request", decoder_bug)
                 with pytest.raises(grpc.aio.AioRpcError) as caught:

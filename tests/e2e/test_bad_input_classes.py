@@ -80,7 +80,7 @@ def http(srv: ServerProcess) -> Iterator[httpx.Client]:
 @pytest.fixture
 def stub(srv: ServerProcess) -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
     with grpc.insecure_channel(srv.grpc_url) as channel:
-        yield pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        yield pb_grpc.GRPCInferenceServiceStub(channel)
     assert srv.alive(), srv.log()
 
 
@@ -160,7 +160,7 @@ def test_huge_shape_grpc_stream(srv: ServerProcess) -> None:
     bad.inputs[0].shape[:] = [0, 2**62]
     bad.raw_input_contents[0] = b""
     with grpc.insecure_channel(srv.grpc_url) as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
         answers = list(stub.ModelStreamInfer(iter([bad, valid_message("good")]), timeout=30))
     assert [a.infer_response.id for a in answers] == ["bad", "good"]
     assert OVERFLOW in answers[0].error_message

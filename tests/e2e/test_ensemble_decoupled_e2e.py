@@ -128,7 +128,7 @@ def request(values: list[int], request_id: str = "r1") -> pb.ModelInferRequest:
 def grpc_stream(server: ServerProcess, values: list[int]) -> list[tuple[Any, ...]]:
     """(error, model, id, final flag, Y) of each message on one ModelStreamInfer call."""
     with grpc.insecure_channel(server.grpc_url) as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
         found = list(stub.ModelStreamInfer(iter([request(values)]), timeout=30))
     answers = []
     for item in found:
@@ -164,7 +164,7 @@ def test_the_ensemble_is_decoupled_and_one_response_endpoints_refuse_it(
         "error": "HTTP end point doesn't support models with decoupled transaction policy"
     }
     with grpc.insecure_channel(server.grpc_url) as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
         with pytest.raises(grpc.RpcError) as unary:
             stub.ModelInfer(request([1]), timeout=30)
     assert unary.value.code() == grpc.StatusCode.UNIMPLEMENTED
