@@ -134,6 +134,12 @@ def make_config(
     return config
 
 
+_TIMEOUT_ACTIONS = {
+    "REJECT": model_config_pb2.ModelQueuePolicy.REJECT,
+    "DELAY": model_config_pb2.ModelQueuePolicy.DELAY,
+}
+
+
 def set_policy(
     config: model_config_pb2.ModelConfig,
     level: int | None,
@@ -145,7 +151,8 @@ def set_policy(
     """Set the default queue policy (level None) or one level's."""
     dyn = config.dynamic_batching
     policy = dyn.default_queue_policy if level is None else dyn.priority_queue_policy[level]
-    policy.timeout_action = model_config_pb2.ModelQueuePolicy.TimeoutAction.Value(action)
+    # The enum wrapper's Value() is typed as a bare int; the field wants the enum member.
+    policy.timeout_action = _TIMEOUT_ACTIONS[action]
     policy.default_timeout_microseconds = timeout_us
     policy.allow_timeout_override = allow_override
     policy.max_queue_size = max_queue_size

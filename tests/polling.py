@@ -14,10 +14,14 @@ T = TypeVar("T")
 
 
 def poll(
-    condition: Callable[[], T], timeout: float, what: str = "a condition", interval: float = 0.02
+    condition: Callable[[], T | None],
+    timeout: float,
+    what: str = "a condition",
+    interval: float = 0.02,
 ) -> T:
     """Call `condition` until it returns something true, and return that; raise
-    TimeoutError naming `what` when `timeout` seconds pass first."""
+    TimeoutError naming `what` when `timeout` seconds pass first. (Never None, so a
+    condition that answers `X | None` gives an X.)"""
     deadline = time.monotonic() + timeout
     while True:
         result = condition()

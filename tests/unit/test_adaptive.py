@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from fake_executor import FakeExecutor, item, make_batcher, make_config, queued
+from fake_executor import Array, FakeExecutor, item, make_batcher, make_config, queued
 
 from ge_serve.scheduler.adaptive import LOG_LIMIT, AdaptiveController
 from ge_serve.scheduler.arrivals import DECAY_STEP_NS
@@ -442,8 +443,11 @@ def test_a_replayed_log_decides_as_events_told_one_by_one() -> None:
     # Two levels, one with a configured budget (its sightings are tracked); time runs
     # forward with gaps below and beyond a decay step, and now and then backwards.
     rng = random.Random(5)
-    kwargs = {"levels": 2, "default_level": 2, "adaptive_latency_budget_us__1": "4000"}
-    replayed, called = controller(**kwargs), controller(**kwargs)
+
+    def two_levels() -> AdaptiveController:
+        return controller(levels=2, default_level=2, adaptive_latency_budget_us__1="4000")
+
+    replayed, called = two_levels(), two_levels()
     now, held = T0, 0
     events: list[Event] = []
     plans: set[bool] = set()
@@ -496,6 +500,13 @@ async def test_low_load_through_the_batcher_never_waits() -> None:
         await batcher.close(5.0)
 
 
+def snapshot_of(batcher: DynamicBatcher) -> dict[str, Any]:
+    """The adaptive batcher's snapshot (adaptive_snapshot() is None only without one)."""
+    snapshot = batcher.adaptive_snapshot()
+    assert snapshot is not None
+    return snapshot
+
+
 async def test_the_controller_hears_of_arrivals_while_no_batch_finishes() -> None:
     # Arrivals are logged and replayed in bulk. With the only slot stuck on a batch, no
     # batch finishes and no plan is made: the log must still reach the controller.
@@ -507,7 +518,7 @@ async def test_the_controller_hears_of_arrivals_while_no_batch_finishes() -> Non
         waiting = [asyncio.ensure_future(batcher.submit(item(v))) for v in range(count)]
         await queued(batcher, count - 1)
         assert batcher.controller is not None
-        assert batcher.adaptive_snapshot()["peak_in_system"] >= count - LOG_LIMIT
+        assert snapshot_of(batcher)["peak_in_system"] >= count - LOG_LIMIT
         fake.open()
         await asyncio.wait_for(asyncio.gather(*waiting), 10)
     finally:
@@ -530,7 +541,7 @@ async def test_a_request_running_alone_joins_the_load_once_another_arrives() -> 
         assert await fake.started() == 1
         second = asyncio.ensure_future(batcher.submit(item(2)))
         await queued(batcher, 1)
-        assert batcher.adaptive_snapshot()["peak_in_system"] == 2
+        assert snapshot_of(batcher)["peak_in_system"] == 2
         fake.open()
         results = await asyncio.wait_for(asyncio.gather(first, second), 10)
         assert [r["y"].tolist() for r in results] == [[[2.0] * 4], [[4.0] * 4]]
@@ -549,7 +560,7 @@ async def test_requests_alone_tell_the_cost_model_of_one_execution_in_eight() ->
             result = await batcher.submit(item(value))
             assert result["y"].tolist() == [[2.0 * value] * 4]
         assert fake.sizes == [1] * 17
-        snapshot = batcher.adaptive_snapshot()
+        snapshot = snapshot_of(batcher)
         assert batcher.controller is not None
         assert batcher.controller.cost.executions == 3  # the 1st, 9th and 17th
         assert list(snapshot["cost_us"]) == [1]
@@ -576,7 +587,7 @@ async def test_requests_run_alone_again_once_a_burst_has_passed() -> None:
             # Already on the slot, never queued: it runs alone at once.
             alone += sum(batcher.queue_depths().values()) == 0
             await request  # not wait_for: no extra turn in between
-        assert batcher.adaptive_snapshot()["peak_in_system"] < 2
+        assert snapshot_of(batcher)["peak_in_system"] < 2
         assert alone >= 10
     finally:
         await batcher.close(5.0)
@@ -586,7 +597,7 @@ async def test_a_request_alone_that_fails_gets_the_error_and_the_slot_comes_back
     class FailingOnce(FakeExecutor):
         failed = False
 
-        def execute(self, inputs):  # type: ignore[no-untyped-def]
+        def execute(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
             result = super().execute(inputs)
             if not self.failed:
                 self.failed = True
@@ -650,7 +661,7 @@ async def test_high_load_through_the_batcher_grows_batches_to_the_maximum() -> N
         assert max(fake.sizes) == 8
         assert len(fake.sizes) <= 96 // 4
         assert batcher.controller is not None
-        snapshot = batcher.adaptive_snapshot()
+        snapshot = snapshot_of(batcher)
         assert 1 <= snapshot["target_batch_size"] <= 8
         assert snapshot["window_us"] <= 5000
     finally:
@@ -827,7 +838,7 @@ class ScriptedPlans(AdaptiveController):
         self.target = target
         self.asked: list[tuple[int, int]] = []
 
-    def plan(  # type: ignore[override]
+    def plan(
         self, now_ns: int, queued: int, oldest_ns: int, level: int, *_: Any, **__: Any
     ) -> Plan:
         self.asked.append((queued, level))

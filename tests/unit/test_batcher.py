@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import numpy as np
 import pytest
-from fake_executor import FakeExecutor, item, make_batcher, make_config, queued, set_policy
+from fake_executor import Array, FakeExecutor, item, make_batcher, make_config, queued, set_policy
 
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.batcher import DynamicBatcher
@@ -44,7 +44,7 @@ async def occupy(
     """Start one request and hold it on the slot, so that the next ones queue up."""
     task = asyncio.create_task(batcher.submit(item(-1, rows=rows)))
     await fake.started()
-    return task  # type: ignore[return-value]
+    return task
 
 
 def submit_all(
@@ -351,7 +351,7 @@ async def test_delay_scheduler_hook_holds_until_n_are_queued() -> None:
 
 async def test_execution_errors_reach_every_request_of_the_batch() -> None:
     class Failing(FakeExecutor):
-        def execute(self, inputs):  # type: ignore[no-untyped-def]
+        def execute(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
             super().execute(inputs)
             raise ValueError("boom")
 
@@ -423,7 +423,7 @@ async def test_a_failing_batch_former_answers_its_queue_and_restarts() -> None:
             queued: int,
             oldest_ns: int,
             level: int,
-            idle: int,
+            idle_slots: int,
             head_samples: int | None = None,
             idle_since_ns: int | None = None,
             **where: Any,
@@ -432,7 +432,7 @@ async def test_a_failing_batch_former_answers_its_queue_and_restarts() -> None:
                 Broken.fail = False
                 raise RuntimeError("controller bug")
             return super().plan(
-                now_ns, queued, oldest_ns, level, idle, head_samples, idle_since_ns, **where
+                now_ns, queued, oldest_ns, level, idle_slots, head_samples, idle_since_ns, **where
             )
 
     config = make_config(max_batch_size=8, parameters={"adaptive_batching": "true"})

@@ -50,7 +50,7 @@ def test_cpu_split_counts_children_apart_from_the_main_process() -> None:
         time.sleep(0.3)
         first = cpu_split(parent.pid)
         second = poll(
-            lambda: (split := cpu_split(parent.pid))[0] - first[0] > 0.1e9 and split,
+            lambda: split if (split := cpu_split(parent.pid))[0] - first[0] > 0.1e9 else None,
             timeout=3.5,
             what="the child's CPU time",
         )

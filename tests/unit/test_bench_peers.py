@@ -9,6 +9,7 @@ from pathlib import Path
 from polling import poll
 
 from bench.lib import peers
+from bench.lib.server import REPO_ROOT
 from bench.suites import peers as suite
 
 
@@ -71,7 +72,7 @@ def test_group_rss_counts_every_process_of_the_group() -> None:
 
 def test_the_wrapper_runs_this_checkouts_cli(tmp_path: Path) -> None:
     root = subprocess.run(
-        ["bash", str(suite.REPO_ROOT / "tools" / "pyroot.sh")],
+        ["bash", str(REPO_ROOT / "tools" / "pyroot.sh")],
         check=True, capture_output=True, text=True,
     ).stdout.strip()  # fmt: skip
     wrapper = suite.ge_wrapper(tmp_path, root)

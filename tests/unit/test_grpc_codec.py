@@ -167,7 +167,7 @@ def test_priority_and_timeout_from_their_fields() -> None:
     assert codec.decode_infer_request(message).request.priority == 7
 
 
-TYPED = {
+TYPED: dict[DataType, tuple[str, list[Any]]] = {
     DataType.BOOL: ("bool_contents", [True, False, True, False, False, True]),
     DataType.UINT8: ("uint_contents", [0, 1, 255, 7, 8, 9]),
     DataType.UINT16: ("uint_contents", [0, 1, 65535, 7, 8, 9]),

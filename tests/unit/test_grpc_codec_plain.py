@@ -44,8 +44,11 @@ def plain(**changes: Any) -> pb.ModelInferRequest:
     return request([("a", "INT32", [2, 3], I32), ("b", "FP32", [6], I32)], **changes)
 
 
-def with_(message: pb.ModelInferRequest, change: Callable[[Any], Any]) -> pb.ModelInferRequest:
-    change(message)
+def with_(
+    message: pb.ModelInferRequest, *changes: Callable[[pb.ModelInferRequest], object]
+) -> pb.ModelInferRequest:
+    for change in changes:
+        change(message)
     return message
 
 
@@ -93,10 +96,8 @@ CASES: dict[str, pb.ModelInferRequest] = {
     ),
     "empty final response beside another parameter": with_(
         plain(),
-        lambda m: (
-            setattr(m.parameters[codec.ENABLE_EMPTY_FINAL_RESPONSE], "bool_param", True),
-            setattr(m.parameters["priority"], "uint64_param", 3),
-        ),
+        lambda m: setattr(m.parameters[codec.ENABLE_EMPTY_FINAL_RESPONSE], "bool_param", True),
+        lambda m: setattr(m.parameters["priority"], "uint64_param", 3),
     ),
     "input parameter": with_(
         plain(), lambda m: setattr(m.inputs[1].parameters["k"], "string_param", "v")

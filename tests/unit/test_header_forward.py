@@ -9,10 +9,10 @@ import pytest
 from ge_serve.server.cli import parse_settings
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.inference.header_forward import HeaderForward
-from ge_serve.server.inference.types import InferRequest
+from ge_serve.server.inference.types import InferRequest, Parameters
 
 
-def forwarded(pattern: str, *names: str) -> dict[str, object]:
+def forwarded(pattern: str, *names: str) -> Parameters:
     request = InferRequest("m")
     HeaderForward(pattern).apply(request, [(name, "v") for name in names])
     return request.parameters

@@ -8,7 +8,10 @@ order go out row-major.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 import orjson
 import pytest
 
@@ -121,7 +124,7 @@ def test_one_dimensional_and_nested_json_data() -> None:
     ],
     ids=["fortran", "strided", "big-endian", "scalar"],
 )
-def test_outputs_in_any_layout_go_row_major(arr: np.ndarray) -> None:  # type: ignore[type-arg]
+def test_outputs_in_any_layout_go_row_major(arr: npt.NDArray[Any]) -> None:
     tensor = Tensor("y", DataType.INT32, tuple(arr.shape), arr)
     response = InferResponse("m", "1", outputs=[tensor])
     expected = np.ascontiguousarray(arr, dtype=np.int32).reshape(-1)

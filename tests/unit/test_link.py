@@ -194,7 +194,7 @@ async def test_a_child_signals_health_and_its_exit_is_seen_on_the_loop(failure: 
         child.sock,
         Codec(()),
         "parent",
-        lambda m: ready.set_result(m) if isinstance(m, Ready) else None,  # type: ignore[func-returns-value]
+        lambda m: ready.set_result(m) if isinstance(m, Ready) else None,
         lambda: None,
         inline_max=0,
     )

@@ -5,6 +5,7 @@ none of them runs, its slot goes to the backlog, and its ID must START again."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 
 import pytest
 from seqharness import Accumulator, batcher, config, req, send, turns, value
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.timeout(30)
 STRATEGIES = ["direct {}", "oldest { max_candidate_sequences: 1 }"]
 
 
-async def cancelled(future: asyncio.Future[object]) -> None:
+async def cancelled(future: Awaitable[object]) -> None:
     with pytest.raises(ServerError) as info:
         await asyncio.wait_for(future, 10)
     assert info.value.code is ErrorCode.CANCELLED

@@ -72,10 +72,13 @@ def test_every_listed_field_has_a_case_here_and_is_a_field_of_the_proto() -> Non
     assert set(SETTING) == set(unhonoured.WARNED) | set(unhonoured.REFUSED)
     assert not set(unhonoured.WARNED) & set(unhonoured.REFUSED)
     for path in SETTING:
+        *parents, name = path.split(".")
         descriptor = model_config_pb2.ModelConfig.DESCRIPTOR
-        for part in path.split("."):
-            field = descriptor.fields_by_name[part]  # KeyError: not a field
-            descriptor = field.message_type
+        for part in parents:
+            inner = descriptor.fields_by_name[part].message_type  # KeyError: not a field
+            assert inner is not None, f"{path}: {part} is not a message"
+            descriptor = inner
+        assert name in descriptor.fields_by_name, f"{path}: not a field"
 
 
 @pytest.mark.parametrize("path", sorted(unhonoured.WARNED))
