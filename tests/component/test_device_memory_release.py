@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from swapmodels import ADDK, write_addk_version, write_atomic
 
+from ge_serve.backends.base import Backend
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.server.app import make_scheduler
 from ge_serve.server.inference.core import InferenceServer
@@ -41,10 +42,13 @@ async def served(core: InferenceServer) -> str:
 
 async def test_reload_and_unload_give_device_memory_back(tmp_path: Path) -> None:
     runtime = acl_sim.SimRuntime(1, 1024**3)
-    backends = {"ge": ge_backend.GeBackend(runtime), "onnxruntime": OnnxRuntimeBackend()}
+    backends: dict[str, Backend] = {
+        "ge": ge_backend.GeBackend(runtime),
+        "onnxruntime": OnnxRuntimeBackend(),
+    }
     life = ModelLifecycle(
         ModelRepository([tmp_path]),
-        backends,  # type: ignore[arg-type]
+        backends,
         make_scheduler,
         LifecycleSettings(default_backend="ge", unload_timeout_s=5.0),
     )

@@ -9,6 +9,7 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 from dynamic_models import dynamic_encoder_folder, encoder_folder, rec_folder
@@ -34,15 +35,27 @@ def runtime(
     yield from ge_runtime(request.param, tmp_path, monkeypatch)
 
 
-def report(folder: Path, runtime: AclRuntime) -> dict[str, object]:
+class OutputErrors(TypedDict):
+    max_abs_error: float
+    max_rel_error: float
+
+
+class Report(TypedDict):
+    """A version's report, the JSON the backend writes into its config parameter."""
+
+    inputs: str
+    samples: int
+    tolerance: str
+    outputs: dict[str, OutputErrors]
+
+
+def report(folder: Path, runtime: AclRuntime) -> Report:
     spec = spec_for(folder)
     loaded = GeBackend(runtime, cores=1).load(spec)
     try:
         rows = metric_rows(loaded.extra)
         assert rows and all(isinstance(r[1], float) for r in rows)
-        found: dict[str, object] = json.loads(
-            spec.config.parameters["conversion_accuracy.1"].string_value
-        )
+        found: Report = json.loads(spec.config.parameters["conversion_accuracy.1"].string_value)
         return found
     finally:
         loaded.close()
@@ -59,11 +72,11 @@ def test_every_kind_of_ge_model_reports_its_errors_at_load(
     ]
     with caplog.at_level(logging.INFO, logger="ge_serve.backends.ge.accuracy"):
         reports = {folder.name: report(folder, runtime) for folder in folders}
-    assert set(reports["classifier"]["outputs"]) == {"probabilities"}  # type: ignore[arg-type]
-    assert set(reports["encoder"]["outputs"]) == {"LAST_HIDDEN", "EMBEDDING"}  # type: ignore[arg-type]
+    assert set(reports["classifier"]["outputs"]) == {"probabilities"}
+    assert set(reports["encoder"]["outputs"]) == {"LAST_HIDDEN", "EMBEDDING"}
     for found in reports.values():
         assert found["inputs"] == "generated" and found["samples"] == 2
-        for errors in found["outputs"].values():  # type: ignore[attr-defined]
+        for errors in found["outputs"].values():
             # The simulated NPU and the fake run onnxruntime too: the same results.
             assert errors["max_abs_error"] <= 1e-6 and errors["max_rel_error"] <= 1e-4
     for name in reports:
@@ -76,9 +89,9 @@ def test_the_perturbing_sim_fails_a_load_with_a_tolerance(tmp_path: Path) -> Non
     runtime = SimRuntime(perturb=0.01)
     loose = make_model(tmp_path, "loose", CLASSIFIER_IO, CLASSIFIER)
     found = report(loose, runtime)
-    errors = found["outputs"]["probabilities"]  # type: ignore[index]
+    errors = found["outputs"]["probabilities"]
     # x (1 + 0.01) + 0.01: at least 1% off everywhere, far more on tiny probabilities.
-    assert errors["max_rel_error"] >= 0.01 and errors["max_abs_error"] > 0.01  # type: ignore[index]
+    assert errors["max_rel_error"] >= 0.01 and errors["max_abs_error"] > 0.01
     strict = make_model(
         tmp_path,
         "strict",

@@ -139,7 +139,7 @@ def test_auto_with_no_device_is_the_simulated_device() -> None:
     choice = select_runtime("auto", import_acl=lambda: module)
     assert isinstance(choice.runtime, SimRuntime)
     assert choice.reason == "--device auto: pyACL is installed but reports no NPU device"
-    assert module.fake.finalized  # type: ignore[attr-defined]
+    assert module.fake.finalized
 
 
 def test_auto_when_pyacl_fails_to_start() -> None:

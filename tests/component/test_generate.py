@@ -87,7 +87,12 @@ def error_of(response: httpx.Response, status: int) -> str:
     return message
 
 
-ADD_SUB_REQUEST = {"A": [1, 2, 3, 4], "B": [1, 1, 1, 1.5], "id": "7", "temperature": 0.5}
+ADD_SUB_REQUEST: dict[str, Any] = {
+    "A": [1, 2, 3, 4],
+    "B": [1, 1, 1, 1.5],
+    "id": "7",
+    "temperature": 0.5,
+}
 ADD_SUB_ANSWER = {
     "DIFF": [0.0, 1.0, 2.0, 2.5],
     "SUM": [2.0, 3.0, 4.0, 5.5],

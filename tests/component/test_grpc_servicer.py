@@ -121,6 +121,7 @@ async def test_statistics(servicer: GrpcServicer, core: RecordingCore) -> None:
         pb.ModelStatisticsRequest(name="simple", version="1"), Context()
     )
     assert core.calls == [("statistics", ("simple", "1"))]
+    assert response is not None  # guard answers None only for a refused call
     (stats,) = response.model_stats
     assert (stats.name, stats.version, stats.inference_count) == ("simple", "1", 12)
     assert stats.last_inference == 1700000000123
@@ -175,11 +176,13 @@ async def test_unload(servicer: GrpcServicer, core: RecordingCore) -> None:
 
 async def test_log_settings(servicer: GrpcServicer, core: RecordingCore) -> None:
     current = await servicer.LogSettings(pb.LogSettingsRequest(), Context())
+    assert current is not None  # guard answers None only for a refused call
     assert current.settings["log_info"].bool_param is True
     assert current.settings["log_format"].string_param == "default"
     request = pb.LogSettingsRequest()
     request.settings["log_verbose_level"].uint32_param = 2
     updated = await servicer.LogSettings(request, Context())
+    assert updated is not None
     assert core.calls == [("update_log", ({"log_verbose_level": 2},))]
     assert updated.settings["log_verbose_level"].uint32_param == 2
 
@@ -198,7 +201,7 @@ async def test_log_settings(servicer: GrpcServicer, core: RecordingCore) -> None
 async def test_core_errors_map_to_status(
     servicer: GrpcServicer, core: RecordingCore, code: ErrorCode, status: Any
 ) -> None:
-    def failing(name: str = "", version: str = "") -> dict[str, Any]:
+    def failing(name: str = "", version: str = "") -> tuple[ModelStatistics, ...]:
         raise ServerError(code, "the reason")
 
     core.statistics = failing  # type: ignore[method-assign]
@@ -208,7 +211,7 @@ async def test_core_errors_map_to_status(
 
 
 async def test_unexpected_errors_are_internal(servicer: GrpcServicer, core: RecordingCore) -> None:
-    def broken(name: str = "", version: str = "") -> dict[str, Any]:
+    def broken(name: str = "", version: str = "") -> tuple[ModelStatistics, ...]:
         raise KeyError("boom")
 
     core.statistics = broken  # type: ignore[method-assign]

@@ -4,7 +4,7 @@ front of each model's real scheduler so a test decides when requests run."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -23,12 +23,15 @@ from ge_serve.protos import grpc_service_pb2_grpc as pb_grpc
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.base import Scheduler
 from ge_serve.scheduler.work import Array, WorkItem
-from ge_serve.server.app import grpc_settings, make_scheduler
+from ge_serve.server.app import make_scheduler
 from ge_serve.server.grpc.server import GrpcFrontEnd
+from ge_serve.server.inference.cancellation import Cancellation
 from ge_serve.server.inference.core import InferenceServer
 from ge_serve.server.inference.types import InferRequest, InferResponse
 from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle
 from ge_serve.server.models.repository import ModelRepository
+from ge_serve.server.observability.tracing import Trace
+from ge_serve.server.startup.part_settings import grpc_settings
 from ge_serve.server.startup.settings import Settings
 
 pytestmark = pytest.mark.timeout(60)
@@ -94,8 +97,13 @@ class DecoupledCore(InferenceServer):
         return True
 
     async def infer_responses(
-        self, request: InferRequest, errors_inline: bool = False
-    ) -> AsyncIterator[InferResponse]:
+        self,
+        request: InferRequest,
+        errors_inline: bool = False,
+        parent: Trace | None = None,
+        cancellation: Cancellation | None = None,
+        sampled: bool = True,
+    ) -> AsyncGenerator[InferResponse, None]:
         for part in range(3):
             response = await self.infer(request)
             response.parameters = {"part": part}
@@ -161,7 +169,7 @@ def output0(response: pb.ModelInferResponse) -> np.ndarray:
 
 
 async def read_all(call: Any) -> list[pb.ModelStreamInferResponse]:
-    responses = []
+    responses: list[pb.ModelStreamInferResponse] = []
     while True:
         response = await asyncio.wait_for(call.read(), WAIT_S)
         if response is grpc.aio.EOF:

@@ -5,6 +5,7 @@ front end's `GET /health/ready` is served, in the restricted-API category `healt
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,9 +25,8 @@ POSTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 
 
 def client(core: InferenceServer, **settings: Any) -> httpx.AsyncClient:
-    front = HttpFrontEnd(
-        core, HttpSettings(**{"max_input_size": LIMIT, "restricted_api": ()} | settings)
-    )
+    base = HttpSettings(max_input_size=LIMIT, restricted_api=())
+    front = HttpFrontEnd(core, dataclasses.replace(base, **settings))
     transport = httpx.ASGITransport(app=front.build())
     return httpx.AsyncClient(transport=transport, base_url="http://ge-serve")
 

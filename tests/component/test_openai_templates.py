@@ -95,7 +95,7 @@ async def test_text_parts_are_joined_by_a_line_break(http: httpx.AsyncClient) ->
 
 
 async def test_tool_calls_and_tool_answers_reach_the_template(http: httpx.AsyncClient) -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "weather?"},
         {
             "role": "assistant",

@@ -319,7 +319,7 @@ async def test_unload_runs_finalize_and_leaves_no_worker(
 
 def _running(pid: int) -> bool:
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)  # psutil: untyped
     except psutil.NoSuchProcess:
         return False
 

@@ -21,7 +21,7 @@ from ge_serve.server.app import make_scheduler
 from ge_serve.server.errors import ServerError
 from ge_serve.server.inference.bls import CoreBridge
 from ge_serve.server.inference.core import InferenceServer
-from ge_serve.server.inference.types import DataType, InferRequest, Tensor
+from ge_serve.server.inference.types import DataType, InferRequest, Parameters, Tensor
 from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle
 from ge_serve.server.models.repository import ModelRepository
 
@@ -81,7 +81,7 @@ async def core(tmp_path: Path) -> AsyncIterator[InferenceServer]:
 
 def ask(model: str, value: int, seq: int | str, **flags: bool) -> InferRequest:
     data = np.array([[value]], dtype=np.int32)
-    params: dict[str, bool | int | str] = {"sequence_id": seq}
+    params: Parameters = {"sequence_id": seq}
     params.update({f"sequence_{k}": v for k, v in flags.items()})
     return InferRequest(
         model, inputs=[Tensor("INPUT", DataType.INT32, (1, 1), data)], parameters=params
