@@ -21,7 +21,9 @@ from tritonclient.utils import InferenceServerException
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 
-def infer(client: httpclient.InferenceServerClient, model: str, feeds: dict[str, np.ndarray]):
+def infer(
+    client: httpclient.InferenceServerClient, model: str, feeds: dict[str, np.ndarray]
+) -> httpclient.InferResult:
     inputs = []
     for name, array in feeds.items():
         tensor = httpclient.InferInput(
@@ -33,7 +35,11 @@ def infer(client: httpclient.InferenceServerClient, model: str, feeds: dict[str,
 
 
 def expected(folder: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    return ort.InferenceSession(str(folder / "1" / "model.onnx")).run(None, feeds)
+    # onnxruntime's run() is untyped; with no output names it returns every output's array.
+    outputs: list[np.ndarray] = ort.InferenceSession(str(folder / "1" / "model.onnx")).run(
+        None, feeds
+    )
+    return outputs
 
 
 def test_variable_shape_models_serve_on_ge_through_the_server(tmp_path: Path) -> None:

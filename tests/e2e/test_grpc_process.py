@@ -14,8 +14,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from serverproc import running_server, start_server
 
-from ge_serve.server.app import grpc_settings
 from ge_serve.server.cli import parse_settings
+from ge_serve.server.startup.part_settings import grpc_settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

@@ -74,8 +74,8 @@ def test_ten_api_swaps_under_load_fail_nothing(tmp_path: Path) -> None:
             versions = [int(o.version) for o in results]
             assert versions == sorted(versions)
         ends = [*issued[1:], float("inf")]
-        for (since, version), until in zip(swaps, ends, strict=True):
-            check_served_after(outcomes, since, until, version)
+        for (since, swapped_in), until in zip(swaps, ends, strict=True):
+            check_served_after(outcomes, since, until, swapped_in)
         index = admin_index(server.http_url)
         assert [r for r in index if r["name"] == ADDK] == [
             {"name": ADDK, "version": "11", "state": "READY"}
@@ -137,8 +137,8 @@ def test_poll_mode_config_edits_under_load_fail_nothing(tmp_path: Path) -> None:
         assert all(o.value == float(o.version) for o in outcomes)
         assert {o.version for o in outcomes} == {"1", "2", "3"}
         ends = [*edits[1:], float("inf")]
-        for (since, version), until in zip(switches, ends, strict=True):
-            check_served_after(outcomes, since, until, version)
+        for (since, switched_to), until in zip(switches, ends, strict=True):
+            check_served_after(outcomes, since, until, switched_to)
         (row,) = [r for r in admin_index(server.http_url) if r["name"] == ADDK]
         assert row["version"] == "3" and row["state"] == "READY"
         assert "failed to parse config.pbtxt" in row["reason"]

@@ -75,7 +75,7 @@ def _gather(client: httpclient.InferenceServerClient, indices: list[int]) -> np.
     value = httpclient.InferInput("INDEX", [len(indices), 1], "INT64")
     value.set_data_from_numpy(np.array(indices, dtype=np.int64).reshape(-1, 1))
     out = client.infer("gather", [value]).as_numpy("VALUE")
-    assert out is not None
+    assert isinstance(out, np.ndarray)  # tritonclient is untyped
     return out
 
 
@@ -128,7 +128,7 @@ def _wait_for_sample(url: str, name: str, timeout: float = 20.0) -> Exposition:
 def test_triton_counters_exact(traffic: ServerProcess, port: str) -> None:
     url = traffic.metrics_url if port == "metrics" else traffic.base_url + "/metrics"
     m = scrape(url)
-    expected = {
+    expected: dict[str, dict[str, Any]] = {
         "simple": {"success": 8, "count": 17, "exec": 8, "fail": {}},
         "gather": {"success": 2, "count": 4, "exec": 2, "fail": {"BACKEND": 3}},
     }

@@ -127,9 +127,9 @@ def logged_gears(log: str, model: str) -> set[tuple[int, int]]:
         rf"model '{model}' version 1 on sim: 1 slot\(s\) on NPU 0, dims shapes \((.*?)\),", log
     )
     assert found, f"no ND-gear load line for {model}"
-    gears = set()
+    gears: set[tuple[int, int]] = set()
     for gear in found.group(1).split("; "):
-        pairs = {tuple(map(int, m)) for m in re.findall(r"\[(\d+), (\d+)(?:, 384)?\]", gear)}
+        pairs = {(int(b), int(t)) for b, t in re.findall(r"\[(\d+), (\d+)(?:, 384)?\]", gear)}
         assert len(pairs) == 1, gear
         gears |= pairs
     return gears

@@ -27,7 +27,7 @@ def _library_path() -> str:
     """perf_analyzer loads libcudart.so.12 (never uses a GPU); the PyPI wheel provides it."""
     paths = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
     try:
-        import nvidia.cuda_runtime as cuda_runtime  # type: ignore[import-not-found]
+        import nvidia.cuda_runtime as cuda_runtime
 
         paths += [str(Path(p) / "lib") for p in cuda_runtime.__path__]
     except ImportError:

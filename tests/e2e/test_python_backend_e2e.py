@@ -135,7 +135,12 @@ def test_repeat_streams_a_response_per_element(python_server: ServerProcess) -> 
         WAIT=np.array([5], np.uint32),
     )
     outputs = [grpcclient.InferRequestedOutput("OUT"), grpcclient.InferRequestedOutput("IDX")]
-    send = {"model_name": "repeat", "inputs": inputs, "outputs": outputs, "request_id": "0"}
+    send: dict[str, Any] = {
+        "model_name": "repeat",
+        "inputs": inputs,
+        "outputs": outputs,
+        "request_id": "0",
+    }
     send["enable_empty_final_response"] = True
     found = stream(python_server, [send], 5)
     values = [r.as_numpy("OUT").tolist() for r in found[:4]]
@@ -165,7 +170,10 @@ def test_square_answers_each_request_as_often_as_it_says(python_server: ServerPr
 def test_a_response_sent_with_the_final_flag_is_the_final_one(
     python_server: ServerProcess, empty_final: bool
 ) -> None:
-    send = {"model_name": "once", "inputs": grpc_inputs(IN=np.array([21], np.int32))}
+    send: dict[str, Any] = {
+        "model_name": "once",
+        "inputs": grpc_inputs(IN=np.array([21], np.int32)),
+    }
     send["enable_empty_final_response"] = empty_final
     (found,) = stream(python_server, [send], 1)
     assert found.as_numpy("OUT").tolist() == [42]
@@ -185,7 +193,7 @@ def test_an_error_response_mid_stream_is_followed_by_the_rest(
     request.raw_input_contents.append(np.array([3], np.int32).tobytes())
     request.parameters["triton_enable_empty_final_response"].bool_param = True
     with grpc.insecure_channel(python_server.grpc_url) as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
         found = list(stub.ModelStreamInfer(iter([request]), timeout=20))
     answers = [
         (
@@ -211,7 +219,7 @@ def test_an_error_response_mid_stream_is_followed_by_the_rest(
 
     # With Triton's `triton_grpc_error` header, the error ends the stream with its status.
     with grpc.insecure_channel(python_server.grpc_url) as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
         call = stub.ModelStreamInfer(
             iter([request]), timeout=20, metadata=(("triton_grpc_error", "true"),)
         )

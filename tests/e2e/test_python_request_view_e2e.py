@@ -157,7 +157,7 @@ def _seen(response: httpx.Response) -> dict[str, Any]:
 
 
 def test_a_python_model_reads_the_sequence_of_each_http_request(server: ServerProcess) -> None:
-    sent = [
+    sent: list[dict[str, Any]] = [
         {"sequence_id": 7, "sequence_start": True, "note": "a"},
         {"sequence_id": 7},
         {"sequence_id": 7, "sequence_end": True},

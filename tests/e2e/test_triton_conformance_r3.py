@@ -52,11 +52,11 @@ def int8_add_sub() -> Any:
         helper.make_node("Cast", ["sum"], ["OUTPUT0"], to=TensorProto.INT8),
         helper.make_node("Cast", ["diff"], ["OUTPUT1"], to=TensorProto.INT8),
     ]
-    tensors = [
+    inputs, outputs = (
         [helper.make_tensor_value_info(n, TensorProto.INT8, ["batch", 16]) for n in names]
         for names in (("INPUT0", "INPUT1"), ("OUTPUT0", "OUTPUT1"))
-    ]
-    graph = helper.make_graph(nodes, "simple_int8", *tensors)
+    )
+    graph = helper.make_graph(nodes, "simple_int8", inputs, outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
