@@ -26,6 +26,12 @@ from ge_serve.server.errors import invalid_arg
 from .genseq import Sequence
 from .work import Array
 
+STREAM_ECHO_REFUSED = (
+    "Error generating stream: When streaming, `exclude_input_in_output` = False is not allowed."
+)
+# The flags of outputs the engine cannot make: only false is taken.
+UNSERVED_FLAGS = ("return_cumulative_logprob", "return_logprobs")
+
 
 def read_sequence(
     model: LlmModel,
@@ -40,12 +46,18 @@ def read_sequence(
     if raw is None:
         raise invalid_arg("input 'text_input' is required: the prompt")
     prompt = _decoded(raw, "text_input")
-    stream = _flag(inputs.get("stream"), "stream", parameters.get("stream"))
+    stream = bool(_flag(inputs.get("stream"), "stream", parameters.get("stream")))
     exclude = _flag(
         inputs.get("exclude_input_in_output"),
         "exclude_input_in_output",
         parameters.get("exclude_input_in_output"),
+        default=None,
     )
+    if stream and exclude is False:
+        # Triton's vLLM backend refuses it in these words (a stream never repeats the
+        # prompt); left out, a stream simply excludes it.
+        raise invalid_arg(STREAM_ECHO_REFUSED)
+    reason, input_count, output_count = extra_outputs(model, inputs)
     sampling_json = _bytes(inputs.get("sampling_parameters"), "sampling_parameters")
     max_tokens = _int(inputs.get("max_tokens"), "max_tokens")
     settings = model.settings
@@ -98,8 +110,40 @@ def read_sequence(
         echo="" if (stream or exclude) else prompt,
         arrival_s=time.monotonic(),
         on_done=on_done,
-        reason_always="finish_reason" in requested,
+        reason_always=reason_every(model, inputs, requested),
+        reason=reason,
+        input_count=input_count,
+        output_count=output_count,
     )
+
+
+def extra_outputs(model: LlmModel, inputs: Mapping[str, Array]) -> tuple[bool, bool, bool]:
+    """Whether the request gets finish_reason, num_input_tokens and num_output_tokens.
+    An output whose `return_*` input the config declares is sent only when the request
+    sets that flag true (Triton's vLLM backend's rule); one whose flag the config does
+    not declare is always sent, as ge-serve's configs without the flags expect."""
+    if not model.opt_in:
+        return True, True, True
+    for name in UNSERVED_FLAGS:
+        if _flag(inputs.get(name), name, None):
+            raise invalid_arg(
+                f"input '{name}' is true, but the llm engine does not compute log "
+                "probabilities: set it false or leave it out"
+            )
+    sent = [
+        name not in model.opt_in
+        or bool(_flag(inputs.get(f"return_{name}"), f"return_{name}", None))
+        for name in ("finish_reason", "num_input_tokens", "num_output_tokens")
+    ]
+    return sent[0], sent[1], sent[2]
+
+
+def reason_every(model: LlmModel, inputs: Mapping[str, Array], requested: tuple[str, ...]) -> bool:
+    """finish_reason on every response: asked for by its flag (vLLM's rule), or, for a
+    model without the flag, by naming it among the request's outputs."""
+    if "finish_reason" in model.opt_in:
+        return bool(_flag(inputs.get("return_finish_reason"), "return_finish_reason", None))
+    return "finish_reason" in requested
 
 
 def _refuse_what_cannot_fit(
@@ -148,12 +192,13 @@ def _decoded(raw: bytes, name: str) -> str:
         raise invalid_arg(f"input '{name}' is not valid UTF-8") from None
 
 
-def _flag(array: Array | None, name: str, parameter: Any) -> bool:
+def _flag(array: Array | None, name: str, parameter: Any, default: Any = False) -> Any:
+    """The boolean input `name` (or request parameter), `default` when neither is given."""
     value = _first(array, name)
     if value is None:
         value = parameter
     if value is None:
-        return False
+        return default
     if isinstance(value, bool | np.bool_):
         return bool(value)
     raise invalid_arg(f"'{name}' must be a boolean")

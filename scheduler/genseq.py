@@ -51,9 +51,15 @@ class Sequence:
     # Set from the event loop when the client has gone.
     cancelled: bool = False
     answer: list[str] = field(default_factory=list)
-    # The client named finish_reason among its outputs: every response carries it (empty
-    # until the last); otherwise only the last response does.
+    # Every response carries finish_reason ("None" until the last, as vLLM's str(None)):
+    # the client asked for it (return_finish_reason, or named it among its outputs);
+    # otherwise only the last response does, where `reason` allows it.
     reason_always: bool = False
+    # Which of finish_reason / num_input_tokens / num_output_tokens this request gets
+    # (genrequest.extra_outputs: the model's opt-in flags, or all of them).
+    reason: bool = True
+    input_count: bool = True
+    output_count: bool = True
     # The request's timings, which the core's statistics read once it is answered.
     timings: Timings = field(default_factory=Timings)
 
@@ -67,17 +73,20 @@ class Sequence:
         return len(self.tokens) - self.prompt_len
 
     def response(self, text: str, final: bool, ids: list[int]) -> dict[str, Any]:
-        """One response's outputs: the text (a delta when streaming), the token counts so
-        far, and the finish reason on the last one (Triton's vLLM backend's outputs), and
-        `ids`, the tokens behind the text (TensorRT-LLM's `output_ids`)."""
+        """One response's outputs, as Triton's vLLM backend makes them: the text (a delta
+        when streaming), the prompt's token count, the count of the tokens `ids` behind
+        this response's text (so a stream's counts sum to the total, as Triton's OpenAI
+        frontend sums them), and the finish reason; `ids` also go out as TensorRT-LLM's
+        `output_ids`."""
         outputs = {
             "text_output": np.array([text.encode("utf-8")], dtype=object),
             "output_ids": np.array(ids, dtype=np.int32),
-            "num_input_tokens": np.array([self.prompt_len], dtype=np.int32),
-            "num_output_tokens": np.array([self.generated], dtype=np.int32),
         }
-        if final and self.finish_reason:
-            outputs["finish_reason"] = np.array([self.finish_reason.encode()], dtype=object)
-        elif self.reason_always:
-            outputs["finish_reason"] = np.array([], dtype=object)
+        if self.input_count:
+            outputs["num_input_tokens"] = np.array([self.prompt_len], dtype=np.int32)
+        if self.output_count:
+            outputs["num_output_tokens"] = np.array([len(ids)], dtype=np.int32)
+        if self.reason and (self.reason_always or (final and self.finish_reason)):
+            reason = self.finish_reason if final else None
+            outputs["finish_reason"] = np.array([str(reason).encode()], dtype=object)
         return outputs

@@ -121,7 +121,7 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(error=error), flags=final)
                 return
             last = index == len(tokens) - 1
-            response = self.response(token, reason if last else "", prompt_tokens, index + 1)
+            response = self.response(token, reason if last else "None", prompt_tokens, 1)
             sender.send(response, flags=final if last else 0)
         if not tokens:
             sender.send(self.response("", reason, prompt_tokens, 0), flags=final)

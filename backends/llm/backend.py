@@ -25,8 +25,25 @@ log = logging.getLogger(__name__)
 
 MODEL_KEY = "llm"
 TEXT_INPUT = "text_input"
-OPTIONAL_INPUTS = ("stream", "sampling_parameters", "exclude_input_in_output", "max_tokens")
+# Triton's vLLM backend's flags: `return_<output>` asks for that output.
+RETURN_FLAGS = (
+    "return_finish_reason",
+    "return_cumulative_logprob",
+    "return_logprobs",
+    "return_num_input_tokens",
+    "return_num_output_tokens",
+)
+OPTIONAL_INPUTS = (
+    "stream",
+    "sampling_parameters",
+    "exclude_input_in_output",
+    "max_tokens",
+    *RETURN_FLAGS,
+)
 OUTPUTS = ("text_output", "finish_reason", "num_input_tokens", "num_output_tokens", "output_ids")
+# Declared by Triton's vLLM backend's configs, but never sent: the engine computes no log
+# probabilities (a request setting their flag true is refused).
+UNSENT_OUTPUTS = ("cumulative_logprob", "logprobs")
 
 
 @dataclass(slots=True)
@@ -41,6 +58,9 @@ class LlmModel:
     eos_ids: frozenset[int]
     # Which optional outputs the config declares (only those are sent).
     outputs: tuple[str, ...]
+    # The outputs whose `return_*` flag the config declares: sent only when a request
+    # sets the flag true (Triton's vLLM backend's rule); the others are always sent.
+    opt_in: frozenset[str] = frozenset()
 
     def close(self) -> None:
         """Release the step graph (device memory, on an NPU). Once, after the engine
@@ -91,6 +111,9 @@ class LlmBackend:
             runner=runner,
             eos_ids=frozenset(eos),
             outputs=tuple(o for o in OUTPUTS if o in declared),
+            opt_in=frozenset(
+                i.name.removeprefix("return_") for i in config.input if i.name in RETURN_FLAGS
+            ),
         )
         log.info(
             "model '%s' on %s: %d layers, %d KV blocks of %d tokens (%.1f MiB), %s batching, "
@@ -159,6 +182,10 @@ def _check_config(config: model_config_pb2.ModelConfig) -> None:
     outputs = {o.name for o in config.output}
     if "text_output" not in outputs:
         raise ValueError("the config must declare output 'text_output' (TYPE_STRING, dims [-1])")
-    extra = sorted(outputs - set(OUTPUTS))
+    extra = sorted(outputs - {*OUTPUTS, *UNSENT_OUTPUTS})
     if extra:
         raise ValueError(f"the llm backend does not produce output(s) {extra}; it has {OUTPUTS}")
+    flags = [i for i in config.input if i.name in RETURN_FLAGS]
+    for flag in flags:
+        if flag.data_type != model_config_pb2.TYPE_BOOL:
+            raise ValueError(f"input '{flag.name}' must be TYPE_BOOL")

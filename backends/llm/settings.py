@@ -44,11 +44,24 @@ DEFAULTS: dict[str, str] = {
     "npu_block_gears": "",
 }
 PLACEMENTS = ("cpu", "npu")
+# Parameters an llm model's config may carry that other parts read: the server
+# (server/models/config_paths.py EXECUTION_ENV_PATH, server/http/openai/catalog.py
+# chat_template_source, scheduler/policy.py adaptive_*, scheduler/buckets.py bucket_*),
+# and Triton's vLLM backend's own (its model.py reads REPORT_CUSTOM_METRICS and
+# ENABLE_VLLM_HEALTH_CHECK), which its users' configs carry over.
+SERVER_KEYS = frozenset((
+    "EXECUTION_ENV_PATH", "chat_template_source", "REPORT_CUSTOM_METRICS",
+    "ENABLE_VLLM_HEALTH_CHECK", "adaptive_batching", "adaptive_latency_budget_us",
+    "bucket_inputs", "bucket_sizes", "bucket_pad_values", "bucket_trim_outputs",
+    "bucket_padding",
+))  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingDefaults:
-    """What a request that says nothing gets (vLLM's defaults unless configured)."""
+    """What a request that says nothing gets unless configured: vLLM's temperature,
+    top_p and top_k, but 256 tokens where vLLM's SamplingParams default to 16 (the
+    `default_max_tokens` parameter; a request gets at most what its prompt leaves)."""
 
     max_tokens: int
     temperature: float
@@ -98,6 +111,7 @@ def parse_settings(
     raw = dict(DEFAULTS)
     for key, value in config.parameters.items():
         raw[key] = str(value.string_value)
+    _refuse_unknown(config)
     under = str(version)
 
     def path(key: str) -> Path:
@@ -136,6 +150,22 @@ def parse_settings(
     settings = _with_gears(settings, raw)
     _check(settings)
     return settings
+
+
+def _refuse_unknown(config: model_config_pb2.ModelConfig) -> None:
+    """A parameter nothing reads is a typo (`max_num_seq`) that would silently leave the
+    default in place: refused, as vLLM's engine refuses an unknown argument."""
+    unknown = sorted(
+        key
+        for key in config.parameters
+        if key not in DEFAULTS
+        and key not in SERVER_KEYS
+        and not key.startswith("adaptive_latency_budget_us.")
+    )
+    if unknown:
+        raise ValueError(
+            f"unknown parameter(s) {unknown}: the llm backend's parameters are {sorted(DEFAULTS)}"
+        )
 
 
 def _with_gears(settings: EngineSettings, raw: dict[str, str]) -> EngineSettings:

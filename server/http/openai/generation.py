@@ -2,7 +2,8 @@
 
 The request: `text_input` (the prompt; chat renders it first), and, where the model has
 them, `stream`, `exclude_input_in_output` (always true: OpenAI's answers never repeat the
-prompt) and `return_num_input_tokens` / `return_num_output_tokens` (true). The client's
+prompt) and `return_finish_reason` / `return_num_input_tokens` / `return_num_output_tokens`
+(true). The client's
 sampling parameters go where the model takes them, as Triton's OpenAI frontend sends
 them to its vLLM and TensorRT-LLM backends:
 
@@ -18,9 +19,11 @@ silently dropped; only a value that changes nothing (`presence_penalty: 0`,
 /v1/completions) goes where the model takes `max_tokens`, and is never refused.
 
 Each response carries `text_output` (a text delta when streaming, the whole text when
-not) and, on the last one, `finish_reason`; `num_input_tokens` and `num_output_tokens`
-are read from whichever response has them, the last value winning (they are counts so
-far), and are 0 for a model that does not report them.
+not) and, on the last one, `finish_reason` (earlier ones may carry "None" or "", as
+Triton's vLLM backend's str(None)); `num_output_tokens` counts the tokens of its own
+response, so they are summed, as Triton's frontend sums them; `num_input_tokens` is the
+prompt's count on whichever response has it. Both are 0 for a model that does not report
+them.
 """
 
 from __future__ import annotations
@@ -45,8 +48,9 @@ STREAM = "stream"
 SAMPLING = "sampling_parameters"
 EXCLUDE_INPUT = "exclude_input_in_output"
 MAX_TOKENS = "max_tokens"
-# Asked of a model that has them, as Triton's frontend asks: the token counts of `usage`.
-COUNT_REQUESTS = ("return_num_input_tokens", "return_num_output_tokens")
+# Asked of a model that has them, as Triton's frontend asks: the finish reason and the
+# token counts of `usage`.
+COUNT_REQUESTS = ("return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +110,7 @@ class Usage:
         if piece.prompt_tokens is not None:
             self.prompt_tokens = piece.prompt_tokens
         if piece.completion_tokens is not None:
-            self.completion_tokens = piece.completion_tokens
+            self.completion_tokens += piece.completion_tokens
 
     def as_json(self) -> dict[str, int]:
         return {
@@ -243,7 +247,8 @@ def piece_of(response: InferResponse) -> Piece:
     reason = outputs.get("finish_reason")
     if reason is not None:
         found = b"".join(bytes_elements(reason.data)).decode("utf-8", "replace")
-        piece.finish_reason = found or None
+        # Not finished yet: "None" (vLLM's str(None)) or empty.
+        piece.finish_reason = found if found not in ("", "None") else None
     for name, attribute in (
         ("num_input_tokens", "prompt_tokens"),
         ("num_output_tokens", "completion_tokens"),
