@@ -44,17 +44,14 @@ DEFAULTS: dict[str, str] = {
     "npu_block_gears": "",
 }
 PLACEMENTS = ("cpu", "npu")
-# Parameters an llm model's config may carry that other parts read: the server
-# (server/models/config_paths.py EXECUTION_ENV_PATH, server/http/openai/catalog.py
-# chat_template_source, scheduler/policy.py adaptive_*, scheduler/buckets.py bucket_*),
-# and Triton's vLLM backend's own (its model.py reads REPORT_CUSTOM_METRICS and
-# ENABLE_VLLM_HEALTH_CHECK), which its users' configs carry over.
-SERVER_KEYS = frozenset((
-    "EXECUTION_ENV_PATH", "chat_template_source", "REPORT_CUSTOM_METRICS",
-    "ENABLE_VLLM_HEALTH_CHECK", "adaptive_batching", "adaptive_latency_budget_us",
-    "bucket_inputs", "bucket_sizes", "bucket_pad_values", "bucket_trim_outputs",
-    "bucket_padding",
-))  # fmt: skip
+# Parameters an llm model's config may carry that nothing here reads: Triton's
+# EXECUTION_ENV_PATH (checked to stay in the model folder, server/models/config_paths.py)
+# and Triton's vLLM backend's own (its model.py reads REPORT_CUSTOM_METRICS, which
+# server/observability/genmetrics.py honours, and ENABLE_VLLM_HEALTH_CHECK), which its
+# users' configs carry over. The batcher's adaptive_* and bucket_* parameters and the
+# front end's chat_template_source are not among them: a generative model has neither a
+# batcher nor a template but its own `chat_template`, so they would be silently unused.
+SERVER_KEYS = frozenset(("EXECUTION_ENV_PATH", "REPORT_CUSTOM_METRICS", "ENABLE_VLLM_HEALTH_CHECK"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,11 +153,7 @@ def _refuse_unknown(config: model_config_pb2.ModelConfig) -> None:
     """A parameter nothing reads is a typo (`max_num_seq`) that would silently leave the
     default in place: refused, as vLLM's engine refuses an unknown argument."""
     unknown = sorted(
-        key
-        for key in config.parameters
-        if key not in DEFAULTS
-        and key not in SERVER_KEYS
-        and not key.startswith("adaptive_latency_budget_us.")
+        key for key in config.parameters if key not in DEFAULTS and key not in SERVER_KEYS
     )
     if unknown:
         raise ValueError(

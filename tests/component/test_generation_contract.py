@@ -187,7 +187,7 @@ def test_an_unknown_parameter_fails_the_load_but_those_read_elsewhere_load(
     taken = {
         "REPORT_CUSTOM_METRICS": "false",
         "ENABLE_VLLM_HEALTH_CHECK": "false",
-        "chat_template_source": "{{ messages }}",
+        "EXECUTION_ENV_PATH": "$$TRITON_MODEL_DIRECTORY/env.tar.gz",
     }
     folder = llmrepo.write_tiny_llm(tmp_path / "taken", "m", taken)
     spec = ModelSpec("m", 1, config_of(folder), folder, folder / "1" / "model.onnx")
@@ -199,3 +199,23 @@ def test_an_unknown_parameter_fails_the_load_but_those_read_elsewhere_load(
         LlmBackend().load(spec)
     assert "unknown parameter(s) ['kv_cache_block', 'max_num_seq']" in str(refused.value)
     assert "'max_num_seqs'" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "unused",
+    [
+        # Read for other models only: the engine has no batcher, and its own template.
+        {"adaptive_batching": "maybe"},
+        {"adaptive_latency_budget_us.1": "-5"},
+        {"bucket_sizes": "not,numbers"},
+        {"chat_template_source": "{{ messages }}"},
+    ],
+)
+def test_parameters_only_other_models_read_fail_the_load(
+    tmp_path: Path, unused: dict[str, str]
+) -> None:
+    folder = llmrepo.write_tiny_llm(tmp_path, "m", unused)
+    spec = ModelSpec("m", 1, config_of(folder), folder, folder / "1" / "model.onnx")
+    with pytest.raises(ValueError) as refused:
+        LlmBackend().load(spec)
+    assert f"unknown parameter(s) {sorted(unused)}" in str(refused.value)

@@ -52,7 +52,8 @@ async def chat_completion(
     if generation is None or generation.chat_template is None:
         raise OpenAIError(
             f"The model '{body.model}' has no chat template: use /v1/completions with a "
-            "prompt, or give the model a `chat_template_source` config parameter",
+            "prompt, or give the model one (the llm backend's `chat_template` parameter, "
+            "or `chat_template_source` for another backend's model)",
             param="model",
             code="chat_template_missing",
         )
