@@ -107,6 +107,13 @@ async def test_a_continued_message_ends_as_the_template_ends_it() -> None:
     assert rendered(plain, "b ") == "[a][b "
     # A template that strips what a message ends with: so does the prompt, as transformers.
     assert rendered("{% for m in messages %}[{{ m.content | trim }}]{% endfor %}", "b ") == "[a][b"
+    # Llama 3's shape: what the template prints before the message stays, even when the
+    # message is empty or blank and the template trims it.
+    llama = "{% for m in messages %}<{{ m.role }}>\n\n{{ m.content | trim }}<eot>{% endfor %}"
+    assert rendered(llama, "") == "<user>\n\na<eot><assistant>\n\n"
+    assert rendered(llama, "  ") == "<user>\n\na<eot><assistant>\n\n"
+    assert rendered(llama, " b c ") == "<user>\n\na<eot><assistant>\n\nb c"
+    assert rendered(plain, " b") == "[a][ b"
     with pytest.raises(OpenAIError) as caught:
         rendered("{% for m in messages %}[{{ m.content[:1] }}]{% endfor %}", "bc")
     assert caught.value.param == "continue_final_message"

@@ -28,9 +28,10 @@ pass it, since templates print it as an object) and a tool message's `tool_call_
 
 `continue_final_message` (vLLM's, from transformers) leaves the last message open: the
 prompt ends where that message's text ends, so the model continues it. The text is marked
-at its end, rendered, and the prompt cut at the mark (without the whitespace before it,
-where the template strips what a message ends with); a template that does not print the
-message's end cannot be continued, a 400.
+at both ends, rendered, and the prompt is what precedes the first mark and the text
+between the marks (stripped where the template strips what a message ends with, so an
+empty message keeps the template's separator before it); a template that does not print
+the message as sent cannot be continued, a 400.
 
 Templates run in Jinja2's `ImmutableSandboxedEnvironment`, since a template comes with a
 model and must not reach the server's objects. A template is compiled once per source
@@ -68,6 +69,8 @@ CHAT_TEMPLATE_INVALID = "chat_template_invalid"
 SERVER_VARIABLES = frozenset({"chat_template", "tokenize", "messages", "tools", "documents"})
 # Where the message to continue ends; the space tells whether the template strips it.
 _MARK = "GE_SERVE_CONTINUE_FINAL_MESSAGE "
+# Where it begins: what a trimming template prints before an empty message is kept.
+_START = "GE_SERVE_FINAL_MESSAGE_BEGINS"
 
 
 class _Refused(Exception):
@@ -207,7 +210,7 @@ def render(
         )
     conversation = [_message(index, message) for index, message in enumerate(messages)]
     if continue_final:
-        conversation[-1]["content"] += _MARK
+        conversation[-1]["content"] = _START + conversation[-1]["content"] + _MARK
     context: dict[str, Any] = {
         "bos_token": generation.bos_token,
         "eos_token": generation.eos_token,
@@ -234,18 +237,20 @@ def render(
 def _opened(rendered: str, final: str) -> str:
     """`rendered` cut where the last message's text ends (marked with `_MARK`)."""
     mark = _MARK.strip()
-    if mark not in rendered or final.strip() not in rendered:
+    at = rendered.rfind(mark)
+    start = rendered.rfind(_START, 0, max(at, 0))
+    if at < 0 or start < 0 or final.strip() not in rendered:
         raise OpenAIError(
             "continue_final_message is set but the final message does not appear in the "
             "chat after applying the chat template: the model's template does not print "
             "the last message as it was sent, so it cannot be continued",
             param="continue_final_message",
         )
-    at = rendered.rindex(mark)
-    if rendered.startswith(_MARK, at):
-        return rendered[:at]
-    # The template strips what a message ends with: so does the prompt.
-    return rendered[:at].rstrip()
+    # A template that strips what a message ends with: so does the prompt, as transformers.
+    trims = not rendered.startswith(_MARK, at)
+    # The text between the marks only: an empty message keeps what precedes it.
+    text = rendered[start + len(_START) : at]
+    return rendered[:start] + (text.strip() if trims else text)
 
 
 def _message(index: int, message: ChatMessage) -> dict[str, Any]:
