@@ -36,7 +36,7 @@ from ge_serve.server.errors import ErrorCode, SchedulerClosed, ServerError
 from .genplan import Limits, StepPlan, plan_step
 from .genrequest import read_sequence
 from .genseq import Sequence
-from .genstats import GenerationStats
+from .genstats import GenerationStats, RequestTimes, RequestTokens
 from .work import Array, WorkItem
 
 log = logging.getLogger(__name__)
@@ -261,6 +261,7 @@ class GenerationScheduler:
                 if seq.remaining == 0:
                     self._advance_one(seq, row)
         stats = self.generation_stats
+        stats.step_tokens.observe(len(plan.decode) + sum(n for _, n in plan.prefill))
         stats.steps += 1
         stats.graph_seconds += graph
         stats.step_seconds += time.perf_counter() - started
@@ -349,8 +350,11 @@ class GenerationScheduler:
         seq.timings.batch_size, seq.timings.first_in_batch = 1, True
         text = delta if seq.stream else seq.echo + "".join(seq.answer) + delta
         seq.sink.send(seq.response(text, True, self._new_ids(seq)), None, True)
+        first = seq.first_token_s if seq.first_token_s is not None else seq.last_token_s
         self.generation_stats.request_finished(
-            reason, time.monotonic() - seq.arrival_s, seq.prompt_len, seq.generated
+            reason,
+            RequestTimes(seq.arrival_s, scheduled, first, time.monotonic()),
+            RequestTokens(seq.prompt_len, seq.generated, seq.max_tokens),
         )
         seq.on_done()
 

@@ -23,6 +23,9 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
 # at a scrape (no second observation per token); its `n` bounds are vLLM's too.
 TPOT_BUCKETS = ITL_BUCKETS[:13]
 N_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0)
+# vLLM's tokens-per-step bounds (1, then its graph capture sizes' powers of two).
+STEP_TOKEN_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0,
+                      4096.0, 8192.0, 16384.0)  # fmt: skip
 FINISH_REASONS = ("stop", "length", "abort")
 
 
@@ -37,6 +40,25 @@ def token_buckets(max_model_len: int) -> tuple[float, ...]:
                 return tuple(bounds)
             bounds.append(float(mantissa * scale))
         scale *= 10
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTimes:
+    """A finished request's moments (time.monotonic()): arrival, first admission, first
+    token, last token."""
+
+    arrival_s: float
+    scheduled_s: float
+    first_token_s: float
+    finished_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTokens:
+    prompt: int
+    generated: int
+    # The most it could have generated (its max_tokens, n being 1).
+    max_tokens: int
 
 
 class Histogram:
@@ -88,6 +110,14 @@ class GenerationStats:
     request_prompt: Histogram = field(default_factory=lambda: Histogram(token_buckets(2048)))
     request_generation: Histogram = field(default_factory=lambda: Histogram(token_buckets(2048)))
     params_n: Histogram = field(default_factory=lambda: Histogram(N_BUCKETS))
+    # vLLM's phases of a finished request: admitted to its last token (inference), to its
+    # first (prefill), first to last (decode); and the tokens it could have had.
+    request_inference: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS))
+    request_prefill: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS))
+    request_decode: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS))
+    request_max_tokens: Histogram = field(default_factory=lambda: Histogram(token_buckets(2048)))
+    # Tokens each engine step computed: decode rows and prefill chunks together.
+    step_tokens: Histogram = field(default_factory=lambda: Histogram(STEP_TOKEN_BUCKETS))
 
     @classmethod
     def for_engine(cls, kv_blocks_total: int, max_model_len: int) -> GenerationStats:
@@ -95,13 +125,18 @@ class GenerationStats:
             kv_blocks_total=kv_blocks_total,
             request_prompt=Histogram(token_buckets(max_model_len)),
             request_generation=Histogram(token_buckets(max_model_len)),
+            request_max_tokens=Histogram(token_buckets(max_model_len)),
         )
 
-    def request_finished(self, reason: str, e2e_s: float, prompt: int, generated: int) -> None:
+    def request_finished(self, reason: str, times: RequestTimes, tokens: RequestTokens) -> None:
         self.finished[reason] += 1
-        self.e2e.observe(e2e_s)
-        self.request_prompt.observe(prompt)
-        self.request_generation.observe(generated)
+        self.e2e.observe(times.finished_s - times.arrival_s)
+        self.request_inference.observe(times.finished_s - times.scheduled_s)
+        self.request_prefill.observe(times.first_token_s - times.scheduled_s)
+        self.request_decode.observe(times.finished_s - times.first_token_s)
+        self.request_prompt.observe(tokens.prompt)
+        self.request_generation.observe(tokens.generated)
+        self.request_max_tokens.observe(tokens.max_tokens)
         self.params_n.observe(1)
 
     @property

@@ -10,7 +10,10 @@ for vLLM work unchanged; `version` is added, as a ge-serve model has versions):
   `vllm:time_per_output_token_seconds` (the same observations in Triton's vLLM backend's
   buckets, a prefix of the former's), `vllm:e2e_request_latency_seconds`,
   `vllm:request_queue_time_seconds`, `vllm:request_prompt_tokens`,
-  `vllm:request_generation_tokens`, `vllm:request_params_n` (histograms);
+  `vllm:request_generation_tokens`, `vllm:request_params_n`, vLLM's per-phase
+  `vllm:request_{inference,prefill,decode}_time_seconds`,
+  `vllm:request_max_num_generation_tokens`, `vllm:request_params_max_tokens` and
+  `vllm:iteration_tokens_total` (histograms);
 - `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`,
   `vllm:num_preemptions_total`, `vllm:request_success_total{finished_reason}` (counters;
   a client that left counts as `abort`), `vllm:prefix_cache_queries_total` and
@@ -181,6 +184,38 @@ def _vllm_families(found: Found) -> Iterator[Metric]:
             "request_generation",
         ),
         ("vllm:request_params_n", "Histogram of the n request parameter.", "params_n"),
+        (
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            "request_inference",
+        ),
+        (
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            "request_prefill",
+        ),
+        (
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            "request_decode",
+        ),
+        # With n = 1, a request's most generation tokens are its max_tokens: vLLM's two
+        # families, one observation.
+        (
+            "vllm:request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens.",
+            "request_max_tokens",
+        ),
+        (
+            "vllm:request_params_max_tokens",
+            "Histogram of the max_tokens request parameter.",
+            "request_max_tokens",
+        ),
+        (
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            "step_tokens",
+        ),
     )
     for name, doc, attribute in histograms:
         histogram = HistogramMetricFamily(name, doc, labels=LABELS)

@@ -456,6 +456,37 @@ def test_triton_vllm_backend_families_with_its_model_label(server: ServerProcess
     )
 
 
+def test_vllms_phase_max_tokens_and_step_token_families(server: ServerProcess) -> None:
+    """vLLM's per-phase request times, its max_tokens histograms and tokens per step,
+    counted for one request whose prompt no earlier one shares (no prefix-cache hit)."""
+    body = {"text_input": "Zq phases 9", "max_tokens": 7, "sampling_parameters": GREEDY}
+    before = scrape(server.metrics_url)
+    answer = httpx.post(generate_url(server), json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    after = scrape(server.metrics_url)
+    prompt, generated = answer.json()["num_input_tokens"], answer.json()["num_output_tokens"]
+
+    def grew(name: str) -> float:
+        return after.value(name, model_name=MODEL) - before.value(name, model_name=MODEL)
+
+    phases = ("inference", "prefill", "decode")
+    for phase in phases:
+        name = f"vllm:request_{phase}_time_seconds"
+        assert after.types.get(name) == "histogram", name
+        assert grew(name + "_count") == 1, name
+    # Admission to first token, then first to last: together, admission to last.
+    inference, prefill, decode = (grew(f"vllm:request_{p}_time_seconds_sum") for p in phases)
+    assert prefill > 0 and decode > 0
+    assert prefill + decode == pytest.approx(inference, abs=1e-6)
+    for name in ("vllm:request_max_num_generation_tokens", "vllm:request_params_max_tokens"):
+        assert after.types.get(name) == "histogram", name
+        assert grew(name + "_count") == 1 and grew(name + "_sum") == 7, name
+    # The steps computed the prompt once and each generated token but the last.
+    assert after.types.get("vllm:iteration_tokens_total") == "histogram"
+    assert grew("vllm:iteration_tokens_total_sum") == prompt + generated - 1
+    assert grew("vllm:iteration_tokens_total_count") == grew("ge_serve_generation_steps_total")
+
+
 def test_report_custom_metrics_false_exports_no_vllm_series(tmp_path: Path) -> None:
     """Triton's vLLM backend's switch, read as ge-serve reads booleans (any case): false
     leaves the model's `vllm:` series out; Triton's own metrics stay."""
