@@ -211,13 +211,16 @@ class Sampling(Body):
         options = self.stream_options
         return bool(options and options.include_usage and options.continuous_usage_stats)
 
+    # vLLM's fields served only at their default (_DEFAULT_ONLY); a request kind adds its own.
+    default_only: ClassVar[dict[str, tuple[Any, ...]]] = _DEFAULT_ONLY
+
     def refuse_unsupported(self) -> None:
         if self.n not in (None, 1):
             raise unsupported("n", "Only n=1 is supported: one choice per request")
         for name, feature in _NEVER_SERVED.items():
             if getattr(self, name) is not None:
                 raise unsupported(name, f"'{name}' ({feature}) is not supported")
-        for name, neutral in _DEFAULT_ONLY.items():
+        for name, neutral in self.default_only.items():
             value = getattr(self, name)
             if value not in neutral:
                 only = json.dumps(neutral[1])
@@ -270,9 +273,13 @@ class ChatCompletionRequest(Sampling):
     chat_template: str | None = None
     # vLLM's: the last message begins the answer when it has the answer's role.
     echo: bool = False
-    # vLLM's default for chat (the template writes the special tokens); the prompt
-    # reaches a model as text, and its tokenizer decides.
-    add_special_tokens: bool = False
+    # The prompt reaches a model as text, and its tokenizer adds what it adds: only
+    # vLLM's default is taken (false for chat, where the template writes them).
+    add_special_tokens: bool | None = None
+    default_only: ClassVar[dict[str, tuple[Any, ...]]] = {
+        **_DEFAULT_ONLY,
+        "add_special_tokens": (None, False),
+    }
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
@@ -317,12 +324,6 @@ class ChatCompletionRequest(Sampling):
                 "'chat_template' in a request is not supported: chats are rendered with "
                 "the model's own chat template",
             )
-        if self.add_special_tokens:
-            raise unsupported(
-                "add_special_tokens",
-                "'add_special_tokens' is not supported: only false (the default); the "
-                "prompt reaches the model as text, and its tokenizer adds what it adds",
-            )
 
     def answer_role(self) -> str:
         """vLLM's: the assistant's, or where no generation prompt opens an assistant
@@ -355,8 +356,12 @@ class CompletionRequest(Sampling):
     best_of: int | None = None
     logprobs: int | None = None
     response_format: ResponseFormat | None = None
-    # vLLM's default for completions; the prompt reaches a model as text.
-    add_special_tokens: bool = True
+    # As chat's, but vLLM's default for completions is true.
+    add_special_tokens: bool | None = None
+    default_only: ClassVar[dict[str, tuple[Any, ...]]] = {
+        **_DEFAULT_ONLY,
+        "add_special_tokens": (None, True),
+    }
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
@@ -367,12 +372,6 @@ class CompletionRequest(Sampling):
         if not self.text():
             # Triton's OpenAI front end refuses it so; a model would, in its own words.
             raise OpenAIError("'prompt' must not be empty", param="prompt")
-        if not self.add_special_tokens:
-            raise unsupported(
-                "add_special_tokens",
-                "'add_special_tokens' is not supported: only true (the default); the "
-                "prompt reaches the model as text, and its tokenizer adds what it adds",
-            )
         if self.response_format is not None and self.response_format.type != "text":
             raise unsupported("response_format", "Only response_format type 'text' is supported")
         if self.suffix:
