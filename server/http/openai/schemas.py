@@ -144,6 +144,11 @@ _DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
 }
 
 
+# The chat template's variables that the server sets, never from `chat_template_kwargs`:
+# vLLM refuses `chat_template` and `tokenize` there, and the rest are the request's own.
+SERVER_VARIABLES = frozenset({"chat_template", "tokenize", "messages", "tools", "documents"})
+
+
 class Sampling(Body):
     """The parameters chat and completions share; `sampling` gives those the client set,
     by vLLM's sampling keys."""
@@ -316,6 +321,8 @@ class ChatCompletionRequest(Sampling):
             )
 
     def _refuse_template_controls(self) -> None:
+        """vLLM's rules for its chat template controls (template.py renders with them),
+        each a 400 naming its field."""
         if self.chat_template is not None:
             # vLLM refuses it too, unless started with --trust-request-chat-template: a
             # template is code, and the model's own is the one its answers are made for.
@@ -324,6 +331,27 @@ class ChatCompletionRequest(Sampling):
                 "'chat_template' in a request is not supported: chats are rendered with "
                 "the model's own chat template",
             )
+        if self.continue_final_message and self.add_generation_prompt:
+            raise OpenAIError(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True "
+                "(`add_generation_prompt` is true unless set to false).",
+                param="continue_final_message",
+            )
+        given = self.chat_template_kwargs or {}
+        clashing = sorted(SERVER_VARIABLES.intersection(given))
+        if clashing:
+            raise OpenAIError(
+                f"Found unexpected chat template kwargs from request: {clashing}. These "
+                "are set by the server or by the request's own fields",
+                param=f"chat_template_kwargs.{clashing[0]}",
+            )
+        for name in ("add_generation_prompt", "continue_final_message"):
+            if name in given and given[name] != getattr(self, name):
+                raise OpenAIError(
+                    f"'chat_template_kwargs.{name}' ({json.dumps(given[name])}) disagrees "
+                    f"with '{name}' ({json.dumps(getattr(self, name))}): set '{name}' itself",
+                    param=f"chat_template_kwargs.{name}",
+                )
 
     def answer_role(self) -> str:
         """vLLM's: the assistant's, or where no generation prompt opens an assistant

@@ -64,9 +64,6 @@ from .schemas import ChatCompletionRequest, ChatMessage
 log = logging.getLogger(__name__)
 
 CHAT_TEMPLATE_INVALID = "chat_template_invalid"
-# The template's variables that the server sets, never from `chat_template_kwargs`:
-# vLLM refuses `chat_template` and `tokenize` there, and the rest are the request's own.
-SERVER_VARIABLES = frozenset({"chat_template", "tokenize", "messages", "tools", "documents"})
 # Where the message to continue ends; the space tells whether the template strips it.
 _MARK = "GE_SERVE_CONTINUE_FINAL_MESSAGE "
 # Where it begins: what a trimming template prints before an empty message is kept.
@@ -132,31 +129,6 @@ def _compiled(source: str) -> jinja2.Template | str:
         reason = f"{where}{exc}"
         log.warning("a model's chat template does not compile, its chats are refused: %s", reason)
         return reason
-
-
-def refuse_controls(body: ChatCompletionRequest) -> None:
-    """vLLM's rules for its chat template controls, each a 400 naming its field."""
-    if body.continue_final_message and body.add_generation_prompt:
-        raise OpenAIError(
-            "Cannot set both `continue_final_message` and `add_generation_prompt` to True "
-            "(`add_generation_prompt` is true unless set to false).",
-            param="continue_final_message",
-        )
-    given = body.chat_template_kwargs or {}
-    clashing = sorted(SERVER_VARIABLES.intersection(given))
-    if clashing:
-        raise OpenAIError(
-            f"Found unexpected chat template kwargs from request: {clashing}. These "
-            "are set by the server or by the request's own fields",
-            param=f"chat_template_kwargs.{clashing[0]}",
-        )
-    for name in ("add_generation_prompt", "continue_final_message"):
-        if name in given and given[name] != getattr(body, name):
-            raise OpenAIError(
-                f"'chat_template_kwargs.{name}' ({json.dumps(given[name])}) disagrees "
-                f"with '{name}' ({json.dumps(getattr(body, name))}): set '{name}' itself",
-                param=f"chat_template_kwargs.{name}",
-            )
 
 
 def variables(body: ChatCompletionRequest) -> dict[str, Any]:

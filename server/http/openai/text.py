@@ -34,7 +34,7 @@ from .errors import CONTEXT_LENGTH_EXCEEDED, SERVER_ERROR, OpenAIError
 from .generation import Params, Piece, Usage, build_request, collect, pieces
 from .objects import DONE, Answer, sse
 from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
-from .template import refuse_controls, render_request
+from .template import render_request
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,6 @@ RENDERED_ON_THE_LOOP = 64
 async def chat_completion(
     catalog: Catalog, request: Request, body: ChatCompletionRequest
 ) -> Response:
-    refuse_controls(body)
     model = catalog.generative(body.model)
     generation = text_generation(model)
     if generation is None or generation.chat_template is None:
