@@ -28,7 +28,7 @@ import tritonclient.grpc as grpcclient
 from deployfiles import DEPLOY
 from metricdocs import documented, undocumented
 from polling import poll
-from promtext import scrape
+from promtext import Exposition, scrape
 from serverproc import REPO_ROOT, ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
@@ -384,14 +384,21 @@ def test_grpc_stream_cancelled_frees_the_sequence(server: ServerProcess) -> None
     assert metric(server, "vllm:num_requests_running") == 0
 
 
-def test_generation_metrics_have_vllm_names_and_types(server: ServerProcess) -> None:
-    body = {"text_input": "Count me", "max_tokens": 8, "sampling_parameters": GREEDY}
+def generated_between_scrapes(
+    server: ServerProcess, body: dict[str, Any]
+) -> tuple[Exposition, Exposition, dict[str, Any]]:
+    """One generate request between two scrapes of the metrics: before, after, the answer."""
     before = scrape(server.metrics_url)
-    tokens = before.value("vllm:generation_tokens_total", model_name=MODEL)
     answer = httpx.post(generate_url(server), json=body, timeout=30)
     assert answer.status_code == 200, answer.text
-    after = scrape(server.metrics_url)
-    generated = answer.json()["num_output_tokens"]
+    return before, scrape(server.metrics_url), answer.json()
+
+
+def test_generation_metrics_have_vllm_names_and_types(server: ServerProcess) -> None:
+    body = {"text_input": "Count me", "max_tokens": 8, "sampling_parameters": GREEDY}
+    before, after, answer = generated_between_scrapes(server, body)
+    tokens = before.value("vllm:generation_tokens_total", model_name=MODEL)
+    generated = answer["num_output_tokens"]
     assert after.value("vllm:generation_tokens_total", model_name=MODEL) == tokens + generated
     for name, kind in (
         ("vllm:time_to_first_token_seconds", "histogram"),
@@ -419,11 +426,8 @@ def test_triton_vllm_backend_families_with_its_model_label(server: ServerProcess
     """The families Triton's vLLM backend exports (src/utils/metrics.py), with its `model`
     label beside vLLM's `model_name`, counted per finished request as there."""
     body = {"text_input": "Triton names", "max_tokens": 6, "sampling_parameters": GREEDY}
-    before = scrape(server.metrics_url)
-    answer = httpx.post(generate_url(server), json=body, timeout=30)
-    assert answer.status_code == 200, answer.text
-    after = scrape(server.metrics_url)
-    prompt, generated = answer.json()["num_input_tokens"], answer.json()["num_output_tokens"]
+    before, after, answer = generated_between_scrapes(server, body)
+    prompt, generated = answer["num_input_tokens"], answer["num_output_tokens"]
 
     def grew(name: str) -> float:
         return after.value(name, model=MODEL, version="1") - before.value(name, model=MODEL)
@@ -460,11 +464,8 @@ def test_vllms_phase_max_tokens_and_step_token_families(server: ServerProcess) -
     """vLLM's per-phase request times, its max_tokens histograms and tokens per step,
     counted for one request whose prompt no earlier one shares (no prefix-cache hit)."""
     body = {"text_input": "Zq phases 9", "max_tokens": 7, "sampling_parameters": GREEDY}
-    before = scrape(server.metrics_url)
-    answer = httpx.post(generate_url(server), json=body, timeout=30)
-    assert answer.status_code == 200, answer.text
-    after = scrape(server.metrics_url)
-    prompt, generated = answer.json()["num_input_tokens"], answer.json()["num_output_tokens"]
+    before, after, answer = generated_between_scrapes(server, body)
+    prompt, generated = answer["num_input_tokens"], answer["num_output_tokens"]
 
     def grew(name: str) -> float:
         return after.value(name, model_name=MODEL) - before.value(name, model_name=MODEL)
