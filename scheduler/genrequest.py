@@ -58,6 +58,9 @@ def read_sequence(
         # prompt); left out, a stream simply excludes it.
         raise invalid_arg(STREAM_ECHO_REFUSED)
     reason, input_count, output_count = extra_outputs(model, inputs)
+    # finish_reason on every response: its flag asked for it (`reason` is then that flag),
+    # or, for a model without the flag, the client named it among its outputs.
+    reason_always = reason if "finish_reason" in model.opt_in else "finish_reason" in requested
     sampling_json = _bytes(inputs.get("sampling_parameters"), "sampling_parameters")
     max_tokens = _int(inputs.get("max_tokens"), "max_tokens")
     settings = model.settings
@@ -110,7 +113,7 @@ def read_sequence(
         echo="" if (stream or exclude) else prompt,
         arrival_s=time.monotonic(),
         on_done=on_done,
-        reason_always=reason_every(model, inputs, requested),
+        reason_always=reason_always,
         reason=reason,
         input_count=input_count,
         output_count=output_count,
@@ -136,14 +139,6 @@ def extra_outputs(model: LlmModel, inputs: Mapping[str, Array]) -> tuple[bool, b
         for name in ("finish_reason", "num_input_tokens", "num_output_tokens")
     ]
     return sent[0], sent[1], sent[2]
-
-
-def reason_every(model: LlmModel, inputs: Mapping[str, Array], requested: tuple[str, ...]) -> bool:
-    """finish_reason on every response: asked for by its flag (vLLM's rule), or, for a
-    model without the flag, by naming it among the request's outputs."""
-    if "finish_reason" in model.opt_in:
-        return bool(_flag(inputs.get("return_finish_reason"), "return_finish_reason", None))
-    return "finish_reason" in requested
 
 
 def _refuse_what_cannot_fit(
@@ -192,7 +187,9 @@ def _decoded(raw: bytes, name: str) -> str:
         raise invalid_arg(f"input '{name}' is not valid UTF-8") from None
 
 
-def _flag(array: Array | None, name: str, parameter: Any, default: Any = False) -> Any:
+def _flag(
+    array: Array | None, name: str, parameter: Any, default: bool | None = False
+) -> bool | None:
     """The boolean input `name` (or request parameter), `default` when neither is given."""
     value = _first(array, name)
     if value is None:
