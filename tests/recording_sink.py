@@ -29,3 +29,17 @@ class RecordingSink:
         parameters: Mapping[str, ParamValue] | None = None,
     ) -> None:
         self.sent.append(Sent(outputs, error, final, parameters))
+
+    @property
+    def responses(self) -> list[dict[str, Array]]:
+        """The outputs of every response that had any, in order."""
+        return [sent.outputs for sent in self.sent if sent.outputs is not None]
+
+    @property
+    def errors(self) -> list[ModelError]:
+        return [sent.error for sent in self.sent if sent.error is not None]
+
+    @property
+    def final(self) -> bool:
+        """Whether the final response has been sent."""
+        return any(sent.final for sent in self.sent)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,9 @@ import llmrepo
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from recording_sink import RecordingSink
 
-from ge_serve.backends.base import ModelError, ModelSpec, RequestContext
+from ge_serve.backends.base import ModelSpec, RequestContext
 from ge_serve.backends.llm.backend import MODEL_KEY, LlmBackend
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.generation import GenerationScheduler
@@ -33,26 +33,6 @@ FLAGS = (
     "return_num_output_tokens",
 )
 GREEDY = json.dumps({"temperature": 0, "ignore_eos": True}).encode()
-
-
-@dataclass
-class Sink:
-    responses: list[dict[str, Any]] = field(default_factory=list)
-    errors: list[ModelError] = field(default_factory=list)
-    final: bool = False
-
-    def send(
-        self,
-        outputs: dict[str, Any] | None,
-        error: ModelError | None,
-        final: bool,
-        parameters: Mapping[str, Any] | None = None,
-    ) -> None:
-        if outputs is not None:
-            self.responses.append(outputs)
-        if error is not None:
-            self.errors.append(error)
-        self.final = self.final or final
 
 
 def config_of(folder: Path) -> model_config_pb2.ModelConfig:
@@ -75,8 +55,8 @@ async def ask(
     stream: bool,
     flags: Mapping[str, bool] | None = None,
     requested: tuple[str, ...] = (),
-) -> Sink:
-    sink = Sink()
+) -> RecordingSink:
+    sink = RecordingSink()
     inputs: dict[str, Any] = {
         "text_input": np.array([b"Count me"], dtype=object),
         "max_tokens": np.array([TOKENS], np.int32),
@@ -95,7 +75,7 @@ async def ask(
     return sink
 
 
-def reasons(sink: Sink) -> list[list[bytes]]:
+def reasons(sink: RecordingSink) -> list[list[bytes]]:
     return [list(r["finish_reason"]) for r in sink.responses]
 
 
