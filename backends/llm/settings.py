@@ -52,6 +52,10 @@ PLACEMENTS = ("cpu", "npu")
 # front end's chat_template_source are not among them: a generative model has neither a
 # batcher nor a template but its own `chat_template`, so they would be silently unused.
 SERVER_KEYS = frozenset(("EXECUTION_ENV_PATH", "REPORT_CUSTOM_METRICS", "ENABLE_VLLM_HEALTH_CHECK"))
+# Of those, the vLLM backend's switches: a value that is not a boolean fails the load, where
+# the vLLM backend reads anything but "true" as off and ge-serve's metrics default is on,
+# so a typo such as "flase" would mean opposite things on the two servers.
+SWITCHES = ("REPORT_CUSTOM_METRICS", "ENABLE_VLLM_HEALTH_CHECK")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +113,9 @@ def parse_settings(
     for key, value in config.parameters.items():
         raw[key] = str(value.string_value)
     _refuse_unknown(config)
+    for key in SWITCHES:
+        if key in raw:
+            _flag(raw, key)
     under = str(version)
 
     def path(key: str) -> Path:

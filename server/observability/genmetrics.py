@@ -65,7 +65,8 @@ class GenerationReporter(Protocol):
 
 def reports_vllm_metrics(config: model_config_pb2.ModelConfig) -> bool:
     """Off only where the config sets REPORT_CUSTOM_METRICS to a false value (any case, as
-    ge-serve reads booleans); unset, or any other value, leaves vLLM's metrics on."""
+    ge-serve reads booleans); unset leaves vLLM's metrics on. The llm backend refuses any
+    other value at load (backends/llm/settings.py), so the fallback here never decides."""
     if SWITCH not in config.parameters:
         return True
     try:

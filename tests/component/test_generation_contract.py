@@ -181,6 +181,17 @@ def test_an_unknown_parameter_fails_the_load_but_those_read_elsewhere_load(
     assert "'max_num_seqs'" in str(refused.value)
 
 
+@pytest.mark.parametrize("switch", ["REPORT_CUSTOM_METRICS", "ENABLE_VLLM_HEALTH_CHECK"])
+def test_a_vllm_backend_switch_that_is_not_a_boolean_fails_the_load(
+    tmp_path: Path, switch: str
+) -> None:
+    folder = llmrepo.write_tiny_llm(tmp_path, "m", {switch: "flase"})
+    spec = ModelSpec("m", 1, config_of(folder), folder, folder / "1" / "model.onnx")
+    with pytest.raises(ValueError) as refused:
+        LlmBackend().load(spec)
+    assert str(refused.value) == f"parameter {switch}: 'flase' is not true or false"
+
+
 @pytest.mark.parametrize(
     "unused",
     [
