@@ -67,9 +67,11 @@ def write_tiny_llm(
     name: str = "tiny_llm",
     parameters: Mapping[str, str] | None = None,
     model: TinyModel | None = None,
+    interface: bool = True,
 ) -> Path:
     """A model folder for the tiny model (or `model`); `parameters` add to or replace the
-    engine's."""
+    engine's. `interface=False` writes a config as minimal as Triton's vLLM backend's
+    samples: no inputs, no outputs, no transaction policy, left to auto-complete."""
     import onnx
 
     model = model or tiny_model()
@@ -98,7 +100,8 @@ def write_tiny_llm(
         "intra_op_thread_count": "1",
         **(parameters or {}),
     }
-    (folder / "config.pbtxt").write_text(llm_config(name, values), encoding="utf-8")
+    config = llm_config(name, values) if interface else minimal_llm_config(name, values)
+    (folder / "config.pbtxt").write_text(config, encoding="utf-8")
     return folder
 
 
@@ -129,6 +132,18 @@ def llm_config(name: str, parameters: Mapping[str, str]) -> str:
                 ("output_ids", "TYPE_INT32"),
             )
         ),
+        *(
+            f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}'
+            for k, v in parameters.items()
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def minimal_llm_config(name: str, parameters: Mapping[str, str]) -> str:
+    lines = [
+        f'name: "{name}"',
+        'backend: "llm"',
         *(
             f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}'
             for k, v in parameters.items()

@@ -5,6 +5,7 @@ block pool. It has no executors: the scheduler built for it (scheduler/generatio
 runs the iteration loop itself, so the model is found in `LoadedModel.extra[MODEL_KEY]`.
 The config must be decoupled (answers stream) and not batched by Triton (the engine
 batches), and must declare `text_input`; anything else fails the load with the reason.
+A config that lists no interface gets Triton's vLLM backend's (complete_interface).
 """
 
 from __future__ import annotations
@@ -44,6 +45,23 @@ OUTPUTS = ("text_output", "finish_reason", "num_input_tokens", "num_output_token
 # Declared by Triton's vLLM backend's configs, but never sent: the engine computes no log
 # probabilities (a request setting their flag true is refused).
 UNSENT_OUTPUTS = ("cumulative_logprob", "logprobs")
+_STRING, _BOOL = model_config_pb2.TYPE_STRING, model_config_pb2.TYPE_BOOL
+# What Triton's vLLM backend's auto-complete declares (its model.py), all dims [1] inputs.
+INTERFACE_INPUTS = (
+    (TEXT_INPUT, _STRING),
+    ("stream", _BOOL),
+    ("sampling_parameters", _STRING),
+    ("exclude_input_in_output", _BOOL),
+    *((flag, _BOOL) for flag in RETURN_FLAGS),
+)
+INTERFACE_OUTPUTS = (
+    ("text_output", _STRING, -1),
+    ("finish_reason", _STRING, -1),
+    ("cumulative_logprob", model_config_pb2.TYPE_FP32, -1),
+    ("logprobs", _STRING, -1),
+    ("num_input_tokens", model_config_pb2.TYPE_UINT32, 1),
+    ("num_output_tokens", model_config_pb2.TYPE_UINT32, -1),
+)
 
 
 @dataclass(slots=True)
@@ -80,7 +98,9 @@ class LlmBackend:
         return "model.onnx"
 
     def autocomplete(self, config: model_config_pb2.ModelConfig, model_path: Path) -> None:
-        """The config states the text interface itself; nothing is derived."""
+        """A config that states no interface gets Triton's vLLM backend's
+        (`auto_complete_config`), so its minimal configs load as they are."""
+        complete_interface(config)
 
     def load(self, spec: ModelSpec) -> LoadedModel:
         config = spec.config
@@ -160,6 +180,22 @@ class LlmBackend:
             settings.kv_block_size,
             gears,
         )
+
+
+def complete_interface(config: model_config_pb2.ModelConfig) -> None:
+    """Triton's vLLM backend's interface and policy, for a config that lists no inputs and no
+    outputs: every flag is declared, so every output but `text_output` is opt-in, as there.
+    Unlike the vLLM backend, a config that lists its interface is left as it is: adding the
+    flags to one written before them would make its always-sent outputs opt-in. The vLLM
+    backend's `image` and `embedding_request` are left out; the engine takes neither."""
+    if not config.input and not config.output:
+        for name, data_type in INTERFACE_INPUTS:
+            added = config.input.add(name=name, data_type=data_type, dims=[1])
+            added.optional = name != TEXT_INPUT
+        for name, data_type, dims in INTERFACE_OUTPUTS:
+            config.output.add(name=name, data_type=data_type, dims=[dims])
+    if not config.HasField("model_transaction_policy"):
+        config.model_transaction_policy.decoupled = True
 
 
 def _check_config(config: model_config_pb2.ModelConfig) -> None:

@@ -35,6 +35,8 @@ from tritonclient.utils import InferenceServerException
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 MODEL = "tiny_llm"
+# The same model under a config as minimal as Triton's vLLM backend's samples.
+MINIMAL = "minimal_llm"
 GREEDY = json.dumps({"temperature": 0})
 
 
@@ -53,6 +55,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     # Long enough a context that a request of 1000 tokens is still running when its client
     # leaves.
     llmrepo.write_tiny_llm(repo, MODEL, {"max_model_len": "1024", "kv_cache_blocks": "256"})
+    llmrepo.write_tiny_llm(repo, MINIMAL, interface=False)
     with running_server([repo]) as proc:
         yield proc
 
@@ -111,6 +114,32 @@ def test_stream_sends_deltas_and_the_last_carries_the_reason(server: ServerProce
     assert "".join(e["text_output"] for e in got) == reference(prompt, 16)
     assert all("finish_reason" not in e for e in got[:-1])
     assert got[-1]["finish_reason"] in ("length", "stop")
+
+
+def test_a_config_without_an_interface_gets_the_vllm_backends(server: ServerProcess) -> None:
+    """Auto-complete declares Triton's vLLM backend's inputs, outputs and decoupled policy,
+    so its other outputs are opt-in by their `return_*` flags, as there."""
+    config = httpx.get(f"{server.base_url}/v2/models/{MINIMAL}/config", timeout=10).json()
+    inputs = {i["name"]: (i["data_type"], i["optional"]) for i in config["input"]}
+    assert inputs["text_input"] == ("TYPE_STRING", False)
+    assert inputs["return_finish_reason"] == ("TYPE_BOOL", True)
+    assert {"stream", "sampling_parameters", "exclude_input_in_output"} < set(inputs)
+    assert "image" not in inputs
+    outputs = {o["name"]: (o["data_type"], o["dims"]) for o in config["output"]}
+    assert outputs["num_input_tokens"] == ("TYPE_UINT32", [1])
+    assert outputs["logprobs"] == ("TYPE_STRING", [-1])
+    assert config["model_transaction_policy"] == {"decoupled": True}
+    url = f"{server.base_url}/v2/models/{MINIMAL}/generate"
+    body = {"text_input": "Minimal", "max_tokens": 6, "sampling_parameters": GREEDY}
+    plain = httpx.post(url, json=body, timeout=30)
+    assert plain.status_code == 200, plain.text
+    assert set(plain.json()) == {"model_name", "model_version", "text_output"}
+    assert plain.json()["text_output"] == "Minimal" + reference("Minimal", 6)
+    flagged = {**body, "return_finish_reason": True, "return_num_output_tokens": True}
+    answer = httpx.post(url, json=flagged, timeout=30).json()
+    tokens = len(llmrepo.reference_greedy("Minimal", 6))
+    assert answer["num_output_tokens"] == tokens
+    assert answer["finish_reason"] == ("length" if tokens == 6 else "stop")
 
 
 async def test_sixteen_concurrent_streams_equal_the_reference(server: ServerProcess) -> None:
