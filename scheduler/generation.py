@@ -354,7 +354,7 @@ class GenerationScheduler:
         self.generation_stats.request_finished(
             reason,
             RequestTimes(seq.arrival_s, scheduled, first, time.monotonic()),
-            RequestTokens(seq.prompt_len, seq.generated, seq.max_tokens),
+            RequestTokens(seq.prompt_len, seq.generated, seq.max_tokens, seq.preemptions),
         )
         seq.on_done()
 

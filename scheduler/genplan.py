@@ -169,6 +169,7 @@ def preempt(
     running.remove(seq)
     allocator.release(seq.blocks)
     seq.computed = 0
+    seq.preemptions += 1
     waiting.appendleft(seq)
     plan.preempted.append(seq)
     if seq in plan.decode:

@@ -45,6 +45,8 @@ class Sequence:
     first_token_s: float | None = None
     last_token_s: float = 0.0
     scheduled_s: float | None = None
+    # Times it was preempted (vLLM's vllm:request_num_preemptions).
+    preemptions: int = 0
     finish_reason: str | None = None
     # Generated tokens already sent (in `output_ids`), when streaming.
     sent_ids: int = 0

@@ -23,6 +23,8 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
 # at a scrape (no second observation per token); its `n` bounds are vLLM's too.
 TPOT_BUCKETS = ITL_BUCKETS[:13]
 N_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0)
+# vLLM's per-request preemption bounds: the first holds requests preempted never or once.
+PREEMPTION_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)
 # vLLM's tokens-per-step bounds (1, then its graph capture sizes' powers of two).
 STEP_TOKEN_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0,
                       4096.0, 8192.0, 16384.0)  # fmt: skip
@@ -59,6 +61,8 @@ class RequestTokens:
     generated: int
     # The most it could have generated (its max_tokens, n being 1).
     max_tokens: int
+    # Times it was preempted.
+    preemptions: int = 0
 
 
 class Histogram:
@@ -115,6 +119,9 @@ class GenerationStats:
     request_inference: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS))
     request_prefill: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS))
     request_decode: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS))
+    # Its decode time per token after the first (0 with one token), and its preemptions.
+    request_tpot: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
+    request_preemptions: Histogram = field(default_factory=lambda: Histogram(PREEMPTION_BUCKETS))
     request_max_tokens: Histogram = field(default_factory=lambda: Histogram(token_buckets(2048)))
     # Tokens each engine step computed: decode rows and prefill chunks together.
     step_tokens: Histogram = field(default_factory=lambda: Histogram(STEP_TOKEN_BUCKETS))
@@ -133,7 +140,11 @@ class GenerationStats:
         self.e2e.observe(times.finished_s - times.arrival_s)
         self.request_inference.observe(times.finished_s - times.scheduled_s)
         self.request_prefill.observe(times.first_token_s - times.scheduled_s)
-        self.request_decode.observe(times.finished_s - times.first_token_s)
+        decode = times.finished_s - times.first_token_s
+        self.request_decode.observe(decode)
+        # vLLM's mean time per output token: the prefill's token is not counted.
+        self.request_tpot.observe(decode / (tokens.generated - 1) if tokens.generated > 1 else 0.0)
+        self.request_preemptions.observe(tokens.preemptions)
         self.request_prompt.observe(tokens.prompt)
         self.request_generation.observe(tokens.generated)
         self.request_max_tokens.observe(tokens.max_tokens)

@@ -12,6 +12,7 @@ for vLLM work unchanged; `version` is added, as a ge-serve model has versions):
   `vllm:request_queue_time_seconds`, `vllm:request_prompt_tokens`,
   `vllm:request_generation_tokens`, `vllm:request_params_n`, vLLM's per-phase
   `vllm:request_{inference,prefill,decode}_time_seconds`,
+  `vllm:request_time_per_output_token_seconds`, `vllm:request_num_preemptions`,
   `vllm:request_max_num_generation_tokens`, `vllm:request_params_max_tokens` and
   `vllm:iteration_tokens_total` (histograms);
 - `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`,
@@ -199,6 +200,16 @@ def _vllm_families(found: Found) -> Iterator[Metric]:
             "vllm:request_decode_time_seconds",
             "Histogram of time spent in DECODE phase for request.",
             "request_decode",
+        ),
+        (
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            "request_tpot",
+        ),
+        (
+            "vllm:request_num_preemptions",
+            "Histogram of the number of times a request was preempted.",
+            "request_preemptions",
         ),
         # With n = 1, a request's most generation tokens are its max_tokens: vLLM's two
         # families, one observation.

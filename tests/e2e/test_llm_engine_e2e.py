@@ -303,6 +303,10 @@ def test_sixty_four_long_requests_on_a_small_kv_budget(tmp_path: Path) -> None:
 
         answers = asyncio.run(run())
         assert metric(server, "vllm:num_preemptions_total") > 0
+        # Each preemption is counted again on its request, once that finishes.
+        per_request = metric(server, "vllm:request_num_preemptions_sum")
+        assert per_request == metric(server, "vllm:num_preemptions_total")
+        assert metric(server, "vllm:request_num_preemptions_count") == 64
         assert metric(server, "vllm:request_success_total", finished_reason="abort") == 0
         assert metric(server, "vllm:kv_cache_usage_perc") == 0
     for prompt, ids in zip(texts, answers, strict=True):
@@ -508,6 +512,12 @@ def test_vllms_phase_max_tokens_and_step_token_families(server: ServerProcess) -
     inference, prefill, decode = (grew(f"vllm:request_{p}_time_seconds_sum") for p in phases)
     assert prefill > 0 and decode > 0
     assert prefill + decode == pytest.approx(inference, abs=1e-6)
+    # vLLM's time per output token: the decode time over the tokens after the first.
+    assert grew("vllm:request_time_per_output_token_seconds_count") == 1
+    tpot = grew("vllm:request_time_per_output_token_seconds_sum")
+    assert tpot == pytest.approx(decode / (generated - 1), abs=1e-6)
+    assert grew("vllm:request_num_preemptions_count") == 1
+    assert grew("vllm:request_num_preemptions_sum") == 0
     for name in ("vllm:request_max_num_generation_tokens", "vllm:request_params_max_tokens"):
         assert after.types.get(name) == "histogram", name
         assert grew(name + "_count") == 1 and grew(name + "_sum") == 7, name
