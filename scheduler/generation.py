@@ -70,7 +70,12 @@ class GenerationScheduler:
         self._waiting: deque[Sequence] = deque()
         self._stopping = False
         self._closing = False
+        # Requests in flight (the drain on close waits for them), and of them, how many were
+        # handed to the engine, and how many left its queue for good: admitted for the first
+        # time, or dropped before that. Each counter has one writer: the loop, the engine.
         self._pending = 0
+        self._submitted = 0
+        self._started = 0
         self._serial = 0
         self._drained: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._loop, name=f"llm-{model.name}", daemon=True)
@@ -80,7 +85,9 @@ class GenerationScheduler:
 
     @property
     def pending(self) -> int:
-        return self._pending
+        """Requests not yet admitted by the engine (Triton's pending count, whose queue time
+        ends there too); a generation that runs, or was preempted, is executing."""
+        return self._submitted - self._started
 
     async def submit(self, item: WorkItem) -> dict[str, Array]:
         if self._closing:
@@ -115,6 +122,7 @@ class GenerationScheduler:
             seq = read()
         seq.timings = timings
         self._pending += 1
+        self._submitted += 1
         if self._drained is None:
             self._drained = asyncio.Event()
         self._drained.clear()
@@ -174,6 +182,8 @@ class GenerationScheduler:
         self._running.clear()
         allocator = self._model.runner.pool.allocator
         for seq in left:
+            if seq.scheduled_s is None:
+                self._started += 1
             allocator.release(seq.blocks)
             if not seq.cancelled:
                 seq.sink.send(None, error, True)
@@ -200,6 +210,7 @@ class GenerationScheduler:
         for seq in plan.admitted:
             if seq.scheduled_s is None:
                 seq.scheduled_s = now
+                self._started += 1
                 stats.prompt_tokens += seq.prompt_len
                 stats.queue.observe(now - seq.arrival_s)
             if self._limits.prefix_caching:
@@ -224,6 +235,8 @@ class GenerationScheduler:
         allocator = self._model.runner.pool.allocator
         for group in (self._running, self._waiting):
             for seq in [s for s in group if s.cancelled]:
+                if seq.scheduled_s is None:
+                    self._started += 1
                 group.remove(seq)
                 allocator.release(seq.blocks)
                 seq.finish_reason = "abort"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,6 +185,33 @@ async def test_unloading_answers_what_is_in_flight_unavailable(tmp_path: Path) -
     runner = scheduler._model.runner  # white box: nothing outside holds the runner
     assert runner.pool.keys == [] and runner.pool.values == []
     assert not hasattr(runner, "session")
+
+
+async def test_pending_counts_only_requests_the_engine_has_not_admitted(tmp_path: Path) -> None:
+    """Triton's pending count (nv_inference_pending_request_count, which autoscalers read):
+    a generation that runs is executing; one queued behind it (one sequence at a time) is
+    pending until the engine takes it."""
+    scheduler = engine(tmp_path, max_num_seqs="1", max_model_len="1024", kv_cache_blocks="128")
+    stats = scheduler.generation_stats
+
+    async def until(condition: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not condition():
+            assert time.monotonic() < deadline, f"gave up waiting for {what}"
+            await asyncio.sleep(0.01)
+
+    try:
+        first = asyncio.ensure_future(ask(scheduler, "First", 1000))
+        await until(lambda: stats.running == 1, "the first to run")
+        assert scheduler.pending == 0
+        second = asyncio.ensure_future(ask(scheduler, "Second", 4))
+        await until(lambda: stats.waiting == 1, "the second to queue")
+        assert scheduler.pending == 1
+        first.cancel()  # its client leaves: the second runs, and finishes
+        assert (await second).final
+        assert scheduler.pending == 0
+    finally:
+        await scheduler.close(1)
 
 
 async def test_on_the_simulated_npu_answers_equal_the_reference(tmp_path: Path) -> None:
