@@ -170,11 +170,13 @@ class GenerationScheduler:
             except Exception as exc:
                 # A fault in the engine itself: fail what it holds, keep serving.
                 log.exception("model '%s': the generation engine failed", self._model.name)
-                self._end_all(ModelError(ErrorCode.INTERNAL.value, f"generation failed: {exc}"))
-        self._end_all(ModelError(ErrorCode.UNAVAILABLE.value, "the model was unloaded"))
+                failed = ModelError(ErrorCode.INTERNAL.value, f"generation failed: {exc}")
+                self._end_all(failed, "error")
+        self._end_all(ModelError(ErrorCode.UNAVAILABLE.value, "the model was unloaded"), "abort")
 
-    def _end_all(self, error: ModelError) -> None:
-        """Answer every sequence the engine holds with `error`, and free its blocks."""
+    def _end_all(self, error: ModelError, reason: str) -> None:
+        """Answer every sequence the engine holds with `error`, free its blocks, and count
+        it as finished for `reason` (vLLM's: `error` for a fault, `abort` at unload)."""
         with self._wake:
             left = [*self._inbox, *self._waiting, *self._running]
             self._inbox.clear()
@@ -187,6 +189,7 @@ class GenerationScheduler:
             allocator.release(seq.blocks)
             if not seq.cancelled:
                 seq.sink.send(None, error, True)
+            self.generation_stats.finished["abort" if seq.cancelled else reason] += 1
             seq.on_done()
         stats = self.generation_stats
         stats.running = stats.waiting = 0
@@ -307,6 +310,7 @@ class GenerationScheduler:
             if seq in self._running:
                 self._leave(seq)
                 seq.sink.send(None, error, True)
+                self.generation_stats.finished["error"] += 1
                 seq.on_done()
 
     def _advance(self, seq: Sequence, logits: npt.NDArray[np.float32]) -> None:

@@ -28,7 +28,9 @@ PREEMPTION_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)
 # vLLM's tokens-per-step bounds (1, then its graph capture sizes' powers of two).
 STEP_TOKEN_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0,
                       4096.0, 8192.0, 16384.0)  # fmt: skip
-FINISH_REASONS = ("stop", "length", "abort")
+# vLLM's, but `repetition`, which nothing here detects; `error` is a sequence the engine
+# failed.
+FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
 def token_buckets(max_model_len: int) -> tuple[float, ...]:

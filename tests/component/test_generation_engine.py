@@ -180,6 +180,7 @@ async def test_unloading_answers_what_is_in_flight_unavailable(tmp_path: Path) -
     sink = await task
     assert sink.final and [e.code for e in sink.errors] == ["UNAVAILABLE"]
     assert scheduler.generation_stats.kv_blocks_used == 0
+    assert scheduler.generation_stats.finished["abort"] == 1
     # The weights and the KV cache go at the close, not when the version is collected
     # (a late reference can keep it: server/startup/gcheap.py).
     runner = scheduler._model.runner  # white box: nothing outside holds the runner
@@ -304,6 +305,10 @@ async def test_a_sequence_whose_sampling_fails_fails_alone(
         assert bad.final and [e.message for e in bad.errors] == [
             "sampling failed: this sampler cannot"
         ]
+        # Counted as vLLM counts a request the engine failed.
+        assert scheduler.generation_stats.finished == {
+            "stop": 0, "length": 2, "abort": 0, "error": 1
+        }  # fmt: skip
         for prompt, sink in zip((PROMPTS[0], PROMPTS[1]), (good[0], good[2]), strict=True):
             assert sink.final and not sink.errors
             assert "".join(sink.texts) == expected(prompt)
