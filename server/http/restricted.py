@@ -12,8 +12,9 @@ from .openai.errors import OpenAIError, is_openai_path
 
 
 class RestrictedApiMiddleware:
-    """403 `{"error": "This API is restricted, expecting header '<h>'"}`, as Triton (in
-    OpenAI's error object on /v1).
+    """403 `{"error": "This API is restricted, expecting header '<h>'"}`, as Triton; on /v1,
+    401 with OpenAI's error object, as Triton's OpenAI front end (and OpenAI's own API,
+    whose clients raise AuthenticationError for it).
 
     Installed only when some category is restricted, so unrestricted servers pay nothing.
     """
@@ -29,7 +30,12 @@ class RestrictedApiMiddleware:
             if header is not None:
                 message = http_refusal_message(header)
                 if is_openai_path(scope["path"]):
-                    response = OpenAIError(message, status=403, kind="permission_error").response()
+                    response = OpenAIError(
+                        f"{message} with valid value",
+                        status=401,
+                        kind="authentication_error",
+                        code="invalid_auth",
+                    ).response()
                 else:
                     response = error_response(403, message)
                 await response(scope, receive, send)

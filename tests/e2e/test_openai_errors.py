@@ -324,17 +324,21 @@ def test_a_v1_body_past_the_limit_is_413_even_written_whole(server: ServerProces
     assert answer.json()["choices"][0]["text"] == "still here"
 
 
-def test_a_restricted_v1_route_is_403_in_openais_shape(
+def test_a_restricted_v1_route_is_401_in_openais_shape(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     repo = textgen.write(tmp_path_factory.mktemp("openai-restricted"))
     with running_server([repo], ["--http-restricted-api=inference:api-key=s3cret"]) as server:
         body = {"model": "textgen", "prompt": "a b"}
         refused = httpx.post(server.base_url + COMPLETIONS, json=body, timeout=30)
-        assert refused.status_code == 403
-        error = refused.json()["error"]
-        assert error["type"] == "permission_error"
-        assert error["message"] == "This API is restricted, expecting header 'api-key'"
+        # Triton's OpenAI front end's answer, and the openai client's AuthenticationError.
+        assert refused.status_code == 401
+        assert refused.json()["error"] == {
+            "message": "This API is restricted, expecting header 'api-key' with valid value",
+            "type": "authentication_error",
+            "param": None,
+            "code": "invalid_auth",
+        }
         allowed = httpx.post(
             server.base_url + COMPLETIONS, json=body, headers={"api-key": "s3cret"}, timeout=30
         )
