@@ -250,6 +250,9 @@ class GenerationScheduler:
         started = time.perf_counter()
         runner = self._model.runner
         graph = 0.0
+        # Tokens sampled this step: vLLM's tokens per iteration count them beside the
+        # prompt tokens computed (the token a finished prefill samples included).
+        sampled = 0
         try:
             # Decode rows and prefill chunks in one call: one pass over the weights.
             decode = [RowWork(s.tokens[s.computed :], s.computed, s.blocks) for s in plan.decode]
@@ -272,12 +275,14 @@ class GenerationScheduler:
             for seq, row in zip(plan.decode, logits[: len(decode)], strict=True):
                 seq.computed += 1
                 self._advance_one(seq, row)
+            sampled = len(plan.decode)
             for (seq, n), row in zip(plan.prefill, logits[len(decode) :], strict=True):
                 seq.computed += n
                 if seq.remaining == 0:
                     self._advance_one(seq, row)
+                    sampled += 1
         stats = self.generation_stats
-        stats.step_tokens.observe(len(plan.decode) + sum(n for _, n in plan.prefill))
+        stats.step_tokens.observe(sampled + sum(n for _, n in plan.prefill))
         stats.steps += 1
         stats.graph_seconds += graph
         stats.step_seconds += time.perf_counter() - started

@@ -521,9 +521,10 @@ def test_vllms_phase_max_tokens_and_step_token_families(server: ServerProcess) -
     for name in ("vllm:request_max_num_generation_tokens", "vllm:request_params_max_tokens"):
         assert after.types.get(name) == "histogram", name
         assert grew(name + "_count") == 1 and grew(name + "_sum") == 7, name
-    # The steps computed the prompt once and each generated token but the last.
+    # vLLM's count: the prompt's tokens once, and each token sampled (the first, which
+    # the prefill's step sampled, included), as its test_metrics_counts asserts.
     assert after.types.get("vllm:iteration_tokens_total") == "histogram"
-    assert grew("vllm:iteration_tokens_total_sum") == prompt + generated - 1
+    assert grew("vllm:iteration_tokens_total_sum") == prompt + generated
     assert grew("vllm:iteration_tokens_total_count") == grew("ge_serve_generation_steps_total")
 
 
