@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 # Triton's wording, also for `none` mode (Triton keeps one message for both).
 CONTROL_DISABLED = "explicit model load / unload is not allowed if polling is enabled"
 
+# Triton's words (model_repository_manager.cc), for `--load-model=*` beside other names.
+WILDCARD_NOT_ALONE = "Wildcard model name '*' must be the ONLY startup model if specified at all."
+
 FILE_PREFIX = "file:"
 
 
@@ -90,6 +93,10 @@ class ModelControl:
     def startup_models(self) -> list[str]:
         if self.settings.mode is ControlMode.EXPLICIT:
             wanted = self.settings.load_models
+            if "*" in wanted and len(set(wanted)) > 1:
+                # Triton's core refuses it as it creates the server, so nothing loads and
+                # the server exits (a repeated '*' is one name there too).
+                raise ServerError(ErrorCode.INVALID_ARG, WILDCARD_NOT_ALONE)
             if "*" in wanted:
                 return sorted(self.repository.scan())
             return list(dict.fromkeys(key for name in wanted for key in self._keys(name)))

@@ -11,7 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from modelgen import add_const_model
-from serverproc import ServerProcess, running_server
+from serverproc import ServerProcess, running_server, start_server
 from swapload import addk_inputs
 from swapmodels import ADDK, write_addk
 from tritonclient.utils import InferenceServerException
@@ -225,3 +225,19 @@ def test_malformed_load_and_unload_bodies_are_clear_errors(repo: Path) -> None:
         file_param = {"parameters": {"file:1/m.onnx": base64.b64encode(b"x").decode()}}
         assert httpx.post(f"{base}/load", json=file_param).status_code == 400
         assert httpx.get(f"{base}/load").status_code == 405
+
+
+def test_a_wildcard_beside_other_startup_models_is_refused(repo: Path) -> None:
+    """As Triton's core refuses it at server creation, the server exits with an error
+    (a repeated '*' is one name, and starts)."""
+    extra = ["--model-control-mode=explicit", "--load-model=*", f"--load-model={ADDK}"]
+    server = start_server([repo], extra, wait_ready=False)
+    try:
+        assert server.process.wait(60) != 0
+    finally:
+        server.stop()
+    log = server.log()
+    assert "Wildcard model name '*' must be the ONLY startup model if specified at all." in log
+
+    with running_server([repo], ["--model-control-mode=explicit", "--load-model=*"] * 2) as server:
+        assert httpx.get(f"{server.base_url}/v2/models/other/ready").status_code == 200
