@@ -1,9 +1,10 @@
 """The /v1 routes, each answering every failure with OpenAI's error object.
 
 `GET /v1/models` and `GET /v1/models/{model}`, `POST /v1/chat/completions`,
-`POST /v1/completions`, `POST /v1/embeddings`. A body is read as the v2 routes read
-theirs (size-capped, decompressed), parsed as JSON, then checked (schemas.py); one past
---http-max-input-size is a 413 here (errors.content_too_large).
+`POST /v1/completions`, `POST /v1/embeddings`, and Triton's OpenAI front end's
+`POST /v1/models/{model}/load` and `/unload` (management.py). A body is read as the v2
+routes read theirs (size-capped, decompressed), parsed as JSON, then checked
+(schemas.py); one past --http-max-input-size is a 413 here (errors.content_too_large).
 
 Also `GET /health/ready`, the readiness route of Triton's OpenAI front end, so probes
 written for it work here: 200 with no body when the server is ready (as
@@ -41,6 +42,7 @@ from .errors import (
     from_server_error,
     model_not_found,
 )
+from .management import ModelManagement
 from .schemas import (
     Body,
     ChatCompletionRequest,
@@ -64,6 +66,7 @@ NOT_READY = {"detail": "Attached inference engine is not ready for inference req
 
 def routes(front: RouteHost) -> list[Route]:
     catalog = Catalog(front.core)
+    management = ModelManagement(front.core, catalog)
 
     async def read(
         request: Request, schema: type[B], bounded: Callable[[Any], None] | None = None
@@ -165,6 +168,16 @@ def routes(front: RouteHost) -> list[Route]:
             "/v1/models/{model}", _openai_errors(kserve_v1), methods=["POST"], error=ErrorObject
         ),
         get("/v1/models/{model}", retrieve_model),
+        # Triton's OpenAI front end's model management (management.py); no body.
+        *(
+            ApiRoute(
+                f"/v1/models/{{model}}/{verb}",
+                _openai_errors(handler),
+                methods=["POST"],
+                error=ErrorObject,
+            )
+            for verb, handler in (("load", management.load), ("unload", management.unload))
+        ),
         post("/v1/chat/completions", chat, ChatCompletionRequest),
         post("/v1/completions", completions, CompletionRequest),
         post("/v1/embeddings", embed, EmbeddingRequest),
