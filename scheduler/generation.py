@@ -323,7 +323,9 @@ class GenerationScheduler:
         params = seq.params
         eos = self._model.eos_ids
         banned: tuple[int, ...] = ()
-        if seq.generated < params.min_tokens and not params.ignore_eos:
+        if seq.generated < params.min_tokens:
+            # vLLM's MinTokensLogitsProcessor bans every stop id, EOS included whatever
+            # ignore_eos says (its all_stop_token_ids hold the EOS either way).
             banned = tuple(eos) + params.stop_token_ids
         token = seq.sampler.sample(logits, banned)
         seq.tokens.append(token)
@@ -341,7 +343,8 @@ class GenerationScheduler:
         if (token in eos and not params.ignore_eos) or token in params.stop_token_ids:
             reason = "stop"
         else:
-            delta = seq.stops.add(seq.detokenizer.add(token))
+            # vLLM's: no stop string ends within the first min_tokens tokens.
+            delta = seq.stops.add(seq.detokenizer.add(token), seq.generated > params.min_tokens)
             if seq.stops.stopped:
                 reason = "stop"
         if reason is None and seq.generated >= seq.max_tokens:
@@ -354,7 +357,7 @@ class GenerationScheduler:
                 seq.answer.append(delta)
             return
         if not seq.stops.stopped:
-            delta += seq.stops.add(seq.detokenizer.flush())
+            delta += seq.stops.add(seq.detokenizer.flush(), seq.generated > params.min_tokens)
             delta += seq.stops.finish()
         self._finish(seq, reason, delta)
 

@@ -19,7 +19,12 @@ import numpy as np
 
 from ge_serve.backends.base import ResponseSink
 from ge_serve.backends.llm.backend import LlmModel
-from ge_serve.backends.llm.sampling import Sampler, SamplingError, sampling_params
+from ge_serve.backends.llm.sampling import (
+    Sampler,
+    SamplingError,
+    check_min_tokens,
+    sampling_params,
+)
 from ge_serve.backends.llm.text import Detokenizer, StopStrings
 from ge_serve.server.errors import invalid_arg
 
@@ -99,6 +104,10 @@ def read_sequence(
         if params.max_tokens is not None
         else min(settings.defaults.max_tokens, room)
     )
+    try:
+        check_min_tokens(params.min_tokens, budget)
+    except SamplingError as exc:
+        raise invalid_arg(str(exc)) from None
     return Sequence(
         serial=serial,
         tokens=ids,

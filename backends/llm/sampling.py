@@ -151,6 +151,8 @@ def _validated(values: dict[str, Any]) -> SamplingParams:
         raise SamplingError(f"top_k must be -1, 0 (off) or positive, got {top_k}")
     if out.get("min_tokens", 0) < 0:
         raise SamplingError("min_tokens must not be negative")
+    if out["max_tokens"] is not None:
+        check_min_tokens(out.get("min_tokens", 0), out["max_tokens"])
     seed = out.get("seed")
     if seed is not None and seed < 0:
         raise SamplingError(f"seed must not be negative, got {seed}")
@@ -166,6 +168,15 @@ def _validated(values: dict[str, Any]) -> SamplingParams:
         )
     out["stop_token_ids"] = tuple(ids)
     return SamplingParams(**out)
+
+
+def check_min_tokens(min_tokens: int, max_tokens: int) -> None:
+    """vLLM's rule and words: `min_tokens` within the limit, the one given or, without
+    one, the one the request gets (the model's default, cut to the room left)."""
+    if min_tokens > max_tokens:
+        raise SamplingError(
+            f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}."
+        )
 
 
 def _stop(value: Any) -> tuple[str, ...]:

@@ -196,14 +196,16 @@ class StopStrings:
         self._released = 0
         self.stopped = False
 
-    def add(self, delta: str) -> str:
+    def add(self, delta: str, check: bool = True) -> str:
         """Append generated text; returns the text now safe to show. Once a stop string
-        appears, `stopped` is set and the text ends before it (or after, if included)."""
+        appears, `stopped` is set and the text ends before it (or after, if included).
+        `check` false (the tokens before `min_tokens`): no stop string may end in this
+        text, as vLLM's rule is; one that begins in it may still end in what follows."""
         if self.stopped or not delta:
             return ""
         start = max(len(self.text) - self._longest + 1, 0)
         self.text += delta
-        if self._stops:
+        if self._stops and check:
             cut = self._first_stop(start)
             if cut is not None:
                 self.stopped = True
