@@ -218,8 +218,8 @@ async def test_the_engines_vllm_extensions_reach_the_model(
 
 
 def test_the_keys_passed_on_are_those_the_llm_engine_implements() -> None:
+    from ge_serve.server.http.openai.fields import SAMPLING_KEYS
     from ge_serve.server.http.openai.generation import KEYS
-    from ge_serve.server.http.openai.schemas import SAMPLING_KEYS
 
     implemented = sampling.KNOWN_KEYS - set(sampling._NEUTRAL)
     assert {key for key, rule in KEYS.items() if rule.engine} == implemented

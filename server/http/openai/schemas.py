@@ -28,6 +28,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import OpenAIError, unsupported
+from .fields import DEFAULT_ONLY, NEVER_SERVED, SAMPLING_KEYS, SERVER_VARIABLES
 
 M = TypeVar("M", bound="Body")
 
@@ -94,59 +95,6 @@ class ResponseFormat(Body):
 
 _Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 _TokenId = Annotated[int, Field(ge=0)]
-
-# The fields `Sampling.sampling` gives, by their vLLM sampling key (`stop` as a list, and
-# `max_tokens` only where the client set a limit).
-SAMPLING_KEYS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "stop",
-    "ignore_eos",
-    "min_tokens",
-    "stop_token_ids",
-    "include_stop_str_in_output",
-    "skip_special_tokens",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "min_p",
-    "length_penalty",
-    "use_beam_search",
-    "bad_words",
-    "spaces_between_special_tokens",
-    "allowed_token_ids",
-    "truncate_prompt_tokens",
-)
-# vLLM's extensions that no model contract carries: refused whenever given.
-_NEVER_SERVED = {
-    "guided_json": "guided decoding",
-    "guided_regex": "guided decoding",
-    "guided_choice": "guided decoding",
-    "guided_grammar": "guided decoding",
-    "structured_outputs": "guided decoding",
-    "prompt_logprobs": "logprobs",
-    "logprob_token_ids": "logprobs",
-    "prompt_embeds": "prompt embeddings",
-    "repetition_detection": "repetition detection",
-    "truncation_side": "prompt truncation side",
-    "logits_processors": "logits processors",
-}
-# vLLM's fields that no model contract carries either, served only at the values that
-# change nothing (vLLM's defaults; None: not given).
-_DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
-    "return_token_ids": (None, False),
-    "watermarking": (None, False),
-    "priority": (None, 0),
-    "thinking_token_budget": (None, -1),
-    "vllm_xargs": (None, {}),
-}
-
-
-# The chat template's variables that the server sets, never from `chat_template_kwargs`:
-# vLLM refuses `chat_template` and `tokenize` there, and the rest are the request's own.
-SERVER_VARIABLES = frozenset({"chat_template", "tokenize", "messages", "tools", "documents"})
 
 
 class Sampling(Body):
@@ -216,13 +164,13 @@ class Sampling(Body):
         options = self.stream_options
         return bool(options and options.include_usage and options.continuous_usage_stats)
 
-    # vLLM's fields served only at their default (_DEFAULT_ONLY); a request kind adds its own.
-    default_only: ClassVar[dict[str, tuple[Any, ...]]] = _DEFAULT_ONLY
+    # vLLM's fields served only at their default (DEFAULT_ONLY); a request kind adds its own.
+    default_only: ClassVar[dict[str, tuple[Any, ...]]] = DEFAULT_ONLY
 
     def refuse_unsupported(self) -> None:
         if self.n not in (None, 1):
             raise unsupported("n", "Only n=1 is supported: one choice per request")
-        for name, feature in _NEVER_SERVED.items():
+        for name, feature in NEVER_SERVED.items():
             if getattr(self, name) is not None:
                 raise unsupported(name, f"'{name}' ({feature}) is not supported")
         for name, neutral in self.default_only.items():
@@ -282,7 +230,7 @@ class ChatCompletionRequest(Sampling):
     # vLLM's default is taken (false for chat, where the template writes them).
     add_special_tokens: bool | None = None
     default_only: ClassVar[dict[str, tuple[Any, ...]]] = {
-        **_DEFAULT_ONLY,
+        **DEFAULT_ONLY,
         "add_special_tokens": (None, False),
     }
 
@@ -387,7 +335,7 @@ class CompletionRequest(Sampling):
     # As chat's, but vLLM's default for completions is true.
     add_special_tokens: bool | None = None
     default_only: ClassVar[dict[str, tuple[Any, ...]]] = {
-        **_DEFAULT_ONLY,
+        **DEFAULT_ONLY,
         "add_special_tokens": (None, True),
     }
 
