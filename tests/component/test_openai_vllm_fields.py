@@ -245,3 +245,22 @@ async def test_token_id_inputs_are_refused_in_so_many_words(
     refused = error(await http.post(path, json=body))
     assert (refused["param"], refused["code"]) == (param, "unsupported_parameter")
     assert refused["message"].startswith("Token-id input is not supported")
+
+
+async def test_an_x_request_id_header_names_the_answer(http: httpx.AsyncClient) -> None:
+    # vLLM's order: the header, then the body's request_id, then a fresh id.
+    header = {"X-Request-Id": "gw-trace-123"}
+    body: dict[str, Any] = {"model": "textgen", "messages": PREFILL, "request_id": "abc"}
+    found = (await http.post(CHAT, json=body, headers=header)).json()
+    assert found["id"] == "chatcmpl-gw-trace-123"
+    body = {"model": "textgen", "prompt": "a", "stream": True}
+    streamed = chunks(await http.post("/v1/completions", json=body, headers=header))
+    assert {c["id"] for c in streamed} == {"cmpl-gw-trace-123"}
+    body = {"model": "embedder", "input": "a b"}
+    found = (await http.post("/v1/embeddings", json=body, headers=header)).json()
+    assert found["id"] == "embd-gw-trace-123" and found["data"]
+    assert (await http.post("/v1/embeddings", json={**body, "request_id": "e"})).json()[
+        "id"
+    ] == "embd-e"
+    fresh = (await http.post("/v1/embeddings", json=body)).json()["id"]
+    assert fresh.startswith("embd-") and len(fresh) > len("embd-")

@@ -23,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+import time
+import uuid
 from typing import Any
 
 import numpy as np
@@ -40,7 +42,11 @@ from .schemas import EmbeddingRequest
 _ENSEMBLE_PREFIX = re.compile(r"^(?:in ensemble '[^']*', )+")
 
 
-async def embeddings(catalog: Catalog, body: EmbeddingRequest) -> dict[str, Any]:
+async def embeddings(
+    catalog: Catalog, body: EmbeddingRequest, request_id: str = ""
+) -> dict[str, Any]:
+    """The answer, whose `id` (vLLM's, which OpenAI's lacks) is `embd-` and `request_id`
+    (the client's, text.request_id) or a fresh one."""
     model, embedder = catalog.embedding(body.model)
     texts = body.texts()
     listed = not isinstance(body.input, str)
@@ -68,7 +74,9 @@ async def embeddings(catalog: Catalog, body: EmbeddingRequest) -> dict[str, Any]
             encoded = vector.tolist()
         data.append({"object": "embedding", "index": index, "embedding": encoded})
     return {
+        "id": "embd-" + (request_id or uuid.uuid4().hex),
         "object": "list",
+        "created": int(time.time()),
         "data": data,
         "model": body.model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},

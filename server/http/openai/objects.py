@@ -43,7 +43,8 @@ class Answer:
     # assistant turn), and what `echo` puts before its text.
     role: str = "assistant"
     echo: str = ""
-    # The client's `request_id` (vLLM's), else a fresh one; prefixed as OpenAI's ids are.
+    # The client's `X-Request-Id` or `request_id` (vLLM's), else a fresh one; prefixed as
+    # OpenAI's ids are.
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 

@@ -149,7 +149,8 @@ def routes(front: RouteHost) -> list[Route]:
 
     async def embed(request: Request) -> Response:
         body = await read(request, EmbeddingRequest)
-        return _json(await embeddings.embeddings(catalog, body))
+        given = text.request_id(request, body.request_id)
+        return _json(await embeddings.embeddings(catalog, body, given))
 
     def get(path: str, handler: Handler) -> Route:
         return ApiRoute(path, _openai_errors(handler), methods=["GET"], error=ErrorObject)

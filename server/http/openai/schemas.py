@@ -385,6 +385,8 @@ class EmbeddingRequest(Body):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
+    # vLLM's: the answer's id is `embd-` and this (an `X-Request-Id` header wins).
+    request_id: str | None = None
 
     def refuse_unsupported(self) -> None:
         if _token_ids(self.input):

@@ -63,7 +63,7 @@ async def chat_completion(
         prompt = await asyncio.to_thread(render_request, generation, body)
     else:
         prompt = render_request(generation, body)
-    answer = _identity(body, chat=True, role=body.answer_role(), echo=body.echoed())
+    answer = _identity(request, body, chat=True, role=body.answer_role(), echo=body.echoed())
     return await _answer(catalog, request, model, body, prompt, answer)
 
 
@@ -73,11 +73,13 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
     if generation is not None:
         _check_limit(body.token_limit(), generation.max_model_len)
     prompt = body.text()
-    answer = _identity(body, chat=False, echo=prompt if body.echo else "")
+    answer = _identity(request, body, chat=False, echo=prompt if body.echo else "")
     return await _answer(catalog, request, model, body, prompt, answer)
 
 
-def _identity(body: Sampling, *, chat: bool, role: str = "assistant", echo: str = "") -> Answer:
+def _identity(
+    request: Request, body: Sampling, *, chat: bool, role: str = "assistant", echo: str = ""
+) -> Answer:
     stream = bool(body.stream)
     return Answer(
         body.model,
@@ -86,8 +88,14 @@ def _identity(body: Sampling, *, chat: bool, role: str = "assistant", echo: str 
         continuous_usage=stream and body.continuous_usage(),
         role=role,
         echo=echo,
-        id=body.request_id or "",
+        id=request_id(request, body.request_id),
     )
+
+
+def request_id(request: Request, given: str | None) -> str:
+    """vLLM's: the `X-Request-Id` header (a gateway's trace id), else the body's
+    `request_id`; empty where neither is given (the answer gets a fresh one)."""
+    return request.headers.get("x-request-id") or given or ""
 
 
 def _check_limit(limit: int | None, max_model_len: int) -> None:
