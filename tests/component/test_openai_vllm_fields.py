@@ -264,3 +264,34 @@ async def test_an_x_request_id_header_names_the_answer(http: httpx.AsyncClient) 
     ] == "embd-e"
     fresh = (await http.post("/v1/embeddings", json=body)).json()["id"]
     assert fresh.startswith("embd-") and len(fresh) > len("embd-")
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "limit"),
+    [
+        (CHAT, {"messages": PREFILL, "max_tokens": 3}, 3),
+        (CHAT, {"messages": PREFILL, "max_completion_tokens": 3}, 3),
+        # /v1/completions' default, as vLLM's.
+        ("/v1/completions", {"prompt": "a"}, 16),
+    ],
+)
+async def test_min_tokens_past_max_tokens_is_refused(
+    http: httpx.AsyncClient, path: str, fields: dict[str, Any], limit: int
+) -> None:
+    body = {"model": "textgen", "min_tokens": limit + 2, **fields}
+    refused = error(await http.post(path, json=body))
+    assert refused["param"] == "min_tokens"
+    assert refused["message"] == (
+        f"min_tokens must be less than or equal to max_tokens={limit}, got {limit + 2}."
+    )
+
+
+async def test_stream_options_without_stream_is_refused_unless_empty(
+    http: httpx.AsyncClient,
+) -> None:
+    body = {"model": "textgen", "prompt": "a", "stream_options": {}}
+    assert (await http.post("/v1/completions", json=body)).status_code == 200
+    body["stream_options"] = {"include_usage": False}
+    refused = error(await http.post("/v1/completions", json=body))
+    assert refused["param"] == "stream_options"
+    assert refused["message"] == "Stream options can only be defined when `stream=True`."

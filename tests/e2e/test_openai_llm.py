@@ -185,7 +185,20 @@ def test_vllms_stop_and_min_tokens_extensions_reach_the_engine(client: openai.Op
     assert text.startswith("oo") and count >= 6, (text, count)
     # include_stop_str_in_output: the stop string ends the answer, and is shown.
     assert complete(stop=["U"]) == ("oo", "stop", 4)
+    # min_tokens holds stop strings off too (vLLM's): the seventh token's "U" ends it.
+    assert complete(stop=["U"], min_tokens=6) == ("ooUUU", "stop", 7)
     assert complete(stop=["U"], include_stop_str_in_output=True) == ("ooU", "stop", 4)
+
+
+def test_min_tokens_past_the_limit_the_engine_gives_is_400(server: ServerProcess) -> None:
+    # No max_tokens: the limit is the model's default (256 here), as vLLM's is its own.
+    body = {"model": "tiny_llm", "messages": MESSAGES, "min_tokens": 1000}
+    answer = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=30)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == "min_tokens"
+    assert answer.json()["error"]["message"] == (
+        "min_tokens must be less than or equal to max_tokens=256, got 1000."
+    )
 
 
 def test_an_extension_the_engine_does_not_implement_is_400(server: ServerProcess) -> None:

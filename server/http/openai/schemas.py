@@ -180,13 +180,24 @@ class Sampling(Body):
                 raise unsupported(name, f"'{name}' is not supported: only {only} (the default)")
         if self.logit_bias:
             raise unsupported("logit_bias", "'logit_bias' is not supported")
-        if self.stream_options is not None and not self.stream:
+        options = self.stream_options
+        if options is not None and options.model_fields_set and not self.stream:
+            # vLLM's check and words: `{}` (falsy in its check) is accepted.
             raise OpenAIError(
-                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                "Stream options can only be defined when `stream=True`.",
                 param="stream_options",
             )
         if any(not s for s in self.stops()):
             raise OpenAIError("'stop' strings must not be empty", param="stop")
+        limit = self.token_limit() or self.default_max_tokens
+        if self.min_tokens and limit is not None and self.min_tokens > limit:
+            # vLLM's rule and words (its sampling parameters'); a limit the model sets
+            # (chat's, unset) is the model's to check.
+            raise OpenAIError(
+                f"min_tokens must be less than or equal to max_tokens={limit}, "
+                f"got {self.min_tokens}.",
+                param="min_tokens",
+            )
 
     def token_limit(self) -> int | None:
         """The client's `max_tokens`; None where it set none."""
