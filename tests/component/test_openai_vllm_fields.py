@@ -286,6 +286,35 @@ async def test_min_tokens_past_max_tokens_is_refused(
     )
 
 
+async def test_echo_with_max_tokens_0_answers_the_prompt_alone(http: httpx.AsyncClient) -> None:
+    # vLLM's: the model runs for one token, which is not shown but is counted.
+    body = {"model": "textgen", "prompt": "a b c", "echo": True, "max_tokens": 0}
+    found = (await http.post("/v1/completions", json=body)).json()
+    assert found["choices"][0]["text"] == "a b c"
+    assert found["choices"][0]["finish_reason"] == "length"
+    assert found["usage"] == {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+    options = {"include_usage": True}
+    streamed = chunks(
+        await http.post("/v1/completions", json={**body, "stream": True, "stream_options": options})
+    )
+    assert "".join(c["choices"][0]["text"] for c in streamed if c["choices"]) == "a b c"
+    assert streamed[-1]["usage"]["completion_tokens"] == 1
+    # Without echo, as vLLM: at least 1.
+    del body["echo"]
+    assert error(await http.post("/v1/completions", json=body))["param"] == "max_tokens"
+
+
+async def test_a_streamed_echo_comes_with_the_first_token(http: httpx.AsyncClient) -> None:
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = {"model": "textgen", "prompt": "a b c", "echo": True, "max_tokens": 3}
+    body |= {"stream": True, "stream_options": options}
+    streamed = chunks(await http.post("/v1/completions", json=body))
+    # vLLM's completions: the prompt and the first token in one chunk, which counts it.
+    assert streamed[0]["choices"][0]["text"] == "a b ca"
+    assert streamed[0]["usage"]["completion_tokens"] == 1
+    assert "".join(c["choices"][0]["text"] for c in streamed if c["choices"]) == "a b ca b c"
+
+
 async def test_stream_options_without_stream_is_refused_unless_empty(
     http: httpx.AsyncClient,
 ) -> None:

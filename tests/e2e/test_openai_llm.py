@@ -201,6 +201,19 @@ def test_min_tokens_past_the_limit_the_engine_gives_is_400(server: ServerProcess
     )
 
 
+def test_echo_with_max_tokens_0_counts_the_prompt(client: openai.OpenAI) -> None:
+    prompt = "The quick brown fox"
+    completion = client.completions.create(
+        model="tiny_llm", prompt=prompt, echo=True, max_tokens=0, temperature=0
+    )
+    assert completion.choices[0].text == prompt
+    assert completion.usage is not None
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (
+        len(prompt_ids(prompt)),
+        1,
+    )
+
+
 def test_an_extension_the_engine_does_not_implement_is_400(server: ServerProcess) -> None:
     for extra in ({"repetition_penalty": 1.3}, {"min_p": 0.2}):
         (param,) = extra

@@ -43,6 +43,9 @@ class Answer:
     # assistant turn), and what `echo` puts before its text.
     role: str = "assistant"
     echo: str = ""
+    # vLLM's `echo` with `max_tokens: 0`: the text is the echo alone (what the model
+    # generated, to count the prompt, is not shown).
+    echo_only: bool = False
     # The client's `X-Request-Id` or `request_id` (vLLM's), else a fresh one; prefixed as
     # OpenAI's ids are.
     id: str = ""
@@ -62,6 +65,8 @@ class Answer:
 
     def whole(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
         """The non-streamed answer."""
+        if self.echo_only:
+            text = ""
         if self.chat:
             choice: dict[str, Any] = {
                 "index": 0,

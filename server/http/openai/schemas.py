@@ -337,6 +337,8 @@ class CompletionRequest(Sampling):
     # One prompt: a string, or a list holding one string. Token ids (vLLM takes them)
     # are parsed to be refused in so many words.
     prompt: str | list[str] | list[int] | list[list[int]]
+    # 0 only with `echo` (vLLM's): the prompt alone is the answer.
+    max_tokens: int | None = Field(None, ge=0)
     # The prompt begins the answer.
     echo: bool | None = None
     suffix: str | None = None
@@ -351,6 +353,12 @@ class CompletionRequest(Sampling):
     }
 
     def refuse_unsupported(self) -> None:
+        if self.max_tokens == 0 and not self.echo:
+            # The words of the check that chat's and every other limit get.
+            raise OpenAIError(
+                "Invalid value for 'max_tokens': Input should be greater than or equal to 1",
+                param="max_tokens",
+            )
         super().refuse_unsupported()
         if _token_ids(self.prompt):
             raise unsupported("prompt", TOKEN_IDS.format(field="prompt", what="a prompt"))
@@ -367,6 +375,14 @@ class CompletionRequest(Sampling):
             raise unsupported("best_of", "Only best_of=1 is supported")
         if self.logprobs is not None:
             raise unsupported("logprobs", "logprobs are not supported")
+
+    def echo_only(self) -> bool:
+        """vLLM's `echo` with `max_tokens: 0`: the model runs for one token (which counts
+        the prompt, and checks it fits), and the answer's text is the prompt alone."""
+        return bool(self.echo) and self.max_tokens == 0
+
+    def token_limit(self) -> int | None:
+        return 1 if self.max_tokens == 0 else self.max_tokens
 
     def text(self) -> str:
         prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]

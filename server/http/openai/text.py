@@ -74,6 +74,7 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
         _check_limit(body.token_limit(), generation.max_model_len)
     prompt = body.text()
     answer = _identity(request, body, chat=False, echo=prompt if body.echo else "")
+    answer.echo_only = body.echo_only()
     return await _answer(catalog, request, model, body, prompt, answer)
 
 
@@ -157,20 +158,28 @@ async def _events(
     usage = Usage()
     reason: str | None = None
     async with contextlib.aclosing(rest):
-        # What the opening chunks count, as vLLM's: the prompt, nothing generated yet.
-        opening = Usage(first.prompt_tokens or 0) if first else usage
+        # vLLM's chat opens with the role, then the echoed message, on chunks of their own
+        # that count the prompt and nothing generated yet; its completions send the
+        # echoed prompt with the first piece of text, on one chunk that counts it.
+        echo = answer.echo
         if answer.chat:
+            opening = Usage(first.prompt_tokens or 0) if first else usage
             yield answer.chunk("", first=True, usage=opening)
-        if answer.echo:
-            yield answer.chunk(answer.echo, usage=opening)
+            if echo:
+                yield answer.chunk(echo, usage=opening)
+            echo = ""
         try:
             piece = first
             while piece is not None:
                 usage.add(piece)
                 reason = piece.finish_reason or reason
-                if piece.text:
-                    yield answer.chunk(piece.text, usage=usage)
+                text = echo + ("" if answer.echo_only else piece.text)
+                if text:
+                    yield answer.chunk(text, usage=usage)
+                    echo = ""
                 piece = await anext(rest, None)
+            if echo:  # the model answered with no response at all
+                yield answer.chunk(echo, usage=usage)
         except OpenAIError as exc:
             yield sse(exc.body())
             return
