@@ -203,10 +203,10 @@ class StopStrings:
         text, as vLLM's rule is; one that begins in it may still end in what follows."""
         if self.stopped or not delta:
             return ""
-        start = max(len(self.text) - self._longest + 1, 0)
+        before = len(self.text)
         self.text += delta
         if self._stops and check:
-            cut = self._first_stop(start)
+            cut = self._first_stop(before)
             if cut is not None:
                 self.stopped = True
                 self.text = self.text[:cut]
@@ -217,14 +217,13 @@ class StopStrings:
         """Everything not yet released (the sequence ended otherwise)."""
         return self._release(len(self.text))
 
-    @property
-    def _longest(self) -> int:
-        return max((len(s) for s in self._stops), default=1)
-
-    def _first_stop(self, start: int) -> int | None:
+    def _first_stop(self, before: int) -> int | None:
+        """The cut for the first stop string that ends after `before` (the text's length
+        before the last add): one wholly in the text before was either looked for then,
+        or lay within `min_tokens`, where none may end (vLLM looks from the same place)."""
         best: tuple[int, int] | None = None
         for stop in self._stops:
-            at = self.text.find(stop, start)
+            at = self.text.find(stop, max(before - len(stop) + 1, 0))
             if at >= 0 and (best is None or at < best[0]):
                 best = (at, at + len(stop))
         if best is None:

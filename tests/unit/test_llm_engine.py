@@ -280,6 +280,17 @@ def test_a_false_start_of_a_stop_string_is_released() -> None:
     assert held.finish() == "ST"
 
 
+def test_a_stop_string_within_min_tokens_never_ends_the_text_later() -> None:
+    # Unchecked (the tokens before min_tokens): "," lies wholly there, so it never counts,
+    # even beside a longer stop string; "ab" begins there and ends after, so it does.
+    stops = StopStrings((",", "abc"))
+    assert stops.add("x,", check=False) == "x,"
+    assert stops.add("yz") == "yz" and not stops.stopped
+    spanning = StopStrings((",", "abc"))
+    assert spanning.add("x,ab", check=False) == "x,"
+    assert spanning.add("cd") == "" and spanning.stopped and spanning.text == "x,"
+
+
 def test_stop_string_may_be_included() -> None:
     stops = StopStrings(("!",), include_stop=True)
     assert stops.add("hi! there") == "hi!"
