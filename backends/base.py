@@ -198,6 +198,25 @@ class ShapeBucket:
     shapes: Mapping[str, tuple[int, ...]]
 
 
+class TextTokenizer(Protocol):
+    """A generative model's tokenizer, as the front ends reach it (vLLM's /tokenize and
+    /detokenize): the one the model's prompts are tokenized with."""
+
+    # Token ids run from 0 to vocab_size - 1 (added tokens included).
+    vocab_size: int
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        """Each id's token as the vocabulary spells it (transformers'
+        `convert_ids_to_tokens`); ids are in the vocabulary."""
+        ...
+
+    def has_token(self, token_id: int) -> bool: ...
+
+
 @dataclass(frozen=True, slots=True)
 class TextGeneration:
     """What a generative (text in, text out) model tells the front ends that speak text
@@ -212,6 +231,9 @@ class TextGeneration:
     eos_token: str
     # Prompt tokens plus generated tokens, at most.
     max_model_len: int
+    # The model's tokenizer, where the backend holds one (the llm backend's); a Python
+    # model tokenizes inside itself, out of the front ends' reach.
+    tokenizer: TextTokenizer | None = None
 
 
 @dataclass(slots=True)

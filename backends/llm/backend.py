@@ -156,6 +156,7 @@ class LlmBackend:
                 bos_token=settings.bos_token,
                 eos_token=settings.eos_token,
                 max_model_len=settings.max_model_len,
+                tokenizer=tokenizer,
             ),
         )
 

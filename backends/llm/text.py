@@ -58,12 +58,13 @@ class Tokenizer:
         # The most bytes of text one token can stand for; None where none is sure.
         self.max_token_bytes = max_token_bytes(json.loads(self._tokenizer.to_str()))
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if len(text) > GIL_FREE_CHARS:
             # `encode` keeps the GIL to the end, which stalls the event loop even from a
             # worker thread; `encode_batch` releases it while it tokenizes.
-            return list(self._tokenizer.encode_batch([text], add_special_tokens=True)[0].ids)
-        return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
+            batch = self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)
+            return list(batch[0].ids)
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def min_tokens(self, utf8_bytes: int) -> int:
         """At least how many tokens a text of `utf8_bytes` bytes encodes to (0 where the
@@ -74,6 +75,12 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return str(self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        return [str(self._tokenizer.id_to_token(i)) for i in ids]
+
+    def has_token(self, token_id: int) -> bool:
+        return 0 <= token_id < self.vocab_size and self._tokenizer.id_to_token(token_id) is not None
 
     def token_id(self, token: str) -> int | None:
         found = self._tokenizer.token_to_id(token)

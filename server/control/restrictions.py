@@ -84,6 +84,8 @@ _HTTP_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (_MODEL, "metadata"),
         # The OpenAI-compatible API (ge-serve's own; Triton serves it from another process).
         (r"/v1/(?:chat/completions|completions|embeddings)", "inference"),
+        # vLLM's tokenizer routes: a model's work, as its inference is.
+        (r"/(?:tokenize|detokenize)", "inference"),
         # Triton's OpenAI front end puts its load and unload routes here too.
         (r"/v1/models/[^/]+/(?:load|unload)", "model-repository"),
         (r"/v1/models(?:/[^/]+)?", "metadata"),

@@ -12,6 +12,8 @@ written for it work here: 200 with no body when the server is ready (as
 as Triton puts it. And `GET /health`, vLLM's health route, which tools written for vLLM
 (guidellm, k8s probes) call first: 200 with no body while the server is live, else 503,
 as vLLM answers when its engine is dead; in the same category.
+
+And vLLM's `POST /tokenize` and `POST /detokenize` (tokenize.py), in `inference`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import orjson
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -33,7 +36,7 @@ from ..disconnects import CLIENT_GONE, ClientGone
 from ..openapi import ApiRoute
 from ..openapi import Body as DocumentedBody
 from ..routing import RouteHost
-from . import embeddings, text
+from . import embeddings, text, tokenize
 from .catalog import Catalog, text_generation
 from .errors import (
     CONTEXT_LENGTH_EXCEEDED,
@@ -69,10 +72,12 @@ def routes(front: RouteHost) -> list[Route]:
     management = ModelManagement(front.core, catalog)
 
     async def read(
-        request: Request, schema: type[B], bounded: Callable[[Any], None] | None = None
+        request: Request,
+        schema: type[B] | Callable[[Any], type[B]],
+        bounded: Callable[[Any], None] | None = None,
     ) -> B:
-        """The body checked against `schema`; `bounded` may refuse a document first, before
-        the checks, whose cost grows with it."""
+        """The body checked against `schema` (or the schema it picks for the document);
+        `bounded` may refuse a document first, before the checks, whose cost grows with it."""
         raw = await front.read_body(request)
         # Checking a body of a million messages takes seconds, off the loop's thread or
         # on it, since the check holds the interpreter throughout: what `bounded` refuses
@@ -81,6 +86,8 @@ def routes(front: RouteHost) -> list[Route]:
         document = await asyncio.to_thread(_document, raw) if large else _document(raw)
         if bounded is not None:
             bounded(document)
+        if not isinstance(schema, type):
+            schema = schema(document)
         if large:
             return await asyncio.to_thread(_checked, document, schema)
         return _checked(document, schema)
@@ -152,10 +159,18 @@ def routes(front: RouteHost) -> list[Route]:
         given = text.request_id(request, body.request_id)
         return _json(await embeddings.embeddings(catalog, body, given))
 
+    async def tokenize_text(request: Request) -> Response:
+        body = await read(request, tokenize.form)
+        return _json(await tokenize.tokenize(catalog, body))
+
+    async def detokenize(request: Request) -> Response:
+        body = await read(request, tokenize.DetokenizeRequest)
+        return _json(await tokenize.detokenize(catalog, body))
+
     def get(path: str, handler: Handler) -> Route:
         return ApiRoute(path, _openai_errors(handler), methods=["GET"], error=ErrorObject)
 
-    def post(path: str, handler: Handler, schema: type[Body]) -> Route:
+    def post(path: str, handler: Handler, schema: type[BaseModel]) -> Route:
         body = DocumentedBody(schema)
         return ApiRoute(
             path, _openai_errors(handler), methods=["POST"], body=body, error=ErrorObject
@@ -182,6 +197,9 @@ def routes(front: RouteHost) -> list[Route]:
         post("/v1/chat/completions", chat, ChatCompletionRequest),
         post("/v1/completions", completions, CompletionRequest),
         post("/v1/embeddings", embed, EmbeddingRequest),
+        # vLLM's tokenizer routes (tokenize.py), outside /v1 as vLLM serves them.
+        post("/tokenize", tokenize_text, tokenize.TokenizeRequest),
+        post("/detokenize", detokenize, tokenize.DetokenizeRequest),
     ]
 
 

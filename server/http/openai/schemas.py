@@ -259,6 +259,19 @@ class ChatCompletionRequest(Sampling):
         for name in ("tool_choice", "function_call"):
             if getattr(self, name) not in (None, "none"):
                 raise unsupported(name, f"'{name}' (tool calling) is not supported")
+        self._refuse_message_parts()
+        if (
+            self.max_tokens is not None
+            and self.max_completion_tokens is not None
+            and self.max_tokens != self.max_completion_tokens
+        ):
+            raise OpenAIError(
+                "Give 'max_completion_tokens' or 'max_tokens', not both with different values",
+                param="max_completion_tokens",
+            )
+
+    def _refuse_message_parts(self) -> None:
+        """Content parts other than text, and text parts without text."""
         for index, message in enumerate(self.messages):
             parts = message.content if isinstance(message.content, list) else []
             for number, part in enumerate(parts):
@@ -269,15 +282,6 @@ class ChatCompletionRequest(Sampling):
                     )
                 if part.text is None:
                     raise OpenAIError(f"Missing required parameter: '{where}.text'", param=where)
-        if (
-            self.max_tokens is not None
-            and self.max_completion_tokens is not None
-            and self.max_tokens != self.max_completion_tokens
-        ):
-            raise OpenAIError(
-                "Give 'max_completion_tokens' or 'max_tokens', not both with different values",
-                param="max_completion_tokens",
-            )
 
     def _refuse_template_controls(self) -> None:
         """vLLM's rules for its chat template controls (template.py renders with them),

@@ -4,7 +4,7 @@ Templates are Hugging Face's: Jinja2 source rendered as transformers'
 `apply_chat_template` renders it (Triton's OpenAI front end and vLLM call it), with the
 same environment, so a model's template gives the same prompt here as there:
 
-- the variables `messages`, `tools` (None: tools are refused), `documents` and
+- the variables `messages`, `tools` (None: chat refuses tools; /tokenize's), `documents` and
   `add_generation_prompt` (the request's, as vLLM passes them), `bos_token` and
   `eos_token`, and the request's `chat_template_kwargs` (vLLM's: any variables the
   template reads, `enable_thinking` say; `bos_token` too, as transformers lets them
@@ -146,14 +146,20 @@ def variables(body: ChatCompletionRequest) -> dict[str, Any]:
     return found
 
 
-def render_request(generation: TextGeneration, body: ChatCompletionRequest) -> str:
-    """The prompt for a chat request, with its template controls."""
+def render_request(
+    generation: TextGeneration,
+    body: ChatCompletionRequest,
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    """The prompt for a chat request, with its template controls; `tools`: the
+    template's (only /tokenize passes them: chat refuses tools)."""
     return render(
         generation,
         body.messages,
         add_generation_prompt=body.add_generation_prompt,
         continue_final=body.continue_final_message,
         extra=variables(body),
+        tools=tools,
         # The client's own variables are what a template most likely trips over.
         blame="chat_template_kwargs" if body.chat_template_kwargs else "messages",
     )
@@ -167,6 +173,7 @@ def render(
     continue_final: bool = False,
     extra: dict[str, Any] | None = None,
     blame: str = "messages",
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """The prompt for `messages`: ending where the assistant's answer begins, or with
     `continue_final`, where the last message ends. `extra`: more variables; `blame`: the
@@ -189,7 +196,7 @@ def render(
         "documents": None,
         **(extra or {}),
         "messages": conversation,
-        "tools": None,
+        "tools": tools,
         "add_generation_prompt": add_generation_prompt,
     }
     try:

@@ -49,13 +49,7 @@ async def chat_completion(
     model = catalog.generative(body.model)
     generation = text_generation(model)
     if generation is None or generation.chat_template is None:
-        raise OpenAIError(
-            f"The model '{body.model}' has no chat template: use /v1/completions with a "
-            "prompt, or give the model one (the llm backend's `chat_template` parameter, "
-            "or `chat_template_source` for another backend's model)",
-            param="model",
-            code="chat_template_missing",
-        )
+        raise no_chat_template(body.model)
     limit = body.token_limit()
     _check_limit(limit, generation.max_model_len)
     if len(body.messages) > RENDERED_ON_THE_LOOP:
@@ -76,6 +70,16 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
     answer = _identity(request, body, chat=False, echo=prompt if body.echo else "")
     answer.echo_only = body.echo_only()
     return await _answer(catalog, request, model, body, prompt, answer)
+
+
+def no_chat_template(name: str) -> OpenAIError:
+    return OpenAIError(
+        f"The model '{name}' has no chat template: use /v1/completions with a "
+        "prompt, or give the model one (the llm backend's `chat_template` parameter, "
+        "or `chat_template_source` for another backend's model)",
+        param="model",
+        code="chat_template_missing",
+    )
 
 
 def _identity(

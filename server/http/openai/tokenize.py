@@ -1,0 +1,160 @@
+"""vLLM's `POST /tokenize` and `POST /detokenize`, for the models whose tokenizer the
+server holds (the `llm` backend's).
+
+`/tokenize` takes vLLM's two forms: a completion's (`prompt`, `add_special_tokens`
+default true) and a chat's (`messages` and the chat route's template controls,
+`add_special_tokens` default false since the template writes the special tokens). A
+chat is rendered by template.py exactly as /v1/chat/completions renders it, with its
+rules and refusals (the body is the chat route's schema), except that `tools` reach the
+template (vLLM passes them): no tool call is parsed here, and a client may want the
+prompt a tool-calling template makes. The answer is vLLM's `{count, max_model_len,
+tokens, token_strs}` (`token_strs` only with `return_token_strs`, each id's token as the
+vocabulary spells it).
+
+`/detokenize` answers `{prompt}`, the ids decoded with their special tokens, as vLLM's
+decode does. An id the vocabulary does not have is a 400 in vLLM's words for token-id
+prompts ("Token id N is out of vocabulary"); vLLM's /detokenize drops such an id from
+the text, or fails with a 500 past 2**32.
+
+A model that tokenizes inside itself (a Python model, the MiniLM ensemble's Python
+step) has no tokenizer the server can reach: a 400 that says so. A model /v1 does not
+serve at all is a 404, as on /v1. `GET /tokenizer_info` is not served: vLLM's answer is
+the transformers tokenizer's `tokenizer_config.json` and class name, which ge-serve
+(a tokenizer.json and the engine's settings) does not have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, RootModel
+
+from ge_serve.backends.base import TextGeneration, TextTokenizer
+
+from .catalog import Catalog, embedder, is_generative, text_generation
+from .errors import OpenAIError, model_not_found
+from .schemas import Body, ChatCompletionRequest
+from .template import render_request
+from .text import RENDERED_ON_THE_LOOP, no_chat_template
+
+TOKENIZER_MISSING = "tokenizer_missing"
+# Texts (and id lists) longer than this are tokenized (decoded) on a worker thread; the
+# llm backend's tokenizer releases the GIL for those (backends/llm/text.py).
+THREADED = 1024
+
+
+class TokenizeCompletionRequest(Body):
+    model: str = Field(min_length=1)
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class ToolFunction(Body):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(Body):
+    type: Literal["function"] = "function"
+    function: ToolFunction
+
+
+class TokenizeChatRequest(ChatCompletionRequest):
+    """The chat route's body (its template controls, checked by its rules), plus the
+    tools a template may print and /tokenize's own fields. Its sampling fields change
+    nothing here."""
+
+    tools: list[Tool] | None = None  # type: ignore[assignment]
+    add_special_tokens: bool = False  # type: ignore[assignment]
+    return_token_strs: bool | None = False
+
+    def refuse_unsupported(self) -> None:
+        self._refuse_template_controls()
+        self._refuse_message_parts()
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as sent (the fields set), as transformers gives them to a template."""
+        if self.tools is None:
+            return None
+        return [tool.model_dump(exclude_unset=True) for tool in self.tools]
+
+
+class DetokenizeRequest(Body):
+    model: str = Field(min_length=1)
+    # vLLM's bounds.
+    tokens: list[Annotated[int, Field(ge=0, le=2**63 - 1)]]
+
+
+class TokenizeRequest(RootModel[TokenizeCompletionRequest | TokenizeChatRequest]):
+    """Either form, as the OpenAPI document describes /tokenize's body."""
+
+
+def form(document: Any) -> type[TokenizeCompletionRequest] | type[TokenizeChatRequest]:
+    """Which of vLLM's forms a /tokenize body is: a chat's when it has `messages`."""
+    if isinstance(document, dict) and "messages" in document:
+        if "prompt" in document:
+            raise OpenAIError(
+                "Give 'prompt' (a completion's) or 'messages' (a chat's), not both",
+                param="prompt",
+            )
+        return TokenizeChatRequest
+    return TokenizeCompletionRequest
+
+
+def tokenizer_of(catalog: Catalog, name: str) -> tuple[TextGeneration, TextTokenizer]:
+    model = catalog.model(name)
+    generation = text_generation(model) if is_generative(model) else None
+    if generation is not None and generation.tokenizer is not None:
+        return generation, generation.tokenizer
+    if generation is None and not is_generative(model) and embedder(model) is None:
+        raise model_not_found(name)
+    raise OpenAIError(
+        f"The model '{name}' has no tokenizer ge-serve can use: it tokenizes inside the "
+        "model. /tokenize and /detokenize serve the models whose tokenizer the server "
+        "holds (the llm backend's)",
+        param="model",
+        code=TOKENIZER_MISSING,
+    )
+
+
+async def tokenize(
+    catalog: Catalog, body: TokenizeCompletionRequest | TokenizeChatRequest
+) -> dict[str, Any]:
+    generation, tokenizer = tokenizer_of(catalog, body.model)
+    if isinstance(body, TokenizeChatRequest):
+        if generation.chat_template is None:
+            raise no_chat_template(body.model)
+        tools = body.template_tools()
+        if len(body.messages) > RENDERED_ON_THE_LOOP:
+            prompt = await asyncio.to_thread(render_request, generation, body, tools)
+        else:
+            prompt = render_request(generation, body, tools)
+    else:
+        prompt = body.prompt
+    special = body.add_special_tokens
+    if len(prompt) > THREADED:
+        tokens = await asyncio.to_thread(tokenizer.encode, prompt, special)
+    else:
+        tokens = tokenizer.encode(prompt, special)
+    return {
+        "count": len(tokens),
+        "max_model_len": generation.max_model_len,
+        "tokens": tokens,
+        "token_strs": tokenizer.token_strings(tokens) if body.return_token_strs else None,
+    }
+
+
+async def detokenize(catalog: Catalog, body: DetokenizeRequest) -> dict[str, Any]:
+    _, tokenizer = tokenizer_of(catalog, body.model)
+    unknown = [token for token in body.tokens if not tokenizer.has_token(token)]
+    if unknown:
+        # vLLM's words for a token-id prompt's id past the vocabulary (the largest).
+        raise OpenAIError(f"Token id {max(unknown)} is out of vocabulary", param="tokens")
+    ids = list(body.tokens)
+    if len(ids) > THREADED:
+        return {"prompt": await asyncio.to_thread(tokenizer.decode, ids, False)}
+    return {"prompt": tokenizer.decode(ids, False)}
