@@ -1,7 +1,7 @@
 """The /v1 front end in process, for component tests: the models of a repository in real
-Python-backend workers (ONNX Runtime beside them), the core and the lifecycle in this
-process, and the HTTP application reached over httpx's ASGI transport; and how those
-tests read OpenAI's error object."""
+Python-backend workers (ONNX Runtime and the llm engine beside them), the core and the
+lifecycle in this process, and the HTTP application reached over httpx's ASGI transport;
+and how those tests read OpenAI's error object."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from ge_serve.backends.llm.backend import LlmBackend
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.backends.python.host.backend import PythonBackend
 from ge_serve.scheduler.factory import SchedulerOptions
@@ -32,7 +33,7 @@ async def openai_client(repo: Path, models: Iterable[str]) -> AsyncIterator[http
     python = PythonBackend()
     lifecycle = ModelLifecycle(
         ModelRepository([repo]),
-        {"onnxruntime": OnnxRuntimeBackend(), "python": python},
+        {"onnxruntime": OnnxRuntimeBackend(), "python": python, "llm": LlmBackend()},
         functools.partial(make_scheduler, options=SchedulerOptions()),
         LifecycleSettings(unload_timeout_s=10.0),
     )

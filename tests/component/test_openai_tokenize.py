@@ -1,0 +1,200 @@
+"""vLLM's `POST /tokenize` and `POST /detokenize` over the llm backend's tiny model
+(tests/llmrepo.py: byte-level BPE, every byte one token), checked against the
+`tokenizers` library; chats rendered by the chat route's template rules; and the models
+whose tokenizer the server cannot reach (tests/textgen.py's Python models)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+import textgen
+from llmrepo import EOS_TOKEN, byte_tokenizer, write_tiny_llm
+from openai_inprocess import error, openai_client
+
+from ge_serve.server.control.restrictions import http_category
+
+pytest.importorskip("tokenizers", reason="tokenizers is not installed (runtime dependency)")
+pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
+
+EOS_ID = 256
+# The tiny model's template, and one that prints the tools it is given.
+CHAT_LINE = "{role}: {content}\n"
+TOOLS_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "tools={{ tools | tojson }}"
+)
+
+
+def marking_tokenizer() -> Any:
+    """The byte tokenizer with a post-processor that opens every text with EOS_TOKEN, so
+    `add_special_tokens` shows."""
+    from tokenizers import processors
+
+    tokenizer = byte_tokenizer()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{EOS_TOKEN} $A", special_tokens=[(EOS_TOKEN, EOS_ID)]
+    )
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = textgen.write(tmp_path_factory.mktemp("openai-tokenize"))
+    write_tiny_llm(folder, "tiny_llm")
+    marked = write_tiny_llm(folder, "tiny_marked") / "1"
+    marking_tokenizer().save(str(marked / "tokenizer.json"))
+    (marked / "chat_template.jinja").write_text(TOOLS_TEMPLATE, encoding="utf-8")
+    return folder
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def http(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
+    models = ["tiny_llm", "tiny_marked", "textgen", "embedder"]
+    async with openai_client(repo, models) as client:
+        yield client
+
+
+async def tokenize(http: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
+    response = await http.post("/tokenize", json={"model": "tiny_llm", **body})
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def ids(text: str, tokenizer: Any = None, special: bool = True) -> list[int]:
+    return list((tokenizer or byte_tokenizer()).encode(text, add_special_tokens=special).ids)
+
+
+async def test_a_prompt_is_tokenized_as_the_tokenizers_library_does(
+    http: httpx.AsyncClient,
+) -> None:
+    text = "Hello, wörld! vllm1"
+    answer = await tokenize(http, prompt=text)
+    expected = ids(text)
+    assert answer == {
+        "count": len(expected),
+        "max_model_len": 256,
+        "tokens": expected,
+        "token_strs": None,
+    }
+    strings = await tokenize(http, prompt=text, return_token_strs=True)
+    assert strings["token_strs"] == [byte_tokenizer().id_to_token(i) for i in expected]
+
+
+async def test_add_special_tokens_defaults_as_vllms(http: httpx.AsyncClient) -> None:
+    # True for a prompt, false for a chat, whose template writes the special tokens.
+    marked = marking_tokenizer()
+    prompt = await tokenize(http, model="tiny_marked", prompt="hi")
+    assert prompt["tokens"] == ids("hi", marked) == [EOS_ID, *ids("hi")]
+    bare = await tokenize(http, model="tiny_marked", prompt="hi", add_special_tokens=False)
+    assert bare["tokens"] == ids("hi")
+    messages = [{"role": "user", "content": "hi"}]
+    rendered = "user: hi\ntools=null"
+    chat = await tokenize(http, model="tiny_marked", messages=messages)
+    assert chat["tokens"] == ids(rendered)
+    special = await tokenize(http, model="tiny_marked", messages=messages, add_special_tokens=True)
+    assert special["tokens"] == [EOS_ID, *ids(rendered)]
+
+
+async def test_a_chat_is_rendered_as_the_chat_route_renders_it(http: httpx.AsyncClient) -> None:
+    messages = [
+        {"role": "user", "content": "Hi there!"},
+        {"role": "assistant", "content": "Sure,"},
+    ]
+    lines = "".join(CHAT_LINE.format(**m) for m in messages)
+    opened = await tokenize(http, messages=messages)
+    assert opened["tokens"] == ids(lines + "assistant: ")
+    closed = await tokenize(http, messages=messages, add_generation_prompt=False)
+    assert closed["tokens"] == ids(lines)
+    continued = await tokenize(
+        http, messages=messages, add_generation_prompt=False, continue_final_message=True
+    )
+    assert continued["tokens"] == ids("user: Hi there!\nassistant: Sure,")
+
+
+async def test_tools_reach_the_template(http: httpx.AsyncClient) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    messages = [{"role": "user", "content": "weather?"}]
+    answer = await tokenize(http, model="tiny_marked", messages=messages, tools=tools)
+    rendered = (
+        'user: weather?\ntools=[{"type": "function", '
+        '"function": {"name": "get_weather", "parameters": {}}}]'
+    )
+    assert answer["tokens"] == ids(rendered)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        # The chat route's rules and refusals.
+        ({"continue_final_message": True}, "continue_final_message"),
+        ({"chat_template": "{{ 1 }}"}, "chat_template"),
+        ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs.tools"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+         "messages[0].content[0].type"),
+        ({"tools": [{"type": "function", "function": {}}]}, "tools[0].function.name"),
+        ({"prompt": "both"}, "prompt"),
+        ({"return_token_strs": "yes"}, "return_token_strs"),
+    ],
+)  # fmt: skip
+async def test_a_chat_the_chat_route_refuses_is_refused(
+    http: httpx.AsyncClient, body: dict[str, Any], param: str
+) -> None:
+    document = {"model": "tiny_llm", "messages": [{"role": "user", "content": "hi"}], **body}
+    assert error(await http.post("/tokenize", json=document))["param"] == param
+
+
+async def test_detokenize_decodes_with_the_special_tokens(http: httpx.AsyncClient) -> None:
+    text = "Hello, wörld!"
+    tokens = [*ids(text), EOS_ID]
+    response = await http.post("/detokenize", json={"model": "tiny_llm", "tokens": tokens})
+    assert response.status_code == 200, response.text
+    assert response.json() == {"prompt": text + EOS_TOKEN}
+
+
+@pytest.mark.parametrize(
+    ("tokens", "message", "param"),
+    [
+        ([72, 300, 257], "Token id 300 is out of vocabulary", "tokens"),
+        ([2**40], f"Token id {2**40} is out of vocabulary", "tokens"),
+        ([-1], "Invalid value for 'tokens[0]': Input should be greater than or equal to 0",
+         "tokens[0]"),
+        ([1.5], "Invalid value for 'tokens[0]': Input should be a valid integer", "tokens[0]"),
+    ],
+)  # fmt: skip
+async def test_ids_outside_the_vocabulary_are_400(
+    http: httpx.AsyncClient, tokens: list[Any], message: str, param: str
+) -> None:
+    response = await http.post("/detokenize", json={"model": "tiny_llm", "tokens": tokens})
+    found = error(response)
+    assert (found["message"], found["param"]) == (message, param)
+
+
+@pytest.mark.parametrize("model", ["textgen", "embedder"])
+@pytest.mark.parametrize("route", ["/tokenize", "/detokenize"])
+async def test_a_model_that_tokenizes_inside_itself_is_400(
+    http: httpx.AsyncClient, model: str, route: str
+) -> None:
+    body = {"model": model, "prompt": "hi", "tokens": [1]}
+    found = error(await http.post(route, json=body))
+    assert found["code"] == "tokenizer_missing"
+    assert found["message"].startswith(f"The model '{model}' has no tokenizer ge-serve can use")
+
+
+async def test_an_unknown_model_and_a_bad_body_are_openai_errors(
+    http: httpx.AsyncClient,
+) -> None:
+    missing = error(await http.post("/tokenize", json={"model": "nope", "prompt": "x"}), 404)
+    assert missing["code"] == "model_not_found"
+    assert error(await http.post("/detokenize", content=b"{"))["code"] == "invalid_json"
+    assert error(await http.post("/tokenize", json={"model": "tiny_llm"}))["param"] == "prompt"
+
+
+async def test_the_routes_are_in_the_inference_category() -> None:
+    assert http_category("/tokenize") == http_category("/detokenize") == "inference"
