@@ -391,13 +391,18 @@ def test_a_client_that_leaves_frees_its_sequence(server: ServerProcess) -> None:
 
 
 @pytest.fixture(scope="module")
-def smollm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def smollm_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from smollm import build_module, require_gguf
 
     require_gguf()
     repo: Path = tmp_path_factory.mktemp("smollm")
-    build_module().build(repo, "smollm", max_model_len=1024)
-    with running_server([repo], timeout=180.0) as proc:
+    folder: Path = build_module().build(repo, "smollm", max_model_len=1024)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def smollm_server(smollm_folder: Path) -> Iterator[ServerProcess]:
+    with running_server([smollm_folder.parent], timeout=180.0) as proc:
         yield proc
 
 
@@ -423,3 +428,35 @@ def test_smollm_chats_through_the_openai_client(smollm_server: ServerProcess) ->
             if chunk.choices
         )
         assert streamed == answer
+
+
+def test_smollm_tokenizes_as_the_tokenizers_library(
+    smollm_server: ServerProcess, smollm_folder: Path
+) -> None:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(smollm_folder / "1" / "tokenizer.json"))
+    text = "What is the capital of France? Ça va, naïve café 🚀"
+    # SmolLM2's ChatML, with its default system prompt.
+    rendered = (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+        f"Hugging Face<|im_end|>\n<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+    )
+    with httpx.Client(base_url=smollm_server.base_url, timeout=30) as http:
+        prompt = http.post("/tokenize", json={"model": "smollm", "prompt": text})
+        chat = http.post(
+            "/tokenize",
+            json={
+                "model": "smollm",
+                "messages": [{"role": "user", "content": text}],
+                "return_token_strs": True,
+            },
+        )
+        expected = tokenizer.encode(rendered, add_special_tokens=False).ids
+        back = http.post("/detokenize", json={"model": "smollm", "tokens": expected})
+    assert prompt.status_code == chat.status_code == back.status_code == 200, prompt.text
+    assert prompt.json()["tokens"] == tokenizer.encode(text).ids
+    assert prompt.json()["max_model_len"] == 1024
+    assert chat.json()["tokens"] == expected
+    assert chat.json()["token_strs"][:3] == ["<|im_start|>", "system", "Ċ"]
+    assert back.json() == {"prompt": rendered}

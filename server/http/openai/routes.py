@@ -179,6 +179,9 @@ def routes(front: RouteHost) -> list[Route]:
     return [
         front.route("/health/ready", health_ready, ["GET"]),
         front.route("/health", health, ["GET"]),
+        # vLLM's tokenizer routes (tokenize.py), outside /v1 as vLLM serves them.
+        post("/tokenize", tokenize_text, tokenize.TokenizeRequest),
+        post("/detokenize", detokenize, tokenize.DetokenizeRequest),
         get("/v1/models", list_models),
         ApiRoute(
             "/v1/models/{model}", _openai_errors(kserve_v1), methods=["POST"], error=ErrorObject
@@ -197,9 +200,6 @@ def routes(front: RouteHost) -> list[Route]:
         post("/v1/chat/completions", chat, ChatCompletionRequest),
         post("/v1/completions", completions, CompletionRequest),
         post("/v1/embeddings", embed, EmbeddingRequest),
-        # vLLM's tokenizer routes (tokenize.py), outside /v1 as vLLM serves them.
-        post("/tokenize", tokenize_text, tokenize.TokenizeRequest),
-        post("/detokenize", detokenize, tokenize.DetokenizeRequest),
     ]
 
 
