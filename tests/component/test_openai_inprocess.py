@@ -54,6 +54,26 @@ def events(response: httpx.Response) -> list[Any]:
 async def test_models_chat_completions_and_embeddings(http: httpx.AsyncClient) -> None:
     listed = (await http.get("/v1/models")).json()
     assert [m["id"] for m in listed["data"]] == ["embedder", "textgen", "textgen_plain"]
+    # vLLM's ModelCard fields beside OpenAI's: the context where the server knows it (the
+    # config's max_model_len), null where not; no `permission` (vLLM's constant flags).
+    cards = {m["id"]: m for m in listed["data"]}
+    assert {name: cards[name]["max_model_len"] for name in cards} == {
+        "embedder": None,
+        "textgen": textgen.MAX_MODEL_LEN,
+        "textgen_plain": None,
+    }
+    for name, card in cards.items():
+        assert (card["root"], card["parent"], card["owned_by"]) == (name, None, "ge-serve")
+        assert set(card) == {
+            "id",
+            "object",
+            "created",
+            "owned_by",
+            "root",
+            "parent",
+            "max_model_len",
+        }
+    assert (await http.get("/v1/models/textgen")).json() == cards["textgen"]
     assert (await http.get("/v1/models/textgen")).json()["object"] == "model"
     error(await http.get("/v1/models/nope"), 404)
 

@@ -142,4 +142,29 @@ class Catalog:
         return found
 
     def describe(self, name: str) -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": self.created, "owned_by": "ge-serve"}
+        """OpenAI's model object, with vLLM's additions (its ModelCard): `root` (vLLM's
+        model path; here the name, a repository's model has no other), `parent` (null: no
+        LoRA adapters here) and `max_model_len`. vLLM's `permission` is left out: it fills
+        it with constant flags (`allow_logprobs: true`, say) that would not be true here."""
+        return {
+            "id": name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "ge-serve",
+            "root": name,
+            "parent": None,
+            "max_model_len": self._max_model_len(name),
+        }
+
+    def _max_model_len(self, name: str) -> int | None:
+        """A generative model's context (its backend's, or its `max_model_len` config
+        parameter); None where the server does not know it (an embedding model's limit is
+        its tokenizer's business, not declared in its interface)."""
+        try:
+            model = self.core.model(name)
+        except ServerError:
+            return None
+        generation = text_generation(model) if is_generative(model) else None
+        if generation is None or generation.max_model_len <= 0:
+            return None
+        return generation.max_model_len
