@@ -4,8 +4,11 @@ Each string is one request to the model (its BYTES input holds one element), all
 once, so the model's own scheduler batches them as it batches any clients' requests (the
 MiniLM pipeline pads and merges them by length); the vectors come back in input order.
 
-`encoding_format` `float` gives JSON numbers; `base64` gives the vector's little-endian
-float32 bytes in base64, as OpenAI's clients decode them. `usage.prompt_tokens` is the
+`encoding_format` `float` gives JSON numbers; `base64` gives the vector's bytes in base64:
+little-endian float32 by default, as OpenAI's clients decode them, or vLLM's
+`embed_dtype` (float16, bfloat16, fp8 e4m3 or e5m2, converted as torch converts them,
+rounding to nearest) in its `endianness` ("native": this machine's), as vLLM encodes
+them; `float` ignores both, as vLLM's does. `usage.prompt_tokens` is the
 sum of the model's `num_input_tokens` output where it has one (the MiniLM ensemble's
 tokenizer reports it), else 0, rather than a count made up outside the model's tokenizer.
 
@@ -23,10 +26,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+import sys
 import time
 import uuid
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from ge_serve.server.errors import ServerError
@@ -40,6 +45,15 @@ from .schemas import EmbeddingRequest
 
 # What an ensemble puts in front of a step's error (scheduler/ensemble.py), once per level.
 _ENSEMBLE_PREFIX = re.compile(r"^(?:in ensemble '[^']*', )+")
+# vLLM's `embed_dtype`s, as numpy types (torch's float8_e4m3fn is ml_dtypes' too: no
+# infinity, NaN past its range).
+_EMBED_DTYPES: dict[str, Any] = {
+    "float32": np.float32,
+    "float16": np.float16,
+    "bfloat16": ml_dtypes.bfloat16,
+    "fp8_e4m3": ml_dtypes.float8_e4m3fn,
+    "fp8_e5m2": ml_dtypes.float8_e5m2,
+}
 
 
 async def embeddings(
@@ -49,6 +63,9 @@ async def embeddings(
     (the client's, text.request_id) or a fresh one."""
     model, embedder = catalog.embedding(body.model)
     texts = body.texts()
+    size = embedder.vector_output.dims[0]
+    if body.dimensions is not None and size > 0:
+        _check_dimensions(body, size)  # before the model runs, where its size is declared
     listed = not isinstance(body.input, str)
     responses = await asyncio.gather(
         *(
@@ -60,16 +77,12 @@ async def embeddings(
     tokens = 0
     for index, response in enumerate(responses):
         vector, count = _read(response, embedder)
-        if body.dimensions is not None and body.dimensions != vector.size:
-            raise OpenAIError(
-                f"The model '{body.model}' gives {vector.size} dimensions; "
-                "'dimensions' cannot change it",
-                param="dimensions",
-            )
+        if body.dimensions is not None:
+            _check_dimensions(body, vector.size)
         tokens += count
         encoded: Any
         if body.encoding_format == "base64":
-            encoded = base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+            encoded = _base64(vector, body.embed_dtype, body.endianness)
         else:
             encoded = vector.tolist()
         data.append({"object": "embedding", "index": index, "embedding": encoded})
@@ -81,6 +94,22 @@ async def embeddings(
         "model": body.model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+def _check_dimensions(body: EmbeddingRequest, size: int) -> None:
+    if body.dimensions != size:
+        raise OpenAIError(
+            f"The model '{body.model}' gives {size} dimensions; 'dimensions' cannot change it",
+            param="dimensions",
+        )
+
+
+def _base64(vector: np.ndarray[Any, Any], embed_dtype: str, endianness: str) -> str:
+    """vLLM's base64 encoding: the vector as `embed_dtype`, in `endianness`."""
+    converted = vector.astype(_EMBED_DTYPES[embed_dtype])
+    if endianness not in ("native", sys.byteorder):
+        converted = converted.byteswap()
+    return base64.b64encode(converted.tobytes()).decode("ascii")
 
 
 async def _infer(catalog: Catalog, request: InferRequest, param: str) -> InferResponse:

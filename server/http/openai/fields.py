@@ -1,10 +1,18 @@
 """The /v1 request fields by what becomes of them: the sampling keys passed on to a model,
 vLLM's extensions never served or served only at their default, and the chat template's
-variables the server sets (schemas.py checks the bodies against these tables)."""
+variables the server sets (schemas.py checks the bodies against these tables, with
+`refuse_by_table`)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any
+
+from .errors import unsupported
+
+# vLLM's bounds of a seed (and of a pooling request's priority): a signed 64-bit integer.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 # The fields `Sampling.sampling` gives, by their vLLM sampling key (`stop` as a list, and
 # `max_tokens` only where the client set a limit).
@@ -58,3 +66,40 @@ DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
 # The chat template's variables that the server sets, never from `chat_template_kwargs`:
 # vLLM refuses `chat_template` and `tokenize` there, and the rest are the request's own.
 SERVER_VARIABLES = frozenset({"chat_template", "tokenize", "messages", "tools", "documents"})
+
+
+# vLLM's pooling extensions of /v1/embeddings (its EmbeddingCompletionRequest) that no
+# embedding model's interface carries: the text goes to the model whole, as it was sent.
+EMBEDDING_NEVER_SERVED = {
+    "truncate_prompt_tokens": "prompt truncation",
+    "truncation_side": "prompt truncation",
+    "padding": "the tokenizer's padding",
+}
+# ... and those served only at their default: the model adds its tokenizer's special
+# tokens and gives its vector as it pools it (the MiniLM ensemble's, normalised), so only
+# vLLM's defaults describe what it does.
+EMBEDDING_DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
+    "add_special_tokens": (None, True),
+    "use_activation": (None, True),
+    "priority": (None, 0),
+}
+# vLLM's words for `normalize`, which it removed (a `false` would pass unnoticed).
+REMOVED_NORMALIZE = "Parameter `normalize` was removed; use `use_activation` instead."
+# vLLM's octet-stream answers to /v1/embeddings, not served.
+BINARY_ANSWER = (
+    "'encoding_format' '{}' (vLLM's binary answer) is not supported: use 'float' or 'base64'"
+)
+
+
+def refuse_by_table(
+    body: object, never: Mapping[str, str], default_only: Mapping[str, tuple[Any, ...]]
+) -> None:
+    """A 400 `unsupported_parameter` for the first field of `body` that `never` lists and
+    the request set, or that `default_only` lists at a value other than its defaults."""
+    for name, feature in never.items():
+        if getattr(body, name) is not None:
+            raise unsupported(name, f"'{name}' ({feature}) is not supported")
+    for name, neutral in default_only.items():
+        if getattr(body, name) not in neutral:
+            only = json.dumps(neutral[1])
+            raise unsupported(name, f"'{name}' is not supported: only {only} (the default)")

@@ -27,8 +27,9 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from . import fields
 from .errors import OpenAIError, unsupported
-from .fields import DEFAULT_ONLY, NEVER_SERVED, SAMPLING_KEYS, SERVER_VARIABLES
+from .fields import DEFAULT_ONLY, NEVER_SERVED, SAMPLING_KEYS, SERVER_VARIABLES, refuse_by_table
 
 M = TypeVar("M", bound="Body")
 
@@ -170,19 +171,14 @@ class Sampling(Body):
     def refuse_unsupported(self) -> None:
         if self.n not in (None, 1):
             raise unsupported("n", "Only n=1 is supported: one choice per request")
-        for name, feature in NEVER_SERVED.items():
-            if getattr(self, name) is not None:
-                raise unsupported(name, f"'{name}' ({feature}) is not supported")
-        for name, neutral in self.default_only.items():
-            value = getattr(self, name)
-            if value not in neutral:
-                only = json.dumps(neutral[1])
-                raise unsupported(name, f"'{name}' is not supported: only {only} (the default)")
+        refuse_by_table(self, NEVER_SERVED, self.default_only)
         if self.logit_bias:
             raise unsupported("logit_bias", "'logit_bias' is not supported")
         options = self.stream_options
-        if options is not None and options.model_fields_set and not self.stream:
-            # vLLM's check and words: `{}` (falsy in its check) is accepted.
+        given = options is not None and bool(options.model_fields_set or options.model_extra)
+        if given and not self.stream:
+            # vLLM's check and words, on the body as sent: any key, an unknown one too; `{}`
+            # (falsy in its check) is accepted.
             raise OpenAIError(
                 "Stream options can only be defined when `stream=True`.",
                 param="stream_options",
@@ -413,13 +409,31 @@ class EmbeddingRequest(Body):
     model: str = Field(min_length=1)
     # Token ids (vLLM takes them, LangChain sends them) are parsed to be refused.
     input: str | list[str] | list[int] | list[list[int]]
-    encoding_format: Literal["float", "base64"] = "float"
+    # vLLM's values; its binary answers ("bytes", "bytes_only") are refused by name.
+    encoding_format: Literal["float", "base64", "bytes", "bytes_only"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
     # vLLM's: the answer's id is `embd-` and this (an `X-Request-Id` header wins).
     request_id: str | None = None
+    # vLLM's: base64's element type and byte order (embeddings.py encodes them).
+    embed_dtype: Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"] = "float32"
+    endianness: Literal["native", "big", "little"] = "native"
+    # vLLM's pooling extensions, with its checks (EMBEDDING_* tables: which are served).
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None
+    padding: Literal["max_length", "do_not_pad"] | None = None
+    add_special_tokens: bool | None = None
+    use_activation: bool | None = None
+    priority: int | None = Field(None, ge=fields.INT64_MIN, le=fields.INT64_MAX)
+    # Removed by vLLM, which refuses it, as here: its `false` must not pass unnoticed.
+    normalize: Any = None
 
     def refuse_unsupported(self) -> None:
+        if "normalize" in self.model_fields_set:
+            raise OpenAIError(fields.REMOVED_NORMALIZE, param="normalize")
+        refuse_by_table(self, fields.EMBEDDING_NEVER_SERVED, fields.EMBEDDING_DEFAULT_ONLY)
+        if self.encoding_format.startswith("bytes"):
+            raise unsupported("encoding_format", fields.BINARY_ANSWER.format(self.encoding_format))
         if _token_ids(self.input):
             raise unsupported("input", TOKEN_IDS.format(field="input", what="each input"))
 
