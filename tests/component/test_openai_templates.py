@@ -37,6 +37,11 @@ TEMPLATES = {
     "{% if m.tool_call_id %} answers {{ m.tool_call_id }}{% endif %}"
     " {{ m['content'] }} {% endfor %}tools={{ tools is none }}",
     "tpl_broken": "{% for m in messages %}{{ m['content'] }}",
+    # Llama 3.1's roles, and a refusal of any other, as such templates word it.
+    "tpl_roles": "{% for m in messages %}{% if m['role'] not in "
+    "['system', 'user', 'assistant', 'ipython'] %}"
+    "{{ raise_exception('Unknown role: ' + m['role']) }}{% endif %}"
+    "{{ m['role'] }}: {{ m['content'] }} {% endfor %}",
     # Variables from a request's chat_template_kwargs, used as a template would use them.
     "tpl_kwargs": "{% for i in range(turns | default(1)) %}{{ i }} {% endfor %}"
     "{{ 100 // (divisor | default(1)) }}{% for m in messages %} {{ m['content'] }}{% endfor %}",
@@ -179,3 +184,24 @@ async def test_request_variables_that_break_the_template_are_the_clients_400(
     assert found["param"] == "chat_template_kwargs", found
     assert "chat template" in found["message"], found
     assert await chat(http, "tpl_kwargs", [{"role": "user", "content": "hi"}]) == "0 100 hi"
+
+
+async def test_any_role_is_the_templates_to_render_or_refuse(http: httpx.AsyncClient) -> None:
+    """vLLM takes any role (its CustomChatCompletionMessageParam) and leaves it to the
+    template: Llama 3.1's `ipython` renders, a role the template does not know is its
+    raise_exception, a 400 on `messages`."""
+    messages = [{"role": "user", "content": "run"}, {"role": "ipython", "content": "42"}]
+    assert await chat(http, "tpl_roles", messages) == "user: run ipython: 42"
+    # With no generation prompt the answer has the last message's role, as vLLM's.
+    body = {"model": "tpl_roles", "messages": messages, "add_generation_prompt": False}
+    response = await http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["role"] == "ipython"
+    body = {"model": "tpl_roles", "messages": [{"role": "wizard", "content": "hi"}]}
+    refused = error(await http.post("/v1/chat/completions", json=body), 400)
+    assert refused["param"] == "messages"
+    assert refused["message"].endswith("Unknown role: wizard")
+    body = {"model": "tpl_roles", "messages": [{"role": 5, "content": "hi"}]}
+    assert error(await http.post("/v1/chat/completions", json=body), 400)["param"] == (
+        "messages[0].role"
+    )

@@ -324,3 +324,35 @@ async def test_stream_options_without_stream_is_refused_unless_empty(
     refused = error(await http.post("/v1/completions", json=body))
     assert refused["param"] == "stream_options"
     assert refused["message"] == "Stream options can only be defined when `stream=True`."
+
+
+async def test_stream_options_of_unknown_keys_without_stream_is_refused(
+    http: httpx.AsyncClient,
+) -> None:
+    """vLLM checks the body as sent: any non-empty `stream_options`, whatever its keys."""
+    body = {"model": "textgen", "prompt": "a", "stream_options": {"foo": 1}}
+    refused = error(await http.post("/v1/completions", json=body))
+    assert refused["param"] == "stream_options"
+    streamed = chunks(await http.post("/v1/completions", json={**body, "stream": True}))
+    assert "".join(c["choices"][0]["text"] for c in streamed) == "a"
+
+
+@pytest.mark.parametrize(
+    ("seed", "words"),
+    [
+        (2**63, "less than or equal to 9223372036854775807"),
+        (2**64 - 1, "less than or equal to 9223372036854775807"),
+        # Past what the JSON parser reads as an integer (orjson: 64 bits), as a float.
+        (-(2**63) - 1, "a valid integer"),
+    ],
+)
+async def test_a_seed_past_int64_is_refused_as_vllm_refuses_it(
+    http: httpx.AsyncClient, seed: int, words: str
+) -> None:
+    for path, prompt in ((CHAT, {"messages": PREFILL}), ("/v1/completions", {"prompt": "a"})):
+        body = {"model": "textgen", "seed": seed, **prompt}
+        refused = error(await http.post(path, json=body))
+        assert refused["param"] == "seed"
+        assert refused["message"] == f"Invalid value for 'seed': Input should be {words}"
+    # vLLM's largest is taken.
+    assert (await answer(http, seed=2**63 - 1))["content"]

@@ -64,7 +64,9 @@ class ToolCall(Body):
 
 
 class ChatMessage(Body):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # Any role, as vLLM takes it (its CustomChatCompletionMessageParam): the template
+    # renders it (Llama 3.1's `ipython`) or refuses it with raise_exception (a 400).
+    role: str
     # A string, or text parts (other part types, images and audio, are refused).
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -83,6 +85,10 @@ class ChatMessage(Body):
 
 
 class StreamOptions(Body):
+    # Unknown keys are kept, to be seen: vLLM refuses any non-empty `stream_options`
+    # without `stream`, whatever its keys.
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
     include_usage: bool = False
     # vLLM's: usage (so far) on every chunk too; only with include_usage, as vLLM.
     continuous_usage_stats: bool = False
@@ -111,7 +117,8 @@ class Sampling(Body):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     # vLLM's: -1 (or 0) leaves top-k off.
     top_k: int | None = Field(None, ge=-1)
-    seed: int | None = None
+    # vLLM's bounds; the engine refuses a negative one in its own words.
+    seed: int | None = Field(None, ge=fields.INT64_MIN, le=fields.INT64_MAX)
     stop: str | list[str] | None = None
     n: int | None = Field(None, ge=1)
     presence_penalty: _Penalty | None = None
