@@ -25,6 +25,7 @@ from collections.abc import Collection
 from typing import Any
 
 import orjson
+from pydantic import BaseModel
 from starlette.responses import Response
 
 from ge_serve.server.errors import ErrorCode, ServerError
@@ -42,6 +43,20 @@ NOT_FOUND = "not_found_error"
 SERVER_ERROR = "server_error"
 # A message's first word, which may name the parameter it is about.
 _FIRST_WORD = re.compile(r"[A-Za-z_]+")
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorObject(BaseModel):
+    """OpenAI's error answer (OpenAIError.body), as the OpenAPI document describes the
+    /v1 routes' errors."""
+
+    error: ErrorDetail
 
 
 class OpenAIError(Exception):

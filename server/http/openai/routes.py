@@ -41,6 +41,7 @@ from .catalog import Catalog, text_generation
 from .errors import (
     CONTEXT_LENGTH_EXCEEDED,
     SERVER_ERROR,
+    ErrorObject,
     OpenAIError,
     from_server_error,
     model_not_found,
@@ -51,7 +52,6 @@ from .schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     EmbeddingRequest,
-    ErrorObject,
     parse,
 )
 

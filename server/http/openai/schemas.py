@@ -459,19 +459,6 @@ class EmbeddingRequest(Body):
         return texts
 
 
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class ErrorObject(BaseModel):
-    """OpenAI's error answer, as the OpenAPI document describes the /v1 routes' errors."""
-
-    error: ErrorDetail
-
-
 def parse(model: type[M], document: Any) -> M:
     """`document` checked against `model`; the first problem is a 400 naming its field
     (`param`, e.g. `messages[0].role`)."""
