@@ -214,7 +214,10 @@ class TextTokenizer(Protocol):
         `convert_ids_to_tokens`); ids are in the vocabulary."""
         ...
 
-    def has_token(self, token_id: int) -> bool: ...
+    def unknown_id(self, ids: list[int]) -> int | None:
+        """The largest of `ids` (none negative) the vocabulary lacks, None where it has
+        them all; a long list costs set operations, not a call per id."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

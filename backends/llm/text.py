@@ -36,6 +36,8 @@ _WINDOW_CONTEXT = 5
 # Texts longer than this (in characters) are tokenized with `encode_batch`, which releases
 # the GIL; a shorter one takes microseconds either way, on the event loop's thread.
 GIL_FREE_CHARS = 1024
+# Likewise for lists of ids to decode.
+GIL_FREE_IDS = 1024
 # The longest UTF-8 character: an unknown character is one token.
 _MAX_CHAR_BYTES = 4
 # Normalizers that never make the text shorter (a `Replace` only where its content is at
@@ -55,6 +57,11 @@ class Tokenizer:
 
         self._tokenizer: Any = HfTokenizer.from_file(str(path))
         self.vocab_size = int(self._tokenizer.get_vocab_size(with_added_tokens=True))
+        # Ids up to the largest that name no token (gaps before added tokens), so that a
+        # long list of ids is checked with set operations rather than id by id.
+        named = set(self._tokenizer.get_vocab(with_added_tokens=True).values())
+        self._id_limit = max(named, default=-1) + 1
+        self._gaps = frozenset(range(self._id_limit)) - named
         # The most bytes of text one token can stand for; None where none is sure.
         self.max_token_bytes = max_token_bytes(json.loads(self._tokenizer.to_str()))
 
@@ -74,13 +81,22 @@ class Tokenizer:
         return -(-utf8_bytes // self.max_token_bytes)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if len(ids) > GIL_FREE_IDS:
+            # As encode_batch: `decode` keeps the GIL to the end, `decode_batch` releases it.
+            batch = self._tokenizer.decode_batch([ids], skip_special_tokens=skip_special_tokens)
+            return str(batch[0])
         return str(self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def token_strings(self, ids: list[int]) -> list[str]:
         return [str(self._tokenizer.id_to_token(i)) for i in ids]
 
-    def has_token(self, token_id: int) -> bool:
-        return 0 <= token_id < self.vocab_size and self._tokenizer.id_to_token(token_id) is not None
+    def unknown_id(self, ids: list[int]) -> int | None:
+        """The largest of `ids` (none negative) that names no token, or None."""
+        top = max(ids, default=-1)
+        if top >= self._id_limit:
+            return top
+        missing = self._gaps.intersection(ids) if self._gaps else ()
+        return max(missing, default=None)
 
     def token_id(self, token: str) -> int | None:
         found = self._tokenizer.token_to_id(token)

@@ -176,6 +176,19 @@ async def test_ids_outside_the_vocabulary_are_400(
     assert (found["message"], found["param"]) == (message, param)
 
 
+async def test_too_many_ids_are_refused_before_they_are_checked(
+    http: httpx.AsyncClient,
+) -> None:
+    # Checking and decoding millions of ids holds the interpreter for seconds: a bound.
+    tokens = ids("H") * (2**18 + 1)
+    response = await http.post("/detokenize", json={"model": "tiny_llm", "tokens": tokens})
+    found = error(response)
+    assert found["param"] == "tokens"
+    assert found["message"] == "'tokens' holds 262145 ids; at most 262144 are detokenized at once"
+    at_most = await http.post("/detokenize", json={"model": "tiny_llm", "tokens": tokens[1:]})
+    assert at_most.status_code == 200 and at_most.json() == {"prompt": "H" * 2**18}
+
+
 @pytest.mark.parametrize("model", ["textgen", "embedder"])
 @pytest.mark.parametrize("route", ["/tokenize", "/detokenize"])
 async def test_a_model_that_tokenizes_inside_itself_is_400(

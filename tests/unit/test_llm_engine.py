@@ -280,6 +280,23 @@ def test_a_false_start_of_a_stop_string_is_released() -> None:
     assert held.finish() == "ST"
 
 
+def test_unknown_ids_are_found_past_the_largest_and_in_the_gaps(tmp_path: Any) -> None:
+    from tokenizers import Tokenizer as HfTokenizer
+    from tokenizers.models import WordLevel
+
+    # Ids 0, 1 and 5: three tokens, so an id count would call 5 unknown and miss 3.
+    vocab = {"[UNK]": 0, "a": 1, "z": 5}
+    path = tmp_path / "tokenizer.json"
+    HfTokenizer(WordLevel(vocab, unk_token="[UNK]")).save(str(path))
+    tokenizer = Tokenizer(path)
+    assert tokenizer.unknown_id([0, 1, 5, 1]) is None
+    assert tokenizer.unknown_id([1, 3, 2, 5]) == 3
+    assert tokenizer.unknown_id([1, 9, 3]) == 9
+    assert tokenizer.unknown_id([]) is None
+    # A long list decodes off the GIL (decode_batch), to the same text.
+    assert tokenizer.decode([1] * 5000) == " ".join(["a"] * 5000)
+
+
 def test_a_stop_string_within_min_tokens_never_ends_the_text_later() -> None:
     # Unchecked (the tokens before min_tokens): "," lies wholly there, so it never counts,
     # even beside a longer stop string; "ab" begins there and ends after, so it does.

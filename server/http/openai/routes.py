@@ -164,7 +164,7 @@ def routes(front: RouteHost) -> list[Route]:
         return _json(await tokenize.tokenize(catalog, body))
 
     async def detokenize(request: Request) -> Response:
-        body = await read(request, tokenize.DetokenizeRequest)
+        body = await read(request, tokenize.DetokenizeRequest, tokenize.ids_bounded)
         return _json(await tokenize.detokenize(catalog, body))
 
     def get(path: str, handler: Handler) -> Route:

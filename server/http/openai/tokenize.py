@@ -42,6 +42,10 @@ TOKENIZER_MISSING = "tokenizer_missing"
 # Texts (and id lists) longer than this are tokenized (decoded) on a worker thread; the
 # llm backend's tokenizer releases the GIL for those (backends/llm/text.py).
 THREADED = 1024
+# The most ids one /detokenize takes, counted before they are checked: checking (and
+# decoding) millions of ids holds the interpreter for seconds, stalling every other
+# request. Far past any model's context, so only a runaway client meets it.
+MAX_IDS = 2**18
 
 
 class TokenizeCompletionRequest(Body):
@@ -81,6 +85,17 @@ class TokenizeChatRequest(ChatCompletionRequest):
         if self.tools is None:
             return None
         return [tool.model_dump(exclude_unset=True) for tool in self.tools]
+
+
+def ids_bounded(document: Any) -> None:
+    """Refuse a /detokenize of more than MAX_IDS ids before they are checked."""
+    if isinstance(document, dict):
+        tokens = document.get("tokens")
+        if isinstance(tokens, list) and len(tokens) > MAX_IDS:
+            raise OpenAIError(
+                f"'tokens' holds {len(tokens)} ids; at most {MAX_IDS} are detokenized at once",
+                param="tokens",
+            )
 
 
 class DetokenizeRequest(Body):
@@ -150,10 +165,10 @@ async def tokenize(
 
 async def detokenize(catalog: Catalog, body: DetokenizeRequest) -> dict[str, Any]:
     _, tokenizer = tokenizer_of(catalog, body.model)
-    unknown = [token for token in body.tokens if not tokenizer.has_token(token)]
-    if unknown:
+    unknown = tokenizer.unknown_id(body.tokens)
+    if unknown is not None:
         # vLLM's words for a token-id prompt's id past the vocabulary (the largest).
-        raise OpenAIError(f"Token id {max(unknown)} is out of vocabulary", param="tokens")
+        raise OpenAIError(f"Token id {unknown} is out of vocabulary", param="tokens")
     ids = list(body.tokens)
     if len(ids) > THREADED:
         return {"prompt": await asyncio.to_thread(tokenizer.decode, ids, False)}
