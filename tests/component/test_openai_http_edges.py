@@ -101,6 +101,18 @@ async def test_v1_itself_answers_in_openais_shape(lifecycle: ModelLifecycle) -> 
         assert isinstance((await http.get("/v1x")).json()["error"], str)
 
 
+async def test_vllms_tokenizer_routes_answer_every_refusal_in_openais_shape(
+    lifecycle: ModelLifecycle,
+) -> None:
+    rules = (("inference", "api-key", "s3cret"),)
+    async with client(InferenceServer(lifecycle), restricted_api=rules) as http:
+        for route in ("/tokenize", "/detokenize"):
+            refused = error(await http.post(route, json={}), 401)
+            assert refused["type"] == "authentication_error" and refused["code"] == "invalid_auth"
+            wrong = await http.get(route, headers={"api-key": "s3cret"})
+            assert error(wrong, 405)["message"] == f"Method Not Allowed: GET {route}"
+
+
 async def test_health_ready_answers_as_tritons_openai_front_end(
     lifecycle: ModelLifecycle,
 ) -> None:

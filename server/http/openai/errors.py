@@ -32,9 +32,11 @@ from ge_serve.server.errors import ErrorCode, ServerError
 
 from ..errors import ClosingError, TooLarge, http_status
 
-# The paths whose errors, wherever they arise, are OpenAI's error object: /v1 and below.
+# The paths whose errors, wherever they arise, are OpenAI's error object: /v1 and below,
+# and vLLM's tokenizer routes beside it (tokenize.py).
 OPENAI_ROOT = "/v1"
 OPENAI_PREFIX = OPENAI_ROOT + "/"
+TOKENIZER_PATHS = frozenset(("/tokenize", "/detokenize"))
 INVALID_REQUEST = "invalid_request_error"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 CONTEXT_WORDS = "maximum context length"
@@ -102,7 +104,7 @@ class OpenAIError(Exception):
 
 def is_openai_path(path: str) -> bool:
     """Whether errors on `path` are OpenAI's error object (`/v1` itself too)."""
-    return path.startswith(OPENAI_PREFIX) or path == OPENAI_ROOT
+    return path.startswith(OPENAI_PREFIX) or path == OPENAI_ROOT or path in TOKENIZER_PATHS
 
 
 def unsupported(param: str, message: str) -> OpenAIError:
