@@ -314,8 +314,9 @@ class GenerationScheduler:
         for seq in seqs:
             if seq in self._running:
                 self._leave(seq)
-                seq.sink.send(None, error, True)
-                self.generation_stats.finished["error"] += 1
+                if not seq.cancelled:  # its client has gone: nobody to tell, and aborted
+                    seq.sink.send(None, error, True)
+                self.generation_stats.finished["abort" if seq.cancelled else "error"] += 1
                 seq.on_done()
 
     def _advance(self, seq: Sequence, logits: npt.NDArray[np.float32]) -> None:

@@ -280,9 +280,18 @@ async def test_a_sequence_whose_sampling_fails_fails_alone(
         def sample(self, logits: Any, banned: tuple[int, ...] = ()) -> int:
             raise ValueError("this sampler cannot")
 
+    class Leaving(Sampler):
+        def sample(self, logits: Any, banned: tuple[int, ...] = ()) -> int:
+            # Its client leaves during the step (white box: the engine's running list).
+            for seq in scheduler._running:
+                if seq.params.seed == 667:
+                    seq.cancelled = True
+            raise ValueError("nobody is told")
+
     def sampler(params: Any) -> Any:
         # The prompt cannot be seen here; a seed picks the one that fails.
-        return Failing(params) if params.seed == 666 else Sampler(params)
+        failing = {666: Failing, 667: Leaving}.get(params.seed)
+        return (failing or Sampler)(params)
 
     monkeypatch.setattr(genrequest, "Sampler", sampler)
     scheduler = engine(tmp_path, max_num_seqs="3")
@@ -309,6 +318,13 @@ async def test_a_sequence_whose_sampling_fails_fails_alone(
         assert scheduler.generation_stats.finished == {
             "stop": 0, "length": 2, "abort": 0, "error": 1
         }  # fmt: skip
+        # One whose client left is not told, and counts as aborted.
+        gone = Recorder(scheduler=scheduler)
+        inputs["sampling_parameters"] = np.array([b'{"seed": 667}'], dtype=object)
+        await scheduler.submit(WorkItem(inputs, 1, context=RequestContext(responses=gone)))
+        assert not gone.final and gone.errors == []
+        assert scheduler.generation_stats.finished["abort"] == 1
+        assert scheduler.generation_stats.finished["error"] == 1
         for prompt, sink in zip((PROMPTS[0], PROMPTS[1]), (good[0], good[2]), strict=True):
             assert sink.final and not sink.errors
             assert "".join(sink.texts) == expected(prompt)
