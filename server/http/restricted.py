@@ -13,8 +13,8 @@ from .openai.errors import OpenAIError, is_openai_path
 
 class RestrictedApiMiddleware:
     """403 `{"error": "This API is restricted, expecting header '<h>'"}`, as Triton; on /v1
-    (and vLLM's /tokenize and /detokenize), 401 with OpenAI's error object, as Triton's OpenAI front end (and OpenAI's own API,
-    whose clients raise AuthenticationError for it).
+    (and vLLM's /tokenize and /detokenize), 401 with OpenAI's error object, as Triton's
+    OpenAI front end (and OpenAI's own API, whose clients raise AuthenticationError).
 
     Installed only when some category is restricted, so unrestricted servers pay nothing.
     """
