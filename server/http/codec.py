@@ -62,6 +62,9 @@ _PARAM_TYPES: Final = (bool, int, float, str)
 _FLOATS: Final = frozenset({DataType.FP32, DataType.FP64})
 # The parameters that place a tensor in shared memory (parse_ref lifts them out).
 _SHM_KEYS: Final = frozenset({SHARED_MEMORY_REGION, SHARED_MEMORY_OFFSET, SHARED_MEMORY_BYTE_SIZE})
+# A tensor's parameters the server reads (each checked where it is read). Triton ignores
+# any other, whatever its type; MLServer's clients send `"headers": null` on every input.
+_TENSOR_KEYS: Final = frozenset({BINARY_DATA_SIZE, BINARY_DATA, "classification", *_SHM_KEYS})
 
 
 # --- JSON helpers ---------------------------------------------------------------------------
@@ -198,15 +201,27 @@ def _parameters(raw: Any, whose: str, name: str = "") -> Parameters:
     if not isinstance(raw, dict):
         where = f"{whose} '{name}'" if name else whose
         raise invalid_arg(f"'parameters' of {where} must be a JSON object, not {json_kind(raw)}")
+    # orjson built a fresh dict: of these value types, it is the parameters as they are.
+    kept: dict[str, Any] = raw
     for key, value in raw.items():
-        if not isinstance(value, _PARAM_TYPES):
-            where = f"{whose} '{name}'" if name else whose
+        if isinstance(value, _PARAM_TYPES):
+            continue
+        if not name:
+            # Triton's words (http_server.cc), null and arrays included.
             raise invalid_arg(
-                f"parameter '{key}' of {where} must be a boolean, number or string, not "
-                f"{json_kind(value)}"
+                f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or "
+                "'string'."
             )
-    # orjson built a fresh dict of exactly these value types.
-    return raw
+        if key in _TENSOR_KEYS:
+            raise invalid_arg(
+                f"parameter '{key}' of {whose} '{name}' must be a boolean, number or string, "
+                f"not {json_kind(value)}"
+            )
+        # A tensor's parameter nothing reads: left out, as Triton ignores it.
+        if kept is raw:
+            kept = dict(raw)
+        del kept[key]
+    return kept
 
 
 def _decode_inputs(

@@ -470,19 +470,25 @@ ERROR_CASES: list[tuple[str, bytes, int | None, str]] = [
         "nested parameter",
         _one(_fp32(data=[1, 2]), parameters={"p": {"a": 1}}),
         None,
-        "parameter 'p' of the request must be a boolean, number or string",
+        "parameter 'p' has invalid type. It should be either 'int', 'bool', or 'string'.",
     ),
     (
         "null parameter",
         _one(_fp32(data=[1, 2]), parameters={"p": None}),
         None,
-        "parameter 'p' of the request",
+        "parameter 'p' has invalid type. It should be either 'int', 'bool', or 'string'.",
     ),
     (
-        "input parameter",
-        _one(_fp32(data=[1, 2], parameters={"p": [1]})),
+        "a read input parameter of another type",
+        _one(_fp32(data=[1, 2], parameters={"headers": None, "binary_data_size": None})),
         None,
-        "parameter 'p' of input 'x'",
+        "parameter 'binary_data_size' of input 'x' must be a boolean, number or string, not null",
+    ),
+    (
+        "a read output parameter of another type",
+        _one(_fp32(data=[1, 2]), outputs=[{"name": "y", "parameters": {"classification": [2]}}]),
+        None,
+        "parameter 'classification' of output 'y' must be a boolean, number or string",
     ),
     ("reserved parameter", _one(_fp32(data=[1, 2]), parameters={"triton_x": 1}), None, "reserved"),
     (
@@ -552,6 +558,20 @@ def test_request_errors(body: bytes, header_length: int | None, message: str) ->
     error = error_of(lambda: decode_infer_request("m", "", body, header_length))
     assert error.code is ErrorCode.INVALID_ARG
     assert message in error.message
+
+
+def test_tensor_parameters_nothing_reads_are_ignored_whatever_their_type() -> None:
+    """Triton reads only its own keys of a tensor's parameters; MLServer's clients send
+    `"headers": null` and objects on every input and output."""
+    extra = {"content_type": "np", "headers": None, "tags": {"a": 1}, "list": [1]}
+    spec = _fp32(data=[1, 2], parameters=extra)
+    output = {"name": "y", "parameters": {"headers": None, "binary_data": True}}
+    request = decode_infer_request("m", "", _one(spec, outputs=[output]), None)
+    (decoded,) = request.inputs
+    assert decoded.parameters == {"content_type": "np"}
+    assert decoded.data.tolist() == [1.0, 2.0]
+    (wanted,) = request.outputs
+    assert wanted.parameters == {"binary_data": True}
 
 
 def test_shared_memory_tensors_decode_to_references() -> None:
