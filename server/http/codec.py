@@ -153,8 +153,11 @@ def decode_infer_request(
         header, binary = view[:header_length], view[header_length:]
     doc = decode_json_object(header, "request", nonfinite=True)
 
-    request_id = doc.get("id", "")
-    if not isinstance(request_id, str):
+    # A null id is no id: MLServer's and KServe's clients send it so (Triton refuses it).
+    request_id = doc.get("id")
+    if request_id is None:
+        request_id = ""
+    elif not isinstance(request_id, str):
         raise invalid_arg(f"the request 'id' must be a string, not {json_kind(request_id)}")
     request = InferRequest(
         model_name,

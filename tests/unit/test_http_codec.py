@@ -460,6 +460,7 @@ ERROR_CASES: list[tuple[str, bytes, int | None, str]] = [
         "[request id: <id_unknown>] input 'x' already exists in request",
     ),
     ("id not a string", _one(_fp32(data=[1, 2]), id=5), None, "the request 'id' must be a string"),
+    ("id zero", _one(_fp32(data=[1, 2]), id=0), None, "the request 'id' must be a string"),
     (
         "parameters not an object",
         _one(_fp32(data=[1, 2]), parameters=[1]),
@@ -572,6 +573,8 @@ def test_tensor_parameters_nothing_reads_are_ignored_whatever_their_type() -> No
     assert decoded.data.tolist() == [1.0, 2.0]
     (wanted,) = request.outputs
     assert wanted.parameters == {"binary_data": True}
+    # And their null id is no id, as they mean it.
+    assert decode_infer_request("m", "", _one(spec, id=None), None).id == ""
 
 
 def test_shared_memory_tensors_decode_to_references() -> None:
