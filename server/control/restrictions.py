@@ -82,13 +82,14 @@ _HTTP_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"/v2/(?:system|cuda)sharedmemory(?:/.*)?", "shared-memory"),
         (r"/v2", "metadata"),
         (_MODEL, "metadata"),
-        # The OpenAI-compatible API (ge-serve's own; Triton serves it from another process).
-        (r"/v1/(?:chat/completions|completions|embeddings)", "inference"),
+        # The OpenAI-compatible API (ge-serve's own; Triton serves it from another process),
+        # also under KServe's prefix, /openai/v1 (the same routes: the same categories).
+        (r"(?:/openai)?/v1/(?:chat/completions|completions|embeddings)", "inference"),
         # vLLM's tokenizer routes: a model's work, as its inference is.
         (r"/(?:tokenize|detokenize)", "inference"),
         # Triton's OpenAI front end puts its load and unload routes here too.
-        (r"/v1/models/[^/]+/(?:load|unload)", "model-repository"),
-        (r"/v1/models(?:/[^/]+)?", "metadata"),
+        (r"(?:/openai)?/v1/models/[^/]+/(?:load|unload)", "model-repository"),
+        (r"(?:/openai)?/v1/models(?:/[^/]+)?", "metadata"),
         # Triton's OpenAI front end's readiness route, in its category there, and vLLM's
         # health route beside it.
         (r"/health(?:/ready)?", "health"),

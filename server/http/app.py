@@ -20,7 +20,7 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import Mount, Route
 from starlette.types import ASGIApp
 
 from ge_serve.server.control.restrictions import RestrictedApis
@@ -43,7 +43,7 @@ from .drain import RefuseWhileDraining
 from .errors import error_response
 from .infer import Encoded, InferEndpoint, InferShortcut, guard
 from .openai import routes as openai_routes
-from .openai.errors import OpenAIError, is_openai_path
+from .openai.errors import KSERVE_PREFIX, OPENAI_PREFIX, OpenAIError, is_openai_path
 from .openapi import ApiRoute, Body
 from .responses import json_response
 from .restricted import RestrictedApiMiddleware
@@ -170,12 +170,20 @@ class HttpFrontEnd:
         return RefuseWhileDraining(app, self.gate)
 
     def build_fastapi(self) -> FastAPI:
+        routes = self.routes()
+        # KServe's OpenAI paths, /openai/v1/...: the same /v1 routes (so the same answers,
+        # errors and limits), mounted after every other route, so that only a request no
+        # route took is matched against the prefix. A rewrite of the path in front of the
+        # application would look at every request, v2 inference included.
+        kserve = Mount(
+            KSERVE_PREFIX, routes=[r for r in routes if r.path.startswith(OPENAI_PREFIX)]
+        )
         app = FastAPI(
             title="ge-serve",
             docs_url=None,
             redoc_url=None,
             openapi_url=openapi.PATH,
-            routes=list[BaseRoute](self.routes()),
+            routes=[*routes, kserve],
             # Triton matches whole paths: `.../infer/` is a 404, not a redirect, and a
             # redirect would name whatever host the client's Host header says.
             redirect_slashes=False,

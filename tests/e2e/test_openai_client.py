@@ -402,3 +402,26 @@ def test_chat_streams_through_an_http_worker_process(
         assert deltas == [RENDERED_WORDS[0], *(" " + w for w in RENDERED_WORDS[1:])]
         vectors = client.embeddings.create(model="embedder", input=["a b"])
         assert vectors.usage.prompt_tokens == 2
+
+
+def test_kserves_openai_prefix_is_served_through_an_http_worker_process(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # KServe serves OpenAI's API under /openai/v1; a client moved from it keeps its URL.
+    repo = textgen.write(tmp_path_factory.mktemp("openai-kserve"))
+    with (
+        running_server([repo], ["--http-workers", "1"]) as server,
+        openai.OpenAI(base_url=server.base_url + "/openai/v1", api_key="unused") as client,
+    ):
+        served = httpx.get(server.base_url + "/v1/models", timeout=30).json()["data"]
+        assert [m.id for m in client.models.list()] == [m["id"] for m in served]
+        assert "textgen" in [m["id"] for m in served]
+        answer = client.completions.create(model="textgen", prompt="a b c", max_tokens=2)
+        assert answer.choices[0].text == "a b"
+        chunks = client.chat.completions.create(model="textgen", messages=MESSAGES, stream=True)
+        deltas = [c.choices[0].delta.content for c in chunks if c.choices[0].delta.content]
+        assert deltas == [RENDERED_WORDS[0], *(" " + w for w in RENDERED_WORDS[1:])]
+        assert client.embeddings.create(model="embedder", input=["a b"]).usage.prompt_tokens == 2
+        with pytest.raises(openai.NotFoundError) as info:
+            client.models.retrieve("nope")
+        assert info.value.code == "model_not_found"

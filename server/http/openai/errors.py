@@ -36,6 +36,10 @@ from ..errors import ClosingError, TooLarge, http_status
 # and vLLM's tokenizer routes beside it (tokenize.py).
 OPENAI_ROOT = "/v1"
 OPENAI_PREFIX = OPENAI_ROOT + "/"
+# KServe's prefix of the same API (its KSERVE_OPENAI_ROUTE_PREFIX's default): /openai/v1/...
+# is served as /v1/... (app.py), for deployments moved from KServe.
+KSERVE_PREFIX = "/openai"
+KSERVE_ROOT = KSERVE_PREFIX + OPENAI_ROOT
 TOKENIZER_PATHS = frozenset(("/tokenize", "/detokenize"))
 INVALID_REQUEST = "invalid_request_error"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
@@ -103,7 +107,10 @@ class OpenAIError(Exception):
 
 
 def is_openai_path(path: str) -> bool:
-    """Whether errors on `path` are OpenAI's error object (`/v1` itself too)."""
+    """Whether errors on `path` are OpenAI's error object (`/v1` itself too, and KServe's
+    `/openai/v1`)."""
+    if path.startswith(KSERVE_ROOT):
+        path = path[len(KSERVE_PREFIX) :]
     return path.startswith(OPENAI_PREFIX) or path == OPENAI_ROOT or path in TOKENIZER_PATHS
 
 
