@@ -93,6 +93,8 @@ _HTTP_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         # Triton's OpenAI front end's readiness route, in its category there, and vLLM's
         # health route beside it.
         (r"/health(?:/ready)?", "health"),
+        # KServe v1's liveness route (app.py).
+        (r"/", "health"),
     )
 )
 

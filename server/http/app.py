@@ -157,6 +157,8 @@ class HttpFrontEnd:
             *self.infer_routes,
             *generate.routes(self, self.settings.max_input_size),
             *self.versioned("", self.model_metadata, ["GET"]),
+            # KServe v1's liveness route, which its REST client's is_server_live() calls.
+            self.route("/", self.kserve_live, ["GET"]),
             # Last: the table is tried in order when the inference shortcut is off.
             *openai_routes.routes(self),
         ]
@@ -226,6 +228,13 @@ class HttpFrontEnd:
 
     async def health_ready(self, request: Request) -> Response:
         return _health("ready", self.core.ready())
+
+    async def kserve_live(self, request: Request) -> Response:
+        """KServe v1's `{"status": "alive"}`; 503 once the server is not live, as vLLM's
+        /health answers (KServe's own is always alive)."""
+        up = self.core.live()
+        body = b'{"status":"%s"}' % (b"alive" if up else b"not alive")
+        return Response(body, status_code=200 if up else 503, media_type="application/json")
 
     async def server_metadata(self, request: Request) -> Response:
         return json_response(encode.server_metadata(self.core.metadata()))

@@ -1,8 +1,9 @@
 """KServe's paths on the HTTP front end, for deployments moved from KServe: its OpenAI
 prefix, `/openai/v1/...`, answers as `/v1/...` does (the same routes, errors, limits,
-restricted-API categories and refusal while stopping). In process, over httpx's ASGI
-transport; the answers of the routes themselves, with models, are tested on /v1 (and
-through an HTTP worker in tests/e2e/test_openai_client.py)."""
+restricted-API categories and refusal while stopping), and KServe v1's liveness route,
+`GET /`, answers `{"status": "alive"}`. In process, over httpx's ASGI transport; the
+answers of the routes themselves, with models, are tested on /v1 (and through an HTTP
+worker in tests/e2e/test_openai_client.py)."""
 
 from __future__ import annotations
 
@@ -108,3 +109,24 @@ async def test_the_prefix_is_refused_in_openais_shape_while_stopping(
         refused = await http.get(KSERVE + "/models")
         assert openai_error(refused, 503)["type"] == "server_error"
         assert refused.headers["connection"] == "close"
+
+
+async def test_get_root_is_kserve_v1_liveness(lifecycle: ModelLifecycle) -> None:
+    core = InferenceServer(lifecycle)
+    async with client(core) as (_, http):
+        live = await http.get("/")
+        assert (live.status_code, live.json()) == (200, {"status": "alive"})
+        assert live.headers["content-type"] == "application/json"
+        core.begin_draining()  # not ready, still live
+        assert (await http.get("/")).json() == {"status": "alive"}
+        core.fail_initialization()
+        dead = await http.get("/")
+        assert (dead.status_code, dead.json()) == (503, {"status": "not alive"})
+
+
+async def test_get_root_is_in_the_health_category(lifecycle: ModelLifecycle) -> None:
+    async with client(InferenceServer(lifecycle), (("health", "x-probe", "yes"),)) as (_, http):
+        refused = await http.get("/")
+        assert refused.status_code == 403
+        assert refused.json() == {"error": "This API is restricted, expecting header 'x-probe'"}
+        assert (await http.get("/", headers={"x-probe": "yes"})).status_code == 200
