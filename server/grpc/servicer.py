@@ -211,7 +211,7 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: Any
     ) -> pb.RepositoryModelLoadResponse:
-        _no_repository_name(request.repository_name)
+        _no_repository_name(request.repository_name, request.model_name, "load")
         with decoding("load request parameters"):
             config, files = load_parameters(request.parameters)
         await self.core.load_model(request.model_name, config, files)
@@ -221,7 +221,7 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
-        _no_repository_name(request.repository_name)
+        _no_repository_name(request.repository_name, request.model_name, "unload")
         with decoding("unload request parameters"):
             dependents = unload_parameters(request.parameters)
         await self.core.unload_model(request.model_name, dependents)
@@ -317,10 +317,14 @@ class GrpcServicer(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
 
-def _no_repository_name(name: str) -> None:
-    """Triton's gRPC repository calls refuse a named repository, the index too."""
+def _no_repository_name(name: str, model: str | None = None, action: str = "") -> None:
+    """Triton's gRPC repository calls refuse a named repository, the index too; a load or
+    unload (`model` given) that names no model also says why a KServe client's does."""
     if name:
-        raise ServerError(ErrorCode.UNSUPPORTED, error_texts.REPOSITORY_NAME_UNSUPPORTED)
+        message = error_texts.REPOSITORY_NAME_UNSUPPORTED
+        if model is not None:
+            message = error_texts.repository_name_unsupported(name, model, action)
+        raise ServerError(ErrorCode.UNSUPPORTED, message)
 
 
 def load_parameters(params: Any) -> tuple[str | None, dict[str, bytes] | None]:

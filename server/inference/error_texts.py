@@ -364,3 +364,18 @@ def stats_version_unavailable(name: str) -> ServerError:
 # Triton serves one unnamed repository set; a repository named in a control request is
 # refused with its words (an index request ignores the name, as Triton's does).
 REPOSITORY_NAME_UNSUPPORTED: Final = "'repository_name' specification is not supported"
+
+
+def repository_name_unsupported(repository: str, model: str, action: str) -> str:
+    """Triton's refusal of a named repository, and where no model is named, why that is
+    likely: KServe's protos give RepositoryModelLoadRequest (and Unload) only `model_name`,
+    as field 1, which is `repository_name` in Triton's. Triton's words come first, so what
+    matches them still does."""
+    if model:
+        return REPOSITORY_NAME_UNSUPPORTED
+    return (
+        f"{REPOSITORY_NAME_UNSUPPORTED}, and no 'model_name' was given: a client built from "
+        f"KServe's protos sends the model's name ('{repository}') in field 1, which is "
+        "'repository_name' in Triton's grpc_service.proto (model_name is field 2); use "
+        f"Triton's protos, or POST /v2/repository/models/{repository}/{action} over HTTP"
+    )

@@ -323,3 +323,24 @@ def test_a_named_repository(http: httpx.Client, stub: Any) -> None:
         error: Any = info.value
         assert (error.code(), error.details()) == (grpc.StatusCode.UNIMPLEMENTED, unsupported)
     assert http.get("/v2/models/simple/ready").status_code == 200
+
+
+def test_a_kserve_clients_repository_call_is_told_why_it_fails(stub: Any) -> None:
+    """KServe's protos give RepositoryModelLoadRequest (and Unload) only `model_name`, as
+    field 1: Triton's `repository_name`. The refusal keeps Triton's words first, and says
+    so."""
+    for action, call, request in (
+        ("load", stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest),
+        ("unload", stub.RepositoryModelUnload, pb.RepositoryModelUnloadRequest),
+    ):
+        # What KServe's client sends: field 1 holds the model's name, field 2 is unset.
+        kserve_shaped = request.FromString(b"\x0a\x06simple")
+        assert (kserve_shaped.repository_name, kserve_shaped.model_name) == ("simple", "")
+        with pytest.raises(grpc.RpcError) as info:
+            call(kserve_shaped, timeout=10)
+        error: Any = info.value
+        assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+        details: str = error.details()
+        assert details.startswith("'repository_name' specification is not supported, ")
+        assert "KServe's protos" in details
+        assert f"POST /v2/repository/models/simple/{action} over HTTP" in details
