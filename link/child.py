@@ -10,6 +10,12 @@ A child tells it serves with the link's `Ready` message (messages.py): the healt
 the supervisor waits for after each start. When a child dies the supervisor starts it
 again after `Backoff.next_delay()`: the delay doubles while starts keep failing, up to a
 most, and begins again from the first once a child had been serving a while.
+
+A child leaves SIGINT and SIGTERM to its supervisor (`leave_stop_signals_to_parent`):
+those reach the whole process group at once (Ctrl-C in a terminal, systemd's default
+stop, `timeout`, `kill -- -PGID`), and the supervisor, which gets them too, ends its
+children itself, in order: over the link, then SIGKILL past its grace. A child starts
+with the two blocked, so that one sent while it is still starting waits for its handler.
 """
 
 from __future__ import annotations
@@ -22,6 +28,10 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from types import FrameType
+
+# What a supervised child leaves to its supervisor.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Child:
@@ -90,8 +100,13 @@ def start_child(
     pass_fds: Sequence[int] = (),
     env: Mapping[str, str] | None = None,
 ) -> Child:
-    """Start `argv(child's socket fd)`; OSError when the process cannot start."""
+    """Start `argv(child's socket fd)`, with SIGINT and SIGTERM blocked until it calls
+    `leave_stop_signals_to_parent`; OSError when the process cannot start."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    # The child inherits this thread's signal mask: blocked, a stop signal sent to the
+    # whole group while the child is still importing stays pending until the child has
+    # taken it over (leave_stop_signals_to_parent), instead of killing it.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
         process = subprocess.Popen(
             list(argv(theirs.fileno())),
@@ -103,8 +118,25 @@ def start_child(
         ours.close()
         raise
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         theirs.close()
     return Child(process, ours)
+
+
+def leave_stop_signals_to_parent() -> None:
+    """Make SIGINT and SIGTERM do nothing in this (child) process, as Triton's Python stub
+    does (pb_stub.cc), and unblock them (`start_child` started it with them blocked): call
+    it first thing, on the main thread. A handler that does nothing rather than SIG_IGN:
+    an ignored signal stays ignored across exec, so the processes a model starts would
+    ignore it too, while a handler goes back to the default there. Code run later (a
+    model's) may set its own."""
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, _left_to_parent)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+
+
+def _left_to_parent(signum: int, frame: FrameType | None) -> None:
+    return None
 
 
 def exit_reason(code: int | None) -> str:

@@ -38,6 +38,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ge_serve.link.child import leave_stop_signals_to_parent
 from ge_serve.link.messages import Message, Ready
 from ge_serve.link.thread import ThreadLink
 
@@ -410,6 +411,9 @@ class _Failed(Exception):
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    # The server ends this process itself (its socket closes, or SIGKILL): a SIGTERM or
+    # SIGINT sent to the server's whole process group must not kill the worker under it.
+    leave_stop_signals_to_parent()
     stub = Stub(socket.socket(fileno=int(args[0])))
     # Triton's stub embeds Python with no arguments, so a model sees sys.argv == [''];
     # qa models call unittest.main("model", exit=False), which reads it for test names.
