@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import signal
 import socket
 import sys
 import time
@@ -29,6 +28,7 @@ import uvloop
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
+from ge_serve.link.child import leave_stop_signals_to_parent
 from ge_serve.protos import grpc_service_pb2 as pb
 from ge_serve.server.control.logformat import worker_logging
 
@@ -188,10 +188,8 @@ def _forwarding(
 
 
 async def serve(config: dict[str, Any]) -> int:
-    loop = asyncio.get_running_loop()
+    # Set by the server's `Stop`, or its link's end; never by a signal (main()).
     stopping = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping.set)
     index = int(config["index"])
     core = RemoteCore(socket.socket(fileno=int(config["link_fd"])), f"grpc-{index}", stopping.set)
     options = [tuple(option) for option in config["options"] if option[0] != "grpc.so_reuseport"]
@@ -238,6 +236,7 @@ async def serve(config: dict[str, Any]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    leave_stop_signals_to_parent()
     config: dict[str, Any] = json.loads(args[0])
     worker_logging(config)
     run: Callable[[Any], int] = uvloop.run

@@ -25,12 +25,13 @@ import uvicorn
 import uvloop
 from starlette.types import ASGIApp
 
+from ge_serve.link.child import leave_stop_signals_to_parent
 from ge_serve.server.control.logformat import worker_logging
 from ge_serve.server.inference.header_forward import HeaderForward
 from ge_serve.server.startup.gcheap import settle_heap
 from ge_serve.server.workers.remote import RemoteCore
 
-from .embedded import front_end_config
+from .embedded import EmbeddedUvicorn, front_end_config
 from .infer import InferEndpoint, InferShortcut
 from .passon import PassOn
 
@@ -41,11 +42,11 @@ async def serve(config: dict[str, Any]) -> int:
     index = int(config["index"])
     server: uvicorn.Server | None = None
 
-    def link_closed() -> None:
+    def stop() -> None:
         if server is not None:
             server.should_exit = True
 
-    core = RemoteCore(socket.socket(fileno=int(config["link_fd"])), f"http-{index}", link_closed)
+    core = RemoteCore(socket.socket(fileno=int(config["link_fd"])), f"http-{index}", stop)
     passon = PassOn(
         "127.0.0.1",
         int(config["forward_port"]),
@@ -64,7 +65,9 @@ async def serve(config: dict[str, Any]) -> int:
         )
         app = InferShortcut(app, endpoint.routes())
     listener = socket.socket(fileno=int(config["listen_fd"]))
-    server = uvicorn.Server(front_end_config(app, float(config["grace_s"])))
+    # Stopped by the server (`Stop`, or its link's end), never by a signal: uvicorn's own
+    # Server would take SIGINT and SIGTERM.
+    server = EmbeddedUvicorn(front_end_config(app, float(config["grace_s"])))
     task = asyncio.create_task(server.serve(sockets=[listener]))
     while not server.started:
         if task.done():
@@ -83,6 +86,7 @@ async def serve(config: dict[str, Any]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    leave_stop_signals_to_parent()
     config: dict[str, Any] = json.loads(args[0])
     worker_logging(config)
     code: int = uvloop.run(serve(config))

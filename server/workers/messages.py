@@ -2,8 +2,9 @@
 
 A worker sends `Infer` (a decoded request), `Cancel` (its client went away) and `Done`
 (it has encoded the answer, so the answer's shared memory is free again). The server
-answers each request with `Answer` or `Failed`. Nothing else travels here: what is not
-inference a worker passes on to the server's own front end on loopback.
+answers each request with `Answer` or `Failed`, and says `Stop` when it stops. Nothing
+else travels here: what is not inference a worker passes on to the server's own front
+end on loopback.
 
 Tensors are `WireTensor`s: numeric data as placed bytes (inline or an arena region) and
 the numpy dtype it has, BYTES as the list of its items (or, past INLINE_MAX, serialized
@@ -101,5 +102,11 @@ class Failed(Message):
     reason: str | None = None
 
 
+class Stop(Message):
+    """The server stops: finish the requests taken in, within the grace the worker was
+    started with, and exit. A message, not a signal: workers leave SIGINT and SIGTERM to
+    the server (ge_serve.link.child.leave_stop_signals_to_parent)."""
+
+
 TO_SERVER = Codec((Infer, Cancel, Done))
-TO_WORKER = Codec((Answer, Failed))
+TO_WORKER = Codec((Answer, Failed, Stop))

@@ -9,6 +9,11 @@ statistics and metrics.
 
 A worker that dies takes only its own requests with it (they end as cancelled, as when
 their clients go away); the others keep serving. A worker whose link ends exits.
+
+At the server's stop each worker is told so over its link (`Stop`) and drains, and is
+killed if it has not exited within the grace. Workers leave SIGINT and SIGTERM to this
+process: sent to the whole process group, they must not start a worker's stop on its
+own, nor end one that the supervisor would then start again.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -34,7 +38,7 @@ from ge_serve.link.messages import Message, Ready, Region
 from ..errors import ErrorCode, ServerError
 from ..inference.core import InferenceServer
 from .codec import request_from_wire, response_to_wire
-from .messages import INLINE_MAX, TO_SERVER, Answer, Cancel, Done, Failed, Infer
+from .messages import INLINE_MAX, TO_SERVER, Answer, Cancel, Done, Failed, Infer, Stop
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +99,7 @@ class FrontEndWorkers:
             self._supervisors.append(task)
 
     async def stop(self, grace_s: float) -> None:
-        """Ask every worker to drain and exit (SIGTERM) within `grace_s`, then kill the
+        """Ask every worker to drain and exit (`Stop`) within `grace_s`, then kill the
         ones left."""
         for task in self._supervisors:
             task.cancel()
@@ -103,8 +107,11 @@ class FrontEndWorkers:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         running = [w.child for w in self._workers if w.child is not None]
-        for child in running:
-            child.signal(signal.SIGTERM)
+        for worker in self._workers:
+            if worker.link is not None:
+                # A closed link: the worker has ended, or ends as it sees that.
+                with contextlib.suppress(LinkClosed):
+                    worker.link.send(Stop())
         waits = [asyncio.ensure_future(c.exited()) for c in running]
         if waits:
             _done, late = await asyncio.wait(waits, timeout=grace_s + 1.0)

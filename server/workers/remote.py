@@ -26,7 +26,7 @@ from ge_serve.link.messages import Message, Ready, Region
 from ..errors import ErrorCode, FailureReason, ServerError
 from ..inference.types import InferRequest, InferResponse
 from .codec import request_to_wire, response_from_wire
-from .messages import INLINE_MAX, TO_WORKER, Answer, Cancel, Done, Failed, Infer
+from .messages import INLINE_MAX, TO_WORKER, Answer, Cancel, Done, Failed, Infer, Stop
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +38,11 @@ def _unavailable() -> ServerError:
 
 
 class RemoteCore:
-    def __init__(self, sock: socket.socket, label: str, on_closed: Callable[[], None]) -> None:
+    def __init__(self, sock: socket.socket, label: str, stop: Callable[[], None]) -> None:
+        """`stop` begins the worker's stop: called when the server says `Stop`, and when
+        the link ends (the server is gone); it may be called twice."""
         self.link = LoopLink(sock, TO_WORKER, label, self._received, self._closed, INLINE_MAX)
-        self._on_closed = on_closed
+        self._stop = stop
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Answer]] = {}
         self._regions: dict[int, list[Region]] = {}
@@ -97,6 +99,9 @@ class RemoteCore:
             raise
 
     def _received(self, message: Message) -> None:
+        if isinstance(message, Stop):
+            self._stop()
+            return
         if not isinstance(message, Answer | Failed):
             log.error("the server sent an unexpected message %r", type(message).__name__)
             return
@@ -118,4 +123,4 @@ class RemoteCore:
             if not future.done():
                 future.set_exception(_unavailable())
         self._waiting.clear()
-        self._on_closed()
+        self._stop()
