@@ -94,6 +94,9 @@ class CoreBridge:
             del error
             reply(_failed(code, message), True)
 
+    def stopping(self) -> bool:
+        return self._core.stopping()
+
     # --- model control ---------------------------------------------------------------------
 
     def model_ready(self, name: str, version: str) -> bool:

@@ -119,6 +119,10 @@ class InferenceServer:
         the requests the front ends have taken in are still served."""
         self._draining = True
 
+    def stopping(self) -> bool:
+        """Whether the server's stop has begun (begin_draining)."""
+        return self._draining
+
     def stop_accepting(self) -> None:
         self.path.accepting = False
 

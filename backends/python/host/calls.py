@@ -82,3 +82,8 @@ class CoreCalls(Protocol):
     def unload_model(self, name: str, unload_dependents: bool) -> None:
         """Blocking; raises ValueError saying why the unload failed."""
         ...
+
+    def stopping(self) -> bool:
+        """Whether the server's stop has begun: a worker that dies from then on is not
+        started again (its model is about to be unloaded)."""
+        ...

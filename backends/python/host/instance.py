@@ -8,7 +8,8 @@ returned; its input memory is kept until the request's final response.
 
 When the worker dies (a crash, a kill), its requests fail with the reason, the model is
 reported unavailable, and a new worker is started and initialized in the background;
-the model is available again once it is up. What the worker itself starts (BLS calls,
+the model is available again once it is up; not once the server's stop has begun, as
+the model is about to be unloaded then. What the worker itself starts (BLS calls,
 metrics, log lines, `is_cancelled`) is answered in `hosting`.
 """
 
@@ -302,7 +303,12 @@ class PythonInstance:
             context.error = error
 
     def _died(self, reason: str) -> ModelError:
-        then = "it was being unloaded" if self._closing.is_set() else "it is being restarted"
+        if self._closing.is_set():
+            then = "it was being unloaded"
+        elif self._server_stopping():
+            then = "the server is stopping"
+        else:
+            then = "it is being restarted"
         return ModelError(
             "UNAVAILABLE",
             f"{self._unhealthy()} model instance '{self.spec.instance_name}' of "
@@ -359,6 +365,18 @@ class PythonInstance:
             in_service = worker is self._worker
         error = self._died(reason)
         restarting = in_service and not self._closing.is_set()
+        if restarting and self._server_stopping():
+            restarting = False
+            log.info(
+                "model '%s' instance %s: %s as the server stops",
+                self.spec.model_name,
+                self.spec.instance_name,
+                reason,
+            )
+            self._down = (
+                f"{self._unhealthy()} model instance '{self.spec.instance_name}' ended as "
+                f"the server stops: {reason}"
+            )
         if restarting:
             # Down before the lost requests fail: a client that sees its error and looks at
             # the model's state must find it restarting, never still READY.
@@ -388,13 +406,17 @@ class PythonInstance:
 
     # --- restarting and closing ----------------------------------------------------------
 
+    def _server_stopping(self) -> bool:
+        core = self._shared.core()
+        return core is not None and core.stopping()
+
     def _set_down(self, reason: str | None) -> None:
         self._down = reason
         self._shared.health.report(self.spec.instance_name, reason)
 
     def _restart(self, reason: str) -> None:
         backoff = Backoff(_RETRY_FIRST_S, _RETRY_MOST_S)
-        while not self._closing.is_set():
+        while not self._closing.is_set() and not self._server_stopping():
             try:
                 worker = self._spawn()
             except Exception as exc:
