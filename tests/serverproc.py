@@ -102,9 +102,11 @@ def start_server(
     timeout: float = 60.0,
     env: dict[str, str] | None = None,
     ports: tuple[int, int, int] | None = None,
+    new_group: bool = False,
 ) -> ServerProcess:
     """`ports` (HTTP, gRPC, metrics) for a server that must come back where it was, e.g.
-    behind a load balancer; free ones otherwise."""
+    behind a load balancer; free ones otherwise. `new_group`: the server leads a process
+    group of its own (its PID is the group's ID), which a test may signal whole."""
     http, grpc, metrics = ports if ports is not None else free_ports(3)
     ports = (http, grpc, metrics)
     log_dir = Path(tempfile.mkdtemp(prefix="ge-serve-log-"))
@@ -116,7 +118,12 @@ def start_server(
         full_env.update(env)
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
-            cmd, stdout=log_file, stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT
+            cmd,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=REPO_ROOT,
+            process_group=0 if new_group else None,
         )
     server = ServerProcess(process, *ports, log_path=log_path, args=cmd)
     # Callers that start and stop a server themselves read its log after the stop, so the
