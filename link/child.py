@@ -133,10 +133,33 @@ def leave_stop_signals_to_parent() -> None:
     for signum in _STOP_SIGNALS:
         signal.signal(signum, _left_to_parent)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    # A process forked from here (a model's multiprocessing pool) would keep the handler,
+    # and its own parent's terminate() (SIGTERM) would then never end it: it gets the
+    # default back, with the two blocked across the fork so that one sent at once waits
+    # for it rather than meeting the handler.
+    os.register_at_fork(
+        before=_block_stop_signals,
+        after_in_parent=_unblock_stop_signals,
+        after_in_child=_default_stop_signals,
+    )
 
 
 def _left_to_parent(signum: int, frame: FrameType | None) -> None:
     return None
+
+
+def _block_stop_signals() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+
+
+def _unblock_stop_signals() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+
+
+def _default_stop_signals() -> None:
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+    _unblock_stop_signals()
 
 
 def exit_reason(code: int | None) -> str:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
+import subprocess
 import sys
 import threading
 
@@ -206,6 +208,29 @@ async def test_a_child_signals_health_and_its_exit_is_seen_on_the_loop(failure: 
     killed.kill()
     assert exit_reason(await asyncio.wait_for(killed.exited(), 30)) == "was killed by SIGKILL"
     killed.sock.close()
+
+
+_LEAVES_SIGNALS = """
+import multiprocessing, os, signal, sys, time
+from ge_serve.link.child import leave_stop_signals_to_parent
+leave_stop_signals_to_parent()
+os.kill(os.getpid(), signal.SIGTERM)  # left to the parent: this process goes on
+time.sleep(0.1)
+# What it forks (a model's pool) is ended by SIGTERM as any process is.
+forked = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+forked.start()
+forked.terminate()
+forked.join(30)
+print(forked.exitcode)
+"""
+
+
+def test_a_child_leaves_stop_signals_to_its_parent_but_not_what_it_forks() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _LEAVES_SIGNALS], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(-signal.SIGTERM)
 
 
 def test_a_garbled_frame_ends_the_thread_links_reading() -> None:
