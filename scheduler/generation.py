@@ -329,6 +329,8 @@ class GenerationScheduler:
             # ignore_eos says (its all_stop_token_ids hold the EOS either way).
             banned = tuple(eos) + params.stop_token_ids
         token = seq.sampler.sample(logits, banned)
+        if seq.logprobs is not None:  # asked for: all the cost is the asker's
+            seq.logprobs.add(logits, token)
         seq.tokens.append(token)
         now = time.monotonic()
         stats = self.generation_stats

@@ -19,6 +19,7 @@ import numpy as np
 
 from ge_serve.backends.base import ResponseSink
 from ge_serve.backends.llm.backend import LlmModel
+from ge_serve.backends.llm.logprobs import TokenLogprobs, check_count
 from ge_serve.backends.llm.sampling import (
     Sampler,
     SamplingError,
@@ -34,8 +35,6 @@ from .work import Array
 STREAM_ECHO_REFUSED = (
     "Error generating stream: When streaming, `exclude_input_in_output` = False is not allowed."
 )
-# The flags of outputs the engine cannot make: only false is taken.
-UNSERVED_FLAGS = ("return_cumulative_logprob", "return_logprobs")
 
 
 def read_sequence(
@@ -74,6 +73,12 @@ def read_sequence(
     except SamplingError as exc:
         raise invalid_arg(str(exc)) from None
     vocab = model.runner.shape.vocab
+    if params.logprobs is not None:
+        try:
+            check_count(params.logprobs, vocab)
+        except ValueError as exc:
+            raise invalid_arg(str(exc)) from None
+    send_logprobs, send_cumulative = logprob_outputs(model, inputs, params.logprobs is not None)
     outside = sorted(i for i in params.stop_token_ids if i >= vocab)
     if outside:
         # Checked here: the engine would index the logits with it, in a step shared
@@ -126,6 +131,11 @@ def read_sequence(
         reason=reason,
         input_count=input_count,
         output_count=output_count,
+        logprobs=None
+        if params.logprobs is None
+        else TokenLogprobs(params.logprobs, model.tokenizer, vocab),
+        send_logprobs=send_logprobs,
+        send_cumulative=send_cumulative,
     )
 
 
@@ -136,18 +146,27 @@ def extra_outputs(model: LlmModel, inputs: Mapping[str, Array]) -> tuple[bool, b
     not declare is always sent, as ge-serve's configs without the flags expect."""
     if not model.opt_in:
         return True, True, True
-    for name in UNSERVED_FLAGS:
-        if _flag(inputs.get(name), name, None):
-            raise invalid_arg(
-                f"input '{name}' is true, but the llm engine does not compute log "
-                "probabilities: set it false or leave it out"
-            )
     sent = [
         name not in model.opt_in
         or bool(_flag(inputs.get(f"return_{name}"), f"return_{name}", None))
         for name in ("finish_reason", "num_input_tokens", "num_output_tokens")
     ]
     return sent[0], sent[1], sent[2]
+
+
+def logprob_outputs(model: LlmModel, inputs: Mapping[str, Array], asked: bool) -> tuple[bool, bool]:
+    """Whether the request gets `logprobs` and `cumulative_logprob`: its flag set true
+    where the config declares the flag (Triton's vLLM backend's rule: then "null" and NaN
+    when the sampling parameters ask for no `logprobs`); without the flag, whenever they
+    do (`asked`)."""
+    return (
+        bool(_flag(inputs.get("return_logprobs"), "return_logprobs", None))
+        if "logprobs" in model.opt_in
+        else asked,
+        bool(_flag(inputs.get("return_cumulative_logprob"), "return_cumulative_logprob", None))
+        if "cumulative_logprob" in model.opt_in
+        else asked,
+    )
 
 
 def _refuse_what_cannot_fit(

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ge_serve.backends.base import ResponseSink
+from ge_serve.backends.llm.logprobs import TokenLogprobs
 from ge_serve.backends.llm.sampling import Sampler, SamplingParams
 from ge_serve.backends.llm.text import Detokenizer, StopStrings
 
@@ -62,6 +63,11 @@ class Sequence:
     reason: bool = True
     input_count: bool = True
     output_count: bool = True
+    # The request's log probabilities (its sampling `logprobs`; None: not asked for), and
+    # whether its responses carry `logprobs` / `cumulative_logprob` (the return_* flags).
+    logprobs: TokenLogprobs | None = None
+    send_logprobs: bool = False
+    send_cumulative: bool = False
     # The request's timings, which the core's statistics read once it is answered.
     timings: Timings = field(default_factory=Timings)
 
@@ -91,4 +97,17 @@ class Sequence:
         if self.reason and (self.reason_always or (final and self.finish_reason)):
             reason = self.finish_reason if final else None
             outputs["finish_reason"] = np.array([str(reason).encode()], dtype=object)
+        if self.send_logprobs or self.send_cumulative:
+            self._add_logprobs(outputs)
         return outputs
+
+    def _add_logprobs(self, outputs: dict[str, Any]) -> None:
+        """Triton's vLLM backend's: the JSON of this response's tokens ("null" without
+        sampling `logprobs`), and the running sum (NaN, its float32 of None, without)."""
+        found = self.logprobs
+        if self.send_logprobs:
+            text = found.take() if found is not None else b"null"
+            outputs["logprobs"] = np.array([text], dtype=object)
+        if self.send_cumulative:
+            total = found.cumulative if found is not None else float("nan")
+            outputs["cumulative_logprob"] = np.array([total], dtype=np.float32)

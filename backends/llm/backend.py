@@ -41,10 +41,15 @@ OPTIONAL_INPUTS = (
     "max_tokens",
     *RETURN_FLAGS,
 )
-OUTPUTS = ("text_output", "finish_reason", "num_input_tokens", "num_output_tokens", "output_ids")
-# Declared by Triton's vLLM backend's configs, but never sent: the engine computes no log
-# probabilities (a request setting their flag true is refused).
-UNSENT_OUTPUTS = ("cumulative_logprob", "logprobs")
+OUTPUTS = (
+    "text_output",
+    "finish_reason",
+    "num_input_tokens",
+    "num_output_tokens",
+    "output_ids",
+    "cumulative_logprob",
+    "logprobs",
+)
 _STRING, _BOOL = model_config_pb2.TYPE_STRING, model_config_pb2.TYPE_BOOL
 # What Triton's vLLM backend's auto-complete declares (its model.py), all dims [1] inputs.
 INTERFACE_INPUTS = (
@@ -219,7 +224,7 @@ def _check_config(config: model_config_pb2.ModelConfig) -> None:
     outputs = {o.name for o in config.output}
     if "text_output" not in outputs:
         raise ValueError("the config must declare output 'text_output' (TYPE_STRING, dims [-1])")
-    extra = sorted(outputs - {*OUTPUTS, *UNSENT_OUTPUTS})
+    extra = sorted(outputs - set(OUTPUTS))
     if extra:
         raise ValueError(f"the llm backend does not produce output(s) {extra}; it has {OUTPUTS}")
     flags = [i for i in config.input if i.name in RETURN_FLAGS]

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .logprobs import NO_PROMPT_LOGPROBS
 from .settings import SamplingDefaults
 
 
@@ -48,6 +49,9 @@ class SamplingParams:
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # vLLM's: the top-N log probabilities per sampled token (0: the sampled one's only,
+    # -1: the whole vocabulary); None: none computed.
+    logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -76,12 +80,11 @@ _NEUTRAL: dict[str, Any] = {
     "frequency_penalty": 0.0,
     "repetition_penalty": 1.0,
     "min_p": 0.0,
-    "logprobs": None,
     "prompt_logprobs": None,
     "spaces_between_special_tokens": True,
     "detokenize": True,
 }
-KNOWN_KEYS = frozenset((*_FLOATS, *_INTS, *_BOOLS, "stop", "stop_token_ids", *_NEUTRAL))
+KNOWN_KEYS = frozenset((*_FLOATS, *_INTS, *_BOOLS, "stop", "stop_token_ids", "logprobs", *_NEUTRAL))
 
 
 def sampling_params(
@@ -127,6 +130,13 @@ def _validated(values: dict[str, Any]) -> SamplingParams:
     for key in _BOOLS:
         if key in values:
             out[key] = _bool(key, values[key])
+    if values.get("prompt_logprobs") is not None:
+        raise SamplingError(NO_PROMPT_LOGPROBS)
+    logprobs = values.get("logprobs")
+    if logprobs is not None:
+        # vLLM's: true is 1 (its SamplingParams), false 0.
+        bool_given = isinstance(logprobs, bool)
+        out["logprobs"] = int(logprobs) if bool_given else _int("logprobs", logprobs)
     for key, neutral in _NEUTRAL.items():
         if (
             key in values

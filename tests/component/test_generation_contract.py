@@ -130,19 +130,6 @@ async def test_declared_flags_make_the_outputs_opt_in(tmp_path: Path) -> None:
         await scheduler.close(1)
 
 
-@pytest.mark.parametrize("flag", ["return_cumulative_logprob", "return_logprobs"])
-async def test_a_log_probability_flag_set_true_is_refused(tmp_path: Path, flag: str) -> None:
-    scheduler = engine(tmp_path, FLAGS)
-    try:
-        with pytest.raises(ServerError) as refused:
-            await ask(scheduler, stream=True, flags={flag: True})
-        assert refused.value.code is ErrorCode.INVALID_ARG
-        assert f"input '{flag}' is true" in refused.value.message
-        assert "log probabilities" in refused.value.message
-    finally:
-        await scheduler.close(1)
-
-
 async def test_a_stream_given_exclude_input_in_output_false_is_refused(tmp_path: Path) -> None:
     scheduler = engine(tmp_path)
     try:

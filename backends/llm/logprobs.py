@@ -1,0 +1,99 @@
+"""Log probabilities of the sampled tokens, as vLLM computes them and Triton's vLLM
+backend sends them.
+
+vLLM's default `logprobs_mode` is `raw_logprobs`: a log-softmax of the model's logits
+before temperature, top-k/top-p or any ban (min_tokens') touch them, so a token's
+logprob does not depend on how it was sampled. Per sampled token vLLM gives the sampled
+token's logprob and rank (its kernel counts the logits at or above the sampled one's:
+1 for the argmax), then the `logprobs` most likely tokens (torch.topk's order; here ties
+go to the lower id), ranked 1..N; a dict keyed by token id, the sampled token first, so
+one in the top N appears once, with its top-N rank. Each entry carries the token decoded
+alone (`tokenizer.decode([id])`, special tokens kept). `cumulative_logprob` is the sum
+of the sampled tokens' logprobs. Triton's vLLM backend sends, per response, the entries
+of the tokens that response adds as JSON (`logprobs`, "null" where the request asked
+for none) and the running sum (`cumulative_logprob`, NaN where none were asked for: its
+numpy float32 of vLLM's None).
+
+`prompt_logprobs` cannot be served: the step graph returns only the last position's
+logits per row (backends/llm/runner.py), never one row per prompt token.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .text import Tokenizer
+
+# vLLM's default --max-logprobs.
+MAX_LOGPROBS = 20
+NO_PROMPT_LOGPROBS = (
+    "prompt_logprobs is not supported: the llm engine's step graph gives the logits of "
+    "each sequence's last position only, so no prompt token's log probability is computed"
+)
+
+
+def check_count(value: int, vocab: int) -> None:
+    """vLLM's bounds for `logprobs` (its SamplingParams' checks and words): -1 is the
+    whole vocabulary; at most MAX_LOGPROBS. ValueError says what is wrong."""
+    if value < 0 and value != -1:
+        raise ValueError(f"logprobs must be non-negative or -1, got {value}.")
+    wanted = vocab if value == -1 else value
+    if wanted > MAX_LOGPROBS:
+        raise ValueError(
+            f"Requested sample logprobs of {wanted}, which is greater than max allowed: "
+            f"{MAX_LOGPROBS}"
+        )
+
+
+class TokenLogprobs:
+    """One sequence's log probabilities: an entry per generated token, the running sum,
+    and how many entries its responses have carried."""
+
+    __slots__ = ("cumulative", "entries", "sent", "tokenizer", "top")
+
+    def __init__(self, top: int, tokenizer: Tokenizer, vocab: int) -> None:
+        self.top = vocab if top == -1 else top
+        self.tokenizer = tokenizer
+        self.entries: list[dict[str, dict[str, Any]]] = []
+        self.cumulative = 0.0
+        self.sent = 0
+
+    def add(self, logits: npt.NDArray[np.float32], token: int) -> None:
+        """The entry of `token`, sampled from the raw `logits` row."""
+        row = logits.astype(np.float64)
+        peak = float(row.max())
+        lse = peak + math.log(float(np.exp(row - peak).sum()))
+        chosen = float(row[token])
+        logprob = chosen - lse
+        rank = int(np.count_nonzero(row >= chosen))
+        ids = [token]
+        ranks = [rank]
+        top = self.top
+        if top > 0:
+            size = row.shape[0]
+            part = np.argpartition(-row, top - 1)[:top] if top < size else np.arange(size)
+            # Highest first; stable on ids sorted ascending, so ties go to the lower id.
+            part = np.sort(part)
+            best = part[np.argsort(-row[part], kind="stable")]
+            ids.extend(int(i) for i in best)
+            ranks.extend(range(1, len(best) + 1))
+        entry: dict[str, dict[str, Any]] = {}
+        for token_id, token_rank in zip(ids, ranks, strict=True):
+            entry[str(token_id)] = {
+                "logprob": chosen - lse if token_id == token else float(row[token_id]) - lse,
+                "rank": token_rank,
+                "decoded_token": self.tokenizer.decode([token_id], skip_special_tokens=False),
+            }
+        self.entries.append(entry)
+        self.cumulative += logprob
+
+    def take(self) -> bytes:
+        """The JSON of the entries not sent yet (Triton's vLLM backend's per-response
+        delta); marks them sent."""
+        start, self.sent = self.sent, len(self.entries)
+        return json.dumps(self.entries[start:]).encode("utf-8")

@@ -1,0 +1,178 @@
+"""The `llm` engine's log probabilities against a numpy log-softmax of the reference's
+logits (tests/llama_reference.py), sent as Triton's vLLM backend sends them: per
+response, the JSON of its own tokens ({token_id: {logprob, rank, decoded_token}}) and the
+running `cumulative_logprob`; "null" and NaN where the sampling parameters ask for none.
+The tiny model (tests/llmrepo.py), driven in process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import llama_reference
+import llmrepo
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from recording_sink import RecordingSink
+
+from ge_serve.backends.base import ModelSpec, RequestContext
+from ge_serve.backends.llm.backend import MODEL_KEY, LlmBackend
+from ge_serve.protos import model_config_pb2
+from ge_serve.scheduler.generation import GenerationScheduler
+from ge_serve.scheduler.work import WorkItem
+from ge_serve.server.errors import ErrorCode, ServerError
+
+PROMPT = "Count me"
+TOKENS = 6
+FLAGS = ("return_logprobs", "return_cumulative_logprob", "return_num_output_tokens")
+
+
+def engine(tmp_path: Path) -> GenerationScheduler:
+    folder = llmrepo.write_tiny_llm(tmp_path, "m")
+    with (folder / "config.pbtxt").open("a") as config:
+        for name in FLAGS:
+            config.write(
+                f'input {{ name: "{name}" data_type: TYPE_BOOL dims: [ 1 ] optional: true }}\n'
+            )
+        config.write('output { name: "logprobs" data_type: TYPE_STRING dims: [ -1 ] }\n')
+        config.write('output { name: "cumulative_logprob" data_type: TYPE_FP32 dims: [ -1 ] }\n')
+    parsed = text_format.Parse(
+        (folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
+    spec = ModelSpec("m", 1, parsed, folder, folder / "1" / "model.onnx")
+    return GenerationScheduler(LlmBackend().load(spec).extra[MODEL_KEY])
+
+
+async def ask(
+    scheduler: GenerationScheduler, stream: bool, sampling: dict[str, Any], flags: bool = True
+) -> RecordingSink:
+    sink = RecordingSink()
+    inputs: dict[str, Any] = {
+        "text_input": np.array([PROMPT.encode()], dtype=object),
+        "max_tokens": np.array([TOKENS], np.int32),
+        "stream": np.array([stream]),
+        "sampling_parameters": np.array([json.dumps(sampling).encode()], dtype=object),
+    }
+    for name in FLAGS if flags else ():
+        inputs[name] = np.array([True])
+    context = RequestContext(responses=sink)
+    await scheduler.submit(WorkItem(inputs, 1, context=context))
+    for _ in range(600):
+        if sink.final:
+            break
+        await asyncio.sleep(0.01)
+    assert sink.final and not sink.errors, sink.errors
+    return sink
+
+
+def reference_logprobs(generated: list[int]) -> np.ndarray:
+    """log-softmax of the reference's logits at each generated position."""
+    model = llmrepo.tiny_model()
+    ids = llmrepo.prompt_ids(PROMPT) + generated
+    logits = llama_reference.forward(
+        model.weights, model.cfg, ids, first=len(ids) - 1 - len(generated)
+    )
+    logits = logits[: len(generated)]
+    peak = logits.max(-1, keepdims=True)
+    result: np.ndarray = logits - peak - np.log(np.exp(logits - peak).sum(-1, keepdims=True))
+    return result
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_logprobs_are_the_reference_log_softmax(tmp_path: Path, stream: bool) -> None:
+    scheduler = engine(tmp_path)
+    try:
+        sink = await ask(scheduler, stream, {"temperature": 0, "ignore_eos": True, "logprobs": 3})
+        entries: list[dict[str, Any]] = []
+        ids: list[int] = []
+        cumulative: list[float] = []
+        for response in sink.responses:
+            mine = json.loads(response["logprobs"][0])
+            assert len(mine) == int(response["num_output_tokens"][0])
+            assert [int(next(iter(e))) for e in mine] == list(response["output_ids"])
+            entries += mine
+            ids += [int(i) for i in response["output_ids"]]
+            cumulative.append(float(response["cumulative_logprob"][0]))
+        assert len(entries) == TOKENS and (len(sink.responses) > 1) == stream
+        expected = reference_logprobs(ids)
+        total = 0.0
+        for at, (token, entry) in enumerate(zip(ids, entries, strict=True)):
+            best = [int(i) for i in np.argsort(-expected[at], kind="stable")[:3]]
+            # Greedy: the sampled token is the top one, so it appears once, rank 1.
+            assert [int(k) for k in entry] == best and best[0] == token
+            assert [v["rank"] for v in entry.values()] == [1, 2, 3]
+            for key, value in entry.items():
+                assert value["logprob"] == pytest.approx(expected[at][int(key)], abs=1e-3)
+                assert value["logprob"] <= 0
+                assert value["decoded_token"] == llmrepo.byte_tokenizer().decode([int(key)])
+            total += entry[str(token)]["logprob"]
+        assert cumulative[-1] == pytest.approx(total, abs=1e-3)
+        assert cumulative == sorted(cumulative, reverse=True)
+    finally:
+        await scheduler.close(1)
+
+
+async def test_a_sampled_token_outside_the_top_n_comes_first_with_its_rank(
+    tmp_path: Path,
+) -> None:
+    scheduler = engine(tmp_path)
+    try:
+        sampling = {"temperature": 50, "seed": 7, "ignore_eos": True, "logprobs": 0}
+        sink = await ask(scheduler, False, sampling)
+        entries = json.loads(sink.responses[0]["logprobs"][0])
+        ids = [int(i) for i in sink.responses[0]["output_ids"]]
+        expected = reference_logprobs(ids)
+        ranks = []
+        for at, (token, entry) in enumerate(zip(ids, entries, strict=True)):
+            assert list(entry) == [str(token)]
+            rank = int(np.count_nonzero(expected[at] >= expected[at][token]))
+            assert entry[str(token)]["rank"] == rank
+            ranks.append(rank)
+        assert max(ranks) > 1  # so hot a temperature samples past the top token
+    finally:
+        await scheduler.close(1)
+
+
+async def test_flags_without_sampling_logprobs_send_null_and_nan(tmp_path: Path) -> None:
+    scheduler = engine(tmp_path)
+    try:
+        sink = await ask(scheduler, True, {"temperature": 0})
+        for response in sink.responses:
+            assert list(response["logprobs"]) == [b"null"]
+            assert math.isnan(float(response["cumulative_logprob"][0]))
+        # Flags left out: neither output, even with sampling logprobs.
+        plain = await ask(scheduler, True, {"temperature": 0, "logprobs": 1}, flags=False)
+        for response in plain.responses:
+            assert "logprobs" not in response and "cumulative_logprob" not in response
+    finally:
+        await scheduler.close(1)
+
+
+@pytest.mark.parametrize(
+    ("sampling", "message"),
+    [
+        (
+            {"logprobs": 21},
+            "Requested sample logprobs of 21, which is greater than max allowed: 20",
+        ),
+        ({"logprobs": -1}, "Requested sample logprobs of 320, which is greater than max allowed"),
+        ({"logprobs": -2}, "logprobs must be non-negative or -1, got -2."),
+        ({"logprobs": "x"}, "logprobs must be an integer"),
+        ({"prompt_logprobs": 1}, "prompt_logprobs is not supported: the llm engine's step graph"),
+    ],
+)
+async def test_logprobs_out_of_bounds_are_refused(
+    tmp_path: Path, sampling: dict[str, Any], message: str
+) -> None:
+    scheduler = engine(tmp_path)
+    try:
+        with pytest.raises(ServerError) as refused:
+            await ask(scheduler, True, sampling)
+        assert refused.value.code is ErrorCode.INVALID_ARG
+        assert message in refused.value.message
+    finally:
+        await scheduler.close(1)
