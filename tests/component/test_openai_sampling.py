@@ -226,7 +226,8 @@ def test_the_keys_passed_on_are_those_the_llm_engine_implements() -> None:
     for key, rule in KEYS.items():
         if key in sampling._NEUTRAL:
             assert sampling._NEUTRAL[key] in rule.neutral, key
-    assert set(KEYS) == {"max_tokens", *SAMPLING_KEYS}
+    # `logprobs`: from chat's `top_logprobs` or completions' `logprobs` (logprob_count).
+    assert set(KEYS) == {"max_tokens", "logprobs", *SAMPLING_KEYS}
 
 
 REFUSED: list[tuple[str, object, str | None]] = [

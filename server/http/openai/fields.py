@@ -45,8 +45,9 @@ NEVER_SERVED = {
     "guided_choice": "guided decoding",
     "guided_grammar": "guided decoding",
     "structured_outputs": "guided decoding",
-    "prompt_logprobs": "logprobs",
-    "logprob_token_ids": "logprobs",
+    "prompt_logprobs": "the prompt's log probabilities: the llm engine computes only "
+    "those of generated tokens",
+    "logprob_token_ids": "log probabilities of chosen tokens",
     "prompt_embeds": "prompt embeddings",
     "repetition_detection": "repetition detection",
     "truncation_side": "prompt truncation side",

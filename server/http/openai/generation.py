@@ -43,6 +43,7 @@ from ge_serve.server.inference.wire import bytes_elements, object_array
 
 from .catalog import TEXT_INPUT, TEXT_OUTPUT
 from .errors import OpenAIError, from_server_error, unsupported
+from .logprobs import Entry, parse
 
 STREAM = "stream"
 SAMPLING = "sampling_parameters"
@@ -51,6 +52,9 @@ MAX_TOKENS = "max_tokens"
 # Asked of a model that has them, as Triton's frontend asks: the finish reason and the
 # token counts of `usage`.
 COUNT_REQUESTS = ("return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
+# Asked, with the sampling key `logprobs`, where the client asked for log probabilities.
+LOGPROBS = "logprobs"
+RETURN_LOGPROBS = "return_logprobs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +81,8 @@ KEYS: dict[str, Key] = {
     "stop_token_ids": Key(engine=True, neutral=([],)),
     "include_stop_str_in_output": Key(engine=True, neutral=(False,)),
     "skip_special_tokens": Key(engine=True, neutral=(True,)),
+    # Chat's `top_logprobs` (with `logprobs`), completions' `logprobs`: vLLM's key.
+    LOGPROBS: Key(engine=True),
     # Not implemented by the engine (it takes them only at these values).
     "presence_penalty": Key(engine=False, neutral=(0,)),
     "frequency_penalty": Key(engine=False, neutral=(0,)),
@@ -97,6 +103,8 @@ class Piece:
 
     text: str
     finish_reason: str | None = None
+    # The `logprobs` output's entries for this response's tokens (logprobs.py), if any.
+    logprobs: list[Entry] | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
 
@@ -134,9 +142,15 @@ def build_request(
     for name, value in ((STREAM, stream), (EXCLUDE_INPUT, True)):
         if name in inputs:
             tensors.append(_tensor(model, inputs[name], [value]))
-    for name in COUNT_REQUESTS:
+    asked = (*COUNT_REQUESTS, RETURN_LOGPROBS) if LOGPROBS in given else COUNT_REQUESTS
+    for name in asked:
         if name in inputs and inputs[name].datatype is DataType.BOOL:
             tensors.append(_tensor(model, inputs[name], [True]))
+    if LOGPROBS in given and LOGPROBS not in model.outputs:
+        raise unsupported(
+            LOGPROBS,
+            f"The model '{model.name}' gives no log probabilities: it has no '{LOGPROBS}' output",
+        )
     document: dict[str, Any] = {}
     sent: set[str] = set()
     values = dict(given)
@@ -244,6 +258,9 @@ def piece_of(response: InferResponse) -> Piece:
     outputs = {tensor.name: tensor for tensor in response.outputs}
     text = outputs.get(TEXT_OUTPUT)
     piece = Piece(b"".join(bytes_elements(text.data)).decode("utf-8", "replace") if text else "")
+    found_logprobs = outputs.get(LOGPROBS)
+    if found_logprobs is not None and found_logprobs.data.size:
+        piece.logprobs = parse(bytes_elements(found_logprobs.data)[0])
     reason = outputs.get("finish_reason")
     if reason is not None:
         found = b"".join(bytes_elements(reason.data)).decode("utf-8", "replace")
@@ -285,13 +302,15 @@ async def pieces(
 
 async def collect(
     core: InferenceServer, request: InferRequest, params: Params
-) -> tuple[str, str, Usage]:
-    """The whole answer: its text, finish reason and usage."""
+) -> tuple[str, str, Usage, list[Entry]]:
+    """The whole answer: its text, finish reason, usage and logprobs entries."""
     texts: list[str] = []
     usage = Usage()
     reason: str | None = None
+    entries: list[Entry] = []
     async for piece in pieces(core, request, params):
         texts.append(piece.text)
         usage.add(piece)
         reason = piece.finish_reason or reason
-    return "".join(texts), reason or "stop", usage
+        entries += piece.logprobs or ()
+    return "".join(texts), reason or "stop", usage, entries

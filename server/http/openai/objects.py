@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from .generation import Usage
+from .logprobs import Entry, Logprobs
 
 
 def sse(data: dict[str, Any]) -> bytes:
@@ -49,6 +50,8 @@ class Answer:
     # The client's `X-Request-Id` or `request_id` (vLLM's), else a fresh one; prefixed as
     # OpenAI's ids are.
     id: str = ""
+    # Where the client asked for log probabilities: how many, and the stream's offsets.
+    logprobs: Logprobs | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
@@ -63,7 +66,12 @@ class Answer:
             "choices": choices,
         }
 
-    def whole(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+    def _logprobs(self, entries: list[Entry] | None) -> dict[str, Any] | None:
+        return self.logprobs.of(entries) if self.logprobs and entries is not None else None
+
+    def whole(
+        self, text: str, finish_reason: str, usage: Usage, entries: list[Entry] | None = None
+    ) -> dict[str, Any]:
         """The non-streamed answer."""
         if self.echo_only:
             text = ""
@@ -71,7 +79,7 @@ class Answer:
             choice: dict[str, Any] = {
                 "index": 0,
                 "message": {"role": self.role, "content": self.echo + text},
-                "logprobs": None,
+                "logprobs": self._logprobs(entries),
                 "finish_reason": finish_reason,
             }
             kind = "chat.completion"
@@ -79,7 +87,7 @@ class Answer:
             choice = {
                 "index": 0,
                 "text": self.echo + text,
-                "logprobs": None,
+                "logprobs": self._logprobs(entries),
                 "finish_reason": finish_reason,
             }
             kind = "text_completion"
@@ -91,9 +99,11 @@ class Answer:
         finish_reason: str | None = None,
         first: bool = False,
         usage: Usage | None = None,
+        entries: list[Entry] | None = None,
     ) -> bytes:
         """One streamed chunk: a text delta (None: none), or the closing finish reason;
-        `usage`, the usage so far, for `continuous_usage`."""
+        `usage`, the usage so far, for `continuous_usage`; `entries`, its tokens'
+        logprobs."""
         if self.chat:
             delta: dict[str, Any] = {}
             if first:
@@ -105,7 +115,7 @@ class Answer:
         else:
             choice = {"index": 0, "text": text or ""}
             kind = "text_completion"
-        choice["logprobs"] = None
+        choice["logprobs"] = self._logprobs(entries)
         choice["finish_reason"] = finish_reason
         data = self._object(kind, [choice])
         if self.include_usage:

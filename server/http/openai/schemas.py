@@ -10,7 +10,7 @@ Fields follow OpenAI's API reference and vLLM's extensions of it (vLLM's
 `ChatCompletionRequest` and `CompletionRequest`, which most OpenAI-compatible clients are
 tested against). Types are strict (JSON `"1"` is not a number, `1.0` is not an integer;
 an integer is a valid float). A field whose silent loss would change the answer (tools,
-logprobs, n > 1, JSON response formats, guided decoding, token-id prompts, a request's
+prompt logprobs, n > 1, JSON response formats, guided decoding, token-id prompts, a request's
 own chat template...) is a 400 that names the parameter (`refuse_unsupported`), except at
 the value that changes nothing (vLLM's default). Fields that change nothing here (vLLM's
 cache salt, disaggregation and scheduling hints...) and fields neither knows are ignored.
@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from . import fields
 from .errors import OpenAIError, unsupported
 from .fields import DEFAULT_ONLY, NEVER_SERVED, SAMPLING_KEYS, SERVER_VARIABLES, refuse_by_table
+from .logprobs import check_chat, check_completion
 
 M = TypeVar("M", bound="Body")
 
@@ -206,6 +207,10 @@ class Sampling(Body):
         """The client's `max_tokens`; None where it set none."""
         return self.max_tokens
 
+    def logprob_count(self) -> int | None:
+        """vLLM's sampling `logprobs` for the request; None: none asked for."""
+        return None
+
     def sampling(self) -> dict[str, Any]:
         """The sampling parameters the client set, by vLLM's keys; a model gets its own
         defaults for the rest (`max_tokens`, unset, is `default_max_tokens`)."""
@@ -217,6 +222,8 @@ class Sampling(Body):
             value = self.stops() if key == "stop" and self.stop is not None else getattr(self, key)
             if value is not None:
                 params[key] = value
+        if (count := self.logprob_count()) is not None:
+            params["logprobs"] = count
         return params
 
 
@@ -251,9 +258,7 @@ class ChatCompletionRequest(Sampling):
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
         self._refuse_template_controls()
-        if self.logprobs or self.top_logprobs is not None:
-            param = "logprobs" if self.logprobs else "top_logprobs"
-            raise unsupported(param, "logprobs are not supported")
+        check_chat(self.logprobs, self.top_logprobs)
         if self.response_format is not None and self.response_format.type != "text":
             raise unsupported("response_format", "Only response_format type 'text' is supported")
         for name in ("tools", "functions"):
@@ -333,6 +338,10 @@ class ChatCompletionRequest(Sampling):
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def logprob_count(self) -> int | None:
+        # vLLM's: `top_logprobs` (0 unset) where `logprobs` is true.
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 # OpenAI's (and vLLM's) default for /v1/completions, where the model's own applies to chat.
 COMPLETION_DEFAULT_MAX_TOKENS = 16
@@ -380,8 +389,10 @@ class CompletionRequest(Sampling):
             raise unsupported("suffix", "'suffix' is not supported")
         if self.best_of not in (None, 1):
             raise unsupported("best_of", "Only best_of=1 is supported")
-        if self.logprobs is not None:
-            raise unsupported("logprobs", "logprobs are not supported")
+        check_completion(self.logprobs, self.echo)
+
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
     def echo_only(self) -> bool:
         """vLLM's `echo` with `max_tokens: 0`: the model runs for one token (which counts

@@ -32,6 +32,7 @@ from ..disconnects import until_disconnect
 from .catalog import Catalog, text_generation
 from .errors import CONTEXT_LENGTH_EXCEEDED, SERVER_ERROR, OpenAIError
 from .generation import Params, Piece, Usage, build_request, collect, pieces
+from .logprobs import Entry, Logprobs
 from .objects import DONE, Answer, sse
 from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
 from .template import render_request
@@ -58,6 +59,8 @@ async def chat_completion(
     else:
         prompt = render_request(generation, body)
     answer = _identity(request, body, chat=True, role=body.answer_role(), echo=body.echoed())
+    count = body.logprob_count()
+    answer.logprobs = None if count is None else Logprobs(True, count)
     return await _answer(catalog, request, model, body, prompt, answer)
 
 
@@ -69,6 +72,7 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
     prompt = body.text()
     answer = _identity(request, body, chat=False, echo=prompt if body.echo else "")
     answer.echo_only = body.echo_only()
+    answer.logprobs = None if body.logprobs is None else Logprobs(False, body.logprobs)
     return await _answer(catalog, request, model, body, prompt, answer)
 
 
@@ -128,11 +132,12 @@ async def _answer(
     )
     params = Params("messages" if answer.chat else "prompt", sent)
     if not stream:
-        text, reason, usage = await until_disconnect(
+        text, reason, usage, entries = await until_disconnect(
             request, collect(catalog.core, infer_request, params)
         )
         return Response(
-            orjson.dumps(answer.whole(text, reason, usage)), media_type="application/json"
+            orjson.dumps(answer.whole(text, reason, usage, entries)),
+            media_type="application/json",
         )
     return await _stream(catalog, request, infer_request, params, answer)
 
@@ -172,15 +177,21 @@ async def _events(
             if echo:
                 yield answer.chunk(echo, usage=opening)
             echo = ""
+        # Log probabilities of tokens whose response had no text (the EOS) go with the
+        # next chunk, the closing one at the latest, as vLLM's closing chunk has its last's.
+        held: list[Entry] | None = [] if answer.logprobs else None
         try:
             piece = first
             while piece is not None:
                 usage.add(piece)
                 reason = piece.finish_reason or reason
                 text = echo + ("" if answer.echo_only else piece.text)
+                if held is not None:
+                    held += piece.logprobs or ()
                 if text:
-                    yield answer.chunk(text, usage=usage)
+                    yield answer.chunk(text, usage=usage, entries=held)
                     echo = ""
+                    held = [] if held is not None else None
                 piece = await anext(rest, None)
             if echo:  # the model answered with no response at all
                 yield answer.chunk(echo, usage=usage)
@@ -191,7 +202,12 @@ async def _events(
             log.exception("the stream of %s failed", answer.id)
             yield sse(OpenAIError(f"internal error: {exc}", status=500, kind=SERVER_ERROR).body())
             return
-    yield answer.chunk(None if answer.chat else "", finish_reason=reason or "stop", usage=usage)
+    yield answer.chunk(
+        None if answer.chat else "",
+        finish_reason=reason or "stop",
+        usage=usage,
+        entries=held or None,
+    )
     if answer.include_usage:
         yield answer.usage_chunk(usage)
     yield DONE

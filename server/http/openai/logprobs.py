@@ -1,0 +1,147 @@
+"""OpenAI's logprobs objects, made from the `logprobs` output of a generative model (Triton's
+vLLM backend's JSON: per response, one {token_id: {logprob, rank, decoded_token}} per
+new token, the sampled token first, then the top N), as vLLM's OpenAI server makes them
+from its engine's dicts (where Triton's front end differs, sorting by rank, vLLM's is
+taken: the sampled token first).
+
+- chat: `content`, one {token, logprob, bytes, top_logprobs} per token, `top_logprobs`
+  the first `top_logprobs` entries of its dict ({token, logprob, bytes});
+- completions: `tokens`, `token_logprobs`, `top_logprobs` (per token, a dict of the first
+  `logprobs + 1` entries, token to logprob) and `text_offset` (where each token's text
+  begins in the answer's text, counted on from the chunks before).
+
+Logprobs are floored at -9999.0, as vLLM floors them (JSON has no -inf).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .errors import OpenAIError, unsupported
+
+# vLLM's floor for a logprob (its -inf).
+FLOOR = -9999.0
+Entry = dict[str, dict[str, Any]]
+
+
+def parse(raw: bytes) -> list[Entry] | None:
+    """The entries of one response's `logprobs` output; None for "null" or anything that
+    is not the vLLM backend's list of dicts."""
+    try:
+        found = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(found, list) or not all(isinstance(e, dict) for e in found):
+        return None
+    return found
+
+
+def _token(value: dict[str, Any]) -> str:
+    token = value.get("decoded_token")
+    return token if isinstance(token, str) else ""
+
+
+def _logprob(value: dict[str, Any]) -> float:
+    number = value.get("logprob")
+    return max(float(number), FLOOR) if isinstance(number, int | float) else FLOOR
+
+
+def _bytes(text: str) -> list[int]:
+    return list(text.encode("utf-8", errors="replace"))
+
+
+def chat_content(entries: list[Entry], top: int) -> list[dict[str, Any]]:
+    """Chat's `logprobs.content` for the tokens of `entries`."""
+    content: list[dict[str, Any]] = []
+    for entry in entries:
+        values = list(entry.values())
+        if not values:
+            continue
+        chosen = values[0]
+        token = _token(chosen)
+        content.append(
+            {
+                "token": token,
+                "logprob": _logprob(chosen),
+                "bytes": _bytes(token),
+                "top_logprobs": [
+                    {"token": _token(v), "logprob": _logprob(v), "bytes": _bytes(_token(v))}
+                    for v in (values if top == -1 else values[:top])
+                ],
+            }
+        )
+    return content
+
+
+def completion_logprobs(entries: list[Entry], count: int, offset: int) -> dict[str, Any]:
+    """Completions' `logprobs` object for the tokens of `entries`, the first token's text
+    beginning at `offset` in the answer."""
+    tokens: list[str] = []
+    token_logprobs: list[float] = []
+    tops: list[dict[str, float]] = []
+    offsets: list[int] = []
+    for entry in entries:
+        values = list(entry.values())
+        if not values:
+            continue
+        token = _token(values[0])
+        tokens.append(token)
+        token_logprobs.append(_logprob(values[0]))
+        shown = values if count == -1 else values[: count + 1]
+        tops.append({_token(v): _logprob(v) for v in shown})
+        offsets.append(offset)
+        offset += len(token)
+    return {
+        "text_offset": offsets,
+        "token_logprobs": token_logprobs,
+        "tokens": tokens,
+        "top_logprobs": tops,
+    }
+
+
+def check_chat(logprobs: bool | None, top: int | None) -> None:
+    """vLLM's checks of chat's `logprobs` and `top_logprobs`, in its words."""
+    if top is not None and top < 0 and top != -1:
+        raise OpenAIError("`top_logprobs` must be a positive value or -1.", param="top_logprobs")
+    if top is not None and top != 0 and not logprobs:
+        raise OpenAIError(
+            "when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs"
+        )
+
+
+def check_completion(logprobs: int | None, echo: bool | None) -> None:
+    """vLLM's check of completions' `logprobs`, and the refusal of `echo` with it: vLLM
+    answers the echoed prompt's tokens with their log probabilities, which need logits
+    at every prompt position, and the llm engine's step graph gives only the last's."""
+    if logprobs is None:
+        return
+    if logprobs < 0 and logprobs != -1:
+        raise OpenAIError("`logprobs` must be a positive value or -1.", param="logprobs")
+    if echo:
+        raise unsupported(
+            "echo",
+            "`echo` with `logprobs` is not supported: it asks for the prompt's log "
+            "probabilities, and the engine computes those of generated tokens only",
+        )
+
+
+class Logprobs:
+    """What one answer asks of logprobs (chat's `top_logprobs`, or completions'
+    `logprobs`), and, streamed, where the next chunk's tokens begin."""
+
+    __slots__ = ("chat", "count", "offset")
+
+    def __init__(self, chat: bool, count: int) -> None:
+        self.chat = chat
+        self.count = count
+        self.offset = 0
+
+    def of(self, entries: list[Entry]) -> dict[str, Any]:
+        """The `logprobs` object of a choice holding `entries`' tokens (the whole
+        answer's, or one chunk's: completions' offsets count on from the chunks before)."""
+        if self.chat:
+            return {"content": chat_content(entries, self.count)}
+        made = completion_logprobs(entries, self.count, self.offset)
+        self.offset += sum(len(t) for t in made["tokens"])
+        return made
