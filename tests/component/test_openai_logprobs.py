@@ -113,6 +113,12 @@ async def test_chat_logprobs_hold_the_sampled_token_and_the_top_n(http: httpx.As
     assert [c["top_logprobs"] for c in bare["choices"][0]["logprobs"]["content"]] == [[]] * TOKENS
     plain = await post(http, "/v1/chat/completions", messages=CHAT)
     assert plain["choices"][0]["logprobs"] is None
+    # vLLM's return_tokens_as_token_ids: the tokens as `token_id:<id>`.
+    as_ids = await post(
+        http, "/v1/completions", prompt=PROMPT, logprobs=0, return_tokens_as_token_ids=True
+    )
+    expected = [f"token_id:{i}" for i in llmrepo.reference_ids(PROMPT, TOKENS)]
+    assert as_ids["choices"][0]["logprobs"]["tokens"] == expected
     streamed = await chunks(
         http, "/v1/chat/completions", messages=CHAT, logprobs=True, top_logprobs=3
     )

@@ -142,6 +142,33 @@ def test_a_config_without_an_interface_gets_the_vllm_backends(server: ServerProc
     assert answer["finish_reason"] == ("length" if tokens == 6 else "stop")
 
 
+def test_v2_generate_gives_the_vllm_backends_logprobs(server: ServerProcess) -> None:
+    """return_logprobs / return_cumulative_logprob with sampling `logprobs`: per response,
+    the JSON of its tokens' {token_id: {logprob, rank, decoded_token}}, and the sum."""
+    url = f"{server.base_url}/v2/models/{MINIMAL}/generate"
+    sampling = json.dumps({"temperature": 0, "logprobs": 2, "max_tokens": 4, "ignore_eos": True})
+    body = {
+        "text_input": "Minimal",
+        "sampling_parameters": sampling,
+        "return_logprobs": True,
+        "return_cumulative_logprob": True,
+    }
+    answer = httpx.post(url, json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    found = answer.json()
+    entries = json.loads(found["logprobs"])
+    assert [int(next(iter(e))) for e in entries] == llmrepo.reference_ids("Minimal", 4)
+    for entry in entries:
+        assert 2 <= len(entry) <= 3
+        assert next(iter(entry.values()))["rank"] == 1  # greedy: the argmax
+        assert set(next(iter(entry.values()))) == {"logprob", "rank", "decoded_token"}
+    total = sum(next(iter(e.values()))["logprob"] for e in entries)
+    assert found["cumulative_logprob"] == pytest.approx(total, abs=1e-4)
+    # The flag without sampling logprobs: "null", as the vLLM backend sends it.
+    body["sampling_parameters"] = GREEDY
+    assert httpx.post(url, json=body, timeout=30).json()["logprobs"] == "null"
+
+
 async def test_sixteen_concurrent_streams_equal_the_reference(server: ServerProcess) -> None:
     texts = prompts(16)
     async with httpx.AsyncClient(timeout=120) as client:

@@ -37,7 +37,10 @@ def parse(raw: bytes) -> list[Entry] | None:
     return found
 
 
-def _token(value: dict[str, Any]) -> str:
+def _token(key: str, value: dict[str, Any], as_ids: bool) -> str:
+    """The token's text, or vLLM's `token_id:<id>` (its `return_tokens_as_token_ids`)."""
+    if as_ids:
+        return f"token_id:{key}"
     token = value.get("decoded_token")
     return token if isinstance(token, str) else ""
 
@@ -51,30 +54,31 @@ def _bytes(text: str) -> list[int]:
     return list(text.encode("utf-8", errors="replace"))
 
 
-def chat_content(entries: list[Entry], top: int) -> list[dict[str, Any]]:
+def chat_content(entries: list[Entry], top: int, as_ids: bool = False) -> list[dict[str, Any]]:
     """Chat's `logprobs.content` for the tokens of `entries`."""
     content: list[dict[str, Any]] = []
     for entry in entries:
-        values = list(entry.values())
-        if not values:
+        items = [(_token(k, v, as_ids), _logprob(v)) for k, v in entry.items()]
+        if not items:
             continue
-        chosen = values[0]
-        token = _token(chosen)
+        token, logprob = items[0]
         content.append(
             {
                 "token": token,
-                "logprob": _logprob(chosen),
+                "logprob": logprob,
                 "bytes": _bytes(token),
                 "top_logprobs": [
-                    {"token": _token(v), "logprob": _logprob(v), "bytes": _bytes(_token(v))}
-                    for v in (values if top == -1 else values[:top])
+                    {"token": t, "logprob": lp, "bytes": _bytes(t)}
+                    for t, lp in (items if top == -1 else items[:top])
                 ],
             }
         )
     return content
 
 
-def completion_logprobs(entries: list[Entry], count: int, offset: int) -> dict[str, Any]:
+def completion_logprobs(
+    entries: list[Entry], count: int, offset: int, as_ids: bool = False
+) -> dict[str, Any]:
     """Completions' `logprobs` object for the tokens of `entries`, the first token's text
     beginning at `offset` in the answer."""
     tokens: list[str] = []
@@ -82,14 +86,13 @@ def completion_logprobs(entries: list[Entry], count: int, offset: int) -> dict[s
     tops: list[dict[str, float]] = []
     offsets: list[int] = []
     for entry in entries:
-        values = list(entry.values())
-        if not values:
+        items = [(_token(k, v, as_ids), _logprob(v)) for k, v in entry.items()]
+        if not items:
             continue
-        token = _token(values[0])
+        token = items[0][0]
         tokens.append(token)
-        token_logprobs.append(_logprob(values[0]))
-        shown = values if count == -1 else values[: count + 1]
-        tops.append({_token(v): _logprob(v) for v in shown})
+        token_logprobs.append(items[0][1])
+        tops.append(dict(items if count == -1 else items[: count + 1]))
         offsets.append(offset)
         offset += len(token)
     return {
@@ -130,18 +133,20 @@ class Logprobs:
     """What one answer asks of logprobs (chat's `top_logprobs`, or completions'
     `logprobs`), and, streamed, where the next chunk's tokens begin."""
 
-    __slots__ = ("chat", "count", "offset")
+    __slots__ = ("as_ids", "chat", "count", "offset")
 
-    def __init__(self, chat: bool, count: int) -> None:
+    def __init__(self, chat: bool, count: int, as_ids: bool = False) -> None:
         self.chat = chat
         self.count = count
+        # vLLM's `return_tokens_as_token_ids`: tokens as `token_id:<id>`.
+        self.as_ids = as_ids
         self.offset = 0
 
     def of(self, entries: list[Entry]) -> dict[str, Any]:
         """The `logprobs` object of a choice holding `entries`' tokens (the whole
         answer's, or one chunk's: completions' offsets count on from the chunks before)."""
         if self.chat:
-            return {"content": chat_content(entries, self.count)}
-        made = completion_logprobs(entries, self.count, self.offset)
+            return {"content": chat_content(entries, self.count, self.as_ids)}
+        made = completion_logprobs(entries, self.count, self.offset, self.as_ids)
         self.offset += sum(len(t) for t in made["tokens"])
         return made

@@ -151,6 +151,7 @@ class Sampling(Body):
     truncation_side: Any = None
     logits_processors: Any = None
     return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
     watermarking: bool | None = None
     priority: int | None = None
     thinking_token_budget: int | None = None

@@ -60,7 +60,8 @@ async def chat_completion(
         prompt = render_request(generation, body)
     answer = _identity(request, body, chat=True, role=body.answer_role(), echo=body.echoed())
     count = body.logprob_count()
-    answer.logprobs = None if count is None else Logprobs(True, count)
+    as_ids = bool(body.return_tokens_as_token_ids)
+    answer.logprobs = None if count is None else Logprobs(True, count, as_ids)
     return await _answer(catalog, request, model, body, prompt, answer)
 
 
@@ -72,7 +73,8 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
     prompt = body.text()
     answer = _identity(request, body, chat=False, echo=prompt if body.echo else "")
     answer.echo_only = body.echo_only()
-    answer.logprobs = None if body.logprobs is None else Logprobs(False, body.logprobs)
+    as_ids = bool(body.return_tokens_as_token_ids)
+    answer.logprobs = None if body.logprobs is None else Logprobs(False, body.logprobs, as_ids)
     return await _answer(catalog, request, model, body, prompt, answer)
 
 
