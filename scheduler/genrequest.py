@@ -75,7 +75,7 @@ def read_sequence(
     vocab = model.runner.shape.vocab
     if params.logprobs is not None:
         try:
-            check_count(params.logprobs, vocab)
+            check_count(params.logprobs, vocab, settings.max_logprobs)
         except ValueError as exc:
             raise invalid_arg(str(exc)) from None
     send_logprobs, send_cumulative = logprob_outputs(model, inputs, params.logprobs is not None)

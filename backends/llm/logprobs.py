@@ -8,11 +8,14 @@ token's logprob and rank (its kernel counts the logits at or above the sampled o
 1 for the argmax), then the `logprobs` most likely tokens (torch.topk's order; here ties
 go to the lower id), ranked 1..N; a dict keyed by token id, the sampled token first, so
 one in the top N appears once, with its top-N rank. Each entry carries the token decoded
-alone (`tokenizer.decode([id])`, special tokens kept). `cumulative_logprob` is the sum
-of the sampled tokens' logprobs. Triton's vLLM backend sends, per response, the entries
-of the tokens that response adds as JSON (`logprobs`, "null" where the request asked
-for none) and the running sum (`cumulative_logprob`, NaN where none were asked for: its
-numpy float32 of vLLM's None).
+alone (`tokenizer.decode([id])`, special tokens kept); one that decodes to a character
+cut short (U+FFFD at the end: a byte-fallback piece) is decoded after up to 4 of the
+sampled tokens before it, as vLLM repairs it: the whole character on the token that
+completes it, "" on those before, so a response's tokens spell its text.
+`cumulative_logprob` is the sum of the sampled tokens' logprobs. Triton's vLLM backend
+sends, per response, the entries of the tokens that response adds as JSON (`logprobs`,
+"null" where the request asked for none) and the running sum (`cumulative_logprob`,
+NaN where none were asked for: its numpy float32 of vLLM's None).
 
 `prompt_logprobs` cannot be served: the step graph returns only the last position's
 logits per row (backends/llm/runner.py), never one row per prompt token.
@@ -29,24 +32,28 @@ import numpy.typing as npt
 
 from .text import Tokenizer
 
-# vLLM's default --max-logprobs.
-MAX_LOGPROBS = 20
+# What a token cut inside a character decodes to, and how many tokens back vLLM looks to
+# complete it (enough for any UTF-8 character).
+_CUT = "\ufffd"
+_CONTEXT = 4
+
 NO_PROMPT_LOGPROBS = (
     "prompt_logprobs is not supported: the llm engine's step graph gives the logits of "
     "each sequence's last position only, so no prompt token's log probability is computed"
 )
 
 
-def check_count(value: int, vocab: int) -> None:
+def check_count(value: int, vocab: int, limit: int) -> None:
     """vLLM's bounds for `logprobs` (its SamplingParams' checks and words): -1 is the
-    whole vocabulary; at most MAX_LOGPROBS. ValueError says what is wrong."""
+    whole vocabulary; at most `limit` (the model's `max_logprobs`, vLLM's --max-logprobs:
+    20 unless set; -1, the vocabulary). ValueError says what is wrong."""
     if value < 0 and value != -1:
         raise ValueError(f"logprobs must be non-negative or -1, got {value}.")
     wanted = vocab if value == -1 else value
-    if wanted > MAX_LOGPROBS:
+    allowed = vocab if limit == -1 else limit
+    if wanted > allowed:
         raise ValueError(
-            f"Requested sample logprobs of {wanted}, which is greater than max allowed: "
-            f"{MAX_LOGPROBS}"
+            f"Requested sample logprobs of {wanted}, which is greater than max allowed: {allowed}"
         )
 
 
@@ -54,7 +61,7 @@ class TokenLogprobs:
     """One sequence's log probabilities: an entry per generated token, the running sum,
     and how many entries its responses have carried."""
 
-    __slots__ = ("cumulative", "entries", "sent", "tokenizer", "top")
+    __slots__ = ("context", "cumulative", "entries", "sent", "tokenizer", "top")
 
     def __init__(self, top: int, tokenizer: Tokenizer, vocab: int) -> None:
         self.top = vocab if top == -1 else top
@@ -62,6 +69,8 @@ class TokenLogprobs:
         self.entries: list[dict[str, dict[str, Any]]] = []
         self.cumulative = 0.0
         self.sent = 0
+        # The last sampled tokens, oldest first: what a cut character is decoded after.
+        self.context: list[int] = []
 
     def add(self, logits: npt.NDArray[np.float32], token: int) -> None:
         """The entry of `token`, sampled from the raw `logits` row."""
@@ -87,10 +96,42 @@ class TokenLogprobs:
             entry[str(token_id)] = {
                 "logprob": chosen - lse if token_id == token else float(row[token_id]) - lse,
                 "rank": token_rank,
-                "decoded_token": self.tokenizer.decode([token_id], skip_special_tokens=False),
+                "decoded_token": self._decoded(token_id),
             }
         self.entries.append(entry)
         self.cumulative += logprob
+        self.context = [*self.context[-(_CONTEXT - 1) :], token]
+
+    def _decoded(self, token: int) -> str:
+        text = self._decode([token])
+        return self._completed(token) if text.endswith(_CUT) else text
+
+    def _completed(self, token: int) -> str:
+        """vLLM's repair of a token that decodes to a cut character: its text after the
+        fewest sampled tokens before it that complete the character, less what those
+        tokens' own texts already gave; "" where none complete it."""
+        context = self.context
+        for count in range(1, len(context) + 1):
+            before = context[-count:]
+            whole = self._decode([*before, token])
+            if whole.endswith(_CUT):
+                continue
+            clean = len(before)
+            while clean > 0 and self._decode([before[clean - 1]]).endswith(_CUT):
+                clean -= 1
+            prefix = self._decode(before[:clean]) if clean else ""
+            if whole.startswith(prefix):
+                return whole[len(prefix) :]
+            common = 0
+            for a, b in zip(prefix, whole, strict=False):
+                if a != b:
+                    break
+                common += 1
+            return whole[common:]
+        return ""
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def take(self) -> bytes:
         """The JSON of the entries not sent yet (Triton's vLLM backend's per-response

@@ -38,6 +38,7 @@ DEFAULTS: dict[str, str] = {
     "default_temperature": "1.0",
     "default_top_p": "1.0",
     "default_top_k": "0",
+    "max_logprobs": "20",
     "placement": "cpu",
     "npu_batch_gears": "",
     "npu_chunk_gears": "",
@@ -99,6 +100,8 @@ class EngineSettings:
     npu_block_gears: tuple[int, ...] = ()
     # New sequences share the held full blocks of their prompt's prefix (vLLM's name).
     enable_prefix_caching: bool = True
+    # vLLM's --max-logprobs: the most `logprobs` a request may ask (-1: the vocabulary).
+    max_logprobs: int = 20
 
     @property
     def blocks_per_sequence(self) -> int:
@@ -150,6 +153,7 @@ def parse_settings(
         ),
         placement=raw["placement"],
         enable_prefix_caching=_flag(raw, "enable_prefix_caching"),
+        max_logprobs=_integer(raw, "max_logprobs", -1),
     )
     settings = _with_gears(settings, raw)
     _check(settings)

@@ -75,7 +75,11 @@ async def test_completion_logprobs_are_the_reference_log_softmax(http: httpx.Asy
     generated = llmrepo.reference_ids(PROMPT, TOKENS)
     expected = reference(generated)
     tokenizer = llmrepo.byte_tokenizer()
-    assert found["tokens"] == [tokenizer.decode([i]) for i in generated]
+    alone = [tokenizer.decode([i]) for i in generated]
+    # A byte cut out of a character is repaired (the llm engine's tests check how).
+    assert [t for t, a in zip(found["tokens"], alone, strict=True) if not a.endswith("\ufffd")] == [
+        a for a in alone if not a.endswith("\ufffd")
+    ]
     assert len(found["token_logprobs"]) == TOKENS == answer["usage"]["completion_tokens"]
     for at, token in enumerate(generated):
         assert found["token_logprobs"][at] == pytest.approx(expected[at][token], abs=1e-3)
