@@ -171,3 +171,36 @@ async def test_a_model_without_a_logprobs_output_refuses_them(http: httpx.AsyncC
     )
     found = error(response)
     assert found["param"] == "logprobs" and "no 'logprobs' output" in found["message"]
+
+
+async def test_the_openai_client_reads_them(http: httpx.AsyncClient) -> None:
+    openai = pytest.importorskip("openai", reason="the openai client is not installed")
+    client = openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", http_client=http)
+    chat = await client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=TOKENS,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == TOKENS
+    assert all(len(c.top_logprobs) == 2 and c.top_logprobs[0].token == c.token for c in content)
+    stream = await client.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        max_tokens=TOKENS,
+        temperature=0,
+        logprobs=1,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    tokens = [
+        t
+        async for chunk in stream
+        if chunk.choices[0].logprobs
+        for t in chunk.choices[0].logprobs.tokens
+    ]
+    assert len(tokens) == TOKENS
