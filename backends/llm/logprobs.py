@@ -59,16 +59,15 @@ def check_count(value: int, vocab: int, limit: int) -> None:
 
 class TokenLogprobs:
     """One sequence's log probabilities: an entry per generated token, the running sum,
-    and how many entries its responses have carried."""
+    until a response carries them."""
 
-    __slots__ = ("context", "cumulative", "entries", "sent", "tokenizer", "top")
+    __slots__ = ("context", "cumulative", "entries", "tokenizer", "top")
 
     def __init__(self, top: int, tokenizer: Tokenizer, vocab: int) -> None:
         self.top = vocab if top == -1 else top
         self.tokenizer = tokenizer
         self.entries: list[dict[str, dict[str, Any]]] = []
         self.cumulative = 0.0
-        self.sent = 0
         # The last sampled tokens, oldest first: what a cut character is decoded after.
         self.context: list[int] = []
 
@@ -135,6 +134,6 @@ class TokenLogprobs:
 
     def take(self) -> bytes:
         """The JSON of the entries not sent yet (Triton's vLLM backend's per-response
-        delta); marks them sent."""
-        start, self.sent = self.sent, len(self.entries)
-        return json.dumps(self.entries[start:]).encode("utf-8")
+        delta), which are then let go: a long stream holds only what it has not sent."""
+        taken, self.entries = self.entries, []
+        return json.dumps(taken).encode("utf-8")

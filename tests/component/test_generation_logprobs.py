@@ -219,3 +219,7 @@ def test_a_character_cut_across_tokens_is_spelt_by_the_token_completing_it(
     pairs = zip(found.entries, ids, strict=True)
     spelt = [entry[str(token)]["decoded_token"] for entry, token in pairs]
     assert spelt == ["a", "", "é", "", "", "€"]
+    # A response takes them, and they are let go: a long stream holds only the unsent.
+    held = list(found.entries)
+    assert json.loads(found.take()) == held
+    assert found.entries == [] and json.loads(found.take()) == []

@@ -373,7 +373,7 @@ class PythonInstance:
                 self.spec.instance_name,
                 reason,
             )
-            self._down = (
+            self._set_down(
                 f"{self._unhealthy()} model instance '{self.spec.instance_name}' ended as "
                 f"the server stops: {reason}"
             )

@@ -52,6 +52,9 @@ class Answer:
     id: str = ""
     # Where the client asked for log probabilities: how many, and the stream's offsets.
     logprobs: Logprobs | None = None
+    # The text the stream's chunks have carried: where a chunk's `text_offset`s begin, as
+    # vLLM counts them (a token's own text may not be what it added: a special token).
+    streamed_chars: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
@@ -115,6 +118,9 @@ class Answer:
         else:
             choice = {"index": 0, "text": text or ""}
             kind = "text_completion"
+            if self.logprobs is not None:
+                self.logprobs.offset = self.streamed_chars
+            self.streamed_chars += len(text or "")
         choice["logprobs"] = self._logprobs(entries)
         choice["finish_reason"] = finish_reason
         data = self._object(kind, [choice])
