@@ -197,3 +197,20 @@ def answer_text(ids: Sequence[int]) -> str:
     """The text of generated `ids` as the server answers it: an answer cut inside a
     character ends without it (the random model often stops mid-character)."""
     return str(byte_tokenizer().decode(list(ids))).rstrip("\ufffd")
+
+
+def reference_logprobs(prompt: str, generated: list[int]) -> npt.NDArray[np.float64]:
+    """The log-softmax of the numpy reference's logits at each generated position."""
+    import llama_reference
+
+    model = tiny_model()
+    ids = prompt_ids(prompt) + generated
+    logits = llama_reference.forward(
+        model.weights, model.cfg, ids, first=len(ids) - 1 - len(generated)
+    )
+    logits = logits[: len(generated)]
+    peak = logits.max(-1, keepdims=True)
+    result: npt.NDArray[np.float64] = (
+        logits - peak - np.log(np.exp(logits - peak).sum(-1, keepdims=True))
+    )
+    return result

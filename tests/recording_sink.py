@@ -3,6 +3,7 @@ for a test to read after."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -43,3 +44,10 @@ class RecordingSink:
     def final(self) -> bool:
         """Whether the final response has been sent."""
         return any(sent.final for sent in self.sent)
+
+    async def until_final(self, within_s: float = 6.0) -> None:
+        """Wait (on the loop) for the final response; AssertionError past `within_s`."""
+        deadline = asyncio.get_running_loop().time() + within_s
+        while not self.final:
+            assert asyncio.get_running_loop().time() < deadline, "no final response came"
+            await asyncio.sleep(0.01)

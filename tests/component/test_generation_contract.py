@@ -5,7 +5,6 @@ asks for the prompt. The tiny model (tests/llmrepo.py), driven in process."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -67,10 +66,7 @@ async def ask(
         inputs[name] = np.array([value])
     context = RequestContext(responses=sink, requested_outputs=requested)
     await scheduler.submit(WorkItem(inputs, 1, context=context))
-    for _ in range(600):
-        if sink.final:
-            break
-        await asyncio.sleep(0.01)
+    await sink.until_final()
     assert sink.final and not sink.errors, sink.errors
     return sink
 

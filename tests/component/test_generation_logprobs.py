@@ -6,13 +6,11 @@ The tiny model (tests/llmrepo.py), driven in process."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 from pathlib import Path
 from typing import Any
 
-import llama_reference
 import llmrepo
 import numpy as np
 import pytest
@@ -63,25 +61,9 @@ async def ask(
         inputs[name] = np.array([True])
     context = RequestContext(responses=sink)
     await scheduler.submit(WorkItem(inputs, 1, context=context))
-    for _ in range(600):
-        if sink.final:
-            break
-        await asyncio.sleep(0.01)
+    await sink.until_final()
     assert sink.final and not sink.errors, sink.errors
     return sink
-
-
-def reference_logprobs(generated: list[int]) -> np.ndarray:
-    """log-softmax of the reference's logits at each generated position."""
-    model = llmrepo.tiny_model()
-    ids = llmrepo.prompt_ids(PROMPT) + generated
-    logits = llama_reference.forward(
-        model.weights, model.cfg, ids, first=len(ids) - 1 - len(generated)
-    )
-    logits = logits[: len(generated)]
-    peak = logits.max(-1, keepdims=True)
-    result: np.ndarray = logits - peak - np.log(np.exp(logits - peak).sum(-1, keepdims=True))
-    return result
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -100,7 +82,7 @@ async def test_logprobs_are_the_reference_log_softmax(tmp_path: Path, stream: bo
             ids += [int(i) for i in response["output_ids"]]
             cumulative.append(float(response["cumulative_logprob"][0]))
         assert len(entries) == TOKENS and (len(sink.responses) > 1) == stream
-        expected = reference_logprobs(ids)
+        expected = llmrepo.reference_logprobs(PROMPT, ids)
         total = 0.0
         for at, (token, entry) in enumerate(zip(ids, entries, strict=True)):
             best = [int(i) for i in np.argsort(-expected[at], kind="stable")[:3]]
@@ -129,7 +111,7 @@ async def test_a_sampled_token_outside_the_top_n_comes_first_with_its_rank(
         sink = await ask(scheduler, False, sampling)
         entries = json.loads(sink.responses[0]["logprobs"][0])
         ids = [int(i) for i in sink.responses[0]["output_ids"]]
-        expected = reference_logprobs(ids)
+        expected = llmrepo.reference_logprobs(PROMPT, ids)
         ranks = []
         for at, (token, entry) in enumerate(zip(ids, entries, strict=True)):
             assert list(entry) == [str(token)]

@@ -7,7 +7,6 @@ numpy reference's."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -60,10 +59,7 @@ async def generate(
         ),
     }
     await scheduler.submit(WorkItem(inputs, 1, context=RequestContext(responses=sink)))
-    for _ in range(600):
-        if sink.sent and sink.sent[-1].final:
-            break
-        await asyncio.sleep(0.01)
+    await sink.until_final()
     assert not sink.errors, sink.errors
     (response,) = sink.responses
     text = response["text_output"][0].decode()

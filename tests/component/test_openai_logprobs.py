@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import llama_reference
 import llmrepo
 import numpy as np
 import orjson
@@ -56,24 +55,12 @@ async def chunks(http: httpx.AsyncClient, path: str, **body: Any) -> list[dict[s
     return [orjson.loads(line) for line in lines]
 
 
-def reference(generated: list[int]) -> np.ndarray:
-    model = llmrepo.tiny_model()
-    ids = llmrepo.prompt_ids(PROMPT) + generated
-    logits = llama_reference.forward(
-        model.weights, model.cfg, ids, first=len(ids) - 1 - len(generated)
-    )
-    logits = logits[: len(generated)]
-    peak = logits.max(-1, keepdims=True)
-    result: np.ndarray = logits - peak - np.log(np.exp(logits - peak).sum(-1, keepdims=True))
-    return result
-
-
 async def test_completion_logprobs_are_the_reference_log_softmax(http: httpx.AsyncClient) -> None:
     answer = await post(http, "/v1/completions", prompt=PROMPT, logprobs=2)
     found = answer["choices"][0]["logprobs"]
     assert set(found) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
     generated = llmrepo.reference_ids(PROMPT, TOKENS)
-    expected = reference(generated)
+    expected = llmrepo.reference_logprobs(PROMPT, generated)
     tokenizer = llmrepo.byte_tokenizer()
     alone = [tokenizer.decode([i]) for i in generated]
     # A byte cut out of a character is repaired (the llm engine's tests check how).
