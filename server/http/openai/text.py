@@ -20,11 +20,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from ge_serve.backends.base import TextGeneration
 from ge_serve.server.inference.model import ModelVersion
 from ge_serve.server.inference.types import InferRequest
 
@@ -51,13 +53,8 @@ async def chat_completion(
     generation = text_generation(model)
     if generation is None or generation.chat_template is None:
         raise no_chat_template(body.model)
-    limit = body.token_limit()
-    _check_limit(limit, generation.max_model_len)
-    if len(body.messages) > RENDERED_ON_THE_LOOP:
-        # A template walks every message in Python: seconds for a million of them.
-        prompt = await asyncio.to_thread(render_request, generation, body)
-    else:
-        prompt = render_request(generation, body)
+    _check_limit(body.token_limit(), generation.max_model_len)
+    prompt = await chat_prompt(generation, body)
     answer = _identity(request, body, chat=True, role=body.answer_role(), echo=body.echoed())
     count = body.logprob_count()
     as_ids = bool(body.return_tokens_as_token_ids)
@@ -76,6 +73,19 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
     as_ids = bool(body.return_tokens_as_token_ids)
     answer.logprobs = None if body.logprobs is None else Logprobs(False, body.logprobs, as_ids)
     return await _answer(catalog, request, model, body, prompt, answer)
+
+
+async def chat_prompt(
+    generation: TextGeneration,
+    body: ChatCompletionRequest,
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    """The chat's prompt (template.render_request, for a model with a chat template),
+    rendered off the loop when long."""
+    if len(body.messages) > RENDERED_ON_THE_LOOP:
+        # A template walks every message in Python: seconds for a million of them.
+        return await asyncio.to_thread(render_request, generation, body, tools)
+    return render_request(generation, body, tools)
 
 
 def no_chat_template(name: str) -> OpenAIError:

@@ -35,8 +35,7 @@ from ge_serve.backends.base import TextGeneration, TextTokenizer
 from .catalog import Catalog, embedder, is_generative, text_generation
 from .errors import OpenAIError, model_not_found
 from .schemas import Body, ChatCompletionRequest
-from .template import render_request
-from .text import RENDERED_ON_THE_LOOP, no_chat_template
+from .text import chat_prompt, no_chat_template
 
 TOKENIZER_MISSING = "tokenizer_missing"
 # Texts (and id lists) longer than this are tokenized (decoded) on a worker thread; the
@@ -122,11 +121,13 @@ def form(document: Any) -> type[TokenizeCompletionRequest] | type[TokenizeChatRe
 
 def tokenizer_of(catalog: Catalog, name: str) -> tuple[TextGeneration, TextTokenizer]:
     model = catalog.model(name)
-    generation = text_generation(model) if is_generative(model) else None
-    if generation is not None and generation.tokenizer is not None:
-        return generation, generation.tokenizer
-    if generation is None and not is_generative(model) and embedder(model) is None:
-        raise model_not_found(name)
+    if not is_generative(model):
+        if embedder(model) is None:
+            raise model_not_found(name)
+    else:
+        generation = text_generation(model)
+        if generation is not None and generation.tokenizer is not None:
+            return generation, generation.tokenizer
     raise OpenAIError(
         f"The model '{name}' has no tokenizer ge-serve can use: it tokenizes inside the "
         "model. /tokenize and /detokenize serve the models whose tokenizer the server "
@@ -143,11 +144,7 @@ async def tokenize(
     if isinstance(body, TokenizeChatRequest):
         if generation.chat_template is None:
             raise no_chat_template(body.model)
-        tools = body.template_tools()
-        if len(body.messages) > RENDERED_ON_THE_LOOP:
-            prompt = await asyncio.to_thread(render_request, generation, body, tools)
-        else:
-            prompt = render_request(generation, body, tools)
+        prompt = await chat_prompt(generation, body, body.template_tools())
     else:
         prompt = body.prompt
     special = body.add_special_tokens
@@ -169,7 +166,6 @@ async def detokenize(catalog: Catalog, body: DetokenizeRequest) -> dict[str, Any
     if unknown is not None:
         # vLLM's words for a token-id prompt's id past the vocabulary (the largest).
         raise OpenAIError(f"Token id {unknown} is out of vocabulary", param="tokens")
-    ids = list(body.tokens)
-    if len(ids) > THREADED:
-        return {"prompt": await asyncio.to_thread(tokenizer.decode, ids, False)}
-    return {"prompt": tokenizer.decode(ids, False)}
+    if len(body.tokens) > THREADED:
+        return {"prompt": await asyncio.to_thread(tokenizer.decode, body.tokens, False)}
+    return {"prompt": tokenizer.decode(body.tokens, False)}
