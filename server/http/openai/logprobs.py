@@ -131,22 +131,19 @@ def check_completion(logprobs: int | None, echo: bool | None) -> None:
 
 class Logprobs:
     """What one answer asks of logprobs (chat's `top_logprobs`, or completions'
-    `logprobs`), and, streamed, where the next chunk's tokens begin."""
+    `logprobs`)."""
 
-    __slots__ = ("as_ids", "chat", "count", "offset")
+    __slots__ = ("as_ids", "chat", "count")
 
     def __init__(self, chat: bool, count: int, as_ids: bool = False) -> None:
         self.chat = chat
         self.count = count
         # vLLM's `return_tokens_as_token_ids`: tokens as `token_id:<id>`.
         self.as_ids = as_ids
-        self.offset = 0
 
-    def of(self, entries: list[Entry]) -> dict[str, Any]:
+    def of(self, entries: list[Entry], offset: int = 0) -> dict[str, Any]:
         """The `logprobs` object of a choice holding `entries`' tokens (the whole
-        answer's, or one chunk's: completions' offsets count on from the chunks before)."""
+        answer's, or one chunk's, whose completions offsets begin at `offset`)."""
         if self.chat:
             return {"content": chat_content(entries, self.count, self.as_ids)}
-        made = completion_logprobs(entries, self.count, self.offset, self.as_ids)
-        self.offset += sum(len(t) for t in made["tokens"])
-        return made
+        return completion_logprobs(entries, self.count, offset, self.as_ids)

@@ -69,8 +69,10 @@ class Answer:
             "choices": choices,
         }
 
-    def _logprobs(self, entries: list[Entry] | None) -> dict[str, Any] | None:
-        return self.logprobs.of(entries) if self.logprobs and entries is not None else None
+    def _logprobs(self, entries: list[Entry] | None, offset: int = 0) -> dict[str, Any] | None:
+        if self.logprobs is None or entries is None:
+            return None
+        return self.logprobs.of(entries, offset)
 
     def whole(
         self, text: str, finish_reason: str, usage: Usage, entries: list[Entry] | None = None
@@ -118,10 +120,10 @@ class Answer:
         else:
             choice = {"index": 0, "text": text or ""}
             kind = "text_completion"
-            if self.logprobs is not None:
-                self.logprobs.offset = self.streamed_chars
+        # Completions' offsets begin where the text sent before this chunk ends.
+        choice["logprobs"] = self._logprobs(entries, self.streamed_chars)
+        if not self.chat:
             self.streamed_chars += len(text or "")
-        choice["logprobs"] = self._logprobs(entries)
         choice["finish_reason"] = finish_reason
         data = self._object(kind, [choice])
         if self.include_usage:
