@@ -202,9 +202,6 @@ class TextTokenizer(Protocol):
     """A generative model's tokenizer, as the front ends reach it (vLLM's /tokenize and
     /detokenize): the one the model's prompts are tokenized with."""
 
-    # Token ids run from 0 to vocab_size - 1 (added tokens included).
-    vocab_size: int
-
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...

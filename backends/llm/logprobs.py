@@ -93,7 +93,7 @@ class TokenLogprobs:
         entry: dict[str, dict[str, Any]] = {}
         for token_id, token_rank in zip(ids, ranks, strict=True):
             entry[str(token_id)] = {
-                "logprob": chosen - lse if token_id == token else float(row[token_id]) - lse,
+                "logprob": logprob if token_id == token else float(row[token_id]) - lse,
                 "rank": token_rank,
                 "decoded_token": self._decoded(token_id),
             }

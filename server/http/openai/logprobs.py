@@ -29,6 +29,7 @@ def parse(raw: bytes) -> list[Entry] | None:
     """The entries of one response's `logprobs` output; None for "null" or anything that
     is not the vLLM backend's list of dicts."""
     try:
+        # json, not orjson: the engine's JSON (Python's) may hold -Infinity.
         found = json.loads(raw)
     except ValueError:
         return None
