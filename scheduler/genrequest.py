@@ -146,12 +146,11 @@ def extra_outputs(model: LlmModel, inputs: Mapping[str, Array]) -> tuple[bool, b
     not declare is always sent, as ge-serve's configs without the flags expect."""
     if not model.opt_in:
         return True, True, True
-    sent = [
-        name not in model.opt_in
-        or bool(_flag(inputs.get(f"return_{name}"), f"return_{name}", None))
-        for name in ("finish_reason", "num_input_tokens", "num_output_tokens")
-    ]
-    return sent[0], sent[1], sent[2]
+    return (
+        _returned(model, inputs, "finish_reason", True),
+        _returned(model, inputs, "num_input_tokens", True),
+        _returned(model, inputs, "num_output_tokens", True),
+    )
 
 
 def logprob_outputs(model: LlmModel, inputs: Mapping[str, Array], asked: bool) -> tuple[bool, bool]:
@@ -160,13 +159,18 @@ def logprob_outputs(model: LlmModel, inputs: Mapping[str, Array], asked: bool) -
     when the sampling parameters ask for no `logprobs`); without the flag, whenever they
     do (`asked`)."""
     return (
-        bool(_flag(inputs.get("return_logprobs"), "return_logprobs", None))
-        if "logprobs" in model.opt_in
-        else asked,
-        bool(_flag(inputs.get("return_cumulative_logprob"), "return_cumulative_logprob", None))
-        if "cumulative_logprob" in model.opt_in
-        else asked,
+        _returned(model, inputs, "logprobs", asked),
+        _returned(model, inputs, "cumulative_logprob", asked),
     )
+
+
+def _returned(model: LlmModel, inputs: Mapping[str, Array], output: str, otherwise: bool) -> bool:
+    """Whether `output` is sent: its `return_*` flag set true where the config declares
+    the flag, else `otherwise`."""
+    if output not in model.opt_in:
+        return otherwise
+    flag = f"return_{output}"
+    return bool(_flag(inputs.get(flag), flag, None))
 
 
 def _refuse_what_cannot_fit(
