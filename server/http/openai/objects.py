@@ -8,11 +8,15 @@
   more chunk, with empty `choices`, carries the usage.
 - `text_completion`: `choices[0].text`, the same object for each streamed chunk.
 
+With `n` > 1, the whole answer has one choice per generation, `index` 0 to n-1, and each
+streamed chunk carries one choice's delta, with its `index`.
+
 `Kind` holds what differs between the two APIs, so one streaming loop serves both.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -56,9 +60,18 @@ class Answer:
     # vLLM counts them (a token's own text may not be what it added: a special token).
     streamed_chars: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
+    # The choice this answers (`n` > 1: one Answer per choice, `choice`).
+    index: int = 0
 
     def __post_init__(self) -> None:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + (self.id or uuid.uuid4().hex)
+
+    def choice(self, index: int) -> Answer:
+        """The answer's choice `index`: its identity, with a stream's offsets of its own."""
+        other = copy.copy(self)
+        other.index = index
+        other.streamed_chars = 0
+        return other
 
     def _object(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -78,25 +91,32 @@ class Answer:
         self, text: str, finish_reason: str, usage: Usage, entries: list[Entry] | None = None
     ) -> dict[str, Any]:
         """The non-streamed answer."""
+        return self.whole_of([self.whole_choice(text, finish_reason, entries)], usage)
+
+    def whole_of(self, choices: list[dict[str, Any]], usage: Usage) -> dict[str, Any]:
+        """The non-streamed answer of `choices` (`whole_choice`'s)."""
+        kind = "chat.completion" if self.chat else "text_completion"
+        return {**self._object(kind, choices), "usage": usage.as_json()}
+
+    def whole_choice(
+        self, text: str, finish_reason: str, entries: list[Entry] | None = None
+    ) -> dict[str, Any]:
+        """One choice of the non-streamed answer."""
         if self.echo_only:
             text = ""
         if self.chat:
-            choice: dict[str, Any] = {
-                "index": 0,
+            return {
+                "index": self.index,
                 "message": {"role": self.role, "content": self.echo + text},
                 "logprobs": self._logprobs(entries),
                 "finish_reason": finish_reason,
             }
-            kind = "chat.completion"
-        else:
-            choice = {
-                "index": 0,
-                "text": self.echo + text,
-                "logprobs": self._logprobs(entries),
-                "finish_reason": finish_reason,
-            }
-            kind = "text_completion"
-        return {**self._object(kind, [choice]), "usage": usage.as_json()}
+        return {
+            "index": self.index,
+            "text": self.echo + text,
+            "logprobs": self._logprobs(entries),
+            "finish_reason": finish_reason,
+        }
 
     def chunk(
         self,
@@ -115,10 +135,10 @@ class Answer:
                 delta["role"] = self.role
             if text is not None:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta}
+            choice: dict[str, Any] = {"index": self.index, "delta": delta}
             kind = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": text or ""}
+            choice = {"index": self.index, "text": text or ""}
             kind = "text_completion"
         # Completions' offsets begin where the text sent before this chunk ends.
         choice["logprobs"] = self._logprobs(entries, self.streamed_chars)
