@@ -111,8 +111,8 @@ class GenerationStats:
     inter_token: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS))
     queue: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS))
-    # Per finished request (as e2e): its prompt and generated tokens, and its `n` (always 1,
-    # as n > 1 is refused; observed all the same, since dashboards divide by it).
+    # Per finished request (as e2e): its prompt and generated tokens, and its `n` (always 1:
+    # /v1's n > 1 arrives as n requests; observed all the same, since dashboards divide by it).
     request_prompt: Histogram = field(default_factory=lambda: Histogram(token_buckets(2048)))
     request_generation: Histogram = field(default_factory=lambda: Histogram(token_buckets(2048)))
     params_n: Histogram = field(default_factory=lambda: Histogram(N_BUCKETS))

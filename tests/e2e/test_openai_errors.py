@@ -122,7 +122,9 @@ BAD_CHATS: list[tuple[dict[str, Any], str]] = [
     ({"model": "textgen", "messages": HELLO, "seed": "x"}, "seed"),
     ({"model": "textgen", "messages": HELLO, "stop": 7}, "stop"),
     ({"model": "textgen", "messages": HELLO, "stop": [""]}, "stop"),
-    ({"model": "textgen", "messages": HELLO, "n": 2}, "n"),
+    ({"model": "textgen", "messages": HELLO, "n": 0}, "n"),
+    ({"model": "textgen", "messages": HELLO, "n": 129}, "n"),
+    ({"model": "textgen", "messages": HELLO, "n": 2, "temperature": 0}, "n"),
     ({"model": "textgen", "messages": HELLO, "presence_penalty": 0.5}, "presence_penalty"),
     ({"model": "textgen", "messages": HELLO, "frequency_penalty": 3}, "frequency_penalty"),
     ({"model": "textgen", "messages": HELLO, "logit_bias": {"50256": -100}}, "logit_bias"),
@@ -193,7 +195,8 @@ BAD_COMPLETIONS: list[tuple[dict[str, Any], str]] = [
     ({"model": "textgen", "prompt": "a", "logprobs": 1}, "logprobs"),
     ({"model": "textgen", "prompt": "a", "suffix": "z"}, "suffix"),
     ({"model": "textgen", "prompt": "a", "temperature": 9}, "temperature"),
-    ({"model": "textgen", "prompt": "a", "n": 3}, "n"),
+    ({"model": "textgen", "prompt": "a", "n": 129}, "n"),
+    ({"model": "textgen", "prompt": "a", "n": 3, "best_of": 2}, "best_of"),
 ]
 
 

@@ -9,10 +9,18 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import unsupported
+from .errors import OpenAIError, unsupported
 
 # vLLM's bounds of a seed (and of a pooling request's priority): a signed 64-bit integer.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+# The most choices one request may ask for: OpenAI's bound. vLLM's (VLLM_MAX_N_SEQUENCES,
+# 16384) would let one request put thousands of generations in the model's queue; each
+# choice is a request of its own to the model here, and the engine runs only so many at
+# once anyway.
+MAX_N = 128
+# vLLM's: a temperature below this is greedy sampling.
+GREEDY_BELOW = 1e-5
 
 # The fields `Sampling.sampling` gives, by their vLLM sampling key (`stop` as a list, and
 # `max_tokens` only where the client set a limit).
@@ -104,3 +112,23 @@ def refuse_by_table(
         if getattr(body, name) not in neutral:
             only = json.dumps(neutral[1])
             raise unsupported(name, f"'{name}' is not supported: only {only} (the default)")
+
+
+def check_n(n: int | None, temperature: float | None) -> None:
+    """vLLM's rules for `n` (>= 1 is pydantic's check): at most MAX_N, and 1 with greedy
+    sampling, where the n answers would all be the same; in vLLM's words."""
+    if n is None or n == 1:
+        return
+    if n > MAX_N:
+        raise OpenAIError(f"n must be at most {MAX_N}, got {n}.", param="n")
+    if temperature is not None and temperature < GREEDY_BELOW:
+        raise OpenAIError(f"n must be 1 when using greedy sampling, got {n}.", param="n")
+
+
+def check_best_of(best_of: int | None, n: int | None) -> None:
+    """`best_of` (completions; vLLM 0.34 no longer reads it): only where it asks for no
+    ranking, the n choices themselves."""
+    if best_of is not None and best_of != (n or 1):
+        raise unsupported(
+            "best_of", "Only best_of equal to n is supported: the choices are not ranked"
+        )

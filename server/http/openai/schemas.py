@@ -10,7 +10,7 @@ Fields follow OpenAI's API reference and vLLM's extensions of it (vLLM's
 `ChatCompletionRequest` and `CompletionRequest`, which most OpenAI-compatible clients are
 tested against). Types are strict (JSON `"1"` is not a number, `1.0` is not an integer;
 an integer is a valid float). A field whose silent loss would change the answer (tools,
-prompt logprobs, n > 1, JSON response formats, guided decoding, token-id prompts, a request's
+prompt logprobs, JSON response formats, guided decoding, token-id prompts, a request's
 own chat template...) is a 400 that names the parameter (`refuse_unsupported`), except at
 the value that changes nothing (vLLM's default). Fields that change nothing here (vLLM's
 cache salt, disaggregation and scheduling hints...) and fields neither knows are ignored.
@@ -178,8 +178,7 @@ class Sampling(Body):
     default_only: ClassVar[dict[str, tuple[Any, ...]]] = DEFAULT_ONLY
 
     def refuse_unsupported(self) -> None:
-        if self.n not in (None, 1):
-            raise unsupported("n", "Only n=1 is supported: one choice per request")
+        fields.check_n(self.n, self.temperature)
         refuse_by_table(self, NEVER_SERVED, self.default_only)
         if self.logit_bias:
             raise unsupported("logit_bias", "'logit_bias' is not supported")
@@ -388,8 +387,7 @@ class CompletionRequest(Sampling):
             raise unsupported("response_format", "Only response_format type 'text' is supported")
         if self.suffix:
             raise unsupported("suffix", "'suffix' is not supported")
-        if self.best_of not in (None, 1):
-            raise unsupported("best_of", "Only best_of=1 is supported")
+        fields.check_best_of(self.best_of, self.n)
         check_completion(self.logprobs, self.echo)
 
     def logprob_count(self) -> int | None:

@@ -12,6 +12,10 @@ is a plain JSON error with its status; after that the answer is `text/event-stre
 asked for, then `data: [DONE]`. An error after the stream has begun is one event,
 `data: {"error": {...}}`, and the stream ends there, without `[DONE]`. A client that
 goes away cancels the request, before its first token as after.
+
+With `n` > 1 (choices.py), the n generations run together: not streamed, one answer with
+n choices; streamed, each choice's chunks as they come, with its index, each choice's
+closing chunk when it ends, and the usage chunk once, after all.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -32,6 +37,7 @@ from ge_serve.server.inference.types import InferRequest
 
 from ..disconnects import until_disconnect
 from .catalog import Catalog, text_generation
+from .choices import Item, all_of, merged, one, seeded
 from .errors import CONTEXT_LENGTH_EXCEEDED, SERVER_ERROR, OpenAIError
 from .generation import Params, Piece, Usage, build_request, collect, pieces
 from .logprobs import Entry, Logprobs
@@ -139,29 +145,43 @@ async def _answer(
     answer: Answer,
 ) -> Response:
     stream = bool(body.stream)
-    infer_request, sent = build_request(
-        model, prompt, stream, body.sampling(), body.default_max_tokens
-    )
+    given = body.sampling()
+    n = body.n or 1
+    requests: list[InferRequest] = []
+    for values in seeded(given, n) if n > 1 else [given]:
+        infer_request, sent = build_request(model, prompt, stream, values, body.default_max_tokens)
+        requests.append(infer_request)
     params = Params("messages" if answer.chat else "prompt", sent)
-    if not stream:
+    if stream:
+        return await _stream(catalog, request, requests, params, answer)
+    if n == 1:
         text, reason, usage, entries = await until_disconnect(
-            request, collect(catalog.core, infer_request, params)
+            request, collect(catalog.core, requests[0], params)
         )
-        return Response(
-            orjson.dumps(answer.whole(text, reason, usage, entries)),
-            media_type="application/json",
+        body_json = answer.whole(text, reason, usage, entries)
+    else:
+        # vLLM's: the prompt counted once, the choices' generated tokens summed.
+        results = await until_disconnect(
+            request, all_of([collect(catalog.core, r, params) for r in requests])
         )
-    return await _stream(catalog, request, infer_request, params, answer)
+        total = Usage(results[0][2].prompt_tokens)
+        choices = []
+        for index, (text, reason, usage, entries) in enumerate(results):
+            total.completion_tokens += usage.completion_tokens
+            choices.append(answer.choice(index).whole_choice(text, reason, entries))
+        body_json = answer.whole_of(choices, total)
+    return Response(orjson.dumps(body_json), media_type="application/json")
 
 
 async def _stream(
     catalog: Catalog,
     request: Request,
-    infer_request: InferRequest,
+    requests: list[InferRequest],
     params: Params,
     answer: Answer,
 ) -> Response:
-    rest = pieces(catalog.core, infer_request, params)
+    streams = [pieces(catalog.core, r, params) for r in requests]
+    rest = one(streams[0]) if len(streams) == 1 else merged(streams)
     try:
         # A client that leaves while the request waits for its first token cancels it too.
         first = await until_disconnect(request, anext(rest, None))
@@ -169,44 +189,63 @@ async def _stream(
         await rest.aclose()
         raise
     return StreamingResponse(
-        _events(answer, first, rest), media_type="text/event-stream", headers=SSE_HEADERS
+        _events(answer, len(requests), first, rest),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
     )
 
 
-async def _events(
-    answer: Answer, first: Piece | None, rest: AsyncGenerator[Piece, None]
-) -> AsyncIterator[bytes]:
-    usage = Usage()
+@dataclass(slots=True)
+class _Choice:
+    """One choice of a stream: its answer (index, offsets), usage, and what it holds."""
+
+    answer: Answer
+    echo: str
+    # Log probabilities of tokens whose response had no text (the EOS) go with the
+    # next chunk, the closing one at the latest, as vLLM's closing chunk has its last's.
+    held: list[Entry] | None
+    usage: Usage = field(default_factory=Usage)
     reason: str | None = None
+
+
+async def _events(
+    answer: Answer, n: int, first: Item | None, rest: AsyncGenerator[Item, None]
+) -> AsyncIterator[bytes]:
+    # The usage of all choices (vLLM's: the prompt once, generated tokens summed); a
+    # chunk's continuous usage is its own choice's, as vLLM's.
+    total = Usage()
+    # vLLM's completions send the echoed prompt with each choice's first piece of text.
+    echo = "" if answer.chat else answer.echo
+    logprobs = bool(answer.logprobs)
+    choices = [
+        _Choice(answer.choice(i) if n > 1 else answer, echo, [] if logprobs else None)
+        for i in range(n)
+    ]
     async with contextlib.aclosing(rest):
-        # vLLM's chat opens with the role, then the echoed message, on chunks of their own
-        # that count the prompt and nothing generated yet; its completions send the
-        # echoed prompt with the first piece of text, on one chunk that counts it.
-        echo = answer.echo
+        # vLLM's chat opens each choice with the role, then each with the echoed message,
+        # on chunks of their own that count the prompt and nothing generated yet.
         if answer.chat:
-            opening = Usage(first.prompt_tokens or 0) if first else usage
-            yield answer.chunk("", first=True, usage=opening)
-            if echo:
-                yield answer.chunk(echo, usage=opening)
-            echo = ""
-        # Log probabilities of tokens whose response had no text (the EOS) go with the
-        # next chunk, the closing one at the latest, as vLLM's closing chunk has its last's.
-        held: list[Entry] | None = [] if answer.logprobs else None
+            prompt_tokens = first[1].prompt_tokens if first and first[1] else None
+            opening = Usage(prompt_tokens or 0)
+            for choice in choices:
+                yield choice.answer.chunk("", first=True, usage=opening)
+            for choice in choices if answer.echo else ():
+                yield choice.answer.chunk(answer.echo, usage=opening)
         try:
-            piece = first
-            while piece is not None:
-                usage.add(piece)
-                reason = piece.finish_reason or reason
-                text = echo + ("" if answer.echo_only else piece.text)
-                if held is not None:
-                    held += piece.logprobs or ()
-                if text:
-                    yield answer.chunk(text, usage=usage, entries=held)
-                    echo = ""
-                    held = [] if held is not None else None
-                piece = await anext(rest, None)
-            if echo:  # the model answered with no response at all
-                yield answer.chunk(echo, usage=usage)
+            item = first
+            while item is not None:
+                choice = choices[item[0]]
+                piece = item[1]
+                if piece is None:
+                    if choice.echo:  # the model answered with no response at all
+                        yield choice.answer.chunk(choice.echo, usage=choice.usage)
+                    yield _closing(choice)
+                else:
+                    total.add(piece)
+                    chunk = _delta(choice, piece, answer.echo_only)
+                    if chunk:
+                        yield chunk
+                item = await anext(rest, None)
         except OpenAIError as exc:
             yield sse(exc.body())
             return
@@ -214,12 +253,32 @@ async def _events(
             log.exception("the stream of %s failed", answer.id)
             yield sse(OpenAIError(f"internal error: {exc}", status=500, kind=SERVER_ERROR).body())
             return
-    yield answer.chunk(
-        None if answer.chat else "",
-        finish_reason=reason or "stop",
-        usage=usage,
-        entries=held or None,
-    )
     if answer.include_usage:
-        yield answer.usage_chunk(usage)
+        yield answer.usage_chunk(total)
     yield DONE
+
+
+def _delta(choice: _Choice, piece: Piece, echo_only: bool) -> bytes | None:
+    """The chunk of a choice's piece: its text (after the echo, unless only the echo is
+    shown), with the log probabilities held so far; None where it has no text."""
+    choice.usage.add(piece)
+    choice.reason = piece.finish_reason or choice.reason
+    if choice.held is not None:
+        choice.held += piece.logprobs or ()
+    text = choice.echo + ("" if echo_only else piece.text)
+    if not text:
+        return None
+    chunk = choice.answer.chunk(text, usage=choice.usage, entries=choice.held)
+    choice.echo = ""
+    choice.held = [] if choice.held is not None else None
+    return chunk
+
+
+def _closing(choice: _Choice) -> bytes:
+    """A choice's last chunk: its finish reason, and the log probabilities it held."""
+    return choice.answer.chunk(
+        None if choice.answer.chat else "",
+        finish_reason=choice.reason or "stop",
+        usage=choice.usage,
+        entries=choice.held or None,
+    )
