@@ -259,3 +259,16 @@ def test_a_client_that_leaves_cancels_every_choice(server: ServerProcess) -> Non
         assert r.status_code == 200
         next(line for line in r.iter_lines() if line)
     poll(lambda: engine() == (0, aborted + 3), 20, "the three sequences leave the engine")
+
+
+def test_a_choice_that_fails_ends_the_stream_with_its_error(server: ServerProcess) -> None:
+    body = {"model": "textgen", "prompt": "FAIL_MIDSTREAM now then", "n": 2, "stream": True}
+    with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert "[DONE]" not in events
+    last = httpx.Response(200, content=events[-1]).json()
+    assert "the model failed mid-stream" in last["error"]["message"]
+    for event in events[:-1]:
+        (choice,) = httpx.Response(200, content=event).json()["choices"]
+        assert choice["finish_reason"] is None
