@@ -211,12 +211,12 @@ def _vllm_families(found: Found) -> Iterator[Metric]:
             "Histogram of the number of times a request was preempted.",
             "request_preemptions",
         ),
-        # With n = 1, a request's most generation tokens are its max_tokens: vLLM's two
-        # families, one observation.
+        # vLLM observes here the tokens generated (the most of a request's n choices; the
+        # engine's n is 1), whatever its help text says.
         (
             "vllm:request_max_num_generation_tokens",
             "Histogram of maximum number of requested generation tokens.",
-            "request_max_tokens",
+            "request_generation",
         ),
         (
             "vllm:request_params_max_tokens",

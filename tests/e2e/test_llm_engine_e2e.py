@@ -547,12 +547,32 @@ def test_vllms_phase_max_tokens_and_step_token_families(server: ServerProcess) -
     assert grew("vllm:request_num_preemptions_sum") == 0
     for name in ("vllm:request_max_num_generation_tokens", "vllm:request_params_max_tokens"):
         assert after.types.get(name) == "histogram", name
-        assert grew(name + "_count") == 1 and grew(name + "_sum") == 7, name
+        assert grew(name + "_count") == 1, name
+    assert grew("vllm:request_params_max_tokens_sum") == 7
+    assert grew("vllm:request_max_num_generation_tokens_sum") == generated
     # vLLM's count: the prompt's tokens once, and each token sampled (the first, which
     # the prefill's step sampled, included), as its test_metrics_counts asserts.
     assert after.types.get("vllm:iteration_tokens_total") == "histogram"
     assert grew("vllm:iteration_tokens_total_sum") == prompt + generated
     assert grew("vllm:iteration_tokens_total_count") == grew("ge_serve_generation_steps_total")
+
+
+def test_max_num_generation_tokens_counts_what_was_generated(server: ServerProcess) -> None:
+    """vLLM observes the tokens a request generated (the most of its n choices) in
+    `vllm:request_max_num_generation_tokens`, despite its help text, and the limit the
+    request gave in `vllm:request_params_max_tokens`: a request that stops at its first
+    token shows 1 and 7."""
+    stop_all = json.dumps({"temperature": 0, "stop_token_ids": list(range(llmrepo.VOCAB))})
+    body = {"text_input": "Zq short 3", "max_tokens": 7, "sampling_parameters": stop_all}
+    before, after, answer = generated_between_scrapes(server, body)
+    assert answer["num_output_tokens"] == 1
+
+    def grew(name: str) -> float:
+        return after.value(name, model_name=MODEL) - before.value(name, model_name=MODEL)
+
+    assert grew("vllm:request_max_num_generation_tokens_count") == 1
+    assert grew("vllm:request_max_num_generation_tokens_sum") == 1
+    assert grew("vllm:request_params_max_tokens_sum") == 7
 
 
 def test_report_custom_metrics_false_exports_no_vllm_series(tmp_path: Path) -> None:
