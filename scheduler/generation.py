@@ -30,6 +30,7 @@ import numpy.typing as npt
 
 from ge_serve.backends.base import ModelError
 from ge_serve.backends.llm.backend import LlmModel
+from ge_serve.backends.llm.logits import nothing_possible
 from ge_serve.backends.llm.runner import RowWork
 from ge_serve.server.errors import ErrorCode, SchedulerClosed, ServerError
 
@@ -328,7 +329,16 @@ class GenerationScheduler:
             # vLLM's MinTokensLogitsProcessor bans every stop id, EOS included whatever
             # ignore_eos says (its all_stop_token_ids hold the EOS either way).
             banned = tuple(eos) + params.stop_token_ids
-        token = seq.sampler.sample(logits, banned)
+        if seq.processor is None:
+            token = seq.sampler.sample(logits, banned)
+        else:
+            row = seq.processor.apply(logits, seq.tokens, seq.prompt_len, banned)
+            if nothing_possible(row):
+                # allowed_token_ids all banned (bad words, min_tokens): the answer ends
+                # here rather than sample a token the request ruled out.
+                self._end_without_token(seq)
+                return
+            token = seq.sampler.sample(row)
         if seq.logprobs is not None:  # asked for: all the cost is the asker's
             seq.logprobs.add(logits, token)
         seq.tokens.append(token)
@@ -363,6 +373,12 @@ class GenerationScheduler:
             delta += seq.stops.add(seq.detokenizer.flush(), seq.generated > params.min_tokens)
             delta += seq.stops.finish()
         self._finish(seq, reason, delta)
+
+    def _end_without_token(self, seq: Sequence) -> None:
+        seq.last_token_s = time.monotonic()
+        check = seq.generated > seq.params.min_tokens
+        delta = seq.stops.add(seq.detokenizer.flush(), check)
+        self._finish(seq, "stop", delta + seq.stops.finish())
 
     def _finish(self, seq: Sequence, reason: str, delta: str) -> None:
         self._leave(seq)

@@ -19,10 +19,12 @@ import numpy as np
 
 from ge_serve.backends.base import ResponseSink
 from ge_serve.backends.llm.backend import LlmModel
+from ge_serve.backends.llm.logits import LogitsProcessor, checked
 from ge_serve.backends.llm.logprobs import TokenLogprobs, check_count
 from ge_serve.backends.llm.sampling import (
     Sampler,
     SamplingError,
+    SamplingParams,
     check_min_tokens,
     sampling_params,
 )
@@ -87,6 +89,7 @@ def read_sequence(
             f"stop_token_ids {outside[:8]} are outside the vocabulary: this model's token "
             f"ids are below {vocab}"
         )
+    processor = _processor(model, params, vocab)
     limit = settings.max_model_len
     _refuse_what_cannot_fit(model, len(raw), limit, params.max_tokens)
     ids = model.tokenizer.encode(prompt)
@@ -136,7 +139,20 @@ def read_sequence(
         else TokenLogprobs(params.logprobs, model.tokenizer, vocab),
         send_logprobs=send_logprobs,
         send_cumulative=send_cumulative,
+        processor=processor,
     )
+
+
+def _processor(model: LlmModel, params: SamplingParams, vocab: int) -> LogitsProcessor | None:
+    """The request's logits processors, their token ids checked against the vocabulary
+    and its bad words tokenized (vLLM's words where vLLM refuses); None without any."""
+    if not params.processes_logits:
+        return None
+    try:
+        bad_words = checked(params, vocab, model.tokenizer.encode)
+    except SamplingError as exc:
+        raise invalid_arg(str(exc)) from None
+    return LogitsProcessor(params, bad_words, vocab)
 
 
 def extra_outputs(model: LlmModel, inputs: Mapping[str, Array]) -> tuple[bool, bool, bool]:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ge_serve.backends.base import ResponseSink
+from ge_serve.backends.llm.logits import LogitsProcessor
 from ge_serve.backends.llm.logprobs import TokenLogprobs
 from ge_serve.backends.llm.sampling import Sampler, SamplingParams
 from ge_serve.backends.llm.text import Detokenizer, StopStrings
@@ -68,6 +69,9 @@ class Sequence:
     logprobs: TokenLogprobs | None = None
     send_logprobs: bool = False
     send_cumulative: bool = False
+    # vLLM's logits processors the request asked for (penalties, logit_bias...); None:
+    # none, and its logits go to the sampler as the step gave them.
+    processor: LogitsProcessor | None = None
     # The request's timings, which the core's statistics read once it is answered.
     timings: Timings = field(default_factory=Timings)
 

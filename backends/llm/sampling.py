@@ -7,8 +7,10 @@ request's parameters, keys this engine does not know are left alone: that map al
 carries the request id and whatever else a client tags its request with. In
 `sampling_parameters`, whose only purpose is sampling, an unknown key is an error, so a
 misspelt `temprature` is not silently ignored; vLLM keys whose feature is not
-implemented are accepted only at their neutral value. Numbers may be given as strings
-(Triton's vLLM examples send `{"temperature": "0.1"}`).
+implemented are accepted only at their neutral value. The logits processors' keys
+(penalties, `min_p`, `logit_bias`, `allowed_token_ids`, `bad_words`) are checked here
+with vLLM's ranges and words; what needs the vocabulary is checked in logits.py.
+Numbers may be given as strings (Triton's vLLM examples send `{"temperature": "0.1"}`).
 
 Sampling works on one row of float32 logits with a numpy Generator per request, seeded
 when the request gives a seed: the same seed gives the same text whatever else runs in
@@ -52,6 +54,27 @@ class SamplingParams:
     # vLLM's: the top-N log probabilities per sampled token (0: the sampled one's only,
     # -1: the whole vocabulary); None: none computed.
     logprobs: int | None = None
+    # vLLM's logits processors (logits.py applies them; min_p is the sampler's).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    # token id -> bias, clamped to [-100, 100] as vLLM clamps it.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[str, ...] = ()
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether a logits processor runs before the sampler (min_p is the sampler's)."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+            or self.allowed_token_ids is not None
+            or self.bad_words
+        )
 
     @property
     def greedy(self) -> bool:
@@ -70,21 +93,30 @@ MAX_STOP_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 1024
 
 _FLOATS = ("temperature", "top_p")
+# Given only where the request gives them (their defaults are SamplingParams').
+_PROCESSOR_FLOATS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
+# vLLM's limits on what one request's processors hold (its v1 sampler's buffers, and
+# VLLM_MAX_NUM_BAD_WORDS / VLLM_MAX_BAD_WORDS_TOTAL_TOKENS): each is looked at every token.
+MAX_LOGIT_BIAS = 1024
+MAX_ALLOWED_TOKEN_IDS = 1024
+MAX_BAD_WORDS = 128
+MAX_BAD_WORD_TOKENS = 1024
+# vLLM's clamp of a logit bias.
+_BIAS_BOUND = 100.0
 _INTS = ("max_tokens", "top_k", "seed", "min_tokens")
 _BOOLS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
 # vLLM keys accepted only at their neutral value (the feature is not implemented).
 _NEUTRAL: dict[str, Any] = {
     "n": 1,
     "best_of": 1,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "repetition_penalty": 1.0,
-    "min_p": 0.0,
     "prompt_logprobs": None,
     "spaces_between_special_tokens": True,
     "detokenize": True,
 }
-KNOWN_KEYS = frozenset((*_FLOATS, *_INTS, *_BOOLS, "stop", "stop_token_ids", "logprobs", *_NEUTRAL))
+_LISTS = ("stop", "stop_token_ids", "logit_bias", "allowed_token_ids", "bad_words")
+KNOWN_KEYS = frozenset(
+    (*_FLOATS, *_PROCESSOR_FLOATS, *_INTS, *_BOOLS, *_LISTS, "logprobs", *_NEUTRAL)
+)
 
 
 def sampling_params(
@@ -177,7 +209,78 @@ def _validated(values: dict[str, Any]) -> SamplingParams:
             f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} token ids, got {len(ids)}"
         )
     out["stop_token_ids"] = tuple(ids)
+    _processors(values, out)
     return SamplingParams(**out)
+
+
+def _processors(values: dict[str, Any], out: dict[str, Any]) -> None:
+    """The logits processors' keys, with vLLM's ranges and words (its SamplingParams)."""
+    for key in _PROCESSOR_FLOATS:
+        if values.get(key) is not None:
+            out[key] = _float(key, values[key])
+    for key in ("presence_penalty", "frequency_penalty"):
+        if key in out and not -2.0 <= out[key] <= 2.0:
+            raise SamplingError(f"{key} must be in [-2, 2], got {out[key]}.")
+    repetition = out.get("repetition_penalty", 1.0)
+    if not math.isfinite(repetition):
+        raise SamplingError(f"repetition_penalty must be a finite number, got {repetition}.")
+    if repetition <= 0.0:
+        raise SamplingError(f"repetition_penalty must be greater than zero, got {repetition}.")
+    if "min_p" in out and not 0.0 <= out["min_p"] <= 1.0:
+        raise SamplingError(f"min_p must be in [0, 1], got {out['min_p']}.")
+    if out["temperature"] < _GREEDY_BELOW:
+        out["min_p"] = 0.0  # vLLM's: greedy takes the argmax, whatever min_p says
+    if values.get("logit_bias") is not None:
+        out["logit_bias"] = _logit_bias(values["logit_bias"])
+    allowed = values.get("allowed_token_ids")
+    if allowed is not None:
+        if not isinstance(allowed, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in allowed
+        ):
+            raise SamplingError("allowed_token_ids must be a list of token ids")
+        if not allowed:
+            raise SamplingError("allowed_token_ids is not None and empty!")
+        if len(allowed) > MAX_ALLOWED_TOKEN_IDS:
+            raise SamplingError(
+                f"Too many allowed token IDs: {len(allowed)}. "
+                f"The max size is {MAX_ALLOWED_TOKEN_IDS}."
+            )
+        out["allowed_token_ids"] = tuple(allowed)
+    words = values.get("bad_words")
+    if words is not None:
+        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+            raise SamplingError("bad_words must be a list of strings")
+        if any(not word for word in words):
+            raise SamplingError(f"bad_words cannot contain an empty string. Got bad_words={words}")
+        out["bad_words"] = tuple(dict.fromkeys(words))  # vLLM drops repeats
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's map of token id (a string in JSON) to bias, as vLLM reads it: keys as
+    integers, biases clamped to [-100, 100]."""
+    if not isinstance(value, dict):
+        raise SamplingError("logit_bias must be an object of token id to bias")
+    invalid = []
+    bias: dict[int, float] = {}
+    for key, given in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            invalid.append(key)
+            continue
+        number = _float("logit_bias", given)
+        if math.isnan(number):
+            raise SamplingError(f"logit_bias must be a number, got {given!r}")
+        bias[token] = min(_BIAS_BOUND, max(-_BIAS_BOUND, number))
+    if invalid:
+        raise SamplingError(
+            f"logit_bias contains key(s) that cannot be converted to integer token IDs: {invalid!r}"
+        )
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise SamplingError(
+            f"Too many logit bias tokens: {len(bias)}. The max size is {MAX_LOGIT_BIAS}."
+        )
+    return tuple(bias.items())
 
 
 def check_min_tokens(min_tokens: int, max_tokens: int) -> None:
@@ -260,6 +363,11 @@ class Sampler:
         if params.greedy:
             return int(np.argmax(logits))
         scaled = logits.astype(np.float64) / params.temperature
+        if params.min_p:
+            # vLLM's order and rule: after the temperature, before top-k/top-p, a token
+            # whose probability is below min_p times the most likely one's is dropped.
+            floor = scaled.max() + math.log(params.min_p)
+            scaled = np.where(scaled < floor, -np.inf, scaled)
         if 0 < params.top_k < scaled.shape[0]:
             kth = np.partition(scaled, -params.top_k)[-params.top_k]
             scaled = np.where(scaled < kth, -np.inf, scaled)
