@@ -186,15 +186,19 @@ HONOURED = {
     "include_stop_str_in_output": True,
     "skip_special_tokens": False,
     "ignore_eos": True,
+    # vLLM's logits processors; `logit_bias` is OpenAI's map, passed as given.
+    "repetition_penalty": 1.2,
+    "frequency_penalty": 0.5,
+    "presence_penalty": -0.5,
+    "min_p": 0.1,
+    "logit_bias": {"42": -100.0, "7": 2.5},
+    "allowed_token_ids": [7, 42],
+    "bad_words": ["no"],
 }
 # What the `llm` engine does not implement, at the values that change nothing.
 NEUTRAL = {
-    "repetition_penalty": 1.0,
-    "min_p": 0,
-    "presence_penalty": 0,
     "length_penalty": 1,
     "use_beam_search": False,
-    "bad_words": [],
     "spaces_between_special_tokens": True,
 }
 
@@ -232,14 +236,9 @@ def test_the_keys_passed_on_are_those_the_llm_engine_implements() -> None:
 
 REFUSED: list[tuple[str, object, str | None]] = [
     # Not implemented by the engine: unsupported, not silently dropped.
-    ("repetition_penalty", 1.5, "unsupported_parameter"),
-    ("min_p", 0.9, "unsupported_parameter"),
-    ("presence_penalty", 0.5, "unsupported_parameter"),
     ("length_penalty", 0.5, "unsupported_parameter"),
     ("use_beam_search", True, "unsupported_parameter"),
-    ("bad_words", ["no"], "unsupported_parameter"),
     ("spaces_between_special_tokens", False, "unsupported_parameter"),
-    ("allowed_token_ids", [1, 2], "unsupported_parameter"),
     ("truncate_prompt_tokens", 4, "unsupported_parameter"),
     ("guided_json", {"type": "object"}, "unsupported_parameter"),
     ("guided_choice", ["a", "b"], "unsupported_parameter"),
@@ -253,6 +252,11 @@ REFUSED: list[tuple[str, object, str | None]] = [
     ("include_stop_str_in_output", "yes", None),
     ("repetition_penalty", 0, None),
     ("min_p", 1.5, None),
+    ("presence_penalty", 2.5, None),
+    ("frequency_penalty", -3, None),
+    ("allowed_token_ids", [-1], None),
+    ("bad_words", [5], None),
+    ("logit_bias", {"5": "x"}, None),
     ("truncate_prompt_tokens", 0, None),
 ]
 

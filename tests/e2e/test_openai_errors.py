@@ -125,9 +125,9 @@ BAD_CHATS: list[tuple[dict[str, Any], str]] = [
     ({"model": "textgen", "messages": HELLO, "n": 0}, "n"),
     ({"model": "textgen", "messages": HELLO, "n": 129}, "n"),
     ({"model": "textgen", "messages": HELLO, "n": 2, "temperature": 0}, "n"),
-    ({"model": "textgen", "messages": HELLO, "presence_penalty": 0.5}, "presence_penalty"),
+    ({"model": "textgen", "messages": HELLO, "presence_penalty": 2.5}, "presence_penalty"),
     ({"model": "textgen", "messages": HELLO, "frequency_penalty": 3}, "frequency_penalty"),
-    ({"model": "textgen", "messages": HELLO, "logit_bias": {"50256": -100}}, "logit_bias"),
+    ({"model": "textgen", "messages": HELLO, "logit_bias": {"50256": "x"}}, "logit_bias"),
     ({"model": "textgen", "messages": HELLO, "logprobs": True}, "logprobs"),
     ({"model": "textgen", "messages": HELLO, "top_logprobs": 2}, "top_logprobs"),
     (

@@ -215,13 +215,37 @@ def test_echo_with_max_tokens_0_counts_the_prompt(client: openai.OpenAI) -> None
 
 
 def test_an_extension_the_engine_does_not_implement_is_400(server: ServerProcess) -> None:
-    for extra in ({"repetition_penalty": 1.3}, {"min_p": 0.2}):
+    for extra in ({"length_penalty": 1.3}, {"use_beam_search": True}):
         (param,) = extra
         body = {"model": "tiny_llm", "messages": MESSAGES} | extra
         answer = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=30)
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["param"] == param
         assert answer.json()["error"]["code"] == "unsupported_parameter"
+
+
+def test_logit_bias_and_penalties_reach_the_engine(
+    client: openai.OpenAI, server: ServerProcess
+) -> None:
+    # OpenAI's logit_bias (token ids as strings): +100 makes greedy pick the token.
+    biased = client.completions.create(
+        model="tiny_llm", prompt="Hello", temperature=0, max_tokens=6, logit_bias={"120": 100}
+    )
+    assert biased.choices[0].text == answer_text([120] * 6)
+    # Greedy "Hello" repeats "U"; a frequency penalty stops it, as vLLM's would.
+    assert "UUUUUU" in reference_text("Hello", 12)
+    penalised = client.completions.create(
+        model="tiny_llm", prompt="Hello", temperature=0, max_tokens=12, frequency_penalty=1.5
+    )
+    assert "UUUUUU" not in penalised.choices[0].text
+    # The engine's checks that need the vocabulary: a 400 naming the field, vLLM's words.
+    body = {"model": "tiny_llm", "prompt": "Hello", "logit_bias": {"999": 1}}
+    answer = httpx.post(server.base_url + "/v1/completions", json=body, timeout=30)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == "logit_bias"
+    assert answer.json()["error"]["message"] == (
+        "token_id(s) [999] in logit_bias contain out-of-vocab token ids. Vocabulary size: 320"
+    )
 
 
 def test_seeded_sampling_repeats(client: openai.OpenAI) -> None:

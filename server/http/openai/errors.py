@@ -153,6 +153,12 @@ def from_server_error(
             first = _FIRST_WORD.match(exc.message)
             if first is not None and first.group() in sent:
                 param = first.group()
+            else:
+                # vLLM's words that name the parameter later ("token_id(s) [9] in
+                # logit_bias contain..."): a sent parameter's name with an underscore,
+                # which no English word of a message is.
+                named = (w for w in _FIRST_WORD.findall(exc.message) if "_" in w and w in sent)
+                param = next(named, None)
     return OpenAIError(exc.message, status=status, kind=kind, param=param, code=code, closes=closes)
 
 

@@ -39,6 +39,7 @@ SAMPLING_KEYS = (
     "frequency_penalty",
     "repetition_penalty",
     "min_p",
+    "logit_bias",
     "length_penalty",
     "use_beam_search",
     "bad_words",

@@ -83,16 +83,18 @@ KEYS: dict[str, Key] = {
     "skip_special_tokens": Key(engine=True, neutral=(True,)),
     # Chat's `top_logprobs` (with `logprobs`), completions' `logprobs`: vLLM's key.
     LOGPROBS: Key(engine=True),
+    # vLLM's logits processors (backends/llm/logits.py); `logit_bias` is OpenAI's map.
+    "presence_penalty": Key(engine=True, neutral=(0,)),
+    "frequency_penalty": Key(engine=True, neutral=(0,)),
+    "repetition_penalty": Key(engine=True, neutral=(1,)),
+    "min_p": Key(engine=True, neutral=(0,)),
+    "logit_bias": Key(engine=True, neutral=({},)),
+    "bad_words": Key(engine=True, neutral=([],)),
+    "allowed_token_ids": Key(engine=True),
     # Not implemented by the engine (it takes them only at these values).
-    "presence_penalty": Key(engine=False, neutral=(0,)),
-    "frequency_penalty": Key(engine=False, neutral=(0,)),
-    "repetition_penalty": Key(engine=False, neutral=(1,)),
-    "min_p": Key(engine=False, neutral=(0,)),
     "length_penalty": Key(engine=False, neutral=(1,)),
     "use_beam_search": Key(engine=False, neutral=(False,)),
-    "bad_words": Key(engine=False, neutral=([],)),
     "spaces_between_special_tokens": Key(engine=False, neutral=(True,)),
-    "allowed_token_ids": Key(engine=False),
     "truncate_prompt_tokens": Key(engine=False),
 }
 

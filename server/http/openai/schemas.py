@@ -124,7 +124,8 @@ class Sampling(Body):
     n: int | None = Field(None, ge=1)
     presence_penalty: _Penalty | None = None
     frequency_penalty: _Penalty | None = None
-    logit_bias: dict[str, Any] | None = None
+    # OpenAI's: token id (a string) -> bias; the engine clamps it to vLLM's [-100, 100].
+    logit_bias: dict[str, float] | None = None
     # vLLM's sampling extensions, with vLLM's ranges (vllm/sampling_params.py).
     ignore_eos: bool | None = None
     min_tokens: int | None = Field(None, ge=0)
@@ -180,8 +181,6 @@ class Sampling(Body):
     def refuse_unsupported(self) -> None:
         fields.check_n(self.n, self.temperature)
         refuse_by_table(self, NEVER_SERVED, self.default_only)
-        if self.logit_bias:
-            raise unsupported("logit_bias", "'logit_bias' is not supported")
         options = self.stream_options
         given = options is not None and bool(options.model_fields_set or options.model_extra)
         if given and not self.stream:
