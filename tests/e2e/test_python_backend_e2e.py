@@ -340,8 +340,10 @@ def test_a_pipelining_client_that_leaves_takes_its_running_request_with_it(
     before = sleeper_executions(python_server)
     request = raw_sleep_request(0.2)
     with httpclient.InferenceServerClient(python_server.http_url, network_timeout=30) as client:
-        busy = client.async_infer("sleeper", [_seconds(0.6)])
-        time.sleep(0.2)  # the model is busy: what comes next waits
+        # Long enough that, on a loaded machine too, the busy request is running before
+        # the pipelined ones come, and still running when their connection's close is seen.
+        busy = client.async_infer("sleeper", [_seconds(2.0)])
+        time.sleep(0.5)  # the model is busy: what comes next waits
         with socket.create_connection(("127.0.0.1", python_server.http_port)) as sock:
             sock.sendall(request * 2)
             time.sleep(0.2)
