@@ -32,7 +32,8 @@ from ge_serve.backends.base import ModelError
 from ge_serve.backends.llm.backend import LlmModel
 from ge_serve.backends.llm.logits import nothing_possible
 from ge_serve.backends.llm.runner import RowWork
-from ge_serve.server.errors import ErrorCode, SchedulerClosed, ServerError
+from ge_serve.backends.llm.structured import Constraint, Grammars, Structured
+from ge_serve.server.errors import ErrorCode, SchedulerClosed, ServerError, invalid_arg
 
 from .genplan import Limits, StepPlan, plan_step
 from .genrequest import read_sequence
@@ -79,6 +80,8 @@ class GenerationScheduler:
         self._started = 0
         self._serial = 0
         self._drained: asyncio.Event | None = None
+        # Built on the first request with `structured_outputs`, never at load.
+        self._grammars = Grammars(model.tokenizer, model.runner.shape.vocab, model.eos_ids)
         self._thread = threading.Thread(target=self._loop, name=f"llm-{model.name}", daemon=True)
         self._thread.start()
 
@@ -121,6 +124,10 @@ class GenerationScheduler:
             seq = await asyncio.to_thread(read)  # tokenizing a long prompt takes a while
         else:
             seq = read()
+        if seq.params.structured is not None:
+            # Compiling (and, the first time, building the model's grammar tokenizer)
+            # takes up to seconds: a worker thread, never the loop.
+            seq.constraint = await asyncio.to_thread(self._constraint, seq.params.structured)
         seq.timings = timings
         self._pending += 1
         self._submitted += 1
@@ -141,6 +148,12 @@ class GenerationScheduler:
             self._pending -= 1
             if self._pending == 0:
                 self._drained.set()
+
+    def _constraint(self, structured: Structured) -> Constraint:
+        try:
+            return self._grammars.constraint(structured)
+        except ValueError as exc:
+            raise invalid_arg(str(exc)) from None
 
     def cancel(self, seq: Sequence) -> None:
         """The client has gone: the engine drops the sequence at the next step boundary."""
@@ -329,16 +342,24 @@ class GenerationScheduler:
             # vLLM's MinTokensLogitsProcessor bans every stop id, EOS included whatever
             # ignore_eos says (its all_stop_token_ids hold the EOS either way).
             banned = tuple(eos) + params.stop_token_ids
-        if seq.processor is None:
+        if seq.processor is None and seq.constraint is None:
             token = seq.sampler.sample(logits, banned)
         else:
-            row = seq.processor.apply(logits, seq.tokens, seq.prompt_len, banned)
-            if nothing_possible(row):
-                # allowed_token_ids all banned (bad words, min_tokens): the answer ends
-                # here rather than sample a token the request ruled out.
-                self._end_without_token(seq)
+            row: npt.NDArray[np.float32] | None = logits
+            if seq.processor is not None:
+                row = seq.processor.apply(logits, seq.tokens, seq.prompt_len, banned)
+                banned = ()
+            if seq.constraint is not None and row is not None:
+                row = seq.constraint.allowed(row, banned)
+            if row is None or nothing_possible(row):
+                # Nothing the request allows is left (allowed_token_ids all banned, a
+                # complete grammar's EOS held off by min_tokens): the answer ends here
+                # rather than sample a token the request ruled out.
+                self._end_unsampled(seq)
                 return
             token = seq.sampler.sample(row)
+            if seq.constraint is not None:
+                seq.constraint.accept(token)
         if seq.logprobs is not None:  # asked for: all the cost is the asker's
             seq.logprobs.add(logits, token)
         seq.tokens.append(token)
@@ -374,10 +395,12 @@ class GenerationScheduler:
             delta += seq.stops.finish()
         self._finish(seq, reason, delta)
 
-    def _end_without_token(self, seq: Sequence) -> None:
-        seq.last_token_s = time.monotonic()
-        check = seq.generated > seq.params.min_tokens
-        delta = seq.stops.add(seq.detokenizer.flush(), check)
+    def _end_unsampled(self, seq: Sequence) -> None:
+        """No token the request allows is left: the answer ends "stop" as it is, for this
+        request alone (vLLM samples from a row of -inf there and fails the request)."""
+        if seq.first_token_s is None:
+            seq.last_token_s = time.monotonic()
+        delta = seq.stops.add(seq.detokenizer.flush(), seq.generated > seq.params.min_tokens)
         self._finish(seq, "stop", delta + seq.stops.finish())
 
     def _finish(self, seq: Sequence, reason: str, delta: str) -> None:

@@ -20,6 +20,7 @@ from ge_serve.backends.base import ResponseSink
 from ge_serve.backends.llm.logits import LogitsProcessor
 from ge_serve.backends.llm.logprobs import TokenLogprobs
 from ge_serve.backends.llm.sampling import Sampler, SamplingParams
+from ge_serve.backends.llm.structured import Constraint
 from ge_serve.backends.llm.text import Detokenizer, StopStrings
 
 from .work import Timings
@@ -72,6 +73,9 @@ class Sequence:
     # vLLM's logits processors the request asked for (penalties, logit_bias...); None:
     # none, and its logits go to the sampler as the step gave them.
     processor: LogitsProcessor | None = None
+    # The grammar of a request with `structured_outputs` (compiled before it reaches the
+    # engine); its state lives as long as the sequence, through preemptions.
+    constraint: Constraint | None = None
     # The request's timings, which the core's statistics read once it is answered.
     timings: Timings = field(default_factory=Timings)
 

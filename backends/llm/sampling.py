@@ -30,6 +30,7 @@ import numpy.typing as npt
 
 from .logprobs import NO_PROMPT_LOGPROBS
 from .settings import SamplingDefaults
+from .structured import Structured, parse_structured
 
 
 class SamplingError(ValueError):
@@ -76,6 +77,9 @@ class SamplingParams:
             or self.bad_words
         )
 
+    # vLLM's `structured_outputs` (structured.py); None: unconstrained.
+    structured: Structured | None = None
+
     @property
     def greedy(self) -> bool:
         # vLLM's rule: below this the logits divided by the temperature overflow to
@@ -115,7 +119,16 @@ _NEUTRAL: dict[str, Any] = {
 }
 _LISTS = ("stop", "stop_token_ids", "logit_bias", "allowed_token_ids", "bad_words")
 KNOWN_KEYS = frozenset(
-    (*_FLOATS, *_PROCESSOR_FLOATS, *_INTS, *_BOOLS, *_LISTS, "logprobs", *_NEUTRAL)
+    (
+        *_FLOATS,
+        *_PROCESSOR_FLOATS,
+        *_INTS,
+        *_BOOLS,
+        *_LISTS,
+        "logprobs",
+        "structured_outputs",
+        *_NEUTRAL,
+    )
 )
 
 
@@ -210,6 +223,11 @@ def _validated(values: dict[str, Any]) -> SamplingParams:
         )
     out["stop_token_ids"] = tuple(ids)
     _processors(values, out)
+    if values.get("structured_outputs") is not None:
+        try:
+            out["structured"] = parse_structured(values["structured_outputs"])
+        except ValueError as exc:
+            raise SamplingError(str(exc)) from None
     return SamplingParams(**out)
 
 

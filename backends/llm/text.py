@@ -73,6 +73,10 @@ class Tokenizer:
             return list(batch[0].ids)
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
+    def to_json(self) -> str:
+        """The tokenizer.json text (what llguidance builds its tokenizer from)."""
+        return str(self._tokenizer.to_str())
+
     def min_tokens(self, utf8_bytes: int) -> int:
         """At least how many tokens a text of `utf8_bytes` bytes encodes to (0 where the
         tokenizer gives no bound)."""

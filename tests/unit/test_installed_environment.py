@@ -41,6 +41,7 @@ OPTIONAL_PATHS = [
     ("examples/ocr: pre- and post-processing", "PIL.Image"),
     ("examples/ocr: post-processing", "scipy.ndimage"),
     ("the llm backend: the tokenizer", "tokenizers"),
+    ("the llm backend: structured outputs' grammar masks", "llguidance.numpy"),
     (
         "the llm backend and /v1/chat/completions: chat templates in Jinja2's sandbox",
         "jinja2.sandbox",

@@ -1,0 +1,254 @@
+"""Structured outputs (constrained decoding): vLLM's sampling key `structured_outputs`,
+served as vLLM serves it with its "guidance" backend, by llguidance.
+
+The key is vLLM's StructuredOutputsParams, as an object or as the JSON text of one (what
+Triton's vLLM backend reads, and Triton's OpenAI frontend sends): exactly one of `json`
+(a JSON schema), `regex`, `choice`, `grammar` (Lark or GBNF) or `json_object`, and the
+options `disable_any_whitespace`, `disable_additional_properties`, `whitespace_pattern`.
+`parse_structured` checks its shape with vLLM's words (cheap, on the event loop); the
+grammar is compiled by `Grammars.constraint`, which the engine calls off the event loop:
+the model's LLTokenizer takes about a second to build (once per loaded model) and a large
+schema takes a while to compile.
+
+Each constrained sequence holds a `Constraint`: before sampling, the tokens the grammar
+does not allow next are set to -inf in a copy of the logits row (rows past the
+tokenizer's vocabulary too); the sampled token is then consumed. Once the grammar is
+complete the EOS is the only token allowed, so the answer ends "stop", as in vLLM.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    import llguidance
+
+    from .text import Tokenizer
+
+# vLLM's StructuredOutputsParams: its constraints (exactly one given), and its options.
+CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+_OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
+# Set by vLLM's engine, not by a client, but in `asdict(StructuredOutputsParams(...))`,
+# which is what Triton's OpenAI frontend sends: taken and ignored.
+_PRIVATE = ("_backend", "_backend_was_auto")
+_KEYS = frozenset((*CONSTRAINTS, *_OPTIONS, *_PRIVATE))
+
+
+@dataclass(frozen=True, slots=True)
+class Structured:
+    """A request's constraint: `kind` one of CONSTRAINTS but structural_tag; `spec` the
+    regex or grammar text, the JSON text of the schema or of the choices ("" for
+    json_object)."""
+
+    kind: str
+    spec: str
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+
+def parse_structured(value: Any) -> Structured:
+    """The key's value checked, in vLLM's words; ValueError says what is wrong."""
+    if isinstance(value, str | bytes):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"structured_outputs is not valid JSON: {exc}") from None
+    if not isinstance(value, Mapping):
+        raise ValueError("structured_outputs must be an object (vLLM's StructuredOutputsParams)")
+    unknown = sorted(set(value) - _KEYS)
+    if unknown:
+        raise ValueError(
+            f"structured_outputs: unknown key(s) {unknown}; known: {sorted(_KEYS - set(_PRIVATE))}"
+        )
+    given = {k: value.get(k) for k in (*CONSTRAINTS, *_OPTIONS)}
+    count = sum(value.get(k) is not None for k in CONSTRAINTS)
+    if count > 1:
+        raise ValueError(
+            "You can only use one kind of structured outputs constraint "
+            f"but multiple are specified: {given}"
+        )
+    if count < 1:
+        raise ValueError(
+            "You must use one kind of structured outputs constraint "
+            f"but none are specified: {given}"
+        )
+    kind = next(k for k in CONSTRAINTS if value.get(k) is not None)
+    pattern = value.get("whitespace_pattern")
+    if pattern is not None and not isinstance(pattern, str):
+        raise ValueError("structured_outputs.whitespace_pattern must be a string")
+    return Structured(
+        kind,
+        _spec(kind, value[kind]),
+        disable_any_whitespace=_flag(value, "disable_any_whitespace"),
+        disable_additional_properties=_flag(value, "disable_additional_properties"),
+        whitespace_pattern=pattern,
+    )
+
+
+def _spec(kind: str, spec: Any) -> str:
+    if kind == "structural_tag":
+        # vLLM's guidance backend reads only its legacy {"triggers", "structures"} form,
+        # and the newer {"format": ...} one only through xgrammar: neither is served.
+        raise ValueError("structured_outputs.structural_tag is not supported")
+    if kind == "json_object":
+        if spec is not True:
+            raise ValueError(
+                "structured_outputs.json_object must be True if set; omit "
+                "structured_outputs to disable structured outputs"
+            )
+        return ""
+    if kind == "choice":
+        if not isinstance(spec, list) or not all(isinstance(c, str) for c in spec):
+            raise ValueError("structured_outputs.choice must be a list of strings")
+        if not spec:
+            raise ValueError(f"Choice '{spec}' cannot be an empty list")
+        return json.dumps(spec)
+    if kind == "json":
+        if isinstance(spec, str):
+            if not spec.strip():
+                raise ValueError("structured_outputs.json cannot be an empty string")
+            try:
+                spec = json.loads(spec)
+            except (ValueError, RecursionError):
+                raise ValueError("Invalid JSON grammar specification.") from None
+        if not isinstance(spec, dict | bool):
+            raise ValueError("structured_outputs.json must be a JSON schema (an object)")
+        return json.dumps(spec)
+    if not isinstance(spec, str):
+        raise ValueError(f"structured_outputs.{kind} must be a string")
+    if kind == "grammar" and not spec.strip():
+        raise ValueError("structured_outputs.grammar cannot be an empty string")
+    if kind == "regex" and "\x00" in spec:
+        raise ValueError("structured_outputs.regex must not contain a NUL character ('\\x00')")
+    return spec
+
+
+def _flag(given: Mapping[str, Any], key: str) -> bool:
+    value = given.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ValueError(f"structured_outputs.{key} must be true or false")
+    return value
+
+
+class Grammars:
+    """One loaded model's grammar compiler: its LLTokenizer, built on first use."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab: int, eos_ids: frozenset[int]) -> None:
+        self._tokenizer = tokenizer
+        self._vocab = vocab
+        self._eos = sorted(eos_ids)
+        self._lock = threading.Lock()
+        self._built: llguidance.LLTokenizer | None = None
+
+    def constraint(self, structured: Structured) -> Constraint:
+        """The matcher for one request (slow: call it off the event loop); ValueError,
+        in vLLM's words, for a grammar that does not compile."""
+        import llguidance
+
+        try:
+            grammar = _serialized(structured)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"Invalid grammar specification: {exc}") from None
+        matcher = llguidance.LLMatcher(self._ll_tokenizer(), grammar, log_level=0)
+        if error := matcher.get_error():
+            raise ValueError(f"Grammar error: {error}")
+        return Constraint(matcher, self._vocab)
+
+    def _ll_tokenizer(self) -> llguidance.LLTokenizer:
+        with self._lock:  # built once, whichever request comes first
+            if self._built is None:
+                import llguidance
+
+                # The graph's vocabulary may be larger than the tokenizer's: the mask
+                # covers all of it (the rows past the tokenizer's are never allowed).
+                self._built = llguidance.LLTokenizer(
+                    self._tokenizer.to_json(),
+                    n_vocab=self._vocab,
+                    eos_token=self._eos or None,
+                )
+            return self._built
+
+
+def _serialized(structured: Structured) -> str:
+    """vLLM's serialize_guidance_grammar, with the request's options."""
+    import llguidance
+
+    if structured.kind in ("json", "json_object"):
+        schema: Any = json.loads(structured.spec) if structured.kind == "json" else {}
+        if structured.kind == "json_object":
+            schema = {"type": "object"}
+        elif structured.disable_additional_properties:
+            schema = copy.deepcopy(schema)
+            _no_additional_properties(schema)
+        defaults: dict[str, Any] = {"whitespace_flexible": not structured.disable_any_whitespace}
+        if structured.whitespace_pattern is not None:
+            defaults["whitespace_pattern"] = structured.whitespace_pattern
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=defaults)  # type: ignore[arg-type]
+    return llguidance.grammar_from(structured.kind, structured.spec)  # type: ignore[arg-type]
+
+
+def _no_additional_properties(schema: Any) -> None:
+    """vLLM's: every object schema that lists properties and says nothing of others gets
+    `additionalProperties: false`."""
+    if isinstance(schema, list):
+        for item in schema:
+            _no_additional_properties(item)
+        return
+    if not isinstance(schema, dict):
+        return
+    for value in schema.values():
+        if isinstance(value, dict | list):
+            _no_additional_properties(value)
+    if "additionalProperties" not in schema and isinstance(schema.get("properties"), dict):
+        schema["additionalProperties"] = False
+
+
+class Constraint:
+    """One sequence's grammar state."""
+
+    __slots__ = ("_mask", "_matcher")
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab: int) -> None:
+        self._matcher = matcher
+        self._mask = np.full((1, (vocab + 31) // 32), -1, dtype=np.int32)
+
+    def allowed(
+        self, logits: npt.NDArray[np.float32], banned: tuple[int, ...] = ()
+    ) -> npt.NDArray[np.float32] | None:
+        """A copy of `logits` where the grammar's next tokens (less `banned`) keep their
+        value and all others are -inf; None when none is left."""
+        from llguidance.numpy import fill_next_token_bitmask
+
+        # A stopped matcher (or one in error) allows the EOS alone.
+        fill_next_token_bitmask(self._matcher, self._mask)
+        bits = np.unpackbits(self._mask.view(np.uint8), bitorder="little")
+        size = min(int(bits.shape[0]), int(logits.shape[0]))
+        keep = bits[:size].astype(bool)
+        if banned:
+            keep[[b for b in banned if b < size]] = False
+        if not keep.any():
+            return None
+        row = np.full(logits.shape, -np.inf, dtype=np.float32)
+        row[:size] = np.where(keep, logits[:size], -np.inf)
+        return row
+
+    def accept(self, token: int) -> None:
+        """Advance the grammar by the sampled token."""
+        matcher = self._matcher
+        if matcher.is_stopped():
+            # Complete: only the EOS was allowed, and sampled again where ignore_eos
+            # keeps the answer going (vLLM's terminated grammar takes it the same way).
+            return
+        if not matcher.consume_token(token):
+            raise RuntimeError(f"the grammar rejected token {token}: {matcher.get_error()}")

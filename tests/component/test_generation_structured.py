@@ -1,0 +1,169 @@
+"""Structured outputs (vLLM's `structured_outputs` sampling key, served as its "guidance"
+backend serves it) in the generation engine. The tiny model's weights are random, so
+only the constraint shapes what it writes: each answer must be what the grammar allows.
+Driven in process, as tests/component/test_generation_min_tokens.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import llmrepo
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from recording_sink import RecordingSink
+
+from ge_serve.backends.base import ModelSpec, RequestContext
+from ge_serve.backends.llm.backend import MODEL_KEY, LlmBackend
+from ge_serve.protos import model_config_pb2
+from ge_serve.scheduler.generation import GenerationScheduler
+from ge_serve.scheduler.work import WorkItem
+from ge_serve.server.errors import ErrorCode, ServerError
+
+pytestmark = pytest.mark.timeout(120)
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["name", "age", "ok"],
+}
+
+
+@pytest.fixture
+async def scheduler(tmp_path: Path) -> AsyncIterator[GenerationScheduler]:
+    folder = llmrepo.write_tiny_llm(tmp_path, "m")
+    config = text_format.Parse(
+        (folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
+    spec = ModelSpec("m", 1, config, folder, folder / "1" / "model.onnx")
+    built = GenerationScheduler(LlmBackend().load(spec).extra[MODEL_KEY])
+    yield built
+    await built.close(1)
+
+
+async def generate(
+    scheduler: GenerationScheduler, structured: Any, stream: bool = False, **sampling: Any
+) -> tuple[str, list[int], str]:
+    """The answer's text (the deltas joined when streamed), its tokens, its finish reason."""
+    sink = RecordingSink()
+    inputs = {
+        "text_input": np.array([b"Answer:"], dtype=object),
+        "exclude_input_in_output": np.array([True]),
+        "stream": np.array([stream]),
+        "sampling_parameters": np.array(
+            [json.dumps({"structured_outputs": structured, "max_tokens": 120, **sampling})],
+            dtype=object,
+        ),
+    }
+    await scheduler.submit(WorkItem(inputs, 1, context=RequestContext(responses=sink)))
+    await sink.until_final(20)
+    assert not sink.errors, sink.errors
+    text = "".join(r["text_output"][0].decode() for r in sink.responses)
+    ids = [int(i) for r in sink.responses for i in r["output_ids"]]
+    return text, ids, sink.responses[-1]["finish_reason"][0].decode()
+
+
+async def refused(scheduler: GenerationScheduler, structured: Any) -> str:
+    with pytest.raises(ServerError) as caught:
+        await generate(scheduler, structured)
+    assert caught.value.code is ErrorCode.INVALID_ARG
+    return caught.value.message
+
+
+async def test_choice_answers_one_of_the_choices(scheduler: GenerationScheduler) -> None:
+    choices = ["yes", "no", "maybe not"]
+    for seed in range(4):
+        text, _, reason = await generate(scheduler, {"choice": choices}, seed=seed)
+        assert (text in choices, reason) == (True, "stop"), text
+
+
+async def test_regex_answer_matches(scheduler: GenerationScheduler) -> None:
+    pattern = r"[a-c]{2,5}-\d{3}"
+    for seed in range(4):
+        text, _, reason = await generate(scheduler, {"regex": pattern}, seed=seed)
+        assert re.fullmatch(pattern, text) and reason == "stop", text
+
+
+async def test_json_schema_answer_parses_and_validates(scheduler: GenerationScheduler) -> None:
+    for seed in range(3):
+        text, _, reason = await generate(
+            scheduler,
+            {"json": SCHEMA, "disable_any_whitespace": True, "disable_additional_properties": True},
+            seed=seed,
+        )
+        doc = json.loads(text)
+        assert reason == "stop"
+        assert isinstance(doc["name"], str) and len(doc["name"]) <= 6
+        assert isinstance(doc["age"], int) and 0 <= doc["age"] <= 120
+        assert isinstance(doc["ok"], bool)
+
+
+async def test_json_object_answer_is_an_object(scheduler: GenerationScheduler) -> None:
+    # The random model's strings seldom end (a quote is one of hundreds of tokens the
+    # grammar allows there): seeds whose answer ends within the limit, one with a key.
+    for seed in (5, 6):
+        text, _, reason = await generate(
+            scheduler, {"json_object": True}, seed=seed, max_tokens=150
+        )
+        assert reason == "stop" and isinstance(json.loads(text), dict), text
+
+
+async def test_triton_style_json_text_and_streaming(scheduler: GenerationScheduler) -> None:
+    # Triton's OpenAI frontend sends json.dumps(asdict(StructuredOutputsParams(...))):
+    # a JSON text with every field, the unused ones null, and vLLM's private ones.
+    sent = {
+        "json": None, "regex": r"(ab|cd){3}", "choice": None, "grammar": None,
+        "json_object": None, "disable_any_whitespace": False,
+        "disable_additional_properties": False, "whitespace_pattern": None,
+        "structural_tag": None, "_backend": None, "_backend_was_auto": False,
+    }  # fmt: skip
+    text, ids, reason = await generate(scheduler, json.dumps(sent), stream=True, seed=3)
+    assert re.fullmatch(r"(ab|cd){3}", text) and reason == "stop", text
+    assert len(ids) == 7 and ids[-1] == llmrepo.tiny_model().eos_id
+
+
+async def test_grammar(scheduler: GenerationScheduler) -> None:
+    grammar = 'start: "(" num ("+" num)* ")"\nnum: /[0-9]{1,2}/'
+    text, _, reason = await generate(scheduler, {"grammar": grammar}, seed=1)
+    assert re.fullmatch(r"\(\d{1,2}(\+\d{1,2})*\)", text) and reason == "stop", text
+
+
+async def test_bad_constraints_are_invalid_arg(scheduler: GenerationScheduler) -> None:
+    assert "regex" in (await refused(scheduler, {"regex": "(["})).lower()
+    assert "Invalid type: foo" in await refused(scheduler, {"json": {"type": "foo"}})
+    assert await refused(scheduler, {"json": "{bad"}) == "Invalid JSON grammar specification."
+    assert (await refused(scheduler, {"regex": "a", "choice": ["a"]})).startswith(
+        "You can only use one kind of structured outputs constraint"
+    )
+    assert (await refused(scheduler, {"disable_any_whitespace": True})).startswith(
+        "You must use one kind of structured outputs constraint"
+    )
+    assert await refused(scheduler, {"choice": []}) == "Choice '[]' cannot be an empty list"
+    assert "unknown key" in await refused(scheduler, {"regex": "a", "jsn": {}})
+    assert "not supported" in await refused(scheduler, {"structural_tag": "{}"})
+    assert "not valid JSON" in await refused(scheduler, "{")
+    # The engine still serves.
+    assert (await generate(scheduler, {"choice": ["z"]}))[0] == "z"
+
+
+async def test_finished_grammar_against_min_tokens_and_ignore_eos(
+    scheduler: GenerationScheduler,
+) -> None:
+    eos, ab_ids = llmrepo.tiny_model().eos_id, llmrepo.prompt_ids("ab")
+    # The grammar is complete after "ab": only the EOS may follow, which min_tokens
+    # bans: nothing is left, and the answer ends there.
+    assert await generate(scheduler, {"choice": ["ab"]}, min_tokens=5) == (
+        "ab", ab_ids, "stop",
+    )  # fmt: skip
+    # With ignore_eos the EOS does not end it: EOS follows EOS to the limit, as in vLLM.
+    assert await generate(scheduler, {"choice": ["ab"]}, ignore_eos=True, max_tokens=5) == (
+        "ab", [*ab_ids, eos, eos, eos], "length",
+    )  # fmt: skip

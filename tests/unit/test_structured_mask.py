@@ -1,0 +1,90 @@
+"""The grammar mask of structured outputs (backends/llm/structured.py): whatever the
+logits favour, the sampler never gets a token the grammar does not allow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import llmrepo
+import numpy as np
+import pytest
+
+from ge_serve.backends.llm.sampling import Sampler, SamplingError, SamplingParams, sampling_params
+from ge_serve.backends.llm.settings import SamplingDefaults
+from ge_serve.backends.llm.structured import Grammars, Structured
+from ge_serve.backends.llm.text import Tokenizer
+
+EOS = 256
+# The graph's vocabulary is larger than the tokenizer's 257 tokens (VOCAB 320), and the
+# mask here larger still, to show that rows past the tokenizer's are never allowed.
+GRAPH_VOCAB = 400
+
+
+@pytest.fixture(scope="module")
+def grammars(tmp_path_factory: pytest.TempPathFactory) -> Grammars:
+    path: Path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    llmrepo.byte_tokenizer().save(str(path))
+    return Grammars(Tokenizer(path), GRAPH_VOCAB, frozenset({EOS}))
+
+
+def allowed_ids(row: np.ndarray) -> set[int]:
+    return {int(i) for i in np.flatnonzero(np.isfinite(row))}
+
+
+def test_disallowed_tokens_never_pass_whatever_the_logits(grammars: Grammars) -> None:
+    a, b = llmrepo.prompt_ids("ab")
+    constraint = grammars.constraint(Structured("choice", '["ab"]'))
+    greedy = Sampler(SamplingParams(None, temperature=0))
+    logits = np.zeros(GRAPH_VOCAB, dtype=np.float32)
+    logits[[EOS, 300, 399, b]] = 1e9  # the EOS, unused rows, the wrong letter
+    row = constraint.allowed(logits)
+    assert row is not None and allowed_ids(row) == {a}
+    assert logits[300] == 1e9  # the row given is left as it was
+    token = greedy.sample(row)
+    assert token == a
+    constraint.accept(token)
+    # Random sampling at a high temperature, where every logit but one favours others.
+    random = Sampler(SamplingParams(None, temperature=100.0, seed=1))
+    row = constraint.allowed(logits)
+    assert row is not None and allowed_ids(row) == {b}
+    assert all(random.sample(row) == b for _ in range(50))
+    constraint.accept(b)
+    # Complete: the EOS alone; banned (min_tokens), nothing is left.
+    row = constraint.allowed(logits)
+    assert row is not None and allowed_ids(row) == {EOS}
+    assert constraint.allowed(logits, banned=(EOS,)) is None
+
+
+def test_a_rejected_token_is_an_error(grammars: Grammars) -> None:
+    constraint = grammars.constraint(Structured("regex", "[0-9]+"))
+    with pytest.raises(RuntimeError, match="rejected"):
+        constraint.accept(llmrepo.prompt_ids("x")[0])
+
+
+def test_bad_grammars_say_what_is_wrong(grammars: Grammars) -> None:
+    with pytest.raises(ValueError, match=r"^Grammar error: .*regex"):
+        grammars.constraint(Structured("regex", "(["))
+    with pytest.raises(ValueError, match=r"^Grammar error: "):
+        grammars.constraint(Structured("grammar", "start: undefined_rule"))
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ({"json": {}, "regex": "a"}, "You can only use one kind"),
+        ({}, "You must use one kind"),
+        ({"json_object": False}, "json_object must be True if set"),
+        ({"grammar": "  "}, "grammar cannot be an empty string"),
+        ({"json": ""}, "json cannot be an empty string"),
+        ({"regex": "a\x00"}, "must not contain a NUL"),
+        ({"choice": "a"}, "must be a list of strings"),
+        ({"regex": "a", "disable_any_whitespace": "yes"}, "must be true or false"),
+        ({"structural_tag": '{"triggers": []}'}, "structural_tag is not supported"),
+        ([1], "must be an object"),
+    ],
+)
+def test_the_key_is_checked_in_vllms_words(value: object, words: str) -> None:
+    with pytest.raises(SamplingError, match=words):
+        sampling_params(
+            SamplingDefaults(16, 1.0, 1.0, 0), {"structured_outputs": value}, None, None
+        )
