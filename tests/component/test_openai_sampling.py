@@ -231,7 +231,8 @@ def test_the_keys_passed_on_are_those_the_llm_engine_implements() -> None:
         if key in sampling._NEUTRAL:
             assert sampling._NEUTRAL[key] in rule.neutral, key
     # `logprobs`: from chat's `top_logprobs` or completions' `logprobs` (logprob_count).
-    assert set(KEYS) == {"max_tokens", "logprobs", *SAMPLING_KEYS}
+    # `structured_outputs`: from response_format, structured_outputs, guided_* (structured.py).
+    assert set(KEYS) == {"max_tokens", "logprobs", "structured_outputs", *SAMPLING_KEYS}
 
 
 REFUSED: list[tuple[str, object, str | None]] = [
@@ -240,9 +241,6 @@ REFUSED: list[tuple[str, object, str | None]] = [
     ("use_beam_search", True, "unsupported_parameter"),
     ("spaces_between_special_tokens", False, "unsupported_parameter"),
     ("truncate_prompt_tokens", 4, "unsupported_parameter"),
-    ("guided_json", {"type": "object"}, "unsupported_parameter"),
-    ("guided_choice", ["a", "b"], "unsupported_parameter"),
-    ("structured_outputs", {"regex": "a+"}, "unsupported_parameter"),
     ("prompt_logprobs", 1, "unsupported_parameter"),
     # Out of vLLM's ranges.
     ("min_tokens", -1, None),
@@ -359,3 +357,75 @@ async def test_a_parameter_with_no_input_or_past_its_datatype_is_400(
     refused = error(await http.post(COMPLETIONS, json=body))
     assert (refused["param"], refused["code"]) == (param, code)
     assert "'separate'" in refused["message"]
+
+
+# --- structured outputs: one `structured_outputs` key, vLLM's StructuredOutputsParams --------
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+AS_SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}
+STRUCTURED: list[tuple[dict[str, Any], dict[str, Any]]] = [
+    ({"response_format": {"type": "json_object"}}, {"json_object": True}),
+    ({"response_format": AS_SCHEMA}, {"json": SCHEMA}),
+    ({"structured_outputs": {"regex": "a+", "disable_any_whitespace": True}},
+     {"regex": "a+", "disable_any_whitespace": True}),
+    # vLLM's: the format overrides its own field of structured_outputs, keeps the others.
+    ({"structured_outputs": {"json": {}, "whitespace_pattern": " "},
+      "response_format": {"type": "json_object"}},
+     {"json": {}, "whitespace_pattern": " ", "json_object": True}),
+    # The legacy fields, mapped as vLLM mapped them before it dropped them.
+    ({"guided_json": SCHEMA}, {"json": SCHEMA}),
+    ({"guided_regex": "[0-9]+"}, {"regex": "[0-9]+"}),
+    ({"guided_choice": ["a", "b"]}, {"choice": ["a", "b"]}),
+    ({"guided_grammar": "start: x"}, {"grammar": "start: x"}),
+    ({"response_format": {"type": "text"}}, {}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fields", "sent"), STRUCTURED, ids=[str(f) for f, _ in STRUCTURED])
+async def test_structured_outputs_reach_the_model_as_one_key(
+    http: httpx.AsyncClient, fields: dict[str, Any], sent: dict[str, Any]
+) -> None:
+    for path, prompt in (
+        (COMPLETIONS, {"prompt": "SHOW_PARAMS"}),
+        (CHAT, {"messages": [{"role": "user", "content": "SHOW_PARAMS"}]}),
+    ):
+        done = answer(await http.post(path, json={"model": "textgen"} | prompt | fields))
+        text = done["choices"][0]["text" if path == COMPLETIONS else "message"]
+        shown = json.loads(text if path == COMPLETIONS else text["content"])["sampling"]
+        # A JSON text, as Triton's OpenAI frontend sends it to its vLLM backend.
+        given = shown.get("structured_outputs")
+        assert (json.loads(given) if given is not None else {}) == sent, path
+
+
+BAD_STRUCTURED: list[tuple[dict[str, Any], str, str]] = [
+    ({"structured_outputs": {"json": {}, "regex": "a"}}, "structured_outputs",
+     "You can only use one kind of constraints for structured outputs"),
+    ({"structured_outputs": "a+"}, "structured_outputs", "must be an object"),
+    ({"guided_json": {}, "guided_regex": "a"}, "guided_json",
+     "You can only use one kind of guided decoding"),
+    ({"guided_regex": "a", "structured_outputs": {"regex": "b"}}, "structured_outputs",
+     "not both"),
+    ({"response_format": {"type": "json_schema"}}, "response_format",
+     "When response_format type is 'json_schema', the 'json_schema' field must be provided."),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+     "response_format", "'name'"),
+    ({"response_format": {"type": "yaml"}}, "response_format", "'yaml'"),
+    ({"response_format": {"type": "structural_tag"}}, "response_format", "not supported"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fields", "param", "words"), BAD_STRUCTURED)
+async def test_conflicting_structured_fields_are_a_400(
+    http: httpx.AsyncClient, fields: dict[str, Any], param: str, words: str
+) -> None:
+    body = {"model": "textgen", "messages": HELLO} | fields
+    refused = error(await http.post(CHAT, json=body))
+    assert refused["param"] == param and words in refused["message"], refused
+
+
+async def test_structured_outputs_are_refused_where_the_model_takes_none(
+    http: httpx.AsyncClient,
+) -> None:
+    body = {"model": "bare", "prompt": "x", "response_format": {"type": "json_object"}}
+    refused = error(await http.post(COMPLETIONS, json=body))
+    assert (refused["param"], refused["code"]) == ("structured_outputs", "unsupported_parameter")

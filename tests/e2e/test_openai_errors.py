@@ -131,7 +131,7 @@ BAD_CHATS: list[tuple[dict[str, Any], str]] = [
     ({"model": "textgen", "messages": HELLO, "logprobs": True}, "logprobs"),
     ({"model": "textgen", "messages": HELLO, "top_logprobs": 2}, "top_logprobs"),
     (
-        {"model": "textgen", "messages": HELLO, "response_format": {"type": "json_object"}},
+        {"model": "textgen", "messages": HELLO, "response_format": {"type": "structural_tag"}},
         "response_format",
     ),
     ({"model": "textgen", "messages": HELLO, "tools": [{"type": "function"}]}, "tools"),

@@ -411,6 +411,47 @@ def test_a_client_that_leaves_frees_its_sequence(server: ServerProcess) -> None:
         assert answer.status_code == 200
 
 
+def test_a_json_schema_response_format_shapes_the_answer(client: openai.OpenAI) -> None:
+    # The weights are random: only the schema makes the answer JSON, and these keys.
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 5},
+            "age": {"type": "integer", "minimum": 0, "maximum": 99},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    for seed in range(3):
+        chat = client.chat.completions.create(
+            model="tiny_llm",
+            messages=MESSAGES,
+            max_tokens=100,
+            seed=seed,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "person", "schema": schema, "strict": True},
+            },
+        )
+        doc = json.loads(chat.choices[0].message.content or "")
+        assert set(doc) == {"name", "age"} and chat.choices[0].finish_reason == "stop"
+        assert isinstance(doc["name"], str) and isinstance(doc["age"], int)
+
+
+def test_a_bad_schema_is_400(server: ServerProcess) -> None:
+    body = {
+        "model": "tiny_llm",
+        "messages": MESSAGES,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "bad", "schema": {"type": "nothing"}},
+        },
+    }
+    refused = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=30)
+    assert refused.status_code == 400, refused.text
+    assert "Grammar error" in refused.json()["error"]["message"]
+
+
 # --- the real SmolLM2 ------------------------------------------------------------------------
 
 
@@ -484,3 +525,22 @@ def test_smollm_tokenizes_as_the_tokenizers_library(
     assert chat.json()["tokens"] == expected
     assert chat.json()["token_strs"][:3] == ["<|im_start|>", "system", "Ċ"]
     assert back.json() == {"prompt": rendered}
+
+
+def test_smollm_answers_a_json_object(smollm_server: ServerProcess) -> None:
+    with openai.OpenAI(base_url=smollm_server.base_url + "/v1", api_key="unused") as client:
+        chat = client.chat.completions.create(
+            model="smollm",
+            messages=[
+                {
+                    "role": "user",
+                    "content": 'What is the capital of France? Answer as {"capital": "..."}',
+                }
+            ],
+            temperature=0,
+            max_tokens=40,
+            response_format={"type": "json_object"},
+        )
+    text = chat.choices[0].message.content or ""
+    assert chat.choices[0].finish_reason == "stop", text
+    assert isinstance(json.loads(text), dict), text

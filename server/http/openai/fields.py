@@ -49,11 +49,6 @@ SAMPLING_KEYS = (
 )
 # vLLM's extensions that no model contract carries: refused whenever given.
 NEVER_SERVED = {
-    "guided_json": "guided decoding",
-    "guided_regex": "guided decoding",
-    "guided_choice": "guided decoding",
-    "guided_grammar": "guided decoding",
-    "structured_outputs": "guided decoding",
     "prompt_logprobs": "the prompt's log probabilities: the llm engine computes only "
     "those of generated tokens",
     "logprob_token_ids": "log probabilities of chosen tokens",

@@ -91,6 +91,8 @@ KEYS: dict[str, Key] = {
     "logit_bias": Key(engine=True, neutral=({},)),
     "bad_words": Key(engine=True, neutral=([],)),
     "allowed_token_ids": Key(engine=True),
+    # response_format, structured_outputs and guided_* (structured.py): one JSON text.
+    "structured_outputs": Key(engine=True),
     # Not implemented by the engine (it takes them only at these values).
     "length_penalty": Key(engine=False, neutral=(1,)),
     "use_beam_search": Key(engine=False, neutral=(False,)),

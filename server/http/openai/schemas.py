@@ -10,10 +10,11 @@ Fields follow OpenAI's API reference and vLLM's extensions of it (vLLM's
 `ChatCompletionRequest` and `CompletionRequest`, which most OpenAI-compatible clients are
 tested against). Types are strict (JSON `"1"` is not a number, `1.0` is not an integer;
 an integer is a valid float). A field whose silent loss would change the answer (tools,
-prompt logprobs, JSON response formats, guided decoding, token-id prompts, a request's
-own chat template...) is a 400 that names the parameter (`refuse_unsupported`), except at
-the value that changes nothing (vLLM's default). Fields that change nothing here (vLLM's
-cache salt, disaggregation and scheduling hints...) and fields neither knows are ignored.
+prompt logprobs, token-id prompts, a request's own chat template; response formats
+and guided decoding for a model that takes no `structured_outputs`...) is a 400 that
+names the parameter (`refuse_unsupported`), except at the value that changes nothing
+(vLLM's default). Fields that change nothing here (vLLM's cache salt, disaggregation and
+scheduling hints...) and fields neither knows are ignored.
 vLLM's sampling extensions are fields here, checked with vLLM's ranges, since the model
 contract takes vLLM's sampling keys; which of them reach a given model, and which it
 refuses, is generation.py's decision (`sampling` gives it what the client set).
@@ -27,7 +28,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import fields
+from . import fields, structured
 from .errors import OpenAIError, unsupported
 from .fields import DEFAULT_ONLY, NEVER_SERVED, SAMPLING_KEYS, SERVER_VARIABLES, refuse_by_table
 from .logprobs import check_chat, check_completion
@@ -97,6 +98,7 @@ class StreamOptions(Body):
 
 class ResponseFormat(Body):
     type: str
+    json_schema: Any = None  # {"name", "schema", "strict"?}: structured.py reads it
 
 
 # --- sampling, shared by chat and completions ------------------------------------------------
@@ -145,6 +147,7 @@ class Sampling(Body):
     guided_choice: Any = None
     guided_grammar: Any = None
     structured_outputs: Any = None
+    response_format: ResponseFormat | None = None
     prompt_logprobs: Any = None
     logprob_token_ids: Any = None
     prompt_embeds: Any = None
@@ -190,6 +193,7 @@ class Sampling(Body):
                 "Stream options can only be defined when `stream=True`.",
                 param="stream_options",
             )
+        structured.structured_outputs(self)  # its 400s, before the model is asked
         if any(not s for s in self.stops()):
             raise OpenAIError("'stop' strings must not be empty", param="stop")
         limit = self.token_limit() or self.default_max_tokens
@@ -223,6 +227,8 @@ class Sampling(Body):
                 params[key] = value
         if (count := self.logprob_count()) is not None:
             params["logprobs"] = count
+        if (constraint := structured.structured_outputs(self)) is not None:
+            params[structured.KEY] = constraint
         return params
 
 
@@ -232,7 +238,6 @@ class ChatCompletionRequest(Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    response_format: ResponseFormat | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
@@ -258,8 +263,6 @@ class ChatCompletionRequest(Sampling):
         super().refuse_unsupported()
         self._refuse_template_controls()
         check_chat(self.logprobs, self.top_logprobs)
-        if self.response_format is not None and self.response_format.type != "text":
-            raise unsupported("response_format", "Only response_format type 'text' is supported")
         for name in ("tools", "functions"):
             if getattr(self, name):
                 raise unsupported(name, f"'{name}' (tool calling) is not supported")
@@ -359,7 +362,6 @@ class CompletionRequest(Sampling):
     suffix: str | None = None
     best_of: int | None = None
     logprobs: int | None = None
-    response_format: ResponseFormat | None = None
     # As chat's, but vLLM's default for completions is true.
     add_special_tokens: bool | None = None
     default_only: ClassVar[dict[str, tuple[Any, ...]]] = {
@@ -382,8 +384,6 @@ class CompletionRequest(Sampling):
         if not self.text():
             # Triton's OpenAI front end refuses it so; a model would, in its own words.
             raise OpenAIError("'prompt' must not be empty", param="prompt")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise unsupported("response_format", "Only response_format type 'text' is supported")
         if self.suffix:
             raise unsupported("suffix", "'suffix' is not supported")
         fields.check_best_of(self.best_of, self.n)
