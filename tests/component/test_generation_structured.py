@@ -5,6 +5,7 @@ Driven in process, as tests/component/test_generation_min_tokens.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
@@ -37,14 +38,18 @@ SCHEMA = {
 }
 
 
-@pytest.fixture
-async def scheduler(tmp_path: Path) -> AsyncIterator[GenerationScheduler]:
-    folder = llmrepo.write_tiny_llm(tmp_path, "m")
+def load(tmp_path: Path, **parameters: str) -> GenerationScheduler:
+    folder = llmrepo.write_tiny_llm(tmp_path, "m", parameters=parameters)
     config = text_format.Parse(
         (folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
     )
     spec = ModelSpec("m", 1, config, folder, folder / "1" / "model.onnx")
-    built = GenerationScheduler(LlmBackend().load(spec).extra[MODEL_KEY])
+    return GenerationScheduler(LlmBackend().load(spec).extra[MODEL_KEY])
+
+
+@pytest.fixture
+async def scheduler(tmp_path: Path) -> AsyncIterator[GenerationScheduler]:
+    built = load(tmp_path)
     yield built
     await built.close(1)
 
@@ -167,3 +172,19 @@ async def test_finished_grammar_against_min_tokens_and_ignore_eos(
     assert await generate(scheduler, {"choice": ["ab"]}, ignore_eos=True, max_tokens=5) == (
         "ab", [*ab_ids, eos, eos, eos], "length",
     )  # fmt: skip
+
+
+async def test_grammars_survive_preemption(tmp_path: Path) -> None:
+    # Eight answers of 41 tokens and their prompts need 48 blocks of 8; there are 16, so
+    # sequences are preempted and prefilled again, their grammar state kept as it was.
+    scheduler = load(tmp_path, kv_cache_blocks="16", max_model_len="128")
+    try:
+        pattern = r"[a-z]{40}"
+        answers = await asyncio.gather(
+            *(generate(scheduler, {"regex": pattern}, seed=seed) for seed in range(8))
+        )
+        assert scheduler.generation_stats.preemptions > 0
+        for text, _, reason in answers:
+            assert re.fullmatch(pattern, text) and reason == "stop", text
+    finally:
+        await scheduler.close(1)
