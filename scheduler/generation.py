@@ -32,7 +32,12 @@ from ge_serve.backends.base import ModelError
 from ge_serve.backends.llm.backend import LlmModel
 from ge_serve.backends.llm.logits import nothing_possible
 from ge_serve.backends.llm.runner import RowWork
-from ge_serve.backends.llm.structured import Constraint, Grammars, Structured
+from ge_serve.backends.llm.structured import (
+    Constraint,
+    Grammars,
+    Structured,
+    UnsupportedTokenizer,
+)
 from ge_serve.server.errors import ErrorCode, SchedulerClosed, ServerError, invalid_arg
 
 from .genplan import Limits, StepPlan, plan_step
@@ -152,6 +157,8 @@ class GenerationScheduler:
     def _constraint(self, structured: Structured) -> Constraint:
         try:
             return self._grammars.constraint(structured)
+        except UnsupportedTokenizer as exc:
+            raise ServerError(ErrorCode.UNSUPPORTED, str(exc)) from None
         except ValueError as exc:
             raise invalid_arg(str(exc)) from None
 

@@ -42,6 +42,10 @@ _PRIVATE = ("_backend", "_backend_was_auto")
 _KEYS = frozenset((*CONSTRAINTS, *_OPTIONS, *_PRIVATE))
 
 
+class UnsupportedTokenizer(RuntimeError):
+    """llguidance cannot read the model's tokenizer.json."""
+
+
 @dataclass(frozen=True, slots=True)
 class Structured:
     """A request's constraint: `kind` one of CONSTRAINTS but structural_tag; `spec` the
@@ -172,11 +176,16 @@ class Grammars:
 
                 # The graph's vocabulary may be larger than the tokenizer's: the mask
                 # covers all of it (the rows past the tokenizer's are never allowed).
-                self._built = llguidance.LLTokenizer(
-                    self._tokenizer.to_json(),
-                    n_vocab=self._vocab,
-                    eos_token=self._eos or None,
-                )
+                try:
+                    self._built = llguidance.LLTokenizer(
+                        self._tokenizer.to_json(),
+                        n_vocab=self._vocab,
+                        eos_token=self._eos or None,
+                    )
+                except Exception as exc:  # the model's, not the request's: not a ValueError
+                    raise UnsupportedTokenizer(
+                        f"structured outputs are not supported for this model's tokenizer: {exc}"
+                    ) from None
             return self._built
 
 
@@ -198,19 +207,39 @@ def _serialized(structured: Structured) -> str:
     return llguidance.grammar_from(structured.kind, structured.spec)  # type: ignore[arg-type]
 
 
+# vLLM's lists (backend_guidance.py): where a schema holds schemas, by name or directly.
+_SCHEMA_MAPS = (
+    "properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+    "dependencies",
+)  # fmt: skip
+_SUBSCHEMAS = (
+    "additionalProperties", "unevaluatedProperties", "propertyNames", "contains",
+    "additionalItems", "unevaluatedItems", "not", "if", "then", "else", "contentSchema",
+    "items", "prefixItems", "allOf", "anyOf", "oneOf",
+)  # fmt: skip
+
+
 def _no_additional_properties(schema: Any) -> None:
     """vLLM's: every object schema that lists properties and says nothing of others gets
-    `additionalProperties: false`."""
+    `additionalProperties: false` (its schema keywords only: an `enum` or `const` value
+    is data, left as it is)."""
     if isinstance(schema, list):
         for item in schema:
             _no_additional_properties(item)
         return
     if not isinstance(schema, dict):
         return
-    for value in schema.values():
-        if isinstance(value, dict | list):
-            _no_additional_properties(value)
-    if "additionalProperties" not in schema and isinstance(schema.get("properties"), dict):
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            for sub in schema[key].values():
+                _no_additional_properties(sub)
+    for key in _SUBSCHEMAS:
+        if isinstance(schema.get(key), dict | list):
+            _no_additional_properties(schema[key])
+    if "additionalProperties" not in schema and (
+        isinstance(schema.get("properties"), dict)
+        or isinstance(schema.get("patternProperties"), dict)
+    ):
         schema["additionalProperties"] = False
 
 
