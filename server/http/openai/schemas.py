@@ -26,64 +26,20 @@ import json
 import re
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from . import fields, structured
 from .errors import OpenAIError, unsupported
 from .fields import DEFAULT_ONLY, NEVER_SERVED, SAMPLING_KEYS, SERVER_VARIABLES, refuse_by_table
 from .logprobs import check_chat, check_completion
+from .messages import Body as Body
+from .messages import ChatMessage as ChatMessage
 
 M = TypeVar("M", bound="Body")
 
 # Pieces of a pydantic error location that name a union member, not a field.
 _TYPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 _FIELD = re.compile(r"^[a-z_]+$")
-
-
-class Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
-
-
-# --- chat messages ------------------------------------------------------------------------
-
-
-class TextPart(Body):
-    # Only "text" is served; refuse_unsupported names the part of another type.
-    type: str
-    text: str | None = None
-
-
-class ToolCallFunction(Body):
-    name: str
-    # JSON, as the model wrote it (template.py parses it for the template).
-    arguments: str
-
-
-class ToolCall(Body):
-    id: str
-    type: Literal["function"]
-    function: ToolCallFunction
-
-
-class ChatMessage(Body):
-    # Any role, as vLLM takes it (its CustomChatCompletionMessageParam): the template
-    # renders it (Llama 3.1's `ipython`) or refuses it with raise_exception (a 400).
-    role: str
-    # A string, or text parts (other part types, images and audio, are refused).
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-    # An assistant's calls, and the call a tool message answers: passed to the template.
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-
-    def text(self) -> str:
-        """The content as one string: text parts joined by a line break, as vLLM and
-        TensorRT-LLM join them (joined with nothing, "Say" and "hello" were "Sayhello")."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "\n".join(part.text or "" for part in self.content)
 
 
 class StreamOptions(Body):

@@ -59,7 +59,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from ge_serve.backends.base import TextGeneration
 
 from .errors import OpenAIError
-from .schemas import ChatCompletionRequest, ChatMessage
+from .messages import ChatMessage
+from .schemas import ChatCompletionRequest
 
 log = logging.getLogger(__name__)
 
