@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI
@@ -44,6 +44,7 @@ from .errors import error_response
 from .infer import Encoded, InferEndpoint, InferShortcut, guard
 from .openai import routes as openai_routes
 from .openai.errors import KSERVE_PREFIX, OPENAI_PREFIX, OpenAIError, is_openai_path
+from .openai.tools import ToolSettings
 from .openapi import ApiRoute, Body
 from .responses import json_response
 from .restricted import RestrictedApiMiddleware
@@ -72,6 +73,8 @@ class HttpSettings:
     max_chunks: int = error_texts.MAX_CHUNKS
     # --http-header-forward-pattern; "" forwards no header.
     header_forward_pattern: str = ""
+    # --tool-call-parser, --max-tool-call-parse-bytes (/v1 tool calling).
+    tools: ToolSettings = field(default_factory=ToolSettings)
 
 
 class HttpFrontEnd:
@@ -160,7 +163,7 @@ class HttpFrontEnd:
             # KServe v1's liveness route, which its REST client's is_server_live() calls.
             self.route("/", self.kserve_live, ["GET"]),
             # Last: the table is tried in order when the inference shortcut is off.
-            *openai_routes.routes(self),
+            *openai_routes.routes(self, self.settings.tools),
         ]
 
     def build(self) -> ASGIApp:

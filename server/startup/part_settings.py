@@ -22,6 +22,7 @@ from ..control.logsettings import LogControl, LogSettings
 from ..errors import ErrorCode, ServerError
 from ..grpc.server import GrpcSettings, GrpcTls
 from ..http.app import HttpSettings
+from ..http.openai.tools import ToolSettings
 from ..inference.responsecache import ResponseCache
 from ..observability.otel import make_sink
 from ..observability.traceconfig import unknown_settings
@@ -101,6 +102,7 @@ def http_settings(settings: Settings) -> HttpSettings:
         max_input_size=settings.http_max_input_size,
         restricted_api=settings.http_restricted_api,
         header_forward_pattern=settings.http_header_forward_pattern,
+        tools=ToolSettings(settings.tool_call_parser, settings.max_tool_call_parse_bytes),
     )
 
 

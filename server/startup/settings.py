@@ -299,6 +299,13 @@ class Settings:
     # A regex; "" forwards nothing (server/inference/header_forward.py).
     http_header_forward_pattern: str = field(default="", metadata=_forwarding("HTTP headers"))
     grpc_header_forward_pattern: str = field(default="", metadata=_forwarding("metadata", GRPC))
+    # /v1 tool calling (Triton's OpenAI front end's flags): http/openai/toolparse.py's values.
+    _parsers = ("llama3", "llama3_json", "mistral", "hermes")
+    tool_call_parser: str = field(default="", metadata=flag(choices=_parsers, help="/v1 tools"))
+    max_tool_call_parse_bytes: int = field(
+        default=128 * 1024,
+        metadata=flag(check=positive, help="most text a stream's tool-call parse holds"),
+    )
     # Front-end worker processes (server/workers/); 0: this process serves the protocol.
     http_workers: int = field(
         default=0,

@@ -134,7 +134,7 @@ BAD_CHATS: list[tuple[dict[str, Any], str]] = [
         {"model": "textgen", "messages": HELLO, "response_format": {"type": "structural_tag"}},
         "response_format",
     ),
-    ({"model": "textgen", "messages": HELLO, "tools": [{"type": "function"}]}, "tools"),
+    ({"model": "textgen", "messages": HELLO, "tools": [{"type": "function"}]}, "tools[0].function"),
     ({"model": "textgen", "messages": HELLO, "stream": "yes"}, "stream"),
     (
         {"model": "textgen", "messages": HELLO, "stream_options": {"include_usage": True}},

@@ -34,6 +34,7 @@ from ge_serve.server.inference.model import ModelVersion, TensorSpec
 from ge_serve.server.inference.types import DataType
 
 from .errors import from_server_error, model_not_found
+from .tools import ToolSettings
 
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
@@ -100,8 +101,10 @@ def text_generation(model: ModelVersion) -> TextGeneration | None:
 class Catalog:
     """The models /v1 serves, looked up in the core each time (models load and unload)."""
 
-    def __init__(self, core: InferenceServer) -> None:
+    def __init__(self, core: InferenceServer, tools: ToolSettings | None = None) -> None:
         self.core = core
+        # --tool-call-parser and --max-tool-call-parse-bytes (tools.py).
+        self.tools = tools or ToolSettings()
         # OpenAI's `created` of every model: when this server started (a model's own
         # creation time is not something a repository records).
         self.created = int(time.time())

@@ -26,6 +26,7 @@ import orjson
 
 from .generation import Usage
 from .logprobs import Entry, Logprobs
+from .tools import ToolUse
 
 
 def sse(data: dict[str, Any]) -> bytes:
@@ -62,6 +63,8 @@ class Answer:
     created: int = field(default_factory=lambda: int(time.time()))
     # The choice this answers (`n` > 1: one Answer per choice, `choice`).
     index: int = 0
+    # Tool calling (tools.py): how the text becomes `tool_calls`; None: it is the content.
+    tools: ToolUse | None = None
 
     def __post_init__(self) -> None:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + (self.id or uuid.uuid4().hex)
@@ -105,9 +108,14 @@ class Answer:
         if self.echo_only:
             text = ""
         if self.chat:
+            message: dict[str, Any] = {"role": self.role, "content": self.echo + text}
+            if self.tools is not None:
+                content, calls = self.tools.message(text)
+                message = {"role": self.role, "content": content, "tool_calls": calls}
+                finish_reason = self.tools.finish_reason(finish_reason, bool(calls))
             return {
                 "index": self.index,
-                "message": {"role": self.role, "content": self.echo + text},
+                "message": message,
                 "logprobs": self._logprobs(entries),
                 "finish_reason": finish_reason,
             }
@@ -125,12 +133,13 @@ class Answer:
         first: bool = False,
         usage: Usage | None = None,
         entries: list[Entry] | None = None,
+        delta: dict[str, Any] | None = None,
     ) -> bytes:
         """One streamed chunk: a text delta (None: none), or the closing finish reason;
         `usage`, the usage so far, for `continuous_usage`; `entries`, its tokens'
-        logprobs."""
+        logprobs; `delta`, chat's delta itself (tool calls)."""
         if self.chat:
-            delta: dict[str, Any] = {}
+            delta = dict(delta or {})
             if first:
                 delta["role"] = self.role
             if text is not None:

@@ -54,6 +54,7 @@ from .schemas import (
     EmbeddingRequest,
     parse,
 )
+from .tools import ToolSettings
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,8 @@ Handler = Callable[[Request], Awaitable[Response]]
 NOT_READY = {"detail": "Attached inference engine is not ready for inference requests."}
 
 
-def routes(front: RouteHost) -> list[Route]:
-    catalog = Catalog(front.core)
+def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
+    catalog = Catalog(front.core, tools)
     management = ModelManagement(front.core, catalog)
 
     async def read(

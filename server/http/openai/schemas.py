@@ -34,6 +34,7 @@ from .fields import DEFAULT_ONLY, NEVER_SERVED, SAMPLING_KEYS, SERVER_VARIABLES,
 from .logprobs import check_chat, check_completion
 from .messages import Body as Body
 from .messages import ChatMessage as ChatMessage
+from .tools import Tool, check_constraints, choice, constraint
 
 M = TypeVar("M", bound="Body")
 
@@ -194,8 +195,9 @@ class ChatCompletionRequest(Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
+    tools: list[Tool] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     function_call: Any = None
     # vLLM's chat template controls (template.py checks them, and renders with them).
@@ -219,12 +221,11 @@ class ChatCompletionRequest(Sampling):
         super().refuse_unsupported()
         self._refuse_template_controls()
         check_chat(self.logprobs, self.top_logprobs)
-        for name in ("tools", "functions"):
-            if getattr(self, name):
-                raise unsupported(name, f"'{name}' (tool calling) is not supported")
-        for name in ("tool_choice", "function_call"):
-            if getattr(self, name) not in (None, "none"):
-                raise unsupported(name, f"'{name}' (tool calling) is not supported")
+        check_constraints(self.chosen_tool(), structured.structured_outputs(self))
+        # The legacy `functions` (vLLM ignores them): refused, not silently dropped.
+        if self.functions or self.function_call not in (None, "none"):
+            name = "functions" if self.functions else "function_call"
+            raise unsupported(name, f"'{name}' (legacy function calling): use 'tools'")
         self._refuse_message_parts()
         if (
             self.max_tokens is not None
@@ -235,6 +236,17 @@ class ChatCompletionRequest(Sampling):
                 "Give 'max_completion_tokens' or 'max_tokens', not both with different values",
                 param="max_completion_tokens",
             )
+
+    def chosen_tool(self) -> Any:
+        return choice(self.tools, self.tool_choice)
+
+    def sampling(self) -> dict[str, Any]:
+        params = super().sampling()
+        # vLLM's: a named function or "required" overrides the structured outputs.
+        forced = constraint(self.tools, self.chosen_tool(), self.parallel_tool_calls)
+        if forced is not None:
+            params[structured.KEY] = json.dumps(forced)
+        return params
 
     def _refuse_message_parts(self) -> None:
         """Content parts other than text, and text parts without text."""

@@ -4,7 +4,7 @@ Templates are Hugging Face's: Jinja2 source rendered as transformers'
 `apply_chat_template` renders it (Triton's OpenAI front end and vLLM call it), with the
 same environment, so a model's template gives the same prompt here as there:
 
-- the variables `messages`, `tools` (None: chat refuses tools; /tokenize's), `documents` and
+- the variables `messages`, `tools` (the request's, tools.py; None where none), `documents` and
   `add_generation_prompt` (the request's, as vLLM passes them), `bos_token` and
   `eos_token`, and the request's `chat_template_kwargs` (vLLM's: any variables the
   template reads, `enable_thinking` say; `bos_token` too, as transformers lets them
@@ -152,8 +152,7 @@ def render_request(
     body: ChatCompletionRequest,
     tools: list[dict[str, Any]] | None = None,
 ) -> str:
-    """The prompt for a chat request, with its template controls; `tools`: the
-    template's (only /tokenize passes them: chat refuses tools)."""
+    """The prompt for a chat request, with its template controls and `tools` (as sent)."""
     return render(
         generation,
         body.messages,

@@ -39,11 +39,12 @@ from ..disconnects import until_disconnect
 from .catalog import Catalog, text_generation
 from .choices import Item, all_of, merged, one, seeded
 from .errors import CONTEXT_LENGTH_EXCEEDED, SERVER_ERROR, OpenAIError
-from .generation import Params, Piece, Usage, build_request, collect, pieces
+from .generation import SAMPLING, Params, Piece, Usage, build_request, collect, pieces
 from .logprobs import Entry, Logprobs
 from .objects import DONE, Answer, sse
 from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
 from .template import render_request
+from .tools import ToolStream, plan, template_tools
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,12 @@ async def chat_completion(
     if generation is None or generation.chat_template is None:
         raise no_chat_template(body.model)
     _check_limit(body.token_limit(), generation.max_model_len)
-    prompt = await chat_prompt(generation, body)
+    takes_keys = SAMPLING in model.inputs
+    chosen, parallel = body.chosen_tool(), body.parallel_tool_calls
+    tool_use = plan(chosen, catalog.tools, takes_keys, body.model, parallel)
+    prompt = await chat_prompt(generation, body, template_tools(body.tools))
     answer = _identity(request, body, chat=True, role=body.answer_role(), echo=body.echoed())
+    answer.tools = tool_use
     count = body.logprob_count()
     as_ids = bool(body.return_tokens_as_token_ids)
     answer.logprobs = None if count is None else Logprobs(True, count, as_ids)
@@ -206,6 +211,10 @@ class _Choice:
     held: list[Entry] | None
     usage: Usage = field(default_factory=Usage)
     reason: str | None = None
+    # Tool calling (tools.py): the choice's text read as tool calls; `ended` once a
+    # parse past --max-tool-call-parse-bytes cut it short.
+    tools: ToolStream | None = None
+    ended: bool = False
 
 
 async def _events(
@@ -221,6 +230,10 @@ async def _events(
         _Choice(answer.choice(i) if n > 1 else answer, echo, [] if logprobs else None)
         for i in range(n)
     ]
+    if answer.tools is not None:
+        for choice in choices:
+            choice.tools = answer.tools.stream()
+    running = n
     async with contextlib.aclosing(rest):
         # vLLM's chat opens each choice with the role, then each with the echoed message,
         # on chunks of their own that count the prompt and nothing generated yet.
@@ -236,15 +249,21 @@ async def _events(
             while item is not None:
                 choice = choices[item[0]]
                 piece = item[1]
-                if piece is None:
+                if choice.ended:
+                    pass
+                elif piece is None:
                     if choice.echo:  # the model answered with no response at all
                         yield choice.answer.chunk(choice.echo, usage=choice.usage)
-                    yield _closing(choice)
+                    for chunk in _closing(choice):
+                        yield chunk
+                    running -= 1
                 else:
                     total.add(piece)
-                    chunk = _delta(choice, piece, answer.echo_only)
-                    if chunk:
+                    for chunk in _delta(choice, piece, answer.echo_only):
                         yield chunk
+                    running -= choice.ended  # cut short just now
+                if not running:
+                    break  # all ended; one cut short (tools' limit) is cancelled so
                 item = await anext(rest, None)
         except OpenAIError as exc:
             yield sse(exc.body())
@@ -258,27 +277,44 @@ async def _events(
     yield DONE
 
 
-def _delta(choice: _Choice, piece: Piece, echo_only: bool) -> bytes | None:
-    """The chunk of a choice's piece: its text (after the echo, unless only the echo is
-    shown), with the log probabilities held so far; None where it has no text."""
+def _delta(choice: _Choice, piece: Piece, echo_only: bool) -> list[bytes]:
+    """The chunks of a choice's piece: its text (after the echo, unless only the echo is
+    shown), with the log probabilities held so far; none where it has no text. With
+    tools, the deltas its text makes (tools.py), and the closing chunk where the parse
+    went past its limit (Triton's: finish_reason "length", the model cancelled)."""
     choice.usage.add(piece)
     choice.reason = piece.finish_reason or choice.reason
     if choice.held is not None:
         choice.held += piece.logprobs or ()
+    if choice.tools is not None:
+        deltas = choice.tools.feed(piece.text)
+        if choice.tools.truncated:
+            choice.reason = "length"
+            return _closing(choice)
+        return [choice.answer.chunk(None, usage=choice.usage, delta=d) for d in deltas]
     text = choice.echo + ("" if echo_only else piece.text)
     if not text:
-        return None
+        return []
     chunk = choice.answer.chunk(text, usage=choice.usage, entries=choice.held)
     choice.echo = ""
     choice.held = [] if choice.held is not None else None
-    return chunk
+    return [chunk]
 
 
-def _closing(choice: _Choice) -> bytes:
-    """A choice's last chunk: its finish reason, and the log probabilities it held."""
-    return choice.answer.chunk(
+def _closing(choice: _Choice) -> list[bytes]:
+    """A choice's last chunks: what its tool calls hold back, then its finish reason and
+    the log probabilities it held."""
+    chunks, reason = [], choice.reason or "stop"
+    if choice.tools is not None:
+        deltas = choice.tools.finish()
+        chunks = [choice.answer.chunk(None, usage=choice.usage, delta=d) for d in deltas]
+        if choice.answer.tools is not None:
+            reason = choice.answer.tools.finish_reason(reason, choice.tools.calls)
+    choice.ended = True
+    closing = choice.answer.chunk(
         None if choice.answer.chat else "",
-        finish_reason=choice.reason or "stop",
+        finish_reason=reason,
         usage=choice.usage,
         entries=choice.held or None,
     )
+    return [*chunks, closing]

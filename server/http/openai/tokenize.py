@@ -26,7 +26,7 @@ the transformers tokenizer's `tokenizer_config.json` and class name, which ge-se
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import Field, RootModel
 
@@ -36,6 +36,7 @@ from .catalog import Catalog, embedder, is_generative, text_generation
 from .errors import OpenAIError, model_not_found
 from .schemas import Body, ChatCompletionRequest
 from .text import chat_prompt, no_chat_template
+from .tools import template_tools
 
 TOKENIZER_MISSING = "tokenizer_missing"
 # Texts (and id lists) longer than this are tokenized (decoded) on a worker thread; the
@@ -54,36 +55,17 @@ class TokenizeCompletionRequest(Body):
     return_token_strs: bool | None = False
 
 
-class ToolFunction(Body):
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class Tool(Body):
-    type: Literal["function"] = "function"
-    function: ToolFunction
-
-
 class TokenizeChatRequest(ChatCompletionRequest):
     """The chat route's body (its template controls, checked by its rules), plus the
     tools a template may print and /tokenize's own fields. Its sampling fields change
     nothing here."""
 
-    tools: list[Tool] | None = None  # type: ignore[assignment]
     add_special_tokens: bool = False  # type: ignore[assignment]
     return_token_strs: bool | None = False
 
     def refuse_unsupported(self) -> None:
         self._refuse_template_controls()
         self._refuse_message_parts()
-
-    def template_tools(self) -> list[dict[str, Any]] | None:
-        """The tools as sent (the fields set), as transformers gives them to a template."""
-        if self.tools is None:
-            return None
-        return [tool.model_dump(exclude_unset=True) for tool in self.tools]
 
 
 def ids_bounded(document: Any) -> None:
@@ -144,7 +126,7 @@ async def tokenize(
     if isinstance(body, TokenizeChatRequest):
         if generation.chat_template is None:
             raise no_chat_template(body.model)
-        prompt = await chat_prompt(generation, body, body.template_tools())
+        prompt = await chat_prompt(generation, body, template_tools(body.tools))
     else:
         prompt = body.prompt
     special = body.add_special_tokens

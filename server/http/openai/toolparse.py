@@ -1,0 +1,202 @@
+"""Tool calls read from a model's text, for `tool_choice` "auto" (`--tool-call-parser`).
+
+The formats of Triton's OpenAI front end's parsers and vLLM's of the same names:
+
+- `llama3` (vLLM's `llama3_json`): the answer is `<|python_tag|>` or `{` and then JSON
+  objects `{"name": ..., "arguments" | "parameters": {...}}`, separated by "; ";
+- `mistral`: `[TOOL_CALLS]` (or `[` at the start) and a JSON array of
+  `{"name": ..., "arguments": {...}}`; text before `[TOOL_CALLS]` is the content; ids are
+  9 letters and digits, as Mistral's templates need them;
+- `hermes`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, repeated; text
+  before the first is the content.
+
+Text that does not parse as the format's calls is the answer's content, unchanged, as
+both parse it. A parse is of whole text: streamed, `Stream` passes text through as
+content until it sees a call begin, then holds the rest until the model ends.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import string
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+# A call as OpenAI's API shapes it: {"id", "type": "function", "function": {"name",
+# "arguments": a JSON string}}.
+Call = dict[str, Any]
+# The parsers' names: Triton's and vLLM's.
+PARSERS = ("llama3", "llama3_json", "mistral", "hermes")
+# Triton's default for --max-tool-call-parse-bytes.
+DEFAULT_MAX_PARSE_BYTES = 128 * 1024
+
+_ALPHANUMERIC = string.ascii_letters + string.digits
+_HERMES = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
+
+
+def call(name: str, arguments: str, id: str | None = None) -> Call:
+    """One call; `id`: vLLM's `chatcmpl-tool-<hex>` unless given."""
+    return {
+        "id": id or f"chatcmpl-tool-{uuid.uuid4().hex}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def _mistral_id() -> str:
+    return "".join(random.choices(_ALPHANUMERIC, k=9))
+
+
+def _of(found: Any, ascii: bool = True, id: Callable[[], str] | None = None) -> Call:
+    """A parsed `{"name", "arguments"|"parameters"}` object as a call."""
+    if not isinstance(found, dict) or not isinstance(found.get("name"), str):
+        raise ValueError("not a call")
+    arguments = found["arguments"] if "arguments" in found else found.get("parameters", {})
+    return call(found["name"], json.dumps(arguments, ensure_ascii=ascii), id() if id else None)
+
+
+def _llama3(text: str) -> tuple[str | None, list[Call]]:
+    body = text.lstrip()
+    tag = "<|python_tag|>"
+    if not (body.startswith(tag) or body.startswith("{")):
+        return text, []
+    decoder = json.JSONDecoder()
+    at = len(tag) if body.startswith(tag) else 0
+    calls = []
+    while at < len(body):
+        found, end = decoder.raw_decode(body, at)
+        calls.append(_of(found))
+        at = end
+        rest = body[at:].lstrip()
+        if not rest:
+            break
+        if not rest.startswith(";"):
+            raise ValueError("text after a call")
+        at = len(body) - len(rest) + 1
+        while at < len(body) and body[at].isspace():
+            at += 1
+    return None, calls
+
+
+def _mistral(text: str) -> tuple[str | None, list[Call]]:
+    tag = "[TOOL_CALLS]"
+    at = text.find(tag)
+    if at >= 0:
+        before, rest = text[:at], text[at + len(tag) :]
+    elif text.lstrip().startswith("["):
+        before, rest = "", text
+    else:
+        return text, []
+    try:
+        found = json.loads(rest)
+    except ValueError:
+        # Triton's and vLLM's fallback: the first array of objects in the text.
+        matched = re.search(r"\[{.*}\]", rest, re.DOTALL)
+        if matched is None:
+            raise
+        found = json.loads(matched.group(0))
+    if not isinstance(found, list):
+        raise ValueError("not a list of calls")
+    calls = [_of(item, ascii=False, id=_mistral_id) for item in found]
+    return before.strip() or None, calls
+
+
+def _hermes(text: str) -> tuple[str | None, list[Call]]:
+    at = text.find("<tool_call>")
+    if at < 0:
+        return text, []
+    calls = [_of(json.loads(a or b), ascii=False) for a, b in _HERMES.findall(text)]
+    return text[:at].strip() or None, calls
+
+
+_PARSE = {"llama3": _llama3, "llama3_json": _llama3, "mistral": _mistral, "hermes": _hermes}
+# Where a call may begin anywhere in the text, and what opens one at its start only.
+_TAGS = {
+    "llama3": ("<|python_tag|>",),
+    "llama3_json": ("<|python_tag|>",),
+    "mistral": ("[TOOL_CALLS]",),
+    "hermes": ("<tool_call>",),
+}
+_OPENERS = {"llama3": "{", "llama3_json": "{", "mistral": "[", "hermes": "<tool_call>"}
+
+
+def parse(parser: str, text: str) -> tuple[str | None, list[Call]]:
+    """The content and the calls of a whole answer; no calls: the text is the content."""
+    try:
+        content, calls = _PARSE[parser](text)
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return text, []
+    return (content, calls) if calls else (text, [])
+
+
+@dataclass(slots=True)
+class Stream:
+    """One streamed choice's text, as deltas: content until a call begins (the end of
+    the text that may be the start of a tag is held until it is known not to be), then
+    nothing until the end (`finish`), where the calls are parsed from all of it.
+    `limit`: Triton's --max-tool-call-parse-bytes, the most text (UTF-8 bytes) parsed;
+    past it, `truncated` is set and the text is no longer read."""
+
+    parser: str
+    limit: int
+    pending: str = ""
+    calling: bool = False
+    started: bool = False
+    size: int = 0
+    truncated: bool = False
+    calls: list[Call] = field(default_factory=list)
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        """The deltas `text` adds."""
+        self.size += len(text.encode("utf-8"))
+        if self.size > self.limit:
+            self.truncated = True
+            return []
+        self.pending += text
+        if self.calling:
+            return []
+        tags = _TAGS[self.parser]
+        found = [at for at in (self.pending.find(tag) for tag in tags) if at >= 0]
+        if found:
+            return self._begin(min(found))
+        if not self.started:
+            body = self.pending.lstrip()
+            opener = _OPENERS[self.parser]
+            if body.startswith(opener):
+                return self._begin(0)
+            if not body or opener.startswith(body):
+                return []
+        keep = max(
+            (k for tag in tags for k in range(1, len(tag)) if self.pending.endswith(tag[:k])),
+            default=0,
+        )
+        return self._content(len(self.pending) - keep)
+
+    def _begin(self, at: int) -> list[dict[str, Any]]:
+        deltas = self._content(at) if at > 0 and self.pending[:at].strip() else []
+        self.calling = True
+        return deltas
+
+    def _content(self, end: int) -> list[dict[str, Any]]:
+        text, self.pending = self.pending[:end], self.pending[end:]
+        if not text:
+            return []
+        self.started = True
+        return [{"content": text}]
+
+    def finish(self) -> list[dict[str, Any]]:
+        """The last deltas: each call, whole, or the held text as content."""
+        if self.truncated:
+            return []
+        if self.calling:
+            _, self.calls = parse(self.parser, self.pending)
+            if self.calls:
+                return [
+                    {"tool_calls": [{"index": index, **found}]}
+                    for index, found in enumerate(self.calls)
+                ]
+        return self._content(len(self.pending))

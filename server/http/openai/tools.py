@@ -1,0 +1,287 @@
+"""Tool calling on /v1/chat/completions, as vLLM 0.34 and Triton's OpenAI front end serve it.
+
+- `tools` reach the chat template (as the request's list of functions, the fields sent),
+  whatever `tool_choice` is, as vLLM passes them.
+- `tool_choice` defaults to "auto" where tools are given ("none" where none are; an empty
+  list is none, as OpenAI's). "none": the answer is text.
+- A named function, or "required": the answer is constrained by structured outputs
+  (vLLM's schemas: the function's `parameters`; for "required", an array of at least one
+  `{"name", "parameters"}` of the tools), given to the model as the `structured_outputs`
+  sampling key, and read back as `message.tool_calls` (content ""). A model that takes no
+  sampling keys cannot be constrained: a 400 on `tool_choice`.
+- "auto": the calls are parsed from the model's text by the server's
+  `--tool-call-parser` (toolparse.py); without one, a 400 on `tool_choice`.
+
+finish_reason is vLLM's: "tool_calls" where the answer has calls and the model stopped on
+its own, except for a named function ("stop"); a cut ("length") stays visible.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from .errors import OpenAIError, unsupported
+from .toolparse import DEFAULT_MAX_PARSE_BYTES, Call, Stream, call, parse
+
+_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSettings:
+    """--tool-call-parser ("" none) and --max-tool-call-parse-bytes."""
+
+    parser: str = ""
+    max_parse_bytes: int = DEFAULT_MAX_PARSE_BYTES
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class ToolFunction(_Body):
+    name: str
+    description: str | None = None
+    # A JSON schema (an object); none: no arguments.
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"] = "function"
+    function: ToolFunction
+
+
+def template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
+    """The tools as sent (the fields set), as transformers gives them to a template."""
+    if not tools:
+        return None
+    return [tool.model_dump(exclude_unset=True) for tool in tools]
+
+
+def choice(tools: list[Tool] | None, tool_choice: Any) -> Any:
+    """The request's `tool_choice` as vLLM reads it ("none", "auto", "required", or a
+    named function's name as `{"name": ...}`), checked, in vLLM's words."""
+    # OpenAI's: an empty list is none ("auto" and "required" have nothing to call).
+    if tools == [] and tool_choice in ("auto", "required"):
+        return "none"
+    if tool_choice is None:
+        return "auto" if tools else "none"
+    if tool_choice == "none":
+        return "none"
+    if tools is None:
+        raise OpenAIError("When using `tool_choice`, `tools` must be set.", param="tool_choice")
+    if tool_choice in ("auto", "required"):
+        return tool_choice
+    if not isinstance(tool_choice, dict):
+        raise OpenAIError(
+            f"Invalid value for `tool_choice`: {tool_choice}! Only named tools, "
+            '"none", "auto" or "required" are supported.',
+            param="tool_choice",
+        )
+    function = tool_choice.get("function")
+    if not isinstance(function, dict):
+        raise OpenAIError(
+            f"Invalid value for `function`: `{function}` in `tool_choice`! {_USAGE}",
+            param="tool_choice.function",
+        )
+    if "name" not in function:
+        raise OpenAIError(
+            f"Expected field `name` in `function` in `tool_choice`! {_USAGE}",
+            param="tool_choice.function.name",
+        )
+    name = function["name"]
+    if not isinstance(name, str) or not name:
+        raise OpenAIError(
+            f"Invalid `name` in `function`: `{name}` in `tool_choice`! {_USAGE}",
+            param="tool_choice.function.name",
+        )
+    if not any(tool.function.name == name for tool in tools):
+        raise OpenAIError(
+            f"The tool `{name}` specified in `tool_choice` does not match any of the "
+            "specified `tools`",
+            param="tool_choice",
+        )
+    return {"name": name}
+
+
+def _parameters(tool: Tool) -> dict[str, Any]:
+    # vLLM's: missing or empty parameters still make the arguments a JSON object.
+    return tool.function.parameters or {"type": "object", "properties": {}}
+
+
+def constraint(
+    tools: list[Tool] | None, chosen: Any, parallel: bool | None = None
+) -> dict[str, Any] | None:
+    """vLLM's structured outputs for a named function or "required" (None otherwise)."""
+    if not tools:
+        return None
+    if isinstance(chosen, dict):
+        tool = next(t for t in tools if t.function.name == chosen["name"])
+        return {"json": _parameters(tool)}
+    if chosen != "required":
+        return None
+    schema: dict[str, Any] = {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "type": "object",
+            "anyOf": [
+                {
+                    "properties": {
+                        "name": {"type": "string", "enum": [tool.function.name]},
+                        "parameters": _parameters(tool),
+                    },
+                    "required": ["name", "parameters"],
+                    # Not in vLLM's schema: a call is read for these two keys only, and
+                    # a model that may add keys may write them until its limit.
+                    "additionalProperties": False,
+                }
+                for tool in tools
+            ],
+        },
+    }
+    if parallel is False:
+        schema["maxItems"] = 1
+    return {"json": schema}
+
+
+def check_constraints(chosen: Any, structured: str | None) -> None:
+    """vLLM's: a named function and a structured-outputs constraint cannot both hold."""
+    if isinstance(chosen, dict) and structured is not None:
+        given = json.loads(structured)
+        if any(given.get(k) is not None for k in ("json", "regex", "choice")):
+            raise OpenAIError(
+                "You can only either use constraints for structured outputs or tools, not both.",
+                param="tool_choice",
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUse:
+    """How one request's answer becomes tool calls: `chosen` as `choice` gives it,
+    `parser` for "auto"."""
+
+    chosen: Any
+    parser: str = ""
+    max_parse_bytes: int = DEFAULT_MAX_PARSE_BYTES
+    # OpenAI's `parallel_tool_calls`: false keeps the first call only, as vLLM.
+    parallel: bool = True
+
+    def message(self, text: str) -> tuple[str | None, list[Call]]:
+        """The answer's content and calls."""
+        if isinstance(self.chosen, dict):
+            return "", ([call(self.chosen["name"], text)] if text.strip() else [])
+        if self.chosen == "required":
+            return "", self._keep(_required(text))
+        content, calls = parse(self.parser, text)
+        return content, self._keep(calls)
+
+    def _keep(self, calls: list[Call]) -> list[Call]:
+        return calls if self.parallel else calls[:1]
+
+    def finish_reason(self, reason: str, calls: bool) -> str:
+        """vLLM's resolve_finish_reason."""
+        if calls and reason == "stop" and not isinstance(self.chosen, dict):
+            return "tool_calls"
+        return reason
+
+    def stream(self) -> ToolStream:
+        return ToolStream(self)
+
+
+def _required(text: str) -> list[Call]:
+    """vLLM's reading of a "required" answer: a JSON array of {"name", "parameters"}."""
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return []
+    if not isinstance(found, list):
+        return []
+    calls = []
+    for item in found:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            return []
+        arguments = json.dumps(item.get("parameters", {}), ensure_ascii=False)
+        calls.append(call(item["name"], arguments))
+    return calls
+
+
+class ToolStream:
+    """One streamed choice's deltas: a named function's arguments as the model writes
+    them (its first delta names the call); "required" and "auto" held and parsed
+    (toolparse.Stream)."""
+
+    def __init__(self, use: ToolUse) -> None:
+        self.use = use
+        self.held = ""
+        self.named_id = ""
+        self.auto = Stream(use.parser, use.max_parse_bytes) if use.chosen == "auto" else None
+        self.calls = False
+
+    @property
+    def truncated(self) -> bool:
+        return self.auto is not None and self.auto.truncated
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        if self.auto is not None:
+            return self.auto.feed(text)
+        if not isinstance(self.use.chosen, dict):
+            self.held += text
+            return []
+        if not text:
+            return []
+        if self.named_id:
+            return [{"tool_calls": [{"index": 0, "function": {"arguments": text}}]}]
+        first = call(self.use.chosen["name"], text)
+        self.named_id = first["id"]
+        self.calls = True
+        return [{"tool_calls": [{"index": 0, **first}]}]
+
+    def finish(self) -> list[dict[str, Any]]:
+        if self.auto is not None:
+            deltas = self.auto.finish()
+            calls = self.use._keep(self.auto.calls)
+            if len(calls) < len(self.auto.calls):
+                deltas = _deltas(calls)
+        elif self.use.chosen == "required":
+            calls = self.use._keep(_required(self.held))
+            deltas = _deltas(calls) or ([{"content": self.held}] if self.held else [])
+        else:
+            return []
+        self.calls = bool(calls)
+        return deltas
+
+
+def _deltas(calls: list[Call]) -> list[dict[str, Any]]:
+    return [{"tool_calls": [{"index": index, **found}]} for index, found in enumerate(calls)]
+
+
+def plan(
+    chosen: Any,
+    settings: ToolSettings,
+    takes_sampling: bool,
+    model: str,
+    parallel: bool | None,
+) -> ToolUse | None:
+    """The request's ToolUse (None: the answer is text), or its 400."""
+    if chosen == "none":
+        return None
+    if chosen == "auto":
+        if not settings.parser:
+            # vLLM's words (ge-serve has no --enable-auto-tool-choice: a parser enables it).
+            raise OpenAIError(
+                '"auto" tool choice requires --tool-call-parser to be set', param="tool_choice"
+            )
+    elif not takes_sampling:
+        what = f'function "{chosen["name"]}"' if isinstance(chosen, dict) else '"required"'
+        raise unsupported(
+            "tool_choice",
+            f"tool_choice={what} is not supported by the model '{model}': it "
+            "has no 'sampling_parameters' input, so its answer cannot be constrained to "
+            "the tool's arguments (structured outputs)",
+        )
+    return ToolUse(chosen, settings.parser, settings.max_parse_bytes, parallel is not False)

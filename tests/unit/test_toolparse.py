@@ -1,0 +1,80 @@
+"""The tool-call parsers of `--tool-call-parser` (server/http/openai/toolparse.py): the
+formats of Triton's OpenAI front end's and vLLM's parsers, whole and streamed."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ge_serve.server.http.openai.toolparse import Stream, parse
+
+
+def _named(calls: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+
+
+@pytest.mark.parametrize(
+    ("parser", "text", "content", "calls"),
+    [
+        (
+            "llama3",
+            '<|python_tag|>{"name": "f", "parameters": {"a": 1}}; {"name": "g", "arguments": {}}',
+            None,
+            [("f", {"a": 1}), ("g", {})],
+        ),
+        ("llama3_json", '{"name": "f", "arguments": {"a": "b"}}', None, [("f", {"a": "b"})]),
+        ("llama3", 'Hi {"name": "f"}', 'Hi {"name": "f"}', []),
+        ("llama3", '{"name": "f", "arguments": {', '{"name": "f", "arguments": {', []),
+        (
+            "mistral",
+            'Sure [TOOL_CALLS][{"name": "w", "arguments": {"city": "é"}}]',
+            "Sure",
+            [("w", {"city": "é"})],
+        ),
+        ("mistral", '[{"name": "w", "arguments": {}}]', None, [("w", {})]),
+        ("mistral", "[not json", "[not json", []),
+        (
+            "hermes",
+            'ok <tool_call>\n{"name": "w", "arguments": {"c": 1}}\n</tool_call>',
+            "ok",
+            [("w", {"c": 1})],
+        ),
+        ("hermes", "plain text", "plain text", []),
+    ],
+)
+def test_whole_answers(
+    parser: str, text: str, content: str | None, calls: list[tuple[str, Any]]
+) -> None:
+    found_content, found = parse(parser, text)
+    assert found_content == content and _named(found) == calls
+    assert all(c["type"] == "function" and c["id"] for c in found)
+
+
+def _streamed(parser: str, text: str, size: int, limit: int = 1 << 17) -> list[dict[str, Any]]:
+    stream = Stream(parser, limit)
+    deltas = []
+    for start in range(0, len(text), size):
+        deltas += stream.feed(text[start : start + size])
+    return deltas + stream.finish()
+
+
+def test_a_stream_holds_what_may_begin_a_call() -> None:
+    deltas = _streamed("hermes", 'Sure: <tool_call>{"name": "w", "arguments": {}}</tool_call>', 3)
+    content = "".join(d.get("content", "") for d in deltas)
+    assert content == "Sure: "
+    (last,) = [d for d in deltas if "tool_calls" in d]
+    assert last["tool_calls"][0]["function"] == {"name": "w", "arguments": "{}"}
+
+
+def test_a_stream_of_text_is_content() -> None:
+    text = "Hello [TOOL_ but not a call"
+    deltas = _streamed("mistral", text, 4)
+    assert "".join(d["content"] for d in deltas) == text
+
+
+def test_a_stream_past_its_limit_is_truncated() -> None:
+    stream = Stream("mistral", 16)
+    assert stream.feed('[TOOL_CALLS][{"name"') == []
+    assert stream.truncated and stream.finish() == []
