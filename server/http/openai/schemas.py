@@ -9,8 +9,8 @@ plane's bodies do (bodies.py). The v2 hot path never sees these.
 Fields follow OpenAI's API reference and vLLM's extensions of it (vLLM's
 `ChatCompletionRequest` and `CompletionRequest`, which most OpenAI-compatible clients are
 tested against). Types are strict (JSON `"1"` is not a number, `1.0` is not an integer;
-an integer is a valid float). A field whose silent loss would change the answer (tools,
-prompt logprobs, token-id prompts, a request's own chat template; response formats
+an integer is a valid float). A field whose silent loss would change the answer (legacy
+`functions`, prompt logprobs, token-id prompts, a request's own chat template; response formats
 and guided decoding for a model that takes no `structured_outputs`...) is a 400 that
 names the parameter (`refuse_unsupported`), except at the value that changes nothing
 (vLLM's default). Fields that change nothing here (vLLM's cache salt, disaggregation and

@@ -5,11 +5,10 @@ server holds (the `llm` backend's).
 default true) and a chat's (`messages` and the chat route's template controls,
 `add_special_tokens` default false since the template writes the special tokens). A
 chat is rendered by template.py exactly as /v1/chat/completions renders it, with its
-rules and refusals (the body is the chat route's schema), except that `tools` reach the
-template (vLLM passes them): no tool call is parsed here, and a client may want the
-prompt a tool-calling template makes. The answer is vLLM's `{count, max_model_len,
-tokens, token_strs}` (`token_strs` only with `return_token_strs`, each id's token as the
-vocabulary spells it).
+rules and refusals (the body is the chat route's schema), and `tools` reach the
+template as chat passes them (`tool_choice` is not checked: nothing is generated). The
+answer is vLLM's `{count, max_model_len, tokens, token_strs}` (`token_strs` only with
+`return_token_strs`, each id's token as the vocabulary spells it).
 
 `/detokenize` answers `{prompt}`, the ids decoded with their special tokens, as vLLM's
 decode does. An id the vocabulary does not have is a 400 in vLLM's words for token-id
