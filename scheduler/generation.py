@@ -34,6 +34,7 @@ from ge_serve.backends.llm.logits import nothing_possible
 from ge_serve.backends.llm.runner import RowWork
 from ge_serve.backends.llm.structured import (
     Constraint,
+    GrammarFailed,
     Grammars,
     Structured,
     UnsupportedTokenizer,
@@ -132,7 +133,7 @@ class GenerationScheduler:
         if seq.params.structured is not None:
             # Compiling (and, the first time, building the model's grammar tokenizer)
             # takes up to seconds: a worker thread, never the loop.
-            seq.constraint = await asyncio.to_thread(self._constraint, seq.params.structured)
+            seq.constraint = await self._constraint(seq.params.structured)
         seq.timings = timings
         self._pending += 1
         self._submitted += 1
@@ -154,9 +155,9 @@ class GenerationScheduler:
             if self._pending == 0:
                 self._drained.set()
 
-    def _constraint(self, structured: Structured) -> Constraint:
+    async def _constraint(self, structured: Structured) -> Constraint:
         try:
-            return self._grammars.constraint(structured)
+            return await self._grammars.compile(structured)
         except UnsupportedTokenizer as exc:
             raise ServerError(ErrorCode.UNSUPPORTED, str(exc)) from None
         except ValueError as exc:
@@ -179,6 +180,7 @@ class GenerationScheduler:
             self._stopping = True
             self._wake.notify()
         await asyncio.to_thread(self._thread.join)
+        self._grammars.close()
         await asyncio.to_thread(self._model.close)
 
     # --- the engine thread ----------------------------------------------------------------
@@ -326,12 +328,22 @@ class GenerationScheduler:
         the step's other sequences are not its client's doing."""
         try:
             self._advance(seq, logits)
+        except GrammarFailed as exc:
+            # The request's grammar, not the engine: its client is told why, no trace.
+            log.warning("model '%s': %s", self._model.name, exc)
+            self._fail([seq], "sampling", exc, ErrorCode.INVALID_ARG)
         except Exception as exc:
             log.exception("model '%s': a sequence's next token failed", self._model.name)
             self._fail([seq], "sampling", exc)
 
-    def _fail(self, seqs: list[Sequence], what: str, exc: Exception) -> None:
-        error = ModelError(ErrorCode.INTERNAL.value, f"{what} failed: {exc}")
+    def _fail(
+        self,
+        seqs: list[Sequence],
+        what: str,
+        exc: Exception,
+        code: ErrorCode = ErrorCode.INTERNAL,
+    ) -> None:
+        error = ModelError(code.value, f"{what} failed: {exc}")
         for seq in seqs:
             if seq in self._running:
                 self._leave(seq)

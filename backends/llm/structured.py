@@ -18,10 +18,13 @@ complete the EOS is the only token allowed, so the answer ends "stop", as in vLL
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +47,24 @@ _KEYS = frozenset((*CONSTRAINTS, *_OPTIONS, *_PRIVATE))
 
 class UnsupportedTokenizer(RuntimeError):
     """llguidance cannot read the model's tokenizer.json."""
+
+
+class GrammarFailed(ValueError):
+    """A request's grammar cannot go on (llguidance's parser went past its limits on the
+    text so far): the request's doing, answered as INVALID_ARG."""
+
+
+# The grammars compiled lately, per model: an application sends the same schema with
+# every request (and `n` choices send it n times), and a compile can take seconds.
+_CACHED = 64
+# llguidance's errors carry its parser state and the whole grammar (megabytes for a
+# large schema): a client gets the first line, cut to this.
+_ERROR_CHARS = 300
+
+
+def _short(error: str) -> str:
+    line = error.strip().splitlines()[0] if error.strip() else error
+    return line if len(line) <= _ERROR_CHARS else line[:_ERROR_CHARS] + "..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +167,11 @@ def _flag(given: Mapping[str, Any], key: str) -> bool:
 
 
 class Grammars:
-    """One loaded model's grammar compiler: its LLTokenizer, built on first use."""
+    """One loaded model's grammar compiler: its LLTokenizer, built on first use, the
+    grammars compiled lately, and a thread of its own to compile on. As vLLM's own
+    executor does, that thread keeps a slow compile from holding up the work the event
+    loop's default executor does for other requests (long prompts, large bodies); slow
+    compiles wait for each other only."""
 
     def __init__(self, tokenizer: Tokenizer, vocab: int, eos_ids: frozenset[int]) -> None:
         self._tokenizer = tokenizer
@@ -154,20 +179,56 @@ class Grammars:
         self._eos = sorted(eos_ids)
         self._lock = threading.Lock()
         self._built: llguidance.LLTokenizer | None = None
+        # Unstarted matchers by constraint; each request gets a copy (llguidance's
+        # deep_copy shares the compiled grammar, and costs nothing).
+        self._compiled: OrderedDict[Structured, llguidance.LLMatcher] = OrderedDict()
+        self._executor: ThreadPoolExecutor | None = None
+
+    async def compile(self, structured: Structured) -> Constraint:
+        """`constraint`, on the compiling thread."""
+        with self._lock:
+            if self._executor is None:  # no thread for a model that never needs one
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="grammar")
+            executor = self._executor
+        return await asyncio.get_running_loop().run_in_executor(
+            executor, self.constraint, structured
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+            self._compiled.clear()
 
     def constraint(self, structured: Structured) -> Constraint:
         """The matcher for one request (slow: call it off the event loop); ValueError,
         in vLLM's words, for a grammar that does not compile."""
+        with self._lock:
+            template = self._compiled.get(structured)
+            if template is not None:
+                self._compiled.move_to_end(structured)
+        if template is None:
+            template = self._compiled_matcher(structured)
+            with self._lock:
+                self._compiled[structured] = template
+                while len(self._compiled) > _CACHED:
+                    self._compiled.popitem(last=False)
+        return Constraint(template.deep_copy(), self._vocab)
+
+    def _compiled_matcher(self, structured: Structured) -> llguidance.LLMatcher:
         import llguidance
 
         try:
             grammar = _serialized(structured)
         except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"Invalid grammar specification: {exc}") from None
-        matcher = llguidance.LLMatcher(self._ll_tokenizer(), grammar, log_level=0)
+            raise ValueError(f"Invalid grammar specification: {_short(str(exc))}") from None
+        # vLLM's limits (llguidance's defaults), without the parser state and grammar
+        # that verbose errors carry.
+        limits = llguidance.LLParserLimits(verbose_errors=False)
+        matcher = llguidance.LLMatcher(self._ll_tokenizer(), grammar, log_level=0, limits=limits)
         if error := matcher.get_error():
-            raise ValueError(f"Grammar error: {error}")
-        return Constraint(matcher, self._vocab)
+            raise ValueError(f"Grammar error: {_short(error)}")
+        return matcher
 
     def _ll_tokenizer(self) -> llguidance.LLTokenizer:
         with self._lock:  # built once, whichever request comes first
@@ -259,8 +320,11 @@ class Constraint:
         value and all others are -inf; None when none is left."""
         from llguidance.numpy import fill_next_token_bitmask
 
-        # A stopped matcher (or one in error) allows the EOS alone.
+        # A stopped matcher allows the EOS alone; one in error would too, which would
+        # end a half-written answer as if complete.
         fill_next_token_bitmask(self._matcher, self._mask)
+        if self._matcher.is_error():
+            raise self._failed()
         bits = np.unpackbits(self._mask.view(np.uint8), bitorder="little")
         size = min(int(bits.shape[0]), int(logits.shape[0]))
         keep = bits[:size].astype(bool)
@@ -280,4 +344,10 @@ class Constraint:
             # keeps the answer going (vLLM's terminated grammar takes it the same way).
             return
         if not matcher.consume_token(token):
-            raise RuntimeError(f"the grammar rejected token {token}: {matcher.get_error()}")
+            raise self._failed()
+
+    def _failed(self) -> GrammarFailed:
+        return GrammarFailed(
+            "structured outputs: the grammar cannot go on from the text so far: "
+            + _short(self._matcher.get_error())
+        )

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from recording_sink import RecordingSink
 
 from ge_serve.backends.base import ModelSpec, RequestContext
 from ge_serve.backends.llm.backend import MODEL_KEY, LlmBackend
+from ge_serve.backends.llm.structured import Grammars, Structured
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.generation import GenerationScheduler
 from ge_serve.scheduler.work import WorkItem
@@ -188,3 +191,82 @@ async def test_grammars_survive_preemption(tmp_path: Path) -> None:
             assert re.fullmatch(pattern, text) and reason == "stop", text
     finally:
         await scheduler.close(1)
+
+
+# A schema whose optional properties outgrow llguidance's parser (its 2,000 items a row)
+# once the answer opens a key: it compiles, and fails only as the answer is written.
+WIDE = {"type": "object", "properties": {f"field_{i}": {"type": "string"} for i in range(520)}}
+
+
+async def test_a_grammar_that_outgrows_the_parser_fails_its_request_briefly(
+    scheduler: GenerationScheduler,
+) -> None:
+    """The request's own grammar, not the server: INVALID_ARG with llguidance's first
+    line, not its parser state and the whole grammar; other requests go on."""
+    sink = RecordingSink()
+    inputs = {
+        "text_input": np.array([b"Answer:"], dtype=object),
+        "exclude_input_in_output": np.array([True]),
+        "sampling_parameters": np.array(
+            [json.dumps({"structured_outputs": {"json": WIDE}, "max_tokens": 60, "seed": 3})],
+            dtype=object,
+        ),
+    }
+    await scheduler.submit(WorkItem(inputs, 1, context=RequestContext(responses=sink)))
+    await sink.until_final(20)
+    (error,) = sink.errors
+    assert error.code == ErrorCode.INVALID_ARG.value, error
+    assert "max is 2000" in error.message and len(error.message) < 400, error.message
+    text, _, reason = await generate(scheduler, {"choice": ["yes", "no"]})
+    assert (text in ("yes", "no"), reason) == (True, "stop")
+
+
+async def test_a_schema_is_compiled_once_for_requests_that_repeat_it(
+    scheduler: GenerationScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An application sends its schema with every request (and n choices n times): the
+    compiled grammar is kept, each request gets its own state from it."""
+    compiled = []
+    original = Grammars._compiled_matcher
+
+    def counting(self: Grammars, structured: Structured) -> Any:
+        compiled.append(structured.kind)
+        return original(self, structured)
+
+    monkeypatch.setattr(Grammars, "_compiled_matcher", counting)
+    compact = {
+        "json": SCHEMA,
+        "disable_any_whitespace": True,
+        "disable_additional_properties": True,
+    }
+    answers = [await generate(scheduler, compact, seed=seed) for seed in range(3)]
+    assert compiled == ["json"]
+    for text, _, reason in answers:
+        assert reason == "stop" and set(json.loads(text)) == {"name", "age", "ok"}, text
+
+
+async def test_a_slow_compile_leaves_other_requests_work_alone(
+    scheduler: GenerationScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Grammars compile on a thread of their own: while one compiles (held here), the
+    event loop's default executor, where other requests' long prompts are tokenized and
+    large bodies read, stays free (given one worker here, as a busy server's would be)."""
+    release = threading.Event()
+    original = Grammars._compiled_matcher
+
+    def held(self: Grammars, structured: Structured) -> Any:
+        release.wait(30)
+        return original(self, structured)
+
+    monkeypatch.setattr(Grammars, "_compiled_matcher", held)
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(1))
+    try:
+        slow = asyncio.create_task(generate(scheduler, {"regex": "[ab]{3}"}))
+        await asyncio.sleep(0.2)  # its compile holds a thread
+        free = await asyncio.wait_for(loop.run_in_executor(None, lambda: "free"), 20)
+        assert free == "free" and not slow.done()
+    finally:
+        release.set()
+    text, _, reason = await slow
+    assert re.fullmatch("[ab]{3}", text) and reason == "stop", text
