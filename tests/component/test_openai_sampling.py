@@ -377,6 +377,8 @@ STRUCTURED: list[tuple[dict[str, Any], dict[str, Any]]] = [
     ({"guided_regex": "[0-9]+"}, {"regex": "[0-9]+"}),
     ({"guided_choice": ["a", "b"]}, {"choice": ["a", "b"]}),
     ({"guided_grammar": "start: x"}, {"grammar": "start: x"}),
+    ({"guided_json": SCHEMA, "guided_whitespace_pattern": ""},
+     {"json": SCHEMA, "whitespace_pattern": ""}),
 ]  # fmt: skip
 
 

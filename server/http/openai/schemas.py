@@ -103,6 +103,7 @@ class Sampling(Body):
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
+    guided_whitespace_pattern: Any = None
     structured_outputs: Any = None
     response_format: ResponseFormat | None = None
     prompt_logprobs: Any = None

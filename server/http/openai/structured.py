@@ -43,6 +43,10 @@ def structured_outputs(body: Any) -> str | None:
                 "('guided_json', 'guided_regex' or 'guided_choice').",
                 param="guided_json",
             )
+        pattern = body.guided_whitespace_pattern
+        if pattern is not None:
+            # vLLM before 0.11 passed it on to the JSON grammar's whitespace.
+            guided["whitespace_pattern"] = pattern
         params = guided
     params = _with_response_format(params, body.response_format)
     return None if params is None else json.dumps(params)
