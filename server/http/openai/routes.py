@@ -1,7 +1,8 @@
 """The /v1 routes, each answering every failure with OpenAI's error object.
 
 `GET /v1/models` and `GET /v1/models/{model}`, `POST /v1/chat/completions`,
-`POST /v1/completions`, `POST /v1/embeddings`, and Triton's OpenAI front end's
+`POST /v1/completions`, `POST /v1/embeddings`, `POST /v1/responses` (and vLLM's
+`GET /v1/responses/{id}` and its cancel, a 404: no store), and Triton's OpenAI front end's
 `POST /v1/models/{model}/load` and `/unload` (management.py). A body is read as the v2
 routes read theirs (size-capped, decompressed), parsed as JSON, then checked
 (schemas.py); one past --http-max-input-size is a 413 here (errors.content_too_large).
@@ -36,7 +37,7 @@ from ..disconnects import CLIENT_GONE, ClientGone
 from ..openapi import ApiRoute
 from ..openapi import Body as DocumentedBody
 from ..routing import RouteHost
-from . import embeddings, text, tokenize
+from . import embeddings, responses_serve, text, tokenize
 from .catalog import Catalog, text_generation
 from .errors import (
     CONTEXT_LENGTH_EXCEEDED,
@@ -47,6 +48,7 @@ from .errors import (
     model_not_found,
 )
 from .management import ModelManagement
+from .responses import ResponsesRequest, not_found
 from .schemas import (
     Body,
     ChatCompletionRequest,
@@ -155,6 +157,14 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         body = await read(request, CompletionRequest)
         return await text.completion(catalog, request, body)
 
+    async def responses(request: Request) -> Response:
+        body = await read(request, ResponsesRequest)
+        return await responses_serve.create(catalog, request, body)
+
+    async def stored_response(request: Request) -> Response:
+        # vLLM's routes; its store is off by default, so no response is ever found.
+        raise not_found(str(request.path_params["response_id"]))
+
     async def embed(request: Request) -> Response:
         body = await read(request, EmbeddingRequest)
         given = text.request_id(request, body.request_id)
@@ -201,6 +211,15 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         post("/v1/chat/completions", chat, ChatCompletionRequest),
         post("/v1/completions", completions, CompletionRequest),
         post("/v1/embeddings", embed, EmbeddingRequest),
+        # OpenAI's Responses API (responses_serve.py), on the chat path.
+        post("/v1/responses", responses, ResponsesRequest),
+        get("/v1/responses/{response_id}", stored_response),
+        ApiRoute(
+            "/v1/responses/{response_id}/cancel",
+            _openai_errors(stored_response),
+            methods=["POST"],
+            error=ErrorObject,
+        ),
     ]
 
 

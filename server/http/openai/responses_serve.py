@@ -1,0 +1,144 @@
+"""`POST /v1/responses`, served on the chat path: the body becomes a chat request
+(responses.py), rendered with the model's chat template, its tools and structured
+outputs as chat's, and its answer becomes a response (responses_objects.py) or, streamed,
+its events (responses_stream.py).
+
+Tools: a named function and "required" are constrained by structured outputs, as on
+chat; "auto" is parsed by --tool-call-parser where the server has one, else (as vLLM's
+Responses API without a parser) the answer is text, the tools still given to the
+template: the Responses API's `tool_choice` is "auto" unless set, so refusing it would
+refuse every client that sends tools.
+
+Streamed, the status waits for the model's first response, as chat's does, so a request
+the model refuses at once is a plain JSON error. A client that leaves cancels the request.
+`GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel` are vLLM's routes, whose
+store is off by default: a 404 in vLLM's words.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from ..disconnects import until_disconnect
+from .catalog import Catalog, text_generation
+from .errors import CONTEXT_LENGTH_EXCEEDED, SERVER_ERROR, OpenAIError
+from .generation import SAMPLING, Params, Piece, Usage, build_request, collect, pieces
+from .responses import ResponsesRequest, renamed
+from .responses_objects import Identity
+from .responses_stream import Events
+from .text import SSE_HEADERS, chat_prompt, no_chat_template, request_id
+from .tools import ToolStream, ToolUse, plan, template_tools
+
+log = logging.getLogger(__name__)
+
+
+async def create(catalog: Catalog, request: Request, body: ResponsesRequest) -> Response:
+    chat = body.chat()
+    model = catalog.generative(body.model)
+    generation = text_generation(model)
+    if generation is None or generation.chat_template is None:
+        raise no_chat_template(body.model)
+    limit, context = body.max_output_tokens, generation.max_model_len
+    if limit is not None and context > 0 and limit >= context:
+        raise OpenAIError(
+            f"max_output_tokens is too large: {limit}. This model's context is {context} "
+            "tokens, prompt included",
+            param="max_output_tokens",
+            code=CONTEXT_LENGTH_EXCEEDED,
+        )
+    chosen = chat.chosen_tool()
+    tools: ToolUse | None = None
+    if chosen != "auto" or catalog.tools.parser:
+        takes_keys = SAMPLING in model.inputs
+        try:
+            tools = plan(chosen, catalog.tools, takes_keys, body.model, chat.parallel_tool_calls)
+        except OpenAIError as exc:
+            raise renamed(exc) from None
+    try:
+        prompt = await chat_prompt(generation, chat, template_tools(chat.tools))
+    except OpenAIError as exc:
+        raise renamed(exc) from None
+    stream = bool(body.stream)
+    infer_request, sent = build_request(model, prompt, stream, chat.sampling())
+    params = Params("input", sent)
+    identity = Identity(body, request_id(request, body.request_id))
+    if body.logprobs_asked():
+        identity.top_logprobs = body.top_logprobs or 0
+    if not stream:
+        try:
+            text, reason, usage, entries = await until_disconnect(
+                request, collect(catalog.core, infer_request, params)
+            )
+        except OpenAIError as exc:
+            raise renamed(exc) from None
+        status = "incomplete" if reason == "length" else "completed"
+        output = identity.output(text, reason, tools, entries)
+        answer = identity.response(status, output, usage)
+        return Response(orjson.dumps(answer), media_type="application/json")
+    rest = pieces(catalog.core, infer_request, params)
+    try:
+        first = await until_disconnect(request, anext(rest, None))
+    except OpenAIError as exc:
+        await rest.aclose()
+        raise renamed(exc) from None
+    except BaseException:
+        await rest.aclose()
+        raise
+    events = _events(Events(identity), tools, first, rest)
+    return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _events(
+    events: Events,
+    tools: ToolUse | None,
+    first: Piece | None,
+    rest: AsyncGenerator[Piece, None],
+) -> AsyncIterator[bytes]:
+    usage = Usage()
+    reason: str | None = None
+    parse: ToolStream | None = tools.stream() if tools is not None else None
+    # Log probabilities of tokens without text (the EOS) go with the next text.
+    held: list[dict[str, dict[str, object]]] = []
+    for event in events.opening():
+        yield event
+    async with contextlib.aclosing(rest):
+        try:
+            piece = first
+            while piece is not None:
+                usage.add(piece)
+                reason = piece.finish_reason or reason
+                if parse is not None:
+                    for delta in parse.feed(piece.text):
+                        for event in events.tool_delta(delta):
+                            yield event
+                    if parse.truncated:
+                        reason = "length"  # past --max-tool-call-parse-bytes, as chat
+                        break
+                else:
+                    held += piece.logprobs or ()
+                    if piece.text:
+                        for event in events.content(piece.text, held):
+                            yield event
+                        held = []
+                piece = await anext(rest, None)
+            if parse is not None and not parse.truncated:
+                for delta in parse.finish():
+                    for event in events.tool_delta(delta):
+                        yield event
+        except OpenAIError as exc:
+            yield events.error(renamed(exc))
+            return
+        except Exception as exc:
+            log.exception("the stream of %s failed", events.identity.id)
+            yield events.error(OpenAIError(f"internal error: {exc}", status=500, kind=SERVER_ERROR))
+            return
+    if held and events.open == "message":
+        events.logprobs += events.identity.logprobs(held) or []
+    for event in events.closing(reason or "stop", usage):
+        yield event
