@@ -34,7 +34,7 @@ RENAMED = {
     "max_completion_tokens": "max_output_tokens",
     "response_format": "text.format",
     "messages": "input",
-    "top_logprobs": "top_logprobs",
+    "logprobs": "include",
 }
 # vLLM's: the store is off unless VLLM_ENABLE_RESPONSES_API_STORE is set.
 NO_STORE = (
