@@ -85,6 +85,8 @@ _HTTP_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         # The OpenAI-compatible API (ge-serve's own; Triton serves it from another process),
         # also under KServe's prefix, /openai/v1 (the same routes: the same categories).
         (r"(?:/openai)?/v1/(?:chat/completions|completions|embeddings)", "inference"),
+        # The Responses API, and vLLM's retrieve and cancel of a stored response.
+        (r"(?:/openai)?/v1/responses(?:/[^/]+(?:/cancel)?)?", "inference"),
         # vLLM's tokenizer routes: a model's work, as its inference is.
         (r"/(?:tokenize|detokenize)", "inference"),
         # Triton's OpenAI front end puts its load and unload routes here too.

@@ -1,0 +1,11 @@
+"""The Responses API's routes are in the restricted-API category `inference`, as chat's."""
+
+from __future__ import annotations
+
+from ge_serve.server.control.restrictions import http_category
+
+
+def test_the_responses_routes_are_inference() -> None:
+    for path in ("/v1/responses", "/v1/responses/resp_1", "/v1/responses/resp_1/cancel"):
+        assert http_category(path) == http_category("/v1/chat/completions") == "inference"
+        assert http_category("/openai" + path) == "inference"
