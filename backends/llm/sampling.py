@@ -105,6 +105,7 @@ MAX_LOGIT_BIAS = 1024
 MAX_ALLOWED_TOKEN_IDS = 1024
 MAX_BAD_WORDS = 128
 MAX_BAD_WORD_TOKENS = 1024
+MAX_BAD_WORD_BYTES = 64 * 1024
 # vLLM's clamp of a logit bias.
 _BIAS_BOUND = 100.0
 _INTS = ("max_tokens", "top_k", "seed", "min_tokens")
@@ -270,6 +271,13 @@ def _processors(values: dict[str, Any], out: dict[str, Any]) -> None:
             raise SamplingError("bad_words must be a list of strings")
         if any(not word for word in words):
             raise SamplingError(f"bad_words cannot contain an empty string. Got bad_words={words}")
+        size = sum(len(word.encode("utf-8", "surrogatepass")) for word in words)
+        if size > MAX_BAD_WORD_BYTES:
+            # Checked before tokenizing (which may run on the event loop): 1,024 tokens
+            # of vLLM's bound never take this much text.
+            raise SamplingError(
+                f"bad_words: at most {MAX_BAD_WORD_BYTES} bytes of text in all, got {size}"
+            )
         out["bad_words"] = tuple(dict.fromkeys(words))  # vLLM drops repeats
 
 
@@ -278,6 +286,10 @@ def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
     integers, biases clamped to [-100, 100]."""
     if not isinstance(value, dict):
         raise SamplingError("logit_bias must be an object of token id to bias")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise SamplingError(
+            f"Too many logit bias tokens: {len(value)}. The max size is {MAX_LOGIT_BIAS}."
+        )
     invalid = []
     bias: dict[int, float] = {}
     for key, given in value.items():

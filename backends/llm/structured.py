@@ -60,6 +60,8 @@ _CACHED = 64
 # llguidance's errors carry its parser state and the whole grammar (megabytes for a
 # large schema): a client gets the first line, cut to this.
 _ERROR_CHARS = 300
+# The deepest a JSON schema may nest (objects and arrays).
+MAX_SCHEMA_DEPTH = 128
 
 
 def _short(error: str) -> str:
@@ -147,6 +149,12 @@ def _spec(kind: str, spec: Any) -> str:
                 raise ValueError("Invalid JSON grammar specification.") from None
         if not isinstance(spec, dict | bool):
             raise ValueError("structured_outputs.json must be a JSON schema (an object)")
+        if _deeper_than(spec, MAX_SCHEMA_DEPTH):
+            # Copying and walking it would recurse past Python's limit; llguidance stops
+            # well before this anyway.
+            raise ValueError(
+                f"structured_outputs.json is nested more than {MAX_SCHEMA_DEPTH} levels deep"
+            )
         return json.dumps(spec)
     if not isinstance(spec, str):
         raise ValueError(f"structured_outputs.{kind} must be a string")
@@ -155,6 +163,24 @@ def _spec(kind: str, spec: Any) -> str:
     if kind == "regex" and "\x00" in spec:
         raise ValueError("structured_outputs.regex must not contain a NUL character ('\\x00')")
     return spec
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether a JSON value nests objects and arrays more than `limit` deep (walked level
+    by level, without recursion)."""
+    level: list[Any] = [value] if isinstance(value, dict | list) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        level = [
+            child
+            for item in level
+            for child in (item.values() if isinstance(item, dict) else item)
+            if isinstance(child, dict | list)
+        ]
+    return False
 
 
 def _flag(given: Mapping[str, Any], key: str) -> bool:
@@ -175,29 +201,31 @@ class Grammars:
 
     def __init__(self, tokenizer: Tokenizer, vocab: int, eos_ids: frozenset[int]) -> None:
         self._tokenizer = tokenizer
-        self._vocab = vocab
+        # vLLM's: the larger of the graph's vocabulary and the tokenizer's (llguidance
+        # refuses a vocabulary smaller than its tokenizer's); the mask is cut to the
+        # logits row.
+        self._vocab = max(vocab, tokenizer.vocab_size)
         self._eos = sorted(eos_ids)
+        # The cache's lock (held briefly, by the event loop's callers too) and the
+        # tokenizer build's (held for the build, on the compiling thread only).
         self._lock = threading.Lock()
+        self._build_lock = threading.Lock()
         self._built: llguidance.LLTokenizer | None = None
         # Unstarted matchers by constraint; each request gets a copy (llguidance's
         # deep_copy shares the compiled grammar, and costs nothing).
         self._compiled: OrderedDict[Structured, llguidance.LLMatcher] = OrderedDict()
-        self._executor: ThreadPoolExecutor | None = None
+        # Starts its thread on the first compile only.
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="grammar")
 
     async def compile(self, structured: Structured) -> Constraint:
         """`constraint`, on the compiling thread."""
-        with self._lock:
-            if self._executor is None:  # no thread for a model that never needs one
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="grammar")
-            executor = self._executor
         return await asyncio.get_running_loop().run_in_executor(
-            executor, self.constraint, structured
+            self._executor, self.constraint, structured
         )
 
     def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
         with self._lock:
-            if self._executor is not None:
-                self._executor.shutdown(wait=False, cancel_futures=True)
             self._compiled.clear()
 
     def constraint(self, structured: Structured) -> Constraint:
@@ -220,7 +248,7 @@ class Grammars:
 
         try:
             grammar = _serialized(structured)
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ValueError(f"Invalid grammar specification: {_short(str(exc))}") from None
         # vLLM's limits (llguidance's defaults), without the parser state and grammar
         # that verbose errors carry.
@@ -231,12 +259,12 @@ class Grammars:
         return matcher
 
     def _ll_tokenizer(self) -> llguidance.LLTokenizer:
-        with self._lock:  # built once, whichever request comes first
+        with self._build_lock:  # built once, whichever request comes first
             if self._built is None:
                 import llguidance
 
-                # The graph's vocabulary may be larger than the tokenizer's: the mask
-                # covers all of it (the rows past the tokenizer's are never allowed).
+                # The mask covers the graph's vocabulary (rows past the tokenizer's are
+                # never allowed) and the tokenizer's, whichever is larger.
                 try:
                     self._built = llguidance.LLTokenizer(
                         self._tokenizer.to_json(),

@@ -9,6 +9,7 @@ import asyncio
 import json
 import re
 import threading
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,6 +24,7 @@ from recording_sink import RecordingSink
 from ge_serve.backends.base import ModelSpec, RequestContext
 from ge_serve.backends.llm.backend import MODEL_KEY, LlmBackend
 from ge_serve.backends.llm.structured import Grammars, Structured
+from ge_serve.backends.llm.text import Tokenizer
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.generation import GenerationScheduler
 from ge_serve.scheduler.work import WorkItem
@@ -270,3 +272,36 @@ async def test_a_slow_compile_leaves_other_requests_work_alone(
         release.set()
     text, _, reason = await slow
     assert re.fullmatch("[ab]{3}", text) and reason == "stop", text
+
+
+async def test_a_schema_nested_past_the_bound_is_refused(scheduler: GenerationScheduler) -> None:
+    """Copying and walking a schema 600 levels deep would recurse past Python's limit: a
+    clear INVALID_ARG, not a RecursionError's 500."""
+    deep: dict[str, Any] = {"type": "string"}
+    for _ in range(600):
+        deep = {"type": "array", "items": deep}
+    message = await refused(scheduler, {"json": deep, "disable_additional_properties": True})
+    assert "nested more than 128 levels" in message
+
+
+async def test_the_first_grammar_build_leaves_the_event_loop_free(
+    scheduler: GenerationScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the model's grammar tokenizer is being built (held here for 2 s), a second
+    constrained request (n choices send several at once) waits off the loop: the loop
+    goes on turning."""
+    original = Tokenizer.to_json
+
+    def slow(self: Tokenizer) -> str:
+        time.sleep(2)
+        return original(self)
+
+    monkeypatch.setattr(Tokenizer, "to_json", slow)
+    first = asyncio.create_task(generate(scheduler, {"regex": "[ab]{3}"}))
+    await asyncio.sleep(0.3)  # the build has begun
+    second = asyncio.create_task(generate(scheduler, {"regex": "[ab]{3}"}))
+    started = time.monotonic()
+    await asyncio.sleep(0.05)
+    assert time.monotonic() - started < 1.0
+    for text, _, reason in await asyncio.gather(first, second):
+        assert re.fullmatch("[ab]{3}", text) and reason == "stop", text

@@ -274,6 +274,12 @@ def test_errors_are_openais(client: openai.OpenAI, server: ServerProcess) -> Non
     with pytest.raises(openai.BadRequestError) as hosted:
         client.responses.create(model="tiny_llm", input="Hi", tools=[{"type": "web_search"}])
     assert isinstance(hosted.value.body, dict) and hosted.value.body["param"] == "tools[0].type"
+    # The model has no `logprobs` output: the refusal names this API's field.
+    with pytest.raises(openai.BadRequestError) as logprobs:
+        client.responses.create(
+            model="tiny_llm", input="Hi", include=["message.output_text.logprobs"]
+        )
+    assert isinstance(logprobs.value.body, dict) and logprobs.value.body["param"] == "include"
     # No store (vLLM's default): nothing to continue from, nothing to retrieve.
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="tiny_llm", input="Hi", previous_response_id="resp_1")

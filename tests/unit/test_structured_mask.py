@@ -3,6 +3,7 @@ logits favour, the sampler never gets a token the grammar does not allow."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import llmrepo
@@ -88,4 +89,24 @@ def test_the_key_is_checked_in_vllms_words(value: object, words: str) -> None:
     with pytest.raises(SamplingError, match=words):
         sampling_params(
             SamplingDefaults(16, 1.0, 1.0, 0), {"structured_outputs": value}, None, None
+        )
+
+
+def test_a_graph_vocabulary_smaller_than_the_tokenizers_still_masks(tmp_path: Path) -> None:
+    """vLLM's rule: the grammar covers the larger of the two vocabularies (llguidance
+    refuses one smaller than its tokenizer's); the row is the graph's."""
+    path = tmp_path / "tokenizer.json"
+    llmrepo.byte_tokenizer().save(str(path))
+    small = Grammars(Tokenizer(path), 200, frozenset({EOS}))
+    (a,) = llmrepo.prompt_ids("a")
+    constraint = small.constraint(Structured("regex", "a"))
+    row = constraint.allowed(np.zeros(200, dtype=np.float32))
+    assert row is not None and row.shape == (200,) and allowed_ids(row) == {a}
+
+
+def test_bad_words_are_bounded_before_they_are_tokenized() -> None:
+    defaults = SamplingDefaults(16, 1.0, 1.0, 0)
+    with pytest.raises(SamplingError, match="at most 65536 bytes"):
+        sampling_params(
+            defaults, {}, json.dumps({"bad_words": ["hello world " * 6000]}).encode(), None
         )

@@ -65,7 +65,10 @@ async def create(catalog: Catalog, request: Request, body: ResponsesRequest) -> 
     except OpenAIError as exc:
         raise renamed(exc) from None
     stream = bool(body.stream)
-    infer_request, sent = build_request(model, prompt, stream, chat.sampling())
+    try:
+        infer_request, sent = build_request(model, prompt, stream, chat.sampling())
+    except OpenAIError as exc:  # a refusal names this API's field (`include`...)
+        raise renamed(exc) from None
     params = Params("input", sent)
     identity = Identity(body, request_id(request, body.request_id))
     if body.logprobs_asked():

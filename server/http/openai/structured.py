@@ -49,7 +49,12 @@ def structured_outputs(body: Any) -> str | None:
             guided["whitespace_pattern"] = pattern
         params = guided
     params = _with_response_format(params, body.response_format)
-    return None if params is None else json.dumps(params)
+    if params is None:
+        return None
+    try:
+        return json.dumps(params)
+    except RecursionError:  # a schema nested past Python's limit (orjson read it)
+        raise OpenAIError("the schema is nested too deeply", param=KEY) from None
 
 
 def _given(value: Any) -> dict[str, Any] | None:
