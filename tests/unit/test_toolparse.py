@@ -26,11 +26,19 @@ def _named(calls: list[dict[str, Any]]) -> list[tuple[str, Any]]:
         ),
         ("llama3_json", '{"name": "f", "arguments": {"a": "b"}}', None, [("f", {"a": "b"})]),
         ("llama3", 'Hi {"name": "f"}', 'Hi {"name": "f"}', []),
+        # Triton's parse_tool_calls: a call only where the answer begins with one.
+        (
+            "llama3",
+            'Sure. <|python_tag|>{"name": "f", "arguments": {}}',
+            'Sure. <|python_tag|>{"name": "f", "arguments": {}}',
+            [],
+        ),
+        ("llama3", ' {"name": "f", "arguments": {}}', ' {"name": "f", "arguments": {}}', []),
         ("llama3", '{"name": "f", "arguments": {', '{"name": "f", "arguments": {', []),
         (
             "mistral",
             'Sure [TOOL_CALLS][{"name": "w", "arguments": {"city": "é"}}]',
-            "Sure",
+            "Sure ",
             [("w", {"city": "é"})],
         ),
         ("mistral", '[{"name": "w", "arguments": {}}]', None, [("w", {})]),
@@ -38,7 +46,7 @@ def _named(calls: list[dict[str, Any]]) -> list[tuple[str, Any]]:
         (
             "hermes",
             'ok <tool_call>\n{"name": "w", "arguments": {"c": 1}}\n</tool_call>',
-            "ok",
+            "ok ",
             [("w", {"c": 1})],
         ),
         ("hermes", "plain text", "plain text", []),
@@ -78,3 +86,56 @@ def test_a_stream_past_its_limit_is_truncated() -> None:
     stream = Stream("mistral", 16)
     assert stream.feed('[TOOL_CALLS][{"name"') == []
     assert stream.truncated and stream.finish() == []
+
+
+# Answers of each format: calls, text around them, broken calls, and text that only
+# looks like the start of a tag.
+ANSWERS = {
+    "llama3": [
+        '<|python_tag|>{"name": "f", "arguments": {"a": 1}}; {"name": "g", "parameters": {}}',
+        '{"name": "f", "arguments": {}}',
+        'Sure. <|python_tag|>{"name": "f", "arguments": {}}',
+        '<|python_tag|>{"name": "f", "argu',
+        "<|python_ta and text",
+        '{"a": 1} tail',
+    ],
+    "mistral": [
+        'Sure [TOOL_CALLS][{"name": "w", "arguments": {"c": "é"}}]',
+        '\n [TOOL_CALLS][{"name": "w", "arguments": {}}]',
+        '[{"name": "w", "arguments": {}}]',
+        'x [TOOL_CALLS] [{"name": "w", "arguments": {}}] tail',
+        "[TOOL_CALLS] not json",
+        "[1, 2] and [TOOL_ but not a call",
+    ],
+    "hermes": [
+        'ok <tool_call>{"name": "w", "arguments": {"c": 1}}</tool_call>',
+        ' <tool_call>{"name": "w", "arguments": {}}</tool_call><tool_call>{"name": "v"}',
+        "<tool_call>{broken</tool_call>",
+        "<tool and plain text",
+    ],
+}
+
+
+def _splits(text: str) -> list[list[str]]:
+    """Every split of `text` into at most three pieces, and into pieces of each size."""
+    found = [[text]]
+    for i in range(1, len(text)):
+        found.append([text[:i], text[i:]])
+        found += [[text[:i], text[i:j], text[j:]] for j in range(i + 1, len(text))]
+    for size in range(1, 9):
+        found.append([text[at : at + size] for at in range(0, len(text), size)])
+    return found
+
+
+@pytest.mark.parametrize(
+    ("parser", "text"), [(p, t) for p, texts in ANSWERS.items() for t in texts]
+)
+def test_streamed_deltas_are_the_whole_answer(parser: str, text: str) -> None:
+    content, calls = parse(parser, text)
+    for pieces in _splits(text):
+        stream = Stream(parser, 1 << 17)
+        deltas = [d for piece in pieces for d in stream.feed(piece)] + stream.finish()
+        streamed = "".join(d.get("content", "") for d in deltas)
+        found = [c for d in deltas for c in d.get("tool_calls", ())]
+        assert streamed == (content or ""), pieces
+        assert _named(found) == _named(calls), pieces

@@ -2,17 +2,21 @@
 
 The formats of Triton's OpenAI front end's parsers and vLLM's of the same names:
 
-- `llama3` (vLLM's `llama3_json`): the answer is `<|python_tag|>` or `{` and then JSON
-  objects `{"name": ..., "arguments" | "parameters": {...}}`, separated by "; ";
-- `mistral`: `[TOOL_CALLS]` (or `[` at the start) and a JSON array of
+- `llama3` (vLLM's `llama3_json`): the answer begins with `<|python_tag|>` or `{` (its
+  very first character, as Triton's parse_tool_calls reads it: text before either is
+  content and no call) and then JSON objects `{"name": ..., "arguments" | "parameters":
+  {...}}`, separated by "; ";
+- `mistral`: `[TOOL_CALLS]` anywhere (or `[` as the first character) and a JSON array of
   `{"name": ..., "arguments": {...}}`; text before `[TOOL_CALLS]` is the content; ids are
   9 letters and digits, as Mistral's templates need them;
 - `hermes`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, repeated; text
   before the first is the content.
 
 Text that does not parse as the format's calls is the answer's content, unchanged, as
-both parse it. A parse is of whole text: streamed, `Stream` passes text through as
-content until it sees a call begin, then holds the rest until the model ends.
+both parse it; the content before a call is kept as written (vLLM's), not trimmed. A
+parse is of whole text: streamed, `Stream` passes text through as content until it sees
+a call begin, then holds the rest until the model ends; its deltas, joined, are always
+the whole answer's content and calls.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ def _of(found: Any, ascii: bool = True, id: Callable[[], str] | None = None) -> 
 
 
 def _llama3(text: str) -> tuple[str | None, list[Call]]:
-    body = text.lstrip()
+    body = text
     tag = "<|python_tag|>"
     if not (body.startswith(tag) or body.startswith("{")):
         return text, []
@@ -87,7 +91,7 @@ def _mistral(text: str) -> tuple[str | None, list[Call]]:
     at = text.find(tag)
     if at >= 0:
         before, rest = text[:at], text[at + len(tag) :]
-    elif text.lstrip().startswith("["):
+    elif text.startswith("["):
         before, rest = "", text
     else:
         return text, []
@@ -102,7 +106,7 @@ def _mistral(text: str) -> tuple[str | None, list[Call]]:
     if not isinstance(found, list):
         raise ValueError("not a list of calls")
     calls = [_of(item, ascii=False, id=_mistral_id) for item in found]
-    return before.strip() or None, calls
+    return before or None, calls
 
 
 def _hermes(text: str) -> tuple[str | None, list[Call]]:
@@ -110,18 +114,24 @@ def _hermes(text: str) -> tuple[str | None, list[Call]]:
     if at < 0:
         return text, []
     calls = [_of(json.loads(a or b), ascii=False) for a, b in _HERMES.findall(text)]
-    return text[:at].strip() or None, calls
+    return text[:at] or None, calls
 
 
 _PARSE = {"llama3": _llama3, "llama3_json": _llama3, "mistral": _mistral, "hermes": _hermes}
-# Where a call may begin anywhere in the text, and what opens one at its start only.
-_TAGS = {
-    "llama3": ("<|python_tag|>",),
-    "llama3_json": ("<|python_tag|>",),
+# Where a call may begin anywhere in the text, and what opens one as its first
+# characters only (Triton's: llama3's tag is a call only at the very start).
+_TAGS: dict[str, tuple[str, ...]] = {
+    "llama3": (),
+    "llama3_json": (),
     "mistral": ("[TOOL_CALLS]",),
     "hermes": ("<tool_call>",),
 }
-_OPENERS = {"llama3": "{", "llama3_json": "{", "mistral": "[", "hermes": "<tool_call>"}
+_OPENERS: dict[str, tuple[str, ...]] = {
+    "llama3": ("<|python_tag|>", "{"),
+    "llama3_json": ("<|python_tag|>", "{"),
+    "mistral": ("[",),
+    "hermes": (),
+}
 
 
 def parse(parser: str, text: str) -> tuple[str | None, list[Call]]:
@@ -164,12 +174,12 @@ class Stream:
         if found:
             return self._begin(min(found))
         if not self.started:
-            body = self.pending.lstrip()
-            opener = _OPENERS[self.parser]
-            if body.startswith(opener):
+            openers = _OPENERS[self.parser]
+            if any(self.pending.startswith(opener) for opener in openers):
                 return self._begin(0)
-            if not body or opener.startswith(body):
-                return []
+            if any(opener.startswith(self.pending) for opener in openers):
+                return []  # may still open a call
+            self.started = True
         keep = max(
             (k for tag in tags for k in range(1, len(tag)) if self.pending.endswith(tag[:k])),
             default=0,
@@ -177,7 +187,7 @@ class Stream:
         return self._content(len(self.pending) - keep)
 
     def _begin(self, at: int) -> list[dict[str, Any]]:
-        deltas = self._content(at) if at > 0 and self.pending[:at].strip() else []
+        deltas = self._content(at) if at > 0 else []
         self.calling = True
         return deltas
 
@@ -193,9 +203,12 @@ class Stream:
         if self.truncated:
             return []
         if self.calling:
-            _, self.calls = parse(self.parser, self.pending)
+            # The text held from where the call began: a parse of it may still find
+            # content before the call (a mistral answer opened by "[").
+            content, self.calls = parse(self.parser, self.pending)
             if self.calls:
-                return [
+                deltas = [{"content": content}] if content else []
+                return deltas + [
                     {"tool_calls": [{"index": index, **found}]}
                     for index, found in enumerate(self.calls)
                 ]
