@@ -16,6 +16,8 @@ import pytest_asyncio
 import textgen
 from openai_inprocess import error, openai_client
 
+from ge_serve.server.http.openai.tools import Tool, constraint
+
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
 
 CHAT = "/v1/chat/completions"
@@ -23,6 +25,18 @@ HELLO = [{"role": "user", "content": "SHOW_PARAMS"}]
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WEATHER = {"type": "function", "function": {"name": "weather", "parameters": SCHEMA}}
 NAMED = {"type": "function", "function": {"name": "weather"}}
+# Pydantic's schema of a nested model: the nested one in `$defs`, by `$ref`.
+ITEM = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+ITEM_A = {
+    "$defs": {"Item": ITEM},
+    "type": "object",
+    "properties": {"item": {"$ref": "#/$defs/Item"}},
+}
+ITEM_B = {
+    "$defs": {"Item": {"type": "integer"}},
+    "type": "object",
+    "properties": {"item": {"$ref": "#/$defs/Item"}},
+}
 
 
 @pytest.fixture(scope="module")
@@ -86,13 +100,36 @@ async def test_auto_without_a_parser_is_refused(http: httpx.AsyncClient) -> None
             {
                 "tools": [WEATHER],
                 "tool_choice": NAMED,
-                "response_format": {
-                    "type": "json_schema",
-                    "json_schema": {"name": "x", "schema": SCHEMA},
-                },
+                "structured_outputs": {"json": SCHEMA},
             },
             "tool_choice",
             "You can only either use constraints for structured outputs or tools, not both.",
+        ),
+        (
+            {"tools": [WEATHER], "tool_choice": NAMED, "guided_regex": "a+"},
+            "tool_choice",
+            "You can only either use constraints for structured outputs or tools, not both.",
+        ),
+        (
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "a", "parameters": ITEM_A}},
+                    {"type": "function", "function": {"name": "b", "parameters": ITEM_B}},
+                ],
+                "tool_choice": "required",
+            },
+            "tools",
+            "Tool definition 'Item' has multiple schemas, which is not supported.",
+        ),
+        (
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "a", "parameters": {"$defs": []}}}
+                ],
+                "tool_choice": "required",
+            },
+            "tools",
+            "`$defs` in the parameters of tool 'a' must be an object, got list.",
         ),
         ({"functions": [{"name": "a"}]}, "functions", "legacy function calling"),
         ({"function_call": "auto"}, "function_call", "legacy function calling"),
@@ -124,8 +161,59 @@ async def test_required_sends_the_array_of_calls_schema(http: httpx.AsyncClient)
     answer = await http.post(CHAT, json=body)
     assert answer.status_code == 200, answer.text
     message = answer.json()["choices"][0]["message"]
-    # The echo model writes no calls: none are made up.
-    assert message["tool_calls"] == [] and message["content"] == ""
+    # The echo model writes no calls: none are made up, and vLLM's message then has no
+    # `tool_calls` at all.
+    assert "tool_calls" not in message and message["content"] == ""
+
+
+async def test_required_hoists_the_tools_defs() -> None:
+    draft7 = {
+        "definitions": {"Zone": {"type": "integer"}},
+        "type": "object",
+        "properties": {"zone": {"$ref": "#/definitions/Zone"}},
+    }
+    tools = [
+        Tool.model_validate({"type": "function", "function": {"name": n, "parameters": p}})
+        # The same definition twice is one definition.
+        for n, p in (("add", ITEM_A), ("put", ITEM_A), ("zone", draft7))
+    ]
+    forced = constraint(tools, "required")
+    assert forced is not None
+    schema = forced["json"]
+    # vLLM's: at the root of the array schema, where "#/$defs/Item" points.
+    assert schema["$defs"] == {"Item": ITEM} and schema["definitions"] == {
+        "Zone": {"type": "integer"}
+    }
+    parameters = [item["properties"]["parameters"] for item in schema["items"]["anyOf"]]
+    assert all("$defs" not in p and "definitions" not in p for p in parameters)
+    assert parameters[0]["properties"] == {"item": {"$ref": "#/$defs/Item"}}
+    # The request's tools are left as sent (the chat template gets them).
+    assert tools[0].function.parameters == ITEM_A
+
+
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array"}}},
+        {"type": "json_object"},
+    ],
+)
+async def test_a_named_choice_replaces_the_response_format(
+    http: httpx.AsyncClient, response_format: dict[str, Any]
+) -> None:
+    # vLLM 0.34's adjust_request: the function's schema, response_format dropped.
+    body = {
+        "model": "textgen",
+        "messages": HELLO,
+        "tools": [WEATHER],
+        "tool_choice": NAMED,
+        "response_format": response_format,
+    }
+    answer = await http.post(CHAT, json=body)
+    assert answer.status_code == 200, answer.text
+    (call,) = answer.json()["choices"][0]["message"]["tool_calls"]
+    sent = json.loads(call["function"]["arguments"])["sampling"]
+    assert json.loads(sent["structured_outputs"]) == {"json": SCHEMA}
 
 
 async def test_none_and_empty_tools_answer_text(http: httpx.AsyncClient) -> None:

@@ -111,7 +111,9 @@ class Answer:
             message: dict[str, Any] = {"role": self.role, "content": self.echo + text}
             if self.tools is not None:
                 content, calls = self.tools.message(text)
-                message = {"role": self.role, "content": content, "tool_calls": calls}
+                message = {"role": self.role, "content": content}
+                if calls:  # vLLM's and OpenAI's: no calls, no `tool_calls` at all
+                    message["tool_calls"] = calls
                 finish_reason = self.tools.finish_reason(finish_reason, bool(calls))
             return {
                 "index": self.index,

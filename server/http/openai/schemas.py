@@ -223,7 +223,7 @@ class ChatCompletionRequest(Sampling):
         self._refuse_template_controls()
         check_chat(self.logprobs, self.top_logprobs)
         if self.tools:
-            check_constraints(self.chosen_tool(), structured.structured_outputs(self))
+            check_constraints(self.chosen_tool(), structured.given(self))
         # The legacy `functions` (vLLM ignores them): refused, not silently dropped.
         if self.functions or self.function_call not in (None, "none"):
             name = "functions" if self.functions else "function_call"

@@ -30,6 +30,18 @@ KEY = "structured_outputs"
 def structured_outputs(body: Any) -> str | None:
     """The JSON text of the request's constraint; None where it sets none. `body` is a
     chat or completions request (schemas.Sampling)."""
+    params = _with_response_format(given(body), body.response_format)
+    if params is None:
+        return None
+    try:
+        return json.dumps(params)
+    except RecursionError:  # a schema nested past Python's limit (orjson read it)
+        raise OpenAIError("the schema is nested too deeply", param=KEY) from None
+
+
+def given(body: Any) -> dict[str, Any] | None:
+    """The request's own `structured_outputs` (or the legacy guided_* fields), without
+    `response_format`: what vLLM's check_structured_outputs_count counts."""
     params = _given(body.structured_outputs)
     guided = {field: getattr(body, name) for name, field in GUIDED.items()}
     guided = {k: v for k, v in guided.items() if v is not None}
@@ -48,13 +60,7 @@ def structured_outputs(body: Any) -> str | None:
             # vLLM before 0.11 passed it on to the JSON grammar's whitespace.
             guided["whitespace_pattern"] = pattern
         params = guided
-    params = _with_response_format(params, body.response_format)
-    if params is None:
-        return None
-    try:
-        return json.dumps(params)
-    except RecursionError:  # a schema nested past Python's limit (orjson read it)
-        raise OpenAIError("the schema is nested too deeply", param=KEY) from None
+    return params
 
 
 def _given(value: Any) -> dict[str, Any] | None:

@@ -6,9 +6,13 @@
   list is none, as OpenAI's). "none": the answer is text.
 - A named function, or "required": the answer is constrained by structured outputs
   (vLLM's schemas: the function's `parameters`; for "required", an array of at least one
-  `{"name", "parameters"}` of the tools), given to the model as the `structured_outputs`
-  sampling key, and read back as `message.tool_calls` (content ""). A model that takes no
-  sampling keys cannot be constrained: a 400 on `tool_choice`.
+  `{"name", "parameters"}` of the tools, their `$defs` (and `definitions`) hoisted to its
+  root, so that their `$ref`s resolve), given to the model as the `structured_outputs`
+  sampling key or TensorRT-LLM's guided decoding inputs (guided.py), and read back as
+  `message.tool_calls` (content ""; cut short, no calls and no content, streamed or not).
+  It replaces `response_format` (vLLM's adjust_request); only a constraint of
+  `structured_outputs` itself clashes with a named function. A model that takes neither
+  cannot be constrained: a 400 on `tool_choice`.
 - "auto": the calls are parsed from the model's text by the server's
   `--tool-call-parser` (toolparse.py); without one, a 400 on `tool_choice`.
 
@@ -113,6 +117,39 @@ def _parameters(tool: Tool) -> dict[str, Any]:
     return tool.function.parameters or {"type": "object", "properties": {}}
 
 
+# Where a schema keeps its subschemas for `$ref`: JSON Schema's and draft 7's.
+_DEFS = ("$defs", "definitions")
+
+
+def _hoisted(tools: list[Tool]) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """vLLM's _get_tool_schema_defs: each tool's parameters without its subschemas, and
+    those of all tools, by where they go at the root of the array schema (a name two tools
+    define differently is a 400). `definitions` too, which vLLM leaves in place, where its
+    `$ref`s cannot resolve."""
+    parameters: list[dict[str, Any]] = []
+    hoisted: dict[str, dict[str, Any]] = {}
+    for tool in tools:
+        params = dict(_parameters(tool))
+        for where in _DEFS:
+            defs = params.pop(where, {})
+            if not isinstance(defs, dict):
+                raise OpenAIError(
+                    f"`{where}` in the parameters of tool '{tool.function.name}' must be an "
+                    f"object, got {type(defs).__name__}.",
+                    param="tools",
+                )
+            found = hoisted.setdefault(where, {})
+            for name, schema in defs.items():
+                if name in found and found[name] != schema:
+                    raise OpenAIError(
+                        f"Tool definition '{name}' has multiple schemas, which is not supported.",
+                        param="tools",
+                    )
+                found[name] = schema
+        parameters.append(params)
+    return parameters, {where: defs for where, defs in hoisted.items() if defs}
+
+
 def constraint(
     tools: list[Tool] | None, chosen: Any, parallel: bool | None = None
 ) -> dict[str, Any] | None:
@@ -124,6 +161,7 @@ def constraint(
         return {"json": _parameters(tool)}
     if chosen != "required":
         return None
+    parameters, hoisted = _hoisted(tools)
     schema: dict[str, Any] = {
         "type": "array",
         "minItems": 1,
@@ -133,31 +171,34 @@ def constraint(
                 {
                     "properties": {
                         "name": {"type": "string", "enum": [tool.function.name]},
-                        "parameters": _parameters(tool),
+                        "parameters": params,
                     },
                     "required": ["name", "parameters"],
                     # Not in vLLM's schema: a call is read for these two keys only, and
                     # a model that may add keys may write them until its limit.
                     "additionalProperties": False,
                 }
-                for tool in tools
+                for tool, params in zip(tools, parameters, strict=True)
             ],
         },
     }
     if parallel is False:
         schema["maxItems"] = 1
-    return {"json": schema}
+    return {"json": {**schema, **hoisted}}
 
 
-def check_constraints(chosen: Any, structured: str | None) -> None:
-    """vLLM's: a named function and a structured-outputs constraint cannot both hold."""
-    if isinstance(chosen, dict) and structured is not None:
-        given = json.loads(structured)
-        if any(given.get(k) is not None for k in ("json", "regex", "choice")):
-            raise OpenAIError(
-                "You can only either use constraints for structured outputs or tools, not both.",
-                param="tool_choice",
-            )
+def check_constraints(chosen: Any, given: dict[str, Any] | None) -> None:
+    """vLLM's check_structured_outputs_count: a named function and a constraint of the
+    request's own `structured_outputs` (here also the legacy guided_* fields) cannot both
+    hold; `response_format` is not one (the function's schema replaces it)."""
+    constrained = given is not None and any(
+        given.get(k) is not None for k in ("json", "regex", "choice")
+    )
+    if isinstance(chosen, dict) and constrained:
+        raise OpenAIError(
+            "You can only either use constraints for structured outputs or tools, not both.",
+            param="tool_choice",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +290,9 @@ class ToolStream:
                 deltas = _deltas(calls)
         elif self.use.chosen == "required":
             calls = self.use._keep(_required(self.held))
-            deltas = _deltas(calls) or ([{"content": self.held}] if self.held else [])
+            # vLLM's: what does not read as calls (cut by max_tokens) is no content
+            # either, as not streamed.
+            deltas = _deltas(calls)
         else:
             return []
         self.calls = bool(calls)
@@ -263,7 +306,7 @@ def _deltas(calls: list[Call]) -> list[dict[str, Any]]:
 def plan(
     chosen: Any,
     settings: ToolSettings,
-    takes_sampling: bool,
+    constrainable: bool,
     model: str,
     parallel: bool | None,
 ) -> ToolUse | None:
@@ -276,12 +319,13 @@ def plan(
             raise OpenAIError(
                 '"auto" tool choice requires --tool-call-parser to be set', param="tool_choice"
             )
-    elif not takes_sampling:
+    elif not constrainable:
         what = f'function "{chosen["name"]}"' if isinstance(chosen, dict) else '"required"'
         raise unsupported(
             "tool_choice",
             f"tool_choice={what} is not supported by the model '{model}': it "
-            "has no 'sampling_parameters' input, so its answer cannot be constrained to "
+            "has neither a 'sampling_parameters' input nor TensorRT-LLM's "
+            "'guided_decoding_guide_type' input, so its answer cannot be constrained to "
             "the tool's arguments (structured outputs)",
         )
     return ToolUse(chosen, settings.parser, settings.max_parse_bytes, parallel is not False)
