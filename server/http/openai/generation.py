@@ -11,7 +11,10 @@ them to its vLLM and TensorRT-LLM backends:
   (`KEYS`, from backends/llm/sampling.py); a Python model gets the same JSON;
 - in an input of the parameter's own name (TensorRT-LLM's interface: `temperature`,
   `top_p`, `seed`, `max_tokens`..., and `stop_words` for `stop`), whatever its key, as
-  one element of the input's datatype, or a list for `stop`, `stop_token_ids`...
+  one element of the input's datatype, or a list for `stop`, `stop_token_ids`...;
+- structured outputs (response_format, `structured_outputs`, a named or "required"
+  tool_choice) also in TensorRT-LLM's `guided_decoding_guide_type` and
+  `guided_decoding_guide` inputs (guided.py), as Triton's frontend sends a tool's schema.
 
 A parameter the client set that reaches the model neither way is a 400 naming it, never
 silently dropped; only a value that changes nothing (`presence_penalty: 0`,
@@ -43,6 +46,7 @@ from ge_serve.server.inference.wire import bytes_elements, object_array
 
 from .catalog import TEXT_INPUT, TEXT_OUTPUT
 from .errors import OpenAIError, from_server_error, unsupported
+from .guided import GUIDE, GUIDE_TYPE, guide
 from .logprobs import Entry, parse
 
 STREAM = "stream"
@@ -55,6 +59,13 @@ COUNT_REQUESTS = ("return_finish_reason", "return_num_input_tokens", "return_num
 # Asked, with the sampling key `logprobs`, where the client asked for log probabilities.
 LOGPROBS = "logprobs"
 RETURN_LOGPROBS = "return_logprobs"
+STRUCTURED = "structured_outputs"
+
+
+def takes_constraints(inputs: Mapping[str, TensorSpec]) -> bool:
+    """Whether a model's answer can be constrained (structured outputs): it takes vLLM's
+    sampling keys, or TensorRT-LLM's guided decoding inputs."""
+    return SAMPLING in inputs or GUIDE_TYPE in inputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +103,7 @@ KEYS: dict[str, Key] = {
     "bad_words": Key(engine=True, neutral=([],)),
     "allowed_token_ids": Key(engine=True),
     # response_format, structured_outputs and guided_* (structured.py): one JSON text.
-    "structured_outputs": Key(engine=True),
+    STRUCTURED: Key(engine=True),
     # Not implemented by the engine (it takes them only at these values).
     "length_penalty": Key(engine=False, neutral=(1,)),
     "use_beam_search": Key(engine=False, neutral=(False,)),
@@ -168,6 +179,9 @@ def build_request(
         if name in inputs and value != []:
             tensors.append(_tensor(model, inputs[name], value, key))
             placed = True
+        if key == STRUCTURED and GUIDE_TYPE in inputs:
+            tensors += _guided(model, value)
+            placed = True
         if SAMPLING in inputs and rule.engine:
             document[key] = value
             placed = True
@@ -180,6 +194,21 @@ def build_request(
         tensors.append(_tensor(model, inputs[SAMPLING], [text]))
     request = InferRequest(model_name=model.name, model_version=model.version_str, inputs=tensors)
     return request, frozenset(sent)
+
+
+def _guided(model: ModelVersion, structured: str) -> list[Tensor]:
+    """TensorRT-LLM's guided decoding inputs for the constraint (guided.py)."""
+    kind, text = guide(structured, model.name)
+    tensors = [_tensor(model, model.inputs[GUIDE_TYPE], [kind])]
+    if text is not None:
+        if GUIDE not in model.inputs:
+            raise unsupported(
+                STRUCTURED,
+                f"The model '{model.name}' has a '{GUIDE_TYPE}' input but no '{GUIDE}' "
+                f"input for the {kind} constraint",
+            )
+        tensors.append(_tensor(model, model.inputs[GUIDE], [text]))
+    return tensors
 
 
 def _refusal(model: ModelVersion, key: str, rule: Key) -> OpenAIError:

@@ -28,7 +28,7 @@ from starlette.responses import Response, StreamingResponse
 from ..disconnects import until_disconnect
 from .catalog import Catalog, text_generation
 from .errors import CONTEXT_LENGTH_EXCEEDED, SERVER_ERROR, OpenAIError
-from .generation import SAMPLING, Params, Piece, Usage, build_request, collect, pieces
+from .generation import Params, Piece, Usage, build_request, collect, pieces, takes_constraints
 from .responses import ResponsesRequest, renamed
 from .responses_objects import Identity
 from .responses_stream import Events
@@ -55,9 +55,9 @@ async def create(catalog: Catalog, request: Request, body: ResponsesRequest) -> 
     chosen = chat.chosen_tool()
     tools: ToolUse | None = None
     if chosen != "auto" or catalog.tools.parser:
-        takes_keys = SAMPLING in model.inputs
+        constrained = takes_constraints(model.inputs)
         try:
-            tools = plan(chosen, catalog.tools, takes_keys, body.model, chat.parallel_tool_calls)
+            tools = plan(chosen, catalog.tools, constrained, body.model, chat.parallel_tool_calls)
         except OpenAIError as exc:
             raise renamed(exc) from None
     try:

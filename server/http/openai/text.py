@@ -39,7 +39,15 @@ from ..disconnects import until_disconnect
 from .catalog import Catalog, text_generation
 from .choices import Item, all_of, merged, one, seeded
 from .errors import CONTEXT_LENGTH_EXCEEDED, SERVER_ERROR, OpenAIError
-from .generation import SAMPLING, Params, Piece, Usage, build_request, collect, pieces
+from .generation import (
+    Params,
+    Piece,
+    Usage,
+    build_request,
+    collect,
+    pieces,
+    takes_constraints,
+)
 from .logprobs import Entry, Logprobs
 from .objects import DONE, Answer, sse
 from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
@@ -61,9 +69,9 @@ async def chat_completion(
     if generation is None or generation.chat_template is None:
         raise no_chat_template(body.model)
     _check_limit(body.token_limit(), generation.max_model_len)
-    takes_keys = SAMPLING in model.inputs
     chosen, parallel = body.chosen_tool(), body.parallel_tool_calls
-    tool_use = plan(chosen, catalog.tools, takes_keys, body.model, parallel)
+    constrained = takes_constraints(model.inputs)
+    tool_use = plan(chosen, catalog.tools, constrained, body.model, parallel)
     prompt = await chat_prompt(generation, body, template_tools(body.tools))
     answer = _identity(request, body, chat=True, role=body.answer_role(), echo=body.echoed())
     answer.tools = tool_use
