@@ -5,7 +5,10 @@ ge-serve processes:
   tool_stream_py) rewritten here: it streams a tool call in 8-character fragments, in
   Mistral's format, or Llama 3's where the prompt says LLAMA; "big-tool-args" makes the
   argument 2000 characters; ECHO answers the prompt itself (which shows what the chat
-  template was given). Served with `--tool-call-parser mistral` and with `llama3`.
+  template was given); TEXT FIRST writes "Sure. " before the call. Served with
+  `--tool-call-parser mistral` and with `llama3`.
+- `guided_echo`, a TensorRT-LLM-style model (guided_decoding_guide_type /
+  guided_decoding_guide inputs, no sampling_parameters) that answers what it got.
 - the tiny random-weight `llm` model (tests/llmrepo.py), whose answers are JSON only where
   a named `tool_choice` or "required" constrains them.
 """
@@ -57,6 +60,10 @@ class TritonPythonModel:
             arg = "A" * (2000 if "big-tool-args" in prompt else 5)
             if "ECHO" in prompt:
                 text = prompt
+            elif "TEXT FIRST" in prompt:
+                call = '{"name": "get_current_weather", "arguments": {"city": "Oslo"}}'
+                tagged = "<|python_tag|>" + call if "LLAMA" in prompt else f"[TOOL_CALLS][{call}]"
+                text = "Sure. " + tagged
             elif "LLAMA" in prompt:
                 text = '{"name": "get_current_weather", "parameters": {"city": "' + arg + '"}}'
             else:
@@ -127,8 +134,48 @@ TIME: ChatCompletionToolParam = {
 ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Weather in Paris?"}]
 
 
+GUIDED_ECHO = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            got = {}
+            for name in ("guided_decoding_guide_type", "guided_decoding_guide"):
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                if tensor is not None:
+                    got[name] = tensor.as_numpy().reshape(-1)[0].decode("utf-8")
+            text = json.dumps(got).encode()
+            out = pb_utils.Tensor("text_output", np.array([[text]], dtype=object))
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse([out]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+        return None
+"""
+GUIDED_CONFIG = f"""
+name: "guided_echo"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy {{ decoupled: true }}
+input [
+  {{ name: "text_input" data_type: TYPE_STRING dims: [ 1, 1 ] }},
+  {{ name: "max_tokens" data_type: TYPE_INT32 dims: [ 1, 1 ] optional: true }},
+  {{ name: "guided_decoding_guide_type" data_type: TYPE_STRING dims: [ 1, 1 ] optional: true }},
+  {{ name: "guided_decoding_guide" data_type: TYPE_STRING dims: [ 1, 1 ] optional: true }}
+]
+output [ {{ name: "text_output" data_type: TYPE_STRING dims: [ 1, -1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+parameters {{ key: "chat_template_source" value: {{ string_value: "{TEMPLATE}" }} }}
+"""
+
+
 def _repo(root: Path) -> Path:
     write_model(root, "tool_stream", TOOL_STREAM, CONFIG)
+    write_model(root, "guided_echo", GUIDED_ECHO, GUIDED_CONFIG)
     return root
 
 
@@ -348,3 +395,150 @@ def test_required_tool_choice_calls_the_tools(llama3: ServerProcess) -> None:
     assert calls[0]["function"]["name"] in ("get_current_weather", "get_time")
     json.loads(calls[0]["function"]["arguments"])
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize("parser", ["mistral", "llama3"])
+def test_text_before_a_call_streamed_and_not(request: pytest.FixtureRequest, parser: str) -> None:
+    server: ServerProcess = request.getfixturevalue(parser)
+    prompt = "TEXT FIRST" + (" LLAMA" if parser == "llama3" else "")
+    body = {"model": "tool_stream", "messages": [{"role": "user", "content": prompt}]}
+    with _client(server) as client:
+        chat = client.chat.completions.create(**body, tools=[WEATHER])  # type: ignore[call-overload]
+    message = chat.choices[0].message
+    chunks = _stream(server, {**body, "tools": [WEATHER]})
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    calls = [c for chunk in chunks for c in chunk["choices"][0]["delta"].get("tool_calls", [])]
+    reason = chunks[-1]["choices"][0]["finish_reason"]
+    if parser == "llama3":
+        # Triton's: a llama3 call only where the answer begins with one.
+        assert message.content == content and content.startswith("Sure. <|python_tag|>{")
+        assert message.tool_calls is None and not calls
+        assert chat.choices[0].finish_reason == reason == "stop"
+    else:
+        # The text before [TOOL_CALLS] is the content, as written, both ways.
+        assert message.content == content == "Sure. "
+        assert _weather_call(message) == {"city": "Oslo"}
+        assert [c["function"].get("name") for c in calls] == ["get_current_weather"]
+        assert chat.choices[0].finish_reason == reason == "tool_calls"
+
+
+def test_no_calls_no_tool_calls_field(mistral: ServerProcess) -> None:
+    # vLLM's and OpenAI's: an answer without calls has no `tool_calls`, not [].
+    body = {"model": "tool_stream", "messages": [{"role": "user", "content": "ECHO"}]}
+    answer = httpx.post(
+        mistral.base_url + "/v1/chat/completions", json={**body, "tools": [WEATHER]}, timeout=30
+    )
+    assert answer.status_code == 200, answer.text
+    assert "tool_calls" not in answer.json()["choices"][0]["message"]
+    chunks = _stream(mistral, {**body, "tools": [WEATHER]})
+    assert all("tool_calls" not in c["choices"][0]["delta"] for c in chunks)
+
+
+@pytest.mark.parametrize(
+    "tool_choice", [{"type": "function", "function": {"name": "get_current_weather"}}, "required"]
+)
+def test_a_trtllm_model_gets_the_guided_decoding_inputs(
+    mistral: ServerProcess, tool_choice: Any
+) -> None:
+    body = {"model": "guided_echo", "messages": ASK, "tools": [WEATHER], "tool_choice": tool_choice}
+    answer = httpx.post(mistral.base_url + "/v1/chat/completions", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    message = answer.json()["choices"][0]["message"]
+    # A named function's answer is its arguments: here, what the model got.
+    got = (
+        json.loads(message["tool_calls"][0]["function"]["arguments"])
+        if message.get("tool_calls")
+        else None
+    )
+    if isinstance(tool_choice, dict):
+        assert got is not None and got["guided_decoding_guide_type"] == "json_schema"
+        assert json.loads(got["guided_decoding_guide"]) == WEATHER["function"]["parameters"]
+    else:
+        # "required": the array of calls (not read as calls: no calls, no content).
+        assert got is None and message["content"] == ""
+    formats = [
+        ({"type": "json_object"}, "json", None),
+        (
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array"}}},
+            "json_schema",
+            {"type": "array"},
+        ),
+    ]
+    for response_format, kind, guide in formats:
+        body = {"model": "guided_echo", "messages": ASK, "response_format": response_format}
+        answer = httpx.post(mistral.base_url + "/v1/chat/completions", json=body, timeout=30)
+        assert answer.status_code == 200, answer.text
+        got = json.loads(answer.json()["choices"][0]["message"]["content"])
+        assert got["guided_decoding_guide_type"] == kind
+        assert (
+            json.loads(got["guided_decoding_guide"]) if guide else got.get("guided_decoding_guide")
+        ) == guide
+    body = {
+        "model": "guided_echo",
+        "messages": ASK,
+        "structured_outputs": {"choice": ['a "b"', "c"]},
+    }
+    answer = httpx.post(mistral.base_url + "/v1/chat/completions", json=body, timeout=30)
+    got = json.loads(answer.json()["choices"][0]["message"]["content"])
+    assert got == {
+        "guided_decoding_guide_type": "ebnf_grammar",
+        "guided_decoding_guide": 'root ::= "a \\"b\\"" | "c"',
+    }
+
+
+def test_required_with_defs_calls_the_tool(llama3: ServerProcess) -> None:
+    # Pydantic's nested models: `$defs` and "#/$defs/..." (vLLM hoists them to the root).
+    item = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 8}},
+        "required": ["name"],
+        "additionalProperties": False,
+    }
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "add_item",
+            "parameters": {
+                "$defs": {"Item": item},
+                "type": "object",
+                "properties": {"item": {"$ref": "#/$defs/Item"}},
+                "required": ["item"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    body = {
+        "model": "tiny_llm",
+        "messages": ASK,
+        "tools": [tool],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_tokens": 150,
+        "seed": 0,
+    }
+    answer = httpx.post(llama3.base_url + "/v1/chat/completions", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    (call,) = answer.json()["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "add_item"
+    assert set(json.loads(call["function"]["arguments"])["item"]) == {"name"}
+
+
+def test_a_required_answer_cut_short_is_no_content(llama3: ServerProcess) -> None:
+    body = {
+        "model": "tiny_llm",
+        "messages": ASK,
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "max_tokens": 4,
+        "seed": 0,
+    }
+    answer = httpx.post(llama3.base_url + "/v1/chat/completions", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    choice = answer.json()["choices"][0]
+    assert choice["message"]["content"] == "" and "tool_calls" not in choice["message"]
+    assert choice["finish_reason"] == "length"
+    chunks = _stream(llama3, body)
+    # Not the constrained JSON's beginning as content, as vLLM's.
+    assert not "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert all("tool_calls" not in c["choices"][0]["delta"] for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
