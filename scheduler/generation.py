@@ -31,6 +31,7 @@ import numpy.typing as npt
 from ge_serve.backends.base import ModelError
 from ge_serve.backends.llm.backend import LlmModel
 from ge_serve.backends.llm.logits import nothing_possible
+from ge_serve.backends.llm.prompt_logprobs import lm_head
 from ge_serve.backends.llm.runner import RowWork
 from ge_serve.backends.llm.structured import (
     Constraint,
@@ -86,6 +87,9 @@ class GenerationScheduler:
         self._started = 0
         self._serial = 0
         self._drained: asyncio.Event | None = None
+        # The LM head, read from the step graph on the first request with prompt_logprobs.
+        self._head: npt.NDArray[np.float32] | None = None
+        self._head_lock = threading.Lock()
         # Built on the first request with `structured_outputs`, never at load.
         self._grammars = Grammars(model.tokenizer, model.runner.shape.vocab, model.eos_ids)
         self._thread = threading.Thread(target=self._loop, name=f"llm-{model.name}", daemon=True)
@@ -134,6 +138,8 @@ class GenerationScheduler:
             # Compiling (and, the first time, building the model's grammar tokenizer)
             # takes up to seconds: a worker thread, never the loop.
             seq.constraint = await self._constraint(seq.params.structured)
+        if seq.prompt_logprobs is not None and self._head is None:
+            await asyncio.to_thread(self._load_head)  # a file read: never on the loop
         seq.timings = timings
         self._pending += 1
         self._submitted += 1
@@ -162,6 +168,11 @@ class GenerationScheduler:
             raise ServerError(ErrorCode.UNSUPPORTED, str(exc)) from None
         except ValueError as exc:
             raise invalid_arg(str(exc)) from None
+
+    def _load_head(self) -> None:
+        with self._head_lock:
+            if self._head is None:
+                self._head = lm_head(self._model.settings.step_model)
 
     def cancel(self, seq: Sequence) -> None:
         """The client has gone: the engine drops the sequence at the next step boundary."""
@@ -283,7 +294,10 @@ class GenerationScheduler:
                 RowWork(s.tokens[s.computed : s.computed + n], s.computed, s.blocks)
                 for s, n in plan.prefill
             ]
-            logits = runner.run(decode, prefill)
+            # Every prefill token's hidden state, only where a row wants its prompt's
+            # log probabilities (one attribute per prefill row otherwise).
+            hidden = any(not s.may_share for s, _ in plan.prefill)
+            logits = runner.run(decode, prefill, hidden) if hidden else runner.run(decode, prefill)
             graph += runner.last_graph_s
             if len(logits) != len(decode) + len(prefill):
                 raise RuntimeError(
@@ -299,7 +313,11 @@ class GenerationScheduler:
                 seq.computed += 1
                 self._advance_one(seq, row)
             sampled = len(plan.decode)
+            token = len(decode)  # the first prefill token's row in `runner.last_hidden`
             for (seq, n), row in zip(plan.prefill, logits[len(decode) :], strict=True):
+                first, token = token, token + n
+                if not seq.may_share and not self._prompt_rows(seq, first, n):
+                    continue
                 seq.computed += n
                 if seq.remaining == 0:
                     self._advance_one(seq, row)
@@ -322,6 +340,22 @@ class GenerationScheduler:
             full = (seq.computed + counts.get(id(seq), 1)) // size
             if full > start:
                 allocator.remember(seq.blocks, seq.tokens, size, start, full)
+
+    def _prompt_rows(self, seq: Sequence, token: int, n: int) -> bool:
+        """The prompt entries of `seq`'s chunk (its n tokens from row `token` of the
+        step's hidden states); False, the sequence failed alone, should that fail."""
+        hidden, head = self._model.runner.last_hidden, self._head
+        try:
+            if hidden is None or head is None:
+                raise RuntimeError("the step gave no hidden states")
+            assert seq.prompt_logprobs is not None
+            rows = hidden[token : token + n]
+            seq.prompt_logprobs.add(rows, seq.computed, seq.tokens, seq.prompt_len, head)
+        except Exception as exc:
+            log.exception("model '%s': a prompt's log probabilities failed", self._model.name)
+            self._fail([seq], "prompt_logprobs", exc)
+            return False
+        return True
 
     def _advance_one(self, seq: Sequence, logits: npt.NDArray[np.float32]) -> None:
         """`_advance`, failing only this sequence should its own sampling or text fail:

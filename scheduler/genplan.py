@@ -88,7 +88,7 @@ def plan_step(
     )
     while waiting and _may_admit(limits, len(running), started_empty):
         seq = waiting[0]
-        if limits.prefix_caching and not seq.blocks:
+        if limits.prefix_caching and not seq.blocks and seq.may_share:
             # Never the whole prompt: its last token is computed, for the logits.
             seq.blocks.extend(allocator.share(seq.tokens, size, (len(seq.tokens) - 1) // size))
             seq.computed = len(seq.blocks) * size

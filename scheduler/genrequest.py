@@ -21,6 +21,7 @@ from ge_serve.backends.base import ResponseSink
 from ge_serve.backends.llm.backend import LlmModel
 from ge_serve.backends.llm.logits import LogitsProcessor, checked
 from ge_serve.backends.llm.logprobs import TokenLogprobs, check_count
+from ge_serve.backends.llm.prompt_logprobs import NO_HIDDEN_STATES, PromptLogprobs
 from ge_serve.backends.llm.sampling import (
     Sampler,
     SamplingError,
@@ -80,7 +81,15 @@ def read_sequence(
             check_count(params.logprobs, vocab, settings.max_logprobs)
         except ValueError as exc:
             raise invalid_arg(str(exc)) from None
+    if params.prompt_logprobs is not None:
+        if not model.runner.shape.hidden:
+            raise invalid_arg(NO_HIDDEN_STATES)
+        try:
+            check_count(params.prompt_logprobs, vocab, settings.max_logprobs, "prompt")
+        except ValueError as exc:
+            raise invalid_arg(str(exc)) from None
     send_logprobs, send_cumulative = logprob_outputs(model, inputs, params.logprobs is not None)
+    send_prompt = _returned(model, inputs, "prompt_logprobs", params.prompt_logprobs is not None)
     outside = sorted(i for i in params.stop_token_ids if i >= vocab)
     if outside:
         # Checked here: the engine would index the logits with it, in a step shared
@@ -139,6 +148,10 @@ def read_sequence(
         else TokenLogprobs(params.logprobs, model.tokenizer, vocab),
         send_logprobs=send_logprobs,
         send_cumulative=send_cumulative,
+        prompt_logprobs=None
+        if params.prompt_logprobs is None
+        else PromptLogprobs(params.prompt_logprobs, model.tokenizer, vocab),
+        send_prompt_logprobs=send_prompt,
         processor=processor,
     )
 

@@ -19,6 +19,7 @@ import numpy as np
 from ge_serve.backends.base import ResponseSink
 from ge_serve.backends.llm.logits import LogitsProcessor
 from ge_serve.backends.llm.logprobs import TokenLogprobs
+from ge_serve.backends.llm.prompt_logprobs import PromptLogprobs
 from ge_serve.backends.llm.sampling import Sampler, SamplingParams
 from ge_serve.backends.llm.structured import Constraint
 from ge_serve.backends.llm.text import Detokenizer, StopStrings
@@ -70,6 +71,10 @@ class Sequence:
     logprobs: TokenLogprobs | None = None
     send_logprobs: bool = False
     send_cumulative: bool = False
+    # The request's prompt log probabilities (sampling `prompt_logprobs`), and whether its
+    # first response carries them (`prompt_logprobs` output; then False).
+    prompt_logprobs: PromptLogprobs | None = None
+    send_prompt_logprobs: bool = False
     # vLLM's logits processors the request asked for (penalties, logit_bias...); None:
     # none, and its logits go to the sampler as the step gave them.
     processor: LogitsProcessor | None = None
@@ -83,6 +88,13 @@ class Sequence:
     def remaining(self) -> int:
         """Tokens still to compute before the next token can be sampled."""
         return len(self.tokens) - self.computed
+
+    @property
+    def may_share(self) -> bool:
+        """Whether admission may share a cached prefix: not while prompt positions whose
+        log probabilities the request asked for are still to compute (vLLM's rule)."""
+        found = self.prompt_logprobs
+        return found is None or found.done(self.prompt_len)
 
     @property
     def generated(self) -> int:
@@ -107,6 +119,11 @@ class Sequence:
             outputs["finish_reason"] = np.array([str(reason).encode()], dtype=object)
         if self.send_logprobs or self.send_cumulative:
             self._add_logprobs(outputs)
+        if self.send_prompt_logprobs:  # the first response only
+            self.send_prompt_logprobs = False
+            found = self.prompt_logprobs
+            entries = found.take() if found is not None else b"null"
+            outputs["prompt_logprobs"] = np.array([entries], dtype=object)
         return outputs
 
     def _add_logprobs(self, outputs: dict[str, Any]) -> None:

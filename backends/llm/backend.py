@@ -31,6 +31,7 @@ RETURN_FLAGS = (
     "return_finish_reason",
     "return_cumulative_logprob",
     "return_logprobs",
+    "return_prompt_logprobs",
     "return_num_input_tokens",
     "return_num_output_tokens",
 )
@@ -49,9 +50,11 @@ OUTPUTS = (
     "output_ids",
     "cumulative_logprob",
     "logprobs",
+    "prompt_logprobs",
 )
 _STRING, _BOOL = model_config_pb2.TYPE_STRING, model_config_pb2.TYPE_BOOL
-# What Triton's vLLM backend's auto-complete declares (its model.py), all dims [1] inputs.
+# What Triton's vLLM backend's auto-complete declares (its model.py), all dims [1] inputs,
+# and ge-serve's `return_prompt_logprobs` / `prompt_logprobs` beside its logprobs'.
 INTERFACE_INPUTS = (
     (TEXT_INPUT, _STRING),
     ("stream", _BOOL),
@@ -64,6 +67,8 @@ INTERFACE_OUTPUTS = (
     ("finish_reason", _STRING, -1),
     ("cumulative_logprob", model_config_pb2.TYPE_FP32, -1),
     ("logprobs", _STRING, -1),
+    # ge-serve's: the prompt's log probabilities (vLLM's `prompt_logprobs`), as JSON.
+    ("prompt_logprobs", _STRING, -1),
     ("num_input_tokens", model_config_pb2.TYPE_UINT32, 1),
     ("num_output_tokens", model_config_pb2.TYPE_UINT32, -1),
 )

@@ -144,9 +144,12 @@ class GeStepRunner:
         self._executor = self._loaded.executors[0]
         self.device = self._executor.slot.device
         self.last_graph_s = 0.0
+        # The compiled step declares no `hidden_states` output (shape.hidden is False), so
+        # the engine refuses prompt_logprobs on the NPU and never asks for them.
+        self.last_hidden: npt.NDArray[np.float32] | None = None
 
     def run(
-        self, rows: Sequence[RowWork], chunk_rows: Sequence[RowWork] = ()
+        self, rows: Sequence[RowWork], chunk_rows: Sequence[RowWork] = (), hidden: bool = False
     ) -> npt.NDArray[np.float32]:
         """Logits [rows + chunk_rows, vocab]. The compiled graph has the first group's
         inputs only (the second keeps its default of no rows, see runner.py), so the
@@ -155,7 +158,7 @@ class GeStepRunner:
             return self._run(rows or chunk_rows)
         return run_apart(self, self._run, rows, chunk_rows)
 
-    def _run(self, rows: Sequence[RowWork]) -> npt.NDArray[np.float32]:
+    def _run(self, rows: Sequence[RowWork], hidden: bool = False) -> npt.NDArray[np.float32]:
         padded = self.gears.fit(step_shape(rows, self.block_size))
         feed, write = build_step_inputs(rows, self.block_size, padded)
         full = dict(feed)

@@ -17,8 +17,7 @@ sends, per response, the entries of the tokens that response adds as JSON (`logp
 "null" where the request asked for none) and the running sum (`cumulative_logprob`,
 NaN where none were asked for: its numpy float32 of vLLM's None).
 
-`prompt_logprobs` cannot be served: the step graph returns only the last position's
-logits per row (backends/llm/runner.py), never one row per prompt token.
+`prompt_logprobs` (prompt_logprobs.py) makes the same entries for the prompt's tokens.
 """
 
 from __future__ import annotations
@@ -37,23 +36,20 @@ from .text import Tokenizer
 _CUT = "\ufffd"
 _CONTEXT = 4
 
-NO_PROMPT_LOGPROBS = (
-    "prompt_logprobs is not supported: the llm engine's step graph gives the logits of "
-    "each sequence's last position only, so no prompt token's log probability is computed"
-)
 
-
-def check_count(value: int, vocab: int, limit: int) -> None:
-    """vLLM's bounds for `logprobs` (its SamplingParams' checks and words): -1 is the
-    whole vocabulary; at most `limit` (the model's `max_logprobs`, vLLM's --max-logprobs:
-    20 unless set; -1, the vocabulary). ValueError says what is wrong."""
+def check_count(value: int, vocab: int, limit: int, what: str = "sample") -> None:
+    """vLLM's bounds for `logprobs` (`what` "sample") and `prompt_logprobs` ("prompt"),
+    its SamplingParams' checks and words: -1 is the whole vocabulary; at most `limit` (the
+    model's `max_logprobs`, vLLM's --max-logprobs: 20 unless set; -1, the vocabulary).
+    ValueError says what is wrong."""
+    key = "logprobs" if what == "sample" else f"{what}_logprobs"
     if value < 0 and value != -1:
-        raise ValueError(f"logprobs must be non-negative or -1, got {value}.")
+        raise ValueError(f"{key} must be non-negative or -1, got {value}.")
     wanted = vocab if value == -1 else value
     allowed = vocab if limit == -1 else limit
     if wanted > allowed:
         raise ValueError(
-            f"Requested sample logprobs of {wanted}, which is greater than max allowed: {allowed}"
+            f"Requested {what} logprobs of {wanted}, which is greater than max allowed: {allowed}"
         )
 
 

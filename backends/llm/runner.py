@@ -34,6 +34,9 @@ from .kvcache import KvPool, blocks_for
 
 MASKED = np.float32(-1e9)
 _REQUIRED = ("input_ids", "positions", "block_table", "attention_mask")
+# The optional output of every new token's final-normed hidden state (the prompt's log
+# probabilities); a graph without it serves everything else.
+HIDDEN_STATES = "hidden_states"
 # The second group's inputs: the same names with this prefix.
 CHUNK_PREFIX = "chunk_"
 
@@ -54,6 +57,8 @@ class GraphShape:
     kv_heads: int
     head_dim: int
     vocab: int
+    # The graph has the `hidden_states` output.
+    hidden: bool = False
 
 
 def graph_shape(session: ort.InferenceSession, block_size: int) -> GraphShape:
@@ -91,7 +96,7 @@ def graph_shape(session: ort.InferenceSession, block_size: int) -> GraphShape:
     vocab = outputs["logits"].shape[-1]
     if not isinstance(vocab, int):
         raise ValueError("the step model's logits must have a fixed vocabulary dimension")
-    return GraphShape(layers, int(shape[2]), int(shape[3]), vocab)
+    return GraphShape(layers, int(shape[2]), int(shape[3]), vocab, HIDDEN_STATES in outputs)
 
 
 class Runner(Protocol):
@@ -102,9 +107,12 @@ class Runner(Protocol):
     pool: KvPool
     # Seconds inside the graph in the latest step (the rest is the engine's overhead).
     last_graph_s: float
+    # The latest step's `hidden_states` where it asked for them: one row per real new
+    # token, the rows' in order then the chunk rows'; None otherwise.
+    last_hidden: npt.NDArray[np.float32] | None
 
     def run(
-        self, rows: Sequence[RowWork], chunk_rows: Sequence[RowWork] = ()
+        self, rows: Sequence[RowWork], chunk_rows: Sequence[RowWork] = (), hidden: bool = False
     ) -> npt.NDArray[np.float32]: ...
 
     def close(self) -> None: ...
@@ -112,16 +120,19 @@ class Runner(Protocol):
 
 def run_apart(
     runner: Runner,
-    run_group: Callable[[Sequence[RowWork]], npt.NDArray[np.float32]],
+    run_group: Callable[..., npt.NDArray[np.float32]],
     rows: Sequence[RowWork],
     chunk_rows: Sequence[RowWork],
+    hidden: bool = False,
 ) -> npt.NDArray[np.float32]:
     """The two groups of a step as two graph calls (a graph that takes one group only):
     their logits in order, and the graph time of both in `runner.last_graph_s`."""
-    first = run_group(rows)
-    graph_s = runner.last_graph_s
-    second = run_group(chunk_rows)
+    first = run_group(rows, hidden=hidden)
+    graph_s, first_hidden = runner.last_graph_s, runner.last_hidden
+    second = run_group(chunk_rows, hidden=hidden)
     runner.last_graph_s += graph_s
+    if first_hidden is not None and runner.last_hidden is not None:
+        runner.last_hidden = np.concatenate([first_hidden, runner.last_hidden])
     return np.concatenate([first, second])
 
 
@@ -159,16 +170,19 @@ class StepRunner:
         self.mixes = takes_chunk_group(self.session)
         # Seconds inside onnxruntime in the latest step, for the overhead measurement.
         self.last_graph_s = 0.0
+        self.last_hidden: npt.NDArray[np.float32] | None = None
 
     def run(
-        self, rows: Sequence[RowWork], chunk_rows: Sequence[RowWork] = ()
+        self, rows: Sequence[RowWork], chunk_rows: Sequence[RowWork] = (), hidden: bool = False
     ) -> npt.NDArray[np.float32]:
         """Logits [rows + chunk_rows, vocab] of each row's last token, in that order; the
-        rows' new K/V are stored. One graph call where the graph takes both groups."""
+        rows' new K/V are stored. One graph call where the graph takes both groups.
+        `hidden` (a graph with the output only) fetches every new token's hidden state
+        into `last_hidden`; a step without it copies nothing more out."""
         if not rows:
             rows, chunk_rows = chunk_rows, ()
         if chunk_rows and not self.mixes:
-            return run_apart(self, self.run, rows, chunk_rows)
+            return run_apart(self, self.run, rows, chunk_rows, hidden)
         feed, write = build_step_inputs(rows, self.block_size)
         if chunk_rows:
             more, more_write = build_step_inputs(
@@ -179,13 +193,16 @@ class StepRunner:
         values = dict(self._pool_values)
         for name, array in feed.items():
             values[name] = ort.OrtValue.ortvalue_from_numpy(array)
+        names = [*self._outputs, HIDDEN_STATES] if hidden else self._outputs
         started = time.perf_counter()
-        results = self.session.run_with_ort_values(self._outputs, values)
+        results = self.session.run_with_ort_values(names, values)
         self.last_graph_s = time.perf_counter() - started
         layers = self.shape.layers
         keys = [results[1 + i].numpy() for i in range(layers)]
         vals = [results[1 + layers + i].numpy() for i in range(layers)]
         self.pool.write(keys, vals, *write)
+        # The real tokens' rows, in the order their K/V were written (padding left out).
+        self.last_hidden = results[-1].numpy()[write[0]] if hidden else None
         logits: npt.NDArray[np.float32] = results[0].numpy()
         return logits
 

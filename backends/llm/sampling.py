@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .logprobs import NO_PROMPT_LOGPROBS
 from .settings import SamplingDefaults
 from .structured import Structured, parse_structured
 
@@ -55,6 +54,8 @@ class SamplingParams:
     # vLLM's: the top-N log probabilities per sampled token (0: the sampled one's only,
     # -1: the whole vocabulary); None: none computed.
     logprobs: int | None = None
+    # vLLM's `prompt_logprobs`: the same per prompt token (its first excepted); None: none.
+    prompt_logprobs: int | None = None
     # vLLM's logits processors (logits.py applies them; min_p is the sampler's).
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -114,7 +115,6 @@ _BOOLS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
 _NEUTRAL: dict[str, Any] = {
     "n": 1,
     "best_of": 1,
-    "prompt_logprobs": None,
     "spaces_between_special_tokens": True,
     "detokenize": True,
 }
@@ -127,6 +127,7 @@ KNOWN_KEYS = frozenset(
         *_BOOLS,
         *_LISTS,
         "logprobs",
+        "prompt_logprobs",
         "structured_outputs",
         *_NEUTRAL,
     )
@@ -176,13 +177,14 @@ def _validated(values: dict[str, Any]) -> SamplingParams:
     for key in _BOOLS:
         if key in values:
             out[key] = _bool(key, values[key])
-    if values.get("prompt_logprobs") is not None:
-        raise SamplingError(NO_PROMPT_LOGPROBS)
-    logprobs = values.get("logprobs")
-    if logprobs is not None:
-        # vLLM's: true is 1 (its SamplingParams), false 0.
-        bool_given = isinstance(logprobs, bool)
-        out["logprobs"] = int(logprobs) if bool_given else _int("logprobs", logprobs)
+    for key in ("logprobs", "prompt_logprobs"):
+        count = values.get(key)
+        if count is not None:
+            # vLLM's: true is 1 (its SamplingParams), false 0.
+            out[key] = int(count) if isinstance(count, bool) else _int(key, count)
+    prompt = out.get("prompt_logprobs")
+    if prompt is not None and prompt < 0 and prompt != -1:
+        raise SamplingError(f"prompt_logprobs must be non-negative or -1, got {prompt}.")
     for key, neutral in _NEUTRAL.items():
         if (
             key in values

@@ -36,6 +36,11 @@ kv_heads, head_dim and vocab):
                                                RoPE, flat: row r of the first group's q
                                                tokens from r * q, then the second group's
                                                (and value_{i})
+    hidden_states    FP32  [batch * q + chunk_batch * chunk_q, hidden]   optional: every
+                                               new token's hidden state after the final
+                                               norm, flat as key_{i}; the LM head over it
+                                               gives each position's logits (the prompt's
+                                               log probabilities). Fetched only when asked.
 
 Why it is shaped as it is, for onnxruntime on a CPU:
 - Q, K and V come from one MatMul and gate/up from another (pre-transposed [in, out]
@@ -54,9 +59,12 @@ Why it is shaped as it is, for onnxruntime on a CPU:
   stacked along the query axis, [batch, kv_heads, group * q, head_dim].
 - RMSNorm is written as Pow, ReduceMean, Add, Sqrt, Div, Mul: the pattern onnxruntime
   fuses into its SimplifiedLayerNormalization kernel.
-- The final norm and the LM head run on the last position only; the head is a Gemm with
-  transB=1 on the (tied) embedding table, so the table is stored once and never
-  transposed.
+- The final norm runs over every new token (it is `hidden_states`), the LM head on each
+  row's last position only; the head is a Gemm with transB=1 on the (tied) embedding
+  table, so the table is stored once and never transposed. onnxruntime computes every
+  node whether or not its output is fetched, so the norm is not a branch of its own:
+  decode rows' tokens are all last positions (no extra work), and a prefill chunk adds
+  one norm over its tokens.
 - The mask is finite (-1e9), so a fully masked padding row gives a uniform softmax, not NaN.
 
 Standard ONNX ops only (opset 17), fp32 weights, no com.microsoft ops.
@@ -95,6 +103,7 @@ CHUNK_POSITIONS = "chunk_positions"
 CHUNK_BLOCK_TABLE = "chunk_block_table"
 CHUNK_ATTENTION_MASK = "chunk_attention_mask"
 LOGITS = "logits"
+HIDDEN_STATES = "hidden_states"
 MASKED = -1e9
 
 
@@ -356,8 +365,14 @@ def build_step_graph(weights: Weights, cfg: LlamaConfig) -> onnx.ModelProto:
     for i in range(cfg.num_layers):
         x, key, value = _layer(g, x, weights, cfg, i, env, groups)
         kv_outputs += [key, value]
+    # The final norm runs once over every new token (its output is `hidden_states`, for
+    # the prompt's log probabilities); the LM head over each row's last position only. A
+    # decode step's tokens are all last positions, so that costs decode nothing, and a
+    # prefill chunk one norm over its tokens (microseconds beside the layers).
+    hidden = g.rms_norm(x, weights["model.norm.weight"], "model.norm", cfg.rms_norm_eps)
+    g.op("Identity", [hidden], HIDDEN_STATES)
     parts = g.ops(
-        "Split", [x, env["group_tokens"]], [f"{grp['tag']}.hidden" for grp in groups], axis=0
+        "Split", [hidden, env["group_tokens"]], [f"{grp['tag']}.hidden" for grp in groups], axis=0
     )
     lasts = [
         g.op(
@@ -368,8 +383,7 @@ def build_step_graph(weights: Weights, cfg: LlamaConfig) -> onnx.ModelProto:
         )
         for part, grp in zip(parts, groups, strict=True)
     ]
-    last = g.op("Concat", lasts, "last_hidden", axis=0)
-    normed = g.rms_norm(last, weights["model.norm.weight"], "model.norm", cfg.rms_norm_eps)
+    normed = g.op("Concat", lasts, "last_hidden", axis=0)
     head = embed
     if not cfg.tie_word_embeddings:
         head = g.const("lm_head.weight", weights["lm_head.weight"])
@@ -395,7 +409,12 @@ def build_step_graph(weights: Weights, cfg: LlamaConfig) -> onnx.ModelProto:
                 [f"{prefix}batch", f"{prefix}q", f"{prefix}past_and_q"],
             ),
         ]
-    outputs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["rows", cfg.vocab_size])]
+    outputs = [
+        helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["rows", cfg.vocab_size]),
+        helper.make_tensor_value_info(
+            HIDDEN_STATES, TensorProto.FLOAT, ["tokens", cfg.hidden_size]
+        ),
+    ]
     for i in range(cfg.num_layers):
         for name in (key_cache_name(i), value_cache_name(i)):
             inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, kv_shape_in))

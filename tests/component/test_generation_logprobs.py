@@ -148,7 +148,7 @@ async def test_flags_without_sampling_logprobs_send_null_and_nan(tmp_path: Path)
         ({"logprobs": -1}, "Requested sample logprobs of 320, which is greater than max allowed"),
         ({"logprobs": -2}, "logprobs must be non-negative or -1, got -2."),
         ({"logprobs": "x"}, "logprobs must be an integer"),
-        ({"prompt_logprobs": 1}, "prompt_logprobs is not supported: the llm engine's step graph"),
+        ({"prompt_logprobs": -1}, "Requested prompt logprobs of 320, which is greater than max"),
     ],
 )
 async def test_logprobs_out_of_bounds_are_refused(

@@ -70,6 +70,7 @@ def test_the_graph_is_standard_onnx_with_the_contract() -> None:
     }
     assert outputs == {
         "logits": ["rows", 300],
+        "hidden_states": ["tokens", 64],
         **{f"{kind}_{i}": kv_out for i in range(2) for kind in ("key", "value")},
     }
     # The second group defaults to no rows: a caller may feed the first group alone.

@@ -1,0 +1,90 @@
+"""The prompt's log probabilities (vLLM's `prompt_logprobs`): for each prompt token after
+the first, its logprob given the tokens before it, and the top N there.
+
+The step graph gives the logits of each row's last position only; its optional
+`hidden_states` output (examples/smollm/llama_onnx.py) gives every new token's final-normed
+hidden state, and the LM head over it (`hidden @ head^T`) is the logits at each position.
+The engine asks the graph for it only in a step whose prefill rows include a request that
+wants them, and computes those rows here, on the engine thread: position p's logits give
+the entry of prompt token p + 1, made as a sampled token's (logprobs.py: raw logits, vLLM's
+rank and order). A chunked prefill adds its chunks' entries as they are computed; a
+sequence prefilled again after a preemption skips the positions it already has, so no
+entry is lost or repeated.
+
+The head's weights come from the step graph's file (the initializer the `logits` Gemm or
+MatMul reads: the tied embedding table or lm_head), read once per model, on the first
+request that asks, and kept: vocab x hidden floats (113 MiB for SmolLM2-135M).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+from onnx import numpy_helper
+
+from .logprobs import TokenLogprobs
+from .text import Tokenizer
+
+NO_HIDDEN_STATES = (
+    "prompt_logprobs is not supported by this model: its step graph has no "
+    "'hidden_states' output (every prompt position's hidden state), which the prompt's "
+    "log probabilities are computed from. Rebuild the graph with the current "
+    "examples/smollm/build.py (the NPU placement's compiled step does not give it)"
+)
+
+
+def lm_head(path: Path) -> npt.NDArray[np.float32]:
+    """The LM head [vocab, hidden] the step graph's `logits` are computed with."""
+    model = onnx.load(str(path))
+    graph = model.graph
+    node = next((n for n in graph.node if "logits" in n.output), None)
+    if node is None or node.op_type not in ("Gemm", "MatMul") or len(node.input) < 2:
+        raise ValueError("the step graph's 'logits' are not a Gemm or MatMul over the LM head")
+    found = next((t for t in graph.initializer if t.name == node.input[1]), None)
+    if found is None:
+        raise ValueError(f"the step graph's LM head '{node.input[1]}' is not an initializer")
+    weights = numpy_helper.to_array(found).astype(np.float32, copy=False)
+    trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+    # Gemm with transB reads it as [vocab, hidden]; otherwise it is [hidden, vocab].
+    head: npt.NDArray[np.float32] = np.ascontiguousarray(weights if trans_b else weights.T)
+    return head
+
+
+class PromptLogprobs:
+    """One sequence's prompt entries, filled chunk by chunk as its prefill runs."""
+
+    __slots__ = ("found", "next")
+
+    def __init__(self, top: int, tokenizer: Tokenizer, vocab: int) -> None:
+        self.found = TokenLogprobs(top, tokenizer, vocab)
+        # The first position whose entry is still to come (prompt token next + 1).
+        self.next = 0
+
+    def done(self, prompt_len: int) -> bool:
+        return self.next >= prompt_len - 1
+
+    def add(
+        self,
+        hidden: npt.NDArray[np.float32],
+        start: int,
+        tokens: list[int],
+        prompt_len: int,
+        head: npt.NDArray[np.float32],
+    ) -> None:
+        """The entries the hidden states of positions start.. (one row each) give."""
+        first = max(self.next, start)
+        last = min(start + len(hidden), prompt_len - 1)
+        if last <= first:
+            return
+        logits = hidden[first - start : last - start] @ head.T
+        for position, row in zip(range(first, last), logits, strict=True):
+            self.found.add(row, tokens[position + 1])
+        self.next = last
+
+    def take(self) -> bytes:
+        """vLLM's list: None for the first prompt token, then one entry per token."""
+        return json.dumps([None, *self.found.entries]).encode("utf-8")
