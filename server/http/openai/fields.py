@@ -49,8 +49,6 @@ SAMPLING_KEYS = (
 )
 # vLLM's extensions that no model contract carries: refused whenever given.
 NEVER_SERVED = {
-    "prompt_logprobs": "the prompt's log probabilities: the llm engine computes only "
-    "those of generated tokens",
     "logprob_token_ids": "log probabilities of chosen tokens",
     "prompt_embeds": "prompt embeddings",
     "repetition_detection": "repetition detection",

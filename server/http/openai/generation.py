@@ -47,7 +47,7 @@ from ge_serve.server.inference.wire import bytes_elements, object_array
 from .catalog import TEXT_INPUT, TEXT_OUTPUT
 from .errors import OpenAIError, from_server_error, unsupported
 from .guided import GUIDE, GUIDE_TYPE, guide
-from .logprobs import Entry, parse
+from .logprobs import Entry, parse, parse_prompt
 
 STREAM = "stream"
 SAMPLING = "sampling_parameters"
@@ -59,6 +59,8 @@ COUNT_REQUESTS = ("return_finish_reason", "return_num_input_tokens", "return_num
 # Asked, with the sampling key `logprobs`, where the client asked for log probabilities.
 LOGPROBS = "logprobs"
 RETURN_LOGPROBS = "return_logprobs"
+PROMPT_LOGPROBS = "prompt_logprobs"
+RETURN_PROMPT_LOGPROBS = "return_prompt_logprobs"
 STRUCTURED = "structured_outputs"
 
 
@@ -94,6 +96,8 @@ KEYS: dict[str, Key] = {
     "skip_special_tokens": Key(engine=True, neutral=(True,)),
     # Chat's `top_logprobs` (with `logprobs`), completions' `logprobs`: vLLM's key.
     LOGPROBS: Key(engine=True),
+    # vLLM's, and completions' `echo` with `logprobs`.
+    PROMPT_LOGPROBS: Key(engine=True),
     # vLLM's logits processors (backends/llm/logits.py); `logit_bias` is OpenAI's map.
     "presence_penalty": Key(engine=True, neutral=(0,)),
     "frequency_penalty": Key(engine=True, neutral=(0,)),
@@ -120,6 +124,8 @@ class Piece:
     finish_reason: str | None = None
     # The `logprobs` output's entries for this response's tokens (logprobs.py), if any.
     logprobs: list[Entry] | None = None
+    # The `prompt_logprobs` output's list (None first), on the first response.
+    prompt_logprobs: list[Entry | None] | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
 
@@ -128,8 +134,13 @@ class Piece:
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # The prompt's log probabilities (vLLM's list), where the model sent them: they ride
+    # with the counts from the answer's pieces to its JSON.
+    prompt_logprobs: list[Entry | None] | None = None
 
     def add(self, piece: Piece) -> None:
+        if piece.prompt_logprobs is not None:
+            self.prompt_logprobs = piece.prompt_logprobs
         if piece.prompt_tokens is not None:
             self.prompt_tokens = piece.prompt_tokens
         if piece.completion_tokens is not None:
@@ -158,6 +169,14 @@ def build_request(
         if name in inputs:
             tensors.append(_tensor(model, inputs[name], [value]))
     asked = (*COUNT_REQUESTS, RETURN_LOGPROBS) if LOGPROBS in given else COUNT_REQUESTS
+    if PROMPT_LOGPROBS in given:
+        asked = (*asked, RETURN_PROMPT_LOGPROBS)
+        if PROMPT_LOGPROBS not in model.outputs:
+            raise unsupported(
+                PROMPT_LOGPROBS,
+                f"The model '{model.name}' gives no prompt log probabilities: it has no "
+                f"'{PROMPT_LOGPROBS}' output",
+            )
     for name in asked:
         if name in inputs and inputs[name].datatype is DataType.BOOL:
             tensors.append(_tensor(model, inputs[name], [True]))
@@ -294,6 +313,9 @@ def piece_of(response: InferResponse) -> Piece:
     found_logprobs = outputs.get(LOGPROBS)
     if found_logprobs is not None and found_logprobs.data.size:
         piece.logprobs = parse(bytes_elements(found_logprobs.data)[0])
+    found_prompt = outputs.get(PROMPT_LOGPROBS)
+    if found_prompt is not None and found_prompt.data.size:
+        piece.prompt_logprobs = parse_prompt(bytes_elements(found_prompt.data)[0])
     reason = outputs.get("finish_reason")
     if reason is not None:
         found = b"".join(bytes_elements(reason.data)).decode("utf-8", "replace")
@@ -336,7 +358,8 @@ async def pieces(
 async def collect(
     core: InferenceServer, request: InferRequest, params: Params
 ) -> tuple[str, str, Usage, list[Entry]]:
-    """The whole answer: its text, finish reason, usage and logprobs entries."""
+    """The whole answer: its text, finish reason, usage and logprobs entries. The
+    prompt's (`prompt_logprobs`) go in `usage.prompt_logprobs`."""
     texts: list[str] = []
     usage = Usage()
     reason: str | None = None

@@ -38,6 +38,26 @@ def parse(raw: bytes) -> list[Entry] | None:
     return found
 
 
+def parse_prompt(raw: bytes) -> list[Entry | None] | None:
+    """The `prompt_logprobs` output: vLLM's list, None for the first prompt token."""
+    try:
+        found = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(found, list) or not all(e is None or isinstance(e, dict) for e in found):
+        return None
+    return found
+
+
+def echoed(prompt: str, found: list[Entry | None]) -> list[Entry]:
+    """The echoed prompt's entries for completions' `logprobs`: the first token (no
+    logprob, vLLM's None) as the text its followers' do not account for."""
+    rest = [e for e in found if e]
+    texts = "".join(str(next(iter(e.values())).get("decoded_token", "")) for e in rest)
+    head = prompt[: len(prompt) - len(texts)] if prompt.endswith(texts) else ""
+    return [{"": {"logprob": None, "decoded_token": head}}, *rest]
+
+
 def _token(key: str, value: dict[str, Any], as_ids: bool) -> str:
     """The token's text, or vLLM's `token_id:<id>` (its `return_tokens_as_token_ids`)."""
     if as_ids:
@@ -46,8 +66,10 @@ def _token(key: str, value: dict[str, Any], as_ids: bool) -> str:
     return token if isinstance(token, str) else ""
 
 
-def _logprob(value: dict[str, Any]) -> float:
+def _logprob(value: dict[str, Any]) -> float | None:
     number = value.get("logprob")
+    if number is None and "logprob" in value:
+        return None  # the echoed prompt's first token
     return max(float(number), FLOOR) if isinstance(number, int | float) else FLOOR
 
 
@@ -83,8 +105,8 @@ def completion_logprobs(
     """Completions' `logprobs` object for the tokens of `entries`, the first token's text
     beginning at `offset` in the answer."""
     tokens: list[str] = []
-    token_logprobs: list[float] = []
-    tops: list[dict[str, float]] = []
+    token_logprobs: list[float | None] = []
+    tops: list[dict[str, float | None] | None] = []
     offsets: list[int] = []
     for entry in entries:
         items = [(_token(k, v, as_ids), _logprob(v)) for k, v in entry.items()]
@@ -93,7 +115,8 @@ def completion_logprobs(
         token = items[0][0]
         tokens.append(token)
         token_logprobs.append(items[0][1])
-        tops.append(dict(items if count == -1 else items[: count + 1]))
+        first = items[0][1] is None
+        tops.append(None if first else dict(items if count == -1 else items[: count + 1]))
         offsets.append(offset)
         offset += len(token)
     return {
@@ -114,19 +137,32 @@ def check_chat(logprobs: bool | None, top: int | None) -> None:
         )
 
 
-def check_completion(logprobs: int | None, echo: bool | None) -> None:
-    """vLLM's check of completions' `logprobs`, and the refusal of `echo` with it: vLLM
-    answers the echoed prompt's tokens with their log probabilities, which need logits
-    at every prompt position, and the llm engine's step graph gives only the last's."""
+def check_completion(logprobs: int | None, echo: bool | None, stream: bool | None) -> None:
+    """vLLM's check of completions' `logprobs`; `echo` with it (the prompt's tokens with
+    their log probabilities, vLLM's `prompt_logprobs`) is served whole, not streamed."""
     if logprobs is None:
         return
     if logprobs < 0 and logprobs != -1:
         raise OpenAIError("`logprobs` must be a positive value or -1.", param="logprobs")
-    if echo:
+    if echo and stream:
         raise unsupported(
             "echo",
-            "`echo` with `logprobs` is not supported: it asks for the prompt's log "
-            "probabilities, and the engine computes those of generated tokens only",
+            "`echo` with `logprobs` is not supported when streaming: the prompt's log "
+            "probabilities come with the whole answer only",
+        )
+
+
+def check_prompt(prompt_logprobs: int | None, stream: bool | None) -> None:
+    """vLLM's checks of `prompt_logprobs`, in its words."""
+    if prompt_logprobs is None:
+        return
+    if stream and (prompt_logprobs > 0 or prompt_logprobs == -1):
+        raise OpenAIError(
+            "`prompt_logprobs` are not available when `stream=True`.", param="prompt_logprobs"
+        )
+    if prompt_logprobs < 0 and prompt_logprobs != -1:
+        raise OpenAIError(
+            "`prompt_logprobs` must be a positive value or -1.", param="prompt_logprobs"
         )
 
 

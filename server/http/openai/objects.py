@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from .generation import Usage
-from .logprobs import Entry, Logprobs
+from .logprobs import Entry, Logprobs, echoed
 from .tools import ToolUse
 
 
@@ -94,19 +94,32 @@ class Answer:
         self, text: str, finish_reason: str, usage: Usage, entries: list[Entry] | None = None
     ) -> dict[str, Any]:
         """The non-streamed answer."""
-        return self.whole_of([self.whole_choice(text, finish_reason, entries)], usage)
+        choice = self.whole_choice(text, finish_reason, entries, usage.prompt_logprobs)
+        return self.whole_of([choice], usage)
 
     def whole_of(self, choices: list[dict[str, Any]], usage: Usage) -> dict[str, Any]:
-        """The non-streamed answer of `choices` (`whole_choice`'s)."""
+        """The non-streamed answer of `choices` (`whole_choice`'s); chat's carries the
+        prompt's log probabilities beside them (vLLM's `prompt_logprobs`)."""
         kind = "chat.completion" if self.chat else "text_completion"
-        return {**self._object(kind, choices), "usage": usage.as_json()}
+        answer = {**self._object(kind, choices), "usage": usage.as_json()}
+        if self.chat and usage.prompt_logprobs is not None:
+            answer["prompt_logprobs"] = usage.prompt_logprobs
+        return answer
 
     def whole_choice(
-        self, text: str, finish_reason: str, entries: list[Entry] | None = None
+        self,
+        text: str,
+        finish_reason: str,
+        entries: list[Entry] | None = None,
+        prompt: list[Entry | None] | None = None,
     ) -> dict[str, Any]:
-        """One choice of the non-streamed answer."""
+        """One choice of the non-streamed answer; `prompt`, the prompt's log
+        probabilities where asked (completions' `echo` begins its logprobs with them)."""
         if self.echo_only:
             text = ""
+            entries = []
+        if not self.chat and self.echo and prompt is not None and entries is not None:
+            entries = [*echoed(self.echo, prompt), *entries]
         if self.chat:
             message: dict[str, Any] = {"role": self.role, "content": self.echo + text}
             if self.tools is not None:
@@ -121,12 +134,15 @@ class Answer:
                 "logprobs": self._logprobs(entries),
                 "finish_reason": finish_reason,
             }
-        return {
+        choice = {
             "index": self.index,
             "text": self.echo + text,
             "logprobs": self._logprobs(entries),
             "finish_reason": finish_reason,
         }
+        if prompt is not None:
+            choice["prompt_logprobs"] = prompt
+        return choice
 
     def chunk(
         self,

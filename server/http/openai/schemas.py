@@ -31,7 +31,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from . import fields, structured
 from .errors import OpenAIError, unsupported
 from .fields import DEFAULT_ONLY, NEVER_SERVED, SAMPLING_KEYS, SERVER_VARIABLES, refuse_by_table
-from .logprobs import check_chat, check_completion
+from .logprobs import check_chat, check_completion, check_prompt
 from .messages import Body as Body
 from .messages import ChatMessage as ChatMessage
 from .tools import Tool, check_constraints, choice, constraint
@@ -106,7 +106,7 @@ class Sampling(Body):
     guided_whitespace_pattern: Any = None
     structured_outputs: Any = None
     response_format: ResponseFormat | None = None
-    prompt_logprobs: Any = None
+    prompt_logprobs: int | None = None
     logprob_token_ids: Any = None
     prompt_embeds: Any = None
     repetition_detection: Any = None
@@ -151,6 +151,7 @@ class Sampling(Body):
                 "Stream options can only be defined when `stream=True`.",
                 param="stream_options",
             )
+        check_prompt(self.prompt_logprobs, self.stream)
         structured.structured_outputs(self)  # its 400s, before the model is asked
         if any(not s for s in self.stops()):
             raise OpenAIError("'stop' strings must not be empty", param="stop")
@@ -185,6 +186,13 @@ class Sampling(Body):
                 params[key] = value
         if (count := self.logprob_count()) is not None:
             params["logprobs"] = count
+        # vLLM's: `echo` asks the prompt's as many as the answer's, unless set.
+        prompt = self.prompt_logprobs
+        if prompt is None and getattr(self, "echo", False):
+            prompt = getattr(self, "top_logprobs" if "messages" in type(self).model_fields
+                             else "logprobs")  # fmt: skip
+        if prompt is not None:
+            params["prompt_logprobs"] = prompt
         if (constraint := structured.structured_outputs(self)) is not None:
             params[structured.KEY] = constraint
         return params
@@ -357,7 +365,7 @@ class CompletionRequest(Sampling):
         if self.suffix:
             raise unsupported("suffix", "'suffix' is not supported")
         fields.check_best_of(self.best_of, self.n)
-        check_completion(self.logprobs, self.echo)
+        check_completion(self.logprobs, self.echo, self.stream)
 
     def logprob_count(self) -> int | None:
         return self.logprobs

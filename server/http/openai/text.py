@@ -181,7 +181,9 @@ async def _answer(
         choices = []
         for index, (text, reason, usage, entries) in enumerate(results):
             total.completion_tokens += usage.completion_tokens
-            choices.append(answer.choice(index).whole_choice(text, reason, entries))
+            found = usage.prompt_logprobs
+            choices.append(answer.choice(index).whole_choice(text, reason, entries, found))
+            total.prompt_logprobs = found
         body_json = answer.whole_of(choices, total)
     return Response(orjson.dumps(body_json), media_type="application/json")
 
