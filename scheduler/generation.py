@@ -31,7 +31,7 @@ import numpy.typing as npt
 from ge_serve.backends.base import ModelError
 from ge_serve.backends.llm.backend import LlmModel
 from ge_serve.backends.llm.logits import nothing_possible
-from ge_serve.backends.llm.prompt_logprobs import lm_head
+from ge_serve.backends.llm.prompt_logprobs import LmHead
 from ge_serve.backends.llm.runner import RowWork
 from ge_serve.backends.llm.structured import (
     Constraint,
@@ -88,8 +88,7 @@ class GenerationScheduler:
         self._serial = 0
         self._drained: asyncio.Event | None = None
         # The LM head, read from the step graph on the first request with prompt_logprobs.
-        self._head: npt.NDArray[np.float32] | None = None
-        self._head_lock = threading.Lock()
+        self._head = LmHead(model.settings.step_model)
         # Built on the first request with `structured_outputs`, never at load.
         self._grammars = Grammars(model.tokenizer, model.runner.shape.vocab, model.eos_ids)
         self._thread = threading.Thread(target=self._loop, name=f"llm-{model.name}", daemon=True)
@@ -138,8 +137,8 @@ class GenerationScheduler:
             # Compiling (and, the first time, building the model's grammar tokenizer)
             # takes up to seconds: a worker thread, never the loop.
             seq.constraint = await self._constraint(seq.params.structured)
-        if seq.prompt_logprobs is not None and self._head is None:
-            await asyncio.to_thread(self._load_head)  # a file read: never on the loop
+        if seq.prompt_logprobs is not None and self._head.weights is None:
+            await asyncio.to_thread(self._head.load)  # a file read: never on the loop
         seq.timings = timings
         self._pending += 1
         self._submitted += 1
@@ -168,11 +167,6 @@ class GenerationScheduler:
             raise ServerError(ErrorCode.UNSUPPORTED, str(exc)) from None
         except ValueError as exc:
             raise invalid_arg(str(exc)) from None
-
-    def _load_head(self) -> None:
-        with self._head_lock:
-            if self._head is None:
-                self._head = lm_head(self._model.settings.step_model)
 
     def cancel(self, seq: Sequence) -> None:
         """The client has gone: the engine drops the sequence at the next step boundary."""
@@ -344,7 +338,7 @@ class GenerationScheduler:
     def _prompt_rows(self, seq: Sequence, token: int, n: int) -> bool:
         """The prompt entries of `seq`'s chunk (its n tokens from row `token` of the
         step's hidden states); False, the sequence failed alone, should that fail."""
-        hidden, head = self._model.runner.last_hidden, self._head
+        hidden, head = self._model.runner.last_hidden, self._head.weights
         try:
             if hidden is None or head is None:
                 raise RuntimeError("the step gave no hidden states")

@@ -19,6 +19,7 @@ request that asks, and kept: vocab x hidden floats (113 MiB for SmolLM2-135M).
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,21 @@ def lm_head(path: Path) -> npt.NDArray[np.float32]:
     # Gemm with transB reads it as [vocab, hidden]; otherwise it is [hidden, vocab].
     head: npt.NDArray[np.float32] = np.ascontiguousarray(weights if trans_b else weights.T)
     return head
+
+
+class LmHead:
+    """A model's LM head, read on the first request that asks for it (a worker
+    thread's file read), then kept."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.weights: npt.NDArray[np.float32] | None = None
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        with self._lock:
+            if self.weights is None:
+                self.weights = lm_head(self.path)
 
 
 class PromptLogprobs:
