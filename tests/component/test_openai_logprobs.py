@@ -144,8 +144,24 @@ async def test_chat_logprobs_hold_the_sampled_token_and_the_top_n(http: httpx.As
             "Requested sample logprobs of 21, which is greater than max allowed: 20",
         ),
         ("/v1/completions", {"logprobs": -2}, "logprobs", "`logprobs` must be a positive"),
-        ("/v1/completions", {"logprobs": 1, "echo": True}, "echo", "`echo` with `logprobs`"),
-        ("/v1/completions", {"prompt_logprobs": 1}, "prompt_logprobs", "prompt's log prob"),
+        (
+            "/v1/completions",
+            {"prompt_logprobs": 1, "stream": True},
+            "prompt_logprobs",
+            "`prompt_logprobs` are not available when `stream=True`.",
+        ),
+        (
+            "/v1/chat/completions",
+            {"prompt_logprobs": -2},
+            "prompt_logprobs",
+            "`prompt_logprobs` must be a positive value or -1.",
+        ),
+        (
+            "/v1/completions",
+            {"prompt_logprobs": 21},
+            None,  # the engine's words, as vLLM's processor's
+            "Requested prompt logprobs of 21, which is greater than max allowed: 20",
+        ),
     ],
 )
 async def test_bad_logprobs_are_400(

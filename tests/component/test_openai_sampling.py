@@ -232,7 +232,9 @@ def test_the_keys_passed_on_are_those_the_llm_engine_implements() -> None:
             assert sampling._NEUTRAL[key] in rule.neutral, key
     # `logprobs`: from chat's `top_logprobs` or completions' `logprobs` (logprob_count).
     # `structured_outputs`: from response_format, structured_outputs, guided_* (structured.py).
-    assert set(KEYS) == {"max_tokens", "logprobs", "structured_outputs", *SAMPLING_KEYS}
+    # `prompt_logprobs`: given, or completions' `echo` with `logprobs` (schemas.py).
+    expected = {"max_tokens", "logprobs", "prompt_logprobs", "structured_outputs"}
+    assert set(KEYS) == {*expected, *SAMPLING_KEYS}
 
 
 REFUSED: list[tuple[str, object, str | None]] = [
@@ -241,7 +243,6 @@ REFUSED: list[tuple[str, object, str | None]] = [
     ("use_beam_search", True, "unsupported_parameter"),
     ("spaces_between_special_tokens", False, "unsupported_parameter"),
     ("truncate_prompt_tokens", 4, "unsupported_parameter"),
-    ("prompt_logprobs", 1, "unsupported_parameter"),
     # Out of vLLM's ranges.
     ("min_tokens", -1, None),
     ("min_tokens", 1.5, None),

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .errors import OpenAIError, unsupported
+from .errors import OpenAIError
 
 # vLLM's floor for a logprob (its -inf).
 FLOOR = -9999.0
@@ -137,19 +137,11 @@ def check_chat(logprobs: bool | None, top: int | None) -> None:
         )
 
 
-def check_completion(logprobs: int | None, echo: bool | None, stream: bool | None) -> None:
-    """vLLM's check of completions' `logprobs`; `echo` with it (the prompt's tokens with
-    their log probabilities, vLLM's `prompt_logprobs`) is served whole, not streamed."""
-    if logprobs is None:
-        return
-    if logprobs < 0 and logprobs != -1:
+def check_completion(logprobs: int | None) -> None:
+    """vLLM's check of completions' `logprobs` (with `echo`, the prompt's tokens come
+    first, with their log probabilities: vLLM's `prompt_logprobs`)."""
+    if logprobs is not None and logprobs < 0 and logprobs != -1:
         raise OpenAIError("`logprobs` must be a positive value or -1.", param="logprobs")
-    if echo and stream:
-        raise unsupported(
-            "echo",
-            "`echo` with `logprobs` is not supported when streaming: the prompt's log "
-            "probabilities come with the whole answer only",
-        )
 
 
 def check_prompt(prompt_logprobs: int | None, stream: bool | None) -> None:

@@ -365,7 +365,7 @@ class CompletionRequest(Sampling):
         if self.suffix:
             raise unsupported("suffix", "'suffix' is not supported")
         fields.check_best_of(self.best_of, self.n)
-        check_completion(self.logprobs, self.echo, self.stream)
+        check_completion(self.logprobs)
 
     def logprob_count(self) -> int | None:
         return self.logprobs

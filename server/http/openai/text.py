@@ -48,7 +48,7 @@ from .generation import (
     pieces,
     takes_constraints,
 )
-from .logprobs import Entry, Logprobs
+from .logprobs import Entry, Logprobs, echoed
 from .objects import DONE, Answer, sse
 from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
 from .template import render_request
@@ -295,7 +295,9 @@ def _delta(choice: _Choice, piece: Piece, echo_only: bool) -> list[bytes]:
     choice.usage.add(piece)
     choice.reason = piece.finish_reason or choice.reason
     if choice.held is not None:
-        choice.held += piece.logprobs or ()
+        if choice.echo and piece.prompt_logprobs is not None:  # vLLM's: on the echo's chunk
+            choice.held += echoed(choice.echo, piece.prompt_logprobs)
+        choice.held += () if echo_only else piece.logprobs or ()
     if choice.tools is not None:
         deltas = choice.tools.feed(piece.text)
         if choice.tools.truncated:
