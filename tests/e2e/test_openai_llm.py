@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -462,6 +463,12 @@ def smollm_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     require_gguf()
     repo: Path = tmp_path_factory.mktemp("smollm")
     folder: Path = build_module().build(repo, "smollm", max_model_len=1024)
+    with (folder / "config.pbtxt").open("a", encoding="utf-8") as config:
+        # The log probabilities' outputs (build.py's config declares the text's only).
+        config.write(
+            'output { name: "logprobs" data_type: TYPE_STRING dims: [ -1 ] }\n'
+            'output { name: "prompt_logprobs" data_type: TYPE_STRING dims: [ -1 ] }\n'
+        )
     return folder
 
 
@@ -544,3 +551,25 @@ def test_smollm_answers_a_json_object(smollm_server: ServerProcess) -> None:
     text = chat.choices[0].message.content or ""
     assert chat.choices[0].finish_reason == "stop", text
     assert isinstance(json.loads(text), dict), text
+
+
+def test_smollm_scores_a_sentence_above_its_words_shuffled(smollm_server: ServerProcess) -> None:
+    """lm-eval-harness's loglikelihood request (echo, logprobs, max_tokens 0): the real
+    model finds a natural sentence likelier than the same words in a shuffled order."""
+    natural = "The cat sat on the mat and looked out of the window at the birds."
+    shuffled = "window mat the birds. at on out The sat of cat the and looked the"
+
+    def total(prompt: str) -> float:
+        with openai.OpenAI(base_url=smollm_server.base_url + "/v1", api_key="unused") as client:
+            answer = client.completions.create(
+                model="smollm", prompt=prompt, echo=True, logprobs=1, max_tokens=0, temperature=0
+            )
+        found = answer.choices[0].logprobs
+        assert answer.choices[0].text == prompt and found is not None
+        assert found.tokens is not None and found.token_logprobs is not None
+        assert "".join(found.tokens) == prompt and found.token_logprobs[0] is None
+        values = found.token_logprobs[1:]
+        assert values and all(v is not None and math.isfinite(v) and v <= 0 for v in values)
+        return sum(v for v in values if v is not None)
+
+    assert total(natural) > total(shuffled)
