@@ -108,6 +108,11 @@ def config_pbtxt(name: str, spec: TokenizerSpec, max_model_len: int) -> str:
         'output { name: "finish_reason" data_type: TYPE_STRING dims: [ -1 ] }\n'
         'output { name: "num_input_tokens" data_type: TYPE_INT32 dims: [ -1 ] }\n'
         'output { name: "num_output_tokens" data_type: TYPE_INT32 dims: [ -1 ] }\n'
+        # Sent only to a request that asks for them (sampling `logprobs`,
+        # `prompt_logprobs`; /v1's logprobs and echo).
+        'output { name: "logprobs" data_type: TYPE_STRING dims: [ -1 ] }\n'
+        'output { name: "cumulative_logprob" data_type: TYPE_FP32 dims: [ -1 ] }\n'
+        'output { name: "prompt_logprobs" data_type: TYPE_STRING dims: [ -1 ] }\n'
         + _parameters(params)
     )
 

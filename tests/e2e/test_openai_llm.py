@@ -463,12 +463,6 @@ def smollm_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     require_gguf()
     repo: Path = tmp_path_factory.mktemp("smollm")
     folder: Path = build_module().build(repo, "smollm", max_model_len=1024)
-    with (folder / "config.pbtxt").open("a", encoding="utf-8") as config:
-        # The log probabilities' outputs (build.py's config declares the text's only).
-        config.write(
-            'output { name: "logprobs" data_type: TYPE_STRING dims: [ -1 ] }\n'
-            'output { name: "prompt_logprobs" data_type: TYPE_STRING dims: [ -1 ] }\n'
-        )
     return folder
 
 
