@@ -17,6 +17,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import smollm
+from google.protobuf import text_format
+
+from ge_serve.backends.base import ModelSpec
+from ge_serve.backends.llm.backend import MODEL_KEY, LlmBackend
+from ge_serve.protos import model_config_pb2
+from ge_serve.scheduler.generation import GenerationScheduler
 
 EOS_TOKEN = "<|endoftext|>"
 VOCAB = 320  # 256 byte tokens, the EOS token, and unused rows
@@ -214,3 +220,18 @@ def reference_logprobs(prompt: str, generated: list[int]) -> npt.NDArray[np.floa
         logits - peak - np.log(np.exp(logits - peak).sum(-1, keepdims=True))
     )
     return result
+
+
+def engine_of(folder: Path) -> GenerationScheduler:
+    """The model written in `folder` (version 1), loaded by the `llm` backend, with its
+    engine running in this process (a test closes it)."""
+    config = text_format.Parse(
+        (folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
+    spec = ModelSpec(folder.name, 1, config, folder, folder / "1" / "model.onnx")
+    return GenerationScheduler(LlmBackend().load(spec).extra[MODEL_KEY])
+
+
+def rendered(messages: Sequence[Mapping[str, object]]) -> str:
+    """What the tiny model's chat template makes of `messages`, written out by hand."""
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "

@@ -45,8 +45,7 @@ def engine(tmp_path: Path, flags: tuple[str, ...] = ()) -> GenerationScheduler:
             config.write(
                 f'input {{ name: "{name}" data_type: TYPE_BOOL dims: [ 1 ] optional: true }}\n'
             )
-    spec = ModelSpec("m", 1, config_of(folder), folder, folder / "1" / "model.onnx")
-    return GenerationScheduler(LlmBackend().load(spec).extra[MODEL_KEY])
+    return llmrepo.engine_of(folder)
 
 
 async def ask(

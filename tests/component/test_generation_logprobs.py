@@ -14,14 +14,11 @@ from typing import Any
 import llmrepo
 import numpy as np
 import pytest
-from google.protobuf import text_format
 from recording_sink import RecordingSink
 
-from ge_serve.backends.base import ModelSpec, RequestContext
-from ge_serve.backends.llm.backend import MODEL_KEY, LlmBackend
+from ge_serve.backends.base import RequestContext
 from ge_serve.backends.llm.logprobs import TokenLogprobs
 from ge_serve.backends.llm.text import Tokenizer
-from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.generation import GenerationScheduler
 from ge_serve.scheduler.work import WorkItem
 from ge_serve.server.errors import ErrorCode, ServerError
@@ -40,11 +37,7 @@ def engine(tmp_path: Path, parameters: dict[str, str] | None = None) -> Generati
             )
         config.write('output { name: "logprobs" data_type: TYPE_STRING dims: [ -1 ] }\n')
         config.write('output { name: "cumulative_logprob" data_type: TYPE_FP32 dims: [ -1 ] }\n')
-    parsed = text_format.Parse(
-        (folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
-    )
-    spec = ModelSpec("m", 1, parsed, folder, folder / "1" / "model.onnx")
-    return GenerationScheduler(LlmBackend().load(spec).extra[MODEL_KEY])
+    return llmrepo.engine_of(folder)
 
 
 async def ask(

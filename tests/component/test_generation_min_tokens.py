@@ -15,12 +15,9 @@ from typing import Any
 import llmrepo
 import numpy as np
 import pytest
-from google.protobuf import text_format
 from recording_sink import RecordingSink
 
-from ge_serve.backends.base import ModelSpec, RequestContext
-from ge_serve.backends.llm.backend import MODEL_KEY, LlmBackend
-from ge_serve.protos import model_config_pb2
+from ge_serve.backends.base import RequestContext
 from ge_serve.scheduler.generation import GenerationScheduler
 from ge_serve.scheduler.work import WorkItem
 from ge_serve.server.errors import ErrorCode, ServerError
@@ -37,11 +34,7 @@ EOS_THIRD = "t"
 @pytest.fixture
 async def scheduler(tmp_path: Path) -> AsyncIterator[GenerationScheduler]:
     folder = llmrepo.write_tiny_llm(tmp_path, "m")
-    config = text_format.Parse(
-        (folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
-    )
-    spec = ModelSpec("m", 1, config, folder, folder / "1" / "model.onnx")
-    built = GenerationScheduler(LlmBackend().load(spec).extra[MODEL_KEY])
+    built = llmrepo.engine_of(folder)
     yield built
     await built.close(1)
 

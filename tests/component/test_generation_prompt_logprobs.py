@@ -15,12 +15,9 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 import pytest
-from google.protobuf import text_format
 from recording_sink import RecordingSink
 
-from ge_serve.backends.base import ModelSpec, RequestContext
-from ge_serve.backends.llm.backend import MODEL_KEY, LlmBackend
-from ge_serve.protos import model_config_pb2
+from ge_serve.backends.base import RequestContext
 from ge_serve.scheduler.generation import GenerationScheduler
 from ge_serve.scheduler.work import WorkItem
 from ge_serve.server.errors import ErrorCode, ServerError
@@ -41,11 +38,7 @@ def engine(tmp_path: Path, hidden: bool = True) -> GenerationScheduler:
         onnx.save_model(graph, str(path))
     with (folder / "config.pbtxt").open("a") as config:
         config.write('output { name: "prompt_logprobs" data_type: TYPE_STRING dims: [ -1 ] }\n')
-    parsed = text_format.Parse(
-        (folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
-    )
-    spec = ModelSpec("m", 1, parsed, folder, folder / "1" / "model.onnx")
-    return GenerationScheduler(LlmBackend().load(spec).extra[MODEL_KEY])
+    return llmrepo.engine_of(folder)
 
 
 async def ask(scheduler: GenerationScheduler, sampling: dict[str, Any]) -> RecordingSink:

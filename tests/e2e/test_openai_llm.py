@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
+import llmrepo
 import pytest
 from llmrepo import (
     answer_text,
@@ -41,11 +42,6 @@ CONTEXT = 1024
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hi there"}]
 
 
-def rendered(messages: Sequence[Mapping[str, object]]) -> str:
-    """The tiny model's chat template (tests/llmrepo.py), written out by hand."""
-    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
-
-
 def finish_reason(prompt: str, steps: int) -> str:
     return "stop" if tiny_model().eos_id in reference_greedy(prompt, steps) else "length"
 
@@ -70,7 +66,7 @@ def test_the_engine_model_is_listed(client: openai.OpenAI) -> None:
 
 
 def test_greedy_chat_equals_the_reference(client: openai.OpenAI) -> None:
-    prompt = rendered(MESSAGES)
+    prompt = llmrepo.rendered(MESSAGES)
     chat = client.chat.completions.create(
         model="tiny_llm",
         messages=MESSAGES,
@@ -86,7 +82,7 @@ def test_greedy_chat_equals_the_reference(client: openai.OpenAI) -> None:
 
 
 def test_greedy_chat_streamed_equals_the_reference(client: openai.OpenAI) -> None:
-    prompt = rendered(MESSAGES)
+    prompt = llmrepo.rendered(MESSAGES)
     chunks = list(
         client.chat.completions.create(
             model="tiny_llm",
@@ -111,7 +107,7 @@ def test_vllms_chat_template_controls_reach_the_engine(client: openai.OpenAI) ->
         *MESSAGES,
         {"role": "assistant", "content": "Sure"},
     ]
-    prompt = rendered(prefill).removesuffix("\nassistant: ").removesuffix("\n")
+    prompt = llmrepo.rendered(prefill).removesuffix("\nassistant: ").removesuffix("\n")
     controls = {"continue_final_message": True, "add_generation_prompt": False}
     chat = client.chat.completions.create(
         model="tiny_llm",
@@ -137,9 +133,9 @@ def test_vllms_chat_template_controls_reach_the_engine(client: openai.OpenAI) ->
     assert all(c.usage is not None for c in chunks)
     counts = [c.usage.completion_tokens for c in chunks if c.usage is not None]
     assert counts[0] == 0 and counts == sorted(counts)
-    assert counts[-1] == len(reference_greedy(rendered(MESSAGES), 6))
+    assert counts[-1] == len(reference_greedy(llmrepo.rendered(MESSAGES), 6))
     prompts = {c.usage.prompt_tokens for c in chunks if c.usage is not None}
-    assert prompts == {len(prompt_ids(rendered(MESSAGES)))}
+    assert prompts == {len(prompt_ids(llmrepo.rendered(MESSAGES)))}
 
 
 def test_greedy_completion_equals_the_reference(client: openai.OpenAI) -> None:
@@ -376,7 +372,7 @@ def test_a_large_body_is_checked_off_the_loop_and_answered_the_same(
     answer = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=30)
     assert answer.status_code == 200, answer.text
     content = answer.json()["choices"][0]["message"]["content"]
-    assert content == reference_text(rendered(messages), 6)
+    assert content == reference_text(llmrepo.rendered(messages), 6)
     body["temperature"] = -1
     refused = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=30)
     assert refused.status_code == 400

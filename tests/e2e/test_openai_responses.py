@@ -6,11 +6,12 @@ prompt written out by hand shows the prompt the server rendered."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import jsonschema
+import llmrepo
 import pytest
 from llmrepo import prompt_ids, reference_greedy, reference_text, tiny_model, write_tiny_llm
 from serverproc import ServerProcess, running_server
@@ -53,11 +54,6 @@ SCHEMA = {
 JSON_FORMAT: Any = {"format": {"type": "json_schema", "name": "answer", "schema": SCHEMA}}
 
 
-def rendered(messages: Sequence[Mapping[str, object]]) -> str:
-    """The tiny model's chat template (tests/llmrepo.py), written out by hand."""
-    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
-
-
 def status(prompt: str, steps: int) -> str:
     return "completed" if tiny_model().eos_id in reference_greedy(prompt, steps) else "incomplete"
 
@@ -88,7 +84,7 @@ def test_a_string_input_with_instructions(client: openai.OpenAI) -> None:
         max_output_tokens=12,
         metadata={"k": "v"},
     )
-    prompt = rendered(
+    prompt = llmrepo.rendered(
         [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Hi there"}]
     )
     assert response.object == "response" and response.id.startswith("resp_")
@@ -119,7 +115,7 @@ def test_a_message_list_with_text_parts(client: openai.OpenAI) -> None:
         temperature=0,
         max_output_tokens=10,
     )
-    prompt = rendered(
+    prompt = llmrepo.rendered(
         [
             {"role": "user", "content": "Say"},
             {"role": "assistant", "content": "What?"},
@@ -130,7 +126,7 @@ def test_a_message_list_with_text_parts(client: openai.OpenAI) -> None:
 
 
 def test_the_token_limit_leaves_the_response_incomplete(client: openai.OpenAI) -> None:
-    prompt = rendered([{"role": "user", "content": "Hi there"}])
+    prompt = llmrepo.rendered([{"role": "user", "content": "Hi there"}])
     assert status(prompt, 3) == "incomplete"  # the reference does not stop in 3 tokens
     response = client.responses.create(
         model="tiny_llm", input="Hi there", temperature=0, max_output_tokens=3
