@@ -27,12 +27,12 @@ from starlette.responses import Response, StreamingResponse
 
 from ..disconnects import until_disconnect
 from .catalog import Catalog, text_generation
-from .errors import CONTEXT_LENGTH_EXCEEDED, SERVER_ERROR, OpenAIError
+from .errors import SERVER_ERROR, OpenAIError
 from .generation import Params, Piece, Usage, build_request, collect, pieces, takes_constraints
 from .responses import ResponsesRequest, renamed
 from .responses_objects import Identity
 from .responses_stream import Events
-from .text import SSE_HEADERS, chat_prompt, no_chat_template, request_id
+from .text import SSE_HEADERS, chat_prompt, check_limit, no_chat_template, request_id
 from .tools import ToolStream, ToolUse, plan, template_tools
 
 log = logging.getLogger(__name__)
@@ -44,14 +44,7 @@ async def create(catalog: Catalog, request: Request, body: ResponsesRequest) -> 
     generation = text_generation(model)
     if generation is None or generation.chat_template is None:
         raise no_chat_template(body.model)
-    limit, context = body.max_output_tokens, generation.max_model_len
-    if limit is not None and context > 0 and limit >= context:
-        raise OpenAIError(
-            f"max_output_tokens is too large: {limit}. This model's context is {context} "
-            "tokens, prompt included",
-            param="max_output_tokens",
-            code=CONTEXT_LENGTH_EXCEEDED,
-        )
+    check_limit(body.max_output_tokens, generation.max_model_len, "max_output_tokens")
     chosen = chat.chosen_tool()
     tools: ToolUse | None = None
     if chosen != "auto" or catalog.tools.parser:

@@ -68,7 +68,7 @@ async def chat_completion(
     generation = text_generation(model)
     if generation is None or generation.chat_template is None:
         raise no_chat_template(body.model)
-    _check_limit(body.token_limit(), generation.max_model_len)
+    check_limit(body.token_limit(), generation.max_model_len)
     chosen, parallel = body.chosen_tool(), body.parallel_tool_calls
     constrained = takes_constraints(model.inputs)
     tool_use = plan(chosen, catalog.tools, constrained, body.model, parallel)
@@ -85,7 +85,7 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
     model = catalog.generative(body.model)
     generation = text_generation(model)
     if generation is not None:
-        _check_limit(body.token_limit(), generation.max_model_len)
+        check_limit(body.token_limit(), generation.max_model_len)
     prompt = body.text()
     answer = _identity(request, body, chat=False, echo=prompt if body.echo else "")
     answer.echo_only = body.echo_only()
@@ -138,13 +138,14 @@ def request_id(request: Request, given: str | None) -> str:
     return request.headers.get("x-request-id") or given or ""
 
 
-def _check_limit(limit: int | None, max_model_len: int) -> None:
-    """The client's `max_tokens` (a default it did not set is the model's to refuse)."""
+def check_limit(limit: int | None, max_model_len: int, param: str = "max_tokens") -> None:
+    """The client's token limit, `param` (a default it did not set is the model's to
+    refuse)."""
     if limit is not None and max_model_len > 0 and limit >= max_model_len:
         raise OpenAIError(
-            f"max_tokens is too large: {limit}. This model's context is {max_model_len} "
+            f"{param} is too large: {limit}. This model's context is {max_model_len} "
             "tokens, prompt included",
-            param="max_tokens",
+            param=param,
             code=CONTEXT_LENGTH_EXCEEDED,
         )
 
