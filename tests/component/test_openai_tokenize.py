@@ -211,3 +211,20 @@ async def test_an_unknown_model_and_a_bad_body_are_openai_errors(
 
 async def test_the_routes_are_in_the_inference_category() -> None:
     assert http_category("/tokenize") == http_category("/detokenize") == "inference"
+
+
+async def test_without_a_model_the_only_one_with_a_tokenizer_answers(repo: Path) -> None:
+    """vLLM's `model` is optional on /tokenize and /detokenize (its one served model):
+    lm-eval's remote tokenizer sends none. Here the one model whose tokenizer the server
+    holds answers; with two, `model` is required."""
+    async with openai_client(repo, ["tiny_llm", "textgen"]) as client:
+        found = await client.post("/tokenize", json={"prompt": "Hi", "add_special_tokens": False})
+        assert found.status_code == 200, found.text
+        assert found.json()["tokens"] == ids("Hi", special=False)
+        back = await client.post("/detokenize", json={"tokens": found.json()["tokens"]})
+        assert back.status_code == 200 and back.json()["prompt"] == "Hi", back.text
+
+
+async def test_without_a_model_two_with_tokenizers_is_400(http: httpx.AsyncClient) -> None:
+    found = error(await http.post("/tokenize", json={"prompt": "Hi"}))
+    assert found["param"] == "model" and "2 models" in found["message"]

@@ -30,6 +30,7 @@ from typing import Annotated, Any
 from pydantic import Field, RootModel
 
 from ge_serve.backends.base import TextGeneration, TextTokenizer
+from ge_serve.server.errors import ServerError
 
 from .catalog import Catalog, embedder, is_generative, text_generation
 from .errors import OpenAIError, model_not_found
@@ -48,7 +49,9 @@ MAX_IDS = 2**18
 
 
 class TokenizeCompletionRequest(Body):
-    model: str = Field(min_length=1)
+    # vLLM's: optional, its one served model by default (lm-eval's remote tokenizer
+    # sends none); here, the one model whose tokenizer the server holds.
+    model: str | None = Field(None, min_length=1)
     prompt: str
     add_special_tokens: bool = True
     return_token_strs: bool | None = False
@@ -79,7 +82,7 @@ def ids_bounded(document: Any) -> None:
 
 
 class DetokenizeRequest(Body):
-    model: str = Field(min_length=1)
+    model: str | None = Field(None, min_length=1)
     # vLLM's bounds.
     tokens: list[Annotated[int, Field(ge=0, le=2**63 - 1)]]
 
@@ -98,6 +101,29 @@ def form(document: Any) -> type[TokenizeCompletionRequest] | type[TokenizeChatRe
             )
         return TokenizeChatRequest
     return TokenizeCompletionRequest
+
+
+async def named(catalog: Catalog, name: str | None) -> str:
+    """The request's model; without one, the only model whose tokenizer the server holds
+    (vLLM's default, its one served model), else the missing parameter's 400."""
+    if name is not None:
+        return name
+    found = []
+    for entry in {e.name for e in await catalog.core.repository_index(True)}:
+        try:
+            model = catalog.core.model(entry)
+        except ServerError:  # unloaded since the index was read, or not ready
+            continue
+        generation = text_generation(model) if is_generative(model) else None
+        if generation is not None and generation.tokenizer is not None:
+            found.append(entry)
+    if len(found) != 1:
+        raise OpenAIError(
+            f"Missing required parameter: 'model' ({len(found)} models here have a "
+            "tokenizer the server holds)",
+            param="model",
+        )
+    return found[0]
 
 
 def tokenizer_of(catalog: Catalog, name: str) -> tuple[TextGeneration, TextTokenizer]:
@@ -121,7 +147,7 @@ def tokenizer_of(catalog: Catalog, name: str) -> tuple[TextGeneration, TextToken
 async def tokenize(
     catalog: Catalog, body: TokenizeCompletionRequest | TokenizeChatRequest
 ) -> dict[str, Any]:
-    generation, tokenizer = tokenizer_of(catalog, body.model)
+    generation, tokenizer = tokenizer_of(catalog, await named(catalog, body.model))
     if isinstance(body, TokenizeChatRequest):
         if generation.chat_template is None:
             raise no_chat_template(body.model)
@@ -142,7 +168,7 @@ async def tokenize(
 
 
 async def detokenize(catalog: Catalog, body: DetokenizeRequest) -> dict[str, Any]:
-    _, tokenizer = tokenizer_of(catalog, body.model)
+    _, tokenizer = tokenizer_of(catalog, await named(catalog, body.model))
     unknown = tokenizer.unknown_id(body.tokens)
     if unknown is not None:
         # vLLM's words for a token-id prompt's id past the vocabulary (the largest).
