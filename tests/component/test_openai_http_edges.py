@@ -75,6 +75,11 @@ async def test_a_v1_body_past_the_limit_is_413_content_too_large(
         found = error(inflated, 413)
         assert found["code"] == "content_too_large"
         assert found["message"].startswith("Decompressed request size exceeds the maximum")
+        # Triton's front end's load and unload take no body, but one past the limit is
+        # the same 413, before the model-control mode is looked at.
+        for path in ("/v1/models/m/load", "/v1/models/m/unload"):
+            found = error(await http.post(path, content=b"x" * (LIMIT + 1)), 413)
+            assert found["code"] == "content_too_large"
         # v2 keeps Triton's 400 and words.
         v2 = await http.post("/v2/repository/index", content=b"x" * (LIMIT + 1))
         assert v2.status_code == 400

@@ -95,6 +95,17 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
             return await asyncio.to_thread(_checked, document, schema)
         return _checked(document, schema)
 
+    def body_first(handler: Callable[[Request], Awaitable[Response]]) -> Callable[..., Any]:
+        """A route that takes no body still reads what is sent, size-capped: a body past
+        --http-max-input-size is the 413 every /v1 POST gives (Triton's front end checks
+        the size before any route), whatever else is wrong."""
+
+        async def handle(request: Request) -> Response:
+            await front.read_body(request)
+            return await handler(request)
+
+        return handle
+
     def conversation_fits(document: Any) -> None:
         """Every message of a conversation renders to at least one token (its role's
         markers, in any chat template), so one with more messages than the model's
@@ -206,7 +217,10 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
                 methods=["POST"],
                 error=ErrorObject,
             )
-            for verb, handler in (("load", management.load), ("unload", management.unload))
+            for verb, handler in (
+                ("load", body_first(management.load)),
+                ("unload", body_first(management.unload)),
+            )
         ),
         post("/v1/chat/completions", chat, ChatCompletionRequest),
         post("/v1/completions", completions, CompletionRequest),
