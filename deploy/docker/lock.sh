@@ -6,14 +6,16 @@
 # the two disagree):
 #   bash deploy/docker/lock.sh
 # It asks the package index through pip's resolver (`--dry-run --report`) and installs
-# nothing.
+# nothing. Wheels up to manylinux_2_31 (glibc 2.31) are taken, which both base images
+# (Debian bookworm, Ubuntu 22.04) run; llguidance ships no older tag.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 report="$(mktemp)"
 trap 'rm -f "$report"' EXIT
 python3 -m pip install --quiet --disable-pip-version-check --dry-run --ignore-installed \
     --only-binary=:all: --python-version 3.11 --platform manylinux2014_x86_64 \
-    --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --implementation cp \
+    --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+    --platform manylinux_2_31_x86_64 --implementation cp \
     --target /nonexistent --report "$report" .
 python3 - "$report" > deploy/docker/constraints.txt <<'PY'
 import json
