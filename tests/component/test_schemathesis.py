@@ -44,6 +44,7 @@ PATH_VALUES = {
     "version": ["1", "2"],
     "region": [REGION, "other"],
     "repository": ["any"],
+    "response_id": ["resp_1"],
 }
 
 
