@@ -392,19 +392,20 @@ class GenerationScheduler:
         if seq.processor is None and seq.constraint is None:
             token = seq.sampler.sample(logits, banned)
         else:
-            row: npt.NDArray[np.float32] | None = logits
+            row = logits
             if seq.processor is not None:
                 row = seq.processor.apply(logits, seq.tokens, seq.prompt_len, banned)
                 banned = ()
-            if seq.constraint is not None and row is not None:
-                row = seq.constraint.allowed(row, banned)
-            if row is None or nothing_possible(row):
+            # The grammar says itself when its mask leaves nothing; a processor's -inf
+            # (bad words over allowed_token_ids) shows only in the row.
+            allowed = row if seq.constraint is None else seq.constraint.allowed(row, banned)
+            if allowed is None or (seq.processor is not None and nothing_possible(allowed)):
                 # Nothing the request allows is left (allowed_token_ids all banned, a
                 # complete grammar's EOS held off by min_tokens): the answer ends here
                 # rather than sample a token the request ruled out.
                 self._end_unsampled(seq)
                 return
-            token = seq.sampler.sample(row)
+            token = seq.sampler.sample(allowed)
             if seq.constraint is not None:
                 seq.constraint.accept(token)
         if seq.logprobs is not None:  # asked for: all the cost is the asker's
