@@ -8,6 +8,7 @@ reference (tests/llama_reference.py) gives the greedy continuation the server mu
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -18,11 +19,13 @@ import numpy as np
 import numpy.typing as npt
 import smollm
 from google.protobuf import text_format
+from recording_sink import RecordingSink
 
-from ge_serve.backends.base import ModelSpec
+from ge_serve.backends.base import ModelSpec, RequestContext
 from ge_serve.backends.llm.backend import MODEL_KEY, LlmBackend
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler.generation import GenerationScheduler
+from ge_serve.scheduler.work import WorkItem
 
 EOS_TOKEN = "<|endoftext|>"
 VOCAB = 320  # 256 byte tokens, the EOS token, and unused rows
@@ -235,3 +238,24 @@ def engine_of(folder: Path) -> GenerationScheduler:
 def rendered(messages: Sequence[Mapping[str, object]]) -> str:
     """What the tiny model's chat template makes of `messages`, written out by hand."""
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+
+
+async def greedy_answer(
+    engine: GenerationScheduler, prompt: str, **sampling: Any
+) -> tuple[str, list[int], str]:
+    """A non-streamed answer of an engine (greedy unless `sampling` says otherwise): its
+    text, its tokens and its finish reason."""
+    sink = RecordingSink()
+    inputs = {
+        "text_input": np.array([prompt.encode()], dtype=object),
+        "exclude_input_in_output": np.array([True]),
+        "sampling_parameters": np.array(
+            [json.dumps({"temperature": 0} | sampling).encode()], dtype=object
+        ),
+    }
+    await engine.submit(WorkItem(inputs, 1, context=RequestContext(responses=sink)))
+    await sink.until_final()
+    assert not sink.errors, sink.errors
+    (response,) = sink.responses
+    text = response["text_output"][0].decode()
+    return text, [int(i) for i in response["output_ids"]], response["finish_reason"][0].decode()

@@ -37,24 +37,8 @@ async def scheduler(tmp_path: Path) -> AsyncIterator[GenerationScheduler]:
     await built.close(1)
 
 
-async def generate(
-    scheduler: GenerationScheduler, prompt: str, **sampling: Any
-) -> tuple[str, list[int], str]:
-    """A non-streamed answer (greedy unless told): its text, tokens and finish reason."""
-    sink = RecordingSink()
-    inputs = {
-        "text_input": np.array([prompt.encode()], dtype=object),
-        "exclude_input_in_output": np.array([True]),
-        "sampling_parameters": np.array(
-            [json.dumps({"temperature": 0} | sampling).encode()], dtype=object
-        ),
-    }
-    await scheduler.submit(WorkItem(inputs, 1, context=RequestContext(responses=sink)))
-    await sink.until_final()
-    assert not sink.errors, sink.errors
-    (response,) = sink.responses
-    text = response["text_output"][0].decode()
-    return text, [int(i) for i in response["output_ids"]], response["finish_reason"][0].decode()
+# A greedy, non-streamed answer: its text, its tokens and its finish reason.
+generate = llmrepo.greedy_answer
 
 
 def reference(prompt: str, steps: int, rule: Rule) -> list[int]:

@@ -7,19 +7,13 @@ numpy reference's."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import llmrepo
-import numpy as np
 import pytest
-from recording_sink import RecordingSink
 
-from ge_serve.backends.base import RequestContext
 from ge_serve.scheduler.generation import GenerationScheduler
-from ge_serve.scheduler.work import WorkItem
 from ge_serve.server.errors import ErrorCode, ServerError
 
 pytestmark = pytest.mark.timeout(120)
@@ -39,24 +33,8 @@ async def scheduler(tmp_path: Path) -> AsyncIterator[GenerationScheduler]:
     await built.close(1)
 
 
-async def generate(
-    scheduler: GenerationScheduler, prompt: str, **sampling: Any
-) -> tuple[str, list[int], str]:
-    """A greedy, non-streamed answer: its text, its tokens and its finish reason."""
-    sink = RecordingSink()
-    inputs = {
-        "text_input": np.array([prompt.encode()], dtype=object),
-        "exclude_input_in_output": np.array([True]),
-        "sampling_parameters": np.array(
-            [json.dumps({"temperature": 0, **sampling}).encode()], dtype=object
-        ),
-    }
-    await scheduler.submit(WorkItem(inputs, 1, context=RequestContext(responses=sink)))
-    await sink.until_final()
-    assert not sink.errors, sink.errors
-    (response,) = sink.responses
-    text = response["text_output"][0].decode()
-    return text, [int(i) for i in response["output_ids"]], response["finish_reason"][0].decode()
+# A greedy, non-streamed answer: its text, its tokens and its finish reason.
+generate = llmrepo.greedy_answer
 
 
 async def test_no_stop_string_ends_within_min_tokens(scheduler: GenerationScheduler) -> None:
