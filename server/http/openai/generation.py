@@ -48,6 +48,7 @@ from .catalog import TEXT_INPUT, TEXT_OUTPUT
 from .errors import OpenAIError, from_server_error, unsupported
 from .guided import GUIDE, GUIDE_TYPE, guide
 from .logprobs import Entry, parse, parse_prompt
+from .structured import KEY as STRUCTURED
 
 STREAM = "stream"
 SAMPLING = "sampling_parameters"
@@ -61,7 +62,6 @@ LOGPROBS = "logprobs"
 RETURN_LOGPROBS = "return_logprobs"
 PROMPT_LOGPROBS = "prompt_logprobs"
 RETURN_PROMPT_LOGPROBS = "return_prompt_logprobs"
-STRUCTURED = "structured_outputs"
 
 
 def takes_constraints(inputs: Mapping[str, TensorSpec]) -> bool:

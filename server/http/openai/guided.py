@@ -18,10 +18,10 @@ import json
 from typing import Any
 
 from .errors import OpenAIError, unsupported
+from .structured import KEY
 
 GUIDE_TYPE = "guided_decoding_guide_type"
 GUIDE = "guided_decoding_guide"
-KEY = "structured_outputs"
 _EBNF_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
