@@ -186,6 +186,7 @@ def _record(
 ) -> None:
     for item in items:
         timings = item.timings
+        timings.compute_start_ns = start
         timings.compute_input_ns = ready - start
         timings.compute_infer_ns = done - ready
         timings.compute_output_ns = finished - done

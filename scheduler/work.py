@@ -22,6 +22,11 @@ class Timings:
     compute_input_ns: int = 0
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
+    # When the execution began (monotonic ns); 0 where none measured it (an ensemble's
+    # are its steps'). A trace's compute points start here: the slot's thread may begin
+    # well after the queue let the request go, and a BLS call made inside the execution
+    # must fall inside the traced compute.
+    compute_start_ns: int = 0
     # Size of the batch this request ran in (after merging, before gear padding).
     batch_size: int = 0
     # True on exactly one request of each execution, so that observers, which see requests

@@ -93,12 +93,13 @@ class Trace:
         self.marks.append((name, time.monotonic_ns() if ns is None else ns))
 
     def executed(self, queued_ns: int, timings: Timings, enqueue_ns: int) -> None:
-        """The compute points, from where the request was queued and the durations the
-        executor measured. A scheduler counts `queue_ns` from the item's `enqueue_ns`
-        (the core sets it to the request's start), so the compute starts there plus
-        `queue_ns`; counted from QUEUE_START instead it would land late, past REQUEST_END
-        for a fast model. Never before QUEUE_START: an ensemble has no queue of its own."""
-        start = max(queued_ns, enqueue_ns + timings.queue_ns)
+        """The compute points, from when the execution began and the durations the
+        executor measured. Where no execution stamped its start (an ensemble's), a
+        scheduler counts `queue_ns` from the item's `enqueue_ns` (the core sets it to the
+        request's start), so the compute starts there plus `queue_ns`; counted from
+        QUEUE_START instead it would land late, past REQUEST_END for a fast model. Never
+        before QUEUE_START: an ensemble has no queue of its own."""
+        start = max(queued_ns, timings.compute_start_ns or enqueue_ns + timings.queue_ns)
         input_end = start + timings.compute_input_ns
         output_start = input_end + timings.compute_infer_ns
         self.marks += [
@@ -351,12 +352,18 @@ class TraceControl:
                 self._samplers[model] = _Sampler(remaining=self.settings_for(model).count)
             else:
                 self._samplers.pop(model, None)
-        elif "count" in parsed:
-            # Models that do not set their own count follow the global one, as in Triton.
-            self._samplers[""] = _Sampler(remaining=new_global.count)
-            for name, settings in models.items():
-                if "count" not in settings:
-                    self._samplers[name] = _Sampler(remaining=new_global.count)
+        else:
+            # Triton makes every setting anew on a global update, so sampling counts
+            # from the update on, for the models that follow the global rate too.
+            for sampler in self._samplers.values():
+                sampler.seen = 0
+            if "count" in parsed:
+                # Models that do not set their own count follow the global one, as in
+                # Triton.
+                self._samplers[""] = _Sampler(remaining=new_global.count)
+                for name, settings in models.items():
+                    if "count" not in settings:
+                        self._samplers[name] = _Sampler(remaining=new_global.count)
         self.active = _can_trace(new_global) or any(
             _can_trace(self.settings_for(name)) for name in models
         )

@@ -4,12 +4,17 @@ the extension's checks."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from ge_serve.scheduler.work import Timings
+from ge_serve.backends.base import SlotInfo
+from ge_serve.scheduler.batch import execute_batch
+from ge_serve.scheduler.work import Timings, WorkItem
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.observability.traceconfig import TraceSettings
 from ge_serve.server.observability.tracefile import TraceFileSink
@@ -45,6 +50,17 @@ def test_rate_and_count() -> None:
     assert control.active
     assert sampled(control, "m", 9) == 2, "every third, until the count runs out"
     assert control.settings()["trace_count"] == "0"
+
+
+def test_a_global_update_counts_the_rate_from_the_update_on() -> None:
+    # As Triton's (and qa's L0_trace): with every second request traced, the second
+    # request after the update is the first traced, whatever came before it.
+    control = TraceControl(TraceSettings(level=("TIMESTAMPS",), rate=1, file="t.json"))
+    control.update("m", {"trace_level": ["TIMESTAMPS"]})
+    assert sampled(control, "m", 1) == 1 and sampled(control, "other", 1) == 1
+    control.update("", {"trace_rate": ["2"]})
+    assert sampled(control, "m", 1) == 0 and sampled(control, "other", 1) == 0
+    assert sampled(control, "m", 1) == 1 and sampled(control, "other", 1) == 1
 
 
 def test_a_model_overrides_only_what_it_sets() -> None:
@@ -116,6 +132,35 @@ def test_compute_never_starts_before_queue_start() -> None:
     trace = _trace()
     trace.executed(1_300, Timings(), enqueue_ns=1_000)
     assert dict(trace.marks)["COMPUTE_START"] == 1_300
+
+
+def test_compute_starts_where_the_execution_began() -> None:
+    # The slot's thread began 4 µs after the queue let the request go: a BLS call made
+    # inside the execution must end before COMPUTE_END.
+    trace = _trace()
+    timings = Timings(queue_ns=500, compute_start_ns=5_500, compute_infer_ns=100)
+    trace.executed(1_300, timings, enqueue_ns=1_000)
+    marks = dict(trace.marks)
+    assert marks["COMPUTE_START"] == 5_500
+    assert marks["COMPUTE_END"] == 5_600
+
+
+def test_an_execution_stamps_when_it_began() -> None:
+    class Stamping:
+        slot = SlotInfo(name="stamping", device="cpu")
+        entered = 0
+
+        def execute(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+            Stamping.entered = time.monotonic_ns()
+            return dict(inputs)
+
+        def close(self) -> None:
+            pass
+
+    work = WorkItem({"X": np.zeros(1)}, 1)
+    before = time.monotonic_ns()
+    execute_batch(Stamping(), [work], (), batching=False)
+    assert before <= work.timings.compute_start_ns <= Stamping.entered
 
 
 @pytest.mark.parametrize(
