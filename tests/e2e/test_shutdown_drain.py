@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -75,16 +76,27 @@ def expected() -> npt.NDArray[np.float32]:
     return np.asarray(session.run(None, feed)[0])
 
 
-def in_server(proc: ServerProcess) -> float:
-    """Requests of `slow` that reached the server and wait for its one instance, or were
-    answered: all that reached it, but for the one executing (Triton's pending count
-    ends as a request starts executing)."""
+def in_server(proc: ServerProcess) -> tuple[float, float]:
+    """Requests of `slow` that reached the server and wait for its one instance (Triton's
+    pending count ends as a request starts executing), and those answered."""
     exposition = scrape(proc.metrics_url)
     counts = [
         exposition.find(name, model="slow")
         for name in ("nv_inference_pending_request_count", "nv_inference_request_success")
     ]
-    return sum(found[0][1] for found in counts if found)
+    waiting, answered = (found[0][1] if found else 0.0 for found in counts)
+    return waiting, answered
+
+
+def all_arrived(proc: ServerProcess) -> bool:
+    """Every request but the executing one is waiting or answered, twice in a row: once
+    could be the moment between two executions, when none executes and one request is
+    still on its way (the next reading then counts one fewer, as one executes)."""
+    first = in_server(proc)
+    time.sleep(0.05)
+    second = in_server(proc)
+    waiting, answered = first
+    return first == second and waiting + answered == UNARY + STREAMED and waiting >= 3
 
 
 def status_of(error: BaseException) -> str:
@@ -121,7 +133,7 @@ def test_sigterm_answers_calls_in_flight_and_refuses_new_ones_unavailable(
     # The blocker, then one request behind it: one waiting means the blocker runs.
     threads[0].start()
     threads[1].start()
-    poll(lambda: in_server(proc) == 1, 30, "the first request running, one waiting")
+    poll(lambda: in_server(proc) == (1, 0), 30, "the first request running, one waiting")
     streamed: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client.start_stream(callback=lambda result, error: streamed.put((result, error)))
     for index in range(STREAMED):
@@ -135,8 +147,10 @@ def test_sigterm_answers_calls_in_flight_and_refuses_new_ones_unavailable(
     )
     for thread in threads[2:]:
         thread.start()
-    # Every request has reached the model's queue (or runs) before the signal.
-    poll(lambda: in_server(proc) == UNARY + STREAMED, 30, "every request queued")
+    # Every request has reached the model's queue (or runs, or was answered: under load
+    # the blocker may end before the last arrives) before the signal, and at least three
+    # still wait, so that the drain outlasts the refusals below.
+    poll(lambda: all_arrived(proc), 30, "every request queued")
     # A keep-alive connection, open at the signal.
     kept = httpx.Client(base_url=proc.base_url, timeout=30)
     assert kept.get("/v2/health/ready").status_code == 200
@@ -153,6 +167,13 @@ def test_sigterm_answers_calls_in_flight_and_refuses_new_ones_unavailable(
             30,
             "health NOT_SERVING",
         )
+    # The HTTP side stopped first: a request on the open connection is refused 503,
+    # and the answer closes that connection. Sent at once, while the drain surely runs
+    # and before uvicorn's 5 s keep-alive timeout could close the idle connection.
+    try:
+        refused_http = kept.post("/v2/models/slow/infer", json=http_body())
+    finally:
+        kept.close()
     late = grpcclient.InferenceServerClient(proc.grpc_url)
     refusals = []
     try:
@@ -169,13 +190,9 @@ def test_sigterm_answers_calls_in_flight_and_refuses_new_ones_unavailable(
         with contextlib.suppress(InferenceServerException):
             late.async_stream_infer("slow", inputs, request_id="late")
         refusals.append(late_stream.get(timeout=30))
-        # The HTTP side stopped first: a request on the open connection is refused 503,
-        # and the answer closes that connection.
-        refused_http = kept.post("/v2/models/slow/infer", json=http_body())
     finally:
         late.stop_stream()
         late.close()
-        kept.close()
 
     for thread in threads:
         thread.join(60)
