@@ -43,7 +43,7 @@ from ge_serve.backends.llm.structured import (
 from ge_serve.server.errors import ErrorCode, SchedulerClosed, ServerError, invalid_arg
 
 from .genplan import Limits, StepPlan, plan_step
-from .genrequest import read_sequence
+from .genrequest import long_prompt, read_sequence
 from .genseq import Sequence
 from .genstats import GenerationStats, RequestTimes, RequestTokens
 from .work import Array, WorkItem
@@ -53,10 +53,6 @@ log = logging.getLogger(__name__)
 # How long the engine sleeps when it has work it cannot schedule yet (never expected:
 # a lone sequence always fits), so it does not spin.
 _IDLE_WAIT_S = 0.01
-# Prompts up to this many bytes are tokenized on the event loop (tens of microseconds);
-# longer ones on a worker thread, by a call that releases the GIL (Tokenizer.encode), or
-# the loop would stall as long all the same.
-_INLINE_BYTES = 2048
 
 
 class GenerationScheduler:
@@ -129,7 +125,7 @@ class GenerationScheduler:
             on_done,
             context.requested_outputs,
         )
-        if _long_prompt(item.inputs.get("text_input")):
+        if long_prompt(item.inputs):
             seq = await asyncio.to_thread(read)  # tokenizing a long prompt takes a while
         else:
             seq = read()
@@ -484,13 +480,6 @@ class GenerationScheduler:
         if seq in self._running:
             self._running.remove(seq)
         self._model.runner.pool.allocator.release(seq.blocks)
-
-
-def _long_prompt(array: Array | None) -> bool:
-    if array is None or array.size != 1:
-        return False
-    value = array.reshape(-1)[0]
-    return isinstance(value, bytes) and len(value) > _INLINE_BYTES
 
 
 def _resolve(done: asyncio.Future[None]) -> None:

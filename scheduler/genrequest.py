@@ -1,12 +1,14 @@
 """A generation request's inputs read into a `Sequence`, on the event loop.
 
 Everything a client can get wrong is found here and answered INVALID_ARG before the
-request reaches the engine: a missing or empty prompt, bad sampling values, a prompt that
-leaves no room in the context, or a `max_tokens` the context cannot hold (vLLM's rule:
-prompt plus max_tokens at most max_model_len). Without `max_tokens` a request gets the
-model's default, cut to the room its prompt leaves. A prompt whose UTF-8 length alone
-shows it cannot fit (`Tokenizer.min_tokens`) is refused before it is tokenized, which
-for megabytes would take seconds.
+request reaches the engine: a missing or empty prompt (or both a text and token ids, or
+an id outside the tokenizer's), bad sampling values, a prompt that leaves no room in the
+context, or a `max_tokens` the context cannot hold (vLLM's rule: prompt plus max_tokens
+at most max_model_len). Without `max_tokens` a request gets the model's default, cut to
+the room its prompt leaves. A prompt whose UTF-8 length alone shows it cannot fit
+(`Tokenizer.min_tokens`) is refused before it is tokenized, which for megabytes would
+take seconds. A prompt given as token ids (`input_ids`, where the config declares it) is
+taken as it is: no tokenizer call, no special tokens added (vLLM's token prompts).
 """
 
 from __future__ import annotations
@@ -35,6 +37,17 @@ from ge_serve.server.errors import invalid_arg
 from .genseq import Sequence
 from .work import Array
 
+_ONE_PROMPT = (
+    "a request carries exactly one of the inputs 'text_input' (the prompt as text) and "
+    "'input_ids' (the prompt as token ids)"
+)
+# Prompts up to this many bytes are tokenized on the event loop (tens of microseconds);
+# longer ones on a worker thread, by a call that releases the GIL (Tokenizer.encode), or
+# the loop would stall as long all the same.
+_INLINE_BYTES = 2048
+# Likewise prompts given as more token ids than this: checked, and decoded where the answer
+# repeats the prompt, on a worker thread.
+_INLINE_IDS = 1024
 STREAM_ECHO_REFUSED = (
     "Error generating stream: When streaming, `exclude_input_in_output` = False is not allowed."
 )
@@ -50,9 +63,12 @@ def read_sequence(
     requested: tuple[str, ...] = (),
 ) -> Sequence:
     raw = _bytes(inputs.get("text_input"), "text_input")
-    if raw is None:
-        raise invalid_arg("input 'text_input' is required: the prompt")
-    prompt = _decoded(raw, "text_input")
+    given_ids = inputs.get("input_ids") if model.takes_ids else None
+    if (raw is None) == (given_ids is None):
+        if not model.takes_ids:
+            raise invalid_arg("input 'text_input' is required: the prompt")
+        raise invalid_arg(f"{_ONE_PROMPT}; it has {'neither' if raw is None else 'both'}")
+    prompt = None if raw is None else _decoded(raw, "text_input")
     stream = bool(_flag(inputs.get("stream"), "stream", parameters.get("stream")))
     exclude = _flag(
         inputs.get("exclude_input_in_output"),
@@ -100,10 +116,14 @@ def read_sequence(
         )
     processor = _processor(model, params, vocab)
     limit = settings.max_model_len
-    _refuse_what_cannot_fit(model, len(raw), limit, params.max_tokens)
-    ids = model.tokenizer.encode(prompt)
-    if not ids:
-        raise invalid_arg("the prompt is empty: text_input must hold at least one token")
+    if raw is not None and prompt is not None:
+        _refuse_what_cannot_fit(model, len(raw), limit, params.max_tokens)
+        ids = model.tokenizer.encode(prompt)
+        if not ids:
+            raise invalid_arg("the prompt is empty: text_input must hold at least one token")
+    else:
+        assert given_ids is not None  # decoded only where the answer repeats it
+        ids = _token_ids(given_ids, min(model.tokenizer.id_limit, vocab))
     if len(ids) >= limit:
         raise invalid_arg(
             f"This model's maximum context length is {limit} tokens. However, the prompt is "
@@ -136,7 +156,7 @@ def read_sequence(
         stops=StopStrings(params.stop, params.include_stop_str_in_output),
         sink=sink,
         stream=stream,
-        echo="" if (stream or exclude) else prompt,
+        echo="" if (stream or exclude) else _prompt_text(model, prompt, ids),
         arrival_s=time.monotonic(),
         on_done=on_done,
         reason_always=reason_always,
@@ -154,6 +174,48 @@ def read_sequence(
         send_prompt_logprobs=send_prompt,
         processor=processor,
     )
+
+
+def _token_ids(array: Array, limit: int) -> list[int]:
+    """A prompt given as token ids ([L], or [1, L] as a batching client shapes it), each
+    checked against the tokenizer's ids in vLLM's words. Checked on the array as sent, so an
+    INT64 id past int32 is out of the vocabulary, never wrapped."""
+    if array.ndim > 1 and any(d != 1 for d in array.shape[:-1]):
+        raise invalid_arg(
+            f"input 'input_ids' must be one prompt's ids, shape [L], got {list(array.shape)}"
+        )
+    flat = array.reshape(-1)
+    if flat.dtype.kind not in "iu":
+        raise invalid_arg("input 'input_ids' must hold integers (INT32 or INT64)")
+    if not flat.size:
+        raise invalid_arg("The decoder prompt cannot be empty: input_ids holds no token ids")
+    low, high = int(flat.min()), int(flat.max())
+    # vLLM's check and words (its renderer's validate_token_ids): a negative id first.
+    if low < 0:
+        raise invalid_arg(f"Token id {low} is out of vocabulary")
+    if high >= limit:
+        raise invalid_arg(f"Token id {high} is out of vocabulary")
+    ids: list[int] = flat.tolist()
+    return ids
+
+
+def _prompt_text(model: LlmModel, prompt: str | None, ids: list[int]) -> str:
+    """The prompt as the answer repeats it: its text, or for token ids their decoding with
+    special tokens kept (vLLM detokenizes a token prompt so for `echo`)."""
+    return prompt if prompt is not None else model.tokenizer.decode(ids, False)
+
+
+def long_prompt(inputs: Mapping[str, Array]) -> bool:
+    """Whether reading the request takes long enough to leave the event loop for a worker
+    thread: a long text to tokenize, or many ids to check (and decode, for an echo)."""
+    array = inputs.get("text_input")
+    if array is None:
+        ids = inputs.get("input_ids")
+        return ids is not None and ids.size > _INLINE_IDS
+    if array.size != 1:
+        return False
+    value = array.reshape(-1)[0]
+    return isinstance(value, bytes) and len(value) > _INLINE_BYTES
 
 
 def _processor(model: LlmModel, params: SamplingParams, vocab: int) -> LogitsProcessor | None:

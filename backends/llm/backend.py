@@ -5,7 +5,10 @@ block pool. It has no executors: the scheduler built for it (scheduler/generatio
 runs the iteration loop itself, so the model is found in `LoadedModel.extra[MODEL_KEY]`.
 The config must be decoupled (answers stream) and not batched by Triton (the engine
 batches), and must declare `text_input`; anything else fails the load with the reason.
-A config that lists no interface gets Triton's vLLM backend's (complete_interface).
+It may declare `input_ids` (TensorRT-LLM's name; INT32 or INT64 [-1]), a prompt given as
+token ids, and then `text_input` must be optional: a request carries one of the two.
+A config that lists no interface gets Triton's vLLM backend's (complete_interface), and
+`input_ids` beside it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ log = logging.getLogger(__name__)
 
 MODEL_KEY = "llm"
 TEXT_INPUT = "text_input"
+# The prompt as token ids (TensorRT-LLM's name), instead of `text_input`.
+IDS_INPUT = "input_ids"
+_ID_TYPES = (model_config_pb2.TYPE_INT32, model_config_pb2.TYPE_INT64)
 # Triton's vLLM backend's flags: `return_<output>` asks for that output.
 RETURN_FLAGS = (
     "return_finish_reason",
@@ -89,6 +95,8 @@ class LlmModel:
     # The outputs whose `return_*` flag the config declares: sent only when a request
     # sets the flag true (Triton's vLLM backend's rule); the others are always sent.
     opt_in: frozenset[str] = frozenset()
+    # Whether the config declares `input_ids` (a prompt may come as token ids).
+    takes_ids: bool = False
 
     def close(self) -> None:
         """Release the step graph (device memory, on an NPU). Once, after the engine
@@ -144,6 +152,7 @@ class LlmBackend:
             opt_in=frozenset(
                 i.name.removeprefix("return_") for i in config.input if i.name in RETURN_FLAGS
             ),
+            takes_ids=any(i.name == IDS_INPUT for i in config.input),
         )
         log.info(
             "model '%s' on %s: %d layers, %d KV blocks of %d tokens (%.1f MiB), %s batching, "
@@ -198,11 +207,16 @@ def complete_interface(config: model_config_pb2.ModelConfig) -> None:
     outputs: every flag is declared, so every output but `text_output` is opt-in, as there.
     Unlike the vLLM backend, a config that lists its interface is left as it is: adding the
     flags to one written before them would make its always-sent outputs opt-in. The vLLM
-    backend's `image` and `embedding_request` are left out; the engine takes neither."""
+    backend's `image` and `embedding_request` are left out; the engine takes neither.
+    Unlike it, `input_ids` (INT32 [-1]) is declared and `text_input` is optional, so a
+    prompt may come as token ids out of the box (/v1/completions' token prompts)."""
     if not config.input and not config.output:
         for name, data_type in INTERFACE_INPUTS:
             added = config.input.add(name=name, data_type=data_type, dims=[1])
-            added.optional = name != TEXT_INPUT
+            added.optional = True
+        config.input.add(
+            name=IDS_INPUT, data_type=model_config_pb2.TYPE_INT32, dims=[-1], optional=True
+        )
         for name, data_type, dims in INTERFACE_OUTPUTS:
             config.output.add(name=name, data_type=data_type, dims=[dims])
     if not config.HasField("model_transaction_policy"):
@@ -223,7 +237,7 @@ def _check_config(config: model_config_pb2.ModelConfig) -> None:
     names = {i.name for i in config.input}
     if TEXT_INPUT not in names:
         raise ValueError("the config must declare input 'text_input' (TYPE_STRING, dims [1])")
-    unknown = sorted(names - {TEXT_INPUT, *OPTIONAL_INPUTS})
+    unknown = sorted(names - {TEXT_INPUT, IDS_INPUT, *OPTIONAL_INPUTS})
     if unknown:
         raise ValueError(f"the llm backend does not know input(s) {unknown}")
     outputs = {o.name for o in config.output}
@@ -236,3 +250,21 @@ def _check_config(config: model_config_pb2.ModelConfig) -> None:
     for flag in flags:
         if flag.data_type != model_config_pb2.TYPE_BOOL:
             raise ValueError(f"input '{flag.name}' must be TYPE_BOOL")
+    _check_ids_input(config)
+
+
+def _check_ids_input(config: model_config_pb2.ModelConfig) -> None:
+    """`input_ids`, where declared: integer ids in one dimension, and `text_input` optional,
+    since a request carries exactly one of the two."""
+    found = {i.name: i for i in config.input}
+    ids = found.get(IDS_INPUT)
+    if ids is None:
+        return
+    if ids.data_type not in _ID_TYPES or list(ids.dims) != [-1]:
+        raise ValueError(f"input '{IDS_INPUT}' must be TYPE_INT32 or TYPE_INT64 with dims [-1]")
+    if not found[TEXT_INPUT].optional:
+        raise ValueError(
+            f"input '{TEXT_INPUT}' must be optional where the config declares "
+            f"'{IDS_INPUT}': a request carries one of the two, so a required "
+            f"'{TEXT_INPUT}' would leave no request able to send token ids alone"
+        )

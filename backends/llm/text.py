@@ -58,10 +58,11 @@ class Tokenizer:
         self._tokenizer: Any = HfTokenizer.from_file(str(path))
         self.vocab_size = int(self._tokenizer.get_vocab_size(with_added_tokens=True))
         # Ids up to the largest that name no token (gaps before added tokens), so that a
-        # long list of ids is checked with set operations rather than id by id.
+        # long list of ids is checked with set operations rather than id by id; ids from
+        # `id_limit` up name none (vLLM's tokenizer's max_token_id + 1).
         named = set(self._tokenizer.get_vocab(with_added_tokens=True).values())
-        self._id_limit = max(named, default=-1) + 1
-        self._gaps = frozenset(range(self._id_limit)) - named
+        self.id_limit = max(named, default=-1) + 1
+        self._gaps = frozenset(range(self.id_limit)) - named
         # The most bytes of text one token can stand for; None where none is sure.
         self.max_token_bytes = max_token_bytes(json.loads(self._tokenizer.to_str()))
 
@@ -97,7 +98,7 @@ class Tokenizer:
     def unknown_id(self, ids: list[int]) -> int | None:
         """The largest of `ids` (none negative) that names no token, or None."""
         top = max(ids, default=-1)
-        if top >= self._id_limit:
+        if top >= self.id_limit:
             return top
         missing = self._gaps.intersection(ids) if self._gaps else ()
         return max(missing, default=None)
