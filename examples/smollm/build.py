@@ -99,7 +99,9 @@ def config_pbtxt(name: str, spec: TokenizerSpec, max_model_len: int) -> str:
         'backend: "llm"\n'
         "max_batch_size: 0\n"
         "model_transaction_policy { decoupled: true }\n"
-        'input { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] }\n'
+        # The prompt as text or as token ids (TensorRT-LLM's `input_ids`): one of the two.
+        'input { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] optional: true }\n'
+        'input { name: "input_ids" data_type: TYPE_INT32 dims: [ -1 ] optional: true }\n'
         + "".join(
             f'input {{ name: "{tensor}" data_type: {kind} dims: [ 1 ] optional: true }}\n'
             for tensor, kind in OPTIONAL_INPUTS

@@ -118,10 +118,13 @@ def test_stream_sends_deltas_and_the_last_carries_the_reason(server: ServerProce
 
 def test_a_config_without_an_interface_gets_the_vllm_backends(server: ServerProcess) -> None:
     """Auto-complete declares Triton's vLLM backend's inputs, outputs and decoupled policy,
-    so its other outputs are opt-in by their `return_*` flags, as there."""
+    so its other outputs are opt-in by their `return_*` flags, as there; and, unlike it,
+    `input_ids` beside an optional `text_input` (a prompt as token ids)."""
     config = httpx.get(f"{server.base_url}/v2/models/{MINIMAL}/config", timeout=10).json()
     inputs = {i["name"]: (i["data_type"], i["optional"]) for i in config["input"]}
-    assert inputs["text_input"] == ("TYPE_STRING", False)
+    assert inputs["text_input"] == ("TYPE_STRING", True)
+    assert inputs["input_ids"] == ("TYPE_INT32", True)
+    assert next(i["dims"] for i in config["input"] if i["name"] == "input_ids") == [-1]
     assert inputs["return_finish_reason"] == ("TYPE_BOOL", True)
     assert {"stream", "sampling_parameters", "exclude_input_in_output"} < set(inputs)
     assert "image" not in inputs
@@ -140,6 +143,80 @@ def test_a_config_without_an_interface_gets_the_vllm_backends(server: ServerProc
     tokens = len(llmrepo.reference_greedy("Minimal", 6))
     assert answer["num_output_tokens"] == tokens
     assert answer["finish_reason"] == ("length" if tokens == 6 else "stop")
+
+
+ONE_PROMPT = (
+    "a request carries exactly one of the inputs 'text_input' (the prompt as text) and "
+    "'input_ids' (the prompt as token ids)"
+)
+
+
+def test_v2_generate_takes_a_prompt_as_token_ids(server: ServerProcess) -> None:
+    """The auto-completed `input_ids`: the ids answer as the text they encode, the text
+    repeated before the answer is theirs decoded; both, neither or an id past the
+    tokenizer's are a 400 in the engine's words (vLLM's for the id)."""
+    ids = llmrepo.prompt_ids("Minimal")
+    for stream in (False, True):
+        url = f"{server.base_url}/v2/models/{MINIMAL}/generate{'_stream' if stream else ''}"
+        body: dict[str, Any] = {"input_ids": ids, "max_tokens": 6, "stream": stream,
+                                "sampling_parameters": GREEDY}  # fmt: skip
+        answer = httpx.post(url, json=body, timeout=30)
+        assert answer.status_code == 200, answer.text
+        expected = reference("Minimal", 6)
+        if stream:  # a stream never repeats the prompt
+            assert "".join(e["text_output"] for e in events(answer)) == expected
+        else:
+            assert answer.json()["text_output"] == "Minimal" + expected
+        for bad, message in (
+            ({**body, "text_input": "Minimal"}, f"{ONE_PROMPT}; it has both"),
+            ({k: v for k, v in body.items() if k != "input_ids"}, f"{ONE_PROMPT}; it has neither"),
+            ({**body, "input_ids": [*ids, 300]}, "Token id 300 is out of vocabulary"),
+            ({**body, "input_ids": []}, "The decoder prompt cannot be empty"),
+        ):
+            refused = httpx.post(url, json=bad, timeout=30)
+            assert refused.status_code == 400, refused.text
+            assert message in refused.text
+
+
+def test_grpc_stream_takes_a_prompt_as_token_ids(server: ServerProcess) -> None:
+    """tritonclient's decoupled stream with an INT32 `input_ids` tensor: the answer is the
+    text's; an id out of the vocabulary is the request's error, in vLLM's words."""
+    ids = llmrepo.prompt_ids("gRPC ids")
+    sampling = json.dumps({"temperature": 0, "max_tokens": 12}).encode()
+    results: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def request(prompt: list[int], request_id: str) -> None:
+        inputs = []
+        for name, array, kind in (
+            ("input_ids", np.array(prompt, dtype=np.int32), "INT32"),
+            ("stream", np.array([True]), "BOOL"),
+            ("return_finish_reason", np.array([True]), "BOOL"),
+            ("sampling_parameters", np.array([sampling], dtype=object), "BYTES"),
+        ):
+            tensor = grpcclient.InferInput(name, list(array.shape), kind)
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        client.async_stream_infer(MINIMAL, inputs, request_id=request_id)
+
+    text = ""
+    try:
+        client.start_stream(callback=lambda result, error: results.put(error or result))
+        request([*ids, -3], "bad")
+        error = results.get(timeout=30)
+        assert isinstance(error, InferenceServerException)
+        assert "Token id -3 is out of vocabulary" in str(error.message())
+        request(ids, "good")
+        while True:
+            result = results.get(timeout=60)
+            assert not isinstance(result, InferenceServerException), result
+            text += result.as_numpy("text_output")[0].decode()
+            if result.as_numpy("finish_reason")[0] != b"None":
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    assert text == reference("gRPC ids", 12)
 
 
 def test_v2_generate_gives_the_vllm_backends_logprobs(server: ServerProcess) -> None:

@@ -130,3 +130,23 @@ def test_sixteen_concurrent_streams_equal_the_reference(
     assert answers[:half] == answers[half:]
     for prompt, ids in zip(prompts[:half], answers[:half], strict=True):
         check(built, prompt, ids)
+
+
+def test_token_ids_answer_as_the_text_they_encode(built: Built, server: ServerProcess) -> None:
+    """build.py's `input_ids`: SmolLM2's tokenization of the prompt, sent as ids, gets the
+    text's greedy answer; a request that would repeat the prompt repeats the ids' text."""
+    prompt = chat_prompt(QUESTIONS[4])
+    url = f"{server.base_url}/v2/models/{MODEL}/generate"
+    sampling = json.dumps({"temperature": 0})
+    answers = []
+    for given in ({"text_input": prompt}, {"input_ids": list(prompt_ids(built.folder, prompt))}):
+        body = {**given, "max_tokens": TOKENS, "sampling_parameters": sampling}
+        answer = httpx.post(url, json=body, timeout=300)
+        assert answer.status_code == 200, answer.text
+        answers.append(answer.json())
+    by_text, by_ids = answers
+    assert by_ids["output_ids"] == by_text["output_ids"]
+    assert by_ids["text_output"] == by_text["text_output"]
+    assert by_ids["text_output"].startswith(prompt)
+    assert by_ids["num_input_tokens"] == len(prompt_ids(built.folder, prompt))
+    check(built, prompt, by_ids["output_ids"])

@@ -225,7 +225,8 @@ def test_the_tiny_model_folder_is_complete(tmp_path: Path) -> None:
     assert config.backend == "llm" and config.max_batch_size == 0
     assert config.model_transaction_policy.decoupled
     assert [(i.name, i.optional) for i in config.input] == [
-        ("text_input", False),
+        ("text_input", True),
+        ("input_ids", True),
         ("stream", True),
         ("sampling_parameters", True),
         ("exclude_input_in_output", True),
