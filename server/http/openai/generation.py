@@ -1,6 +1,7 @@
 """A generative model's request and responses, in the model contract's tensors.
 
-The request: `text_input` (the prompt; chat renders it first), and, where the model has
+The request: `text_input` (the prompt; chat renders it first), or `input_ids` for a
+completions prompt of token ids (a model that takes them has that input), and, where the model has
 them, `stream`, `exclude_input_in_output` (always true: OpenAI's answers never repeat the
 prompt) and `return_finish_reason` / `return_num_input_tokens` / `return_num_output_tokens`
 (true). The client's
@@ -54,6 +55,8 @@ STREAM = "stream"
 SAMPLING = "sampling_parameters"
 EXCLUDE_INPUT = "exclude_input_in_output"
 MAX_TOKENS = "max_tokens"
+# Where a model takes token-id prompts (then its `text_input` is optional).
+INPUT_IDS = "input_ids"
 # Asked of a model that has them, as Triton's frontend asks: the finish reason and the
 # token counts of `usage`.
 COUNT_REQUESTS = ("return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
@@ -156,15 +159,19 @@ class Usage:
 
 def build_request(
     model: ModelVersion,
-    prompt: str,
+    prompt: str | list[int],
     stream: bool,
     given: Mapping[str, Any],
     default_max_tokens: int | None = None,
 ) -> tuple[InferRequest, frozenset[str]]:
     """The request for `model`, and the parameters it passes on. `given`: the sampling
-    parameters the client set, by vLLM's keys (`Sampling.sampling`)."""
+    parameters the client set, by vLLM's keys (`Sampling.sampling`); `prompt`, text or
+    token ids (for `input_ids`)."""
     inputs = model.inputs
-    tensors = [_tensor(model, inputs[TEXT_INPUT], [prompt])]
+    if isinstance(prompt, str):
+        tensors = [_tensor(model, inputs[TEXT_INPUT], [prompt])]
+    else:
+        tensors = [_tensor(model, _ids_input(model), prompt, "prompt")]
     for name, value in ((STREAM, stream), (EXCLUDE_INPUT, True)):
         if name in inputs:
             tensors.append(_tensor(model, inputs[name], [value]))
@@ -213,6 +220,19 @@ def build_request(
         tensors.append(_tensor(model, inputs[SAMPLING], [text]))
     request = InferRequest(model_name=model.name, model_version=model.version_str, inputs=tensors)
     return request, frozenset(sent)
+
+
+def _ids_input(model: ModelVersion) -> TensorSpec:
+    """The model's `input_ids` (INT32 or INT64, dims [-1]), which takes token-id prompts
+    in place of `text_input`."""
+    spec = model.inputs.get(INPUT_IDS)
+    if spec is None or spec.datatype not in (DataType.INT32, DataType.INT64):
+        raise unsupported(
+            "prompt",
+            f"Token-id prompts need a model with an '{INPUT_IDS}' input (INT32 or INT64): "
+            f"the model '{model.name}' has none. Give the prompt as text",
+        )
+    return spec
 
 
 def _guided(model: ModelVersion, structured: str) -> list[Tensor]:

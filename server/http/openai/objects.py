@@ -9,7 +9,8 @@
 - `text_completion`: `choices[0].text`, the same object for each streamed chunk.
 
 With `n` > 1, the whole answer has one choice per generation, `index` 0 to n-1, and each
-streamed chunk carries one choice's delta, with its `index`.
+streamed chunk carries one choice's delta, with its `index`; with several prompts (a
+completions list), prompt p's choice i is `index` p * n + i, as vLLM's.
 
 `Kind` holds what differs between the two APIs, so one streaming loop serves both.
 """
@@ -69,10 +70,12 @@ class Answer:
     def __post_init__(self) -> None:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + (self.id or uuid.uuid4().hex)
 
-    def choice(self, index: int) -> Answer:
-        """The answer's choice `index`: its identity, with a stream's offsets of its own."""
+    def choice(self, index: int, echo: str | None = None) -> Answer:
+        """The answer's choice `index`: its identity, with a stream's offsets of its own
+        (and its prompt's `echo`, where a request has several prompts)."""
         other = copy.copy(self)
         other.index = index
+        other.echo = self.echo if echo is None else echo
         other.streamed_chars = 0
         return other
 

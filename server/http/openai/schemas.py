@@ -10,7 +10,7 @@ Fields follow OpenAI's API reference and vLLM's extensions of it (vLLM's
 `ChatCompletionRequest` and `CompletionRequest`, which most OpenAI-compatible clients are
 tested against). Types are strict (JSON `"1"` is not a number, `1.0` is not an integer;
 an integer is a valid float). A field whose silent loss would change the answer (legacy
-`functions`, prompt logprobs, token-id prompts, a request's own chat template; response formats
+`functions`, prompt logprobs, a request's own chat template; response formats
 and guided decoding for a model that takes no `structured_outputs`...) is a 400 that
 names the parameter (`refuse_unsupported`), except at the value that changes nothing
 (vLLM's default). Fields that change nothing here (vLLM's cache salt, disaggregation and
@@ -26,7 +26,7 @@ import json
 import re
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
 
 from . import fields, structured
 from .errors import OpenAIError, unsupported
@@ -34,6 +34,7 @@ from .fields import DEFAULT_ONLY, NEVER_SERVED, SAMPLING_KEYS, SERVER_VARIABLES,
 from .logprobs import check_chat, check_completion, check_prompt
 from .messages import Body as Body
 from .messages import ChatMessage as ChatMessage
+from .prompts import Prompt, form, prompt_list
 from .tools import Tool, check_constraints, choice, constraint
 
 M = TypeVar("M", bound="Body")
@@ -330,9 +331,8 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16
 class CompletionRequest(Sampling):
     default_max_tokens: ClassVar[int | None] = COMPLETION_DEFAULT_MAX_TOKENS
 
-    # One prompt: a string, or a list holding one string. Token ids (vLLM takes them)
-    # are parsed to be refused in so many words.
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # vLLM's forms (prompts.py): text, texts, token ids, lists of token ids.
+    prompt: Annotated[str | list[str] | list[int] | list[list[int]], BeforeValidator(form)]
     # 0 only with `echo` (vLLM's): the prompt alone is the answer.
     max_tokens: int | None = Field(None, ge=0)
     # The prompt begins the answer.
@@ -355,13 +355,7 @@ class CompletionRequest(Sampling):
                 param="max_tokens",
             )
         super().refuse_unsupported()
-        if _token_ids(self.prompt):
-            raise unsupported("prompt", TOKEN_IDS.format(field="prompt", what="a prompt"))
-        if isinstance(self.prompt, list) and len(self.prompt) != 1:
-            raise unsupported("prompt", "Only one prompt per request is supported")
-        if not self.text():
-            # Triton's OpenAI front end refuses it so; a model would, in its own words.
-            raise OpenAIError("'prompt' must not be empty", param="prompt")
+        prompt_list(self.prompt, self.n or 1)
         if self.suffix:
             raise unsupported("suffix", "'suffix' is not supported")
         fields.check_best_of(self.best_of, self.n)
@@ -378,10 +372,8 @@ class CompletionRequest(Sampling):
     def token_limit(self) -> int | None:
         return 1 if self.max_tokens == 0 else self.max_tokens
 
-    def text(self) -> str:
-        prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-        assert isinstance(prompt, str), "token-id prompts are refused first"
-        return prompt
+    def prompts(self) -> list[Prompt]:
+        return prompt_list(self.prompt, self.n or 1)
 
 
 TOKEN_IDS = (

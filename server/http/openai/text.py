@@ -15,7 +15,9 @@ goes away cancels the request, before its first token as after.
 
 With `n` > 1 (choices.py), the n generations run together: not streamed, one answer with
 n choices; streamed, each choice's chunks as they come, with its index, each choice's
-closing chunk when it ends, and the usage chunk once, after all.
+closing chunk when it ends, and the usage chunk once, after all. A completions request
+with a list of prompts (prompts.py) runs each prompt n times the same way, all together:
+prompt p's choice i is index p * n + i, as vLLM's.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from .generation import (
 )
 from .logprobs import Entry, Logprobs, echoed
 from .objects import DONE, Answer, sse
+from .prompts import Prompt, echo_text
 from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
 from .template import render_request
 from .tools import ToolStream, plan, template_tools
@@ -78,7 +81,7 @@ async def chat_completion(
     count = body.logprob_count()
     as_ids = bool(body.return_tokens_as_token_ids)
     answer.logprobs = None if count is None else Logprobs(True, count, as_ids)
-    return await _answer(catalog, request, model, body, prompt, answer)
+    return await _answer(catalog, request, model, body, [prompt], answer)
 
 
 async def completion(catalog: Catalog, request: Request, body: CompletionRequest) -> Response:
@@ -86,12 +89,13 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
     generation = text_generation(model)
     if generation is not None:
         check_limit(body.token_limit(), generation.max_model_len)
-    prompt = body.text()
-    answer = _identity(request, body, chat=False, echo=prompt if body.echo else "")
+    prompts = body.prompts()
+    echoes = [await echo_text(model, p) for p in prompts] if body.echo else None
+    answer = _identity(request, body, chat=False, echo=echoes[0] if echoes else "")
     answer.echo_only = body.echo_only()
     as_ids = bool(body.return_tokens_as_token_ids)
     answer.logprobs = None if body.logprobs is None else Logprobs(False, body.logprobs, as_ids)
-    return await _answer(catalog, request, model, body, prompt, answer)
+    return await _answer(catalog, request, model, body, prompts, answer, echoes)
 
 
 async def chat_prompt(
@@ -155,35 +159,47 @@ async def _answer(
     request: Request,
     model: ModelVersion,
     body: Sampling,
-    prompt: str,
+    prompts: list[Prompt],
     answer: Answer,
+    echoes: list[str] | None = None,
 ) -> Response:
+    """The answer to `prompts` (a completions list; chat's one), each generated n times:
+    prompt p's choice i is sequence p * n + i (vLLM's order), each a request of its own."""
     stream = bool(body.stream)
     given = body.sampling()
     n = body.n or 1
     requests: list[InferRequest] = []
-    for values in seeded(given, n) if n > 1 else [given]:
-        infer_request, sent = build_request(model, prompt, stream, values, body.default_max_tokens)
-        requests.append(infer_request)
+    for prompt in prompts:
+        for values in seeded(given, n) if n > 1 else [given]:
+            infer_request, sent = build_request(
+                model, prompt, stream, values, body.default_max_tokens
+            )
+            requests.append(infer_request)
     params = Params("messages" if answer.chat else "prompt", sent)
+    answers = [answer]
+    if len(requests) > 1:
+        answers = [
+            answer.choice(k, None if echoes is None else echoes[k // n])
+            for k in range(len(requests))
+        ]
     if stream:
-        return await _stream(catalog, request, requests, params, answer)
-    if n == 1:
+        return await _stream(catalog, request, requests, params, answers, n)
+    if len(requests) == 1:
         text, reason, usage, entries = await until_disconnect(
             request, collect(catalog.core, requests[0], params)
         )
         body_json = answer.whole(text, reason, usage, entries)
     else:
-        # vLLM's: the prompt counted once, the choices' generated tokens summed.
+        # vLLM's: each prompt counted once, the choices' generated tokens summed.
         results = await until_disconnect(
             request, all_of([collect(catalog.core, r, params) for r in requests])
         )
-        total = Usage(results[0][2].prompt_tokens)
+        total = Usage(sum(results[k][2].prompt_tokens for k in range(0, len(results), n)))
         choices = []
-        for index, (text, reason, usage, entries) in enumerate(results):
+        for choice, (text, reason, usage, entries) in zip(answers, results, strict=True):
             total.completion_tokens += usage.completion_tokens
             found = usage.prompt_logprobs
-            choices.append(answer.choice(index).whole_choice(text, reason, entries, found))
+            choices.append(choice.whole_choice(text, reason, entries, found))
             total.prompt_logprobs = found
         body_json = answer.whole_of(choices, total)
     return Response(orjson.dumps(body_json), media_type="application/json")
@@ -194,7 +210,8 @@ async def _stream(
     request: Request,
     requests: list[InferRequest],
     params: Params,
-    answer: Answer,
+    answers: list[Answer],
+    n: int,
 ) -> Response:
     streams = [pieces(catalog.core, r, params) for r in requests]
     rest = one(streams[0]) if len(streams) == 1 else merged(streams)
@@ -205,7 +222,7 @@ async def _stream(
         await rest.aclose()
         raise
     return StreamingResponse(
-        _events(answer, len(requests), first, rest),
+        _events(answers, n, first, rest),
         media_type="text/event-stream",
         headers=SSE_HEADERS,
     )
@@ -229,22 +246,18 @@ class _Choice:
 
 
 async def _events(
-    answer: Answer, n: int, first: Item | None, rest: AsyncGenerator[Item, None]
+    answers: list[Answer], n: int, first: Item | None, rest: AsyncGenerator[Item, None]
 ) -> AsyncIterator[bytes]:
-    # The usage of all choices (vLLM's: the prompt once, generated tokens summed); a
-    # chunk's continuous usage is its own choice's, as vLLM's.
-    total = Usage()
-    # vLLM's completions send the echoed prompt with each choice's first piece of text.
-    echo = "" if answer.chat else answer.echo
+    """The chunks of `answers` (one per sequence: prompt p's choice i is p * n + i)."""
+    answer = answers[0]
     logprobs = bool(answer.logprobs)
-    choices = [
-        _Choice(answer.choice(i) if n > 1 else answer, echo, [] if logprobs else None)
-        for i in range(n)
-    ]
+    # vLLM's completions send the echoed prompt with each choice's first piece of text; a
+    # chunk's continuous usage is its own choice's, as vLLM's.
+    choices = [_Choice(a, "" if a.chat else a.echo, [] if logprobs else None) for a in answers]
     if answer.tools is not None:
         for choice in choices:
             choice.tools = answer.tools.stream()
-    running = n
+    running = len(choices)
     async with contextlib.aclosing(rest):
         # vLLM's chat opens each choice with the role, then each with the echoed message,
         # on chunks of their own that count the prompt and nothing generated yet.
@@ -269,7 +282,6 @@ async def _events(
                         yield chunk
                     running -= 1
                 else:
-                    total.add(piece)
                     for chunk in _delta(choice, piece, answer.echo_only):
                         yield chunk
                     running -= choice.ended  # cut short just now
@@ -284,6 +296,9 @@ async def _events(
             yield sse(OpenAIError(f"internal error: {exc}", status=500, kind=SERVER_ERROR).body())
             return
     if answer.include_usage:
+        # vLLM's: each prompt counted once, every choice's generated tokens summed.
+        total = Usage(sum(choice.usage.prompt_tokens for choice in choices[::n]))
+        total.completion_tokens = sum(choice.usage.completion_tokens for choice in choices)
         yield answer.usage_chunk(total)
     yield DONE
 

@@ -34,14 +34,11 @@ from ge_serve.server.errors import ServerError
 
 from .catalog import Catalog, embedder, is_generative, text_generation
 from .errors import OpenAIError, model_not_found
+from .prompts import THREADED, TOKENIZER_MISSING
 from .schemas import Body, ChatCompletionRequest
 from .text import chat_prompt, no_chat_template
 from .tools import template_tools
 
-TOKENIZER_MISSING = "tokenizer_missing"
-# Texts (and id lists) longer than this are tokenized (decoded) on a worker thread; the
-# llm backend's tokenizer releases the GIL for those (backends/llm/text.py).
-THREADED = 1024
 # The most ids one /detokenize takes, counted before they are checked: checking (and
 # decoding) millions of ids holds the interpreter for seconds, stalling every other
 # request. Far past any model's context, so only a runaway client meets it.

@@ -1,0 +1,116 @@
+"""The prompts of a /v1/completions request, in vLLM's (and OpenAI's) forms: a string, a
+list of strings, a list of token ids (one prompt), or a list of lists of token ids.
+
+Each prompt is generated `n` times, each sequence a request in the model's queue, so a
+request holds at most MAX_PROMPTS prompts and MAX_SEQUENCES sequences (prompts x n):
+OpenAI's bound on an embeddings request's inputs, far past a batch of lm-eval-harness's.
+
+A token-id prompt goes to the model's `input_ids` input (generation.py), for a model that
+has one; its ids are checked here only for being integers >= 0 (the model checks its
+vocabulary). `echo` shows it as its ids decoded with the model's tokenizer, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pydantic_core import PydanticCustomError
+
+from ge_serve.server.inference.model import ModelVersion
+
+from .catalog import text_generation
+from .errors import OpenAIError
+
+# A prompt: text, or token ids.
+Prompt = str | list[int]
+
+MAX_PROMPTS = 2048
+MAX_SEQUENCES = 2048
+# Texts (and id lists) longer than this are tokenized (decoded) on a worker thread; the
+# llm backend's tokenizer releases the GIL for those (backends/llm/text.py).
+THREADED = 1024
+TOKENIZER_MISSING = "tokenizer_missing"
+
+
+def _kind(item: object) -> str:
+    if isinstance(item, str):
+        return "text"
+    if isinstance(item, int) and not isinstance(item, bool):
+        return "id"
+    if isinstance(item, list) and all(_kind(i) == "id" for i in item):
+        return "ids"
+    return "other"
+
+
+def form(value: Any) -> Any:
+    """A `prompt` list checked before its type: one form throughout, ids >= 0 (a mixed
+    list would otherwise be reported as "not a valid string")."""
+    if not isinstance(value, list):
+        return value  # a string, or pydantic's own type error
+    kinds = {_kind(item) for item in value}
+    if len(kinds) > 1 or "other" in kinds:
+        raise PydanticCustomError(
+            "prompt_form",
+            "Input should be a string, a list of strings, a list of token ids (integers) "
+            "or a list of lists of token ids, not a mix",
+        )
+    lists = value if kinds == {"ids"} else [value] if kinds == {"id"} else []
+    ids = [i for item in lists for i in item]
+    negative = next((i for i in ids if i < 0), None)
+    if negative is not None:
+        raise PydanticCustomError(
+            "prompt_id", "token id {id} should be greater than or equal to 0", {"id": negative}
+        )
+    return value
+
+
+def prompt_list(prompt: str | list[str] | list[int] | list[list[int]], n: int) -> list[Prompt]:
+    """The request's prompts, checked: none empty, within the bounds."""
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        prompts: list[Prompt] = [prompt]  # type: ignore[list-item]
+    else:
+        prompts = list(prompt)  # type: ignore[arg-type]
+    if not prompts:
+        raise OpenAIError("'prompt' must not be an empty list", param="prompt")
+    if len(prompts) > MAX_PROMPTS:
+        raise OpenAIError(
+            f"prompt list length {len(prompts)} exceeds the maximum allowed count of {MAX_PROMPTS}",
+            param="prompt",
+        )
+    if len(prompts) * n > MAX_SEQUENCES:
+        raise OpenAIError(
+            f"{len(prompts)} prompts with n={n} are {len(prompts) * n} sequences; a request "
+            f"generates at most {MAX_SEQUENCES}",
+            param="prompt",
+        )
+    for item in prompts:
+        if isinstance(item, list) and not item:
+            # vLLM's words for a token-id prompt without ids.
+            raise OpenAIError("The decoder prompt cannot be empty", param="prompt")
+        if not item:
+            # Triton's OpenAI front end refuses it so; a model would, in its own words.
+            raise OpenAIError("'prompt' must not be empty", param="prompt")
+    return prompts
+
+
+async def echo_text(model: ModelVersion, prompt: Prompt) -> str:
+    """What `echo` shows of `prompt`: the text, or the ids decoded (vLLM's), with the
+    tokenizer the server holds for the model."""
+    if isinstance(prompt, str):
+        return prompt
+    generation = text_generation(model)
+    tokenizer = None if generation is None else generation.tokenizer
+    if tokenizer is None:
+        raise OpenAIError(
+            f"'echo' of a token-id prompt needs the model's tokenizer, and the model "
+            f"'{model.name}' has none ge-serve can use: it tokenizes inside the model",
+            param="echo",
+            code=TOKENIZER_MISSING,
+        )
+    unknown = tokenizer.unknown_id(prompt)
+    if unknown is not None:
+        raise OpenAIError(f"Token id {unknown} is out of vocabulary", param="prompt")
+    if len(prompt) > THREADED:
+        return await asyncio.to_thread(tokenizer.decode, prompt, False)
+    return tokenizer.decode(prompt, False)
