@@ -71,9 +71,19 @@ class TritonPythonModel:
         raw = scalar(request, "sampling_parameters", b"")
         sampling = json.loads(raw) if raw else {{}}
         limit_input = scalar(request, "max_tokens", None)
-        words = prompt.split()
-        prompt_tokens = len(words)
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        words = prompt.split()
+        ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
+        if ids is not None:
+            # A token-id prompt: its "tokens" are its ids, shown after their dtype.
+            found = ids.as_numpy()
+            words = [f"{{found.dtype}}{{list(found.shape)}}", *(str(i) for i in found.reshape(-1))]
+            if prompt:
+                error = pb_utils.TritonError("both text_input and input_ids were sent")
+                sender.send(pb_utils.InferenceResponse(error=error), flags=final)
+                return
+            prompt = " ".join(words)
+        prompt_tokens = len(words) if ids is None else len(words) - 1
         if len(words) > MAX_MODEL_LEN:
             message = (
                 f"This model's maximum context length is {{MAX_MODEL_LEN}} tokens; "
@@ -249,6 +259,19 @@ def write_templated(repo: Path, name: str, chat_template: str) -> Path:
         ]
     )
     config = _TEXTGEN_CONFIG.format(name=name, parameters=parameters)
+    return write_model(repo, name, TEXTGEN.format(max_model_len=MAX_MODEL_LEN), config)
+
+
+def write_ids(repo: Path, name: str = "textgen_ids") -> Path:
+    """A copy of `textgen_plain` that also takes token-id prompts: `input_ids` (INT32,
+    dims [-1]) with `text_input` optional. Its answer to ids is their dtype and shape, then
+    the ids, one word each (its prompt tokens: the ids)."""
+    config = _TEXTGEN_CONFIG.format(name=name, parameters="").replace(
+        '{ name: "text_input" data_type: TYPE_STRING dims: [ 1 ] },',
+        '{ name: "text_input" data_type: TYPE_STRING dims: [ 1 ] optional: true },\n'
+        '  { name: "input_ids" data_type: TYPE_INT32 dims: [ -1 ] optional: true },',
+    )
+    assert "input_ids" in config
     return write_model(repo, name, TEXTGEN.format(max_model_len=MAX_MODEL_LEN), config)
 
 

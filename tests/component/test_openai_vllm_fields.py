@@ -230,21 +230,25 @@ async def test_continuous_usage_stats_puts_usage_on_every_chunk(
     assert all("usage" not in c for c in chunks(await http.post(path, json=body)))
 
 
+COMPLETIONS, EMBEDDINGS = "/v1/completions", "/v1/embeddings"
+
+
 @pytest.mark.parametrize(
-    ("path", "body", "param"),
+    ("path", "body", "param", "words"),
     [
-        ("/v1/completions", {"model": "textgen", "prompt": [1, 2, 3]}, "prompt"),
-        ("/v1/completions", {"model": "textgen", "prompt": [[1, 2]]}, "prompt"),
-        ("/v1/embeddings", {"model": "embedder", "input": [[15339, 1917]]}, "input"),
-        ("/v1/embeddings", {"model": "embedder", "input": [15339, 1917]}, "input"),
+        # Token-id prompts go to a model's `input_ids`; this one has none.
+        (COMPLETIONS, {"model": "textgen", "prompt": [1, 2, 3]}, "prompt", "Token-id prompts"),
+        (COMPLETIONS, {"model": "textgen", "prompt": [[1, 2]]}, "prompt", "Token-id prompts"),
+        (EMBEDDINGS, {"model": "embedder", "input": [[15339, 1917]]}, "input", "Token-id input"),
+        (EMBEDDINGS, {"model": "embedder", "input": [15339, 1917]}, "input", "Token-id input"),
     ],
 )
 async def test_token_id_inputs_are_refused_in_so_many_words(
-    http: httpx.AsyncClient, path: str, body: dict[str, Any], param: str
+    http: httpx.AsyncClient, path: str, body: dict[str, Any], param: str, words: str
 ) -> None:
     refused = error(await http.post(path, json=body))
     assert (refused["param"], refused["code"]) == (param, "unsupported_parameter")
-    assert refused["message"].startswith("Token-id input is not supported")
+    assert refused["message"].startswith(words)
 
 
 async def test_an_x_request_id_header_names_the_answer(http: httpx.AsyncClient) -> None:
