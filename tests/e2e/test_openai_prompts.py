@@ -150,8 +150,10 @@ def test_token_id_prompts_reach_the_model_as_its_input_ids(client: openai.OpenAI
 def test_a_token_id_prompt_is_refused_by_a_model_without_input_ids(
     client: openai.OpenAI,
 ) -> None:
-    for prompt in ([1, 2, 3], [[1, 2]]):
-        body = refusal(lambda p=prompt: client.completions.create(model="textgen", prompt=p))
+    for prompt, echo in (([1, 2, 3], False), ([[1, 2]], False), ([1], True)):
+        body = refusal(
+            lambda p=prompt, e=echo: client.completions.create(model="textgen", prompt=p, echo=e)
+        )
         assert (body["param"], body["code"]) == ("prompt", "unsupported_parameter")
         assert "'input_ids' input" in body["message"] and "'textgen'" in body["message"]
 

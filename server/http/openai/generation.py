@@ -171,7 +171,7 @@ def build_request(
     if isinstance(prompt, str):
         tensors = [_tensor(model, inputs[TEXT_INPUT], [prompt])]
     else:
-        tensors = [_tensor(model, _ids_input(model), prompt, "prompt")]
+        tensors = [_tensor(model, ids_input(model), prompt, "prompt")]
     for name, value in ((STREAM, stream), (EXCLUDE_INPUT, True)):
         if name in inputs:
             tensors.append(_tensor(model, inputs[name], [value]))
@@ -222,7 +222,7 @@ def build_request(
     return request, frozenset(sent)
 
 
-def _ids_input(model: ModelVersion) -> TensorSpec:
+def ids_input(model: ModelVersion) -> TensorSpec:
     """The model's `input_ids` (INT32 or INT64, dims [-1]), which takes token-id prompts
     in place of `text_input`."""
     spec = model.inputs.get(INPUT_IDS)

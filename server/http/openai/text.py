@@ -47,6 +47,7 @@ from .generation import (
     Usage,
     build_request,
     collect,
+    ids_input,
     pieces,
     takes_constraints,
 )
@@ -90,6 +91,8 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
     if generation is not None:
         check_limit(body.token_limit(), generation.max_model_len)
     prompts = body.prompts()
+    if not isinstance(prompts[0], str):
+        ids_input(model)  # its refusal before echo's need of a tokenizer
     echoes = [await echo_text(model, p) for p in prompts] if body.echo else None
     answer = _identity(request, body, chat=False, echo=echoes[0] if echoes else "")
     answer.echo_only = body.echo_only()
