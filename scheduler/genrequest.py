@@ -123,7 +123,7 @@ def read_sequence(
             raise invalid_arg("the prompt is empty: text_input must hold at least one token")
     else:
         assert given_ids is not None  # decoded only where the answer repeats it
-        ids = _token_ids(given_ids, min(model.tokenizer.id_limit, vocab))
+        ids = _token_ids(given_ids, vocab)
     if len(ids) >= limit:
         raise invalid_arg(
             f"This model's maximum context length is {limit} tokens. However, the prompt is "
@@ -178,7 +178,9 @@ def read_sequence(
 
 def _token_ids(array: Array, limit: int) -> list[int]:
     """A prompt given as token ids ([L], or [1, L] as a batching client shapes it), each
-    checked against the tokenizer's ids in vLLM's words. Checked on the array as sent, so an
+    below `limit` in vLLM's words. vLLM's bound is the larger of the tokenizer's ids and
+    the model's logits: the logits here, since the load refuses a larger tokenizer (an id
+    the tokenizer does not name decodes to nothing). Checked on the array as sent, so an
     INT64 id past int32 is out of the vocabulary, never wrapped."""
     if array.ndim > 1 and any(d != 1 for d in array.shape[:-1]):
         raise invalid_arg(

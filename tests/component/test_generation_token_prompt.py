@@ -136,12 +136,11 @@ async def test_prompt_logprobs_of_ids_equal_those_of_the_text(tmp_path: Path) ->
 
 async def test_bad_token_prompts_are_invalid_arg_in_vllms_words(tmp_path: Path) -> None:
     engine = llmrepo.engine_of(write(tmp_path, "TYPE_INT64"))
-    tokenizer_size = llmrepo.tiny_model().eos_id + 1  # 256 bytes, then the EOS
     ids = llmrepo.prompt_ids("hi")
     try:
-        # Past the tokenizer's ids, though below the model's 320 logits.
-        assert await refused(engine, prompt_input([*ids, tokenizer_size], np.int64)) == (
-            f"Token id {tokenizer_size} is out of vocabulary"
+        # vLLM's bound: the model's 320 logits (past the tokenizer's 257 ids).
+        assert await refused(engine, prompt_input([*ids, llmrepo.VOCAB], np.int64)) == (
+            f"Token id {llmrepo.VOCAB} is out of vocabulary"
         )
         assert await refused(engine, prompt_input([5, -1, 400], np.int64)) == (
             "Token id -1 is out of vocabulary"

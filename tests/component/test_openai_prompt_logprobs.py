@@ -116,6 +116,23 @@ async def test_loglikelihood_request_gives_the_prompts_entries_only(
     assert total == pytest.approx(expected, abs=1e-3) and total < 0
 
 
+async def test_loglikelihood_requests_as_lm_eval_batches_token_ids(client: Any) -> None:
+    # lm-eval-harness's defaults: its own tokenizer's ids (`tokenized_requests`), several
+    # requests in one body (`batch_size` > 1), each answered as its own choice, in order.
+    prompts = [PROMPT, CONTEXT + " Rome"]
+    ids = [llmrepo.prompt_ids(p) for p in prompts]
+    answer = await client.completions.create(
+        model="tiny", prompt=ids, echo=True, logprobs=1, max_tokens=0, temperature=0
+    )
+    assert [c.index for c in answer.choices] == [0, 1]
+    for choice, text, tokens in zip(answer.choices, prompts, ids, strict=True):
+        found = choice.logprobs
+        assert found is not None and found.token_logprobs is not None
+        assert choice.text == text and found.tokens == list(text)
+        approx(found.token_logprobs, expected_logprobs(tokens))
+    assert answer.usage.prompt_tokens == sum(len(t) for t in ids)
+
+
 async def test_echo_with_logprobs_streamed_sends_the_prompts_entries_first(
     client: Any,
 ) -> None:

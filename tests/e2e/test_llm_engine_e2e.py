@@ -170,7 +170,10 @@ def test_v2_generate_takes_a_prompt_as_token_ids(server: ServerProcess) -> None:
         for bad, message in (
             ({**body, "text_input": "Minimal"}, f"{ONE_PROMPT}; it has both"),
             ({k: v for k, v in body.items() if k != "input_ids"}, f"{ONE_PROMPT}; it has neither"),
-            ({**body, "input_ids": [*ids, 300]}, "Token id 300 is out of vocabulary"),
+            (
+                {**body, "input_ids": [*ids, llmrepo.VOCAB]},
+                f"Token id {llmrepo.VOCAB} is out of vocabulary",
+            ),
             ({**body, "input_ids": []}, "The decoder prompt cannot be empty"),
         ):
             refused = httpx.post(url, json=bad, timeout=30)
