@@ -2,7 +2,7 @@
 
 Everything a client can get wrong is found here and answered INVALID_ARG before the
 request reaches the engine: a missing or empty prompt (or both a text and token ids, or
-an id outside the tokenizer's), bad sampling values, a prompt that leaves no room in the
+an id outside the model's vocabulary), bad sampling values, a prompt that leaves no room in the
 context, or a `max_tokens` the context cannot hold (vLLM's rule: prompt plus max_tokens
 at most max_model_len). Without `max_tokens` a request gets the model's default, cut to
 the room its prompt leaves. A prompt whose UTF-8 length alone shows it cannot fit

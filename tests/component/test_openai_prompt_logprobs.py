@@ -133,6 +133,23 @@ async def test_loglikelihood_requests_as_lm_eval_batches_token_ids(client: Any) 
     assert answer.usage.prompt_tokens == sum(len(t) for t in ids)
 
 
+async def test_token_ids_are_bounded_by_the_models_vocabulary(client: Any) -> None:
+    ids = llmrepo.prompt_ids("Hi")
+    # A padding row's id (past the tokenizer's 257, below the model's 320 logits) is in
+    # the vocabulary, as vLLM bounds it, and decodes to nothing.
+    answer = await client.completions.create(
+        model="tiny", prompt=[*ids, 300], echo=True, max_tokens=1, temperature=0
+    )
+    assert answer.choices[0].text.startswith("Hi")
+    assert answer.usage.prompt_tokens == len(ids) + 1
+    for bad in (llmrepo.VOCAB, 2**40):
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.completions.create(
+                model="tiny", prompt=[*ids, bad], echo=True, max_tokens=1
+            )
+        assert f"Token id {bad} is out of vocabulary" in str(info.value)
+
+
 async def test_echo_with_logprobs_streamed_sends_the_prompts_entries_first(
     client: Any,
 ) -> None:

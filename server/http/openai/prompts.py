@@ -31,6 +31,8 @@ MAX_SEQUENCES = 2048
 # llm backend's tokenizer releases the GIL for those (backends/llm/text.py).
 THREADED = 1024
 TOKENIZER_MISSING = "tokenizer_missing"
+# The tokenizers library decodes 32-bit ids.
+_DECODABLE = 2**32
 
 
 def _kind(item: object) -> str:
@@ -108,9 +110,12 @@ async def echo_text(model: ModelVersion, prompt: Prompt) -> str:
             param="echo",
             code=TOKENIZER_MISSING,
         )
-    unknown = tokenizer.unknown_id(prompt)
-    if unknown is not None:
-        raise OpenAIError(f"Token id {unknown} is out of vocabulary", param="prompt")
+    top = max(prompt)
+    if top >= _DECODABLE:
+        # Past any vocabulary (the model refuses it in these words too), and past what the
+        # tokenizer's decode takes. Below it, an id the tokenizer does not name decodes to
+        # nothing, as in vLLM, and the model decides whether it is in its vocabulary.
+        raise OpenAIError(f"Token id {top} is out of vocabulary", param="prompt")
     if len(prompt) > THREADED:
         return await asyncio.to_thread(tokenizer.decode, prompt, False)
     return tokenizer.decode(prompt, False)
