@@ -1,0 +1,153 @@
+"""A thinking model's thoughts apart from its answer (`--reasoning-parser`), as vLLM 0.34's
+reasoning parsers read them on /v1/chat/completions and /v1/responses.
+
+Both parsers read `<think>`...`</think>` from the model's text:
+
+- `deepseek_r1` (vLLM's DeepSeekR1ReasoningParser): the answer begins in its thoughts,
+  whether or not the model writes `<think>` (a template may open it in the prompt). Whole,
+  the text after the first `<think>` (before it: dropped) up to the first `</think>` is
+  the reasoning, the rest the content (none where empty); without `</think>` all of it is
+  reasoning and there is no content.
+- `qwen3` (vLLM's Qwen3 parser engine): the same, except that a `<think>` inside the
+  thoughts and a `</think>` after them are dropped, a `<tool_call>` ends the thoughts
+  (the call is content, for the tool-call parser), and the answer is all content where
+  thinking is off: the template's `enable_thinking` false (`chat_template_kwargs`, or
+  `reasoning_effort` "none"), or a prompt that closes its thoughts itself (its last of
+  `<think>`, `</think>`, `<|im_start|>`, `<|im_end|>` is `</think>`, as Qwen3's template
+  writes it with thinking off).
+
+Structured outputs with a parser are refused: vLLM constrains only after the thoughts
+end (its structured-output manager's reasoning_ended), and the engines here would
+constrain them too.
+
+vLLM reads the tags as single tokens; here the text is read, so a stream holds a piece's
+end that may begin a tag until the next shows whether it does. Streamed, the deltas are
+vLLM's streamed deltas (text before a `<think>` is reasoning there too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import OpenAIError
+
+# The parsers' names, vLLM's.
+PARSERS = ("deepseek_r1", "qwen3")
+START, END = "<think>", "</think>"
+_TOOL_CALL = "<tool_call>"
+# Qwen3's ChatML turn markers: a `</think>` before them closed an earlier turn's thoughts.
+_TURNS = ("<|im_start|>", "<|im_end|>")
+
+Delta = dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning:
+    """How one request's answer is split: the parser, whether the thoughts are shown
+    (vLLM's `include_reasoning`), and whether the answer begins in its thoughts."""
+
+    parser: str
+    include: bool = True
+    thinking: bool = True
+
+    def split(self, text: str) -> tuple[str | None, str | None]:
+        """A whole answer's reasoning and content (vLLM's extract_reasoning)."""
+        if self.parser == "deepseek_r1":
+            before, opened, after = text.partition(START)
+            body = after if opened else before
+            reasoning, ended, content = body.partition(END)
+            return (reasoning, content or None) if ended else (body, None)
+        stream = self.stream(include=True)
+        parts = [*stream.feed(text), *stream.finish()]
+        reasoning = "".join(part.get("reasoning", "") for part in parts)
+        content = "".join(part.get("content", "") for part in parts)
+        return reasoning or None, content or None
+
+    def stream(self, include: bool | None = None) -> ReasoningStream:
+        return ReasoningStream(self, self.include if include is None else include)
+
+
+class ReasoningStream:
+    """One streamed choice's text as `{"reasoning": ...}` and `{"content": ...}` deltas."""
+
+    def __init__(self, use: Reasoning, include: bool) -> None:
+        self.qwen3 = use.parser == "qwen3"
+        self.include = include
+        self.thinking = use.thinking
+        self.pending = ""
+
+    def _tags(self) -> tuple[str, ...]:
+        if self.thinking:
+            return (START, END, _TOOL_CALL) if self.qwen3 else (START, END)
+        # deepseek_r1's content is the text as written; qwen3 drops a repeated `</think>`.
+        return (END,) if self.qwen3 else ()
+
+    def feed(self, text: str) -> list[Delta]:
+        """The deltas `text` adds."""
+        self.pending += text
+        deltas: list[Delta] = []
+        while tags := self._tags():
+            found = [(at, tag) for tag in tags if (at := self.pending.find(tag)) >= 0]
+            if not found:
+                break
+            at, tag = min(found)
+            self._emit(deltas, self.pending[:at])
+            # A call ends the thoughts and is the content's (its tag kept).
+            self.pending = self.pending[at:] if tag == _TOOL_CALL else self.pending[at + len(tag) :]
+            if tag != START:
+                self.thinking = False
+        tags = self._tags()
+        keep = max(
+            (k for tag in tags for k in range(1, len(tag)) if self.pending.endswith(tag[:k])),
+            default=0,
+        )
+        self._emit(deltas, self.pending[: len(self.pending) - keep])
+        self.pending = self.pending[len(self.pending) - keep :]
+        return deltas
+
+    def finish(self) -> list[Delta]:
+        """The text held back, as it reads once the answer has ended."""
+        deltas: list[Delta] = []
+        self._emit(deltas, self.pending)
+        self.pending = ""
+        return deltas
+
+    def _emit(self, deltas: list[Delta], text: str) -> None:
+        if not text:
+            return
+        if self.thinking:
+            if self.include:
+                deltas.append({"reasoning": text})
+        else:
+            deltas.append({"content": text})
+
+
+def plan(
+    parser: str,
+    shown: bool,
+    template_kwargs: dict[str, Any] | None,
+    prompt: str | list[int],
+    constrained: str | None,
+) -> Reasoning | None:
+    """The request's Reasoning (None without a parser), or its 400. `shown`: vLLM's
+    `include_reasoning`; `constrained`: the field that constrains the answer (structured
+    outputs), if any."""
+    if not parser:
+        return None
+    if constrained is not None:
+        # vLLM constrains only after the thoughts end; the engine here would constrain
+        # the thoughts too, and a JSON answer could never think.
+        raise OpenAIError(
+            f"`{constrained}` (structured outputs) is not served with the server's "
+            f"--reasoning-parser {parser}: the answer would be constrained from its first "
+            "token, thoughts included",
+            param=constrained,
+        )
+    thinking = True
+    if parser == "qwen3":
+        thinking = (template_kwargs or {}).get("enable_thinking", True) is not False
+        if thinking and isinstance(prompt, str):
+            last = max((prompt.rfind(tag), tag) for tag in (START, END, *_TURNS))
+            thinking = not (last[0] >= 0 and last[1] == END)
+    return Reasoning(parser, shown, thinking)

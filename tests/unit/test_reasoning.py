@@ -1,0 +1,76 @@
+"""The reasoning parsers of `--reasoning-parser` (server/http/openai/reasoning.py): vLLM
+0.34's splits of a whole answer, and streamed deltas that join to the same split however
+the text is cut into pieces."""
+
+from __future__ import annotations
+
+import pytest
+
+from ge_serve.server.http.openai.reasoning import Reasoning, plan
+
+TEXTS = [
+    "<think>Let me see.</think>It is 4.",
+    "Opened by the template.</think>Answer",
+    "<think>never ends",
+    "<think></think>",
+    "a<think>b</think>c</think>d",
+    "thinking<tool_call>{}</tool_call>",
+    "</th</think><thin",
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<think>Let me see.</think>It is 4.", ("Let me see.", "It is 4.")),
+        ("Opened.</think>Answer", ("Opened.", "Answer")),
+        ("<think>never ends", ("never ends", None)),
+        ("<think>done</think>", ("done", None)),
+        # vLLM's partition: text before `<think>` is dropped; the content is as written.
+        ("x<think>y</think>z</think>", ("y", "z</think>")),
+    ],
+)
+def test_deepseek_r1(text: str, expected: tuple[str | None, str | None]) -> None:
+    assert Reasoning("deepseek_r1").split(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<think>a<think>b</think>c</think>d", ("ab", "cd")),
+        ("never ends", ("never ends", None)),
+        ("thinking<tool_call>{}", ("thinking", "<tool_call>{}")),
+        ("<think></think>only", (None, "only")),
+    ],
+)
+def test_qwen3(text: str, expected: tuple[str | None, str | None]) -> None:
+    assert Reasoning("qwen3").split(text) == expected
+
+
+@pytest.mark.parametrize("parser", ["deepseek_r1", "qwen3"])
+@pytest.mark.parametrize("text", TEXTS)
+def test_streamed_pieces_join_to_the_split(parser: str, text: str) -> None:
+    use = Reasoning(parser)
+    # vLLM's deepseek_r1 streams text before a `<think>` as thoughts (whole, it drops it).
+    whole = use.split(text.replace("<think>", "", 1) if parser == "deepseek_r1" else text)
+    if whole[0] == "":  # an empty delta is not sent
+        whole = (None, whole[1])
+    for size in range(1, len(text) + 1):
+        stream = use.stream()
+        deltas = [d for at in range(0, len(text), size) for d in stream.feed(text[at : at + size])]
+        deltas += stream.finish()
+        reasoning = "".join(d.get("reasoning", "") for d in deltas) or None
+        content = "".join(d.get("content", "") for d in deltas) or None
+        assert (reasoning, content) == whole, size
+
+
+def test_qwen3_thinking_off() -> None:
+    assert plan("qwen3", True, {"enable_thinking": False}, "p", None) == Reasoning(
+        "qwen3", thinking=False
+    )
+    closed = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    use = plan("qwen3", True, None, closed, None)
+    assert use is not None and use.split("a</think>b") == (None, "ab")
+    opened = "<|im_start|>user\n</think><|im_end|>\n<|im_start|>assistant\n"
+    assert plan("qwen3", True, None, opened, None) == Reasoning("qwen3")
+    assert plan("", True, None, opened, None) is None
