@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
@@ -20,6 +21,7 @@ from ge_serve.backends.python.host.backend import PythonBackend
 from ge_serve.scheduler.factory import SchedulerOptions
 from ge_serve.server.app import make_scheduler
 from ge_serve.server.http.app import HttpFrontEnd, HttpSettings
+from ge_serve.server.http.openai.tools import ToolSettings
 from ge_serve.server.inference.bls import CoreBridge
 from ge_serve.server.inference.core import InferenceServer
 from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle
@@ -27,9 +29,12 @@ from ge_serve.server.models.repository import ModelRepository
 
 
 @contextlib.asynccontextmanager
-async def openai_client(repo: Path, models: Iterable[str]) -> AsyncIterator[httpx.AsyncClient]:
+async def openai_client(
+    repo: Path, models: Iterable[str], tools: ToolSettings | None = None
+) -> AsyncIterator[httpx.AsyncClient]:
     """A client of the HTTP front end over `repo` with `models` loaded (each must load);
-    the models are unloaded and the Python workers ended after."""
+    the models are unloaded and the Python workers ended after. `tools`: the server's
+    /v1 parsers (--tool-call-parser, --reasoning-parser)."""
     python = PythonBackend()
     lifecycle = ModelLifecycle(
         ModelRepository([repo]),
@@ -41,7 +46,10 @@ async def openai_client(repo: Path, models: Iterable[str]) -> AsyncIterator[http
     python.attach_core(CoreBridge(core, asyncio.get_running_loop()))
     try:
         assert await lifecycle.load_many(list(models)) == {}
-        front = HttpFrontEnd(core, HttpSettings(max_input_size=1 << 20, restricted_api=()))
+        settings = HttpSettings(max_input_size=1 << 20, restricted_api=())
+        if tools is not None:
+            settings = dataclasses.replace(settings, tools=tools)
+        front = HttpFrontEnd(core, settings)
         transport = httpx.ASGITransport(app=front.build())
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield client

@@ -102,7 +102,9 @@ def http_settings(settings: Settings) -> HttpSettings:
         max_input_size=settings.http_max_input_size,
         restricted_api=settings.http_restricted_api,
         header_forward_pattern=settings.http_header_forward_pattern,
-        tools=ToolSettings(settings.tool_call_parser, settings.max_tool_call_parse_bytes),
+        tools=ToolSettings(
+            settings.tool_call_parser, settings.max_tool_call_parse_bytes, settings.reasoning_parser
+        ),
     )
 
 

@@ -36,10 +36,12 @@ _USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function
 
 @dataclass(frozen=True, slots=True)
 class ToolSettings:
-    """--tool-call-parser ("" none) and --max-tool-call-parse-bytes."""
+    """How /v1 reads a model's text: --tool-call-parser ("" none),
+    --max-tool-call-parse-bytes, and --reasoning-parser ("" none; reasoning.py)."""
 
     parser: str = ""
     max_parse_bytes: int = DEFAULT_MAX_PARSE_BYTES
+    reasoning_parser: str = ""
 
 
 class _Body(BaseModel):
