@@ -27,6 +27,7 @@ import orjson
 
 from .generation import Usage
 from .logprobs import Entry, Logprobs, echoed
+from .reasoning import Reasoning
 from .tools import ToolUse
 
 
@@ -66,6 +67,8 @@ class Answer:
     index: int = 0
     # Tool calling (tools.py): how the text becomes `tool_calls`; None: it is the content.
     tools: ToolUse | None = None
+    # --reasoning-parser (reasoning.py): the thoughts apart from the content; None: none.
+    reasoning: Reasoning | None = None
 
     def __post_init__(self) -> None:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + (self.id or uuid.uuid4().hex)
@@ -125,12 +128,20 @@ class Answer:
             entries = [*echoed(self.echo, prompt), *entries]
         if self.chat:
             message: dict[str, Any] = {"role": self.role, "content": self.echo + text}
-            if self.tools is not None:
+            thoughts: str | None = None
+            if self.reasoning is not None:
+                # vLLM's: the tool calls are read from the content after the thoughts.
+                thoughts, found = self.reasoning.split(text)
+                message["content"] = None if found is None else self.echo + found
+                text = found or ""
+            if self.tools is not None and message["content"] is not None:
                 content, calls = self.tools.message(text)
                 message = {"role": self.role, "content": content}
                 if calls:  # vLLM's and OpenAI's: no calls, no `tool_calls` at all
                     message["tool_calls"] = calls
                 finish_reason = self.tools.finish_reason(finish_reason, bool(calls))
+            if self.reasoning is not None:  # vLLM's field, null where hidden
+                message["reasoning"] = thoughts if self.reasoning.include else None
             return {
                 "index": self.index,
                 "message": message,

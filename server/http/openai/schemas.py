@@ -216,6 +216,8 @@ class ChatCompletionRequest(Sampling):
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, str]] | None = None
     reasoning_effort: str | None = None
+    # vLLM's: false drops the thoughts a --reasoning-parser reads (reasoning.py).
+    include_reasoning: bool = True
     chat_template: str | None = None
     # vLLM's: the last message begins the answer when it has the answer's role.
     echo: bool = False

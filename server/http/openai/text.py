@@ -38,6 +38,7 @@ from ge_serve.server.inference.model import ModelVersion
 from ge_serve.server.inference.types import InferRequest
 
 from ..disconnects import until_disconnect
+from . import reasoning, structured
 from .catalog import Catalog, text_generation
 from .choices import Item, all_of, merged, one, seeded
 from .errors import CONTEXT_LENGTH_EXCEEDED, SERVER_ERROR, OpenAIError
@@ -54,8 +55,9 @@ from .generation import (
 from .logprobs import Entry, Logprobs, echoed
 from .objects import DONE, Answer, sse
 from .prompts import Prompt, echo_text
+from .reasoning import ReasoningStream
 from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
-from .template import render_request
+from .template import render_request, variables
 from .tools import ToolStream, plan, template_tools
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,16 @@ async def chat_completion(
     count = body.logprob_count()
     as_ids = bool(body.return_tokens_as_token_ids)
     answer.logprobs = None if count is None else Logprobs(True, count, as_ids)
+    if catalog.tools.reasoning_parser:
+        answer.reasoning = reasoning.plan(
+            catalog.tools.reasoning_parser,
+            body.include_reasoning,
+            variables(body),
+            prompt,
+            _constrained(body, chosen),
+        )
+        if answer.reasoning is not None and not answer.reasoning.include:
+            answer.logprobs = None  # vLLM's: hidden thoughts hide the tokens' logprobs too
     return await _answer(catalog, request, model, body, [prompt], answer)
 
 
@@ -112,6 +124,15 @@ async def chat_prompt(
         # A template walks every message in Python: seconds for a million of them.
         return await asyncio.to_thread(render_request, generation, body, tools)
     return render_request(generation, body, tools)
+
+
+def _constrained(body: ChatCompletionRequest, chosen: Any) -> str | None:
+    """The field whose structured outputs constrain the answer, if one does."""
+    if structured.KEY not in body.sampling():
+        return None
+    if chosen == "required" or isinstance(chosen, dict):
+        return "tool_choice"
+    return "response_format" if body.response_format is not None else "structured_outputs"
 
 
 def no_chat_template(name: str) -> OpenAIError:
@@ -246,6 +267,8 @@ class _Choice:
     # parse past --max-tool-call-parse-bytes cut it short.
     tools: ToolStream | None = None
     ended: bool = False
+    # --reasoning-parser (reasoning.py): the thoughts apart, before the tools read the rest.
+    reasoning: ReasoningStream | None = None
 
 
 async def _events(
@@ -260,6 +283,9 @@ async def _events(
     if answer.tools is not None:
         for choice in choices:
             choice.tools = answer.tools.stream()
+    if answer.reasoning is not None:
+        for choice in choices:
+            choice.reasoning = answer.reasoning.stream()
     running = len(choices)
     async with contextlib.aclosing(rest):
         # vLLM's chat opens each choice with the role, then each with the echoed message,
@@ -317,6 +343,18 @@ def _delta(choice: _Choice, piece: Piece, echo_only: bool) -> list[bytes]:
         if choice.echo and piece.prompt_logprobs is not None:  # vLLM's: on the echo's chunk
             choice.held += echoed(choice.echo, piece.prompt_logprobs)
         choice.held += () if echo_only else piece.logprobs or ()
+    if choice.reasoning is not None:
+        deltas = _read(choice, choice.reasoning.feed(piece.text))
+        if choice.tools is not None and choice.tools.truncated:
+            choice.reason = "length"
+            return _closing(choice)
+        chunks = []
+        for d in deltas:
+            chunks.append(
+                choice.answer.chunk(None, usage=choice.usage, entries=choice.held, delta=d)
+            )
+            choice.held = [] if choice.held is not None else None
+        return chunks
     if choice.tools is not None:
         deltas = choice.tools.feed(piece.text)
         if choice.tools.truncated:
@@ -332,13 +370,29 @@ def _delta(choice: _Choice, piece: Piece, echo_only: bool) -> list[bytes]:
     return [chunk]
 
 
+def _read(choice: _Choice, parts: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """The deltas of a choice's reasoning parts: the content's read by its tools."""
+    if choice.tools is None:
+        return list(parts)
+    deltas: list[dict[str, Any]] = []
+    for part in parts:
+        if "content" in part:
+            deltas += choice.tools.feed(part["content"])
+        else:
+            deltas.append(part)
+    return deltas
+
+
 def _closing(choice: _Choice) -> list[bytes]:
-    """A choice's last chunks: what its tool calls hold back, then its finish reason and
-    the log probabilities it held."""
+    """A choice's last chunks: what its thoughts and tool calls hold back, then its
+    finish reason and the log probabilities it held."""
     chunks, reason = [], choice.reason or "stop"
+    if choice.reasoning is not None:
+        held = _read(choice, choice.reasoning.finish())
+        chunks = [choice.answer.chunk(None, usage=choice.usage, delta=d) for d in held]
     if choice.tools is not None:
         deltas = choice.tools.finish()
-        chunks = [choice.answer.chunk(None, usage=choice.usage, delta=d) for d in deltas]
+        chunks += [choice.answer.chunk(None, usage=choice.usage, delta=d) for d in deltas]
         if choice.answer.tools is not None:
             reason = choice.answer.tools.finish_reason(reason, choice.tools.calls)
     choice.ended = True
