@@ -137,6 +137,8 @@ class ResponsesRequest(Body):
     include: list[str] | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     reasoning: Reasoning | None = None
+    # vLLM's: false drops the thoughts a --reasoning-parser reads (reasoning.py).
+    include_reasoning: bool = True
     truncation: Literal["auto", "disabled"] | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None

@@ -7,8 +7,11 @@ OpenAI's API reference shape them.
   cache_write_tokens}, output_tokens, output_tokens_details {reasoning_tokens},
   total_tokens}, and the request's fields echoed (temperature and top_p 1.0 where unset,
   OpenAI's and vLLM's defaults; tool_choice "none" without tools, as vLLM resolves it).
-- Output items: a message {type: message, id: msg_..., role: assistant, status,
-  content: [{type: output_text, text, annotations: [], logprobs}]} and function calls
+- Output items: with --reasoning-parser, first the thoughts {type: reasoning, id:
+  rs_..., summary: [], content: [{type: reasoning_text, text}], status: null}; a
+  message {type: message, id: msg_..., role: assistant, status, content: [{type:
+  output_text, text, annotations: [], logprobs}]} (none without content where thoughts
+  are parsed, as vLLM's) and function calls
   {type: function_call, id: fc_..., call_id, name, arguments, status}. The last item is
   "incomplete" where the answer was cut, the others "completed" (vLLM's
   build_response_output_items).
@@ -23,6 +26,7 @@ from typing import Any
 
 from .generation import Usage
 from .logprobs import Entry, chat_content
+from .reasoning import Reasoning
 from .responses import ResponsesRequest
 from .toolparse import Call
 from .tools import ToolUse
@@ -58,6 +62,23 @@ def message_item(
 ) -> dict[str, Any]:
     content = [text_part(text, logprobs)] if text else []
     return {"type": "message", "id": id, "role": "assistant", "status": status, "content": content}
+
+
+def reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
+def reasoning_item(id: str, status: str | None, text: str | None) -> dict[str, Any]:
+    """vLLM's reasoning item: its text as one `reasoning_text` part (none while open)."""
+    content = None if text is None else [reasoning_part(text)]
+    return {
+        "type": "reasoning",
+        "id": id,
+        "summary": [],
+        "content": content,
+        "encrypted_content": None,
+        "status": status,
+    }
 
 
 def call_item(id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
@@ -129,16 +150,31 @@ class Identity:
         return chat_content(entries or [], self.top_logprobs)
 
     def output(
-        self, text: str, finish_reason: str, tools: ToolUse | None, entries: list[Entry] | None
+        self,
+        text: str,
+        finish_reason: str,
+        tools: ToolUse | None,
+        entries: list[Entry] | None,
+        reasoning: Reasoning | None = None,
     ) -> list[dict[str, Any]]:
         """The output items of a whole answer."""
         last = item_status(finish_reason)
         logprobs = self.logprobs(entries)
+        items: list[dict[str, Any]] = []
+        if reasoning is not None:
+            # vLLM's: the thoughts' item first, then the content's, read for tool calls.
+            thoughts, after = reasoning.split(text)
+            if thoughts and reasoning.include:
+                items.append(reasoning_item(new_id("rs"), None, thoughts))
+            if after is None:
+                return items
+            text = after
         if tools is None:
+            if reasoning is not None:
+                return [*items, message_item(new_id("msg"), last, text, logprobs)]
             # vLLM's answer without a parser: one message, empty where the text is.
             return [message_item(new_id("msg"), last, text, logprobs)]
         content, calls = tools.message(text)
-        items: list[dict[str, Any]] = []
         if content:
             status = "completed" if calls else last
             items.append(message_item(new_id("msg"), status, content, logprobs))

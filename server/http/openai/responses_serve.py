@@ -20,18 +20,23 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ..disconnects import until_disconnect
+from . import reasoning
 from .catalog import Catalog, text_generation
 from .errors import SERVER_ERROR, OpenAIError
 from .generation import Params, Piece, Usage, build_request, collect, pieces, takes_constraints
+from .reasoning import Reasoning
 from .responses import ResponsesRequest, renamed
 from .responses_objects import Identity
 from .responses_stream import Events
+from .structured import KEY as STRUCTURED
+from .template import variables
 from .text import SSE_HEADERS, chat_prompt, check_limit, no_chat_template, request_id
 from .tools import ToolStream, ToolUse, plan, template_tools
 
@@ -63,6 +68,18 @@ async def create(catalog: Catalog, request: Request, body: ResponsesRequest) -> 
     except OpenAIError as exc:  # a refusal names this API's field (`include`...)
         raise renamed(exc) from None
     params = Params("input", sent)
+    thinking = None
+    if catalog.tools.reasoning_parser:
+        try:
+            thinking = reasoning.plan(
+                catalog.tools.reasoning_parser,
+                body.include_reasoning,
+                variables(chat),
+                prompt,
+                _constrained(body, chosen, sent),
+            )
+        except OpenAIError as exc:
+            raise renamed(exc) from None
     identity = Identity(body, request_id(request, body.request_id))
     if body.logprobs_asked():
         identity.top_logprobs = body.top_logprobs or 0
@@ -74,7 +91,7 @@ async def create(catalog: Catalog, request: Request, body: ResponsesRequest) -> 
         except OpenAIError as exc:
             raise renamed(exc) from None
         status = "incomplete" if reason == "length" else "completed"
-        output = identity.output(text, reason, tools, entries)
+        output = identity.output(text, reason, tools, entries, thinking)
         answer = identity.response(status, output, usage)
         return Response(orjson.dumps(answer), media_type="application/json")
     rest = pieces(catalog.core, infer_request, params)
@@ -86,7 +103,7 @@ async def create(catalog: Catalog, request: Request, body: ResponsesRequest) -> 
     except BaseException:
         await rest.aclose()
         raise
-    events = _events(Events(identity), tools, first, rest)
+    events = _events(Events(identity), tools, first, rest, thinking)
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
@@ -95,10 +112,12 @@ async def _events(
     tools: ToolUse | None,
     first: Piece | None,
     rest: AsyncGenerator[Piece, None],
+    thinking: Reasoning | None = None,
 ) -> AsyncIterator[bytes]:
     usage = Usage()
     reason: str | None = None
     parse: ToolStream | None = tools.stream() if tools is not None else None
+    thoughts = thinking.stream() if thinking is not None else None
     # Log probabilities of tokens without text (the EOS) go with the next text.
     held: list[dict[str, dict[str, object]]] = []
     for event in events.opening():
@@ -109,20 +128,19 @@ async def _events(
             while piece is not None:
                 usage.add(piece)
                 reason = piece.finish_reason or reason
+                held += piece.logprobs or ()
+                parts = [{"content": piece.text}] if thoughts is None else thoughts.feed(piece.text)
+                for event in _parts(events, parts, parse, held):
+                    yield event
+                if parse is not None and parse.truncated:
+                    reason = "length"  # past --max-tool-call-parse-bytes, as chat
+                    break
                 if parse is not None:
-                    for delta in parse.feed(piece.text):
-                        for event in events.tool_delta(delta):
-                            yield event
-                    if parse.truncated:
-                        reason = "length"  # past --max-tool-call-parse-bytes, as chat
-                        break
-                else:
-                    held += piece.logprobs or ()
-                    if piece.text:
-                        for event in events.content(piece.text, held):
-                            yield event
-                        held = []
+                    held = []  # tool calls carry no logprobs
                 piece = await anext(rest, None)
+            if thoughts is not None:
+                for event in _parts(events, thoughts.finish(), parse, []):
+                    yield event
             if parse is not None and not parse.truncated:
                 for delta in parse.finish():
                     for event in events.tool_delta(delta):
@@ -138,3 +156,34 @@ async def _events(
         events.logprobs += events.identity.logprobs(held) or []
     for event in events.closing(reason or "stop", usage):
         yield event
+
+
+def _parts(
+    events: Events,
+    parts: list[dict[str, str]],
+    parse: ToolStream | None,
+    held: list[dict[str, dict[str, object]]],
+) -> list[bytes]:
+    """The events of a piece's thoughts and content (the content read for tool calls)."""
+    found: list[bytes] = []
+    for part in parts:
+        if "reasoning" in part:
+            found += events.reasoning(part["reasoning"])
+        elif parse is not None:
+            for delta in parse.feed(part["content"]):
+                found += events.tool_delta(delta)
+        elif part["content"]:
+            found += events.content(part["content"], held)
+            held.clear()  # the logprobs held so far go with the first text
+    return found
+
+
+def _constrained(body: ResponsesRequest, chosen: Any, sent: frozenset[str]) -> str | None:
+    """The field whose structured outputs constrain the answer, if one does."""
+    if STRUCTURED not in sent:
+        return None
+    if chosen == "required" or isinstance(chosen, dict):
+        return "tool_choice"
+    return (
+        "text" if body.text is not None and body.text.format is not None else "structured_outputs"
+    )

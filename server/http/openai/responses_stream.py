@@ -3,7 +3,9 @@
 (non-harmony) stream sends them:
 
 - `response.created`, `response.in_progress` (the response, status "in_progress");
-- per output item: `response.output_item.added`, then for a message
+- per output item: `response.output_item.added`, then for the thoughts
+  (--reasoning-parser) `response.content_part.added`, `response.reasoning_text.delta`...,
+  `response.reasoning_text.done`, `response.content_part.done`; for a message
   `response.content_part.added`, `response.output_text.delta`... (each with the
   tokens' logprobs where asked for), `response.output_text.done`,
   `response.content_part.done`; for a function call
@@ -26,7 +28,16 @@ import orjson
 from .errors import OpenAIError
 from .generation import Usage
 from .logprobs import Entry
-from .responses_objects import Identity, call_item, item_status, message_item, new_id, text_part
+from .responses_objects import (
+    Identity,
+    call_item,
+    item_status,
+    message_item,
+    new_id,
+    reasoning_item,
+    reasoning_part,
+    text_part,
+)
 
 
 class Events:
@@ -95,6 +106,35 @@ class Events:
         )
         return events
 
+    def reasoning(self, text: str) -> list[bytes]:
+        """A delta of the thoughts (--reasoning-parser), opening their item first."""
+        events = []
+        if self.open != "reasoning":
+            events += self.close("completed")
+            self.open, self.item_id, self.text = "reasoning", new_id("rs"), ""
+            item = reasoning_item(self.item_id, "in_progress", None)
+            events += [
+                self.event("response.output_item.added", output_index=self.output_index, item=item),
+                self.event(
+                    "response.content_part.added",
+                    output_index=self.output_index,
+                    item_id=self.item_id,
+                    content_index=0,
+                    part=reasoning_part(""),
+                ),
+            ]
+        self.text += text
+        events.append(
+            self.event(
+                "response.reasoning_text.delta",
+                output_index=self.output_index,
+                item_id=self.item_id,
+                content_index=0,
+                delta=text,
+            )
+        )
+        return events
+
     def tool_delta(self, delta: dict[str, Any]) -> list[bytes]:
         """A chat delta of tool calls (tools.ToolStream's): a call with an id opens a
         function_call item; one without continues its arguments."""
@@ -131,7 +171,16 @@ class Events:
         if not self.open:
             return []
         where = {"output_index": self.output_index, "item_id": self.item_id}
-        if self.open == "message":
+        if self.open == "reasoning":
+            part = reasoning_part(self.text)
+            item = reasoning_item(self.item_id, status, self.text)
+            events = [
+                self.event(
+                    "response.reasoning_text.done", **where, content_index=0, text=self.text
+                ),
+                self.event("response.content_part.done", **where, content_index=0, part=part),
+            ]
+        elif self.open == "message":
             part = text_part(self.text, self.logprobs or None)
             item = message_item(self.item_id, status, self.text, self.logprobs or None)
             events = [
