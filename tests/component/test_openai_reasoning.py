@@ -1,0 +1,300 @@
+"""A thinking model's thoughts apart from its answer (--reasoning-parser,
+server/http/openai/reasoning.py), as vLLM 0.34's deepseek_r1 and qwen3 parsers give them
+on /v1/chat/completions and /v1/responses.
+
+The stand-in `thinker` answers with its user's last message as written, streamed three
+characters a piece, so that `<think>` and `</think>` come split across pieces; its chat
+template is Qwen3's shape (ChatML, and a closed `<think></think>` where thinking is off).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+from openai_inprocess import error, openai_client
+from pymodels import write_model
+
+from ge_serve.server.http.openai.tools import ToolSettings
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
+
+CHAT = "/v1/chat/completions"
+
+THINKER = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def scalar(request, name, default):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return default if tensor is None else tensor.as_numpy().reshape(-1)[0]
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            prompt = scalar(request, "text_input", b"").decode("utf-8")
+            stream = bool(scalar(request, "stream", False))
+            raw = scalar(request, "sampling_parameters", b"")
+            sampling = json.loads(raw) if raw else {}
+            said = prompt.rsplit("<|im_start|>user\\n", 1)[-1].split("<|im_end|>", 1)[0]
+            pieces = [said[at : at + 3] for at in range(0, len(said), 3)]
+            limit = int(sampling.get("max_tokens") or 1000)
+            reason = "length" if len(pieces) > limit else "stop"
+            pieces = pieces[:limit]
+            sender = request.get_response_sender()
+            final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            if not stream:
+                sender.send(self.response("".join(pieces), reason, len(pieces)), flags=final)
+                continue
+            for index, piece in enumerate(pieces):
+                last = index == len(pieces) - 1
+                found = self.response(piece, reason if last else "None", 1)
+                sender.send(found, flags=final if last else 0)
+            if not pieces:
+                sender.send(self.response("", reason, 0), flags=final)
+        return None
+
+    def response(self, text, reason, count):
+        return pb_utils.InferenceResponse(
+            [
+                pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_)),
+                pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)),
+                pb_utils.Tensor("num_input_tokens", np.array([7], np.int32)),
+                pb_utils.Tensor("num_output_tokens", np.array([count], np.int32)),
+            ]
+        )
+"""
+
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% endif %}"
+)
+
+CONFIG = f"""
+name: "thinker"
+backend: "python"
+model_transaction_policy {{ decoupled: true }}
+input [
+  {{ name: "text_input" data_type: TYPE_STRING dims: [ 1 ] }},
+  {{ name: "stream" data_type: TYPE_BOOL dims: [ 1 ] optional: true }},
+  {{ name: "sampling_parameters" data_type: TYPE_STRING dims: [ 1 ] optional: true }}
+]
+output [
+  {{ name: "text_output" data_type: TYPE_STRING dims: [ 1 ] }},
+  {{ name: "finish_reason" data_type: TYPE_STRING dims: [ 1 ] }},
+  {{ name: "num_input_tokens" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "num_output_tokens" data_type: TYPE_INT32 dims: [ 1 ] }}
+]
+parameters {{ key: "chat_template_source" value {{ string_value: {json.dumps(TEMPLATE)} }} }}
+"""
+
+# The tags split: "<th" "ink" ">Le" ... "</t" "hin" "k>".
+THOUGHTFUL = "<think>Let me see.</think>It is 4."
+WEATHER = {
+    "type": "function",
+    "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}},
+}
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("openai-reasoning")
+    write_model(folder, "thinker", THINKER, CONFIG)
+    return folder
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def r1(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
+    settings = ToolSettings(parser="hermes", reasoning_parser="deepseek_r1")
+    async with openai_client(repo, ["thinker"], settings) as client:
+        yield client
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def qwen3(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
+    async with openai_client(repo, ["thinker"], ToolSettings(reasoning_parser="qwen3")) as client:
+        yield client
+
+
+def client_of(http: httpx.AsyncClient) -> Any:
+    openai = pytest.importorskip("openai", reason="the openai client is not installed")
+    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", http_client=http)
+
+
+async def message(http: httpx.AsyncClient, said: str, **fields: Any) -> dict[str, Any]:
+    messages = [{"role": "user", "content": said}]
+    response = await http.post(CHAT, json={"model": "thinker", "messages": messages, **fields})
+    assert response.status_code == 200, response.text
+    found: dict[str, Any] = response.json()["choices"][0]["message"]
+    return found
+
+
+async def streamed(http: httpx.AsyncClient, said: str, **fields: Any) -> list[dict[str, Any]]:
+    """The deltas of a streamed answer, and its closing chunk's finish reason last."""
+    messages = [{"role": "user", "content": said}]
+    body = {"model": "thinker", "messages": messages, "stream": True, **fields}
+    deltas = []
+    async with http.stream("POST", CHAT, json=body) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"][0]
+                deltas.append(choice["delta"])
+                if choice["finish_reason"]:
+                    deltas.append({"finish_reason": choice["finish_reason"]})
+    return deltas
+
+
+def joined(deltas: list[dict[str, Any]], key: str) -> str | None:
+    parts = [d[key] for d in deltas if d.get(key) is not None]
+    return "".join(parts) if parts else None
+
+
+async def test_the_thoughts_are_apart_from_the_answer(r1: httpx.AsyncClient) -> None:
+    answer = await client_of(r1).chat.completions.create(
+        model="thinker", messages=[{"role": "user", "content": THOUGHTFUL}]
+    )
+    found = answer.choices[0].message
+    assert found.content == "It is 4."
+    assert (found.model_extra or {})["reasoning"] == "Let me see."
+    assert "reasoning_content" not in (found.model_extra or {})  # vLLM 0.34's: deprecated
+
+
+async def test_deepseek_r1_thoughts_opened_by_the_template(r1: httpx.AsyncClient) -> None:
+    # No `<think>`: the answer began in its thoughts.
+    found = await message(r1, "Hmm, two and two.</think>Four.")
+    assert (found["reasoning"], found["content"]) == ("Hmm, two and two.", "Four.")
+    # No `</think>`: all of it is thoughts (cut short, say), and there is no content.
+    found = await message(r1, "<think>Still thinking")
+    assert (found["reasoning"], found["content"]) == ("Still thinking", None)
+
+
+async def test_streamed_tags_split_across_pieces(r1: httpx.AsyncClient) -> None:
+    deltas = await streamed(r1, THOUGHTFUL)
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert joined(deltas, "reasoning") == "Let me see."
+    assert joined(deltas, "content") == "It is 4."
+    assert not any("<" in (d.get("reasoning") or "") + (d.get("content") or "") for d in deltas)
+    # The thoughts come first, as the model wrote them.
+    kinds = [next(iter(d)) for d in deltas[1:-1] if d]
+    assert kinds == sorted(kinds, key=lambda kind: kind != "reasoning")
+    assert deltas[-1] == {"finish_reason": "stop"}
+
+
+async def test_streamed_without_an_end(r1: httpx.AsyncClient) -> None:
+    deltas = await streamed(r1, "<think>Still </thin")
+    assert joined(deltas, "reasoning") == "Still </thin"
+    assert joined(deltas, "content") in (None, "")
+
+
+async def test_include_reasoning_false_drops_the_thoughts(r1: httpx.AsyncClient) -> None:
+    found = await message(r1, THOUGHTFUL, include_reasoning=False)
+    assert found["content"] == "It is 4."
+    assert found.get("reasoning") is None
+    deltas = await streamed(r1, THOUGHTFUL, include_reasoning=False)
+    assert joined(deltas, "reasoning") is None
+    assert joined(deltas, "content") == "It is 4."
+    response = await r1.post(
+        CHAT,
+        json={"model": "thinker", "messages": [{"role": "user", "content": "x"}],
+              "include_reasoning": "no"},
+    )  # fmt: skip
+    assert error(response)["param"] == "include_reasoning"
+
+
+async def test_tool_calls_are_read_after_the_thoughts(r1: httpx.AsyncClient) -> None:
+    call = '<tool_call>{"name": "weather", "arguments": {}}</tool_call>'
+    said = f"<think>I should call <tool_call> it.</think>{call}"
+    found = await message(r1, said, tools=[WEATHER])
+    assert found["reasoning"] == "I should call <tool_call> it."
+    assert [c["function"]["name"] for c in found["tool_calls"]] == ["weather"]
+    assert found["content"] is None
+    deltas = await streamed(r1, said, tools=[WEATHER])
+    assert joined(deltas, "reasoning") == "I should call <tool_call> it."
+    calls = [c for d in deltas for c in d.get("tool_calls", ())]
+    assert [c["function"]["name"] for c in calls] == ["weather"]
+    assert deltas[-1] == {"finish_reason": "tool_calls"}
+
+
+async def test_structured_outputs_with_a_parser_are_refused(r1: httpx.AsyncClient) -> None:
+    messages = [{"role": "user", "content": "x"}]
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
+        ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
+    ]
+    for fields, param in cases:
+        body = {"model": "thinker", "messages": messages, **fields}
+        found = error(await r1.post(CHAT, json=body))
+        assert found["param"] == param
+        assert "--reasoning-parser deepseek_r1" in found["message"]
+    response = await r1.post(
+        "/v1/responses",
+        json={"model": "thinker", "input": "x", "text": {"format": {"type": "json_object"}}},
+    )
+    assert error(response)["param"] == "text"
+
+
+async def test_completions_are_not_parsed(r1: httpx.AsyncClient) -> None:
+    response = await r1.post(
+        "/v1/completions", json={"model": "thinker", "prompt": f"<|im_start|>user\n{THOUGHTFUL}"}
+    )
+    assert response.json()["choices"][0]["text"] == THOUGHTFUL
+
+
+async def test_qwen3(qwen3: httpx.AsyncClient) -> None:
+    found = await message(qwen3, "<think>a<think>b</think>c</think>d")
+    assert (found["reasoning"], found["content"]) == ("ab", "cd")
+    found = await message(qwen3, "no end")
+    assert (found["reasoning"], found["content"]) == ("no end", None)
+    # A call ends the thoughts: it is content.
+    found = await message(qwen3, "thinking<tool_call>x")
+    assert (found["reasoning"], found["content"]) == ("thinking", "<tool_call>x")
+    deltas = await streamed(qwen3, "<think>a<think>b</think>c</think>d")
+    assert (joined(deltas, "reasoning"), joined(deltas, "content")) == ("ab", "cd")
+
+
+async def test_qwen3_without_thinking_is_all_content(qwen3: httpx.AsyncClient) -> None:
+    # The template closes the thoughts in the prompt, as Qwen3's does.
+    kwargs = {"enable_thinking": False}
+    found = await message(qwen3, "plain </think> answer", chat_template_kwargs=kwargs)
+    assert (found["reasoning"], found["content"]) == (None, "plain  answer")
+
+
+async def test_responses_reasoning_item(r1: httpx.AsyncClient) -> None:
+    answer = await client_of(r1).responses.create(model="thinker", input=THOUGHTFUL)
+    kinds = [item.type for item in answer.output]
+    assert kinds == ["reasoning", "message"]
+    thoughts = answer.output[0]
+    assert thoughts.type == "reasoning"
+    assert [(part.type, part.text) for part in thoughts.content or ()] == [
+        ("reasoning_text", "Let me see.")
+    ]
+    assert answer.output_text == "It is 4."
+
+
+async def test_responses_streamed_reasoning_events(r1: httpx.AsyncClient) -> None:
+    stream = await client_of(r1).responses.create(model="thinker", input=THOUGHTFUL, stream=True)
+    kinds, deltas, done = [], [], None
+    async for event in stream:
+        kinds.append(event.type)
+        if event.type == "response.reasoning_text.delta":
+            deltas.append(event.delta)
+        if event.type == "response.completed":
+            done = event.response
+    assert "".join(deltas) == "Let me see."
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+    assert done is not None
+    assert [item.type for item in done.output] == ["reasoning", "message"]
+    assert done.output_text == "It is 4."
