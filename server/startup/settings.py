@@ -306,11 +306,8 @@ class Settings:
         default=128 * 1024,
         metadata=flag(check=positive, help="most text a stream's tool-call parse holds"),
     )
-    # /v1 reasoning (vLLM's flag): http/openai/reasoning.py's values.
-    _reasoners = ("deepseek_r1", "qwen3")
-    reasoning_parser: str = field(
-        default="", metadata=flag(choices=_reasoners, help="/v1 thoughts")
-    )
+    # /v1 thoughts apart from answers (vLLM's flag): http/openai/reasoning.py's values.
+    reasoning_parser: str = field(default="", metadata=flag(choices=("deepseek_r1", "qwen3")))
     # Front-end worker processes (server/workers/); 0: this process serves the protocol.
     http_workers: int = field(
         default=0,

@@ -12,7 +12,7 @@ import pytest
 from ge_serve.server.app import ServerApp, configure_gil
 from ge_serve.server.cli import build_parser, parse_settings
 from ge_serve.server.startup.flags import flag_of
-from ge_serve.server.startup.part_settings import default_max_batch_size
+from ge_serve.server.startup.part_settings import default_max_batch_size, http_settings
 from ge_serve.server.startup.settings import Settings
 
 
@@ -278,3 +278,15 @@ def test_every_flag_has_help_and_shows_its_default() -> None:
     assert "--http-address HTTP_ADDRESS address the HTTP endpoint binds" in text
     assert "(default: 0.0.0.0)" in text and "(default: 8001)" in text
     assert "--log-verbose LEVEL" in text and "GRPC_VERBOSITY" in text
+
+
+def test_reasoning_parser_reaches_the_http_front_end(capsys: pytest.CaptureFixture[str]) -> None:
+    settings = parse_settings(["--model-repo", "m", "--reasoning-parser", "qwen3"])
+    assert http_settings(settings).tools.reasoning_parser == "qwen3"
+    assert http_settings(parse_settings(["--model-repo", "m"])).tools.reasoning_parser == ""
+    with pytest.raises(SystemExit) as info:
+        parse_settings(["--model-repo", "m", "--reasoning-parser", "granite"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--reasoning-parser: invalid choice: 'granite'" in err
+    assert "'deepseek_r1', 'qwen3'" in err
