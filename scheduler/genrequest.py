@@ -177,15 +177,11 @@ def read_sequence(
 
 
 def _token_ids(array: Array, limit: int) -> list[int]:
-    """A prompt given as token ids ([L], or [1, L] as a batching client shapes it), each
-    below `limit` in vLLM's words. vLLM's bound is the larger of the tokenizer's ids and
+    """A prompt given as token ids ([L]: the core holds the shape to the config's [-1]),
+    each below `limit` in vLLM's words. vLLM's bound is the larger of the tokenizer's ids and
     the model's logits: the logits here, since the load refuses a larger tokenizer (an id
     the tokenizer does not name decodes to nothing). Checked on the array as sent, so an
     INT64 id past int32 is out of the vocabulary, never wrapped."""
-    if array.ndim > 1 and any(d != 1 for d in array.shape[:-1]):
-        raise invalid_arg(
-            f"input 'input_ids' must be one prompt's ids, shape [L], got {list(array.shape)}"
-        )
     flat = array.reshape(-1)
     if flat.dtype.kind not in "iu":
         raise invalid_arg("input 'input_ids' must hold integers (INT32 or INT64)")

@@ -172,10 +172,15 @@ def test_echo_of_token_ids_needs_the_models_tokenizer(client: openai.OpenAI) -> 
         ([], "'prompt' must not be an empty list"),
         ([[]], "The decoder prompt cannot be empty"),
         (["a", ""], "'prompt' must not be empty"),
+        # Past any vocabulary and an INT32 input's range (vLLM's words), past 64 bits too.
+        ([[1, 2**31]], f"Token id {2**31} is out of vocabulary"),
+        ([2**70], f"Token id {2**70} is out of vocabulary"),
+        (None, "Input should be a string, a list of strings, a list of token ids"),
+        ({"a": 1}, "Input should be a string, a list of strings, a list of token ids"),
     ],
 )
 def test_bad_prompt_lists_are_refused_on_prompt(
-    server: ServerProcess, prompt: list[Any], words: str
+    server: ServerProcess, prompt: Any, words: str
 ) -> None:
     body = {"model": "textgen_ids", "prompt": prompt}
     answer = httpx.post(server.base_url + "/v1/completions", json=body, timeout=30)

@@ -31,14 +31,24 @@ MAX_SEQUENCES = 2048
 # llm backend's tokenizer releases the GIL for those (backends/llm/text.py).
 THREADED = 1024
 TOKENIZER_MISSING = "tokenizer_missing"
-# The tokenizers library decodes 32-bit ids.
-_DECODABLE = 2**32
+# Past any model's vocabulary, and past what an INT32 `input_ids` and the tokenizer's decode
+# take: such an id is refused here in vLLM's words, which the model would otherwise word
+# as its input's range.
+_ID_BOUND = 2**31
+# orjson reads a JSON integer past 64 bits as a float.
+_BIG = 2.0**63
+_FORMS = (
+    "Input should be a string, a list of strings, a list of token ids (integers) or a list "
+    "of lists of token ids"
+)
 
 
 def _kind(item: object) -> str:
     if isinstance(item, str):
         return "text"
     if isinstance(item, int) and not isinstance(item, bool):
+        return "id"
+    if isinstance(item, float) and item.is_integer() and abs(item) >= _BIG:
         return "id"
     if isinstance(item, list) and all(_kind(i) == "id" for i in item):
         return "ids"
@@ -48,21 +58,24 @@ def _kind(item: object) -> str:
 def form(value: Any) -> Any:
     """A `prompt` list checked before its type: one form throughout, ids >= 0 (a mixed
     list would otherwise be reported as "not a valid string")."""
+    if isinstance(value, str):
+        return value
     if not isinstance(value, list):
-        return value  # a string, or pydantic's own type error
+        raise PydanticCustomError("prompt_form", _FORMS)
     kinds = {_kind(item) for item in value}
     if len(kinds) > 1 or "other" in kinds:
-        raise PydanticCustomError(
-            "prompt_form",
-            "Input should be a string, a list of strings, a list of token ids (integers) "
-            "or a list of lists of token ids, not a mix",
-        )
+        raise PydanticCustomError("prompt_form", _FORMS + ", not a mix")
     lists = value if kinds == {"ids"} else [value] if kinds == {"id"} else []
     ids = [i for item in lists for i in item]
     negative = next((i for i in ids if i < 0), None)
     if negative is not None:
         raise PydanticCustomError(
             "prompt_id", "token id {id} should be greater than or equal to 0", {"id": negative}
+        )
+    top = max(ids, default=0)
+    if top >= _ID_BOUND:
+        raise PydanticCustomError(
+            "prompt_id", "Token id {id} is out of vocabulary", {"id": int(top)}
         )
     return value
 
@@ -110,12 +123,8 @@ async def echo_text(model: ModelVersion, prompt: Prompt) -> str:
             param="echo",
             code=TOKENIZER_MISSING,
         )
-    top = max(prompt)
-    if top >= _DECODABLE:
-        # Past any vocabulary (the model refuses it in these words too), and past what the
-        # tokenizer's decode takes. Below it, an id the tokenizer does not name decodes to
-        # nothing, as in vLLM, and the model decides whether it is in its vocabulary.
-        raise OpenAIError(f"Token id {top} is out of vocabulary", param="prompt")
+    # `form` bounded the ids. An id the tokenizer does not name decodes to nothing, as in
+    # vLLM, and the model decides whether it is in its vocabulary.
     if len(prompt) > THREADED:
         return await asyncio.to_thread(tokenizer.decode, prompt, False)
     return tokenizer.decode(prompt, False)
