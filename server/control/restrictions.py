@@ -88,7 +88,7 @@ _HTTP_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         # The Responses API, and vLLM's retrieve and cancel of a stored response.
         (r"(?:/openai)?/v1/responses(?:/[^/]+(?:/cancel)?)?", "inference"),
         # vLLM's tokenizer routes: a model's work, as its inference is.
-        (r"/(?:tokenize|detokenize)", "inference"),
+        (r"/(?:tokenize|detokenize|tokenizer_info)", "inference"),
         # Triton's OpenAI front end puts its load and unload routes here too.
         (r"(?:/openai)?/v1/models/[^/]+/(?:load|unload)", "model-repository"),
         (r"(?:/openai)?/v1/models(?:/[^/]+)?", "metadata"),

@@ -210,7 +210,39 @@ async def test_an_unknown_model_and_a_bad_body_are_openai_errors(
 
 
 async def test_the_routes_are_in_the_inference_category() -> None:
-    assert http_category("/tokenize") == http_category("/detokenize") == "inference"
+    routes = ("/tokenize", "/detokenize", "/tokenizer_info")
+    assert {http_category(route) for route in routes} == {"inference"}
+
+
+async def test_tokenizer_info_answers_what_lm_evals_remote_tokenizer_reads(repo: Path) -> None:
+    """lm-eval-harness's remote tokenizer (`tokenizer_backend=remote`, or its default when
+    the route answers) reads the special tokens and the chat template from it, and
+    tokenizes through /tokenize: no tokenizer of the client's own is needed."""
+    template = (repo / "tiny_llm" / "1" / "chat_template.jinja").read_text(encoding="utf-8")
+    async with openai_client(repo, ["tiny_llm", "textgen"]) as client:
+        found = await client.get("/tokenizer_info")
+        assert found.status_code == 200, found.text
+        assert found.json() == {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": 256,
+            "eos_token": EOS_TOKEN,
+            "chat_template": template,
+        }
+        # Its eos_token_id: the token's text tokenized without special tokens.
+        eos = await client.post(
+            "/tokenize", json={"prompt": EOS_TOKEN, "add_special_tokens": False}
+        )
+        assert eos.json()["tokens"] == [EOS_ID]
+
+
+async def test_tokenizer_info_of_a_named_model(http: httpx.AsyncClient) -> None:
+    # Two models with tokenizers: the query names one, as `model` names it in a body.
+    assert error(await http.get("/tokenizer_info"))["param"] == "model"
+    found = await http.get("/tokenizer_info", params={"model": "tiny_marked"})
+    assert found.status_code == 200 and found.json()["chat_template"] == TOOLS_TEMPLATE
+    missing = error(await http.get("/tokenizer_info", params={"model": "textgen"}))
+    assert missing["code"] == "tokenizer_missing"
+    assert error(await http.get("/tokenizer_info", params={"model": "nope"}), 404)
 
 
 async def test_without_a_model_the_only_one_with_a_tokenizer_answers(repo: Path) -> None:

@@ -40,7 +40,7 @@ OPENAI_PREFIX = OPENAI_ROOT + "/"
 # is served as /v1/... (app.py), for deployments moved from KServe.
 KSERVE_PREFIX = "/openai"
 KSERVE_ROOT = KSERVE_PREFIX + OPENAI_ROOT
-TOKENIZER_PATHS = frozenset(("/tokenize", "/detokenize"))
+TOKENIZER_PATHS = frozenset(("/tokenize", "/detokenize", "/tokenizer_info"))
 INVALID_REQUEST = "invalid_request_error"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 CONTEXT_WORDS = "maximum context length"

@@ -189,6 +189,10 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         body = await read(request, tokenize.DetokenizeRequest, tokenize.ids_bounded)
         return _json(await tokenize.detokenize(catalog, body))
 
+    async def tokenizer_info(request: Request) -> Response:
+        name = request.query_params.get("model")
+        return _json(await tokenize.tokenizer_info(catalog, name or None))
+
     def get(path: str, handler: Handler) -> Route:
         return ApiRoute(path, _openai_errors(handler), methods=["GET"], error=ErrorObject)
 
@@ -204,6 +208,7 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         # vLLM's tokenizer routes (tokenize.py), outside /v1 as vLLM serves them.
         post("/tokenize", tokenize_text, tokenize.TokenizeRequest),
         post("/detokenize", detokenize, tokenize.DetokenizeRequest),
+        get("/tokenizer_info", tokenizer_info),
         get("/v1/models", list_models),
         ApiRoute(
             "/v1/models/{model}", _openai_errors(kserve_v1), methods=["POST"], error=ErrorObject

@@ -17,9 +17,12 @@ the text, or fails with a 500 past 2**32.
 
 A model that tokenizes inside itself (a Python model, the MiniLM ensemble's Python
 step) has no tokenizer the server can reach: a 400 that says so. A model /v1 does not
-serve at all is a 404, as on /v1. `GET /tokenizer_info` is not served: vLLM's answer is
-the transformers tokenizer's `tokenizer_config.json` and class name, which ge-serve
-(a tokenizer.json and the engine's settings) does not have.
+serve at all is a 404, as on /v1.
+
+`GET /tokenizer_info` (vLLM's, where it is enabled) answers what lm-eval-harness's remote
+tokenizer reads of it, from what the server holds: the class transformers builds from a
+`tokenizer.json`, the special tokens, the context length and the chat template. vLLM's
+answer is the tokenizer's whole `tokenizer_config.json`, which ge-serve does not have.
 """
 
 from __future__ import annotations
@@ -173,3 +176,20 @@ async def detokenize(catalog: Catalog, body: DetokenizeRequest) -> dict[str, Any
     if len(body.tokens) > THREADED:
         return {"prompt": await asyncio.to_thread(tokenizer.decode, body.tokens, False)}
     return {"prompt": tokenizer.decode(body.tokens, False)}
+
+
+async def tokenizer_info(catalog: Catalog, name: str | None) -> dict[str, Any]:
+    """vLLM's tokenizer configuration, as far as the server knows it (`model`: a query
+    parameter, ge-serve's, for a server with several tokenizers)."""
+    generation, _ = tokenizer_of(catalog, await named(catalog, name))
+    found: dict[str, Any] = {
+        # What transformers' AutoTokenizer builds from a lone tokenizer.json.
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": generation.max_model_len,
+    }
+    for key, token in (("bos_token", generation.bos_token), ("eos_token", generation.eos_token)):
+        if token:
+            found[key] = token
+    if generation.chat_template is not None:
+        found["chat_template"] = generation.chat_template
+    return found
