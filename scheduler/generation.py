@@ -418,8 +418,11 @@ class GenerationScheduler:
         seq.last_token_s = now
         reason: str | None = None
         delta = ""
-        if (token in eos and not params.ignore_eos) or token in params.stop_token_ids:
-            reason = "stop"
+        # vLLM's `stop_reason`: the stop token id that ended the answer (not the EOS).
+        stop: int | None = None
+        ends = token in eos and not params.ignore_eos
+        if ends or token in params.stop_token_ids:
+            reason, stop = "stop", None if ends else token
         else:
             # vLLM's: no stop string ends within the first min_tokens tokens.
             delta = seq.stops.add(seq.detokenizer.add(token), seq.generated > params.min_tokens)
@@ -437,7 +440,7 @@ class GenerationScheduler:
         if not seq.stops.stopped:
             delta += seq.stops.add(seq.detokenizer.flush(), seq.generated > params.min_tokens)
             delta += seq.stops.finish()
-        self._finish(seq, reason, delta)
+        self._finish(seq, reason, delta, stop)
 
     def _end_unsampled(self, seq: Sequence) -> None:
         """No token the request allows is left: the answer ends "stop" as it is, for this
@@ -447,7 +450,9 @@ class GenerationScheduler:
         delta = seq.stops.add(seq.detokenizer.flush(), seq.generated > seq.params.min_tokens)
         self._finish(seq, "stop", delta + seq.stops.finish())
 
-    def _finish(self, seq: Sequence, reason: str, delta: str) -> None:
+    def _finish(self, seq: Sequence, reason: str, delta: str, stop: int | None = None) -> None:
+        """The last response; a stop token id or stop string that ended it goes with it as
+        the response parameter `stop_reason` (the /v1 answers' vLLM field)."""
         self._leave(seq)
         seq.finish_reason = reason
         # For statistics, before the last response lets the core count the request:
@@ -460,7 +465,9 @@ class GenerationScheduler:
         # request's execution.
         seq.timings.batch_size, seq.timings.first_in_batch = 1, True
         text = delta if seq.stream else seq.echo + "".join(seq.answer) + delta
-        seq.sink.send(seq.response(text, True, self._new_ids(seq)), None, True)
+        found = stop if stop is not None or reason != "stop" else seq.stops.matched
+        extra = None if found is None else {"stop_reason": found}
+        seq.sink.send(seq.response(text, True, self._new_ids(seq)), None, True, extra)
         first = seq.first_token_s if seq.first_token_s is not None else seq.last_token_s
         self.generation_stats.request_finished(
             reason,

@@ -215,7 +215,7 @@ class Detokenizer:
 class StopStrings:
     """The generated text, cut at the first stop string, released as it becomes safe."""
 
-    __slots__ = ("_include", "_released", "_stops", "stopped", "text")
+    __slots__ = ("_include", "_released", "_stops", "matched", "stopped", "text")
 
     def __init__(self, stops: tuple[str, ...], include_stop: bool = False) -> None:
         self._stops = stops
@@ -223,6 +223,8 @@ class StopStrings:
         self.text = ""
         self._released = 0
         self.stopped = False
+        # The stop string that ended the text (vLLM's `stop_reason`), once one has.
+        self.matched: str | None = None
 
     def add(self, delta: str, check: bool = True) -> str:
         """Append generated text; returns the text now safe to show. Once a stop string
@@ -254,6 +256,7 @@ class StopStrings:
             at = self.text.find(stop, max(before - len(stop) + 1, 0))
             if at >= 0 and (best is None or at < best[0]):
                 best = (at, at + len(stop))
+                self.matched = stop
         if best is None:
             return None
         return best[1] if self._include else best[0]
