@@ -81,7 +81,11 @@ async def test_models_chat_completions_and_embeddings(http: httpx.AsyncClient) -
     chat = await http.post("/v1/chat/completions", json={"model": "textgen", "messages": HELLO})
     answer = chat.json()
     assert answer["object"] == "chat.completion"
-    assert answer["choices"][0]["message"] == {"role": "assistant", "content": " ".join(words)}
+    assert answer["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": " ".join(words),
+        "reasoning": None,
+    }
     assert answer["usage"] == {
         "prompt_tokens": len(words),
         "completion_tokens": len(words),
@@ -99,18 +103,18 @@ async def test_models_chat_completions_and_embeddings(http: httpx.AsyncClient) -
     assert streamed[-1] == "[DONE]"
     chunks = streamed[:-1]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    assert [c["choices"][0]["delta"].get("content") for c in chunks[1:3]] == [
-        words[0],
-        " " + words[1],
-    ]
-    assert chunks[3]["choices"][0] == {
+    assert chunks[1]["choices"][0]["delta"] == {"content": words[0]}
+    # vLLM's: the last token's text comes with the finish reason.
+    assert chunks[2]["choices"][0] == {
         "index": 0,
-        "delta": {},
+        "delta": {"content": " " + words[1]},
         "logprobs": None,
         "finish_reason": "length",
+        "stop_reason": None,
+        "token_ids": None,
     }
-    assert chunks[4]["choices"] == [] and chunks[4]["usage"]["completion_tokens"] == 2
-    assert all(c["usage"] is None for c in chunks[:4])
+    assert chunks[3]["choices"] == [] and chunks[3]["usage"]["completion_tokens"] == 2
+    assert all(c["usage"] is None for c in chunks[:3])
 
     completion = await http.post(
         "/v1/completions", json={"model": "textgen_plain", "prompt": ["a b c"], "stop": "c"}
@@ -121,7 +125,7 @@ async def test_models_chat_completions_and_embeddings(http: httpx.AsyncClient) -
             "/v1/completions", json={"model": "textgen", "prompt": "x y", "stream": True}
         )
     )
-    assert [c["choices"][0]["text"] for c in streamed[:-1]] == ["x", " y", ""]
+    assert [c["choices"][0]["text"] for c in streamed[:-1]] == ["x", " y"]
     assert streamed[-2]["choices"][0]["finish_reason"] == "stop"
 
     shown = await http.post(

@@ -131,6 +131,9 @@ class Piece:
     prompt_logprobs: list[Entry | None] | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    # vLLM's `stop_reason`: the stop string or stop token id that ended the answer, from
+    # the last response's parameter of that name (the `llm` engine's); None otherwise.
+    stop_reason: int | str | None = None
 
 
 @dataclass(slots=True)
@@ -140,10 +143,14 @@ class Usage:
     # The prompt's log probabilities (vLLM's list), where the model sent them: they ride
     # with the counts from the answer's pieces to its JSON.
     prompt_logprobs: list[Entry | None] | None = None
+    # The answer's `stop_reason` (Piece's), likewise.
+    stop_reason: int | str | None = None
 
     def add(self, piece: Piece) -> None:
         if piece.prompt_logprobs is not None:
             self.prompt_logprobs = piece.prompt_logprobs
+        if piece.stop_reason is not None:
+            self.stop_reason = piece.stop_reason
         if piece.prompt_tokens is not None:
             self.prompt_tokens = piece.prompt_tokens
         if piece.completion_tokens is not None:
@@ -341,6 +348,11 @@ def piece_of(response: InferResponse) -> Piece:
         found = b"".join(bytes_elements(reason.data)).decode("utf-8", "replace")
         # Not finished yet: "None" (vLLM's str(None)) or empty.
         piece.finish_reason = found if found not in ("", "None") else None
+    if response.parameters:
+        stop = response.parameters.get("stop_reason")
+        # A string or a token id; a bool (an int to Python) is no stop token.
+        if isinstance(stop, str) or (isinstance(stop, int) and not isinstance(stop, bool)):
+            piece.stop_reason = stop
     for name, attribute in (
         ("num_input_tokens", "prompt_tokens"),
         ("num_output_tokens", "completion_tokens"),

@@ -49,13 +49,15 @@ def parse_prompt(raw: bytes) -> list[Entry | None] | None:
     return found
 
 
-def echoed(prompt: str, found: list[Entry | None]) -> list[Entry]:
+def echoed(prompt: str, found: list[Entry | None], first: int | None = None) -> list[Entry]:
     """The echoed prompt's entries for completions' `logprobs`: the first token (no
-    logprob, vLLM's None) as the text its followers' do not account for."""
+    logprob, vLLM's None) as the text its followers' do not account for, under its id
+    `first` where known (`return_tokens_as_token_ids` shows it)."""
     rest = [e for e in found if e]
     texts = "".join(str(next(iter(e.values())).get("decoded_token", "")) for e in rest)
     head = prompt[: len(prompt) - len(texts)] if prompt.endswith(texts) else ""
-    return [{"": {"logprob": None, "decoded_token": head}}, *rest]
+    key = "" if first is None else str(first)
+    return [{key: {"logprob": None, "decoded_token": head}}, *rest]
 
 
 def _token(key: str, value: dict[str, Any], as_ids: bool) -> str:

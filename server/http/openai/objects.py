@@ -51,6 +51,9 @@ class Answer:
     # assistant turn), and what `echo` puts before its text.
     role: str = "assistant"
     echo: str = ""
+    # The echoed prompt's first token id, where `return_tokens_as_token_ids` shows it
+    # (its logprobs entry has no other source of it); None: not needed, or not known.
+    echo_id: int | None = None
     # vLLM's `echo` with `max_tokens: 0`: the text is the echo alone (what the model
     # generated, to count the prompt, is not shown).
     echo_only: bool = False
@@ -73,12 +76,13 @@ class Answer:
     def __post_init__(self) -> None:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + (self.id or uuid.uuid4().hex)
 
-    def choice(self, index: int, echo: str | None = None) -> Answer:
+    def choice(self, index: int, echo: str | None = None, echo_id: int | None = None) -> Answer:
         """The answer's choice `index`: its identity, with a stream's offsets of its own
-        (and its prompt's `echo`, where a request has several prompts)."""
+        (and its prompt's `echo` and `echo_id`, where a request has several prompts)."""
         other = copy.copy(self)
         other.index = index
-        other.echo = self.echo if echo is None else echo
+        if echo is not None:
+            other.echo, other.echo_id = echo, echo_id
         other.streamed_chars = 0
         return other
 
@@ -100,7 +104,8 @@ class Answer:
         self, text: str, finish_reason: str, usage: Usage, entries: list[Entry] | None = None
     ) -> dict[str, Any]:
         """The non-streamed answer."""
-        choice = self.whole_choice(text, finish_reason, entries, usage.prompt_logprobs)
+        found = usage.prompt_logprobs
+        choice = self.whole_choice(text, finish_reason, entries, found, usage.stop_reason)
         return self.whole_of([choice], usage)
 
     def whole_of(self, choices: list[dict[str, Any]], usage: Usage) -> dict[str, Any]:
@@ -108,8 +113,9 @@ class Answer:
         prompt's log probabilities beside them (vLLM's `prompt_logprobs`)."""
         kind = "chat.completion" if self.chat else "text_completion"
         answer = {**self._object(kind, choices), "usage": usage.as_json()}
-        if self.chat and usage.prompt_logprobs is not None:
+        if self.chat:  # vLLM's, null where not asked for (it sends every field)
             answer["prompt_logprobs"] = usage.prompt_logprobs
+            answer["prompt_token_ids"] = None
         return answer
 
     def whole_choice(
@@ -118,14 +124,19 @@ class Answer:
         finish_reason: str,
         entries: list[Entry] | None = None,
         prompt: list[Entry | None] | None = None,
+        stop_reason: int | str | None = None,
     ) -> dict[str, Any]:
         """One choice of the non-streamed answer; `prompt`, the prompt's log
-        probabilities where asked (completions' `echo` begins its logprobs with them)."""
+        probabilities where asked (completions' `echo` begins its logprobs with them).
+        vLLM's fields beside OpenAI's are all there, null where they have no value (it
+        sends its objects whole: clients read `choice.stop_reason` unguarded);
+        `token_ids` and `prompt_token_ids` are always null (`return_token_ids` is not
+        served)."""
         if self.echo_only:
             text = ""
             entries = []
         if not self.chat and self.echo and prompt is not None and entries is not None:
-            entries = [*echoed(self.echo, prompt), *entries]
+            entries = [*echoed(self.echo, prompt, self.echo_id), *entries]
         if self.chat:
             message: dict[str, Any] = {"role": self.role, "content": self.echo + text}
             thoughts: str | None = None
@@ -140,23 +151,27 @@ class Answer:
                 if calls:  # vLLM's and OpenAI's: no calls, no `tool_calls` at all
                     message["tool_calls"] = calls
                 finish_reason = self.tools.finish_reason(finish_reason, bool(calls))
-            if self.reasoning is not None:  # vLLM's field, null where hidden
-                message["reasoning"] = thoughts if self.reasoning.include else None
+            # vLLM's field, null where hidden or without --reasoning-parser.
+            shown = self.reasoning is not None and self.reasoning.include
+            message["reasoning"] = thoughts if shown else None
             return {
                 "index": self.index,
                 "message": message,
                 "logprobs": self._logprobs(entries),
                 "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+                "token_ids": None,
             }
-        choice = {
+        return {
             "index": self.index,
             "text": self.echo + text,
             "logprobs": self._logprobs(entries),
             "finish_reason": finish_reason,
+            "stop_reason": stop_reason,
+            "token_ids": None,
+            "prompt_logprobs": prompt,
+            "prompt_token_ids": None,
         }
-        if prompt is not None:
-            choice["prompt_logprobs"] = prompt
-        return choice
 
     def chunk(
         self,
@@ -166,10 +181,13 @@ class Answer:
         usage: Usage | None = None,
         entries: list[Entry] | None = None,
         delta: dict[str, Any] | None = None,
+        stop_reason: int | str | None = None,
     ) -> bytes:
-        """One streamed chunk: a text delta (None: none), or the closing finish reason;
-        `usage`, the usage so far, for `continuous_usage`; `entries`, its tokens'
-        logprobs; `delta`, chat's delta itself (tool calls)."""
+        """One streamed chunk: a text delta (None: none), with the finish reason where it
+        ends the choice; `usage`, the usage so far, for `continuous_usage`; `entries`, its
+        tokens' logprobs; `delta`, chat's delta itself (tool calls). vLLM's fields are
+        there as vLLM sets them: completions' on every chunk, chat's `token_ids` past the
+        role's and `stop_reason` on the finishing one."""
         if self.chat:
             delta = dict(delta or {})
             if first:
@@ -186,6 +204,14 @@ class Answer:
         if not self.chat:
             self.streamed_chars += len(text or "")
         choice["finish_reason"] = finish_reason
+        if not self.chat:
+            choice["stop_reason"] = stop_reason
+            choice["prompt_token_ids"] = choice["token_ids"] = None
+        else:
+            if finish_reason is not None:
+                choice["stop_reason"] = stop_reason
+            if not first:
+                choice["token_ids"] = None
         data = self._object(kind, [choice])
         if self.include_usage:
             data["usage"] = usage.as_json() if self.continuous_usage and usage else None

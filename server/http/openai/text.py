@@ -54,7 +54,7 @@ from .generation import (
 )
 from .logprobs import Entry, Logprobs, echoed
 from .objects import DONE, Answer, sse
-from .prompts import Prompt, echo_text
+from .prompts import THREADED, Prompt, echo_text
 from .reasoning import ReasoningStream
 from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
 from .template import render_request, variables
@@ -110,7 +110,26 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
     answer.echo_only = body.echo_only()
     as_ids = bool(body.return_tokens_as_token_ids)
     answer.logprobs = None if body.logprobs is None else Logprobs(False, body.logprobs, as_ids)
-    return await _answer(catalog, request, model, body, prompts, answer, echoes)
+    firsts = None
+    if echoes and as_ids and answer.logprobs is not None:
+        firsts = [await _first_id(generation, p) for p in prompts]
+        answer.echo_id = firsts[0]
+    return await _answer(catalog, request, model, body, prompts, answer, echoes, firsts)
+
+
+async def _first_id(generation: TextGeneration | None, prompt: Prompt) -> int | None:
+    """The prompt's first token id (vLLM's `token_id:<id>` of the echo's first token):
+    a text's by the model's tokenizer, as the model tokenizes it; None without one."""
+    if not isinstance(prompt, str):
+        return prompt[0]
+    tokenizer = None if generation is None else generation.tokenizer
+    if tokenizer is None:
+        return None
+    if len(prompt) > THREADED:
+        ids = await asyncio.to_thread(tokenizer.encode, prompt)
+    else:
+        ids = tokenizer.encode(prompt)
+    return ids[0] if ids else None
 
 
 async def chat_prompt(
@@ -186,6 +205,7 @@ async def _answer(
     prompts: list[Prompt],
     answer: Answer,
     echoes: list[str] | None = None,
+    firsts: list[int | None] | None = None,
 ) -> Response:
     """The answer to `prompts` (a completions list; chat's one), each generated n times:
     prompt p's choice i is sequence p * n + i (vLLM's order), each a request of its own."""
@@ -203,7 +223,11 @@ async def _answer(
     answers = [answer]
     if len(requests) > 1:
         answers = [
-            answer.choice(k, None if echoes is None else echoes[k // n])
+            answer.choice(
+                k,
+                None if echoes is None else echoes[k // n],
+                None if firsts is None else firsts[k // n],
+            )
             for k in range(len(requests))
         ]
     if stream:
@@ -223,7 +247,7 @@ async def _answer(
         for choice, (text, reason, usage, entries) in zip(answers, results, strict=True):
             total.completion_tokens += usage.completion_tokens
             found = usage.prompt_logprobs
-            choices.append(choice.whole_choice(text, reason, entries, found))
+            choices.append(choice.whole_choice(text, reason, entries, found, usage.stop_reason))
             total.prompt_logprobs = found
         body_json = answer.whole_of(choices, total)
     return Response(orjson.dumps(body_json), media_type="application/json")
@@ -263,10 +287,12 @@ class _Choice:
     held: list[Entry] | None
     usage: Usage = field(default_factory=Usage)
     reason: str | None = None
-    # Tool calling (tools.py): the choice's text read as tool calls; `ended` once a
-    # parse past --max-tool-call-parse-bytes cut it short.
+    # Tool calling (tools.py): the choice's text read as tool calls.
     tools: ToolStream | None = None
+    # Its finish reason has been sent: by the model's last response, at the stream's
+    # end, or `cut` short once a parse went past --max-tool-call-parse-bytes.
     ended: bool = False
+    cut: bool = False
     # --reasoning-parser (reasoning.py): the thoughts apart, before the tools read the rest.
     reasoning: ReasoningStream | None = None
 
@@ -302,18 +328,19 @@ async def _events(
             while item is not None:
                 choice = choices[item[0]]
                 piece = item[1]
-                if choice.ended:
-                    pass
-                elif piece is None:
-                    if choice.echo:  # the model answered with no response at all
+                if piece is None:
+                    running -= not choice.cut
+                    if choice.echo and not choice.ended:  # no response at all
                         yield choice.answer.chunk(choice.echo, usage=choice.usage)
-                    for chunk in _closing(choice):
+                    for chunk in () if choice.ended else _closing(choice):
                         yield chunk
-                    running -= 1
+                elif choice.ended:
+                    if not choice.cut:  # a response after the last (counts, say)
+                        choice.usage.add(piece)
                 else:
                     for chunk in _delta(choice, piece, answer.echo_only):
                         yield chunk
-                    running -= choice.ended  # cut short just now
+                    running -= choice.cut  # cut short just now
                 if not running:
                     break  # all ended; one cut short (tools' limit) is cancelled so
                 item = await anext(rest, None)
@@ -336,18 +363,22 @@ def _delta(choice: _Choice, piece: Piece, echo_only: bool) -> list[bytes]:
     """The chunks of a choice's piece: its text (after the echo, unless only the echo is
     shown), with the log probabilities held so far; none where it has no text. With
     tools, the deltas its text makes (tools.py), and the closing chunk where the parse
-    went past its limit (Triton's: finish_reason "length", the model cancelled)."""
+    went past its limit (Triton's: finish_reason "length", the model cancelled). The
+    model's last response (it has the finish reason) closes the choice with its own
+    text, as vLLM's last chunk carries the last token's text and the finish reason."""
     choice.usage.add(piece)
     choice.reason = piece.finish_reason or choice.reason
+    last = piece.finish_reason is not None
     if choice.held is not None:
         if choice.echo and piece.prompt_logprobs is not None:  # vLLM's: on the echo's chunk
-            choice.held += echoed(choice.echo, piece.prompt_logprobs)
+            choice.held += echoed(choice.echo, piece.prompt_logprobs, choice.answer.echo_id)
         choice.held += () if echo_only else piece.logprobs or ()
     if choice.reasoning is not None:
         deltas = _read(choice, choice.reasoning.feed(piece.text))
         if choice.tools is not None and choice.tools.truncated:
-            choice.reason = "length"
-            return _closing(choice)
+            return _cut(choice)
+        if last:
+            return _closing(choice, deltas)
         chunks = []
         for d in deltas:
             chunks.append(
@@ -358,16 +389,25 @@ def _delta(choice: _Choice, piece: Piece, echo_only: bool) -> list[bytes]:
     if choice.tools is not None:
         deltas = choice.tools.feed(piece.text)
         if choice.tools.truncated:
-            choice.reason = "length"
-            return _closing(choice)
+            return _cut(choice)
+        if last:
+            return _closing(choice, deltas)
         return [choice.answer.chunk(None, usage=choice.usage, delta=d) for d in deltas]
     text = choice.echo + ("" if echo_only else piece.text)
+    choice.echo = "" if text else choice.echo
+    if last:
+        return _closing(choice, text=text)
     if not text:
         return []
     chunk = choice.answer.chunk(text, usage=choice.usage, entries=choice.held)
-    choice.echo = ""
     choice.held = [] if choice.held is not None else None
     return [chunk]
+
+
+def _cut(choice: _Choice) -> list[bytes]:
+    """The tools' parse went past its limit: the choice ends "length" here."""
+    choice.reason, choice.cut = "length", True
+    return _closing(choice)
 
 
 def _read(choice: _Choice, parts: list[dict[str, str]]) -> list[dict[str, Any]]:
@@ -383,23 +423,31 @@ def _read(choice: _Choice, parts: list[dict[str, str]]) -> list[dict[str, Any]]:
     return deltas
 
 
-def _closing(choice: _Choice) -> list[bytes]:
-    """A choice's last chunks: what its thoughts and tool calls hold back, then its
-    finish reason and the log probabilities it held."""
-    chunks, reason = [], choice.reason or "stop"
+def _closing(
+    choice: _Choice, deltas: list[dict[str, Any]] | None = None, text: str | None = None
+) -> list[bytes]:
+    """A choice's last chunks: the last response's `deltas` (or `text`), what its thoughts
+    and tool calls hold back, the last with the finish reason (and vLLM's `stop_reason`)
+    and the log probabilities held (an empty delta, or text "", where nothing is left)."""
+    reason, pending = choice.reason or "stop", list(deltas or ())
     if choice.reasoning is not None:
-        held = _read(choice, choice.reasoning.finish())
-        chunks = [choice.answer.chunk(None, usage=choice.usage, delta=d) for d in held]
+        pending += _read(choice, choice.reasoning.finish())
     if choice.tools is not None:
-        deltas = choice.tools.finish()
-        chunks += [choice.answer.chunk(None, usage=choice.usage, delta=d) for d in deltas]
+        pending += choice.tools.finish()
         if choice.answer.tools is not None:
             reason = choice.answer.tools.finish_reason(reason, choice.tools.calls)
     choice.ended = True
-    closing = choice.answer.chunk(
-        None if choice.answer.chat else "",
+    answer, usage = choice.answer, choice.usage
+    ending = pending.pop() if pending else None
+    chunks = [answer.chunk(None, usage=usage, delta=d) for d in pending]
+    if text is None and not answer.chat:
+        text = ""
+    closing = answer.chunk(
+        text,
         finish_reason=reason,
-        usage=choice.usage,
-        entries=choice.held or None,
+        usage=usage,
+        entries=choice.held if text else choice.held or None,
+        delta=ending,
+        stop_reason=usage.stop_reason,
     )
     return [*chunks, closing]
