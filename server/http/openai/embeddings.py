@@ -29,6 +29,7 @@ import re
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import ml_dtypes
@@ -67,16 +68,10 @@ async def embeddings(
     if body.dimensions is not None and size > 0:
         _check_dimensions(body, size)  # before the model runs, where its size is declared
     listed = not isinstance(body.input, str)
-    responses = await asyncio.gather(
-        *(
-            _infer(catalog, _request(model, embedder, text), f"input[{i}]" if listed else "input")
-            for i, text in enumerate(texts)
-        )
-    )
+    params = [f"input[{i}]" if listed else "input" for i in range(len(texts))]
     data = []
     tokens = 0
-    for index, response in enumerate(responses):
-        vector, count = _read(response, embedder)
+    for index, (vector, count) in enumerate(await embed(catalog, model, embedder, texts, params)):
         if body.dimensions is not None:
             _check_dimensions(body, vector.size)
         tokens += count
@@ -94,6 +89,25 @@ async def embeddings(
         "model": body.model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+async def embed(
+    catalog: Catalog,
+    model: ModelVersion,
+    embedder: Embedder,
+    texts: Sequence[str],
+    params: Sequence[str],
+) -> list[tuple[np.ndarray[Any, Any], int]]:
+    """Each text's vector and token count (0 where the model reports none), in order; each
+    text is one request to the model, all sent at once. A refusal names the text's field,
+    its `params` entry."""
+    responses = await asyncio.gather(
+        *(
+            _infer(catalog, _request(model, embedder, text), param)
+            for text, param in zip(texts, params, strict=True)
+        )
+    )
+    return [_read(response, embedder) for response in responses]
 
 
 def _check_dimensions(body: EmbeddingRequest, size: int) -> None:
