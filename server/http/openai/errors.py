@@ -33,7 +33,7 @@ from ge_serve.server.errors import ErrorCode, ServerError
 from ..errors import ClosingError, TooLarge, http_status
 
 # The paths whose errors, wherever they arise, are OpenAI's error object: /v1 and below,
-# and vLLM's tokenizer routes beside it (tokenize.py).
+# and vLLM's tokenizer and scoring routes beside it (tokenize.py, scoring.py).
 OPENAI_ROOT = "/v1"
 OPENAI_PREFIX = OPENAI_ROOT + "/"
 # KServe's prefix of the same API (its KSERVE_OPENAI_ROUTE_PREFIX's default): /openai/v1/...
@@ -41,6 +41,7 @@ OPENAI_PREFIX = OPENAI_ROOT + "/"
 KSERVE_PREFIX = "/openai"
 KSERVE_ROOT = KSERVE_PREFIX + OPENAI_ROOT
 TOKENIZER_PATHS = frozenset(("/tokenize", "/detokenize", "/tokenizer_info"))
+SCORING_PATHS = frozenset(("/score", "/rerank", "/v2/rerank"))
 INVALID_REQUEST = "invalid_request_error"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 CONTEXT_WORDS = "maximum context length"
@@ -111,7 +112,12 @@ def is_openai_path(path: str) -> bool:
     `/openai/v1`)."""
     if path.startswith(KSERVE_ROOT):
         path = path[len(KSERVE_PREFIX) :]
-    return path.startswith(OPENAI_PREFIX) or path == OPENAI_ROOT or path in TOKENIZER_PATHS
+    return (
+        path.startswith(OPENAI_PREFIX)
+        or path == OPENAI_ROOT
+        or path in TOKENIZER_PATHS
+        or path in SCORING_PATHS
+    )
 
 
 def unsupported(param: str, message: str) -> OpenAIError:

@@ -14,7 +14,9 @@ as Triton puts it. And `GET /health`, vLLM's health route, which tools written f
 (guidellm, k8s probes) call first: 200 with no body while the server is live, else 503,
 as vLLM answers when its engine is dead; in the same category.
 
-And vLLM's `POST /tokenize` and `POST /detokenize` (tokenize.py), in `inference`.
+And vLLM's `POST /tokenize` and `POST /detokenize` (tokenize.py), and its scoring routes
+`POST /score`, `/v1/score`, `/rerank`, `/v1/rerank` and `/v2/rerank` (scoring.py), in
+`inference`.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from ..disconnects import CLIENT_GONE, ClientGone
 from ..openapi import ApiRoute
 from ..openapi import Body as DocumentedBody
 from ..routing import RouteHost
-from . import embeddings, responses_serve, text, tokenize
+from . import embeddings, responses_serve, scoring, text, tokenize
 from .catalog import Catalog, text_generation
 from .errors import (
     CONTEXT_LENGTH_EXCEEDED,
@@ -181,6 +183,14 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         given = text.request_id(request, body.request_id)
         return _json(await embeddings.embeddings(catalog, body, given))
 
+    async def score(request: Request) -> Response:
+        body = await read(request, scoring.form)
+        return _json(await scoring.score(catalog, request, body))
+
+    async def rerank(request: Request) -> Response:
+        body = await read(request, scoring.RerankRequest)
+        return _json(await scoring.rerank(catalog, request, body))
+
     async def tokenize_text(request: Request) -> Response:
         body = await read(request, tokenize.form)
         return _json(await tokenize.tokenize(catalog, body))
@@ -209,6 +219,12 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         post("/tokenize", tokenize_text, tokenize.TokenizeRequest),
         post("/detokenize", detokenize, tokenize.DetokenizeRequest),
         get("/tokenizer_info", tokenizer_info),
+        # vLLM's scoring routes for embedding models (scoring.py), where vLLM serves them:
+        # /score and /rerank (with /v2/rerank, Cohere's v2 path), and below, their /v1
+        # aliases (under /openai/v1 too). Before /v1, which the table keeps last.
+        post("/score", score, scoring.ScoreRequest),
+        post("/rerank", rerank, scoring.RerankRequest),
+        post("/v2/rerank", rerank, scoring.RerankRequest),
         get("/v1/models", list_models),
         ApiRoute(
             "/v1/models/{model}", _openai_errors(kserve_v1), methods=["POST"], error=ErrorObject
@@ -230,6 +246,8 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         post("/v1/chat/completions", chat, ChatCompletionRequest),
         post("/v1/completions", completions, CompletionRequest),
         post("/v1/embeddings", embed, EmbeddingRequest),
+        post("/v1/score", score, scoring.ScoreRequest),
+        post("/v1/rerank", rerank, scoring.RerankRequest),
         # OpenAI's Responses API (responses_serve.py), on the chat path.
         post("/v1/responses", responses, ResponsesRequest),
         get("/v1/responses/{response_id}", stored_response),
