@@ -381,6 +381,50 @@ def test_minilm_refuses_an_input_past_its_context(minilm_server: ServerProcess) 
         assert served.usage.prompt_tokens == CONTEXT
 
 
+def test_minilm_reranks_the_relevant_document_first(minilm_server: ServerProcess) -> None:
+    # vLLM's /rerank with an embedding model: the cosine of the two texts' vectors, the
+    # vectors /v1/embeddings gives; the paraphrase above the unrelated sentences.
+    from minilm import PAIRS
+
+    query = "How do I change my password?"
+    documents = [
+        "The stock market fell sharply today.",
+        "I forgot my password and need to reset it.",
+        "A kitten is napping on the couch.",
+        "What is the capital of France?",
+    ]
+    base = minilm_server.base_url
+    body = {"model": "minilm", "query": query, "documents": documents}
+    answer = httpx.post(base + "/rerank", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    results = answer.json()["results"]
+    assert results[0]["index"] == 1 and results[0]["document"]["text"] == documents[1]
+    assert results[0]["relevance_score"] > results[1]["relevance_score"] + 0.2
+    embedded = httpx.post(
+        base + "/v1/embeddings",
+        json={"model": "minilm", "input": [query, *documents]},
+        timeout=60,
+    ).json()
+    vectors = [np.array(d["embedding"], dtype=np.float64) for d in embedded["data"]]
+    expected = [
+        float(vectors[0] @ v / (np.linalg.norm(vectors[0]) * np.linalg.norm(v)))
+        for v in vectors[1:]
+    ]
+    by_index = {r["index"]: r["relevance_score"] for r in results}
+    assert [by_index[i] for i in range(len(documents))] == pytest.approx(expected, abs=1e-5)
+    # The tokenizer's tokens of every text, as /v1/embeddings counts them.
+    tokens = embedded["usage"]["prompt_tokens"]
+    assert answer.json()["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+    # /score pairs them N:N: each anchor is closer to its paraphrase than to the rest.
+    anchors = [p[0] for p in PAIRS]
+    seconds = [p[1] for p in PAIRS] + [p[2] for p in PAIRS]
+    pairs = {"model": "minilm", "queries": anchors * 2, "documents": seconds}
+    scored = httpx.post(base + "/score", json=pairs, timeout=60).json()["data"]
+    close, far = scored[: len(PAIRS)], scored[len(PAIRS) :]
+    for near, unrelated in zip(close, far, strict=True):
+        assert near["score"] > unrelated["score"] + 0.2
+
+
 def test_chat_streams_through_an_http_worker_process(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
