@@ -423,6 +423,14 @@ def test_minilm_reranks_the_relevant_document_first(minilm_server: ServerProcess
     close, far = scored[: len(PAIRS)], scored[len(PAIRS) :]
     for near, unrelated in zip(close, far, strict=True):
         assert near["score"] > unrelated["score"] + 0.2
+    # A document past the context is refused as /v1/embeddings refuses it, named.
+    from minilm import TOO_LONG
+
+    body["documents"] = [documents[0], TOO_LONG]
+    refused = httpx.post(base + "/v1/rerank", json=body, timeout=60)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == "documents[1]"
 
 
 def test_chat_streams_through_an_http_worker_process(
