@@ -45,12 +45,16 @@ async def test_the_kserve_prefix_answers_as_v1(lifecycle: ModelLifecycle) -> Non
             served, alias = await http.get("/v1" + path), await http.get(KSERVE + path)
             assert (alias.status_code, alias.json()) == (served.status_code, served.json())
         assert (await http.get(KSERVE + "/models")).json() == {"object": "list", "data": []}
-        for path in ("/chat/completions", "/completions", "/embeddings"):
+        # KServe's /openai/v1/rerank too: vLLM's, as /v1/rerank (and /v1/score beside it).
+        scoring = {"query": "a", "queries": "a", "documents": ["b"]}
+        for path in ("/chat/completions", "/completions", "/embeddings", "/rerank", "/score"):
             body = {
                 "model": "nope",
                 "prompt": "a",
                 "input": "a",
                 "messages": [{"role": "user", "content": "a"}],
+                # (Chat's `documents` are objects, the scoring routes' are texts.)
+                **(scoring if path in ("/rerank", "/score") else {}),
             }
             found = openai_error(await http.post(KSERVE + path, json=body), 404)
             assert found["code"] == "model_not_found"
@@ -63,13 +67,19 @@ async def test_the_kserve_prefix_answers_as_v1(lifecycle: ModelLifecycle) -> Non
 
 async def test_what_the_prefix_does_not_serve_is_openais_404(lifecycle: ModelLifecycle) -> None:
     async with client(InferenceServer(lifecycle)) as (_, http):
-        missing = openai_error(await http.get(KSERVE + "/rerank"), 404)
-        assert missing["message"] == f"Not Found: no route for GET {KSERVE}/rerank"
+        missing = openai_error(await http.get(KSERVE + "/files"), 404)
+        assert missing["message"] == f"Not Found: no route for GET {KSERVE}/files"
         assert openai_error(await http.get(KSERVE), 404)["type"] == "invalid_request_error"
         wrong = openai_error(await http.get(KSERVE + "/completions"), 405)
         assert wrong["message"] == f"Method Not Allowed: GET {KSERVE}/completions"
         # Only /v1 has the alias, and the prefix alone is no OpenAI path.
-        for path in ("/openai/tokenize", "/openai/health", "/openai/v2/health/live", "/openai"):
+        for path in (
+            "/openai/tokenize",
+            "/openai/rerank",
+            "/openai/health",
+            "/openai/v2/health/live",
+            "/openai",
+        ):
             other = await http.get(path)
             assert other.status_code == 404
             assert other.json() == {"error": f"Not Found: no route for GET {path}"}
