@@ -104,6 +104,10 @@ def restore_the_model(http: httpx.Client) -> None:
         assert loaded.status_code == 200, loaded.text
 
 
+# Triton's OpenAI front end's model control routes (under /v1 and KServe's /openai/v1)
+# unload the model too.
+UNLOADING = ("/models/{model}/load", "/models/{model}/unload")
+
 # The operations that take a body get most of the examples; a GET differs only in its path.
 GROUPS: dict[str, tuple[Callable[[BaseSchema], BaseSchema], int]] = {
     "with a body": (lambda schema: schema.include(method="POST"), 3),
@@ -128,7 +132,7 @@ def test_no_request_gets_a_server_error(api: BaseSchema, http: httpx.Client, gro
     @given(case=cases)
     def check(case: schemathesis.Case[Any]) -> None:  # as_strategy yields a bare Case
         response = case.call()
-        if case.path.startswith("/v2/repository/models/"):
+        if case.path.startswith("/v2/repository/models/") or case.path.endswith(UNLOADING):
             restore_the_model(http)
         if case.path.startswith("/v2/repository/{repository}/models/"):
             # Triton's answer to a named repository: 501, the one status of 5xx that says
