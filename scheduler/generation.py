@@ -133,6 +133,7 @@ class GenerationScheduler:
             # Compiling (and, the first time, building the model's grammar tokenizer)
             # takes up to seconds: a worker thread, never the loop.
             seq.constraint = await self._constraint(seq.params.structured)
+            seq.constraint.after = seq.params.structured_after
         if seq.prompt_logprobs is not None and self._head.weights is None:
             await asyncio.to_thread(self._head.load)  # a file read: never on the loop
         seq.timings = timings
@@ -385,7 +386,9 @@ class GenerationScheduler:
             # vLLM's MinTokensLogitsProcessor bans every stop id, EOS included whatever
             # ignore_eos says (its all_stop_token_ids hold the EOS either way).
             banned = tuple(eos) + params.stop_token_ids
-        if seq.processor is None and seq.constraint is None:
+        # A grammar still waiting for its `structured_outputs_after` text masks nothing.
+        constraint = None if seq.constraint is None or seq.constraint.after else seq.constraint
+        if seq.processor is None and constraint is None:
             token = seq.sampler.sample(logits, banned)
         else:
             row = logits
@@ -394,7 +397,7 @@ class GenerationScheduler:
                 banned = ()
             # The grammar says itself when its mask leaves nothing; a processor's -inf
             # (bad words over allowed_token_ids) shows only in the row.
-            allowed = row if seq.constraint is None else seq.constraint.allowed(row, banned)
+            allowed = row if constraint is None else constraint.allowed(row, banned)
             if allowed is None or (seq.processor is not None and nothing_possible(allowed)):
                 # Nothing the request allows is left (allowed_token_ids all banned, a
                 # complete grammar's EOS held off by min_tokens): the answer ends here
@@ -402,8 +405,8 @@ class GenerationScheduler:
                 self._end_unsampled(seq)
                 return
             token = seq.sampler.sample(allowed)
-            if seq.constraint is not None:
-                seq.constraint.accept(token)
+            if constraint is not None:
+                constraint.accept(token)
         if seq.logprobs is not None:  # asked for: all the cost is the asker's
             seq.logprobs.add(logits, token)
         seq.tokens.append(token)
@@ -425,7 +428,10 @@ class GenerationScheduler:
             reason, stop = "stop", None if ends else token
         else:
             # vLLM's: no stop string ends within the first min_tokens tokens.
-            delta = seq.stops.add(seq.detokenizer.add(token), seq.generated > params.min_tokens)
+            text = seq.detokenizer.add(token)
+            if seq.constraint is not None:
+                seq.constraint.see(text)
+            delta = seq.stops.add(text, seq.generated > params.min_tokens)
             if seq.stops.stopped:
                 reason = "stop"
         if reason is None and seq.generated >= seq.max_tokens:

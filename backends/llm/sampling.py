@@ -80,6 +80,9 @@ class SamplingParams:
 
     # vLLM's `structured_outputs` (structured.py); None: unconstrained.
     structured: Structured | None = None
+    # ge-serve's `structured_outputs_after`: the grammar waits until the answer's text
+    # has written this (a thinking model's `</think>`); None: it applies from the start.
+    structured_after: str | None = None
 
     @property
     def greedy(self) -> bool:
@@ -111,6 +114,10 @@ MAX_BAD_WORD_BYTES = 64 * 1024
 _BIAS_BOUND = 100.0
 _INTS = ("max_tokens", "top_k", "seed", "min_tokens")
 _BOOLS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
+# ge-serve's key: structured outputs after a thinking model's thoughts (vLLM's servers
+# know the end of the thoughts from their --reasoning-parser; the engine does not).
+AFTER = "structured_outputs_after"
+MAX_AFTER_CHARS = 256
 # vLLM keys accepted only at their neutral value (the feature is not implemented).
 _NEUTRAL: dict[str, Any] = {
     "n": 1,
@@ -129,6 +136,7 @@ KNOWN_KEYS = frozenset(
         "logprobs",
         "prompt_logprobs",
         "structured_outputs",
+        AFTER,
         *_NEUTRAL,
     )
 )
@@ -231,6 +239,13 @@ def _validated(values: dict[str, Any]) -> SamplingParams:
             out["structured"] = parse_structured(values["structured_outputs"])
         except ValueError as exc:
             raise SamplingError(str(exc)) from None
+    after = values.get(AFTER)
+    if after is not None:
+        if not isinstance(after, str) or not 0 < len(after) <= MAX_AFTER_CHARS:
+            raise SamplingError(f"{AFTER} must be a string of 1 to {MAX_AFTER_CHARS} characters")
+        if "structured" not in out:
+            raise SamplingError(f"{AFTER} is given without structured_outputs")
+        out["structured_after"] = after
     return SamplingParams(**out)
 
 

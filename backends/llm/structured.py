@@ -335,11 +335,30 @@ def _no_additional_properties(schema: Any) -> None:
 class Constraint:
     """One sequence's grammar state."""
 
-    __slots__ = ("_mask", "_matcher")
+    __slots__ = ("_mask", "_matcher", "_seen", "after")
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab: int) -> None:
         self._matcher = matcher
         self._mask = np.full((1, (vocab + 31) // 32), -1, dtype=np.int32)
+        # The text the grammar waits for (`structured_outputs_after`, a thinking model's
+        # `</think>`); None: the grammar applies. While waiting, nothing is masked and
+        # nothing consumed (vLLM's reasoning_ended, false).
+        self.after: str | None = None
+        # The end of the text seen while waiting, where the marker may have begun.
+        self._seen = ""
+
+    def see(self, text: str) -> None:
+        """The text the sampled token added, while `after` is awaited: once it has been
+        written, the grammar applies from the next token on (text that the same token
+        adds after the marker is not the grammar's)."""
+        after = self.after
+        if after is None:
+            return
+        seen = self._seen + text
+        if after in seen:
+            self.after, self._seen = None, ""
+        else:  # one substring test per token; a marker split over tokens is found too
+            self._seen = seen[1 - len(after) :] if len(after) > 1 else ""
 
     def allowed(
         self, logits: npt.NDArray[np.float32], banned: tuple[int, ...] = ()

@@ -49,6 +49,7 @@ from .catalog import TEXT_INPUT, TEXT_OUTPUT
 from .errors import OpenAIError, from_server_error, unsupported
 from .guided import GUIDE, GUIDE_TYPE, guide
 from .logprobs import Entry, parse, parse_prompt
+from .structured import AFTER
 from .structured import KEY as STRUCTURED
 
 STREAM = "stream"
@@ -111,6 +112,8 @@ KEYS: dict[str, Key] = {
     "allowed_token_ids": Key(engine=True),
     # response_format, structured_outputs and guided_* (structured.py): one JSON text.
     STRUCTURED: Key(engine=True),
+    # With --reasoning-parser: the grammar waits for the end of the thoughts.
+    AFTER: Key(engine=True),
     # Not implemented by the engine (it takes them only at these values).
     "length_penalty": Key(engine=False, neutral=(1,)),
     "use_beam_search": Key(engine=False, neutral=(False,)),
@@ -259,6 +262,13 @@ def _guided(model: ModelVersion, structured: str) -> list[Tensor]:
 
 def _refusal(model: ModelVersion, key: str, rule: Key) -> OpenAIError:
     name = rule.input or key
+    if key == AFTER:  # the server's, not the client's: named by the structured outputs
+        return unsupported(
+            STRUCTURED,
+            f"Structured outputs with --reasoning-parser need a model whose "
+            f"'{SAMPLING}' take '{AFTER}' (the llm engine's), to constrain the answer "
+            f"after its thoughts: the model '{model.name}' has no '{SAMPLING}' input",
+        )
     if SAMPLING in model.inputs:
         only = f": only {json.dumps(rule.neutral[0])} (the default)" if rule.neutral else ""
         return unsupported(

@@ -25,6 +25,10 @@ GUIDED = {
     "guided_grammar": "grammar",
 }
 KEY = "structured_outputs"
+# The `llm` engine's key (ge-serve's, not vLLM's): the text after which the grammar
+# applies, `</think>` with --reasoning-parser (reasoning.py). A /v1 client cannot set it:
+# as any field vLLM does not know, it is ignored.
+AFTER = "structured_outputs_after"
 
 
 def structured_outputs(body: Any) -> str | None:
