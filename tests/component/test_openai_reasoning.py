@@ -2,9 +2,10 @@
 server/http/openai/reasoning.py), as vLLM 0.34's deepseek_r1 and qwen3 parsers give them
 on /v1/chat/completions and /v1/responses.
 
-The stand-in `thinker` answers with its user's last message as written, streamed three
-characters a piece, so that `<think>` and `</think>` come split across pieces; its chat
-template is Qwen3's shape (ChatML, and a closed `<think></think>` where thinking is off).
+The stand-in `thinker` answers with its user's last message as written (with its
+`sampling_parameters` where that is "?sampling"), streamed three characters a piece, so
+that `<think>` and `</think>` come split across pieces; its chat template is Qwen3's
+shape (ChatML, and a closed `<think></think>` where thinking is off).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class TritonPythonModel:
             raw = scalar(request, "sampling_parameters", b"")
             sampling = json.loads(raw) if raw else {}
             said = prompt.rsplit("<|im_start|>user\\n", 1)[-1].split("<|im_end|>", 1)[0]
+            if said == "?sampling":  # what the model was given, its `</` as `<\\/`
+                said = (raw.decode("utf-8") if raw else "{}").replace("</", "<\\/")
             pieces = [said[at : at + 3] for at in range(0, len(said), 3)]
             limit = int(sampling.get("max_tokens") or 1000)
             reason = "length" if len(pieces) > limit else "stop"
@@ -99,6 +102,14 @@ output [
 parameters {{ key: "chat_template_source" value {{ string_value: {json.dumps(TEMPLATE)} }} }}
 """
 
+# TensorRT-LLM's interface: guided decoding inputs, no `sampling_parameters`.
+GUIDED_CONFIG = (
+    CONFIG.replace('name: "thinker"', 'name: "guided"')
+    .replace("sampling_parameters", "guided_decoding_guide_type")
+    .replace("input [", 'input [\n  { name: "guided_decoding_guide" data_type: TYPE_STRING '
+             "dims: [ 1 ] optional: true },")
+)  # fmt: skip
+
 # The tags split: "<th" "ink" ">Le" ... "</t" "hin" "k>".
 THOUGHTFUL = "<think>Let me see.</think>It is 4."
 WEATHER = {
@@ -111,13 +122,14 @@ WEATHER = {
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("openai-reasoning")
     write_model(folder, "thinker", THINKER, CONFIG)
+    write_model(folder, "guided", THINKER, GUIDED_CONFIG)
     return folder
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def r1(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
     settings = ToolSettings(parser="hermes", reasoning_parser="deepseek_r1")
-    async with openai_client(repo, ["thinker"], settings) as client:
+    async with openai_client(repo, ["thinker", "guided"], settings) as client:
         yield client
 
 
@@ -227,23 +239,66 @@ async def test_tool_calls_are_read_after_the_thoughts(r1: httpx.AsyncClient) -> 
     assert deltas[-1] == {"finish_reason": "tool_calls"}
 
 
-async def test_structured_outputs_with_a_parser_are_refused(r1: httpx.AsyncClient) -> None:
-    messages = [{"role": "user", "content": "x"}]
-    cases: list[tuple[dict[str, Any], str]] = [
-        ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
-        ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
+def given(text: str | None) -> dict[str, Any]:
+    """The `sampling_parameters` the thinker was given, from its answer's text."""
+    assert text is not None
+    found: dict[str, Any] = json.loads(text)
+    return found
+
+
+async def test_structured_outputs_constrain_after_the_thoughts(r1: httpx.AsyncClient) -> None:
+    # The model is told to constrain only what follows `</think>` (vLLM's
+    # reasoning_ended); the stand-in answers with what it was told, all thoughts.
+    cases: list[dict[str, Any]] = [
+        {"response_format": {"type": "json_object"}},
+        {"structured_outputs": {"regex": "a+"}},
+        {"tools": [WEATHER], "tool_choice": "required"},
+        {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "weather"}}},
     ]
-    for fields, param in cases:
-        body = {"model": "thinker", "messages": messages, **fields}
-        found = error(await r1.post(CHAT, json=body))
-        assert found["param"] == param
-        assert "--reasoning-parser deepseek_r1" in found["message"]
-    response = await r1.post(
-        "/v1/responses",
-        json={"model": "thinker", "input": "x", "text": {"format": {"type": "json_object"}}},
+    for fields in cases:
+        found = given((await message(r1, "?sampling", **fields))["reasoning"])
+        assert found["structured_outputs_after"] == "</think>", fields
+        assert "structured_outputs" in found
+    many = await message(r1, "?sampling", n=2, structured_outputs={"regex": "a+"})
+    assert given(many["reasoning"])["structured_outputs_after"] == "</think>"
+    deltas = await streamed(r1, "?sampling", structured_outputs={"regex": "a+"})
+    assert given(joined(deltas, "reasoning"))["structured_outputs_after"] == "</think>"
+    answer = await client_of(r1).responses.create(
+        model="thinker", input="?sampling", text={"format": {"type": "json_object"}}
     )
-    assert error(response)["param"] == "text"
+    thoughts = answer.output[0]
+    assert thoughts.type == "reasoning" and thoughts.content
+    assert given(thoughts.content[0].text)["structured_outputs_after"] == "</think>"
+
+
+async def test_structured_outputs_without_open_thoughts_constrain_from_the_start(
+    r1: httpx.AsyncClient, qwen3: httpx.AsyncClient
+) -> None:
+    closed = {"chat_template_kwargs": {"enable_thinking": False}}
+    constrained = {"structured_outputs": {"regex": "a+"}}
+    # qwen3 with thinking off: all content; deepseek_r1 whose prompt ends its thoughts
+    # (vLLM's is_reasoning_end on the prompt): all thoughts, as its split reads it.
+    found = given((await message(qwen3, "?sampling", **closed, **constrained))["content"])
+    assert "structured_outputs_after" not in found and "structured_outputs" in found
+    found = given((await message(r1, "?sampling", **closed, **constrained))["reasoning"])
+    assert "structured_outputs_after" not in found and "structured_outputs" in found
+    # Unconstrained, or a client's own: not given (an unknown field, ignored as vLLM does).
+    found = given((await message(r1, "?sampling", structured_outputs_after="x"))["reasoning"])
+    assert "structured_outputs_after" not in found
+
+
+async def test_a_model_without_sampling_parameters_is_refused(r1: httpx.AsyncClient) -> None:
+    # Its guided decoding inputs would constrain the thoughts too.
+    messages = [{"role": "user", "content": "x"}]
+    body = {"model": "guided", "messages": messages, "response_format": {"type": "json_object"}}
+    found = error(await r1.post(CHAT, json=body))
+    assert found["param"] == "response_format"
+    assert "need a model with a 'sampling_parameters' input" in found["message"]
+    body = {"model": "guided", "input": "x", "text": {"format": {"type": "json_object"}}}
+    found = error(await r1.post("/v1/responses", json=body))
+    assert found["param"] == "text" and "'sampling_parameters'" in found["message"]
+    unconstrained = {"model": "guided", "messages": messages}
+    assert (await r1.post(CHAT, json=unconstrained)).status_code == 200
 
 
 async def test_completions_are_not_parsed(r1: httpx.AsyncClient) -> None:

@@ -74,3 +74,22 @@ def test_qwen3_thinking_off() -> None:
     opened = "<|im_start|>user\n</think><|im_end|>\n<|im_start|>assistant\n"
     assert plan("qwen3", True, None, opened, None) == Reasoning("qwen3")
     assert plan("", True, None, opened, None) is None
+
+
+def test_structured_outputs_wait_for_the_end_of_open_thoughts() -> None:
+    opened = "<|im_start|>assistant\n"
+    closed = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    use = plan("deepseek_r1", True, None, opened, "response_format")
+    assert use is not None and use.after == "</think>"
+    use = plan("qwen3", True, None, opened, "tool_choice")
+    assert use is not None and use.after == "</think>"
+    # Thoughts the prompt has closed (vLLM's is_reasoning_end on the prompt), thinking
+    # off, or nothing constrained: the grammar (if any) applies from the first token.
+    for parser, kwargs, prompt, field in [
+        ("deepseek_r1", None, closed, "response_format"),
+        ("qwen3", None, closed, "response_format"),
+        ("qwen3", {"enable_thinking": False}, opened, "structured_outputs"),
+        ("deepseek_r1", None, opened, None),
+    ]:
+        use = plan(parser, True, kwargs, prompt, field)
+        assert use is not None and use.after is None, (parser, prompt)

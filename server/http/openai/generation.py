@@ -232,6 +232,19 @@ def build_request(
     return request, frozenset(sent)
 
 
+def after_thoughts(model: ModelVersion, field: str) -> None:
+    """With --reasoning-parser, structured outputs wait for the end of the thoughts, which
+    the server tells the model in its `sampling_parameters` (key `AFTER`); a model without
+    that input would constrain the thoughts too: a 400 on `field`, the constraining one."""
+    if SAMPLING not in model.inputs:
+        raise unsupported(
+            field,
+            f"Structured outputs with --reasoning-parser need a model with a '{SAMPLING}' "
+            f"input, which the server tells to constrain the answer after its thoughts "
+            f"('{AFTER}'): the model '{model.name}' has none",
+        )
+
+
 def ids_input(model: ModelVersion) -> TensorSpec:
     """The model's `input_ids` (INT32 or INT64, dims [-1]), which takes token-id prompts
     in place of `text_input`."""
@@ -262,13 +275,6 @@ def _guided(model: ModelVersion, structured: str) -> list[Tensor]:
 
 def _refusal(model: ModelVersion, key: str, rule: Key) -> OpenAIError:
     name = rule.input or key
-    if key == AFTER:  # the server's, not the client's: named by the structured outputs
-        return unsupported(
-            STRUCTURED,
-            f"Structured outputs with --reasoning-parser need a model whose "
-            f"'{SAMPLING}' take '{AFTER}' (the llm engine's), to constrain the answer "
-            f"after its thoughts: the model '{model.name}' has no '{SAMPLING}' input",
-        )
     if SAMPLING in model.inputs:
         only = f": only {json.dumps(rule.neutral[0])} (the default)" if rule.neutral else ""
         return unsupported(

@@ -16,9 +16,15 @@ Both parsers read `<think>`...`</think>` from the model's text:
   `<think>`, `</think>`, `<|im_start|>`, `<|im_end|>` is `</think>`, as Qwen3's template
   writes it with thinking off).
 
-Structured outputs with a parser are refused: vLLM constrains only after the thoughts
-end (its structured-output manager's reasoning_ended), and the engines here would
-constrain them too.
+Structured outputs with a parser constrain the answer after its thoughts, as vLLM's
+structured-output manager does (its reasoning_ended): where the answer begins in its
+thoughts, `Reasoning.after` is `</think>`, which the front end gives the model as the
+`llm` engine's key `structured_outputs_after`, so that the grammar applies only from the
+token after the one that writes it (thoughts that never end are never constrained);
+where the prompt has closed them (qwen3 with thinking off, or a prompt whose last of
+`<think>` / `</think>` is `</think>`: vLLM's is_reasoning_end on the prompt), the
+grammar applies from the first token. qwen3's `<tool_call>`, which ends the thoughts for
+the split, does not start the grammar: the engine waits for `</think>`.
 
 vLLM reads the tags as single tokens; here the text is read, so a stream holds a piece's
 end that may begin a tag until the next shows whether it does. Streamed, the deltas are
@@ -29,8 +35,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-
-from .errors import OpenAIError
 
 # The parsers' names, vLLM's.
 PARSERS = ("deepseek_r1", "qwen3")
@@ -50,6 +54,9 @@ class Reasoning:
     parser: str
     include: bool = True
     thinking: bool = True
+    # Structured outputs: the text after which the grammar applies (None: from the
+    # first token, or unconstrained).
+    after: str | None = None
 
     def split(self, text: str) -> tuple[str | None, str | None]:
         """A whole answer's reasoning and content (vLLM's extract_reasoning)."""
@@ -130,24 +137,25 @@ def plan(
     prompt: str | list[int],
     constrained: str | None,
 ) -> Reasoning | None:
-    """The request's Reasoning (None without a parser), or its 400. `shown`: vLLM's
+    """The request's Reasoning (None without a parser). `shown`: vLLM's
     `include_reasoning`; `constrained`: the field that constrains the answer (structured
     outputs), if any."""
     if not parser:
         return None
-    if constrained is not None:
-        # vLLM constrains only after the thoughts end; the engine here would constrain
-        # the thoughts too, and a JSON answer could never think.
-        raise OpenAIError(
-            f"`{constrained}` (structured outputs) is not served with the server's "
-            f"--reasoning-parser {parser}: the answer would be constrained from its first "
-            "token, thoughts included",
-            param=constrained,
-        )
     thinking = True
     if parser == "qwen3":
         thinking = (template_kwargs or {}).get("enable_thinking", True) is not False
         if thinking and isinstance(prompt, str):
             last = max((prompt.rfind(tag), tag) for tag in (START, END, *_TURNS))
             thinking = not (last[0] >= 0 and last[1] == END)
-    return Reasoning(parser, shown, thinking)
+    after = None
+    if constrained is not None and thinking:
+        # vLLM's is_reasoning_end on the prompt: for deepseek_r1, its last of the two
+        # tags (qwen3's rule, with its turns, is `thinking`'s).
+        closed = (
+            parser == "deepseek_r1"
+            and isinstance(prompt, str)
+            and (prompt.rfind(END) > prompt.rfind(START))
+        )
+        after = None if closed else END
+    return Reasoning(parser, shown, thinking, after)

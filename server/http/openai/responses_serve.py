@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 import orjson
@@ -30,11 +30,21 @@ from ..disconnects import until_disconnect
 from . import reasoning
 from .catalog import Catalog, text_generation
 from .errors import SERVER_ERROR, OpenAIError
-from .generation import Params, Piece, Usage, build_request, collect, pieces, takes_constraints
+from .generation import (
+    Params,
+    Piece,
+    Usage,
+    after_thoughts,
+    build_request,
+    collect,
+    pieces,
+    takes_constraints,
+)
 from .reasoning import Reasoning
 from .responses import ResponsesRequest, renamed
 from .responses_objects import Identity
 from .responses_stream import Events
+from .structured import AFTER
 from .structured import KEY as STRUCTURED
 from .template import variables
 from .text import SSE_HEADERS, chat_prompt, check_limit, no_chat_template, request_id
@@ -63,23 +73,21 @@ async def create(catalog: Catalog, request: Request, body: ResponsesRequest) -> 
     except OpenAIError as exc:
         raise renamed(exc) from None
     stream = bool(body.stream)
+    given = chat.sampling()
+    thinking = None
+    if catalog.tools.reasoning_parser:
+        field = _constrained(body, chosen, given)
+        thinking = reasoning.plan(
+            catalog.tools.reasoning_parser, body.include_reasoning, variables(chat), prompt, field
+        )
+        if field is not None and thinking is not None and thinking.after is not None:
+            after_thoughts(model, field)
+            given[AFTER] = thinking.after  # the grammar after the thoughts
     try:
-        infer_request, sent = build_request(model, prompt, stream, chat.sampling())
+        infer_request, sent = build_request(model, prompt, stream, given)
     except OpenAIError as exc:  # a refusal names this API's field (`include`...)
         raise renamed(exc) from None
     params = Params("input", sent)
-    thinking = None
-    if catalog.tools.reasoning_parser:
-        try:
-            thinking = reasoning.plan(
-                catalog.tools.reasoning_parser,
-                body.include_reasoning,
-                variables(chat),
-                prompt,
-                _constrained(body, chosen, sent),
-            )
-        except OpenAIError as exc:
-            raise renamed(exc) from None
     identity = Identity(body, request_id(request, body.request_id))
     if body.logprobs_asked():
         identity.top_logprobs = body.top_logprobs or 0
@@ -178,9 +186,9 @@ def _parts(
     return found
 
 
-def _constrained(body: ResponsesRequest, chosen: Any, sent: frozenset[str]) -> str | None:
+def _constrained(body: ResponsesRequest, chosen: Any, given: Mapping[str, Any]) -> str | None:
     """The field whose structured outputs constrain the answer, if one does."""
-    if STRUCTURED not in sent:
+    if STRUCTURED not in given:
         return None
     if chosen == "required" or isinstance(chosen, dict):
         return "tool_choice"

@@ -46,6 +46,7 @@ from .generation import (
     Params,
     Piece,
     Usage,
+    after_thoughts,
     build_request,
     collect,
     ids_input,
@@ -85,13 +86,12 @@ async def chat_completion(
     as_ids = bool(body.return_tokens_as_token_ids)
     answer.logprobs = None if count is None else Logprobs(True, count, as_ids)
     if catalog.tools.reasoning_parser:
+        field = _constrained(body, chosen)
         answer.reasoning = reasoning.plan(
-            catalog.tools.reasoning_parser,
-            body.include_reasoning,
-            variables(body),
-            prompt,
-            _constrained(body, chosen),
+            catalog.tools.reasoning_parser, body.include_reasoning, variables(body), prompt, field
         )
+        if field is not None and answer.reasoning is not None and answer.reasoning.after:
+            after_thoughts(model, field)
         if answer.reasoning is not None and not answer.reasoning.include:
             answer.logprobs = None  # vLLM's: hidden thoughts hide the tokens' logprobs too
     return await _answer(catalog, request, model, body, [prompt], answer)
@@ -211,6 +211,8 @@ async def _answer(
     prompt p's choice i is sequence p * n + i (vLLM's order), each a request of its own."""
     stream = bool(body.stream)
     given = body.sampling()
+    if answer.reasoning is not None and answer.reasoning.after is not None:
+        given[structured.AFTER] = answer.reasoning.after  # the grammar after the thoughts
     n = body.n or 1
     requests: list[InferRequest] = []
     for prompt in prompts:
