@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import llmrepo
 import numpy as np
 import numpy.typing as npt
@@ -39,9 +40,14 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def client(repo: Path) -> AsyncIterator[Any]:
-    async with openai_client(repo, ["tiny"]) as http:
-        yield openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", http_client=http)
+async def http(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
+    async with openai_client(repo, ["tiny"]) as found:
+        yield found
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client(http: httpx.AsyncClient) -> Any:
+    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", http_client=http)
 
 
 def log_softmax(ids: list[int]) -> npt.NDArray[np.float64]:
@@ -148,6 +154,24 @@ async def test_token_ids_are_bounded_by_the_models_vocabulary(client: Any) -> No
                 model="tiny", prompt=[*ids, bad], echo=True, max_tokens=1
             )
         assert f"Token id {bad} is out of vocabulary" in str(info.value)
+
+
+async def test_token_ids_past_the_context_never_reach_the_model(
+    client: Any, http: httpx.AsyncClient
+) -> None:
+    # Refused before its ids are copied into n requests (megabytes of ids would hold the
+    # event loop for seconds): the model counts no request, failed or not.
+    async def requests() -> int:
+        stats = (await http.get("/v2/models/tiny/stats")).json()["model_stats"][0]
+        counts = stats["inference_stats"]
+        return int(counts["success"]["count"]) + int(counts["fail"]["count"])
+
+    before = await requests()
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.completions.create(model="tiny", prompt=[[5] * 300, [6]], n=4, echo=True)
+    assert info.value.code == "context_length_exceeded"
+    assert "the prompt is 300 tokens" in str(info.value)
+    assert await requests() == before
 
 
 async def test_echo_with_logprobs_streamed_sends_the_prompts_entries_first(

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ge_serve.server.errors import ServerError
 from ge_serve.server.inference.core import InferenceServer
@@ -51,6 +52,8 @@ from .guided import GUIDE, GUIDE_TYPE, guide
 from .logprobs import Entry, parse, parse_prompt
 from .structured import AFTER
 from .structured import KEY as STRUCTURED
+
+Array = npt.NDArray[Any]
 
 STREAM = "stream"
 SAMPLING = "sampling_parameters"
@@ -169,7 +172,7 @@ class Usage:
 
 def build_request(
     model: ModelVersion,
-    prompt: str | list[int],
+    prompt: str | list[int] | Array,
     stream: bool,
     given: Mapping[str, Any],
     default_max_tokens: int | None = None,
@@ -245,6 +248,12 @@ def after_thoughts(model: ModelVersion, field: str) -> None:
         )
 
 
+def ids_array(model: ModelVersion, ids: list[int]) -> Array:
+    """A token-id prompt in the dtype of the model's `input_ids`; its ids were checked
+    (prompts.form: integers in [0, 2**31)), so no value is outside that dtype."""
+    return np.asarray(ids, ids_input(model).datatype.numpy)
+
+
 def ids_input(model: ModelVersion) -> TensorSpec:
     """The model's `input_ids` (INT32 or INT64, dims [-1]), which takes token-id prompts
     in place of `text_input`."""
@@ -294,7 +303,7 @@ def _tensor(model: ModelVersion, spec: TensorSpec, value: Any, param: str | None
     one when the model batches; a list along its variable dimension), in its datatype.
     `param` names the client's parameter the value is, for the errors that are the
     client's (a value past the datatype's range)."""
-    items = list(value) if isinstance(value, list) else [value]
+    items = value if isinstance(value, (list, np.ndarray)) else [value]
     lead = (1,) if model.max_batch_size > 0 else ()
     dims = [1 if d < 0 else d for d in spec.dims]
     variable = [i for i, d in enumerate(spec.dims) if d < 0]
@@ -313,8 +322,10 @@ def _tensor(model: ModelVersion, spec: TensorSpec, value: Any, param: str | None
     return Tensor(spec.name, spec.datatype, shape, array.reshape(shape))
 
 
-def _array(model: ModelVersion, spec: TensorSpec, items: list[Any], param: str | None) -> Any:
+def _array(model: ModelVersion, spec: TensorSpec, items: Any, param: str | None) -> Any:
     datatype = spec.datatype
+    if isinstance(items, np.ndarray):
+        return items  # ids_array's: checked, in the input's dtype
     if datatype is DataType.BYTES:
         texts = [item if isinstance(item, str) else json.dumps(item) for item in items]
         return object_array([text.encode("utf-8") for text in texts])

@@ -20,7 +20,7 @@ from pydantic_core import PydanticCustomError
 from ge_serve.server.inference.model import ModelVersion
 
 from .catalog import text_generation
-from .errors import OpenAIError
+from .errors import CONTEXT_LENGTH_EXCEEDED, OpenAIError
 
 # A prompt: text, or token ids.
 Prompt = str | list[int]
@@ -30,6 +30,8 @@ MAX_SEQUENCES = 2048
 # Texts (and id lists) longer than this are tokenized (decoded) on a worker thread; the
 # llm backend's tokenizer releases the GIL for those (backends/llm/text.py).
 THREADED = 1024
+# Token-id prompts of more ids than this, in all, are converted to arrays on a worker thread.
+IDS_INLINE = 1 << 16
 TOKENIZER_MISSING = "tokenizer_missing"
 # Past any model's vocabulary, and past what an INT32 `input_ids` and the tokenizer's decode
 # take: such an id is refused here in vLLM's words, which the model would otherwise word
@@ -109,11 +111,25 @@ def prompt_list(prompt: str | list[str] | list[int] | list[list[int]], n: int) -
     return prompts
 
 
-async def echo_text(model: ModelVersion, prompt: Prompt) -> str:
-    """What `echo` shows of `prompt`: the text, or the ids decoded (vLLM's), with the
-    tokenizer the server holds for the model."""
-    if isinstance(prompt, str):
-        return prompt
+def check_fit(prompts: list[Prompt], max_model_len: int) -> None:
+    """Refuse a token-id prompt that leaves no room to generate, in the engine's (vLLM's)
+    words, before its ids are copied into a request per sequence: a body of megabytes of
+    ids would otherwise hold the event loop for seconds, n times over, to be refused."""
+    for item in prompts:
+        if isinstance(item, list) and 0 < max_model_len <= len(item):
+            raise OpenAIError(
+                f"This model's maximum context length is {max_model_len} tokens. However, "
+                f"the prompt is {len(item)} tokens, which leaves no room to generate.",
+                param="prompt",
+                code=CONTEXT_LENGTH_EXCEEDED,
+            )
+
+
+async def echo_texts(model: ModelVersion, prompts: list[Prompt]) -> list[str]:
+    """What `echo` shows of each prompt: the text, or the ids decoded (vLLM's), with the
+    tokenizer the server holds for the model; all on a worker thread when they are many."""
+    if all(isinstance(item, str) for item in prompts):
+        return [str(item) for item in prompts]
     generation = text_generation(model)
     tokenizer = None if generation is None else generation.tokenizer
     if tokenizer is None:
@@ -123,8 +139,12 @@ async def echo_text(model: ModelVersion, prompt: Prompt) -> str:
             param="echo",
             code=TOKENIZER_MISSING,
         )
-    # `form` bounded the ids. An id the tokenizer does not name decodes to nothing, as in
-    # vLLM, and the model decides whether it is in its vocabulary.
-    if len(prompt) > THREADED:
-        return await asyncio.to_thread(tokenizer.decode, prompt, False)
-    return tokenizer.decode(prompt, False)
+
+    def decoded() -> list[str]:
+        # `form` bounded the ids. An id the tokenizer does not name decodes to nothing, as
+        # in vLLM, and the model decides whether it is in its vocabulary.
+        return [p if isinstance(p, str) else tokenizer.decode(p, False) for p in prompts]
+
+    if sum(len(item) for item in prompts if isinstance(item, list)) > THREADED:
+        return await asyncio.to_thread(decoded)
+    return decoded()

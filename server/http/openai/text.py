@@ -43,19 +43,21 @@ from .catalog import Catalog, text_generation
 from .choices import Item, all_of, merged, one, seeded
 from .errors import CONTEXT_LENGTH_EXCEEDED, SERVER_ERROR, OpenAIError
 from .generation import (
+    Array,
     Params,
     Piece,
     Usage,
     after_thoughts,
     build_request,
     collect,
+    ids_array,
     ids_input,
     pieces,
     takes_constraints,
 )
 from .logprobs import Entry, Logprobs, echoed
 from .objects import DONE, Answer, sse
-from .prompts import THREADED, Prompt, echo_text
+from .prompts import IDS_INLINE, THREADED, Prompt, check_fit, echo_texts
 from .reasoning import ReasoningStream
 from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
 from .template import render_request, variables
@@ -105,7 +107,9 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
     prompts = body.prompts()
     if not isinstance(prompts[0], str):
         ids_input(model)  # its refusal before echo's need of a tokenizer
-    echoes = [await echo_text(model, p) for p in prompts] if body.echo else None
+        if generation is not None:
+            check_fit(prompts, generation.max_model_len)
+    echoes = await echo_texts(model, prompts) if body.echo else None
     answer = _identity(request, body, chat=False, echo=echoes[0] if echoes else "")
     answer.echo_only = body.echo_only()
     as_ids = bool(body.return_tokens_as_token_ids)
@@ -115,6 +119,21 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
         firsts = [await _first_id(generation, p) for p in prompts]
         answer.echo_id = firsts[0]
     return await _answer(catalog, request, model, body, prompts, answer, echoes, firsts)
+
+
+async def _as_sent(model: ModelVersion, prompts: list[Prompt]) -> list[str | Array]:
+    """Each prompt as its requests carry it: a text, or its ids as one array in the dtype
+    of the model's `input_ids`, shared by the prompt's n requests (many ids: converted on
+    a worker thread)."""
+    if all(isinstance(prompt, str) for prompt in prompts):
+        return prompts  # type: ignore[return-value]
+
+    def converted() -> list[str | Array]:
+        return [p if isinstance(p, str) else ids_array(model, p) for p in prompts]
+
+    if sum(len(p) for p in prompts if isinstance(p, list)) > IDS_INLINE:
+        return await asyncio.to_thread(converted)
+    return converted()
 
 
 async def _first_id(generation: TextGeneration | None, prompt: Prompt) -> int | None:
@@ -215,7 +234,7 @@ async def _answer(
         given[structured.AFTER] = answer.reasoning.after  # the grammar after the thoughts
     n = body.n or 1
     requests: list[InferRequest] = []
-    for prompt in prompts:
+    for prompt in await _as_sent(model, prompts):
         for values in seeded(given, n) if n > 1 else [given]:
             infer_request, sent = build_request(
                 model, prompt, stream, values, body.default_max_tokens
