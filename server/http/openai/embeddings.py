@@ -23,7 +23,6 @@ then the step's own (vLLM's words, for the MiniLM tokenizer).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import re
 import sys
@@ -41,6 +40,7 @@ from ge_serve.server.inference.types import InferRequest, InferResponse, Tensor
 from ge_serve.server.inference.wire import object_array
 
 from .catalog import Catalog, Embedder
+from .choices import all_of
 from .errors import OpenAIError, from_server_error
 from .schemas import EmbeddingRequest
 
@@ -100,12 +100,15 @@ async def embed(
 ) -> list[tuple[np.ndarray[Any, Any], int]]:
     """Each text's vector and token count (0 where the model reports none), in order; each
     text is one request to the model, all sent at once. A refusal names the text's field,
-    its `params` entry."""
-    responses = await asyncio.gather(
-        *(
+    its `params` entry, and cancels the other texts' requests."""
+    # The first refusal fails the request and cancels the others, queued or running, as
+    # a client that leaves cancels them all (routes.py): vLLM embeds no text of a request
+    # it refuses, and no one would read those vectors.
+    responses = await all_of(
+        [
             _infer(catalog, _request(model, embedder, text), param)
             for text, param in zip(texts, params, strict=True)
-        )
+        ]
     )
     return [_read(response, embedder) for response in responses]
 

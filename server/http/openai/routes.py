@@ -35,7 +35,7 @@ from starlette.routing import Route
 
 from ge_serve.server.errors import ServerError, internal
 
-from ..disconnects import CLIENT_GONE, ClientGone
+from ..disconnects import CLIENT_GONE, ClientGone, until_disconnect
 from ..openapi import ApiRoute
 from ..openapi import Body as DocumentedBody
 from ..routing import RouteHost
@@ -181,15 +181,18 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
     async def embed(request: Request) -> Response:
         body = await read(request, EmbeddingRequest)
         given = text.request_id(request, body.request_id)
-        return _json(await embeddings.embeddings(catalog, body, given))
+        # vLLM's @with_cancellation: a client that leaves cancels every text's request,
+        # queued or running, rather than leave the model to embed them for no one.
+        answer = await until_disconnect(request, embeddings.embeddings(catalog, body, given))
+        return _json(answer)
 
     async def score(request: Request) -> Response:
         body = await read(request, scoring.form)
-        return _json(await scoring.score(catalog, request, body))
+        return _json(await until_disconnect(request, scoring.score(catalog, request, body)))
 
     async def rerank(request: Request) -> Response:
         body = await read(request, scoring.RerankRequest)
-        return _json(await scoring.rerank(catalog, request, body))
+        return _json(await until_disconnect(request, scoring.rerank(catalog, request, body)))
 
     async def tokenize_text(request: Request) -> Response:
         body = await read(request, tokenize.form)
