@@ -16,8 +16,8 @@ The token axis is the dims of the `input_ids` output in config.pbtxt:
 - `[N]`: every sentence padded to N (the fixed-length pipeline); N is the context.
 
 A sentence longer than the context is never truncated: its request fails with
-INVALID_ARG in vLLM's words ("This model's maximum context length is N tokens. However,
-you requested M tokens in the input for embedding generation. ..."), which the /v1 route
+INVALID_ARG in vLLM 0.34's words ("This model's maximum context length is N tokens.
+However, your prompt contains M input tokens, which exceeds this limit ..."), which /v1
 answers with OpenAI's 400 `context_length_exceeded`, as vLLM and OpenAI refuse such an
 input rather than embed part of it.
 
@@ -110,9 +110,13 @@ class TritonPythonModel:
             if tokens > self.length:
                 where = f" (TEXT row {row})" if len(encodings) > 1 else ""
                 return pb_utils.TritonError(
+                    # vLLM 0.34's (its renderer's token length check), with the whole
+                    # count: vLLM stops tokenizing one past the context and says "at
+                    # least", while this tokenizer has counted every token.
                     f"This model's maximum context length is {self.length} tokens. However, "
-                    f"you requested {tokens} tokens in the input for embedding generation. "
-                    f"Please reduce the length of the input{where}.",
+                    f"your prompt contains {tokens} input tokens, which exceeds this limit "
+                    f"even without any output tokens. Please reduce the length of the input "
+                    f"prompt{where}.",
                     pb_utils.TritonError.INVALID_ARG,
                 )
         return None

@@ -209,8 +209,9 @@ def test_a_sentence_past_the_context_is_refused_not_truncated(
     # One token past the context is a 400 / INVALID_ARGUMENT naming the context and the
     # count, in vLLM's words, for the whole request it is in; the next request is served.
     limit = (
-        f"This model's maximum context length is {CONTEXT} tokens. However, you requested "
-        f"{CONTEXT + 1} tokens in the input for embedding generation."
+        f"This model's maximum context length is {CONTEXT} tokens. However, your prompt "
+        f"contains {CONTEXT + 1} input tokens, which exceeds this limit even without any "
+        "output tokens."
     )
     triton = Triton.connect(protocol, minilm_server)
     try:
@@ -219,7 +220,7 @@ def test_a_sentence_past_the_context_is_refused_not_truncated(
             with pytest.raises(InferenceServerException) as caught:
                 triton.infer("minilm", {"TEXT": text})
             triton.expect_error(caught.value, "INVALID_ARGUMENT", limit)
-            assert caught.value.message().endswith(f"length of the input{where}.")
+            assert caught.value.message().endswith(f"length of the input prompt{where}.")
         (after,) = embed(triton, [SENTENCES[0]])
         np.testing.assert_allclose(after, reference[SENTENCES[0]], atol=1e-4, rtol=0)
     finally:

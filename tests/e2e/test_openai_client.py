@@ -351,9 +351,9 @@ def test_minilm_refuses_an_input_past_its_context(minilm_server: ServerProcess) 
     from minilm import CONTEXT, TOO_LONG
 
     message = (
-        f"This model's maximum context length is {CONTEXT} tokens. However, you requested "
-        f"{CONTEXT + 1} tokens in the input for embedding generation. Please reduce the "
-        "length of the input."
+        f"This model's maximum context length is {CONTEXT} tokens. However, your prompt "
+        f"contains {CONTEXT + 1} input tokens, which exceeds this limit even without any "
+        "output tokens. Please reduce the length of the input prompt."
     )
     with openai.OpenAI(base_url=minilm_server.base_url + "/v1", api_key="unused") as client:
         for given, param in ((TOO_LONG, "input"), (["Hello.", TOO_LONG], "input[1]")):
@@ -375,7 +375,7 @@ def test_minilm_refuses_an_input_past_its_context(minilm_server: ServerProcess) 
         assert huge.status_code == 400, huge.text
         error = huge.json()["error"]
         assert error["code"] == "context_length_exceeded" and error["param"] == "input"
-        assert "However, you requested 500002 tokens" in error["message"]
+        assert "However, your prompt contains 500002 input tokens" in error["message"]
         # The server goes on: the longest input it takes is served.
         served = client.embeddings.create(model="minilm", input="word " * (CONTEXT - 2))
         assert served.usage.prompt_tokens == CONTEXT

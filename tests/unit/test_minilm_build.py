@@ -428,9 +428,9 @@ def test_the_tokenizer_model_refuses_a_sentence_past_its_context(
         ]
     )
     expected = (
-        f"This model's maximum context length is {CONTEXT} tokens. However, you requested "
-        f"{CONTEXT + 1} tokens in the input for embedding generation. Please reduce the "
-        "length of the input"
+        f"This model's maximum context length is {CONTEXT} tokens. However, your prompt "
+        f"contains {CONTEXT + 1} input tokens, which exceeds this limit even without any "
+        "output tokens. Please reduce the length of the input prompt"
     )
     assert alone.has_error() and alone.error().message() == expected + "."
     assert alone.error().code() == pb_utils.TritonError.INVALID_ARG
