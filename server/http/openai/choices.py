@@ -10,6 +10,9 @@ model contract, so any generative model /v1 serves answers n choices.
 - Streamed: the choices' pieces as the model gives them, each with its index, and the end
   of each choice as an item of its own; one that fails ends the stream, and the others
   are cancelled. Closing the stream cancels them all.
+
+`all_of` serves every route that sends one request for many items the same way: a
+completions list of prompts, and the texts of /v1/embeddings, /score and /rerank.
 """
 
 from __future__ import annotations
