@@ -421,11 +421,11 @@ class GenerationScheduler:
         seq.last_token_s = now
         reason: str | None = None
         delta = ""
-        # vLLM's `stop_reason`: the stop token id that ended the answer (not the EOS).
+        # vLLM's `stop_reason`: the stop token id that ended the answer (EOS ids but one).
         stop: int | None = None
         ends = token in eos and not params.ignore_eos
         if ends or token in params.stop_token_ids:
-            reason, stop = "stop", None if ends else token
+            reason, stop = "stop", None if ends and token == self._model.eos_id else token
         else:
             # vLLM's: no stop string ends within the first min_tokens tokens.
             text = seq.detokenizer.add(token)

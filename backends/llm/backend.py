@@ -88,7 +88,7 @@ class LlmModel:
     settings: EngineSettings
     tokenizer: Tokenizer
     runner: Runner
-    # Tokens that end a sequence (the config's, else the tokenizer's eos_token's id).
+    # Tokens that end a sequence: the `eos_token`'s id and the config's `eos_token_ids`.
     eos_ids: frozenset[int]
     # Which optional outputs the config declares (only those are sent).
     outputs: tuple[str, ...]
@@ -97,6 +97,10 @@ class LlmModel:
     opt_in: frozenset[str] = frozenset()
     # Whether the config declares `input_ids` (a prompt may come as token ids).
     takes_ids: bool = False
+    # The primary EOS (vLLM's tokenizer EOS): an answer ending on it has no `stop_reason`;
+    # one ending on another of `eos_ids` has that id, as vLLM turns a generation
+    # config's other EOS ids into stop token ids.
+    eos_id: int | None = None
 
     def close(self) -> None:
         """Release the step graph (device memory, on an NPU). Once, after the engine
@@ -131,11 +135,8 @@ class LlmBackend:
                 f"the tokenizer has {tokenizer.vocab_size} tokens, more than the step "
                 f"model's {runner.shape.vocab} logits"
             )
-        eos = set(settings.eos_token_ids)
-        if not eos and settings.eos_token:
-            found = tokenizer.token_id(settings.eos_token)
-            if found is not None:
-                eos.add(found)
+        primary = eos_primary(settings, tokenizer)
+        eos = set(settings.eos_token_ids) | ({primary} if primary is not None else set())
         if any(i >= runner.shape.vocab for i in eos):
             raise ValueError(f"parameter eos_token_ids: {sorted(eos)} outside the vocabulary")
         template = None
@@ -153,6 +154,7 @@ class LlmBackend:
                 i.name.removeprefix("return_") for i in config.input if i.name in RETURN_FLAGS
             ),
             takes_ids=any(i.name == IDS_INPUT for i in config.input),
+            eos_id=primary,
         )
         log.info(
             "model '%s' on %s: %d layers, %d KV blocks of %d tokens (%.1f MiB), %s batching, "
@@ -268,3 +270,14 @@ def _check_ids_input(config: model_config_pb2.ModelConfig) -> None:
             f"'{IDS_INPUT}': a request carries one of the two, so a required "
             f"'{TEXT_INPUT}' would leave no request able to send token ids alone"
         )
+
+
+def eos_primary(settings: EngineSettings, tokenizer: Tokenizer) -> int | None:
+    """The primary EOS: the `eos_token`'s id (vLLM's tokenizer EOS), else the first of
+    `eos_token_ids` (so a config that lists only ids keeps `stop_reason` null on its
+    first, as before); None where neither names one."""
+    if settings.eos_token:
+        found = tokenizer.token_id(settings.eos_token)
+        if found is not None:
+            return found
+    return settings.eos_token_ids[0] if settings.eos_token_ids else None
