@@ -234,6 +234,10 @@ class TextGeneration:
     # The model's tokenizer, where the backend holds one (the llm backend's); a Python
     # model tokenizes inside itself, out of the front ends' reach.
     tokenizer: TextTokenizer | None = None
+    # The model's `sampling_parameters` take the `llm` engine's own key
+    # `structured_outputs_after` (a grammar that waits for a thinking model's `</think>`);
+    # another model's (vLLM's SamplingParams(**params)) would fail on it.
+    structured_after: bool = False
 
 
 @dataclass(slots=True)

@@ -178,6 +178,7 @@ class LlmBackend:
                 eos_token=settings.eos_token,
                 max_model_len=settings.max_model_len,
                 tokenizer=tokenizer,
+                structured_after=True,
             ),
         )
 

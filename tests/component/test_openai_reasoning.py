@@ -246,29 +246,31 @@ def given(text: str | None) -> dict[str, Any]:
     return found
 
 
-async def test_structured_outputs_constrain_after_the_thoughts(r1: httpx.AsyncClient) -> None:
-    # The model is told to constrain only what follows `</think>` (vLLM's
-    # reasoning_ended); the stand-in answers with what it was told, all thoughts.
-    cases: list[dict[str, Any]] = [
-        {"response_format": {"type": "json_object"}},
-        {"structured_outputs": {"regex": "a+"}},
-        {"tools": [WEATHER], "tool_choice": "required"},
-        {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "weather"}}},
+async def test_structured_outputs_after_the_thoughts_need_an_llm_model(
+    r1: httpx.AsyncClient,
+) -> None:
+    # The key that makes the grammar wait for `</think>` is the `llm` engine's own: a
+    # Python model on Triton's vLLM backend's interface (SamplingParams(**params)) would
+    # fail on it, so its constraining field is refused rather than the key sent.
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
+        ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
+        ({"structured_outputs": {"regex": "a+"}, "n": 2}, "structured_outputs"),
+        ({"structured_outputs": {"regex": "a+"}, "stream": True}, "structured_outputs"),
     ]
-    for fields in cases:
-        found = given((await message(r1, "?sampling", **fields))["reasoning"])
-        assert found["structured_outputs_after"] == "</think>", fields
-        assert "structured_outputs" in found
-    many = await message(r1, "?sampling", n=2, structured_outputs={"regex": "a+"})
-    assert given(many["reasoning"])["structured_outputs_after"] == "</think>"
-    deltas = await streamed(r1, "?sampling", structured_outputs={"regex": "a+"})
-    assert given(joined(deltas, "reasoning"))["structured_outputs_after"] == "</think>"
-    answer = await client_of(r1).responses.create(
-        model="thinker", input="?sampling", text={"format": {"type": "json_object"}}
-    )
-    thoughts = answer.output[0]
-    assert thoughts.type == "reasoning" and thoughts.content
-    assert given(thoughts.content[0].text)["structured_outputs_after"] == "</think>"
+    messages = [{"role": "user", "content": "?sampling"}]
+    for fields, param in cases:
+        body = {"model": "thinker", "messages": messages, **fields}
+        found = error(await r1.post(CHAT, json=body))
+        assert found["param"] == param, fields
+        assert "need a model of the 'llm' backend" in found["message"], found
+    body = {"model": "thinker", "input": "?sampling", "text": {"format": {"type": "json_object"}}}
+    found = error(await r1.post("/v1/responses", json=body))
+    assert found["param"] == "text" and "'llm' backend" in found["message"]
+    # Unconstrained, the same model answers, and is never given the key.
+    found = given((await message(r1, "?sampling"))["reasoning"])
+    assert "structured_outputs_after" not in found
 
 
 async def test_structured_outputs_without_open_thoughts_constrain_from_the_start(
@@ -293,7 +295,7 @@ async def test_a_model_without_sampling_parameters_is_refused(r1: httpx.AsyncCli
     body = {"model": "guided", "messages": messages, "response_format": {"type": "json_object"}}
     found = error(await r1.post(CHAT, json=body))
     assert found["param"] == "response_format"
-    assert "need a model with a 'sampling_parameters' input" in found["message"]
+    assert "need a model of the 'llm' backend" in found["message"]
     body = {"model": "guided", "input": "x", "text": {"format": {"type": "json_object"}}}
     found = error(await r1.post("/v1/responses", json=body))
     assert found["param"] == "text" and "'sampling_parameters'" in found["message"]

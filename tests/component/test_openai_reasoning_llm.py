@@ -6,6 +6,7 @@ first token."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -69,3 +70,30 @@ async def test_a_prompt_that_closed_its_thoughts_is_constrained_at_once(
     # deepseek_r1 reads an answer without `</think>` as all thoughts.
     assert re.fullmatch(PATTERN, found["message"]["reasoning"]), found
     assert found["finish_reason"] == "stop"
+
+
+async def test_streams_choices_and_responses_wait_for_the_thoughts_too(
+    http: httpx.AsyncClient,
+) -> None:
+    # The `llm` engine is the model that takes `structured_outputs_after`, on every path.
+    free = (await choice(http, "Hello", max_tokens=24))["message"]["reasoning"]
+    constrained = {"structured_outputs": {"regex": PATTERN}, "max_tokens": 24}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], **constrained}
+    many = await http.post("/v1/chat/completions", json=body | {"n": 2, "seed": 1})
+    assert many.status_code == 200, many.text
+    assert all(c["message"]["reasoning"] for c in many.json()["choices"]), many.json()
+    parts = []
+    stream = body | {"stream": True, "temperature": 0}
+    async with http.stream("POST", "/v1/chat/completions", json=stream) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                parts.append(json.loads(line[6:])["choices"][0]["delta"].get("reasoning") or "")
+    assert "".join(parts) == free
+    answer = await http.post(
+        "/v1/responses",
+        json={"model": "tiny", "input": "Hello", "max_output_tokens": 24, "temperature": 0,
+              "text": {"format": {"type": "json_object"}}},
+    )  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["output"][0]["type"] == "reasoning"

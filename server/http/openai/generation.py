@@ -237,14 +237,17 @@ def build_request(
 
 def after_thoughts(model: ModelVersion, field: str) -> None:
     """With --reasoning-parser, structured outputs wait for the end of the thoughts, which
-    the server tells the model in its `sampling_parameters` (key `AFTER`); a model without
-    that input would constrain the thoughts too: a 400 on `field`, the constraining one."""
-    if SAMPLING not in model.inputs:
+    the server tells the model in its `sampling_parameters` (key `AFTER`, the `llm`
+    engine's own). Any other model would constrain the thoughts too (TensorRT-LLM's guided
+    inputs), or fail on the unknown key (a Python model on Triton's vLLM backend's
+    interface builds vLLM's SamplingParams from the JSON): a 400 on `field`."""
+    generation = model.loaded.text_generation
+    if SAMPLING not in model.inputs or generation is None or not generation.structured_after:
         raise unsupported(
             field,
-            f"Structured outputs with --reasoning-parser need a model with a '{SAMPLING}' "
-            f"input, which the server tells to constrain the answer after its thoughts "
-            f"('{AFTER}'): the model '{model.name}' has none",
+            f"Structured outputs with --reasoning-parser need a model of the 'llm' backend, "
+            f"whose '{SAMPLING}' the server tells to constrain the answer after its thoughts "
+            f"('{AFTER}'): the model '{model.name}' is not one",
         )
 
 
