@@ -437,9 +437,8 @@ class GenerationScheduler:
         if reason is None and seq.generated >= seq.max_tokens:
             reason = "length"
         if reason is None:
-            if seq.stream:
-                if delta:
-                    seq.sink.send(seq.response(delta, False, self._new_ids(seq)), None, False)
+            if seq.stream:  # every token, its text held back or not, as vLLM's outputs
+                seq.sink.send(seq.response(delta, False, self._new_ids(seq)), None, False)
             elif delta:
                 seq.answer.append(delta)
             return

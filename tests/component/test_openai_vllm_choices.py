@@ -123,6 +123,28 @@ async def test_the_last_streamed_token_carries_the_finish_reason(client: Any) ->
     assert [c.finish_reason for c in deltas] == [None, None, None, "length"]
 
 
+async def test_a_token_whose_text_is_held_is_a_chunk_of_its_own(client: Any) -> None:
+    # vLLM's: a chunk for every output with tokens, its text "" where a possible stop
+    # string holds it back, so a stream is as many chunks as tokens, one token's
+    # logprobs each. "zz" -> "|://": the third token's "/" could begin "/x".
+    ids = llmrepo.reference_ids("zz", 4)
+    stream = await client.completions.create(
+        model="tiny", prompt="zz", max_tokens=4, stop=["/x"], stream=True, logprobs=0,
+        **GREEDY,
+    )  # fmt: skip
+    chunks = [chunk.choices[0] async for chunk in stream]
+    assert [c.text for c in chunks] == ["|", ":", "", "//"]
+    tokens = [c.logprobs.tokens for c in chunks]
+    assert tokens == [[llmrepo.answer_text([i])] for i in ids], tokens
+    assert [c.finish_reason for c in chunks] == [None, None, None, "length"]
+    # Chat, "K" -> "7Mq": the "M" could begin "Mz".
+    stream = await client.chat.completions.create(
+        model="tiny", messages=CHAT, max_tokens=3, stop=["Mz"], stream=True, **GREEDY
+    )
+    deltas = [chunk.choices[0] async for chunk in stream]
+    assert [c.delta.content for c in deltas] == ["", "7", "", "Mq"]  # the role's first
+
+
 async def test_echoed_first_token_as_token_id(client: Any) -> None:
     ids = llmrepo.prompt_ids("zz")
     for prompt in ("zz", ids):

@@ -382,7 +382,8 @@ async def _events(
 
 def _delta(choice: _Choice, piece: Piece, echo_only: bool) -> list[bytes]:
     """The chunks of a choice's piece: its text (after the echo, unless only the echo is
-    shown), with the log probabilities held so far; none where it has no text. With
+    shown), with the log probabilities held so far; none where it has neither text nor
+    tokens (a piece of tokens whose text is held back is a chunk of "", as vLLM's). With
     tools, the deltas its text makes (tools.py), and the closing chunk where the parse
     went past its limit (Triton's: finish_reason "length", the model cancelled). The
     model's last response (it has the finish reason) closes the choice with its own
@@ -418,8 +419,8 @@ def _delta(choice: _Choice, piece: Piece, echo_only: bool) -> list[bytes]:
     choice.echo = "" if text else choice.echo
     if last:
         return _closing(choice, text=text)
-    if not text:
-        return []
+    if not text and not piece.completion_tokens:
+        return []  # vLLM's: a chunk for every output with tokens, its text held or not
     chunk = choice.answer.chunk(text, usage=choice.usage, entries=choice.held)
     choice.held = [] if choice.held is not None else None
     return [chunk]
