@@ -240,11 +240,11 @@ def rendered(messages: Sequence[Mapping[str, object]]) -> str:
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
 
 
-async def greedy_answer(
+async def greedy_reply(
     engine: GenerationScheduler, prompt: str, **sampling: Any
-) -> tuple[str, list[int], str]:
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """A non-streamed answer of an engine (greedy unless `sampling` says otherwise): its
-    text, its tokens and its finish reason."""
+    one response's outputs, and that response's parameters."""
     sink = RecordingSink()
     inputs = {
         "text_input": np.array([prompt.encode()], dtype=object),
@@ -257,5 +257,13 @@ async def greedy_answer(
     await sink.until_final()
     assert not sink.errors, sink.errors
     (response,) = sink.responses
+    return response, dict(sink.sent[-1].parameters or {})
+
+
+async def greedy_answer(
+    engine: GenerationScheduler, prompt: str, **sampling: Any
+) -> tuple[str, list[int], str]:
+    """A non-streamed answer's text, tokens and finish reason (`greedy_reply`)."""
+    response, _ = await greedy_reply(engine, prompt, **sampling)
     text = response["text_output"][0].decode()
     return text, [int(i) for i in response["output_ids"]], response["finish_reason"][0].decode()

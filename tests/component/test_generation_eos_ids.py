@@ -7,19 +7,14 @@ tiny model (tests/llmrepo.py), driven in process."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import llmrepo
-import numpy as np
 import pytest
-from recording_sink import RecordingSink
 
-from ge_serve.backends.base import RequestContext
 from ge_serve.scheduler.generation import GenerationScheduler
-from ge_serve.scheduler.work import WorkItem
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,19 +38,7 @@ async def answer(
     engine: GenerationScheduler, prompt: str, **sampling: Any
 ) -> tuple[list[int], str, object]:
     """A greedy, non-streamed answer's tokens, finish reason and `stop_reason`."""
-    sink = RecordingSink()
-    inputs = {
-        "text_input": np.array([prompt.encode()], dtype=object),
-        "exclude_input_in_output": np.array([True]),
-        "sampling_parameters": np.array(
-            [json.dumps({"temperature": 0} | sampling).encode()], dtype=object
-        ),
-    }
-    await engine.submit(WorkItem(inputs, 1, context=RequestContext(responses=sink)))
-    await sink.until_final()
-    assert not sink.errors, sink.errors
-    (response,) = sink.responses
-    parameters = sink.sent[-1].parameters or {}
+    response, parameters = await llmrepo.greedy_reply(engine, prompt, **sampling)
     ids = [int(i) for i in response["output_ids"]]
     return ids, response["finish_reason"][0].decode(), parameters.get("stop_reason")
 
