@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, RootModel
@@ -89,50 +89,44 @@ class _Scoring(Body):
             raise OpenAIError(fields.REMOVED_NORMALIZE, param="normalize")
         fields.refuse_by_table(self, NEVER_SERVED, DEFAULT_ONLY)
 
+    # The form's two fields: the first texts, then the second.
+    KEYS: ClassVar[tuple[str, str]]
+
     def pair(self) -> tuple[str, _Text | list[_Text], str, _Text | list[_Text]]:
         """The first texts and the second, each with its field's name."""
-        raise NotImplementedError
+        first, second = self.KEYS
+        return first, getattr(self, first), second, getattr(self, second)
 
 
 class ScoreQueriesDocuments(_Scoring):
+    KEYS = ("queries", "documents")
     queries: _Text | list[_Text]
     documents: _Text | list[_Text]
-
-    def pair(self) -> tuple[str, _Text | list[_Text], str, _Text | list[_Text]]:
-        return "queries", self.queries, "documents", self.documents
 
 
 class ScoreQueriesItems(_Scoring):
+    KEYS = ("queries", "items")
     queries: _Text | list[_Text]
     items: _Text | list[_Text]
 
-    def pair(self) -> tuple[str, _Text | list[_Text], str, _Text | list[_Text]]:
-        return "queries", self.queries, "items", self.items
-
 
 class ScoreData(_Scoring):
+    KEYS = ("data_1", "data_2")
     data_1: _Text | list[_Text]
     data_2: _Text | list[_Text]
 
-    def pair(self) -> tuple[str, _Text | list[_Text], str, _Text | list[_Text]]:
-        return "data_1", self.data_1, "data_2", self.data_2
-
 
 class ScoreText(_Scoring):
+    KEYS = ("text_1", "text_2")
     text_1: _Text | list[_Text]
     text_2: _Text | list[_Text]
 
-    def pair(self) -> tuple[str, _Text | list[_Text], str, _Text | list[_Text]]:
-        return "text_1", self.text_1, "text_2", self.text_2
-
 
 class RerankRequest(_Scoring):
+    KEYS = ("query", "documents")
     query: _Text
     documents: _Text | list[_Text]
     top_n: int = Field(0, ge=0)
-
-    def pair(self) -> tuple[str, _Text | list[_Text], str, _Text | list[_Text]]:
-        return "query", self.query, "documents", self.documents
 
 
 ScoreForm = (
@@ -140,12 +134,7 @@ ScoreForm = (
 )
 
 
-_FORMS: tuple[tuple[ScoreForm, tuple[str, str]], ...] = (
-    (ScoreQueriesDocuments, ("queries", "documents")),
-    (ScoreQueriesItems, ("queries", "items")),
-    (ScoreData, ("data_1", "data_2")),
-    (ScoreText, ("text_1", "text_2")),
-)
+_FORMS: tuple[ScoreForm, ...] = (ScoreQueriesDocuments, ScoreQueriesItems, ScoreData, ScoreText)
 
 
 class ScoreRequest(RootModel[ScoreQueriesDocuments | ScoreQueriesItems | ScoreData | ScoreText]):
@@ -157,8 +146,8 @@ def form(document: Any) -> ScoreForm:
     fields it has; else `queries` and `documents` (vLLM's documented form), whose missing
     field is then named."""
     if isinstance(document, dict):
-        for schema, keys in _FORMS:
-            if all(key in document for key in keys):
+        for schema in _FORMS:
+            if all(key in document for key in schema.KEYS):
                 return schema
     return ScoreQueriesDocuments
 
