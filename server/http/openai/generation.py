@@ -172,14 +172,14 @@ class Usage:
 
 def build_request(
     model: ModelVersion,
-    prompt: str | list[int] | Array,
+    prompt: str | Array,
     stream: bool,
     given: Mapping[str, Any],
     default_max_tokens: int | None = None,
 ) -> tuple[InferRequest, frozenset[str]]:
     """The request for `model`, and the parameters it passes on. `given`: the sampling
     parameters the client set, by vLLM's keys (`Sampling.sampling`); `prompt`, text or
-    token ids (for `input_ids`)."""
+    token ids (`ids_array`'s, for `input_ids`)."""
     inputs = model.inputs
     if isinstance(prompt, str):
         tensors = [_tensor(model, inputs[TEXT_INPUT], [prompt])]
