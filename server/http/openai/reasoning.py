@@ -134,7 +134,7 @@ def plan(
     parser: str,
     shown: bool,
     template_kwargs: dict[str, Any] | None,
-    prompt: str | list[int],
+    prompt: str,
     constrained: str | None,
 ) -> Reasoning | None:
     """The request's Reasoning (None without a parser). `shown`: vLLM's
@@ -145,17 +145,13 @@ def plan(
     thinking = True
     if parser == "qwen3":
         thinking = (template_kwargs or {}).get("enable_thinking", True) is not False
-        if thinking and isinstance(prompt, str):
+        if thinking:
             last = max((prompt.rfind(tag), tag) for tag in (START, END, *_TURNS))
             thinking = not (last[0] >= 0 and last[1] == END)
     after = None
     if constrained is not None and thinking:
         # vLLM's is_reasoning_end on the prompt: for deepseek_r1, its last of the two
         # tags (qwen3's rule, with its turns, is `thinking`'s).
-        closed = (
-            parser == "deepseek_r1"
-            and isinstance(prompt, str)
-            and (prompt.rfind(END) > prompt.rfind(START))
-        )
+        closed = parser == "deepseek_r1" and prompt.rfind(END) > prompt.rfind(START)
         after = None if closed else END
     return Reasoning(parser, shown, thinking, after)
