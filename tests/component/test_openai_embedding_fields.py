@@ -100,8 +100,6 @@ async def test_a_bad_value_is_400_naming_the_field(
         ("add_special_tokens", False, True),
         ("use_activation", False, True),
         ("priority", 1, 0),
-        ("encoding_format", "bytes", "float"),
-        ("encoding_format", "bytes_only", "float"),
     ],
 )
 async def test_fields_not_served_are_refused_by_name(

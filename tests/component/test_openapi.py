@@ -287,7 +287,10 @@ async def test_the_openai_routes_have_their_bodies_and_openai_errors(
     chat = body_schema(document, "/v1/chat/completions")
     assert sorted(chat["required"]) == ["messages", "model"]
     assert chat["properties"]["temperature"]["anyOf"][0]["maximum"] == 2.0
-    assert "input" in body_schema(document, "/v1/embeddings")["required"]
+    # `input` or vLLM's chat form `messages`.
+    embeddings = body_schema(document, "/v1/embeddings")
+    assert {"input", "messages"} <= set(embeddings["properties"])
+    assert "task" in body_schema(document, "/pooling")["properties"]
     assert "prompt" in body_schema(document, "/v1/completions")["required"]
     for path, method in (("/v1/models", "get"), ("/v1/chat/completions", "post")):
         responses = document["paths"][path][method]["responses"]

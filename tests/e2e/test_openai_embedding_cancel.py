@@ -74,6 +74,7 @@ def texts(count: int) -> list[str]:
 # Each route with a body of TEXTS distinct texts (a query and TEXTS - 1 documents).
 BODIES: dict[str, dict[str, Any]] = {
     "/v1/embeddings": {"model": "slow", "input": texts(TEXTS)},
+    "/pooling": {"model": "slow", "input": texts(TEXTS)},
     "/rerank": {"model": "slow", "query": "query", "documents": texts(TEXTS - 1)},
     "/score": {"model": "slow", "queries": "query", "documents": texts(TEXTS - 1)},
 }
@@ -132,7 +133,7 @@ def test_a_refused_text_cancels_the_others(server: ServerProcess, path: str) -> 
     before = embedded(server)
     body = json.loads(json.dumps(BODIES[path]))
     # The first text the model takes is the one it refuses, while the others wait.
-    if path == "/v1/embeddings":
+    if path in ("/v1/embeddings", "/pooling"):
         body["input"][0] = "REFUSE"
     else:
         body["query" if path == "/rerank" else "queries"] = "REFUSE"

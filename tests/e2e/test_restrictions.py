@@ -57,6 +57,8 @@ from ge_serve.server.grpc.restricted import RestrictedProtocolInterceptor
         ("/v1/rerank", "inference"),
         ("/v2/rerank", "inference"),
         ("/openai/v1/rerank", "inference"),
+        ("/pooling", "inference"),
+        ("/v1/pooling", None),
         ("/v2/score", None),
         ("/v1/models", "metadata"),
         ("/v1/models/simple", "metadata"),

@@ -1,14 +1,22 @@
-"""`POST /v1/embeddings`: one vector per input string, from any embedding model.
+"""`POST /v1/embeddings`: one vector per input string, from any embedding model; and the
+machinery that /pooling and the scoring routes share (`vectors`, `embed`, `encoded`).
 
 Each string is one request to the model (its BYTES input holds one element), all sent at
 once, so the model's own scheduler batches them as it batches any clients' requests (the
 MiniLM pipeline pads and merges them by length); the vectors come back in input order.
+vLLM's chat forms (`messages`, or messages in `input`) render each conversation with the
+model's chat template (a config parameter `chat_template_source`, catalog.py) and embed
+the text; a model without one is refused in vLLM's words, as vLLM refuses a tokenizer
+without a chat template (the MiniLM ensemble has none).
 
 `encoding_format` `float` gives JSON numbers; `base64` gives the vector's bytes in base64:
 little-endian float32 by default, as OpenAI's clients decode them, or vLLM's
 `embed_dtype` (float16, bfloat16, fp8 e4m3 or e5m2, converted as torch converts them,
 rounding to nearest) in its `endianness` ("native": this machine's), as vLLM encodes
-them; `float` ignores both, as vLLM's does. `usage.prompt_tokens` is the
+them; `float` ignores both, as vLLM's does. vLLM's `bytes` and `bytes_only` answer the
+vectors' bytes so encoded, one after the other, as `application/octet-stream`, `bytes`
+with vLLM's `metadata` header (the answer's JSON, each vector's byte range and shape in
+place of the vector). `usage.prompt_tokens` is the
 sum of the model's `num_input_tokens` output where it has one (the MiniLM ensemble's
 tokenizer reports it), else 0, rather than a count made up outside the model's tokenizer.
 
@@ -23,7 +31,9 @@ then the step's own (vLLM's words, for the MiniLM tokenizer).
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import json
 import re
 import sys
 import time
@@ -33,16 +43,18 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+from starlette.responses import Response
 
 from ge_serve.server.errors import ServerError
 from ge_serve.server.inference.model import ModelVersion
 from ge_serve.server.inference.types import InferRequest, InferResponse, Tensor
 from ge_serve.server.inference.wire import object_array
 
-from .catalog import Catalog, Embedder
+from .catalog import Catalog, Embedder, text_generation
 from .choices import all_of
+from .embed_schemas import NO_CHAT_TEMPLATE, EmbeddingRequest, PooledBody
 from .errors import OpenAIError, from_server_error
-from .schemas import EmbeddingRequest
+from .template import render
 
 # What an ensemble puts in front of a step's error (scheduler/ensemble.py), once per level.
 _ENSEMBLE_PREFIX = re.compile(r"^(?:in ensemble '[^']*', )+")
@@ -55,40 +67,106 @@ _EMBED_DTYPES: dict[str, Any] = {
     "fp8_e4m3": ml_dtypes.float8_e4m3fn,
     "fp8_e5m2": ml_dtypes.float8_e5m2,
 }
+# Conversations of more messages than this are rendered off the event loop's thread.
+_RENDERED_ON_THE_LOOP = 64
+Vectors = list[tuple[np.ndarray[Any, Any], int]]
 
 
 async def embeddings(
     catalog: Catalog, body: EmbeddingRequest, request_id: str = ""
-) -> dict[str, Any]:
+) -> dict[str, Any] | Response:
     """The answer, whose `id` (vLLM's, which OpenAI's lacks) is `embd-` and `request_id`
     (the client's, text.request_id) or a fresh one."""
     model, embedder = catalog.embedding(body.model)
-    texts = body.texts()
     size = embedder.vector_output.dims[0]
     if body.dimensions is not None and size > 0:
-        _check_dimensions(body, size)  # before the model runs, where its size is declared
-    listed = not isinstance(body.input, str)
-    params = [f"input[{i}]" if listed else "input" for i in range(len(texts))]
-    data = []
-    tokens = 0
-    for index, (vector, count) in enumerate(await embed(catalog, model, embedder, texts, params)):
-        if body.dimensions is not None:
-            _check_dimensions(body, vector.size)
-        tokens += count
-        encoded: Any
-        if body.encoding_format == "base64":
-            encoded = _base64(vector, body.embed_dtype, body.endianness)
-        else:
-            encoded = vector.tolist()
-        data.append({"object": "embedding", "index": index, "embedding": encoded})
+        _check_dimensions(body.model, body.dimensions, size)  # before the model runs
+    found = await vectors(catalog, model, embedder, body)
+    if body.dimensions is not None:
+        for vector, _ in found:
+            _check_dimensions(body.model, body.dimensions, vector.size)
+    name = "embd-" + (request_id or uuid.uuid4().hex)
+    created = int(time.time())
+    if body.encoding_format in ("bytes", "bytes_only"):
+        return binary(body, name, created, body.model, found)
+    tokens = sum(count for _, count in found)
     return {
-        "id": "embd-" + (request_id or uuid.uuid4().hex),
+        "id": name,
         "object": "list",
-        "created": int(time.time()),
-        "data": data,
+        "created": created,
+        "data": [
+            {"object": "embedding", "index": index, "embedding": encoded(vector, body)}
+            for index, (vector, _) in enumerate(found)
+        ],
         "model": body.model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+async def vectors(
+    catalog: Catalog, model: ModelVersion, embedder: Embedder, body: PooledBody
+) -> Vectors:
+    """Each input's vector and token count, in order: `input`'s texts, or each
+    conversation of the chat forms rendered with the model's chat template."""
+    chat = body.conversations()
+    if chat is None:
+        texts = body.texts()
+        listed = not isinstance(body.input, str)
+        params = [f"input[{i}]" if listed else "input" for i in range(len(texts))]
+        return await embed(catalog, model, embedder, texts, params)
+    name, conversations = chat
+    generation = text_generation(model)
+    if generation is None or generation.chat_template is None:
+        raise OpenAIError(NO_CHAT_TEMPLATE, param=name)
+    extra = dict(body.chat_template_kwargs or {})
+    # The renderer's options, which the request's own fields set.
+    extra.pop("add_generation_prompt", None)
+    extra.pop("continue_final_message", None)
+
+    def rendered() -> list[str]:
+        return [
+            render(
+                generation,
+                conversation,
+                add_generation_prompt=body.add_generation_prompt,
+                continue_final=body.continue_final_message,
+                extra=extra,
+                blame="chat_template_kwargs" if extra else name,
+            )
+            for conversation in conversations
+        ]
+
+    many = sum(len(c) for c in conversations) > _RENDERED_ON_THE_LOOP
+    texts = await asyncio.to_thread(rendered) if many else rendered()
+    params = [f"{name}[{i}]" if len(texts) > 1 else name for i in range(len(texts))]
+    return await embed(catalog, model, embedder, texts, params)
+
+
+def encoded(vector: np.ndarray[Any, Any], body: PooledBody) -> list[float] | str:
+    """A vector as JSON gives it: numbers (`float`), or vLLM's base64."""
+    if body.encoding_format == "base64":
+        return base64.b64encode(_bytes(vector, body)).decode("ascii")
+    result: list[float] = vector.tolist()
+    return result
+
+
+def binary(body: PooledBody, name: str, created: int, model: str, found: Vectors) -> Response:
+    """vLLM's octet-stream answer: the vectors' bytes, one after the other; with `bytes`,
+    its `metadata` header says where each is and what the answer's JSON would."""
+    parts = [_bytes(vector, body) for vector, _ in found]
+    headers = None
+    if body.encoding_format == "bytes":
+        items, offset = [], 0
+        for index, ((vector, _), part) in enumerate(zip(found, parts, strict=True)):
+            place = {"start": offset, "end": offset + len(part), "shape": list(vector.shape)}
+            items.append({"index": index, "embed_dtype": body.embed_dtype,
+                          "endianness": body.endianness, **place})  # fmt: skip
+            offset += len(part)
+        tokens = sum(count for _, count in found)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        metadata = {"id": name, "created": created, "model": model, "data": items, "usage": usage}
+        headers = {"metadata": json.dumps(metadata)}
+    return Response(b"".join(parts), headers=headers, media_type="application/octet-stream")
 
 
 async def embed(
@@ -97,7 +175,7 @@ async def embed(
     embedder: Embedder,
     texts: Sequence[str],
     params: Sequence[str],
-) -> list[tuple[np.ndarray[Any, Any], int]]:
+) -> Vectors:
     """Each text's vector and token count (0 where the model reports none), in order; each
     text is one request to the model, all sent at once. A refusal names the text's field,
     its `params` entry, and cancels the other texts' requests."""
@@ -113,20 +191,20 @@ async def embed(
     return [_read(response, embedder) for response in responses]
 
 
-def _check_dimensions(body: EmbeddingRequest, size: int) -> None:
-    if body.dimensions != size:
+def _check_dimensions(model: str, dimensions: int, size: int) -> None:
+    if dimensions != size:
         raise OpenAIError(
-            f"The model '{body.model}' gives {size} dimensions; 'dimensions' cannot change it",
+            f"The model '{model}' gives {size} dimensions; 'dimensions' cannot change it",
             param="dimensions",
         )
 
 
-def _base64(vector: np.ndarray[Any, Any], embed_dtype: str, endianness: str) -> str:
-    """vLLM's base64 encoding: the vector as `embed_dtype`, in `endianness`."""
-    converted = vector.astype(_EMBED_DTYPES[embed_dtype])
-    if endianness not in ("native", sys.byteorder):
+def _bytes(vector: np.ndarray[Any, Any], body: PooledBody) -> bytes:
+    """vLLM's encoding: the vector as `embed_dtype`, in `endianness`."""
+    converted = vector.astype(_EMBED_DTYPES[body.embed_dtype])
+    if body.endianness not in ("native", sys.byteorder):
         converted = converted.byteswap()
-    return base64.b64encode(converted.tobytes()).decode("ascii")
+    return converted.tobytes()
 
 
 async def _infer(catalog: Catalog, request: InferRequest, param: str) -> InferResponse:

@@ -33,7 +33,8 @@ from ge_serve.server.errors import ErrorCode, ServerError
 from ..errors import ClosingError, TooLarge, http_status
 
 # The paths whose errors, wherever they arise, are OpenAI's error object: /v1 and below,
-# and vLLM's tokenizer and scoring routes beside it (tokenize.py, scoring.py).
+# and vLLM's tokenizer, scoring and pooling routes beside it (tokenize.py, scoring.py,
+# pooling.py).
 OPENAI_ROOT = "/v1"
 OPENAI_PREFIX = OPENAI_ROOT + "/"
 # KServe's prefix of the same API (its KSERVE_OPENAI_ROUTE_PREFIX's default): /openai/v1/...
@@ -41,7 +42,7 @@ OPENAI_PREFIX = OPENAI_ROOT + "/"
 KSERVE_PREFIX = "/openai"
 KSERVE_ROOT = KSERVE_PREFIX + OPENAI_ROOT
 TOKENIZER_PATHS = frozenset(("/tokenize", "/detokenize", "/tokenizer_info"))
-SCORING_PATHS = frozenset(("/score", "/rerank", "/v2/rerank"))
+SCORING_PATHS = frozenset(("/score", "/rerank", "/v2/rerank", "/pooling"))
 INVALID_REQUEST = "invalid_request_error"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 CONTEXT_WORDS = "maximum context length"

@@ -14,9 +14,9 @@ as Triton puts it. And `GET /health`, vLLM's health route, which tools written f
 (guidellm, k8s probes) call first: 200 with no body while the server is live, else 503,
 as vLLM answers when its engine is dead; in the same category.
 
-And vLLM's `POST /tokenize` and `POST /detokenize` (tokenize.py), and its scoring routes
-`POST /score`, `/v1/score`, `/rerank`, `/v1/rerank` and `/v2/rerank` (scoring.py), in
-`inference`.
+And vLLM's `POST /tokenize` and `POST /detokenize` (tokenize.py), its scoring routes
+`POST /score`, `/v1/score`, `/rerank`, `/v1/rerank` and `/v2/rerank` (scoring.py), and its
+`POST /pooling` (pooling.py), in `inference`.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ from ..disconnects import CLIENT_GONE, ClientGone, until_disconnect
 from ..openapi import ApiRoute
 from ..openapi import Body as DocumentedBody
 from ..routing import RouteHost
-from . import embeddings, responses_serve, scoring, text, tokenize
+from . import embeddings, pooling, responses_serve, scoring, text, tokenize
 from .catalog import Catalog, text_generation
+from .embed_schemas import EmbeddingRequest, PoolingRequest
 from .errors import (
     CONTEXT_LENGTH_EXCEEDED,
     SERVER_ERROR,
@@ -55,7 +56,6 @@ from .schemas import (
     Body,
     ChatCompletionRequest,
     CompletionRequest,
-    EmbeddingRequest,
     parse,
 )
 from .tools import ToolSettings
@@ -184,7 +184,13 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         # vLLM's @with_cancellation: a client that leaves cancels every text's request,
         # queued or running, rather than leave the model to embed them for no one.
         answer = await until_disconnect(request, embeddings.embeddings(catalog, body, given))
-        return _json(answer)
+        return answer if isinstance(answer, Response) else _json(answer)
+
+    async def pool(request: Request) -> Response:
+        body = await read(request, PoolingRequest)
+        # Cancelled with its client, as /v1/embeddings (vLLM's @with_cancellation).
+        answer = await until_disconnect(request, pooling.pooling(catalog, request, body))
+        return answer if isinstance(answer, Response) else _json(answer)
 
     async def score(request: Request) -> Response:
         body = await read(request, scoring.form)
@@ -228,6 +234,8 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         post("/score", score, scoring.ScoreRequest),
         post("/rerank", rerank, scoring.RerankRequest),
         post("/v2/rerank", rerank, scoring.RerankRequest),
+        # vLLM's generic pooling route (pooling.py), for embedding models; not under /v1.
+        post("/pooling", pool, PoolingRequest),
         get("/v1/models", list_models),
         ApiRoute(
             "/v1/models/{model}", _openai_errors(kserve_v1), methods=["POST"], error=ErrorObject

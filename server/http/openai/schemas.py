@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
 
@@ -376,68 +376,6 @@ class CompletionRequest(Sampling):
 
     def prompts(self) -> list[Prompt]:
         return prompt_list(self.prompt, self.n or 1)
-
-
-TOKEN_IDS = (
-    "Token-id input is not supported: give {what} as text. '{field}' takes a string "
-    "or a list of strings here, not token ids"
-)
-
-
-def _token_ids(value: object) -> bool:
-    """Whether `value` is token ids: integers, or lists of them (vLLM's forms)."""
-    return isinstance(value, list) and any(not isinstance(item, str) for item in value)
-
-
-# OpenAI's limit on the inputs of one embeddings request.
-MAX_EMBEDDING_INPUTS = 2048
-
-
-class EmbeddingRequest(Body):
-    model: str = Field(min_length=1)
-    # Token ids (vLLM takes them, LangChain sends them) are parsed to be refused.
-    input: str | list[str] | list[int] | list[list[int]]
-    # vLLM's values; its binary answers ("bytes", "bytes_only") are refused by name.
-    encoding_format: Literal["float", "base64", "bytes", "bytes_only"] = "float"
-    dimensions: int | None = Field(None, ge=1)
-    user: str | None = None
-    # vLLM's: the answer's id is `embd-` and this (an `X-Request-Id` header wins).
-    request_id: str | None = None
-    # vLLM's: base64's element type and byte order (embeddings.py encodes them).
-    embed_dtype: Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"] = "float32"
-    endianness: Literal["native", "big", "little"] = "native"
-    # vLLM's pooling extensions, with its checks (EMBEDDING_* tables: which are served).
-    truncate_prompt_tokens: int | None = Field(None, ge=-1)
-    truncation_side: Literal["left", "right"] | None = None
-    padding: Literal["max_length", "do_not_pad"] | None = None
-    add_special_tokens: bool | None = None
-    use_activation: bool | None = None
-    priority: int | None = Field(None, ge=fields.INT64_MIN, le=fields.INT64_MAX)
-    # Removed by vLLM, which refuses it, as here: its `false` must not pass unnoticed.
-    normalize: Any = None
-
-    def refuse_unsupported(self) -> None:
-        if "normalize" in self.model_fields_set:
-            raise OpenAIError(fields.REMOVED_NORMALIZE, param="normalize")
-        refuse_by_table(self, fields.EMBEDDING_NEVER_SERVED, fields.EMBEDDING_DEFAULT_ONLY)
-        if self.encoding_format.startswith("bytes"):
-            raise unsupported("encoding_format", fields.BINARY_ANSWER.format(self.encoding_format))
-        if _token_ids(self.input):
-            raise unsupported("input", TOKEN_IDS.format(field="input", what="each input"))
-
-    def texts(self) -> list[str]:
-        # Token ids are refused first.
-        texts = [self.input] if isinstance(self.input, str) else [str(t) for t in self.input]
-        if not texts:
-            raise OpenAIError("'input' must not be an empty list", param="input")
-        if len(texts) > MAX_EMBEDDING_INPUTS:
-            raise OpenAIError(
-                f"'input' holds {len(texts)} items; at most {MAX_EMBEDDING_INPUTS}",
-                param="input",
-            )
-        if any(not text for text in texts):
-            raise OpenAIError("'input' must not hold an empty string", param="input")
-        return texts
 
 
 def parse(model: type[M], document: Any) -> M:

@@ -28,13 +28,14 @@ from pydantic import Field, RootModel
 from starlette.requests import Request
 
 from ge_serve.server.errors import ServerError
+from ge_serve.server.inference.model import ModelVersion
 
 from . import fields
-from .catalog import Catalog, embedder, is_generative
+from .catalog import Catalog, Embedder, embedder, is_generative
+from .embed_schemas import MAX_EMBEDDING_INPUTS
 from .embeddings import embed
 from .errors import OpenAIError, model_not_found, unsupported
 from .messages import Body
-from .schemas import MAX_EMBEDDING_INPUTS
 from .text import request_id
 
 # vLLM's multimodal input (its ScoreMultiModalParam, `{"content": [parts]}`): parsed to be
@@ -201,18 +202,7 @@ async def rerank(catalog: Catalog, request: Request, body: RerankRequest) -> dic
 
 async def _scores(catalog: Catalog, body: _Scoring, api: str) -> tuple[str, list[float], int]:
     """(the model's name, each pair's cosine, the texts' tokens)."""
-    name = await _named(catalog, body.model)
-    model = catalog.model(name)
-    found = embedder(model)
-    if found is None:
-        if is_generative(model):
-            # vLLM's words where a model serves no scoring (its 501; a client's 400 here,
-            # since another model of this server does).
-            raise OpenAIError(
-                f"The model does not support {api}: '{name}' is not an embedding model",
-                param="model",
-            )
-        raise model_not_found(name)
+    name, model, found = await served(catalog, body.model, api)
     first_name, first, second_name, second = body.pair()
     firsts, seconds = _texts(first_name, first), _texts(second_name, second)
     _check_lengths(len(firsts), len(seconds), second_name)
@@ -264,6 +254,26 @@ def _cosine(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
     a, b = a.astype(np.float32), b.astype(np.float32)
     norms = float(np.linalg.norm(a)) * float(np.linalg.norm(b))
     return float(np.float32(np.dot(a, b)) / np.float32(max(norms, _EPS)))
+
+
+async def served(
+    catalog: Catalog, name: str | None, api: str
+) -> tuple[str, ModelVersion, Embedder]:
+    """The embedding model a request of vLLM's `api` names (or, without a name, the
+    server's one embedding model), and how it is called."""
+    name = await _named(catalog, name)
+    model = catalog.model(name)
+    found = embedder(model)
+    if found is None:
+        if is_generative(model):
+            # vLLM's words where a model serves no such route (its 501; a client's 400
+            # here, since another model of this server does).
+            raise OpenAIError(
+                f"The model does not support {api}: '{name}' is not an embedding model",
+                param="model",
+            )
+        raise model_not_found(name)
+    return name, model, found
 
 
 async def _named(catalog: Catalog, name: str | None) -> str:
