@@ -90,6 +90,7 @@ async def test_models_chat_completions_and_embeddings(http: httpx.AsyncClient) -
         "prompt_tokens": len(words),
         "completion_tokens": len(words),
         "total_tokens": 2 * len(words),
+        "completion_tokens_details": None,  # vLLM's null without --reasoning-parser
     }
 
     body = {

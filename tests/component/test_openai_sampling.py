@@ -322,7 +322,12 @@ async def test_each_parameter_goes_to_the_input_of_its_name(http: httpx.AsyncCli
         "bad_words": ["object", [1, 1], ["z"]],
     }
     # Asked for, the model reports its counts.
-    assert done["usage"] == {"prompt_tokens": 7, "completion_tokens": 7, "total_tokens": 14}
+    assert done["usage"] == {
+        "prompt_tokens": 7,
+        "completion_tokens": 7,
+        "total_tokens": 14,
+        "completion_tokens_details": None,
+    }
 
     # /v1/completions' default limit goes to `max_tokens` too; chat's is the model's own.
     done = answer(await http.post(COMPLETIONS, json={"model": "separate", "prompt": "x"}))

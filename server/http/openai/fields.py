@@ -58,7 +58,6 @@ NEVER_SERVED = {
 # vLLM's fields that no model contract carries either, served only at the values that
 # change nothing (vLLM's defaults; None: not given).
 DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
-    "return_token_ids": (None, False),
     "watermarking": (None, False),
     "priority": (None, 0),
     "thinking_token_budget": (None, -1),

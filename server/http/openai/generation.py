@@ -52,6 +52,7 @@ from .guided import GUIDE, GUIDE_TYPE, guide
 from .logprobs import Entry, parse, parse_prompt
 from .structured import AFTER
 from .structured import KEY as STRUCTURED
+from .tokenids import Thoughts, output_ids
 
 Array = npt.NDArray[Any]
 
@@ -140,6 +141,8 @@ class Piece:
     # vLLM's `stop_reason`: the stop string or stop token id that ended the answer, from
     # the last response's parameter of that name (the `llm` engine's); None otherwise.
     stop_reason: int | str | None = None
+    # The response's generated ids (`output_ids`), read only where asked (Params.ids).
+    token_ids: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -151,8 +154,18 @@ class Usage:
     prompt_logprobs: list[Entry | None] | None = None
     # The answer's `stop_reason` (Piece's), likewise.
     stop_reason: int | str | None = None
+    # vLLM's `return_token_ids`: the generated ids so far (None: not asked for).
+    token_ids: list[int] | None = None
+    # --reasoning-parser: the answer's thought tokens, counted as the ids come (tokenids.py;
+    # None: no parser, and no `completion_tokens_details` in a streamed usage).
+    thoughts: Thoughts | None = None
 
     def add(self, piece: Piece) -> None:
+        if piece.token_ids is not None:
+            if self.token_ids is not None:
+                self.token_ids += piece.token_ids
+            if self.thoughts is not None:
+                self.thoughts.feed(piece.token_ids)
         if piece.prompt_logprobs is not None:
             self.prompt_logprobs = piece.prompt_logprobs
         if piece.stop_reason is not None:
@@ -162,12 +175,21 @@ class Usage:
         if piece.completion_tokens is not None:
             self.completion_tokens += piece.completion_tokens
 
-    def as_json(self) -> dict[str, int]:
-        return {
+    def as_json(self, details: bool = True) -> dict[str, Any]:
+        """vLLM's usage; `details`: with its `completion_tokens_details`, the thought
+        tokens' count (null without --reasoning-parser), which vLLM's answers carry, and
+        its streamed usage only where it has a value."""
+        found: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
         }
+        if details:
+            thoughts = self.thoughts
+            found["completion_tokens_details"] = (
+                None if thoughts is None else {"reasoning_tokens": thoughts.count}
+            )
+        return found
 
 
 def build_request(
@@ -400,6 +422,8 @@ class Params:
 
     prompt: str
     sent: frozenset[str] = frozenset()
+    # Read each response's generated ids (`return_token_ids`, or to count thoughts).
+    ids: bool = False
 
 
 async def pieces(
@@ -410,7 +434,10 @@ async def pieces(
     responses: AsyncGenerator[InferResponse, None] = core.infer_responses(request)
     try:
         async for response in responses:
-            yield piece_of(response)
+            piece = piece_of(response)
+            if params.ids:
+                piece.token_ids = output_ids(response)
+            yield piece
     except ServerError as exc:
         raise from_server_error(exc, params.prompt, params.sent) from None
     finally:
@@ -418,12 +445,13 @@ async def pieces(
 
 
 async def collect(
-    core: InferenceServer, request: InferRequest, params: Params
+    core: InferenceServer, request: InferRequest, params: Params, thoughts: Thoughts | None = None
 ) -> tuple[str, str, Usage, list[Entry]]:
     """The whole answer: its text, finish reason, usage and logprobs entries. The
-    prompt's (`prompt_logprobs`) go in `usage.prompt_logprobs`."""
+    prompt's (`prompt_logprobs`) go in `usage.prompt_logprobs`, and with `params.ids` its
+    generated ids in `usage.token_ids`, counted by `thoughts` where given."""
     texts: list[str] = []
-    usage = Usage()
+    usage = Usage(token_ids=[] if params.ids else None, thoughts=thoughts)
     reason: str | None = None
     entries: list[Entry] = []
     async for piece in pieces(core, request, params):

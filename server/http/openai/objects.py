@@ -28,6 +28,7 @@ import orjson
 from .generation import Usage
 from .logprobs import Entry, Logprobs, echoed
 from .reasoning import Reasoning
+from .tokenids import Tags
 from .tools import ToolUse
 
 
@@ -72,17 +73,34 @@ class Answer:
     tools: ToolUse | None = None
     # --reasoning-parser (reasoning.py): the thoughts apart from the content; None: none.
     reasoning: Reasoning | None = None
+    # ... and how its thought tokens are counted (tokenids.py); None: not counted.
+    tags: Tags | None = None
+    # vLLM's `return_token_ids`: the prompt's ids (this choice's prompt's); None: not
+    # asked for. A stream sends them once (completions: on each choice's first chunk).
+    prompt_ids: list[int] | None = None
+    token_ids: bool = False
+    # The generated ids a stream's chunks have carried.
+    ids_sent: int = 0
 
     def __post_init__(self) -> None:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + (self.id or uuid.uuid4().hex)
 
-    def choice(self, index: int, echo: str | None = None, echo_id: int | None = None) -> Answer:
+    def choice(
+        self,
+        index: int,
+        echo: str | None = None,
+        echo_id: int | None = None,
+        prompt_ids: list[int] | None = None,
+    ) -> Answer:
         """The answer's choice `index`: its identity, with a stream's offsets of its own
-        (and its prompt's `echo` and `echo_id`, where a request has several prompts)."""
+        (and its prompt's `echo`, `echo_id` and ids, where a request has several
+        prompts)."""
         other = copy.copy(self)
         other.index = index
         if echo is not None:
             other.echo, other.echo_id = echo, echo_id
+        if prompt_ids is not None:
+            other.prompt_ids = prompt_ids
         other.streamed_chars = 0
         return other
 
@@ -105,7 +123,9 @@ class Answer:
     ) -> dict[str, Any]:
         """The non-streamed answer."""
         found = usage.prompt_logprobs
-        choice = self.whole_choice(text, finish_reason, entries, found, usage.stop_reason)
+        choice = self.whole_choice(
+            text, finish_reason, entries, found, usage.stop_reason, usage.token_ids
+        )
         return self.whole_of([choice], usage)
 
     def whole_of(self, choices: list[dict[str, Any]], usage: Usage) -> dict[str, Any]:
@@ -115,7 +135,7 @@ class Answer:
         answer = {**self._object(kind, choices), "usage": usage.as_json()}
         if self.chat:  # vLLM's, null where not asked for (it sends every field)
             answer["prompt_logprobs"] = usage.prompt_logprobs
-            answer["prompt_token_ids"] = None
+            answer["prompt_token_ids"] = self.prompt_ids
         return answer
 
     def whole_choice(
@@ -125,16 +145,17 @@ class Answer:
         entries: list[Entry] | None = None,
         prompt: list[Entry | None] | None = None,
         stop_reason: int | str | None = None,
+        ids: list[int] | None = None,
     ) -> dict[str, Any]:
         """One choice of the non-streamed answer; `prompt`, the prompt's log
         probabilities where asked (completions' `echo` begins its logprobs with them).
         vLLM's fields beside OpenAI's are all there, null where they have no value (it
         sends its objects whole: clients read `choice.stop_reason` unguarded);
-        `token_ids` and `prompt_token_ids` are always null (`return_token_ids` is not
-        served)."""
+        `token_ids`, the generated `ids`, and `prompt_token_ids` where asked for."""
         if self.echo_only:
             text = ""
             entries = []
+            ids = None if ids is None else []
         if not self.chat and self.echo and prompt is not None and entries is not None:
             entries = [*echoed(self.echo, prompt, self.echo_id), *entries]
         if self.chat:
@@ -160,7 +181,7 @@ class Answer:
                 "logprobs": self._logprobs(entries),
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason,
-                "token_ids": None,
+                "token_ids": ids,
             }
         return {
             "index": self.index,
@@ -168,9 +189,9 @@ class Answer:
             "logprobs": self._logprobs(entries),
             "finish_reason": finish_reason,
             "stop_reason": stop_reason,
-            "token_ids": None,
+            "token_ids": ids,
             "prompt_logprobs": prompt,
-            "prompt_token_ids": None,
+            "prompt_token_ids": self.prompt_ids,
         }
 
     def chunk(
@@ -186,8 +207,10 @@ class Answer:
         """One streamed chunk: a text delta (None: none), with the finish reason where it
         ends the choice; `usage`, the usage so far, for `continuous_usage`; `entries`, its
         tokens' logprobs; `delta`, chat's delta itself (tool calls). vLLM's fields are
-        there as vLLM sets them: completions' on every chunk, chat's `token_ids` past the
-        role's and `stop_reason` on the finishing one."""
+        there as vLLM sets them: completions' on every chunk, chat's `prompt_token_ids`
+        on the role's, `token_ids` past it and `stop_reason` on the finishing one. With
+        `return_token_ids`, `token_ids` are the generated ids `usage` holds that no chunk
+        has carried yet (null where none: a chunk of held text's ids go with the next)."""
         if self.chat:
             delta = dict(delta or {})
             if first:
@@ -206,17 +229,32 @@ class Answer:
         choice["finish_reason"] = finish_reason
         if not self.chat:
             choice["stop_reason"] = stop_reason
-            choice["prompt_token_ids"] = choice["token_ids"] = None
+            choice["prompt_token_ids"], self.prompt_ids = self.prompt_ids, None
+            choice["token_ids"] = self._ids(usage)
         else:
             if finish_reason is not None:
                 choice["stop_reason"] = stop_reason
             if not first:
-                choice["token_ids"] = None
+                choice["token_ids"] = self._ids(usage)
         data = self._object(kind, [choice])
+        if self.chat and first:
+            data["prompt_token_ids"] = self.prompt_ids
         if self.include_usage:
-            data["usage"] = usage.as_json() if self.continuous_usage and usage else None
+            found = usage.as_json(self.chat) if self.continuous_usage and usage else None
+            data["usage"] = found
         return sse(data)
 
+    def _ids(self, usage: Usage | None) -> list[int] | None:
+        """The generated ids of a streamed chunk (`return_token_ids`): those not sent."""
+        if not self.token_ids or usage is None or usage.token_ids is None:
+            return None
+        ids = usage.token_ids[self.ids_sent :]
+        self.ids_sent = len(usage.token_ids)
+        return [] if self.echo_only else ids or None
+
     def usage_chunk(self, usage: Usage) -> bytes:
+        """The streamed usage: its `completion_tokens_details` only where it has a value
+        (vLLM's, which leaves its nulls out there)."""
         kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return sse({**self._object(kind, []), "usage": usage.as_json()})
+        details = usage.thoughts is not None
+        return sse({**self._object(kind, []), "usage": usage.as_json(details)})

@@ -44,11 +44,13 @@ def new_id(prefix: str) -> str:
 def usage_json(usage: Usage | None) -> dict[str, Any] | None:
     if usage is None:
         return None
+    thoughts = usage.thoughts
     return {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        # vLLM's count of the thought tokens (tokenids.py); 0 where not counted.
+        "output_tokens_details": {"reasoning_tokens": thoughts.count if thoughts else 0},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
 

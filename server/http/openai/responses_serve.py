@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ..disconnects import until_disconnect
-from . import reasoning
+from . import reasoning, tokenids
 from .catalog import Catalog, text_generation
 from .errors import SERVER_ERROR, OpenAIError
 from .generation import (
@@ -48,6 +48,7 @@ from .structured import AFTER
 from .structured import KEY as STRUCTURED
 from .template import variables
 from .text import SSE_HEADERS, chat_prompt, check_limit, no_chat_template, request_id
+from .tokenids import Thoughts
 from .tools import ToolStream, ToolUse, plan, template_tools
 
 log = logging.getLogger(__name__)
@@ -87,14 +88,15 @@ async def create(catalog: Catalog, request: Request, body: ResponsesRequest) -> 
         infer_request, sent = build_request(model, prompt, stream, given)
     except OpenAIError as exc:  # a refusal names this API's field (`include`...)
         raise renamed(exc) from None
-    params = Params("input", sent)
+    tags = tokenids.tags(model, thinking)  # the thought tokens counted on the ids
+    params = Params("input", sent, tags is not None and tags.counted)
     identity = Identity(body, request_id(request, body.request_id))
     if body.logprobs_asked():
         identity.top_logprobs = body.top_logprobs or 0
     if not stream:
         try:
             text, reason, usage, entries = await until_disconnect(
-                request, collect(catalog.core, infer_request, params)
+                request, collect(catalog.core, infer_request, params, tokenids.thoughts(tags))
             )
         except OpenAIError as exc:
             raise renamed(exc) from None
@@ -111,7 +113,7 @@ async def create(catalog: Catalog, request: Request, body: ResponsesRequest) -> 
     except BaseException:
         await rest.aclose()
         raise
-    events = _events(Events(identity), tools, first, rest, thinking)
+    events = _events(Events(identity), tools, first, rest, thinking, tokenids.thoughts(tags))
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
@@ -121,8 +123,9 @@ async def _events(
     first: Piece | None,
     rest: AsyncGenerator[Piece, None],
     thinking: Reasoning | None = None,
+    thoughts_count: Thoughts | None = None,
 ) -> AsyncIterator[bytes]:
-    usage = Usage()
+    usage = Usage(thoughts=thoughts_count)
     reason: str | None = None
     parse: ToolStream | None = tools.stream() if tools is not None else None
     thoughts = thinking.stream() if thinking is not None else None

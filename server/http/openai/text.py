@@ -38,7 +38,7 @@ from ge_serve.server.inference.model import ModelVersion
 from ge_serve.server.inference.types import InferRequest
 
 from ..disconnects import until_disconnect
-from . import reasoning, structured
+from . import reasoning, structured, tokenids
 from .catalog import Catalog, text_generation
 from .choices import Item, all_of, merged, one, seeded
 from .errors import CONTEXT_LENGTH_EXCEEDED, SERVER_ERROR, OpenAIError
@@ -96,7 +96,9 @@ async def chat_completion(
             after_thoughts(model, field)
         if answer.reasoning is not None and not answer.reasoning.include:
             answer.logprobs = None  # vLLM's: hidden thoughts hide the tokens' logprobs too
-    return await _answer(catalog, request, model, body, [prompt], answer)
+        answer.tags = tokenids.tags(model, answer.reasoning)
+    ids = await tokenids.prompt_ids(model, body.return_token_ids, [prompt])
+    return await _answer(catalog, request, model, body, [prompt], answer, ids=ids)
 
 
 async def completion(catalog: Catalog, request: Request, body: CompletionRequest) -> Response:
@@ -118,7 +120,8 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
     if echoes and as_ids and answer.logprobs is not None:
         firsts = [await _first_id(generation, p) for p in prompts]
         answer.echo_id = firsts[0]
-    return await _answer(catalog, request, model, body, prompts, answer, echoes, firsts)
+    ids = await tokenids.prompt_ids(model, body.return_token_ids, prompts)
+    return await _answer(catalog, request, model, body, prompts, answer, echoes, firsts, ids)
 
 
 async def _as_sent(model: ModelVersion, prompts: list[Prompt]) -> list[str | Array]:
@@ -225,9 +228,13 @@ async def _answer(
     answer: Answer,
     echoes: list[str] | None = None,
     firsts: list[int | None] | None = None,
+    ids: list[list[int]] | None = None,
 ) -> Response:
     """The answer to `prompts` (a completions list; chat's one), each generated n times:
-    prompt p's choice i is sequence p * n + i (vLLM's order), each a request of its own."""
+    prompt p's choice i is sequence p * n + i (vLLM's order), each a request of its own.
+    `ids`: each prompt's token ids, where `return_token_ids` asks for them."""
+    if ids is not None:
+        answer.token_ids, answer.prompt_ids = True, ids[0]
     stream = bool(body.stream)
     given = body.sampling()
     if answer.reasoning is not None and answer.reasoning.after is not None:
@@ -240,7 +247,8 @@ async def _answer(
                 model, prompt, stream, values, body.default_max_tokens
             )
             requests.append(infer_request)
-    params = Params("messages" if answer.chat else "prompt", sent)
+    reads_ids = answer.token_ids or (answer.tags is not None and answer.tags.counted)
+    params = Params("messages" if answer.chat else "prompt", sent, reads_ids)
     answers = [answer]
     if len(requests) > 1:
         answers = [
@@ -248,6 +256,7 @@ async def _answer(
                 k,
                 None if echoes is None else echoes[k // n],
                 None if firsts is None else firsts[k // n],
+                None if ids is None else ids[k // n],
             )
             for k in range(len(requests))
         ]
@@ -255,20 +264,23 @@ async def _answer(
         return await _stream(catalog, request, requests, params, answers, n)
     if len(requests) == 1:
         text, reason, usage, entries = await until_disconnect(
-            request, collect(catalog.core, requests[0], params)
+            request, collect(catalog.core, requests[0], params, tokenids.thoughts(answer.tags))
         )
         body_json = answer.whole(text, reason, usage, entries)
     else:
         # vLLM's: each prompt counted once, the choices' generated tokens summed.
+        counts = [tokenids.thoughts(answer.tags) for _ in requests]
+        pairs = zip(requests, counts, strict=True)
         results = await until_disconnect(
-            request, all_of([collect(catalog.core, r, params) for r in requests])
+            request, all_of([collect(catalog.core, r, params, c) for r, c in pairs])
         )
         total = Usage(sum(results[k][2].prompt_tokens for k in range(0, len(results), n)))
+        total.thoughts = tokenids.summed(counts)
         choices = []
         for choice, (text, reason, usage, entries) in zip(answers, results, strict=True):
             total.completion_tokens += usage.completion_tokens
-            found = usage.prompt_logprobs
-            choices.append(choice.whole_choice(text, reason, entries, found, usage.stop_reason))
+            found, stop = usage.prompt_logprobs, usage.stop_reason
+            choices.append(choice.whole_choice(text, reason, entries, found, stop, usage.token_ids))
             total.prompt_logprobs = found
         body_json = answer.whole_of(choices, total)
     return Response(orjson.dumps(body_json), media_type="application/json")
@@ -326,7 +338,9 @@ async def _events(
     logprobs = bool(answer.logprobs)
     # vLLM's completions send the echoed prompt with each choice's first piece of text; a
     # chunk's continuous usage is its own choice's, as vLLM's.
-    choices = [_Choice(a, "" if a.chat else a.echo, [] if logprobs else None) for a in answers]
+    choices = [
+        _Choice(a, "" if a.chat else a.echo, [] if logprobs else None, _usage(a)) for a in answers
+    ]
     if answer.tools is not None:
         for choice in choices:
             choice.tools = answer.tools.stream()
@@ -339,7 +353,7 @@ async def _events(
         # on chunks of their own that count the prompt and nothing generated yet.
         if answer.chat:
             prompt_tokens = first[1].prompt_tokens if first and first[1] else None
-            opening = Usage(prompt_tokens or 0)
+            opening = Usage(prompt_tokens or 0, thoughts=tokenids.thoughts(answer.tags))
             for choice in choices:
                 yield choice.answer.chunk("", first=True, usage=opening)
             for choice in choices if answer.echo else ():
@@ -376,8 +390,15 @@ async def _events(
         # vLLM's: each prompt counted once, every choice's generated tokens summed.
         total = Usage(sum(choice.usage.prompt_tokens for choice in choices[::n]))
         total.completion_tokens = sum(choice.usage.completion_tokens for choice in choices)
+        total.thoughts = tokenids.summed([choice.usage.thoughts for choice in choices])
         yield answer.usage_chunk(total)
     yield DONE
+
+
+def _usage(answer: Answer) -> Usage:
+    """A streamed choice's usage: its ids where chunks carry them, its thoughts' count."""
+    ids: list[int] | None = [] if answer.token_ids else None
+    return Usage(token_ids=ids, thoughts=tokenids.thoughts(answer.tags))
 
 
 def _delta(choice: _Choice, piece: Piece, echo_only: bool) -> list[bytes]:
