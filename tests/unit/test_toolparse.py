@@ -72,8 +72,9 @@ def test_a_stream_holds_what_may_begin_a_call() -> None:
     deltas = _streamed("hermes", 'Sure: <tool_call>{"name": "w", "arguments": {}}</tool_call>', 3)
     content = "".join(d.get("content", "") for d in deltas)
     assert content == "Sure: "
-    (last,) = [d for d in deltas if "tool_calls" in d]
-    assert last["tool_calls"][0]["function"] == {"name": "w", "arguments": "{}"}
+    first, *rest = [c for d in deltas for c in d.get("tool_calls", ())]
+    assert first["function"] == {"name": "w", "arguments": ""}
+    assert "".join(c["function"]["arguments"] for c in rest) == "{}"
 
 
 def test_a_stream_of_text_is_content() -> None:
@@ -93,14 +94,15 @@ def test_a_stream_past_its_limit_is_truncated() -> None:
 ANSWERS = {
     "llama3": [
         '<|python_tag|>{"name": "f", "arguments": {"a": 1}}; {"name": "g", "parameters": {}}',
+        '{"name": "f", "parameters": {"city": "Zürich", "n": 1e2}}',
         '{"name": "f", "arguments": {}}',
         'Sure. <|python_tag|>{"name": "f", "arguments": {}}',
-        '<|python_tag|>{"name": "f", "argu',
         "<|python_ta and text",
         '{"a": 1} tail',
     ],
     "mistral": [
         'Sure [TOOL_CALLS][{"name": "w", "arguments": {"c": "é"}}]',
+        '[TOOL_CALLS] [ {"name": "w", "arguments": {"c": 1}} , {"name": "v", "arguments": {}}]',
         '\n [TOOL_CALLS][{"name": "w", "arguments": {}}]',
         '[{"name": "w", "arguments": {}}]',
         'x [TOOL_CALLS] [{"name": "w", "arguments": {}}] tail',
@@ -110,6 +112,7 @@ ANSWERS = {
     "hermes": [
         'ok <tool_call>{"name": "w", "arguments": {"c": 1}}</tool_call>',
         ' <tool_call>{"name": "w", "arguments": {}}</tool_call><tool_call>{"name": "v"}',
+        '<tool_call>\n{"arguments":{"a":[1.50,"\\u00e9\\n\\ud83d\\ude00"],"b":null},"name":"w"}\n',
         "<tool_call>{broken</tool_call>",
         "<tool and plain text",
     ],
@@ -136,6 +139,53 @@ def test_streamed_deltas_are_the_whole_answer(parser: str, text: str) -> None:
         stream = Stream(parser, 1 << 17)
         deltas = [d for piece in pieces for d in stream.feed(piece)] + stream.finish()
         streamed = "".join(d.get("content", "") for d in deltas)
-        found = [c for d in deltas for c in d.get("tool_calls", ())]
         assert streamed == (content or ""), pieces
-        assert _named(found) == _named(calls), pieces
+        assert _joined(deltas) == [
+            (c["function"]["name"], c["function"]["arguments"]) for c in calls
+        ]
+
+
+def _joined(deltas: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Each streamed call's name and its arguments joined, checking that each call's
+    first delta names it (index, id, type, name and arguments) and the next ones add to
+    its arguments only."""
+    calls: list[tuple[str, str]] = []
+    for found in (c for d in deltas for c in d.get("tool_calls", ())):
+        if "id" in found:
+            assert found["index"] == len(calls) and found["type"] == "function"
+            assert set(found["function"]) == {"name", "arguments"}
+            calls.append((found["function"]["name"], found["function"]["arguments"]))
+        else:
+            assert set(found) == {"index", "function"} and found["index"] == len(calls) - 1
+            assert set(found["function"]) == {"arguments"}
+            name, arguments = calls[-1]
+            calls[-1] = (name, arguments + found["function"]["arguments"])
+    return calls
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3", "mistral"])
+def test_a_call_streams_as_it_grows(parser: str) -> None:
+    arguments = '{"city": "Oslo", "days": [1, 2, 3]}'
+    text = {
+        "hermes": f'<tool_call>{{"name": "w", "arguments": {arguments}}}</tool_call>',
+        "llama3": f'<|python_tag|>{{"name": "w", "parameters": {arguments}}}',
+        "mistral": f'[TOOL_CALLS][{{"name": "w", "arguments": {arguments}}}]',
+    }[parser]
+    stream = Stream(parser, 1 << 17)
+    deltas = [stream.feed(text[at : at + 4]) for at in range(0, len(text), 4)]
+    sent = [d for found in deltas for d in found]
+    # The name comes first, as soon as its member ends; the arguments in many pieces
+    # before the model ends.
+    assert sent[0]["tool_calls"][0]["function"] == {"name": "w", "arguments": ""}
+    assert len(sent) > 5 and _joined(sent) == [("w", arguments)]
+    assert stream.finish() == [] and stream.called
+
+
+def test_a_call_cut_short_stays_as_sent() -> None:
+    # vLLM's: the name and arguments sent stay; the held text is not sent as content.
+    text = '<|python_tag|>{"name": "f", "arguments": {"a": "b'
+    stream = Stream("llama3", 1 << 17)
+    deltas = [d for at in range(0, len(text), 5) for d in stream.feed(text[at : at + 5])]
+    assert stream.finish() == []
+    assert _joined(deltas) == [("f", '{"a": "b')]
+    assert parse("llama3", text) == (text, [])

@@ -15,8 +15,9 @@ The formats of Triton's OpenAI front end's parsers and vLLM's of the same names:
 Text that does not parse as the format's calls is the answer's content, unchanged, as
 both parse it; the content before a call is kept as written (vLLM's), not trimmed. A
 parse is of whole text: streamed, `Stream` passes text through as content until it sees
-a call begin, then holds the rest until the model ends; its deltas, joined, are always
-the whole answer's content and calls.
+a call begin, then sends the calls as they grow (toolstream.py); where no call could be
+read so, the held text is parsed whole at the end, its deltas joined the whole answer's
+content and calls.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from .toolstream import Calls
 
 # A call as OpenAI's API shapes it: {"id", "type": "function", "function": {"name",
 # "arguments": a JSON string}}.
@@ -45,10 +48,14 @@ _HERMES = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 def call(name: str, arguments: str, id: str | None = None) -> Call:
     """One call; `id`: vLLM's `chatcmpl-tool-<hex>` unless given."""
     return {
-        "id": id or f"chatcmpl-tool-{uuid.uuid4().hex}",
+        "id": id or _tool_id(),
         "type": "function",
         "function": {"name": name, "arguments": arguments},
     }
+
+
+def _tool_id() -> str:
+    return f"chatcmpl-tool-{uuid.uuid4().hex}"
 
 
 def _mistral_id() -> str:
@@ -147,7 +154,8 @@ def parse(parser: str, text: str) -> tuple[str | None, list[Call]]:
 class Stream:
     """One streamed choice's text, as deltas: content until a call begins (the end of
     the text that may be the start of a tag is held until it is known not to be), then
-    nothing until the end (`finish`), where the calls are parsed from all of it.
+    the calls as they grow (`streaming`, toolstream.Calls); where none could be read so,
+    they are parsed from all of the text held at the end (`finish`).
     `limit`: Triton's --max-tool-call-parse-bytes, the most text (UTF-8 bytes) parsed;
     past it, `truncated` is set and the text is no longer read."""
 
@@ -159,6 +167,12 @@ class Stream:
     size: int = 0
     truncated: bool = False
     calls: list[Call] = field(default_factory=list)
+    streaming: Calls | None = None
+
+    @property
+    def called(self) -> bool:
+        """The answer's deltas have calls."""
+        return bool(self.calls) or (self.streaming is not None and self.streaming.streamed)
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         """The deltas `text` adds."""
@@ -167,8 +181,8 @@ class Stream:
             self.truncated = True
             return []
         self.pending += text
-        if self.calling:
-            return []
+        if self.streaming is not None:
+            return self.streaming.feed(text)
         tags = _TAGS[self.parser]
         found = [at for at in (self.pending.find(tag) for tag in tags) if at >= 0]
         if found:
@@ -189,7 +203,10 @@ class Stream:
     def _begin(self, at: int) -> list[dict[str, Any]]:
         deltas = self._content(at) if at > 0 else []
         self.calling = True
-        return deltas
+        ascii = self.parser.startswith("llama3")  # as parse dumps the arguments
+        new_id = _mistral_id if self.parser == "mistral" else _tool_id
+        self.streaming = Calls(self.parser, ascii, new_id)
+        return deltas + self.streaming.feed(self.pending)
 
     def _content(self, end: int) -> list[dict[str, Any]]:
         text, self.pending = self.pending[:end], self.pending[end:]
@@ -200,8 +217,8 @@ class Stream:
 
     def finish(self) -> list[dict[str, Any]]:
         """The last deltas: each call, whole, or the held text as content."""
-        if self.truncated:
-            return []
+        if self.truncated or self.called:
+            return []  # what the calls left unsent stays so, as vLLM's
         if self.calling:
             # The text held from where the call began: a parse of it may still find
             # content before the call (a mistral answer opened by "[").

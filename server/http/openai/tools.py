@@ -255,8 +255,8 @@ def _required(text: str) -> list[Call]:
 
 class ToolStream:
     """One streamed choice's deltas: a named function's arguments as the model writes
-    them (its first delta names the call); "required" and "auto" held and parsed
-    (toolparse.Stream)."""
+    them (its first delta names the call); "auto"'s calls as they grow (toolparse.Stream);
+    "required" held and parsed at the end."""
 
     def __init__(self, use: ToolUse) -> None:
         self.use = use
@@ -271,7 +271,7 @@ class ToolStream:
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         if self.auto is not None:
-            return self.auto.feed(text)
+            return self._kept(self.auto.feed(text))
         if not isinstance(self.use.chosen, dict):
             self.held += text
             return []
@@ -286,11 +286,10 @@ class ToolStream:
 
     def finish(self) -> list[dict[str, Any]]:
         if self.auto is not None:
-            deltas = self.auto.finish()
-            calls = self.use._keep(self.auto.calls)
-            if len(calls) < len(self.auto.calls):
-                deltas = _deltas(calls)
-        elif self.use.chosen == "required":
+            deltas = self._kept(self.auto.finish())
+            self.calls = self.auto.called
+            return deltas
+        if self.use.chosen == "required":
             calls = self.use._keep(_required(self.held))
             # vLLM's: what does not read as calls (cut by max_tokens) is no content
             # either, as not streamed.
@@ -299,6 +298,20 @@ class ToolStream:
             return []
         self.calls = bool(calls)
         return deltas
+
+    def _kept(self, deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """vLLM's maybe_filter_parallel_tool_calls: without parallel calls, the deltas
+        of the first call only."""
+        if self.use.parallel:
+            return deltas
+        kept = []
+        for delta in deltas:
+            if "tool_calls" in delta:
+                first = [c for c in delta["tool_calls"] if c["index"] == 0]
+                delta = {**delta, "tool_calls": first} if first else {}
+            if delta:
+                kept.append(delta)
+        return kept
 
 
 def _deltas(calls: list[Call]) -> list[dict[str, Any]]:
