@@ -422,20 +422,14 @@ def _delta(choice: _Choice, piece: Piece, echo_only: bool) -> list[bytes]:
             return _cut(choice)
         if last:
             return _closing(choice, deltas)
-        chunks = []
-        for d in deltas:
-            chunks.append(
-                choice.answer.chunk(None, usage=choice.usage, entries=choice.held, delta=d)
-            )
-            choice.held = [] if choice.held is not None else None
-        return chunks
+        return _parsed(choice, deltas)
     if choice.tools is not None:
         deltas = choice.tools.feed(piece.text)
         if choice.tools.truncated:
             return _cut(choice)
         if last:
             return _closing(choice, deltas)
-        return [choice.answer.chunk(None, usage=choice.usage, delta=d) for d in deltas]
+        return _parsed(choice, deltas)
     text = choice.echo + ("" if echo_only else piece.text)
     choice.echo = "" if text else choice.echo
     if last:
@@ -445,6 +439,19 @@ def _delta(choice: _Choice, piece: Piece, echo_only: bool) -> list[bytes]:
     chunk = choice.answer.chunk(text, usage=choice.usage, entries=choice.held)
     choice.held = [] if choice.held is not None else None
     return [chunk]
+
+
+def _parsed(choice: _Choice, deltas: list[dict[str, Any]]) -> list[bytes]:
+    """The chunks of a piece's parsed deltas, its logprobs on the first; where its text
+    is held, an empty delta with them, as vLLM sends a chunk for every output where
+    logprobs are asked (and none where they are not)."""
+    if not deltas and choice.held:
+        deltas = [{}]
+    chunks = []
+    for d in deltas:
+        chunks.append(choice.answer.chunk(None, usage=choice.usage, entries=choice.held, delta=d))
+        choice.held = [] if choice.held is not None else None
+    return chunks
 
 
 def _cut(choice: _Choice) -> list[bytes]:
