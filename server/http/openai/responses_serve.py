@@ -47,7 +47,8 @@ from .responses_stream import Events
 from .structured import AFTER
 from .structured import KEY as STRUCTURED
 from .template import variables
-from .text import SSE_HEADERS, chat_prompt, check_limit, no_chat_template, request_id
+from .text import chat_prompt, check_limit, no_chat_template, request_id
+from .textstream import SSE_HEADERS
 from .tokenids import Thoughts
 from .tools import ToolStream, ToolUse, plan, template_tools
 

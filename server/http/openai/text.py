@@ -5,13 +5,7 @@ messages with the model's chat template; a model without one is a 400 that point
 /v1/completions) and run it through the core.
 
 Not streamed, the answer waits for the model's last response; a client that leaves
-before then cancels the request. Streamed, the status waits for the model's first
-response, so that a request the model refuses at once (a prompt longer than its context)
-is a plain JSON error with its status; after that the answer is `text/event-stream`, one
-`data:` chunk per text delta, a last chunk with the finish reason, the usage chunk when
-asked for, then `data: [DONE]`. An error after the stream has begun is one event,
-`data: {"error": {...}}`, and the stream ends there, without `[DONE]`. A client that
-goes away cancels the request, before its first token as after.
+before then cancels the request. Streamed, textstream.py sends the answer's chunks.
 
 With `n` > 1 (choices.py), the n generations run together: not streamed, one answer with
 n choices; streamed, each choice's chunks as they come, with its index, each choice's
@@ -23,49 +17,39 @@ prompt p's choice i is index p * n + i, as vLLM's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from ge_serve.backends.base import TextGeneration
 from ge_serve.server.inference.model import ModelVersion
 from ge_serve.server.inference.types import InferRequest
 
 from ..disconnects import until_disconnect
-from . import reasoning, structured, tokenids
+from . import reasoning, structured, textstream, tokenids
 from .catalog import Catalog, text_generation
-from .choices import Item, all_of, merged, one, seeded
-from .errors import CONTEXT_LENGTH_EXCEEDED, SERVER_ERROR, OpenAIError
+from .choices import all_of, seeded
+from .errors import CONTEXT_LENGTH_EXCEEDED, OpenAIError
 from .generation import (
     Array,
     Params,
-    Piece,
     Usage,
     after_thoughts,
     build_request,
     collect,
     ids_array,
     ids_input,
-    pieces,
     takes_constraints,
 )
-from .logprobs import Entry, Logprobs, echoed
-from .objects import DONE, Answer, sse
+from .logprobs import Logprobs
+from .objects import Answer
 from .prompts import IDS_INLINE, THREADED, Prompt, check_fit, echo_texts
-from .reasoning import ReasoningStream
 from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
 from .template import render_request, variables
-from .tools import ToolStream, plan, template_tools
+from .tools import plan, template_tools
 
-log = logging.getLogger(__name__)
-
-SSE_HEADERS = {"cache-control": "no-cache"}
 # Conversations longer than this are rendered off the event loop's thread.
 RENDERED_ON_THE_LOOP = 64
 
@@ -261,7 +245,7 @@ async def _answer(
             for k in range(len(requests))
         ]
     if stream:
-        return await _stream(catalog, request, requests, params, answers, n)
+        return await textstream.stream(catalog, request, requests, params, answers, n)
     if len(requests) == 1:
         text, reason, usage, entries = await until_disconnect(
             request, collect(catalog.core, requests[0], params, tokenids.thoughts(answer.tags))
@@ -284,220 +268,3 @@ async def _answer(
             total.prompt_logprobs = found
         body_json = answer.whole_of(choices, total)
     return Response(orjson.dumps(body_json), media_type="application/json")
-
-
-async def _stream(
-    catalog: Catalog,
-    request: Request,
-    requests: list[InferRequest],
-    params: Params,
-    answers: list[Answer],
-    n: int,
-) -> Response:
-    streams = [pieces(catalog.core, r, params) for r in requests]
-    rest = one(streams[0]) if len(streams) == 1 else merged(streams)
-    try:
-        # A client that leaves while the request waits for its first token cancels it too.
-        first = await until_disconnect(request, anext(rest, None))
-    except BaseException:
-        await rest.aclose()
-        raise
-    return StreamingResponse(
-        _events(answers, n, first, rest),
-        media_type="text/event-stream",
-        headers=SSE_HEADERS,
-    )
-
-
-@dataclass(slots=True)
-class _Choice:
-    """One choice of a stream: its answer (index, offsets), usage, and what it holds."""
-
-    answer: Answer
-    echo: str
-    # Log probabilities of tokens whose response had no text (the EOS) go with the
-    # next chunk, the closing one at the latest, as vLLM's closing chunk has its last's.
-    held: list[Entry] | None
-    usage: Usage = field(default_factory=Usage)
-    reason: str | None = None
-    # Tool calling (tools.py): the choice's text read as tool calls.
-    tools: ToolStream | None = None
-    # Its finish reason has been sent: by the model's last response, at the stream's
-    # end, or `cut` short once a parse went past --max-tool-call-parse-bytes.
-    ended: bool = False
-    cut: bool = False
-    # --reasoning-parser (reasoning.py): the thoughts apart, before the tools read the rest.
-    reasoning: ReasoningStream | None = None
-
-
-async def _events(
-    answers: list[Answer], n: int, first: Item | None, rest: AsyncGenerator[Item, None]
-) -> AsyncIterator[bytes]:
-    """The chunks of `answers` (one per sequence: prompt p's choice i is p * n + i)."""
-    answer = answers[0]
-    logprobs = bool(answer.logprobs)
-    # vLLM's completions send the echoed prompt with each choice's first piece of text; a
-    # chunk's continuous usage is its own choice's, as vLLM's.
-    choices = [
-        _Choice(a, "" if a.chat else a.echo, [] if logprobs else None, _usage(a)) for a in answers
-    ]
-    if answer.tools is not None:
-        for choice in choices:
-            choice.tools = answer.tools.stream()
-    if answer.reasoning is not None:
-        for choice in choices:
-            choice.reasoning = answer.reasoning.stream()
-    running = len(choices)
-    async with contextlib.aclosing(rest):
-        # vLLM's chat opens each choice with the role, then each with the echoed message,
-        # on chunks of their own that count the prompt and nothing generated yet.
-        if answer.chat:
-            prompt_tokens = first[1].prompt_tokens if first and first[1] else None
-            opening = Usage(prompt_tokens or 0, thoughts=tokenids.thoughts(answer.tags))
-            for choice in choices:
-                yield choice.answer.chunk("", first=True, usage=opening)
-            for choice in choices if answer.echo else ():
-                yield choice.answer.chunk(answer.echo, usage=opening)
-        try:
-            item = first
-            while item is not None:
-                choice = choices[item[0]]
-                piece = item[1]
-                if piece is None:
-                    running -= not choice.cut
-                    if choice.echo and not choice.ended:  # no response at all
-                        yield choice.answer.chunk(choice.echo, usage=choice.usage)
-                    for chunk in () if choice.ended else _closing(choice):
-                        yield chunk
-                elif choice.ended:
-                    if not choice.cut:  # a response after the last (counts, say)
-                        choice.usage.add(piece)
-                else:
-                    for chunk in _delta(choice, piece, answer.echo_only):
-                        yield chunk
-                    running -= choice.cut  # cut short just now
-                if not running:
-                    break  # all ended; one cut short (tools' limit) is cancelled so
-                item = await anext(rest, None)
-        except OpenAIError as exc:
-            yield sse(exc.body())
-            return
-        except Exception as exc:
-            log.exception("the stream of %s failed", answer.id)
-            yield sse(OpenAIError(f"internal error: {exc}", status=500, kind=SERVER_ERROR).body())
-            return
-    if answer.include_usage:
-        # vLLM's: each prompt counted once, every choice's generated tokens summed.
-        total = Usage(sum(choice.usage.prompt_tokens for choice in choices[::n]))
-        total.completion_tokens = sum(choice.usage.completion_tokens for choice in choices)
-        total.thoughts = tokenids.summed([choice.usage.thoughts for choice in choices])
-        yield answer.usage_chunk(total)
-    yield DONE
-
-
-def _usage(answer: Answer) -> Usage:
-    """A streamed choice's usage: its ids where chunks carry them, its thoughts' count."""
-    ids: list[int] | None = [] if answer.token_ids else None
-    return Usage(token_ids=ids, thoughts=tokenids.thoughts(answer.tags))
-
-
-def _delta(choice: _Choice, piece: Piece, echo_only: bool) -> list[bytes]:
-    """The chunks of a choice's piece: its text (after the echo, unless only the echo is
-    shown), with the log probabilities held so far; none where it has neither text nor
-    tokens (a piece of tokens whose text is held back is a chunk of "", as vLLM's). With
-    tools, the deltas its text makes (tools.py), and the closing chunk where the parse
-    went past its limit (Triton's: finish_reason "length", the model cancelled). The
-    model's last response (it has the finish reason) closes the choice with its own
-    text, as vLLM's last chunk carries the last token's text and the finish reason."""
-    choice.usage.add(piece)
-    choice.reason = piece.finish_reason or choice.reason
-    last = piece.finish_reason is not None
-    if choice.held is not None:
-        if choice.echo and piece.prompt_logprobs is not None:  # vLLM's: on the echo's chunk
-            choice.held += echoed(choice.echo, piece.prompt_logprobs, choice.answer.echo_id)
-        choice.held += () if echo_only else piece.logprobs or ()
-    if choice.reasoning is not None:
-        deltas = _read(choice, choice.reasoning.feed(piece.text))
-        if choice.tools is not None and choice.tools.truncated:
-            return _cut(choice)
-        if last:
-            return _closing(choice, deltas)
-        return _parsed(choice, deltas)
-    if choice.tools is not None:
-        deltas = choice.tools.feed(piece.text)
-        if choice.tools.truncated:
-            return _cut(choice)
-        if last:
-            return _closing(choice, deltas)
-        return _parsed(choice, deltas)
-    text = choice.echo + ("" if echo_only else piece.text)
-    choice.echo = "" if text else choice.echo
-    if last:
-        return _closing(choice, text=text)
-    if not text and not piece.completion_tokens:
-        return []  # vLLM's: a chunk for every output with tokens, its text held or not
-    chunk = choice.answer.chunk(text, usage=choice.usage, entries=choice.held)
-    choice.held = [] if choice.held is not None else None
-    return [chunk]
-
-
-def _parsed(choice: _Choice, deltas: list[dict[str, Any]]) -> list[bytes]:
-    """The chunks of a piece's parsed deltas, its logprobs on the first; where its text
-    is held, an empty delta with them, as vLLM sends a chunk for every output where
-    logprobs are asked (and none where they are not)."""
-    if not deltas and choice.held:
-        deltas = [{}]
-    chunks = []
-    for d in deltas:
-        chunks.append(choice.answer.chunk(None, usage=choice.usage, entries=choice.held, delta=d))
-        choice.held = [] if choice.held is not None else None
-    return chunks
-
-
-def _cut(choice: _Choice) -> list[bytes]:
-    """The tools' parse went past its limit: the choice ends "length" here."""
-    choice.reason, choice.cut = "length", True
-    return _closing(choice)
-
-
-def _read(choice: _Choice, parts: list[dict[str, str]]) -> list[dict[str, Any]]:
-    """The deltas of a choice's reasoning parts: the content's read by its tools."""
-    if choice.tools is None:
-        return list(parts)
-    deltas: list[dict[str, Any]] = []
-    for part in parts:
-        if "content" in part:
-            deltas += choice.tools.feed(part["content"])
-        else:
-            deltas.append(part)
-    return deltas
-
-
-def _closing(
-    choice: _Choice, deltas: list[dict[str, Any]] | None = None, text: str | None = None
-) -> list[bytes]:
-    """A choice's last chunks: the last response's `deltas` (or `text`), what its thoughts
-    and tool calls hold back, the last with the finish reason (and vLLM's `stop_reason`)
-    and the log probabilities held (an empty delta, or text "", where nothing is left)."""
-    reason, pending = choice.reason or "stop", list(deltas or ())
-    if choice.reasoning is not None:
-        pending += _read(choice, choice.reasoning.finish())
-    if choice.tools is not None:
-        pending += choice.tools.finish()
-        if choice.answer.tools is not None:
-            reason = choice.answer.tools.finish_reason(reason, choice.tools.calls)
-    choice.ended = True
-    answer, usage = choice.answer, choice.usage
-    ending = pending.pop() if pending else None
-    chunks = [answer.chunk(None, usage=usage, delta=d) for d in pending]
-    if text is None and not answer.chat:
-        text = ""
-    closing = answer.chunk(
-        text,
-        finish_reason=reason,
-        usage=usage,
-        entries=choice.held if text else choice.held or None,
-        delta=ending,
-        stop_reason=usage.stop_reason,
-    )
-    return [*chunks, closing]
