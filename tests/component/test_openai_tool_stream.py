@@ -203,7 +203,8 @@ async def test_responses_stream_the_arguments_in_pieces(hermes: httpx.AsyncClien
 async def tiny(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
     folder: Path = tmp_path_factory.mktemp("openai-tool-stream-llm")
     llmrepo.write_tiny_llm(folder, "tiny", interface=False)
-    async with openai_client(folder, ["tiny"], ToolSettings(parser="hermes")) as client:
+    llmrepo.write_tiny_llm(folder, "ids")  # declares `output_ids`
+    async with openai_client(folder, ["tiny", "ids"], ToolSettings(parser="hermes")) as client:
         yield client
 
 
@@ -230,3 +231,28 @@ async def test_a_held_token_has_a_chunk_with_its_logprobs(tiny: httpx.AsyncClien
     assert {} in [c["delta"] for c in choices]
     calls = [c for choice in choices for c in choice["delta"].get("tool_calls", ())]
     assert "".join(c["function"]["arguments"] for c in calls) == '{"city": "Oslo"}'
+
+
+async def test_a_held_token_has_a_chunk_with_its_ids(tiny: httpx.AsyncClient) -> None:
+    # As with logprobs: vLLM sends a chunk for every output where `return_token_ids` is
+    # asked, so each token's id comes on a chunk of its own, held text or not.
+    said = '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    body = {
+        "model": "ids",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "tools": [WEATHER],
+        "structured_outputs": {"regex": re.escape(said)},
+        "return_token_ids": True,
+        "temperature": 0,
+        "max_tokens": 200,
+    }
+    choices = await _choices(tiny, body)
+    per_chunk = [len(c.get("token_ids") or ()) for c in choices[1:]]
+    assert choices[-1]["finish_reason"] == "tool_calls"
+    assert per_chunk[:-1] == [1] * (len(per_chunk) - 1) and sum(per_chunk) >= len(said)
+    assert {} in [c["delta"] for c in choices]
+    whole = await tiny.post("/v1/chat/completions", json=body)
+    assert whole.status_code == 200, whole.text
+    assert [i for c in choices for i in c.get("token_ids") or ()] == whole.json()["choices"][0][
+        "token_ids"
+    ]

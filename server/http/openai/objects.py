@@ -244,6 +244,11 @@ class Answer:
             data["usage"] = found
         return sse(data)
 
+    def unsent_ids(self, usage: Usage) -> bool:
+        """Whether `return_token_ids` has generated ids no chunk has carried yet."""
+        ids = usage.token_ids
+        return self.token_ids and ids is not None and len(ids) > self.ids_sent
+
     def _ids(self, usage: Usage | None) -> list[int] | None:
         """The generated ids of a streamed chunk (`return_token_ids`): those not sent."""
         if not self.token_ids or usage is None or usage.token_ids is None:

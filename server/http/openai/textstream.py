@@ -197,9 +197,9 @@ def _delta(choice: _Choice, piece: Piece, echo_only: bool) -> list[bytes]:
 
 def _parsed(choice: _Choice, deltas: list[dict[str, Any]]) -> list[bytes]:
     """The chunks of a piece's parsed deltas, its logprobs on the first; where its text
-    is held, an empty delta with them, as vLLM sends a chunk for every output where
-    logprobs are asked (and none where they are not)."""
-    if not deltas and choice.held:
+    is held, an empty delta with them (or its ids), as vLLM sends a chunk for every
+    output where logprobs or `return_token_ids` are asked (and none where neither is)."""
+    if not deltas and (choice.held or choice.answer.unsent_ids(choice.usage)):
         deltas = [{}]
     chunks = []
     for d in deltas:
