@@ -106,6 +106,7 @@ def read_sequence(
             raise invalid_arg(str(exc)) from None
     send_logprobs, send_cumulative = logprob_outputs(model, inputs, params.logprobs is not None)
     send_prompt = _returned(model, inputs, "prompt_logprobs", params.prompt_logprobs is not None)
+    send_ids = _returned(model, inputs, "output_ids", True)
     outside = sorted(i for i in params.stop_token_ids if i >= vocab)
     if outside:
         # Checked here: the engine would index the logits with it, in a step shared
@@ -172,6 +173,7 @@ def read_sequence(
         if params.prompt_logprobs is None
         else PromptLogprobs(params.prompt_logprobs, model.tokenizer, vocab),
         send_prompt_logprobs=send_prompt,
+        send_ids=send_ids,
         processor=processor,
     )
 

@@ -66,6 +66,9 @@ class Sequence:
     reason: bool = True
     input_count: bool = True
     output_count: bool = True
+    # Whether its responses carry `output_ids` (False where the config declares the flag
+    # `return_output_ids` and the request leaves it unset).
+    send_ids: bool = True
     # The request's log probabilities (its sampling `logprobs`; None: not asked for), and
     # whether its responses carry `logprobs` / `cumulative_logprob` (the return_* flags).
     logprobs: TokenLogprobs | None = None
@@ -106,10 +109,9 @@ class Sequence:
         this response's text (so a stream's counts sum to the total, as Triton's OpenAI
         frontend sums them), and the finish reason; `ids` also go out as TensorRT-LLM's
         `output_ids`."""
-        outputs = {
-            "text_output": np.array([text.encode("utf-8")], dtype=object),
-            "output_ids": np.array(ids, dtype=np.int32),
-        }
+        outputs = {"text_output": np.array([text.encode("utf-8")], dtype=object)}
+        if self.send_ids:
+            outputs["output_ids"] = np.array(ids, dtype=np.int32)
         if self.input_count:
             outputs["num_input_tokens"] = np.array([self.prompt_len], dtype=np.int32)
         if self.output_count:

@@ -38,6 +38,8 @@ RETURN_FLAGS = (
     "return_cumulative_logprob",
     "return_logprobs",
     "return_prompt_logprobs",
+    # ge-serve's, after the vLLM backend's rule: the generated ids (`output_ids`).
+    "return_output_ids",
     "return_num_input_tokens",
     "return_num_output_tokens",
 )
@@ -60,7 +62,8 @@ OUTPUTS = (
 )
 _STRING, _BOOL = model_config_pb2.TYPE_STRING, model_config_pb2.TYPE_BOOL
 # What Triton's vLLM backend's auto-complete declares (its model.py), all dims [1] inputs,
-# and ge-serve's `return_prompt_logprobs` / `prompt_logprobs` beside its logprobs'.
+# and ge-serve's `return_prompt_logprobs` / `prompt_logprobs` beside its logprobs', and
+# `return_output_ids` / `output_ids`.
 INTERFACE_INPUTS = (
     (TEXT_INPUT, _STRING),
     ("stream", _BOOL),
@@ -75,6 +78,8 @@ INTERFACE_OUTPUTS = (
     ("logprobs", _STRING, -1),
     # ge-serve's: the prompt's log probabilities (vLLM's `prompt_logprobs`), as JSON.
     ("prompt_logprobs", _STRING, -1),
+    # ge-serve's: the generated token ids (TensorRT-LLM's name), for /v1's token ids.
+    ("output_ids", model_config_pb2.TYPE_INT32, -1),
     ("num_input_tokens", model_config_pb2.TYPE_UINT32, 1),
     ("num_output_tokens", model_config_pb2.TYPE_UINT32, -1),
 )
@@ -212,7 +217,9 @@ def complete_interface(config: model_config_pb2.ModelConfig) -> None:
     flags to one written before them would make its always-sent outputs opt-in. The vLLM
     backend's `image` and `embedding_request` are left out; the engine takes neither.
     Unlike it, `input_ids` (INT32 [-1]) is declared and `text_input` is optional, so a
-    prompt may come as token ids out of the box (/v1/completions' token prompts)."""
+    prompt may come as token ids out of the box (/v1/completions' token prompts), and
+    `output_ids` (opt-in, `return_output_ids`) so that /v1 can give the generated ids
+    (`return_token_ids`) and count thought tokens."""
     if not config.input and not config.output:
         for name, data_type in INTERFACE_INPUTS:
             added = config.input.add(name=name, data_type=data_type, dims=[1])

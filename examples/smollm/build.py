@@ -61,6 +61,10 @@ OPTIONAL_INPUTS = (
     ("sampling_parameters", "TYPE_STRING"),
     ("exclude_input_in_output", "TYPE_BOOL"),
     ("max_tokens", "TYPE_INT32"),
+    # ge-serve's flag for `output_ids` (the generated token ids): sent only when a request
+    # sets it, so Triton's generate answers stay as the vLLM backend's; /v1 sets it for
+    # `return_token_ids` and reasoning token counts.
+    ("return_output_ids", "TYPE_BOOL"),
 )
 
 
@@ -115,7 +119,7 @@ def config_pbtxt(name: str, spec: TokenizerSpec, max_model_len: int) -> str:
         'output { name: "logprobs" data_type: TYPE_STRING dims: [ -1 ] }\n'
         'output { name: "cumulative_logprob" data_type: TYPE_FP32 dims: [ -1 ] }\n'
         'output { name: "prompt_logprobs" data_type: TYPE_STRING dims: [ -1 ] }\n'
-        + _parameters(params)
+        'output { name: "output_ids" data_type: TYPE_INT32 dims: [ -1 ] }\n' + _parameters(params)
     )
 
 

@@ -47,7 +47,10 @@ def extra(item: Any, name: str) -> Any:
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("openai-token-ids")
     llmrepo.write_tiny_llm(folder, "tiny")  # declares `output_ids`
-    llmrepo.write_tiny_llm(folder, "auto", interface=False)  # vLLM backend's: no ids
+    llmrepo.write_tiny_llm(folder, "auto", interface=False)  # auto-completed: opt-in ids
+    config = llmrepo.write_tiny_llm(folder, "noids") / "config.pbtxt"
+    lines = config.read_text(encoding="utf-8").splitlines(keepends=True)
+    config.write_text("".join(x for x in lines if '"output_ids"' not in x), encoding="utf-8")
     llmrepo.write_tiny_llm(folder, "thinker")
     tokenizer = llmrepo.byte_tokenizer()
     tokenizer.add_tokens(["<think>", "</think>"])
@@ -131,17 +134,40 @@ async def test_chat_ids_whole_and_streamed(client: Any) -> None:
 
 
 async def test_a_model_without_output_ids_refuses(repo: Path) -> None:
-    async with openai_client(repo, ["auto"]) as http:
+    async with openai_client(repo, ["noids"]) as http:
         asks = (("/v1/completions", {"prompt": "zz"}), ("/v1/chat/completions", {"messages": CHAT}))
         for path, prompt in asks:
-            body = {"model": "auto", "return_token_ids": True, **prompt}
+            body = {"model": "noids", "return_token_ids": True, **prompt}
             found = error(await http.post(path, json=body))
             assert found["param"] == "return_token_ids", found
             assert "output_ids" in found["message"]
         # Only asked for: without it the model answers.
-        answer = await http.post("/v1/completions", json={"model": "auto", "prompt": "zz"})
+        answer = await http.post("/v1/completions", json={"model": "noids", "prompt": "zz"})
         assert answer.status_code == 200
         assert answer.json()["usage"]["completion_tokens_details"] is None
+
+
+async def test_an_auto_completed_model_gives_ids_only_where_asked(repo: Path) -> None:
+    # Triton's vLLM backend's interface, auto-completed: ge-serve adds `output_ids`
+    # behind the flag `return_output_ids`, so /v1 reads the ids, and v2 sees them only
+    # where asked, as that backend's other outputs.
+    sampling = json.dumps({"temperature": 0, "max_tokens": 3, "ignore_eos": True})
+    async with openai_client(repo, ["auto"]) as http:
+        body = {"model": "auto", "prompt": "zz", "max_tokens": 3, "temperature": 0}
+        answer = await http.post(
+            "/v1/completions", json=body | {"ignore_eos": True, "return_token_ids": True}
+        )
+        assert answer.status_code == 200, answer.text
+        ids = answer.json()["choices"][0]["token_ids"]
+        assert len(ids) == 3
+        assert llmrepo.byte_tokenizer().decode(ids) == answer.json()["choices"][0]["text"]
+        v2 = {"text_input": "zz", "sampling_parameters": sampling}
+        plain = await http.post("/v2/models/auto/generate", json=v2)
+        assert plain.status_code == 200, plain.text
+        assert "output_ids" not in plain.json()
+        asked = await http.post("/v2/models/auto/generate", json=v2 | {"return_output_ids": True})
+        assert asked.status_code == 200, asked.text
+        assert asked.json()["output_ids"] == ids
 
 
 def vllm_count(parser: str, ids: list[int]) -> int:

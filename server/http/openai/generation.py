@@ -70,6 +70,8 @@ LOGPROBS = "logprobs"
 RETURN_LOGPROBS = "return_logprobs"
 PROMPT_LOGPROBS = "prompt_logprobs"
 RETURN_PROMPT_LOGPROBS = "return_prompt_logprobs"
+# Asked where /v1 reads the generated ids (`return_token_ids`, thought counts).
+RETURN_OUTPUT_IDS = "return_output_ids"
 
 
 def takes_constraints(inputs: Mapping[str, TensorSpec]) -> bool:
@@ -198,10 +200,11 @@ def build_request(
     stream: bool,
     given: Mapping[str, Any],
     default_max_tokens: int | None = None,
+    ids: bool = False,
 ) -> tuple[InferRequest, frozenset[str]]:
     """The request for `model`, and the parameters it passes on. `given`: the sampling
     parameters the client set, by vLLM's keys (`Sampling.sampling`); `prompt`, text or
-    token ids (`ids_array`'s, for `input_ids`)."""
+    token ids (`ids_array`'s, for `input_ids`); `ids`: the generated ids are read."""
     inputs = model.inputs
     if isinstance(prompt, str):
         tensors = [_tensor(model, inputs[TEXT_INPUT], [prompt])]
@@ -211,6 +214,8 @@ def build_request(
         if name in inputs:
             tensors.append(_tensor(model, inputs[name], [value]))
     asked = (*COUNT_REQUESTS, RETURN_LOGPROBS) if LOGPROBS in given else COUNT_REQUESTS
+    if ids:
+        asked = (*asked, RETURN_OUTPUT_IDS)
     if PROMPT_LOGPROBS in given:
         asked = (*asked, RETURN_PROMPT_LOGPROBS)
         if PROMPT_LOGPROBS not in model.outputs:

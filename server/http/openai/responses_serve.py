@@ -85,12 +85,13 @@ async def create(catalog: Catalog, request: Request, body: ResponsesRequest) -> 
         if field is not None and thinking is not None and thinking.after is not None:
             after_thoughts(model, field)
             given[AFTER] = thinking.after  # the grammar after the thoughts
+    tags = tokenids.tags(model, thinking)  # the thought tokens counted on the ids
+    counted = tags is not None and tags.counted
     try:
-        infer_request, sent = build_request(model, prompt, stream, given)
+        infer_request, sent = build_request(model, prompt, stream, given, ids=counted)
     except OpenAIError as exc:  # a refusal names this API's field (`include`...)
         raise renamed(exc) from None
-    tags = tokenids.tags(model, thinking)  # the thought tokens counted on the ids
-    params = Params("input", sent, tags is not None and tags.counted)
+    params = Params("input", sent, counted)
     identity = Identity(body, request_id(request, body.request_id))
     if body.logprobs_asked():
         identity.top_logprobs = body.top_logprobs or 0

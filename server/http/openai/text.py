@@ -224,14 +224,14 @@ async def _answer(
     if answer.reasoning is not None and answer.reasoning.after is not None:
         given[structured.AFTER] = answer.reasoning.after  # the grammar after the thoughts
     n = body.n or 1
+    reads_ids = answer.token_ids or (answer.tags is not None and answer.tags.counted)
     requests: list[InferRequest] = []
     for prompt in await _as_sent(model, prompts):
         for values in seeded(given, n) if n > 1 else [given]:
             infer_request, sent = build_request(
-                model, prompt, stream, values, body.default_max_tokens
+                model, prompt, stream, values, body.default_max_tokens, reads_ids
             )
             requests.append(infer_request)
-    reads_ids = answer.token_ids or (answer.tags is not None and answer.tags.counted)
     params = Params("messages" if answer.chat else "prompt", sent, reads_ids)
     answers = [answer]
     if len(requests) > 1:
