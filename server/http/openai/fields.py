@@ -87,10 +87,6 @@ EMBEDDING_DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
 }
 # vLLM's words for `normalize`, which it removed (a `false` would pass unnoticed).
 REMOVED_NORMALIZE = "Parameter `normalize` was removed; use `use_activation` instead."
-# vLLM's octet-stream answers to /v1/embeddings, not served.
-BINARY_ANSWER = (
-    "'encoding_format' '{}' (vLLM's binary answer) is not supported: use 'float' or 'base64'"
-)
 
 
 def refuse_by_table(
