@@ -43,6 +43,15 @@ class ChatMessage(Body):
     # An assistant's calls, and the call a tool message answers: passed to the template.
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    # An assistant's earlier thoughts (vLLM's interleaved thinking), for the template;
+    # `reasoning_content` is vLLM's deprecated name of it.
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+
+    def thoughts(self) -> str | None:
+        """The thoughts sent back, as vLLM reads them: `reasoning`, else the deprecated
+        `reasoning_content` (an empty string is thoughts, none is null)."""
+        return self.reasoning if self.reasoning is not None else self.reasoning_content
 
     def text(self) -> str:
         """The content as one string: text parts joined by a line break, as vLLM and

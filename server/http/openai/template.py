@@ -24,7 +24,9 @@ same environment, so a model's template gives the same prompt here as there:
 Each message is a dict as transformers is given it: `role`, `content` (text parts joined
 by "\\n", as vLLM and TensorRT-LLM join them), `name` when sent, an assistant's
 `tool_calls` (each `function.arguments` parsed from its JSON string, as Triton and vLLM
-pass it, since templates print it as an object) and a tool message's `tool_call_id`.
+pass it, since templates print it as an object), an assistant's earlier thoughts as
+`reasoning` and `reasoning_content` (vLLM's, for interleaved thinking) and a tool
+message's `tool_call_id`.
 
 `continue_final_message` (vLLM's, from transformers) leaves the last message open: the
 prompt ends where that message's text ends, so the model continues it. The text is marked
@@ -254,6 +256,10 @@ def _message(index: int, message: ChatMessage) -> dict[str, Any]:
         ]
     if message.tool_call_id is not None:
         found["tool_call_id"] = message.tool_call_id
+    thoughts = message.thoughts() if message.role == "assistant" else None
+    if thoughts is not None:
+        # vLLM gives the template both names (Qwen3's reads `reasoning_content`).
+        found["reasoning"] = found["reasoning_content"] = thoughts
     return found
 
 
