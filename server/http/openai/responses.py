@@ -6,8 +6,12 @@ sampling) then serves it.
   string or `input_text` / `output_text` parts}, and a replayed tool round,
   `function_call` {call_id, name, arguments} (an assistant's call, joined to the
   assistant message before it, as vLLM joins them) and `function_call_output` {call_id,
-  output} (a tool message). `instructions` is a system message first. An assistant
-  message left `in_progress` or `incomplete` last is continued (vLLM's rule).
+  output} (a tool message), and `reasoning` {content or summary: [{text}]} (earlier
+  thoughts: the assistant message's `reasoning`, joined to the assistant turn before,
+  as vLLM joins them). So a response's `output` items can be sent back as they came, as
+  the OpenAI Agents SDK and pydantic-ai send them. `instructions` is a system message
+  first. An assistant message or reasoning left `in_progress` or `incomplete` last is
+  continued (vLLM's rule).
 - `text.format` is chat's `response_format` (json_schema flat: name, schema, strict);
   `tools` are flat functions {name, description, parameters, strict}; `tool_choice`
   "none" / "auto" / "required" / {type: function, name}, in vLLM's words.
@@ -15,7 +19,7 @@ sampling) then serves it.
   never forgets one: `store` is ignored as vLLM ignores it by default, and what needs a
   stored response (`previous_response_id`, `background`) is refused in vLLM's words.
 - What would change the answer and is not served (hosted tools, `truncation: auto`,
-  images and files, reasoning items...) is a 400 naming the field.
+  images and files, sealed thoughts, `item_reference`...) is a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -356,6 +360,13 @@ def _add_item(messages: list[dict[str, Any]], index: int, item: dict[str, Any]) 
             {"role": "tool", "content": text, "tool_call_id": _text(item, "call_id", where)}
         )
         return
+    if kind == "reasoning":
+        thoughts = _thoughts(item, where)
+        if previous is not None and previous.get("reasoning") is None:
+            previous["reasoning"] = thoughts  # vLLM's: joined to the assistant turn before
+        else:
+            messages.append({"role": "assistant", "content": None, "reasoning": thoughts})
+        return
     if kind != "message":
         raise OpenAIError(f"Unsupported input item type: {kind}", param=f"{where}.type")
     role = item.get("role")
@@ -367,6 +378,25 @@ def _add_item(messages: list[dict[str, Any]], index: int, item: dict[str, Any]) 
         previous["content"] = text  # vLLM's: a call's message takes the text that follows
         return
     messages.append({"role": role, "content": text})
+
+
+def _thoughts(item: dict[str, Any], where: str) -> str:
+    """A reasoning item's thoughts, as vLLM reads them: its first `content` part's text,
+    else its first `summary` part's, else none (""); `encrypted_content` (OpenAI's own
+    thoughts, sealed) refused in vLLM's words."""
+    if item.get("encrypted_content"):
+        raise OpenAIError("Encrypted content is not supported.", param=f"{where}.encrypted_content")
+    for key in ("content", "summary"):
+        parts = item.get(key)
+        if not parts:
+            continue
+        if not isinstance(parts, list) or not isinstance(parts[0], dict):
+            raise OpenAIError(
+                f"Invalid value for '{where}.{key}': a list of parts {{type, text}}",
+                param=f"{where}.{key}",
+            )
+        return _text(parts[0], "text", f"{where}.{key}[0]")
+    return ""
 
 
 def _text(item: dict[str, Any], key: str, where: str) -> str:
@@ -393,12 +423,12 @@ def _parts_text(parts: Any, where: str) -> str:
 
 
 def _continues(given: str | list[dict[str, Any]]) -> bool:
-    """vLLM's should_continue_final_message: an assistant message left unfinished last."""
+    """vLLM's should_continue_final_message: an assistant message or its thoughts left
+    unfinished last."""
     if isinstance(given, str) or not given:
         return False
     last = given[-1]
+    kind = last.get("type", "message")
     return (
-        last.get("type", "message") == "message"
-        and last.get("role") == "assistant"
-        and last.get("status") in ("in_progress", "incomplete")
-    )
+        kind == "reasoning" or (kind == "message" and last.get("role") == "assistant")
+    ) and last.get("status") in ("in_progress", "incomplete")
