@@ -235,6 +235,22 @@ async def test_reasoning_tokens_are_counted_on_the_ids(repo: Path, parser: str) 
             assert usage["output_tokens_details"]["reasoning_tokens"] == expected, usage
 
 
+async def test_thoughts_not_countable_are_not_counted_as_none(repo: Path) -> None:
+    # The tiny model's tokenizer has no `<think>` token: thoughts it writes as text cannot
+    # be counted on the ids, and a count of 0 would say the answer had none.
+    settings = ToolSettings(reasoning_parser="qwen3")
+    body = {"model": "tiny", "messages": CHAT, "max_tokens": 4, "temperature": 0}
+    async with openai_client(repo, ["tiny"], settings) as http:
+        whole = await http.post("/v1/chat/completions", json=body)
+        assert whole.status_code == 200, whole.text
+        assert whole.json()["choices"][0]["message"]["reasoning"]  # qwen3: all thoughts
+        assert whole.json()["usage"]["completion_tokens_details"] is None
+        stream = body | {"stream": True, "stream_options": {"include_usage": True}}
+        answer = await http.post("/v1/chat/completions", json=stream)
+        events = [json.loads(line[6:]) for line in answer.text.split("\n\n") if line[6:7] == "{"]
+        assert "completion_tokens_details" not in events[-1]["usage"]
+
+
 async def test_thoughts_count_as_vllms_parsers() -> None:
     from ge_serve.server.http.openai.tokenids import Tags  # the module's counter itself
 

@@ -18,7 +18,7 @@ opened in the prompt count 0; `qwen3` (vLLM's parser engine) counts every token 
 thoughts, from the first where thinking is on, the tag tokens not counted, up to
 `</think>` or `<tool_call>`. The tags are the model tokenizer's single tokens; a
 tokenizer without `<think>` and `</think>` as tokens of their own (vLLM refuses such a
-parser at start) counts 0.
+parser at start) counts nothing: chat's `completion_tokens_details` is null.
 """
 
 from __future__ import annotations
@@ -163,8 +163,9 @@ class Thoughts:
 
 
 def thoughts(tags: Tags | None) -> Thoughts | None:
-    """A fresh count for one answer (None: not counted)."""
-    return None if tags is None else Thoughts(tags)
+    """A fresh count for one answer (None: not counted: no parser, or no ids or tag tokens
+    to count on, where a count of 0 would say the answer had no thoughts)."""
+    return None if tags is None or not tags.counted else Thoughts(tags)
 
 
 def summed(parts: list[Thoughts | None]) -> Thoughts | None:
