@@ -1,5 +1,7 @@
 """Structured outputs (constrained decoding): vLLM's sampling key `structured_outputs`,
-served as vLLM serves it with its "guidance" backend, by llguidance.
+served as vLLM serves it with its "guidance" backend, by llguidance, but for a JSON
+schema's undeclared properties and items: those are refused, as by vLLM's default "auto"
+backend, xgrammar (strictschema.py).
 
 The key is vLLM's StructuredOutputsParams, as an object or as the JSON text of one (what
 Triton's vLLM backend reads, and Triton's OpenAI frontend sends): exactly one of `json`
@@ -19,7 +21,6 @@ complete the EOS is the only token allowed, so the answer ends "stop", as in vLL
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import threading
 from collections import OrderedDict
@@ -30,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+
+from .strictschema import close
 
 if TYPE_CHECKING:
     import llguidance
@@ -78,7 +81,6 @@ class Structured:
     kind: str
     spec: str
     disable_any_whitespace: bool = False
-    disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
 
 
@@ -112,11 +114,13 @@ def parse_structured(value: Any) -> Structured:
     pattern = value.get("whitespace_pattern")
     if pattern is not None and not isinstance(pattern, str):
         raise ValueError("structured_outputs.whitespace_pattern must be a string")
+    # Checked, and without effect: a JSON schema is always read strictly (strictschema.py),
+    # as vLLM's "auto" backend reads it whatever this says (Triton's frontend sends false).
+    _flag(value, "disable_additional_properties")
     return Structured(
         kind,
         _spec(kind, value[kind]),
         disable_any_whitespace=_flag(value, "disable_any_whitespace"),
-        disable_additional_properties=_flag(value, "disable_additional_properties"),
         whitespace_pattern=pattern,
     )
 
@@ -150,8 +154,8 @@ def _spec(kind: str, spec: Any) -> str:
         if not isinstance(spec, dict | bool):
             raise ValueError("structured_outputs.json must be a JSON schema (an object)")
         if _deeper_than(spec, MAX_SCHEMA_DEPTH):
-            # Copying and walking it would recurse past Python's limit; llguidance stops
-            # well before this anyway.
+            # Reading it again would recurse past Python's limit; llguidance stops well
+            # before this anyway.
             raise ValueError(
                 f"structured_outputs.json is nested more than {MAX_SCHEMA_DEPTH} levels deep"
             )
@@ -279,57 +283,21 @@ class Grammars:
 
 
 def _serialized(structured: Structured) -> str:
-    """vLLM's serialize_guidance_grammar, with the request's options."""
+    """vLLM's serialize_guidance_grammar, with the request's options, a JSON schema read
+    as vLLM's default backend (xgrammar) reads it (strictschema.py)."""
     import llguidance
 
     if structured.kind in ("json", "json_object"):
         schema: Any = json.loads(structured.spec) if structured.kind == "json" else {}
         if structured.kind == "json_object":
-            schema = {"type": "object"}
-        elif structured.disable_additional_properties:
-            schema = copy.deepcopy(schema)
-            _no_additional_properties(schema)
+            schema = {"type": "object"}  # any object
+        else:  # freshly parsed: changed in place
+            close(schema)
         defaults: dict[str, Any] = {"whitespace_flexible": not structured.disable_any_whitespace}
         if structured.whitespace_pattern is not None:
             defaults["whitespace_pattern"] = structured.whitespace_pattern
         return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=defaults)  # type: ignore[arg-type]
     return llguidance.grammar_from(structured.kind, structured.spec)  # type: ignore[arg-type]
-
-
-# vLLM's lists (backend_guidance.py): where a schema holds schemas, by name or directly.
-_SCHEMA_MAPS = (
-    "properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
-    "dependencies",
-)  # fmt: skip
-_SUBSCHEMAS = (
-    "additionalProperties", "unevaluatedProperties", "propertyNames", "contains",
-    "additionalItems", "unevaluatedItems", "not", "if", "then", "else", "contentSchema",
-    "items", "prefixItems", "allOf", "anyOf", "oneOf",
-)  # fmt: skip
-
-
-def _no_additional_properties(schema: Any) -> None:
-    """vLLM's: every object schema that lists properties and says nothing of others gets
-    `additionalProperties: false` (its schema keywords only: an `enum` or `const` value
-    is data, left as it is)."""
-    if isinstance(schema, list):
-        for item in schema:
-            _no_additional_properties(item)
-        return
-    if not isinstance(schema, dict):
-        return
-    for key in _SCHEMA_MAPS:
-        if isinstance(schema.get(key), dict):
-            for sub in schema[key].values():
-                _no_additional_properties(sub)
-    for key in _SUBSCHEMAS:
-        if isinstance(schema.get(key), dict | list):
-            _no_additional_properties(schema[key])
-    if "additionalProperties" not in schema and (
-        isinstance(schema.get("properties"), dict)
-        or isinstance(schema.get("patternProperties"), dict)
-    ):
-        schema["additionalProperties"] = False
 
 
 class Constraint:

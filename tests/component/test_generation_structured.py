@@ -109,6 +109,31 @@ async def test_json_schema_answer_parses_and_validates(scheduler: GenerationSche
         assert isinstance(doc["ok"], bool)
 
 
+# One optional property: the random model, free to write others, opens a key of its own
+# at once and seldom ends it (tests/unit/test_structured_strict.py shows the grammar).
+OPTIONAL = {"type": "object", "properties": {"a": {"type": "boolean"}}}
+
+
+async def test_a_schema_allows_only_the_properties_it_declares(
+    scheduler: GenerationScheduler,
+) -> None:
+    """vLLM's default backend (xgrammar, strict_mode) refuses undeclared properties where
+    the schema does not say `additionalProperties`; Triton's frontend sends
+    `disable_additional_properties: false`, which changes nothing."""
+    for structured in (
+        {"json": OPTIONAL},
+        {"json": OPTIONAL, "disable_additional_properties": False},
+    ):
+        for seed in range(6):
+            text, _, reason = await generate(scheduler, structured, seed=seed, max_tokens=80)
+            assert reason == "stop" and set(json.loads(text)) <= {"a"}, (seed, text)
+    # A schema that allows others keeps its word: this seed writes a key of its own.
+    text, _, reason = await generate(
+        scheduler, {"json": {**OPTIONAL, "additionalProperties": True}}, seed=6, max_tokens=80
+    )
+    assert reason == "stop" and set(json.loads(text)) - {"a"}, text
+
+
 async def test_json_object_answer_is_an_object(scheduler: GenerationScheduler) -> None:
     # The random model's strings seldom end (a quote is one of hundreds of tokens the
     # grammar allows there): seeds whose answer ends within the limit, one with a key.
