@@ -9,13 +9,19 @@ vLLM's StructuredOutputsParams that structured.py and tools.py build:
 - `grammar`: "ebnf_grammar", the grammar;
 - `choice`: "ebnf_grammar", vLLM's choice_as_grammar (`root ::= "a" | "b"`).
 
-A constraint these cannot carry (a structural tag, the JSON grammar's whitespace or
-properties options) is a 400 naming the field, never dropped."""
+A JSON schema goes with xgrammar's strict default written into it (properties and
+tuple items it does not declare are refused, backends/llm/strictschema.py), as vLLM's
+default backend and the `llm` engine read it, whichever grammar backend the model uses.
+A constraint these cannot carry (a structural tag, the JSON grammar's whitespace
+options) is a 400 naming the field, never dropped; `disable_additional_properties` is
+that default, nothing to carry."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from ge_serve.backends.llm.strictschema import close
 
 from .errors import OpenAIError, unsupported
 from .structured import KEY
@@ -29,7 +35,7 @@ def guide(structured: str, model: str) -> tuple[str, str | None]:
     """The guide type and guide (None: none) of `structured`, the JSON text of vLLM's
     StructuredOutputsParams."""
     params: dict[str, Any] = json.loads(structured)
-    for option in ("whitespace_pattern", "disable_any_whitespace", "disable_additional_properties"):
+    for option in ("whitespace_pattern", "disable_any_whitespace"):
         if params.get(option):
             raise unsupported(
                 KEY, f"'{option}' cannot reach the model '{model}' (TensorRT-LLM's guided decoding)"
@@ -50,7 +56,7 @@ def guide(structured: str, model: str) -> tuple[str, str | None]:
     kind = kinds[0]
     value = params[kind]
     if kind == "json":
-        return "json_schema", value if isinstance(value, str) else json.dumps(value)
+        return "json_schema", _strict(value)
     if kind == "json_object":
         return "json", None
     if kind == "choice":
@@ -60,6 +66,22 @@ def guide(structured: str, model: str) -> tuple[str, str | None]:
     if not isinstance(value, str):
         raise OpenAIError(f"'{kind}' must be a string", param=KEY)
     return ("regex" if kind == "regex" else "ebnf_grammar"), value
+
+
+def _strict(schema: Any) -> str:
+    """The schema's JSON text, closed (strictschema.py); a text that is no JSON goes as
+    it is, for the model to refuse."""
+    if isinstance(schema, str):
+        text = schema
+        try:
+            schema = json.loads(text)
+        except (ValueError, RecursionError):
+            return text
+    close(schema)
+    try:
+        return json.dumps(schema)
+    except RecursionError:  # nested past Python's limit: json.dumps read it once already
+        raise OpenAIError("the schema is nested too deeply", param=KEY) from None
 
 
 def _escaped(text: str) -> str:

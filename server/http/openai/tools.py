@@ -175,10 +175,9 @@ def constraint(
                         "name": {"type": "string", "enum": [tool.function.name]},
                         "parameters": params,
                     },
+                    # No other key: a JSON schema is read strictly (xgrammar's default,
+                    # backends/llm/strictschema.py), as vLLM's "auto" backend reads it.
                     "required": ["name", "parameters"],
-                    # Not in vLLM's schema: a call is read for these two keys only, and
-                    # a model that may add keys may write them until its limit.
-                    "additionalProperties": False,
                 }
                 for tool, params in zip(tools, parameters, strict=True)
             ],
