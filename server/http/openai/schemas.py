@@ -199,8 +199,10 @@ class Sampling(Body):
         return params
 
 
-class ChatCompletionRequest(Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
+class ChatOptions(Sampling):
+    """Chat's fields but its `messages`: one conversation's (ChatCompletionRequest), or
+    each of a batch's (chatbatch.py)."""
+
     # OpenAI's newer name for max_tokens; either may be given, not both differently.
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
@@ -262,17 +264,7 @@ class ChatCompletionRequest(Sampling):
         return params
 
     def _refuse_message_parts(self) -> None:
-        """Content parts other than text, and text parts without text."""
-        for index, message in enumerate(self.messages):
-            parts = message.content if isinstance(message.content, list) else []
-            for number, part in enumerate(parts):
-                where = f"messages[{index}].content[{number}]"
-                if part.type != "text":
-                    raise unsupported(
-                        f"{where}.type", f"Only text content parts are served, not '{part.type}'"
-                    )
-                if part.text is None:
-                    raise OpenAIError(f"Missing required parameter: '{where}.text'", param=where)
+        """The messages' content parts (`refuse_parts`): each request kind's own."""
 
     def _refuse_template_controls(self) -> None:
         """vLLM's rules for its chat template controls (template.py renders with them),
@@ -307,6 +299,20 @@ class ChatCompletionRequest(Sampling):
                     param=f"chat_template_kwargs.{name}",
                 )
 
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def logprob_count(self) -> int | None:
+        # vLLM's: `top_logprobs` (0 unset) where `logprobs` is true.
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class ChatCompletionRequest(ChatOptions):
+    messages: list[ChatMessage] = Field(min_length=1)
+
+    def _refuse_message_parts(self) -> None:
+        refuse_parts(self.messages, "messages")
+
     def answer_role(self) -> str:
         """vLLM's: the assistant's, or where no generation prompt opens an assistant
         turn, the last message's."""
@@ -318,12 +324,20 @@ class ChatCompletionRequest(Sampling):
         last = self.messages[-1]
         return last.text() if self.echo and last.role == self.answer_role() else ""
 
-    def token_limit(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
 
-    def logprob_count(self) -> int | None:
-        # vLLM's: `top_logprobs` (0 unset) where `logprobs` is true.
-        return (self.top_logprobs or 0) if self.logprobs else None
+def refuse_parts(messages: list[ChatMessage], where: str) -> None:
+    """Content parts other than text, and text parts without text, named from `where`
+    (the messages' parameter)."""
+    for index, message in enumerate(messages):
+        parts = message.content if isinstance(message.content, list) else []
+        for number, part in enumerate(parts):
+            at = f"{where}[{index}].content[{number}]"
+            if part.type != "text":
+                raise unsupported(
+                    f"{at}.type", f"Only text content parts are served, not '{part.type}'"
+                )
+            if part.text is None:
+                raise OpenAIError(f"Missing required parameter: '{at}.text'", param=at)
 
 
 # OpenAI's (and vLLM's) default for /v1/completions, where the model's own applies to chat.

@@ -11,7 +11,8 @@ With `n` > 1 (choices.py), the n generations run together: not streamed, one ans
 n choices; streamed, each choice's chunks as they come, with its index, each choice's
 closing chunk when it ends, and the usage chunk once, after all. A completions request
 with a list of prompts (prompts.py) runs each prompt n times the same way, all together:
-prompt p's choice i is index p * n + i, as vLLM's.
+prompt p's choice i is index p * n + i, as vLLM's; so does a batch of conversations
+(chatbatch.py), each with its own role, echo and thoughts.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from .generation import (
 from .logprobs import Logprobs
 from .objects import Answer
 from .prompts import IDS_INLINE, THREADED, Prompt, check_fit, echo_texts
-from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
+from .schemas import ChatCompletionRequest, ChatOptions, CompletionRequest, Sampling
 from .template import render_request, variables
 from .tools import plan, template_tools
 
@@ -66,23 +67,32 @@ async def chat_completion(
     constrained = takes_constraints(model.inputs)
     tool_use = plan(chosen, catalog.tools, constrained, body.model, parallel)
     prompt = await chat_prompt(generation, body, template_tools(body.tools))
-    answer = _identity(request, body, chat=True, role=body.answer_role(), echo=body.echoed())
+    answer = identity(request, body, chat=True, role=body.answer_role(), echo=body.echoed())
     answer.tools = tool_use
     count = body.logprob_count()
     as_ids = bool(body.return_tokens_as_token_ids)
     answer.logprobs = None if count is None else Logprobs(True, count, as_ids)
-    if catalog.tools.reasoning_parser:
-        field = _constrained(body, chosen)
-        answer.reasoning = reasoning.plan(
-            catalog.tools.reasoning_parser, body.include_reasoning, variables(body), prompt, field
-        )
-        if field is not None and answer.reasoning is not None and answer.reasoning.after:
-            after_thoughts(model, field)
-        if answer.reasoning is not None and not answer.reasoning.include:
-            answer.logprobs = None  # vLLM's: hidden thoughts hide the tokens' logprobs too
-        answer.tags = tokenids.tags(model, answer.reasoning)
+    plan_thoughts(catalog, model, body, prompt, answer)
     ids = await tokenids.prompt_ids(model, body.return_token_ids, [prompt])
-    return await _answer(catalog, request, model, body, [prompt], answer, ids=ids)
+    return await answer_prompts(catalog, request, model, body, [prompt], answer, ids=ids)
+
+
+def plan_thoughts(
+    catalog: Catalog, model: ModelVersion, body: ChatCompletionRequest, prompt: str, answer: Answer
+) -> None:
+    """With --reasoning-parser, how `answer` (to the chat rendered as `prompt`) splits
+    its thoughts from its content, and counts them."""
+    if not catalog.tools.reasoning_parser:
+        return
+    field = _constrained(body, body.chosen_tool())
+    answer.reasoning = reasoning.plan(
+        catalog.tools.reasoning_parser, body.include_reasoning, variables(body), prompt, field
+    )
+    if field is not None and answer.reasoning is not None and answer.reasoning.after:
+        after_thoughts(model, field)
+    if answer.reasoning is not None and not answer.reasoning.include:
+        answer.logprobs = None  # vLLM's: hidden thoughts hide the tokens' logprobs too
+    answer.tags = tokenids.tags(model, answer.reasoning)
 
 
 async def completion(catalog: Catalog, request: Request, body: CompletionRequest) -> Response:
@@ -96,7 +106,7 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
         if generation is not None:
             check_fit(prompts, generation.max_model_len)
     echoes = await echo_texts(model, prompts) if body.echo else None
-    answer = _identity(request, body, chat=False, echo=echoes[0] if echoes else "")
+    answer = identity(request, body, chat=False, echo=echoes[0] if echoes else "")
     answer.echo_only = body.echo_only()
     as_ids = bool(body.return_tokens_as_token_ids)
     answer.logprobs = None if body.logprobs is None else Logprobs(False, body.logprobs, as_ids)
@@ -105,7 +115,7 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
         firsts = [await _first_id(generation, p) for p in prompts]
         answer.echo_id = firsts[0]
     ids = await tokenids.prompt_ids(model, body.return_token_ids, prompts)
-    return await _answer(catalog, request, model, body, prompts, answer, echoes, firsts, ids)
+    return await answer_prompts(catalog, request, model, body, prompts, answer, echoes, firsts, ids)
 
 
 async def _as_sent(model: ModelVersion, prompts: list[Prompt]) -> list[str | Array]:
@@ -151,7 +161,7 @@ async def chat_prompt(
     return render_request(generation, body, tools)
 
 
-def _constrained(body: ChatCompletionRequest, chosen: Any) -> str | None:
+def _constrained(body: ChatOptions, chosen: Any) -> str | None:
     """The field whose structured outputs constrain the answer, if one does."""
     if structured.KEY not in body.sampling():
         return None
@@ -170,7 +180,7 @@ def no_chat_template(name: str) -> OpenAIError:
     )
 
 
-def _identity(
+def identity(
     request: Request, body: Sampling, *, chat: bool, role: str = "assistant", echo: str = ""
 ) -> Answer:
     stream = bool(body.stream)
@@ -203,7 +213,7 @@ def check_limit(limit: int | None, max_model_len: int, param: str = "max_tokens"
         )
 
 
-async def _answer(
+async def answer_prompts(
     catalog: Catalog,
     request: Request,
     model: ModelVersion,
@@ -213,30 +223,36 @@ async def _answer(
     echoes: list[str] | None = None,
     firsts: list[int | None] | None = None,
     ids: list[list[int]] | None = None,
+    heads: list[Answer] | None = None,
 ) -> Response:
-    """The answer to `prompts` (a completions list; chat's one), each generated n times:
-    prompt p's choice i is sequence p * n + i (vLLM's order), each a request of its own.
-    `ids`: each prompt's token ids, where `return_token_ids` asks for them."""
+    """The answer to `prompts` (a completions list, a chat batch's conversations; chat's
+    one), each generated n times: prompt p's choice i is sequence p * n + i (vLLM's
+    order), each a request of its own. `ids`: each prompt's token ids, where
+    `return_token_ids` asks for them; `heads`: each prompt's own answer (a batch's
+    conversations: its role, echo and thoughts), else `answer`'s."""
     if ids is not None:
         answer.token_ids, answer.prompt_ids = True, ids[0]
     stream = bool(body.stream)
     given = body.sampling()
-    if answer.reasoning is not None and answer.reasoning.after is not None:
-        given[structured.AFTER] = answer.reasoning.after  # the grammar after the thoughts
     n = body.n or 1
-    reads_ids = answer.token_ids or (answer.tags is not None and answer.tags.counted)
+    tags = (answer if heads is None else heads[0]).tags
+    reads_ids = answer.token_ids or (tags is not None and tags.counted)
     requests: list[InferRequest] = []
-    for prompt in await _as_sent(model, prompts):
-        for values in seeded(given, n) if n > 1 else [given]:
+    for p, prompt in enumerate(await _as_sent(model, prompts)):
+        use = (answer if heads is None else heads[p]).reasoning
+        values = given
+        if use is not None and use.after is not None:
+            values = {**given, structured.AFTER: use.after}  # the grammar after the thoughts
+        for each in seeded(values, n) if n > 1 else [values]:
             infer_request, sent = build_request(
-                model, prompt, stream, values, body.default_max_tokens, reads_ids
+                model, prompt, stream, each, body.default_max_tokens, reads_ids
             )
             requests.append(infer_request)
     params = Params("messages" if answer.chat else "prompt", sent, reads_ids)
-    answers = [answer]
+    answers = [answer if heads is None else heads[0]]
     if len(requests) > 1:
         answers = [
-            answer.choice(
+            (answer if heads is None else heads[k // n]).choice(
                 k,
                 None if echoes is None else echoes[k // n],
                 None if firsts is None else firsts[k // n],
@@ -247,13 +263,14 @@ async def _answer(
     if stream:
         return await textstream.stream(catalog, request, requests, params, answers, n)
     if len(requests) == 1:
+        one = answers[0]
         text, reason, usage, entries = await until_disconnect(
-            request, collect(catalog.core, requests[0], params, tokenids.thoughts(answer.tags))
+            request, collect(catalog.core, requests[0], params, tokenids.thoughts(one.tags))
         )
-        body_json = answer.whole(text, reason, usage, entries)
+        body_json = one.whole(text, reason, usage, entries)
     else:
         # vLLM's: each prompt counted once, the choices' generated tokens summed.
-        counts = [tokenids.thoughts(answer.tags) for _ in requests]
+        counts = [tokenids.thoughts(choice.tags) for choice in answers]
         pairs = zip(requests, counts, strict=True)
         results = await until_disconnect(
             request, all_of([collect(catalog.core, r, params, c) for r, c in pairs])

@@ -56,6 +56,16 @@ def output_ids(response: InferResponse) -> list[int]:
     return []
 
 
+def check_reported(model: ModelVersion) -> None:
+    """A 400 on `return_token_ids` where the model does not report its generated ids."""
+    if not reported(model):
+        raise unsupported(
+            FIELD,
+            f"'{FIELD}' is not supported by the model '{model.name}': it reports no token "
+            f"ids (it has no '{OUTPUT_IDS}' output)",
+        )
+
+
 async def prompt_ids(
     model: ModelVersion, asked: bool | None, prompts: list[Prompt]
 ) -> list[list[int]] | None:
@@ -64,12 +74,7 @@ async def prompt_ids(
     known here."""
     if not asked:
         return None
-    if not reported(model):
-        raise unsupported(
-            FIELD,
-            f"'{FIELD}' is not supported by the model '{model.name}': it reports no token "
-            f"ids (it has no '{OUTPUT_IDS}' output)",
-        )
+    check_reported(model)
     if all(isinstance(prompt, list) for prompt in prompts):
         return [list(prompt) for prompt in prompts]  # type: ignore[arg-type]
     generation = text_generation(model)
