@@ -84,7 +84,8 @@ _HTTP_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (_MODEL, "metadata"),
         # The OpenAI-compatible API (ge-serve's own; Triton serves it from another process),
         # also under KServe's prefix, /openai/v1 (the same routes: the same categories).
-        (r"(?:/openai)?/v1/(?:chat/completions|completions|embeddings)", "inference"),
+        # vLLM's batch chat, /v1/chat/completions/batch, with them.
+        (r"(?:/openai)?/v1/(?:chat/completions(?:/batch)?|completions|embeddings)", "inference"),
         # The Responses API, and vLLM's retrieve and cancel of a stored response.
         (r"(?:/openai)?/v1/responses(?:/[^/]+(?:/cancel)?)?", "inference"),
         # vLLM's tokenizer routes: a model's work, as its inference is.

@@ -287,6 +287,11 @@ async def test_the_openai_routes_have_their_bodies_and_openai_errors(
     chat = body_schema(document, "/v1/chat/completions")
     assert sorted(chat["required"]) == ["messages", "model"]
     assert chat["properties"]["temperature"]["anyOf"][0]["maximum"] == 2.0
+    # vLLM's batch chat: a list of conversations, each a list of messages.
+    batch = body_schema(document, "/v1/chat/completions/batch")
+    assert sorted(batch["required"]) == ["messages", "model"]
+    conversation = batch["properties"]["messages"]["items"]
+    assert conversation["type"] == "array" and conversation["minItems"] == 1
     # `input` or vLLM's chat form `messages`.
     embeddings = body_schema(document, "/v1/embeddings")
     assert {"input", "messages"} <= set(embeddings["properties"])

@@ -48,6 +48,8 @@ from ge_serve.server.grpc.restricted import RestrictedProtocolInterceptor
         ("/v2/models/simple/trace/setting", "trace"),
         ("/v2/logging", "logging"),
         ("/v1/chat/completions", "inference"),
+        ("/v1/chat/completions/batch", "inference"),
+        ("/openai/v1/chat/completions/batch", "inference"),
         ("/v1/completions", "inference"),
         ("/v1/embeddings", "inference"),
         ("/score", "inference"),

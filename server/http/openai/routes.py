@@ -1,8 +1,9 @@
 """The /v1 routes, each answering every failure with OpenAI's error object.
 
-`GET /v1/models` and `GET /v1/models/{model}`, `POST /v1/chat/completions`,
-`POST /v1/completions`, `POST /v1/embeddings`, `POST /v1/responses` (and vLLM's
-`GET /v1/responses/{id}` and its cancel, a 404: no store), and Triton's OpenAI front end's
+`GET /v1/models` and `GET /v1/models/{model}`, `POST /v1/chat/completions` (and vLLM's
+`POST /v1/chat/completions/batch`, chatbatch.py), `POST /v1/completions`,
+`POST /v1/embeddings`, `POST /v1/responses` (and vLLM's `GET /v1/responses/{id}` and its
+cancel, a 404: no store), and Triton's OpenAI front end's
 `POST /v1/models/{model}/load` and `/unload` (management.py). A body is read as the v2
 routes read theirs (size-capped, decompressed), parsed as JSON, then checked
 (schemas.py); one past --http-max-input-size is a 413 here (errors.content_too_large).
@@ -39,7 +40,7 @@ from ..disconnects import CLIENT_GONE, ClientGone, until_disconnect
 from ..openapi import ApiRoute
 from ..openapi import Body as DocumentedBody
 from ..routing import RouteHost
-from . import embeddings, pooling, responses_serve, scoring, text, tokenize
+from . import chatbatch, embeddings, pooling, responses_serve, scoring, text, tokenize
 from .catalog import Catalog, text_generation
 from .embed_schemas import EmbeddingRequest, PoolingRequest
 from .errors import (
@@ -108,10 +109,10 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
 
         return handle
 
-    def conversation_fits(document: Any) -> None:
+    def conversation_fits(document: Any, batch: bool = False) -> None:
         """Every message of a conversation renders to at least one token (its role's
         markers, in any chat template), so one with more messages than the model's
-        context has tokens cannot fit."""
+        context has tokens cannot fit. `batch`: `messages` is a list of conversations."""
         if not isinstance(document, dict):
             return
         messages, name = document.get("messages"), document.get("model")
@@ -122,13 +123,19 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         except (OpenAIError, ServerError):
             return  # the checks that follow answer it
         limit = generation.max_model_len if generation is not None else 0
-        if 0 < limit < len(messages):
-            raise OpenAIError(
-                f"This model's maximum context length is {limit} tokens. However, your "
-                f"messages are {len(messages)} messages, each of at least one token.",
-                param="messages",
-                code=CONTEXT_LENGTH_EXCEEDED,
-            )
+        found = enumerate(messages) if batch else [(None, messages)]
+        for index, conversation in found:
+            if isinstance(conversation, list) and 0 < limit < len(conversation):
+                raise OpenAIError(
+                    f"This model's maximum context length is {limit} tokens. However, your "
+                    f"messages are {len(conversation)} messages, each of at least one token.",
+                    param="messages" if index is None else f"messages[{index}]",
+                    code=CONTEXT_LENGTH_EXCEEDED,
+                )
+
+    def conversations_fit(document: Any) -> None:
+        chatbatch.bounded(document)
+        conversation_fits(document, batch=True)
 
     async def health_ready(request: Request) -> Response:
         if front.core.ready():
@@ -165,6 +172,10 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
     async def chat(request: Request) -> Response:
         body = await read(request, ChatCompletionRequest, conversation_fits)
         return await text.chat_completion(catalog, request, body)
+
+    async def batch_chat(request: Request) -> Response:
+        body = await read(request, chatbatch.BatchChatCompletionRequest, conversations_fit)
+        return await chatbatch.batch_chat_completion(catalog, request, body)
 
     async def completions(request: Request) -> Response:
         body = await read(request, CompletionRequest)
@@ -255,6 +266,7 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
             )
         ),
         post("/v1/chat/completions", chat, ChatCompletionRequest),
+        post("/v1/chat/completions/batch", batch_chat, chatbatch.BatchChatCompletionRequest),
         post("/v1/completions", completions, CompletionRequest),
         post("/v1/embeddings", embed, EmbeddingRequest),
         post("/v1/score", score, scoring.ScoreRequest),
