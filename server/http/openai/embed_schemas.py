@@ -107,24 +107,12 @@ class PooledBody(Body):
         fields.refuse_by_table(self, fields.EMBEDDING_NEVER_SERVED, fields.EMBEDDING_DEFAULT_ONLY)
         if _token_ids(self.input):
             raise unsupported("input", TOKEN_IDS.format(field="input", what="each input"))
-        if self.chat_template is not None:
-            # vLLM refuses it too, unless started with --trust-request-chat-template.
-            raise unsupported(
-                "chat_template",
-                "'chat_template' in a request is not supported: chats are rendered with "
-                "the model's own chat template",
-            )
-        if self.continue_final_message and self.add_generation_prompt:
-            raise OpenAIError(
-                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
-                param="continue_final_message",
-            )
-        clashing = sorted(fields.SERVER_VARIABLES.intersection(self.chat_template_kwargs or {}))
-        if clashing:
-            raise OpenAIError(
-                f"Found unexpected chat template kwargs from request: {clashing}",
-                param=f"chat_template_kwargs.{clashing[0]}",
-            )
+        fields.refuse_template_controls(
+            self.chat_template,
+            self.continue_final_message,
+            self.add_generation_prompt,
+            self.chat_template_kwargs,
+        )
 
     def conversations(self) -> tuple[str, list[_Conversation]] | None:
         """The chat forms' conversations and the field that holds them; None for text."""

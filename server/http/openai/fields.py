@@ -121,3 +121,36 @@ def check_best_of(best_of: int | None, n: int | None) -> None:
         raise unsupported(
             "best_of", "Only best_of equal to n is supported: the choices are not ranked"
         )
+
+
+def refuse_template_controls(
+    chat_template: str | None,
+    continue_final_message: bool,
+    add_generation_prompt: bool,
+    kwargs: Mapping[str, Any] | None,
+    default_note: str = "",
+) -> None:
+    """vLLM's rules for a request's chat template controls (chat's, and the chat forms of
+    the embedding routes), each a 400 naming its field; `default_note` says where
+    `add_generation_prompt` defaults to true."""
+    if chat_template is not None:
+        # vLLM refuses it too, unless started with --trust-request-chat-template: a
+        # template is code, and the model's own is the one its answers are made for.
+        raise unsupported(
+            "chat_template",
+            "'chat_template' in a request is not supported: chats are rendered with "
+            "the model's own chat template",
+        )
+    if continue_final_message and add_generation_prompt:
+        raise OpenAIError(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True"
+            f"{default_note}.",
+            param="continue_final_message",
+        )
+    clashing = sorted(SERVER_VARIABLES.intersection(kwargs or {}))
+    if clashing:
+        raise OpenAIError(
+            f"Found unexpected chat template kwargs from request: {clashing}. These "
+            "are set by the server or by the request's own fields",
+            param=f"chat_template_kwargs.{clashing[0]}",
+        )

@@ -30,7 +30,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
 
 from . import fields, structured
 from .errors import OpenAIError, unsupported
-from .fields import DEFAULT_ONLY, NEVER_SERVED, SAMPLING_KEYS, SERVER_VARIABLES, refuse_by_table
+from .fields import DEFAULT_ONLY, NEVER_SERVED, SAMPLING_KEYS, refuse_by_table
 from .logprobs import check_chat, check_completion, check_prompt
 from .messages import Body as Body
 from .messages import ChatMessage as ChatMessage
@@ -269,28 +269,14 @@ class ChatOptions(Sampling):
     def _refuse_template_controls(self) -> None:
         """vLLM's rules for its chat template controls (template.py renders with them),
         each a 400 naming its field."""
-        if self.chat_template is not None:
-            # vLLM refuses it too, unless started with --trust-request-chat-template: a
-            # template is code, and the model's own is the one its answers are made for.
-            raise unsupported(
-                "chat_template",
-                "'chat_template' in a request is not supported: chats are rendered with "
-                "the model's own chat template",
-            )
-        if self.continue_final_message and self.add_generation_prompt:
-            raise OpenAIError(
-                "Cannot set both `continue_final_message` and `add_generation_prompt` to True "
-                "(`add_generation_prompt` is true unless set to false).",
-                param="continue_final_message",
-            )
         given = self.chat_template_kwargs or {}
-        clashing = sorted(SERVER_VARIABLES.intersection(given))
-        if clashing:
-            raise OpenAIError(
-                f"Found unexpected chat template kwargs from request: {clashing}. These "
-                "are set by the server or by the request's own fields",
-                param=f"chat_template_kwargs.{clashing[0]}",
-            )
+        fields.refuse_template_controls(
+            self.chat_template,
+            self.continue_final_message,
+            self.add_generation_prompt,
+            given,
+            " (`add_generation_prompt` is true unless set to false)",
+        )
         for name in ("add_generation_prompt", "continue_final_message"):
             if name in given and given[name] != getattr(self, name):
                 raise OpenAIError(
