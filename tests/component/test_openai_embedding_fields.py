@@ -131,3 +131,15 @@ async def test_dimensions_are_checked_before_the_model_runs(http: httpx.AsyncCli
     assert found["param"] == "dimensions"
     assert "gives 4 dimensions" in found["message"]
     assert len(await embedding(http, dimensions=4)) == 4
+
+
+@pytest.mark.parametrize("path", [EMBEDDINGS, "/pooling"])
+@pytest.mark.parametrize("given", [[[]], [[], []]])
+async def test_an_empty_token_list_is_refused_not_embedded_as_text(
+    http: httpx.AsyncClient, path: str, given: list[list[int]]
+) -> None:
+    """vLLM reads `[[]]` as a prompt of no token ids, and refuses it in these words; it is
+    not the text "[]"."""
+    found = error(await http.post(path, json={"model": "embedder", "input": given}))
+    assert found["param"] == "input"
+    assert found["message"] == "The decoder prompt cannot be empty"

@@ -22,6 +22,8 @@ TOKEN_IDS = (
     "Token-id input is not supported: give {what} as text. '{field}' takes a string "
     "or a list of strings here, not token ids"
 )
+# vLLM's words for an empty prompt (its input processor's _validate_prompt_len).
+EMPTY_PROMPT = "The decoder prompt cannot be empty"
 # OpenAI's limit on the inputs of one embeddings request.
 MAX_EMBEDDING_INPUTS = 2048
 # vLLM's words where a model's tokenizer has no chat template (its renderer's).
@@ -138,6 +140,10 @@ class PooledBody(Body):
     def texts(self) -> list[str]:
         """The text form's inputs (token ids and the chat forms are handled first)."""
         given = self.input
+        if isinstance(given, list) and any(isinstance(item, list) for item in given):
+            # Only empty lists are left (token ids and chats are read first): `[[]]` is
+            # vLLM's empty prompt of token ids, refused in its words, not text "[]".
+            raise OpenAIError(EMPTY_PROMPT, param="input")
         texts = [given] if isinstance(given, str) else [str(t) for t in given or []]
         if not texts:
             raise OpenAIError("'input' must not be an empty list", param="input")
