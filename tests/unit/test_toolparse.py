@@ -4,10 +4,12 @@ formats of Triton's OpenAI front end's and vLLM's parsers, whole and streamed.""
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import pytest
 
+from ge_serve.server.http.openai import toolstream
 from ge_serve.server.http.openai.toolparse import Stream, parse
 
 
@@ -189,3 +191,79 @@ def test_a_call_cut_short_stays_as_sent() -> None:
     assert stream.finish() == []
     assert _joined(deltas) == [("f", '{"a": "b')]
     assert parse("llama3", text) == (text, [])
+
+
+def _stream_all(parser: str, text: str, size: int) -> tuple[list[dict[str, Any]], str]:
+    """The deltas of `text` fed in pieces of `size`, and its content joined."""
+    deltas = _streamed(parser, text, size)
+    return deltas, "".join(d.get("content", "") for d in deltas)
+
+
+@pytest.mark.parametrize("escape", ["\\u-123", "\\u+041", "\\u 041", "\\u0x41", "\\u1_23"])
+def test_a_unicode_escape_takes_four_hex_digits(escape: str) -> None:
+    # After the name: the call stops where its text stops being JSON; what was sent stays.
+    text = f'<tool_call>{{"name": "f", "arguments": {{"a": "x{escape}"}}}}</tool_call>'
+    for size in (1, 3):
+        deltas, content = _stream_all("hermes", text, size)
+        assert content == "" and _joined(deltas) == [("f", '{"a": "x')]
+    # Nothing sent before it (the answer in one piece): the whole parse's, no call.
+    assert _stream_all("hermes", text, len(text))[1] == text == parse("hermes", text)[0]
+    # Before it: nothing was sent, and the whole answer is parsed at the end: no call.
+    text = f'<tool_call>{{"arguments": {{"a": "{escape}"}}, "name": "f"}}</tool_call>'
+    assert parse("hermes", text) == (text, [])
+    for size in (1, 3, len(text)):
+        deltas, content = _stream_all("hermes", text, size)
+        assert content == text and _joined(deltas) == []
+
+
+@pytest.mark.parametrize("first", ["name", "arguments"])
+def test_a_call_nested_too_deep_is_no_call(first: str) -> None:
+    deep = "[" * 3000 + "]" * 3000
+    members = ['"name": "f"', f'"arguments": {{"a": {deep}}}']
+    text = "<tool_call>{" + ", ".join(members if first == "name" else members[::-1]) + "}"
+    text += "</tool_call>"
+    assert parse("hermes", text) == (text, [])
+    for size in (7, len(text)):
+        deltas, content = _stream_all("hermes", text, size)
+        if first == "name" and size == 7:  # stopped where too deep: what was sent stays
+            [(name, arguments)] = _joined(deltas)
+            assert name == "f" and content == "" and deep.startswith(arguments[6:])
+            assert arguments.startswith('{"a": ') and 0 < arguments.count("[") <= 512
+        else:  # nothing sent: the whole parse's answer, no call
+            assert content == text and _joined(deltas) == []
+    # Under the bound, a deep call streams whole.
+    deep = "[" * 400 + "1" + "]" * 400
+    text = f'<tool_call>{{"name": "f", "arguments": {{"a": {deep}}}}}</tool_call>'
+    [found] = parse("hermes", text)[1]
+    deltas, content = _stream_all("hermes", text, 5)
+    assert _joined(deltas) == [("f", found["function"]["arguments"])] and content == ""
+
+
+def test_a_defect_of_the_streamed_reader_stops_the_calls_not_the_answer(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever the incremental reader raises, the streaming stops there as for a broken
+    call (what was sent stays; nothing sent: the whole parse at the end), logged once."""
+    text = '<tool_call>{"name": "w", "arguments": {"c": 1, "d": 2}}</tool_call>'
+    calls, fail = [], [12]
+    real = toolstream.CallText.feed
+
+    def feed(self: toolstream.CallText, piece: str) -> int:
+        calls.append(piece)
+        if len(calls) == fail[0]:
+            raise RuntimeError("a defect")
+        return real(self, piece)
+
+    monkeypatch.setattr(toolstream.CallText, "feed", feed)
+    with caplog.at_level(logging.WARNING):
+        deltas, content = _stream_all("hermes", text, 3)
+    [(name, arguments)] = _joined(deltas)
+    assert name == "w" and '{"c": 1, "d": 2}'.startswith(arguments) and content == ""
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    # Nothing was sent yet: the text held is parsed whole at the end.
+    calls.clear()
+    caplog.clear()
+    fail[0] = 1
+    deltas, content = _stream_all("hermes", text, 30)
+    assert content == "" and _joined(deltas) == [("w", '{"c": 1, "d": 2}')]
+    assert len(caplog.records) == 1

@@ -23,6 +23,7 @@ content and calls.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 import string
@@ -32,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .toolstream import Calls
+
+log = logging.getLogger(__name__)
 
 # A call as OpenAI's API shapes it: {"id", "type": "function", "function": {"name",
 # "arguments": a JSON string}}.
@@ -182,7 +185,7 @@ class Stream:
             return []
         self.pending += text
         if self.streaming is not None:
-            return self.streaming.feed(text)
+            return self._calls(self.streaming, text)
         tags = _TAGS[self.parser]
         found = [at for at in (self.pending.find(tag) for tag in tags) if at >= 0]
         if found:
@@ -206,7 +209,18 @@ class Stream:
         ascii = self.parser.startswith("llama3")  # as parse dumps the arguments
         new_id = _mistral_id if self.parser == "mistral" else _tool_id
         self.streaming = Calls(self.parser, ascii, new_id)
-        return deltas + self.streaming.feed(self.pending)
+        return deltas + self._calls(self.streaming, self.pending)
+
+    def _calls(self, streaming: Calls, text: str) -> list[dict[str, Any]]:
+        """The calls' deltas `text` adds; a defect of the incremental reader stops the
+        streaming there, as a broken call does (what was sent stays), never the answer's
+        stream with an error."""
+        try:
+            return streaming.feed(text)
+        except Exception:
+            log.warning("streamed %s tool calls stop: unreadable", self.parser, exc_info=True)
+            streaming.stopped = True
+            return []
 
     def _content(self, end: int) -> list[dict[str, Any]]:
         text, self.pending = self.pending[:end], self.pending[end:]

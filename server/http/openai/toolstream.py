@@ -11,8 +11,11 @@ the model wrote. Where the object ends, what the rewrite could not follow (a key
 twice) is sent as vLLM sends its "unstreamed" remainder: the rest of the dumped
 arguments, where what was sent begins them.
 
-A call that turns out not to be one (its text stops being JSON, it has no string name,
-or the answer ends inside it) stops the streaming there: what was sent stays, as vLLM's.
+A call that turns out not to be one (its text stops being JSON, a `\\u` escape without
+four hex digits, nesting deeper than `MAX_DEPTH`, no string name, or the answer ends
+inside it) stops the streaming there: what was sent stays, as vLLM's; where no call was
+sent yet, toolparse.Stream parses the held text whole at the end. (The whole parse reads
+a call nested past MAX_DEPTH up to Python's recursion limit; streamed, it stops.)
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ _STRUCTURE = '{}[],:"' + _WS
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 # The members read as they come: the call's name and its arguments.
 _KEPT = ("name", "arguments", "parameters")
+_HEX = frozenset("0123456789abcdefABCDEF")
+# The deepest nesting read (the call object is 1): deeper is no call, before json.loads
+# would raise RecursionError (about 1000 deep, less the stack) on the object at its end.
+MAX_DEPTH = 512
 
 
 class CallText:
@@ -88,8 +95,8 @@ class CallText:
                 self.key = ""
             else:
                 self._emit('"')
-        elif self.depth == 1 and char == ":" and self.key is None and self.member == "":
-            self.broken = True  # a colon without a key
+        elif self.depth == 1 and (char == "]" or (char == ":" and not self.member)):
+            self.broken = True  # a "]" closing the object, a colon without a key
         elif self.depth == 1 and char in ",}":
             self.ended.add(self.member)
             self.member = ""
@@ -98,6 +105,7 @@ class CallText:
             pass
         elif char in "{[":
             self.depth += 1
+            self.broken = self.depth > MAX_DEPTH
             self._emit(char)
         elif char in "}]":
             self.depth -= 1
@@ -130,11 +138,10 @@ class CallText:
         if len(self.escape) < 6:
             return
         digits, self.escape = self.escape[2:], ""
-        try:
-            point = int(digits, 16)
-        except ValueError:
-            self.broken = True
+        if not _HEX.issuperset(digits):
+            self.broken = True  # int() would take a sign, spaces, "_" or "0x"
             return
+        point = int(digits, 16)
         if 0xD800 <= point < 0xDC00:
             self._flush_high()
             self.high = chr(point)
@@ -173,7 +180,11 @@ class CallText:
         """The call's name, once its member has ended (a string)."""
         if "name" not in self.ended:
             return None
-        found = json.loads("".join(self.values["name"]) or "null")
+        try:
+            found = json.loads("".join(self.values["name"]) or "null")
+        except ValueError:
+            self.broken = True  # two values ("a" "b"): not JSON
+            return None
         return found if isinstance(found, str) else None
 
     def arguments(self) -> str:
@@ -262,6 +273,8 @@ class Calls:
         return self.index > 0 or self.named
 
     def feed(self, text: str) -> list[dict[str, Any]]:
+        if self.stopped:
+            return []
         self.rest += text
         deltas: list[dict[str, Any]] = []
         while not self.stopped:
@@ -296,6 +309,7 @@ class Calls:
         if not self.named:
             name = current.name()
             if name is None:
+                self.stopped = current.broken
                 return []
             self.named, self.sent = True, arguments
             function = {"name": name, "arguments": arguments}
@@ -311,7 +325,7 @@ class Calls:
         remainder); not a call: no more calls are read."""
         try:
             found = json.loads("".join(self.raw))
-        except ValueError:
+        except (ValueError, RecursionError):
             found = None
         if not isinstance(found, dict) or not isinstance(found.get("name"), str):
             self.stopped = True
