@@ -267,3 +267,23 @@ def test_a_defect_of_the_streamed_reader_stops_the_calls_not_the_answer(
     deltas, content = _stream_all("hermes", text, 30)
     assert content == "" and _joined(deltas) == [("w", '{"c": 1, "d": 2}')]
     assert len(caplog.records) == 1
+
+
+def test_a_member_given_twice_holds_the_call_until_its_object_ends() -> None:
+    for text in (
+        '<tool_call>{"name": "a", "name": "b", "arguments": {"x": 1}}</tool_call>',
+        '<tool_call>{"parameters": {"p": 1}, "arguments": {"x": 1}, "name": "f"}</tool_call>',
+        '<tool_call>{"arguments": {"x": 1}, "parameters": {"p": 1}, "name": "f"}</tool_call>',
+    ):
+        whole = [
+            (c["function"]["name"], c["function"]["arguments"]) for c in parse("hermes", text)[1]
+        ]
+        for pieces in _splits(text):
+            stream = Stream("hermes", 1 << 17)
+            deltas = [d for piece in pieces for d in stream.feed(piece)] + stream.finish()
+            assert _joined(deltas) == whole, pieces
+    # After the name was sent, vLLM's rule: a delta sent is not taken back.
+    text = '<tool_call>{"name": "f", "parameters": {"p": 1}, "arguments": {"x": 1}}</tool_call>'
+    assert _joined(_streamed("hermes", text, 4)) == [("f", '{"p": 1}')]
+    text = '<tool_call>{"name": "f", "arguments": {"x": 1}, "name": "g"}</tool_call>'
+    assert _joined(_streamed("hermes", text, 4)) == [("f", '{"x": 1}')]

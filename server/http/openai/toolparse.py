@@ -171,6 +171,7 @@ class Stream:
     truncated: bool = False
     calls: list[Call] = field(default_factory=list)
     streaming: Calls | None = None
+    held: list[str] = field(default_factory=list)  # the text after `pending`, streaming
 
     @property
     def called(self) -> bool:
@@ -183,9 +184,10 @@ class Stream:
         if self.size > self.limit:
             self.truncated = True
             return []
-        self.pending += text
         if self.streaming is not None:
+            self.held.append(text)  # not `pending +=`: a copy of all of it each piece
             return self._calls(self.streaming, text)
+        self.pending += text
         tags = _TAGS[self.parser]
         found = [at for at in (self.pending.find(tag) for tag in tags) if at >= 0]
         if found:
@@ -234,6 +236,7 @@ class Stream:
         if self.truncated or self.called:
             return []  # what the calls left unsent stays so, as vLLM's
         if self.calling:
+            self.pending += "".join(self.held)
             # The text held from where the call began: a parse of it may still find
             # content before the call (a mistral answer opened by "[").
             content, self.calls = parse(self.parser, self.pending)

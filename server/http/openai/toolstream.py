@@ -7,9 +7,19 @@ as it comes: its `"name"` member, then its `"arguments"` (or llama3's `"paramete
 member's text, rewritten as `json.dumps` writes it (`", "` and `": "` between members,
 no other spaces, strings and numbers as dumped, `\\u` escapes as `ensure_ascii` wants),
 so that a call's deltas joined are the unstreamed answer's `arguments`, whatever spacing
-the model wrote. Where the object ends, what the rewrite could not follow (a key given
-twice) is sent as vLLM sends its "unstreamed" remainder: the rest of the dumped
-arguments, where what was sent begins them.
+the model wrote. The first delta, with arguments "" (OpenAI's), goes once the key after
+the name is read (or, with the arguments whole, where the object ends); each later text
+piece sends only the pieces the reader added since, so a call costs its length, not its
+length squared. Where the object ends, the rest of its arguments as dumped is sent
+(vLLM's "unstreamed" remainder) where what was sent begins them; where it does not (a
+key given twice inside the arguments: the rewrite keeps both, json.loads the last), what
+was sent stays, as vLLM's.
+
+A member of the call given twice (a second `"name"`, or a second of `"arguments"` and
+`"parameters"`) holds the call's deltas until its object ends: where its first delta was
+not sent yet, the whole object decides it (the last of each key, as the unstreamed parse
+reads it), sent on one delta; where it was, what was sent stays (vLLM's rule) and only
+the remainder above follows.
 
 A call that turns out not to be one (its text stops being JSON, a `\\u` escape without
 four hex digits, nesting deeper than `MAX_DEPTH`, no string name, or the answer ends
@@ -29,6 +39,7 @@ _STRUCTURE = '{}[],:"' + _WS
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 # The members read as they come: the call's name and its arguments.
 _KEPT = ("name", "arguments", "parameters")
+_ARGUMENTS = ("arguments", "parameters")
 _HEX = frozenset("0123456789abcdefABCDEF")
 # The deepest nesting read (the call object is 1): deeper is no call, before json.loads
 # would raise RecursionError (about 1000 deep, less the stack) on the object at its end.
@@ -49,7 +60,9 @@ class CallText:
         self.key: str | None = None  # a depth-1 key being read (its dumped text)
         self.member = ""  # the depth-1 member whose value is being read
         self.values: dict[str, list[str]] = {}
-        self.ended: set[str] = set()
+        self.called: str | None = None  # the name, once its member has ended (a string)
+        self.named = False  # the name member has ended and a key after it was read
+        self.twice = False  # a member of _KEPT given twice (or both arguments keys)
         self.done = False
         self.broken = False
 
@@ -98,7 +111,8 @@ class CallText:
         elif self.depth == 1 and (char == "]" or (char == ":" and not self.member)):
             self.broken = True  # a "]" closing the object, a colon without a key
         elif self.depth == 1 and char in ",}":
-            self.ended.add(self.member)
+            if self.member == "name":
+                self._end_name()
             self.member = ""
             self.done = char == "}"
         elif self.depth == 1 and char == ":":
@@ -121,10 +135,14 @@ class CallText:
             return
         key, self.key = json.loads(f'"{self.key}"'), None
         self.member = key if isinstance(key, str) and key else "-"
-        if self.member in _KEPT and self.member not in self.values:
+        self.named = self.called is not None
+        if self.member not in _KEPT:
+            return
+        given = ("name",) if self.member == "name" else _ARGUMENTS
+        if any(member in self.values for member in given):
+            self.twice, self.member = True, "-"  # the last wins: the object decides
+        else:
             self.values[self.member] = []
-        elif self.member in _KEPT:
-            self.member = "-"  # a key given twice: the last wins, checked at the end
 
     def _escaped(self) -> None:
         kind = self.escape[1]
@@ -176,23 +194,25 @@ class CallText:
         elif self.member in self.values:
             self.values[self.member].append(text)
 
-    def name(self) -> str | None:
-        """The call's name, once its member has ended (a string)."""
-        if "name" not in self.ended:
-            return None
+    def _end_name(self) -> None:
         try:
             found = json.loads("".join(self.values["name"]) or "null")
         except ValueError:
             self.broken = True  # two values ("a" "b"): not JSON
-            return None
-        return found if isinstance(found, str) else None
+            return
+        self.called = found if isinstance(found, str) else None
 
-    def arguments(self) -> str:
-        """The arguments' text so far, as dumped."""
-        for key in ("arguments", "parameters"):
+    def name(self) -> str | None:
+        """The call's name, once its member has ended and a key after it was read (a
+        string)."""
+        return self.called if self.named else None
+
+    def arguments(self) -> list[str]:
+        """The pieces of the arguments' text so far, as dumped; it only grows."""
+        for key in _ARGUMENTS:
             if key in self.values:
-                return "".join(self.values[key])
-        return ""
+                return self.values[key]
+        return []
 
 
 # How each format goes from one call object to the next: `gap(text, at, first)` is where
@@ -264,7 +284,7 @@ class Calls:
         self.current: CallText | None = None
         self.index = 0  # the current call's
         self.named = False  # the current call's first delta is sent
-        self.sent = ""  # the current call's arguments sent
+        self.sent = 0  # how many pieces of the current call's arguments were sent
         self.stopped = False
 
     @property
@@ -302,23 +322,23 @@ class Calls:
                 break
         return deltas
 
-    def _grown(self, current: CallText, arguments: str | None = None) -> list[dict[str, Any]]:
-        """The deltas of what the current call's name and arguments add."""
-        if arguments is None:
-            arguments = current.arguments()
+    def _grown(self, current: CallText) -> list[dict[str, Any]]:
+        """The deltas of what the current call's name and arguments add: the pieces
+        added since the last, joined."""
+        if current.twice:
+            return []  # held until the object ends
+        deltas = []
         if not self.named:
             name = current.name()
             if name is None:
-                self.stopped = current.broken
                 return []
-            self.named, self.sent = True, arguments
-            function = {"name": name, "arguments": arguments}
-            first = {"index": self.index, "id": self.new_id(), "type": "function"}
-            return [{"tool_calls": [{**first, "function": function}]}]
-        if len(arguments) <= len(self.sent) or not arguments.startswith(self.sent):
-            return []
-        piece, self.sent = arguments[len(self.sent) :], arguments
-        return [{"tool_calls": [{"index": self.index, "function": {"arguments": piece}}]}]
+            self.named = True  # with arguments "", as OpenAI's first delta of a call
+            deltas.append(self._first(name, ""))
+        pieces = current.arguments()
+        if len(pieces) > self.sent:
+            piece, self.sent = "".join(pieces[self.sent :]), len(pieces)
+            deltas.append(self._piece(piece))
+        return deltas
 
     def _ended(self, current: CallText) -> list[dict[str, Any]]:
         """The current call's last deltas, its arguments as dumped (vLLM's unstreamed
@@ -331,7 +351,21 @@ class Calls:
             self.stopped = True
             return []
         value = found["arguments"] if "arguments" in found else found.get("parameters", {})
-        deltas = self._grown(current, json.dumps(value, ensure_ascii=self.ascii))
-        self.current, self.named, self.sent = None, False, ""
+        whole = json.dumps(value, ensure_ascii=self.ascii)
+        if not self.named:
+            deltas = [self._first(found["name"], whole)]
+        else:
+            sent = "".join(current.arguments()[: self.sent])
+            grown = len(whole) > len(sent) and whole.startswith(sent)
+            deltas = [self._piece(whole[len(sent) :])] if grown else []
+        self.current, self.named, self.sent = None, False, 0
         self.index += 1
         return deltas
+
+    def _first(self, name: str, arguments: str) -> dict[str, Any]:
+        function = {"name": name, "arguments": arguments}
+        first = {"index": self.index, "id": self.new_id(), "type": "function"}
+        return {"tool_calls": [{**first, "function": function}]}
+
+    def _piece(self, arguments: str) -> dict[str, Any]:
+        return {"tool_calls": [{"index": self.index, "function": {"arguments": arguments}}]}
