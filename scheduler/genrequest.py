@@ -22,7 +22,7 @@ import numpy as np
 from ge_serve.backends.base import ResponseSink
 from ge_serve.backends.llm.backend import LlmModel
 from ge_serve.backends.llm.logits import LogitsProcessor, checked
-from ge_serve.backends.llm.logprobs import TokenLogprobs, check_count
+from ge_serve.backends.llm.logprobs import TokenLogprobs, check_count, check_token_ids
 from ge_serve.backends.llm.prompt_logprobs import NO_HIDDEN_STATES, PromptLogprobs
 from ge_serve.backends.llm.sampling import (
     Sampler,
@@ -97,6 +97,13 @@ def read_sequence(
             check_count(params.logprobs, vocab, settings.max_logprobs)
         except ValueError as exc:
             raise invalid_arg(str(exc)) from None
+    if params.logprob_token_ids is not None:
+        try:
+            check_token_ids(params.logprob_token_ids, params.logprobs, vocab)
+        except ValueError as exc:
+            raise invalid_arg(str(exc)) from None
+    # vLLM's num_logprobs: `logprobs`, or one per `logprob_token_ids`.
+    top = params.num_logprobs
     if params.prompt_logprobs is not None:
         if not model.runner.shape.hidden:
             raise invalid_arg(NO_HIDDEN_STATES)
@@ -104,7 +111,7 @@ def read_sequence(
             check_count(params.prompt_logprobs, vocab, settings.max_logprobs, "prompt")
         except ValueError as exc:
             raise invalid_arg(str(exc)) from None
-    send_logprobs, send_cumulative = logprob_outputs(model, inputs, params.logprobs is not None)
+    send_logprobs, send_cumulative = logprob_outputs(model, inputs, top is not None)
     send_prompt = _returned(model, inputs, "prompt_logprobs", params.prompt_logprobs is not None)
     send_ids = _returned(model, inputs, "output_ids", True)
     outside = sorted(i for i in params.stop_token_ids if i >= vocab)
@@ -165,8 +172,8 @@ def read_sequence(
         input_count=input_count,
         output_count=output_count,
         logprobs=None
-        if params.logprobs is None
-        else TokenLogprobs(params.logprobs, model.tokenizer, vocab),
+        if top is None
+        else TokenLogprobs(top, model.tokenizer, vocab, params.logprob_token_ids or ()),
         send_logprobs=send_logprobs,
         send_cumulative=send_cumulative,
         prompt_logprobs=None

@@ -17,6 +17,12 @@ sends, per response, the entries of the tokens that response adds as JSON (`logp
 "null" where the request asked for none) and the running sum (`cumulative_logprob`,
 NaN where none were asked for: its numpy float32 of vLLM's None).
 
+vLLM's `logprob_token_ids` puts given ids in place of the top N: each entry is the
+sampled token, then those ids in the order given (each once; the sampled token, where
+among them, stays first), their logprobs gathered from the same log-softmax of the raw
+logits. Their ranks are the kernel's count, as the sampled token's (vLLM gives them their
+place in the list, 1..n, which says nothing of the token).
+
 `prompt_logprobs` (prompt_logprobs.py) makes the same entries for the prompt's tokens.
 """
 
@@ -35,6 +41,8 @@ from .text import Tokenizer
 # complete it (enough for any UTF-8 character).
 _CUT = "\ufffd"
 _CONTEXT = 4
+# vLLM's MAX_LOGPROB_TOKEN_IDS: the most ids `logprob_token_ids` may give.
+MAX_TOKEN_IDS = 128
 
 
 def check_count(value: int, vocab: int, limit: int, what: str = "sample") -> None:
@@ -53,14 +61,41 @@ def check_count(value: int, vocab: int, limit: int, what: str = "sample") -> Non
         )
 
 
+def check_token_ids(ids: tuple[int, ...], logprobs: int | None, vocab: int) -> None:
+    """vLLM's checks of `logprob_token_ids` (its SamplingParams', in its order and words):
+    at most MAX_TOKEN_IDS, each inside the vocabulary, and with `logprobs` as many as it
+    says. ValueError says what is wrong."""
+    count = len(ids)
+    if count > MAX_TOKEN_IDS:
+        raise ValueError(
+            f"Requested logprob_token_ids of length {count}, which is greater than max "
+            f"allowed: {MAX_TOKEN_IDS}"
+        )
+    outside = [token for token in ids if not 0 <= token < vocab]
+    if outside:
+        raise ValueError(
+            f"token_id(s) {outside} in logprob_token_ids contain out-of-vocab token ids. "
+            f"Vocabulary size: {vocab}"
+        )
+    if logprobs is not None and logprobs != count:
+        raise ValueError(
+            "When both logprobs and logprob_token_ids are set, logprobs must equal "
+            f"len(logprob_token_ids). Got logprobs={logprobs}, len(logprob_token_ids)={count}."
+        )
+
+
 class TokenLogprobs:
     """One sequence's log probabilities: an entry per generated token, the running sum,
     until a response carries them."""
 
-    __slots__ = ("context", "cumulative", "entries", "tokenizer", "top")
+    __slots__ = ("chosen", "context", "cumulative", "entries", "tokenizer", "top")
 
-    def __init__(self, top: int, tokenizer: Tokenizer, vocab: int) -> None:
+    def __init__(
+        self, top: int, tokenizer: Tokenizer, vocab: int, chosen: tuple[int, ...] = ()
+    ) -> None:
         self.top = vocab if top == -1 else top
+        # `logprob_token_ids`, each once, in the order given (empty: the top N instead).
+        self.chosen: npt.NDArray[np.intp] = np.array(list(dict.fromkeys(chosen)), np.intp)
         self.tokenizer = tokenizer
         self.entries: list[dict[str, dict[str, Any]]] = []
         self.cumulative = 0.0
@@ -78,7 +113,12 @@ class TokenLogprobs:
         ids = [token]
         ranks = [rank]
         top = self.top
-        if top > 0:
+        if self.chosen.size:
+            # One gather of the given ids (the sampled one is already first).
+            others = self.chosen[self.chosen != token]
+            ids.extend(int(i) for i in others)
+            ranks.extend(int(np.count_nonzero(row >= value)) for value in row[others])
+        elif top > 0:
             size = row.shape[0]
             part = np.argpartition(-row, top - 1)[:top] if top < size else np.arange(size)
             # Highest first; stable on ids sorted ascending, so ties go to the lower id.

@@ -56,6 +56,9 @@ class SamplingParams:
     logprobs: int | None = None
     # vLLM's `prompt_logprobs`: the same per prompt token (its first excepted); None: none.
     prompt_logprobs: int | None = None
+    # vLLM's `logprob_token_ids`: the ids whose log probabilities each sampled token's
+    # entry holds beside its own, in place of the top N (logprobs.py checks them).
+    logprob_token_ids: tuple[int, ...] | None = None
     # vLLM's logits processors (logits.py applies them; min_p is the sampler's).
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -65,6 +68,14 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     allowed_token_ids: tuple[int, ...] | None = None
     bad_words: tuple[str, ...] = ()
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """vLLM's: how many log probabilities each sampled token gets besides its own,
+        `logprobs`, or without it, one per `logprob_token_ids`; None: none computed."""
+        if self.logprobs is not None:
+            return self.logprobs
+        return len(self.logprob_token_ids) if self.logprob_token_ids else None
 
     @property
     def processes_logits(self) -> bool:
@@ -135,6 +146,7 @@ KNOWN_KEYS = frozenset(
         *_LISTS,
         "logprobs",
         "prompt_logprobs",
+        "logprob_token_ids",
         "structured_outputs",
         AFTER,
         *_NEUTRAL,
@@ -190,6 +202,13 @@ def _validated(values: dict[str, Any]) -> SamplingParams:
         if count is not None:
             # vLLM's: true is 1 (its SamplingParams), false 0.
             out[key] = int(count) if isinstance(count, bool) else _int(key, count)
+    chosen = values.get("logprob_token_ids")
+    if chosen is not None:
+        if not isinstance(chosen, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in chosen
+        ):
+            raise SamplingError("logprob_token_ids must be a list of token ids")
+        out["logprob_token_ids"] = tuple(chosen)  # bounds: logprobs.check_token_ids
     prompt = out.get("prompt_logprobs")
     if prompt is not None and prompt < 0 and prompt != -1:
         raise SamplingError(f"prompt_logprobs must be non-negative or -1, got {prompt}.")

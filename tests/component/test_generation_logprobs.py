@@ -198,3 +198,87 @@ def test_a_character_cut_across_tokens_is_spelt_by_the_token_completing_it(
     held = list(found.entries)
     assert json.loads(found.take()) == held
     assert found.entries == [] and json.loads(found.take()) == []
+
+
+# vLLM's `logprob_token_ids`: `allowed_token_ids` forces the sampled token (vLLM's test's
+# shape); the given ids, one repeated and the sampled one among them, follow it once each.
+FORCED = 64
+CHOSEN = [100, FORCED, 7, 100, 300]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_logprob_token_ids_are_the_sampled_token_and_those_ids(
+    tmp_path: Path, stream: bool
+) -> None:
+    scheduler = engine(tmp_path)
+    try:
+        forced = {"temperature": 0, "ignore_eos": True, "allowed_token_ids": [FORCED]}
+        # Without `logprobs`: the ids ask for them (vLLM's num_logprobs).
+        sink = await ask(scheduler, stream, {**forced, "logprob_token_ids": CHOSEN})
+        entries: list[dict[str, Any]] = []
+        for response in sink.responses:
+            entries += json.loads(response["logprobs"][0])
+        ids = [FORCED] * TOKENS
+        assert len(entries) == TOKENS
+        # Raw logits: what the allowed-token mask did to them does not show.
+        expected = llmrepo.reference_logprobs(PROMPT, ids)
+        for at, entry in enumerate(entries):
+            assert list(entry) == ["64", "100", "7", "300"]
+            for key, value in entry.items():
+                row = expected[at]
+                assert value["logprob"] == pytest.approx(row[int(key)], abs=1e-3)
+                assert value["rank"] == int(np.count_nonzero(row >= row[int(key)]))
+        cumulative = float(sink.responses[-1]["cumulative_logprob"][0])
+        assert cumulative == pytest.approx(sum(e["64"]["logprob"] for e in entries), abs=1e-4)
+        # The same tokens' entries with `logprobs`: the same values, the top N instead.
+        top = await ask(scheduler, stream, {**forced, "logprobs": 2})
+        natural = [e for r in top.responses for e in json.loads(r["logprobs"][0])]
+        for entry, other in zip(entries, natural, strict=True):
+            assert len(other) == 3 and next(iter(other)) == "64"
+            for key in set(entry) & set(other):
+                assert entry[key]["logprob"] == pytest.approx(other[key]["logprob"], abs=1e-9)
+        # `logprobs` equal to their count is allowed, and the ids still win; [] is none.
+        both = await ask(
+            scheduler, stream, {**forced, "logprobs": 3, "logprob_token_ids": [9, 8, 7]}
+        )
+        for response in both.responses:
+            for entry in json.loads(response["logprobs"][0]):
+                assert list(entry) == ["64", "9", "8", "7"]
+        empty = await ask(scheduler, stream, {**forced, "logprob_token_ids": []})
+        assert all(list(r["logprobs"]) == [b"null"] for r in empty.responses)
+    finally:
+        await scheduler.close(1)
+
+
+@pytest.mark.parametrize(
+    ("sampling", "message"),
+    [
+        (
+            {"logprob_token_ids": list(range(129))},
+            "Requested logprob_token_ids of length 129, which is greater than max allowed: 128",
+        ),
+        (
+            {"logprob_token_ids": [-1, 5, 320]},
+            "token_id(s) [-1, 320] in logprob_token_ids contain out-of-vocab token ids. "
+            "Vocabulary size: 320",
+        ),
+        (
+            {"logprobs": 2, "logprob_token_ids": [1, 2, 3]},
+            "When both logprobs and logprob_token_ids are set, logprobs must equal "
+            "len(logprob_token_ids). Got logprobs=2, len(logprob_token_ids)=3.",
+        ),
+        ({"logprob_token_ids": "1"}, "logprob_token_ids must be a list of token ids"),
+        ({"logprob_token_ids": [True]}, "logprob_token_ids must be a list of token ids"),
+    ],
+)
+async def test_bad_logprob_token_ids_are_refused(
+    tmp_path: Path, sampling: dict[str, Any], message: str
+) -> None:
+    scheduler = engine(tmp_path)
+    try:
+        with pytest.raises(ServerError) as refused:
+            await ask(scheduler, False, sampling)
+        assert refused.value.code is ErrorCode.INVALID_ARG
+        assert refused.value.message == message
+    finally:
+        await scheduler.close(1)
