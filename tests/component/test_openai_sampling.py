@@ -233,10 +233,12 @@ def test_the_keys_passed_on_are_those_the_llm_engine_implements() -> None:
     # `logprobs`: from chat's `top_logprobs` or completions' `logprobs` (logprob_count).
     # `structured_outputs`: from response_format, structured_outputs, guided_* (structured.py).
     # `prompt_logprobs`: given, or completions' `echo` with `logprobs` (schemas.py).
+    # `logprob_token_ids`: given (non-empty), in place of `logprobs` (schemas.py).
     # `structured_outputs_after`: the server's, with --reasoning-parser (reasoning.py).
     expected = {
         "max_tokens",
         "logprobs",
+        "logprob_token_ids",
         "prompt_logprobs",
         "structured_outputs",
         "structured_outputs_after",

@@ -164,7 +164,6 @@ async def test_chat_template_kwargs_that_clash_are_refused(
         ("return_token_ids", True, False),
         ("priority", 1, 0),
         ("vllm_xargs", {"a": 1}, {}),
-        ("logprob_token_ids", [1], None),
         ("thinking_token_budget", 10, -1),
     ],
 )

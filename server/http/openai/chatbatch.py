@@ -145,7 +145,7 @@ async def batch_chat_completion(
     prompts = await _rendered(generation, chats)
     answer = identity(request, body, chat=True)
     answer.token_ids = bool(body.return_token_ids)
-    count = body.logprob_count()
+    count = body.shown_logprobs()
     as_ids = bool(body.return_tokens_as_token_ids)
     answer.logprobs = None if count is None else Logprobs(True, count, as_ids)
     heads: list[Answer] = []

@@ -49,7 +49,6 @@ SAMPLING_KEYS = (
 )
 # vLLM's extensions that no model contract carries: refused whenever given.
 NEVER_SERVED = {
-    "logprob_token_ids": "log probabilities of chosen tokens",
     "prompt_embeds": "prompt embeddings",
     "repetition_detection": "repetition detection",
     "truncation_side": "prompt truncation side",

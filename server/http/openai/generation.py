@@ -49,7 +49,7 @@ from ge_serve.server.inference.wire import bytes_elements, object_array
 from .catalog import TEXT_INPUT, TEXT_OUTPUT
 from .errors import OpenAIError, from_server_error, unsupported
 from .guided import GUIDE, GUIDE_TYPE, guide
-from .logprobs import Entry, parse, parse_prompt
+from .logprobs import TOKEN_IDS, Entry, parse, parse_prompt
 from .structured import AFTER
 from .structured import KEY as STRUCTURED
 from .tokenids import Thoughts, output_ids
@@ -108,6 +108,8 @@ KEYS: dict[str, Key] = {
     LOGPROBS: Key(engine=True),
     # vLLM's, and completions' `echo` with `logprobs`.
     PROMPT_LOGPROBS: Key(engine=True),
+    # vLLM's: the `logprobs` entries hold these ids in place of the top N.
+    TOKEN_IDS: Key(engine=True),
     # vLLM's logits processors (backends/llm/logits.py); `logit_bias` is OpenAI's map.
     "presence_penalty": Key(engine=True, neutral=(0,)),
     "frequency_penalty": Key(engine=True, neutral=(0,)),
@@ -213,7 +215,9 @@ def build_request(
     for name, value in ((STREAM, stream), (EXCLUDE_INPUT, True)):
         if name in inputs:
             tensors.append(_tensor(model, inputs[name], [value]))
-    asked = (*COUNT_REQUESTS, RETURN_LOGPROBS) if LOGPROBS in given else COUNT_REQUESTS
+    # The log probabilities' field: `logprobs`, or vLLM's ids that stand in its place.
+    wanted = next((key for key in (LOGPROBS, TOKEN_IDS) if key in given), None)
+    asked = (*COUNT_REQUESTS, RETURN_LOGPROBS) if wanted else COUNT_REQUESTS
     if ids:
         asked = (*asked, RETURN_OUTPUT_IDS)
     if PROMPT_LOGPROBS in given:
@@ -227,9 +231,9 @@ def build_request(
     for name in asked:
         if name in inputs and inputs[name].datatype is DataType.BOOL:
             tensors.append(_tensor(model, inputs[name], [True]))
-    if LOGPROBS in given and LOGPROBS not in model.outputs:
+    if wanted is not None and LOGPROBS not in model.outputs:
         raise unsupported(
-            LOGPROBS,
+            wanted,
             f"The model '{model.name}' gives no log probabilities: it has no '{LOGPROBS}' output",
         )
     document: dict[str, Any] = {}

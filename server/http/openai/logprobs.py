@@ -10,6 +10,9 @@ taken: the sampled token first).
   `logprobs + 1` entries, token to logprob) and `text_offset` (where each token's text
   begins in the answer's text, counted on from the chunks before).
 
+With vLLM's `logprob_token_ids` the model's dict is the sampled token and those ids, and
+all of it is shown (a count of -1), as vLLM's `return_all`.
+
 Logprobs are floored at -9999.0, as vLLM floors them (JSON has no -inf).
 """
 
@@ -127,6 +130,37 @@ def completion_logprobs(
         "tokens": tokens,
         "top_logprobs": tops,
     }
+
+
+TOKEN_IDS = "logprob_token_ids"
+
+
+def check_token_ids(
+    token_ids: list[int] | None,
+    beam_search: bool | None,
+    logprobs_set: bool,
+    chat: bool,
+    echo_only: bool = False,
+) -> None:
+    """vLLM's checks of `logprob_token_ids` (its check_logprobs, in its order and words):
+    not with beam search, nor with completions' `echo` and `max_tokens: 0` (`echo_only`),
+    and only with `logprobs` (chat's true, completions' any count); an empty list is none
+    (vLLM's). The engine checks the ids themselves."""
+    if not token_ids:
+        return
+    if beam_search:
+        raise OpenAIError(f"`{TOKEN_IDS}` is not supported with beam search.", param=TOKEN_IDS)
+    if echo_only:
+        raise OpenAIError(
+            f"`{TOKEN_IDS}` is not supported when `echo=True` and `max_tokens=0` because "
+            "no output tokens are generated.",
+            param=TOKEN_IDS,
+        )
+    if not logprobs_set:
+        needed = "set to true" if chat else "set"
+        raise OpenAIError(
+            f"when using `{TOKEN_IDS}`, `logprobs` must be {needed}.", param=TOKEN_IDS
+        )
 
 
 def check_chat(logprobs: bool | None, top: int | None) -> None:

@@ -31,7 +31,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
 from . import fields, structured
 from .errors import OpenAIError, unsupported
 from .fields import DEFAULT_ONLY, NEVER_SERVED, SAMPLING_KEYS, refuse_by_table
-from .logprobs import check_chat, check_completion, check_prompt
+from .logprobs import TOKEN_IDS, check_chat, check_completion, check_prompt, check_token_ids
 from .messages import Body as Body
 from .messages import ChatMessage as ChatMessage
 from .prompts import Prompt, form, prompt_list
@@ -108,7 +108,8 @@ class Sampling(Body):
     structured_outputs: Any = None
     response_format: ResponseFormat | None = None
     prompt_logprobs: int | None = None
-    logprob_token_ids: Any = None
+    # vLLM's: these ids' log probabilities in place of the top N (the engine checks them).
+    logprob_token_ids: list[int] | None = None
     prompt_embeds: Any = None
     repetition_detection: Any = None
     truncation_side: Any = None
@@ -174,6 +175,13 @@ class Sampling(Body):
         """vLLM's sampling `logprobs` for the request; None: none asked for."""
         return None
 
+    def shown_logprobs(self) -> int | None:
+        """How many of each token's entries the answer shows (Logprobs' count; None: no
+        logprobs): with `logprob_token_ids`, all of them (-1), which are the sampled token
+        and those ids (vLLM's `return_all`), whatever `top_logprobs` says."""
+        count = self.logprob_count()
+        return -1 if count is not None and self.logprob_token_ids else count
+
     def sampling(self) -> dict[str, Any]:
         """The sampling parameters the client set, by vLLM's keys; a model gets its own
         defaults for the rest (`max_tokens`, unset, is `default_max_tokens`)."""
@@ -185,7 +193,11 @@ class Sampling(Body):
             value = self.stops() if key == "stop" and self.stop is not None else getattr(self, key)
             if value is not None:
                 params[key] = value
-        if (count := self.logprob_count()) is not None:
+        if self.logprob_token_ids:
+            # vLLM's: the ids take the place of the top N, so no `logprobs` goes with them
+            # (the engine gives one entry per id); an empty list is none.
+            params[TOKEN_IDS] = self.logprob_token_ids
+        elif (count := self.logprob_count()) is not None:
             params["logprobs"] = count
         # vLLM's: `echo` asks the prompt's as many as the answer's, unless set.
         prompt = self.prompt_logprobs
@@ -234,6 +246,7 @@ class ChatOptions(Sampling):
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
         self._refuse_template_controls()
+        check_token_ids(self.logprob_token_ids, self.use_beam_search, bool(self.logprobs), True)
         check_chat(self.logprobs, self.top_logprobs)
         if self.tools:
             check_constraints(self.chosen_tool(), structured.given(self))
@@ -361,6 +374,13 @@ class CompletionRequest(Sampling):
         if self.suffix:
             raise unsupported("suffix", "'suffix' is not supported")
         fields.check_best_of(self.best_of, self.n)
+        check_token_ids(
+            self.logprob_token_ids,
+            self.use_beam_search,
+            self.logprobs is not None,
+            False,
+            self.echo_only(),
+        )
         check_completion(self.logprobs)
 
     def logprob_count(self) -> int | None:

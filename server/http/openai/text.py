@@ -69,7 +69,7 @@ async def chat_completion(
     prompt = await chat_prompt(generation, body, template_tools(body.tools))
     answer = identity(request, body, chat=True, role=body.answer_role(), echo=body.echoed())
     answer.tools = tool_use
-    count = body.logprob_count()
+    count = body.shown_logprobs()
     as_ids = bool(body.return_tokens_as_token_ids)
     answer.logprobs = None if count is None else Logprobs(True, count, as_ids)
     plan_thoughts(catalog, model, body, prompt, answer)
@@ -109,7 +109,8 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
     answer = identity(request, body, chat=False, echo=echoes[0] if echoes else "")
     answer.echo_only = body.echo_only()
     as_ids = bool(body.return_tokens_as_token_ids)
-    answer.logprobs = None if body.logprobs is None else Logprobs(False, body.logprobs, as_ids)
+    count = body.shown_logprobs()
+    answer.logprobs = None if count is None else Logprobs(False, count, as_ids)
     firsts = None
     if echoes and as_ids and answer.logprobs is not None:
         firsts = [await _first_id(generation, p) for p in prompts]
