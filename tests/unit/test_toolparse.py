@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from typing import Any
 
 import pytest
@@ -110,6 +111,9 @@ ANSWERS = {
         'x [TOOL_CALLS] [{"name": "w", "arguments": {}}] tail',
         "[TOOL_CALLS] not json",
         "[1, 2] and [TOOL_ but not a call",
+        'x [TOOL_CALLS]f[ARGS]{"a": [1, {"b": "}"}]} tail [TOOL_CALLS]g{}',
+        "[TOOL_CALLS]f [CALL_ID]abcdefghi[ARGS] {}",
+        "[TOOL_CALLS]  toolname_no_args [TOOL_",
     ],
     "hermes": [
         'ok <tool_call>{"name": "w", "arguments": {"c": 1}}</tool_call>',
@@ -163,6 +167,109 @@ def _joined(deltas: list[dict[str, Any]]) -> list[tuple[str, str]]:
             name, arguments = calls[-1]
             calls[-1] = (name, arguments + found["function"]["arguments"])
     return calls
+
+
+# Mistral's tokenizer v11+ models (Small 3.2, Magistral, Devstral): vLLM's mistral parser
+# reads `[TOOL_CALLS]name[ARGS]{...}` for each call; the arguments as the model wrote them.
+NAMED = [
+    (
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}',
+        None,
+        [("get_weather", '{"city": "Paris"}')],
+    ),
+    (
+        'Sure.\n[TOOL_CALLS]add[ARGS]{"a": 3.5, "b": 4}[TOOL_CALLS]multiply[ARGS]{"a": 3, "b": 6}',
+        "Sure.\n",
+        [("add", '{"a": 3.5, "b": 4}'), ("multiply", '{"a": 3, "b": 6}')],
+    ),
+    (
+        '[TOOL_CALLS] plan [ARGS] {"trip": {"to": "Zürich 中 😀", "legs": [{"by": "train"}]},'
+        ' "note": "a \\"}{ [TOOL_CALLS] \\u00e9"}',
+        None,
+        [
+            (
+                "plan",
+                '{"trip": {"to": "Zürich 中 😀", "legs": [{"by": "train"}]},'
+                ' "note": "a \\"}{ [TOOL_CALLS] \\u00e9"}',
+            )
+        ],
+    ),
+    # vLLM's `name{...}` (no [ARGS]); text after the arguments dropped (vLLM's gh#48975).
+    ('[TOOL_CALLS]f{"x": 1}Estimating the weather...', None, [("f", '{"x": 1}')]),
+    # mistral-common v11 writes `[CALL_ID]id` before [ARGS]: read, and a new id given.
+    (
+        '[TOOL_CALLS]f[CALL_ID]a1B2c3D4e[ARGS]{}\n[TOOL_CALLS]g[ARGS]{"y": []}',
+        None,
+        [
+            ("f", "{}"),
+            ("g", '{"y": []}'),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), NAMED)
+def test_mistral_v11_calls_whole_and_streamed(
+    text: str, content: str | None, calls: list[tuple[str, str]]
+) -> None:
+    found_content, found = parse("mistral", text)
+    assert found_content == content
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in found] == calls
+    assert all(len(c["id"]) == 9 and c["id"].isalnum() for c in found)
+    # Streamed in random pieces: the same content and calls, each call's name first.
+    rng = random.Random(text)
+    for _ in range(200):
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, len(text) // 3)))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        stream = Stream("mistral", 1 << 17)
+        deltas = [d for piece in pieces for d in stream.feed(piece)] + stream.finish()
+        assert "".join(d.get("content", "") for d in deltas) == (content or ""), pieces
+        assert _joined(deltas) == calls, pieces
+        ids = [c["id"] for d in deltas for c in d.get("tool_calls", ()) if "id" in c]
+        assert all(len(i) == 9 and i.isalnum() for i in ids)
+
+
+@pytest.mark.parametrize(
+    ("text", "mended"),
+    [
+        # ge-serve's rule, as for its other formats: no call (vLLM: a call of raw text).
+        ("[TOOL_CALLS]toolname_no_args", "[TOOL_CALLS]toolname_no_args[ARGS]{}"),
+        ('[TOOL_CALLS]get weather[ARGS]{"a": 1}', '[TOOL_CALLS]get_weather[ARGS]{"a": 1}'),
+        ('[TOOL_CALLS][ARGS]{"a": 1}', '[TOOL_CALLS]f[ARGS]{"a": 1}'),
+        ('[TOOL_CALLS]f[ARGS]"text"', '[TOOL_CALLS]f[ARGS]{"a": "text"}'),
+        ('[TOOL_CALLS]f[ARGS]{"a": }', '[TOOL_CALLS]f[ARGS]{"a": 1}'),
+        ('[TOOL_CALLS]f[CALL_ID]x y[ARGS]{"a": 1}', '[TOOL_CALLS]f[CALL_ID]xy[ARGS]{"a": 1}'),
+        ("[TOOL_CALLS]f[ARGS]{]", "[TOOL_CALLS]f[ARGS]{}"),
+    ],
+)
+def test_a_mistral_v11_answer_that_is_no_call_is_content(text: str, mended: str) -> None:
+    assert parse("mistral", text) == (text, [])
+    # Streamed: nothing sent before the answer stops being calls: the whole parse's.
+    deltas, content = _stream_all("mistral", text, len(text))
+    assert content == text and _joined(deltas) == []
+    # Mended, it is one call.
+    assert len(parse("mistral", mended)[1]) == 1
+    assert len(_joined(_stream_all("mistral", mended, 3)[0])) == 1
+
+
+def test_a_mistral_v11_call_streams_as_it_grows() -> None:
+    arguments = '{"city": "Oslo", "days": [1, 2, 3]}'
+    text = f"Let me see. [TOOL_CALLS]weather[ARGS]{arguments}"
+    stream = Stream("mistral", 1 << 17)
+    sent = [d for at in range(0, len(text), 4) for d in stream.feed(text[at : at + 4])]
+    calls = [d for d in sent if "tool_calls" in d]
+    assert calls[0]["tool_calls"][0]["function"] == {"name": "weather", "arguments": ""}
+    assert len(calls) > 5 and _joined(sent) == [("weather", arguments)]
+    assert "".join(d.get("content", "") for d in sent) == "Let me see. "
+    assert stream.finish() == [] and stream.called
+    # Cut short after a call was sent: what was sent stays (vLLM's), as for the others.
+    text += '[TOOL_CALLS]g[ARGS]{"b": "c'
+    assert parse("mistral", text) == (text, [])
+    assert _joined(_streamed("mistral", text, 4)) == [("weather", arguments), ("g", '{"b": "c')]
+    # Past --max-tool-call-parse-bytes the text is no longer read, as for the others.
+    stream = Stream("mistral", 30)
+    sent = [d for at in range(0, len(text), 4) for d in stream.feed(text[at : at + 4])]
+    assert stream.truncated and stream.finish() == [] and _joined(sent) == []
 
 
 @pytest.mark.parametrize("parser", ["hermes", "llama3", "mistral"])

@@ -7,8 +7,10 @@ The formats of Triton's OpenAI front end's parsers and vLLM's of the same names:
   content and no call) and then JSON objects `{"name": ..., "arguments" | "parameters":
   {...}}`, separated by "; ";
 - `mistral`: `[TOOL_CALLS]` anywhere (or `[` as the first character) and a JSON array of
-  `{"name": ..., "arguments": {...}}`; text before `[TOOL_CALLS]` is the content; ids are
-  9 letters and digits, as Mistral's templates need them;
+  `{"name": ..., "arguments": {...}}`, or (where no `[` follows the tag: tokenizer v11+
+  models) `[TOOL_CALLS]name[ARGS]{...}` for each call (toolmistral.py); text before
+  `[TOOL_CALLS]` is the content; ids are 9 letters and digits, as Mistral's templates
+  need them;
 - `hermes`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, repeated; text
   before the first is the content.
 
@@ -32,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import toolmistral
+from .toolmistral import MistralCalls
 from .toolstream import Calls
 
 log = logging.getLogger(__name__)
@@ -101,6 +105,9 @@ def _mistral(text: str) -> tuple[str | None, list[Call]]:
     at = text.find(tag)
     if at >= 0:
         before, rest = text[:at], text[at + len(tag) :]
+        if toolmistral.is_named(rest):  # v11+: [TOOL_CALLS]name[ARGS]{...}, repeated
+            found = toolmistral.parse(text[at:])
+            return before or None, [call(name, args, _mistral_id()) for name, args in found]
     elif text.startswith("["):
         before, rest = "", text
     else:
@@ -170,7 +177,7 @@ class Stream:
     size: int = 0
     truncated: bool = False
     calls: list[Call] = field(default_factory=list)
-    streaming: Calls | None = None
+    streaming: Calls | MistralCalls | None = None
     held: list[str] = field(default_factory=list)  # the text after `pending`, streaming
 
     @property
@@ -209,11 +216,13 @@ class Stream:
         deltas = self._content(at) if at > 0 else []
         self.calling = True
         ascii = self.parser.startswith("llama3")  # as parse dumps the arguments
-        new_id = _mistral_id if self.parser == "mistral" else _tool_id
-        self.streaming = Calls(self.parser, ascii, new_id)
+        if self.parser == "mistral":  # which of its two formats: the text after the tag
+            self.streaming = MistralCalls(_mistral_id)
+        else:
+            self.streaming = Calls(self.parser, ascii, _tool_id)
         return deltas + self._calls(self.streaming, self.pending)
 
-    def _calls(self, streaming: Calls, text: str) -> list[dict[str, Any]]:
+    def _calls(self, streaming: Calls | MistralCalls, text: str) -> list[dict[str, Any]]:
         """The calls' deltas `text` adds; a defect of the incremental reader stops the
         streaming there, as a broken call does (what was sent stays), never the answer's
         stream with an error."""
