@@ -200,6 +200,49 @@ async def test_responses_stream_the_arguments_in_pieces(hermes: httpx.AsyncClien
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def mistral(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
+    folder: Path = tmp_path_factory.mktemp("openai-tool-stream-mistral")
+    write_model(folder, "echo", ECHO, CONFIG)
+    async with openai_client(folder, ["echo"], ToolSettings(parser="mistral")) as client:
+        yield client
+
+
+# Mistral's tokenizer v11+ models (Small 3.2, Magistral, Devstral): a call is
+# `[TOOL_CALLS]name[ARGS]{...}`, as vLLM's mistral parser reads it.
+MISTRAL_CALLS = (
+    'Let me look.[TOOL_CALLS]weather[ARGS]{"city": "Zürich", "when": {"days": [1, 2]}}'
+    '[TOOL_CALLS]weather[ARGS]{"city":"Bergen","unit":null}'
+)
+
+
+async def test_mistral_v11_calls_whole_and_streamed(mistral: httpx.AsyncClient) -> None:
+    whole = await mistral.post(CHAT, json=_body(MISTRAL_CALLS))
+    assert whole.status_code == 200, whole.text
+    choice = whole.json()["choices"][0]
+    message = choice["message"]
+    assert message["content"] == "Let me look." and choice["finish_reason"] == "tool_calls"
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [
+        ("weather", '{"city": "Zürich", "when": {"days": [1, 2]}}'),
+        ("weather", '{"city":"Bergen","unit":null}'),
+    ]
+    assert all(len(c["id"]) == 9 and c["id"].isalnum() for c in message["tool_calls"])
+    choices = await _choices(mistral, _body(MISTRAL_CALLS))
+    deltas = [c["delta"] for c in choices]
+    assert "".join(d.get("content") or "" for d in deltas) == "Let me look."
+    calls = [c for d in deltas for c in d.get("tool_calls", ())]
+    firsts = [c for c in calls if "id" in c]
+    assert [(c["index"], c["function"]) for c in firsts] == [
+        (0, {"name": "weather", "arguments": ""}),
+        (1, {"name": "weather", "arguments": ""}),
+    ]
+    assert all(len(c["id"]) == 9 and c["id"].isalnum() for c in firsts)
+    for index, whole_call in enumerate(message["tool_calls"]):
+        pieces = [c["function"]["arguments"] for c in calls if c["index"] == index]
+        assert len(pieces) > 3 and "".join(pieces) == whole_call["function"]["arguments"]
+    assert choices[-1]["finish_reason"] == "tool_calls"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def tiny(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
     folder: Path = tmp_path_factory.mktemp("openai-tool-stream-llm")
     llmrepo.write_tiny_llm(folder, "tiny", interface=False)
