@@ -6,22 +6,25 @@ allowed), so a small model goes on writing keys it was never asked for until max
 cuts the JSON short. `close` writes xgrammar's default into the schema itself:
 
 - an object schema that declares `properties` or `patternProperties` and says neither
-  `additionalProperties` nor `unevaluatedProperties` gets `additionalProperties: false`;
+  `additionalProperties` nor `unevaluatedProperties` gets `additionalProperties: false`,
+  and loses the `required` names it does not declare (never satisfiable then);
 - an array schema with `prefixItems` and none of `items`, `additionalItems`,
   `unevaluatedItems` gets `items: false` (the tuple holds what it lists).
 
 A schema that says `additionalProperties: true` (or gives a schema for the others) keeps
 its word. An object with no declared properties (`{"type": "object"}`, json_object mode)
 stays any object, as in xgrammar. Parts of one object are not closed against each other:
-the branches of an `allOf` (and `if` / `then` / `else`, `not`, `dependentSchemas`), and an
-object that declares properties beside an `anyOf` / `oneOf` together with that one's
-branches (closing each would allow only `{}`). The per-request option
+the branches of an `allOf` of several (one alone is the object itself, and is closed),
+`if` / `then` / `else`, `not`, `dependentSchemas`, and an object that declares
+properties beside an `anyOf` / `oneOf` together with that one's branches (closing each
+would allow only `{}`). The per-request option
 `disable_additional_properties` changes nothing: vLLM 0.34 reads only its server-wide
 one, for its guidance backend, which "auto" does not pick for these schemas.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 # Where a schema holds schemas of values of their own: by name, one directly, or a list
@@ -68,7 +71,10 @@ def close(schema: Any) -> None:
             if isinstance(node.get(key), dict):
                 stack.extend((sub, False) for sub in node[key].values())
         if isinstance(node.get("allOf"), list):
-            stack.extend((branch, False) for branch in node["allOf"])
+            # One branch is the object itself (Pydantic's `allOf: [$ref]` wrapping):
+            # closed as xgrammar closes it; several are parts of one object.
+            alone = len(node["allOf"]) == 1 and not declares
+            stack.extend((branch, alone) for branch in node["allOf"])
         for key in _BRANCHES:
             if isinstance(node.get(key), list):
                 stack.extend((branch, not declares) for branch in node[key])
@@ -76,5 +82,39 @@ def close(schema: Any) -> None:
             continue
         if declares and "additionalProperties" not in node and "unevaluatedProperties" not in node:
             node["additionalProperties"] = False
+            _drop_undeclared_required(node)
         if isinstance(node.get("prefixItems"), list) and not any(k in node for k in _OTHER_ITEMS):
             node["items"] = False
+
+
+def _drop_undeclared_required(node: dict[str, Any]) -> None:
+    """A closed object's `required` names that it does not declare could never be given:
+    xgrammar compiles such a schema and answers without them, where llguidance would
+    find the schema unsatisfiable and refuse the request."""
+    required = node.get("required")
+    if not isinstance(required, list):
+        return
+    properties = node.get("properties")
+    names = properties if isinstance(properties, dict) else {}
+    patterns = node.get("patternProperties")
+    kept = [
+        name
+        for name in required
+        if not isinstance(name, str) or name in names or _matches(patterns, name)
+    ]
+    if len(kept) != len(required):
+        node["required"] = kept
+
+
+def _matches(patterns: Any, name: str) -> bool:
+    """Whether `name` matches one of `patterns`' keys (a bad pattern: kept, as matching,
+    for the grammar compiler to judge)."""
+    if not isinstance(patterns, dict):
+        return False
+    for pattern in patterns:
+        try:
+            if re.search(pattern, name):
+                return True
+        except (re.error, TypeError):
+            return True
+    return False

@@ -76,6 +76,11 @@ def test_undeclared_properties_are_refused(grammars: Grammars, structured: Any) 
         # A tuple holds what it lists.
         ({"type": "array", "prefixItems": [INT]}, "[1]", "[1, 2]"),
         ({"type": "object", "patternProperties": {"^x": INT}}, '{"x1": 1}', '{"y": 1}'),
+        # A required name the object does not declare cannot be given (xgrammar's
+        # reading: the schema compiles, and the name is refused).
+        ({**A, "required": ["a", "unit"]}, '{"a": 1}', '{"a": 1, "unit": 2}'),
+        # One `allOf` branch is the object itself, closed as xgrammar closes it.
+        ({"allOf": [A]}, '{"a": 1}', '{"a": 1, "z": 2}'),
     ],
 )
 def test_strictness_reaches_every_object_and_tuple(
