@@ -398,6 +398,11 @@ class CompletionRequest(Sampling):
         return prompt_list(self.prompt, self.n or 1)
 
 
+# A value outside a field's choices names the value given, cut to this many characters.
+_CHOICE_ERRORS = frozenset({"literal_error", "enum"})
+_SHOWN = 80
+
+
 def parse(model: type[M], document: Any) -> M:
     """`document` checked against `model`; the first problem is a 400 naming its field
     (`param`, e.g. `messages[0].role`)."""
@@ -413,6 +418,10 @@ def parse(model: type[M], document: Any) -> M:
             message = f"Missing required parameter: '{param}'"
         else:
             message = f"Invalid value for '{param}': {first['msg']}"
+            given = first.get("input")
+            if first["type"] in _CHOICE_ERRORS and isinstance(given, str | int | float):
+                # The value given, as vLLM's pydantic error and OpenAI's name it.
+                message += f" (given: {json.dumps(given)[:_SHOWN]})"
         raise OpenAIError(message, param=param or None) from None
 
 
