@@ -18,7 +18,8 @@ A model is recognised by its interface alone, whatever its backend:
   ensemble (`TEXT` -> `EMBEDDING` [384]) is one.
 
 Every other model is left out of /v1/models, and /v1 answers it with 404, as OpenAI
-answers a model it does not have.
+answers a model it does not have. A generation request that names no model (vLLM's
+optional `model`) goes to the one generative model served (`Catalog.generator`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ge_serve.server.inference.core import InferenceServer
 from ge_serve.server.inference.model import ModelVersion, TensorSpec
 from ge_serve.server.inference.types import DataType
 
-from .errors import from_server_error, model_not_found
+from .errors import OpenAIError, from_server_error, model_not_found
 from .tools import ToolSettings
 
 TEXT_INPUT = "text_input"
@@ -123,6 +124,38 @@ class Catalog:
         if not is_generative(model):
             raise model_not_found(name)
         return model
+
+    def generator(self, name: str | None, api: str) -> tuple[str, ModelVersion]:
+        """The generative model a request of vLLM's `api` ("Chat Completions API"...)
+        goes to, and the name its answer echoes: the one it names, else (vLLM's default,
+        its one served model) the one generative model the server serves; a 400 naming
+        `model` where there are several, or none."""
+        if name is not None:
+            return name, self.generative(name)
+        found = []
+        # The ready models, as /v1/models lists them; the index of what is loaded, read
+        # without a repository scan, so this is cheap enough for a body's first checks.
+        for entry in sorted({e.name for e in self.core.lifecycle.index(True, ())}):
+            try:
+                model = self.core.model(entry)
+            except ServerError:  # unloaded since the index was read
+                continue
+            if is_generative(model):
+                found.append((entry, model))
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            # vLLM's words where its one model is no generative one (its 501; a client's
+            # 400 here, as the scoring routes answer the converse).
+            raise OpenAIError(
+                f"The model does not support {api}: the server serves no generative model",
+                param="model",
+            )
+        # The scoring routes' words for theirs (scoring.py).
+        raise OpenAIError(
+            f"Missing required parameter: 'model' ({len(found)} generative models here)",
+            param="model",
+        )
 
     def embedding(self, name: str) -> tuple[ModelVersion, Embedder]:
         model = self.model(name)

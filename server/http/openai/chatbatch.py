@@ -45,6 +45,7 @@ from .prompts import MAX_PROMPTS, Prompt
 from .schemas import ChatCompletionRequest, ChatOptions, refuse_parts
 from .template import render_request
 from .text import (
+    CHAT_API,
     RENDERED_ON_THE_LOOP,
     answer_prompts,
     check_limit,
@@ -134,16 +135,16 @@ def bounded(document: Any) -> None:
 async def batch_chat_completion(
     catalog: Catalog, request: Request, body: BatchChatCompletionRequest
 ) -> Response:
-    model = catalog.generative(body.model)
+    name, model = catalog.generator(body.model, CHAT_API)
     generation = text_generation(model)
     if generation is None or generation.chat_template is None:
-        raise no_chat_template(body.model)
+        raise no_chat_template(name)
     check_limit(body.token_limit(), generation.max_model_len)
     if body.return_token_ids:
         tokenids.check_reported(model)
     chats = body.conversations()
     prompts = await _rendered(generation, chats)
-    answer = identity(request, body, chat=True)
+    answer = identity(request, body, name, chat=True)
     answer.token_ids = bool(body.return_token_ids)
     count = body.shown_logprobs()
     as_ids = bool(body.return_tokens_as_token_ids)

@@ -108,7 +108,8 @@ class Reasoning(Body):
 
 
 class ResponsesRequest(Body):
-    model: str = Field(min_length=1)
+    # vLLM's: optional, as chat's (Catalog.generator).
+    model: str | None = Field(None, min_length=1)
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)

@@ -57,17 +57,19 @@ log = logging.getLogger(__name__)
 
 async def create(catalog: Catalog, request: Request, body: ResponsesRequest) -> Response:
     chat = body.chat()
-    model = catalog.generative(body.model)
+    name, model = catalog.generator(body.model, "Responses API")
+    # The answer echoes the model that serves it, named or not.
+    body = body.model_copy(update={"model": name})
     generation = text_generation(model)
     if generation is None or generation.chat_template is None:
-        raise no_chat_template(body.model)
+        raise no_chat_template(name)
     check_limit(body.max_output_tokens, generation.max_model_len, "max_output_tokens")
     chosen = chat.chosen_tool()
     tools: ToolUse | None = None
     if chosen != "auto" or catalog.tools.parser:
         constrained = takes_constraints(model.inputs)
         try:
-            tools = plan(chosen, catalog.tools, constrained, body.model, chat.parallel_tool_calls)
+            tools = plan(chosen, catalog.tools, constrained, name, chat.parallel_tool_calls)
         except OpenAIError as exc:
             raise renamed(exc) from None
     try:

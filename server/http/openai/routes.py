@@ -116,10 +116,11 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         if not isinstance(document, dict):
             return
         messages, name = document.get("messages"), document.get("model")
-        if not isinstance(messages, list) or not isinstance(name, str):
+        if not isinstance(messages, list) or not isinstance(name, str | None):
             return
         try:
-            generation = text_generation(catalog.generative(name))
+            # Without `model`, the one generative model that will answer.
+            generation = text_generation(catalog.generator(name, text.CHAT_API)[1])
         except (OpenAIError, ServerError):
             return  # the checks that follow answer it
         limit = generation.max_model_len if generation is not None else 0

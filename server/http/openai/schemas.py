@@ -72,7 +72,9 @@ class Sampling(Body):
     # The limit a request that sets none gets (None: the model's own).
     default_max_tokens: ClassVar[int | None] = None
 
-    model: str = Field(min_length=1)
+    # vLLM's: optional; without it, the one generative model the server serves
+    # (Catalog.generator).
+    model: str | None = Field(None, min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)

@@ -53,21 +53,23 @@ from .tools import plan, template_tools
 
 # Conversations longer than this are rendered off the event loop's thread.
 RENDERED_ON_THE_LOOP = 64
+# vLLM's names of the APIs, in its words for a server without a generative model.
+CHAT_API = "Chat Completions API"
 
 
 async def chat_completion(
     catalog: Catalog, request: Request, body: ChatCompletionRequest
 ) -> Response:
-    model = catalog.generative(body.model)
+    name, model = catalog.generator(body.model, CHAT_API)
     generation = text_generation(model)
     if generation is None or generation.chat_template is None:
-        raise no_chat_template(body.model)
+        raise no_chat_template(name)
     check_limit(body.token_limit(), generation.max_model_len)
     chosen, parallel = body.chosen_tool(), body.parallel_tool_calls
     constrained = takes_constraints(model.inputs)
-    tool_use = plan(chosen, catalog.tools, constrained, body.model, parallel)
+    tool_use = plan(chosen, catalog.tools, constrained, name, parallel)
     prompt = await chat_prompt(generation, body, template_tools(body.tools))
-    answer = identity(request, body, chat=True, role=body.answer_role(), echo=body.echoed())
+    answer = identity(request, body, name, chat=True, role=body.answer_role(), echo=body.echoed())
     answer.tools = tool_use
     count = body.shown_logprobs()
     as_ids = bool(body.return_tokens_as_token_ids)
@@ -96,7 +98,7 @@ def plan_thoughts(
 
 
 async def completion(catalog: Catalog, request: Request, body: CompletionRequest) -> Response:
-    model = catalog.generative(body.model)
+    name, model = catalog.generator(body.model, "Completions API")
     generation = text_generation(model)
     if generation is not None:
         check_limit(body.token_limit(), generation.max_model_len)
@@ -106,7 +108,7 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
         if generation is not None:
             check_fit(prompts, generation.max_model_len)
     echoes = await echo_texts(model, prompts) if body.echo else None
-    answer = identity(request, body, chat=False, echo=echoes[0] if echoes else "")
+    answer = identity(request, body, name, chat=False, echo=echoes[0] if echoes else "")
     answer.echo_only = body.echo_only()
     as_ids = bool(body.return_tokens_as_token_ids)
     count = body.shown_logprobs()
@@ -182,11 +184,19 @@ def no_chat_template(name: str) -> OpenAIError:
 
 
 def identity(
-    request: Request, body: Sampling, *, chat: bool, role: str = "assistant", echo: str = ""
+    request: Request,
+    body: Sampling,
+    name: str,
+    *,
+    chat: bool,
+    role: str = "assistant",
+    echo: str = "",
 ) -> Answer:
+    """The answer's identity; `name`: the model it echoes (the one served, where the
+    request names none)."""
     stream = bool(body.stream)
     return Answer(
-        body.model,
+        name,
         chat,
         include_usage=stream and body.include_usage(),
         continuous_usage=stream and body.continuous_usage(),

@@ -147,10 +147,11 @@ def tokenizer_of(catalog: Catalog, name: str) -> tuple[TextGeneration, TextToken
 async def tokenize(
     catalog: Catalog, body: TokenizeCompletionRequest | TokenizeChatRequest
 ) -> dict[str, Any]:
-    generation, tokenizer = tokenizer_of(catalog, await named(catalog, body.model))
+    name = await named(catalog, body.model)
+    generation, tokenizer = tokenizer_of(catalog, name)
     if isinstance(body, TokenizeChatRequest):
         if generation.chat_template is None:
-            raise no_chat_template(body.model)
+            raise no_chat_template(name)
         prompt = await chat_prompt(generation, body, template_tools(body.tools))
     else:
         prompt = body.prompt
