@@ -285,18 +285,21 @@ async def test_the_openai_routes_have_their_bodies_and_openai_errors(
     document: dict[str, Any],
 ) -> None:
     chat = body_schema(document, "/v1/chat/completions")
-    assert sorted(chat["required"]) == ["messages", "model"]
+    # `model` optional, as vLLM's: the one generative model the server serves.
+    assert chat["required"] == ["messages"]
+    assert {"type": "null"} in chat["properties"]["model"]["anyOf"]
     assert chat["properties"]["temperature"]["anyOf"][0]["maximum"] == 2.0
     # vLLM's batch chat: a list of conversations, each a list of messages.
     batch = body_schema(document, "/v1/chat/completions/batch")
-    assert sorted(batch["required"]) == ["messages", "model"]
+    assert batch["required"] == ["messages"]
     conversation = batch["properties"]["messages"]["items"]
     assert conversation["type"] == "array" and conversation["minItems"] == 1
     # `input` or vLLM's chat form `messages`.
     embeddings = body_schema(document, "/v1/embeddings")
     assert {"input", "messages"} <= set(embeddings["properties"])
     assert "task" in body_schema(document, "/pooling")["properties"]
-    assert "prompt" in body_schema(document, "/v1/completions")["required"]
+    assert body_schema(document, "/v1/completions")["required"] == ["prompt"]
+    assert body_schema(document, "/v1/responses")["required"] == ["input"]
     for path, method in (("/v1/models", "get"), ("/v1/chat/completions", "post")):
         responses = document["paths"][path][method]["responses"]
         error = resolve(document, responses["default"]["content"]["application/json"]["schema"])
