@@ -36,7 +36,7 @@ from starlette.responses import Response
 from ge_serve.backends.base import TextGeneration
 
 from . import tokenids
-from .catalog import Catalog, text_generation
+from .catalog import Catalog
 from .errors import OpenAIError, unsupported
 from .logprobs import Logprobs
 from .messages import ChatMessage
@@ -45,12 +45,10 @@ from .prompts import MAX_PROMPTS, Prompt
 from .schemas import ChatCompletionRequest, ChatOptions, refuse_parts
 from .template import render_request
 from .text import (
-    CHAT_API,
     RENDERED_ON_THE_LOOP,
     answer_prompts,
-    check_limit,
+    chat_model,
     identity,
-    no_chat_template,
     plan_thoughts,
 )
 
@@ -135,11 +133,7 @@ def bounded(document: Any) -> None:
 async def batch_chat_completion(
     catalog: Catalog, request: Request, body: BatchChatCompletionRequest
 ) -> Response:
-    name, model = catalog.generator(body.model, CHAT_API)
-    generation = text_generation(model)
-    if generation is None or generation.chat_template is None:
-        raise no_chat_template(name)
-    check_limit(body.token_limit(), generation.max_model_len)
+    name, model, generation = chat_model(catalog, body)
     if body.return_token_ids:
         tokenids.check_reported(model)
     chats = body.conversations()

@@ -60,11 +60,7 @@ CHAT_API = "Chat Completions API"
 async def chat_completion(
     catalog: Catalog, request: Request, body: ChatCompletionRequest
 ) -> Response:
-    name, model = catalog.generator(body.model, CHAT_API)
-    generation = text_generation(model)
-    if generation is None or generation.chat_template is None:
-        raise no_chat_template(name)
-    check_limit(body.token_limit(), generation.max_model_len)
+    name, model, generation = chat_model(catalog, body)
     chosen, parallel = body.chosen_tool(), body.parallel_tool_calls
     constrained = takes_constraints(model.inputs)
     tool_use = plan(chosen, catalog.tools, constrained, name, parallel)
@@ -77,6 +73,18 @@ async def chat_completion(
     plan_thoughts(catalog, model, body, prompt, answer)
     ids = await tokenids.prompt_ids(model, body.return_token_ids, [prompt])
     return await answer_prompts(catalog, request, model, body, [prompt], answer, ids=ids)
+
+
+def chat_model(catalog: Catalog, body: ChatOptions) -> tuple[str, ModelVersion, TextGeneration]:
+    """The generative model a chat request names (or the one the server serves), its name
+    and generation; a 400 where it has no chat template or the request's token limit
+    cannot fit its context."""
+    name, model = catalog.generator(body.model, CHAT_API)
+    generation = text_generation(model)
+    if generation is None or generation.chat_template is None:
+        raise no_chat_template(name)
+    check_limit(body.token_limit(), generation.max_model_len)
+    return name, model, generation
 
 
 def plan_thoughts(
