@@ -24,7 +24,7 @@ one, for its guidance backend, which "auto" does not pick for these schemas.
 
 from __future__ import annotations
 
-import re
+from collections.abc import Iterator
 from typing import Any
 
 # Where a schema holds schemas of values of their own: by name, one directly, or a list
@@ -47,12 +47,34 @@ _OTHER_ITEMS = ("items", "additionalItems", "unevaluatedItems")
 def close(schema: Any) -> None:
     """Write xgrammar's strict default into `schema` (a parsed JSON schema, changed in
     place). Walked without recursion: a schema may nest as deep as its JSON parser let
-    it."""
+    it. A `$defs` / `definitions` entry of the root is closed only where no `$ref` to it
+    stands where closing is wrong (a part of one object), as its text written inline
+    there would not be."""
+    nodes = list(_nodes(schema))
+    parts = {node["$ref"] for node, closable in nodes if not closable and _ref(node)}
+    kept = {id(found) for found in _root_defs(schema, parts)}
+    for node, closable in nodes:
+        if not closable or id(node) in kept or any(key in node for key in _COMPOSED):
+            continue
+        declares = isinstance(node.get("properties"), dict) or isinstance(
+            node.get("patternProperties"), dict
+        )
+        if declares and "additionalProperties" not in node and "unevaluatedProperties" not in node:
+            node["additionalProperties"] = False
+            _drop_undeclared_required(node)
+        if isinstance(node.get("prefixItems"), list) and not any(k in node for k in _OTHER_ITEMS):
+            node["items"] = False
+
+
+def _nodes(schema: Any) -> Iterator[tuple[dict[str, Any], bool]]:
+    """Every schema object in `schema`, and whether closing it is right where it stands
+    (not a part of one object); none depends on its parent's answer."""
     stack: list[tuple[Any, bool]] = [(schema, True)]
     while stack:
         node, closable = stack.pop()
         if not isinstance(node, dict):
             continue
+        yield node, closable
         declares = isinstance(node.get("properties"), dict) or isinstance(
             node.get("patternProperties"), dict
         )
@@ -78,43 +100,34 @@ def close(schema: Any) -> None:
         for key in _BRANCHES:
             if isinstance(node.get(key), list):
                 stack.extend((branch, not declares) for branch in node[key])
-        if not closable or any(key in node for key in _COMPOSED):
-            continue
-        if declares and "additionalProperties" not in node and "unevaluatedProperties" not in node:
-            node["additionalProperties"] = False
-            _drop_undeclared_required(node)
-        if isinstance(node.get("prefixItems"), list) and not any(k in node for k in _OTHER_ITEMS):
-            node["items"] = False
+
+
+def _ref(node: dict[str, Any]) -> bool:
+    return isinstance(node.get("$ref"), str)
+
+
+def _root_defs(schema: Any, refs: set[str]) -> Iterator[Any]:
+    """The root's `$defs` / `definitions` entries that `refs` (local pointers) name."""
+    if not isinstance(schema, dict):
+        return
+    for key in ("$defs", "definitions"):
+        found = schema.get(key)
+        if isinstance(found, dict):
+            yield from (sub for name, sub in found.items() if f"#/{key}/{name}" in refs)
 
 
 def _drop_undeclared_required(node: dict[str, Any]) -> None:
     """A closed object's `required` names that it does not declare could never be given:
     xgrammar compiles such a schema and answers without them, where llguidance would
-    find the schema unsatisfiable and refuse the request."""
+    find the schema unsatisfiable and refuse the request. Where the object has
+    `patternProperties`, its names are left to the grammar compiler: matching the
+    client's patterns here would run its regular expressions (a nested repetition can
+    take hours) on the server's thread."""
     required = node.get("required")
-    if not isinstance(required, list):
+    if not isinstance(required, list) or "patternProperties" in node:
         return
     properties = node.get("properties")
     names = properties if isinstance(properties, dict) else {}
-    patterns = node.get("patternProperties")
-    kept = [
-        name
-        for name in required
-        if not isinstance(name, str) or name in names or _matches(patterns, name)
-    ]
+    kept = [name for name in required if not isinstance(name, str) or name in names]
     if len(kept) != len(required):
         node["required"] = kept
-
-
-def _matches(patterns: Any, name: str) -> bool:
-    """Whether `name` matches one of `patterns`' keys (a bad pattern: kept, as matching,
-    for the grammar compiler to judge)."""
-    if not isinstance(patterns, dict):
-        return False
-    for pattern in patterns:
-        try:
-            if re.search(pattern, name):
-                return True
-        except (re.error, TypeError):
-            return True
-    return False

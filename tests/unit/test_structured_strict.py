@@ -104,6 +104,15 @@ KEPT = [
         {"type": "object", "properties": {"k": INT}, "anyOf": [A, {"required": ["k"]}]},
         '{"k": 1, "a": 2}',
     ),
+    # ... nor where a part is a `$ref` to the root's `$defs`, as it would not be inline.
+    (
+        {"allOf": [{"$ref": "#/$defs/Base"}, {"properties": {"b": INT}}], "$defs": {"Base": A}},
+        '{"a": 1, "b": 2}',
+    ),
+    (
+        {"properties": {"k": INT}, "anyOf": [{"$ref": "#/definitions/A"}], "definitions": {"A": A}},
+        '{"k": 1, "a": 2}',
+    ),
 ]
 
 
@@ -133,3 +142,16 @@ def test_a_trtllm_guide_carries_the_strict_reading() -> None:
     assert json.loads(text) == {**A, "additionalProperties": False}
     kept = {**A, "additionalProperties": True}
     assert json.loads(guide(json.dumps({"json": json.dumps(kept)}), "m")[1] or "") == kept
+
+
+def test_required_names_beside_patterns_are_left_to_the_grammar() -> None:
+    """Which names a client's `patternProperties` match is the grammar compiler's to
+    judge: matching them here would run the client's regular expressions on the server's
+    thread (a nested repetition takes hours)."""
+    from ge_serve.backends.llm.strictschema import close
+
+    schema = {"properties": {"a": INT}, "patternProperties": {"^(x+)+$": INT}}
+    schema["required"] = ["a", "x" * 40 + "!"]
+    close(schema)
+    assert schema["required"] == ["a", "x" * 40 + "!"]
+    assert schema["additionalProperties"] is False
