@@ -150,7 +150,7 @@ def test_required_names_beside_patterns_are_left_to_the_grammar() -> None:
     thread (a nested repetition takes hours)."""
     from ge_serve.backends.llm.strictschema import close
 
-    schema = {"properties": {"a": INT}, "patternProperties": {"^(x+)+$": INT}}
+    schema: dict[str, Any] = {"properties": {"a": INT}, "patternProperties": {"^(x+)+$": INT}}
     schema["required"] = ["a", "x" * 40 + "!"]
     close(schema)
     assert schema["required"] == ["a", "x" * 40 + "!"]
