@@ -230,6 +230,27 @@ def test_mistral_v11_calls_whole_and_streamed(
 
 
 @pytest.mark.parametrize(
+    ("after", "calls"),
+    [
+        ('get_weather[ARGS]{"city": "Oslo"}', [("get_weather", '{"city": "Oslo"}')]),
+        ('[{"name": "f", "arguments": {"a": 1}}]', [("f", '{"a": 1}')]),
+    ],
+)
+def test_spaces_after_the_mistral_tag_come_apart_from_the_call(
+    after: str, calls: list[tuple[str, str]]
+) -> None:
+    """Spaces after `[TOOL_CALLS]`, one a piece, then either format: the pieces are held
+    apart until the format shows, and the calls are the whole answer's."""
+    pieces = ["[TOOL_", "CALLS]", *([" "] * 50), "\n", "", *after]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in
+            parse("mistral", "".join(pieces))[1]] == calls  # fmt: skip
+    stream = Stream("mistral", 1 << 17)
+    deltas = [d for piece in pieces for d in stream.feed(piece)] + stream.finish()
+    assert _joined(deltas) == calls
+    assert not any(d.get("content") for d in deltas)
+
+
+@pytest.mark.parametrize(
     ("text", "mended"),
     [
         # ge-serve's rule, as for its other formats: no call (vLLM: a call of raw text).

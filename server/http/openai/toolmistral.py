@@ -233,6 +233,9 @@ class MistralCalls:
     def __init__(self, new_id: Callable[[], str]) -> None:
         self.new_id = new_id
         self.held = ""
+        # Spaces after `[TOOL_CALLS]` while nothing else has come: kept apart, so that a
+        # run of them costs its length, not a re-read of all held so far per piece.
+        self.spaces: list[str] | None = None
         self.reader: Calls | NamedCalls | None = None
         self._stopped = False
 
@@ -254,9 +257,17 @@ class MistralCalls:
         if self.stopped:
             return []
         if self.reader is None:
+            if self.spaces is not None:
+                if not text or text.isspace():
+                    self.spaces.append(text)
+                    return []
+                self.held += "".join(self.spaces)
+                self.spaces = None
             self.held += text
             if self.held.startswith(TAG):
                 named = is_named(self.held[len(TAG) :])
+                if named is None:
+                    self.spaces = []  # only spaces after the tag so far
             elif TAG.startswith(self.held):
                 named = None  # "[" opens an answer: it may be the tag's
             else:
