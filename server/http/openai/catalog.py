@@ -132,16 +132,7 @@ class Catalog:
         `model` where there are several, or none."""
         if name is not None:
             return name, self.generative(name)
-        found = []
-        # The ready models, as /v1/models lists them; the index of what is loaded, read
-        # without a repository scan, so this is cheap enough for a body's first checks.
-        for entry in sorted({e.name for e in self.core.lifecycle.index(True, ())}):
-            try:
-                model = self.core.model(entry)
-            except ServerError:  # unloaded since the index was read
-                continue
-            if is_generative(model):
-                found.append((entry, model))
+        found = [(entry, model) for entry, model in self.ready() if is_generative(model)]
         if len(found) == 1:
             return found[0]
         if not found:
@@ -164,18 +155,24 @@ class Catalog:
             raise model_not_found(name)
         return model, found
 
-    async def listing(self) -> list[dict[str, Any]]:
-        """OpenAI's model objects, one per ready model /v1 can serve, by name."""
-        names = sorted({entry.name for entry in await self.core.repository_index(True)})
+    def ready(self) -> list[tuple[str, ModelVersion]]:
+        """The ready models, by name: the index of what is loaded, read without a
+        repository scan, so cheap enough for a body's first checks."""
         found = []
-        for name in names:
+        for name in sorted({entry.name for entry in self.core.lifecycle.index(True, ())}):
             try:
-                model = self.core.model(name)
+                found.append((name, self.core.model(name)))
             except ServerError:  # unloaded since the index was read
                 continue
-            if is_generative(model) or embedder(model) is not None:
-                found.append(self.describe(name))
         return found
+
+    def listing(self) -> list[dict[str, Any]]:
+        """OpenAI's model objects, one per ready model /v1 can serve, by name."""
+        return [
+            self.describe(name)
+            for name, model in self.ready()
+            if is_generative(model) or embedder(model) is not None
+        ]
 
     def describe(self, name: str) -> dict[str, Any]:
         """OpenAI's model object, with vLLM's additions (its ModelCard): `root` (vLLM's

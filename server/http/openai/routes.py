@@ -149,11 +149,11 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         return Response(status_code=200 if front.core.live() else 503)
 
     async def list_models(request: Request) -> Response:
-        return _json({"object": "list", "data": await catalog.listing()})
+        return _json({"object": "list", "data": catalog.listing()})
 
     async def retrieve_model(request: Request) -> Response:
         name = str(request.path_params["model"])
-        if name not in {m["id"] for m in await catalog.listing()}:
+        if name not in {m["id"] for m in catalog.listing()}:
             raise model_not_found(name)
         return _json(catalog.describe(name))
 

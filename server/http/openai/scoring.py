@@ -27,7 +27,6 @@ import numpy as np
 from pydantic import Field, RootModel
 from starlette.requests import Request
 
-from ge_serve.server.errors import ServerError
 from ge_serve.server.inference.model import ModelVersion
 
 from . import fields
@@ -281,14 +280,7 @@ async def _named(catalog: Catalog, name: str | None) -> str:
     (vLLM's default, its one served model), else the missing parameter's 400."""
     if name is not None:
         return name
-    found = []
-    for entry in sorted({e.name for e in await catalog.core.repository_index(True)}):
-        try:
-            model = catalog.core.model(entry)
-        except ServerError:  # unloaded since the index was read, or not ready
-            continue
-        if embedder(model) is not None:
-            found.append(entry)
+    found = [entry for entry, model in catalog.ready() if embedder(model) is not None]
     if len(found) != 1:
         raise OpenAIError(
             f"Missing required parameter: 'model' ({len(found)} embedding models here)",

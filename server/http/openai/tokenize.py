@@ -33,7 +33,6 @@ from typing import Annotated, Any
 from pydantic import Field, RootModel
 
 from ge_serve.backends.base import TextGeneration, TextTokenizer
-from ge_serve.server.errors import ServerError
 
 from .catalog import Catalog, embedder, is_generative, text_generation
 from .errors import OpenAIError, model_not_found
@@ -109,11 +108,7 @@ async def named(catalog: Catalog, name: str | None) -> str:
     if name is not None:
         return name
     found = []
-    for entry in {e.name for e in await catalog.core.repository_index(True)}:
-        try:
-            model = catalog.core.model(entry)
-        except ServerError:  # unloaded since the index was read, or not ready
-            continue
+    for entry, model in catalog.ready():
         generation = text_generation(model) if is_generative(model) else None
         if generation is not None and generation.tokenizer is not None:
             found.append(entry)
