@@ -43,9 +43,8 @@ from .messages import ChatMessage
 from .objects import Answer
 from .prompts import MAX_PROMPTS, Prompt
 from .schemas import ChatCompletionRequest, ChatOptions, refuse_parts
-from .template import render_request
+from .template import RENDERED_ON_THE_LOOP, render_request
 from .text import (
-    RENDERED_ON_THE_LOOP,
     answer_prompts,
     chat_model,
     identity,

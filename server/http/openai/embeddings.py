@@ -54,7 +54,7 @@ from .catalog import Catalog, Embedder, text_generation
 from .choices import all_of
 from .embed_schemas import NO_CHAT_TEMPLATE, EmbeddingRequest, PooledBody
 from .errors import OpenAIError, from_server_error
-from .template import render
+from .template import RENDERED_ON_THE_LOOP, render
 
 # What an ensemble puts in front of a step's error (scheduler/ensemble.py), once per level.
 _ENSEMBLE_PREFIX = re.compile(r"^(?:in ensemble '[^']*', )+")
@@ -67,8 +67,6 @@ _EMBED_DTYPES: dict[str, Any] = {
     "fp8_e4m3": ml_dtypes.float8_e4m3fn,
     "fp8_e5m2": ml_dtypes.float8_e5m2,
 }
-# Conversations of more messages than this are rendered off the event loop's thread.
-_RENDERED_ON_THE_LOOP = 64
 Vectors = list[tuple[np.ndarray[Any, Any], int]]
 
 
@@ -136,7 +134,7 @@ async def vectors(
             for conversation in conversations
         ]
 
-    many = sum(len(c) for c in conversations) > _RENDERED_ON_THE_LOOP
+    many = sum(len(c) for c in conversations) > RENDERED_ON_THE_LOOP
     texts = await asyncio.to_thread(rendered) if many else rendered()
     params = [f"{name}[{i}]" if len(texts) > 1 else name for i in range(len(texts))]
     return await embed(catalog, model, embedder, texts, params)

@@ -67,6 +67,9 @@ from .schemas import ChatCompletionRequest
 log = logging.getLogger(__name__)
 
 CHAT_TEMPLATE_INVALID = "chat_template_invalid"
+# A template walks every message in Python (seconds for a million): conversations of more
+# messages than this are rendered off the event loop's thread.
+RENDERED_ON_THE_LOOP = 64
 # Where the message to continue ends; the space tells whether the template strips it.
 _MARK = "GE_SERVE_CONTINUE_FINAL_MESSAGE "
 # Where it begins: what a trimming template prints before an empty message is kept.

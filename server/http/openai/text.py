@@ -48,11 +48,9 @@ from .logprobs import Logprobs
 from .objects import Answer
 from .prompts import IDS_INLINE, THREADED, Prompt, check_fit, echo_texts
 from .schemas import ChatCompletionRequest, ChatOptions, CompletionRequest, Sampling
-from .template import render_request, variables
+from .template import RENDERED_ON_THE_LOOP, render_request, variables
 from .tools import plan, template_tools
 
-# Conversations longer than this are rendered off the event loop's thread.
-RENDERED_ON_THE_LOOP = 64
 # vLLM's names of the APIs, in its words for a server without a generative model.
 CHAT_API = "Chat Completions API"
 
