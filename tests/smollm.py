@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
+import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -102,6 +104,21 @@ def real_model(tmp_path_factory: pytest.TempPathFactory) -> RealModel:
         folder = build_module().build(repo, "smollm", model=model)
         _REAL_MODELS[key] = RealModel(folder, model)
     return _REAL_MODELS[key]
+
+
+def real_model_folder(tmp_path_factory: pytest.TempPathFactory, max_model_len: int) -> Path:
+    """A repository folder holding the session's real model (real_model) under its own
+    config.pbtxt for `max_model_len`; version 1's files are hard links to the built ones,
+    so each module that serves SmolLM2 costs no second read of the GGUF and no second
+    write of its 500 MB graph. The folder is the test's own: it may append to config.pbtxt.
+    Call require_gguf() first."""
+    built = real_model(tmp_path_factory)
+    folder = tmp_path_factory.mktemp("smollm-repo") / built.folder.name
+    shutil.copytree(built.folder, folder, copy_function=os.link)
+    (folder / "config.pbtxt").unlink()
+    config = build_module().config_pbtxt(folder.name, built.gguf.tokenizer, max_model_len)
+    (folder / "config.pbtxt").write_text(config, encoding="utf-8")
+    return folder
 
 
 def tiny_config(**overrides: Any) -> Any:

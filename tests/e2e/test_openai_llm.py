@@ -454,12 +454,10 @@ def test_a_bad_schema_is_400(server: ServerProcess) -> None:
 
 @pytest.fixture(scope="module")
 def smollm_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from smollm import build_module, require_gguf
+    from smollm import real_model_folder, require_gguf
 
     require_gguf()
-    repo: Path = tmp_path_factory.mktemp("smollm")
-    folder: Path = build_module().build(repo, "smollm", max_model_len=1024)
-    return folder
+    return real_model_folder(tmp_path_factory, max_model_len=1024)
 
 
 @pytest.fixture(scope="module")

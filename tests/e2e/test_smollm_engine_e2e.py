@@ -55,14 +55,13 @@ class Built:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     smollm.require_gguf()
-    repo = tmp_path_factory.mktemp("smollm")
-    folder = smollm.build_module().build(repo, MODEL, max_model_len=512)
+    folder = smollm.real_model_folder(tmp_path_factory, max_model_len=512)
     with (folder / "config.pbtxt").open("a", encoding="utf-8") as config:
         config.write(
             'parameters { key: "kv_cache_blocks" value: { string_value: "128" } }\n'
             'parameters { key: "max_num_seqs" value: { string_value: "16" } }\n'
         )
-    return Built(folder, smollm.gguf_model().read_gguf())
+    return Built(folder, smollm.real_model(tmp_path_factory).gguf)
 
 
 @pytest.fixture(scope="module")
