@@ -42,7 +42,7 @@ from ge_serve.backends.llm.structured import (
 )
 from ge_serve.server.errors import ErrorCode, SchedulerClosed, ServerError, invalid_arg
 
-from .genplan import Limits, StepPlan, plan_step
+from .genplan import Limits, StepPlan, enqueue, plan_step
 from .genrequest import long_prompt, read_sequence
 from .genseq import Sequence
 from .genstats import GenerationStats, RequestTimes, RequestTokens
@@ -65,6 +65,7 @@ class GenerationScheduler:
             max_num_batched_tokens=settings.max_num_batched_tokens,
             batching=settings.batching,
             prefix_caching=settings.enable_prefix_caching,
+            priority=settings.scheduling_policy == "priority",
         )
         self.generation_stats = GenerationStats.for_engine(
             settings.kv_cache_blocks, settings.max_model_len
@@ -227,7 +228,7 @@ class GenerationScheduler:
                 self._wake.wait()
             if self._stopping:
                 return False
-            self._waiting.extend(self._inbox)
+            enqueue(self._waiting, self._inbox, self._limits)
             self._inbox.clear()
         self._drop_cancelled()
         allocator = self._model.runner.pool.allocator
@@ -438,7 +439,7 @@ class GenerationScheduler:
             reason = "length"
         if reason is None:
             if seq.stream:  # every token, its text held back or not, as vLLM's outputs
-                seq.sink.send(seq.response(delta, False, self._new_ids(seq)), None, False)
+                seq.sink.send(seq.response(delta, False, seq.new_ids()), None, False)
             elif delta:
                 seq.answer.append(delta)
             return
@@ -472,7 +473,7 @@ class GenerationScheduler:
         text = delta if seq.stream else seq.echo + "".join(seq.answer) + delta
         found = stop if stop is not None or reason != "stop" else seq.stops.matched
         extra = None if found is None else {"stop_reason": found}
-        seq.sink.send(seq.response(text, True, self._new_ids(seq)), None, True, extra)
+        seq.sink.send(seq.response(text, True, seq.new_ids()), None, True, extra)
         first = seq.first_token_s if seq.first_token_s is not None else seq.last_token_s
         self.generation_stats.request_finished(
             reason,
@@ -480,13 +481,6 @@ class GenerationScheduler:
             RequestTokens(seq.prompt_len, seq.generated, seq.max_tokens, seq.preemptions),
         )
         seq.on_done()
-
-    @staticmethod
-    def _new_ids(seq: Sequence) -> list[int]:
-        """The generated tokens not sent yet (all of them for a non-streamed answer)."""
-        start = seq.prompt_len + seq.sent_ids
-        seq.sent_ids = seq.generated
-        return seq.tokens[start:]
 
     def _leave(self, seq: Sequence) -> None:
         if seq in self._running:

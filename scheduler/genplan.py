@@ -19,13 +19,20 @@ going, and the preempted one goes back to the front of the queue. A sequence alo
 fits (the load checks that the pool holds max_model_len), so the oldest sequence always
 progresses: never an out-of-memory failure, never a lost request.
 
+That is vLLM's `fcfs` policy. Under `priority` (Limits.priority) the waiting queue is kept
+ordered by `rank` (the request's priority, lower first, then arrival), new and preempted
+sequences alike, and the victim is the running sequence of the largest rank (vLLM's
+`max(running, key=(priority, arrival))`), which may be the one that needs the block.
+
 With prefix caching, an admitted sequence first shares the held blocks that already hold
 its prompt's first full blocks, and prefills from there.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ge_serve.backends.llm.kvcache import BlockAllocator, blocks_for
@@ -41,6 +48,8 @@ class Limits:
     batching: str
     # Share the full blocks of a held prefix with a new sequence (kvcache.py).
     prefix_caching: bool = False
+    # vLLM's scheduling policy "priority" (else "fcfs"): see the module's docstring.
+    priority: bool = False
 
 
 @dataclass(slots=True)
@@ -61,13 +70,13 @@ def plan_step(
 ) -> StepPlan:
     """Decide this iteration, taking and freeing blocks as decided. `running` (ordered
     oldest first) and `waiting` are updated in place: preempted sequences move from
-    running to the front of waiting, admitted ones from waiting to running."""
+    running to waiting (its front, or by rank under `priority`), admitted ones from
+    waiting to running."""
     plan = StepPlan()
-    size = limits.block_size
     for seq in list(running):
         if seq.remaining != 1 or seq not in running:
             continue
-        if _grow(seq, seq.computed + 1, running, waiting, allocator, size, plan):
+        if _grow(seq, seq.computed + 1, running, waiting, allocator, limits, plan):
             plan.decode.append(seq)
     budget = limits.max_num_batched_tokens
     q = 0
@@ -75,10 +84,11 @@ def plan_step(
         if seq.remaining <= 1 or seq not in running:
             continue
         chunk = _chunk(seq, len(plan.prefill), q, budget)
-        if chunk and _grow(seq, seq.computed + chunk, running, waiting, allocator, size, plan):
+        if chunk and _grow(seq, seq.computed + chunk, running, waiting, allocator, limits, plan):
             plan.prefill.append((seq, chunk))
             q = max(q, chunk)
     started_empty = not running
+    size = limits.block_size
     # Blocks the running sequences' prompts still need, to the end of their prefill
     # (counted only when a sequence waits: most steps have none).
     promised = (
@@ -117,6 +127,21 @@ def plan_step(
     return plan
 
 
+def rank(seq: Sequence) -> tuple[int, float, int]:
+    """A sequence's place under the `priority` policy, lowest first: vLLM's Request order
+    (priority, then arrival; the serial, for arrivals at the same instant)."""
+    return seq.params.priority, seq.arrival_s, seq.serial
+
+
+def enqueue(waiting: deque[Sequence], new: Iterable[Sequence], limits: Limits) -> None:
+    """New sequences into the waiting queue: at its end, or by rank under `priority`."""
+    if not limits.priority:
+        waiting.extend(new)
+        return
+    for seq in new:
+        bisect.insort(waiting, seq, key=rank)
+
+
 def _may_admit(limits: Limits, running: int, started_empty: bool) -> bool:
     if limits.batching == "none":
         return running == 0
@@ -142,19 +167,20 @@ def _grow(
     running: list[Sequence],
     waiting: deque[Sequence],
     allocator: BlockAllocator,
-    size: int,
+    limits: Limits,
     plan: StepPlan,
 ) -> bool:
-    """Give `seq` blocks for `tokens` tokens, preempting the newest running sequences
-    while none are free; False when `seq` itself was preempted."""
-    more = blocks_for(tokens, size) - len(seq.blocks)
+    """Give `seq` blocks for `tokens` tokens, preempting the newest (under `priority`, the
+    largest-ranked) running sequences while none are free; False when `seq` itself was
+    preempted."""
+    more = blocks_for(tokens, limits.block_size) - len(seq.blocks)
     while True:
         taken = allocator.allocate(more)
         if taken is not None:
             seq.blocks.extend(taken)
             return True
-        victim = running[-1]
-        preempt(victim, running, waiting, allocator, plan)
+        victim = max(running, key=rank) if limits.priority else running[-1]
+        preempt(victim, running, waiting, allocator, plan, limits.priority)
         if victim is seq:
             return False
 
@@ -165,12 +191,18 @@ def preempt(
     waiting: deque[Sequence],
     allocator: BlockAllocator,
     plan: StepPlan,
+    ranked: bool = False,
 ) -> None:
+    """Free `seq`'s blocks and put it back in the queue: at its front, or by rank where
+    `ranked` (the `priority` policy)."""
     running.remove(seq)
     allocator.release(seq.blocks)
     seq.computed = 0
     seq.preemptions += 1
-    waiting.appendleft(seq)
+    if ranked:
+        bisect.insort(waiting, seq, key=rank)
+    else:
+        waiting.appendleft(seq)
     plan.preempted.append(seq)
     if seq in plan.decode:
         plan.decode.remove(seq)

@@ -103,6 +103,13 @@ class Sequence:
     def generated(self) -> int:
         return len(self.tokens) - self.prompt_len
 
+    def new_ids(self) -> list[int]:
+        """The generated tokens not sent yet (all of them for a non-streamed answer), now
+        counted as sent."""
+        start = self.prompt_len + self.sent_ids
+        self.sent_ids = self.generated
+        return self.tokens[start:]
+
     def response(self, text: str, final: bool, ids: list[int]) -> dict[str, Any]:
         """One response's outputs, as Triton's vLLM backend makes them: the text (a delta
         when streaming), the prompt's token count, the count of the tokens `ids` behind

@@ -94,6 +94,9 @@ class SamplingParams:
     # ge-serve's `structured_outputs_after`: the grammar waits until the answer's text
     # has written this (a thinking model's `</think>`); None: it applies from the start.
     structured_after: str | None = None
+    # vLLM's request priority (lower first), which `scheduling_policy` "priority" orders
+    # the waiting queue by; "fcfs" ignores it.
+    priority: int = 0
 
     @property
     def greedy(self) -> bool:
@@ -129,6 +132,12 @@ _BOOLS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
 # know the end of the thoughts from their --reasoning-parser; the engine does not).
 AFTER = "structured_outputs_after"
 MAX_AFTER_CHARS = 256
+# vLLM's request priority (not one of its SamplingParams: its generate() takes it beside
+# them), taken in `sampling_parameters` only: a request parameter `priority` is Triton's
+# (types.py reads it as the request's priority level).
+PRIORITY = "priority"
+# vLLM's bounds of it on /v1: a signed 64-bit integer.
+PRIORITY_BOUNDS = (-(2**63), 2**63 - 1)
 # vLLM keys accepted only at their neutral value (the feature is not implemented).
 _NEUTRAL: dict[str, Any] = {
     "n": 1,
@@ -176,11 +185,10 @@ def sampling_params(
             raise SamplingError(f"sampling_parameters is not valid JSON: {exc}") from None
         if not isinstance(doc, dict):
             raise SamplingError("sampling_parameters must be a JSON object")
-        unknown = sorted(set(doc) - KNOWN_KEYS)
+        unknown = sorted(set(doc) - KNOWN_KEYS - {PRIORITY})
         if unknown:
-            raise SamplingError(
-                f"sampling_parameters: unknown key(s) {unknown}; known: {sorted(KNOWN_KEYS)}"
-            )
+            known = sorted((*KNOWN_KEYS, PRIORITY))
+            raise SamplingError(f"sampling_parameters: unknown key(s) {unknown}; known: {known}")
         values.update(doc)
     if max_tokens is not None:
         values["max_tokens"] = max_tokens
@@ -265,7 +273,17 @@ def _validated(values: dict[str, Any]) -> SamplingParams:
         if "structured" not in out:
             raise SamplingError(f"{AFTER} is given without structured_outputs")
         out["structured_after"] = after
+    if values.get(PRIORITY) is not None:
+        out["priority"] = _priority(values[PRIORITY])
     return SamplingParams(**out)
+
+
+def _priority(value: Any) -> int:
+    found = _int(PRIORITY, value)
+    low, high = PRIORITY_BOUNDS
+    if not low <= found <= high:
+        raise SamplingError(f"{PRIORITY} must be a signed 64-bit integer, got {found}")
+    return found
 
 
 def _processors(values: dict[str, Any], out: dict[str, Any]) -> None:

@@ -17,6 +17,9 @@ from ..paths import resolve_inside
 from ..text_bool import parse_bool
 
 BATCHING_MODES = ("iteration", "request", "none")
+# vLLM's --scheduling-policy: `fcfs` (arrival order; a request's priority is ignored) or
+# `priority` (the waiting queue by (priority, arrival), lowest first; scheduler/genplan.py).
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 # Engine parameters and their defaults (strings, as config.pbtxt carries them).
 DEFAULTS: dict[str, str] = {
@@ -32,6 +35,7 @@ DEFAULTS: dict[str, str] = {
     "max_num_seqs": "32",
     "max_num_batched_tokens": "256",
     "batching": "iteration",
+    "scheduling_policy": "fcfs",
     "enable_prefix_caching": "true",
     "intra_op_thread_count": "0",
     "default_max_tokens": "256",
@@ -102,6 +106,8 @@ class EngineSettings:
     enable_prefix_caching: bool = True
     # vLLM's --max-logprobs: the most `logprobs` a request may ask (-1: the vocabulary).
     max_logprobs: int = 20
+    # vLLM's --scheduling-policy (SCHEDULING_POLICIES).
+    scheduling_policy: str = "fcfs"
 
     @property
     def blocks_per_sequence(self) -> int:
@@ -154,6 +160,7 @@ def parse_settings(
         placement=raw["placement"],
         enable_prefix_caching=_flag(raw, "enable_prefix_caching"),
         max_logprobs=_integer(raw, "max_logprobs", -1),
+        scheduling_policy=raw["scheduling_policy"],
     )
     settings = _with_gears(settings, raw)
     _check(settings)
@@ -218,6 +225,11 @@ def _check(settings: EngineSettings) -> None:
     if settings.batching not in BATCHING_MODES:
         raise ValueError(
             f"parameter batching: {settings.batching!r} is not one of {', '.join(BATCHING_MODES)}"
+        )
+    if settings.scheduling_policy not in SCHEDULING_POLICIES:
+        raise ValueError(
+            f"parameter scheduling_policy: {settings.scheduling_policy!r} is not one of "
+            f"{', '.join(SCHEDULING_POLICIES)}"
         )
     if settings.defaults.top_p <= 0:
         raise ValueError("parameter default_top_p must be in (0, 1]")

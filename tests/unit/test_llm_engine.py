@@ -484,6 +484,9 @@ def test_top_p_keeps_the_smallest_nucleus_over_a_large_flat_vocabulary() -> None
     [
         ({"kv_cache_blocks": "4"}, "cannot hold one sequence"),
         ({"batching": "sometimes"}, "batching"),
+        # vLLM's --scheduling-policy: its two values, nothing else.
+        ({"scheduling_policy": "priority"}, None),
+        ({"scheduling_policy": "lifo"}, "scheduling_policy: 'lifo' is not one of fcfs, priority"),
         ({"kv_block_size": "16"}, None),  # the graph's block dim is symbolic: any size goes
         ({"max_model_len": "x"}, "not an integer"),
         ({"tokenizer": "../../etc/passwd"}, "inside the model folder"),
