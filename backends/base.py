@@ -238,6 +238,9 @@ class TextGeneration:
     # `structured_outputs_after` (a grammar that waits for a thinking model's `</think>`);
     # another model's (vLLM's SamplingParams(**params)) would fail on it.
     structured_after: bool = False
+    # Its `sampling_parameters` take the `llm` engine's key `priority` (vLLM's request
+    # priority, which vLLM's generate() takes beside its SamplingParams), likewise.
+    priority: bool = False
 
 
 @dataclass(slots=True)

@@ -35,6 +35,16 @@ async def openai_client(
     """A client of the HTTP front end over `repo` with `models` loaded (each must load);
     the models are unloaded and the Python workers ended after. `tools`: the server's
     /v1 parsers (--tool-call-parser, --reasoning-parser)."""
+    async with openai_app(repo, models, tools) as (client, _):
+        yield client
+
+
+@contextlib.asynccontextmanager
+async def openai_app(
+    repo: Path, models: Iterable[str], tools: ToolSettings | None = None
+) -> AsyncIterator[tuple[httpx.AsyncClient, InferenceServer]]:
+    """`openai_client`'s client with the core behind it (for a test that reaches a loaded
+    model's scheduler)."""
     python = PythonBackend()
     lifecycle = ModelLifecycle(
         ModelRepository([repo]),
@@ -52,7 +62,7 @@ async def openai_client(
         front = HttpFrontEnd(core, settings)
         transport = httpx.ASGITransport(app=front.build())
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield client
+            yield client, core
     finally:
         await lifecycle.close()
         python.close()

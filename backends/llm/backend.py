@@ -184,6 +184,7 @@ class LlmBackend:
                 max_model_len=settings.max_model_len,
                 tokenizer=tokenizer,
                 structured_after=True,
+                priority=True,
             ),
         )
 

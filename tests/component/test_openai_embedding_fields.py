@@ -104,7 +104,6 @@ async def test_a_bad_value_is_400_naming_the_field(
         # it (`embedder`'s and the MiniLM ensemble's, normalised).
         ("add_special_tokens", False, True),
         ("use_activation", False, True),
-        ("priority", 1, 0),
     ],
 )
 async def test_fields_not_served_are_refused_by_name(
@@ -116,6 +115,12 @@ async def test_fields_not_served_are_refused_by_name(
     assert param in found["message"]
     # vLLM's default changes nothing, and is accepted.
     assert await embedding(http, **{param: default}) == await embedding(http)
+
+
+async def test_a_priority_is_accepted_and_changes_nothing(http: httpx.AsyncClient) -> None:
+    # vLLM's pooling requests take it; no engine queue orders them here (as vLLM's fcfs).
+    assert await embedding(http, priority=-(2**63)) == await embedding(http)
+    assert await embedding(http, priority=5) == await embedding(http)
 
 
 @pytest.mark.parametrize("value", [False, True, None])

@@ -224,6 +224,20 @@ async def test_use_activation_does_not_change_a_cosine(http: httpx.AsyncClient) 
         assert scores(answer) == pytest.approx([0.6], abs=1e-6)
 
 
+@pytest.mark.parametrize("path", ["/score", "/rerank"])
+async def test_a_priority_is_accepted_and_changes_nothing(
+    http: httpx.AsyncClient, path: str
+) -> None:
+    # vLLM's scoring requests take it; no engine queue orders them here (as vLLM's fcfs).
+    body = {"query": QUERY, "queries": QUERY, "documents": [NEAR]}
+    plain = await post(http, path, **body)
+    for value in (5, -(2**63)):
+        answer = await post(http, path, **body, priority=value)
+        assert answer["usage"] == plain["usage"]
+        assert answer.get("data") == plain.get("data")
+        assert answer.get("results") == plain.get("results")
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
@@ -235,7 +249,6 @@ async def test_use_activation_does_not_change_a_cosine(http: httpx.AsyncClient) 
         ("max_tokens_per_query", 3),
         ("max_tokens_per_doc", 3),
         ("chat_template_kwargs", {"instruction": "Judge relevance"}),
-        ("priority", 1),
     ],
 )
 @pytest.mark.parametrize("path", ["/score", "/rerank"])
@@ -247,7 +260,7 @@ async def test_fields_the_model_cannot_serve_are_refused_by_name(
     assert found["code"] == "unsupported_parameter" and found["param"] == field
     assert field in found["message"]
     # Their defaults change nothing.
-    defaults = {"max_tokens_per_query": 0, "chat_template_kwargs": {}, "priority": 0}
+    defaults = {"max_tokens_per_query": 0, "chat_template_kwargs": {}}
     if field in defaults:
         body[field] = defaults[field]
         assert (await http.post(path, json=body)).status_code == 200

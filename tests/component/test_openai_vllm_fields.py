@@ -162,7 +162,6 @@ async def test_chat_template_kwargs_that_clash_are_refused(
         ("chat_template", "{{ messages[0].content }}", None),
         ("add_special_tokens", True, False),
         ("return_token_ids", True, False),
-        ("priority", 1, 0),
         ("vllm_xargs", {"a": 1}, {}),
         ("thinking_token_budget", 10, -1),
     ],
@@ -175,6 +174,18 @@ async def test_vllm_fields_not_served_are_refused_by_name(
     assert (found["param"], found["code"]) == (param, "unsupported_parameter")
     # vLLM's default changes nothing, and is accepted.
     assert (await answer(http, **{param: default})) == await answer(http)
+
+
+async def test_a_priority_is_served_and_only_the_llm_engine_is_sent_it(
+    http: httpx.AsyncClient,
+) -> None:
+    # A Python model (Triton's vLLM backend's interface builds vLLM's SamplingParams from
+    # its `sampling_parameters`) has no queue ordered by it: left out, as fcfs ignores it.
+    body = {"model": "textgen", "prompt": "SHOW_PARAMS", "priority": -4, "top_k": 5}
+    found = await http.post("/v1/completions", json=body, headers={"X-Vllm-Priority": "9"})
+    assert found.status_code == 200, found.text
+    sent = json.loads(found.json()["choices"][0]["text"])
+    assert sent["sampling"] == {"top_k": 5, "max_tokens": 16}
 
 
 async def test_echo_puts_the_last_message_before_the_answer(http: httpx.AsyncClient) -> None:

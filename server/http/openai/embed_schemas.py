@@ -92,6 +92,7 @@ class PooledBody(Body):
     padding: Literal["max_length", "do_not_pad"] | None = None
     add_special_tokens: bool | None = None
     use_activation: bool | None = None
+    # Accepted and ignored: no engine queue to order (vLLM's `fcfs` ignores it too).
     priority: int | None = Field(None, ge=fields.INT64_MIN, le=fields.INT64_MAX)
     # vLLM's chat options (the chat forms only).
     add_generation_prompt: bool = False

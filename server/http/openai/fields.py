@@ -11,7 +11,7 @@ from typing import Any
 
 from .errors import OpenAIError, unsupported
 
-# vLLM's bounds of a seed (and of a pooling request's priority): a signed 64-bit integer.
+# vLLM's bounds of a seed and of a request's priority: a signed 64-bit integer.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 # The most choices one request may ask for: OpenAI's bound. vLLM's (VLLM_MAX_N_SEQUENCES,
@@ -58,7 +58,6 @@ NEVER_SERVED = {
 # change nothing (vLLM's defaults; None: not given).
 DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
     "watermarking": (None, False),
-    "priority": (None, 0),
     "thinking_token_budget": (None, -1),
     "vllm_xargs": (None, {}),
 }
@@ -82,7 +81,6 @@ EMBEDDING_NEVER_SERVED = {
 EMBEDDING_DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
     "add_special_tokens": (None, True),
     "use_activation": (None, True),
-    "priority": (None, 0),
 }
 # vLLM's words for `normalize`, which it removed (a `false` would pass unnoticed).
 REMOVED_NORMALIZE = "Parameter `normalize` was removed; use `use_activation` instead."

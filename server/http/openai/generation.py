@@ -15,7 +15,10 @@ them to its vLLM and TensorRT-LLM backends:
   one element of the input's datatype, or a list for `stop`, `stop_token_ids`...;
 - structured outputs (response_format, `structured_outputs`, a named or "required"
   tool_choice) also in TensorRT-LLM's `guided_decoding_guide_type` and
-  `guided_decoding_guide` inputs (guided.py), as Triton's frontend sends a tool's schema.
+  `guided_decoding_guide` inputs (guided.py), as Triton's frontend sends a tool's schema;
+- vLLM's request `priority` (not 0) in an `llm` model's `sampling_parameters`, whose
+  engine orders its queue by it; any other model has no such queue, and it is left out,
+  as vLLM's default policy (`fcfs`) ignores it.
 
 A parameter the client set that reaches the model neither way is a 400 naming it, never
 silently dropped; only a value that changes nothing (`presence_penalty: 0`,
@@ -72,6 +75,8 @@ PROMPT_LOGPROBS = "prompt_logprobs"
 RETURN_PROMPT_LOGPROBS = "return_prompt_logprobs"
 # Asked where /v1 reads the generated ids (`return_token_ids`, thought counts).
 RETURN_OUTPUT_IDS = "return_output_ids"
+# vLLM's request priority (text.add_priority), for the `llm` engine only.
+PRIORITY = "priority"
 
 
 def takes_constraints(inputs: Mapping[str, TensorSpec]) -> bool:
@@ -239,6 +244,10 @@ def build_request(
     document: dict[str, Any] = {}
     sent: set[str] = set()
     values = dict(given)
+    if values.pop(PRIORITY, 0) and _ranks(model):
+        # Any other model has no queue ordered by it: ignored, as vLLM's `fcfs` ignores it.
+        document[PRIORITY] = given[PRIORITY]
+        sent.add(PRIORITY)
     defaulted = MAX_TOKENS not in values and default_max_tokens is not None
     if defaulted:
         values[MAX_TOKENS] = default_max_tokens
@@ -280,6 +289,12 @@ def after_thoughts(model: ModelVersion, field: str) -> None:
             f"whose '{SAMPLING}' the server tells to constrain the answer after its thoughts "
             f"('{AFTER}'): the model '{model.name}' is not one",
         )
+
+
+def _ranks(model: ModelVersion) -> bool:
+    """Whether the model's `sampling_parameters` take the `llm` engine's `priority`."""
+    generation = model.loaded.text_generation
+    return SAMPLING in model.inputs and generation is not None and generation.priority
 
 
 def ids_array(model: ModelVersion, ids: list[int]) -> Array:

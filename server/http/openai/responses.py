@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from . import fields
 from .errors import OpenAIError, unsupported
 from .messages import Body
 from .schemas import ChatCompletionRequest, parse
@@ -148,7 +149,7 @@ class ResponsesRequest(Body):
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     request_id: str | None = None
-    priority: int | None = None
+    priority: int | None = Field(None, ge=fields.INT64_MIN, le=fields.INT64_MAX)
     vllm_xargs: dict[str, Any] | None = None
     thinking_token_budget: int | None = None
     # Not served: refused by name where given (`refuse_unsupported`).

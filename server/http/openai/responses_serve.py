@@ -47,7 +47,7 @@ from .responses_stream import Events
 from .structured import AFTER
 from .structured import KEY as STRUCTURED
 from .template import variables
-from .text import chat_prompt, check_limit, no_chat_template, request_id
+from .text import add_priority, chat_prompt, check_limit, no_chat_template, request_id
 from .textstream import SSE_HEADERS
 from .tokenids import Thoughts
 from .tools import ToolStream, ToolUse, plan, template_tools
@@ -78,6 +78,7 @@ async def create(catalog: Catalog, request: Request, body: ResponsesRequest) -> 
         raise renamed(exc) from None
     stream = bool(body.stream)
     given = chat.sampling()
+    add_priority(request, given, chat.priority)
     thinking = None
     if catalog.tools.reasoning_parser:
         field = _constrained(body, chosen, given)

@@ -119,7 +119,8 @@ class Sampling(Body):
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
     watermarking: bool | None = None
-    priority: int | None = None
+    # vLLM's request priority (text.add_priority): the `llm` engine's queue order.
+    priority: int | None = Field(None, ge=fields.INT64_MIN, le=fields.INT64_MAX)
     thinking_token_budget: int | None = None
     vllm_xargs: dict[str, Any] | None = None
     # vLLM's: the answer's id is the API's prefix and this.

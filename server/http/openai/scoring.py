@@ -57,7 +57,6 @@ DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
     "max_tokens_per_query": (None, 0),
     "max_tokens_per_doc": (None, 0),
     "chat_template_kwargs": (None, {}),
-    "priority": (None, 0),
 }
 
 
@@ -73,6 +72,7 @@ class _Scoring(Body):
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
     truncation_side: Literal["left", "right"] | None = None
     padding: Literal["max_length", "do_not_pad"] | None = None
+    # Accepted and ignored: no engine queue to order (vLLM's `fcfs` ignores it too).
     priority: int | None = Field(None, ge=fields.INT64_MIN, le=fields.INT64_MAX)
     max_tokens_per_query: int | None = Field(None, ge=0)
     max_tokens_per_doc: int | None = Field(None, ge=0)

@@ -18,6 +18,7 @@ prompt p's choice i is index p * n + i, as vLLM's; so does a batch of conversati
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import orjson
@@ -29,11 +30,12 @@ from ge_serve.server.inference.model import ModelVersion
 from ge_serve.server.inference.types import InferRequest
 
 from ..disconnects import until_disconnect
-from . import reasoning, structured, textstream, tokenids
+from . import fields, reasoning, structured, textstream, tokenids
 from .catalog import Catalog, text_generation
 from .choices import all_of, seeded
 from .errors import CONTEXT_LENGTH_EXCEEDED, OpenAIError
 from .generation import (
+    PRIORITY,
     Array,
     Params,
     Usage,
@@ -53,6 +55,8 @@ from .tools import plan, template_tools
 
 # vLLM's names of the APIs, in its words for a server without a generative model.
 CHAT_API = "Chat Completions API"
+# vLLM's header whose integer value overrides the body's `priority`.
+PRIORITY_HEADER = "X-Vllm-Priority"
 
 
 async def chat_completion(
@@ -218,6 +222,25 @@ def request_id(request: Request, given: str | None) -> str:
     return request.headers.get("x-request-id") or given or ""
 
 
+def add_priority(request: Request, given: dict[str, Any], body: int | None) -> None:
+    """vLLM's request priority into `given` (the sampling keys; the `llm` engine reads
+    it there, build_request): the `X-Vllm-Priority` header where it reads as an integer
+    (vLLM's _get_priority), else the body's; left out at 0, the default."""
+    found = request.headers.get(PRIORITY_HEADER)
+    value = body
+    if found is not None:
+        with contextlib.suppress(ValueError):
+            value = int(found)
+        if value is not None and not fields.INT64_MIN <= value <= fields.INT64_MAX:
+            # The body's bound (a 400 there too); vLLM would take any integer.
+            raise OpenAIError(
+                f"The {PRIORITY_HEADER} header must be a signed 64-bit integer, got {found}",
+                param="priority",
+            )
+    if value:
+        given[PRIORITY] = value
+
+
 def check_limit(limit: int | None, max_model_len: int, param: str = "max_tokens") -> None:
     """The client's token limit, `param` (a default it did not set is the model's to
     refuse)."""
@@ -251,6 +274,7 @@ async def answer_prompts(
         answer.token_ids, answer.prompt_ids = True, ids[0]
     stream = bool(body.stream)
     given = body.sampling()
+    add_priority(request, given, body.priority)
     n = body.n or 1
     tags = (answer if heads is None else heads[0]).tags
     reads_ids = answer.token_ids or (tags is not None and tags.counted)
