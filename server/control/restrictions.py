@@ -88,6 +88,8 @@ _HTTP_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"(?:/openai)?/v1/(?:chat/completions(?:/batch)?|completions|embeddings)", "inference"),
         # The Responses API, and vLLM's retrieve and cancel of a stored response.
         (r"(?:/openai)?/v1/responses(?:/[^/]+(?:/cancel)?)?", "inference"),
+        # Anthropic's Messages API, on the chat path: chat's category.
+        (r"(?:/openai)?/v1/messages(?:/count_tokens)?", "inference"),
         # vLLM's tokenizer routes: a model's work, as its inference is.
         (r"/(?:tokenize|detokenize|tokenizer_info)", "inference"),
         # vLLM's scoring routes (also under /openai/v1, as every /v1 route), and its

@@ -43,7 +43,13 @@ from .drain import RefuseWhileDraining
 from .errors import error_response
 from .infer import Encoded, InferEndpoint, InferShortcut, guard
 from .openai import routes as openai_routes
-from .openai.errors import KSERVE_PREFIX, OPENAI_PREFIX, OpenAIError, is_openai_path
+from .openai.errors import (
+    KSERVE_PREFIX,
+    OPENAI_PREFIX,
+    OpenAIError,
+    is_anthropic_path,
+    is_openai_path,
+)
 from .openai.tools import ToolSettings
 from .openapi import ApiRoute, Body
 from .responses import json_response
@@ -206,7 +212,8 @@ class HttpFrontEnd:
             else:
                 message = str(exc.detail)
             if is_openai_path(request.url.path):
-                return OpenAIError(message, status=exc.status_code).response()
+                anthropic = is_anthropic_path(request.url.path)
+                return OpenAIError(message, status=exc.status_code).response(anthropic)
             return error_response(exc.status_code, message)
 
         app.add_exception_handler(StarletteHTTPException, http_error)

@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..control.stopping import DrainGate
 from ..errors import shutting_down
-from .openai.errors import SERVER_ERROR, OpenAIError, is_openai_path
+from .openai.errors import SERVER_ERROR, OpenAIError, is_anthropic_path, is_openai_path
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,10 @@ class RefuseWhileDraining:
         self.gate.refused()
         message = shutting_down().message
         if is_openai_path(scope["path"]):
-            body = orjson.dumps(OpenAIError(message, status=503, kind=SERVER_ERROR).body())
+            refusal = OpenAIError(message, status=503, kind=SERVER_ERROR)
+            path = scope["path"]
+            found = refusal.anthropic_body() if is_anthropic_path(path) else refusal.body()
+            body = orjson.dumps(found)
         else:
             body = orjson.dumps({"error": message})
         await send(

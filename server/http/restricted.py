@@ -8,13 +8,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ge_serve.server.control.restrictions import RestrictedApis, http_category, http_refusal_message
 
 from .errors import error_response
-from .openai.errors import OpenAIError, is_openai_path
+from .openai.errors import OpenAIError, is_anthropic_path, is_openai_path
 
 
 class RestrictedApiMiddleware:
     """403 `{"error": "This API is restricted, expecting header '<h>'"}`, as Triton; on /v1
     (and vLLM's /tokenize and /detokenize), 401 with OpenAI's error object, as Triton's
-    OpenAI front end (and OpenAI's own API, whose clients raise AuthenticationError).
+    OpenAI front end (and OpenAI's own API, whose clients raise AuthenticationError); on
+    /v1/messages, Anthropic's error object (`authentication_error`).
 
     Installed only when some category is restricted, so unrestricted servers pay nothing.
     """
@@ -35,7 +36,7 @@ class RestrictedApiMiddleware:
                         status=401,
                         kind="authentication_error",
                         code="invalid_auth",
-                    ).response()
+                    ).response(is_anthropic_path(scope["path"]))
                 else:
                     response = error_response(403, message)
                 await response(scope, receive, send)

@@ -161,3 +161,28 @@ async def test_vllms_health_route_is_in_the_health_category(lifecycle: ModelLife
     async with client(InferenceServer(lifecycle), restricted_api=rules) as http:
         assert (await http.get("/health")).status_code == 403
         assert (await http.get("/health", headers={"x-probe": "yes"})).status_code == 200
+
+
+def anthropic_error(response: httpx.Response, status: int) -> str:
+    """Anthropic's error object of a `status` answer: its type and message only."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
+    return str(body["error"]["type"])
+
+
+async def test_anthropics_routes_answer_edges_in_anthropics_shape(
+    lifecycle: ModelLifecycle,
+) -> None:
+    # Restricted as chat is (`inference`), so `x-api-key`, the header Anthropic's SDKs
+    # send, can be the key; refused, Anthropic's authentication_error.
+    rules = (("inference", "x-api-key", "s3cret"),)
+    async with client(InferenceServer(lifecycle), restricted_api=rules) as http:
+        for route in ("/v1/messages", "/v1/messages/count_tokens", "/openai/v1/messages"):
+            refused = await http.post(route, json={})
+            assert anthropic_error(refused, 401) == "authentication_error"
+            key = {"x-api-key": "s3cret"}
+            large = await http.post(route, content=b"x" * (LIMIT + 1), headers=key)
+            assert anthropic_error(large, 413) == "request_too_large"
+            wrong = await http.get(route, headers=key)
+            assert anthropic_error(wrong, 405) == "invalid_request_error"

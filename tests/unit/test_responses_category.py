@@ -1,4 +1,5 @@
-"""The Responses API's routes are in the restricted-API category `inference`, as chat's."""
+"""The Responses API's and the Messages API's routes are in the restricted-API category
+`inference`, as chat's."""
 
 from __future__ import annotations
 
@@ -9,3 +10,8 @@ def test_the_responses_routes_are_inference() -> None:
     for path in ("/v1/responses", "/v1/responses/resp_1", "/v1/responses/resp_1/cancel"):
         assert http_category(path) == http_category("/v1/chat/completions") == "inference"
         assert http_category("/openai" + path) == "inference"
+
+
+def test_the_messages_routes_are_inference() -> None:
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        assert http_category(path) == http_category("/openai" + path) == "inference"

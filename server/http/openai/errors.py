@@ -43,6 +43,19 @@ KSERVE_PREFIX = "/openai"
 KSERVE_ROOT = KSERVE_PREFIX + OPENAI_ROOT
 TOKENIZER_PATHS = frozenset(("/tokenize", "/detokenize", "/tokenizer_info"))
 SCORING_PATHS = frozenset(("/score", "/rerank", "/v2/rerank", "/pooling"))
+# Anthropic's Messages API (anthropic.py): its errors are Anthropic's error object.
+ANTHROPIC_PATHS = frozenset(("/v1/messages", "/v1/messages/count_tokens"))
+# Anthropic's `error.type` by status, as vLLM's translate_error_type picks it (its SDKs
+# raise by it); other 4xx are invalid_request_error, 5xx api_error.
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
 INVALID_REQUEST = "invalid_request_error"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 CONTEXT_WORDS = "maximum context length"
@@ -65,6 +78,18 @@ class ErrorObject(BaseModel):
     /v1 routes' errors."""
 
     error: ErrorDetail
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorObject(BaseModel):
+    """Anthropic's error answer (OpenAIError.anthropic_body), for /v1/messages."""
+
+    type: str
+    error: AnthropicErrorDetail
 
 
 class OpenAIError(Exception):
@@ -99,9 +124,18 @@ class OpenAIError(Exception):
             }
         }
 
-    def response(self) -> Response:
+    def anthropic_body(self) -> dict[str, Any]:
+        """Anthropic's error object, as vLLM's /v1/messages answers: the type its status
+        gives, and the message."""
+        fallback = "api_error" if self.status >= 500 else INVALID_REQUEST
+        kind = ANTHROPIC_TYPES.get(self.status, fallback)
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def response(self, anthropic: bool = False) -> Response:
+        """The answer: OpenAI's error object, or with `anthropic`, Anthropic's."""
+        body = self.anthropic_body() if anthropic else self.body()
         response = Response(
-            orjson.dumps(self.body()), status_code=self.status, media_type="application/json"
+            orjson.dumps(body), status_code=self.status, media_type="application/json"
         )
         if self.closes:
             response.headers["connection"] = "close"
@@ -119,6 +153,13 @@ def is_openai_path(path: str) -> bool:
         or path in TOKENIZER_PATHS
         or path in SCORING_PATHS
     )
+
+
+def is_anthropic_path(path: str) -> bool:
+    """Whether errors on `path` are Anthropic's error object (also under `/openai`)."""
+    if path.startswith(KSERVE_ROOT):
+        path = path[len(KSERVE_PREFIX) :]
+    return path.rstrip("/") in ANTHROPIC_PATHS
 
 
 def unsupported(param: str, message: str) -> OpenAIError:

@@ -15,6 +15,10 @@ as Triton puts it. And `GET /health`, vLLM's health route, which tools written f
 (guidellm, k8s probes) call first: 200 with no body while the server is live, else 503,
 as vLLM answers when its engine is dead; in the same category.
 
+And Anthropic's Messages API as vLLM serves it, `POST /v1/messages` and
+`POST /v1/messages/count_tokens` (anthropic_serve.py), on the chat path; every failure
+there is Anthropic's error object.
+
 And vLLM's `POST /tokenize` and `POST /detokenize` (tokenize.py), its scoring routes
 `POST /score`, `/v1/score`, `/rerank`, `/v1/rerank` and `/v2/rerank` (scoring.py), and its
 `POST /pooling` (pooling.py), in `inference`.
@@ -40,12 +44,23 @@ from ..disconnects import CLIENT_GONE, ClientGone, until_disconnect
 from ..openapi import ApiRoute
 from ..openapi import Body as DocumentedBody
 from ..routing import RouteHost
-from . import chatbatch, embeddings, pooling, responses_serve, scoring, text, tokenize
+from . import (
+    anthropic_serve,
+    chatbatch,
+    embeddings,
+    pooling,
+    responses_serve,
+    scoring,
+    text,
+    tokenize,
+)
+from .anthropic import CountTokensRequest, MessagesRequest
 from .catalog import Catalog, text_generation
 from .embed_schemas import EmbeddingRequest, PoolingRequest
 from .errors import (
     CONTEXT_LENGTH_EXCEEDED,
     SERVER_ERROR,
+    AnthropicErrorObject,
     ErrorObject,
     OpenAIError,
     from_server_error,
@@ -186,6 +201,14 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         body = await read(request, ResponsesRequest)
         return await responses_serve.create(catalog, request, body)
 
+    async def messages(request: Request) -> Response:
+        body = await read(request, MessagesRequest, conversation_fits)
+        return await anthropic_serve.create(catalog, request, body)
+
+    async def count_tokens(request: Request) -> Response:
+        body = await read(request, CountTokensRequest)
+        return _json(await until_disconnect(request, anthropic_serve.count_tokens(catalog, body)))
+
     async def stored_response(request: Request) -> Response:
         # vLLM's routes; its store is off by default, so no response is ever found.
         raise not_found(str(request.path_params["response_id"]))
@@ -275,6 +298,20 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         # OpenAI's Responses API (responses_serve.py), on the chat path.
         post("/v1/responses", responses, ResponsesRequest),
         get("/v1/responses/{response_id}", stored_response),
+        # Anthropic's Messages API (anthropic_serve.py), on the chat path.
+        *(
+            ApiRoute(
+                path,
+                _openai_errors(handler, anthropic=True),
+                methods=["POST"],
+                body=DocumentedBody(schema),
+                error=AnthropicErrorObject,
+            )
+            for path, handler, schema in (
+                ("/v1/messages", messages, MessagesRequest),
+                ("/v1/messages/count_tokens", count_tokens, CountTokensRequest),
+            )
+        ),
         ApiRoute(
             "/v1/responses/{response_id}/cancel",
             _openai_errors(stored_response),
@@ -303,24 +340,24 @@ def _checked(document: Any, schema: type[B]) -> B:
     return body
 
 
-def _openai_errors(handler: Handler) -> Handler:
-    """Every failure as OpenAI's error object: the client's mistakes 4xx, a model's or the
-    server's failure 5xx (logged with its traceback)."""
+def _openai_errors(handler: Handler, anthropic: bool = False) -> Handler:
+    """Every failure as OpenAI's error object (`anthropic`: Anthropic's): the client's
+    mistakes 4xx, a model's or the server's failure 5xx (logged with its traceback)."""
 
     @functools.wraps(handler)
     async def answered(request: Request) -> Response:
         try:
             return await handler(request)
         except OpenAIError as exc:
-            return exc.response()
+            return exc.response(anthropic)
         except ServerError as exc:
-            return from_server_error(exc).response()
+            return from_server_error(exc).response(anthropic)
         except ClientGone:
             return Response(status_code=CLIENT_GONE)
         except Exception as exc:
             log.exception("unhandled error on %s", request.url.path)
             message = internal(exc, escaped=True).message
-            return OpenAIError(message, status=500, kind=SERVER_ERROR).response()
+            return OpenAIError(message, status=500, kind=SERVER_ERROR).response(anthropic)
 
     return answered
 

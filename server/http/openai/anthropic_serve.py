@@ -1,0 +1,180 @@
+"""`POST /v1/messages` and `POST /v1/messages/count_tokens`, served on the chat path: the
+body becomes a chat request (anthropic.py), rendered with the model's chat template, its
+tools, thoughts and stop strings as chat's, and its answer becomes Anthropic's message or,
+streamed, its events (anthropic_stream.py).
+
+The message, as vLLM 0.34's messages_full_converter shapes it: {id "msg_...", type
+"message", role "assistant", model, content, stop_reason, stop_sequence, usage
+{input_tokens, output_tokens}}; content is a `thinking` block {thinking, signature} where
+--reasoning-parser splits thoughts, a `text` block, then `tool_use` blocks {id, name,
+input}; an empty answer is one empty text block. stop_reason is vLLM's: "max_tokens"
+where the limit cut the answer, "tool_use" where it has calls, "stop_sequence" (with the
+string in stop_sequence) where a stop string ended it, else "end_turn".
+
+Tools: "auto" without --tool-call-parser answers text, the tools still given to the
+template, as /v1/responses (clients such as Claude Code send tools with every request).
+A client that leaves cancels the request. count_tokens renders the conversation as the
+chat route renders it and counts its tokens with the model's tokenizer (the `llm`
+backend's): {input_tokens}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from ..disconnects import until_disconnect
+from . import reasoning
+from .anthropic import CountTokensRequest, MessagesRequest, renamed
+from .anthropic_stream import Events, stop_reason, usage_json
+from .catalog import Catalog, text_generation
+from .errors import OpenAIError
+from .generation import Params, after_thoughts, build_request, collect, pieces, takes_constraints
+from .prompts import THREADED
+from .reasoning import Reasoning
+from .structured import AFTER
+from .structured import KEY as STRUCTURED
+from .template import variables
+from .text import chat_prompt, check_limit, no_chat_template, request_id
+from .textstream import SSE_HEADERS
+from .tokenize import tokenizer_of
+from .toolparse import Call
+from .tools import ToolUse, plan, template_tools
+
+API = "Messages API"
+
+
+async def create(catalog: Catalog, request: Request, body: MessagesRequest) -> Response:
+    chat = body.chat()
+    name, model = catalog.generator(body.model, API)
+    generation = text_generation(model)
+    if generation is None or generation.chat_template is None:
+        raise no_chat_template(name)
+    check_limit(body.max_tokens, generation.max_model_len)
+    chosen = chat.chosen_tool()
+    tools: ToolUse | None = None
+    if chosen != "auto" or catalog.tools.parser:
+        constrained = takes_constraints(model.inputs)
+        tools = plan(chosen, catalog.tools, constrained, name, chat.parallel_tool_calls)
+    prompt = await chat_prompt(generation, chat, template_tools(chat.tools))
+    stream = bool(body.stream)
+    given = chat.sampling()
+    thinking = None
+    if catalog.tools.reasoning_parser:
+        field = _constrained(chosen, given)
+        thinking = reasoning.plan(
+            catalog.tools.reasoning_parser, True, variables(chat), prompt, field
+        )
+        if field is not None and thinking is not None and thinking.after is not None:
+            after_thoughts(model, field)
+            given[AFTER] = thinking.after  # the grammar after the thoughts
+    try:
+        infer_request, sent = build_request(model, prompt, stream, given)
+    except OpenAIError as exc:
+        raise renamed(exc) from None
+    params = Params("messages", sent)
+    identity = "msg_" + (request_id(request, None) or uuid.uuid4().hex)
+    if not stream:
+        try:
+            text, reason, usage, _ = await until_disconnect(
+                request, collect(catalog.core, infer_request, params)
+            )
+        except OpenAIError as exc:
+            raise renamed(exc) from None
+        content, used = _content(text, tools, thinking)
+        stop, sequence = stop_reason(reason, usage.stop_reason, used, used)
+        answer = {
+            "id": identity,
+            "type": "message",
+            "role": "assistant",
+            "model": name,
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": sequence,
+            "usage": usage_json(usage.prompt_tokens, usage.completion_tokens),
+        }
+        return Response(orjson.dumps(answer), media_type="application/json")
+    rest = pieces(catalog.core, infer_request, params)
+    try:
+        first = await until_disconnect(request, anext(rest, None))
+    except OpenAIError as exc:
+        await rest.aclose()
+        raise renamed(exc) from None
+    except BaseException:
+        await rest.aclose()
+        raise
+    events = Events(identity, name, tools, thinking)
+    return StreamingResponse(
+        events.run(first, rest), media_type="text/event-stream", headers=SSE_HEADERS
+    )
+
+
+async def count_tokens(catalog: Catalog, body: CountTokensRequest) -> dict[str, Any]:
+    """The rendered prompt's count of tokens, as the chat route's prompt would count."""
+    chat = body.chat()
+    name, _ = catalog.generator(body.model, API)
+    generation, tokenizer = tokenizer_of(catalog, name)
+    if generation.chat_template is None:
+        raise no_chat_template(name)
+    prompt = await chat_prompt(generation, chat, template_tools(chat.tools))
+    # Chat's prompt is tokenized without special tokens added (the template writes them).
+    if len(prompt) > THREADED:
+        tokens = await asyncio.to_thread(tokenizer.encode, prompt, False)
+    else:
+        tokens = tokenizer.encode(prompt, False)
+    return {"input_tokens": len(tokens)}
+
+
+def _content(
+    text: str, tools: ToolUse | None, thinking: Reasoning | None
+) -> tuple[list[dict[str, Any]], bool]:
+    """A whole answer's content blocks, and whether it called a tool."""
+    blocks: list[dict[str, Any]] = []
+    after: str | None = text
+    if thinking is not None:
+        thoughts, after = thinking.split(text)
+        if thoughts:
+            blocks.append({"type": "thinking", "thinking": thoughts, "signature": uuid.uuid4().hex})
+    calls: list[Call] = []
+    if after is not None and tools is not None:
+        found, calls = tools.message(after)
+        after = found
+    if after:
+        blocks.append({"type": "text", "text": after})
+    for found_call in calls:
+        function = found_call["function"]
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": found_call["id"],
+                "name": function["name"],
+                "input": tool_input(function["arguments"]),
+            }
+        )
+    # Anthropic's shape of an empty answer: one empty text block (vLLM's).
+    return blocks or [{"type": "text", "text": ""}], bool(calls)
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as its `input` object; what does not read as one (a call the
+    limit cut) is an empty object."""
+    try:
+        found = json.loads(arguments)
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _constrained(chosen: Any, given: dict[str, Any]) -> str | None:
+    """The field whose structured outputs constrain the answer, if one does."""
+    if STRUCTURED not in given:
+        return None
+    if chosen == "required" or isinstance(chosen, dict):
+        return "tool_choice"
+    return "output_config"

@@ -1,0 +1,361 @@
+"""Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`), served
+on the chat path as vLLM 0.34 serves it (server/http/openai/anthropic*.py).
+
+Two models behind one server with --tool-call-parser hermes and --reasoning-parser
+qwen3: the llm backend's tiny model (tests/llmrepo.py: real tokens, stop strings, a
+tokenizer to count with), and `echo`, a Python model that answers its user's last
+message as written (the whole prompt where that is "?prompt"), three characters a
+piece, so that tags come split across pieces. Requests to the tiny model turn thinking
+off (`thinking: disabled`, the template's `enable_thinking` false), since its text has
+no thoughts for the qwen3 parser to read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import llmrepo
+import pytest
+import pytest_asyncio
+from openai_inprocess import openai_client
+from pymodels import write_model
+
+from ge_serve.server.http.openai.tools import ToolSettings
+
+pytest.importorskip("tokenizers", reason="tokenizers is not installed (runtime dependency)")
+pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
+
+MESSAGES = "/v1/messages"
+OFF = {"type": "disabled"}
+
+ECHO = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            prompt = pb_utils.get_input_tensor_by_name(request, "text_input")
+            prompt = prompt.as_numpy().reshape(-1)[0].decode("utf-8")
+            stream = pb_utils.get_input_tensor_by_name(request, "stream")
+            stream = stream is not None and bool(stream.as_numpy().reshape(-1)[0])
+            said = prompt.rsplit("<|im_start|>user\\n", 1)[-1].split("<|im_end|>", 1)[0]
+            if said == "?prompt":
+                said = prompt
+            pieces = [said[at : at + 3] for at in range(0, len(said), 3)] or [""]
+            sender = request.get_response_sender()
+            final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            if not stream:
+                pieces = ["".join(pieces)]
+            for index, piece in enumerate(pieces):
+                last = index == len(pieces) - 1
+                sender.send(self.response(piece, "stop" if last else "None"),
+                            flags=final if last else 0)
+        return None
+
+    def response(self, text, reason):
+        return pb_utils.InferenceResponse(
+            [
+                pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_)),
+                pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)),
+                pb_utils.Tensor("num_input_tokens", np.array([7], np.int32)),
+                pb_utils.Tensor("num_output_tokens", np.array([1], np.int32)),
+            ]
+        )
+"""
+
+# ChatML; an assistant's calls as `[call name {arguments}]`, its thoughts as `[thought
+# ...]`, a tool message's call id in brackets (tags the parsers would read, not echoed).
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['tool_call_id'] %}[{{ m['tool_call_id'] }}] {% endif %}"
+    "{% if m['reasoning'] %}[thought {{ m['reasoning'] }}]{% endif %}"
+    "{% for c in m['tool_calls'] or [] %}[call {{ c['function']['name'] }} "
+    "{{ c['function']['arguments'] | tojson }}]{% endfor %}"
+    "{{ m['content'] or '' }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% endif %}"
+)
+
+CONFIG = f"""
+name: "echo"
+backend: "python"
+model_transaction_policy {{ decoupled: true }}
+input [
+  {{ name: "text_input" data_type: TYPE_STRING dims: [ 1 ] }},
+  {{ name: "stream" data_type: TYPE_BOOL dims: [ 1 ] optional: true }},
+  {{ name: "sampling_parameters" data_type: TYPE_STRING dims: [ 1 ] optional: true }}
+]
+output [
+  {{ name: "text_output" data_type: TYPE_STRING dims: [ 1 ] }},
+  {{ name: "finish_reason" data_type: TYPE_STRING dims: [ 1 ] }},
+  {{ name: "num_input_tokens" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "num_output_tokens" data_type: TYPE_INT32 dims: [ 1 ] }}
+]
+parameters {{ key: "chat_template_source" value {{ string_value: {json.dumps(TEMPLATE)} }} }}
+"""
+
+WEATHER = {
+    "name": "weather",
+    "description": "The weather in a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+CALL = '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>'
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def http(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
+    folder: Path = tmp_path_factory.mktemp("anthropic")
+    write_model(folder, "echo", ECHO, CONFIG)
+    llmrepo.write_tiny_llm(folder, "tiny", interface=False)
+    tools = ToolSettings(parser="hermes", reasoning_parser="qwen3")
+    async with openai_client(folder, ["echo", "tiny"], tools) as client:
+        yield client
+
+
+def _body(model: str, said: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "model": model,
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": said}],
+        **fields,
+    }
+
+
+async def _message(http: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    response = await http.post(MESSAGES, json=body)
+    assert response.status_code == 200, response.text
+    found: dict[str, Any] = response.json()
+    return found
+
+
+async def _events(http: httpx.AsyncClient, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stream's events, each its data, checked against its `event:` line."""
+    response = await http.post(MESSAGES, json={**body, "stream": True})
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = []
+    for frame in response.text.strip().split("\n\n"):
+        head, data = frame.split("\n")
+        found = json.loads(data.removeprefix("data: "))
+        assert head == f"event: {found['type']}"
+        events.append(found)
+    return events
+
+
+def _blocks(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The content blocks the deltas build, as the message has them."""
+    blocks: list[dict[str, Any]] = []
+    raw = ""
+    for found in events:
+        if found["type"] == "content_block_start":
+            assert found["index"] == len(blocks)
+            blocks.append(dict(found["content_block"]))
+            raw = ""
+        elif found["type"] == "content_block_delta":
+            block, delta = blocks[found["index"]], found["delta"]
+            if delta["type"] == "text_delta":
+                block["text"] += delta["text"]
+            elif delta["type"] == "thinking_delta":
+                block["thinking"] += delta["thinking"]
+            elif delta["type"] == "signature_delta":
+                block["signature"] = delta["signature"]
+            else:
+                assert delta["type"] == "input_json_delta"
+                raw += delta["partial_json"]
+                block["input"] = json.loads(raw) if raw.endswith("}") else block["input"]
+    return blocks
+
+
+async def test_a_plain_message(http: httpx.AsyncClient) -> None:
+    answer = await _message(http, _body("echo", "Hello there", thinking=OFF, metadata={}))
+    assert answer["id"].startswith("msg_")
+    del answer["id"]
+    assert answer == {
+        "type": "message",
+        "role": "assistant",
+        "model": "echo",
+        "content": [{"type": "text", "text": "Hello there"}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 7, "output_tokens": 1},
+    }
+
+
+async def test_the_system_prompt_and_blocks_reach_the_template(http: httpx.AsyncClient) -> None:
+    body = _body("echo", "", thinking=OFF)
+    body["system"] = [{"type": "text", "text": "Be brief."}]
+    body["messages"] = [
+        {"role": "user", "content": [{"type": "text", "text": "?prompt"}]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"},
+                                          {"type": "text", "text": "Sure"}]},
+        {"role": "user", "content": [{"type": "text", "text": "?prompt"}]},
+    ]  # fmt: skip
+    answer = await _message(http, body)
+    assert answer["content"][0]["text"].startswith(
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n?prompt<|im_end|>\n"
+        "<|im_start|>assistant\n[thought hm]Sure<|im_end|>\n"
+        "<|im_start|>user\n?prompt<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+async def test_a_tool_use_turn_and_its_result_reach_the_template(http: httpx.AsyncClient) -> None:
+    body = _body("echo", "", thinking=OFF, tools=[WEATHER])
+    body["messages"] = [
+        {"role": "user", "content": "?prompt"},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1",
+             "content": [{"type": "text", "text": "Sunny"}, {"type": "text", "text": "20C"}]}]},
+    ]  # fmt: skip
+    text = (await _message(http, body))["content"][0]["text"]
+    assert (
+        '<|im_start|>assistant\n[call weather {"city": "Oslo"}]<|im_end|>\n'
+        "<|im_start|>tool\n[toolu_1] Sunny\n20C<|im_end|>\n<|im_start|>assistant\n"
+    ) in text
+
+
+async def test_a_tool_use_answer_whole_and_streamed(http: httpx.AsyncClient) -> None:
+    body = _body("echo", "Let me look." + CALL, thinking=OFF, tools=[WEATHER])
+    answer = await _message(http, body)
+    assert answer["stop_reason"] == "tool_use" and answer["stop_sequence"] is None
+    text, call = answer["content"]
+    assert text == {"type": "text", "text": "Let me look."}
+    assert call["type"] == "tool_use" and call["id"]
+    assert (call["name"], call["input"]) == ("weather", {"city": "Oslo"})
+    events = await _events(http, body)
+    partial = [
+        e["delta"]["partial_json"]
+        for e in events
+        if e["type"] == "content_block_delta" and e["delta"]["type"] == "input_json_delta"
+    ]
+    assert len(partial) > 1 and json.loads("".join(partial)) == {"city": "Oslo"}
+    streamed = _blocks(events)
+    assert streamed[0] == text
+    assert {k: streamed[1][k] for k in ("type", "name", "input")} == {
+        "type": "tool_use", "name": "weather", "input": {"city": "Oslo"},
+    }  # fmt: skip
+    assert events[-2]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+
+
+async def test_a_named_tool_is_a_tool_use(http: httpx.AsyncClient) -> None:
+    choice = {"type": "tool", "name": "weather"}
+    body = _body("echo", '{"city": "Bergen"}', thinking=OFF, tools=[WEATHER], tool_choice=choice)
+    answer = await _message(http, body)
+    assert answer["stop_reason"] == "tool_use"
+    [call] = answer["content"]
+    assert (call["type"], call["input"]) == ("tool_use", {"city": "Bergen"})
+
+
+async def test_thinking_blocks_whole_and_streamed(http: httpx.AsyncClient) -> None:
+    body = _body("echo", "<think>Two and two.</think>It is 4.")
+    answer = await _message(http, body)
+    thinking, text = answer["content"]
+    assert thinking["type"] == "thinking" and thinking["thinking"] == "Two and two."
+    assert thinking["signature"]
+    assert text == {"type": "text", "text": "It is 4."}
+    events = await _events(http, body)
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+    blocks = _blocks(events)
+    assert [b["type"] for b in blocks] == ["thinking", "text"]
+    assert blocks[0]["thinking"] == "Two and two." and blocks[0]["signature"]
+    assert blocks[1] == text
+    # The thinking block's signature comes last, before its stop.
+    stop = kinds.index("content_block_stop")
+    assert events[stop - 1]["delta"]["type"] == "signature_delta"
+
+
+async def test_streamed_events_in_order_join_to_the_whole(http: httpx.AsyncClient) -> None:
+    body = _body("tiny", "K", max_tokens=3, temperature=0, thinking=OFF)
+    whole = await _message(http, body)
+    events = await _events(http, body)
+    start = events[0]
+    assert start["type"] == "message_start"
+    message = start["message"]
+    assert message["id"].startswith("msg_") and message["content"] == []
+    assert (message["type"], message["role"], message["model"]) == ("message", "assistant", "tiny")
+    assert message["stop_reason"] is None and message["stop_sequence"] is None
+    kinds = [e["type"] for e in events]
+    deltas = kinds.count("content_block_delta")
+    assert kinds == [
+        "message_start", "content_block_start", *["content_block_delta"] * deltas,
+        "content_block_stop", "message_delta", "message_stop",
+    ]  # fmt: skip
+    assert _blocks(events) == whole["content"]
+    assert events[-2]["delta"] == {"stop_reason": whole["stop_reason"], "stop_sequence": None}
+    assert events[-2]["usage"] == whole["usage"]
+    assert events[-1] == {"type": "message_stop"}
+
+
+async def test_max_tokens_and_stop_sequences(http: httpx.AsyncClient) -> None:
+    body = _body("tiny", "K", max_tokens=3, temperature=0, thinking=OFF)
+    cut = await _message(http, body)
+    text = cut["content"][0]["text"]
+    assert (cut["stop_reason"], cut["stop_sequence"]) == ("max_tokens", None)
+    assert len(text) == 3 and cut["usage"]["output_tokens"] == 3
+    stop = text[1:]
+    stopped = await _message(http, {**body, "stop_sequences": [stop]})
+    assert stopped["content"] == [{"type": "text", "text": text[:1]}]
+    assert (stopped["stop_reason"], stopped["stop_sequence"]) == ("stop_sequence", stop)
+    events = await _events(http, {**body, "stop_sequences": [stop]})
+    assert events[-2]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": stop}
+
+
+async def test_count_tokens_is_the_chat_prompts_count(http: httpx.AsyncClient) -> None:
+    messages = [{"role": "user", "content": "How many?"}]
+    chat = await http.post(
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "system", "content": "Count."}, *messages],
+              "max_tokens": 1},
+    )  # fmt: skip
+    assert chat.status_code == 200, chat.text
+    body = {"model": "tiny", "system": "Count.", "messages": messages}
+    counted = await http.post("/v1/messages/count_tokens", json=body)
+    assert counted.status_code == 200, counted.text
+    assert counted.json() == {"input_tokens": chat.json()["usage"]["prompt_tokens"]}
+
+
+def _error(response: httpx.Response, status: int, kind: str) -> str:
+    assert response.status_code == status, response.text
+    found = response.json()
+    assert found["type"] == "error" and set(found["error"]) == {"type", "message"}
+    assert found["error"]["type"] == kind
+    message: str = found["error"]["message"]
+    return message
+
+
+async def test_errors_are_anthropics(http: httpx.AsyncClient) -> None:
+    body = _body("echo", "Hi")
+    del body["max_tokens"]
+    missing = await http.post(MESSAGES, json=body)
+    assert "max_tokens" in _error(missing, 400, "invalid_request_error")
+    unknown = await http.post(MESSAGES, json=_body("nope", "Hi"))
+    assert "nope" in _error(unknown, 404, "not_found_error")
+    role = _body("echo", "Hi")
+    role["messages"][0]["role"] = "tool"
+    assert "messages[0].role" in _error(await http.post(MESSAGES, json=role), 400,
+                                        "invalid_request_error")  # fmt: skip
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}
+    pictured = _body("echo", "Hi")
+    pictured["messages"][0]["content"] = [image]
+    assert "Image" in _error(await http.post(MESSAGES, json=pictured), 400,
+                             "invalid_request_error")  # fmt: skip
+    bad_json = await http.post(MESSAGES, content=b"{", headers={"content-type": "application/json"})
+    _error(bad_json, 400, "invalid_request_error")
+    no_tokenizer = await http.post("/v1/messages/count_tokens", json=_body("echo", "Hi"))
+    assert "tokenizer" in _error(no_tokenizer, 400, "invalid_request_error")
+    wrong_method = await http.get(MESSAGES)
+    _error(wrong_method, 405, "invalid_request_error")
+
+
+async def test_anthropic_headers_are_accepted(http: httpx.AsyncClient) -> None:
+    headers = {"x-api-key": "key", "anthropic-version": "2023-06-01"}
+    response = await http.post(MESSAGES, json=_body("echo", "Hi", thinking=OFF), headers=headers)
+    assert response.status_code == 200 and response.json()["content"][0]["text"] == "Hi"
