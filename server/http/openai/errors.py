@@ -10,6 +10,10 @@ code `context_length_exceeded` when its message says the context is too short. A
 past --http-max-input-size, which v2 answers 400 as Triton does, is a 413 with code
 `content_too_large` here, as Triton's OpenAI front end answers it.
 
+On Anthropic's Messages API (/v1/messages, anthropic.py) the same error is Anthropic's
+object, `{"type": "error", "error": {"type", "message"}}`, its type picked by status as
+vLLM's translate_error_type picks it (`OpenAIError.anthropic_body`).
+
 Such a refusal names its parameter as the schema's checks do. The context's is the field
 that holds the prompt (`messages` or `prompt`), as OpenAI names it whether the prompt or
 the prompt and `max_tokens` together are too long. Otherwise it is the parameter its
