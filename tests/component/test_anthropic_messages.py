@@ -359,3 +359,37 @@ async def test_anthropic_headers_are_accepted(http: httpx.AsyncClient) -> None:
     headers = {"x-api-key": "key", "anthropic-version": "2023-06-01"}
     response = await http.post(MESSAGES, json=_body("echo", "Hi", thinking=OFF), headers=headers)
     assert response.status_code == 200 and response.json()["content"][0]["text"] == "Hi"
+
+
+async def test_the_anthropic_sdk_reads_the_answers(http: httpx.AsyncClient) -> None:
+    # Untyped: the SDK (2.x) speaks over httpx2, not httpx; it gets the same application.
+    anthropic = pytest.importorskip("anthropic", reason="the anthropic SDK is not installed")
+    import httpx2
+
+    inprocess: Any = http._transport  # openai_client's ASGI transport, to its application
+    transport = httpx2.ASGITransport(app=inprocess.app)
+    async with httpx2.AsyncClient(transport=transport, base_url="http://test") as own:
+        client = anthropic.AsyncAnthropic(base_url="http://test", api_key="k", http_client=own)
+        await _sdk_answers(client, anthropic)
+
+
+async def _sdk_answers(client: Any, anthropic: Any) -> None:
+    said = "<think>Hm.</think>Looking." + CALL
+    asked: dict[str, Any] = {
+        "model": "echo",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": said}],
+        "tools": [WEATHER],
+    }
+    whole = await client.messages.create(**asked)
+    assert [block.type for block in whole.content] == ["thinking", "text", "tool_use"]
+    assert whole.stop_reason == "tool_use" and whole.content[2].input == {"city": "Oslo"}
+    async with client.messages.stream(**asked) as stream:
+        final = await stream.get_final_message()
+    assert [block.type for block in final.content] == ["thinking", "text", "tool_use"]
+    assert final.content[0].thinking == "Hm." and final.content[1].text == "Looking."
+    assert final.content[2].input == {"city": "Oslo"} and final.stop_reason == "tool_use"
+    counted = await client.messages.count_tokens(model="tiny", messages=asked["messages"])
+    assert counted.input_tokens > 0
+    with pytest.raises(anthropic.NotFoundError):
+        await client.messages.create(**{**asked, "model": "nope"})
