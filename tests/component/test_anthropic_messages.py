@@ -347,6 +347,13 @@ async def test_errors_are_anthropics(http: httpx.AsyncClient) -> None:
     pictured["messages"][0]["content"] = [image]
     assert "Image" in _error(await http.post(MESSAGES, json=pictured), 400,
                              "invalid_request_error")  # fmt: skip
+    unknown_block = _body("echo", "Hi")
+    unknown_block["messages"][0]["content"] = [{"type": "video"}]
+    assert "messages[0].content[0].type" in _error(await http.post(MESSAGES, json=unknown_block),
+                                                   400, "invalid_request_error")  # fmt: skip
+    hosted = _body("echo", "Hi", tools=[{"type": "web_search_20250305", "name": "web_search"}])
+    assert "not supported" in _error(await http.post(MESSAGES, json=hosted), 400,
+                                     "invalid_request_error")  # fmt: skip
     bad_json = await http.post(MESSAGES, content=b"{", headers={"content-type": "application/json"})
     _error(bad_json, 400, "invalid_request_error")
     no_tokenizer = await http.post("/v1/messages/count_tokens", json=_body("echo", "Hi"))

@@ -32,7 +32,7 @@ A field neither Anthropic nor vLLM knows is ignored, as vLLM's models ignore it.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import ConfigDict, Field
 
@@ -51,6 +51,7 @@ BlockType = Literal[
     "tool_addition",
     "tool_removal",
 ]
+BLOCK_TYPES = get_args(BlockType)
 Effort = Literal["low", "medium", "high", "xhigh", "max"]
 # Chat's fields that the Messages API names otherwise.
 RENAMED = {"stop": "stop_sequences", "response_format": "output_config.format"}
@@ -88,7 +89,8 @@ class Tool(Body):
     type: str | None = None
     name: str = Field(min_length=1)
     description: str | None = None
-    input_schema: dict[str, Any]
+    # Required of a custom tool; Anthropic's own tools have none (refused by their type).
+    input_schema: dict[str, Any] | None = None
     strict: bool | None = None
     defer_loading: bool | None = None
 
@@ -137,6 +139,11 @@ class CountTokensRequest(Body):
                     f"tools[{index}].type",
                     f"tool type {tool.type!r} is not supported; only custom tools with an "
                     "input_schema are supported",
+                )
+            if tool.input_schema is None:
+                raise OpenAIError(
+                    f"Missing required parameter: 'tools[{index}].input_schema'",
+                    param=f"tools[{index}].input_schema",
                 )
         choice = self.tool_choice
         if choice is not None and choice.type == "tool" and not choice.name:
@@ -221,6 +228,24 @@ class MessagesRequest(CountTokensRequest):
         return checked(document)
 
 
+def known_blocks(document: Any) -> None:
+    """A block of a type the API does not have is a 400 naming it, before the schema's
+    checks (whose first complaint would be the string that `content` may be instead)."""
+    if not isinstance(document, dict) or not isinstance(document.get("messages"), list):
+        return
+    for index, message in enumerate(document["messages"]):
+        content = message.get("content") if isinstance(message, dict) else None
+        for number, block in enumerate(content if isinstance(content, list) else ()):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind not in BLOCK_TYPES:
+                where = f"messages[{index}].content[{number}].type"
+                raise OpenAIError(
+                    f"Invalid value for '{where}': {json.dumps(kind)[:80]} is not one of "
+                    f"{', '.join(BLOCK_TYPES)}",
+                    param=where,
+                )
+
+
 def checked(document: dict[str, Any]) -> ChatCompletionRequest:
     """The chat request, checked as chat checks its own (a refusal names the Messages
     API's field)."""
@@ -256,8 +281,9 @@ def _tool_choice(choice: ToolChoice) -> Any:
 
 
 def _function(tool: Tool) -> dict[str, Any]:
-    schema = tool.input_schema if "type" in tool.input_schema else {**tool.input_schema,
-                                                                      "type": "object"}  # fmt: skip
+    schema = tool.input_schema or {}
+    if "type" not in schema:
+        schema = {**schema, "type": "object"}  # vLLM's default
     function: dict[str, Any] = {"name": tool.name, "parameters": schema}
     if tool.description is not None:
         function["description"] = tool.description

@@ -54,7 +54,7 @@ from . import (
     text,
     tokenize,
 )
-from .anthropic import CountTokensRequest, MessagesRequest
+from .anthropic import CountTokensRequest, MessagesRequest, known_blocks
 from .catalog import Catalog, text_generation
 from .embed_schemas import EmbeddingRequest, PoolingRequest
 from .errors import (
@@ -201,12 +201,16 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         body = await read(request, ResponsesRequest)
         return await responses_serve.create(catalog, request, body)
 
+    def blocks_fit(document: Any) -> None:
+        known_blocks(document)
+        conversation_fits(document)
+
     async def messages(request: Request) -> Response:
-        body = await read(request, MessagesRequest, conversation_fits)
+        body = await read(request, MessagesRequest, blocks_fit)
         return await anthropic_serve.create(catalog, request, body)
 
     async def count_tokens(request: Request) -> Response:
-        body = await read(request, CountTokensRequest)
+        body = await read(request, CountTokensRequest, known_blocks)
         return _json(await until_disconnect(request, anthropic_serve.count_tokens(catalog, body)))
 
     async def stored_response(request: Request) -> Response:
