@@ -1,7 +1,8 @@
 """How a setting is written on the command line: its `Flag` (names, help, parse and
-check functions, --help section), and the parse and check functions that
-server/startup/settings.py names in its fields. Each raises ValueError with a message for people,
-which the command line turns into a usage error.
+check functions, --help section), the parse and check functions that
+server/startup/settings.py names in its fields, and the flags it gives several fields.
+Each parse or check raises ValueError with a message for people, which the command line
+turns into a usage error.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ge_serve.backends.ge.sim_cost import parse_sim_cost
 from ge_serve.backends.text_bool import parse_bool
 
 from ..control.restrictions import GRPC_HEADER_PREFIX, RestrictedApis
+from ..inference.header_forward import pattern_setting
 from ..observability.metricsconfig import MetricsConfig
 from ..observability.traceconfig import check_level
 
@@ -184,6 +186,24 @@ def restriction_rules(name: str, groups: tuple[list[Rule], ...]) -> tuple[Rule, 
     rules = tuple(rule for group in groups for rule in group)
     RestrictedApis(rules, GRPC_HEADER_PREFIX if name.startswith("--grpc") else "")
     return rules
+
+
+def restriction_flag(group: str) -> Mapping[str, Flag]:
+    """The flag of each front end's restricted APIs: repeated <category>:<header>=<value>."""
+    return flag(
+        repeat=True,
+        parse=restriction,
+        check=restriction_rules,
+        metavar="CATEGORY[,CATEGORY]:HEADER=VALUE",
+        help="API categories that need this header and value",
+        group=group,
+    )
+
+
+def forwarding_flag(what: str, group: str | None = None) -> Mapping[str, Flag]:
+    """The flag of a front end's header forwarding: a regex ("" forwards nothing)."""
+    help = f"{what} whose names match (anywhere, any case) become request parameters"
+    return flag(check=pattern_setting, metavar="REGEX", help=help, group=group)
 
 
 def metrics_config(name: str, pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:

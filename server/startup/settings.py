@@ -13,7 +13,6 @@ turns it into a usage error.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -21,25 +20,23 @@ from typing import Final
 from ge_serve.scheduler.ratelimit import resource_limit
 
 from ..control.logsettings import FORMATS
-from ..inference.header_forward import pattern_setting
 from ..observability.traceconfig import TraceSettings, trace_setting, trace_settings
 from .cacheconfig import cache_setting, cache_size
 from .cloudflags import CloudSettings, cloud_flag
 from .flags import (
-    Flag,
     Rule,
     appendable_file,
     backend_config,
     backend_setting,
     flag,
+    forwarding_flag,
     key_value,
     metrics_config,
     model_config_name,
     non_negative,
     port,
     positive,
-    restriction,
-    restriction_rules,
+    restriction_flag,
     seconds,
     sim_cost,
     size,
@@ -62,23 +59,6 @@ MODELS: Final = "model loading"
 CACHE: Final = "response cache"
 TRACING: Final = "tracing"
 RATE_LIMIT: Final = "rate limiter"
-
-
-def _restriction_flag() -> Mapping[str, Flag]:
-    """The flag of each front end's restricted APIs: repeated <category>:<header>=<value>."""
-    return flag(
-        repeat=True,
-        parse=restriction,
-        check=restriction_rules,
-        metavar="CATEGORY[,CATEGORY]:HEADER=VALUE",
-        help="API categories that need this header and value",
-        group=RESTRICTED,
-    )
-
-
-def _forwarding(what: str, group: str | None = None) -> Mapping[str, Flag]:
-    help = f"{what} whose names match (anywhere, any case) become request parameters"
-    return flag(check=pattern_setting, metavar="REGEX", help=help, group=group)
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,11 +274,13 @@ class Settings:
         ),
     )
     # Restricted APIs: (category, header, value), Triton's <category>:<header>=<value>
-    http_restricted_api: tuple[Rule, ...] = field(default=(), metadata=_restriction_flag())
-    grpc_restricted_protocol: tuple[Rule, ...] = field(default=(), metadata=_restriction_flag())
+    http_restricted_api: tuple[Rule, ...] = field(default=(), metadata=restriction_flag(RESTRICTED))
+    grpc_restricted_protocol: tuple[Rule, ...] = field(
+        default=(), metadata=restriction_flag(RESTRICTED)
+    )
     # A regex; "" forwards nothing (server/inference/header_forward.py).
-    http_header_forward_pattern: str = field(default="", metadata=_forwarding("HTTP headers"))
-    grpc_header_forward_pattern: str = field(default="", metadata=_forwarding("metadata", GRPC))
+    http_header_forward_pattern: str = field(default="", metadata=forwarding_flag("HTTP headers"))
+    grpc_header_forward_pattern: str = field(default="", metadata=forwarding_flag("metadata", GRPC))
     # /v1 tool calling (Triton's OpenAI front end's flags): http/openai/toolparse.py's values.
     _parsers = ("llama3", "llama3_json", "mistral", "hermes")
     tool_call_parser: str = field(default="", metadata=flag(choices=_parsers, help="/v1 tools"))
