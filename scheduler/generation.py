@@ -238,7 +238,7 @@ class GenerationScheduler:
         now = time.monotonic()
         for seq in plan.admitted:
             if seq.scheduled_s is None:
-                seq.scheduled_s = now
+                seq.scheduled_s, seq.cached = now, seq.computed  # what admission shared
                 self._started += 1
                 stats.prompt_tokens += seq.prompt_len
                 stats.queue.observe(now - seq.arrival_s)

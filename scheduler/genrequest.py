@@ -114,6 +114,8 @@ def read_sequence(
     send_logprobs, send_cumulative = logprob_outputs(model, inputs, top is not None)
     send_prompt = _returned(model, inputs, "prompt_logprobs", params.prompt_logprobs is not None)
     send_ids = _returned(model, inputs, "output_ids", True)
+    cached = "num_cached_tokens" in model.outputs  # built only where the config has it
+    send_cached = cached and _returned(model, inputs, "num_cached_tokens", True)
     outside = sorted(i for i in params.stop_token_ids if i >= vocab)
     if outside:
         # Checked here: the engine would index the logits with it, in a step shared
@@ -181,6 +183,7 @@ def read_sequence(
         else PromptLogprobs(params.prompt_logprobs, model.tokenizer, vocab),
         send_prompt_logprobs=send_prompt,
         send_ids=send_ids,
+        send_cached=send_cached,
         processor=processor,
     )
 

@@ -69,6 +69,10 @@ class Sequence:
     # Whether its responses carry `output_ids` (False where the config declares the flag
     # `return_output_ids` and the request leaves it unset).
     send_ids: bool = True
+    # The prompt tokens found in the prefix cache when it was first admitted (vLLM's
+    # num_cached_tokens), and whether its responses carry them (`num_cached_tokens`).
+    cached: int = 0
+    send_cached: bool = False
     # The request's log probabilities (its sampling `logprobs`; None: not asked for), and
     # whether its responses carry `logprobs` / `cumulative_logprob` (the return_* flags).
     logprobs: TokenLogprobs | None = None
@@ -115,7 +119,7 @@ class Sequence:
         when streaming), the prompt's token count, the count of the tokens `ids` behind
         this response's text (so a stream's counts sum to the total, as Triton's OpenAI
         frontend sums them), and the finish reason; `ids` also go out as TensorRT-LLM's
-        `output_ids`."""
+        `output_ids`, and where asked the prompt's cached tokens."""
         outputs = {"text_output": np.array([text.encode("utf-8")], dtype=object)}
         if self.send_ids:
             outputs["output_ids"] = np.array(ids, dtype=np.int32)
@@ -123,6 +127,8 @@ class Sequence:
             outputs["num_input_tokens"] = np.array([self.prompt_len], dtype=np.int32)
         if self.output_count:
             outputs["num_output_tokens"] = np.array([len(ids)], dtype=np.int32)
+        if self.send_cached:
+            outputs["num_cached_tokens"] = np.array([self.cached], dtype=np.int32)
         if self.reason and (self.reason_always or (final and self.finish_reason)):
             reason = self.finish_reason if final else None
             outputs["finish_reason"] = np.array([str(reason).encode()], dtype=object)

@@ -40,6 +40,8 @@ RETURN_FLAGS = (
     "return_prompt_logprobs",
     # ge-serve's, after the vLLM backend's rule: the generated ids (`output_ids`).
     "return_output_ids",
+    # ... and the prompt tokens found in the prefix cache (`num_cached_tokens`).
+    "return_num_cached_tokens",
     "return_num_input_tokens",
     "return_num_output_tokens",
 )
@@ -55,6 +57,7 @@ OUTPUTS = (
     "finish_reason",
     "num_input_tokens",
     "num_output_tokens",
+    "num_cached_tokens",
     "output_ids",
     "cumulative_logprob",
     "logprobs",
@@ -63,7 +66,7 @@ OUTPUTS = (
 _STRING, _BOOL = model_config_pb2.TYPE_STRING, model_config_pb2.TYPE_BOOL
 # What Triton's vLLM backend's auto-complete declares (its model.py), all dims [1] inputs,
 # and ge-serve's `return_prompt_logprobs` / `prompt_logprobs` beside its logprobs', and
-# `return_output_ids` / `output_ids`.
+# `return_output_ids` / `output_ids` and `return_num_cached_tokens` / `num_cached_tokens`.
 INTERFACE_INPUTS = (
     (TEXT_INPUT, _STRING),
     ("stream", _BOOL),
@@ -82,6 +85,8 @@ INTERFACE_OUTPUTS = (
     ("output_ids", model_config_pb2.TYPE_INT32, -1),
     ("num_input_tokens", model_config_pb2.TYPE_UINT32, 1),
     ("num_output_tokens", model_config_pb2.TYPE_UINT32, -1),
+    # ge-serve's: the prompt tokens found in the prefix cache (vLLM's num_cached_tokens).
+    ("num_cached_tokens", model_config_pb2.TYPE_UINT32, 1),
 )
 
 
@@ -220,7 +225,8 @@ def complete_interface(config: model_config_pb2.ModelConfig) -> None:
     Unlike it, `input_ids` (INT32 [-1]) is declared and `text_input` is optional, so a
     prompt may come as token ids out of the box (/v1/completions' token prompts), and
     `output_ids` (opt-in, `return_output_ids`) so that /v1 can give the generated ids
-    (`return_token_ids`) and count thought tokens."""
+    (`return_token_ids`) and count thought tokens, and `num_cached_tokens` (opt-in,
+    `return_num_cached_tokens`) for /v1's cached prompt tokens."""
     if not config.input and not config.output:
         for name, data_type in INTERFACE_INPUTS:
             added = config.input.add(name=name, data_type=data_type, dims=[1])

@@ -65,6 +65,9 @@ OPTIONAL_INPUTS = (
     # sets it, so Triton's generate answers stay as the vLLM backend's; /v1 sets it for
     # `return_token_ids` and reasoning token counts.
     ("return_output_ids", "TYPE_BOOL"),
+    # ... and for `num_cached_tokens` (the prompt tokens found in the prefix cache), which
+    # /v1 sets for its cached-token counts.
+    ("return_num_cached_tokens", "TYPE_BOOL"),
 )
 
 
@@ -119,7 +122,9 @@ def config_pbtxt(name: str, spec: TokenizerSpec, max_model_len: int) -> str:
         'output { name: "logprobs" data_type: TYPE_STRING dims: [ -1 ] }\n'
         'output { name: "cumulative_logprob" data_type: TYPE_FP32 dims: [ -1 ] }\n'
         'output { name: "prompt_logprobs" data_type: TYPE_STRING dims: [ -1 ] }\n'
-        'output { name: "output_ids" data_type: TYPE_INT32 dims: [ -1 ] }\n' + _parameters(params)
+        'output { name: "output_ids" data_type: TYPE_INT32 dims: [ -1 ] }\n'
+        'output { name: "num_cached_tokens" data_type: TYPE_INT32 dims: [ -1 ] }\n'
+        + _parameters(params)
     )
 
 

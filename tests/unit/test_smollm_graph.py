@@ -232,10 +232,12 @@ def test_the_tiny_model_folder_is_complete(tmp_path: Path) -> None:
         ("exclude_input_in_output", True),
         ("max_tokens", True),
         ("return_output_ids", True),
+        ("return_num_cached_tokens", True),
     ]
     assert [o.name for o in config.output] == [
         "text_output", "finish_reason", "num_input_tokens", "num_output_tokens",
         "logprobs", "cumulative_logprob", "prompt_logprobs", "output_ids",
+        "num_cached_tokens",
     ]  # fmt: skip
     with pytest.raises(ValueError, match="exceeds"):
         tiny_model_folder(tmp_path, name="too_long", max_model_len=cfg.max_position_embeddings + 1)
