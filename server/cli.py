@@ -94,6 +94,8 @@ def _arguments(setting: dataclasses.Field[Any], spec: Flag) -> dict[str, Any]:
         options["default"] = setting.default
     if spec.parse is not None:
         options["type"] = _argument_type(spec.parse)
+    if spec.bare:  # `--flag` alone is true; `--flag=false` still parses
+        options["nargs"], options["const"] = "?", True
     if spec.metavar is not None:
         options["metavar"] = spec.metavar
     if spec.choices:

@@ -44,6 +44,8 @@ class Flag:
     required: bool = False
     # Present or absent, taking no value.
     switch: bool = False
+    # A BOOL that may also be given alone, meaning true (vLLM's boolean flags).
+    bare: bool = False
     # Repeated, each as (the flag's name as given, its value).
     record_flag: bool = False
     # A deprecated BOOL spelling of a switch: true turns the switch on.

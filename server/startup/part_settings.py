@@ -103,7 +103,10 @@ def http_settings(settings: Settings) -> HttpSettings:
         restricted_api=settings.http_restricted_api,
         header_forward_pattern=settings.http_header_forward_pattern,
         tools=ToolSettings(
-            settings.tool_call_parser, settings.max_tool_call_parse_bytes, settings.reasoning_parser
+            settings.tool_call_parser,
+            settings.max_tool_call_parse_bytes,
+            settings.reasoning_parser,
+            settings.enable_prompt_tokens_details,
         ),
     )
 

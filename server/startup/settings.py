@@ -290,6 +290,11 @@ class Settings:
     )
     # /v1 thoughts apart from answers (vLLM's flag): http/openai/reasoning.py's values.
     reasoning_parser: str = field(default="", metadata=flag(choices=("deepseek_r1", "qwen3")))
+    # /v1 usage's prompt_tokens_details (vLLM's flag, which may be given alone).
+    enable_prompt_tokens_details: bool = field(
+        default=False,
+        metadata=flag(bare=True, help="/v1 usage: the prompt tokens found in the prefix cache"),
+    )
     # Front-end worker processes (server/workers/); 0: this process serves the protocol.
     http_workers: int = field(
         default=0,

@@ -290,3 +290,22 @@ def test_reasoning_parser_reaches_the_http_front_end(capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert "--reasoning-parser: invalid choice: 'granite'" in err
     assert "'deepseek_r1', 'qwen3'" in err
+
+
+def test_prompt_tokens_details_given_alone_or_as_a_bool(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # vLLM's flag, given alone; ge-serve's BOOL spelling parses too.
+    def details(*given: str) -> bool:
+        settings = parse_settings(["--model-repo", "m", *given, "--http-port", "9000"])
+        return http_settings(settings).tools.prompt_tokens_details
+
+    assert details() is False
+    assert details("--enable-prompt-tokens-details") is True
+    assert details("--enable-prompt-tokens-details=true") is True
+    assert details("--enable-prompt-tokens-details", "false") is False
+    assert details("--enable-prompt-tokens-details=false") is False
+    with pytest.raises(SystemExit) as info:
+        details("--enable-prompt-tokens-details=maybe")
+    assert info.value.code == 2
+    assert "--enable-prompt-tokens-details" in capsys.readouterr().err
