@@ -77,6 +77,8 @@ RETURN_PROMPT_LOGPROBS = "return_prompt_logprobs"
 RETURN_OUTPUT_IDS = "return_output_ids"
 # vLLM's request priority (text.add_priority), for the `llm` engine only.
 PRIORITY = "priority"
+# Asked where /v1 reports the prompt tokens found cached (`prompt_tokens_details`).
+RETURN_NUM_CACHED = "return_num_cached_tokens"
 
 
 def takes_constraints(inputs: Mapping[str, TensorSpec]) -> bool:
@@ -152,6 +154,8 @@ class Piece:
     stop_reason: int | str | None = None
     # The response's generated ids (`output_ids`), read only where asked (Params.ids).
     token_ids: list[int] | None = None
+    # The prompt tokens found in the prefix cache (`num_cached_tokens`; Params.cached).
+    cached_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -168,6 +172,8 @@ class Usage:
     # --reasoning-parser: the answer's thought tokens, counted as the ids come (tokenids.py;
     # None: no parser, and no `completion_tokens_details` in a streamed usage).
     thoughts: Thoughts | None = None
+    # vLLM's `num_cached_tokens` (None: not asked for, or the model reports none).
+    cached_tokens: int | None = None
 
     def add(self, piece: Piece) -> None:
         if piece.token_ids is not None:
@@ -181,18 +187,24 @@ class Usage:
             self.stop_reason = piece.stop_reason
         if piece.prompt_tokens is not None:
             self.prompt_tokens = piece.prompt_tokens
+        if piece.cached_tokens is not None:
+            self.cached_tokens = piece.cached_tokens
         if piece.completion_tokens is not None:
             self.completion_tokens += piece.completion_tokens
 
-    def as_json(self, details: bool = True) -> dict[str, Any]:
+    def as_json(self, details: bool = True, cached: bool = True) -> dict[str, Any]:
         """vLLM's usage; `details`: with its `completion_tokens_details`, the thought
         tokens' count (null without --reasoning-parser), which vLLM's answers carry, and
-        its streamed usage only where it has a value."""
+        its streamed usage only where it has a value; `cached`: with its
+        `prompt_tokens_details` where the cached tokens were asked for (vLLM leaves the
+        field out otherwise, and on the chunks of a continuous usage but the first)."""
         found: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
         }
+        if cached and self.cached_tokens is not None:
+            found["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
         if details:
             thoughts = self.thoughts
             found["completion_tokens_details"] = (
@@ -208,10 +220,12 @@ def build_request(
     given: Mapping[str, Any],
     default_max_tokens: int | None = None,
     ids: bool = False,
+    cached: bool = False,
 ) -> tuple[InferRequest, frozenset[str]]:
     """The request for `model`, and the parameters it passes on. `given`: the sampling
     parameters the client set, by vLLM's keys (`Sampling.sampling`); `prompt`, text or
-    token ids (`ids_array`'s, for `input_ids`); `ids`: the generated ids are read."""
+    token ids (`ids_array`'s, for `input_ids`); `ids`: the generated ids are read;
+    `cached`: the prompt's cached tokens are."""
     inputs = model.inputs
     if isinstance(prompt, str):
         tensors = [_tensor(model, inputs[TEXT_INPUT], [prompt])]
@@ -223,8 +237,8 @@ def build_request(
     # The log probabilities' field: `logprobs`, or vLLM's ids that stand in its place.
     wanted = next((key for key in (LOGPROBS, TOKEN_IDS) if key in given), None)
     asked = (*COUNT_REQUESTS, RETURN_LOGPROBS) if wanted else COUNT_REQUESTS
-    if ids:
-        asked = (*asked, RETURN_OUTPUT_IDS)
+    asked = (*asked, RETURN_OUTPUT_IDS) if ids else asked
+    asked = (*asked, RETURN_NUM_CACHED) if cached else asked
     if PROMPT_LOGPROBS in given:
         asked = (*asked, RETURN_PROMPT_LOGPROBS)
         if PROMPT_LOGPROBS not in model.outputs:
@@ -432,6 +446,7 @@ def piece_of(response: InferResponse) -> Piece:
     for name, attribute in (
         ("num_input_tokens", "prompt_tokens"),
         ("num_output_tokens", "completion_tokens"),
+        ("num_cached_tokens", "cached_tokens"),
     ):
         tensor = outputs.get(name)
         if tensor is not None and tensor.data.size:
@@ -448,6 +463,8 @@ class Params:
     sent: frozenset[str] = frozenset()
     # Read each response's generated ids (`return_token_ids`, or to count thoughts).
     ids: bool = False
+    # Read the prompt's cached tokens (--enable-prompt-tokens-details, Responses API).
+    cached: bool = False
 
 
 async def pieces(
@@ -461,6 +478,8 @@ async def pieces(
             piece = piece_of(response)
             if params.ids:
                 piece.token_ids = output_ids(response)
+            if not params.cached:  # a config without the flag sends it unasked
+                piece.cached_tokens = None
             yield piece
     except ServerError as exc:
         raise from_server_error(exc, params.prompt, params.sent) from None
@@ -484,3 +503,10 @@ async def collect(
         reason = piece.finish_reason or reason
         entries += piece.logprobs or ()
     return "".join(texts), reason or "stop", usage, entries
+
+
+def cached_total(usages: list[Usage]) -> int | None:
+    """The cached tokens of several prompts' usages (each prompt's first choice's), summed
+    as vLLM's batch chat sums them; None unless every prompt has its count."""
+    counts = [usage.cached_tokens for usage in usages]
+    return None if None in counts else sum(count or 0 for count in counts)

@@ -240,7 +240,8 @@ class Answer:
         if self.chat and first:
             data["prompt_token_ids"] = self.prompt_ids
         if self.include_usage:
-            found = usage.as_json(self.chat) if self.continuous_usage and usage else None
+            # vLLM's: the cached tokens on chat's opening chunks alone.
+            found = usage.as_json(self.chat, first) if self.continuous_usage and usage else None
             data["usage"] = found
         return sse(data)
 

@@ -47,7 +47,11 @@ def usage_json(usage: Usage | None) -> dict[str, Any] | None:
     thoughts = usage.thoughts
     return {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        # The prompt tokens found in the prefix cache (0 where the model reports none).
+        "input_tokens_details": {
+            "cached_tokens": usage.cached_tokens or 0,
+            "cache_write_tokens": 0,
+        },
         "output_tokens": usage.completion_tokens,
         # vLLM's count of the thought tokens (tokenids.py); 0 where not counted.
         "output_tokens_details": {"reasoning_tokens": thoughts.count if thoughts else 0},

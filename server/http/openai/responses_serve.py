@@ -91,10 +91,11 @@ async def create(catalog: Catalog, request: Request, body: ResponsesRequest) -> 
     tags = tokenids.tags(model, thinking)  # the thought tokens counted on the ids
     counted = tags is not None and tags.counted
     try:
-        infer_request, sent = build_request(model, prompt, stream, given, ids=counted)
+        # vLLM fills `input_tokens_details.cached_tokens` always, flag or not.
+        infer_request, sent = build_request(model, prompt, stream, given, ids=counted, cached=True)
     except OpenAIError as exc:  # a refusal names this API's field (`include`...)
         raise renamed(exc) from None
-    params = Params("input", sent, counted)
+    params = Params("input", sent, counted, cached=True)
     identity = Identity(body, request_id(request, body.request_id))
     if body.logprobs_asked():
         identity.top_logprobs = body.top_logprobs or 0

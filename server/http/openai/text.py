@@ -41,6 +41,7 @@ from .generation import (
     Usage,
     after_thoughts,
     build_request,
+    cached_total,
     collect,
     ids_array,
     ids_input,
@@ -278,6 +279,7 @@ async def answer_prompts(
     n = body.n or 1
     tags = (answer if heads is None else heads[0]).tags
     reads_ids = answer.token_ids or (tags is not None and tags.counted)
+    cached = catalog.tools.prompt_tokens_details  # --enable-prompt-tokens-details
     requests: list[InferRequest] = []
     for p, prompt in enumerate(await _as_sent(model, prompts)):
         use = (answer if heads is None else heads[p]).reasoning
@@ -286,10 +288,10 @@ async def answer_prompts(
             values = {**given, structured.AFTER: use.after}  # the grammar after the thoughts
         for each in seeded(values, n) if n > 1 else [values]:
             infer_request, sent = build_request(
-                model, prompt, stream, each, body.default_max_tokens, reads_ids
+                model, prompt, stream, each, body.default_max_tokens, reads_ids, cached
             )
             requests.append(infer_request)
-    params = Params("messages" if answer.chat else "prompt", sent, reads_ids)
+    params = Params("messages" if answer.chat else "prompt", sent, reads_ids, cached)
     answers = [answer if heads is None else heads[0]]
     if len(requests) > 1:
         answers = [
@@ -318,6 +320,7 @@ async def answer_prompts(
         )
         total = Usage(sum(results[k][2].prompt_tokens for k in range(0, len(results), n)))
         total.thoughts = tokenids.summed(counts)
+        total.cached_tokens = cached_total([results[k][2] for k in range(0, len(results), n)])
         choices = []
         for choice, (text, reason, usage, entries) in zip(answers, results, strict=True):
             total.completion_tokens += usage.completion_tokens

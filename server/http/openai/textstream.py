@@ -29,7 +29,7 @@ from . import tokenids
 from .catalog import Catalog
 from .choices import Item, merged, one
 from .errors import SERVER_ERROR, OpenAIError
-from .generation import Params, Piece, Usage, pieces
+from .generation import Params, Piece, Usage, cached_total, pieces
 from .logprobs import Entry, echoed
 from .objects import DONE, Answer, sse
 from .reasoning import ReasoningStream
@@ -108,6 +108,7 @@ async def _events(
         if answer.chat:
             prompt_tokens = first[1].prompt_tokens if first and first[1] else None
             opening = Usage(prompt_tokens or 0, thoughts=tokenids.thoughts(answer.tags))
+            opening.cached_tokens = first[1].cached_tokens if first and first[1] else None
             for choice in choices:
                 yield choice.answer.chunk("", first=True, usage=opening)
             for choice in choices if answer.echo else ():
@@ -145,6 +146,7 @@ async def _events(
         total = Usage(sum(choice.usage.prompt_tokens for choice in choices[::n]))
         total.completion_tokens = sum(choice.usage.completion_tokens for choice in choices)
         total.thoughts = tokenids.summed([choice.usage.thoughts for choice in choices])
+        total.cached_tokens = cached_total([choice.usage for choice in choices[::n]])
         yield answer.usage_chunk(total)
     yield DONE
 
