@@ -294,8 +294,8 @@ async def test_v1_routes_come_after_every_v2_route(tmp_path: Path) -> None:
         paths = [route.path for route in front.routes()]
         first_v1 = next(i for i, path in enumerate(paths) if path.startswith("/v1/"))
         assert all(path.startswith("/v1/") for path in paths[first_v1:])
-        # With the Responses API's three, vLLM's /v1/score and /v1/rerank, and its batch
-        # chat.
-        assert len(paths) - first_v1 == 14
+        # With the Responses API's three, vLLM's /v1/score and /v1/rerank, its batch chat,
+        # and Anthropic's /v1/messages and its count_tokens.
+        assert len(paths) - first_v1 == 16
     finally:
         await lifecycle.close()

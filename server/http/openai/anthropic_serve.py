@@ -31,11 +31,12 @@ from starlette.responses import Response, StreamingResponse
 
 from ..disconnects import until_disconnect
 from . import reasoning
+from .answers import Params, collect, pieces
 from .anthropic import CountTokensRequest, MessagesRequest, renamed
 from .anthropic_stream import Events, stop_reason, usage_json
 from .catalog import Catalog, text_generation
 from .errors import OpenAIError
-from .generation import Params, after_thoughts, build_request, collect, pieces, takes_constraints
+from .generation import after_thoughts, build_request, takes_constraints
 from .prompts import THREADED
 from .reasoning import Reasoning
 from .structured import AFTER

@@ -27,9 +27,9 @@ from typing import Any
 
 import orjson
 
+from .answers import Piece, Usage
 from .anthropic import renamed
 from .errors import SERVER_ERROR, OpenAIError
-from .generation import Piece, Usage
 from .reasoning import Reasoning
 from .tools import ToolStream, ToolUse
 

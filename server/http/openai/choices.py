@@ -22,7 +22,7 @@ import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Mapping
 from typing import Any, TypeVar
 
-from .generation import Piece
+from .answers import Piece
 
 T = TypeVar("T")
 # A choice's index and its next piece; None: the choice has ended.

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from .generation import Usage
+from .answers import Usage
 from .logprobs import Entry, Logprobs, echoed
 from .reasoning import Reasoning
 from .tokenids import Tags

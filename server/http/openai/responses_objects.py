@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from .generation import Usage
+from .answers import Usage
 from .logprobs import Entry, chat_content
 from .reasoning import Reasoning
 from .responses import ResponsesRequest

@@ -28,18 +28,10 @@ from starlette.responses import Response, StreamingResponse
 
 from ..disconnects import until_disconnect
 from . import reasoning, tokenids
+from .answers import Params, Piece, Usage, collect, pieces
 from .catalog import Catalog, text_generation
 from .errors import SERVER_ERROR, OpenAIError
-from .generation import (
-    Params,
-    Piece,
-    Usage,
-    after_thoughts,
-    build_request,
-    collect,
-    pieces,
-    takes_constraints,
-)
+from .generation import after_thoughts, build_request, takes_constraints
 from .reasoning import Reasoning
 from .responses import ResponsesRequest, renamed
 from .responses_objects import Identity

@@ -25,8 +25,8 @@ from typing import Any
 
 import orjson
 
+from .answers import Usage
 from .errors import OpenAIError
-from .generation import Usage
 from .logprobs import Entry
 from .responses_objects import (
     Identity,

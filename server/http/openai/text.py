@@ -31,18 +31,15 @@ from ge_serve.server.inference.types import InferRequest
 
 from ..disconnects import until_disconnect
 from . import fields, reasoning, structured, textstream, tokenids
+from .answers import Params, Usage, cached_total, collect
 from .catalog import Catalog, text_generation
 from .choices import all_of, seeded
 from .errors import CONTEXT_LENGTH_EXCEEDED, OpenAIError
 from .generation import (
     PRIORITY,
     Array,
-    Params,
-    Usage,
     after_thoughts,
     build_request,
-    cached_total,
-    collect,
     ids_array,
     ids_input,
     takes_constraints,

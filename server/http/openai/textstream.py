@@ -26,10 +26,10 @@ from ge_serve.server.inference.types import InferRequest
 
 from ..disconnects import until_disconnect
 from . import tokenids
+from .answers import Params, Piece, Usage, cached_total, pieces
 from .catalog import Catalog
 from .choices import Item, merged, one
 from .errors import SERVER_ERROR, OpenAIError
-from .generation import Params, Piece, Usage, cached_total, pieces
 from .logprobs import Entry, echoed
 from .objects import DONE, Answer, sse
 from .reasoning import ReasoningStream
