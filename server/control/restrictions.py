@@ -92,9 +92,12 @@ _HTTP_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"(?:/openai)?/v1/messages(?:/count_tokens)?", "inference"),
         # vLLM's tokenizer routes: a model's work, as its inference is.
         (r"/(?:tokenize|detokenize|tokenizer_info)", "inference"),
-        # vLLM's scoring routes (also under /openai/v1, as every /v1 route), and its
-        # pooling route.
-        (r"(?:/openai)?/v1/(?:score|rerank)|/(?:score|rerank|pooling)|/v2/rerank", "inference"),
+        # vLLM's scoring routes (also under /openai/v1, as every /v1 route), its pooling
+        # route, and Cohere's embed route (/v1/embeddings' category).
+        (
+            r"(?:/openai)?/v1/(?:score|rerank)|/(?:score|rerank|pooling)|/v2/(?:rerank|embed)",
+            "inference",
+        ),
         # Triton's OpenAI front end puts its load and unload routes here too.
         (r"(?:/openai)?/v1/models/[^/]+/(?:load|unload)", "model-repository"),
         (r"(?:/openai)?/v1/models(?:/[^/]+)?", "metadata"),

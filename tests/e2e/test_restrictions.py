@@ -58,6 +58,7 @@ from ge_serve.server.grpc.restricted import RestrictedProtocolInterceptor
         ("/rerank", "inference"),
         ("/v1/rerank", "inference"),
         ("/v2/rerank", "inference"),
+        ("/v2/embed", "inference"),
         ("/openai/v1/rerank", "inference"),
         ("/pooling", "inference"),
         ("/v1/pooling", None),

@@ -78,11 +78,11 @@ async def embeddings(
     model, embedder = catalog.embedding(body.model)
     size = embedder.vector_output.dims[0]
     if body.dimensions is not None and size > 0:
-        _check_dimensions(body.model, body.dimensions, size)  # before the model runs
+        check_dimensions(body.model, body.dimensions, size)  # before the model runs
     found = await vectors(catalog, model, embedder, body)
     if body.dimensions is not None:
         for vector, _ in found:
-            _check_dimensions(body.model, body.dimensions, vector.size)
+            check_dimensions(body.model, body.dimensions, vector.size)
     name = "embd-" + (request_id or uuid.uuid4().hex)
     created = int(time.time())
     if body.encoding_format in ("bytes", "bytes_only"):
@@ -189,11 +189,12 @@ async def embed(
     return [_read(response, embedder) for response in responses]
 
 
-def _check_dimensions(model: str, dimensions: int, size: int) -> None:
+def check_dimensions(model: str, dimensions: int, size: int, param: str = "dimensions") -> None:
+    """Only the model's own size: no model here gives a shorter (Matryoshka) vector."""
     if dimensions != size:
         raise OpenAIError(
-            f"The model '{model}' gives {size} dimensions; 'dimensions' cannot change it",
-            param="dimensions",
+            f"The model '{model}' gives {size} dimensions; '{param}' cannot change it",
+            param=param,
         )
 
 

@@ -38,7 +38,8 @@ from ..errors import ClosingError, TooLarge, http_status
 
 # The paths whose errors, wherever they arise, are OpenAI's error object: /v1 and below,
 # and vLLM's tokenizer, scoring and pooling routes beside it (tokenize.py, scoring.py,
-# pooling.py).
+# pooling.py), and its Cohere embed route (cohere_embed.py), whose errors vLLM gives as
+# OpenAI's error object too.
 OPENAI_ROOT = "/v1"
 OPENAI_PREFIX = OPENAI_ROOT + "/"
 # KServe's prefix of the same API (its KSERVE_OPENAI_ROUTE_PREFIX's default): /openai/v1/...
@@ -46,7 +47,7 @@ OPENAI_PREFIX = OPENAI_ROOT + "/"
 KSERVE_PREFIX = "/openai"
 KSERVE_ROOT = KSERVE_PREFIX + OPENAI_ROOT
 TOKENIZER_PATHS = frozenset(("/tokenize", "/detokenize", "/tokenizer_info"))
-SCORING_PATHS = frozenset(("/score", "/rerank", "/v2/rerank", "/pooling"))
+SCORING_PATHS = frozenset(("/score", "/rerank", "/v2/rerank", "/pooling", "/v2/embed"))
 # Anthropic's Messages API (anthropic.py): its errors are Anthropic's error object.
 ANTHROPIC_PATHS = frozenset(("/v1/messages", "/v1/messages/count_tokens"))
 # Anthropic's `error.type` by status, as vLLM's translate_error_type picks it (its SDKs

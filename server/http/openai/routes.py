@@ -20,8 +20,9 @@ And Anthropic's Messages API as vLLM serves it, `POST /v1/messages` and
 there is Anthropic's error object.
 
 And vLLM's `POST /tokenize` and `POST /detokenize` (tokenize.py), its scoring routes
-`POST /score`, `/v1/score`, `/rerank`, `/v1/rerank` and `/v2/rerank` (scoring.py), and its
-`POST /pooling` (pooling.py), in `inference`.
+`POST /score`, `/v1/score`, `/rerank`, `/v1/rerank` and `/v2/rerank` (scoring.py), its
+`POST /pooling` (pooling.py) and its Cohere `POST /v2/embed` (cohere_embed.py), in
+`inference`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from ..routing import RouteHost
 from . import (
     anthropic_serve,
     chatbatch,
+    cohere_embed,
     embeddings,
     pooling,
     responses_serve,
@@ -231,6 +233,12 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         answer = await until_disconnect(request, pooling.pooling(catalog, request, body))
         return answer if isinstance(answer, Response) else _json(answer)
 
+    async def cohere(request: Request) -> Response:
+        body = await read(request, cohere_embed.CohereEmbedRequest)
+        # Cancelled with its client, as /v1/embeddings (vLLM's @with_cancellation).
+        work = cohere_embed.cohere_embed(catalog, request, body)
+        return _json(await until_disconnect(request, work))
+
     async def score(request: Request) -> Response:
         body = await read(request, scoring.form)
         return _json(await until_disconnect(request, scoring.score(catalog, request, body)))
@@ -275,6 +283,8 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         post("/v2/rerank", rerank, scoring.RerankRequest),
         # vLLM's generic pooling route (pooling.py), for embedding models; not under /v1.
         post("/pooling", pool, PoolingRequest),
+        # Cohere's embed API as vLLM serves it (cohere_embed.py), beside /v2/rerank.
+        post("/v2/embed", cohere, cohere_embed.CohereEmbedRequest),
         get("/v1/models", list_models),
         ApiRoute(
             "/v1/models/{model}", _openai_errors(kserve_v1), methods=["POST"], error=ErrorObject
