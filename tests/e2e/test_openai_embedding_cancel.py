@@ -1,4 +1,4 @@
-"""/v1/embeddings, /score and /rerank give up on a request's texts when nobody will read
+"""/v1/embeddings, /v2/embed, /score and /rerank give up on a request's texts when nobody will read
 their vectors, as vLLM does (its @with_cancellation on these routes, and no text of a
 refused request embedded): a client that leaves cancels every text still queued, and so
 does a text the model refuses.
@@ -75,6 +75,7 @@ def texts(count: int) -> list[str]:
 BODIES: dict[str, dict[str, Any]] = {
     "/v1/embeddings": {"model": "slow", "input": texts(TEXTS)},
     "/pooling": {"model": "slow", "input": texts(TEXTS)},
+    "/v2/embed": {"model": "slow", "texts": texts(TEXTS)},
     "/rerank": {"model": "slow", "query": "query", "documents": texts(TEXTS - 1)},
     "/score": {"model": "slow", "queries": "query", "documents": texts(TEXTS - 1)},
 }
@@ -135,6 +136,8 @@ def test_a_refused_text_cancels_the_others(server: ServerProcess, path: str) -> 
     # The first text the model takes is the one it refuses, while the others wait.
     if path in ("/v1/embeddings", "/pooling"):
         body["input"][0] = "REFUSE"
+    elif path == "/v2/embed":
+        body["texts"][0] = "REFUSE"
     else:
         body["query" if path == "/rerank" else "queries"] = "REFUSE"
     answer = httpx.post(server.base_url + path, json=body, timeout=60)
