@@ -253,6 +253,19 @@ async def test_a_named_tool_is_a_tool_use(http: httpx.AsyncClient) -> None:
     assert (call["type"], call["input"]) == ("tool_use", {"city": "Bergen"})
 
 
+async def test_a_named_call_cut_by_a_stop_sequence_is_not_a_tool_use(
+    http: httpx.AsyncClient,
+) -> None:
+    # The grammar writes `{"city": ...`; the stop string cuts the arguments short.
+    choice = {"type": "tool", "name": "weather"}
+    body = _body("tiny", "K", temperature=0, thinking=OFF, tools=[WEATHER], tool_choice=choice,
+                 stop_sequences=["city"])  # fmt: skip
+    answer = await _message(http, body)
+    assert (answer["stop_reason"], answer["stop_sequence"]) == ("stop_sequence", "city")
+    events = await _events(http, body)
+    assert events[-2]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "city"}
+
+
 async def test_thinking_blocks_whole_and_streamed(http: httpx.AsyncClient) -> None:
     body = _body("echo", "<think>Two and two.</think>It is 4.")
     answer = await _message(http, body)

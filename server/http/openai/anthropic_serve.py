@@ -33,7 +33,7 @@ from ..disconnects import until_disconnect
 from . import reasoning
 from .answers import Params, collect, pieces
 from .anthropic import CountTokensRequest, MessagesRequest, renamed
-from .anthropic_stream import Events, stop_reason, usage_json
+from .anthropic_stream import Events, calls_complete, stop_reason, usage_json
 from .catalog import Catalog, text_generation
 from .errors import OpenAIError
 from .generation import after_thoughts, build_request, takes_constraints
@@ -88,8 +88,9 @@ async def create(catalog: Catalog, request: Request, body: MessagesRequest) -> R
             )
         except OpenAIError as exc:
             raise renamed(exc) from None
-        content, used = _content(text, tools, thinking)
-        stop, sequence = stop_reason(reason, usage.stop_reason, used, used)
+        content, arguments = _content(text, tools, thinking)
+        complete = calls_complete(arguments)
+        stop, sequence = stop_reason(reason, usage.stop_reason, bool(arguments), complete)
         answer = {
             "id": identity,
             "type": "message",
@@ -134,8 +135,8 @@ async def count_tokens(catalog: Catalog, body: CountTokensRequest) -> dict[str, 
 
 def _content(
     text: str, tools: ToolUse | None, thinking: Reasoning | None
-) -> tuple[list[dict[str, Any]], bool]:
-    """A whole answer's content blocks, and whether it called a tool."""
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """A whole answer's content blocks, and its calls' arguments as the model wrote them."""
     blocks: list[dict[str, Any]] = []
     after: str | None = text
     if thinking is not None:
@@ -159,7 +160,8 @@ def _content(
             }
         )
     # Anthropic's shape of an empty answer: one empty text block (vLLM's).
-    return blocks or [{"type": "text", "text": ""}], bool(calls)
+    arguments = [found_call["function"]["arguments"] for found_call in calls]
+    return blocks or [{"type": "text", "text": ""}], arguments
 
 
 def tool_input(arguments: str) -> dict[str, Any]:

@@ -79,7 +79,8 @@ class Events:
         self.tool_id = ""
         self.held: list[str] = []
         self.used = False
-        self.arguments: list[str] = []
+        # Each call's arguments, as their deltas came.
+        self.calls: list[list[str]] = []
 
     async def run(
         self, first: Piece | None, rest: AsyncGenerator[Piece, None]
@@ -126,7 +127,7 @@ class Events:
                 failure = OpenAIError(f"internal error: {exc}", status=500, kind=SERVER_ERROR)
                 yield event("error", failure.anthropic_body())
                 return
-        complete = self.used and _is_json("".join(self.arguments))
+        complete = calls_complete(["".join(arguments) for arguments in self.calls])
         stop, sequence = stop_reason(reason or "stop", usage.stop_reason, self.used, complete)
         delta = {"stop_reason": stop, "stop_sequence": sequence}
         yield event(
@@ -197,12 +198,13 @@ class Events:
             function = call.get("function", {})
             if "id" in call and call["id"] != self.tool_id and function.get("name"):
                 found += self._flush()
-                self.used, self.arguments, self.tool_id = True, [], call["id"]
+                self.used, self.tool_id = True, call["id"]
+                self.calls.append([])
                 block = {"type": "tool_use", "id": call["id"], "name": function["name"]}
                 found.append(self._start("tool_use", {**block, "input": {}}))
             arguments = function.get("arguments") or ""
             if arguments and self.open == "tool_use":
-                self.arguments.append(arguments)
+                self.calls[-1].append(arguments)
                 found.append(self._block_delta({"type": "input_json_delta",
                                                 "partial_json": arguments}))  # fmt: skip
         return found
@@ -228,6 +230,13 @@ class Events:
         if held:
             found += self._text(held) + self._close()
         return found
+
+
+def calls_complete(arguments: list[str]) -> bool:
+    """Whether an answer's calls are whole: it has calls, and each one's arguments read
+    as JSON (a stop string or the limit may cut the last). The whole answer's test and
+    the stream's, for stop_reason's `complete`."""
+    return bool(arguments) and all(_is_json(each) for each in arguments)
 
 
 def _is_json(text: str) -> bool:
