@@ -204,6 +204,25 @@ async def test_the_system_prompt_and_blocks_reach_the_template(http: httpx.Async
     )
 
 
+async def test_billing_headers_are_stripped_as_vllm_strips_them(http: httpx.AsyncClient) -> None:
+    billing = "x-anthropic-billing-header: cc; "
+    body = _body("echo", "?prompt", thinking=OFF, system=billing + "Be brief.")
+    body["messages"] = [
+        {"role": "system", "content": billing + "inline"},
+        {"role": "system", "content": [{"type": "text", "text": billing}]},
+        *body["messages"],
+    ]
+    answer = await _message(http, body)
+    # A top-level string is kept whole; inline system messages and blocks lose the header.
+    assert answer["content"][0]["text"].startswith(
+        f"<|im_start|>system\n{billing}Be brief.<|im_end|>\n<|im_start|>user\n?prompt"
+    )
+    system = [{"type": "text", "text": billing}, {"type": "text", "text": "Hi."}]
+    blocks = _body("echo", "?prompt", thinking=OFF, system=system)
+    answer = await _message(http, blocks)
+    assert answer["content"][0]["text"].startswith("<|im_start|>system\nHi.<|im_end|>\n")
+
+
 async def test_a_tool_use_turn_and_its_result_reach_the_template(http: httpx.AsyncClient) -> None:
     body = _body("echo", "", thinking=OFF, tools=[WEATHER])
     body["messages"] = [

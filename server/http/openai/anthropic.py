@@ -59,7 +59,8 @@ NO_IMAGES = (
     "Image content is not supported: no model this server serves takes images (only "
     "text, tool_use, tool_result and thinking blocks are)"
 )
-# vLLM's: Claude Code's attribution header, a per-request hash, dropped from the system.
+# vLLM's: Claude Code's attribution header, a per-request hash, dropped from system text
+# blocks and inline system messages (a top-level `system` string is kept whole).
 BILLING_HEADER = "x-anthropic-billing-header"
 
 
@@ -297,7 +298,8 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
     _convert_messages make them."""
     messages: list[dict[str, Any]] = []
     if body.system:
-        text = _system_text(body.system)
+        # vLLM's: a top-level string is kept whole, billing header or not.
+        text = body.system if isinstance(body.system, str) else _system_text(body.system)
         if text:
             messages.append({"role": "system", "content": text})
     for index, message in enumerate(body.messages):
