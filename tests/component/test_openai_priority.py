@@ -211,3 +211,23 @@ async def test_a_priority_past_64_bits_is_a_400(
     http, _ = app
     response = await http.post("/v1/chat/completions", json={**CHAT, **body}, headers=headers)
     assert error(response)["param"] == "priority"
+
+
+async def test_the_messages_route_passes_the_header_on(
+    app: tuple[httpx.AsyncClient, InferenceServer],
+) -> None:
+    http, core = app
+    body = {"model": "fcfs", "messages": CHAT["messages"], "max_tokens": 2, "temperature": 0}
+    recorder = Recorder(core.model("fcfs").scheduler)
+    try:
+        response = await http.post("/v1/messages", json=body, headers={"x-vllm-priority": "-3"})
+        assert response.status_code == 200, response.text
+        # vLLM's Messages request has no `priority`: the body's is ignored, as vLLM's.
+        response = await http.post("/v1/messages", json={**body, "priority": 5})
+        assert response.status_code == 200, response.text
+    finally:
+        recorder.close()
+    assert [sent.get("priority") for sent in recorder.sent] == [-3, None]
+    past = await http.post("/v1/messages", json=body, headers={"X-Vllm-Priority": str(2**63)})
+    assert past.status_code == 400, past.text
+    assert "X-Vllm-Priority" in past.json()["error"]["message"]

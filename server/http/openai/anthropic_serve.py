@@ -42,7 +42,7 @@ from .reasoning import Reasoning
 from .structured import AFTER
 from .structured import KEY as STRUCTURED
 from .template import variables
-from .text import chat_prompt, check_limit, no_chat_template, request_id
+from .text import add_priority, chat_prompt, check_limit, no_chat_template, request_id
 from .textstream import SSE_HEADERS
 from .tokenize import tokenizer_of
 from .toolparse import Call
@@ -66,6 +66,8 @@ async def create(catalog: Catalog, request: Request, body: MessagesRequest) -> R
     prompt = await chat_prompt(generation, chat, template_tools(chat.tools))
     stream = bool(body.stream)
     given = chat.sampling()
+    # vLLM's Messages request has no `priority`: only the header sets it, as chat's does.
+    add_priority(request, given, None)
     thinking = None
     if catalog.tools.reasoning_parser:
         field = _constrained(chosen, given)
