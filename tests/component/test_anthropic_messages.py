@@ -394,6 +394,27 @@ async def test_errors_are_anthropics(http: httpx.AsyncClient) -> None:
     _error(wrong_method, 405, "invalid_request_error")
 
 
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [([{"type": "tool_use", "id": "t", "name": "weather", "input": [1]}],
+      "'messages[0].content[0].input'"),
+     ([{"type": "text", "text": "Hi"}, {"type": "text", "text": 5}],
+      "'messages[0].content[1].text'"),
+     ([{"type": "tool_result", "tool_use_id": "t", "content": [3]}],
+      "'messages[0].content[0].content[0]'"),
+     ([{"type": "text"}], "Missing required parameter: 'messages[0].content[0].text'"),
+     ([{"type": "text", "text": ""}], "'messages': no message has content")],
+)  # fmt: skip
+async def test_a_wrong_field_of_a_block_is_named(
+    http: httpx.AsyncClient, content: list[dict[str, Any]], named: str
+) -> None:
+    body = _body("echo", "Hi")
+    body["messages"][0]["content"] = content
+    for path in (MESSAGES, "/v1/messages/count_tokens"):
+        response = await http.post(path, json=body)
+        assert named in _error(response, 400, "invalid_request_error")
+
+
 async def test_anthropic_headers_are_accepted(http: httpx.AsyncClient) -> None:
     headers = {"x-api-key": "key", "anthropic-version": "2023-06-01"}
     response = await http.post(MESSAGES, json=_body("echo", "Hi", thinking=OFF), headers=headers)

@@ -72,7 +72,8 @@ class Block(Body):
     tool_use_id: str | None = None
     name: str | None = None
     input: dict[str, Any] | None = None
-    content: str | list[dict[str, Any]] | None = None
+    # The list first: a wrong item is named there, not as "a valid string" (as content).
+    content: list[dict[str, Any]] | str | None = None
     is_error: bool | None = None
     tool_name: str | None = None
     thinking: str | None = None
@@ -83,7 +84,9 @@ class Block(Body):
 
 class Message(Body):
     role: Literal["user", "assistant", "system"]
-    content: str | list[Block]
+    # Blocks first: a wrong field of a block is named (`messages[0].content[1].input`),
+    # not the string that `content` may be instead.
+    content: list[Block] | str
 
 
 class Tool(Body):
@@ -125,7 +128,7 @@ class CountTokensRequest(Body):
 
     model: str = Field(min_length=1)
     messages: list[Message]
-    system: str | list[Block] | None = None
+    system: list[Block] | str | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
@@ -245,11 +248,23 @@ def known_blocks(document: Any) -> None:
                     f"{', '.join(BLOCK_TYPES)}",
                     param=where,
                 )
+            if kind == "text" and "text" not in block:
+                # Anthropic's required field; without it the block would be read past.
+                where = f"messages[{index}].content[{number}].text"
+                raise OpenAIError(f"Missing required parameter: '{where}'", param=where)
 
 
 def checked(document: dict[str, Any]) -> ChatCompletionRequest:
     """The chat request, checked as chat checks its own (a refusal names the Messages
     API's field)."""
+    if not document["messages"]:
+        # Every message was read past (empty text, thoughts left out...): say so, not
+        # that chat's list is empty.
+        raise OpenAIError(
+            "Invalid value for 'messages': no message has content to send the model (empty "
+            "text blocks, and a message of nothing else, are read past)",
+            param="messages",
+        )
     try:
         chat = parse(ChatCompletionRequest, document)
         chat.refuse_unsupported()
