@@ -228,8 +228,9 @@ class GenerationScheduler:
                 self._wake.wait()
             if self._stopping:
                 return False
-            enqueue(self._waiting, self._inbox, self._limits)
-            self._inbox.clear()
+            # Taken under the lock that submit() waits for, ordered into the queue after.
+            inbox, self._inbox = self._inbox, []
+        enqueue(self._waiting, inbox, self._limits)
         self._drop_cancelled()
         allocator = self._model.runner.pool.allocator
         plan = plan_step(self._running, self._waiting, allocator, self._limits)

@@ -5,6 +5,7 @@ running sequence of the largest; and the request's `priority` sampling key."""
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from typing import Any
 
@@ -19,7 +20,7 @@ from ge_serve.backends.llm.sampling import (
 )
 from ge_serve.backends.llm.settings import SamplingDefaults
 from ge_serve.backends.llm.text import StopStrings
-from ge_serve.scheduler.genplan import Limits, enqueue, plan_step
+from ge_serve.scheduler.genplan import Limits, enqueue, plan_step, rank
 from ge_serve.scheduler.genseq import Sequence
 
 DEFAULTS = SamplingDefaults(max_tokens=16, temperature=1.0, top_p=1.0, top_k=0)
@@ -75,6 +76,34 @@ def test_the_queue_is_arrival_order_or_priority_then_arrival(
     plan = plan_step(running, waiting, BlockAllocator(32), limits(priority, seqs=2))
     assert [s.serial for s in plan.admitted] == order[:2]
     assert [s.serial for s in waiting] == order[2:]
+
+
+class Watched(deque[Sequence]):
+    """A queue that counts inserts into its middle (each one a pass over the deque)."""
+
+    inserts = 0
+
+    def insert(self, i: int, x: Sequence) -> None:
+        self.inserts += 1
+        super().insert(i, x)
+
+
+@pytest.mark.parametrize("priority", [False, True])
+def test_a_burst_keeps_the_order_in_one_merge(priority: bool) -> None:
+    shuffled = random.Random(7)
+    serials = list(range(600))
+    shuffled.shuffle(serials)
+    bursts = [
+        [seq(serial, 3, shuffled.randint(-3, 3)) for serial in serials[at : at + 200]]
+        for at in (0, 200, 400)
+    ]
+    waiting = Watched()
+    for burst in bursts:
+        enqueue(waiting, burst, limits(priority))
+    given = [s for burst in bursts for s in burst]
+    # fcfs: as they came; priority: (priority, arrival), each burst merged in, not inserted.
+    assert list(waiting) == (sorted(given, key=rank) if priority else given)
+    assert waiting.inserts == 0
 
 
 @pytest.mark.parametrize(
