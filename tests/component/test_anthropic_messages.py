@@ -13,6 +13,7 @@ no thoughts for the qwen3 parser to read.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ import pytest_asyncio
 from openai_inprocess import openai_client
 from pymodels import write_model
 
+from ge_serve.server.http.openai.anthropic import MessagesRequest
+from ge_serve.server.http.openai.schemas import ChatCompletionRequest
 from ge_serve.server.http.openai.tools import ToolSettings
 
 pytest.importorskip("tokenizers", reason="tokenizers is not installed (runtime dependency)")
@@ -352,6 +355,35 @@ async def test_count_tokens_is_the_chat_prompts_count(http: httpx.AsyncClient) -
     counted = await http.post("/v1/messages/count_tokens", json=body)
     assert counted.status_code == 200, counted.text
     assert counted.json() == {"input_tokens": chat.json()["usage"]["prompt_tokens"]}
+
+
+async def test_a_large_body_becomes_a_chat_request_off_the_loop(
+    http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[bool] = []
+    convert = MessagesRequest.chat
+
+    def recorded(self: MessagesRequest) -> ChatCompletionRequest:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return convert(self)
+
+    monkeypatch.setattr(MessagesRequest, "chat", recorded)
+    await _message(http, _body("echo", "Hi", thinking=OFF))
+    large = _body("echo", "Hi", thinking=OFF)
+    large["messages"][0]["content"] = [{"type": "text", "text": "x" * 99}] * 1000  # ~ 100 kB
+    await _message(http, large)
+    assert threads == [True, False]  # on the loop's thread only while small
+
+
+async def test_count_tokens_refuses_a_conversation_past_the_context(
+    http: httpx.AsyncClient,
+) -> None:
+    # The tiny model's context is 256 tokens; every message takes at least one.
+    messages = [{"role": "user", "content": "Hi"}] * 257
+    response = await http.post(
+        "/v1/messages/count_tokens", json={"model": "tiny", "messages": messages}
+    )
+    assert "257 messages" in _error(response, 400, "invalid_request_error")
 
 
 def _error(response: httpx.Response, status: int, kind: str) -> str:

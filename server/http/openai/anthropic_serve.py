@@ -39,6 +39,7 @@ from .errors import OpenAIError
 from .generation import after_thoughts, build_request, takes_constraints
 from .prompts import THREADED
 from .reasoning import Reasoning
+from .schemas import ChatCompletionRequest
 from .structured import AFTER
 from .structured import KEY as STRUCTURED
 from .template import variables
@@ -51,8 +52,11 @@ from .tools import ToolUse, plan, template_tools
 API = "Messages API"
 
 
-async def create(catalog: Catalog, request: Request, body: MessagesRequest) -> Response:
-    chat = body.chat()
+async def create(
+    catalog: Catalog, request: Request, body: MessagesRequest, chat: ChatCompletionRequest
+) -> Response:
+    """The answer to `body`, whose chat request is `chat` (body.chat(), converted off
+    the loop for a large body, routes.py)."""
     name, model = catalog.generator(body.model, API)
     generation = text_generation(model)
     if generation is None or generation.chat_template is None:
@@ -119,9 +123,11 @@ async def create(catalog: Catalog, request: Request, body: MessagesRequest) -> R
     )
 
 
-async def count_tokens(catalog: Catalog, body: CountTokensRequest) -> dict[str, Any]:
-    """The rendered prompt's count of tokens, as the chat route's prompt would count."""
-    chat = body.chat()
+async def count_tokens(
+    catalog: Catalog, body: CountTokensRequest, chat: ChatCompletionRequest
+) -> dict[str, Any]:
+    """The rendered prompt's count of tokens, as the chat route's prompt would count
+    (`chat`: body.chat())."""
     name, _ = catalog.generator(body.model, API)
     generation, tokenizer = tokenizer_of(catalog, name)
     if generation.chat_template is None:

@@ -81,6 +81,7 @@ from .tools import ToolSettings
 log = logging.getLogger(__name__)
 
 B = TypeVar("B", bound=Body)
+M = TypeVar("M", bound=CountTokensRequest)
 
 # Bodies larger than this are parsed and checked off the event loop's thread: below it
 # that takes well under a millisecond, less than the hand-over to a thread would add.
@@ -94,13 +95,10 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
     catalog = Catalog(front.core, tools)
     management = ModelManagement(front.core, catalog)
 
-    async def read(
-        request: Request,
-        schema: type[B] | Callable[[Any], type[B]],
-        bounded: Callable[[Any], None] | None = None,
-    ) -> B:
-        """The body checked against `schema` (or the schema it picks for the document);
-        `bounded` may refuse a document first, before the checks, whose cost grows with it."""
+    async def read_document(
+        request: Request, bounded: Callable[[Any], None] | None
+    ) -> tuple[Any, bool]:
+        """The body's JSON document, and whether it is large (checked off the loop)."""
         raw = await front.read_body(request)
         # Checking a body of a million messages takes seconds, off the loop's thread or
         # on it, since the check holds the interpreter throughout: what `bounded` refuses
@@ -109,11 +107,31 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         document = await asyncio.to_thread(_document, raw) if large else _document(raw)
         if bounded is not None:
             bounded(document)
+        return document, large
+
+    async def read(
+        request: Request,
+        schema: type[B] | Callable[[Any], type[B]],
+        bounded: Callable[[Any], None] | None = None,
+    ) -> B:
+        """The body checked against `schema` (or the schema it picks for the document);
+        `bounded` may refuse a document first, before the checks, whose cost grows with it."""
+        document, large = await read_document(request, bounded)
         if not isinstance(schema, type):
             schema = schema(document)
         if large:
             return await asyncio.to_thread(_checked, document, schema)
         return _checked(document, schema)
+
+    async def read_conversation(
+        request: Request, schema: type[M]
+    ) -> tuple[M, ChatCompletionRequest]:
+        """A Messages body and the chat request it becomes, both checked off the loop
+        when large (the conversion checks every message and block again)."""
+        document, large = await read_document(request, blocks_fit)
+        if large:
+            return await asyncio.to_thread(_conversation, document, schema)
+        return _conversation(document, schema)
 
     def body_first(handler: Callable[[Request], Awaitable[Response]]) -> Callable[..., Any]:
         """A route that takes no body still reads what is sent, size-capped: a body past
@@ -208,12 +226,14 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         conversation_fits(document)
 
     async def messages(request: Request) -> Response:
-        body = await read(request, MessagesRequest, blocks_fit)
-        return await anthropic_serve.create(catalog, request, body)
+        body, chat = await read_conversation(request, MessagesRequest)
+        return await anthropic_serve.create(catalog, request, body, chat)
 
     async def count_tokens(request: Request) -> Response:
-        body = await read(request, CountTokensRequest, known_blocks)
-        return _json(await until_disconnect(request, anthropic_serve.count_tokens(catalog, body)))
+        # Bounded as /v1/messages: a conversation past the context is never rendered.
+        body, chat = await read_conversation(request, CountTokensRequest)
+        counted = anthropic_serve.count_tokens(catalog, body, chat)
+        return _json(await until_disconnect(request, counted))
 
     async def stored_response(request: Request) -> Response:
         # vLLM's routes; its store is off by default, so no response is ever found.
@@ -352,6 +372,11 @@ def _checked(document: Any, schema: type[B]) -> B:
     if refuse is not None:
         refuse()
     return body
+
+
+def _conversation(document: Any, schema: type[M]) -> tuple[M, ChatCompletionRequest]:
+    body = _checked(document, schema)
+    return body, body.chat()
 
 
 def _openai_errors(handler: Handler, anthropic: bool = False) -> Handler:
