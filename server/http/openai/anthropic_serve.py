@@ -29,27 +29,23 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from ..disconnects import until_disconnect
-from . import reasoning
-from .answers import Params, collect, pieces
 from .anthropic import CountTokensRequest, MessagesRequest, renamed
 from .anthropic_stream import Events, calls_complete, stop_reason, usage_json
-from .catalog import Catalog, text_generation
-from .errors import OpenAIError
-from .generation import after_thoughts, build_request, takes_constraints
+from .catalog import Catalog
+from .chatpath import Route, first_piece, prepare, whole
 from .prompts import THREADED
 from .reasoning import Reasoning
 from .schemas import ChatCompletionRequest
-from .structured import AFTER
-from .structured import KEY as STRUCTURED
-from .template import variables
-from .text import add_priority, chat_prompt, check_limit, no_chat_template, request_id
+from .text import chat_prompt, no_chat_template, request_id
 from .textstream import SSE_HEADERS
 from .tokenize import tokenizer_of
 from .toolparse import Call
-from .tools import ToolUse, plan, template_tools
+from .tools import ToolUse, template_tools
 
 API = "Messages API"
+
+
+ROUTE = Route(API, "max_tokens", "messages", renamed)
 
 
 async def create(
@@ -57,67 +53,31 @@ async def create(
 ) -> Response:
     """The answer to `body`, whose chat request is `chat` (body.chat(), converted off
     the loop for a large body, routes.py)."""
-    name, model = catalog.generator(body.model, API)
-    generation = text_generation(model)
-    if generation is None or generation.chat_template is None:
-        raise no_chat_template(name)
-    check_limit(body.max_tokens, generation.max_model_len)
-    chosen = chat.chosen_tool()
-    tools: ToolUse | None = None
-    if chosen != "auto" or catalog.tools.parser:
-        constrained = takes_constraints(model.inputs)
-        tools = plan(chosen, catalog.tools, constrained, name, chat.parallel_tool_calls)
-    prompt = await chat_prompt(generation, chat, template_tools(chat.tools))
     stream = bool(body.stream)
-    given = chat.sampling()
     # vLLM's Messages request has no `priority`: only the header sets it, as chat's does.
-    add_priority(request, given, None)
-    thinking = None
-    if catalog.tools.reasoning_parser:
-        field = _constrained(chosen, given)
-        thinking = reasoning.plan(
-            catalog.tools.reasoning_parser, True, variables(chat), prompt, field
-        )
-        if field is not None and thinking is not None and thinking.after is not None:
-            after_thoughts(model, field)
-            given[AFTER] = thinking.after  # the grammar after the thoughts
-    try:
-        infer_request, sent = build_request(model, prompt, stream, given)
-    except OpenAIError as exc:
-        raise renamed(exc) from None
-    params = Params("messages", sent)
+    planned = await prepare(
+        catalog, request, chat, ROUTE, model=body.model, limit=body.max_tokens,
+        stream=stream, output_field="output_config",
+    )  # fmt: skip
     identity = "msg_" + (request_id(request, None) or uuid.uuid4().hex)
     if not stream:
-        try:
-            text, reason, usage, _ = await until_disconnect(
-                request, collect(catalog.core, infer_request, params)
-            )
-        except OpenAIError as exc:
-            raise renamed(exc) from None
-        content, arguments = _content(text, tools, thinking)
+        text, reason, usage, _ = await whole(catalog, request, planned)
+        content, arguments = _content(text, planned.tools, planned.thinking)
         complete = calls_complete(arguments)
         stop, sequence = stop_reason(reason, usage.stop_reason, bool(arguments), complete)
         answer = {
             "id": identity,
             "type": "message",
             "role": "assistant",
-            "model": name,
+            "model": planned.name,
             "content": content,
             "stop_reason": stop,
             "stop_sequence": sequence,
             "usage": usage_json(usage.prompt_tokens, usage.completion_tokens),
         }
         return Response(orjson.dumps(answer), media_type="application/json")
-    rest = pieces(catalog.core, infer_request, params)
-    try:
-        first = await until_disconnect(request, anext(rest, None))
-    except OpenAIError as exc:
-        await rest.aclose()
-        raise renamed(exc) from None
-    except BaseException:
-        await rest.aclose()
-        raise
-    events = Events(identity, name, tools, thinking)
+    first, rest = await first_piece(catalog, request, planned)
+    events = Events(identity, planned.name, planned.tools, planned.thinking)
     return StreamingResponse(
         events.run(first, rest), media_type="text/event-stream", headers=SSE_HEADERS
     )
@@ -180,12 +140,3 @@ def tool_input(arguments: str) -> dict[str, Any]:
     except ValueError:
         return {}
     return found if isinstance(found, dict) else {}
-
-
-def _constrained(chosen: Any, given: dict[str, Any]) -> str | None:
-    """The field whose structured outputs constrain the answer, if one does."""
-    if STRUCTURED not in given:
-        return None
-    if chosen == "required" or isinstance(chosen, dict):
-        return "tool_choice"
-    return "output_config"

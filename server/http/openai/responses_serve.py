@@ -19,99 +19,57 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import replace
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from ..disconnects import until_disconnect
-from . import reasoning, tokenids
-from .answers import Params, Piece, Usage, collect, pieces
-from .catalog import Catalog, text_generation
+from . import tokenids
+from .answers import Piece, Usage
+from .catalog import Catalog
+from .chatpath import Route, first_piece, prepare, whole
 from .errors import SERVER_ERROR, OpenAIError
-from .generation import after_thoughts, build_request, takes_constraints
 from .reasoning import Reasoning
 from .responses import ResponsesRequest, renamed
 from .responses_objects import Identity
 from .responses_stream import Events
-from .structured import AFTER
-from .structured import KEY as STRUCTURED
-from .template import variables
-from .text import add_priority, chat_prompt, check_limit, no_chat_template, request_id
+from .text import request_id
 from .textstream import SSE_HEADERS
 from .tokenids import Thoughts
-from .tools import ToolStream, ToolUse, plan, template_tools
+from .tools import ToolStream, ToolUse
 
 log = logging.getLogger(__name__)
 
 
+ROUTE = Route("Responses API", "max_output_tokens", "input", renamed, details=True)
+
+
 async def create(catalog: Catalog, request: Request, body: ResponsesRequest) -> Response:
     chat = body.chat()
-    name, model = catalog.generator(body.model, "Responses API")
-    # The answer echoes the model that serves it, named or not.
-    body = body.model_copy(update={"model": name})
-    generation = text_generation(model)
-    if generation is None or generation.chat_template is None:
-        raise no_chat_template(name)
-    check_limit(body.max_output_tokens, generation.max_model_len, "max_output_tokens")
-    chosen = chat.chosen_tool()
-    tools: ToolUse | None = None
-    if chosen != "auto" or catalog.tools.parser:
-        constrained = takes_constraints(model.inputs)
-        try:
-            tools = plan(chosen, catalog.tools, constrained, name, chat.parallel_tool_calls)
-        except OpenAIError as exc:
-            raise renamed(exc) from None
-    try:
-        prompt = await chat_prompt(generation, chat, template_tools(chat.tools))
-    except OpenAIError as exc:
-        raise renamed(exc) from None
     stream = bool(body.stream)
-    given = chat.sampling()
-    add_priority(request, given, chat.priority)
-    thinking = None
-    if catalog.tools.reasoning_parser:
-        field = _constrained(body, chosen, given)
-        thinking = reasoning.plan(
-            catalog.tools.reasoning_parser, body.include_reasoning, variables(chat), prompt, field
-        )
-        if field is not None and thinking is not None and thinking.after is not None:
-            after_thoughts(model, field)
-            given[AFTER] = thinking.after  # the grammar after the thoughts
-    tags = tokenids.tags(model, thinking)  # the thought tokens counted on the ids
-    counted = tags is not None and tags.counted
-    try:
-        # vLLM fills `input_tokens_details.cached_tokens` always, flag or not.
-        infer_request, sent = build_request(model, prompt, stream, given, ids=counted, cached=True)
-    except OpenAIError as exc:  # a refusal names this API's field (`include`...)
-        raise renamed(exc) from None
-    params = Params("input", sent, counted, cached=True)
+    has_format = body.text is not None and body.text.format is not None
+    route = replace(ROUTE, include_reasoning=body.include_reasoning)
+    planned = await prepare(
+        catalog, request, chat, route, model=body.model, limit=body.max_output_tokens,
+        stream=stream, output_field="text" if has_format else "structured_outputs",
+        priority=chat.priority,
+    )  # fmt: skip
+    # The answer echoes the model that serves it, named or not.
+    body = body.model_copy(update={"model": planned.name})
     identity = Identity(body, request_id(request, body.request_id))
     if body.logprobs_asked():
         identity.top_logprobs = body.top_logprobs or 0
     if not stream:
-        try:
-            text, reason, usage, entries = await until_disconnect(
-                request, collect(catalog.core, infer_request, params, tokenids.thoughts(tags))
-            )
-        except OpenAIError as exc:
-            raise renamed(exc) from None
+        text, reason, usage, entries = await whole(catalog, request, planned)
         status = "incomplete" if reason == "length" else "completed"
-        output = identity.output(text, reason, tools, entries, thinking)
+        output = identity.output(text, reason, planned.tools, entries, planned.thinking)
         answer = identity.response(status, output, usage)
         return Response(orjson.dumps(answer), media_type="application/json")
-    rest = pieces(catalog.core, infer_request, params)
-    try:
-        first = await until_disconnect(request, anext(rest, None))
-    except OpenAIError as exc:
-        await rest.aclose()
-        raise renamed(exc) from None
-    except BaseException:
-        await rest.aclose()
-        raise
-    events = _events(Events(identity), tools, first, rest, thinking, tokenids.thoughts(tags))
+    first, rest = await first_piece(catalog, request, planned)
+    thoughts = tokenids.thoughts(planned.tags)
+    events = _events(Events(identity), planned.tools, first, rest, planned.thinking, thoughts)
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
@@ -185,14 +143,3 @@ def _parts(
             found += events.content(part["content"], held)
             held.clear()  # the logprobs held so far go with the first text
     return found
-
-
-def _constrained(body: ResponsesRequest, chosen: Any, given: Mapping[str, Any]) -> str | None:
-    """The field whose structured outputs constrain the answer, if one does."""
-    if STRUCTURED not in given:
-        return None
-    if chosen == "required" or isinstance(chosen, dict):
-        return "tool_choice"
-    return (
-        "text" if body.text is not None and body.text.format is not None else "structured_outputs"
-    )

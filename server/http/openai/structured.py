@@ -13,6 +13,7 @@ checks the rest (exactly one constraint, the grammar itself)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import OpenAIError, unsupported
@@ -29,6 +30,17 @@ KEY = "structured_outputs"
 # applies, `</think>` with --reasoning-parser (reasoning.py). A /v1 client cannot set it:
 # as any field vLLM does not know, it is ignored.
 AFTER = "structured_outputs_after"
+
+
+def constrained(given: Mapping[str, Any], chosen: Any, output_field: str) -> str | None:
+    """The field whose structured outputs constrain the answer, if one does: `given`, the
+    request's sampling keys, `chosen` its tool choice; `output_field` the API's field of
+    an output format (chat's `response_format`...) where no tool is forced."""
+    if KEY not in given:
+        return None
+    if chosen == "required" or isinstance(chosen, dict):
+        return "tool_choice"
+    return output_field
 
 
 def structured_outputs(body: Any) -> str | None:

@@ -94,7 +94,8 @@ def plan_thoughts(
     its thoughts from its content, and counts them."""
     if not catalog.tools.reasoning_parser:
         return
-    field = _constrained(body, body.chosen_tool())
+    output = "response_format" if body.response_format is not None else "structured_outputs"
+    field = structured.constrained(body.sampling(), body.chosen_tool(), output)
     answer.reasoning = reasoning.plan(
         catalog.tools.reasoning_parser, body.include_reasoning, variables(body), prompt, field
     )
@@ -170,15 +171,6 @@ async def chat_prompt(
         # A template walks every message in Python: seconds for a million of them.
         return await asyncio.to_thread(render_request, generation, body, tools)
     return render_request(generation, body, tools)
-
-
-def _constrained(body: ChatOptions, chosen: Any) -> str | None:
-    """The field whose structured outputs constrain the answer, if one does."""
-    if structured.KEY not in body.sampling():
-        return None
-    if chosen == "required" or isinstance(chosen, dict):
-        return "tool_choice"
-    return "response_format" if body.response_format is not None else "structured_outputs"
 
 
 def no_chat_template(name: str) -> OpenAIError:
