@@ -390,7 +390,12 @@ class GenerationScheduler:
             banned = tuple(eos) + params.stop_token_ids
         # A grammar still waiting for its `structured_outputs_after` text masks nothing.
         constraint = None if seq.constraint is None or seq.constraint.after else seq.constraint
-        if seq.processor is None and constraint is None:
+        forced = None  # thinking_token_budget (thinking.py); a grammar that applies rules
+        if seq.thinking is not None and constraint is None:
+            forced = seq.thinking.forced(seq.tokens)
+        if forced is not None:
+            token = forced  # vLLM's: every other token masked, whatever else holds it off
+        elif seq.processor is None and constraint is None:
             token = seq.sampler.sample(logits, banned)
         else:
             row = logits

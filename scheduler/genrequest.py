@@ -32,6 +32,7 @@ from ge_serve.backends.llm.sampling import (
     sampling_params,
 )
 from ge_serve.backends.llm.text import Detokenizer, StopStrings
+from ge_serve.backends.llm.thinking import ThinkingBudget
 from ge_serve.server.errors import invalid_arg
 
 from .genseq import Sequence
@@ -185,6 +186,7 @@ def read_sequence(
         send_ids=send_ids,
         send_cached=send_cached,
         processor=processor,
+        thinking=_thinking(model, params),
     )
 
 
@@ -238,6 +240,17 @@ def _processor(model: LlmModel, params: SamplingParams, vocab: int) -> LogitsPro
     except SamplingError as exc:
         raise invalid_arg(str(exc)) from None
     return LogitsProcessor(params, bad_words, vocab)
+
+
+def _thinking(model: LlmModel, params: SamplingParams) -> ThinkingBudget | None:
+    """The request's thinking budget, its markers tokenized (a few short strings: on the
+    loop); None without one."""
+    if params.thinking is None:
+        return None
+    try:
+        return ThinkingBudget.of(params.thinking, model.tokenizer.encode)
+    except ValueError as exc:
+        raise invalid_arg(str(exc)) from None
 
 
 def extra_outputs(model: LlmModel, inputs: Mapping[str, Array]) -> tuple[bool, bool, bool]:

@@ -23,6 +23,7 @@ from ge_serve.backends.llm.prompt_logprobs import PromptLogprobs
 from ge_serve.backends.llm.sampling import Sampler, SamplingParams
 from ge_serve.backends.llm.structured import Constraint
 from ge_serve.backends.llm.text import Detokenizer, StopStrings
+from ge_serve.backends.llm.thinking import ThinkingBudget
 
 from .work import Timings
 
@@ -88,6 +89,8 @@ class Sequence:
     # The grammar of a request with `structured_outputs` (compiled before it reaches the
     # engine); its state lives as long as the sequence, through preemptions.
     constraint: Constraint | None = None
+    # vLLM's `thinking_token_budget` (backends/llm/thinking.py); None: no budget.
+    thinking: ThinkingBudget | None = None
     # The request's timings, which the core's statistics read once it is answered.
     timings: Timings = field(default_factory=Timings)
 

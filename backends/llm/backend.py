@@ -190,6 +190,7 @@ class LlmBackend:
                 tokenizer=tokenizer,
                 structured_after=True,
                 priority=True,
+                thinking_budget=True,
             ),
         )
 

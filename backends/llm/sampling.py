@@ -30,6 +30,8 @@ import numpy.typing as npt
 
 from .settings import SamplingDefaults
 from .structured import Structured, parse_structured
+from .thinking import KEYS as THINKING_KEYS
+from .thinking import Thinking, thinking_of
 
 
 class SamplingError(ValueError):
@@ -94,6 +96,8 @@ class SamplingParams:
     # ge-serve's `structured_outputs_after`: the grammar waits until the answer's text
     # has written this (a thinking model's `</think>`); None: it applies from the start.
     structured_after: str | None = None
+    # vLLM's `thinking_token_budget`, with ge-serve's keys for its markers (thinking.py).
+    thinking: Thinking | None = None
     # vLLM's request priority (lower first), which `scheduling_policy` "priority" orders
     # the waiting queue by; "fcfs" ignores it.
     priority: int = 0
@@ -158,6 +162,7 @@ KNOWN_KEYS = frozenset(
         "logprob_token_ids",
         "structured_outputs",
         AFTER,
+        *THINKING_KEYS,
         *_NEUTRAL,
     )
 )
@@ -273,6 +278,10 @@ def _validated(values: dict[str, Any]) -> SamplingParams:
         if "structured" not in out:
             raise SamplingError(f"{AFTER} is given without structured_outputs")
         out["structured_after"] = after
+    try:
+        out["thinking"] = thinking_of(values)
+    except ValueError as exc:
+        raise SamplingError(str(exc)) from None
     if values.get(PRIORITY) is not None:
         out["priority"] = _priority(values[PRIORITY])
     return SamplingParams(**out)
