@@ -54,7 +54,11 @@ BlockType = Literal[
 BLOCK_TYPES = get_args(BlockType)
 Effort = Literal["low", "medium", "high", "xhigh", "max"]
 # Chat's fields that the Messages API names otherwise.
-RENAMED = {"stop": "stop_sequences", "response_format": "output_config.format"}
+RENAMED = {
+    "stop": "stop_sequences",
+    "response_format": "output_config.format",
+    "thinking_token_budget": "thinking.budget_tokens",
+}
 NO_IMAGES = (
     "Image content is not supported: no model this server serves takes images (only "
     "text, tool_use, tool_result and thinking blocks are)"
@@ -229,6 +233,9 @@ class MessagesRequest(CountTokensRequest):
         ):
             if value is not None:
                 document[name] = value
+        if self.thinking is not None and self.thinking.type == "enabled":
+            # vLLM's mapping: the budget is chat's `thinking_token_budget`.
+            document["thinking_token_budget"] = self.thinking.budget_tokens
         return checked(document)
 
 

@@ -28,6 +28,7 @@ from .schemas import ChatCompletionRequest
 from .structured import AFTER, constrained
 from .template import variables
 from .text import add_priority, chat_prompt, check_limit, no_chat_template
+from .thinking import add_markers
 from .tokenids import Tags
 from .tools import ToolUse, plan, template_tools
 
@@ -91,6 +92,10 @@ async def prepare(
         raise route.renamed(exc) from None
     given = chat.sampling()
     add_priority(request, given, priority)
+    try:
+        add_markers(catalog.tools.reasoning_parser, found, given)
+    except OpenAIError as exc:  # Anthropic's names it `thinking.budget_tokens`
+        raise route.renamed(exc) from None
     thinking = None
     if catalog.tools.reasoning_parser:
         field = constrained(given, chosen, output_field)

@@ -58,7 +58,6 @@ NEVER_SERVED = {
 # change nothing (vLLM's defaults; None: not given).
 DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
     "watermarking": (None, False),
-    "thinking_token_budget": (None, -1),
     "vllm_xargs": (None, {}),
 }
 

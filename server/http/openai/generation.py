@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ge_serve.backends.llm.thinking import BUDGET, END, START
 from ge_serve.server.inference.model import ModelVersion, TensorSpec
 from ge_serve.server.inference.types import DataType, InferRequest, Tensor
 from ge_serve.server.inference.wire import object_array
@@ -120,6 +121,10 @@ KEYS: dict[str, Key] = {
     STRUCTURED: Key(engine=True),
     # With --reasoning-parser: the grammar waits for the end of the thoughts.
     AFTER: Key(engine=True),
+    # vLLM's thinking budget, and the thoughts' markers with it (thinking.py).
+    BUDGET: Key(engine=True),
+    START: Key(engine=True),
+    END: Key(engine=True),
     # Not implemented by the engine (it takes them only at these values).
     "length_penalty": Key(engine=False, neutral=(1,)),
     "use_beam_search": Key(engine=False, neutral=(False,)),

@@ -151,7 +151,7 @@ class ResponsesRequest(Body):
     request_id: str | None = None
     priority: int | None = Field(None, ge=fields.INT64_MIN, le=fields.INT64_MAX)
     vllm_xargs: dict[str, Any] | None = None
-    thinking_token_budget: int | None = None
+    thinking_token_budget: Any = None  # vLLM's rule: chat's check (thinking.py)
     # Not served: refused by name where given (`refuse_unsupported`).
     prompt: Any = None
     conversation: Any = None

@@ -28,7 +28,7 @@ from typing import Annotated, Any, ClassVar, TypeVar
 
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
 
-from . import fields, structured
+from . import fields, structured, thinking
 from .errors import OpenAIError, unsupported
 from .fields import DEFAULT_ONLY, NEVER_SERVED, SAMPLING_KEYS, refuse_by_table
 from .logprobs import TOKEN_IDS, check_chat, check_completion, check_prompt, check_token_ids
@@ -121,7 +121,8 @@ class Sampling(Body):
     watermarking: bool | None = None
     # vLLM's request priority (text.add_priority): the `llm` engine's queue order.
     priority: int | None = Field(None, ge=fields.INT64_MIN, le=fields.INT64_MAX)
-    thinking_token_budget: int | None = None
+    # vLLM's: a non-negative integer, or -1 (unlimited); thinking.py checks it.
+    thinking_token_budget: Any = None
     vllm_xargs: dict[str, Any] | None = None
     # vLLM's: the answer's id is the API's prefix and this.
     request_id: str | None = None
@@ -157,6 +158,7 @@ class Sampling(Body):
                 param="stream_options",
             )
         check_prompt(self.prompt_logprobs, self.stream)
+        thinking.checked(self.thinking_token_budget)
         structured.structured_outputs(self)  # its 400s, before the model is asked
         if any(not s for s in self.stops()):
             raise OpenAIError("'stop' strings must not be empty", param="stop")
@@ -211,6 +213,8 @@ class Sampling(Body):
             params["prompt_logprobs"] = prompt
         if (constraint := structured.structured_outputs(self)) is not None:
             params[structured.KEY] = constraint
+        if (budget := thinking.checked(self.thinking_token_budget)) is not None:
+            params["thinking_token_budget"] = budget
         return params
 
 

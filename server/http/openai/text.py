@@ -30,7 +30,7 @@ from ge_serve.server.inference.model import ModelVersion
 from ge_serve.server.inference.types import InferRequest
 
 from ..disconnects import until_disconnect
-from . import fields, reasoning, structured, textstream, tokenids
+from . import fields, reasoning, structured, textstream, thinking, tokenids
 from .answers import Params, Usage, cached_total, collect
 from .catalog import Catalog, text_generation
 from .choices import all_of, seeded
@@ -265,6 +265,7 @@ async def answer_prompts(
     stream = bool(body.stream)
     given = body.sampling()
     add_priority(request, given, body.priority)
+    thinking.add_markers(catalog.tools.reasoning_parser, model, given)
     n = body.n or 1
     tags = (answer if heads is None else heads[0]).tags
     reads_ids = answer.token_ids or (tags is not None and tags.counted)
