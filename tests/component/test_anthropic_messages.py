@@ -485,3 +485,12 @@ async def _sdk_answers(client: Any, anthropic: Any) -> None:
     assert counted.input_tokens > 0
     with pytest.raises(anthropic.NotFoundError):
         await client.messages.create(**{**asked, "model": "nope"})
+
+
+async def test_a_thinking_budget_needs_the_llm_engine(http: httpx.AsyncClient) -> None:
+    # vLLM's mapping makes it chat's `thinking_token_budget`, which only the `llm` engine
+    # is told how to enforce (a Python model would get keys it does not know).
+    thinking = {"type": "enabled", "budget_tokens": 1024}
+    body = _body("echo", "Hi", max_tokens=1100, thinking=thinking)
+    response = await http.post(MESSAGES, json=body)
+    assert "needs a model of the 'llm' backend" in _error(response, 400, "invalid_request_error")

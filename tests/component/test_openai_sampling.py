@@ -235,6 +235,7 @@ def test_the_keys_passed_on_are_those_the_llm_engine_implements() -> None:
     # `prompt_logprobs`: given, or completions' `echo` with `logprobs` (schemas.py).
     # `logprob_token_ids`: given (non-empty), in place of `logprobs` (schemas.py).
     # `structured_outputs_after`: the server's, with --reasoning-parser (reasoning.py).
+    # `thinking_token_budget`: given (not -1), with the parser's markers (thinking.py).
     expected = {
         "max_tokens",
         "logprobs",
@@ -242,6 +243,9 @@ def test_the_keys_passed_on_are_those_the_llm_engine_implements() -> None:
         "prompt_logprobs",
         "structured_outputs",
         "structured_outputs_after",
+        "thinking_token_budget",
+        "reasoning_start_str",
+        "reasoning_end_str",
     }
     assert set(KEYS) == {*expected, *SAMPLING_KEYS}
 

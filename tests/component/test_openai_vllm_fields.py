@@ -163,7 +163,6 @@ async def test_chat_template_kwargs_that_clash_are_refused(
         ("add_special_tokens", True, False),
         ("return_token_ids", True, False),
         ("vllm_xargs", {"a": 1}, {}),
-        ("thinking_token_budget", 10, -1),
     ],
 )
 async def test_vllm_fields_not_served_are_refused_by_name(
@@ -174,6 +173,20 @@ async def test_vllm_fields_not_served_are_refused_by_name(
     assert (found["param"], found["code"]) == (param, "unsupported_parameter")
     # vLLM's default changes nothing, and is accepted.
     assert (await answer(http, **{param: default})) == await answer(http)
+
+
+async def test_a_thinking_budget_without_a_reasoning_parser_is_vllms_400(
+    http: httpx.AsyncClient,
+) -> None:
+    body = {"model": "textgen", "messages": PREFILL, "thinking_token_budget": 10}
+    found = error(await http.post(CHAT, json=body))
+    assert found["param"] == "thinking_token_budget"
+    assert found["message"] == (
+        "thinking_token_budget is set but reasoning_config is not configured. Please set "
+        "--reasoning-parser and/or --reasoning-config to use thinking_token_budget."
+    )
+    # -1, unlimited, is no budget.
+    assert (await answer(http, thinking_token_budget=-1)) == await answer(http)
 
 
 async def test_a_priority_is_served_and_only_the_llm_engine_is_sent_it(

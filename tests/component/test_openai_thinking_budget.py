@@ -1,0 +1,147 @@
+"""vLLM's `thinking_token_budget` on /v1 over the `llm` engine's tiny model with
+`--reasoning-parser deepseek_r1`: chat (whole and streamed), completions, the Responses
+API and the Messages API's `thinking.budget_tokens` close the thoughts after the budget
+with `</think>`, and the answer follows; -1 is unlimited; other values are vLLM's 400.
+
+The model's context is longer than the tiny model's usual 2048 positions, for Anthropic's
+smallest budget (1024 tokens, below `max_tokens`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import llmrepo
+import pytest
+import pytest_asyncio
+import smollm
+from openai_inprocess import openai_client
+
+from ge_serve.server.http.openai.tools import ToolSettings
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
+
+CHAT = "/v1/chat/completions"
+# The answer begins in the thoughts the prefill opens (the prompt ends with `<think>`).
+OPENED = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think>"}]
+PROMPT = "user: hi\nassistant: <think>"
+END = llmrepo.prompt_ids("</think>")
+LENGTH = 2560
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("openai-thinking-budget")
+    base = llmrepo.tiny_model()
+    config = smollm.tiny_config(vocab_size=llmrepo.VOCAB, max_position_embeddings=LENGTH)
+    model = llmrepo.TinyModel(config, base.weights, base.eos_id)
+    parameters = {"max_model_len": str(LENGTH), "kv_cache_blocks": "330"}
+    llmrepo.write_tiny_llm(folder, "tiny", parameters, model, interface=False)
+    return folder
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def http(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
+    async with openai_client(repo, ["tiny"], ToolSettings(reasoning_parser="deepseek_r1")) as c:
+        yield c
+
+
+def opened(**fields: Any) -> dict[str, Any]:
+    return {
+        "model": "tiny",
+        "messages": OPENED,
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+        "temperature": 0,
+        "max_tokens": 16,
+        **fields,
+    }
+
+
+async def chat(http: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    response = await http.post(CHAT, json=body)
+    assert response.status_code == 200, response.text
+    found: dict[str, Any] = response.json()["choices"][0]
+    return found
+
+
+@pytest.mark.parametrize("budget", [0, 3])
+async def test_chat_thoughts_hold_the_budget_then_the_answer_follows(
+    http: httpx.AsyncClient, budget: int
+) -> None:
+    free = llmrepo.reference_ids(PROMPT, 16)
+    found = await chat(http, opened(thinking_token_budget=budget, return_token_ids=True))
+    ids = found["token_ids"]
+    assert ids[:budget] == free[:budget] and ids[budget : budget + len(END)] == END
+    message = found["message"]
+    assert (message["reasoning"] or "") == llmrepo.answer_text(free[:budget])
+    assert message["content"] == llmrepo.answer_text(ids).partition("</think>")[2] != ""
+    # Streamed, the same thoughts and answer.
+    parts = {"reasoning": "", "content": ""}
+    body = opened(thinking_token_budget=budget, stream=True)
+    async with http.stream("POST", CHAT, json=body) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                for key in parts:
+                    parts[key] += delta.get(key) or ""
+    assert parts == {"reasoning": message["reasoning"] or "", "content": message["content"]}
+
+
+async def test_minus_one_is_unlimited(http: httpx.AsyncClient) -> None:
+    free = await chat(http, opened())
+    assert free["message"]["content"] is None  # the thoughts never end
+    assert await chat(http, opened(thinking_token_budget=-1)) == free
+
+
+async def test_completions_and_responses_take_the_budget(http: httpx.AsyncClient) -> None:
+    text = llmrepo.answer_text(llmrepo.reference_ids(PROMPT, 2)) + "</think>"
+    body = {"model": "tiny", "prompt": PROMPT, "temperature": 0, "max_tokens": 14}
+    completion = await http.post("/v1/completions", json=body | {"thinking_token_budget": 2})
+    assert completion.status_code == 200, completion.text
+    assert completion.json()["choices"][0]["text"].startswith(text)
+    said = [{"role": "user", "content": "<think>"}]
+    whole = await chat(http, {"model": "tiny", "messages": said, "temperature": 0,
+                              "max_tokens": 16, "thinking_token_budget": 0})  # fmt: skip
+    assert whole["message"]["content"]
+    answer = await http.post(
+        "/v1/responses",
+        json={"model": "tiny", "input": "<think>", "temperature": 0, "max_output_tokens": 16,
+              "thinking_token_budget": 0},
+    )  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    output = answer.json()["output"]
+    assert output[-1]["content"][0]["text"] == whole["message"]["content"]
+
+
+@pytest.mark.parametrize("budget", [-2, 1.5, True, "3"])
+async def test_a_budget_that_is_not_one_is_vllms_400(http: httpx.AsyncClient, budget: Any) -> None:
+    for path, body in (
+        (CHAT, opened(thinking_token_budget=budget)),
+        ("/v1/responses", {"model": "tiny", "input": "hi", "thinking_token_budget": budget}),
+    ):
+        response = await http.post(path, json=body)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["message"] == (
+            "`thinking_token_budget` must be a non-negative integer or -1 for unlimited."
+        )
+        assert error["param"] == "thinking_token_budget"
+
+
+async def test_anthropics_budget_tokens_close_the_thinking(http: httpx.AsyncClient) -> None:
+    # The prompt's thoughts already hold the smallest budget: the end comes at once.
+    said = "<think>" + "b" * 1012
+    body = {"model": "tiny", "messages": [{"role": "user", "content": said}], "temperature": 0}
+    free = await http.post("/v1/messages", json=body | {"max_tokens": 8})
+    assert free.status_code == 200, free.text
+    assert [block["type"] for block in free.json()["content"]] == ["thinking"]
+    budget = {"max_tokens": 1025, "thinking": {"type": "enabled", "budget_tokens": 1024}}
+    found = await http.post("/v1/messages", json=body | budget)
+    assert found.status_code == 200, found.text
+    blocks = found.json()["content"]
+    # No thoughts were written before `</think>`: the answer alone.
+    assert [block["type"] for block in blocks] == ["text"] and blocks[0]["text"].startswith("VVV")
