@@ -1,7 +1,8 @@
 """vLLM's `thinking_token_budget` on /v1 over the `llm` engine's tiny model with
-`--reasoning-parser deepseek_r1`: chat (whole and streamed), completions, the Responses
-API and the Messages API's `thinking.budget_tokens` close the thoughts after the budget
-with `</think>`, and the answer follows; -1 is unlimited; other values are vLLM's 400.
+`--reasoning-parser deepseek_r1`: chat (whole and streamed), batch chat, completions,
+the Responses API and the Messages API's `thinking.budget_tokens` close the thoughts
+after the budget with `</think>`, and the answer follows; -1 is unlimited; other values
+are vLLM's 400.
 
 The model's context is longer than the tiny model's usual 2048 positions, for Anthropic's
 smallest budget (1024 tokens, below `max_tokens`)."""
@@ -115,6 +116,17 @@ async def test_completions_and_responses_take_the_budget(http: httpx.AsyncClient
     assert answer.status_code == 200, answer.text
     output = answer.json()["output"]
     assert output[-1]["content"][0]["text"] == whole["message"]["content"]
+
+
+async def test_batch_chat_takes_the_budget_for_each_conversation(
+    http: httpx.AsyncClient,
+) -> None:
+    single = await chat(http, opened(thinking_token_budget=1))
+    body = opened(thinking_token_budget=1, messages=[OPENED, OPENED])
+    response = await http.post(CHAT + "/batch", json=body)
+    assert response.status_code == 200, response.text
+    messages = [choice["message"] for choice in response.json()["choices"]]
+    assert messages == [single["message"]] * 2 and single["message"]["content"]
 
 
 @pytest.mark.parametrize("budget", [-2, 1.5, True, "3"])
