@@ -47,6 +47,14 @@ EMBED_TASKS = ("embed",)
 _Conversation = list[ChatMessage]
 
 
+def check_count(field: str, count: int, what: str = "items") -> None:
+    """At most MAX_EMBEDDING_INPUTS of `what` in `field`: the embedding routes' one bound."""
+    if count > MAX_EMBEDDING_INPUTS:
+        raise OpenAIError(
+            f"'{field}' holds {count} {what}; at most {MAX_EMBEDDING_INPUTS}", param=field
+        )
+
+
 def _token_ids(value: object) -> bool:
     """Whether `value` is token ids: integers, or lists of them (vLLM's forms)."""
     return isinstance(value, list) and any(
@@ -131,11 +139,7 @@ class PooledBody(Body):
         found: list[_Conversation] = nested or [[m for m in given if isinstance(m, ChatMessage)]]
         if any(not conversation for conversation in found):
             raise OpenAIError(f"'{name}' must not hold an empty conversation", param=name)
-        if len(found) > MAX_EMBEDDING_INPUTS:
-            raise OpenAIError(
-                f"'{name}' holds {len(found)} conversations; at most {MAX_EMBEDDING_INPUTS}",
-                param=name,
-            )
+        check_count(name, len(found), "conversations")
         return name, found
 
     def texts(self) -> list[str]:
@@ -148,11 +152,7 @@ class PooledBody(Body):
         texts = [given] if isinstance(given, str) else [str(t) for t in given or []]
         if not texts:
             raise OpenAIError("'input' must not be an empty list", param="input")
-        if len(texts) > MAX_EMBEDDING_INPUTS:
-            raise OpenAIError(
-                f"'input' holds {len(texts)} items; at most {MAX_EMBEDDING_INPUTS}",
-                param="input",
-            )
+        check_count("input", len(texts))
         if any(not text for text in texts):
             raise OpenAIError("'input' must not hold an empty string", param="input")
         return texts

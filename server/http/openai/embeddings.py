@@ -38,11 +38,12 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ml_dtypes
 import numpy as np
+import orjson
 from starlette.responses import Response
 
 from ge_serve.server.errors import ServerError
@@ -54,6 +55,7 @@ from .catalog import Catalog, Embedder, text_generation
 from .choices import all_of
 from .embed_schemas import NO_CHAT_TEMPLATE, EmbeddingRequest, PooledBody
 from .errors import OpenAIError, from_server_error
+from .messages import ChatMessage
 from .template import RENDERED_ON_THE_LOOP, render
 
 # What an ensemble puts in front of a step's error (scheduler/ensemble.py), once per level.
@@ -68,13 +70,14 @@ _EMBED_DTYPES: dict[str, Any] = {
     "fp8_e5m2": ml_dtypes.float8_e5m2,
 }
 Vectors = list[tuple[np.ndarray[Any, Any], int]]
+# Answers of more vector values than this in all are encoded and serialised off the event
+# loop's thread: 2048 vectors of 4096 take over a second, one of 384 well under a ms.
+ENCODED_ON_THE_LOOP = 64 * 1024
 
 
-async def embeddings(
-    catalog: Catalog, body: EmbeddingRequest, request_id: str = ""
-) -> dict[str, Any] | Response:
+async def embeddings(catalog: Catalog, body: EmbeddingRequest, request_id: str = "") -> Response:
     """The answer, whose `id` (vLLM's, which OpenAI's lacks) is `embd-` and `request_id`
-    (the client's, text.request_id) or a fresh one."""
+    (the client's, text.request_id) or a fresh one; encoded as answered() does."""
     model, embedder = catalog.embedding(body.model)
     size = embedder.vector_output.dims[0]
     if body.dimensions is not None and size > 0:
@@ -85,27 +88,51 @@ async def embeddings(
             check_dimensions(body.model, body.dimensions, vector.size)
     name = "embd-" + (request_id or uuid.uuid4().hex)
     created = int(time.time())
-    if body.encoding_format in ("bytes", "bytes_only"):
-        return binary(body, name, created, body.model, found)
-    tokens = sum(count for _, count in found)
-    return {
-        "id": name,
-        "object": "list",
-        "created": created,
-        "data": [
-            {"object": "embedding", "index": index, "embedding": encoded(vector, body)}
-            for index, (vector, _) in enumerate(found)
-        ],
-        "model": body.model,
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    }
+
+    def build() -> dict[str, Any] | Response:
+        if body.encoding_format in ("bytes", "bytes_only"):
+            return binary(body, name, created, body.model, found)
+        tokens = sum(count for _, count in found)
+        return {
+            "id": name,
+            "object": "list",
+            "created": created,
+            "data": [
+                {"object": "embedding", "index": index, "embedding": encoded(vector, body)}
+                for index, (vector, _) in enumerate(found)
+            ],
+            "model": body.model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+    return await answered(build, found)
+
+
+async def answered(build: Callable[[], dict[str, Any] | Response], found: Vectors) -> Response:
+    """The answer `build` makes from the vectors `found`, serialised as JSON (unless it is
+    a Response already): on a worker thread past ENCODED_ON_THE_LOOP values."""
+
+    def made() -> Response:
+        answer = build()
+        if isinstance(answer, Response):
+            return answer
+        return Response(orjson.dumps(answer), media_type="application/json")
+
+    if sum(vector.size for vector, _ in found) > ENCODED_ON_THE_LOOP:
+        return await asyncio.to_thread(made)
+    return made()
 
 
 async def vectors(
-    catalog: Catalog, model: ModelVersion, embedder: Embedder, body: PooledBody
+    catalog: Catalog,
+    model: ModelVersion,
+    embedder: Embedder,
+    body: PooledBody,
+    indexed: bool = False,
 ) -> Vectors:
     """Each input's vector and token count, in order: `input`'s texts, or each
-    conversation of the chat forms rendered with the model's chat template."""
+    conversation of the chat forms rendered with the model's chat template. A refusal
+    names the conversation's index (`messages[i]`) where there are several or `indexed`."""
     chat = body.conversations()
     if chat is None:
         texts = body.texts()
@@ -134,24 +161,31 @@ async def vectors(
             for conversation in conversations
         ]
 
-    many = sum(len(c) for c in conversations) > RENDERED_ON_THE_LOOP
+    # Messages and their content parts: the template walks each.
+    many = sum(map(_pieces, conversations)) > RENDERED_ON_THE_LOOP
     texts = await asyncio.to_thread(rendered) if many else rendered()
-    params = [f"{name}[{i}]" if len(texts) > 1 else name for i in range(len(texts))]
+    listed = indexed or len(texts) > 1
+    params = [f"{name}[{i}]" if listed else name for i in range(len(texts))]
     return await embed(catalog, model, embedder, texts, params)
 
 
 def encoded(vector: np.ndarray[Any, Any], body: PooledBody) -> list[float] | str:
     """A vector as JSON gives it: numbers (`float`), or vLLM's base64."""
     if body.encoding_format == "base64":
-        return base64.b64encode(_bytes(vector, body)).decode("ascii")
+        return in_base64(vector, body.embed_dtype, body.endianness)
     result: list[float] = vector.tolist()
     return result
+
+
+def in_base64(vector: np.ndarray[Any, Any], dtype: str, endianness: str) -> str:
+    """vLLM's base64 of a vector: its bytes as `dtype`, in `endianness`."""
+    return base64.b64encode(as_bytes(vector, dtype, endianness)).decode("ascii")
 
 
 def binary(body: PooledBody, name: str, created: int, model: str, found: Vectors) -> Response:
     """vLLM's octet-stream answer: the vectors' bytes, one after the other; with `bytes`,
     its `metadata` header says where each is and what the answer's JSON would."""
-    parts = [_bytes(vector, body) for vector, _ in found]
+    parts = [as_bytes(vector, body.embed_dtype, body.endianness) for vector, _ in found]
     headers = None
     if body.encoding_format == "bytes":
         items, offset = [], 0
@@ -198,12 +232,17 @@ def check_dimensions(model: str, dimensions: int, size: int, param: str = "dimen
         )
 
 
-def _bytes(vector: np.ndarray[Any, Any], body: PooledBody) -> bytes:
-    """vLLM's encoding: the vector as `embed_dtype`, in `endianness`."""
-    converted = vector.astype(_EMBED_DTYPES[body.embed_dtype])
-    if body.endianness not in ("native", sys.byteorder):
+def as_bytes(vector: np.ndarray[Any, Any], dtype: str, endianness: str) -> bytes:
+    """vLLM's encoding: the vector as `dtype` (its `embed_dtype`), in `endianness`."""
+    converted = vector.astype(_EMBED_DTYPES[dtype])
+    if endianness not in ("native", sys.byteorder):
         converted = converted.byteswap()
     return converted.tobytes()
+
+
+def _pieces(conversation: list[ChatMessage]) -> int:
+    """A conversation's messages and content parts, which rendering walks one by one."""
+    return sum(len(m.content) if isinstance(m.content, list) else 1 for m in conversation)
 
 
 async def _infer(catalog: Catalog, request: InferRequest, param: str) -> InferResponse:

@@ -22,20 +22,25 @@ from starlette.responses import Response
 
 from .catalog import Catalog
 from .embed_schemas import PoolingRequest
-from .embeddings import binary, encoded, vectors
+from .embeddings import Vectors, answered, binary, encoded, vectors
 from .scoring import served
 from .text import request_id
 
 
-async def pooling(catalog: Catalog, request: Request, body: PoolingRequest) -> Any:
-    """vLLM's PoolingResponse (a dict), or its octet-stream answer (a Response)."""
+async def pooling(catalog: Catalog, request: Request, body: PoolingRequest) -> Response:
+    """vLLM's PoolingResponse, or its octet-stream answer (encoded as answered() does)."""
     name, model, embedder = await served(catalog, body.model, "Pooling API")
     found = await vectors(catalog, model, embedder, body)
     given = request_id(request, body.request_id) or uuid.uuid4().hex
     answer_id, created = f"pooling-{given}", int(time.time())
+    return await answered(lambda: _answer(body, answer_id, created, name, found), found)
+
+
+def _answer(
+    body: PoolingRequest, answer_id: str, created: int, name: str, found: Vectors
+) -> dict[str, Any] | Response:
     if body.encoding_format in ("bytes", "bytes_only"):
-        answer: Response = binary(body, answer_id, created, name, found)
-        return answer
+        return binary(body, answer_id, created, name, found)
     tokens = sum(count for _, count in found)
     return {
         "id": answer_id,

@@ -244,14 +244,12 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         given = text.request_id(request, body.request_id)
         # vLLM's @with_cancellation: a client that leaves cancels every text's request,
         # queued or running, rather than leave the model to embed them for no one.
-        answer = await until_disconnect(request, embeddings.embeddings(catalog, body, given))
-        return answer if isinstance(answer, Response) else _json(answer)
+        return await until_disconnect(request, embeddings.embeddings(catalog, body, given))
 
     async def pool(request: Request) -> Response:
         body = await read(request, PoolingRequest)
         # Cancelled with its client, as /v1/embeddings (vLLM's @with_cancellation).
-        answer = await until_disconnect(request, pooling.pooling(catalog, request, body))
-        return answer if isinstance(answer, Response) else _json(answer)
+        return await until_disconnect(request, pooling.pooling(catalog, request, body))
 
     async def cohere(request: Request) -> Response:
         body = await read(request, cohere_embed.CohereEmbedRequest)
