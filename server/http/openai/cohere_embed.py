@@ -4,8 +4,10 @@ server; on /v1/embeddings' path (embeddings.py), one request to the model per te
 
 The texts are `texts` (echoed in the answer), or `inputs`, Cohere's content blocks: each
 input's text blocks are one user message, rendered with the model's chat template (vLLM
-renders them so: a model without one is refused in its words). `images`, and image blocks,
-are refused: no embedding model here takes anything but text.
+renders them so: a model without one is refused in its words), built and rendered off the
+loop when many; at most 2048 blocks in all (vLLM has no bound), as many as `texts` holds.
+`images`, and image blocks, are refused: no embedding model here takes anything but text.
+A refused text is named by its index (`texts[0]`, `inputs[1]`), whichever path it took.
 
 `input_type` is vLLM's: the prefix the model's `task_instructions` give it (a config
 parameter, a JSON object from input type to prefix, where vLLM reads the HF config's or
@@ -19,11 +21,13 @@ vLLM does, in its words.
 serve, are refused by name. `truncate`: the model takes each text whole (its interface
 carries no truncation), so every mode embeds a text that fits as vLLM does; one longer than
 the model's context (or, with `max_tokens`, than that) is refused rather than shortened.
+The types are encoded from one matrix of the vectors, and the answer serialised, as
+/v1/embeddings' (embeddings.answered: on a worker thread when large).
 """
 
 from __future__ import annotations
 
-import base64
+import asyncio
 import json
 import uuid
 from typing import Any, Literal
@@ -31,16 +35,18 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 from starlette.requests import Request
+from starlette.responses import Response
 
 from ge_serve.server.inference.model import ModelVersion
 
 from . import fields
 from .catalog import Catalog, Embedder, text_generation
-from .embed_schemas import MAX_EMBEDDING_INPUTS, EmbeddingRequest
-from .embeddings import Vectors, check_dimensions, embed, vectors
+from .embed_schemas import EmbeddingRequest, check_count
+from .embeddings import Vectors, answered, check_dimensions, embed, in_base64, vectors
 from .errors import CONTEXT_LENGTH_EXCEEDED, OpenAIError, unsupported
 from .messages import Body, ChatMessage, TextPart
 from .scoring import served
+from .template import RENDERED_ON_THE_LOOP
 from .text import request_id
 
 API = "Embeddings API"
@@ -103,13 +109,7 @@ class CohereEmbedRequest(Body):
         given = [f for f in ("texts", "images", "inputs") if getattr(self, f) is not None]
         if len(given) != 1 or not getattr(self, given[0]):
             raise OpenAIError(ONE_INPUT_FIELD, param=given[-1] if given else "texts")
-        field = given[0]
-        if len(getattr(self, field)) > MAX_EMBEDDING_INPUTS:
-            raise OpenAIError(
-                f"'{field}' holds {len(getattr(self, field))} items; at most "
-                f"{MAX_EMBEDDING_INPUTS}",
-                param=field,
-            )
+        check_count(given[0], len(getattr(self, given[0])))
         for index, kind in enumerate(self.embedding_types or ()):
             if kind in ("int8", "uint8"):
                 raise unsupported(
@@ -137,10 +137,20 @@ class CohereEmbedRequest(Body):
         return [kind for kind in ("float", "binary", "ubinary", "base64") if kind in asked]
 
 
-async def cohere_embed(
-    catalog: Catalog, request: Request, body: CohereEmbedRequest
-) -> dict[str, Any]:
-    """vLLM's CohereEmbedResponse, as it dumps it (no null fields)."""
+def blocks_fit(document: Any) -> None:
+    """At most MAX_EMBEDDING_INPUTS content blocks in all `inputs`, as many text pieces as
+    `texts` may hold (vLLM has no bound): counted in the parsed JSON, before the schema's
+    checks, whose cost, as that of building the blocks' messages, grows with them."""
+    inputs = document.get("inputs") if isinstance(document, dict) else None
+    if not isinstance(inputs, list):
+        return
+    found = (item.get("content") if isinstance(item, dict) else None for item in inputs)
+    check_count("inputs", sum(len(c) for c in found if isinstance(c, list)), "content blocks")
+
+
+async def cohere_embed(catalog: Catalog, request: Request, body: CohereEmbedRequest) -> Response:
+    """vLLM's CohereEmbedResponse, as it dumps it (no null fields), encoded and serialised
+    as /v1/embeddings' answer (embeddings.answered: off the loop when large)."""
     name, model, embedder = await served(catalog, body.model, API)
     size = embedder.vector_output.dims[0]
     _refuse_images(name, body)
@@ -161,20 +171,21 @@ async def cohere_embed(
     for vector, _ in found:
         _check_shape(name, body, kinds, vector.size)
     _check_max_tokens(body, field, found)
-    floats = [vector for vector, _ in found]
-    tokens = sum(count for _, count in found)
-    answer: dict[str, Any] = {
-        "id": "embd-" + (request_id(request, None) or uuid.uuid4().hex),
-        "embeddings": {kind: _typed(kind, floats) for kind in kinds},
-    }
-    if body.texts is not None:
-        answer["texts"] = body.texts
-    answer["meta"] = {
-        "api_version": {"version": "2"},
-        "billed_units": {"input_tokens": tokens, "image_tokens": 0},
-    }
-    answer["response_type"] = "embeddings_by_type"
-    return answer
+    name = "embd-" + (request_id(request, None) or uuid.uuid4().hex)
+
+    def build() -> dict[str, Any]:
+        tokens = sum(count for _, count in found)
+        answer: dict[str, Any] = {"id": name, "embeddings": _typed(kinds, found)}
+        if body.texts is not None:
+            answer["texts"] = body.texts
+        answer["meta"] = {
+            "api_version": {"version": "2"},
+            "billed_units": {"input_tokens": tokens, "image_tokens": 0},
+        }
+        answer["response_type"] = "embeddings_by_type"
+        return answer
+
+    return await answered(build, found)
 
 
 def task_instructions(model: ModelVersion) -> dict[str, str] | None:
@@ -222,27 +233,40 @@ async def _vectors(
     """Each input's vector and token count, as vLLM renders them: a text as it is (after
     the prefix), or, for content blocks and for a prefix with a chat template, a
     conversation of the prefix as system message and the input as user message."""
-    system = [] if prefix is None else [ChatMessage(role="system", content=prefix)]
-    if body.inputs is not None:
-        conversations = [
-            [*system, ChatMessage(role="user", content=_parts(item))] for item in body.inputs
-        ]
-    else:
-        texts = body.texts or []
+    texts = body.texts or []
+    if body.inputs is None:
         generation = text_generation(model)
         if prefix is None or generation is None or generation.chat_template is None:
             given = [(prefix or "") + text for text in texts]
             params = [f"texts[{index}]" for index in range(len(given))]
             return await embed(catalog, model, embedder, given, params)
-        conversations = [[*system, ChatMessage(role="user", content=text)] for text in texts]
-    # /v1/embeddings' chat form, whose renderer and refusals these are (vLLM's proxy
-    # EmbeddingBatchChatRequest); its `messages` is renamed after (`_renamed`).
-    proxy = EmbeddingRequest.model_validate({"model": model.name, "messages": conversations})
-    return await vectors(catalog, model, embedder, proxy)
+    inputs = body.inputs
+
+    def proxy() -> EmbeddingRequest:
+        """/v1/embeddings' chat form, whose renderer and refusals these are (vLLM's proxy
+        EmbeddingBatchChatRequest); its `messages` is renamed after (`_renamed`)."""
+        system = [] if prefix is None else [ChatMessage(role="system", content=prefix)]
+        users = (
+            [ChatMessage(role="user", content=text) for text in texts]
+            if inputs is None
+            else [ChatMessage(role="user", content=_parts(item)) for item in inputs]
+        )
+        conversations = [[*system, user] for user in users]
+        return EmbeddingRequest.model_validate({"model": model.name, "messages": conversations})
+
+    # Each block a message part, each built and checked in Python: off the loop when many.
+    blocks = sum(len(item.content) for item in inputs or ())
+    built = await asyncio.to_thread(proxy) if blocks > RENDERED_ON_THE_LOOP else proxy()
+    return await vectors(catalog, model, embedder, built, indexed=True)
 
 
 def _parts(item: CohereInput) -> list[TextPart]:
     return [TextPart(type="text", text=block.text) for block in item.content]
+
+
+def _not_shortened(reason: str, mode: str) -> str:
+    """Why a text is refused, where vLLM would shorten it under truncate=`mode`."""
+    return f"{reason.rstrip('.')}: {NOT_SHORTENED.format(mode=mode)}"
 
 
 def _renamed(exc: OpenAIError, field: str, truncate: str) -> OpenAIError:
@@ -253,7 +277,7 @@ def _renamed(exc: OpenAIError, field: str, truncate: str) -> OpenAIError:
         param = field + param[len("messages") :]
     message = exc.message
     if exc.code == CONTEXT_LENGTH_EXCEEDED and truncate != "NONE":
-        message = f"{message.rstrip('.')}: {NOT_SHORTENED.format(mode=truncate)}"
+        message = _not_shortened(message, truncate)
     return OpenAIError(
         message, status=exc.status, kind=exc.kind, param=param, code=exc.code, closes=exc.closes
     )
@@ -288,21 +312,32 @@ def _check_max_tokens(body: CohereEmbedRequest, field: str, found: Vectors) -> N
         if count > body.max_tokens:
             message = PAST_MAX_TOKENS.format(count=count, limit=body.max_tokens)
             if body.truncate != "NONE":
-                message = (
-                    f"Input of {count} tokens exceeds max_tokens={body.max_tokens}: "
-                    + NOT_SHORTENED.format(mode=body.truncate)
-                )
+                past = f"Input of {count} tokens exceeds max_tokens={body.max_tokens}"
+                message = _not_shortened(past, body.truncate)
             raise OpenAIError(message, param=f"{field}[{index}]", code=CONTEXT_LENGTH_EXCEEDED)
 
 
-def _typed(kind: str, floats: list[np.ndarray[Any, Any]]) -> list[Any]:
-    """The vectors in one of vLLM's embedding types."""
-    if kind == "float":
-        return [vector.tolist() for vector in floats]
-    if kind == "base64":
-        little = [vector.astype("<f4").tobytes() for vector in floats]
-        return [base64.b64encode(raw).decode("ascii") for raw in little]
-    packed = [np.packbits(vector >= 0) for vector in floats]
-    if kind == "binary":
-        return [(bits.astype(np.int16) - _SIGNED).tolist() for bits in packed]
-    return [bits.tolist() for bits in packed]
+def _typed(kinds: list[str], found: Vectors) -> dict[str, list[Any]]:
+    """The vectors in each of vLLM's embedding types `kinds`: all at once, one matrix
+    (each vector alone where the model's sizes differ)."""
+    floats = [vector for vector, _ in found]
+    if len({vector.size for vector in floats}) > 1:
+        rows = [_encoded(kinds, vector[np.newaxis]) for vector in floats]
+        return {kind: [row[kind][0] for row in rows] for kind in kinds}
+    return _encoded(kinds, np.stack(floats))
+
+
+def _encoded(kinds: list[str], matrix: np.ndarray[Any, Any]) -> dict[str, list[Any]]:
+    """A matrix of vectors (a row each) in each of `kinds`, in their order."""
+    found: dict[str, list[Any]] = {}
+    if "float" in kinds:
+        found["float"] = matrix.tolist()
+    if "binary" in kinds or "ubinary" in kinds:
+        packed = np.packbits(matrix >= 0, axis=-1)
+        if "binary" in kinds:
+            found["binary"] = (packed.astype(np.int16) - _SIGNED).tolist()
+        if "ubinary" in kinds:
+            found["ubinary"] = packed.tolist()
+    if "base64" in kinds:
+        found["base64"] = [in_base64(row, "float32", "little") for row in matrix]
+    return {kind: found[kind] for kind in kinds}

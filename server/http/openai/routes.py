@@ -252,10 +252,10 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         return await until_disconnect(request, pooling.pooling(catalog, request, body))
 
     async def cohere(request: Request) -> Response:
-        body = await read(request, cohere_embed.CohereEmbedRequest)
+        body = await read(request, cohere_embed.CohereEmbedRequest, cohere_embed.blocks_fit)
         # Cancelled with its client, as /v1/embeddings (vLLM's @with_cancellation).
         work = cohere_embed.cohere_embed(catalog, request, body)
-        return _json(await until_disconnect(request, work))
+        return await until_disconnect(request, work)
 
     async def score(request: Request) -> Response:
         body = await read(request, scoring.form)
