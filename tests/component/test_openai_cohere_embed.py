@@ -4,8 +4,9 @@ OpenAI's error object (vLLM's on that route).
 
 Served: tests/textgen.py's `embedder` (4 dimensions, no chat template, no task
 instructions) and `textgen` (generative); `wide`, 8 dimensions of both signs (the binary
-types pack 8 to a byte) with task instructions, whose context is 6 words; and `chatty`,
-`wide` with a chat template."""
+types pack 8 to a byte) with task instructions, whose context is 6 words; `broad`, `wide`
+with 16 (the same 8 and their opposites: two bytes that differ); and `chatty`, `wide`
+with a chat template."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ import textgen
 from openai_inprocess import error, openai_client
 from pymodels import write_model
 
+from ge_serve.server.http.openai import embeddings
+
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
 
 EMBED = "/v2/embed"
@@ -32,11 +35,17 @@ LONG = "one two three four five six seven"  # 7 words: past `wide`'s context
 INSTRUCTIONS = {"search_query": "query: ", "search_document": "passage: "}
 TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }};{% endfor %}"
 WIDE = """
+import json
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.width = config["output"][0]["dims"][0]
+
     def execute(self, requests):
         responses = []
         for request in requests:
@@ -51,7 +60,8 @@ class TritonPythonModel:
             kinds = [c.isalpha() for c in text], [c.isdigit() for c in text]
             counts = np.array([sum(k) for k in kinds] + [len(text), words], np.float32)
             half = counts / (1.0 + counts.sum()) - 0.2
-            vector = np.concatenate([half, 0.1 - half]).reshape(1, 8)
+            eight = np.concatenate([half, 0.1 - half])
+            vector = np.concatenate([eight, -eight])[: self.width].reshape(1, -1)
             outputs = [
                 pb_utils.Tensor("VECTOR", vector.astype(np.float32)),
                 pb_utils.Tensor("num_input_tokens", np.array([[words]], np.int32)),
@@ -65,7 +75,7 @@ backend: "python"
 max_batch_size: 8
 input [ {{ name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] }} ]
 output [
-  {{ name: "VECTOR" data_type: TYPE_FP32 dims: [ 8 ] }},
+  {{ name: "VECTOR" data_type: TYPE_FP32 dims: [ {width} ] }},
   {{ name: "num_input_tokens" data_type: TYPE_INT32 dims: [ 1 ] }}
 ]
 """
@@ -76,11 +86,13 @@ async def http(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.
     repo: Path = textgen.write(tmp_path_factory.mktemp("openai-cohere-embed"))
     instructions = textgen._parameter("task_instructions", json.dumps(INSTRUCTIONS))
     template = textgen._parameter("chat_template_source", TEMPLATE)
-    wide = WIDE_CONFIG.format(name="wide") + instructions + "\n"
+    wide = WIDE_CONFIG.format(name="wide", width=8) + instructions + "\n"
     write_model(repo, "wide", WIDE, wide)
-    chatty = WIDE_CONFIG.format(name="chatty") + instructions + "\n" + template + "\n"
+    write_model(repo, "broad", WIDE, WIDE_CONFIG.format(name="broad", width=16))
+    chatty = WIDE_CONFIG.format(name="chatty", width=8) + instructions + "\n" + template + "\n"
     write_model(repo, "chatty", WIDE, chatty)
-    async with openai_client(repo, ["embedder", "wide", "chatty", "textgen"]) as client:
+    models = ["embedder", "wide", "broad", "chatty", "textgen"]
+    async with openai_client(repo, models) as client:
         yield client
 
 
@@ -141,6 +153,25 @@ async def test_each_embedding_type_is_vllms_encoding_of_the_floats(http: httpx.A
     assert answer["embeddings"] == {"ubinary": [packed(first)]}
 
 
+async def test_the_binary_types_pack_each_vector_byte_after_byte(
+    http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [first, second] = await floats(http, "broad", TEXTS)
+    assert len(first) == 16 and packed(first)[0] != packed(first)[1]  # the order shows
+    types = ["float", "binary", "ubinary", "base64"]
+    answer = await embedded(http, model="broad", texts=TEXTS, embedding_types=types)
+    found = answer["embeddings"]
+    assert found["float"] == [first, second]
+    assert found["ubinary"] == [packed(first), packed(second)]
+    assert found["binary"] == [[b - 128 for b in packed(v)] for v in (first, second)]
+    decoded = [np.frombuffer(base64.b64decode(v), "<f4").tolist() for v in found["base64"]]
+    assert decoded == [first, second]
+    # Past ENCODED_ON_THE_LOOP values, encoded and serialised on a worker thread: the same.
+    monkeypatch.setattr(embeddings, "ENCODED_ON_THE_LOOP", 0)
+    again = await embedded(http, model="broad", texts=TEXTS, embedding_types=types)
+    assert again["embeddings"] == found
+
+
 async def test_input_type_is_the_models_task_instruction(http: httpx.AsyncClient) -> None:
     # No chat template: the prefix goes before the text.
     answer = await embedded(http, model="wide", texts=TEXTS, input_type="search_query")
@@ -184,6 +215,32 @@ async def test_inputs_content_blocks_render_with_the_chat_template(http: httpx.A
     found = error(await http.post(EMBED, json={"model": "wide", "inputs": inputs}))
     assert found["param"] == "inputs"
     assert found["message"].startswith("As of transformers v4.44, default chat template")
+
+
+async def test_the_lists_are_bounded_and_a_refusal_names_its_item(
+    http: httpx.AsyncClient,
+) -> None:
+    # At most 2048 content blocks in all (as many as `texts` holds), refused before any
+    # is built, checked or rendered.
+    block = {"type": "text", "text": "w"}
+    inputs = [{"content": [block] * 1024}, {"content": [block] * 1025}]
+    found = error(await http.post(EMBED, json={"model": "chatty", "inputs": inputs}))
+    assert found["param"] == "inputs"
+    assert found["message"] == "'inputs' holds 2049 content blocks; at most 2048"
+    found = error(await http.post(EMBED, json={"model": "wide", "texts": ["a"] * 2049}))
+    assert (found["param"], found["message"]) == ("texts", "'texts' holds 2049 items; at most 2048")
+    # Many blocks (built and rendered off the loop) within the bound are embedded.
+    many = [{"content": [{"type": "text", "text": ""}] * 100}]
+    answer = await embedded(http, model="chatty", inputs=many)
+    assert answer["embeddings"]["float"] == await floats(
+        http, "chatty", ["[user] " + "\n" * 99 + ";"]
+    )
+    # A refused text is named by its index, a lone one too, by every path.
+    body: dict[str, Any] = {"model": "chatty", "texts": [LONG], "input_type": "search_query"}
+    found = error(await http.post(EMBED, json=body))
+    assert (found["param"], found["code"]) == ("texts[0]", "context_length_exceeded")
+    body = {"model": "chatty", "inputs": [{"content": [{"type": "text", "text": LONG}]}]}
+    assert error(await http.post(EMBED, json=body))["param"] == "inputs[0]"
 
 
 async def test_truncate_embeds_what_fits_and_refuses_what_vllm_would_shorten(
