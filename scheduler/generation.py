@@ -238,8 +238,7 @@ class GenerationScheduler:
         stats.preemptions += len(plan.preempted)
         now = time.monotonic()
         for seq in plan.admitted:
-            if seq.scheduled_s is None:
-                seq.scheduled_s, seq.cached = now, seq.computed  # what admission shared
+            if seq.admit(now):
                 self._started += 1
                 stats.prompt_tokens += seq.prompt_len
                 stats.queue.observe(now - seq.arrival_s)

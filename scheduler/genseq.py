@@ -94,6 +94,15 @@ class Sequence:
     # The request's timings, which the core's statistics read once it is answered.
     timings: Timings = field(default_factory=Timings)
 
+    def admit(self, now: float) -> bool:
+        """An admission at `now`; True the first time, which sets when it was scheduled
+        and its cached tokens, what admission shared (`computed`): a preempted sequence's
+        re-admission changes neither (vLLM's num_cached_tokens is the first's)."""
+        if self.scheduled_s is not None:
+            return False
+        self.scheduled_s, self.cached = now, self.computed
+        return True
+
     @property
     def remaining(self) -> int:
         """Tokens still to compute before the next token can be sampled."""

@@ -10,7 +10,7 @@ from typing import Any
 from ge_serve.backends.llm.kvcache import BlockAllocator
 from ge_serve.backends.llm.sampling import Sampler, SamplingParams
 from ge_serve.backends.llm.text import StopStrings
-from ge_serve.scheduler.genplan import Limits, plan_step
+from ge_serve.scheduler.genplan import Limits, StepPlan, plan_step, preempt
 from ge_serve.scheduler.genseq import Sequence
 
 SIZE = 4
@@ -98,3 +98,23 @@ def test_a_sequence_that_cannot_be_admitted_gives_its_shared_blocks_back() -> No
     plan = plan_step([running], waiting, allocator, limits())
     assert not plan.admitted and list(waiting) == [newcomer]
     assert newcomer.blocks == [] and newcomer.computed == 0 and allocator.used == 2
+
+
+def test_a_readmitted_sequence_keeps_its_first_admissions_cached_tokens() -> None:
+    allocator = BlockAllocator(8)
+    holder = held(list(range(8)), allocator)
+    newcomer = seq(1, [*range(8), 50])
+    newcomer.send_cached = True
+    waiting, running = deque([newcomer]), list[Sequence]()
+    plan = plan_step(running, waiting, allocator, limits())
+    assert plan.admitted == [newcomer] and newcomer.admit(1.0)
+    newcomer.computed, newcomer.tokens = 9, [*newcomer.tokens, 7]  # prefilled, sampled
+    # Preempted once the blocks it shared are its alone: freed and forgotten, so its
+    # re-admission shares nothing and computes the whole prompt again.
+    allocator.release(holder)
+    preempt(newcomer, running, waiting, allocator, StepPlan())
+    plan = plan_step(running, waiting, allocator, limits())
+    assert plan.admitted == [newcomer] and newcomer.computed == 0
+    assert not newcomer.admit(2.0) and newcomer.scheduled_s == 1.0
+    # What its responses say (num_cached_tokens): the first admission's 8.
+    assert newcomer.response("", True, [7])["num_cached_tokens"].tolist() == [8]
