@@ -59,7 +59,13 @@ class _RecordFlag(argparse.Action):
 def _help(setting: dataclasses.Field[Any], spec: Flag) -> str:
     """The flag's help line, ending with its default (argparse's %-format escaped)."""
     text = (spec.help or "").replace("%", "%%")
-    if spec.repeat or spec.record_flag or spec.fallback is not None or spec.required:
+    if (
+        spec.repeat
+        or spec.several
+        or spec.record_flag
+        or spec.fallback is not None
+        or spec.required
+    ):
         return text
     default = setting.default
     if isinstance(default, bool):
@@ -86,6 +92,8 @@ def _arguments(setting: dataclasses.Field[Any], spec: Flag) -> dict[str, Any]:
     if spec.repeat:
         options["action"] = "append"
         options["default"] = []
+    elif spec.several:
+        options["action"], options["nargs"], options["default"] = "extend", "+", []
     elif spec.fallback is not None or (spec.parse is not None and isinstance(setting.default, str)):
         # argparse passes a str default through `type`; a default is the value as it is,
         # never parsed (an empty --model-config-name is refused, its empty default is not).
@@ -139,8 +147,10 @@ def parse_settings(argv: list[str]) -> Settings:
     for setting in dataclasses.fields(Settings):
         spec = flag_of(setting)
         value = args[setting.name]
-        if spec.repeat:
+        if spec.repeat or spec.several:
             value = tuple(value)
+        if spec.env is not None and not value:
+            value = (os.environ.get(spec.env, ""),)
         if spec.fallback is not None and not value:
             value = values[spec.fallback]
         elif value is None and isinstance(setting.default, str):

@@ -32,6 +32,7 @@ from ge_serve.server.inference.header_forward import HeaderForward
 from ge_serve.server.inference.types import InferRequest, InferResponse
 
 from . import encode, generate, monitoring, openapi, sharedmemory, trace
+from .apikey import ApiKeyMiddleware, ApiKeys
 from .bodies import (
     RepositoryIndexRequest,
     RepositoryLoadRequest,
@@ -81,6 +82,8 @@ class HttpSettings:
     header_forward_pattern: str = ""
     # --tool-call-parser, --max-tool-call-parse-bytes (/v1 tool calling).
     tools: ToolSettings = field(default_factory=ToolSettings)
+    # vLLM's --api-key (or VLLM_API_KEY): keys its routes need (apikey.py); never shown.
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
 
 
 class HttpFrontEnd:
@@ -219,6 +222,8 @@ class HttpFrontEnd:
         app.add_exception_handler(StarletteHTTPException, http_error)
         if self.restrictions:
             app.add_middleware(RestrictedApiMiddleware, restrictions=self.restrictions)
+        if self.settings.api_keys:  # outermost: a request without a key goes no further
+            app.add_middleware(ApiKeyMiddleware, keys=ApiKeys(self.settings.api_keys))
         return app
 
     # --- handlers ------------------------------------------------------------------------

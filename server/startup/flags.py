@@ -41,6 +41,10 @@ class Flag:
     parse: Callable[[str], Any] | None = None
     # Given any number of times; the setting is the tuple of the parsed values.
     repeat: bool = False
+    # One or more values after the flag (vLLM's list flags); given again, more of them.
+    several: bool = False
+    # Left out: the value of this environment variable, as one of `several`.
+    env: str | None = None
     required: bool = False
     # Present or absent, taking no value.
     switch: bool = False
@@ -188,6 +192,24 @@ def restriction_rules(name: str, groups: tuple[list[Rule], ...]) -> tuple[Rule, 
     rules = tuple(rule for group in groups for rule in group)
     RestrictedApis(rules, GRPC_HEADER_PREFIX if name.startswith("--grpc") else "")
     return rules
+
+
+def api_keys(name: str, keys: tuple[str, ...]) -> tuple[str, ...]:
+    """The keys, less empty ones: `--api-key ""` (or an empty VLLM_API_KEY) needs none, as
+    vLLM drops them."""
+    return tuple(key for key in keys if key)
+
+
+def api_key_flag() -> Mapping[str, Flag]:
+    """vLLM's `--api-key KEY [KEY ...]`, VLLM_API_KEY's one key where the flag is absent."""
+    return flag(
+        several=True,
+        env="VLLM_API_KEY",
+        check=api_keys,
+        metavar="KEY",
+        help="/v1 and vLLM's other routes need one of these keys, as 'Authorization: Bearer "
+        "KEY' or 'x-api-key: KEY' (default: $VLLM_API_KEY; none: no key is checked)",
+    )
 
 
 def restriction_flag(group: str) -> Mapping[str, Flag]:

@@ -102,6 +102,7 @@ def http_settings(settings: Settings) -> HttpSettings:
         max_input_size=settings.http_max_input_size,
         restricted_api=settings.http_restricted_api,
         header_forward_pattern=settings.http_header_forward_pattern,
+        api_keys=settings.api_key,
         tools=ToolSettings(
             settings.tool_call_parser,
             settings.max_tool_call_parse_bytes,

@@ -25,6 +25,7 @@ from .cacheconfig import cache_setting, cache_size
 from .cloudflags import CloudSettings, cloud_flag
 from .flags import (
     Rule,
+    api_key_flag,
     appendable_file,
     backend_config,
     backend_setting,
@@ -281,6 +282,8 @@ class Settings:
     # A regex; "" forwards nothing (server/inference/header_forward.py).
     http_header_forward_pattern: str = field(default="", metadata=forwarding_flag("HTTP headers"))
     grpc_header_forward_pattern: str = field(default="", metadata=forwarding_flag("metadata", GRPC))
+    # vLLM's --api-key, VLLM_API_KEY's where absent: keys vLLM's routes need (http/apikey.py).
+    api_key: tuple[str, ...] = field(default=(), repr=False, metadata=api_key_flag())
     # /v1 tool calling (Triton's OpenAI front end's flags): http/openai/toolparse.py's values.
     _parsers = ("llama3", "llama3_json", "mistral", "hermes")
     tool_call_parser: str = field(default="", metadata=flag(choices=_parsers, help="/v1 tools"))
