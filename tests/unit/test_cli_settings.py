@@ -27,8 +27,9 @@ def test_defaults_are_tritons() -> None:
     assert settings.model_control_mode == "none"
 
 
-def test_the_flags_defaults_are_the_settings_defaults() -> None:
+def test_the_flags_defaults_are_the_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     """One place for defaults: a bare command line gives exactly the dataclass's values."""
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)  # --api-key's, where it is absent
     assert parse_settings(["--model-repo", "m"]) == Settings(model_repositories=(Path("m"),))
 
 
@@ -309,3 +310,38 @@ def test_prompt_tokens_details_given_alone_or_as_a_bool(
         details("--enable-prompt-tokens-details=maybe")
     assert info.value.code == 2
     assert "--enable-prompt-tokens-details" in capsys.readouterr().err
+
+
+def test_api_key_flag_and_vllm_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    # vLLM's --api-key KEY [KEY ...]; VLLM_API_KEY where the flag is absent; empty keys
+    # are none (an empty flag or variable checks nothing).
+    def keys(*given: str) -> tuple[str, ...]:
+        return http_settings(parse_settings(["--model-repo", "m", *given])).api_keys
+
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    assert keys() == ()
+    assert keys("--api-key", "a", "b", "--http-port", "9000") == ("a", "b")
+    assert keys("--api-key", "a", "--api-key=c") == ("a", "c")
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")
+    assert keys() == ("from-env",)
+    assert keys("--api-key", "k") == ("k",)  # the flag wins, as in vLLM
+    assert keys("--api-key", "") == ()
+    monkeypatch.setenv("VLLM_API_KEY", "")
+    assert keys() == ()
+
+
+def test_the_api_key_is_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    from contextlib import redirect_stdout
+
+    monkeypatch.setenv("VLLM_API_KEY", "env-s3cret")
+    settings = parse_settings(["--model-repo", "m", "--api-key", "flag-s3cret"])
+    assert settings.api_key == ("flag-s3cret",)
+    for shown in (repr(settings), repr(http_settings(settings))):
+        assert "s3cret" not in shown
+    out = io.StringIO()
+    with redirect_stdout(out):
+        build_parser().print_help()
+    text = " ".join(out.getvalue().split())
+    assert "--api-key KEY [KEY ...]" in text and "(default: $VLLM_API_KEY;" in text
+    assert "s3cret" not in text
