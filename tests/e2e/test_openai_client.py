@@ -437,12 +437,21 @@ def test_chat_streams_through_an_http_worker_process(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     # With --http-workers, a worker passes /v1 requests on to the server process, which
-    # streams the answer back through it, chunk by chunk.
+    # streams the answer back through it, chunk by chunk. With VLLM_API_KEY (--api-key's),
+    # the server process checks the key of what a worker passes on; v2 needs none.
     repo = textgen.write(tmp_path_factory.mktemp("openai-workers"))
+    env = {"VLLM_API_KEY": "s3cret"}
     with (
-        running_server([repo], ["--http-workers", "1"]) as server,
-        openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused") as client,
+        running_server([repo], ["--http-workers", "1"], env=env) as server,
+        openai.OpenAI(base_url=server.base_url + "/v1", api_key="s3cret") as client,
     ):
+        refused = httpx.get(server.base_url + "/v1/models", timeout=30)
+        assert refused.status_code == 401 and refused.json()["error"]["type"] == (
+            "authentication_error"
+        )
+        with pytest.raises(openai.AuthenticationError):
+            client.with_options(api_key="wrong").models.list()
+        assert httpx.get(server.base_url + "/v2/health/ready", timeout=30).status_code == 200
         chunks = list(
             client.chat.completions.create(
                 model="textgen",
