@@ -1,8 +1,8 @@
 """The prompt tokens found in the prefix cache, as vLLM reports them: chat's and
-completions' `usage.prompt_tokens_details.cached_tokens` with
---enable-prompt-tokens-details (absent without it), the Responses API's
-`input_tokens_details.cached_tokens` always, and the engine's opt-in `num_cached_tokens`
-output behind `return_num_cached_tokens` over v2 generate.
+completions' `usage.prompt_tokens_details.cached_tokens` and the Messages API's
+`cache_read_input_tokens` with --enable-prompt-tokens-details (absent without it), the
+Responses API's `input_tokens_details.cached_tokens` always, and the engine's opt-in
+`num_cached_tokens` output behind `return_num_cached_tokens` over v2 generate.
 
 The engine shares only the blocks a running sequence holds, so a second request finds the
 first's prompt cached while the first is still generating. The model's prefill budget
@@ -90,6 +90,27 @@ async def test_chat_the_second_of_two_finds_the_prompt_cached(http: httpx.AsyncC
     assert role["choices"][0]["delta"]["role"] == "assistant"
     assert role["usage"]["prompt_tokens_details"] == {"cached_tokens": counts[1]}
     assert rest and all("prompt_tokens_details" not in c["usage"] for c in rest)
+
+
+async def test_messages_read_the_cached_tokens_out_of_the_input(http: httpx.AsyncClient) -> None:
+    # vLLM's _build_anthropic_usage: `cache_read_input_tokens`, and `input_tokens` the
+    # rest (min_tokens: the first still generates while the second comes in).
+    body = {"model": "auto", "messages": MESSAGES, "max_tokens": 60, "min_tokens": 60}
+    body["temperature"] = 0
+    whole, streamed = await asyncio.gather(
+        http.post("/v1/messages", json=body),
+        http.post("/v1/messages", json=body | {"stream": True}),
+    )
+    assert whole.status_code == 200, whole.text
+    usage = whole.json()["usage"]
+    assert list(usage) == ["input_tokens", "output_tokens", "cache_read_input_tokens"]
+    prompt_tokens = usage["input_tokens"] + usage["cache_read_input_tokens"]
+    assert prompt_tokens > 100 and usage["output_tokens"] == 60
+    chunks = events(streamed)
+    start, delta = chunks[0]["message"]["usage"], chunks[-2]["usage"]
+    assert start == delta | {"output_tokens": 0}  # message_start's and message_delta's
+    assert delta["input_tokens"] + delta["cache_read_input_tokens"] == prompt_tokens
+    check_pair([usage["cache_read_input_tokens"], delta["cache_read_input_tokens"]], prompt_tokens)
 
 
 async def test_completions_sum_each_prompts_cached_tokens(http: httpx.AsyncClient) -> None:

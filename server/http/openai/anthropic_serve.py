@@ -5,9 +5,11 @@ streamed, its events (anthropic_stream.py).
 
 The message, as vLLM 0.34's messages_full_converter shapes it: {id "msg_...", type
 "message", role "assistant", model, content, stop_reason, stop_sequence, usage
-{input_tokens, output_tokens}}; content is a `thinking` block {thinking, signature} where
---reasoning-parser splits thoughts, a `text` block, then `tool_use` blocks {id, name,
-input}; an empty answer is one empty text block. stop_reason is vLLM's: "max_tokens"
+{input_tokens, output_tokens}} (with --enable-prompt-tokens-details, vLLM's
+`cache_read_input_tokens` too: the prompt's cached tokens, out of `input_tokens`);
+content is a `thinking` block {thinking, signature} where --reasoning-parser splits
+thoughts, a `text` block, then `tool_use` blocks {id, name, input}; an empty answer is
+one empty text block. stop_reason is vLLM's: "max_tokens"
 where the limit cut the answer, "tool_use" where it has calls, "stop_sequence" (with the
 string in stop_sequence) where a stop string ended it, else "end_turn".
 
@@ -73,7 +75,7 @@ async def create(
             "content": content,
             "stop_reason": stop,
             "stop_sequence": sequence,
-            "usage": usage_json(usage.prompt_tokens, usage.completion_tokens),
+            "usage": usage_json(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens),
         }
         return Response(orjson.dumps(answer), media_type="application/json")
     first, rest = await first_piece(catalog, request, planned)

@@ -36,8 +36,17 @@ from .tools import ToolStream, ToolUse
 log = logging.getLogger(__name__)
 
 
-def usage_json(input_tokens: int, output_tokens: int) -> dict[str, int]:
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens}
+def usage_json(prompt_tokens: int, output_tokens: int, cached: int | None) -> dict[str, int]:
+    """vLLM's _build_anthropic_usage: with the prompt's cached tokens (`cached`, asked
+    for with --enable-prompt-tokens-details), `cache_read_input_tokens`, and
+    `input_tokens` the rest of the prompt (Anthropic's total input is their sum)."""
+    if cached is None:
+        return {"input_tokens": prompt_tokens, "output_tokens": output_tokens}
+    return {
+        "input_tokens": max(0, prompt_tokens - cached),
+        "output_tokens": output_tokens,
+        "cache_read_input_tokens": cached,
+    }
 
 
 def stop_reason(
@@ -97,7 +106,7 @@ class Events:
             "model": self.model,
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": usage_json(usage.prompt_tokens, 0),
+            "usage": usage_json(usage.prompt_tokens, 0, usage.cached_tokens),
         }
         yield event("message_start", {"message": message})
         async with contextlib.aclosing(rest):
@@ -130,10 +139,8 @@ class Events:
         complete = calls_complete(["".join(arguments) for arguments in self.calls])
         stop, sequence = stop_reason(reason or "stop", usage.stop_reason, self.used, complete)
         delta = {"stop_reason": stop, "stop_sequence": sequence}
-        yield event(
-            "message_delta",
-            {"delta": delta, "usage": usage_json(usage.prompt_tokens, usage.completion_tokens)},
-        )
+        counts = usage_json(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+        yield event("message_delta", {"delta": delta, "usage": counts})
         yield event("message_stop", {})
 
     def _piece(self, text: str) -> list[bytes]:

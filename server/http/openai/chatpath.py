@@ -107,7 +107,9 @@ async def prepare(
             given[AFTER] = thinking.after  # the grammar after the thoughts
     tags = tokenids.tags(found, thinking) if route.details else None
     counted = tags is not None and tags.counted  # the thought tokens counted on the ids
-    cached = route.details  # vLLM fills `input_tokens_details.cached_tokens` always
+    # vLLM fills the Responses API's `input_tokens_details.cached_tokens` always, the
+    # Messages API's `cache_read_input_tokens` with --enable-prompt-tokens-details.
+    cached = route.details or catalog.tools.prompt_tokens_details
     try:
         infer_request, sent = build_request(
             found, prompt, stream, given, ids=counted, cached=cached
