@@ -26,12 +26,15 @@ As vLLM's `to_chat_completion_request`:
   (the template's `enable_thinking` false); `output_config` {effort, format:
   {type: json_schema, schema}} is `reasoning_effort` and `response_format`.
 
-A field neither Anthropic nor vLLM knows is ignored, as vLLM's models ignore it.
+A field neither Anthropic nor vLLM knows is ignored, as vLLM's models ignore it. A
+refusal of chat's checks (the `llm` engine's too) names the Messages API's field:
+`renamed`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal, get_args
 
 from pydantic import ConfigDict, Field
@@ -58,6 +61,8 @@ RENAMED = {
     "stop": "stop_sequences",
     "response_format": "output_config.format",
     "thinking_token_budget": "thinking.budget_tokens",
+    "reasoning_effort": "output_config.effort",
+    "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
 }
 NO_IMAGES = (
     "Image content is not supported: no model this server serves takes images (only "
@@ -290,9 +295,22 @@ def renamed(exc: OpenAIError) -> OpenAIError:
     stem = head if bracket < 0 else head[:bracket]
     if stem in RENAMED:
         new = RENAMED[stem] + head[len(stem) :] + dot + rest
-        exc.message = exc.message.replace(f"'{param}'", f"'{new}'")
+        exc.message = _named(exc.message, param, new)
         exc.param = new
     return exc
+
+
+def _named(message: str, old: str, new: str) -> str:
+    """`message` with chat's name `old` as the Messages API's `new`: quoted, where it
+    begins the message (the `llm` engine's words: "stop: at most 64 strings"), and, for
+    a name no English word is (one with an underscore), wherever it stands."""
+    for quote in "'`":
+        message = message.replace(f"{quote}{old}{quote}", f"{quote}{new}{quote}")
+    if re.match(rf"{re.escape(old)}(?![\w.\[])", message):
+        message = f"'{new}'" + message[len(old) :]
+    if "_" in old:
+        message = re.sub(rf"(?<![\w.'`]){re.escape(old)}(?![\w'`])", new, message)
+    return message
 
 
 def _tool_choice(choice: ToolChoice) -> Any:
