@@ -1,5 +1,7 @@
-"""The fields a Messages request's (`POST /v1/messages`) refusals name: a refusal of
-chat's checks names the Messages API's field.
+"""What a Messages request (`POST /v1/messages`, `/v1/messages/count_tokens`) may not
+silently lose, and the fields its refusals name: a refusal of chat's checks names the
+Messages API's field; a tool's schema, an image in `system` and a thinking budget below
+1024 are 400s.
 
 `echo` and the tiny model (tests/anthropicrepo.py) behind one server with
 --tool-call-parser hermes and no --reasoning-parser.
@@ -71,3 +73,43 @@ async def test_a_budget_without_a_reasoning_parser_names_budget_tokens(
     )
     assert message.startswith("'thinking.budget_tokens' is set but reasoning_config")
     assert "thinking_token_budget" not in message
+
+
+@pytest.mark.parametrize("schema", [{"type": "array"}, {"type": ["object", "null"]}])
+async def test_a_tool_schema_that_is_no_object_is_refused(
+    http: httpx.AsyncClient, schema: dict[str, Any]
+) -> None:
+    tool = {"name": "listing", "input_schema": schema}
+    body = _body("echo", "Hi", tools=[tool], tool_choice={"type": "tool", "name": "listing"})
+    for path in (MESSAGES, COUNT):
+        message = await _refused(http, path, body)
+        assert message.startswith("Invalid value for 'tools[0].input_schema': its type must be")
+
+
+@pytest.mark.parametrize(
+    "system",
+    [[{"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}],
+     [{"type": "text", "text": "Be brief."}, {"type": "image"}]],
+)  # fmt: skip
+async def test_an_image_in_the_system_prompt_is_refused(
+    http: httpx.AsyncClient, system: list[dict[str, Any]]
+) -> None:
+    for path in (MESSAGES, COUNT):
+        message = await _refused(http, path, _body("tiny", "K", system=system))
+        assert message.startswith("Image content is not supported")
+    inline = _body("tiny", "K")
+    inline["messages"].insert(0, {"role": "system", "content": system})
+    assert (await _refused(http, MESSAGES, inline)).startswith("Image content is not supported")
+
+
+async def test_count_tokens_takes_vllms_budget_rule(http: httpx.AsyncClient) -> None:
+    body = _body("tiny", "K", thinking={"type": "enabled", "budget_tokens": 100})
+    del body["max_tokens"]  # count_tokens has none
+    said = await _refused(http, COUNT, body)
+    assert said == "thinking.budget_tokens must be at least 1024"
+    assert said == await _refused(http, MESSAGES, body | {"max_tokens": 8})
+    body["thinking"] = {"type": "enabled"}
+    assert "'thinking.budget_tokens'" in await _refused(http, COUNT, body)
+    body["thinking"] = {"type": "enabled", "budget_tokens": 1024}
+    counted = await http.post(COUNT, json=body)  # no max_tokens to stay below
+    assert counted.status_code == 200, counted.text

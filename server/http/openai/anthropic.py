@@ -12,19 +12,21 @@ As vLLM's `to_chat_completion_request`:
   `tool_result` {tool_use_id, content: a string or text blocks} (in a user message, a
   tool message before the message's own text; in an assistant's, the text
   "Tool result: ..."), `redacted_thinking` and `tool_reference` read past. `image`
-  blocks (and images in a tool result) are refused: no model here takes images. vLLM's
-  `tool_addition` / `tool_removal` blocks are refused.
+  blocks (in `system` and in a tool result too) are refused: no model here takes
+  images. vLLM's `tool_addition` / `tool_removal` blocks are refused.
 - `max_tokens` (required, >= 1), `stop_sequences` (chat's `stop`), `temperature`,
   `top_p`, `top_k`, and vLLM's `min_tokens`, `chat_template_kwargs`, `vllm_xargs` as
   chat takes them; `metadata` is accepted and ignored.
 - `tools` {name, description, input_schema} are chat's functions (the schema's `type`
-  "object" where it has none); `tool_choice` auto / any / tool {name} / none is chat's
+  "object" where it has none; another type is refused, as Anthropic's: a call's input
+  is an object); `tool_choice` auto / any / tool {name} / none is chat's
   "auto" / "required" / named / "none", `disable_parallel_tool_use` its
   `parallel_tool_calls`; with tools and no `tool_choice`, "auto".
-- `thinking` {type: enabled (budget_tokens >= 1024, below max_tokens), adaptive,
-  disabled, between_tools}: disabled and between_tools set `reasoning_effort` "none"
-  (the template's `enable_thinking` false); `output_config` {effort, format:
-  {type: json_schema, schema}} is `reasoning_effort` and `response_format`.
+- `thinking` {type: enabled (budget_tokens >= 1024, count_tokens' too; below
+  max_tokens), adaptive, disabled, between_tools}: disabled and between_tools set
+  `reasoning_effort` "none" (the template's `enable_thinking` false); `output_config`
+  {effort, format: {type: json_schema, schema}} is `reasoning_effort` and
+  `response_format`.
 
 A field neither Anthropic nor vLLM knows is ignored, as vLLM's models ignore it. A
 refusal of chat's checks (the `llm` engine's too) names the Messages API's field:
@@ -153,16 +155,36 @@ class CountTokensRequest(Body):
                     f"tool type {tool.type!r} is not supported; only custom tools with an "
                     "input_schema are supported",
                 )
+            where = f"tools[{index}].input_schema"
             if tool.input_schema is None:
+                raise OpenAIError(f"Missing required parameter: '{where}'", param=where)
+            kind = tool.input_schema.get("type", "object")
+            if kind != "object":
+                # Anthropic's rule: a call's `input` is an object (vLLM takes the schema,
+                # and fails on the call's input that is not one).
                 raise OpenAIError(
-                    f"Missing required parameter: 'tools[{index}].input_schema'",
-                    param=f"tools[{index}].input_schema",
+                    f"Invalid value for '{where}': its type must be \"object\" (a tool's "
+                    f"input is an object), got {json.dumps(kind)[:80]}",
+                    param=where,
                 )
         choice = self.tool_choice
         if choice is not None and choice.type == "tool" and not choice.name:
             raise OpenAIError(
                 "tool_choice.name is required when type is 'tool'", param="tool_choice.name"
             )
+        thinking = self.thinking
+        if thinking is not None and thinking.type == "enabled":
+            # vLLM's rules, in its words (its count request's too).
+            if thinking.budget_tokens is None:
+                raise OpenAIError(
+                    "Missing required parameter: 'thinking.budget_tokens'",
+                    param="thinking.budget_tokens",
+                )
+            if thinking.budget_tokens < 1024:
+                raise OpenAIError(
+                    "thinking.budget_tokens must be at least 1024",
+                    param="thinking.budget_tokens",
+                )
 
     def chat(self) -> ChatCompletionRequest:
         """The chat request that renders this conversation (nothing is generated)."""
@@ -205,24 +227,13 @@ class MessagesRequest(CountTokensRequest):
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        thinking = self.thinking
-        if thinking is not None and thinking.type == "enabled":
-            # vLLM's rules, in its words.
-            if thinking.budget_tokens is None:
-                raise OpenAIError(
-                    "Missing required parameter: 'thinking.budget_tokens'",
-                    param="thinking.budget_tokens",
-                )
-            if thinking.budget_tokens < 1024:
-                raise OpenAIError(
-                    "thinking.budget_tokens must be at least 1024",
-                    param="thinking.budget_tokens",
-                )
-            if thinking.budget_tokens >= self.max_tokens:
-                raise OpenAIError(
-                    "thinking.budget_tokens must be less than max_tokens",
-                    param="thinking.budget_tokens",
-                )
+        thinking = self.thinking  # enabled: its budget given, >= 1024 (checked above)
+        budget = thinking.budget_tokens if thinking and thinking.type == "enabled" else None
+        if budget is not None and budget >= self.max_tokens:
+            raise OpenAIError(
+                "thinking.budget_tokens must be less than max_tokens",
+                param="thinking.budget_tokens",
+            )
 
     def chat(self) -> ChatCompletionRequest:
         document = self._document()
@@ -365,6 +376,8 @@ def _system_text(system: str | list[Block], where: str = "system") -> str:
     for number, block in enumerate(system):
         if block.type in ("tool_addition", "tool_removal"):
             raise unsupported(f"{where}[{number}].type", f"'{block.type}' blocks are not supported")
+        if block.type == "image":
+            raise unsupported(f"{where}[{number}].type", NO_IMAGES)
         if block.type == "text" and block.text and not block.text.startswith(BILLING_HEADER):
             parts.append(block.text)
     return "".join(parts)
