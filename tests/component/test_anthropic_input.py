@@ -1,7 +1,8 @@
 """What a Messages request (`POST /v1/messages`, `/v1/messages/count_tokens`) may not
 silently lose, and the fields its refusals name: a refusal of chat's checks names the
 Messages API's field; a tool's schema, an image in `system` and a thinking budget below
-1024 are 400s.
+1024 are 400s; a call whose arguments the model wrote as a JSON string is the same
+`input` whole and streamed.
 
 `echo` and the tiny model (tests/anthropicrepo.py) behind one server with
 --tool-call-parser hermes and no --reasoning-parser.
@@ -9,6 +10,7 @@ Messages API's field; a tool's schema, an image in `system` and a thinking budge
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-from anthropicrepo import write_models
+from anthropicrepo import WEATHER, write_models
 from openai_inprocess import openai_client
 
 from ge_serve.server.http.openai.tools import ToolSettings
@@ -113,3 +115,35 @@ async def test_count_tokens_takes_vllms_budget_rule(http: httpx.AsyncClient) -> 
     body["thinking"] = {"type": "enabled", "budget_tokens": 1024}
     counted = await http.post(COUNT, json=body)  # no max_tokens to stay below
     assert counted.status_code == 200, counted.text
+
+
+def _streamed_input(text: str) -> tuple[list[str], Any]:
+    """The tool_use block's input_json_delta pieces, and their JSON joined."""
+    pieces = []
+    for frame in text.strip().split("\n\n"):
+        found = json.loads(frame.split("\n")[1].removeprefix("data: "))
+        delta = found.get("delta", {})
+        if found["type"] == "content_block_delta" and delta["type"] == "input_json_delta":
+            pieces.append(delta["partial_json"])
+    return pieces, json.loads("".join(pieces))
+
+
+@pytest.mark.parametrize(
+    ("arguments", "given"),
+    [('"{\\"city\\": \\"Oslo\\"}"', {"city": "Oslo"}),  # OpenAI's form: a JSON string
+     ('"Oslo"', {}), ("[1, 2]", {}), ('{"city": "Oslo"}', {"city": "Oslo"})],
+)  # fmt: skip
+async def test_a_calls_input_is_the_same_whole_and_streamed(
+    http: httpx.AsyncClient, arguments: str, given: dict[str, Any]
+) -> None:
+    said = f'<tool_call>{{"name": "weather", "arguments": {arguments}}}</tool_call>'
+    body = _body("echo", said, max_tokens=64, tools=[WEATHER])
+    whole = await http.post(MESSAGES, json=body)
+    assert whole.status_code == 200, whole.text
+    [call] = whole.json()["content"]
+    assert (call["type"], call["input"]) == ("tool_use", given)
+    streamed = await http.post(MESSAGES, json=body | {"stream": True})
+    assert streamed.status_code == 200, streamed.text
+    pieces, found = _streamed_input(streamed.text)
+    assert found == given
+    assert len(pieces) > 1 if arguments.startswith("{") else len(pieces) == 1  # held whole

@@ -23,7 +23,6 @@ backend's): {input_tokens}.
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from typing import Any
 
@@ -32,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from .anthropic import CountTokensRequest, MessagesRequest, renamed
-from .anthropic_stream import Events, calls_complete, stop_reason, usage_json
+from .anthropic_stream import Events, calls_complete, stop_reason, tool_input, usage_json
 from .catalog import Catalog
 from .chatpath import Route, first_piece, prepare, whole
 from .prompts import THREADED
@@ -132,13 +131,3 @@ def _content(
     # Anthropic's shape of an empty answer: one empty text block (vLLM's).
     arguments = [found_call["function"]["arguments"] for found_call in calls]
     return blocks or [{"type": "text", "text": ""}], arguments
-
-
-def tool_input(arguments: str) -> dict[str, Any]:
-    """A call's arguments as its `input` object; what does not read as one (a call the
-    limit cut) is an empty object."""
-    try:
-        found = json.loads(arguments)
-    except ValueError:
-        return {}
-    return found if isinstance(found, dict) else {}

@@ -9,8 +9,11 @@
   {text}, `input_json_delta` {partial_json}; a thinking block ends with a
   `signature_delta` {signature}), `content_block_stop` {index}. Text that comes while a
   tool_use block is open is held, and sent as a text block of its own after it.
+  Arguments that are no JSON object are held too, and sent whole as the input the
+  whole answer gives them (`tool_input`).
 - `message_delta` {delta: {stop_reason, stop_sequence}, usage {input_tokens,
-  output_tokens}}, then `message_stop`.
+  output_tokens}}, then `message_stop` (the usage with `cache_read_input_tokens` where
+  --enable-prompt-tokens-details asks for it, message_start's too: `usage_json`).
 
 An error once the stream has begun closes the open block and is Anthropic's `error`
 event {type: error, error: {type, message}}; the stream ends there.
@@ -212,9 +215,12 @@ class Events:
             arguments = function.get("arguments") or ""
             if arguments and self.open == "tool_use":
                 self.calls[-1].append(arguments)
-                found.append(self._block_delta({"type": "input_json_delta",
-                                                "partial_json": arguments}))  # fmt: skip
+                if self.calls[-1][0].startswith("{"):  # else held: see _close
+                    found.append(self._input(arguments))
         return found
+
+    def _input(self, partial: str) -> bytes:
+        return self._block_delta({"type": "input_json_delta", "partial_json": partial})
 
     def _close(self) -> list[bytes]:
         """The open block's end (a thinking block's signature first)."""
@@ -224,6 +230,10 @@ class Events:
         if self.open == "thinking":
             signature = {"type": "signature_delta", "signature": uuid.uuid4().hex}
             found.append(self._block_delta(signature))
+        held = "".join(self.calls[-1]) if self.open == "tool_use" else ""
+        if held and not held.startswith("{"):
+            # Arguments that are no JSON object: the input the whole answer gives them.
+            found.append(self._input(json.dumps(tool_input(held), ensure_ascii=False)))
         found.append(event("content_block_stop", {"index": self.index}))
         self.open, self.tool_id = "", ""
         self.index += 1
@@ -252,3 +262,16 @@ def _is_json(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as its `input` object, whole and streamed alike: a JSON string
+    that holds one (OpenAI's form of arguments, which a model may write) is that object;
+    what does not read as one (a call the limit cut, an array) is an empty object."""
+    try:
+        found = json.loads(arguments)
+        if isinstance(found, str):
+            found = json.loads(found)
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
