@@ -9,9 +9,10 @@ The message, as vLLM 0.34's messages_full_converter shapes it: {id "msg_...", ty
 `cache_read_input_tokens` too: the prompt's cached tokens, out of `input_tokens`);
 content is a `thinking` block {thinking, signature} where --reasoning-parser splits
 thoughts, a `text` block, then `tool_use` blocks {id, name, input}; an empty answer is
-one empty text block (streamed, no block: vLLM's answers differ so too). stop_reason is vLLM's: "max_tokens"
-where the limit cut the answer, "tool_use" where it has calls, "stop_sequence" (with the
-string in stop_sequence) where a stop string ended it, else "end_turn".
+one empty text block (streamed, no block: vLLM's answers differ so too). stop_reason is
+vLLM's: "max_tokens" where the limit cut the answer, "tool_use" where it has calls,
+"stop_sequence" (with the string in stop_sequence) where a stop string ended it, else
+"end_turn".
 
 Tools: "auto" without --tool-call-parser answers text, the tools still given to the
 template, as /v1/responses (clients such as Claude Code send tools with every request).
