@@ -1,11 +1,12 @@
 """What a Messages request (`POST /v1/messages`, `/v1/messages/count_tokens`) may not
 silently lose, and the fields its refusals name: a refusal of chat's checks names the
-Messages API's field; a tool's schema, an image in `system` and a thinking budget below
-1024 are 400s; a call whose arguments the model wrote as a JSON string is the same
-`input` whole and streamed.
+Messages API's field (and `tool_choice` as sent); a tool's schema, an image in `system`
+and a thinking budget below 1024 are 400s; a call whose arguments the model wrote as a
+JSON string is the same `input` whole and streamed.
 
-`echo` and the tiny model (tests/anthropicrepo.py) behind one server with
---tool-call-parser hermes and no --reasoning-parser.
+`echo` and the tiny model (tests/anthropicrepo.py), and `plain` (`echo` without
+`sampling_parameters`), behind one server with --tool-call-parser hermes and no
+--reasoning-parser.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-from anthropicrepo import WEATHER, write_models
+from anthropicrepo import CONFIG, ECHO, WEATHER, write_models
 from openai_inprocess import openai_client
+from pymodels import write_model
 
 from ge_serve.server.http.openai.tools import ToolSettings
 
@@ -34,7 +36,14 @@ COUNT = "/v1/messages/count_tokens"
 async def http(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
     folder: Path = tmp_path_factory.mktemp("anthropic-input")
     write_models(folder)
-    async with openai_client(folder, ["echo", "tiny"], ToolSettings(parser="hermes")) as client:
+    # `echo` without `sampling_parameters`: nothing constrains its answer.
+    sampling = (
+        ' },\n  { name: "sampling_parameters" data_type: TYPE_STRING dims: [ 1 ] optional: true }'
+    )
+    assert sampling in CONFIG
+    write_model(folder, "plain", ECHO, CONFIG.replace("echo", "plain").replace(sampling, " }"))
+    tools = ToolSettings(parser="hermes")
+    async with openai_client(folder, ["echo", "tiny", "plain"], tools) as client:
         yield client
 
 
@@ -75,6 +84,26 @@ async def test_a_budget_without_a_reasoning_parser_names_budget_tokens(
     )
     assert message.startswith("'thinking.budget_tokens' is set but reasoning_config")
     assert "thinking_token_budget" not in message
+
+
+@pytest.mark.parametrize(
+    ("choice", "said"),
+    [({"type": "any"}, 'tool_choice {"type": "any"} is not supported by the model'),
+     ({"type": "tool", "name": "weather"},
+      'tool_choice {"type": "tool", "name": "weather"} is not supported by the model')],
+)  # fmt: skip
+async def test_a_forced_tool_a_model_cannot_constrain_names_the_choice_as_sent(
+    http: httpx.AsyncClient, choice: dict[str, Any], said: str
+) -> None:
+    body = _body("plain", "Hi", tools=[WEATHER], tool_choice=choice)
+    assert (await _refused(http, MESSAGES, body)).startswith(said)
+
+
+async def test_a_tools_defs_refusal_names_its_input_schema(http: httpx.AsyncClient) -> None:
+    tool = {"name": "w", "input_schema": {"type": "object", "$defs": 5}}
+    body = _body("echo", "Hi", tools=[tool], tool_choice={"type": "any"})
+    said = "`$defs` in the input_schema of tool 'w' must be an object, got int."
+    assert await _refused(http, MESSAGES, body) == said
 
 
 @pytest.mark.parametrize("schema", [{"type": "array"}, {"type": ["object", "null"]}])

@@ -66,6 +66,15 @@ RENAMED = {
     "reasoning_effort": "output_config.effort",
     "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
 }
+# Chat's words for what the Messages API writes otherwise (tools.py's refusals).
+REWORDED = (
+    (re.compile(r'tool_choice="required"'), 'tool_choice {"type": "any"}'),
+    (
+        re.compile(r'tool_choice=function (".*?") is not'),
+        r'tool_choice {"type": "tool", "name": \1} is not',
+    ),
+    (re.compile(r"in the parameters of tool '"), "in the input_schema of tool '"),
+)
 NO_IMAGES = (
     "Image content is not supported: no model this server serves takes images (only "
     "text, tool_use, tool_result and thinking blocks are)"
@@ -298,6 +307,8 @@ def checked(document: dict[str, Any]) -> ChatCompletionRequest:
 
 def renamed(exc: OpenAIError) -> OpenAIError:
     """A chat refusal, its parameter named as the Messages API names it."""
+    for pattern, words in REWORDED:
+        exc.message = pattern.sub(words, exc.message)
     param = exc.param
     if param is None:
         return exc

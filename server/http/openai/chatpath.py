@@ -88,9 +88,9 @@ async def prepare(
             given_constraints = takes_constraints(found.inputs)
             tools = plan(chosen, catalog.tools, given_constraints, name, chat.parallel_tool_calls)
         prompt = await chat_prompt(generation, chat, template_tools(chat.tools))
+        given = chat.sampling()  # the tools' schemas checked for "required"
     except OpenAIError as exc:
         raise route.renamed(exc) from None
-    given = chat.sampling()
     add_priority(request, given, priority)
     try:
         add_markers(catalog.tools.reasoning_parser, found, given)
