@@ -24,6 +24,7 @@ import pytest_asyncio
 from anthropicrepo import CALL, WEATHER, write_models
 from openai_inprocess import openai_client
 
+from ge_serve.server.http.openai import anthropic
 from ge_serve.server.http.openai.anthropic import MessagesRequest
 from ge_serve.server.http.openai.schemas import ChatCompletionRequest
 from ge_serve.server.http.openai.tools import ToolSettings
@@ -298,15 +299,26 @@ async def test_a_large_body_becomes_a_chat_request_off_the_loop(
     assert threads == [True, False]  # on the loop's thread only while small
 
 
-async def test_count_tokens_refuses_a_conversation_past_the_context(
-    http: httpx.AsyncClient,
+async def test_count_tokens_counts_past_the_context_up_to_its_bound(
+    http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The tiny model's context is 256 tokens; every message takes at least one.
+    # The tiny model's context is 256 tokens: vLLM counts such a conversation (a client
+    # asks before it compacts one), which /v1/messages would refuse.
     messages = [{"role": "user", "content": "Hi"}] * 257
-    response = await http.post(
+    counted = await http.post(
         "/v1/messages/count_tokens", json={"model": "tiny", "messages": messages}
     )
-    assert "257 messages" in _error(response, 400, "invalid_request_error")
+    assert counted.status_code == 200, counted.text
+    assert counted.json()["input_tokens"] > 256
+    answered = await http.post(MESSAGES, json={**_body("tiny", "Hi"), "messages": messages})
+    assert "257 messages" in _error(answered, 400, "invalid_request_error")
+    # The bound itself (65,536 messages: bodies past this client's 1 MiB) made small.
+    assert anthropic.COUNTED_MESSAGES == 65536
+    monkeypatch.setattr(anthropic, "COUNTED_MESSAGES", 300)
+    huge = [{"role": "user", "content": "Hi"}] * 301
+    refused = await http.post("/v1/messages/count_tokens", json={"model": "tiny", "messages": huge})
+    message = _error(refused, 400, "invalid_request_error")
+    assert "301 messages; count_tokens counts at most 300" in message
 
 
 def _error(response: httpx.Response, status: int, kind: str) -> str:

@@ -286,6 +286,24 @@ def known_blocks(document: Any) -> None:
                 raise OpenAIError(f"Missing required parameter: '{where}'", param=where)
 
 
+# The most messages count_tokens renders. vLLM counts a conversation of any length (one
+# past the model's context too: a client asks before it compacts one), so the bound is not
+# the context /v1/messages is held to; it bounds the render's time, a few seconds here.
+COUNTED_MESSAGES = 65536
+
+
+def counted_fits(document: Any) -> None:
+    """count_tokens' bound, before the schema's checks: at most COUNTED_MESSAGES."""
+    known_blocks(document)
+    messages = document.get("messages") if isinstance(document, dict) else None
+    if isinstance(messages, list) and len(messages) > COUNTED_MESSAGES:
+        raise OpenAIError(
+            f"Invalid value for 'messages': {len(messages)} messages; count_tokens counts "
+            f"at most {COUNTED_MESSAGES}",
+            param="messages",
+        )
+
+
 def checked(document: dict[str, Any]) -> ChatCompletionRequest:
     """The chat request, checked as chat checks its own (a refusal names the Messages
     API's field)."""

@@ -56,7 +56,7 @@ from . import (
     text,
     tokenize,
 )
-from .anthropic import CountTokensRequest, MessagesRequest, known_blocks
+from .anthropic import CountTokensRequest, MessagesRequest, counted_fits, known_blocks
 from .catalog import Catalog, text_generation
 from .embed_schemas import EmbeddingRequest, PoolingRequest
 from .errors import (
@@ -124,11 +124,11 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         return _checked(document, schema)
 
     async def read_conversation(
-        request: Request, schema: type[M]
+        request: Request, schema: type[M], bounded: Callable[[Any], None]
     ) -> tuple[M, ChatCompletionRequest]:
         """A Messages body and the chat request it becomes, both checked off the loop
         when large (the conversion checks every message and block again)."""
-        document, large = await read_document(request, blocks_fit)
+        document, large = await read_document(request, bounded)
         if large:
             return await asyncio.to_thread(_conversation, document, schema)
         return _conversation(document, schema)
@@ -226,12 +226,11 @@ def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
         conversation_fits(document)
 
     async def messages(request: Request) -> Response:
-        body, chat = await read_conversation(request, MessagesRequest)
+        body, chat = await read_conversation(request, MessagesRequest, blocks_fit)
         return await anthropic_serve.create(catalog, request, body, chat)
 
     async def count_tokens(request: Request) -> Response:
-        # Bounded as /v1/messages: a conversation past the context is never rendered.
-        body, chat = await read_conversation(request, CountTokensRequest)
+        body, chat = await read_conversation(request, CountTokensRequest, counted_fits)
         counted = anthropic_serve.count_tokens(catalog, body, chat)
         return _json(await until_disconnect(request, counted))
 
