@@ -2,8 +2,10 @@
 
 The step graph comes from the example's graph writer (examples/smollm/llama_onnx.py), the
 weights are random (seeded), and the tokenizer is byte-level BPE with no merges: every
-byte one token, so any text round-trips and the vocabulary stays small. The numpy
-reference (tests/llama_reference.py) gives the greedy continuation the server must match.
+byte one token, so any text round-trips and the vocabulary stays small; with `think`,
+`<think>` and `</think>` are added tokens too (257 and 258), as a thinking model's are
+(the thinking budget needs them). The numpy reference (tests/llama_reference.py) gives
+the greedy continuation the server must match.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from ge_serve.scheduler.generation import GenerationScheduler
 from ge_serve.scheduler.work import WorkItem
 
 EOS_TOKEN = "<|endoftext|>"
-VOCAB = 320  # 256 byte tokens, the EOS token, and unused rows
+THINK_TOKENS = ["<think>", "</think>"]  # added with `think`: ids 257 and 258
+VOCAB = 320  # 256 byte tokens, the EOS token, `think`'s tokens, and unused rows
 BLOCK_SIZE = 8
 
 
@@ -57,8 +60,9 @@ def slow_model() -> TinyModel:
     return TinyModel(cfg, smollm.llama_onnx().random_weights(cfg, seed=0), eos_id=256)
 
 
-def byte_tokenizer() -> Any:
-    """Byte-level BPE without merges: one token per byte, plus the EOS token (256)."""
+def byte_tokenizer(think: bool = False) -> Any:
+    """Byte-level BPE without merges: one token per byte, plus the EOS token (256), and
+    with `think` the thoughts' tags (257 and 258)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -68,6 +72,8 @@ def byte_tokenizer() -> Any:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([EOS_TOKEN])
+    if think:
+        tokenizer.add_tokens(THINK_TOKENS)
     return tokenizer
 
 
@@ -77,10 +83,12 @@ def write_tiny_llm(
     parameters: Mapping[str, str] | None = None,
     model: TinyModel | None = None,
     interface: bool = True,
+    think: bool = False,
 ) -> Path:
     """A model folder for the tiny model (or `model`); `parameters` add to or replace the
     engine's. `interface=False` writes a config as minimal as Triton's vLLM backend's
-    samples: no inputs, no outputs, no transaction policy, left to auto-complete."""
+    samples: no inputs, no outputs, no transaction policy, left to auto-complete.
+    `think`: its tokenizer has `<think>` and `</think>` as tokens (`byte_tokenizer`)."""
     import onnx
 
     model = model or tiny_model()
@@ -89,7 +97,7 @@ def write_tiny_llm(
     version.mkdir(parents=True, exist_ok=True)
     graph = smollm.llama_onnx().build_step_graph(model.weights, model.cfg)
     onnx.save_model(graph, str(version / "model.onnx"))
-    byte_tokenizer().save(str(version / "tokenizer.json"))
+    byte_tokenizer(think).save(str(version / "tokenizer.json"))
     (version / "chat_template.jinja").write_text(
         "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}assistant: {% endif %}",
@@ -161,8 +169,8 @@ def minimal_llm_config(name: str, parameters: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def prompt_ids(text: str) -> list[int]:
-    return list(byte_tokenizer().encode(text).ids)
+def prompt_ids(text: str, think: bool = False) -> list[int]:
+    return list(byte_tokenizer(think).encode(text).ids)
 
 
 def reference_greedy(text: str, steps: int) -> list[int]:
@@ -175,12 +183,13 @@ def reference_greedy(text: str, steps: int) -> list[int]:
     )
 
 
-def reference_ids(text: str, steps: int) -> list[int]:
+def reference_ids(text: str, steps: int, think: bool = False) -> list[int]:
     """The reference's greedy tokens, EOS not excepted (for `ignore_eos` requests)."""
     import llama_reference
 
     model = tiny_model()
-    return list(llama_reference.greedy(model.weights, model.cfg, prompt_ids(text), steps))
+    ids = prompt_ids(text, think)
+    return list(llama_reference.greedy(model.weights, model.cfg, ids, steps))
 
 
 def reference_mismatch(text: str, generated: Sequence[int], steps: int) -> str | None:
@@ -202,18 +211,20 @@ def reference_text(text: str, steps: int) -> str:
     return answer_text(ids)
 
 
-def answer_text(ids: Sequence[int]) -> str:
+def answer_text(ids: Sequence[int], think: bool = False) -> str:
     """The text of generated `ids` as the server answers it: an answer cut inside a
     character ends without it (the random model often stops mid-character)."""
-    return str(byte_tokenizer().decode(list(ids))).rstrip("\ufffd")
+    return str(byte_tokenizer(think).decode(list(ids))).rstrip("\ufffd")
 
 
-def reference_logprobs(prompt: str, generated: list[int]) -> npt.NDArray[np.float64]:
+def reference_logprobs(
+    prompt: str, generated: list[int], think: bool = False
+) -> npt.NDArray[np.float64]:
     """The log-softmax of the numpy reference's logits at each generated position."""
     import llama_reference
 
     model = tiny_model()
-    ids = prompt_ids(prompt) + generated
+    ids = prompt_ids(prompt, think) + generated
     logits = llama_reference.forward(
         model.weights, model.cfg, ids, first=len(ids) - 1 - len(generated)
     )

@@ -4,7 +4,14 @@ vLLM's engine knows where thoughts start and end from its `--reasoning-parser` (
 ReasoningConfig); this engine knows no parser, so a request names them beside the
 budget, in ge-serve's own sampling keys `reasoning_start_str` and `reasoning_end_str`
 (/v1 fills them from its parser: `<think>` and `</think>`). Both are tokenized once, when
-the request becomes a sequence, without special tokens, as vLLM tokenizes them.
+the request becomes a sequence, without special tokens, as vLLM tokenizes them; each
+must be a token of its own in the model's tokenizer, alone and beside other text (an
+added token, as a thinking model's `<think>` is): vLLM's reasoning parsers refuse a
+tokenizer without their tags as tokens, and a marker that merges with its neighbours
+would be missed, or forced into the answer. The start must not be the end's token.
+A grammar that applies from the first token (structured outputs without
+`structured_outputs_after`) cannot take a budget: vLLM forces the end over the grammar,
+this engine would not force it; the request is refused.
 
 Counting and forcing are vLLM's (its samplers' ThinkingBudgetState): the thoughts are
 open where the last match of the start ids in the prompt and the generated tokens comes
@@ -37,6 +44,15 @@ NO_MARKERS = (
     f"{BUDGET} is set but the reasoning markers are not: give {START} and {END} "
     "(the thoughts' start and end strings) with it"
 )
+# The budget with a grammar that applies from the first token (the module's doc).
+GRAMMAR_FIRST = (
+    f"{BUDGET} cannot be enforced under structured_outputs that apply from the first "
+    "token: give structured_outputs_after (the thoughts' end) so that the grammar waits "
+    "for the thoughts to close, or leave the budget out"
+)
+_GRAMMAR, _AFTER = "structured_outputs", "structured_outputs_after"
+# Where a marker stands beside other text: a word, a space, blank lines.
+_NEIGHBOURS = ("a{}a", " {} ", "\n{}\n\n")
 # vLLM's clamp of a budget (its int32 buffers).
 _INT32_MAX = 2**31 - 1
 
@@ -83,15 +99,33 @@ def thinking_of(values: Mapping[str, Any]) -> Thinking | None:
     start, end = markers
     if start is None or end is None:
         raise ValueError(NO_MARKERS)
+    if values.get(_GRAMMAR) is not None and values.get(_AFTER) is None:
+        raise ValueError(GRAMMAR_FIRST)
     return Thinking(budget, start, end)
 
 
+def single_id(text: str, encode: Encode) -> int | None:
+    """`text`'s token id where the tokenizer has it as a token of its own (without
+    special tokens, as vLLM tokenizes), alone and beside other text; None otherwise."""
+    ids = encode(text, False)
+    if len(ids) != 1:
+        return None
+    for around in _NEIGHBOURS:
+        if ids[0] not in encode(around.format(text), False):
+            return None  # merged with its neighbours: a word piece, not a token
+    return ids[0]
+
+
 def marker_ids(text: str, key: str, encode: Encode) -> tuple[int, ...]:
-    """`text` as token ids, without special tokens (vLLM's); ValueError where it has none."""
-    ids = tuple(encode(text, False))
-    if not ids:
-        raise ValueError(f"{key} {text!r} does not tokenize to any token")
-    return ids
+    """`text`'s token id; ValueError where it is not a token of its own."""
+    found = single_id(text, encode)
+    if found is None:
+        raise ValueError(
+            f"{key} {text!r} is not a single token of the model's tokenizer (alone and "
+            "beside other text), as the thoughts' markers of a thinking model are: vLLM's "
+            "reasoning parsers refuse a tokenizer without their think start/end tokens"
+        )
+    return (found,)
 
 
 def _last_match(tokens: list[int], marker: tuple[int, ...], offset: int, current: int) -> int:
@@ -125,11 +159,15 @@ class ThinkingBudget:
 
     @classmethod
     def of(cls, thinking: Thinking, encode: Encode) -> ThinkingBudget:
-        return cls(
-            thinking.budget,
-            marker_ids(thinking.start, START, encode),
-            marker_ids(thinking.end, END, encode),
-        )
+        start = marker_ids(thinking.start, START, encode)
+        end = marker_ids(thinking.end, END, encode)
+        if start == end:
+            # A start inside the end would open the thoughts again with each end.
+            raise ValueError(
+                f"{START} {thinking.start!r} and {END} {thinking.end!r} are the same "
+                "token: the thoughts' start must differ from their end"
+            )
+        return cls(thinking.budget, start, end)
 
     def forced(self, tokens: list[int]) -> int | None:
         """The token this step must take, given the sequence's tokens so far (the

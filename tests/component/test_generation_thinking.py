@@ -1,8 +1,11 @@
 """The `llm` engine's `thinking_token_budget` (backends/llm/thinking.py) on the tiny model
 (tests/llmrepo.py), greedy, against the numpy reference: the thoughts the prompt opened
-hold exactly the budget's tokens, then the end marker's tokens come one per step, then
-the answer goes on as the model would; the forced tokens' log probabilities are the
-model's own (vLLM's raw logprobs); a grammar waiting for `</think>` starts after it."""
+hold exactly the budget's tokens, then the end marker's token, then the answer goes on
+as the model would; thoughts the model closes itself are left alone; the forced token's
+log probability is the model's own (vLLM's raw logprobs); a grammar waiting for
+`</think>` starts after it. The tokenizer has `<think>` and `</think>` as tokens; markers
+that are not tokens of their own, the same token for both, and a grammar from the first
+token are refused."""
 
 from __future__ import annotations
 
@@ -22,14 +25,14 @@ from ge_serve.server.errors import ErrorCode, ServerError
 pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio(loop_scope="module")]
 
 PROMPT = "user: hi\nassistant: <think>"
-END = llmrepo.prompt_ids("</think>")
+END = llmrepo.prompt_ids("</think>", think=True)
 MARKERS = {"reasoning_start_str": "<think>", "reasoning_end_str": "</think>"}
 STEPS = 16
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GenerationScheduler]:
-    folder = llmrepo.write_tiny_llm(tmp_path_factory.mktemp("thinking"), "m")
+    folder = llmrepo.write_tiny_llm(tmp_path_factory.mktemp("thinking"), "m", think=True)
     with (folder / "config.pbtxt").open("a") as config:
         config.write('output { name: "logprobs" data_type: TYPE_STRING dims: [ -1 ] }\n')
     scheduler = llmrepo.engine_of(folder)
@@ -39,7 +42,7 @@ async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Gene
 
 def greedy_after(ids: list[int], forced: range) -> None:
     """Every token of `ids` but the `forced` ones is the reference's greedy choice."""
-    expected = llmrepo.reference_logprobs(PROMPT, ids)
+    expected = llmrepo.reference_logprobs(PROMPT, ids, think=True)
     for at, token in enumerate(ids):
         if at not in forced:
             assert token == int(np.argmax(expected[at])), (at, ids)
@@ -49,8 +52,8 @@ def greedy_after(ids: list[int], forced: range) -> None:
 async def test_the_thoughts_hold_the_budget_then_the_end_then_the_answer(
     engine: GenerationScheduler, budget: int
 ) -> None:
-    free = llmrepo.reference_ids(PROMPT, STEPS)
-    assert not set(END[:1]) & set(free[:budget])  # no end begun by the model itself
+    free = llmrepo.reference_ids(PROMPT, STEPS, think=True)
+    assert END == [258] and END[0] not in free[: budget + 1]  # no end begun by the model itself
     text, ids, reason = await llmrepo.greedy_answer(
         engine, PROMPT, max_tokens=STEPS, thinking_token_budget=budget, **MARKERS
     )
@@ -59,11 +62,12 @@ async def test_the_thoughts_hold_the_budget_then_the_end_then_the_answer(
     assert reason == "length" and len(ids) == STEPS
     greedy_after(ids, range(budget, budget + len(END)))
     thoughts, closed, answer = text.partition("</think>")
-    assert closed and thoughts == llmrepo.answer_text(free[:budget]) and answer
+    assert closed and thoughts == llmrepo.answer_text(free[:budget], think=True)
+    assert answer == llmrepo.answer_text(ids[budget + 1 :], think=True)
 
 
 async def test_unlimited_or_no_budget_leaves_the_answer_alone(engine: GenerationScheduler) -> None:
-    free = llmrepo.reference_ids(PROMPT, STEPS)
+    free = llmrepo.reference_ids(PROMPT, STEPS, think=True)
     for extra in ({}, {"thinking_token_budget": -1, **MARKERS}, MARKERS):
         _, ids, _ = await llmrepo.greedy_answer(engine, PROMPT, max_tokens=STEPS, **extra)
         assert ids == free, extra
@@ -72,7 +76,21 @@ async def test_unlimited_or_no_budget_leaves_the_answer_alone(engine: Generation
     _, ids, _ = await llmrepo.greedy_answer(
         engine, closed, max_tokens=STEPS, thinking_token_budget=0, **MARKERS
     )
-    assert ids == llmrepo.reference_ids(closed, STEPS)
+    assert ids == llmrepo.reference_ids(closed, STEPS, think=True)
+
+
+async def test_thoughts_the_model_closes_itself_are_left_alone(
+    engine: GenerationScheduler,
+) -> None:
+    # A small bias on `</think>` makes the model close its thoughts at the 6th token;
+    # a budget of 7 would force `</think>` as the 8th, where the model writes another.
+    prompt, nudge = "user: hello\nassistant: <think>", {"logit_bias": {str(END[0]): 1.0}}
+    _, own, _ = await llmrepo.greedy_answer(engine, prompt, max_tokens=10, **nudge)
+    assert own.index(END[0]) == 5 and own[7] != END[0]
+    _, ids, _ = await llmrepo.greedy_answer(
+        engine, prompt, max_tokens=10, thinking_token_budget=7, **nudge, **MARKERS
+    )
+    assert ids == own
 
 
 async def test_forced_tokens_carry_the_models_own_log_probabilities(
@@ -82,14 +100,14 @@ async def test_forced_tokens_carry_the_models_own_log_probabilities(
         engine, PROMPT, max_tokens=12, logprobs=1, thinking_token_budget=2, **MARKERS
     )
     ids = [int(i) for i in response["output_ids"]]
-    assert ids[2:10] == END
+    assert ids[2:3] == END
     entries = json.loads(response["logprobs"][0])
-    expected = llmrepo.reference_logprobs(PROMPT, ids)
+    expected = llmrepo.reference_logprobs(PROMPT, ids, think=True)
     for at, (token, entry) in enumerate(zip(ids, entries, strict=True)):
         found = entry[str(token)]
         assert found["logprob"] == pytest.approx(expected[at][token], abs=1e-3)
         assert found["rank"] == int(np.count_nonzero(expected[at] >= expected[at][token]))
-    assert max(entries[at][str(END[at - 2])]["rank"] for at in range(2, 10)) > 1
+    assert entries[2][str(END[0])]["rank"] > 1  # not the model's own choice
 
 
 async def test_a_grammar_after_the_thoughts_starts_with_the_forced_end(
@@ -105,7 +123,7 @@ async def test_a_grammar_after_the_thoughts_starts_with_the_forced_end(
         structured_outputs_after="</think>",
         **MARKERS,
     )
-    assert ids[2:10] == END and reason == "stop"
+    assert ids[2:3] == END and reason == "stop"
     assert re.fullmatch(pattern, text.partition("</think>")[2]), text
 
 
@@ -117,6 +135,25 @@ async def test_a_grammar_after_the_thoughts_starts_with_the_forced_end(
         ({"thinking_token_budget": True, **MARKERS}, "or -1 for unlimited."),
         ({"thinking_token_budget": 4}, "reasoning_start_str and reasoning_end_str"),
         ({**MARKERS, "reasoning_start_str": 7}, "reasoning_start_str must be a string"),
+        # Not a token of its own: vLLM's parsers refuse such a tokenizer.
+        (
+            {"thinking_token_budget": 4, **MARKERS, "reasoning_start_str": "<think"},
+            "reasoning_start_str '<think' is not a single token of the model's tokenizer",
+        ),
+        (
+            {"thinking_token_budget": 4, **MARKERS, "reasoning_end_str": "</think>\n"},
+            "reasoning_end_str '</think>\\n' is not a single token",
+        ),
+        # The start inside the end: the end would open the thoughts again.
+        (
+            {"thinking_token_budget": 2, **MARKERS, "reasoning_start_str": "</think>"},
+            "are the same token: the thoughts' start must differ from their end",
+        ),
+        # A grammar from the first token: the end could not be forced through it.
+        (
+            {"thinking_token_budget": 2, "structured_outputs": {"regex": "a+"}, **MARKERS},
+            "thinking_token_budget cannot be enforced under structured_outputs that apply",
+        ),
     ],
 )
 async def test_a_bad_budget_is_refused(

@@ -10,11 +10,13 @@ from typing import Any
 import pytest
 
 from ge_serve.backends.llm.thinking import (
+    GRAMMAR_FIRST,
     NO_MARKERS,
     NOT_A_BUDGET,
     Thinking,
     ThinkingBudget,
     budget_of,
+    single_id,
     thinking_of,
 )
 
@@ -82,3 +84,45 @@ def test_unlimited_and_the_markers() -> None:
         thinking_of({"thinking_token_budget": 4, "reasoning_end_str": "</think>"})
     with pytest.raises(ValueError, match="reasoning_end_str must be a string"):
         thinking_of({**markers, "reasoning_end_str": ""})
+
+
+def merging_bpe(added: bool) -> Any:
+    """A BPE whose merges make `<think>` a token, and `<think>` with a newline another
+    (as a BPE trained on chat text does); `added`: `<think>` an added token as well."""
+    from tokenizers import Tokenizer, models
+
+    pieces = ["<", "t", "h", "i", "n", "k", ">", "\n", "a", " ", "/"]
+    merges = [("<", "t"), ("<t", "h"), ("<th", "i"), ("<thi", "n"), ("<thin", "k")]
+    merges += [("<think", ">"), ("<think>", "\n")]
+    vocab = {piece: at for at, piece in enumerate(pieces)}
+    for left, right in merges:
+        vocab[left + right] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    if added:
+        tokenizer.add_tokens(["<think>"])
+    return tokenizer
+
+
+def test_a_marker_that_merges_with_its_neighbours_is_refused() -> None:
+    merging = merging_bpe(added=False)
+
+    def encode(text: str, special: bool) -> list[int]:
+        return list(merging.encode(text, add_special_tokens=special).ids)
+
+    alone = encode("<think>", False)
+    assert len(alone) == 1 and alone[0] not in encode("\n<think>\n\n", False)
+    assert single_id("<think>", encode) is None
+    thinking = Thinking(4, "<think>", "a")
+    with pytest.raises(ValueError, match="reasoning_start_str '<think>' is not a single token"):
+        ThinkingBudget.of(thinking, encode)
+    added = merging_bpe(added=True)
+    found = single_id("<think>", lambda text, _: list(added.encode(text).ids))
+    assert found is not None and found == added.token_to_id("<think>")
+
+
+def test_a_budget_under_a_grammar_from_the_first_token_is_refused() -> None:
+    values = {"thinking_token_budget": 4, "reasoning_start_str": "<think>"}
+    values |= {"reasoning_end_str": "</think>", "structured_outputs": {"regex": "a"}}
+    with pytest.raises(ValueError, match=f"^{re.escape(GRAMMAR_FIRST)}$"):
+        thinking_of(values)
+    assert thinking_of(values | {"structured_outputs_after": "</think>"}) is not None
