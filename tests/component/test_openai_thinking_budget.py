@@ -2,7 +2,9 @@
 `--reasoning-parser deepseek_r1`: chat (whole and streamed), batch chat, completions,
 the Responses API and the Messages API's `thinking.budget_tokens` close the thoughts
 after the budget with `</think>`, and the answer follows; -1 is unlimited; other values
-are vLLM's 400.
+are vLLM's 400, so is a model whose tokenizer lacks `<think>` and `</think>` as tokens
+(the tiny model's `think` tokenizer has them); a grammar from the first token (closed
+thoughts) takes no budget on chat, and is a 400 on completions.
 
 The model's context is longer than the tiny model's usual 2048 positions, for Anthropic's
 smallest budget (1024 tokens, below `max_tokens`)."""
@@ -29,7 +31,7 @@ CHAT = "/v1/chat/completions"
 # The answer begins in the thoughts the prefill opens (the prompt ends with `<think>`).
 OPENED = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think>"}]
 PROMPT = "user: hi\nassistant: <think>"
-END = llmrepo.prompt_ids("</think>")
+END = llmrepo.prompt_ids("</think>", think=True)
 LENGTH = 2560
 
 
@@ -40,13 +42,15 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = smollm.tiny_config(vocab_size=llmrepo.VOCAB, max_position_embeddings=LENGTH)
     model = llmrepo.TinyModel(config, base.weights, base.eos_id)
     parameters = {"max_model_len": str(LENGTH), "kv_cache_blocks": "330"}
-    llmrepo.write_tiny_llm(folder, "tiny", parameters, model, interface=False)
+    llmrepo.write_tiny_llm(folder, "tiny", parameters, model, interface=False, think=True)
+    llmrepo.write_tiny_llm(folder, "bytes", interface=False)  # `<think>`: 7 byte tokens
     return folder
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def http(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
-    async with openai_client(repo, ["tiny"], ToolSettings(reasoning_parser="deepseek_r1")) as c:
+    settings = ToolSettings(reasoning_parser="deepseek_r1")
+    async with openai_client(repo, ["tiny", "bytes"], settings) as c:
         yield c
 
 
@@ -73,13 +77,14 @@ async def chat(http: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
 async def test_chat_thoughts_hold_the_budget_then_the_answer_follows(
     http: httpx.AsyncClient, budget: int
 ) -> None:
-    free = llmrepo.reference_ids(PROMPT, 16)
+    free = llmrepo.reference_ids(PROMPT, 16, think=True)
     found = await chat(http, opened(thinking_token_budget=budget, return_token_ids=True))
     ids = found["token_ids"]
     assert ids[:budget] == free[:budget] and ids[budget : budget + len(END)] == END
     message = found["message"]
-    assert (message["reasoning"] or "") == llmrepo.answer_text(free[:budget])
-    assert message["content"] == llmrepo.answer_text(ids).partition("</think>")[2] != ""
+    assert (message["reasoning"] or "") == llmrepo.answer_text(free[:budget], think=True)
+    answer = llmrepo.answer_text(ids[budget + 1 :], think=True)
+    assert (message["content"] or "") == answer
     # Streamed, the same thoughts and answer.
     parts = {"reasoning": "", "content": ""}
     body = opened(thinking_token_budget=budget, stream=True)
@@ -89,7 +94,7 @@ async def test_chat_thoughts_hold_the_budget_then_the_answer_follows(
                 delta = json.loads(line[6:])["choices"][0]["delta"]
                 for key in parts:
                     parts[key] += delta.get(key) or ""
-    assert parts == {"reasoning": message["reasoning"] or "", "content": message["content"]}
+    assert parts == {"reasoning": message["reasoning"] or "", "content": answer}
 
 
 async def test_minus_one_is_unlimited(http: httpx.AsyncClient) -> None:
@@ -99,7 +104,8 @@ async def test_minus_one_is_unlimited(http: httpx.AsyncClient) -> None:
 
 
 async def test_completions_and_responses_take_the_budget(http: httpx.AsyncClient) -> None:
-    text = llmrepo.answer_text(llmrepo.reference_ids(PROMPT, 2)) + "</think>"
+    thoughts = llmrepo.reference_ids(PROMPT, 2, think=True)
+    text = llmrepo.byte_tokenizer(think=True).decode(thoughts + END)
     body = {"model": "tiny", "prompt": PROMPT, "temperature": 0, "max_tokens": 14}
     completion = await http.post("/v1/completions", json=body | {"thinking_token_budget": 2})
     assert completion.status_code == 200, completion.text
@@ -157,3 +163,38 @@ async def test_anthropics_budget_tokens_close_the_thinking(http: httpx.AsyncClie
     blocks = found.json()["content"]
     # No thoughts were written before `</think>`: the answer alone.
     assert [block["type"] for block in blocks] == ["text"] and blocks[0]["text"].startswith("VVV")
+
+
+async def test_a_tokenizer_without_the_think_tokens_is_a_400(http: httpx.AsyncClient) -> None:
+    # vLLM's deepseek_r1 parser refuses such a tokenizer at start; here, the budget.
+    for path, body in (
+        (CHAT, opened(model="bytes", thinking_token_budget=2)),
+        ("/v1/completions", {"model": "bytes", "prompt": PROMPT, "thinking_token_budget": 2}),
+    ):
+        response = await http.post(path, json=body)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "thinking_token_budget"
+        assert (
+            "could not locate think start/end tokens in the tokenizer of the model 'bytes'"
+            in (error["message"])
+        )
+    assert (await http.post(CHAT, json=opened(model="bytes"))).status_code == 200
+
+
+async def test_a_grammar_from_the_first_token_takes_no_budget(http: httpx.AsyncClient) -> None:
+    # Thoughts the prompt closed: the grammar applies at once, and there is nothing to
+    # close (vLLM's answer); on completions the grammar would hold the thoughts: a 400.
+    closed = [{"role": "user", "content": "<think>x</think>"}]
+    regex = {"structured_outputs": {"regex": "[a-c]{3}"}, "temperature": 0, "max_tokens": 8}
+    body = {"model": "tiny", "messages": closed, **regex}
+    free = await chat(http, body)
+    assert await chat(http, body | {"thinking_token_budget": 0}) == free
+    said = free["message"]  # deepseek_r1 reads an answer without `</think>` as thoughts
+    assert len((said["reasoning"] or "") + (said["content"] or "")) == 3
+    completion = {"model": "tiny", "prompt": PROMPT, "thinking_token_budget": 0, **regex}
+    response = await http.post("/v1/completions", json=completion)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "thinking_token_budget"
+    assert "cannot be enforced with structured outputs on completions" in error["message"]

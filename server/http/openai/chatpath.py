@@ -28,7 +28,7 @@ from .schemas import ChatCompletionRequest
 from .structured import AFTER, constrained
 from .template import variables
 from .text import add_priority, chat_prompt, check_limit, no_chat_template
-from .thinking import add_markers
+from .thinking import add_markers, grammar_first
 from .tokenids import Tags
 from .tools import ToolUse, plan, template_tools
 
@@ -105,6 +105,7 @@ async def prepare(
         if field is not None and thinking is not None and thinking.after is not None:
             after_thoughts(found, field)
             given[AFTER] = thinking.after  # the grammar after the thoughts
+    given = grammar_first(given, thinking is not None)
     tags = tokenids.tags(found, thinking) if route.details else None
     counted = tags is not None and tags.counted  # the thought tokens counted on the ids
     # vLLM fills the Responses API's `input_tokens_details.cached_tokens` always, the

@@ -17,8 +17,9 @@ BaseThinkingReasoningParser) counts the tokens between a generated `<think>` and
 opened in the prompt count 0; `qwen3` (vLLM's parser engine) counts every token of the
 thoughts, from the first where thinking is on, the tag tokens not counted, up to
 `</think>` or `<tool_call>`. The tags are the model tokenizer's single tokens; a
-tokenizer without `<think>` and `</think>` as tokens of their own (vLLM refuses such a
-parser at start) counts nothing: chat's `completion_tokens_details` is null.
+tokenizer without `<think>` and `</think>` as tokens of their own, alone and beside
+other text (vLLM refuses such a parser at start) counts nothing: chat's
+`completion_tokens_details` is null.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ge_serve.backends.base import TextTokenizer
+from ge_serve.backends.llm.thinking import single_id
 from ge_serve.server.inference.model import ModelVersion
 from ge_serve.server.inference.types import InferResponse
 
@@ -95,8 +97,8 @@ async def prompt_ids(
 
 
 def _single(tokenizer: TextTokenizer, tag: str) -> int | None:
-    ids = tokenizer.encode(tag, add_special_tokens=False)
-    return ids[0] if len(ids) == 1 else None
+    """`tag`'s id where it is a token of its own (the budget's rule, thinking.py)."""
+    return single_id(tag, tokenizer.encode)
 
 
 @dataclass(frozen=True, slots=True)
