@@ -302,6 +302,10 @@ async def test_the_openai_routes_have_their_bodies_and_openai_errors(
     assert "task" in body_schema(document, "/pooling")["properties"]
     assert body_schema(document, "/v1/completions")["required"] == ["prompt"]
     assert body_schema(document, "/v1/responses")["required"] == ["input"]
+    # vLLM's type for the thinking budget: integer or null.
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+        budget = body_schema(document, path)["properties"]["thinking_token_budget"]
+        assert budget["anyOf"] == [{"type": "integer"}, {"type": "null"}], path
     for path, method in (("/v1/models", "get"), ("/v1/chat/completions", "post")):
         responses = document["paths"][path][method]["responses"]
         error = resolve(document, responses["default"]["content"]["application/json"]["schema"])

@@ -32,6 +32,7 @@ from . import fields
 from .errors import OpenAIError, unsupported
 from .messages import Body
 from .schemas import ChatCompletionRequest, parse
+from .thinking import Budget
 
 # The fields of a chat request that the Responses API names otherwise.
 RENAMED = {
@@ -151,7 +152,7 @@ class ResponsesRequest(Body):
     request_id: str | None = None
     priority: int | None = Field(None, ge=fields.INT64_MIN, le=fields.INT64_MAX)
     vllm_xargs: dict[str, Any] | None = None
-    thinking_token_budget: Any = None  # vLLM's rule: chat's check (thinking.py)
+    thinking_token_budget: Budget = None  # vLLM's rule: chat's check (thinking.py)
     # Not served: refused by name where given (`refuse_unsupported`).
     prompt: Any = None
     conversation: Any = None

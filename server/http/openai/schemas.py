@@ -122,7 +122,7 @@ class Sampling(Body):
     # vLLM's request priority (text.add_priority): the `llm` engine's queue order.
     priority: int | None = Field(None, ge=fields.INT64_MIN, le=fields.INT64_MAX)
     # vLLM's: a non-negative integer, or -1 (unlimited); thinking.py checks it.
-    thinking_token_budget: Any = None
+    thinking_token_budget: thinking.Budget = None
     vllm_xargs: dict[str, Any] | None = None
     # vLLM's: the answer's id is the API's prefix and this.
     request_id: str | None = None
