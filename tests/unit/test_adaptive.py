@@ -663,7 +663,10 @@ async def test_high_load_through_the_batcher_grows_batches_to_the_maximum() -> N
         assert batcher.controller is not None
         snapshot = snapshot_of(batcher)
         assert 1 <= snapshot["target_batch_size"] <= 8
-        assert snapshot["window_us"] <= 5000
+        # Not its window: a batch sent at once reports how long its oldest request has
+        # waited, which a loaded host stretches past the budget. That no wait is chosen
+        # past a configured budget is
+        # test_a_configured_budget_is_never_stretched_for_throughput's, on a clock.
     finally:
         await batcher.close(5.0)
 
