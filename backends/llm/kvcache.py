@@ -11,17 +11,33 @@ block tables of shorter rows, and the attention mask hides it.
 The allocator is a free list; a sequence that cannot get a block waits or is preempted
 (its blocks freed and its tokens recomputed later), which the scheduler decides.
 
-Prefix caching (vLLM's automatic prefix caching, for the blocks held now): a full block is
-known by its tokens and the block before it (so by the whole prefix up to it, at the same
-positions), and a new sequence whose prompt starts with the same full blocks shares them
-instead of computing them again: every chat request starts with the same system prompt
-and role markers. A shared block is only read (a sequence writes past its shared blocks),
-and is counted by reference: it goes back to the free list, and is forgotten, when its
-last holder releases it.
+Prefix caching (vLLM's automatic prefix caching): a full block is known by the whole
+prefix up to it, at the same positions, and a new sequence whose prompt starts with the
+same full blocks shares them instead of computing them again: every chat request starts
+with the same system prompt and role markers, every turn of a chat with the turns before.
+A shared block is only read (a sequence writes past its full blocks: only blocks already
+full are remembered, prompt or generated, and tokens are only ever appended), and is
+counted by reference. When its last holder releases it, a
+remembered block stays findable, in a least-recently-released order of evictable blocks:
+`allocate` takes the uncached free blocks first, then evicts the least recently
+released cached block (forgetting its key), as vLLM's free block queue does; `share`
+revives a cached free block (held again, no longer evictable). `free` counts both kinds,
+so admission, preemption and the usage gauge see a released cached block as free. With
+prefix caching off nothing is remembered, and a released block is simply free.
+
+Keys are a hash chain over the whole prefix (vLLM's `hash_block_tokens` with its sha256):
+sha256 of the parent block's key and this block's tokens. Not the parent's block id, as
+while only held blocks were cached: a block now outlives its holders, so its parent may
+be evicted and that id reused for other content, and a child keyed on the id would then
+match a prefix it does not hold. A digest of the whole prefix cannot go stale that way
+(a child whose parent was evicted is simply unreachable, since `share` walks from the
+first block, until it is evicted in turn).
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,77 +48,114 @@ PADDING_BLOCK = 0
 
 
 class BlockAllocator:
-    """Usable blocks 1..count; O(1) allocate and free; full blocks shared by prefix."""
+    """Usable blocks 1..count; O(1) allocate and free; full blocks shared by prefix, and
+    kept findable after their release until evicted (least recently released first)."""
 
-    __slots__ = ("_cached", "_free", "_key_of", "_refs", "total")
+    __slots__ = ("_cached", "_evictable", "_free", "_key_of", "_refs", "total")
 
     def __init__(self, count: int) -> None:
         self.total = count
+        # Free blocks no key names, taken first.
         self._free = list(range(count, 0, -1))
+        # Free blocks still cached, least recently released first.
+        self._evictable: OrderedDict[int, None] = OrderedDict()
         # Holders of each held block; a shared block has more than one.
         self._refs: dict[int, int] = {}
-        # (block before it or -1, its tokens) -> a full block, and back.
-        self._cached: dict[tuple[int, tuple[int, ...]], int] = {}
-        self._key_of: dict[int, tuple[int, tuple[int, ...]]] = {}
+        # The key of each remembered block (held, or evictable), and the block each cached
+        # key names (one per key: a second block of the same prefix is not findable).
+        self._key_of: dict[int, bytes] = {}
+        self._cached: dict[bytes, int] = {}
 
     @property
     def free(self) -> int:
-        return len(self._free)
+        """Blocks that can be allocated: free, and cached but held by none."""
+        return len(self._free) + len(self._evictable)
 
     @property
     def used(self) -> int:
-        return self.total - len(self._free)
+        return self.total - self.free
+
+    @property
+    def cached(self) -> int:
+        """Blocks findable by prefix (held or not)."""
+        return len(self._cached)
 
     def allocate(self, count: int) -> list[int] | None:
         """`count` blocks, or None (and nothing taken) when fewer are free."""
-        if count > len(self._free):
+        if count > self.free:
             return None
         if count <= 0:
             return []
-        taken = self._free[-count:]
-        del self._free[-count:]
+        plain = min(count, len(self._free))
+        taken = self._free[len(self._free) - plain :]
+        del self._free[len(self._free) - plain :]
+        for _ in range(count - plain):
+            block, _none = self._evictable.popitem(last=False)
+            del self._cached[self._key_of.pop(block)]
+            taken.append(block)
         for block in taken:
             self._refs[block] = 1
         return taken
 
     def release(self, blocks: list[int]) -> None:
-        """Let go of a sequence's blocks (and empty the list); a block goes back to the
-        free list when no other sequence holds it."""
+        """Let go of a sequence's blocks (and empty the list). A block no other sequence
+        holds is free again: still findable where cached (its last block released first,
+        so evicted first: vLLM's order), else forgotten."""
         for block in reversed(blocks):
             left = self._refs.pop(block) - 1
             if left:
                 self._refs[block] = left
                 continue
-            key = self._key_of.pop(block, None)
+            key = self._key_of.get(block)
+            if key is not None and self._cached.get(key) == block:
+                self._evictable[block] = None
+                continue
             if key is not None:
-                del self._cached[key]
+                del self._key_of[block]
             self._free.append(block)
         blocks.clear()
 
     def share(self, tokens: Sequence[int], block_size: int, most: int) -> list[int]:
-        """The held blocks that already hold the first full blocks of `tokens` (at most
-        `most` of them), each now held once more."""
+        """The cached blocks that already hold the first full blocks of `tokens` (at most
+        `most` of them), each now held once more (a free one revived)."""
         found: list[int] = []
-        parent = -1
+        key = b""
         for i in range(most):
-            block = self._cached.get((parent, tuple(tokens[i * block_size : (i + 1) * block_size])))
+            key = block_key(key, tokens[i * block_size : (i + 1) * block_size])
+            block = self._cached.get(key)
             if block is None:
                 break
-            self._refs[block] += 1
+            if block in self._evictable:
+                del self._evictable[block]
+                self._refs[block] = 1
+            else:
+                self._refs[block] += 1
             found.append(block)
-            parent = block
         return found
 
     def remember(
         self, blocks: Sequence[int], tokens: Sequence[int], block_size: int, start: int, end: int
     ) -> None:
-        """Blocks start..end-1 of a sequence are full: later prompts may share them."""
+        """Blocks start..end-1 of a sequence are full: later prompts may share them. The
+        blocks before `start` were remembered before (or shared), in order."""
         for i in range(start, end):
             block = blocks[i]
-            key = (blocks[i - 1] if i else -1, tuple(tokens[i * block_size : (i + 1) * block_size]))
-            if key not in self._cached and block not in self._key_of:
-                self._cached[key] = block
-                self._key_of[block] = key
+            if block in self._key_of:
+                continue  # shared, or remembered by an earlier step
+            parent = self._key_of.get(blocks[i - 1]) if i else b""
+            if parent is None:
+                return  # a block before was never remembered: its prefix has no key
+            key = block_key(parent, tokens[i * block_size : (i + 1) * block_size])
+            self._key_of[block] = key
+            self._cached.setdefault(key, block)
+
+
+def block_key(parent: bytes, tokens: Sequence[int]) -> bytes:
+    """A full block's key: sha256 over its parent's key (empty for the first block) and
+    its tokens, so over the whole prefix up to it."""
+    digest = hashlib.sha256(parent)
+    digest.update(np.asarray(tokens, np.int64).tobytes())
+    return digest.digest()
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
