@@ -4,7 +4,8 @@ completions' `usage.prompt_tokens_details.cached_tokens` and the Messages API's
 Responses API's `input_tokens_details.cached_tokens` always, and the engine's opt-in
 `num_cached_tokens` output behind `return_num_cached_tokens` over v2 generate.
 
-The engine shares only the blocks a running sequence holds, so a second request finds the
+The engine keeps a finished request's blocks cached (until evicted), so a chat sent after
+another with the same system prompt finds it cached; and a second request finds the
 first's prompt cached while the first is still generating. The model's prefill budget
 (32 tokens) is below the prompt's length, so the two are never admitted in one step: the
 second comes in once the first has prefilled a chunk at least, and finds the full blocks
@@ -31,7 +32,18 @@ pytest.importorskip("tokenizers", reason="tokenizers is not installed (runtime d
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
 
 TEXT = "You are a helpful assistant who answers in one short sentence. " * 2  # 128 bytes
-MESSAGES = [{"role": "user", "content": TEXT}]
+
+
+def text(tag: str) -> str:
+    """The prompt of one test: the engine keeps what every earlier test computed cached,
+    so each starts with its own first block."""
+    return f"{tag:<8}{TEXT}"
+
+
+def messages(tag: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text(tag)}]
+
+
 # Long enough that the other request of a pair comes in while this one still generates.
 SAMPLING: dict[str, Any] = {"max_tokens": 60, "temperature": 0, "ignore_eos": True}
 USAGE = {"include_usage": True, "continuous_usage_stats": True}
@@ -69,7 +81,7 @@ async def http(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def test_chat_the_second_of_two_finds_the_prompt_cached(http: httpx.AsyncClient) -> None:
-    body = {"model": "auto", "messages": MESSAGES, **SAMPLING}
+    body = {"model": "auto", "messages": messages("chat"), **SAMPLING}
     stream = body | {"stream": True, "stream_options": USAGE}
     whole, streamed = await asyncio.gather(
         http.post("/v1/chat/completions", json=body),
@@ -92,10 +104,29 @@ async def test_chat_the_second_of_two_finds_the_prompt_cached(http: httpx.AsyncC
     assert rest and all("prompt_tokens_details" not in c["usage"] for c in rest)
 
 
+async def test_a_chat_after_another_finds_their_system_prompt_cached(
+    http: httpx.AsyncClient,
+) -> None:
+    system = {"role": "system", "content": text("system")}
+    counts, prompt_tokens = [], []
+    for question in ("Who are you?", "What can you do?"):
+        body = {"model": "auto", "messages": [system, {"role": "user", "content": question}]}
+        answer = await http.post("/v1/chat/completions", json=body | SAMPLING)  # one by one
+        assert answer.status_code == 200, answer.text
+        usage = answer.json()["usage"]
+        counts.append(usage["prompt_tokens_details"]["cached_tokens"])
+        prompt_tokens.append(usage["prompt_tokens"])
+    assert counts[0] == 0
+    # The second finds the first's full blocks of the system prompt (a byte a token).
+    least = len(text("system")) // llmrepo.BLOCK_SIZE * llmrepo.BLOCK_SIZE
+    assert least <= counts[1] < prompt_tokens[1] and counts[1] % llmrepo.BLOCK_SIZE == 0
+
+
 async def test_messages_read_the_cached_tokens_out_of_the_input(http: httpx.AsyncClient) -> None:
     # vLLM's _build_anthropic_usage: `cache_read_input_tokens`, and `input_tokens` the
     # rest (min_tokens: the first still generates while the second comes in).
-    body = {"model": "auto", "messages": MESSAGES, "max_tokens": 60, "min_tokens": 60}
+    body = {"model": "auto", "messages": messages("messages"), "max_tokens": 60}
+    body["min_tokens"] = 60
     body["temperature"] = 0
     whole, streamed = await asyncio.gather(
         http.post("/v1/messages", json=body),
@@ -118,7 +149,7 @@ async def test_completions_sum_each_prompts_cached_tokens(http: httpx.AsyncClien
     # prefilled but its last chunk at most (the budget admits none beside a chunk of more
     # than 16 tokens), so their sum passes what one prompt can find (below its length):
     # summed, as vLLM's batch chat sums them, not the last prompt's (vLLM's completions).
-    body = {"model": "auto", "prompt": [TEXT] * 3, **SAMPLING}
+    body = {"model": "auto", "prompt": [text("three")] * 3, **SAMPLING}
     whole = await http.post("/v1/completions", json=body)
     assert whole.status_code == 200, whole.text
     usage = whole.json()["usage"]
@@ -126,7 +157,7 @@ async def test_completions_sum_each_prompts_cached_tokens(http: httpx.AsyncClien
     summed = usage["prompt_tokens_details"]["cached_tokens"]
     assert per_prompt <= summed < 2 * per_prompt and summed % llmrepo.BLOCK_SIZE == 0, summed
     # Two, streamed: one of the two finds the other's blocks.
-    body["prompt"] = [TEXT, TEXT]
+    body["prompt"] = [text("two"), text("two")]
     streamed = body | {"stream": True, "stream_options": USAGE}
     chunks = events(await http.post("/v1/completions", json=streamed))
     found = chunks[-1]["usage"]["prompt_tokens_details"]
@@ -138,15 +169,17 @@ async def test_completions_sum_each_prompts_cached_tokens(http: httpx.AsyncClien
 
 async def test_without_the_flag_usage_has_no_details_and_responses_count(repo: Path) -> None:
     async with openai_client(repo, ["auto"]) as client:
-        body = {"model": "auto", "prompt": [TEXT, TEXT], **SAMPLING}
+        body = {"model": "auto", "prompt": [text("prompts")] * 2, **SAMPLING}
         whole = await client.post("/v1/completions", json=body)
         assert whole.status_code == 200, whole.text
         assert "prompt_tokens_details" not in whole.json()["usage"]  # vLLM leaves it out
-        chat = {"model": "auto", "messages": MESSAGES, "stream": True, "stream_options": USAGE}
+        chat = {"model": "auto", "messages": messages("chat"), "stream": True}
+        chat["stream_options"] = USAGE
         chunks = events(await client.post("/v1/chat/completions", json=chat | SAMPLING))
         assert all("prompt_tokens_details" not in c["usage"] for c in chunks)
         # The Responses API fills its count always, as vLLM's.
-        asked = {"model": "auto", "input": TEXT, "max_output_tokens": 60, "temperature": 0}
+        asked = {"model": "auto", "input": text("input"), "max_output_tokens": 60}
+        asked["temperature"] = 0
         asked["ignore_eos"] = True
         pair = await asyncio.gather(
             client.post("/v1/responses", json=asked),
@@ -163,8 +196,9 @@ async def test_without_the_flag_usage_has_no_details_and_responses_count(repo: P
 
 async def test_the_engine_reports_cached_tokens_only_where_asked(http: httpx.AsyncClient) -> None:
     sampling = json.dumps({"temperature": 0, "max_tokens": 60, "ignore_eos": True})
-    v2 = {"text_input": TEXT, "sampling_parameters": sampling}
+    v2 = {"text_input": text("plain"), "sampling_parameters": sampling}
     plain = await http.post("/v2/models/auto/generate", json=v2)
+    v2["text_input"] = text("v2")
     assert plain.status_code == 200, plain.text
     assert "num_cached_tokens" not in plain.json()  # Triton's vLLM backend's answer
     asked = v2 | {"return_num_cached_tokens": True, "return_num_input_tokens": True}
