@@ -24,7 +24,7 @@ ordered by `rank` (the request's priority, lower first, then arrival), new and p
 sequences alike, and the victim is the running sequence of the largest rank (vLLM's
 `max(running, key=(priority, arrival))`), which may be the one that needs the block.
 
-With prefix caching, an admitted sequence first shares the held blocks that already hold
+With prefix caching, an admitted sequence first shares the cached blocks that already hold
 its prompt's first full blocks, and prefills from there.
 """
 
@@ -47,7 +47,7 @@ class Limits:
     max_num_seqs: int
     max_num_batched_tokens: int
     batching: str
-    # Share the full blocks of a held prefix with a new sequence (kvcache.py).
+    # Share the cached full blocks of a prefix with a new sequence (kvcache.py).
     prefix_caching: bool = False
     # vLLM's scheduling policy "priority" (else "fcfs"): see the module's docstring.
     priority: bool = False
