@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +15,9 @@ import llmrepo
 import numpy as np
 from google.protobuf import text_format
 from polling import poll
+from recording_sink import RecordingSink
 
-from ge_serve.backends.base import ModelError, ModelSpec, RequestContext
+from ge_serve.backends.base import ModelSpec, RequestContext
 from ge_serve.backends.llm.backend import MODEL_KEY, LlmBackend
 from ge_serve.backends.llm.kvcache import BlockAllocator
 from ge_serve.backends.llm.sampling import Sampler, SamplingParams
@@ -195,31 +194,9 @@ def engine(folder: Path, caching: bool) -> GenerationScheduler:
     return GenerationScheduler(loaded.extra[MODEL_KEY])
 
 
-@dataclass
-class Answer:
-    """A ResponseSink that keeps the text and the cached tokens reported."""
-
-    text: str = ""
-    cached: list[int] = field(default_factory=list)
-    errors: list[ModelError] = field(default_factory=list)
-
-    def send(
-        self,
-        outputs: dict[str, Any] | None,
-        error: ModelError | None,
-        final: bool,
-        parameters: Mapping[str, Any] | None = None,
-    ) -> None:
-        if outputs is not None:
-            self.text += outputs["text_output"][0].decode()
-            self.cached.extend(int(n) for n in outputs["num_cached_tokens"])
-        if error is not None:
-            self.errors.append(error)
-
-
-async def ask(scheduler: GenerationScheduler, prompt: str) -> Answer:
+async def ask(scheduler: GenerationScheduler, prompt: str) -> RecordingSink:
     """The greedy answer to `prompt`, once finished."""
-    sink = Answer()
+    sink = RecordingSink()
     inputs = {
         "text_input": np.array([prompt.encode()], dtype=object),
         "max_tokens": np.array([10], np.int32),
@@ -230,13 +207,22 @@ async def ask(scheduler: GenerationScheduler, prompt: str) -> Answer:
     return sink
 
 
+def text_of(sink: RecordingSink) -> str:
+    return "".join(r["text_output"][0].decode() for r in sink.responses)
+
+
+def cached_of(sink: RecordingSink) -> int:
+    """The prompt tokens the last response says were found cached."""
+    return int(sink.responses[-1]["num_cached_tokens"][0])
+
+
 def all_free(scheduler: GenerationScheduler) -> bool:
     return scheduler.generation_stats.kv_blocks_used == 0
 
 
 async def test_a_finished_requests_prompt_is_served_from_the_cache(tmp_path: Path) -> None:
     prompt = "You are a helpful assistant. Say something: "  # 44 tokens, a byte each
-    answers: dict[bool, list[Answer]] = {}
+    answers: dict[bool, list[RecordingSink]] = {}
     for caching in (True, False):
         scheduler = engine(tmp_path / str(caching), caching)
         try:
@@ -249,7 +235,8 @@ async def test_a_finished_requests_prompt_is_served_from_the_cache(tmp_path: Pat
             await scheduler.close(1)
     cached, plain = answers[True], answers[False]
     assert not any(a.errors for a in (*cached, *plain))
-    assert {a.text for a in (*cached, *plain)} == {plain[0].text} != {""}  # greedy, same
+    texts = {text_of(a) for a in (*cached, *plain)}
+    assert texts == {text_of(plain[0])} != {""}  # greedy, same
     full = len(prompt) // llmrepo.BLOCK_SIZE * llmrepo.BLOCK_SIZE
-    assert [a.cached[-1] for a in cached] == [0, full] and full > 0
-    assert [a.cached[-1] for a in plain] == [0, 0]  # without prefix caching, none
+    assert [cached_of(a) for a in cached] == [0, full] and full > 0
+    assert [cached_of(a) for a in plain] == [0, 0]  # without prefix caching, none
