@@ -7,45 +7,20 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from typing import Any
 
 import pytest
+from engineseqs import sequence as seq
 
 from ge_serve.backends.llm.kvcache import BlockAllocator
 from ge_serve.backends.llm.sampling import (
-    Sampler,
     SamplingError,
-    SamplingParams,
     sampling_params,
 )
 from ge_serve.backends.llm.settings import SamplingDefaults
-from ge_serve.backends.llm.text import StopStrings
 from ge_serve.scheduler.genplan import Limits, enqueue, plan_step, rank
 from ge_serve.scheduler.genseq import Sequence
 
 DEFAULTS = SamplingDefaults(max_tokens=16, temperature=1.0, top_p=1.0, top_k=0)
-
-
-def seq(serial: int, prompt: int, priority: int = 0, computed: int = 0) -> Sequence:
-    """A sequence that arrived at second `serial`."""
-    params = SamplingParams(max_tokens=8, temperature=0.0, priority=priority)
-    none: Any = None
-    return Sequence(
-        serial=serial,
-        tokens=list(range(prompt)),
-        prompt_len=prompt,
-        max_tokens=8,
-        params=params,
-        sampler=Sampler(params),
-        detokenizer=none,
-        stops=StopStrings(()),
-        sink=none,
-        stream=False,
-        echo="",
-        arrival_s=float(serial),
-        on_done=lambda: None,
-        computed=computed,
-    )
 
 
 def limits(priority: bool, seqs: int = 8) -> Limits:

@@ -11,6 +11,7 @@ from typing import Any
 import llmrepo
 import numpy as np
 import pytest
+from engineseqs import sequence as seq
 
 from ge_serve.backends.llm.kvcache import BlockAllocator
 from ge_serve.backends.llm.runner import RowWork, build_step_inputs
@@ -27,27 +28,6 @@ from ge_serve.scheduler.genplan import Limits, plan_step
 from ge_serve.scheduler.genseq import Sequence
 
 DEFAULTS = SamplingDefaults(max_tokens=16, temperature=1.0, top_p=1.0, top_k=0)
-
-
-def seq(serial: int, prompt: int, computed: int = 0) -> Sequence:
-    params = SamplingParams(max_tokens=8, temperature=0.0)
-    none: Any = None
-    return Sequence(
-        serial=serial,
-        tokens=list(range(prompt)),
-        prompt_len=prompt,
-        max_tokens=8,
-        params=params,
-        sampler=Sampler(params),
-        detokenizer=none,
-        stops=StopStrings(()),
-        sink=none,
-        stream=False,
-        echo="",
-        arrival_s=float(serial),
-        on_done=lambda: None,
-        computed=computed,
-    )
 
 
 def limits(seqs: int = 8, tokens: int = 64, batching: str = "iteration") -> Limits:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import functools
 from collections import deque
 from pathlib import Path
-from typing import Any
 
 import llmrepo
 import numpy as np
+from engineseqs import sequence as seq
 from google.protobuf import text_format
 from polling import poll
 from recording_sink import RecordingSink
@@ -20,8 +20,6 @@ from recording_sink import RecordingSink
 from ge_serve.backends.base import ModelSpec, RequestContext
 from ge_serve.backends.llm.backend import MODEL_KEY, LlmBackend
 from ge_serve.backends.llm.kvcache import BlockAllocator
-from ge_serve.backends.llm.sampling import Sampler, SamplingParams
-from ge_serve.backends.llm.text import StopStrings
 from ge_serve.protos.model_config_pb2 import ModelConfig
 from ge_serve.scheduler.generation import GenerationScheduler
 from ge_serve.scheduler.genplan import Limits, StepPlan, plan_step, preempt
@@ -29,16 +27,6 @@ from ge_serve.scheduler.genseq import Sequence
 from ge_serve.scheduler.work import WorkItem
 
 SIZE = 4
-
-
-def seq(serial: int, tokens: list[int]) -> Sequence:
-    params = SamplingParams(max_tokens=8, temperature=0.0)
-    none: Any = None
-    return Sequence(
-        serial=serial, tokens=list(tokens), prompt_len=len(tokens), max_tokens=8,
-        params=params, sampler=Sampler(params), detokenizer=none, stops=StopStrings(()),
-        sink=none, stream=False, echo="", arrival_s=float(serial), on_done=lambda: None,
-    )  # fmt: skip
 
 
 def limits(caching: bool = True, tokens: int = 64) -> Limits:
