@@ -327,7 +327,7 @@ class ServerApp:
             "forward_port": loopback,
             "max_input_size": self.http.settings.max_input_size,
             "max_chunks": self.http.settings.max_chunks,
-            "restricted": bool(settings.http_restricted_api),
+            "restricted": self.http.checks_every_request,
             "header_forward_pattern": self.http.settings.header_forward_pattern,
             "log_format": settings.log_format,
             # The requests this process ends at the exit timeout are answered through them.

@@ -79,13 +79,16 @@ def _help(setting: dataclasses.Field[Any], spec: Flag) -> str:
 
 def _arguments(setting: dataclasses.Field[Any], spec: Flag) -> dict[str, Any]:
     if spec.record_flag:
-        return {
+        recorded: dict[str, Any] = {
             "dest": setting.name,
             "action": _RecordFlag,
             "default": [],
             "metavar": spec.metavar,
             "help": _help(setting, spec),
         }
+        if spec.bare:  # a flag of the group given alone records "true"
+            recorded["nargs"], recorded["const"] = "?", "true"
+        return recorded
     if spec.switch:
         return {"dest": setting.name, "action": "store_true", "help": _help(setting, spec)}
     options: dict[str, Any] = {"dest": setting.name, "help": _help(setting, spec)}

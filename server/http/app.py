@@ -40,6 +40,7 @@ from .bodies import (
     decode_body,
     decode_index_request,
 )
+from .cors import CorsSettings, with_cors
 from .drain import RefuseWhileDraining
 from .errors import error_response
 from .infer import Encoded, InferEndpoint, InferShortcut, guard
@@ -84,6 +85,8 @@ class HttpSettings:
     tools: ToolSettings = field(default_factory=ToolSettings)
     # vLLM's --api-key (or VLLM_API_KEY): keys its routes need (apikey.py); never shown.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
+    # vLLM's --allowed-origins and its companions (cors.py).
+    cors: CorsSettings = field(default_factory=CorsSettings)
 
 
 class HttpFrontEnd:
@@ -175,13 +178,19 @@ class HttpFrontEnd:
             *openai_routes.routes(self, self.settings.tools),
         ]
 
+    @property
+    def checks_every_request(self) -> bool:
+        """Whether every request must pass this front end's own checks (restricted APIs,
+        CORS), so that HTTP workers pass inference on to it too."""
+        return bool(self.restrictions) or self.settings.cors.on
+
     def build(self) -> ASGIApp:
         """The HTTP application: FastAPI, with the shortcut for inference in front, behind
-        the refusal of requests while the server stops."""
+        the refusal of requests while the server stops, inside CORS where it is on."""
         app: ASGIApp = self.build_fastapi()
         if not self.restrictions:
             app = InferShortcut(app, self.infer_routes)
-        return RefuseWhileDraining(app, self.gate)
+        return with_cors(RefuseWhileDraining(app, self.gate), self.settings.cors)
 
     def build_fastapi(self) -> FastAPI:
         routes = self.routes()

@@ -103,6 +103,7 @@ def http_settings(settings: Settings) -> HttpSettings:
         restricted_api=settings.http_restricted_api,
         header_forward_pattern=settings.http_header_forward_pattern,
         api_keys=settings.api_key,
+        cors=settings.cors,
         tools=ToolSettings(
             settings.tool_call_parser,
             settings.max_tool_call_parse_bytes,

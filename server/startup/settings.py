@@ -20,9 +20,11 @@ from typing import Final
 from ge_serve.scheduler.ratelimit import resource_limit
 
 from ..control.logsettings import FORMATS
+from ..http.cors import CorsSettings
 from ..observability.traceconfig import TraceSettings, trace_setting, trace_settings
 from .cacheconfig import cache_setting, cache_size
 from .cloudflags import CloudSettings, cloud_flag
+from .corsflags import cors_flag
 from .flags import (
     Rule,
     api_key_flag,
@@ -470,6 +472,8 @@ class Settings:
     )
     # Triton's SageMaker and Vertex AI endpoints (cloudflags.py).
     cloud: CloudSettings = field(default=CloudSettings(), metadata=cloud_flag())
+    # vLLM's --allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials.
+    cors: CorsSettings = field(default=CorsSettings(), metadata=cors_flag())
     # (flag, value) of each tritonserver flag that does nothing here (tritonflags.py).
     inapplicable: tuple[tuple[str, str], ...] = field(default=(), metadata=inapplicable_flag())
 

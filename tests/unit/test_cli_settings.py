@@ -11,6 +11,7 @@ import pytest
 
 from ge_serve.server.app import ServerApp, configure_gil
 from ge_serve.server.cli import build_parser, parse_settings
+from ge_serve.server.http.cors import CorsSettings
 from ge_serve.server.startup.flags import flag_of
 from ge_serve.server.startup.part_settings import default_max_batch_size, http_settings
 from ge_serve.server.startup.settings import Settings
@@ -345,3 +346,27 @@ def test_the_api_key_is_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
     text = " ".join(out.getvalue().split())
     assert "--api-key KEY [KEY ...]" in text and "(default: $VLLM_API_KEY;" in text
     assert "s3cret" not in text
+
+
+def test_cors_flags_are_read_as_vllm_reads_them(capsys: pytest.CaptureFixture[str]) -> None:
+    def cors(*given: str) -> CorsSettings:
+        return http_settings(parse_settings(["--model-repo", "m", *given])).cors
+
+    assert cors() == CorsSettings((), ("*",), ("*",), False)
+    given = cors(
+        "--allowed-origins", '["https://a.example", "https://b.example"]',
+        '--allowed-methods=["GET", "POST"]', "--allowed-headers", "[]",
+        "--allow-credentials", "--http-port", "9000",
+    )  # fmt: skip
+    assert given == CorsSettings(
+        ("https://a.example", "https://b.example"), ("GET", "POST"), (), True
+    )
+    assert cors("--allowed-origins", '["*"]', "--allowed-origins", "[]").allowed_origins == ()
+    assert not cors("--allow-credentials=false").allow_credentials
+    for bad in ("*", '"*"', "[1]", "{}"):
+        with pytest.raises(SystemExit) as exited:
+            parse_settings(["--model-repo", "m", "--allowed-origins", bad])
+        assert exited.value.code == 2
+        assert f"--allowed-origins takes a JSON list of strings, e.g. '[\"*\"]', got '{bad}'" in (
+            capsys.readouterr().err
+        )

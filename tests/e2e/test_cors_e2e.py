@@ -1,0 +1,35 @@
+"""`--allowed-origins` with `--http-workers`: the workers, which answer v2 inference
+themselves, pass every request on to the server's front end, whose CORS answers it, so a
+browser page reads inference answers through them as without workers."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from serverproc import running_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+PAGE = "https://app.example"
+BODY = {
+    "inputs": [
+        {"name": name, "shape": [1, 16], "datatype": "INT32", "data": list(range(16))}
+        for name in ("INPUT0", "INPUT1")
+    ]
+}
+
+
+def test_http_workers_answer_an_allowed_origin() -> None:
+    extra = ["--http-workers", "2", "--allowed-origins", f'["{PAGE}"]']
+    with running_server(extra=extra) as server, httpx.Client(base_url=server.base_url) as http:
+        infer = "/v2/models/simple/infer"
+        asked = {"origin": PAGE, "access-control-request-method": "POST"}
+        answer = http.options(infer, headers=asked)
+        assert answer.status_code == 200
+        assert answer.headers["access-control-allow-origin"] == PAGE
+        for _ in range(4):  # connections land on either worker
+            with httpx.Client(base_url=server.base_url) as fresh:
+                answer = fresh.post(infer, json=BODY, headers={"origin": PAGE})
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["outputs"][0]["data"] == [2 * x for x in range(16)]
+            assert answer.headers["access-control-allow-origin"] == PAGE
