@@ -23,6 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp
 
+from ge_serve.server.control.cors import CorsSettings
 from ge_serve.server.control.restrictions import RestrictedApis
 from ge_serve.server.control.stopping import DrainGate
 from ge_serve.server.errors import ErrorCode, ServerError, decoding
@@ -40,7 +41,7 @@ from .bodies import (
     decode_body,
     decode_index_request,
 )
-from .cors import CorsSettings, with_cors
+from .cors import with_cors
 from .drain import RefuseWhileDraining
 from .errors import error_response
 from .infer import Encoded, InferEndpoint, InferShortcut, guard

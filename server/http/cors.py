@@ -13,22 +13,10 @@ headers).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
-
-@dataclass(frozen=True, slots=True)
-class CorsSettings:
-    allowed_origins: tuple[str, ...] = ()
-    allowed_methods: tuple[str, ...] = ("*",)
-    allowed_headers: tuple[str, ...] = ("*",)
-    allow_credentials: bool = False
-
-    @property
-    def on(self) -> bool:
-        return bool(self.allowed_origins)
+from ge_serve.server.control.cors import CorsSettings
 
 
 def with_cors(app: ASGIApp, settings: CorsSettings) -> ASGIApp:

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from ge_serve.backends.text_bool import parse_bool
 
-from ..http.cors import CorsSettings
+from ..control.cors import CorsSettings
 from .flags import Flag, flag
 
 _LISTS: Final = ("--allowed-origins", "--allowed-methods", "--allowed-headers")

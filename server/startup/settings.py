@@ -19,8 +19,8 @@ from typing import Final
 
 from ge_serve.scheduler.ratelimit import resource_limit
 
+from ..control.cors import CorsSettings
 from ..control.logsettings import FORMATS
-from ..http.cors import CorsSettings
 from ..observability.traceconfig import TraceSettings, trace_setting, trace_settings
 from .cacheconfig import cache_setting, cache_size
 from .cloudflags import CloudSettings, cloud_flag

@@ -16,8 +16,8 @@ import pytest_asyncio
 from modelgen import identity_model, make_lifecycle, write_model
 from onnx import TensorProto
 
+from ge_serve.server.control.cors import CorsSettings
 from ge_serve.server.http.app import HttpFrontEnd, HttpSettings
-from ge_serve.server.http.cors import CorsSettings
 from ge_serve.server.inference.core import InferenceServer
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio(loop_scope="module")]

@@ -11,7 +11,7 @@ import pytest
 
 from ge_serve.server.app import ServerApp, configure_gil
 from ge_serve.server.cli import build_parser, parse_settings
-from ge_serve.server.http.cors import CorsSettings
+from ge_serve.server.control.cors import CorsSettings
 from ge_serve.server.startup.flags import flag_of
 from ge_serve.server.startup.part_settings import default_max_batch_size, http_settings
 from ge_serve.server.startup.settings import Settings
