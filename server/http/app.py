@@ -55,6 +55,7 @@ from .openai.errors import (
 )
 from .openai.tools import ToolSettings
 from .openapi import ApiRoute, Body
+from .requestid import RequestIdHeaders
 from .responses import json_response
 from .restricted import RestrictedApiMiddleware
 from .routing import Endpoint
@@ -88,6 +89,8 @@ class HttpSettings:
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     # vLLM's --allowed-origins and its companions (cors.py).
     cors: CorsSettings = field(default_factory=CorsSettings)
+    # vLLM's --enable-request-id-headers (requestid.py).
+    request_id_headers: bool = False
 
 
 class HttpFrontEnd:
@@ -181,17 +184,20 @@ class HttpFrontEnd:
 
     @property
     def checks_every_request(self) -> bool:
-        """Whether every request must pass this front end's own checks (restricted APIs,
-        CORS), so that HTTP workers pass inference on to it too."""
-        return bool(self.restrictions) or self.settings.cors.on
+        """Whether every request must pass this front end's own checks and marks
+        (restricted APIs, CORS, request ids), so that HTTP workers pass inference on to it
+        too."""
+        return bool(self.restrictions) or self.settings.cors.on or self.settings.request_id_headers
 
     def build(self) -> ASGIApp:
         """The HTTP application: FastAPI, with the shortcut for inference in front, behind
-        the refusal of requests while the server stops, inside CORS where it is on."""
+        the refusal of requests while the server stops, inside CORS and request ids where
+        they are on."""
         app: ASGIApp = self.build_fastapi()
         if not self.restrictions:
             app = InferShortcut(app, self.infer_routes)
-        return with_cors(RefuseWhileDraining(app, self.gate), self.settings.cors)
+        app = with_cors(RefuseWhileDraining(app, self.gate), self.settings.cors)
+        return RequestIdHeaders(app) if self.settings.request_id_headers else app
 
     def build_fastapi(self) -> FastAPI:
         routes = self.routes()

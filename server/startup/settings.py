@@ -300,6 +300,9 @@ class Settings:
         default=False,
         metadata=flag(bare=True, help="/v1 usage: the prompt tokens found in the prefix cache"),
     )
+    # vLLM's flag (http/requestid.py).
+    _request_ids = flag(bare=True, help="X-Request-Id on every HTTP answer (the request's own)")
+    enable_request_id_headers: bool = field(default=False, metadata=_request_ids)
     # Front-end worker processes (server/workers/); 0: this process serves the protocol.
     http_workers: int = field(
         default=0,

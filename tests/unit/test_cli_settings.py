@@ -363,6 +363,11 @@ def test_cors_flags_are_read_as_vllm_reads_them(capsys: pytest.CaptureFixture[st
     )
     assert cors("--allowed-origins", '["*"]', "--allowed-origins", "[]").allowed_origins == ()
     assert not cors("--allow-credentials=false").allow_credentials
+    ids = http_settings(parse_settings(["--model-repo", "m", "--enable-request-id-headers"]))
+    assert (
+        ids.request_id_headers
+        and not http_settings(parse_settings(["--model-repo", "m"])).request_id_headers
+    )
     for bad in ("*", '"*"', "[1]", "{}"):
         with pytest.raises(SystemExit) as exited:
             parse_settings(["--model-repo", "m", "--allowed-origins", bad])

@@ -1,6 +1,7 @@
-"""`--allowed-origins` with `--http-workers`: the workers, which answer v2 inference
-themselves, pass every request on to the server's front end, whose CORS answers it, so a
-browser page reads inference answers through them as without workers."""
+"""`--allowed-origins` and `--enable-request-id-headers` with `--http-workers`: the
+workers, which answer v2 inference themselves, pass every request on to the server's front
+end, whose CORS and request ids mark it, so a browser page reads inference answers through
+them, and each names its request, as without workers."""
 
 from __future__ import annotations
 
@@ -19,17 +20,20 @@ BODY = {
 }
 
 
-def test_http_workers_answer_an_allowed_origin() -> None:
+def test_http_workers_answer_an_allowed_origin_with_request_ids() -> None:
     extra = ["--http-workers", "2", "--allowed-origins", f'["{PAGE}"]']
+    extra.append("--enable-request-id-headers")
     with running_server(extra=extra) as server, httpx.Client(base_url=server.base_url) as http:
         infer = "/v2/models/simple/infer"
         asked = {"origin": PAGE, "access-control-request-method": "POST"}
         answer = http.options(infer, headers=asked)
         assert answer.status_code == 200
         assert answer.headers["access-control-allow-origin"] == PAGE
-        for _ in range(4):  # connections land on either worker
+        for index in range(4):  # connections land on either worker
+            sent = {"origin": PAGE, "x-request-id": f"trace-{index}"}
             with httpx.Client(base_url=server.base_url) as fresh:
-                answer = fresh.post(infer, json=BODY, headers={"origin": PAGE})
+                answer = fresh.post(infer, json=BODY, headers=sent)
             assert answer.status_code == 200, answer.text
             assert answer.json()["outputs"][0]["data"] == [2 * x for x in range(16)]
             assert answer.headers["access-control-allow-origin"] == PAGE
+            assert answer.headers["x-request-id"] == f"trace-{index}"

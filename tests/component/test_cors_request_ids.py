@@ -1,7 +1,9 @@
 """vLLM's `--allowed-origins` and its companions (server/http/cors.py): a browser page on
 an allowed origin may call every route, Triton's v2 inference shortcut included, and reads
-the server's own refusals; without the flag nothing changes. In process: an onnxruntime
-identity model behind the HTTP application, over httpx's ASGI transport."""
+the server's own refusals; without the flag nothing changes. vLLM's
+`--enable-request-id-headers` (server/http/requestid.py): every answer names its request.
+In process: an onnxruntime identity model behind the HTTP application, over httpx's ASGI
+transport."""
 
 from __future__ import annotations
 
@@ -121,3 +123,22 @@ async def test_methods_headers_and_credentials_as_given(core: InferenceServer) -
         assert answer.headers["access-control-allow-credentials"] == "true"
         answer = await http.get("/v2/models/ident", headers={"origin": PAGE})
         assert answer.headers["access-control-allow-origin"] == PAGE
+
+
+async def test_request_id_headers_on_every_answer(core: InferenceServer) -> None:
+    async with client(core) as http:
+        answer = await http.post(INFER, json=BODY, headers={"x-request-id": "trace-1"})
+        assert "x-request-id" not in answer.headers  # off by default
+    async with client(core, request_id_headers=True, cors=ALLOWED, api_keys=("k",)) as http:
+        answer = await http.post(INFER, json=BODY, headers={"x-request-id": "trace-1"})
+        assert answer.status_code == 200
+        assert answer.headers.get_list("x-request-id") == ["trace-1"]
+        fresh = [(await http.get("/v2/models/ident")).headers["x-request-id"] for _ in "ab"]
+        assert fresh[0] != fresh[1] and all(len(x) == 32 and int(x, 16) >= 0 for x in fresh)
+        # Refusals and CORS's own answers too.
+        answer = await http.get("/v1/models", headers={"x-request-id": "trace-2"})
+        assert (answer.status_code, answer.headers["x-request-id"]) == (401, "trace-2")
+        answer = await http.get("/v2/models/absent", headers={"x-request-id": "trace-3"})
+        assert (answer.status_code, answer.headers["x-request-id"]) == (404, "trace-3")
+        answer = await http.options(INFER, headers={**preflight(), "x-request-id": "trace-4"})
+        assert (answer.status_code, answer.headers["x-request-id"]) == (200, "trace-4")
