@@ -194,24 +194,6 @@ def restriction_rules(name: str, groups: tuple[list[Rule], ...]) -> tuple[Rule, 
     return rules
 
 
-def api_keys(name: str, keys: tuple[str, ...]) -> tuple[str, ...]:
-    """The keys, less empty ones: `--api-key ""` (or an empty VLLM_API_KEY) needs none, as
-    vLLM drops them."""
-    return tuple(key for key in keys if key)
-
-
-def api_key_flag() -> Mapping[str, Flag]:
-    """vLLM's `--api-key KEY [KEY ...]`, VLLM_API_KEY's one key where the flag is absent."""
-    return flag(
-        several=True,
-        env="VLLM_API_KEY",
-        check=api_keys,
-        metavar="KEY",
-        help="/v1 and vLLM's other routes need one of these keys, as 'Authorization: Bearer "
-        "KEY' or 'x-api-key: KEY' (default: $VLLM_API_KEY; none: no key is checked)",
-    )
-
-
 def restriction_flag(group: str) -> Mapping[str, Flag]:
     """The flag of each front end's restricted APIs: repeated <category>:<header>=<value>."""
     return flag(

@@ -110,6 +110,7 @@ def http_settings(settings: Settings) -> HttpSettings:
             settings.max_tool_call_parse_bytes,
             settings.reasoning_parser,
             settings.enable_prompt_tokens_details,
+            settings.enable_force_include_usage,
         ),
     )
 

@@ -22,12 +22,12 @@ from ge_serve.scheduler.ratelimit import resource_limit
 from ..control.cors import CorsSettings
 from ..control.logsettings import FORMATS
 from ..observability.traceconfig import TraceSettings, trace_setting, trace_settings
+from . import vllmflags
 from .cacheconfig import cache_setting, cache_size
 from .cloudflags import CloudSettings, cloud_flag
 from .corsflags import cors_flag
 from .flags import (
     Rule,
-    api_key_flag,
     appendable_file,
     backend_config,
     backend_setting,
@@ -285,24 +285,25 @@ class Settings:
     http_header_forward_pattern: str = field(default="", metadata=forwarding_flag("HTTP headers"))
     grpc_header_forward_pattern: str = field(default="", metadata=forwarding_flag("metadata", GRPC))
     # vLLM's --api-key, VLLM_API_KEY's where absent: keys vLLM's routes need (http/apikey.py).
-    api_key: tuple[str, ...] = field(default=(), repr=False, metadata=api_key_flag())
-    # /v1 tool calling (Triton's OpenAI front end's flags): http/openai/toolparse.py's values.
-    _parsers = ("llama3", "llama3_json", "mistral", "hermes")
-    tool_call_parser: str = field(default="", metadata=flag(choices=_parsers, help="/v1 tools"))
+    api_key: tuple[str, ...] = field(default=(), repr=False, metadata=vllmflags.api_key_flag())
+    # /v1 tool calling (Triton's OpenAI front end's flags).
+    tool_call_parser: str = field(default="", metadata=vllmflags.tool_parser_flag())
     max_tool_call_parse_bytes: int = field(
-        default=128 * 1024,
-        metadata=flag(check=positive, help="most text a stream's tool-call parse holds"),
+        default=128 * 1024, metadata=vllmflags.tool_parse_bytes_flag()
     )
-    # /v1 thoughts apart from answers (vLLM's flag): http/openai/reasoning.py's values.
-    reasoning_parser: str = field(default="", metadata=flag(choices=("deepseek_r1", "qwen3")))
-    # /v1 usage's prompt_tokens_details (vLLM's flag, which may be given alone).
-    enable_prompt_tokens_details: bool = field(
-        default=False,
-        metadata=flag(bare=True, help="/v1 usage: the prompt tokens found in the prefix cache"),
+    # /v1 thoughts apart from answers (vLLM's flag).
+    reasoning_parser: str = field(default="", metadata=vllmflags.reasoning_parser_flag())
+    # vLLM's: /v1 usage's prompt_tokens_details.
+    _details = vllmflags.switch_flag("/v1 usage: the prompt tokens found in the prefix cache")
+    enable_prompt_tokens_details: bool = field(default=False, metadata=_details)
+    # vLLM's: X-Request-Id on every answer (http/requestid.py).
+    _ids = vllmflags.switch_flag("X-Request-Id on every HTTP answer (the request's own)")
+    enable_request_id_headers: bool = field(default=False, metadata=_ids)
+    # vLLM's: usage on every /v1 stream, and on each of its chunks.
+    _usage = vllmflags.switch_flag(
+        "/v1 streams: usage, and on every chunk, whatever stream_options say"
     )
-    # vLLM's flag (http/requestid.py).
-    _request_ids = flag(bare=True, help="X-Request-Id on every HTTP answer (the request's own)")
-    enable_request_id_headers: bool = field(default=False, metadata=_request_ids)
+    enable_force_include_usage: bool = field(default=False, metadata=_usage)
     # Front-end worker processes (server/workers/); 0: this process serves the protocol.
     http_workers: int = field(
         default=0,

@@ -364,6 +364,8 @@ def test_cors_flags_are_read_as_vllm_reads_them(capsys: pytest.CaptureFixture[st
     assert cors("--allowed-origins", '["*"]', "--allowed-origins", "[]").allowed_origins == ()
     assert not cors("--allow-credentials=false").allow_credentials
     ids = http_settings(parse_settings(["--model-repo", "m", "--enable-request-id-headers"]))
+    forced = http_settings(parse_settings(["--model-repo", "m", "--enable-force-include-usage"]))
+    assert forced.tools.force_include_usage and not ids.tools.force_include_usage
     assert (
         ids.request_id_headers
         and not http_settings(parse_settings(["--model-repo", "m"])).request_id_headers

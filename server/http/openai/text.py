@@ -65,7 +65,16 @@ async def chat_completion(
     constrained = takes_constraints(model.inputs)
     tool_use = plan(chosen, catalog.tools, constrained, name, parallel)
     prompt = await chat_prompt(generation, body, template_tools(body.tools))
-    answer = identity(request, body, name, chat=True, role=body.answer_role(), echo=body.echoed())
+    forced = catalog.tools.force_include_usage
+    answer = identity(
+        request,
+        body,
+        name,
+        chat=True,
+        role=body.answer_role(),
+        echo=body.echoed(),
+        forced_usage=forced,
+    )
     answer.tools = tool_use
     count = body.shown_logprobs()
     as_ids = bool(body.return_tokens_as_token_ids)
@@ -117,7 +126,9 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
         if generation is not None:
             check_fit(prompts, generation.max_model_len)
     echoes = await echo_texts(model, prompts) if body.echo else None
-    answer = identity(request, body, name, chat=False, echo=echoes[0] if echoes else "")
+    echo = echoes[0] if echoes else ""
+    forced = catalog.tools.force_include_usage
+    answer = identity(request, body, name, chat=False, echo=echo, forced_usage=forced)
     answer.echo_only = body.echo_only()
     as_ids = bool(body.return_tokens_as_token_ids)
     count = body.shown_logprobs()
@@ -191,15 +202,17 @@ def identity(
     chat: bool,
     role: str = "assistant",
     echo: str = "",
+    forced_usage: bool = False,
 ) -> Answer:
     """The answer's identity; `name`: the model it echoes (the one served, where the
-    request names none)."""
+    request names none); `forced_usage`: --enable-force-include-usage, usage on every
+    stream and on each of its chunks, whatever `stream_options` say (vLLM's)."""
     stream = bool(body.stream)
     return Answer(
         name,
         chat,
-        include_usage=stream and body.include_usage(),
-        continuous_usage=stream and body.continuous_usage(),
+        include_usage=stream and (forced_usage or body.include_usage()),
+        continuous_usage=stream and (forced_usage or body.continuous_usage()),
         role=role,
         echo=echo,
         id=request_id(request, body.request_id),

@@ -38,12 +38,14 @@ _USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function
 class ToolSettings:
     """How /v1 reads a model's text: --tool-call-parser ("" none),
     --max-tool-call-parse-bytes, and --reasoning-parser ("" none; reasoning.py); and
-    what its usage reports: --enable-prompt-tokens-details (the prompt's cached tokens)."""
+    what its usage reports: --enable-prompt-tokens-details (the prompt's cached tokens),
+    --enable-force-include-usage (usage on every stream and chunk)."""
 
     parser: str = ""
     max_parse_bytes: int = DEFAULT_MAX_PARSE_BYTES
     reasoning_parser: str = ""
     prompt_tokens_details: bool = False
+    force_include_usage: bool = False
 
 
 class _Body(BaseModel):

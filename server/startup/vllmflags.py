@@ -1,0 +1,49 @@
+"""The flags of vLLM's OpenAI-compatible front end that ge-serve takes, as field metadata
+for `Settings` (settings.py), with the values they take."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from .flags import Flag, flag, positive
+
+# http/openai/toolparse.py's parsers.
+TOOL_PARSERS: Final = ("llama3", "llama3_json", "mistral", "hermes")
+# http/openai/reasoning.py's parsers.
+REASONING_PARSERS: Final = ("deepseek_r1", "qwen3")
+
+
+def api_keys(name: str, keys: tuple[str, ...]) -> tuple[str, ...]:
+    """The keys, less empty ones: `--api-key ""` (or an empty VLLM_API_KEY) needs none, as
+    vLLM drops them."""
+    return tuple(key for key in keys if key)
+
+
+def api_key_flag() -> Mapping[str, Flag]:
+    """vLLM's `--api-key KEY [KEY ...]`, VLLM_API_KEY's one key where the flag is absent."""
+    return flag(
+        several=True,
+        env="VLLM_API_KEY",
+        check=api_keys,
+        metavar="KEY",
+        help="/v1 and vLLM's other routes need one of these keys, as 'Authorization: Bearer "
+        "KEY' or 'x-api-key: KEY' (default: $VLLM_API_KEY; none: no key is checked)",
+    )
+
+
+def tool_parser_flag() -> Mapping[str, Flag]:
+    return flag(choices=TOOL_PARSERS, help="/v1 tools")
+
+
+def tool_parse_bytes_flag() -> Mapping[str, Flag]:
+    return flag(check=positive, help="most text a stream's tool-call parse holds")
+
+
+def reasoning_parser_flag() -> Mapping[str, Flag]:
+    return flag(choices=REASONING_PARSERS)
+
+
+def switch_flag(help_text: str) -> Mapping[str, Flag]:
+    """One of vLLM's boolean flags, which may be given alone, meaning true."""
+    return flag(bare=True, help=help_text)
