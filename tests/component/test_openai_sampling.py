@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+import pytest_asyncio
 import textgen
 from openai_inprocess import error, openai_client
 from pymodels import write_model
@@ -26,6 +27,8 @@ from pymodels import write_model
 from ge_serve.backends.llm import sampling
 
 pytestmark = pytest.mark.timeout(120)
+# The tests on the module's app (`http`) run in its loop.
+ON_APP = pytest.mark.asyncio(loop_scope="module")
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -137,8 +140,11 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def http(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """One app and its Python workers for the module: its tests only send requests (none
+    loads or unloads a model, nor reads statistics), and the models keep no state between
+    requests."""
     async with openai_client(repo, ["textgen", "bare", "separate"]) as client:
         yield client
 
@@ -151,6 +157,7 @@ def answer(response: httpx.Response) -> Any:
 # --- a model that takes no sampling parameter -----------------------------------------------
 
 
+@ON_APP
 async def test_a_model_without_sampling_inputs_serves_completions(http: httpx.AsyncClient) -> None:
     # /v1/completions' 16 tokens are a default the client did not set: the model has no
     # place for it, and answers.
@@ -167,6 +174,7 @@ async def test_a_model_without_sampling_inputs_serves_completions(http: httpx.As
     assert zero["choices"][0]["text"] == "hello world"
 
 
+@ON_APP
 @pytest.mark.parametrize(("param", "value"), [("max_tokens", 5), ("temperature", 0.5)])
 async def test_a_parameter_the_client_sets_is_refused_where_the_model_takes_none(
     http: httpx.AsyncClient, param: str, value: object
@@ -203,6 +211,7 @@ NEUTRAL = {
 }
 
 
+@ON_APP
 @pytest.mark.parametrize(
     ("path", "body"),
     [
@@ -273,6 +282,7 @@ REFUSED: list[tuple[str, object, str | None]] = [
 ]
 
 
+@ON_APP
 async def test_an_extension_the_engine_does_not_honour_is_refused(
     http: httpx.AsyncClient,
 ) -> None:
@@ -300,6 +310,7 @@ COUNTS_ASKED = {
 }
 
 
+@ON_APP
 async def test_each_parameter_goes_to_the_input_of_its_name(http: httpx.AsyncClient) -> None:
     body = {
         "model": "separate",
@@ -357,6 +368,7 @@ async def test_each_parameter_goes_to_the_input_of_its_name(http: httpx.AsyncCli
     assert shown["stream"] == one("bool", True)
 
 
+@ON_APP
 @pytest.mark.parametrize(
     ("param", "value", "code"),
     [
@@ -401,6 +413,7 @@ STRUCTURED: list[tuple[dict[str, Any], dict[str, Any]]] = [
 ]  # fmt: skip
 
 
+@ON_APP
 @pytest.mark.parametrize(("fields", "sent"), STRUCTURED, ids=[str(f) for f, _ in STRUCTURED])
 async def test_structured_outputs_reach_the_model_as_one_key(
     http: httpx.AsyncClient, fields: dict[str, Any], sent: dict[str, Any]
@@ -433,6 +446,7 @@ BAD_STRUCTURED: list[tuple[dict[str, Any], str, str]] = [
 ]  # fmt: skip
 
 
+@ON_APP
 @pytest.mark.parametrize(("fields", "param", "words"), BAD_STRUCTURED)
 async def test_conflicting_structured_fields_are_a_400(
     http: httpx.AsyncClient, fields: dict[str, Any], param: str, words: str
@@ -442,6 +456,7 @@ async def test_conflicting_structured_fields_are_a_400(
     assert refused["param"] == param and words in refused["message"], refused
 
 
+@ON_APP
 async def test_structured_outputs_are_refused_where_the_model_takes_none(
     http: httpx.AsyncClient,
 ) -> None:
