@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import pytest_asyncio
 import textgen
 from modelgen import make_lifecycle
 from openai_inprocess import error, openai_client
@@ -26,6 +27,8 @@ from ge_serve.server.http.openai.template import render
 from ge_serve.server.inference.core import InferenceServer
 
 pytestmark = pytest.mark.timeout(120)
+# The tests on the module's app (`http`) run in its loop.
+ON_APP = pytest.mark.asyncio(loop_scope="module")
 
 HELLO = [{"role": "user", "content": "hello there"}]
 
@@ -35,8 +38,11 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return textgen.write(tmp_path_factory.mktemp("openai-inprocess"))
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def http(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """One app and its Python workers for the module: its tests only send requests (none
+    loads or unloads a model, nor reads statistics), and the models keep no state between
+    requests."""
     async with openai_client(repo, ["textgen", "textgen_plain", "embedder"]) as client:
         yield client
 
@@ -51,6 +57,7 @@ def events(response: httpx.Response) -> list[Any]:
     ]
 
 
+@ON_APP
 async def test_models_chat_completions_and_embeddings(http: httpx.AsyncClient) -> None:
     listed = (await http.get("/v1/models")).json()
     assert [m["id"] for m in listed["data"]] == ["embedder", "textgen", "textgen_plain"]
@@ -149,6 +156,7 @@ async def test_models_chat_completions_and_embeddings(http: httpx.AsyncClient) -
     assert np.frombuffer(raw, "<f4").tolist() == pytest.approx(textgen.embedder_vector("z"))
 
 
+@ON_APP
 @pytest.mark.parametrize(
     ("path", "body", "status", "param"),
     [
@@ -201,6 +209,7 @@ async def test_errors(
     assert error(await http.post(path, json=body), status)["param"] == param
 
 
+@ON_APP
 async def test_malformed_bodies(http: httpx.AsyncClient) -> None:
     bad = await http.post("/v1/completions", content=b"{oops")
     assert error(bad, 400)["code"] == "invalid_json"
@@ -208,6 +217,7 @@ async def test_malformed_bodies(http: httpx.AsyncClient) -> None:
     error(await http.get("/v1/nowhere"), 404)
 
 
+@ON_APP
 async def test_a_model_error_mid_stream_is_an_error_event(http: httpx.AsyncClient) -> None:
     body = {"model": "textgen", "prompt": "FAIL_MIDSTREAM x y", "stream": True}
     streamed = events(await http.post("/v1/completions", json=body))
