@@ -8,12 +8,14 @@ the wording clients know, never FastAPI's 422 `{"detail": ...}`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import pytest_asyncio
 from modelgen import make_lifecycle
 from openapi_spec_validator import validate
 from starlette.routing import Route
@@ -22,12 +24,14 @@ from ge_serve.server.http.app import HttpFrontEnd, HttpSettings
 from ge_serve.server.inference.core import InferenceServer
 from ge_serve.server.inference.types import DataType
 
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
 SCHEMAS = "#/components/schemas/"
 
 
-@pytest.fixture
-async def front(tmp_path: Path) -> AsyncIterator[HttpFrontEnd]:
-    lifecycle = make_lifecycle(tmp_path)
+@contextlib.asynccontextmanager
+async def front_end(repo: Path) -> AsyncIterator[HttpFrontEnd]:
+    lifecycle = make_lifecycle(repo)
     try:
         yield HttpFrontEnd(
             InferenceServer(lifecycle), HttpSettings(max_input_size=1 << 20, restricted_api=())
@@ -36,14 +40,29 @@ async def front(tmp_path: Path) -> AsyncIterator[HttpFrontEnd]:
         await lifecycle.close()
 
 
-@pytest.fixture
-async def http(front: HttpFrontEnd) -> AsyncIterator[httpx.AsyncClient]:
+@contextlib.asynccontextmanager
+async def client_of(front: HttpFrontEnd) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=front.build())
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         yield client
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def front(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[HttpFrontEnd]:
+    """One front end for the module: building it and its document is the costly part, and
+    its tests read the document or send bodies it refuses (test_accepted_bodies, which
+    changes the log settings, has a front end of its own)."""
+    async with front_end(tmp_path_factory.mktemp("openapi")) as built:
+        yield built
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def http(front: HttpFrontEnd) -> AsyncIterator[httpx.AsyncClient]:
+    async with client_of(front) as client:
+        yield client
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def document(http: httpx.AsyncClient) -> dict[str, Any]:
     response = await http.get("/openapi.json")
     assert response.status_code == 200
@@ -272,15 +291,17 @@ async def test_a_log_file_update_is_unsupported_in_tritons_words(
     assert response.status_code == 400 and "log_file" in response.json()["error"]
 
 
-async def test_accepted_bodies(http: httpx.AsyncClient) -> None:
-    assert (await http.post("/v2/repository/index", content=b"")).json() == []
-    assert (await http.post("/v2/repository/index", json={"ready": True, "x": 1})).json() == []
-    changed = await http.post("/v2/logging", json={"log_verbose_level": 2})
-    assert changed.status_code == 200 and changed.json()["log_verbose_level"] == 2
-    assert (await http.get("/v2/logging")).json()["log_verbose_level"] == 2
-    # Valid bodies reach the core, which has no model control here.
-    unload = await http.post("/v2/repository/models/m/unload", content=b"")
-    assert unload.status_code == 503 and "error" in unload.json()
+async def test_accepted_bodies(tmp_path: Path) -> None:
+    # A front end of its own: the test changes its log settings.
+    async with front_end(tmp_path) as front, client_of(front) as http:
+        assert (await http.post("/v2/repository/index", content=b"")).json() == []
+        assert (await http.post("/v2/repository/index", json={"ready": True, "x": 1})).json() == []
+        changed = await http.post("/v2/logging", json={"log_verbose_level": 2})
+        assert changed.status_code == 200 and changed.json()["log_verbose_level"] == 2
+        assert (await http.get("/v2/logging")).json()["log_verbose_level"] == 2
+        # Valid bodies reach the core, which has no model control here.
+        unload = await http.post("/v2/repository/models/m/unload", content=b"")
+        assert unload.status_code == 503 and "error" in unload.json()
 
 
 async def test_the_openai_routes_have_their_bodies_and_openai_errors(
