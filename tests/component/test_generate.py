@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import pytest_asyncio
 from modelgen import add_sub_model, identity_model, make_lifecycle, write_model
 from onnx import TensorProto
 
 from ge_serve.server.http.app import HttpFrontEnd, HttpSettings
 from ge_serve.server.inference.core import InferenceServer
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 SSE = "text/event-stream; charset=utf-8"
 
@@ -52,12 +54,14 @@ output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 3 ] } ]
 """
 
 
-@pytest.fixture
-async def http(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    write_model(tmp_path, "add_sub", add_sub_model(dims=(4,)), ADD_SUB, versions=(1, 2))
-    write_model(tmp_path, "text", identity_model(TensorProto.STRING, ("batch", 1)), TEXT)
-    write_model(tmp_path, "rows", identity_model(TensorProto.INT32, ("batch", 3)), ROWS)
-    lifecycle = make_lifecycle(tmp_path)
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def http(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
+    """One app for the module: its tests only send requests, none loads or unloads a model."""
+    repo = tmp_path_factory.mktemp("generate")
+    write_model(repo, "add_sub", add_sub_model(dims=(4,)), ADD_SUB, versions=(1, 2))
+    write_model(repo, "text", identity_model(TensorProto.STRING, ("batch", 1)), TEXT)
+    write_model(repo, "rows", identity_model(TensorProto.INT32, ("batch", 3)), ROWS)
+    lifecycle = make_lifecycle(repo)
     try:
         core = InferenceServer(lifecycle)
         assert await lifecycle.load_many(["add_sub", "text", "rows"]) == {}
