@@ -32,8 +32,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         yield proc
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def http(server: ServerProcess) -> Iterator[httpx.Client]:
+    """One client for the module: building one (its TLS context) costs more CPU than most of
+    these tests, and it keeps nothing between requests but its pooled connections."""
     with httpx.Client(base_url=server.base_url, timeout=30) as client:
         yield client
 
