@@ -7,9 +7,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 from modelgen import make_lifecycle
 
 from ge_serve.scheduler.work import Array
+from ge_serve.server.control import model_control
 from ge_serve.server.control.model_control import ControlMode, ControlSettings, ModelControl
 from ge_serve.server.inference.core import InferenceServer
 from ge_serve.server.inference.reports import ModelStatistics, RepositoryEntry
@@ -25,6 +27,15 @@ async def explicit_core(repo: Path) -> AsyncIterator[InferenceServer]:
         yield InferenceServer(life, control=control)
     finally:
         await life.close()
+
+
+def without_heap_settling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leave out the full collection that the control runs after each change of the
+    repository (startup/gcheap.py's settle_heap). In a test process it walks every object
+    of pytest and of each imported module, 0.1-0.2 s of CPU per load or unload, most of
+    what an ensemble test costs; the ensembles do not depend on it, and
+    tests/component/test_lifecycle_swap.py checks that the control settles the heap."""
+    monkeypatch.setattr(model_control, "settle_heap", lambda: None)
 
 
 def request(model: str, data: Array, name: str = "IN") -> InferRequest:

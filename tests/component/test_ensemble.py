@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ensemblecore import explicit_core, ones, outputs, request, row, stats
+from ensemblecore import explicit_core, ones, outputs, request, row, stats, without_heap_settling
 from ensemblerepo import (
     ensemble_config,
     step,
@@ -33,6 +33,11 @@ from ge_serve.server.inference.core import InferenceServer
 from ge_serve.server.inference.reports import ModelState
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def no_heap_settling(monkeypatch: pytest.MonkeyPatch) -> None:
+    without_heap_settling(monkeypatch)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ensemblecore import explicit_core, row
+from ensemblecore import explicit_core, row, without_heap_settling
 from ensemblerepo import (
     ensemble_config,
     step,
@@ -25,6 +25,11 @@ from ge_serve.server.inference.core import InferenceServer
 from ge_serve.server.inference.reports import ModelState
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def no_heap_settling(monkeypatch: pytest.MonkeyPatch) -> None:
+    without_heap_settling(monkeypatch)
 
 
 @pytest.fixture
