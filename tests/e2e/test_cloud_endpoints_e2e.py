@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -74,9 +75,12 @@ def cloud_port() -> int:
     return free_ports(1)[0]
 
 
-@pytest.fixture
-def sagemaker(tmp_path: Path, cloud_port: int) -> Iterator[str]:
-    repo = tmp_path / "models"
+@pytest.fixture(scope="module")
+def sagemaker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One server for the module: the tests that take it only send requests, which leave
+    it as it was (no model is loaded or unloaded, no statistics are read)."""
+    (cloud_port,) = free_ports(1)
+    repo = tmp_path_factory.mktemp("sagemaker") / "models"
     add_model(repo, "sm_model")
     env = {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "sm_model"}
     extra = ["--allow-sagemaker=true", f"--sagemaker-port={cloud_port}"]
@@ -157,35 +161,32 @@ def mme_server(tmp_path: Path, cloud_port: int, *more: str) -> Iterator[ServerPr
         yield proc
 
 
-def test_sagemaker_multi_model_endpoint(tmp_path: Path, cloud_port: int) -> None:
-    root = tmp_path / "ml_models"
-    model_url = add_model(root / "123hash", "sm_mme_model_1", "model")
-    with mme_server(tmp_path, cloud_port):
-        url = f"http://127.0.0.1:{cloud_port}/models"
-        load = {"model_name": "sm_mme_model_1", "url": str(model_url)}
-        reply = httpx.post(url, content=json.dumps(load))
-        assert reply.status_code == 200, reply.text
-        assert httpx.post(url, content=json.dumps(load)).status_code == 409
-        entry = {"modelName": "sm_mme_model_1", "modelUrl": str(root / "123hash")}
-        assert httpx.get(url).json() == {"models": [entry]}
-        assert httpx.get(f"{url}/sm_mme_model_1").json() == entry
-        body, _ = request_body()
-        reply = httpx.post(f"{url}/sm_mme_model_1/invoke", content=body)
-        assert reply.status_code == 200, reply.text
-        assert reply.json()["model_name"] == "sm_mme_model_1"
-        assert httpx.post(f"{url}/other/invoke", content=body).status_code == 404
-        assert httpx.delete(f"{url}/sm_mme_model_1").status_code == 200
-        assert httpx.delete(f"{url}/sm_mme_model_1").status_code == 404
-        assert httpx.get(url).json() == {"models": []}
-        # Loaded again once unloaded: its folder was unregistered.
-        assert httpx.post(url, content=json.dumps(load)).status_code == 200
+@dataclass
+class MultiModel:
+    """The module's multi-model server: its multi-model root, and its /models url."""
+
+    server: ServerProcess
+    root: Path
+    url: str
 
 
-@pytest.mark.parametrize("where", ["outside", "escape", "inner_link", "not_a_folder", "proc"])
-def test_sagemaker_refuses_a_load_path_outside_its_root(
-    tmp_path: Path, cloud_port: int, where: str
-) -> None:
+# Load urls inside the shared multi-model root that its server must refuse, by case.
+REFUSED = {
+    "escape": "789hash/model",
+    "inner_link": "111hash/model",
+    "not_a_folder": "000hash/model",
+}
+
+
+@pytest.fixture(scope="module")
+def multi_model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiModel]:
+    """One multi-model server for the tests that load into it under names of their own and
+    unload what they loaded: between tests it lists no model and serves none (the
+    `multi_model` fixture makes sure), as a fresh one would."""
+    (cloud_port,) = free_ports(1)
+    tmp_path = tmp_path_factory.mktemp("multi-model")
     root = tmp_path / "ml_models"
+    # For test_sagemaker_refuses_a_load_path_outside_its_root.
     add_model(root / "123hash", "inside", "model")
     outside = add_model(tmp_path / "elsewhere" / "456hash", "outside", "model")
     (root / "789hash").mkdir()
@@ -195,19 +196,55 @@ def test_sagemaker_refuses_a_load_path_outside_its_root(
     # The url stays inside; the model folder chosen in it is a link that leaves.
     (root / "111hash" / "model").mkdir(parents=True)
     (root / "111hash" / "model" / "m").symlink_to(outside)
+    with mme_server(tmp_path, cloud_port) as server:
+        yield MultiModel(server, root, f"http://127.0.0.1:{cloud_port}/models")
+
+
+@pytest.fixture
+def multi_model(multi_model_server: MultiModel) -> Iterator[MultiModel]:
+    """The shared multi-model server; what a test leaves loaded, failing half-way, is
+    unloaded after it, so that the failure stays that test's."""
+    yield multi_model_server
+    for entry in httpx.get(multi_model_server.url).json()["models"]:
+        httpx.delete(f"{multi_model_server.url}/{entry['modelName']}")
+
+
+def test_sagemaker_multi_model_endpoint(multi_model: MultiModel) -> None:
+    root, url = multi_model.root, multi_model.url
+    model_url = add_model(root / "200hash", "sm_mme_model_1", "model")
+    load = {"model_name": "sm_mme_model_1", "url": str(model_url)}
+    reply = httpx.post(url, content=json.dumps(load))
+    assert reply.status_code == 200, reply.text
+    assert httpx.post(url, content=json.dumps(load)).status_code == 409
+    entry = {"modelName": "sm_mme_model_1", "modelUrl": str(root / "200hash")}
+    assert httpx.get(url).json() == {"models": [entry]}
+    assert httpx.get(f"{url}/sm_mme_model_1").json() == entry
+    body, _ = request_body()
+    reply = httpx.post(f"{url}/sm_mme_model_1/invoke", content=body)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["model_name"] == "sm_mme_model_1"
+    assert httpx.post(f"{url}/other/invoke", content=body).status_code == 404
+    assert httpx.delete(f"{url}/sm_mme_model_1").status_code == 200
+    assert httpx.delete(f"{url}/sm_mme_model_1").status_code == 404
+    assert httpx.get(url).json() == {"models": []}
+    # Loaded again once unloaded: its folder was unregistered.
+    assert httpx.post(url, content=json.dumps(load)).status_code == 200
+
+
+@pytest.mark.parametrize("where", ["outside", "escape", "inner_link", "not_a_folder", "proc"])
+def test_sagemaker_refuses_a_load_path_outside_its_root(
+    multi_model: MultiModel, where: str
+) -> None:
     urls = {
-        "outside": str(outside),
-        "escape": str(root / "789hash" / "model"),
-        "inner_link": str(root / "111hash" / "model"),
-        "not_a_folder": str(root / "000hash" / "model"),
+        "outside": str(multi_model.root.parent / "elsewhere" / "456hash" / "model"),
+        **{case: str(multi_model.root / path) for case, path in REFUSED.items()},
         "proc": "/proc/self/cwd",
     }
-    with mme_server(tmp_path, cloud_port):
-        load = {"model_name": "m", "url": urls[where]}
-        reply = httpx.post(f"http://127.0.0.1:{cloud_port}/models", content=json.dumps(load))
-        assert reply.status_code == 400
-        assert "error" in reply.json()
-        assert httpx.get(f"http://127.0.0.1:{cloud_port}/models").json() == {"models": []}
+    load = {"model_name": "m", "url": urls[where]}
+    reply = httpx.post(multi_model.url, content=json.dumps(load))
+    assert reply.status_code == 400
+    assert "error" in reply.json()
+    assert httpx.get(multi_model.url).json() == {"models": []}
 
 
 def indexed(http_url: str) -> set[str]:
@@ -215,24 +252,21 @@ def indexed(http_url: str) -> set[str]:
     return {entry["name"] for entry in reply.json()}
 
 
-def test_sagemaker_target_model_is_kept_from_load_to_unload(tmp_path: Path) -> None:
+def test_sagemaker_target_model_is_kept_from_load_to_unload(multi_model: MultiModel) -> None:
     """SageMaker sends X-Amzn-SageMaker-Target-Model: the model serves under it, is listed
     under its load name, and is unloaded, and forgotten, whatever a later header says."""
-    cloud_port = free_ports(1)[0]
-    root = tmp_path / "ml_models"
-    model_url = add_model(root / "123hash", "whatever", "model")
-    with mme_server(tmp_path, cloud_port) as server:
-        url = f"http://127.0.0.1:{cloud_port}/models"
-        load = {"model_name": "hash3", "url": str(model_url)}
-        target = {"X-Amzn-SageMaker-Target-Model": "tgt3"}
-        assert httpx.post(url, content=json.dumps(load), headers=target).status_code == 200
-        assert [m["modelName"] for m in httpx.get(url).json()["models"]] == ["hash3"]
-        ready = f"http://{server.http_url}/v2/models/tgt3/ready"
-        assert httpx.get(ready).status_code == 200
-        wrong = {"X-Amzn-SageMaker-Target-Model": "nonexistent"}
-        assert httpx.delete(f"{url}/hash3", headers=wrong).status_code == 200
-        assert httpx.get(ready).status_code != 200
-        assert "tgt3" not in indexed(server.http_url)
+    server, url = multi_model.server, multi_model.url
+    model_url = add_model(multi_model.root / "300hash", "whatever", "model")
+    load = {"model_name": "hash3", "url": str(model_url)}
+    target = {"X-Amzn-SageMaker-Target-Model": "tgt3"}
+    assert httpx.post(url, content=json.dumps(load), headers=target).status_code == 200
+    assert [m["modelName"] for m in httpx.get(url).json()["models"]] == ["hash3"]
+    ready = f"http://{server.http_url}/v2/models/tgt3/ready"
+    assert httpx.get(ready).status_code == 200
+    wrong = {"X-Amzn-SageMaker-Target-Model": "nonexistent"}
+    assert httpx.delete(f"{url}/hash3", headers=wrong).status_code == 200
+    assert httpx.get(ready).status_code != 200
+    assert "tgt3" not in indexed(server.http_url)
 
 
 def test_sagemaker_model_url_as_given_and_restricted_invoke(tmp_path: Path) -> None:
@@ -285,26 +319,23 @@ ensemble_scheduling {{ step [ {{
 """
 
 
-def test_sagemaker_failed_ensemble_load_takes_its_steps_down(tmp_path: Path) -> None:
+def test_sagemaker_failed_ensemble_load_takes_its_steps_down(multi_model: MultiModel) -> None:
     """An ensemble archive whose ensemble fails to load leaves nothing served or listed:
     its steps, loaded for it, go with it."""
-    cloud_port = free_ports(1)[0]
-    root = tmp_path / "ml_models"
-    archive = root / "123hash" / "model"
+    archive = multi_model.root / "400hash" / "model"
     add_model(archive, "step")
     (archive / "ens" / "1").mkdir(parents=True)
     (archive / "ens" / "config.pbtxt").write_text(ENSEMBLE.format(dims=8))  # step takes 16
-    with mme_server(tmp_path, cloud_port) as server:
-        url = f"http://127.0.0.1:{cloud_port}/models"
-        load = {"model_name": "e1", "url": str(archive)}
-        reply = httpx.post(url, content=json.dumps(load))
-        assert reply.status_code == 400 and "error" in reply.json()
-        assert httpx.get(f"http://{server.http_url}/v2/models/step/ready").status_code != 200
-        assert indexed(server.http_url) == set()
-        # The archive mended, it loads: nothing of the failed load stands in its way.
-        (archive / "ens" / "config.pbtxt").write_text(ENSEMBLE.format(dims=16))
-        assert httpx.post(url, content=json.dumps(load)).status_code == 200
-        assert httpx.get(f"http://{server.http_url}/v2/models/e1/ready").status_code == 200
+    server, url = multi_model.server, multi_model.url
+    load = {"model_name": "e1", "url": str(archive)}
+    reply = httpx.post(url, content=json.dumps(load))
+    assert reply.status_code == 400 and "error" in reply.json()
+    assert httpx.get(f"http://{server.http_url}/v2/models/step/ready").status_code != 200
+    assert indexed(server.http_url) == set()
+    # The archive mended, it loads: nothing of the failed load stands in its way.
+    (archive / "ens" / "config.pbtxt").write_text(ENSEMBLE.format(dims=16))
+    assert httpx.post(url, content=json.dumps(load)).status_code == 200
+    assert httpx.get(f"http://{server.http_url}/v2/models/e1/ready").status_code == 200
 
 
 VERTEX_ENV = {"AIP_PREDICT_ROUTE": "/predict", "AIP_HEALTH_ROUTE": "/health"}
