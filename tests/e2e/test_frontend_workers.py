@@ -10,6 +10,7 @@ the others keep serving; errors, metadata and statistics are the server's own.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import signal
@@ -56,6 +57,9 @@ output [
 instance_group [ { count: 1 kind: KIND_CPU } ]
 dynamic_batching { }
 """
+# The probe again, for the one test that sends its first batch: no other test sends to it,
+# so its batcher still holds, and its statistics are that test's alone, on a shared server.
+HELD_CONFIG = CONFIG.replace('name: "probe"', 'name: "held"')
 WIDE_CONFIG = f"""name: "wide"
 backend: "onnxruntime"
 max_batch_size: 8
@@ -108,9 +112,9 @@ def all_listening(server: ServerProcess) -> bool:
     return len(pids) == WORKERS and all(connections_of(p, server.grpc_port, "0A") for p in pids)
 
 
-def probe_request(value: float) -> pb.ModelInferRequest:
+def probe_request(value: float, model: str = "probe") -> pb.ModelInferRequest:
     data = np.full((1, 4), value, dtype=np.float32)
-    request = pb.ModelInferRequest(model_name="probe")
+    request = pb.ModelInferRequest(model_name=model)
     request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])
     request.raw_input_contents.append(data.tobytes())
     return request
@@ -140,17 +144,34 @@ def spread_channels(server: ServerProcess) -> list[grpc.Channel]:
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("workers-repo")
     write_model(path, "probe", batch_probe_model(), CONFIG)
+    write_model(path, "held", batch_probe_model(), HELD_CONFIG)
     # 256 KiB a request: tensors this large travel through shared memory.
     write_model(path, "wide", identity_model(TensorProto.FLOAT, ("batch", None)), WIDE_CONFIG)
     write_model(path, "text", identity_model(TensorProto.STRING, ("batch", None)), TEXT_CONFIG)
     return path
 
 
-@pytest.fixture
-def server(repo: Path) -> Iterator[ServerProcess]:
+@contextlib.contextmanager
+def grpc_workers_server(repo: Path) -> Iterator[ServerProcess]:
     env = {"TRITONSERVER_DELAY_SCHEDULER": str(HELD)}
     with running_server([repo], ["--grpc-workers", str(WORKERS)], env=env) as proc:
         poll(lambda: all_listening(proc), 30, "the workers")
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def server(repo: Path) -> Iterator[ServerProcess]:
+    """One server for the module's tests that leave its workers as they found them: each
+    releases the probe's hold before it uses the probe (the one test that sends the first
+    batch uses a model of its own), and none reads statistics that another test moves."""
+    with grpc_workers_server(repo) as proc:
+        yield proc
+
+
+@pytest.fixture
+def own_server(repo: Path) -> Iterator[ServerProcess]:
+    """A server for a test that kills one of its workers."""
+    with grpc_workers_server(repo) as proc:
         yield proc
 
 
@@ -159,7 +180,7 @@ def test_requests_through_every_worker_share_one_batch(server: ServerProcess) ->
     stubs = [pb_grpc.GRPCInferenceServiceStub(c) for c in channels]
     # HELD requests over connections on every worker; the batcher waits for all of them.
     calls = [
-        stubs[i % len(stubs)].ModelInfer.future(probe_request(float(i)), timeout=60)
+        stubs[i % len(stubs)].ModelInfer.future(probe_request(float(i), "held"), timeout=60)
         for i in range(HELD)
     ]
     for index, call in enumerate(calls):
@@ -170,7 +191,7 @@ def test_requests_through_every_worker_share_one_batch(server: ServerProcess) ->
         assert batch[0] == HELD  # every request, from every worker, in one batch
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
-        (stats,) = client.get_inference_statistics("probe").model_stats
+        (stats,) = client.get_inference_statistics("held").model_stats
         assert stats.inference_count == HELD
         assert stats.execution_count == 1
     finally:
@@ -210,8 +231,9 @@ def infer_probe(client: grpcclient.InferenceServerClient, value: float) -> float
 
 
 def test_a_killed_worker_is_started_again_while_the_others_serve(
-    server: ServerProcess,
+    own_server: ServerProcess,
 ) -> None:
+    server = own_server
     _release_hold(server)
     channels = spread_channels(server)
     stubs = [pb_grpc.GRPCInferenceServiceStub(c) for c in channels]
@@ -332,49 +354,58 @@ def test_http_workers_serve_every_route_and_one_killed_is_started_again(repo: Pa
             assert httpx.get(server.base_url + "/v2/health/ready", timeout=30).status_code == 200
 
 
-def test_http_workers_compress_and_stream_as_the_server_does(tmp_path: Path) -> None:
-    repo = pymodels.write(tmp_path / "models", "llm")
+@pytest.fixture(scope="module")
+def one_http_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server with one HTTP worker, for the tests that only send it requests."""
+    repo = pymodels.write(tmp_path_factory.mktemp("one-worker") / "models", "llm")
     write_model(repo, "probe", batch_probe_model(), CONFIG)
     with running_server([repo], ["--http-workers", "1"]) as server:
         poll(lambda: len(http_worker_pids(server)) == 1, 30, "the worker")
-        body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32",
-                            "data": [1, 2, 3, 4]}]}  # fmt: skip
-        # Inference, answered by the worker: compressed as the client accepts.
-        answer = httpx.post(
-            server.base_url + "/v2/models/probe/infer",
-            content=json.dumps(body),
-            headers={"Accept-Encoding": "gzip"},
-            timeout=30,
-        )
-        assert answer.status_code == 200
-        assert answer.headers["content-encoding"] == "gzip"
-        # httpx decodes it; the header said it came compressed.
-        assert answer.json()["outputs"][0]["data"] == [1, 2, 3, 4]
-        # generate_stream is passed on to the server; each event must reach the client
-        # while the model still runs: it sends event i only once the client, on reading
-        # event i - 1, has created gate file i.
-        gate = str(tmp_path / "gate-")
-        request = {"PROMPT": "hi", "STREAM": True, "REPETITION": 3, "GATE": gate}
-        events = []
-        with httpx.stream(
-            "POST",
-            server.base_url + "/v2/models/llm/generate_stream",
-            json=request,
-            timeout=30,
-        ) as response:
-            assert response.status_code == 200
-            assert response.headers["content-type"].startswith("text/event-stream")
-            for line in response.iter_lines():
-                if line.startswith("data: "):
-                    events.append(json.loads(line.removeprefix("data: ")))
-                    Path(gate + str(len(events))).touch()
-        assert [e.get("TEXT") for e in events] == ["hi"] * 3, events
-        # A client that goes away mid-stream cancels the request in the server.
-        request = {"PROMPT": "hi", "STREAM": True, "REPETITION": 50, "DELAY": 0.1}
-        url = server.base_url + "/v2/models/llm/generate_stream"
-        with httpx.stream("POST", url, json=request, timeout=30) as response:
-            assert next(response.iter_lines()).startswith("data: ")
-        poll(lambda: "llm: the request was cancelled" in server.log(), 30, "the model stops")
+        yield server
+
+
+def test_http_workers_compress_and_stream_as_the_server_does(
+    one_http_worker: ServerProcess, tmp_path: Path
+) -> None:
+    server = one_http_worker
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32",
+                        "data": [1, 2, 3, 4]}]}  # fmt: skip
+    # Inference, answered by the worker: compressed as the client accepts.
+    answer = httpx.post(
+        server.base_url + "/v2/models/probe/infer",
+        content=json.dumps(body),
+        headers={"Accept-Encoding": "gzip"},
+        timeout=30,
+    )
+    assert answer.status_code == 200
+    assert answer.headers["content-encoding"] == "gzip"
+    # httpx decodes it; the header said it came compressed.
+    assert answer.json()["outputs"][0]["data"] == [1, 2, 3, 4]
+    # generate_stream is passed on to the server; each event must reach the client
+    # while the model still runs: it sends event i only once the client, on reading
+    # event i - 1, has created gate file i.
+    gate = str(tmp_path / "gate-")
+    request = {"PROMPT": "hi", "STREAM": True, "REPETITION": 3, "GATE": gate}
+    events = []
+    with httpx.stream(
+        "POST",
+        server.base_url + "/v2/models/llm/generate_stream",
+        json=request,
+        timeout=30,
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line.removeprefix("data: ")))
+                Path(gate + str(len(events))).touch()
+    assert [e.get("TEXT") for e in events] == ["hi"] * 3, events
+    # A client that goes away mid-stream cancels the request in the server.
+    request = {"PROMPT": "hi", "STREAM": True, "REPETITION": 50, "DELAY": 0.1}
+    url = server.base_url + "/v2/models/llm/generate_stream"
+    with httpx.stream("POST", url, json=request, timeout=30) as response:
+        assert next(response.iter_lines()).startswith("data: ")
+    poll(lambda: "llm: the request was cancelled" in server.log(), 30, "the model stops")
 
 
 def raw_exchange(port: int, request: bytes) -> bytes:
@@ -387,7 +418,9 @@ def raw_exchange(port: int, request: bytes) -> bytes:
         return answer
 
 
-def test_http_workers_answer_requests_without_one_host_as_the_server_does(repo: Path) -> None:
+def test_http_workers_answer_requests_without_one_host_as_the_server_does(
+    one_http_worker: ServerProcess,
+) -> None:
     # A health probe over HTTP/1.0 sends no Host (HAProxy's httpchk); the server answers
     # by the path alone, and so must a worker that passes the request on: it was a 503.
     requests = [
@@ -397,13 +430,12 @@ def test_http_workers_answer_requests_without_one_host_as_the_server_does(repo: 
         b"GET /v2/models/probe/ready HTTP/1.1\r\nHost: a\r\nX-Odd: b \t\r\n"
         b"Connection: close\r\n\r\n",
     ]
-    with running_server([repo], ["--http-workers", "1"]) as server:
-        poll(lambda: len(http_worker_pids(server)) == 1, 30, "the worker")
-        for request in requests:
-            answer = raw_exchange(server.http_port, request)
-            assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), (request, answer)
-        metadata = raw_exchange(server.http_port, requests[2]).split(b"\r\n\r\n", 1)[1]
-        assert json.loads(metadata)["name"] == "triton"
+    server = one_http_worker
+    for request in requests:
+        answer = raw_exchange(server.http_port, request)
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), (request, answer)
+    metadata = raw_exchange(server.http_port, requests[2]).split(b"\r\n\r\n", 1)[1]
+    assert json.loads(metadata)["name"] == "triton"
 
 
 def test_grpc_workers_refuse_tls(repo: Path, tmp_path: Path) -> None:
