@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -106,125 +108,153 @@ CONFIG = {
 }
 
 
-def test_load_with_a_config_override_replaces_config_pbtxt(repo: Path) -> None:
+@dataclass
+class Explicit:
+    """A server in explicit mode that has loaded `addk` from `root / "repo"`, its TMPDIR
+    `root / "server-tmp"`."""
+
+    server: ServerProcess
+    root: Path
+
+    @property
+    def private(self) -> Path:
+        return self.root / "server-tmp"
+
+
+@pytest.fixture(scope="module")
+def explicit_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Explicit]:
+    root = tmp_path_factory.mktemp("explicit")
+    write_addk(root / "repo", [1, 2])
+    write_addk(root / "repo", [1], name="other")
+    (root / "server-tmp").mkdir()
     extra = ["--model-control-mode=explicit", f"--load-model={ADDK}"]
-    with running_server([repo], extra) as server:
-        client = httpclient.InferenceServerClient(server.http_url)
-        try:
-            assert addk(client) == ("2", 2.0)
-            config = dict(CONFIG, version_policy={"specific": {"versions": [1]}})
-            client.load_model(ADDK, config=json.dumps(config))
-            assert addk(client) == ("1", 1.0)
-            assert client.get_model_metadata(ADDK)["versions"] == ["1"]
-            # A plain reload goes back to config.pbtxt.
-            client.load_model(ADDK)
-            assert addk(client) == ("2", 2.0)
-            for text in ('{"max_batch_size": "many"}', "[]", '""'):
-                with pytest.raises(InferenceServerException, match="not a valid JSON ModelConfig"):
-                    client.load_model(ADDK, config=text)
-            bad = dict(CONFIG, name="someone_else")
-            with pytest.raises(InferenceServerException, match="does not match"):
-                client.load_model(ADDK, config=json.dumps(bad))
-            assert addk(client) == ("2", 2.0)  # failed loads leave it serving
-        finally:
-            client.close()
+    with running_server([root / "repo"], extra, env={"TMPDIR": str(root / "server-tmp")}) as proc:
+        yield Explicit(proc, root)
+
+
+@pytest.fixture
+def explicit(explicit_server: Explicit) -> Iterator[Explicit]:
+    """The module's explicit-mode server, shared by the tests that load and unload only
+    `addk`: each leaves it served from the repository, and this puts it back so after a
+    failed test too, so that one failure does not spill into the next test."""
+    yield explicit_server
+    httpx.post(f"{explicit_server.server.base_url}/v2/repository/models/{ADDK}/load")
+
+
+def test_load_with_a_config_override_replaces_config_pbtxt(explicit: Explicit) -> None:
+    server = explicit.server
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        assert addk(client) == ("2", 2.0)
+        config = dict(CONFIG, version_policy={"specific": {"versions": [1]}})
+        client.load_model(ADDK, config=json.dumps(config))
+        assert addk(client) == ("1", 1.0)
+        assert client.get_model_metadata(ADDK)["versions"] == ["1"]
+        # A plain reload goes back to config.pbtxt.
+        client.load_model(ADDK)
+        assert addk(client) == ("2", 2.0)
+        for text in ('{"max_batch_size": "many"}', "[]", '""'):
+            with pytest.raises(InferenceServerException, match="not a valid JSON ModelConfig"):
+                client.load_model(ADDK, config=text)
+        bad = dict(CONFIG, name="someone_else")
+        with pytest.raises(InferenceServerException, match="does not match"):
+            client.load_model(ADDK, config=json.dumps(bad))
+        assert addk(client) == ("2", 2.0)  # failed loads leave it serving
+    finally:
+        client.close()
 
 
 def test_file_overrides_load_only_the_given_files_and_cannot_escape(
-    repo: Path, tmp_path: Path
+    explicit: Explicit,
 ) -> None:
-    private = tmp_path / "server-tmp"
-    private.mkdir()
-    extra = ["--model-control-mode=explicit", f"--load-model={ADDK}"]
-    with running_server([repo], extra, env={"TMPDIR": str(private)}) as server:
-        client = httpclient.InferenceServerClient(server.http_url)
-        try:
-            model = add_const_model(50.0).SerializeToString()
-            client.load_model(ADDK, config=json.dumps(CONFIG), files={"file:5/model.onnx": model})
-            assert addk(client) == ("5", 50.0)
-            assert client.get_model_metadata(ADDK)["versions"] == ["5"]
-            with pytest.raises(InferenceServerException):
-                addk(client, "2")  # the repository's versions are not part of it
-            (folder,) = private.glob("ge-serve-*")
+    server, tmp_path, private = explicit.server, explicit.root, explicit.private
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        model = add_const_model(50.0).SerializeToString()
+        client.load_model(ADDK, config=json.dumps(CONFIG), files={"file:5/model.onnx": model})
+        assert addk(client) == ("5", 50.0)
+        assert client.get_model_metadata(ADDK)["versions"] == ["5"]
+        with pytest.raises(InferenceServerException):
+            addk(client, "2")  # the repository's versions are not part of it
+        (folder,) = private.glob("ge-serve-*")
 
-            before = sorted(p for p in tmp_path.rglob("*"))
-            for name in ("file:../../escaped.onnx", "file:/../tmp/escaped.onnx", "file:5/../../x"):
-                with pytest.raises(InferenceServerException) as caught:
-                    client.load_model(ADDK, config=json.dumps(CONFIG), files={name: b"evil"})
-                assert caught.value.status() == "400"
-                assert "must be a relative path inside the model folder" in caught.value.message()
-            # A path too deep to write or remove is named in a 400, not a 500.
-            deep = "file:" + "a/" * 2000 + "x"
+        before = sorted(p for p in tmp_path.rglob("*"))
+        for name in ("file:../../escaped.onnx", "file:/../tmp/escaped.onnx", "file:5/../../x"):
             with pytest.raises(InferenceServerException) as caught:
-                client.load_model(ADDK, config=json.dumps(CONFIG), files={deep: b"x"})
+                client.load_model(ADDK, config=json.dumps(CONFIG), files={name: b"evil"})
             assert caught.value.status() == "400"
-            assert f"'{deep}' has 2001 path components; at most 64" in caught.value.message()
-            assert sorted(p for p in tmp_path.rglob("*")) == before
-            assert not Path("/tmp/escaped.onnx").exists()
-            assert addk(client) == ("5", 50.0)
+            assert "must be a relative path inside the model folder" in caught.value.message()
+        # A path too deep to write or remove is named in a 400, not a 500.
+        deep = "file:" + "a/" * 2000 + "x"
+        with pytest.raises(InferenceServerException) as caught:
+            client.load_model(ADDK, config=json.dumps(CONFIG), files={deep: b"x"})
+        assert caught.value.status() == "400"
+        assert f"'{deep}' has 2001 path components; at most 64" in caught.value.message()
+        assert sorted(p for p in tmp_path.rglob("*")) == before
+        assert not Path("/tmp/escaped.onnx").exists()
+        assert addk(client) == ("5", 50.0)
 
-            with pytest.raises(InferenceServerException, match="'config' parameter is required"):
-                client.load_model(ADDK, files={"file:5/model.onnx": model})
-            response = httpx.post(
-                f"{server.base_url}/v2/repository/models/{ADDK}/load",
-                json={"parameters": {"config": json.dumps(CONFIG), "file:5/model.onnx": "%%"}},
-            )
-            assert response.status_code == 400
-            assert "not valid base64" in response.json()["error"]
+        with pytest.raises(InferenceServerException, match="'config' parameter is required"):
+            client.load_model(ADDK, files={"file:5/model.onnx": model})
+        response = httpx.post(
+            f"{server.base_url}/v2/repository/models/{ADDK}/load",
+            json={"parameters": {"config": json.dumps(CONFIG), "file:5/model.onnx": "%%"}},
+        )
+        assert response.status_code == 400
+        assert "not valid base64" in response.json()["error"]
 
-            client.load_model(ADDK)  # back to the repository; the override folder goes
-            assert addk(client) == ("2", 2.0)
-            assert not folder.exists()
-            assert list(private.glob("ge-serve-*")) == []
-        finally:
-            client.close()
+        client.load_model(ADDK)  # back to the repository; the override folder goes
+        assert addk(client) == ("2", 2.0)
+        assert not folder.exists()
+        assert list(private.glob("ge-serve-*")) == []
+    finally:
+        client.close()
 
 
 def test_a_failed_file_override_load_does_not_show_the_server_temp_folder(
-    repo: Path, tmp_path: Path
+    explicit: Explicit,
 ) -> None:
-    private = tmp_path / "server-tmp"
-    private.mkdir()
-    extra = ["--model-control-mode=explicit"]
-    with running_server([repo], extra, env={"TMPDIR": str(private)}) as server:
-        http = httpclient.InferenceServerClient(server.http_url)
-        grpc = grpcclient.InferenceServerClient(server.grpc_url)
-        try:
-            cases = {
-                "file:1/model.onnx": "failed to parse ONNX file 'file:1/model.onnx'",
-                "file:1/other.onnx": "model file 'file:1/model.onnx' does not exist",
-            }
-            for name, says in cases.items():
-                for client in (http, grpc):
-                    with pytest.raises(InferenceServerException) as caught:
-                        client.load_model(ADDK, config=json.dumps(CONFIG), files={name: b"junk"})
-                    message = str(caught.value.message())
-                    assert says in message, message
-                    assert str(private) not in message and "ge-serve-" not in message
-            for row in http.get_model_repository_index():
-                assert str(private) not in row.get("reason", ""), row
-        finally:
-            http.close()
-            grpc.close()
+    server, private = explicit.server, explicit.private
+    http = httpclient.InferenceServerClient(server.http_url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        # Not loaded, as it is by a server that starts with no model (the fixture
+        # loads it back): a failed load leaves its reason in the index.
+        http.unload_model(ADDK)
+        cases = {
+            "file:1/model.onnx": "failed to parse ONNX file 'file:1/model.onnx'",
+            "file:1/other.onnx": "model file 'file:1/model.onnx' does not exist",
+        }
+        for name, says in cases.items():
+            for client in (http, grpc):
+                with pytest.raises(InferenceServerException) as caught:
+                    client.load_model(ADDK, config=json.dumps(CONFIG), files={name: b"junk"})
+                message = str(caught.value.message())
+                assert says in message, message
+                assert str(private) not in message and "ge-serve-" not in message
+        for row in http.get_model_repository_index():
+            assert str(private) not in row.get("reason", ""), row
+    finally:
+        http.close()
+        grpc.close()
 
 
-def test_malformed_load_and_unload_bodies_are_clear_errors(repo: Path) -> None:
-    extra = ["--model-control-mode=explicit", f"--load-model={ADDK}"]
-    with running_server([repo], extra) as server:
-        base = f"{server.base_url}/v2/repository/models/{ADDK}"
-        cases = [
-            ("load", b"{not json", "failed to parse the load request JSON"),
-            ("load", b'{"parameters": []}', "must be an object"),
-            ("load", b'{"parameters": {"config": 5}}', "'config' must be a JSON string"),
-            ("unload", b'{"parameters": {"unload_dependents": "yes"}}', "must be a boolean"),
-        ]
-        for action, body, message in cases:
-            response = httpx.post(f"{base}/{action}", content=body)
-            assert response.status_code == 400, body
-            assert message in response.json()["error"]
-        file_param = {"parameters": {"file:1/m.onnx": base64.b64encode(b"x").decode()}}
-        assert httpx.post(f"{base}/load", json=file_param).status_code == 400
-        assert httpx.get(f"{base}/load").status_code == 405
+def test_malformed_load_and_unload_bodies_are_clear_errors(explicit: Explicit) -> None:
+    server = explicit.server
+    base = f"{server.base_url}/v2/repository/models/{ADDK}"
+    cases = [
+        ("load", b"{not json", "failed to parse the load request JSON"),
+        ("load", b'{"parameters": []}', "must be an object"),
+        ("load", b'{"parameters": {"config": 5}}', "'config' must be a JSON string"),
+        ("unload", b'{"parameters": {"unload_dependents": "yes"}}', "must be a boolean"),
+    ]
+    for action, body, message in cases:
+        response = httpx.post(f"{base}/{action}", content=body)
+        assert response.status_code == 400, body
+        assert message in response.json()["error"]
+    file_param = {"parameters": {"file:1/m.onnx": base64.b64encode(b"x").decode()}}
+    assert httpx.post(f"{base}/load", json=file_param).status_code == 400
+    assert httpx.get(f"{base}/load").status_code == 405
 
 
 def test_a_wildcard_beside_other_startup_models_is_refused(repo: Path) -> None:
