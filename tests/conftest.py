@@ -49,10 +49,17 @@ def thaw_the_heap() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def server() -> Iterator[ServerProcess]:
-    """One ge-serve process serving examples/models for the whole session."""
+def examples_server() -> Iterator[ServerProcess]:
+    """One ge-serve process serving examples/models, with the default flags, for the whole
+    session: `server`, also where a module names a server of its own so."""
     with running_server() as proc:
         yield proc
+
+
+@pytest.fixture(scope="session")
+def server(examples_server: ServerProcess) -> ServerProcess:
+    """One ge-serve process serving examples/models for the whole session."""
+    return examples_server
 
 
 @pytest.fixture(scope="session")

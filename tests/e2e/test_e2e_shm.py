@@ -469,47 +469,49 @@ def test_unregister_while_a_request_is_queued(held_server: ServerProcess, protoc
 # --- off by default ----------------------------------------------------------------------
 
 
-def test_client_shm_is_off_by_default() -> None:
+def test_client_shm_is_off_by_default(examples_server: ServerProcess) -> None:
     """Triton's default and words (qa L0_shared_memory test_client_shm_disabled_by_default):
-    register and unregister are refused, status answers, the extension is still listed."""
+    register and unregister are refused, status answers, the extension is still listed.
+    On the session's server with the default flags: with client shared memory off, no test
+    can leave a region registered on it."""
     disabled = (
         "Client shared memory is disabled. Start the server with '--allow-client-shm=true' "
         "to enable."
     )
-    with running_server() as proc:
-        client = httpclient.InferenceServerClient(proc.http_url)
-        rpc = grpcclient.InferenceServerClient(proc.grpc_url)
-        try:
-            assert "system_shared_memory" in client.get_server_metadata()["extensions"]
-            for call in (
-                lambda: client.register_system_shared_memory("r", "/ge_test_disabled", 8),
-                lambda: client.unregister_system_shared_memory("r"),
-                client.unregister_system_shared_memory,
-                client.unregister_cuda_shared_memory,
-            ):
-                with pytest.raises(InferenceServerException) as info:
-                    call()
-                assert (info.value.status(), info.value.message()) == ("501", disabled)
-            for call in (
-                lambda: rpc.register_system_shared_memory("r", "/ge_test_disabled", 8),
-                lambda: rpc.unregister_system_shared_memory("r"),
-            ):
-                with pytest.raises(InferenceServerException) as info:
-                    call()
-                assert info.value.status() == "StatusCode.UNIMPLEMENTED"
-                assert info.value.message() == disabled
-            assert client.get_system_shared_memory_status() == []
-            assert len(rpc.get_system_shared_memory_status().regions) == 0
-            tensor = httpclient.InferInput("INPUT0", [1, 16], "INT32")
-            tensor.set_shared_memory("r", VECTOR)
-            other = httpclient.InferInput("INPUT1", [1, 16], "INT32")
-            other.set_data_from_numpy(B)
+    proc = examples_server
+    client = httpclient.InferenceServerClient(proc.http_url)
+    rpc = grpcclient.InferenceServerClient(proc.grpc_url)
+    try:
+        assert "system_shared_memory" in client.get_server_metadata()["extensions"]
+        for call in (
+            lambda: client.register_system_shared_memory("r", "/ge_test_disabled", 8),
+            lambda: client.unregister_system_shared_memory("r"),
+            client.unregister_system_shared_memory,
+            client.unregister_cuda_shared_memory,
+        ):
             with pytest.raises(InferenceServerException) as info:
-                client.infer("simple", [tensor, other])
-            assert info.value.message() == "Unable to find shared memory region: 'r'"
-        finally:
-            client.close()
-            rpc.close()
+                call()
+            assert (info.value.status(), info.value.message()) == ("501", disabled)
+        for call in (
+            lambda: rpc.register_system_shared_memory("r", "/ge_test_disabled", 8),
+            lambda: rpc.unregister_system_shared_memory("r"),
+        ):
+            with pytest.raises(InferenceServerException) as info:
+                call()
+            assert info.value.status() == "StatusCode.UNIMPLEMENTED"
+            assert info.value.message() == disabled
+        assert client.get_system_shared_memory_status() == []
+        assert len(rpc.get_system_shared_memory_status().regions) == 0
+        tensor = httpclient.InferInput("INPUT0", [1, 16], "INT32")
+        tensor.set_shared_memory("r", VECTOR)
+        other = httpclient.InferInput("INPUT1", [1, 16], "INT32")
+        other.set_data_from_numpy(B)
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("simple", [tensor, other])
+        assert info.value.message() == "Unable to find shared memory region: 'r'"
+    finally:
+        client.close()
+        rpc.close()
 
 
 # --- perf_analyzer ---------------------------------------------------------------------------
