@@ -54,6 +54,25 @@ def _silu(x: FloatArray) -> FloatArray:
     return out
 
 
+# The weights forward() last converted: (the caller's mapping, dtype, the converted arrays).
+# One entry: a test checks many sequences of one model in a row, and converting SmolLM2's
+# 135M weights to float64 costs a second of CPU a pass (a fifth of the pass) and a GB.
+_converted: tuple[Mapping[str, npt.NDArray[np.float32]], type, dict[str, FloatArray]] | None = None
+
+
+def _weights_as(
+    weights: Mapping[str, npt.NDArray[np.float32]], dtype: type
+) -> dict[str, FloatArray]:
+    """`weights` converted to `dtype`, kept for the next call with the same mapping (the
+    mapping itself is kept too, so no other can take its id; weights are never changed in
+    place)."""
+    global _converted
+    if _converted is None or _converted[0] is not weights or _converted[1] is not dtype:
+        _converted = None  # free the previous model's arrays before converting the next
+        _converted = (weights, dtype, {k: v.astype(dtype) for k, v in weights.items()})
+    return _converted[2]
+
+
 def forward(
     weights: Mapping[str, npt.NDArray[np.float32]],
     cfg: Config,
@@ -63,7 +82,7 @@ def forward(
 ) -> FloatArray:
     """The logits [len(ids) - first, vocab] at positions first.. of one unpadded sequence
     (the LM head is the costly part of a short sequence; skip what is not needed)."""
-    w: dict[str, FloatArray] = {k: v.astype(dtype) for k, v in weights.items()}
+    w = _weights_as(weights, dtype)
     n, heads, kv_heads = len(ids), cfg.num_heads, cfg.num_kv_heads
     d = cfg.hidden_size // heads
     x = w["model.embed_tokens.weight"][np.asarray(ids, dtype=np.int64)]
