@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+from blasthreads import one_blas_thread
 
 FloatArray = npt.NDArray[np.floating[Any]]
 
@@ -81,7 +82,19 @@ def forward(
     first: int = 0,
 ) -> FloatArray:
     """The logits [len(ids) - first, vocab] at positions first.. of one unpadded sequence
-    (the LM head is the costly part of a short sequence; skip what is not needed)."""
+    (the LM head is the costly part of a short sequence; skip what is not needed); numpy's
+    BLAS runs it on one thread (tests/blasthreads.py)."""
+    with one_blas_thread():
+        return _forward(weights, cfg, ids, dtype, first)
+
+
+def _forward(
+    weights: Mapping[str, npt.NDArray[np.float32]],
+    cfg: Config,
+    ids: Sequence[int],
+    dtype: type,
+    first: int,
+) -> FloatArray:
     w = _weights_as(weights, dtype)
     n, heads, kv_heads = len(ids), cfg.num_heads, cfg.num_kv_heads
     d = cfg.hidden_size // heads

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
+from blasthreads import one_blas_thread
 from serverproc import REPO_ROOT
 
 BUILD_SCRIPT = REPO_ROOT / "examples" / "minilm" / "build.py"
@@ -163,7 +164,13 @@ def _gelu(x: FloatArray) -> FloatArray:
 
 def numpy_encoder(weights: Mapping[str, FloatArray], ids: Sequence[int]) -> FloatArray:
     """BertModel's last_hidden_state for one unpadded sentence, [len(ids), 384], in float64
-    (6 layers, 12 heads of 32, exact GELU, LayerNorm eps 1e-12, token type 0)."""
+    (6 layers, 12 heads of 32, exact GELU, LayerNorm eps 1e-12, token type 0); numpy's BLAS
+    runs it on one thread (tests/blasthreads.py)."""
+    with one_blas_thread():
+        return _numpy_encoder(weights, ids)
+
+
+def _numpy_encoder(weights: Mapping[str, FloatArray], ids: Sequence[int]) -> FloatArray:
     w: dict[str, Any] = {k: v.astype(np.float64) for k, v in weights.items()}
     n = len(ids)
     x = (
