@@ -173,23 +173,26 @@ def prompt_ids(text: str, think: bool = False) -> list[int]:
     return list(byte_tokenizer(think).encode(text).ids)
 
 
-def reference_greedy(text: str, steps: int) -> list[int]:
-    """The numpy reference's greedy continuation of `text` (stopping after EOS)."""
+@cache
+def _tiny_greedy(text: str, steps: int, think: bool, stop_at_eos: bool) -> tuple[int, ...]:
+    """The tiny model's greedy decoding by the reference, once per session for each input
+    (a pass per token; tests ask for the same prompts' answers again and again)."""
     import llama_reference
 
     model = tiny_model()
-    return list(
-        llama_reference.greedy(model.weights, model.cfg, prompt_ids(text), steps, (model.eos_id,))
-    )
+    stop = (model.eos_id,) if stop_at_eos else ()
+    ids = prompt_ids(text, think)
+    return tuple(llama_reference.greedy(model.weights, model.cfg, ids, steps, stop))
+
+
+def reference_greedy(text: str, steps: int) -> list[int]:
+    """The numpy reference's greedy continuation of `text` (stopping after EOS)."""
+    return list(_tiny_greedy(text, steps, False, True))
 
 
 def reference_ids(text: str, steps: int, think: bool = False) -> list[int]:
     """The reference's greedy tokens, EOS not excepted (for `ignore_eos` requests)."""
-    import llama_reference
-
-    model = tiny_model()
-    ids = prompt_ids(text, think)
-    return list(llama_reference.greedy(model.weights, model.cfg, ids, steps))
+    return list(_tiny_greedy(text, steps, think, False))
 
 
 def reference_mismatch(text: str, generated: Sequence[int], steps: int) -> str | None:
