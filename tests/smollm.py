@@ -13,6 +13,7 @@ handed out, and its slots are always masked.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.metadata
 import importlib.util
 import os
@@ -100,10 +101,29 @@ def real_model(tmp_path_factory: pytest.TempPathFactory) -> RealModel:
     key = tmp_path_factory.getbasetemp()
     if key not in _REAL_MODELS:
         model = gguf_model().read_gguf()
-        repo = tmp_path_factory.mktemp("smollm-models")
-        folder = build_module().build(repo, "smollm", model=model)
-        _REAL_MODELS[key] = RealModel(folder, model)
+        _REAL_MODELS[key] = RealModel(_built_folder(tmp_path_factory, model), model)
     return _REAL_MODELS[key]
+
+
+def _built_folder(tmp_path_factory: pytest.TempPathFactory, model: Any) -> Path:
+    """The build script's folder for `model`: under pytest-xdist one build for all the
+    workers, in the temp dir they share (the parent of each one's base temp), made by the
+    first to ask while the others wait on a lock (the build is 8 s of CPU; the folder is
+    only read, and each module serves hard links to it)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return Path(
+            build_module().build(tmp_path_factory.mktemp("smollm-models"), "smollm", model=model)
+        )
+    root = tmp_path_factory.getbasetemp().parent / "smollm-models"
+    root.mkdir(exist_ok=True)
+    with (root / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = root / "built"  # the folder's name, written once the build is complete
+        if not done.exists():
+            shutil.rmtree(root / "repo", ignore_errors=True)  # a worker's unfinished build
+            folder = Path(build_module().build(root / "repo", "smollm", model=model))
+            done.write_text(folder.name, encoding="utf-8")
+        return root / "repo" / done.read_text(encoding="utf-8")
 
 
 def real_model_folder(tmp_path_factory: pytest.TempPathFactory, max_model_len: int) -> Path:
