@@ -94,6 +94,29 @@ def build_module() -> ModuleType:
     return module
 
 
+@cache
+def package_files() -> Any:
+    """The package's files (build.read_package(): most of a second of CPU), read once per
+    session; a frozen dataclass of bytes, so tests share it. Call require() first."""
+    return build_module().read_package()
+
+
+# Repositories built with batching, by the session's base temp dir.
+_BATCHED: dict[Path, Path] = {}
+
+
+def batched_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """build.build_repository(batching=True) of the package, built on the first call of a
+    session, the same folder after: the modules that serve it only read it. Call require()
+    first."""
+    key = tmp_path_factory.getbasetemp()
+    if key not in _BATCHED:
+        repo = tmp_path_factory.mktemp("minilm-models")
+        build_module().build_repository(repo, batching=True, files=package_files())
+        _BATCHED[key] = repo
+    return _BATCHED[key]
+
+
 def tokenize(
     tokenizer_json: bytes, sentences: Sequence[str], length: int | None = CONTEXT
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:

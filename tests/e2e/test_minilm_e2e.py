@@ -1,7 +1,8 @@
 """The sentence-embedding example end to end: examples/minilm/build.py's repository in the
 real ge-serve process, driven by tritonclient over HTTP and gRPC.
 
-The repository is built once for the module and served by one server; the reference is
+The repository is built once for the session (tests/minilm.py: batched_repository, shared
+with test_openai_client.py) and served by one server; the reference is
 computed in process (tests/minilm.py: tokenizers with every sentence padded to CONTEXT tokens,
 onnxruntime on the same encoder graph, numpy pooling), so what is compared is the serving:
 the Python tokenizer padding each request to its own length, the GE backend on the
@@ -28,8 +29,10 @@ from minilm import (
     PAIRS,
     PAST_128,
     TOO_LONG,
+    batched_repository,
     build_module,
     cosine,
+    package_files,
     reference_embeddings,
     require,
     token_count,
@@ -78,10 +81,8 @@ BATCH_GEARS = (1, 2, 4, 8)
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray]]:
     """(repository, reference embedding per sentence), built and computed once."""
     require()
-    build = build_module()
-    files = build.read_package()
-    repo = tmp_path_factory.mktemp("minilm-models")
-    build.build_repository(repo, batching=True, files=files)
+    files = package_files()
+    repo = batched_repository(tmp_path_factory)
     encoder = repo / "minilm_encoder" / "1" / "model.onnx"
     every = tuple(dict.fromkeys((*SENTENCES, *BURST)))
     expected = reference_embeddings(encoder, files.tokenizer_json, every)
@@ -189,7 +190,7 @@ def test_the_ensemble_answers_each_sentences_token_count(
     protocol: str, minilm_server: ServerProcess
 ) -> None:
     # Beside the vector: what /v1/embeddings sums into usage.prompt_tokens.
-    files = build_module().read_package()
+    files = package_files()
     sentences = (PAIRS[0][0], ODD_SENTENCES[0], ODD_SENTENCES[2])
     triton = Triton.connect(protocol, minilm_server)
     try:
@@ -252,7 +253,7 @@ def test_every_length_gear_serves_its_sentences(
     minilm_server: ServerProcess, reference: dict[str, np.ndarray]
 ) -> None:
     # One request per sentence: 2 to CONTEXT tokens, padded up to each of the gears.
-    files = build_module().read_package()
+    files = package_files()
     sentences = (ODD_SENTENCES[0], ODD_SENTENCES[1], *LONGER, ODD_SENTENCES[2])
     lengths = [token_count(files.tokenizer_json, s) for s in sentences]
     gears = [min(g for g in LENGTH_GEARS if g >= n) for n in lengths]
@@ -269,7 +270,7 @@ def test_every_length_gear_serves_its_sentences(
 def test_the_encoder_answers_at_the_request_length_and_refuses_one_beyond_its_gears(
     built: tuple[Path, dict[str, np.ndarray]], minilm_server: ServerProcess
 ) -> None:
-    files = build_module().read_package()
+    files = package_files()
     ids, mask = tokenize(files.tokenizer_json, LONGER[:1], None)  # 27 tokens: the 32 gear
     assert ids.shape == (1, 27)
     encoder = built[0] / "minilm_encoder" / "1" / "model.onnx"
@@ -295,7 +296,7 @@ def test_the_encoder_answers_at_the_request_length_and_refuses_one_beyond_its_ge
 def test_a_burst_of_different_lengths_runs_together_on_the_encoder(
     minilm_server: ServerProcess, reference: dict[str, np.ndarray]
 ) -> None:
-    files = build_module().read_package()
+    files = package_files()
     lengths = [token_count(files.tokenizer_json, s) for s in BURST]
     assert len(set(lengths)) == len(BURST) and max(lengths) <= 16  # all for the 16 gear
     triton = Triton.connect("grpc", minilm_server)
@@ -379,7 +380,7 @@ def test_the_fixed_length_pipeline_gives_the_same_embeddings(
 ) -> None:
     build = build_module()
     repo = tmp_path / "minilm-128"
-    build.build_repository(repo, files=build.read_package(), fixed_length=128)
+    build.build_repository(repo, files=package_files(), fixed_length=128)
     with running_server([repo], timeout=120.0) as server:
         log = server.log()
         for model in ("minilm_encoder", "minilm_pool"):

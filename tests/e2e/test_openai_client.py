@@ -14,7 +14,6 @@ import math
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
@@ -290,13 +289,10 @@ def test_the_chat_client_script(server: ServerProcess, mode: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def minilm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    from minilm import build_module, require
+    from minilm import batched_repository, require
 
     require()
-    build = build_module()
-    repo: Path = tmp_path_factory.mktemp("minilm-openai")
-    build.build_repository(repo, batching=True, files=build.read_package())
-    with running_server([repo], timeout=120.0) as proc:
+    with running_server([batched_repository(tmp_path_factory)], timeout=120.0) as proc:
         yield proc
 
 
@@ -322,9 +318,9 @@ def test_minilm_embeddings_through_the_openai_client(minilm_server: ServerProces
 
 
 def test_minilm_usage_counts_the_tokenizers_tokens(minilm_server: ServerProcess) -> None:
-    from minilm import build_module, token_count
+    from minilm import package_files, token_count
 
-    files = build_module().read_package()
+    files = package_files()
     sentences = ["The weather is lovely today.", "It's so sunny outside!"]
     with openai.OpenAI(base_url=minilm_server.base_url + "/v1", api_key="unused") as client:
         answer = client.embeddings.create(model="minilm", input=sentences)
