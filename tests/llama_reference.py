@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from blasthreads import one_blas_thread
+from threadpoolctl import threadpool_limits
 
 FloatArray = npt.NDArray[np.floating[Any]]
 
@@ -83,8 +83,9 @@ def forward(
 ) -> FloatArray:
     """The logits [len(ids) - first, vocab] at positions first.. of one unpadded sequence
     (the LM head is the costly part of a short sequence; skip what is not needed); numpy's
-    BLAS runs it on one thread (tests/blasthreads.py)."""
-    with one_blas_thread():
+    BLAS runs it on one thread: its idle threads spin, and on the suite's loaded two cores
+    a pass cost several times the CPU on two threads that it costs on one."""
+    with threadpool_limits(limits=1, user_api="blas"):
         return _forward(weights, cfg, ids, dtype, first)
 
 

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
-from blasthreads import one_blas_thread
 from serverproc import REPO_ROOT
+from threadpoolctl import threadpool_limits
 
 BUILD_SCRIPT = REPO_ROOT / "examples" / "minilm" / "build.py"
 
@@ -188,8 +188,8 @@ def _gelu(x: FloatArray) -> FloatArray:
 def numpy_encoder(weights: Mapping[str, FloatArray], ids: Sequence[int]) -> FloatArray:
     """BertModel's last_hidden_state for one unpadded sentence, [len(ids), 384], in float64
     (6 layers, 12 heads of 32, exact GELU, LayerNorm eps 1e-12, token type 0); numpy's BLAS
-    runs it on one thread (tests/blasthreads.py)."""
-    with one_blas_thread():
+    runs it on one thread, as tests/llama_reference.py's forward says why."""
+    with threadpool_limits(limits=1, user_api="blas"):
         return _numpy_encoder(weights, ids)
 
 
