@@ -111,6 +111,7 @@ def http_settings(settings: Settings) -> HttpSettings:
             settings.reasoning_parser,
             settings.enable_prompt_tokens_details,
             settings.enable_force_include_usage,
+            settings.return_tokens_as_token_ids,
         ),
     )
 

@@ -293,17 +293,11 @@ class Settings:
     )
     # /v1 thoughts apart from answers (vLLM's flag).
     reasoning_parser: str = field(default="", metadata=vllmflags.reasoning_parser_flag())
-    # vLLM's: /v1 usage's prompt_tokens_details.
-    _details = vllmflags.switch_flag("/v1 usage: the prompt tokens found in the prefix cache")
-    enable_prompt_tokens_details: bool = field(default=False, metadata=_details)
-    # vLLM's: X-Request-Id on every answer (http/requestid.py).
-    _ids = vllmflags.switch_flag("X-Request-Id on every HTTP answer (the request's own)")
-    enable_request_id_headers: bool = field(default=False, metadata=_ids)
-    # vLLM's: usage on every /v1 stream, and on each of its chunks.
-    _usage = vllmflags.switch_flag(
-        "/v1 streams: usage, and on every chunk, whatever stream_options say"
-    )
-    enable_force_include_usage: bool = field(default=False, metadata=_usage)
+    # vLLM's switches (vllmflags.py says what each does).
+    enable_prompt_tokens_details: bool = field(default=False, metadata=vllmflags.details())
+    enable_request_id_headers: bool = field(default=False, metadata=vllmflags.request_ids())
+    enable_force_include_usage: bool = field(default=False, metadata=vllmflags.forced_usage())
+    return_tokens_as_token_ids: bool = field(default=False, metadata=vllmflags.tokens_as_ids())
     # Front-end worker processes (server/workers/); 0: this process serves the protocol.
     http_workers: int = field(
         default=0,

@@ -44,6 +44,26 @@ def reasoning_parser_flag() -> Mapping[str, Flag]:
     return flag(choices=REASONING_PARSERS)
 
 
-def switch_flag(help_text: str) -> Mapping[str, Flag]:
+def _switch(help_text: str) -> Mapping[str, Flag]:
     """One of vLLM's boolean flags, which may be given alone, meaning true."""
     return flag(bare=True, help=help_text)
+
+
+def details() -> Mapping[str, Flag]:
+    """--enable-prompt-tokens-details: http/openai/answers.py."""
+    return _switch("/v1 usage: the prompt tokens found in the prefix cache")
+
+
+def request_ids() -> Mapping[str, Flag]:
+    """--enable-request-id-headers: http/requestid.py."""
+    return _switch("X-Request-Id on every HTTP answer (the request's own)")
+
+
+def forced_usage() -> Mapping[str, Flag]:
+    """--enable-force-include-usage: http/openai/text.py's identity()."""
+    return _switch("/v1 streams: usage, and on every chunk, whatever stream_options say")
+
+
+def tokens_as_ids() -> Mapping[str, Flag]:
+    """--return-tokens-as-token-ids: the default of the request field of that name."""
+    return _switch("/v1 logprobs: tokens as 'token_id:<id>' where a request does not say")

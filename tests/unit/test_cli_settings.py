@@ -366,6 +366,8 @@ def test_cors_flags_are_read_as_vllm_reads_them(capsys: pytest.CaptureFixture[st
     ids = http_settings(parse_settings(["--model-repo", "m", "--enable-request-id-headers"]))
     forced = http_settings(parse_settings(["--model-repo", "m", "--enable-force-include-usage"]))
     assert forced.tools.force_include_usage and not ids.tools.force_include_usage
+    as_ids = http_settings(parse_settings(["--model-repo", "m", "--return-tokens-as-token-ids"]))
+    assert as_ids.tools.tokens_as_ids and not ids.tools.tokens_as_ids
     assert (
         ids.request_id_headers
         and not http_settings(parse_settings(["--model-repo", "m"])).request_id_headers

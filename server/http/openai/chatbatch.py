@@ -46,6 +46,7 @@ from .schemas import ChatCompletionRequest, ChatOptions, refuse_parts
 from .template import RENDERED_ON_THE_LOOP, render_request
 from .text import (
     answer_prompts,
+    as_token_ids,
     chat_model,
     identity,
     plan_thoughts,
@@ -140,7 +141,7 @@ async def batch_chat_completion(
     answer = identity(request, body, name, chat=True)
     answer.token_ids = bool(body.return_token_ids)
     count = body.shown_logprobs()
-    as_ids = bool(body.return_tokens_as_token_ids)
+    as_ids = as_token_ids(catalog, body.return_tokens_as_token_ids)
     answer.logprobs = None if count is None else Logprobs(True, count, as_ids)
     heads: list[Answer] = []
     for index, (chat, prompt) in enumerate(zip(chats, prompts, strict=True)):

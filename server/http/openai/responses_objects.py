@@ -107,6 +107,9 @@ class Identity:
     created_at: int = field(default_factory=lambda: int(time.time()))
     # How many top log probabilities the output text carries (None: none asked for).
     top_logprobs: int | None = None
+    # --return-tokens-as-token-ids: tokens as `token_id:<id>` (vLLM's Responses API has no
+    # request field for it).
+    as_ids: bool = False
 
     def __post_init__(self) -> None:
         self.id = "resp_" + (self.id or uuid.uuid4().hex)
@@ -153,7 +156,7 @@ class Identity:
         """The output text's `logprobs` (None where not asked for)."""
         if self.top_logprobs is None:
             return None
-        return chat_content(entries or [], self.top_logprobs)
+        return chat_content(entries or [], self.top_logprobs, self.as_ids)
 
     def output(
         self,

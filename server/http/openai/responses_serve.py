@@ -61,6 +61,7 @@ async def create(catalog: Catalog, request: Request, body: ResponsesRequest) -> 
     identity = Identity(body, request_id(request, body.request_id))
     if body.logprobs_asked():
         identity.top_logprobs = body.top_logprobs or 0
+        identity.as_ids = catalog.tools.tokens_as_ids
     if not stream:
         text, reason, usage, entries = await whole(catalog, request, planned)
         status = "incomplete" if reason == "length" else "completed"

@@ -77,7 +77,7 @@ async def chat_completion(
     )
     answer.tools = tool_use
     count = body.shown_logprobs()
-    as_ids = bool(body.return_tokens_as_token_ids)
+    as_ids = as_token_ids(catalog, body.return_tokens_as_token_ids)
     answer.logprobs = None if count is None else Logprobs(True, count, as_ids)
     plan_thoughts(catalog, model, body, prompt, answer)
     ids = await tokenids.prompt_ids(model, body.return_token_ids, [prompt])
@@ -130,7 +130,7 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
     forced = catalog.tools.force_include_usage
     answer = identity(request, body, name, chat=False, echo=echo, forced_usage=forced)
     answer.echo_only = body.echo_only()
-    as_ids = bool(body.return_tokens_as_token_ids)
+    as_ids = as_token_ids(catalog, body.return_tokens_as_token_ids)
     count = body.shown_logprobs()
     answer.logprobs = None if count is None else Logprobs(False, count, as_ids)
     firsts = None
@@ -217,6 +217,12 @@ def identity(
         echo=echo,
         id=request_id(request, body.request_id),
     )
+
+
+def as_token_ids(catalog: Catalog, given: bool | None) -> bool:
+    """vLLM's: the request's `return_tokens_as_token_ids`, else the server's
+    --return-tokens-as-token-ids."""
+    return catalog.tools.tokens_as_ids if given is None else given
 
 
 def request_id(request: Request, given: str | None) -> str:

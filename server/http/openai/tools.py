@@ -39,13 +39,15 @@ class ToolSettings:
     """How /v1 reads a model's text: --tool-call-parser ("" none),
     --max-tool-call-parse-bytes, and --reasoning-parser ("" none; reasoning.py); and
     what its usage reports: --enable-prompt-tokens-details (the prompt's cached tokens),
-    --enable-force-include-usage (usage on every stream and chunk)."""
+    --enable-force-include-usage (usage on every stream and chunk); and how logprobs name
+    tokens where a request does not say: --return-tokens-as-token-ids."""
 
     parser: str = ""
     max_parse_bytes: int = DEFAULT_MAX_PARSE_BYTES
     reasoning_parser: str = ""
     prompt_tokens_details: bool = False
     force_include_usage: bool = False
+    tokens_as_ids: bool = False
 
 
 class _Body(BaseModel):

@@ -1,7 +1,9 @@
-"""vLLM's `--enable-force-include-usage`: every streamed chat and completion carries its
-usage, on each chunk too (vLLM's continuous usage), whatever `stream_options` say; without
-the flag a stream carries usage only where its client asks. Not streamed, usage is always
-there."""
+"""vLLM's /v1 switches. `--enable-force-include-usage`: every streamed chat and completion
+carries its usage, on each chunk too (vLLM's continuous usage), whatever `stream_options`
+say; without the flag a stream carries usage only where its client asks (not streamed,
+usage is always there). `--return-tokens-as-token-ids`: logprobs name tokens
+`token_id:<id>` where a request's `return_tokens_as_token_ids` does not say otherwise, on
+chat, completions and the Responses API."""
 
 from __future__ import annotations
 
@@ -37,14 +39,16 @@ def chunks(answer: httpx.Response) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("openai-forced-usage")
+    folder = tmp_path_factory.mktemp("openai-server-switches")
     llmrepo.write_tiny_llm(folder, "tiny", interface=False)
     return folder
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def forced(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
-    async with openai_client(repo, ["tiny"], ToolSettings(force_include_usage=True)) as client:
+    async with openai_client(
+        repo, ["tiny"], ToolSettings(force_include_usage=True, tokens_as_ids=True)
+    ) as client:
         yield client
 
 
@@ -73,3 +77,39 @@ async def test_forced_usage_on_every_stream_and_chunk(
     found = chunks(await plain.post(route, json=body))
     assert all(chunk["choices"] for chunk in found)
     assert all(chunk.get("usage") is None for chunk in found)
+
+
+def tokens(route: str, answer: httpx.Response) -> list[str]:
+    assert answer.status_code == 200, answer.text
+    found = answer.json()
+    if route == "/v1/responses":
+        return [entry["token"] for entry in found["output"][0]["content"][0]["logprobs"]]
+    logprobs = found["choices"][0]["logprobs"]
+    if route == "/v1/completions":
+        return [str(token) for token in logprobs["tokens"]]
+    return [entry["token"] for entry in logprobs["content"]]
+
+
+LOGPROBS: dict[str, dict[str, Any]] = {
+    "/v1/chat/completions": {**ROUTES["/v1/chat/completions"], "logprobs": True},
+    "/v1/completions": {**ROUTES["/v1/completions"], "logprobs": 1},
+    "/v1/responses": {"input": "hi", "include": ["message.output_text.logprobs"]},
+}
+
+
+@pytest.mark.parametrize("route", LOGPROBS)
+async def test_tokens_as_ids_where_the_request_does_not_say(
+    forced: httpx.AsyncClient, plain: httpx.AsyncClient, route: str
+) -> None:
+    body = {"model": "tiny", **LOGPROBS[route], "temperature": 0}
+    body["max_output_tokens" if route == "/v1/responses" else "max_tokens"] = 4
+    shown = tokens(route, await plain.post(route, json=body))
+    as_ids = tokens(route, await forced.post(route, json=body))
+    assert len(shown) == len(as_ids) == 4
+    assert all(token.startswith("token_id:") and int(token[9:]) >= 0 for token in as_ids)
+    assert not any(token.startswith("token_id:") for token in shown)
+    if route != "/v1/responses":  # the request's own field wins, either way
+        body["return_tokens_as_token_ids"] = False
+        assert tokens(route, await forced.post(route, json=body)) == shown
+        body["return_tokens_as_token_ids"] = True
+        assert tokens(route, await plain.post(route, json=body)) == as_ids
