@@ -20,3 +20,5 @@ def check_combined(settings: Settings) -> None:
             "Use of '--load-model' requires setting '--model-control-mode=explicit' as well."
         )
     check_safe_range(listeners, settings.cloud.sagemaker_safe_range)
+    if settings.enable_auto_tool_choice and not settings.tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")  # vLLM's

@@ -112,6 +112,7 @@ def http_settings(settings: Settings) -> HttpSettings:
             settings.enable_prompt_tokens_details,
             settings.enable_force_include_usage,
             settings.return_tokens_as_token_ids,
+            settings.exclude_tools_when_tool_choice_none,
         ),
     )
 

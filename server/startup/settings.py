@@ -298,6 +298,8 @@ class Settings:
     enable_request_id_headers: bool = field(default=False, metadata=vllmflags.request_ids())
     enable_force_include_usage: bool = field(default=False, metadata=vllmflags.forced_usage())
     return_tokens_as_token_ids: bool = field(default=False, metadata=vllmflags.tokens_as_ids())
+    enable_auto_tool_choice: bool = field(default=False, metadata=vllmflags.auto_tools())
+    exclude_tools_when_tool_choice_none: bool = field(default=False, metadata=vllmflags.no_tools())
     # Front-end worker processes (server/workers/); 0: this process serves the protocol.
     http_workers: int = field(
         default=0,

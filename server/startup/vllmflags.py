@@ -67,3 +67,15 @@ def forced_usage() -> Mapping[str, Flag]:
 def tokens_as_ids() -> Mapping[str, Flag]:
     """--return-tokens-as-token-ids: the default of the request field of that name."""
     return _switch("/v1 logprobs: tokens as 'token_id:<id>' where a request does not say")
+
+
+def auto_tools() -> Mapping[str, Flag]:
+    """--enable-auto-tool-choice: taken for vLLM's launch lines. vLLM needs it for
+    `tool_choice: "auto"`; here --tool-call-parser alone enables "auto", as Triton's
+    OpenAI front end does, and this flag only requires that parser, as vLLM's does."""
+    return _switch("vLLM's; needs --tool-call-parser, which alone enables tool_choice auto")
+
+
+def no_tools() -> Mapping[str, Flag]:
+    """--exclude-tools-when-tool-choice-none: http/openai/tools.py's template_tools()."""
+    return _switch("/v1 chat: tool_choice none keeps the tools out of the chat template")

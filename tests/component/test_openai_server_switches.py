@@ -3,7 +3,8 @@ carries its usage, on each chunk too (vLLM's continuous usage), whatever `stream
 say; without the flag a stream carries usage only where its client asks (not streamed,
 usage is always there). `--return-tokens-as-token-ids`: logprobs name tokens
 `token_id:<id>` where a request's `return_tokens_as_token_ids` does not say otherwise, on
-chat, completions and the Responses API."""
+chat, completions and the Responses API. `--exclude-tools-when-tool-choice-none`: a chat
+whose `tool_choice` is "none" renders its template without the tools."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import httpx
 import llmrepo
 import pytest
 import pytest_asyncio
+import textgen
 from openai_inprocess import openai_client
 
 from ge_serve.server.http.openai.tools import ToolSettings
@@ -29,6 +31,10 @@ ROUTES: dict[str, dict[str, Any]] = {
     "/v1/completions": {"prompt": "hi"},
 }
 OFF = {"include_usage": False, "continuous_usage_stats": False}
+MODELS = ("tiny", "tools_shown")
+SWITCHED = ToolSettings(force_include_usage=True, tokens_as_ids=True, exclude_tools_when_none=True)
+TOOLS_SHOWN = "TOOLS: {{ tools | length if tools else 0 }} {{ messages[-1].content }}"
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
 
 
 def chunks(answer: httpx.Response) -> list[dict[str, Any]]:
@@ -41,20 +47,20 @@ def chunks(answer: httpx.Response) -> list[dict[str, Any]]:
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("openai-server-switches")
     llmrepo.write_tiny_llm(folder, "tiny", interface=False)
+    # textgen answers with the prompt its template rendered: here, how many tools it got.
+    textgen.write_templated(folder, "tools_shown", TOOLS_SHOWN)
     return folder
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def forced(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
-    async with openai_client(
-        repo, ["tiny"], ToolSettings(force_include_usage=True, tokens_as_ids=True)
-    ) as client:
+    async with openai_client(repo, MODELS, SWITCHED) as client:
         yield client
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def plain(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
-    async with openai_client(repo, ["tiny"], ToolSettings()) as client:
+    async with openai_client(repo, MODELS, ToolSettings()) as client:
         yield client
 
 
@@ -113,3 +119,20 @@ async def test_tokens_as_ids_where_the_request_does_not_say(
         assert tokens(route, await forced.post(route, json=body)) == shown
         body["return_tokens_as_token_ids"] = True
         assert tokens(route, await plain.post(route, json=body)) == as_ids
+
+
+@pytest.mark.parametrize("choice", ["none", "auto", None])
+async def test_tool_choice_none_keeps_the_tools_out_of_the_template(
+    forced: httpx.AsyncClient, plain: httpx.AsyncClient, choice: str | None
+) -> None:
+    body: dict[str, Any] = {"model": "tools_shown", "messages": [{"role": "user", "content": "hi"}]}
+    body |= {"tools": [WEATHER], "max_tokens": 3}
+    if choice is not None:
+        body["tool_choice"] = choice
+    for http, shown in ((plain, "1"), (forced, "0" if choice == "none" else "1")):
+        answer = await http.post("/v1/chat/completions", json=body)
+        if choice != "none":  # "auto", also the default with tools, needs a parser
+            assert answer.status_code == 400, answer.text
+            continue
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["content"] == f"TOOLS: {shown} hi"

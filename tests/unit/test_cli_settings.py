@@ -12,6 +12,7 @@ import pytest
 from ge_serve.server.app import ServerApp, configure_gil
 from ge_serve.server.cli import build_parser, parse_settings
 from ge_serve.server.control.cors import CorsSettings
+from ge_serve.server.http.app import HttpSettings
 from ge_serve.server.startup.flags import flag_of
 from ge_serve.server.startup.part_settings import default_max_batch_size, http_settings
 from ge_serve.server.startup.settings import Settings
@@ -363,15 +364,6 @@ def test_cors_flags_are_read_as_vllm_reads_them(capsys: pytest.CaptureFixture[st
     )
     assert cors("--allowed-origins", '["*"]', "--allowed-origins", "[]").allowed_origins == ()
     assert not cors("--allow-credentials=false").allow_credentials
-    ids = http_settings(parse_settings(["--model-repo", "m", "--enable-request-id-headers"]))
-    forced = http_settings(parse_settings(["--model-repo", "m", "--enable-force-include-usage"]))
-    assert forced.tools.force_include_usage and not ids.tools.force_include_usage
-    as_ids = http_settings(parse_settings(["--model-repo", "m", "--return-tokens-as-token-ids"]))
-    assert as_ids.tools.tokens_as_ids and not ids.tools.tokens_as_ids
-    assert (
-        ids.request_id_headers
-        and not http_settings(parse_settings(["--model-repo", "m"])).request_id_headers
-    )
     for bad in ("*", '"*"', "[1]", "{}"):
         with pytest.raises(SystemExit) as exited:
             parse_settings(["--model-repo", "m", "--allowed-origins", bad])
@@ -379,3 +371,24 @@ def test_cors_flags_are_read_as_vllm_reads_them(capsys: pytest.CaptureFixture[st
         assert f"--allowed-origins takes a JSON list of strings, e.g. '[\"*\"]', got '{bad}'" in (
             capsys.readouterr().err
         )
+
+
+def test_vllms_switches_reach_the_front_end(capsys: pytest.CaptureFixture[str]) -> None:
+    def http(*given: str) -> HttpSettings:
+        return http_settings(parse_settings(["--model-repo", "m", *given]))
+
+    plain = http()
+    assert not plain.request_id_headers and http("--enable-request-id-headers").request_id_headers
+    for flag, name in (
+        ("--enable-force-include-usage", "force_include_usage"),
+        ("--return-tokens-as-token-ids", "tokens_as_ids"),
+        ("--exclude-tools-when-tool-choice-none", "exclude_tools_when_none"),
+    ):
+        assert not getattr(plain.tools, name) and getattr(http(flag).tools, name), flag
+    # vLLM's --enable-auto-tool-choice: taken, and it needs a parser, as in vLLM.
+    argv = ["--model-repo", "m", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    assert parse_settings(argv).enable_auto_tool_choice
+    with pytest.raises(SystemExit) as exited:
+        parse_settings(argv[:3])
+    assert exited.value.code == 2
+    assert "--enable-auto-tool-choice requires --tool-call-parser" in capsys.readouterr().err

@@ -94,7 +94,9 @@ async def count_tokens(
     generation, tokenizer = tokenizer_of(catalog, name)
     if generation.chat_template is None:
         raise no_chat_template(name)
-    prompt = await chat_prompt(generation, chat, template_tools(chat.tools))
+    prompt = await chat_prompt(
+        generation, chat, template_tools(chat.tools, chat.tool_choice, catalog.tools)
+    )
     # Chat's prompt is tokenized without special tokens added (the template writes them).
     if len(prompt) > THREADED:
         tokens = await asyncio.to_thread(tokenizer.encode, prompt, False)

@@ -64,7 +64,9 @@ async def chat_completion(
     chosen, parallel = body.chosen_tool(), body.parallel_tool_calls
     constrained = takes_constraints(model.inputs)
     tool_use = plan(chosen, catalog.tools, constrained, name, parallel)
-    prompt = await chat_prompt(generation, body, template_tools(body.tools))
+    prompt = await chat_prompt(
+        generation, body, template_tools(body.tools, body.tool_choice, catalog.tools)
+    )
     forced = catalog.tools.force_include_usage
     answer = identity(
         request,

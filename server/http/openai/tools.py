@@ -1,7 +1,8 @@
 """Tool calling on /v1/chat/completions, as vLLM 0.34 and Triton's OpenAI front end serve it.
 
 - `tools` reach the chat template (as the request's list of functions, the fields sent),
-  whatever `tool_choice` is, as vLLM passes them.
+  whatever `tool_choice` is, as vLLM passes them; with --exclude-tools-when-tool-choice-none
+  not for "none", as vLLM's renderer.
 - `tool_choice` defaults to "auto" where tools are given ("none" where none are; an empty
   list is none, as OpenAI's). "none": the answer is text.
 - A named function, or "required": the answer is constrained by structured outputs
@@ -39,8 +40,10 @@ class ToolSettings:
     """How /v1 reads a model's text: --tool-call-parser ("" none),
     --max-tool-call-parse-bytes, and --reasoning-parser ("" none; reasoning.py); and
     what its usage reports: --enable-prompt-tokens-details (the prompt's cached tokens),
-    --enable-force-include-usage (usage on every stream and chunk); and how logprobs name
-    tokens where a request does not say: --return-tokens-as-token-ids."""
+    --enable-force-include-usage (usage on every stream and chunk); how logprobs name
+    tokens where a request does not say: --return-tokens-as-token-ids; and whether
+    `tool_choice: "none"` keeps the tools out of the template:
+    --exclude-tools-when-tool-choice-none."""
 
     parser: str = ""
     max_parse_bytes: int = DEFAULT_MAX_PARSE_BYTES
@@ -48,6 +51,7 @@ class ToolSettings:
     prompt_tokens_details: bool = False
     force_include_usage: bool = False
     tokens_as_ids: bool = False
+    exclude_tools_when_none: bool = False
 
 
 class _Body(BaseModel):
@@ -67,9 +71,14 @@ class Tool(_Body):
     function: ToolFunction
 
 
-def template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
-    """The tools as sent (the fields set), as transformers gives them to a template."""
-    if not tools:
+def template_tools(
+    tools: list[Tool] | None, tool_choice: Any = None, settings: ToolSettings | None = None
+) -> list[dict[str, Any]] | None:
+    """The tools as sent (the fields set), as transformers gives them to a template; none
+    where `tool_choice` is "none" and the server's --exclude-tools-when-tool-choice-none
+    keeps them out (vLLM's renderer)."""
+    excluded = settings is not None and settings.exclude_tools_when_none
+    if not tools or (excluded and tool_choice == "none"):
         return None
     return [tool.model_dump(exclude_unset=True) for tool in tools]
 
