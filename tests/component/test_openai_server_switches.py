@@ -97,7 +97,7 @@ def tokens(route: str, answer: httpx.Response) -> list[str]:
 
 
 LOGPROBS: dict[str, dict[str, Any]] = {
-    "/v1/chat/completions": {**ROUTES["/v1/chat/completions"], "logprobs": True},
+    "/v1/chat/completions": {**ROUTES["/v1/chat/completions"], "logprobs": True, "top_logprobs": 1},
     "/v1/completions": {**ROUTES["/v1/completions"], "logprobs": 1},
     "/v1/responses": {"input": "hi", "include": ["message.output_text.logprobs"]},
 }
@@ -114,6 +114,13 @@ async def test_tokens_as_ids_where_the_request_does_not_say(
     assert len(shown) == len(as_ids) == 4
     assert all(token.startswith("token_id:") and int(token[9:]) >= 0 for token in as_ids)
     assert not any(token.startswith("token_id:") for token in shown)
+    if route == "/v1/chat/completions":  # vLLM's: the sampled token's bytes are its text's
+        answer = (await forced.post(route, json=body)).json()["choices"][0]["logprobs"]
+        texts = (await plain.post(route, json=body)).json()["choices"][0]["logprobs"]
+        for shown_as_id, as_text in zip(answer["content"], texts["content"], strict=True):
+            assert shown_as_id["bytes"] == list(as_text["token"].encode())
+            top = shown_as_id["top_logprobs"][0]
+            assert top["bytes"] == list(top["token"].encode())  # as shown, as vLLM's
     if route != "/v1/responses":  # the request's own field wins, either way
         body["return_tokens_as_token_ids"] = False
         assert tokens(route, await forced.post(route, json=body)) == shown

@@ -90,11 +90,14 @@ def chat_content(entries: list[Entry], top: int, as_ids: bool = False) -> list[d
         if not items:
             continue
         token, logprob = items[0]
+        # vLLM's: the sampled token's bytes are its text's, even shown as `token_id:<id>`
+        # (its top_logprobs' bytes are what they show).
+        text = _token(*next(iter(entry.items())), False) if as_ids else token
         content.append(
             {
                 "token": token,
                 "logprob": logprob,
-                "bytes": _bytes(token),
+                "bytes": _bytes(text),
                 "top_logprobs": [
                     {"token": t, "logprob": lp, "bytes": _bytes(t)}
                     for t, lp in (items if top == -1 else items[:top])
