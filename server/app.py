@@ -316,7 +316,7 @@ class ServerApp:
         """The workers share one listening socket, bound here; what they pass on, the
         front end answers here on a loopback port."""
         settings = self.settings
-        app = self.http.build()
+        app = self.http.build(marked=False)  # the workers put the marks on (http/marks.py)
         loopback = await self._start_uvicorn(app, "127.0.0.1", 0, "Internal HTTP", self.http.gate)
         sock = listen_socket(
             settings.http_address, settings.http_port, "HTTP", settings.reuse_http_port
@@ -327,7 +327,7 @@ class ServerApp:
             "forward_port": loopback,
             "max_input_size": self.http.settings.max_input_size,
             "max_chunks": self.http.settings.max_chunks,
-            "restricted": self.http.checks_every_request,
+            **self.http.worker_config(),
             "header_forward_pattern": self.http.settings.header_forward_pattern,
             "log_format": settings.log_format,
             # The requests this process ends at the exit timeout are answered through them.

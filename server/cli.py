@@ -86,8 +86,8 @@ def _arguments(setting: dataclasses.Field[Any], spec: Flag) -> dict[str, Any]:
             "metavar": spec.metavar,
             "help": _help(setting, spec),
         }
-        if spec.bare:  # a flag of the group given alone records "true"
-            recorded["nargs"], recorded["const"] = "?", "true"
+        if spec.bare:  # a flag of the group given alone records "" (its check reads it)
+            recorded["nargs"], recorded["const"] = "?", ""
         return recorded
     if spec.switch:
         return {"dest": setting.name, "action": "store_true", "help": _help(setting, spec)}

@@ -41,10 +41,10 @@ from .bodies import (
     decode_body,
     decode_index_request,
 )
-from .cors import with_cors
 from .drain import RefuseWhileDraining
 from .errors import error_response
 from .infer import Encoded, InferEndpoint, InferShortcut, guard
+from .marks import Marks
 from .openai import routes as openai_routes
 from .openai.errors import (
     KSERVE_PREFIX,
@@ -55,7 +55,6 @@ from .openai.errors import (
 )
 from .openai.tools import ToolSettings
 from .openapi import ApiRoute, Body
-from .requestid import RequestIdHeaders
 from .responses import json_response
 from .restricted import RestrictedApiMiddleware
 from .routing import Endpoint
@@ -183,21 +182,24 @@ class HttpFrontEnd:
         ]
 
     @property
-    def checks_every_request(self) -> bool:
-        """Whether every request must pass this front end's own checks and marks
-        (restricted APIs, CORS, request ids), so that HTTP workers pass inference on to it
-        too."""
-        return bool(self.restrictions) or self.settings.cors.on or self.settings.request_id_headers
+    def marks(self) -> Marks:
+        return Marks(self.settings.cors, self.settings.request_id_headers)
 
-    def build(self) -> ASGIApp:
+    def worker_config(self) -> dict[str, Any]:
+        """What HTTP workers need of this front end: whether they pass inference on too
+        (restricted APIs, whose checks must see every request), and the marks they put on
+        every answer themselves (marks.py)."""
+        return {"restricted": bool(self.restrictions), "marks": self.marks.to_json()}
+
+    def build(self, marked: bool = True) -> ASGIApp:
         """The HTTP application: FastAPI, with the shortcut for inference in front, behind
         the refusal of requests while the server stops, inside CORS and request ids where
-        they are on."""
+        they are on (unless `marked` is false: HTTP workers put them on, marks.py)."""
         app: ASGIApp = self.build_fastapi()
         if not self.restrictions:
             app = InferShortcut(app, self.infer_routes)
-        app = with_cors(RefuseWhileDraining(app, self.gate), self.settings.cors)
-        return RequestIdHeaders(app) if self.settings.request_id_headers else app
+        app = RefuseWhileDraining(app, self.gate)
+        return self.marks.apply(app) if marked else app
 
     def build_fastapi(self) -> FastAPI:
         routes = self.routes()

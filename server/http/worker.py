@@ -8,6 +8,7 @@ and passes every other request on whole to the server's own HTTP front end on a 
 port (passon.py), which answers it (health, metadata, statistics, repository, shared
 memory, logging, /metrics, /v1, generate). With
 `--http-restricted-api`, whose checks must see every request, inference is passed on too.
+It puts vLLM's CORS and request-id marks on every answer itself (marks.py).
 
     python -m ge_serve.server.http.worker '{"listen_fd": ..., "link_fd": ..., ...}'
 """
@@ -33,6 +34,7 @@ from ge_serve.server.workers.remote import RemoteCore
 
 from .embedded import EmbeddedUvicorn, front_end_config
 from .infer import InferEndpoint, InferShortcut
+from .marks import Marks
 from .passon import PassOn
 
 log = logging.getLogger("ge_serve.http.worker")
@@ -64,6 +66,7 @@ async def serve(config: dict[str, Any]) -> int:
             HeaderForward.of(str(config["header_forward_pattern"])),
         )
         app = InferShortcut(app, endpoint.routes())
+    app = Marks.from_json(config["marks"]).apply(app)
     listener = socket.socket(fileno=int(config["listen_fd"]))
     # Stopped by the server (`Stop`, or its link's end), never by a signal: uvicorn's own
     # Server would take SIGINT and SIGTERM.

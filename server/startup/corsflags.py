@@ -35,6 +35,8 @@ def cors_flag() -> Mapping[str, Flag]:
 
 
 def _json_list(name: str, text: str) -> tuple[str, ...]:
+    if not text:  # given alone: argparse's words for a flag that needs its value
+        raise ValueError(f"argument {name}: expected one argument")
     try:
         value: Any = json.loads(text)
     except ValueError:
@@ -44,9 +46,17 @@ def _json_list(name: str, text: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _switch(name: str, text: str) -> bool:
+    """A switch's value: given alone, true; else a BOOL, refused naming the flag."""
+    try:
+        return not text or parse_bool(text)
+    except ValueError as exc:
+        raise ValueError(f"argument {name}: {exc}") from None
+
+
 def _read(_name: str, given: Sequence[tuple[str, str]]) -> CorsSettings:
     values: dict[str, Any] = {}
     for name, text in given:
         key = name.removeprefix("--").replace("-", "_")
-        values[key] = parse_bool(text) if name == _CREDENTIALS else _json_list(name, text)
+        values[key] = _switch(name, text) if name == _CREDENTIALS else _json_list(name, text)
     return CorsSettings(**values)

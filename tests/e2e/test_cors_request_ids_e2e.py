@@ -1,7 +1,7 @@
-"""`--allowed-origins` and `--enable-request-id-headers` with `--http-workers`: the
-workers, which answer v2 inference themselves, pass every request on to the server's front
-end, whose CORS and request ids mark it, so a browser page reads inference answers through
-them, and each names its request, as without workers."""
+"""`--allowed-origins` and `--enable-request-id-headers` with `--http-workers`: the worker
+that accepts a connection marks every answer once, whether it answers the request itself
+(v2 inference) or passes it on to the server's front end (everything else), so a browser
+page reads answers through workers as without them, and each names its request once."""
 
 from __future__ import annotations
 
@@ -37,3 +37,12 @@ def test_http_workers_answer_an_allowed_origin_with_request_ids() -> None:
             assert answer.json()["outputs"][0]["data"] == [2 * x for x in range(16)]
             assert answer.headers["access-control-allow-origin"] == PAGE
             assert answer.headers["x-request-id"] == f"trace-{index}"
+        # Passed on to the server's front end, which leaves the marks to the worker: once.
+        sent = {"origin": PAGE, "x-request-id": "meta-1"}
+        answer = http.get("/v2/models/simple", headers=sent)
+        assert answer.status_code == 200
+        assert answer.headers.get_list("x-request-id") == ["meta-1"]
+        assert answer.headers.get_list("access-control-allow-origin") == [PAGE]
+        assert answer.headers["vary"] == "Origin"
+        (made,) = http.get("/v2/health/ready").headers.get_list("x-request-id")
+        assert len(made) == 32 and int(made, 16) >= 0

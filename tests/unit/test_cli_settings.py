@@ -371,6 +371,14 @@ def test_cors_flags_are_read_as_vllm_reads_them(capsys: pytest.CaptureFixture[st
         assert f"--allowed-origins takes a JSON list of strings, e.g. '[\"*\"]', got '{bad}'" in (
             capsys.readouterr().err
         )
+    for argv, message in (
+        (["--allowed-origins"], "argument --allowed-origins: expected one argument"),
+        (["--allow-credentials=maybe"], "argument --allow-credentials: expected true or false"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            parse_settings(["--model-repo", "m", *argv])
+        assert exited.value.code == 2
+        assert message in capsys.readouterr().err
 
 
 def test_vllms_switches_reach_the_front_end(capsys: pytest.CaptureFixture[str]) -> None:
