@@ -10,10 +10,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from ge_serve.backends.text_bool import parse_bool
-
 from ..control.cors import CorsSettings
-from .flags import Flag, flag
+from .flags import Flag, flag, given_value, switch_value
 
 _LISTS: Final = ("--allowed-origins", "--allowed-methods", "--allowed-headers")
 _CREDENTIALS: Final = "--allow-credentials"
@@ -35,8 +33,7 @@ def cors_flag() -> Mapping[str, Flag]:
 
 
 def _json_list(name: str, text: str) -> tuple[str, ...]:
-    if not text:  # given alone: argparse's words for a flag that needs its value
-        raise ValueError(f"argument {name}: expected one argument")
+    given_value(name, text)
     try:
         value: Any = json.loads(text)
     except ValueError:
@@ -46,17 +43,9 @@ def _json_list(name: str, text: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _switch(name: str, text: str) -> bool:
-    """A switch's value: given alone, true; else a BOOL, refused naming the flag."""
-    try:
-        return not text or parse_bool(text)
-    except ValueError as exc:
-        raise ValueError(f"argument {name}: {exc}") from None
-
-
 def _read(_name: str, given: Sequence[tuple[str, str]]) -> CorsSettings:
     values: dict[str, Any] = {}
     for name, text in given:
         key = name.removeprefix("--").replace("-", "_")
-        values[key] = _switch(name, text) if name == _CREDENTIALS else _json_list(name, text)
+        values[key] = switch_value(name, text) if name == _CREDENTIALS else _json_list(name, text)
     return CorsSettings(**values)

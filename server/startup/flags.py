@@ -80,6 +80,23 @@ def flag_of(setting: dataclasses.Field[Any]) -> Flag:
     return dataclasses.replace(spec, names=names, parse=parse, metavar=metavar)
 
 
+def given_value(name: str, text: str) -> str:
+    """A recorded flag's value (`record_flag`); given alone, refused in argparse's words
+    for a flag that needs its value."""
+    if not text:
+        raise ValueError(f"argument {name}: expected one argument")
+    return text
+
+
+def switch_value(name: str, text: str) -> bool:
+    """A recorded switch's value (vLLM's boolean flags): given alone, true; else a BOOL,
+    refused naming the flag."""
+    try:
+        return not text or parse_bool(text)
+    except ValueError as exc:
+        raise ValueError(f"argument {name}: {exc}") from None
+
+
 def key_value(text: str) -> tuple[str, str]:
     if "=" not in text:
         raise ValueError(f"expected <key>=<value>, got '{text}'")
