@@ -20,6 +20,7 @@ from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.backends.python.host.backend import PythonBackend
 from ge_serve.scheduler.factory import SchedulerOptions
 from ge_serve.server.app import make_scheduler
+from ge_serve.server.control.chat import ChatSettings
 from ge_serve.server.http.app import HttpFrontEnd, HttpSettings
 from ge_serve.server.http.openai.tools import ToolSettings
 from ge_serve.server.inference.bls import CoreBridge
@@ -30,18 +31,24 @@ from ge_serve.server.models.repository import ModelRepository
 
 @contextlib.asynccontextmanager
 async def openai_client(
-    repo: Path, models: Iterable[str], tools: ToolSettings | None = None
+    repo: Path,
+    models: Iterable[str],
+    tools: ToolSettings | None = None,
+    chat: ChatSettings | None = None,
 ) -> AsyncIterator[httpx.AsyncClient]:
     """A client of the HTTP front end over `repo` with `models` loaded (each must load);
     the models are unloaded and the Python workers ended after. `tools`: the server's
-    /v1 parsers (--tool-call-parser, --reasoning-parser)."""
-    async with openai_app(repo, models, tools) as (client, _):
+    /v1 parsers (--tool-call-parser, --reasoning-parser); `chat`: its chat flags."""
+    async with openai_app(repo, models, tools, chat) as (client, _):
         yield client
 
 
 @contextlib.asynccontextmanager
 async def openai_app(
-    repo: Path, models: Iterable[str], tools: ToolSettings | None = None
+    repo: Path,
+    models: Iterable[str],
+    tools: ToolSettings | None = None,
+    chat: ChatSettings | None = None,
 ) -> AsyncIterator[tuple[httpx.AsyncClient, InferenceServer]]:
     """`openai_client`'s client with the core behind it (for a test that reaches a loaded
     model's scheduler)."""
@@ -59,6 +66,8 @@ async def openai_app(
         settings = HttpSettings(max_input_size=1 << 20, restricted_api=())
         if tools is not None:
             settings = dataclasses.replace(settings, tools=tools)
+        if chat is not None:
+            settings = dataclasses.replace(settings, chat=chat)
         front = HttpFrontEnd(core, settings)
         transport = httpx.ASGITransport(app=front.build())
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:

@@ -23,6 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp
 
+from ge_serve.server.control.chat import ChatSettings
 from ge_serve.server.control.cors import CorsSettings
 from ge_serve.server.control.restrictions import RestrictedApis
 from ge_serve.server.control.stopping import DrainGate
@@ -88,6 +89,7 @@ class HttpSettings:
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     # vLLM's --allowed-origins and its companions (cors.py).
     cors: CorsSettings = field(default_factory=CorsSettings)
+    chat: ChatSettings = field(default_factory=ChatSettings)  # vLLM's chat flags
     # vLLM's --enable-request-id-headers (requestid.py).
     request_id_headers: bool = False
 
@@ -178,7 +180,7 @@ class HttpFrontEnd:
             # KServe v1's liveness route, which its REST client's is_server_live() calls.
             self.route("/", self.kserve_live, ["GET"]),
             # Last: the table is tried in order when the inference shortcut is off.
-            *openai_routes.routes(self, self.settings.tools),
+            *openai_routes.routes(self, self.settings.tools, self.settings.chat),
         ]
 
     @property

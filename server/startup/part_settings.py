@@ -104,6 +104,7 @@ def http_settings(settings: Settings) -> HttpSettings:
         header_forward_pattern=settings.http_header_forward_pattern,
         api_keys=settings.api_key,
         cors=settings.cors,
+        chat=settings.chat,
         request_id_headers=settings.enable_request_id_headers,
         tools=ToolSettings(
             settings.tool_call_parser,

@@ -19,11 +19,13 @@ from typing import Final
 
 from ge_serve.scheduler.ratelimit import resource_limit
 
+from ..control.chat import ChatSettings
 from ..control.cors import CorsSettings
 from ..control.logsettings import FORMATS
 from ..observability.traceconfig import TraceSettings, trace_setting, trace_settings
 from . import vllmflags
 from .cacheconfig import cache_setting, cache_size
+from .chatflags import chat_flag
 from .cloudflags import CloudSettings, cloud_flag
 from .corsflags import cors_flag
 from .flags import (
@@ -474,6 +476,7 @@ class Settings:
     cloud: CloudSettings = field(default=CloudSettings(), metadata=cloud_flag())
     # vLLM's --allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials.
     cors: CorsSettings = field(default=CorsSettings(), metadata=cors_flag())
+    chat: ChatSettings = field(default=ChatSettings(), metadata=chat_flag())  # chatflags.py
     # (flag, value) of each tritonserver flag that does nothing here (tritonflags.py).
     inapplicable: tuple[tuple[str, str], ...] = field(default=(), metadata=inapplicable_flag())
 

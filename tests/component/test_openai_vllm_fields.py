@@ -159,7 +159,6 @@ async def test_chat_template_kwargs_that_clash_are_refused(
 @pytest.mark.parametrize(
     ("param", "refused", "default"),
     [
-        ("chat_template", "{{ messages[0].content }}", None),
         ("add_special_tokens", True, False),
         ("return_token_ids", True, False),
         ("vllm_xargs", {"a": 1}, {}),
@@ -173,6 +172,18 @@ async def test_vllm_fields_not_served_are_refused_by_name(
     assert (found["param"], found["code"]) == (param, "unsupported_parameter")
     # vLLM's default changes nothing, and is accepted.
     assert (await answer(http, **{param: default})) == await answer(http)
+
+
+async def test_a_requests_chat_template_is_refused_unless_trusted(http: httpx.AsyncClient) -> None:
+    body = {"model": "textgen", "messages": PREFILL, "chat_template": "{{ 1 }}"}
+    found = error(await http.post(CHAT, json=body))
+    assert found["param"] == "chat_template"
+    assert found["message"] == (
+        "Chat template is passed with request, but --trust-request-chat-template is not set. "
+        "Refused request with untrusted chat template."
+    )
+    # vLLM's default (none) changes nothing, and is accepted.
+    assert (await answer(http, chat_template=None)) == await answer(http)
 
 
 async def test_a_thinking_budget_without_a_reasoning_parser_is_vllms_400(

@@ -38,7 +38,7 @@ from .chatpath import Route, first_piece, prepare, whole
 from .prompts import THREADED
 from .reasoning import Reasoning
 from .schemas import ChatCompletionRequest
-from .text import chat_prompt, no_chat_template, request_id
+from .text import chat_prompt, request_id
 from .textstream import SSE_HEADERS
 from .tokenize import tokenizer_of
 from .toolparse import Call
@@ -92,10 +92,9 @@ async def count_tokens(
     (`chat`: body.chat())."""
     name, _ = catalog.generator(body.model, API)
     generation, tokenizer = tokenizer_of(catalog, name)
-    if generation.chat_template is None:
-        raise no_chat_template(name)
+    generation = catalog.chat_generation(name, catalog.model(name), chat.chat_template)
     prompt = await chat_prompt(
-        generation, chat, template_tools(chat.tools, chat.tool_choice, catalog.tools)
+        catalog, generation, chat, template_tools(chat.tools, chat.tool_choice, catalog.tools)
     )
     # Chat's prompt is tokenized without special tokens added (the template writes them).
     if len(prompt) > THREADED:

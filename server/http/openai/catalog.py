@@ -25,10 +25,11 @@ optional `model`) goes to the one generative model served (`Catalog.generator`).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ge_serve.backends.base import TextGeneration
+from ge_serve.server.control.chat import ChatSettings
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.inference.core import InferenceServer
 from ge_serve.server.inference.model import ModelVersion, TensorSpec
@@ -99,13 +100,30 @@ def text_generation(model: ModelVersion) -> TextGeneration | None:
     )
 
 
+def no_chat_template(name: str) -> OpenAIError:
+    return OpenAIError(
+        f"The model '{name}' has no chat template: use /v1/completions with a "
+        "prompt, or give the model one (the llm backend's `chat_template` parameter, "
+        "`chat_template_source` for another backend's model, or --chat-template)",
+        param="model",
+        code="chat_template_missing",
+    )
+
+
 class Catalog:
     """The models /v1 serves, looked up in the core each time (models load and unload)."""
 
-    def __init__(self, core: InferenceServer, tools: ToolSettings | None = None) -> None:
+    def __init__(
+        self,
+        core: InferenceServer,
+        tools: ToolSettings | None = None,
+        chat: ChatSettings | None = None,
+    ) -> None:
         self.core = core
         # --tool-call-parser and --max-tool-call-parse-bytes (tools.py).
         self.tools = tools or ToolSettings()
+        # --chat-template and vLLM's other chat flags (chatsettings.py).
+        self.chat = chat or ChatSettings()
         # OpenAI's `created` of every model: when this server started (a model's own
         # creation time is not something a repository records).
         self.created = int(time.time())
@@ -147,6 +165,36 @@ class Catalog:
             f"Missing required parameter: 'model' ({len(found)} generative models here)",
             param="model",
         )
+
+    def chat_generation(
+        self, name: str, model: ModelVersion, requested: str | None = None
+    ) -> TextGeneration:
+        """The generation a chat with `model` (served as `name`) renders with: its own,
+        with the request's template (`requested`, where trusted) or --chat-template's in
+        place of its own; a 400 where it has none."""
+        generation = self.templated(text_generation(model), requested)
+        if generation is None or generation.chat_template is None:
+            raise no_chat_template(name)
+        return generation
+
+    def templated(
+        self, found: TextGeneration | None, requested: str | None = None
+    ) -> TextGeneration | None:
+        """`found` (a model's generation) with the template a chat renders with: the
+        request's `requested` (refused unless --trust-request-chat-template), else
+        --chat-template's, else its own; None where there is none."""
+        if requested is not None and not self.chat.trust_request_template:
+            raise OpenAIError(
+                "Chat template is passed with request, but --trust-request-chat-template "
+                "is not set. Refused request with untrusted chat template.",
+                param="chat_template",
+            )
+        template = requested or self.chat.template
+        if template is None:
+            return found
+        if found is None:
+            return TextGeneration(template, bos_token="", eos_token="", max_model_len=0)
+        return replace(found, chat_template=template)
 
     def embedding(self, name: str) -> tuple[ModelVersion, Embedder]:
         model = self.model(name)

@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ge_serve.backends.base import TextGeneration
+from ge_serve.server.control.chat import ChatSettings
 
 from . import tokenids
 from .catalog import Catalog
@@ -137,7 +138,7 @@ async def batch_chat_completion(
     if body.return_token_ids:
         tokenids.check_reported(model)
     chats = body.conversations()
-    prompts = await _rendered(generation, chats)
+    prompts = await _rendered(generation, chats, catalog.chat)
     answer = identity(request, body, name, chat=True)
     answer.token_ids = bool(body.return_token_ids)
     count = body.shown_logprobs()
@@ -145,15 +146,17 @@ async def batch_chat_completion(
     answer.logprobs = None if count is None else Logprobs(True, count, as_ids)
     heads: list[Answer] = []
     for index, (chat, prompt) in enumerate(zip(chats, prompts, strict=True)):
-        head = answer.choice(index, chat.echoed())
-        head.role = chat.answer_role()
+        head = answer.choice(index, chat.echoed(catalog.chat.response_role))
+        head.role = chat.answer_role(catalog.chat.response_role)
         plan_thoughts(catalog, model, chat, prompt, head)
         heads.append(head)
     sent: list[Prompt] = list(prompts)
     return await answer_prompts(catalog, request, model, body, sent, answer, heads=heads)
 
 
-async def _rendered(generation: TextGeneration, chats: list[ChatCompletionRequest]) -> list[str]:
+async def _rendered(
+    generation: TextGeneration, chats: list[ChatCompletionRequest], settings: ChatSettings
+) -> list[str]:
     """Each conversation's prompt; rendered off the loop where they are long in all. A
     conversation the template refuses is a 400 naming it."""
 
@@ -161,7 +164,7 @@ async def _rendered(generation: TextGeneration, chats: list[ChatCompletionReques
         prompts = []
         for index, chat in enumerate(chats):
             try:
-                prompts.append(render_request(generation, chat))
+                prompts.append(render_request(generation, chat, None, settings))
             except OpenAIError as exc:
                 if exc.param == "messages":
                     exc.param = f"messages[{index}]"

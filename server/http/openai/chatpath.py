@@ -19,7 +19,7 @@ from ge_serve.server.inference.types import InferRequest
 from ..disconnects import until_disconnect
 from . import reasoning, tokenids
 from .answers import Params, Piece, Usage, collect, pieces
-from .catalog import Catalog, text_generation
+from .catalog import Catalog
 from .errors import OpenAIError
 from .generation import after_thoughts, build_request, takes_constraints
 from .logprobs import Entry
@@ -27,7 +27,7 @@ from .reasoning import Reasoning
 from .schemas import ChatCompletionRequest
 from .structured import AFTER, constrained
 from .template import variables
-from .text import add_priority, chat_prompt, check_limit, no_chat_template
+from .text import add_priority, chat_prompt, check_limit
 from .thinking import add_markers, grammar_first
 from .tokenids import Tags
 from .tools import ToolUse, plan, template_tools
@@ -77,9 +77,7 @@ async def prepare(
     """The request to the generative model `model` names; `output_field`: the field
     whose structured outputs constrain an answer without forced tools."""
     name, found = catalog.generator(model, route.api)
-    generation = text_generation(found)
-    if generation is None or generation.chat_template is None:
-        raise no_chat_template(name)
+    generation = catalog.chat_generation(name, found, chat.chat_template)
     check_limit(limit, generation.max_model_len, route.limit_field)
     chosen = chat.chosen_tool()
     tools: ToolUse | None = None
@@ -88,7 +86,7 @@ async def prepare(
             given_constraints = takes_constraints(found.inputs)
             tools = plan(chosen, catalog.tools, given_constraints, name, chat.parallel_tool_calls)
         prompt = await chat_prompt(
-            generation, chat, template_tools(chat.tools, chat.tool_choice, catalog.tools)
+            catalog, generation, chat, template_tools(chat.tools, chat.tool_choice, catalog.tools)
         )
         given = chat.sampling()  # the tools' schemas checked for "required"
     except OpenAIError as exc:
@@ -102,7 +100,11 @@ async def prepare(
     if catalog.tools.reasoning_parser:
         field = constrained(given, chosen, output_field)
         thinking = reasoning.plan(
-            catalog.tools.reasoning_parser, route.include_reasoning, variables(chat), prompt, field
+            catalog.tools.reasoning_parser,
+            route.include_reasoning,
+            variables(chat, catalog.chat),
+            prompt,
+            field,
         )
         if field is not None and thinking is not None and thinking.after is not None:
             after_thoughts(found, field)

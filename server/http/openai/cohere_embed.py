@@ -235,7 +235,7 @@ async def _vectors(
     conversation of the prefix as system message and the input as user message."""
     texts = body.texts or []
     if body.inputs is None:
-        generation = text_generation(model)
+        generation = catalog.templated(text_generation(model))
         if prefix is None or generation is None or generation.chat_template is None:
             given = [(prefix or "") + text for text in texts]
             params = [f"texts[{index}]" for index in range(len(given))]

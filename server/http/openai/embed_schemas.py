@@ -119,7 +119,6 @@ class PooledBody(Body):
         if _token_ids(self.input):
             raise unsupported("input", TOKEN_IDS.format(field="input", what="each input"))
         fields.refuse_template_controls(
-            self.chat_template,
             self.continue_final_message,
             self.add_generation_prompt,
             self.chat_template_kwargs,

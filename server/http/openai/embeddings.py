@@ -140,10 +140,10 @@ async def vectors(
         params = [f"input[{i}]" if listed else "input" for i in range(len(texts))]
         return await embed(catalog, model, embedder, texts, params)
     name, conversations = chat
-    generation = text_generation(model)
+    generation = catalog.templated(text_generation(model), body.chat_template)
     if generation is None or generation.chat_template is None:
         raise OpenAIError(NO_CHAT_TEMPLATE, param=name)
-    extra = dict(body.chat_template_kwargs or {})
+    extra = catalog.chat.variables(body.chat_template_kwargs)
     # The renderer's options, which the request's own fields set.
     extra.pop("add_generation_prompt", None)
     extra.pop("continue_final_message", None)
@@ -156,7 +156,8 @@ async def vectors(
                 add_generation_prompt=body.add_generation_prompt,
                 continue_final=body.continue_final_message,
                 extra=extra,
-                blame="chat_template_kwargs" if extra else name,
+                blame="chat_template_kwargs" if body.chat_template_kwargs else name,
+                content_format=catalog.chat.content_format,
             )
             for conversation in conversations
         ]

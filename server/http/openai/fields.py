@@ -9,6 +9,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from ge_serve.server.control.chat import SERVER_VARIABLES
+
 from .errors import OpenAIError, unsupported
 
 # vLLM's bounds of a seed and of a request's priority: a signed 64-bit integer.
@@ -60,11 +62,6 @@ DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
     "watermarking": (None, False),
     "vllm_xargs": (None, {}),
 }
-
-
-# The chat template's variables that the server sets, never from `chat_template_kwargs`:
-# vLLM refuses `chat_template` and `tokenize` there, and the rest are the request's own.
-SERVER_VARIABLES = frozenset({"chat_template", "tokenize", "messages", "tools", "documents"})
 
 
 # vLLM's pooling extensions of /v1/embeddings (its EmbeddingCompletionRequest) that no
@@ -120,7 +117,6 @@ def check_best_of(best_of: int | None, n: int | None) -> None:
 
 
 def refuse_template_controls(
-    chat_template: str | None,
     continue_final_message: bool,
     add_generation_prompt: bool,
     kwargs: Mapping[str, Any] | None,
@@ -128,15 +124,8 @@ def refuse_template_controls(
 ) -> None:
     """vLLM's rules for a request's chat template controls (chat's, and the chat forms of
     the embedding routes), each a 400 naming its field; `default_note` says where
-    `add_generation_prompt` defaults to true."""
-    if chat_template is not None:
-        # vLLM refuses it too, unless started with --trust-request-chat-template: a
-        # template is code, and the model's own is the one its answers are made for.
-        raise unsupported(
-            "chat_template",
-            "'chat_template' in a request is not supported: chats are rendered with "
-            "the model's own chat template",
-        )
+    `add_generation_prompt` defaults to true. (A request's own `chat_template` is
+    refused where the template is chosen, unless trusted: catalog.py.)"""
     if continue_final_message and add_generation_prompt:
         raise OpenAIError(
             "Cannot set both `continue_final_message` and `add_generation_prompt` to True"

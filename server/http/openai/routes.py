@@ -39,6 +39,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ge_serve.server.control.chat import ChatSettings
 from ge_serve.server.errors import ServerError, internal
 
 from ..disconnects import CLIENT_GONE, ClientGone, until_disconnect
@@ -91,8 +92,10 @@ Handler = Callable[[Request], Awaitable[Response]]
 NOT_READY = {"detail": "Attached inference engine is not ready for inference requests."}
 
 
-def routes(front: RouteHost, tools: ToolSettings | None = None) -> list[Route]:
-    catalog = Catalog(front.core, tools)
+def routes(
+    front: RouteHost, tools: ToolSettings | None = None, chats: ChatSettings | None = None
+) -> list[Route]:
+    catalog = Catalog(front.core, tools, chats)
     management = ModelManagement(front.core, catalog)
 
     async def read_document(

@@ -291,7 +291,6 @@ class ChatOptions(Sampling):
         each a 400 naming its field."""
         given = self.chat_template_kwargs or {}
         fields.refuse_template_controls(
-            self.chat_template,
             self.continue_final_message,
             self.add_generation_prompt,
             given,
@@ -319,16 +318,16 @@ class ChatCompletionRequest(ChatOptions):
     def _refuse_message_parts(self) -> None:
         refuse_parts(self.messages, "messages")
 
-    def answer_role(self) -> str:
-        """vLLM's: the assistant's, or where no generation prompt opens an assistant
-        turn, the last message's."""
-        return "assistant" if self.add_generation_prompt else self.messages[-1].role
+    def answer_role(self, response_role: str = "assistant") -> str:
+        """vLLM's: `response_role` (--response-role's), or where no generation prompt
+        opens the answer's turn, the last message's."""
+        return response_role if self.add_generation_prompt else self.messages[-1].role
 
-    def echoed(self) -> str:
+    def echoed(self, response_role: str = "assistant") -> str:
         """What `echo` puts before the answer: the last message, where it has the
         answer's role (vLLM's rule)."""
         last = self.messages[-1]
-        return last.text() if self.echo and last.role == self.answer_role() else ""
+        return last.text() if self.echo and last.role == self.answer_role(response_role) else ""
 
 
 def refuse_parts(messages: list[ChatMessage], where: str) -> None:

@@ -28,6 +28,11 @@ pass it, since templates print it as an object), an assistant's earlier thoughts
 `reasoning` and `reasoning_content` (vLLM's, for interleaved thinking) and a tool
 message's `tool_call_id`.
 
+A message's content is a string (text parts joined), or OpenAI's text parts where the
+template walks them (`--chat-template-content-format`, contentformat.py). OpenAI's
+`developer` role reaches a template that does not name it as `system`, the system
+messages merged into one first message where needed, as vLLM gives them.
+
 `continue_final_message` (vLLM's, from transformers) leaves the last message open: the
 prompt ends where that message's text ends, so the model continues it. The text is marked
 at both ends, rendered, and the prompt is what precedes the first mark and the text
@@ -59,7 +64,9 @@ import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ge_serve.backends.base import TextGeneration
+from ge_serve.server.control.chat import ChatSettings
 
+from . import contentformat
 from .errors import OpenAIError
 from .messages import ChatMessage
 from .schemas import ChatCompletionRequest
@@ -137,18 +144,21 @@ def _compiled(source: str) -> jinja2.Template | str:
         return reason
 
 
-def variables(body: ChatCompletionRequest) -> dict[str, Any]:
+def variables(body: ChatCompletionRequest, chat: ChatSettings | None = None) -> dict[str, Any]:
     """What the template gets besides the messages, as vLLM gives it: the request's
-    `chat_template_kwargs` and `documents`, and `reasoning_effort` (which sets
-    `enable_thinking` too, where the kwargs do not)."""
-    found = dict(body.chat_template_kwargs or {})
+    `chat_template_kwargs` over --default-chat-template-kwargs, `documents`, and
+    `reasoning_effort` (which sets `enable_thinking` too, where the request's kwargs do
+    not: over the defaults', as vLLM's)."""
+    given = body.chat_template_kwargs or {}
+    found = chat.variables(given) if chat is not None else dict(given)
     # The renderer's options, checked equal to the request's own: not variables.
     found.pop("add_generation_prompt", None)
     found.pop("continue_final_message", None)
     found["documents"] = body.documents
     if body.reasoning_effort is not None:
         found["reasoning_effort"] = body.reasoning_effort
-        found.setdefault("enable_thinking", body.reasoning_effort != "none")
+        if "enable_thinking" not in given:
+            found["enable_thinking"] = body.reasoning_effort != "none"
     return found
 
 
@@ -156,15 +166,18 @@ def render_request(
     generation: TextGeneration,
     body: ChatCompletionRequest,
     tools: list[dict[str, Any]] | None = None,
+    chat: ChatSettings | None = None,
 ) -> str:
-    """The prompt for a chat request, with its template controls and `tools` (as sent)."""
+    """The prompt for a chat request, with its template controls and `tools` (as sent),
+    under the server's chat settings `chat`."""
     return render(
         generation,
         body.messages,
         add_generation_prompt=body.add_generation_prompt,
         continue_final=body.continue_final_message,
-        extra=variables(body),
+        extra=variables(body, chat),
         tools=tools,
+        content_format=chat.content_format if chat is not None else "auto",
         # The client's own variables are what a template most likely trips over.
         blame="chat_template_kwargs" if body.chat_template_kwargs else "messages",
     )
@@ -179,12 +192,15 @@ def render(
     extra: dict[str, Any] | None = None,
     blame: str = "messages",
     tools: list[dict[str, Any]] | None = None,
+    content_format: str = "auto",
 ) -> str:
     """The prompt for `messages`: ending where the assistant's answer begins, or with
     `continue_final`, where the last message ends. `extra`: more variables; `blame`: the
-    field a template's failure is the client's 400 on."""
-    assert generation.chat_template is not None
-    template = _compiled(generation.chat_template)
+    field a template's failure is the client's 400 on; `content_format`: how messages'
+    content is given (contentformat.py)."""
+    source = generation.chat_template
+    assert source is not None
+    template = _compiled(source)
     if isinstance(template, str):
         raise OpenAIError(
             f"The model's chat template does not compile: {template}. Use /v1/completions "
@@ -192,9 +208,13 @@ def render(
             param="model",
             code=CHAT_TEMPLATE_INVALID,
         )
-    conversation = [_message(index, message) for index, message in enumerate(messages)]
+    parts = contentformat.resolve(content_format, source) == "openai"
+    conversation = [_message(index, message, parts) for index, message in enumerate(messages)]
+    if not _names_developer(source):
+        conversation = _as_system(conversation)
+    final = ""
     if continue_final:
-        conversation[-1]["content"] = _START + conversation[-1]["content"] + _MARK
+        final = _mark_final(conversation[-1])
     context: dict[str, Any] = {
         "bos_token": generation.bos_token,
         "eos_token": generation.eos_token,
@@ -215,7 +235,51 @@ def render(
             f"The {blame} do not fit the model's chat template: {type(exc).__name__}: {exc}",
             param=blame,
         ) from None
-    return _opened(rendered, messages[-1].text()) if continue_final else rendered
+    return _opened(rendered, final) if continue_final else rendered
+
+
+def _mark_final(message: dict[str, Any]) -> str:
+    """Mark where the message to continue begins and ends, and give its text: of its last
+    text part where content is given as parts (transformers continues after that one)."""
+    content = message["content"]
+    if isinstance(content, str):
+        message["content"] = _START + content + _MARK
+        return content
+    if not content:
+        content.append({"type": "text", "text": ""})
+    last = content[-1]
+    text: str = last["text"]
+    content[-1] = {**last, "text": _START + text + _MARK}
+    return text
+
+
+def _names_developer(source: str) -> bool:
+    """Whether the template knows OpenAI's `developer` role (vLLM's test)."""
+    return '"developer"' in source or "'developer'" in source
+
+
+def _as_system(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A template that does not know the `developer` role (OpenAI's name for system
+    instructions, which its SDKs send for newer models) is given them as `system`, all
+    system messages merged into a first one where they are several or not first (many
+    templates take one system message, first), as vLLM does."""
+    if not any(message["role"] == "developer" for message in conversation):
+        return conversation
+    system: list[str] = []
+    rest: list[dict[str, Any]] = []
+    merge = False
+    for index, message in enumerate(conversation):
+        if message["role"] not in ("system", "developer"):
+            rest.append(message)
+            continue
+        merge = merge or index > 0 or bool(system)
+        content = message["content"]
+        text = content if isinstance(content, str) else "\n".join(p["text"] for p in content)
+        if text:
+            system.append(text)
+    if not merge:
+        return [{**conversation[0], "role": "system"}, *conversation[1:]]
+    return [{"role": "system", "content": "\n\n".join(system)}, *rest]
 
 
 def _opened(rendered: str, final: str) -> str:
@@ -237,9 +301,13 @@ def _opened(rendered: str, final: str) -> str:
     return rendered[:start] + (text.strip() if trims else text)
 
 
-def _message(index: int, message: ChatMessage) -> dict[str, Any]:
-    """One message as transformers' templates are given it."""
-    found: dict[str, Any] = {"role": message.role, "content": message.text()}
+def _message(index: int, message: ChatMessage, parts: bool) -> dict[str, Any]:
+    """One message as transformers' templates are given it; `parts`: its content as
+    OpenAI's text parts (a tool's result stays a string, as vLLM gives it)."""
+    content: str | list[dict[str, Any]] = message.text()
+    if parts and message.role != "tool":
+        content = _parts(message)
+    found: dict[str, Any] = {"role": message.role, "content": content}
     if message.name:
         found["name"] = message.name
     if message.tool_calls:
@@ -264,6 +332,14 @@ def _message(index: int, message: ChatMessage) -> dict[str, Any]:
         # vLLM gives the template both names (Qwen3's reads `reasoning_content`).
         found["reasoning"] = found["reasoning_content"] = thoughts
     return found
+
+
+def _parts(message: ChatMessage) -> list[dict[str, Any]]:
+    if message.content is None:
+        return []
+    if isinstance(message.content, str):
+        return [{"type": "text", "text": message.content}]
+    return [{"type": "text", "text": part.text or ""} for part in message.content]
 
 
 def _arguments(text: str, param: str) -> Any:

@@ -65,7 +65,7 @@ async def chat_completion(
     constrained = takes_constraints(model.inputs)
     tool_use = plan(chosen, catalog.tools, constrained, name, parallel)
     prompt = await chat_prompt(
-        generation, body, template_tools(body.tools, body.tool_choice, catalog.tools)
+        catalog, generation, body, template_tools(body.tools, body.tool_choice, catalog.tools)
     )
     forced = catalog.tools.force_include_usage
     answer = identity(
@@ -73,8 +73,8 @@ async def chat_completion(
         body,
         name,
         chat=True,
-        role=body.answer_role(),
-        echo=body.echoed(),
+        role=body.answer_role(catalog.chat.response_role),
+        echo=body.echoed(catalog.chat.response_role),
         forced_usage=forced,
     )
     answer.tools = tool_use
@@ -91,9 +91,7 @@ def chat_model(catalog: Catalog, body: ChatOptions) -> tuple[str, ModelVersion, 
     and generation; a 400 where it has no chat template or the request's token limit
     cannot fit its context."""
     name, model = catalog.generator(body.model, CHAT_API)
-    generation = text_generation(model)
-    if generation is None or generation.chat_template is None:
-        raise no_chat_template(name)
+    generation = catalog.chat_generation(name, model, body.chat_template)
     check_limit(body.token_limit(), generation.max_model_len)
     return name, model, generation
 
@@ -108,7 +106,11 @@ def plan_thoughts(
     output = "response_format" if body.response_format is not None else "structured_outputs"
     field = structured.constrained(body.sampling(), body.chosen_tool(), output)
     answer.reasoning = reasoning.plan(
-        catalog.tools.reasoning_parser, body.include_reasoning, variables(body), prompt, field
+        catalog.tools.reasoning_parser,
+        body.include_reasoning,
+        variables(body, catalog.chat),
+        prompt,
+        field,
     )
     if field is not None and answer.reasoning is not None and answer.reasoning.after:
         after_thoughts(model, field)
@@ -174,26 +176,17 @@ async def _first_id(generation: TextGeneration | None, prompt: Prompt) -> int | 
 
 
 async def chat_prompt(
+    catalog: Catalog,
     generation: TextGeneration,
     body: ChatCompletionRequest,
     tools: list[dict[str, Any]] | None = None,
 ) -> str:
-    """The chat's prompt (template.render_request, for a model with a chat template),
-    rendered off the loop when long."""
+    """The chat's prompt (template.render_request, for a model with a chat template,
+    under the server's chat settings), rendered off the loop when long."""
     if len(body.messages) > RENDERED_ON_THE_LOOP:
         # A template walks every message in Python: seconds for a million of them.
-        return await asyncio.to_thread(render_request, generation, body, tools)
-    return render_request(generation, body, tools)
-
-
-def no_chat_template(name: str) -> OpenAIError:
-    return OpenAIError(
-        f"The model '{name}' has no chat template: use /v1/completions with a "
-        "prompt, or give the model one (the llm backend's `chat_template` parameter, "
-        "or `chat_template_source` for another backend's model)",
-        param="model",
-        code="chat_template_missing",
-    )
+        return await asyncio.to_thread(render_request, generation, body, tools, catalog.chat)
+    return render_request(generation, body, tools, catalog.chat)
 
 
 def identity(

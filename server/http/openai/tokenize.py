@@ -38,7 +38,7 @@ from .catalog import Catalog, embedder, is_generative, text_generation
 from .errors import OpenAIError, model_not_found
 from .prompts import THREADED, TOKENIZER_MISSING
 from .schemas import Body, ChatCompletionRequest
-from .text import chat_prompt, no_chat_template
+from .text import chat_prompt
 from .tools import template_tools
 
 # The most ids one /detokenize takes, counted before they are checked: checking (and
@@ -145,9 +145,8 @@ async def tokenize(
     name = await named(catalog, body.model)
     generation, tokenizer = tokenizer_of(catalog, name)
     if isinstance(body, TokenizeChatRequest):
-        if generation.chat_template is None:
-            raise no_chat_template(name)
-        prompt = await chat_prompt(generation, body, template_tools(body.tools))
+        generation = catalog.chat_generation(name, catalog.model(name), body.chat_template)
+        prompt = await chat_prompt(catalog, generation, body, template_tools(body.tools))
     else:
         prompt = body.prompt
     special = body.add_special_tokens
@@ -186,6 +185,7 @@ async def tokenizer_info(catalog: Catalog, name: str | None) -> dict[str, Any]:
     for key, token in (("bos_token", generation.bos_token), ("eos_token", generation.eos_token)):
         if token:
             found[key] = token
-    if generation.chat_template is not None:
-        found["chat_template"] = generation.chat_template
+    shown = catalog.templated(generation)  # --chat-template's, as vLLM shows it
+    if shown is not None and shown.chat_template is not None:
+        found["chat_template"] = shown.chat_template
     return found

@@ -1,0 +1,104 @@
+"""vLLM's chat template flags, read as vLLM reads them, into one recorded setting
+(`Settings.chat`, a `ChatSettings`; the last value of a flag wins, as argparse's):
+
+- `--chat-template T`: a file's path, read at start; or, where no file opens and `T`
+  has a Jinja2 character (`{`, `}` or a line break), the template itself. A path that
+  does not open is refused in vLLM's words. A template that does not compile is found
+  at the first chat, as vLLM finds it: each chat is a 400 that says why.
+- `--chat-template-content-format {auto,string,openai}` (http/openai/contentformat.py).
+- `--default-chat-template-kwargs JSON`: a JSON object of template variables.
+- `--trust-request-chat-template` (a switch).
+- `--response-role ROLE`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from ..control.chat import CONTENT_FORMATS, SERVER_VARIABLES, ChatSettings
+from .flags import Flag, flag, given_value, switch_value
+
+_TEMPLATE: Final = "--chat-template"
+_FORMAT: Final = "--chat-template-content-format"
+_KWARGS: Final = "--default-chat-template-kwargs"
+_TRUST: Final = "--trust-request-chat-template"
+_ROLE: Final = "--response-role"
+# Where vLLM takes a --chat-template that opens no file for the template itself.
+_JINJA_CHARACTERS: Final = "{}\n"
+# The variables a request's own fields set (template.py): no default can set them.
+_SET_BY_REQUESTS: Final = SERVER_VARIABLES | {"add_generation_prompt", "continue_final_message"}
+
+
+def chat_flag() -> Mapping[str, Flag]:
+    return flag(
+        _TEMPLATE,
+        _FORMAT,
+        _KWARGS,
+        _TRUST,
+        _ROLE,
+        record_flag=True,
+        bare=True,
+        check=_read,
+        metavar="VALUE",
+        help="vLLM's chat flags: --chat-template (a file, or the template itself) renders "
+        "every /v1 chat in place of the model's own; --chat-template-content-format "
+        "auto|string|openai; --default-chat-template-kwargs (a JSON object of template "
+        "variables, under each request's own); --trust-request-chat-template (a request's "
+        "own `chat_template` is used, not refused); --response-role (the answers' role, "
+        "default assistant)",
+        group="OpenAI-compatible API",
+    )
+
+
+def _template(text: str) -> str:
+    try:
+        with open(text, encoding="utf-8") as file:
+            source = file.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        if not any(character in text for character in _JINJA_CHARACTERS):
+            raise ValueError(
+                f"The supplied chat template ({text}) looks like a file path, but it failed "
+                f"to be opened. Reason: {exc}"
+            ) from None
+        source = text
+    return source
+
+
+def _format(text: str) -> str:
+    if text not in CONTENT_FORMATS:
+        choices = ", ".join(CONTENT_FORMATS)
+        raise ValueError(f"argument {_FORMAT}: invalid choice: '{text}' (choose from {choices})")
+    return text
+
+
+def _kwargs(text: str) -> dict[str, Any]:
+    try:
+        value: Any = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError(f"{_KWARGS} takes a JSON object, e.g. '{{\"enable_thinking\": false}}'")
+    clashing = sorted(_SET_BY_REQUESTS.intersection(value))
+    if clashing:
+        raise ValueError(
+            f"{_KWARGS} cannot set {clashing}: the server or each request's own fields set them"
+        )
+    return value
+
+
+def _read(_name: str, given: Sequence[tuple[str, str]]) -> ChatSettings:
+    values: dict[str, Any] = {}
+    for name, text in given:
+        if name == _TRUST:
+            values["trust_request_template"] = switch_value(name, text)
+        elif name == _TEMPLATE:
+            values["template"] = _template(given_value(name, text))
+        elif name == _FORMAT:
+            values["content_format"] = _format(given_value(name, text))
+        elif name == _KWARGS:
+            values["default_kwargs"] = _kwargs(given_value(name, text))
+        else:
+            values["response_role"] = given_value(name, text)
+    return ChatSettings(**values)

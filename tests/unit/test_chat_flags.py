@@ -1,0 +1,71 @@
+"""vLLM's chat flags on the command line: what each reads into the /v1 front end's chat
+settings, and the usage errors (exit 2) a bad value gets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ge_serve.server.cli import parse_settings
+from ge_serve.server.control.chat import ChatSettings
+from ge_serve.server.startup.part_settings import http_settings
+
+TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+
+
+def chat(*given: str) -> ChatSettings:
+    return http_settings(parse_settings(["--model-repo", "m", *given])).chat
+
+
+def refused(capsys: pytest.CaptureFixture[str], *given: str) -> str:
+    with pytest.raises(SystemExit) as exited:
+        parse_settings(["--model-repo", "m", *given])
+    assert exited.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_without_the_flags_chats_render_as_before() -> None:
+    assert chat() == ChatSettings(None, "auto", {}, False, "assistant")
+
+
+def test_chat_template_reads_a_file_or_takes_the_template_itself(tmp_path: Path) -> None:
+    path = tmp_path / "tool_chat_template.jinja"
+    path.write_text(TEMPLATE, encoding="utf-8")
+    assert chat("--chat-template", str(path)).template == TEMPLATE
+    assert chat(f"--chat-template={path}").template == TEMPLATE
+    inline = "{{ messages[0]['content'] }}"
+    assert chat("--chat-template", inline).template == inline
+    # The last given wins, as argparse's.
+    assert chat("--chat-template", inline, "--chat-template", str(path)).template == TEMPLATE
+
+
+def test_a_chat_template_path_that_does_not_open_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    missing = tmp_path / "missing.jinja"
+    err = refused(capsys, "--chat-template", str(missing))
+    assert f"The supplied chat template ({missing}) looks like a file path, but it failed" in err
+    assert "argument --chat-template: expected one argument" in refused(capsys, "--chat-template")
+
+
+def test_the_other_chat_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    given = chat(
+        "--chat-template-content-format", "openai",
+        "--default-chat-template-kwargs", '{"enable_thinking": false, "n": 2}',
+        "--trust-request-chat-template",
+        "--response-role", "bot",
+    )  # fmt: skip
+    assert given == ChatSettings(None, "openai", {"enable_thinking": False, "n": 2}, True, "bot")
+    assert not chat("--trust-request-chat-template=false").trust_request_template
+    assert "invalid choice: 'html'" in refused(capsys, "--chat-template-content-format", "html")
+    for bad in ("[]", "1", "{"):
+        err = refused(capsys, "--default-chat-template-kwargs", bad)
+        assert "--default-chat-template-kwargs takes a JSON object" in err
+    err = refused(capsys, "--default-chat-template-kwargs", '{"messages": [], "tools": 1}')
+    assert "cannot set ['messages', 'tools']" in err
+    err = refused(capsys, "--default-chat-template-kwargs", '{"add_generation_prompt": false}')
+    assert "cannot set ['add_generation_prompt']" in err
+    assert "argument --response-role: expected one argument" in refused(capsys, "--response-role")
+    err = refused(capsys, "--trust-request-chat-template=perhaps")
+    assert "argument --trust-request-chat-template: expected true or false" in err

@@ -1,0 +1,140 @@
+"""How the server's chat settings shape a rendered prompt: the content format a template
+is given (detected from its syntax, as vLLM detects it, or forced), OpenAI's `developer`
+role for templates that do not know it, and the default template variables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ge_serve.backends.base import TextGeneration
+from ge_serve.server.control.chat import ChatSettings
+from ge_serve.server.http.openai.contentformat import detect
+from ge_serve.server.http.openai.errors import OpenAIError
+from ge_serve.server.http.openai.messages import ChatMessage
+from ge_serve.server.http.openai.schemas import ChatCompletionRequest
+from ge_serve.server.http.openai.template import render, render_request
+
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# A multimodal template's walk over the content parts (Llama 3.2 Vision's shape).
+PARTS = (
+    "{% for message in messages %}[{{ message['role'] }}:"
+    "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}|"
+    "{% endif %}{% endfor %}]{% endfor %}"
+)
+# Templates that walk a message's content in the other ways vLLM's detection knows.
+OPENAI_SHAPES = [
+    PARTS,
+    "{% for m in messages|reverse %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endfor %}",
+    "{% set rest = messages[1:] %}{% for m in rest %}{% for p in m['content'] %}{{ p }}"
+    "{% endfor %}{% endfor %}",
+    "{% set ns = namespace(rest=messages) %}{% for m in ns.rest %}"
+    "{% for p in m['content'] %}{{ p }}{% endfor %}{% endfor %}",
+    "{% for m in messages %}{% set content = m['content'] %}"
+    "{% for p in content %}{{ p }}{% endfor %}{% endfor %}",
+    "{% macro show(parts) %}{% for p in parts %}{{ p['text'] }}{% endfor %}{% endmacro %}"
+    "{% for m in messages %}{{ show(m['content']) }}{% endfor %}",
+    "{% macro show(x, parts=none) %}{% for p in parts %}{{ p }}{% endfor %}{% endmacro %}"
+    "{% for m in messages %}{{ show(1, parts=m['content']) }}{% endfor %}",
+]
+STRING_SHAPES = [
+    CHATML,
+    "{{ messages[0]['content'] }}{% for m in messages %}{{ m.role }}{% endfor %}",
+    "{% for m in messages %}{% for c in m['tool_calls'] or [] %}{{ c }}{% endfor %}{% endfor %}",
+    "{% macro show(parts) %}{% for p in parts %}{{ p }}{% endfor %}{% endmacro %}{{ show(tools) }}",
+    "{% for m in messages %}",  # does not parse: chats with it are refused anyway
+]
+
+
+def generation(template: str) -> TextGeneration:
+    return TextGeneration(template, "<s>", "</s>", 0)
+
+
+def messages(*pairs: tuple[str, Any]) -> list[ChatMessage]:
+    return [ChatMessage(role=role, content=content) for role, content in pairs]
+
+
+@pytest.mark.parametrize("template", OPENAI_SHAPES)
+def test_a_template_that_walks_a_messages_content_is_given_parts(template: str) -> None:
+    assert detect(template) == "openai"
+
+
+@pytest.mark.parametrize("template", STRING_SHAPES)
+def test_other_templates_are_given_a_string(template: str) -> None:
+    assert detect(template) == "string"
+
+
+def test_the_content_format_decides_what_a_parts_template_prints() -> None:
+    sent = messages(
+        ("system", "be brief"),
+        ("user", [{"type": "text", "text": "Say"}, {"type": "text", "text": "hello"}]),
+        ("tool", [{"type": "text", "text": "42"}]),
+        ("assistant", None),
+    )
+    # Detected: each part, a tool's result as a string (whose characters are no parts).
+    auto = render(generation(PARTS), sent, add_generation_prompt=False)
+    assert auto == "[system:be brief|][user:Say|hello|][tool:][assistant:]"
+    assert render(generation(PARTS), sent, content_format="openai") == auto
+    # Forced to a string, the template walks its characters and prints nothing of it.
+    forced = render(generation(PARTS), sent, content_format="string")
+    assert forced == "[system:][user:][tool:][assistant:]"
+    # A string template forced to parts prints the parts' list.
+    listed = render(generation(CHATML), sent[:1], content_format="openai")
+    assert "[{'type': 'text', 'text': 'be brief'}]" in listed
+
+
+def test_continue_final_message_continues_the_last_part() -> None:
+    sent = messages(
+        ("user", "hi"),
+        ("assistant", [{"type": "text", "text": "Well"}, {"type": "text", "text": "then,"}]),
+    )
+    prompt = render(generation(PARTS), sent, add_generation_prompt=False, continue_final=True)
+    assert prompt == "[user:hi|][assistant:Well|then,"
+
+
+def test_developer_messages_reach_a_template_without_that_role_as_system() -> None:
+    sent = messages(("developer", "be brief"), ("user", "hi"))
+    prompt = render(generation(CHATML), sent, add_generation_prompt=False)
+    assert prompt == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+    # Several system messages, or one not first, are merged into a first one.
+    sent = messages(("system", "one"), ("user", "hi"), ("developer", "two"), ("system", ""))
+    prompt = render(generation(CHATML), sent, add_generation_prompt=False)
+    assert prompt == ("<|im_start|>system\none\n\ntwo<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n")
+    # Without a developer message, nothing is merged; a template that names the role
+    # gets it as sent.
+    sent = messages(("user", "hi"), ("system", "late"))
+    assert render(generation(CHATML), sent).count("<|im_start|>system") == 1
+    knowing = CHATML + "{# roles: 'developer' #}"
+    sent = messages(("developer", "be brief"), ("user", "hi"))
+    assert "<|im_start|>developer\nbe brief" in render(generation(knowing), sent)
+
+
+def test_default_variables_are_under_the_requests_own() -> None:
+    template = "{{ greeting }} {{ enable_thinking }} {{ messages[0]['content'] }}"
+    chat = ChatSettings(default_kwargs={"greeting": "hola", "enable_thinking": False})
+
+    def prompt(**fields: Any) -> str:
+        body = ChatCompletionRequest.model_validate(
+            {"messages": [{"role": "user", "content": "hi"}], **fields}
+        )
+        return render_request(generation(template), body, None, chat)
+
+    assert prompt() == "hola False hi"
+    assert prompt(chat_template_kwargs={"greeting": "hi"}) == "hi False hi"
+    # A request's reasoning effort turns thinking on over the defaults' (vLLM's order)...
+    assert prompt(reasoning_effort="high") == "hola True hi"
+    # ...but not over the request's own kwargs.
+    kwargs = {"enable_thinking": False}
+    assert prompt(reasoning_effort="high", chat_template_kwargs=kwargs) == "hola False hi"
+
+
+def test_a_template_that_refuses_parts_is_the_clients_400() -> None:
+    template = "{% for m in messages %}{{ m['content'] + 1 }}{% endfor %}"
+    with pytest.raises(OpenAIError) as refused:
+        render(generation(template), messages(("user", "x")), content_format="openai")
+    assert refused.value.param == "messages"
