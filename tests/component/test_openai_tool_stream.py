@@ -100,7 +100,17 @@ CALLS = (
 async def hermes(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
     folder: Path = tmp_path_factory.mktemp("openai-tool-stream")
     write_model(folder, "echo", ECHO, CONFIG)
-    async with openai_client(folder, ["echo"], ToolSettings(parser="hermes")) as client:
+    # The same, with the input that takes structured outputs: "required" can be asked of it.
+    constrained = CONFIG.replace('"echo"', '"echo_constrained"').replace(
+        "\n]\noutput",
+        ',\n  { name: "sampling_parameters" data_type: TYPE_STRING dims: [ 1 ] optional: true }'
+        "\n]\noutput",
+        1,
+    )
+    assert "sampling_parameters" in constrained
+    write_model(folder, "echo_constrained", ECHO, constrained)
+    models = ["echo", "echo_constrained"]
+    async with openai_client(folder, models, ToolSettings(parser="hermes")) as client:
         yield client
 
 
@@ -175,6 +185,51 @@ async def test_without_parallel_calls_the_first_streams_alone(hermes: httpx.Asyn
     assert {c["index"] for c in calls} == {0}
     joined = "".join(c["function"]["arguments"] for c in calls)
     assert json.loads(joined)["city"] == "Oslo"
+
+
+# A "required" answer: the array of calls its structured outputs allow.
+REQUIRED = (
+    '[{"name": "weather", "parameters": {"city": "Oslo", "note": "fjord \\u00ff"}}, '
+    '{"name":"weather","parameters":{"city":"Bergen"}}]'
+)
+
+
+async def test_required_calls_are_streamed_as_they_grow(hermes: httpx.AsyncClient) -> None:
+    body = _body(REQUIRED, model="echo_constrained", tool_choice="required")
+    whole = await hermes.post(CHAT, json=body)
+    assert whole.status_code == 200, whole.text
+    message = whole.json()["choices"][0]["message"]
+    assert [json.loads(c["function"]["arguments"]) for c in message["tool_calls"]] == [
+        {"city": "Oslo", "note": "fjord ÿ"},
+        {"city": "Bergen"},
+    ]
+    choices = await _choices(hermes, body)
+    deltas = [c["delta"] for c in choices]
+    calls = [(i, c) for i, d in enumerate(deltas) for c in d.get("tool_calls", ())]
+    firsts = [c for _, c in calls if "id" in c]
+    assert [(c["index"], c["function"]) for c in firsts] == [
+        (0, {"name": "weather", "arguments": ""}),
+        (1, {"name": "weather", "arguments": ""}),
+    ]
+    for index, whole_call in enumerate(message["tool_calls"]):
+        pieces = [c["function"]["arguments"] for _, c in calls if c["index"] == index]
+        assert len(pieces) > 3 and "".join(pieces) == whole_call["function"]["arguments"]
+    # The first call is sent before the model ends, not gathered at its end.
+    assert calls[0][0] < len(deltas) - 10
+    assert not "".join(d.get("content") or "" for d in deltas)
+    assert choices[-1]["finish_reason"] == "tool_calls"
+    # Without parallel calls, the first only.
+    choices = await _choices(hermes, {**body, "parallel_tool_calls": False})
+    indexes = {c["index"] for ch in choices for c in ch["delta"].get("tool_calls", ())}
+    assert indexes == {0}
+
+
+async def test_a_required_answer_that_is_no_calls_streams_none(hermes: httpx.AsyncClient) -> None:
+    body = _body("no calls here", model="echo_constrained", tool_choice="required")
+    choices = await _choices(hermes, body)
+    assert not any("tool_calls" in c["delta"] for c in choices)
+    assert not "".join(c["delta"].get("content") or "" for c in choices)
+    assert choices[-1]["finish_reason"] == "stop"
 
 
 async def test_a_broken_call_before_its_name_is_content(hermes: httpx.AsyncClient) -> None:

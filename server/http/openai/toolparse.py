@@ -55,13 +55,14 @@ _HERMES = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 def call(name: str, arguments: str, id: str | None = None) -> Call:
     """One call; `id`: vLLM's `chatcmpl-tool-<hex>` unless given."""
     return {
-        "id": id or _tool_id(),
+        "id": id or tool_id(),
         "type": "function",
         "function": {"name": name, "arguments": arguments},
     }
 
 
-def _tool_id() -> str:
+def tool_id() -> str:
+    """vLLM's id of a call."""
     return f"chatcmpl-tool-{uuid.uuid4().hex}"
 
 
@@ -219,7 +220,7 @@ class Stream:
         if self.parser == "mistral":  # which of its two formats: the text after the tag
             self.streaming = MistralCalls(_mistral_id)
         else:
-            self.streaming = Calls(self.parser, ascii, _tool_id)
+            self.streaming = Calls(self.parser, ascii, tool_id)
         return deltas + self._calls(self.streaming, self.pending)
 
     def _calls(self, streaming: Calls | MistralCalls, text: str) -> list[dict[str, Any]]:

@@ -10,7 +10,9 @@
   `{"name", "parameters"}` of the tools, their `$defs` (and `definitions`) hoisted to its
   root, so that their `$ref`s resolve), given to the model as the `structured_outputs`
   sampling key or TensorRT-LLM's guided decoding inputs (guided.py), and read back as
-  `message.tool_calls` (content ""; cut short, no calls and no content, streamed or not).
+  `message.tool_calls` (content ""; cut short, no calls and no content). Streamed, a
+  "required" answer's calls are sent as they grow, as vLLM streams them (cut short, what
+  was sent stays).
   It replaces `response_format` (vLLM's adjust_request); only a constraint of
   `structured_outputs` itself clashes with a named function. A model that takes neither
   cannot be constrained: a 400 on `tool_choice`.
@@ -30,7 +32,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from .errors import OpenAIError, unsupported
-from .toolparse import DEFAULT_MAX_PARSE_BYTES, Call, Stream, call, parse
+from .toolparse import DEFAULT_MAX_PARSE_BYTES, Call, Stream, call, parse, tool_id
+from .toolstream import REQUIRED, Calls
 
 _USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
 
@@ -270,13 +273,17 @@ def _required(text: str) -> list[Call]:
 class ToolStream:
     """One streamed choice's deltas: a named function's arguments as the model writes
     them (its first delta names the call); "auto"'s calls as they grow (toolparse.Stream);
-    "required" held and parsed at the end."""
+    "required"'s too, read from its array as they grow (toolstream.Calls), as vLLM streams
+    them, or, where no call could be read so, parsed from the whole text at the end."""
 
     def __init__(self, use: ToolUse) -> None:
         self.use = use
-        self.held = ""
+        self.held: list[str] = []
         self.named_id = ""
         self.auto = Stream(use.parser, use.max_parse_bytes) if use.chosen == "auto" else None
+        required = use.chosen == REQUIRED
+        # Dumped as `_required` dumps the unstreamed calls' arguments (not ASCII).
+        self.required = Calls(REQUIRED, False, tool_id) if required else None
         self.calls = False
 
     @property
@@ -286,8 +293,10 @@ class ToolStream:
     def feed(self, text: str) -> list[dict[str, Any]]:
         if self.auto is not None:
             return self._kept(self.auto.feed(text))
+        if self.required is not None:
+            self.held.append(text)
+            return self._kept(self.required.feed(text))
         if not isinstance(self.use.chosen, dict):
-            self.held += text
             return []
         if not text:
             return []
@@ -303,15 +312,16 @@ class ToolStream:
             deltas = self._kept(self.auto.finish())
             self.calls = self.auto.called
             return deltas
-        if self.use.chosen == "required":
-            calls = self.use._keep(_required(self.held))
-            # vLLM's: what does not read as calls (cut by max_tokens) is no content
-            # either, as not streamed.
-            deltas = _deltas(calls)
-        else:
+        if self.required is None:
             return []
+        if self.required.streamed:
+            self.calls = True  # what was sent stays, as vLLM's
+            return []
+        calls = self.use._keep(_required("".join(self.held)))
+        # vLLM's: what does not read as calls (cut by max_tokens) is no content either,
+        # as not streamed.
         self.calls = bool(calls)
-        return deltas
+        return _deltas(calls)
 
     def _kept(self, deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """vLLM's maybe_filter_parallel_tool_calls: without parallel calls, the deltas

@@ -41,6 +41,8 @@ _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r"
 _KEPT = ("name", "arguments", "parameters")
 _ARGUMENTS = ("arguments", "parameters")
 _HEX = frozenset("0123456789abcdefABCDEF")
+# `Calls`' reading of a `tool_choice` "required" answer, beside the parsers' names.
+REQUIRED = "required"
 # The deepest nesting read (the call object is 1): deeper is no call, before json.loads
 # would raise RecursionError (about 1000 deep, less the stack) on the object at its end.
 MAX_DEPTH = 512
@@ -268,8 +270,15 @@ def _mistral(text: str, at: int, first: bool) -> int | None:
     return found if found is None or found < 0 else _opening(text, found)
 
 
+def _array(text: str, at: int, first: bool) -> int | None:
+    """A JSON array of call objects: a `tool_choice` "required" answer (tools.py)."""
+    found = _expect(text, 0 if first else at, "[" if first else ",")
+    return found if found is None or found < 0 else _opening(text, found)
+
+
 GAPS: dict[str, Gap] = {"llama3": _llama3, "llama3_json": _llama3, "mistral": _mistral}
 GAPS["hermes"] = _hermes
+GAPS[REQUIRED] = _array
 
 
 class Calls:
