@@ -71,6 +71,8 @@ _HTTP_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
     for pattern, category in (
         (r"/v2/health/(?:live|ready)", "health"),
         (r"/v2/models/stats", "statistics"),
+        # vLLM's server load (http/openai/serverload.py): a figure about the server.
+        (r"/load", "statistics"),
         (_MODEL + r"/ready", "health"),
         (_MODEL + r"/(?:infer|generate|generate_stream)", "inference"),
         (_MODEL + r"/config", "model-config"),

@@ -92,6 +92,8 @@ class HttpSettings:
     chat: ChatSettings = field(default_factory=ChatSettings)  # vLLM's chat flags
     # vLLM's --enable-request-id-headers (requestid.py).
     request_id_headers: bool = False
+    # vLLM's --enable-server-load-tracking: /load counts (openai/serverload.py).
+    load_tracking: bool = False
 
 
 class HttpFrontEnd:
@@ -180,7 +182,9 @@ class HttpFrontEnd:
             # KServe v1's liveness route, which its REST client's is_server_live() calls.
             self.route("/", self.kserve_live, ["GET"]),
             # Last: the table is tried in order when the inference shortcut is off.
-            *openai_routes.routes(self, self.settings.tools, self.settings.chat),
+            *openai_routes.routes(
+                self, self.settings.tools, self.settings.chat, self.settings.load_tracking
+            ),
         ]
 
     @property

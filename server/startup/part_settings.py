@@ -106,6 +106,7 @@ def http_settings(settings: Settings) -> HttpSettings:
         cors=settings.cors,
         chat=settings.chat,
         request_id_headers=settings.enable_request_id_headers,
+        load_tracking=settings.serving.load_tracking,
         tools=ToolSettings(
             settings.tool_call_parser,
             settings.max_tool_call_parse_bytes,

@@ -302,6 +302,8 @@ class Settings:
     return_tokens_as_token_ids: bool = field(default=False, metadata=vllmflags.tokens_as_ids())
     enable_auto_tool_choice: bool = field(default=False, metadata=vllmflags.auto_tools())
     exclude_tools_when_tool_choice_none: bool = field(default=False, metadata=vllmflags.no_tools())
+    # vLLM's --enable-server-load-tracking and its other serving flags (vllmflags.Serving).
+    serving: vllmflags.Serving = field(default=vllmflags.Serving(), metadata=vllmflags.serving())
     # Front-end worker processes (server/workers/); 0: this process serves the protocol.
     http_workers: int = field(
         default=0,

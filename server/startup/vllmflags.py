@@ -3,8 +3,11 @@ for `Settings` (settings.py), with the values they take."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ge_serve.backends.text_bool import parse_bool
 
 from .flags import Flag, flag, positive
 
@@ -79,3 +82,38 @@ def auto_tools() -> Mapping[str, Flag]:
 def no_tools() -> Mapping[str, Flag]:
     """--exclude-tools-when-tool-choice-none: http/openai/tools.py's template_tools()."""
     return _switch("/v1 chat: tool_choice none keeps the tools out of the chat template")
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """vLLM's serving flags, one recorded setting (`Settings.serving`), read by `_serving`:
+    --enable-server-load-tracking (http/openai/serverload.py)."""
+
+    load_tracking: bool = False
+
+
+# Each of vLLM's switches among them, and its field.
+_SERVING_SWITCHES: Final = {"--enable-server-load-tracking": "load_tracking"}
+
+
+def serving() -> Mapping[str, Flag]:
+    return flag(
+        *_SERVING_SWITCHES,
+        record_flag=True,
+        bare=True,
+        check=_serving,
+        metavar="BOOL",
+        help="vLLM's serving switches: --enable-server-load-tracking counts the requests in "
+        "progress on vLLM's inference routes, which GET /load answers (0 when off)",
+    )
+
+
+def _serving(_name: str, given: Sequence[tuple[str, str]]) -> Serving:
+    """The flags given, in order (the last value of a flag wins, as argparse's)."""
+    values: dict[str, Any] = {}
+    for name, text in given:
+        try:  # given alone: true
+            values[_SERVING_SWITCHES[name]] = not text or parse_bool(text)
+        except ValueError as exc:
+            raise ValueError(f"argument {name}: {exc}") from None
+    return Serving(**values)

@@ -48,6 +48,8 @@ KSERVE_PREFIX = "/openai"
 KSERVE_ROOT = KSERVE_PREFIX + OPENAI_ROOT
 TOKENIZER_PATHS = frozenset(("/tokenize", "/detokenize", "/tokenizer_info"))
 SCORING_PATHS = frozenset(("/score", "/rerank", "/v2/rerank", "/pooling", "/v2/embed"))
+# vLLM's server load (serverload.py).
+LOAD_PATH = "/load"
 # Anthropic's Messages API (anthropic.py): its errors are Anthropic's error object.
 ANTHROPIC_PATHS = frozenset(("/v1/messages", "/v1/messages/count_tokens"))
 # Anthropic's `error.type` by status, as vLLM's translate_error_type picks it (its SDKs
@@ -154,7 +156,7 @@ def is_openai_path(path: str) -> bool:
         path = path[len(KSERVE_PREFIX) :]
     return (
         path.startswith(OPENAI_PREFIX)
-        or path == OPENAI_ROOT
+        or path in (OPENAI_ROOT, LOAD_PATH)
         or path in TOKENIZER_PATHS
         or path in SCORING_PATHS
     )

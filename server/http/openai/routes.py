@@ -19,10 +19,10 @@ And Anthropic's Messages API as vLLM serves it, `POST /v1/messages` and
 `POST /v1/messages/count_tokens` (anthropic_serve.py), on the chat path; every failure
 there is Anthropic's error object.
 
-And vLLM's `POST /tokenize` and `POST /detokenize` (tokenize.py), its scoring routes
-`POST /score`, `/v1/score`, `/rerank`, `/v1/rerank` and `/v2/rerank` (scoring.py), its
-`POST /pooling` (pooling.py) and its Cohere `POST /v2/embed` (cohere_embed.py), in
-`inference`.
+And vLLM's `GET /load` (serverload.py), `POST /tokenize` and `POST /detokenize`
+(tokenize.py), its scoring routes `POST /score`, `/v1/score`, `/rerank`, `/v1/rerank`
+and `/v2/rerank` (scoring.py), its `POST /pooling` (pooling.py) and its Cohere
+`POST /v2/embed` (cohere_embed.py), in `inference` (`/load` in `statistics`).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from . import (
     pooling,
     responses_serve,
     scoring,
+    serverload,
     text,
     tokenize,
 )
@@ -62,6 +63,7 @@ from .catalog import Catalog, text_generation
 from .embed_schemas import EmbeddingRequest, PoolingRequest
 from .errors import (
     CONTEXT_LENGTH_EXCEEDED,
+    LOAD_PATH,
     SERVER_ERROR,
     AnthropicErrorObject,
     ErrorObject,
@@ -93,9 +95,13 @@ NOT_READY = {"detail": "Attached inference engine is not ready for inference req
 
 
 def routes(
-    front: RouteHost, tools: ToolSettings | None = None, chats: ChatSettings | None = None
+    front: RouteHost,
+    tools: ToolSettings | None = None,
+    chats: ChatSettings | None = None,
+    load_tracking: bool = False,
 ) -> list[Route]:
     catalog = Catalog(front.core, tools, chats)
+    load = serverload.ServerLoad(load_tracking)
     management = ModelManagement(front.core, catalog)
 
     async def read_document(
@@ -288,13 +294,15 @@ def routes(
             path, _openai_errors(handler), methods=["POST"], body=body, error=ErrorObject
         )
 
-    return [
+    built = [
         front.route("/health/ready", health_ready, ["GET"]),
         front.route("/health", health, ["GET"]),
         # vLLM's tokenizer routes (tokenize.py), outside /v1 as vLLM serves them.
         post("/tokenize", tokenize_text, tokenize.TokenizeRequest),
         post("/detokenize", detokenize, tokenize.DetokenizeRequest),
         get("/tokenizer_info", tokenizer_info),
+        # vLLM's requests in progress (serverload.py), where it serves it.
+        get(LOAD_PATH, load.answer),
         # vLLM's scoring routes for embedding models (scoring.py), where vLLM serves them:
         # /score and /rerank (with /v2/rerank, Cohere's v2 path), and below, their /v1
         # aliases (under /openai/v1 too). Before /v1, which the table keeps last.
@@ -353,6 +361,8 @@ def routes(
             error=ErrorObject,
         ),
     ]
+    # vLLM's load_aware_call routes count their requests where --enable-server-load-tracking.
+    return load.track(built)
 
 
 def _document(raw: bytes) -> Any:

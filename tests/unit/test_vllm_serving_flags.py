@@ -1,0 +1,29 @@
+"""vLLM's serving flags, read into one recorded setting (`Settings.serving`), as vLLM
+reads them: each switch may be given alone, or with a BOOL; the last given wins."""
+
+from __future__ import annotations
+
+import pytest
+
+from ge_serve.server.cli import parse_settings
+from ge_serve.server.http.app import HttpSettings
+from ge_serve.server.startup.part_settings import http_settings
+
+
+def http(*given: str) -> HttpSettings:
+    return http_settings(parse_settings(["--model-repo", "m", *given]))
+
+
+def test_server_load_tracking_reaches_the_front_end(capsys: pytest.CaptureFixture[str]) -> None:
+    assert not http().load_tracking
+    assert http("--enable-server-load-tracking", "--http-port", "9000").load_tracking
+    assert http("--enable-server-load-tracking=true").load_tracking
+    assert not http(
+        "--enable-server-load-tracking", "--enable-server-load-tracking", "false"
+    ).load_tracking
+    with pytest.raises(SystemExit) as exited:
+        http("--enable-server-load-tracking=maybe")
+    assert exited.value.code == 2
+    assert "argument --enable-server-load-tracking: expected true or false, got 'maybe'" in (
+        capsys.readouterr().err
+    )
