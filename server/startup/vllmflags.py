@@ -87,13 +87,19 @@ def no_tools() -> Mapping[str, Flag]:
 @dataclass(frozen=True, slots=True)
 class Serving:
     """vLLM's serving flags, one recorded setting (`Settings.serving`), read by `_serving`:
-    --enable-server-load-tracking (http/openai/serverload.py)."""
+    --enable-server-load-tracking (http/openai/serverload.py); and
+    --enable-tokenizer-info-endpoint, taken for vLLM's launch lines: GET /tokenizer_info
+    is served without it (http/openai/tokenize.py says why)."""
 
     load_tracking: bool = False
+    tokenizer_info: bool = False
 
 
 # Each of vLLM's switches among them, and its field.
-_SERVING_SWITCHES: Final = {"--enable-server-load-tracking": "load_tracking"}
+_SERVING_SWITCHES: Final = {
+    "--enable-server-load-tracking": "load_tracking",
+    "--enable-tokenizer-info-endpoint": "tokenizer_info",
+}
 
 
 def serving() -> Mapping[str, Flag]:
@@ -104,7 +110,8 @@ def serving() -> Mapping[str, Flag]:
         check=_serving,
         metavar="BOOL",
         help="vLLM's serving switches: --enable-server-load-tracking counts the requests in "
-        "progress on vLLM's inference routes, which GET /load answers (0 when off)",
+        "progress on vLLM's inference routes, which GET /load answers (0 when off); "
+        "--enable-tokenizer-info-endpoint is taken, GET /tokenizer_info being always served",
     )
 
 

@@ -27,3 +27,14 @@ def test_server_load_tracking_reaches_the_front_end(capsys: pytest.CaptureFixtur
     assert "argument --enable-server-load-tracking: expected true or false, got 'maybe'" in (
         capsys.readouterr().err
     )
+
+
+def test_the_tokenizer_info_switch_is_taken() -> None:
+    """Taken so that vLLM's launch lines start; GET /tokenizer_info is served without it
+    (tests/component/test_openai_tokenize.py)."""
+    given = ["--model-repo", "m", "--enable-tokenizer-info-endpoint", "--http-port", "9000"]
+    settings = parse_settings(given)
+    assert settings.serving.tokenizer_info and settings.http_port == 9000
+    assert not parse_settings(
+        [*given[:2], "--enable-tokenizer-info-endpoint=false"]
+    ).serving.tokenizer_info

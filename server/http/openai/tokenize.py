@@ -23,6 +23,9 @@ serve at all is a 404, as on /v1.
 tokenizer reads of it, from what the server holds: the class transformers builds from a
 `tokenizer.json`, the special tokens, the context length and the chat template. vLLM's
 answer is the tokenizer's whole `tokenizer_config.json`, which ge-serve does not have.
+vLLM serves it only with `--enable-tokenizer-info-endpoint` (as it may show the chat
+template); here it is always served, and the flag is taken and changes nothing: the
+template is what `/tokenize` renders chats with, and nothing else (no path) is shown.
 """
 
 from __future__ import annotations
