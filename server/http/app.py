@@ -27,6 +27,7 @@ from ge_serve.server.control.chat import ChatSettings
 from ge_serve.server.control.cors import CorsSettings
 from ge_serve.server.control.restrictions import RestrictedApis
 from ge_serve.server.control.stopping import DrainGate
+from ge_serve.server.control.uvicornlogs import UvicornLogs
 from ge_serve.server.errors import ErrorCode, ServerError, decoding
 from ge_serve.server.inference import error_texts
 from ge_serve.server.inference.core import InferenceServer
@@ -94,6 +95,8 @@ class HttpSettings:
     request_id_headers: bool = False
     # vLLM's --enable-server-load-tracking: /load counts (openai/serverload.py).
     load_tracking: bool = False
+    # vLLM's uvicorn log flags, which HTTP workers apply too (control/uvicornlogs.py).
+    uvicorn_logs: UvicornLogs = field(default_factory=UvicornLogs)
 
 
 class HttpFrontEnd:
@@ -193,9 +196,13 @@ class HttpFrontEnd:
 
     def worker_config(self) -> dict[str, Any]:
         """What HTTP workers need of this front end: whether they pass inference on too
-        (restricted APIs, whose checks must see every request), and the marks they put on
-        every answer themselves (marks.py)."""
-        return {"restricted": bool(self.restrictions), "marks": self.marks.to_json()}
+        (restricted APIs, whose checks must see every request), the marks they put on
+        every answer themselves (marks.py), and how uvicorn logs there."""
+        return {
+            "restricted": bool(self.restrictions),
+            "marks": self.marks.to_json(),
+            "uvicorn_logs": self.settings.uvicorn_logs.to_json(),
+        }
 
     def build(self, marked: bool = True) -> ASGIApp:
         """The HTTP application: FastAPI, with the shortcut for inference in front, behind

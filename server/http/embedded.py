@@ -22,13 +22,15 @@ from .protocol import TritonHttpProtocol
 def front_end_config(app: Any, grace_s: float, **address: Any) -> uvicorn.Config:
     """uvicorn's settings for an HTTP front end on a loop of ours, which waits up to
     `grace_s` for the requests in flight when it stops; `address`: host and port, where
-    uvicorn logs them."""
+    uvicorn logs them. uvicorn leaves logging alone: its loggers are set once per process
+    (control/uvicornlogs.py), and its lines go to the server's log."""
     return uvicorn.Config(
         app,
         loop="none",
         lifespan="off",
-        log_level="warning",
-        access_log=False,
+        log_config=None,
+        log_level=None,
+        access_log=True,
         # uvicorn types this as int, but waits with asyncio.wait_for: a float works and
         # int() would turn --exit-timeout-secs 0.5 into "cancel at once".
         timeout_graceful_shutdown=grace_s,  # type: ignore[arg-type]

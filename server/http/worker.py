@@ -27,7 +27,9 @@ import uvloop
 from starlette.types import ASGIApp
 
 from ge_serve.link.child import leave_stop_signals_to_parent
+from ge_serve.server.control import uvicornlogs
 from ge_serve.server.control.logformat import worker_logging
+from ge_serve.server.control.uvicornlogs import UvicornLogs
 from ge_serve.server.inference.header_forward import HeaderForward
 from ge_serve.server.startup.gcheap import settle_heap
 from ge_serve.server.workers.remote import RemoteCore
@@ -92,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     leave_stop_signals_to_parent()
     config: dict[str, Any] = json.loads(args[0])
     worker_logging(config)
+    uvicornlogs.install(UvicornLogs.from_json(config["uvicorn_logs"]))
     code: int = uvloop.run(serve(config))
     return code
 

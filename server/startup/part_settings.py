@@ -18,6 +18,7 @@ from ge_serve.scheduler.factory import (
 )
 from ge_serve.scheduler.ratelimit import RateLimiter
 
+from ..control import uvicornlogs
 from ..control.logsettings import LogControl, LogSettings
 from ..errors import ErrorCode, ServerError
 from ..grpc.server import GrpcSettings, GrpcTls
@@ -47,6 +48,8 @@ def configure_logging(settings: Settings) -> LogControl:
         )
     )
     control.install()
+    # uvicorn's lines to that log; with HTTP workers, they write the access lines.
+    uvicornlogs.install(settings.serving.uvicorn, access=not settings.http_workers)
     return control
 
 
@@ -107,6 +110,7 @@ def http_settings(settings: Settings) -> HttpSettings:
         chat=settings.chat,
         request_id_headers=settings.enable_request_id_headers,
         load_tracking=settings.serving.load_tracking,
+        uvicorn_logs=settings.serving.uvicorn,
         tools=ToolSettings(
             settings.tool_call_parser,
             settings.max_tool_call_parse_bytes,
