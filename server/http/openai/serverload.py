@@ -11,9 +11,10 @@ here. Not `/tokenize`, the model listing, health or the v2 protocol, as in vLLM.
 A request counts from when its route takes it until its answer's last byte is sent, a
 stream's too, or until it ends any other way (an error, the client gone, cancelled): the
 count is taken and given back around the route's whole ASGI call, so it cannot drift.
-vLLM gives it back from the answer's background task (and counts a client that leaves
-during a non-streamed request twice). A refusal before the route (a missing API key, a
-restricted API, a stopping server, a wrong method) never counts.
+vLLM gives it back from the answer's background task, or as the client leaves; and it
+counts from after FastAPI has read and checked the body, where here the route's own read
+of the body counts too. A refusal before the route (a missing API key, a restricted API,
+a stopping server, a wrong method) never counts.
 
 Off (vLLM's default), no route is wrapped, so nothing is counted or paid for, and `/load`
 answers 0, as vLLM's does.
