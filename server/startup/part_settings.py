@@ -119,6 +119,7 @@ def http_settings(settings: Settings) -> HttpSettings:
             settings.enable_force_include_usage,
             settings.return_tokens_as_token_ids,
             settings.exclude_tools_when_tool_choice_none,
+            sse_keep_alive=settings.http_serving.sse_keep_alive_interval,
         ),
     )
 

@@ -23,7 +23,7 @@ from ..control.chat import ChatSettings
 from ..control.cors import CorsSettings
 from ..control.logsettings import FORMATS
 from ..observability.traceconfig import TraceSettings, trace_setting, trace_settings
-from . import vllmflags
+from . import vllmflags, vllmserve
 from .cacheconfig import cache_setting, cache_size
 from .chatflags import chat_flag
 from .cloudflags import CloudSettings, cloud_flag
@@ -479,6 +479,8 @@ class Settings:
     # vLLM's --allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials.
     cors: CorsSettings = field(default=CorsSettings(), metadata=cors_flag())
     chat: ChatSettings = field(default=ChatSettings(), metadata=chat_flag())  # chatflags.py
+    # vLLM's --sse-keep-alive-interval and the flags of its server beside it (vllmserve.py).
+    http_serving: vllmserve.Serving = field(default=vllmserve.Serving(), metadata=vllmserve.flags())
     # (flag, value) of each tritonserver flag that does nothing here (tritonflags.py).
     inapplicable: tuple[tuple[str, str], ...] = field(default=(), metadata=inapplicable_flag())
 

@@ -5,17 +5,19 @@ chunk when asked for, then `data: [DONE]`.
 
 The status waits for the model's first response, so that a request the model refuses at
 once is a plain JSON error; an error after the stream has begun is one `data: {"error"}`
-event that ends it without `[DONE]`. With `n` > 1 or a list of prompts, each choice's
-chunks come as they come, with its index (prompt p's choice i is p * n + i). With
---reasoning-parser or tools, a choice's text is read by its parsers (reasoning.py,
-tools.py) and its chunks are their deltas.
+event that ends it without `[DONE]`. With --sse-keep-alive-interval N, the status waits N
+seconds at most, and an idle stream sends `: keep-alive` (keepalive.py). With `n` > 1
+or a list of prompts, each choice's chunks come as they come, with its index (prompt p's
+choice i is p * n + i). With --reasoning-parser or tools, a choice's text is read by its
+parsers (reasoning.py, tools.py) and its chunks are their deltas.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +32,7 @@ from .answers import Params, Piece, Usage, cached_total, pieces
 from .catalog import Catalog
 from .choices import Item, merged, one
 from .errors import SERVER_ERROR, OpenAIError
+from .keepalive import kept_alive
 from .logprobs import Entry, echoed
 from .objects import DONE, Answer, sse
 from .reasoning import ReasoningStream
@@ -50,6 +53,9 @@ async def stream(
 ) -> Response:
     streams = [pieces(catalog.core, r, params) for r in requests]
     rest = one(streams[0]) if len(streams) == 1 else merged(streams)
+    interval = catalog.tools.sse_keep_alive
+    if interval > 0:
+        return await _kept_alive(request, answers, n, rest, interval)
     try:
         # A client that leaves while the request waits for its first token cancels it too.
         first = await until_disconnect(request, anext(rest, None))
@@ -61,6 +67,52 @@ async def stream(
         media_type="text/event-stream",
         headers=SSE_HEADERS,
     )
+
+
+async def _kept_alive(
+    request: Request,
+    answers: list[Answer],
+    n: int,
+    rest: AsyncGenerator[Item, None],
+    interval: float,
+) -> Response:
+    """The stream with --sse-keep-alive-interval: the status waits for the first response
+    `interval` seconds at most (a refusal within them is still a plain JSON error); then
+    the headers and a keep-alive go out, and the stream goes on when the response comes
+    (a refusal then is the stream's error event)."""
+    waiting = asyncio.ensure_future(anext(rest, None))
+    try:
+        await until_disconnect(request, asyncio.wait((waiting,), timeout=interval))
+        started = waiting.done()
+        first = waiting.result() if started else None
+    except BaseException:
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await waiting
+        await rest.aclose()
+        raise
+    events = _events(answers, n, first, rest) if started else _later(answers, n, waiting, rest)
+    return StreamingResponse(
+        kept_alive(events, interval), media_type="text/event-stream", headers=SSE_HEADERS
+    )
+
+
+async def _later(
+    answers: list[Answer],
+    n: int,
+    waiting: asyncio.Future[Item | None],
+    rest: AsyncGenerator[Item, None],
+) -> AsyncGenerator[bytes, None]:
+    """`_events` of a stream that began before its first response."""
+    async with contextlib.aclosing(rest):
+        try:
+            first = await waiting
+        except Exception as exc:
+            yield _failure(answers[0], exc)
+            return
+        async with contextlib.aclosing(_events(answers, n, first, rest)) as events:
+            async for event in events:
+                yield event
 
 
 @dataclass(slots=True)
@@ -86,7 +138,7 @@ class _Choice:
 
 async def _events(
     answers: list[Answer], n: int, first: Item | None, rest: AsyncGenerator[Item, None]
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The chunks of `answers` (one per sequence: prompt p's choice i is p * n + i)."""
     answer = answers[0]
     logprobs = bool(answer.logprobs)
@@ -134,12 +186,8 @@ async def _events(
                 if not running:
                     break  # all ended; one cut short (tools' limit) is cancelled so
                 item = await anext(rest, None)
-        except OpenAIError as exc:
-            yield sse(exc.body())
-            return
         except Exception as exc:
-            log.exception("the stream of %s failed", answer.id)
-            yield sse(OpenAIError(f"internal error: {exc}", status=500, kind=SERVER_ERROR).body())
+            yield _failure(answer, exc)
             return
     if answer.include_usage:
         # vLLM's: each prompt counted once, every choice's generated tokens summed.
@@ -149,6 +197,14 @@ async def _events(
         total.cached_tokens = cached_total([choice.usage for choice in choices[::n]])
         yield answer.usage_chunk(total)
     yield DONE
+
+
+def _failure(answer: Answer, exc: Exception) -> bytes:
+    """The error event that ends a stream that failed after it began."""
+    if not isinstance(exc, OpenAIError):
+        log.exception("the stream of %s failed", answer.id)
+        exc = OpenAIError(f"internal error: {exc}", status=500, kind=SERVER_ERROR)
+    return sse(exc.body())
 
 
 def _usage(answer: Answer) -> Usage:

@@ -46,7 +46,8 @@ class ToolSettings:
     --enable-force-include-usage (usage on every stream and chunk); how logprobs name
     tokens where a request does not say: --return-tokens-as-token-ids; and whether
     `tool_choice: "none"` keeps the tools out of the template:
-    --exclude-tools-when-tool-choice-none."""
+    --exclude-tools-when-tool-choice-none; and the seconds after which an idle stream
+    sends a keep-alive comment: --sse-keep-alive-interval (keepalive.py; 0: never)."""
 
     parser: str = ""
     max_parse_bytes: int = DEFAULT_MAX_PARSE_BYTES
@@ -55,6 +56,7 @@ class ToolSettings:
     force_include_usage: bool = False
     tokens_as_ids: bool = False
     exclude_tools_when_none: bool = False
+    sse_keep_alive: float = 0.0
 
 
 class _Body(BaseModel):

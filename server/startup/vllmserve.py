@@ -1,0 +1,58 @@
+"""vLLM's flags of how its HTTP server serves, read as vLLM reads them, into one recorded
+setting (`Settings.serving`) that part_settings.py hands to the front end:
+
+- `--sse-keep-alive-interval N`: whole seconds, 0 (off) by default; a negative number is
+  refused in vLLM's words. /v1 chat and completions streams send `: keep-alive` when idle
+  that long (http/openai/keepalive.py).
+
+The last value of a flag wins, as argparse's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from .flags import Flag, flag
+
+_KEEP_ALIVE: Final = "--sse-keep-alive-interval"
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    sse_keep_alive_interval: int = 0
+
+
+def flags() -> Mapping[str, Flag]:
+    return flag(
+        _KEEP_ALIVE,
+        record_flag=True,
+        bare=True,
+        check=_read,
+        metavar="VALUE",
+        help="vLLM's: /v1 chat and completions streams send an SSE comment ': keep-alive' "
+        "after N idle seconds (0, the default: never)",
+    )
+
+
+def _interval(name: str, text: str) -> int:
+    if not text:  # given alone: argparse's words for a flag that needs its value
+        raise ValueError(f"argument {name}: expected one argument")
+    try:
+        seconds = int(text)
+    except ValueError:
+        raise ValueError(f"argument {name}: invalid int value: '{text}'") from None
+    if seconds < 0:
+        raise ValueError(
+            f"Error: {name} must be a non-negative integer (0 disables keep-alive comments)."
+        )
+    return seconds
+
+
+def _read(_name: str, given: Sequence[tuple[str, str]]) -> Serving:
+    interval = 0
+    for name, text in given:
+        if name == _KEEP_ALIVE:
+            interval = _interval(name, text)
+    return Serving(interval)

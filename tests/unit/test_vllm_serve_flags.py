@@ -1,0 +1,39 @@
+"""vLLM's flags of how its HTTP server serves (startup/vllmserve.py), as the command line
+reads them and the front end is given them."""
+
+from __future__ import annotations
+
+import pytest
+
+from ge_serve.server.cli import parse_settings
+from ge_serve.server.http.app import HttpSettings
+from ge_serve.server.startup.part_settings import http_settings
+
+
+def http(*given: str) -> HttpSettings:
+    return http_settings(parse_settings(["--model-repo", "m", *given]))
+
+
+def refused(capsys: pytest.CaptureFixture[str], *given: str) -> str:
+    with pytest.raises(SystemExit) as exited:
+        parse_settings(["--model-repo", "m", *given])
+    assert exited.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_sse_keep_alive_interval(capsys: pytest.CaptureFixture[str]) -> None:
+    assert http().tools.sse_keep_alive == 0
+    assert http("--sse-keep-alive-interval", "15").tools.sse_keep_alive == 15
+    assert (
+        http("--sse-keep-alive-interval=5", "--sse-keep-alive-interval=0").tools.sse_keep_alive == 0
+    )
+    assert (
+        "Error: --sse-keep-alive-interval must be a non-negative integer (0 disables "
+        "keep-alive comments)." in refused(capsys, "--sse-keep-alive-interval", "-1")
+    )
+    assert "argument --sse-keep-alive-interval: invalid int value: '1.5'" in refused(
+        capsys, "--sse-keep-alive-interval", "1.5"
+    )
+    assert "argument --sse-keep-alive-interval: expected one argument" in refused(
+        capsys, "--sse-keep-alive-interval"
+    )
