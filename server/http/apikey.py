@@ -15,7 +15,9 @@ preflights), and takes `Authorization: Bearer <key>`, compared in constant time.
   Anthropic's on `/v1/messages`), as `--http-restricted-api` refuses there
   (restricted.py); vLLM's body is `{"error": "Unauthorized"}`.
 
-Installed only with a key, inside the FastAPI application: the v2 inference shortcut
+Behind `--root-path`, a path is checked as the route it reaches (rootpath.py): vLLM's
+middleware takes the root path off first too. Installed only with a key, inside the
+FastAPI application: the v2 inference shortcut
 (infer.py), in front of it, never reaches it. HTTP workers pass every other request on to
 this process's front end (passon.py), so the check runs here for them too, and the keys
 never leave this process.
@@ -34,6 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import error_response
 from .openai.errors import OpenAIError, is_anthropic_path, is_openai_path
+from .rootpath import route_path
 
 # A path guarded with its prefix whole: `/v1` and `/v1/...`, not `/v1x`.
 GUARDED: Final = re.compile(r"/(?:openai/)?v1|/v2/(?:rerank|embed)|/inference|/cohere")
@@ -103,9 +106,9 @@ class ApiKeyMiddleware:
         if (
             scope["type"] == "http"
             and scope["method"] != "OPTIONS"
-            and guarded(scope["path"])
+            and guarded(path := route_path(scope))
             and not self.keys.admits(scope["headers"])
         ):
-            await refusal(scope["path"])(scope, receive, send)
+            await refusal(path)(scope, receive, send)
             return
         await self.app(scope, receive, send)

@@ -59,6 +59,7 @@ from .openai.tools import ToolSettings
 from .openapi import ApiRoute, Body
 from .responses import json_response
 from .restricted import RestrictedApiMiddleware
+from .rootpath import route_path, with_root_path
 from .routing import Endpoint
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,8 @@ class HttpSettings:
     load_tracking: bool = False
     # vLLM's uvicorn log flags, which HTTP workers apply too (control/uvicornlogs.py).
     uvicorn_logs: UvicornLogs = field(default_factory=UvicornLogs)
+    # vLLM's --root-path: the prefix of a path-routing proxy ("" none; rootpath.py).
+    root_path: str = ""
 
 
 class HttpFrontEnd:
@@ -197,22 +200,25 @@ class HttpFrontEnd:
     def worker_config(self) -> dict[str, Any]:
         """What HTTP workers need of this front end: whether they pass inference on too
         (restricted APIs, whose checks must see every request), the marks they put on
-        every answer themselves (marks.py), and how uvicorn logs there."""
+        every answer themselves (marks.py), how uvicorn logs there, and --root-path's
+        prefix (rootpath.py)."""
         return {
             "restricted": bool(self.restrictions),
             "marks": self.marks.to_json(),
             "uvicorn_logs": self.settings.uvicorn_logs.to_json(),
+            "root_path": self.settings.root_path,
         }
 
     def build(self, marked: bool = True) -> ASGIApp:
         """The HTTP application: FastAPI, with the shortcut for inference in front, behind
         the refusal of requests while the server stops, inside CORS and request ids where
-        they are on (unless `marked` is false: HTTP workers put them on, marks.py)."""
+        they are on (unless `marked` is false: HTTP workers put them on, marks.py), all
+        behind --root-path's prefix (rootpath.py)."""
         app: ASGIApp = self.build_fastapi()
         if not self.restrictions:
             app = InferShortcut(app, self.infer_routes)
         app = RefuseWhileDraining(app, self.gate)
-        return self.marks.apply(app) if marked else app
+        return with_root_path(self.marks.apply(app) if marked else app, self.settings.root_path)
 
     def build_fastapi(self) -> FastAPI:
         routes = self.routes()
@@ -245,8 +251,9 @@ class HttpFrontEnd:
                 message = f"Method Not Allowed: {request.method} {request.url.path}"
             else:
                 message = str(exc.detail)
-            if is_openai_path(request.url.path):
-                anthropic = is_anthropic_path(request.url.path)
+            path = route_path(request.scope)
+            if is_openai_path(path):
+                anthropic = is_anthropic_path(path)
                 return OpenAIError(message, status=exc.status_code).response(anthropic)
             return error_response(exc.status_code, message)
 

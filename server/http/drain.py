@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..control.stopping import DrainGate
 from ..errors import shutting_down
 from .openai.errors import SERVER_ERROR, OpenAIError, is_anthropic_path, is_openai_path
+from .rootpath import route_path
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +39,9 @@ class RefuseWhileDraining:
             return
         self.gate.refused()
         message = shutting_down().message
-        if is_openai_path(scope["path"]):
+        path = route_path(scope)
+        if is_openai_path(path):
             refusal = OpenAIError(message, status=503, kind=SERVER_ERROR)
-            path = scope["path"]
             found = refusal.anthropic_body() if is_anthropic_path(path) else refusal.body()
             body = orjson.dumps(found)
         else:

@@ -46,6 +46,7 @@ from .errors import (
 )
 from .openapi import ApiRoute, Body
 from .protocol import GONE_KEY, TASK_KEY, too_many_chunks
+from .rootpath import route_path
 from .routing import Endpoint
 
 # Logged under the front end's name, as before the endpoint had a module of its own.
@@ -94,9 +95,9 @@ class InferShortcut:
     each request through five middleware layers (server errors, telemetry, body limit,
     exceptions, an exit stack); py-spy on `simple` at 32 clients put that at ~20 % of the
     event loop's time. The shortcut matches with the infer routes' own patterns and calls
-    their own (guarded) endpoint, so answers and errors are the same. Not used with
-    --http-restricted-api, whose middleware must see every request, or behind a root
-    path."""
+    their own (guarded) endpoint, so answers and errors are the same, on paths with or
+    without --root-path's prefix (rootpath.py). Not used with --http-restricted-api, whose
+    middleware must see every request."""
 
     def __init__(self, app: ASGIApp, routes: list[Route]) -> None:
         self.app = app
@@ -105,8 +106,8 @@ class InferShortcut:
         ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-            path = scope["path"]
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path = route_path(scope) if scope.get("root_path") else scope["path"]
             for pattern, endpoint in self._routes:
                 match = pattern.match(path)
                 if match is not None:

@@ -34,6 +34,7 @@ from ..errors import ErrorCode, ServerError
 from . import codec
 from .errors import BodyKind, error_response, server_error_response
 from .infer import HEADER_LENGTH, INFER_PATH, body_bound, read_raw_body, scope_headers
+from .rootpath import route_path
 
 _READ_BYTES = 1 << 16
 # A kept connection is used again only this soon: the server's own front end closes one
@@ -94,7 +95,7 @@ class PassOn:
         headers = scope_headers(scope)
         try:
             bound, kind = self._max_body, _JSON
-            if INFER_PATH.fullmatch(scope["path"]):  # served here under --http-restricted-api
+            if INFER_PATH.fullmatch(route_path(scope)):  # served here under --http-restricted-api
                 header_length = codec.parse_header_length(headers.get(HEADER_LENGTH))
                 bound, kind = body_bound(headers, self._max_body, header_length)
             body = await read_raw_body(scope, receive, headers, bound, self._max_chunks, kind)

@@ -9,6 +9,7 @@ from ge_serve.server.control.restrictions import RestrictedApis, http_category, 
 
 from .errors import error_response
 from .openai.errors import OpenAIError, is_anthropic_path, is_openai_path
+from .rootpath import route_path
 
 
 class RestrictedApiMiddleware:
@@ -26,17 +27,18 @@ class RestrictedApiMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            category = http_category(scope["path"])
+            path = route_path(scope)  # the route it reaches, behind --root-path too
+            category = http_category(path)
             header = self.restrictions.refusal(category, Headers(scope=scope))
             if header is not None:
                 message = http_refusal_message(header)
-                if is_openai_path(scope["path"]):
+                if is_openai_path(path):
                     response = OpenAIError(
                         f"{message} with valid value",
                         status=401,
                         kind="authentication_error",
                         code="invalid_auth",
-                    ).response(is_anthropic_path(scope["path"]))
+                    ).response(is_anthropic_path(path))
                 else:
                     response = error_response(403, message)
                 await response(scope, receive, send)

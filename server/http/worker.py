@@ -8,7 +8,8 @@ and passes every other request on whole to the server's own HTTP front end on a 
 port (passon.py), which answers it (health, metadata, statistics, repository, shared
 memory, logging, /metrics, /v1, generate). With
 `--http-restricted-api`, whose checks must see every request, inference is passed on too.
-It puts vLLM's CORS and request-id marks on every answer itself (marks.py).
+It puts vLLM's CORS and request-id marks on every answer itself (marks.py), and serves
+inference behind --root-path's prefix as the server does (rootpath.py).
 
     python -m ge_serve.server.http.worker '{"listen_fd": ..., "link_fd": ..., ...}'
 """
@@ -38,6 +39,7 @@ from .embedded import EmbeddedUvicorn, front_end_config
 from .infer import InferEndpoint, InferShortcut
 from .marks import Marks
 from .passon import PassOn
+from .rootpath import with_root_path
 
 log = logging.getLogger("ge_serve.http.worker")
 
@@ -68,7 +70,7 @@ async def serve(config: dict[str, Any]) -> int:
             HeaderForward.of(str(config["header_forward_pattern"])),
         )
         app = InferShortcut(app, endpoint.routes())
-    app = Marks.from_json(config["marks"]).apply(app)
+    app = with_root_path(Marks.from_json(config["marks"]).apply(app), str(config["root_path"]))
     listener = socket.socket(fileno=int(config["listen_fd"]))
     # Stopped by the server (`Stop`, or its link's end), never by a signal: uvicorn's own
     # Server would take SIGINT and SIGTERM.

@@ -111,6 +111,7 @@ def http_settings(settings: Settings) -> HttpSettings:
         request_id_headers=settings.enable_request_id_headers,
         load_tracking=settings.serving.load_tracking,
         uvicorn_logs=settings.serving.uvicorn,
+        root_path=settings.http_serving.root_path,
         tools=ToolSettings(
             settings.tool_call_parser,
             settings.max_tool_call_parse_bytes,

@@ -4,6 +4,9 @@ setting (`Settings.serving`) that part_settings.py hands to the front end:
 - `--sse-keep-alive-interval N`: whole seconds, 0 (off) by default; a negative number is
   refused in vLLM's words. /v1 chat and completions streams send `: keep-alive` when idle
   that long (http/openai/keepalive.py).
+- `--root-path PATH`: the prefix of a proxy that routes by path, FastAPI's `root_path` in
+  vLLM (http/rootpath.py); "" (given empty or alone) or "/": none. It must start with
+  "/", and a trailing "/" is dropped (with it, no prefixed path would reach a route).
 
 The last value of a flag wins, as argparse's.
 """
@@ -17,22 +20,27 @@ from typing import Final
 from .flags import Flag, flag
 
 _KEEP_ALIVE: Final = "--sse-keep-alive-interval"
+_ROOT_PATH: Final = "--root-path"
 
 
 @dataclass(frozen=True, slots=True)
 class Serving:
     sse_keep_alive_interval: int = 0
+    root_path: str = ""
 
 
 def flags() -> Mapping[str, Flag]:
     return flag(
         _KEEP_ALIVE,
+        _ROOT_PATH,
         record_flag=True,
         bare=True,
         check=_read,
         metavar="VALUE",
-        help="vLLM's: /v1 chat and completions streams send an SSE comment ': keep-alive' "
-        "after N idle seconds (0, the default: never)",
+        help="vLLM's: --sse-keep-alive-interval N: /v1 chat and completions streams send an "
+        "SSE comment ': keep-alive' after N idle seconds (0, the default: never); "
+        "--root-path PATH: the prefix of a proxy that routes by path (paths are served "
+        "with and without it)",
     )
 
 
@@ -50,9 +58,17 @@ def _interval(name: str, text: str) -> int:
     return seconds
 
 
+def _root_path(name: str, text: str) -> str:
+    if text and not text.startswith("/"):
+        raise ValueError(f"{name} must start with '/', got '{text}'")
+    return text.rstrip("/")
+
+
 def _read(_name: str, given: Sequence[tuple[str, str]]) -> Serving:
-    interval = 0
+    interval, root_path = 0, ""
     for name, text in given:
         if name == _KEEP_ALIVE:
             interval = _interval(name, text)
-    return Serving(interval)
+        elif name == _ROOT_PATH:
+            root_path = _root_path(name, text)
+    return Serving(interval, root_path)

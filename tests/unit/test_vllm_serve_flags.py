@@ -37,3 +37,13 @@ def test_sse_keep_alive_interval(capsys: pytest.CaptureFixture[str]) -> None:
     assert "argument --sse-keep-alive-interval: expected one argument" in refused(
         capsys, "--sse-keep-alive-interval"
     )
+
+
+def test_root_path(capsys: pytest.CaptureFixture[str]) -> None:
+    assert http().root_path == ""
+    assert http("--root-path", "/proxy").root_path == "/proxy"
+    # A trailing slash would keep every prefixed path from its route: dropped.
+    assert http("--root-path=/a/b/").root_path == "/a/b"
+    for empty in (("--root-path", ""), ("--root-path",), ("--root-path", "/")):
+        assert http(*empty).root_path == ""
+    assert "--root-path must start with '/', got 'proxy'" in refused(capsys, "--root-path", "proxy")
