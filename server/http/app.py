@@ -100,6 +100,8 @@ class HttpSettings:
     uvicorn_logs: UvicornLogs = field(default_factory=UvicornLogs)
     # vLLM's --root-path: the prefix of a path-routing proxy ("" none; rootpath.py).
     root_path: str = ""
+    # Whether /openapi.json is served (vLLM's --disable-fastapi-docs turns it off).
+    openapi: bool = True
 
 
 class HttpFrontEnd:
@@ -233,15 +235,15 @@ class HttpFrontEnd:
             title="ge-serve",
             docs_url=None,
             redoc_url=None,
-            openapi_url=openapi.PATH,
+            openapi_url=openapi.PATH if self.settings.openapi else None,
             routes=[*routes, kserve],
             # Triton matches whole paths: `.../infer/` is a 404, not a redirect, and a
             # redirect would name whatever host the client's Host header says.
             redirect_slashes=False,
             **_NO_TELEMETRY,
         )
-        # Built once, here: FastAPI serves the cached document.
-        openapi.extend(app.openapi(), app.routes)
+        if self.settings.openapi:  # built once, here: FastAPI serves the cached document
+            openapi.extend(app.openapi(), app.routes)
 
         async def http_error(request: Request, exc: Exception) -> Response:
             assert isinstance(exc, StarletteHTTPException)

@@ -112,6 +112,7 @@ def http_settings(settings: Settings) -> HttpSettings:
         load_tracking=settings.serving.load_tracking,
         uvicorn_logs=settings.serving.uvicorn,
         root_path=settings.http_serving.root_path,
+        openapi=not settings.http_serving.disable_fastapi_docs,
         tools=ToolSettings(
             settings.tool_call_parser,
             settings.max_tool_call_parse_bytes,

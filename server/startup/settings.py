@@ -479,7 +479,7 @@ class Settings:
     # vLLM's --allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials.
     cors: CorsSettings = field(default=CorsSettings(), metadata=cors_flag())
     chat: ChatSettings = field(default=ChatSettings(), metadata=chat_flag())  # chatflags.py
-    # vLLM's --sse-keep-alive-interval and the flags of its server beside it (vllmserve.py).
+    # vLLM's --sse-keep-alive-interval, --root-path, --disable-fastapi-docs (vllmserve.py).
     http_serving: vllmserve.Serving = field(default=vllmserve.Serving(), metadata=vllmserve.flags())
     # (flag, value) of each tritonserver flag that does nothing here (tritonflags.py).
     inapplicable: tuple[tuple[str, str], ...] = field(default=(), metadata=inapplicable_flag())

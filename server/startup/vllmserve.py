@@ -7,6 +7,8 @@ setting (`Settings.serving`) that part_settings.py hands to the front end:
 - `--root-path PATH`: the prefix of a proxy that routes by path, FastAPI's `root_path` in
   vLLM (http/rootpath.py); "" (given empty or alone) or "/": none. It must start with
   "/", and a trailing "/" is dropped (with it, no prefixed path would reach a route).
+- `--disable-fastapi-docs [BOOL]`: a switch (alone: true): no `/openapi.json` (404), as
+  vLLM's; ge-serve serves no `/docs` or `/redoc` pages either way (http/app.py).
 
 The last value of a flag wins, as argparse's.
 """
@@ -17,22 +19,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from ge_serve.backends.text_bool import parse_bool
+
 from .flags import Flag, flag
 
 _KEEP_ALIVE: Final = "--sse-keep-alive-interval"
 _ROOT_PATH: Final = "--root-path"
+_NO_DOCS: Final = "--disable-fastapi-docs"
 
 
 @dataclass(frozen=True, slots=True)
 class Serving:
     sse_keep_alive_interval: int = 0
     root_path: str = ""
+    disable_fastapi_docs: bool = False
 
 
 def flags() -> Mapping[str, Flag]:
     return flag(
         _KEEP_ALIVE,
         _ROOT_PATH,
+        _NO_DOCS,
         record_flag=True,
         bare=True,
         check=_read,
@@ -40,7 +47,7 @@ def flags() -> Mapping[str, Flag]:
         help="vLLM's: --sse-keep-alive-interval N: /v1 chat and completions streams send an "
         "SSE comment ': keep-alive' after N idle seconds (0, the default: never); "
         "--root-path PATH: the prefix of a proxy that routes by path (paths are served "
-        "with and without it)",
+        "with and without it); --disable-fastapi-docs: no /openapi.json",
     )
 
 
@@ -64,11 +71,21 @@ def _root_path(name: str, text: str) -> str:
     return text.rstrip("/")
 
 
+def _switch(name: str, text: str) -> bool:
+    """A switch's value: given alone, true; else a BOOL, refused naming the flag."""
+    try:
+        return not text or parse_bool(text)
+    except ValueError as exc:
+        raise ValueError(f"argument {name}: {exc}") from None
+
+
 def _read(_name: str, given: Sequence[tuple[str, str]]) -> Serving:
-    interval, root_path = 0, ""
+    interval, root_path, no_docs = 0, "", False
     for name, text in given:
         if name == _KEEP_ALIVE:
             interval = _interval(name, text)
         elif name == _ROOT_PATH:
             root_path = _root_path(name, text)
-    return Serving(interval, root_path)
+        else:
+            no_docs = _switch(name, text)
+    return Serving(interval, root_path, no_docs)

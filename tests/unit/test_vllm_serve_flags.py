@@ -47,3 +47,13 @@ def test_root_path(capsys: pytest.CaptureFixture[str]) -> None:
     for empty in (("--root-path", ""), ("--root-path",), ("--root-path", "/")):
         assert http(*empty).root_path == ""
     assert "--root-path must start with '/', got 'proxy'" in refused(capsys, "--root-path", "proxy")
+
+
+def test_disable_fastapi_docs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert http().openapi
+    assert not http("--disable-fastapi-docs").openapi
+    assert not http("--disable-fastapi-docs=true", "--root-path", "/p").openapi
+    assert http("--disable-fastapi-docs", "false").openapi
+    assert "argument --disable-fastapi-docs: expected true or false" in refused(
+        capsys, "--disable-fastapi-docs=maybe"
+    )
