@@ -111,8 +111,8 @@ def http_settings(settings: Settings) -> HttpSettings:
         request_id_headers=settings.enable_request_id_headers,
         load_tracking=settings.serving.load_tracking,
         uvicorn_logs=settings.serving.uvicorn,
-        root_path=settings.http_serving.root_path,
-        openapi=not settings.http_serving.disable_fastapi_docs,
+        root_path=settings.serving.root_path,
+        openapi=not settings.serving.disable_fastapi_docs,
         tools=ToolSettings(
             settings.tool_call_parser,
             settings.max_tool_call_parse_bytes,
@@ -121,7 +121,7 @@ def http_settings(settings: Settings) -> HttpSettings:
             settings.enable_force_include_usage,
             settings.return_tokens_as_token_ids,
             settings.exclude_tools_when_tool_choice_none,
-            sse_keep_alive=settings.http_serving.sse_keep_alive_interval,
+            sse_keep_alive=settings.serving.sse_keep_alive_interval,
         ),
     )
 

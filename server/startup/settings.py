@@ -302,8 +302,6 @@ class Settings:
     return_tokens_as_token_ids: bool = field(default=False, metadata=vllmflags.tokens_as_ids())
     enable_auto_tool_choice: bool = field(default=False, metadata=vllmflags.auto_tools())
     exclude_tools_when_tool_choice_none: bool = field(default=False, metadata=vllmflags.no_tools())
-    # vLLM's --enable-server-load-tracking and its other serving flags (vllmflags.Serving).
-    serving: vllmflags.Serving = field(default=vllmflags.Serving(), metadata=vllmflags.serving())
     # Front-end worker processes (server/workers/); 0: this process serves the protocol.
     http_workers: int = field(
         default=0,
@@ -479,8 +477,8 @@ class Settings:
     # vLLM's --allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials.
     cors: CorsSettings = field(default=CorsSettings(), metadata=cors_flag())
     chat: ChatSettings = field(default=ChatSettings(), metadata=chat_flag())  # chatflags.py
-    # vLLM's --sse-keep-alive-interval, --root-path, --disable-fastapi-docs (vllmserve.py).
-    http_serving: vllmserve.Serving = field(default=vllmserve.Serving(), metadata=vllmserve.flags())
+    # vLLM's flags of how its HTTP server serves: keep-alives, root path, /load... (vllmserve.py).
+    serving: vllmserve.Serving = field(default=vllmserve.Serving(), metadata=vllmserve.flags())
     # (flag, value) of each tritonserver flag that does nothing here (tritonflags.py).
     inapplicable: tuple[tuple[str, str], ...] = field(default=(), metadata=inapplicable_flag())
 

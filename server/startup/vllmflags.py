@@ -3,13 +3,9 @@ for `Settings` (settings.py), with the values they take."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Final
+from collections.abc import Mapping
+from typing import Final
 
-from ge_serve.backends.text_bool import parse_bool
-
-from ..control.uvicornlogs import LEVELS, UvicornLogs
 from .flags import Flag, flag, positive
 
 # http/openai/toolparse.py's parsers.
@@ -83,77 +79,3 @@ def auto_tools() -> Mapping[str, Flag]:
 def no_tools() -> Mapping[str, Flag]:
     """--exclude-tools-when-tool-choice-none: http/openai/tools.py's template_tools()."""
     return _switch("/v1 chat: tool_choice none keeps the tools out of the chat template")
-
-
-@dataclass(frozen=True, slots=True)
-class Serving:
-    """vLLM's serving flags, one recorded setting (`Settings.serving`), read by `_serving`:
-    --enable-server-load-tracking (http/openai/serverload.py); --uvicorn-log-level,
-    --disable-uvicorn-access-log and --disable-access-log-for-endpoints
-    (control/uvicornlogs.py); and --enable-tokenizer-info-endpoint, taken for vLLM's
-    launch lines: GET /tokenizer_info is served without it (http/openai/tokenize.py)."""
-
-    load_tracking: bool = False
-    tokenizer_info: bool = False
-    uvicorn: UvicornLogs = field(default_factory=UvicornLogs)
-
-
-# Each of vLLM's switches among them, and its field.
-_SERVING_SWITCHES: Final = {
-    "--enable-server-load-tracking": "load_tracking",
-    "--enable-tokenizer-info-endpoint": "tokenizer_info",
-}
-_LEVEL: Final = "--uvicorn-log-level"
-_NO_ACCESS_LOG: Final = "--disable-uvicorn-access-log"
-_NOT_LOGGED: Final = "--disable-access-log-for-endpoints"
-
-
-def serving() -> Mapping[str, Flag]:
-    return flag(
-        *_SERVING_SWITCHES,
-        _LEVEL,
-        _NO_ACCESS_LOG,
-        _NOT_LOGGED,
-        record_flag=True,
-        bare=True,
-        check=_serving,
-        metavar="VALUE",
-        help="vLLM's serving flags: --enable-server-load-tracking counts the requests in "
-        "progress on vLLM's inference routes, which GET /load answers (0 when off); "
-        f"{_LEVEL} {{{','.join(LEVELS)}}} (default: warning) sets uvicorn's loggers, and "
-        f"from info on writes its access log, unless {_NO_ACCESS_LOG}, without the paths "
-        f"of {_NOT_LOGGED} PATH[,PATH...]; --enable-tokenizer-info-endpoint is taken, "
-        "GET /tokenizer_info being always served",
-    )
-
-
-def _bool(name: str, text: str) -> bool:
-    """A switch's value: given alone, true; else a BOOL, refused naming the flag."""
-    try:
-        return not text or parse_bool(text)
-    except ValueError as exc:
-        raise ValueError(f"argument {name}: {exc}") from None
-
-
-def _serving(_name: str, given: Sequence[tuple[str, str]]) -> Serving:
-    """The flags given, in order (the last value of a flag wins, as argparse's)."""
-    values: dict[str, Any] = {}
-    logs = UvicornLogs()
-    for name, text in given:
-        if name in _SERVING_SWITCHES:
-            values[_SERVING_SWITCHES[name]] = _bool(name, text)
-        elif name == _NO_ACCESS_LOG:
-            logs = replace(logs, access_log=not _bool(name, text))
-        elif not text:  # given alone: argparse's words for a flag that needs its value
-            raise ValueError(f"argument {name}: expected one argument")
-        elif name == _LEVEL:
-            if text.lower() not in LEVELS:
-                choices = ", ".join(f"'{level}'" for level in LEVELS)
-                raise ValueError(
-                    f"argument {name}: invalid choice: '{text}' (choose from {choices})"
-                )
-            logs = replace(logs, level=text.lower())
-        else:  # vLLM's: one comma-separated list, blanks dropped
-            paths = tuple(path.strip() for path in text.split(",") if path.strip())
-            logs = replace(logs, excluded=paths)
-    return Serving(**values, uvicorn=logs)

@@ -1,5 +1,6 @@
 """vLLM's flags of how its HTTP server serves, read as vLLM reads them, into one recorded
-setting (`Settings.serving`) that part_settings.py hands to the front end:
+setting (`Settings.serving`) that part_settings.py hands to the front end (the last value
+of a flag wins, as argparse's; a switch may be given alone, meaning true, or with a BOOL):
 
 - `--sse-keep-alive-interval N`: whole seconds, 0 (off) by default; a negative number is
   refused in vLLM's words. /v1 chat and completions streams send `: keep-alive` when idle
@@ -7,25 +8,36 @@ setting (`Settings.serving`) that part_settings.py hands to the front end:
 - `--root-path PATH`: the prefix of a proxy that routes by path, FastAPI's `root_path` in
   vLLM (http/rootpath.py); "" (given empty or alone) or "/": none. It must start with
   "/", and a trailing "/" is dropped (with it, no prefixed path would reach a route).
-- `--disable-fastapi-docs [BOOL]`: a switch (alone: true): no `/openapi.json` (404), as
-  vLLM's; ge-serve serves no `/docs` or `/redoc` pages either way (http/app.py).
-
-The last value of a flag wins, as argparse's.
+- `--disable-fastapi-docs`: no `/openapi.json` (404), as vLLM's; ge-serve serves no
+  `/docs` or `/redoc` pages either way (http/app.py).
+- `--enable-server-load-tracking`: GET /load counts (http/openai/serverload.py).
+- `--uvicorn-log-level`, `--disable-uvicorn-access-log` and
+  `--disable-access-log-for-endpoints` (one comma-separated list, as vLLM's):
+  control/uvicornlogs.py.
+- `--enable-tokenizer-info-endpoint`: taken for vLLM's launch lines; GET /tokenizer_info
+  is served without it (http/openai/tokenize.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Final
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
 
-from ge_serve.backends.text_bool import parse_bool
-
-from .flags import Flag, flag
+from ..control.uvicornlogs import LEVELS, UvicornLogs
+from .flags import Flag, flag, given_value, switch_value
 
 _KEEP_ALIVE: Final = "--sse-keep-alive-interval"
 _ROOT_PATH: Final = "--root-path"
-_NO_DOCS: Final = "--disable-fastapi-docs"
+_LEVEL: Final = "--uvicorn-log-level"
+_NO_ACCESS_LOG: Final = "--disable-uvicorn-access-log"
+_NOT_LOGGED: Final = "--disable-access-log-for-endpoints"
+# Each switch among them, and its field.
+_SWITCHES: Final = {
+    "--disable-fastapi-docs": "disable_fastapi_docs",
+    "--enable-server-load-tracking": "load_tracking",
+    "--enable-tokenizer-info-endpoint": "tokenizer_info",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +45,19 @@ class Serving:
     sse_keep_alive_interval: int = 0
     root_path: str = ""
     disable_fastapi_docs: bool = False
+    load_tracking: bool = False
+    tokenizer_info: bool = False
+    uvicorn: UvicornLogs = field(default_factory=UvicornLogs)
 
 
 def flags() -> Mapping[str, Flag]:
     return flag(
         _KEEP_ALIVE,
         _ROOT_PATH,
-        _NO_DOCS,
+        *_SWITCHES,
+        _LEVEL,
+        _NO_ACCESS_LOG,
+        _NOT_LOGGED,
         record_flag=True,
         bare=True,
         check=_read,
@@ -47,17 +65,23 @@ def flags() -> Mapping[str, Flag]:
         help="vLLM's: --sse-keep-alive-interval N: /v1 chat and completions streams send an "
         "SSE comment ': keep-alive' after N idle seconds (0, the default: never); "
         "--root-path PATH: the prefix of a proxy that routes by path (paths are served "
-        "with and without it); --disable-fastapi-docs: no /openapi.json",
+        "with and without it); --disable-fastapi-docs: no /openapi.json; "
+        "--enable-server-load-tracking counts the requests in progress on vLLM's "
+        "inference routes, which GET /load answers (0 when off); "
+        f"{_LEVEL} {{{','.join(LEVELS)}}} (default: warning) sets uvicorn's loggers, and "
+        f"from info on writes its access log, unless {_NO_ACCESS_LOG}, without the paths "
+        f"of {_NOT_LOGGED} PATH[,PATH...]; --enable-tokenizer-info-endpoint is taken, "
+        "GET /tokenizer_info being always served",
     )
 
 
 def _interval(name: str, text: str) -> int:
-    if not text:  # given alone: argparse's words for a flag that needs its value
-        raise ValueError(f"argument {name}: expected one argument")
     try:
-        seconds = int(text)
-    except ValueError:
-        raise ValueError(f"argument {name}: invalid int value: '{text}'") from None
+        seconds = int(given_value(name, text))
+    except ValueError as exc:
+        if not text:
+            raise
+        raise ValueError(f"argument {name}: invalid int value: '{text}'") from exc
     if seconds < 0:
         raise ValueError(
             f"Error: {name} must be a non-negative integer (0 disables keep-alive comments)."
@@ -71,21 +95,28 @@ def _root_path(name: str, text: str) -> str:
     return text.rstrip("/")
 
 
-def _switch(name: str, text: str) -> bool:
-    """A switch's value: given alone, true; else a BOOL, refused naming the flag."""
-    try:
-        return not text or parse_bool(text)
-    except ValueError as exc:
-        raise ValueError(f"argument {name}: {exc}") from None
+def _level(name: str, text: str) -> str:
+    if given_value(name, text).lower() not in LEVELS:
+        choices = ", ".join(f"'{level}'" for level in LEVELS)
+        raise ValueError(f"argument {name}: invalid choice: '{text}' (choose from {choices})")
+    return text.lower()
 
 
 def _read(_name: str, given: Sequence[tuple[str, str]]) -> Serving:
-    interval, root_path, no_docs = 0, "", False
+    values: dict[str, Any] = {}
+    logs = UvicornLogs()
     for name, text in given:
-        if name == _KEEP_ALIVE:
-            interval = _interval(name, text)
+        if name in _SWITCHES:
+            values[_SWITCHES[name]] = switch_value(name, text)
+        elif name == _KEEP_ALIVE:
+            values["sse_keep_alive_interval"] = _interval(name, text)
         elif name == _ROOT_PATH:
-            root_path = _root_path(name, text)
-        else:
-            no_docs = _switch(name, text)
-    return Serving(interval, root_path, no_docs)
+            values["root_path"] = _root_path(name, text)
+        elif name == _NO_ACCESS_LOG:
+            logs = replace(logs, access_log=not switch_value(name, text))
+        elif name == _LEVEL:
+            logs = replace(logs, level=_level(name, text))
+        else:  # vLLM's: one comma-separated list, blanks dropped
+            paths = given_value(name, text).split(",")
+            logs = replace(logs, excluded=tuple(p.strip() for p in paths if p.strip()))
+    return Serving(**values, uvicorn=logs)
