@@ -23,12 +23,18 @@ def _under(path: str, root: str) -> bool:
     return path.startswith(root) and path[len(root) : len(root) + 1] in ("", "/")
 
 
+# Where `RootPath` notes the prefix it took, beside the scope's `root_path`: a mounted
+# application (KServe's `/openai`) adds its own mount path to `root_path`, which is no
+# part of the path the server's checks and error shapes read.
+_PREFIX = "ge_serve.root_path"
+
+
 def route_path(scope: Scope) -> str:
-    """The path the routes match: without the scope's root path where it starts with it,
-    as Starlette's routing reads it."""
+    """The path the routes match, without --root-path's prefix where it has it (the path
+    Starlette's routing reads at the top of the application)."""
     path: str = scope["path"]
-    root: str = scope.get("root_path", "")
-    return path[len(root) :] if root and _under(path, root) else path
+    root: str = scope.get(_PREFIX, "")
+    return path[len(root) :] if root else path
 
 
 class RootPath:
@@ -40,7 +46,7 @@ class RootPath:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket") and _under(scope["path"], self.root):
-            scope["root_path"] = self.root
+            scope["root_path"] = scope[_PREFIX] = self.root
         await self.app(scope, receive, send)
 
 
