@@ -18,9 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Literal
 
-CONTENT_FORMATS: Final = ("auto", "string", "openai")
+ContentFormatSetting = Literal["auto", "string", "openai"]
+CONTENT_FORMATS: Final[tuple[ContentFormatSetting, ...]] = ("auto", "string", "openai")
+# A request's template variables of these values are left unset (to the defaults'), as
+# vLLM's merge_kwargs leaves them.
+_UNSET: Final = (None, "auto")
 # The template variables the server sets, never a request's `chat_template_kwargs` (vLLM
 # refuses `chat_template` and `tokenize` there, and the rest are the request's own fields).
 SERVER_VARIABLES: Final = frozenset({"chat_template", "tokenize", "messages", "tools", "documents"})
@@ -29,11 +33,14 @@ SERVER_VARIABLES: Final = frozenset({"chat_template", "tokenize", "messages", "t
 @dataclass(frozen=True, slots=True)
 class ChatSettings:
     template: str | None = None
-    content_format: str = "auto"
+    content_format: ContentFormatSetting = "auto"
     default_kwargs: Mapping[str, Any] = field(default_factory=dict)
     trust_request_template: bool = False
     response_role: str = "assistant"
 
     def variables(self, given: Mapping[str, Any] | None) -> dict[str, Any]:
-        """The template's variables: the defaults, then the request's `given`."""
-        return {**self.default_kwargs, **(given or {})}
+        """The template's variables: the defaults, then the request's `given` (but for
+        its null and "auto" values, as vLLM merges them)."""
+        found = dict(self.default_kwargs)
+        found.update((key, value) for key, value in (given or {}).items() if value not in _UNSET)
+        return found

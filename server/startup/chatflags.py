@@ -6,7 +6,9 @@
   does not open is refused in vLLM's words. A template that does not compile is found
   at the first chat, as vLLM finds it: each chat is a 400 that says why.
 - `--chat-template-content-format {auto,string,openai}` (http/openai/contentformat.py).
-- `--default-chat-template-kwargs JSON`: a JSON object of template variables.
+- `--default-chat-template-kwargs JSON`: a JSON object of template variables (any, as
+  vLLM takes them: what a chat sets itself, its messages, or its tools and documents
+  where it sends them, wins).
 - `--trust-request-chat-template` (a switch).
 - `--response-role ROLE`.
 """
@@ -17,7 +19,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from ..control.chat import CONTENT_FORMATS, SERVER_VARIABLES, ChatSettings
+from ..control.chat import CONTENT_FORMATS, ChatSettings
 from .flags import Flag, flag, given_value, switch_value
 
 _TEMPLATE: Final = "--chat-template"
@@ -27,8 +29,6 @@ _TRUST: Final = "--trust-request-chat-template"
 _ROLE: Final = "--response-role"
 # Where vLLM takes a --chat-template that opens no file for the template itself.
 _JINJA_CHARACTERS: Final = "{}\n"
-# The variables a request's own fields set (template.py): no default can set them.
-_SET_BY_REQUESTS: Final = SERVER_VARIABLES | {"add_generation_prompt", "continue_final_message"}
 
 
 def chat_flag() -> Mapping[str, Flag]:
@@ -80,17 +80,13 @@ def _kwargs(text: str) -> dict[str, Any]:
         value = None
     if not isinstance(value, dict):
         raise ValueError(f"{_KWARGS} takes a JSON object, e.g. '{{\"enable_thinking\": false}}'")
-    clashing = sorted(_SET_BY_REQUESTS.intersection(value))
-    if clashing:
-        raise ValueError(
-            f"{_KWARGS} cannot set {clashing}: the server or each request's own fields set them"
-        )
     return value
 
 
 def _read(_name: str, given: Sequence[tuple[str, str]]) -> ChatSettings:
     values: dict[str, Any] = {}
-    for name, text in given:
+    # The last of each flag alone is read, as argparse keeps only it.
+    for name, text in dict(given).items():
         if name == _TRUST:
             values["trust_request_template"] = switch_value(name, text)
         elif name == _TEMPLATE:

@@ -45,7 +45,7 @@ def _json_list(name: str, text: str) -> tuple[str, ...]:
 
 def _read(_name: str, given: Sequence[tuple[str, str]]) -> CorsSettings:
     values: dict[str, Any] = {}
-    for name, text in given:
+    for name, text in dict(given).items():  # the last of each, as argparse keeps it
         key = name.removeprefix("--").replace("-", "_")
         values[key] = switch_value(name, text) if name == _CREDENTIALS else _json_list(name, text)
     return CorsSettings(**values)

@@ -105,7 +105,7 @@ def _level(name: str, text: str) -> str:
 def _read(_name: str, given: Sequence[tuple[str, str]]) -> Serving:
     values: dict[str, Any] = {}
     logs = UvicornLogs()
-    for name, text in given:
+    for name, text in dict(given).items():  # the last of each, as argparse keeps it
         if name in _SWITCHES:
             values[_SWITCHES[name]] = switch_value(name, text)
         elif name == _KEEP_ALIVE:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import pytest_asyncio
 import textgen
-from openai_inprocess import openai_client
+from openai_inprocess import error, openai_client
 
 from ge_serve.server.control.chat import ChatSettings
 
@@ -89,3 +89,23 @@ async def test_the_embedding_chat_form_renders_with_the_servers_template(
     text = await http.post("/v1/embeddings", json={"model": "embedder", "input": "hola user=hi "})
     assert chat.status_code == 200, chat.text
     assert chat.json()["data"][0]["embedding"] == text.json()["data"][0]["embedding"]
+
+
+async def test_the_responses_and_messages_apis_render_with_it(http: httpx.AsyncClient) -> None:
+    body = {"model": "textgen", "input": "hi", "max_output_tokens": 20}
+    found = await http.post("/v1/responses", json=body)
+    assert found.status_code == 200, found.text
+    assert found.json()["output"][0]["content"][0]["text"] == "hola user=hi go"
+    body = {"model": "textgen", "messages": HI, "max_tokens": 20}
+    found = await http.post("/v1/messages", json=body)
+    assert found.status_code == 200, found.text
+    assert found.json()["content"][0]["text"] == "hola user=hi go"
+
+
+async def test_a_requests_template_that_does_not_compile_is_its_400(
+    http: httpx.AsyncClient,
+) -> None:
+    body = {"model": "textgen", "messages": HI, "chat_template": "{% for %}"}
+    found = error(await http.post(CHAT, json=body))
+    assert (found["param"], found["code"]) == ("chat_template", "chat_template_invalid")
+    assert found["message"].startswith("The request's chat template does not compile: line 1")

@@ -4,17 +4,23 @@ role for templates that do not know it, and the default template variables."""
 
 from __future__ import annotations
 
+import sys
+import time
 from typing import Any
 
 import pytest
 
 from ge_serve.backends.base import TextGeneration
 from ge_serve.server.control.chat import ChatSettings
-from ge_serve.server.http.openai.contentformat import detect
 from ge_serve.server.http.openai.errors import OpenAIError
 from ge_serve.server.http.openai.messages import ChatMessage
 from ge_serve.server.http.openai.schemas import ChatCompletionRequest
-from ge_serve.server.http.openai.template import render, render_request
+from ge_serve.server.http.openai.template import (
+    content_form,
+    render,
+    render_request,
+    time_bounded,
+)
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -42,6 +48,12 @@ OPENAI_SHAPES = [
     "{% macro show(x, parts=none) %}{% for p in parts %}{{ p }}{% endfor %}{% endmacro %}"
     "{% for m in messages %}{{ show(1, parts=m['content']) }}{% endfor %}",
 ]
+# transformers' generation tag around the walk: parsed as the template is rendered.
+GENERATION_PARTS = (
+    "{% for m in messages %}{% generation %}{% for p in m['content'] %}{{ p['text'] }}"
+    "{% endfor %}{% endgeneration %}{% endfor %}"
+)
+OPENAI_SHAPES.append(GENERATION_PARTS)
 STRING_SHAPES = [
     CHATML,
     "{{ messages[0]['content'] }}{% for m in messages %}{{ m.role }}{% endfor %}",
@@ -61,12 +73,12 @@ def messages(*pairs: tuple[str, Any]) -> list[ChatMessage]:
 
 @pytest.mark.parametrize("template", OPENAI_SHAPES)
 def test_a_template_that_walks_a_messages_content_is_given_parts(template: str) -> None:
-    assert detect(template) == "openai"
+    assert content_form("auto", template) == "openai"
 
 
 @pytest.mark.parametrize("template", STRING_SHAPES)
 def test_other_templates_are_given_a_string(template: str) -> None:
-    assert detect(template) == "string"
+    assert content_form("auto", template) == "string"
 
 
 def test_the_content_format_decides_what_a_parts_template_prints() -> None:
@@ -114,6 +126,26 @@ def test_developer_messages_reach_a_template_without_that_role_as_system() -> No
     assert "<|im_start|>developer\nbe brief" in render(generation(knowing), sent)
 
 
+def test_merged_system_messages_reach_a_parts_template_as_a_part() -> None:
+    sent = messages(("system", "S"), ("developer", "D"), ("user", "u"))
+    assert render(generation(PARTS), sent) == "[system:S\n\nD|][user:u|]"
+
+
+def test_a_requests_template_that_runs_too_long_is_stopped() -> None:
+    looping = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    tracer = sys.gettrace()
+    started = time.monotonic()
+    with pytest.raises(OpenAIError) as refused:
+        time_bounded(lambda: render(generation(looping), messages(("user", "x"))), 0.3)
+    assert time.monotonic() - started < 5
+    assert refused.value.param == "chat_template"
+    assert str(refused.value) == "The request's chat template took more than 0.3 s to render"
+    assert sys.gettrace() is tracer  # the thread's tracer (a coverage tool's) is back
+    # A template within its time renders as any other.
+    fast = time_bounded(lambda: render(generation(CHATML), messages(("user", "x"))), 5)
+    assert fast == "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+
+
 def test_default_variables_are_under_the_requests_own() -> None:
     template = "{{ greeting }} {{ enable_thinking }} {{ messages[0]['content'] }}"
     chat = ChatSettings(default_kwargs={"greeting": "hola", "enable_thinking": False})
@@ -131,6 +163,26 @@ def test_default_variables_are_under_the_requests_own() -> None:
     # ...but not over the request's own kwargs.
     kwargs = {"enable_thinking": False}
     assert prompt(reasoning_effort="high", chat_template_kwargs=kwargs) == "hola False hi"
+    # A request's null or "auto" leaves the default, as vLLM merges them.
+    assert prompt(chat_template_kwargs={"greeting": None}) == "hola False hi"
+    assert prompt(chat_template_kwargs={"greeting": "auto"}) == "hola False hi"
+
+
+def test_default_documents_and_tools_are_where_a_request_sends_none() -> None:
+    template = "{{ documents | tojson }} {{ tools | tojson }}"
+    chat = ChatSettings(default_kwargs={"documents": [{"t": "d"}], "tools": ["x"]})
+
+    def prompt(**fields: Any) -> str:
+        body = ChatCompletionRequest.model_validate(
+            {"messages": [{"role": "user", "content": "hi"}], **fields}
+        )
+        return render_request(generation(template), body, fields.get("tools"), chat)
+
+    assert prompt() == '[{"t": "d"}] ["x"]'
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert prompt(documents=[{"t": "mine"}], tools=tools) == (
+        '[{"t": "mine"}] [{"type": "function", "function": {"name": "f"}}]'
+    )
 
 
 def test_a_template_that_refuses_parts_is_the_clients_400() -> None:

@@ -84,16 +84,19 @@ def embedder(model: ModelVersion) -> Embedder | None:
     return Embedder(text, vectors[0], count)
 
 
-def text_generation(model: ModelVersion) -> TextGeneration | None:
-    """The model's chat template and limits: its backend's, else its config's."""
-    if model.loaded.text_generation is not None:
-        return model.loaded.text_generation
+def text_generation(model: ModelVersion, template: str | None = None) -> TextGeneration | None:
+    """The model's chat template and limits: its backend's, else its config's; with
+    `template` (the server's or a request's) in place of its own template, where it has
+    one or not."""
+    found = model.loaded.text_generation
+    if found is not None:
+        return found if template is None else replace(found, chat_template=template)
     params = model.config.parameters
-    if "chat_template_source" not in params:
+    if template is None and "chat_template_source" not in params:
         return None
     limit = params["max_model_len"].string_value if "max_model_len" in params else "0"
     return TextGeneration(
-        chat_template=params["chat_template_source"].string_value,
+        chat_template=template or params["chat_template_source"].string_value,
         bos_token=params["bos_token"].string_value if "bos_token" in params else "",
         eos_token=params["eos_token"].string_value if "eos_token" in params else "",
         max_model_len=int(limit) if limit.isdigit() else 0,
@@ -122,7 +125,7 @@ class Catalog:
         self.core = core
         # --tool-call-parser and --max-tool-call-parse-bytes (tools.py).
         self.tools = tools or ToolSettings()
-        # --chat-template and vLLM's other chat flags (chatsettings.py).
+        # --chat-template and vLLM's other chat flags (control/chat.py).
         self.chat = chat or ChatSettings()
         # OpenAI's `created` of every model: when this server started (a model's own
         # creation time is not something a repository records).
@@ -172,29 +175,22 @@ class Catalog:
         """The generation a chat with `model` (served as `name`) renders with: its own,
         with the request's template (`requested`, where trusted) or --chat-template's in
         place of its own; a 400 where it has none."""
-        generation = self.templated(text_generation(model), requested)
+        generation = self.templated(model, requested)
         if generation is None or generation.chat_template is None:
             raise no_chat_template(name)
         return generation
 
-    def templated(
-        self, found: TextGeneration | None, requested: str | None = None
-    ) -> TextGeneration | None:
-        """`found` (a model's generation) with the template a chat renders with: the
-        request's `requested` (refused unless --trust-request-chat-template), else
-        --chat-template's, else its own; None where there is none."""
+    def templated(self, model: ModelVersion, requested: str | None = None) -> TextGeneration | None:
+        """The model's generation with the template a chat renders with: the request's
+        `requested` (refused unless --trust-request-chat-template), else --chat-template's,
+        else its own; None where there is none."""
         if requested is not None and not self.chat.trust_request_template:
             raise OpenAIError(
                 "Chat template is passed with request, but --trust-request-chat-template "
                 "is not set. Refused request with untrusted chat template.",
                 param="chat_template",
             )
-        template = requested or self.chat.template
-        if template is None:
-            return found
-        if found is None:
-            return TextGeneration(template, bos_token="", eos_token="", max_model_len=0)
-        return replace(found, chat_template=template)
+        return text_generation(model, requested or self.chat.template)
 
     def embedding(self, name: str) -> tuple[ModelVersion, Embedder]:
         model = self.model(name)

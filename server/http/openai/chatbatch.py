@@ -44,7 +44,7 @@ from .messages import ChatMessage
 from .objects import Answer
 from .prompts import MAX_PROMPTS, Prompt
 from .schemas import ChatCompletionRequest, ChatOptions, refuse_parts
-from .template import RENDERED_ON_THE_LOOP, render_request
+from .template import RENDERED_ON_THE_LOOP, render_request, time_bounded
 from .text import (
     answer_prompts,
     as_token_ids,
@@ -171,6 +171,8 @@ async def _rendered(
                 raise
         return prompts
 
+    if chats[0].chat_template:  # the request's own: the client's code (template.time_bounded)
+        return await asyncio.to_thread(time_bounded, rendered)
     if sum(len(chat.messages) for chat in chats) > RENDERED_ON_THE_LOOP:
         return await asyncio.to_thread(rendered)
     return rendered()

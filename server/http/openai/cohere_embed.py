@@ -40,7 +40,7 @@ from starlette.responses import Response
 from ge_serve.server.inference.model import ModelVersion
 
 from . import fields
-from .catalog import Catalog, Embedder, text_generation
+from .catalog import Catalog, Embedder
 from .embed_schemas import EmbeddingRequest, check_count
 from .embeddings import Vectors, answered, check_dimensions, embed, in_base64, vectors
 from .errors import CONTEXT_LENGTH_EXCEEDED, OpenAIError, unsupported
@@ -235,7 +235,7 @@ async def _vectors(
     conversation of the prefix as system message and the input as user message."""
     texts = body.texts or []
     if body.inputs is None:
-        generation = catalog.templated(text_generation(model))
+        generation = catalog.templated(model)
         if prefix is None or generation is None or generation.chat_template is None:
             given = [(prefix or "") + text for text in texts]
             params = [f"texts[{index}]" for index in range(len(given))]

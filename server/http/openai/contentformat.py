@@ -20,38 +20,19 @@ tool's result as text).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from functools import lru_cache
 from typing import Final, Literal
 
-import jinja2
-import jinja2.ext
 import jinja2.nodes as nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 ContentFormat = Literal["string", "openai"]
 _MESSAGES: Final = "messages"
 _CONTENT: Final = "content"
 
 
-def resolve(setting: str, template: str) -> ContentFormat:
-    """The format `template` is given content in under the flag's `setting`."""
-    if setting == "string":
-        return "string"
-    if setting == "openai":
-        return "openai"
-    return detect(template)
-
-
-@lru_cache(maxsize=32)
-def detect(template: str) -> ContentFormat:
-    """ "openai" where `template` loops over a message's content; a template that does
-    not parse is "string" (its chats are refused when it is compiled anyway)."""
-    environment = ImmutableSandboxedEnvironment(extensions=[jinja2.ext.loopcontrols])
-    try:
-        tree = environment.parse(template)
-    except jinja2.TemplateError:
-        return "string"
-    return "openai" if any(True for _ in _content_loops(tree)) else "string"
+def walks_parts(tree: nodes.Template) -> bool:
+    """Whether the template (parsed by template.py's environment) loops over a
+    message's content: "auto" gives it "openai"."""
+    return any(True for _ in _content_loops(tree))
 
 
 def _dotted(node: nodes.Node) -> str | None:

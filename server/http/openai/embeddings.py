@@ -51,12 +51,12 @@ from ge_serve.server.inference.model import ModelVersion
 from ge_serve.server.inference.types import InferRequest, InferResponse, Tensor
 from ge_serve.server.inference.wire import object_array
 
-from .catalog import Catalog, Embedder, text_generation
+from .catalog import Catalog, Embedder
 from .choices import all_of
 from .embed_schemas import NO_CHAT_TEMPLATE, EmbeddingRequest, PooledBody
 from .errors import OpenAIError, from_server_error
 from .messages import ChatMessage
-from .template import RENDERED_ON_THE_LOOP, render
+from .template import RENDERED_ON_THE_LOOP, render, time_bounded
 
 # What an ensemble puts in front of a step's error (scheduler/ensemble.py), once per level.
 _ENSEMBLE_PREFIX = re.compile(r"^(?:in ensemble '[^']*', )+")
@@ -140,7 +140,7 @@ async def vectors(
         params = [f"input[{i}]" if listed else "input" for i in range(len(texts))]
         return await embed(catalog, model, embedder, texts, params)
     name, conversations = chat
-    generation = catalog.templated(text_generation(model), body.chat_template)
+    generation = catalog.templated(model, body.chat_template)
     if generation is None or generation.chat_template is None:
         raise OpenAIError(NO_CHAT_TEMPLATE, param=name)
     extra = catalog.chat.variables(body.chat_template_kwargs)
@@ -158,13 +158,17 @@ async def vectors(
                 extra=extra,
                 blame="chat_template_kwargs" if body.chat_template_kwargs else name,
                 content_format=catalog.chat.content_format,
+                own=bool(body.chat_template),
             )
             for conversation in conversations
         ]
 
     # Messages and their content parts: the template walks each.
     many = sum(map(_pieces, conversations)) > RENDERED_ON_THE_LOOP
-    texts = await asyncio.to_thread(rendered) if many else rendered()
+    if body.chat_template:  # the request's own: the client's code (template.time_bounded)
+        texts = await asyncio.to_thread(time_bounded, rendered)
+    else:
+        texts = await asyncio.to_thread(rendered) if many else rendered()
     listed = indexed or len(texts) > 1
     params = [f"{name}[{i}]" if listed else name for i in range(len(texts))]
     return await embed(catalog, model, embedder, texts, params)

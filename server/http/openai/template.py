@@ -52,10 +52,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+import sys
+import time
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import lru_cache
-from typing import Any, NoReturn
+from types import FrameType
+from typing import Any, Final, NoReturn, TypeVar
 
 import jinja2
 import jinja2.ext
@@ -66,7 +69,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from ge_serve.backends.base import TextGeneration
 from ge_serve.server.control.chat import ChatSettings
 
-from . import contentformat
+from .contentformat import ContentFormat, walks_parts
 from .errors import OpenAIError
 from .messages import ChatMessage
 from .schemas import ChatCompletionRequest
@@ -77,6 +80,10 @@ CHAT_TEMPLATE_INVALID = "chat_template_invalid"
 # A template walks every message in Python (seconds for a million): conversations of more
 # messages than this are rendered off the event loop's thread.
 RENDERED_ON_THE_LOOP = 64
+# How long a request's own template may render (--trust-request-chat-template): vLLM's
+# VLLM_CHAT_TEMPLATE_RENDER_TIMEOUT default.
+REQUEST_TEMPLATE_SECONDS: Final = 30.0
+T = TypeVar("T")
 # Where the message to continue ends; the space tells whether the template strips it.
 _MARK = "GE_SERVE_CONTINUE_FINAL_MESSAGE "
 # Where it begins: what a trimming template prints before an empty message is kept.
@@ -123,10 +130,13 @@ class _Generation(jinja2.ext.Extension):
         return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
-@lru_cache(maxsize=16)
-def _compiled(source: str) -> jinja2.Template | str:
-    """The template, or why it does not compile (kept, so a template that does not is
-    compiled, and logged, once rather than on every chat)."""
+class _TooLong(Exception):
+    """A request's own template ran past its time (`time_bounded`)."""
+
+
+@lru_cache(maxsize=1)
+def _environment() -> ImmutableSandboxedEnvironment:
+    """transformers' environment, built once, on first use."""
     environment = ImmutableSandboxedEnvironment(
         trim_blocks=True,
         lstrip_blocks=True,
@@ -135,13 +145,68 @@ def _compiled(source: str) -> jinja2.Template | str:
     environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = _strftime_now
     environment.filters["tojson"] = _tojson
+    return environment
+
+
+@lru_cache(maxsize=16)
+def _compiled(source: str) -> jinja2.Template | str:
+    """The template, or why it does not compile (kept, so a template that does not is
+    compiled once rather than on every chat)."""
     try:
-        return environment.from_string(source)
+        return _environment().from_string(source)
     except jinja2.TemplateError as exc:
         where = f"line {exc.lineno}: " if isinstance(exc, jinja2.TemplateSyntaxError) else ""
-        reason = f"{where}{exc}"
-        log.warning("a model's chat template does not compile, its chats are refused: %s", reason)
-        return reason
+        return f"{where}{exc}"
+
+
+@lru_cache(maxsize=16)
+def _warn(reason: str) -> None:
+    """Once per reason: a model's or the server's template is the operator's to mend."""
+    log.warning("a chat template does not compile, its chats are refused: %s", reason)
+
+
+def content_form(setting: str, source: str) -> ContentFormat:
+    """The form `source` is given messages' content in under
+    --chat-template-content-format's `setting` (contentformat.py)."""
+    if setting in ("string", "openai"):
+        return "openai" if setting == "openai" else "string"
+    return _detected(source)
+
+
+@lru_cache(maxsize=32)
+def _detected(source: str) -> ContentFormat:
+    try:
+        tree = _environment().parse(source)
+    except jinja2.TemplateError:
+        return "string"  # its chats are refused when it is compiled anyway
+    return "openai" if walks_parts(tree) else "string"
+
+
+def time_bounded(work: Callable[[], T], seconds: float = REQUEST_TEMPLATE_SECONDS) -> T:
+    """`work()` (the rendering of a request's own template, on a worker thread), stopped
+    once it has run `seconds`: such a template is the client's code, which the sandbox
+    keeps from the server's objects but not from looping for as long as it likes. A trace
+    function on this thread alone checks the time at each line the template's code runs
+    (and costs that template alone); a stuck thread could not be stopped otherwise, and
+    would hold the interpreter for as long as it ran."""
+    deadline = time.monotonic() + seconds
+
+    def check(frame: FrameType, event: str, arg: Any) -> Any:
+        if time.monotonic() > deadline:
+            raise _TooLong
+        return check
+
+    previous = sys.gettrace()
+    sys.settrace(check)
+    try:
+        return work()
+    except _TooLong:
+        raise OpenAIError(
+            f"The request's chat template took more than {seconds:g} s to render",
+            param="chat_template",
+        ) from None
+    finally:
+        sys.settrace(previous)
 
 
 def variables(body: ChatCompletionRequest, chat: ChatSettings | None = None) -> dict[str, Any]:
@@ -150,11 +215,12 @@ def variables(body: ChatCompletionRequest, chat: ChatSettings | None = None) -> 
     `reasoning_effort` (which sets `enable_thinking` too, where the request's kwargs do
     not: over the defaults', as vLLM's)."""
     given = body.chat_template_kwargs or {}
-    found = chat.variables(given) if chat is not None else dict(given)
+    found = (chat or ChatSettings()).variables(given)
     # The renderer's options, checked equal to the request's own: not variables.
     found.pop("add_generation_prompt", None)
     found.pop("continue_final_message", None)
-    found["documents"] = body.documents
+    if body.documents is not None:  # else the defaults' (or none)
+        found["documents"] = body.documents
     if body.reasoning_effort is not None:
         found["reasoning_effort"] = body.reasoning_effort
         if "enable_thinking" not in given:
@@ -178,6 +244,7 @@ def render_request(
         extra=variables(body, chat),
         tools=tools,
         content_format=chat.content_format if chat is not None else "auto",
+        own=bool(body.chat_template),
         # The client's own variables are what a template most likely trips over.
         blame="chat_template_kwargs" if body.chat_template_kwargs else "messages",
     )
@@ -193,25 +260,33 @@ def render(
     blame: str = "messages",
     tools: list[dict[str, Any]] | None = None,
     content_format: str = "auto",
+    own: bool = False,
 ) -> str:
     """The prompt for `messages`: ending where the assistant's answer begins, or with
     `continue_final`, where the last message ends. `extra`: more variables; `blame`: the
-    field a template's failure is the client's 400 on; `content_format`: how messages'
-    content is given (contentformat.py)."""
+    field a template's failure is the client's 400 on; `content_format`: how
+    messages' content is given (`content_form`); `own`: the template is the request's."""
     source = generation.chat_template
     assert source is not None
     template = _compiled(source)
     if isinstance(template, str):
+        if own:
+            raise OpenAIError(
+                f"The request's chat template does not compile: {template}",
+                param="chat_template",
+                code=CHAT_TEMPLATE_INVALID,
+            )
+        _warn(template)
         raise OpenAIError(
-            f"The model's chat template does not compile: {template}. Use /v1/completions "
-            "with a prompt, or give the model a chat template that compiles",
+            f"The chat template does not compile: {template}. Use /v1/completions with a "
+            "prompt, or give the model a chat template that compiles",
             param="model",
             code=CHAT_TEMPLATE_INVALID,
         )
-    parts = contentformat.resolve(content_format, source) == "openai"
+    parts = content_form(content_format, source) == "openai"
     conversation = [_message(index, message, parts) for index, message in enumerate(messages)]
     if not _names_developer(source):
-        conversation = _as_system(conversation)
+        conversation = _as_system(conversation, parts)
     final = ""
     if continue_final:
         final = _mark_final(conversation[-1])
@@ -221,13 +296,16 @@ def render(
         "documents": None,
         **(extra or {}),
         "messages": conversation,
-        "tools": tools,
+        # The request's, else the defaults' (--default-chat-template-kwargs), as vLLM's.
+        "tools": tools if tools is not None else (extra or {}).get("tools"),
         "add_generation_prompt": add_generation_prompt,
     }
     try:
         rendered = template.render(context)
     except _Refused as exc:
         raise OpenAIError(f"The conversation was refused: {exc}", param="messages") from None
+    except _TooLong:
+        raise  # time_bounded's
     except Exception as exc:
         # Whatever a template raises on what a client sent (a ZeroDivisionError, the
         # sandbox's OverflowError for a range too big...) is the client's 400, never a 500.
@@ -258,11 +336,13 @@ def _names_developer(source: str) -> bool:
     return '"developer"' in source or "'developer'" in source
 
 
-def _as_system(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _as_system(conversation: list[dict[str, Any]], parts: bool) -> list[dict[str, Any]]:
     """A template that does not know the `developer` role (OpenAI's name for system
     instructions, which its SDKs send for newer models) is given them as `system`, all
     system messages merged into a first one where they are several or not first (many
-    templates take one system message, first), as vLLM does."""
+    templates take one system message, first), as vLLM does; `parts`: the merged text as
+    one part, where content is given as parts (vLLM gives a string, which such a template
+    walks character by character, losing the instructions)."""
     if not any(message["role"] == "developer" for message in conversation):
         return conversation
     system: list[str] = []
@@ -273,13 +353,15 @@ def _as_system(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
             rest.append(message)
             continue
         merge = merge or index > 0 or bool(system)
-        content = message["content"]
-        text = content if isinstance(content, str) else "\n".join(p["text"] for p in content)
+        given = message["content"]
+        text = given if isinstance(given, str) else "\n".join(p["text"] for p in given)
         if text:
             system.append(text)
     if not merge:
         return [{**conversation[0], "role": "system"}, *conversation[1:]]
-    return [{"role": "system", "content": "\n\n".join(system)}, *rest]
+    merged = "\n\n".join(system)
+    content: str | list[dict[str, Any]] = [{"type": "text", "text": merged}] if parts else merged
+    return [{"role": "system", "content": content}, *rest]
 
 
 def _opened(rendered: str, final: str) -> str:

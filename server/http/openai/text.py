@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from typing import Any
 
 import orjson
@@ -48,7 +49,7 @@ from .logprobs import Logprobs
 from .objects import Answer
 from .prompts import IDS_INLINE, THREADED, Prompt, check_fit, echo_texts
 from .schemas import ChatCompletionRequest, ChatOptions, CompletionRequest, Sampling
-from .template import RENDERED_ON_THE_LOOP, render_request, variables
+from .template import RENDERED_ON_THE_LOOP, render_request, time_bounded, variables
 from .tools import plan, template_tools
 
 # vLLM's names of the APIs, in its words for a server without a generative model.
@@ -183,10 +184,14 @@ async def chat_prompt(
 ) -> str:
     """The chat's prompt (template.render_request, for a model with a chat template,
     under the server's chat settings), rendered off the loop when long."""
+    work = functools.partial(render_request, generation, body, tools, catalog.chat)
+    if body.chat_template:
+        # The request's own (--trust-request-chat-template): the client's code.
+        return await asyncio.to_thread(time_bounded, work)
     if len(body.messages) > RENDERED_ON_THE_LOOP:
         # A template walks every message in Python: seconds for a million of them.
-        return await asyncio.to_thread(render_request, generation, body, tools, catalog.chat)
-    return render_request(generation, body, tools, catalog.chat)
+        return await asyncio.to_thread(work)
+    return work()
 
 
 def identity(

@@ -179,7 +179,8 @@ async def detokenize(catalog: Catalog, body: DetokenizeRequest) -> dict[str, Any
 async def tokenizer_info(catalog: Catalog, name: str | None) -> dict[str, Any]:
     """vLLM's tokenizer configuration, as far as the server knows it (`model`: a query
     parameter, ge-serve's, for a server with several tokenizers)."""
-    generation, _ = tokenizer_of(catalog, await named(catalog, name))
+    model = await named(catalog, name)
+    generation, _ = tokenizer_of(catalog, model)
     found: dict[str, Any] = {
         # What transformers' AutoTokenizer builds from a lone tokenizer.json.
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -188,7 +189,7 @@ async def tokenizer_info(catalog: Catalog, name: str | None) -> dict[str, Any]:
     for key, token in (("bos_token", generation.bos_token), ("eos_token", generation.eos_token)):
         if token:
             found[key] = token
-    shown = catalog.templated(generation)  # --chat-template's, as vLLM shows it
+    shown = catalog.templated(catalog.model(model))  # --chat-template's, as vLLM shows it
     if shown is not None and shown.chat_template is not None:
         found["chat_template"] = shown.chat_template
     return found
