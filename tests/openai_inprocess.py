@@ -35,11 +35,13 @@ async def openai_client(
     models: Iterable[str],
     tools: ToolSettings | None = None,
     chat: ChatSettings | None = None,
+    **settings: Any,
 ) -> AsyncIterator[httpx.AsyncClient]:
     """A client of the HTTP front end over `repo` with `models` loaded (each must load);
     the models are unloaded and the Python workers ended after. `tools`: the server's
-    /v1 parsers (--tool-call-parser, --reasoning-parser); `chat`: its chat flags."""
-    async with openai_app(repo, models, tools, chat) as (client, _):
+    /v1 parsers (--tool-call-parser, --reasoning-parser); `chat`: its chat flags;
+    `settings`: other fields of its HttpSettings."""
+    async with openai_app(repo, models, tools, chat, **settings) as (client, _):
         yield client
 
 
@@ -49,6 +51,7 @@ async def openai_app(
     models: Iterable[str],
     tools: ToolSettings | None = None,
     chat: ChatSettings | None = None,
+    **settings: Any,
 ) -> AsyncIterator[tuple[httpx.AsyncClient, InferenceServer]]:
     """`openai_client`'s client with the core behind it (for a test that reaches a loaded
     model's scheduler)."""
@@ -63,12 +66,12 @@ async def openai_app(
     python.attach_core(CoreBridge(core, asyncio.get_running_loop()))
     try:
         assert await lifecycle.load_many(list(models)) == {}
-        settings = HttpSettings(max_input_size=1 << 20, restricted_api=())
+        given = HttpSettings(max_input_size=1 << 20, restricted_api=(), **settings)
         if tools is not None:
-            settings = dataclasses.replace(settings, tools=tools)
+            given = dataclasses.replace(given, tools=tools)
         if chat is not None:
-            settings = dataclasses.replace(settings, chat=chat)
-        front = HttpFrontEnd(core, settings)
+            given = dataclasses.replace(given, chat=chat)
+        front = HttpFrontEnd(core, given)
         transport = httpx.ASGITransport(app=front.build())
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield client, core

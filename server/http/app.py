@@ -25,6 +25,7 @@ from starlette.types import ASGIApp
 
 from ge_serve.server.control.chat import ChatSettings
 from ge_serve.server.control.cors import CorsSettings
+from ge_serve.server.control.requestlog import RequestLogging
 from ge_serve.server.control.restrictions import RestrictedApis
 from ge_serve.server.control.stopping import DrainGate
 from ge_serve.server.control.uvicornlogs import UvicornLogs
@@ -96,6 +97,8 @@ class HttpSettings:
     request_id_headers: bool = False
     # vLLM's --enable-server-load-tracking: /load counts (openai/serverload.py).
     load_tracking: bool = False
+    # vLLM's --enable-log-requests and its companions (control/requestlog.py).
+    request_log: RequestLogging = field(default_factory=RequestLogging)
     # vLLM's uvicorn log flags, which HTTP workers apply too (control/uvicornlogs.py).
     uvicorn_logs: UvicornLogs = field(default_factory=UvicornLogs)
     # vLLM's --root-path: the prefix of a path-routing proxy ("" none; rootpath.py).
@@ -191,7 +194,11 @@ class HttpFrontEnd:
             self.route("/", self.kserve_live, ["GET"]),
             # Last: the table is tried in order when the inference shortcut is off.
             *openai_routes.routes(
-                self, self.settings.tools, self.settings.chat, self.settings.load_tracking
+                self,
+                self.settings.tools,
+                self.settings.chat,
+                self.settings.load_tracking,
+                self.settings.request_log,
             ),
         ]
 

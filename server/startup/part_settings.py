@@ -110,6 +110,7 @@ def http_settings(settings: Settings) -> HttpSettings:
         chat=settings.chat,
         request_id_headers=settings.enable_request_id_headers,
         load_tracking=settings.serving.load_tracking,
+        request_log=settings.serving.log,
         uvicorn_logs=settings.serving.uvicorn,
         root_path=settings.serving.root_path,
         openapi=not settings.serving.disable_fastapi_docs,

@@ -16,6 +16,9 @@ of a flag wins, as argparse's; a switch may be given alone, meaning true, or wit
   control/uvicornlogs.py.
 - `--enable-tokenizer-info-endpoint`: taken for vLLM's launch lines; GET /tokenizer_info
   is served without it (http/openai/tokenize.py).
+- `--enable-log-requests`, `--max-log-len N`, `--enable-log-outputs` (which needs
+  `--enable-log-requests`, as vLLM's) and `--enable-log-deltas` (true by default):
+  control/requestlog.py.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from ..control.requestlog import RequestLogging
 from ..control.uvicornlogs import LEVELS, UvicornLogs
 from .flags import Flag, flag, given_value, switch_value
 
@@ -32,6 +36,13 @@ _ROOT_PATH: Final = "--root-path"
 _LEVEL: Final = "--uvicorn-log-level"
 _NO_ACCESS_LOG: Final = "--disable-uvicorn-access-log"
 _NOT_LOGGED: Final = "--disable-access-log-for-endpoints"
+_MAX_LOG_LEN: Final = "--max-log-len"
+# The request log's switches, and their fields.
+_LOG_SWITCHES: Final = {
+    "--enable-log-requests": "requests",
+    "--enable-log-outputs": "outputs",
+    "--enable-log-deltas": "deltas",
+}
 # Each switch among them, and its field.
 _SWITCHES: Final = {
     "--disable-fastapi-docs": "disable_fastapi_docs",
@@ -48,6 +59,7 @@ class Serving:
     load_tracking: bool = False
     tokenizer_info: bool = False
     uvicorn: UvicornLogs = field(default_factory=UvicornLogs)
+    log: RequestLogging = field(default_factory=RequestLogging)
 
 
 def flags() -> Mapping[str, Flag]:
@@ -58,6 +70,8 @@ def flags() -> Mapping[str, Flag]:
         _LEVEL,
         _NO_ACCESS_LOG,
         _NOT_LOGGED,
+        *_LOG_SWITCHES,
+        _MAX_LOG_LEN,
         record_flag=True,
         bare=True,
         check=_read,
@@ -71,22 +85,36 @@ def flags() -> Mapping[str, Flag]:
         f"{_LEVEL} {{{','.join(LEVELS)}}} (default: warning) sets uvicorn's loggers, and "
         f"from info on writes its access log, unless {_NO_ACCESS_LOG}, without the paths "
         f"of {_NOT_LOGGED} PATH[,PATH...]; --enable-tokenizer-info-endpoint is taken, "
-        "GET /tokenizer_info being always served",
+        "GET /tokenizer_info being always served; --enable-log-requests logs each /v1 "
+        "generation request (its prompt with --log-verbose), --enable-log-outputs its "
+        "answer (a stream's pieces too, unless --enable-log-deltas=false), "
+        "--max-log-len N cuts what is logged of a prompt or an answer",
     )
 
 
-def _interval(name: str, text: str) -> int:
+def _integer(name: str, text: str) -> int:
     try:
-        seconds = int(given_value(name, text))
+        return int(given_value(name, text))
     except ValueError as exc:
         if not text:
-            raise
+            raise  # given alone: given_value's words
         raise ValueError(f"argument {name}: invalid int value: '{text}'") from exc
+
+
+def _interval(name: str, text: str) -> int:
+    seconds = _integer(name, text)
     if seconds < 0:
         raise ValueError(
             f"Error: {name} must be a non-negative integer (0 disables keep-alive comments)."
         )
     return seconds
+
+
+def _length(name: str, text: str) -> int:
+    length = _integer(name, text)
+    if length < 0:
+        raise ValueError(f"argument {name}: must be 0 or more, got {length}")
+    return length
 
 
 def _root_path(name: str, text: str) -> str:
@@ -105,6 +133,7 @@ def _level(name: str, text: str) -> str:
 def _read(_name: str, given: Sequence[tuple[str, str]]) -> Serving:
     values: dict[str, Any] = {}
     logs = UvicornLogs()
+    requests = RequestLogging()
     for name, text in dict(given).items():  # the last of each, as argparse keeps it
         if name in _SWITCHES:
             values[_SWITCHES[name]] = switch_value(name, text)
@@ -112,6 +141,10 @@ def _read(_name: str, given: Sequence[tuple[str, str]]) -> Serving:
             values["sse_keep_alive_interval"] = _interval(name, text)
         elif name == _ROOT_PATH:
             values["root_path"] = _root_path(name, text)
+        elif name in _LOG_SWITCHES:
+            requests = replace(requests, **{_LOG_SWITCHES[name]: switch_value(name, text)})
+        elif name == _MAX_LOG_LEN:
+            requests = replace(requests, max_len=_length(name, text))
         elif name == _NO_ACCESS_LOG:
             logs = replace(logs, access_log=not switch_value(name, text))
         elif name == _LEVEL:
@@ -119,4 +152,6 @@ def _read(_name: str, given: Sequence[tuple[str, str]]) -> Serving:
         else:  # vLLM's: one comma-separated list, blanks dropped
             paths = given_value(name, text).split(",")
             logs = replace(logs, excluded=tuple(p.strip() for p in paths if p.strip()))
-    return Serving(**values, uvicorn=logs)
+    if requests.outputs and not requests.requests:
+        raise ValueError("Error: --enable-log-outputs requires --enable-log-requests")
+    return Serving(**values, uvicorn=logs, log=requests)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ge_serve.server.cli import parse_settings
+from ge_serve.server.control.requestlog import RequestLogging
 from ge_serve.server.http.app import HttpSettings
 from ge_serve.server.startup.part_settings import http_settings
 
@@ -57,3 +58,19 @@ def test_disable_fastapi_docs(capsys: pytest.CaptureFixture[str]) -> None:
     assert "argument --disable-fastapi-docs: expected true or false" in refused(
         capsys, "--disable-fastapi-docs=maybe"
     )
+
+
+def test_request_log_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    assert http().request_log == RequestLogging(False, None, False, True)
+    given = http(
+        "--enable-log-requests", "--enable-log-outputs", "--max-log-len", "100",
+        "--enable-log-deltas=false",
+    )  # fmt: skip
+    assert given.request_log == RequestLogging(True, 100, True, False)
+    assert "Error: --enable-log-outputs requires --enable-log-requests" in refused(
+        capsys, "--enable-log-outputs"
+    )
+    assert "argument --max-log-len: must be 0 or more, got -1" in refused(
+        capsys, "--max-log-len", "-1"
+    )
+    assert "argument --max-log-len: invalid int value: 'x'" in refused(capsys, "--max-log-len=x")

@@ -57,11 +57,11 @@ async def create(
     the loop for a large body, routes.py)."""
     stream = bool(body.stream)
     # vLLM's Messages request has no `priority`: only the header sets it, as chat's does.
+    identity = "msg_" + (request_id(request, None) or uuid.uuid4().hex)
     planned = await prepare(
         catalog, request, chat, ROUTE, model=body.model, limit=body.max_tokens,
-        stream=stream, output_field="output_config",
+        stream=stream, output_field="output_config", answer_id=identity,
     )  # fmt: skip
-    identity = "msg_" + (request_id(request, None) or uuid.uuid4().hex)
     if not stream:
         text, reason, usage, _ = await whole(catalog, request, planned)
         content, arguments = _content(text, planned.tools, planned.thinking)

@@ -30,6 +30,7 @@ from typing import Any
 
 from ge_serve.backends.base import TextGeneration
 from ge_serve.server.control.chat import ChatSettings
+from ge_serve.server.control.requestlog import RequestLogging
 from ge_serve.server.errors import ErrorCode, ServerError
 from ge_serve.server.inference.core import InferenceServer
 from ge_serve.server.inference.model import ModelVersion, TensorSpec
@@ -121,12 +122,15 @@ class Catalog:
         core: InferenceServer,
         tools: ToolSettings | None = None,
         chat: ChatSettings | None = None,
+        log: RequestLogging | None = None,
     ) -> None:
         self.core = core
         # --tool-call-parser and --max-tool-call-parse-bytes (tools.py).
         self.tools = tools or ToolSettings()
         # --chat-template and vLLM's other chat flags (control/chat.py).
         self.chat = chat or ChatSettings()
+        # --enable-log-requests and its companions (control/requestlog.py).
+        self.log = log or RequestLogging()
         # OpenAI's `created` of every model: when this server started (a model's own
         # creation time is not something a repository records).
         self.created = int(time.time())

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
+from ge_serve.server.control.requestlog import Outputs
 from ge_serve.server.inference.model import ModelVersion
 from ge_serve.server.inference.types import InferRequest
 
@@ -60,6 +61,8 @@ class Planned:
     tags: Tags | None
     request: InferRequest
     params: Params
+    # --enable-log-outputs: the whole answers are logged (control/requestlog.py).
+    outputs: Outputs | None = None
 
 
 async def prepare(
@@ -73,6 +76,7 @@ async def prepare(
     stream: bool,
     output_field: str,
     priority: int | None = None,
+    answer_id: str = "",
 ) -> Planned:
     """The request to the generative model `model` names; `output_field`: the field
     whose structured outputs constrain an answer without forced tools."""
@@ -122,7 +126,9 @@ async def prepare(
     except OpenAIError as exc:  # a refusal names this API's field
         raise route.renamed(exc) from None
     params = Params(route.prompt_field, sent, counted, cached=cached)
-    return Planned(route, name, found, tools, thinking, tags, infer_request, params)
+    catalog.log.received(answer_id, prompt, {**given, "n": 1})
+    outputs = catalog.log.outputs_of(answer_id, 1)
+    return Planned(route, name, found, tools, thinking, tags, infer_request, params, outputs)
 
 
 async def whole(
@@ -131,11 +137,14 @@ async def whole(
     """The whole answer (answers.collect), cancelled with a client that leaves."""
     counting = tokenids.thoughts(planned.tags)
     try:
-        return await until_disconnect(
+        found = await until_disconnect(
             request, collect(catalog.core, planned.request, planned.params, counting)
         )
     except OpenAIError as exc:
         raise planned.route.renamed(exc) from None
+    if planned.outputs is not None:
+        planned.outputs.whole(0, found[0], found[1])
+    return found
 
 
 async def first_piece(

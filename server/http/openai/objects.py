@@ -25,6 +25,8 @@ from typing import Any
 
 import orjson
 
+from ge_serve.server.control.requestlog import Outputs
+
 from .answers import Usage
 from .logprobs import Entry, Logprobs, echoed
 from .reasoning import Reasoning
@@ -81,6 +83,8 @@ class Answer:
     token_ids: bool = False
     # The generated ids a stream's chunks have carried.
     ids_sent: int = 0
+    # --enable-log-outputs (control/requestlog.py): what logs the answers; None: nothing.
+    log: Outputs | None = None
 
     def __post_init__(self) -> None:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + (self.id or uuid.uuid4().hex)

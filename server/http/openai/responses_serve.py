@@ -51,14 +51,14 @@ async def create(catalog: Catalog, request: Request, body: ResponsesRequest) -> 
     stream = bool(body.stream)
     has_format = body.text is not None and body.text.format is not None
     route = replace(ROUTE, include_reasoning=body.include_reasoning)
+    identity = Identity(body, request_id(request, body.request_id))
     planned = await prepare(
         catalog, request, chat, route, model=body.model, limit=body.max_output_tokens,
         stream=stream, output_field="text" if has_format else "structured_outputs",
-        priority=chat.priority,
+        priority=chat.priority, answer_id=identity.id,
     )  # fmt: skip
     # The answer echoes the model that serves it, named or not.
-    body = body.model_copy(update={"model": planned.name})
-    identity = Identity(body, request_id(request, body.request_id))
+    body = identity.body = body.model_copy(update={"model": planned.name})
     if body.logprobs_asked():
         identity.top_logprobs = body.top_logprobs or 0
         identity.as_ids = catalog.tools.tokens_as_ids

@@ -40,6 +40,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ge_serve.server.control.chat import ChatSettings
+from ge_serve.server.control.requestlog import RequestLogging
 from ge_serve.server.errors import ServerError, internal
 
 from ..disconnects import CLIENT_GONE, ClientGone, until_disconnect
@@ -99,8 +100,9 @@ def routes(
     tools: ToolSettings | None = None,
     chats: ChatSettings | None = None,
     load_tracking: bool = False,
+    request_log: RequestLogging | None = None,
 ) -> list[Route]:
-    catalog = Catalog(front.core, tools, chats)
+    catalog = Catalog(front.core, tools, chats, request_log)
     load = serverload.ServerLoad(load_tracking)
     management = ModelManagement(front.core, catalog)
 

@@ -296,12 +296,17 @@ async def answer_prompts(
         if use is not None and use.after is not None:
             values = {**given, structured.AFTER: use.after}  # the grammar after the thoughts
         values = thinking.grammar_first(values, use is not None)
+        logged = f"{answer.id}-{p}" if len(prompts) > 1 else answer.id
+        catalog.log.received(logged, prompts[p], {**values, "n": n})
         for each in seeded(values, n) if n > 1 else [values]:
             infer_request, sent = build_request(
                 model, prompt, stream, each, body.default_max_tokens, reads_ids, cached
             )
             requests.append(infer_request)
     params = Params("messages" if answer.chat else "prompt", sent, reads_ids, cached)
+    answer.log = catalog.log.outputs_of(answer.id, len(requests))
+    for head in heads or ():
+        head.log = answer.log
     answers = [answer if heads is None else heads[0]]
     if len(requests) > 1:
         answers = [
@@ -321,6 +326,8 @@ async def answer_prompts(
             request, collect(catalog.core, requests[0], params, tokenids.thoughts(one.tags))
         )
         body_json = one.whole(text, reason, usage, entries)
+        if answer.log is not None:
+            answer.log.whole(0, text, reason)
     else:
         # vLLM's: each prompt counted once, the choices' generated tokens summed.
         counts = [tokenids.thoughts(choice.tags) for choice in answers]
@@ -332,7 +339,10 @@ async def answer_prompts(
         total.thoughts = tokenids.summed(counts)
         total.cached_tokens = cached_total([results[k][2] for k in range(0, len(results), n)])
         choices = []
-        for choice, (text, reason, usage, entries) in zip(answers, results, strict=True):
+        for k, (text, reason, usage, entries) in enumerate(results):
+            choice = answers[k]
+            if answer.log is not None:
+                answer.log.whole(k, text, reason)
             total.completion_tokens += usage.completion_tokens
             found, stop = usage.prompt_logprobs, usage.stop_reason
             choices.append(choice.whole_choice(text, reason, entries, found, stop, usage.token_ids))

@@ -170,6 +170,8 @@ async def _events(
             while item is not None:
                 choice = choices[item[0]]
                 piece = item[1]
+                if answer.log is not None and piece is not None:
+                    answer.log.piece(item[0], piece.text, piece.finish_reason)
                 if piece is None:
                     running -= not choice.cut
                     if choice.echo and not choice.ended:  # no response at all
@@ -189,6 +191,8 @@ async def _events(
         except Exception as exc:
             yield _failure(answer, exc)
             return
+    if answer.log is not None:
+        answer.log.complete()
     if answer.include_usage:
         # vLLM's: each prompt counted once, every choice's generated tokens summed.
         total = Usage(sum(choice.usage.prompt_tokens for choice in choices[::n]))
