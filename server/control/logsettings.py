@@ -83,6 +83,26 @@ class LogControl:
         """Log to `stream`, or append to `log_file` when one is set, or else write info
         and verbose lines to stdout and warnings and errors to stderr, as Triton does,
         through one handler that follows these settings."""
+        handler = self._new_handler(stream)
+        root = logging.getLogger()
+        if self._handler is not None:
+            root.removeHandler(self._handler)
+        root.addHandler(handler)
+        self._handler = handler
+        self._apply()
+
+    def attach(self, logger: logging.Logger) -> None:
+        """A handler that follows these settings on `logger` alone, which then stops
+        propagating: an HTTP worker's uvicorn lines (vLLM's --uvicorn-log-level and access
+        log), in the server's format and place, under its settings as they were when the
+        worker started (the logging extension's later changes reach the server only)."""
+        handler = self._new_handler(None)
+        iso = self.current.log_format == "ISO8601"
+        handler.setFormatter(TritonFormatter(iso8601=iso, escape=self.escape))
+        logger.addHandler(handler)
+        logger.propagate = False
+
+    def _new_handler(self, stream: Any) -> logging.Handler:
         handler: logging.Handler
         if stream is not None:
             handler = logging.StreamHandler(stream)
@@ -91,12 +111,7 @@ class LogControl:
         else:
             handler = SplitStreamHandler()
         handler.addFilter(_SettingsFilter(self))
-        root = logging.getLogger()
-        if self._handler is not None:
-            root.removeHandler(self._handler)
-        root.addHandler(handler)
-        self._handler = handler
-        self._apply()
+        return handler
 
     def settings(self) -> dict[str, Any]:
         return self.current.model_dump()

@@ -1,6 +1,6 @@
 """vLLM's uvicorn log flags, applied to the uvicorn that serves every HTTP listener here:
 `--uvicorn-log-level`, `--disable-uvicorn-access-log` and
-`--disable-access-log-for-endpoints` (read by server/startup/vllmflags.py).
+`--disable-access-log-for-endpoints` (read by server/startup/vllmserve.py).
 
 uvicorn is told nothing of logging (http/embedded.py's `front_end_config`): its loggers
 are set here, once per process, and their lines go to the server's own log handler

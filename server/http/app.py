@@ -209,12 +209,13 @@ class HttpFrontEnd:
     def worker_config(self) -> dict[str, Any]:
         """What HTTP workers need of this front end: whether they pass inference on too
         (restricted APIs, whose checks must see every request), the marks they put on
-        every answer themselves (marks.py), how uvicorn logs there, and --root-path's
-        prefix (rootpath.py)."""
+        every answer themselves (marks.py), how uvicorn logs there (under the server's log
+        settings), and --root-path's prefix (rootpath.py)."""
         return {
             "restricted": bool(self.restrictions),
             "marks": self.marks.to_json(),
             "uvicorn_logs": self.settings.uvicorn_logs.to_json(),
+            "log": self.core.log_settings(),
             "root_path": self.settings.root_path,
         }
 

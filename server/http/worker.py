@@ -30,6 +30,7 @@ from starlette.types import ASGIApp
 from ge_serve.link.child import leave_stop_signals_to_parent
 from ge_serve.server.control import uvicornlogs
 from ge_serve.server.control.logformat import worker_logging
+from ge_serve.server.control.logsettings import LogControl, LogSettings
 from ge_serve.server.control.uvicornlogs import UvicornLogs
 from ge_serve.server.inference.header_forward import HeaderForward
 from ge_serve.server.startup.gcheap import settle_heap
@@ -97,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     config: dict[str, Any] = json.loads(args[0])
     worker_logging(config)
     uvicornlogs.install(UvicornLogs.from_json(config["uvicorn_logs"]))
+    # uvicorn's lines (an access log, say) as the server writes its own: its log file,
+    # its switches.
+    control = LogControl(LogSettings.model_validate(config["log"]))
+    control.attach(logging.getLogger("uvicorn"))
     code: int = uvloop.run(serve(config))
     return code
 

@@ -80,11 +80,9 @@ class Settings:
             help="model repository folder (repeatable)",
         )
     )
-    http_address: str = field(
-        default="0.0.0.0",
-        metadata=flag(help="address the HTTP endpoint binds; 127.0.0.1 for this host only"),
-    )
-    http_port: int = field(default=8000, metadata=flag(parse=port, help="HTTP endpoint port"))
+    # Also vLLM's --host and --port.
+    http_address: str = field(default="0.0.0.0", metadata=vllmflags.host_flag())
+    http_port: int = field(default=8000, metadata=vllmflags.port_flag())
     grpc_address: str = field(
         default="0.0.0.0",
         metadata=flag(help="address the gRPC endpoint binds; 127.0.0.1 for this host only"),

@@ -6,12 +6,26 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from .flags import Flag, flag, positive
+from .flags import Flag, flag, port, positive
 
 # http/openai/toolparse.py's parsers.
 TOOL_PARSERS: Final = ("llama3", "llama3_json", "mistral", "hermes")
 # http/openai/reasoning.py's parsers.
 REASONING_PARSERS: Final = ("deepseek_r1", "qwen3")
+
+
+def host_flag() -> Mapping[str, Flag]:
+    """--http-address, which vLLM's launch lines call --host."""
+    return flag(
+        "--http-address",
+        "--host",
+        help="address the HTTP endpoint binds; 127.0.0.1 for this host only",
+    )
+
+
+def port_flag() -> Mapping[str, Flag]:
+    """--http-port, which vLLM's launch lines call --port."""
+    return flag("--http-port", "--port", parse=port, help="HTTP endpoint port")
 
 
 def api_keys(name: str, keys: tuple[str, ...]) -> tuple[str, ...]:

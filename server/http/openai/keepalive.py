@@ -19,9 +19,11 @@ KEEP_ALIVE: Final = b": keep-alive\n\n"
 
 
 async def kept_alive(
-    events: AsyncGenerator[bytes, None], interval: float
+    events: AsyncGenerator[bytes, None], interval: float, idle: bool = False
 ) -> AsyncGenerator[bytes, None]:
-    """`events`, with KEEP_ALIVE after every `interval` seconds in which none came.
+    """`events`, with KEEP_ALIVE after every `interval` seconds in which none came;
+    `idle`: the stream has been idle that long already (its status waited), so a
+    KEEP_ALIVE goes at once, with the status, as vLLM's comes an interval after its.
 
     One task at a time advances `events` (an async generator takes one `anext` at once),
     and a timeout leaves it running: the event it waits for is sent when it comes.
@@ -29,6 +31,8 @@ async def kept_alive(
     `events`, which cancels the request behind them."""
     pending = asyncio.ensure_future(anext(events))
     try:
+        if idle:
+            yield KEEP_ALIVE
         while True:
             done, _ = await asyncio.wait((pending,), timeout=interval)
             if not done:

@@ -93,7 +93,9 @@ async def _kept_alive(
         raise
     events = _events(answers, n, first, rest) if started else _later(answers, n, waiting, rest)
     return StreamingResponse(
-        kept_alive(events, interval), media_type="text/event-stream", headers=SSE_HEADERS
+        kept_alive(events, interval, idle=not started),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
     )
 
 
