@@ -278,7 +278,9 @@ def test_every_flag_has_help_and_shows_its_default() -> None:
     with redirect_stdout(out):
         parser.print_help()
     text = " ".join(out.getvalue().split())
-    assert "--http-address HTTP_ADDRESS address the HTTP endpoint binds" in text
+    assert (
+        "--http-address HTTP_ADDRESS, --host HTTP_ADDRESS address the HTTP endpoint binds" in text
+    )
     assert "(default: 0.0.0.0)" in text and "(default: 8001)" in text
     assert "--log-verbose LEVEL" in text and "GRPC_VERBOSITY" in text
 

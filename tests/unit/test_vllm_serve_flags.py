@@ -74,3 +74,8 @@ def test_request_log_flags(capsys: pytest.CaptureFixture[str]) -> None:
         capsys, "--max-log-len", "-1"
     )
     assert "argument --max-log-len: invalid int value: 'x'" in refused(capsys, "--max-log-len=x")
+
+
+def test_vllms_host_and_port_are_the_http_endpoints() -> None:
+    settings = parse_settings(["--model-repo", "m", "--host", "127.0.0.1", "--port", "9123"])
+    assert (settings.http_address, settings.http_port) == ("127.0.0.1", 9123)
