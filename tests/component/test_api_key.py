@@ -5,29 +5,17 @@ onnxruntime identity model behind the HTTP application, over httpx's ASGI transp
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import llmrepo
 import openai
 import pytest
 import pytest_asyncio
-from modelgen import identity_model, write_model
-from onnx import TensorProto
+from tinyfront import CHAT, INFER, front_client, tiny_core
 
-from ge_serve.backends.llm.backend import LlmBackend
-from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
-from ge_serve.scheduler.factory import SchedulerOptions
-from ge_serve.server.app import make_scheduler
 from ge_serve.server.http import apikey
-from ge_serve.server.http.app import HttpFrontEnd, HttpSettings
 from ge_serve.server.inference.core import InferenceServer
-from ge_serve.server.models.lifecycle import LifecycleSettings, ModelLifecycle
-from ge_serve.server.models.repository import ModelRepository
 
 pytest.importorskip("tokenizers", reason="tokenizers is not installed (runtime dependency)")
 pytestmark = [pytest.mark.timeout(60), pytest.mark.asyncio(loop_scope="module")]
@@ -36,33 +24,16 @@ KEY = "s3cret"
 KEYS = (KEY, "other-key")
 BEARER = {"authorization": f"Bearer {KEY}"}
 MESSAGE = "Invalid or missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
-CHAT = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
-INFER = {"inputs": [{"name": "INPUT", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def core(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[InferenceServer]:
-    repo: Path = tmp_path_factory.mktemp("apikey")
-    llmrepo.write_tiny_llm(repo, "tiny", interface=False)
-    write_model(repo, "ident", identity_model(TensorProto.FLOAT, ("batch", 4)))
-    lifecycle = ModelLifecycle(
-        ModelRepository([repo]),
-        {"onnxruntime": OnnxRuntimeBackend(), "llm": LlmBackend()},
-        functools.partial(make_scheduler, options=SchedulerOptions()),
-        LifecycleSettings(unload_timeout_s=5.0),
-    )
-    try:
-        assert await lifecycle.load_many(["tiny", "ident"]) == {}
-        yield InferenceServer(lifecycle)
-    finally:
-        await lifecycle.close()
+    async with tiny_core(tmp_path_factory.mktemp("apikey")) as found:
+        yield found
 
 
 def client(core: InferenceServer, **settings: Any) -> httpx.AsyncClient:
-    base = HttpSettings(max_input_size=1 << 20, restricted_api=(), api_keys=KEYS)
-    front = HttpFrontEnd(core, dataclasses.replace(base, **settings))
-    transport = httpx.ASGITransport(app=front.build())
-    return httpx.AsyncClient(transport=transport, base_url="http://test")
+    return front_client(core, **{"api_keys": KEYS, **settings})
 
 
 @pytest_asyncio.fixture(loop_scope="module")
