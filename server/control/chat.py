@@ -12,6 +12,9 @@ chooses the template, template.py renders with it).
 - `--trust-request-chat-template`: a request's own `chat_template` is rendered with;
   without it such a request is refused, in vLLM's words, since a template is code.
 - `--response-role`: the role of an answer where a generation prompt opens its turn.
+- `--reasoning-effort-map`: a request's reasoning effort rewritten to one the template
+  knows (`{"medium": "low"}`), where templates quietly ignore efforts they do not know;
+  the efforts it does not name pass unchanged.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Any, Final, Literal
 
 ContentFormatSetting = Literal["auto", "string", "openai"]
 CONTENT_FORMATS: Final[tuple[ContentFormatSetting, ...]] = ("auto", "string", "openai")
+# vLLM's reasoning efforts, the keys --reasoning-effort-map may name.
+EFFORTS: Final = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 # A request's template variables of these values are left unset (to the defaults'), as
 # vLLM's merge_kwargs leaves them.
 _UNSET: Final = (None, "auto")
@@ -37,6 +42,11 @@ class ChatSettings:
     default_kwargs: Mapping[str, Any] = field(default_factory=dict)
     trust_request_template: bool = False
     response_role: str = "assistant"
+    effort_map: Mapping[str, str] = field(default_factory=dict)
+
+    def effort(self, given: str | None) -> str | None:
+        """The reasoning effort the template gets for a request's `given` one."""
+        return given if given is None else self.effort_map.get(given, given)
 
     def variables(self, given: Mapping[str, Any] | None) -> dict[str, Any]:
         """The template's variables: the defaults, then the request's `given` (but for

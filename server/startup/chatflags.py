@@ -11,6 +11,7 @@
   where it sends them, wins).
 - `--trust-request-chat-template` (a switch).
 - `--response-role ROLE`.
+- `--reasoning-effort-map JSON`: a JSON object from vLLM's efforts to strings.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from ..control.chat import CONTENT_FORMATS, ChatSettings
+from ..control.chat import CONTENT_FORMATS, EFFORTS, ChatSettings
 from .flags import Flag, flag, given_value, switch_value
 
 _TEMPLATE: Final = "--chat-template"
@@ -27,6 +28,7 @@ _FORMAT: Final = "--chat-template-content-format"
 _KWARGS: Final = "--default-chat-template-kwargs"
 _TRUST: Final = "--trust-request-chat-template"
 _ROLE: Final = "--response-role"
+_EFFORTS: Final = "--reasoning-effort-map"
 # Where vLLM takes a --chat-template that opens no file for the template itself.
 _JINJA_CHARACTERS: Final = "{}\n"
 
@@ -38,6 +40,7 @@ def chat_flag() -> Mapping[str, Flag]:
         _KWARGS,
         _TRUST,
         _ROLE,
+        _EFFORTS,
         record_flag=True,
         bare=True,
         check=_read,
@@ -47,7 +50,8 @@ def chat_flag() -> Mapping[str, Flag]:
         "auto|string|openai; --default-chat-template-kwargs (a JSON object of template "
         "variables, under each request's own); --trust-request-chat-template (a request's "
         "own `chat_template` is used, not refused); --response-role (the answers' role, "
-        "default assistant)",
+        "default assistant); --reasoning-effort-map (a JSON object: a request's reasoning "
+        "effort to the one the template knows)",
         group="OpenAI-compatible API",
     )
 
@@ -83,6 +87,24 @@ def _kwargs(text: str) -> dict[str, Any]:
     return value
 
 
+def _effort_map(text: str) -> dict[str, str]:
+    """vLLM's checks, in its words."""
+    try:
+        value: Any = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ValueError(
+            f"Error: {_EFFORTS} must be a JSON object mapping reasoning efforts to strings."
+        )
+    unknown = sorted(set(value) - set(EFFORTS))
+    if unknown:
+        raise ValueError(
+            f"Error: {_EFFORTS} has unknown efforts {unknown}; keys must be one of {list(EFFORTS)}."
+        )
+    return value
+
+
 def _read(_name: str, given: Sequence[tuple[str, str]]) -> ChatSettings:
     values: dict[str, Any] = {}
     # The last of each flag alone is read, as argparse keeps only it.
@@ -95,6 +117,8 @@ def _read(_name: str, given: Sequence[tuple[str, str]]) -> ChatSettings:
             values["content_format"] = _format(given_value(name, text))
         elif name == _KWARGS:
             values["default_kwargs"] = _kwargs(given_value(name, text))
-        else:
+        elif name == _ROLE:
             values["response_role"] = given_value(name, text)
+        else:
+            values["effort_map"] = _effort_map(given_value(name, text))
     return ChatSettings(**values)

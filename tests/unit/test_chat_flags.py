@@ -73,3 +73,17 @@ def test_the_other_chat_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert "argument --response-role: expected one argument" in refused(capsys, "--response-role")
     err = refused(capsys, "--trust-request-chat-template=perhaps")
     assert "argument --trust-request-chat-template: expected true or false" in err
+
+
+def test_reasoning_effort_map(capsys: pytest.CaptureFixture[str]) -> None:
+    given = chat("--reasoning-effort-map", '{"medium": "low", "xhigh": "max"}')
+    assert given.effort_map == {"medium": "low", "xhigh": "max"}
+    assert (given.effort("medium"), given.effort("high"), given.effort(None)) == (
+        "low",
+        "high",
+        None,
+    )
+    err = refused(capsys, "--reasoning-effort-map", '{"medium": 1}')
+    assert "Error: --reasoning-effort-map must be a JSON object mapping reasoning efforts" in err
+    err = refused(capsys, "--reasoning-effort-map", '{"huge": "max"}')
+    assert "Error: --reasoning-effort-map has unknown efforts ['huge']" in err

@@ -163,6 +163,13 @@ def test_default_variables_are_under_the_requests_own() -> None:
     # ...but not over the request's own kwargs.
     kwargs = {"enable_thinking": False}
     assert prompt(reasoning_effort="high", chat_template_kwargs=kwargs) == "hola False hi"
+    # --reasoning-effort-map rewrites the effort the template gets, thinking with it.
+    mapped = ChatSettings(effort_map={"high": "none"})
+    body = ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "high"}
+    )
+    effort = "{{ reasoning_effort }} {{ enable_thinking }}"
+    assert render_request(generation(effort), body, None, mapped) == "none False"
     # A request's null or "auto" leaves the default, as vLLM merges them.
     assert prompt(chat_template_kwargs={"greeting": None}) == "hola False hi"
     assert prompt(chat_template_kwargs={"greeting": "auto"}) == "hola False hi"

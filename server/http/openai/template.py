@@ -221,10 +221,11 @@ def variables(body: ChatCompletionRequest, chat: ChatSettings | None = None) -> 
     found.pop("continue_final_message", None)
     if body.documents is not None:  # else the defaults' (or none)
         found["documents"] = body.documents
-    if body.reasoning_effort is not None:
-        found["reasoning_effort"] = body.reasoning_effort
+    effort = (chat or ChatSettings()).effort(body.reasoning_effort)
+    if effort is not None:
+        found["reasoning_effort"] = effort
         if "enable_thinking" not in given:
-            found["enable_thinking"] = body.reasoning_effort != "none"
+            found["enable_thinking"] = effort != "none"
     return found
 
 
