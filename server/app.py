@@ -39,9 +39,9 @@ from .http.embedded import EmbeddedUvicorn, front_end_config
 from .http.monitoring import MetricsApp, metrics_endpoint
 from .inference.bls import CoreBridge
 from .inference.core import InferenceServer, ServerInfo
-from .inference.reports import ModelState
 from .models.lifecycle import LifecycleSettings, ModelLifecycle
 from .models.repository import ModelRepository
+from .models.table import model_table
 from .observability.metrics import ServerMetrics
 from .observability.metricsconfig import MetricsConfig
 from .observability.resources import DeviceMetricsProvider, ResourceSampler
@@ -345,7 +345,8 @@ class ServerApp:
     async def _start_uvicorn(
         self, app: object, host: str, port: int, what: str, gate: DrainGate | None = None
     ) -> int:
-        config = front_end_config(app, self.settings.exit_timeout_secs, host=host, port=port)
+        tls = self.http.settings.tls.uvicorn_options() if what == "HTTP" else {}
+        config = front_end_config(app, self.settings.exit_timeout_secs, host=host, port=port, **tls)
         # Bound here rather than by uvicorn, which calls sys.exit() from inside its task
         # when the address is taken; this way the reason is one clear line.
         sock = listen_socket(host, port, what, self.settings.reuse_http_port and what == "HTTP")
@@ -363,17 +364,7 @@ class ServerApp:
         return port
 
     def log_model_table(self) -> None:
-        rows = self.lifecycle.index()
-        width = max([len(r.name) for r in rows] + [5])
-        lines = [f"{'Model':<{width}} | Version | Status"]
-        lines.append("-" * (width + 1) + "+---------+" + "-" * 30)
-        for row in rows:
-            status = row.state.value if row.state is not None else "UNAVAILABLE"
-            if row.reason and row.state is not ModelState.READY:
-                status += f": {row.reason}"
-            version = "" if row.version is None else str(row.version)
-            lines.append(f"{row.name:<{width}} | {version:<7} | {status}")
-        log.info("models:", extra={"table": "\n".join(lines)})
+        log.info("models:", extra={"table": model_table(self.lifecycle.index())})
 
     async def stop(self) -> None:
         """Stop accepting, let in-flight requests finish within the exit timeout, close.

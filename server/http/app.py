@@ -28,6 +28,7 @@ from ge_serve.server.control.cors import CorsSettings
 from ge_serve.server.control.requestlog import RequestLogging
 from ge_serve.server.control.restrictions import RestrictedApis
 from ge_serve.server.control.stopping import DrainGate
+from ge_serve.server.control.tls import HttpTls
 from ge_serve.server.control.uvicornlogs import UvicornLogs
 from ge_serve.server.errors import ErrorCode, ServerError, decoding
 from ge_serve.server.inference import error_texts
@@ -99,6 +100,8 @@ class HttpSettings:
     load_tracking: bool = False
     # vLLM's --enable-log-requests and its companions (control/requestlog.py).
     request_log: RequestLogging = field(default_factory=RequestLogging)
+    # vLLM's --ssl-* flags: HTTPS on the HTTP port (control/tls.py).
+    tls: HttpTls = field(default_factory=HttpTls)
     # vLLM's uvicorn log flags, which HTTP workers apply too (control/uvicornlogs.py).
     uvicorn_logs: UvicornLogs = field(default_factory=UvicornLogs)
     # vLLM's --root-path: the prefix of a path-routing proxy ("" none; rootpath.py).
@@ -216,6 +219,7 @@ class HttpFrontEnd:
             "marks": self.marks.to_json(),
             "uvicorn_logs": self.settings.uvicorn_logs.to_json(),
             "log": self.core.log_settings(),
+            "tls": self.settings.tls.to_json(),
             "root_path": self.settings.root_path,
         }
 

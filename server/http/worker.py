@@ -31,6 +31,7 @@ from ge_serve.link.child import leave_stop_signals_to_parent
 from ge_serve.server.control import uvicornlogs
 from ge_serve.server.control.logformat import worker_logging
 from ge_serve.server.control.logsettings import LogControl, LogSettings
+from ge_serve.server.control.tls import HttpTls
 from ge_serve.server.control.uvicornlogs import UvicornLogs
 from ge_serve.server.inference.header_forward import HeaderForward
 from ge_serve.server.startup.gcheap import settle_heap
@@ -75,7 +76,8 @@ async def serve(config: dict[str, Any]) -> int:
     listener = socket.socket(fileno=int(config["listen_fd"]))
     # Stopped by the server (`Stop`, or its link's end), never by a signal: uvicorn's own
     # Server would take SIGINT and SIGTERM.
-    server = EmbeddedUvicorn(front_end_config(app, float(config["grace_s"])))
+    tls = HttpTls.from_json(config["tls"]).uvicorn_options()  # vLLM's --ssl-* flags
+    server = EmbeddedUvicorn(front_end_config(app, float(config["grace_s"]), **tls))
     task = asyncio.create_task(server.serve(sockets=[listener]))
     while not server.started:
         if task.done():

@@ -111,6 +111,7 @@ def http_settings(settings: Settings) -> HttpSettings:
         request_id_headers=settings.enable_request_id_headers,
         load_tracking=settings.serving.load_tracking,
         request_log=settings.serving.log,
+        tls=settings.serving.tls,
         uvicorn_logs=settings.serving.uvicorn,
         root_path=settings.serving.root_path,
         openapi=not settings.serving.disable_fastapi_docs,

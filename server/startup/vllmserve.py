@@ -16,6 +16,9 @@ of a flag wins, as argparse's; a switch may be given alone, meaning true, or wit
   control/uvicornlogs.py.
 - `--enable-tokenizer-info-endpoint`: taken for vLLM's launch lines; GET /tokenizer_info
   is served without it (http/openai/tokenize.py).
+- `--ssl-keyfile`, `--ssl-certfile`, `--ssl-ca-certs`, `--ssl-cert-reqs` (0, 1 or 2:
+  ssl's CERT_NONE, CERT_OPTIONAL, CERT_REQUIRED) and `--ssl-ciphers`: HTTPS on the HTTP
+  port (control/tls.py), its files read and checked here.
 - `--enable-log-requests`, `--max-log-len N`, `--enable-log-outputs` (which needs
   `--enable-log-requests`, as vLLM's) and `--enable-log-deltas` (true by default):
   control/requestlog.py.
@@ -23,11 +26,13 @@ of a flag wins, as argparse's; a switch may be given alone, meaning true, or wit
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from ..control.requestlog import RequestLogging
+from ..control.tls import HttpTls
 from ..control.uvicornlogs import LEVELS, UvicornLogs
 from .flags import Flag, flag, given_value, switch_value
 
@@ -37,6 +42,14 @@ _LEVEL: Final = "--uvicorn-log-level"
 _NO_ACCESS_LOG: Final = "--disable-uvicorn-access-log"
 _NOT_LOGGED: Final = "--disable-access-log-for-endpoints"
 _MAX_LOG_LEN: Final = "--max-log-len"
+# The TLS flags, and their fields.
+_TLS: Final = {
+    "--ssl-keyfile": "keyfile",
+    "--ssl-certfile": "certfile",
+    "--ssl-ca-certs": "ca_certs",
+    "--ssl-cert-reqs": "cert_reqs",
+    "--ssl-ciphers": "ciphers",
+}
 # The request log's switches, and their fields.
 _LOG_SWITCHES: Final = {
     "--enable-log-requests": "requests",
@@ -60,6 +73,7 @@ class Serving:
     tokenizer_info: bool = False
     uvicorn: UvicornLogs = field(default_factory=UvicornLogs)
     log: RequestLogging = field(default_factory=RequestLogging)
+    tls: HttpTls = field(default_factory=HttpTls)
 
 
 def flags() -> Mapping[str, Flag]:
@@ -72,6 +86,7 @@ def flags() -> Mapping[str, Flag]:
         _NOT_LOGGED,
         *_LOG_SWITCHES,
         _MAX_LOG_LEN,
+        *_TLS,
         record_flag=True,
         bare=True,
         check=_read,
@@ -88,7 +103,9 @@ def flags() -> Mapping[str, Flag]:
         "GET /tokenizer_info being always served; --enable-log-requests logs each /v1 "
         "generation request (its prompt with --log-verbose), --enable-log-outputs its "
         "answer (a stream's pieces too, unless --enable-log-deltas=false), "
-        "--max-log-len N cuts what is logged of a prompt or an answer",
+        "--max-log-len N cuts what is logged of a prompt or an answer; --ssl-certfile, "
+        "--ssl-keyfile, --ssl-ca-certs, --ssl-cert-reqs 0|1|2, --ssl-ciphers: HTTPS on "
+        "the HTTP port",
     )
 
 
@@ -117,6 +134,37 @@ def _length(name: str, text: str) -> int:
     return length
 
 
+def _tls(given: dict[str, str]) -> HttpTls:
+    """HTTPS's settings, its files loaded once to check them as uvicorn will load them."""
+    if not given:
+        return HttpTls()
+    if "certfile" not in given:
+        raise ValueError("--ssl-certfile is needed for HTTPS (the other --ssl-* flags refine it)")
+    reqs = given.pop("cert_reqs", "0")
+    if reqs not in ("0", "1", "2"):
+        raise ValueError(
+            f"argument --ssl-cert-reqs: invalid choice: '{reqs}' (choose from 0, 1, 2)"
+        )
+    if reqs != "0" and "ca_certs" not in given:
+        raise ValueError("--ssl-cert-reqs 1 or 2 checks clients' certificates: give --ssl-ca-certs")
+    found = HttpTls(**given, cert_reqs=int(reqs))
+    from uvicorn.config import SSL_PROTOCOL_VERSION, create_ssl_context
+
+    try:
+        create_ssl_context(
+            found.certfile,
+            found.keyfile or None,
+            None,
+            SSL_PROTOCOL_VERSION,
+            found.cert_reqs,
+            found.ca_certs or None,
+            found.ciphers or "TLSv1",
+        )
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise ValueError(f"--ssl-certfile, --ssl-keyfile, --ssl-ca-certs: {exc}") from None
+    return found
+
+
 def _root_path(name: str, text: str) -> str:
     if text and not text.startswith("/"):
         raise ValueError(f"{name} must start with '/', got '{text}'")
@@ -134,6 +182,7 @@ def _read(_name: str, given: Sequence[tuple[str, str]]) -> Serving:
     values: dict[str, Any] = {}
     logs = UvicornLogs()
     requests = RequestLogging()
+    tls: dict[str, Any] = {}
     for name, text in dict(given).items():  # the last of each, as argparse keeps it
         if name in _SWITCHES:
             values[_SWITCHES[name]] = switch_value(name, text)
@@ -141,6 +190,8 @@ def _read(_name: str, given: Sequence[tuple[str, str]]) -> Serving:
             values["sse_keep_alive_interval"] = _interval(name, text)
         elif name == _ROOT_PATH:
             values["root_path"] = _root_path(name, text)
+        elif name in _TLS:
+            tls[_TLS[name]] = given_value(name, text)
         elif name in _LOG_SWITCHES:
             requests = replace(requests, **{_LOG_SWITCHES[name]: switch_value(name, text)})
         elif name == _MAX_LOG_LEN:
@@ -154,4 +205,4 @@ def _read(_name: str, given: Sequence[tuple[str, str]]) -> Serving:
             logs = replace(logs, excluded=tuple(p.strip() for p in paths if p.strip()))
     if requests.outputs and not requests.requests:
         raise ValueError("Error: --enable-log-outputs requires --enable-log-requests")
-    return Serving(**values, uvicorn=logs, log=requests)
+    return Serving(**values, uvicorn=logs, log=requests, tls=_tls(tls))

@@ -3,10 +3,14 @@ reads them and the front end is given them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from certs import make_tls_files
 
 from ge_serve.server.cli import parse_settings
 from ge_serve.server.control.requestlog import RequestLogging
+from ge_serve.server.control.tls import HttpTls
 from ge_serve.server.http.app import HttpSettings
 from ge_serve.server.startup.part_settings import http_settings
 
@@ -79,3 +83,28 @@ def test_request_log_flags(capsys: pytest.CaptureFixture[str]) -> None:
 def test_vllms_host_and_port_are_the_http_endpoints() -> None:
     settings = parse_settings(["--model-repo", "m", "--host", "127.0.0.1", "--port", "9123"])
     assert (settings.http_address, settings.http_port) == ("127.0.0.1", 9123)
+
+
+def test_https_flags_are_checked_as_the_command_line_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = make_tls_files(tmp_path)
+    cert, key, ca = str(files.cert), str(files.key), str(files.ca)
+    assert not http().tls.on and http().tls.uvicorn_options() == {}
+    given = http("--ssl-certfile", cert, "--ssl-keyfile", key).tls
+    assert given == HttpTls(key, cert) and given.uvicorn_options()["ssl_cert_reqs"] == 0
+    mutual = http("--ssl-certfile", cert, "--ssl-keyfile", key, "--ssl-ca-certs", ca,
+                  "--ssl-cert-reqs", "2").tls  # fmt: skip
+    assert (mutual.ca_certs, mutual.cert_reqs) == (ca, 2)
+    assert "--ssl-certfile is needed for HTTPS" in refused(capsys, "--ssl-keyfile", key)
+    assert "give --ssl-ca-certs" in refused(
+        capsys, "--ssl-certfile", cert, "--ssl-keyfile", key, "--ssl-cert-reqs", "1"
+    )
+    assert "invalid choice: '3'" in refused(
+        capsys, "--ssl-certfile", cert, "--ssl-keyfile", key, "--ssl-cert-reqs", "3"
+    )
+    # A key that is not the certificate's, and a file that does not open.
+    err = refused(capsys, "--ssl-certfile", cert, "--ssl-keyfile", ca)
+    assert "--ssl-certfile, --ssl-keyfile, --ssl-ca-certs:" in err
+    err = refused(capsys, "--ssl-certfile", str(tmp_path / "missing.pem"))
+    assert "--ssl-certfile, --ssl-keyfile, --ssl-ca-certs: [Errno 2]" in err
