@@ -46,9 +46,9 @@ class RequestLogging:
         shown = json.dumps(params, ensure_ascii=False, default=str)
         log.info("Received request %s: params: %s, lora_request: None.", request_id, shown)
 
-    def outputs_of(self, request_id: str, choices: int) -> Outputs | None:
+    def outputs_of(self, request_id: str) -> Outputs | None:
         """What logs a request's answers, where --enable-log-outputs asks for them."""
-        return Outputs(self, request_id, choices) if self.requests and self.outputs else None
+        return Outputs(self, request_id) if self.requests and self.outputs else None
 
     def generated(self, request_id: str, text: str, reason: str | None, stream: str = "") -> None:
         log.info(
@@ -67,29 +67,26 @@ class RequestLogging:
 
 @dataclass(slots=True)
 class Outputs:
-    """One request's answers, logged: its choices' texts, and a stream's pieces."""
+    """One request's answers, logged: its choices' texts, and a stream's pieces, each
+    under the request's id (vLLM's, whatever the choice or the prompt)."""
 
     logging: RequestLogging
     request_id: str
-    choices: int
     texts: dict[int, list[str]] = field(default_factory=dict)
 
     def whole(self, index: int, text: str, reason: str | None) -> None:
         """A choice's whole answer (not streamed)."""
-        self.logging.generated(self._id(index), text, reason)
+        self.logging.generated(self.request_id, text, reason)
 
     def piece(self, index: int, text: str, reason: str | None) -> None:
         """A streamed choice's next piece of text."""
         self.texts.setdefault(index, []).append(text)
         if self.logging.deltas and (text or reason):
-            self.logging.generated(self._id(index), text, reason, " (streaming delta)")
+            self.logging.generated(self.request_id, text, reason, " (streaming delta)")
 
     def complete(self) -> None:
         """The end of a stream: each choice's whole text."""
         for index in sorted(self.texts):
             text = "".join(self.texts[index])
             complete = " (streaming complete)"
-            self.logging.generated(self._id(index), text, "streaming_complete", complete)
-
-    def _id(self, index: int) -> str:
-        return f"{self.request_id}-{index}" if self.choices > 1 else self.request_id
+            self.logging.generated(self.request_id, text, "streaming_complete", complete)

@@ -26,6 +26,7 @@ of a flag wins, as argparse's; a switch may be given alone, meaning true, or wit
 
 from __future__ import annotations
 
+import os
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -56,6 +57,9 @@ _LOG_SWITCHES: Final = {
     "--enable-log-outputs": "outputs",
     "--enable-log-deltas": "deltas",
 }
+# vLLM's (argparse's BooleanOptionalAction) spelling of them off: `--no-enable-log-deltas`
+# is vLLM's one way to turn the deltas off.
+_LOG_NEGATED: Final = {f"--no-{name[2:]}": key for name, key in _LOG_SWITCHES.items()}
 # Each switch among them, and its field.
 _SWITCHES: Final = {
     "--disable-fastapi-docs": "disable_fastapi_docs",
@@ -85,6 +89,7 @@ def flags() -> Mapping[str, Flag]:
         _NO_ACCESS_LOG,
         _NOT_LOGGED,
         *_LOG_SWITCHES,
+        *_LOG_NEGATED,
         _MAX_LOG_LEN,
         *_TLS,
         record_flag=True,
@@ -148,21 +153,50 @@ def _tls(given: dict[str, str]) -> HttpTls:
     if reqs != "0" and "ca_certs" not in given:
         raise ValueError("--ssl-cert-reqs 1 or 2 checks clients' certificates: give --ssl-ca-certs")
     found = HttpTls(**given, cert_reqs=int(reqs))
-    from uvicorn.config import SSL_PROTOCOL_VERSION, create_ssl_context
-
-    try:
-        create_ssl_context(
-            found.certfile,
-            found.keyfile or None,
-            None,
-            SSL_PROTOCOL_VERSION,
-            found.cert_reqs,
-            found.ca_certs or None,
-            found.ciphers or "TLSv1",
-        )
-    except (OSError, ssl.SSLError, ValueError) as exc:
-        raise ValueError(f"--ssl-certfile, --ssl-keyfile, --ssl-ca-certs: {exc}") from None
+    _load(found)
     return found
+
+
+class _Encrypted(Exception):
+    """A key that asks for a pass phrase."""
+
+
+def _refuse_pass_phrase() -> str:
+    raise _Encrypted
+
+
+def _load(tls: HttpTls) -> None:
+    """The files loaded as uvicorn will load them, each problem named by its flag."""
+    for flag_name, path in (
+        ("--ssl-certfile", tls.certfile),
+        ("--ssl-keyfile", tls.keyfile),
+        ("--ssl-ca-certs", tls.ca_certs),
+    ):
+        if path and not os.path.isfile(path):
+            raise ValueError(f"{flag_name}: no such file: {path}")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(tls.certfile, tls.keyfile or None, _refuse_pass_phrase)
+    except _Encrypted:
+        raise ValueError(
+            "--ssl-keyfile: the key is encrypted; give it without a pass phrase (vLLM, "
+            "like this server, takes none)"
+        ) from None
+    except ssl.SSLError as exc:
+        where = "--ssl-certfile" if not tls.keyfile else "--ssl-certfile and --ssl-keyfile"
+        raise ValueError(
+            f"{where}: no certificate and its private key load from them ({exc})"
+        ) from None
+    try:
+        if tls.ca_certs:
+            context.load_verify_locations(tls.ca_certs)
+    except ssl.SSLError as exc:
+        raise ValueError(f"--ssl-ca-certs: no certificates load from it ({exc})") from None
+    try:
+        if tls.ciphers:
+            context.set_ciphers(tls.ciphers)
+    except ssl.SSLError:
+        raise ValueError(f"--ssl-ciphers: no cipher matches '{tls.ciphers}'") from None
 
 
 def _root_path(name: str, text: str) -> str:
@@ -194,6 +228,8 @@ def _read(_name: str, given: Sequence[tuple[str, str]]) -> Serving:
             tls[_TLS[name]] = given_value(name, text)
         elif name in _LOG_SWITCHES:
             requests = replace(requests, **{_LOG_SWITCHES[name]: switch_value(name, text)})
+        elif name in _LOG_NEGATED:
+            requests = replace(requests, **{_LOG_NEGATED[name]: not switch_value(name, text)})
         elif name == _MAX_LOG_LEN:
             requests = replace(requests, max_len=_length(name, text))
         elif name == _NO_ACCESS_LOG:

@@ -131,8 +131,18 @@ def test_merged_system_messages_reach_a_parts_template_as_a_part() -> None:
     assert render(generation(PARTS), sent) == "[system:S\n\nD|][user:u|]"
 
 
-def test_a_requests_template_that_runs_too_long_is_stopped() -> None:
-    looping = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+@pytest.mark.parametrize(
+    "body",
+    # Jinja2's `is` tests catch Exception: the stop must pass through them.
+    ["", "{% if messages is sequence %}{% endif %}"],
+    ids=["plain", "inside-a-test"],
+)
+def test_a_requests_template_that_runs_too_long_is_stopped(body: str) -> None:
+    looping = (
+        "{% for i in range(100000) %}{% for j in range(100000) %}"
+        + body
+        + "{% endfor %}{% endfor %}"
+    )
     tracer = sys.gettrace()
     started = time.monotonic()
     with pytest.raises(OpenAIError) as refused:
@@ -144,6 +154,35 @@ def test_a_requests_template_that_runs_too_long_is_stopped() -> None:
     # A template within its time renders as any other.
     fast = time_bounded(lambda: render(generation(CHATML), messages(("user", "x"))), 5)
     assert fast == "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_the_stop_passes_through_code_that_catches_exceptions() -> None:
+    def swallowing() -> str:
+        try:
+            while True:
+                pass
+        except Exception:
+            return "swallowed"  # as Jinja2's tests do, around every `is` test
+
+    with pytest.raises(OpenAIError):
+        time_bounded(swallowing, 0.2)
+
+
+@pytest.mark.parametrize(
+    ("template", "said"),
+    [
+        ("{% set s = 'x' * 10**9 %}{{ messages[0].content }}", "repeats a sequence past"),
+        ("{{ [messages] * 2000000 }}", "repeats a sequence past"),
+        ("{{ 10 ** 100000 }}", "is past 65536 bits"),
+    ],
+)
+def test_a_template_cannot_make_a_huge_value(template: str, said: str) -> None:
+    with pytest.raises(OpenAIError) as refused:
+        render(generation(template), messages(("user", "x")))
+    assert refused.value.param == "messages" and said in str(refused.value)
+    # What templates multiply stays as it was.
+    fine = "{{ '=' * 3 }}{{ 2 ** 10 }}{{ [1] * 2 }}"
+    assert render(generation(fine), messages(("user", "x"))) == "===1024[1, 1]"
 
 
 def test_default_variables_are_under_the_requests_own() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from certs import make_tls_files
+from cryptography.hazmat.primitives import serialization
 
 from ge_serve.server.cli import parse_settings
 from ge_serve.server.control.requestlog import RequestLogging
@@ -71,6 +72,10 @@ def test_request_log_flags(capsys: pytest.CaptureFixture[str]) -> None:
         "--enable-log-deltas=false",
     )  # fmt: skip
     assert given.request_log == RequestLogging(True, 100, True, False)
+    # vLLM's spelling of a switch off (its one way to turn the deltas off).
+    off = http("--enable-log-requests", "--enable-log-outputs", "--no-enable-log-deltas")
+    assert off.request_log == RequestLogging(True, None, True, False)
+    assert not http("--enable-log-requests", "--no-enable-log-requests").request_log.requests
     assert "Error: --enable-log-outputs requires --enable-log-requests" in refused(
         capsys, "--enable-log-outputs"
     )
@@ -103,8 +108,26 @@ def test_https_flags_are_checked_as_the_command_line_is_read(
     assert "invalid choice: '3'" in refused(
         capsys, "--ssl-certfile", cert, "--ssl-keyfile", key, "--ssl-cert-reqs", "3"
     )
-    # A key that is not the certificate's, and a file that does not open.
+    # Each problem named by its flag: a key that is not the certificate's, a file that
+    # does not open, a key behind a pass phrase, ciphers that name none.
     err = refused(capsys, "--ssl-certfile", cert, "--ssl-keyfile", ca)
-    assert "--ssl-certfile, --ssl-keyfile, --ssl-ca-certs:" in err
-    err = refused(capsys, "--ssl-certfile", str(tmp_path / "missing.pem"))
-    assert "--ssl-certfile, --ssl-keyfile, --ssl-ca-certs: [Errno 2]" in err
+    assert "--ssl-certfile and --ssl-keyfile: no certificate and its private key load" in err
+    missing = str(tmp_path / "missing.pem")
+    assert f"--ssl-keyfile: no such file: {missing}" in refused(
+        capsys, "--ssl-certfile", cert, "--ssl-keyfile", missing
+    )
+    locked = tmp_path / "locked.key"
+    key_object = serialization.load_pem_private_key(files.key.read_bytes(), None)
+    locked.write_bytes(
+        key_object.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"phrase"),
+        )
+    )
+    assert "--ssl-keyfile: the key is encrypted" in refused(
+        capsys, "--ssl-certfile", cert, "--ssl-keyfile", str(locked)
+    )
+    assert "--ssl-ciphers: no cipher matches 'NOPE'" in refused(
+        capsys, "--ssl-certfile", cert, "--ssl-keyfile", key, "--ssl-ciphers", "NOPE"
+    )

@@ -24,9 +24,12 @@ optional `model`) goes to the one generative model served (`Catalog.generator`).
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from ge_serve.backends.base import TextGeneration
 from ge_serve.server.control.chat import ChatSettings
@@ -39,6 +42,7 @@ from ge_serve.server.inference.types import DataType
 from .errors import OpenAIError, from_server_error, model_not_found
 from .tools import ToolSettings
 
+T = TypeVar("T")
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
 TOKEN_COUNT = "num_input_tokens"
@@ -131,9 +135,17 @@ class Catalog:
         self.chat = chat or ChatSettings()
         # --enable-log-requests and its companions (control/requestlog.py).
         self.log = log or RequestLogging()
+        # A request's own template (--trust-request-chat-template) renders on these
+        # threads, not on the loop's default executor, which the v2 path's decoding shares:
+        # slow ones (each bounded in time, template.time_bounded) hold only these.
+        self._templates = ThreadPoolExecutor(2, thread_name_prefix="request-template")
         # OpenAI's `created` of every model: when this server started (a model's own
         # creation time is not something a repository records).
         self.created = int(time.time())
+
+    async def own_template(self, work: Callable[[], T]) -> T:
+        """`work`, rendering a request's own template, on the threads kept for it."""
+        return await asyncio.get_running_loop().run_in_executor(self._templates, work)
 
     def model(self, name: str) -> ModelVersion:
         """The ready version a /v1 request for `name` goes to (its highest); 404 else."""

@@ -27,6 +27,7 @@ conversation's prompt and generated tokens (and thoughts). vLLM's batch answer h
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
@@ -34,7 +35,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ge_serve.backends.base import TextGeneration
-from ge_serve.server.control.chat import ChatSettings
 
 from . import tokenids
 from .catalog import Catalog
@@ -138,7 +138,7 @@ async def batch_chat_completion(
     if body.return_token_ids:
         tokenids.check_reported(model)
     chats = body.conversations()
-    prompts = await _rendered(generation, chats, catalog.chat)
+    prompts = await _rendered(catalog, generation, chats)
     answer = identity(request, body, name, chat=True)
     answer.token_ids = bool(body.return_token_ids)
     count = body.shown_logprobs()
@@ -155,7 +155,7 @@ async def batch_chat_completion(
 
 
 async def _rendered(
-    generation: TextGeneration, chats: list[ChatCompletionRequest], settings: ChatSettings
+    catalog: Catalog, generation: TextGeneration, chats: list[ChatCompletionRequest]
 ) -> list[str]:
     """Each conversation's prompt; rendered off the loop where they are long in all. A
     conversation the template refuses is a 400 naming it."""
@@ -164,7 +164,7 @@ async def _rendered(
         prompts = []
         for index, chat in enumerate(chats):
             try:
-                prompts.append(render_request(generation, chat, None, settings))
+                prompts.append(render_request(generation, chat, None, catalog.chat))
             except OpenAIError as exc:
                 if exc.param == "messages":
                     exc.param = f"messages[{index}]"
@@ -172,7 +172,7 @@ async def _rendered(
         return prompts
 
     if chats[0].chat_template:  # the request's own: the client's code (template.time_bounded)
-        return await asyncio.to_thread(time_bounded, rendered)
+        return await catalog.own_template(functools.partial(time_bounded, rendered))
     if sum(len(chat.messages) for chat in chats) > RENDERED_ON_THE_LOOP:
         return await asyncio.to_thread(rendered)
     return rendered()

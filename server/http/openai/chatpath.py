@@ -127,7 +127,7 @@ async def prepare(
         raise route.renamed(exc) from None
     params = Params(route.prompt_field, sent, counted, cached=cached)
     catalog.log.received(answer_id, prompt, {**given, "n": 1})
-    outputs = catalog.log.outputs_of(answer_id, 1)
+    outputs = catalog.log.outputs_of(answer_id)
     return Planned(route, name, found, tools, thinking, tags, infer_request, params, outputs)
 
 

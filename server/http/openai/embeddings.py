@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import re
 import sys
@@ -166,7 +167,7 @@ async def vectors(
     # Messages and their content parts: the template walks each.
     many = sum(map(_pieces, conversations)) > RENDERED_ON_THE_LOOP
     if body.chat_template:  # the request's own: the client's code (template.time_bounded)
-        texts = await asyncio.to_thread(time_bounded, rendered)
+        texts = await catalog.own_template(functools.partial(time_bounded, rendered))
     else:
         texts = await asyncio.to_thread(rendered) if many else rendered()
     listed = indexed or len(texts) > 1

@@ -55,16 +55,14 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from functools import lru_cache
 from types import FrameType
-from typing import Any, Final, NoReturn, TypeVar
+from typing import Any, Final, TypeVar
 
 import jinja2
 import jinja2.ext
 import jinja2.nodes
 import jinja2.parser
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ge_serve.backends.base import TextGeneration
 from ge_serve.server.control.chat import ChatSettings
@@ -72,6 +70,7 @@ from ge_serve.server.control.chat import ChatSettings
 from .contentformat import ContentFormat, walks_parts
 from .errors import OpenAIError
 from .messages import ChatMessage
+from .sandbox import Refused, environment
 from .schemas import ChatCompletionRequest
 
 log = logging.getLogger(__name__)
@@ -90,62 +89,10 @@ _MARK = "GE_SERVE_CONTINUE_FINAL_MESSAGE "
 _START = "GE_SERVE_FINAL_MESSAGE_BEGINS"
 
 
-class _Refused(Exception):
-    """The template's own `raise_exception`."""
-
-
-def _raise_exception(message: str) -> NoReturn:
-    raise _Refused(message)
-
-
-def _strftime_now(format: str) -> str:
-    return datetime.now().strftime(format)
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | str | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    return json.dumps(
-        value,
-        ensure_ascii=ensure_ascii,
-        indent=indent,
-        separators=separators,
-        sort_keys=sort_keys,
-    )
-
-
-class _Generation(jinja2.ext.Extension):
-    """`{% generation %}...{% endgeneration %}`: what it encloses, rendered in place.
-    transformers also notes where that text falls (for training masks); a prompt has no
-    use for it."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: jinja2.parser.Parser) -> list[jinja2.nodes.Node]:
-        next(parser.stream)
-        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
-
-
-class _TooLong(Exception):
-    """A request's own template ran past its time (`time_bounded`)."""
-
-
-@lru_cache(maxsize=1)
-def _environment() -> ImmutableSandboxedEnvironment:
-    """transformers' environment, built once, on first use."""
-    environment = ImmutableSandboxedEnvironment(
-        trim_blocks=True,
-        lstrip_blocks=True,
-        extensions=[_Generation, jinja2.ext.loopcontrols],
-    )
-    environment.globals["raise_exception"] = _raise_exception
-    environment.globals["strftime_now"] = _strftime_now
-    environment.filters["tojson"] = _tojson
-    return environment
+class _TooLong(BaseException):
+    """A request's own template ran past its time (`time_bounded`): no Exception, so
+    that what the template's code catches (Jinja2's `is` tests catch Exception) lets it
+    through."""
 
 
 @lru_cache(maxsize=16)
@@ -153,7 +100,7 @@ def _compiled(source: str) -> jinja2.Template | str:
     """The template, or why it does not compile (kept, so a template that does not is
     compiled once rather than on every chat)."""
     try:
-        return _environment().from_string(source)
+        return environment().from_string(source)
     except jinja2.TemplateError as exc:
         where = f"line {exc.lineno}: " if isinstance(exc, jinja2.TemplateSyntaxError) else ""
         return f"{where}{exc}"
@@ -176,7 +123,7 @@ def content_form(setting: str, source: str) -> ContentFormat:
 @lru_cache(maxsize=32)
 def _detected(source: str) -> ContentFormat:
     try:
-        tree = _environment().parse(source)
+        tree = environment().parse(source)
     except jinja2.TemplateError:
         return "string"  # its chats are refused when it is compiled anyway
     return "openai" if walks_parts(tree) else "string"
@@ -303,7 +250,7 @@ def render(
     }
     try:
         rendered = template.render(context)
-    except _Refused as exc:
+    except Refused as exc:
         raise OpenAIError(f"The conversation was refused: {exc}", param="messages") from None
     except _TooLong:
         raise  # time_bounded's

@@ -146,6 +146,14 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
     return await answer_prompts(catalog, request, model, body, prompts, answer, echoes, firsts, ids)
 
 
+def _logged(answer: Answer, p: int, heads: list[Answer] | None) -> str:
+    """Prompt p's id in the request log, as vLLM's: a completion's `<id>-<p>`, a batch
+    chat's conversation's `<id>_<p>`, a chat's the answer's."""
+    if not answer.chat:
+        return f"{answer.id}-{p}"
+    return answer.id if heads is None else f"{answer.id}_{p}"
+
+
 async def _as_sent(model: ModelVersion, prompts: list[Prompt]) -> list[str | Array]:
     """Each prompt as its requests carry it: a text, or its ids as one array in the dtype
     of the model's `input_ids`, shared by the prompt's n requests (many ids: converted on
@@ -187,7 +195,7 @@ async def chat_prompt(
     work = functools.partial(render_request, generation, body, tools, catalog.chat)
     if body.chat_template:
         # The request's own (--trust-request-chat-template): the client's code.
-        return await asyncio.to_thread(time_bounded, work)
+        return await catalog.own_template(functools.partial(time_bounded, work))
     if len(body.messages) > RENDERED_ON_THE_LOOP:
         # A template walks every message in Python: seconds for a million of them.
         return await asyncio.to_thread(work)
@@ -296,15 +304,14 @@ async def answer_prompts(
         if use is not None and use.after is not None:
             values = {**given, structured.AFTER: use.after}  # the grammar after the thoughts
         values = thinking.grammar_first(values, use is not None)
-        logged = f"{answer.id}-{p}" if len(prompts) > 1 else answer.id
-        catalog.log.received(logged, prompts[p], {**values, "n": n})
+        catalog.log.received(_logged(answer, p, heads), prompts[p], {**values, "n": n})
         for each in seeded(values, n) if n > 1 else [values]:
             infer_request, sent = build_request(
                 model, prompt, stream, each, body.default_max_tokens, reads_ids, cached
             )
             requests.append(infer_request)
     params = Params("messages" if answer.chat else "prompt", sent, reads_ids, cached)
-    answer.log = catalog.log.outputs_of(answer.id, len(requests))
+    answer.log = catalog.log.outputs_of(answer.id)
     for head in heads or ():
         head.log = answer.log
     answers = [answer if heads is None else heads[0]]

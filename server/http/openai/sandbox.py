@@ -1,0 +1,107 @@
+"""The Jinja2 environment chat templates render in: transformers' (the one
+`apply_chat_template` uses, so a template gives the same prompt here as in vLLM and
+Triton's OpenAI front end), in Jinja2's `ImmutableSandboxedEnvironment`, since a template
+is code that comes with a model, or with a request (--trust-request-chat-template).
+
+The sandbox keeps a template from the server's objects, and bounds `range` (Jinja2's
+MAX_RANGE), but not what `*` and `**` build: `'x' * 10**9` is a gigabyte, made as the
+template compiles (Jinja2 folds constants). Both operators are intercepted here (which
+also keeps them from being folded), and a sequence past MAX_ITEMS, or a power past
+MAX_BITS, is refused as the sandbox refuses an unsafe call (a SecurityError: the client's
+400, template.py).
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+from datetime import datetime
+from functools import lru_cache
+from typing import Any, Final, NoReturn
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
+from jinja2.exceptions import SecurityError
+from jinja2.runtime import Context
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# The longest string or list `*` may make: far past any prompt a template writes.
+MAX_ITEMS: Final = 1 << 20
+# The largest integer `**` may make, in bits.
+MAX_BITS: Final = 1 << 16
+
+
+class Refused(Exception):
+    """The template's own `raise_exception`."""
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise Refused(message)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value,
+        ensure_ascii=ensure_ascii,
+        indent=indent,
+        separators=separators,
+        sort_keys=sort_keys,
+    )
+
+
+class _Generation(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}`: what it encloses, rendered in place.
+    transformers also notes where that text falls (for training masks); a prompt has no
+    use for it."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> list[jinja2.nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Context, op: str, left: Any, right: Any) -> Any:
+        if op == "*":
+            _check_repeat(left, right)
+            _check_repeat(right, left)
+            return operator.mul(left, right)
+        integers = isinstance(left, int) and isinstance(right, int)
+        if integers and right > 0 and abs(left) > 1 and left.bit_length() * right > MAX_BITS:
+            raise SecurityError(f"the template's {left} ** {right} is past {MAX_BITS} bits")
+        return operator.pow(left, right)
+
+
+def _check_repeat(sequence: Any, count: Any) -> None:
+    repeated = isinstance(sequence, str | bytes | list | tuple) and isinstance(count, int)
+    if repeated and len(sequence) * count > MAX_ITEMS:
+        raise SecurityError(f"the template repeats a sequence past {MAX_ITEMS} items")
+
+
+@lru_cache(maxsize=1)
+def environment() -> ImmutableSandboxedEnvironment:
+    """transformers' environment, built once, on first use."""
+    found = _Sandbox(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[_Generation, jinja2.ext.loopcontrols],
+    )
+    found.globals["raise_exception"] = _raise_exception
+    found.globals["strftime_now"] = _strftime_now
+    found.filters["tojson"] = _tojson
+    return found
