@@ -100,12 +100,16 @@ _HTTP_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
             r"(?:/openai)?/v1/(?:score|rerank)|/(?:score|rerank|pooling)|/v2/(?:rerank|embed)",
             "inference",
         ),
+        # vLLM's SageMaker route on its own port (http/openai/invocations.py).
+        (r"/invocations", "inference"),
         # Triton's OpenAI front end puts its load and unload routes here too.
         (r"(?:/openai)?/v1/models/[^/]+/(?:load|unload)", "model-repository"),
         (r"(?:/openai)?/v1/models(?:/[^/]+)?", "metadata"),
         # Triton's OpenAI front end's readiness route, in its category there, and vLLM's
         # health route beside it.
-        (r"/health(?:/ready)?", "health"),
+        (r"/health(?:/ready)?|/ping", "health"),
+        # vLLM's version route: the server's, as /v2's metadata.
+        (r"/version", "metadata"),
         # KServe v1's liveness route (app.py).
         (r"/", "health"),
     )

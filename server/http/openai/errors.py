@@ -50,6 +50,8 @@ TOKENIZER_PATHS = frozenset(("/tokenize", "/detokenize", "/tokenizer_info"))
 SCORING_PATHS = frozenset(("/score", "/rerank", "/v2/rerank", "/pooling", "/v2/embed"))
 # vLLM's server load (serverload.py).
 LOAD_PATH = "/load"
+# vLLM's SageMaker route and its version route (invocations.py, routes.py).
+SERVING_PATHS = frozenset((LOAD_PATH, "/invocations", "/version"))
 # Anthropic's Messages API (anthropic.py): its errors are Anthropic's error object.
 ANTHROPIC_PATHS = frozenset(("/v1/messages", "/v1/messages/count_tokens"))
 # Anthropic's `error.type` by status, as vLLM's translate_error_type picks it (its SDKs
@@ -156,7 +158,8 @@ def is_openai_path(path: str) -> bool:
         path = path[len(KSERVE_PREFIX) :]
     return (
         path.startswith(OPENAI_PREFIX)
-        or path in (OPENAI_ROOT, LOAD_PATH)
+        or path == OPENAI_ROOT
+        or path in SERVING_PATHS
         or path in TOKENIZER_PATHS
         or path in SCORING_PATHS
     )

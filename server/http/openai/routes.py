@@ -52,6 +52,7 @@ from . import (
     chatbatch,
     cohere_embed,
     embeddings,
+    invocations,
     pooling,
     responses_serve,
     scoring,
@@ -60,7 +61,7 @@ from . import (
     tokenize,
 )
 from .anthropic import CountTokensRequest, MessagesRequest, counted_fits, known_blocks
-from .catalog import Catalog, text_generation
+from .catalog import Catalog, is_generative, text_generation
 from .embed_schemas import EmbeddingRequest, PoolingRequest
 from .errors import (
     CONTEXT_LENGTH_EXCEEDED,
@@ -287,6 +288,31 @@ def routes(
         name = request.query_params.get("model")
         return _json(await tokenize.tokenizer_info(catalog, name or None))
 
+    async def invoke(request: Request) -> Response:
+        raw = await front.read_body(request)
+        large = len(raw) > PARSED_ON_THE_LOOP
+        document = await asyncio.to_thread(_document, raw) if large else _document(raw)
+        kind = invocations.route(document, generates)
+        return await invoked[kind](invocations.replayed(request, raw))
+
+    def generates(name: str | None) -> bool:
+        """Whether a body for model `name` (None: the one served) is for a generator."""
+        try:
+            return name is None or is_generative(catalog.model(name))
+        except OpenAIError:
+            return True  # the chat route's 404 says so
+
+    invoked = {
+        invocations.CHAT: chat,
+        invocations.COMPLETIONS: completions,
+        invocations.EMBEDDINGS: embed,
+        invocations.RERANK: rerank,
+        invocations.SCORE: score,
+    }
+
+    async def version(request: Request) -> Response:
+        return _json({"version": front.core.metadata().version})
+
     def get(path: str, handler: Handler) -> Route:
         return ApiRoute(path, _openai_errors(handler), methods=["GET"], error=ErrorObject)
 
@@ -299,6 +325,10 @@ def routes(
     built = [
         front.route("/health/ready", health_ready, ["GET"]),
         front.route("/health", health, ["GET"]),
+        # vLLM's SageMaker routes on its own port (invocations.py), and its version.
+        front.route("/ping", health, ["GET", "POST"]),
+        ApiRoute("/invocations", _openai_errors(invoke), methods=["POST"], error=ErrorObject),
+        get("/version", version),
         # vLLM's tokenizer routes (tokenize.py), outside /v1 as vLLM serves them.
         post("/tokenize", tokenize_text, tokenize.TokenizeRequest),
         post("/detokenize", detokenize, tokenize.DetokenizeRequest),
