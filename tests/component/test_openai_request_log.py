@@ -129,6 +129,33 @@ async def test_the_responses_api_is_logged(
     assert found[1].startswith("Generated response resp_r: output: ")
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "name"),
+    [
+        ("/v1/responses", {"model": "textgen", "input": "hi", "stream": True}, "resp_t"),
+        ("/v1/messages", {"model": "textgen", "messages": HI, "stream": True}, "msg_t"),
+    ],
+    ids=["responses", "messages"],
+)
+async def test_the_responses_and_messages_streams_are_logged(
+    logged: httpx.AsyncClient,
+    caplog: pytest.LogCaptureFixture,
+    path: str,
+    body: dict[str, object],
+    name: str,
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    sent = {**body, "max_tokens": 5, "max_output_tokens": 5}
+    sent.pop("max_output_tokens" if path == "/v1/messages" else "max_tokens")
+    async with logged.stream("POST", path, json=sent, headers={"X-Request-Id": "t"}) as answer:
+        assert answer.status_code == 200
+        await answer.aread()
+    found = [message for _, message in lines(caplog)]
+    assert found[0].startswith(f"Received request {name}: params: ")
+    assert any(m.startswith(f"Generated response {name} (streaming delta)") for m in found)
+    assert found[-1].startswith(f"Generated response {name} (streaming complete): output: ")
+
+
 async def test_nothing_is_logged_without_the_flags(
     quiet: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
 ) -> None:

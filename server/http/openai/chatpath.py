@@ -8,6 +8,7 @@ route's API names it (`Route.renamed`).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
@@ -161,4 +162,19 @@ async def first_piece(
     except BaseException:
         await rest.aclose()
         raise
+    if planned.outputs is not None and first is not None:
+        planned.outputs.piece(0, first.text, first.finish_reason)
+        rest = _logged(planned.outputs, rest)
     return first, rest
+
+
+async def _logged(
+    outputs: Outputs, rest: AsyncGenerator[Piece, None]
+) -> AsyncGenerator[Piece, None]:
+    """`rest`, each piece logged (--enable-log-outputs), and the whole text at its end;
+    nothing more where it ends otherwise (an error, the client gone), as vLLM's."""
+    async with contextlib.aclosing(rest):
+        async for piece in rest:
+            outputs.piece(0, piece.text, piece.finish_reason)
+            yield piece
+    outputs.complete()
