@@ -84,6 +84,17 @@ async def test_a_body_of_no_kind_is_vllms_400(http: httpx.AsyncClient) -> None:
     )
 
 
+async def test_messages_without_a_model_where_only_an_embedder_is_served(
+    tmp_path: Path,
+) -> None:
+    repo: Path = textgen.write(tmp_path)
+    async with openai_client(repo, ["embedder"]) as embeds:
+        response = await embeds.post("/invocations", json={"messages": HI})
+    # The embeddings route's own answer (it needs `model`), not chat's "the server serves
+    # no generative model": the body goes where vLLM's tasks send it.
+    assert error(response)["message"] == "Missing required parameter: 'model'"
+
+
 async def test_ping_and_version(http: httpx.AsyncClient) -> None:
     assert (await http.get("/ping")).status_code == 200
     assert (await http.post("/ping")).status_code == 200

@@ -5,6 +5,7 @@ role for templates that do not know it, and the default template variables."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any
 
@@ -19,8 +20,8 @@ from ge_serve.server.http.openai.template import (
     content_form,
     render,
     render_request,
-    time_bounded,
 )
+from ge_serve.server.http.openai.timebound import time_bounded
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -156,6 +157,16 @@ def test_a_requests_template_that_runs_too_long_is_stopped(body: str) -> None:
     assert fast == "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
 
 
+def test_a_render_stops_once_its_client_has_gone() -> None:
+    gone = threading.Event()
+    gone.set()
+    looping = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    started = time.monotonic()
+    with pytest.raises(OpenAIError):
+        time_bounded(lambda: render(generation(looping), messages(("user", "x"))), 60, gone)
+    assert time.monotonic() - started < 5
+
+
 def test_the_stop_passes_through_code_that_catches_exceptions() -> None:
     def swallowing() -> str:
         try:
@@ -174,6 +185,17 @@ def test_the_stop_passes_through_code_that_catches_exceptions() -> None:
         ("{% set s = 'x' * 10**9 %}{{ messages[0].content }}", "repeats a sequence past"),
         ("{{ [messages] * 2000000 }}", "repeats a sequence past"),
         ("{{ 10 ** 100000 }}", "is past 65536 bits"),
+        # Squared twenty times: seconds in one multiplication, which no time bound stops.
+        (
+            "{% set ns = namespace(n=10) %}{% for i in range(24) %}"
+            "{% set ns.n = ns.n * ns.n %}{% endfor %}",
+            "product is past 65536 bits",
+        ),
+        (
+            "{% set ns = namespace(s='ab') %}{% for i in range(30) %}"
+            "{% set ns.s = ns.s + ns.s %}{% endfor %}",
+            "joins sequences past",
+        ),
     ],
 )
 def test_a_template_cannot_make_a_huge_value(template: str, said: str) -> None:
@@ -181,8 +203,8 @@ def test_a_template_cannot_make_a_huge_value(template: str, said: str) -> None:
         render(generation(template), messages(("user", "x")))
     assert refused.value.param == "messages" and said in str(refused.value)
     # What templates multiply stays as it was.
-    fine = "{{ '=' * 3 }}{{ 2 ** 10 }}{{ [1] * 2 }}"
-    assert render(generation(fine), messages(("user", "x"))) == "===1024[1, 1]"
+    fine = "{{ '=' * 3 }}{{ 2 ** 10 }}{{ [1] * 2 }}{{ 'a' + 'b' }}{{ 3 * 4 }}"
+    assert render(generation(fine), messages(("user", "x"))) == "===1024[1, 1]ab12"
 
 
 def test_default_variables_are_under_the_requests_own() -> None:

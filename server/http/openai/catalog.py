@@ -25,6 +25,8 @@ optional `model`) goes to the one generative model served (`Catalog.generator`).
 from __future__ import annotations
 
 import asyncio
+import functools
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +42,7 @@ from ge_serve.server.inference.model import ModelVersion, TensorSpec
 from ge_serve.server.inference.types import DataType
 
 from .errors import OpenAIError, from_server_error, model_not_found
+from .timebound import time_bounded
 from .tools import ToolSettings
 
 T = TypeVar("T")
@@ -143,9 +146,17 @@ class Catalog:
         # creation time is not something a repository records).
         self.created = int(time.time())
 
-    async def own_template(self, work: Callable[[], T]) -> T:
-        """`work`, rendering a request's own template, on the threads kept for it."""
-        return await asyncio.get_running_loop().run_in_executor(self._templates, work)
+    async def own_template(self, render: Callable[[], T]) -> T:
+        """`render`, of a request's own template, on the threads kept for it, bounded in
+        time (template.time_bounded); cancelled (its client gone), a render that has not
+        begun never does, and one running stops at its template's next line."""
+        stop = threading.Event()
+        job = functools.partial(time_bounded, render, stop=stop)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._templates, job)
+        except asyncio.CancelledError:
+            stop.set()
+            raise
 
     def model(self, name: str) -> ModelVersion:
         """The ready version a /v1 request for `name` goes to (its highest); 404 else."""

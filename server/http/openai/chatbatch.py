@@ -27,7 +27,6 @@ conversation's prompt and generated tokens (and thoughts). vLLM's batch answer h
 from __future__ import annotations
 
 import asyncio
-import functools
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
@@ -44,7 +43,7 @@ from .messages import ChatMessage
 from .objects import Answer
 from .prompts import MAX_PROMPTS, Prompt
 from .schemas import ChatCompletionRequest, ChatOptions, refuse_parts
-from .template import RENDERED_ON_THE_LOOP, render_request, time_bounded
+from .template import RENDERED_ON_THE_LOOP, render_request
 from .text import (
     answer_prompts,
     as_token_ids,
@@ -172,7 +171,7 @@ async def _rendered(
         return prompts
 
     if chats[0].chat_template:  # the request's own: the client's code (template.time_bounded)
-        return await catalog.own_template(functools.partial(time_bounded, rendered))
+        return await catalog.own_template(rendered)
     if sum(len(chat.messages) for chat in chats) > RENDERED_ON_THE_LOOP:
         return await asyncio.to_thread(rendered)
     return rendered()

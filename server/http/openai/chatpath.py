@@ -90,9 +90,8 @@ async def prepare(
         if chosen != "auto" or catalog.tools.parser:
             given_constraints = takes_constraints(found.inputs)
             tools = plan(chosen, catalog.tools, given_constraints, name, chat.parallel_tool_calls)
-        prompt = await chat_prompt(
-            catalog, generation, chat, template_tools(chat.tools, chat.tool_choice, catalog.tools)
-        )
+        given_tools = template_tools(chat.tools, chat.tool_choice, catalog.tools)
+        prompt = await chat_prompt(catalog, generation, chat, given_tools, request)
         given = chat.sampling()  # the tools' schemas checked for "required"
     except OpenAIError as exc:
         raise route.renamed(exc) from None

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import functools
 import json
 import re
 import sys
@@ -57,7 +56,7 @@ from .choices import all_of
 from .embed_schemas import NO_CHAT_TEMPLATE, EmbeddingRequest, PooledBody
 from .errors import OpenAIError, from_server_error
 from .messages import ChatMessage
-from .template import RENDERED_ON_THE_LOOP, render, time_bounded
+from .template import RENDERED_ON_THE_LOOP, render
 
 # What an ensemble puts in front of a step's error (scheduler/ensemble.py), once per level.
 _ENSEMBLE_PREFIX = re.compile(r"^(?:in ensemble '[^']*', )+")
@@ -167,7 +166,7 @@ async def vectors(
     # Messages and their content parts: the template walks each.
     many = sum(map(_pieces, conversations)) > RENDERED_ON_THE_LOOP
     if body.chat_template:  # the request's own: the client's code (template.time_bounded)
-        texts = await catalog.own_template(functools.partial(time_bounded, rendered))
+        texts = await catalog.own_template(rendered)
     else:
         texts = await asyncio.to_thread(rendered) if many else rendered()
     listed = indexed or len(texts) > 1

@@ -296,9 +296,12 @@ def routes(
         return await invoked[kind](invocations.replayed(request, raw))
 
     def generates(name: str | None) -> bool:
-        """Whether a body for model `name` (None: the one served) is for a generator."""
+        """Whether a body for model `name` is for a generator; None: whether the server
+        serves one (else an embedding model's chat form, as vLLM's tasks decide)."""
+        if name is None:
+            return any(is_generative(model) for _, model in catalog.ready())
         try:
-            return name is None or is_generative(catalog.model(name))
+            return is_generative(catalog.model(name))
         except OpenAIError:
             return True  # the chat route's 404 says so
 

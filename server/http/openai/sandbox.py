@@ -4,11 +4,15 @@ Triton's OpenAI front end), in Jinja2's `ImmutableSandboxedEnvironment`, since a
 is code that comes with a model, or with a request (--trust-request-chat-template).
 
 The sandbox keeps a template from the server's objects, and bounds `range` (Jinja2's
-MAX_RANGE), but not what `*` and `**` build: `'x' * 10**9` is a gigabyte, made as the
-template compiles (Jinja2 folds constants). Both operators are intercepted here (which
-also keeps them from being folded), and a sequence past MAX_ITEMS, or a power past
-MAX_BITS, is refused as the sandbox refuses an unsafe call (a SecurityError: the client's
-400, template.py).
+MAX_RANGE), but not what its operators build: `'x' * 10**9` is a gigabyte, made as the
+template compiles (Jinja2 folds constants), and squaring an integer twenty times holds the
+interpreter for seconds in one multiplication, which no time bound stops (timebound.py
+checks between lines). `*`, `**` and `+` are intercepted here (which also keeps them
+from being folded): a string or list past MAX_ITEMS, or an integer past MAX_BITS, is
+refused as the sandbox refuses an unsafe call (a SecurityError: the client's 400,
+template.py). What else builds large values in one call (`~` doubling in a loop, `%` or
+`format` widths, `center`, `join`) is bounded by nothing but the render's time, as in
+vLLM, whose sandbox bounds none of it.
 """
 
 from __future__ import annotations
@@ -74,21 +78,31 @@ class _Generation(jinja2.ext.Extension):
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
-    intercepted_binops = frozenset({"*", "**"})
+    intercepted_binops = frozenset({"*", "**", "+"})
 
     def call_binop(self, context: Context, op: str, left: Any, right: Any) -> Any:
+        integers = isinstance(left, int) and isinstance(right, int)
+        if op == "+":
+            if _sized(left) and _sized(right) and len(left) + len(right) > MAX_ITEMS:
+                raise SecurityError(f"the template joins sequences past {MAX_ITEMS} items")
+            return operator.add(left, right)
         if op == "*":
+            if integers and left.bit_length() + right.bit_length() > MAX_BITS:
+                raise SecurityError(f"the template's product is past {MAX_BITS} bits")
             _check_repeat(left, right)
             _check_repeat(right, left)
             return operator.mul(left, right)
-        integers = isinstance(left, int) and isinstance(right, int)
         if integers and right > 0 and abs(left) > 1 and left.bit_length() * right > MAX_BITS:
             raise SecurityError(f"the template's {left} ** {right} is past {MAX_BITS} bits")
         return operator.pow(left, right)
 
 
+def _sized(value: Any) -> bool:
+    return isinstance(value, str | bytes | list | tuple)
+
+
 def _check_repeat(sequence: Any, count: Any) -> None:
-    repeated = isinstance(sequence, str | bytes | list | tuple) and isinstance(count, int)
+    repeated = _sized(sequence) and isinstance(count, int)
     if repeated and len(sequence) * count > MAX_ITEMS:
         raise SecurityError(f"the template repeats a sequence past {MAX_ITEMS} items")
 

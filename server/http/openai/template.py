@@ -52,12 +52,9 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
-from types import FrameType
-from typing import Any, Final, TypeVar
+from typing import Any
 
 import jinja2
 import jinja2.ext
@@ -72,6 +69,7 @@ from .errors import OpenAIError
 from .messages import ChatMessage
 from .sandbox import Refused, environment
 from .schemas import ChatCompletionRequest
+from .timebound import Stopped
 
 log = logging.getLogger(__name__)
 
@@ -79,20 +77,10 @@ CHAT_TEMPLATE_INVALID = "chat_template_invalid"
 # A template walks every message in Python (seconds for a million): conversations of more
 # messages than this are rendered off the event loop's thread.
 RENDERED_ON_THE_LOOP = 64
-# How long a request's own template may render (--trust-request-chat-template): vLLM's
-# VLLM_CHAT_TEMPLATE_RENDER_TIMEOUT default.
-REQUEST_TEMPLATE_SECONDS: Final = 30.0
-T = TypeVar("T")
 # Where the message to continue ends; the space tells whether the template strips it.
 _MARK = "GE_SERVE_CONTINUE_FINAL_MESSAGE "
 # Where it begins: what a trimming template prints before an empty message is kept.
 _START = "GE_SERVE_FINAL_MESSAGE_BEGINS"
-
-
-class _TooLong(BaseException):
-    """A request's own template ran past its time (`time_bounded`): no Exception, so
-    that what the template's code catches (Jinja2's `is` tests catch Exception) lets it
-    through."""
 
 
 @lru_cache(maxsize=16)
@@ -127,33 +115,6 @@ def _detected(source: str) -> ContentFormat:
     except jinja2.TemplateError:
         return "string"  # its chats are refused when it is compiled anyway
     return "openai" if walks_parts(tree) else "string"
-
-
-def time_bounded(work: Callable[[], T], seconds: float = REQUEST_TEMPLATE_SECONDS) -> T:
-    """`work()` (the rendering of a request's own template, on a worker thread), stopped
-    once it has run `seconds`: such a template is the client's code, which the sandbox
-    keeps from the server's objects but not from looping for as long as it likes. A trace
-    function on this thread alone checks the time at each line the template's code runs
-    (and costs that template alone); a stuck thread could not be stopped otherwise, and
-    would hold the interpreter for as long as it ran."""
-    deadline = time.monotonic() + seconds
-
-    def check(frame: FrameType, event: str, arg: Any) -> Any:
-        if time.monotonic() > deadline:
-            raise _TooLong
-        return check
-
-    previous = sys.gettrace()
-    sys.settrace(check)
-    try:
-        return work()
-    except _TooLong:
-        raise OpenAIError(
-            f"The request's chat template took more than {seconds:g} s to render",
-            param="chat_template",
-        ) from None
-    finally:
-        sys.settrace(previous)
 
 
 def variables(body: ChatCompletionRequest, chat: ChatSettings | None = None) -> dict[str, Any]:
@@ -252,8 +213,8 @@ def render(
         rendered = template.render(context)
     except Refused as exc:
         raise OpenAIError(f"The conversation was refused: {exc}", param="messages") from None
-    except _TooLong:
-        raise  # time_bounded's
+    except Stopped:
+        raise  # timebound.py's
     except Exception as exc:
         # Whatever a template raises on what a client sent (a ZeroDivisionError, the
         # sandbox's OverflowError for a range too big...) is the client's 400, never a 500.

@@ -49,7 +49,7 @@ from .logprobs import Logprobs
 from .objects import Answer
 from .prompts import IDS_INLINE, THREADED, Prompt, check_fit, echo_texts
 from .schemas import ChatCompletionRequest, ChatOptions, CompletionRequest, Sampling
-from .template import RENDERED_ON_THE_LOOP, render_request, time_bounded, variables
+from .template import RENDERED_ON_THE_LOOP, render_request, variables
 from .tools import plan, template_tools
 
 # vLLM's names of the APIs, in its words for a server without a generative model.
@@ -65,9 +65,8 @@ async def chat_completion(
     chosen, parallel = body.chosen_tool(), body.parallel_tool_calls
     constrained = takes_constraints(model.inputs)
     tool_use = plan(chosen, catalog.tools, constrained, name, parallel)
-    prompt = await chat_prompt(
-        catalog, generation, body, template_tools(body.tools, body.tool_choice, catalog.tools)
-    )
+    tools = template_tools(body.tools, body.tool_choice, catalog.tools)
+    prompt = await chat_prompt(catalog, generation, body, tools, request)
     forced = catalog.tools.force_include_usage
     answer = identity(
         request,
@@ -189,13 +188,16 @@ async def chat_prompt(
     generation: TextGeneration,
     body: ChatCompletionRequest,
     tools: list[dict[str, Any]] | None = None,
+    request: Request | None = None,
 ) -> str:
     """The chat's prompt (template.render_request, for a model with a chat template,
-    under the server's chat settings), rendered off the loop when long."""
+    under the server's chat settings), rendered off the loop when long; the request's own
+    template, stopped if its `request`'s client leaves."""
     work = functools.partial(render_request, generation, body, tools, catalog.chat)
     if body.chat_template:
         # The request's own (--trust-request-chat-template): the client's code.
-        return await catalog.own_template(functools.partial(time_bounded, work))
+        rendered = catalog.own_template(work)
+        return await (rendered if request is None else until_disconnect(request, rendered))
     if len(body.messages) > RENDERED_ON_THE_LOOP:
         # A template walks every message in Python: seconds for a million of them.
         return await asyncio.to_thread(work)
