@@ -77,11 +77,16 @@ def _format(text: str) -> str:
     return text
 
 
-def _kwargs(text: str) -> dict[str, Any]:
+def _json(text: str) -> Any:
+    """The JSON value `text` is; None where it is none."""
     try:
-        value: Any = json.loads(text)
+        return json.loads(text)
     except ValueError:
-        value = None
+        return None
+
+
+def _kwargs(text: str) -> dict[str, Any]:
+    value = _json(text)
     if not isinstance(value, dict):
         raise ValueError(f"{_KWARGS} takes a JSON object, e.g. '{{\"enable_thinking\": false}}'")
     return value
@@ -89,10 +94,7 @@ def _kwargs(text: str) -> dict[str, Any]:
 
 def _effort_map(text: str) -> dict[str, str]:
     """vLLM's checks, in its words."""
-    try:
-        value: Any = json.loads(text)
-    except ValueError:
-        value = None
+    value = _json(text)
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
         raise ValueError(
             f"Error: {_EFFORTS} must be a JSON object mapping reasoning efforts to strings."
