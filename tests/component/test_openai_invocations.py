@@ -90,9 +90,17 @@ async def test_messages_without_a_model_where_only_an_embedder_is_served(
     repo: Path = textgen.write(tmp_path)
     async with openai_client(repo, ["embedder"]) as embeds:
         response = await embeds.post("/invocations", json={"messages": HI})
-    # The embeddings route's own answer (it needs `model`), not chat's "the server serves
-    # no generative model": the body goes where vLLM's tasks send it.
-    assert error(response)["message"] == "Missing required parameter: 'model'"
+    # The embeddings route's own answer (its one model has no chat template), not chat's
+    # "the server serves no generative model": the body goes where vLLM's tasks send it.
+    assert error(response)["param"] == "messages"
+
+
+async def test_embeddings_without_a_model_go_to_the_one_served(http: httpx.AsyncClient) -> None:
+    # vLLM's `model` is optional (SageMaker's clients send none): its one served model.
+    for path in ("/v1/embeddings", "/invocations"):
+        response = await http.post(path, json={"input": "one two"})
+        assert response.status_code == 200, response.text
+        assert response.json()["model"] == "embedder"
 
 
 async def test_ping_and_version(http: httpx.AsyncClient) -> None:

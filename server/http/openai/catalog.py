@@ -219,6 +219,19 @@ class Catalog:
             )
         return text_generation(model, requested or self.chat.template)
 
+    def embedder_name(self, name: str | None) -> str:
+        """The request's model; without one, the only embedding model the server serves
+        (vLLM's default, its one served model), else the missing parameter's 400."""
+        if name is not None:
+            return name
+        found = [entry for entry, model in self.ready() if embedder(model) is not None]
+        if len(found) != 1:
+            raise OpenAIError(
+                f"Missing required parameter: 'model' ({len(found)} embedding models here)",
+                param="model",
+            )
+        return found[0]
+
     def embedding(self, name: str) -> tuple[ModelVersion, Embedder]:
         model = self.model(name)
         found = embedder(model)

@@ -158,7 +158,8 @@ class PooledBody(Body):
 
 
 class EmbeddingRequest(PooledBody):
-    model: str = Field(min_length=1)
+    # vLLM's: optional; here, without it, the one embedding model the server serves.
+    model: str | None = Field(None, min_length=1)
 
 
 class PoolingRequest(PooledBody):

@@ -78,20 +78,21 @@ ENCODED_ON_THE_LOOP = 64 * 1024
 async def embeddings(catalog: Catalog, body: EmbeddingRequest, request_id: str = "") -> Response:
     """The answer, whose `id` (vLLM's, which OpenAI's lacks) is `embd-` and `request_id`
     (the client's, text.request_id) or a fresh one; encoded as answered() does."""
-    model, embedder = catalog.embedding(body.model)
+    served = catalog.embedder_name(body.model)
+    model, embedder = catalog.embedding(served)
     size = embedder.vector_output.dims[0]
     if body.dimensions is not None and size > 0:
-        check_dimensions(body.model, body.dimensions, size)  # before the model runs
+        check_dimensions(served, body.dimensions, size)  # before the model runs
     found = await vectors(catalog, model, embedder, body)
     if body.dimensions is not None:
         for vector, _ in found:
-            check_dimensions(body.model, body.dimensions, vector.size)
+            check_dimensions(served, body.dimensions, vector.size)
     name = "embd-" + (request_id or uuid.uuid4().hex)
     created = int(time.time())
 
     def build() -> dict[str, Any] | Response:
         if body.encoding_format in ("bytes", "bytes_only"):
-            return binary(body, name, created, body.model, found)
+            return binary(body, name, created, served, found)
         tokens = sum(count for _, count in found)
         return {
             "id": name,
@@ -101,7 +102,7 @@ async def embeddings(catalog: Catalog, body: EmbeddingRequest, request_id: str =
                 {"object": "embedding", "index": index, "embedding": encoded(vector, body)}
                 for index, (vector, _) in enumerate(found)
             ],
-            "model": body.model,
+            "model": served,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
 

@@ -260,7 +260,7 @@ async def served(
 ) -> tuple[str, ModelVersion, Embedder]:
     """The embedding model a request of vLLM's `api` names (or, without a name, the
     server's one embedding model), and how it is called."""
-    name = await _named(catalog, name)
+    name = catalog.embedder_name(name)
     model = catalog.model(name)
     found = embedder(model)
     if found is None:
@@ -273,17 +273,3 @@ async def served(
             )
         raise model_not_found(name)
     return name, model, found
-
-
-async def _named(catalog: Catalog, name: str | None) -> str:
-    """The request's model; without one, the only embedding model the server serves
-    (vLLM's default, its one served model), else the missing parameter's 400."""
-    if name is not None:
-        return name
-    found = [entry for entry, model in catalog.ready() if embedder(model) is not None]
-    if len(found) != 1:
-        raise OpenAIError(
-            f"Missing required parameter: 'model' ({len(found)} embedding models here)",
-            param="model",
-        )
-    return found[0]
