@@ -30,8 +30,11 @@ class RequestLogging:
     outputs: bool = False
     deltas: bool = True
 
-    def received(self, request_id: str, prompt: str | list[int], params: dict[str, Any]) -> None:
-        """A request sent to the model (`params`: the sampling parameters it carries)."""
+    def received(
+        self, request_id: str, prompt: str | list[int], params: dict[str, Any], n: int = 1
+    ) -> None:
+        """A request sent to the model (`params`: the sampling parameters it carries, for
+        `n` choices); nothing is built where the log is off."""
         if not self.requests:
             return
         if log.isEnabledFor(logging.DEBUG):
@@ -43,7 +46,7 @@ class RequestLogging:
                 self._cut(text),
                 self._cut(ids),
             )
-        shown = json.dumps(params, ensure_ascii=False, default=str)
+        shown = json.dumps({**params, "n": n}, ensure_ascii=False, default=str)
         log.info("Received request %s: params: %s, lora_request: None.", request_id, shown)
 
     def outputs_of(self, request_id: str) -> Outputs | None:

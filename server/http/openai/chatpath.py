@@ -126,7 +126,7 @@ async def prepare(
     except OpenAIError as exc:  # a refusal names this API's field
         raise route.renamed(exc) from None
     params = Params(route.prompt_field, sent, counted, cached=cached)
-    catalog.log.received(answer_id, prompt, {**given, "n": 1})
+    catalog.log.received(answer_id, prompt, given)
     outputs = catalog.log.outputs_of(answer_id)
     return Planned(route, name, found, tools, thinking, tags, infer_request, params, outputs)
 

@@ -111,15 +111,18 @@ def routes(
         request: Request, bounded: Callable[[Any], None] | None
     ) -> tuple[Any, bool]:
         """The body's JSON document, and whether it is large (checked off the loop)."""
-        raw = await front.read_body(request)
+        document, large = await parsed(await front.read_body(request))
         # Checking a body of a million messages takes seconds, off the loop's thread or
         # on it, since the check holds the interpreter throughout: what `bounded` refuses
         # is never checked.
-        large = len(raw) > PARSED_ON_THE_LOOP
-        document = await asyncio.to_thread(_document, raw) if large else _document(raw)
         if bounded is not None:
             bounded(document)
         return document, large
+
+    async def parsed(raw: bytes) -> tuple[Any, bool]:
+        """`raw`'s JSON document (parsed off the loop where large), and whether it is."""
+        large = len(raw) > PARSED_ON_THE_LOOP
+        return (await asyncio.to_thread(_document, raw) if large else _document(raw)), large
 
     async def read(
         request: Request,
@@ -290,8 +293,7 @@ def routes(
 
     async def invoke(request: Request) -> Response:
         raw = await front.read_body(request)
-        large = len(raw) > PARSED_ON_THE_LOOP
-        document = await asyncio.to_thread(_document, raw) if large else _document(raw)
+        document, _ = await parsed(raw)
         kind = invocations.route(document, generates)
         return await invoked[kind](invocations.replayed(request, raw))
 

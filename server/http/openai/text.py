@@ -306,7 +306,7 @@ async def answer_prompts(
         if use is not None and use.after is not None:
             values = {**given, structured.AFTER: use.after}  # the grammar after the thoughts
         values = thinking.grammar_first(values, use is not None)
-        catalog.log.received(_logged(answer, p, heads), prompts[p], {**values, "n": n})
+        catalog.log.received(_logged(answer, p, heads), prompts[p], values, n)
         for each in seeded(values, n) if n > 1 else [values]:
             infer_request, sent = build_request(
                 model, prompt, stream, each, body.default_max_tokens, reads_ids, cached
