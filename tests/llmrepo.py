@@ -40,12 +40,22 @@ class TinyModel:
     cfg: Any
     weights: Mapping[str, npt.NDArray[np.float32]]
     eos_id: int
+    # The projections' Q4_1 blocks, for the GGUF build's graph (one-token steps on them).
+    blocks: Mapping[str, Any] | None = None
 
 
 @cache
 def tiny_model(seed: int = 0) -> TinyModel:
     cfg = smollm.tiny_config(vocab_size=VOCAB, max_position_embeddings=2048)
     return TinyModel(cfg, smollm.llama_onnx().random_weights(cfg, seed=seed), eos_id=256)
+
+
+@cache
+def q4_1_tiny_model() -> TinyModel:
+    """`tiny_model` with its projections stored as Q4_1, as the GGUF build's graph is."""
+    model = tiny_model()
+    weights, blocks = smollm.q4_1_weights(model.cfg, dict(model.weights))
+    return TinyModel(model.cfg, weights, model.eos_id, blocks)
 
 
 @cache
@@ -95,7 +105,7 @@ def write_tiny_llm(
     folder = repo / name
     version = folder / "1"
     version.mkdir(parents=True, exist_ok=True)
-    graph = smollm.llama_onnx().build_step_graph(model.weights, model.cfg)
+    graph = smollm.llama_onnx().build_step_graph(model.weights, model.cfg, model.blocks)
     onnx.save_model(graph, str(version / "model.onnx"))
     byte_tokenizer(think).save(str(version / "tokenizer.json"))
     (version / "chat_template.jinja").write_text(

@@ -54,6 +54,7 @@ def llama_onnx() -> ModuleType:
     """examples/smollm/llama_onnx.py (examples/ is not a package), after the module it
     imports."""
     _load("llama_attention")
+    _load("llama_q4")
     return _load("llama_onnx")
 
 
@@ -139,6 +140,23 @@ def real_model_folder(tmp_path_factory: pytest.TempPathFactory, max_model_len: i
     config = build_module().config_pbtxt(folder.name, built.gguf.tokenizer, max_model_len)
     (folder / "config.pbtxt").write_text(config, encoding="utf-8")
     return folder
+
+
+def q4_1_weights(
+    cfg: Any, weights: dict[str, npt.NDArray[np.float32]]
+) -> tuple[dict[str, npt.NDArray[np.float32]], dict[str, Any]]:
+    """`weights` with every projection stored as llama.cpp stores Q4_1 (gguf's own
+    quantizer), read back as the build script reads a GGUF's blocks: the dequantized
+    weights (what the graph must compute with) and the blocks."""
+    import gguf
+
+    q4 = _load("llama_q4")
+    dequantized, blocks = dict(weights), {}
+    for name in llama_onnx().linear_weight_names(cfg):
+        data = gguf.quants.quantize(weights[name], gguf.GGMLQuantizationType.Q4_1)
+        blocks[name] = q4.from_gguf(data)
+        dequantized[name] = gguf.quants.dequantize(data, gguf.GGMLQuantizationType.Q4_1)
+    return dequantized, blocks
 
 
 def tiny_config(**overrides: Any) -> Any:

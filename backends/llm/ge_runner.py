@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+import onnx
 
 from ge_serve.protos import model_config_pb2
 
@@ -62,6 +63,23 @@ class StepGears:
                 f"(batch {list(self.batch)}, chunks {list(self.chunks)}, blocks "
                 f"{list(self.blocks)})"
             ) from None
+
+
+def standard_ops_only(path: Path) -> None:
+    """ValueError where the graph uses operators outside ONNX's own domain: ATC compiles
+    those alone (a graph built for onnxruntime, with its com.microsoft kernels, would load
+    on the simulated NPU and fail on a real one)."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # onnx raises several unrelated types for a bad file
+        raise ValueError(f"failed to parse ONNX file '{path}': {exc}") from exc
+    others = sorted({op.domain for op in model.opset_import} - {"", "ai.onnx"})
+    if others:
+        raise ValueError(
+            f"parameter placement: npu takes a step graph of standard ONNX operators, which "
+            f"ATC compiles; this one uses the {', '.join(others)} domain (a graph for "
+            "onnxruntime: build it with examples/smollm/build.py --fp32-only)"
+        )
 
 
 def graph_shape_of(path: Path, block_size: int) -> GraphShape:
@@ -132,6 +150,7 @@ class GeStepRunner:
         block_size: int,
         gears: StepGears,
     ) -> None:
+        standard_ops_only(path)
         self.shape = graph_shape_of(path, block_size)
         self.block_size = block_size
         self.gears = gears

