@@ -94,10 +94,21 @@ def read_onnx_tensors(
 ) -> tuple[list[TensorInfo], list[TensorInfo], list[TensorInfo]]:
     """`read_onnx_io`'s inputs and outputs, and the graph inputs that are initializers
     too: onnxruntime's overridable initializers, which a request may replace."""
+    return onnx_tensors(load_onnx(path), any_type)
+
+
+def load_onnx(path: Path) -> onnx.ModelProto:
+    """The file's model, without external data; a file onnx cannot parse is a ValueError."""
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        return onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # onnx raises several unrelated types for a bad file
         raise ValueError(f"failed to parse ONNX file '{path}': {exc}") from exc
+
+
+def onnx_tensors(
+    model: onnx.ModelProto, any_type: bool = False
+) -> tuple[list[TensorInfo], list[TensorInfo], list[TensorInfo]]:
+    """`read_onnx_tensors` of a model already read."""
     graph = model.graph
     initializers = {init.name for init in graph.initializer}
     inputs = [_info(vi, any_type) for vi in graph.input if vi.name not in initializers]

@@ -54,7 +54,7 @@ def llama_onnx() -> ModuleType:
     """examples/smollm/llama_onnx.py (examples/ is not a package), after the module it
     imports."""
     _load("llama_attention")
-    _load("llama_q4")
+    _load("llama_linear")
     return _load("llama_onnx")
 
 
@@ -150,7 +150,7 @@ def q4_1_weights(
     weights (what the graph must compute with) and the blocks."""
     import gguf
 
-    q4 = _load("llama_q4")
+    q4 = _load("llama_linear")
     dequantized, blocks = dict(weights), {}
     for name in llama_onnx().linear_weight_names(cfg):
         data = gguf.quants.quantize(weights[name], gguf.GGMLQuantizationType.Q4_1)

@@ -30,7 +30,7 @@ import onnx
 from ge_serve.protos import model_config_pb2
 
 from ..base import Backend, LoadedModel, ModelSpec, ShapeRejected
-from ..onnx_io import read_onnx_io
+from ..onnx_io import load_onnx, onnx_tensors
 from .kvcache import KvPool
 from .runner import GraphShape, RowWork, build_step_inputs, run_apart, step_shape
 
@@ -65,14 +65,12 @@ class StepGears:
             ) from None
 
 
-def standard_ops_only(path: Path) -> None:
-    """ValueError where the graph uses operators outside ONNX's own domain: ATC compiles
-    those alone (a graph built for onnxruntime, with its com.microsoft kernels, would load
-    on the simulated NPU and fail on a real one)."""
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # onnx raises several unrelated types for a bad file
-        raise ValueError(f"failed to parse ONNX file '{path}': {exc}") from exc
+def standard_ops_only(model: onnx.ModelProto) -> None:
+    """ValueError where the step graph uses operators outside ONNX's own domain: ATC
+    compiles those alone (the GGUF build's graph, with onnxruntime's com.microsoft kernels,
+    would load on the simulated NPU and fail on a real one). Checked here, not for every
+    GE model: ATC takes other domains' operators through custom-op plugins, which a user's
+    own model may have; no plugin makes onnxruntime's kernels."""
     others = sorted({op.domain for op in model.opset_import} - {"", "ai.onnx"})
     if others:
         raise ValueError(
@@ -83,8 +81,11 @@ def standard_ops_only(path: Path) -> None:
 
 
 def graph_shape_of(path: Path, block_size: int) -> GraphShape:
-    """The graph's layers, heads and vocabulary, read from the file (no session)."""
-    inputs, outputs = read_onnx_io(path)
+    """The graph's layers, heads and vocabulary, read from the file (no session), which
+    must be standard ONNX."""
+    model = load_onnx(path)
+    standard_ops_only(model)
+    inputs, outputs, _ = onnx_tensors(model)
     names = {t.name: t for t in inputs}
     out = {t.name: t for t in outputs}
     missing = [n for n in _STEP_INPUTS if n not in names]
@@ -150,7 +151,6 @@ class GeStepRunner:
         block_size: int,
         gears: StepGears,
     ) -> None:
-        standard_ops_only(path)
         self.shape = graph_shape_of(path, block_size)
         self.block_size = block_size
         self.gears = gears

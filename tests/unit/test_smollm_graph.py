@@ -251,36 +251,54 @@ def test_the_tiny_model_folder_is_complete(tmp_path: Path) -> None:
         tiny_model_folder(tmp_path, name="too_long", max_model_len=cfg.max_position_embeddings + 1)
 
 
-def test_one_token_steps_read_the_q4_1_blocks_and_equal_the_fp32_graph() -> None:
-    """With the blocks, a one-token step runs MatMulNBits on them and a longer step the
-    fp32 weights; both give what the standard graph on the dequantized weights gives."""
+def test_one_token_steps_run_on_the_blocks_and_the_others_on_fp32() -> None:
+    """The If's choice: blocks that hold other weights than the fp32 ones (so each step
+    shows which it ran on) give a one-token step, a first prompt token or a decode row
+    after a past, the blocks' answer, and a step of more tokens the fp32 weights'."""
     pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
     cfg = tiny_config()
-    weights, blocks = q4_1_weights(cfg, llama_onnx().random_weights(cfg, seed=3))
+    weights = llama_onnx().random_weights(cfg, seed=3)
+    other, blocks = q4_1_weights(cfg, llama_onnx().random_weights(cfg, seed=4))
+    on_blocks = {**weights, **{name: other[name] for name in blocks}}
     model = llama_onnx().build_step_graph(weights, cfg, blocks)
     onnx.checker.check_model(model, full_check=True)
     assert {op.domain for op in model.opset_import} == {"", "com.microsoft"}
-    (switch,) = [node for node in model.graph.node if node.op_type == "If"]
-    branches = {a.name: {n.op_type for n in a.g.node} for a in switch.attribute}
-    assert "MatMulNBits" in branches["then_branch"]
-    assert "MatMulNBits" not in branches["else_branch"]
-    quantized = session_for(model)
-    standard = session_for(llama_onnx().build_step_graph(weights, cfg))
-    for prompt in ([7], [7, 8, 9, 10]):  # one token (the blocks), four (fp32)
-        caches = [
-            PagedCache(s, cfg, num_blocks=8, block_size=4, free_order=SHUFFLED)
-            for s in (quantized, standard)
-        ]
-        seqs = [CachedSeq(), CachedSeq()]
-        got, want = (c.step([s], [prompt]) for c, s in zip(caches, seqs, strict=True))
-        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
-        for _ in range(3):  # decode steps: one token each
-            token = int(want[0].argmax())
-            got, want = (c.step([s], [[token]]) for c, s in zip(caches, seqs, strict=True))
+    # The branches keep their weights in the outer graph (onnxruntime would hold a
+    # second copy of a subgraph's own).
+    (node,) = [n for n in model.graph.node if n.op_type == "If"]
+    assert [len(a.g.initializer) for a in node.attribute] == [0, 0]
+    switch = session_for(model)
+    fp32 = session_for(llama_onnx().build_step_graph(weights, cfg))
+    quantized = session_for(llama_onnx().build_step_graph(on_blocks, cfg))
+
+    def cache(session: Any) -> PagedCache:
+        return PagedCache(session, cfg, num_blocks=8, block_size=4, free_order=SHUFFLED)
+
+    def same(session: Any, steps: list[list[list[int]]]) -> None:
+        """Each step's logits from the switch graph equal `session`'s, from empty caches."""
+        mine, theirs = cache(switch), cache(session)
+        rows = [CachedSeq() for _ in steps[0]], [CachedSeq() for _ in steps[0]]
+        for new in steps:
+            got, want = mine.step(rows[0], new), theirs.step(rows[1], new)
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
-        for layer in range(cfg.num_layers):  # the keys and values each step wrote
-            np.testing.assert_allclose(caches[0].keys[layer], caches[1].keys[layer], atol=1e-5)
-            np.testing.assert_allclose(caches[0].values[layer], caches[1].values[layer], atol=1e-5)
+
+    same(quantized, [[[7]]])  # a one-token prompt
+    same(fp32, [[[7, 8]]])  # two tokens: one row, or two rows of one
+    same(fp32, [[[7], [9]]])
+    same(fp32, [[[7, 8, 9, 10]], [[11, 12]]])
+    # A decode row after a past the fp32 weights computed: the blocks' step on that past.
+    mine, theirs = cache(switch), cache(quantized)
+    seq = CachedSeq()
+    mine.step([seq], [[7, 8, 9, 10, 11]])
+    theirs.keys = [k.copy() for k in mine.keys]
+    theirs.values = [v.copy() for v in mine.values]
+    theirs.free = list(mine.free)
+    twin = CachedSeq(list(seq.blocks), seq.length)
+    got, want = mine.step([seq], [[12]]), theirs.step([twin], [[12]])
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    for layer in range(cfg.num_layers):  # and the keys and values it wrote
+        np.testing.assert_allclose(mine.keys[layer], theirs.keys[layer], atol=1e-5)
+        np.testing.assert_allclose(mine.values[layer], theirs.values[layer], atol=1e-5)
 
 
 def test_the_build_takes_the_blocks_unless_fp32_only(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The GGUF's Q4_1 weights as they are, for the step graph's one-token steps.
+"""The step graph's projections: on fp32 weights, or on the GGUF's Q4_1 blocks as they
+are (the one-token steps').
 
 A Q4_1 block holds 32 weights of one row as w = d * q + m: an fp16 scale d, an fp16
 minimum m and 32 four-bit q (the low nibbles are weights 0-15, the high ones 16-31).
@@ -23,7 +24,7 @@ token (one stream decoding) and the fp32 ones otherwise (llama_onnx.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,10 @@ BLOCK = 32
 # d (fp16), m (fp16), 16 bytes of nibbles.
 BLOCK_BYTES = 20
 DOMAIN = "com.microsoft"
+# The projections a layer has (Hugging Face's `{kind}_proj`).
+LINEAR_KINDS = ("q", "k", "v", "o", "gate", "up", "down")
+# A projection: x [n, in] @ (the named weights' rows stacked, each times its factor)^T.
+Linear = Callable[[Graph, str, Sequence[tuple[str, float]], str], str]
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,23 @@ def stacked(parts: Sequence[Q41Blocks]) -> Q41Blocks:
     )
 
 
-def linear(g: Graph, x: str, w: Q41Blocks, prefix: str) -> str:
+def fp32_linear(weights: Mapping[str, npt.NDArray[np.float32]]) -> Linear:
+    def apply(g: Graph, x: str, parts: Sequence[tuple[str, float]], prefix: str) -> str:
+        rows = [weights[name] * np.float32(factor) for name, factor in parts]
+        w_t = np.concatenate(rows, axis=0).T  # pre-transposed [in, out] for MatMul
+        return g.op("MatMul", [x, g.const(f"{prefix}.weight_t", w_t)], prefix)
+
+    return apply
+
+
+def blocks_linear(blocks: Mapping[str, Q41Blocks]) -> Linear:
+    def apply(g: Graph, x: str, parts: Sequence[tuple[str, float]], prefix: str) -> str:
+        return q4_linear(g, x, stacked([blocks[n].scaled(f) for n, f in parts]), prefix)
+
+    return apply
+
+
+def q4_linear(g: Graph, x: str, w: Q41Blocks, prefix: str) -> str:
     """x [n, cols] @ w^T -> [n, rows]: MatMulNBits on the nibbles plus the minima's term."""
     rows, cols = w.shape
     blocks = cols // BLOCK
