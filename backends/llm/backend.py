@@ -201,6 +201,7 @@ class LlmBackend:
                 settings.kv_cache_blocks,
                 settings.kv_block_size,
                 settings.intra_op_threads,
+                settings.allow_spinning,
             )
         if self._ge is None:
             raise ValueError("parameter placement: npu needs the GE backend, which is not running")

@@ -139,13 +139,15 @@ def run_apart(
 class StepRunner:
     """The step graph on onnxruntime (host CPU) with its KV pool. One thread calls it."""
 
-    def __init__(self, path: Path, blocks: int, block_size: int, threads: int) -> None:
+    def __init__(
+        self, path: Path, blocks: int, block_size: int, threads: int, spin: bool = False
+    ) -> None:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or (os.cpu_count() or 1)
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         # The graph's `chunk_*` defaults are initializers listed as inputs on purpose
         # (a feed overrides them); onnxruntime warns about each at load otherwise.
         options.log_severity_level = 3

@@ -38,6 +38,7 @@ DEFAULTS: dict[str, str] = {
     "scheduling_policy": "fcfs",
     "enable_prefix_caching": "true",
     "intra_op_thread_count": "0",
+    "allow_spinning": "true",
     "default_max_tokens": "256",
     "default_temperature": "1.0",
     "default_top_p": "1.0",
@@ -96,6 +97,11 @@ class EngineSettings:
     batching: str
     intra_op_threads: int
     defaults: SamplingDefaults
+    # onnxruntime's intra-op threads spin between a step's parallel ops rather than sleep
+    # (the onnxruntime backend's `allow_spinning`, off there: its slots share the cores).
+    # A step is thousands of small ops, each handed to the threads: waking a sleeping one
+    # for each cost SmolLM2 a sixth of its one-stream speed, and llama.cpp's threads spin.
+    allow_spinning: bool = True
     # cpu: onnxruntime on the host; npu: the GE backend (an NPU or the simulated one).
     placement: str = "cpu"
     # The step graph's ND gears on the NPU (ge_runner.StepGears).
@@ -151,6 +157,7 @@ def parse_settings(
         max_num_batched_tokens=_positive(raw, "max_num_batched_tokens"),
         batching=raw["batching"],
         intra_op_threads=_threads(raw),
+        allow_spinning=_flag(raw, "allow_spinning"),
         defaults=SamplingDefaults(
             max_tokens=_positive(raw, "default_max_tokens"),
             temperature=_number(raw, "default_temperature", 0.0, None),

@@ -483,6 +483,7 @@ def test_top_p_keeps_the_smallest_nucleus_over_a_large_flat_vocabulary() -> None
             f"intra_op_thread_count {max_intra_op_threads() + 1} is more threads",
         ),
         ({"intra_op_thread_count": "-1"}, "is below 0"),
+        ({"allow_spinning": "sometimes"}, "allow_spinning: 'sometimes' is not true or false"),
     ],
 )
 def test_settings_the_engine_cannot_honour_fail_the_load(
@@ -504,6 +505,32 @@ def test_settings_the_engine_cannot_honour_fail_the_load(
         return
     with pytest.raises(ValueError, match=message):
         LlmBackend().load(spec)
+
+
+@pytest.mark.parametrize(("value", "spins"), [(None, "1"), ("false", "0"), ("True", "1")])
+def test_allow_spinning_reaches_onnxruntime(tmp_path: Any, value: str | None, spins: str) -> None:
+    """On by default (a step is thousands of small parallel ops); `false` lets the threads
+    sleep, for a host whose cores other models share."""
+    from google.protobuf import text_format
+
+    from ge_serve.backends.base import ModelSpec
+    from ge_serve.backends.llm.backend import MODEL_KEY, LlmBackend
+    from ge_serve.backends.llm.runner import StepRunner
+    from ge_serve.protos import model_config_pb2
+
+    parameters = {} if value is None else {"allow_spinning": value}
+    folder = llmrepo.write_tiny_llm(tmp_path, "m", parameters | {"intra_op_thread_count": "2"})
+    config = text_format.Parse(
+        (folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
+    loaded = LlmBackend().load(ModelSpec("m", 1, config, folder, folder / "1" / "model.onnx"))
+    try:
+        runner = loaded.extra[MODEL_KEY].runner
+        assert isinstance(runner, StepRunner)
+        options = runner.session.get_session_options()
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == spins
+    finally:
+        loaded.extra[MODEL_KEY].close()
 
 
 def test_a_config_that_is_not_decoupled_fails_the_load(tmp_path: Any) -> None:
