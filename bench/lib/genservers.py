@@ -211,9 +211,13 @@ def raw_decode_step_s(
     import onnxruntime as ort
 
     from ge_serve.backends.llm.runner import RowWork, StepRunner, build_step_inputs
+    from ge_serve.backends.llm.settings import DEFAULTS
+    from ge_serve.backends.text_bool import parse_bool
 
     per_row = -(-(past + 1) // block_size)
-    runner = StepRunner(model_dir / VERSION / "model.onnx", batch * per_row, block_size, 0)
+    spin = parse_bool(DEFAULTS["allow_spinning"])
+    path = model_dir / VERSION / "model.onnx"
+    runner = StepRunner(path, batch * per_row, block_size, 0, spin)
     rows = [
         RowWork([1], past, list(range(1 + r * per_row, 1 + (r + 1) * per_row)))
         for r in range(batch)
