@@ -128,8 +128,9 @@ async def drive(
         ("/v1/completions", {**SAMPLING, "prompt": "hi"}, 1),
         ("/openai/v1/completions", {**SAMPLING, "prompt": "hi"}, 1),
         ("/tokenize", {"model": "tiny", "prompt": "hi"}, 0),
+        ("/invocations", {**CHAT, "stream": True}, 1),
     ],
-    ids=["chat-stream", "completions", "kserve-prefix", "tokenize-uncounted"],
+    ids=["chat-stream", "completions", "kserve-prefix", "tokenize-uncounted", "invocations"],
 )
 async def test_a_request_counts_until_its_last_byte_is_sent(
     core: InferenceServer, path: str, body: Any, counted: int
