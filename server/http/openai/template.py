@@ -68,6 +68,7 @@ from .contentformat import ContentFormat, walks_parts
 from .errors import OpenAIError
 from .messages import ChatMessage
 from .sandbox import Refused, environment
+from .sandbox_bounds import render_budget
 from .schemas import ChatCompletionRequest
 from .timebound import Stopped
 
@@ -210,7 +211,8 @@ def render(
         "add_generation_prompt": add_generation_prompt,
     }
     try:
-        rendered = template.render(context)
+        with render_budget():
+            rendered = template.render(context)
     except Refused as exc:
         raise OpenAIError(f"The conversation was refused: {exc}", param="messages") from None
     except Stopped:
