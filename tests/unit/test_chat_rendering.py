@@ -182,8 +182,8 @@ def test_the_stop_passes_through_code_that_catches_exceptions() -> None:
 @pytest.mark.parametrize(
     ("template", "said"),
     [
-        ("{% set s = 'x' * 10**9 %}{{ messages[0].content }}", "repetition is past"),
-        ("{{ [messages] * 2000000 }}", "repetition is past"),
+        ("{% set s = 'x' * 10**9 %}{{ messages[0].content }}", "repeats a sequence past"),
+        ("{{ [messages] * 2000000 }}", "repeats a sequence past"),
         ("{{ 10 ** 100000 }}", "is past 65536 bits"),
         # Squared twenty times: seconds in one multiplication, which no time bound stops.
         (
@@ -194,49 +194,7 @@ def test_the_stop_passes_through_code_that_catches_exceptions() -> None:
         (
             "{% set ns = namespace(s='ab') %}{% for i in range(30) %}"
             "{% set ns.s = ns.s + ns.s %}{% endfor %}",
-            "concatenation is past",
-        ),
-        # What one call makes, checked before it runs.
-        (
-            "{% set ns = namespace(s='ab') %}{% for i in range(30) %}"
-            "{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
-            "concatenation is past",
-        ),
-        ("{{ '%999999999s' % 'x' }}", "format width is past"),
-        ("{{ '%*d' % (999999999, 1) }}", "format is wider than"),
-        ("{{ '%-999999999s'|format('x') }}", "format width is past"),
-        ("{{ '{:>999999999}'.format('x') }}", "format width is past"),
-        ("{{ '{:>{w}}'.format('x', w=999999999) }}", "format is wider than"),
-        ("{{ '{0:>999999999}'.format_map({}) }}", "format width is past"),
-        ("{{ 'x'.center(999999999) }}", "center width is past"),
-        ("{{ 'x'.rjust(999999999) }}", "rjust width is past"),
-        ("{{ 'x'|center(999999999) }}", "center width is past"),
-        ("{{ 'a\tb'.expandtabs(999999999) }}", "expandtabs is past"),
-        ("{{ 'x'|indent(999999999) }}", "indent is past"),
-        ("{{ [1]|batch(999999999, 0)|list }}", "batch is past"),
-        ("{% set s = 'x' * 1000000 %}{{ s.replace('x', 'yy') }}", "replace is past"),
-        ("{% set s = 'x' * 1000000 %}{{ s|replace('x', 'yy') }}", "replace is past"),
-        ("{% set s = 'x' * 600000 %}{{ [s, s]|join }}", "join is past"),
-        ("{% set s = 'x' * 600000 %}{{ ''.join([s, s]) }}", "join is past"),
-        # What a loop builds, each value within bounds: the render's budget.
-        (
-            "{% set s = 'x' * 1000000 %}{% set ns = namespace(l=[]) %}"
-            "{% for i in range(100000) %}{% set ns.l = ns.l + [s ~ i] %}{% endfor %}",
-            "builds more than",
-        ),
-        (
-            "{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{{ s }}{% endfor %}",
-            "builds more than",
-        ),
-        (
-            "{% set s = 'x' * 1000000 %}{% set out %}{% for i in range(100000) %}{{ s }}"
-            "{% endfor %}{% endset %}",
-            "builds more than",
-        ),
-        (
-            "{% set s = 'x' * 1000000 %}{% macro m() %}{% for i in range(100000) %}{{ s }}"
-            "{% endfor %}{% endmacro %}{{ m() }}",
-            "builds more than",
+            "joins sequences past",
         ),
     ],
 )
@@ -244,16 +202,9 @@ def test_a_template_cannot_make_a_huge_value(template: str, said: str) -> None:
     with pytest.raises(OpenAIError) as refused:
         render(generation(template), messages(("user", "x")))
     assert refused.value.param == "messages" and said in str(refused.value)
-    # What templates do with values of their size stays as it was.
-    fine = (
-        "{{ '=' * 3 }}{{ 2 ** 10 }}{{ [1] * 2 }}{{ 'a' + 'b' }}{{ 3 * 4 }}{{ 'a' ~ 1 }}"
-        "{{ '%3d|%-4s|%.2f' % (7, 'x', 0.5) }}{{ '%s'|format(5) }}{{ '{:>4}'.format('y') }}"
-        "{{ 'z'.center(3) }}{{ 'q'|center(3) }}{{ ['a', 'b']|join('-') }}"
-        "{{ 'ab'|replace('b', 'c') }}{{ 'line'|indent(2, true) }}{{ 7 % 4 }}"
-        "{% set b %}{{ 'blk' }}{% endset %}{{ b }}"
-    )
-    want = "===1024[1, 1]ab12a1  7|x   |0.505   y z  q a-bac  line3blk"
-    assert render(generation(fine), messages(("user", "x"))) == want
+    # What templates multiply stays as it was.
+    fine = "{{ '=' * 3 }}{{ 2 ** 10 }}{{ [1] * 2 }}{{ 'a' + 'b' }}{{ 3 * 4 }}"
+    assert render(generation(fine), messages(("user", "x"))) == "===1024[1, 1]ab12"
 
 
 def test_default_variables_are_under_the_requests_own() -> None:

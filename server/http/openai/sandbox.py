@@ -4,27 +4,23 @@ Triton's OpenAI front end), in Jinja2's `ImmutableSandboxedEnvironment`, since a
 is code that comes with a model, or with a request (--trust-request-chat-template).
 
 The sandbox keeps a template from the server's objects, and bounds `range` (Jinja2's
-MAX_RANGE), but not what a template builds: `'x' * 10**9` is a gigabyte, made as the
-template compiles (Jinja2 folds constants), `ns.s ~ ns.s` doubles a string each turn of a
-loop, and squaring an integer twenty times holds the interpreter for seconds in one
-multiplication, which no time bound stops (timebound.py checks between lines). Here every
-way a template makes a value is bounded (sandbox_bounds.py): the operators (`*`, `**`,
-`+`, `%`, intercepted, which also keeps them from being folded, and `~`), str methods,
-`format`, filters, and the output itself (blocks, macros, the prompt). A value past
-MAX_ITEMS, an integer past MAX_BITS, or more than MAX_BUILT items in one render is
+MAX_RANGE), but not what its operators build: `'x' * 10**9` is a gigabyte, made as the
+template compiles (Jinja2 folds constants), and squaring an integer twenty times holds the
+interpreter for seconds in one multiplication, which no time bound stops (timebound.py
+checks between lines). `*`, `**` and `+` are intercepted here (which also keeps them
+from being folded): a string or list past MAX_ITEMS, or an integer past MAX_BITS, is
 refused as the sandbox refuses an unsafe call (a SecurityError: the client's 400,
-template.py). vLLM's sandbox bounds none of it.
+template.py). What else builds large values in one call (`~` doubling in a loop, `%` or
+`format` widths, `center`, `join`) is bounded by nothing but the render's time, as in
+vLLM, whose sandbox bounds none of it.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import operator
-from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from functools import lru_cache
-from types import CodeType
 from typing import Any, Final, NoReturn
 
 import jinja2
@@ -34,19 +30,9 @@ import jinja2.parser
 from jinja2.exceptions import SecurityError
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from jinja2.utils import _PassArg
 
-from .sandbox_bounds import (
-    charged,
-    check_format,
-    check_join,
-    check_method,
-    check_percent,
-    check_replace,
-    sized,
-    within,
-)
-
+# The longest string or list `*` may make: far past any prompt a template writes.
+MAX_ITEMS: Final = 1 << 20
 # The largest integer `**` may make, in bits.
 MAX_BITS: Final = 1 << 16
 
@@ -91,107 +77,34 @@ class _Generation(jinja2.ext.Extension):
         return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
-# After the compiled template's imports: `~` joins through the sandbox (Jinja2 imports
-# its `str_join` from its runtime, where no environment can replace it).
-_REBOUND: Final = "str_join = environment.joined\n"
-
-
 class _Sandbox(ImmutableSandboxedEnvironment):
-    intercepted_binops = frozenset({"*", "**", "+", "%"})
+    intercepted_binops = frozenset({"*", "**", "+"})
 
     def call_binop(self, context: Context, op: str, left: Any, right: Any) -> Any:
         integers = isinstance(left, int) and isinstance(right, int)
         if op == "+":
-            if sized(left) and sized(right):
-                within(len(left) + len(right), "concatenation")
-            return charged(operator.add(left, right))
+            if _sized(left) and _sized(right) and len(left) + len(right) > MAX_ITEMS:
+                raise SecurityError(f"the template joins sequences past {MAX_ITEMS} items")
+            return operator.add(left, right)
         if op == "*":
             if integers and left.bit_length() + right.bit_length() > MAX_BITS:
                 raise SecurityError(f"the template's product is past {MAX_BITS} bits")
             _check_repeat(left, right)
             _check_repeat(right, left)
-            return charged(operator.mul(left, right))
-        if op == "%":
-            check_percent(left, right)
-            return charged(operator.mod(left, right))
+            return operator.mul(left, right)
         if integers and right > 0 and abs(left) > 1 and left.bit_length() * right > MAX_BITS:
             raise SecurityError(f"the template's {left} ** {right} is past {MAX_BITS} bits")
         return operator.pow(left, right)
 
-    def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
-        check_method(__obj, args, kwargs)
-        return charged(super().call(__context, __obj, *args, **kwargs))
 
-    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
-        wrapped = super().wrap_str_format(value)
-        if wrapped is None:
-            return None
-        fmt: str = value.__self__
-        mapped = value.__name__ == "format_map"
-
-        def bounded(*args: Any, **kwargs: Any) -> str:
-            given = args[0] if mapped and args and isinstance(args[0], Mapping) else kwargs
-            check_format(fmt, () if mapped else args, given)
-            return str(charged(wrapped(*args, **kwargs)))
-
-        return bounded
-
-    @staticmethod
-    def joined(parts: Iterable[Any]) -> str:
-        """`~`: Jinja2's str_join, its parts and result bounded."""
-        texts = [str(part) for part in parts]
-        within(sum(map(len, texts)), "concatenation")
-        return str(charged("".join(texts)))
-
-    @staticmethod
-    def concat(pieces: Iterable[str]) -> str:  # type: ignore[override]
-        """The output of a render, a block or a macro: each piece counted as it comes."""
-        return "".join(map(charged, pieces))
-
-    def _compile(self, source: str, filename: str) -> CodeType:
-        head, _, body = source.partition("\n")
-        return super()._compile(f"{head}\n{_REBOUND}{body}", filename)
+def _sized(value: Any) -> bool:
+    return isinstance(value, str | bytes | list | tuple)
 
 
 def _check_repeat(sequence: Any, count: Any) -> None:
-    if sized(sequence) and isinstance(count, int):
-        within(len(sequence) * count, "repetition")
-
-
-def _check_filter(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """Before a filter that sizes its result from its arguments runs (`args` without the
-    context Jinja2 passes some first); the arguments, a join's items made a list."""
-    value = args[0] if args else None
-
-    def arg(index: int, key: str, default: Any) -> Any:
-        return args[index] if len(args) > index else kwargs.get(key, default)
-
-    if name == "center" and isinstance(arg(1, "width", 80), int):
-        within(arg(1, "width", 80), "center width")
-    elif name == "indent" and isinstance(value, str) and isinstance(arg(1, "width", 4), int):
-        within(len(value) + arg(1, "width", 4) * (value.count("\n") + 1), "indent")
-    elif name == "batch" and isinstance(arg(1, "linecount", 0), int):
-        within(arg(1, "linecount", 0), "batch")
-    elif name == "replace" and len(args) >= 3:
-        check_replace(value, args[1], args[2], arg(3, "count", -1))
-    elif name == "format":
-        check_percent(value, kwargs or args[1:])
-    elif name == "join" and value is not None and not isinstance(value, str | Mapping):
-        items = list(value)
-        check_join(arg(1, "d", ""), [i if isinstance(i, str) else str(i) for i in items])
-        return (charged(items), *args[1:])
-    return args
-
-
-def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
-    passed = 1 if _PassArg.from_obj(func) is not None else 0
-
-    @functools.wraps(func)
-    def bounded(*args: Any, **kwargs: Any) -> Any:
-        given = _check_filter(name, args[passed:], kwargs)
-        return charged(func(*args[:passed], *given, **kwargs))
-
-    return bounded
+    repeated = _sized(sequence) and isinstance(count, int)
+    if repeated and len(sequence) * count > MAX_ITEMS:
+        raise SecurityError(f"the template repeats a sequence past {MAX_ITEMS} items")
 
 
 @lru_cache(maxsize=1)
@@ -205,6 +118,4 @@ def environment() -> ImmutableSandboxedEnvironment:
     found.globals["raise_exception"] = _raise_exception
     found.globals["strftime_now"] = _strftime_now
     found.filters["tojson"] = _tojson
-    for name, func in list(found.filters.items()):
-        found.filters[name] = _bounded_filter(name, func)
     return found

@@ -68,7 +68,6 @@ from .contentformat import ContentFormat, walks_parts
 from .errors import OpenAIError
 from .messages import ChatMessage
 from .sandbox import Refused, environment
-from .sandbox_bounds import render_budget
 from .schemas import ChatCompletionRequest
 from .timebound import Stopped
 
@@ -211,8 +210,7 @@ def render(
         "add_generation_prompt": add_generation_prompt,
     }
     try:
-        with render_budget():
-            rendered = template.render(context)
+        rendered = template.render(context)
     except Refused as exc:
         raise OpenAIError(f"The conversation was refused: {exc}", param="messages") from None
     except Stopped:
