@@ -4,9 +4,9 @@ role for templates that do not know it, and the default template variables."""
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,7 +21,7 @@ from ge_serve.server.http.openai.template import (
     render,
     render_request,
 )
-from ge_serve.server.http.openai.timebound import time_bounded
+from ge_serve.server.http.openai.templateproc import TemplateProcesses
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -132,51 +132,99 @@ def test_merged_system_messages_reach_a_parts_template_as_a_part() -> None:
     assert render(generation(PARTS), sent) == "[system:S\n\nD|][user:u|]"
 
 
+@pytest.fixture(scope="module")
+def processes() -> Iterator[TemplateProcesses]:
+    found = TemplateProcesses(1, seconds=1.0)
+    yield found
+    found.close()
+
+
+def own(processes: TemplateProcesses, template: str, gone: bool = False, **fields: Any) -> str:
+    """A request's own template rendered as the server renders it: in a template process."""
+    stop = threading.Event()
+    if gone:
+        stop.set()
+    with processes.bound(stop):
+        return render(generation(template), messages(("user", "x")), own=True, **fields)
+
+
 @pytest.mark.parametrize(
     "body",
-    # Jinja2's `is` tests catch Exception: the stop must pass through them.
+    # Jinja2's `is` tests catch Exception: no stop made in the template's thread could
+    # pass through them; a process is killed whatever it runs.
     ["", "{% if messages is sequence %}{% endif %}"],
     ids=["plain", "inside-a-test"],
 )
-def test_a_requests_template_that_runs_too_long_is_stopped(body: str) -> None:
+def test_a_requests_template_that_runs_too_long_is_stopped(
+    processes: TemplateProcesses, body: str
+) -> None:
     looping = (
         "{% for i in range(100000) %}{% for j in range(100000) %}"
         + body
         + "{% endfor %}{% endfor %}"
     )
-    tracer = sys.gettrace()
     started = time.monotonic()
     with pytest.raises(OpenAIError) as refused:
-        time_bounded(lambda: render(generation(looping), messages(("user", "x"))), 0.3)
+        own(processes, looping)
     assert time.monotonic() - started < 5
     assert refused.value.param == "chat_template"
-    assert str(refused.value) == "The request's chat template took more than 0.3 s to render"
-    assert sys.gettrace() is tracer  # the thread's tracer (a coverage tool's) is back
-    # A template within its time renders as any other.
-    fast = time_bounded(lambda: render(generation(CHATML), messages(("user", "x"))), 5)
-    assert fast == "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+    assert str(refused.value) == "The request's chat template took more than 1 s to render"
+    # A template within its time renders as any other, in a process started again.
+    assert own(processes, CHATML) == "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
 
 
-def test_a_render_stops_once_its_client_has_gone() -> None:
-    gone = threading.Event()
-    gone.set()
+def test_a_render_stops_once_its_client_has_gone(processes: TemplateProcesses) -> None:
     looping = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
     started = time.monotonic()
     with pytest.raises(OpenAIError):
-        time_bounded(lambda: render(generation(looping), messages(("user", "x"))), 60, gone)
+        own(processes, looping, gone=True)
     assert time.monotonic() - started < 5
 
 
-def test_the_stop_passes_through_code_that_catches_exceptions() -> None:
-    def swallowing() -> str:
-        try:
-            while True:
-                pass
-        except Exception:
-            return "swallowed"  # as Jinja2's tests do, around every `is` test
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ 'x'.center(2000000000) }}",  # one C call: two gigabytes
+        "{% set ns = namespace(s='ab') %}{% for i in range(40) %}"
+        "{% set ns.s = ns.s ~ ns.s %}{% endfor %}",  # doubling, turn after turn
+        "{{ ([[0] * 1000000] * 200)|sum(start=[]) }}",  # one C call, for seconds
+    ],
+    ids=["center", "doubling", "sum"],
+)
+def test_what_a_requests_template_builds_is_bounded_by_its_process(
+    processes: TemplateProcesses, template: str
+) -> None:
+    """Past the process's memory, the client's 400; the server's memory never held it."""
+    before = _peak_rss_kb()
+    with pytest.raises(OpenAIError) as refused:
+        own(processes, template)
+    assert refused.value.param == "chat_template"
+    assert "needs more than 1024 MiB" in str(refused.value) or "took more than" in str(
+        refused.value
+    )
+    assert _peak_rss_kb() - before < 100_000
+    assert own(processes, CHATML).startswith("<|im_start|>user")
 
-    with pytest.raises(OpenAIError):
-        time_bounded(swallowing, 0.2)
+
+def test_a_requests_template_fails_as_a_models_does(processes: TemplateProcesses) -> None:
+    with pytest.raises(OpenAIError) as refused:
+        own(processes, "{% for %}")
+    assert refused.value.param == "chat_template" and refused.value.code == "chat_template_invalid"
+    assert "does not compile: line 1" in str(refused.value)
+    with pytest.raises(OpenAIError) as refused:
+        own(processes, "{{ raise_exception('no system messages') }}")
+    assert str(refused.value) == "The conversation was refused: no system messages"
+    with pytest.raises(OpenAIError) as refused:
+        own(processes, "{{ 1 // 0 }}")
+    assert refused.value.param == "messages" and "ZeroDivisionError" in str(refused.value)
+
+
+def _peak_rss_kb() -> int:
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,6 @@ optional `model`) goes to the one generative model served (`Catalog.generator`).
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
 import time
 from collections.abc import Callable
@@ -42,7 +41,7 @@ from ge_serve.server.inference.model import ModelVersion, TensorSpec
 from ge_serve.server.inference.types import DataType
 
 from .errors import OpenAIError, from_server_error, model_not_found
-from .timebound import time_bounded
+from .templateproc import TemplateProcesses
 from .tools import ToolSettings
 
 T = TypeVar("T")
@@ -138,20 +137,25 @@ class Catalog:
         self.chat = chat or ChatSettings()
         # --enable-log-requests and its companions (control/requestlog.py).
         self.log = log or RequestLogging()
-        # A request's own template (--trust-request-chat-template) renders on these
-        # threads, not on the loop's default executor, which the v2 path's decoding shares:
-        # slow ones (each bounded in time, template.time_bounded) hold only these.
+        # A request's own template (--trust-request-chat-template) renders in a process
+        # of these (templateproc.py), waited for on these threads, not on the loop's
+        # default executor, which the v2 path's decoding shares: slow ones hold only these.
         self._templates = ThreadPoolExecutor(2, thread_name_prefix="request-template")
+        self.template_processes = TemplateProcesses(2)
         # OpenAI's `created` of every model: when this server started (a model's own
         # creation time is not something a repository records).
         self.created = int(time.time())
 
     async def own_template(self, render: Callable[[], T]) -> T:
-        """`render`, of a request's own template, on the threads kept for it, bounded in
-        time (template.time_bounded); cancelled (its client gone), a render that has not
-        begun never does, and one running stops at its template's next line."""
+        """`render`, of a request's own template, on the threads kept for it, the template
+        in a process of its own, bounded in time (templateproc.py); cancelled (its client
+        gone), a render that has not begun never does, and one running is killed."""
         stop = threading.Event()
-        job = functools.partial(time_bounded, render, stop=stop)
+
+        def job() -> T:
+            with self.template_processes.bound(stop):
+                return render()
+
         try:
             return await asyncio.get_running_loop().run_in_executor(self._templates, job)
         except asyncio.CancelledError:

@@ -170,7 +170,7 @@ async def _rendered(
                 raise
         return prompts
 
-    if chats[0].chat_template:  # the request's own: the client's code (template.time_bounded)
+    if chats[0].chat_template:  # the request's own: the client's code (templateproc.py)
         return await catalog.own_template(rendered)
     if sum(len(chat.messages) for chat in chats) > RENDERED_ON_THE_LOOP:
         return await asyncio.to_thread(rendered)

@@ -166,7 +166,7 @@ async def vectors(
 
     # Messages and their content parts: the template walks each.
     many = sum(map(_pieces, conversations)) > RENDERED_ON_THE_LOOP
-    if body.chat_template:  # the request's own: the client's code (template.time_bounded)
+    if body.chat_template:  # the request's own: the client's code (templateproc.py)
         texts = await catalog.own_template(rendered)
     else:
         texts = await asyncio.to_thread(rendered) if many else rendered()

@@ -6,13 +6,14 @@ is code that comes with a model, or with a request (--trust-request-chat-templat
 The sandbox keeps a template from the server's objects, and bounds `range` (Jinja2's
 MAX_RANGE), but not what its operators build: `'x' * 10**9` is a gigabyte, made as the
 template compiles (Jinja2 folds constants), and squaring an integer twenty times holds the
-interpreter for seconds in one multiplication, which no time bound stops (timebound.py
-checks between lines). `*`, `**` and `+` are intercepted here (which also keeps them
-from being folded): a string or list past MAX_ITEMS, or an integer past MAX_BITS, is
-refused as the sandbox refuses an unsafe call (a SecurityError: the client's 400,
-template.py). What else builds large values in one call (`~` doubling in a loop, `%` or
-`format` widths, `center`, `join`) is bounded by nothing but the render's time, as in
-vLLM, whose sandbox bounds none of it.
+interpreter for seconds in one multiplication. `*`, `**` and `+` are intercepted here
+(which also keeps them from being folded): a string or list past MAX_ITEMS, or an integer
+past MAX_BITS, is refused as the sandbox refuses an unsafe call (a SecurityError: the
+client's 400, template.py). These catch a model's template's mistakes; nothing checked
+call by call bounds all a template can build (string methods, filters, `str()` of a
+list, `~` in a loop), so a request's own template, the client's code, renders in a
+process whose memory and time are bounded (templateproc.py). vLLM's sandbox bounds none
+of it.
 """
 
 from __future__ import annotations

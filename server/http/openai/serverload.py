@@ -5,8 +5,9 @@ that sends work to the least loaded server.
 vLLM counts chat (and its batch), completions, embeddings, the Responses API (its
 retrieve and cancel too), the Messages API (and count_tokens), `/pooling`, the scoring
 routes (`/score`, `/rerank`, their `/v1` aliases, `/v2/rerank`) and Cohere's `/v2/embed`,
-and `/invocations` through the handler it picks; ge-serve's routes of those paths (`TRACKED`, also under KServe's `/openai/v1`) count
-here. Not `/tokenize`, the model listing, health or the v2 protocol, as in vLLM.
+and `/invocations` through the handler it picks; ge-serve's routes of those paths
+(`TRACKED`, also under KServe's `/openai/v1`) count here. Not `/tokenize`, the model
+listing, health or the v2 protocol, as in vLLM.
 
 A request counts from when its route takes it until its answer's last byte is sent, a
 stream's too, or until it ends any other way (an error, the client gone, cancelled): the

@@ -69,7 +69,7 @@ from .errors import OpenAIError
 from .messages import ChatMessage
 from .sandbox import Refused, environment
 from .schemas import ChatCompletionRequest
-from .timebound import Stopped
+from .templateproc import Rendered, render_own
 
 log = logging.getLogger(__name__)
 
@@ -177,14 +177,9 @@ def render(
     messages' content is given (`content_form`); `own`: the template is the request's."""
     source = generation.chat_template
     assert source is not None
-    template = _compiled(source)
+    # A request's own compiles in its process too: Jinja2 runs filters as it compiles.
+    template = None if own else _compiled(source)
     if isinstance(template, str):
-        if own:
-            raise OpenAIError(
-                f"The request's chat template does not compile: {template}",
-                param="chat_template",
-                code=CHAT_TEMPLATE_INVALID,
-            )
         _warn(template)
         raise OpenAIError(
             f"The chat template does not compile: {template}. Use /v1/completions with a "
@@ -209,12 +204,13 @@ def render(
         "tools": tools if tools is not None else (extra or {}).get("tools"),
         "add_generation_prompt": add_generation_prompt,
     }
+    if template is None:
+        rendered = _rendered_own(source, context, blame)
+        return _opened(rendered, final) if continue_final else rendered
     try:
         rendered = template.render(context)
     except Refused as exc:
         raise OpenAIError(f"The conversation was refused: {exc}", param="messages") from None
-    except Stopped:
-        raise  # timebound.py's
     except Exception as exc:
         # Whatever a template raises on what a client sent (a ZeroDivisionError, the
         # sandbox's OverflowError for a range too big...) is the client's 400, never a 500.
@@ -223,6 +219,29 @@ def render(
             param=blame,
         ) from None
     return _opened(rendered, final) if continue_final else rendered
+
+
+def _rendered_own(source: str, context: dict[str, Any], blame: str) -> str:
+    """A request's own template, rendered in a process of its own (templateproc.py), its
+    failures the client's 400s as a model's template's are."""
+    reply = render_own(source, context)
+    if isinstance(reply, Rendered):
+        return reply.text
+    if reply.kind == "compile":
+        raise OpenAIError(
+            f"The request's chat template does not compile: {reply.message}",
+            param="chat_template",
+            code=CHAT_TEMPLATE_INVALID,
+        )
+    if reply.kind == "refused":
+        raise OpenAIError(f"The conversation was refused: {reply.message}", param="messages")
+    if reply.kind == "memory":
+        raise OpenAIError(
+            f"The request's chat template failed: {reply.message}", param="chat_template"
+        )
+    raise OpenAIError(
+        f"The {blame} do not fit the model's chat template: {reply.message}", param=blame
+    )
 
 
 def _mark_final(message: dict[str, Any]) -> str:

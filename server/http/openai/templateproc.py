@@ -1,0 +1,174 @@
+"""A request's own chat template (--trust-request-chat-template), rendered in a process
+of its own (templatechild.py: why), within a time.
+
+`TemplateProcesses` keeps two such processes, each started on first use and used by one
+render at a time, on the threads Catalog keeps for these renders. A render waits for
+its answer until its time is up (vLLM's 30 s) or its client has gone; then the process
+is killed, whatever it was doing (a loop, a C call that holds its interpreter, a huge
+allocation), and the next render starts another. A process that ran out of memory exits
+by itself after answering. The server's own memory, loop and other requests never see
+the client's code run.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Final
+
+import msgspec
+
+from .errors import OpenAIError
+from .templatechild import Failed, Job, Rendered, Reply, write_frame
+
+# vLLM's VLLM_CHAT_TEMPLATE_RENDER_TIMEOUT default.
+REQUEST_TEMPLATE_SECONDS: Final = 30.0
+# How often a render waiting for its process looks at its client.
+_POLL_S: Final = 0.05
+_CHILD: Final = "ge_serve.server.http.openai.templatechild"
+_LENGTH_BYTES: Final = 4
+
+
+class _Binding(threading.local):
+    """The processes, deadline and stop of the render running on this thread (set by
+    `TemplateProcesses.bound`, read by `render_own`, which template.py calls)."""
+
+    processes: TemplateProcesses | None = None
+    deadline = 0.0
+    stop: threading.Event | None = None
+
+
+_bound = _Binding()
+
+
+class Stopped(Exception):
+    """The render's time ran out, or its client left: its process was killed."""
+
+
+class _Process:
+    """One template process, used by one thread at a time."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._decoder = msgspec.msgpack.Decoder(Reply)
+
+    def render(self, job: Job, deadline: float, stop: threading.Event) -> Reply:
+        proc = self._started()
+        assert proc.stdin is not None
+        try:
+            write_frame(proc.stdin, job)
+            head = self._read(proc, _LENGTH_BYTES, deadline, stop)
+            reply = self._decoder.decode(self._read(proc, int.from_bytes(head), deadline, stop))
+        except (Stopped, OSError, msgspec.DecodeError):
+            self.kill()
+            raise
+        if isinstance(reply, Failed) and reply.kind == "memory":
+            self.kill()
+        return reply
+
+    def _started(self) -> subprocess.Popen[bytes]:
+        if self._proc is None or self._proc.poll() is not None:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", _CHILD],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                close_fds=True,
+            )
+        return self._proc
+
+    def _read(
+        self, proc: subprocess.Popen[bytes], count: int, deadline: float, stop: threading.Event
+    ) -> bytes:
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        data = b""
+        while len(data) < count:
+            if stop.is_set() or time.monotonic() > deadline:
+                raise Stopped
+            ready, _, _ = select.select([fd], [], [], _POLL_S)
+            if ready:
+                more = os.read(fd, count - len(data))
+                if not more:
+                    raise OSError("the template process ended")
+                data += more
+        return data
+
+    def kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        if proc is not None:
+            proc.wait()
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()
+
+
+class TemplateProcesses:
+    """The processes requests' own templates render in: `count`, one render each."""
+
+    def __init__(self, count: int = 2, seconds: float = REQUEST_TEMPLATE_SECONDS) -> None:
+        self.seconds = seconds
+        self._idle: queue.SimpleQueue[_Process] = queue.SimpleQueue()
+        for _ in range(count):
+            self._idle.put(_Process())
+
+    @contextmanager
+    def bound(self, stop: threading.Event) -> Iterator[None]:
+        """Renders of a request's own template on this thread, until the block ends, go to
+        a process of these, within the time from now; `stop`: its client has gone."""
+        _bound.processes, _bound.stop = self, stop
+        _bound.deadline = time.monotonic() + self.seconds
+        try:
+            yield
+        finally:
+            _bound.processes, _bound.stop = None, None
+
+    def render(
+        self, source: str, variables: dict[str, Any], deadline: float, stop: threading.Event
+    ) -> Reply:
+        """The template rendered with `variables` in a process of these (blocking); the
+        client's 400 where it ran out of time."""
+        process = self._idle.get()
+        try:
+            return process.render(Job(source, variables), deadline, stop)
+        except Stopped:
+            raise OpenAIError(
+                f"The request's chat template took more than {self.seconds:g} s to render",
+                param="chat_template",
+            ) from None
+        except (OSError, msgspec.DecodeError) as exc:
+            raise OpenAIError(
+                f"The request's chat template could not be rendered: {exc}",
+                param="chat_template",
+            ) from None
+        finally:
+            self._idle.put(process)
+
+    def close(self) -> None:
+        """Kill the processes not rendering (a server that exits closes their pipes, and
+        each then ends by itself)."""
+        while True:
+            try:
+                process = self._idle.get_nowait()
+            except queue.Empty:
+                return
+            process.kill()
+
+
+def render_own(source: str, variables: dict[str, Any]) -> Reply:
+    """A request's own template rendered by the processes bound to this thread."""
+    processes, stop = _bound.processes, _bound.stop
+    if processes is None or stop is None:
+        raise RuntimeError("a request's own template renders within TemplateProcesses.bound")
+    return processes.render(source, variables, _bound.deadline, stop)
+
+
+__all__ = ["Failed", "Rendered", "Stopped", "TemplateProcesses", "render_own"]
