@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final
@@ -53,11 +54,14 @@ class Stopped(Exception):
 
 
 class _Process:
-    """One template process, used by one thread at a time."""
+    """One template process, used by one thread at a time. Reaped (killed, its pipes
+    closed) when this object goes, or at the interpreter's exit, whichever comes first."""
 
     def __init__(self) -> None:
-        self._proc: subprocess.Popen[bytes] | None = None
+        # The running process, in a list the finalizer shares (it must not hold self).
+        self._held: list[subprocess.Popen[bytes]] = []
         self._decoder = msgspec.msgpack.Decoder(Reply)
+        weakref.finalize(self, _reap, self._held)
 
     def render(self, job: Job, deadline: float, stop: threading.Event) -> Reply:
         proc = self._started()
@@ -74,14 +78,18 @@ class _Process:
         return reply
 
     def _started(self) -> subprocess.Popen[bytes]:
-        if self._proc is None or self._proc.poll() is not None:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", _CHILD],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                close_fds=True,
+        if self._held and self._held[0].poll() is not None:
+            _reap(self._held)
+        if not self._held:
+            self._held.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", _CHILD],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    close_fds=True,
+                )
             )
-        return self._proc
+        return self._held[0]
 
     def _read(
         self, proc: subprocess.Popen[bytes], count: int, deadline: float, stop: threading.Event
@@ -101,14 +109,18 @@ class _Process:
         return data
 
     def kill(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
+        _reap(self._held)
+
+
+def _reap(held: list[subprocess.Popen[bytes]]) -> None:
+    while held:
+        proc = held.pop()
+        if proc.poll() is None:
             proc.kill()
-        if proc is not None:
-            proc.wait()
-            for stream in (proc.stdin, proc.stdout):
-                if stream is not None:
-                    stream.close()
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                stream.close()
 
 
 class TemplateProcesses:
