@@ -211,6 +211,15 @@ def test_a_requests_template_fails_as_a_models_does(processes: TemplateProcesses
         own(processes, "{% for %}")
     assert refused.value.param == "chat_template" and refused.value.code == "chat_template_invalid"
     assert "does not compile: line 1" in str(refused.value)
+    # Nested past the parser's recursion: a template that does not compile, not a 500.
+    deep = "{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}"
+    with pytest.raises(OpenAIError) as refused:
+        own(processes, deep)
+    assert refused.value.code == "chat_template_invalid"
+    assert "does not compile: RecursionError" in str(refused.value)
+    with pytest.raises(OpenAIError) as refused:
+        render(generation(deep), messages(("user", "x")))
+    assert refused.value.param == "model" and "RecursionError" in str(refused.value)
     with pytest.raises(OpenAIError) as refused:
         own(processes, "{{ raise_exception('no system messages') }}")
     assert str(refused.value) == "The conversation was refused: no system messages"

@@ -92,6 +92,8 @@ def _compiled(source: str) -> jinja2.Template | str:
     except jinja2.TemplateError as exc:
         where = f"line {exc.lineno}: " if isinstance(exc, jinja2.TemplateSyntaxError) else ""
         return f"{where}{exc}"
+    except Exception as exc:  # what Jinja2's constant folding raised (a MemoryError...)
+        return f"{type(exc).__name__}: {exc}"
 
 
 @lru_cache(maxsize=16)
@@ -111,10 +113,11 @@ def content_form(setting: str, source: str) -> ContentFormat:
 @lru_cache(maxsize=32)
 def _detected(source: str) -> ContentFormat:
     try:
-        tree = environment().parse(source)
-    except jinja2.TemplateError:
-        return "string"  # its chats are refused when it is compiled anyway
-    return "openai" if walks_parts(tree) else "string"
+        return "openai" if walks_parts(environment().parse(source)) else "string"
+    except (jinja2.TemplateError, RecursionError):
+        # Its chats are refused when it is compiled anyway (a request's own nested
+        # thousands deep is the parser's RecursionError, its compile's too).
+        return "string"
 
 
 def variables(body: ChatCompletionRequest, chat: ChatSettings | None = None) -> dict[str, Any]:

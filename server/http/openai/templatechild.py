@@ -85,8 +85,8 @@ def answer(job: Job) -> Reply:
         return Failed("compile", f"{where}{exc}")
     except MemoryError:
         return Failed("memory", f"the template needs more than {MEMORY_LIMIT >> 20} MiB")
-    except Exception as exc:  # what compile-time folding raises: the client's, not ours
-        return Failed("error", f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # nested too deep to parse, or what constant folding raised
+        return Failed("compile", f"{type(exc).__name__}: {exc}")
     try:
         return Rendered(template.render(job.variables))
     except Refused as exc:
