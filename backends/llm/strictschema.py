@@ -27,6 +27,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+# The deepest a JSON schema may nest (objects and arrays).
+MAX_SCHEMA_DEPTH = 128
+
 # Where a schema holds schemas of values of their own: by name, one directly, or a list
 # of them (vLLM's lists, backend_guidance.py, less those below).
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
@@ -42,6 +45,24 @@ _SAME_VALUE_MAPS = ("dependentSchemas", "dependencies")
 _BRANCHES = ("anyOf", "oneOf")
 _COMPOSED = ("allOf", "anyOf", "oneOf")
 _OTHER_ITEMS = ("items", "additionalItems", "unevaluatedItems")
+
+
+def deeper_than(value: Any, limit: int) -> bool:
+    """Whether a JSON value nests objects and arrays more than `limit` deep (walked level
+    by level, without recursion)."""
+    level: list[Any] = [value] if isinstance(value, dict | list) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        level = [
+            child
+            for item in level
+            for child in (item.values() if isinstance(item, dict) else item)
+            if isinstance(child, dict | list)
+        ]
+    return False
 
 
 def close(schema: Any) -> None:

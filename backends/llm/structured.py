@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from .strictschema import close
+from .strictschema import MAX_SCHEMA_DEPTH, close, deeper_than
+from .structtag import structural_tag
 
 if TYPE_CHECKING:
     import llguidance
@@ -63,8 +64,6 @@ _CACHED = 64
 # llguidance's errors carry its parser state and the whole grammar (megabytes for a
 # large schema): a client gets the first line, cut to this.
 _ERROR_CHARS = 300
-# The deepest a JSON schema may nest (objects and arrays).
-MAX_SCHEMA_DEPTH = 128
 
 
 def _short(error: str) -> str:
@@ -127,9 +126,7 @@ def parse_structured(value: Any) -> Structured:
 
 def _spec(kind: str, spec: Any) -> str:
     if kind == "structural_tag":
-        # vLLM's guidance backend reads only its legacy {"triggers", "structures"} form,
-        # and the newer {"format": ...} one only through xgrammar: neither is served.
-        raise ValueError("structured_outputs.structural_tag is not supported")
+        return structural_tag(spec)
     if kind == "json_object":
         if spec is not True:
             raise ValueError(
@@ -153,7 +150,7 @@ def _spec(kind: str, spec: Any) -> str:
                 raise ValueError("Invalid JSON grammar specification.") from None
         if not isinstance(spec, dict | bool):
             raise ValueError("structured_outputs.json must be a JSON schema (an object)")
-        if _deeper_than(spec, MAX_SCHEMA_DEPTH):
+        if deeper_than(spec, MAX_SCHEMA_DEPTH):
             # Reading it again would recurse past Python's limit; llguidance stops well
             # before this anyway.
             raise ValueError(
@@ -167,24 +164,6 @@ def _spec(kind: str, spec: Any) -> str:
     if kind == "regex" and "\x00" in spec:
         raise ValueError("structured_outputs.regex must not contain a NUL character ('\\x00')")
     return spec
-
-
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether a JSON value nests objects and arrays more than `limit` deep (walked level
-    by level, without recursion)."""
-    level: list[Any] = [value] if isinstance(value, dict | list) else []
-    depth = 0
-    while level:
-        depth += 1
-        if depth > limit:
-            return True
-        level = [
-            child
-            for item in level
-            for child in (item.values() if isinstance(item, dict) else item)
-            if isinstance(child, dict | list)
-        ]
-    return False
 
 
 def _flag(given: Mapping[str, Any], key: str) -> bool:
@@ -297,6 +276,19 @@ def _serialized(structured: Structured) -> str:
         if structured.whitespace_pattern is not None:
             defaults["whitespace_pattern"] = structured.whitespace_pattern
         return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=defaults)  # type: ignore[arg-type]
+    if structured.kind == "structural_tag":
+        spec = json.loads(structured.spec)
+        tags = []
+        for item in spec["structures"]:
+            schema = item["schema"]
+            close(schema)  # read as a response_format's schema is (strictschema.py)
+            trigger = next(t for t in spec["triggers"] if item["begin"].startswith(t))
+            tags.append(
+                llguidance.StructTag(
+                    trigger=trigger, begin=item["begin"], grammar=schema, end=item["end"]
+                )
+            )
+        return llguidance.StructTag.to_grammar(tags)
     return llguidance.grammar_from(structured.kind, structured.spec)  # type: ignore[arg-type]
 
 

@@ -176,7 +176,7 @@ async def test_bad_constraints_are_invalid_arg(scheduler: GenerationScheduler) -
     )
     assert await refused(scheduler, {"choice": []}) == "Choice '[]' cannot be an empty list"
     assert "unknown key" in await refused(scheduler, {"regex": "a", "jsn": {}})
-    assert "not supported" in await refused(scheduler, {"structural_tag": "{}"})
+    assert "triggers must be a list" in await refused(scheduler, {"structural_tag": "{}"})
     assert "not valid JSON" in await refused(scheduler, "{")
     # The engine still serves.
     assert (await generate(scheduler, {"choice": ["z"]}))[0] == "z"

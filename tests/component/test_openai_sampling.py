@@ -410,6 +410,11 @@ STRUCTURED: list[tuple[dict[str, Any], dict[str, Any]]] = [
     ({"guided_grammar": "start: x"}, {"grammar": "start: x"}),
     ({"guided_json": SCHEMA, "guided_whitespace_pattern": ""},
      {"json": SCHEMA, "whitespace_pattern": ""}),
+    # vLLM's legacy structural tag, checked and sent as JSON text (the schema defaulted).
+    ({"response_format": {"type": "structural_tag", "triggers": ["<f="],
+                          "structures": [{"begin": "<f=x>", "end": "</f>"}]}},
+     {"structural_tag": json.dumps({"triggers": ["<f="], "structures": [
+         {"begin": "<f=x>", "schema": True, "end": "</f>"}]})}),
 ]  # fmt: skip
 
 
@@ -442,7 +447,10 @@ BAD_STRUCTURED: list[tuple[dict[str, Any], str, str]] = [
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
      "response_format", "'name'"),
     ({"response_format": {"type": "yaml"}}, "response_format", "'yaml'"),
-    ({"response_format": {"type": "structural_tag"}}, "response_format", "not supported"),
+    ({"response_format": {"type": "structural_tag"}}, "response_format",
+     "Invalid response_format structural_tag specification: structural_tag.triggers"),
+    ({"response_format": {"type": "structural_tag", "format": {"type": "any_text"}}},
+     "response_format", "'format' form is xgrammar's"),
 ]  # fmt: skip
 
 

@@ -81,7 +81,13 @@ def test_bad_grammars_say_what_is_wrong(grammars: Grammars) -> None:
         ({"regex": "a\x00"}, "must not contain a NUL"),
         ({"choice": "a"}, "must be a list of strings"),
         ({"regex": "a", "disable_any_whitespace": "yes"}, "must be true or false"),
-        ({"structural_tag": '{"triggers": []}'}, "structural_tag is not supported"),
+        ({"structural_tag": '{"triggers": []}'}, "No structural tags found in the grammar spec"),
+        ({"structural_tag": {"format": {"type": "any_text"}}}, "'format' form is xgrammar's"),
+        (
+            {"structural_tag": {"triggers": ["<f"], "structures": [{"begin": "<g>", "end": "/"}]}},
+            r"Trigger <g> not found in triggers \['<f'\]",
+        ),
+        ({"structural_tag": {"triggers": ["<f"], "structures": [{"begin": "<f>"}]}}, "'end'"),
         ([1], "must be an object"),
     ],
 )
@@ -90,6 +96,38 @@ def test_the_key_is_checked_in_vllms_words(value: object, words: str) -> None:
         sampling_params(
             SamplingDefaults(16, 1.0, 1.0, 0), {"structured_outputs": value}, None, None
         )
+
+
+def test_a_structural_tag_forces_its_structure_after_a_trigger(grammars: Grammars) -> None:
+    """vLLM's legacy structural tag: text is free until the model writes a trigger; then
+    the structure's begin, a JSON value of its schema and its end are forced, and the text
+    is free again, for as many tags as the model writes."""
+    tag = {
+        "triggers": ["<f="],
+        "structures": [{"begin": "<f=n>", "schema": {"type": "integer"}, "end": "</f>"}],
+    }
+    constraint = grammars.constraint(
+        Structured("structural_tag", json.dumps(tag, separators=(",", ":")))
+    )
+    logits = np.zeros(GRAPH_VOCAB, dtype=np.float32)
+
+    def ids(text: str) -> set[int]:
+        return set(llmrepo.prompt_ids(text))
+
+    def write(text: str) -> set[int]:
+        for token in llmrepo.prompt_ids(text):
+            row = constraint.allowed(logits)
+            assert row is not None and token in allowed_ids(row), text
+            constraint.accept(token)
+        row = constraint.allowed(logits)
+        assert row is not None
+        return allowed_ids(row)
+
+    assert ids("x<Z") <= write("Hello ")  # free text: any byte, the EOS too
+    assert write("<f=") == ids("n")  # the trigger: the begin's rest is forced
+    assert write("n>") == ids("-0123456789")  # then an integer
+    assert ids("<") <= write("42") <= ids("0123456789 \n\t<")
+    assert write("</f>") >= ids("x<") | {EOS}  # free again
 
 
 def test_a_graph_vocabulary_smaller_than_the_tokenizers_still_masks(tmp_path: Path) -> None:

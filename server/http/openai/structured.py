@@ -16,7 +16,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import OpenAIError, unsupported
+from ge_serve.backends.llm.structtag import structural_tag
+
+from .errors import OpenAIError
 
 # The legacy fields, by the StructuredOutputsParams field each stood for.
 GUIDED = {
@@ -121,9 +123,15 @@ def _with_response_format(params: dict[str, Any] | None, fmt: Any) -> dict[str, 
             )
         overrides = {"json": schema}
     elif fmt.type == "structural_tag":
-        raise unsupported(
-            "response_format", "response_format type 'structural_tag' is not supported"
-        )
+        # vLLM's: the format as JSON text, checked here, as vLLM's request parsing does.
+        given = {"structures": fmt.structures, "triggers": fmt.triggers, "format": fmt.format}
+        try:
+            overrides = {"structural_tag": structural_tag(given)}
+        except ValueError as exc:
+            raise OpenAIError(
+                f"Invalid response_format structural_tag specification: {exc}",
+                param="response_format",
+            ) from None
     else:
         raise OpenAIError(
             "response_format type must be 'text', 'json_object' or 'json_schema', "
