@@ -41,8 +41,11 @@ def structural_tag(spec: Any) -> str:
             isinstance(item.get(k), str) for k in ("begin", "end")
         ):
             raise ValueError(f"structural_tag.structures[{index}] needs 'begin' and 'end' strings")
-        begin, schema = item["begin"], item.get("schema", True)
-        if not isinstance(schema, dict | bool) or deeper_than(schema, MAX_SCHEMA_DEPTH):
+        begin, schema = item["begin"], item.get("schema")
+        if schema is None or schema is True:
+            schema = {}  # any JSON value
+        if not isinstance(schema, dict) or deeper_than(schema, MAX_SCHEMA_DEPTH):
+            # `false` too: a schema no value meets, so the tag could never end.
             raise ValueError(f"structural_tag.structures[{index}].schema must be a JSON schema")
         if not any(begin.startswith(t) for t in triggers):
             raise ValueError(f"Trigger {begin} not found in triggers {triggers}")

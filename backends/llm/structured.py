@@ -266,26 +266,32 @@ def _serialized(structured: Structured) -> str:
     as vLLM's default backend (xgrammar) reads it (strictschema.py)."""
     import llguidance
 
-    if structured.kind in ("json", "json_object"):
-        schema: Any = json.loads(structured.spec) if structured.kind == "json" else {}
-        if structured.kind == "json_object":
-            schema = {"type": "object"}  # any object
-        else:  # freshly parsed: changed in place
-            close(schema)
-        defaults: dict[str, Any] = {"whitespace_flexible": not structured.disable_any_whitespace}
-        if structured.whitespace_pattern is not None:
-            defaults["whitespace_pattern"] = structured.whitespace_pattern
+    defaults: dict[str, Any] = {"whitespace_flexible": not structured.disable_any_whitespace}
+    if structured.whitespace_pattern is not None:
+        defaults["whitespace_pattern"] = structured.whitespace_pattern
+
+    def schema_grammar(schema: Any) -> str:
+        close(schema)  # freshly parsed: changed in place
         return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=defaults)  # type: ignore[arg-type]
+
+    if structured.kind == "json":
+        return schema_grammar(json.loads(structured.spec))
+    if structured.kind == "json_object":
+        return schema_grammar({"type": "object"})  # any object
     if structured.kind == "structural_tag":
         spec = json.loads(structured.spec)
         tags = []
         for item in spec["structures"]:
             schema = item["schema"]
-            close(schema)  # read as a response_format's schema is (strictschema.py)
-            trigger = next(t for t in spec["triggers"] if item["begin"].startswith(t))
+            close(schema)  # read as a response format's schema (strictschema.py)
             tags.append(
                 llguidance.StructTag(
-                    trigger=trigger, begin=item["begin"], grammar=schema, end=item["end"]
+                    trigger=next(t for t in spec["triggers"] if item["begin"].startswith(t)),
+                    begin=item["begin"],
+                    # The request's whitespace options, where llguidance reads them in a
+                    # schema (a compiled grammar's text here would be read as a schema).
+                    grammar={**schema, "x-guidance": defaults},
+                    end=item["end"],
                 )
             )
         return llguidance.StructTag.to_grammar(tags)

@@ -414,7 +414,7 @@ STRUCTURED: list[tuple[dict[str, Any], dict[str, Any]]] = [
     ({"response_format": {"type": "structural_tag", "triggers": ["<f="],
                           "structures": [{"begin": "<f=x>", "end": "</f>"}]}},
      {"structural_tag": json.dumps({"triggers": ["<f="], "structures": [
-         {"begin": "<f=x>", "schema": True, "end": "</f>"}]})}),
+         {"begin": "<f=x>", "schema": {}, "end": "</f>"}]})}),
 ]  # fmt: skip
 
 

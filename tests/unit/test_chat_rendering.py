@@ -225,7 +225,19 @@ def test_a_requests_template_fails_as_a_models_does(processes: TemplateProcesses
     assert str(refused.value) == "The conversation was refused: no system messages"
     with pytest.raises(OpenAIError) as refused:
         own(processes, "{{ 1 // 0 }}")
-    assert refused.value.param == "messages" and "ZeroDivisionError" in str(refused.value)
+    assert refused.value.param == "chat_template" and "ZeroDivisionError" in str(refused.value)
+    # What msgpack cannot carry to the process (JSON's integers past 64 bits), and an
+    # answer it cannot carry back (a lone surrogate): the client's 400s too.
+    with pytest.raises(OpenAIError) as refused:
+        own(processes, CHATML, extra={"n": 2**70})
+    assert refused.value.param == "chat_template" and "cannot be given" in str(refused.value)
+    with pytest.raises(OpenAIError) as refused:
+        own(processes, "{{ '\\udcff' }}")
+    assert "its prompt cannot be sent" in str(refused.value)
+    with pytest.raises(OpenAIError) as refused:  # a prompt past 64 MiB stays in its process
+        own(processes, "{{ ''|center(70000000) }}")
+    assert "its prompt cannot be sent: ValueError: more than 64 MiB" in str(refused.value)
+    assert own(processes, CHATML).startswith("<|im_start|>user")
 
 
 def _peak_rss_kb() -> int:

@@ -238,13 +238,8 @@ def _rendered_own(source: str, context: dict[str, Any], blame: str) -> str:
         )
     if reply.kind == "refused":
         raise OpenAIError(f"The conversation was refused: {reply.message}", param="messages")
-    if reply.kind == "memory":
-        raise OpenAIError(
-            f"The request's chat template failed: {reply.message}", param="chat_template"
-        )
-    raise OpenAIError(
-        f"The {blame} do not fit the model's chat template: {reply.message}", param=blame
-    )
+    # Anything else went wrong in the client's own code: its template is to blame.
+    raise OpenAIError(f"The request's chat template failed: {reply.message}", param="chat_template")
 
 
 def _mark_final(message: dict[str, Any]) -> str:
@@ -362,5 +357,5 @@ def _arguments(text: str, param: str) -> Any:
         return {}
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than the parser recurses
         raise OpenAIError(f"Invalid value for '{param}': not JSON", param=param) from None

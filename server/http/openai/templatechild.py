@@ -16,6 +16,7 @@ The messages: a `Job` (the template's source and its variables, JSON values) in,
 
 from __future__ import annotations
 
+import ctypes
 import resource
 import signal
 import struct
@@ -29,7 +30,15 @@ import msgspec
 # The address space the process may hold: a prompt and the template's own values, with
 # room to spare, far below the host's memory.
 MEMORY_LIMIT: Final = 1 << 30
+# The longest frame either side sends: a prompt past this is no prompt a model takes,
+# and the server would hold it.
+MAX_FRAME: Final = 64 << 20
+# A job's time, past which this process ends itself whatever the server does (which
+# kills it sooner): the server's 30 s and a margin.
+_JOB_SECONDS: Final = 40
 _LENGTH = struct.Struct(">I")
+# prctl(PR_SET_PDEATHSIG): Linux's signal to a process when its parent dies.
+_PR_SET_PDEATHSIG: Final = 1
 
 
 class Job(msgspec.Struct, tag="job"):
@@ -51,10 +60,29 @@ class Failed(msgspec.Struct, tag="failed"):
 Reply = Rendered | Failed
 
 
-def write_frame(stream: IO[bytes], message: msgspec.Struct) -> None:
+def frame(message: msgspec.Struct) -> bytes:
+    """The message as sent: its length, then msgpack (ValueError past MAX_FRAME; what
+    msgpack cannot encode raises msgspec.EncodeError, TypeError or OverflowError)."""
     data = msgspec.msgpack.encode(message)
-    stream.write(_LENGTH.pack(len(data)) + data)
-    stream.flush()
+    if len(data) > MAX_FRAME:
+        raise ValueError(f"more than {MAX_FRAME >> 20} MiB")
+    return _LENGTH.pack(len(data)) + data
+
+
+def _sent(writer: IO[bytes], reply: Reply) -> Reply:
+    """`reply` written; one that cannot be (a prompt past MAX_FRAME, a lone surrogate
+    in it) is answered as a failure instead."""
+    try:
+        data = frame(reply)
+    except MemoryError:
+        reply = Failed("memory", f"the template needs more than {MEMORY_LIMIT >> 20} MiB")
+        data = frame(reply)
+    except Exception as exc:  # the template's output: the client's, not ours
+        reply = Failed("error", f"its prompt cannot be sent: {type(exc).__name__}: {exc}")
+        data = frame(reply)
+    writer.write(data)
+    writer.flush()
+    return reply
 
 
 def _read_exactly(stream: IO[bytes], count: int) -> bytes | None:
@@ -108,8 +136,9 @@ def serve(reader: IO[bytes], writer: IO[bytes]) -> None:
         body = _read_exactly(reader, _LENGTH.unpack(head)[0])
         if body is None:
             return
-        reply = answer(decoder.decode(body))
-        write_frame(writer, reply)
+        signal.alarm(_JOB_SECONDS)
+        reply = _sent(writer, answer(decoder.decode(body)))
+        signal.alarm(0)
         if isinstance(reply, Failed) and reply.kind == "memory":
             return
 
@@ -118,6 +147,10 @@ def main() -> None:
     # The server ends this process (it closes the pipe, or kills it); a Ctrl-C at the
     # terminal, sent to the whole process group, is the server's to act on.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A server killed outright (SIGKILL, the OOM killer) closes no pipe this process is
+    # waiting on while it renders: ask Linux to end it with its parent.
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     serve(sys.stdin.buffer, sys.stdout.buffer)
 

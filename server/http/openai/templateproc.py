@@ -27,7 +27,7 @@ from typing import Any, Final
 import msgspec
 
 from .errors import OpenAIError
-from .templatechild import Failed, Job, Rendered, Reply, write_frame
+from .templatechild import MAX_FRAME, Failed, Job, Rendered, Reply, frame
 
 # vLLM's VLLM_CHAT_TEMPLATE_RENDER_TIMEOUT default.
 REQUEST_TEMPLATE_SECONDS: Final = 30.0
@@ -63,13 +63,17 @@ class _Process:
         self._decoder = msgspec.msgpack.Decoder(Reply)
         weakref.finalize(self, _reap, self._held)
 
-    def render(self, job: Job, deadline: float, stop: threading.Event) -> Reply:
+    def render(self, job: bytes, deadline: float, stop: threading.Event) -> Reply:
+        """The reply to `job` (a frame); Stopped, OSError, DecodeError: killed."""
         proc = self._started()
         assert proc.stdin is not None
         try:
-            write_frame(proc.stdin, job)
-            head = self._read(proc, _LENGTH_BYTES, deadline, stop)
-            reply = self._decoder.decode(self._read(proc, int.from_bytes(head), deadline, stop))
+            proc.stdin.write(job)
+            proc.stdin.flush()
+            length = int.from_bytes(self._read(proc, _LENGTH_BYTES, deadline, stop))
+            if length > MAX_FRAME:
+                raise OSError("the template process sent more than it may")
+            reply = self._decoder.decode(self._read(proc, length, deadline, stop))
         except (Stopped, OSError, msgspec.DecodeError):
             self.kill()
             raise
@@ -96,25 +100,29 @@ class _Process:
     ) -> bytes:
         assert proc.stdout is not None
         fd = proc.stdout.fileno()
-        data = b""
-        while len(data) < count:
+        data = bytearray(count)
+        view, done = memoryview(data), 0
+        while done < count:
             if stop.is_set() or time.monotonic() > deadline:
                 raise Stopped
             ready, _, _ = select.select([fd], [], [], _POLL_S)
             if ready:
-                more = os.read(fd, count - len(data))
+                more = os.readv(fd, [view[done:]])
                 if not more:
                     raise OSError("the template process ended")
-                data += more
-        return data
+                done += more
+        return bytes(data)
 
     def kill(self) -> None:
         _reap(self._held)
 
 
 def _reap(held: list[subprocess.Popen[bytes]]) -> None:
-    while held:
-        proc = held.pop()
+    while True:
+        try:  # the exit's finalizer and a render's thread may both reap
+            proc = held.pop()
+        except IndexError:
+            return
         if proc.poll() is None:
             proc.kill()
         proc.wait()
@@ -148,9 +156,17 @@ class TemplateProcesses:
     ) -> Reply:
         """The template rendered with `variables` in a process of these (blocking); the
         client's 400 where it ran out of time."""
+        try:
+            job = frame(Job(source, variables))
+        except (ValueError, TypeError, OverflowError, msgspec.EncodeError) as exc:
+            # JSON's integers past 64 bits, and what else msgpack cannot carry.
+            raise OpenAIError(
+                f"The conversation cannot be given to the request's chat template: {exc}",
+                param="chat_template",
+            ) from None
         process = self._idle.get()
         try:
-            return process.render(Job(source, variables), deadline, stop)
+            return process.render(job, deadline, stop)
         except Stopped:
             raise OpenAIError(
                 f"The request's chat template took more than {self.seconds:g} s to render",
