@@ -327,3 +327,12 @@ def test_a_template_that_refuses_parts_is_the_clients_400() -> None:
     with pytest.raises(OpenAIError) as refused:
         render(generation(template), messages(("user", "x")), content_format="openai")
     assert refused.value.param == "messages"
+
+
+def test_tool_call_arguments_nested_past_the_parser_are_a_400() -> None:
+    deep = "[" * 5000 + "]" * 5000
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": deep}}
+    conversation = [ChatMessage.model_validate({"role": "assistant", "tool_calls": [call]})]
+    with pytest.raises(OpenAIError) as refused:
+        render(generation(CHATML), conversation)
+    assert refused.value.param == "messages[0].tool_calls[0].function.arguments"
