@@ -134,7 +134,17 @@ def test_merged_system_messages_reach_a_parts_template_as_a_part() -> None:
 
 @pytest.fixture(scope="module")
 def processes() -> Iterator[TemplateProcesses]:
-    found = TemplateProcesses(1, seconds=1.0)
+    """Template processes whose renders have time to spare on a loaded host."""
+    found = TemplateProcesses(1, seconds=20.0)
+    yield found
+    found.close()
+
+
+@pytest.fixture(scope="module")
+def quick() -> Iterator[TemplateProcesses]:
+    """Template processes that stop a render after 3 s (a cold start, which counts, takes
+    well under a second even on a loaded host)."""
+    found = TemplateProcesses(1, seconds=3.0)
     yield found
     found.close()
 
@@ -156,7 +166,7 @@ def own(processes: TemplateProcesses, template: str, gone: bool = False, **field
     ids=["plain", "inside-a-test"],
 )
 def test_a_requests_template_that_runs_too_long_is_stopped(
-    processes: TemplateProcesses, body: str
+    quick: TemplateProcesses, body: str
 ) -> None:
     looping = (
         "{% for i in range(100000) %}{% for j in range(100000) %}"
@@ -165,12 +175,12 @@ def test_a_requests_template_that_runs_too_long_is_stopped(
     )
     started = time.monotonic()
     with pytest.raises(OpenAIError) as refused:
-        own(processes, looping)
-    assert time.monotonic() - started < 5
+        own(quick, looping)
+    assert time.monotonic() - started < 8
     assert refused.value.param == "chat_template"
-    assert str(refused.value) == "The request's chat template took more than 1 s to render"
+    assert str(refused.value) == "The request's chat template took more than 3 s to render"
     # A template within its time renders as any other, in a process started again.
-    assert own(processes, CHATML) == "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+    assert own(quick, CHATML) == "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_a_render_stops_once_its_client_has_gone(processes: TemplateProcesses) -> None:
@@ -192,18 +202,18 @@ def test_a_render_stops_once_its_client_has_gone(processes: TemplateProcesses) -
     ids=["center", "doubling", "sum"],
 )
 def test_what_a_requests_template_builds_is_bounded_by_its_process(
-    processes: TemplateProcesses, template: str
+    quick: TemplateProcesses, template: str
 ) -> None:
     """Past the process's memory, the client's 400; the server's memory never held it."""
     before = _peak_rss_kb()
     with pytest.raises(OpenAIError) as refused:
-        own(processes, template)
+        own(quick, template)
     assert refused.value.param == "chat_template"
     assert "needs more than 1024 MiB" in str(refused.value) or "took more than" in str(
         refused.value
     )
     assert _peak_rss_kb() - before < 100_000
-    assert own(processes, CHATML).startswith("<|im_start|>user")
+    assert own(quick, CHATML).startswith("<|im_start|>user")
 
 
 def test_a_requests_template_fails_as_a_models_does(processes: TemplateProcesses) -> None:
