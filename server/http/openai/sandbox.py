@@ -120,3 +120,19 @@ def environment() -> ImmutableSandboxedEnvironment:
     found.globals["strftime_now"] = _strftime_now
     found.filters["tojson"] = _tojson
     return found
+
+
+def compiled(source: str) -> jinja2.Template | str:
+    """The template compiled in this environment, or why it does not compile: a syntax
+    error's line and message, or what else compiling raised (a parser's RecursionError,
+    what Jinja2's constant folding raised). A MemoryError is raised, for the caller to
+    tell from a template that is wrong."""
+    try:
+        return environment().from_string(source)
+    except jinja2.TemplateError as exc:
+        where = f"line {exc.lineno}: " if isinstance(exc, jinja2.TemplateSyntaxError) else ""
+        return f"{where}{exc}"
+    except MemoryError:
+        raise
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"

@@ -67,7 +67,7 @@ from ge_serve.server.control.chat import ChatSettings
 from .contentformat import ContentFormat, walks_parts
 from .errors import OpenAIError
 from .messages import ChatMessage
-from .sandbox import Refused, environment
+from .sandbox import Refused, compiled, environment
 from .schemas import ChatCompletionRequest
 from .templateproc import Rendered, render_own
 
@@ -88,11 +88,8 @@ def _compiled(source: str) -> jinja2.Template | str:
     """The template, or why it does not compile (kept, so a template that does not is
     compiled once rather than on every chat)."""
     try:
-        return environment().from_string(source)
-    except jinja2.TemplateError as exc:
-        where = f"line {exc.lineno}: " if isinstance(exc, jinja2.TemplateSyntaxError) else ""
-        return f"{where}{exc}"
-    except Exception as exc:  # what Jinja2's constant folding raised (a MemoryError...)
+        return compiled(source)
+    except MemoryError as exc:  # what Jinja2's constant folding made: the template's
         return f"{type(exc).__name__}: {exc}"
 
 
@@ -208,7 +205,7 @@ def render(
         "add_generation_prompt": add_generation_prompt,
     }
     if template is None:
-        rendered = _rendered_own(source, context, blame)
+        rendered = _rendered_own(source, context)
         return _opened(rendered, final) if continue_final else rendered
     try:
         rendered = template.render(context)
@@ -224,7 +221,7 @@ def render(
     return _opened(rendered, final) if continue_final else rendered
 
 
-def _rendered_own(source: str, context: dict[str, Any], blame: str) -> str:
+def _rendered_own(source: str, context: dict[str, Any]) -> str:
     """A request's own template, rendered in a process of its own (templateproc.py), its
     failures the client's 400s as a model's template's are."""
     reply = render_own(source, context)
