@@ -45,6 +45,8 @@ from .templateproc import TemplateProcesses
 from .tools import ToolSettings
 
 T = TypeVar("T")
+# Requests' own templates rendering at once: a thread waits on each one's process.
+OWN_RENDERS = 2
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
 TOKEN_COUNT = "num_input_tokens"
@@ -140,8 +142,8 @@ class Catalog:
         # A request's own template (--trust-request-chat-template) renders in a process
         # of these (templateproc.py), waited for on these threads, not on the loop's
         # default executor, which the v2 path's decoding shares: slow ones hold only these.
-        self._templates = ThreadPoolExecutor(2, thread_name_prefix="request-template")
-        self.template_processes = TemplateProcesses(2)
+        self._templates = ThreadPoolExecutor(OWN_RENDERS, thread_name_prefix="request-template")
+        self.template_processes = TemplateProcesses(OWN_RENDERS)
         # OpenAI's `created` of every model: when this server started (a model's own
         # creation time is not something a repository records).
         self.created = int(time.time())

@@ -57,10 +57,10 @@ class StreamOptions(Body):
 class ResponseFormat(Body):
     type: str
     json_schema: Any = None  # {"name", "schema", "strict"?}: structured.py reads it
-    # type "structural_tag" (vLLM's legacy form; the engine checks them).
+    # type "structural_tag" (vLLM's legacy form; backends/llm/structtag.py checks them).
     structures: Any = None
     triggers: Any = None
-    format: Any = None  # the newer form (xgrammar's), refused by the engine
+    format: Any = None  # the newer form (xgrammar's), refused
 
 
 # --- sampling, shared by chat and completions ------------------------------------------------
