@@ -101,7 +101,7 @@ class EngineSettings:
     # (the onnxruntime backend's `allow_spinning`, off there: its slots share the cores).
     # A step is thousands of small ops, each handed to the threads: waking a sleeping one
     # for each cost SmolLM2 a sixth of its one-stream speed, and llama.cpp's threads spin.
-    allow_spinning: bool = True
+    allow_spinning: bool
     # cpu: onnxruntime on the host; npu: the GE backend (an NPU or the simulated one).
     placement: str = "cpu"
     # The step graph's ND gears on the NPU (ge_runner.StepGears).
