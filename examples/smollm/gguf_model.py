@@ -7,8 +7,8 @@ GGUF conventions undone here:
   in] for a linear weight, as torch keeps it, so only dequantization is needed.
 - llama.cpp's converter permutes the rows of the Q and K projections within each head
   (convert_hf_to_gguf.py, LlamaModel.permute) so that its RoPE rotates adjacent pairs
-  (2j, 2j+1); Hugging Face's rotate-half pairs j with j + head_dim/2. `unpermute` restores
-  Hugging Face's order, which the graph and the numpy reference both use.
+  (2j, 2j+1); Hugging Face's rotate-half pairs j with j + head_dim/2. `unpermute_order`
+  restores Hugging Face's order, which the graph and the numpy reference both use.
 - The tokenizer is GPT-2-style byte-level BPE ("gpt2"): the vocabulary and merges are
   stored as byte-level strings, token type 3 marks control tokens, and the pre-tokenizer is
   named by `tokenizer.ggml.pre`, whose regexes are llama.cpp's (llama-vocab.cpp).
@@ -91,11 +91,6 @@ def unpermute_order(rows: int, heads: int) -> npt.NDArray[np.intp]:
     """Undo llama.cpp's Q/K row permutation: per head, GGUF row 2j + s is Hugging Face row
     j + s * head_dim/2; Hugging Face's row k is GGUF's row order[k]."""
     return np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(-1)
-
-
-def unpermute(w: npt.NDArray[np.float32], heads: int) -> npt.NDArray[np.float32]:
-    """`w`'s rows in Hugging Face's order (unpermute_order)."""
-    return np.ascontiguousarray(w[unpermute_order(w.shape[0], heads)])
 
 
 def _field(reader: Any, key: str) -> Any:
