@@ -141,9 +141,11 @@ def test_the_token_limit_leaves_the_response_incomplete(client: openai.OpenAI) -
 
 
 def test_a_json_schema_format_gives_json_that_validates(client: openai.OpenAI) -> None:
-    for seed_prompt in ("One", "Two"):
+    # Greedy: the format lets whitespace in anywhere (as vLLM's guidance backend does), and
+    # a sampled answer of random weights ran past any token limit once in some 75 requests.
+    for prompt in ("One", "Hi"):
         response = client.responses.create(
-            model="tiny_llm", input=seed_prompt, text=JSON_FORMAT, max_output_tokens=80
+            model="tiny_llm", input=prompt, text=JSON_FORMAT, max_output_tokens=80, temperature=0
         )
         assert response.status == "completed", response
         jsonschema.validate(json.loads(response.output_text), SCHEMA)
@@ -151,7 +153,7 @@ def test_a_json_schema_format_gives_json_that_validates(client: openai.OpenAI) -
 
 def test_a_stream_sends_the_events_in_order(client: openai.OpenAI) -> None:
     with client.responses.stream(
-        model="tiny_llm", input="Hi", text=JSON_FORMAT, max_output_tokens=80
+        model="tiny_llm", input="Hi", text=JSON_FORMAT, max_output_tokens=80, temperature=0
     ) as stream:
         events = list(stream)
         final = stream.get_final_response()
