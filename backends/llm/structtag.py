@@ -3,8 +3,7 @@ type `structural_tag`), in the legacy form its guidance backend reads: free text
 which each of `triggers` begins one of `structures` ({begin, schema, end}: the begin
 text, then a JSON value of the schema, then the end text), as often as the model writes
 them. A tool-calling model's `<function=name>{...}</function>` is the common use. The
-newer {"format": ...} form is xgrammar's, which vLLM reads through xgrammar only; this
-server has no xgrammar (structured.py compiles with llguidance).
+newer {"format": ...} form, xgrammar's, is structformat.py's.
 """
 
 from __future__ import annotations
@@ -13,11 +12,13 @@ import json
 from typing import Any
 
 from .strictschema import MAX_SCHEMA_DEPTH, deeper_than
+from .structformat import format_grammar
 
 
 def structural_tag(spec: Any) -> str:
     """The tag checked, as the JSON text structured.py compiles ({"triggers",
-    "structures"}); ValueError says what is wrong, in vLLM's words where it has them."""
+    "structures"}, or {"type", "format"}); ValueError says what is wrong, in vLLM's or
+    xgrammar's words where they have them."""
     if isinstance(spec, str):
         try:
             spec = json.loads(spec)
@@ -26,10 +27,8 @@ def structural_tag(spec: Any) -> str:
     if not isinstance(spec, dict):
         raise ValueError("structured_outputs.structural_tag must be an object")
     if spec.get("format") is not None:
-        raise ValueError(
-            "structural_tag: the 'format' form is xgrammar's, which this server does not "
-            "have; give 'structures' and 'triggers'"
-        )
+        format_grammar(spec, {}, None)  # its token strings are the model's, read later
+        return json.dumps({"type": "structural_tag", "format": spec["format"]})
     triggers, structures = spec.get("triggers"), spec.get("structures")
     if not isinstance(triggers, list) or not all(isinstance(t, str) and t for t in triggers):
         raise ValueError("structural_tag.triggers must be a list of non-empty strings")

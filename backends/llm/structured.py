@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .strictschema import MAX_SCHEMA_DEPTH, close, deeper_than
+from .structformat import TokenId, format_grammar
 from .structtag import structural_tag
 
 if TYPE_CHECKING:
@@ -230,7 +231,7 @@ class Grammars:
         import llguidance
 
         try:
-            grammar = _serialized(structured)
+            grammar = _serialized(structured, self._tokenizer.token_id)
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ValueError(f"Invalid grammar specification: {_short(str(exc))}") from None
         # vLLM's limits (llguidance's defaults), without the parser state and grammar
@@ -261,9 +262,10 @@ class Grammars:
             return self._built
 
 
-def _serialized(structured: Structured) -> str:
+def _serialized(structured: Structured, token_id: TokenId) -> str:
     """vLLM's serialize_guidance_grammar, with the request's options, a JSON schema read
-    as vLLM's default backend (xgrammar) reads it (strictschema.py)."""
+    as vLLM's default backend (xgrammar) reads it (strictschema.py), and xgrammar's
+    structural tags (structformat.py); `token_id`: the model's token of a string."""
     import llguidance
 
     defaults: dict[str, Any] = {"whitespace_flexible": not structured.disable_any_whitespace}
@@ -280,6 +282,8 @@ def _serialized(structured: Structured) -> str:
         return schema_grammar({"type": "object"})  # any object
     if structured.kind == "structural_tag":
         spec = json.loads(structured.spec)
+        if "format" in spec:
+            return format_grammar(spec, defaults, token_id)
         tags = []
         for item in spec["structures"]:
             schema = item["schema"]

@@ -164,6 +164,25 @@ async def test_grammar(scheduler: GenerationScheduler) -> None:
     assert re.fullmatch(r"\(\d{1,2}(\+\d{1,2})*\)", text) and reason == "stop", text
 
 
+async def test_xgrammars_structural_tag(scheduler: GenerationScheduler) -> None:
+    # A thought of at most 12 characters, then the answer's fixed words and an integer.
+    fmt = {"type": "sequence", "elements": [
+        {"type": "tag", "begin": "<t>", "content": {"type": "any_text", "max_chars": 12},
+         "end": "</t>"},
+        {"type": "const_string", "value": " = "},
+        {"type": "json_schema", "json_schema": {"type": "integer"}},
+    ]}  # fmt: skip
+    tag = {"type": "structural_tag", "format": fmt}
+    for seed in (1, 2, 3):
+        text, _, reason = await generate(scheduler, {"structural_tag": tag}, seed=seed)
+        assert re.fullmatch(r"<t>(?s:.){0,12}</t> = -?\d+", text) and reason == "stop", text
+    # A token string is the model's: checked once the engine has its tokenizer.
+    unknown = {"type": "structural_tag", "format": {"type": "token", "token": "<none>"}}
+    assert 'Token string "<none>" not found' in await refused(
+        scheduler, {"structural_tag": unknown}
+    )
+
+
 async def test_bad_constraints_are_invalid_arg(scheduler: GenerationScheduler) -> None:
     assert "regex" in (await refused(scheduler, {"regex": "(["})).lower()
     assert "Invalid type: foo" in await refused(scheduler, {"json": {"type": "foo"}})

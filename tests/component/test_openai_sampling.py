@@ -415,6 +415,9 @@ STRUCTURED: list[tuple[dict[str, Any], dict[str, Any]]] = [
                           "structures": [{"begin": "<f=x>", "end": "</f>"}]}},
      {"structural_tag": json.dumps({"triggers": ["<f="], "structures": [
          {"begin": "<f=x>", "schema": {}, "end": "</f>"}]})}),
+    # xgrammar's form: the format, checked and sent as vLLM sends it.
+    ({"response_format": {"type": "structural_tag", "format": {"type": "any_text"}}},
+     {"structural_tag": json.dumps({"type": "structural_tag", "format": {"type": "any_text"}})}),
 ]  # fmt: skip
 
 
@@ -449,8 +452,11 @@ BAD_STRUCTURED: list[tuple[dict[str, Any], str, str]] = [
     ({"response_format": {"type": "yaml"}}, "response_format", "'yaml'"),
     ({"response_format": {"type": "structural_tag"}}, "response_format",
      "Invalid response_format structural_tag specification: structural_tag.triggers"),
-    ({"response_format": {"type": "structural_tag", "format": {"type": "any_text"}}},
-     "response_format", "'format' form is xgrammar's"),
+    ({"response_format": {"type": "structural_tag", "format": {"type": "sequence", "elements": [
+        {"type": "any_text"}, {"type": "const_string", "value": "."}]}}},
+     "response_format", "format.elements[0]: free text (any_text) must end its tag or the output"),
+    ({"response_format": {"type": "structural_tag", "format": {"type": "yaml"}}},
+     "response_format", "format: unknown format type 'yaml'"),
 ]  # fmt: skip
 
 

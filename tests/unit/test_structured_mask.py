@@ -82,7 +82,7 @@ def test_bad_grammars_say_what_is_wrong(grammars: Grammars) -> None:
         ({"choice": "a"}, "must be a list of strings"),
         ({"regex": "a", "disable_any_whitespace": "yes"}, "must be true or false"),
         ({"structural_tag": '{"triggers": []}'}, "No structural tags found in the grammar spec"),
-        ({"structural_tag": {"format": {"type": "any_text"}}}, "'format' form is xgrammar's"),
+        ({"structural_tag": {"format": {"type": "any_text", "max_tokens": 8}}}, "max_tokens"),
         (
             {"structural_tag": {"triggers": ["<f"], "structures": [{"begin": "<g>", "end": "/"}]}},
             r"Trigger <g> not found in triggers \['<f'\]",

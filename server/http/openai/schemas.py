@@ -57,10 +57,11 @@ class StreamOptions(Body):
 class ResponseFormat(Body):
     type: str
     json_schema: Any = None  # {"name", "schema", "strict"?}: structured.py reads it
-    # type "structural_tag" (vLLM's legacy form; backends/llm/structtag.py checks them).
+    # type "structural_tag": vLLM's legacy form, or xgrammar's `format` (both checked by
+    # backends/llm/structtag.py).
     structures: Any = None
     triggers: Any = None
-    format: Any = None  # the newer form (xgrammar's), refused
+    format: Any = None
 
 
 # --- sampling, shared by chat and completions ------------------------------------------------

@@ -1,0 +1,133 @@
+"""The leaves of a structural tag's grammar (structformat.py): the text of its literals,
+end alternatives and token sets, the `json_schema`, `grammar` and `regex` formats as
+llguidance reads them, and the checks of a format's fields, in xgrammar's words where it
+has them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .strictschema import close
+
+INT32 = 2_147_483_647
+EMPTY = '""'
+
+
+def json_text(fmt: dict[str, Any], where: str, defaults: dict[str, Any]) -> str:
+    """A `json_schema` format's `%json` text, with the request's whitespace options."""
+    schema = fmt.get("json_schema")
+    style = fmt.get("style", "json")
+    if style != "json":
+        raise ValueError(f'{where}.style {style!r} is not served (only "json")')
+    if fmt.get("any_order"):
+        raise ValueError(f"{where}.any_order is not served")
+    if fmt.get("excludes"):
+        raise ValueError(f"{where}.excludes is not served")
+    if schema is True:
+        schema = {}
+    if not isinstance(schema, dict):
+        raise ValueError(f"{where}.json_schema must be a JSON schema")
+    options = dict(defaults)
+    spaces = count(fmt, "max_whitespace_cnt", where, INT32)
+    if spaces is not None and options.get("whitespace_flexible", True):
+        options["whitespace_pattern"] = f"[\\x20\\x0A\\x0D\\x09]{{0,{spaces}}}"
+    schema = json.loads(json.dumps(schema))  # a copy: `close` changes it in place
+    close(schema)  # read strictly, as xgrammar's structural tags read it
+    return "%json " + json.dumps({**schema, "x-guidance": options})
+
+
+def grammar_lark(fmt: dict[str, Any], where: str, convert: bool = True) -> str:
+    """A `grammar` format's grammar (EBNF or Lark) as Lark text; without `convert`,
+    checked only (the conversion is Python, and a large grammar's is slow: the engine's,
+    off the event loop)."""
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    text = string(fmt, "grammar", where)
+    if not text.strip():
+        raise ValueError(f"{where}.grammar must be a non-empty string")
+    if not convert:
+        return ""
+    try:
+        lark = any_to_lark(text)
+    except Exception as exc:  # the converter's own errors, of many kinds
+        raise ValueError(f"{where}.grammar: {exc}") from None
+    return lark
+
+
+def regex_lark(fmt: dict[str, Any], where: str, convert: bool = True) -> str:
+    """A `regex` format's pattern as Lark text (without `convert`, checked only)."""
+    import llguidance
+
+    pattern = string(fmt, "pattern", where)
+    if not pattern or "\x00" in pattern:
+        raise ValueError(f"{where}.pattern must be a non-empty string without NUL")
+    if not convert:
+        return ""
+    # llguidance's own regex grammar: its Lark text escapes the pattern as Lark reads it.
+    (grammar,) = json.loads(llguidance.LLMatcher.grammar_from_regex(pattern))["grammars"]
+    return str(grammar["lark_grammar"])
+
+
+def literal(text: str) -> str:
+    return json.dumps(text) if text else ""
+
+
+def join(*parts: str) -> str:
+    return " ".join(p for p in parts if p) or EMPTY
+
+
+def alternatives(ends: tuple[str, ...]) -> str:
+    if not ends:
+        return ""
+    return "(" + " | ".join(json.dumps(e) for e in ends) + ")"
+
+
+def not_tokens(tokens: tuple[int, ...]) -> str:
+    return f"<[^{','.join(str(t) for t in sorted(set(tokens)))}]>" if tokens else "<[*]>"
+
+
+def string(fmt: dict[str, Any], key: str, where: str) -> str:
+    value = fmt.get(key)
+    if not isinstance(value, str):
+        raise ValueError(f"{where}.{key} must be a string")
+    return value
+
+
+def flag(fmt: dict[str, Any], key: str, where: str, default: bool = False) -> bool:
+    value = fmt.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}.{key} must be true or false")
+    return value
+
+
+def count(
+    fmt: dict[str, Any], key: str, where: str, most: int, required: bool = False
+) -> int | None:
+    value = fmt.get(key)
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+        raise ValueError(f"{where}.{key} must be an integer from 0 to {most}")
+    return value
+
+
+def starts_with_token(fmt: Any) -> bool:
+    """Whether `fmt` begins with a token of its own (free text before it stops there)."""
+    if not isinstance(fmt, dict):
+        return False
+    kind = fmt.get("type")
+    if kind in ("token", "exclude_token"):
+        return True
+    if kind == "tag":
+        begin = fmt.get("begin")
+        return isinstance(begin, dict) and begin.get("type") == "token"
+    if kind == "sequence":
+        elements = fmt.get("elements")
+        return isinstance(elements, list) and bool(elements) and starts_with_token(elements[0])
+    if kind == "or":
+        elements = fmt.get("elements")
+        return (
+            isinstance(elements, list) and bool(elements) and all(map(starts_with_token, elements))
+        )
+    return False

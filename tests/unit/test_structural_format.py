@@ -1,0 +1,242 @@
+"""xgrammar's structural tag, the `format` form (backends/llm/structformat.py), as the
+mask sees it: each format's text is what the model may write, token by token, over the
+tiny model's byte tokenizer (one token per character)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import llmrepo
+import numpy as np
+import pytest
+
+from ge_serve.backends.llm.structtag import structural_tag
+from ge_serve.backends.llm.structured import Grammars, Structured
+from ge_serve.backends.llm.text import Tokenizer
+
+EOS = 256
+THINK, UNTHINK = 257, 258  # `byte_tokenizer(think=True)`'s "<think>" and "</think>"
+VOCAB = 400
+
+
+def grammars_of(folder: Path, think: bool) -> Grammars:
+    path = folder / "tokenizer.json"
+    llmrepo.byte_tokenizer(think).save(str(path))
+    return Grammars(Tokenizer(path), VOCAB, frozenset({EOS}))
+
+
+@pytest.fixture(scope="module")
+def grammars(tmp_path_factory: pytest.TempPathFactory) -> Grammars:
+    return grammars_of(tmp_path_factory.mktemp("bytes"), think=False)
+
+
+def chars(text: str) -> set[int]:
+    return set(llmrepo.prompt_ids(text))
+
+
+FREE = chars("ax<>/ \n")  # some of what free text may hold
+
+
+class Writer:
+    """A format's constraint, written into."""
+
+    def __init__(self, grammars: Grammars, fmt: dict[str, Any], **options: Any) -> None:
+        spec = structural_tag({"type": "structural_tag", "format": fmt})
+        self._constraint = grammars.constraint(Structured("structural_tag", spec, **options))
+
+    def allowed(self) -> set[int]:
+        row = self._constraint.allowed(np.zeros(VOCAB, dtype=np.float32))
+        return set() if row is None else {int(i) for i in np.flatnonzero(np.isfinite(row))}
+
+    def write(self, text: str | list[int]) -> set[int]:
+        """Writes `text` (each of its tokens must be allowed); the tokens allowed next."""
+        for token in llmrepo.prompt_ids(text) if isinstance(text, str) else text:
+            assert token in self.allowed(), (text, token)
+            self._constraint.accept(token)
+        return self.allowed()
+
+
+def writer_after(grammars: Grammars, fmt: dict[str, Any], text: str) -> set[int]:
+    return Writer(grammars, fmt).write(text)
+
+
+def tag(begin: Any, content: dict[str, Any], end: Any) -> dict[str, Any]:
+    return {"type": "tag", "begin": begin, "content": content, "end": end}
+
+
+def const(value: str) -> dict[str, Any]:
+    return {"type": "const_string", "value": value}
+
+
+THOUGHT = tag("<think>", {"type": "any_text"}, "</think>")
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+}
+WEATHER = tag("<function=weather>", {"type": "json_schema", "json_schema": CITY}, "</function>")
+
+
+def test_free_text_in_a_tag_runs_until_the_tags_end(grammars: Grammars) -> None:
+    writer = Writer(grammars, THOUGHT)
+    assert writer.write("") == chars("<")
+    assert writer.write("<think>a</thin") >= FREE  # not yet the end: still free
+    assert writer.write("k>") == {EOS}  # the end ends the tag, and the output
+
+
+def test_triggered_tags_force_a_tag_after_a_trigger_and_free_text_after_it(
+    grammars: Grammars,
+) -> None:
+    fmt = {"type": "triggered_tags", "triggers": ["<function="], "tags": [WEATHER]}
+    writer = Writer(grammars, fmt)
+    assert FREE | {EOS} <= writer.write("I will call ")
+    assert writer.write("<function=") == chars("w")  # the trigger begins the tag
+    assert chars('"') <= writer.write("weather>{ ") <= chars('" \n\t\r')
+    assert FREE | {EOS} <= writer.write('"city": "Oslo"}</function> and ')
+
+
+def test_at_least_one_tag_comes_first_and_stop_after_first_ends_after_it(
+    grammars: Grammars,
+) -> None:
+    fmt = {
+        "type": "triggered_tags",
+        "triggers": ["<function="],
+        "tags": [WEATHER],
+        "at_least_one": True,
+        "stop_after_first": True,
+    }
+    writer = Writer(grammars, fmt)
+    assert writer.write("") == chars("<")
+    assert writer.write('<function=weather>{"city": "Oslo"}</function>') == {EOS}
+
+
+def test_one_tag_then_nothing_once_a_trigger_is_written(grammars: Grammars) -> None:
+    fmt = {"type": "triggered_tags", "triggers": ["<f"], "stop_after_first": True, "tags": [
+        tag("<f>", const("x"), "</f>")]}  # fmt: skip
+    assert FREE | {EOS} <= Writer(grammars, fmt).write("no call at all")
+    assert Writer(grammars, fmt).write("text <f>x</f>") == {EOS}
+
+
+def test_tags_with_a_separator_and_nothing_else(grammars: Grammars) -> None:
+    fmt = {
+        "type": "tags_with_separator",
+        "separator": ",",
+        "tags": [tag("<a>", const("1"), "</a>")],
+    }
+    writer = Writer(grammars, fmt)
+    assert writer.write("") == chars("<") | {EOS}
+    assert writer.write("<a>1</a>") == chars(",") | {EOS}
+    assert writer.write(",") == chars("<")
+
+
+def test_a_thought_then_an_answer(grammars: Grammars) -> None:
+    fmt = {"type": "sequence", "elements": [
+        THOUGHT, const("Answer: "), {"type": "json_schema", "json_schema": {"type": "integer"}},
+    ]}  # fmt: skip
+    writer = Writer(grammars, fmt)
+    assert writer.write("<think>so: </think>") == chars("A")
+    assert chars("0123456789") | {EOS} <= writer.write("Answer: 42")
+
+
+def test_choices_grammars_and_patterns(grammars: Grammars) -> None:
+    either = {"type": "or", "elements": [const("yes"), const("no")]}
+    assert Writer(grammars, either).write("") == chars("yn")
+    ebnf = {"type": "grammar", "grammar": 'root ::= "on" | "off"'}
+    assert Writer(grammars, ebnf).write("o") == chars("nf")
+    pattern = {"type": "regex", "pattern": "[A-Z]{2}-[0-9]"}
+    assert Writer(grammars, pattern).write("AB") == chars("-")
+    optional = {
+        "type": "sequence",
+        "elements": [{"type": "optional", "content": const("+")}, const("1")],
+    }
+    assert Writer(grammars, optional).write("") == chars("+1")
+
+
+def test_repeats_are_counted(grammars: Grammars) -> None:
+    fmt = {"type": "repeat", "min": 2, "max": 3, "content": const("ab")}
+    writer = Writer(grammars, fmt)
+    assert writer.write("ab") == chars("a")
+    assert writer.write("ab") == chars("a") | {EOS}
+    assert writer.write("ab") == {EOS}
+    assert writer_after(grammars, {"type": "plus", "content": const("ab")}, "") == chars("a")
+    assert writer_after(grammars, {"type": "star", "content": const("ab")}, "") == chars("a") | {
+        EOS
+    }
+
+
+def test_free_text_is_bounded_in_characters(grammars: Grammars) -> None:
+    fmt = tag("[", {"type": "any_text", "max_chars": 3}, "]")
+    assert writer_after(grammars, fmt, "[abc") == chars("]")
+
+
+def test_a_dispatch_without_a_loop_ends_after_its_first_rule(grammars: Grammars) -> None:
+    fmt = {"type": "dispatch", "loop": False, "rules": [["<a>", const("1</a>")]]}
+    assert writer_after(grammars, fmt, "hi <a>") == chars("1")
+    assert writer_after(grammars, fmt, "hi <a>1</a>") == {EOS}
+
+
+def test_json_takes_the_requests_whitespace_and_its_own_cap(grammars: Grammars) -> None:
+    fmt = {"type": "json_schema", "json_schema": CITY}
+    assert writer_after(grammars, fmt, "{") == chars('" \n\t\r')
+    assert Writer(grammars, fmt, disable_any_whitespace=True).write("{") == chars('"')
+    capped = {**fmt, "max_whitespace_cnt": 1}
+    assert Writer(grammars, capped).write("{ ") == chars('"')
+
+
+def test_token_formats_take_the_models_tokens(tmp_path: Path) -> None:
+    grammars = grammars_of(tmp_path, think=True)
+    fmt = tag(
+        {"type": "token", "token": "<think>"},
+        {"type": "any_tokens"},
+        {"type": "token", "token": UNTHINK},
+    )
+    writer = Writer(grammars, fmt)
+    assert writer.write("") == {THINK}
+    assert FREE | {UNTHINK} <= writer.write([THINK, *llmrepo.prompt_ids("hmm")])
+    assert writer.write([UNTHINK]) == {EOS}
+    think, unthink = {"type": "token", "token": THINK}, {"type": "token", "token": UNTHINK}
+    dispatch = {"type": "token_triggered_tags", "trigger_tokens": [THINK], "tags": [
+        tag(think, const("x"), unthink)]}  # fmt: skip
+    writer = Writer(grammars, dispatch)
+    assert writer.write("free ") >= FREE | {THINK, EOS}
+    assert writer.write([THINK]) == chars("x")
+    assert writer.write("x") == {UNTHINK}
+
+
+BAD: list[tuple[Any, str]] = [
+    ({"type": "yaml"}, "format: unknown format type 'yaml'"),
+    ([1], "format must be an object"),
+    ({"type": "sequence", "elements": [{"type": "any_text"}, const("x")]},
+     "format.elements[0]: free text (any_text) must end its tag or the output"),
+    ({"type": "any_text", "max_tokens": 8}, "format.max_tokens is not served"),
+    ({"type": "json_schema", "json_schema": {}, "style": "qwen_xml"},
+     "style 'qwen_xml' is not served"),
+    ({"type": "json_schema", "json_schema": {}, "any_order": True}, "any_order is not served"),
+    ({"type": "json_schema", "json_schema": False}, "json_schema must be a JSON schema"),
+    ({"type": "triggered_tags", "triggers": ["<g"], "tags": [WEATHER]},
+     "One tag does not match any trigger in a triggered tags format"),
+    ({"type": "triggered_tags", "triggers": ["<f", "<func"], "tags": [WEATHER]},
+     "One tag matches multiple triggers in a triggered tags format"),
+    ({"type": "repeat", "min": 3, "max": 2, "content": const("a")}, "min must be <= max"),
+    ({"type": "tag", "begin": "<", "content": {"type": "any_text"}, "end": ["", ">"]},
+     "needs its tag's end strings non-empty"),
+    ({"type": "or", "elements": []}, "format.elements must be a non-empty list"),
+    ({"type": "token", "token": "<nope>"}, 'Token string "<nope>" not found in vocabulary'),
+    ({"type": "grammar", "grammar": "root ::= ("}, "format.grammar"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fmt", "words"), BAD, ids=[w for _, w in BAD])
+def test_a_format_that_cannot_be_served_says_why(grammars: Grammars, fmt: Any, words: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        spec = structural_tag({"format": fmt})
+        grammars.constraint(Structured("structural_tag", spec))
+    assert words in str(raised.value)
+
+
+def test_the_format_is_sent_on_as_vllm_sends_it() -> None:
+    fmt = {"type": "const_string", "value": "x"}
+    sent = json.loads(structural_tag({"type": "structural_tag", "format": fmt}))
+    assert sent == {"type": "structural_tag", "format": fmt}
