@@ -1,7 +1,7 @@
 """The leaves of a structural tag's grammar (structformat.py): the text of its literals,
-end alternatives and token sets, the `json_schema`, `grammar` and `regex` formats as
-llguidance reads them, and the checks of a format's fields, in xgrammar's words where it
-has them."""
+the `json_schema`, `grammar` and `regex` formats as llguidance reads them, what a format
+begins with, and the checks of a format's fields, in xgrammar's words where it has
+them."""
 
 from __future__ import annotations
 
@@ -38,18 +38,21 @@ def json_text(fmt: dict[str, Any], where: str, defaults: dict[str, Any]) -> str:
 
 
 def grammar_lark(fmt: dict[str, Any], where: str, convert: bool = True) -> str:
-    """A `grammar` format's grammar (EBNF or Lark) as Lark text; without `convert`,
-    checked only (the conversion is Python, and a large grammar's is slow: the engine's,
-    off the event loop)."""
-    from llguidance.gbnf_to_lark import any_to_lark
+    """A `grammar` format's EBNF (xgrammar's GBNF: `root ::= ...`) as Lark text; without
+    `convert`, checked only (the conversion is Python, and a large grammar's is slow: the
+    engine's, off the event loop). Lark is refused, as xgrammar refuses it: llguidance's
+    Lark could name the grammars around it."""
+    from llguidance.gbnf_to_lark import gbnf_to_lark, is_lark_syntax
 
     text = string(fmt, "grammar", where)
     if not text.strip():
         raise ValueError(f"{where}.grammar must be a non-empty string")
+    if is_lark_syntax(text) or "::=" not in text:
+        raise ValueError(f"{where}.grammar must be an EBNF grammar (root ::= ...)")
     if not convert:
         return ""
     try:
-        lark = any_to_lark(text)
+        lark = gbnf_to_lark(text)
     except Exception as exc:  # the converter's own errors, of many kinds
         raise ValueError(f"{where}.grammar: {exc}") from None
     return lark
@@ -75,16 +78,6 @@ def literal(text: str) -> str:
 
 def join(*parts: str) -> str:
     return " ".join(p for p in parts if p) or EMPTY
-
-
-def alternatives(ends: tuple[str, ...]) -> str:
-    if not ends:
-        return ""
-    return "(" + " | ".join(json.dumps(e) for e in ends) + ")"
-
-
-def not_tokens(tokens: tuple[int, ...]) -> str:
-    return f"<[^{','.join(str(t) for t in sorted(set(tokens)))}]>" if tokens else "<[*]>"
 
 
 def string(fmt: dict[str, Any], key: str, where: str) -> str:
@@ -117,7 +110,7 @@ def starts_with_token(fmt: Any) -> bool:
     if not isinstance(fmt, dict):
         return False
     kind = fmt.get("type")
-    if kind in ("token", "exclude_token"):
+    if kind == "token":  # (exclude_token's token may be text)
         return True
     if kind == "tag":
         begin = fmt.get("begin")
@@ -131,3 +124,32 @@ def starts_with_token(fmt: Any) -> bool:
             isinstance(elements, list) and bool(elements) and all(map(starts_with_token, elements))
         )
     return False
+
+
+def glue(fmt: Any) -> str | None:
+    """The string `fmt` surely begins with, where free text before it may take that string
+    as its end: a constant's, or a tag's string begin."""
+    if not isinstance(fmt, dict):
+        return None
+    value = fmt.get("value") if fmt.get("type") == "const_string" else None
+    if fmt.get("type") == "tag":
+        value = fmt.get("begin")
+    return value if isinstance(value, str) and value else None
+
+
+def formats_in(fmt: Any, most: int) -> int:
+    """How many formats `fmt` holds, counted up to one past `most`."""
+    total, pending = 0, [fmt]
+    while pending and total <= most:
+        node = pending.pop()
+        if not isinstance(node, dict):
+            continue
+        total += 1
+        for key in ("elements", "tags"):
+            if isinstance(node.get(key), list):
+                pending.extend(node[key])
+        pending.append(node.get("content"))
+        rules = node.get("rules")
+        if isinstance(rules, list):
+            pending.extend(pair[1] for pair in rules if isinstance(pair, list) and len(pair) == 2)
+    return total

@@ -24,7 +24,7 @@ import asyncio
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .strictschema import MAX_SCHEMA_DEPTH, close, deeper_than
-from .structformat import TokenId, format_grammar
+from .structformat import Vocabulary, format_grammar
 from .structtag import structural_tag
 
 if TYPE_CHECKING:
@@ -225,13 +225,19 @@ class Grammars:
                 self._compiled[structured] = template
                 while len(self._compiled) > _CACHED:
                     self._compiled.popitem(last=False)
-        return Constraint(template.deep_copy(), self._vocab)
+        return Constraint(template.deep_copy(), self._vocab, lambda: self._forget(structured))
+
+    def _forget(self, structured: Structured) -> None:
+        """Drops a grammar that failed a request: llguidance's copies share a compiled
+        grammar's lexer, and one that went past its limits fails every copy after."""
+        with self._lock:
+            self._compiled.pop(structured, None)
 
     def _compiled_matcher(self, structured: Structured) -> llguidance.LLMatcher:
         import llguidance
 
         try:
-            grammar = _serialized(structured, self._tokenizer.token_id)
+            grammar = _serialized(structured, self._vocabulary())
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ValueError(f"Invalid grammar specification: {_short(str(exc))}") from None
         # vLLM's limits (llguidance's defaults), without the parser state and grammar
@@ -241,6 +247,16 @@ class Grammars:
         if error := matcher.get_error():
             raise ValueError(f"Grammar error: {_short(error)}")
         return matcher
+
+    def _vocabulary(self) -> Vocabulary:
+        tokenizer = self._tokenizer
+        return Vocabulary(
+            token_id=tokenizer.token_by_text,
+            special=tokenizer.special_id,
+            never=tuple(self._eos),
+            named=tokenizer.id_limit,
+            size=self._vocab,
+        )
 
     def _ll_tokenizer(self) -> llguidance.LLTokenizer:
         with self._build_lock:  # built once, whichever request comes first
@@ -262,10 +278,10 @@ class Grammars:
             return self._built
 
 
-def _serialized(structured: Structured, token_id: TokenId) -> str:
+def _serialized(structured: Structured, vocabulary: Vocabulary) -> str:
     """vLLM's serialize_guidance_grammar, with the request's options, a JSON schema read
     as vLLM's default backend (xgrammar) reads it (strictschema.py), and xgrammar's
-    structural tags (structformat.py); `token_id`: the model's token of a string."""
+    structural tags (structformat.py) read against the model's `vocabulary`."""
     import llguidance
 
     defaults: dict[str, Any] = {"whitespace_flexible": not structured.disable_any_whitespace}
@@ -283,7 +299,7 @@ def _serialized(structured: Structured, token_id: TokenId) -> str:
     if structured.kind == "structural_tag":
         spec = json.loads(structured.spec)
         if "format" in spec:
-            return format_grammar(spec, defaults, token_id)
+            return format_grammar(spec, defaults, vocabulary)
         tags = []
         for item in spec["structures"]:
             schema = item["schema"]
@@ -305,10 +321,13 @@ def _serialized(structured: Structured, token_id: TokenId) -> str:
 class Constraint:
     """One sequence's grammar state."""
 
-    __slots__ = ("_mask", "_matcher", "_seen", "after")
+    __slots__ = ("_forget", "_mask", "_matcher", "_seen", "after")
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab: int) -> None:
+    def __init__(
+        self, matcher: llguidance.LLMatcher, vocab: int, forget: Callable[[], None] | None = None
+    ) -> None:
         self._matcher = matcher
+        self._forget = forget  # called when the grammar fails
         self._mask = np.full((1, (vocab + 31) // 32), -1, dtype=np.int32)
         # The text the grammar waits for (`structured_outputs_after`, a thinking model's
         # `</think>`); None: the grammar applies. While waiting, nothing is masked and
@@ -364,6 +383,8 @@ class Constraint:
             raise self._failed()
 
     def _failed(self) -> GrammarFailed:
+        if self._forget is not None:
+            self._forget()
         return GrammarFailed(
             "structured outputs: the grammar cannot go on from the text so far: "
             + _short(self._matcher.get_error())

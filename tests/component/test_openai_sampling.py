@@ -453,7 +453,7 @@ BAD_STRUCTURED: list[tuple[dict[str, Any], str, str]] = [
     ({"response_format": {"type": "structural_tag"}}, "response_format",
      "Invalid response_format structural_tag specification: structural_tag.triggers"),
     ({"response_format": {"type": "structural_tag", "format": {"type": "sequence", "elements": [
-        {"type": "any_text"}, {"type": "const_string", "value": "."}]}}},
+        {"type": "any_text"}, {"type": "regex", "pattern": "[.]"}]}}},
      "response_format", "format.elements[0]: free text (any_text) must end its tag or the output"),
     ({"response_format": {"type": "structural_tag", "format": {"type": "yaml"}}},
      "response_format", "format: unknown format type 'yaml'"),

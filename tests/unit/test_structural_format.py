@@ -160,6 +160,8 @@ def test_repeats_are_counted(grammars: Grammars) -> None:
     assert writer.write("ab") == chars("a")
     assert writer.write("ab") == chars("a") | {EOS}
     assert writer.write("ab") == {EOS}
+    never = {"type": "repeat", "min": 0, "max": 0, "content": const("ab")}
+    assert writer_after(grammars, never, "") == {EOS}
     assert writer_after(grammars, {"type": "plus", "content": const("ab")}, "") == chars("a")
     assert writer_after(grammars, {"type": "star", "content": const("ab")}, "") == chars("a") | {
         EOS
@@ -169,6 +171,44 @@ def test_repeats_are_counted(grammars: Grammars) -> None:
 def test_free_text_is_bounded_in_characters(grammars: Grammars) -> None:
     fmt = tag("[", {"type": "any_text", "max_chars": 3}, "]")
     assert writer_after(grammars, fmt, "[abc") == chars("]")
+    # The largest bound an end of eight characters takes, ended early and late.
+    thought = tag("<think>", {"type": "any_text", "max_chars": 100}, "</think>")
+    for length in (0, 5, 99, 100):
+        assert writer_after(grammars, thought, f"<think>{'a' * length}</think>") == {EOS}
+
+
+def test_free_text_before_a_string_ends_at_that_string(grammars: Grammars) -> None:
+    fmt = {"type": "sequence", "elements": [
+        {"type": "any_text"}, const("."), tag("<a>", const("1"), "</a>"), {"type": "any_text"},
+        tag("[", const("2"), "]"),
+    ]}  # fmt: skip
+    writer = Writer(grammars, fmt)
+    assert writer.write("so ") >= FREE | chars(".")
+    assert writer.write("it is.") == chars("<")  # the first "." ends the text
+    assert writer.write("<a>1</a>then [") == chars("2")
+    assert writer.write("2]") == {EOS}
+
+
+def test_a_token_string_is_its_decoded_text(grammars: Grammars) -> None:
+    assert writer_after(grammars, {"type": "token", "token": " "}, "") == chars(" ")
+
+
+def test_added_tokens_are_written_as_the_tokens_they_are(tmp_path: Path) -> None:
+    # llguidance keeps a tokenizer's added <...> tokens apart from text: "<think>" is the
+    # model's token 257, which the grammar must take where the format says "<think>".
+    grammars = grammars_of(tmp_path, think=True)
+    writer = Writer(grammars, {"type": "sequence", "elements": [THOUGHT, const("ok")]})
+    assert THINK in writer.write("")
+    assert FREE | {UNTHINK} <= writer.write([THINK, *llmrepo.prompt_ids("hmm")])
+    assert writer.write([UNTHINK]) == chars("o")
+    fmt = {
+        "type": "triggered_tags",
+        "triggers": ["<think>"],
+        "tags": [tag("<think>", const("x"), "!")],
+    }
+    writer = Writer(grammars, fmt)
+    assert THINK in writer.write("free ")
+    assert writer.write([THINK]) == chars("x")
 
 
 def test_a_dispatch_without_a_loop_ends_after_its_first_rule(grammars: Grammars) -> None:
@@ -194,7 +234,9 @@ def test_token_formats_take_the_models_tokens(tmp_path: Path) -> None:
     )
     writer = Writer(grammars, fmt)
     assert writer.write("") == {THINK}
-    assert FREE | {UNTHINK} <= writer.write([THINK, *llmrepo.prompt_ids("hmm")])
+    inside = writer.write([THINK, *llmrepo.prompt_ids("hmm")])
+    # Any token but the EOS and the ids past the tokenizer's (259 to VOCAB) inside the tag.
+    assert inside == set(range(256)) | {THINK, UNTHINK}
     assert writer.write([UNTHINK]) == {EOS}
     think, unthink = {"type": "token", "token": THINK}, {"type": "token", "token": UNTHINK}
     dispatch = {"type": "token_triggered_tags", "trigger_tokens": [THINK], "tags": [
@@ -208,8 +250,12 @@ def test_token_formats_take_the_models_tokens(tmp_path: Path) -> None:
 BAD: list[tuple[Any, str]] = [
     ({"type": "yaml"}, "format: unknown format type 'yaml'"),
     ([1], "format must be an object"),
-    ({"type": "sequence", "elements": [{"type": "any_text"}, const("x")]},
+    ({"type": "sequence", "elements": [{"type": "any_text"}, {"type": "regex", "pattern": "x"}]},
      "format.elements[0]: free text (any_text) must end its tag or the output"),
+    ({"type": "star", "content": {"type": "any_text", "excludes": ["."]}},
+     "format.content: free text (any_text) must end its tag or the output"),
+    (tag("<", {"type": "any_text", "max_chars": 101}, "</think>"), "format.content.max_chars"),
+    ({"type": "grammar", "grammar": "start: @g1"}, "must be an EBNF grammar"),
     ({"type": "any_text", "max_tokens": 8}, "format.max_tokens is not served"),
     ({"type": "json_schema", "json_schema": {}, "style": "qwen_xml"},
      "style 'qwen_xml' is not served"),
@@ -224,6 +270,8 @@ BAD: list[tuple[Any, str]] = [
      "needs its tag's end strings non-empty"),
     ({"type": "or", "elements": []}, "format.elements must be a non-empty list"),
     ({"type": "token", "token": "<nope>"}, 'Token string "<nope>" not found in vocabulary'),
+    # Found by its decoded text, as xgrammar finds it: " ", not the vocabulary's "Ġ".
+    ({"type": "token", "token": "\u0120"}, 'Token string "\u0120" not found in vocabulary'),
     ({"type": "grammar", "grammar": "root ::= ("}, "format.grammar"),
 ]  # fmt: skip
 
