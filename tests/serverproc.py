@@ -95,6 +95,10 @@ def server_command(
     return cmd + list(extra)
 
 
+# How many sets of free ports start_server tries before it gives up.
+PORT_TRIES = 3
+
+
 def start_server(
     repos: Sequence[Path] = (EXAMPLE_MODELS,),
     extra: Sequence[str] = (),
@@ -106,9 +110,35 @@ def start_server(
 ) -> ServerProcess:
     """`ports` (HTTP, gRPC, metrics) for a server that must come back where it was, e.g.
     behind a load balancer; free ones otherwise. `new_group`: the server leads a process
-    group of its own (its PID is the group's ID), which a test may signal whole."""
-    http, grpc, metrics = ports if ports is not None else free_ports(3)
-    ports = (http, grpc, metrics)
+    group of its own (its PID is the group's ID), which a test may signal whole.
+
+    Free ports are free when free_ports returns, not when the server binds them (after
+    loading its models, a second or more later): another pytest worker's free_ports may
+    hand one out meanwhile and its server take it. A server that cannot listen on ports it
+    was not given starts again on others."""
+    tries = 1 if ports is not None else PORT_TRIES
+    for tried in range(1, tries + 1):
+        http, grpc, metrics = ports or free_ports(3)
+        server = _start(repos, extra, env, (http, grpc, metrics), new_group)
+        if not wait_ready:
+            return server
+        try:
+            wait_for(server, "/v2/health/ready", timeout)
+        except RuntimeError:
+            if tried == tries or "Address already in use" not in server.log():
+                raise
+            continue
+        return server
+    raise AssertionError("unreachable: the last try returns or raises")
+
+
+def _start(
+    repos: Sequence[Path],
+    extra: Sequence[str],
+    env: dict[str, str] | None,
+    ports: tuple[int, int, int],
+    new_group: bool,
+) -> ServerProcess:
     log_dir = Path(tempfile.mkdtemp(prefix="ge-serve-log-"))
     log_path = log_dir / "server.log"
     cmd = server_command(repos, extra, ports)
@@ -129,8 +159,6 @@ def start_server(
     # Callers that start and stop a server themselves read its log after the stop, so the
     # folder goes when the last reference does (or at exit), not at stop.
     weakref.finalize(server, shutil.rmtree, log_dir, ignore_errors=True)
-    if wait_ready:
-        wait_for(server, "/v2/health/ready", timeout)
     return server
 
 

@@ -198,11 +198,14 @@ def test_a_cut_stream_ends_incomplete(server: ServerProcess) -> None:
 
 
 def test_a_tool_round_trip(client: openai.OpenAI) -> None:
+    # Greedy, as the JSON-format tests: the arguments' grammar lets whitespace in anywhere,
+    # and a sampled call of random weights now and then runs past any token limit.
     call = client.responses.create(
         model="tiny_tools",
         input="Weather in Paris?",
         tools=[WEATHER],
         tool_choice={"type": "function", "name": "get_weather"},
+        temperature=0,
         max_output_tokens=100,
     )
     (item,) = call.output
@@ -245,6 +248,7 @@ def test_a_streamed_named_tool_call(client: openai.OpenAI) -> None:
         input="Weather?",
         tools=[WEATHER],
         tool_choice={"type": "function", "name": "get_weather"},
+        temperature=0,  # greedy, as above
         max_output_tokens=100,
     ) as stream:
         events = list(stream)
