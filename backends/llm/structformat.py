@@ -22,7 +22,6 @@ could not build.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +29,15 @@ from .strictschema import MAX_SCHEMA_DEPTH, deeper_than
 from .structparts import (
     EMPTY,
     INT32,
+    MAX_CHAR_STATES,
+    MAX_FORMATS,
+    MAX_REPEAT,
+    MAX_STOPS,
+    MAX_TAGS,
+    MAX_TRIGGERS,
+    Vocabulary,
     count,
+    finder,
     flag,
     formats_in,
     glue,
@@ -43,32 +50,7 @@ from .structparts import (
     string,
 )
 
-# The most formats one tag may hold.
-MAX_FORMATS = 10_000
-# `repeat`'s largest bound: llguidance expands a count into rules.
-MAX_REPEAT = 10_000
-# The most triggers (or patterns) of one free text, and tags of one list: llguidance's
-# lexer and parser rows give out past them (measured at 800 triggers and 2,000 tags).
-MAX_TRIGGERS = 500
-MAX_TAGS = 1_000
-# A free text's `max_chars` times the characters it must avoid (plus one): llguidance
-# builds the bounded lexeme state by state, and stops at its limit past about 1,000.
-MAX_CHAR_STATES = 900
 _ALL = "ALL"  # the terminal every free-text terminal is cut from
-
-
-@dataclass(frozen=True, slots=True)
-class Vocabulary:
-    """The model's tokenizer, as a structural tag reads it. `token_id`: a token by its
-    text, as xgrammar finds one; `special`: an added token that llguidance keeps apart
-    from text, by its text; `never`: tokens no free region takes (the EOS); ids from
-    `named` to `size` name no token."""
-
-    token_id: Callable[[str], int | None]
-    special: Callable[[str], int | None]
-    never: tuple[int, ...]
-    named: int
-    size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +72,8 @@ class _Compiler:
     def __init__(self, defaults: dict[str, Any], vocabulary: Vocabulary | None) -> None:
         self._defaults = defaults
         self._vocabulary = vocabulary  # None: checking only, tokens taken as they are
+        self._added = finder(vocabulary.added if vocabulary else {})
+        self._specials = finder(vocabulary.specials if vocabulary else {})
         self._lines = ["%llguidance {}", f"{_ALL}: /(?s:.*)/"]
         self._side: list[dict[str, Any]] = []
         self._count = 0
@@ -119,12 +103,32 @@ class _Compiler:
 
     def _special(self, text: str) -> int | None:
         vocabulary = self._vocabulary
-        return None if vocabulary is None or not text else vocabulary.special(text)
+        return None if vocabulary is None else vocabulary.specials.get(text)
 
     def _text(self, text: str) -> str:
-        """A string the grammar writes: its text, or the added token it is."""
-        special = self._special(text)
-        return literal(text) if special is None else f"({literal(text)} | <[{special}]>)"
+        """A string the grammar writes: its text, where an added token's text in it is
+        that token or its text."""
+        if self._added is None or self._vocabulary is None or not text:
+            return literal(text)
+        parts, start = [], 0
+        for found in self._added.finditer(text):
+            token = self._vocabulary.added[found.group()]
+            parts.append(literal(text[start : found.start()]))
+            parts.append(f"({literal(found.group())} | <[{token}]>)")
+            start = found.end()
+        parts.append(literal(text[start:]))
+        return join(*parts)
+
+    def _lexeme_text(self, texts: list[str], where: str) -> None:
+        """Strings free text stops at go inside one lexeme, where a special token cannot:
+        one of them alone is served (the text or the token), within others it is not."""
+        for text in texts:
+            found = self._specials.search(text) if self._specials else None
+            if found is not None and found.group() != text:
+                raise ValueError(
+                    f"{where}: {text!r} holds the special token {found.group()!r} within "
+                    "other text, which free text cannot stop at"
+                )
 
     def _after(self, ends: tuple[str, ...]) -> str:
         if not ends:
@@ -159,6 +163,13 @@ class _Compiler:
             return self._rule(join(self._side_grammar(regex_lark(fmt, where, building)), after))
         if kind == "token":
             return self._rule(join(f"<[{self._token(fmt.get('token'), where + '.token')}]>", after))
+        if kind in ("any_tokens", "token_triggered_tags", "token_dispatch") and (
+            at.ends or not at.last
+        ):
+            raise ValueError(
+                f"{where}: free tokens ({kind}) must end their tag (a token end) or the "
+                "output, or come before a token"
+            )
         if kind in ("exclude_token", "any_tokens"):
             key = f"{where}.exclude_tokens"
             region = self._not(self._tokens(fmt.get("exclude_tokens", []), key) + at.stop_tokens)
@@ -333,6 +344,15 @@ class _Compiler:
         elif fmt.get("max_tokens") is not None:
             raise ValueError(f"{where}.max_tokens is not served (max_chars is)")
         barred = [*excludes, *at.stop, *(t for t, _ in groups)]
+        if len(barred) > MAX_STOPS:
+            raise ValueError(
+                f"{where}: free text stops at more than {MAX_STOPS} strings (its excludes, "
+                "triggers or patterns, and its tag's ends)"
+            )
+        self._lexeme_text([*barred, *at.ends], where)
+        for trigger, _ in groups:
+            if any(trigger.startswith(end) for end in at.stop):
+                raise ValueError(f"{where}: the trigger {trigger!r} begins with its tag's end")
         most = count(fmt, "max_chars", where, INT32) if kind == "any_text" else None
         if most is not None and most * (1 + sum(map(len, barred))) > MAX_CHAR_STATES:
             raise ValueError(

@@ -1,17 +1,52 @@
 """The leaves of a structural tag's grammar (structformat.py): the text of its literals,
 the `json_schema`, `grammar` and `regex` formats as llguidance reads them, what a format
-begins with, and the checks of a format's fields, in xgrammar's words where it has
+begins with, the checks of a format's fields and their limits, and the vocabulary a tag
+is read against, in xgrammar's words where it has
 them."""
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .strictschema import close
 
 INT32 = 2_147_483_647
 EMPTY = '""'
+
+# The most formats one tag may hold.
+MAX_FORMATS = 10_000
+# `repeat`'s largest bound: llguidance expands a count into rules.
+MAX_REPEAT = 10_000
+# The most strings one free text stops at (excludes, triggers, patterns, ends), and tags
+# of one list: llguidance's lexer gives out mid-answer past a few hundred short strings,
+# its parser's rows past 2,000 tags.
+MAX_STOPS = 64
+MAX_TRIGGERS = MAX_STOPS
+MAX_TAGS = 1_000
+# A free text's `max_chars` times the characters it must avoid (plus one): llguidance
+# builds the bounded lexeme state by state, and stops at its limit past about 1,000.
+MAX_CHAR_STATES = 900
+
+
+@dataclass(frozen=True, slots=True)
+class Vocabulary:
+    """The model's tokenizer, as a structural tag reads it. `token_id`: a token by the
+    text it stands for, as xgrammar finds one; `added`: the added tokens by their text
+    (a string the grammar forces is tokenized without them, so they are offered beside
+    it); `specials`: those llguidance keeps apart from text; `never`: tokens no free
+    region takes (the EOS, ids that name none); ids from `named` to `size` name none
+    either."""
+
+    token_id: Callable[[str], int | None]
+    added: Mapping[str, int]
+    specials: Mapping[str, int]
+    never: tuple[int, ...]
+    named: int
+    size: int
 
 
 def json_text(fmt: dict[str, Any], where: str, defaults: dict[str, Any]) -> str:
@@ -153,3 +188,9 @@ def formats_in(fmt: Any, most: int) -> int:
         if isinstance(rules, list):
             pending.extend(pair[1] for pair in rules if isinstance(pair, list) and len(pair) == 2)
     return total
+
+
+def finder(texts: Mapping[str, int]) -> re.Pattern[str] | None:
+    """A pattern that finds any of `texts` (the longest first), or None."""
+    ordered = sorted(texts, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, ordered))) if ordered else None

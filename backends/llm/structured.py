@@ -32,8 +32,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from .grammartok import text_tokens
 from .strictschema import MAX_SCHEMA_DEPTH, close, deeper_than
-from .structformat import Vocabulary, format_grammar
+from .structformat import format_grammar
+from .structparts import Vocabulary
 from .structtag import structural_tag
 
 if TYPE_CHECKING:
@@ -195,6 +197,7 @@ class Grammars:
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()
         self._built: llguidance.LLTokenizer | None = None
+        self._tokens: Vocabulary | None = None
         # Unstarted matchers by constraint; each request gets a copy (llguidance's
         # deep_copy shares the compiled grammar, and costs nothing).
         self._compiled: OrderedDict[Structured, llguidance.LLMatcher] = OrderedDict()
@@ -249,14 +252,31 @@ class Grammars:
         return matcher
 
     def _vocabulary(self) -> Vocabulary:
-        tokenizer = self._tokenizer
-        return Vocabulary(
-            token_id=tokenizer.token_by_text,
-            special=tokenizer.special_id,
-            never=tuple(self._eos),
-            named=tokenizer.id_limit,
-            size=self._vocab,
-        )
+        """The tokens as llguidance reads them (built once, on the compiling thread): by
+        the bytes they stand for, as xgrammar finds a structural tag's token strings, and
+        the special ones by their text."""
+        if self._tokens is None:
+            ll, tokenizer = self._ll_tokenizer(), self._tokenizer
+            by_bytes: dict[bytes, int] = {}
+            specials: dict[str, int] = {}
+            for index in range(tokenizer.id_limit):
+                if index in tokenizer.unnamed:
+                    continue
+                stands_for = ll.decode_bytes([index])
+                if ll.is_special_token(index):
+                    if stands_for:  # (llguidance's marker byte, 0xFF, reads as none)
+                        specials.setdefault(stands_for.decode("utf-8", "replace"), index)
+                else:
+                    by_bytes.setdefault(stands_for, index)
+            self._tokens = Vocabulary(
+                token_id=lambda text: by_bytes.get(text.encode("utf-8")),
+                added={text: i for text, i in tokenizer.added_tokens().items() if text},
+                specials=specials,
+                never=(*self._eos, *sorted(tokenizer.unnamed)),
+                named=tokenizer.id_limit,
+                size=self._vocab,
+            )
+        return self._tokens
 
     def _ll_tokenizer(self) -> llguidance.LLTokenizer:
         with self._build_lock:  # built once, whichever request comes first
@@ -267,7 +287,7 @@ class Grammars:
                 # never allowed) and the tokenizer's, whichever is larger.
                 try:
                     self._built = llguidance.LLTokenizer(
-                        self._tokenizer.to_json(),
+                        text_tokens(self._tokenizer.to_json()),
                         n_vocab=self._vocab,
                         eos_token=self._eos or None,
                     )

@@ -65,9 +65,6 @@ class Tokenizer:
         self._gaps = frozenset(range(self.id_limit)) - named
         # The most bytes of text one token can stand for; None where none is sure.
         self.max_token_bytes = max_token_bytes(json.loads(self._tokenizer.to_str()))
-        # Built on first use (structural tags' token strings and added tokens).
-        self._by_text: dict[str, int] | None = None
-        self._special: dict[str, int] | None = None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if len(text) > GIL_FREE_CHARS:
@@ -110,29 +107,15 @@ class Tokenizer:
         found = self._tokenizer.token_to_id(token)
         return None if found is None else int(found)
 
-    def token_by_text(self, text: str) -> int | None:
-        """The first token whose text, decoded, is `text` (xgrammar finds a structural
-        tag's token strings so: " " where the vocabulary says "Ġ")."""
-        if self._by_text is None:
-            texts = self._tokenizer.decode_batch(
-                [[i] for i in range(self.id_limit)], skip_special_tokens=False
-            )
-            by_text: dict[str, int] = {}
-            for index, decoded in enumerate(texts):
-                by_text.setdefault(decoded, index)
-            self._by_text = by_text
-        return self._by_text.get(text)
+    def added_tokens(self) -> dict[str, int]:
+        """The added tokens (special or not) by their text."""
+        decoder = self._tokenizer.get_added_tokens_decoder()
+        return {str(token.content): int(index) for index, token in decoder.items()}
 
-    def special_id(self, text: str) -> int | None:
-        """The added token `text` is, where llguidance keeps it apart from text: one marked
-        special, or any of the form <...> (toktrie_hf_tokenizers' rule)."""
-        if self._special is None:
-            self._special = {
-                str(added.content): int(index)
-                for index, added in self._tokenizer.get_added_tokens_decoder().items()
-                if added.special or (added.content.startswith("<") and added.content.endswith(">"))
-            }
-        return self._special.get(text)
+    @property
+    def unnamed(self) -> frozenset[int]:
+        """The ids below `id_limit` that name no token."""
+        return self._gaps
 
 
 def max_token_bytes(spec: Mapping[str, Any]) -> int | None:

@@ -194,8 +194,9 @@ def test_a_token_string_is_its_decoded_text(grammars: Grammars) -> None:
 
 
 def test_added_tokens_are_written_as_the_tokens_they_are(tmp_path: Path) -> None:
-    # llguidance keeps a tokenizer's added <...> tokens apart from text: "<think>" is the
-    # model's token 257, which the grammar must take where the format says "<think>".
+    # "<think>" is the model's token 257 (an added token, not special): where the format
+    # says "<think>" the grammar takes the token or the text, as xgrammar does, and never
+    # ends in a dead end when the tokenizer makes the token of the text it forces.
     grammars = grammars_of(tmp_path, think=True)
     writer = Writer(grammars, {"type": "sequence", "elements": [THOUGHT, const("ok")]})
     assert THINK in writer.write("")
@@ -209,6 +210,13 @@ def test_added_tokens_are_written_as_the_tokens_they_are(tmp_path: Path) -> None
     writer = Writer(grammars, fmt)
     assert THINK in writer.write("free ")
     assert writer.write([THINK]) == chars("x")
+    # Within other text too, and in a regex, whose forced text is the token's text.
+    writer = Writer(grammars, const("\n</think>\n"))
+    assert writer.write("\n") == chars("<") | {UNTHINK}
+    assert writer.write([UNTHINK, *llmrepo.prompt_ids("\n")]) == {EOS}
+    pattern = Writer(grammars, {"type": "regex", "pattern": "x</think>"})
+    assert pattern.write(list(llmrepo.prompt_ids("x</"))) == chars("t")
+    assert pattern.write(list(llmrepo.prompt_ids("think>"))) == {EOS}
 
 
 def test_a_dispatch_without_a_loop_ends_after_its_first_rule(grammars: Grammars) -> None:
@@ -273,6 +281,15 @@ BAD: list[tuple[Any, str]] = [
     # Found by its decoded text, as xgrammar finds it: " ", not the vocabulary's "Ġ".
     ({"type": "token", "token": "\u0120"}, 'Token string "\u0120" not found in vocabulary'),
     ({"type": "grammar", "grammar": "root ::= ("}, "format.grammar"),
+    # The EOS, "<|endoftext|>", is special: free text cannot stop at text around it.
+    (tag("[", {"type": "any_text"}, "x<|endoftext|>"), "holds the special token '<|endoftext|>'"),
+    (tag("[", {"type": "any_tokens"}, "]"), "format.content: free tokens (any_tokens) must end"),
+    ({"type": "sequence", "elements": [{"type": "any_tokens"}, const("x")]},
+     "format.elements[0]: free tokens (any_tokens) must end"),
+    (tag("<r>", {"type": "triggered_tags", "triggers": ["</r>"], "tags": [
+        tag("</r>x", const("1"), "!")]}, "</r>"), "the trigger '</r>' begins with its tag's end"),
+    ({"type": "any_text", "excludes": [f"w{i}" for i in range(65)]},
+     "free text stops at more than 64 strings"),
 ]  # fmt: skip
 
 
@@ -288,3 +305,25 @@ def test_the_format_is_sent_on_as_vllm_sends_it() -> None:
     fmt = {"type": "const_string", "value": "x"}
     sent = json.loads(structural_tag({"type": "structural_tag", "format": fmt}))
     assert sent == {"type": "structural_tag", "format": fmt}
+
+
+def test_added_tokens_reach_llguidance_as_text_where_they_are_not_special() -> None:
+    from ge_serve.backends.llm.grammartok import text_tokens
+
+    def spec(decoder: str, content: str, special: bool, model: str = "BPE") -> dict[str, Any]:
+        return {
+            "model": {"type": model, "vocab": {"a": 0}},
+            "decoder": {"type": decoder},
+            "added_tokens": [{"id": 1, "content": content, "special": special}],
+        }
+
+    moved = json.loads(text_tokens(json.dumps(spec("ByteLevel", "<t x>", False))))
+    assert moved["added_tokens"] == [] and moved["model"]["vocab"]["<t\u0120x>"] == 1
+    moved = json.loads(text_tokens(json.dumps(spec("Metaspace", "<t x>", False))))
+    assert moved["model"]["vocab"]["<t\u2581x>"] == 1
+    for kept in (
+        spec("ByteLevel", "<|eot|>", True),  # special: apart from text, as it is
+        spec("ByteLevel", "plain", False),  # not <...>: llguidance reads it as text already
+        spec("ByteLevel", "<t>", False, model="Unigram"),  # only a BPE vocabulary takes it
+    ):
+        assert text_tokens(json.dumps(kept)) == json.dumps(kept)
