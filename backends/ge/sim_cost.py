@@ -110,7 +110,7 @@ def parse_sim_cost(text: str) -> SimCost | None:
         base = PROFILES.get(name)
         if base is None:
             raise ValueError(
-                f"--sim-cost: unknown profile '{parts[0]}' (profiles: {', '.join(PROFILES)}, "
+                f"--sim-cost: unknown profile '{parts[0]}' (profiles: default, {', '.join(PROFILES)}, "
                 "or launch_us=...,per_sample_us=...)"
             )
         parts = parts[1:]

@@ -17,7 +17,7 @@ done
 URL="${URL%/}"
 
 echo "== health"
-# Health endpoints answer 200 with an empty body; -f makes curl fail on anything else.
+# Health endpoints answer 200 ({"ready": true}); -f makes curl fail on anything else.
 curl -sSf -o /dev/null -w "live:  HTTP %{http_code}\n" "$URL/v2/health/live"
 curl -sSf -o /dev/null -w "ready: HTTP %{http_code}\n" "$URL/v2/health/ready"
 curl -sSf -o /dev/null -w "simple ready: HTTP %{http_code}\n" "$URL/v2/models/simple/ready"
