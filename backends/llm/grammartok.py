@@ -27,7 +27,7 @@ def text_tokens(raw: str) -> str:
     added = spec.get("added_tokens")
     if not isinstance(vocab, dict) or not isinstance(added, list):
         return raw
-    spelled = _spelling(spec)
+    spelled, fallback = _spelling(spec), _byte_fallback(spec)
     kept = []
     for token in added:
         content = token.get("content") if isinstance(token, dict) else None
@@ -36,7 +36,9 @@ def text_tokens(raw: str) -> str:
             and not token.get("special")
             and content.startswith("<")
             and content.endswith(">")
-            and spelled(content) not in vocab
+            # Byte fallback's own spellings: <0x41> is a byte there, ▁ a space.
+            and not (fallback and (content.startswith("<0x") or "\u2581" in content))
+            and vocab.get(spelled(content), token["id"]) == token["id"]
         ):
             vocab[spelled(content)] = token["id"]
         else:
@@ -51,12 +53,17 @@ def _spelling(spec: dict[str, Any]) -> Any:
     """How the vocabulary writes a text: byte-level (GPT-2's alphabet), with `▁` for a
     space (SentencePiece's), or as it is."""
     decoders = json.dumps(spec.get("decoder"))
-    if '"ByteLevel"' in decoders:
+    if '"ByteLevel"' in decoders and not _byte_fallback(spec):
         alphabet = _byte_alphabet()
         return lambda text: "".join(alphabet[b] for b in text.encode("utf-8"))
     if '"Metaspace"' in decoders or '"ByteFallback"' in decoders:
         return lambda text: text.replace(" ", "\u2581")
     return lambda text: text
+
+
+def _byte_fallback(spec: dict[str, Any]) -> bool:
+    model = spec.get("model") or {}
+    return bool(model.get("byte_fallback")) or '"ByteFallback"' in json.dumps(spec.get("decoder"))
 
 
 @cache

@@ -1,22 +1,10 @@
 """xgrammar's structural tag, `{"type": "structural_tag", "format": {...}}`, the form vLLM
-reads through xgrammar (its default backend), compiled to an llguidance grammar: a tree of
-formats, each a chunk of the output. Served: `const_string`, `json_schema` (JSON style),
-`grammar` (EBNF), `regex`, `any_text`, `sequence`, `or`, `optional`, `plus`, `star`,
-`repeat`, `tag`, `triggered_tags`, `tags_with_separator`, `dispatch`, and the token-level
-`token`, `exclude_token`, `any_tokens`, `token_triggered_tags`, `token_dispatch`, with
-xgrammar's meanings (free text stops at the nearest enclosing tag's end, as its
-compiler's end detection makes it).
-
-llguidance's lexer is greedy where xgrammar's automaton is not: free text followed by a
-string must know where it stops. Free text therefore ends its tag (the tag's end is then
-part of the same lexeme, which stops at the first end) or the whole output, or is followed
-by a token, or excludes the string that follows it; elsewhere the format is refused, where
-xgrammar would serve it. llguidance keeps a tokenizer's added tokens of the form `<...>`
-apart from text, so a begin, end, trigger or constant equal to one ("<think>") is that
-token or its text. Refused as well, each by name: JSON styles other than "json",
-`any_order`, a JSON format's `excludes`, `any_text.max_tokens` (llguidance ends a lexeme at
-its token budget without its end), and a `max_chars` whose bounded lexeme llguidance
-could not build.
+reads through xgrammar (its default backend), compiled to an llguidance grammar, with
+xgrammar's meanings: free text stops at the nearest enclosing tag's end, as its
+compiler's end detection makes it. llguidance's lexer is greedy where xgrammar's
+automaton is not, so free text must end its tag or the output, or come before a token
+or a string, which it then takes as its end (one lexeme that stops at the first); other
+shapes, and what llguidance cannot express, are refused by name (docs/generation.md).
 """
 
 from __future__ import annotations
@@ -102,8 +90,10 @@ class _Compiler:
         return name
 
     def _special(self, text: str) -> int | None:
+        """The special token `text` is, where a region may take it (never the EOS)."""
         vocabulary = self._vocabulary
-        return None if vocabulary is None else vocabulary.specials.get(text)
+        token = None if vocabulary is None else vocabulary.specials.get(text)
+        return None if token is None or vocabulary is None or token in vocabulary.never else token
 
     def _text(self, text: str) -> str:
         """A string the grammar writes: its text, where an added token's text in it is
@@ -114,20 +104,24 @@ class _Compiler:
         for found in self._added.finditer(text):
             token = self._vocabulary.added[found.group()]
             parts.append(literal(text[start : found.start()]))
-            parts.append(f"({literal(found.group())} | <[{token}]>)")
+            if token in self._vocabulary.never:
+                # llguidance would write the EOS for its text, ending the answer there.
+                raise ValueError(f"{text!r} holds the EOS token's text, {found.group()!r}")
+            else:
+                parts.append(f"({literal(found.group())} | <[{token}]>)")
             start = found.end()
         parts.append(literal(text[start:]))
         return join(*parts)
 
     def _lexeme_text(self, texts: list[str], where: str) -> None:
-        """Strings free text stops at go inside one lexeme, where a special token cannot:
-        one of them alone is served (the text or the token), within others it is not."""
+        """A bounded free text's end is forced once its characters run out, and a forced
+        string holding a special token within other text is a dead end: refused."""
         for text in texts:
             found = self._specials.search(text) if self._specials else None
             if found is not None and found.group() != text:
                 raise ValueError(
-                    f"{where}: {text!r} holds the special token {found.group()!r} within "
-                    "other text, which free text cannot stop at"
+                    f"{where}.max_chars: the end {text!r} holds the special token "
+                    f"{found.group()!r} within other text, which a bounded text cannot end with"
                 )
 
     def _after(self, ends: tuple[str, ...]) -> str:
@@ -206,7 +200,12 @@ class _Compiler:
             if index == len(elements) - 1:
                 return at
             following = elements[index + 1]
-            return _At(last=starts_with_token(following), stop=at.stop, stop_tokens=at.stop_tokens)
+            stop_tokens = at.stop_tokens
+            if isinstance(following, dict) and following.get("type") == "token":
+                # Free tokens before a token stop at it, as before a tag's token end.
+                next_token = self._token(following.get("token"), f"{where}.elements[{index + 1}]")
+                stop_tokens = (*stop_tokens, next_token)
+            return _At(last=starts_with_token(following), stop=at.stop, stop_tokens=stop_tokens)
 
         parts, i = [], 0
         while i < len(elements):
@@ -343,22 +342,23 @@ class _Compiler:
             loop = flag(fmt, "loop", where, default=True)
         elif fmt.get("max_tokens") is not None:
             raise ValueError(f"{where}.max_tokens is not served (max_chars is)")
+        # A trigger that begins with where the text stops never fires: the end wins, as in
+        # xgrammar.
+        groups = [(t, r) for t, r in groups if not any(t.startswith(end) for end in at.stop)]
         barred = [*excludes, *at.stop, *(t for t, _ in groups)]
         if len(barred) > MAX_STOPS:
             raise ValueError(
                 f"{where}: free text stops at more than {MAX_STOPS} strings (its excludes, "
-                "triggers or patterns, and its tag's ends)"
+                "triggers or patterns, and its tag's ends; tags may share a trigger)"
             )
-        self._lexeme_text([*barred, *at.ends], where)
-        for trigger, _ in groups:
-            if any(trigger.startswith(end) for end in at.stop):
-                raise ValueError(f"{where}: the trigger {trigger!r} begins with its tag's end")
         most = count(fmt, "max_chars", where, INT32) if kind == "any_text" else None
-        if most is not None and most * (1 + sum(map(len, barred))) > MAX_CHAR_STATES:
-            raise ValueError(
-                f"{where}.max_chars: at most {MAX_CHAR_STATES} for each character of the "
-                "strings the text stops at, plus one"
-            )
+        if most is not None:
+            self._lexeme_text(list(at.ends), where)
+            if most * (1 + sum(map(len, barred))) > MAX_CHAR_STATES:
+                raise ValueError(
+                    f"{where}.max_chars: at most {MAX_CHAR_STATES} for each character of the "
+                    "strings the text stops at, plus one"
+                )
         text = self._terminal(
             (_ALL if most is None else f"/(?s:.){{0,{most}}}/")
             + (f" & ~({_ALL} ({' | '.join(literal(b) for b in barred)}) {_ALL})" if barred else "")

@@ -24,7 +24,7 @@ MAX_REPEAT = 10_000
 # The most strings one free text stops at (excludes, triggers, patterns, ends), and tags
 # of one list: llguidance's lexer gives out mid-answer past a few hundred short strings,
 # its parser's rows past 2,000 tags.
-MAX_STOPS = 64
+MAX_STOPS = 16
 MAX_TRIGGERS = MAX_STOPS
 MAX_TAGS = 1_000
 # A free text's `max_chars` times the characters it must avoid (plus one): llguidance

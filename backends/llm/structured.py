@@ -291,7 +291,9 @@ class Grammars:
                         n_vocab=self._vocab,
                         eos_token=self._eos or None,
                     )
-                except Exception as exc:  # the model's, not the request's: not a ValueError
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as exc:  # pyo3's panics too; the model's, not a ValueError
                     raise UnsupportedTokenizer(
                         f"structured outputs are not supported for this model's tokenizer: {exc}"
                     ) from None

@@ -219,6 +219,38 @@ def test_added_tokens_are_written_as_the_tokens_they_are(tmp_path: Path) -> None
     assert pattern.write(list(llmrepo.prompt_ids("think>"))) == {EOS}
 
 
+def test_a_trigger_that_begins_with_the_tags_end_never_fires(grammars: Grammars) -> None:
+    triggered = {"type": "triggered_tags", "triggers": ["</r>"], "tags": [
+        tag("</r>x", const("1"), "!")]}  # fmt: skip
+    assert writer_after(grammars, tag("<r>", triggered, "</r>"), "<r>a</r>") == {EOS}
+
+
+def test_a_bounded_text_cannot_end_with_a_special_token_within_text(tmp_path: Path) -> None:
+    # llguidance forces a bounded text's end once its characters run out, and would write
+    # the special token for its text within the forced string, which it then refuses.
+    path = tmp_path / "tokenizer.json"
+    tokenizer = llmrepo.byte_tokenizer()
+    tokenizer.add_special_tokens(["<|tool|>"])
+    tokenizer.save(str(path))
+    grammars = Grammars(Tokenizer(path), VOCAB, frozenset({EOS}))
+    bounded = tag("[", {"type": "any_text", "max_chars": 4}, "a<|tool|>")
+    with pytest.raises(ValueError) as raised:
+        Writer(grammars, bounded)
+    assert "max_chars: the end 'a<|tool|>' holds the special token" in str(raised.value)
+    assert writer_after(grammars, tag("[", const("1"), "<|tool|>"), "[1") == chars("<") | {257}
+
+
+def test_free_tokens_stop_at_the_token_after_them(tmp_path: Path) -> None:
+    grammars = grammars_of(tmp_path, think=True)
+    fmt = {
+        "type": "sequence",
+        "elements": [{"type": "any_tokens"}, {"type": "token", "token": THINK}],
+    }
+    writer = Writer(grammars, fmt)
+    assert THINK in writer.write("a")
+    assert writer.write([THINK]) == {EOS}
+
+
 def test_a_dispatch_without_a_loop_ends_after_its_first_rule(grammars: Grammars) -> None:
     fmt = {"type": "dispatch", "loop": False, "rules": [["<a>", const("1</a>")]]}
     assert writer_after(grammars, fmt, "hi <a>") == chars("1")
@@ -281,15 +313,13 @@ BAD: list[tuple[Any, str]] = [
     # Found by its decoded text, as xgrammar finds it: " ", not the vocabulary's "Ġ".
     ({"type": "token", "token": "\u0120"}, 'Token string "\u0120" not found in vocabulary'),
     ({"type": "grammar", "grammar": "root ::= ("}, "format.grammar"),
-    # The EOS, "<|endoftext|>", is special: free text cannot stop at text around it.
-    (tag("[", {"type": "any_text"}, "x<|endoftext|>"), "holds the special token '<|endoftext|>'"),
     (tag("[", {"type": "any_tokens"}, "]"), "format.content: free tokens (any_tokens) must end"),
     ({"type": "sequence", "elements": [{"type": "any_tokens"}, const("x")]},
      "format.elements[0]: free tokens (any_tokens) must end"),
-    (tag("<r>", {"type": "triggered_tags", "triggers": ["</r>"], "tags": [
-        tag("</r>x", const("1"), "!")]}, "</r>"), "the trigger '</r>' begins with its tag's end"),
-    ({"type": "any_text", "excludes": [f"w{i}" for i in range(65)]},
-     "free text stops at more than 64 strings"),
+    # llguidance writes the EOS for its text, which would end the answer mid-string.
+    (const("x<|endoftext|>y"), "'x<|endoftext|>y' holds the EOS token's text"),
+    ({"type": "any_text", "excludes": [f"w{i}" for i in range(17)]},
+     "free text stops at more than 16 strings"),
 ]  # fmt: skip
 
 
@@ -321,7 +351,11 @@ def test_added_tokens_reach_llguidance_as_text_where_they_are_not_special() -> N
     assert moved["added_tokens"] == [] and moved["model"]["vocab"]["<t\u0120x>"] == 1
     moved = json.loads(text_tokens(json.dumps(spec("Metaspace", "<t x>", False))))
     assert moved["model"]["vocab"]["<t\u2581x>"] == 1
+    same = spec("ByteLevel", "<b>", False)
+    same["model"]["vocab"]["<b>"] = 1  # already the vocabulary's, at its id: read as text
+    assert json.loads(text_tokens(json.dumps(same)))["added_tokens"] == []
     for kept in (
+        spec("ByteFallback", "<0x41>", False),  # byte fallback's own spelling of a byte
         spec("ByteLevel", "<|eot|>", True),  # special: apart from text, as it is
         spec("ByteLevel", "plain", False),  # not <...>: llguidance reads it as text already
         spec("ByteLevel", "<t>", False, model="Unigram"),  # only a BPE vocabulary takes it
