@@ -110,8 +110,8 @@ def parse_sim_cost(text: str) -> SimCost | None:
         base = PROFILES.get(name)
         if base is None:
             raise ValueError(
-                f"--sim-cost: unknown profile '{parts[0]}' (profiles: default, {', '.join(PROFILES)}, "
-                "or launch_us=...,per_sample_us=...)"
+                f"--sim-cost: unknown profile '{parts[0]}' (profiles: default, "
+                f"{', '.join(PROFILES)}, or launch_us=...,per_sample_us=...)"
             )
         parts = parts[1:]
     values: dict[str, float] = {}
