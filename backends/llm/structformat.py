@@ -10,12 +10,12 @@ shapes, and what llguidance cannot express, are refused by name (docs/generation
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from .strictschema import MAX_SCHEMA_DEPTH, deeper_than
 from .structparts import (
     EMPTY,
+    INSIDE,
     INT32,
     MAX_CHAR_STATES,
     MAX_FORMATS,
@@ -23,6 +23,7 @@ from .structparts import (
     MAX_STOPS,
     MAX_TAGS,
     MAX_TRIGGERS,
+    At,
     Vocabulary,
     count,
     finder,
@@ -30,6 +31,7 @@ from .structparts import (
     formats_in,
     glue,
     grammar_lark,
+    is_free,
     join,
     json_text,
     literal,
@@ -39,21 +41,6 @@ from .structparts import (
 )
 
 _ALL = "ALL"  # the terminal every free-text terminal is cut from
-
-
-@dataclass(frozen=True, slots=True)
-class _At:
-    """Where a format stands. `ends`: the enclosing tag's end strings, which the format is
-    the last of and ends with; `last`: no text follows it (free text may run on); `stop`,
-    `stop_tokens`: the nearest enclosing tag's end, which its free text never holds."""
-
-    ends: tuple[str, ...] = ()
-    last: bool = False
-    stop: tuple[str, ...] = ()
-    stop_tokens: tuple[int, ...] = ()
-
-
-_INSIDE = _At()  # what delimits itself: one of a list of tags, a repeated format
 
 
 class _Compiler:
@@ -67,7 +54,7 @@ class _Compiler:
         self._count = 0
 
     def grammar(self, fmt: Any) -> str:
-        root = self._format(fmt, "format", _At(last=True))
+        root = self._format(fmt, "format", At(last=True))
         main = "\n".join(["start: " + root, *self._lines]) + "\n"
         if not self._side:
             return main
@@ -140,7 +127,7 @@ class _Compiler:
 
     # --- formats -------------------------------------------------------------------------
 
-    def _format(self, fmt: Any, where: str, at: _At) -> str:
+    def _format(self, fmt: Any, where: str, at: At) -> str:
         """A rule for `fmt`, standing `at`."""
         if not isinstance(fmt, dict):
             raise ValueError(f"{where} must be an object")
@@ -188,7 +175,7 @@ class _Compiler:
             raise ValueError(f"{where}: qwen_xml_parameter (Qwen's XML arguments) is not served")
         raise ValueError(f"{where}: unknown format type {kind!r}")
 
-    def _group(self, fmt: dict[str, Any], where: str, kind: str, at: _At) -> str:
+    def _group(self, fmt: dict[str, Any], where: str, kind: str, at: At) -> str:
         elements = fmt.get("elements")
         if not isinstance(elements, list) or not elements:
             raise ValueError(f"{where}.elements must be a non-empty list of formats")
@@ -196,7 +183,7 @@ class _Compiler:
             parts = [self._format(e, f"{where}.elements[{i}]", at) for i, e in enumerate(elements)]
             return self._rule(" | ".join(parts))
 
-        def place(index: int) -> _At:
+        def place(index: int) -> At:
             if index == len(elements) - 1:
                 return at
             following = elements[index + 1]
@@ -205,21 +192,19 @@ class _Compiler:
                 # Free tokens before a token stop at it, as before a tag's token end.
                 next_token = self._token(following.get("token"), f"{where}.elements[{index + 1}]")
                 stop_tokens = (*stop_tokens, next_token)
-            return _At(last=starts_with_token(following), stop=at.stop, stop_tokens=stop_tokens)
+            return At(last=starts_with_token(following), stop=at.stop, stop_tokens=stop_tokens)
 
         parts, i = [], 0
         while i < len(elements):
             element, named = elements[i], f"{where}.elements[{i}]"
             joint = glue(elements[i + 1]) if i < len(elements) - 1 else None
-            if joint is None or not _is_free(element):
+            if joint is None or not is_free(element):
                 parts.append(self._format(element, named, place(i)))
                 i += 1
                 continue
             # Free text, then a string: the text takes the string as its end (one lexeme
             # that stops at its first), and what follows goes on after that string.
-            ended = _At(
-                ends=(joint,), last=True, stop=(*at.stop, joint), stop_tokens=at.stop_tokens
-            )
+            ended = At(ends=(joint,), last=True, stop=(*at.stop, joint), stop_tokens=at.stop_tokens)
             parts.append(self._format(element, named, ended))
             following, named = elements[i + 1], f"{where}.elements[{i + 1}]"
             if following.get("type") == "tag":
@@ -229,12 +214,12 @@ class _Compiler:
             i += 2
         return self._rule(" ".join(parts))
 
-    def _repeat(self, fmt: dict[str, Any], where: str, kind: str, at: _At) -> str:
+    def _repeat(self, fmt: dict[str, Any], where: str, kind: str, at: At) -> str:
         if kind == "optional":
             inner = self._format(fmt.get("content"), f"{where}.content", at)
             return self._rule(f"{inner} | {self._after(at.ends) or EMPTY}")
         content = fmt.get("content")
-        place = _At(stop=at.stop, stop_tokens=at.stop_tokens)
+        place = At(stop=at.stop, stop_tokens=at.stop_tokens)
         inner = self._format(content, f"{where}.content", place)
         if kind == "repeat":
             least = count(fmt, "min", where, MAX_REPEAT, required=True) or 0
@@ -252,7 +237,7 @@ class _Compiler:
             times = "+" if kind == "plus" else "*"
         return self._rule(join(f"({inner}){times}", self._after(at.ends)))
 
-    def _tag(self, fmt: dict[str, Any], where: str, at: _At) -> tuple[str, str]:
+    def _tag(self, fmt: dict[str, Any], where: str, at: At) -> tuple[str, str]:
         """A tag's begin, and a rule for the rest (its content, its end and what `at`
         adds), so that a trigger can stand for the begin's first characters."""
         begin = fmt.get("begin")
@@ -265,16 +250,14 @@ class _Compiler:
         end, content = fmt.get("end"), fmt.get("content")
         if isinstance(end, dict) and end.get("type") == "token":
             closing = self._token(end.get("token"), f"{where}.end.token")
-            inner = self._format(
-                content, f"{where}.content", _At(last=True, stop_tokens=(closing,))
-            )
+            inner = self._format(content, f"{where}.content", At(last=True, stop_tokens=(closing,)))
             return opening, self._rule(join(inner, f"<[{closing}]>", self._after(at.ends)))
         own = [end] if isinstance(end, str) else end
         if not isinstance(own, list) or not own or not all(isinstance(e, str) for e in own):
             raise ValueError(f"{where}.end must be a string, a list of strings or a token format")
         if not any(own):  # no end: the content ends where the tag does
             return opening, self._format(content, f"{where}.content", at)
-        place = _At(ends=tuple(own), last=True, stop=tuple(e for e in own if e))
+        place = At(ends=tuple(own), last=True, stop=tuple(e for e in own if e))
         inner = self._format(content, f"{where}.content", place)
         return opening, self._rule(join(inner, self._after(at.ends)))
 
@@ -289,14 +272,14 @@ class _Compiler:
                 raise ValueError(f"{where}.tags[{i}] must be a tag format")
         return tags
 
-    def _separated(self, fmt: dict[str, Any], where: str, at: _At) -> str:
+    def _separated(self, fmt: dict[str, Any], where: str, at: At) -> str:
         tags = self._tags(fmt, where)
         separator = fmt.get("separator")
         if not isinstance(separator, str):
             raise ValueError(f"{where}.separator must be a string")
         one = self._rule(
             " | ".join(
-                join(*self._tag(t, f"{where}.tags[{i}]", _INSIDE)) for i, t in enumerate(tags)
+                join(*self._tag(t, f"{where}.tags[{i}]", INSIDE)) for i, t in enumerate(tags)
             )
         )
         if flag(fmt, "stop_after_first", where):
@@ -307,7 +290,7 @@ class _Compiler:
             body = f"({body}) | {EMPTY}"
         return self._rule(join(f"({body})", self._after(at.ends)))
 
-    def _free(self, fmt: dict[str, Any], where: str, kind: str, at: _At) -> str:
+    def _free(self, fmt: dict[str, Any], where: str, kind: str, at: At) -> str:
         """Free text, which `triggers` (or `rules`' patterns) leave for what they begin:
         any_text, triggered_tags and dispatch."""
         excludes = fmt.get("excludes", [])
@@ -338,7 +321,7 @@ class _Compiler:
                     raise ValueError(f"{where}.rules[{i}] must be a [pattern, format] pair")
                 if not pair[0]:
                     raise ValueError(f"{where}.rules[{i}]'s pattern must be non-empty")
-                groups.append((pair[0], self._format(pair[1], f"{where}.rules[{i}][1]", _INSIDE)))
+                groups.append((pair[0], self._format(pair[1], f"{where}.rules[{i}][1]", INSIDE)))
             loop = flag(fmt, "loop", where, default=True)
         elif fmt.get("max_tokens") is not None:
             raise ValueError(f"{where}.max_tokens is not served (max_chars is)")
@@ -410,7 +393,7 @@ class _Compiler:
                 raise ValueError("One tag does not match any trigger in a triggered tags format")
             if len(matches) > 1:
                 raise ValueError("One tag matches multiple triggers in a triggered tags format")
-            opening, rest = self._tag(tag, f"{where}.tags[{i}]", _INSIDE)
+            opening, rest = self._tag(tag, f"{where}.tags[{i}]", INSIDE)
             chosen[matches[0]].append(join(literal(begin[len(matches[0]) :]), rest))
             whole.append(join(opening, rest))
         groups = [(t, "(" + " | ".join(rules) + ")") for t, rules in chosen.items() if rules]
@@ -418,7 +401,7 @@ class _Compiler:
         first = self._rule(" | ".join(whole)) if flag(fmt, "at_least_one", where) else None
         return groups, first, loop
 
-    def _token_dispatch(self, fmt: dict[str, Any], where: str, kind: str, at: _At) -> str:
+    def _token_dispatch(self, fmt: dict[str, Any], where: str, kind: str, at: At) -> str:
         excluded = self._tokens(fmt.get("exclude_tokens", []), f"{where}.exclude_tokens")
         groups: list[tuple[int, str]] = []
         first: str | None = None
@@ -437,7 +420,7 @@ class _Compiler:
                     raise ValueError(
                         f"{where}.tags[{i}]'s begin token is not one of trigger_tokens"
                     )
-                opening, rest = self._tag(tag, f"{where}.tags[{i}]", _INSIDE)
+                opening, rest = self._tag(tag, f"{where}.tags[{i}]", INSIDE)
                 chosen[token].append(rest)
                 whole.append(join(opening, rest))
             groups = [(t, " | ".join(rules)) for t, rules in chosen.items() if rules]
@@ -456,7 +439,7 @@ class _Compiler:
                 if not isinstance(pair, list) or len(pair) != 2:
                     raise ValueError(f"{where}.rules[{i}] must be a [token, format] pair")
                 token = self._token(pair[0], f"{where}.rules[{i}][0]")
-                groups.append((token, self._format(pair[1], f"{where}.rules[{i}][1]", _INSIDE)))
+                groups.append((token, self._format(pair[1], f"{where}.rules[{i}][1]", INSIDE)))
             loop = flag(fmt, "loop", where, default=True)
         barred = excluded + at.stop_tokens + tuple(t for t, _ in groups)
         free = f"({self._not(barred)})*"
@@ -509,7 +492,3 @@ def format_grammar(spec: Any, defaults: dict[str, Any], vocabulary: Vocabulary |
     if formats_in(spec.get("format"), MAX_FORMATS) > MAX_FORMATS:
         raise ValueError(f"structural_tag: more than {MAX_FORMATS} formats")
     return _Compiler(defaults, vocabulary).grammar(spec.get("format"))
-
-
-def _is_free(fmt: Any) -> bool:
-    return isinstance(fmt, dict) and fmt.get("type") in ("any_text", "triggered_tags", "dispatch")

@@ -1,8 +1,7 @@
-"""The leaves of a structural tag's grammar (structformat.py): the text of its literals,
+"""The parts of a structural tag's grammar (structformat.py): the text of its literals,
 the `json_schema`, `grammar` and `regex` formats as llguidance reads them, what a format
-begins with, the checks of a format's fields and their limits, and the vocabulary a tag
-is read against, in xgrammar's words where it has
-them."""
+begins with and where it stands, the checks of a format's fields (in xgrammar's words
+where it has them) and their limits, and the vocabulary a tag is read against."""
 
 from __future__ import annotations
 
@@ -194,3 +193,22 @@ def finder(texts: Mapping[str, int]) -> re.Pattern[str] | None:
     """A pattern that finds any of `texts` (the longest first), or None."""
     ordered = sorted(texts, key=len, reverse=True)
     return re.compile("|".join(map(re.escape, ordered))) if ordered else None
+
+
+@dataclass(frozen=True, slots=True)
+class At:
+    """Where a format stands. `ends`: the enclosing tag's end strings, which the format is
+    the last of and ends with; `last`: no text follows it (free text may run on); `stop`,
+    `stop_tokens`: the nearest enclosing tag's end, which its free text never holds."""
+
+    ends: tuple[str, ...] = ()
+    last: bool = False
+    stop: tuple[str, ...] = ()
+    stop_tokens: tuple[int, ...] = ()
+
+
+INSIDE = At()  # what delimits itself: one of a list of tags, a repeated format
+
+
+def is_free(fmt: Any) -> bool:
+    return isinstance(fmt, dict) and fmt.get("type") in ("any_text", "triggered_tags", "dispatch")
