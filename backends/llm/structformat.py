@@ -10,7 +10,8 @@ shapes, and what llguidance cannot express, are refused by name (docs/generation
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from .strictschema import MAX_SCHEMA_DEPTH, deeper_than
 from .structparts import (
@@ -25,6 +26,8 @@ from .structparts import (
     MAX_TRIGGERS,
     At,
     Vocabulary,
+    any_token_but,
+    bounded_ends,
     count,
     finder,
     flag,
@@ -41,6 +44,7 @@ from .structparts import (
 )
 
 _ALL = "ALL"  # the terminal every free-text terminal is cut from
+Key = TypeVar("Key", str, int)  # a trigger: a string, or a token
 
 
 class _Compiler:
@@ -100,30 +104,10 @@ class _Compiler:
         parts.append(literal(text[start:]))
         return join(*parts)
 
-    def _lexeme_text(self, texts: list[str], where: str) -> None:
-        """A bounded free text's end is forced once its characters run out, and a forced
-        string holding a special token within other text is a dead end: refused."""
-        for text in texts:
-            found = self._specials.search(text) if self._specials else None
-            if found is not None and found.group() != text:
-                raise ValueError(
-                    f"{where}.max_chars: the end {text!r} holds the special token "
-                    f"{found.group()!r} within other text, which a bounded text cannot end with"
-                )
-
     def _after(self, ends: tuple[str, ...]) -> str:
         if not ends:
             return ""
         return "(" + " | ".join(self._text(e) or EMPTY for e in ends) + ")"
-
-    def _not(self, tokens: tuple[int, ...]) -> str:
-        """Any token but `tokens`, the EOS and the ids that name none."""
-        barred = sorted({*tokens, *(self._vocabulary.never if self._vocabulary else ())})
-        ranges = [str(t) for t in barred]
-        vocabulary = self._vocabulary
-        if vocabulary is not None and vocabulary.named < vocabulary.size:
-            ranges.append(f"{vocabulary.named}-{vocabulary.size - 1}")
-        return f"<[^{','.join(ranges)}]>" if ranges else "<[*]>"
 
     # --- formats -------------------------------------------------------------------------
 
@@ -153,7 +137,8 @@ class _Compiler:
             )
         if kind in ("exclude_token", "any_tokens"):
             key = f"{where}.exclude_tokens"
-            region = self._not(self._tokens(fmt.get("exclude_tokens", []), key) + at.stop_tokens)
+            excluded = self._tokens(fmt.get("exclude_tokens", []), key)
+            region = any_token_but(excluded + at.stop_tokens, self._vocabulary)
             if kind == "any_tokens":
                 most = count(fmt, "max_tokens", where, INT32)
                 region = f"({region})" + ("*" if most is None else f"{{0,{most}}}")
@@ -311,18 +296,13 @@ class _Compiler:
             if first is not None and not loop:  # exactly one tag
                 return self._rule(join(first, self._after(at.ends)))
         elif kind == "dispatch":
-            rules = fmt.get("rules")
-            if not isinstance(rules, list) or not rules or len(rules) > MAX_TRIGGERS:
-                raise ValueError(
-                    f"{where}.rules must be a list of 1 to {MAX_TRIGGERS} [pattern, format] pairs"
-                )
-            for i, pair in enumerate(rules):
-                if not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], str):
-                    raise ValueError(f"{where}.rules[{i}] must be a [pattern, format] pair")
-                if not pair[0]:
-                    raise ValueError(f"{where}.rules[{i}]'s pattern must be non-empty")
-                groups.append((pair[0], self._format(pair[1], f"{where}.rules[{i}][1]", INSIDE)))
-            loop = flag(fmt, "loop", where, default=True)
+
+            def pattern(pair: list[Any], named: str) -> str:
+                if not isinstance(pair[0], str) or not pair[0]:
+                    raise ValueError(f"{named}'s pattern must be a non-empty string")
+                return pair[0]
+
+            groups, loop = self._dispatched(fmt, where, "pattern", pattern)
         elif fmt.get("max_tokens") is not None:
             raise ValueError(f"{where}.max_tokens is not served (max_chars is)")
         # A trigger that begins with where the text stops never fires: the end wins, as in
@@ -336,7 +316,7 @@ class _Compiler:
             )
         most = count(fmt, "max_chars", where, INT32) if kind == "any_text" else None
         if most is not None:
-            self._lexeme_text(list(at.ends), where)
+            bounded_ends(list(at.ends), where, self._specials)
             if most * (1 + sum(map(len, barred))) > MAX_CHAR_STATES:
                 raise ValueError(
                     f"{where}.max_chars: at most {MAX_CHAR_STATES} for each character of the "
@@ -373,17 +353,14 @@ class _Compiler:
     def _triggered(
         self, fmt: dict[str, Any], where: str
     ) -> tuple[list[tuple[str, str]], str | None, bool]:
-        """triggered_tags' groups (a trigger, the tags it begins, less the trigger), the
-        rule of a whole tag where one must come first, and whether it loops."""
+        """triggered_tags' groups, first tag and loop (`_grouped`), by string trigger."""
         triggers = fmt.get("triggers")
         if not isinstance(triggers, list) or not triggers or len(triggers) > MAX_TRIGGERS:
             raise ValueError(f"{where}.triggers must be a list of 1 to {MAX_TRIGGERS} strings")
         if not all(isinstance(t, str) and t for t in triggers):
             raise ValueError(f"{where}.triggers must be non-empty strings")
-        chosen: dict[str, list[str]] = {t: [] for t in triggers}
-        whole = []
-        for i, tag in enumerate(self._tags(fmt, where)):
-            begin = tag.get("begin")
+
+        def trigger_of(index: int, begin: Any) -> tuple[str, str]:
             if not isinstance(begin, str):
                 raise ValueError(
                     "Tags in triggered_tags must have a string begin, not a token format"
@@ -393,13 +370,50 @@ class _Compiler:
                 raise ValueError("One tag does not match any trigger in a triggered tags format")
             if len(matches) > 1:
                 raise ValueError("One tag matches multiple triggers in a triggered tags format")
+            return matches[0], literal(begin[len(matches[0]) :])
+
+        return self._grouped(fmt, where, trigger_of)
+
+    def _grouped(
+        self, fmt: dict[str, Any], where: str, trigger_of: Callable[[int, Any], tuple[Key, str]]
+    ) -> tuple[list[tuple[Key, str]], str | None, bool]:
+        """A triggered format's groups (a trigger, the rule of the tags it begins, less
+        the trigger), the rule of a whole tag where one must come first, and whether it
+        loops. `trigger_of(index, begin)`: a tag's trigger, and what of its begin is left."""
+        chosen: dict[Key, list[str]] = {}
+        whole = []
+        for i, tag in enumerate(self._tags(fmt, where)):
+            trigger, left = trigger_of(i, tag.get("begin"))
             opening, rest = self._tag(tag, f"{where}.tags[{i}]", INSIDE)
-            chosen[matches[0]].append(join(literal(begin[len(matches[0]) :]), rest))
+            chosen.setdefault(trigger, []).append(join(left, rest))
             whole.append(join(opening, rest))
-        groups = [(t, "(" + " | ".join(rules) + ")") for t, rules in chosen.items() if rules]
+        groups = [(t, "(" + " | ".join(rules) + ")") for t, rules in chosen.items()]
         loop = not flag(fmt, "stop_after_first", where)
         first = self._rule(" | ".join(whole)) if flag(fmt, "at_least_one", where) else None
         return groups, first, loop
+
+    def _dispatched(
+        self,
+        fmt: dict[str, Any],
+        where: str,
+        what: str,
+        trigger_of: Callable[[list[Any], str], Key],
+    ) -> tuple[list[tuple[Key, str]], bool]:
+        """A dispatch's groups (a rule's trigger, the rule of its format) and whether it
+        loops. `what`: the trigger's name; `trigger_of(pair, where)`: a rule's trigger."""
+        rules = fmt.get("rules")
+        if not isinstance(rules, list) or not rules or len(rules) > MAX_TRIGGERS:
+            raise ValueError(
+                f"{where}.rules must be a list of 1 to {MAX_TRIGGERS} [{what}, format] pairs"
+            )
+        groups = []
+        for i, pair in enumerate(rules):
+            named = f"{where}.rules[{i}]"
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise ValueError(f"{named} must be a [{what}, format] pair")
+            trigger = trigger_of(pair, named)
+            groups.append((trigger, self._format(pair[1], f"{named}[1]", INSIDE)))
+        return groups, flag(fmt, "loop", where, default=True)
 
     def _token_dispatch(self, fmt: dict[str, Any], where: str, kind: str, at: At) -> str:
         excluded = self._tokens(fmt.get("exclude_tokens", []), f"{where}.exclude_tokens")
@@ -409,41 +423,27 @@ class _Compiler:
             triggers = self._tokens(fmt.get("trigger_tokens"), f"{where}.trigger_tokens")
             if not triggers or len(triggers) > MAX_TRIGGERS:
                 raise ValueError(f"{where}.trigger_tokens must hold 1 to {MAX_TRIGGERS} tokens")
-            chosen: dict[int, list[str]] = {t: [] for t in triggers}
-            whole = []
-            for i, tag in enumerate(self._tags(fmt, where)):
-                begin = tag.get("begin")
+
+            def trigger_of(index: int, begin: Any) -> tuple[int, str]:
                 if not (isinstance(begin, dict) and begin.get("type") == "token"):
-                    raise ValueError(f"{where}.tags[{i}].begin must be a token format")
-                token = self._token(begin.get("token"), f"{where}.tags[{i}].begin.token")
-                if token not in chosen:
+                    raise ValueError(f"{where}.tags[{index}].begin must be a token format")
+                token = self._token(begin.get("token"), f"{where}.tags[{index}].begin.token")
+                if token not in triggers:
                     raise ValueError(
-                        f"{where}.tags[{i}]'s begin token is not one of trigger_tokens"
+                        f"{where}.tags[{index}]'s begin token is not one of trigger_tokens"
                     )
-                opening, rest = self._tag(tag, f"{where}.tags[{i}]", INSIDE)
-                chosen[token].append(rest)
-                whole.append(join(opening, rest))
-            groups = [(t, " | ".join(rules)) for t, rules in chosen.items() if rules]
-            loop = not flag(fmt, "stop_after_first", where)
-            if flag(fmt, "at_least_one", where):
-                first = self._rule(" | ".join(whole))
-                if not loop:
-                    return self._rule(join(first, self._after(at.ends)))
+                return token, ""
+
+            groups, first, loop = self._grouped(fmt, where, trigger_of)
+            if first is not None and not loop:  # exactly one tag
+                return self._rule(join(first, self._after(at.ends)))
         else:
-            rules = fmt.get("rules")
-            if not isinstance(rules, list) or not rules or len(rules) > MAX_TRIGGERS:
-                raise ValueError(
-                    f"{where}.rules must be a list of 1 to {MAX_TRIGGERS} [token, format] pairs"
-                )
-            for i, pair in enumerate(rules):
-                if not isinstance(pair, list) or len(pair) != 2:
-                    raise ValueError(f"{where}.rules[{i}] must be a [token, format] pair")
-                token = self._token(pair[0], f"{where}.rules[{i}][0]")
-                groups.append((token, self._format(pair[1], f"{where}.rules[{i}][1]", INSIDE)))
-            loop = flag(fmt, "loop", where, default=True)
+            groups, loop = self._dispatched(
+                fmt, where, "token", lambda pair, named: self._token(pair[0], f"{named}[0]")
+            )
         barred = excluded + at.stop_tokens + tuple(t for t, _ in groups)
-        free = f"({self._not(barred)})*"
-        chosen_rule = self._rule(" | ".join(f"<[{t}]> ({after})" for t, after in groups))
+        free = f"({any_token_but(barred, self._vocabulary)})*"
+        chosen_rule = self._rule(" | ".join(f"<[{t}]> {after}" for t, after in groups))
         body = f"({free} {chosen_rule})* {free}" if loop else f"{free} {chosen_rule}?"
         if first is not None:
             body = f"{first} {body}"

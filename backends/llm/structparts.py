@@ -212,3 +212,24 @@ INSIDE = At()  # what delimits itself: one of a list of tags, a repeated format
 
 def is_free(fmt: Any) -> bool:
     return isinstance(fmt, dict) and fmt.get("type") in ("any_text", "triggered_tags", "dispatch")
+
+
+def any_token_but(tokens: tuple[int, ...], vocabulary: Vocabulary | None) -> str:
+    """Any token but `tokens`, the EOS and the ids that name none."""
+    barred = sorted({*tokens, *(vocabulary.never if vocabulary else ())})
+    ranges = [str(t) for t in barred]
+    if vocabulary is not None and vocabulary.named < vocabulary.size:
+        ranges.append(f"{vocabulary.named}-{vocabulary.size - 1}")
+    return f"<[^{','.join(ranges)}]>" if ranges else "<[*]>"
+
+
+def bounded_ends(ends: list[str], where: str, specials: re.Pattern[str] | None) -> None:
+    """A bounded free text's end is forced once its characters run out, and a forced
+    string holding a special token within other text is a dead end: refused."""
+    for end in ends:
+        found = specials.search(end) if specials else None
+        if found is not None and found.group() != end:
+            raise ValueError(
+                f"{where}.max_chars: the end {end!r} holds the special token "
+                f"{found.group()!r} within other text, which a bounded text cannot end with"
+            )
