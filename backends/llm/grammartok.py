@@ -12,6 +12,7 @@ them as text. Special ones (an EOS, `<|im_start|>`) stay apart.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -49,7 +50,7 @@ def text_tokens(raw: str) -> str:
     return json.dumps(spec)
 
 
-def _spelling(spec: dict[str, Any]) -> Any:
+def _spelling(spec: dict[str, Any]) -> Callable[[str], str]:
     """How the vocabulary writes a text: byte-level (GPT-2's alphabet), with `▁` for a
     space (SentencePiece's), or as it is."""
     decoders = json.dumps(spec.get("decoder"))

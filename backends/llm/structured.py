@@ -240,7 +240,7 @@ class Grammars:
         import llguidance
 
         try:
-            grammar = _serialized(structured, self._vocabulary())
+            grammar = _serialized(structured, self._vocabulary)
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ValueError(f"Invalid grammar specification: {_short(str(exc))}") from None
         # vLLM's limits (llguidance's defaults), without the parser state and grammar
@@ -300,10 +300,11 @@ class Grammars:
             return self._built
 
 
-def _serialized(structured: Structured, vocabulary: Vocabulary) -> str:
+def _serialized(structured: Structured, vocabulary: Callable[[], Vocabulary]) -> str:
     """vLLM's serialize_guidance_grammar, with the request's options, a JSON schema read
     as vLLM's default backend (xgrammar) reads it (strictschema.py), and xgrammar's
-    structural tags (structformat.py) read against the model's `vocabulary`."""
+    structural tags (structformat.py) read against the model's `vocabulary` (built on
+    first call: only a structural tag's format reads it)."""
     import llguidance
 
     defaults: dict[str, Any] = {"whitespace_flexible": not structured.disable_any_whitespace}
@@ -321,7 +322,7 @@ def _serialized(structured: Structured, vocabulary: Vocabulary) -> str:
     if structured.kind == "structural_tag":
         spec = json.loads(structured.spec)
         if "format" in spec:
-            return format_grammar(spec, defaults, vocabulary)
+            return format_grammar(spec, defaults, vocabulary())
         tags = []
         for item in spec["structures"]:
             schema = item["schema"]
