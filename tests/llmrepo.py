@@ -47,7 +47,7 @@ class TinyModel:
 @cache
 def tiny_model(seed: int = 0) -> TinyModel:
     cfg = smollm.tiny_config(vocab_size=VOCAB, max_position_embeddings=2048)
-    return TinyModel(cfg, smollm.llama_onnx().random_weights(cfg, seed=seed), eos_id=256)
+    return TinyModel(cfg, smollm.llama_weights().random_weights(cfg, seed=seed), eos_id=256)
 
 
 @cache
@@ -67,7 +67,7 @@ def slow_model() -> TinyModel:
         vocab_size=VOCAB, max_position_embeddings=2048, hidden_size=512,
         intermediate_size=1024, num_layers=8, num_heads=8, num_kv_heads=2,
     )  # fmt: skip
-    return TinyModel(cfg, smollm.llama_onnx().random_weights(cfg, seed=0), eos_id=256)
+    return TinyModel(cfg, smollm.llama_weights().random_weights(cfg, seed=0), eos_id=256)
 
 
 def byte_tokenizer(think: bool = False) -> Any:

@@ -55,7 +55,15 @@ def llama_onnx() -> ModuleType:
     imports."""
     _load("llama_attention")
     _load("llama_linear")
+    _load("llama_weights")
     return _load("llama_onnx")
+
+
+@cache
+def llama_weights() -> ModuleType:
+    """examples/smollm/llama_weights.py (weight names, shapes, random weights)."""
+    llama_onnx()
+    return _load("llama_weights")
 
 
 @cache
@@ -152,7 +160,7 @@ def q4_1_weights(
 
     q4 = _load("llama_linear")
     dequantized, blocks = dict(weights), {}
-    for name in llama_onnx().linear_weight_names(cfg):
+    for name in llama_weights().linear_weight_names(cfg):
         data = gguf.quants.quantize(weights[name], gguf.GGMLQuantizationType.Q4_1)
         blocks[name] = q4.from_gguf(data)
         dequantized[name] = gguf.quants.dequantize(data, gguf.GGMLQuantizationType.Q4_1)
@@ -212,7 +220,7 @@ def tiny_model_folder(
     a tiny random LLaMA, written by the build script's own writer in well under a second;
     returns (folder, config, weights) so a test can compare against llama_reference."""
     config = tiny_config(**cfg)
-    weights = llama_onnx().random_weights(config, seed)
+    weights = llama_weights().random_weights(config, seed)
     spec = tiny_tokenizer_spec(config.vocab_size)
     tokenizer = gguf_model().build_tokenizer(spec)
     graph = llama_onnx().build_step_graph(weights, config)
@@ -276,7 +284,8 @@ class PagedCache:
         ]
         outputs = self.session.run(names, feed)
         logits: npt.NDArray[np.float32] = outputs[0]
-        self._write(outputs, seqs, new_ids, 0)
+        if seqs:
+            self._write(outputs, seqs, new_ids, 0)
         if chunk_seqs:
             self._write(outputs, chunk_seqs, chunk_ids, first)
         return logits
@@ -285,6 +294,13 @@ class PagedCache:
         self, seqs: Sequence[CachedSeq], new_ids: Sequence[Sequence[int]], prefix: str
     ) -> tuple[dict[str, npt.NDArray[Any]], int]:
         """One group's inputs, and how many (padded) tokens it has."""
+        if not seqs:  # a group of no rows
+            feed0: dict[str, npt.NDArray[Any]] = {
+                "input_ids": np.zeros((0, 1), np.int64), "positions": np.zeros((0, 1), np.int64),
+                "block_table": np.zeros((0, 1), np.int64),
+                "attention_mask": np.zeros((0, 1, self.block_size + 1), np.float32),
+            }  # fmt: skip
+            return {prefix + name: array for name, array in feed0.items()}, 0
         rows, q = len(seqs), max(len(ids) for ids in new_ids)
         blocks = max(-(-s.length // self.block_size) for s in seqs)
         past = blocks * self.block_size

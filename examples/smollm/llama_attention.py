@@ -1,5 +1,5 @@
-"""Attention over a paged KV cache for one group of rows, and the ONNX graph builder the
-step graph (llama_onnx.py) is written with.
+"""RoPE, attention over a paged KV cache for one group of rows, and the ONNX graph
+builder the step graph (llama_onnx.py) is written with.
 
 The step graph runs its dense layers once over the flat tokens of every group of rows, and
 attention per group: each group is [batch, q] tokens (rows left-padded to the group's
@@ -90,6 +90,36 @@ class Graph:
         std = self.op("Sqrt", [var], f"{prefix}.std")
         normed = self.op("Div", [x, std], f"{prefix}.normed")
         return self.op("Mul", [normed, self.const(f"{prefix}.weight", weight)], f"{prefix}.out")
+
+
+def rope_tables(cfg: LlamaConfig) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    """(cos, sin) [max_position_embeddings, head_dim] for rotate-half RoPE, in float64
+    rounded once to float32. The sin table's first half is negated: rotate-half is
+    concat(-x2, x1), so x*cos + concat(x2, x1)*signed_sin is the same rotation."""
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    angles = np.arange(cfg.max_position_embeddings, dtype=np.float64)[:, None] * inv_freq
+    cos = np.cos(np.concatenate([angles, angles], axis=-1))
+    sin = np.sin(angles)
+    signed_sin = np.concatenate([-sin, sin], axis=-1)
+    return cos.astype(np.float32), signed_sin.astype(np.float32)
+
+
+def rope(g: Graph, x: str, env: Mapping[str, str], half: int, prefix: str, out: str) -> str:
+    """x [batch, q, heads, head_dim] rotated: x*cos + concat(x2, x1)*signed_sin."""
+    first, second = g.ops(
+        "Split", [x, g.ints(f"{prefix}.halves", [half, half])],
+        [f"{prefix}.x1", f"{prefix}.x2"], axis=-1,
+    )  # fmt: skip
+    swapped = g.op("Concat", [second, first], f"{prefix}.swapped", axis=-1)
+    return g.op(
+        "Add",
+        [
+            g.op("Mul", [x, env["cos"]], f"{prefix}.xcos"),
+            g.op("Mul", [swapped, env["sin"]], f"{prefix}.xsin"),
+        ],
+        out,
+    )
 
 
 def attention(

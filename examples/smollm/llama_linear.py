@@ -13,8 +13,14 @@ call, slower than fp32. So the block's two terms are computed apart, both exactl
 
 the first a MatMulNBits with zero point 0, the second the block sums of x (a Reshape and a
 ReduceSum) times the minima [blocks, out] (a MatMul). The sum is what the dequantized fp32
-weights give, up to fp32 rounding; the activations stay fp32 (accuracy_level 0), where
-llama.cpp rounds them to 8 bits.
+weights give, up to fp32 rounding, with the activations kept fp32 (accuracy_level 0).
+
+With int8 activations (accuracy_level 4) MatMulNBits rounds x to 8 bits per block of 32,
+as llama.cpp does for its quantized dot products, and takes its integer kernels: a
+third of the fp32-activation kernel's time for SmolLM2's projections, and the only fast
+path for 8-bit weights, so the LM head can then read the GGUF's Q8_0 table (w = d * q,
+an 8-bit MatMulNBits with zero point 128: a quarter of the fp32 table's bytes). Answers
+then differ from the exact model's where two tokens' logits nearly tie.
 
 onnxruntime's 4-bit kernel is fast for one row of x only (a GEMV that reads a quarter of
 the fp32 weights' bytes); from two rows on it is as slow as fp32 or slower, and prefill
@@ -30,10 +36,17 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 from llama_attention import Graph
+from onnx import TensorProto, helper
 
 BLOCK = 32
 # d (fp16), m (fp16), 16 bytes of nibbles.
 BLOCK_BYTES = 20
+# d (fp16), 32 int8.
+Q8_BLOCK_BYTES = 34
+Q8_ZERO = 128
+# MatMulNBits' accuracy_level: fp32 activations, or int8 ones (llama.cpp's rounding).
+FP32_ACTIVATIONS = 0
+INT8_ACTIVATIONS = 4
 DOMAIN = "com.microsoft"
 # The projections a layer has (Hugging Face's `{kind}_proj`).
 LINEAR_KINDS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -96,15 +109,79 @@ def fp32_linear(weights: Mapping[str, npt.NDArray[np.float32]]) -> Linear:
     return apply
 
 
-def blocks_linear(blocks: Mapping[str, Q41Blocks]) -> Linear:
+def blocks_linear(blocks: Mapping[str, Q41Blocks], int8_activations: bool = False) -> Linear:
+    accuracy = INT8_ACTIVATIONS if int8_activations else FP32_ACTIVATIONS
+
     def apply(g: Graph, x: str, parts: Sequence[tuple[str, float]], prefix: str) -> str:
-        return q4_linear(g, x, stacked([blocks[n].scaled(f) for n, f in parts]), prefix)
+        w = stacked([blocks[n].scaled(f) for n, f in parts])
+        return q4_linear(g, x, w, prefix, accuracy)
 
     return apply
 
 
-def q4_linear(g: Graph, x: str, w: Q41Blocks, prefix: str) -> str:
-    """x [n, cols] @ w^T -> [n, rows]: MatMulNBits on the nibbles plus the minima's term."""
+@dataclass(frozen=True)
+class Q80Blocks:
+    """A [rows, cols] weight as Q8_0 blocks along its columns: w = d * q."""
+
+    q: npt.NDArray[np.int8]  # [rows, blocks, 32]
+    scale: npt.NDArray[np.float32]  # [rows, blocks]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        rows, blocks, _ = self.q.shape
+        return rows, blocks * BLOCK
+
+    def dequantize(self) -> npt.NDArray[np.float32]:
+        w = self.q.astype(np.float32) * self.scale[..., None]
+        return w.reshape(self.shape)
+
+
+def q8_from_gguf(data: npt.NDArray[np.uint8]) -> Q80Blocks:
+    """Blocks from a Q8_0 tensor's bytes as gguf's reader gives them, [rows, row bytes]:
+    each block an fp16 scale then 32 int8 weights."""
+    rows = data.shape[0]
+    blocks = np.ascontiguousarray(data).reshape(rows, -1, Q8_BLOCK_BYTES)
+    scale = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    return Q80Blocks(blocks[..., 2:].copy().view(np.int8), scale)
+
+
+def head_switch(g: Graph, one_token: str, x: str, table: str, head: Q80Blocks, out: str) -> str:
+    """The LM head in an If: x [rows, hidden] against the Q8_0 blocks where `one_token`
+    (the 8-bit kernel on int8 activations), against the fp32 table (a Gemm) otherwise."""
+    branches = []
+    for tag in ("head_one_token/", "head_tokens/"):
+        branch = Graph(tag, g)
+        if tag == "head_one_token/":
+            logits = q8_linear(branch, x, head, "lm_head")
+        else:
+            logits = branch.op("Gemm", [x, table], "lm_head.out", transB=1)
+        output = helper.make_tensor_value_info(logits, TensorProto.FLOAT, None)
+        branches.append(helper.make_graph(branch.nodes, tag.rstrip("/"), [], [output]))
+    return g.ops("If", [one_token], [out], then_branch=branches[0], else_branch=branches[1])[0]
+
+
+def q8_linear(g: Graph, x: str, w: Q80Blocks, prefix: str) -> str:
+    """x [n, cols] @ w^T -> [n, rows] on int8 activations (MatMulNBits' fast path for
+    8-bit weights): the int8 weights shifted to unsigned against a zero point of 128."""
+    rows, cols = w.shape
+    unsigned = (w.q.astype(np.int16) + Q8_ZERO).astype(np.uint8)
+    zero_points = np.full(rows * (cols // BLOCK), Q8_ZERO, np.uint8)
+    return g.op(
+        "MatMulNBits",
+        [
+            x,
+            g.const(f"{prefix}.q8", unsigned, np.uint8),
+            g.const(f"{prefix}.scale", w.scale.reshape(-1)),
+            g.const(f"{prefix}.zero_point", zero_points, np.uint8),
+        ],
+        f"{prefix}.out",
+        domain=DOMAIN, K=cols, N=rows, bits=8, block_size=BLOCK, accuracy_level=INT8_ACTIVATIONS,
+    )  # fmt: skip
+
+
+def q4_linear(g: Graph, x: str, w: Q41Blocks, prefix: str, accuracy: int = 0) -> str:
+    """x [n, cols] @ w^T -> [n, rows]: MatMulNBits on the nibbles plus the minima's term;
+    `accuracy` is MatMulNBits' accuracy_level (0 fp32 activations, 4 int8)."""
     rows, cols = w.shape
     blocks = cols // BLOCK
     # MatMulNBits packs each pair of neighbours in a byte, the first in the low nibble.
@@ -119,7 +196,7 @@ def q4_linear(g: Graph, x: str, w: Q41Blocks, prefix: str) -> str:
             g.const(f"{prefix}.zero_point", zero_points.reshape(-1), np.uint8),
         ],
         f"{prefix}.nibbles",
-        domain=DOMAIN, K=cols, N=rows, bits=4, block_size=BLOCK, accuracy_level=0,
+        domain=DOMAIN, K=cols, N=rows, bits=4, block_size=BLOCK, accuracy_level=accuracy,
     )  # fmt: skip
     per_block = g.op("Reshape", [x, g.ints(f"{prefix}.block_shape", [-1, blocks, BLOCK])],
                      f"{prefix}.x_blocks")  # fmt: skip

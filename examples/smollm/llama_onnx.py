@@ -87,10 +87,20 @@ from llama_attention import (
     attention,
     group_shapes,
     key_cache_name,
+    rope,
+    rope_tables,
     value_cache_name,
 )
 from llama_linear import DOMAIN as Q4_DOMAIN
-from llama_linear import LINEAR_KINDS, Linear, Q41Blocks, blocks_linear, fp32_linear
+from llama_linear import (
+    Linear,
+    Q41Blocks,
+    Q80Blocks,
+    blocks_linear,
+    fp32_linear,
+    head_switch,
+)
+from llama_weights import linear_weight_names, weight_names, weight_shapes
 from onnx import TensorProto, helper
 
 OPSET = 17
@@ -153,85 +163,6 @@ class LlamaConfig:
             raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
 
 
-def weight_names(cfg: LlamaConfig) -> list[str]:
-    """The tensors a weights dict holds, by their Hugging Face names; each linear weight is
-    [out, in] as torch's Linear keeps it, Q and K in Hugging Face's (rotate-half) order."""
-    names = ["model.embed_tokens.weight", "model.norm.weight"]
-    if not cfg.tie_word_embeddings:
-        names.append("lm_head.weight")
-    for i in range(cfg.num_layers):
-        p = f"model.layers.{i}"
-        names += [f"{p}.input_layernorm.weight", f"{p}.post_attention_layernorm.weight"]
-        names += [f"{p}.self_attn.{k}_proj.weight" for k in ("q", "k", "v", "o")]
-        names += [f"{p}.mlp.{k}_proj.weight" for k in ("gate", "up", "down")]
-    return names
-
-
-def weight_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    h, f, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-    shapes: dict[str, tuple[int, ...]] = {}
-    for name in weight_names(cfg):
-        kind = name.rsplit(".", 2)[-2]
-        shapes[name] = {
-            "embed_tokens": (cfg.vocab_size, h),
-            "lm_head": (cfg.vocab_size, h),
-            "norm": (h,),
-            "input_layernorm": (h,),
-            "post_attention_layernorm": (h,),
-            "q_proj": (cfg.num_heads * d, h),
-            "k_proj": (cfg.num_kv_heads * d, h),
-            "v_proj": (cfg.num_kv_heads * d, h),
-            "o_proj": (h, cfg.num_heads * d),
-            "gate_proj": (f, h),
-            "up_proj": (f, h),
-            "down_proj": (h, f),
-        }[kind]
-    return shapes
-
-
-def random_weights(cfg: LlamaConfig, seed: int = 0) -> dict[str, npt.NDArray[np.float32]]:
-    """Random weights of the right shapes (for tests): scaled so activations stay O(1)."""
-    rng = np.random.default_rng(seed)
-    weights: dict[str, npt.NDArray[np.float32]] = {}
-    for name, shape in weight_shapes(cfg).items():
-        if len(shape) == 1:
-            value = 1.0 + 0.1 * rng.standard_normal(shape)
-        else:
-            value = rng.standard_normal(shape) / math.sqrt(shape[1])
-        weights[name] = value.astype(np.float32)
-    return weights
-
-
-def rope_tables(cfg: LlamaConfig) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-    """(cos, sin) [max_position_embeddings, head_dim] for rotate-half RoPE, in float64
-    rounded once to float32. The sin table's first half is negated: rotate-half is
-    concat(-x2, x1), so x*cos + concat(x2, x1)*signed_sin is the same rotation."""
-    d = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-    angles = np.arange(cfg.max_position_embeddings, dtype=np.float64)[:, None] * inv_freq
-    cos = np.cos(np.concatenate([angles, angles], axis=-1))
-    sin = np.sin(angles)
-    signed_sin = np.concatenate([-sin, sin], axis=-1)
-    return cos.astype(np.float32), signed_sin.astype(np.float32)
-
-
-def _rope(g: Graph, x: str, env: Mapping[str, str], half: int, prefix: str, out: str) -> str:
-    """x [batch, q, heads, head_dim] rotated: x*cos + concat(x2, x1)*signed_sin."""
-    first, second = g.ops(
-        "Split", [x, g.ints(f"{prefix}.halves", [half, half])],
-        [f"{prefix}.x1", f"{prefix}.x2"], axis=-1,
-    )  # fmt: skip
-    swapped = g.op("Concat", [second, first], f"{prefix}.swapped", axis=-1)
-    return g.op(
-        "Add",
-        [
-            g.op("Mul", [x, env["cos"]], f"{prefix}.xcos"),
-            g.op("Mul", [swapped, env["sin"]], f"{prefix}.xsin"),
-        ],
-        out,
-    )
-
-
 def _layer(
     g: Graph,
     x: str,
@@ -268,20 +199,24 @@ def _layer(
         "Split", [heads, g.ints(f"{p}.qkv.split", [cfg.num_heads + kvh, kvh])],
         [f"{p}.qk", value_name(i)], axis=1,
     )  # fmt: skip
-    qk = _rope(g, qk, env, d // 2, f"{p}.qk_rope", f"{p}.qk_rope.out")
+    qk = rope(g, qk, env, d // 2, f"{p}.qk_rope", f"{p}.qk_rope.out")
     q, key = g.ops(
         "Split", [qk, g.ints(f"{p}.qk.split", [cfg.num_heads, kvh])],
         [f"{p}.q_rope", key_name(i)], axis=1,
     )  # fmt: skip
-    tags = [grp["tag"] for grp in groups]
-    split = env["group_tokens"]
-    qs = g.ops("Split", [q, split], [f"{p}.q.{t}" for t in tags], axis=0)
-    ks = g.ops("Split", [key, split], [f"{p}.k.{t}" for t in tags], axis=0)
-    vs = g.ops("Split", [value, split], [f"{p}.v.{t}" for t in tags], axis=0)
-    contexts = [
-        attention(g, qs[n], ks[n], vs[n], cfg, i, grp, grp["tag"]) for n, grp in enumerate(groups)
-    ]
-    ctx = g.op("Concat", contexts, f"{p}.ctx", axis=0)
+    if len(groups) == 1:  # every token is the group's: nothing to split or join
+        ctx = attention(g, q, key, value, cfg, i, groups[0], groups[0]["tag"])
+    else:
+        tags = [grp["tag"] for grp in groups]
+        split = env["group_tokens"]
+        qs = g.ops("Split", [q, split], [f"{p}.q.{t}" for t in tags], axis=0)
+        ks = g.ops("Split", [key, split], [f"{p}.k.{t}" for t in tags], axis=0)
+        vs = g.ops("Split", [value, split], [f"{p}.v.{t}" for t in tags], axis=0)
+        contexts = [
+            attention(g, qs[n], ks[n], vs[n], cfg, i, grp, grp["tag"])
+            for n, grp in enumerate(groups)
+        ]
+        ctx = g.op("Concat", contexts, f"{p}.ctx", axis=0)
     attn = linear(g, ctx, [(f"{p}.self_attn.o_proj.weight", 1.0)], f"{p}.o")
     x = g.op("Add", [x, attn], f"{p}.resid1")
 
@@ -337,6 +272,8 @@ GROUPS = (
     GroupInputs("rows", INPUT_IDS, POSITIONS, BLOCK_TABLE, ATTENTION_MASK),
     GroupInputs("chunk", CHUNK_INPUT_IDS, CHUNK_POSITIONS, CHUNK_BLOCK_TABLE, CHUNK_ATTENTION_MASK),
 )
+# The first group's token ids, flat (_prelude's name for them).
+ROWS_IDS_FLAT = f"{GROUPS[0].tag}.ids_flat"
 
 
 def _chunk_defaults(g: Graph) -> None:
@@ -375,41 +312,64 @@ def _one_token_switch(
     cfg: LlamaConfig,
     env: Mapping[str, str],
     groups: Sequence[Mapping[str, str]],
-) -> str:
-    """The layers in an If: on the Q4_1 blocks where the step has one token (llama_linear.py:
-    onnxruntime's 4-bit kernel is fast for one row only), on the fp32 weights otherwise.
+    int8_activations: bool,
+) -> tuple[str, str]:
+    """(x out, the one-token condition): the layers in an If: on the Q4_1 blocks where the
+    step has one token (llama_linear.py: onnxruntime's 4-bit kernel is fast for one row
+    only), on the fp32 weights otherwise.
+    The one-token branch is the first group's alone: the engine gives a step of one
+    token as a row (a chunk only beside rows), and the second group's attention, run on
+    no tokens, would still be 30-odd nodes a layer. A one-token chunk with no rows (a
+    caller's choice) takes the other branch.
     Both branches read the outer graph's tensors (x, the shapes, the cache pools) and
     keep their weights there too: onnxruntime holds a second copy of a subgraph's own
     initializers (0.9 GB more for SmolLM2), and the norms' are then stored once. Each
     branch names its nodes' outputs with a prefix of its own."""
     branches = []
-    for tag, linear in (("one_token/", blocks_linear(blocks)), ("tokens/", fp32_linear(weights))):
+    for tag, linear, its_groups in (
+        ("one_token/", blocks_linear(blocks, int8_activations), groups[:1]),
+        ("tokens/", fp32_linear(weights), groups),
+    ):
         branch = Graph(tag, g)
-        out, kv = _layers(branch, x, weights, cfg, env, groups, linear)
+        out, kv = _layers(branch, x, weights, cfg, env, its_groups, linear)
         outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (out, *kv)]
         branches.append(helper.make_graph(branch.nodes, tag.rstrip("/"), [], outputs))
-    one = g.op("Equal", [g.op("Shape", [ids], "shape.ids_flat"), g.ints("c.1", [1])], "one_token")
+    c1 = g.ints("c.1", [1])
+    one = g.op(
+        "And",
+        [
+            g.op("Equal", [g.op("Shape", [ids], "shape.ids_flat"), c1], "one_token.all"),
+            g.op("Equal", [g.op("Shape", [ROWS_IDS_FLAT], "shape.rows_flat"), c1], "one_token.row"),
+        ],
+        "one_token",
+    )
     names = [
         "layers.out",
         *(n for i in range(cfg.num_layers) for n in (key_name(i), value_name(i))),
     ]
-    return g.ops("If", [one], names, then_branch=branches[0], else_branch=branches[1])[0]
-
-
-def linear_weight_names(cfg: LlamaConfig) -> list[str]:
-    """The projections' weights (what Q4_1 blocks can stand for)."""
-    return [n for n in weight_names(cfg) if n.rsplit(".", 2)[-2].removesuffix("_proj")
-            in LINEAR_KINDS]  # fmt: skip
+    out = g.ops("If", [one], names, then_branch=branches[0], else_branch=branches[1])[0]
+    return out, one
 
 
 def build_step_graph(
-    weights: Weights, cfg: LlamaConfig, blocks: Mapping[str, Q41Blocks] | None = None
+    weights: Weights,
+    cfg: LlamaConfig,
+    blocks: Mapping[str, Q41Blocks] | None = None,
+    int8_activations: bool = False,
+    head: Q80Blocks | None = None,
 ) -> onnx.ModelProto:
     """The step graph of the contract in the module docstring, from Hugging Face-named
     weights (see weight_names). With `blocks` (every projection's Q4_1 blocks, equal to
     its fp32 weight), one-token steps compute on the blocks (an If; onnxruntime's
-    com.microsoft MatMulNBits, so the graph is for onnxruntime only)."""
+    com.microsoft MatMulNBits, so the graph is for onnxruntime only), on int8
+    activations with `int8_activations` (llama_linear.py), and then the LM head on
+    `head` (the head's Q8_0 blocks, equal to its fp32 table) too."""
     cfg.validate()
+    if head is not None and (blocks is None or not int8_activations):
+        raise ValueError("the head's Q8_0 blocks serve one-token steps on int8 activations")
+    table = "lm_head.weight" if not cfg.tie_word_embeddings else "model.embed_tokens.weight"
+    if head is not None and head.shape != (cfg.vocab_size, cfg.hidden_size):
+        raise ValueError(f"the head's blocks are {head.shape}, {table} is not")
     missing = [n for n in weight_names(cfg) if n not in weights]
     if missing:
         raise ValueError(f"weights lack {missing[:5]}{'...' if len(missing) > 5 else ''}")
@@ -425,10 +385,13 @@ def build_step_graph(
     env, groups, ids = _prelude(g, cfg, GROUPS)
     embed = g.const("model.embed_tokens.weight", weights["model.embed_tokens.weight"])
     x = g.op("Gather", [embed, ids], "embed", axis=0)
+    one_token = ""
     if blocks is None:
         x, _ = _layers(g, x, weights, cfg, env, groups, fp32_linear(weights))
     else:
-        x = _one_token_switch(g, x, ids, weights, blocks, cfg, env, groups)
+        x, one_token = _one_token_switch(
+            g, x, ids, weights, blocks, cfg, env, groups, int8_activations
+        )
     # The final norm runs once over every new token (its output is `hidden_states`, for
     # the prompt's log probabilities); the LM head over each row's last position only. A
     # decode step's tokens are all last positions, so that costs decode nothing, and a
@@ -448,10 +411,11 @@ def build_step_graph(
         for part, grp in zip(parts, groups, strict=True)
     ]
     normed = g.op("Concat", lasts, "last_hidden", axis=0)
-    head = embed
-    if not cfg.tie_word_embeddings:
-        head = g.const("lm_head.weight", weights["lm_head.weight"])
-    g.op("Gemm", [normed, head], LOGITS, transB=1)
+    fp32_head = g.const(table, weights[table])
+    if head is None:
+        g.op("Gemm", [normed, fp32_head], LOGITS, transB=1)
+    else:
+        head_switch(g, one_token, normed, fp32_head, head, LOGITS)
 
     kv_shape_in: list[str | int] = ["num_blocks", "block_size", cfg.num_kv_heads, cfg.head_dim]
     kv_shape_out: list[str | int] = ["tokens", cfg.num_kv_heads, cfg.head_dim]

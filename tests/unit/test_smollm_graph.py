@@ -16,6 +16,7 @@ from smollm import (
     CachedSeq,
     PagedCache,
     llama_onnx,
+    llama_weights,
     q4_1_weights,
     session_for,
     tiny_config,
@@ -39,7 +40,7 @@ pytest.importorskip("tokenizers", reason="tokenizers is not installed (the test 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def tiny(request: pytest.FixtureRequest) -> tuple[Any, dict[str, Any], Any]:
     cfg = tiny_config(**CONFIGS[request.param])
-    weights = llama_onnx().random_weights(cfg, seed=1)
+    weights = llama_weights().random_weights(cfg, seed=1)
     blocks = None
     if request.param.endswith("q4_1"):
         pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
@@ -54,7 +55,7 @@ def _close(logits: np.ndarray, cfg: Any, weights: dict[str, Any], ids: list[int]
 
 def test_the_graph_is_standard_onnx_with_the_contract() -> None:
     cfg = tiny_config()
-    model = llama_onnx().build_step_graph(llama_onnx().random_weights(cfg), cfg)
+    model = llama_onnx().build_step_graph(llama_weights().random_weights(cfg), cfg)
     onnx.checker.check_model(model, full_check=True)
     assert {op.domain for op in model.opset_import} == {""}
     assert {node.domain for node in model.graph.node} == {""}
@@ -189,7 +190,7 @@ def test_greedy_through_the_cache_equals_the_reference(tiny: Any) -> None:
 
 def test_wrong_weights_are_refused_with_the_name() -> None:
     cfg = tiny_config()
-    weights = llama_onnx().random_weights(cfg)
+    weights = llama_weights().random_weights(cfg)
     weights["model.layers.1.mlp.up_proj.weight"] = weights["model.layers.1.mlp.up_proj.weight"].T
     with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.up_proj\.weight is \(64, 96\)"):
         llama_onnx().build_step_graph(weights, cfg)
@@ -257,8 +258,8 @@ def test_one_token_steps_run_on_the_blocks_and_the_others_on_fp32() -> None:
     after a past, the blocks' answer, and a step of more tokens the fp32 weights'."""
     pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
     cfg = tiny_config()
-    weights = llama_onnx().random_weights(cfg, seed=3)
-    other, blocks = q4_1_weights(cfg, llama_onnx().random_weights(cfg, seed=4))
+    weights = llama_weights().random_weights(cfg, seed=3)
+    other, blocks = q4_1_weights(cfg, llama_weights().random_weights(cfg, seed=4))
     on_blocks = {**weights, **{name: other[name] for name in blocks}}
     model = llama_onnx().build_step_graph(weights, cfg, blocks)
     onnx.checker.check_model(model, full_check=True)
@@ -283,6 +284,10 @@ def test_one_token_steps_run_on_the_blocks_and_the_others_on_fp32() -> None:
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
     same(quantized, [[[7]]])  # a one-token prompt
+    # A one-token chunk with no rows beside it takes the fp32 branch: the one-token branch
+    # holds the first group alone (the engine gives a lone one-token step as a row).
+    got = cache(switch).step([], [], [CachedSeq()], [[7]])
+    np.testing.assert_allclose(got, cache(fp32).step([CachedSeq()], [[7]]), atol=1e-5, rtol=0)
     same(fp32, [[[7, 8]]])  # two tokens: one row, or two rows of one
     same(fp32, [[[7], [9]]])
     same(fp32, [[[7, 8, 9, 10]], [[11, 12]]])
@@ -301,15 +306,65 @@ def test_one_token_steps_run_on_the_blocks_and_the_others_on_fp32() -> None:
         np.testing.assert_allclose(mine.values[layer], theirs.values[layer], atol=1e-5)
 
 
+def test_int8_activations_round_one_token_steps_and_read_the_heads_q8_0_blocks() -> None:
+    """With int8 activations a one-token step computes on the Q4_1 blocks and the head's
+    Q8_0 blocks, as llama.cpp does (its activations rounded to 8 bits: close to the exact
+    answer, not equal); a step of more tokens stays on the fp32 weights. The blocks hold
+    other weights than the fp32 ones, so each step shows which it ran on."""
+    gguf = pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    from smollm import _load
+
+    cfg = tiny_config(tie_word_embeddings=False)
+    weights = llama_weights().random_weights(cfg, seed=3)
+    other, blocks = q4_1_weights(cfg, llama_weights().random_weights(cfg, seed=4))
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    data = gguf.quants.quantize(other["lm_head.weight"], q8)
+    head = _load("llama_linear").q8_from_gguf(data)
+    other["lm_head.weight"] = gguf.quants.dequantize(data, q8)
+    np.testing.assert_array_equal(head.dequantize(), other["lm_head.weight"])
+    on_blocks = {**weights, **{name: other[name] for name in [*blocks, "lm_head.weight"]}}
+    build = llama_onnx().build_step_graph
+    model = build(weights, cfg, blocks, int8_activations=True, head=head)
+    onnx.checker.check_model(model, full_check=True)
+    levels = {
+        a.i
+        for n in model.graph.node
+        if n.op_type == "If"
+        for branch in n.attribute
+        for node in branch.g.node
+        if node.op_type == "MatMulNBits"
+        for a in node.attribute
+        if a.name == "accuracy_level"
+    }
+    assert levels == {4}
+    switch, exact = session_for(model), session_for(build(on_blocks, cfg))
+    fp32 = session_for(build(weights, cfg))
+    for prompt in ([7], [300 - 1]):
+        got = PagedCache(switch, cfg, 8, 4).step([CachedSeq()], [prompt])
+        want = PagedCache(exact, cfg, 8, 4).step([CachedSeq()], [prompt])
+        # int8 rounding moves the logits (far more than fp32 rounding would), a little
+        # beside the distance to the fp32 weights' answer.
+        far = PagedCache(fp32, cfg, 8, 4).step([CachedSeq()], [prompt])
+        assert 1e-3 < np.abs(got - want).max() < 0.2 * np.abs(want - far).max()
+    got = PagedCache(switch, cfg, 8, 4).step([CachedSeq()], [[7, 8, 9]])
+    want = PagedCache(fp32, cfg, 8, 4).step([CachedSeq()], [[7, 8, 9]])
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="int8 activations"):
+        build(weights, cfg, blocks, head=head)
+    with pytest.raises(ValueError, match="head's blocks"):
+        small = _load("llama_linear").Q80Blocks(head.q[:5], head.scale[:5])
+        build(weights, cfg, blocks, int8_activations=True, head=small)
+
+
 def test_the_build_takes_the_blocks_unless_fp32_only(tmp_path: Path) -> None:
     """build.py writes the If graph where the GGUF's projections are Q4_1, and with
     --fp32-only standard ONNX (what the NPU placement takes); a GGUF that stores any
     projection another way gets the standard graph."""
     pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
-    from smollm import build_module, gguf_model, tiny_tokenizer_spec
+    from smollm import _load, build_module, gguf_model, tiny_tokenizer_spec
 
     cfg = tiny_config()
-    weights, blocks = q4_1_weights(cfg, llama_onnx().random_weights(cfg))
+    weights, blocks = q4_1_weights(cfg, llama_weights().random_weights(cfg))
     spec = tiny_tokenizer_spec(cfg.vocab_size)
     partial = dict(blocks)
     del partial["model.layers.1.mlp.down_proj.weight"]
@@ -319,3 +374,22 @@ def test_the_build_takes_the_blocks_unless_fp32_only(tmp_path: Path) -> None:
         folder = build_module().build(tmp_path / str(n), "m", 64, model=model, fp32_only=fp32_only)
         graph = onnx.load(str(Path(folder) / "1" / "model.onnx"))
         assert {op.domain for op in graph.opset_import} == domains, (n, fp32_only)
+    # --int8-activations: the head on the GGUF's Q8_0 table where it has one (an If of its
+    # own), on the fp32 table where it has not; never beside --fp32-only.
+    gguf = pytest.importorskip("gguf")
+    table = weights["model.embed_tokens.weight"]
+    head = _load("llama_linear").q8_from_gguf(
+        gguf.quants.quantize(table, gguf.GGMLQuantizationType.Q8_0)
+    )
+    for n, found in enumerate((head, None)):
+        model = gguf_model().GgufModel(cfg, weights, spec, "tiny", blocks, found)
+        folder = build_module().build(tmp_path / f"int8-{n}", "m", 64, model=model,
+                                      int8_activations=True)  # fmt: skip
+        graph = onnx.load(str(Path(folder) / "1" / "model.onnx"))
+        assert sum(node.op_type == "If" for node in graph.graph.node) == (2 if found else 1)
+    with pytest.raises(ValueError, match="int8 activations"):
+        build_module().build(tmp_path / "x", "m", 64, model=model, fp32_only=True,
+                             int8_activations=True)  # fmt: skip
+    with pytest.raises(SystemExit) as exited:
+        build_module().main(["--fp32-only", "--int8-activations"])
+    assert exited.value.code == 2

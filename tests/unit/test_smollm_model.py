@@ -173,3 +173,8 @@ def test_the_ggufs_q4_1_blocks_are_its_weights_and_serve_one_token_steps(
     (switch,) = [node for node in graph.node if node.op_type == "If"]
     then = next(a.g for a in switch.attribute if a.name == "then_branch")
     assert sum(node.op_type == "MatMulNBits" for node in then.node) == 4 * 30
+    # The tied LM head is Q8_0 in the GGUF: --int8-activations reads those blocks.
+    head = built.gguf.head
+    assert head is not None and head.shape == (49152, 576)
+    table = built.gguf.weights["model.embed_tokens.weight"]
+    np.testing.assert_array_equal(head.dequantize(), table)

@@ -1,0 +1,69 @@
+"""The weights a LLaMA step graph (llama_onnx.py) is built from, by their Hugging Face
+names and shapes; random ones of those shapes for tests."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+from llama_linear import LINEAR_KINDS
+
+if TYPE_CHECKING:
+    from llama_onnx import LlamaConfig
+
+
+def weight_names(cfg: LlamaConfig) -> list[str]:
+    """The tensors a weights dict holds, by their Hugging Face names; each linear weight is
+    [out, in] as torch's Linear keeps it, Q and K in Hugging Face's (rotate-half) order."""
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    if not cfg.tie_word_embeddings:
+        names.append("lm_head.weight")
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}"
+        names += [f"{p}.input_layernorm.weight", f"{p}.post_attention_layernorm.weight"]
+        names += [f"{p}.self_attn.{k}_proj.weight" for k in ("q", "k", "v", "o")]
+        names += [f"{p}.mlp.{k}_proj.weight" for k in ("gate", "up", "down")]
+    return names
+
+
+def weight_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    h, f, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name in weight_names(cfg):
+        kind = name.rsplit(".", 2)[-2]
+        shapes[name] = {
+            "embed_tokens": (cfg.vocab_size, h),
+            "lm_head": (cfg.vocab_size, h),
+            "norm": (h,),
+            "input_layernorm": (h,),
+            "post_attention_layernorm": (h,),
+            "q_proj": (cfg.num_heads * d, h),
+            "k_proj": (cfg.num_kv_heads * d, h),
+            "v_proj": (cfg.num_kv_heads * d, h),
+            "o_proj": (h, cfg.num_heads * d),
+            "gate_proj": (f, h),
+            "up_proj": (f, h),
+            "down_proj": (h, f),
+        }[kind]
+    return shapes
+
+
+def random_weights(cfg: LlamaConfig, seed: int = 0) -> dict[str, npt.NDArray[np.float32]]:
+    """Random weights of the right shapes (for tests): scaled so activations stay O(1)."""
+    rng = np.random.default_rng(seed)
+    weights: dict[str, npt.NDArray[np.float32]] = {}
+    for name, shape in weight_shapes(cfg).items():
+        if len(shape) == 1:
+            value = 1.0 + 0.1 * rng.standard_normal(shape)
+        else:
+            value = rng.standard_normal(shape) / math.sqrt(shape[1])
+        weights[name] = value.astype(np.float32)
+    return weights
+
+
+def linear_weight_names(cfg: LlamaConfig) -> list[str]:
+    """The projections' weights (what Q4_1 blocks can stand for)."""
+    return [n for n in weight_names(cfg) if n.rsplit(".", 2)[-2].removesuffix("_proj")
+            in LINEAR_KINDS]  # fmt: skip
