@@ -48,6 +48,7 @@ from .observability.resources import DeviceMetricsProvider, ResourceSampler
 from .startup.exiting import leave_running_executions
 from .startup.gcheap import settle_heap
 from .startup.grpc_core import grpc_core_environment
+from .startup.listen import listen_socket
 from .startup.malloc import limit_malloc_arenas, release_freed_memory
 from .startup.part_settings import (
     configure_logging,
@@ -60,6 +61,7 @@ from .startup.part_settings import (
     warn_about_flags,
 )
 from .startup.settings import Settings
+from .workers.loopback import HTTP_SOCKET, LoopbackSockets
 from .workers.pool import FrontEndWorkers, WorkerSpec
 
 log = logging.getLogger("ge_serve")
@@ -163,11 +165,18 @@ class ServerApp:
         self.grpc_workers: FrontEndWorkers | None = None
         self.http_workers: FrontEndWorkers | None = None
         self._listeners: list[socket.socket] = []
-        # With workers, this process's gRPC front end answers what they pass on, on
-        # loopback; they listen on the public address.
-        internal = dataclasses.replace(self.grpc_public, address="127.0.0.1", port=0)
-        self.grpc = GrpcFrontEnd(self.core, internal if settings.grpc_workers else self.grpc_public)
         self.metrics = self._make_metrics() if settings.allow_metrics else None
+        # With workers, this process's front ends answer what they pass on, on Unix
+        # sockets only this user reaches (workers/loopback.py); they listen on the public
+        # addresses.
+        workers = settings.grpc_workers or settings.http_workers
+        self.loopback = LoopbackSockets() if workers else None
+        grpc_settings_ = self.grpc_public
+        if settings.grpc_workers and self.loopback is not None:
+            grpc_settings_ = dataclasses.replace(
+                self.grpc_public, address=self.loopback.grpc_target(), port=0, reuse_port=False
+            )
+        self.grpc = GrpcFrontEnd(self.core, grpc_settings_)
         self._servers: list[EmbeddedUvicorn] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.stopping = asyncio.Event()
@@ -279,7 +288,8 @@ class ServerApp:
     async def _start_grpc_workers(self) -> None:
         public = self.grpc_public
         if public.tls is not None:
-            # The workers would pass calls on to this process's front end in the clear.
+            # The workers are not given the certificate: they would serve their port in
+            # the clear.
             raise ServerError(
                 ErrorCode.INVALID_ARG, "--grpc-workers cannot be used with --grpc-use-ssl"
             )
@@ -291,7 +301,7 @@ class ServerApp:
         public = dataclasses.replace(public, port=port)
         config = {
             "target": public.target,
-            "forward": f"127.0.0.1:{self.grpc.port}",
+            "forward": self.grpc.settings.target,
             "options": public.channel_options(),
             "restricted": public.restricted,
             "header_forward_pattern": public.header_forward_pattern,
@@ -314,17 +324,19 @@ class ServerApp:
 
     async def _start_http_workers(self) -> None:
         """The workers share one listening socket, bound here; what they pass on, the
-        front end answers here on a loopback port."""
+        front end answers here on a Unix socket (workers/loopback.py)."""
         settings = self.settings
+        assert self.loopback is not None
         app = self.http.build(marked=False)  # the workers put the marks on (http/marks.py)
-        loopback = await self._start_uvicorn(app, "127.0.0.1", 0, "Internal HTTP", self.http.gate)
+        internal = self.loopback.listen(HTTP_SOCKET, "Internal HTTP")
+        await self._start_uvicorn(app, "", 0, "Internal HTTP", self.http.gate, internal)
         sock = listen_socket(
             settings.http_address, settings.http_port, "HTTP", settings.reuse_http_port
         )
         self._listeners.append(sock)
         config = {
             "listen_fd": sock.fileno(),
-            "forward_port": loopback,
+            "forward_path": self.loopback.path(HTTP_SOCKET),
             "max_input_size": self.http.settings.max_input_size,
             "max_chunks": self.http.settings.max_chunks,
             **self.http.worker_config(),
@@ -343,14 +355,24 @@ class ServerApp:
                  settings.http_workers)  # fmt: skip
 
     async def _start_uvicorn(
-        self, app: object, host: str, port: int, what: str, gate: DrainGate | None = None
+        self,
+        app: object,
+        host: str,
+        port: int,
+        what: str,
+        gate: DrainGate | None = None,
+        bound: socket.socket | None = None,
     ) -> int:
+        """Serve `app` on host:port, or on `bound` (a Unix socket); returns the port."""
         tls = self.http.settings.tls.uvicorn_options() if what == "HTTP" else {}
         config = front_end_config(app, self.settings.exit_timeout_secs, host=host, port=port, **tls)
         # Bound here rather than by uvicorn, which calls sys.exit() from inside its task
         # when the address is taken; this way the reason is one clear line.
-        sock = listen_socket(host, port, what, self.settings.reuse_http_port and what == "HTTP")
-        port = int(sock.getsockname()[1])
+        reuse = self.settings.reuse_http_port and what == "HTTP"
+        sock = bound if bound is not None else listen_socket(host, port, what, reuse)
+        where = sock.getsockname()
+        port = int(where[1]) if isinstance(where, tuple) else 0
+        shown = f"{host}:{port}" if isinstance(where, tuple) else str(where)
         server = EmbeddedUvicorn(config, gate)
         task = asyncio.create_task(server.serve(sockets=[sock]), name=f"uvicorn-{what}")
         self._servers.append(server)
@@ -358,9 +380,9 @@ class ServerApp:
         while not server.started:
             if task.done():
                 task.result()
-                raise RuntimeError(f"{what} server on {host}:{port} exited during startup")
+                raise RuntimeError(f"{what} server on {shown} exited during startup")
             await asyncio.sleep(0.01)
-        log.info("Started %sService at %s:%d", what, host, port)
+        log.info("Started %sService at %s", what, shown)
         return port
 
     def log_model_table(self) -> None:
@@ -410,26 +432,8 @@ class ServerApp:
         self.core.tracing.close()
         self.core.shared_memory.close()
         close_backends(self.backends)
-
-
-def listen_socket(host: str, port: int, what: str, reuse_port: bool = False) -> socket.socket:
-    """A bound TCP socket for an endpoint, or a ServerError that says why not.
-
-    `reuse_port` (--reuse-http-port): other servers that set it may share the port."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ServerError(
-            ErrorCode.UNAVAILABLE,
-            f"cannot listen for {what} on {host}:{port}: {exc.strerror or exc}",
-        ) from None
-    return sock
+        if self.loopback is not None:
+            self.loopback.close()
 
 
 async def serve(settings: Settings, log_control: LogControl | None = None) -> int:

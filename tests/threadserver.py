@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from ge_serve.server.app import listen_socket
 from ge_serve.server.http.embedded import EmbeddedUvicorn, front_end_config
+from ge_serve.server.startup.listen import listen_socket
 
 AppFactory = Callable[[], AbstractAsyncContextManager[Any]]
 

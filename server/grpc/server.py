@@ -79,6 +79,8 @@ class GrpcSettings:
 
     @property
     def target(self) -> str:
+        if self.address.startswith("unix:"):  # a Unix socket's path (grpc's scheme)
+            return self.address
         host = self.address
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"

@@ -5,8 +5,8 @@ kernel spreads connections over them), decodes and encodes ModelInfer itself wit
 same codec, guard and drain gate as the servicer, and runs each request in the server
 process over its link (server/workers/remote.py). Every other RPC of the inference service,
 health checking and reflection, streams included, goes on as bytes to the server's own
-gRPC front end on a loopback port, with its metadata and deadline, and its answer or
-status comes back as it is.
+gRPC front end on its Unix socket (server/workers/loopback.py), with its metadata and
+deadline, and its answer or status comes back as it is.
 
     python -m ge_serve.server.grpc.worker '{"target": ..., "forward": ..., "link_fd": ...}'
 """
@@ -193,7 +193,7 @@ async def serve(config: dict[str, Any]) -> int:
     index = int(config["index"])
     core = RemoteCore(socket.socket(fileno=int(config["link_fd"])), f"grpc-{index}", stopping.set)
     options = [tuple(option) for option in config["options"] if option[0] != "grpc.so_reuseport"]
-    # Forwarded answers are compressed once, by this process's server, not on loopback too.
+    # Forwarded answers are compressed once, by this process's server, not on the Unix socket too.
     local = [option for option in options if option[0] != "grpc.default_compression_level"]
     forward = grpc.aio.insecure_channel(str(config["forward"]), options=local)
     rules = tuple(tuple(rule) for rule in config["restricted"])

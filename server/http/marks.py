@@ -1,7 +1,7 @@
 """What vLLM's flags add to every HTTP answer: CORS (cors.py) and request ids
 (requestid.py), applied once to each request. Without HTTP workers the server's front end
 applies them; with workers, the worker that accepted the connection does, around its own
-inference and what it passes on, and the loopback front end the workers pass requests on
+inference and what it passes on, and the internal front end the workers pass requests on
 to is built without them (so no answer gets a second `X-Request-Id` or `Vary`). Both are
 stateless and hold no secret, so a worker keeps answering inference itself while they are
 on; `--api-key` and `--http-restricted-api`, which must see every request, stay in the

@@ -1,11 +1,12 @@
 """An HTTP worker's way to pass a request on: to the server's own HTTP front end, on a
-loopback port, byte for byte (HTTP/1.1 with h11).
+Unix socket only the server's user reaches (server/workers/loopback.py), byte for byte
+(HTTP/1.1 with h11).
 
 Everything but inference is answered by the server process (health, metadata,
 statistics, the repository, shared memory, logging, /metrics, /v1, generate): a worker
 sends the request on whole and relays the answer as it comes, a streamed one chunk by
 chunk. gRPC workers pass their other calls on the same way, to the server's own gRPC
-front end on loopback, so both protocols have one way: the process link carries
+front end on its Unix socket, so both protocols have one way: the process link carries
 inference only, and every other answer is the one the server's own front end gives.
 
 Connections to the server are kept open and reused, well within the server's keep-alive
@@ -69,9 +70,8 @@ class _Connection:
 class PassOn:
     """ASGI: the request, body and all, answered by the server's own front end."""
 
-    def __init__(self, host: str, port: int, max_body: int, max_chunks: int) -> None:
-        self._host = host
-        self._port = port
+    def __init__(self, path: str, max_body: int, max_chunks: int) -> None:
+        self._path = path
         # --http-max-input-size and the chunk count, as the server's front end applies
         # them (body_bound, read_raw_body): a body past them is refused here, before it
         # is held whole.
@@ -86,7 +86,7 @@ class PassOn:
             if not connection.reader.at_eof() and now - connection.idle_since < _IDLE_S:
                 return connection
             connection.close()
-        reader, writer = await asyncio.open_connection(self._host, self._port)
+        reader, writer = await asyncio.open_unix_connection(self._path)
         return _Connection(reader, writer)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -117,7 +117,7 @@ class PassOn:
 
     async def _relay(self, scope: Scope, body: bytes, send: Send) -> None:
         try:
-            request = _request(scope, len(body), f"{self._host}:{self._port}".encode())
+            request = _request(scope, len(body), _SERVER_HOST)
         except h11.LocalProtocolError as exc:
             # What the front end accepted and h11 still will not send: the client's
             # request is at fault, and no other server is.
@@ -175,6 +175,10 @@ class PassOn:
             with contextlib.suppress(OSError):
                 await connection.writer.wait_closed()
         self._idle.clear()
+
+
+# The Host a request without one is passed on with: the server's own, on no port.
+_SERVER_HOST = b"localhost"
 
 
 def _request(scope: Scope, length: int, default_host: bytes) -> h11.Request:

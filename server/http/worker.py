@@ -4,8 +4,8 @@ It accepts connections on the listening socket the server bound and handed it (s
 by every HTTP worker: the kernel gives each connection to one of them), runs the
 inference endpoint itself (InferEndpoint: the same body limits, decoding, errors and
 encoding as the server's own) with each request run in the server process over its link,
-and passes every other request on whole to the server's own HTTP front end on a loopback
-port (passon.py), which answers it (health, metadata, statistics, repository, shared
+and passes every other request on whole to the server's own HTTP front end on a Unix socket
+(passon.py), which answers it (health, metadata, statistics, repository, shared
 memory, logging, /metrics, /v1, generate). With
 `--http-restricted-api`, whose checks must see every request, inference is passed on too.
 It puts vLLM's CORS and request-id marks on every answer itself (marks.py), and serves
@@ -56,8 +56,7 @@ async def serve(config: dict[str, Any]) -> int:
 
     core = RemoteCore(socket.socket(fileno=int(config["link_fd"])), f"http-{index}", stop)
     passon = PassOn(
-        "127.0.0.1",
-        int(config["forward_port"]),
+        str(config["forward_path"]),
         int(config["max_input_size"]),
         int(config["max_chunks"]),
     )

@@ -4,7 +4,7 @@ A worker sends `Infer` (a decoded request), `Cancel` (its client went away) and 
 (it has encoded the answer, so the answer's shared memory is free again). The server
 answers each request with `Answer` or `Failed`, and says `Stop` when it stops. Nothing
 else travels here: what is not inference a worker passes on to the server's own front
-end on loopback.
+end on its Unix socket.
 
 Tensors are `WireTensor`s: numeric data as placed bytes (inline or an arena region) and
 the numpy dtype it has, BYTES as the list of its items (or, past INLINE_MAX, serialized

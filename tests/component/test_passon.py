@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import MutableMapping
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from serverproc import free_ports
 
 from ge_serve.server.http import passon as passon_module
 from ge_serve.server.http.passon import PassOn
@@ -55,9 +55,9 @@ class Client:
         return b"".join(m.get("body", b"") for m in self.sent[1:])
 
 
-async def test_a_body_past_the_limit_is_refused_before_it_is_held_whole() -> None:
-    # Nothing listens on the port: a request passed on would be answered 503.
-    passon = PassOn("127.0.0.1", free_ports(1)[0], LIMIT, MAX_CHUNKS)
+async def test_a_body_past_the_limit_is_refused_before_it_is_held_whole(tmp_path: Path) -> None:
+    # Nothing listens there: a request passed on would be answered 503.
+    passon = PassOn(str(tmp_path / "none.sock"), LIMIT, MAX_CHUNKS)
     streamed = Client(chunks=10_000)  # 40 MB, chunked
     await asyncio.wait_for(passon(scope(), streamed.receive, streamed.send), 10)
     assert streamed.status == 400 and streamed.taken == LIMIT // 4096 + 1
@@ -72,7 +72,7 @@ async def test_a_body_past_the_limit_is_refused_before_it_is_held_whole() -> Non
 
 
 async def test_a_connection_is_reused_only_well_within_the_servers_keep_alive(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # The server's keep-alive timeout closed a kept connection just as a request went out
     # on it: 503. Here it closes one that waits 0.1 s; the pass-on reuses one for 0.05 s.
@@ -94,9 +94,9 @@ async def test_a_connection_is_reused_only_well_within_the_servers_keep_alive(
         finally:
             writer.close()
 
-    listener = await asyncio.start_server(server, "127.0.0.1", 0)
-    port = listener.sockets[0].getsockname()[1]
-    passon = PassOn("127.0.0.1", port, LIMIT, MAX_CHUNKS)
+    path = str(tmp_path / "server.sock")
+    listener = await asyncio.start_unix_server(server, path)
+    passon = PassOn(path, LIMIT, MAX_CHUNKS)
     try:
         for _ in range(3):
             client = Client(chunks=1, size=0)
@@ -110,7 +110,7 @@ async def test_a_connection_is_reused_only_well_within_the_servers_keep_alive(
         await listener.wait_closed()
 
 
-async def test_a_request_without_one_host_is_passed_on_with_one() -> None:
+async def test_a_request_without_one_host_is_passed_on_with_one(tmp_path: Path) -> None:
     # h11 sends HTTP/1.1, which needs exactly one Host; the server's front end takes none
     # or several (it routes by path), and so must a worker passing a request on to it.
     heads: list[bytes] = []
@@ -121,13 +121,13 @@ async def test_a_request_without_one_host_is_passed_on_with_one() -> None:
         await writer.drain()
         writer.close()
 
-    listener = await asyncio.start_server(server, "127.0.0.1", 0)
-    port = listener.sockets[0].getsockname()[1]
-    passon = PassOn("127.0.0.1", port, LIMIT, MAX_CHUNKS)
+    path = str(tmp_path / "server.sock")
+    listener = await asyncio.start_unix_server(server, path)
+    passon = PassOn(path, LIMIT, MAX_CHUNKS)
     cases = [
         ([], ("127.0.0.1", 8000), b"127.0.0.1:8000"),  # HTTP/1.0, no Host: the address used
         ([], ("::1", 8000), b"[::1]:8000"),
-        ([], None, b"127.0.0.1:%d" % port),  # no address either (a Unix socket)
+        ([], None, b"localhost"),  # no address either (a Unix socket): the server's
         ([(b"host", b"a"), (b"host", b"b")], ("127.0.0.1", 8000), b"a"),  # the first, as read
         # Whitespace at the end of a value, which llhttp keeps and h11 refuses.
         ([(b"host", b"a "), (b"x-odd", b"b \t")], ("127.0.0.1", 8000), b"a"),

@@ -14,9 +14,9 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from ge_serve.server.app import listen_socket
 from ge_serve.server.control.uvicornlogs import UvicornLogs, install
 from ge_serve.server.http.embedded import EmbeddedUvicorn, front_end_config
+from ge_serve.server.startup.listen import listen_socket
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.asyncio]
 

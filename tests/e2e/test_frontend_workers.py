@@ -448,3 +448,36 @@ def test_grpc_workers_refuse_tls(repo: Path, tmp_path: Path) -> None:
     finally:
         server.stop()
     assert "--grpc-workers cannot be used with --grpc-use-ssl" in server.log()
+
+
+def test_what_workers_pass_on_reaches_the_server_on_private_unix_sockets(repo: Path) -> None:
+    """The server's own front ends answer the workers on Unix sockets in a directory only
+    its user may enter, not on a loopback port that any process on the host could reach
+    past the public port's TLS: the server process listens on TCP at its public ports
+    alone, and the directory goes when it stops."""
+    import psutil
+
+    flags = ["--http-workers", "1", "--grpc-workers", "1"]
+    with running_server([repo], flags) as server:
+        poll(lambda: len(http_worker_pids(server)) == 1, 30, "the HTTP worker")
+        proc = psutil.Process(server.process.pid)
+        listening = {
+            c.laddr.port for c in proc.net_connections("inet") if c.status == psutil.CONN_LISTEN
+        }
+        # The HTTP port the workers share is bound here; the gRPC workers bind theirs.
+        assert listening == {server.http_port, server.metrics_port}, listening
+        # Each listening socket, and the server's ends of the connections it accepted.
+        paths = sorted(
+            {str(c.laddr) for c in proc.net_connections("unix") if str(c.laddr).endswith(".sock")}
+        )
+        assert [Path(p).name for p in paths] == ["grpc.sock", "http.sock"], paths
+        folder = Path(paths[0]).parent
+        assert folder.stat().st_mode & 0o777 == 0o700
+        # Passed on through them: the server's own answers.
+        assert httpx.get(server.base_url + "/v2/models/probe", timeout=30).json()["name"] == "probe"
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            assert client.get_model_metadata("probe").name == "probe"
+        finally:
+            client.close()
+    assert not folder.exists()
