@@ -31,7 +31,7 @@ from .control.logsettings import LogControl
 from .control.model_control import ControlMode, ControlSettings, ModelControl
 from .control.sharedmemory import SharedMemoryManager
 from .control.stopping import ANSWER_S, DrainGate
-from .errors import ErrorCode, ServerError
+from .errors import ServerError
 from .grpc.server import GrpcFrontEnd
 from .http.app import HttpFrontEnd
 from .http.cloudstart import start_cloud
@@ -173,9 +173,11 @@ class ServerApp:
         self.loopback = LoopbackSockets() if workers else None
         grpc_settings_ = self.grpc_public
         if settings.grpc_workers and self.loopback is not None:
+            # TLS is the workers' to serve; the socket is this user's alone.
             grpc_settings_ = dataclasses.replace(
-                self.grpc_public, address=self.loopback.grpc_target(), port=0, reuse_port=False
-            )
+                self.grpc_public, address=self.loopback.grpc_target(), port=0, reuse_port=False,
+                tls=None,
+            )  # fmt: skip
         self.grpc = GrpcFrontEnd(self.core, grpc_settings_)
         self._servers: list[EmbeddedUvicorn] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -287,12 +289,6 @@ class ServerApp:
 
     async def _start_grpc_workers(self) -> None:
         public = self.grpc_public
-        if public.tls is not None:
-            # The workers are not given the certificate: they would serve their port in
-            # the clear.
-            raise ServerError(
-                ErrorCode.INVALID_ARG, "--grpc-workers cannot be used with --grpc-use-ssl"
-            )
         # A port in use must fail here: the workers share theirs (SO_REUSEPORT), which
         # would not notice another server on it. Port 0 is chosen here, once, for all.
         probe = listen_socket(public.address, public.port, "gRPC", public.reuse_port)
@@ -305,6 +301,9 @@ class ServerApp:
             "options": public.channel_options(),
             "restricted": public.restricted,
             "header_forward_pattern": public.header_forward_pattern,
+            # --grpc-use-ssl's files, which each worker reads (never their bytes: the
+            # command line is there for any user to see).
+            "tls": self._grpc_tls_files(),
             "log_format": self.settings.log_format,
             # The calls this process ends at the exit timeout are answered through them.
             "grace_s": self.settings.exit_timeout_secs + ANSWER_S,
@@ -321,6 +320,14 @@ class ServerApp:
         await self.grpc_workers.start()
         workers = self.settings.grpc_workers
         log.info("Started GRPCInferenceService at %s (%d worker processes)", public.target, workers)
+
+    def _grpc_tls_files(self) -> dict[str, object] | None:
+        settings = self.settings
+        if self.grpc_public.tls is None:
+            return None
+        mutual = settings.grpc_ssl.mutual
+        return {"cert": settings.grpc_server_cert, "key": settings.grpc_server_key,
+                "root": settings.grpc_root_cert if mutual else None, "mutual": mutual}  # fmt: skip
 
     async def _start_http_workers(self) -> None:
         """The workers share one listening socket, bound here; what they pass on, the

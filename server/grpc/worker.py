@@ -20,6 +20,7 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -187,6 +188,18 @@ def _forwarding(
     return grpc.stream_unary_rpc_method_handler(stream_unary)
 
 
+def tls_credentials(files: dict[str, Any] | None) -> grpc.ServerCredentials | None:
+    """--grpc-use-ssl[-mutual]: the server's files (it read them at its start, so they
+    were readable then), read again here; None for plaintext."""
+    if files is None:
+        return None
+    mutual = bool(files["mutual"])
+    root = Path(str(files["root"])).read_bytes() if mutual else None
+    key, cert = (Path(str(files[name])).read_bytes() for name in ("key", "cert"))
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=root,
+                                       require_client_auth=mutual)  # fmt: skip
+
+
 async def serve(config: dict[str, Any]) -> int:
     # Set by the server's `Stop`, or its link's end; never by a signal (main()).
     stopping = asyncio.Event()
@@ -208,7 +221,13 @@ async def serve(config: dict[str, Any]) -> int:
     intake.register()
     target = str(config["target"])
     try:
-        port = server.add_insecure_port(target)
+        credentials = tls_credentials(config["tls"])
+        if credentials is None:
+            port = server.add_insecure_port(target)
+        else:
+            port = server.add_secure_port(target, credentials)
+    except OSError as exc:
+        port, why = 0, f"cannot read {exc.filename}: {exc.strerror}"
     except RuntimeError as exc:
         port, why = 0, str(exc)
     else:

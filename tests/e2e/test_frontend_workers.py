@@ -29,7 +29,7 @@ from certs import make_tls_files
 from modelgen import batch_probe_model, identity_model, write_model
 from onnx import TensorProto
 from polling import poll
-from serverproc import ServerProcess, running_server, start_server
+from serverproc import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
 from ge_serve.protos import grpc_service_pb2 as pb
@@ -438,16 +438,52 @@ def test_http_workers_answer_requests_without_one_host_as_the_server_does(
     assert json.loads(metadata)["name"] == "triton"
 
 
-def test_grpc_workers_refuse_tls(repo: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mutual-tls"])
+def test_grpc_workers_serve_tls(repo: Path, tmp_path: Path, mutual: bool) -> None:
+    """--grpc-use-ssl[-mutual] with workers: each worker serves TLS on the public port
+    (inference there, metadata passed on); a plaintext client, or one without a
+    certificate where one is required, is refused."""
     tls = make_tls_files(tmp_path)
-    flags = ["--grpc-workers", "1", "--grpc-use-ssl=true",
-             f"--grpc-server-cert={tls.cert}", f"--grpc-server-key={tls.key}"]  # fmt: skip
-    server = start_server([repo], flags, wait_ready=False)
+    flags = ["--grpc-workers", "1", f"--grpc-server-cert={tls.cert}",
+             f"--grpc-server-key={tls.key}", f"--grpc-root-cert={tls.ca}"]  # fmt: skip
+    flags.append("--grpc-use-ssl-mutual=true" if mutual else "--grpc-use-ssl=true")
+    with running_server([repo], flags) as server:
+        # The server's own certificate, signed by the CA, serves as the client's.
+        own = {"private_key": str(tls.key), "certificate_chain": str(tls.cert)}
+        secure = grpcclient.InferenceServerClient(
+            server.grpc_url, ssl=True, root_certificates=str(tls.ca), **own
+        )
+        try:
+            poll(lambda: _answers(secure), 60, "ready over TLS")
+            assert secure.get_model_metadata("probe").name == "probe"
+            tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+            tensor.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+            result = secure.infer("probe", [tensor])
+            assert result.as_numpy("OUTPUT0").tolist() == [[1.0] * 4]
+        finally:
+            secure.close()
+        plain = grpcclient.InferenceServerClient(server.grpc_url)
+        with pytest.raises(InferenceServerException):
+            plain.is_server_live(client_timeout=5)
+        plain.close()
+        anonymous = grpcclient.InferenceServerClient(
+            server.grpc_url, ssl=True, root_certificates=str(tls.ca)
+        )
+        try:
+            if mutual:
+                with pytest.raises(InferenceServerException):
+                    anonymous.is_server_live(client_timeout=5)
+            else:
+                assert anonymous.is_server_live(client_timeout=5)
+        finally:
+            anonymous.close()
+
+
+def _answers(client: grpcclient.InferenceServerClient) -> bool:
     try:
-        assert server.process.wait(timeout=60) == 1
-    finally:
-        server.stop()
-    assert "--grpc-workers cannot be used with --grpc-use-ssl" in server.log()
+        return bool(client.is_server_ready(client_timeout=2))
+    except InferenceServerException:
+        return False
 
 
 def test_what_workers_pass_on_reaches_the_server_on_private_unix_sockets(repo: Path) -> None:
