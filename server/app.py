@@ -39,6 +39,7 @@ from .http.embedded import EmbeddedUvicorn, front_end_config
 from .http.monitoring import MetricsApp, metrics_endpoint
 from .inference.bls import CoreBridge
 from .inference.core import InferenceServer, ServerInfo
+from .inference.reports import RepositoryEntry
 from .models.lifecycle import LifecycleSettings, ModelLifecycle
 from .models.repository import ModelRepository
 from .models.table import model_table
@@ -54,6 +55,7 @@ from .startup.part_settings import (
     configure_logging,
     default_max_batch_size,
     grpc_settings,
+    grpc_tls_files,
     http_settings,
     response_cache,
     scheduler_options,
@@ -273,10 +275,15 @@ class ServerApp:
         except ServerError as exc:
             log.error("%s", exc.message)
             return False
-        self.log_model_table()
+        rows = self.lifecycle.index()
+        self.log_model_table(rows)
         await asyncio.to_thread(release_freed_memory)
+        # A model the table shows with its reason was logged as it failed; the others
+        # (a name the repository lacks, say) are said here.
+        explained = {row.name for row in rows if row.reason}
         for name, message in sorted(errors.items()):
-            log.error("model '%s' failed to load: %s", name, message)
+            if name not in explained:
+                log.error("model '%s' failed to load: %s", name, message)
         if errors and self.settings.exit_on_error:
             log.error(
                 "exiting: %d model(s) failed to load (use --exit-on-error=false to serve the "
@@ -301,9 +308,7 @@ class ServerApp:
             "options": public.channel_options(),
             "restricted": public.restricted,
             "header_forward_pattern": public.header_forward_pattern,
-            # --grpc-use-ssl's files, which each worker reads (never their bytes: the
-            # command line is there for any user to see).
-            "tls": self._grpc_tls_files(),
+            "tls": grpc_tls_files(self.settings),
             "log_format": self.settings.log_format,
             # The calls this process ends at the exit timeout are answered through them.
             "grace_s": self.settings.exit_timeout_secs + ANSWER_S,
@@ -320,14 +325,6 @@ class ServerApp:
         await self.grpc_workers.start()
         workers = self.settings.grpc_workers
         log.info("Started GRPCInferenceService at %s (%d worker processes)", public.target, workers)
-
-    def _grpc_tls_files(self) -> dict[str, object] | None:
-        settings = self.settings
-        if self.grpc_public.tls is None:
-            return None
-        mutual = settings.grpc_ssl.mutual
-        return {"cert": settings.grpc_server_cert, "key": settings.grpc_server_key,
-                "root": settings.grpc_root_cert if mutual else None, "mutual": mutual}  # fmt: skip
 
     async def _start_http_workers(self) -> None:
         """The workers share one listening socket, bound here; what they pass on, the
@@ -392,8 +389,8 @@ class ServerApp:
         log.info("Started %sService at %s", what, shown)
         return port
 
-    def log_model_table(self) -> None:
-        log.info("models:", extra={"table": model_table(self.lifecycle.index())})
+    def log_model_table(self, rows: list[RepositoryEntry]) -> None:
+        log.info("models:", extra={"table": model_table(rows)})
 
     async def stop(self) -> None:
         """Stop accepting, let in-flight requests finish within the exit timeout, close.

@@ -177,6 +177,17 @@ def grpc_tls(settings: Settings) -> GrpcTls | None:
     )
 
 
+def grpc_tls_files(settings: Settings) -> dict[str, object] | None:
+    """--grpc-use-ssl[-mutual]'s files as gRPC workers are told them: their paths, which
+    each worker reads, never their bytes (a command line is any user's to read)."""
+    ssl = settings.grpc_ssl
+    if not ssl.on:
+        return None
+    root = settings.grpc_root_cert if ssl.mutual else None
+    return {"cert": settings.grpc_server_cert, "key": settings.grpc_server_key, "root": root,
+            "mutual": ssl.mutual}  # fmt: skip
+
+
 def response_cache(settings: Settings) -> ResponseCache | None:
     """--cache-config local,size=BYTES: the cache the models with response_cache use."""
     size = settings.cache_size()
