@@ -19,7 +19,7 @@ import importlib.util
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -156,14 +156,25 @@ def q4_1_weights(
     """`weights` with every projection stored as llama.cpp stores Q4_1 (gguf's own
     quantizer), read back as the build script reads a GGUF's blocks: the dequantized
     weights (what the graph must compute with) and the blocks."""
+    return quantized_weights(cfg, weights, lambda name: "Q4_1")
+
+
+def quantized_weights(
+    cfg: Any, weights: dict[str, npt.NDArray[np.float32]], kind: Callable[[str], str]
+) -> tuple[dict[str, npt.NDArray[np.float32]], dict[str, Any]]:
+    """`weights` with each projection stored as `kind(name)` (Q4_0, Q4_1 or Q8_0, by
+    gguf's own quantizer), read back as the build script reads a GGUF's blocks."""
     import gguf
 
-    q4 = _load("llama_linear")
+    linear = _load("llama_linear")
+    readers = {"Q4_0": linear.q4_0_from_gguf, "Q4_1": linear.from_gguf,
+               "Q8_0": linear.q8_from_gguf}  # fmt: skip
     dequantized, blocks = dict(weights), {}
     for name in llama_weights().linear_weight_names(cfg):
-        data = gguf.quants.quantize(weights[name], gguf.GGMLQuantizationType.Q4_1)
-        blocks[name] = q4.from_gguf(data)
-        dequantized[name] = gguf.quants.dequantize(data, gguf.GGMLQuantizationType.Q4_1)
+        stored = gguf.GGMLQuantizationType[kind(name)]
+        data = gguf.quants.quantize(weights[name], stored)
+        blocks[name] = readers[kind(name)](data)
+        dequantized[name] = gguf.quants.dequantize(data, stored)
     return dequantized, blocks
 
 

@@ -7,21 +7,22 @@ The folder (default examples/smollm/models/smollm/):
 
     config.pbtxt                 backend "llm", decoupled; the parameters name the files
     1/model.onnx                 the step graph (llama_onnx.py): prefill and decode over a
-                                 paged KV cache; fp32, and the GGUF's Q4_1 blocks for
-                                 one-token steps (onnxruntime's MatMulNBits), or with
+                                 paged KV cache; fp32, and the GGUF's Q4_0/Q4_1 blocks
+                                 for one-token steps (onnxruntime's MatMulNBits), or with
                                  --fp32-only standard ONNX ops alone (opset 17)
     1/tokenizer.json             `tokenizers` byte-level BPE built from the GGUF's vocabulary
     1/chat_template.jinja        the GGUF's chat template (ChatML)
     1/generation.json            bos/eos ids and strings, the model's hyperparameters
 
 The parameters' file names are relative to the version folder. The weights are
-dequantized from the GGUF's Q4_1/Q8_0 blocks to fp32 (gguf_model.py), so the graph computes
+dequantized from the GGUF's blocks to fp32 (gguf_model.py), so the graph computes
 what llama.cpp's quantized model computes, up to fp32 rounding; the one-token steps'
-projections read the Q4_1 blocks themselves, to the same result (llama_linear.py).
+projections read Q4_0 and Q4_1 blocks themselves, to the same result (llama_linear.py),
+and the others' fp32 weights.
 `--fp32-only` leaves them out: the NPU placement (`placement: npu`, compiled by ATC) takes
 standard ONNX ops only. `--int8-activations` computes one-token steps as llama.cpp does,
-on activations rounded to 8 bits per block of 32, and their LM head on the GGUF's Q8_0
-table: a decode step alone takes about 0.7 of the time, and greedy answers leave the
+on activations rounded to 8 bits per block of 32, Q8_0 projections on their blocks too,
+and their LM head on the GGUF's Q8_0 table: a decode step alone takes about 0.7 of the time, and greedy answers leave the
 exact model's where two tokens' logits nearly tie.
 
 Usage::
@@ -187,13 +188,13 @@ def build(
     int8_activations: bool = False,
 ) -> Path:
     """Read the GGUF (unless `model` is the one already read), build the graph and the
-    tokenizer, write out/name; returns the folder. The graph takes the projections' Q4_1
-    blocks for one-token steps unless `fp32_only` or the GGUF stores them another way;
-    with `int8_activations`, on int8 activations, and the head's Q8_0 blocks with them."""
+    tokenizer, write out/name; returns the folder. One-token steps take the projections'
+    Q4_0 and Q4_1 blocks unless `fp32_only`; with `int8_activations`, on int8
+    activations, with their Q8_0 blocks too, and the head's Q8_0 blocks."""
     if fp32_only and int8_activations:
-        raise ValueError("int8 activations are the Q4_1 blocks' (not --fp32-only's)")
+        raise ValueError("int8 activations are the GGUF blocks' (not --fp32-only's)")
     model = model or read_gguf(gguf)
-    blocks = None if fp32_only else model.projection_blocks()
+    blocks = None if fp32_only else model.projection_blocks(int8_activations)
     int8 = int8_activations and blocks is not None
     head = model.head if int8 else None
     graph = build_step_graph(model.weights, model.cfg, blocks, int8, head)

@@ -17,13 +17,14 @@ GGUF conventions undone here:
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from llama_linear import Q41Blocks, Q80Blocks, from_gguf, q8_from_gguf
+from llama_linear import Blocks, Q41Blocks, Q80Blocks, from_gguf, q4_0_from_gguf, q8_from_gguf
 from llama_onnx import LlamaConfig
 from llama_weights import linear_weight_names
 
@@ -79,16 +80,23 @@ class GgufModel:
     weights: dict[str, npt.NDArray[np.float32]]
     tokenizer: TokenizerSpec
     name: str
-    # The Q4_1 tensors' blocks as stored (rows in Hugging Face's order, as `weights`).
-    blocks: dict[str, Q41Blocks]
+    # The blocks of the tensors stored as Q4_0, Q4_1 or Q8_0, as stored (rows in Hugging
+    # Face's order, as `weights`).
+    blocks: dict[str, Blocks]
     # The LM head's table (`output`, or the tied `token_embd`) where the GGUF stores it as
     # Q8_0 blocks.
     head: Q80Blocks | None = None
 
-    def projection_blocks(self) -> dict[str, Q41Blocks] | None:
-        """Every projection's Q4_1 blocks, or None where the GGUF stores any other way."""
-        names = linear_weight_names(self.cfg)
-        return {n: self.blocks[n] for n in names} if all(n in self.blocks for n in names) else None
+    def projection_blocks(self, int8_activations: bool = False) -> dict[str, Blocks] | None:
+        """The projections' blocks the one-token steps can compute on: 4-bit ones, and
+        Q8_0 ones with int8 activations (llama_linear.blocks_linear); None where none."""
+        usable = {
+            name: found
+            for name in linear_weight_names(self.cfg)
+            if (found := self.blocks.get(name)) is not None
+            and (isinstance(found, Q41Blocks) or int8_activations)
+        }
+        return usable or None
 
 
 def unpermute_order(rows: int, heads: int) -> npt.NDArray[np.intp]:
@@ -154,7 +162,12 @@ def read_gguf(path: Path | None = None) -> GgufModel:
     )
     cfg.validate()
     weights: dict[str, npt.NDArray[np.float32]] = {}
-    blocks: dict[str, Q41Blocks] = {}
+    blocks: dict[str, Blocks] = {}
+    readers: dict[Any, Callable[[npt.NDArray[np.uint8]], Blocks]] = {
+        gguf.GGMLQuantizationType.Q4_0: q4_0_from_gguf,
+        gguf.GGMLQuantizationType.Q4_1: from_gguf,
+        gguf.GGMLQuantizationType.Q8_0: q8_from_gguf,
+    }
     head: Q80Blocks | None = None
     head_tensor = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
     for tensor in reader.tensors:
@@ -166,8 +179,9 @@ def read_gguf(path: Path | None = None) -> GgufModel:
         elif name.endswith("k_proj.weight"):
             order = unpermute_order(array.shape[0], cfg.num_kv_heads)
         weights[name] = np.ascontiguousarray(array if order is None else array[order])
-        if tensor.tensor_type == gguf.GGMLQuantizationType.Q4_1:
-            found = from_gguf(np.asarray(tensor.data))
+        read = readers.get(tensor.tensor_type)
+        if read is not None and array.ndim == 2:
+            found = read(np.asarray(tensor.data))
             blocks[name] = found if order is None else found.rows_reordered(order)
         if tensor.name == head_tensor and tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0:
             head = q8_from_gguf(np.asarray(tensor.data))

@@ -43,6 +43,8 @@ BLOCK = 32
 BLOCK_BYTES = 20
 # d (fp16), 32 int8.
 Q8_BLOCK_BYTES = 34
+# d (fp16), 16 bytes of nibbles.
+Q4_0_BLOCK_BYTES = 18
 Q8_ZERO = 128
 # MatMulNBits' accuracy_level: fp32 activations, or int8 ones (llama.cpp's rounding).
 FP32_ACTIVATIONS = 0
@@ -80,6 +82,45 @@ class Q41Blocks:
         return Q41Blocks(self.q, self.scale * f, self.minimum * f)
 
 
+@dataclass(frozen=True)
+class Q80Blocks:
+    """A [rows, cols] weight as Q8_0 blocks along its columns: w = d * q."""
+
+    q: npt.NDArray[np.int8]  # [rows, blocks, 32]
+    scale: npt.NDArray[np.float32]  # [rows, blocks]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        rows, blocks, _ = self.q.shape
+        return rows, blocks * BLOCK
+
+    def dequantize(self) -> npt.NDArray[np.float32]:
+        w = self.q.astype(np.float32) * self.scale[..., None]
+        return w.reshape(self.shape)
+
+    def rows_reordered(self, order: npt.NDArray[np.intp]) -> Q80Blocks:
+        return Q80Blocks(self.q[order], self.scale[order])
+
+    def scaled(self, factor: float) -> Q80Blocks:
+        """The weight times `factor` (a power of two keeps it exact)."""
+        return Q80Blocks(self.q, self.scale * np.float32(factor))
+
+
+# A projection's blocks as the GGUF stores them.
+Blocks = Q41Blocks | Q80Blocks
+
+
+def q4_0_from_gguf(data: npt.NDArray[np.uint8]) -> Q41Blocks:
+    """Blocks from a Q4_0 tensor's bytes: an fp16 scale d and 32 nibbles a block, w =
+    d * (q - 8), which is d * q + (-8 d) exactly (a Q4_1 block whose minimum is -8 d)."""
+    rows = data.shape[0]
+    blocks = np.ascontiguousarray(data).reshape(rows, -1, Q4_0_BLOCK_BYTES)
+    scale = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    nibbles = blocks[..., 2:]
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).astype(np.uint8)
+    return Q41Blocks(q, scale, scale * np.float32(-8))
+
+
 def from_gguf(data: npt.NDArray[np.uint8]) -> Q41Blocks:
     """Blocks from a Q4_1 tensor's bytes as gguf's reader gives them, [rows, row bytes]."""
     rows = data.shape[0]
@@ -100,6 +141,10 @@ def stacked(parts: Sequence[Q41Blocks]) -> Q41Blocks:
     )
 
 
+def stacked8(parts: Sequence[Q80Blocks]) -> Q80Blocks:
+    return Q80Blocks(np.concatenate([p.q for p in parts]), np.concatenate([p.scale for p in parts]))
+
+
 def fp32_linear(weights: Mapping[str, npt.NDArray[np.float32]]) -> Linear:
     def apply(g: Graph, x: str, parts: Sequence[tuple[str, float]], prefix: str) -> str:
         rows = [weights[name] * np.float32(factor) for name, factor in parts]
@@ -109,31 +154,27 @@ def fp32_linear(weights: Mapping[str, npt.NDArray[np.float32]]) -> Linear:
     return apply
 
 
-def blocks_linear(blocks: Mapping[str, Q41Blocks], int8_activations: bool = False) -> Linear:
+def blocks_linear(
+    blocks: Mapping[str, Blocks],
+    weights: Mapping[str, npt.NDArray[np.float32]],
+    int8_activations: bool = False,
+) -> Linear:
+    """A projection on its parts' blocks where they are all 4-bit (Q4_0, Q4_1), or all
+    Q8_0 with int8 activations (the only fast 8-bit kernel); on the fp32 weights else."""
     accuracy = INT8_ACTIVATIONS if int8_activations else FP32_ACTIVATIONS
+    fallback = fp32_linear(weights)
 
     def apply(g: Graph, x: str, parts: Sequence[tuple[str, float]], prefix: str) -> str:
-        w = stacked([blocks[n].scaled(f) for n, f in parts])
-        return q4_linear(g, x, w, prefix, accuracy)
+        found = [(blocks.get(name), factor) for name, factor in parts]
+        four = [b.scaled(f) for b, f in found if isinstance(b, Q41Blocks)]
+        if len(four) == len(parts):
+            return q4_linear(g, x, stacked(four), prefix, accuracy)
+        eight = [b.scaled(f) for b, f in found if isinstance(b, Q80Blocks)]
+        if int8_activations and len(eight) == len(parts):
+            return q8_linear(g, x, stacked8(eight), prefix)
+        return fallback(g, x, parts, prefix)
 
     return apply
-
-
-@dataclass(frozen=True)
-class Q80Blocks:
-    """A [rows, cols] weight as Q8_0 blocks along its columns: w = d * q."""
-
-    q: npt.NDArray[np.int8]  # [rows, blocks, 32]
-    scale: npt.NDArray[np.float32]  # [rows, blocks]
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        rows, blocks, _ = self.q.shape
-        return rows, blocks * BLOCK
-
-    def dequantize(self) -> npt.NDArray[np.float32]:
-        w = self.q.astype(np.float32) * self.scale[..., None]
-        return w.reshape(self.shape)
 
 
 def q8_from_gguf(data: npt.NDArray[np.uint8]) -> Q80Blocks:

@@ -93,8 +93,8 @@ from llama_attention import (
 )
 from llama_linear import DOMAIN as Q4_DOMAIN
 from llama_linear import (
+    Blocks,
     Linear,
-    Q41Blocks,
     Q80Blocks,
     blocks_linear,
     fp32_linear,
@@ -308,7 +308,7 @@ def _one_token_switch(
     x: str,
     ids: str,
     weights: Weights,
-    blocks: Mapping[str, Q41Blocks],
+    blocks: Mapping[str, Blocks],
     cfg: LlamaConfig,
     env: Mapping[str, str],
     groups: Sequence[Mapping[str, str]],
@@ -327,7 +327,7 @@ def _one_token_switch(
     branch names its nodes' outputs with a prefix of its own."""
     branches = []
     for tag, linear, its_groups in (
-        ("one_token/", blocks_linear(blocks, int8_activations), groups[:1]),
+        ("one_token/", blocks_linear(blocks, weights, int8_activations), groups[:1]),
         ("tokens/", fp32_linear(weights), groups),
     ):
         branch = Graph(tag, g)
@@ -354,18 +354,19 @@ def _one_token_switch(
 def build_step_graph(
     weights: Weights,
     cfg: LlamaConfig,
-    blocks: Mapping[str, Q41Blocks] | None = None,
+    blocks: Mapping[str, Blocks] | None = None,
     int8_activations: bool = False,
     head: Q80Blocks | None = None,
 ) -> onnx.ModelProto:
     """The step graph of the contract in the module docstring, from Hugging Face-named
-    weights (see weight_names). With `blocks` (every projection's Q4_1 blocks, equal to
-    its fp32 weight), one-token steps compute on the blocks (an If; onnxruntime's
-    com.microsoft MatMulNBits, so the graph is for onnxruntime only), on int8
-    activations with `int8_activations` (llama_linear.py), and then the LM head on
-    `head` (the head's Q8_0 blocks, equal to its fp32 table) too."""
+    weights (see weight_names). With `blocks` (projections' GGUF blocks, each equal to
+    its fp32 weight), one-token steps compute on the blocks where a projection's parts
+    all have a form llama_linear.blocks_linear takes, and on fp32 where not (an If;
+    onnxruntime's com.microsoft MatMulNBits, so the graph is for onnxruntime only); on
+    int8 activations with `int8_activations`, and then the LM head on `head` (the head's
+    Q8_0 blocks, equal to its fp32 table) too."""
     cfg.validate()
-    if head is not None and (blocks is None or not int8_activations):
+    if head is not None and (not blocks or not int8_activations):
         raise ValueError("the head's Q8_0 blocks serve one-token steps on int8 activations")
     table = "lm_head.weight" if not cfg.tie_word_embeddings else "model.embed_tokens.weight"
     if head is not None and head.shape != (cfg.vocab_size, cfg.hidden_size):
@@ -373,10 +374,10 @@ def build_step_graph(
     missing = [n for n in weight_names(cfg) if n not in weights]
     if missing:
         raise ValueError(f"weights lack {missing[:5]}{'...' if len(missing) > 5 else ''}")
-    if blocks is not None:
-        missing = [n for n in linear_weight_names(cfg) if n not in blocks]
-        if missing:
-            raise ValueError(f"blocks lack {missing[:5]}{'...' if len(missing) > 5 else ''}")
+    projections = set(linear_weight_names(cfg))
+    for name, found in (blocks or {}).items():
+        if name not in projections or found.shape != weights[name].shape:
+            raise ValueError(f"blocks of {found.shape} for {name}, no such projection")
     for name, shape in weight_shapes(cfg).items():
         if tuple(weights[name].shape) != shape:
             raise ValueError(f"{name} is {tuple(weights[name].shape)}, expected {shape}")
@@ -386,7 +387,7 @@ def build_step_graph(
     embed = g.const("model.embed_tokens.weight", weights["model.embed_tokens.weight"])
     x = g.op("Gather", [embed, ids], "embed", axis=0)
     one_token = ""
-    if blocks is None:
+    if not blocks:
         x, _ = _layers(g, x, weights, cfg, env, groups, fp32_linear(weights))
     else:
         x, one_token = _one_token_switch(
@@ -450,7 +451,7 @@ def build_step_graph(
             outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, kv_shape_out))
     graph = helper.make_graph(g.nodes, "llama_step", inputs, outputs, g.initializers)
     opsets = [helper.make_opsetid("", OPSET)]
-    if blocks is not None:
+    if blocks:
         opsets.append(helper.make_opsetid(Q4_DOMAIN, 1))
     model = helper.make_model(
         graph,

@@ -356,10 +356,62 @@ def test_int8_activations_round_one_token_steps_and_read_the_heads_q8_0_blocks()
         build(weights, cfg, blocks, int8_activations=True, head=small)
 
 
+@pytest.mark.parametrize("int8", [False, True], ids=["exact", "int8"])
+def test_q4_0_and_q8_0_projections_serve_one_token_steps(int8: bool) -> None:
+    """A GGUF mixing Q4_0, Q4_1 and Q8_0 projections (as quantizers mix types): the
+    blocks read back are the GGUF's weights exactly; exact one-token steps compute on the
+    4-bit ones and on fp32 where a projection's parts are Q8_0 (no fast 8-bit kernel on
+    fp32 activations), to the dequantized weights' answer; with int8 activations the Q8_0
+    ones take the 8-bit kernel too, close to that answer."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    from smollm import gguf_model, quantized_weights, tiny_tokenizer_spec
+
+    cfg = tiny_config()
+
+    def kind(name: str) -> str:  # Q and K and V alike: one projection's parts share one
+        return {"self_attn": "Q4_0", "mlp": "Q8_0"}[name.split(".")[3]] if ".o_" not in name \
+            else "Q4_1"  # fmt: skip
+
+    weights, blocks = quantized_weights(cfg, llama_weights().random_weights(cfg, seed=5), kind)
+    for name, found in blocks.items():
+        np.testing.assert_array_equal(found.dequantize(), weights[name], name)
+    model = gguf_model().GgufModel(cfg, weights, tiny_tokenizer_spec(cfg.vocab_size), "t", blocks)
+    usable = model.projection_blocks(int8)
+    assert usable is not None
+    eight = {n for n, b in usable.items() if type(b).__name__ == "Q80Blocks"}
+    assert bool(eight) == int8 and all(".mlp." in n for n in eight)
+    graph = llama_onnx().build_step_graph(weights, cfg, usable, int8_activations=int8)
+    kernels = [
+        (node.name, a.i)
+        for n in graph.graph.node
+        if n.op_type == "If"
+        for branch in n.attribute
+        for node in branch.g.node
+        if node.op_type == "MatMulNBits"
+        for a in node.attribute
+        if a.name == "bits"
+    ]
+    # Q, K, V (Q4_0), o (Q4_1) on 4 bits; gate-up and down (Q8_0) on 8 with int8 only.
+    per_layer = [4, 4, 8, 8] if int8 else [4, 4]
+    assert [bits for _, bits in kernels] == per_layer * cfg.num_layers
+    switch = session_for(graph)
+    exact = session_for(llama_onnx().build_step_graph(weights, cfg))
+    other = session_for(
+        llama_onnx().build_step_graph(llama_weights().random_weights(cfg, seed=6), cfg)
+    )
+    for prompt in ([7], [42]):
+        got = PagedCache(switch, cfg, 8, 4).step([CachedSeq()], [prompt])
+        want = PagedCache(exact, cfg, 8, 4).step([CachedSeq()], [prompt])
+        if not int8:
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+        else:
+            far = PagedCache(other, cfg, 8, 4).step([CachedSeq()], [prompt])
+            assert 1e-3 < np.abs(got - want).max() < 0.2 * np.abs(want - far).max()
+
+
 def test_the_build_takes_the_blocks_unless_fp32_only(tmp_path: Path) -> None:
-    """build.py writes the If graph where the GGUF's projections are Q4_1, and with
-    --fp32-only standard ONNX (what the NPU placement takes); a GGUF that stores any
-    projection another way gets the standard graph."""
+    """build.py writes the If graph where the GGUF has blocks of its projections (some
+    or all), and with --fp32-only standard ONNX (what the NPU placement takes)."""
     pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
     from smollm import _load, build_module, gguf_model, tiny_tokenizer_spec
 
@@ -368,7 +420,8 @@ def test_the_build_takes_the_blocks_unless_fp32_only(tmp_path: Path) -> None:
     spec = tiny_tokenizer_spec(cfg.vocab_size)
     partial = dict(blocks)
     del partial["model.layers.1.mlp.down_proj.weight"]
-    cases = [(blocks, False, {"", "com.microsoft"}), (blocks, True, {""}), (partial, False, {""})]
+    ms = {"", "com.microsoft"}
+    cases = [(blocks, False, ms), (blocks, True, {""}), (partial, False, ms), ({}, False, {""})]
     for n, (stored, fp32_only, domains) in enumerate(cases):
         model = gguf_model().GgufModel(cfg, weights, spec, "tiny", stored)
         folder = build_module().build(tmp_path / str(n), "m", 64, model=model, fp32_only=fp32_only)
