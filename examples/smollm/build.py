@@ -17,13 +17,13 @@ The folder (default examples/smollm/models/smollm/):
 The parameters' file names are relative to the version folder. The weights are
 dequantized from the GGUF's blocks to fp32 (gguf_model.py), so the graph computes
 what llama.cpp's quantized model computes, up to fp32 rounding; the one-token steps'
-projections read Q4_0 and Q4_1 blocks themselves, to the same result (llama_linear.py),
-and the others' fp32 weights.
+projections read Q4_0, Q4_1 and Q4_K blocks themselves, to the same result
+(llama_linear.py), and the other projections' fp32 weights.
 `--fp32-only` leaves them out: the NPU placement (`placement: npu`, compiled by ATC) takes
 standard ONNX ops only. `--int8-activations` computes one-token steps as llama.cpp does,
 on activations rounded to 8 bits per block of 32, Q8_0 projections on their blocks too,
-and their LM head on the GGUF's Q8_0 table: a decode step alone takes about 0.7 of the time, and greedy answers leave the
-exact model's where two tokens' logits nearly tie.
+and their LM head on the GGUF's Q8_0 table: a decode step alone takes about 0.7 of the
+time, and greedy answers leave the exact model's where two tokens' logits nearly tie.
 
 Usage::
 

@@ -24,7 +24,15 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from llama_linear import Blocks, Q41Blocks, Q80Blocks, from_gguf, q4_0_from_gguf, q8_from_gguf
+from llama_linear import (
+    Blocks,
+    Q41Blocks,
+    Q80Blocks,
+    from_gguf,
+    q4_0_from_gguf,
+    q4_k_from_gguf,
+    q8_from_gguf,
+)
 from llama_onnx import LlamaConfig
 from llama_weights import linear_weight_names
 
@@ -166,6 +174,7 @@ def read_gguf(path: Path | None = None) -> GgufModel:
     readers: dict[Any, Callable[[npt.NDArray[np.uint8]], Blocks]] = {
         gguf.GGMLQuantizationType.Q4_0: q4_0_from_gguf,
         gguf.GGMLQuantizationType.Q4_1: from_gguf,
+        gguf.GGMLQuantizationType.Q4_K: q4_k_from_gguf,
         gguf.GGMLQuantizationType.Q8_0: q8_from_gguf,
     }
     head: Q80Blocks | None = None

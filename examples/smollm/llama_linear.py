@@ -45,6 +45,8 @@ BLOCK_BYTES = 20
 Q8_BLOCK_BYTES = 34
 # d (fp16), 16 bytes of nibbles.
 Q4_0_BLOCK_BYTES = 18
+# d and dmin (fp16), 12 bytes of 6-bit scales and mins, 128 bytes of nibbles: 256 weights.
+Q4_K_BLOCK_BYTES = 144
 Q8_ZERO = 128
 # MatMulNBits' accuracy_level: fp32 activations, or int8 ones (llama.cpp's rounding).
 FP32_ACTIVATIONS = 0
@@ -119,6 +121,30 @@ def q4_0_from_gguf(data: npt.NDArray[np.uint8]) -> Q41Blocks:
     nibbles = blocks[..., 2:]
     q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).astype(np.uint8)
     return Q41Blocks(q, scale, scale * np.float32(-8))
+
+
+def q4_k_from_gguf(data: npt.NDArray[np.uint8]) -> Q41Blocks:
+    """Blocks from a Q4_K tensor's bytes. A super-block of 256 weights holds an fp16 d
+    and dmin, 12 bytes of eight 6-bit scales and eight 6-bit mins (one each per block of
+    32), and 128 bytes of nibbles (each 32 bytes: block 2i in the low nibbles, 2i + 1 in
+    the high ones); block j's weights are d sc_j q - dmin m_j, a Q4_1 block of scale
+    d sc_j and minimum -dmin m_j, both exact in fp32."""
+    rows = data.shape[0]
+    blocks = np.ascontiguousarray(data).reshape(rows, -1, Q4_K_BLOCK_BYTES)
+    supers = blocks.shape[1]
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    dmin = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    # Bytes 0-3: scales 0-3 (low 6 bits), 4-7: mins 0-3; bytes 8-11 hold the low 4 bits
+    # of scales 4-7 (low nibble) and mins 4-7 (high), whose top 2 bits are the top
+    # 2 bits of bytes 0-3 (scales) and 4-7 (mins).
+    first, second, rest = blocks[..., 4:8], blocks[..., 8:12], blocks[..., 12:16]
+    scales = np.concatenate([first & 0x3F, (rest & 0x0F) | ((first >> 2) & 0x30)], axis=-1)
+    mins = np.concatenate([second & 0x3F, (rest >> 4) | ((second >> 2) & 0x30)], axis=-1)
+    nibbles = blocks[..., 16:].reshape(rows, supers, 4, 1, BLOCK)
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=3).reshape(rows, supers * 8, BLOCK)
+    scale = (d[..., None] * scales.astype(np.float32)).reshape(rows, -1)
+    minimum = -(dmin[..., None] * mins.astype(np.float32)).reshape(rows, -1)
+    return Q41Blocks(q.astype(np.uint8), scale, minimum)
 
 
 def from_gguf(data: npt.NDArray[np.uint8]) -> Q41Blocks:

@@ -409,6 +409,49 @@ def test_q4_0_and_q8_0_projections_serve_one_token_steps(int8: bool) -> None:
             assert 1e-3 < np.abs(got - want).max() < 0.2 * np.abs(want - far).max()
 
 
+def test_q4_k_blocks_are_the_ggufs_weights_and_serve_one_token_steps() -> None:
+    """Q4_K (super-blocks of 256: 6-bit scales and mins per block of 32): the blocks
+    read from bytes that gguf's own dequantizer reads are its weights exactly, and a
+    one-token step on them answers what the fp32 graph on those weights does. gguf
+    cannot quantize to Q4_K, so the bytes are random (with finite fp16 scales)."""
+    gguf = pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    from smollm import _load
+
+    llama_onnx()  # and the modules it imports
+    read = _load("llama_linear").q4_k_from_gguf
+    # Every projection's input a multiple of 256, as Q4_K needs.
+    cfg = tiny_config(hidden_size=256, intermediate_size=512)
+    weights = llama_weights().random_weights(cfg, seed=7)
+    rng = np.random.default_rng(7)
+    blocks = {}
+    for name in llama_weights().linear_weight_names(cfg):
+        rows, cols = weights[name].shape
+        data = rng.integers(0, 256, (rows, cols // 256, 144), dtype=np.uint8)
+        # d and dmin: small enough that the weights stay about 1 / sqrt(cols).
+        for at in (0, 2):
+            small = rng.uniform(0, 2 / (63 * 15 * np.sqrt(cols)), (rows, cols // 256))
+            data[..., at : at + 2] = (
+                small.astype(np.float16).view(np.uint8).reshape(rows, cols // 256, 2)
+            )
+        data = data.reshape(rows, -1)
+        weights[name] = gguf.quants.dequantize(data, gguf.GGMLQuantizationType.Q4_K)
+        blocks[name] = read(data)
+        np.testing.assert_array_equal(blocks[name].dequantize(), weights[name], name)
+    switch = session_for(llama_onnx().build_step_graph(weights, cfg, blocks))
+    fp32 = session_for(llama_onnx().build_step_graph(weights, cfg))
+    wrong = dict(blocks)
+    first = "model.layers.0.mlp.down_proj.weight"
+    wrong[first] = type(blocks[first])(blocks[first].q ^ 1, blocks[first].scale,
+                                       blocks[first].minimum)  # fmt: skip
+    broken = session_for(llama_onnx().build_step_graph(weights, cfg, wrong))
+    for prompt in ([7], [42]):
+        got = PagedCache(switch, cfg, 8, 4).step([CachedSeq()], [prompt])
+        want = PagedCache(fp32, cfg, 8, 4).step([CachedSeq()], [prompt])
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5)
+        off = PagedCache(broken, cfg, 8, 4).step([CachedSeq()], [prompt])
+        assert np.abs(off - want).max() > 1e-2, "the one-token step reads the blocks"
+
+
 def test_the_build_takes_the_blocks_unless_fp32_only(tmp_path: Path) -> None:
     """build.py writes the If graph where the GGUF has blocks of its projections (some
     or all), and with --fp32-only standard ONNX (what the NPU placement takes)."""
