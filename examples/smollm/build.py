@@ -21,9 +21,10 @@ projections read Q4_0, Q4_1 and Q4_K blocks themselves, to the same result
 (llama_linear.py), and the other projections' fp32 weights.
 `--fp32-only` leaves them out: the NPU placement (`placement: npu`, compiled by ATC) takes
 standard ONNX ops only. `--int8-activations` computes one-token steps as llama.cpp does,
-on activations rounded to 8 bits per block of 32, Q8_0 projections on their blocks too,
-and their LM head on the GGUF's Q8_0 table: a decode step alone takes about 0.7 of the
-time, and greedy answers leave the exact model's where two tokens' logits nearly tie.
+on activations rounded to 8 bits per block of 32, 8-bit (Q8_0, Q6_K) projections on
+their blocks too, and their LM head on the GGUF's 8-bit table where it has one (SmolLM2's
+is Q8_0): a decode step alone takes about 0.7 of the time, and greedy answers leave the
+exact model's where two tokens' logits nearly tie.
 
 Usage::
 
@@ -190,7 +191,7 @@ def build(
     """Read the GGUF (unless `model` is the one already read), build the graph and the
     tokenizer, write out/name; returns the folder. One-token steps take the projections'
     Q4_0 and Q4_1 blocks unless `fp32_only`; with `int8_activations`, on int8
-    activations, with their Q8_0 blocks too, and the head's Q8_0 blocks."""
+    activations, with their 8-bit blocks too, and the head's 8-bit blocks."""
     if fp32_only and int8_activations:
         raise ValueError("int8 activations are the GGUF blocks' (not --fp32-only's)")
     model = model or read_gguf(gguf)

@@ -31,6 +31,7 @@ from llama_linear import (
     from_gguf,
     q4_0_from_gguf,
     q4_k_from_gguf,
+    q6_k_from_gguf,
     q8_from_gguf,
 )
 from llama_onnx import LlamaConfig
@@ -88,16 +89,17 @@ class GgufModel:
     weights: dict[str, npt.NDArray[np.float32]]
     tokenizer: TokenizerSpec
     name: str
-    # The blocks of the tensors stored as Q4_0, Q4_1 or Q8_0, as stored (rows in Hugging
-    # Face's order, as `weights`).
+    # The blocks of the tensors stored as Q4_0, Q4_1, Q4_K, Q8_0 or Q6_K, as stored (rows
+    # in Hugging Face's order, as `weights`).
     blocks: dict[str, Blocks]
     # The LM head's table (`output`, or the tied `token_embd`) where the GGUF stores it as
-    # Q8_0 blocks.
+    # 8-bit blocks (Q8_0 or Q6_K).
     head: Q80Blocks | None = None
 
     def projection_blocks(self, int8_activations: bool = False) -> dict[str, Blocks] | None:
         """The projections' blocks the one-token steps can compute on: 4-bit ones, and
-        Q8_0 ones with int8 activations (llama_linear.blocks_linear); None where none."""
+        8-bit ones (Q8_0, Q6_K) with int8 activations (llama_linear.blocks_linear); None
+        where none."""
         usable = {
             name: found
             for name in linear_weight_names(self.cfg)
@@ -176,9 +178,8 @@ def read_gguf(path: Path | None = None) -> GgufModel:
         gguf.GGMLQuantizationType.Q4_1: from_gguf,
         gguf.GGMLQuantizationType.Q4_K: q4_k_from_gguf,
         gguf.GGMLQuantizationType.Q8_0: q8_from_gguf,
+        gguf.GGMLQuantizationType.Q6_K: q6_k_from_gguf,
     }
-    head: Q80Blocks | None = None
-    head_tensor = "token_embd.weight" if cfg.tie_word_embeddings else "output.weight"
     for tensor in reader.tensors:
         array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
         name = _hf_name(tensor.name)
@@ -192,8 +193,6 @@ def read_gguf(path: Path | None = None) -> GgufModel:
         if read is not None and array.ndim == 2:
             found = read(np.asarray(tensor.data))
             blocks[name] = found if order is None else found.rows_reordered(order)
-        if tensor.name == head_tensor and tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0:
-            head = q8_from_gguf(np.asarray(tensor.data))
     spec = TokenizerSpec(
         tokens=tokens,
         token_types=[int(t) for t in _field(reader, "tokenizer.ggml.token_type")],
@@ -203,6 +202,8 @@ def read_gguf(path: Path | None = None) -> GgufModel:
         eos_token_id=int(_field(reader, "tokenizer.ggml.eos_token_id")),
         chat_template=str(_field(reader, "tokenizer.chat_template")),
     )
+    table = blocks.get("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight")
+    head = table if isinstance(table, Q80Blocks) else None
     return GgufModel(cfg, weights, spec, str(_field(reader, "general.name")), blocks, head)
 
 

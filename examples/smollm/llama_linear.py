@@ -30,6 +30,7 @@ token (one stream decoding) and the fp32 ones otherwise (llama_onnx.py).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -47,6 +48,8 @@ Q8_BLOCK_BYTES = 34
 Q4_0_BLOCK_BYTES = 18
 # d and dmin (fp16), 12 bytes of 6-bit scales and mins, 128 bytes of nibbles: 256 weights.
 Q4_K_BLOCK_BYTES = 144
+# 128 bytes of low nibbles, 64 of high pairs, 16 int8 scales, d (fp16): 256 weights.
+Q6_K_BLOCK_BYTES = 210
 Q8_ZERO = 128
 # MatMulNBits' accuracy_level: fp32 activations, or int8 ones (llama.cpp's rounding).
 FP32_ACTIVATIONS = 0
@@ -86,15 +89,20 @@ class Q41Blocks:
 
 @dataclass(frozen=True)
 class Q80Blocks:
-    """A [rows, cols] weight as Q8_0 blocks along its columns: w = d * q."""
+    """A [rows, cols] weight as 8-bit blocks along its columns, w = d * q: Q8_0's of 32,
+    or Q6_K's of 16 (q in -32..31)."""
 
-    q: npt.NDArray[np.int8]  # [rows, blocks, 32]
+    q: npt.NDArray[np.int8]  # [rows, blocks, block]
     scale: npt.NDArray[np.float32]  # [rows, blocks]
 
     @property
     def shape(self) -> tuple[int, int]:
-        rows, blocks, _ = self.q.shape
-        return rows, blocks * BLOCK
+        rows, blocks, block = self.q.shape
+        return rows, blocks * block
+
+    @property
+    def block(self) -> int:
+        return int(self.q.shape[2])
 
     def dequantize(self) -> npt.NDArray[np.float32]:
         w = self.q.astype(np.float32) * self.scale[..., None]
@@ -185,22 +193,58 @@ def blocks_linear(
     weights: Mapping[str, npt.NDArray[np.float32]],
     int8_activations: bool = False,
 ) -> Linear:
-    """A projection on its parts' blocks where they are all 4-bit (Q4_0, Q4_1), or all
-    Q8_0 with int8 activations (the only fast 8-bit kernel); on the fp32 weights else."""
+    """A projection on its parts' blocks where each has a form a kernel serves: 4-bit
+    (Q4_0, Q4_1, Q4_K), or 8-bit (Q8_0, Q6_K) with int8 activations, the only fast 8-bit
+    kernel; on the fp32 weights where any part has not. Neighbouring parts of one form
+    are one kernel; parts of different forms (a Q6_K V beside Q4_K Q and K, as Q4_K_M
+    stores them) are a kernel each, their outputs joined."""
     accuracy = INT8_ACTIVATIONS if int8_activations else FP32_ACTIVATIONS
     fallback = fp32_linear(weights)
 
+    def form(found: Blocks | None) -> int:
+        """4 or the 8-bit block size; 0: no kernel here."""
+        if isinstance(found, Q41Blocks):
+            return 4
+        return found.block if isinstance(found, Q80Blocks) and int8_activations else 0
+
     def apply(g: Graph, x: str, parts: Sequence[tuple[str, float]], prefix: str) -> str:
         found = [(blocks.get(name), factor) for name, factor in parts]
-        four = [b.scaled(f) for b, f in found if isinstance(b, Q41Blocks)]
-        if len(four) == len(parts):
-            return q4_linear(g, x, stacked(four), prefix, accuracy)
-        eight = [b.scaled(f) for b, f in found if isinstance(b, Q80Blocks)]
-        if int8_activations and len(eight) == len(parts):
-            return q8_linear(g, x, stacked8(eight), prefix)
-        return fallback(g, x, parts, prefix)
+        if not all(form(b) for b, _ in found):
+            return fallback(g, x, parts, prefix)
+        runs = [list(run) for _, run in itertools.groupby(found, key=lambda bf: form(bf[0]))]
+        outs = []
+        for n, run in enumerate(runs):
+            name = prefix if len(runs) == 1 else f"{prefix}.{n}"
+            four = [b.scaled(f) for b, f in run if isinstance(b, Q41Blocks)]
+            eight = [b.scaled(f) for b, f in run if isinstance(b, Q80Blocks)]
+            if four:
+                outs.append(q4_linear(g, x, stacked(four), name, accuracy))
+            else:
+                outs.append(q8_linear(g, x, stacked8(eight), name))
+        return outs[0] if len(outs) == 1 else g.op("Concat", outs, f"{prefix}.out", axis=-1)
 
     return apply
+
+
+def q6_k_from_gguf(data: npt.NDArray[np.uint8]) -> Q80Blocks:
+    """Blocks from a Q6_K tensor's bytes. A super-block of 256 weights holds 128 bytes of
+    low nibbles, 64 bytes of high 2-bit pairs, 16 int8 scales and an fp16 d; weight
+    q (6 bits, less 32) of block j of 16 is d sc_j q: 8-bit blocks of 16, exact.
+    Each half of 128 weights takes 64 low-nibble bytes (weights 0-63 in their low
+    nibbles, 64-127 in the high ones) and 32 high bytes (bits 0-1 for weights 0-31,
+    2-3 for 32-63, 4-5 for 64-95, 6-7 for 96-127)."""
+    rows = data.shape[0]
+    blocks = np.ascontiguousarray(data).reshape(rows, -1, Q6_K_BLOCK_BYTES)
+    supers = blocks.shape[1]
+    low = blocks[..., 0:128].reshape(rows, supers, 2, 1, 64)
+    high = blocks[..., 128:192].reshape(rows, supers, 2, 1, 32)
+    scales = blocks[..., 192:208].copy().view(np.int8).astype(np.float32)
+    d = blocks[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
+    nibbles = np.concatenate([low & 0x0F, low >> 4], axis=3).reshape(rows, supers, 2, 4, 32)
+    pairs = np.concatenate([(high >> s) & 0x03 for s in (0, 2, 4, 6)], axis=3)
+    q = (nibbles | (pairs << 4)).astype(np.int16) - 32
+    scale = (d[..., None] * scales).reshape(rows, -1)
+    return Q80Blocks(q.astype(np.int8).reshape(rows, supers * 16, 16), scale)
 
 
 def q8_from_gguf(data: npt.NDArray[np.uint8]) -> Q80Blocks:
@@ -232,7 +276,7 @@ def q8_linear(g: Graph, x: str, w: Q80Blocks, prefix: str) -> str:
     8-bit weights): the int8 weights shifted to unsigned against a zero point of 128."""
     rows, cols = w.shape
     unsigned = (w.q.astype(np.int16) + Q8_ZERO).astype(np.uint8)
-    zero_points = np.full(rows * (cols // BLOCK), Q8_ZERO, np.uint8)
+    zero_points = np.full(rows * (cols // w.block), Q8_ZERO, np.uint8)
     return g.op(
         "MatMulNBits",
         [
@@ -242,7 +286,8 @@ def q8_linear(g: Graph, x: str, w: Q80Blocks, prefix: str) -> str:
             g.const(f"{prefix}.zero_point", zero_points, np.uint8),
         ],
         f"{prefix}.out",
-        domain=DOMAIN, K=cols, N=rows, bits=8, block_size=BLOCK, accuracy_level=INT8_ACTIVATIONS,
+        domain=DOMAIN, K=cols, N=rows, bits=8, block_size=w.block,
+        accuracy_level=INT8_ACTIVATIONS,
     )  # fmt: skip
 
 

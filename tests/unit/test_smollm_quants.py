@@ -1,0 +1,185 @@
+"""One-token steps on the GGUF's blocks of every type the build reads (Q4_0, Q4_1, Q4_K,
+Q8_0, Q6_K), with fp32 or int8 activations, against the fp32 graph on the same weights
+(examples/smollm/llama_linear.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+import pytest
+from smollm import (
+    CachedSeq,
+    PagedCache,
+    llama_onnx,
+    llama_weights,
+    q4_1_weights,
+    session_for,
+    tiny_config,
+)
+
+
+def test_int8_activations_round_one_token_steps_and_read_the_heads_q8_0_blocks() -> None:
+    """With int8 activations a one-token step computes on the Q4_1 blocks and the head's
+    Q8_0 blocks, as llama.cpp does (its activations rounded to 8 bits: close to the exact
+    answer, not equal); a step of more tokens stays on the fp32 weights. The blocks hold
+    other weights than the fp32 ones, so each step shows which it ran on."""
+    gguf = pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    from smollm import _load
+
+    cfg = tiny_config(tie_word_embeddings=False)
+    weights = llama_weights().random_weights(cfg, seed=3)
+    other, blocks = q4_1_weights(cfg, llama_weights().random_weights(cfg, seed=4))
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    data = gguf.quants.quantize(other["lm_head.weight"], q8)
+    head = _load("llama_linear").q8_from_gguf(data)
+    other["lm_head.weight"] = gguf.quants.dequantize(data, q8)
+    np.testing.assert_array_equal(head.dequantize(), other["lm_head.weight"])
+    on_blocks = {**weights, **{name: other[name] for name in [*blocks, "lm_head.weight"]}}
+    build = llama_onnx().build_step_graph
+    model = build(weights, cfg, blocks, int8_activations=True, head=head)
+    onnx.checker.check_model(model, full_check=True)
+    levels = {
+        a.i
+        for n in model.graph.node
+        if n.op_type == "If"
+        for branch in n.attribute
+        for node in branch.g.node
+        if node.op_type == "MatMulNBits"
+        for a in node.attribute
+        if a.name == "accuracy_level"
+    }
+    assert levels == {4}
+    switch, exact = session_for(model), session_for(build(on_blocks, cfg))
+    fp32 = session_for(build(weights, cfg))
+    for prompt in ([7], [300 - 1]):
+        got = PagedCache(switch, cfg, 8, 4).step([CachedSeq()], [prompt])
+        want = PagedCache(exact, cfg, 8, 4).step([CachedSeq()], [prompt])
+        # int8 rounding moves the logits (far more than fp32 rounding would), a little
+        # beside the distance to the fp32 weights' answer.
+        far = PagedCache(fp32, cfg, 8, 4).step([CachedSeq()], [prompt])
+        assert 1e-3 < np.abs(got - want).max() < 0.2 * np.abs(want - far).max()
+    got = PagedCache(switch, cfg, 8, 4).step([CachedSeq()], [[7, 8, 9]])
+    want = PagedCache(fp32, cfg, 8, 4).step([CachedSeq()], [[7, 8, 9]])
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="int8 activations"):
+        build(weights, cfg, blocks, head=head)
+    with pytest.raises(ValueError, match="head's blocks"):
+        small = _load("llama_linear").Q80Blocks(head.q[:5], head.scale[:5])
+        build(weights, cfg, blocks, int8_activations=True, head=small)
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["exact", "int8"])
+def test_q4_0_and_q8_0_projections_serve_one_token_steps(int8: bool) -> None:
+    """A GGUF mixing Q4_0, Q4_1 and Q8_0 projections (as quantizers mix types): the
+    blocks read back are the GGUF's weights exactly; exact one-token steps compute on the
+    4-bit ones and on fp32 where a projection's parts are Q8_0 (no fast 8-bit kernel on
+    fp32 activations), to the dequantized weights' answer; with int8 activations the Q8_0
+    ones take the 8-bit kernel too, close to that answer."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    from smollm import gguf_model, quantized_weights, tiny_tokenizer_spec
+
+    cfg = tiny_config()
+
+    def kind(name: str) -> str:  # Q and K and V alike: one projection's parts share one
+        return {"self_attn": "Q4_0", "mlp": "Q8_0"}[name.split(".")[3]] if ".o_" not in name \
+            else "Q4_1"  # fmt: skip
+
+    weights, blocks = quantized_weights(cfg, llama_weights().random_weights(cfg, seed=5), kind)
+    for name, found in blocks.items():
+        np.testing.assert_array_equal(found.dequantize(), weights[name], name)
+    model = gguf_model().GgufModel(cfg, weights, tiny_tokenizer_spec(cfg.vocab_size), "t", blocks)
+    usable = model.projection_blocks(int8)
+    assert usable is not None
+    eight = {n for n, b in usable.items() if type(b).__name__ == "Q80Blocks"}
+    assert bool(eight) == int8 and all(".mlp." in n for n in eight)
+    graph = llama_onnx().build_step_graph(weights, cfg, usable, int8_activations=int8)
+    kernels = [
+        (node.name, a.i)
+        for n in graph.graph.node
+        if n.op_type == "If"
+        for branch in n.attribute
+        for node in branch.g.node
+        if node.op_type == "MatMulNBits"
+        for a in node.attribute
+        if a.name == "bits"
+    ]
+    # Q, K, V (Q4_0), o (Q4_1) on 4 bits; gate-up and down (Q8_0) on 8 with int8 only.
+    per_layer = [4, 4, 8, 8] if int8 else [4, 4]
+    assert [bits for _, bits in kernels] == per_layer * cfg.num_layers
+    switch = session_for(graph)
+    exact = session_for(llama_onnx().build_step_graph(weights, cfg))
+    other = session_for(
+        llama_onnx().build_step_graph(llama_weights().random_weights(cfg, seed=6), cfg)
+    )
+    for prompt in ([7], [42]):
+        got = PagedCache(switch, cfg, 8, 4).step([CachedSeq()], [prompt])
+        want = PagedCache(exact, cfg, 8, 4).step([CachedSeq()], [prompt])
+        if not int8:
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+        else:
+            far = PagedCache(other, cfg, 8, 4).step([CachedSeq()], [prompt])
+            assert 1e-3 < np.abs(got - want).max() < 0.2 * np.abs(want - far).max()
+
+
+def random_k_quant(
+    rng: np.random.Generator, rows: int, cols: int, kind: str
+) -> npt.NDArray[np.uint8]:
+    """Random bytes of a Q4_K or Q6_K tensor [rows, cols] (gguf cannot quantize to
+    either): its fp16 scales set small enough that the weights stay about 1 / sqrt(cols)."""
+    size, scales, top = {"Q4_K": (144, (0, 2), 63 * 15), "Q6_K": (210, (208,), 127 * 32)}[kind]
+    data = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
+    for at in scales:
+        small = rng.uniform(0, 2 / (top * np.sqrt(cols)), (rows, cols // 256))
+        data[..., at : at + 2] = (
+            small.astype(np.float16).view(np.uint8).reshape(rows, cols // 256, 2)
+        )
+    return data.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["exact", "int8"])
+def test_k_quant_blocks_are_the_ggufs_weights_and_serve_one_token_steps(int8: bool) -> None:
+    """Q4_K_M's mix: Q4_K projections (super-blocks of 256, 6-bit scales and mins per
+    block of 32) and Q6_K ones (here V and down; 6-bit weights, int8 scales per block of
+    16). The blocks read from bytes that gguf's own dequantizer reads are its weights
+    exactly; a one-token step computes Q4_K on the 4-bit kernel, and Q6_K on the 8-bit one
+    with int8 activations (V a kernel of its own beside Q and K's) or on fp32 without,
+    answering what the fp32 graph does (to int8 rounding with int8 activations)."""
+    gguf = pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    from smollm import _load
+
+    llama_onnx()  # and the modules it imports
+    linear = _load("llama_linear")
+    readers = {"Q4_K": linear.q4_k_from_gguf, "Q6_K": linear.q6_k_from_gguf}
+    # Every projection's input a multiple of 256, as K-quants need.
+    cfg = tiny_config(hidden_size=256, intermediate_size=512)
+    weights = llama_weights().random_weights(cfg, seed=7)
+    rng = np.random.default_rng(7)
+    blocks = {}
+    for name in llama_weights().linear_weight_names(cfg):
+        kind = "Q6_K" if ("v_proj" in name or "down_proj" in name) else "Q4_K"
+        rows, cols = weights[name].shape
+        data = random_k_quant(rng, rows, cols, kind)
+        weights[name] = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[kind])
+        blocks[name] = readers[kind](data)
+        np.testing.assert_array_equal(blocks[name].dequantize(), weights[name], name)
+    graph = llama_onnx().build_step_graph(weights, cfg, blocks, int8_activations=int8)
+    (switch_node,) = [n for n in graph.graph.node if n.op_type == "If"]
+    then = next(a.g for a in switch_node.attribute if a.name == "then_branch")
+    bits = [a.i for n in then.node if n.op_type == "MatMulNBits" for a in n.attribute
+            if a.name == "bits"]  # fmt: skip
+    # Q and K, (V), o, gate-up, (down): the parenthesised on 8 bits with int8 only.
+    assert bits == ([4, 8, 4, 4, 8] if int8 else [4, 4]) * cfg.num_layers
+    switch = session_for(graph)
+    fp32 = session_for(llama_onnx().build_step_graph(weights, cfg))
+    other = session_for(
+        llama_onnx().build_step_graph(llama_weights().random_weights(cfg, seed=8), cfg)
+    )
+    for prompt in ([7], [42]):
+        got = PagedCache(switch, cfg, 8, 4).step([CachedSeq()], [prompt])
+        want = PagedCache(fp32, cfg, 8, 4).step([CachedSeq()], [prompt])
+        if not int8:
+            np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5)
+        else:
+            far = PagedCache(other, cfg, 8, 4).step([CachedSeq()], [prompt])
+            assert 1e-3 < np.abs(got - want).max() < 0.2 * np.abs(want - far).max()
