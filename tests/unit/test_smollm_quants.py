@@ -4,6 +4,8 @@ Q8_0, Q6_K), with fp32 or int8 activations, against the fp32 graph on the same w
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import numpy.typing as npt
 import onnx
@@ -183,3 +185,80 @@ def test_k_quant_blocks_are_the_ggufs_weights_and_serve_one_token_steps(int8: bo
         else:
             far = PagedCache(other, cfg, 8, 4).step([CachedSeq()], [prompt])
             assert 1e-3 < np.abs(got - want).max() < 0.2 * np.abs(want - far).max()
+
+
+def test_a_gguf_of_mixed_types_reads_and_builds(tmp_path: Path) -> None:
+    """A LLaMA GGUF written with gguf's own writer, its projections Q4_K, Q6_K, Q4_0 and
+    Q8_0 and its head Q6_K (llama.cpp's order and names): read_gguf gives blocks equal to
+    its weights (Q and K rows unpermuted alike) and the head, and build.py's graph answers
+    a one-token step as the fp32 graph on those weights, exactly, or to int8 rounding."""
+    gguf = pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    from smollm import build_module, gguf_model, tiny_tokenizer_spec
+
+    cfg = tiny_config(hidden_size=256, intermediate_size=512, vocab_size=300)
+    spec = tiny_tokenizer_spec(cfg.vocab_size)
+    rng = np.random.default_rng(11)
+    path = tmp_path / "mixed.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("mixed")
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_block_count(cfg.num_layers)
+    writer.add_head_count(cfg.num_heads)
+    writer.add_head_count_kv(cfg.num_kv_heads)
+    writer.add_rope_freq_base(cfg.rope_theta)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(spec.pre)
+    writer.add_token_list(spec.tokens)
+    writer.add_token_types(spec.token_types)
+    writer.add_token_merges(spec.merges)
+    writer.add_bos_token_id(spec.bos_token_id)
+    writer.add_eos_token_id(spec.eos_token_id)
+    writer.add_chat_template(spec.chat_template)
+    kinds = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q4_0",
+             "ffn_gate": "Q8_0", "ffn_up": "Q8_0", "ffn_down": "Q4_K"}  # fmt: skip
+    h, f, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    shapes = {"attn_q": (cfg.num_heads * d, h), "attn_k": (cfg.num_kv_heads * d, h),
+              "attn_v": (cfg.num_kv_heads * d, h), "attn_output": (h, cfg.num_heads * d),
+              "ffn_gate": (f, h), "ffn_up": (f, h), "ffn_down": (h, f)}  # fmt: skip
+
+    def add(name: str, rows: int, cols: int, kind: str) -> None:
+        if kind in ("Q4_K", "Q6_K"):
+            data = random_k_quant(rng, rows, cols, kind)
+        else:
+            values = rng.standard_normal((rows, cols)).astype(np.float32) / np.sqrt(cols)
+            data = gguf.quants.quantize(values, gguf.GGMLQuantizationType[kind])
+        writer.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[kind])
+
+    add("token_embd.weight", cfg.vocab_size, h, "Q6_K")
+    writer.add_tensor("output_norm.weight", np.ones(h, np.float32))
+    for i in range(cfg.num_layers):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(h, np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(h, np.float32))
+        for kind, stored in kinds.items():
+            add(f"blk.{i}.{kind}.weight", *shapes[kind], stored)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    model = gguf_model().read_gguf(path)
+    assert model.head is not None and model.head.block == 16
+    np.testing.assert_array_equal(
+        model.head.dequantize(), model.weights["model.embed_tokens.weight"]
+    )
+    for name in llama_weights().linear_weight_names(cfg):
+        np.testing.assert_array_equal(model.blocks[name].dequantize(), model.weights[name])
+    fp32 = session_for(llama_onnx().build_step_graph(model.weights, cfg))
+    for int8 in (False, True):
+        folder = build_module().build(tmp_path / str(int8), "m", 64, gguf=path,
+                                      int8_activations=int8)  # fmt: skip
+        switch = session_for(onnx.load(str(Path(folder) / "1" / "model.onnx")))
+        got = PagedCache(switch, cfg, 8, 4).step([CachedSeq()], [[7]])
+        want = PagedCache(fp32, cfg, 8, 4).step([CachedSeq()], [[7]])
+        if int8:
+            assert 1e-3 < np.abs(got - want).max() < 0.05 * np.abs(want).max()
+        else:
+            np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5)
