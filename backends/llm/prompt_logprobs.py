@@ -43,6 +43,13 @@ def lm_head(path: Path) -> npt.NDArray[np.float32]:
     model = onnx.load(str(path))
     graph = model.graph
     node = next((n for n in graph.node if "logits" in n.output), None)
+    if node is not None and node.op_type == "If":
+        # The head in an If (examples/smollm's --int8-activations: 8-bit blocks for
+        # one-token steps); its other branch is the Gemm on the fp32 table, kept in the
+        # outer graph, as every branch keeps its weights.
+        other = next((a.g for a in node.attribute if a.name == "else_branch"), None)
+        out = other.output[0].name if other is not None and other.output else ""
+        node = next((n for n in other.node if out in n.output), None) if other else None
     if node is None or node.op_type not in ("Gemm", "MatMul") or len(node.input) < 2:
         raise ValueError("the step graph's 'logits' are not a Gemm or MatMul over the LM head")
     found = next((t for t in graph.initializer if t.name == node.input[1]), None)

@@ -197,6 +197,12 @@ def build(
     model = model or read_gguf(gguf)
     blocks = None if fp32_only else model.projection_blocks(int8_activations)
     int8 = int8_activations and blocks is not None
+    if int8_activations and not int8:
+        print(
+            "build.py: the GGUF stores no projection as blocks the int8 kernels take (Q4_0, "
+            "Q4_1, Q4_K, Q8_0, Q6_K): --int8-activations changes nothing",
+            file=sys.stderr,
+        )
     head = model.head if int8 else None
     graph = build_step_graph(model.weights, model.cfg, blocks, int8, head)
     tokenizer = build_tokenizer(model.tokenizer)
@@ -222,7 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--int8-activations", action="store_true",
         help="one-token steps round activations to 8 bits, as llama.cpp does: faster, and "
-        "greedy answers differ from the exact model's where two tokens nearly tie",
+        "greedy answers differ from the exact model's where two tokens nearly tie, and with "
+        "load (a step of several tokens, another stream's or a prompt's, stays exact)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.fp32_only and args.int8_activations:

@@ -7,13 +7,16 @@ minimum m and 32 four-bit q (the low nibbles are weights 0-15, the high ones 16-
 onnxruntime's MatMulNBits (com.microsoft) reads 4-bit blocks as (q - zero_point) * scale.
 Its fast kernels take integer zero points only; a float zero point (-m / d, which would
 hold a Q4_1 block exactly) sends it to a path that dequantizes the whole matrix on every
-call, slower than fp32. So the block's two terms are computed apart, both exactly:
+call, slower than fp32. So each block takes the integer zero point z nearest -m / d,
+and what that leaves of the minimum is a term apart, both exact:
 
-    x . w = sum_b d_b (x_b . q_b)  +  sum_b m_b (sum of x_b)
+    x . w = sum_b d_b (x_b . (q_b - z_b))  +  sum_b (m_b + z_b d_b) (sum of x_b)
 
-the first a MatMulNBits with zero point 0, the second the block sums of x (a Reshape and a
-ReduceSum) times the minima [blocks, out] (a MatMul). The sum is what the dequantized fp32
-weights give, up to fp32 rounding, with the activations kept fp32 (accuracy_level 0).
+the first a MatMulNBits, the second the block sums of x (a Reshape and a ReduceSum) times
+the leftovers [blocks, out] (a MatMul), left out where they are all 0 (Q4_0: z = 8). The
+sum is what the dequantized fp32 weights give, up to fp32 rounding, with the activations
+kept fp32 (accuracy_level 0). Q4_0 (d (q - 8)) and Q4_K (eight blocks of d sc q - dmin m
+a super-block) are such blocks too.
 
 With int8 activations (accuracy_level 4) MatMulNBits rounds x to 8 bits per block of 32,
 as llama.cpp does for its quantized dot products, and takes its integer kernels: a
@@ -291,29 +294,49 @@ def q8_linear(g: Graph, x: str, w: Q80Blocks, prefix: str) -> str:
     )  # fmt: skip
 
 
+def zero_points(w: Q41Blocks) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
+    """Each block's integer zero point z nearest -m / d (0-15), and what the minimum
+    leaves, m + z d: w = d q + m = d (q - z) + (m + z d). The kernel's term then holds
+    nearly all of a block (all of a Q4_0 block, z = 8, which leaves 0), so with int8
+    activations the offset is computed on the rounded activations as llama.cpp's
+    q8_1 block sums do, and the two roundings cancel as there."""
+    scale, minimum = w.scale, w.minimum
+    safe = np.where(scale != 0, scale, np.float32(1))
+    z = np.where(scale != 0, np.clip(np.round(-minimum / safe), 0, 15), 0).astype(np.uint8)
+    left = (minimum + z.astype(np.float32) * scale).astype(np.float32)
+    return z, left
+
+
 def q4_linear(g: Graph, x: str, w: Q41Blocks, prefix: str, accuracy: int = 0) -> str:
-    """x [n, cols] @ w^T -> [n, rows]: MatMulNBits on the nibbles plus the minima's term;
+    """x [n, cols] @ w^T -> [n, rows]: MatMulNBits on the nibbles, less each block's zero
+    point, plus the term of what the minima leave (none where that is 0 everywhere);
     `accuracy` is MatMulNBits' accuracy_level (0 fp32 activations, 4 int8)."""
     rows, cols = w.shape
     blocks = cols // BLOCK
-    # MatMulNBits packs each pair of neighbours in a byte, the first in the low nibble.
+    # MatMulNBits packs each pair of neighbours in a byte, the first in the low nibble,
+    # and the zero points too (a last odd block's with a 0 beside it).
     packed = (w.q[..., 0::2] | (w.q[..., 1::2] << 4)).astype(np.uint8)
-    zero_points = np.zeros((rows, (blocks + 1) // 2), np.uint8)  # two 4-bit zeros a byte
+    z, left = zero_points(w)
+    if blocks % 2:
+        z = np.concatenate([z, np.zeros((rows, 1), np.uint8)], axis=1)
+    zeros = (z[:, 0::2] | (z[:, 1::2] << 4)).astype(np.uint8)
     main = g.op(
         "MatMulNBits",
         [
             x,
             g.const(f"{prefix}.q4", packed, np.uint8),
             g.const(f"{prefix}.scale", w.scale.reshape(-1)),
-            g.const(f"{prefix}.zero_point", zero_points.reshape(-1), np.uint8),
+            g.const(f"{prefix}.zero_point", zeros.reshape(-1), np.uint8),
         ],
         f"{prefix}.nibbles",
         domain=DOMAIN, K=cols, N=rows, bits=4, block_size=BLOCK, accuracy_level=accuracy,
     )  # fmt: skip
+    if not left.any():
+        return main
     per_block = g.op("Reshape", [x, g.ints(f"{prefix}.block_shape", [-1, blocks, BLOCK])],
                      f"{prefix}.x_blocks")  # fmt: skip
     sums = g.op(
         "ReduceSum", [per_block, g.ints("axes.last", [-1])], f"{prefix}.block_sums", keepdims=0
     )
-    minima = g.const(f"{prefix}.minimum_t", np.ascontiguousarray(w.minimum.T))
+    minima = g.const(f"{prefix}.minimum_t", np.ascontiguousarray(left.T))
     return g.op("Add", [main, g.op("MatMul", [sums, minima], f"{prefix}.minima")], f"{prefix}.out")

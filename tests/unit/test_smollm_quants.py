@@ -20,8 +20,12 @@ from smollm import (
     tiny_config,
 )
 
+from ge_serve.backends.llm.prompt_logprobs import lm_head
 
-def test_int8_activations_round_one_token_steps_and_read_the_heads_q8_0_blocks() -> None:
+
+def test_int8_activations_round_one_token_steps_and_read_the_heads_q8_0_blocks(
+    tmp_path: Path,
+) -> None:
     """With int8 activations a one-token step computes on the Q4_1 blocks and the head's
     Q8_0 blocks, as llama.cpp does (its activations rounded to 8 bits: close to the exact
     answer, not equal); a step of more tokens stays on the fp32 weights. The blocks hold
@@ -41,6 +45,9 @@ def test_int8_activations_round_one_token_steps_and_read_the_heads_q8_0_blocks()
     build = llama_onnx().build_step_graph
     model = build(weights, cfg, blocks, int8_activations=True, head=head)
     onnx.checker.check_model(model, full_check=True)
+    # The prompt's log probabilities read the fp32 head through the head's If.
+    onnx.save_model(model, str(tmp_path / "model.onnx"))
+    np.testing.assert_array_equal(lm_head(tmp_path / "model.onnx"), weights["lm_head.weight"])
     levels = {
         a.i
         for n in model.graph.node
@@ -262,3 +269,45 @@ def test_a_gguf_of_mixed_types_reads_and_builds(tmp_path: Path) -> None:
             assert 1e-3 < np.abs(got - want).max() < 0.05 * np.abs(want).max()
         else:
             np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5)
+
+
+def test_int8_activations_put_each_blocks_offset_on_the_rounded_activations() -> None:
+    """With int8 activations a 4-bit block d q + m computes as llama.cpp's q4_1 x q8_1
+    does: the kernel takes d (q - z) with z the integer nearest -m / d, on the
+    activations rounded to 8 bits per block of 32, and only what is left of the minimum
+    (m + z d) meets the exact activations. Were the whole minimum on the exact ones, the
+    two roundings would not cancel (about twice the error on SmolLM2)."""
+    gguf = pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    from smollm import _load
+
+    llama_onnx()  # and the modules it imports
+    linear = _load("llama_linear")
+    graph_module = _load("llama_attention")
+    rng = np.random.default_rng(3)
+    values = rng.standard_normal((48, 256)).astype(np.float32) / 16
+    data = gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q4_1)
+    blocks = linear.from_gguf(data)
+    g = graph_module.Graph()
+    out = linear.q4_linear(g, "x", blocks, "p", linear.INT8_ACTIVATIONS)
+    model = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            g.nodes, "one", [onnx.helper.make_tensor_value_info("x", 1, [1, 256])],
+            [onnx.helper.make_tensor_value_info(out, 1, None)], g.initializers,
+        ),
+        opset_imports=[onnx.helper.make_opsetid(domain, 1 if domain else 17)
+                       for domain in ("", linear.DOMAIN)],
+        ir_version=8,
+    )  # fmt: skip
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    got = session_for(model).run(None, {"x": x})[0]
+    # llama.cpp's rounding: each block of 32 to int8 on its largest magnitude.
+    xb = x.reshape(1, -1, 32)
+    step = np.abs(xb).max(-1, keepdims=True) / 127
+    rounded = (np.round(xb / step) * step).reshape(1, -1)
+    z, left = linear.zero_points(blocks)
+    kernel = (blocks.q.astype(np.float32) - z[..., None]) * blocks.scale[..., None]
+    want = rounded @ kernel.reshape(48, 256).T + xb.sum(-1) @ left.T
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(got, want, atol=2e-4 * scale, rtol=0)
+    exact = x @ blocks.dequantize().T
+    assert np.abs(got - exact).max() > 1e-3 * scale, "the activations are rounded"
