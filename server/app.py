@@ -63,7 +63,7 @@ from .startup.part_settings import (
     warn_about_flags,
 )
 from .startup.settings import Settings
-from .workers.loopback import HTTP_SOCKET, LoopbackSockets
+from .workers.loopback import GRPC_SOCKET, HTTP_SOCKET, LoopbackSockets
 from .workers.pool import FrontEndWorkers, WorkerSpec
 
 log = logging.getLogger("ge_serve")
@@ -177,8 +177,8 @@ class ServerApp:
         if settings.grpc_workers and self.loopback is not None:
             # TLS is the workers' to serve; the socket is this user's alone.
             grpc_settings_ = dataclasses.replace(
-                self.grpc_public, address=self.loopback.grpc_target(), port=0, reuse_port=False,
-                tls=None,
+                self.grpc_public, unix_socket=self.loopback.path(GRPC_SOCKET), port=0,
+                reuse_port=False, tls=None,
             )  # fmt: skip
         self.grpc = GrpcFrontEnd(self.core, grpc_settings_)
         self._servers: list[EmbeddedUvicorn] = []
@@ -237,7 +237,8 @@ class ServerApp:
         # gRPC and the cloud endpoints first: once HTTP answers ready, all are listening.
         if self.settings.allow_grpc:
             await self.grpc.start()
-            if self.settings.grpc_workers:
+            if self.settings.grpc_workers and self.loopback is not None:
+                self.loopback.restrict(GRPC_SOCKET)
                 await self._start_grpc_workers()
             else:
                 log.info("Started GRPCInferenceService at %s", self.grpc.settings.target)

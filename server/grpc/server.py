@@ -76,11 +76,14 @@ class GrpcSettings:
     tls: GrpcTls | None = None
     # --grpc-header-forward-pattern; "" forwards no metadata.
     header_forward_pattern: str = ""
+    # A Unix socket's path to listen at instead of address:port: the server's own front
+    # end where gRPC workers pass calls on (server/workers/loopback.py); never a user's.
+    unix_socket: str = ""
 
     @property
     def target(self) -> str:
-        if self.address.startswith("unix:"):  # a Unix socket's path (grpc's scheme)
-            return self.address
+        if self.unix_socket:
+            return f"unix:{self.unix_socket}"
         host = self.address
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"

@@ -22,6 +22,7 @@ from ..errors import ErrorCode, ServerError
 # sockaddr_un's sun_path holds 108 bytes with its terminating NUL (Linux).
 MAX_SOCKET_PATH = 107
 HTTP_SOCKET = "http.sock"
+PREFIX = "ge-serve-sock-"
 GRPC_SOCKET = "grpc.sock"
 
 
@@ -29,19 +30,19 @@ class LoopbackSockets:
     """A private directory of Unix sockets, made when built and removed by `close`."""
 
     def __init__(self) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="ge-serve-"))
+        self.folder = _private_folder(None)
         if len(os.fsencode(self.path(GRPC_SOCKET))) > MAX_SOCKET_PATH:
             # A long TMPDIR: /tmp is short wherever there is one.
             shutil.rmtree(self.folder, ignore_errors=True)
-            self.folder = Path(tempfile.mkdtemp(prefix="ge-serve-", dir="/tmp"))
-        os.chmod(self.folder, 0o700)
+            self.folder = _private_folder("/tmp")
 
     def path(self, name: str) -> str:
         return str(self.folder / name)
 
-    def grpc_target(self) -> str:
-        """The gRPC front end's address for grpc's `unix:` scheme."""
-        return f"unix:{self.path(GRPC_SOCKET)}"
+    def restrict(self, name: str) -> None:
+        """The socket at `name` for its owner alone (grpc makes its own under the umask;
+        the folder's mode keeps others out either way)."""
+        os.chmod(self.path(name), 0o600)
 
     def listen(self, name: str, what: str) -> socket.socket:
         """A Unix stream socket bound at `name` in the directory (0600), or a ServerError."""
@@ -59,3 +60,16 @@ class LoopbackSockets:
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _private_folder(parent: str | None) -> Path:
+    """A new folder only this user may enter (mkdtemp makes it 0700), or a ServerError."""
+    try:
+        return Path(tempfile.mkdtemp(prefix=PREFIX, dir=parent))
+    except OSError as exc:
+        where = parent or tempfile.gettempdir()
+        raise ServerError(
+            ErrorCode.UNAVAILABLE,
+            f"cannot make a folder for the workers' sockets in {where}: {exc.strerror or exc} "
+            "(set TMPDIR to a writable folder)",
+        ) from None

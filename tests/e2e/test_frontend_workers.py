@@ -508,7 +508,9 @@ def test_what_workers_pass_on_reaches_the_server_on_private_unix_sockets(repo: P
         )
         assert [Path(p).name for p in paths] == ["grpc.sock", "http.sock"], paths
         folder = Path(paths[0]).parent
+        assert folder.name.startswith("ge-serve-sock-")
         assert folder.stat().st_mode & 0o777 == 0o700
+        assert [Path(p).stat().st_mode & 0o777 for p in paths] == [0o600, 0o600]
         # Passed on through them: the server's own answers.
         assert httpx.get(server.base_url + "/v2/models/probe", timeout=30).json()["name"] == "probe"
         client = grpcclient.InferenceServerClient(server.grpc_url)
