@@ -5,6 +5,7 @@ Q8_0, Q6_K), with fp32 or int8 activations, against the fp32 graph on the same w
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -21,6 +22,38 @@ from smollm import (
 )
 
 from ge_serve.backends.llm.prompt_logprobs import lm_head
+
+
+def first_step(session: Any, cfg: Any, prompt: list[int]) -> npt.NDArray[np.float32]:
+    """The logits of a prompt's one step from an empty cache."""
+    logits: npt.NDArray[np.float32] = PagedCache(session, cfg, 8, 4).step([CachedSeq()], [prompt])
+    return logits
+
+
+def kernel_bits(graph: onnx.ModelProto) -> list[int]:
+    """The bits of each MatMulNBits in the one-token branch, in graph order."""
+    (switch,) = [n for n in graph.graph.node if n.op_type == "If" and n.output[0] != "logits"]
+    then = next(a.g for a in switch.attribute if a.name == "then_branch")
+    return [a.i for n in then.node if n.op_type == "MatMulNBits" for a in n.attribute
+            if a.name == "bits"]  # fmt: skip
+
+
+def assert_one_token_steps(
+    graph: onnx.ModelProto, weights: dict[str, Any], cfg: Any, int8: bool, seed: int
+) -> None:
+    """`graph`'s one-token steps answer as the fp32 graph on `weights` does: to fp32
+    rounding, or with int8 activations to their rounding (far less than the distance
+    to other weights' answer, far more than fp32 rounding)."""
+    switch = session_for(graph)
+    fp32 = session_for(llama_onnx().build_step_graph(weights, cfg))
+    other = llama_onnx().build_step_graph(llama_weights().random_weights(cfg, seed=seed), cfg)
+    for prompt in ([7], [42]):
+        got, want = first_step(switch, cfg, prompt), first_step(fp32, cfg, prompt)
+        if not int8:
+            np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5)
+        else:
+            far = first_step(session_for(other), cfg, prompt)
+            assert 1e-3 < np.abs(got - want).max() < 0.2 * np.abs(want - far).max()
 
 
 def test_int8_activations_round_one_token_steps_and_read_the_heads_q8_0_blocks(
@@ -103,32 +136,10 @@ def test_q4_0_and_q8_0_projections_serve_one_token_steps(int8: bool) -> None:
     eight = {n for n, b in usable.items() if type(b).__name__ == "Q80Blocks"}
     assert bool(eight) == int8 and all(".mlp." in n for n in eight)
     graph = llama_onnx().build_step_graph(weights, cfg, usable, int8_activations=int8)
-    kernels = [
-        (node.name, a.i)
-        for n in graph.graph.node
-        if n.op_type == "If"
-        for branch in n.attribute
-        for node in branch.g.node
-        if node.op_type == "MatMulNBits"
-        for a in node.attribute
-        if a.name == "bits"
-    ]
     # Q, K, V (Q4_0), o (Q4_1) on 4 bits; gate-up and down (Q8_0) on 8 with int8 only.
     per_layer = [4, 4, 8, 8] if int8 else [4, 4]
-    assert [bits for _, bits in kernels] == per_layer * cfg.num_layers
-    switch = session_for(graph)
-    exact = session_for(llama_onnx().build_step_graph(weights, cfg))
-    other = session_for(
-        llama_onnx().build_step_graph(llama_weights().random_weights(cfg, seed=6), cfg)
-    )
-    for prompt in ([7], [42]):
-        got = PagedCache(switch, cfg, 8, 4).step([CachedSeq()], [prompt])
-        want = PagedCache(exact, cfg, 8, 4).step([CachedSeq()], [prompt])
-        if not int8:
-            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
-        else:
-            far = PagedCache(other, cfg, 8, 4).step([CachedSeq()], [prompt])
-            assert 1e-3 < np.abs(got - want).max() < 0.2 * np.abs(want - far).max()
+    assert kernel_bits(graph) == per_layer * cfg.num_layers
+    assert_one_token_steps(graph, weights, cfg, int8, seed=6)
 
 
 def random_k_quant(
@@ -173,25 +184,9 @@ def test_k_quant_blocks_are_the_ggufs_weights_and_serve_one_token_steps(int8: bo
         blocks[name] = readers[kind](data)
         np.testing.assert_array_equal(blocks[name].dequantize(), weights[name], name)
     graph = llama_onnx().build_step_graph(weights, cfg, blocks, int8_activations=int8)
-    (switch_node,) = [n for n in graph.graph.node if n.op_type == "If"]
-    then = next(a.g for a in switch_node.attribute if a.name == "then_branch")
-    bits = [a.i for n in then.node if n.op_type == "MatMulNBits" for a in n.attribute
-            if a.name == "bits"]  # fmt: skip
     # Q and K, (V), o, gate-up, (down): the parenthesised on 8 bits with int8 only.
-    assert bits == ([4, 8, 4, 4, 8] if int8 else [4, 4]) * cfg.num_layers
-    switch = session_for(graph)
-    fp32 = session_for(llama_onnx().build_step_graph(weights, cfg))
-    other = session_for(
-        llama_onnx().build_step_graph(llama_weights().random_weights(cfg, seed=8), cfg)
-    )
-    for prompt in ([7], [42]):
-        got = PagedCache(switch, cfg, 8, 4).step([CachedSeq()], [prompt])
-        want = PagedCache(fp32, cfg, 8, 4).step([CachedSeq()], [prompt])
-        if not int8:
-            np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5)
-        else:
-            far = PagedCache(other, cfg, 8, 4).step([CachedSeq()], [prompt])
-            assert 1e-3 < np.abs(got - want).max() < 0.2 * np.abs(want - far).max()
+    assert kernel_bits(graph) == ([4, 8, 4, 4, 8] if int8 else [4, 4]) * cfg.num_layers
+    assert_one_token_steps(graph, weights, cfg, int8, seed=8)
 
 
 def test_a_gguf_of_mixed_types_reads_and_builds(tmp_path: Path) -> None:
@@ -207,23 +202,18 @@ def test_a_gguf_of_mixed_types_reads_and_builds(tmp_path: Path) -> None:
     rng = np.random.default_rng(11)
     path = tmp_path / "mixed.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("mixed")
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_block_count(cfg.num_layers)
-    writer.add_head_count(cfg.num_heads)
-    writer.add_head_count_kv(cfg.num_kv_heads)
-    writer.add_rope_freq_base(cfg.rope_theta)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(spec.pre)
-    writer.add_token_list(spec.tokens)
-    writer.add_token_types(spec.token_types)
-    writer.add_token_merges(spec.merges)
-    writer.add_bos_token_id(spec.bos_token_id)
-    writer.add_eos_token_id(spec.eos_token_id)
-    writer.add_chat_template(spec.chat_template)
+    fields: dict[str, Any] = {
+        "name": "mixed", "context_length": cfg.max_position_embeddings,
+        "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
+        "block_count": cfg.num_layers, "head_count": cfg.num_heads,
+        "head_count_kv": cfg.num_kv_heads, "rope_freq_base": cfg.rope_theta,
+        "layer_norm_rms_eps": cfg.rms_norm_eps, "tokenizer_model": "gpt2",
+        "tokenizer_pre": spec.pre, "token_list": spec.tokens, "token_types": spec.token_types,
+        "token_merges": spec.merges, "bos_token_id": spec.bos_token_id,
+        "eos_token_id": spec.eos_token_id, "chat_template": spec.chat_template,
+    }  # fmt: skip
+    for field, value in fields.items():  # gguf's writer has an add_<field> for each
+        getattr(writer, f"add_{field}")(value)
     kinds = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q4_0",
              "ffn_gate": "Q8_0", "ffn_up": "Q8_0", "ffn_down": "Q4_K"}  # fmt: skip
     h, f, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
