@@ -200,7 +200,8 @@ def build(
     if int8_activations and not int8:
         print(
             "build.py: the GGUF stores no projection as blocks the int8 kernels take (Q4_0, "
-            "Q4_1, Q4_K, Q8_0, Q6_K): --int8-activations changes nothing",
+            "Q4_1, Q4_K, Q8_0, Q6_K): --int8-activations changes nothing (its head's "
+            "8-bit table is read only beside them)",
             file=sys.stderr,
         )
     head = model.head if int8 else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl as openssl
 from pathlib import Path
 
 from ge_serve.backends.onnx_io import DEFAULT_MAX_BATCH_SIZE
@@ -167,9 +168,21 @@ def grpc_tls(settings: Settings) -> GrpcTls | None:
                 ErrorCode.INVALID_ARG, f"cannot read {flag} '{path}': {exc.strerror}"
             ) from None
 
+    cert = read("--grpc-server-cert", settings.grpc_server_cert)
+    key = read("--grpc-server-key", settings.grpc_server_key)
+    try:  # grpc would say only that the port could not be bound
+        openssl.create_default_context(openssl.Purpose.CLIENT_AUTH).load_cert_chain(
+            settings.grpc_server_cert, settings.grpc_server_key, password=""
+        )
+    except (openssl.SSLError, ValueError) as exc:
+        raise ServerError(
+            ErrorCode.INVALID_ARG,
+            f"--grpc-server-cert '{settings.grpc_server_cert}' and --grpc-server-key "
+            f"'{settings.grpc_server_key}' are not a certificate and its key: {exc}",
+        ) from None
     return GrpcTls(
-        cert=read("--grpc-server-cert", settings.grpc_server_cert),
-        key=read("--grpc-server-key", settings.grpc_server_key),
+        cert=cert,
+        key=key,
         # Only client certificates are checked against it: with TLS that checks the server
         # alone, Triton reads a file it cannot open as empty and starts, and so does this.
         root=read("--grpc-root-cert", settings.grpc_root_cert) if ssl.mutual else None,

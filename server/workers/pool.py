@@ -48,6 +48,8 @@ START_TIMEOUT_S = 60.0
 START_TRIES = 3
 # Restarts of a worker that keeps dying wait longer each time, up to this.
 MAX_RESTART_DELAY_S = 5.0
+# A worker that fails to start again the same way is logged this often, not every try.
+REPEAT_LOG_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,13 +201,26 @@ class FrontEndWorkers:
                 "%s worker %d (pid %d) %s: starting it again",
                 self.spec.what, worker.index, child.pid, exit_reason(code),
             )  # fmt: skip
-            await asyncio.sleep(backoff.next_delay(time.monotonic() - child.started_at))
+            await self._restart(worker, backoff)
+
+    async def _restart(self, worker: _Worker, backoff: Backoff) -> None:
+        """Start the worker until it listens. A start that fails (a certificate file
+        gone, say) is tried again after the backoff; the same failure again is logged
+        once a minute, not at every try."""
+        said, said_at = "", 0.0
+        while True:
+            assert worker.child is not None
+            started = worker.child.started_at
+            await asyncio.sleep(backoff.next_delay(time.monotonic() - started))
             try:
                 self._spawn(worker)
                 await self._wait_ready(worker)
+                return
             except (ServerError, OSError) as exc:
-                log.error("%s", exc.message if isinstance(exc, ServerError) else exc)
-                continue
+                reason = exc.message if isinstance(exc, ServerError) else str(exc)
+                if reason != said or time.monotonic() - said_at >= REPEAT_LOG_S:
+                    log.error("%s (trying again)", reason)
+                    said, said_at = reason, time.monotonic()
 
     # --- requests ------------------------------------------------------------------------
 

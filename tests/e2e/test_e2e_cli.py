@@ -18,6 +18,7 @@ import numpy.typing as npt
 import onnxruntime as ort
 import orjson
 import pytest
+from certs import make_tls_files
 from modelgen import add_sub_model, slow_model, write_model
 from polling import poll
 from serverproc import (
@@ -145,6 +146,25 @@ def test_a_tls_setting_that_cannot_work_is_one_line_not_a_traceback() -> None:
     output = result.stdout + result.stderr
     assert "--grpc-use-ssl needs --grpc-server-cert" in output
     assert "Traceback" not in output
+
+
+def test_a_grpc_key_that_is_not_the_certificates_is_named(tmp_path: Path) -> None:
+    # grpc itself would say only that the port could not be bound.
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    tls, other = make_tls_files(tmp_path / "a"), make_tls_files(tmp_path / "b")
+    garbage = tmp_path / "garbage.key"
+    garbage.write_bytes(b"not a key")
+    for key in (other.key, garbage):
+        result = run_cli(
+            "--model-repo", str(EXAMPLE_MODELS), "--http-port", "0", "--grpc-port", "0",
+            "--grpc-use-ssl", "true", f"--grpc-server-cert={tls.cert}",
+            f"--grpc-server-key={key}",
+        )  # fmt: skip
+        output = result.stdout + result.stderr
+        assert result.returncode == 1, output
+        assert f"--grpc-server-key '{key}' are not a certificate and its key" in output
+        assert "Traceback" not in output
 
 
 def test_a_startup_model_that_fails_is_logged_when_the_server_goes_on() -> None:

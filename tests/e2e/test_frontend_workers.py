@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -519,3 +520,33 @@ def test_what_workers_pass_on_reaches_the_server_on_private_unix_sockets(repo: P
         finally:
             client.close()
     assert not folder.exists()
+
+
+def test_a_worker_that_cannot_start_again_says_why_once_and_comes_back(
+    repo: Path, tmp_path: Path
+) -> None:
+    """A gRPC worker killed while its certificate file is gone cannot start again: the
+    reason is logged once (not at every try, nor as the kill of each failed start), and
+    the worker serves again once the file is back."""
+    tls = make_tls_files(tmp_path)
+    flags = ["--grpc-workers", "1", "--grpc-use-ssl=true", f"--grpc-server-cert={tls.cert}",
+             f"--grpc-server-key={tls.key}"]  # fmt: skip
+    with running_server([repo], flags) as server:
+        certificate = tls.cert.read_bytes()
+        tls.cert.unlink()
+        (first,) = worker_pids(server)
+        os.kill(first, signal.SIGKILL)
+        poll(lambda: "(trying again)" in server.log(), 60, "the failed restart")
+        time.sleep(6)  # more tries, past the backoff's 5 s cap
+        log = server.log()
+        assert log.count("(trying again)") == 1, log
+        assert f"cannot read {tls.cert}: No such file or directory (trying again)" in log, log
+        assert log.count("was killed by SIGKILL: starting it again") == 1, log
+        tls.cert.write_bytes(certificate)
+        secure = grpcclient.InferenceServerClient(
+            server.grpc_url, ssl=True, root_certificates=str(tls.ca)
+        )
+        try:
+            poll(lambda: _answers(secure), 60, "the worker serving again")
+        finally:
+            secure.close()
