@@ -162,12 +162,13 @@ def q4_1_weights(
 def quantized_weights(
     cfg: Any, weights: dict[str, npt.NDArray[np.float32]], kind: Callable[[str], str]
 ) -> tuple[dict[str, npt.NDArray[np.float32]], dict[str, Any]]:
-    """`weights` with each projection stored as `kind(name)` (Q4_0, Q4_1 or Q8_0, by
+    """`weights` with each projection stored as `kind(name)` (Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0, by
     gguf's own quantizer), read back as the build script reads a GGUF's blocks."""
     import gguf
 
     linear = _load("llama_linear")
     readers = {"Q4_0": linear.q4_0_from_gguf, "Q4_1": linear.from_gguf,
+               "Q5_0": linear.q5_0_from_gguf, "Q5_1": linear.q5_1_from_gguf,
                "Q8_0": linear.q8_from_gguf}  # fmt: skip
     dequantized, blocks = dict(weights), {}
     for name in llama_weights().linear_weight_names(cfg):

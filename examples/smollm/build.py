@@ -21,7 +21,7 @@ projections read Q4_0, Q4_1 and Q4_K blocks themselves, to the same result
 (llama_linear.py), and the other projections' fp32 weights.
 `--fp32-only` leaves them out: the NPU placement (`placement: npu`, compiled by ATC) takes
 standard ONNX ops only. `--int8-activations` computes one-token steps as llama.cpp does,
-on activations rounded to 8 bits per block of 32, 8-bit (Q8_0, Q6_K) projections on
+on activations rounded to 8 bits per block of 32, 5- to 8-bit (Q5_*, Q6_K, Q8_0) projections on
 their blocks too, and their LM head on the GGUF's 8-bit table where it has one (SmolLM2's
 is Q8_0): a decode step alone takes about 0.7 of the time, and greedy answers leave the
 exact model's where two tokens' logits nearly tie.
@@ -200,7 +200,7 @@ def build(
     if int8_activations and not int8:
         print(
             "build.py: the GGUF stores no projection as blocks the int8 kernels take (Q4_0, "
-            "Q4_1, Q4_K, Q8_0, Q6_K): --int8-activations changes nothing (its head's "
+            "Q4_1, Q4_K, Q5_*, Q6_K, Q8_0): --int8-activations changes nothing (its head's "
             "8-bit table is read only beside them)",
             file=sys.stderr,
         )

@@ -31,6 +31,9 @@ from llama_linear import (
     from_gguf,
     q4_0_from_gguf,
     q4_k_from_gguf,
+    q5_0_from_gguf,
+    q5_1_from_gguf,
+    q5_k_from_gguf,
     q6_k_from_gguf,
     q8_from_gguf,
 )
@@ -89,8 +92,8 @@ class GgufModel:
     weights: dict[str, npt.NDArray[np.float32]]
     tokenizer: TokenizerSpec
     name: str
-    # The blocks of the tensors stored as Q4_0, Q4_1, Q4_K, Q8_0 or Q6_K, as stored (rows
-    # in Hugging Face's order, as `weights`).
+    # The blocks of the tensors stored as Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K or Q8_0,
+    # as stored (rows in Hugging Face's order, as `weights`).
     blocks: dict[str, Blocks]
     # The LM head's table (`output`, or the tied `token_embd`) where the GGUF stores it as
     # 8-bit blocks (Q8_0 or Q6_K).
@@ -98,7 +101,7 @@ class GgufModel:
 
     def projection_blocks(self, int8_activations: bool = False) -> dict[str, Blocks] | None:
         """The projections' blocks the one-token steps can compute on: 4-bit ones, and
-        8-bit ones (Q8_0, Q6_K) with int8 activations (llama_linear.blocks_linear); None
+        8-bit ones (Q5_*, Q6_K, Q8_0) with int8 activations (llama_linear.blocks_linear); None
         where none."""
         usable = {
             name: found
@@ -179,6 +182,9 @@ def read_gguf(path: Path | None = None) -> GgufModel:
         gguf.GGMLQuantizationType.Q4_K: q4_k_from_gguf,
         gguf.GGMLQuantizationType.Q8_0: q8_from_gguf,
         gguf.GGMLQuantizationType.Q6_K: q6_k_from_gguf,
+        gguf.GGMLQuantizationType.Q5_0: q5_0_from_gguf,
+        gguf.GGMLQuantizationType.Q5_1: q5_1_from_gguf,
+        gguf.GGMLQuantizationType.Q5_K: q5_k_from_gguf,
     }
     for tensor in reader.tensors:
         array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)

@@ -53,6 +53,11 @@ Q4_0_BLOCK_BYTES = 18
 Q4_K_BLOCK_BYTES = 144
 # 128 bytes of low nibbles, 64 of high pairs, 16 int8 scales, d (fp16): 256 weights.
 Q6_K_BLOCK_BYTES = 210
+# d (fp16), 4 bytes of fifth bits, 16 of nibbles; Q5_1 an fp16 minimum after d; Q5_K
+# Q4_K's super-block with 32 bytes of fifth bits before the nibbles.
+Q5_0_BLOCK_BYTES = 22
+Q5_1_BLOCK_BYTES = 24
+Q5_K_BLOCK_BYTES = 176
 Q8_ZERO = 128
 # MatMulNBits' accuracy_level: fp32 activations, or int8 ones (llama.cpp's rounding).
 FP32_ACTIVATIONS = 0
@@ -92,11 +97,13 @@ class Q41Blocks:
 
 @dataclass(frozen=True)
 class Q80Blocks:
-    """A [rows, cols] weight as 8-bit blocks along its columns, w = d * q: Q8_0's of 32,
-    or Q6_K's of 16 (q in -32..31)."""
+    """A [rows, cols] weight as 8-bit blocks along its columns, w = d * q (+ m): Q8_0's
+    of 32, Q6_K's of 16 (q in -32..31), the 5-bit types' of 32 (q in 0..31, or -16..15
+    for Q5_0; a minimum m for Q5_1 and Q5_K)."""
 
     q: npt.NDArray[np.int8]  # [rows, blocks, block]
     scale: npt.NDArray[np.float32]  # [rows, blocks]
+    minimum: npt.NDArray[np.float32] | None = None  # [rows, blocks]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -109,14 +116,21 @@ class Q80Blocks:
 
     def dequantize(self) -> npt.NDArray[np.float32]:
         w = self.q.astype(np.float32) * self.scale[..., None]
+        if self.minimum is not None:
+            w = w + self.minimum[..., None]
         return w.reshape(self.shape)
 
+    def minima(self) -> npt.NDArray[np.float32]:
+        return self.minimum if self.minimum is not None else np.zeros_like(self.scale)
+
     def rows_reordered(self, order: npt.NDArray[np.intp]) -> Q80Blocks:
-        return Q80Blocks(self.q[order], self.scale[order])
+        minimum = None if self.minimum is None else self.minimum[order]
+        return Q80Blocks(self.q[order], self.scale[order], minimum)
 
     def scaled(self, factor: float) -> Q80Blocks:
         """The weight times `factor` (a power of two keeps it exact)."""
-        return Q80Blocks(self.q, self.scale * np.float32(factor))
+        f = np.float32(factor)
+        return Q80Blocks(self.q, self.scale * f, None if self.minimum is None else self.minimum * f)
 
 
 # A projection's blocks as the GGUF stores them.
@@ -179,7 +193,11 @@ def stacked(parts: Sequence[Q41Blocks]) -> Q41Blocks:
 
 
 def stacked8(parts: Sequence[Q80Blocks]) -> Q80Blocks:
-    return Q80Blocks(np.concatenate([p.q for p in parts]), np.concatenate([p.scale for p in parts]))
+    minimum = None
+    if any(p.minimum is not None for p in parts):
+        minimum = np.concatenate([p.minima() for p in parts])
+    q, scale = np.concatenate([p.q for p in parts]), np.concatenate([p.scale for p in parts])
+    return Q80Blocks(q, scale, minimum)
 
 
 def fp32_linear(weights: Mapping[str, npt.NDArray[np.float32]]) -> Linear:
@@ -197,7 +215,7 @@ def blocks_linear(
     int8_activations: bool = False,
 ) -> Linear:
     """A projection on its parts' blocks where each has a form a kernel serves: 4-bit
-    (Q4_0, Q4_1, Q4_K), or 8-bit (Q8_0, Q6_K) with int8 activations, the only fast 8-bit
+    (Q4_0, Q4_1, Q4_K), or 8-bit (Q5_*, Q6_K, Q8_0) with int8 activations, the only fast 8-bit
     kernel; on the fp32 weights where any part has not. Neighbouring parts of one form
     are one kernel; parts of different forms (a Q6_K V beside Q4_K Q and K, as Q4_K_M
     stores them) are a kernel each, their outputs joined."""
@@ -250,6 +268,53 @@ def q6_k_from_gguf(data: npt.NDArray[np.uint8]) -> Q80Blocks:
     return Q80Blocks(q.astype(np.int8).reshape(rows, supers * 16, 16), scale)
 
 
+def _fifth_bits(packed: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """Q5_0 and Q5_1's 32 fifth bits a block, a little-endian uint32 (bit i: weight i),
+    as [..., 32] of 0 or 16."""
+    bits = np.unpackbits(packed, axis=-1, bitorder="little")
+    return (bits << 4).astype(np.uint8)
+
+
+def q5_0_from_gguf(data: npt.NDArray[np.uint8]) -> Q80Blocks:
+    """Blocks from a Q5_0 tensor's bytes: an fp16 d, 4 bytes of fifth bits and 16 of
+    nibbles (weights 0-15 low, 16-31 high) a block of 32; w = d (q - 16)."""
+    rows = data.shape[0]
+    blocks = np.ascontiguousarray(data).reshape(rows, -1, Q5_0_BLOCK_BYTES)
+    scale = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    nibbles = blocks[..., 6:]
+    low = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)
+    q = (low | _fifth_bits(blocks[..., 2:6])).astype(np.int16) - 16
+    return Q80Blocks(q.astype(np.int8), scale)
+
+
+def q5_1_from_gguf(data: npt.NDArray[np.uint8]) -> Q80Blocks:
+    """Blocks from a Q5_1 tensor's bytes: as Q5_0's with an fp16 minimum m after d;
+    w = d q + m."""
+    rows = data.shape[0]
+    blocks = np.ascontiguousarray(data).reshape(rows, -1, Q5_1_BLOCK_BYTES)
+    scale = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    minimum = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    nibbles = blocks[..., 8:]
+    low = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)
+    q = low | _fifth_bits(blocks[..., 4:8])
+    return Q80Blocks(q.astype(np.int8), scale, minimum)
+
+
+def q5_k_from_gguf(data: npt.NDArray[np.uint8]) -> Q80Blocks:
+    """Blocks from a Q5_K tensor's bytes: Q4_K's super-block (d, dmin, 12 bytes of
+    scales and mins, 128 of nibbles) with 32 bytes of fifth bits before the nibbles
+    (bit j of byte k: weight k of block j); block j is d sc_j q - dmin m_j, q in 0..31."""
+    rows = data.shape[0]
+    blocks = np.ascontiguousarray(data).reshape(rows, -1, Q5_K_BLOCK_BYTES)
+    four = q4_k_from_gguf(
+        np.concatenate([blocks[..., :16], blocks[..., 48:]], axis=-1).reshape(rows, -1)
+    )
+    fifth = blocks[..., 16:48]  # [rows, supers, 32]
+    high = np.stack([(fifth >> j) & 1 for j in range(8)], axis=2)  # [rows, supers, 8, 32]
+    q = four.q.reshape(high.shape) | (high << 4)
+    return Q80Blocks(q.reshape(four.q.shape).astype(np.int8), four.scale, four.minimum)
+
+
 def q8_from_gguf(data: npt.NDArray[np.uint8]) -> Q80Blocks:
     """Blocks from a Q8_0 tensor's bytes as gguf's reader gives them, [rows, row bytes]:
     each block an fp16 scale then 32 int8 weights."""
@@ -276,22 +341,26 @@ def head_switch(g: Graph, one_token: str, x: str, table: str, head: Q80Blocks, o
 
 def q8_linear(g: Graph, x: str, w: Q80Blocks, prefix: str) -> str:
     """x [n, cols] @ w^T -> [n, rows] on int8 activations (MatMulNBits' fast path for
-    8-bit weights): the int8 weights shifted to unsigned against a zero point of 128."""
+    8-bit weights): the int8 weights shifted to unsigned against a zero point of 128,
+    plus each block's minimum as the 4-bit blocks carry theirs (zero_points: the
+    integer nearest -m / d in the zero point, what is left a term apart)."""
     rows, cols = w.shape
     unsigned = (w.q.astype(np.int16) + Q8_ZERO).astype(np.uint8)
-    zero_points = np.full(rows * (cols // w.block), Q8_ZERO, np.uint8)
-    return g.op(
+    z, left = _offsets(w.scale, w.minima(), -Q8_ZERO, Q8_ZERO - 1)
+    zeros = (z.astype(np.int16) + Q8_ZERO).astype(np.uint8).reshape(-1)
+    main = g.op(
         "MatMulNBits",
         [
             x,
             g.const(f"{prefix}.q8", unsigned, np.uint8),
             g.const(f"{prefix}.scale", w.scale.reshape(-1)),
-            g.const(f"{prefix}.zero_point", zero_points, np.uint8),
+            g.const(f"{prefix}.zero_point", zeros, np.uint8),
         ],
-        f"{prefix}.out",
+        f"{prefix}.kernel",
         domain=DOMAIN, K=cols, N=rows, bits=8, block_size=w.block,
         accuracy_level=INT8_ACTIVATIONS,
     )  # fmt: skip
+    return _with_leftover(g, x, main, left, w.block, prefix)
 
 
 def zero_points(w: Q41Blocks) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
@@ -300,11 +369,34 @@ def zero_points(w: Q41Blocks) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.flo
     nearly all of a block (all of a Q4_0 block, z = 8, which leaves 0), so with int8
     activations the offset is computed on the rounded activations as llama.cpp's
     q8_1 block sums do, and the two roundings cancel as there."""
-    scale, minimum = w.scale, w.minimum
+    z, left = _offsets(w.scale, w.minimum, 0, 15)
+    return z.astype(np.uint8), left
+
+
+def _offsets(
+    scale: npt.NDArray[np.float32], minimum: npt.NDArray[np.float32], low: int, high: int
+) -> tuple[npt.NDArray[np.int16], npt.NDArray[np.float32]]:
+    """Each block's integer z in low..high nearest -m / d, and m + z d."""
     safe = np.where(scale != 0, scale, np.float32(1))
-    z = np.where(scale != 0, np.clip(np.round(-minimum / safe), 0, 15), 0).astype(np.uint8)
-    left = (minimum + z.astype(np.float32) * scale).astype(np.float32)
-    return z, left
+    z = np.where(scale != 0, np.clip(np.round(-minimum / safe), low, high), 0).astype(np.int16)
+    return z, (minimum + z.astype(np.float32) * scale).astype(np.float32)
+
+
+def _with_leftover(
+    g: Graph, x: str, main: str, left: npt.NDArray[np.float32], block: int, prefix: str
+) -> str:
+    """`main` plus the block sums of x times what the minima leave [blocks, out]; `main`
+    itself where they leave nothing."""
+    if not left.any():
+        return main
+    blocks = left.shape[1]
+    per_block = g.op("Reshape", [x, g.ints(f"{prefix}.block_shape", [-1, blocks, block])],
+                     f"{prefix}.x_blocks")  # fmt: skip
+    sums = g.op(
+        "ReduceSum", [per_block, g.ints("axes.last", [-1])], f"{prefix}.block_sums", keepdims=0
+    )
+    minima = g.const(f"{prefix}.minimum_t", np.ascontiguousarray(left.T))
+    return g.op("Add", [main, g.op("MatMul", [sums, minima], f"{prefix}.minima")], f"{prefix}.out")
 
 
 def q4_linear(g: Graph, x: str, w: Q41Blocks, prefix: str, accuracy: int = 0) -> str:
@@ -331,12 +423,4 @@ def q4_linear(g: Graph, x: str, w: Q41Blocks, prefix: str, accuracy: int = 0) ->
         f"{prefix}.nibbles",
         domain=DOMAIN, K=cols, N=rows, bits=4, block_size=BLOCK, accuracy_level=accuracy,
     )  # fmt: skip
-    if not left.any():
-        return main
-    per_block = g.op("Reshape", [x, g.ints(f"{prefix}.block_shape", [-1, blocks, BLOCK])],
-                     f"{prefix}.x_blocks")  # fmt: skip
-    sums = g.op(
-        "ReduceSum", [per_block, g.ints("axes.last", [-1])], f"{prefix}.block_sums", keepdims=0
-    )
-    minima = g.const(f"{prefix}.minimum_t", np.ascontiguousarray(left.T))
-    return g.op("Add", [main, g.op("MatMul", [sums, minima], f"{prefix}.minima")], f"{prefix}.out")
+    return _with_leftover(g, x, main, left, BLOCK, prefix)

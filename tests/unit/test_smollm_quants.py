@@ -145,9 +145,10 @@ def test_q4_0_and_q8_0_projections_serve_one_token_steps(int8: bool) -> None:
 def random_k_quant(
     rng: np.random.Generator, rows: int, cols: int, kind: str
 ) -> npt.NDArray[np.uint8]:
-    """Random bytes of a Q4_K or Q6_K tensor [rows, cols] (gguf cannot quantize to
-    either): its fp16 scales set small enough that the weights stay about 1 / sqrt(cols)."""
-    size, scales, top = {"Q4_K": (144, (0, 2), 63 * 15), "Q6_K": (210, (208,), 127 * 32)}[kind]
+    """Random bytes of a Q4_K, Q5_K or Q6_K tensor [rows, cols] (gguf cannot quantize
+    to them): its fp16 scales small enough that the weights stay about 1 / sqrt(cols)."""
+    size, scales, top = {"Q4_K": (144, (0, 2), 63 * 15), "Q5_K": (176, (0, 2), 63 * 31),
+                         "Q6_K": (210, (208,), 127 * 32)}[kind]  # fmt: skip
     data = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
     for at in scales:
         small = rng.uniform(0, 2 / (top * np.sqrt(cols)), (rows, cols // 256))
@@ -189,9 +190,41 @@ def test_k_quant_blocks_are_the_ggufs_weights_and_serve_one_token_steps(int8: bo
     assert_one_token_steps(graph, weights, cfg, int8, seed=8)
 
 
+def test_five_bit_blocks_take_the_8_bit_kernel_with_int8_activations() -> None:
+    """Q5_0 (d (q - 16)), Q5_1 (d q + m) and Q5_K (Q4_K's super-block with a fifth bit):
+    the blocks read back are the GGUF's weights exactly; with int8 activations each
+    projection takes the 8-bit kernel (a minimum in the zero point, what it leaves a term
+    apart), near the fp32 answer; without, there is no kernel for them (all fp32)."""
+    gguf = pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    from smollm import _load, gguf_model, quantized_weights, tiny_tokenizer_spec
+
+    llama_onnx()  # and the modules it imports
+    linear = _load("llama_linear")
+    cfg = tiny_config(hidden_size=256, intermediate_size=512)
+
+    def kind(name: str) -> str:
+        return "Q5_0" if "self_attn" in name and ".o_" not in name else "Q5_1"
+
+    weights, blocks = quantized_weights(cfg, llama_weights().random_weights(cfg, seed=9), kind)
+    rng = np.random.default_rng(9)
+    for name in blocks:
+        if ".mlp." in name:  # Q5_K: random bytes (gguf cannot quantize to it)
+            rows, cols = weights[name].shape
+            data = random_k_quant(rng, rows, cols, "Q5_K")
+            weights[name] = gguf.quants.dequantize(data, gguf.GGMLQuantizationType.Q5_K)
+            blocks[name] = linear.q5_k_from_gguf(data)
+        np.testing.assert_array_equal(blocks[name].dequantize(), weights[name], name)
+    model = gguf_model().GgufModel(cfg, weights, tiny_tokenizer_spec(cfg.vocab_size), "t", blocks)
+    assert model.projection_blocks(False) is None
+    usable = model.projection_blocks(True)
+    graph = llama_onnx().build_step_graph(weights, cfg, usable, int8_activations=True)
+    assert kernel_bits(graph) == [8, 8, 8, 8] * cfg.num_layers
+    assert_one_token_steps(graph, weights, cfg, True, seed=10)
+
+
 def test_a_gguf_of_mixed_types_reads_and_builds(tmp_path: Path) -> None:
-    """A LLaMA GGUF written with gguf's own writer, its projections Q4_K, Q6_K, Q4_0 and
-    Q8_0 and its head Q6_K (llama.cpp's order and names): read_gguf gives blocks equal to
+    """A LLaMA GGUF written with gguf's own writer, its projections Q4_K, Q6_K, Q4_0, Q5_K
+    and Q8_0 and its head Q6_K (llama.cpp's order and names): read_gguf gives blocks equal to
     its weights (Q and K rows unpermuted alike) and the head, and build.py's graph answers
     a one-token step as the fp32 graph on those weights, exactly, or to int8 rounding."""
     gguf = pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
@@ -215,14 +248,14 @@ def test_a_gguf_of_mixed_types_reads_and_builds(tmp_path: Path) -> None:
     for field, value in fields.items():  # gguf's writer has an add_<field> for each
         getattr(writer, f"add_{field}")(value)
     kinds = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q4_0",
-             "ffn_gate": "Q8_0", "ffn_up": "Q8_0", "ffn_down": "Q4_K"}  # fmt: skip
+             "ffn_gate": "Q8_0", "ffn_up": "Q8_0", "ffn_down": "Q5_K"}  # fmt: skip
     h, f, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     shapes = {"attn_q": (cfg.num_heads * d, h), "attn_k": (cfg.num_kv_heads * d, h),
               "attn_v": (cfg.num_kv_heads * d, h), "attn_output": (h, cfg.num_heads * d),
               "ffn_gate": (f, h), "ffn_up": (f, h), "ffn_down": (h, f)}  # fmt: skip
 
     def add(name: str, rows: int, cols: int, kind: str) -> None:
-        if kind in ("Q4_K", "Q6_K"):
+        if kind.endswith("_K"):
             data = random_k_quant(rng, rows, cols, kind)
         else:
             values = rng.standard_normal((rows, cols)).astype(np.float32) / np.sqrt(cols)
