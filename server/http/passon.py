@@ -117,7 +117,7 @@ class PassOn:
 
     async def _relay(self, scope: Scope, body: bytes, send: Send) -> None:
         try:
-            request = _request(scope, len(body), _SERVER_HOST)
+            request = _request(scope, len(body))
         except h11.LocalProtocolError as exc:
             # What the front end accepted and h11 still will not send: the client's
             # request is at fault, and no other server is.
@@ -177,11 +177,12 @@ class PassOn:
         self._idle.clear()
 
 
-# The Host a request without one is passed on with: the server's own, on no port.
+# The Host a request without one and without an address is passed on with: the
+# server's own, on no port.
 _SERVER_HOST = b"localhost"
 
 
-def _request(scope: Scope, length: int, default_host: bytes) -> h11.Request:
+def _request(scope: Scope, length: int) -> h11.Request:
     """The request to send on, with a body of `length` bytes, made valid for h11.
 
     h11 requires exactly one Host in HTTP/1.1, which it always sends; the front end takes
@@ -189,7 +190,7 @@ def _request(scope: Scope, length: int, default_host: bytes) -> h11.Request:
     several, the first is kept: the one starlette reads. With none, the server that the
     request would have found without a worker in between is named: the address the
     client connected to (`scope["server"]`, the socket every worker shares), else
-    `default_host`.
+    `_SERVER_HOST`.
     """
     host: bytes | None = None
     headers: list[tuple[bytes, bytes]] = []
@@ -206,7 +207,7 @@ def _request(scope: Scope, length: int, default_host: bytes) -> h11.Request:
             continue
         headers.append((name, value))
     if host is None:
-        host = default_host
+        host = _SERVER_HOST
         server = scope.get("server")
         if server is not None and server[1] is not None:
             address = str(server[0])
