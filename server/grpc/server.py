@@ -24,6 +24,7 @@ from ..startup.gcheap import collect_all
 from .call_intake import CallIntake
 from .restricted import RestrictedProtocolInterceptor
 from .servicer import INFERENCE_SERVICE, GrpcServicer, method_handlers, service_handler
+from .tls import GrpcTls
 
 log = logging.getLogger(__name__)
 
@@ -35,22 +36,6 @@ HEALTH_REFRESH_S: Final = 1.0
 
 # --grpc-infer-response-compression-level, as grpc core's compression levels.
 COMPRESSION_LEVELS: Final = {"none": 0, "low": 1, "medium": 2, "high": 3}
-
-
-@dataclass(frozen=True, slots=True)
-class GrpcTls:
-    """--grpc-use-ssl: the server's PEM certificate and key; with `mutual`, clients must
-    present a certificate that `root` signed."""
-
-    cert: bytes
-    key: bytes
-    root: bytes | None = None
-    mutual: bool = False
-
-    def credentials(self) -> grpc.ServerCredentials:
-        return grpc.ssl_server_credentials(
-            [(self.key, self.cert)], root_certificates=self.root, require_client_auth=self.mutual
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ from .errors import guard
 from .restricted import RestrictedProtocolInterceptor
 from .servicer import INFERENCE_SERVICE, lenient_parser
 from .stream import metadata_value
+from .tls import GrpcTls
 
 log = logging.getLogger("ge_serve.grpc.worker")
 
@@ -196,8 +197,7 @@ def tls_credentials(files: dict[str, Any] | None) -> grpc.ServerCredentials | No
     mutual = bool(files["mutual"])
     root = Path(str(files["root"])).read_bytes() if mutual else None
     key, cert = (Path(str(files[name])).read_bytes() for name in ("key", "cert"))
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=root,
-                                       require_client_auth=mutual)  # fmt: skip
+    return GrpcTls(cert, key, root, mutual).credentials()
 
 
 async def serve(config: dict[str, Any]) -> int:

@@ -22,7 +22,8 @@ from ge_serve.scheduler.ratelimit import RateLimiter
 from ..control import uvicornlogs
 from ..control.logsettings import LogControl, LogSettings
 from ..errors import ErrorCode, ServerError
-from ..grpc.server import GrpcSettings, GrpcTls
+from ..grpc.server import GrpcSettings
+from ..grpc.tls import GrpcTls
 from ..http.app import HttpSettings
 from ..http.openai.tools import ToolSettings
 from ..inference.responsecache import ResponseCache
