@@ -103,7 +103,7 @@ class Q80Blocks:
 
     q: npt.NDArray[np.int8]  # [rows, blocks, block]
     scale: npt.NDArray[np.float32]  # [rows, blocks]
-    minimum: npt.NDArray[np.float32] | None = None  # [rows, blocks]
+    minimum: npt.NDArray[np.float32]  # [rows, blocks]; 0 where the type has none
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -115,37 +115,44 @@ class Q80Blocks:
         return int(self.q.shape[2])
 
     def dequantize(self) -> npt.NDArray[np.float32]:
-        w = self.q.astype(np.float32) * self.scale[..., None]
-        if self.minimum is not None:
-            w = w + self.minimum[..., None]
+        w = self.q.astype(np.float32) * self.scale[..., None] + self.minimum[..., None]
         return w.reshape(self.shape)
 
-    def minima(self) -> npt.NDArray[np.float32]:
-        return self.minimum if self.minimum is not None else np.zeros_like(self.scale)
-
     def rows_reordered(self, order: npt.NDArray[np.intp]) -> Q80Blocks:
-        minimum = None if self.minimum is None else self.minimum[order]
-        return Q80Blocks(self.q[order], self.scale[order], minimum)
+        return Q80Blocks(self.q[order], self.scale[order], self.minimum[order])
 
     def scaled(self, factor: float) -> Q80Blocks:
         """The weight times `factor` (a power of two keeps it exact)."""
         f = np.float32(factor)
-        return Q80Blocks(self.q, self.scale * f, None if self.minimum is None else self.minimum * f)
+        return Q80Blocks(self.q, self.scale * f, self.minimum * f)
 
 
 # A projection's blocks as the GGUF stores them.
 Blocks = Q41Blocks | Q80Blocks
 
 
+def _blocks(data: npt.NDArray[np.uint8], size: int) -> npt.NDArray[np.uint8]:
+    """A tensor's bytes as gguf's reader gives them, [rows, row bytes], as [rows, blocks,
+    `size` bytes]."""
+    return np.ascontiguousarray(data).reshape(data.shape[0], -1, size)
+
+
+def _fp16(blocks: npt.NDArray[np.uint8], at: int) -> npt.NDArray[np.float32]:
+    """The fp16 at byte `at` of every block, [rows, blocks]."""
+    return blocks[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def _nibbles(packed: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """16 bytes of nibbles a block as 32 values: the low nibbles first, then the high."""
+    return np.concatenate([packed & 0x0F, packed >> 4], axis=-1).astype(np.uint8)
+
+
 def q4_0_from_gguf(data: npt.NDArray[np.uint8]) -> Q41Blocks:
     """Blocks from a Q4_0 tensor's bytes: an fp16 scale d and 32 nibbles a block, w =
     d * (q - 8), which is d * q + (-8 d) exactly (a Q4_1 block whose minimum is -8 d)."""
-    rows = data.shape[0]
-    blocks = np.ascontiguousarray(data).reshape(rows, -1, Q4_0_BLOCK_BYTES)
-    scale = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    nibbles = blocks[..., 2:]
-    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).astype(np.uint8)
-    return Q41Blocks(q, scale, scale * np.float32(-8))
+    blocks = _blocks(data, Q4_0_BLOCK_BYTES)
+    scale = _fp16(blocks, 0)
+    return Q41Blocks(_nibbles(blocks[..., 2:]), scale, scale * np.float32(-8))
 
 
 def q4_k_from_gguf(data: npt.NDArray[np.uint8]) -> Q41Blocks:
@@ -154,11 +161,9 @@ def q4_k_from_gguf(data: npt.NDArray[np.uint8]) -> Q41Blocks:
     32), and 128 bytes of nibbles (each 32 bytes: block 2i in the low nibbles, 2i + 1 in
     the high ones); block j's weights are d sc_j q - dmin m_j, a Q4_1 block of scale
     d sc_j and minimum -dmin m_j, both exact in fp32."""
-    rows = data.shape[0]
-    blocks = np.ascontiguousarray(data).reshape(rows, -1, Q4_K_BLOCK_BYTES)
-    supers = blocks.shape[1]
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    dmin = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    blocks = _blocks(data, Q4_K_BLOCK_BYTES)
+    rows, supers, _ = blocks.shape
+    d, dmin = _fp16(blocks, 0), _fp16(blocks, 2)
     # Bytes 0-3: scales 0-3 (low 6 bits), 4-7: mins 0-3; bytes 8-11 hold the low 4 bits
     # of scales 4-7 (low nibble) and mins 4-7 (high), whose top 2 bits are the top
     # 2 bits of bytes 0-3 (scales) and 4-7 (mins).
@@ -174,13 +179,8 @@ def q4_k_from_gguf(data: npt.NDArray[np.uint8]) -> Q41Blocks:
 
 def from_gguf(data: npt.NDArray[np.uint8]) -> Q41Blocks:
     """Blocks from a Q4_1 tensor's bytes as gguf's reader gives them, [rows, row bytes]."""
-    rows = data.shape[0]
-    blocks = np.ascontiguousarray(data).reshape(rows, -1, BLOCK_BYTES)
-    scale = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    minimum = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    nibbles = blocks[..., 4:]
-    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).astype(np.uint8)
-    return Q41Blocks(q, scale, minimum)
+    blocks = _blocks(data, BLOCK_BYTES)
+    return Q41Blocks(_nibbles(blocks[..., 4:]), _fp16(blocks, 0), _fp16(blocks, 2))
 
 
 def stacked(parts: Sequence[Q41Blocks]) -> Q41Blocks:
@@ -193,11 +193,11 @@ def stacked(parts: Sequence[Q41Blocks]) -> Q41Blocks:
 
 
 def stacked8(parts: Sequence[Q80Blocks]) -> Q80Blocks:
-    minimum = None
-    if any(p.minimum is not None for p in parts):
-        minimum = np.concatenate([p.minima() for p in parts])
-    q, scale = np.concatenate([p.q for p in parts]), np.concatenate([p.scale for p in parts])
-    return Q80Blocks(q, scale, minimum)
+    return Q80Blocks(
+        np.concatenate([p.q for p in parts]),
+        np.concatenate([p.scale for p in parts]),
+        np.concatenate([p.minimum for p in parts]),
+    )
 
 
 def fp32_linear(weights: Mapping[str, npt.NDArray[np.float32]]) -> Linear:
@@ -254,18 +254,17 @@ def q6_k_from_gguf(data: npt.NDArray[np.uint8]) -> Q80Blocks:
     Each half of 128 weights takes 64 low-nibble bytes (weights 0-63 in their low
     nibbles, 64-127 in the high ones) and 32 high bytes (bits 0-1 for weights 0-31,
     2-3 for 32-63, 4-5 for 64-95, 6-7 for 96-127)."""
-    rows = data.shape[0]
-    blocks = np.ascontiguousarray(data).reshape(rows, -1, Q6_K_BLOCK_BYTES)
-    supers = blocks.shape[1]
+    blocks = _blocks(data, Q6_K_BLOCK_BYTES)
+    rows, supers, _ = blocks.shape
     low = blocks[..., 0:128].reshape(rows, supers, 2, 1, 64)
     high = blocks[..., 128:192].reshape(rows, supers, 2, 1, 32)
     scales = blocks[..., 192:208].copy().view(np.int8).astype(np.float32)
-    d = blocks[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
+    d = _fp16(blocks, 208)
     nibbles = np.concatenate([low & 0x0F, low >> 4], axis=3).reshape(rows, supers, 2, 4, 32)
     pairs = np.concatenate([(high >> s) & 0x03 for s in (0, 2, 4, 6)], axis=3)
     q = (nibbles | (pairs << 4)).astype(np.int16) - 32
     scale = (d[..., None] * scales).reshape(rows, -1)
-    return Q80Blocks(q.astype(np.int8).reshape(rows, supers * 16, 16), scale)
+    return Q80Blocks(q.astype(np.int8).reshape(rows, supers * 16, 16), scale, np.zeros_like(scale))
 
 
 def _fifth_bits(packed: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
@@ -278,34 +277,26 @@ def _fifth_bits(packed: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
 def q5_0_from_gguf(data: npt.NDArray[np.uint8]) -> Q80Blocks:
     """Blocks from a Q5_0 tensor's bytes: an fp16 d, 4 bytes of fifth bits and 16 of
     nibbles (weights 0-15 low, 16-31 high) a block of 32; w = d (q - 16)."""
-    rows = data.shape[0]
-    blocks = np.ascontiguousarray(data).reshape(rows, -1, Q5_0_BLOCK_BYTES)
-    scale = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    nibbles = blocks[..., 6:]
-    low = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)
-    q = (low | _fifth_bits(blocks[..., 2:6])).astype(np.int16) - 16
-    return Q80Blocks(q.astype(np.int8), scale)
+    blocks = _blocks(data, Q5_0_BLOCK_BYTES)
+    scale = _fp16(blocks, 0)
+    q = (_nibbles(blocks[..., 6:]) | _fifth_bits(blocks[..., 2:6])).astype(np.int16) - 16
+    return Q80Blocks(q.astype(np.int8), scale, np.zeros_like(scale))
 
 
 def q5_1_from_gguf(data: npt.NDArray[np.uint8]) -> Q80Blocks:
     """Blocks from a Q5_1 tensor's bytes: as Q5_0's with an fp16 minimum m after d;
     w = d q + m."""
-    rows = data.shape[0]
-    blocks = np.ascontiguousarray(data).reshape(rows, -1, Q5_1_BLOCK_BYTES)
-    scale = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    minimum = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    nibbles = blocks[..., 8:]
-    low = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)
-    q = low | _fifth_bits(blocks[..., 4:8])
-    return Q80Blocks(q.astype(np.int8), scale, minimum)
+    blocks = _blocks(data, Q5_1_BLOCK_BYTES)
+    q = _nibbles(blocks[..., 8:]) | _fifth_bits(blocks[..., 4:8])
+    return Q80Blocks(q.astype(np.int8), _fp16(blocks, 0), _fp16(blocks, 2))
 
 
 def q5_k_from_gguf(data: npt.NDArray[np.uint8]) -> Q80Blocks:
     """Blocks from a Q5_K tensor's bytes: Q4_K's super-block (d, dmin, 12 bytes of
     scales and mins, 128 of nibbles) with 32 bytes of fifth bits before the nibbles
     (bit j of byte k: weight k of block j); block j is d sc_j q - dmin m_j, q in 0..31."""
-    rows = data.shape[0]
-    blocks = np.ascontiguousarray(data).reshape(rows, -1, Q5_K_BLOCK_BYTES)
+    blocks = _blocks(data, Q5_K_BLOCK_BYTES)
+    rows = blocks.shape[0]
     four = q4_k_from_gguf(
         np.concatenate([blocks[..., :16], blocks[..., 48:]], axis=-1).reshape(rows, -1)
     )
@@ -318,10 +309,9 @@ def q5_k_from_gguf(data: npt.NDArray[np.uint8]) -> Q80Blocks:
 def q8_from_gguf(data: npt.NDArray[np.uint8]) -> Q80Blocks:
     """Blocks from a Q8_0 tensor's bytes as gguf's reader gives them, [rows, row bytes]:
     each block an fp16 scale then 32 int8 weights."""
-    rows = data.shape[0]
-    blocks = np.ascontiguousarray(data).reshape(rows, -1, Q8_BLOCK_BYTES)
-    scale = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    return Q80Blocks(blocks[..., 2:].copy().view(np.int8), scale)
+    blocks = _blocks(data, Q8_BLOCK_BYTES)
+    scale = _fp16(blocks, 0)
+    return Q80Blocks(blocks[..., 2:].copy().view(np.int8), scale, np.zeros_like(scale))
 
 
 def head_switch(g: Graph, one_token: str, x: str, table: str, head: Q80Blocks, out: str) -> str:
@@ -346,7 +336,7 @@ def q8_linear(g: Graph, x: str, w: Q80Blocks, prefix: str) -> str:
     integer nearest -m / d in the zero point, what is left a term apart)."""
     rows, cols = w.shape
     unsigned = (w.q.astype(np.int16) + Q8_ZERO).astype(np.uint8)
-    z, left = _offsets(w.scale, w.minima(), -Q8_ZERO, Q8_ZERO - 1)
+    z, left = _offsets(w.scale, w.minimum, -Q8_ZERO, Q8_ZERO - 1)
     zeros = (z.astype(np.int16) + Q8_ZERO).astype(np.uint8).reshape(-1)
     main = g.op(
         "MatMulNBits",

@@ -107,7 +107,7 @@ def test_int8_activations_round_one_token_steps_and_read_the_heads_q8_0_blocks(
     with pytest.raises(ValueError, match="int8 activations"):
         build(weights, cfg, blocks, head=head)
     with pytest.raises(ValueError, match="head's blocks"):
-        small = _load("llama_linear").Q80Blocks(head.q[:5], head.scale[:5])
+        small = _load("llama_linear").Q80Blocks(head.q[:5], head.scale[:5], head.minimum[:5])
         build(weights, cfg, blocks, int8_activations=True, head=small)
 
 
