@@ -36,6 +36,7 @@ class Config(Protocol):
     num_heads: int
     num_kv_heads: int
     rope_theta: float
+    rope_freq_factors: tuple[float, ...] | None
     rms_norm_eps: float
     tie_word_embeddings: bool
 
@@ -101,6 +102,8 @@ def _forward(
     d = cfg.hidden_size // heads
     x = w["model.embed_tokens.weight"][np.asarray(ids, dtype=np.int64)]
     inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    if cfg.rope_freq_factors is not None:
+        inv_freq = inv_freq / np.asarray(cfg.rope_freq_factors)
     angles = np.arange(n, dtype=np.float64)[:, None] * inv_freq[None, :]
     emb = np.concatenate([angles, angles], axis=-1)
     cos, sin = np.cos(emb).astype(dtype)[:, None, :], np.sin(emb).astype(dtype)[:, None, :]

@@ -67,8 +67,15 @@ def llama_weights() -> ModuleType:
 
 
 @cache
+def gguf_tokenizer() -> ModuleType:
+    """examples/smollm/gguf_tokenizer.py (the GGUF's tokenizer as a `tokenizers` one)."""
+    return _load("gguf_tokenizer")
+
+
+@cache
 def gguf_model() -> ModuleType:
     llama_onnx()
+    gguf_tokenizer()
     return _load("gguf_model")
 
 
@@ -219,7 +226,7 @@ def tiny_tokenizer_spec(vocab_size: int = 300) -> Any:
                 merges.append(f"{left} {right}")
     assert len(tokens) == vocab_size, len(tokens)
     types = [3] * len(TINY_SPECIALS) + [1] * (len(tokens) - len(TINY_SPECIALS))
-    return gguf_model().TokenizerSpec(
+    return gguf_tokenizer().TokenizerSpec(
         tokens=tokens, token_types=types, merges=merges, pre="smollm", bos_token_id=1,
         eos_token_id=2, chat_template=TINY_CHAT_TEMPLATE,
     )  # fmt: skip
@@ -234,7 +241,7 @@ def tiny_model_folder(
     config = tiny_config(**cfg)
     weights = llama_weights().random_weights(config, seed)
     spec = tiny_tokenizer_spec(config.vocab_size)
-    tokenizer = gguf_model().build_tokenizer(spec)
+    tokenizer = gguf_tokenizer().build_tokenizer(spec)
     graph = llama_onnx().build_step_graph(weights, config)
     folder = build_module().write_model_folder(
         repo / name, graph, tokenizer, config, spec, max_model_len, "tiny random llama"

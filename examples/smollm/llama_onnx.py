@@ -146,6 +146,9 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-5
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = True
+    # Llama 3.1's RoPE scaling as a GGUF stores it (`rope_freqs`): each frequency pair's
+    # divisor, head_dim/2 of them; None: none.
+    rope_freq_factors: tuple[float, ...] | None = None
 
     @property
     def head_dim(self) -> int:
@@ -161,6 +164,12 @@ class LlamaConfig:
             raise ValueError(f"heads do not divide evenly: {self}")
         if self.head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
+        factors = self.rope_freq_factors
+        if factors is not None and len(factors) != self.head_dim // 2:
+            raise ValueError(
+                f"{len(factors)} RoPE frequency factors for head_dim {self.head_dim} "
+                f"(expected {self.head_dim // 2})"
+            )
 
 
 def _layer(

@@ -1,0 +1,233 @@
+"""The GGUF tokenizers beside SmolLM2's (examples/smollm/gguf_tokenizer.py), on small
+vocabularies written here: Llama 3's byte-level BPE (its pre-tokenizer, whole pieces,
+BOS), SentencePiece's (scores as merges, `▁`, byte fallback, the space put before a text
+and after a special token), a GGUF of each read and built, Llama 3.1's RoPE factors and
+a linear RoPE scaling read from a GGUF, the other RoPE scalings refused."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from llama_reference import forward
+from smollm import (
+    CachedSeq,
+    PagedCache,
+    gguf_model,
+    gguf_tokenizer,
+    llama_onnx,
+    llama_weights,
+    session_for,
+    tiny_config,
+)
+
+from ge_serve.backends.llm.text import Tokenizer
+
+pytest.importorskip("tokenizers", reason="tokenizers is not installed (runtime dependency)")
+
+BOS, EOS = "<s>", "</s>"
+SPACE = "\u2581"
+
+
+def byte_level_spec(pre: str, merges: tuple[str, ...] = (), **fields: Any) -> Any:
+    """Two control tokens, then GPT-2's 256 byte symbols and the merges' results."""
+    from tokenizers import pre_tokenizers
+
+    tokens = [BOS, EOS, *sorted(pre_tokenizers.ByteLevel.alphabet())]
+    tokens += ["".join(m.split(" ")) for m in merges]
+    types = [3, 3] + [1] * (len(tokens) - 2)
+    return gguf_tokenizer().TokenizerSpec(
+        tokens=tokens, token_types=types, merges=list(merges), pre=pre, bos_token_id=0,
+        eos_token_id=1, chat_template="", **fields,
+    )  # fmt: skip
+
+
+def pieces(tokenizer: Any, text: str) -> list[str]:
+    return [piece for piece, _ in tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+
+
+def test_llama3_pieces_split_numbers_in_threes_and_contractions_in_any_case() -> None:
+    build = gguf_tokenizer().build_tokenizer
+    text = "I'VE got 1234567 apples\n\n  ok"
+    assert pieces(build(byte_level_spec("llama-bpe")), text) == [
+        "I", "'VE", "Ġgot", "Ġ", "123", "456", "7", "Ġapples", "ĊĊ", "Ġ", "Ġok",
+    ]  # fmt: skip
+    # SmolLM's kind (GPT-2's regex, every digit alone) on the same text.
+    assert pieces(build(byte_level_spec("smollm")), text) == [
+        "I", "'", "VE", "Ġgot", "Ġ", "1", "2", "3", "4", "5", "6", "7", "Ġapples", "ĊĊĠ",
+        "Ġok",
+    ]  # fmt: skip
+
+
+def test_llama3_takes_a_piece_the_vocabulary_holds_whole_and_adds_bos() -> None:
+    # "abc" is a token no merge makes: llama.cpp's Llama 3 kinds take a whole piece as
+    # it is; GPT-2's kinds merge what the merges allow.
+    llama3 = byte_level_spec("llama-bpe", ("a b",))
+    llama3.tokens.append("abc")
+    llama3.token_types.append(1)
+    whole = gguf_tokenizer().build_tokenizer(llama3)
+    assert whole.encode("abc").tokens == [BOS, "abc"]
+    assert whole.encode("abc", add_special_tokens=False).tokens == ["abc"]
+    assert whole.decode(whole.encode("abc").ids) == "abc"
+    gpt2 = gguf_tokenizer().build_tokenizer(dataclasses.replace(llama3, pre="gpt2"))
+    assert gpt2.encode("abc").tokens == ["ab", "c"]  # no BOS either: GPT-2's default
+    told = dataclasses.replace(llama3, add_bos_token=False)
+    assert gguf_tokenizer().build_tokenizer(told).encode("abc").tokens == ["abc"]
+
+
+def test_an_unknown_pre_tokenizer_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="pre-tokenizer 'tekken' is not supported"):
+        gguf_tokenizer().build_tokenizer(byte_level_spec("tekken"))
+
+
+def spm_spec(scores: dict[str, float], **fields: Any) -> Any:
+    """<unk>, <s>, </s>, the 256 byte tokens, then `scores`' pieces."""
+    tokens = ["<unk>", BOS, EOS, *(f"<0x{b:02X}>" for b in range(256)), *scores]
+    types = [2, 3, 3] + [6] * 256 + [1] * len(scores)
+    return gguf_tokenizer().TokenizerSpec(
+        tokens=tokens, token_types=types, merges=[], pre="default", bos_token_id=1,
+        eos_token_id=2, chat_template="", model="llama",
+        scores=[0.0] * 259 + list(scores.values()), **fields,
+    )  # fmt: skip
+
+
+def test_sentencepiece_merges_the_pair_whose_union_scores_highest() -> None:
+    pieces = {SPACE: -1.0, "a": -2.0, "b": -3.0, "c": -4.0, "ab": -5.0, "bc": -6.0}
+    build = gguf_tokenizer().build_tokenizer
+    # "bc" and "ab" compete for the b of "abc": the higher score takes it.
+    assert build(spm_spec(pieces)).encode("abc").tokens == [BOS, SPACE, "ab", "c"]
+    flipped = pieces | {"ab": -6.0, "bc": -5.0}
+    assert build(spm_spec(flipped)).encode("abc").tokens == [BOS, SPACE, "a", "bc"]
+    # Merged on: "▁ab" once "ab" is made.
+    longer = build(spm_spec(pieces | {f"{SPACE}ab": -7.0}))
+    assert longer.encode("abc ab").tokens == [BOS, f"{SPACE}ab", "c", f"{SPACE}ab"]
+
+
+def test_sentencepiece_bytes_spaces_and_special_tokens() -> None:
+    tokenizer = gguf_tokenizer().build_tokenizer(
+        spm_spec({SPACE: -1.0, "a": -2.0, "b": -3.0, "ab": -4.0, f"{SPACE}ab": -5.0})
+    )
+    # A character the vocabulary lacks is its UTF-8 bytes; a space is ▁, one before the
+    # text and one after each special token (llama.cpp's fragments).
+    encoded = tokenizer.encode(f"ab é{EOS}ab", add_special_tokens=False)
+    assert encoded.tokens == [
+        f"{SPACE}ab", SPACE, "<0xC3>", "<0xA9>", EOS, f"{SPACE}ab",
+    ]  # fmt: skip
+    assert tokenizer.decode(encoded.ids) == "ab é ab"
+    assert tokenizer.decode(encoded.ids, skip_special_tokens=False) == f"ab é{EOS} ab"
+    without = gguf_tokenizer().build_tokenizer(
+        spm_spec({SPACE: -1.0, "a": -2.0, "b": -3.0, "ab": -4.0}, add_space_prefix=False)
+    )
+    assert without.encode("ab").tokens == [BOS, "ab"]
+
+
+def write_gguf(path: Path, cfg: Any, spec: Any, extra: dict[str, Any] | None = None) -> None:
+    """A LLaMA GGUF of random fp32 weights with `spec`'s tokenizer, and `extra` fields
+    (gguf's add_<field> name -> value); a `rope_freqs` tensor where `cfg` has factors."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    fields: dict[str, Any] = {
+        "name": "random", "context_length": cfg.max_position_embeddings,
+        "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
+        "block_count": cfg.num_layers, "head_count": cfg.num_heads,
+        "head_count_kv": cfg.num_kv_heads, "rope_freq_base": cfg.rope_theta,
+        "layer_norm_rms_eps": cfg.rms_norm_eps, "tokenizer_model": spec.model,
+        "tokenizer_pre": spec.pre, "token_list": spec.tokens, "token_types": spec.token_types,
+        "bos_token_id": spec.bos_token_id, "eos_token_id": spec.eos_token_id,
+        "chat_template": "{{ bos_token }}{{ messages[0]['content'] }}",
+        "rope_dimension_count": cfg.head_dim,
+    } | (extra or {})  # fmt: skip
+    if spec.scores is not None:
+        fields["token_scores"] = spec.scores
+    if spec.merges:
+        fields["token_merges"] = spec.merges
+    for field, value in fields.items():
+        if field == "rope_scaling_type":
+            value = gguf.RopeScalingType(value)
+        getattr(writer, f"add_{field}")(value)
+    model = gguf_model()
+    weights = llama_weights().random_weights(cfg, seed=3)
+    kinds = ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+             "ffn_gate", "ffn_up", "ffn_down")  # fmt: skip
+    names = ["token_embd.weight", "output_norm.weight"]
+    names += [f"blk.{i}.{kind}.weight" for i in range(cfg.num_layers) for kind in kinds]
+    for name in names:
+        value = weights[model._hf_name(name)]
+        kind = name.split(".")[2] if name.startswith("blk.") else ""
+        heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads}.get(kind)
+        if heads is not None:  # llama.cpp's converter's row order, which the reader undoes
+            stored = np.empty_like(value)
+            stored[model.unpermute_order(value.shape[0], heads)] = value
+            value = stored
+        writer.add_tensor(name, value)
+    if cfg.rope_freq_factors is not None:
+        writer.add_tensor("rope_freqs.weight", np.asarray(cfg.rope_freq_factors, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+FACTORS = (1.0, 1.5, 4.0, 8.0, 8.0, 8.0, 8.0, 8.0)  # head_dim 16: Llama 3.1's shape
+
+
+def test_a_sentencepiece_gguf_with_rope_factors_reads_builds_and_computes(
+    tmp_path: Path,
+) -> None:
+    """Llama 2's tokenizer kind and Llama 3.1's `rope_freqs`: the folder's tokenizer adds
+    the BOS, and its graph's logits are the reference's with each frequency divided by
+    its factor (not those without: the factors are felt)."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    from smollm import build_module
+
+    spec = spm_spec({SPACE: -1.0, "a": -2.0, "b": -3.0, "ab": -4.0})
+    cfg = tiny_config(vocab_size=len(spec.tokens), rope_freq_factors=FACTORS)
+    write_gguf(tmp_path / "l.gguf", cfg, spec)
+    model = gguf_model().read_gguf(tmp_path / "l.gguf")
+    assert model.cfg.rope_freq_factors == FACTORS
+    assert model.tokenizer.model == "llama" and model.tokenizer.adds_bos
+    weights = llama_weights().random_weights(cfg, seed=3)
+    for name, value in weights.items():
+        np.testing.assert_array_equal(model.weights[name], value, err_msg=name)
+    folder = build_module().build(tmp_path, "m", 64, gguf=tmp_path / "l.gguf")
+    tokenizer = Tokenizer(folder / "1" / "tokenizer.json")
+    assert tokenizer.encode("ab") == [1, 259, 262]  # <s> ▁ ab (ids 259 on: ▁ a b ab)
+    session = session_for(llama_onnx().build_step_graph(model.weights, model.cfg))
+    ids = [1, 259, 262, 260, 261, 262, 259, 262, 261]
+    got = PagedCache(session, model.cfg, 8, 4).step([CachedSeq()], [ids])[0]
+    np.testing.assert_allclose(got, forward(weights, model.cfg, ids)[-1], atol=1e-4, rtol=0)
+    plain = dataclasses.replace(model.cfg, rope_freq_factors=None)
+    assert np.abs(got - forward(weights, plain, ids)[-1]).max() > 1e-2
+
+
+def test_linear_rope_scaling_is_a_factor_for_every_frequency(tmp_path: Path) -> None:
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    spec = byte_level_spec("llama-bpe")
+    cfg = tiny_config(vocab_size=len(spec.tokens))
+    extra = {"rope_scaling_type": "linear", "rope_scaling_factor": 4.0}
+    write_gguf(tmp_path / "linear.gguf", cfg, spec, extra)
+    model = gguf_model().read_gguf(tmp_path / "linear.gguf")
+    assert model.cfg.rope_freq_factors == (4.0,) * (cfg.head_dim // 2)
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        ({"rope_scaling_type": "yarn", "rope_scaling_factor": 4.0}, "RoPE scaling 'yarn'"),
+        ({"rope_dimension_count": 8}, "llama.rope.dimension_count 8 is not the head size 16"),
+    ],
+    ids=["yarn", "partial-rope"],
+)
+def test_a_rope_the_graph_does_not_compute_is_refused(
+    tmp_path: Path, extra: dict[str, Any], words: str
+) -> None:
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    spec = byte_level_spec("llama-bpe")
+    cfg = tiny_config(vocab_size=len(spec.tokens))
+    write_gguf(tmp_path / "r.gguf", cfg, spec, extra)
+    with pytest.raises(ValueError, match=words):
+        gguf_model().read_gguf(tmp_path / "r.gguf")
