@@ -129,7 +129,7 @@ def read_sequence(
     limit = settings.max_model_len
     if raw is not None and prompt is not None:
         _refuse_what_cannot_fit(model, len(raw), limit, params.max_tokens)
-        ids = model.tokenizer.encode(prompt)
+        ids = model.tokenizer.encode(prompt, params.add_special_tokens)
         if not ids:
             raise invalid_arg("the prompt is empty: text_input must hold at least one token")
     else:

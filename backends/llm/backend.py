@@ -191,6 +191,7 @@ class LlmBackend:
                 structured_after=True,
                 priority=True,
                 thinking_budget=True,
+                adds_special_tokens=bool(tokenizer.encode("", True)),
             ),
         )
 

@@ -53,6 +53,8 @@ class SamplingParams:
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # vLLM's request field `add_special_tokens`: false, a text prompt goes without the BOS.
+    add_special_tokens: bool = True
     # vLLM's: the top-N log probabilities per sampled token (0: the sampled one's only,
     # -1: the whole vocabulary); None: none computed.
     logprobs: int | None = None
@@ -140,6 +142,7 @@ MAX_AFTER_CHARS = 256
 # them), taken in `sampling_parameters` only: a request parameter `priority` is Triton's
 # (types.py reads it as the request's priority level).
 PRIORITY = "priority"
+SPECIAL = "add_special_tokens"  # likewise a request field of vLLM's, taken in either place
 # vLLM's bounds of it on /v1: a signed 64-bit integer.
 PRIORITY_BOUNDS = (-(2**63), 2**63 - 1)
 # vLLM keys accepted only at their neutral value (the feature is not implemented).
@@ -181,7 +184,7 @@ def sampling_params(
         "top_k": defaults.top_k,
     }
     for key, value in parameters.items():
-        if key in KNOWN_KEYS:
+        if key in KNOWN_KEYS or key == SPECIAL:
             values[key] = value
     if sampling_json is not None:
         try:
@@ -190,9 +193,9 @@ def sampling_params(
             raise SamplingError(f"sampling_parameters is not valid JSON: {exc}") from None
         if not isinstance(doc, dict):
             raise SamplingError("sampling_parameters must be a JSON object")
-        unknown = sorted(set(doc) - KNOWN_KEYS - {PRIORITY})
+        unknown = sorted(set(doc) - KNOWN_KEYS - {PRIORITY, SPECIAL})
         if unknown:
-            known = sorted((*KNOWN_KEYS, PRIORITY))
+            known = sorted((*KNOWN_KEYS, PRIORITY, SPECIAL))
             raise SamplingError(f"sampling_parameters: unknown key(s) {unknown}; known: {known}")
         values.update(doc)
     if max_tokens is not None:
@@ -207,7 +210,7 @@ def _validated(values: dict[str, Any]) -> SamplingParams:
     for key in _INTS:
         if key in values and values[key] is not None:
             out[key] = _int(key, values[key])
-    for key in _BOOLS:
+    for key in (*_BOOLS, SPECIAL):
         if key in values:
             out[key] = _bool(key, values[key])
     for key in ("logprobs", "prompt_logprobs"):

@@ -101,6 +101,27 @@ async def test_add_special_tokens_defaults_as_vllms(http: httpx.AsyncClient) -> 
     assert special["tokens"] == [EOS_ID, *ids(rendered)]
 
 
+async def test_a_chat_reaches_the_model_without_the_tokenizers_special_tokens(
+    http: httpx.AsyncClient,
+) -> None:
+    """As vLLM tokenizes them: a chat without what the tokenizer adds (its template
+    writes it; a Llama's BOS would be there twice), a completion's prompt with it, and
+    Triton's generate with it unless its `add_special_tokens` parameter says false."""
+    messages = [{"role": "user", "content": "hi"}]
+    body = {"model": "tiny_marked", "max_tokens": 1, "temperature": 0}
+    chat = await http.post("/v1/chat/completions", json=body | {"messages": messages})
+    assert chat.status_code == 200, chat.text
+    rendered = "user: hi\ntools=null"
+    assert chat.json()["usage"]["prompt_tokens"] == len(ids(rendered))
+    completion = await http.post("/v1/completions", json=body | {"prompt": "hi"})
+    assert completion.json()["usage"]["prompt_tokens"] == len(ids("hi")) + 1
+    for given, count in (({}, len(ids("hi")) + 1), ({"add_special_tokens": False}, len(ids("hi")))):
+        request = {"text_input": "hi", "max_tokens": 1, "return_num_input_tokens": True} | given
+        generated = await http.post("/v2/models/tiny_marked/generate", json=request)
+        assert generated.status_code == 200, generated.text
+        assert generated.json()["num_input_tokens"] == count
+
+
 async def test_a_chat_is_rendered_as_the_chat_route_renders_it(http: httpx.AsyncClient) -> None:
     messages = [
         {"role": "user", "content": "Hi there!"},

@@ -121,7 +121,7 @@ async def prepare(
     cached = route.details or catalog.tools.prompt_tokens_details
     try:
         infer_request, sent = build_request(
-            found, prompt, stream, given, ids=counted, cached=cached
+            found, prompt, stream, given, ids=counted, cached=cached, chat=True
         )
     except OpenAIError as exc:  # a refusal names this API's field
         raise route.renamed(exc) from None

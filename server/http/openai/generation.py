@@ -55,6 +55,7 @@ STREAM = "stream"
 SAMPLING = "sampling_parameters"
 EXCLUDE_INPUT = "exclude_input_in_output"
 MAX_TOKENS = "max_tokens"
+ADD_SPECIAL = "add_special_tokens"
 # Where a model takes token-id prompts (then its `text_input` is optional).
 INPUT_IDS = "input_ids"
 # Asked of a model that has them, as Triton's frontend asks: the finish reason and the
@@ -141,11 +142,13 @@ def build_request(
     default_max_tokens: int | None = None,
     ids: bool = False,
     cached: bool = False,
+    chat: bool = False,
 ) -> tuple[InferRequest, frozenset[str]]:
     """The request for `model`, and the parameters it passes on. `given`: the sampling
     parameters the client set, by vLLM's keys (`Sampling.sampling`); `prompt`, text or
     token ids (`ids_array`'s, for `input_ids`); `ids`: the generated ids are read;
-    `cached`: the prompt's cached tokens are."""
+    `cached`: the prompt's cached tokens are; `chat`: the prompt is a chat template's,
+    which writes the special tokens the tokenizer would add (its BOS)."""
     inputs = model.inputs
     if isinstance(prompt, str):
         tensors = [_tensor(model, inputs[TEXT_INPUT], [prompt])]
@@ -178,6 +181,9 @@ def build_request(
     document: dict[str, Any] = {}
     sent: set[str] = set()
     values = dict(given)
+    generation = model.loaded.text_generation
+    if chat and SAMPLING in inputs and generation is not None and generation.adds_special_tokens:
+        document[ADD_SPECIAL] = False  # vLLM's default for a chat (its template writes them)
     if values.pop(PRIORITY, 0) and _ranks(model):
         # Any other model has no queue ordered by it: ignored, as vLLM's `fcfs` ignores it.
         document[PRIORITY] = given[PRIORITY]

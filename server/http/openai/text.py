@@ -309,7 +309,14 @@ async def answer_prompts(
         catalog.log.received(_logged(answer, p, heads), prompts[p], values, n)
         for each in seeded(values, n) if n > 1 else [values]:
             infer_request, sent = build_request(
-                model, prompt, stream, each, body.default_max_tokens, reads_ids, cached
+                model,
+                prompt,
+                stream,
+                each,
+                body.default_max_tokens,
+                reads_ids,
+                cached,
+                answer.chat and isinstance(prompt, str),
             )
             requests.append(infer_request)
     params = Params("messages" if answer.chat else "prompt", sent, reads_ids, cached)
