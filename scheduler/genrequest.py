@@ -163,7 +163,7 @@ def read_sequence(
         max_tokens=budget,
         params=params,
         sampler=Sampler(params),
-        detokenizer=Detokenizer(model.tokenizer, params.skip_special_tokens),
+        detokenizer=Detokenizer(model.tokenizer, params.skip_special_tokens, ids),
         stops=StopStrings(params.stop, params.include_stop_str_in_output),
         sink=sink,
         stream=stream,

@@ -26,7 +26,7 @@ answer never shows part of a stop string it then drops.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -186,22 +186,38 @@ def _has_type(step: Any, kind: str) -> bool:
 class Detokenizer:
     """The text of one sequence's generated tokens, one delta per token."""
 
-    __slots__ = ("_prefix", "_read", "_skip", "_tokenizer", "ids")
+    __slots__ = ("_context", "_prefix", "_read", "_skip", "_tokenizer", "ids")
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        skip_special_tokens: bool = True,
+        context: Sequence[int] = (),
+    ) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
         self.ids: list[int] = []
+        # The prompt's last tokens, before the first window (vLLM primes its decoder so):
+        # a decoder that strips a text's leading space (SentencePiece's `▁Hello` at the
+        # start) then keeps the answer's first one, as vLLM and llama.cpp do. Left out
+        # where they end inside a character, which the answer's first token would finish.
+        tail = list(context[-_WINDOW_CONTEXT:])
+        cut = tokenizer.decode(tail, skip_special_tokens).endswith(REPLACEMENT)
+        self._context = [] if cut else tail
         # Window start, and where the text already emitted ends (token indexes).
         self._prefix = 0
         self._read = 0
+
+    def _window(self, end: int | None) -> list[int]:
+        part = self.ids[self._prefix : end]
+        return self._context + part if self._prefix == 0 else part
 
     def add(self, token: int) -> str:
         """The new text the token completes ("" while a character is incomplete)."""
         self.ids.append(token)
         decode = self._tokenizer.decode
-        before = decode(self.ids[self._prefix : self._read], self._skip)
-        after = decode(self.ids[self._prefix :], self._skip)
+        before = decode(self._window(self._read), self._skip)
+        after = decode(self._window(None), self._skip)
         if len(after) <= len(before) or after.endswith(REPLACEMENT):
             return ""
         delta = after[len(before) :]
@@ -216,8 +232,8 @@ class Detokenizer:
         if self._read == len(self.ids):
             return ""
         decode = self._tokenizer.decode
-        before = decode(self.ids[self._prefix : self._read], self._skip)
-        after = decode(self.ids[self._prefix :], self._skip)
+        before = decode(self._window(self._read), self._skip)
+        after = decode(self._window(None), self._skip)
         self._read = len(self.ids)
         return after[len(before) :].rstrip(REPLACEMENT)
 

@@ -5,6 +5,7 @@ whose tokenizer the server cannot reach (tests/textgen.py's Python models)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
+import smollm
 import textgen
 from llmrepo import EOS_TOKEN, byte_tokenizer, write_tiny_llm
 from openai_inprocess import error, openai_client
@@ -42,6 +44,20 @@ def marking_tokenizer() -> Any:
     return tokenizer
 
 
+def spm_tokenizer() -> Any:
+    """SentencePiece's kind (examples/smollm/gguf_tokenizer.py): <unk> <s> </s>, the 256
+    byte tokens, then ▁ a b ab ▁ab (ids 259 to 263); its decoder strips a text's first
+    space."""
+    pieces = ["\u2581", "a", "b", "ab", "\u2581ab"]
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *pieces]
+    spec = smollm.gguf_tokenizer().TokenizerSpec(
+        tokens=tokens, token_types=[2, 3, 3] + [6] * 256 + [1] * len(pieces), merges=[],
+        pre="default", bos_token_id=1, eos_token_id=2, chat_template="", model="llama",
+        scores=[0.0] * 259 + [-1.0, -2.0, -3.0, -4.0, -5.0],
+    )  # fmt: skip
+    return smollm.gguf_tokenizer().build_tokenizer(spec)
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = textgen.write(tmp_path_factory.mktemp("openai-tokenize"))
@@ -49,12 +65,13 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     marked = write_tiny_llm(folder, "tiny_marked") / "1"
     marking_tokenizer().save(str(marked / "tokenizer.json"))
     (marked / "chat_template.jinja").write_text(TOOLS_TEMPLATE, encoding="utf-8")
+    spm_tokenizer().save(str(write_tiny_llm(folder, "tiny_spm") / "1" / "tokenizer.json"))
     return folder
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def http(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
-    models = ["tiny_llm", "tiny_marked", "textgen", "embedder"]
+    models = ["tiny_llm", "tiny_marked", "tiny_spm", "textgen", "embedder"]
     async with openai_client(repo, models) as client:
         yield client
 
@@ -99,6 +116,24 @@ async def test_add_special_tokens_defaults_as_vllms(http: httpx.AsyncClient) -> 
     assert chat["tokens"] == ids(rendered)
     special = await tokenize(http, model="tiny_marked", messages=messages, add_special_tokens=True)
     assert special["tokens"] == [EOS_ID, *ids(rendered)]
+
+
+async def test_an_answers_first_space_is_kept_after_the_prompt(http: httpx.AsyncClient) -> None:
+    """The answer is decoded after the prompt's last tokens (as vLLM primes its decoder):
+    its first token `▁ab` reads " ab", as in vLLM and llama.cpp, where decoded alone the
+    SentencePiece decoder would strip the space."""
+    body = {"model": "tiny_spm", "prompt": "ab", "max_tokens": 2, "temperature": 0}
+    forced = body | {"logit_bias": {"263": 100}, "return_token_ids": True}
+    for stream in (False, True):
+        answer = await http.post("/v1/completions", json=forced | {"stream": stream})
+        assert answer.status_code == 200, answer.text
+        if stream:
+            chunks = [line[6:] for line in answer.text.splitlines() if line.startswith("data: {")]
+            text = "".join(c["text"] for chunk in chunks for c in json.loads(chunk)["choices"])
+        else:
+            assert answer.json()["choices"][0]["token_ids"] == [263, 263]
+            text = answer.json()["choices"][0]["text"]
+        assert text == " ab ab"
 
 
 async def test_a_chat_reaches_the_model_without_the_tokenizers_special_tokens(
@@ -278,6 +313,6 @@ async def test_without_a_model_the_only_one_with_a_tokenizer_answers(repo: Path)
         assert back.status_code == 200 and back.json()["prompt"] == "Hi", back.text
 
 
-async def test_without_a_model_two_with_tokenizers_is_400(http: httpx.AsyncClient) -> None:
+async def test_without_a_model_several_with_tokenizers_is_400(http: httpx.AsyncClient) -> None:
     found = error(await http.post("/tokenize", json={"prompt": "Hi"}))
-    assert found["param"] == "model" and "2 models" in found["message"]
+    assert found["param"] == "model" and "3 models" in found["message"]

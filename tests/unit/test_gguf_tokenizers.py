@@ -2,7 +2,8 @@
 vocabularies written here: Llama 3's byte-level BPE (its pre-tokenizer, whole pieces,
 BOS), SentencePiece's (scores as merges, `▁`, byte fallback, the space put before a text
 and after a special token), a GGUF of each read and built, Llama 3.1's RoPE factors and
-a linear RoPE scaling read from a GGUF, the other RoPE scalings refused."""
+a linear RoPE scaling read from a GGUF, the other RoPE scalings refused; and the engine's
+detokenizer giving an answer's first space as vLLM and llama.cpp do."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from smollm import (
     tiny_config,
 )
 
-from ge_serve.backends.llm.text import Tokenizer
+from ge_serve.backends.llm.text import Detokenizer, Tokenizer
 
 pytest.importorskip("tokenizers", reason="tokenizers is not installed (runtime dependency)")
 
@@ -122,6 +123,24 @@ def test_sentencepiece_bytes_spaces_and_special_tokens() -> None:
         spm_spec({SPACE: -1.0, "a": -2.0, "b": -3.0, "ab": -4.0}, add_space_prefix=False)
     )
     assert without.encode("ab").tokens == [BOS, "ab"]
+
+
+def test_an_answers_first_space_is_kept_after_the_prompt(tmp_path: Path) -> None:
+    """SentencePiece's decoder strips a text's leading space; the detokenizer decodes the
+    answer after the prompt's last tokens, so the answer "▁ab ▁ab" reads " ab ab" (vLLM's
+    and llama.cpp's text), not "ab ab"."""
+    built = gguf_tokenizer().build_tokenizer(
+        spm_spec({SPACE: -1.0, "a": -2.0, "b": -3.0, "ab": -4.0, f"{SPACE}ab": -5.0})
+    )
+    built.save(str(tmp_path / "tokenizer.json"))
+    tokenizer = Tokenizer(tmp_path / "tokenizer.json")
+    prompt = tokenizer.encode("ab")
+    answer = tokenizer.encode("ab ab", add_special_tokens=False)
+    detokenizer = Detokenizer(tokenizer, True, prompt)
+    deltas = [detokenizer.add(token) for token in answer]
+    assert deltas == [" ab", " ab"]
+    assert "".join(deltas) + detokenizer.flush() == " ab ab"
+    assert [Detokenizer(tokenizer).add(answer[0])] == ["ab"]  # no prompt: stripped
 
 
 def write_gguf(path: Path, cfg: Any, spec: Any, extra: dict[str, Any] | None = None) -> None:
