@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import onnx
-from onnx import numpy_helper
+from onnx import external_data_helper, numpy_helper
 
 from .logprobs import TokenLogprobs
 from .text import Tokenizer
@@ -39,8 +39,9 @@ NO_HIDDEN_STATES = (
 
 
 def lm_head(path: Path) -> npt.NDArray[np.float32]:
-    """The LM head [vocab, hidden] the step graph's `logits` are computed with."""
-    model = onnx.load(str(path))
+    """The LM head [vocab, hidden] the step graph's `logits` are computed with. Of a graph
+    whose weights are in a file beside it (a large model's), only the head is read."""
+    model = onnx.load(str(path), load_external_data=False)
     graph = model.graph
     node = next((n for n in graph.node if "logits" in n.output), None)
     if node is not None and node.op_type == "If":
@@ -55,11 +56,23 @@ def lm_head(path: Path) -> npt.NDArray[np.float32]:
     found = next((t for t in graph.initializer if t.name == node.input[1]), None)
     if found is None:
         raise ValueError(f"the step graph's LM head '{node.input[1]}' is not an initializer")
+    if external_data_helper.uses_external_data(found):
+        _load_within(found, path.parent)
     weights = numpy_helper.to_array(found).astype(np.float32, copy=False)
     trans_b = any(a.name == "transB" and a.i for a in node.attribute)
     # Gemm with transB reads it as [vocab, hidden]; otherwise it is [hidden, vocab].
     head: npt.NDArray[np.float32] = np.ascontiguousarray(weights if trans_b else weights.T)
     return head
+
+
+def _load_within(tensor: onnx.TensorProto, folder: Path) -> None:
+    """The tensor's data from its external file, which must be in `folder` (the graph's
+    own: a path out of it is refused, as onnxruntime refuses it)."""
+    info = external_data_helper.ExternalDataInfo(tensor)
+    where = (folder / info.location).resolve()
+    if not where.is_relative_to(folder.resolve()):
+        raise ValueError(f"the LM head's data file '{info.location}' is outside the model folder")
+    external_data_helper.load_external_data_for_tensor(tensor, str(folder))
 
 
 class LmHead:

@@ -14,6 +14,8 @@ The folder (default examples/smollm/models/smollm/):
                                  (gguf_tokenizer.py: byte-level or SentencePiece)
     1/chat_template.jinja        the GGUF's chat template (SmolLM2's: ChatML)
     1/generation.json            bos/eos ids and strings, the model's hyperparameters
+    1/model.onnx.data            the weights, where they pass protobuf's 2 GB (a model of
+                                 a billion parameters or more): onnxruntime reads them
 
 The parameters' file names are relative to the version folder. The weights are
 dequantized from the GGUF's blocks to fp32 (gguf_model.py), so the graph computes
@@ -58,6 +60,11 @@ STEP_MODEL = "model.onnx"
 TOKENIZER = "tokenizer.json"
 CHAT_TEMPLATE = "chat_template.jinja"
 GENERATION = "generation.json"
+# protobuf's limit on one message: a larger graph (a LLaMA of a billion parameters or more
+# in fp32) keeps its weights in one file beside it, which onnxruntime reads by the path
+# the graph names (relative to it).
+INLINE_LIMIT = 2**31 - 2**26
+EXTERNAL_DATA = "model.onnx.data"
 # The tokens llama.cpp ends generation at beside the GGUF's eos, where the vocabulary has
 # them (its end-of-generation list): SmolLM2's <|endoftext|> ends a document in
 # pretraining, its instruct model's turn ends with <|im_end|> (the eos); Llama 3's
@@ -159,8 +166,10 @@ def write_model_folder(
     spec: TokenizerSpec,
     max_model_len: int,
     source: str = "",
+    inline_limit: int = INLINE_LIMIT,
 ) -> Path:
-    """Write the model folder (config.pbtxt and version 1's files); returns it."""
+    """Write the model folder (config.pbtxt and version 1's files); returns it. A graph
+    whose weights pass `inline_limit` bytes keeps them in model.onnx.data beside it."""
     if max_model_len > cfg.max_position_embeddings:
         raise ValueError(
             f"max_model_len {max_model_len} exceeds the model's "
@@ -168,7 +177,14 @@ def write_model_folder(
         )
     version = folder / VERSION
     version.mkdir(parents=True, exist_ok=True)
-    onnx.save_model(model, str(version / STEP_MODEL))
+    (version / EXTERNAL_DATA).unlink(missing_ok=True)  # a former build's, appended to else
+    if _weight_bytes(model) > inline_limit:
+        onnx.save_model(
+            model, str(version / STEP_MODEL), save_as_external_data=True,
+            all_tensors_to_one_file=True, location=EXTERNAL_DATA, size_threshold=1024,
+        )  # fmt: skip
+    else:
+        onnx.save_model(model, str(version / STEP_MODEL))
     tokenizer.save(str(version / TOKENIZER))
     (version / CHAT_TEMPLATE).write_text(spec.chat_template, encoding="utf-8")
     meta = generation_json(cfg, spec, source)
@@ -177,6 +193,17 @@ def write_model_folder(
         config_pbtxt(folder.name, spec, max_model_len), encoding="utf-8"
     )
     return folder
+
+
+def _weight_bytes(model: onnx.ModelProto) -> int:
+    """The initializers' bytes, the subgraphs' (an If's branches) with them."""
+    total = 0
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        total += sum(len(t.raw_data) for t in graph.initializer)
+        graphs += [a.g for n in graph.node for a in n.attribute if a.HasField("g")]
+    return total
 
 
 def build(

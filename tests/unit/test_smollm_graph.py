@@ -252,6 +252,46 @@ def test_the_tiny_model_folder_is_complete(tmp_path: Path) -> None:
         tiny_model_folder(tmp_path, name="too_long", max_model_len=cfg.max_position_embeddings + 1)
 
 
+def test_a_graph_past_protobufs_limit_keeps_its_weights_beside_it(tmp_path: Path) -> None:
+    """Weights past the inline limit (2 GB; 0 here) go to model.onnx.data: onnxruntime
+    runs the graph from its path as the inline one, and the LM head of the prompt log
+    probabilities is read from the data file alone."""
+    import onnxruntime as ort
+    from smollm import build_module, gguf_tokenizer, tiny_tokenizer_spec
+
+    from ge_serve.backends.llm.prompt_logprobs import lm_head
+
+    cfg = tiny_config()
+    weights = llama_weights().random_weights(cfg, seed=1)
+    spec = tiny_tokenizer_spec(cfg.vocab_size)
+    tokenizer = gguf_tokenizer().build_tokenizer(spec)
+    write = build_module().write_model_folder
+    graph = llama_onnx().build_step_graph(weights, cfg)
+    inline = write(tmp_path / "inline", graph, tokenizer, cfg, spec, 64) / "1"
+    split = write(tmp_path / "split", graph, tokenizer, cfg, spec, 64, inline_limit=0) / "1"
+    assert not (inline / "model.onnx.data").exists()
+    stored = sum(w.nbytes for w in weights.values())
+    assert (split / "model.onnx.data").stat().st_size >= stored
+    assert (split / "model.onnx").stat().st_size < stored / 10
+    runs = [
+        PagedCache(ort.InferenceSession(str(folder / "model.onnx")), cfg, 8, 4).step(
+            [CachedSeq()], [[5, 17, 200]]
+        )
+        for folder in (inline, split)
+    ]
+    np.testing.assert_array_equal(runs[0], runs[1])
+    head = lm_head(split / "model.onnx")
+    np.testing.assert_array_equal(head, weights["model.embed_tokens.weight"])
+    stepped_out = onnx.load(str(split / "model.onnx"), load_external_data=False)
+    for tensor in stepped_out.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = "../model.onnx.data"
+    onnx.save_model(stepped_out, str(split / "model.onnx"))
+    with pytest.raises(ValueError, match="outside the model folder"):
+        lm_head(split / "model.onnx")
+
+
 def test_one_token_steps_run_on_the_blocks_and_the_others_on_fp32() -> None:
     """The If's choice: blocks that hold other weights than the fp32 ones (so each step
     shows which it ran on) give a one-token step, a first prompt token or a decode row
