@@ -49,7 +49,7 @@ from typing import Any
 
 import onnx
 from gguf_model import GgufModel, PackageMissing, read_gguf
-from gguf_tokenizer import TokenizerSpec, build_tokenizer
+from gguf_tokenizer import END_TOKENS, TokenizerSpec, build_tokenizer
 from llama_onnx import LlamaConfig, build_step_graph
 
 HERE = Path(__file__).resolve().parent
@@ -65,14 +65,6 @@ GENERATION = "generation.json"
 # the graph names (relative to it).
 INLINE_LIMIT = 2**31 - 2**26
 EXTERNAL_DATA = "model.onnx.data"
-# The tokens llama.cpp ends generation at beside the GGUF's eos, where the vocabulary has
-# them (its end-of-generation list): SmolLM2's <|endoftext|> ends a document in
-# pretraining, its instruct model's turn ends with <|im_end|> (the eos); Llama 3's
-# instruct models end a turn with <|eot_id|>, a tool call with <|eom_id|>.
-EXTRA_EOS_TOKENS = (
-    "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|im_end|>", "<|end|>",
-    "<end_of_turn>", "<EOT>",
-)  # fmt: skip
 # Triton's LLM inputs beside text_input (its vLLM backend's names), all optional.
 OPTIONAL_INPUTS = (
     ("stream", "TYPE_BOOL"),
@@ -97,9 +89,12 @@ def _parameters(values: Mapping[str, str]) -> str:
 
 
 def eos_token_ids(spec: TokenizerSpec) -> list[int]:
-    """The GGUF's eos first, then the other end-of-generation tokens it has."""
+    """The GGUF's eos first, then the other tokens llama.cpp ends generation at where it
+    has them: SmolLM2's <|endoftext|> ends a document in pretraining, its instruct
+    model's turn ends with <|im_end|> (the eos); Llama 3's instruct models end a turn
+    with <|eot_id|>, a tool call with <|eom_id|>."""
     ids = [spec.eos_token_id]
-    for token in EXTRA_EOS_TOKENS:
+    for token in END_TOKENS:
         if token in spec.tokens:
             i = spec.tokens.index(token)
             if i not in ids:
@@ -113,7 +108,8 @@ def config_pbtxt(name: str, spec: TokenizerSpec, max_model_len: int) -> str:
     params = {
         "step_model": STEP_MODEL,
         "tokenizer": TOKENIZER,
-        "chat_template": CHAT_TEMPLATE,
+        # A GGUF without a template serves completions; chat says it has none.
+        **({"chat_template": CHAT_TEMPLATE} if spec.chat_template else {}),
         "eos_token_ids": ",".join(str(i) for i in eos_token_ids(spec)),
         "bos_token": spec.tokens[spec.bos_token_id],
         "eos_token": spec.tokens[spec.eos_token_id],
@@ -186,7 +182,9 @@ def write_model_folder(
     else:
         onnx.save_model(model, str(version / STEP_MODEL))
     tokenizer.save(str(version / TOKENIZER))
-    (version / CHAT_TEMPLATE).write_text(spec.chat_template, encoding="utf-8")
+    (version / CHAT_TEMPLATE).unlink(missing_ok=True)
+    if spec.chat_template:
+        (version / CHAT_TEMPLATE).write_text(spec.chat_template, encoding="utf-8")
     meta = generation_json(cfg, spec, source)
     (version / GENERATION).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     (folder / "config.pbtxt").write_text(
@@ -267,10 +265,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.out, args.name, args.max_model_len, args.gguf,
             fp32_only=args.fp32_only, int8_activations=args.int8_activations,
         )  # fmt: skip
-    except PackageMissing as exc:
+    except (PackageMissing, ValueError) as exc:  # what the GGUF holds that is not served
         print(f"build.py: {exc}", file=sys.stderr)
         return 2
-    size = (folder / VERSION / STEP_MODEL).stat().st_size
+    files = [folder / VERSION / name for name in (STEP_MODEL, EXTERNAL_DATA)]
+    size = sum(f.stat().st_size for f in files if f.exists())
     print(f"wrote {folder} ({size / 1e6:.0f} MB step graph)")
     return 0
 

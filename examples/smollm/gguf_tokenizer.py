@@ -73,7 +73,9 @@ _DEEPSEEK_CODER = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}")
 # keeping what it does not match), then GPT-2's byte-level mapping. Names as llama.cpp
 # reads `tokenizer.ggml.pre`.
 PRE_SPLITS: dict[str, tuple[str, ...]] = {
-    **dict.fromkeys(("gpt2", "default", "mpt", "olmo", "jais", "gpt-2", "phi-2"), (_GPT2,)),
+    # A GGUF that names none: llama.cpp's default set.
+    "default": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"),
+    **dict.fromkeys(("gpt2", "mpt", "olmo", "jais", "gpt-2", "phi-2"), (_GPT2,)),
     **dict.fromkeys(("smollm", "starcoder", "refact", "command-r", "codeshell"), (r"\p{N}", _GPT2)),
     **dict.fromkeys(
         ("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "smaug-bpe", "dbrx"),
@@ -86,6 +88,15 @@ PRE_SPLITS: dict[str, tuple[str, ...]] = {
 # The kinds that take a piece found whole in the vocabulary as it is, unmerged, and add a
 # BOS unless the GGUF says otherwise (llama.cpp's `ignore_merges`, `add_bos`).
 _WHOLE_PIECES = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"})
+
+
+# The tokens llama.cpp ends generation at (its end-of-generation list, where the
+# vocabulary has them), control tokens whatever type the GGUF gives them, as llama.cpp
+# makes them: `</s>` of a vocabulary that types it normal is one token, not three.
+END_TOKENS = (
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>",
+    "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,11 @@ class TokenizerSpec:
     add_bos_token: bool | None = None
     add_eos_token: bool = False
     add_space_prefix: bool = True
+
+    def kind(self, token_id: int) -> int:
+        """The token's type, an end-of-generation token's control (llama.cpp's)."""
+        found = self.token_types[token_id]
+        return CONTROL_TOKEN_TYPE if self.tokens[token_id] in END_TOKENS else found
 
     @property
     def adds_bos(self) -> bool:
@@ -172,13 +188,16 @@ def build_tokenizer(spec: TokenizerSpec) -> Any:
     else:
         raise ValueError(f"tokenizer model {spec.model!r} is not supported (gpt2, llama)")
     assert isinstance(tokenizer, Tokenizer)
+    kinds = [spec.kind(i) for i in range(len(spec.tokens))]
     added = [
         AddedToken(token, special=kind != _USER_DEFINED, normalized=False)
-        for token, kind in zip(spec.tokens, spec.token_types, strict=True)
+        for token, kind in zip(spec.tokens, kinds, strict=True)
         if kind in (CONTROL_TOKEN_TYPE, _UNKNOWN, _USER_DEFINED)
     ]
     tokenizer.add_special_tokens([t for t in added if t.special])
     tokenizer.add_tokens([t for t in added if not t.special])
+    if spec.model == "gpt2":
+        tokenizer.decoder = _byte_level_decoder([t.content for t in added])
     ends = [(spec.adds_bos, spec.bos_token_id), (spec.add_eos_token, spec.eos_token_id)]
     front = [spec.tokens[spec.bos_token_id]] if spec.adds_bos else []
     back = [spec.tokens[spec.eos_token_id]] if spec.add_eos_token else []
@@ -192,7 +211,7 @@ def build_tokenizer(spec: TokenizerSpec) -> Any:
 
 
 def _byte_level(spec: TokenizerSpec) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, models, pre_tokenizers
 
     splits = PRE_SPLITS.get(spec.pre)
     if splits is None:
@@ -213,8 +232,33 @@ def _byte_level(spec: TokenizerSpec) -> Any:
         last = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         steps = [_split(r) for r in splits] + [last]
     tokenizer.pre_tokenizer = steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
-    tokenizer.decoder = decoders.ByteLevel()
     return tokenizer
+
+
+def _byte_level_decoder(added: list[str]) -> Any:
+    """GPT-2's byte-level decoder. It reads each character of its alphabet as the byte it
+    stands for, so an added token whose text holds such a character (DeepSeek's `ü`, a
+    byte no UTF-8 text has, is a user-defined token for the letter) is first spelled in
+    the alphabet, and decodes to its text, as llama.cpp's does."""
+    from tokenizers import decoders
+
+    alphabet = _byte_alphabet()
+    spelled = {
+        token: "".join(alphabet[b] for b in token.encode("utf-8"))
+        for token in added
+        if any(ord(c) > 126 and c in alphabet for c in token)
+    }
+    if not spelled:
+        return decoders.ByteLevel()
+    replaces = [decoders.Replace(t, spelled[t]) for t in sorted(spelled, key=len, reverse=True)]
+    return decoders.Sequence([*replaces, decoders.ByteLevel()])
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's byte alphabet: byte b's character in a byte-level vocabulary."""
+    printable = {*range(33, 127), *range(161, 173), *range(174, 256)}
+    extra = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
 
 
 def _split(regex: str) -> Any:

@@ -144,10 +144,12 @@ async def test_a_chat_reaches_the_model_without_the_tokenizers_special_tokens(
     Triton's generate with it unless its `add_special_tokens` parameter says false."""
     messages = [{"role": "user", "content": "hi"}]
     body = {"model": "tiny_marked", "max_tokens": 1, "temperature": 0}
-    chat = await http.post("/v1/chat/completions", json=body | {"messages": messages})
+    asked = body | {"messages": messages, "return_token_ids": True}
+    chat = await http.post("/v1/chat/completions", json=asked)
     assert chat.status_code == 200, chat.text
     rendered = "user: hi\ntools=null"
     assert chat.json()["usage"]["prompt_tokens"] == len(ids(rendered))
+    assert chat.json()["prompt_token_ids"] == ids(rendered)
     completion = await http.post("/v1/completions", json=body | {"prompt": "hi"})
     assert completion.json()["usage"]["prompt_tokens"] == len(ids("hi")) + 1
     for given, count in (({}, len(ids("hi")) + 1), ({"add_special_tokens": False}, len(ids("hi")))):

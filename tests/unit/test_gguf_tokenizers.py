@@ -79,6 +79,41 @@ def test_llama3_takes_a_piece_the_vocabulary_holds_whole_and_adds_bos() -> None:
     assert gguf_tokenizer().build_tokenizer(told).encode("abc").tokens == ["abc"]
 
 
+def test_a_gguf_naming_no_pre_tokenizer_gets_llama_cpps_default_set() -> None:
+    tokenizer = gguf_tokenizer().build_tokenizer(byte_level_spec("default"))
+    assert pieces(tokenizer, "3333333 and 12345 apples") == [
+        "333", "333", "3", "Ġand", "Ġ", "123", "45", "Ġapples",
+    ]  # fmt: skip
+
+
+def test_deepseeks_user_defined_letters_decode_as_text() -> None:
+    """DeepSeek's vocabularies hold `ü` and 12 more letters as user-defined tokens, as
+    text; their characters are also GPT-2's byte symbols for bytes no UTF-8 text has. The
+    text matches the token, and decodes as the letter (not the byte's U+FFFD)."""
+    spec = byte_level_spec("deepseek-coder")
+    spec.tokens.append("ü")
+    spec.token_types.append(4)
+    tokenizer = gguf_tokenizer().build_tokenizer(spec)
+    ids = tokenizer.encode("Grüße ü").ids
+    assert ids.count(len(spec.tokens) - 1) == 2
+    assert tokenizer.decode(ids) == "Grüße ü"
+
+
+def test_an_end_token_the_gguf_types_normal_is_one_control_token() -> None:
+    """As llama.cpp makes it: `<|eot_id|>` in a vocabulary that types it normal is one
+    token (matched in the text, skipped when decoding), and ends generation."""
+    from smollm import build_module
+
+    spec = byte_level_spec("qwen2")
+    spec.tokens.append("<|eot_id|>")
+    spec.token_types.append(1)
+    tokenizer = gguf_tokenizer().build_tokenizer(spec)
+    end = len(spec.tokens) - 1
+    assert tokenizer.encode("a<|eot_id|>").ids == [spec.tokens.index("a"), end]
+    assert tokenizer.decode([spec.tokens.index("a"), end]) == "a"
+    assert build_module().eos_token_ids(spec) == [1, end]
+
+
 def test_an_unknown_pre_tokenizer_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="pre-tokenizer 'tekken' is not supported"):
         gguf_tokenizer().build_tokenizer(byte_level_spec("tekken"))
@@ -224,13 +259,20 @@ def test_a_sentencepiece_gguf_with_rope_factors_reads_builds_and_computes(
 
 
 def test_linear_rope_scaling_is_a_factor_for_every_frequency(tmp_path: Path) -> None:
+    """... and a GGUF without a chat template builds a folder without one (chat then
+    says the model has none)."""
     pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    from smollm import build_module
+
     spec = byte_level_spec("llama-bpe")
     cfg = tiny_config(vocab_size=len(spec.tokens))
-    extra = {"rope_scaling_type": "linear", "rope_scaling_factor": 4.0}
+    extra = {"rope_scaling_type": "linear", "rope_scaling_factor": 4.0, "chat_template": ""}
     write_gguf(tmp_path / "linear.gguf", cfg, spec, extra)
     model = gguf_model().read_gguf(tmp_path / "linear.gguf")
     assert model.cfg.rope_freq_factors == (4.0,) * (cfg.head_dim // 2)
+    folder = build_module().build(tmp_path, "m", 64, gguf=tmp_path / "linear.gguf")
+    assert "chat_template" not in (folder / "config.pbtxt").read_text()
+    assert not (folder / "1" / "chat_template.jinja").exists()
 
 
 @pytest.mark.parametrize(
@@ -250,3 +292,16 @@ def test_a_rope_the_graph_does_not_compute_is_refused(
     write_gguf(tmp_path / "r.gguf", cfg, spec, extra)
     with pytest.raises(ValueError, match=words):
         gguf_model().read_gguf(tmp_path / "r.gguf")
+
+
+def test_build_py_says_what_the_gguf_holds_that_is_not_served(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    from smollm import build_module
+
+    spec = byte_level_spec("tekken")
+    write_gguf(tmp_path / "t.gguf", tiny_config(vocab_size=len(spec.tokens)), spec)
+    argv = ["--gguf", str(tmp_path / "t.gguf"), "--out", str(tmp_path)]
+    assert build_module().main(argv) == 2
+    assert capsys.readouterr().err.startswith("build.py: pre-tokenizer 'tekken' is not")

@@ -82,7 +82,7 @@ async def chat_completion(
     as_ids = as_token_ids(catalog, body.return_tokens_as_token_ids)
     answer.logprobs = None if count is None else Logprobs(True, count, as_ids)
     plan_thoughts(catalog, model, body, prompt, answer)
-    ids = await tokenids.prompt_ids(model, body.return_token_ids, [prompt])
+    ids = await tokenids.prompt_ids(model, body.return_token_ids, [prompt], chat=True)
     return await answer_prompts(catalog, request, model, body, [prompt], answer, ids=ids)
 
 
