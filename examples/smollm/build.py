@@ -64,6 +64,11 @@ GENERATION = "generation.json"
 # in fp32) keeps its weights in one file beside it, which onnxruntime reads by the path
 # the graph names (relative to it).
 INLINE_LIMIT = 2**31 - 2**26
+# The engine's default KV pool (512 blocks of 16 tokens) holds one sequence of this many
+# tokens: the default max_model_len where the GGUF's context is longer (Llama 3.1's
+# 131,072), and past it the config asks for the blocks a sequence needs.
+POOL_TOKENS = 512 * 16
+BLOCK_TOKENS = 16
 EXTERNAL_DATA = "model.onnx.data"
 # Triton's LLM inputs beside text_input (its vLLM backend's names), all optional.
 OPTIONAL_INPUTS = (
@@ -115,6 +120,8 @@ def config_pbtxt(name: str, spec: TokenizerSpec, max_model_len: int) -> str:
         "eos_token": spec.tokens[spec.eos_token_id],
         "max_model_len": str(max_model_len),
     }
+    if max_model_len > POOL_TOKENS:
+        params["kv_cache_blocks"] = str(-(-max_model_len // BLOCK_TOKENS))
     return (
         f'name: "{name}"\n'
         'backend: "llm"\n'
@@ -232,7 +239,14 @@ def build(
     head = model.head if int8 else None
     graph = build_step_graph(model.weights, model.cfg, blocks, int8, head)
     tokenizer = build_tokenizer(model.tokenizer)
-    length = max_model_len or model.cfg.max_position_embeddings
+    length = max_model_len or min(model.cfg.max_position_embeddings, POOL_TOKENS)
+    if length < model.cfg.max_position_embeddings and not max_model_len:
+        print(
+            f"build.py: max_model_len {length} of the GGUF's "
+            f"{model.cfg.max_position_embeddings} positions (--max-model-len takes more; "
+            "the config then holds the KV blocks for one sequence that long)",
+            file=sys.stderr,
+        )
     return write_model_folder(
         out / name, graph, tokenizer, model.cfg, model.tokenizer, length, model.name
     )
@@ -244,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--name", default=DEFAULT_NAME, help="the model's folder and name")
     parser.add_argument(
         "--max-model-len", type=int, default=None,
-        help="prompt plus generated tokens at most (default: the GGUF's context length)",
+        help="prompt plus generated tokens at most (default: the GGUF's context, up to 8192)",
     )  # fmt: skip
     parser.add_argument("--gguf", type=Path, default=None, help="another LLaMA GGUF file")
     parser.add_argument(

@@ -305,3 +305,24 @@ def test_build_py_says_what_the_gguf_holds_that_is_not_served(
     argv = ["--gguf", str(tmp_path / "t.gguf"), "--out", str(tmp_path)]
     assert build_module().main(argv) == 2
     assert capsys.readouterr().err.startswith("build.py: pre-tokenizer 'tekken' is not")
+
+
+def test_a_long_context_is_cut_to_the_default_pool_unless_asked_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Llama 3.1's GGUFs say 131,072 positions, which the engine's default KV pool (8,192
+    tokens) cannot hold: the folder takes 8,192 unless --max-model-len asks for more, and
+    then the KV blocks one sequence that long needs."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    from smollm import build_module
+
+    spec = byte_level_spec("llama-bpe")
+    cfg = tiny_config(vocab_size=len(spec.tokens), max_position_embeddings=16384)
+    write_gguf(tmp_path / "long.gguf", cfg, spec)
+    build = build_module().build
+    cut = build(tmp_path, "cut", gguf=tmp_path / "long.gguf").joinpath("config.pbtxt")
+    assert 'key: "max_model_len" value: { string_value: "8192" }' in cut.read_text()
+    assert "kv_cache_blocks" not in cut.read_text()
+    assert "max_model_len 8192 of the GGUF's 16384 positions" in capsys.readouterr().err
+    asked = build(tmp_path, "asked", 10000, gguf=tmp_path / "long.gguf") / "config.pbtxt"
+    assert 'key: "kv_cache_blocks" value: { string_value: "625" }' in asked.read_text()
