@@ -152,6 +152,14 @@ async def test_a_chat_reaches_the_model_without_the_tokenizers_special_tokens(
     assert chat.json()["prompt_token_ids"] == ids(rendered)
     completion = await http.post("/v1/completions", json=body | {"prompt": "hi"})
     assert completion.json()["usage"]["prompt_tokens"] == len(ids("hi")) + 1
+    # vLLM's add_special_tokens, either way on either route.
+    chat = await http.post("/v1/chat/completions", json=asked | {"add_special_tokens": True})
+    assert chat.json()["prompt_token_ids"] == [EOS_ID, *ids(rendered)]
+    assert chat.json()["usage"]["prompt_tokens"] == len(ids(rendered)) + 1
+    bare = body | {"prompt": "hi", "add_special_tokens": False, "return_token_ids": True}
+    completion = await http.post("/v1/completions", json=bare)
+    assert completion.json()["usage"]["prompt_tokens"] == len(ids("hi"))
+    assert completion.json()["choices"][0]["prompt_token_ids"] == ids("hi")
     for given, count in (({}, len(ids("hi")) + 1), ({"add_special_tokens": False}, len(ids("hi")))):
         request = {"text_input": "hi", "max_tokens": 1, "return_num_input_tokens": True} | given
         generated = await http.post("/v2/models/tiny_marked/generate", json=request)

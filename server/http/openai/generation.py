@@ -143,12 +143,14 @@ def build_request(
     ids: bool = False,
     cached: bool = False,
     chat: bool = False,
+    special: bool | None = None,
 ) -> tuple[InferRequest, frozenset[str]]:
     """The request for `model`, and the parameters it passes on. `given`: the sampling
     parameters the client set, by vLLM's keys (`Sampling.sampling`); `prompt`, text or
     token ids (`ids_array`'s, for `input_ids`); `ids`: the generated ids are read;
     `cached`: the prompt's cached tokens are; `chat`: the prompt is a chat template's,
-    which writes the special tokens the tokenizer would add (its BOS)."""
+    which writes the special tokens the tokenizer would add (its BOS); `special`: the
+    client's `add_special_tokens` (None: vLLM's default, false for a chat)."""
     inputs = model.inputs
     if isinstance(prompt, str):
         tensors = [_tensor(model, inputs[TEXT_INPUT], [prompt])]
@@ -181,9 +183,7 @@ def build_request(
     document: dict[str, Any] = {}
     sent: set[str] = set()
     values = dict(given)
-    generation = model.loaded.text_generation
-    if chat and SAMPLING in inputs and generation is not None and generation.adds_special_tokens:
-        document[ADD_SPECIAL] = False  # vLLM's default for a chat (its template writes them)
+    _special_tokens(model, chat, special, document)
     if values.pop(PRIORITY, 0) and _ranks(model):
         # Any other model has no queue ordered by it: ignored, as vLLM's `fcfs` ignores it.
         document[PRIORITY] = given[PRIORITY]
@@ -213,6 +213,24 @@ def build_request(
         tensors.append(_tensor(model, inputs[SAMPLING], [text]))
     request = InferRequest(model_name=model.name, model_version=model.version_str, inputs=tensors)
     return request, frozenset(sent)
+
+
+def _special_tokens(
+    model: ModelVersion, chat: bool, special: bool | None, document: dict[str, Any]
+) -> None:
+    """`add_special_tokens` false (vLLM's default for a chat, whose template writes them)
+    in the `llm` engine's `sampling_parameters`, where its tokenizer adds any; another
+    model tokenizes as it does, so only the default is taken."""
+    wanted = not chat if special is None else special
+    generation = model.loaded.text_generation
+    if SAMPLING in model.inputs and generation is not None and generation.structured_after:
+        if generation.adds_special_tokens and not wanted:
+            document[ADD_SPECIAL] = False
+    elif special is not None and special == chat:
+        only = json.dumps(not chat)
+        raise unsupported(
+            ADD_SPECIAL, f"'{ADD_SPECIAL}' is not supported: only {only} (the default)"
+        )
 
 
 def after_thoughts(model: ModelVersion, field: str) -> None:

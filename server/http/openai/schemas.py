@@ -247,13 +247,9 @@ class ChatOptions(Sampling):
     chat_template: str | None = None
     # vLLM's: the last message begins the answer when it has the answer's role.
     echo: bool = False
-    # The prompt reaches a model as text, and its tokenizer adds what it adds: only
-    # vLLM's default is taken (false for chat, where the template writes them).
+    # vLLM's, default false for chat (the template writes them): the `llm` engine takes
+    # either value; another model only the default (generation.build_request).
     add_special_tokens: bool | None = None
-    default_only: ClassVar[dict[str, tuple[Any, ...]]] = {
-        **DEFAULT_ONLY,
-        "add_special_tokens": (None, False),
-    }
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
@@ -368,10 +364,6 @@ class CompletionRequest(Sampling):
     logprobs: int | None = None
     # As chat's, but vLLM's default for completions is true.
     add_special_tokens: bool | None = None
-    default_only: ClassVar[dict[str, tuple[Any, ...]]] = {
-        **DEFAULT_ONLY,
-        "add_special_tokens": (None, True),
-    }
 
     def refuse_unsupported(self) -> None:
         if self.max_tokens == 0 and not self.echo:

@@ -82,7 +82,8 @@ async def chat_completion(
     as_ids = as_token_ids(catalog, body.return_tokens_as_token_ids)
     answer.logprobs = None if count is None else Logprobs(True, count, as_ids)
     plan_thoughts(catalog, model, body, prompt, answer)
-    ids = await tokenids.prompt_ids(model, body.return_token_ids, [prompt], chat=True)
+    special = bool(body.add_special_tokens)  # vLLM's default for a chat: false
+    ids = await tokenids.prompt_ids(model, body.return_token_ids, [prompt], special)
     return await answer_prompts(catalog, request, model, body, [prompt], answer, ids=ids)
 
 
@@ -137,11 +138,12 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
     as_ids = as_token_ids(catalog, body.return_tokens_as_token_ids)
     count = body.shown_logprobs()
     answer.logprobs = None if count is None else Logprobs(False, count, as_ids)
+    special = body.add_special_tokens is not False  # vLLM's default for completions: true
     firsts = None
     if echoes and as_ids and answer.logprobs is not None:
-        firsts = [await _first_id(generation, p) for p in prompts]
+        firsts = [await _first_id(generation, p, special) for p in prompts]
         answer.echo_id = firsts[0]
-    ids = await tokenids.prompt_ids(model, body.return_token_ids, prompts)
+    ids = await tokenids.prompt_ids(model, body.return_token_ids, prompts, special)
     return await answer_prompts(catalog, request, model, body, prompts, answer, echoes, firsts, ids)
 
 
@@ -168,7 +170,9 @@ async def _as_sent(model: ModelVersion, prompts: list[Prompt]) -> list[str | Arr
     return converted()
 
 
-async def _first_id(generation: TextGeneration | None, prompt: Prompt) -> int | None:
+async def _first_id(
+    generation: TextGeneration | None, prompt: Prompt, special: bool = True
+) -> int | None:
     """The prompt's first token id (vLLM's `token_id:<id>` of the echo's first token):
     a text's by the model's tokenizer, as the model tokenizes it; None without one."""
     if not isinstance(prompt, str):
@@ -177,9 +181,9 @@ async def _first_id(generation: TextGeneration | None, prompt: Prompt) -> int | 
     if tokenizer is None:
         return None
     if len(prompt) > THREADED:
-        ids = await asyncio.to_thread(tokenizer.encode, prompt)
+        ids = await asyncio.to_thread(tokenizer.encode, prompt, special)
     else:
-        ids = tokenizer.encode(prompt)
+        ids = tokenizer.encode(prompt, special)
     return ids[0] if ids else None
 
 
@@ -299,6 +303,8 @@ async def answer_prompts(
     tags = (answer if heads is None else heads[0]).tags
     reads_ids = answer.token_ids or (tags is not None and tags.counted)
     cached = catalog.tools.prompt_tokens_details  # --enable-prompt-tokens-details
+    # Chat's and completions' field (vLLM's), which other Sampling requests do not have.
+    special: bool | None = getattr(body, "add_special_tokens", None)
     requests: list[InferRequest] = []
     for p, prompt in enumerate(await _as_sent(model, prompts)):
         use = (answer if heads is None else heads[p]).reasoning
@@ -317,6 +323,7 @@ async def answer_prompts(
                 reads_ids,
                 cached,
                 answer.chat and isinstance(prompt, str),
+                special,
             )
             requests.append(infer_request)
     params = Params("messages" if answer.chat else "prompt", sent, reads_ids, cached)

@@ -69,12 +69,12 @@ def check_reported(model: ModelVersion) -> None:
 
 
 async def prompt_ids(
-    model: ModelVersion, asked: bool | None, prompts: list[Prompt], chat: bool = False
+    model: ModelVersion, asked: bool | None, prompts: list[Prompt], special: bool = True
 ) -> list[list[int]] | None:
     """Each prompt's ids where `return_token_ids` asks for them (None where not); a 400
     where the model does not report its generated ids, or a text prompt's ids are not
-    known here. A chat's are without the tokenizer's special tokens, as the model gets
-    it (its template writes them)."""
+    known here. `special`: the request's `add_special_tokens` (a chat's default false:
+    its template writes them)."""
     if not asked:
         return None
     check_reported(model)
@@ -90,7 +90,7 @@ async def prompt_ids(
         )
 
     def encoded() -> list[list[int]]:
-        return [p if isinstance(p, list) else tokenizer.encode(p, not chat) for p in prompts]
+        return [p if isinstance(p, list) else tokenizer.encode(p, special) for p in prompts]
 
     if sum(len(p) for p in prompts) > THREADED:
         return await asyncio.to_thread(encoded)
