@@ -37,6 +37,7 @@ class Config(Protocol):
     num_kv_heads: int
     rope_theta: float
     rope_freq_factors: tuple[float, ...] | None
+    qkv_bias: bool
     rms_norm_eps: float
     tie_word_embeddings: bool
 
@@ -111,9 +112,12 @@ def _forward(
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}"
         h = _rms_norm(x, w[f"{p}.input_layernorm.weight"], cfg.rms_norm_eps)
-        q = (h @ w[f"{p}.self_attn.q_proj.weight"].T).reshape(n, heads, d)
-        k = (h @ w[f"{p}.self_attn.k_proj.weight"].T).reshape(n, kv_heads, d)
-        v = (h @ w[f"{p}.self_attn.v_proj.weight"].T).reshape(n, kv_heads, d)
+        q, k, v = (h @ w[f"{p}.self_attn.{c}_proj.weight"].T for c in "qkv")
+        if cfg.qkv_bias:
+            q, k, v = (
+                x + w[f"{p}.self_attn.{c}_proj.bias"] for x, c in zip((q, k, v), "qkv", strict=True)
+            )
+        q, k, v = q.reshape(n, heads, d), k.reshape(n, kv_heads, d), v.reshape(n, kv_heads, d)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         group = heads // kv_heads

