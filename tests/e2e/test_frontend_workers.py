@@ -498,11 +498,15 @@ def test_what_workers_pass_on_reaches_the_server_on_private_unix_sockets(repo: P
     with running_server([repo], flags) as server:
         poll(lambda: len(http_worker_pids(server)) == 1, 30, "the HTTP worker")
         proc = psutil.Process(server.process.pid)
-        listening = {
-            c.laddr.port for c in proc.net_connections("inet") if c.status == psutil.CONN_LISTEN
-        }
+
+        def listening() -> set[int]:
+            found = proc.net_connections("inet")
+            return {c.laddr.port for c in found if c.status == psutil.CONN_LISTEN}
+
+        # The metrics port may open after the workers answer, on a loaded host.
+        poll(lambda: server.metrics_port in listening(), 30, "the metrics port")
         # The HTTP port the workers share is bound here; the gRPC workers bind theirs.
-        assert listening == {server.http_port, server.metrics_port}, listening
+        assert listening() == {server.http_port, server.metrics_port}, listening()
         # Each listening socket, and the server's ends of the connections it accepted.
         paths = sorted(
             {str(c.laddr) for c in proc.net_connections("unix") if str(c.laddr).endswith(".sock")}
