@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -186,6 +187,8 @@ def write_model_folder(
             model, str(version / STEP_MODEL), save_as_external_data=True,
             all_tensors_to_one_file=True, location=EXTERNAL_DATA, size_threshold=1024,
         )  # fmt: skip
+        # onnx makes the data file for its owner alone; it is read as the graph is.
+        shutil.copymode(version / STEP_MODEL, version / EXTERNAL_DATA)
     else:
         onnx.save_model(model, str(version / STEP_MODEL))
     tokenizer.save(str(version / TOKENIZER))

@@ -94,8 +94,10 @@ _WHOLE_PIECES = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtra
 # vocabulary has them), control tokens whatever type the GGUF gives them, as llama.cpp
 # makes them: `</s>` of a vocabulary that types it normal is one token, not three.
 END_TOKENS = (
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>",
-    "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>",
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
+    "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>",
+    "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>",
+    "<|tool_response>", "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~[",
 )  # fmt: skip
 
 
@@ -237,16 +239,19 @@ def _byte_level(spec: TokenizerSpec) -> Any:
 
 def _byte_level_decoder(added: list[str]) -> Any:
     """GPT-2's byte-level decoder. It reads each character of its alphabet as the byte it
-    stands for, so an added token whose text holds such a character (DeepSeek's `ü`, a
-    byte no UTF-8 text has, is a user-defined token for the letter) is first spelled in
-    the alphabet, and decodes to its text, as llama.cpp's does."""
+    stands for, so an added token whose text holds a character that stands for a byte no
+    UTF-8 text has (DeepSeek's user-defined `ü` and 12 more letters) is first spelled in
+    the alphabet, and decodes to its text, as llama.cpp's does. The rewrite finds the
+    token's text within every token decoded, so one made only of bytes UTF-8 does use
+    (a lone `é`) is left alone: it would rewrite the byte in other tokens too."""
     from tokenizers import decoders
 
     alphabet = _byte_alphabet()
+    unused = {alphabet[b] for b in (0xC0, 0xC1, *range(0xF5, 0x100))}
     spelled = {
         token: "".join(alphabet[b] for b in token.encode("utf-8"))
         for token in added
-        if any(ord(c) > 126 and c in alphabet for c in token)
+        if any(c in unused for c in token)
     }
     if not spelled:
         return decoders.ByteLevel()

@@ -97,6 +97,17 @@ def test_deepseeks_user_defined_letters_decode_as_text() -> None:
     ids = tokenizer.encode("Grüße ü").ids
     assert ids.count(len(spec.tokens) - 1) == 2
     assert tokenizer.decode(ids) == "Grüße ü"
+    # A user-defined letter of a byte UTF-8 does use (é, 0xE9, leads 道) is left as the
+    # byte-level decoder reads it: spelled out, it would rewrite 道's first byte too.
+    lone = byte_level_spec("deepseek-coder", ("é ģ", "éģ ĵ"))
+    lone.tokens.append("é")
+    lone.token_types.append(4)
+    assert (
+        gguf_tokenizer()
+        .build_tokenizer(lone)
+        .decode(gguf_tokenizer().build_tokenizer(lone).encode("道").ids)
+        == "道"
+    )
 
 
 def test_an_end_token_the_gguf_types_normal_is_one_control_token() -> None:

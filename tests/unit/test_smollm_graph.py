@@ -270,6 +270,8 @@ def test_a_graph_past_protobufs_limit_keeps_its_weights_beside_it(tmp_path: Path
     inline = write(tmp_path / "inline", graph, tokenizer, cfg, spec, 64) / "1"
     split = write(tmp_path / "split", graph, tokenizer, cfg, spec, 64, inline_limit=0) / "1"
     assert not (inline / "model.onnx.data").exists()
+    modes = [(split / name).stat().st_mode & 0o777 for name in ("model.onnx", "model.onnx.data")]
+    assert modes[0] == modes[1]  # onnx made it its owner's alone
     stored = sum(w.nbytes for w in weights.values())
     assert (split / "model.onnx.data").stat().st_size >= stored
     assert (split / "model.onnx").stat().st_size < stored / 10
