@@ -5,6 +5,7 @@ whose tokenizer the server cannot reach (tests/textgen.py's Python models)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -66,12 +67,16 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     marking_tokenizer().save(str(marked / "tokenizer.json"))
     (marked / "chat_template.jinja").write_text(TOOLS_TEMPLATE, encoding="utf-8")
     spm_tokenizer().save(str(write_tiny_llm(folder, "tiny_spm") / "1" / "tokenizer.json"))
+    # build.py's folder (prompt log probabilities too), its tokenizer adding a BOS.
+    built, _, _ = smollm.tiny_model_folder(folder, "tiny_bos")
+    spec = dataclasses.replace(smollm.tiny_tokenizer_spec(), add_bos_token=True)
+    smollm.gguf_tokenizer().build_tokenizer(spec).save(str(built / "1" / "tokenizer.json"))
     return folder
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def http(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
-    models = ["tiny_llm", "tiny_marked", "tiny_spm", "textgen", "embedder"]
+    models = ["tiny_llm", "tiny_marked", "tiny_spm", "tiny_bos", "textgen", "embedder"]
     async with openai_client(repo, models) as client:
         yield client
 
@@ -134,6 +139,28 @@ async def test_an_answers_first_space_is_kept_after_the_prompt(http: httpx.Async
             assert answer.json()["choices"][0]["token_ids"] == [263, 263]
             text = answer.json()["choices"][0]["text"]
         assert text == " ab ab"
+
+
+async def test_the_echos_first_token_is_the_bos_the_tokenizer_added(
+    http: httpx.AsyncClient,
+) -> None:
+    """vLLM decodes the echo's first token by its id: the BOS the tokenizer put before the
+    text, which the text itself lacks, streamed or not; without the BOS, the text's own."""
+    body = {"model": "tiny_bos", "prompt": " the and", "max_tokens": 1, "echo": True}
+    for given in ({"logprobs": 0}, {"logprobs": 0, "stream": True}):
+        found = await http.post("/v1/completions", json=body | given)
+        assert found.status_code == 200, found.text
+        if given.get("stream"):
+            chunks = [json.loads(line[6:]) for line in found.text.splitlines()
+                      if line.startswith("data: {")]  # fmt: skip
+            tokens = [t for c in chunks for ch in c["choices"] if ch["logprobs"]
+                      for t in ch["logprobs"]["tokens"]]  # fmt: skip
+        else:
+            tokens = found.json()["choices"][0]["logprobs"]["tokens"]
+        assert tokens[:3] == ["<|im_start|>", " the", " and"]
+    bare = body | {"logprobs": 0, "add_special_tokens": False}
+    found = await http.post("/v1/completions", json=bare)
+    assert found.json()["choices"][0]["logprobs"]["tokens"][:2] == [" the", " and"]
 
 
 async def test_a_chat_reaches_the_model_without_the_tokenizers_special_tokens(
@@ -325,4 +352,4 @@ async def test_without_a_model_the_only_one_with_a_tokenizer_answers(repo: Path)
 
 async def test_without_a_model_several_with_tokenizers_is_400(http: httpx.AsyncClient) -> None:
     found = error(await http.post("/tokenize", json={"prompt": "Hi"}))
-    assert found["param"] == "model" and "3 models" in found["message"]
+    assert found["param"] == "model" and "4 models" in found["message"]

@@ -52,13 +52,17 @@ def parse_prompt(raw: bytes) -> list[Entry | None] | None:
     return found
 
 
-def echoed(prompt: str, found: list[Entry | None], first: int | None = None) -> list[Entry]:
+def echoed(
+    prompt: str, found: list[Entry | None], first: int | None = None, text: str = ""
+) -> list[Entry]:
     """The echoed prompt's entries for completions' `logprobs`: the first token (no
-    logprob, vLLM's None) as the text its followers' do not account for, under its id
+    logprob, vLLM's None) as the text its followers do not account for, else as its own
+    `text` (a BOS the tokenizer adds, which the prompt's text lacks), under its id
     `first` where known (`return_tokens_as_token_ids` shows it)."""
     rest = [e for e in found if e]
     texts = "".join(str(next(iter(e.values())).get("decoded_token", "")) for e in rest)
     head = prompt[: len(prompt) - len(texts)] if prompt.endswith(texts) else ""
+    head = head or text
     key = "" if first is None else str(first)
     return [{key: {"logprob": None, "decoded_token": head}}, *rest]
 

@@ -57,6 +57,9 @@ class Answer:
     # The echoed prompt's first token id, where `return_tokens_as_token_ids` shows it
     # (its logprobs entry has no other source of it); None: not needed, or not known.
     echo_id: int | None = None
+    # ... and its text (vLLM's decode of it), the echo's first entry where the prompt's
+    # text has none of it: a BOS the tokenizer adds.
+    echo_first: str = ""
     # vLLM's `echo` with `max_tokens: 0`: the text is the echo alone (what the model
     # generated, to count the prompt, is not shown).
     echo_only: bool = False
@@ -93,7 +96,7 @@ class Answer:
         self,
         index: int,
         echo: str | None = None,
-        echo_id: int | None = None,
+        first: tuple[int | None, str] | None = None,
         prompt_ids: list[int] | None = None,
     ) -> Answer:
         """The answer's choice `index`: its identity, with a stream's offsets of its own
@@ -102,7 +105,8 @@ class Answer:
         other = copy.copy(self)
         other.index = index
         if echo is not None:
-            other.echo, other.echo_id = echo, echo_id
+            other.echo = echo
+            other.echo_id, other.echo_first = first or (None, "")
         if prompt_ids is not None:
             other.prompt_ids = prompt_ids
         other.streamed_chars = 0
@@ -161,7 +165,7 @@ class Answer:
             entries = []
             ids = None if ids is None else []
         if not self.chat and self.echo and prompt is not None and entries is not None:
-            entries = [*echoed(self.echo, prompt, self.echo_id), *entries]
+            entries = [*echoed(self.echo, prompt, self.echo_id, self.echo_first), *entries]
         if self.chat:
             message: dict[str, Any] = {"role": self.role, "content": self.echo + text}
             thoughts: str | None = None

@@ -140,9 +140,12 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
     answer.logprobs = None if count is None else Logprobs(False, count, as_ids)
     special = body.add_special_tokens is not False  # vLLM's default for completions: true
     firsts = None
-    if echoes and as_ids and answer.logprobs is not None:
-        firsts = [await _first_id(generation, p, special) for p in prompts]
-        answer.echo_id = firsts[0]
+    # The echo's first token is known by the text the others leave, except a special
+    # token the tokenizer adds (a BOS, which the text lacks), or where its id is shown.
+    adds = special and generation is not None and generation.adds_special_tokens
+    if echoes and answer.logprobs is not None and (as_ids or adds):
+        firsts = [await _first_token(generation, p, special) for p in prompts]
+        answer.echo_id, answer.echo_first = firsts[0]
     ids = await tokenids.prompt_ids(model, body.return_token_ids, prompts, special)
     return await answer_prompts(catalog, request, model, body, prompts, answer, echoes, firsts, ids)
 
@@ -170,21 +173,26 @@ async def _as_sent(model: ModelVersion, prompts: list[Prompt]) -> list[str | Arr
     return converted()
 
 
-async def _first_id(
+async def _first_token(
     generation: TextGeneration | None, prompt: Prompt, special: bool = True
-) -> int | None:
+) -> tuple[int | None, str]:
     """The prompt's first token id (vLLM's `token_id:<id>` of the echo's first token):
-    a text's by the model's tokenizer, as the model tokenizes it; None without one."""
-    if not isinstance(prompt, str):
-        return prompt[0]
+    a text's by the model's tokenizer, as the model tokenizes it; None without one. And
+    its text, special tokens kept (vLLM's decode of it), "" where not known."""
     tokenizer = None if generation is None else generation.tokenizer
-    if tokenizer is None:
-        return None
-    if len(prompt) > THREADED:
-        ids = await asyncio.to_thread(tokenizer.encode, prompt, special)
+    if not isinstance(prompt, str):
+        first = prompt[0]
+    elif tokenizer is None:
+        return None, ""
     else:
-        ids = tokenizer.encode(prompt, special)
-    return ids[0] if ids else None
+        if len(prompt) > THREADED:
+            ids = await asyncio.to_thread(tokenizer.encode, prompt, special)
+        else:
+            ids = tokenizer.encode(prompt, special)
+        if not ids:
+            return None, ""
+        first = ids[0]
+    return first, "" if tokenizer is None else tokenizer.decode([first], False)
 
 
 async def chat_prompt(
@@ -284,7 +292,7 @@ async def answer_prompts(
     prompts: list[Prompt],
     answer: Answer,
     echoes: list[str] | None = None,
-    firsts: list[int | None] | None = None,
+    firsts: list[tuple[int | None, str]] | None = None,
     ids: list[list[int]] | None = None,
     heads: list[Answer] | None = None,
 ) -> Response:

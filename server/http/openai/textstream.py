@@ -232,7 +232,8 @@ def _delta(choice: _Choice, piece: Piece, echo_only: bool) -> list[bytes]:
     last = piece.finish_reason is not None
     if choice.held is not None:
         if choice.echo and piece.prompt_logprobs is not None:  # vLLM's: on the echo's chunk
-            choice.held += echoed(choice.echo, piece.prompt_logprobs, choice.answer.echo_id)
+            first = choice.answer.echo_id, choice.answer.echo_first
+            choice.held += echoed(choice.echo, piece.prompt_logprobs, *first)
         choice.held += () if echo_only else piece.logprobs or ()
     if choice.reasoning is not None:
         deltas = _read(choice, choice.reasoning.feed(piece.text))
