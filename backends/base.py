@@ -244,10 +244,11 @@ class TextGeneration:
     # Its `sampling_parameters` take the `llm` engine's keys `thinking_token_budget`,
     # `reasoning_start_str` and `reasoning_end_str` (vLLM's budget, its markers ge-serve's).
     thinking_budget: bool = False
-    # Its tokenizer adds special tokens to a text prompt (a BOS) unless its
+    # Whether its tokenizer adds special tokens to a text prompt (a BOS) unless its
     # `sampling_parameters` say `add_special_tokens: false` (the `llm` engine's key), as a
-    # chat's prompt is sent: its template writes them (vLLM tokenizes a chat so).
-    adds_special_tokens: bool = False
+    # chat's prompt is sent: its template writes them (vLLM tokenizes a chat so). None:
+    # the model takes no such key (a Python model tokenizes inside itself).
+    adds_special_tokens: bool | None = None
 
 
 @dataclass(slots=True)

@@ -150,7 +150,10 @@ async def batch_chat_completion(
         plan_thoughts(catalog, model, chat, prompt, head)
         heads.append(head)
     sent: list[Prompt] = list(prompts)
-    return await answer_prompts(catalog, request, model, body, sent, answer, heads=heads)
+    special = body.add_special_tokens
+    return await answer_prompts(
+        catalog, request, model, body, sent, answer, heads=heads, special=special
+    )
 
 
 async def _rendered(

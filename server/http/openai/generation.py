@@ -215,16 +215,22 @@ def build_request(
     return request, frozenset(sent)
 
 
+def add_special(special: bool | None, chat: bool) -> bool:
+    """vLLM's `add_special_tokens`: the client's, else its route's default (false for a
+    chat, whose template writes them; true for a completion)."""
+    return not chat if special is None else special
+
+
 def _special_tokens(
     model: ModelVersion, chat: bool, special: bool | None, document: dict[str, Any]
 ) -> None:
-    """`add_special_tokens` false (vLLM's default for a chat, whose template writes them)
-    in the `llm` engine's `sampling_parameters`, where its tokenizer adds any; another
-    model tokenizes as it does, so only the default is taken."""
-    wanted = not chat if special is None else special
+    """`add_special_tokens` false in the `llm` engine's `sampling_parameters`, where its
+    tokenizer adds any and the request (or its route) says false; another model
+    tokenizes as it does, so only the default is taken."""
     generation = model.loaded.text_generation
-    if SAMPLING in model.inputs and generation is not None and generation.structured_after:
-        if generation.adds_special_tokens and not wanted:
+    adds = None if generation is None else generation.adds_special_tokens
+    if SAMPLING in model.inputs and adds is not None:
+        if adds and not add_special(special, chat):
             document[ADD_SPECIAL] = False
     elif special is not None and special == chat:
         only = json.dumps(not chat)

@@ -39,6 +39,7 @@ from .errors import CONTEXT_LENGTH_EXCEEDED, OpenAIError
 from .generation import (
     PRIORITY,
     Array,
+    add_special,
     after_thoughts,
     build_request,
     ids_array,
@@ -82,9 +83,11 @@ async def chat_completion(
     as_ids = as_token_ids(catalog, body.return_tokens_as_token_ids)
     answer.logprobs = None if count is None else Logprobs(True, count, as_ids)
     plan_thoughts(catalog, model, body, prompt, answer)
-    special = bool(body.add_special_tokens)  # vLLM's default for a chat: false
+    special = add_special(body.add_special_tokens, chat=True)
     ids = await tokenids.prompt_ids(model, body.return_token_ids, [prompt], special)
-    return await answer_prompts(catalog, request, model, body, [prompt], answer, ids=ids)
+    return await answer_prompts(
+        catalog, request, model, body, [prompt], answer, ids=ids, special=body.add_special_tokens
+    )
 
 
 def chat_model(catalog: Catalog, body: ChatOptions) -> tuple[str, ModelVersion, TextGeneration]:
@@ -138,16 +141,19 @@ async def completion(catalog: Catalog, request: Request, body: CompletionRequest
     as_ids = as_token_ids(catalog, body.return_tokens_as_token_ids)
     count = body.shown_logprobs()
     answer.logprobs = None if count is None else Logprobs(False, count, as_ids)
-    special = body.add_special_tokens is not False  # vLLM's default for completions: true
+    special = add_special(body.add_special_tokens, chat=False)
     firsts = None
     # The echo's first token is known by the text the others leave, except a special
     # token the tokenizer adds (a BOS, which the text lacks), or where its id is shown.
-    adds = special and generation is not None and generation.adds_special_tokens
+    adds = special and generation is not None and bool(generation.adds_special_tokens)
     if echoes and answer.logprobs is not None and (as_ids or adds):
         firsts = [await _first_token(generation, p, special) for p in prompts]
         answer.echo_id, answer.echo_first = firsts[0]
     ids = await tokenids.prompt_ids(model, body.return_token_ids, prompts, special)
-    return await answer_prompts(catalog, request, model, body, prompts, answer, echoes, firsts, ids)
+    return await answer_prompts(
+        catalog, request, model, body, prompts, answer, echoes, firsts, ids,
+        special=body.add_special_tokens,
+    )  # fmt: skip
 
 
 def _logged(answer: Answer, p: int, heads: list[Answer] | None) -> str:
@@ -295,12 +301,14 @@ async def answer_prompts(
     firsts: list[tuple[int | None, str]] | None = None,
     ids: list[list[int]] | None = None,
     heads: list[Answer] | None = None,
+    special: bool | None = None,
 ) -> Response:
     """The answer to `prompts` (a completions list, a chat batch's conversations; chat's
     one), each generated n times: prompt p's choice i is sequence p * n + i (vLLM's
     order), each a request of its own. `ids`: each prompt's token ids, where
     `return_token_ids` asks for them; `heads`: each prompt's own answer (a batch's
-    conversations: its role, echo and thoughts), else `answer`'s."""
+    conversations: its role, echo and thoughts), else `answer`'s; `special`: the
+    client's `add_special_tokens` (None: the route's default)."""
     if ids is not None:
         answer.token_ids, answer.prompt_ids = True, ids[0]
     stream = bool(body.stream)
@@ -311,8 +319,6 @@ async def answer_prompts(
     tags = (answer if heads is None else heads[0]).tags
     reads_ids = answer.token_ids or (tags is not None and tags.counted)
     cached = catalog.tools.prompt_tokens_details  # --enable-prompt-tokens-details
-    # Chat's and completions' field (vLLM's), which other Sampling requests do not have.
-    special: bool | None = getattr(body, "add_special_tokens", None)
     requests: list[InferRequest] = []
     for p, prompt in enumerate(await _as_sent(model, prompts)):
         use = (answer if heads is None else heads[p]).reasoning
