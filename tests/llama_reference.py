@@ -38,8 +38,12 @@ class Config(Protocol):
     rope_theta: float
     rope_freq_factors: tuple[float, ...] | None
     qkv_bias: bool
+    qk_norm: bool
     rms_norm_eps: float
     tie_word_embeddings: bool
+
+    @property
+    def head_dim(self) -> int: ...
 
 
 def _rms_norm(x: FloatArray, weight: FloatArray, eps: float) -> FloatArray:
@@ -100,7 +104,7 @@ def _forward(
 ) -> FloatArray:
     w = _weights_as(weights, dtype)
     n, heads, kv_heads = len(ids), cfg.num_heads, cfg.num_kv_heads
-    d = cfg.hidden_size // heads
+    d = cfg.head_dim
     x = w["model.embed_tokens.weight"][np.asarray(ids, dtype=np.int64)]
     inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
     if cfg.rope_freq_factors is not None:
@@ -112,12 +116,17 @@ def _forward(
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}"
         h = _rms_norm(x, w[f"{p}.input_layernorm.weight"], cfg.rms_norm_eps)
+        q: FloatArray
+        k: FloatArray
         q, k, v = (h @ w[f"{p}.self_attn.{c}_proj.weight"].T for c in "qkv")
         if cfg.qkv_bias:
             q, k, v = (
                 x + w[f"{p}.self_attn.{c}_proj.bias"] for x, c in zip((q, k, v), "qkv", strict=True)
             )
         q, k, v = q.reshape(n, heads, d), k.reshape(n, kv_heads, d), v.reshape(n, kv_heads, d)
+        if cfg.qk_norm:  # Qwen3's: each head normed on its own
+            q = _rms_norm(q, w[f"{p}.self_attn.q_norm.weight"], cfg.rms_norm_eps)
+            k = _rms_norm(k, w[f"{p}.self_attn.k_norm.weight"], cfg.rms_norm_eps)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         group = heads // kv_heads

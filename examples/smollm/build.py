@@ -263,7 +263,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--max-model-len", type=int, default=None,
         help="prompt plus generated tokens at most (default: the GGUF's context, up to 8192)",
     )  # fmt: skip
-    parser.add_argument("--gguf", type=Path, default=None, help="another LLaMA or Qwen2 GGUF file")
+    parser.add_argument(
+        "--gguf", type=Path, default=None, help="another LLaMA, Qwen2 or Qwen3 GGUF file"
+    )
     parser.add_argument(
         "--fp32-only", action="store_true",
         help="standard ONNX ops alone, for placement: npu (one stream decodes slower on a CPU)",

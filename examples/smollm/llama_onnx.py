@@ -151,10 +151,14 @@ class LlamaConfig:
     # Llama 3.1's RoPE scaling as a GGUF stores it (`rope_freqs`): each frequency pair's
     # divisor, head_dim/2 of them; None: none.
     rope_freq_factors: tuple[float, ...] | None = None
+    # Qwen3's: a head size of its own (the GGUF's key_length); None: hidden / heads.
+    head_size: int | None = None
+    # Qwen3's: an RMSNorm over each Q and K head (its own weights) before RoPE.
+    qk_norm: bool = False
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
 
     @property
     def group(self) -> int:
@@ -162,7 +166,8 @@ class LlamaConfig:
         return self.num_heads // self.num_kv_heads
 
     def validate(self) -> None:
-        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+        uneven = self.head_size is None and self.hidden_size % self.num_heads
+        if uneven or self.num_heads % self.num_kv_heads:
             raise ValueError(f"heads do not divide evenly: {self}")
         if self.head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
@@ -189,13 +194,16 @@ def _layer(
     the weights are read once per step; only attention runs per group."""
     p = f"model.layers.{i}"
     d, kvh, f = cfg.head_dim, cfg.num_kv_heads, cfg.intermediate_size
+    # The attention scale goes into Q's weights, or, where Q is normed after them (which
+    # would undo it), into its norm's.
+    q_scale = 1.0 if cfg.qk_norm else 1.0 / math.sqrt(d)
     normed = g.rms_norm(
         x, weights[f"{p}.input_layernorm.weight"], f"{p}.attn_norm", cfg.rms_norm_eps
     )
     qkv = linear(
         g, normed,
         [
-            (f"{p}.self_attn.q_proj.weight", 1.0 / math.sqrt(d)),
+            (f"{p}.self_attn.q_proj.weight", q_scale),
             (f"{p}.self_attn.k_proj.weight", 1.0),
             (f"{p}.self_attn.v_proj.weight", 1.0),
         ],
@@ -203,7 +211,7 @@ def _layer(
     )  # fmt: skip
     if cfg.qkv_bias:  # Q's scaled as its weights are
         bias = np.concatenate([
-            weights[f"{p}.self_attn.q_proj.bias"] / math.sqrt(d),
+            weights[f"{p}.self_attn.q_proj.bias"] * q_scale,
             weights[f"{p}.self_attn.k_proj.bias"],
             weights[f"{p}.self_attn.v_proj.bias"],
         ])  # fmt: skip
@@ -217,6 +225,12 @@ def _layer(
         "Split", [heads, g.ints(f"{p}.qkv.split", [cfg.num_heads + kvh, kvh])],
         [f"{p}.qk", value_name(i)], axis=1,
     )  # fmt: skip
+    if cfg.qk_norm:  # one norm over the Q and K heads: each head's row of weights
+        rows = np.concatenate([
+            np.tile(weights[f"{p}.self_attn.q_norm.weight"] / math.sqrt(d), (cfg.num_heads, 1)),
+            np.tile(weights[f"{p}.self_attn.k_norm.weight"], (kvh, 1)),
+        ])  # fmt: skip
+        qk = g.rms_norm(qk, rows, f"{p}.qk_norm", cfg.rms_norm_eps)
     qk = rope(g, qk, env, d // 2, f"{p}.qk_rope", f"{p}.qk_rope.out")
     q, key = g.ops(
         "Split", [qk, g.ints(f"{p}.qk.split", [cfg.num_heads, kvh])],

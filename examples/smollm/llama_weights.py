@@ -27,6 +27,8 @@ def weight_names(cfg: LlamaConfig) -> list[str]:
         names += [f"{p}.mlp.{k}_proj.weight" for k in ("gate", "up", "down")]
         if cfg.qkv_bias:
             names += [f"{p}.self_attn.{k}_proj.bias" for k in ("q", "k", "v")]
+        if cfg.qk_norm:
+            names += [f"{p}.self_attn.{k}_norm.weight" for k in ("q", "k")]
     return names
 
 
@@ -41,6 +43,8 @@ def weight_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
             "norm": (h,),
             "input_layernorm": (h,),
             "post_attention_layernorm": (h,),
+            "q_norm": (d,),
+            "k_norm": (d,),
             "q_proj": (cfg.num_heads * d, h),
             "k_proj": (cfg.num_kv_heads * d, h),
             "v_proj": (cfg.num_kv_heads * d, h),

@@ -199,16 +199,25 @@ def write_gguf(
 
     writer = gguf.GGUFWriter(str(path), arch)
     fields: dict[str, Any] = {
-        "name": "random", "context_length": cfg.max_position_embeddings,
-        "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
-        "block_count": cfg.num_layers, "head_count": cfg.num_heads,
-        "head_count_kv": cfg.num_kv_heads, "rope_freq_base": cfg.rope_theta,
-        "layer_norm_rms_eps": cfg.rms_norm_eps, "tokenizer_model": spec.model,
-        "tokenizer_pre": spec.pre, "token_list": spec.tokens, "token_types": spec.token_types,
-        "bos_token_id": spec.bos_token_id, "eos_token_id": spec.eos_token_id,
+        "name": "random",
+        "context_length": cfg.max_position_embeddings,
+        "embedding_length": cfg.hidden_size,
+        "feed_forward_length": cfg.intermediate_size,
+        "block_count": cfg.num_layers,
+        "head_count": cfg.num_heads,
+        "head_count_kv": cfg.num_kv_heads,
+        "rope_freq_base": cfg.rope_theta,
+        "layer_norm_rms_eps": cfg.rms_norm_eps,
+        "tokenizer_model": spec.model,
+        "tokenizer_pre": spec.pre,
+        "token_list": spec.tokens,
+        "token_types": spec.token_types,
+        "bos_token_id": spec.bos_token_id,
+        "eos_token_id": spec.eos_token_id,
         "chat_template": "{{ bos_token }}{{ messages[0]['content'] }}",
         "rope_dimension_count": cfg.head_dim,
-    } | (extra or {})  # fmt: skip
+    } | ({"key_length": cfg.head_dim, "value_length": cfg.head_dim} if cfg.head_size else {})
+    fields |= extra or {}  # fmt: skip
     if spec.scores is not None:
         fields["token_scores"] = spec.scores
     if spec.merges:
@@ -219,8 +228,9 @@ def write_gguf(
         getattr(writer, f"add_{field}")(value)
     model = gguf_model()
     weights = llama_weights().random_weights(cfg, seed=3)
-    kinds = ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+    kinds: tuple[str, ...] = ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
              "ffn_gate", "ffn_up", "ffn_down")  # fmt: skip
+    kinds += ("attn_q_norm", "attn_k_norm") if cfg.qk_norm else ()
     names = ["token_embd.weight", "output_norm.weight"]
     names += [f"blk.{i}.{kind}.weight" for i in range(cfg.num_layers) for kind in kinds]
     if cfg.qkv_bias:
@@ -364,3 +374,31 @@ def test_a_qwen2_gguf_reads_its_biases_and_rows_as_stored(tmp_path: Path) -> Non
     np.testing.assert_allclose(got, forward(weights, model.cfg, ids)[-1], atol=1e-4, rtol=0)
     plain = dataclasses.replace(model.cfg, qkv_bias=False)
     assert np.abs(got - forward(weights, plain, ids)[-1]).max() > 1e-2
+
+
+def test_a_qwen3_gguf_norms_each_q_and_k_head_and_has_its_own_head_size(
+    tmp_path: Path,
+) -> None:
+    """Qwen3's architecture: LLaMA's with an RMSNorm over each Q and K head before RoPE
+    (weights of their own) and a head size (`key_length`) that is not hidden / heads:
+    Qwen3-0.6B has 16 heads of 128 over 1,024. Prefill and the decode steps after it
+    (the cache holds the wider heads) give the reference's logits, not those without
+    the norms."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    spec = byte_level_spec("qwen2")
+    cfg = tiny_config(vocab_size=len(spec.tokens), head_size=32, qk_norm=True)
+    write_gguf(tmp_path / "q3.gguf", cfg, spec, arch="qwen3")
+    model = gguf_model().read_gguf(tmp_path / "q3.gguf")
+    assert (model.cfg.head_size, model.cfg.qk_norm, cfg.hidden_size) == (32, True, 64)
+    weights = llama_weights().random_weights(cfg, seed=3)
+    assert sorted(model.weights) == sorted(weights)
+    for name, value in weights.items():
+        np.testing.assert_array_equal(model.weights[name], value, err_msg=name)
+    cache = PagedCache(session_for(llama_onnx().build_step_graph(model.weights, cfg)), cfg, 8, 4)
+    ids, seq = [5, 17, 200, 33, 9, 45], CachedSeq()
+    got = [cache.step([seq], [ids])[0]]
+    got += [cache.step([seq], [[token]])[0] for token in (71, 8)]
+    want = forward(weights, cfg, [*ids, 71, 8], first=len(ids) - 1)
+    np.testing.assert_allclose(np.stack(got), want, atol=1e-4, rtol=0)
+    plain = dataclasses.replace(cfg, qk_norm=False)
+    assert np.abs(got[0] - forward(weights, plain, ids)[-1]).max() > 1e-2
