@@ -39,6 +39,13 @@ class Config(Protocol):
     rope_freq_factors: tuple[float, ...] | None
     qkv_bias: bool
     qk_norm: bool
+    scale_embeddings: bool
+    gelu: bool
+    sandwich_norms: bool
+    attention_scale: float | None
+    sliding_window: int
+    sliding_layers: tuple[int, ...]
+    sliding_rope_theta: float
     rms_norm_eps: float
     tie_word_embeddings: bool
 
@@ -59,6 +66,23 @@ def _rotate_half(x: FloatArray) -> FloatArray:
 def _silu(x: FloatArray) -> FloatArray:
     out: FloatArray = x / (1.0 + np.exp(-x))
     return out
+
+
+def _gelu_tanh(x: FloatArray) -> FloatArray:
+    out: FloatArray = 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    return out
+
+
+def _rope(
+    n: int, d: int, theta: float, factors: Sequence[float] | None, dtype: type
+) -> tuple[FloatArray, FloatArray]:
+    """(cos, sin) [n, 1, d] of positions 0..n-1, each frequency divided by its factor."""
+    inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    if factors is not None:
+        inv_freq = inv_freq / np.asarray(factors)
+    angles = np.arange(n, dtype=np.float64)[:, None] * inv_freq[None, :]
+    emb = np.concatenate([angles, angles], axis=-1)
+    return np.cos(emb).astype(dtype)[:, None, :], np.sin(emb).astype(dtype)[:, None, :]
 
 
 # The weights forward() last converted: (the caller's mapping, dtype, the converted arrays).
@@ -106,14 +130,18 @@ def _forward(
     n, heads, kv_heads = len(ids), cfg.num_heads, cfg.num_kv_heads
     d = cfg.head_dim
     x = w["model.embed_tokens.weight"][np.asarray(ids, dtype=np.int64)]
-    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-    if cfg.rope_freq_factors is not None:
-        inv_freq = inv_freq / np.asarray(cfg.rope_freq_factors)
-    angles = np.arange(n, dtype=np.float64)[:, None] * inv_freq[None, :]
-    emb = np.concatenate([angles, angles], axis=-1)
-    cos, sin = np.cos(emb).astype(dtype)[:, None, :], np.sin(emb).astype(dtype)[:, None, :]
+    if cfg.scale_embeddings:  # Gemma's
+        x = x * np.sqrt(np.asarray(cfg.hidden_size, dtype))
     causal = np.triu(np.full((n, n), -np.inf), k=1)
+    back = np.arange(n)[:, None] - np.arange(n)[None, :]  # query position - key position
+    local = causal + np.where(back >= cfg.sliding_window, -np.inf, 0.0)
+    tables = {
+        False: _rope(n, d, cfg.rope_theta, cfg.rope_freq_factors, dtype),
+        True: _rope(n, d, cfg.sliding_rope_theta, None, dtype),
+    }
     for i in range(cfg.num_layers):
+        sliding = i in cfg.sliding_layers
+        cos, sin = tables[sliding]
         p = f"model.layers.{i}"
         h = _rms_norm(x, w[f"{p}.input_layernorm.weight"], cfg.rms_norm_eps)
         q: FloatArray
@@ -132,14 +160,22 @@ def _forward(
         group = heads // kv_heads
         k = np.repeat(k, group, axis=1)  # query head j reads KV head j // group
         v = np.repeat(v, group, axis=1)
-        scores = np.einsum("qhd,khd->hqk", q, k) / math.sqrt(d) + causal
+        scale = cfg.attention_scale or 1.0 / math.sqrt(d)
+        scores = np.einsum("qhd,khd->hqk", q, k) * scale + (local if sliding else causal)
         scores = np.exp(scores - scores.max(-1, keepdims=True))
         probs = scores / scores.sum(-1, keepdims=True)
         context = np.einsum("hqk,khd->qhd", probs, v).reshape(n, heads * d)
-        x = x + context @ w[f"{p}.self_attn.o_proj.weight"].T
+        attn: FloatArray = context @ w[f"{p}.self_attn.o_proj.weight"].T
+        if cfg.sandwich_norms:  # Gemma 3's
+            attn = _rms_norm(attn, w[f"{p}.post_self_attn_layernorm.weight"], cfg.rms_norm_eps)
+        x = x + attn
         h = _rms_norm(x, w[f"{p}.post_attention_layernorm.weight"], cfg.rms_norm_eps)
-        act = _silu(h @ w[f"{p}.mlp.gate_proj.weight"].T) * (h @ w[f"{p}.mlp.up_proj.weight"].T)
-        x = x + act @ w[f"{p}.mlp.down_proj.weight"].T
+        gate = h @ w[f"{p}.mlp.gate_proj.weight"].T
+        act = (_gelu_tanh(gate) if cfg.gelu else _silu(gate)) * (h @ w[f"{p}.mlp.up_proj.weight"].T)
+        down: FloatArray = act @ w[f"{p}.mlp.down_proj.weight"].T
+        if cfg.sandwich_norms:
+            down = _rms_norm(down, w[f"{p}.post_feedforward_layernorm.weight"], cfg.rms_norm_eps)
+        x = x + down
     x = _rms_norm(x[first:], w["model.norm.weight"], cfg.rms_norm_eps)
     head = w["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
     logits: FloatArray = x @ head.T

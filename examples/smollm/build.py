@@ -264,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="prompt plus generated tokens at most (default: the GGUF's context, up to 8192)",
     )  # fmt: skip
     parser.add_argument(
-        "--gguf", type=Path, default=None, help="another LLaMA, Qwen2 or Qwen3 GGUF file"
+        "--gguf", type=Path, default=None, help="another GGUF: LLaMA, Qwen2, Qwen3, Gemma, Gemma 3"
     )
     parser.add_argument(
         "--fp32-only", action="store_true",

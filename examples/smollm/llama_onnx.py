@@ -1,4 +1,6 @@
-"""A LLaMA-architecture decoder as one ONNX step graph over a paged KV cache.
+"""A LLaMA-architecture decoder as one ONNX step graph over a paged KV cache. Its kin's
+differences (Qwen2's biases, Qwen3's head norms, Gemma's scaled embeddings, GELU, sandwich
+norms and local layers) are LlamaConfig's options.
 
 One graph serves both prefill (q = the prompt chunk's length) and decode (q = 1): it takes
 the new tokens of each row, their absolute positions, the row's past tokens as a list of
@@ -151,10 +153,24 @@ class LlamaConfig:
     # Llama 3.1's RoPE scaling as a GGUF stores it (`rope_freqs`): each frequency pair's
     # divisor, head_dim/2 of them; None: none.
     rope_freq_factors: tuple[float, ...] | None = None
-    # Qwen3's: a head size of its own (the GGUF's key_length); None: hidden / heads.
+    # Qwen3's and Gemma's: a head size of its own (the GGUF's key_length); None: hidden /
+    # heads.
     head_size: int | None = None
-    # Qwen3's: an RMSNorm over each Q and K head (its own weights) before RoPE.
+    # Qwen3's and Gemma 3's: an RMSNorm over each Q and K head (its own weights) before RoPE.
     qk_norm: bool = False
+    # Gemma's: the embeddings times sqrt(hidden) (the tied LM head's table is not), and a
+    # GELU (tanh) gate in place of SiLU.
+    scale_embeddings: bool = False
+    gelu: bool = False
+    # Gemma 3's: a norm on the attention's and the MLP's outputs, before each residual add.
+    sandwich_norms: bool = False
+    # The scale of Q.K; None: 1/sqrt(head_dim).
+    attention_scale: float | None = None
+    # Gemma 3's local layers: each query sees the keys less than `sliding_window` positions
+    # back, and RoPE runs at its own base there, unscaled.
+    sliding_window: int = 0
+    sliding_layers: tuple[int, ...] = ()
+    sliding_rope_theta: float = 10000.0
 
     @property
     def head_dim(self) -> int:
@@ -171,6 +187,10 @@ class LlamaConfig:
             raise ValueError(f"heads do not divide evenly: {self}")
         if self.head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
+        if bool(self.sliding_window) != bool(self.sliding_layers) or not set(
+            self.sliding_layers
+        ) <= set(range(self.num_layers)):
+            raise ValueError(f"sliding layers {self.sliding_layers} of {self.num_layers}")
         factors = self.rope_freq_factors
         if factors is not None and len(factors) != self.head_dim // 2:
             raise ValueError(
@@ -196,7 +216,8 @@ def _layer(
     d, kvh, f = cfg.head_dim, cfg.num_kv_heads, cfg.intermediate_size
     # The attention scale goes into Q's weights, or, where Q is normed after them (which
     # would undo it), into its norm's.
-    q_scale = 1.0 if cfg.qk_norm else 1.0 / math.sqrt(d)
+    scale = cfg.attention_scale or 1.0 / math.sqrt(d)
+    q_scale = 1.0 if cfg.qk_norm else scale
     normed = g.rms_norm(
         x, weights[f"{p}.input_layernorm.weight"], f"{p}.attn_norm", cfg.rms_norm_eps
     )
@@ -227,11 +248,13 @@ def _layer(
     )  # fmt: skip
     if cfg.qk_norm:  # one norm over the Q and K heads: each head's row of weights
         rows = np.concatenate([
-            np.tile(weights[f"{p}.self_attn.q_norm.weight"] / math.sqrt(d), (cfg.num_heads, 1)),
+            np.tile(weights[f"{p}.self_attn.q_norm.weight"] * scale, (cfg.num_heads, 1)),
             np.tile(weights[f"{p}.self_attn.k_norm.weight"], (kvh, 1)),
         ])  # fmt: skip
         qk = g.rms_norm(qk, rows, f"{p}.qk_norm", cfg.rms_norm_eps)
-    qk = rope(g, qk, env, d // 2, f"{p}.qk_rope", f"{p}.qk_rope.out")
+    sliding = i in cfg.sliding_layers
+    tables = {"cos": env["cos_sliding"], "sin": env["sin_sliding"]} if sliding else env
+    qk = rope(g, qk, tables, d // 2, f"{p}.qk_rope", f"{p}.qk_rope.out")
     q, key = g.ops(
         "Split", [qk, g.ints(f"{p}.qk.split", [cfg.num_heads, kvh])],
         [f"{p}.q_rope", key_name(i)], axis=1,
@@ -250,6 +273,9 @@ def _layer(
         ]
         ctx = g.op("Concat", contexts, f"{p}.ctx", axis=0)
     attn = linear(g, ctx, [(f"{p}.self_attn.o_proj.weight", 1.0)], f"{p}.o")
+    if cfg.sandwich_norms:
+        attn = g.rms_norm(attn, weights[f"{p}.post_self_attn_layernorm.weight"],
+                          f"{p}.attn_out_norm", cfg.rms_norm_eps)  # fmt: skip
     x = g.op("Add", [x, attn], f"{p}.resid1")
 
     normed = g.rms_norm(x, weights[f"{p}.post_attention_layernorm.weight"], f"{p}.mlp_norm",
@@ -261,9 +287,15 @@ def _layer(
     gate, up = g.ops(
         "Split", [gu, g.ints(f"{p}.gate_up.split", [f, f])], [f"{p}.gate", f"{p}.up"], axis=-1
     )
-    silu = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}.sigmoid")], f"{p}.silu")
-    act = g.op("Mul", [silu, up], f"{p}.act")
+    if cfg.gelu:
+        gated = g.gelu_tanh(gate, f"{p}.gelu")
+    else:
+        gated = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}.sigmoid")], f"{p}.silu")
+    act = g.op("Mul", [gated, up], f"{p}.act")
     down = linear(g, act, [(f"{p}.mlp.down_proj.weight", 1.0)], f"{p}.down")
+    if cfg.sandwich_norms:
+        down = g.rms_norm(down, weights[f"{p}.post_feedforward_layernorm.weight"],
+                          f"{p}.mlp_out_norm", cfg.rms_norm_eps)  # fmt: skip
     return g.op("Add", [x, down], f"{p}.out"), key, value
 
 
@@ -272,7 +304,7 @@ def _prelude(
 ) -> tuple[dict[str, str], list[dict[str, str]], str]:
     """The shape tensors and tables every layer shares, each group's, and the flat token
     ids [n] (every group's rows x chunk, in group order)."""
-    cos_table, sin_table = rope_tables(cfg)
+    cos_table, sin_table = rope_tables(cfg, cfg.rope_theta, cfg.rope_freq_factors)
     flat = g.ints("c.flat", [-1])
     ids = g.op(
         "Concat", [g.op("Reshape", [grp.input_ids, flat], f"{grp.tag}.ids_flat") for grp in groups],
@@ -291,6 +323,12 @@ def _prelude(
         "cos": g.op("Unsqueeze", [cos, head_axis], "rope.cos3"),
         "sin": g.op("Unsqueeze", [sin, head_axis], "rope.sin3"),
     }
+    if cfg.sliding_layers:  # the local layers' RoPE, at its own base and unscaled
+        local = rope_tables(cfg, cfg.sliding_rope_theta, None)
+        for part, table in zip(("cos", "sin"), local, strict=True):
+            rows = g.op("Gather", [g.const(f"rope.{part}_sliding", table), positions],
+                        f"rope.{part}_sliding_q", axis=0)  # fmt: skip
+            env[f"{part}_sliding"] = g.op("Unsqueeze", [rows, head_axis], f"rope.{part}_sliding3")
     one, two = g.ints("c.1", [1]), g.ints("c.2", [2])
     block_size = g.op(
         "Slice", [g.op("Shape", [key_cache_name(0)], "shape.pool"), one, two], "shape.block_size"
@@ -418,6 +456,9 @@ def build_step_graph(
     env, groups, ids = _prelude(g, cfg, GROUPS)
     embed = g.const("model.embed_tokens.weight", weights["model.embed_tokens.weight"])
     x = g.op("Gather", [embed, ids], "embed", axis=0)
+    if cfg.scale_embeddings:
+        root = g.const("embed.scale", math.sqrt(cfg.hidden_size))
+        x = g.op("Mul", [x, root], "embed_scaled")
     one_token = ""
     if not blocks:
         x, _ = _layers(g, x, weights, cfg, env, groups, fp32_linear(weights))

@@ -29,6 +29,11 @@ def weight_names(cfg: LlamaConfig) -> list[str]:
             names += [f"{p}.self_attn.{k}_proj.bias" for k in ("q", "k", "v")]
         if cfg.qk_norm:
             names += [f"{p}.self_attn.{k}_norm.weight" for k in ("q", "k")]
+        if cfg.sandwich_norms:
+            names += [
+                f"{p}.post_self_attn_layernorm.weight",
+                f"{p}.post_feedforward_layernorm.weight",
+            ]
     return names
 
 
@@ -43,6 +48,8 @@ def weight_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
             "norm": (h,),
             "input_layernorm": (h,),
             "post_attention_layernorm": (h,),
+            "post_self_attn_layernorm": (h,),
+            "post_feedforward_layernorm": (h,),
             "q_norm": (d,),
             "k_norm": (d,),
             "q_proj": (cfg.num_heads * d, h),

@@ -231,6 +231,7 @@ def write_gguf(
     kinds: tuple[str, ...] = ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
              "ffn_gate", "ffn_up", "ffn_down")  # fmt: skip
     kinds += ("attn_q_norm", "attn_k_norm") if cfg.qk_norm else ()
+    kinds += ("post_attention_norm", "post_ffw_norm") if cfg.sandwich_norms else ()
     names = ["token_embd.weight", "output_norm.weight"]
     names += [f"blk.{i}.{kind}.weight" for i in range(cfg.num_layers) for kind in kinds]
     if cfg.qkv_bias:
@@ -402,3 +403,70 @@ def test_a_qwen3_gguf_norms_each_q_and_k_head_and_has_its_own_head_size(
     np.testing.assert_allclose(np.stack(got), want, atol=1e-4, rtol=0)
     plain = dataclasses.replace(cfg, qk_norm=False)
     assert np.abs(got[0] - forward(weights, plain, ids)[-1]).max() > 1e-2
+
+
+def test_a_gemma3_gguf_computes_its_local_layers_and_sandwich_norms(tmp_path: Path) -> None:
+    """Gemma 3's architecture: scaled embeddings, a GELU gate, Qwen3's head norms, a norm
+    after attention and after the MLP, and local layers (all but every sixth, by llama.cpp's
+    default) whose queries see only the last `sliding_window` positions, with a RoPE of
+    their own base. A prompt three times the window, in two chunks, then decode steps:
+    the reference's logits each time, and not those of a model without the window."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    spec = byte_level_spec("llama-bpe")
+    cfg = tiny_config(
+        vocab_size=len(spec.tokens), num_layers=7, head_size=32, qk_norm=True,
+        scale_embeddings=True, gelu=True, sandwich_norms=True, sliding_window=4,
+        sliding_layers=(0, 1, 2, 3, 4, 6), sliding_rope_theta=100.0, rope_theta=1e6,
+    )  # fmt: skip
+    extra = {"sliding_window": 4, "rope_freq_base_swa": 100.0}
+    write_gguf(tmp_path / "g3.gguf", cfg, spec, extra, arch="gemma3")
+    model = gguf_model().read_gguf(tmp_path / "g3.gguf")
+    assert model.cfg == dataclasses.replace(cfg, rms_norm_eps=model.cfg.rms_norm_eps)
+    weights = llama_weights().random_weights(cfg, seed=3)
+    cache = PagedCache(session_for(llama_onnx().build_step_graph(model.weights, cfg)), cfg, 8, 4)
+    ids, seq = [5, 17, 200, 33, 9, 45, 12, 99, 140, 7, 61, 3], CachedSeq()
+    got = [cache.step([seq], [ids[:5]])[0], cache.step([seq], [ids[5:]])[0]]
+    got += [cache.step([seq], [[token]])[0] for token in (71, 8)]
+    want = forward(weights, cfg, [*ids, 71, 8], first=len(ids) - 1)
+    np.testing.assert_allclose(np.stack(got[1:]), want, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(got[0], forward(weights, cfg, ids[:5])[-1], atol=1e-4, rtol=0)
+    wide = dataclasses.replace(cfg, sliding_window=1000)
+    assert np.abs(got[1] - forward(weights, wide, ids)[-1]).max() > 1e-2
+    # The one-token steps on Q4_0 blocks (the If's other branch) keep the window too.
+    from smollm import quantized_weights
+
+    rounded, blocks = quantized_weights(cfg, weights, lambda name: "Q4_0")
+    graph = llama_onnx().build_step_graph(rounded, cfg, blocks)
+    cache, seq = PagedCache(session_for(graph), cfg, 8, 4), CachedSeq()
+    got = [cache.step([seq], [ids])[0]] + [cache.step([seq], [[t]])[0] for t in (71, 8)]
+    want = forward(rounded, cfg, [*ids, 71, 8], first=len(ids) - 1)
+    np.testing.assert_allclose(np.stack(got), want, atol=1e-3, rtol=0)
+
+
+def test_gemma3_reads_the_local_layers_as_llama_cpp_does(tmp_path: Path) -> None:
+    """No sliding_window: no local layers; a period of 3; a list of flags. And the
+    softcapping Gemma 2 needs is refused by name."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    spec = byte_level_spec("llama-bpe")
+    cfg = tiny_config(vocab_size=len(spec.tokens), num_layers=4, head_size=32, qk_norm=True,
+                      sandwich_norms=True)  # fmt: skip
+    read = gguf_model().read_gguf
+    cases: list[tuple[dict[str, Any], tuple[int, ...]]] = [
+        ({}, ()),
+        ({"sliding_window": 8, "sliding_window_pattern": 3}, (0, 1, 3)),
+        ({"sliding_window": 8, "sliding_window_pattern": [False, True, True, False]}, (1, 2)),
+    ]  # fmt: skip
+    for n, (extra, layers) in enumerate(cases):
+        write_gguf(tmp_path / f"{n}.gguf", cfg, spec, extra, arch="gemma3")
+        got = read(tmp_path / f"{n}.gguf").cfg
+        assert (got.sliding_layers, got.scale_embeddings, got.gelu) == (layers, True, True)
+        assert got.sliding_window == (8 if layers else 0)
+    write_gguf(tmp_path / "cap.gguf", cfg, spec, {"final_logit_softcapping": 30.0}, "gemma3")
+    with pytest.raises(ValueError, match=r"gemma3\.final_logit_softcapping is not supported"):
+        read(tmp_path / "cap.gguf")
+    # Gemma (the first): scaled embeddings and GELU alone; its window key is not read.
+    plain = dataclasses.replace(cfg, qk_norm=False, sandwich_norms=False)
+    write_gguf(tmp_path / "g.gguf", plain, spec, {"sliding_window": 8}, arch="gemma")
+    got = read(tmp_path / "g.gguf").cfg
+    assert got == dataclasses.replace(plain, scale_embeddings=True, gelu=True,
+                                      rms_norm_eps=got.rms_norm_eps)  # fmt: skip
