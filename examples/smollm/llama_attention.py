@@ -112,7 +112,8 @@ def rope_tables(
     cfg: LlamaConfig, theta: float, factors: Sequence[float] | None
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """(cos, sin) [max_position_embeddings, head_dim] for rotate-half RoPE at base `theta`,
-    in float64 rounded once to float32, each frequency divided by its factor where given.
+    in float64 rounded once to float32, each frequency divided by its factor where given,
+    both times the config's LongRoPE magnitude.
     The sin table's first half is negated: rotate-half is concat(-x2, x1), so
     x*cos + concat(x2, x1)*signed_sin is the same rotation."""
     d = cfg.head_dim
@@ -120,8 +121,8 @@ def rope_tables(
     if factors is not None:  # llama.cpp divides each frequency by its factor
         inv_freq = inv_freq / np.asarray(factors, dtype=np.float64)
     angles = np.arange(cfg.max_position_embeddings, dtype=np.float64)[:, None] * inv_freq
-    cos = np.cos(np.concatenate([angles, angles], axis=-1))
-    sin = np.sin(angles)
+    cos = np.cos(np.concatenate([angles, angles], axis=-1)) * cfg.rope_attention_factor
+    sin = np.sin(angles) * cfg.rope_attention_factor
     signed_sin = np.concatenate([-sin, sin], axis=-1)
     return cos.astype(np.float32), signed_sin.astype(np.float32)
 

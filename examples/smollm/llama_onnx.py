@@ -171,6 +171,8 @@ class LlamaConfig:
     sliding_window: int = 0
     sliding_layers: tuple[int, ...] = ()
     sliding_rope_theta: float = 10000.0
+    # LongRoPE's (Phi-3's) magnitude: cos and sin multiplied by it (llama.cpp's attn_factor).
+    rope_attention_factor: float = 1.0
 
     @property
     def head_dim(self) -> int:

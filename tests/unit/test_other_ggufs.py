@@ -190,11 +190,18 @@ def test_an_answers_first_space_is_kept_after_the_prompt(tmp_path: Path) -> None
 
 
 def write_gguf(
-    path: Path, cfg: Any, spec: Any, extra: dict[str, Any] | None = None, arch: str = "llama"
+    path: Path,
+    cfg: Any,
+    spec: Any,
+    extra: dict[str, Any] | None = None,
+    arch: str = "llama",
+    tensors: dict[str, Any] | None = None,
+    q8: bool = False,
 ) -> None:
-    """A GGUF of `arch` of random fp32 weights with `spec`'s tokenizer, and `extra` fields
-    (gguf's add_<field> name -> value); a `rope_freqs` tensor where `cfg` has factors, Q,
-    K and V biases where it has them."""
+    """A GGUF of `arch` of random fp32 weights with `spec`'s tokenizer, `extra` fields
+    (gguf's add_<field> name -> value) and `tensors`; a `rope_freqs` tensor where `cfg`
+    has factors, Q, K and V biases where it has them; Phi-3's Q, K and V in one tensor,
+    and its gate and up in another; with `q8`, the layers' matrices as Q8_0."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
@@ -236,17 +243,29 @@ def write_gguf(
     names += [f"blk.{i}.{kind}.weight" for i in range(cfg.num_layers) for kind in kinds]
     if cfg.qkv_bias:
         names += [f"blk.{i}.attn_{c}.bias" for i in range(cfg.num_layers) for c in "qkv"]
+    stored: dict[str, Any] = {}
     for name in names:
         value = weights[model._hf_name(name)]
         kind = name.split(".")[2] if name.startswith("blk.") and name.endswith("weight") else ""
         heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads}.get(kind)
         if heads is not None and arch == "llama":  # llama.cpp's LLaMA row order, undone
-            stored = np.empty_like(value)
-            stored[model.unpermute_order(value.shape[0], heads)] = value
-            value = stored
-        writer.add_tensor(name, value)
-    if cfg.rope_freq_factors is not None:
-        writer.add_tensor("rope_freqs.weight", np.asarray(cfg.rope_freq_factors, np.float32))
+            stored[name] = np.empty_like(value)
+            stored[name][model.unpermute_order(value.shape[0], heads)] = value
+        else:
+            stored[name] = value
+    for i in range(cfg.num_layers) if arch == "phi3" else ():
+        parts = [stored.pop(f"blk.{i}.attn_{c}.weight") for c in "qkv"]
+        stored[f"blk.{i}.attn_qkv.weight"] = np.concatenate(parts)
+        parts = [stored.pop(f"blk.{i}.ffn_{c}.weight") for c in ("gate", "up")]
+        stored[f"blk.{i}.ffn_up.weight"] = np.concatenate(parts)
+    if cfg.rope_freq_factors is not None and arch != "phi3":
+        stored["rope_freqs.weight"] = np.asarray(cfg.rope_freq_factors, np.float32)
+    for name, value in (stored | (tensors or {})).items():
+        if q8 and name.startswith("blk.") and value.ndim == 2:
+            q8_0 = gguf.GGMLQuantizationType.Q8_0
+            writer.add_tensor(name, gguf.quants.quantize(value, q8_0), raw_dtype=q8_0)
+        else:
+            writer.add_tensor(name, value)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -470,3 +489,70 @@ def test_gemma3_reads_the_local_layers_as_llama_cpp_does(tmp_path: Path) -> None
     got = read(tmp_path / "g.gguf").cfg
     assert got == dataclasses.replace(plain, scale_embeddings=True, gelu=True,
                                       rms_norm_eps=got.rms_norm_eps)  # fmt: skip
+
+
+def test_a_phi3_gguf_splits_its_fused_projections_and_takes_longrope(tmp_path: Path) -> None:
+    """Phi-3's architecture: Q, K and V in one `attn_qkv`, the gate and up projections in
+    one `ffn_up` (the gate's rows first), and LongRoPE: the short factors within the
+    original context, the long ones past it (as llama.cpp chooses by its context size),
+    cos and sin times the GGUF's attention factor. The graph's logits are the
+    reference's; build.py writes the long factors for a longer max_model_len."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    import json
+
+    from smollm import build_module
+
+    spec = spm_spec({SPACE: -1.0, "a": -2.0, "b": -3.0, "ab": -4.0})
+    short, long = FACTORS, tuple(2.0 * f for f in FACTORS)
+    cfg = tiny_config(vocab_size=len(spec.tokens), rope_freq_factors=short,
+                      rope_attention_factor=1.19, max_position_embeddings=128)  # fmt: skip
+    factors = {
+        "rope_factors_short.weight": np.asarray(short, np.float32),
+        "rope_factors_long.weight": np.asarray(long, np.float32),
+    }
+    extra = {"rope_scaling_attn_factors": 1.19, "rope_scaling_orig_ctx_len": 32}
+    write_gguf(tmp_path / "phi.gguf", cfg, spec, extra, "phi3", factors)
+    model = gguf_model().read_gguf(tmp_path / "phi.gguf")
+    assert model.cfg == dataclasses.replace(
+        cfg,
+        rms_norm_eps=model.cfg.rms_norm_eps,
+        rope_attention_factor=model.cfg.rope_attention_factor,
+    )
+    assert model.cfg.rope_attention_factor == pytest.approx(1.19)
+    assert model.config_for(32).rope_freq_factors == short
+    assert model.config_for(33).rope_freq_factors == long
+    weights = llama_weights().random_weights(cfg, seed=3)
+    assert sorted(model.weights) == sorted(weights)
+    for name, value in weights.items():
+        np.testing.assert_array_equal(model.weights[name], value, err_msg=name)
+    ids = [1, 259, 262, 260, 261, 262, 259, 262, 261]
+    session = session_for(llama_onnx().build_step_graph(model.weights, model.cfg))
+    got = PagedCache(session, model.cfg, 8, 4).step([CachedSeq()], [ids])[0]
+    np.testing.assert_allclose(got, forward(weights, model.cfg, ids)[-1], atol=1e-4, rtol=0)
+    plain = dataclasses.replace(model.cfg, rope_attention_factor=1.0)
+    assert np.abs(got - forward(weights, plain, ids)[-1]).max() > 1e-2
+    folder = build_module().build(tmp_path, "m", 64, gguf=tmp_path / "phi.gguf")
+    written = json.loads((folder / "1" / "generation.json").read_text())["config"]
+    assert written["rope_freq_factors"] == list(long)
+    # Quantized, the fused tensors' blocks split as their rows do.
+    write_gguf(tmp_path / "q8.gguf", cfg, spec, extra, "phi3", factors, q8=True)
+    q8 = gguf_model().read_gguf(tmp_path / "q8.gguf")
+    assert sorted(q8.blocks) == sorted(llama_weights().linear_weight_names(cfg))
+    for name, found in q8.blocks.items():
+        np.testing.assert_array_equal(found.dequantize(), q8.weights[name], err_msg=name)
+        np.testing.assert_allclose(q8.weights[name], weights[name], atol=0.02, err_msg=name)
+
+
+def test_phi3_drops_the_whitespace_after_its_special_tokens() -> None:
+    """llama.cpp's rule for a model named Phi-3 (its tokenizer.json's `rstrip`): the
+    whitespace after a special token goes, but not after <s>, <unk> or <|endoftext|>."""
+    spec = spm_spec({SPACE: -1.0, "a": -2.0, "b": -3.0, "ab": -4.0}, rstrip_special=True)
+    spec.tokens.append("<|user|>")
+    spec.token_types.append(3)
+    tokenizer = gguf_tokenizer().build_tokenizer(spec)
+    user, space, ab = (spec.tokens.index(t) for t in ("<|user|>", SPACE, "ab"))
+    # The ▁ after a special token (llama.cpp's fragments) stays: "ab" is a text of its own.
+    assert tokenizer.encode("<|user|>\n ab", add_special_tokens=False).ids == [user, space, ab]
+    assert tokenizer.encode(f"{BOS} ab", add_special_tokens=False).ids == [1, space, space, ab]
+    plain = gguf_tokenizer().build_tokenizer(dataclasses.replace(spec, rstrip_special=False))
+    assert len(plain.encode("<|user|>\n ab", add_special_tokens=False).ids) > 3
