@@ -51,6 +51,7 @@ from typing import Any
 import onnx
 from gguf_model import GgufModel, PackageMissing, read_gguf
 from gguf_tokenizer import END_TOKENS, TokenizerSpec, build_tokenizer
+from llama_attention import ExternalData
 from llama_onnx import LlamaConfig, build_step_graph
 
 HERE = Path(__file__).resolve().parent
@@ -173,7 +174,8 @@ def write_model_folder(
     inline_limit: int = INLINE_LIMIT,
 ) -> Path:
     """Write the model folder (config.pbtxt and version 1's files); returns it. A graph
-    whose weights pass `inline_limit` bytes keeps them in model.onnx.data beside it."""
+    whose weights pass `inline_limit` bytes keeps them in model.onnx.data beside it; one
+    built with build_step_graph's `external` has written them there already."""
     if max_model_len > cfg.max_position_embeddings:
         raise ValueError(
             f"max_model_len {max_model_len} exceeds the model's "
@@ -181,8 +183,10 @@ def write_model_folder(
         )
     version = folder / VERSION
     version.mkdir(parents=True, exist_ok=True)
-    (version / EXTERNAL_DATA).unlink(missing_ok=True)  # a former build's, appended to else
-    if _weight_bytes(model) > inline_limit:
+    written = _written_out(model)
+    if not written:
+        (version / EXTERNAL_DATA).unlink(missing_ok=True)  # a former build's, appended to else
+    if not written and _weight_bytes(model) > inline_limit:
         onnx.save_model(
             model, str(version / STEP_MODEL), save_as_external_data=True,
             all_tensors_to_one_file=True, location=EXTERNAL_DATA, size_threshold=1024,
@@ -191,6 +195,8 @@ def write_model_folder(
         shutil.copymode(version / STEP_MODEL, version / EXTERNAL_DATA)
     else:
         onnx.save_model(model, str(version / STEP_MODEL))
+    if written:
+        shutil.copymode(version / STEP_MODEL, version / EXTERNAL_DATA)
     tokenizer.save(str(version / TOKENIZER))
     (version / CHAT_TEMPLATE).unlink(missing_ok=True)
     if spec.chat_template:
@@ -201,6 +207,11 @@ def write_model_folder(
         config_pbtxt(folder.name, spec, max_model_len), encoding="utf-8"
     )
     return folder
+
+
+def _written_out(model: onnx.ModelProto) -> bool:
+    """Whether the graph's constants were written to its data file as it was built."""
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
 
 
 def _weight_bytes(model: onnx.ModelProto) -> int:
@@ -222,11 +233,14 @@ def build(
     model: GgufModel | None = None,
     fp32_only: bool = False,
     int8_activations: bool = False,
+    inline_limit: int = INLINE_LIMIT,
 ) -> Path:
     """Read the GGUF (unless `model` is the one already read), build the graph and the
     tokenizer, write out/name; returns the folder. One-token steps take the projections'
     Q4_0 and Q4_1 blocks unless `fp32_only`; with `int8_activations`, on int8
-    activations, with their 8-bit blocks too, and the head's 8-bit blocks."""
+    activations, with their 8-bit blocks too, and the head's 8-bit blocks. A model whose
+    fp32 weights pass half `inline_limit` (the graph adds its blocks and tables to them)
+    writes its constants to model.onnx.data as the graph is built."""
     if fp32_only and int8_activations:
         raise ValueError("int8 activations are the GGUF blocks' (not --fp32-only's)")
     model = model or read_gguf(gguf)
@@ -249,11 +263,18 @@ def build(
             file=sys.stderr,
         )
     cfg = model.config_for(length)
-    graph = build_step_graph(model.weights, cfg, blocks, int8, head)
+    folder = out / name
+    if sum(w.nbytes for w in model.weights.values()) > inline_limit // 2:
+        version = folder / VERSION
+        version.mkdir(parents=True, exist_ok=True)
+        (version / STEP_MODEL).unlink(missing_ok=True)  # a former build's, whose data goes
+        with (version / EXTERNAL_DATA).open("wb") as data:
+            external = ExternalData(data, EXTERNAL_DATA)
+            graph = build_step_graph(model.weights, cfg, blocks, int8, head, external)
+    else:
+        graph = build_step_graph(model.weights, cfg, blocks, int8, head)
     tokenizer = build_tokenizer(model.tokenizer)
-    return write_model_folder(
-        out / name, graph, tokenizer, cfg, model.tokenizer, length, model.name
-    )
+    return write_model_folder(folder, graph, tokenizer, cfg, model.tokenizer, length, model.name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

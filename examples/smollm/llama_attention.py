@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
@@ -44,15 +44,50 @@ class GroupInputs:
     attention_mask: str
 
 
+class ExternalData:
+    """The graph's large constants written to one file (onnx's external data) as they are
+    made: a model of several GB is then held once, as the caller's weights, not twice
+    more as their copies in the graph and in its serialized form."""
+
+    # onnxruntime maps a tensor at an offset aligned to the page, rather than copying it.
+    ALIGN = 4096
+    # onnx's own threshold: smaller constants stay in the graph.
+    THRESHOLD = 1024
+
+    def __init__(self, file: BinaryIO, location: str) -> None:
+        self.file = file
+        self.location = location
+
+    def tensor(self, name: str, array: npt.NDArray[Any]) -> onnx.TensorProto:
+        end = self.file.seek(0, 2)
+        offset = -(-end // self.ALIGN) * self.ALIGN
+        self.file.write(bytes(offset - end))
+        self.file.write(array.data.cast("B"))
+        tensor = onnx.TensorProto(name=name, dims=array.shape)
+        tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (
+            ("location", self.location),
+            ("offset", offset),
+            ("length", array.nbytes),
+        ):
+            tensor.external_data.add(key=key, value=str(value))
+        return tensor
+
+
 class Graph:
     """Nodes and initializers as they are added, with unique names. A subgraph (an If
     branch, `outer` its graph) prefixes its nodes' outputs, so that no two scopes make the
     same name, and puts its constants in the outer graph, where both branches share them;
-    the tensors it reads from the outer graph are named as they are."""
+    the tensors it reads from the outer graph are named as they are. With `external`,
+    large constants go to its file as they are added."""
 
-    def __init__(self, prefix: str = "", outer: Graph | None = None) -> None:
+    def __init__(
+        self, prefix: str = "", outer: Graph | None = None, external: ExternalData | None = None
+    ) -> None:
         self.prefix = prefix
         self.outer = outer
+        self.external = external
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self._names: set[str] = set()
@@ -65,7 +100,10 @@ class Graph:
             return name
         self._names.add(name)
         array: npt.NDArray[Any] = np.ascontiguousarray(np.asarray(value, dtype=dtype))
-        self.initializers.append(numpy_helper.from_array(array, name))
+        if self.external is not None and array.nbytes >= ExternalData.THRESHOLD:
+            self.initializers.append(self.external.tensor(name, array))
+        else:
+            self.initializers.append(numpy_helper.from_array(array, name))
         return name
 
     def ints(self, name: str, values: Sequence[int]) -> str:

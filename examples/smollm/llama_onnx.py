@@ -84,6 +84,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 from llama_attention import (
+    ExternalData,
     Graph,
     GroupInputs,
     attention,
@@ -429,6 +430,7 @@ def build_step_graph(
     blocks: Mapping[str, Blocks] | None = None,
     int8_activations: bool = False,
     head: Q80Blocks | None = None,
+    external: ExternalData | None = None,
 ) -> onnx.ModelProto:
     """The step graph of the contract in the module docstring, from Hugging Face-named
     weights (see weight_names). With `blocks` (projections' GGUF blocks, each equal to
@@ -436,7 +438,8 @@ def build_step_graph(
     all have a form llama_linear.blocks_linear takes, and on fp32 where not (an If;
     onnxruntime's com.microsoft MatMulNBits, so the graph is for onnxruntime only); on
     int8 activations with `int8_activations`, and then the LM head on `head` (the head's
-    Q8_0 blocks, equal to its fp32 table) too."""
+    Q8_0 blocks, equal to its fp32 table) too. With `external`, the large constants are
+    written to its file as they are made, the graph holding references to them."""
     cfg.validate()
     if head is not None and (not blocks or not int8_activations):
         raise ValueError("the head's Q8_0 blocks serve one-token steps on int8 activations")
@@ -453,7 +456,7 @@ def build_step_graph(
     for name, shape in weight_shapes(cfg).items():
         if tuple(weights[name].shape) != shape:
             raise ValueError(f"{name} is {tuple(weights[name].shape)}, expected {shape}")
-    g = Graph()
+    g = Graph(external=external)
     _chunk_defaults(g)
     env, groups, ids = _prelude(g, cfg, GROUPS)
     embed = g.const("model.embed_tokens.weight", weights["model.embed_tokens.weight"])

@@ -556,3 +556,49 @@ def test_phi3_drops_the_whitespace_after_its_special_tokens() -> None:
     assert tokenizer.encode(f"{BOS} ab", add_special_tokens=False).ids == [1, space, space, ab]
     plain = gguf_tokenizer().build_tokenizer(dataclasses.replace(spec, rstrip_special=False))
     assert len(plain.encode("<|user|>\n ab", add_special_tokens=False).ids) > 3
+
+
+def test_a_large_model_writes_its_constants_as_the_graph_is_built(tmp_path: Path) -> None:
+    """Past half the inline limit (2 GB; 0 here) build.py streams the graph's constants to
+    model.onnx.data as it makes them, so the weights are held once: the folder serves
+    what the inline build serves, bit for bit (prefill, and one-token steps on int8
+    activations and Q8_0 blocks), at page-aligned offsets onnxruntime can map. Building
+    inline into the same folder afterwards leaves no data file behind, and back again."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    import onnx
+    import onnxruntime as ort
+    from smollm import build_module
+
+    spec = byte_level_spec("llama-bpe")
+    cfg = tiny_config(vocab_size=len(spec.tokens))
+    write_gguf(tmp_path / "q8.gguf", cfg, spec, q8=True)
+    build = build_module().build
+    folders = [
+        build(tmp_path / kind, "m", 64, gguf=tmp_path / "q8.gguf", int8_activations=True,
+              inline_limit=limit) / "1"
+        for kind, limit in (("inline", 2**31), ("streamed", 0))
+    ]  # fmt: skip
+    inline, streamed = folders
+    assert not (inline / "model.onnx.data").exists()
+    graph = onnx.load(str(streamed / "model.onnx"), load_external_data=False)
+    offsets = [
+        int(entry.value)
+        for tensor in graph.graph.initializer
+        for entry in tensor.external_data
+        if entry.key == "offset"
+    ]
+    assert len(offsets) > 10 and all(offset % 4096 == 0 for offset in offsets)
+    assert (streamed / "model.onnx").stat().st_size < 64 * 1024
+    runs = []
+    for folder in folders:
+        cache, seq = (
+            PagedCache(ort.InferenceSession(str(folder / "model.onnx")), cfg, 8, 4),
+            CachedSeq(),
+        )
+        runs.append([cache.step([seq], [[5, 17, 200]]), cache.step([seq], [[9]])])
+    np.testing.assert_array_equal(np.stack(runs[0]), np.stack(runs[1]))
+    again = build(tmp_path / "streamed", "m", 64, gguf=tmp_path / "q8.gguf") / "1"
+    assert not (again / "model.onnx.data").exists()
+    build(tmp_path / "streamed", "m", 64, gguf=tmp_path / "q8.gguf", inline_limit=0)
+    assert (again / "model.onnx.data").exists()
+    ort.InferenceSession(str(again / "model.onnx"))
