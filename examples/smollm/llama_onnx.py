@@ -431,6 +431,7 @@ def build_step_graph(
     int8_activations: bool = False,
     head: Q80Blocks | None = None,
     external: ExternalData | None = None,
+    blocks_only: bool = False,
 ) -> onnx.ModelProto:
     """The step graph of the contract in the module docstring, from Hugging Face-named
     weights (see weight_names). With `blocks` (projections' GGUF blocks, each equal to
@@ -438,9 +439,13 @@ def build_step_graph(
     all have a form llama_linear.blocks_linear takes, and on fp32 where not (an If;
     onnxruntime's com.microsoft MatMulNBits, so the graph is for onnxruntime only); on
     int8 activations with `int8_activations`, and then the LM head on `head` (the head's
-    Q8_0 blocks, equal to its fp32 table) too. With `external`, the large constants are
-    written to its file as they are made, the graph holding references to them."""
+    Q8_0 blocks, equal to its fp32 table) too. With `blocks_only`, every step computes on
+    the blocks (no If, and no fp32 copy of the projections the blocks serve: a quarter of
+    the memory, prompts and batched steps slower). With `external`, the large constants
+    are written to its file as they are made, the graph holding references to them."""
     cfg.validate()
+    if blocks_only and (not blocks or head is not None):
+        raise ValueError("blocks_only takes projections' blocks and the fp32 head")
     if head is not None and (not blocks or not int8_activations):
         raise ValueError("the head's Q8_0 blocks serve one-token steps on int8 activations")
     table = "lm_head.weight" if not cfg.tie_word_embeddings else "model.embed_tokens.weight"
@@ -467,6 +472,9 @@ def build_step_graph(
     one_token = ""
     if not blocks:
         x, _ = _layers(g, x, weights, cfg, env, groups, fp32_linear(weights))
+    elif blocks_only:
+        linear = blocks_linear(blocks, weights, int8_activations)
+        x, _ = _layers(g, x, weights, cfg, env, groups, linear)
     else:
         x, one_token = _one_token_switch(
             g, x, ids, weights, blocks, cfg, env, groups, int8_activations

@@ -196,12 +196,12 @@ def write_gguf(
     extra: dict[str, Any] | None = None,
     arch: str = "llama",
     tensors: dict[str, Any] | None = None,
-    q8: bool = False,
+    quant: str = "",
 ) -> None:
     """A GGUF of `arch` of random fp32 weights with `spec`'s tokenizer, `extra` fields
     (gguf's add_<field> name -> value) and `tensors`; a `rope_freqs` tensor where `cfg`
     has factors, Q, K and V biases where it has them; Phi-3's Q, K and V in one tensor,
-    and its gate and up in another; with `q8`, the layers' matrices as Q8_0."""
+    and its gate and up in another; with `quant` (Q8_0, Q4_0), the layers' matrices so."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
@@ -261,9 +261,9 @@ def write_gguf(
     if cfg.rope_freq_factors is not None and arch != "phi3":
         stored["rope_freqs.weight"] = np.asarray(cfg.rope_freq_factors, np.float32)
     for name, value in (stored | (tensors or {})).items():
-        if q8 and name.startswith("blk.") and value.ndim == 2:
-            q8_0 = gguf.GGMLQuantizationType.Q8_0
-            writer.add_tensor(name, gguf.quants.quantize(value, q8_0), raw_dtype=q8_0)
+        if quant and name.startswith("blk.") and value.ndim == 2:
+            stored_as = gguf.GGMLQuantizationType[quant]
+            writer.add_tensor(name, gguf.quants.quantize(value, stored_as), raw_dtype=stored_as)
         else:
             writer.add_tensor(name, value)
     writer.write_header_to_file()
@@ -535,7 +535,7 @@ def test_a_phi3_gguf_splits_its_fused_projections_and_takes_longrope(tmp_path: P
     written = json.loads((folder / "1" / "generation.json").read_text())["config"]
     assert written["rope_freq_factors"] == list(long)
     # Quantized, the fused tensors' blocks split as their rows do.
-    write_gguf(tmp_path / "q8.gguf", cfg, spec, extra, "phi3", factors, q8=True)
+    write_gguf(tmp_path / "q8.gguf", cfg, spec, extra, "phi3", factors, quant="Q8_0")
     q8 = gguf_model().read_gguf(tmp_path / "q8.gguf")
     assert sorted(q8.blocks) == sorted(llama_weights().linear_weight_names(cfg))
     for name, found in q8.blocks.items():
@@ -571,7 +571,7 @@ def test_a_large_model_writes_its_constants_as_the_graph_is_built(tmp_path: Path
 
     spec = byte_level_spec("llama-bpe")
     cfg = tiny_config(vocab_size=len(spec.tokens))
-    write_gguf(tmp_path / "q8.gguf", cfg, spec, q8=True)
+    write_gguf(tmp_path / "q8.gguf", cfg, spec, quant="Q8_0")
     build = build_module().build
     folders = [
         build(tmp_path / kind, "m", 64, gguf=tmp_path / "q8.gguf", int8_activations=True,
@@ -602,3 +602,49 @@ def test_a_large_model_writes_its_constants_as_the_graph_is_built(tmp_path: Path
     build(tmp_path / "streamed", "m", 64, gguf=tmp_path / "q8.gguf", inline_limit=0)
     assert (again / "model.onnx.data").exists()
     ort.InferenceSession(str(again / "model.onnx"))
+
+
+def test_low_memory_computes_every_step_on_the_blocks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--low-memory: the projections the GGUF stores as blocks are read as blocks alone
+    (dequantized only when asked for), and the graph computes every step on them, with no
+    If and no fp32 copy: a one-token step gives what the usual build's blocks give, bit
+    for bit, and a prompt what the fp32 weights give, up to rounding."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    import onnx
+    import onnxruntime as ort
+    from smollm import build_module
+
+    spec = byte_level_spec("llama-bpe")
+    cfg = tiny_config(vocab_size=len(spec.tokens))
+    write_gguf(tmp_path / "q4.gguf", cfg, spec, quant="Q4_0")
+    full = gguf_model().read_gguf(tmp_path / "q4.gguf")
+    lean = gguf_model().read_gguf(tmp_path / "q4.gguf", fp32_projections=False)
+    assert sorted(lean.weights) == sorted(full.weights) and len(lean.weights) == len(full.weights)
+    for name, value in full.weights.items():
+        np.testing.assert_array_equal(lean.weights[name], value, err_msg=name)
+    build = build_module().build
+    folders = [
+        build(tmp_path / "usual", "m", 64, gguf=tmp_path / "q4.gguf") / "1",
+        build(tmp_path / "lean", "m", 64, gguf=tmp_path / "q4.gguf", low_memory=True) / "1",
+    ]
+    usual, low = (onnx.load(str(folder / "model.onnx")) for folder in folders)
+    assert "If" in {n.op_type for n in usual.graph.node}
+    assert "If" not in {n.op_type for n in low.graph.node}
+    assert low.ByteSize() < usual.ByteSize() / 2
+    runs = []
+    for folder in folders:
+        session = ort.InferenceSession(str(folder / "model.onnx"))
+        cache, seq = PagedCache(session, cfg, 8, 4), CachedSeq()
+        runs.append([cache.step([seq], [[5, 17, 200, 33]])[0], cache.step([seq], [[9]])[0]])
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])
+    want = forward(full.weights, cfg, [5, 17, 200, 33])[-1]
+    np.testing.assert_allclose(runs[1][0], want, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(runs[0][0], want, atol=1e-4, rtol=0)
+    # --fp32-only keeps no blocks to compute on.
+    argv = ["--gguf", str(tmp_path / "q4.gguf"), "--out", str(tmp_path), "--fp32-only"]
+    with pytest.raises(SystemExit) as refused:
+        build_module().main([*argv, "--low-memory"])
+    assert refused.value.code == 2
+    assert "--low-memory take the GGUF's blocks" in capsys.readouterr().err
