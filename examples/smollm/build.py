@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -174,10 +175,12 @@ def write_model_folder(
     max_model_len: int,
     source: str = "",
     inline_limit: int = INLINE_LIMIT,
+    streamed: Path | None = None,
 ) -> Path:
     """Write the model folder (config.pbtxt and version 1's files); returns it. A graph
     whose weights pass `inline_limit` bytes keeps them in model.onnx.data beside it; one
-    built with build_step_graph's `external` has written them there already."""
+    built with build_step_graph's `external` has written them to `streamed`, which
+    becomes that file."""
     if max_model_len > cfg.max_position_embeddings:
         raise ValueError(
             f"max_model_len {max_model_len} exceeds the model's "
@@ -185,10 +188,13 @@ def write_model_folder(
         )
     version = folder / VERSION
     version.mkdir(parents=True, exist_ok=True)
-    written = _written_out(model)
-    if not written:
-        (version / EXTERNAL_DATA).unlink(missing_ok=True)  # a former build's, appended to else
-    if not written and _weight_bytes(model) > inline_limit:
+    # A former build's files go (its data file would be appended to), and no file is
+    # written through a link that stands in their place.
+    (version / STEP_MODEL).unlink(missing_ok=True)
+    (version / EXTERNAL_DATA).unlink(missing_ok=True)
+    if streamed is not None:
+        os.replace(streamed, version / EXTERNAL_DATA)
+    if streamed is None and _weight_bytes(model) > inline_limit:
         onnx.save_model(
             model, str(version / STEP_MODEL), save_as_external_data=True,
             all_tensors_to_one_file=True, location=EXTERNAL_DATA, size_threshold=1024,
@@ -197,7 +203,7 @@ def write_model_folder(
         shutil.copymode(version / STEP_MODEL, version / EXTERNAL_DATA)
     else:
         onnx.save_model(model, str(version / STEP_MODEL))
-    if written:
+    if streamed is not None:
         shutil.copymode(version / STEP_MODEL, version / EXTERNAL_DATA)
     tokenizer.save(str(version / TOKENIZER))
     (version / CHAT_TEMPLATE).unlink(missing_ok=True)
@@ -209,11 +215,6 @@ def write_model_folder(
         config_pbtxt(folder.name, spec, max_model_len), encoding="utf-8"
     )
     return folder
-
-
-def _written_out(model: onnx.ModelProto) -> bool:
-    """Whether the graph's constants were written to its data file as it was built."""
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
 
 
 def _weight_bytes(model: onnx.ModelProto) -> int:
@@ -275,17 +276,26 @@ def build(
         )
     cfg = model.config_for(length)
     folder = out / name
-    if 4 * sum(math.prod(s) for s in weight_shapes(cfg).values()) > inline_limit // 2:
-        version = folder / VERSION
-        version.mkdir(parents=True, exist_ok=True)
-        (version / STEP_MODEL).unlink(missing_ok=True)  # a former build's, whose data goes
-        with (version / EXTERNAL_DATA).open("wb") as data:
-            external = ExternalData(data, EXTERNAL_DATA)
-            graph = build_step_graph(model.weights, cfg, blocks, int8, head, external, only)
-    else:
-        graph = build_step_graph(model.weights, cfg, blocks, int8, head, blocks_only=only)
-    tokenizer = build_tokenizer(model.tokenizer)
-    return write_model_folder(folder, graph, tokenizer, cfg, model.tokenizer, length, model.name)
+    streamed = None
+    try:
+        if 4 * sum(math.prod(s) for s in weight_shapes(cfg).values()) > inline_limit // 2:
+            # Written beside the folder's files, which stay whole until the build is.
+            streamed = folder / VERSION / f"{EXTERNAL_DATA}.partial"
+            streamed.parent.mkdir(parents=True, exist_ok=True)
+            streamed.unlink(missing_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            with os.fdopen(os.open(streamed, flags, 0o644), "wb") as data:
+                external = ExternalData(data, EXTERNAL_DATA)
+                graph = build_step_graph(model.weights, cfg, blocks, int8, head, external, only)
+        else:
+            graph = build_step_graph(model.weights, cfg, blocks, int8, head, blocks_only=only)
+        tokenizer = build_tokenizer(model.tokenizer)
+        return write_model_folder(
+            folder, graph, tokenizer, cfg, model.tokenizer, length, model.name, streamed=streamed
+        )
+    finally:
+        if streamed is not None:
+            streamed.unlink(missing_ok=True)  # moved into place, or a failed build's
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -313,8 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--low-memory", action="store_true",
         help="every step computes on the GGUF's blocks, and the graph keeps no fp32 copy of "
-        "them: about a quarter of the memory; prompts and steps of several streams slower "
-        "(with --int8-activations, those steps round activations too)",
+        "them: the projections in about a quarter of the memory; prompts slower "
+        "(with --int8-activations, prompts round activations too)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.fp32_only and (args.int8_activations or args.low_memory):

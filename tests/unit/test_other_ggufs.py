@@ -599,8 +599,24 @@ def test_a_large_model_writes_its_constants_as_the_graph_is_built(tmp_path: Path
     np.testing.assert_array_equal(np.stack(runs[0]), np.stack(runs[1]))
     again = build(tmp_path / "streamed", "m", 64, gguf=tmp_path / "q8.gguf") / "1"
     assert not (again / "model.onnx.data").exists()
+    # A link standing where the data goes is replaced, not written through.
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"kept")
+    (again / "model.onnx.data").symlink_to(outside)
     build(tmp_path / "streamed", "m", 64, gguf=tmp_path / "q8.gguf", inline_limit=0)
-    assert (again / "model.onnx.data").exists()
+    assert outside.read_bytes() == b"kept"
+    assert not (again / "model.onnx.data").is_symlink()
+    # A build that fails leaves the folder as it was, and no partial data file.
+    model = gguf_model().read_gguf(tmp_path / "q8.gguf")
+    lacking = dict(model.weights)
+    del lacking["model.norm.weight"]
+    with pytest.raises(ValueError, match="weights lack"):
+        build(tmp_path / "streamed", "m", 64, model=dataclasses.replace(model, weights=lacking),
+              inline_limit=0)  # fmt: skip
+    assert sorted(p.name for p in again.iterdir()) == [
+        "chat_template.jinja", "generation.json", "model.onnx", "model.onnx.data",
+        "tokenizer.json",
+    ]  # fmt: skip
     ort.InferenceSession(str(again / "model.onnx"))
 
 
@@ -624,6 +640,13 @@ def test_low_memory_computes_every_step_on_the_blocks(
     assert sorted(lean.weights) == sorted(full.weights) and len(lean.weights) == len(full.weights)
     for name, value in full.weights.items():
         np.testing.assert_array_equal(lean.weights[name], value, err_msg=name)
+    # The low-memory graph asks for no projection's fp32 weights (its blocks serve them
+    # all), so no fp32 copy of them is ever made.
+    with pytest.MonkeyPatch.context() as patch:
+        for found in lean.blocks.values():
+            patch.setattr(type(found), "dequantize", lambda _: pytest.fail("dequantized"))
+        assert all(name in lean.weights for name in lean.blocks)
+        llama_onnx().build_step_graph(lean.weights, cfg, lean.blocks, blocks_only=True)
     build = build_module().build
     folders = [
         build(tmp_path / "usual", "m", 64, gguf=tmp_path / "q4.gguf") / "1",
