@@ -99,6 +99,14 @@ class BlockWeights(Mapping[str, npt.NDArray[np.float32]]):
         found = self._dense.get(name)
         return found if found is not None else self._blocks[name].dequantize()
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._dense or name in self._blocks
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        """The weight's shape, read off its blocks where they stand in for it."""
+        found = self._dense.get(name)
+        return tuple(found.shape) if found is not None else tuple(self._blocks[name].shape)
+
     def __iter__(self) -> Iterator[str]:
         return iter(dict.fromkeys(itertools.chain(self._dense, self._blocks)))
 

@@ -359,6 +359,13 @@ def _chunk_defaults(g: Graph) -> None:
     g.const(chunk.attention_mask, np.zeros((0, 1, 1)), np.float32)
 
 
+def _shape(weights: Weights, name: str) -> tuple[int, ...]:
+    """A weight's shape, without dequantizing one that blocks stand in for
+    (gguf_model.BlockWeights says it)."""
+    shape_of = getattr(weights, "shape_of", None)
+    return tuple(shape_of(name)) if shape_of is not None else tuple(weights[name].shape)
+
+
 def _layers(
     g: Graph,
     x: str,
@@ -440,8 +447,8 @@ def build_step_graph(
     onnxruntime's com.microsoft MatMulNBits, so the graph is for onnxruntime only); on
     int8 activations with `int8_activations`, and then the LM head on `head` (the head's
     Q8_0 blocks, equal to its fp32 table) too. With `blocks_only`, every step computes on
-    the blocks (no If, and no fp32 copy of the projections the blocks serve: a quarter of
-    the memory, prompts and batched steps slower). With `external`, the large constants
+    the blocks (no If, and no fp32 copy of the projections the blocks serve: those in a
+    quarter of the memory, prompts slower). With `external`, the large constants
     are written to its file as they are made, the graph holding references to them."""
     cfg.validate()
     if blocks_only and (not blocks or head is not None):
@@ -456,11 +463,11 @@ def build_step_graph(
         raise ValueError(f"weights lack {missing[:5]}{'...' if len(missing) > 5 else ''}")
     projections = set(linear_weight_names(cfg))
     for name, found in (blocks or {}).items():
-        if name not in projections or found.shape != weights[name].shape:
+        if name not in projections or found.shape != _shape(weights, name):
             raise ValueError(f"blocks of {found.shape} for {name}, no such projection")
     for name, shape in weight_shapes(cfg).items():
-        if tuple(weights[name].shape) != shape:
-            raise ValueError(f"{name} is {tuple(weights[name].shape)}, expected {shape}")
+        if _shape(weights, name) != shape:
+            raise ValueError(f"{name} is {_shape(weights, name)}, expected {shape}")
     g = Graph(external=external)
     _chunk_defaults(g)
     env, groups, ids = _prelude(g, cfg, GROUPS)

@@ -9,7 +9,8 @@ processes alone, whatever the host's network namespace holds; and the workers, s
 by the server, are such processes. The directory goes when the server stops; a server
 killed before it could remove its own leaves it, and the next one to start removes it:
 each server holds a lock on a file in its folder while it lives, which the kernel lets go
-of however the process ends.
+of however the process ends. (A TMPDIR on NFS shared between hosts would not show one
+host's locks to another: point TMPDIR at a local folder there.)
 """
 
 from __future__ import annotations
