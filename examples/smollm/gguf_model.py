@@ -1,6 +1,7 @@
-"""Read a LLaMA-, Qwen2-, Qwen3-, Gemma- or Gemma 3-architecture GGUF (llama.cpp's format)
-into what the step graph and the server need: the hyperparameters, fp32 weights under their
-Hugging Face names, and the tokenizer with its special tokens and chat template.
+"""Read a LLaMA-, Qwen2-, Qwen3-, Gemma-, Gemma 3- or Phi-3-architecture GGUF (llama.cpp's
+format) into what the step graph and the server need: the hyperparameters, fp32 weights
+under their Hugging Face names (or, for a graph on the blocks alone, the projections kept
+as their blocks), and the tokenizer with its special tokens and chat template.
 
 GGUF conventions undone here:
 - A tensor's `ne` lists dims innermost first; `gguf` already gives the numpy shape, [out,
@@ -262,7 +263,8 @@ def _parts(gguf_name: str, cfg: LlamaConfig, arch: str) -> list[tuple[str, Rows 
     one `ffn_up`, the gate's rows first."""
     base, _, suffix = gguf_name.rpartition(".")
     kind = base.rsplit(".", 1)[-1]
-    if not base.startswith("blk.") or (kind, arch) not in (("attn_qkv", arch), ("ffn_up", "phi3")):
+    fused = kind == "attn_qkv" or (kind == "ffn_up" and arch == "phi3")
+    if not base.startswith("blk.") or not fused:
         return [(_hf_name(gguf_name), None)]
     p = f"model.layers.{base.split('.')[1]}"
     if kind == "ffn_up":
@@ -288,10 +290,11 @@ def _factors(reader: Any, name: str) -> tuple[float, ...] | None:
 
 
 def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
-    """The hyperparameters (under `arch`'s keys), RoPE's scaling among them: Llama 3.1's
-    per-frequency factors (the `rope_freqs` tensor) or a linear factor (every frequency
-    divided by it); YaRN and a RoPE over part of a head are refused, which the graph does
-    not compute."""
+    """The hyperparameters (under `arch`'s keys): the head size (`key_length`), Gemma's
+    and Gemma 3's options, and RoPE's scaling: Llama 3.1's per-frequency factors (the
+    `rope_freqs` tensor), LongRoPE's short ones (the long ones are GgufModel's) with its
+    attention factor, or a linear factor (every frequency divided by it). YaRN, a RoPE over
+    part of a head and logit softcapping are refused, which the graph does not compute."""
 
     tensors = {t.name: t for t in reader.tensors}
     heads = int(_field(reader, f"{arch}.attention.head_count"))
@@ -358,9 +361,10 @@ def _optional(reader: Any, key: str, default: Any) -> Any:
 
 
 def _sliding_window(reader: Any, arch: str, layers: int) -> tuple[int, tuple[int, ...]]:
-    """Gemma 3's local attention, as llama.cpp reads it: (window, the local layers), or (0,
-    ()) where the GGUF has none. The layers are a list of flags, or a period: in every run
-    of n layers all but the last are local."""
+    """Gemma 3's local attention: (window, the local layers), or (0, ()) where the GGUF has
+    none. The layers are the GGUF's `sliding_window_pattern` where it has one (a list of
+    flags, or a period: in every run of n layers all but the last are local), else
+    llama.cpp's period of 6."""
     window = int(_optional(reader, f"{arch}.attention.sliding_window", 0))
     if arch != "gemma3" or window <= 0:
         return 0, ()

@@ -213,12 +213,15 @@ def blocks_linear(
     blocks: Mapping[str, Blocks],
     weights: Mapping[str, npt.NDArray[np.float32]],
     int8_activations: bool = False,
+    mixed: bool = False,
 ) -> Linear:
     """A projection on its parts' blocks where each has a form a kernel serves: 4-bit
     (Q4_0, Q4_1, Q4_K), or 8-bit (Q5_*, Q6_K, Q8_0) with int8 activations, the only fast 8-bit
-    kernel; on the fp32 weights where any part has not. Neighbouring parts of one form
-    are one kernel; parts of different forms (a Q6_K V beside Q4_K Q and K, as Q4_K_M
-    stores them) are a kernel each, their outputs joined."""
+    kernel; on the fp32 weights where any part has not (one GEMM, the fp32 weights being
+    in the graph anyway), or, with `mixed` (a graph that keeps no fp32 copy of the
+    others), that part alone on fp32. Neighbouring parts of one form are one kernel;
+    parts of different forms (a Q6_K V beside Q4_K Q and K, as Q4_K_M stores them) are a
+    kernel each, their outputs joined."""
     accuracy = INT8_ACTIVATIONS if int8_activations else FP32_ACTIVATIONS
     fallback = fp32_linear(weights)
 
@@ -229,16 +232,18 @@ def blocks_linear(
         return found.block if isinstance(found, Q80Blocks) and int8_activations else 0
 
     def apply(g: Graph, x: str, parts: Sequence[tuple[str, float]], prefix: str) -> str:
-        found = [(blocks.get(name), factor) for name, factor in parts]
-        if not all(form(b) for b, _ in found):
+        found = [(part, blocks.get(part), factor) for part, factor in parts]
+        if not mixed and not all(form(b) for _, b, _ in found):
             return fallback(g, x, parts, prefix)
-        runs = [list(run) for _, run in itertools.groupby(found, key=lambda bf: form(bf[0]))]
+        runs = [list(run) for _, run in itertools.groupby(found, key=lambda pbf: form(pbf[1]))]
         outs = []
         for n, run in enumerate(runs):
             name = prefix if len(runs) == 1 else f"{prefix}.{n}"
-            four = [b.scaled(f) for b, f in run if isinstance(b, Q41Blocks)]
-            eight = [b.scaled(f) for b, f in run if isinstance(b, Q80Blocks)]
-            if four:
+            four = [b.scaled(f) for _, b, f in run if isinstance(b, Q41Blocks)]
+            eight = [b.scaled(f) for _, b, f in run if isinstance(b, Q80Blocks)]
+            if not form(run[0][1]):
+                outs.append(fallback(g, x, [(part, f) for part, _, f in run], name))
+            elif four:
                 outs.append(q4_linear(g, x, stacked(four), name, accuracy))
             else:
                 outs.append(q8_linear(g, x, stacked8(eight), name))

@@ -1,6 +1,6 @@
 """A LLaMA-architecture decoder as one ONNX step graph over a paged KV cache. Its kin's
 differences (Qwen2's biases, Qwen3's head norms, Gemma's scaled embeddings, GELU, sandwich
-norms and local layers) are LlamaConfig's options.
+norms and local layers, LongRoPE's attention factor) are LlamaConfig's options.
 
 One graph serves both prefill (q = the prompt chunk's length) and decode (q = 1): it takes
 the new tokens of each row, their absolute positions, the row's past tokens as a list of
@@ -151,8 +151,9 @@ class LlamaConfig:
     tie_word_embeddings: bool = True
     # Qwen2's: Q, K and V projections with a bias each.
     qkv_bias: bool = False
-    # Llama 3.1's RoPE scaling as a GGUF stores it (`rope_freqs`): each frequency pair's
-    # divisor, head_dim/2 of them; None: none.
+    # RoPE scaling as a GGUF stores it (Llama 3.1's `rope_freqs`, LongRoPE's short or long
+    # factors, a linear factor for each): each frequency pair's divisor, head_dim/2 of them;
+    # None: none.
     rope_freq_factors: tuple[float, ...] | None = None
     # Qwen3's and Gemma's: a head size of its own (the GGUF's key_length); None: hidden /
     # heads.
@@ -168,7 +169,7 @@ class LlamaConfig:
     # The scale of Q.K; None: 1/sqrt(head_dim).
     attention_scale: float | None = None
     # Gemma 3's local layers: each query sees the keys less than `sliding_window` positions
-    # back, and RoPE runs at its own base there, unscaled.
+    # back, and RoPE runs at its own base there, without frequency factors.
     sliding_window: int = 0
     sliding_layers: tuple[int, ...] = ()
     sliding_rope_theta: float = 10000.0
@@ -326,7 +327,7 @@ def _prelude(
         "cos": g.op("Unsqueeze", [cos, head_axis], "rope.cos3"),
         "sin": g.op("Unsqueeze", [sin, head_axis], "rope.sin3"),
     }
-    if cfg.sliding_layers:  # the local layers' RoPE, at its own base and unscaled
+    if cfg.sliding_layers:  # the local layers' RoPE: its own base, no frequency factors
         local = rope_tables(cfg, cfg.sliding_rope_theta, None)
         for part, table in zip(("cos", "sin"), local, strict=True):
             rows = g.op("Gather", [g.const(f"rope.{part}_sliding", table), positions],
@@ -480,7 +481,7 @@ def build_step_graph(
     if not blocks:
         x, _ = _layers(g, x, weights, cfg, env, groups, fp32_linear(weights))
     elif blocks_only:
-        linear = blocks_linear(blocks, weights, int8_activations)
+        linear = blocks_linear(blocks, weights, int8_activations, mixed=True)
         x, _ = _layers(g, x, weights, cfg, env, groups, linear)
     else:
         x, one_token = _one_token_switch(

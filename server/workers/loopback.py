@@ -67,7 +67,9 @@ class LoopbackSockets:
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
-        os.close(self._lock)
+        if self._lock >= 0:
+            os.close(self._lock)
+            self._lock = -1
 
 
 def _private_folder(parent: str | None) -> Path:

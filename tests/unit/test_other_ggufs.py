@@ -3,11 +3,14 @@ written here: the tokenizers of Llama 3 (its pre-tokenizer, whole pieces, BOS), 
 and SentencePiece (scores as merges, `▁`, byte fallback, the space before a text and
 after a special token), read and built; Llama 3.1's RoPE factors and a linear scaling,
 the other scalings refused; Qwen2's biases; the long-context default; build.py's errors;
-and the engine's detokenizer giving an answer's first space as vLLM and llama.cpp do."""
+the engine's detokenizer giving an answer's first space as vLLM and llama.cpp do; Qwen3's
+head norms, Gemma's and Gemma 3's options, Phi-3's fused tensors, LongRoPE and special
+tokens; constants streamed to model.onnx.data; and --low-memory's graph on the blocks."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -196,12 +199,13 @@ def write_gguf(
     extra: dict[str, Any] | None = None,
     arch: str = "llama",
     tensors: dict[str, Any] | None = None,
-    quant: str = "",
+    quant: str | Callable[[str], str] = "",
 ) -> None:
     """A GGUF of `arch` of random fp32 weights with `spec`'s tokenizer, `extra` fields
     (gguf's add_<field> name -> value) and `tensors`; a `rope_freqs` tensor where `cfg`
     has factors, Q, K and V biases where it has them; Phi-3's Q, K and V in one tensor,
-    and its gate and up in another; with `quant` (Q8_0, Q4_0), the layers' matrices so."""
+    and its gate and up in another; with `quant` (Q8_0, Q4_0, or a function of the GGUF
+    name giving one, or "" for fp32), the layers' matrices so."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
@@ -261,8 +265,9 @@ def write_gguf(
     if cfg.rope_freq_factors is not None and arch != "phi3":
         stored["rope_freqs.weight"] = np.asarray(cfg.rope_freq_factors, np.float32)
     for name, value in (stored | (tensors or {})).items():
-        if quant and name.startswith("blk.") and value.ndim == 2:
-            stored_as = gguf.GGMLQuantizationType[quant]
+        kind = quant(name) if callable(quant) else quant
+        if kind and name.startswith("blk.") and value.ndim == 2:
+            stored_as = gguf.GGMLQuantizationType[kind]
             writer.add_tensor(name, gguf.quants.quantize(value, stored_as), raw_dtype=stored_as)
         else:
             writer.add_tensor(name, value)
@@ -451,6 +456,13 @@ def test_a_gemma3_gguf_computes_its_local_layers_and_sandwich_norms(tmp_path: Pa
     np.testing.assert_allclose(got[0], forward(weights, cfg, ids[:5])[-1], atol=1e-4, rtol=0)
     wide = dataclasses.replace(cfg, sliding_window=1000)
     assert np.abs(got[1] - forward(weights, wide, ids)[-1]).max() > 1e-2
+    # A Q scale of its own (the 27B's) goes into Q's norm as 1/sqrt(head_dim) does.
+    scaled = dataclasses.replace(cfg, attention_scale=0.3)
+    session = session_for(llama_onnx().build_step_graph(weights, scaled))
+    got_scaled = PagedCache(session, scaled, 8, 4).step([CachedSeq()], [ids])[0]
+    want_scaled = forward(weights, scaled, ids)[-1]
+    np.testing.assert_allclose(got_scaled, want_scaled, atol=1e-4, rtol=0)
+    assert np.abs(got_scaled - forward(weights, cfg, ids)[-1]).max() > 1e-2
     # The one-token steps on Q4_0 blocks (the If's other branch) keep the window too.
     from smollm import quantized_weights
 
@@ -480,6 +492,10 @@ def test_gemma3_reads_the_local_layers_as_llama_cpp_does(tmp_path: Path) -> None
         got = read(tmp_path / f"{n}.gguf").cfg
         assert (got.sliding_layers, got.scale_embeddings, got.gelu) == (layers, True, True)
         assert got.sliding_window == (8 if layers else 0)
+    # llama.cpp's rule for Gemma 3 27B (62 layers): Q scaled by hidden/heads (64/4).
+    deep = dataclasses.replace(cfg, num_layers=62)
+    write_gguf(tmp_path / "27b.gguf", deep, spec, arch="gemma3")
+    assert read(tmp_path / "27b.gguf").cfg.attention_scale == 0.25
     write_gguf(tmp_path / "cap.gguf", cfg, spec, {"final_logit_softcapping": 30.0}, "gemma3")
     with pytest.raises(ValueError, match=r"gemma3\.final_logit_softcapping is not supported"):
         read(tmp_path / "cap.gguf")
@@ -534,6 +550,11 @@ def test_a_phi3_gguf_splits_its_fused_projections_and_takes_longrope(tmp_path: P
     folder = build_module().build(tmp_path, "m", 64, gguf=tmp_path / "phi.gguf")
     written = json.loads((folder / "1" / "generation.json").read_text())["config"]
     assert written["rope_freq_factors"] == list(long)
+    # ... and its graph computes with them.
+    built = PagedCache(session_for(folder / "1" / "model.onnx"), model.cfg, 8, 4)
+    got_long = built.step([CachedSeq()], [ids])[0]
+    longer = model.config_for(64)
+    np.testing.assert_allclose(got_long, forward(weights, longer, ids)[-1], atol=1e-4, rtol=0)
     # Quantized, the fused tensors' blocks split as their rows do.
     write_gguf(tmp_path / "q8.gguf", cfg, spec, extra, "phi3", factors, quant="Q8_0")
     q8 = gguf_model().read_gguf(tmp_path / "q8.gguf")
@@ -543,9 +564,18 @@ def test_a_phi3_gguf_splits_its_fused_projections_and_takes_longrope(tmp_path: P
         np.testing.assert_allclose(q8.weights[name], weights[name], atol=0.02, err_msg=name)
 
 
-def test_phi3_drops_the_whitespace_after_its_special_tokens() -> None:
+def test_phi3_drops_the_whitespace_after_its_special_tokens(tmp_path: Path) -> None:
     """llama.cpp's rule for a model named Phi-3 (its tokenizer.json's `rstrip`): the
     whitespace after a special token goes, but not after <s>, <unk> or <|endoftext|>."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    import gguf
+
+    plain_spec = spm_spec({SPACE: -1.0, "a": -2.0})
+    cfg = tiny_config(vocab_size=len(plain_spec.tokens))
+    for name, rule in (("Phi 3 random", False), ("Phi-3 mini", True), ("phi3", True)):
+        write_gguf(tmp_path / "n.gguf", cfg, plain_spec, {"name": name}, "phi3")
+        read = gguf_tokenizer().read_spec(gguf.GGUFReader(str(tmp_path / "n.gguf")))
+        assert read.rstrip_special is rule, name
     spec = spm_spec({SPACE: -1.0, "a": -2.0, "b": -3.0, "ab": -4.0}, rstrip_special=True)
     spec.tokens.append("<|user|>")
     spec.token_types.append(3)
@@ -671,3 +701,29 @@ def test_low_memory_computes_every_step_on_the_blocks(
         build_module().main([*argv, "--low-memory"])
     assert refused.value.code == 2
     assert "--low-memory take the GGUF's blocks" in capsys.readouterr().err
+
+
+def test_low_memory_keeps_fp32_only_the_parts_no_kernel_takes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GGUF that mixes types (Q4_0 Q and K, Q8_0 V, as Q4_K_M's Q6_K V): without int8
+    activations no kernel takes V, which --low-memory computes on fp32 alone, Q and K
+    staying on their blocks (no fp32 copy of the projection whole), and says so."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    import onnx
+    from smollm import build_module
+
+    spec = byte_level_spec("llama-bpe")
+    cfg = tiny_config(vocab_size=len(spec.tokens))
+    write_gguf(tmp_path / "mix.gguf", cfg, spec,
+               quant=lambda name: "Q8_0" if ".attn_v." in name else "Q4_0")  # fmt: skip
+    folder = build_module().build(tmp_path, "m", 64, gguf=tmp_path / "mix.gguf",
+                                  low_memory=True) / "1"  # fmt: skip
+    assert "2 of the 14 projections have no blocks a kernel takes" in capsys.readouterr().err
+    graph = onnx.load(str(folder / "model.onnx"))
+    fp32 = {t.name for t in graph.graph.initializer if t.name.endswith(".weight_t")}
+    assert fp32 == {f"model.layers.{i}.qkv.1.weight_t" for i in range(cfg.num_layers)}
+    full = gguf_model().read_gguf(tmp_path / "mix.gguf")
+    ids = [5, 17, 200, 33]
+    got = PagedCache(session_for(folder / "model.onnx"), cfg, 8, 4).step([CachedSeq()], [ids])[0]
+    np.testing.assert_allclose(got, forward(full.weights, cfg, ids)[-1], atol=1e-4, rtol=0)
