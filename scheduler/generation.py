@@ -336,9 +336,9 @@ class GenerationScheduler:
     def _prompt_rows(self, seq: Sequence, token: int, n: int) -> bool:
         """The prompt entries of `seq`'s chunk (its n tokens from row `token` of the
         step's hidden states); False, the sequence failed alone, should that fail."""
-        hidden, head = self._model.runner.last_hidden, self._head.weights
+        hidden, head = self._model.runner.last_hidden, self._head
         try:
-            if hidden is None or head is None:
+            if hidden is None or head.weights is None:
                 raise RuntimeError("the step gave no hidden states")
             assert seq.prompt_logprobs is not None
             rows = hidden[token : token + n]

@@ -47,6 +47,8 @@ class Config(Protocol):
     sliding_layers: tuple[int, ...]
     sliding_rope_theta: float
     rope_attention_factor: float
+    attention_softcap: float
+    logit_softcap: float
     rms_norm_eps: float
     tie_word_embeddings: bool
 
@@ -164,7 +166,10 @@ def _forward(
         k = np.repeat(k, group, axis=1)  # query head j reads KV head j // group
         v = np.repeat(v, group, axis=1)
         scale = cfg.attention_scale or 1.0 / math.sqrt(d)
-        scores = np.einsum("qhd,khd->hqk", q, k) * scale + (local if sliding else causal)
+        scores = np.einsum("qhd,khd->hqk", q, k) * scale
+        if cfg.attention_softcap:  # Gemma 2's, before the mask
+            scores = np.tanh(scores / cfg.attention_softcap) * cfg.attention_softcap
+        scores = scores + (local if sliding else causal)
         scores = np.exp(scores - scores.max(-1, keepdims=True))
         probs = scores / scores.sum(-1, keepdims=True)
         context = np.einsum("hqk,khd->qhd", probs, v).reshape(n, heads * d)
@@ -182,6 +187,8 @@ def _forward(
     x = _rms_norm(x[first:], w["model.norm.weight"], cfg.rms_norm_eps)
     head = w["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
     logits: FloatArray = x @ head.T
+    if cfg.logit_softcap:
+        logits = np.tanh(logits / cfg.logit_softcap) * cfg.logit_softcap
     return logits
 
 

@@ -13,7 +13,9 @@ entry is lost or repeated.
 
 The head's weights come from the step graph's file (the initializer the `logits` Gemm or
 MatMul reads: the tied embedding table or lm_head), read once per model, on the first
-request that asks, and kept: vocab x hidden floats (113 MiB for SmolLM2-135M).
+request that asks, and kept: vocab x hidden floats (113 MiB for SmolLM2-135M). A graph
+whose logits are soft-capped after the head (Gemma 2's c * tanh(logits / c)) gives its cap
+the same way, and the entries are computed on capped logits, as the sampled tokens' are.
 """
 
 from __future__ import annotations
@@ -41,9 +43,15 @@ NO_HIDDEN_STATES = (
 def lm_head(path: Path) -> npt.NDArray[np.float32]:
     """The LM head [vocab, hidden] the step graph's `logits` are computed with. Of a graph
     whose weights are in a file beside it (a large model's), only the head is read."""
+    return read_head(path)[0]
+
+
+def read_head(path: Path) -> tuple[npt.NDArray[np.float32], float]:
+    """(the LM head, the logits' soft cap: 0 where they have none)."""
     model = onnx.load(str(path), load_external_data=False)
     graph = model.graph
     node = next((n for n in graph.node if "logits" in n.output), None)
+    node, cap = _under_cap(graph, node)
     if node is not None and node.op_type == "If":
         # The head in an If (examples/smollm's --int8-activations: 8-bit blocks for
         # one-token steps); its other branch is the Gemm on the fp32 table, kept in the
@@ -62,7 +70,26 @@ def lm_head(path: Path) -> npt.NDArray[np.float32]:
     trans_b = any(a.name == "transB" and a.i for a in node.attribute)
     # Gemm with transB reads it as [vocab, hidden]; otherwise it is [hidden, vocab].
     head: npt.NDArray[np.float32] = np.ascontiguousarray(weights if trans_b else weights.T)
-    return head
+    return head, cap
+
+
+def _under_cap(
+    graph: onnx.GraphProto, node: onnx.NodeProto | None
+) -> tuple[onnx.NodeProto | None, float]:
+    """The node under a soft cap Mul(Tanh(Div(x, c)), c) where `node` is that Mul, with c;
+    else `node` and 0."""
+    if node is None or node.op_type != "Mul":
+        return node, 0.0
+    by_output = {out: n for n in graph.node for out in n.output}
+    consts = {t.name: t for t in graph.initializer}
+    tanh = by_output.get(node.input[0])
+    div = by_output.get(tanh.input[0]) if tanh is not None and tanh.op_type == "Tanh" else None
+    if div is None or div.op_type != "Div" or node.input[1] not in consts:
+        return node, 0.0
+    cap = numpy_helper.to_array(consts[node.input[1]])
+    if cap.size != 1:
+        return node, 0.0
+    return by_output.get(div.input[0]), float(cap.reshape(-1)[0])
 
 
 def _load_within(tensor: onnx.TensorProto, folder: Path) -> None:
@@ -82,12 +109,19 @@ class LmHead:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.weights: npt.NDArray[np.float32] | None = None
+        self.cap = 0.0
         self._lock = threading.Lock()
 
     def load(self) -> None:
         with self._lock:
             if self.weights is None:
-                self.weights = lm_head(self.path)
+                self.weights, self.cap = read_head(self.path)
+
+    def logits(self, hidden: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """The logits of hidden states [n, hidden] (loaded first)."""
+        assert self.weights is not None
+        found: npt.NDArray[np.float32] = hidden @ self.weights.T
+        return np.tanh(found / self.cap) * self.cap if self.cap else found
 
 
 class PromptLogprobs:
@@ -109,14 +143,14 @@ class PromptLogprobs:
         start: int,
         tokens: list[int],
         prompt_len: int,
-        head: npt.NDArray[np.float32],
+        head: LmHead,
     ) -> None:
         """The entries the hidden states of positions start.. (one row each) give."""
         first = max(self.next, start)
         last = min(start + len(hidden), prompt_len - 1)
         if last <= first:
             return
-        logits = hidden[first - start : last - start] @ head.T
+        logits = head.logits(hidden[first - start : last - start])
         for position, row in zip(range(first, last), logits, strict=True):
             self.found.add(row, tokens[position + 1])
         self.next = last

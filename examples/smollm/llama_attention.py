@@ -130,6 +130,12 @@ class Graph:
         normed = self.op("Div", [x, std], f"{prefix}.normed")
         return self.op("Mul", [normed, self.const(f"{prefix}.weight", weight)], f"{prefix}.out")
 
+    def softcap(self, x: str, cap: float, out: str) -> str:
+        """cap * tanh(x / cap), as Mul(Tanh(Div(x, cap)), cap)."""
+        c = self.const(f"{out}.cap", cap)
+        tanh = self.op("Tanh", [self.op("Div", [x, c], f"{out}.div")], f"{out}.tanh")
+        return self.op("Mul", [tanh, c], out)
+
     def gelu_tanh(self, x: str, prefix: str) -> str:
         """GELU's tanh form, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (opset 17 has no
         Gelu op); written in the order onnxruntime's FastGelu fusion matches."""
@@ -222,6 +228,8 @@ def attention(
         f"{p}.scores",
         axis=-1,
     )
+    if cfg.attention_softcap:  # on the scaled scores, before the mask (Gemma 2's)
+        scores = g.softcap(scores, cfg.attention_softcap, f"{p}.scores_capped")
     scores5 = g.op("Reshape", [scores, env["scores5_shape"]], f"{p}.scores5")
     mask = env["mask5_sliding" if i in cfg.sliding_layers else "mask5"]
     masked = g.op("Add", [scores5, mask], f"{p}.masked")

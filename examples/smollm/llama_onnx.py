@@ -1,6 +1,6 @@
 """A LLaMA-architecture decoder as one ONNX step graph over a paged KV cache. Its kin's
 differences (Qwen2's biases, Qwen3's head norms, Gemma's scaled embeddings, GELU, sandwich
-norms and local layers, LongRoPE's attention factor) are LlamaConfig's options.
+norms, local layers and soft caps, LongRoPE's attention factor) are LlamaConfig's options.
 
 One graph serves both prefill (q = the prompt chunk's length) and decode (q = 1): it takes
 the new tokens of each row, their absolute positions, the row's past tokens as a list of
@@ -41,8 +41,10 @@ kv_heads, head_dim and vocab):
     hidden_states    FP32  [batch * q + chunk_batch * chunk_q, hidden]   optional: every
                                                new token's hidden state after the final
                                                norm, flat as key_{i}; the LM head over it
-                                               gives each position's logits (the prompt's
-                                               log probabilities). Fetched only when asked.
+                                               (then the logits' soft cap, where `logits`
+                                               is Mul(Tanh(Div(x, c)), c)) gives each
+                                               position's logits (the prompt's log
+                                               probabilities). Fetched only when asked.
 
 Why it is shaped as it is, for onnxruntime on a CPU:
 - Q, K and V come from one MatMul and gate/up from another (pre-transposed [in, out]
@@ -175,6 +177,10 @@ class LlamaConfig:
     sliding_rope_theta: float = 10000.0
     # LongRoPE's (Phi-3's) magnitude: cos and sin multiplied by it (llama.cpp's attn_factor).
     rope_attention_factor: float = 1.0
+    # Gemma 2's soft caps, c * tanh(x / c), on the attention scores and on the logits;
+    # 0: none.
+    attention_softcap: float = 0.0
+    logit_softcap: float = 0.0
 
     @property
     def head_dim(self) -> int:
@@ -507,10 +513,13 @@ def build_step_graph(
     ]
     normed = g.op("Concat", lasts, "last_hidden", axis=0)
     fp32_head = g.const(table, weights[table])
+    raw = f"{LOGITS}.raw" if cfg.logit_softcap else LOGITS
     if head is None:
-        g.op("Gemm", [normed, fp32_head], LOGITS, transB=1)
+        g.op("Gemm", [normed, fp32_head], raw, transB=1)
     else:
-        head_switch(g, one_token, normed, fp32_head, head, LOGITS)
+        head_switch(g, one_token, normed, fp32_head, head, raw)
+    if cfg.logit_softcap:  # backends/llm/prompt_logprobs.py reads the cap off this pattern
+        g.softcap(raw, cfg.logit_softcap, LOGITS)
 
     kv_shape_in: list[str | int] = ["num_blocks", "block_size", cfg.num_kv_heads, cfg.head_dim]
     kv_shape_out: list[str | int] = ["tokens", cfg.num_kv_heads, cfg.head_dim]

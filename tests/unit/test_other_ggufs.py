@@ -4,7 +4,7 @@ and SentencePiece (scores as merges, `▁`, byte fallback, the space before a te
 after a special token), read and built; Llama 3.1's RoPE factors and a linear scaling,
 the other scalings refused; Qwen2's biases; the long-context default; build.py's errors;
 the engine's detokenizer giving an answer's first space as vLLM and llama.cpp do; Qwen3's
-head norms, Gemma's and Gemma 3's options, Phi-3's fused tensors, LongRoPE and special
+head norms, Gemma's, Gemma 2's and Gemma 3's options, Phi-3's fused tensors, LongRoPE and special
 tokens; constants streamed to model.onnx.data; and --low-memory's graph on the blocks."""
 
 from __future__ import annotations
@@ -497,7 +497,7 @@ def test_gemma3_reads_the_local_layers_as_llama_cpp_does(tmp_path: Path) -> None
     write_gguf(tmp_path / "27b.gguf", deep, spec, arch="gemma3")
     assert read(tmp_path / "27b.gguf").cfg.attention_scale == 0.25
     write_gguf(tmp_path / "cap.gguf", cfg, spec, {"final_logit_softcapping": 30.0}, "gemma3")
-    with pytest.raises(ValueError, match=r"gemma3\.final_logit_softcapping is not supported"):
+    with pytest.raises(ValueError, match="logit softcapping is not supported for gemma3"):
         read(tmp_path / "cap.gguf")
     # Gemma (the first): scaled embeddings and GELU alone; its window key is not read.
     plain = dataclasses.replace(cfg, qk_norm=False, sandwich_norms=False)
@@ -727,3 +727,50 @@ def test_low_memory_keeps_fp32_only_the_parts_no_kernel_takes(
     ids = [5, 17, 200, 33]
     got = PagedCache(session_for(folder / "model.onnx"), cfg, 8, 4).step([CachedSeq()], [ids])[0]
     np.testing.assert_allclose(got, forward(full.weights, cfg, ids)[-1], atol=1e-4, rtol=0)
+
+
+def test_a_gemma2_gguf_caps_its_scores_and_logits(tmp_path: Path) -> None:
+    """Gemma 2's architecture: Gemma's, the norms after attention and the MLP, every other
+    layer local (a 4,096-position window where the GGUF says none, as llama.cpp takes it;
+    the global RoPE base), and soft caps c * tanh(x / c) on the scaled scores and on the
+    logits. The graph's logits are the reference's (not those without the caps), and the
+    prompt's log probabilities read the logits' cap off the graph with the head."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    from smollm import build_module
+
+    from ge_serve.backends.llm.prompt_logprobs import LmHead
+
+    spec = byte_level_spec("llama-bpe")
+    plain = tiny_config(vocab_size=len(spec.tokens), num_layers=3, head_size=32,
+                        sandwich_norms=True, rope_theta=5000.0)  # fmt: skip
+    write_gguf(tmp_path / "default.gguf", plain, spec, arch="gemma2")
+    got = gguf_model().read_gguf(tmp_path / "default.gguf").cfg
+    assert (got.sliding_window, got.sliding_layers, got.sliding_rope_theta) == (
+        4096,
+        (0, 2),
+        5000.0,
+    )
+    assert (got.attention_softcap, got.logit_softcap, got.gelu) == (0.0, 0.0, True)
+    extra = {"sliding_window": 4, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0}
+    write_gguf(tmp_path / "g2.gguf", plain, spec, extra, arch="gemma2")
+    cfg = gguf_model().read_gguf(tmp_path / "g2.gguf").cfg
+    assert (cfg.attention_softcap, cfg.logit_softcap, cfg.sliding_window) == (2.0, 3.0, 4)
+    weights = llama_weights().random_weights(cfg, seed=3)
+    folder = build_module().build(tmp_path, "m", 64, gguf=tmp_path / "g2.gguf") / "1"
+    cache, seq = PagedCache(session_for(folder / "model.onnx"), cfg, 8, 4), CachedSeq()
+    ids = [5, 17, 200, 33, 9, 45, 12, 99, 140, 7]
+    got_logits = [cache.step([seq], [ids[:6]])[0], cache.step([seq], [ids[6:]])[0]]
+    got_logits.append(cache.step([seq], [[71]])[0])
+    want = forward(weights, cfg, [*ids, 71], first=len(ids) - 1)
+    np.testing.assert_allclose(np.stack(got_logits[1:]), want, atol=1e-4, rtol=0)
+    assert np.abs(got_logits[2]).max() < 3.0
+    uncapped = dataclasses.replace(cfg, attention_softcap=0.0)
+    assert np.abs(got_logits[1] - forward(weights, uncapped, ids)[-1]).max() > 1e-2
+    head = LmHead(folder / "model.onnx")
+    head.load()
+    assert head.cap == 3.0
+    hidden = np.random.default_rng(0).standard_normal((2, cfg.hidden_size)).astype(np.float32)
+    table = weights["model.embed_tokens.weight"]
+    np.testing.assert_allclose(
+        head.logits(hidden), np.tanh(hidden @ table.T / 3.0) * 3.0, atol=1e-5, rtol=0
+    )
