@@ -84,7 +84,10 @@ def _under_cap(
     consts = {t.name: t for t in graph.initializer}
     tanh = by_output.get(node.input[0])
     div = by_output.get(tanh.input[0]) if tanh is not None and tanh.op_type == "Tanh" else None
-    if div is None or div.op_type != "Div" or node.input[1] not in consts:
+    # The cap divides and multiplies: one constant both times, or it is not this pattern.
+    if div is None or div.op_type != "Div" or div.input[1] != node.input[1]:
+        return node, 0.0
+    if node.input[1] not in consts:
         return node, 0.0
     cap = numpy_helper.to_array(consts[node.input[1]])
     if cap.size != 1:

