@@ -206,11 +206,11 @@ def write_model_folder(
             model, str(version / STEP_MODEL), save_as_external_data=True,
             all_tensors_to_one_file=True, location=EXTERNAL_DATA, size_threshold=1024,
         )  # fmt: skip
-        # onnx makes the data file for its owner alone; it is read as the graph is.
-        shutil.copymode(version / STEP_MODEL, version / EXTERNAL_DATA)
     else:
         onnx.save_model(model, str(version / STEP_MODEL))
-    if streamed is not None:
+    if (version / EXTERNAL_DATA).exists():
+        # It is read as the graph is, so it takes the graph's mode (onnx makes it for its
+        # owner alone).
         shutil.copymode(version / STEP_MODEL, version / EXTERNAL_DATA)
     tokenizer.save(str(version / TOKENIZER))
     (version / CHAT_TEMPLATE).unlink(missing_ok=True)

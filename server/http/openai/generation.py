@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ge_serve.backends.llm.sampling import SPECIAL as ADD_SPECIAL
 from ge_serve.backends.llm.thinking import BUDGET, END, START
 from ge_serve.server.inference.model import ModelVersion, TensorSpec
 from ge_serve.server.inference.types import DataType, InferRequest, Tensor
@@ -55,7 +56,6 @@ STREAM = "stream"
 SAMPLING = "sampling_parameters"
 EXCLUDE_INPUT = "exclude_input_in_output"
 MAX_TOKENS = "max_tokens"
-ADD_SPECIAL = "add_special_tokens"
 # Where a model takes token-id prompts (then its `text_input` is optional).
 INPUT_IDS = "input_ids"
 # Asked of a model that has them, as Triton's frontend asks: the finish reason and the
