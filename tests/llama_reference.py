@@ -55,6 +55,9 @@ class Config(Protocol):
     @property
     def head_dim(self) -> int: ...
 
+    @property
+    def rotary_dim(self) -> int: ...
+
 
 def _rms_norm(x: FloatArray, weight: FloatArray, eps: float) -> FloatArray:
     out: FloatArray = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight
@@ -64,6 +67,14 @@ def _rms_norm(x: FloatArray, weight: FloatArray, eps: float) -> FloatArray:
 def _rotate_half(x: FloatArray) -> FloatArray:
     half = x.shape[-1] // 2
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def _apply_rope(x: FloatArray, cos: FloatArray, sin: FloatArray) -> FloatArray:
+    """x rotated over its first cos.shape[-1] dimensions, the rest passed as they are
+    (Hugging Face's partial rotary: q_rot, q_pass)."""
+    r = cos.shape[-1]
+    rot, rest = x[..., :r], x[..., r:]
+    return np.concatenate([rot * cos + _rotate_half(rot) * sin, rest], axis=-1)
 
 
 def _silu(x: FloatArray) -> FloatArray:
@@ -133,7 +144,7 @@ def _forward(
 ) -> FloatArray:
     w = _weights_as(weights, dtype)
     n, heads, kv_heads = len(ids), cfg.num_heads, cfg.num_kv_heads
-    d = cfg.head_dim
+    d, r = cfg.head_dim, cfg.rotary_dim
     x = w["model.embed_tokens.weight"][np.asarray(ids, dtype=np.int64)]
     if cfg.scale_embeddings:  # Gemma's
         x = x * np.sqrt(np.asarray(cfg.hidden_size, dtype))
@@ -141,8 +152,8 @@ def _forward(
     back = np.arange(n)[:, None] - np.arange(n)[None, :]  # query position - key position
     local = causal + np.where(back >= cfg.sliding_window, -np.inf, 0.0)
     tables = {
-        False: _rope(n, d, cfg.rope_theta, cfg.rope_freq_factors, dtype, cfg.rope_attention_factor),
-        True: _rope(n, d, cfg.sliding_rope_theta, None, dtype, cfg.rope_attention_factor),
+        False: _rope(n, r, cfg.rope_theta, cfg.rope_freq_factors, dtype, cfg.rope_attention_factor),
+        True: _rope(n, r, cfg.sliding_rope_theta, None, dtype, cfg.rope_attention_factor),
     }
     for i in range(cfg.num_layers):
         sliding = i in cfg.sliding_layers
@@ -160,8 +171,7 @@ def _forward(
         if cfg.qk_norm:  # Qwen3's: each head normed on its own
             q = _rms_norm(q, w[f"{p}.self_attn.q_norm.weight"], cfg.rms_norm_eps)
             k = _rms_norm(k, w[f"{p}.self_attn.k_norm.weight"], cfg.rms_norm_eps)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
         group = heads // kv_heads
         k = np.repeat(k, group, axis=1)  # query head j reads KV head j // group
         v = np.repeat(v, group, axis=1)

@@ -322,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--gguf", type=Path, default=None,
-        help="another GGUF: LLaMA, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3",
+        help="another GGUF: LLaMA, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3 (and 4-mini)",
     )  # fmt: skip
     parser.add_argument(
         "--fp32-only", action="store_true",

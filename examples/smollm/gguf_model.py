@@ -300,24 +300,33 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
     and Gemma 3's options, and RoPE's scaling: Llama 3.1's per-frequency factors (the
     `rope_freqs` tensor), LongRoPE's short ones (the long ones are GgufModel's) with its
     attention factor, or a linear factor (every frequency divided by it); Gemma 2's soft
-    caps. YaRN, a RoPE over part of a head, and soft caps on another architecture are
-    refused, which the graph does not compute."""
+    caps; a RoPE over part of each head (`rope.dimension_count`). YaRN, a partial RoPE on
+    LLaMA and soft caps on another architecture are refused, which the graph does not
+    compute."""
 
     tensors = {t.name: t for t in reader.tensors}
     heads = int(_field(reader, f"{arch}.attention.head_count"))
     hidden = int(_field(reader, f"{arch}.embedding_length"))
     key_length = reader.fields.get(f"{arch}.attention.key_length")
     head_dim = hidden // heads if key_length is None else int(key_length.contents())
-    for key in (f"{arch}.rope.dimension_count", f"{arch}.attention.value_length"):
-        found = reader.fields.get(key)
-        if found is not None and int(found.contents()) != head_dim:
-            raise ValueError(f"{key} {found.contents()} is not the head size {head_dim}")
+    value_length = int(_optional(reader, f"{arch}.attention.value_length", head_dim))
+    if value_length != head_dim:
+        raise ValueError(
+            f"{arch}.attention.value_length {value_length} is not the head size {head_dim}"
+        )
+    # RoPE over part of each head (Phi-4-mini's), which llama.cpp refuses for LLaMA.
+    rotary = int(_optional(reader, f"{arch}.rope.dimension_count", head_dim))
+    if rotary != head_dim and (arch == "llama" or not 0 < rotary < head_dim or rotary % 2):
+        below = "" if arch == "llama" else " or an even number below it"
+        raise ValueError(
+            f"{arch}.rope.dimension_count {rotary} is not the head size {head_dim}{below}"
+        )
     factors: tuple[float, ...] | None = None
     scaling = reader.fields.get(f"{arch}.rope.scaling.type")
     kind = "none" if scaling is None else str(scaling.contents())
     if kind == "linear":
         factor = float(_field(reader, f"{arch}.rope.scaling.factor"))
-        factors = (factor,) * (head_dim // 2)
+        factors = (factor,) * (rotary // 2)
     elif kind != "none":
         raise ValueError(f"RoPE scaling {kind!r} is not supported (none, linear, rope_freqs)")
     for name in (ROPE_FACTORS, SHORT_FACTORS):
@@ -367,6 +376,7 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         rope_attention_factor=float(_optional(reader, f"{arch}.rope.scaling.attn_factor", 1.0)),
         attention_softcap=caps[0],
         logit_softcap=caps[1],
+        rope_dims=None if rotary == head_dim else rotary,
     )
     cfg.validate()
     return cfg

@@ -37,6 +37,22 @@ _LLAMA3 = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
+# GPT-4o's (Phi-4-mini's) and Tekken's (Mistral NeMo's): a word is its capitals, then its
+# small letters, so "camelCase" is two pieces. Their tokenizer.json's regex, which keeps
+# combining marks with their letters; llama.cpp's stand-in splits them off (Thai).
+_UPPER, _LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+
+
+def _cased(suffix: str, digits: str) -> str:
+    lead = r"[^\r\n\p{L}\p{N}]?"
+    return (
+        f"{lead}{_UPPER}*{_LOWER}+{suffix}|{lead}{_UPPER}+{_LOWER}*{suffix}|{digits}"
+        r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    )
+
+
+_TEKKEN = _cased("", r"\p{N}")
+_GPT4O = _cased(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?", r"\p{N}{1,3}")
 # llama.cpp's letters and CJK ranges for DeepSeek LLM, as code points (several of its
 # characters have canonical equivalents an editor may write in their place).
 _DEEPSEEK_LETTERS = (
@@ -84,10 +100,12 @@ PRE_SPLITS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "stablelm2"), (_QWEN2,)),
     "deepseek-llm": _DEEPSEEK_LLM,
     "deepseek-coder": _DEEPSEEK_CODER,
+    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "minimax-m2"), (_GPT4O,)),
+    "tekken": (_TEKKEN,),
 }
 # The kinds that take a piece found whole in the vocabulary as it is, unmerged, and add a
 # BOS unless the GGUF says otherwise (llama.cpp's `ignore_merges`, `add_bos`).
-_WHOLE_PIECES = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"})
+_WHOLE_PIECES = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "tekken"})
 
 
 # The tokens llama.cpp ends generation at (its end-of-generation list, where the

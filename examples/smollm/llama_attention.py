@@ -155,36 +155,41 @@ class Graph:
 def rope_tables(
     cfg: LlamaConfig, theta: float, factors: Sequence[float] | None
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-    """(cos, sin) [max_position_embeddings, head_dim] for rotate-half RoPE at base `theta`,
-    in float64 rounded once to float32, each frequency divided by its factor where given,
-    both times the config's LongRoPE magnitude.
+    """(cos, sin) [max_position_embeddings, head_dim] for rotate-half RoPE at base `theta`
+    over the config's rotated dimensions, in float64 rounded once to float32, each
+    frequency divided by its factor where given, both times the config's LongRoPE
+    magnitude; the dimensions past them get cos 1 and sin 0 (passed as they are).
     The sin table's first half is negated: rotate-half is concat(-x2, x1), so
     x*cos + concat(x2, x1)*signed_sin is the same rotation."""
-    d = cfg.head_dim
-    inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    r = cfg.rotary_dim
+    inv_freq = 1.0 / (theta ** (np.arange(0, r, 2, dtype=np.float64) / r))
     if factors is not None:  # llama.cpp divides each frequency by its factor
         inv_freq = inv_freq / np.asarray(factors, dtype=np.float64)
     angles = np.arange(cfg.max_position_embeddings, dtype=np.float64)[:, None] * inv_freq
     cos = np.cos(np.concatenate([angles, angles], axis=-1)) * cfg.rope_attention_factor
     sin = np.sin(angles) * cfg.rope_attention_factor
-    signed_sin = np.concatenate([-sin, sin], axis=-1)
+    passed = (len(angles), cfg.head_dim - r)
+    cos = np.concatenate([cos, np.ones(passed)], axis=-1)
+    signed_sin = np.concatenate([-sin, sin, np.zeros(passed)], axis=-1)
     return cos.astype(np.float32), signed_sin.astype(np.float32)
 
 
-def rope(g: Graph, x: str, env: Mapping[str, str], half: int, prefix: str, out: str) -> str:
-    """x [batch, q, heads, head_dim] rotated: x*cos + concat(x2, x1)*signed_sin."""
-    first, second = g.ops(
-        "Split", [x, g.ints(f"{prefix}.halves", [half, half])],
-        [f"{prefix}.x1", f"{prefix}.x2"], axis=-1,
-    )  # fmt: skip
-    swapped = g.op("Concat", [second, first], f"{prefix}.swapped", axis=-1)
+def rope(g: Graph, x: str, env: Mapping[str, str], rotary: int, d: int, prefix: str) -> str:
+    """x [..., head_dim] rotated over its first `rotary` dimensions: x*cos +
+    concat(x2, x1, rest)*signed_sin (the rest's sin is 0, its cos 1)."""
+    half = rotary // 2
+    sizes, names = [half, half], [f"{prefix}.x1", f"{prefix}.x2"]
+    if rotary < d:
+        sizes, names = [*sizes, d - rotary], [*names, f"{prefix}.rest"]
+    parts = g.ops("Split", [x, g.ints(f"{prefix}.halves", sizes)], names, axis=-1)
+    swapped = g.op("Concat", [parts[1], parts[0], *parts[2:]], f"{prefix}.swapped", axis=-1)
     return g.op(
         "Add",
         [
             g.op("Mul", [x, env["cos"]], f"{prefix}.xcos"),
             g.op("Mul", [swapped, env["sin"]], f"{prefix}.xsin"),
         ],
-        out,
+        f"{prefix}.out",
     )
 
 

@@ -181,10 +181,18 @@ class LlamaConfig:
     # 0: none.
     attention_softcap: float = 0.0
     logit_softcap: float = 0.0
+    # Phi-4-mini's: RoPE over the first `rope_dims` of each head (rotate-half within them),
+    # the rest passed as they are; None: the whole head.
+    rope_dims: int | None = None
 
     @property
     def head_dim(self) -> int:
         return self.head_size or self.hidden_size // self.num_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dimensions of each head RoPE rotates."""
+        return self.rope_dims or self.head_dim
 
     @property
     def group(self) -> int:
@@ -195,17 +203,20 @@ class LlamaConfig:
         uneven = self.head_size is None and self.hidden_size % self.num_heads
         if uneven or self.num_heads % self.num_kv_heads:
             raise ValueError(f"heads do not divide evenly: {self}")
-        if self.head_dim % 2:
-            raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
+        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
+            raise ValueError(
+                f"RoPE needs an even number of dimensions up to head_dim {self.head_dim}, "
+                f"got {self.rotary_dim}"
+            )
         if bool(self.sliding_window) != bool(self.sliding_layers) or not set(
             self.sliding_layers
         ) <= set(range(self.num_layers)):
             raise ValueError(f"sliding layers {self.sliding_layers} of {self.num_layers}")
         factors = self.rope_freq_factors
-        if factors is not None and len(factors) != self.head_dim // 2:
+        if factors is not None and len(factors) != self.rotary_dim // 2:
             raise ValueError(
-                f"{len(factors)} RoPE frequency factors for head_dim {self.head_dim} "
-                f"(expected {self.head_dim // 2})"
+                f"{len(factors)} RoPE frequency factors for {self.rotary_dim} rotated "
+                f"dimensions (expected {self.rotary_dim // 2})"
             )
 
 
@@ -264,7 +275,7 @@ def _layer(
         qk = g.rms_norm(qk, rows, f"{p}.qk_norm", cfg.rms_norm_eps)
     sliding = i in cfg.sliding_layers
     tables = {"cos": env["cos_sliding"], "sin": env["sin_sliding"]} if sliding else env
-    qk = rope(g, qk, tables, d // 2, f"{p}.qk_rope", f"{p}.qk_rope.out")
+    qk = rope(g, qk, tables, cfg.rotary_dim, d, f"{p}.qk_rope")
     q, key = g.ops(
         "Split", [qk, g.ints(f"{p}.qk.split", [cfg.num_heads, kvh])],
         [f"{p}.q_rope", key_name(i)], axis=1,

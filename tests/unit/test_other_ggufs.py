@@ -10,12 +10,12 @@ tokens; constants streamed to model.onnx.data; and --low-memory's graph on the b
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from ggufwriter import BOS, EOS, FACTORS, SPACE, byte_level_spec, pieces, spm_spec, write_gguf
 from llama_reference import forward
 from smollm import (
     CachedSeq,
@@ -31,26 +31,6 @@ from smollm import (
 from ge_serve.backends.llm.text import Detokenizer, Tokenizer
 
 pytest.importorskip("tokenizers", reason="tokenizers is not installed (runtime dependency)")
-
-BOS, EOS = "<s>", "</s>"
-SPACE = "\u2581"
-
-
-def byte_level_spec(pre: str, merges: tuple[str, ...] = (), **fields: Any) -> Any:
-    """Two control tokens, then GPT-2's 256 byte symbols and the merges' results."""
-    from tokenizers import pre_tokenizers
-
-    tokens = [BOS, EOS, *sorted(pre_tokenizers.ByteLevel.alphabet())]
-    tokens += ["".join(m.split(" ")) for m in merges]
-    types = [3, 3] + [1] * (len(tokens) - 2)
-    return gguf_tokenizer().TokenizerSpec(
-        tokens=tokens, token_types=types, merges=list(merges), pre=pre, bos_token_id=0,
-        eos_token_id=1, chat_template="", **fields,
-    )  # fmt: skip
-
-
-def pieces(tokenizer: Any, text: str) -> list[str]:
-    return [piece for piece, _ in tokenizer.pre_tokenizer.pre_tokenize_str(text)]
 
 
 def test_llama3_pieces_split_numbers_in_threes_and_contractions_in_any_case() -> None:
@@ -129,19 +109,8 @@ def test_an_end_token_the_gguf_types_normal_is_one_control_token() -> None:
 
 
 def test_an_unknown_pre_tokenizer_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match="pre-tokenizer 'tekken' is not supported"):
-        gguf_tokenizer().build_tokenizer(byte_level_spec("tekken"))
-
-
-def spm_spec(scores: dict[str, float], **fields: Any) -> Any:
-    """<unk>, <s>, </s>, the 256 byte tokens, then `scores`' pieces."""
-    tokens = ["<unk>", BOS, EOS, *(f"<0x{b:02X}>" for b in range(256)), *scores]
-    types = [2, 3, 3] + [6] * 256 + [1] * len(scores)
-    return gguf_tokenizer().TokenizerSpec(
-        tokens=tokens, token_types=types, merges=[], pre="default", bos_token_id=1,
-        eos_token_id=2, chat_template="", model="llama",
-        scores=[0.0] * 259 + list(scores.values()), **fields,
-    )  # fmt: skip
+    with pytest.raises(ValueError, match="pre-tokenizer 'kimi-k2' is not supported"):
+        gguf_tokenizer().build_tokenizer(byte_level_spec("kimi-k2"))
 
 
 def test_sentencepiece_merges_the_pair_whose_union_scores_highest() -> None:
@@ -190,94 +159,6 @@ def test_an_answers_first_space_is_kept_after_the_prompt(tmp_path: Path) -> None
     assert deltas == [" ab", " ab"]
     assert "".join(deltas) + detokenizer.flush() == " ab ab"
     assert [Detokenizer(tokenizer).add(answer[0])] == ["ab"]  # no prompt: stripped
-
-
-def write_gguf(
-    path: Path,
-    cfg: Any,
-    spec: Any,
-    extra: dict[str, Any] | None = None,
-    arch: str = "llama",
-    tensors: dict[str, Any] | None = None,
-    quant: str | Callable[[str], str] = "",
-) -> None:
-    """A GGUF of `arch` of random fp32 weights with `spec`'s tokenizer, `extra` fields
-    (gguf's add_<field> name -> value) and `tensors`; a `rope_freqs` tensor where `cfg`
-    has factors, Q, K and V biases where it has them; Phi-3's Q, K and V in one tensor,
-    and its gate and up in another; with `quant` (Q8_0, Q4_0, or a function of the GGUF
-    name giving one, or "" for fp32), the layers' matrices so."""
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), arch)
-    fields: dict[str, Any] = {
-        "name": "random",
-        "context_length": cfg.max_position_embeddings,
-        "embedding_length": cfg.hidden_size,
-        "feed_forward_length": cfg.intermediate_size,
-        "block_count": cfg.num_layers,
-        "head_count": cfg.num_heads,
-        "head_count_kv": cfg.num_kv_heads,
-        "rope_freq_base": cfg.rope_theta,
-        "layer_norm_rms_eps": cfg.rms_norm_eps,
-        "tokenizer_model": spec.model,
-        "tokenizer_pre": spec.pre,
-        "token_list": spec.tokens,
-        "token_types": spec.token_types,
-        "bos_token_id": spec.bos_token_id,
-        "eos_token_id": spec.eos_token_id,
-        "chat_template": "{{ bos_token }}{{ messages[0]['content'] }}",
-        "rope_dimension_count": cfg.head_dim,
-    } | ({"key_length": cfg.head_dim, "value_length": cfg.head_dim} if cfg.head_size else {})
-    fields |= extra or {}  # fmt: skip
-    if spec.scores is not None:
-        fields["token_scores"] = spec.scores
-    if spec.merges:
-        fields["token_merges"] = spec.merges
-    for field, value in fields.items():
-        if field == "rope_scaling_type":
-            value = gguf.RopeScalingType(value)
-        getattr(writer, f"add_{field}")(value)
-    model = gguf_model()
-    weights = llama_weights().random_weights(cfg, seed=3)
-    kinds: tuple[str, ...] = ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-             "ffn_gate", "ffn_up", "ffn_down")  # fmt: skip
-    kinds += ("attn_q_norm", "attn_k_norm") if cfg.qk_norm else ()
-    kinds += ("post_attention_norm", "post_ffw_norm") if cfg.sandwich_norms else ()
-    names = ["token_embd.weight", "output_norm.weight"]
-    names += [f"blk.{i}.{kind}.weight" for i in range(cfg.num_layers) for kind in kinds]
-    if cfg.qkv_bias:
-        names += [f"blk.{i}.attn_{c}.bias" for i in range(cfg.num_layers) for c in "qkv"]
-    stored: dict[str, Any] = {}
-    for name in names:
-        value = weights[model._hf_name(name)]
-        kind = name.split(".")[2] if name.startswith("blk.") and name.endswith("weight") else ""
-        heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads}.get(kind)
-        if heads is not None and arch == "llama":  # llama.cpp's LLaMA row order, undone
-            stored[name] = np.empty_like(value)
-            stored[name][model.unpermute_order(value.shape[0], heads)] = value
-        else:
-            stored[name] = value
-    for i in range(cfg.num_layers) if arch == "phi3" else ():
-        parts = [stored.pop(f"blk.{i}.attn_{c}.weight") for c in "qkv"]
-        stored[f"blk.{i}.attn_qkv.weight"] = np.concatenate(parts)
-        parts = [stored.pop(f"blk.{i}.ffn_{c}.weight") for c in ("gate", "up")]
-        stored[f"blk.{i}.ffn_up.weight"] = np.concatenate(parts)
-    if cfg.rope_freq_factors is not None and arch != "phi3":
-        stored["rope_freqs.weight"] = np.asarray(cfg.rope_freq_factors, np.float32)
-    for name, value in (stored | (tensors or {})).items():
-        kind = quant(name) if callable(quant) else quant
-        if kind and name.startswith("blk.") and value.ndim == 2:
-            stored_as = gguf.GGMLQuantizationType[kind]
-            writer.add_tensor(name, gguf.quants.quantize(value, stored_as), raw_dtype=stored_as)
-        else:
-            writer.add_tensor(name, value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
-FACTORS = (1.0, 1.5, 4.0, 8.0, 8.0, 8.0, 8.0, 8.0)  # head_dim 16: Llama 3.1's shape
 
 
 def test_a_sentencepiece_gguf_with_rope_factors_reads_builds_and_computes(
@@ -351,11 +232,11 @@ def test_build_py_says_what_the_gguf_holds_that_is_not_served(
     pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
     from smollm import build_module
 
-    spec = byte_level_spec("tekken")
+    spec = byte_level_spec("kimi-k2")
     write_gguf(tmp_path / "t.gguf", tiny_config(vocab_size=len(spec.tokens)), spec)
     argv = ["--gguf", str(tmp_path / "t.gguf"), "--out", str(tmp_path)]
     assert build_module().main(argv) == 2
-    assert capsys.readouterr().err.startswith("build.py: pre-tokenizer 'tekken' is not")
+    assert capsys.readouterr().err.startswith("build.py: pre-tokenizer 'kimi-k2' is not")
 
 
 def test_a_long_context_is_cut_to_the_default_pool_unless_asked_for(
