@@ -21,7 +21,7 @@ from ge_serve.protos import model_config_pb2
 
 from ..base import Backend, LoadedModel, ModelSpec, TextGeneration
 from .ge_runner import GeStepRunner, StepGears
-from .runner import Runner, StepRunner
+from .runner import GraphShape, Runner, StepRunner
 from .settings import EngineSettings, parse_settings
 from .text import Tokenizer
 
@@ -140,15 +140,13 @@ class LlmBackend:
         settings = parse_settings(config, spec.model_dir, spec.version)
         tokenizer = Tokenizer(settings.tokenizer)
         runner = self._runner(spec.name, settings)
-        if tokenizer.vocab_size > runner.shape.vocab:
-            raise ValueError(
-                f"the tokenizer has {tokenizer.vocab_size} tokens, more than the step "
-                f"model's {runner.shape.vocab} logits"
-            )
-        primary = eos_primary(settings, tokenizer)
-        eos = set(settings.eos_token_ids) | ({primary} if primary is not None else set())
-        if any(i >= runner.shape.vocab for i in eos):
-            raise ValueError(f"parameter eos_token_ids: {sorted(eos)} outside the vocabulary")
+        try:  # a model that fails here gives its pool back (the NPU's memory)
+            primary = eos_primary(settings, tokenizer)
+            eos = set(settings.eos_token_ids) | ({primary} if primary is not None else set())
+            _check_fits(runner.shape, settings, tokenizer, eos)
+        except BaseException:
+            runner.close()
+            raise
         template = None
         if settings.chat_template is not None:
             template = settings.chat_template.read_text(encoding="utf-8")
@@ -216,6 +214,25 @@ class LlmBackend:
             settings.kv_cache_blocks,
             settings.kv_block_size,
             gears,
+        )
+
+
+def _check_fits(
+    shape: GraphShape, settings: EngineSettings, tokenizer: Tokenizer, eos: set[int]
+) -> None:
+    """The tokenizer, the eos ids and max_model_len within what the step graph computes."""
+    if tokenizer.vocab_size > shape.vocab:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens, more than the step "
+            f"model's {shape.vocab} logits"
+        )
+    if any(i >= shape.vocab for i in eos):
+        raise ValueError(f"parameter eos_token_ids: {sorted(eos)} outside the vocabulary")
+    if shape.positions is not None and settings.max_model_len > shape.positions:
+        raise ValueError(
+            f"parameter max_model_len {settings.max_model_len} exceeds the {shape.positions} "
+            "positions the step model computes (its RoPE tables; build it again for more: "
+            "examples/smollm/build.py --max-model-len)"
         )
 
 

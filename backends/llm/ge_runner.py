@@ -32,7 +32,14 @@ from ge_serve.protos import model_config_pb2
 from ..base import Backend, LoadedModel, ModelSpec, ShapeRejected
 from ..onnx_io import load_onnx, onnx_tensors
 from .kvcache import KvPool
-from .runner import GraphShape, RowWork, build_step_inputs, run_apart, step_shape
+from .runner import (
+    GraphShape,
+    RowWork,
+    build_step_inputs,
+    max_positions,
+    run_apart,
+    step_shape,
+)
 
 _STEP_INPUTS = ("input_ids", "positions", "block_table", "attention_mask")
 
@@ -105,7 +112,8 @@ def graph_shape_of(path: Path, block_size: int) -> GraphShape:
     vocab = out["logits"].dims[-1]
     if vocab < 0:
         raise ValueError("the step model's logits must have a fixed vocabulary dimension")
-    return GraphShape(layers, dims[2], dims[3], vocab)
+    metadata = {prop.key: prop.value for prop in model.metadata_props}
+    return GraphShape(layers, dims[2], dims[3], vocab, positions=max_positions(metadata))
 
 
 def step_config(

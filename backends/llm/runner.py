@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,6 +37,8 @@ _REQUIRED = ("input_ids", "positions", "block_table", "attention_mask")
 # The optional output of every new token's final-normed hidden state (the prompt's log
 # probabilities); a graph without it serves everything else.
 HIDDEN_STATES = "hidden_states"
+# The graph's metadata key for the positions its RoPE tables hold (optional).
+MAX_POSITIONS = "max_positions"
 # The second group's inputs: the same names with this prefix.
 CHUNK_PREFIX = "chunk_"
 
@@ -59,6 +61,18 @@ class GraphShape:
     vocab: int
     # The graph has the `hidden_states` output.
     hidden: bool = False
+    # The positions the graph computes (its metadata's `max_positions`); None: unsaid.
+    positions: int | None = None
+
+
+def max_positions(metadata: Mapping[str, str]) -> int | None:
+    """The graph metadata's `max_positions`, None where it has none."""
+    found = metadata.get(MAX_POSITIONS)
+    if found is None:
+        return None
+    if not found.isdigit() or int(found) < 1:
+        raise ValueError(f"the step model's metadata {MAX_POSITIONS} {found!r} is not a count")
+    return int(found)
 
 
 def graph_shape(session: ort.InferenceSession, block_size: int) -> GraphShape:
@@ -96,7 +110,10 @@ def graph_shape(session: ort.InferenceSession, block_size: int) -> GraphShape:
     vocab = outputs["logits"].shape[-1]
     if not isinstance(vocab, int):
         raise ValueError("the step model's logits must have a fixed vocabulary dimension")
-    return GraphShape(layers, int(shape[2]), int(shape[3]), vocab, HIDDEN_STATES in outputs)
+    positions = max_positions(session.get_modelmeta().custom_metadata_map)
+    return GraphShape(
+        layers, int(shape[2]), int(shape[3]), vocab, HIDDEN_STATES in outputs, positions
+    )
 
 
 class Runner(Protocol):

@@ -252,7 +252,8 @@ def build(
     activations, with their 8-bit blocks too, and the head's 8-bit blocks. A model whose
     fp32 weights pass half `inline_limit` (the graph adds its blocks and tables to them)
     writes its constants to model.onnx.data as the graph is built. With `low_memory`,
-    every step computes on the blocks, and the graph holds no fp32 copy of them."""
+    every step computes on the blocks, and the graph holds no fp32 copy of them. The
+    RoPE tables hold max_model_len positions (a GGUF's context can be a million)."""
     if fp32_only and (int8_activations or low_memory):
         raise ValueError("int8 activations and low memory are the GGUF blocks' (not fp32's)")
     model = model or read_gguf(gguf, fp32_projections=not low_memory)
@@ -296,9 +297,13 @@ def build(
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
             with os.fdopen(os.open(streamed, flags, 0o644), "wb") as data:
                 external = ExternalData(data, EXTERNAL_DATA)
-                graph = build_step_graph(model.weights, cfg, blocks, int8, head, external, only)
+                graph = build_step_graph(
+                    model.weights, cfg, blocks, int8, head, external, only, length
+                )
         else:
-            graph = build_step_graph(model.weights, cfg, blocks, int8, head, blocks_only=only)
+            graph = build_step_graph(
+                model.weights, cfg, blocks, int8, head, blocks_only=only, positions=length
+            )
         tokenizer = build_tokenizer(model.tokenizer)
         return write_model_folder(
             folder, graph, tokenizer, cfg, model.tokenizer, length, model.name, streamed=streamed

@@ -153,9 +153,9 @@ class Graph:
 
 
 def rope_tables(
-    cfg: LlamaConfig, theta: float, factors: Sequence[float] | None
+    cfg: LlamaConfig, theta: float, factors: Sequence[float] | None, rows: int
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-    """(cos, sin) [max_position_embeddings, head_dim] for rotate-half RoPE at base `theta`
+    """(cos, sin) [rows, head_dim] of positions 0.. for rotate-half RoPE at base `theta`
     over the config's rotated dimensions, in float64 rounded once to float32, each
     frequency divided by its factor where given, both times the config's LongRoPE
     magnitude; the dimensions past them get cos 1 and sin 0 (passed as they are).
@@ -165,7 +165,7 @@ def rope_tables(
     inv_freq = 1.0 / (theta ** (np.arange(0, r, 2, dtype=np.float64) / r))
     if factors is not None:  # llama.cpp divides each frequency by its factor
         inv_freq = inv_freq / np.asarray(factors, dtype=np.float64)
-    angles = np.arange(cfg.max_position_embeddings, dtype=np.float64)[:, None] * inv_freq
+    angles = np.arange(rows, dtype=np.float64)[:, None] * inv_freq
     cos = np.cos(np.concatenate([angles, angles], axis=-1)) * cfg.rope_attention_factor
     sin = np.sin(angles) * cfg.rope_attention_factor
     passed = (len(angles), cfg.head_dim - r)

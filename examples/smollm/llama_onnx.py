@@ -46,6 +46,9 @@ kv_heads, head_dim and vocab):
                                                position's logits (the prompt's log
                                                probabilities). Fetched only when asked.
 
+    metadata max_positions   the positions the RoPE tables hold (the engine refuses a
+                             max_model_len above it)
+
 Why it is shaped as it is, for onnxruntime on a CPU:
 - Q, K and V come from one MatMul and gate/up from another (pre-transposed [in, out]
   weights), so a decode step runs few large GEMMs rather than many small ones; RoPE runs
@@ -123,6 +126,7 @@ CHUNK_BLOCK_TABLE = "chunk_block_table"
 CHUNK_ATTENTION_MASK = "chunk_attention_mask"
 LOGITS = "logits"
 HIDDEN_STATES = "hidden_states"
+MAX_POSITIONS = "max_positions"
 MASKED = -1e9
 
 
@@ -321,11 +325,11 @@ def _layer(
 
 
 def _prelude(
-    g: Graph, cfg: LlamaConfig, groups: Sequence[GroupInputs]
+    g: Graph, cfg: LlamaConfig, groups: Sequence[GroupInputs], rows: int
 ) -> tuple[dict[str, str], list[dict[str, str]], str]:
-    """The shape tensors and tables every layer shares, each group's, and the flat token
-    ids [n] (every group's rows x chunk, in group order)."""
-    cos_table, sin_table = rope_tables(cfg, cfg.rope_theta, cfg.rope_freq_factors)
+    """The shape tensors and tables (of `rows` positions) every layer shares, each
+    group's, and the flat token ids [n] (every group's rows x chunk, in group order)."""
+    cos_table, sin_table = rope_tables(cfg, cfg.rope_theta, cfg.rope_freq_factors, rows)
     flat = g.ints("c.flat", [-1])
     ids = g.op(
         "Concat", [g.op("Reshape", [grp.input_ids, flat], f"{grp.tag}.ids_flat") for grp in groups],
@@ -345,11 +349,11 @@ def _prelude(
         "sin": g.op("Unsqueeze", [sin, head_axis], "rope.sin3"),
     }
     if cfg.sliding_layers:  # the local layers' RoPE: its own base, no frequency factors
-        local = rope_tables(cfg, cfg.sliding_rope_theta, None)
+        local = rope_tables(cfg, cfg.sliding_rope_theta, None, rows)
         for part, table in zip(("cos", "sin"), local, strict=True):
-            rows = g.op("Gather", [g.const(f"rope.{part}_sliding", table), positions],
-                        f"rope.{part}_sliding_q", axis=0)  # fmt: skip
-            env[f"{part}_sliding"] = g.op("Unsqueeze", [rows, head_axis], f"rope.{part}_sliding3")
+            picked = g.op("Gather", [g.const(f"rope.{part}_sliding", table), positions],
+                          f"rope.{part}_sliding_q", axis=0)  # fmt: skip
+            env[f"{part}_sliding"] = g.op("Unsqueeze", [picked, head_axis], f"rope.{part}_sliding3")
     one, two = g.ints("c.1", [1]), g.ints("c.2", [2])
     block_size = g.op(
         "Slice", [g.op("Shape", [key_cache_name(0)], "shape.pool"), one, two], "shape.block_size"
@@ -457,6 +461,7 @@ def build_step_graph(
     head: Q80Blocks | None = None,
     external: ExternalData | None = None,
     blocks_only: bool = False,
+    positions: int | None = None,
 ) -> onnx.ModelProto:
     """The step graph of the contract in the module docstring, from Hugging Face-named
     weights (see weight_names). With `blocks` (projections' GGUF blocks, each equal to
@@ -467,8 +472,11 @@ def build_step_graph(
     Q8_0 blocks, equal to its fp32 table) too. With `blocks_only`, every step computes on
     the blocks (no If, and no fp32 copy of the projections the blocks serve: those in a
     quarter of the memory, prompts slower). With `external`, the large constants
-    are written to its file as they are made, the graph holding references to them."""
+    are written to its file as they are made, the graph holding references to them. The
+    RoPE tables hold `positions` (default: the config's whole context), which the graph's
+    metadata says."""
     cfg.validate()
+    rows = positions or cfg.max_position_embeddings
     if blocks_only and (not blocks or head is not None):
         raise ValueError("blocks_only takes projections' blocks and the fp32 head")
     if head is not None and (not blocks or not int8_activations):
@@ -488,7 +496,7 @@ def build_step_graph(
             raise ValueError(f"{name} is {_shape(weights, name)}, expected {shape}")
     g = Graph(external=external)
     _chunk_defaults(g)
-    env, groups, ids = _prelude(g, cfg, GROUPS)
+    env, groups, ids = _prelude(g, cfg, GROUPS, rows)
     embed = g.const("model.embed_tokens.weight", weights["model.embed_tokens.weight"])
     x = g.op("Gather", [embed, ids], "embed", axis=0)
     if cfg.scale_embeddings:
@@ -572,6 +580,7 @@ def build_step_graph(
         producer_name=PRODUCER_NAME,
         ir_version=IR_VERSION,
     )
+    helper.set_model_props(model, {MAX_POSITIONS: str(rows)})
     # make_graph and make_model each copy what they are given: the weights are moved in
     # one at a time instead, so a model of 5 GB is held once, not three times over.
     g.initializers.reverse()

@@ -245,6 +245,27 @@ async def test_on_the_simulated_npu_answers_equal_the_reference(tmp_path: Path) 
         runtime.shutdown()
 
 
+async def test_the_npu_placement_refuses_a_context_past_the_graphs_positions(
+    tmp_path: Path,
+) -> None:
+    """The graph's metadata says its RoPE tables hold 2,048 positions, read from the file
+    as the NPU placement reads it; a longer max_model_len fails the load, and the same
+    runtime then loads the model within them."""
+    runtime = SimRuntime()
+    try:
+        with pytest.raises(ValueError, match="max_model_len 2056 exceeds the 2048 positions"):
+            engine(tmp_path / "a", GeBackend(runtime), placement="npu", max_model_len="2056",
+                   kv_cache_blocks="1024", npu_block_gears="257")  # fmt: skip
+        scheduler = engine(tmp_path / "b", GeBackend(runtime), placement="npu")
+        try:
+            sink = await ask(scheduler, PROMPTS[0])
+        finally:
+            await scheduler.close(1)
+        assert "".join(sink.texts) == expected(PROMPTS[0])
+    finally:
+        runtime.shutdown()
+
+
 async def test_the_npu_placement_refuses_a_graph_with_onnxruntime_kernels(
     tmp_path: Path,
 ) -> None:

@@ -469,6 +469,12 @@ def test_top_p_keeps_the_smallest_nucleus_over_a_large_flat_vocabulary() -> None
         ({"scheduling_policy": "lifo"}, "scheduling_policy: 'lifo' is not one of fcfs, priority"),
         ({"kv_block_size": "16"}, None),  # the graph's block dim is symbolic: any size goes
         ({"max_model_len": "x"}, "not an integer"),
+        # The graph's RoPE tables hold 2,048 positions (its metadata says so).
+        ({"max_model_len": "2048", "kv_cache_blocks": "1024"}, None),
+        (
+            {"max_model_len": "2049", "kv_cache_blocks": "1024"},
+            "max_model_len 2049 exceeds the 2048 positions the step model computes",
+        ),
         ({"tokenizer": "../../etc/passwd"}, "inside the model folder"),
         ({"step_model": "missing.onnx"}, "not found"),
         ({"eos_token_ids": "1,x"}, "eos_token_ids"),
