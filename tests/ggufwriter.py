@@ -105,7 +105,7 @@ def write_gguf(
         value = weights[model._hf_name(name)]
         kind = name.split(".")[2] if name.startswith("blk.") and name.endswith("weight") else ""
         heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads}.get(kind)
-        if heads is not None and arch == "llama":  # llama.cpp's LLaMA row order, undone
+        if heads is not None and arch in model.PERMUTED:  # llama.cpp's row order, undone
             stored[name] = np.empty_like(value)
             stored[name][model.unpermute_order(value.shape[0], heads)] = value
         else:

