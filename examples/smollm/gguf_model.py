@@ -311,10 +311,11 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
     """The hyperparameters (under `arch`'s keys): the head size (`key_length`), Gemma's
     and Gemma 3's options, and RoPE's scaling: Llama 3.1's per-frequency factors (the
     `rope_freqs` tensor), LongRoPE's short ones (the long ones are GgufModel's) with its
-    attention factor, or a linear factor (every frequency divided by it); Gemma 2's soft
-    caps; a RoPE over part of each head (`rope.dimension_count`). YaRN, a partial RoPE on
-    LLaMA and soft caps on another architecture are refused, which the graph does not
-    compute."""
+    attention factor, a linear factor (every frequency divided by it), or YaRN's (a
+    divisor per frequency and a magnitude); Gemma 2's soft caps; a RoPE over part of each
+    head (`rope.dimension_count`); SmolLM3's layers without RoPE; Granite's multipliers. A
+    partial RoPE on a permuted architecture, YaRN on local layers and soft caps on another
+    architecture are refused, which the graph does not compute."""
 
     tensors = {t.name: t for t in reader.tensors}
     heads = int(_field(reader, f"{arch}.attention.head_count"))
@@ -334,13 +335,21 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
             f"{arch}.rope.dimension_count {rotary} is not the head size {head_dim}{below}"
         )
     factors: tuple[float, ...] | None = None
+    magnitude = float(_optional(reader, f"{arch}.rope.scaling.attn_factor", 1.0))
     scaling = reader.fields.get(f"{arch}.rope.scaling.type")
     kind = "none" if scaling is None else str(scaling.contents())
     if kind == "linear":
         factor = float(_field(reader, f"{arch}.rope.scaling.factor"))
         factors = (factor,) * (rotary // 2)
-    elif kind != "none":
-        raise ValueError(f"RoPE scaling {kind!r} is not supported (none, linear, rope_freqs)")
+    elif kind == "yarn":
+        factors, yarn_magnitude = _yarn(reader, arch, rotary)
+        magnitude *= yarn_magnitude
+    elif kind == "longrope" and _factors(reader, SHORT_FACTORS) is None:
+        raise ValueError(f"RoPE scaling 'longrope' without {SHORT_FACTORS}")
+    elif kind not in ("none", "longrope"):  # LongRoPE's factors are tensors, read below
+        raise ValueError(
+            f"RoPE scaling {kind!r} is not supported (none, linear, yarn, longrope, rope_freqs)"
+        )
     for name in (ROPE_FACTORS, SHORT_FACTORS):
         found = _factors(reader, name)
         if found is not None and factors is not None:
@@ -356,6 +365,8 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         raise ValueError("RoPE scaling is not supported for gemma2")
     layers = int(_field(reader, f"{arch}.block_count"))
     window, sliding = _sliding_window(reader, arch, layers)
+    if kind == "yarn" and sliding:  # the local layers' RoPE would take its magnitude
+        raise ValueError(f"YaRN is not supported for {arch}'s local layers")
     gemma = arch.startswith("gemma")
     # llama.cpp's rule (from Gemma's reference code): Gemma 2 27B's and Gemma 3 27B's Q
     # scale is by their hidden size per head, not by their head size.
@@ -393,7 +404,7 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         sliding_window=window,
         sliding_layers=sliding,
         sliding_rope_theta=float(_optional(reader, f"{arch}.rope.freq_base_swa", local_base)),
-        rope_attention_factor=float(_optional(reader, f"{arch}.rope.scaling.attn_factor", 1.0)),
+        rope_attention_factor=magnitude,
         attention_softcap=caps[0],
         logit_softcap=caps[1],
         rope_dims=None if rotary == head_dim else rotary,
@@ -404,6 +415,36 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
     )
     cfg.validate()
     return cfg
+
+
+def _yarn(reader: Any, arch: str, rotary: int) -> tuple[tuple[float, ...], float]:
+    """YaRN as frequency divisors and a magnitude on cos and sin (Hugging Face's
+    `_compute_yarn_parameters`, llama.cpp's rope_yarn): the frequencies that turn fewer
+    than beta_slow times over the original context are divided by the factor, those
+    that turn more than beta_fast times are kept, a linear ramp between; cos and sin
+    times 1 + 0.1 ln(factor), or the GGUF's yarn_attn_factor. The GGUF's betas where it
+    has them (the model's config; llama.cpp takes 32 and 1 for these architectures)."""
+    scaling = f"{arch}.rope.scaling"
+    factor = float(_field(reader, f"{scaling}.factor"))
+    original = int(_field(reader, f"{scaling}.original_context_length"))
+    if float(_optional(reader, f"{scaling}.yarn_ext_factor", 1.0)) != 1.0:
+        raise ValueError("YaRN with an extrapolation factor other than 1 is not supported")
+    if float(_optional(reader, f"{scaling}.yarn_log_multiplier", 0.0)):
+        raise ValueError("YaRN's log multiplier (DeepSeek's mscale_all_dim) is not supported")
+    base = float(_field(reader, f"{arch}.rope.freq_base"))
+    fast = float(_optional(reader, f"{scaling}.yarn_beta_fast", 32.0))
+    slow = float(_optional(reader, f"{scaling}.yarn_beta_slow", 1.0))
+
+    def dim(turns: float) -> float:  # the dimension that turns `turns` times over `original`
+        return rotary * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(math.floor(dim(fast)), 0), min(math.ceil(dim(slow)), rotary - 1)
+    divisors = []
+    for i in range(rotary // 2):
+        kept = 1.0 - min(1.0, max(0.0, (i - low) / max(0.001, high - low)))
+        divisors.append(1.0 / ((1.0 - kept) / factor + kept))
+    default = 1.0 + 0.1 * math.log(factor) if factor > 1 else 1.0
+    return tuple(divisors), float(_optional(reader, f"{scaling}.yarn_attn_factor", default))
 
 
 def _optional(reader: Any, key: str, default: Any) -> Any:

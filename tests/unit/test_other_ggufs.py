@@ -1,11 +1,11 @@
 """GGUFs beside SmolLM2's (examples/smollm: gguf_tokenizer.py, gguf_model.py, build.py),
 written here: the tokenizers of Llama 3 (its pre-tokenizer, whole pieces, BOS), DeepSeek
 and SentencePiece (scores as merges, `▁`, byte fallback, the space before a text and
-after a special token), read and built; Llama 3.1's RoPE factors and a linear scaling,
-the other scalings refused; Qwen2's biases; the long-context default; build.py's errors;
-the engine's detokenizer giving an answer's first space as vLLM and llama.cpp do; Qwen3's
-head norms, Gemma's, Gemma 2's and Gemma 3's options, Phi-3's fused tensors, LongRoPE and special
-tokens; constants streamed to model.onnx.data; and --low-memory's graph on the blocks."""
+after a special token), read and built; Llama 3.1's RoPE factors and a linear scaling;
+Qwen2's biases; the long-context default; build.py's errors; the engine's detokenizer
+giving an answer's first space as vLLM and llama.cpp do; Qwen3's head norms, Gemma's,
+Gemma 2's and Gemma 3's options, Phi-3's fused tensors, LongRoPE and special tokens;
+constants streamed to model.onnx.data; and --low-memory's graph on the blocks."""
 
 from __future__ import annotations
 
@@ -205,25 +205,6 @@ def test_linear_rope_scaling_is_a_factor_for_every_frequency(tmp_path: Path) -> 
     folder = build_module().build(tmp_path, "m", 64, gguf=tmp_path / "linear.gguf")
     assert "chat_template" not in (folder / "config.pbtxt").read_text()
     assert not (folder / "1" / "chat_template.jinja").exists()
-
-
-@pytest.mark.parametrize(
-    ("extra", "words"),
-    [
-        ({"rope_scaling_type": "yarn", "rope_scaling_factor": 4.0}, "RoPE scaling 'yarn'"),
-        ({"rope_dimension_count": 8}, "llama.rope.dimension_count 8 is not the head size 16"),
-    ],
-    ids=["yarn", "partial-rope"],
-)
-def test_a_rope_the_graph_does_not_compute_is_refused(
-    tmp_path: Path, extra: dict[str, Any], words: str
-) -> None:
-    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
-    spec = byte_level_spec("llama-bpe")
-    cfg = tiny_config(vocab_size=len(spec.tokens))
-    write_gguf(tmp_path / "r.gguf", cfg, spec, extra)
-    with pytest.raises(ValueError, match=words):
-        gguf_model().read_gguf(tmp_path / "r.gguf")
 
 
 def test_build_py_says_what_the_gguf_holds_that_is_not_served(
