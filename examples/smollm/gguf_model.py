@@ -56,16 +56,19 @@ LONG_FACTORS = "rope_factors_long.weight"
 # (LLaMA's with a norm on each Q and K head, and a head size of its own), Gemma's (scaled
 # embeddings, GELU), Gemma 2's (Gemma's, norms after attention and the MLP, local layers
 # with a sliding window, soft caps on the scores and the logits), Gemma 3's (Gemma 2's
-# without the caps, with Qwen3's head norms and the local layers' own RoPE), and Phi-3's
+# without the caps, with Qwen3's head norms and the local layers' own RoPE), Phi-3's
 # (LLaMA's with Q, K and V in one tensor, gate and up in another, and LongRoPE), SmolLM3's
-# (LLaMA's with no RoPE in every fourth layer) and Granite's (LLaMA's with multipliers on
-# the embeddings, the residual branches, the attention scores and the logits).
+# (LLaMA's with no RoPE in every fourth layer), Granite's and MiniCPM's (LLaMA's with
+# multipliers on the embeddings, the residual branches, the attention scores and the
+# logits), and ERNIE 4.5's dense ones (LLaMA's).
 ARCHITECTURES = (
-    "llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "smollm3", "granite"
+    "llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "smollm3", "granite",
+    "minicpm", "ernie4_5",
 )  # fmt: skip
-# The architectures whose Q and K rows llama.cpp's converter permutes (for its
-# adjacent-pair RoPE); the others' RoPE is rotate-half there too, their rows as stored.
-PERMUTED = frozenset({"llama", "smollm3", "granite"})
+# The architectures whose RoPE llama.cpp computes on adjacent pairs (its NORM mode): their
+# Q and K rows are stored in that order (LLaMA's converter permutes them so), and read
+# back into rotate-half's; the others' RoPE is rotate-half there too, their rows as stored.
+PERMUTED = frozenset({"llama", "smollm3", "granite", "minicpm", "ernie4_5"})
 # SmolLM3's period of layers without RoPE (llama.cpp's n_no_rope_layer_step).
 NOPE_PERIOD = 4
 # llama.cpp's defaults: Gemma 2 alternates local and global layers, Gemma 3 has five
@@ -225,7 +228,10 @@ def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufMo
     reader = gguf.GGUFReader(str(path or package_gguf()))
     arch = str(_field(reader, "general.architecture"))
     if arch not in ARCHITECTURES:
-        known = "LLaMA, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, SmolLM3 and Granite"
+        known = (
+            "LLaMA, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, SmolLM3, Granite, MiniCPM "
+            "and ERNIE 4.5"
+        )
         raise ValueError(f"only {known} GGUFs are supported, this one is {arch!r}")
     spec = read_spec(reader)
     cfg = _config(reader, len(spec.tokens), arch)
@@ -270,7 +276,10 @@ def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufMo
     head = table if isinstance(table, Q80Blocks) else None
     name = str(_field(reader, "general.name"))
     long_factors = _factors(reader, LONG_FACTORS)
-    original = int(_optional(reader, f"{arch}.rope.scaling.original_context_length", 0))
+    # llama.cpp's (and Hugging Face's) original context where the GGUF names none: its
+    # whole context, so the long factors are never taken.
+    original = int(_optional(reader, f"{arch}.rope.scaling.original_context_length",
+                             cfg.max_position_embeddings))  # fmt: skip
     kept = weights if fp32_projections else BlockWeights(weights, blocks)
     return GgufModel(cfg, kept, spec, name, blocks, head, long_factors, original)
 
@@ -373,13 +382,24 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
     big = (arch, layers) in (("gemma2", 46), ("gemma3", 62))
     scale = 1.0 / math.sqrt(hidden // heads) if big else None
     # Granite's multipliers: 0 or absent is none, as llama.cpp reads them (the logit scale
-    # it requires).
+    # it requires); MiniCPM's, MiniCPM 2B's where the GGUF has none (older GGUFs; a logit
+    # divisor of hidden/256, as Hugging Face's and llama.cpp's first MiniCPM code have it,
+    # where llama.cpp's default now is its inverse).
     embedding_scale = residual_scale = logit_scale = 1.0
+    nope: tuple[int, ...] = ()
     if arch == "granite":
         embedding_scale = float(_optional(reader, "granite.embedding_scale", 0.0)) or 1.0
         residual_scale = float(_optional(reader, "granite.residual_scale", 0.0)) or 1.0
         logit_scale = float(_field(reader, "granite.logit_scale"))
         scale = float(_optional(reader, "granite.attention.scale", 0.0)) or None
+        if not _optional(reader, "granite.rope.scaling.finetuned", True):  # its RoPE switch
+            nope = tuple(range(layers))
+    elif arch == "minicpm":
+        embedding_scale = float(_optional(reader, "minicpm.embedding_scale", 12.0))
+        residual_scale = float(_optional(reader, "minicpm.residual_scale", 1.4 / math.sqrt(layers)))
+        logit_scale = float(_optional(reader, "minicpm.logit_scale", hidden / 256.0))
+    elif arch == "smollm3":
+        nope = tuple(range(NOPE_PERIOD - 1, layers, NOPE_PERIOD))
     # Gemma 2's local layers take the global RoPE base; Gemma 3's 10,000.
     local_base = float(_field(reader, f"{arch}.rope.freq_base")) if arch == "gemma2" else 10000.0
     cfg = LlamaConfig(
@@ -408,7 +428,7 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         attention_softcap=caps[0],
         logit_softcap=caps[1],
         rope_dims=None if rotary == head_dim else rotary,
-        nope_layers=tuple(range(NOPE_PERIOD - 1, layers, NOPE_PERIOD)) if arch == "smollm3" else (),
+        nope_layers=nope,
         embedding_scale=embedding_scale,
         residual_scale=residual_scale,
         logit_scale=logit_scale,
@@ -426,7 +446,8 @@ def _yarn(reader: Any, arch: str, rotary: int) -> tuple[tuple[float, ...], float
     has them (the model's config; llama.cpp takes 32 and 1 for these architectures)."""
     scaling = f"{arch}.rope.scaling"
     factor = float(_field(reader, f"{scaling}.factor"))
-    original = int(_field(reader, f"{scaling}.original_context_length"))
+    context = int(_field(reader, f"{arch}.context_length"))
+    original = int(_optional(reader, f"{scaling}.original_context_length", context))
     if float(_optional(reader, f"{scaling}.yarn_ext_factor", 1.0)) != 1.0:
         raise ValueError("YaRN with an extrapolation factor other than 1 is not supported")
     if float(_optional(reader, f"{scaling}.yarn_log_multiplier", 0.0)):

@@ -77,6 +77,13 @@ def test_yarn_divides_each_frequency_and_scales_cos_and_sin(tmp_path: Path) -> N
     )
     assert betas.rope_freq_factors != cfg.rope_freq_factors
     assert betas.rope_attention_factor == 1.5
+    # No original context: the whole context's (256 positions), as both read it.
+    bare = {"rope_scaling_type": "yarn", "rope_scaling_factor": 4.0}
+    write_gguf(tmp_path / "n.gguf", plain, spec, bare, "qwen2")
+    whole = gguf_model().read_gguf(tmp_path / "n.gguf").cfg
+    np.testing.assert_allclose(
+        whole.rope_freq_factors, hugging_face_yarn(16, 500.0, 4.0, 256)[0], rtol=1e-6
+    )
 
 
 def test_longrope_is_read_from_its_factor_tensors(tmp_path: Path) -> None:
@@ -94,6 +101,12 @@ def test_longrope_is_read_from_its_factor_tensors(tmp_path: Path) -> None:
     model = gguf_model().read_gguf(tmp_path / "l.gguf")
     assert model.cfg.rope_freq_factors == FACTORS
     assert model.config_for(64).rope_freq_factors == tuple(2 * f for f in FACTORS)
+    # Without an original context, llama.cpp takes the whole context's: the long factors
+    # are never taken.
+    write_gguf(tmp_path / "w.gguf", cfg, spec, {"rope_scaling_type": "longrope"}, "phi3",
+               factors)  # fmt: skip
+    whole = gguf_model().read_gguf(tmp_path / "w.gguf")
+    assert whole.config_for(128).rope_freq_factors == FACTORS
     bare = tiny_config(vocab_size=len(spec.tokens))
     write_gguf(tmp_path / "n.gguf", bare, spec, extra, "phi3")
     with pytest.raises(ValueError, match="'longrope' without rope_factors_short"):
@@ -105,11 +118,9 @@ def test_longrope_is_read_from_its_factor_tensors(tmp_path: Path) -> None:
     [
         (YARN | {"rope_scaling_yarn_log_mul": 0.1}, "llama", "log multiplier"),
         (YARN | {"rope_scaling_yarn_ext_factor": 0.5}, "llama", "extrapolation factor"),
-        ({"rope_scaling_type": "yarn", "rope_scaling_factor": 4.0}, "llama",
-         "no llama.rope.scaling.original_context_length"),
         (YARN | {"sliding_window": 4}, "gemma3", "YaRN is not supported for gemma3's local"),
     ],
-    ids=["log-multiplier", "extrapolation", "no-original", "local-layers"],
+    ids=["log-multiplier", "extrapolation", "local-layers"],
 )  # fmt: skip
 def test_a_yarn_the_graph_does_not_compute_is_refused(
     tmp_path: Path, extra: dict[str, Any], arch: str, words: str

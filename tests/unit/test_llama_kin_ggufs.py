@@ -1,8 +1,9 @@
-"""SmolLM3's and Granite's GGUFs (examples/smollm), written here: SmolLM3's layers without
-RoPE (every fourth), Granite's multipliers (embeddings, residual branches, attention
-scale, logits), both with LLaMA's permuted Q and K rows; their graphs computed against
-the reference, and a Granite model's prompt log probabilities through the engine. A GGUF
-tensor the graph has no place for is refused, not left out."""
+"""GGUFs of LLaMA's kin whose RoPE llama.cpp computes on adjacent pairs (their Q and K
+rows stored so, examples/smollm), written here: SmolLM3's layers without RoPE (every
+fourth), Granite's and MiniCPM's multipliers (embeddings, residual branches, attention
+scale, logits; MiniCPM's llama.cpp defaults), ERNIE 4.5's dense models; their graphs
+computed against the reference, and a Granite model's prompt log probabilities through
+the engine. A GGUF tensor the graph has no place for is refused, not left out."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import llmrepo
 import numpy as np
 import numpy.typing as npt
 import pytest
-from ggufwriter import byte_level_spec, write_gguf
+from ggufwriter import byte_level_spec, spm_spec, write_gguf
 from llama_reference import forward
 from recording_sink import RecordingSink
 from smollm import (
@@ -88,6 +89,48 @@ def test_a_granite_gguf_takes_its_multipliers(tmp_path: Path) -> None:
     write_gguf(tmp_path / "n.gguf", plain, spec, {"embedding_scale": 2.0}, "granite")
     with pytest.raises(ValueError, match=r"the GGUF has no granite\.logit_scale"):
         gguf_model().read_gguf(tmp_path / "n.gguf")
+
+
+def test_a_granite_gguf_whose_rope_switch_is_off_has_no_rope(tmp_path: Path) -> None:
+    """Granite's `rope.scaling.finetuned` false: no layer takes RoPE (llama.cpp's switch)."""
+    spec = byte_level_spec("refact")
+    plain = tiny_config(vocab_size=len(spec.tokens), num_layers=3)
+    write_gguf(tmp_path / "g.gguf", plain, spec, GRANITE | {"rope_scaling_finetuned": False},
+               "granite")  # fmt: skip
+    assert gguf_model().read_gguf(tmp_path / "g.gguf").cfg.nope_layers == (0, 1, 2)
+
+
+def test_a_minicpm_gguf_takes_its_multipliers_or_their_defaults(tmp_path: Path) -> None:
+    """MiniCPM's: Granite's multipliers; where the GGUF has none, MiniCPM 2B's (embeddings
+    times 12, residual branches times 1.4/sqrt(layers), logits divided by hidden/256)."""
+    spec = spm_spec({"\u2581": -1.0, "a": -2.0})
+    plain = tiny_config(vocab_size=len(spec.tokens), num_layers=4)
+    write_gguf(tmp_path / "m.gguf", plain, spec, arch="minicpm")
+    model = gguf_model().read_gguf(tmp_path / "m.gguf")
+    assert (model.cfg.embedding_scale, model.cfg.logit_scale) == (12.0, 0.25)
+    assert model.cfg.residual_scale == pytest.approx(0.7)
+    weights = llama_weights().random_weights(plain, seed=3)
+    want = forward(weights, model.cfg, [*IDS, 71, 8], first=6)
+    np.testing.assert_allclose(stepped(model), want, atol=1e-4, rtol=0)
+    own = {"embedding_scale": 2.0, "residual_scale": 0.5, "logit_scale": 3.0}
+    write_gguf(tmp_path / "o.gguf", plain, spec, own, "minicpm")
+    told = gguf_model().read_gguf(tmp_path / "o.gguf").cfg
+    assert (told.embedding_scale, told.residual_scale, told.logit_scale) == (2.0, 0.5, 3.0)
+
+
+def test_an_ernie_gguf_reads_its_rows_and_head_size(tmp_path: Path) -> None:
+    """ERNIE 4.5's dense architecture (0.3B): LLaMA's, with heads wider than hidden / heads
+    and a SentencePiece vocabulary."""
+    spec = spm_spec({"\u2581": -1.0, "a": -2.0})
+    cfg = tiny_config(vocab_size=len(spec.tokens), head_size=32)
+    write_gguf(tmp_path / "e.gguf", cfg, spec, arch="ernie4_5")
+    model = gguf_model().read_gguf(tmp_path / "e.gguf")
+    assert model.cfg == dataclasses.replace(cfg, rms_norm_eps=model.cfg.rms_norm_eps)
+    weights = llama_weights().random_weights(cfg, seed=3)
+    for name, value in weights.items():
+        np.testing.assert_array_equal(model.weights[name], value, err_msg=name)
+    want = forward(weights, cfg, [*IDS, 71, 8], first=6)
+    np.testing.assert_allclose(stepped(model), want, atol=1e-4, rtol=0)
 
 
 async def test_a_granite_models_prompt_logprobs_take_its_logit_scale(tmp_path: Path) -> None:
