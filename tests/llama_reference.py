@@ -55,6 +55,8 @@ class Config(Protocol):
     embedding_scale: float
     residual_scale: float
     logit_scale: float
+    attention_temperature_scale: float
+    attention_temperature_length: int
 
     @property
     def head_dim(self) -> int: ...
@@ -178,6 +180,9 @@ def _forward(
             k = _rms_norm(k, w[f"{p}.self_attn.k_norm.weight"], cfg.rms_norm_eps)
         if i not in cfg.nope_layers:  # SmolLM3's no_rope_layers
             q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        if cfg.attention_temperature_scale:  # Ministral 3's llama_4_scaling_beta
+            turns = np.floor(np.arange(n) / cfg.attention_temperature_length)
+            q = q * (1 + cfg.attention_temperature_scale * np.log1p(turns))[:, None, None]
         group = heads // kv_heads
         k = np.repeat(k, group, axis=1)  # query head j reads KV head j // group
         v = np.repeat(v, group, axis=1)

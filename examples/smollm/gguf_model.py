@@ -60,15 +60,16 @@ LONG_FACTORS = "rope_factors_long.weight"
 # (LLaMA's with Q, K and V in one tensor, gate and up in another, and LongRoPE), SmolLM3's
 # (LLaMA's with no RoPE in every fourth layer), Granite's and MiniCPM's (LLaMA's with
 # multipliers on the embeddings, the residual branches, the attention scores and the
-# logits), and ERNIE 4.5's dense ones (LLaMA's).
+# logits), ERNIE 4.5's dense ones (LLaMA's) and Ministral 3's (LLaMA's with YaRN and an
+# attention temperature past the original context).
 ARCHITECTURES = (
     "llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "smollm3", "granite",
-    "minicpm", "ernie4_5",
+    "minicpm", "ernie4_5", "mistral3",
 )  # fmt: skip
 # The architectures whose RoPE llama.cpp computes on adjacent pairs (its NORM mode): their
 # Q and K rows are stored in that order (LLaMA's converter permutes them so), and read
 # back into rotate-half's; the others' RoPE is rotate-half there too, their rows as stored.
-PERMUTED = frozenset({"llama", "smollm3", "granite", "minicpm", "ernie4_5"})
+PERMUTED = frozenset({"llama", "smollm3", "granite", "minicpm", "ernie4_5", "mistral3"})
 # SmolLM3's period of layers without RoPE (llama.cpp's n_no_rope_layer_step).
 NOPE_PERIOD = 4
 # llama.cpp's defaults: Gemma 2 alternates local and global layers, Gemma 3 has five
@@ -229,8 +230,8 @@ def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufMo
     arch = str(_field(reader, "general.architecture"))
     if arch not in ARCHITECTURES:
         known = (
-            "LLaMA, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, SmolLM3, Granite, MiniCPM "
-            "and ERNIE 4.5"
+            "LLaMA, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, SmolLM3, Granite, MiniCPM, "
+            "ERNIE 4.5 and Ministral 3"
         )
         raise ValueError(f"only {known} GGUFs are supported, this one is {arch!r}")
     spec = read_spec(reader)
@@ -400,6 +401,13 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         logit_scale = float(_optional(reader, "minicpm.logit_scale", hidden / 256.0))
     elif arch == "smollm3":
         nope = tuple(range(NOPE_PERIOD - 1, layers, NOPE_PERIOD))
+    # Ministral 3's attention temperature, over the original context's length (llama.cpp's
+    # n_attn_temp_floor_scale).
+    temperature = 0.0
+    if arch == "mistral3":
+        temperature = float(_optional(reader, "mistral3.attention.temperature_scale", 0.0))
+    context = int(_field(reader, f"{arch}.context_length"))
+    original = int(_optional(reader, f"{arch}.rope.scaling.original_context_length", context))
     # Gemma 2's local layers take the global RoPE base; Gemma 3's 10,000.
     local_base = float(_field(reader, f"{arch}.rope.freq_base")) if arch == "gemma2" else 10000.0
     cfg = LlamaConfig(
@@ -425,6 +433,8 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         sliding_layers=sliding,
         sliding_rope_theta=float(_optional(reader, f"{arch}.rope.freq_base_swa", local_base)),
         rope_attention_factor=magnitude,
+        attention_temperature_scale=temperature,
+        attention_temperature_length=original if temperature else 0,
         attention_softcap=caps[0],
         logit_softcap=caps[1],
         rope_dims=None if rotary == head_dim else rotary,
@@ -442,16 +452,15 @@ def _yarn(reader: Any, arch: str, rotary: int) -> tuple[tuple[float, ...], float
     `_compute_yarn_parameters`, llama.cpp's rope_yarn): the frequencies that turn fewer
     than beta_slow times over the original context are divided by the factor, those
     that turn more than beta_fast times are kept, a linear ramp between; cos and sin
-    times 1 + 0.1 ln(factor), or the GGUF's yarn_attn_factor. The GGUF's betas where it
-    has them (the model's config; llama.cpp takes 32 and 1 for these architectures)."""
+    times 1 + 0.1 ln(factor) (divided by 1 + 0.1 m ln(factor) for a log multiplier m),
+    or the GGUF's yarn_attn_factor. The GGUF's betas where it has them (the model's
+    config; llama.cpp takes 32 and 1 for these architectures but Ministral 3's)."""
     scaling = f"{arch}.rope.scaling"
     factor = float(_field(reader, f"{scaling}.factor"))
     context = int(_field(reader, f"{arch}.context_length"))
     original = int(_optional(reader, f"{scaling}.original_context_length", context))
     if float(_optional(reader, f"{scaling}.yarn_ext_factor", 1.0)) != 1.0:
         raise ValueError("YaRN with an extrapolation factor other than 1 is not supported")
-    if float(_optional(reader, f"{scaling}.yarn_log_multiplier", 0.0)):
-        raise ValueError("YaRN's log multiplier (DeepSeek's mscale_all_dim) is not supported")
     base = float(_field(reader, f"{arch}.rope.freq_base"))
     fast = float(_optional(reader, f"{scaling}.yarn_beta_fast", 32.0))
     slow = float(_optional(reader, f"{scaling}.yarn_beta_slow", 1.0))
@@ -464,7 +473,14 @@ def _yarn(reader: Any, arch: str, rotary: int) -> tuple[tuple[float, ...], float
     for i in range(rotary // 2):
         kept = 1.0 - min(1.0, max(0.0, (i - low) / max(0.001, high - low)))
         divisors.append(1.0 / ((1.0 - kept) / factor + kept))
-    default = 1.0 + 0.1 * math.log(factor) if factor > 1 else 1.0
+
+    def mscale(scale: float) -> float:
+        return 1.0 + 0.1 * scale * math.log(factor) if factor > 1 else 1.0
+
+    # The magnitude: mscale / mscale_all_dim where the GGUF has the latter (its log
+    # multiplier; Ministral 3's), as both read it with mscale 1.
+    all_dims = float(_optional(reader, f"{scaling}.yarn_log_multiplier", 0.0))
+    default = mscale(1.0) / mscale(all_dims) if all_dims else mscale(1.0)
     return tuple(divisors), float(_optional(reader, f"{scaling}.yarn_attn_factor", default))
 
 

@@ -196,6 +196,10 @@ class LlamaConfig:
     embedding_scale: float = 1.0
     residual_scale: float = 1.0
     logit_scale: float = 1.0
+    # Ministral 3's (Llama 4's) attention temperature: Q times 1 + scale * ln(1 +
+    # floor(position / length)), past the original context; 0: none.
+    attention_temperature_scale: float = 0.0
+    attention_temperature_length: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -230,6 +234,8 @@ class LlamaConfig:
             raise ValueError("a residual scale before the output norms would be normed away")
         if not self.logit_scale > 0:
             raise ValueError(f"logit_scale must be positive, got {self.logit_scale}")
+        if self.attention_temperature_scale and self.attention_temperature_length < 1:
+            raise ValueError("an attention temperature needs its length (the original context)")
         factors = self.rope_freq_factors
         if factors is not None and len(factors) != self.rotary_dim // 2:
             raise ValueError(
@@ -299,6 +305,8 @@ def _layer(
         "Split", [qk, g.ints(f"{p}.qk.split", [cfg.num_heads, kvh])],
         [f"{p}.q_rope", key_name(i)], axis=1,
     )  # fmt: skip
+    if cfg.attention_temperature_scale:
+        q = g.op("Mul", [q, env["q_temperature"]], f"{p}.q_warm")
     if len(groups) == 1:  # every token is the group's: nothing to split or join
         ctx = attention(g, q, key, value, cfg, i, groups[0], groups[0]["tag"])
     else:
@@ -340,6 +348,18 @@ def _layer(
     return g.op("Add", [x, down], f"{p}.out"), key, value
 
 
+def _temperature(g: Graph, cfg: LlamaConfig, positions: str) -> str:
+    """Each new token's Q multiplier [n, 1, 1]: 1 + s ln(1 + floor(position / length))."""
+    where = g.op("Cast", [positions], "temp.positions", to=TensorProto.FLOAT)
+    length = g.const("temp.length", float(cfg.attention_temperature_length))
+    turns = g.op("Floor", [g.op("Div", [where, length], "temp.div")], "temp.floor")
+    one = g.const("temp.one", 1.0)
+    grown = g.op("Log", [g.op("Add", [turns, one], "temp.add")], "temp.log")
+    scale = g.const("temp.scale", cfg.attention_temperature_scale)
+    factor = g.op("Add", [g.op("Mul", [grown, scale], "temp.mul"), one], "temp.factor")
+    return g.op("Unsqueeze", [factor, g.ints("axes.12", [1, 2])], "temp.factor3")
+
+
 def _prelude(
     g: Graph, cfg: LlamaConfig, groups: Sequence[GroupInputs], rows: int
 ) -> tuple[dict[str, str], list[dict[str, str]], str]:
@@ -370,6 +390,8 @@ def _prelude(
             picked = g.op("Gather", [g.const(f"rope.{part}_sliding", table), positions],
                           f"rope.{part}_sliding_q", axis=0)  # fmt: skip
             env[f"{part}_sliding"] = g.op("Unsqueeze", [picked, head_axis], f"rope.{part}_sliding3")
+    if cfg.attention_temperature_scale:
+        env["q_temperature"] = _temperature(g, cfg, positions)
     one, two = g.ints("c.1", [1]), g.ints("c.2", [2])
     block_size = g.op(
         "Slice", [g.op("Shape", [key_cache_name(0)], "shape.pool"), one, two], "shape.block_size"

@@ -136,3 +136,30 @@ def test_a_mistral_nemo_gguf_reads_tekken_and_its_head_size(tmp_path: Path) -> N
     ids = [0, 66, 258, 70, 12]
     got = PagedCache(session, model.cfg, 8, 4).step([CachedSeq()], [ids])[0]
     np.testing.assert_allclose(got, forward(weights, cfg, ids)[-1], atol=1e-4, rtol=0)
+
+
+def test_a_ministral3_gguf_warms_its_queries_past_the_original_context(tmp_path: Path) -> None:
+    """Ministral 3's: LLaMA's with YaRN (its log multiplier) and Llama 4's attention
+    temperature, Q times 1 + s ln(1 + floor(position / original)): prefill past the
+    original context (4 positions here) and decode steps after it give the reference's
+    logits, not those without the temperature."""
+    pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+    spec = byte_level_spec("tekken", ("a b",))
+    plain = tiny_config(vocab_size=len(spec.tokens), head_size=32)
+    extra = {"rope_scaling_type": "yarn", "rope_scaling_factor": 4.0,
+             "rope_scaling_orig_ctx_len": 4, "rope_scaling_yarn_log_mul": 1.0,
+             "attn_temperature_scale": 0.5}  # fmt: skip
+    write_gguf(tmp_path / "m3.gguf", plain, spec, extra, "mistral3")
+    model = gguf_model().read_gguf(tmp_path / "m3.gguf")
+    cfg = model.cfg
+    assert (cfg.attention_temperature_scale, cfg.attention_temperature_length) == (0.5, 4)
+    assert cfg.rope_attention_factor == pytest.approx(1.0)  # mscale / mscale_all_dim
+    weights = llama_weights().random_weights(plain, seed=3)
+    cache = PagedCache(session_for(llama_onnx().build_step_graph(model.weights, cfg)), cfg, 8, 4)
+    ids, seq = [0, 66, 258, 70, 12, 5, 17, 200, 33, 9], CachedSeq()
+    got = [cache.step([seq], [ids])[0]]
+    got += [cache.step([seq], [[token]])[0] for token in (71, 8)]
+    want = forward(weights, cfg, [*ids, 71, 8], first=len(ids) - 1)
+    np.testing.assert_allclose(np.stack(got), want, atol=1e-4, rtol=0)
+    cold = dataclasses.replace(cfg, attention_temperature_scale=0.0)
+    assert np.abs(got[0] - forward(weights, cold, ids)[-1]).max() > 1e-2

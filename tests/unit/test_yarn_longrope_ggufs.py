@@ -77,6 +77,12 @@ def test_yarn_divides_each_frequency_and_scales_cos_and_sin(tmp_path: Path) -> N
     )
     assert betas.rope_freq_factors != cfg.rope_freq_factors
     assert betas.rope_attention_factor == 1.5
+    # A log multiplier m (Ministral 3's mscale_all_dim): the magnitude is Hugging Face's
+    # get_mscale(factor) / get_mscale(factor, m).
+    write_gguf(tmp_path / "m.gguf", plain, spec, YARN | {"rope_scaling_yarn_log_mul": 0.5},
+               "qwen2")  # fmt: skip
+    mul = gguf_model().read_gguf(tmp_path / "m.gguf").cfg.rope_attention_factor
+    assert mul == pytest.approx((1 + 0.1 * math.log(4.0)) / (1 + 0.05 * math.log(4.0)))
     # No original context: the whole context's (256 positions), as both read it.
     bare = {"rope_scaling_type": "yarn", "rope_scaling_factor": 4.0}
     write_gguf(tmp_path / "n.gguf", plain, spec, bare, "qwen2")
@@ -116,11 +122,10 @@ def test_longrope_is_read_from_its_factor_tensors(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("extra", "arch", "words"),
     [
-        (YARN | {"rope_scaling_yarn_log_mul": 0.1}, "llama", "log multiplier"),
         (YARN | {"rope_scaling_yarn_ext_factor": 0.5}, "llama", "extrapolation factor"),
         (YARN | {"sliding_window": 4}, "gemma3", "YaRN is not supported for gemma3's local"),
     ],
-    ids=["log-multiplier", "extrapolation", "local-layers"],
+    ids=["extrapolation", "local-layers"],
 )  # fmt: skip
 def test_a_yarn_the_graph_does_not_compute_is_refused(
     tmp_path: Path, extra: dict[str, Any], arch: str, words: str
