@@ -92,11 +92,13 @@ def write_gguf(
         getattr(writer, f"add_{field}")(value)
     model = gguf_model()
     weights = llama_weights().random_weights(cfg, seed=3)
-    kinds: tuple[str, ...] = ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-             "ffn_gate", "ffn_up", "ffn_down")  # fmt: skip
+    kinds: tuple[str, ...] = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
+                              "ffn_up", "ffn_down")  # fmt: skip
+    kinds += ("attn_norm", "ffn_norm") if cfg.pre_norms else ()
     kinds += ("attn_q_norm", "attn_k_norm") if cfg.qk_norm else ()
     kinds += ("post_attention_norm", "post_ffw_norm") if cfg.sandwich_norms else ()
     names = ["token_embd.weight", "output_norm.weight"]
+    names += [] if cfg.tie_word_embeddings else ["output.weight"]
     names += [f"blk.{i}.{kind}.weight" for i in range(cfg.num_layers) for kind in kinds]
     if cfg.qkv_bias:
         names += [f"blk.{i}.attn_{c}.bias" for i in range(cfg.num_layers) for c in "qkv"]

@@ -39,6 +39,8 @@ class Config(Protocol):
     rope_freq_factors: tuple[float, ...] | None
     qkv_bias: bool
     qk_norm: bool
+    qk_norm_whole: bool
+    pre_norms: bool
     scale_embeddings: bool
     gelu: bool
     sandwich_norms: bool
@@ -160,13 +162,13 @@ def _forward(
     local = causal + np.where(back >= cfg.sliding_window, -np.inf, 0.0)
     tables = {
         False: _rope(n, r, cfg.rope_theta, cfg.rope_freq_factors, dtype, cfg.rope_attention_factor),
-        True: _rope(n, r, cfg.sliding_rope_theta, None, dtype, cfg.rope_attention_factor),
+        True: _rope(n, r, cfg.sliding_rope_theta, None, dtype, 1.0),  # local: unscaled
     }
     for i in range(cfg.num_layers):
         sliding = i in cfg.sliding_layers
         cos, sin = tables[sliding]
         p = f"model.layers.{i}"
-        h = _rms_norm(x, w[f"{p}.input_layernorm.weight"], cfg.rms_norm_eps)
+        h = _rms_norm(x, w[f"{p}.input_layernorm.weight"], cfg.rms_norm_eps) if cfg.pre_norms else x
         q: FloatArray
         k: FloatArray
         q, k, v = (h @ w[f"{p}.self_attn.{c}_proj.weight"].T for c in "qkv")
@@ -174,8 +176,11 @@ def _forward(
             q, k, v = (
                 x + w[f"{p}.self_attn.{c}_proj.bias"] for x, c in zip((q, k, v), "qkv", strict=True)
             )
+        if cfg.qk_norm_whole:  # OLMo 2's: all of Q's heads normed at once, and K's
+            q = _rms_norm(q, w[f"{p}.self_attn.q_norm.weight"], cfg.rms_norm_eps)
+            k = _rms_norm(k, w[f"{p}.self_attn.k_norm.weight"], cfg.rms_norm_eps)
         q, k, v = q.reshape(n, heads, d), k.reshape(n, kv_heads, d), v.reshape(n, kv_heads, d)
-        if cfg.qk_norm:  # Qwen3's: each head normed on its own
+        if cfg.qk_norm and not cfg.qk_norm_whole:  # Qwen3's: each head normed on its own
             q = _rms_norm(q, w[f"{p}.self_attn.q_norm.weight"], cfg.rms_norm_eps)
             k = _rms_norm(k, w[f"{p}.self_attn.k_norm.weight"], cfg.rms_norm_eps)
         if i not in cfg.nope_layers:  # SmolLM3's no_rope_layers
@@ -198,7 +203,10 @@ def _forward(
         if cfg.sandwich_norms:  # Gemma 3's
             attn = _rms_norm(attn, w[f"{p}.post_self_attn_layernorm.weight"], cfg.rms_norm_eps)
         x = x + attn * cfg.residual_scale  # Granite's residual_multiplier
-        h = _rms_norm(x, w[f"{p}.post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        if cfg.pre_norms:
+            h = _rms_norm(x, w[f"{p}.post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        else:
+            h = x
         gate = h @ w[f"{p}.mlp.gate_proj.weight"].T
         act = (_gelu_tanh(gate) if cfg.gelu else _silu(gate)) * (h @ w[f"{p}.mlp.up_proj.weight"].T)
         down: FloatArray = act @ w[f"{p}.mlp.down_proj.weight"].T

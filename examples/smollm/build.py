@@ -328,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--gguf", type=Path, default=None,
         help="another GGUF: LLaMA, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3 (and 4-mini), "
-        "SmolLM3, Granite, MiniCPM, ERNIE 4.5, Ministral 3",
+        "SmolLM3, Granite, MiniCPM, ERNIE 4.5, Ministral 3, OLMo 2",
     )  # fmt: skip
     parser.add_argument(
         "--fp32-only", action="store_true",

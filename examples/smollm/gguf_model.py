@@ -60,11 +60,13 @@ LONG_FACTORS = "rope_factors_long.weight"
 # (LLaMA's with Q, K and V in one tensor, gate and up in another, and LongRoPE), SmolLM3's
 # (LLaMA's with no RoPE in every fourth layer), Granite's and MiniCPM's (LLaMA's with
 # multipliers on the embeddings, the residual branches, the attention scores and the
-# logits), ERNIE 4.5's dense ones (LLaMA's) and Ministral 3's (LLaMA's with YaRN and an
-# attention temperature past the original context).
+# logits), ERNIE 4.5's dense ones (LLaMA's), Ministral 3's (LLaMA's with YaRN and an
+# attention temperature past the original context) and OLMo 2's and 3's (norms after
+# attention and the MLP, none before, Q's and K's norms over all their heads; OLMo 3's
+# local layers).
 ARCHITECTURES = (
     "llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "smollm3", "granite",
-    "minicpm", "ernie4_5", "mistral3",
+    "minicpm", "ernie4_5", "mistral3", "olmo2",
 )  # fmt: skip
 # The architectures whose RoPE llama.cpp computes on adjacent pairs (its NORM mode): their
 # Q and K rows are stored in that order (LLaMA's converter permutes them so), and read
@@ -74,7 +76,7 @@ PERMUTED = frozenset({"llama", "smollm3", "granite", "minicpm", "ernie4_5", "mis
 NOPE_PERIOD = 4
 # llama.cpp's defaults: Gemma 2 alternates local and global layers, Gemma 3 has five
 # local layers, then a global one; Gemma 2's window is 4,096.
-LOCAL_PERIOD = {"gemma2": 2, "gemma3": 6}
+LOCAL_PERIOD = {"gemma2": 2, "gemma3": 6, "olmo2": 4}
 GEMMA2_WINDOW = 4096
 # Gemma 2's soft caps by their GGUF keys' kinds (on the attention scores, on the logits),
 # llama.cpp's values where a GGUF has none.
@@ -231,7 +233,7 @@ def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufMo
     if arch not in ARCHITECTURES:
         known = (
             "LLaMA, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, SmolLM3, Granite, MiniCPM, "
-            "ERNIE 4.5 and Ministral 3"
+            "ERNIE 4.5, Ministral 3 and OLMo 2"
         )
         raise ValueError(f"only {known} GGUFs are supported, this one is {arch!r}")
     spec = read_spec(reader)
@@ -375,8 +377,6 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         raise ValueError("RoPE scaling is not supported for gemma2")
     layers = int(_field(reader, f"{arch}.block_count"))
     window, sliding = _sliding_window(reader, arch, layers)
-    if kind == "yarn" and sliding:  # the local layers' RoPE would take its magnitude
-        raise ValueError(f"YaRN is not supported for {arch}'s local layers")
     gemma = arch.startswith("gemma")
     # llama.cpp's rule (from Gemma's reference code): Gemma 2 27B's and Gemma 3 27B's Q
     # scale is by their hidden size per head, not by their head size.
@@ -408,8 +408,10 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         temperature = float(_optional(reader, "mistral3.attention.temperature_scale", 0.0))
     context = int(_field(reader, f"{arch}.context_length"))
     original = int(_optional(reader, f"{arch}.rope.scaling.original_context_length", context))
-    # Gemma 2's local layers take the global RoPE base; Gemma 3's 10,000.
-    local_base = float(_field(reader, f"{arch}.rope.freq_base")) if arch == "gemma2" else 10000.0
+    # Gemma 2's and OLMo 3's local layers take the global RoPE base; Gemma 3's 10,000.
+    local_base = 10000.0
+    if arch in ("gemma2", "olmo2"):
+        local_base = float(_field(reader, f"{arch}.rope.freq_base"))
     cfg = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -425,6 +427,8 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         rope_freq_factors=factors,
         head_size=None if head_dim * heads == hidden else head_dim,
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        qk_norm_whole=arch == "olmo2",
+        pre_norms=arch != "olmo2",
         scale_embeddings=gemma,
         gelu=gemma,
         sandwich_norms="blk.0.post_attention_norm.weight" in tensors,
@@ -490,11 +494,11 @@ def _optional(reader: Any, key: str, default: Any) -> Any:
 
 
 def _sliding_window(reader: Any, arch: str, layers: int) -> tuple[int, tuple[int, ...]]:
-    """Gemma 2's and 3's local attention: (window, the local layers), or (0, ()) where the
-    GGUF has none. The layers are the GGUF's `sliding_window_pattern` where it has one (a
-    list of flags, or a period: in every run of n layers all but the last are local),
-    else llama.cpp's period (2 for Gemma 2, 6 for Gemma 3); Gemma 2's window is 4,096
-    where the GGUF says none, as llama.cpp takes it."""
+    """Gemma 2's, Gemma 3's and OLMo 3's local attention: (window, the local layers), or
+    (0, ()) where the GGUF has none. The layers are the GGUF's `sliding_window_pattern`
+    where it has one (a list of flags, or a period: in every run of n layers all but the
+    last are local), else llama.cpp's period (2 for Gemma 2, 6 for Gemma 3, 4 for OLMo 3);
+    Gemma 2's window is 4,096 where the GGUF says none, as llama.cpp takes it."""
     default = GEMMA2_WINDOW if arch == "gemma2" else 0
     window = int(_optional(reader, f"{arch}.attention.sliding_window", default))
     if arch not in LOCAL_PERIOD or window <= 0:

@@ -153,12 +153,12 @@ class Graph:
 
 
 def rope_tables(
-    cfg: LlamaConfig, theta: float, factors: Sequence[float] | None, rows: int
+    cfg: LlamaConfig, theta: float, factors: Sequence[float] | None, rows: int, magnitude: float
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """(cos, sin) [rows, head_dim] of positions 0.. for rotate-half RoPE at base `theta`
     over the config's rotated dimensions, in float64 rounded once to float32, each
-    frequency divided by its factor where given, both times the config's LongRoPE
-    magnitude; the dimensions past them get cos 1 and sin 0 (passed as they are).
+    frequency divided by its factor where given, both times `magnitude` (LongRoPE's or
+    YaRN's); the dimensions past them get cos 1 and sin 0 (passed as they are).
     The sin table's first half is negated: rotate-half is concat(-x2, x1), so
     x*cos + concat(x2, x1)*signed_sin is the same rotation."""
     r = cfg.rotary_dim
@@ -166,8 +166,8 @@ def rope_tables(
     if factors is not None:  # llama.cpp divides each frequency by its factor
         inv_freq = inv_freq / np.asarray(factors, dtype=np.float64)
     angles = np.arange(rows, dtype=np.float64)[:, None] * inv_freq
-    cos = np.cos(np.concatenate([angles, angles], axis=-1)) * cfg.rope_attention_factor
-    sin = np.sin(angles) * cfg.rope_attention_factor
+    cos = np.cos(np.concatenate([angles, angles], axis=-1)) * magnitude
+    sin = np.sin(angles) * magnitude
     passed = (len(angles), cfg.head_dim - r)
     cos = np.concatenate([cos, np.ones(passed)], axis=-1)
     signed_sin = np.concatenate([-sin, sin, np.zeros(passed)], axis=-1)

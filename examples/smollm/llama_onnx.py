@@ -164,8 +164,13 @@ class LlamaConfig:
     # Qwen3's and Gemma's: a head size of its own (the GGUF's key_length); None: hidden /
     # heads.
     head_size: int | None = None
-    # Qwen3's and Gemma 3's: an RMSNorm over each Q and K head (its own weights) before RoPE.
+    # Qwen3's and Gemma 3's: an RMSNorm over each Q and K head (its own weights) before RoPE;
+    # OLMo 2's (`qk_norm_whole`): over all of Q's heads at once, and all of K's.
     qk_norm: bool = False
+    qk_norm_whole: bool = False
+    # OLMo 2's: no norm before the attention and the MLP (their outputs are normed,
+    # `sandwich_norms`).
+    pre_norms: bool = True
     # Gemma's: the embeddings times sqrt(hidden) (the tied LM head's table is not), and a
     # GELU (tanh) gate in place of SiLU.
     scale_embeddings: bool = False
@@ -174,12 +179,13 @@ class LlamaConfig:
     sandwich_norms: bool = False
     # The scale of Q.K; None: 1/sqrt(head_dim).
     attention_scale: float | None = None
-    # Gemma 3's local layers: each query sees the keys less than `sliding_window` positions
-    # back, and RoPE runs at its own base there, without frequency factors.
+    # Gemma 3's (and OLMo 3's) local layers: each query sees the keys less than
+    # `sliding_window` positions back, and RoPE runs at its own base there, unscaled.
     sliding_window: int = 0
     sliding_layers: tuple[int, ...] = ()
     sliding_rope_theta: float = 10000.0
-    # LongRoPE's (Phi-3's) magnitude: cos and sin multiplied by it (llama.cpp's attn_factor).
+    # LongRoPE's (Phi-3's) or YaRN's magnitude: the global layers' cos and sin multiplied by
+    # it (llama.cpp's attn_factor).
     rope_attention_factor: float = 1.0
     # Gemma 2's soft caps, c * tanh(x / c), on the attention scores and on the logits;
     # 0: none.
@@ -230,6 +236,10 @@ class LlamaConfig:
             raise ValueError(f"sliding layers {self.sliding_layers} of {self.num_layers}")
         if not set(self.nope_layers) <= set(range(self.num_layers)):
             raise ValueError(f"layers without RoPE {self.nope_layers} of {self.num_layers}")
+        if self.qk_norm_whole and not self.qk_norm:
+            raise ValueError("qk_norm_whole is a kind of qk_norm")
+        if not self.pre_norms and not self.sandwich_norms:
+            raise ValueError("a layer without its pre-norms needs its output norms")
         if self.sandwich_norms and self.residual_scale != 1.0:
             raise ValueError("a residual scale before the output norms would be normed away")
         if not self.logit_scale > 0:
@@ -263,9 +273,11 @@ def _layer(
     # would undo it), into its norm's.
     scale = cfg.attention_scale or 1.0 / math.sqrt(d)
     q_scale = 1.0 if cfg.qk_norm else scale
-    normed = g.rms_norm(
-        x, weights[f"{p}.input_layernorm.weight"], f"{p}.attn_norm", cfg.rms_norm_eps
-    )
+    normed = x
+    if cfg.pre_norms:
+        normed = g.rms_norm(
+            x, weights[f"{p}.input_layernorm.weight"], f"{p}.attn_norm", cfg.rms_norm_eps
+        )
     qkv = linear(
         g, normed,
         [
@@ -282,6 +294,17 @@ def _layer(
             weights[f"{p}.self_attn.v_proj.bias"],
         ])  # fmt: skip
         qkv = g.op("Add", [qkv, g.const(f"{p}.qkv.bias", bias)], f"{p}.qkv_biased")
+    if cfg.qk_norm_whole:  # OLMo 2's: Q's norm over all its heads, and K's
+        sizes = [cfg.num_heads * d, kvh * d, kvh * d]
+        flat_q, flat_k, flat_v = g.ops(
+            "Split", [qkv, g.ints(f"{p}.qkv.parts", sizes)],
+            [f"{p}.flat_q", f"{p}.flat_k", f"{p}.flat_v"], axis=-1,
+        )  # fmt: skip
+        normed_q = g.rms_norm(flat_q, weights[f"{p}.self_attn.q_norm.weight"] * scale,
+                              f"{p}.q_norm", cfg.rms_norm_eps)  # fmt: skip
+        normed_k = g.rms_norm(flat_k, weights[f"{p}.self_attn.k_norm.weight"], f"{p}.k_norm",
+                              cfg.rms_norm_eps)  # fmt: skip
+        qkv = g.op("Concat", [normed_q, normed_k, flat_v], f"{p}.qkv_normed", axis=-1)
     # One Reshape to heads, and RoPE on the Q and K heads together (they are adjacent).
     heads = g.op(
         "Reshape", [qkv, g.ints(f"{p}.qkv.shape", [0, cfg.num_heads + 2 * kvh, d])],
@@ -291,7 +314,8 @@ def _layer(
         "Split", [heads, g.ints(f"{p}.qkv.split", [cfg.num_heads + kvh, kvh])],
         [f"{p}.qk", value_name(i)], axis=1,
     )  # fmt: skip
-    if cfg.qk_norm:  # one norm over the Q and K heads: each head's row of weights
+    if cfg.qk_norm and not cfg.qk_norm_whole:
+        # One norm over the Q and K heads: each head's row of weights.
         rows = np.concatenate([
             np.tile(weights[f"{p}.self_attn.q_norm.weight"] * scale, (cfg.num_heads, 1)),
             np.tile(weights[f"{p}.self_attn.k_norm.weight"], (kvh, 1)),
@@ -327,8 +351,10 @@ def _layer(
                           f"{p}.attn_out_norm", cfg.rms_norm_eps)  # fmt: skip
     x = g.op("Add", [x, attn], f"{p}.resid1")
 
-    normed = g.rms_norm(x, weights[f"{p}.post_attention_layernorm.weight"], f"{p}.mlp_norm",
-                        cfg.rms_norm_eps)  # fmt: skip
+    normed = x
+    if cfg.pre_norms:
+        normed = g.rms_norm(x, weights[f"{p}.post_attention_layernorm.weight"],
+                            f"{p}.mlp_norm", cfg.rms_norm_eps)  # fmt: skip
     gu = linear(
         g, normed, [(f"{p}.mlp.gate_proj.weight", 1.0), (f"{p}.mlp.up_proj.weight", 1.0)],
         f"{p}.gate_up",
@@ -365,7 +391,9 @@ def _prelude(
 ) -> tuple[dict[str, str], list[dict[str, str]], str]:
     """The shape tensors and tables (of `rows` positions) every layer shares, each
     group's, and the flat token ids [n] (every group's rows x chunk, in group order)."""
-    cos_table, sin_table = rope_tables(cfg, cfg.rope_theta, cfg.rope_freq_factors, rows)
+    cos_table, sin_table = rope_tables(
+        cfg, cfg.rope_theta, cfg.rope_freq_factors, rows, cfg.rope_attention_factor
+    )
     flat = g.ints("c.flat", [-1])
     ids = g.op(
         "Concat", [g.op("Reshape", [grp.input_ids, flat], f"{grp.tag}.ids_flat") for grp in groups],
@@ -384,8 +412,8 @@ def _prelude(
         "cos": g.op("Unsqueeze", [cos, head_axis], "rope.cos3"),
         "sin": g.op("Unsqueeze", [sin, head_axis], "rope.sin3"),
     }
-    if cfg.sliding_layers:  # the local layers' RoPE: its own base, no frequency factors
-        local = rope_tables(cfg, cfg.sliding_rope_theta, None, rows)
+    if cfg.sliding_layers:  # the local layers' RoPE: its own base, no scaling
+        local = rope_tables(cfg, cfg.sliding_rope_theta, None, rows, 1.0)
         for part, table in zip(("cos", "sin"), local, strict=True):
             picked = g.op("Gather", [g.const(f"rope.{part}_sliding", table), positions],
                           f"rope.{part}_sliding_q", axis=0)  # fmt: skip

@@ -22,7 +22,8 @@ def weight_names(cfg: LlamaConfig) -> list[str]:
         names.append("lm_head.weight")
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}"
-        names += [f"{p}.input_layernorm.weight", f"{p}.post_attention_layernorm.weight"]
+        if cfg.pre_norms:
+            names += [f"{p}.input_layernorm.weight", f"{p}.post_attention_layernorm.weight"]
         names += [f"{p}.self_attn.{k}_proj.weight" for k in ("q", "k", "v", "o")]
         names += [f"{p}.mlp.{k}_proj.weight" for k in ("gate", "up", "down")]
         if cfg.qkv_bias:
@@ -50,8 +51,8 @@ def weight_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
             "post_attention_layernorm": (h,),
             "post_self_attn_layernorm": (h,),
             "post_feedforward_layernorm": (h,),
-            "q_norm": (d,),
-            "k_norm": (d,),
+            "q_norm": (cfg.num_heads * d,) if cfg.qk_norm_whole else (d,),
+            "k_norm": (cfg.num_kv_heads * d,) if cfg.qk_norm_whole else (d,),
             "q_proj": (cfg.num_heads * d, h),
             "k_proj": (cfg.num_kv_heads * d, h),
             "v_proj": (cfg.num_kv_heads * d, h),

@@ -180,3 +180,56 @@ def test_a_tensor_the_graph_has_no_place_for_is_refused(tmp_path: Path) -> None:
     write_gguf(tmp_path / "m.gguf", cfg, spec, tensors=other)
     with pytest.raises(ValueError, match=r"holds blk\.0\.ffn_gate_inp\.weight, which the graph"):
         gguf_model().read_gguf(tmp_path / "m.gguf")
+
+
+def test_an_olmo2_gguf_norms_after_and_over_all_heads(tmp_path: Path) -> None:
+    """OLMo 2's: no norm before the attention and the MLP, one after each, Q's and K's
+    norms over all their heads at once (weights of heads x head size), rotate-half RoPE."""
+    spec = byte_level_spec("dbrx")
+    cfg = tiny_config(vocab_size=len(spec.tokens), tie_word_embeddings=False,
+                      qk_norm=True, qk_norm_whole=True, pre_norms=False,
+                      sandwich_norms=True)  # fmt: skip
+    write_gguf(tmp_path / "o.gguf", cfg, spec, arch="olmo2")
+    model = gguf_model().read_gguf(tmp_path / "o.gguf")
+    assert model.cfg == dataclasses.replace(cfg, rms_norm_eps=model.cfg.rms_norm_eps)
+    weights = llama_weights().random_weights(cfg, seed=3)
+    assert weights["model.layers.0.self_attn.q_norm.weight"].shape == (64,)
+    want = forward(weights, cfg, [*IDS, 71, 8], first=6)
+    np.testing.assert_allclose(stepped(model), want, atol=1e-4, rtol=0)
+    per_head = dict(weights)
+    for i in range(cfg.num_layers):  # each head's share of the whole norm, normed alone
+        for c in "qk":
+            name = f"model.layers.{i}.self_attn.{c}_norm.weight"
+            per_head[name] = per_head[name][: cfg.head_dim]
+    apart = dataclasses.replace(cfg, qk_norm_whole=False)
+    assert np.abs(want[0] - forward(per_head, apart, IDS)[-1]).max() > 1e-2
+
+
+def test_an_olmo3_gguf_has_local_layers_unscaled_beside_yarn(tmp_path: Path) -> None:
+    """OLMo 3's: OLMo 2's with a sliding window in all but every fourth layer, whose RoPE
+    is unscaled (the global layers take YaRN's divisors and magnitude)."""
+    spec = byte_level_spec("dbrx")
+    plain = tiny_config(vocab_size=len(spec.tokens), tie_word_embeddings=False, num_layers=5,
+                        qk_norm=True, qk_norm_whole=True, pre_norms=False,
+                        sandwich_norms=True, rope_theta=500.0)  # fmt: skip
+    extra = {"sliding_window": 3, "rope_scaling_type": "yarn", "rope_scaling_factor": 4.0,
+             "rope_scaling_orig_ctx_len": 32}  # fmt: skip
+    write_gguf(tmp_path / "o3.gguf", plain, spec, extra, "olmo2")
+    model = gguf_model().read_gguf(tmp_path / "o3.gguf")
+    cfg = model.cfg
+    assert (cfg.sliding_window, cfg.sliding_layers, cfg.sliding_rope_theta) == (
+        3,
+        (0, 1, 2, 4),
+        500.0,
+    )
+    assert cfg.rope_freq_factors is not None and cfg.rope_attention_factor > 1.1
+    weights = llama_weights().random_weights(plain, seed=3)
+    ids = [5, 17, 200, 33, 9, 45, 250, 12, 99, 140]
+    want = forward(weights, cfg, [*ids, 71, 8], first=len(ids) - 1)
+    graph = llama_onnx().build_step_graph(model.weights, cfg)
+    cache, seq = PagedCache(session_for(graph), cfg, 8, 4), CachedSeq()
+    got = [cache.step([seq], [ids])[0]]
+    got += [cache.step([seq], [[token]])[0] for token in (71, 8)]
+    np.testing.assert_allclose(np.stack(got), want, atol=1e-4, rtol=0)
+    scaled = dataclasses.replace(cfg, sliding_layers=(), sliding_window=0)
+    assert np.abs(got[0] - forward(weights, scaled, ids)[-1]).max() > 1e-2

@@ -123,9 +123,8 @@ def test_longrope_is_read_from_its_factor_tensors(tmp_path: Path) -> None:
     ("extra", "arch", "words"),
     [
         (YARN | {"rope_scaling_yarn_ext_factor": 0.5}, "llama", "extrapolation factor"),
-        (YARN | {"sliding_window": 4}, "gemma3", "YaRN is not supported for gemma3's local"),
     ],
-    ids=["extrapolation", "local-layers"],
+    ids=["extrapolation"],
 )  # fmt: skip
 def test_a_yarn_the_graph_does_not_compute_is_refused(
     tmp_path: Path, extra: dict[str, Any], arch: str, words: str
