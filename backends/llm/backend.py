@@ -21,7 +21,7 @@ from ge_serve.protos import model_config_pb2
 
 from ..base import Backend, LoadedModel, ModelSpec, TextGeneration
 from .ge_runner import GeStepRunner, StepGears
-from .runner import GraphShape, Runner, StepRunner
+from .runner import GraphShape, Runner, StepRunner, check_positions
 from .settings import EngineSettings, parse_settings
 from .text import Tokenizer
 
@@ -140,13 +140,19 @@ class LlmBackend:
         settings = parse_settings(config, spec.model_dir, spec.version)
         tokenizer = Tokenizer(settings.tokenizer)
         runner = self._runner(spec.name, settings)
-        try:  # a model that fails here gives its pool back (the NPU's memory)
-            primary = eos_primary(settings, tokenizer)
-            eos = set(settings.eos_token_ids) | ({primary} if primary is not None else set())
-            _check_fits(runner.shape, settings, tokenizer, eos)
+        try:  # a model that fails from here on gives its pool back (the NPU's memory)
+            return self._loaded(spec, settings, tokenizer, runner)
         except BaseException:
             runner.close()
             raise
+
+    def _loaded(
+        self, spec: ModelSpec, settings: EngineSettings, tokenizer: Tokenizer, runner: Runner
+    ) -> LoadedModel:
+        config = spec.config
+        primary = eos_primary(settings, tokenizer)
+        eos = set(settings.eos_token_ids) | ({primary} if primary is not None else set())
+        _check_fits(runner.shape, settings, tokenizer, eos)
         template = None
         if settings.chat_template is not None:
             template = settings.chat_template.read_text(encoding="utf-8")
@@ -214,6 +220,7 @@ class LlmBackend:
             settings.kv_cache_blocks,
             settings.kv_block_size,
             gears,
+            settings.max_model_len,
         )
 
 
@@ -228,12 +235,7 @@ def _check_fits(
         )
     if any(i >= shape.vocab for i in eos):
         raise ValueError(f"parameter eos_token_ids: {sorted(eos)} outside the vocabulary")
-    if shape.positions is not None and settings.max_model_len > shape.positions:
-        raise ValueError(
-            f"parameter max_model_len {settings.max_model_len} exceeds the {shape.positions} "
-            "positions the step model computes (its RoPE tables; build it again for more: "
-            "examples/smollm/build.py --max-model-len)"
-        )
+    check_positions(shape, settings.max_model_len)
 
 
 def complete_interface(config: model_config_pb2.ModelConfig) -> None:

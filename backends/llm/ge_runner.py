@@ -36,6 +36,7 @@ from .runner import (
     GraphShape,
     RowWork,
     build_step_inputs,
+    check_positions,
     max_positions,
     run_apart,
     step_shape,
@@ -158,8 +159,10 @@ class GeStepRunner:
         blocks: int,
         block_size: int,
         gears: StepGears,
+        max_model_len: int,
     ) -> None:
         self.shape = graph_shape_of(path, block_size)
+        check_positions(self.shape, max_model_len)  # before the compile, which takes long
         self.block_size = block_size
         self.gears = gears
         self.pool = KvPool(

@@ -65,6 +65,16 @@ class GraphShape:
     positions: int | None = None
 
 
+def check_positions(shape: GraphShape, max_model_len: int) -> None:
+    """ValueError where max_model_len passes the positions the graph computes."""
+    if shape.positions is not None and max_model_len > shape.positions:
+        raise ValueError(
+            f"parameter max_model_len {max_model_len} exceeds the {shape.positions} "
+            "positions the step model computes (its RoPE tables; build it again for more: "
+            "examples/smollm/build.py --max-model-len)"
+        )
+
+
 def max_positions(metadata: Mapping[str, str]) -> int | None:
     """The graph metadata's `max_positions`, None where it has none."""
     found = metadata.get(MAX_POSITIONS)

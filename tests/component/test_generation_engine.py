@@ -249,13 +249,26 @@ async def test_the_npu_placement_refuses_a_context_past_the_graphs_positions(
     tmp_path: Path,
 ) -> None:
     """The graph's metadata says its RoPE tables hold 2,048 positions, read from the file
-    as the NPU placement reads it; a longer max_model_len fails the load, and the same
-    runtime then loads the model within them."""
+    as the NPU placement reads it; a longer max_model_len fails the load before anything
+    reaches the device (no compile), and the same runtime then loads the model within
+    them. A load that fails after the step model is on the device (a chat template that
+    is not UTF-8) gives its memory back."""
     runtime = SimRuntime()
+    device = runtime.devices[0]
     try:
         with pytest.raises(ValueError, match="max_model_len 2056 exceeds the 2048 positions"):
             engine(tmp_path / "a", GeBackend(runtime), placement="npu", max_model_len="2056",
                    kv_cache_blocks="1024", npu_block_gears="257")  # fmt: skip
+        assert device.peak == device.used == 0
+        folder = llmrepo.write_tiny_llm(tmp_path / "t", "m", {"placement": "npu"})
+        (folder / "1" / "chat_template.jinja").write_bytes(b"\xff\xfe{{ x }}")
+        config = text_format.Parse(
+            (folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+        )
+        spec = ModelSpec("m", 1, config, folder, folder / "1" / "model.onnx")
+        with pytest.raises(UnicodeDecodeError):
+            LlmBackend(GeBackend(runtime)).load(spec)
+        assert device.peak > 0 and device.used == 0
         scheduler = engine(tmp_path / "b", GeBackend(runtime), placement="npu")
         try:
             sink = await ask(scheduler, PROMPTS[0])
