@@ -276,8 +276,14 @@ def build(
         )
     only = low_memory and blocks is not None
     head = model.head if int8 and not only else None
-    length = max_model_len or min(model.cfg.max_position_embeddings, POOL_TOKENS)
-    if length < model.cfg.max_position_embeddings and not max_model_len:
+    default = min(model.cfg.max_position_embeddings, POOL_TOKENS)
+    length = default if max_model_len is None else max_model_len
+    if not 2 <= length <= model.cfg.max_position_embeddings:  # before the build, not after
+        raise ValueError(
+            f"max_model_len {length} is not between 2 and the model's "
+            f"{model.cfg.max_position_embeddings} positions"
+        )
+    if length < model.cfg.max_position_embeddings and max_model_len is None:
         print(
             f"build.py: max_model_len {length} of the GGUF's "
             f"{model.cfg.max_position_embeddings} positions (--max-model-len takes more; "

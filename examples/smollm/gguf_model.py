@@ -72,6 +72,9 @@ ARCHITECTURES = (
 # Q and K rows are stored in that order (LLaMA's converter permutes them so), and read
 # back into rotate-half's; the others' RoPE is rotate-half there too, their rows as stored.
 PERMUTED = frozenset({"llama", "smollm3", "granite", "minicpm", "ernie4_5", "mistral3"})
+# The architectures llama.cpp computes a RoPE over part of each head for (Phi-4-mini's;
+# the others assert it is the whole head).
+PARTIAL_ROPE = frozenset({"phi3", "gemma", "gemma2", "gemma3"})
 # SmolLM3's period of layers without RoPE (llama.cpp's n_no_rope_layer_step).
 NOPE_PERIOD = 4
 # llama.cpp's defaults: Gemma 2 alternates local and global layers, Gemma 3 has five
@@ -325,9 +328,10 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
     `rope_freqs` tensor), LongRoPE's short ones (the long ones are GgufModel's) with its
     attention factor, a linear factor (every frequency divided by it), or YaRN's (a
     divisor per frequency and a magnitude); Gemma 2's soft caps; a RoPE over part of each
-    head (`rope.dimension_count`); SmolLM3's layers without RoPE; Granite's multipliers. A
-    partial RoPE on a permuted architecture, YaRN on local layers and soft caps on another
-    architecture are refused, which the graph does not compute."""
+    head (`rope.dimension_count`, Phi-3's and Gemma's); SmolLM3's layers without RoPE;
+    Granite's, MiniCPM's and Ministral 3's options; OLMo 2's norms. A partial RoPE where
+    llama.cpp computes none and soft caps on another architecture than Gemma 2 are
+    refused."""
 
     tensors = {t.name: t for t in reader.tensors}
     heads = int(_field(reader, f"{arch}.attention.head_count"))
@@ -339,10 +343,11 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         raise ValueError(
             f"{arch}.attention.value_length {value_length} is not the head size {head_dim}"
         )
-    # RoPE over part of each head (Phi-4-mini's), which llama.cpp refuses for LLaMA.
+    # RoPE over part of each head (Phi-4-mini's), where llama.cpp computes one.
     rotary = int(_optional(reader, f"{arch}.rope.dimension_count", head_dim))
-    if rotary != head_dim and (arch in PERMUTED or not 0 < rotary < head_dim or rotary % 2):
-        below = "" if arch in PERMUTED else " or an even number below it"
+    partial = arch in PARTIAL_ROPE
+    if rotary != head_dim and (not partial or not 0 < rotary < head_dim or rotary % 2):
+        below = " or an even number below it" if partial else ""
         raise ValueError(
             f"{arch}.rope.dimension_count {rotary} is not the head size {head_dim}{below}"
         )

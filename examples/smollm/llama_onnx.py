@@ -56,7 +56,7 @@ Why it is shaped as it is, for onnxruntime on a CPU:
   (30 layers), so the graph keeps the op count per layer low.
 - The attention scale 1/sqrt(head_dim) is folded into the Q weights (RoPE is a rotation,
   so scaling before or after it is the same).
-- RoPE uses Hugging Face's rotate-half pairing (dimension j with j + head_dim/2); cos and
+- RoPE uses Hugging Face's rotate-half pairing (dimension j with j + rotary_dim/2); cos and
   sin come from tables computed in float64 and gathered by position, so a far position is
   as exact as a near one. The sign of rotate-half is folded into the sin table.
 - Scores against the past slots and against the new tokens are two MatMuls whose results
@@ -158,8 +158,8 @@ class LlamaConfig:
     # Qwen2's: Q, K and V projections with a bias each.
     qkv_bias: bool = False
     # RoPE scaling as a GGUF stores it (Llama 3.1's `rope_freqs`, LongRoPE's short or long
-    # factors, a linear factor for each): each frequency pair's divisor, head_dim/2 of them;
-    # None: none.
+    # factors, YaRN's, a linear factor for each): each frequency pair's divisor,
+    # rotary_dim/2 of them; None: none.
     rope_freq_factors: tuple[float, ...] | None = None
     # Qwen3's and Gemma's: a head size of its own (the GGUF's key_length); None: hidden /
     # heads.
@@ -542,7 +542,9 @@ def build_step_graph(
     RoPE tables hold `positions` (default: the config's whole context), which the graph's
     metadata says."""
     cfg.validate()
-    rows = positions or cfg.max_position_embeddings
+    rows = cfg.max_position_embeddings if positions is None else positions
+    if rows < 1:
+        raise ValueError(f"the RoPE tables need positions, got {rows}")
     if blocks_only and (not blocks or head is not None):
         raise ValueError("blocks_only takes projections' blocks and the fp32 head")
     if head is not None and (not blocks or not int8_activations):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 from ggufwriter import BOS, EOS, FACTORS, SPACE, byte_level_spec, pieces, spm_spec, write_gguf
 from llama_reference import forward
@@ -239,6 +240,18 @@ def test_a_long_context_is_cut_to_the_default_pool_unless_asked_for(
     assert "max_model_len 8192 of the GGUF's 16384 positions" in capsys.readouterr().err
     asked = build(tmp_path, "asked", 10000, gguf=tmp_path / "long.gguf") / "config.pbtxt"
     assert 'key: "kv_cache_blocks" value: { string_value: "625" }' in asked.read_text()
+    # The graph's RoPE tables hold max_model_len positions, as its metadata says.
+    graph = onnx.load(str(asked.parent / "1" / "model.onnx"))
+    assert {p.key: p.value for p in graph.metadata_props} == {"max_positions": "10000"}
+    # A length the GGUF cannot take is refused before anything is built.
+    for length in ("0", "16385"):
+        argv = ["--gguf", str(tmp_path / "long.gguf"), "--out", str(tmp_path), "--name", "no",
+                "--max-model-len", length]  # fmt: skip
+        assert build_module().main(argv) == 2
+        assert f"max_model_len {length} is not between 2 and the model's 16384" in (
+            capsys.readouterr().err
+        )
+        assert not (tmp_path / "no").exists()
 
 
 def test_a_qwen2_gguf_reads_its_biases_and_rows_as_stored(tmp_path: Path) -> None:

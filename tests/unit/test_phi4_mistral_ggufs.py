@@ -103,14 +103,15 @@ def test_a_phi4_mini_gguf_rotates_part_of_each_head(tmp_path: Path) -> None:
         ("phi3", 7, "phi3.rope.dimension_count 7 is not the head size 16 or an even number"),
         ("phi3", 32, "phi3.rope.dimension_count 32 is not the head size 16 or an even number"),
         ("llama", 8, "llama.rope.dimension_count 8 is not the head size 16$"),
+        ("qwen2", 8, "qwen2.rope.dimension_count 8 is not the head size 16$"),
     ],
-    ids=["odd", "wider", "llama"],
+    ids=["odd", "wider", "llama", "qwen2"],
 )
 def test_a_partial_rope_the_graph_cannot_compute_is_refused(
     tmp_path: Path, arch: str, count: int, words: str
 ) -> None:
-    """LLaMA's rows are stored permuted for llama.cpp's whole-head RoPE, which refuses a
-    partial one there too."""
+    """llama.cpp computes a partial RoPE for Phi-3's and Gemma's architectures alone (the
+    others assert the whole head); nor does Hugging Face's Qwen2 have one."""
     pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
     spec = byte_level_spec("llama-bpe")
     cfg = tiny_config(vocab_size=len(spec.tokens))
