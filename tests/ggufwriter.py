@@ -4,6 +4,7 @@ architectures examples/smollm reads, with llama.cpp's tensor names and row order
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -130,3 +131,13 @@ def write_gguf(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def read_back(path: Path, cfg: Any) -> Any:
+    """The GGUF at `path` read, after checking that it holds `cfg` (its eps as the GGUF
+    rounds it) and write_gguf's weights for it."""
+    model = gguf_model().read_gguf(path)
+    assert model.cfg == dataclasses.replace(cfg, rms_norm_eps=model.cfg.rms_norm_eps)
+    for name, value in llama_weights().random_weights(cfg, seed=3).items():
+        np.testing.assert_array_equal(model.weights[name], value, err_msg=name)
+    return model
