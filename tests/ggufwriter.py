@@ -106,7 +106,7 @@ def write_gguf(
     stored: dict[str, Any] = {}
     for name in names:
         value = weights[model._hf_name(name)]
-        kind = name.split(".")[2] if name.startswith("blk.") and name.endswith("weight") else ""
+        kind = name.split(".")[2] if name.startswith("blk.") else ""
         heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads}.get(kind)
         if heads is not None and arch in model.PERMUTED:  # llama.cpp's row order, undone
             stored[name] = np.empty_like(value)

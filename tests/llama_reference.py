@@ -48,6 +48,7 @@ class Config(Protocol):
     sliding_window: int
     sliding_layers: tuple[int, ...]
     sliding_rope_theta: float
+    sliding_rope_attention_factor: float
     rope_attention_factor: float
     attention_softcap: float
     logit_softcap: float
@@ -162,7 +163,7 @@ def _forward(
     local = causal + np.where(back >= cfg.sliding_window, -np.inf, 0.0)
     tables = {
         False: _rope(n, r, cfg.rope_theta, cfg.rope_freq_factors, dtype, cfg.rope_attention_factor),
-        True: _rope(n, r, cfg.sliding_rope_theta, None, dtype, 1.0),  # local: unscaled
+        True: _rope(n, r, cfg.sliding_rope_theta, None, dtype, cfg.sliding_rope_attention_factor),
     }
     for i in range(cfg.num_layers):
         sliding = i in cfg.sliding_layers

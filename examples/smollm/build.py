@@ -30,9 +30,8 @@ their blocks too, and their LM head on the GGUF's 8-bit table where it has one (
 is Q8_0): a decode step alone takes about 0.7 of the time, and greedy answers leave the
 exact model's where two tokens' logits nearly tie. `--low-memory` computes every step on
 the blocks and keeps no fp32 copy of them (the embedding table and the LM head stay fp32,
-with `--int8-activations` too): prompts are slower. `--gguf FILE` builds another LLaMA-,
-Qwen2-, Qwen3-, Gemma-, Gemma 2-, Gemma 3- or Phi-3-architecture GGUF (README.md, "Other
-GGUFs").
+with `--int8-activations` too): prompts are slower. `--gguf FILE` builds another GGUF of
+an architecture gguf_model.py reads (README.md, "Other GGUFs").
 
 Usage::
 

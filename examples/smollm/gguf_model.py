@@ -1,15 +1,16 @@
-"""Read a LLaMA-, Qwen2-, Qwen3-, Gemma-, Gemma 3- or Phi-3-architecture GGUF (llama.cpp's
-format) into what the step graph and the server need: the hyperparameters, fp32 weights
+"""Read a GGUF (llama.cpp's format) of an architecture in ARCHITECTURES into what the step
+graph and the server need: the hyperparameters, fp32 weights
 under their Hugging Face names (or, for a graph on the blocks alone, the projections kept
 as their blocks), and the tokenizer with its special tokens and chat template.
 
 GGUF conventions undone here:
 - A tensor's `ne` lists dims innermost first; `gguf` already gives the numpy shape, [out,
   in] for a linear weight, as torch keeps it, so only dequantization is needed.
-- llama.cpp's converter permutes the rows of the Q and K projections within each head
-  (convert_hf_to_gguf.py, LlamaModel.permute) so that its RoPE rotates adjacent pairs
-  (2j, 2j+1); Hugging Face's rotate-half pairs j with j + head_dim/2. `unpermute_order`
-  restores Hugging Face's order, which the graph and the numpy reference both use.
+- llama.cpp's converter permutes the rows of the Q and K projections (and their biases)
+  within each head (convert_hf_to_gguf.py, LlamaModel.permute) so that its RoPE rotates
+  adjacent pairs (2j, 2j+1) for the architectures in PERMUTED; Hugging Face's rotate-half
+  pairs j with j + head_dim/2. `unpermute_order` restores Hugging Face's order, which the
+  graph and the numpy reference both use.
 - Gemma's norms multiply by 1 + w; its converter stores w + 1, so they are LLaMA's here.
 - The tokenizer (gguf_tokenizer.py) is byte-level BPE (`gpt2`: SmolLM, Llama 3,
   DeepSeek) or SentencePiece BPE (`llama`: Llama 2, Mistral), as llama.cpp reads them.
@@ -219,10 +220,10 @@ def _hf_name(gguf_name: str) -> str:
         return f"model.norm.{suffix}"
     if base == "output":
         return f"lm_head.{suffix}"
-    _, layer, kind = base.split(".", 2)
-    if kind not in _LAYER_TENSORS:
+    fields = base.split(".", 2)
+    if len(fields) != 3 or fields[0] != "blk" or fields[2] not in _LAYER_TENSORS:
         raise ValueError(f"the GGUF holds {gguf_name}, which the graph does not compute")
-    return f"model.layers.{layer}.{_LAYER_TENSORS[kind]}.{suffix}"
+    return f"model.layers.{fields[1]}.{_LAYER_TENSORS[fields[2]]}.{suffix}"
 
 
 def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufModel:
@@ -267,9 +268,10 @@ def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufMo
         if fp32_projections or stored is None or not {n for n, _ in parts} <= projections:
             array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
         for name, order in parts:
-            if permuted and name.endswith("q_proj.weight"):
+            # The converter permutes a Q or K bias as it does the weights' rows.
+            if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
                 order = unpermute_order(int(tensor.shape[-1]), cfg.num_heads)
-            elif permuted and name.endswith("k_proj.weight"):
+            elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
                 order = unpermute_order(int(tensor.shape[-1]), cfg.num_kv_heads)
             if array is not None:
                 weights[name] = np.ascontiguousarray(array if order is None else array[order])
@@ -353,6 +355,8 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         )
     factors: tuple[float, ...] | None = None
     magnitude = float(_optional(reader, f"{arch}.rope.scaling.attn_factor", 1.0))
+    # llama.cpp's local layers: Gemma's take that factor (not YaRN's), OLMo 3's none.
+    local_magnitude = magnitude if arch.startswith("gemma") else 1.0
     scaling = reader.fields.get(f"{arch}.rope.scaling.type")
     kind = "none" if scaling is None else str(scaling.contents())
     if kind == "linear":
@@ -401,8 +405,9 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         if not _optional(reader, "granite.rope.scaling.finetuned", True):  # its RoPE switch
             nope = tuple(range(layers))
     elif arch == "minicpm":
-        embedding_scale = float(_optional(reader, "minicpm.embedding_scale", 12.0))
-        residual_scale = float(_optional(reader, "minicpm.residual_scale", 1.4 / math.sqrt(layers)))
+        embedding_scale = float(_optional(reader, "minicpm.embedding_scale", 12.0)) or 1.0
+        depth = 1.4 / math.sqrt(layers)
+        residual_scale = float(_optional(reader, "minicpm.residual_scale", depth)) or 1.0
         logit_scale = float(_optional(reader, "minicpm.logit_scale", hidden / 256.0))
     elif arch == "smollm3":
         nope = tuple(range(NOPE_PERIOD - 1, layers, NOPE_PERIOD))
@@ -413,10 +418,13 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         temperature = float(_optional(reader, "mistral3.attention.temperature_scale", 0.0))
     context = int(_field(reader, f"{arch}.context_length"))
     original = int(_optional(reader, f"{arch}.rope.scaling.original_context_length", context))
-    # Gemma 2's and OLMo 3's local layers take the global RoPE base; Gemma 3's 10,000.
+    # Gemma 2's and OLMo 3's local layers take the global RoPE base; Gemma 3's 10,000 or
+    # the GGUF's own (OLMo 3's whatever the GGUF says, as llama.cpp's).
     local_base = 10000.0
     if arch in ("gemma2", "olmo2"):
         local_base = float(_field(reader, f"{arch}.rope.freq_base"))
+    if arch != "olmo2":
+        local_base = float(_optional(reader, f"{arch}.rope.freq_base_swa", local_base))
     cfg = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -440,7 +448,8 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         attention_scale=scale,
         sliding_window=window,
         sliding_layers=sliding,
-        sliding_rope_theta=float(_optional(reader, f"{arch}.rope.freq_base_swa", local_base)),
+        sliding_rope_theta=local_base,
+        sliding_rope_attention_factor=local_magnitude,
         rope_attention_factor=magnitude,
         attention_temperature_scale=temperature,
         attention_temperature_length=original if temperature else 0,
@@ -486,9 +495,11 @@ def _yarn(reader: Any, arch: str, rotary: int) -> tuple[tuple[float, ...], float
     def mscale(scale: float) -> float:
         return 1.0 + 0.1 * scale * math.log(factor) if factor > 1 else 1.0
 
-    # The magnitude: mscale / mscale_all_dim where the GGUF has the latter (its log
-    # multiplier; Ministral 3's), as both read it with mscale 1.
-    all_dims = float(_optional(reader, f"{scaling}.yarn_log_multiplier", 0.0))
+    # The magnitude: mscale / mscale_all_dim where Ministral 3's GGUF has the latter (its
+    # log multiplier), as both read it with mscale 1.
+    all_dims = 0.0
+    if arch == "mistral3":  # the one of these architectures llama.cpp reads it for
+        all_dims = float(_optional(reader, f"{scaling}.yarn_log_multiplier", 0.0))
     default = mscale(1.0) / mscale(all_dims) if all_dims else mscale(1.0)
     return tuple(divisors), float(_optional(reader, f"{scaling}.yarn_attn_factor", default))
 

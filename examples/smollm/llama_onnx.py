@@ -184,6 +184,9 @@ class LlamaConfig:
     sliding_window: int = 0
     sliding_layers: tuple[int, ...] = ()
     sliding_rope_theta: float = 10000.0
+    # The local layers' cos and sin magnitude (llama.cpp's: Gemma's the GGUF's attn_factor,
+    # OLMo 3's none; neither YaRN's).
+    sliding_rope_attention_factor: float = 1.0
     # LongRoPE's (Phi-3's) or YaRN's magnitude: the global layers' cos and sin multiplied by
     # it (llama.cpp's attn_factor).
     rope_attention_factor: float = 1.0
@@ -413,7 +416,9 @@ def _prelude(
         "sin": g.op("Unsqueeze", [sin, head_axis], "rope.sin3"),
     }
     if cfg.sliding_layers:  # the local layers' RoPE: its own base, no scaling
-        local = rope_tables(cfg, cfg.sliding_rope_theta, None, rows, 1.0)
+        local = rope_tables(
+            cfg, cfg.sliding_rope_theta, None, rows, cfg.sliding_rope_attention_factor
+        )
         for part, table in zip(("cos", "sin"), local, strict=True):
             picked = g.op("Gather", [g.const(f"rope.{part}_sliding", table), positions],
                           f"rope.{part}_sliding_q", axis=0)  # fmt: skip

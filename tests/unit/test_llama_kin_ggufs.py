@@ -112,6 +112,29 @@ def test_a_minicpm_gguf_takes_its_multipliers_or_their_defaults(tmp_path: Path) 
     write_gguf(tmp_path / "o.gguf", plain, spec, own, "minicpm")
     told = gguf_model().read_gguf(tmp_path / "o.gguf").cfg
     assert (told.embedding_scale, told.residual_scale, told.logit_scale) == (2.0, 0.5, 3.0)
+    # A scale of 0 is none, as llama.cpp reads it.
+    zeros = own | {"embedding_scale": 0.0, "residual_scale": 0.0}
+    write_gguf(tmp_path / "z.gguf", plain, spec, zeros, "minicpm")
+    zero = gguf_model().read_gguf(tmp_path / "z.gguf").cfg
+    assert (zero.embedding_scale, zero.residual_scale) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "smollm3", "granite"])
+def test_q_and_k_biases_are_read_in_the_rows_order(tmp_path: Path, arch: str) -> None:
+    """LLaMA's kin with biases on Q, K and V (a llamafied Qwen, Granite's attention_bias):
+    the converter permutes the Q and K biases as it does their weights' rows, and both are
+    read back into rotate-half's order."""
+    spec = byte_level_spec("refact")
+    cfg = tiny_config(vocab_size=len(spec.tokens), qkv_bias=True)
+    extra = GRANITE if arch == "granite" else {}
+    write_gguf(tmp_path / "b.gguf", cfg, spec, extra, arch)
+    model = gguf_model().read_gguf(tmp_path / "b.gguf")
+    weights = llama_weights().random_weights(cfg, seed=3)
+    for name in ("q_proj.bias", "k_proj.bias", "q_proj.weight"):
+        np.testing.assert_array_equal(model.weights[f"model.layers.1.self_attn.{name}"],
+                                      weights[f"model.layers.1.self_attn.{name}"])  # fmt: skip
+    want = forward(weights, model.cfg, [*IDS, 71, 8], first=6)
+    np.testing.assert_allclose(stepped(model), want, atol=1e-4, rtol=0)
 
 
 def test_an_ernie_gguf_reads_its_rows_and_head_size(tmp_path: Path) -> None:
@@ -204,16 +227,14 @@ def test_an_olmo3_gguf_has_local_layers_unscaled_beside_yarn(tmp_path: Path) -> 
     plain = tiny_config(vocab_size=len(spec.tokens), tie_word_embeddings=False, num_layers=5,
                         qk_norm=True, qk_norm_whole=True, pre_norms=False,
                         sandwich_norms=True, rope_theta=500.0)  # fmt: skip
+    # Its local layers run at the global base whatever the GGUF says (llama.cpp's).
     extra = {"sliding_window": 3, "rope_scaling_type": "yarn", "rope_scaling_factor": 4.0,
-             "rope_scaling_orig_ctx_len": 32}  # fmt: skip
+             "rope_scaling_orig_ctx_len": 32, "rope_freq_base_swa": 10000.0}  # fmt: skip
     write_gguf(tmp_path / "o3.gguf", plain, spec, extra, "olmo2")
     model = gguf_model().read_gguf(tmp_path / "o3.gguf")
     cfg = model.cfg
-    assert (cfg.sliding_window, cfg.sliding_layers, cfg.sliding_rope_theta) == (
-        3,
-        (0, 1, 2, 4),
-        500.0,
-    )
+    local = (cfg.sliding_window, cfg.sliding_layers, cfg.sliding_rope_theta)
+    assert local == (3, (0, 1, 2, 4), 500.0) and cfg.sliding_rope_attention_factor == 1.0
     assert cfg.rope_freq_factors is not None and cfg.rope_attention_factor > 1.1
     weights = llama_weights().random_weights(plain, seed=3)
     ids = [5, 17, 200, 33, 9, 45, 250, 12, 99, 140]

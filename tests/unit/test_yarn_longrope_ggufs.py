@@ -78,11 +78,14 @@ def test_yarn_divides_each_frequency_and_scales_cos_and_sin(tmp_path: Path) -> N
     assert betas.rope_freq_factors != cfg.rope_freq_factors
     assert betas.rope_attention_factor == 1.5
     # A log multiplier m (Ministral 3's mscale_all_dim): the magnitude is Hugging Face's
-    # get_mscale(factor) / get_mscale(factor, m).
-    write_gguf(tmp_path / "m.gguf", plain, spec, YARN | {"rope_scaling_yarn_log_mul": 0.5},
-               "qwen2")  # fmt: skip
-    mul = gguf_model().read_gguf(tmp_path / "m.gguf").cfg.rope_attention_factor
-    assert mul == pytest.approx((1 + 0.1 * math.log(4.0)) / (1 + 0.05 * math.log(4.0)))
+    # get_mscale(factor) / get_mscale(factor, m) there; llama.cpp reads it for no other of
+    # these architectures.
+    logged = YARN | {"rope_scaling_yarn_log_mul": 0.5}
+    for arch, want in (("mistral3", (1 + 0.1 * math.log(4.0)) / (1 + 0.05 * math.log(4.0))),
+                       ("qwen2", magnitude)):  # fmt: skip
+        write_gguf(tmp_path / "m.gguf", plain, spec, logged, arch)
+        got = gguf_model().read_gguf(tmp_path / "m.gguf").cfg.rope_attention_factor
+        assert got == pytest.approx(want, rel=1e-6), arch
     # No original context: the whole context's (256 positions), as both read it.
     bare = {"rope_scaling_type": "yarn", "rope_scaling_factor": 4.0}
     write_gguf(tmp_path / "n.gguf", plain, spec, bare, "qwen2")
@@ -134,3 +137,22 @@ def test_a_yarn_the_graph_does_not_compute_is_refused(
     write_gguf(tmp_path / "r.gguf", cfg, spec, extra, arch)
     with pytest.raises(ValueError, match=words):
         gguf_model().read_gguf(tmp_path / "r.gguf")
+
+
+def test_gemma3s_local_layers_take_the_ggufs_attn_factor_but_not_yarns(tmp_path: Path) -> None:
+    """llama.cpp's Gemma 3: the global layers' cos and sin take YaRN's magnitude times the
+    GGUF's attn_factor, the local layers' (unscaled, at their own base) the attn_factor
+    alone. The graph computes both as the reference does."""
+    spec = byte_level_spec("llama-bpe")
+    plain = tiny_config(vocab_size=len(spec.tokens), num_layers=6, head_size=32,
+                        qk_norm=True, sandwich_norms=True)  # fmt: skip
+    extra = YARN | {"sliding_window": 4, "rope_scaling_attn_factors": 1.25}
+    write_gguf(tmp_path / "g3.gguf", plain, spec, extra, "gemma3")
+    cfg = gguf_model().read_gguf(tmp_path / "g3.gguf").cfg
+    assert cfg.sliding_layers == (0, 1, 2, 3, 4) and cfg.sliding_rope_attention_factor == 1.25
+    assert cfg.rope_attention_factor == pytest.approx(1.25 * (1 + 0.1 * math.log(4.0)))
+    weights = llama_weights().random_weights(plain, seed=3)
+    ids = [int(i) for i in np.random.default_rng(2).integers(0, len(spec.tokens), 12)]
+    graph = llama_onnx().build_step_graph(weights, cfg)
+    got = PagedCache(session_for(graph), cfg, 8, 4).step([CachedSeq()], [ids])[0]
+    np.testing.assert_allclose(got, forward(weights, cfg, ids)[-1], atol=1e-4, rtol=0)
