@@ -140,7 +140,7 @@ class LlmBackend:
         settings = parse_settings(config, spec.model_dir, spec.version)
         tokenizer = Tokenizer(settings.tokenizer)
         runner = self._runner(spec.name, settings)
-        try:  # a model that fails from here on gives its pool back (the NPU's memory)
+        try:  # a model that fails from here on lets its step model go (the NPU's memory)
             return self._loaded(spec, settings, tokenizer, runner)
         except BaseException:
             runner.close()

@@ -80,7 +80,7 @@ def max_positions(metadata: Mapping[str, str]) -> int | None:
     found = metadata.get(MAX_POSITIONS)
     if found is None:
         return None
-    if not found.isdigit() or int(found) < 1:
+    if not (found.isascii() and found.isdecimal()) or int(found) < 1:
         raise ValueError(f"the step model's metadata {MAX_POSITIONS} {found!r} is not a count")
     return int(found)
 

@@ -60,7 +60,7 @@ import onnx
 from gguf_model import GgufModel, PackageMissing, read_gguf
 from gguf_tokenizer import END_TOKENS, TokenizerSpec, build_tokenizer
 from llama_attention import ExternalData
-from llama_onnx import LlamaConfig, build_step_graph
+from llama_onnx import MAX_POSITIONS, LlamaConfig, build_step_graph
 from llama_weights import linear_weight_names, weight_shapes
 
 HERE = Path(__file__).resolve().parent
@@ -187,11 +187,10 @@ def write_model_folder(
     whose weights pass `inline_limit` bytes keeps them in model.onnx.data beside it; one
     built with build_step_graph's `external` has written them to `streamed`, which
     becomes that file."""
-    if max_model_len > cfg.max_position_embeddings:
-        raise ValueError(
-            f"max_model_len {max_model_len} exceeds the model's "
-            f"{cfg.max_position_embeddings} positions"
-        )
+    said = {prop.key: prop.value for prop in model.metadata_props}.get(MAX_POSITIONS)
+    positions = cfg.max_position_embeddings if said is None else int(said)
+    if max_model_len > positions:  # the engine would refuse the folder
+        raise ValueError(f"max_model_len {max_model_len} exceeds the graph's {positions} positions")
     version = folder / VERSION
     version.mkdir(parents=True, exist_ok=True)
     # A former build's files go (its data file would be appended to), and no file is

@@ -256,9 +256,20 @@ def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufMo
         gguf.GGMLQuantizationType.Q5_K: q5_k_from_gguf,
     }
     projections = set(linear_weight_names(cfg))
-    for tensor in reader.tensors:
-        if tensor.name in (ROPE_FACTORS, SHORT_FACTORS, LONG_FACTORS):
-            continue  # read into the config
+    factor_tensors = (ROPE_FACTORS, SHORT_FACTORS, LONG_FACTORS)  # read into the config
+    tensors = [t for t in reader.tensors if t.name not in factor_tensors]
+    # Before anything is dequantized: a tensor the graph has no place for (a bias, a
+    # router) would otherwise be left out silently.
+    graph_names = set(weight_names(cfg))
+    unused = [
+        t.name for t in tensors if not {n for n, _ in _parts(t.name, cfg, arch)} <= graph_names
+    ]
+    if unused:
+        more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
+        raise ValueError(
+            f"the GGUF holds {', '.join(unused[:3])}{more}, which the graph does not compute"
+        )
+    for tensor in tensors:
         read = readers.get(tensor.tensor_type)
         stored = (
             read(np.asarray(tensor.data)) if read is not None and len(tensor.shape) == 2 else None
@@ -277,17 +288,11 @@ def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufMo
                 weights[name] = np.ascontiguousarray(array if order is None else array[order])
             if stored is not None:
                 blocks[name] = stored if order is None else stored.rows_reordered(order)
-    unused = sorted((weights.keys() | blocks.keys()) - set(weight_names(cfg)))
-    if unused:  # a bias the graph has no place for would be left out silently
-        raise ValueError(f"the GGUF holds {unused[:3]}, which the graph does not compute")
     table = blocks.get("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight")
     head = table if isinstance(table, Q80Blocks) else None
     name = str(_field(reader, "general.name"))
     long_factors = _factors(reader, LONG_FACTORS)
-    # llama.cpp's (and Hugging Face's) original context where the GGUF names none: its
-    # whole context, so the long factors are never taken.
-    original = int(_optional(reader, f"{arch}.rope.scaling.original_context_length",
-                             cfg.max_position_embeddings))  # fmt: skip
+    original = _original_context(reader, arch)
     kept = weights if fp32_projections else BlockWeights(weights, blocks)
     return GgufModel(cfg, kept, spec, name, blocks, head, long_factors, original)
 
@@ -360,8 +365,7 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
     scaling = reader.fields.get(f"{arch}.rope.scaling.type")
     kind = "none" if scaling is None else str(scaling.contents())
     if kind == "linear":
-        factor = float(_field(reader, f"{arch}.rope.scaling.factor"))
-        factors = (factor,) * (rotary // 2)
+        factors = (_scaling_factor(reader, arch),) * (rotary // 2)
     elif kind == "yarn":
         factors, yarn_magnitude = _yarn(reader, arch, rotary)
         magnitude *= yarn_magnitude
@@ -416,10 +420,10 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
     temperature = 0.0
     if arch == "mistral3":
         temperature = float(_optional(reader, "mistral3.attention.temperature_scale", 0.0))
-    context = int(_field(reader, f"{arch}.context_length"))
-    original = int(_optional(reader, f"{arch}.rope.scaling.original_context_length", context))
-    # Gemma 2's and OLMo 3's local layers take the global RoPE base; Gemma 3's 10,000 or
-    # the GGUF's own (OLMo 3's whatever the GGUF says, as llama.cpp's).
+    original = _original_context(reader, arch)
+    # The local layers' RoPE base: OLMo 3's always the global one (llama.cpp ignores
+    # freq_base_swa there); Gemma 2's the global one and Gemma 3's 10,000, unless the GGUF
+    # names freq_base_swa.
     local_base = 10000.0
     if arch in ("gemma2", "olmo2"):
         local_base = float(_field(reader, f"{arch}.rope.freq_base"))
@@ -474,14 +478,15 @@ def _yarn(reader: Any, arch: str, rotary: int) -> tuple[tuple[float, ...], float
     or the GGUF's yarn_attn_factor. The GGUF's betas where it has them (the model's
     config; llama.cpp takes 32 and 1 for these architectures but Ministral 3's)."""
     scaling = f"{arch}.rope.scaling"
-    factor = float(_field(reader, f"{scaling}.factor"))
-    context = int(_field(reader, f"{arch}.context_length"))
-    original = int(_optional(reader, f"{scaling}.original_context_length", context))
+    factor = _scaling_factor(reader, arch)
+    original = _original_context(reader, arch)
     if float(_optional(reader, f"{scaling}.yarn_ext_factor", 1.0)) != 1.0:
         raise ValueError("YaRN with an extrapolation factor other than 1 is not supported")
     base = float(_field(reader, f"{arch}.rope.freq_base"))
     fast = float(_optional(reader, f"{scaling}.yarn_beta_fast", 32.0))
     slow = float(_optional(reader, f"{scaling}.yarn_beta_slow", 1.0))
+    if not (fast > 0 and slow > 0 and base > 1):
+        raise ValueError(f"YaRN needs positive betas and a base above 1: {fast}, {slow}, {base}")
 
     def dim(turns: float) -> float:  # the dimension that turns `turns` times over `original`
         return rotary * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
@@ -502,6 +507,25 @@ def _yarn(reader: Any, arch: str, rotary: int) -> tuple[tuple[float, ...], float
         all_dims = float(_optional(reader, f"{scaling}.yarn_log_multiplier", 0.0))
     default = mscale(1.0) / mscale(all_dims) if all_dims else mscale(1.0)
     return tuple(divisors), float(_optional(reader, f"{scaling}.yarn_attn_factor", default))
+
+
+def _scaling_factor(reader: Any, arch: str) -> float:
+    """`rope.scaling.factor`; 0 is none, as llama.cpp reads it."""
+    factor = float(_field(reader, f"{arch}.rope.scaling.factor")) or 1.0
+    if not 0 < factor < math.inf:
+        raise ValueError(f"{arch}.rope.scaling.factor {factor} is not a positive number")
+    return factor
+
+
+def _original_context(reader: Any, arch: str) -> int:
+    """The context RoPE's scaling was trained from: the GGUF's, or (llama.cpp's and Hugging
+    Face's rule) its whole context, so that LongRoPE's long factors are never taken."""
+    context = int(_field(reader, f"{arch}.context_length"))
+    key = f"{arch}.rope.scaling.original_context_length"
+    original = int(_optional(reader, key, context))
+    if original < 1:
+        raise ValueError(f"{key} {original} is not a count of positions")
+    return original
 
 
 def _optional(reader: Any, key: str, default: Any) -> Any:

@@ -217,7 +217,7 @@ class LlamaConfig:
     @property
     def rotary_dim(self) -> int:
         """The dimensions of each head RoPE rotates."""
-        return self.rope_dims or self.head_dim
+        return self.head_dim if self.rope_dims is None else self.rope_dims
 
     @property
     def group(self) -> int:
@@ -240,13 +240,22 @@ class LlamaConfig:
         if not set(self.nope_layers) <= set(range(self.num_layers)):
             raise ValueError(f"layers without RoPE {self.nope_layers} of {self.num_layers}")
         if self.qk_norm_whole and not self.qk_norm:
-            raise ValueError("qk_norm_whole is a kind of qk_norm")
+            raise ValueError("qk_norm_whole needs qk_norm")
         if not self.pre_norms and not self.sandwich_norms:
             raise ValueError("a layer without its pre-norms needs its output norms")
         if self.sandwich_norms and self.residual_scale != 1.0:
             raise ValueError("a residual scale before the output norms would be normed away")
-        if not self.logit_scale > 0:
-            raise ValueError(f"logit_scale must be positive, got {self.logit_scale}")
+        magnitudes = (
+            self.logit_scale,
+            self.rope_attention_factor,
+            self.sliding_rope_attention_factor,
+            *(self.rope_freq_factors or ()),
+        )
+        if not all(0 < value < math.inf for value in magnitudes):
+            raise ValueError(
+                f"logit_scale, the RoPE magnitudes and frequency factors must be positive "
+                f"and finite, got {magnitudes}"
+            )
         if self.attention_temperature_scale and self.attention_temperature_length < 1:
             raise ValueError("an attention temperature needs its length (the original context)")
         factors = self.rope_freq_factors
@@ -386,7 +395,7 @@ def _temperature(g: Graph, cfg: LlamaConfig, positions: str) -> str:
     grown = g.op("Log", [g.op("Add", [turns, one], "temp.add")], "temp.log")
     scale = g.const("temp.scale", cfg.attention_temperature_scale)
     factor = g.op("Add", [g.op("Mul", [grown, scale], "temp.mul"), one], "temp.factor")
-    return g.op("Unsqueeze", [factor, g.ints("axes.12", [1, 2])], "temp.factor3")
+    return g.op("Unsqueeze", [factor, g.ints("axes.1_2", [1, 2])], "temp.factor3")
 
 
 def _prelude(

@@ -190,7 +190,7 @@ def test_a_tensor_the_graph_has_no_place_for_is_refused(tmp_path: Path) -> None:
     cfg = tiny_config(vocab_size=len(spec.tokens))
     bias = {"blk.0.attn_output.bias": np.ones(cfg.hidden_size, np.float32)}
     write_gguf(tmp_path / "b.gguf", cfg, spec, GRANITE, "granite", bias)
-    with pytest.raises(ValueError, match=r"holds \['model\.layers\.0\.self_attn\.o_proj\.bias'\]"):
+    with pytest.raises(ValueError, match=r"holds blk\.0\.attn_output\.bias, which the graph"):
         gguf_model().read_gguf(tmp_path / "b.gguf")
     other = {"blk.0.ffn_gate_inp.weight": np.ones((4, cfg.hidden_size), np.float32)}
     write_gguf(tmp_path / "m.gguf", cfg, spec, tensors=other)
@@ -244,5 +244,29 @@ def test_an_olmo3_gguf_has_local_layers_unscaled_beside_yarn(tmp_path: Path) -> 
     got = [cache.step([seq], [ids])[0]]
     got += [cache.step([seq], [[token]])[0] for token in (71, 8)]
     np.testing.assert_allclose(np.stack(got), want, atol=1e-4, rtol=0)
-    scaled = dataclasses.replace(cfg, sliding_layers=(), sliding_window=0)
-    assert np.abs(got[0] - forward(weights, scaled, ids)[-1]).max() > 1e-2
+    # The local layers' unscaled RoPE is felt: with YaRN's there, another model.
+    yarned = dataclasses.replace(cfg, sliding_rope_attention_factor=cfg.rope_attention_factor)
+    assert np.abs(got[0] - forward(weights, yarned, ids)[-1]).max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"rope_dims": 0}, "RoPE needs an even number of dimensions up to head_dim 16, got 0"),
+        ({"rope_dims": 7}, "got 7"),
+        ({"nope_layers": (2,)}, r"layers without RoPE \(2,\) of 2"),
+        ({"qk_norm_whole": True}, "qk_norm_whole needs qk_norm"),
+        ({"pre_norms": False}, "without its pre-norms needs its output norms"),
+        ({"sandwich_norms": True, "residual_scale": 0.5}, "would be normed away"),
+        ({"logit_scale": 0.0}, "must be positive and finite"),
+        ({"rope_attention_factor": float("inf")}, "must be positive and finite"),
+        ({"rope_freq_factors": (1.0,) * 7 + (0.0,)}, "must be positive and finite"),
+        ({"attention_temperature_scale": 0.1}, "needs its length"),
+    ],
+)
+def test_a_config_the_graph_cannot_compute_is_refused(
+    overrides: dict[str, object], words: str
+) -> None:
+    cfg = tiny_config(**overrides)
+    with pytest.raises(ValueError, match=words):
+        cfg.validate()

@@ -575,3 +575,13 @@ def test_step_cost_is_a_roofline_over_weights_and_context() -> None:
         1000, 1, 16, 4, 4 * 2 * 16
     )
     assert priced_ns(cost, ["x"], [(4, 3)], 4.0, 1000) == cost.duration_ns(4.0)
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "12x", "\u00b2", ""])
+def test_a_graph_whose_positions_are_not_a_count_is_refused(value: str) -> None:
+    from ge_serve.backends.llm.runner import max_positions
+
+    with pytest.raises(ValueError, match=f"max_positions {value!r} is not a count"):
+        max_positions({"max_positions": value})
+    assert max_positions({}) is None
+    assert max_positions({"max_positions": "4096"}) == 4096

