@@ -250,9 +250,8 @@ async def test_the_npu_placement_refuses_a_context_past_the_graphs_positions(
 ) -> None:
     """The graph's metadata says its RoPE tables hold 2,048 positions, read from the file
     as the NPU placement reads it; a longer max_model_len fails the load before anything
-    reaches the device (no compile), and the same runtime then loads the model within
-    them. A load that fails after the step model is on the device (a chat template that
-    is not UTF-8) gives its memory back."""
+    reaches the device (no compile). A load that fails after the step model is on the
+    device (a chat template that is not UTF-8) gives its memory back."""
     runtime = SimRuntime()
     device = runtime.devices[0]
     try:
@@ -260,7 +259,9 @@ async def test_the_npu_placement_refuses_a_context_past_the_graphs_positions(
             engine(tmp_path / "a", GeBackend(runtime), placement="npu", max_model_len="2056",
                    kv_cache_blocks="1024", npu_block_gears="257")  # fmt: skip
         assert device.peak == device.used == 0
-        folder = llmrepo.write_tiny_llm(tmp_path / "t", "m", {"placement": "npu"})
+        # One gear of each kind: the compile is the test's cost.
+        gears = {"npu_batch_gears": "32", "npu_chunk_gears": "128", "npu_block_gears": "32"}
+        folder = llmrepo.write_tiny_llm(tmp_path / "t", "m", {"placement": "npu", **gears})
         (folder / "1" / "chat_template.jinja").write_bytes(b"\xff\xfe{{ x }}")
         config = text_format.Parse(
             (folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
@@ -269,12 +270,6 @@ async def test_the_npu_placement_refuses_a_context_past_the_graphs_positions(
         with pytest.raises(UnicodeDecodeError):
             LlmBackend(GeBackend(runtime)).load(spec)
         assert device.peak > 0 and device.used == 0
-        scheduler = engine(tmp_path / "b", GeBackend(runtime), placement="npu")
-        try:
-            sink = await ask(scheduler, PROMPTS[0])
-        finally:
-            await scheduler.close(1)
-        assert "".join(sink.texts) == expected(PROMPTS[0])
     finally:
         runtime.shutdown()
 
