@@ -40,14 +40,10 @@ NO_HIDDEN_STATES = (
 )
 
 
-def lm_head(path: Path) -> npt.NDArray[np.float32]:
-    """The LM head [vocab, hidden] the step graph's `logits` are computed with. Of a graph
-    whose weights are in a file beside it (a large model's), only the head is read."""
-    return read_head(path)[0]
-
-
 def read_head(path: Path) -> tuple[npt.NDArray[np.float32], float]:
-    """(the LM head, the logits' soft cap: 0 where they have none)."""
+    """(the LM head [vocab, hidden] the step graph's `logits` are computed with, the
+    logits' soft cap: 0 where they have none). Of a graph whose weights are in a file
+    beside it (a large model's), only the head is read."""
     model = onnx.load(str(path), load_external_data=False)
     graph = model.graph
     node = next((n for n in graph.node if "logits" in n.output), None)

@@ -261,9 +261,8 @@ def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufMo
     # Before anything is dequantized: a tensor the graph has no place for (a bias, a
     # router) would otherwise be left out silently.
     graph_names = set(weight_names(cfg))
-    unused = [
-        t.name for t in tensors if not {n for n, _ in _parts(t.name, cfg, arch)} <= graph_names
-    ]
+    parts_of = {t.name: _parts(t.name, cfg, arch) for t in tensors}
+    unused = [name for name, parts in parts_of.items() if not {n for n, _ in parts} <= graph_names]
     if unused:
         more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
         raise ValueError(
@@ -274,7 +273,7 @@ def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufMo
         stored = (
             read(np.asarray(tensor.data)) if read is not None and len(tensor.shape) == 2 else None
         )
-        parts = _parts(tensor.name, cfg, arch)
+        parts = parts_of[tensor.name]
         array = None
         if fp32_projections or stored is None or not {n for n, _ in parts} <= projections:
             array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
@@ -362,6 +361,7 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
     magnitude = float(_optional(reader, f"{arch}.rope.scaling.attn_factor", 1.0))
     # llama.cpp's local layers: Gemma's take that factor (not YaRN's), OLMo 3's none.
     local_magnitude = magnitude if arch.startswith("gemma") else 1.0
+    short = _factors(reader, SHORT_FACTORS)  # LongRoPE's, within the original context
     scaling = reader.fields.get(f"{arch}.rope.scaling.type")
     kind = "none" if scaling is None else str(scaling.contents())
     if kind == "linear":
@@ -369,14 +369,13 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
     elif kind == "yarn":
         factors, yarn_magnitude = _yarn(reader, arch, rotary)
         magnitude *= yarn_magnitude
-    elif kind == "longrope" and _factors(reader, SHORT_FACTORS) is None:
+    elif kind == "longrope" and short is None:
         raise ValueError(f"RoPE scaling 'longrope' without {SHORT_FACTORS}")
     elif kind not in ("none", "longrope"):  # LongRoPE's factors are tensors, read below
         raise ValueError(
             f"RoPE scaling {kind!r} is not supported (none, linear, yarn, longrope, rope_freqs)"
         )
-    for name in (ROPE_FACTORS, SHORT_FACTORS):
-        found = _factors(reader, name)
+    for name, found in ((ROPE_FACTORS, _factors(reader, ROPE_FACTORS)), (SHORT_FACTORS, short)):
         if found is not None and factors is not None:
             raise ValueError(f"the GGUF has both {name} and another RoPE scaling")
         factors = found if found is not None else factors

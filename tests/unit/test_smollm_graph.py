@@ -259,7 +259,7 @@ def test_a_graph_past_protobufs_limit_keeps_its_weights_beside_it(tmp_path: Path
     import onnxruntime as ort
     from smollm import build_module, gguf_tokenizer, tiny_tokenizer_spec
 
-    from ge_serve.backends.llm.prompt_logprobs import lm_head
+    from ge_serve.backends.llm.prompt_logprobs import read_head
 
     cfg = tiny_config()
     weights = llama_weights().random_weights(cfg, seed=1)
@@ -282,7 +282,7 @@ def test_a_graph_past_protobufs_limit_keeps_its_weights_beside_it(tmp_path: Path
         for folder in (inline, split)
     ]
     np.testing.assert_array_equal(runs[0], runs[1])
-    head = lm_head(split / "model.onnx")
+    head = read_head(split / "model.onnx")[0]
     np.testing.assert_array_equal(head, weights["model.embed_tokens.weight"])
     stepped_out = onnx.load(str(split / "model.onnx"), load_external_data=False)
     for tensor in stepped_out.graph.initializer:
@@ -291,7 +291,7 @@ def test_a_graph_past_protobufs_limit_keeps_its_weights_beside_it(tmp_path: Path
                 entry.value = "../model.onnx.data"
     onnx.save_model(stepped_out, str(split / "model.onnx"))
     with pytest.raises(ValueError, match="outside the model folder"):
-        lm_head(split / "model.onnx")
+        read_head(split / "model.onnx")
 
 
 def test_one_token_steps_run_on_the_blocks_and_the_others_on_fp32() -> None:

@@ -21,7 +21,7 @@ from smollm import (
     tiny_config,
 )
 
-from ge_serve.backends.llm.prompt_logprobs import lm_head
+from ge_serve.backends.llm.prompt_logprobs import read_head
 
 
 def first_step(session: Any, cfg: Any, prompt: list[int]) -> npt.NDArray[np.float32]:
@@ -80,7 +80,7 @@ def test_int8_activations_round_one_token_steps_and_read_the_heads_q8_0_blocks(
     onnx.checker.check_model(model, full_check=True)
     # The prompt's log probabilities read the fp32 head through the head's If.
     onnx.save_model(model, str(tmp_path / "model.onnx"))
-    np.testing.assert_array_equal(lm_head(tmp_path / "model.onnx"), weights["lm_head.weight"])
+    np.testing.assert_array_equal(read_head(tmp_path / "model.onnx")[0], weights["lm_head.weight"])
     levels = {
         a.i
         for n in model.graph.node
