@@ -37,6 +37,13 @@ class ShapeRejected(BackendError):
     answered as invalid input. The message names what the model accepts."""
 
 
+class DataRejected(BackendError):
+    """The model's runtime refused the values of a batch that fits the model's shapes and
+    types (an index past a table's end, a string its graph reads as a number that is not
+    one): the request's fault, answered as invalid input, and counted, as Triton counts
+    it, as the backend's failure. The message says which op refused what."""
+
+
 @dataclass(frozen=True, slots=True)
 class SlotInfo:
     """Where one executor runs: a device and a stream on it ("cpu" devices have one).

@@ -18,6 +18,7 @@ from ge_serve.protos import model_config_pb2
 from .base import Array, LoadedModel, ModelSpec, SlotInfo
 from .onnx_check import check_config_fits
 from .onnx_io import DEFAULT_MAX_BATCH_SIZE, TensorInfo, autocomplete_from_onnx
+from .ort_failures import refused_data
 from .ort_options import check_accelerators, run_options, session_options
 from .warmup import run_warmup
 
@@ -231,7 +232,15 @@ class OrtExecutor:
     def execute(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
         if self._session is None:
             raise RuntimeError(f"executor {self.slot.name} is closed")
-        return self._session.run(inputs)
+        try:
+            return self._session.run(inputs)
+        except Exception as exc:
+            refused = refused_data(exc)
+            if refused is None:
+                raise
+        # Raised outside the handler, so that it holds no context whose traceback holds
+        # this frame and with it the batch's inputs.
+        raise refused
 
     def close(self) -> None:
         self._session = None

@@ -32,6 +32,8 @@ DEVICE_ALLOCATOR = "session.use_device_allocator_for_initializers"
 # execution provider: the name is accepted and `unhonoured` warns about `optimization`.
 CPU_ACCELERATORS = ("openvino",)
 _INT32 = 2**31
+# onnxruntime's severities: 0 verbose ... 3 error, 4 fatal.
+_FATAL = 4
 _WHOLE = re.compile(r"\s*[+-]?[0-9]+")
 
 
@@ -134,15 +136,22 @@ def check_accelerators(config: model_config_pb2.ModelConfig) -> None:
 
 def run_options(
     config: model_config_pb2.ModelConfig, options: ort.SessionOptions
-) -> ort.RunOptions | None:
-    """The options of every run: None unless the config asks for arena shrinkage.
+) -> ort.RunOptions:
+    """The options of every run: onnxruntime's log quiet but for its fatal errors, and the
+    arena shrinkage the config asks for.
+
+    A run that fails is the request's to answer (its client is told, and statistics
+    count it), while onnxruntime would also print each failure to stderr in its own
+    format, one line per bad request, outside the server's log.
 
     onnxruntime checks the shrink list only when a run starts, so Triton loads a bad one
     and fails every request; here the one list this host can honour (the CPU arena,
     `cpu:0`, while it is enabled) is checked at load instead."""
+    run = ort.RunOptions()
+    run.log_severity_level = _FATAL
     value = string_param(config, SHRINKAGE)
     if value is None:
-        return None
+        return run
     devices = value.split(";")
     if devices[-1] == "":  # onnxruntime reads `cpu:0;` as `cpu:0`, and `` as no arena
         devices.pop()
@@ -152,6 +161,5 @@ def run_options(
             "the only one is 'cpu:0' (the CPU arena, while enable_mem_arena is on)"
         )
     log.debug("Configuring %s to %s", SHRINKAGE, value)
-    run = ort.RunOptions()
     run.add_run_config_entry(SHRINKAGE, value)
     return run

@@ -11,7 +11,7 @@ import logging
 import re
 from types import TracebackType
 
-from ge_serve.backends.base import ShapeRejected
+from ge_serve.backends.base import DataRejected, ShapeRejected
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +72,13 @@ def internal(
 
 def execution_failure(exc: BaseException, reason: FailureReason) -> ServerError:
     """An exception that is not a ServerError, out of running a request, as the client's
-    error: a ShapeRejected is the input's fault (shapes the model cannot run), anything
+    error: a ShapeRejected is the input's fault (shapes the model cannot run), and so is a
+    DataRejected (values the model's runtime refused, counted under `reason`); anything
     else INTERNAL, counted under `reason`."""
     if isinstance(exc, ShapeRejected):
         return ServerError(ErrorCode.INVALID_ARG, str(exc), FailureReason.OTHER)
+    if isinstance(exc, DataRejected):
+        return ServerError(ErrorCode.INVALID_ARG, str(exc), reason)
     return internal(exc, reason)
 
 

@@ -16,9 +16,10 @@ from ..errors import FailureReason, ServerError, execution_failure, request_canc
 
 def failure_of(exc: BaseException, executing: bool) -> ServerError:
     """`exc` as the client's error. A ServerError is already classified; a cancellation
-    (the client went away, or the generator was closed) is CANCELLED; a ShapeRejected is
-    the input's fault (shapes the model cannot run); anything else is INTERNAL, charged
-    to the backend when it came out of an execution (`executing`)."""
+    (the client went away, or the generator was closed) is CANCELLED; a ShapeRejected
+    (shapes the model cannot run) and a DataRejected (values its runtime refused) are the
+    input's fault; anything else is INTERNAL. Either is charged to the backend when it
+    came out of an execution (`executing`)."""
     if isinstance(exc, ServerError):
         return exc
     if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):

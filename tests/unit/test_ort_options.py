@@ -128,7 +128,10 @@ def test_the_defaults_are_sequential_with_the_slots_sharing_the_cores() -> None:
     assert options.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
     assert options.intra_op_num_threads >= 1
     assert options.enable_cpu_mem_arena and options.enable_mem_pattern
-    assert run_options(config(), options) is None
+    quiet = run_options(config(), options)
+    assert quiet.log_severity_level == 4
+    with pytest.raises(RuntimeError, match="does not have configuration"):
+        quiet.get_run_config_entry("memory.enable_memory_arena_shrinkage")
 
 
 def test_an_unknown_cpu_accelerator_is_refused_and_openvino_is_accepted() -> None:

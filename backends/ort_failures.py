@@ -1,0 +1,65 @@
+"""Which of onnxruntime's run failures are the request's fault.
+
+A request reaches a session only once its shapes and types fit the model's config, and a
+loaded graph does not change, so an op that fails while the graph runs failed on what
+this request holds: an index past a table's end (Gather's and ScatterND's
+INVALID_ARGUMENT), a string its graph casts to a number that is not one (Cast's
+RUNTIME_EXCEPTION "stoll"), an integer divided by zero, or dims the graph cannot
+reshape, broadcast, concatenate or multiply (a kernel's FAIL). Those are answered as
+invalid input (HTTP 400, gRPC INVALID_ARGUMENT) with the op and onnxruntime's reason.
+Triton's onnxruntime backend answers every one of them INTERNAL (HTTP 500), which tells
+a client that sent a bad token id that the server broke.
+
+What stays the server's: a failure that names no op (the session's own checks), and one
+that ran out of memory, which other requests' load can cause as much as this one's.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .base import DataRejected
+
+# onnxruntime's Python exceptions are named after its status codes; the message starts
+# with "[ONNXRuntimeError] : <code> : <NAME> : ".
+_ORT = "onnxruntime.capi.onnxruntime_pybind11_state"
+_REFUSED_BY_OP = ("InvalidArgument", "Fail", "RuntimeException")
+_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : [A-Z_]+ : ")
+_OP = re.compile(
+    r"Non-zero status code returned while running (\w+) node\. Name:'([^']*)' Status Message: "
+)
+# A kernel's own check names its source file, line and function before its reason
+# (`concatbase.h:135 PrepareForComputeImpl Non concat axis ...`), and an enforced
+# condition its C++ text (`... input_shape_size == requested_shape_size was false. The
+# input tensor cannot be reshaped ...`), which say nothing to a client.
+_SOURCE = re.compile(
+    r"^\S+\.(?:h|cc|cpp):\d+ "
+    r"(?:(?:[\w:<>*&]+ )*?[\w:~<>]+\([^)]*\)(?: const)?(?: \[with [^\]]*\])? |\S+ )"
+)
+_ENFORCED = " was false. "
+_MEMORY = ("bfc_arena", "Failed to allocate", "bad_alloc", "bad allocation", "out of memory")
+# std::stoll's and std::stod's own messages: Cast from a string read each element so.
+_NOT_A_NUMBER = re.compile(r"^sto(?:i|l|ll|ul|ull|f|d|ld)$")
+
+
+def refused_data(exc: Exception) -> DataRejected | None:
+    """`exc`, raised by a session's run, as the request's fault, or None where it is not
+    (or not onnxruntime's)."""
+    if type(exc).__module__ != _ORT or type(exc).__name__ not in _REFUSED_BY_OP:
+        return None
+    text = _PREFIX.sub("", str(exc), count=1)
+    # An op inside a subgraph (an If's branch, a Loop's body) fails its parent op with its
+    # own message inside: the innermost names the op that refused.
+    op = max(_OP.finditer(text), key=lambda found: found.start(), default=None)
+    if op is None or any(mark in text for mark in _MEMORY):
+        return None
+    kind, name = op.group(1), op.group(2)
+    reason = text[op.end() :].strip()
+    if _NOT_A_NUMBER.match(reason):
+        reason = f"a string it reads as a number is not one ({reason})"
+    elif _ENFORCED in reason:
+        reason = reason.split(_ENFORCED, 1)[1]
+    else:
+        reason = _SOURCE.sub("", reason, count=1)
+    where = f"{kind} node '{name}'" if name else f"{kind} node"
+    return DataRejected(f"the model could not run on this request's data: {where}: {reason}")
