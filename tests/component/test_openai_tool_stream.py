@@ -18,6 +18,7 @@ import httpx
 import llmrepo
 import pytest
 import pytest_asyncio
+import textgen
 from openai_inprocess import openai_client
 from pymodels import write_model
 
@@ -258,8 +259,51 @@ async def test_responses_stream_the_arguments_in_pieces(hermes: httpx.AsyncClien
 async def mistral(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
     folder: Path = tmp_path_factory.mktemp("openai-tool-stream-mistral")
     write_model(folder, "echo", ECHO, CONFIG)
-    async with openai_client(folder, ["echo"], ToolSettings(parser="mistral")) as client:
+    textgen.write_templated(folder, "engine", "{% for m in messages %}{{ m.content }}{% endfor %}")
+    models = ["echo", "engine"]
+    async with openai_client(folder, models, ToolSettings(parser="mistral")) as client:
         yield client
+
+
+def _sent(answer: httpx.Response) -> dict[str, Any]:
+    """The sampling keys `textgen` was sent (SHOW_PARAMS)."""
+    assert answer.status_code == 200, answer.text
+    if answer.headers["content-type"].startswith("text/event-stream"):
+        chunks = [json.loads(line[6:]) for line in answer.text.split("\n") if "data: {" in line]
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    else:
+        text = answer.json()["choices"][0]["message"]["content"]
+    shown: dict[str, Any] = json.loads(text)["sampling"]
+    return shown
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_mistral_calls_keep_the_special_tokens_they_are_written_with(
+    mistral: httpx.AsyncClient, stream: bool
+) -> None:
+    """`[TOOL_CALLS]` is a control token in Mistral's tokenizers: an engine that skips
+    special tokens when it decodes would write the calls without it, and none would be
+    read. As vLLM's mistral parser: kept where the answer may call a tool."""
+    body = _body("SHOW_PARAMS", model="engine", stream=stream)
+    assert _sent(await mistral.post(CHAT, json=body))["skip_special_tokens"] is False
+    # The client's own value gives way, as vLLM's adjust_request overrides it.
+    kept = {**body, "skip_special_tokens": True}
+    assert _sent(await mistral.post(CHAT, json=kept))["skip_special_tokens"] is False
+    # No tools, or none to call: the answer's text as the client asked.
+    for plain in ({**body, "tool_choice": "none"}, {k: v for k, v in body.items() if k != "tools"}):
+        assert "skip_special_tokens" not in _sent(await mistral.post(CHAT, json=plain))
+
+
+async def test_mistral_calls_keep_their_special_tokens_on_the_responses_api(
+    mistral: httpx.AsyncClient,
+) -> None:
+    parameters = {"type": "object", "properties": {"city": {"type": "string"}}}
+    tool = {"type": "function", "name": "weather", "parameters": parameters}
+    body = {"model": "engine", "input": "SHOW_PARAMS", "tools": [tool]}
+    answer = await mistral.post("/v1/responses", json=body)
+    assert answer.status_code == 200, answer.text
+    (said,) = [item for item in answer.json()["output"] if item["type"] == "message"]
+    assert json.loads(said["content"][0]["text"])["sampling"]["skip_special_tokens"] is False
 
 
 # Mistral's tokenizer v11+ models (Small 3.2, Magistral, Devstral): a call is

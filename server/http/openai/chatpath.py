@@ -23,7 +23,7 @@ from . import reasoning, tokenids
 from .answers import Params, Piece, Usage, collect, pieces
 from .catalog import Catalog
 from .errors import OpenAIError
-from .generation import after_thoughts, build_request, takes_constraints
+from .generation import after_thoughts, build_request, keep_special_tokens, takes_constraints
 from .logprobs import Entry
 from .reasoning import Reasoning
 from .schemas import ChatCompletionRequest
@@ -95,6 +95,8 @@ async def prepare(
         given = chat.sampling()  # the tools' schemas checked for "required"
     except OpenAIError as exc:
         raise route.renamed(exc) from None
+    if tools is not None and tools.keeps_special_tokens():
+        keep_special_tokens(found, given)
     add_priority(request, given, priority)
     try:
         add_markers(catalog.tools.reasoning_parser, found, given)

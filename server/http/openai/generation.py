@@ -54,6 +54,7 @@ Array = npt.NDArray[Any]
 
 STREAM = "stream"
 SAMPLING = "sampling_parameters"
+SKIP_SPECIAL = "skip_special_tokens"
 EXCLUDE_INPUT = "exclude_input_in_output"
 MAX_TOKENS = "max_tokens"
 # Where a model takes token-id prompts (then its `text_input` is optional).
@@ -103,7 +104,7 @@ KEYS: dict[str, Key] = {
     "min_tokens": Key(engine=True, neutral=(0,)),
     "stop_token_ids": Key(engine=True, neutral=([],)),
     "include_stop_str_in_output": Key(engine=True, neutral=(False,)),
-    "skip_special_tokens": Key(engine=True, neutral=(True,)),
+    SKIP_SPECIAL: Key(engine=True, neutral=(True,)),
     # Chat's `top_logprobs` (with `logprobs`), completions' `logprobs`: vLLM's key.
     LOGPROBS: Key(engine=True),
     # vLLM's, and completions' `echo` with `logprobs`.
@@ -132,6 +133,13 @@ KEYS: dict[str, Key] = {
     "spaces_between_special_tokens": Key(engine=False, neutral=(True,)),
     "truncate_prompt_tokens": Key(engine=False),
 }
+
+
+def keep_special_tokens(model: ModelVersion, given: dict[str, Any]) -> None:
+    """vLLM's `skip_special_tokens` false in `given`, where the model's engine takes the
+    key (a model of its own writes its text as it will)."""
+    if SAMPLING in model.inputs:
+        given[SKIP_SPECIAL] = False
 
 
 def build_request(

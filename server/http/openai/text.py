@@ -44,6 +44,7 @@ from .generation import (
     build_request,
     ids_array,
     ids_input,
+    keep_special_tokens,
     takes_constraints,
 )
 from .logprobs import Logprobs
@@ -313,6 +314,8 @@ async def answer_prompts(
         answer.token_ids, answer.prompt_ids = True, ids[0]
     stream = bool(body.stream)
     given = body.sampling()
+    if answer.tools is not None and answer.tools.keeps_special_tokens():
+        keep_special_tokens(model, given)
     add_priority(request, given, body.priority)
     thinking.add_markers(catalog.tools.reasoning_parser, model, given)
     n = body.n or 1

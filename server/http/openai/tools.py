@@ -233,6 +233,13 @@ class ToolUse:
     # OpenAI's `parallel_tool_calls`: false keeps the first call only, as vLLM.
     parallel: bool = True
 
+    def keeps_special_tokens(self) -> bool:
+        """Whether the answer's special tokens stay in its text: vLLM's mistral parser's
+        rule (its adjust_request, for a tokenizer other than mistral-common's), since
+        `[TOOL_CALLS]` is one (a control token in Mistral's tokenizer.json and GGUFs),
+        which decoding would drop, and with it every call."""
+        return self.parser == "mistral"
+
     def message(self, text: str) -> tuple[str | None, list[Call]]:
         """The answer's content and calls."""
         if isinstance(self.chosen, dict):
