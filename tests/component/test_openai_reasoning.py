@@ -356,3 +356,62 @@ async def test_responses_streamed_reasoning_events(r1: httpx.AsyncClient) -> Non
     assert done is not None
     assert [item.type for item in done.output] == ["reasoning", "message"]
     assert done.output_text == "It is 4."
+
+
+# --- mistral: Magistral's `[THINK]`, a control token ---------------------------------------
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def magistral(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
+    settings = ToolSettings(parser="mistral", reasoning_parser="mistral")
+    async with openai_client(repo, ["thinker"], settings) as client:
+        yield client
+
+
+MISTRAL_THOUGHTS = "[THINK]Let me see.[/THINK]It is 4."
+
+
+async def test_mistral_thoughts_are_apart_from_the_answer(magistral: httpx.AsyncClient) -> None:
+    found = await message(magistral, MISTRAL_THOUGHTS)
+    assert (found["reasoning"], found["content"]) == ("Let me see.", "It is 4.")
+    # A model that does not think answers with content alone (vLLM's: not thoughts, as
+    # deepseek_r1 would read it).
+    found = await message(magistral, "Four.")
+    assert (found.get("reasoning"), found["content"]) == (None, "Four.")
+    deltas = await streamed(magistral, MISTRAL_THOUGHTS)
+    assert joined(deltas, "reasoning") == "Let me see."
+    assert joined(deltas, "content") == "It is 4."
+    assert not any("[" in (d.get("reasoning") or "") + (d.get("content") or "") for d in deltas)
+
+
+async def test_mistral_thoughts_are_decoded_with_their_tags(magistral: httpx.AsyncClient) -> None:
+    # `[THINK]` is a control token: an engine that skips special tokens when it decodes
+    # would leave the tags out of the text, and the thoughts would read as the answer.
+    sent = given((await message(magistral, "?sampling"))["content"])
+    assert sent["skip_special_tokens"] is False
+
+
+async def test_mistral_calls_after_the_thoughts(magistral: httpx.AsyncClient) -> None:
+    said = '[THINK]I should call it.[/THINK][TOOL_CALLS]weather[ARGS]{"city": "Oslo"}'
+    found = await message(magistral, said, tools=[WEATHER])
+    assert found["reasoning"] == "I should call it."
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in found["tool_calls"]] == [
+        ("weather", '{"city": "Oslo"}')
+    ]
+    deltas = await streamed(magistral, said, tools=[WEATHER])
+    assert joined(deltas, "reasoning") == "I should call it."
+    assert deltas[-1] == {"finish_reason": "tool_calls"}
+
+
+async def test_mistral_thoughts_on_the_responses_api(magistral: httpx.AsyncClient) -> None:
+    body = {"model": "thinker", "input": MISTRAL_THOUGHTS}
+    response = await magistral.post("/v1/responses", json=body)
+    assert response.status_code == 200, response.text
+    output = response.json()["output"]
+    (thought,) = [item for item in output if item["type"] == "reasoning"]
+    assert [part["text"] for part in thought["content"]] == ["Let me see."]
+    (said,) = [item for item in output if item["type"] == "message"]
+    assert said["content"][0]["text"] == "It is 4."
+    response = await magistral.post("/v1/responses", json={**body, "input": "?sampling"})
+    (said,) = [item for item in response.json()["output"] if item["type"] == "message"]
+    assert given(said["content"][0]["text"])["skip_special_tokens"] is False

@@ -294,7 +294,7 @@ def test_reasoning_parser_reaches_the_http_front_end(capsys: pytest.CaptureFixtu
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "--reasoning-parser: invalid choice: 'granite'" in err
-    assert "'deepseek_r1', 'qwen3'" in err
+    assert "'deepseek_r1', 'mistral', 'qwen3'" in err
 
 
 def test_prompt_tokens_details_given_alone_or_as_a_bool(

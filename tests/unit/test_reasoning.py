@@ -64,6 +64,74 @@ def test_streamed_pieces_join_to_the_split(parser: str, text: str) -> None:
         assert (reasoning, content) == whole, size
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[THINK]Let me see.[/THINK]It is 4.", ("Let me see.", "It is 4.")),
+        # Content until the model writes [THINK]: no thoughts, no reasoning.
+        ("No thoughts.", (None, "No thoughts.")),
+        ("[THINK]never ends", ("never ends", None)),
+        ("x[THINK]y", ("y", "x")),
+        ("[THINK]done[/THINK]", ("done", None)),
+        # A [/THINK] without [THINK] is dropped; tags after the thoughts stay, whole.
+        ("a[/THINK]b", (None, "ab")),
+        ("x[THINK]y[/THINK]z[THINK]w", ("y", "xz[THINK]w")),
+        ("", (None, "")),
+    ],
+)
+def test_mistral(text: str, expected: tuple[str | None, str | None]) -> None:
+    assert Reasoning("mistral", thinking=False).split(text) == expected
+
+
+MISTRAL_TEXTS = [
+    "[THINK]Let me see.[/THINK]It is 4.",
+    "No thoughts.",
+    "[THINK]never ends",
+    "x[THINK]y[/THINK]z",
+    "[THINK][/THINK]",
+    "[/TH[/THINK]x[THI",
+]
+
+
+@pytest.mark.parametrize("text", MISTRAL_TEXTS)
+def test_mistral_streamed_pieces_join_to_the_split(text: str) -> None:
+    use = plan("mistral", True, None, "[INST]q[/INST]", None)
+    assert use == Reasoning("mistral", thinking=False)
+    whole = use.split(text)
+    if whole[0] == "":
+        whole = (None, whole[1])
+    for size in range(1, len(text) + 1):
+        stream = use.stream()
+        deltas = [d for at in range(0, len(text), size) for d in stream.feed(text[at : at + size])]
+        deltas += stream.finish()
+        reasoning = "".join(d.get("reasoning", "") for d in deltas) or None
+        content = "".join(d.get("content", "") for d in deltas) or None
+        assert (reasoning, content) == whole, size
+
+
+def test_mistral_streamed_drops_every_tag() -> None:
+    # vLLM's streamed deltas skip a tag that comes as a token of its own, wherever it is;
+    # whole, the tags after the thoughts are kept (its extract_reasoning).
+    stream = Reasoning("mistral", thinking=False).stream()
+    deltas = [d for piece in ("a", "[THINK]", "b", "[/THINK]", "c", "[THINK]", "d", "[/THINK]", "e")
+              for d in stream.feed(piece)]  # fmt: skip
+    assert deltas == [
+        {"content": "a"}, {"reasoning": "b"}, {"content": "c"}, {"content": "d"}, {"content": "e"},
+    ]  # fmt: skip
+
+
+def test_mistral_structured_outputs_wait_for_its_thoughts_to_end() -> None:
+    # Magistral's system prompt shows the format with the tags: closed, as vLLM's
+    # is_reasoning_end reads the prompt, so the grammar applies from the first token.
+    shown = "[SYSTEM_PROMPT]Think as [THINK]thoughts[/THINK]answer.[/SYSTEM_PROMPT][INST]q[/INST]"
+    use = plan("mistral", True, None, shown, "response_format")
+    assert use == Reasoning("mistral", thinking=False, after=None)
+    for prompt in ("[INST]q[/INST]", "[INST]q[/INST][THINK]"):
+        use = plan("mistral", True, None, prompt, "response_format")
+        assert use is not None and use.after == "[/THINK]", prompt
+    assert use.keeps_special_tokens() and not Reasoning("qwen3").keeps_special_tokens()
+
+
 def test_qwen3_thinking_off() -> None:
     assert plan("qwen3", True, {"enable_thinking": False}, "p", None) == Reasoning(
         "qwen3", thinking=False

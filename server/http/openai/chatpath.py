@@ -115,6 +115,8 @@ async def prepare(
         if field is not None and thinking is not None and thinking.after is not None:
             after_thoughts(found, field)
             given[AFTER] = thinking.after  # the grammar after the thoughts
+        if thinking is not None and thinking.keeps_special_tokens():
+            keep_special_tokens(found, given)
     given = grammar_first(given, thinking is not None)
     tags = tokenids.tags(found, thinking) if route.details else None
     counted = tags is not None and tags.counted  # the thought tokens counted on the ids

@@ -1,7 +1,7 @@
 """A thinking model's thoughts apart from its answer (`--reasoning-parser`), as vLLM 0.34's
 reasoning parsers read them on /v1/chat/completions and /v1/responses.
 
-Both parsers read `<think>`...`</think>` from the model's text:
+Two parsers read `<think>`...`</think>` from the model's text:
 
 - `deepseek_r1` (vLLM's DeepSeekR1ReasoningParser): the answer begins in its thoughts,
   whether or not the model writes `<think>` (a template may open it in the prompt). Whole,
@@ -16,15 +16,28 @@ Both parsers read `<think>`...`</think>` from the model's text:
   `<think>`, `</think>`, `<|im_start|>`, `<|im_end|>` is `</think>`, as Qwen3's template
   writes it with thinking off).
 
+`mistral` (vLLM's MistralReasoningParser; Magistral's and Ministral 3 Reasoning's) reads
+`[THINK]`...`[/THINK]`, control tokens, which the answer's text keeps for it
+(`keeps_special_tokens`: vLLM's decoding of mistral-common's tokenizer keeps them; an
+engine that skips special tokens would drop them). The answer is content until the model
+writes `[THINK]`. Whole: the text between the first `[THINK]` and the first `[/THINK]`
+after it is the reasoning, the text before and after it the content (none where empty);
+with `[THINK]` alone, the text after it is the reasoning; without `[THINK]`, all of it is
+content, less a first `[/THINK]`. Streamed (vLLM's BaseThinkingReasoningParser, whose
+deltas drop a tag that comes as a token of its own): the same, each tag dropped.
+
 Structured outputs with a parser constrain the answer after its thoughts, as vLLM's
 structured-output manager does (its reasoning_ended): where the answer begins in its
 thoughts, `Reasoning.after` is `</think>`, which the front end gives the model as the
 `llm` engine's key `structured_outputs_after`, so that the grammar applies only from the
 token after the one that writes it (thoughts that never end are never constrained);
 where the prompt has closed them (qwen3 with thinking off, or a prompt whose last of
-`<think>` / `</think>` is `</think>`: vLLM's is_reasoning_end on the prompt), the
-grammar applies from the first token. qwen3's `<tool_call>`, which ends the thoughts for
-the split, does not start the grammar: the engine waits for `</think>`.
+`<think>` / `</think>` is `</think>`: vLLM's is_reasoning_end on the prompt; mistral's:
+a prompt whose last `[THINK]` a `[/THINK]` follows), the grammar applies from the first
+token. mistral's answer, which begins as content, is constrained only after its
+`[/THINK]`, as vLLM's (whose is_reasoning_end waits for the thoughts to end). qwen3's
+`<tool_call>`, which ends the thoughts for the split, does not start the grammar: the
+engine waits for `</think>`.
 
 vLLM reads the tags as single tokens; here the text is read, so a stream holds a piece's
 end that may begin a tag until the next shows whether it does. Streamed, the deltas are
@@ -37,8 +50,9 @@ from dataclasses import dataclass
 from typing import Any
 
 # The parsers' names, vLLM's.
-PARSERS = ("deepseek_r1", "qwen3")
+PARSERS = ("deepseek_r1", "mistral", "qwen3")
 START, END = "<think>", "</think>"
+MISTRAL = ("[THINK]", "[/THINK]")
 _TOOL_CALL = "<tool_call>"
 # Qwen3's ChatML turn markers: a `</think>` before them closed an earlier turn's thoughts.
 _TURNS = ("<|im_start|>", "<|im_end|>")
@@ -58,8 +72,19 @@ class Reasoning:
     # first token, or unconstrained).
     after: str | None = None
 
+    @property
+    def tags(self) -> tuple[str, str]:
+        """The tags that open and close the thoughts."""
+        return tags_of(self.parser)
+
+    def keeps_special_tokens(self) -> bool:
+        """Whether the answer's text keeps its special tokens: mistral's tags are some."""
+        return self.parser == "mistral"
+
     def split(self, text: str) -> tuple[str | None, str | None]:
         """A whole answer's reasoning and content (vLLM's extract_reasoning)."""
+        if self.parser == "mistral":
+            return _mistral_split(text)
         if self.parser == "deepseek_r1":
             before, opened, after = text.partition(START)
             body = after if opened else before
@@ -75,16 +100,37 @@ class Reasoning:
         return ReasoningStream(self, self.include if include is None else include)
 
 
+def tags_of(parser: str) -> tuple[str, str]:
+    """The tags that open and close `parser`'s thoughts."""
+    return MISTRAL if parser == "mistral" else (START, END)
+
+
+def _mistral_split(text: str) -> tuple[str | None, str | None]:
+    start, end = MISTRAL
+    before, opened, rest = text.partition(start)
+    if opened:
+        thoughts, closed, after = rest.partition(end)
+        if closed:
+            return thoughts, (before + after) or None
+        return rest, before or None
+    head, closed, tail = text.partition(end)
+    return None, head + tail if closed else text
+
+
 class ReasoningStream:
     """One streamed choice's text as `{"reasoning": ...}` and `{"content": ...}` deltas."""
 
     def __init__(self, use: Reasoning, include: bool) -> None:
         self.qwen3 = use.parser == "qwen3"
+        self.mistral = use.parser == "mistral"
         self.include = include
         self.thinking = use.thinking
+        self.ended = False  # mistral's: the thoughts have closed
         self.pending = ""
 
     def _tags(self) -> tuple[str, ...]:
+        if self.mistral:
+            return MISTRAL  # each dropped wherever it comes
         if self.thinking:
             return (START, END, _TOOL_CALL) if self.qwen3 else (START, END)
         # deepseek_r1's content is the text as written; qwen3 drops a repeated `</think>`.
@@ -102,7 +148,11 @@ class ReasoningStream:
             self._emit(deltas, self.pending[:at])
             # A call ends the thoughts and is the content's (its tag kept).
             self.pending = self.pending[at:] if tag == _TOOL_CALL else self.pending[at + len(tag) :]
-            if tag != START:
+            if self.mistral:  # thoughts open once, at the first `[THINK]`
+                opens = tag == MISTRAL[0] and not self.ended
+                self.ended = self.ended or (tag == MISTRAL[1] and self.thinking)
+                self.thinking = opens or (self.thinking and not self.ended)
+            elif tag != START:
                 self.thinking = False
         tags = self._tags()
         keep = max(
@@ -142,6 +192,13 @@ def plan(
     outputs), if any."""
     if not parser:
         return None
+    if parser == "mistral":
+        # vLLM's is_reasoning_end on the prompt: its last `[THINK]` closed after it.
+        start, end = MISTRAL
+        opened = prompt.rfind(start)
+        closed = opened >= 0 and prompt.find(end, opened) >= 0
+        after = end if constrained is not None and not closed else None
+        return Reasoning(parser, shown, False, after)
     thinking = True
     if parser == "qwen3":
         thinking = (template_kwargs or {}).get("enable_thinking", True) is not False

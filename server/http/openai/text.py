@@ -314,7 +314,9 @@ async def answer_prompts(
         answer.token_ids, answer.prompt_ids = True, ids[0]
     stream = bool(body.stream)
     given = body.sampling()
-    if answer.tools is not None and answer.tools.keeps_special_tokens():
+    use = (answer if heads is None else heads[0]).reasoning
+    tools = answer.tools is not None and answer.tools.keeps_special_tokens()
+    if tools or (use is not None and use.keeps_special_tokens()):
         keep_special_tokens(model, given)
     add_priority(request, given, body.priority)
     thinking.add_markers(catalog.tools.reasoning_parser, model, given)

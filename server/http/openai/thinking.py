@@ -69,16 +69,17 @@ def add_markers(parser: str, model: ModelVersion, given: dict[str, Any]) -> None
             f"tells where the thoughts start and end: the model '{model.name}' is not one",
         )
     tokenizer = generation.tokenizer
-    for tag in (reasoning.START, reasoning.END):
+    opening, closing = reasoning.tags_of(parser)
+    for tag in (opening, closing):
         if tokenizer is None or single_id(tag, tokenizer.encode) is None:
             raise OpenAIError(
                 f"'{BUDGET}' needs the reasoning parser's think start/end tokens "
-                f"({reasoning.START!r}, {reasoning.END!r}) as single tokens of the model's "
+                f"({opening!r}, {closing!r}) as single tokens of the model's "
                 f"tokenizer: the {parser} reasoning parser could not locate think start/end "
                 f"tokens in the tokenizer of the model '{model.name}'",
                 param=BUDGET,
             )
-    given[START], given[END] = reasoning.START, reasoning.END
+    given[START], given[END] = opening, closing
 
 
 def grammar_first(given: dict[str, Any], planned: bool) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from ge_serve.server.inference.types import InferResponse
 from .catalog import text_generation
 from .errors import unsupported
 from .prompts import THREADED, Prompt
-from .reasoning import END, START, Reasoning
+from .reasoning import Reasoning
 
 OUTPUT_IDS = "output_ids"
 FIELD = "return_token_ids"
@@ -132,7 +132,8 @@ def tags(model: ModelVersion, use: Reasoning | None) -> Tags | None:
     tokenizer = None if generation is None else generation.tokenizer
     if tokenizer is None or not reported(model):
         return Tags(qwen3, None, None, None, False)
-    start, end = _single(tokenizer, START), _single(tokenizer, END)
+    opening, closing = use.tags
+    start, end = _single(tokenizer, opening), _single(tokenizer, closing)
     if start is None or end is None:
         return Tags(qwen3, None, None, None, False)
     call = _single(tokenizer, _TOOL_CALL) if qwen3 else None
