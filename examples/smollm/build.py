@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from gguf_model import GgufModel, PackageMissing, read_gguf
+from gguf_model import GgufModel, PackageMissing, read_gguf, supported
 from gguf_tokenizer import END_TOKENS, TokenizerSpec, build_tokenizer
 from llama_attention import ExternalData
 from llama_onnx import MAX_POSITIONS, LlamaConfig, build_step_graph
@@ -331,8 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--gguf", type=Path, default=None,
-        help="another GGUF: LLaMA, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3 (and 4-mini), "
-        "SmolLM3, Granite, MiniCPM, ERNIE 4.5, Ministral 3, OLMo 2",
+        help=f"another GGUF: {supported()}",
     )  # fmt: skip
     parser.add_argument(
         "--fp32-only", action="store_true",

@@ -65,10 +65,14 @@ LONG_FACTORS = "rope_factors_long.weight"
 # attention temperature past the original context) and OLMo 2's and 3's (norms after
 # attention and the MLP, none before, Q's and K's norms over all their heads; OLMo 3's
 # local layers).
-ARCHITECTURES = (
-    "llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "smollm3", "granite",
-    "minicpm", "ernie4_5", "mistral3", "olmo2",
-)  # fmt: skip
+# GGUF's `general.architecture` -> the families a user knows it by (the refusal and
+# build.py's help name them so).
+ARCHITECTURES = {
+    "llama": "LLaMA", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma",
+    "gemma2": "Gemma 2", "gemma3": "Gemma 3", "phi3": "Phi-3 (and 4-mini)",
+    "smollm3": "SmolLM3", "granite": "Granite", "minicpm": "MiniCPM", "ernie4_5": "ERNIE 4.5",
+    "mistral3": "Ministral 3", "olmo2": "OLMo 2 (and 3)",
+}  # fmt: skip
 # The architectures whose RoPE llama.cpp computes on adjacent pairs (its NORM mode): their
 # Q and K rows are stored in that order (LLaMA's converter permutes them so), and read
 # back into rotate-half's; the others' RoPE is rotate-half there too, their rows as stored.
@@ -93,6 +97,12 @@ INSTALL_HINT = (
 
 class PackageMissing(RuntimeError):
     """The model package is not installed; the message says how to install it."""
+
+
+def supported() -> str:
+    """The architectures read, as their families are known."""
+    *names, last = ARCHITECTURES.values()
+    return f"{', '.join(names)} and {last}"
 
 
 def package_gguf() -> Path:
@@ -235,11 +245,7 @@ def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufMo
     reader = gguf.GGUFReader(str(path or package_gguf()))
     arch = str(_field(reader, "general.architecture"))
     if arch not in ARCHITECTURES:
-        known = (
-            "LLaMA, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, SmolLM3, Granite, MiniCPM, "
-            "ERNIE 4.5, Ministral 3 and OLMo 2"
-        )
-        raise ValueError(f"only {known} GGUFs are supported, this one is {arch!r}")
+        raise ValueError(f"only {supported()} GGUFs are supported, this one is {arch!r}")
     spec = read_spec(reader)
     cfg = _config(reader, len(spec.tokens), arch)
     permuted = arch in PERMUTED

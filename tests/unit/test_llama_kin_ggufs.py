@@ -270,3 +270,16 @@ def test_a_config_the_graph_cannot_compute_is_refused(
     cfg = tiny_config(**overrides)
     with pytest.raises(ValueError, match=words):
         cfg.validate()
+
+
+def test_an_architecture_not_read_is_refused_by_the_families_read(tmp_path: Path) -> None:
+    spec = byte_level_spec("llama-bpe")
+    cfg = tiny_config(vocab_size=len(spec.tokens))
+    write_gguf(tmp_path / "f.gguf", cfg, spec, arch="falcon")
+    with pytest.raises(ValueError) as refused:
+        gguf_model().read_gguf(tmp_path / "f.gguf")
+    assert str(refused.value) == (
+        "only LLaMA, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3 (and 4-mini), SmolLM3, "
+        "Granite, MiniCPM, ERNIE 4.5, Ministral 3 and OLMo 2 (and 3) GGUFs are supported, "
+        "this one is 'falcon'"
+    )
