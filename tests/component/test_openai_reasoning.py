@@ -415,3 +415,35 @@ async def test_mistral_thoughts_on_the_responses_api(magistral: httpx.AsyncClien
     response = await magistral.post("/v1/responses", json={**body, "input": "?sampling"})
     (said,) = [item for item in response.json()["output"] if item["type"] == "message"]
     assert given(said["content"][0]["text"])["skip_special_tokens"] is False
+
+
+# --- granite: Granite 3.2's and 3.3's phrases ------------------------------------------------
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def granite(repo: Path) -> AsyncIterator[httpx.AsyncClient]:
+    settings = ToolSettings(reasoning_parser="granite")
+    async with openai_client(repo, ["thinker"], settings) as client:
+        yield client
+
+
+GRANITE_THOUGHTS = "Here is my thought process:\nTwo and two.\nHere is my response:\nFour."
+
+
+async def test_granite_thoughts_are_apart_from_the_answer(granite: httpx.AsyncClient) -> None:
+    kwargs = {"chat_template_kwargs": {"thinking": True}}
+    found = await message(granite, GRANITE_THOUGHTS, **kwargs)
+    assert (found["reasoning"], found["content"]) == ("\nTwo and two.\n", "\nFour.")
+    # The phrases come split across the thinker's three-character pieces.
+    deltas = await streamed(granite, GRANITE_THOUGHTS, **kwargs)
+    assert (joined(deltas, "reasoning"), joined(deltas, "content")) == (
+        "\nTwo and two.\n",
+        "\nFour.",
+    )
+    found = await message(granite, "Four.")
+    assert (found.get("reasoning"), found["content"]) == (None, "Four.")
+    body = {"model": "thinker", "input": GRANITE_THOUGHTS}
+    response = await granite.post("/v1/responses", json=body)
+    assert response.status_code == 200, response.text
+    (thought,) = [item for item in response.json()["output"] if item["type"] == "reasoning"]
+    assert [part["text"] for part in thought["content"]] == ["\nTwo and two.\n"]

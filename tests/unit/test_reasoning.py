@@ -161,3 +161,64 @@ def test_structured_outputs_wait_for_the_end_of_open_thoughts() -> None:
     ]:
         use = plan(parser, True, kwargs, prompt, field)
         assert use is not None and use.after is None, (parser, prompt)
+
+
+THOUGHT, RESPONSE = "Here is my thought process:", "Here is my response:"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (f"{THOUGHT}\nTwo and two.\n{RESPONSE}\nFour.", ("\nTwo and two.\n", "\nFour.")),
+        ("Here's my thought process: a Here's my response: b", (" a ", " b")),
+        # vLLM's regex: both phrases, or no thoughts; text before the first is dropped.
+        (f"{THOUGHT} never answered", (None, f"{THOUGHT} never answered")),
+        (f"Sure. {THOUGHT} a {RESPONSE} b", (" a ", " b")),
+        (f"{THOUGHT} a {RESPONSE}", (" a ", None)),
+        ("Four.", (None, "Four.")),
+    ],
+)
+def test_granite(text: str, expected: tuple[str | None, str | None]) -> None:
+    assert Reasoning("granite").split(text) == expected
+
+
+GRANITE_TEXTS = [
+    f"{THOUGHT}\nTwo and two.\n{RESPONSE}\nFour.",
+    "Here's my thought process: a Here is my respo Here's my response: b",
+    "Here is my answer: four.",
+    "Four.",
+]
+
+
+@pytest.mark.parametrize("text", GRANITE_TEXTS)
+def test_granite_streamed_pieces_join_to_the_split(text: str) -> None:
+    use = plan("granite", True, {"thinking": True}, "p", None)
+    assert use == Reasoning("granite", thinking=True)
+    for size in range(1, len(text) + 1):
+        stream = use.stream()
+        deltas = [d for at in range(0, len(text), size) for d in stream.feed(text[at : at + size])]
+        deltas += stream.finish()
+        reasoning = "".join(d.get("reasoning", "") for d in deltas) or None
+        content = "".join(d.get("content", "") for d in deltas) or None
+        assert (reasoning, content) == use.split(text), size
+
+
+def test_granite_streamed_thoughts_begin_the_answer_or_are_none() -> None:
+    # vLLM's deltas read thoughts only where the answer begins with the phrase, and up to
+    # its end where no response phrase comes (whole, its regex needs both).
+    for text, expected in [
+        (f"Sure. {THOUGHT} a {RESPONSE} b", [{"content": f"Sure. {THOUGHT} a {RESPONSE} b"}]),
+        (f"{THOUGHT} cut sho", [{"reasoning": " cut sho"}]),
+    ]:
+        stream = Reasoning("granite").stream()
+        deltas = [*stream.feed(text), *stream.finish()]
+        assert deltas == expected
+    hidden = Reasoning("granite", include=False).stream()
+    assert [*hidden.feed(f"{THOUGHT} a {RESPONSE} b"), *hidden.finish()] == [{"content": " b"}]
+
+
+def test_granite_structured_outputs_wait_for_its_response_where_it_thinks() -> None:
+    use = plan("granite", True, {"thinking": True}, "p", "response_format")
+    assert use is not None and use.after == RESPONSE
+    use = plan("granite", True, None, "p", "response_format")
+    assert use == Reasoning("granite", thinking=False, after=None)

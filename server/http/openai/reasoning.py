@@ -26,6 +26,9 @@ with `[THINK]` alone, the text after it is the reasoning; without `[THINK]`, all
 content, less a first `[/THINK]`. Streamed (vLLM's BaseThinkingReasoningParser, whose
 deltas drop a tag that comes as a token of its own): the same, each tag dropped.
 
+`granite` (vLLM's GraniteReasoningParser; Granite 3.2's and 3.3's, with the template's
+`thinking` on) reads phrases, not tags: reasoning_granite.py.
+
 Structured outputs with a parser constrain the answer after its thoughts, as vLLM's
 structured-output manager does (its reasoning_ended): where the answer begins in its
 thoughts, `Reasoning.after` is `</think>`, which the front end gives the model as the
@@ -49,8 +52,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from . import reasoning_granite
+
 # The parsers' names, vLLM's.
-PARSERS = ("deepseek_r1", "mistral", "qwen3")
+PARSERS = ("deepseek_r1", "granite", "mistral", "qwen3")
 START, END = "<think>", "</think>"
 MISTRAL = ("[THINK]", "[/THINK]")
 _TOOL_CALL = "<tool_call>"
@@ -85,6 +90,8 @@ class Reasoning:
         """A whole answer's reasoning and content (vLLM's extract_reasoning)."""
         if self.parser == "mistral":
             return _mistral_split(text)
+        if self.parser == "granite":
+            return reasoning_granite.split(text)
         if self.parser == "deepseek_r1":
             before, opened, after = text.partition(START)
             body = after if opened else before
@@ -102,6 +109,8 @@ class Reasoning:
 
 def tags_of(parser: str) -> tuple[str, str]:
     """The tags that open and close `parser`'s thoughts."""
+    if parser == "granite":  # no tokens of their own: no budget, no count
+        return reasoning_granite.THOUGHTS[0], reasoning_granite.RESPONSE[0]
     return MISTRAL if parser == "mistral" else (START, END)
 
 
@@ -127,6 +136,7 @@ class ReasoningStream:
         self.thinking = use.thinking
         self.ended = False  # mistral's: the thoughts have closed
         self.pending = ""
+        self.granite = reasoning_granite.GraniteStream() if use.parser == "granite" else None
 
     def _tags(self) -> tuple[str, ...]:
         if self.mistral:
@@ -138,6 +148,8 @@ class ReasoningStream:
 
     def feed(self, text: str) -> list[Delta]:
         """The deltas `text` adds."""
+        if self.granite is not None:
+            return self._parts(self.granite.feed(text))
         self.pending += text
         deltas: list[Delta] = []
         while tags := self._tags():
@@ -165,10 +177,16 @@ class ReasoningStream:
 
     def finish(self) -> list[Delta]:
         """The text held back, as it reads once the answer has ended."""
+        if self.granite is not None:
+            return self._parts(self.granite.finish())
         deltas: list[Delta] = []
         self._emit(deltas, self.pending)
         self.pending = ""
         return deltas
+
+    def _parts(self, parts: list[reasoning_granite.Part]) -> list[Delta]:
+        shown = [(thoughts, text) for thoughts, text in parts if self.include or not thoughts]
+        return [{"reasoning" if thoughts else "content": text} for thoughts, text in shown]
 
     def _emit(self, deltas: list[Delta], text: str) -> None:
         if not text:
@@ -192,6 +210,12 @@ def plan(
     outputs), if any."""
     if not parser:
         return None
+    if parser == "granite":
+        # Granite thinks where its template's `thinking` asks it to; structured outputs
+        # then wait for the phrase the template tells it to answer after.
+        thinking = bool((template_kwargs or {}).get("thinking"))
+        response = reasoning_granite.RESPONSE[0]
+        return Reasoning(parser, shown, thinking, response if constrained and thinking else None)
     if parser == "mistral":
         # vLLM's is_reasoning_end on the prompt: its last `[THINK]` closed after it.
         start, end = MISTRAL
