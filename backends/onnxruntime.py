@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from .onnx_io import DEFAULT_MAX_BATCH_SIZE, TensorInfo, autocomplete_from_onnx
 from .ort_failures import refused_data
 from .ort_options import check_accelerators, run_options, session_options
 from .warmup import run_warmup
+
+log = logging.getLogger(__name__)
 
 
 def instance_count(config: model_config_pb2.ModelConfig) -> int:
@@ -225,9 +228,13 @@ def _all_utf8(values: Iterable[object]) -> bool:
 
 
 class OrtExecutor:
-    def __init__(self, slot: SlotInfo, session: OrtSession) -> None:
+    """One slot's session. `dims_chosen`: the model's config lets a client choose a dim
+    (ort_failures.py: whose fault a failure on dims is)."""
+
+    def __init__(self, slot: SlotInfo, session: OrtSession, dims_chosen: bool = False) -> None:
         self.slot = slot
         self._session: OrtSession | None = session
+        self._dims_chosen = dims_chosen
 
     def execute(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
         if self._session is None:
@@ -235,12 +242,19 @@ class OrtExecutor:
         try:
             return self._session.run(inputs)
         except Exception as exc:
-            refused = refused_data(exc)
+            refused = refused_data(exc, self._dims_chosen)
             if refused is None:
+                # The server's own log says so: onnxruntime's is kept quiet (run_options).
+                log.error("%s: the model's execution failed: %s", self.slot.name, exc)
                 raise
+            log.debug("%s: %s", self.slot.name, refused)
         # Raised outside the handler, so that it holds no context whose traceback holds
-        # this frame and with it the batch's inputs.
-        raise refused
+        # this frame; and dropped from the frame, which its traceback holds, with the
+        # batch's inputs.
+        try:
+            raise refused
+        finally:
+            del refused
 
     def close(self) -> None:
         self._session = None
@@ -267,6 +281,7 @@ class OnnxRuntimeBackend:
         options = session_options(spec.config, slots)
         check_accelerators(spec.config)
         per_run = run_options(spec.config, options)
+        dims_chosen = any(-1 in tensor.dims for tensor in spec.config.input)
         executors: list[OrtExecutor] = []
         for index in range(slots):
             slot = SlotInfo(
@@ -275,7 +290,7 @@ class OnnxRuntimeBackend:
             session = OrtSession(spec.model_path, options, rows_are_requests(spec.config), per_run)
             if index == 0:
                 check_config(spec.name, spec.config, session.session)
-            executors.append(OrtExecutor(slot, session))
+            executors.append(OrtExecutor(slot, session, dims_chosen))
         run_warmup(spec, executors)  # READY only after model_warmup ran on every slot
         size = spec.model_path.stat().st_size * slots
         # A CPU session can run on any thread.
