@@ -248,6 +248,9 @@ class TextGeneration:
     # Its `sampling_parameters` take the `llm` engine's key `priority` (vLLM's request
     # priority, which vLLM's generate() takes beside its SamplingParams), likewise.
     priority: bool = False
+    # Its `sampling_parameters` take the `llm` engine's key `kept_special_tokens` (the
+    # special tokens whose text decoding keeps), likewise.
+    kept_special: bool = False
     # Its `sampling_parameters` take the `llm` engine's keys `thinking_token_budget`,
     # `reasoning_start_str` and `reasoning_end_str` (vLLM's budget, its markers ge-serve's).
     thinking_budget: bool = False

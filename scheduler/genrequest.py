@@ -24,8 +24,8 @@ from ge_serve.backends.llm.backend import LlmModel
 from ge_serve.backends.llm.logits import LogitsProcessor, checked
 from ge_serve.backends.llm.logprobs import TokenLogprobs, check_count, check_token_ids
 from ge_serve.backends.llm.prompt_logprobs import NO_HIDDEN_STATES, PromptLogprobs
+from ge_serve.backends.llm.sampler import Sampler
 from ge_serve.backends.llm.sampling import (
-    Sampler,
     SamplingError,
     SamplingParams,
     check_min_tokens,
@@ -163,7 +163,9 @@ def read_sequence(
         max_tokens=budget,
         params=params,
         sampler=Sampler(params),
-        detokenizer=Detokenizer(model.tokenizer, params.skip_special_tokens, ids),
+        detokenizer=Detokenizer(
+            model.tokenizer, params.skip_special_tokens, ids, _kept(model, params)
+        ),
         stops=StopStrings(params.stop, params.include_stop_str_in_output),
         sink=sink,
         stream=stream,
@@ -209,6 +211,14 @@ def _token_ids(array: Array, limit: int) -> list[int]:
         raise invalid_arg(f"Token id {high} is out of vocabulary")
     ids: list[int] = flat.tolist()
     return ids
+
+
+def _kept(model: LlmModel, params: SamplingParams) -> frozenset[int]:
+    """The ids of the special tokens whose text decoding keeps; a text that is no special
+    token of the model's keeps nothing (a parser's tags another model does not have)."""
+    tokenizer = model.tokenizer
+    found = (tokenizer.token_id(text) for text in params.kept_special_tokens)
+    return frozenset(i for i in found if i is not None) & tokenizer.special_ids
 
 
 def _prompt_text(model: LlmModel, prompt: str | None, ids: list[int]) -> str:

@@ -20,7 +20,8 @@ from ge_serve.backends.base import ResponseSink
 from ge_serve.backends.llm.logits import LogitsProcessor
 from ge_serve.backends.llm.logprobs import TokenLogprobs
 from ge_serve.backends.llm.prompt_logprobs import PromptLogprobs
-from ge_serve.backends.llm.sampling import Sampler, SamplingParams
+from ge_serve.backends.llm.sampler import Sampler
+from ge_serve.backends.llm.sampling import SamplingParams
 from ge_serve.backends.llm.structured import Constraint
 from ge_serve.backends.llm.text import Detokenizer, StopStrings
 from ge_serve.backends.llm.thinking import ThinkingBudget

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ge_serve.backends.llm.sampling import Sampler, SamplingParams
+from ge_serve.backends.llm.sampler import Sampler
+from ge_serve.backends.llm.sampling import SamplingParams
 from ge_serve.backends.llm.text import StopStrings
 from ge_serve.scheduler.genseq import Sequence
 

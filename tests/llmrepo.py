@@ -70,9 +70,10 @@ def slow_model() -> TinyModel:
     return TinyModel(cfg, smollm.llama_weights().random_weights(cfg, seed=0), eos_id=256)
 
 
-def byte_tokenizer(think: bool = False) -> Any:
+def byte_tokenizer(think: bool = False, specials: Sequence[str] = ()) -> Any:
     """Byte-level BPE without merges: one token per byte, plus the EOS token (256), and
-    with `think` the thoughts' tags (257 and 258)."""
+    with `think` the thoughts' tags (257 and 258); `specials`: special tokens after
+    those (control tokens, as Mistral's `[THINK]` and `[TOOL_CALLS]` are)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -84,6 +85,7 @@ def byte_tokenizer(think: bool = False) -> Any:
     tokenizer.add_special_tokens([EOS_TOKEN])
     if think:
         tokenizer.add_tokens(THINK_TOKENS)
+    tokenizer.add_special_tokens(list(specials))
     return tokenizer
 
 
@@ -94,11 +96,13 @@ def write_tiny_llm(
     model: TinyModel | None = None,
     interface: bool = True,
     think: bool = False,
+    specials: Sequence[str] = (),
 ) -> Path:
     """A model folder for the tiny model (or `model`); `parameters` add to or replace the
     engine's. `interface=False` writes a config as minimal as Triton's vLLM backend's
     samples: no inputs, no outputs, no transaction policy, left to auto-complete.
-    `think`: its tokenizer has `<think>` and `</think>` as tokens (`byte_tokenizer`)."""
+    `think`: its tokenizer has `<think>` and `</think>` as tokens, `specials` these
+    special tokens (`byte_tokenizer`)."""
     import onnx
 
     model = model or tiny_model()
@@ -107,7 +111,7 @@ def write_tiny_llm(
     version.mkdir(parents=True, exist_ok=True)
     graph = smollm.llama_onnx().build_step_graph(model.weights, model.cfg, model.blocks)
     onnx.save_model(graph, str(version / "model.onnx"))
-    byte_tokenizer(think).save(str(version / "tokenizer.json"))
+    byte_tokenizer(think, specials).save(str(version / "tokenizer.json"))
     (version / "chat_template.jinja").write_text(
         "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}assistant: {% endif %}",

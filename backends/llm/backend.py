@@ -194,6 +194,7 @@ class LlmBackend:
                 tokenizer=tokenizer,
                 structured_after=True,
                 priority=True,
+                kept_special=True,
                 thinking_budget=True,
                 adds_special_tokens=bool(tokenizer.encode("", True)),
             ),

@@ -1,4 +1,4 @@
-"""Per-request sampling: the parameters (vLLM's names and meanings) and the sampler.
+"""Per-request sampling parameters (vLLM's names and meanings), which sampler.py follows.
 
 Parameters come from three places, later ones winning: the model's defaults, the
 request's parameters (Triton's generate `parameters` object, where vLLM's backend reads
@@ -11,10 +11,6 @@ implemented are accepted only at their neutral value. The logits processors' key
 (penalties, `min_p`, `logit_bias`, `allowed_token_ids`, `bad_words`) are checked here
 with vLLM's ranges and words; what needs the vocabulary is checked in logits.py.
 Numbers may be given as strings (Triton's vLLM examples send `{"temperature": "0.1"}`).
-
-Sampling works on one row of float32 logits with a numpy Generator per request, seeded
-when the request gives a seed: the same seed gives the same text whatever else runs in
-the batch, and a preempted sequence continues with the same generator.
 """
 
 from __future__ import annotations
@@ -24,9 +20,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
-import numpy.typing as npt
 
 from .settings import SamplingDefaults
 from .structured import Structured, parse_structured
@@ -53,6 +46,9 @@ class SamplingParams:
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # ge-serve's `kept_special_tokens`: special tokens whose text stays where the others'
+    # is skipped (a parser's tags: Mistral's `[THINK]`, `[TOOL_CALLS]`).
+    kept_special_tokens: tuple[str, ...] = ()
     # vLLM's request field `add_special_tokens`: false, a text prompt goes without the BOS.
     add_special_tokens: bool = True
     # vLLM's: the top-N log probabilities per sampled token (0: the sampled one's only,
@@ -138,6 +134,11 @@ _BOOLS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
 # know the end of the thoughts from their --reasoning-parser; the engine does not).
 AFTER = "structured_outputs_after"
 MAX_AFTER_CHARS = 256
+# ge-serve's key: the special tokens decoding keeps (vLLM's decoding of mistral-common's
+# tokenizer keeps its tool-call and thinking tags; a tokenizer.json's has no such list).
+KEPT = "kept_special_tokens"
+MAX_KEPT = 16
+MAX_KEPT_CHARS = 64
 # vLLM's request priority (not one of its SamplingParams: its generate() takes it beside
 # them), taken in `sampling_parameters` only: a request parameter `priority` is Triton's
 # (types.py reads it as the request's priority level).
@@ -165,6 +166,7 @@ KNOWN_KEYS = frozenset(
         "logprob_token_ids",
         "structured_outputs",
         AFTER,
+        KEPT,
         *THINKING_KEYS,
         *_NEUTRAL,
     )
@@ -281,6 +283,20 @@ def _validated(values: dict[str, Any]) -> SamplingParams:
         if "structured" not in out:
             raise SamplingError(f"{AFTER} is given without structured_outputs")
         out["structured_after"] = after
+    kept = values.get(KEPT)
+    if kept is not None:
+        if (
+            not isinstance(kept, list)
+            or len(kept) > MAX_KEPT
+            or not all(
+                isinstance(token, str) and 0 < len(token) <= MAX_KEPT_CHARS for token in kept
+            )
+        ):
+            raise SamplingError(
+                f"{KEPT} must be a list of at most {MAX_KEPT} token texts of 1 to "
+                f"{MAX_KEPT_CHARS} characters"
+            )
+        out["kept_special_tokens"] = tuple(dict.fromkeys(kept))
     try:
         out["thinking"] = thinking_of(values)
     except ValueError as exc:
@@ -439,61 +455,3 @@ def _bool(key: str, value: Any) -> bool:
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
     raise SamplingError(f"{key} must be true or false, got {value!r}")
-
-
-class Sampler:
-    """Picks one sequence's next token from its logits row."""
-
-    __slots__ = ("params", "rng")
-
-    def __init__(self, params: SamplingParams) -> None:
-        self.params = params
-        self.rng = np.random.default_rng(params.seed)
-
-    def sample(self, logits: npt.NDArray[np.float32], banned: tuple[int, ...] = ()) -> int:
-        """`banned`: tokens that may not come yet (EOS before min_tokens)."""
-        params = self.params
-        if banned:
-            logits = logits.copy()
-            logits[list(banned)] = -np.inf
-        if params.greedy:
-            return int(np.argmax(logits))
-        scaled = logits.astype(np.float64) / params.temperature
-        if params.min_p:
-            # vLLM's order and rule: after the temperature, before top-k/top-p, a token
-            # whose probability is below min_p times the most likely one's is dropped.
-            floor = scaled.max() + math.log(params.min_p)
-            scaled = np.where(scaled < floor, -np.inf, scaled)
-        if 0 < params.top_k < scaled.shape[0]:
-            kth = np.partition(scaled, -params.top_k)[-params.top_k]
-            scaled = np.where(scaled < kth, -np.inf, scaled)
-        scaled -= scaled.max()
-        probs = np.exp(scaled)
-        probs /= probs.sum()
-        if params.top_p < 1.0:
-            return self._nucleus(probs, params.top_p)
-        cumulative = np.cumsum(probs)
-        choice = int(np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right"))
-        return min(choice, int(probs.shape[0]) - 1)
-
-    def _nucleus(self, probs: npt.NDArray[np.float64], top_p: float) -> int:
-        """Sample among the smallest set of most likely tokens whose mass reaches top_p.
-
-        Sorting a whole vocabulary costs milliseconds a token; an LLM's distribution puts
-        nearly all its mass on a few tokens, so the most likely `_CANDIDATES` are sorted
-        alone when they hold top_p, which gives the same set; otherwise all are sorted."""
-        candidates: npt.NDArray[np.intp] = np.arange(probs.shape[0])
-        if probs.shape[0] > _CANDIDATES:
-            top = np.argpartition(probs, -_CANDIDATES)[-_CANDIDATES:]
-            if probs[top].sum() >= top_p:
-                candidates = top
-        order = candidates[np.argsort(-probs[candidates], kind="stable")]
-        sorted_probs = probs[order]
-        cumulative = np.cumsum(sorted_probs)
-        keep = min(int(np.searchsorted(cumulative, top_p)) + 1, int(order.shape[0]))
-        mass = cumulative[keep - 1]
-        choice = int(np.searchsorted(cumulative[:keep], self.rng.random() * mass))
-        return int(order[min(choice, keep - 1)])
-
-
-_CANDIDATES = 512

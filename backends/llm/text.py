@@ -63,6 +63,8 @@ class Tokenizer:
         named = set(self._tokenizer.get_vocab(with_added_tokens=True).values())
         self.id_limit = max(named, default=-1) + 1
         self._gaps = frozenset(range(self.id_limit)) - named
+        decoder = self._tokenizer.get_added_tokens_decoder()
+        self.special_ids = frozenset(int(i) for i, token in decoder.items() if token.special)
         # The most bytes of text one token can stand for; None where none is sure.
         self.max_token_bytes = max_token_bytes(json.loads(self._tokenizer.to_str()))
 
@@ -184,25 +186,29 @@ def _has_type(step: Any, kind: str) -> bool:
 
 
 class Detokenizer:
-    """The text of one sequence's generated tokens, one delta per token."""
+    """The text of one sequence's generated tokens, one delta per token. `kept`: the
+    special tokens whose text stays where `skip_special_tokens` skips the others'."""
 
-    __slots__ = ("_context", "_prefix", "_read", "_skip", "_tokenizer", "ids")
+    __slots__ = ("_context", "_dropped", "_prefix", "_read", "_skip", "_tokenizer", "ids")
 
     def __init__(
         self,
         tokenizer: Tokenizer,
         skip_special_tokens: bool = True,
         context: Sequence[int] = (),
+        kept: frozenset[int] = frozenset(),
     ) -> None:
         self._tokenizer = tokenizer
-        self._skip = skip_special_tokens
+        # With some kept, the others are left out before decoding, which then skips none.
+        self._dropped = tokenizer.special_ids - kept if skip_special_tokens and kept else None
+        self._skip = skip_special_tokens and self._dropped is None
         self.ids: list[int] = []
         # The prompt's last tokens, before the first window (vLLM primes its decoder so):
         # a decoder that strips a text's leading space (SentencePiece's `▁Hello` at the
         # start) then keeps the answer's first one, as vLLM and llama.cpp do. Left out
         # where they end inside a character, which the answer's first token would finish.
         tail = list(context[-_WINDOW_CONTEXT:])
-        cut = tokenizer.decode(tail, skip_special_tokens).endswith(REPLACEMENT)
+        cut = self._decode(tail).endswith(REPLACEMENT)
         self._context = [] if cut else tail
         # Window start, and where the text already emitted ends (token indexes).
         self._prefix = 0
@@ -212,12 +218,16 @@ class Detokenizer:
         part = self.ids[self._prefix : end]
         return self._context + part if self._prefix == 0 else part
 
+    def _decode(self, ids: list[int]) -> str:
+        if self._dropped is not None:
+            ids = [token for token in ids if token not in self._dropped]
+        return self._tokenizer.decode(ids, self._skip)
+
     def add(self, token: int) -> str:
         """The new text the token completes ("" while a character is incomplete)."""
         self.ids.append(token)
-        decode = self._tokenizer.decode
-        before = decode(self._window(self._read), self._skip)
-        after = decode(self._window(None), self._skip)
+        before = self._decode(self._window(self._read))
+        after = self._decode(self._window(None))
         if len(after) <= len(before) or after.endswith(REPLACEMENT):
             return ""
         delta = after[len(before) :]
@@ -231,9 +241,8 @@ class Detokenizer:
         so the streamed and the whole answer agree."""
         if self._read == len(self.ids):
             return ""
-        decode = self._tokenizer.decode
-        before = decode(self._window(self._read), self._skip)
-        after = decode(self._window(None), self._skip)
+        before = self._decode(self._window(self._read))
+        after = self._decode(self._window(None))
         self._read = len(self.ids)
         return after[len(before) :].rstrip(REPLACEMENT)
 

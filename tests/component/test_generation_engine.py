@@ -25,7 +25,7 @@ from ge_serve.backends.ge.acl_sim import SimRuntime
 from ge_serve.backends.ge.backend import GeBackend
 from ge_serve.backends.ge.sim_cost import parse_sim_cost
 from ge_serve.backends.llm.backend import MODEL_KEY, LlmBackend
-from ge_serve.backends.llm.sampling import Sampler
+from ge_serve.backends.llm.sampler import Sampler
 from ge_serve.protos import model_config_pb2
 from ge_serve.scheduler import genrequest
 from ge_serve.scheduler.generation import GenerationScheduler

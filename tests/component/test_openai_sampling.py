@@ -245,6 +245,7 @@ def test_the_keys_passed_on_are_those_the_llm_engine_implements() -> None:
     # `logprob_token_ids`: given (non-empty), in place of `logprobs` (schemas.py).
     # `structured_outputs_after`: the server's, with --reasoning-parser (reasoning.py).
     # `thinking_token_budget`: given (not -1), with the parser's markers (thinking.py).
+    # `kept_special_tokens`: the server's, for the mistral parsers' tags (tools.py).
     expected = {
         "max_tokens",
         "logprobs",
@@ -255,6 +256,7 @@ def test_the_keys_passed_on_are_those_the_llm_engine_implements() -> None:
         "thinking_token_budget",
         "reasoning_start_str",
         "reasoning_end_str",
+        "kept_special_tokens",
     }
     assert set(KEYS) == {*expected, *SAMPLING_KEYS}
 

@@ -15,8 +15,8 @@ from engineseqs import sequence as seq
 
 from ge_serve.backends.llm.kvcache import BlockAllocator
 from ge_serve.backends.llm.runner import RowWork, build_step_inputs
+from ge_serve.backends.llm.sampler import Sampler
 from ge_serve.backends.llm.sampling import (
-    Sampler,
     SamplingError,
     SamplingParams,
     sampling_params,

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from ge_serve.backends.llm.logits import LogitsProcessor, bad_words_ids
-from ge_serve.backends.llm.sampling import Sampler, SamplingError, SamplingParams, sampling_params
+from ge_serve.backends.llm.sampler import Sampler
+from ge_serve.backends.llm.sampling import SamplingError, SamplingParams, sampling_params
 from ge_serve.backends.llm.settings import SamplingDefaults
 
 DEFAULTS = SamplingDefaults(max_tokens=16, temperature=1.0, top_p=1.0, top_k=0)

@@ -129,7 +129,8 @@ def test_mistral_structured_outputs_wait_for_its_thoughts_to_end() -> None:
     for prompt in ("[INST]q[/INST]", "[INST]q[/INST][THINK]"):
         use = plan("mistral", True, None, prompt, "response_format")
         assert use is not None and use.after == "[/THINK]", prompt
-    assert use.keeps_special_tokens() and not Reasoning("qwen3").keeps_special_tokens()
+    assert use.kept_special_tokens() == ("[THINK]", "[/THINK]")
+    assert Reasoning("qwen3").kept_special_tokens() == ()
 
 
 def test_qwen3_thinking_off() -> None:

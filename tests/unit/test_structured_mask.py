@@ -10,7 +10,8 @@ import llmrepo
 import numpy as np
 import pytest
 
-from ge_serve.backends.llm.sampling import Sampler, SamplingError, SamplingParams, sampling_params
+from ge_serve.backends.llm.sampler import Sampler
+from ge_serve.backends.llm.sampling import SamplingError, SamplingParams, sampling_params
 from ge_serve.backends.llm.settings import SamplingDefaults
 from ge_serve.backends.llm.structured import GrammarFailed, Grammars, Structured
 from ge_serve.backends.llm.text import Tokenizer

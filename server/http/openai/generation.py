@@ -30,13 +30,14 @@ silently dropped; only a value that changes nothing (`presence_penalty: 0`,
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from ge_serve.backends.llm.sampling import KEPT
 from ge_serve.backends.llm.sampling import SPECIAL as ADD_SPECIAL
 from ge_serve.backends.llm.thinking import BUDGET, END, START
 from ge_serve.server.inference.model import ModelVersion, TensorSpec
@@ -105,6 +106,8 @@ KEYS: dict[str, Key] = {
     "stop_token_ids": Key(engine=True, neutral=([],)),
     "include_stop_str_in_output": Key(engine=True, neutral=(False,)),
     SKIP_SPECIAL: Key(engine=True, neutral=(True,)),
+    # ge-serve's: a parser's special tokens kept in the text (keep_special_tokens).
+    KEPT: Key(engine=True),
     # Chat's `top_logprobs` (with `logprobs`), completions' `logprobs`: vLLM's key.
     LOGPROBS: Key(engine=True),
     # vLLM's, and completions' `echo` with `logprobs`.
@@ -135,10 +138,19 @@ KEYS: dict[str, Key] = {
 }
 
 
-def keep_special_tokens(model: ModelVersion, given: dict[str, Any]) -> None:
-    """vLLM's `skip_special_tokens` false in `given`, where the model's engine takes the
-    key (a model of its own writes its text as it will)."""
-    if SAMPLING in model.inputs:
+def keep_special_tokens(model: ModelVersion, given: dict[str, Any], tokens: Sequence[str]) -> None:
+    """`tokens` (special tokens a parser reads) kept in the answer's text: the `llm`
+    engine's `kept_special_tokens` (the others still skipped, as vLLM's decoding of
+    mistral-common's tokenizer skips them); for another model that takes
+    `sampling_parameters` (Triton's vLLM backend's interface), vLLM's own rule for a
+    tokenizer other than mistral-common's: `skip_special_tokens` false. A model of its
+    own writes its text as it will."""
+    if SAMPLING not in model.inputs:
+        return
+    generation = model.loaded.text_generation
+    if generation is not None and generation.kept_special:
+        given[KEPT] = [*dict.fromkeys([*given.get(KEPT, ()), *tokens])]
+    else:
         given[SKIP_SPECIAL] = False
 
 

@@ -18,7 +18,7 @@ Two parsers read `<think>`...`</think>` from the model's text:
 
 `mistral` (vLLM's MistralReasoningParser; Magistral's and Ministral 3 Reasoning's) reads
 `[THINK]`...`[/THINK]`, control tokens, which the answer's text keeps for it
-(`keeps_special_tokens`: vLLM's decoding of mistral-common's tokenizer keeps them; an
+(`kept_special_tokens`: vLLM's decoding of mistral-common's tokenizer keeps them; an
 engine that skips special tokens would drop them). The answer is content until the model
 writes `[THINK]`. Whole: the text between the first `[THINK]` and the first `[/THINK]`
 after it is the reasoning, the text before and after it the content (none where empty);
@@ -82,9 +82,9 @@ class Reasoning:
         """The tags that open and close the thoughts."""
         return tags_of(self.parser)
 
-    def keeps_special_tokens(self) -> bool:
-        """Whether the answer's text keeps its special tokens: mistral's tags are some."""
-        return self.parser == "mistral"
+    def kept_special_tokens(self) -> tuple[str, ...]:
+        """The special tokens the answer's text keeps: mistral's tags."""
+        return MISTRAL if self.parser == "mistral" else ()
 
     def split(self, text: str) -> tuple[str | None, str | None]:
         """A whole answer's reasoning and content (vLLM's extract_reasoning)."""

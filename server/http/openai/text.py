@@ -315,9 +315,10 @@ async def answer_prompts(
     stream = bool(body.stream)
     given = body.sampling()
     use = (answer if heads is None else heads[0]).reasoning
-    tools = answer.tools is not None and answer.tools.keeps_special_tokens()
-    if tools or (use is not None and use.keeps_special_tokens()):
-        keep_special_tokens(model, given)
+    kept = (*(() if use is None else use.kept_special_tokens()),
+            *(() if answer.tools is None else answer.tools.kept_special_tokens()))  # fmt: skip
+    if kept:
+        keep_special_tokens(model, given, kept)
     add_priority(request, given, body.priority)
     thinking.add_markers(catalog.tools.reasoning_parser, model, given)
     n = body.n or 1

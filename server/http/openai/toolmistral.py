@@ -32,6 +32,8 @@ from .toolstream import Calls
 TAG = "[TOOL_CALLS]"
 _ARGS = "[ARGS]"
 _CALL_ID = "[CALL_ID]"
+# The tags, special tokens of Mistral's tokenizers, which decoding keeps for the parser.
+TAGS = (TAG, _ARGS, _CALL_ID)
 # What may end a call's name or its id.
 _MARKS = re.compile(r"\[ARGS\]|\[CALL_ID\]|\[TOOL_CALLS\]|\{")
 _HOLD = len(TAG) - 1  # the longest text that may be the start of a tag

@@ -32,6 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from .errors import OpenAIError, unsupported
+from .toolmistral import TAGS as MISTRAL_TAGS
 from .toolparse import DEFAULT_MAX_PARSE_BYTES, Call, Stream, call, parse, tool_id
 from .toolstream import REQUIRED, Calls
 
@@ -233,12 +234,12 @@ class ToolUse:
     # OpenAI's `parallel_tool_calls`: false keeps the first call only, as vLLM.
     parallel: bool = True
 
-    def keeps_special_tokens(self) -> bool:
-        """Whether the answer's special tokens stay in its text: vLLM's mistral parser's
-        rule (its adjust_request, for a tokenizer other than mistral-common's), since
-        `[TOOL_CALLS]` is one (a control token in Mistral's tokenizer.json and GGUFs),
-        which decoding would drop, and with it every call."""
-        return self.parser == "mistral"
+    def kept_special_tokens(self) -> tuple[str, ...]:
+        """The special tokens the answer's text keeps: the mistral parser's tags, control
+        tokens in Mistral's tokenizer.json and GGUFs, which decoding would drop, and with
+        them every call (vLLM's parser turns `skip_special_tokens` off for a tokenizer
+        other than mistral-common's, whose decoding keeps them)."""
+        return MISTRAL_TAGS if self.parser == "mistral" else ()
 
     def message(self, text: str) -> tuple[str | None, list[Call]]:
         """The answer's content and calls."""
