@@ -113,3 +113,37 @@ async def test_the_engine_keeps_the_special_tokens_a_request_names(
     )
     assert refused.status_code == 400
     assert "kept_special_tokens must be a list" in refused.json()["error"]
+
+
+async def test_a_thinking_budget_closes_mistral_thoughts_and_they_are_counted(
+    http: httpx.AsyncClient,
+) -> None:
+    answer = await http.post("/v1/chat/completions", json=_chat(thinking_token_budget=2))
+    assert answer.status_code == 200, answer.text
+    choice = answer.json()["choices"][0]
+    ids = choice["token_ids"]
+    closed = ids.index(END)
+    opened = max(i for i, token in enumerate(ids[:closed]) if token == THINK)
+    # Two tokens after the last [THINK], the budget forces [/THINK] (vLLM's count starts
+    # at the last start); before it, the model's own tokens.
+    assert ids[: opened + 1] == WRITTEN[: opened + 1] and closed == opened + 3, ids
+    # Counted as vLLM counts them: the tokens between a [THINK] and its [/THINK].
+    depth = count = 0
+    for token in ids:
+        depth += token == THINK
+        depth -= token == END and depth > 0
+        count += depth > 0 and token not in (THINK, END)
+    details = answer.json()["usage"]["completion_tokens_details"]
+    assert details == {"reasoning_tokens": count} and count > 0
+
+
+async def test_structured_outputs_apply_after_mistral_thoughts(http: httpx.AsyncClient) -> None:
+    # The grammar waits for the text `[/THINK]`, which only a kept tag writes.
+    constrained = _chat(structured_outputs={"regex": "a{3}"}, max_tokens=20)
+    answer = await http.post("/v1/chat/completions", json=constrained)
+    assert answer.status_code == 200, answer.text
+    choice = answer.json()["choices"][0]
+    ids = choice["token_ids"]
+    closed = ids.index(END)
+    assert ids[: closed + 1] == WRITTEN[: closed + 1] and ids[closed + 1 :] == [A, A, A], ids
+    assert choice["message"]["content"] == "a" + "aaa" and choice["finish_reason"] == "stop"
