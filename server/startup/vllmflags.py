@@ -11,7 +11,7 @@ from .flags import Flag, flag, port, positive
 # http/openai/toolparse.py's parsers.
 TOOL_PARSERS: Final = ("llama3", "llama3_json", "mistral", "hermes")
 # http/openai/reasoning.py's parsers.
-REASONING_PARSERS: Final = ("deepseek_r1", "granite", "mistral", "qwen3")
+REASONING_PARSERS: Final = ("deepseek_r1", "granite", "mistral", "olmo3", "qwen3")
 
 
 def host_flag() -> Mapping[str, Flag]:

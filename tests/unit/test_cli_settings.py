@@ -290,11 +290,11 @@ def test_reasoning_parser_reaches_the_http_front_end(capsys: pytest.CaptureFixtu
     assert http_settings(settings).tools.reasoning_parser == "qwen3"
     assert http_settings(parse_settings(["--model-repo", "m"])).tools.reasoning_parser == ""
     with pytest.raises(SystemExit) as info:
-        parse_settings(["--model-repo", "m", "--reasoning-parser", "olmo3"])
+        parse_settings(["--model-repo", "m", "--reasoning-parser", "step3"])
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert "--reasoning-parser: invalid choice: 'olmo3'" in err
-    assert "'deepseek_r1', 'granite', 'mistral', 'qwen3'" in err
+    assert "--reasoning-parser: invalid choice: 'step3'" in err
+    assert "'deepseek_r1', 'granite', 'mistral', 'olmo3', 'qwen3'" in err
 
 
 def test_prompt_tokens_details_given_alone_or_as_a_bool(

@@ -223,3 +223,37 @@ def test_granite_structured_outputs_wait_for_its_response_where_it_thinks() -> N
     assert use is not None and use.after == RESPONSE
     use = plan("granite", True, None, "p", "response_format")
     assert use == Reasoning("granite", thinking=False, after=None)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<think>Let me see.</think>It is 4.", ("Let me see.", "It is 4.")),
+        ("Opened by the template.</think>Answer", ("Opened by the template.", "Answer")),
+        # vLLM's regex: without `</think>` all of it is content (deepseek_r1: thoughts).
+        ("<think>never ends", (None, "<think>never ends")),
+        ("a<think>b</think>c", ("a<think>b", "c")),
+        ("<think></think>only", (None, "only")),
+    ],
+)
+def test_olmo3(text: str, expected: tuple[str | None, str | None]) -> None:
+    assert Reasoning("olmo3").split(text) == expected
+
+
+def test_olmo3_streams_as_deepseek_r1_and_waits_for_its_end() -> None:
+    stream = Reasoning("olmo3").stream()
+    deltas = [
+        d
+        for piece in ("<thi", "nk>Let me", " see.</th", "ink>It is 4.")
+        for d in stream.feed(piece)
+    ]
+    deltas += stream.finish()
+    assert "".join(d.get("reasoning", "") for d in deltas) == "Let me see."
+    assert "".join(d.get("content", "") for d in deltas) == "It is 4."
+    use = plan("olmo3", True, None, "<|im_start|>assistant\n<think>", "response_format")
+    assert use is not None and use.after == "</think>"
+    # vLLM's is_reasoning_end reads any `</think>` in the prompt as the end.
+    closed = plan(
+        "olmo3", True, None, "a</think>b<|im_start|>assistant\n<think>", "response_format"
+    )
+    assert closed is not None and closed.after is None

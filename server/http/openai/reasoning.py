@@ -26,6 +26,13 @@ with `[THINK]` alone, the text after it is the reasoning; without `[THINK]`, all
 content, less a first `[/THINK]`. Streamed (vLLM's BaseThinkingReasoningParser, whose
 deltas drop a tag that comes as a token of its own): the same, each tag dropped.
 
+`olmo3` (vLLM's Olmo3ReasoningParser; OLMo 3 Think's `<think>`, plain text in its
+vocabulary): whole, the text up to the first `</think>` (less a `<think>` that begins
+it) is the reasoning, the rest the content, and without `</think>` all of it is
+content; streamed as deepseek_r1's (vLLM's buffer gives the same deltas for an answer
+that thinks once, the common case). Its structured outputs apply from the first token
+where the prompt holds a `</think>` (vLLM's is_reasoning_end reads the text).
+
 `granite` (vLLM's GraniteReasoningParser; Granite 3.2's and 3.3's, with the template's
 `thinking` on) reads phrases, not tags: reasoning_granite.py.
 
@@ -49,15 +56,17 @@ vLLM's streamed deltas (text before a `<think>` is reasoning there too).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from . import reasoning_granite
 
 # The parsers' names, vLLM's.
-PARSERS = ("deepseek_r1", "granite", "mistral", "qwen3")
+PARSERS = ("deepseek_r1", "granite", "mistral", "olmo3", "qwen3")
 START, END = "<think>", "</think>"
 MISTRAL = ("[THINK]", "[/THINK]")
+_OLMO3 = re.compile(r"(?:<think>)?(.*?)</think>(.*)", re.DOTALL)
 _TOOL_CALL = "<tool_call>"
 # Qwen3's ChatML turn markers: a `</think>` before them closed an earlier turn's thoughts.
 _TURNS = ("<|im_start|>", "<|im_end|>")
@@ -92,6 +101,9 @@ class Reasoning:
             return _mistral_split(text)
         if self.parser == "granite":
             return reasoning_granite.split(text)
+        if self.parser == "olmo3":
+            found = _OLMO3.match(text)
+            return (None, text) if found is None else (found[1] or None, found[2] or None)
         if self.parser == "deepseek_r1":
             before, opened, after = text.partition(START)
             body = after if opened else before
@@ -232,7 +244,9 @@ def plan(
     after = None
     if constrained is not None and thinking:
         # vLLM's is_reasoning_end on the prompt: for deepseek_r1, its last of the two
-        # tags (qwen3's rule, with its turns, is `thinking`'s).
-        closed = parser == "deepseek_r1" and prompt.rfind(END) > prompt.rfind(START)
+        # tags; for olmo3, any `</think>` (qwen3's rule, with its turns, is `thinking`'s).
+        closed = (parser == "deepseek_r1" and prompt.rfind(END) > prompt.rfind(START)) or (
+            parser == "olmo3" and END in prompt
+        )
         after = None if closed else END
     return Reasoning(parser, shown, thinking, after)
