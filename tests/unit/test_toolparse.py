@@ -53,6 +53,23 @@ def _named(calls: list[dict[str, Any]]) -> list[tuple[str, Any]]:
             [("w", {"c": 1})],
         ),
         ("hermes", "plain text", "plain text", []),
+        # vLLM's granite: 3.0's token or 3.1's tag (or none) first, then the array.
+        (
+            "granite",
+            '<|tool_call|>[{"name": "w", "arguments": {"city": "é"}}, {"name": "v", '
+            '"arguments": {}}]',
+            None,
+            [("w", {"city": "é"}), ("v", {})],
+        ),
+        ("granite", ' <tool_call> [{"name": "w", "arguments": {}}]', None, [("w", {})]),
+        ("granite", '[{"name": "w", "arguments": {"n": 1}}]', None, [("w", {"n": 1})]),
+        (
+            "granite",
+            'Sure. <tool_call>[{"name": "w", "arguments": {}}]',
+            'Sure. <tool_call>[{"name": "w", "arguments": {}}]',
+            [],
+        ),
+        ("granite", '<tool_call>{"name": "w"}', '<tool_call>{"name": "w"}', []),
     ],
 )
 def test_whole_answers(
@@ -121,6 +138,15 @@ ANSWERS = {
         '<tool_call>\n{"arguments":{"a":[1.50,"\\u00e9\\n\\ud83d\\ude00"],"b":null},"name":"w"}\n',
         "<tool_call>{broken</tool_call>",
         "<tool and plain text",
+    ],
+    "granite": [
+        '<|tool_call|>[{"name": "w", "arguments": {"c": "é"}}, {"name": "v", "arguments": {}}]',
+        ' \n<tool_call> [ {"name": "w", "arguments": {"c": 1}} ]',
+        '<|tool_call|><tool_call>[{"arguments":{"a":[1.50,null]},"name":"w"}]',
+        '[{"name": "w", "arguments": {}}]',
+        "Sure, <tool_call>[] is nothing",
+        "<tool_ca and plain text",
+        "[1, 2] is a list",
     ],
 }
 
@@ -293,13 +319,14 @@ def test_a_mistral_v11_call_streams_as_it_grows() -> None:
     assert stream.truncated and stream.finish() == [] and _joined(sent) == []
 
 
-@pytest.mark.parametrize("parser", ["hermes", "llama3", "mistral"])
+@pytest.mark.parametrize("parser", ["hermes", "llama3", "mistral", "granite"])
 def test_a_call_streams_as_it_grows(parser: str) -> None:
     arguments = '{"city": "Oslo", "days": [1, 2, 3]}'
     text = {
         "hermes": f'<tool_call>{{"name": "w", "arguments": {arguments}}}</tool_call>',
         "llama3": f'<|python_tag|>{{"name": "w", "parameters": {arguments}}}',
         "mistral": f'[TOOL_CALLS][{{"name": "w", "arguments": {arguments}}}]',
+        "granite": f'<|tool_call|>[{{"name": "w", "arguments": {arguments}}}]',
     }[parser]
     stream = Stream(parser, 1 << 17)
     deltas = [stream.feed(text[at : at + 4]) for at in range(0, len(text), 4)]

@@ -12,7 +12,10 @@ The formats of Triton's OpenAI front end's parsers and vLLM's of the same names:
   `[TOOL_CALLS]` is the content; ids are 9 letters and digits, as Mistral's templates
   need them;
 - `hermes`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, repeated; text
-  before the first is the content.
+  before the first is the content;
+- `granite` (vLLM's; Granite 3.0's `<|tool_call|>`, 3.1's and later's `<tool_call>`): an
+  answer that begins (after spaces) with either tag or none, then a JSON array of
+  `{"name", "arguments"}`; anything else is content, and an answer with calls has none.
 
 Text that does not parse as the format's calls is the answer's content, unchanged, as
 both parse it; the content before a call is kept as written (vLLM's), not trimmed. A
@@ -36,7 +39,7 @@ from typing import Any
 
 from . import toolmistral
 from .toolmistral import MistralCalls
-from .toolstream import Calls
+from .toolstream import GRANITE_TAGS, Calls
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +47,7 @@ log = logging.getLogger(__name__)
 # "arguments": a JSON string}}.
 Call = dict[str, Any]
 # The parsers' names: Triton's and vLLM's.
-PARSERS = ("llama3", "llama3_json", "mistral", "hermes")
+PARSERS = ("llama3", "llama3_json", "mistral", "hermes", "granite")
 # Triton's default for --max-tool-call-parse-bytes.
 DEFAULT_MAX_PARSE_BYTES = 128 * 1024
 
@@ -135,7 +138,27 @@ def _hermes(text: str) -> tuple[str | None, list[Call]]:
     return text[:at] or None, calls
 
 
-_PARSE = {"llama3": _llama3, "llama3_json": _llama3, "mistral": _mistral, "hermes": _hermes}
+def _granite(text: str) -> tuple[str | None, list[Call]]:
+    stripped = granite_start(text.strip())
+    if not stripped.startswith("["):
+        return text, []
+    found = json.loads(stripped)
+    if not isinstance(found, list):
+        raise ValueError("not a list of calls")
+    return None, [_of(item, ascii=False) for item in found]
+
+
+def granite_start(text: str) -> str:
+    """Granite's text past its tags (each optional, spaces after each skipped)."""
+    for tag in GRANITE_TAGS:
+        text = text.removeprefix(tag).lstrip()
+    return text
+
+
+_PARSE = {
+    "llama3": _llama3, "llama3_json": _llama3, "mistral": _mistral, "hermes": _hermes,
+    "granite": _granite,
+}  # fmt: skip
 # Where a call may begin anywhere in the text, and what opens one as its first
 # characters only (Triton's: llama3's tag is a call only at the very start).
 _TAGS: dict[str, tuple[str, ...]] = {
@@ -143,12 +166,14 @@ _TAGS: dict[str, tuple[str, ...]] = {
     "llama3_json": (),
     "mistral": ("[TOOL_CALLS]",),
     "hermes": ("<tool_call>",),
+    "granite": (),
 }
 _OPENERS: dict[str, tuple[str, ...]] = {
     "llama3": ("<|python_tag|>", "{"),
     "llama3_json": ("<|python_tag|>", "{"),
     "mistral": ("[",),
     "hermes": (),
+    "granite": ("<|tool_call|>", "<tool_call>", "["),
 }
 
 
@@ -202,9 +227,11 @@ class Stream:
             return self._begin(min(found))
         if not self.started:
             openers = _OPENERS[self.parser]
-            if any(self.pending.startswith(opener) for opener in openers):
+            # Granite's call may follow spaces (vLLM's consume_space).
+            lead = self.pending.lstrip() if self.parser == "granite" else self.pending
+            if any(lead.startswith(opener) for opener in openers):
                 return self._begin(0)
-            if any(opener.startswith(self.pending) for opener in openers):
+            if any(opener.startswith(lead) for opener in openers):
                 return []  # may still open a call
             self.started = True
         keep = max(

@@ -43,6 +43,8 @@ _ARGUMENTS = ("arguments", "parameters")
 _HEX = frozenset("0123456789abcdefABCDEF")
 # `Calls`' reading of a `tool_choice` "required" answer, beside the parsers' names.
 REQUIRED = "required"
+# Granite's tags before its array of calls: 3.0's token, 3.1's text; each optional.
+GRANITE_TAGS = ("<|tool_call|>", "<tool_call>")
 # The deepest nesting read (the call object is 1): deeper is no call, before json.loads
 # would raise RecursionError (about 1000 deep, less the stack) on the object at its end.
 MAX_DEPTH = 512
@@ -270,6 +272,20 @@ def _mistral(text: str, at: int, first: bool) -> int | None:
     return found if found is None or found < 0 else _opening(text, found)
 
 
+def _granite(text: str, at: int, first: bool) -> int | None:
+    if first:
+        at = _skip(text, 0)
+        for tag in GRANITE_TAGS:
+            rest = text[at:]
+            if len(rest) < len(tag) and tag.startswith(rest):
+                return None  # may be the tag's start
+            at = _skip(text, at + len(tag)) if rest.startswith(tag) else at
+        found = _expect(text, at, "[")
+    else:
+        found = _expect(text, at, ",")
+    return found if found is None or found < 0 else _opening(text, found)
+
+
 def _array(text: str, at: int, first: bool) -> int | None:
     """A JSON array of call objects: a `tool_choice` "required" answer (tools.py)."""
     found = _expect(text, 0 if first else at, "[" if first else ",")
@@ -278,6 +294,7 @@ def _array(text: str, at: int, first: bool) -> int | None:
 
 GAPS: dict[str, Gap] = {"llama3": _llama3, "llama3_json": _llama3, "mistral": _mistral}
 GAPS["hermes"] = _hermes
+GAPS["granite"] = _granite
 GAPS[REQUIRED] = _array
 
 
