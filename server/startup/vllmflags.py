@@ -9,7 +9,9 @@ from typing import Final
 from .flags import Flag, flag, port, positive
 
 # http/openai/toolparse.py's parsers.
-TOOL_PARSERS: Final = ("llama3", "llama3_json", "mistral", "hermes", "granite")
+TOOL_PARSERS: Final = (
+    "llama3", "llama3_json", "mistral", "hermes", "granite", "phi4_mini_json",
+)  # fmt: skip
 # http/openai/reasoning.py's parsers.
 REASONING_PARSERS: Final = ("deepseek_r1", "granite", "mistral", "olmo3", "qwen3")
 

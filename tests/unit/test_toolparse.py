@@ -70,6 +70,14 @@ def _named(calls: list[dict[str, Any]]) -> list[tuple[str, Any]]:
             [],
         ),
         ("granite", '<tool_call>{"name": "w"}', '<tool_call>{"name": "w"}', []),
+        (
+            "phi4_mini_json",
+            'Let me. functools[{"name": "w", "arguments": {"d": [1, 2]}}, '
+            '{"name": "v", "parameters": {}}]',
+            "Let me. ",
+            [("w", {"d": [1, 2]}), ("v", {})],
+        ),
+        ("phi4_mini_json", "functools are useful", "functools are useful", []),
     ],
 )
 def test_whole_answers(
@@ -147,6 +155,12 @@ ANSWERS = {
         "Sure, <tool_call>[] is nothing",
         "<tool_ca and plain text",
         "[1, 2] is a list",
+    ],
+    "phi4_mini_json": [
+        'functools[{"name": "w", "arguments": {"c": "é", "d": [1]}}]',
+        'Sure: functools [ {"name": "w", "parameters": {}} , {"name": "v", "arguments": {}} ]',
+        "functools[not json",
+        "funct and plain text",
     ],
 }
 
@@ -319,7 +333,7 @@ def test_a_mistral_v11_call_streams_as_it_grows() -> None:
     assert stream.truncated and stream.finish() == [] and _joined(sent) == []
 
 
-@pytest.mark.parametrize("parser", ["hermes", "llama3", "mistral", "granite"])
+@pytest.mark.parametrize("parser", ["hermes", "llama3", "mistral", "granite", "phi4_mini_json"])
 def test_a_call_streams_as_it_grows(parser: str) -> None:
     arguments = '{"city": "Oslo", "days": [1, 2, 3]}'
     text = {
@@ -327,6 +341,7 @@ def test_a_call_streams_as_it_grows(parser: str) -> None:
         "llama3": f'<|python_tag|>{{"name": "w", "parameters": {arguments}}}',
         "mistral": f'[TOOL_CALLS][{{"name": "w", "arguments": {arguments}}}]',
         "granite": f'<|tool_call|>[{{"name": "w", "arguments": {arguments}}}]',
+        "phi4_mini_json": f'functools[{{"name": "w", "arguments": {arguments}}}]',
     }[parser]
     stream = Stream(parser, 1 << 17)
     deltas = [stream.feed(text[at : at + 4]) for at in range(0, len(text), 4)]

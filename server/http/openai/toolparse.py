@@ -15,7 +15,10 @@ The formats of Triton's OpenAI front end's parsers and vLLM's of the same names:
   before the first is the content;
 - `granite` (vLLM's; Granite 3.0's `<|tool_call|>`, 3.1's and later's `<tool_call>`): an
   answer that begins (after spaces) with either tag or none, then a JSON array of
-  `{"name", "arguments"}`; anything else is content, and an answer with calls has none.
+  `{"name", "arguments"}`; anything else is content, and an answer with calls has none;
+- `phi4_mini_json` (vLLM's; Phi-4-mini's): `functools` anywhere, then a JSON array of
+  `{"name", "arguments" | "parameters"}`; text before it is the content (vLLM's drops it,
+  and streams no calls; here they grow as the other formats' do).
 
 Text that does not parse as the format's calls is the answer's content, unchanged, as
 both parse it; the content before a call is kept as written (vLLM's), not trimmed. A
@@ -39,7 +42,7 @@ from typing import Any
 
 from . import toolmistral
 from .toolmistral import MistralCalls
-from .toolstream import GRANITE_TAGS, Calls
+from .toolstream import GRANITE_TAGS, PHI4_TAG, Calls
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,7 @@ log = logging.getLogger(__name__)
 # "arguments": a JSON string}}.
 Call = dict[str, Any]
 # The parsers' names: Triton's and vLLM's.
-PARSERS = ("llama3", "llama3_json", "mistral", "hermes", "granite")
+PARSERS = ("llama3", "llama3_json", "mistral", "hermes", "granite", "phi4_mini_json")
 # Triton's default for --max-tool-call-parse-bytes.
 DEFAULT_MAX_PARSE_BYTES = 128 * 1024
 
@@ -148,6 +151,17 @@ def _granite(text: str) -> tuple[str | None, list[Call]]:
     return None, [_of(item, ascii=False) for item in found]
 
 
+def _phi4_mini(text: str) -> tuple[str | None, list[Call]]:
+    at = text.find(PHI4_TAG)
+    if at < 0:
+        return text, []
+    body = text[at + len(PHI4_TAG) :].lstrip()
+    found, end = json.JSONDecoder().raw_decode(body)
+    if not isinstance(found, list) or body[end:].strip():
+        raise ValueError("not a list of calls")
+    return text[:at] or None, [_of(item, ascii=False) for item in found]
+
+
 def granite_start(text: str) -> str:
     """Granite's text past its tags (each optional, spaces after each skipped)."""
     for tag in GRANITE_TAGS:
@@ -157,7 +171,7 @@ def granite_start(text: str) -> str:
 
 _PARSE = {
     "llama3": _llama3, "llama3_json": _llama3, "mistral": _mistral, "hermes": _hermes,
-    "granite": _granite,
+    "granite": _granite, "phi4_mini_json": _phi4_mini,
 }  # fmt: skip
 # Where a call may begin anywhere in the text, and what opens one as its first
 # characters only (Triton's: llama3's tag is a call only at the very start).
@@ -167,6 +181,7 @@ _TAGS: dict[str, tuple[str, ...]] = {
     "mistral": ("[TOOL_CALLS]",),
     "hermes": ("<tool_call>",),
     "granite": (),
+    "phi4_mini_json": (PHI4_TAG,),
 }
 _OPENERS: dict[str, tuple[str, ...]] = {
     "llama3": ("<|python_tag|>", "{"),
@@ -174,6 +189,7 @@ _OPENERS: dict[str, tuple[str, ...]] = {
     "mistral": ("[",),
     "hermes": (),
     "granite": ("<|tool_call|>", "<tool_call>", "["),
+    "phi4_mini_json": (),
 }
 
 

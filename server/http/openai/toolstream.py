@@ -45,6 +45,8 @@ _HEX = frozenset("0123456789abcdefABCDEF")
 REQUIRED = "required"
 # Granite's tags before its array of calls: 3.0's token, 3.1's text; each optional.
 GRANITE_TAGS = ("<|tool_call|>", "<tool_call>")
+# Phi-4-mini's word before its array of calls.
+PHI4_TAG = "functools"
 # The deepest nesting read (the call object is 1): deeper is no call, before json.loads
 # would raise RecursionError (about 1000 deep, less the stack) on the object at its end.
 MAX_DEPTH = 512
@@ -286,6 +288,15 @@ def _granite(text: str, at: int, first: bool) -> int | None:
     return found if found is None or found < 0 else _opening(text, found)
 
 
+def _phi4_mini(text: str, at: int, first: bool) -> int | None:
+    if first:
+        tag = text.find(PHI4_TAG)
+        found = None if tag < 0 else _expect(text, tag + len(PHI4_TAG), "[")
+    else:
+        found = _expect(text, at, ",")
+    return found if found is None or found < 0 else _opening(text, found)
+
+
 def _array(text: str, at: int, first: bool) -> int | None:
     """A JSON array of call objects: a `tool_choice` "required" answer (tools.py)."""
     found = _expect(text, 0 if first else at, "[" if first else ",")
@@ -295,6 +306,7 @@ def _array(text: str, at: int, first: bool) -> int | None:
 GAPS: dict[str, Gap] = {"llama3": _llama3, "llama3_json": _llama3, "mistral": _mistral}
 GAPS["hermes"] = _hermes
 GAPS["granite"] = _granite
+GAPS["phi4_mini_json"] = _phi4_mini
 GAPS[REQUIRED] = _array
 
 
