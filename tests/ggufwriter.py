@@ -82,6 +82,9 @@ def write_gguf(
         "chat_template": "{{ bos_token }}{{ messages[0]['content'] }}",
         "rope_dimension_count": cfg.rotary_dim,
     } | ({"key_length": cfg.head_dim, "value_length": cfg.head_dim} if cfg.head_size else {})
+    if cfg.num_experts:  # a mixture's (llama_moe.py)
+        fields |= {"expert_count": cfg.num_experts, "expert_used_count": cfg.experts_used,
+                   "expert_feed_forward_length": cfg.expert_size}  # fmt: skip
     fields |= extra or {}  # fmt: skip
     if spec.scores is not None:
         fields["token_scores"] = spec.scores
@@ -93,8 +96,11 @@ def write_gguf(
         getattr(writer, f"add_{field}")(value)
     model = gguf_model()
     weights = llama_weights().random_weights(cfg, seed=3)
-    kinds: tuple[str, ...] = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
-                              "ffn_up", "ffn_down")  # fmt: skip
+    kinds: tuple[str, ...] = ("attn_q", "attn_k", "attn_v", "attn_output")
+    if cfg.num_experts:
+        kinds += ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+    else:
+        kinds += ("ffn_gate", "ffn_up", "ffn_down")
     kinds += ("attn_norm", "ffn_norm") if cfg.pre_norms else ()
     kinds += ("attn_q_norm", "attn_k_norm") if cfg.qk_norm else ()
     kinds += ("post_attention_norm", "post_ffw_norm") if cfg.sandwich_norms else ()
@@ -122,7 +128,7 @@ def write_gguf(
         stored["rope_freqs.weight"] = np.asarray(cfg.rope_freq_factors, np.float32)
     for name, value in (stored | (tensors or {})).items():
         kind = quant(name) if callable(quant) else quant
-        if kind and name.startswith("blk.") and value.ndim == 2:
+        if kind and name.startswith("blk.") and value.ndim >= 2 and "gate_inp" not in name:
             stored_as = gguf.GGMLQuantizationType[kind]
             writer.add_tensor(name, gguf.quants.quantize(value, stored_as), raw_dtype=stored_as)
         else:

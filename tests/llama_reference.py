@@ -60,6 +60,10 @@ class Config(Protocol):
     logit_scale: float
     attention_temperature_scale: float
     attention_temperature_length: int
+    num_experts: int
+    experts_used: int
+    expert_norm: bool
+    expert_scale: float
 
     @property
     def head_dim(self) -> int: ...
@@ -208,9 +212,15 @@ def _forward(
             h = _rms_norm(x, w[f"{p}.post_attention_layernorm.weight"], cfg.rms_norm_eps)
         else:
             h = x
-        gate = h @ w[f"{p}.mlp.gate_proj.weight"].T
-        act = (_gelu_tanh(gate) if cfg.gelu else _silu(gate)) * (h @ w[f"{p}.mlp.up_proj.weight"].T)
-        down: FloatArray = act @ w[f"{p}.mlp.down_proj.weight"].T
+        down: FloatArray
+        if cfg.num_experts:
+            down = _experts(h, w, cfg, p)
+        else:
+            gate = h @ w[f"{p}.mlp.gate_proj.weight"].T
+            up = h @ w[f"{p}.mlp.up_proj.weight"].T
+            down = ((_gelu_tanh(gate) if cfg.gelu else _silu(gate)) * up) @ w[
+                f"{p}.mlp.down_proj.weight"
+            ].T
         if cfg.sandwich_norms:
             down = _rms_norm(down, w[f"{p}.post_feedforward_layernorm.weight"], cfg.rms_norm_eps)
         x = x + down * cfg.residual_scale
@@ -220,6 +230,27 @@ def _forward(
     if cfg.logit_softcap:
         logits = np.tanh(logits / cfg.logit_softcap) * cfg.logit_softcap
     return logits
+
+
+def _experts(h: FloatArray, w: Mapping[str, FloatArray], cfg: Config, p: str) -> FloatArray:
+    """Hugging Face's sparse MoE block (Qwen3-MoE's, OLMoE's, Mixtral's): each token's
+    softmax over the router's logits, its top k kept (renormalized to sum 1 where
+    `expert_norm`), the chosen experts' SwiGLU MLPs summed by those weights."""
+    logits = h @ w[f"{p}.mlp.router.weight"].T
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        chosen = np.argsort(-probs[t], kind="stable")[: cfg.experts_used]
+        weights = probs[t, chosen]
+        if cfg.expert_norm:
+            weights = weights / weights.sum()
+        for e, weight in zip(chosen, weights, strict=True):
+            gate = w[f"{p}.mlp.experts.gate_proj.weight"][e] @ h[t]
+            up = w[f"{p}.mlp.experts.up_proj.weight"][e] @ h[t]
+            out[t] += weight * (w[f"{p}.mlp.experts.down_proj.weight"][e] @ (_silu(gate) * up))
+    scaled: FloatArray = out * cfg.expert_scale
+    return scaled
 
 
 def greedy_mismatch(

@@ -56,6 +56,7 @@ def llama_onnx() -> ModuleType:
     _load("llama_attention")
     _load("llama_linear")
     _load("llama_weights")
+    _load("llama_moe")
     return _load("llama_onnx")
 
 

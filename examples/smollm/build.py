@@ -255,6 +255,11 @@ def build(
     if fp32_only and (int8_activations or low_memory):
         raise ValueError("int8 activations and low memory are the GGUF blocks' (not fp32's)")
     model = model or read_gguf(gguf, fp32_projections=not low_memory)
+    if fp32_only and model.cfg.num_experts:
+        raise ValueError(
+            "a mixture of experts runs on onnxruntime's MoE operators (com.microsoft), which "
+            "ATC does not compile: --fp32-only (placement npu) cannot build it"
+        )
     blocks = None if fp32_only else model.projection_blocks(int8_activations)
     kept = [n for n in linear_weight_names(model.cfg) if blocks is None or n not in blocks]
     if low_memory and kept:
@@ -302,12 +307,13 @@ def build(
             with os.fdopen(os.open(streamed, flags, 0o644), "wb") as data:
                 external = ExternalData(data, EXTERNAL_DATA)
                 graph = build_step_graph(
-                    model.weights, cfg, blocks, int8, head, external, only, length
+                    model.weights, cfg, blocks, int8, head, external, only, length, model.experts
                 )
         else:
             graph = build_step_graph(
-                model.weights, cfg, blocks, int8, head, blocks_only=only, positions=length
-            )
+                model.weights, cfg, blocks, int8, head, blocks_only=only, positions=length,
+                experts=model.experts,
+            )  # fmt: skip
         tokenizer = build_tokenizer(model.tokenizer)
         return write_model_folder(
             folder, graph, tokenizer, cfg, model.tokenizer, length, model.name, streamed=streamed

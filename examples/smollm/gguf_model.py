@@ -43,6 +43,7 @@ from llama_linear import (
     q6_k_from_gguf,
     q8_from_gguf,
 )
+from llama_moe import ExpertBlocks, experts_from_gguf
 from llama_onnx import LlamaConfig
 from llama_weights import linear_weight_names, weight_names
 
@@ -71,12 +72,21 @@ ARCHITECTURES = {
     "llama": "LLaMA", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma",
     "gemma2": "Gemma 2", "gemma3": "Gemma 3", "phi3": "Phi-3 (and 4-mini)",
     "smollm3": "SmolLM3", "granite": "Granite", "minicpm": "MiniCPM", "ernie4_5": "ERNIE 4.5",
-    "mistral3": "Ministral 3", "olmo2": "OLMo 2 (and 3)",
+    "mistral3": "Ministral 3", "olmo2": "OLMo 2 (and 3)", "qwen3moe": "Qwen3 MoE",
+    "olmoe": "OLMoE", "granitemoe": "Granite MoE",
 }  # fmt: skip
+# Mixtures of experts (llama_moe.py): these, and a LLaMA GGUF with experts (Mixtral's).
+# Their routers keep each token's top k experts by softmax, renormalized but for OLMoE's
+# (llama.cpp's build_moe_ffn norm_w).
+UNNORMED_EXPERTS = frozenset({"olmoe"})
+# Granite's multipliers (embeddings, residual branches, attention scale, logits).
+GRANITES = frozenset({"granite", "granitemoe"})
 # The architectures whose RoPE llama.cpp computes on adjacent pairs (its NORM mode): their
 # Q and K rows are stored in that order (LLaMA's converter permutes them so), and read
 # back into rotate-half's; the others' RoPE is rotate-half there too, their rows as stored.
-PERMUTED = frozenset({"llama", "smollm3", "granite", "minicpm", "ernie4_5", "mistral3"})
+PERMUTED = frozenset(
+    {"llama", "smollm3", "granite", "granitemoe", "minicpm", "ernie4_5", "mistral3"}
+)
 # The architectures llama.cpp computes a RoPE over part of each head for (Phi-4-mini's;
 # the others assert it is the whole head).
 PARTIAL_ROPE = frozenset({"phi3", "gemma", "gemma2", "gemma3"})
@@ -165,6 +175,9 @@ class GgufModel:
     # Phi-3's LongRoPE: the factors past `original_context` (cfg holds those within it).
     long_factors: tuple[float, ...] | None = None
     original_context: int = 0
+    # A mixture's stacked expert projections the GGUF stores as Q4_0, as their blocks
+    # (llama_moe.py; `weights` then lacks them).
+    experts: dict[str, ExpertBlocks] = dataclasses.field(default_factory=dict)
 
     def config_for(self, max_model_len: int) -> LlamaConfig:
         """The config a context of `max_model_len` is computed with: LongRoPE's long
@@ -219,6 +232,10 @@ _LAYER_TENSORS = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.router",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
 
 
@@ -274,7 +291,19 @@ def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufMo
         raise ValueError(
             f"the GGUF holds {', '.join(unused[:3])}{more}, which the graph does not compute"
         )
+    experts: dict[str, ExpertBlocks] = {}
     for tensor in tensors:
+        if len(tensor.shape) == 3:  # a mixture's stacked experts: its own blocks, or fp32
+            (name, _), *_ = parts_of[tensor.name]
+            kind = gguf.GGMLQuantizationType(tensor.tensor_type).name
+            shape = tuple(int(n) for n in reversed(tensor.shape))
+            found = experts_from_gguf(kind, np.asarray(tensor.data), shape)
+            if found is not None:
+                experts[name] = found
+            else:
+                dense = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+                weights[name] = np.ascontiguousarray(dense, dtype=np.float32).reshape(shape)
+            continue
         read = readers.get(tensor.tensor_type)
         stored = (
             read(np.asarray(tensor.data)) if read is not None and len(tensor.shape) == 2 else None
@@ -299,7 +328,7 @@ def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufMo
     long_factors = _factors(reader, LONG_FACTORS)
     original = _original_context(reader, arch)
     kept = weights if fp32_projections else BlockWeights(weights, blocks)
-    return GgufModel(cfg, kept, spec, name, blocks, head, long_factors, original)
+    return GgufModel(cfg, kept, spec, name, blocks, head, long_factors, original, experts)
 
 
 def _parts(gguf_name: str, cfg: LlamaConfig, arch: str) -> list[tuple[str, Rows | None]]:
@@ -406,12 +435,12 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
     # where llama.cpp's default now is its inverse).
     embedding_scale = residual_scale = logit_scale = 1.0
     nope: tuple[int, ...] = ()
-    if arch == "granite":
-        embedding_scale = float(_optional(reader, "granite.embedding_scale", 0.0)) or 1.0
-        residual_scale = float(_optional(reader, "granite.residual_scale", 0.0)) or 1.0
-        logit_scale = float(_field(reader, "granite.logit_scale"))
-        scale = float(_optional(reader, "granite.attention.scale", 0.0)) or None
-        if not _optional(reader, "granite.rope.scaling.finetuned", True):  # its RoPE switch
+    if arch in GRANITES:
+        embedding_scale = float(_optional(reader, f"{arch}.embedding_scale", 0.0)) or 1.0
+        residual_scale = float(_optional(reader, f"{arch}.residual_scale", 0.0)) or 1.0
+        logit_scale = float(_field(reader, f"{arch}.logit_scale"))
+        scale = float(_optional(reader, f"{arch}.attention.scale", 0.0)) or None
+        if not _optional(reader, f"{arch}.rope.scaling.finetuned", True):  # its RoPE switch
             nope = tuple(range(layers))
     elif arch == "minicpm":
         embedding_scale = float(_optional(reader, "minicpm.embedding_scale", 12.0)) or 1.0
@@ -434,6 +463,7 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         local_base = float(_field(reader, f"{arch}.rope.freq_base"))
     if arch != "olmo2":
         local_base = float(_optional(reader, f"{arch}.rope.freq_base_swa", local_base))
+    experts, used, expert_size, expert_scale = _experts(reader, arch)
     cfg = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -449,7 +479,7 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         rope_freq_factors=factors,
         head_size=None if head_dim * heads == hidden else head_dim,
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
-        qk_norm_whole=arch == "olmo2",
+        qk_norm_whole=arch in ("olmo2", "olmoe"),
         pre_norms=arch != "olmo2",
         scale_embeddings=gemma,
         gelu=gemma,
@@ -469,9 +499,33 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         embedding_scale=embedding_scale,
         residual_scale=residual_scale,
         logit_scale=logit_scale,
+        num_experts=experts,
+        experts_used=used,
+        expert_size=expert_size,
+        expert_norm=arch not in UNNORMED_EXPERTS,
+        expert_scale=expert_scale,
     )
     cfg.validate()
     return cfg
+
+
+def _experts(reader: Any, arch: str) -> tuple[int, int, int, float]:
+    """A mixture's (experts, experts used per token, each expert's size, the factor on its
+    output), as llama.cpp reads them; (0, 0, 0, 1.0) for a dense model. An expert's size
+    is `expert_feed_forward_length`, else the feed-forward length (Qwen3-MoE's llama.cpp
+    divides that by the experts used; its GGUFs all give the former)."""
+    experts = int(_optional(reader, f"{arch}.expert_count", 0))
+    if not experts:
+        return 0, 0, 0, 1.0
+    used = int(_field(reader, f"{arch}.expert_used_count"))
+    size = int(_optional(reader, f"{arch}.expert_feed_forward_length", 0))
+    if not size:
+        size = int(_field(reader, f"{arch}.feed_forward_length"))
+        size = size // used if arch == "qwen3moe" else size
+    if int(_optional(reader, f"{arch}.expert_shared_feed_forward_length", 0)):
+        raise ValueError(f"{arch} with shared experts is not supported")
+    scale = float(_optional(reader, f"{arch}.expert_weights_scale", 0.0)) or 1.0
+    return experts, used, size, scale
 
 
 def _yarn(reader: Any, arch: str, rotary: int) -> tuple[tuple[float, ...], float]:

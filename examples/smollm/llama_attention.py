@@ -106,6 +106,10 @@ class Graph:
             self.initializers.append(numpy_helper.from_array(array, name))
         return name
 
+    def has(self, name: str) -> bool:
+        """Whether a constant of that name was added (one large to make, made once)."""
+        return self.outer.has(name) if self.outer is not None else name in self._names
+
     def ints(self, name: str, values: Sequence[int]) -> str:
         return self.const(name, list(values), np.int64)
 

@@ -108,6 +108,7 @@ from llama_linear import (
     fp32_linear,
     head_switch,
 )
+from llama_moe import ExpertBlocks, moe
 from llama_weights import linear_weight_names, weight_names, weight_shapes
 from onnx import TensorProto, helper
 
@@ -209,6 +210,16 @@ class LlamaConfig:
     # floor(position / length)), past the original context; 0: none.
     attention_temperature_scale: float = 0.0
     attention_temperature_length: int = 0
+    # A mixture of experts in place of the MLP (Qwen3-MoE's, OLMoE's, Granite MoE's,
+    # Mixtral's): a router picks `experts_used` of `num_experts` MLPs of `expert_size`
+    # each per token (softmax over all, the top k kept), their outputs summed by the
+    # kept weights, renormalized to sum 1 where `expert_norm` (OLMoE's are not), times
+    # `expert_scale`; 0 experts: the dense MLP.
+    num_experts: int = 0
+    experts_used: int = 0
+    expert_size: int = 0
+    expert_norm: bool = True
+    expert_scale: float = 1.0
 
     @property
     def head_dim(self) -> int:
@@ -256,6 +267,15 @@ class LlamaConfig:
                 f"logit_scale, the RoPE magnitudes and frequency factors must be positive "
                 f"and finite, got {magnitudes}"
             )
+        if self.num_experts and not (
+            0 < self.experts_used <= self.num_experts and self.expert_size > 0
+        ):
+            raise ValueError(
+                f"{self.experts_used} of {self.num_experts} experts of size "
+                f"{self.expert_size}: a mixture needs 1 to all of its experts, each of some size"
+            )
+        if not 0 < self.expert_scale < math.inf:
+            raise ValueError(f"expert_scale must be positive and finite, got {self.expert_scale}")
         if self.attention_temperature_scale and self.attention_temperature_length < 1:
             raise ValueError("an attention temperature needs its length (the original context)")
         factors = self.rope_freq_factors
@@ -275,10 +295,12 @@ def _layer(
     env: Mapping[str, str],
     groups: Sequence[Mapping[str, str]],
     linear: Linear,
+    experts: Mapping[str, ExpertBlocks],
 ) -> tuple[str, str, str]:
     """One decoder layer over the flat tokens of every group; returns (x out, key_i,
     value_i). The dense work (norms, projections, MLP) runs once over all the tokens, so
-    the weights are read once per step; only attention runs per group."""
+    the weights are read once per step; only attention runs per group. `experts`: a
+    mixture's projections as GGUF blocks (llama_moe.py), where it has them."""
     p = f"model.layers.{i}"
     d, kvh, f = cfg.head_dim, cfg.num_kv_heads, cfg.intermediate_size
     # The attention scale goes into Q's weights, or, where Q is normed after them (which
@@ -367,19 +389,24 @@ def _layer(
     if cfg.pre_norms:
         normed = g.rms_norm(x, weights[f"{p}.post_attention_layernorm.weight"],
                             f"{p}.mlp_norm", cfg.rms_norm_eps)  # fmt: skip
-    gu = linear(
-        g, normed, [(f"{p}.mlp.gate_proj.weight", 1.0), (f"{p}.mlp.up_proj.weight", 1.0)],
-        f"{p}.gate_up",
-    )  # fmt: skip
-    gate, up = g.ops(
-        "Split", [gu, g.ints(f"{p}.gate_up.split", [f, f])], [f"{p}.gate", f"{p}.up"], axis=-1
-    )
-    if cfg.gelu:
-        gated = g.gelu_tanh(gate, f"{p}.gelu")
+    if cfg.num_experts:
+        factor = cfg.residual_scale * cfg.expert_scale
+        down = moe(g, normed, weights, experts, cfg, i, factor)
     else:
-        gated = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}.sigmoid")], f"{p}.silu")
-    act = g.op("Mul", [gated, up], f"{p}.act")
-    down = linear(g, act, [(f"{p}.mlp.down_proj.weight", cfg.residual_scale)], f"{p}.down")
+        gu = linear(
+            g, normed, [(f"{p}.mlp.gate_proj.weight", 1.0), (f"{p}.mlp.up_proj.weight", 1.0)],
+            f"{p}.gate_up",
+        )  # fmt: skip
+        gate, up = g.ops(
+            "Split", [gu, g.ints(f"{p}.gate_up.split", [f, f])], [f"{p}.gate", f"{p}.up"],
+            axis=-1,
+        )  # fmt: skip
+        if cfg.gelu:
+            gated = g.gelu_tanh(gate, f"{p}.gelu")
+        else:
+            gated = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}.sigmoid")], f"{p}.silu")
+        act = g.op("Mul", [gated, up], f"{p}.act")
+        down = linear(g, act, [(f"{p}.mlp.down_proj.weight", cfg.residual_scale)], f"{p}.down")
     if cfg.sandwich_norms:
         down = g.rms_norm(down, weights[f"{p}.post_feedforward_layernorm.weight"],
                           f"{p}.mlp_out_norm", cfg.rms_norm_eps)  # fmt: skip
@@ -476,11 +503,12 @@ def _layers(
     env: Mapping[str, str],
     groups: Sequence[Mapping[str, str]],
     linear: Linear,
+    experts: Mapping[str, ExpertBlocks],
 ) -> tuple[str, list[str]]:
     """Every decoder layer; returns (x out, [key_0, value_0, key_1, ...])."""
     kv: list[str] = []
     for i in range(cfg.num_layers):
-        x, key, value = _layer(g, x, weights, cfg, i, env, groups, linear)
+        x, key, value = _layer(g, x, weights, cfg, i, env, groups, linear, experts)
         kv += [key, value]
     return x, kv
 
@@ -495,6 +523,7 @@ def _one_token_switch(
     env: Mapping[str, str],
     groups: Sequence[Mapping[str, str]],
     int8_activations: bool,
+    experts: Mapping[str, ExpertBlocks],
 ) -> tuple[str, str]:
     """(x out, the one-token condition): the layers in an If: on the Q4_1 blocks where the
     step has one token (llama_linear.py: onnxruntime's 4-bit kernel is fast for one row
@@ -513,7 +542,7 @@ def _one_token_switch(
         ("tokens/", fp32_linear(weights), groups),
     ):
         branch = Graph(tag, g)
-        out, kv = _layers(branch, x, weights, cfg, env, its_groups, linear)
+        out, kv = _layers(branch, x, weights, cfg, env, its_groups, linear, experts)
         outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (out, *kv)]
         branches.append(helper.make_graph(branch.nodes, tag.rstrip("/"), [], outputs))
     c1 = g.ints("c.1", [1])
@@ -542,6 +571,7 @@ def build_step_graph(
     external: ExternalData | None = None,
     blocks_only: bool = False,
     positions: int | None = None,
+    experts: Mapping[str, ExpertBlocks] | None = None,
 ) -> onnx.ModelProto:
     """The step graph of the contract in the module docstring, from Hugging Face-named
     weights (see weight_names). With `blocks` (projections' GGUF blocks, each equal to
@@ -554,7 +584,8 @@ def build_step_graph(
     quarter of the memory, prompts slower). With `external`, the large constants
     are written to its file as they are made, the graph holding references to them. The
     RoPE tables hold `positions` (default: the config's whole context), which the graph's
-    metadata says."""
+    metadata says. `experts`: a mixture's stacked projections as GGUF blocks, in place of
+    their fp32 weights (llama_moe.py)."""
     cfg.validate()
     rows = cfg.max_position_embeddings if positions is None else positions
     if rows < 1:
@@ -566,7 +597,11 @@ def build_step_graph(
     table = "lm_head.weight" if not cfg.tie_word_embeddings else "model.embed_tokens.weight"
     if head is not None and head.shape != (cfg.vocab_size, cfg.hidden_size):
         raise ValueError(f"the head's blocks are {head.shape}, {table} is not")
-    missing = [n for n in weight_names(cfg) if n not in weights]
+    experts = experts or {}
+    for name, stacked in experts.items():
+        if not cfg.num_experts or stacked.shape != weight_shapes(cfg).get(name):
+            raise ValueError(f"expert blocks of {stacked.shape} for {name}, no such weight")
+    missing = [n for n in weight_names(cfg) if n not in weights and n not in experts]
     if missing:
         raise ValueError(f"weights lack {missing[:5]}{'...' if len(missing) > 5 else ''}")
     projections = set(linear_weight_names(cfg))
@@ -574,7 +609,7 @@ def build_step_graph(
         if name not in projections or found.shape != _shape(weights, name):
             raise ValueError(f"blocks of {found.shape} for {name}, no such projection")
     for name, shape in weight_shapes(cfg).items():
-        if _shape(weights, name) != shape:
+        if name not in experts and _shape(weights, name) != shape:
             raise ValueError(f"{name} is {_shape(weights, name)}, expected {shape}")
     g = Graph(external=external)
     _chunk_defaults(g)
@@ -588,13 +623,13 @@ def build_step_graph(
         x = g.op("Mul", [x, g.const("embed.multiplier", cfg.embedding_scale)], "embed_times")
     one_token = ""
     if not blocks:
-        x, _ = _layers(g, x, weights, cfg, env, groups, fp32_linear(weights))
+        x, _ = _layers(g, x, weights, cfg, env, groups, fp32_linear(weights), experts)
     elif blocks_only:
         linear = blocks_linear(blocks, weights, int8_activations, mixed=True)
-        x, _ = _layers(g, x, weights, cfg, env, groups, linear)
+        x, _ = _layers(g, x, weights, cfg, env, groups, linear, experts)
     else:
         x, one_token = _one_token_switch(
-            g, x, ids, weights, blocks, cfg, env, groups, int8_activations
+            g, x, ids, weights, blocks, cfg, env, groups, int8_activations, experts
         )
     # The final norm runs once over every new token (its output is `hidden_states`, for
     # the prompt's log probabilities); the LM head over each row's last position only. A
@@ -661,7 +696,7 @@ def build_step_graph(
         for name in (key_name(i), value_name(i)):
             outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, kv_shape_out))
     opsets = [helper.make_opsetid("", OPSET)]
-    if blocks:
+    if blocks or cfg.num_experts:  # MatMulNBits, MoE and QMoE
         opsets.append(helper.make_opsetid(Q4_DOMAIN, 1))
     model = helper.make_model(
         helper.make_graph(g.nodes, "llama_step", inputs, outputs),

@@ -1,5 +1,7 @@
 """The weights a LLaMA step graph (llama_onnx.py) is built from, by their Hugging Face
-names and shapes; random ones of those shapes for tests."""
+names and shapes; random ones of those shapes for tests. A mixture of experts' weights
+are stacked, one [experts, out, in] tensor each for the gate, up and down projections
+(`mlp.experts.{kind}_proj`), and its router is `mlp.router` [experts, hidden]."""
 
 from __future__ import annotations
 
@@ -25,7 +27,11 @@ def weight_names(cfg: LlamaConfig) -> list[str]:
         if cfg.pre_norms:
             names += [f"{p}.input_layernorm.weight", f"{p}.post_attention_layernorm.weight"]
         names += [f"{p}.self_attn.{k}_proj.weight" for k in ("q", "k", "v", "o")]
-        names += [f"{p}.mlp.{k}_proj.weight" for k in ("gate", "up", "down")]
+        if cfg.num_experts:
+            names.append(f"{p}.mlp.router.weight")
+            names += [f"{p}.mlp.experts.{k}_proj.weight" for k in ("gate", "up", "down")]
+        else:
+            names += [f"{p}.mlp.{k}_proj.weight" for k in ("gate", "up", "down")]
         if cfg.qkv_bias:
             names += [f"{p}.self_attn.{k}_proj.bias" for k in ("q", "k", "v")]
         if cfg.qk_norm:
@@ -43,6 +49,10 @@ def weight_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
     for name in weight_names(cfg):
         kind = name.rsplit(".", 2)[-2]
+        if ".experts." in name:
+            size = cfg.expert_size
+            shapes[name] = (cfg.num_experts, *((h, size) if kind == "down_proj" else (size, h)))
+            continue
         shape = {
             "embed_tokens": (cfg.vocab_size, h),
             "lm_head": (cfg.vocab_size, h),
@@ -57,6 +67,7 @@ def weight_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
             "k_proj": (cfg.num_kv_heads * d, h),
             "v_proj": (cfg.num_kv_heads * d, h),
             "o_proj": (h, cfg.num_heads * d),
+            "router": (cfg.num_experts, h),
             "gate_proj": (f, h),
             "up_proj": (f, h),
             "down_proj": (h, f),
@@ -75,12 +86,12 @@ def random_weights(cfg: LlamaConfig, seed: int = 0) -> dict[str, npt.NDArray[np.
         elif len(shape) == 1:
             value = 1.0 + 0.1 * rng.standard_normal(shape)
         else:
-            value = rng.standard_normal(shape) / math.sqrt(shape[1])
+            value = rng.standard_normal(shape) / math.sqrt(shape[-1])
         weights[name] = value.astype(np.float32)
     return weights
 
 
 def linear_weight_names(cfg: LlamaConfig) -> list[str]:
     """The projections' weights (what Q4_1 blocks can stand for)."""
-    return [n for n in weight_names(cfg) if n.endswith(".weight")
+    return [n for n in weight_names(cfg) if n.endswith(".weight") and ".experts." not in n
             and n.rsplit(".", 2)[-2].removesuffix("_proj") in LINEAR_KINDS]  # fmt: skip

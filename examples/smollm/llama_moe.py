@@ -1,0 +1,145 @@
+"""A mixture of experts in place of a layer's MLP (Qwen3-MoE's, OLMoE's, Granite MoE's,
+Mixtral's), on onnxruntime's MoE and QMoE ops (com.microsoft).
+
+The router's logits (x @ router^T) go to the op, which takes their softmax over the
+experts, keeps each token's top k, renormalizes those weights to sum 1 where asked
+(`normalize_routing_weights`), and sums the chosen experts' SwiGLU MLPs (silu(gate) *
+up, then down) by them, as Hugging Face's and llama.cpp's graphs compute them. Its fc1
+is the gate's and the up projection's rows interleaved, [experts, 2 size, hidden] (the
+SwiGLU layout its CPU kernel takes), its fc2 the down projection, [experts, hidden,
+size].
+
+Experts the GGUF stores as Q4_0 blocks go to QMoE as they are: 4-bit d (q - 8) over
+blocks of 32 along each row, the GGUF's own values (the scales in fp32, two nibbles a
+byte, the first low), so the op computes what the dequantized weights would, within
+fp32 rounding; Qwen3-30B-A3B's sizes take about 2 ms a layer for one token on two
+cores, and under a sixth of the fp32 weights' memory. Experts of any other type are
+dequantized to fp32 for MoE: QMoE's 8-bit CPU path is about 1 % off the Q8_0 weights
+(it rounds what it multiplies), and the other types' blocks are not its form. A factor
+on the mixture's output (Granite's residual multiplier, the GGUF's expert weights scale)
+is folded into fc2's weights or scales.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+from llama_attention import Graph
+from llama_linear import BLOCK, DOMAIN, q4_0_from_gguf
+
+if TYPE_CHECKING:
+    from llama_onnx import LlamaConfig
+
+Weights = Mapping[str, npt.NDArray[np.float32]]
+KINDS = ("gate", "up", "down")
+
+
+def expert_name(layer: int, kind: str) -> str:
+    """The stacked weight of one projection of a layer's experts (llama_weights.py)."""
+    return f"model.layers.{layer}.mlp.experts.{kind}_proj.weight"
+
+
+@dataclass(frozen=True)
+class ExpertBlocks:
+    """A stacked expert tensor [experts, rows, cols] as the GGUF's Q4_0 blocks of 32 along
+    its columns: the values `q` (0-15) and each block's scale, w = scale (q - 8)."""
+
+    q: npt.NDArray[np.uint8]  # [experts, rows, cols]
+    scale: npt.NDArray[np.float32]  # [experts, rows, cols / 32]
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        experts, rows, cols = self.q.shape
+        return experts, rows, cols
+
+    def dequantize(self) -> npt.NDArray[np.float32]:
+        values = self.q.astype(np.float32) - np.float32(8)
+        scales = np.repeat(self.scale, BLOCK, axis=-1)
+        return (values * scales).astype(np.float32)
+
+    def rows(self, order: npt.NDArray[np.intp]) -> ExpertBlocks:
+        """Every expert's rows in `order`."""
+        return ExpertBlocks(self.q[:, order], self.scale[:, order])
+
+    def packed(self) -> npt.NDArray[np.uint8]:
+        """The values as QMoE reads them: two a byte, the first low."""
+        return (self.q[..., 0::2] | (self.q[..., 1::2] << 4)).astype(np.uint8)
+
+
+def experts_from_gguf(
+    kind: str, data: npt.NDArray[np.uint8], shape: tuple[int, ...]
+) -> ExpertBlocks | None:
+    """A stacked expert tensor's blocks where QMoE takes them as they are (Q4_0's); None
+    for another type. `data`: the tensor's bytes as gguf's reader gives them, `shape` its
+    numpy shape [experts, rows, cols]."""
+    if kind != "Q4_0":
+        return None
+    experts, rows, cols = shape
+    four = q4_0_from_gguf(np.ascontiguousarray(data).reshape(experts * rows, -1))
+    q, scale = four.q.reshape(experts, rows, cols), four.scale.reshape(experts, rows, -1)
+    return ExpertBlocks(q, scale)
+
+
+def moe(
+    g: Graph,
+    x: str,
+    weights: Weights,
+    experts: Mapping[str, ExpertBlocks],
+    cfg: LlamaConfig,
+    layer: int,
+    factor: float,
+) -> str:
+    """The layer's mixture of experts over x [tokens, hidden], times `factor`; on its
+    experts' blocks where all three projections have them, on fp32 weights otherwise."""
+    p = f"model.layers.{layer}.mlp"
+    router_t = np.ascontiguousarray(weights[f"{p}.router.weight"].T)
+    logits = g.op("MatMul", [x, g.const(f"{p}.router.t", router_t)], f"{p}.router")
+    attrs = {
+        "k": cfg.experts_used,
+        "activation_type": "swiglu",
+        "swiglu_fusion": 1,
+        "normalize_routing_weights": int(cfg.expert_norm),
+        "domain": DOMAIN,
+    }
+    found = [experts.get(expert_name(layer, kind)) for kind in KINDS]
+    blocks = [b for b in found if b is not None]
+    if len(blocks) == len(KINDS):
+        gate, up, down = blocks
+        fc1 = f"{p}.experts.fc1.q"
+        if not g.has(fc1):
+            g.const(fc1, _interleaved(gate.packed(), up.packed()), np.uint8)
+            g.const(f"{p}.experts.fc1.scale", _interleaved(gate.scale, up.scale))
+            g.const(f"{p}.experts.fc2.q", down.packed(), np.uint8)
+            g.const(f"{p}.experts.fc2.scale", down.scale * np.float32(factor))
+        inputs = [x, logits, fc1, f"{p}.experts.fc1.scale", "", f"{p}.experts.fc2.q",
+                  f"{p}.experts.fc2.scale", ""]  # fmt: skip
+        return g.op("QMoE", inputs, f"{p}.experts", expert_weight_bits=4, block_size=BLOCK, **attrs)
+    fc1 = f"{p}.experts.fc1"
+    if not g.has(fc1):
+        gate_w, up_w, down_w = (_fp32(weights, experts, layer, kind) for kind in KINDS)
+        g.const(fc1, _interleaved(gate_w, up_w))
+        g.const(f"{p}.experts.fc2", down_w * np.float32(factor))
+    return g.op("MoE", [x, logits, fc1, "", f"{p}.experts.fc2"], f"{p}.experts", **attrs)
+
+
+def _fp32(
+    weights: Weights, experts: Mapping[str, ExpertBlocks], layer: int, kind: str
+) -> npt.NDArray[np.float32]:
+    name = expert_name(layer, kind)
+    found = experts.get(name)
+    return found.dequantize() if found is not None else weights[name]
+
+
+def _interleaved(
+    gate: npt.NDArray[np.generic], up: npt.NDArray[np.generic]
+) -> npt.NDArray[np.generic]:
+    """Gate's and up's rows alternating, per expert: [experts, 2 rows, ...]."""
+    experts, rows, *rest = gate.shape
+    both = np.empty((experts, 2 * rows, *rest), dtype=gate.dtype)
+    both[:, 0::2] = gate
+    both[:, 1::2] = up
+    return both

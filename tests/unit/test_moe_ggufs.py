@@ -1,0 +1,106 @@
+"""GGUFs of mixtures of experts (examples/smollm/llama_moe.py), written here: Qwen3-MoE's
+(renormalized top-k weights, a norm on each Q and K head), OLMoE's (weights not
+renormalized, Q's and K's norms over all their heads), Granite MoE's (its multipliers,
+rows stored permuted) and Mixtral's (a LLaMA GGUF with experts); each graph computed
+against Hugging Face's sparse MoE block in numpy, through the paged cache. Experts the
+GGUF stores as Q4_0 blocks run on onnxruntime's QMoE as they are; Q8_0 ones on fp32."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from ggufwriter import byte_level_spec, read_back, write_gguf
+from llama_reference import forward
+from smollm import CachedSeq, PagedCache, gguf_model, llama_onnx, session_for, tiny_config
+
+pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
+
+IDS = [5, 17, 200, 33, 9, 45, 250]
+MOE = {"num_experts": 6, "experts_used": 2, "expert_size": 64}
+GRANITE = {"embedding_scale": 12.0, "residual_scale": 0.375, "logit_scale": 4.0,
+           "attention_scale": 0.0625}  # fmt: skip
+
+
+def stepped(model: Any, cfg: Any | None = None) -> npt.NDArray[np.float32]:
+    """The graph's logits for IDS (prefill) and then 71 and 8 (decode steps), stacked."""
+    cfg = cfg or model.cfg
+    graph = llama_onnx().build_step_graph(model.weights, cfg, experts=model.experts)
+    cache, seq = PagedCache(session_for(graph), cfg, 8, 4), CachedSeq()
+    got = [cache.step([seq], [IDS])[0]]
+    got += [cache.step([seq], [[token]])[0] for token in (71, 8)]
+    return np.stack(got)
+
+
+def reference(model: Any, cfg: Any | None = None) -> npt.NDArray[np.floating[Any]]:
+    """Hugging Face's forward on the weights the GGUF holds (its blocks dequantized)."""
+    weights = dict(model.weights) | {n: b.dequantize() for n, b in model.experts.items()}
+    return forward(weights, cfg or model.cfg, [*IDS, 71, 8], first=6)
+
+
+@pytest.mark.parametrize(
+    ("arch", "options", "extra"),
+    [
+        ("qwen3moe", {"qk_norm": True, "head_size": 32}, {}),
+        ("olmoe", {"qk_norm": True, "qk_norm_whole": True, "expert_norm": False}, {}),
+        ("granitemoe", {"embedding_scale": 12.0, "residual_scale": 0.375, "logit_scale": 4.0,
+                        "attention_scale": 0.0625}, GRANITE),
+        ("llama", {}, {}),  # Mixtral's
+    ],
+)  # fmt: skip
+def test_a_mixture_of_experts_gguf_computes_the_sparse_moe_block(
+    tmp_path: Path, arch: str, options: dict[str, Any], extra: dict[str, Any]
+) -> None:
+    spec = byte_level_spec("qwen2")
+    cfg = tiny_config(vocab_size=len(spec.tokens), **MOE, **options)
+    write_gguf(tmp_path / "m.gguf", cfg, spec, extra, arch)
+    model = read_back(tmp_path / "m.gguf", cfg)
+    assert model.experts == {}  # fp32 experts: onnxruntime's MoE
+    np.testing.assert_allclose(stepped(model), reference(model), atol=2e-4)
+    # The router matters: every expert the same would not tell a wrong choice apart.
+    same = dataclasses.replace(cfg, experts_used=cfg.num_experts)
+    assert np.abs(stepped(model, same) - stepped(model)).max() > 1e-2
+
+
+def test_experts_stored_as_q4_0_run_on_their_blocks_as_they_are(tmp_path: Path) -> None:
+    spec = byte_level_spec("qwen2")
+    cfg = tiny_config(vocab_size=len(spec.tokens), qk_norm=True, **MOE)
+    write_gguf(tmp_path / "q.gguf", cfg, spec, arch="qwen3moe", quant="Q4_0")
+    model = gguf_model().read_gguf(tmp_path / "q.gguf")
+    assert sorted(model.experts) == sorted(
+        f"model.layers.{i}.mlp.experts.{k}_proj.weight"
+        for i in range(2)
+        for k in ("gate", "up", "down")
+    )
+    assert not any(".experts." in name for name in model.weights)  # no fp32 copy
+    graph = llama_onnx().build_step_graph(model.weights, model.cfg, experts=model.experts)
+    assert {n.op_type for n in graph.graph.node} >= {"QMoE"}
+    np.testing.assert_allclose(stepped(model), reference(model), atol=2e-4)
+    # Q8_0 experts run on fp32 (QMoE's 8-bit path rounds).
+    write_gguf(tmp_path / "e.gguf", cfg, spec, arch="qwen3moe", quant="Q8_0")
+    eight = gguf_model().read_gguf(tmp_path / "e.gguf")
+    assert eight.experts == {} and "model.layers.0.mlp.experts.up_proj.weight" in eight.weights
+    np.testing.assert_allclose(stepped(eight), reference(eight), atol=2e-4)
+
+
+def test_a_mixture_with_shared_experts_or_unread_tensors_is_refused(tmp_path: Path) -> None:
+    spec = byte_level_spec("qwen2")
+    cfg = tiny_config(vocab_size=len(spec.tokens), **MOE)
+    shared = {"expert_shared_feed_forward_length": 32}
+    write_gguf(tmp_path / "s.gguf", cfg, spec, GRANITE | shared, "granitemoe")
+    with pytest.raises(ValueError, match="granitemoe with shared experts is not supported"):
+        gguf_model().read_gguf(tmp_path / "s.gguf")
+    tensor = {"blk.0.ffn_up_shexp.weight": np.zeros((32, 64), np.float32)}
+    write_gguf(tmp_path / "t.gguf", cfg, spec, arch="qwen3moe", tensors=tensor)
+    with pytest.raises(ValueError, match=r"blk\.0\.ffn_up_shexp\.weight, which the graph does not"):
+        gguf_model().read_gguf(tmp_path / "t.gguf")
+
+
+def test_a_config_of_experts_the_graph_cannot_compute_is_refused() -> None:
+    for values in ({"experts_used": 0}, {"experts_used": 7}, {"expert_size": 0}):
+        with pytest.raises(ValueError, match="a mixture needs 1 to all of its experts"):
+            tiny_config(**(MOE | values)).validate()
