@@ -46,28 +46,33 @@ def expert_name(layer: int, kind: str) -> str:
 @dataclass(frozen=True)
 class ExpertBlocks:
     """A stacked expert tensor [experts, rows, cols] as the GGUF's Q4_0 blocks of 32 along
-    its columns: the values `q` (0-15) and each block's scale, w = scale (q - 8)."""
+    its columns, w = d (q - 8): the blocks' bytes as gguf's reader gives them (a view of
+    the mapped file, so a 17 GB GGUF's experts are read a layer at a time as the graph
+    takes them, not held twice)."""
 
-    q: npt.NDArray[np.uint8]  # [experts, rows, cols]
-    scale: npt.NDArray[np.float32]  # [experts, rows, cols / 32]
+    data: npt.NDArray[np.uint8]  # [experts * rows, blocks * 18]
+    shape: tuple[int, int, int]
 
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        experts, rows, cols = self.q.shape
-        return experts, rows, cols
+    def _values(self) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
+        four = q4_0_from_gguf(self.data)  # q [experts * rows, blocks, 32], 0-15
+        return four.q, four.scale
 
-    def dequantize(self) -> npt.NDArray[np.float32]:
-        values = self.q.astype(np.float32) - np.float32(8)
-        scales = np.repeat(self.scale, BLOCK, axis=-1)
-        return (values * scales).astype(np.float32)
-
-    def rows(self, order: npt.NDArray[np.intp]) -> ExpertBlocks:
-        """Every expert's rows in `order`."""
-        return ExpertBlocks(self.q[:, order], self.scale[:, order])
+    def scale(self) -> npt.NDArray[np.float32]:
+        """Each block's d, [experts, rows, blocks]."""
+        experts, rows, _ = self.shape
+        return q4_0_from_gguf(self.data).scale.reshape(experts, rows, -1)
 
     def packed(self) -> npt.NDArray[np.uint8]:
-        """The values as QMoE reads them: two a byte, the first low."""
-        return (self.q[..., 0::2] | (self.q[..., 1::2] << 4)).astype(np.uint8)
+        """The values as QMoE reads them, two a byte, the first low: [experts, rows,
+        cols / 2]."""
+        experts, rows, _ = self.shape
+        q, _scale = self._values()
+        return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8).reshape(experts, rows, -1)
+
+    def dequantize(self) -> npt.NDArray[np.float32]:
+        q, scale = self._values()
+        values = (q.astype(np.float32) - np.float32(8)) * scale[..., None]
+        return values.reshape(self.shape).astype(np.float32)
 
 
 def experts_from_gguf(
@@ -79,9 +84,7 @@ def experts_from_gguf(
     if kind != "Q4_0":
         return None
     experts, rows, cols = shape
-    four = q4_0_from_gguf(np.ascontiguousarray(data).reshape(experts * rows, -1))
-    q, scale = four.q.reshape(experts, rows, cols), four.scale.reshape(experts, rows, -1)
-    return ExpertBlocks(q, scale)
+    return ExpertBlocks(data.reshape(experts * rows, -1), (experts, rows, cols))
 
 
 def moe(
@@ -112,9 +115,9 @@ def moe(
         fc1 = f"{p}.experts.fc1.q"
         if not g.has(fc1):
             g.const(fc1, _interleaved(gate.packed(), up.packed()), np.uint8)
-            g.const(f"{p}.experts.fc1.scale", _interleaved(gate.scale, up.scale))
+            g.const(f"{p}.experts.fc1.scale", _interleaved(gate.scale(), up.scale()))
             g.const(f"{p}.experts.fc2.q", down.packed(), np.uint8)
-            g.const(f"{p}.experts.fc2.scale", down.scale * np.float32(factor))
+            g.const(f"{p}.experts.fc2.scale", down.scale() * np.float32(factor))
         inputs = [x, logits, fc1, f"{p}.experts.fc1.scale", "", f"{p}.experts.fc2.q",
                   f"{p}.experts.fc2.scale", ""]  # fmt: skip
         return g.op("QMoE", inputs, f"{p}.experts", expert_weight_bits=4, block_size=BLOCK, **attrs)
