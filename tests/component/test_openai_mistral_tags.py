@@ -122,19 +122,16 @@ async def test_a_thinking_budget_closes_mistral_thoughts_and_they_are_counted(
     assert answer.status_code == 200, answer.text
     choice = answer.json()["choices"][0]
     ids = choice["token_ids"]
-    closed = ids.index(END)
-    opened = max(i for i, token in enumerate(ids[:closed]) if token == THINK)
     # Two tokens after the last [THINK], the budget forces [/THINK] (vLLM's count starts
-    # at the last start); before it, the model's own tokens.
-    assert ids[: opened + 1] == WRITTEN[: opened + 1] and closed == opened + 3, ids
-    # Counted as vLLM counts them: the tokens between a [THINK] and its [/THINK].
-    depth = count = 0
-    for token in ids:
-        depth += token == THINK
-        depth -= token == END and depth > 0
-        count += depth > 0 and token not in (THINK, END)
-    details = answer.json()["usage"]["completion_tokens_details"]
-    assert details == {"reasoning_tokens": count} and count > 0
+    # at the last start); before it, the model's own tokens; after it, the model's again.
+    assert ids == [A, THINK, THINK, A, A, END, END, END, A, A, INST, END], ids
+    message = choice["message"]
+    assert (message["reasoning"], message["content"]) == (
+        "[THINK]aa",
+        "a[/THINK][/THINK]aa[/THINK]",
+    )
+    # vLLM's count: the tokens inside [THINK]s not yet closed, by depth (the two a's).
+    assert answer.json()["usage"]["completion_tokens_details"] == {"reasoning_tokens": 2}
 
 
 async def test_structured_outputs_apply_after_mistral_thoughts(http: httpx.AsyncClient) -> None:
@@ -146,4 +143,24 @@ async def test_structured_outputs_apply_after_mistral_thoughts(http: httpx.Async
     ids = choice["token_ids"]
     closed = ids.index(END)
     assert ids[: closed + 1] == WRITTEN[: closed + 1] and ids[closed + 1 :] == [A, A, A], ids
-    assert choice["message"]["content"] == "a" + "aaa" and choice["finish_reason"] == "stop"
+    message = choice["message"]
+    assert (message["reasoning"], message["content"]) == ("[THINK]aaaaaa", "aaaa")
+    # The grammar complete, the only tokens the request allows that could end it are
+    # ruled out: the engine ends the answer "stop" there (docs/generation.md).
+    assert choice["finish_reason"] == "stop"
+    # vLLM's depth count: two [THINK]s, one [/THINK], so the answer's a's count too.
+    assert answer.json()["usage"]["completion_tokens_details"] == {"reasoning_tokens": 10}
+
+
+@pytest.mark.parametrize("parser", ["granite", "olmo3"])
+async def test_parsers_that_read_text_take_no_budget_and_count_nothing(
+    repo: Path, parser: str
+) -> None:
+    async with openai_client(repo, ["tiny"], ToolSettings(reasoning_parser=parser)) as client:
+        refused = await client.post("/v1/chat/completions", json=_chat(thinking_token_budget=2))
+        answer = await client.post("/v1/chat/completions", json=_chat())
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "thinking_token_budget"
+    assert f"the {parser} reasoning parser reads its model's thoughts from text" in error["message"]
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens_details"] is None

@@ -402,3 +402,11 @@ def test_vllms_switches_reach_the_front_end(capsys: pytest.CaptureFixture[str]) 
         parse_settings(argv[:3])
     assert exited.value.code == 2
     assert "--enable-auto-tool-choice requires --tool-call-parser" in capsys.readouterr().err
+
+
+def test_the_parser_flags_name_every_parser_the_front_end_has() -> None:
+    from ge_serve.server.http.openai import reasoning, toolparse
+    from ge_serve.server.startup.vllmflags import REASONING_PARSERS, TOOL_PARSERS
+
+    assert sorted(TOOL_PARSERS) == sorted(toolparse.PARSERS)
+    assert sorted(REASONING_PARSERS) == sorted(reasoning.PARSERS)

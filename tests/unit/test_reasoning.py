@@ -220,7 +220,9 @@ def test_granite_streamed_thoughts_begin_the_answer_or_are_none() -> None:
 
 def test_granite_structured_outputs_wait_for_its_response_where_it_thinks() -> None:
     use = plan("granite", True, {"thinking": True}, "p", "response_format")
-    assert use is not None and use.after == RESPONSE
+    # Either response phrase ends so ("Here's" too, as quantized models write it).
+    assert use is not None and use.after == "my response:"
+    assert use.tags is None and Reasoning("olmo3").tags is None  # no budget, no count
     use = plan("granite", True, None, "p", "response_format")
     assert use == Reasoning("granite", thinking=False, after=None)
 

@@ -78,6 +78,13 @@ def _named(calls: list[dict[str, Any]]) -> list[tuple[str, Any]]:
             [("w", {"d": [1, 2]}), ("v", {})],
         ),
         ("phi4_mini_json", "functools are useful", "functools are useful", []),
+        # Python's functools before the call is no call; text after the array is ignored.
+        (
+            "phi4_mini_json",
+            'Use functools.partial. functools[{"name": "w", "arguments": {}}] done',
+            "Use functools.partial. ",
+            [("w", {})],
+        ),
     ],
 )
 def test_whole_answers(
@@ -158,7 +165,8 @@ ANSWERS = {
     ],
     "phi4_mini_json": [
         'functools[{"name": "w", "arguments": {"c": "é", "d": [1]}}]',
-        'Sure: functools [ {"name": "w", "parameters": {}} , {"name": "v", "arguments": {}} ]',
+        'Sure: functools[ {"name": "w", "parameters": {}} , {"name": "v", "arguments": {}} ]',
+        'functools.reduce, then functools[{"name": "w", "arguments": {}}]',
         "functools[not json",
         "funct and plain text",
     ],

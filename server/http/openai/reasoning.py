@@ -87,8 +87,10 @@ class Reasoning:
     after: str | None = None
 
     @property
-    def tags(self) -> tuple[str, str]:
-        """The tags that open and close the thoughts."""
+    def tags(self) -> tuple[str, str] | None:
+        """The tokens that open and close the thoughts, for a budget and a count; None for
+        a parser that reads text (granite's phrases, olmo3's plain-text tags), whose
+        thoughts get neither."""
         return tags_of(self.parser)
 
     def kept_special_tokens(self) -> tuple[str, ...]:
@@ -119,10 +121,10 @@ class Reasoning:
         return ReasoningStream(self, self.include if include is None else include)
 
 
-def tags_of(parser: str) -> tuple[str, str]:
-    """The tags that open and close `parser`'s thoughts."""
-    if parser == "granite":  # no tokens of their own: no budget, no count
-        return reasoning_granite.THOUGHTS[0], reasoning_granite.RESPONSE[0]
+def tags_of(parser: str) -> tuple[str, str] | None:
+    """The tokens that open and close `parser`'s thoughts (Reasoning.tags)."""
+    if parser in ("granite", "olmo3"):
+        return None
     return MISTRAL if parser == "mistral" else (START, END)
 
 
@@ -226,8 +228,8 @@ def plan(
         # Granite thinks where its template's `thinking` asks it to; structured outputs
         # then wait for the phrase the template tells it to answer after.
         thinking = bool((template_kwargs or {}).get("thinking"))
-        response = reasoning_granite.RESPONSE[0]
-        return Reasoning(parser, shown, thinking, response if constrained and thinking else None)
+        after = reasoning_granite.AFTER if constrained and thinking else None
+        return Reasoning(parser, shown, thinking, after)
     if parser == "mistral":
         # vLLM's is_reasoning_end on the prompt: its last `[THINK]` closed after it.
         start, end = MISTRAL

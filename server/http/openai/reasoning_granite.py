@@ -9,7 +9,7 @@ text before the thought phrase is dropped; without both phrases, all of it is co
 Streamed (vLLM's deltas): the thoughts are read only where the answer begins with a
 thought phrase, and then run to the response phrase, or to the end; any other answer is
 all content. A piece's end that may begin a phrase is held until the next shows whether
-it does.
+it does. Structured outputs wait for `AFTER`, which either response phrase ends with.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import re
 
 THOUGHTS = ("Here is my thought process:", "Here's my thought process:")
 RESPONSE = ("Here is my response:", "Here's my response:")
+# What structured outputs wait for: the end both response phrases share.
+AFTER = "my response:"
 _WHOLE = re.compile(
     r"(?:Here's|Here is) my thought process:(.*?)(?:Here's|Here is) my response:(.*)", re.DOTALL
 )

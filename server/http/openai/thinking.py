@@ -69,7 +69,14 @@ def add_markers(parser: str, model: ModelVersion, given: dict[str, Any]) -> None
             f"tells where the thoughts start and end: the model '{model.name}' is not one",
         )
     tokenizer = generation.tokenizer
-    opening, closing = reasoning.tags_of(parser)
+    tags = reasoning.tags_of(parser)
+    if tags is None:
+        raise unsupported(
+            BUDGET,
+            f"'{BUDGET}' needs think start/end tokens, and the {parser} reasoning parser reads "
+            "its model's thoughts from text, not from tokens",
+        )
+    opening, closing = tags
     for tag in (opening, closing):
         if tokenizer is None or single_id(tag, tokenizer.encode) is None:
             raise OpenAIError(

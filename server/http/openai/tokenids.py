@@ -130,7 +130,8 @@ def tags(model: ModelVersion, use: Reasoning | None) -> Tags | None:
     qwen3 = use.parser == "qwen3"
     generation = text_generation(model)
     tokenizer = None if generation is None else generation.tokenizer
-    if tokenizer is None or not reported(model):
+    # A parser that reads text (granite, olmo3) has no tag tokens to count on.
+    if tokenizer is None or not reported(model) or use.tags is None:
         return Tags(qwen3, None, None, None, False)
     opening, closing = use.tags
     start, end = _single(tokenizer, opening), _single(tokenizer, closing)

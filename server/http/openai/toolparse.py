@@ -16,9 +16,10 @@ The formats of Triton's OpenAI front end's parsers and vLLM's of the same names:
 - `granite` (vLLM's; Granite 3.0's `<|tool_call|>`, 3.1's and later's `<tool_call>`): an
   answer that begins (after spaces) with either tag or none, then a JSON array of
   `{"name", "arguments"}`; anything else is content, and an answer with calls has none;
-- `phi4_mini_json` (vLLM's; Phi-4-mini's): `functools` anywhere, then a JSON array of
-  `{"name", "arguments" | "parameters"}`; text before it is the content (vLLM's drops it,
-  and streams no calls; here they grow as the other formats' do).
+- `phi4_mini_json` (vLLM's; Phi-4-mini's): `functools[` anywhere, the JSON array of
+  `{"name", "arguments" | "parameters"}` it opens (text after it ignored, as vLLM's);
+  text before it is the content (vLLM's drops it, and streams no calls; here they grow
+  as the other formats' do).
 
 Text that does not parse as the format's calls is the answer's content, unchanged, as
 both parse it; the content before a call is kept as written (vLLM's), not trimmed. A
@@ -155,9 +156,8 @@ def _phi4_mini(text: str) -> tuple[str | None, list[Call]]:
     at = text.find(PHI4_TAG)
     if at < 0:
         return text, []
-    body = text[at + len(PHI4_TAG) :].lstrip()
-    found, end = json.JSONDecoder().raw_decode(body)
-    if not isinstance(found, list) or body[end:].strip():
+    found, _ = json.JSONDecoder().raw_decode(text, at + len(PHI4_TAG) - 1)  # from its `[`
+    if not isinstance(found, list):
         raise ValueError("not a list of calls")
     return text[:at] or None, [_of(item, ascii=False) for item in found]
 

@@ -45,8 +45,9 @@ _HEX = frozenset("0123456789abcdefABCDEF")
 REQUIRED = "required"
 # Granite's tags before its array of calls: 3.0's token, 3.1's text; each optional.
 GRANITE_TAGS = ("<|tool_call|>", "<tool_call>")
-# Phi-4-mini's word before its array of calls.
-PHI4_TAG = "functools"
+# Phi-4-mini's word and the array of calls it opens (vLLM's `functools\[`: Python's
+# `functools.partial` in an answer is no call).
+PHI4_TAG = "functools["
 # The deepest nesting read (the call object is 1): deeper is no call, before json.loads
 # would raise RecursionError (about 1000 deep, less the stack) on the object at its end.
 MAX_DEPTH = 512
@@ -291,7 +292,7 @@ def _granite(text: str, at: int, first: bool) -> int | None:
 def _phi4_mini(text: str, at: int, first: bool) -> int | None:
     if first:
         tag = text.find(PHI4_TAG)
-        found = None if tag < 0 else _expect(text, tag + len(PHI4_TAG), "[")
+        found = None if tag < 0 else _skip(text, tag + len(PHI4_TAG))
     else:
         found = _expect(text, at, ",")
     return found if found is None or found < 0 else _opening(text, found)
