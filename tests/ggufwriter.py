@@ -82,9 +82,10 @@ def write_gguf(
         "chat_template": "{{ bos_token }}{{ messages[0]['content'] }}",
         "rope_dimension_count": cfg.rotary_dim,
     } | ({"key_length": cfg.head_dim, "value_length": cfg.head_dim} if cfg.head_size else {})
-    if cfg.num_experts:  # a mixture's (llama_moe.py)
+    if cfg.num_experts:  # a mixture's (llama_moe.py); the feed-forward length is its size
         fields |= {"expert_count": cfg.num_experts, "expert_used_count": cfg.experts_used,
-                   "expert_feed_forward_length": cfg.expert_size}  # fmt: skip
+                   "expert_feed_forward_length": cfg.expert_size,
+                   "feed_forward_length": cfg.expert_size}  # fmt: skip
     fields |= extra or {}  # fmt: skip
     if spec.scores is not None:
         fields["token_scores"] = spec.scores

@@ -512,16 +512,15 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
 def _experts(reader: Any, arch: str) -> tuple[int, int, int, float]:
     """A mixture's (experts, experts used per token, each expert's size, the factor on its
     output), as llama.cpp reads them; (0, 0, 0, 1.0) for a dense model. An expert's size
-    is `expert_feed_forward_length`, else the feed-forward length (Qwen3-MoE's llama.cpp
-    divides that by the experts used; its GGUFs all give the former)."""
+    is the feed-forward length, but Qwen3-MoE's, its `expert_feed_forward_length` (else
+    the feed-forward length divided by the experts used)."""
     experts = int(_optional(reader, f"{arch}.expert_count", 0))
     if not experts:
         return 0, 0, 0, 1.0
     used = int(_field(reader, f"{arch}.expert_used_count"))
-    size = int(_optional(reader, f"{arch}.expert_feed_forward_length", 0))
-    if not size:
-        size = int(_field(reader, f"{arch}.feed_forward_length"))
-        size = size // used if arch == "qwen3moe" else size
+    size = int(_field(reader, f"{arch}.feed_forward_length"))
+    if arch == "qwen3moe":
+        size = int(_optional(reader, f"{arch}.expert_feed_forward_length", 0)) or size // used
     if int(_optional(reader, f"{arch}.expert_shared_feed_forward_length", 0)):
         raise ValueError(f"{arch} with shared experts is not supported")
     scale = float(_optional(reader, f"{arch}.expert_weights_scale", 0.0)) or 1.0

@@ -9,7 +9,9 @@ is the gate's and the up projection's rows interleaved, [experts, 2 size, hidden
 SwiGLU layout its CPU kernel takes), its fc2 the down projection, [experts, hidden,
 size].
 
-Experts the GGUF stores as Q4_0 blocks go to QMoE as they are: 4-bit d (q - 8) over
+Experts the GGUF stores as Q4_0 blocks go to QMoE as they are (its CPU kernel
+renormalizes the kept weights whatever it is told: OLMoE's output is multiplied back by
+their sum): 4-bit d (q - 8) over
 blocks of 32 along each row, the GGUF's own values (the scales in fp32, two nibbles a
 byte, the first low), so the op computes what the dequantized weights would, within
 fp32 rounding; Qwen3-30B-A3B's sizes take about 2 ms a layer for one token on two
@@ -120,7 +122,16 @@ def moe(
             g.const(f"{p}.experts.fc2.scale", down.scale() * np.float32(factor))
         inputs = [x, logits, fc1, f"{p}.experts.fc1.scale", "", f"{p}.experts.fc2.q",
                   f"{p}.experts.fc2.scale", ""]  # fmt: skip
-        return g.op("QMoE", inputs, f"{p}.experts", expert_weight_bits=4, block_size=BLOCK, **attrs)
+        out = g.op("QMoE", inputs, f"{p}.experts", expert_weight_bits=4, block_size=BLOCK, **attrs)
+        if cfg.expert_norm:
+            return out
+        # onnxruntime's CPU QMoE renormalizes the kept weights whatever
+        # normalize_routing_weights says: times their sum, they are the softmax's again.
+        probs = g.op("Softmax", [logits], f"{p}.router.probs", axis=-1)
+        k = g.ints(f"{p}.router.k", [cfg.experts_used])
+        kept = g.ops("TopK", [probs, k], [f"{p}.router.kept", f"{p}.router.kept_ids"], axis=-1)
+        mass = g.op("ReduceSum", [kept[0], g.ints("axes.last", [-1])], f"{p}.router.mass")
+        return g.op("Mul", [out, mass], f"{p}.experts.unnormed")
     fc1 = f"{p}.experts.fc1"
     if not g.has(fc1):
         gate_w, up_w, down_w = (_fp32(weights, experts, layer, kind) for kind in KINDS)

@@ -21,7 +21,8 @@ from smollm import CachedSeq, PagedCache, gguf_model, llama_onnx, session_for, t
 pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
 
 IDS = [5, 17, 200, 33, 9, 45, 250]
-MOE = {"num_experts": 6, "experts_used": 2, "expert_size": 64}
+# An expert's size is the GGUF's feed-forward length (Qwen3-MoE's, its own key).
+MOE = {"num_experts": 6, "experts_used": 2, "expert_size": 64, "intermediate_size": 64}
 GRANITE = {"embedding_scale": 12.0, "residual_scale": 0.375, "logit_scale": 4.0,
            "attention_scale": 0.0625}  # fmt: skip
 
@@ -66,10 +67,16 @@ def test_a_mixture_of_experts_gguf_computes_the_sparse_moe_block(
     assert np.abs(stepped(model, same) - stepped(model)).max() > 1e-2
 
 
-def test_experts_stored_as_q4_0_run_on_their_blocks_as_they_are(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("arch", "options"),
+    [("qwen3moe", {}), ("olmoe", {"qk_norm_whole": True, "expert_norm": False})],
+)
+def test_experts_stored_as_q4_0_run_on_their_blocks_as_they_are(
+    tmp_path: Path, arch: str, options: dict[str, Any]
+) -> None:
     spec = byte_level_spec("qwen2")
-    cfg = tiny_config(vocab_size=len(spec.tokens), qk_norm=True, **MOE)
-    write_gguf(tmp_path / "q.gguf", cfg, spec, arch="qwen3moe", quant="Q4_0")
+    cfg = tiny_config(vocab_size=len(spec.tokens), qk_norm=True, **MOE, **options)
+    write_gguf(tmp_path / "q.gguf", cfg, spec, arch=arch, quant="Q4_0")
     model = gguf_model().read_gguf(tmp_path / "q.gguf")
     assert sorted(model.experts) == sorted(
         f"model.layers.{i}.mlp.experts.{k}_proj.weight"
@@ -81,7 +88,7 @@ def test_experts_stored_as_q4_0_run_on_their_blocks_as_they_are(tmp_path: Path) 
     assert {n.op_type for n in graph.graph.node} >= {"QMoE"}
     np.testing.assert_allclose(stepped(model), reference(model), atol=2e-4)
     # Q8_0 experts run on fp32 (QMoE's 8-bit path rounds).
-    write_gguf(tmp_path / "e.gguf", cfg, spec, arch="qwen3moe", quant="Q8_0")
+    write_gguf(tmp_path / "e.gguf", cfg, spec, arch=arch, quant="Q8_0")
     eight = gguf_model().read_gguf(tmp_path / "e.gguf")
     assert eight.experts == {} and "model.layers.0.mlp.experts.up_proj.weight" in eight.weights
     np.testing.assert_allclose(stepped(eight), reference(eight), atol=2e-4)
@@ -104,3 +111,15 @@ def test_a_config_of_experts_the_graph_cannot_compute_is_refused() -> None:
     for values in ({"experts_used": 0}, {"experts_used": 7}, {"expert_size": 0}):
         with pytest.raises(ValueError, match="a mixture needs 1 to all of its experts"):
             tiny_config(**(MOE | values)).validate()
+
+
+def test_an_experts_size_is_read_where_llama_cpp_reads_it(tmp_path: Path) -> None:
+    # Qwen3-MoE's from its own key (its feed-forward length is the dense one's); the
+    # others' from the feed-forward length, whatever else the GGUF says.
+    spec = byte_level_spec("qwen2")
+    qwen = tiny_config(vocab_size=len(spec.tokens), **(MOE | {"intermediate_size": 96}))
+    write_gguf(tmp_path / "q.gguf", qwen, spec, {"feed_forward_length": 96}, "qwen3moe")
+    assert read_back(tmp_path / "q.gguf", qwen).cfg.expert_size == 64
+    mixtral = tiny_config(vocab_size=len(spec.tokens), **MOE)
+    write_gguf(tmp_path / "m.gguf", mixtral, spec, {"expert_feed_forward_length": 32}, "llama")
+    assert read_back(tmp_path / "m.gguf", mixtral).cfg.expert_size == 64
