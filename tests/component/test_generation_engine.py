@@ -18,6 +18,7 @@ import llama_reference
 import llmrepo
 import numpy as np
 import pytest
+import smollm
 from google.protobuf import text_format
 
 from ge_serve.backends.base import ModelError, ModelSpec, RequestContext
@@ -458,5 +459,27 @@ async def test_a_prompt_whose_length_alone_is_past_the_context_is_never_tokenize
         # 2600 bytes are at least 200 tokens: with 100 more to generate, past 256.
         with pytest.raises(ServerError, match="you requested at least 300 tokens"):
             await ask(scheduler, "x" * 2600, 100)
+    finally:
+        await scheduler.close(1)
+
+
+async def test_a_mixture_of_experts_answers_equal_the_reference(tmp_path: Path) -> None:
+    """A mixture's graph (onnxruntime's MoE operator, llama_moe.py) in the engine: three
+    sequences batched together, each token routed to its own experts, each answer the
+    reference's."""
+    cfg = smollm.tiny_config(
+        vocab_size=llmrepo.VOCAB, max_position_embeddings=2048, num_experts=6,
+        experts_used=2, expert_size=64,
+    )  # fmt: skip
+    model = llmrepo.TinyModel(cfg, smollm.llama_weights().random_weights(cfg, seed=1), eos_id=256)
+    scheduler = engine(tmp_path, model=model)
+    try:
+        sinks = await together(scheduler, [ask(scheduler, p) for p in PROMPTS[:3]])
+        for prompt, sink in zip(PROMPTS[:3], sinks, strict=True):
+            assert sink.final and not sink.errors
+            want = llama_reference.greedy(
+                model.weights, cfg, llmrepo.prompt_ids(prompt), TOKENS, ()
+            )
+            assert "".join(sink.texts) == llmrepo.answer_text(want), prompt
     finally:
         await scheduler.close(1)
