@@ -76,7 +76,8 @@ Why it is shaped as it is, for onnxruntime on a CPU:
 
 Standard ONNX ops only (opset 17), fp32 weights; or, given the GGUF's Q4_1 blocks, the
 layers in an If: on the blocks where a step has one token (llama_linear.py), on fp32
-otherwise. That graph uses a com.microsoft kernel: it is for onnxruntime only.
+otherwise. That graph uses a com.microsoft kernel: it is for onnxruntime only, as is a
+mixture of experts' (its MoE and QMoE operators, llama_moe.py).
 """
 
 from __future__ import annotations
