@@ -47,6 +47,17 @@ def test_qwen3(text: str, expected: tuple[str | None, str | None]) -> None:
     assert Reasoning("qwen3").split(text) == expected
 
 
+def _streams_as(use: Reasoning, text: str, whole: tuple[str | None, str | None]) -> None:
+    """`text` streamed in pieces of every size gives the deltas of `whole`."""
+    for size in range(1, len(text) + 1):
+        stream = use.stream()
+        deltas = [d for at in range(0, len(text), size) for d in stream.feed(text[at : at + size])]
+        deltas += stream.finish()
+        reasoning = "".join(d.get("reasoning", "") for d in deltas) or None
+        content = "".join(d.get("content", "") for d in deltas) or None
+        assert (reasoning, content) == whole, size
+
+
 @pytest.mark.parametrize("parser", ["deepseek_r1", "qwen3"])
 @pytest.mark.parametrize("text", TEXTS)
 def test_streamed_pieces_join_to_the_split(parser: str, text: str) -> None:
@@ -55,13 +66,7 @@ def test_streamed_pieces_join_to_the_split(parser: str, text: str) -> None:
     whole = use.split(text.replace("<think>", "", 1) if parser == "deepseek_r1" else text)
     if whole[0] == "":  # an empty delta is not sent
         whole = (None, whole[1])
-    for size in range(1, len(text) + 1):
-        stream = use.stream()
-        deltas = [d for at in range(0, len(text), size) for d in stream.feed(text[at : at + size])]
-        deltas += stream.finish()
-        reasoning = "".join(d.get("reasoning", "") for d in deltas) or None
-        content = "".join(d.get("content", "") for d in deltas) or None
-        assert (reasoning, content) == whole, size
+    _streams_as(use, text, whole)
 
 
 @pytest.mark.parametrize(
@@ -100,13 +105,7 @@ def test_mistral_streamed_pieces_join_to_the_split(text: str) -> None:
     whole = use.split(text)
     if whole[0] == "":
         whole = (None, whole[1])
-    for size in range(1, len(text) + 1):
-        stream = use.stream()
-        deltas = [d for at in range(0, len(text), size) for d in stream.feed(text[at : at + size])]
-        deltas += stream.finish()
-        reasoning = "".join(d.get("reasoning", "") for d in deltas) or None
-        content = "".join(d.get("content", "") for d in deltas) or None
-        assert (reasoning, content) == whole, size
+    _streams_as(use, text, whole)
 
 
 def test_mistral_streamed_drops_every_tag() -> None:
@@ -195,13 +194,7 @@ GRANITE_TEXTS = [
 def test_granite_streamed_pieces_join_to_the_split(text: str) -> None:
     use = plan("granite", True, {"thinking": True}, "p", None)
     assert use == Reasoning("granite", thinking=True)
-    for size in range(1, len(text) + 1):
-        stream = use.stream()
-        deltas = [d for at in range(0, len(text), size) for d in stream.feed(text[at : at + size])]
-        deltas += stream.finish()
-        reasoning = "".join(d.get("reasoning", "") for d in deltas) or None
-        content = "".join(d.get("content", "") for d in deltas) or None
-        assert (reasoning, content) == use.split(text), size
+    _streams_as(use, text, use.split(text))
 
 
 def test_granite_streamed_thoughts_begin_the_answer_or_are_none() -> None:
