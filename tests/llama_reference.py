@@ -63,7 +63,6 @@ class Config(Protocol):
     num_experts: int
     experts_used: int
     expert_norm: bool
-    expert_scale: float
 
     @property
     def head_dim(self) -> int: ...
@@ -249,8 +248,7 @@ def _experts(h: FloatArray, w: Mapping[str, FloatArray], cfg: Config, p: str) ->
             gate = w[f"{p}.mlp.experts.gate_proj.weight"][e] @ h[t]
             up = w[f"{p}.mlp.experts.up_proj.weight"][e] @ h[t]
             out[t] += weight * (w[f"{p}.mlp.experts.down_proj.weight"][e] @ (_silu(gate) * up))
-    scaled: FloatArray = out * cfg.expert_scale
-    return scaled
+    return out
 
 
 def greedy_mismatch(

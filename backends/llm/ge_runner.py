@@ -84,7 +84,8 @@ def standard_ops_only(model: onnx.ModelProto) -> None:
         raise ValueError(
             f"parameter placement: npu takes a step graph of standard ONNX operators, which "
             f"ATC compiles; this one uses the {', '.join(others)} domain (a graph for "
-            "onnxruntime: build it with examples/smollm/build.py --fp32-only)"
+            "onnxruntime: build it with examples/smollm/build.py --fp32-only; a mixture of "
+            "experts, whose MoE operators are onnxruntime's, cannot run on placement npu)"
         )
 
 

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from gguf_model import GgufModel, PackageMissing, read_gguf, supported
+from gguf_model import GgufModel, PackageMissing, mixture_of, read_gguf, supported
 from gguf_tokenizer import END_TOKENS, TokenizerSpec, build_tokenizer
 from llama_attention import ExternalData
 from llama_onnx import MAX_POSITIONS, LlamaConfig, build_step_graph
@@ -254,12 +254,20 @@ def build(
     RoPE tables hold max_model_len positions (a GGUF's context can be a million)."""
     if fp32_only and (int8_activations or low_memory):
         raise ValueError("int8 activations and low memory are the GGUF blocks' (not fp32's)")
-    model = model or read_gguf(gguf, fp32_projections=not low_memory)
-    if fp32_only and model.cfg.num_experts:
+    experts, fp32_experts = (0, 0) if model or gguf is None else mixture_of(gguf)
+    if fp32_only and (experts or (model and model.cfg.num_experts)):
         raise ValueError(
             "a mixture of experts runs on onnxruntime's MoE operators (com.microsoft), which "
             "ATC does not compile: --fp32-only (placement npu) cannot build it"
         )
+    if fp32_experts:
+        print(
+            f"build.py: the GGUF's experts are not stored as Q4_0 (the form onnxruntime's "
+            f"QMoE takes as it is): they take fp32, {fp32_experts / 2**30:.1f} GiB, to read "
+            "and to serve",
+            file=sys.stderr,
+        )
+    model = model or read_gguf(gguf, fp32_projections=not low_memory)
     blocks = None if fp32_only else model.projection_blocks(int8_activations)
     kept = [n for n in linear_weight_names(model.cfg) if blocks is None or n not in blocks]
     if low_memory and kept:

@@ -331,6 +331,23 @@ def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufMo
     return GgufModel(cfg, kept, spec, name, blocks, head, long_factors, original, experts)
 
 
+def mixture_of(path: Path) -> tuple[int, int]:
+    """A GGUF's experts per layer (0: a dense model) and the bytes its experts would take
+    in fp32 (those not stored as Q4_0, which QMoE takes as they are), read off its header
+    before any tensor is."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    arch = str(_field(reader, "general.architecture"))
+    experts = int(_optional(reader, f"{arch}.expert_count", 0))
+    fp32 = sum(
+        4 * math.prod(int(n) for n in t.shape)
+        for t in reader.tensors
+        if len(t.shape) == 3 and t.tensor_type != gguf.GGMLQuantizationType.Q4_0
+    )
+    return experts, fp32
+
+
 def _parts(gguf_name: str, cfg: LlamaConfig, arch: str) -> list[tuple[str, Rows | None]]:
     """The Hugging Face tensors one GGUF tensor holds, each with its rows (None: all of
     them): Phi-3 stores Q, K and V as one `attn_qkv`, and the gate and up projections as
@@ -463,7 +480,7 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         local_base = float(_field(reader, f"{arch}.rope.freq_base"))
     if arch != "olmo2":
         local_base = float(_optional(reader, f"{arch}.rope.freq_base_swa", local_base))
-    experts, used, expert_size, expert_scale = _experts(reader, arch)
+    experts, used, expert_size = _experts(reader, arch)
     cfg = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -503,28 +520,27 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         experts_used=used,
         expert_size=expert_size,
         expert_norm=arch not in UNNORMED_EXPERTS,
-        expert_scale=expert_scale,
     )
     cfg.validate()
     return cfg
 
 
-def _experts(reader: Any, arch: str) -> tuple[int, int, int, float]:
-    """A mixture's (experts, experts used per token, each expert's size, the factor on its
-    output), as llama.cpp reads them; (0, 0, 0, 1.0) for a dense model. An expert's size
-    is the feed-forward length, but Qwen3-MoE's, its `expert_feed_forward_length` (else
-    the feed-forward length divided by the experts used)."""
+def _experts(reader: Any, arch: str) -> tuple[int, int, int]:
+    """A mixture's (experts, experts used per token, each expert's size), as llama.cpp
+    reads them for these architectures; (0, 0, 0) for a dense model. An expert's size is
+    the feed-forward length, but Qwen3-MoE's, its `expert_feed_forward_length` (else the
+    feed-forward length divided by the experts used). llama.cpp reads no
+    `expert_weights_scale`, `expert_weights_norm` or gating function for them either."""
     experts = int(_optional(reader, f"{arch}.expert_count", 0))
     if not experts:
-        return 0, 0, 0, 1.0
+        return 0, 0, 0
     used = int(_field(reader, f"{arch}.expert_used_count"))
     size = int(_field(reader, f"{arch}.feed_forward_length"))
     if arch == "qwen3moe":
         size = int(_optional(reader, f"{arch}.expert_feed_forward_length", 0)) or size // used
     if int(_optional(reader, f"{arch}.expert_shared_feed_forward_length", 0)):
         raise ValueError(f"{arch} with shared experts is not supported")
-    scale = float(_optional(reader, f"{arch}.expert_weights_scale", 0.0)) or 1.0
-    return experts, used, size, scale
+    return experts, used, size
 
 
 def _yarn(reader: Any, arch: str, rotary: int) -> tuple[tuple[float, ...], float]:

@@ -9,17 +9,19 @@ is the gate's and the up projection's rows interleaved, [experts, 2 size, hidden
 SwiGLU layout its CPU kernel takes), its fc2 the down projection, [experts, hidden,
 size].
 
-Experts the GGUF stores as Q4_0 blocks go to QMoE as they are (its CPU kernel
-renormalizes the kept weights whatever it is told: OLMoE's output is multiplied back by
-their sum): 4-bit d (q - 8) over
+Experts the GGUF stores as Q4_0 blocks go to QMoE as they are: 4-bit d (q - 8) over
 blocks of 32 along each row, the GGUF's own values (the scales in fp32, two nibbles a
-byte, the first low), so the op computes what the dequantized weights would, within
-fp32 rounding; Qwen3-30B-A3B's sizes take about 2 ms a layer for one token on two
-cores, and under a sixth of the fp32 weights' memory. Experts of any other type are
+byte, the first low, `weights_prepacked` 0), so the op computes what the dequantized
+weights would, within fp32 rounding; Qwen3-30B-A3B's sizes take about 2 ms a layer for
+one token on two cores, and under a sixth of the fp32 weights' memory. onnxruntime
+1.32's CPU QMoE renormalizes the kept weights whatever `normalize_routing_weights` says,
+so it is always asked to, and OLMoE's output (not renormalized) is multiplied by their
+sum: right whichever way a later version reads the flag. Its int8 activations are
+not used (`--int8-activations` leaves the experts exact). Experts of any other type are
 dequantized to fp32 for MoE: QMoE's 8-bit CPU path is about 1 % off the Q8_0 weights
 (it rounds what it multiplies), and the other types' blocks are not its form. A factor
-on the mixture's output (Granite's residual multiplier, the GGUF's expert weights scale)
-is folded into fc2's weights or scales.
+on the mixture's output (Granite's residual multiplier) is folded into fc2's weights or
+scales.
 """
 
 from __future__ import annotations
@@ -59,17 +61,13 @@ class ExpertBlocks:
         four = q4_0_from_gguf(self.data)  # q [experts * rows, blocks, 32], 0-15
         return four.q, four.scale
 
-    def scale(self) -> npt.NDArray[np.float32]:
-        """Each block's d, [experts, rows, blocks]."""
+    def qmoe(self) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
+        """The values as QMoE reads them, two a byte, the first low, [experts, rows,
+        cols / 2], and each block's d, [experts, rows, blocks]."""
         experts, rows, _ = self.shape
-        return q4_0_from_gguf(self.data).scale.reshape(experts, rows, -1)
-
-    def packed(self) -> npt.NDArray[np.uint8]:
-        """The values as QMoE reads them, two a byte, the first low: [experts, rows,
-        cols / 2]."""
-        experts, rows, _ = self.shape
-        q, _scale = self._values()
-        return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8).reshape(experts, rows, -1)
+        q, scale = self._values()
+        packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+        return packed.reshape(experts, rows, -1), scale.reshape(experts, rows, -1)
 
     def dequantize(self) -> npt.NDArray[np.float32]:
         q, scale = self._values()
@@ -103,30 +101,27 @@ def moe(
     p = f"model.layers.{layer}.mlp"
     router_t = np.ascontiguousarray(weights[f"{p}.router.weight"].T)
     logits = g.op("MatMul", [x, g.const(f"{p}.router.t", router_t)], f"{p}.router")
-    attrs = {
-        "k": cfg.experts_used,
-        "activation_type": "swiglu",
-        "swiglu_fusion": 1,
-        "normalize_routing_weights": int(cfg.expert_norm),
-        "domain": DOMAIN,
-    }
+    attrs = {"k": cfg.experts_used, "activation_type": "swiglu", "swiglu_fusion": 1,
+             "domain": DOMAIN}  # fmt: skip
     found = [experts.get(expert_name(layer, kind)) for kind in KINDS]
     blocks = [b for b in found if b is not None]
     if len(blocks) == len(KINDS):
-        gate, up, down = blocks
         fc1 = f"{p}.experts.fc1.q"
         if not g.has(fc1):
-            g.const(fc1, _interleaved(gate.packed(), up.packed()), np.uint8)
-            g.const(f"{p}.experts.fc1.scale", _interleaved(gate.scale(), up.scale()))
-            g.const(f"{p}.experts.fc2.q", down.packed(), np.uint8)
-            g.const(f"{p}.experts.fc2.scale", down.scale() * np.float32(factor))
+            (gate_q, gate_d), (up_q, up_d), (down_q, down_d) = (b.qmoe() for b in blocks)
+            g.const(fc1, _interleaved(gate_q, up_q), np.uint8)
+            g.const(f"{p}.experts.fc1.scale", _interleaved(gate_d, up_d))
+            g.const(f"{p}.experts.fc2.q", down_q, np.uint8)
+            g.const(f"{p}.experts.fc2.scale", down_d * np.float32(factor))
         inputs = [x, logits, fc1, f"{p}.experts.fc1.scale", "", f"{p}.experts.fc2.q",
                   f"{p}.experts.fc2.scale", ""]  # fmt: skip
-        out = g.op("QMoE", inputs, f"{p}.experts", expert_weight_bits=4, block_size=BLOCK, **attrs)
+        out = g.op(
+            "QMoE", inputs, f"{p}.experts", expert_weight_bits=4, block_size=BLOCK,
+            weights_prepacked=0, normalize_routing_weights=1, **attrs,
+        )  # fmt: skip
         if cfg.expert_norm:
             return out
-        # onnxruntime's CPU QMoE renormalizes the kept weights whatever
-        # normalize_routing_weights says: times their sum, they are the softmax's again.
+        # Renormalized (the module's doc): times their sum, they are the softmax's again.
         probs = g.op("Softmax", [logits], f"{p}.router.probs", axis=-1)
         k = g.ints(f"{p}.router.k", [cfg.experts_used])
         kept = g.ops("TopK", [probs, k], [f"{p}.router.kept", f"{p}.router.kept_ids"], axis=-1)
@@ -137,7 +132,9 @@ def moe(
         gate_w, up_w, down_w = (_fp32(weights, experts, layer, kind) for kind in KINDS)
         g.const(fc1, _interleaved(gate_w, up_w))
         g.const(f"{p}.experts.fc2", down_w * np.float32(factor))
-    return g.op("MoE", [x, logits, fc1, "", f"{p}.experts.fc2"], f"{p}.experts", **attrs)
+    norm = int(cfg.expert_norm)
+    inputs = [x, logits, fc1, "", f"{p}.experts.fc2"]
+    return g.op("MoE", inputs, f"{p}.experts", normalize_routing_weights=norm, **attrs)
 
 
 def _fp32(

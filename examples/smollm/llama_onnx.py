@@ -214,13 +214,12 @@ class LlamaConfig:
     # A mixture of experts in place of the MLP (Qwen3-MoE's, OLMoE's, Granite MoE's,
     # Mixtral's): a router picks `experts_used` of `num_experts` MLPs of `expert_size`
     # each per token (softmax over all, the top k kept), their outputs summed by the
-    # kept weights, renormalized to sum 1 where `expert_norm` (OLMoE's are not), times
-    # `expert_scale`; 0 experts: the dense MLP.
+    # kept weights, renormalized to sum 1 where `expert_norm` (OLMoE's are not); 0
+    # experts: the dense MLP.
     num_experts: int = 0
     experts_used: int = 0
     expert_size: int = 0
     expert_norm: bool = True
-    expert_scale: float = 1.0
 
     @property
     def head_dim(self) -> int:
@@ -275,8 +274,6 @@ class LlamaConfig:
                 f"{self.experts_used} of {self.num_experts} experts of size "
                 f"{self.expert_size}: a mixture needs 1 to all of its experts, each of some size"
             )
-        if not 0 < self.expert_scale < math.inf:
-            raise ValueError(f"expert_scale must be positive and finite, got {self.expert_scale}")
         if self.attention_temperature_scale and self.attention_temperature_length < 1:
             raise ValueError("an attention temperature needs its length (the original context)")
         factors = self.rope_freq_factors
@@ -391,8 +388,7 @@ def _layer(
         normed = g.rms_norm(x, weights[f"{p}.post_attention_layernorm.weight"],
                             f"{p}.mlp_norm", cfg.rms_norm_eps)  # fmt: skip
     if cfg.num_experts:
-        factor = cfg.residual_scale * cfg.expert_scale
-        down = moe(g, normed, weights, experts, cfg, i, factor)
+        down = moe(g, normed, weights, experts, cfg, i, cfg.residual_scale)
     else:
         gu = linear(
             g, normed, [(f"{p}.mlp.gate_proj.weight", 1.0), (f"{p}.mlp.up_proj.weight", 1.0)],

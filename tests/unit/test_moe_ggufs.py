@@ -16,7 +16,15 @@ import numpy.typing as npt
 import pytest
 from ggufwriter import byte_level_spec, read_back, write_gguf
 from llama_reference import forward
-from smollm import CachedSeq, PagedCache, gguf_model, llama_onnx, session_for, tiny_config
+from smollm import (
+    CachedSeq,
+    PagedCache,
+    build_module,
+    gguf_model,
+    llama_onnx,
+    session_for,
+    tiny_config,
+)
 
 pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
 
@@ -68,15 +76,21 @@ def test_a_mixture_of_experts_gguf_computes_the_sparse_moe_block(
 
 
 @pytest.mark.parametrize(
-    ("arch", "options"),
-    [("qwen3moe", {}), ("olmoe", {"qk_norm_whole": True, "expert_norm": False})],
+    ("arch", "options", "extra"),
+    [
+        ("qwen3moe", {"qk_norm": True}, {}),
+        ("olmoe", {"qk_norm": True, "qk_norm_whole": True, "expert_norm": False}, {}),
+        # Its residual multiplier rides on fc2's scales.
+        ("granitemoe", {"residual_scale": 0.375, "logit_scale": 4.0}, GRANITE),
+    ],
 )
 def test_experts_stored_as_q4_0_run_on_their_blocks_as_they_are(
-    tmp_path: Path, arch: str, options: dict[str, Any]
+    tmp_path: Path, arch: str, options: dict[str, Any], extra: dict[str, Any]
 ) -> None:
     spec = byte_level_spec("qwen2")
-    cfg = tiny_config(vocab_size=len(spec.tokens), qk_norm=True, **MOE, **options)
-    write_gguf(tmp_path / "q.gguf", cfg, spec, arch=arch, quant="Q4_0")
+    granite = {"embedding_scale": 12.0, "attention_scale": 0.0625} if extra else {}
+    cfg = tiny_config(vocab_size=len(spec.tokens), **MOE, **options, **granite)
+    write_gguf(tmp_path / "q.gguf", cfg, spec, extra, arch, quant="Q4_0")
     model = gguf_model().read_gguf(tmp_path / "q.gguf")
     assert sorted(model.experts) == sorted(
         f"model.layers.{i}.mlp.experts.{k}_proj.weight"
@@ -88,7 +102,7 @@ def test_experts_stored_as_q4_0_run_on_their_blocks_as_they_are(
     assert {n.op_type for n in graph.graph.node} >= {"QMoE"}
     np.testing.assert_allclose(stepped(model), reference(model), atol=2e-4)
     # Q8_0 experts run on fp32 (QMoE's 8-bit path rounds).
-    write_gguf(tmp_path / "e.gguf", cfg, spec, arch=arch, quant="Q8_0")
+    write_gguf(tmp_path / "e.gguf", cfg, spec, extra, arch, quant="Q8_0")
     eight = gguf_model().read_gguf(tmp_path / "e.gguf")
     assert eight.experts == {} and "model.layers.0.mlp.experts.up_proj.weight" in eight.weights
     np.testing.assert_allclose(stepped(eight), reference(eight), atol=2e-4)
@@ -123,3 +137,35 @@ def test_an_experts_size_is_read_where_llama_cpp_reads_it(tmp_path: Path) -> Non
     mixtral = tiny_config(vocab_size=len(spec.tokens), **MOE)
     write_gguf(tmp_path / "m.gguf", mixtral, spec, {"expert_feed_forward_length": 32}, "llama")
     assert read_back(tmp_path / "m.gguf", mixtral).cfg.expert_size == 64
+
+
+def test_what_llama_cpp_reads_of_these_mixtures_is_what_is_read(tmp_path: Path) -> None:
+    # llama.cpp's rope types (llama_model_rope_type): NORM for LLaMA's and Granite's, so
+    # their Q and K rows are stored permuted; NEOX for Qwen3-MoE's and OLMoE's.
+    permuted = gguf_model().PERMUTED
+    assert {"llama", "granitemoe"} <= permuted and not {"qwen3moe", "olmoe"} & permuted
+    # llama.cpp reads no expert_weights_scale for them: a GGUF that gives one answers as
+    # one without it.
+    spec = byte_level_spec("qwen2")
+    cfg = tiny_config(vocab_size=len(spec.tokens), qk_norm=True, **MOE)
+    write_gguf(tmp_path / "s.gguf", cfg, spec, {"expert_weights_scale": 2.5}, "qwen3moe")
+    model = read_back(tmp_path / "s.gguf", cfg)
+    np.testing.assert_allclose(stepped(model), reference(model), atol=2e-4)
+
+
+def test_build_refuses_a_mixture_for_the_npu_and_says_what_fp32_experts_take(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = byte_level_spec("qwen2")
+    cfg = tiny_config(vocab_size=len(spec.tokens), qk_norm=True, **MOE)
+    write_gguf(tmp_path / "e.gguf", cfg, spec, arch="qwen3moe", quant="Q8_0")
+    build = build_module().build
+    # Before any tensor is read (a large GGUF's experts would be dequantized first).
+    with pytest.raises(ValueError, match="--fp32-only \\(placement npu\\) cannot build it"):
+        build(tmp_path / "out", "m", gguf=tmp_path / "e.gguf", fp32_only=True)
+    assert not (tmp_path / "out").exists()
+    folder = build(tmp_path / "out", "m", gguf=tmp_path / "e.gguf", max_model_len=64)
+    size = 2 * 3 * 6 * 64 * 64 * 4  # layers, projections, experts, 64 x 64 fp32
+    said = capsys.readouterr().err
+    assert f"they take fp32, {size / 2**30:.1f} GiB, to read and to serve" in said
+    assert (folder / "1" / "model.onnx").is_file()
