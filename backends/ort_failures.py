@@ -57,7 +57,8 @@ def refused_data(exc: Exception, dims_chosen: bool) -> DataRejected | None:
     text = _PREFIX.sub("", str(exc), count=1)
     # An op inside a subgraph (an If's branch, a Loop's body) fails its parent op with its
     # own message inside: the innermost names the op that refused.
-    op = max(_OP.finditer(text), key=lambda found: found.start(), default=None)
+    ops = list(_OP.finditer(text))
+    op = ops[-1] if ops else None
     if op is None or any(mark in text for mark in _MEMORY):
         return None
     kind, name = op.group(1), op.group(2)

@@ -43,7 +43,7 @@ from llama_linear import (
     q6_k_from_gguf,
     q8_from_gguf,
 )
-from llama_moe import ExpertBlocks, experts_from_gguf
+from llama_moe import AS_STORED, ExpertBlocks, experts_from_gguf
 from llama_onnx import LlamaConfig
 from llama_weights import linear_weight_names, weight_names
 
@@ -343,7 +343,7 @@ def mixture_of(path: Path) -> tuple[int, int]:
     fp32 = sum(
         4 * math.prod(int(n) for n in t.shape)
         for t in reader.tensors
-        if len(t.shape) == 3 and t.tensor_type != gguf.GGMLQuantizationType.Q4_0
+        if len(t.shape) == 3 and gguf.GGMLQuantizationType(t.tensor_type).name != AS_STORED
     )
     return experts, fp32
 

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 Weights = Mapping[str, npt.NDArray[np.float32]]
 KINDS = ("gate", "up", "down")
+# The GGUF type of experts QMoE takes as they are stored; any other is dequantized.
+AS_STORED = "Q4_0"
 
 
 def expert_name(layer: int, kind: str) -> str:
@@ -81,7 +83,7 @@ def experts_from_gguf(
     """A stacked expert tensor's blocks where QMoE takes them as they are (Q4_0's); None
     for another type. `data`: the tensor's bytes as gguf's reader gives them, `shape` its
     numpy shape [experts, rows, cols]."""
-    if kind != "Q4_0":
+    if kind != AS_STORED:
         return None
     experts, rows, cols = shape
     return ExpertBlocks(data.reshape(experts * rows, -1), (experts, rows, cols))

@@ -95,8 +95,6 @@ async def prepare(
         given = chat.sampling()  # the tools' schemas checked for "required"
     except OpenAIError as exc:
         raise route.renamed(exc) from None
-    if tools is not None and tools.kept_special_tokens():
-        keep_special_tokens(found, given, tools.kept_special_tokens())
     add_priority(request, given, priority)
     try:
         add_markers(catalog.tools.reasoning_parser, found, given)
@@ -115,8 +113,7 @@ async def prepare(
         if field is not None and thinking is not None and thinking.after is not None:
             after_thoughts(found, field)
             given[AFTER] = thinking.after  # the grammar after the thoughts
-        if thinking is not None and thinking.kept_special_tokens():
-            keep_special_tokens(found, given, thinking.kept_special_tokens())
+    keep_special_tokens(found, given, tools, thinking)
     given = grammar_first(given, thinking is not None)
     tags = tokenids.tags(found, thinking) if route.details else None
     counted = tags is not None and tags.counted  # the thought tokens counted on the ids

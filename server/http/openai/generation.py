@@ -30,9 +30,9 @@ silently dropped; only a value that changes nothing (`presence_penalty: 0`,
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -138,18 +138,28 @@ KEYS: dict[str, Key] = {
 }
 
 
-def keep_special_tokens(model: ModelVersion, given: dict[str, Any], tokens: Sequence[str]) -> None:
-    """`tokens` (special tokens a parser reads) kept in the answer's text: the `llm`
-    engine's `kept_special_tokens` (the others still skipped, as vLLM's decoding of
+class Tagged(Protocol):
+    """A request's parser plan (tools.ToolUse, reasoning.Reasoning) that reads special
+    tokens in the answer's text."""
+
+    def kept_special_tokens(self) -> tuple[str, ...]: ...
+
+
+def keep_special_tokens(
+    model: ModelVersion, given: dict[str, Any], *parsers: Tagged | None
+) -> None:
+    """The special tokens `parsers` read kept in the answer's text: the `llm` engine's
+    `kept_special_tokens` (the others still skipped, as vLLM's decoding of
     mistral-common's tokenizer skips them); for another model that takes
     `sampling_parameters` (Triton's vLLM backend's interface), vLLM's own rule for a
     tokenizer other than mistral-common's: `skip_special_tokens` false. A model of its
-    own writes its text as it will."""
-    if SAMPLING not in model.inputs:
+    own writes its text as it will; no parser that reads any changes nothing."""
+    tokens = [t for parser in parsers if parser is not None for t in parser.kept_special_tokens()]
+    if not tokens or SAMPLING not in model.inputs:
         return
     generation = model.loaded.text_generation
     if generation is not None and generation.kept_special:
-        given[KEPT] = [*dict.fromkeys([*given.get(KEPT, ()), *tokens])]
+        given[KEPT] = [*dict.fromkeys(tokens)]
     else:
         given[SKIP_SPECIAL] = False
 

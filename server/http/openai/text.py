@@ -314,11 +314,9 @@ async def answer_prompts(
         answer.token_ids, answer.prompt_ids = True, ids[0]
     stream = bool(body.stream)
     given = body.sampling()
-    use = (answer if heads is None else heads[0]).reasoning
-    kept = (*(() if use is None else use.kept_special_tokens()),
-            *(() if answer.tools is None else answer.tools.kept_special_tokens()))  # fmt: skip
-    if kept:
-        keep_special_tokens(model, given, kept)
+    keep_special_tokens(
+        model, given, (answer if heads is None else heads[0]).reasoning, answer.tools
+    )
     add_priority(request, given, body.priority)
     thinking.add_markers(catalog.tools.reasoning_parser, model, given)
     n = body.n or 1
