@@ -41,7 +41,11 @@ class DataRejected(BackendError):
     """The model's runtime refused the values of a batch that fits the model's shapes and
     types (an index past a table's end, a string its graph reads as a number that is not
     one): the request's fault, answered as invalid input, and counted, as Triton counts
-    it, as the backend's failure. The message says which op refused what."""
+    it, as the backend's failure. The message says which op refused what (`refusal`)."""
+
+    def __init__(self, refusal: str) -> None:
+        super().__init__(f"the model could not run on this request's data: {refusal}")
+        self.refusal = refusal
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,7 +72,7 @@ def refused_data(exc: Exception, dims_chosen: bool) -> DataRejected | None:
         # choose.
         return None
     where = f"{kind} node '{name}'" if name else f"{kind} node"
-    return DataRejected(f"the model could not run on this request's data: {where}: {reason}")
+    return DataRejected(f"{where}: {reason}")
 
 
 def _cleaned(reason: str) -> str:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ge_serve.protos import model_config_pb2
 
-from .base import Array, Executor, ModelSpec, gear_for, pad_batch
+from .base import Array, DataRejected, Executor, ModelSpec, gear_for, pad_batch
 from .onnx_io import CONFIG_NUMPY
 from .paths import resolve_inside
 from .scheduled_io import fed_inputs
@@ -178,8 +178,12 @@ def run_warmup(
                 try:
                     outputs = executor.execute(inputs)
                 except Exception as exc:
+                    # A sample's own data refused is the config's to mend, not a request's.
+                    why = str(exc)
+                    if isinstance(exc, DataRejected):
+                        why = f"the model could not run on the sample's data: {exc.refusal}"
                     raise RuntimeError(
-                        f"warmup '{sample.name}' failed on {executor.slot.name}: {exc}"
+                        f"warmup '{sample.name}' failed on {executor.slot.name}: {why}"
                     ) from exc
                 if run == 0 and executor is executors[0]:
                     results.append((dict(sample.inputs), outputs))

@@ -11,7 +11,7 @@ import pytest
 from ge_helpers import EXAMPLES, SIMPLE_IO, make_model, spec_for
 from google.protobuf import text_format
 from modelgen import SIMPLE_SEQUENCE_CONFIG, identity_model, simple_sequence_model
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.backends.warmup import warmup_samples
@@ -148,3 +148,37 @@ def test_a_sequence_model_warms_up_with_its_control_inputs(tmp_path: Path) -> No
     bad = text.replace('key: "READY"', 'key: "NOPE"')
     with pytest.raises(ValueError, match="names input 'NOPE', which the model lacks"):
         warmup_samples(config(bad), folder)
+
+
+def test_a_sample_whose_data_the_model_refuses_fails_the_load_naming_the_sample(
+    tmp_path: Path,
+) -> None:
+    # The sample's index is past the table's end: onnxruntime's refusal of a request's
+    # data, here the config's to mend.
+    table = helper.make_tensor("T", TensorProto.FLOAT, [3], [0.0, 1.0, 2.0])
+    gather = helper.make_node("Gather", ["T", "INDEX"], ["VALUE"], name="lookup")
+    graph = helper.make_graph(
+        [gather],
+        "g",
+        [helper.make_tensor_value_info("INDEX", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("VALUE", TensorProto.FLOAT, [1])],
+        [table],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    text = """max_batch_size: 0
+input [ { name: "INDEX" data_type: TYPE_INT64 dims: [ 1 ] } ]
+output [ { name: "VALUE" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+    text += warmup("past", 1, entry("INDEX", 'input_data_file: "i"', "TYPE_INT64", "1"))
+    folder = make_model(tmp_path, "lookup", text, onnx_model=model)
+    (folder / "warmup").mkdir()
+    (folder / "warmup" / "i").write_bytes(np.array([9], np.int64).tobytes())
+    with pytest.raises(RuntimeError) as failed:
+        OnnxRuntimeBackend().load(spec_for(folder))
+    said = str(failed.value)
+    assert "warmup 'past' failed on " in said
+    assert ": the model could not run on the sample's data: Gather node 'lookup': " in said
+    assert "request" not in said
+    (folder / "warmup" / "i").write_bytes(np.array([2], np.int64).tobytes())
+    assert len(OnnxRuntimeBackend().load(spec_for(folder)).executors) == 1
