@@ -86,6 +86,8 @@ def write_gguf(
         fields |= {"expert_count": cfg.num_experts, "expert_used_count": cfg.experts_used,
                    "expert_feed_forward_length": cfg.expert_size,
                    "feed_forward_length": cfg.expert_size}  # fmt: skip
+    if cfg.shared_expert_size:
+        fields["expert_shared_feed_forward_length"] = cfg.shared_expert_size
     fields |= extra or {}  # fmt: skip
     if spec.scores is not None:
         fields["token_scores"] = spec.scores
@@ -100,6 +102,8 @@ def write_gguf(
     kinds: tuple[str, ...] = ("attn_q", "attn_k", "attn_v", "attn_output")
     if cfg.num_experts:
         kinds += ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+        kinds += ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp") * bool(cfg.shared_expert_size)
+        kinds += ("ffn_gate_inp_shexp",) * cfg.shared_expert_gate
     else:
         kinds += ("ffn_gate", "ffn_up", "ffn_down")
     kinds += ("attn_norm", "ffn_norm") if cfg.pre_norms else ()

@@ -63,6 +63,8 @@ class Config(Protocol):
     num_experts: int
     experts_used: int
     expert_norm: bool
+    shared_expert_size: int
+    shared_expert_gate: bool
 
     @property
     def head_dim(self) -> int: ...
@@ -234,7 +236,9 @@ def _forward(
 def _experts(h: FloatArray, w: Mapping[str, FloatArray], cfg: Config, p: str) -> FloatArray:
     """Hugging Face's sparse MoE block (Qwen3-MoE's, OLMoE's, Mixtral's): each token's
     softmax over the router's logits, its top k kept (renormalized to sum 1 where
-    `expert_norm`), the chosen experts' SwiGLU MLPs summed by those weights."""
+    `expert_norm`), the chosen experts' SwiGLU MLPs summed by those weights; plus Qwen2-MoE's
+    and Granite MoE Shared's shared expert, a SwiGLU MLP every token runs (Qwen2-MoE's times
+    the sigmoid of its gate)."""
     logits = h @ w[f"{p}.mlp.router.weight"].T
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
@@ -248,6 +252,13 @@ def _experts(h: FloatArray, w: Mapping[str, FloatArray], cfg: Config, p: str) ->
             gate = w[f"{p}.mlp.experts.gate_proj.weight"][e] @ h[t]
             up = w[f"{p}.mlp.experts.up_proj.weight"][e] @ h[t]
             out[t] += weight * (w[f"{p}.mlp.experts.down_proj.weight"][e] @ (_silu(gate) * up))
+    if cfg.shared_expert_size:
+        s = f"{p}.mlp.shared_expert"
+        gate, up = h @ w[f"{s}.gate_proj.weight"].T, h @ w[f"{s}.up_proj.weight"].T
+        shared = (_silu(gate) * up) @ w[f"{s}.down_proj.weight"].T
+        if cfg.shared_expert_gate:
+            shared = shared / (1.0 + np.exp(-(h @ w[f"{p}.mlp.shared_expert_gate.weight"].T)))
+        out = out + shared
     return out
 
 

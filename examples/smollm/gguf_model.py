@@ -73,12 +73,17 @@ ARCHITECTURES = {
     "gemma2": "Gemma 2", "gemma3": "Gemma 3", "phi3": "Phi-3 (and 4-mini)",
     "smollm3": "SmolLM3", "granite": "Granite", "minicpm": "MiniCPM", "ernie4_5": "ERNIE 4.5",
     "mistral3": "Ministral 3", "olmo2": "OLMo 2 (and 3)", "qwen3moe": "Qwen3 MoE",
-    "olmoe": "OLMoE", "granitemoe": "Granite MoE",
+    "qwen2moe": "Qwen2 MoE (Qwen1.5-MoE)", "olmoe": "OLMoE",
+    "granitemoe": "Granite MoE (and MoE Shared)",
 }  # fmt: skip
 # Mixtures of experts (llama_moe.py): these, and a LLaMA GGUF with experts (Mixtral's).
 # Their routers keep each token's top k experts by softmax, renormalized but for OLMoE's
-# (llama.cpp's build_moe_ffn norm_w).
-UNNORMED_EXPERTS = frozenset({"olmoe"})
+# and Qwen2-MoE's (llama.cpp's build_moe_ffn norm_w).
+UNNORMED_EXPERTS = frozenset({"olmoe", "qwen2moe"})
+# Those llama.cpp reads a shared expert for: Qwen2-MoE's always (its size the GGUF's
+# `expert_shared_feed_forward_length`, else the feed-forward length), gated by a sigmoid;
+# Granite MoE's where that length is given, ungated.
+SHARED_EXPERTS = {"qwen2moe": True, "granitemoe": False}
 # Granite's multipliers (embeddings, residual branches, attention scale, logits).
 GRANITES = frozenset({"granite", "granitemoe"})
 # The architectures whose RoPE llama.cpp computes on adjacent pairs (its NORM mode): their
@@ -236,6 +241,10 @@ _LAYER_TENSORS = {
     "ffn_gate_exps": "mlp.experts.gate_proj",
     "ffn_up_exps": "mlp.experts.up_proj",
     "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
 
 
@@ -312,6 +321,8 @@ def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufMo
         array = None
         if fp32_projections or stored is None or not {n for n, _ in parts} <= projections:
             array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+            if tensor.name.endswith("ffn_gate_inp_shexp.weight"):  # [hidden] or [1, hidden]
+                array = array.reshape(1, -1)
         for name, order in parts:
             # The converter permutes a Q or K bias as it does the weights' rows.
             if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
@@ -480,7 +491,7 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         local_base = float(_field(reader, f"{arch}.rope.freq_base"))
     if arch != "olmo2":
         local_base = float(_optional(reader, f"{arch}.rope.freq_base_swa", local_base))
-    experts, used, expert_size = _experts(reader, arch)
+    experts, used, expert_size, shared_size = _experts(reader, arch)
     cfg = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -520,27 +531,32 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         experts_used=used,
         expert_size=expert_size,
         expert_norm=arch not in UNNORMED_EXPERTS,
+        shared_expert_size=shared_size,
+        shared_expert_gate=bool(shared_size) and SHARED_EXPERTS.get(arch, False),
     )
     cfg.validate()
     return cfg
 
 
-def _experts(reader: Any, arch: str) -> tuple[int, int, int]:
-    """A mixture's (experts, experts used per token, each expert's size), as llama.cpp
-    reads them for these architectures; (0, 0, 0) for a dense model. An expert's size is
-    the feed-forward length, but Qwen3-MoE's, its `expert_feed_forward_length` (else the
-    feed-forward length divided by the experts used). llama.cpp reads no
+def _experts(reader: Any, arch: str) -> tuple[int, int, int, int]:
+    """A mixture's (experts, experts used per token, each expert's size, its shared
+    expert's size), as llama.cpp reads them for these architectures; zeros for a dense
+    model. An expert's size is the feed-forward length, but Qwen3-MoE's and Qwen2-MoE's,
+    their `expert_feed_forward_length` (else the feed-forward length divided by the
+    experts used); a shared expert's is in SHARED_EXPERTS' note. llama.cpp reads no
     `expert_weights_scale`, `expert_weights_norm` or gating function for them either."""
     experts = int(_optional(reader, f"{arch}.expert_count", 0))
     if not experts:
-        return 0, 0, 0
+        return 0, 0, 0, 0
     used = int(_field(reader, f"{arch}.expert_used_count"))
-    size = int(_field(reader, f"{arch}.feed_forward_length"))
-    if arch == "qwen3moe":
+    dense = size = int(_field(reader, f"{arch}.feed_forward_length"))
+    if arch in ("qwen3moe", "qwen2moe"):
         size = int(_optional(reader, f"{arch}.expert_feed_forward_length", 0)) or size // used
-    if int(_optional(reader, f"{arch}.expert_shared_feed_forward_length", 0)):
-        raise ValueError(f"{arch} with shared experts is not supported")
-    return experts, used, size
+    shared = 0
+    if arch in SHARED_EXPERTS:
+        shared = int(_optional(reader, f"{arch}.expert_shared_feed_forward_length", 0))
+        shared = shared or (dense if arch == "qwen2moe" else 0)
+    return experts, used, size, shared
 
 
 def _yarn(reader: Any, arch: str, rotary: int) -> tuple[tuple[float, ...], float]:

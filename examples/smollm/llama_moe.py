@@ -1,5 +1,6 @@
-"""A mixture of experts in place of a layer's MLP (Qwen3-MoE's, OLMoE's, Granite MoE's,
-Mixtral's), on onnxruntime's MoE and QMoE ops (com.microsoft).
+"""A mixture of experts in place of a layer's MLP (Qwen3-MoE's, Qwen2-MoE's, OLMoE's,
+Granite MoE's, Mixtral's), on onnxruntime's MoE and QMoE ops (com.microsoft). A shared
+expert beside it is a dense MLP (llama_onnx.py's _shared_expert).
 
 The router's logits (x @ router^T) go to the op, which takes their softmax over the
 experts, keeps each token's top k, renormalizes those weights to sum 1 where asked

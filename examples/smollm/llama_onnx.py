@@ -214,12 +214,18 @@ class LlamaConfig:
     # A mixture of experts in place of the MLP (Qwen3-MoE's, OLMoE's, Granite MoE's,
     # Mixtral's): a router picks `experts_used` of `num_experts` MLPs of `expert_size`
     # each per token (softmax over all, the top k kept), their outputs summed by the
-    # kept weights, renormalized to sum 1 where `expert_norm` (OLMoE's are not); 0
-    # experts: the dense MLP.
+    # kept weights, renormalized to sum 1 where `expert_norm` (OLMoE's and Qwen2-MoE's
+    # are not); 0 experts: the dense MLP.
     num_experts: int = 0
     experts_used: int = 0
     expert_size: int = 0
     expert_norm: bool = True
+    # A shared expert beside them (Qwen2-MoE's, Granite MoE Shared's): a dense SwiGLU MLP
+    # of this size every token runs, its output added to the mixture's; with
+    # `shared_expert_gate` (Qwen2-MoE's), first times sigmoid(x . w) for a weight w
+    # [1, hidden]. 0: none.
+    shared_expert_size: int = 0
+    shared_expert_gate: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -274,6 +280,10 @@ class LlamaConfig:
                 f"{self.experts_used} of {self.num_experts} experts of size "
                 f"{self.expert_size}: a mixture needs 1 to all of its experts, each of some size"
             )
+        if (self.shared_expert_size or self.shared_expert_gate) and not self.num_experts:
+            raise ValueError("a shared expert needs a mixture of experts beside it")
+        if self.shared_expert_size < 0 or (self.shared_expert_gate and not self.shared_expert_size):
+            raise ValueError(f"a shared expert of size {self.shared_expert_size}")
         if self.attention_temperature_scale and self.attention_temperature_length < 1:
             raise ValueError("an attention temperature needs its length (the original context)")
         factors = self.rope_freq_factors
@@ -300,7 +310,7 @@ def _layer(
     the weights are read once per step; only attention runs per group. `experts`: a
     mixture's projections as GGUF blocks (llama_moe.py), where it has them."""
     p = f"model.layers.{i}"
-    d, kvh, f = cfg.head_dim, cfg.num_kv_heads, cfg.intermediate_size
+    d, kvh = cfg.head_dim, cfg.num_kv_heads
     # The attention scale goes into Q's weights, or, where Q is normed after them (which
     # would undo it), into its norm's.
     scale = cfg.attention_scale or 1.0 / math.sqrt(d)
@@ -389,25 +399,47 @@ def _layer(
                             f"{p}.mlp_norm", cfg.rms_norm_eps)  # fmt: skip
     if cfg.num_experts:
         down = moe(g, normed, weights, experts, cfg, i, cfg.residual_scale)
+        if cfg.shared_expert_size:
+            down = g.op("Add", [down, _shared_expert(g, normed, weights, cfg, i, linear)],
+                        f"{p}.mlp.with_shared")  # fmt: skip
     else:
-        gu = linear(
-            g, normed, [(f"{p}.mlp.gate_proj.weight", 1.0), (f"{p}.mlp.up_proj.weight", 1.0)],
-            f"{p}.gate_up",
-        )  # fmt: skip
-        gate, up = g.ops(
-            "Split", [gu, g.ints(f"{p}.gate_up.split", [f, f])], [f"{p}.gate", f"{p}.up"],
-            axis=-1,
-        )  # fmt: skip
-        if cfg.gelu:
-            gated = g.gelu_tanh(gate, f"{p}.gelu")
-        else:
-            gated = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}.sigmoid")], f"{p}.silu")
-        act = g.op("Mul", [gated, up], f"{p}.act")
-        down = linear(g, act, [(f"{p}.mlp.down_proj.weight", cfg.residual_scale)], f"{p}.down")
+        down = _mlp(g, normed, cfg, linear, f"{p}.mlp", cfg.intermediate_size)
     if cfg.sandwich_norms:
         down = g.rms_norm(down, weights[f"{p}.post_feedforward_layernorm.weight"],
                           f"{p}.mlp_out_norm", cfg.rms_norm_eps)  # fmt: skip
     return g.op("Add", [x, down], f"{p}.out"), key, value
+
+
+def _mlp(g: Graph, x: str, cfg: LlamaConfig, linear: Linear, p: str, size: int) -> str:
+    """The gated MLP under `p` (its gate, up and down projections, `size` wide) over x,
+    times Granite's residual scale."""
+    both = [(f"{p}.gate_proj.weight", 1.0), (f"{p}.up_proj.weight", 1.0)]
+    gu = linear(g, x, both, f"{p}.gate_up")
+    gate, up = g.ops(
+        "Split", [gu, g.ints(f"{p}.gate_up.split", [size, size])], [f"{p}.gate", f"{p}.up"],
+        axis=-1,
+    )  # fmt: skip
+    if cfg.gelu:
+        gated = g.gelu_tanh(gate, f"{p}.gelu")
+    else:
+        gated = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}.sigmoid")], f"{p}.silu")
+    act = g.op("Mul", [gated, up], f"{p}.act")
+    return linear(g, act, [(f"{p}.down_proj.weight", cfg.residual_scale)], f"{p}.down")
+
+
+def _shared_expert(
+    g: Graph, x: str, weights: Weights, cfg: LlamaConfig, i: int, linear: Linear
+) -> str:
+    """A mixture's shared expert over x: its MLP, times sigmoid(x . w) where it is gated
+    (Qwen2-MoE's shared_expert_gate, as Hugging Face's and llama.cpp's graphs have it)."""
+    p = f"model.layers.{i}.mlp"
+    out = _mlp(g, x, cfg, linear, f"{p}.shared_expert", cfg.shared_expert_size)
+    if not cfg.shared_expert_gate:
+        return out
+    w_t = np.ascontiguousarray(weights[f"{p}.shared_expert_gate.weight"].T)  # [hidden, 1]
+    logit = g.op("MatMul", [x, g.const(f"{p}.shared_expert_gate.t", w_t)], f"{p}.shared_gate")
+    gate = g.op("Sigmoid", [logit], f"{p}.shared_gate.sigmoid")
+    return g.op("Mul", [out, gate], f"{p}.shared_expert.gated")
 
 
 def _temperature(g: Graph, cfg: LlamaConfig, positions: str) -> str:

@@ -1,7 +1,9 @@
 """The weights a LLaMA step graph (llama_onnx.py) is built from, by their Hugging Face
 names and shapes; random ones of those shapes for tests. A mixture of experts' weights
 are stacked, one [experts, out, in] tensor each for the gate, up and down projections
-(`mlp.experts.{kind}_proj`), and its router is `mlp.router` [experts, hidden]."""
+(`mlp.experts.{kind}_proj`), and its router is `mlp.router` [experts, hidden]; a shared
+expert's projections are `mlp.shared_expert.{kind}_proj`, its gate
+`mlp.shared_expert_gate` [1, hidden] (Hugging Face's Qwen2-MoE names)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,10 @@ def weight_names(cfg: LlamaConfig) -> list[str]:
         if cfg.num_experts:
             names.append(f"{p}.mlp.router.weight")
             names += [f"{p}.mlp.experts.{k}_proj.weight" for k in ("gate", "up", "down")]
+            if cfg.shared_expert_size:
+                names += [f"{p}.mlp.shared_expert.{k}_proj.weight" for k in ("gate", "up", "down")]
+            if cfg.shared_expert_gate:
+                names.append(f"{p}.mlp.shared_expert_gate.weight")
         else:
             names += [f"{p}.mlp.{k}_proj.weight" for k in ("gate", "up", "down")]
         if cfg.qkv_bias:
@@ -53,6 +59,10 @@ def weight_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
             size = cfg.expert_size
             shapes[name] = (cfg.num_experts, *((h, size) if kind == "down_proj" else (size, h)))
             continue
+        if ".shared_expert." in name:
+            size = cfg.shared_expert_size
+            shapes[name] = (h, size) if kind == "down_proj" else (size, h)
+            continue
         shape = {
             "embed_tokens": (cfg.vocab_size, h),
             "lm_head": (cfg.vocab_size, h),
@@ -68,6 +78,7 @@ def weight_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
             "v_proj": (cfg.num_kv_heads * d, h),
             "o_proj": (h, cfg.num_heads * d),
             "router": (cfg.num_experts, h),
+            "shared_expert_gate": (1, h),
             "gate_proj": (f, h),
             "up_proj": (f, h),
             "down_proj": (h, f),

@@ -1,7 +1,9 @@
 """GGUFs of mixtures of experts (examples/smollm/llama_moe.py), written here: Qwen3-MoE's
 (renormalized top-k weights, a norm on each Q and K head), OLMoE's (weights not
 renormalized, Q's and K's norms over all their heads), Granite MoE's (its multipliers,
-rows stored permuted) and Mixtral's (a LLaMA GGUF with experts); each graph computed
+rows stored permuted; and Granite MoE Shared's shared expert), Qwen2-MoE's (biases on Q,
+K and V, weights not renormalized, a shared expert gated by a sigmoid) and Mixtral's (a
+LLaMA GGUF with experts); each graph computed
 against Hugging Face's sparse MoE block in numpy, through the paged cache. Experts the
 GGUF stores as Q4_0 blocks run on onnxruntime's QMoE as they are; Q8_0 ones on fp32."""
 
@@ -33,6 +35,8 @@ IDS = [5, 17, 200, 33, 9, 45, 250]
 MOE = {"num_experts": 6, "experts_used": 2, "expert_size": 64, "intermediate_size": 64}
 GRANITE = {"embedding_scale": 12.0, "residual_scale": 0.375, "logit_scale": 4.0,
            "attention_scale": 0.0625}  # fmt: skip
+QWEN2 = {"qkv_bias": True, "expert_norm": False, "shared_expert_size": 32,
+         "shared_expert_gate": True}  # fmt: skip
 
 
 def stepped(model: Any, cfg: Any | None = None) -> npt.NDArray[np.float32]:
@@ -56,8 +60,9 @@ def reference(model: Any, cfg: Any | None = None) -> npt.NDArray[np.floating[Any
     [
         ("qwen3moe", {"qk_norm": True, "head_size": 32}, {}),
         ("olmoe", {"qk_norm": True, "qk_norm_whole": True, "expert_norm": False}, {}),
-        ("granitemoe", {"embedding_scale": 12.0, "residual_scale": 0.375, "logit_scale": 4.0,
-                        "attention_scale": 0.0625}, GRANITE),
+        ("granitemoe", GRANITE, GRANITE),
+        ("granitemoe", GRANITE | {"shared_expert_size": 32}, GRANITE),  # Granite MoE Shared's
+        ("qwen2moe", QWEN2, {}),
         ("llama", {}, {}),  # Mixtral's
     ],
 )  # fmt: skip
@@ -73,6 +78,11 @@ def test_a_mixture_of_experts_gguf_computes_the_sparse_moe_block(
     # The router matters: every expert the same would not tell a wrong choice apart.
     same = dataclasses.replace(cfg, experts_used=cfg.num_experts)
     assert np.abs(stepped(model, same) - stepped(model)).max() > 1e-2
+    if cfg.shared_expert_gate:  # and so does the shared expert's gate
+        open_gate = dataclasses.replace(cfg, shared_expert_gate=False)
+        weights = {n: w for n, w in model.weights.items() if "shared_expert_gate" not in n}
+        ungated = dataclasses.replace(model, weights=weights, cfg=open_gate)
+        assert np.abs(stepped(ungated) - stepped(model)).max() > 1e-2
 
 
 @pytest.mark.parametrize(
@@ -80,10 +90,13 @@ def test_a_mixture_of_experts_gguf_computes_the_sparse_moe_block(
     [
         ("qwen3moe", {"qk_norm": True}, {}),
         ("olmoe", {"qk_norm": True, "qk_norm_whole": True, "expert_norm": False}, {}),
-        # Its residual multiplier rides on fc2's scales.
+        # Its residual multiplier rides on fc2's scales (and the shared expert's weights).
         ("granitemoe", {"residual_scale": 0.375, "logit_scale": 4.0}, GRANITE),
+        ("granitemoe", {"residual_scale": 0.375, "logit_scale": 4.0, "shared_expert_size": 32},
+         GRANITE),
+        ("qwen2moe", QWEN2, {}),
     ],
-)
+)  # fmt: skip
 def test_experts_stored_as_q4_0_run_on_their_blocks_as_they_are(
     tmp_path: Path, arch: str, options: dict[str, Any], extra: dict[str, Any]
 ) -> None:
@@ -101,6 +114,10 @@ def test_experts_stored_as_q4_0_run_on_their_blocks_as_they_are(
     graph = llama_onnx().build_step_graph(model.weights, model.cfg, experts=model.experts)
     assert {n.op_type for n in graph.graph.node} >= {"QMoE"}
     np.testing.assert_allclose(stepped(model), reference(model), atol=2e-4)
+    if cfg.shared_expert_size:  # the shared expert's Q4_0 projections on their blocks too
+        blocks = gguf_model().read_gguf(tmp_path / "q.gguf", fp32_projections=False)
+        assert "model.layers.1.mlp.shared_expert.down_proj.weight" in blocks.blocks
+        np.testing.assert_allclose(stepped(blocks), reference(model), atol=2e-4)
     # Q8_0 experts run on fp32 (QMoE's 8-bit path rounds).
     write_gguf(tmp_path / "e.gguf", cfg, spec, extra, arch, quant="Q8_0")
     eight = gguf_model().read_gguf(tmp_path / "e.gguf")
@@ -108,17 +125,24 @@ def test_experts_stored_as_q4_0_run_on_their_blocks_as_they_are(
     np.testing.assert_allclose(stepped(eight), reference(eight), atol=2e-4)
 
 
-def test_a_mixture_with_shared_experts_or_unread_tensors_is_refused(tmp_path: Path) -> None:
+def test_a_mixture_with_tensors_its_architecture_does_not_read_is_refused(
+    tmp_path: Path,
+) -> None:
+    # llama.cpp reads no shared expert for Qwen3-MoE, nor for Granite MoE without its size.
     spec = byte_level_spec("qwen2")
     cfg = tiny_config(vocab_size=len(spec.tokens), **MOE)
-    shared = {"expert_shared_feed_forward_length": 32}
-    write_gguf(tmp_path / "s.gguf", cfg, spec, GRANITE | shared, "granitemoe")
-    with pytest.raises(ValueError, match="granitemoe with shared experts is not supported"):
-        gguf_model().read_gguf(tmp_path / "s.gguf")
     tensor = {"blk.0.ffn_up_shexp.weight": np.zeros((32, 64), np.float32)}
-    write_gguf(tmp_path / "t.gguf", cfg, spec, arch="qwen3moe", tensors=tensor)
-    with pytest.raises(ValueError, match=r"blk\.0\.ffn_up_shexp\.weight, which the graph does not"):
-        gguf_model().read_gguf(tmp_path / "t.gguf")
+    for arch, extra in (("qwen3moe", {}), ("granitemoe", GRANITE)):
+        write_gguf(tmp_path / "t.gguf", cfg, spec, extra, arch, tensors=tensor)
+        with pytest.raises(ValueError, match=r"blk\.0\.ffn_up_shexp\.weight, which the graph"):
+            gguf_model().read_gguf(tmp_path / "t.gguf")
+    # A shared expert's size with no shared expert's tensors: which weights are lacking.
+    shared = dataclasses.replace(cfg, shared_expert_size=32)
+    write_gguf(tmp_path / "s.gguf", shared, spec, GRANITE, "granitemoe")
+    model = gguf_model().read_gguf(tmp_path / "s.gguf")  # written with them: read whole
+    lacking = {n: w for n, w in model.weights.items() if "shared_expert" not in n}
+    with pytest.raises(ValueError, match=r"weights lack \['model\.layers\.0\.mlp\.shared_exp"):
+        llama_onnx().build_step_graph(lacking, model.cfg)
 
 
 def test_a_config_of_experts_the_graph_cannot_compute_is_refused() -> None:
@@ -137,6 +161,16 @@ def test_an_experts_size_is_read_where_llama_cpp_reads_it(tmp_path: Path) -> Non
     mixtral = tiny_config(vocab_size=len(spec.tokens), **MOE)
     write_gguf(tmp_path / "m.gguf", mixtral, spec, {"expert_feed_forward_length": 32}, "llama")
     assert read_back(tmp_path / "m.gguf", mixtral).cfg.expert_size == 64
+    # Qwen2-MoE's experts as Qwen3-MoE's; its shared expert's size is its own key's, or,
+    # where that is 0 or absent, the feed-forward length's.
+    size = MOE | QWEN2 | {"intermediate_size": 96}
+    qwen2 = tiny_config(vocab_size=len(spec.tokens), **size)
+    write_gguf(tmp_path / "w.gguf", qwen2, spec, {"feed_forward_length": 96}, "qwen2moe")
+    assert read_back(tmp_path / "w.gguf", qwen2).cfg.shared_expert_size == 32
+    whole = dataclasses.replace(qwen2, shared_expert_size=96)
+    unsized = {"feed_forward_length": 96, "expert_shared_feed_forward_length": 0}
+    write_gguf(tmp_path / "u.gguf", whole, spec, unsized, "qwen2moe")
+    assert read_back(tmp_path / "u.gguf", whole).cfg.shared_expert_size == 96
 
 
 def test_what_llama_cpp_reads_of_these_mixtures_is_what_is_read(tmp_path: Path) -> None:
