@@ -304,11 +304,13 @@ def _layer(
     groups: Sequence[Mapping[str, str]],
     linear: Linear,
     experts: Mapping[str, ExpertBlocks],
+    int8_experts: bool = False,
 ) -> tuple[str, str, str]:
     """One decoder layer over the flat tokens of every group; returns (x out, key_i,
     value_i). The dense work (norms, projections, MLP) runs once over all the tokens, so
     the weights are read once per step; only attention runs per group. `experts`: a
-    mixture's projections as GGUF blocks (llama_moe.py), where it has them."""
+    mixture's projections as GGUF blocks (llama_moe.py), where it has them;
+    `int8_experts`: those blocks multiply activations rounded to 8 bits."""
     p = f"model.layers.{i}"
     d, kvh = cfg.head_dim, cfg.num_kv_heads
     # The attention scale goes into Q's weights, or, where Q is normed after them (which
@@ -398,7 +400,7 @@ def _layer(
         normed = g.rms_norm(x, weights[f"{p}.post_attention_layernorm.weight"],
                             f"{p}.mlp_norm", cfg.rms_norm_eps)  # fmt: skip
     if cfg.num_experts:
-        down = moe(g, normed, weights, experts, cfg, i, cfg.residual_scale)
+        down = moe(g, normed, weights, experts, cfg, i, cfg.residual_scale, int8_experts)
         if cfg.shared_expert_size:
             down = g.op("Add", [down, _shared_expert(g, normed, weights, cfg, i, linear)],
                         f"{p}.mlp.with_shared")  # fmt: skip
@@ -533,11 +535,12 @@ def _layers(
     groups: Sequence[Mapping[str, str]],
     linear: Linear,
     experts: Mapping[str, ExpertBlocks],
+    int8_experts: bool = False,
 ) -> tuple[str, list[str]]:
     """Every decoder layer; returns (x out, [key_0, value_0, key_1, ...])."""
     kv: list[str] = []
     for i in range(cfg.num_layers):
-        x, key, value = _layer(g, x, weights, cfg, i, env, groups, linear, experts)
+        x, key, value = _layer(g, x, weights, cfg, i, env, groups, linear, experts, int8_experts)
         kv += [key, value]
     return x, kv
 
@@ -566,12 +569,13 @@ def _one_token_switch(
     initializers (0.9 GB more for SmolLM2), and the norms' are then stored once. Each
     branch names its nodes' outputs with a prefix of its own."""
     branches = []
-    for tag, linear, its_groups in (
-        ("one_token/", blocks_linear(blocks, weights, int8_activations), groups[:1]),
-        ("tokens/", fp32_linear(weights), groups),
-    ):
+    for tag, linear, its_groups, int8 in (
+        ("one_token/", blocks_linear(blocks, weights, int8_activations), groups[:1],
+         int8_activations),
+        ("tokens/", fp32_linear(weights), groups, False),
+    ):  # fmt: skip
         branch = Graph(tag, g)
-        out, kv = _layers(branch, x, weights, cfg, env, its_groups, linear, experts)
+        out, kv = _layers(branch, x, weights, cfg, env, its_groups, linear, experts, int8)
         outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (out, *kv)]
         branches.append(helper.make_graph(branch.nodes, tag.rstrip("/"), [], outputs))
     c1 = g.ints("c.1", [1])
@@ -655,7 +659,7 @@ def build_step_graph(
         x, _ = _layers(g, x, weights, cfg, env, groups, fp32_linear(weights), experts)
     elif blocks_only:
         linear = blocks_linear(blocks, weights, int8_activations, mixed=True)
-        x, _ = _layers(g, x, weights, cfg, env, groups, linear, experts)
+        x, _ = _layers(g, x, weights, cfg, env, groups, linear, experts, int8_activations)
     else:
         x, one_token = _one_token_switch(
             g, x, ids, weights, blocks, cfg, env, groups, int8_activations, experts

@@ -203,3 +203,57 @@ def test_build_refuses_a_mixture_for_the_npu_and_says_what_fp32_experts_take(
     said = capsys.readouterr().err
     assert f"they take fp32, {size / 2**30:.1f} GiB, to read and to serve" in said
     assert (folder / "1" / "model.onnx").is_file()
+
+
+def test_int8_activations_round_what_q4_0_experts_multiply_in_one_token_steps(
+    tmp_path: Path,
+) -> None:
+    spec = byte_level_spec("qwen2")
+    cfg = tiny_config(vocab_size=len(spec.tokens), qk_norm=True, **MOE)
+    write_gguf(tmp_path / "q.gguf", cfg, spec, arch="qwen3moe", quant="Q4_0")
+    model = gguf_model().read_gguf(tmp_path / "q.gguf", fp32_projections=False)
+    build = llama_onnx().build_step_graph
+
+    def levels(graph: Any) -> dict[str, list[int]]:
+        """Each If branch's QMoE nodes' accuracy levels (0 where unset)."""
+        found: dict[str, list[int]] = {}
+        for node in graph.graph.node:
+            for branch in (a.g for a in node.attribute if a.type == a.GRAPH):
+                found[branch.name] = [
+                    next((a.i for a in n.attribute if a.name == "accuracy_level"), 0)
+                    for n in branch.node
+                    if n.op_type == "QMoE"
+                ]
+        return found
+
+    def run(graph: Any) -> npt.NDArray[np.float32]:
+        cache, seq = PagedCache(session_for(graph), model.cfg, 8, 4), CachedSeq()
+        got = [cache.step([seq], [IDS])[0]]
+        got += [cache.step([seq], [[token]])[0] for token in (71, 8)]
+        return np.stack(got)
+
+    exact = build(model.weights, model.cfg, model.blocks, experts=model.experts)
+    rounded = build(model.weights, model.cfg, model.blocks, True, experts=model.experts)
+    # Rounded where the dense projections round theirs: the one-token branch's.
+    assert levels(exact) == {"one_token": [0, 0], "tokens": [0, 0]}
+    assert levels(rounded) == {"one_token": [4, 4], "tokens": [0, 0]}
+    want, got = reference(model), run(rounded)
+    np.testing.assert_allclose(got[0], want[0], atol=2e-4)  # the prompt's step: exact
+    assert 1e-4 < np.abs(got[1:] - want[1:]).max() < 0.1
+    # The experts' rounding, not only the dense projections': without it, other logits.
+    for node in rounded.graph.node:
+        for branch in (a.g for a in node.attribute if a.type == a.GRAPH):
+            for moe in (n for n in branch.node if n.op_type == "QMoE"):
+                kept = [a for a in moe.attribute if a.name != "accuracy_level"]
+                del moe.attribute[:]
+                moe.attribute.extend(kept)
+    assert np.abs(run(rounded)[1:] - got[1:]).max() > 1e-5
+    # Every step with --low-memory, as the dense projections there.
+    low = build(model.weights, model.cfg, model.blocks, True, blocks_only=True,
+                experts=model.experts)  # fmt: skip
+    assert [n.attribute for n in low.graph.node if n.op_type == "QMoE"] != []
+    assert all(
+        any(a.name == "accuracy_level" and a.i == 4 for a in n.attribute)
+        for n in low.graph.node
+        if n.op_type == "QMoE"
+    )
