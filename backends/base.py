@@ -47,6 +47,9 @@ class DataRejected(BackendError):
         super().__init__(f"the model could not run on this request's data: {refusal}")
         self.refusal = refusal
 
+    def __reduce__(self) -> tuple[type[DataRejected], tuple[str]]:
+        return type(self), (self.refusal,)  # a copy is made from the refusal, not the message
+
 
 @dataclass(frozen=True, slots=True)
 class SlotInfo:

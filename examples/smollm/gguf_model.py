@@ -82,8 +82,8 @@ ARCHITECTURES = {
 UNNORMED_EXPERTS = frozenset({"olmoe", "qwen2moe"})
 # Those llama.cpp reads a shared expert for: Qwen2-MoE's always (its size the GGUF's
 # `expert_shared_feed_forward_length`, else the feed-forward length), gated by a sigmoid;
-# Granite MoE's where that length is given, ungated.
-SHARED_EXPERTS = {"qwen2moe": True, "granitemoe": False}
+# Granite MoE's (and a Granite GGUF's with experts) where that length is given, ungated.
+SHARED_EXPERTS = {"qwen2moe": True, "granitemoe": False, "granite": False}
 # Granite's multipliers (embeddings, residual branches, attention scale, logits).
 GRANITES = frozenset({"granite", "granitemoe"})
 # The architectures whose RoPE llama.cpp computes on adjacent pairs (its NORM mode): their
@@ -551,7 +551,9 @@ def _experts(reader: Any, arch: str) -> tuple[int, int, int, int]:
     used = int(_field(reader, f"{arch}.expert_used_count"))
     dense = size = int(_field(reader, f"{arch}.feed_forward_length"))
     if arch in ("qwen3moe", "qwen2moe"):
-        size = int(_optional(reader, f"{arch}.expert_feed_forward_length", 0)) or size // used
+        size = int(_optional(reader, f"{arch}.expert_feed_forward_length", 0)) or (
+            size // used if used else 0
+        )
     shared = 0
     if arch in SHARED_EXPERTS:
         shared = int(_optional(reader, f"{arch}.expert_shared_feed_forward_length", 0))

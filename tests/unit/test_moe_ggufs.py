@@ -24,6 +24,7 @@ from smollm import (
     build_module,
     gguf_model,
     llama_onnx,
+    llama_weights,
     session_for,
     tiny_config,
 )
@@ -31,7 +32,8 @@ from smollm import (
 pytest.importorskip("gguf", reason="gguf is not installed (the test extra)")
 
 IDS = [5, 17, 200, 33, 9, 45, 250]
-# An expert's size is the GGUF's feed-forward length (Qwen3-MoE's, its own key).
+# An expert's size is the GGUF's feed-forward length (Qwen3-MoE's and Qwen2-MoE's, their
+# own key).
 MOE = {"num_experts": 6, "experts_used": 2, "expert_size": 64, "intermediate_size": 64}
 GRANITE = {"embedding_scale": 12.0, "residual_scale": 0.375, "logit_scale": 4.0,
            "attention_scale": 0.0625}  # fmt: skip
@@ -42,7 +44,11 @@ QWEN2 = {"qkv_bias": True, "expert_norm": False, "shared_expert_size": 32,
 def stepped(model: Any, cfg: Any | None = None) -> npt.NDArray[np.float32]:
     """The graph's logits for IDS (prefill) and then 71 and 8 (decode steps), stacked."""
     cfg = cfg or model.cfg
-    graph = llama_onnx().build_step_graph(model.weights, cfg, experts=model.experts)
+    return steps(llama_onnx().build_step_graph(model.weights, cfg, experts=model.experts), cfg)
+
+
+def steps(graph: Any, cfg: Any) -> npt.NDArray[np.float32]:
+    """`graph`'s logits for IDS and then 71 and 8, stacked."""
     cache, seq = PagedCache(session_for(graph), cfg, 8, 4), CachedSeq()
     got = [cache.step([seq], [IDS])[0]]
     got += [cache.step([seq], [[token]])[0] for token in (71, 8)]
@@ -115,14 +121,29 @@ def test_experts_stored_as_q4_0_run_on_their_blocks_as_they_are(
     assert {n.op_type for n in graph.graph.node} >= {"QMoE"}
     np.testing.assert_allclose(stepped(model), reference(model), atol=2e-4)
     if cfg.shared_expert_size:  # the shared expert's Q4_0 projections on their blocks too
-        blocks = gguf_model().read_gguf(tmp_path / "q.gguf", fp32_projections=False)
-        assert "model.layers.1.mlp.shared_expert.down_proj.weight" in blocks.blocks
-        np.testing.assert_allclose(stepped(blocks), reference(model), atol=2e-4)
+        kept = gguf_model().read_gguf(tmp_path / "q.gguf", fp32_projections=False)
+        blocks = kept.projection_blocks()
+        assert blocks is not None
+        assert "model.layers.1.mlp.shared_expert.down_proj.weight" in blocks
+        build = llama_onnx().build_step_graph
+        for only in (False, True):  # one-token steps on them; every step (--low-memory)
+            graph = build(kept.weights, kept.cfg, blocks, blocks_only=only, experts=kept.experts)
+            assert any("layers.1.mlp.shared_expert.down" in n for n in on_blocks(graph.graph))
+            np.testing.assert_allclose(steps(graph, kept.cfg), reference(model), atol=2e-4)
     # Q8_0 experts run on fp32 (QMoE's 8-bit path rounds).
     write_gguf(tmp_path / "e.gguf", cfg, spec, extra, arch, quant="Q8_0")
     eight = gguf_model().read_gguf(tmp_path / "e.gguf")
     assert eight.experts == {} and "model.layers.0.mlp.experts.up_proj.weight" in eight.weights
     np.testing.assert_allclose(stepped(eight), reference(eight), atol=2e-4)
+
+
+def on_blocks(graph: Any) -> set[str]:
+    """The names of the MatMulNBits nodes of `graph` and of the graphs inside it."""
+    found = {n.name for n in graph.node if n.op_type == "MatMulNBits"}
+    for node in graph.node:
+        for inner in (a.g for a in node.attribute if a.type == a.GRAPH):
+            found |= on_blocks(inner)
+    return found
 
 
 def test_a_mixture_with_tensors_its_architecture_does_not_read_is_refused(
@@ -149,11 +170,19 @@ def test_a_config_of_experts_the_graph_cannot_compute_is_refused() -> None:
     for values in ({"experts_used": 0}, {"experts_used": 7}, {"expert_size": 0}):
         with pytest.raises(ValueError, match="a mixture needs 1 to all of its experts"):
             tiny_config(**(MOE | values)).validate()
+    shared: list[dict[str, Any]] = [{"shared_expert_size": 32}, {"shared_expert_gate": True}]
+    for values in shared:
+        with pytest.raises(ValueError, match="a shared expert needs a mixture of experts"):
+            tiny_config(**values).validate()
+    shared = [{"shared_expert_size": -1}, {"shared_expert_gate": True}]
+    for values in shared:
+        with pytest.raises(ValueError, match="a shared expert of size"):
+            tiny_config(**(MOE | values)).validate()
 
 
 def test_an_experts_size_is_read_where_llama_cpp_reads_it(tmp_path: Path) -> None:
     # Qwen3-MoE's from its own key (its feed-forward length is the dense one's); the
-    # others' from the feed-forward length, whatever else the GGUF says.
+    # others' from the feed-forward length, whatever else the GGUF says (Qwen2-MoE's below).
     spec = byte_level_spec("qwen2")
     qwen = tiny_config(vocab_size=len(spec.tokens), **(MOE | {"intermediate_size": 96}))
     write_gguf(tmp_path / "q.gguf", qwen, spec, {"feed_forward_length": 96}, "qwen3moe")
@@ -169,7 +198,10 @@ def test_an_experts_size_is_read_where_llama_cpp_reads_it(tmp_path: Path) -> Non
     assert read_back(tmp_path / "w.gguf", qwen2).cfg.shared_expert_size == 32
     whole = dataclasses.replace(qwen2, shared_expert_size=96)
     unsized = {"feed_forward_length": 96, "expert_shared_feed_forward_length": 0}
-    write_gguf(tmp_path / "u.gguf", whole, spec, unsized, "qwen2moe")
+    # Its gate as llama.cpp declares it, [hidden] (the converter writes [1, hidden]).
+    gate = "model.layers.0.mlp.shared_expert_gate.weight"
+    flat = {"blk.0.ffn_gate_inp_shexp.weight": llama_weights().random_weights(whole, 3)[gate][0]}
+    write_gguf(tmp_path / "u.gguf", whole, spec, unsized, "qwen2moe", tensors=flat)
     assert read_back(tmp_path / "u.gguf", whole).cfg.shared_expert_size == 96
 
 
