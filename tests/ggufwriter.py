@@ -88,6 +88,10 @@ def write_gguf(
                    "feed_forward_length": cfg.expert_size}  # fmt: skip
     if cfg.shared_expert_size:
         fields["expert_shared_feed_forward_length"] = cfg.shared_expert_size
+    if arch == "ernie4_5-moe":  # its mixture every layer after the dense ones
+        fields |= {"interleave_moe_layer_step": 1,
+                   "leading_dense_block_count": len(cfg.dense_layers),
+                   "feed_forward_length": cfg.intermediate_size}  # fmt: skip
     fields |= extra or {}  # fmt: skip
     if spec.scores is not None:
         fields["token_scores"] = spec.scores
@@ -100,18 +104,19 @@ def write_gguf(
     model = gguf_model()
     weights = llama_weights().random_weights(cfg, seed=3)
     kinds: tuple[str, ...] = ("attn_q", "attn_k", "attn_v", "attn_output")
-    if cfg.num_experts:
-        kinds += ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-        kinds += ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp") * bool(cfg.shared_expert_size)
-        kinds += ("ffn_gate_inp_shexp",) * cfg.shared_expert_gate
-    else:
-        kinds += ("ffn_gate", "ffn_up", "ffn_down")
+    mixture: tuple[str, ...] = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+    mixture += ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp") * bool(cfg.shared_expert_size)
+    mixture += ("ffn_gate_inp_shexp",) * cfg.shared_expert_gate
+    dense = ("ffn_gate", "ffn_up", "ffn_down")
     kinds += ("attn_norm", "ffn_norm") if cfg.pre_norms else ()
     kinds += ("attn_q_norm", "attn_k_norm") if cfg.qk_norm else ()
     kinds += ("post_attention_norm", "post_ffw_norm") if cfg.sandwich_norms else ()
     names = ["token_embd.weight", "output_norm.weight"]
     names += [] if cfg.tie_word_embeddings else ["output.weight"]
-    names += [f"blk.{i}.{kind}.weight" for i in range(cfg.num_layers) for kind in kinds]
+    for i in range(cfg.num_layers):
+        moe = cfg.num_experts and i not in cfg.dense_layers
+        names += [f"blk.{i}.{kind}.weight" for kind in (*kinds, *(mixture if moe else dense))]
+        names += [f"blk.{i}.exp_probs_b.bias"] * bool(moe and cfg.expert_selection_bias)
     if cfg.qkv_bias:
         names += [f"blk.{i}.attn_{c}.bias" for i in range(cfg.num_layers) for c in "qkv"]
     stored: dict[str, Any] = {}

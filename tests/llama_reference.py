@@ -65,6 +65,8 @@ class Config(Protocol):
     expert_norm: bool
     shared_expert_size: int
     shared_expert_gate: bool
+    expert_selection_bias: bool
+    dense_layers: tuple[int, ...]
 
     @property
     def head_dim(self) -> int: ...
@@ -214,7 +216,7 @@ def _forward(
         else:
             h = x
         down: FloatArray
-        if cfg.num_experts:
+        if cfg.num_experts and i not in cfg.dense_layers:
             down = _experts(h, w, cfg, p)
         else:
             gate = h @ w[f"{p}.mlp.gate_proj.weight"].T
@@ -243,8 +245,10 @@ def _experts(h: FloatArray, w: Mapping[str, FloatArray], cfg: Config, p: str) ->
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     out = np.zeros_like(h)
+    # ERNIE 4.5's: chosen by the weights plus a bias, weighted without it.
+    choice = probs + w[f"{p}.mlp.router.selection.bias"] if cfg.expert_selection_bias else probs
     for t in range(h.shape[0]):
-        chosen = np.argsort(-probs[t], kind="stable")[: cfg.experts_used]
+        chosen = np.argsort(-choice[t], kind="stable")[: cfg.experts_used]
         weights = probs[t, chosen]
         if cfg.expert_norm:
             weights = weights / weights.sum()

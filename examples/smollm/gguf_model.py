@@ -74,7 +74,7 @@ ARCHITECTURES = {
     "smollm3": "SmolLM3", "granite": "Granite", "minicpm": "MiniCPM", "ernie4_5": "ERNIE 4.5",
     "mistral3": "Ministral 3", "olmo2": "OLMo 2 (and 3)", "qwen3moe": "Qwen3 MoE",
     "qwen2moe": "Qwen2 MoE (Qwen1.5-MoE)", "olmoe": "OLMoE",
-    "granitemoe": "Granite MoE (and MoE Shared)",
+    "granitemoe": "Granite MoE (and MoE Shared)", "ernie4_5-moe": "ERNIE 4.5 MoE",
 }  # fmt: skip
 # Mixtures of experts (llama_moe.py): these, and a LLaMA GGUF with experts (Mixtral's).
 # Their routers keep each token's top k experts by softmax, renormalized but for OLMoE's
@@ -83,14 +83,14 @@ UNNORMED_EXPERTS = frozenset({"olmoe", "qwen2moe"})
 # Those llama.cpp reads a shared expert for: Qwen2-MoE's always (its size the GGUF's
 # `expert_shared_feed_forward_length`, else the feed-forward length), gated by a sigmoid;
 # Granite MoE's (and a Granite GGUF's with experts) where that length is given, ungated.
-SHARED_EXPERTS = {"qwen2moe": True, "granitemoe": False, "granite": False}
+SHARED_EXPERTS = {"qwen2moe": True, "granitemoe": False, "granite": False, "ernie4_5-moe": False}
 # Granite's multipliers (embeddings, residual branches, attention scale, logits).
 GRANITES = frozenset({"granite", "granitemoe"})
 # The architectures whose RoPE llama.cpp computes on adjacent pairs (its NORM mode): their
 # Q and K rows are stored in that order (LLaMA's converter permutes them so), and read
 # back into rotate-half's; the others' RoPE is rotate-half there too, their rows as stored.
 PERMUTED = frozenset(
-    {"llama", "smollm3", "granite", "granitemoe", "minicpm", "ernie4_5", "mistral3"}
+    {"llama", "smollm3", "granite", "granitemoe", "minicpm", "ernie4_5", "ernie4_5-moe", "mistral3"}
 )
 # The architectures llama.cpp computes a RoPE over part of each head for (Phi-4-mini's;
 # the others assert it is the whole head).
@@ -242,6 +242,7 @@ _LAYER_TENSORS = {
     "ffn_up_exps": "mlp.experts.up_proj",
     "ffn_down_exps": "mlp.experts.down_proj",
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "exp_probs_b": "mlp.router.selection",
     "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
     "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
@@ -491,7 +492,7 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         local_base = float(_field(reader, f"{arch}.rope.freq_base"))
     if arch != "olmo2":
         local_base = float(_optional(reader, f"{arch}.rope.freq_base_swa", local_base))
-    experts, used, expert_size, shared_size = _experts(reader, arch)
+    experts, used, expert_size, shared_size, dense = _experts(reader, arch)
     cfg = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -533,32 +534,52 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         expert_norm=arch not in UNNORMED_EXPERTS,
         shared_expert_size=shared_size,
         shared_expert_gate=bool(shared_size) and SHARED_EXPERTS.get(arch, False),
+        expert_selection_bias=f"blk.{dense}.exp_probs_b.bias" in tensors,
+        dense_layers=tuple(range(dense)),
     )
     cfg.validate()
     return cfg
 
 
-def _experts(reader: Any, arch: str) -> tuple[int, int, int, int]:
+def _experts(reader: Any, arch: str) -> tuple[int, int, int, int, int]:
     """A mixture's (experts, experts used per token, each expert's size, its shared
-    expert's size), as llama.cpp reads them for these architectures; zeros for a dense
-    model. An expert's size is the feed-forward length, but Qwen3-MoE's and Qwen2-MoE's,
-    their `expert_feed_forward_length` (else the feed-forward length divided by the
-    experts used); a shared expert's is in SHARED_EXPERTS' note. llama.cpp reads no
-    `expert_weights_scale`, `expert_weights_norm` or gating function for them either."""
+    expert's size, its leading layers with the dense MLP), as llama.cpp reads them for
+    these architectures; zeros for a dense model. An expert's size is the feed-forward
+    length, but Qwen3-MoE's and Qwen2-MoE's, their `expert_feed_forward_length` (else the
+    feed-forward length divided by the experts used), and ERNIE 4.5's, that key's; a
+    shared expert's is in SHARED_EXPERTS' note. ERNIE 4.5's first
+    `leading_dense_block_count` layers keep the dense MLP (of the feed-forward length),
+    and its `interleave_moe_layer_step` must be 1 (llama.cpp loads experts for every later
+    layer). llama.cpp reads no `expert_weights_scale`, `expert_weights_norm` or gating
+    function for them either."""
     experts = int(_optional(reader, f"{arch}.expert_count", 0))
     if not experts:
-        return 0, 0, 0, 0
+        return 0, 0, 0, 0, 0
     used = int(_field(reader, f"{arch}.expert_used_count"))
     dense = size = int(_field(reader, f"{arch}.feed_forward_length"))
     if arch in ("qwen3moe", "qwen2moe"):
         size = int(_optional(reader, f"{arch}.expert_feed_forward_length", 0)) or (
             size // used if used else 0
         )
-    shared = 0
+    shared = lead = 0
     if arch in SHARED_EXPERTS:
         shared = int(_optional(reader, f"{arch}.expert_shared_feed_forward_length", 0))
         shared = shared or (dense if arch == "qwen2moe" else 0)
-    return experts, used, size, shared
+    if arch == "ernie4_5-moe":
+        size = _one_value(_field(reader, f"{arch}.expert_feed_forward_length"), arch)
+        step = int(_field(reader, f"{arch}.interleave_moe_layer_step"))
+        if step != 1:
+            raise ValueError(f"{arch} with a mixture every {step} layers is not supported")
+        lead = int(_optional(reader, f"{arch}.leading_dense_block_count", 0))
+    return experts, used, size, shared, lead
+
+
+def _one_value(value: Any, arch: str) -> int:
+    """A key llama.cpp reads as one value or one per layer: one value, or the same."""
+    values = {int(v) for v in value} if isinstance(value, list) else {int(value)}
+    if len(values) != 1:
+        raise ValueError(f"{arch} with experts of sizes {sorted(values)} is not supported")
+    return values.pop()
 
 
 def _yarn(reader: Any, arch: str, rotary: int) -> tuple[tuple[float, ...], float]:

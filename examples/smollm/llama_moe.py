@@ -1,5 +1,5 @@
 """A mixture of experts in place of a layer's MLP (Qwen3-MoE's, Qwen2-MoE's, OLMoE's,
-Granite MoE's, Mixtral's), on onnxruntime's MoE and QMoE ops (com.microsoft). A shared
+Granite MoE's, ERNIE 4.5's, Mixtral's), on onnxruntime's MoE and QMoE ops (com.microsoft). A shared
 expert beside it is a dense MLP (llama_onnx.py's _shared_expert).
 
 The router's logits (x @ router^T) go to the op, which takes their softmax over the
@@ -26,7 +26,9 @@ Qwen3-30B-A3B's sizes, about 1 % off the exact output. Experts of any other type
 dequantized to fp32 for MoE: QMoE's 8-bit CPU path is about 1 % off the Q8_0 weights
 (it rounds what it multiplies), and the other types' blocks are not its form. A factor
 on the mixture's output (Granite's residual multiplier) is folded into fc2's weights or
-scales.
+scales. ERNIE 4.5 chooses its experts by their softmax weights plus a bias and weighs
+them by the weights alone, which neither op takes: the router's logits they get are
+raised for the chosen experts (_biased_choice).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import numpy as np
 import numpy.typing as npt
 from llama_attention import Graph
 from llama_linear import BLOCK, DOMAIN, q4_0_from_gguf
+from onnx import TensorProto, helper
 
 if TYPE_CHECKING:
     from llama_onnx import LlamaConfig
@@ -110,6 +113,8 @@ def moe(
     p = f"model.layers.{layer}.mlp"
     router_t = np.ascontiguousarray(weights[f"{p}.router.weight"].T)
     logits = g.op("MatMul", [x, g.const(f"{p}.router.t", router_t)], f"{p}.router")
+    if cfg.expert_selection_bias:
+        logits = _biased_choice(g, logits, weights, cfg, p)
     attrs = {"k": cfg.experts_used, "activation_type": "swiglu", "swiglu_fusion": 1,
              "domain": DOMAIN}  # fmt: skip
     found = [experts.get(expert_name(layer, kind)) for kind in KINDS]
@@ -146,6 +151,31 @@ def moe(
     norm = int(cfg.expert_norm)
     inputs = [x, logits, fc1, "", f"{p}.experts.fc2"]
     return g.op("MoE", inputs, f"{p}.experts", normalize_routing_weights=norm, **attrs)
+
+
+def _biased_choice(g: Graph, logits: str, weights: Weights, cfg: LlamaConfig, p: str) -> str:
+    """Router logits under which the op keeps the top k of the softmax plus the
+    selection bias, weighted by the softmax alone: the chosen experts' logits raised past
+    every other's by one amount (the logits' spread plus 1), which the renormalized
+    softmax over the chosen cancels."""
+    bias = g.const(f"{p}.router.selection", weights[f"{p}.router.selection.bias"])
+    probs = g.op("Softmax", [logits], f"{p}.router.probs", axis=-1)
+    biased = g.op("Add", [probs, bias], f"{p}.router.biased")
+    k = g.ints(f"{p}.router.k", [cfg.experts_used])
+    top, chosen = g.ops(
+        "TopK", [biased, k], [f"{p}.router.biased_top", f"{p}.router.chosen"], axis=-1
+    )
+    one = helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])
+    shape = g.op("Shape", [top], f"{p}.router.chosen_shape")
+    ones = g.op("ConstantOfShape", [shape], f"{p}.router.ones", value=one)
+    zeros = g.op("Sub", [logits, logits], f"{p}.router.zeros")
+    mask = g.op("ScatterElements", [zeros, chosen, ones], f"{p}.router.mask", axis=-1)
+    high = g.op("ReduceMax", [logits], f"{p}.router.max", axes=[-1], keepdims=1)
+    low = g.op("ReduceMin", [logits], f"{p}.router.min", axes=[-1], keepdims=1)
+    spread = g.op("Sub", [high, low], f"{p}.router.spread")
+    lift = g.op("Add", [spread, g.const("router.one", 1.0)], f"{p}.router.lift")
+    raised = g.op("Mul", [mask, lift], f"{p}.router.raised_by")
+    return g.op("Add", [logits, raised], f"{p}.router.raised")
 
 
 def _fp32(

@@ -226,6 +226,11 @@ class LlamaConfig:
     # [1, hidden]. 0: none.
     shared_expert_size: int = 0
     shared_expert_gate: bool = False
+    # ERNIE 4.5's: the experts are chosen by their softmax weights plus a bias per expert
+    # (`mlp.router.selection.bias`, llama.cpp's exp_probs_b), and weighted by the
+    # softmax weights alone; and its first layers keep the dense MLP (`dense_layers`).
+    expert_selection_bias: bool = False
+    dense_layers: tuple[int, ...] = ()
 
     @property
     def head_dim(self) -> int:
@@ -284,6 +289,16 @@ class LlamaConfig:
             raise ValueError("a shared expert needs a mixture of experts beside it")
         if self.shared_expert_size < 0 or (self.shared_expert_gate and not self.shared_expert_size):
             raise ValueError(f"a shared expert of size {self.shared_expert_size}")
+        if (self.expert_selection_bias or self.dense_layers) and not self.num_experts:
+            raise ValueError("a selection bias or dense layers need a mixture of experts")
+        if not set(self.dense_layers) < set(range(self.num_layers)):
+            raise ValueError(
+                f"dense layers {self.dense_layers} of {self.num_layers}: a mixture keeps some"
+            )
+        if self.expert_selection_bias and not self.expert_norm:
+            # The unnormalized weights' correction (llama_moe.py) takes the top k of the
+            # softmax, not of the biased weights.
+            raise ValueError("a selection bias with weights not renormalized is not supported")
         if self.attention_temperature_scale and self.attention_temperature_length < 1:
             raise ValueError("an attention temperature needs its length (the original context)")
         factors = self.rope_freq_factors
@@ -399,7 +414,7 @@ def _layer(
     if cfg.pre_norms:
         normed = g.rms_norm(x, weights[f"{p}.post_attention_layernorm.weight"],
                             f"{p}.mlp_norm", cfg.rms_norm_eps)  # fmt: skip
-    if cfg.num_experts:
+    if cfg.num_experts and i not in cfg.dense_layers:
         down = moe(g, normed, weights, experts, cfg, i, cfg.residual_scale, int8_experts)
         if cfg.shared_expert_size:
             down = g.op("Add", [down, _shared_expert(g, normed, weights, cfg, i, linear)],

@@ -3,7 +3,8 @@ names and shapes; random ones of those shapes for tests. A mixture of experts' w
 are stacked, one [experts, out, in] tensor each for the gate, up and down projections
 (`mlp.experts.{kind}_proj`), and its router is `mlp.router` [experts, hidden]; a shared
 expert's projections are `mlp.shared_expert.{kind}_proj`, its gate
-`mlp.shared_expert_gate` [1, hidden] (Hugging Face's Qwen2-MoE names)."""
+`mlp.shared_expert_gate` [1, hidden] (Hugging Face's Qwen2-MoE names), and a bias on
+the router's weights for choosing the experts `mlp.router.selection.bias` [experts]."""
 
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ def weight_names(cfg: LlamaConfig) -> list[str]:
         if cfg.pre_norms:
             names += [f"{p}.input_layernorm.weight", f"{p}.post_attention_layernorm.weight"]
         names += [f"{p}.self_attn.{k}_proj.weight" for k in ("q", "k", "v", "o")]
-        if cfg.num_experts:
+        if cfg.num_experts and i not in cfg.dense_layers:
             names.append(f"{p}.mlp.router.weight")
+            if cfg.expert_selection_bias:
+                names.append(f"{p}.mlp.router.selection.bias")
             names += [f"{p}.mlp.experts.{k}_proj.weight" for k in ("gate", "up", "down")]
             if cfg.shared_expert_size:
                 names += [f"{p}.mlp.shared_expert.{k}_proj.weight" for k in ("gate", "up", "down")]
@@ -78,6 +81,7 @@ def weight_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
             "v_proj": (cfg.num_kv_heads * d, h),
             "o_proj": (h, cfg.num_heads * d),
             "router": (cfg.num_experts, h),
+            "selection": (cfg.num_experts,),
             "shared_expert_gate": (1, h),
             "gate_proj": (f, h),
             "up_proj": (f, h),

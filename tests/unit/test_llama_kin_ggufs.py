@@ -281,6 +281,6 @@ def test_an_architecture_not_read_is_refused_by_the_families_read(tmp_path: Path
     assert str(refused.value) == (
         "only LLaMA, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3 (and 4-mini), SmolLM3, "
         "Granite, MiniCPM, ERNIE 4.5, Ministral 3, OLMo 2 (and 3), Qwen3 MoE, Qwen2 MoE "
-        "(Qwen1.5-MoE), OLMoE and Granite MoE (and MoE Shared) GGUFs are supported, this one "
-        "is 'falcon'"
+        "(Qwen1.5-MoE), OLMoE, Granite MoE (and MoE Shared) and ERNIE 4.5 MoE GGUFs are "
+        "supported, this one is 'falcon'"
     )

@@ -39,6 +39,10 @@ GRANITE = {"embedding_scale": 12.0, "residual_scale": 0.375, "logit_scale": 4.0,
            "attention_scale": 0.0625}  # fmt: skip
 QWEN2 = {"qkv_bias": True, "expert_norm": False, "shared_expert_size": 32,
          "shared_expert_gate": True}  # fmt: skip
+# ERNIE 4.5's: a dense first layer (of its own size), experts chosen with a bias, a shared
+# expert.
+ERNIE = {"dense_layers": (0,), "intermediate_size": 96, "expert_selection_bias": True,
+         "shared_expert_size": 32}  # fmt: skip
 
 
 def stepped(model: Any, cfg: Any | None = None) -> npt.NDArray[np.float32]:
@@ -69,6 +73,7 @@ def reference(model: Any, cfg: Any | None = None) -> npt.NDArray[np.floating[Any
         ("granitemoe", GRANITE, GRANITE),
         ("granitemoe", GRANITE | {"shared_expert_size": 32}, GRANITE),  # Granite MoE Shared's
         ("qwen2moe", QWEN2, {}),
+        ("ernie4_5-moe", ERNIE, {}),
         ("llama", {}, {}),  # Mixtral's
     ],
 )  # fmt: skip
@@ -76,7 +81,7 @@ def test_a_mixture_of_experts_gguf_computes_the_sparse_moe_block(
     tmp_path: Path, arch: str, options: dict[str, Any], extra: dict[str, Any]
 ) -> None:
     spec = byte_level_spec("qwen2")
-    cfg = tiny_config(vocab_size=len(spec.tokens), **MOE, **options)
+    cfg = tiny_config(vocab_size=len(spec.tokens), **(MOE | options))
     write_gguf(tmp_path / "m.gguf", cfg, spec, extra, arch)
     model = read_back(tmp_path / "m.gguf", cfg)
     assert model.experts == {}  # fp32 experts: onnxruntime's MoE
@@ -89,6 +94,12 @@ def test_a_mixture_of_experts_gguf_computes_the_sparse_moe_block(
         weights = {n: w for n, w in model.weights.items() if "shared_expert_gate" not in n}
         ungated = dataclasses.replace(model, weights=weights, cfg=open_gate)
         assert np.abs(stepped(ungated) - stepped(model)).max() > 1e-2
+    if cfg.expert_selection_bias:  # and so does the bias the experts are chosen with
+        unbiased = dict(model.weights)
+        unbiased["model.layers.1.mlp.router.selection.bias"] = np.zeros(6, np.float32)
+        plain = dataclasses.replace(model, weights=unbiased)
+        np.testing.assert_allclose(stepped(plain), reference(plain), atol=2e-4)
+        assert np.abs(stepped(plain) - stepped(model)).max() > 1e-2
 
 
 @pytest.mark.parametrize(
@@ -101,6 +112,7 @@ def test_a_mixture_of_experts_gguf_computes_the_sparse_moe_block(
         ("granitemoe", {"residual_scale": 0.375, "logit_scale": 4.0, "shared_expert_size": 32},
          GRANITE),
         ("qwen2moe", QWEN2, {}),
+        ("ernie4_5-moe", ERNIE, {}),
     ],
 )  # fmt: skip
 def test_experts_stored_as_q4_0_run_on_their_blocks_as_they_are(
@@ -108,12 +120,13 @@ def test_experts_stored_as_q4_0_run_on_their_blocks_as_they_are(
 ) -> None:
     spec = byte_level_spec("qwen2")
     granite = {"embedding_scale": 12.0, "attention_scale": 0.0625} if extra else {}
-    cfg = tiny_config(vocab_size=len(spec.tokens), **MOE, **options, **granite)
+    cfg = tiny_config(vocab_size=len(spec.tokens), **(MOE | options | granite))
     write_gguf(tmp_path / "q.gguf", cfg, spec, extra, arch, quant="Q4_0")
     model = gguf_model().read_gguf(tmp_path / "q.gguf")
     assert sorted(model.experts) == sorted(
         f"model.layers.{i}.mlp.experts.{k}_proj.weight"
         for i in range(2)
+        if i not in cfg.dense_layers
         for k in ("gate", "up", "down")
     )
     assert not any(".experts." in name for name in model.weights)  # no fp32 copy
@@ -133,7 +146,7 @@ def test_experts_stored_as_q4_0_run_on_their_blocks_as_they_are(
     # Q8_0 experts run on fp32 (QMoE's 8-bit path rounds).
     write_gguf(tmp_path / "e.gguf", cfg, spec, extra, arch, quant="Q8_0")
     eight = gguf_model().read_gguf(tmp_path / "e.gguf")
-    assert eight.experts == {} and "model.layers.0.mlp.experts.up_proj.weight" in eight.weights
+    assert eight.experts == {} and "model.layers.1.mlp.experts.up_proj.weight" in eight.weights
     np.testing.assert_allclose(stepped(eight), reference(eight), atol=2e-4)
 
 
@@ -157,13 +170,29 @@ def test_a_mixture_with_tensors_its_architecture_does_not_read_is_refused(
         write_gguf(tmp_path / "t.gguf", cfg, spec, extra, arch, tensors=tensor)
         with pytest.raises(ValueError, match=r"blk\.0\.ffn_up_shexp\.weight, which the graph"):
             gguf_model().read_gguf(tmp_path / "t.gguf")
-    # A shared expert's size with no shared expert's tensors: which weights are lacking.
+    # Weights without the shared expert's tensors its config names: the build says which
+    # are lacking (a GGUF that lacks them is read, and refused there, not at the read).
     shared = dataclasses.replace(cfg, shared_expert_size=32)
     write_gguf(tmp_path / "s.gguf", shared, spec, GRANITE, "granitemoe")
     model = gguf_model().read_gguf(tmp_path / "s.gguf")  # written with them: read whole
     lacking = {n: w for n, w in model.weights.items() if "shared_expert" not in n}
     with pytest.raises(ValueError, match=r"weights lack \['model\.layers\.0\.mlp\.shared_exp"):
         llama_onnx().build_step_graph(lacking, model.cfg)
+
+
+def test_an_ernie_mixture_llama_cpp_would_not_load_is_refused(tmp_path: Path) -> None:
+    spec = byte_level_spec("qwen2")
+    cfg = tiny_config(vocab_size=len(spec.tokens), **(MOE | ERNIE))
+    # A mixture every other layer: llama.cpp loads experts for every layer after the
+    # dense ones, and would find no dense MLP in the others.
+    write_gguf(tmp_path / "s.gguf", cfg, spec, {"interleave_moe_layer_step": 2}, "ernie4_5-moe")
+    with pytest.raises(ValueError, match="ernie4_5-moe with a mixture every 2 layers"):
+        gguf_model().read_gguf(tmp_path / "s.gguf")
+    # Its experts' size, which llama.cpp reads as one value or one per layer.
+    one_value = gguf_model()._one_value
+    assert one_value(64, "ernie4_5-moe") == one_value([64, 64], "ernie4_5-moe") == 64
+    with pytest.raises(ValueError, match=r"experts of sizes \[32, 64\] is not supported"):
+        one_value([64, 32], "ernie4_5-moe")
 
 
 def test_a_config_of_experts_the_graph_cannot_compute_is_refused() -> None:
@@ -178,6 +207,13 @@ def test_a_config_of_experts_the_graph_cannot_compute_is_refused() -> None:
     for values in shared:
         with pytest.raises(ValueError, match="a shared expert of size"):
             tiny_config(**(MOE | values)).validate()
+    with pytest.raises(ValueError, match="a selection bias or dense layers need a mixture"):
+        tiny_config(dense_layers=(0,)).validate()
+    with pytest.raises(ValueError, match=r"dense layers \(0, 1\) of 2: a mixture keeps some"):
+        tiny_config(**(MOE | {"dense_layers": (0, 1)})).validate()
+    unnormed = {"expert_selection_bias": True, "expert_norm": False}
+    with pytest.raises(ValueError, match="a selection bias with weights not renormalized"):
+        tiny_config(**(MOE | unnormed)).validate()
 
 
 def test_an_experts_size_is_read_where_llama_cpp_reads_it(tmp_path: Path) -> None:
