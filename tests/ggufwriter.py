@@ -136,9 +136,13 @@ def write_gguf(
         stored[f"blk.{i}.ffn_up.weight"] = np.concatenate(parts)
     if cfg.rope_freq_factors is not None and arch != "phi3":
         stored["rope_freqs.weight"] = np.asarray(cfg.rope_freq_factors, np.float32)
+    for name in stored:  # the converter keeps Hugging Face's [1, experts]
+        if name.endswith("exp_probs_b.bias"):
+            stored[name] = stored[name].reshape(1, -1)
     for name, value in (stored | (tensors or {})).items():
         kind = quant(name) if callable(quant) else quant
-        if kind and name.startswith("blk.") and value.ndim >= 2 and "gate_inp" not in name:
+        quantized = value.ndim >= 2 and "gate_inp" not in name and not name.endswith(".bias")
+        if kind and name.startswith("blk.") and quantized:
             stored_as = gguf.GGMLQuantizationType[kind]
             writer.add_tensor(name, gguf.quants.quantize(value, stored_as), raw_dtype=stored_as)
         else:

@@ -82,7 +82,8 @@ ARCHITECTURES = {
 UNNORMED_EXPERTS = frozenset({"olmoe", "qwen2moe"})
 # Those llama.cpp reads a shared expert for: Qwen2-MoE's always (its size the GGUF's
 # `expert_shared_feed_forward_length`, else the feed-forward length), gated by a sigmoid;
-# Granite MoE's (and a Granite GGUF's with experts) where that length is given, ungated.
+# Granite MoE's (and a Granite GGUF's with experts) and ERNIE 4.5 MoE's where that length
+# is given, ungated (ERNIE's: all its shared experts' size together, as llama.cpp reads it).
 SHARED_EXPERTS = {"qwen2moe": True, "granitemoe": False, "granite": False, "ernie4_5-moe": False}
 # Granite's multipliers (embeddings, residual branches, attention scale, logits).
 GRANITES = frozenset({"granite", "granitemoe"})
@@ -324,6 +325,8 @@ def read_gguf(path: Path | None = None, fp32_projections: bool = True) -> GgufMo
             array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
             if tensor.name.endswith("ffn_gate_inp_shexp.weight"):  # [hidden] or [1, hidden]
                 array = array.reshape(1, -1)
+            elif tensor.name.endswith("exp_probs_b.bias"):  # the converter's [1, experts]
+                array = array.reshape(-1)
         for name, order in parts:
             # The converter permutes a Q or K bias as it does the weights' rows.
             if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
@@ -534,7 +537,7 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         expert_norm=arch not in UNNORMED_EXPERTS,
         shared_expert_size=shared_size,
         shared_expert_gate=bool(shared_size) and SHARED_EXPERTS.get(arch, False),
-        expert_selection_bias=f"blk.{dense}.exp_probs_b.bias" in tensors,
+        expert_selection_bias=_selection_bias(tensors, arch, dense, layers),
         dense_layers=tuple(range(dense)),
     )
     cfg.validate()
@@ -566,7 +569,8 @@ def _experts(reader: Any, arch: str) -> tuple[int, int, int, int, int]:
         shared = int(_optional(reader, f"{arch}.expert_shared_feed_forward_length", 0))
         shared = shared or (dense if arch == "qwen2moe" else 0)
     if arch == "ernie4_5-moe":
-        size = _one_value(_field(reader, f"{arch}.expert_feed_forward_length"), arch)
+        layers = int(_field(reader, f"{arch}.block_count"))
+        size = _one_value(_field(reader, f"{arch}.expert_feed_forward_length"), arch, layers)
         step = int(_field(reader, f"{arch}.interleave_moe_layer_step"))
         if step != 1:
             raise ValueError(f"{arch} with a mixture every {step} layers is not supported")
@@ -574,12 +578,25 @@ def _experts(reader: Any, arch: str) -> tuple[int, int, int, int, int]:
     return experts, used, size, shared, lead
 
 
-def _one_value(value: Any, arch: str) -> int:
+def _one_value(value: Any, arch: str, layers: int) -> int:
     """A key llama.cpp reads as one value or one per layer: one value, or the same."""
+    if isinstance(value, list) and len(value) != layers:
+        raise ValueError(f"{arch}: {len(value)} experts' sizes for {layers} layers")
     values = {int(v) for v in value} if isinstance(value, list) else {int(value)}
     if len(values) != 1:
         raise ValueError(f"{arch} with experts of sizes {sorted(values)} is not supported")
     return values.pop()
+
+
+def _selection_bias(tensors: Mapping[str, Any], arch: str, dense: int, layers: int) -> bool:
+    """Whether ERNIE 4.5's mixture layers choose their experts with a bias (on all or
+    none of them; another architecture's bias is refused as a tensor nothing reads)."""
+    if arch != "ernie4_5-moe":
+        return False
+    found = [f"blk.{i}.exp_probs_b.bias" in tensors for i in range(dense, layers)]
+    if any(found) and not all(found):
+        raise ValueError(f"{arch} with a selection bias on some of its layers only")
+    return any(found)
 
 
 def _yarn(reader: Any, arch: str, rotary: int) -> tuple[tuple[float, ...], float]:

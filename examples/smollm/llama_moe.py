@@ -168,7 +168,9 @@ def _biased_choice(g: Graph, logits: str, weights: Weights, cfg: LlamaConfig, p:
     one = helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])
     shape = g.op("Shape", [top], f"{p}.router.chosen_shape")
     ones = g.op("ConstantOfShape", [shape], f"{p}.router.ones", value=one)
-    zeros = g.op("Sub", [logits, logits], f"{p}.router.zeros")
+    zero = helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0])
+    zeros = g.op("ConstantOfShape", [g.op("Shape", [logits], f"{p}.router.shape")],
+                 f"{p}.router.zeros", value=zero)  # fmt: skip
     mask = g.op("ScatterElements", [zeros, chosen, ones], f"{p}.router.mask", axis=-1)
     high = g.op("ReduceMax", [logits], f"{p}.router.max", axes=[-1], keepdims=1)
     low = g.op("ReduceMin", [logits], f"{p}.router.min", axes=[-1], keepdims=1)

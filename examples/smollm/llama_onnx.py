@@ -293,7 +293,8 @@ class LlamaConfig:
             raise ValueError("a selection bias or dense layers need a mixture of experts")
         if not set(self.dense_layers) < set(range(self.num_layers)):
             raise ValueError(
-                f"dense layers {self.dense_layers} of {self.num_layers}: a mixture keeps some"
+                f"{len(self.dense_layers)} dense layers of {self.num_layers}: a mixture keeps "
+                "some, and dense layers are among its own"
             )
         if self.expert_selection_bias and not self.expert_norm:
             # The unnormalized weights' correction (llama_moe.py) takes the top k of the

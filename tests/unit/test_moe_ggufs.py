@@ -190,9 +190,23 @@ def test_an_ernie_mixture_llama_cpp_would_not_load_is_refused(tmp_path: Path) ->
         gguf_model().read_gguf(tmp_path / "s.gguf")
     # Its experts' size, which llama.cpp reads as one value or one per layer.
     one_value = gguf_model()._one_value
-    assert one_value(64, "ernie4_5-moe") == one_value([64, 64], "ernie4_5-moe") == 64
+    assert one_value(64, "ernie4_5-moe", 2) == one_value([64, 64], "ernie4_5-moe", 2) == 64
     with pytest.raises(ValueError, match=r"experts of sizes \[32, 64\] is not supported"):
-        one_value([64, 32], "ernie4_5-moe")
+        one_value([64, 32], "ernie4_5-moe", 2)
+    with pytest.raises(ValueError, match="3 experts' sizes for 2 layers"):
+        one_value([64, 64, 64], "ernie4_5-moe", 2)
+    # A selection bias on some mixture layers only (llama.cpp takes each layer's as
+    # optional); another architecture's is a tensor nothing reads.
+    some = dataclasses.replace(cfg, num_layers=3, expert_selection_bias=False)
+    write_gguf(tmp_path / "c.gguf", some, spec, arch="ernie4_5-moe",
+               tensors={"blk.2.exp_probs_b.bias": np.zeros((1, 6), np.float32)})  # fmt: skip
+    with pytest.raises(ValueError, match="with a selection bias on some of its layers only"):
+        gguf_model().read_gguf(tmp_path / "c.gguf")
+    qwen = tiny_config(vocab_size=len(spec.tokens), qk_norm=True, **MOE)
+    write_gguf(tmp_path / "q.gguf", qwen, spec, arch="qwen3moe",
+               tensors={"blk.1.exp_probs_b.bias": np.zeros((1, 6), np.float32)})  # fmt: skip
+    with pytest.raises(ValueError, match=r"blk\.1\.exp_probs_b\.bias, which the graph"):
+        gguf_model().read_gguf(tmp_path / "q.gguf")
 
 
 def test_a_config_of_experts_the_graph_cannot_compute_is_refused() -> None:
@@ -209,7 +223,7 @@ def test_a_config_of_experts_the_graph_cannot_compute_is_refused() -> None:
             tiny_config(**(MOE | values)).validate()
     with pytest.raises(ValueError, match="a selection bias or dense layers need a mixture"):
         tiny_config(dense_layers=(0,)).validate()
-    with pytest.raises(ValueError, match=r"dense layers \(0, 1\) of 2: a mixture keeps some"):
+    with pytest.raises(ValueError, match="2 dense layers of 2: a mixture keeps some"):
         tiny_config(**(MOE | {"dense_layers": (0, 1)})).validate()
     unnormed = {"expert_selection_bias": True, "expert_norm": False}
     with pytest.raises(ValueError, match="a selection bias with weights not renormalized"):
