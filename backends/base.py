@@ -47,8 +47,9 @@ class DataRejected(BackendError):
         super().__init__(f"the model could not run on this request's data: {refusal}")
         self.refusal = refusal
 
-    def __reduce__(self) -> tuple[type[DataRejected], tuple[str]]:
-        return type(self), (self.refusal,)  # a copy is made from the refusal, not the message
+    def __reduce__(self) -> tuple[type[DataRejected], tuple[str], dict[str, object]]:
+        # A copy is made from the refusal, not the message, and keeps what was added.
+        return type(self), (self.refusal,), self.__dict__
 
 
 @dataclass(frozen=True, slots=True)

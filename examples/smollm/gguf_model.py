@@ -560,16 +560,15 @@ def _experts(reader: Any, arch: str) -> tuple[int, int, int, int, int]:
         return 0, 0, 0, 0, 0
     used = int(_field(reader, f"{arch}.expert_used_count"))
     dense = size = int(_field(reader, f"{arch}.feed_forward_length"))
-    if arch in ("qwen3moe", "qwen2moe"):
-        size = int(_optional(reader, f"{arch}.expert_feed_forward_length", 0)) or (
-            size // used if used else 0
-        )
+    layers = int(_field(reader, f"{arch}.block_count"))
+    if arch in ("qwen3moe", "qwen2moe"):  # its own key, one value or one per layer
+        found = _optional(reader, f"{arch}.expert_feed_forward_length", 0)
+        size = _one_value(found, arch, layers) or (size // used if used else 0)
     shared = lead = 0
     if arch in SHARED_EXPERTS:
         shared = int(_optional(reader, f"{arch}.expert_shared_feed_forward_length", 0))
         shared = shared or (dense if arch == "qwen2moe" else 0)
     if arch == "ernie4_5-moe":
-        layers = int(_field(reader, f"{arch}.block_count"))
         size = _one_value(_field(reader, f"{arch}.expert_feed_forward_length"), arch, layers)
         step = int(_field(reader, f"{arch}.interleave_moe_layer_step"))
         if step != 1:

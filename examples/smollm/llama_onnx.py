@@ -211,11 +211,11 @@ class LlamaConfig:
     # floor(position / length)), past the original context; 0: none.
     attention_temperature_scale: float = 0.0
     attention_temperature_length: int = 0
-    # A mixture of experts in place of the MLP (Qwen3-MoE's, OLMoE's, Granite MoE's,
-    # Mixtral's): a router picks `experts_used` of `num_experts` MLPs of `expert_size`
-    # each per token (softmax over all, the top k kept), their outputs summed by the
-    # kept weights, renormalized to sum 1 where `expert_norm` (OLMoE's and Qwen2-MoE's
-    # are not); 0 experts: the dense MLP.
+    # A mixture of experts in place of the MLP (Qwen3-MoE's, Qwen2-MoE's, OLMoE's, Granite
+    # MoE's, ERNIE 4.5's, Mixtral's): a router picks `experts_used` of `num_experts` MLPs
+    # of `expert_size` each per token (softmax over all, the top k kept), their outputs
+    # summed by the kept weights, renormalized to sum 1 where `expert_norm` (OLMoE's and
+    # Qwen2-MoE's are not); 0 experts: the dense MLP.
     num_experts: int = 0
     experts_used: int = 0
     expert_size: int = 0

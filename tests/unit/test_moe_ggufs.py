@@ -72,6 +72,7 @@ def reference(model: Any, cfg: Any | None = None) -> npt.NDArray[np.floating[Any
         ("olmoe", {"qk_norm": True, "qk_norm_whole": True, "expert_norm": False}, {}),
         ("granitemoe", GRANITE, GRANITE),
         ("granitemoe", GRANITE | {"shared_expert_size": 32}, GRANITE),  # Granite MoE Shared's
+        ("granite", GRANITE | {"shared_expert_size": 32}, GRANITE),  # a Granite with experts
         ("qwen2moe", QWEN2, {}),
         ("ernie4_5-moe", ERNIE, {}),
         ("llama", {}, {}),  # Mixtral's
@@ -170,14 +171,19 @@ def test_a_mixture_with_tensors_its_architecture_does_not_read_is_refused(
         write_gguf(tmp_path / "t.gguf", cfg, spec, extra, arch, tensors=tensor)
         with pytest.raises(ValueError, match=r"blk\.0\.ffn_up_shexp\.weight, which the graph"):
             gguf_model().read_gguf(tmp_path / "t.gguf")
-    # Weights without the shared expert's tensors its config names: the build says which
-    # are lacking (a GGUF that lacks them is read, and refused there, not at the read).
-    shared = dataclasses.replace(cfg, shared_expert_size=32)
-    write_gguf(tmp_path / "s.gguf", shared, spec, GRANITE, "granitemoe")
-    model = gguf_model().read_gguf(tmp_path / "s.gguf")  # written with them: read whole
-    lacking = {n: w for n, w in model.weights.items() if "shared_expert" not in n}
+    # A shared expert's size with none of its tensors: read, and the build says which
+    # weights are lacking (llama.cpp refuses it at its load).
+    sized = GRANITE | {"expert_shared_feed_forward_length": 32}
+    write_gguf(tmp_path / "s.gguf", cfg, spec, sized, "granitemoe")
+    model = gguf_model().read_gguf(tmp_path / "s.gguf")
+    assert model.cfg.shared_expert_size == 32
     with pytest.raises(ValueError, match=r"weights lack \['model\.layers\.0\.mlp\.shared_exp"):
-        llama_onnx().build_step_graph(lacking, model.cfg)
+        llama_onnx().build_step_graph(model.weights, model.cfg)
+    # No experts used and no expert size: the config's own refusal, not a division.
+    none_used = {"expert_used_count": 0, "expert_feed_forward_length": 0}
+    write_gguf(tmp_path / "u.gguf", cfg, spec, none_used, "qwen2moe")
+    with pytest.raises(ValueError, match="a mixture needs 1 to all of its experts"):
+        gguf_model().read_gguf(tmp_path / "u.gguf")
 
 
 def test_an_ernie_mixture_llama_cpp_would_not_load_is_refused(tmp_path: Path) -> None:
@@ -259,7 +265,8 @@ def test_what_llama_cpp_reads_of_these_mixtures_is_what_is_read(tmp_path: Path) 
     # llama.cpp's rope types (llama_model_rope_type): NORM for LLaMA's and Granite's, so
     # their Q and K rows are stored permuted; NEOX for Qwen3-MoE's and OLMoE's.
     permuted = gguf_model().PERMUTED
-    assert {"llama", "granitemoe"} <= permuted and not {"qwen3moe", "olmoe"} & permuted
+    assert {"llama", "granitemoe", "ernie4_5-moe"} <= permuted
+    assert not {"qwen3moe", "olmoe", "qwen2moe"} & permuted
     # llama.cpp reads no expert_weights_scale for them: a GGUF that gives one answers as
     # one without it.
     spec = byte_level_spec("qwen2")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 import struct
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from google.protobuf import text_format
 from modelgen import SIMPLE_SEQUENCE_CONFIG, identity_model, simple_sequence_model
 from onnx import TensorProto, helper
 
+from ge_serve.backends.base import DataRejected
 from ge_serve.backends.onnxruntime import OnnxRuntimeBackend
 from ge_serve.backends.warmup import warmup_samples
 from ge_serve.protos import model_config_pb2
@@ -182,3 +185,11 @@ output [ { name: "VALUE" data_type: TYPE_FP32 dims: [ 1 ] } ]
     assert "request" not in said
     (folder / "warmup" / "i").write_bytes(np.array([2], np.int64).tobytes())
     assert len(OnnxRuntimeBackend().load(spec_for(folder)).executors) == 1
+
+
+def test_a_copied_refusal_keeps_its_wording_and_what_was_added() -> None:
+    refused = DataRejected("Gather node 'lookup': index out of bounds")
+    refused.add_note("in ensemble 'pipe'")
+    for copied in (copy.copy(refused), pickle.loads(pickle.dumps(refused))):
+        assert str(copied) == str(refused) and copied.refusal == refused.refusal
+        assert copied.__notes__ == ["in ensemble 'pipe'"]
