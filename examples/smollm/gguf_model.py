@@ -495,7 +495,7 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
         local_base = float(_field(reader, f"{arch}.rope.freq_base"))
     if arch != "olmo2":
         local_base = float(_optional(reader, f"{arch}.rope.freq_base_swa", local_base))
-    experts, used, expert_size, shared_size, dense = _experts(reader, arch)
+    experts, used, expert_size, shared_size, dense = _experts(reader, arch, layers)
     cfg = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -544,7 +544,7 @@ def _config(reader: Any, vocab_size: int, arch: str = "llama") -> LlamaConfig:
     return cfg
 
 
-def _experts(reader: Any, arch: str) -> tuple[int, int, int, int, int]:
+def _experts(reader: Any, arch: str, layers: int) -> tuple[int, int, int, int, int]:
     """A mixture's (experts, experts used per token, each expert's size, its shared
     expert's size, its leading layers with the dense MLP), as llama.cpp reads them for
     these architectures; zeros for a dense model. An expert's size is the feed-forward
@@ -560,7 +560,6 @@ def _experts(reader: Any, arch: str) -> tuple[int, int, int, int, int]:
         return 0, 0, 0, 0, 0
     used = int(_field(reader, f"{arch}.expert_used_count"))
     dense = size = int(_field(reader, f"{arch}.feed_forward_length"))
-    layers = int(_field(reader, f"{arch}.block_count"))
     if arch in ("qwen3moe", "qwen2moe"):  # its own key, one value or one per layer
         found = _optional(reader, f"{arch}.expert_feed_forward_length", 0)
         size = _one_value(found, arch, layers) or (size // used if used else 0)
